@@ -1,0 +1,3 @@
+package main
+
+func runBench(args []string) error { return errNotYet }

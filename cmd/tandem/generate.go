@@ -1,0 +1,3 @@
+package main
+
+func runGenerate(args []string) error { return errNotYet }

@@ -1,0 +1,3 @@
+package main
+
+func runModel(args []string) error { return errNotYet }

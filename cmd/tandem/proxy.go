@@ -1,0 +1,3 @@
+package main
+
+func runProxy(args []string) error { return errNotYet }

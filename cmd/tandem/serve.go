@@ -1,0 +1,3 @@
+package main
+
+func runServe(args []string) error { return errNotYet }

@@ -1,0 +1,74 @@
+package engine
+
+import (
+	"github.com/tandem-serve/tandem/internal/sample"
+)
+
+// Request is one generation request as the API layer submits it.
+type Request struct {
+	// ID is the external request id (X-Request-Id or generated).
+	ID     string
+	Prompt []int32
+	Params sample.Params
+	// KVTransfer is the request's kv_transfer_params object, verbatim from
+	// the JSON body (nil when absent).
+	KVTransfer map[string]any
+}
+
+// FinishReason says why a request ended.
+type FinishReason string
+
+const (
+	FinishNone   FinishReason = ""
+	FinishStop   FinishReason = "stop"
+	FinishLength FinishReason = "length"
+	FinishAbort  FinishReason = "abort"
+	FinishError  FinishReason = "error"
+)
+
+// TopLogprob is one alternative token and its log-probability.
+type TopLogprob struct {
+	Token   int32
+	Logprob float32
+}
+
+// TokenLogprob is the log-probability of a sampled token and, if asked for,
+// the top alternatives at that position.
+type TokenLogprob struct {
+	Token   int32
+	Logprob float32
+	Top     []TopLogprob
+}
+
+// Usage counts a request's tokens.
+type Usage struct {
+	PromptTokens     int
+	CompletionTokens int
+	// CachedTokens is the number of prompt tokens whose KV came from the
+	// local prefix cache (prompt_tokens_details.cached_tokens).
+	CachedTokens int
+}
+
+// Event is one update on a request's stream. Events carry the tokens sampled
+// since the previous event and the text they completed; the last event has
+// Finish set (and Err for FinishError).
+type Event struct {
+	Tokens   []int32
+	Text     string
+	Logprobs []TokenLogprob // parallel to Tokens when logprobs were asked for
+	Finish   FinishReason
+	// StopReason is the matched stop string or stop token id (as string)
+	// when Finish is FinishStop because of one.
+	StopReason string
+	Err        error
+	// KVTransfer is set on the final event of a prefill-for-remote-decode
+	// request: the params the decode engine needs.
+	KVTransfer map[string]any
+	Usage      Usage
+}
+
+// Handle is a submitted request. Events is closed after the final event.
+type Handle struct {
+	ID     string
+	Events <-chan Event
+}

@@ -1,0 +1,97 @@
+// Package metrics holds an engine's Prometheus collectors under vLLM's metric
+// names (so existing dashboards work) plus Tandem's own kv-transfer metrics.
+package metrics
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Engine is the set of collectors one engine process exports. Each Engine has
+// its own registry so tests can run several engines in one process.
+type Engine struct {
+	Registry *prometheus.Registry
+
+	NumRequestsRunning prometheus.Gauge
+	NumRequestsWaiting prometheus.Gauge
+	KVCacheUsage       prometheus.Gauge
+	PrefixCacheQueries prometheus.Counter
+	PrefixCacheHits    prometheus.Counter
+	PromptTokens       prometheus.Counter
+	GenerationTokens   prometheus.Counter
+	RequestSuccess     *prometheus.CounterVec // finish_reason
+	NumPreemptions     prometheus.Counter
+	TimeToFirstToken   prometheus.Histogram
+	InterTokenLatency  prometheus.Histogram
+	E2ELatency         prometheus.Histogram
+	QueueTime          prometheus.Histogram
+	PromptTokensBySrc  *prometheus.CounterVec // source=local_compute|local_cache_hit|external_kv_transfer
+
+	KVTransferBytes    prometheus.Counter
+	KVTransferSeconds  prometheus.Histogram
+	KVTransferFailures *prometheus.CounterVec // reason
+	KVBlocksHeld       prometheus.Gauge
+	KVLeasesExpired    prometheus.Counter
+	PDFallbacks        *prometheus.CounterVec // reason
+}
+
+var latencyBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
+
+// NewEngine creates the collectors, labelled with the served model name.
+func NewEngine(modelName string) *Engine {
+	r := prometheus.NewRegistry()
+	l := prometheus.Labels{"model_name": modelName}
+	f := func(c prometheus.Collector) { r.MustRegister(c) }
+	g := func(name, help string) prometheus.Gauge {
+		x := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: l})
+		f(x)
+		return x
+	}
+	c := func(name, help string) prometheus.Counter {
+		x := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: l})
+		f(x)
+		return x
+	}
+	cv := func(name, help, label string) *prometheus.CounterVec {
+		x := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: l}, []string{label})
+		f(x)
+		return x
+	}
+	h := func(name, help string, b []float64) prometheus.Histogram {
+		x := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: l, Buckets: b})
+		f(x)
+		return x
+	}
+	e := &Engine{Registry: r}
+	e.NumRequestsRunning = g("vllm:num_requests_running", "Number of requests in model execution batches.")
+	e.NumRequestsWaiting = g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+	e.KVCacheUsage = g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+	e.PrefixCacheQueries = c("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
+	e.PrefixCacheHits = c("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+	e.PromptTokens = c("vllm:prompt_tokens_total", "Number of prefill tokens processed.")
+	e.GenerationTokens = c("vllm:generation_tokens_total", "Number of generation tokens processed.")
+	e.RequestSuccess = cv("vllm:request_success_total", "Count of successfully processed requests.", "finish_reason")
+	e.NumPreemptions = c("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.")
+	e.TimeToFirstToken = h("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", latencyBuckets)
+	e.InterTokenLatency = h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", latencyBuckets)
+	e.E2ELatency = h("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", latencyBuckets)
+	e.QueueTime = h("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", latencyBuckets)
+	e.PromptTokensBySrc = cv("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", "source")
+	for _, s := range []string{"local_compute", "local_cache_hit", "external_kv_transfer"} {
+		e.PromptTokensBySrc.WithLabelValues(s)
+	}
+	e.KVTransferBytes = c("tandem:kv_transfer_bytes_total", "KV-cache bytes moved between engines.")
+	e.KVTransferSeconds = h("tandem:kv_transfer_seconds", "Histogram of the time one request's KV transfer took.", latencyBuckets)
+	e.KVTransferFailures = cv("tandem:kv_transfer_failures_total", "KV transfers that failed, by reason.", "reason")
+	e.KVBlocksHeld = g("tandem:kv_blocks_held", "KV blocks held under a lease for a remote decode (prefill side).")
+	e.KVLeasesExpired = c("tandem:kv_leases_expired_total", "Leases on KV blocks that expired before the decode read them.")
+	e.PDFallbacks = cv("tandem:pd_fallbacks_total", "Requests meant for the P/D path that did not take it, by reason.", "reason")
+	return e
+}
+
+// Handler serves the registry in the Prometheus text format.
+func (e *Engine) Handler() http.Handler {
+	return promhttp.HandlerFor(e.Registry, promhttp.HandlerOpts{})
+}
