@@ -1,0 +1,37 @@
+package sample
+
+import "math"
+
+// exp32 is e**x in float32 with a relative error of about 2 ulp, several
+// times faster than math.Exp: Cephes' expf (range reduction by ln 2 split in
+// two parts, then a degree-6 polynomial). Sampling evaluates it once per
+// vocabulary entry per token, where it dominates the cost.
+func exp32(x float32) float32 {
+	const (
+		log2e = 1.44269504088896341
+		ln2hi = 0.693359375
+		ln2lo = -2.12194440e-4
+		// Below minArg the result is subnormal; above maxArg it is close to
+		// overflow, where the 2**n scale below would not fit the exponent.
+		minArg = -87.33654
+		maxArg = 88.0
+	)
+	if x < minArg {
+		return 0 // also -Inf
+	}
+	if x > maxArg {
+		return float32(math.Exp(float64(x)))
+	}
+	t := x*log2e + 0.5
+	n := int32(t)
+	if float32(n) > t {
+		n-- // floor for negative t
+	}
+	fn := float32(n)
+	r := x - fn*ln2hi
+	r -= fn * ln2lo
+	z := r * r
+	y := ((((1.9875691500e-4*r+1.3981999507e-3)*r+8.3334519073e-3)*r+4.1665795894e-2)*r+1.6666665459e-1)*r + 5.0000001201e-1
+	y = y*z + r + 1
+	return y * math.Float32frombits(uint32(n+127)<<23)
+}
