@@ -1,0 +1,489 @@
+package model
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// RopeScaling describes how rotary frequencies are rescaled for long
+// contexts. Type is "" (none), "linear" or "llama3".
+type RopeScaling struct {
+	Type   string
+	Factor float64
+	// llama3 only.
+	LowFreqFactor                 float64
+	HighFreqFactor                float64
+	OriginalMaxPositionEmbeddings int
+}
+
+// Config is a validated model configuration, read from a Hugging Face
+// config.json with defaults resolved.
+type Config struct {
+	// ModelType is "llama", "mistral" or "qwen2".
+	ModelType        string
+	Hidden           int
+	Layers           int
+	Heads            int
+	KVHeads          int
+	HeadDim          int
+	Intermediate     int
+	Vocab            int
+	MaxPositions     int
+	RMSNormEps       float64
+	RopeTheta        float64
+	RopeScaling      RopeScaling
+	TieWordEmbedding bool
+	// QKVBias is set when q_proj, k_proj and v_proj have biases (qwen2, or
+	// llama with attention_bias); OBias when o_proj has one (llama
+	// attention_bias).
+	QKVBias bool
+	OBias   bool
+	// SlidingWindow is the attention window (0 = none). Positions are
+	// limited to it (see MaxModelLen) so full attention is exact.
+	SlidingWindow int
+	BOS           []int32
+	EOS           []int32
+	// TorchDType is the torch_dtype the checkpoint declares ("" if absent).
+	TorchDType string
+}
+
+// MaxModelLen returns the number of positions a sequence may use: the
+// model's max_position_embeddings, or the sliding window if that is smaller
+// (beyond the window, sliding-window attention and the full attention
+// computed here would differ).
+func (c *Config) MaxModelLen() int {
+	if c.SlidingWindow > 0 && c.SlidingWindow < c.MaxPositions {
+		return c.SlidingWindow
+	}
+	return c.MaxPositions
+}
+
+// QDim is the width of the concatenated query heads.
+func (c *Config) QDim() int { return c.Heads * c.HeadDim }
+
+// KVDim is the width of the concatenated key (or value) heads.
+func (c *Config) KVDim() int { return c.KVHeads * c.HeadDim }
+
+// GenerationConfig holds the defaults of generation_config.json. A nil
+// field was absent from the file.
+type GenerationConfig struct {
+	Temperature       *float64
+	TopP              *float64
+	TopK              *int
+	MinP              *float64
+	RepetitionPenalty *float64
+	MaxNewTokens      *int
+	DoSample          *bool
+	EOS               []int32
+}
+
+// fields wraps a decoded JSON object with typed, error-reporting accessors.
+type fields struct {
+	file string
+	m    map[string]json.RawMessage
+}
+
+func readFields(path string) (*fields, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	return parseFields(filepath.Base(path), data)
+}
+
+func parseFields(file string, data []byte) (*fields, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("model: %s: expected a JSON object: %w", file, err)
+	}
+	return &fields{file: file, m: m}, nil
+}
+
+func (f *fields) has(name string) bool {
+	v, ok := f.m[name]
+	return ok && string(v) != "null"
+}
+
+func (f *fields) typeErr(name, want string) error {
+	found := strings.TrimSpace(string(f.m[name]))
+	if len(found) > 60 {
+		found = found[:60] + "..."
+	}
+	return fmt.Errorf("model: %s: field %q: expected %s, found %s", f.file, name, want, found)
+}
+
+// intField reads an integer field; def is used when it is absent and
+// required makes absence an error.
+func (f *fields) intField(name string, def int, required bool) (int, error) {
+	if !f.has(name) {
+		if required {
+			return 0, fmt.Errorf("model: %s: required field %q is missing", f.file, name)
+		}
+		return def, nil
+	}
+	var v float64
+	if err := json.Unmarshal(f.m[name], &v); err != nil || v != math.Trunc(v) || math.Abs(v) > 1<<53 {
+		return 0, f.typeErr(name, "an integer")
+	}
+	return int(v), nil
+}
+
+func (f *fields) posInt(name string, def int, required bool) (int, error) {
+	v, err := f.intField(name, def, required)
+	if err == nil && v <= 0 {
+		return 0, f.typeErr(name, "a positive integer")
+	}
+	return v, err
+}
+
+func (f *fields) floatField(name string, def float64) (float64, error) {
+	if !f.has(name) {
+		return def, nil
+	}
+	var v float64
+	if err := json.Unmarshal(f.m[name], &v); err != nil {
+		return 0, f.typeErr(name, "a number")
+	}
+	return v, nil
+}
+
+func (f *fields) boolField(name string, def bool) (bool, error) {
+	if !f.has(name) {
+		return def, nil
+	}
+	var v bool
+	if err := json.Unmarshal(f.m[name], &v); err != nil {
+		return false, f.typeErr(name, "true or false")
+	}
+	return v, nil
+}
+
+func (f *fields) stringField(name, def string) (string, error) {
+	if !f.has(name) {
+		return def, nil
+	}
+	var v string
+	if err := json.Unmarshal(f.m[name], &v); err != nil {
+		return "", f.typeErr(name, "a string")
+	}
+	return v, nil
+}
+
+// idsField reads a token id given as an integer or a list of integers.
+func (f *fields) idsField(name string) ([]int32, error) {
+	if !f.has(name) {
+		return nil, nil
+	}
+	var one int64
+	if err := json.Unmarshal(f.m[name], &one); err == nil {
+		if one < 0 || one > math.MaxInt32 {
+			return nil, f.typeErr(name, "a non-negative token id")
+		}
+		return []int32{int32(one)}, nil
+	}
+	var many []int64
+	if err := json.Unmarshal(f.m[name], &many); err != nil {
+		return nil, f.typeErr(name, "a token id or a list of token ids")
+	}
+	ids := make([]int32, len(many))
+	for i, id := range many {
+		if id < 0 || id > math.MaxInt32 {
+			return nil, f.typeErr(name, "non-negative token ids")
+		}
+		ids[i] = int32(id)
+	}
+	return ids, nil
+}
+
+// LoadConfig reads and validates dir/config.json.
+func LoadConfig(dir string) (*Config, error) {
+	f, err := readFields(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	return f.config()
+}
+
+// ParseConfig validates the contents of a config.json.
+func ParseConfig(data []byte) (*Config, error) {
+	f, err := parseFields("config.json", data)
+	if err != nil {
+		return nil, err
+	}
+	return f.config()
+}
+
+func (f *fields) config() (*Config, error) {
+	c := &Config{}
+	var err error
+	if c.ModelType, err = f.stringField("model_type", ""); err != nil {
+		return nil, err
+	}
+	switch c.ModelType {
+	case "llama", "mistral", "qwen2":
+	case "":
+		return nil, fmt.Errorf("model: %s: required field \"model_type\" is missing (supported: llama, mistral, qwen2)", f.file)
+	default:
+		return nil, fmt.Errorf("model: %s: field \"model_type\": expected llama, mistral or qwen2, found %q", f.file, c.ModelType)
+	}
+	ints := []struct {
+		dst      *int
+		name     string
+		def      int
+		required bool
+	}{
+		{&c.Hidden, "hidden_size", 0, true},
+		{&c.Layers, "num_hidden_layers", 0, true},
+		{&c.Heads, "num_attention_heads", 0, true},
+		{&c.Intermediate, "intermediate_size", 0, true},
+		{&c.Vocab, "vocab_size", 0, true},
+		{&c.MaxPositions, "max_position_embeddings", 2048, false},
+	}
+	for _, fld := range ints {
+		if *fld.dst, err = f.posInt(fld.name, fld.def, fld.required); err != nil {
+			return nil, err
+		}
+	}
+	if c.KVHeads, err = f.posInt("num_key_value_heads", c.Heads, false); err != nil {
+		return nil, err
+	}
+	if c.Heads%c.KVHeads != 0 {
+		return nil, fmt.Errorf("model: %s: field \"num_key_value_heads\": expected a divisor of num_attention_heads %d, found %d", f.file, c.Heads, c.KVHeads)
+	}
+	defHeadDim := 0
+	if c.Hidden%c.Heads == 0 {
+		defHeadDim = c.Hidden / c.Heads
+	}
+	if c.HeadDim, err = f.posInt("head_dim", defHeadDim, defHeadDim == 0); err != nil {
+		return nil, err
+	}
+	if c.HeadDim%2 != 0 {
+		return nil, fmt.Errorf("model: %s: field \"head_dim\": expected an even size for rotary embeddings, found %d", f.file, c.HeadDim)
+	}
+	if c.RMSNormEps, err = f.floatField("rms_norm_eps", 1e-6); err != nil {
+		return nil, err
+	}
+	if c.RMSNormEps <= 0 {
+		return nil, f.typeErr("rms_norm_eps", "a positive number")
+	}
+	if c.RopeTheta, err = f.floatField("rope_theta", 10000); err != nil {
+		return nil, err
+	}
+	if c.RopeTheta <= 1 {
+		return nil, f.typeErr("rope_theta", "a number greater than 1")
+	}
+	if c.RopeScaling, err = f.ropeScaling(); err != nil {
+		return nil, err
+	}
+	if c.TieWordEmbedding, err = f.boolField("tie_word_embeddings", false); err != nil {
+		return nil, err
+	}
+	act, err := f.stringField("hidden_act", "silu")
+	if err != nil {
+		return nil, err
+	}
+	if act != "silu" {
+		return nil, fmt.Errorf("model: %s: field \"hidden_act\": expected \"silu\", found %q", f.file, act)
+	}
+	mlpBias, err := f.boolField("mlp_bias", false)
+	if err != nil {
+		return nil, err
+	}
+	if mlpBias {
+		return nil, fmt.Errorf("model: %s: field \"mlp_bias\": expected false (MLP biases are not supported), found true", f.file)
+	}
+	switch c.ModelType {
+	case "qwen2":
+		// Qwen2 always has q/k/v biases and no o_proj bias.
+		c.QKVBias = true
+	case "llama":
+		if c.QKVBias, err = f.boolField("attention_bias", false); err != nil {
+			return nil, err
+		}
+		c.OBias = c.QKVBias
+	}
+	if err := f.slidingWindow(c); err != nil {
+		return nil, err
+	}
+	if c.BOS, err = f.idsField("bos_token_id"); err != nil {
+		return nil, err
+	}
+	if c.EOS, err = f.idsField("eos_token_id"); err != nil {
+		return nil, err
+	}
+	if c.TorchDType, err = f.stringField("torch_dtype", ""); err != nil {
+		return nil, err
+	}
+	if c.TorchDType == "" {
+		// Newer transformers write "dtype".
+		if c.TorchDType, err = f.stringField("dtype", ""); err != nil {
+			return nil, err
+		}
+	}
+	switch c.TorchDType {
+	case "", "float32", "bfloat16", "float16":
+	default:
+		return nil, fmt.Errorf("model: %s: field \"torch_dtype\": expected float32, bfloat16 or float16, found %q", f.file, c.TorchDType)
+	}
+	return c, nil
+}
+
+func (f *fields) slidingWindow(c *Config) error {
+	use := c.ModelType == "mistral"
+	if c.ModelType == "qwen2" {
+		var err error
+		if use, err = f.boolField("use_sliding_window", false); err != nil {
+			return err
+		}
+	}
+	if !use {
+		return nil
+	}
+	w, err := f.intField("sliding_window", 0, false)
+	if err != nil {
+		return err
+	}
+	if w < 0 {
+		return f.typeErr("sliding_window", "a positive integer or null")
+	}
+	c.SlidingWindow = w
+	return nil
+}
+
+func (f *fields) ropeScaling() (RopeScaling, error) {
+	if !f.has("rope_scaling") {
+		return RopeScaling{}, nil
+	}
+	sub, err := parseFields(f.file, f.m["rope_scaling"])
+	if err != nil {
+		return RopeScaling{}, f.typeErr("rope_scaling", "an object or null")
+	}
+	sub.file = f.file + " rope_scaling"
+	var rs RopeScaling
+	if rs.Type, err = sub.stringField("rope_type", ""); err != nil {
+		return rs, err
+	}
+	if rs.Type == "" {
+		if rs.Type, err = sub.stringField("type", ""); err != nil {
+			return rs, err
+		}
+	}
+	switch rs.Type {
+	case "default":
+		return RopeScaling{}, nil
+	case "linear", "llama3":
+	case "":
+		return rs, fmt.Errorf("model: %s: field \"rope_type\" (or \"type\") is missing", sub.file)
+	default:
+		return rs, fmt.Errorf("model: %s: field \"rope_type\": expected linear or llama3, found unsupported %q", sub.file, rs.Type)
+	}
+	if rs.Factor, err = sub.floatField("factor", 0); err != nil {
+		return rs, err
+	}
+	if rs.Factor <= 0 {
+		return rs, fmt.Errorf("model: %s: field \"factor\": expected a positive number, found %v", sub.file, rs.Factor)
+	}
+	if rs.Type == "llama3" {
+		if rs.LowFreqFactor, err = sub.floatField("low_freq_factor", 0); err != nil {
+			return rs, err
+		}
+		if rs.HighFreqFactor, err = sub.floatField("high_freq_factor", 0); err != nil {
+			return rs, err
+		}
+		if rs.OriginalMaxPositionEmbeddings, err = sub.posInt("original_max_position_embeddings", 0, true); err != nil {
+			return rs, err
+		}
+		if rs.LowFreqFactor <= 0 || rs.HighFreqFactor <= rs.LowFreqFactor {
+			return rs, fmt.Errorf("model: %s: expected 0 < low_freq_factor < high_freq_factor, found %v and %v", sub.file, rs.LowFreqFactor, rs.HighFreqFactor)
+		}
+	}
+	return rs, nil
+}
+
+// LoadGenerationConfig reads dir/generation_config.json. A missing file
+// yields an empty GenerationConfig.
+func LoadGenerationConfig(dir string) (*GenerationConfig, error) {
+	path := filepath.Join(dir, "generation_config.json")
+	if _, err := os.Stat(path); os.IsNotExist(err) {
+		return &GenerationConfig{}, nil
+	}
+	f, err := readFields(path)
+	if err != nil {
+		return nil, err
+	}
+	return f.generationConfig()
+}
+
+// ParseGenerationConfig validates the contents of a generation_config.json.
+func ParseGenerationConfig(data []byte) (*GenerationConfig, error) {
+	f, err := parseFields("generation_config.json", data)
+	if err != nil {
+		return nil, err
+	}
+	return f.generationConfig()
+}
+
+func (f *fields) generationConfig() (*GenerationConfig, error) {
+	g := &GenerationConfig{}
+	floats := []struct {
+		dst  **float64
+		name string
+		ok   func(float64) bool
+		want string
+	}{
+		{&g.Temperature, "temperature", func(v float64) bool { return v >= 0 }, "a non-negative number"},
+		{&g.TopP, "top_p", func(v float64) bool { return v > 0 && v <= 1 }, "a number in (0, 1]"},
+		{&g.MinP, "min_p", func(v float64) bool { return v >= 0 && v <= 1 }, "a number in [0, 1]"},
+		{&g.RepetitionPenalty, "repetition_penalty", func(v float64) bool { return v > 0 }, "a positive number"},
+	}
+	for _, fl := range floats {
+		if !f.has(fl.name) {
+			continue
+		}
+		v, err := f.floatField(fl.name, 0)
+		if err != nil {
+			return nil, err
+		}
+		if !fl.ok(v) {
+			return nil, f.typeErr(fl.name, fl.want)
+		}
+		*fl.dst = &v
+	}
+	ints := []struct {
+		dst  **int
+		name string
+		min  int
+	}{
+		{&g.TopK, "top_k", 0},
+		{&g.MaxNewTokens, "max_new_tokens", 1},
+	}
+	for _, fi := range ints {
+		if !f.has(fi.name) {
+			continue
+		}
+		v, err := f.intField(fi.name, 0, false)
+		if err != nil {
+			return nil, err
+		}
+		if v < fi.min {
+			return nil, f.typeErr(fi.name, fmt.Sprintf("an integer >= %d", fi.min))
+		}
+		*fi.dst = &v
+	}
+	if f.has("do_sample") {
+		v, err := f.boolField("do_sample", false)
+		if err != nil {
+			return nil, err
+		}
+		g.DoSample = &v
+	}
+	var err error
+	if g.EOS, err = f.idsField("eos_token_id"); err != nil {
+		return nil, err
+	}
+	return g, nil
+}

@@ -1,0 +1,16 @@
+// Package model loads Llama-family decoders (model_type llama, mistral and
+// qwen2) from Hugging Face checkpoints and runs them on the CPU.
+//
+// Load reads config.json and generation_config.json, memory-maps the
+// safetensors weights (bf16 and f16 stay in their dtype and are widened
+// inside the kernels of internal/tensor) and checks every tensor's shape.
+// Model.Forward runs a batch of sequences over a paged KV pool whose layout
+// is KVLayout: all new tokens of all sequences share every weight matmul,
+// attention reads each sequence's blocks through its block table. The
+// package computes; it never allocates KV blocks or schedules requests.
+//
+// Batch invariance is a design invariant: a sequence's logits are
+// bit-identical whatever else is in the batch and however its prompt is
+// chunked, so prefill on one engine and decode on another reproduce a
+// single engine exactly.
+package model

@@ -1,0 +1,342 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/tandem-serve/tandem/internal/tensor"
+)
+
+// Seq is one sequence's share of a Forward batch.
+type Seq struct {
+	// Tokens are the new tokens to run.
+	Tokens []int32
+	// Pos is the position of Tokens[0]; the KV of positions [0, Pos) is
+	// already in the pool.
+	Pos int
+	// Blocks are the physical block ids covering positions
+	// [0, Pos+len(Tokens)): block i holds positions [i*BlockSize,
+	// (i+1)*BlockSize).
+	Blocks []int32
+	// Logits are indexes into Tokens whose next-token logits are wanted.
+	Logits []int
+}
+
+// scratch holds the activations of one Forward call, grown on demand and
+// reused so the steady state allocates nothing.
+type scratch struct {
+	x, xn, attn, tmp []float32 // [T, Hidden], [T, Hidden], [T, QDim], [T, Hidden]
+	qkv, gu, h       []float32 // [T, qkv width], [T, 2·FFN], [T, FFN]
+	part             []float32 // un-fused matmul output before scattering
+	cos, sin         []float32 // [T, HeadDim/2]
+	tokSeq, tokPos   []int32   // per token: its sequence and position
+	rows             []float32 // [R, Hidden] normed rows for the LM head
+	logits           []float32 // [R, Vocab]
+	out              [][]float32
+	scores           sync.Pool // *[]float32 attention score buffers
+}
+
+func grow(b []float32, n int) []float32 {
+	if cap(b) < n {
+		return make([]float32, n)
+	}
+	return b[:n]
+}
+
+// Forward runs the new tokens of seqs through the model, writing their K
+// and V into the paged pool kv (laid out as layout) and returning, for
+// each sequence, len(Logits)·VocabSize logits (row-major, in the order of
+// Seq.Logits). The returned slices are valid until the next call.
+//
+// All new tokens of all sequences form one [T, hidden] activation, so every
+// weight matmul is a single kernel call over T rows; attention runs per
+// (query head, token) over the sequence's paged KV. A sequence's logits
+// are bit-identical whatever else is in the batch and however its prompt
+// is split into calls: each matmul output row depends only on its input
+// row, and attention for a query reads keys 0..pos in one fixed order.
+//
+// Forward is not safe for concurrent use. Sequences in one call must not
+// write the same KV slot (shared prefix blocks are only read).
+func (m *Model) Forward(seqs []Seq, kv []float32, layout KVLayout) ([][]float32, error) {
+	if m.closed {
+		return nil, errors.New("model: Forward called after Close")
+	}
+	T, R, err := m.validate(seqs, kv, layout)
+	if err != nil {
+		return nil, err
+	}
+	c := &m.cfg
+	s := &m.s
+	H, half := c.Hidden, c.HeadDim/2
+	s.x = grow(s.x, T*H)
+	s.xn = grow(s.xn, T*H)
+	s.tmp = grow(s.tmp, T*H)
+	s.attn = grow(s.attn, T*c.QDim())
+	s.tokSeq = growI32(s.tokSeq, T)
+	s.tokPos = growI32(s.tokPos, T)
+	s.cos = grow(s.cos, T*half)
+	s.sin = grow(s.sin, T*half)
+
+	t := 0
+	for i, sq := range seqs {
+		for j := range sq.Tokens {
+			s.tokSeq[t] = int32(i)
+			s.tokPos[t] = int32(sq.Pos + j)
+			t++
+		}
+	}
+	m.pool.Parallel(T, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			sq := &seqs[s.tokSeq[t]]
+			id := sq.Tokens[int(s.tokPos[t])-sq.Pos]
+			m.embed.Row(int(id), s.x[t*H:(t+1)*H])
+			ropeRow(m.invFreq, int(s.tokPos[t]), s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half])
+		}
+	})
+
+	eps := float32(c.RMSNormEps)
+	for li := range m.layers {
+		l := &m.layers[li]
+		m.pool.Parallel(T, func(lo, hi int) {
+			for t := lo; t < hi; t++ {
+				tensor.RMSNorm(s.xn[t*H:(t+1)*H], s.x[t*H:(t+1)*H], l.attnNorm, eps)
+			}
+		})
+		s.qkv = m.runGroup(&l.qkv, s.qkv, s.xn, T)
+		m.prepareAttention(l, li, seqs, kv, layout, T)
+		m.attention(li, seqs, kv, layout, T)
+		m.pool.MatMul(s.tmp, s.attn, T, &l.o)
+		m.pool.Parallel(T, func(lo, hi int) {
+			for t := lo; t < hi; t++ {
+				x, o := s.x[t*H:(t+1)*H], s.tmp[t*H:(t+1)*H]
+				if l.oBias != nil {
+					for i := range o {
+						o[i] += l.oBias[i]
+					}
+				}
+				for i := range x {
+					x[i] += o[i]
+				}
+				tensor.RMSNorm(s.xn[t*H:(t+1)*H], x, l.ffnNorm, eps)
+			}
+		})
+		s.gu = m.runGroup(&l.gateUp, s.gu, s.xn, T)
+		F := c.Intermediate
+		s.h = grow(s.h, T*F)
+		m.pool.Parallel(T, func(lo, hi int) {
+			for t := lo; t < hi; t++ {
+				row := s.gu[t*l.gateUp.width : (t+1)*l.gateUp.width]
+				h := s.h[t*F : (t+1)*F]
+				copy(h, row[l.gateUp.off[0]:l.gateUp.off[0]+F])
+				tensor.SiLUMul(h, row[l.gateUp.off[1]:l.gateUp.off[1]+F])
+			}
+		})
+		m.pool.MatMul(s.tmp, s.h, T, &l.down)
+		m.pool.Parallel(T, func(lo, hi int) {
+			for t := lo; t < hi; t++ {
+				x, d := s.x[t*H:(t+1)*H], s.tmp[t*H:(t+1)*H]
+				for i := range x {
+					x[i] += d[i]
+				}
+			}
+		})
+	}
+	return m.logits(seqs, T, R), nil
+}
+
+func growI32(b []int32, n int) []int32 {
+	if cap(b) < n {
+		return make([]int32, n)
+	}
+	return b[:n]
+}
+
+// runGroup computes the [T, g.width] output of a linear group into buf.
+func (m *Model) runGroup(g *linearGroup, buf, x []float32, T int) []float32 {
+	buf = grow(buf, T*g.width)
+	if g.fused {
+		m.pool.MatMul(buf, x, T, &g.mats[0])
+		return buf
+	}
+	for k := range g.mats {
+		w := &g.mats[k]
+		m.s.part = grow(m.s.part, T*w.Rows)
+		m.pool.MatMul(m.s.part, x, T, w)
+		for t := range T {
+			copy(buf[t*g.width+g.off[k]:], m.s.part[t*w.Rows:(t+1)*w.Rows])
+		}
+	}
+	return buf
+}
+
+// prepareAttention adds the q/k/v biases, applies RoPE to the queries and
+// keys and stores every new token's K and V row in its pool slot.
+func (m *Model) prepareAttention(l *layer, li int, seqs []Seq, kv []float32, layout KVLayout, T int) {
+	c := &m.cfg
+	s := &m.s
+	g := &l.qkv
+	hd, half, kvd := c.HeadDim, c.HeadDim/2, c.KVDim()
+	m.pool.Parallel(T, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			row := s.qkv[t*g.width : (t+1)*g.width]
+			q := row[g.off[0] : g.off[0]+c.QDim()]
+			k := row[g.off[1] : g.off[1]+kvd]
+			v := row[g.off[2] : g.off[2]+kvd]
+			if l.qBias != nil {
+				addTo(q, l.qBias)
+				addTo(k, l.kBias)
+				addTo(v, l.vBias)
+			}
+			cos, sin := s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half]
+			for h := 0; h < c.Heads; h++ {
+				applyRope(q[h*hd:(h+1)*hd], cos, sin)
+			}
+			for h := 0; h < c.KVHeads; h++ {
+				applyRope(k[h*hd:(h+1)*hd], cos, sin)
+			}
+			sq := &seqs[s.tokSeq[t]]
+			pos := int(s.tokPos[t])
+			block := int(sq.Blocks[pos/layout.BlockSize])
+			slot := pos % layout.BlockSize
+			copy(kv[layout.Offset(block, li, 0, slot):][:kvd], k)
+			copy(kv[layout.Offset(block, li, 1, slot):][:kvd], v)
+		}
+	})
+}
+
+func addTo(dst, src []float32) {
+	for i := range dst {
+		dst[i] += src[i]
+	}
+}
+
+// attention computes softmax(q·Kᵀ/√d)·V for every (query head, token) into
+// s.attn. Work items are ordered head-major so that the contiguous ranges
+// handed to workers mix early and late positions and balance better.
+//
+// For batch invariance each query's keys are visited in position order in
+// three fixed passes: scores, then max / exp / sum, then the weighted sum
+// of V rows. Nothing depends on which other tokens share the call.
+func (m *Model) attention(li int, seqs []Seq, kv []float32, layout KVLayout, T int) {
+	c := &m.cfg
+	s := &m.s
+	hd, group := c.HeadDim, c.Heads/c.KVHeads
+	g := &m.layers[li].qkv
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	bs := layout.BlockSize
+	m.pool.Parallel(c.Heads*T, func(lo, hi int) {
+		bufp, _ := s.scores.Get().(*[]float32)
+		if bufp == nil {
+			bufp = new([]float32)
+		}
+		for item := lo; item < hi; item++ {
+			h, t := item/T, item%T
+			kvh := h / group
+			sq := &seqs[s.tokSeq[t]]
+			n := int(s.tokPos[t]) + 1
+			q := s.qkv[t*g.width+g.off[0]+h*hd:][:hd]
+			out := s.attn[t*c.QDim()+h*hd:][:hd]
+			*bufp = grow(*bufp, n)
+			scores := *bufp
+			mx := float32(math.Inf(-1))
+			for j := range n {
+				base := layout.Offset(int(sq.Blocks[j/bs]), li, 0, j%bs) + kvh*hd
+				sc := tensor.Dot(q, kv[base:base+hd]) * scale
+				scores[j] = sc
+				mx = max(mx, sc)
+			}
+			var sum float32
+			for j := range n {
+				e := float32(math.Exp(float64(scores[j] - mx)))
+				scores[j] = e
+				sum += e
+			}
+			inv := 1 / sum
+			clear(out)
+			for j := range n {
+				base := layout.Offset(int(sq.Blocks[j/bs]), li, 1, j%bs) + kvh*hd
+				tensor.Axpy(scores[j]*inv, kv[base:base+hd], out)
+			}
+		}
+		s.scores.Put(bufp)
+	})
+}
+
+// logits applies the final norm and the LM head to the requested rows.
+func (m *Model) logits(seqs []Seq, T, R int) [][]float32 {
+	c := &m.cfg
+	s := &m.s
+	H, V := c.Hidden, c.Vocab
+	s.rows = grow(s.rows, R*H)
+	s.logits = grow(s.logits, R*V)
+	if cap(s.out) < len(seqs) {
+		s.out = make([][]float32, len(seqs))
+	}
+	s.out = s.out[:len(seqs)]
+	r, start := 0, 0
+	for i, sq := range seqs {
+		first := r
+		for _, idx := range sq.Logits {
+			t := start + idx
+			tensor.RMSNorm(s.rows[r*H:(r+1)*H], s.x[t*H:(t+1)*H], m.finalNorm, float32(c.RMSNormEps))
+			r++
+		}
+		s.out[i] = s.logits[first*V : r*V : r*V]
+		start += len(sq.Tokens)
+	}
+	if R > 0 {
+		m.pool.MatMul(s.logits, s.rows, R, &m.lmHead)
+	}
+	return s.out
+}
+
+// validate checks a batch against the model and the pool before anything
+// is written, returning the number of new tokens and of logits rows.
+func (m *Model) validate(seqs []Seq, kv []float32, layout KVLayout) (T, R int, err error) {
+	c := &m.cfg
+	want := m.KVLayout(layout.BlockSize)
+	if layout.BlockSize <= 0 || layout != want {
+		return 0, 0, fmt.Errorf("model: KV layout %+v does not match the model (want %+v with a positive block size)", layout, want)
+	}
+	blockFloats := layout.BlockFloats()
+	if len(kv)%blockFloats != 0 {
+		return 0, 0, fmt.Errorf("model: KV pool of %d floats is not a whole number of %d-float blocks", len(kv), blockFloats)
+	}
+	numBlocks := len(kv) / blockFloats
+	if len(seqs) == 0 {
+		return 0, 0, errors.New("model: Forward needs at least one sequence")
+	}
+	for i, sq := range seqs {
+		if len(sq.Tokens) == 0 {
+			return 0, 0, fmt.Errorf("model: seq %d has no new tokens", i)
+		}
+		end := sq.Pos + len(sq.Tokens)
+		if sq.Pos < 0 || end > c.MaxModelLen() {
+			return 0, 0, fmt.Errorf("model: seq %d covers positions [%d, %d), outside the model's %d positions", i, sq.Pos, end, c.MaxModelLen())
+		}
+		need := (end + layout.BlockSize - 1) / layout.BlockSize
+		if len(sq.Blocks) < need {
+			return 0, 0, fmt.Errorf("model: seq %d needs %d blocks of %d slots for %d positions, block table has %d", i, need, layout.BlockSize, end, len(sq.Blocks))
+		}
+		for j, b := range sq.Blocks[:need] {
+			if b < 0 || int(b) >= numBlocks {
+				return 0, 0, fmt.Errorf("model: seq %d block table entry %d is block %d, outside the pool's %d blocks", i, j, b, numBlocks)
+			}
+		}
+		for j, id := range sq.Tokens {
+			if id < 0 || int(id) >= c.Vocab {
+				return 0, 0, fmt.Errorf("model: seq %d token %d is id %d, outside the vocabulary of %d", i, j, id, c.Vocab)
+			}
+		}
+		for _, idx := range sq.Logits {
+			if idx < 0 || idx >= len(sq.Tokens) {
+				return 0, 0, fmt.Errorf("model: seq %d asks for logits of token %d, but it has %d new tokens", i, idx, len(sq.Tokens))
+			}
+		}
+		T += len(sq.Tokens)
+		R += len(sq.Logits)
+	}
+	return T, R, nil
+}

@@ -1,0 +1,242 @@
+package model
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"math"
+
+	"github.com/tandem-serve/tandem/internal/model/safetensors"
+	"github.com/tandem-serve/tandem/internal/tensor"
+)
+
+type layer struct {
+	attnNorm, ffnNorm   []float32
+	qkv                 linearGroup // q, k, v
+	qBias, kBias, vBias []float32   // nil without biases
+	o                   tensor.Mat
+	oBias               []float32
+	gateUp              linearGroup // gate, up
+	down                tensor.Mat
+}
+
+// Model is a loaded Llama-family decoder (llama, mistral, qwen2) whose
+// weights alias memory-mapped safetensors files.
+//
+// Forward must be called from one goroutine at a time (it reuses scratch
+// buffers); the accessors are safe for concurrent use.
+type Model struct {
+	cfg       Config
+	gen       GenerationConfig
+	pool      *tensor.Pool
+	set       *safetensors.Set
+	embed     tensor.Mat
+	lmHead    tensor.Mat // aliases embed when tied
+	finalNorm []float32
+	layers    []layer
+	invFreq   []float64 // rotary inverse frequencies (with scaling), HeadDim/2
+
+	numParams   int64
+	weightBytes int64
+	dtype       tensor.DType
+	fingerprint string
+	closed      bool
+
+	s scratch
+}
+
+// Load opens the Hugging Face checkpoint in dir (config.json,
+// generation_config.json if present, model.safetensors or shards) and binds
+// its weights. Kernels run on pool.
+func Load(dir string, pool *tensor.Pool) (*Model, error) {
+	if pool == nil {
+		return nil, errors.New("model: Load needs a tensor.Pool, got nil")
+	}
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	gen, err := LoadGenerationConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	set, err := safetensors.OpenDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	m := &Model{cfg: *cfg, gen: *gen, pool: pool, set: set}
+	if err := m.bind(); err != nil {
+		set.Close()
+		return nil, err
+	}
+	m.invFreq = ropeInvFreq(&m.cfg)
+	m.fingerprint = m.computeFingerprint()
+	set.Advise()
+	return m, nil
+}
+
+func (m *Model) bind() error {
+	c := &m.cfg
+	b := &binder{set: m.set, byType: map[tensor.DType]int64{}, mapped: map[uintptr]bool{}}
+	var err error
+	if m.embed, err = b.matrix("model.embed_tokens.weight", c.Vocab, c.Hidden); err != nil {
+		return err
+	}
+	if c.TieWordEmbedding {
+		m.lmHead = m.embed
+	} else if m.lmHead, err = b.matrix("lm_head.weight", c.Vocab, c.Hidden); err != nil {
+		return fmt.Errorf("%w (config.json has tie_word_embeddings false)", err)
+	}
+	if m.finalNorm, err = b.vector("model.norm.weight", c.Hidden); err != nil {
+		return err
+	}
+	m.layers = make([]layer, c.Layers)
+	for i := range m.layers {
+		if err := m.bindLayer(b, i); err != nil {
+			return err
+		}
+	}
+	m.numParams, m.weightBytes = b.params, b.bytes
+	var best int64 = -1
+	for _, dt := range []tensor.DType{tensor.F32, tensor.BF16, tensor.F16} {
+		if b.byType[dt] > best {
+			m.dtype, best = dt, b.byType[dt]
+		}
+	}
+	return nil
+}
+
+func (m *Model) bindLayer(b *binder, i int) error {
+	c := &m.cfg
+	l := &m.layers[i]
+	p := fmt.Sprintf("model.layers.%d.", i)
+	var err error
+	mat := func(name string, rows, cols int) tensor.Mat {
+		if err != nil {
+			return tensor.Mat{}
+		}
+		var w tensor.Mat
+		w, err = b.matrix(p+name, rows, cols)
+		return w
+	}
+	vec := func(name string, n int) []float32 {
+		if err != nil {
+			return nil
+		}
+		var v []float32
+		v, err = b.vector(p+name, n)
+		return v
+	}
+	l.attnNorm = vec("input_layernorm.weight", c.Hidden)
+	l.ffnNorm = vec("post_attention_layernorm.weight", c.Hidden)
+	q := mat("self_attn.q_proj.weight", c.QDim(), c.Hidden)
+	k := mat("self_attn.k_proj.weight", c.KVDim(), c.Hidden)
+	v := mat("self_attn.v_proj.weight", c.KVDim(), c.Hidden)
+	l.o = mat("self_attn.o_proj.weight", c.Hidden, c.QDim())
+	if c.QKVBias {
+		l.qBias = vec("self_attn.q_proj.bias", c.QDim())
+		l.kBias = vec("self_attn.k_proj.bias", c.KVDim())
+		l.vBias = vec("self_attn.v_proj.bias", c.KVDim())
+	}
+	if c.OBias {
+		l.oBias = vec("self_attn.o_proj.bias", c.Hidden)
+	}
+	gate := mat("mlp.gate_proj.weight", c.Intermediate, c.Hidden)
+	up := mat("mlp.up_proj.weight", c.Intermediate, c.Hidden)
+	l.down = mat("mlp.down_proj.weight", c.Hidden, c.Intermediate)
+	if err != nil {
+		return err
+	}
+	l.qkv = b.newLinearGroup(q, k, v)
+	l.gateUp = b.newLinearGroup(gate, up)
+	return nil
+}
+
+// Config returns the model's configuration.
+func (m *Model) Config() Config { return m.cfg }
+
+// GenerationConfig returns the defaults of generation_config.json (all nil
+// when the file is absent).
+func (m *Model) GenerationConfig() GenerationConfig { return m.gen }
+
+// KVLayout returns the layout of a paged KV pool with blockSize slots per
+// block for this model.
+func (m *Model) KVLayout(blockSize int) KVLayout {
+	return KVLayout{BlockSize: blockSize, Layers: m.cfg.Layers, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim}
+}
+
+// NumParams returns the number of parameters (tied embeddings counted once).
+func (m *Model) NumParams() int64 { return m.numParams }
+
+// WeightBytes returns the bytes of weights as stored (and mapped).
+func (m *Model) WeightBytes() int64 { return m.weightBytes }
+
+// DType returns the dtype most weight bytes are stored in.
+func (m *Model) DType() tensor.DType { return m.dtype }
+
+// MaxModelLen returns the number of positions a sequence may use.
+func (m *Model) MaxModelLen() int { return m.cfg.MaxModelLen() }
+
+// VocabSize returns the number of logits per token.
+func (m *Model) VocabSize() int { return m.cfg.Vocab }
+
+// Fingerprint returns a stable identity of the architecture and weights: a
+// SHA-256 over the essential configuration, every tensor's name, dtype and
+// shape, and a sample of each tensor's bytes (start, middle, end). Two
+// engines that agree on it compute the same KV for the same tokens, which
+// is what prefix-cache hashing and the prefill/decode handshake rely on.
+func (m *Model) Fingerprint() string { return m.fingerprint }
+
+// fingerprintSample is the number of bytes hashed at each of the start,
+// middle and end of every tensor: enough to tell different checkpoints
+// apart, cheap enough (a few pages per tensor) to compute at every load.
+const fingerprintSample = 256
+
+func (m *Model) computeFingerprint() string {
+	h := sha256.New()
+	c := &m.cfg
+	fmt.Fprintf(h, "tandem-model-v1\x00type=%s hidden=%d layers=%d heads=%d kv=%d head_dim=%d ffn=%d vocab=%d maxpos=%d eps=%x theta=%x rope=%s/%x/%x/%x/%d tied=%t qkvbias=%t obias=%t window=%d\x00",
+		c.ModelType, c.Hidden, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.Intermediate, c.Vocab, c.MaxPositions,
+		math.Float64bits(c.RMSNormEps), math.Float64bits(c.RopeTheta), c.RopeScaling.Type,
+		math.Float64bits(c.RopeScaling.Factor), math.Float64bits(c.RopeScaling.LowFreqFactor),
+		math.Float64bits(c.RopeScaling.HighFreqFactor), c.RopeScaling.OriginalMaxPositionEmbeddings,
+		c.TieWordEmbedding, c.QKVBias, c.OBias, c.SlidingWindow)
+	for _, name := range m.set.Names() {
+		t, _ := m.set.Tensor(name)
+		fmt.Fprintf(h, "%s\x00%s\x00%v\x00", name, t.DType, t.Shape)
+		hashSample(h, t.Data)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func hashSample(h hash.Hash, d []byte) {
+	var n [8]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(d)))
+	h.Write(n[:])
+	if len(d) <= 3*fingerprintSample {
+		h.Write(d)
+		return
+	}
+	mid := len(d)/2 - fingerprintSample/2
+	h.Write(d[:fingerprintSample])
+	h.Write(d[mid : mid+fingerprintSample])
+	h.Write(d[len(d)-fingerprintSample:])
+}
+
+// Close unmaps the weights. The model must not be used afterwards; Forward
+// returns an error.
+func (m *Model) Close() error {
+	if m.closed {
+		return nil
+	}
+	m.closed = true
+	m.layers = nil
+	m.embed, m.lmHead = tensor.Mat{}, tensor.Mat{}
+	if err := m.set.Close(); err != nil {
+		return fmt.Errorf("model: %w", err)
+	}
+	return nil
+}

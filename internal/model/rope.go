@@ -1,0 +1,61 @@
+package model
+
+import "math"
+
+// ropeInvFreq returns the rotary inverse frequencies θ^(-2i/d) for
+// i < HeadDim/2, rescaled as the config's rope_scaling asks, following the
+// Hugging Face definitions (modeling_rope_utils).
+func ropeInvFreq(c *Config) []float64 {
+	half := c.HeadDim / 2
+	inv := make([]float64, half)
+	for i := range inv {
+		inv[i] = 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(c.HeadDim))
+	}
+	rs := c.RopeScaling
+	switch rs.Type {
+	case "linear":
+		// Positions divided by factor, i.e. frequencies divided by it.
+		for i := range inv {
+			inv[i] /= rs.Factor
+		}
+	case "llama3":
+		orig := float64(rs.OriginalMaxPositionEmbeddings)
+		lowWavelen := orig / rs.LowFreqFactor
+		highWavelen := orig / rs.HighFreqFactor
+		for i, f := range inv {
+			wavelen := 2 * math.Pi / f
+			switch {
+			case wavelen < highWavelen:
+				// High frequencies are kept.
+			case wavelen > lowWavelen:
+				inv[i] = f / rs.Factor
+			default:
+				smooth := (orig/wavelen - rs.LowFreqFactor) / (rs.HighFreqFactor - rs.LowFreqFactor)
+				inv[i] = (1-smooth)*f/rs.Factor + smooth*f
+			}
+		}
+	}
+	return inv
+}
+
+// ropeRow fills cos and sin (HeadDim/2 each) for position pos. The angle is
+// computed in float64 and rounded once, so a position's table row is the
+// same bits whichever batch or chunk computes it.
+func ropeRow(invFreq []float64, pos int, cos, sin []float32) {
+	for i, f := range invFreq {
+		s, c := math.Sincos(float64(pos) * f)
+		cos[i], sin[i] = float32(c), float32(s)
+	}
+}
+
+// applyRope rotates one head vector x in place with the rotate-half
+// convention used by Hugging Face Llama: pairs (x[i], x[i+d/2]).
+func applyRope(x, cos, sin []float32) {
+	half := len(cos)
+	x1, x2 := x[:half], x[half:2*half]
+	for i := range half {
+		a, b := x1[i], x2[i]
+		x1[i] = a*cos[i] - b*sin[i]
+		x2[i] = b*cos[i] + a*sin[i]
+	}
+}

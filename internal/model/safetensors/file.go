@@ -1,0 +1,234 @@
+package safetensors
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"golang.org/x/sys/unix"
+)
+
+// Tensor is one tensor of an open file. Data aliases the read-only memory
+// mapping: it must not be written, and it is invalid after the file is
+// closed.
+type Tensor struct {
+	Info
+	// File is the path of the file holding the tensor.
+	File string
+	// Data holds the tensor's raw little-endian bytes.
+	Data []byte
+}
+
+// File is a memory-mapped safetensors file.
+type File struct {
+	path   string
+	mapped []byte
+	header *Header
+	byName map[string]int
+}
+
+// Open maps the file at path read-only and parses its header.
+func Open(path string) (*File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("safetensors: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("safetensors: %w", err)
+	}
+	size := st.Size()
+	var prefix [8]byte
+	if _, err := io.ReadFull(f, prefix[:]); err != nil {
+		return nil, fmt.Errorf("safetensors: %s: file too short: need at least 8 bytes for the header length, found %d", path, size)
+	}
+	if _, err := ParseHeader(prefix[:], size); err != nil {
+		var need *NeedError
+		if !errors.As(err, &need) {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	if size > int64(^uint(0)>>1) {
+		return nil, fmt.Errorf("safetensors: %s: %d bytes cannot be mapped on this platform", path, size)
+	}
+	mapped, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("safetensors: mmap %s: %w", path, err)
+	}
+	h, err := ParseHeader(mapped, size)
+	if err != nil {
+		_ = unix.Munmap(mapped)
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	file := &File{path: path, mapped: mapped, header: h, byName: make(map[string]int, len(h.Tensors))}
+	for i, t := range h.Tensors {
+		file.byName[t.Name] = i
+	}
+	return file, nil
+}
+
+// Path returns the path the file was opened from.
+func (f *File) Path() string { return f.path }
+
+// Header returns the parsed header.
+func (f *File) Header() *Header { return f.header }
+
+// Tensor returns the named tensor and whether it exists.
+func (f *File) Tensor(name string) (Tensor, bool) {
+	i, ok := f.byName[name]
+	if !ok || f.mapped == nil {
+		return Tensor{}, false
+	}
+	info := f.header.Tensors[i]
+	start := f.header.DataStart + info.Begin
+	end := f.header.DataStart + info.End
+	return Tensor{Info: info, File: f.path, Data: f.mapped[start:end:end]}, true
+}
+
+// Advise tells the kernel the whole mapping will be needed soon, so that
+// the first forward pass does not pay for page faults one by one. It is a
+// hint: failures are ignored.
+func (f *File) Advise() {
+	if f.mapped != nil {
+		_ = unix.Madvise(f.mapped, unix.MADV_WILLNEED)
+	}
+}
+
+// Close unmaps the file. Tensors obtained from it must not be used
+// afterwards.
+func (f *File) Close() error {
+	if f.mapped == nil {
+		return nil
+	}
+	err := unix.Munmap(f.mapped)
+	f.mapped = nil
+	if err != nil {
+		return fmt.Errorf("safetensors: munmap %s: %w", f.path, err)
+	}
+	return nil
+}
+
+// IndexFile is the name of the shard index of a sharded checkpoint.
+const IndexFile = "model.safetensors.index.json"
+
+// SingleFile is the name of an unsharded checkpoint.
+const SingleFile = "model.safetensors"
+
+// Set is the tensors of a checkpoint directory, one file or several shards.
+type Set struct {
+	files  []*File
+	byName map[string]*File
+}
+
+// OpenDir opens the checkpoint in dir: the shards listed by
+// model.safetensors.index.json if it exists, otherwise model.safetensors.
+func OpenDir(dir string) (*Set, error) {
+	idxPath := filepath.Join(dir, IndexFile)
+	idx, err := os.ReadFile(idxPath)
+	switch {
+	case err == nil:
+		return openShards(dir, idxPath, idx)
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("safetensors: %w", err)
+	}
+	f, err := Open(filepath.Join(dir, SingleFile))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("safetensors: %s has neither %s nor %s: %w", dir, SingleFile, IndexFile, err)
+		}
+		return nil, err
+	}
+	s := &Set{files: []*File{f}, byName: make(map[string]*File)}
+	for _, t := range f.header.Tensors {
+		s.byName[t.Name] = f
+	}
+	return s, nil
+}
+
+func openShards(dir, idxPath string, idx []byte) (*Set, error) {
+	var index struct {
+		WeightMap map[string]string `json:"weight_map"`
+	}
+	if err := json.Unmarshal(idx, &index); err != nil {
+		return nil, fmt.Errorf("safetensors: %s: expected {\"weight_map\": {tensor: file}}: %w", idxPath, err)
+	}
+	if len(index.WeightMap) == 0 {
+		return nil, fmt.Errorf("safetensors: %s: weight_map is empty", idxPath)
+	}
+	s := &Set{byName: make(map[string]*File, len(index.WeightMap))}
+	shards := map[string]*File{}
+	names := make([]string, 0, len(index.WeightMap))
+	for name := range index.WeightMap {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		shard := index.WeightMap[name]
+		if shard == "" || filepath.Base(shard) != shard {
+			s.Close()
+			return nil, fmt.Errorf("safetensors: %s: tensor %q maps to %q, expected a file name in the same directory", idxPath, name, shard)
+		}
+		f, ok := shards[shard]
+		if !ok {
+			var err error
+			f, err = Open(filepath.Join(dir, shard))
+			if err != nil {
+				s.Close()
+				return nil, err
+			}
+			shards[shard] = f
+			s.files = append(s.files, f)
+		}
+		if _, ok := f.byName[name]; !ok {
+			s.Close()
+			return nil, fmt.Errorf("safetensors: %s lists tensor %q in %s, but that file does not contain it", idxPath, name, shard)
+		}
+		s.byName[name] = f
+	}
+	return s, nil
+}
+
+// Tensor returns the named tensor and whether it exists.
+func (s *Set) Tensor(name string) (Tensor, bool) {
+	f, ok := s.byName[name]
+	if !ok {
+		return Tensor{}, false
+	}
+	return f.Tensor(name)
+}
+
+// Names returns the names of all tensors, sorted.
+func (s *Set) Names() []string {
+	names := make([]string, 0, len(s.byName))
+	for n := range s.byName {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Files returns the open files in the order they were opened.
+func (s *Set) Files() []*File { return s.files }
+
+// Advise hints to the kernel that all files will be read soon.
+func (s *Set) Advise() {
+	for _, f := range s.files {
+		f.Advise()
+	}
+}
+
+// Close unmaps every file and returns the first error.
+func (s *Set) Close() error {
+	var first error
+	for _, f := range s.files {
+		if err := f.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}

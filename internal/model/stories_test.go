@@ -1,0 +1,92 @@
+package model
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tandem-serve/tandem/internal/tensor"
+	"github.com/tandem-serve/tandem/internal/testmodels"
+)
+
+type golden struct {
+	PromptIDs  []int32   `json:"prompt_ids"`
+	GreedyIDs  []int32   `json:"greedy_ids"`
+	Logits0    []float64 `json:"logits_pos0_first8"`
+	GreedyText string    `json:"greedy_text"`
+}
+
+func loadStories(t *testing.T, threads int) (*Model, golden) {
+	t.Helper()
+	dir := testmodels.Stories260K(t)
+	pool := tensor.NewPool(threads)
+	t.Cleanup(pool.Close)
+	m, err := Load(dir, pool)
+	if err != nil {
+		t.Fatalf("Load(%s): %v", dir, err)
+	}
+	t.Cleanup(func() { m.Close() })
+	data, err := os.ReadFile(filepath.Join(dir, "golden_greedy.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g golden
+	if err := json.Unmarshal(data, &g); err != nil {
+		t.Fatal(err)
+	}
+	return m, g
+}
+
+// contiguous returns a pool and a block table 0, 1, 2, ... for n positions.
+func contiguous(layout KVLayout, n int) ([]float32, []int32) {
+	blocks := make([]int32, (n+layout.BlockSize-1)/layout.BlockSize)
+	for i := range blocks {
+		blocks[i] = int32(i)
+	}
+	return make([]float32, len(blocks)*layout.BlockFloats()), blocks
+}
+
+func argmax(x []float32) int32 {
+	best := 0
+	for i, v := range x {
+		if v > x[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+func TestStories260KGreedyMatchesGolden(t *testing.T) {
+	for _, threads := range []int{1, 2} {
+		m, g := loadStories(t, threads)
+		layout := m.KVLayout(16)
+		kv, blocks := contiguous(layout, len(g.GreedyIDs))
+		ids := append([]int32(nil), g.PromptIDs...)
+		pos := 0
+		next := g.PromptIDs
+		for len(ids) < len(g.GreedyIDs) {
+			out, err := m.Forward([]Seq{{Tokens: next, Pos: pos, Blocks: blocks, Logits: []int{len(next) - 1}}}, kv, layout)
+			if err != nil {
+				t.Fatalf("Forward at position %d: %v", pos, err)
+			}
+			if pos == 0 {
+				for i, want := range g.Logits0 {
+					if got := float64(out[0][i]); math.Abs(got-want) > 1e-4 {
+						t.Errorf("threads=%d: logit %d at position 0 = %.7f, want %.7f", threads, i, got, want)
+					}
+				}
+			}
+			pos += len(next)
+			tok := argmax(out[0])
+			ids = append(ids, tok)
+			next = []int32{tok}
+		}
+		if diff := cmp.Diff(g.GreedyIDs, ids); diff != "" {
+			t.Errorf("threads=%d: greedy ids differ from golden (-want +got):\n%s", threads, diff)
+		}
+	}
+}
