@@ -1,0 +1,158 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// object is a JSON object kept as its keys in order and each value's raw
+// bytes, so that a request body can be edited field by field and written
+// back with every field the proxy does not touch byte-for-byte as the client
+// sent it (numbers keep their spelling, unknown fields and their order
+// survive). A repeated key keeps its first position and its last value, as
+// encoding/json and Python's json module do.
+type object struct {
+	keys []string
+	vals map[string]json.RawMessage
+}
+
+// parseObject parses b, which must be exactly one JSON object.
+func parseObject(b []byte) (*object, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, fmt.Errorf("body is not valid JSON: %w", err)
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, errors.New("body must be a JSON object")
+	}
+	o := &object{vals: make(map[string]json.RawMessage)}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("body is not valid JSON: %w", err)
+		}
+		key, ok := tok.(string)
+		if !ok {
+			return nil, errors.New("body is not valid JSON: object key is not a string")
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, fmt.Errorf("body is not valid JSON: field %q: %w", key, err)
+		}
+		o.set(key, raw)
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return nil, fmt.Errorf("body is not valid JSON: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("body is not valid JSON: data after the object")
+	}
+	return o, nil
+}
+
+// get returns the raw value of key, or nil when it is absent.
+func (o *object) get(key string) json.RawMessage { return o.vals[key] }
+
+// has reports whether key is present (even with a null value).
+func (o *object) has(key string) bool {
+	_, ok := o.vals[key]
+	return ok
+}
+
+// set replaces key's value in place, or appends key when it is absent.
+func (o *object) set(key string, raw json.RawMessage) {
+	if _, ok := o.vals[key]; !ok {
+		o.keys = append(o.keys, key)
+	}
+	o.vals[key] = raw
+}
+
+// del removes key if present.
+func (o *object) del(key string) {
+	if _, ok := o.vals[key]; !ok {
+		return
+	}
+	delete(o.vals, key)
+	for i, k := range o.keys {
+		if k == key {
+			o.keys = append(o.keys[:i:i], o.keys[i+1:]...)
+			break
+		}
+	}
+}
+
+// clone returns a copy that can be edited without changing o. Raw values are
+// shared; they are never modified in place.
+func (o *object) clone() *object {
+	c := &object{keys: append([]string(nil), o.keys...), vals: make(map[string]json.RawMessage, len(o.vals))}
+	for k, v := range o.vals {
+		c.vals[k] = v
+	}
+	return c
+}
+
+// marshal writes the object with its keys in order and values verbatim.
+func (o *object) marshal() []byte {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	for i, k := range o.keys {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		kb, _ := json.Marshal(k) // a string never fails to marshal
+		b.Write(kb)
+		b.WriteByte(':')
+		b.Write(o.vals[k])
+	}
+	b.WriteByte('}')
+	return b.Bytes()
+}
+
+// prefillKVParams asks the prefill engine to keep the prompt's KV for a
+// remote decode. The null placeholders match vLLM's toy proxy so that engines
+// which validate the shape accept it.
+var prefillKVParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+
+// prefillBody turns the client's request into the prefill leg's: one token,
+// no streaming, no minimum lengths, and kv_transfer_params asking P to hold
+// the KV for a remote decode (vllm-pd.md §1.2).
+func prefillBody(client *object) []byte {
+	o := client.clone()
+	o.set("stream", json.RawMessage(`false`))
+	o.set("max_tokens", json.RawMessage(`1`))
+	if o.has("max_completion_tokens") {
+		o.set("max_completion_tokens", json.RawMessage(`1`))
+	}
+	o.del("stream_options")
+	o.del("min_tokens")
+	o.del("min_completion_tokens")
+	o.set("kv_transfer_params", prefillKVParams)
+	return o.marshal()
+}
+
+// decodeBody is the client's request with kv_transfer_params set to what the
+// prefill engine returned, verbatim (vllm-pd.md §1.4).
+func decodeBody(client *object, kv json.RawMessage) []byte {
+	o := client.clone()
+	o.set("kv_transfer_params", kv)
+	return o.marshal()
+}
+
+// kvParamsFrom returns the kv_transfer_params object of a prefill response,
+// or nil when the response has none (absent, null, or not an object), which
+// means the prefill engine did not keep the KV for us.
+func kvParamsFrom(resp []byte) (json.RawMessage, error) {
+	o, err := parseObject(resp)
+	if err != nil {
+		return nil, err
+	}
+	kv := bytes.TrimSpace(o.get("kv_transfer_params"))
+	if len(kv) == 0 || kv[0] != '{' {
+		return nil, nil
+	}
+	return kv, nil
+}

@@ -1,0 +1,361 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/tandem-serve/tandem/internal/proxy/picker"
+)
+
+// HeaderPD is the response header that says which path a request took:
+// "remote" (prefill on a prefill engine, KV pulled by decode),
+// "fallback; reason=<reason>[; status=<code>]" (decode did the whole
+// request), or "prefill-rejected" (the prefill's 4xx, relayed).
+const HeaderPD = "X-Tandem-Pd"
+
+// Reasons for a fallback, the reason label of tandem:proxy_fallbacks_total.
+const (
+	reasonNoPrefill    = "no_healthy_prefill"   // every prefill backend failed its health check
+	reasonUnreachable  = "prefill_unreachable"  // connect or transport error
+	reasonTimeout      = "prefill_timeout"      // no complete answer within Config.Timeout
+	reasonServerError  = "prefill_5xx"          // the prefill answered 5xx
+	reasonBadResponse  = "prefill_bad_response" // not a JSON object, too large, or an unexpected status
+	reasonNoKVParams   = "prefill_no_kv_params" // answered without kv_transfer_params: it kept no KV for us
+	bodyReadTimeout    = time.Minute            // limit on receiving a client's request body
+	relayBufferBytes   = 32 << 10
+	maxPrefillRespSize = 64 << 20
+)
+
+var fallbackReasons = []string{reasonNoPrefill, reasonUnreachable, reasonTimeout, reasonServerError, reasonBadResponse, reasonNoKVParams}
+
+// errBackendIdle cancels a decode leg whose backend went quiet for longer
+// than Config.Timeout.
+var errBackendIdle = errors.New("backend idle timeout")
+
+// handleGenerate serves /v1/completions and /v1/chat/completions: the
+// two-leg flow of vllm-pd.md §1.2–1.4.
+func (p *Proxy) handleGenerate(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	id := r.Header.Get("X-Request-Id")
+	if id == "" {
+		id = uuid.NewString()
+	}
+	w.Header().Set("X-Request-Id", id)
+	outcome := p.generate(w, r, id)
+	p.metrics.requests.WithLabelValues(r.URL.Path, outcome).Inc()
+	if outcome == outcomeRemote || outcome == outcomeFallback {
+		p.metrics.requestSeconds.Observe(time.Since(start).Seconds())
+	}
+	if outcome == outcomeStreamBroken {
+		// The status line is out and the body is cut. Aborting the
+		// connection (instead of ending the chunked body cleanly) is the one
+		// way to tell the client the answer is incomplete; net/http
+		// recovers this panic without logging it, as httputil.ReverseProxy
+		// relies on.
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// generate runs one request and returns its outcome label.
+func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) string {
+	if r.Method != http.MethodPost {
+		writeError(w, http.StatusMethodNotAllowed, errInvalidRequest, "use POST "+r.URL.Path)
+		return outcomeBadRequest
+	}
+	body, ok := p.readBody(w, r)
+	if !ok {
+		return outcomeBadRequest
+	}
+	obj, err := parseObject(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, errInvalidRequest, err.Error())
+		return outcomeBadRequest
+	}
+	preq := &picker.Request{Path: r.URL.Path, ID: id, Body: body}
+	// Check decode first: prefilling for a request no decode can take would
+	// only pin KV blocks on the prefill until their lease runs out.
+	if !p.decode.anyHealthy() {
+		writeError(w, http.StatusServiceUnavailable, errServer, "no healthy decode backend; see the proxy's /health")
+		return outcomeNoBackend
+	}
+
+	res := p.runPrefill(r, id, obj, preq)
+	switch {
+	case res.canceled:
+		return outcomeClientCanceled
+	case res.reject != nil:
+		h := w.Header()
+		copyResponseHeaders(h, res.reject.header)
+		h.Set("X-Request-Id", id)
+		h.Set(HeaderPD, "prefill-rejected")
+		w.WriteHeader(res.reject.status)
+		_, _ = w.Write(res.reject.body)
+		return outcomePrefillReject
+	case res.kv != nil:
+		return p.runDecode(w, r, id, decodeBody(obj, res.kv), preq, "remote", outcomeRemote)
+	}
+
+	pd := "fallback; reason=" + res.reason
+	if res.status != 0 {
+		pd += fmt.Sprintf("; status=%d", res.status)
+	}
+	if !p.cfg.Fallback {
+		w.Header().Set(HeaderPD, strings.Replace(pd, "fallback", "failed", 1))
+		status := http.StatusBadGateway
+		switch res.reason {
+		case reasonNoPrefill:
+			status = http.StatusServiceUnavailable
+		case reasonTimeout:
+			status = http.StatusGatewayTimeout
+		}
+		writeError(w, status, errServer, fmt.Sprintf("prefill leg failed (%s: %s) and fallback to decode-only is off", res.reason, res.detail))
+		return outcomePrefillFailed
+	}
+	p.metrics.fallbacks.WithLabelValues(res.reason).Inc()
+	p.log.Warn("prefill leg failed; decode does the whole request", "request_id", id, "reason", res.reason, "detail", res.detail)
+	// The client's own bytes, untouched: a plain request that any engine,
+	// P/D-aware or not, serves with a full local prefill.
+	return p.runDecode(w, r, id, body, preq, pd, outcomeFallback)
+}
+
+// readBody reads the client's body within MaxBodyBytes and bodyReadTimeout,
+// answering 413 or 400 itself when it cannot.
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(bodyReadTimeout))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+	// Clear the deadline at once: left in place it would fire during a long
+	// stream and cancel the request's context.
+	_ = rc.SetReadDeadline(time.Time{})
+	if err != nil {
+		if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
+			writeError(w, http.StatusRequestEntityTooLarge, errInvalidRequest,
+				fmt.Sprintf("request body exceeds %d bytes (the proxy's --max-body-bytes)", p.cfg.MaxBodyBytes))
+		} else {
+			writeError(w, http.StatusBadRequest, errInvalidRequest, "reading request body: "+err.Error())
+		}
+		return nil, false
+	}
+	return body, true
+}
+
+// rejected is a prefill's 4xx answer, kept to relay verbatim.
+type rejected struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// prefillResult is how the prefill leg ended: with kv (P/D path), reject
+// (relay the 4xx), canceled (client gone), or else a fallback reason.
+type prefillResult struct {
+	kv       json.RawMessage
+	reject   *rejected
+	canceled bool
+	reason   string
+	detail   string
+	status   int // P's HTTP status, for prefill_5xx
+}
+
+// runPrefill sends the prefill leg and interprets its answer.
+func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *picker.Request) prefillResult {
+	b := p.prefill.pick(preq)
+	if b == nil {
+		return prefillResult{reason: reasonNoPrefill, detail: "no prefill backend passed its last health check"}
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+r.URL.Path, bytes.NewReader(prefillBody(obj)))
+	if err != nil {
+		return prefillResult{reason: reasonBadResponse, detail: err.Error()}
+	}
+	setLegHeaders(req.Header, r.Header, id)
+	release := b.acquire()
+	defer release()
+
+	start := time.Now()
+	resp, err := p.client.Do(req)
+	var data []byte
+	if err == nil {
+		data, err = io.ReadAll(io.LimitReader(resp.Body, maxPrefillRespSize+1))
+		resp.Body.Close()
+	}
+	if err != nil {
+		switch {
+		case r.Context().Err() != nil:
+			return prefillResult{canceled: true}
+		case errors.Is(ctx.Err(), context.DeadlineExceeded):
+			return prefillResult{reason: reasonTimeout, detail: fmt.Sprintf("%s gave no complete answer within %v", b.base, p.cfg.Timeout)}
+		case resp == nil:
+			markDown(b, err, p.log)
+			return prefillResult{reason: reasonUnreachable, detail: err.Error()}
+		default:
+			return prefillResult{reason: reasonBadResponse, detail: "reading answer: " + err.Error()}
+		}
+	}
+	p.metrics.prefillSeconds.Observe(time.Since(start).Seconds())
+
+	switch s := resp.StatusCode; {
+	case s >= 400 && s < 500:
+		return prefillResult{reject: &rejected{status: s, header: resp.Header, body: data}}
+	case s >= 500:
+		return prefillResult{reason: reasonServerError, status: s, detail: fmt.Sprintf("%s answered %s", b.base, resp.Status)}
+	case s < 200 || s > 299:
+		return prefillResult{reason: reasonBadResponse, status: s, detail: fmt.Sprintf("%s answered %s", b.base, resp.Status)}
+	}
+	if len(data) > maxPrefillRespSize {
+		return prefillResult{reason: reasonBadResponse, detail: fmt.Sprintf("answer larger than %d bytes", maxPrefillRespSize)}
+	}
+	kv, err := kvParamsFrom(data)
+	if err != nil {
+		return prefillResult{reason: reasonBadResponse, detail: err.Error()}
+	}
+	if kv == nil {
+		return prefillResult{reason: reasonNoKVParams, detail: fmt.Sprintf("%s kept no KV for a remote decode (is it started with --role prefill?)", b.base)}
+	}
+	return prefillResult{kv: kv}
+}
+
+// runDecode sends the decode leg and relays its answer as it arrives. It
+// returns success when the answer was relayed whole (whatever its status).
+func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, body []byte, preq *picker.Request, pd, success string) string {
+	b := p.decode.pick(preq)
+	if b == nil {
+		writeError(w, http.StatusServiceUnavailable, errServer, "no healthy decode backend; see the proxy's /health")
+		return outcomeNoBackend
+	}
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	// One watchdog bounds the wait for the headers and then each gap
+	// between body chunks; it is disarmed while writing to the client, which
+	// has its own write deadline.
+	watchdog := time.AfterFunc(p.cfg.Timeout, func() { cancel(errBackendIdle) })
+	defer watchdog.Stop()
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+r.URL.Path, bytes.NewReader(body))
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, errServer, err.Error())
+		return outcomeDecodeFailed
+	}
+	setLegHeaders(req.Header, r.Header, id)
+	release := b.acquire()
+	defer release()
+
+	start := time.Now()
+	resp, err := p.client.Do(req)
+	watchdog.Stop()
+	if err != nil {
+		w.Header().Set(HeaderPD, pd)
+		switch {
+		case r.Context().Err() != nil:
+			return outcomeClientCanceled
+		case errors.Is(context.Cause(ctx), errBackendIdle):
+			writeError(w, http.StatusGatewayTimeout, errServer, fmt.Sprintf("decode backend %s sent no answer within %v", b.base, p.cfg.Timeout))
+		default:
+			markDown(b, err, p.log)
+			writeError(w, http.StatusBadGateway, errServer, fmt.Sprintf("decode backend %s unreachable: %v", b.base, err))
+		}
+		return outcomeDecodeFailed
+	}
+	defer resp.Body.Close()
+
+	h := w.Header()
+	copyResponseHeaders(h, resp.Header)
+	h.Set("X-Request-Id", id)
+	h.Set(HeaderPD, pd)
+	w.WriteHeader(resp.StatusCode)
+
+	rc := http.NewResponseController(w)
+	buf := make([]byte, relayBufferBytes)
+	first := true
+	for {
+		watchdog.Reset(p.cfg.Timeout)
+		n, rerr := resp.Body.Read(buf)
+		watchdog.Stop()
+		if n > 0 {
+			if first {
+				p.metrics.decodeTTFB.Observe(time.Since(start).Seconds())
+				first = false
+			}
+			_ = rc.SetWriteDeadline(time.Now().Add(p.cfg.Timeout))
+			if _, err := w.Write(buf[:n]); err != nil {
+				return outcomeClientCanceled
+			}
+			if err := rc.Flush(); err != nil {
+				return outcomeClientCanceled
+			}
+		}
+		if rerr == io.EOF {
+			_ = rc.SetWriteDeadline(time.Time{})
+			return success
+		}
+		if rerr != nil {
+			if r.Context().Err() != nil {
+				return outcomeClientCanceled
+			}
+			cause := rerr
+			if errors.Is(context.Cause(ctx), errBackendIdle) {
+				cause = fmt.Errorf("no data for %v", p.cfg.Timeout)
+			}
+			p.log.Warn("decode answer cut off", "request_id", id, "backend", b.base, "err", cause)
+			return outcomeStreamBroken
+		}
+	}
+}
+
+// hopHeaders are connection-level headers a proxy must not forward (RFC 9110
+// §7.6.1), plus those the proxy sets itself.
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length",
+}
+
+// copyHeaders copies src into dst except hop-by-hop headers, headers named
+// in src's Connection header, and skip.
+func copyHeaders(dst, src http.Header, skip ...string) {
+	drop := map[string]bool{}
+	for _, k := range hopHeaders {
+		drop[k] = true
+	}
+	for _, k := range skip {
+		drop[http.CanonicalHeaderKey(k)] = true
+	}
+	for _, v := range src.Values("Connection") {
+		for _, k := range strings.Split(v, ",") {
+			drop[http.CanonicalHeaderKey(strings.TrimSpace(k))] = true
+		}
+	}
+	for k, vs := range src {
+		if drop[k] {
+			continue
+		}
+		dst[k] = append([]string(nil), vs...)
+	}
+}
+
+// copyRequestHeaders forwards the client's end-to-end headers (Authorization,
+// tracing, ...) to a backend. Accept-Encoding is dropped because the proxy
+// parses the prefill's answer and relays the decode's unencoded.
+func copyRequestHeaders(dst, src http.Header) {
+	copyHeaders(dst, src, "Accept-Encoding", "X-Request-Id")
+}
+
+// copyResponseHeaders relays a backend's end-to-end headers to the client.
+func copyResponseHeaders(dst, src http.Header) {
+	copyHeaders(dst, src, "X-Request-Id", HeaderPD)
+}
+
+// setLegHeaders sets the headers of a prefill or decode leg.
+func setLegHeaders(dst, client http.Header, id string) {
+	copyRequestHeaders(dst, client)
+	dst.Set("Content-Type", "application/json")
+	dst.Set("X-Request-Id", id)
+}

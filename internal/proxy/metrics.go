@@ -1,0 +1,84 @@
+package proxy
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Outcomes of a proxied request, the outcome label of
+// tandem:proxy_requests_total.
+const (
+	outcomeRemote         = "remote"          // P/D path taken
+	outcomeFallback       = "fallback"        // decode did the whole request; see fallbacks_total
+	outcomePrefillReject  = "prefill_4xx"     // the prefill's 4xx relayed to the client
+	outcomeBadRequest     = "bad_request"     // rejected by the proxy itself (400, 413, 405)
+	outcomeNoBackend      = "no_backend"      // 503: no healthy decode (or prefill without fallback)
+	outcomePrefillFailed  = "prefill_failed"  // prefill failed and fallback is disabled
+	outcomeDecodeFailed   = "decode_failed"   // decode unreachable or timed out before answering
+	outcomeStreamBroken   = "stream_broken"   // decode answer cut mid-body (idle timeout, backend died)
+	outcomeClientCanceled = "client_canceled" // client went away
+)
+
+// metrics are the proxy's Prometheus collectors, on their own registry so
+// several proxies (tests, tandem up) can live in one process.
+type metrics struct {
+	registry       *prometheus.Registry
+	prefillSeconds prometheus.Histogram
+	decodeTTFB     prometheus.Histogram
+	requestSeconds prometheus.Histogram
+	requests       *prometheus.CounterVec
+	fallbacks      *prometheus.CounterVec
+	inFlight       *prometheus.GaugeVec
+	healthy        *prometheus.GaugeVec
+}
+
+var legBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320}
+
+func newMetrics() *metrics {
+	r := prometheus.NewRegistry()
+	m := &metrics{
+		registry: r,
+		prefillSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tandem:proxy_prefill_seconds",
+			Help:    "Time of the prefill leg, from sending it to reading the prefill's whole answer.",
+			Buckets: legBuckets,
+		}),
+		decodeTTFB: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tandem:proxy_decode_ttfb_seconds",
+			Help:    "Time from sending the decode leg to the first byte of its body.",
+			Buckets: legBuckets,
+		}),
+		requestSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tandem:proxy_request_seconds",
+			Help:    "Time from receiving a request to relaying the last byte of its answer.",
+			Buckets: legBuckets,
+		}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:proxy_requests_total",
+			Help: "Requests handled by the proxy, by API path and outcome.",
+		}, []string{"path", "outcome"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:proxy_fallbacks_total",
+			Help: "Requests sent to decode without remote prefill, by reason.",
+		}, []string{"reason"}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tandem:proxy_backend_in_flight",
+			Help: "Requests the proxy has open on a backend.",
+		}, []string{"role", "backend"}),
+		healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tandem:proxy_backend_healthy",
+			Help: "1 when the backend's last health check passed.",
+		}, []string{"role", "backend"}),
+	}
+	r.MustRegister(m.prefillSeconds, m.decodeTTFB, m.requestSeconds, m.requests, m.fallbacks, m.inFlight, m.healthy)
+	for _, reason := range fallbackReasons {
+		m.fallbacks.WithLabelValues(reason)
+	}
+	return m
+}
+
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+}

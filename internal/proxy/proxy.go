@@ -1,0 +1,309 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/proxy/picker"
+	"github.com/tandem-serve/tandem/internal/proxy/picker/roundrobin"
+)
+
+// Config configures a Proxy. Zero durations and sizes take the defaults
+// documented on each field.
+type Config struct {
+	// Prefill and Decode are the engines' base URLs ("http://host:port" or
+	// "host:port"). Each needs at least one.
+	Prefill []string
+	Decode  []string
+	// Policy names the picking policy for both pools; see Policies.
+	// Default "round-robin".
+	Policy string
+	// Fallback sends a request to decode alone (full local prefill) when the
+	// prefill leg fails, saying so in x-tandem-pd. When false such a request
+	// fails with 502/503/504 instead, for benchmarks that must not measure a
+	// silently different path.
+	Fallback bool
+	// ConnectTimeout bounds dialing a backend. Default 5s.
+	ConnectTimeout time.Duration
+	// Timeout bounds waiting on a backend: the whole prefill leg, the decode's
+	// response headers, and each gap between two chunks of the decode's body.
+	// There is no limit on a stream's total length. Default 5m.
+	Timeout time.Duration
+	// MaxBodyBytes caps a client request body (413 beyond). Default 16 MiB.
+	MaxBodyBytes int64
+	// HealthInterval is the period of backend health checks (default 2s) and
+	// HealthTimeout the limit on each (default 2s).
+	HealthInterval time.Duration
+	HealthTimeout  time.Duration
+	// Logger receives one structured line per notable event. Default
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.Policy == "" {
+		c.Policy = roundrobin.Name
+	}
+	if c.ConnectTimeout <= 0 {
+		c.ConnectTimeout = 5 * time.Second
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = 5 * time.Minute
+	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = 16 << 20
+	}
+	if c.HealthInterval <= 0 {
+		c.HealthInterval = 2 * time.Second
+	}
+	if c.HealthTimeout <= 0 {
+		c.HealthTimeout = 2 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// policies makes a fresh Picker per pool, by policy name. A new policy is a
+// new folder under picker/ and one line here.
+var policies = map[string]func() picker.Picker{
+	roundrobin.Name: func() picker.Picker { return roundrobin.New() },
+}
+
+// Policies returns the names accepted by Config.Policy, sorted.
+func Policies() []string {
+	names := make([]string, 0, len(policies))
+	for n := range policies {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func newPicker(name string) (picker.Picker, error) {
+	f, ok := policies[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown policy %q (known: %v)", name, Policies())
+	}
+	return f(), nil
+}
+
+// Proxy is the disaggregated prefill/decode router. It is an http.Handler
+// serving /v1/completions, /v1/chat/completions, /v1/models, /health and
+// /metrics; Serve runs it with its health checker.
+type Proxy struct {
+	cfg     Config
+	log     *slog.Logger
+	prefill *pool
+	decode  *pool
+	metrics *metrics
+	client  *http.Client // backend calls; deadlines come from contexts
+	mux     *http.ServeMux
+}
+
+// New validates cfg and returns a Proxy whose backends are all unhealthy
+// until the first health check (CheckHealth, or Serve) has passed.
+func New(cfg Config) (*Proxy, error) {
+	cfg.setDefaults()
+	m := newMetrics()
+	pp, err := newPicker(cfg.Policy)
+	if err != nil {
+		return nil, err
+	}
+	dp, err := newPicker(cfg.Policy)
+	if err != nil {
+		return nil, err
+	}
+	pre, err := newPool(rolePrefill, cfg.Prefill, pp, m)
+	if err != nil {
+		return nil, err
+	}
+	dec, err := newPool(roleDecode, cfg.Decode, dp, m)
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		prefill: pre,
+		decode:  dec,
+		metrics: m,
+		client:  &http.Client{Transport: newTransport(cfg.ConnectTimeout)},
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/completions", p.handleGenerate)
+	mux.HandleFunc("/v1/chat/completions", p.handleGenerate)
+	mux.HandleFunc("/v1/models", p.handleModels)
+	mux.HandleFunc("/health", p.handleHealth)
+	mux.Handle("GET /metrics", m.handler())
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		// Unknown paths are refused rather than passed to a decode engine:
+		// passing them would silently skip the P/D path.
+		writeError(w, http.StatusNotFound, errNotFound,
+			fmt.Sprintf("%s is not served by the tandem proxy; it serves /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics", r.URL.Path))
+	})
+	p.mux = mux
+	return p, nil
+}
+
+// newTransport is the one Transport shared by all backend calls. Backends
+// are few and long-lived, so many idle connections per host are kept to
+// avoid a handshake per request under load. Compression is off: SSE must
+// not be buffered by a gzip layer and the prefill answer is small.
+func newTransport(connect time.Duration) *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil, // backends are addressed directly, never via HTTP_PROXY
+		DialContext:           (&net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout:   connect,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+	}
+}
+
+// ServeHTTP routes a request.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.mux.ServeHTTP(w, r) }
+
+// CheckHealth checks every backend once, concurrently, and returns when all
+// checks are done.
+func (p *Proxy) CheckHealth(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, pl := range []*pool{p.prefill, p.decode} {
+		for _, b := range pl.backends {
+			wg.Go(func() { checkBackend(ctx, p.client, b, p.cfg.HealthTimeout, p.log) })
+		}
+	}
+	wg.Wait()
+}
+
+// Ready reports whether at least one prefill and one decode backend are
+// healthy.
+func (p *Proxy) Ready() bool { return p.prefill.anyHealthy() && p.decode.anyHealthy() }
+
+// runHealth checks the backends now and then every HealthInterval until ctx
+// is done.
+func (p *Proxy) runHealth(ctx context.Context) {
+	t := time.NewTicker(p.cfg.HealthInterval)
+	defer t.Stop()
+	for {
+		p.CheckHealth(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// shutdownGrace is how long Serve lets open requests finish once ctx is done.
+const shutdownGrace = 10 * time.Second
+
+// Serve serves on ln and checks backend health in the background until ctx
+// is done; then it stops accepting, gives open requests shutdownGrace to
+// finish, closes the rest and returns nil. It returns the server's error if
+// serving fails for another reason.
+func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler: p,
+		// No ReadTimeout or WriteTimeout: both would cut long streams. The
+		// body read and each relayed chunk get their own deadlines instead.
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelWarn),
+	}
+	hctx, stopHealth := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { p.runHealth(hctx) })
+	defer func() {
+		stopHealth()
+		wg.Wait()
+		p.client.CloseIdleConnections()
+	}()
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("proxy server: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("proxy server: %w", err)
+	}
+	return nil
+}
+
+// healthBody is the JSON answer of /health.
+type healthBody struct {
+	Status  string         `json:"status"` // "ok" or "unavailable"
+	Prefill []backendState `json:"prefill"`
+	Decode  []backendState `json:"decode"`
+}
+
+func (p *Proxy) handleHealth(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		writeError(w, http.StatusMethodNotAllowed, errInvalidRequest, "use GET /health")
+		return
+	}
+	body := healthBody{Status: "ok", Prefill: p.prefill.states(), Decode: p.decode.states()}
+	status := http.StatusOK
+	if !p.Ready() {
+		body.Status = "unavailable"
+		status = http.StatusServiceUnavailable
+	}
+	b, _ := json.MarshalIndent(body, "", "  ")
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// handleModels relays a healthy decode backend's /v1/models: the decode
+// engines are the ones that answer the client, so theirs is the truth.
+func (p *Proxy) handleModels(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		writeError(w, http.StatusMethodNotAllowed, errInvalidRequest, "use GET /v1/models")
+		return
+	}
+	b := p.decode.pick(&picker.Request{Path: r.URL.Path})
+	if b == nil {
+		writeError(w, http.StatusServiceUnavailable, errServer, "no healthy decode backend; see /health")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.base+"/v1/models", nil)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, errServer, err.Error())
+		return
+	}
+	copyRequestHeaders(req.Header, r.Header)
+	resp, err := p.client.Do(req)
+	if err != nil {
+		if r.Context().Err() == nil {
+			markDown(b, err, p.log)
+		}
+		writeError(w, http.StatusBadGateway, errServer, fmt.Sprintf("decode backend %s: %v", b.base, err))
+		return
+	}
+	defer resp.Body.Close()
+	copyResponseHeaders(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, io.LimitReader(resp.Body, p.cfg.MaxBodyBytes))
+}
