@@ -1,0 +1,330 @@
+package model
+
+import (
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+
+	"github.com/tandem-serve/tandem/internal/model/safetensors"
+	"github.com/tandem-serve/tandem/internal/modelinit"
+	"github.com/tandem-serve/tandem/internal/tensor"
+)
+
+// refModel is a straightforward float64 implementation of the Hugging Face
+// Llama/Qwen2 forward pass with a contiguous KV cache, written
+// independently of the fast path (it reads raw tensors and implements
+// rope_scaling from the Hugging Face formulas) to check it.
+type refModel struct {
+	cfg     *Config
+	set     *safetensors.Set
+	invFreq []float64
+}
+
+func newRefModel(t *testing.T, dir string) *refModel {
+	t.Helper()
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := safetensors.OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { set.Close() })
+	r := &refModel{cfg: cfg, set: set}
+	r.invFreq = refInvFreq(cfg)
+	return r
+}
+
+// refInvFreq follows transformers' _compute_default_rope_parameters,
+// _compute_linear_scaling_rope_parameters and
+// _compute_llama3_parameters literally (as array expressions).
+func refInvFreq(c *Config) []float64 {
+	d := c.HeadDim
+	inv := make([]float64, d/2)
+	for i := range inv {
+		inv[i] = 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(d))
+	}
+	rs := c.RopeScaling
+	switch rs.Type {
+	case "linear":
+		for i := range inv {
+			inv[i] /= rs.Factor
+		}
+	case "llama3":
+		old := float64(rs.OriginalMaxPositionEmbeddings)
+		lowWl, highWl := old/rs.LowFreqFactor, old/rs.HighFreqFactor
+		out := make([]float64, len(inv))
+		for i, f := range inv {
+			wl := 2 * math.Pi / f
+			scaled := f
+			if wl > lowWl {
+				scaled = f / rs.Factor
+			}
+			smooth := (old/wl - rs.LowFreqFactor) / (rs.HighFreqFactor - rs.LowFreqFactor)
+			smoothed := (1-smooth)*scaled/rs.Factor + smooth*scaled
+			isMedium := !(wl < highWl) && !(wl > lowWl)
+			if isMedium {
+				scaled = smoothed
+			}
+			out[i] = scaled
+		}
+		inv = out
+	}
+	return inv
+}
+
+func (r *refModel) tensor(t *testing.T, name string) []float64 {
+	t.Helper()
+	ts, ok := r.set.Tensor(name)
+	if !ok {
+		t.Fatalf("reference: tensor %s missing", name)
+	}
+	n := int(ts.Elements())
+	out := make([]float64, n)
+	for i := range out {
+		switch ts.DType {
+		case safetensors.F32:
+			out[i] = float64(math.Float32frombits(binary.LittleEndian.Uint32(ts.Data[4*i:])))
+		case safetensors.BF16:
+			out[i] = float64(tensor.BF16ToF32(binary.LittleEndian.Uint16(ts.Data[2*i:])))
+		case safetensors.F16:
+			out[i] = float64(tensor.F16ToF32(binary.LittleEndian.Uint16(ts.Data[2*i:])))
+		default:
+			t.Fatalf("reference: %s has dtype %s", name, ts.DType)
+		}
+	}
+	return out
+}
+
+func refLinear(w []float64, rows, cols int, x []float64, bias []float64) []float64 {
+	out := make([]float64, rows)
+	for j := range rows {
+		var s float64
+		for k := range cols {
+			s += w[j*cols+k] * x[k]
+		}
+		if bias != nil {
+			s += bias[j]
+		}
+		out[j] = s
+	}
+	return out
+}
+
+func refNorm(x, w []float64, eps float64) []float64 {
+	var ss float64
+	for _, v := range x {
+		ss += v * v
+	}
+	inv := 1 / math.Sqrt(ss/float64(len(x))+eps)
+	out := make([]float64, len(x))
+	for i, v := range x {
+		out[i] = v * inv * w[i]
+	}
+	return out
+}
+
+func (r *refModel) rope(x []float64, pos int) {
+	half := len(r.invFreq)
+	for i, f := range r.invFreq {
+		c, s := math.Cos(float64(pos)*f), math.Sin(float64(pos)*f)
+		a, b := x[i], x[i+half]
+		x[i] = a*c - b*s
+		x[i+half] = b*c + a*s
+	}
+}
+
+// logits returns the logits of every position of tokens, [len(tokens)][vocab].
+func (r *refModel) logits(t *testing.T, tokens []int32) [][]float64 {
+	t.Helper()
+	c := r.cfg
+	H, hd, qd, kvd, F := c.Hidden, c.HeadDim, c.QDim(), c.KVDim(), c.Intermediate
+	get := func(name string) []float64 { return r.tensor(t, name) }
+	opt := func(name string) []float64 {
+		if _, ok := r.set.Tensor(name); !ok {
+			return nil
+		}
+		return get(name)
+	}
+	emb := get("model.embed_tokens.weight")
+	xs := make([][]float64, len(tokens))
+	for i, id := range tokens {
+		xs[i] = append([]float64(nil), emb[int(id)*H:(int(id)+1)*H]...)
+	}
+	for l := range c.Layers {
+		p := "model.layers." + strconv.Itoa(l) + "."
+		wq, wk, wv, wo := get(p+"self_attn.q_proj.weight"), get(p+"self_attn.k_proj.weight"), get(p+"self_attn.v_proj.weight"), get(p+"self_attn.o_proj.weight")
+		bq, bk, bv, bo := opt(p+"self_attn.q_proj.bias"), opt(p+"self_attn.k_proj.bias"), opt(p+"self_attn.v_proj.bias"), opt(p+"self_attn.o_proj.bias")
+		n1, n2 := get(p+"input_layernorm.weight"), get(p+"post_attention_layernorm.weight")
+		wg, wu, wd := get(p+"mlp.gate_proj.weight"), get(p+"mlp.up_proj.weight"), get(p+"mlp.down_proj.weight")
+		var ks, vs [][]float64
+		for pos, x := range xs {
+			xn := refNorm(x, n1, c.RMSNormEps)
+			q := refLinear(wq, qd, H, xn, bq)
+			k := refLinear(wk, kvd, H, xn, bk)
+			v := refLinear(wv, kvd, H, xn, bv)
+			for h := range c.Heads {
+				r.rope(q[h*hd:(h+1)*hd], pos)
+			}
+			for h := range c.KVHeads {
+				r.rope(k[h*hd:(h+1)*hd], pos)
+			}
+			ks, vs = append(ks, k), append(vs, v)
+			att := make([]float64, qd)
+			for h := range c.Heads {
+				kvh := h / (c.Heads / c.KVHeads)
+				sc := make([]float64, pos+1)
+				mx := math.Inf(-1)
+				for j := range sc {
+					var d float64
+					for i := range hd {
+						d += q[h*hd+i] * ks[j][kvh*hd+i]
+					}
+					sc[j] = d / math.Sqrt(float64(hd))
+					mx = max(mx, sc[j])
+				}
+				var sum float64
+				for j := range sc {
+					sc[j] = math.Exp(sc[j] - mx)
+					sum += sc[j]
+				}
+				for j := range sc {
+					for i := range hd {
+						att[h*hd+i] += sc[j] / sum * vs[j][kvh*hd+i]
+					}
+				}
+			}
+			o := refLinear(wo, H, qd, att, bo)
+			for i := range x {
+				x[i] += o[i]
+			}
+			xn = refNorm(x, n2, c.RMSNormEps)
+			g, u := refLinear(wg, F, H, xn, nil), refLinear(wu, F, H, xn, nil)
+			for i := range g {
+				g[i] = g[i] / (1 + math.Exp(-g[i])) * u[i]
+			}
+			d := refLinear(wd, H, F, g, nil)
+			for i := range x {
+				x[i] += d[i]
+			}
+		}
+	}
+	head := opt("lm_head.weight")
+	if c.TieWordEmbedding || head == nil {
+		head = emb
+	}
+	norm := get("model.norm.weight")
+	out := make([][]float64, len(tokens))
+	for i, x := range xs {
+		out[i] = refLinear(head, c.Vocab, H, refNorm(x, norm, c.RMSNormEps), nil)
+	}
+	return out
+}
+
+// testSpec is a small model spec for the reference and invariance tests.
+func testSpec(mod func(*modelinit.Spec)) modelinit.Spec {
+	s := modelinit.Spec{
+		ModelType: "llama", Hidden: 48, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16,
+		Intermediate: 80, Vocab: 96, MaxPositions: 128, RMSNormEps: 1e-5, RopeTheta: 10000,
+		BOS: 1, EOS: 2, DType: "f32", Std: 0.15, NormJitter: 0.3,
+	}
+	mod(&s)
+	return s
+}
+
+func writeTestModel(t *testing.T, s modelinit.Spec) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := modelinit.Write(dir, s, 7); err != nil {
+		t.Fatalf("modelinit.Write: %v", err)
+	}
+	return dir
+}
+
+func loadTestModel(t *testing.T, dir string, threads int) *Model {
+	t.Helper()
+	pool := tensor.NewPool(threads)
+	t.Cleanup(pool.Close)
+	m, err := Load(dir, pool)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func randomTokens(r *rand.Rand, n, vocab int) []int32 {
+	ids := make([]int32, n)
+	for i := range ids {
+		ids[i] = int32(r.IntN(vocab))
+	}
+	return ids
+}
+
+func allIndexes(n int) []int {
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
+	}
+	return idx
+}
+
+var referenceCases = []struct {
+	name string
+	spec modelinit.Spec
+}{
+	{"llama GQA f32 untied", testSpec(func(s *modelinit.Spec) {})},
+	{"llama GQA bf16 tied", testSpec(func(s *modelinit.Spec) { s.DType = "bf16"; s.Tied = true })},
+	{"qwen2 q/k/v biases bf16 tied", testSpec(func(s *modelinit.Spec) { s.ModelType = "qwen2"; s.DType = "bf16"; s.Tied = true })},
+	{"llama attention_bias f16 untied with llama3 rope scaling", testSpec(func(s *modelinit.Spec) {
+		s.AttentionBias = true
+		s.DType = "f16"
+		s.RopeScaling = modelinit.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 64}
+	})},
+	{"mistral MHA f32 linear rope scaling", testSpec(func(s *modelinit.Spec) {
+		s.ModelType = "mistral"
+		s.KVHeads = 4
+		s.RopeScaling = modelinit.RopeScaling{Type: "linear", Factor: 4}
+	})},
+	{"head_dim different from hidden/heads, one kv head", testSpec(func(s *modelinit.Spec) {
+		s.Hidden, s.Heads, s.KVHeads, s.HeadDim = 40, 4, 1, 12
+	})},
+}
+
+func TestForwardMatchesFloat64Reference(t *testing.T) {
+	for _, tc := range referenceCases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := writeTestModel(t, tc.spec)
+			m := loadTestModel(t, dir, 2)
+			ref := newRefModel(t, dir)
+			r := rand.New(rand.NewPCG(1, 2))
+			tokens := randomTokens(r, 21, tc.spec.Vocab)
+			want := ref.logits(t, tokens)
+
+			layout := m.KVLayout(4)
+			kv, blocks := contiguous(layout, len(tokens))
+			out, err := m.Forward([]Seq{{Tokens: tokens, Blocks: blocks, Logits: allIndexes(len(tokens))}}, kv, layout)
+			if err != nil {
+				t.Fatal(err)
+			}
+			V := m.VocabSize()
+			var maxAbs, maxDiff float64
+			for p := range tokens {
+				for j := range V {
+					w := want[p][j]
+					maxAbs = max(maxAbs, math.Abs(w))
+					maxDiff = max(maxDiff, math.Abs(float64(out[0][p*V+j])-w))
+				}
+			}
+			if maxAbs < 0.5 {
+				t.Fatalf("reference logits are degenerate (max |logit| %g): the test model is too weak to test anything", maxAbs)
+			}
+			if rel := maxDiff / maxAbs; rel > 1e-4 {
+				t.Errorf("max |Δlogit| = %g, relative to max |logit| %g: %g > 1e-4", maxDiff, maxAbs, rel)
+			}
+		})
+	}
+}

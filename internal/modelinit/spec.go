@@ -1,0 +1,140 @@
+package modelinit
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// RopeScaling is the rope_scaling entry of config.json; the zero value
+// writes null.
+type RopeScaling struct {
+	// Type is "linear" or "llama3".
+	Type                          string
+	Factor                        float64
+	LowFreqFactor                 float64
+	HighFreqFactor                float64
+	OriginalMaxPositionEmbeddings int
+}
+
+// Spec is the architecture and storage of a model to write.
+type Spec struct {
+	// ModelType is "llama" (default), "mistral" or "qwen2". qwen2 gets
+	// q/k/v biases.
+	ModelType    string
+	Hidden       int
+	Layers       int
+	Heads        int
+	KVHeads      int
+	HeadDim      int // 0 = Hidden/Heads, omitted from config.json
+	Intermediate int
+	Vocab        int
+	MaxPositions int
+	RMSNormEps   float64
+	RopeTheta    float64
+	RopeScaling  RopeScaling
+	Tied         bool
+	// AttentionBias gives a llama model q/k/v/o biases.
+	AttentionBias bool
+	BOS, EOS      int32
+	// DType of every tensor: "bf16", "f16" or "f32".
+	DType string
+	// Std is the scale of the random weights (uniform with this standard
+	// deviation); 0 means 0.02, the usual initializer range.
+	Std float64
+	// NormJitter, if non-zero, draws norm weights from 1 ± NormJitter
+	// instead of exactly 1 (tests use it so a misapplied norm shows).
+	NormJitter float64
+}
+
+func (s Spec) headDim() int {
+	if s.HeadDim != 0 {
+		return s.HeadDim
+	}
+	return s.Hidden / s.Heads
+}
+
+// Validate reports the first field that cannot make a model.
+func (s Spec) Validate() error {
+	switch s.ModelType {
+	case "", "llama", "mistral", "qwen2":
+	default:
+		return fmt.Errorf("modelinit: model type %q: expected llama, mistral or qwen2", s.ModelType)
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"hidden", s.Hidden}, {"layers", s.Layers}, {"heads", s.Heads}, {"kv heads", s.KVHeads}, {"head dim", s.headDim()}, {"intermediate", s.Intermediate}, {"vocab", s.Vocab}, {"max positions", s.MaxPositions}} {
+		if f.v <= 0 {
+			return fmt.Errorf("modelinit: %s must be positive, found %d", f.name, f.v)
+		}
+	}
+	if s.Heads%s.KVHeads != 0 {
+		return fmt.Errorf("modelinit: kv heads %d must divide heads %d", s.KVHeads, s.Heads)
+	}
+	if s.HeadDim == 0 && s.Hidden%s.Heads != 0 {
+		return fmt.Errorf("modelinit: hidden %d is not a multiple of heads %d: set HeadDim", s.Hidden, s.Heads)
+	}
+	if s.headDim()%2 != 0 {
+		return fmt.Errorf("modelinit: head dim %d must be even", s.headDim())
+	}
+	if _, err := dtypeOf(s.DType); err != nil {
+		return err
+	}
+	if s.BOS < 0 || int(s.BOS) >= s.Vocab || s.EOS < 0 || int(s.EOS) >= s.Vocab {
+		return fmt.Errorf("modelinit: bos %d and eos %d must be token ids below vocab %d", s.BOS, s.EOS, s.Vocab)
+	}
+	return nil
+}
+
+// Shape names accepted by Shape.
+const (
+	ShapeTiny        = "tiny"
+	ShapeSmolLM2135M = "smollm2-135m"
+	ShapeLlama1B     = "llama-1b"
+)
+
+var shapes = map[string]Spec{
+	// Test-sized; the vocabulary is set from the tokenizer fixture.
+	ShapeTiny: {
+		ModelType: "llama", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16,
+		Intermediate: 128, MaxPositions: 2048, RMSNormEps: 1e-5, RopeTheta: 10000, Tied: true,
+	},
+	// SmolLM2-135M.
+	ShapeSmolLM2135M: {
+		ModelType: "llama", Hidden: 576, Layers: 30, Heads: 9, KVHeads: 3, HeadDim: 64,
+		Intermediate: 1536, Vocab: 49152, MaxPositions: 8192, RMSNormEps: 1e-5, RopeTheta: 100000, Tied: true,
+		BOS: 1, EOS: 2,
+	},
+	// Llama-3.2-1B.
+	ShapeLlama1B: {
+		ModelType: "llama", Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, HeadDim: 64,
+		Intermediate: 8192, Vocab: 128256, MaxPositions: 131072, RMSNormEps: 1e-5, RopeTheta: 500000, Tied: true,
+		RopeScaling: RopeScaling{Type: "llama3", Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192},
+		BOS: 128000, EOS: 128001,
+	},
+}
+
+// Shapes returns the names of the built-in shapes, sorted.
+func Shapes() []string {
+	names := make([]string, 0, len(shapes))
+	for n := range shapes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Shape returns the Spec of a named shape with the given dtype. The tiny
+// shape's Vocab, BOS and EOS are left for the tokenizer fixture to fill.
+func Shape(name, dtype string) (Spec, error) {
+	s, ok := shapes[name]
+	if !ok {
+		return Spec{}, fmt.Errorf("modelinit: unknown shape %q (known: %s)", name, strings.Join(Shapes(), ", "))
+	}
+	if _, err := dtypeOf(dtype); err != nil {
+		return Spec{}, err
+	}
+	s.DType = dtype
+	return s, nil
+}

@@ -1,0 +1,305 @@
+package modelinit
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+
+	"github.com/tandem-serve/tandem/internal/model/safetensors"
+	"github.com/tandem-serve/tandem/internal/tensor"
+)
+
+func dtypeOf(name string) (safetensors.DType, error) {
+	switch name {
+	case "bf16":
+		return safetensors.BF16, nil
+	case "f16":
+		return safetensors.F16, nil
+	case "f32":
+		return safetensors.F32, nil
+	}
+	return "", fmt.Errorf("modelinit: dtype %q: expected bf16, f16 or f32", name)
+}
+
+func torchDType(name string) string {
+	return map[string]string{"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[name]
+}
+
+// kind says how a tensor is initialised.
+type kind int
+
+const (
+	weight kind = iota // uniform, standard deviation Std
+	norm               // 1, or 1 ± NormJitter
+)
+
+type plannedTensor struct {
+	safetensors.Info
+	kind kind
+}
+
+// plan lists the tensors in file order. q/k/v and gate/up are adjacent so
+// that the loader can run each group as one fused matmul.
+func (s Spec) plan() []plannedTensor {
+	dt, _ := dtypeOf(s.DType)
+	hd := s.headDim()
+	qd, kvd := s.Heads*hd, s.KVHeads*hd
+	var ts []plannedTensor
+	add := func(name string, k kind, shape ...int) {
+		ts = append(ts, plannedTensor{safetensors.Info{Name: name, DType: dt, Shape: shape}, k})
+	}
+	add("model.embed_tokens.weight", weight, s.Vocab, s.Hidden)
+	qkvBias := s.ModelType == "qwen2" || s.AttentionBias && s.modelType() == "llama"
+	for i := range s.Layers {
+		p := fmt.Sprintf("model.layers.%d.", i)
+		add(p+"input_layernorm.weight", norm, s.Hidden)
+		add(p+"self_attn.q_proj.weight", weight, qd, s.Hidden)
+		add(p+"self_attn.k_proj.weight", weight, kvd, s.Hidden)
+		add(p+"self_attn.v_proj.weight", weight, kvd, s.Hidden)
+		if qkvBias {
+			add(p+"self_attn.q_proj.bias", weight, qd)
+			add(p+"self_attn.k_proj.bias", weight, kvd)
+			add(p+"self_attn.v_proj.bias", weight, kvd)
+		}
+		add(p+"self_attn.o_proj.weight", weight, s.Hidden, qd)
+		if s.AttentionBias && s.modelType() == "llama" {
+			add(p+"self_attn.o_proj.bias", weight, s.Hidden)
+		}
+		add(p+"post_attention_layernorm.weight", norm, s.Hidden)
+		add(p+"mlp.gate_proj.weight", weight, s.Intermediate, s.Hidden)
+		add(p+"mlp.up_proj.weight", weight, s.Intermediate, s.Hidden)
+		add(p+"mlp.down_proj.weight", weight, s.Hidden, s.Intermediate)
+	}
+	add("model.norm.weight", norm, s.Hidden)
+	if !s.Tied {
+		add("lm_head.weight", weight, s.Vocab, s.Hidden)
+	}
+	return ts
+}
+
+func (s Spec) modelType() string {
+	if s.ModelType == "" {
+		return "llama"
+	}
+	return s.ModelType
+}
+
+// NumParams returns the number of parameters the Spec describes.
+func (s Spec) NumParams() int64 {
+	var n int64
+	for _, t := range s.plan() {
+		n += t.Elements()
+	}
+	return n
+}
+
+// configJSON returns the config.json object for s.
+func (s Spec) configJSON() map[string]any {
+	arch := map[string]string{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}[s.modelType()]
+	c := map[string]any{
+		"architectures":           []string{arch},
+		"model_type":              s.modelType(),
+		"hidden_size":             s.Hidden,
+		"num_hidden_layers":       s.Layers,
+		"num_attention_heads":     s.Heads,
+		"num_key_value_heads":     s.KVHeads,
+		"intermediate_size":       s.Intermediate,
+		"vocab_size":              s.Vocab,
+		"max_position_embeddings": s.MaxPositions,
+		"rms_norm_eps":            s.RMSNormEps,
+		"rope_theta":              s.RopeTheta,
+		"rope_scaling":            nil,
+		"hidden_act":              "silu",
+		"tie_word_embeddings":     s.Tied,
+		"bos_token_id":            s.BOS,
+		"eos_token_id":            s.EOS,
+		"torch_dtype":             torchDType(s.DType),
+		"initializer_range":       s.std(),
+	}
+	if s.HeadDim != 0 {
+		c["head_dim"] = s.HeadDim
+	}
+	switch s.modelType() {
+	case "llama":
+		c["attention_bias"] = s.AttentionBias
+		c["mlp_bias"] = false
+	case "mistral":
+		c["sliding_window"] = nil
+	case "qwen2":
+		c["use_sliding_window"] = false
+		c["sliding_window"] = s.MaxPositions
+	}
+	if rs := s.RopeScaling; rs.Type != "" {
+		m := map[string]any{"rope_type": rs.Type, "factor": rs.Factor}
+		if rs.Type == "llama3" {
+			m["low_freq_factor"] = rs.LowFreqFactor
+			m["high_freq_factor"] = rs.HighFreqFactor
+			m["original_max_position_embeddings"] = rs.OriginalMaxPositionEmbeddings
+		}
+		c["rope_scaling"] = m
+	}
+	return c
+}
+
+func (s Spec) std() float64 {
+	if s.Std == 0 {
+		return 0.02
+	}
+	return s.Std
+}
+
+// Write writes config.json, generation_config.json and model.safetensors
+// for s into dir (created if needed). Tensors are generated and streamed
+// one chunk at a time, so memory use stays small for billion-parameter
+// shapes.
+func Write(dir string, s Spec, seed uint64) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("modelinit: %w", err)
+	}
+	if err := writeJSON(filepath.Join(dir, "config.json"), s.configJSON()); err != nil {
+		return err
+	}
+	gen := map[string]any{"bos_token_id": s.BOS, "eos_token_id": s.EOS}
+	if err := writeJSON(filepath.Join(dir, "generation_config.json"), gen); err != nil {
+		return err
+	}
+	return writeWeights(filepath.Join(dir, safetensors.SingleFile), s, seed)
+}
+
+func writeJSON(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("modelinit: encoding %s: %w", filepath.Base(path), err)
+	}
+	if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("modelinit: %w", err)
+	}
+	return nil
+}
+
+func writeWeights(path string, s Spec, seed uint64) (err error) {
+	plan := s.plan()
+	infos := make([]safetensors.Info, len(plan))
+	for i, t := range plan {
+		infos[i] = t.Info
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("modelinit: %w", err)
+	}
+	defer func() {
+		if cerr := f.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("modelinit: %w", cerr)
+		}
+	}()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	w, err := safetensors.NewWriter(bw, infos, map[string]string{"format": "pt", "generator": "tandem modelinit"})
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 0, 1<<20)
+	for _, t := range plan {
+		g := newGen(seed, t.Name)
+		es := t.DType.Size()
+		for left := t.Elements(); left > 0; {
+			n := min(left, int64(cap(buf)/es))
+			buf = buf[:n*int64(es)]
+			for i := range int(n) {
+				var v float64
+				switch t.kind {
+				case weight:
+					v = g.uniform() * s.std()
+				case norm:
+					v = 1 + g.uniform()*s.NormJitter
+				}
+				putValue(buf[i*es:], t.DType, v)
+			}
+			if _, err := w.Write(buf); err != nil {
+				return err
+			}
+			left -= n
+		}
+	}
+	if err := w.Close(); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("modelinit: writing %s: %w", path, err)
+	}
+	return nil
+}
+
+func putValue(b []byte, dt safetensors.DType, v float64) {
+	switch dt {
+	case safetensors.F32:
+		binary.LittleEndian.PutUint32(b, math.Float32bits(float32(v)))
+	case safetensors.BF16:
+		binary.LittleEndian.PutUint16(b, tensor.F32ToBF16(float32(v)))
+	case safetensors.F16:
+		binary.LittleEndian.PutUint16(b, f32ToF16(float32(v)))
+	}
+}
+
+// f32ToF16 rounds to the nearest IEEE half (ties to even). Weights here are
+// small and finite; overflow saturates to infinity and tiny values become
+// subnormals or zero.
+func f32ToF16(f float32) uint16 {
+	u := math.Float32bits(f)
+	sign := uint16(u>>16) & 0x8000
+	u &= 0x7fffffff
+	switch {
+	case u >= 0x47800000: // >= 65536 after rounding: infinity (NaN not produced here)
+		return sign | 0x7c00
+	case u < 0x33000000: // < 2^-25: rounds to zero
+		return sign
+	case u < 0x38800000: // subnormal half
+		exp := int(u >> 23)
+		mant := u&0x7fffff | 0x800000
+		// value = mant·2^(exp-150) = half·2^-24, so drop 126-exp bits.
+		shift := uint(126 - exp)
+		half := mant >> shift
+		rem := mant & (1<<shift - 1)
+		mid := uint32(1) << (shift - 1)
+		if rem > mid || rem == mid && half&1 == 1 {
+			half++
+		}
+		return sign | uint16(half)
+	}
+	h := (u - 0x38000000) >> 13
+	rem := u & 0x1fff
+	if rem > 0x1000 || rem == 0x1000 && h&1 == 1 {
+		h++
+	}
+	if h >= 0x7c00 {
+		return sign | 0x7c00
+	}
+	return sign | uint16(h)
+}
+
+// gen is a per-tensor generator: PCG seeded by the model seed and a hash of
+// the tensor name, so a tensor's values do not depend on the file order.
+type gen struct {
+	r *rand.PCG
+}
+
+func newGen(seed uint64, name string) gen {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return gen{rand.NewPCG(seed, h.Sum64())}
+}
+
+// uniform returns a value uniform on [-√3, √3): unit variance, cheaper than
+// a normal draw and just as good at keeping activations in range.
+func (g gen) uniform() float64 {
+	const sqrt3 = 1.7320508075688772
+	return (float64(g.r.Uint64()>>11)/(1<<53)*2 - 1) * sqrt3
+}
