@@ -1,0 +1,171 @@
+package openai
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/sample"
+)
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	extID, aerr := requestID(w, r)
+	if aerr != nil {
+		WriteError(w, aerr)
+		return
+	}
+	var req ChatCompletionRequest
+	if err := DecodeBody(r, s.cfg.MaxBodyBytes, &req); err != nil {
+		WriteError(w, err)
+		return
+	}
+	j, err := s.chatJob(&req, extID)
+	if err != nil {
+		WriteError(w, err)
+		return
+	}
+	run, err := s.start(r.Context(), j)
+	if err != nil {
+		WriteError(w, err)
+		return
+	}
+	defer run.close()
+	meta := responseMeta{id: "chatcmpl-" + extID, created: s.cfg.Now().Unix(), model: s.cfg.ModelName}
+	if req.Stream {
+		s.streamChat(w, r, run, meta, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, req.Logprobs)
+		return
+	}
+	s.completeChat(w, r, run, meta, req.Logprobs)
+}
+
+// chatJob validates a chat request and renders and tokenizes its prompt.
+func (s *Server) chatJob(req *ChatCompletionRequest, extID string) (*job, *Error) {
+	if err := s.checkModel(req.Model, false); err != nil {
+		return nil, err
+	}
+	if req.TopLogprobs != nil {
+		if *req.TopLogprobs < 0 || *req.TopLogprobs > maxTopLogprobs {
+			return nil, BadRequest("top_logprobs", "top_logprobs must be between 0 and %d, got %d", maxTopLogprobs, *req.TopLogprobs)
+		}
+		if *req.TopLogprobs > 0 && !req.Logprobs {
+			return nil, BadRequest("top_logprobs", "top_logprobs needs logprobs set to true")
+		}
+	}
+	params, err := buildParams(&req.SamplingFields, s.cfg.Defaults)
+	if err != nil {
+		return nil, err
+	}
+	if req.Logprobs {
+		params.Logprobs = 0
+		if req.TopLogprobs != nil {
+			params.Logprobs = *req.TopLogprobs
+		}
+	}
+	kv, err := s.kvTransfer(&req.SamplingFields)
+	if err != nil {
+		return nil, err
+	}
+	text, err := s.renderChat(req.Messages, boolOr(req.AddGenerationPrompt, true))
+	if err != nil {
+		return nil, err
+	}
+	// The template supplies the special tokens (BOS included) itself, so
+	// encoding adds none, as vLLM does for chat.
+	ids := s.cfg.Tokenizer.Encode(text, false)
+	if len(ids) == 0 {
+		return nil, BadRequest("messages", "the rendered chat prompt is empty")
+	}
+	maxTokens, param := req.MaxCompletionTokens, "max_completion_tokens"
+	if maxTokens == nil {
+		maxTokens, param = req.MaxTokens, "max_tokens"
+	}
+	n, err := resolveMaxTokens(maxTokens, param, 0, s.cfg.Defaults, len(ids), s.cfg.Backend.MaxModelLen(), "messages")
+	if err != nil {
+		return nil, err
+	}
+	params.MaxTokens = n
+	if err := validateParams(&params, s.cfg.Tokenizer.VocabSize()); err != nil {
+		return nil, err
+	}
+	return &job{extID: extID, prompts: [][]int32{ids}, params: []sample.Params{params}, kv: kv}, nil
+}
+
+func (s *Server) completeChat(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, logprobs bool) {
+	st, err, ok := s.collect(r, run, 1, false, logprobs)
+	if !ok {
+		return
+	}
+	if err != nil {
+		WriteError(w, err)
+		return
+	}
+	c := &st[0]
+	choice := ChatChoice{
+		Message:      ChatReply{Role: "assistant", Content: c.text.String()},
+		FinishReason: finishReason(c.final.Finish),
+		StopReason:   stopReason(c.final),
+	}
+	if logprobs {
+		choice.Logprobs = &ChatLogprobs{Content: c.chat}
+		if choice.Logprobs.Content == nil {
+			choice.Logprobs.Content = []ChatTokenLogprob{}
+		}
+	}
+	u := usageOf(c.final.Usage)
+	s.writeJSON(w, http.StatusOK, ChatCompletionResponse{
+		ID: meta.id, Object: "chat.completion", Created: meta.created, Model: meta.model,
+		Choices:          []ChatChoice{choice},
+		Usage:            &u,
+		KVTransferParams: c.final.KVTransfer,
+	})
+}
+
+func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, includeUsage, logprobs bool) {
+	chunk := func(c ChatChunkChoice) ChatCompletionChunk {
+		ch := ChatCompletionChunk{ID: meta.id, Object: "chat.completion.chunk", Created: meta.created, Model: meta.model, Choices: []ChatChunkChoice{c}}
+		if includeUsage {
+			ch.Usage = nullJSON
+		}
+		return ch
+	}
+	sw := NewSSEWriter(w, s.cfg.WriteTimeout)
+	var usage Usage
+	complete := false
+	for !complete {
+		ie, ok := run.next(r.Context())
+		if !ok {
+			break
+		}
+		ev := ie.ev
+		if failed(ev) {
+			s.streamFailure(w, sw, ev)
+			return
+		}
+		if !sw.Started() {
+			empty := ""
+			if sw.Data(chunk(ChatChunkChoice{Delta: ChatDelta{Role: "assistant", Content: &empty}})) != nil {
+				return
+			}
+		}
+		if ev.Text != "" || len(ev.Logprobs) > 0 {
+			text := ev.Text
+			c := ChatChunkChoice{Delta: ChatDelta{Content: &text}}
+			if logprobs {
+				c.Logprobs = &ChatLogprobs{Content: s.chatLogprobs(ev.Logprobs)}
+			}
+			if sw.Data(chunk(c)) != nil {
+				return
+			}
+		}
+		if ev.Finish != engine.FinishNone {
+			complete = true
+			usage = usageOf(ev.Usage)
+			if sw.Data(chunk(ChatChunkChoice{FinishReason: finishReason(ev.Finish), StopReason: stopReason(ev)})) != nil {
+				return
+			}
+		}
+	}
+	s.endStream(w, r, sw, complete, includeUsage, usage, func(u json.RawMessage) any {
+		return ChatCompletionChunk{ID: meta.id, Object: "chat.completion.chunk", Created: meta.created, Model: meta.model, Choices: []ChatChunkChoice{}, Usage: u}
+	})
+}

@@ -1,0 +1,279 @@
+package openai
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/tandem-serve/tandem/internal/engine"
+)
+
+func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
+	extID, aerr := requestID(w, r)
+	if aerr != nil {
+		WriteError(w, aerr)
+		return
+	}
+	var req CompletionRequest
+	if err := DecodeBody(r, s.cfg.MaxBodyBytes, &req); err != nil {
+		WriteError(w, err)
+		return
+	}
+	j, err := s.completionJob(&req, extID)
+	if err != nil {
+		WriteError(w, err)
+		return
+	}
+	run, err := s.start(r.Context(), j)
+	if err != nil {
+		WriteError(w, err)
+		return
+	}
+	defer run.close()
+	meta := responseMeta{id: "cmpl-" + extID, created: s.cfg.Now().Unix(), model: s.cfg.ModelName}
+	if req.Stream {
+		s.streamCompletion(w, r, run, meta, len(j.prompts), req.StreamOptions != nil && req.StreamOptions.IncludeUsage, req.Logprobs != nil)
+		return
+	}
+	s.completeCompletion(w, r, run, meta, len(j.prompts), req.Logprobs != nil)
+}
+
+// errNoFinal reports an engine stream that closed without a final event.
+var errNoFinal = errors.New("the request's event stream ended without a final event")
+
+// responseMeta is what every response and chunk of one request repeats.
+type responseMeta struct {
+	id      string
+	created int64
+	model   string
+}
+
+// completionJob validates a completion request and tokenizes its prompts.
+func (s *Server) completionJob(req *CompletionRequest, extID string) (*job, *Error) {
+	if err := s.checkModel(req.Model, false); err != nil {
+		return nil, err
+	}
+	if req.Echo {
+		return nil, BadRequest("echo", "echo is not supported")
+	}
+	if req.Logprobs != nil && (*req.Logprobs < 0 || *req.Logprobs > maxTopLogprobs) {
+		return nil, BadRequest("logprobs", "logprobs must be between 0 and %d, got %d", maxTopLogprobs, *req.Logprobs)
+	}
+	base, err := buildParams(&req.SamplingFields, s.cfg.Defaults)
+	if err != nil {
+		return nil, err
+	}
+	if req.Logprobs != nil {
+		base.Logprobs = *req.Logprobs
+	}
+	kv, err := s.kvTransfer(&req.SamplingFields)
+	if err != nil {
+		return nil, err
+	}
+	prompts, err := ParsePrompt(req.Prompt)
+	if err != nil {
+		return nil, err
+	}
+	if len(prompts) == 0 {
+		return nil, BadRequest("prompt", "prompt must not be empty")
+	}
+	if kv != nil && len(prompts) > 1 {
+		return nil, BadRequest("kv_transfer_params", "kv_transfer_params apply to one prompt; got %d prompts", len(prompts))
+	}
+	j := &job{extID: extID, kv: kv}
+	for i, p := range prompts {
+		param := "prompt"
+		if len(prompts) > 1 {
+			param = "prompt[" + itoa(i) + "]"
+		}
+		ids := p.Tokens
+		if p.IsTokens {
+			if err := s.checkTokenIDs(ids, param); err != nil {
+				return nil, err
+			}
+		} else if p.Text != "" {
+			ids = s.cfg.Tokenizer.Encode(p.Text, true)
+		}
+		if len(ids) == 0 {
+			return nil, BadRequest(param, "prompt must not be empty")
+		}
+		params := base
+		n, err := resolveMaxTokens(req.MaxTokens, "max_tokens", completionsDefaultMaxTokens, s.cfg.Defaults, len(ids), s.cfg.Backend.MaxModelLen(), param)
+		if err != nil {
+			return nil, err
+		}
+		params.MaxTokens = n
+		if err := validateParams(&params, s.cfg.Tokenizer.VocabSize()); err != nil {
+			return nil, err
+		}
+		j.prompts = append(j.prompts, ids)
+		j.params = append(j.params, params)
+	}
+	return j, nil
+}
+
+// kvTransfer parses kv_transfer_params and rejects a streaming prefill leg.
+func (s *Server) kvTransfer(f *SamplingFields) (map[string]any, *Error) {
+	kv, err := parseKVTransfer(f.KVTransferParams)
+	if err != nil {
+		return nil, err
+	}
+	if f.Stream {
+		if d, _ := kv["do_remote_decode"].(bool); d {
+			return nil, BadRequest("kv_transfer_params", "kv_transfer_params need a non-streaming response: the proxy calls the prefill engine with stream=false")
+		}
+	}
+	return kv, nil
+}
+
+// choiceState accumulates one choice of a response.
+type choiceState struct {
+	text     strings.Builder
+	logprobs *CompletionLogprobs
+	chat     []ChatTokenLogprob
+	offset   int
+	final    engine.Event
+	done     bool
+}
+
+// collect reads a run to its end. It returns the choices, or an API error
+// when a request failed, or ok=false when the client went away.
+func (s *Server) collect(r *http.Request, run *run, n int, completionLogprobs, chatLogprobs bool) ([]choiceState, *Error, bool) {
+	st := make([]choiceState, n)
+	for {
+		ie, ok := run.next(r.Context())
+		if !ok {
+			break
+		}
+		c := &st[ie.i]
+		c.text.WriteString(ie.ev.Text)
+		if completionLogprobs {
+			if c.logprobs == nil {
+				c.logprobs = &CompletionLogprobs{}
+			}
+			c.offset = s.completionLogprobs(c.logprobs, ie.ev.Logprobs, c.offset)
+		}
+		if chatLogprobs {
+			c.chat = append(c.chat, s.chatLogprobs(ie.ev.Logprobs)...)
+		}
+		if ie.ev.Finish != engine.FinishNone {
+			if failed(ie.ev) {
+				return nil, finishError(ie.ev), true
+			}
+			c.final, c.done = ie.ev, true
+		}
+	}
+	if r.Context().Err() != nil {
+		return nil, nil, false
+	}
+	for i := range st {
+		if !st[i].done {
+			return nil, finishError(engine.Event{Finish: engine.FinishError, Err: errNoFinal}), true
+		}
+	}
+	return st, nil, true
+}
+
+func (s *Server) completeCompletion(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, n int, logprobs bool) {
+	st, err, ok := s.collect(r, run, n, logprobs, false)
+	if !ok {
+		return
+	}
+	if err != nil {
+		WriteError(w, err)
+		return
+	}
+	resp := CompletionResponse{ID: meta.id, Object: "text_completion", Created: meta.created, Model: meta.model, Usage: &Usage{}}
+	for i := range st {
+		c := &st[i]
+		resp.Choices = append(resp.Choices, CompletionChoice{
+			Index:        i,
+			Text:         c.text.String(),
+			Logprobs:     c.logprobs,
+			FinishReason: finishReason(c.final.Finish),
+			StopReason:   stopReason(c.final),
+		})
+		addUsage(resp.Usage, c.final.Usage)
+	}
+	resp.KVTransferParams = st[0].final.KVTransfer
+	s.writeJSON(w, http.StatusOK, resp)
+}
+
+func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, n int, includeUsage, logprobs bool) {
+	chunk := func(choices []CompletionChoice) CompletionChunk {
+		c := CompletionChunk{ID: meta.id, Object: "text_completion", Created: meta.created, Model: meta.model, Choices: choices}
+		if includeUsage {
+			c.Usage = nullJSON
+		}
+		return c
+	}
+	offsets := make([]int, n)
+	var usage Usage
+	finals := 0
+	sw := NewSSEWriter(w, s.cfg.WriteTimeout)
+	for {
+		ie, ok := run.next(r.Context())
+		if !ok {
+			break
+		}
+		ev := ie.ev
+		if failed(ev) {
+			s.streamFailure(w, sw, ev)
+			return
+		}
+		if ev.Text != "" || len(ev.Logprobs) > 0 {
+			c := CompletionChoice{Index: ie.i, Text: ev.Text}
+			if logprobs {
+				c.Logprobs = &CompletionLogprobs{}
+				offsets[ie.i] = s.completionLogprobs(c.Logprobs, ev.Logprobs, offsets[ie.i])
+			}
+			if sw.Data(chunk([]CompletionChoice{c})) != nil {
+				return
+			}
+		}
+		if ev.Finish != engine.FinishNone {
+			finals++
+			addUsage(&usage, ev.Usage)
+			c := CompletionChoice{Index: ie.i, FinishReason: finishReason(ev.Finish), StopReason: stopReason(ev)}
+			if sw.Data(chunk([]CompletionChoice{c})) != nil {
+				return
+			}
+		}
+	}
+	s.endStream(w, r, sw, finals == n, includeUsage, usage, func(u json.RawMessage) any {
+		return CompletionChunk{ID: meta.id, Object: "text_completion", Created: meta.created, Model: meta.model, Choices: []CompletionChoice{}, Usage: u}
+	})
+}
+
+// streamFailure reports a failed request: as a JSON error response when
+// nothing was streamed yet, else as an error event followed by [DONE].
+func (s *Server) streamFailure(w http.ResponseWriter, sw *SSEWriter, ev engine.Event) {
+	err := finishError(ev)
+	if !sw.Started() {
+		WriteError(w, err)
+		return
+	}
+	if sw.Error(err) == nil {
+		_ = sw.Done()
+	}
+}
+
+// endStream writes the usage chunk (if asked for) and [DONE], unless the
+// client has gone. complete says every choice had its final event.
+func (s *Server) endStream(w http.ResponseWriter, r *http.Request, sw *SSEWriter, complete, includeUsage bool, usage Usage, usageChunk func(json.RawMessage) any) {
+	if r.Context().Err() != nil {
+		return
+	}
+	if !complete {
+		s.streamFailure(w, sw, engine.Event{Finish: engine.FinishError, Err: errNoFinal})
+		return
+	}
+	if includeUsage {
+		u, _ := json.Marshal(usage) // a struct of ints always marshals
+		if sw.Data(usageChunk(u)) != nil {
+			return
+		}
+	}
+	_ = sw.Done()
+}

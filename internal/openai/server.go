@@ -1,0 +1,334 @@
+package openai
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/engine"
+)
+
+// Backend is what the server needs from an engine. *engine.Engine satisfies
+// it; tests may substitute their own.
+type Backend interface {
+	// Submit queues a request. ctx bounds the request's life: when it is
+	// cancelled the engine aborts the request and frees its blocks.
+	Submit(ctx context.Context, r *engine.Request) (*engine.Handle, error)
+	// Abort ends a request early; it is a no-op for unknown or finished ids.
+	Abort(id string)
+	// Ready reports whether the engine accepts requests.
+	Ready() bool
+	// MaxModelLen is the context window in tokens.
+	MaxModelLen() int
+}
+
+// Tokenizer is what the server needs from a tokenizer.
+type Tokenizer interface {
+	Encode(text string, addSpecial bool) []int32
+	Decode(ids []int32, skipSpecial bool) string
+	// TokenText is the text of one token as shown in logprobs.
+	TokenText(id int32) string
+	VocabSize() int
+}
+
+// ChatTemplate renders chat messages into a prompt, ending with the
+// assistant turn's header when addGenerationPrompt is set.
+type ChatTemplate func(msgs []Message, addGenerationPrompt bool) (string, error)
+
+// Config configures a Server.
+type Config struct {
+	// Backend runs the requests. Required.
+	Backend Backend
+	// Tokenizer tokenizes prompts and names tokens in logprobs. Required.
+	Tokenizer Tokenizer
+	// ChatTemplate renders /v1/chat/completions messages; nil means the
+	// model has none and chat requests get a 400.
+	ChatTemplate ChatTemplate
+	// ModelName is the served model name; requests must name it. Required.
+	ModelName string
+	// ModelRoot is the model's path, shown as "root" in /v1/models.
+	ModelRoot string
+	// Defaults are the model's generation_config.json sampling defaults.
+	Defaults Defaults
+	// Metrics serves /metrics; nil leaves the route out (404).
+	Metrics http.Handler
+	// Version is reported by /version.
+	Version string
+	// MaxBodyBytes caps a request body (default 16 MiB); larger bodies get 413.
+	MaxBodyBytes int64
+	// WriteTimeout bounds each write to a client (default 30 s), so a client
+	// that stops reading releases its request.
+	WriteTimeout time.Duration
+	// Logger receives request errors (default slog.Default()).
+	Logger *slog.Logger
+	// Now is the clock for "created" timestamps (default time.Now).
+	Now func() time.Time
+}
+
+// DefaultMaxBodyBytes is the default request body limit.
+const DefaultMaxBodyBytes = 16 << 20
+
+// maxRequestIDLen bounds the X-Request-Id header a client may send.
+const maxRequestIDLen = 256
+
+// Server is the HTTP API of one engine. It is an http.Handler.
+type Server struct {
+	cfg      Config
+	routes   map[string]route
+	draining atomic.Bool
+}
+
+type route struct {
+	method  string
+	handler http.HandlerFunc
+}
+
+// NewServer checks cfg and returns a server.
+func NewServer(cfg Config) (*Server, error) {
+	switch {
+	case cfg.Backend == nil:
+		return nil, errors.New("openai: Config.Backend is required")
+	case cfg.Tokenizer == nil:
+		return nil, errors.New("openai: Config.Tokenizer is required")
+	case cfg.ModelName == "":
+		return nil, errors.New("openai: Config.ModelName is required")
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Server{cfg: cfg}
+	s.routes = map[string]route{
+		"/v1/completions":      {http.MethodPost, s.handleCompletions},
+		"/v1/chat/completions": {http.MethodPost, s.handleChat},
+		"/v1/models":           {http.MethodGet, s.handleModels},
+		"/tokenize":            {http.MethodPost, s.handleTokenize},
+		"/detokenize":          {http.MethodPost, s.handleDetokenize},
+		"/health":              {http.MethodGet, s.handleHealth},
+		"/version":             {http.MethodGet, s.handleVersion},
+	}
+	if cfg.Metrics != nil {
+		s.routes["/metrics"] = route{http.MethodGet, cfg.Metrics.ServeHTTP}
+	}
+	return s, nil
+}
+
+// Drain makes /health answer 503 and new generation requests fail with 503,
+// while requests in flight run on. Call it first on shutdown.
+func (s *Server) Drain() { s.draining.Store(true) }
+
+// ServeHTTP routes a request. Unknown paths get a JSON 404 and known paths
+// with the wrong method a JSON 405, so every error a client sees has the
+// OpenAI shape.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rt, ok := s.routes[r.URL.Path]
+	if !ok {
+		WriteError(w, NewError(http.StatusNotFound, "", "no route for %s %s", r.Method, r.URL.Path))
+		return
+	}
+	if r.Method != rt.method && !(rt.method == http.MethodGet && r.Method == http.MethodHead) {
+		allow := rt.method
+		if rt.method == http.MethodGet {
+			allow += ", " + http.MethodHead
+		}
+		w.Header().Set("Allow", allow)
+		WriteError(w, NewError(http.StatusMethodNotAllowed, "", "method %s is not allowed on %s; use %s", r.Method, r.URL.Path, rt.method))
+		return
+	}
+	rt.handler(w, r)
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() || !s.cfg.Backend.Ready() {
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+func (s *Server) handleVersion(w http.ResponseWriter, r *http.Request) {
+	s.writeJSON(w, http.StatusOK, VersionResponse{Version: s.cfg.Version})
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
+	s.writeJSON(w, http.StatusOK, ModelList{Object: "list", Data: []ModelCard{{
+		ID:          s.cfg.ModelName,
+		Object:      "model",
+		Created:     s.cfg.Now().Unix(),
+		OwnedBy:     "tandem",
+		Root:        s.cfg.ModelRoot,
+		MaxModelLen: s.cfg.Backend.MaxModelLen(),
+	}}})
+}
+
+func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
+	var req TokenizeRequest
+	if err := DecodeBody(r, s.cfg.MaxBodyBytes, &req); err != nil {
+		WriteError(w, err)
+		return
+	}
+	if err := s.checkModel(req.Model, true); err != nil {
+		WriteError(w, err)
+		return
+	}
+	var ids []int32
+	switch {
+	case req.Prompt != nil && req.Messages != nil:
+		WriteError(w, BadRequest("messages", "send either prompt or messages, not both"))
+		return
+	case req.Prompt != nil:
+		ids = s.cfg.Tokenizer.Encode(*req.Prompt, boolOr(req.AddSpecialTokens, true))
+	case req.Messages != nil:
+		text, err := s.renderChat(req.Messages, boolOr(req.AddGenerationPrompt, true))
+		if err != nil {
+			WriteError(w, err)
+			return
+		}
+		ids = s.cfg.Tokenizer.Encode(text, boolOr(req.AddSpecialTokens, false))
+	default:
+		WriteError(w, BadRequest("prompt", "send prompt or messages"))
+		return
+	}
+	resp := TokenizeResponse{Count: len(ids), MaxModelLen: s.cfg.Backend.MaxModelLen(), Tokens: ids}
+	if resp.Tokens == nil {
+		resp.Tokens = []int32{}
+	}
+	if req.ReturnTokenStrs {
+		resp.TokenStrs = make([]string, len(ids))
+		for i, id := range ids {
+			resp.TokenStrs[i] = s.cfg.Tokenizer.TokenText(id)
+		}
+	}
+	s.writeJSON(w, http.StatusOK, resp)
+}
+
+func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
+	var req DetokenizeRequest
+	if err := DecodeBody(r, s.cfg.MaxBodyBytes, &req); err != nil {
+		WriteError(w, err)
+		return
+	}
+	if err := s.checkModel(req.Model, true); err != nil {
+		WriteError(w, err)
+		return
+	}
+	if err := s.checkTokenIDs(req.Tokens, "tokens"); err != nil {
+		WriteError(w, err)
+		return
+	}
+	s.writeJSON(w, http.StatusOK, DetokenizeResponse{Prompt: s.cfg.Tokenizer.Decode(req.Tokens, false)})
+}
+
+// checkModel returns a 404 NotFoundError (vLLM's answer) unless name is the
+// served model. optional allows an empty name (tokenize and detokenize).
+func (s *Server) checkModel(name string, optional bool) *Error {
+	if name == s.cfg.ModelName || (optional && name == "") {
+		return nil
+	}
+	if name == "" {
+		return BadRequest("model", "model is required; this server serves %q", s.cfg.ModelName)
+	}
+	return NewError(http.StatusNotFound, "model", "The model `%s` does not exist. This server serves %q.", name, s.cfg.ModelName)
+}
+
+func (s *Server) checkTokenIDs(ids []int32, param string) *Error {
+	vocab := s.cfg.Tokenizer.VocabSize()
+	for _, id := range ids {
+		if id < 0 || int(id) >= vocab {
+			return BadRequest(param, "token id %d is outside the vocabulary [0, %d)", id, vocab)
+		}
+	}
+	return nil
+}
+
+// renderChat applies the chat template to API messages.
+func (s *Server) renderChat(raw []ChatMessage, addGenerationPrompt bool) (string, *Error) {
+	if s.cfg.ChatTemplate == nil {
+		return "", BadRequest("messages", "model %s has no chat template; use /v1/completions", s.cfg.ModelName)
+	}
+	msgs, err := ParseMessages(raw)
+	if err != nil {
+		return "", err
+	}
+	text, terr := s.cfg.ChatTemplate(msgs, addGenerationPrompt)
+	if terr != nil {
+		return "", BadRequest("messages", "rendering the chat template: %v", terr)
+	}
+	return text, nil
+}
+
+// writeJSON writes v with status under the per-write deadline.
+func (s *Server) writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		s.cfg.Logger.Error("encode response", "err", err)
+		WriteError(w, NewError(http.StatusInternalServerError, "", "encoding the response failed"))
+		return
+	}
+	rc := http.NewResponseController(w)
+	if err := rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.cfg.Logger.Debug("set write deadline", "err", err)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// requestID returns the client's X-Request-Id or a fresh random id, and
+// echoes it in the response header.
+func requestID(w http.ResponseWriter, r *http.Request) (string, *Error) {
+	id := strings.TrimSpace(r.Header.Get("X-Request-Id"))
+	if len(id) > maxRequestIDLen {
+		return "", BadRequest("X-Request-Id", "X-Request-Id is longer than %d bytes", maxRequestIDLen)
+	}
+	if id == "" {
+		id = randomHex(16)
+	}
+	w.Header().Set("X-Request-Id", id)
+	return id, nil
+}
+
+// internalID is the engine's id for prompt i of the request extID: the
+// client's id, the prompt index when there are several, and a random suffix
+// (see the package doc).
+func internalID(extID string, i, n int) string {
+	if n > 1 {
+		return fmt.Sprintf("%s-%d-%s", extID, i, randomHex(4))
+	}
+	return extID + "-" + randomHex(4)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
+	return hex.EncodeToString(b)
+}
+
+func boolOr(p *bool, def bool) bool {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
