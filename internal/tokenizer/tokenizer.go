@@ -25,6 +25,7 @@ type Tokenizer struct {
 	tokens    []string // id → token string; "" where no token has the id
 	special   []bool   // id → is a special added token
 	vocab     map[string]int32
+	added     map[string]int32 // added token content → id
 	bos       int32
 	hasBOS    bool
 	eos       []int32
@@ -152,7 +153,9 @@ func build(f *fileJSON) (*Tokenizer, error) {
 		t.tokens[id] = s
 	}
 	var raw, normed []*addedToken
+	t.added = make(map[string]int32, len(f.AddedTokens))
 	for _, a := range f.AddedTokens {
+		t.added[a.Content] = a.ID
 		t.tokens[a.ID] = a.Content
 		t.special[a.ID] = a.Special
 		tok := &addedToken{content: a.Content, pattern: a.Content, id: a.ID, special: a.Special,
@@ -168,7 +171,7 @@ func build(f *fileJSON) (*Tokenizer, error) {
 	}
 	t.rawMatch, t.normMatch = newMatcher(raw), newMatcher(normed)
 
-	if t.template, err = newPostProcessor(f.PostProcessor, t.TokenID); err != nil {
+	if t.template, err = newPostProcessor(f.PostProcessor); err != nil {
 		return nil, fmt.Errorf("post_processor: %w", err)
 	}
 	if len(t.template) > 0 && !t.template[0].seq && len(t.template[0].ids) > 0 {
@@ -242,7 +245,7 @@ func parseIDs(raw json.RawMessage) ([]int32, error) {
 	return many, nil
 }
 
-func newPostProcessor(c *componentJSON, lookup func(string) (int32, bool)) ([]templateItem, error) {
+func newPostProcessor(c *componentJSON) ([]templateItem, error) {
 	if c == nil {
 		return nil, nil
 	}
@@ -252,7 +255,7 @@ func newPostProcessor(c *componentJSON, lookup func(string) (int32, bool)) ([]te
 	case "Sequence":
 		var out []templateItem
 		for i, sub := range c.Processors {
-			items, err := newPostProcessor(sub, lookup)
+			items, err := newPostProcessor(sub)
 			if err != nil {
 				return nil, fmt.Errorf("Sequence[%d]: %w", i, err)
 			}
@@ -381,21 +384,8 @@ func (t *Tokenizer) IsSpecial(id int32) bool {
 // TokenID returns the id of the token spelled exactly s (in the model's own
 // alphabet, e.g. "Ġthe" or "▁the"), including added tokens.
 func (t *Tokenizer) TokenID(s string) (int32, bool) {
-	if m := t.rawMatch; m != nil && s != "" {
-		for _, a := range m.byFirst[s[0]] {
-			if a.content == s {
-				return a.id, true
-			}
-		}
-	}
-	if m := t.normMatch; m != nil && s != "" {
-		for i := range m.byFirst {
-			for _, a := range m.byFirst[i] {
-				if a.content == s {
-					return a.id, true
-				}
-			}
-		}
+	if id, ok := t.added[s]; ok {
+		return id, true
 	}
 	id, ok := t.vocab[s]
 	return id, ok
