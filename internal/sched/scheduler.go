@@ -1,0 +1,597 @@
+package sched
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/tandem-serve/tandem/internal/kvcache"
+)
+
+// Config bounds what one step may schedule.
+type Config struct {
+	// MaxNumSeqs is the most requests running at once (default 256).
+	MaxNumSeqs int
+	// MaxNumBatchedTokens is the most tokens computed in one step, prefill
+	// chunks and decodes together (default 2048).
+	MaxNumBatchedTokens int
+	// LoadFailurePolicy applies to blocks the connector failed to load
+	// (default LoadFailureFail, as vLLM).
+	LoadFailurePolicy LoadFailurePolicy
+}
+
+// Scheduled is one request's work in a step: compute Tokens at positions
+// Pos, Pos+1, ... into the blocks of Blocks, and sample the next token after
+// the last one if Sample.
+type Scheduled struct {
+	Req    *Request
+	Pos    int
+	Tokens []int32
+	// Blocks is the request's block table, covering Pos+len(Tokens) tokens.
+	Blocks []int32
+	// Sample is true when Tokens ends the request's known tokens, so the
+	// model's logits at the last one give the next token.
+	Sample bool
+}
+
+// Finished reports a request that reached a final status.
+type Finished struct {
+	Req    *Request
+	Status Status
+	// Err explains a FinishedError.
+	Err string
+	// KVTransfer is what Connector.RequestFinished returned for the client.
+	KVTransfer map[string]any
+}
+
+// Output is one step's schedule.
+type Output struct {
+	// Scheduled lists decodes first, then prefill chunks.
+	Scheduled []Scheduled
+	// NumTokens is the total number of tokens in Scheduled.
+	NumTokens int
+	// Preempted lists the requests preempted in this step.
+	Preempted []*Request
+	// Finished lists requests that finished since the previous Update
+	// (aborts, errors, connector completions), for the caller to report.
+	Finished []Finished
+	// ConnectorMeta is Connector.BuildConnectorMeta's result, for the worker
+	// half of the connector.
+	ConnectorMeta any
+}
+
+// Result is the caller's outcome for one sampling request of a step.
+type Result struct {
+	ID    string
+	Token int32
+	// Finish is FinishedStopped or FinishedLength when this token ends the
+	// request (EOS, stop token, stop string, max tokens); zero otherwise.
+	Finish Status
+}
+
+// Stats is a snapshot of the scheduler's queues.
+type Stats struct {
+	Running int
+	// Waiting counts queued requests, WAITING_FOR_REMOTE_KVS included.
+	Waiting int
+	// Held counts finished requests whose blocks the connector still holds.
+	Held int
+	// Preemptions is the total number of preemptions so far.
+	Preemptions uint64
+}
+
+// Scheduler decides what each engine step computes. It is not safe for
+// concurrent use.
+type Scheduler struct {
+	cfg  Config
+	pool *kvcache.Pool
+	conn Connector
+
+	reqs     map[string]*Request // live or held
+	waiting  []*Request          // FCFS; preempted requests at the front
+	running  []*Request          // admission order, newest last
+	finished []Finished          // not reported yet
+
+	preemptions uint64
+}
+
+// New returns a scheduler allocating from pool. A nil connector means
+// NoConnector.
+func New(cfg Config, pool *kvcache.Pool, conn Connector) (*Scheduler, error) {
+	if pool == nil {
+		return nil, errors.New("sched: nil pool")
+	}
+	if cfg.MaxNumSeqs == 0 {
+		cfg.MaxNumSeqs = 256
+	}
+	if cfg.MaxNumBatchedTokens == 0 {
+		cfg.MaxNumBatchedTokens = 2048
+	}
+	if cfg.LoadFailurePolicy == "" {
+		cfg.LoadFailurePolicy = LoadFailureFail
+	}
+	if cfg.MaxNumSeqs < 0 || cfg.MaxNumBatchedTokens < 0 {
+		return nil, fmt.Errorf("sched: max-num-seqs %d and max-num-batched-tokens %d must be positive", cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens)
+	}
+	if cfg.LoadFailurePolicy != LoadFailureFail && cfg.LoadFailurePolicy != LoadFailureRecompute {
+		return nil, fmt.Errorf("sched: unknown KV load failure policy %q: use %q or %q", cfg.LoadFailurePolicy, LoadFailureFail, LoadFailureRecompute)
+	}
+	if conn == nil {
+		conn = NoConnector{}
+	}
+	return &Scheduler{cfg: cfg, pool: pool, conn: conn, reqs: make(map[string]*Request)}, nil
+}
+
+// Config returns the configuration with defaults applied.
+func (s *Scheduler) Config() Config { return s.cfg }
+
+// Add queues a request. It fails for a malformed request (empty prompt,
+// non-positive MaxTokens, an id already live); a request that can never fit
+// in the pool is accepted and finishes with FINISHED_ERROR in the next
+// Schedule, after the connector has seen it.
+func (s *Scheduler) Add(r *Request) error {
+	switch {
+	case r == nil:
+		return errors.New("sched: nil request")
+	case len(r.Prompt) == 0:
+		return fmt.Errorf("sched: request %q has an empty prompt", r.ID)
+	case r.MaxTokens <= 0:
+		return fmt.Errorf("sched: request %q has max tokens %d, want at least 1", r.ID, r.MaxTokens)
+	}
+	if _, dup := s.reqs[r.ID]; dup {
+		return fmt.Errorf("sched: request id %q is already in use", r.ID)
+	}
+	r.status = Waiting
+	r.tokens = slices.Clip(slices.Clone(r.Prompt))
+	r.numComputed, r.blocks, r.hashes, r.numCachedBlocks = 0, nil, nil, 0
+	r.numCachedTokens, r.numExternalTokens, r.numPreemptions = -1, 0, 0
+	r.firstInvalid = -1
+	s.reqs[r.ID] = r
+	s.waiting = append(s.waiting, r)
+	s.conn.OnNewRequest(r)
+	// The last sampled token is never fed back, so it needs no KV slot.
+	need := s.blocksFor(len(r.Prompt) + r.MaxTokens - 1)
+	if need > s.pool.NumBlocks() {
+		s.finish(r, FinishedError, fmt.Sprintf("request needs %d KV blocks for %d prompt + %d max tokens, but the whole pool has %d: lower max_tokens or shorten the prompt, or give the engine more KV-cache memory",
+			need, len(r.Prompt), r.MaxTokens, s.pool.NumBlocks()))
+	}
+	return nil
+}
+
+// Abort finishes a request with FINISHED_ABORTED and reports whether it was
+// live. Aborting a request that already finished (even one whose blocks the
+// connector still holds) changes nothing.
+func (s *Scheduler) Abort(id string) bool {
+	r, ok := s.reqs[id]
+	if !ok || r.status.Finished() {
+		return false
+	}
+	s.finish(r, FinishedAborted, "")
+	return true
+}
+
+// Fail finishes a live request with FINISHED_ERROR (for example when the
+// model failed on its batch) and reports whether it was live.
+func (s *Scheduler) Fail(id, msg string) bool {
+	r, ok := s.reqs[id]
+	if !ok || r.status.Finished() {
+		return false
+	}
+	s.finish(r, FinishedError, msg)
+	return true
+}
+
+// Stats returns the queue lengths.
+func (s *Scheduler) Stats() Stats {
+	return Stats{Running: len(s.running), Waiting: len(s.waiting), Held: len(s.reqs) - len(s.running) - len(s.waiting), Preemptions: s.preemptions}
+}
+
+// HasWork reports whether calling Schedule can make progress or report
+// something without any new input: a request is runnable or a finish is
+// pending. Requests waiting only for the connector do not count.
+func (s *Scheduler) HasWork() bool {
+	if len(s.running) > 0 || len(s.finished) > 0 {
+		return true
+	}
+	for _, r := range s.waiting {
+		if r.status != WaitingForRemoteKVs {
+			return true
+		}
+	}
+	return false
+}
+
+// Request returns a live or held request by id.
+func (s *Scheduler) Request(id string) (*Request, bool) {
+	r, ok := s.reqs[id]
+	return r, ok
+}
+
+func (s *Scheduler) blocksFor(tokens int) int {
+	bs := s.pool.BlockSize()
+	return (tokens + bs - 1) / bs
+}
+
+// Schedule decides this step's work. The caller must run it and call Update
+// with the results before the next Schedule.
+func (s *Scheduler) Schedule() *Output {
+	out := &Output{}
+	budget := s.cfg.MaxNumBatchedTokens
+	where := make(map[*Request]int) // index in out.Scheduled
+
+	// Running requests: decodes first, then continuing prefills.
+	for pass := range 2 {
+		for i := 0; i < len(s.running) && budget > 0; i++ {
+			r := s.running[i]
+			if _, done := where[r]; done || r.decoding() != (pass == 0) {
+				continue
+			}
+			n := min(len(r.tokens)-r.numComputed, budget)
+			if n <= 0 {
+				continue
+			}
+			fits := true
+			for !s.growBlocks(r, r.numComputed+n) {
+				victim := s.running[len(s.running)-1]
+				if j, ok := where[victim]; ok {
+					budget += len(out.Scheduled[j].Tokens)
+					out.Scheduled = slices.Delete(out.Scheduled, j, j+1)
+					delete(where, victim)
+					for k, v := range where {
+						if v > j {
+							where[k] = v - 1
+						}
+					}
+				}
+				s.preempt(victim)
+				out.Preempted = append(out.Preempted, victim)
+				if victim == r {
+					fits = false
+					break
+				}
+			}
+			if !fits {
+				break // r was the newest; everything after it is gone too
+			}
+			where[r] = len(out.Scheduled)
+			out.Scheduled = append(out.Scheduled, s.scheduled(r, r.numComputed, n))
+			budget -= n
+		}
+	}
+
+	// Waiting requests, FCFS, unless this step had to preempt.
+	for i := 0; len(out.Preempted) == 0 && i < len(s.waiting) && budget > 0 && len(s.running) < s.cfg.MaxNumSeqs; {
+		r := s.waiting[i]
+		if r.status == WaitingForRemoteKVs {
+			i++
+			continue
+		}
+		admitted, skip := s.admit(r, budget, out)
+		if skip {
+			i++
+			continue
+		}
+		if !admitted {
+			break // head of line waits for memory
+		}
+		if r.status == WaitingForRemoteKVs {
+			i++
+			continue
+		}
+		s.waiting = slices.Delete(s.waiting, i, i+1)
+		r.status = Running
+		s.running = append(s.running, r)
+		n := min(len(r.tokens)-r.numComputed, budget)
+		out.Scheduled = append(out.Scheduled, s.scheduled(r, r.numComputed, n))
+		budget -= n
+	}
+
+	for _, sc := range out.Scheduled {
+		out.NumTokens += len(sc.Tokens)
+	}
+	out.Finished, s.finished = s.finished, nil
+	out.ConnectorMeta = s.conn.BuildConnectorMeta(out)
+	return out
+}
+
+// admit gives waiting request r the blocks it needs to compute its next
+// chunk of at most budget tokens (or to load its external tokens), looking
+// up the prefix cache and asking the connector first when r has no KV. It
+// returns admitted=false when memory is short, skip=true when r must be
+// passed over this step (connector not ready, or r finished with an error).
+func (s *Scheduler) admit(r *Request, budget int, out *Output) (admitted, skip bool) {
+	if len(r.blocks) > 0 {
+		// KV loaded by the connector: only the rest needs blocks. If even
+		// that does not fit, give the blocks back (the loaded full blocks
+		// stay in the prefix cache) rather than sit on them.
+		n := min(len(r.tokens)-r.numComputed, budget)
+		if s.growBlocks(r, r.numComputed+n) {
+			return true, false
+		}
+		s.release(r)
+		r.numComputed, r.numCachedBlocks = 0, 0
+		return false, false
+	}
+
+	bs := s.pool.BlockSize()
+	r.hashes = s.pool.ExtendHashes(r.hashes, r.tokens)
+	maxHit := (len(r.tokens) - 1) / bs // never the whole prompt
+	hit := s.pool.Match(r.hashes[:min(maxHit, len(r.hashes))])
+	local := len(hit) * bs
+
+	ext, async, err := s.conn.GetNumNewMatchedTokens(r, local)
+	if errors.Is(err, ErrRetryLater) {
+		return false, true
+	}
+	if err != nil {
+		s.finish(r, FinishedError, fmt.Sprintf("kv connector: %v", err))
+		return false, true
+	}
+	if ext < 0 || local+ext > len(r.tokens) || (async && ext == 0) {
+		s.finish(r, FinishedError, fmt.Sprintf("kv connector offered %d external tokens (async %v) after %d local ones for a %d-token request", ext, async, local, len(r.tokens)))
+		return false, true
+	}
+	var target int // tokens that need blocks now
+	if async {
+		target = local + ext
+	} else {
+		ext = min(ext, len(r.tokens)-1-local) // a sync load still leaves a token to compute
+		target = local + ext + min(len(r.tokens)-local-ext, budget)
+	}
+
+	need := s.blocksFor(target) - len(hit)
+	take := need
+	for _, id := range hit {
+		if s.pool.RefCount(id) == 0 {
+			take++ // a cached free block leaves the free list too
+		}
+	}
+	if take > s.pool.FreeBlocks() {
+		return false, false
+	}
+	s.pool.Touch(hit)
+	fresh, ok := s.pool.Allocate(need)
+	if !ok { // cannot happen after the check above; keep the pool consistent anyway
+		s.pool.Free(hit)
+		return false, false
+	}
+	r.blocks = append(hit, fresh...)
+	r.numCachedBlocks = len(hit)
+	r.numComputed = local
+	if r.numCachedTokens < 0 {
+		r.numCachedTokens = local
+	}
+	s.pool.RecordPrefixQuery(len(r.tokens), local)
+	s.conn.UpdateStateAfterAlloc(r, r.blocks, ext)
+	if ext > 0 {
+		r.loadStart, r.loadEnd, r.firstInvalid = local, local+ext, -1
+		if async {
+			r.status = WaitingForRemoteKVs
+			return true, false
+		}
+		r.syncLoad = true
+		r.numComputed = local + ext
+		r.numExternalTokens += ext
+	}
+	return true, false
+}
+
+// growBlocks makes r's block table cover tokens, reporting false (and
+// changing nothing) when the pool is short.
+func (s *Scheduler) growBlocks(r *Request, tokens int) bool {
+	need := s.blocksFor(tokens) - len(r.blocks)
+	if need <= 0 {
+		return true
+	}
+	ids, ok := s.pool.Allocate(need)
+	if !ok {
+		return false
+	}
+	r.blocks = append(r.blocks, ids...)
+	return true
+}
+
+func (s *Scheduler) scheduled(r *Request, pos, n int) Scheduled {
+	return Scheduled{Req: r, Pos: pos, Tokens: r.tokens[pos : pos+n : pos+n], Blocks: r.blocks, Sample: pos+n == len(r.tokens)}
+}
+
+// preempt evicts running request r: blocks freed (full ones stay in the
+// prefix cache, so the recompute often hits them), front of the queue.
+func (s *Scheduler) preempt(r *Request) {
+	s.running = slices.DeleteFunc(s.running, func(x *Request) bool { return x == r })
+	s.release(r)
+	r.numComputed, r.numCachedBlocks, r.syncLoad = 0, 0, false
+	r.status = Preempted
+	r.numPreemptions++
+	s.preemptions++
+	s.waiting = slices.Insert(s.waiting, 0, r)
+}
+
+func (s *Scheduler) release(r *Request) {
+	// The pool only reports blocks freed without a reference, which the
+	// scheduler never does: each id in r.blocks holds exactly one.
+	_ = s.pool.Free(r.blocks)
+	r.blocks = nil
+}
+
+// finish moves r to a final status, tells the connector, and frees or holds
+// its blocks.
+func (s *Scheduler) finish(r *Request, st Status, msg string) {
+	loading := r.status == WaitingForRemoteKVs
+	switch r.status {
+	case Running:
+		s.running = slices.DeleteFunc(s.running, func(x *Request) bool { return x == r })
+	case Waiting, WaitingForRemoteKVs, Preempted:
+		s.waiting = slices.DeleteFunc(s.waiting, func(x *Request) bool { return x == r })
+	}
+	r.status, r.errMsg, r.syncLoad = st, msg, false
+	delay, params := s.conn.RequestFinished(r, r.blocks)
+	r.holdSend = delay && len(r.blocks) > 0
+	r.holdRecv = loading
+	s.finished = append(s.finished, Finished{Req: r, Status: st, Err: msg, KVTransfer: params})
+	s.maybeRelease(r)
+}
+
+func (s *Scheduler) maybeRelease(r *Request) {
+	if r.holdRecv || r.holdSend {
+		return
+	}
+	s.release(r)
+	delete(s.reqs, r.ID)
+}
+
+// Update applies a step's results: computed tokens advance, full blocks
+// enter the prefix cache, sampled tokens are appended, and requests the
+// caller stopped (or that reached MaxTokens) finish. results has one entry
+// per Sample request of out that is still running. It returns every request
+// that finished since Schedule.
+func (s *Scheduler) Update(out *Output, results []Result) []Finished {
+	byID := make(map[string]Result, len(results))
+	for _, res := range results {
+		byID[res.ID] = res
+	}
+	for _, sc := range out.Scheduled {
+		r := sc.Req
+		if r.status != Running || s.reqs[r.ID] != r {
+			continue // finished or failed since Schedule
+		}
+		r.syncLoad = false
+		if r.discard {
+			r.discard = false
+			continue
+		}
+		r.numComputed = sc.Pos + len(sc.Tokens)
+		s.cacheFullBlocks(r)
+		if !sc.Sample {
+			continue
+		}
+		res, ok := byID[r.ID]
+		if !ok {
+			s.finish(r, FinishedError, "engine reported no token for a sampling step")
+			continue
+		}
+		r.tokens = append(r.tokens, res.Token)
+		switch {
+		case res.Finish == FinishedStopped || res.Finish == FinishedLength:
+			s.finish(r, res.Finish, "")
+		case len(r.tokens)-len(r.Prompt) >= r.MaxTokens:
+			s.finish(r, FinishedLength, "")
+		}
+	}
+	fin := s.finished
+	s.finished = nil
+	return fin
+}
+
+// cacheFullBlocks registers r's full computed blocks in the prefix cache.
+func (s *Scheduler) cacheFullBlocks(r *Request) {
+	full := r.numComputed / s.pool.BlockSize()
+	if full <= r.numCachedBlocks {
+		return
+	}
+	r.hashes = s.pool.ExtendHashes(r.hashes, r.tokens[:full*s.pool.BlockSize()])
+	for i := r.numCachedBlocks; i < full; i++ {
+		s.pool.Cache(r.blocks[i], r.hashes[i])
+	}
+	r.numCachedBlocks = full
+}
+
+// UpdateFromConnector applies the worker half's completions: finishedRecving
+// ids whose async load ended (successfully or not), finishedSending ids whose
+// held blocks the remote side no longer needs, and blocks whose load failed
+// (reported no later than the step in which the request appears in
+// finishedRecving). Unknown ids are ignored. Requests this finishes are
+// reported by the next Schedule.
+func (s *Scheduler) UpdateFromConnector(finishedRecving, finishedSending []string, invalidBlocks []int32) {
+	if len(invalidBlocks) > 0 {
+		s.markInvalid(invalidBlocks)
+	}
+	for _, id := range finishedRecving {
+		r, ok := s.reqs[id]
+		if !ok {
+			continue
+		}
+		if r.status.Finished() {
+			if r.holdRecv {
+				r.holdRecv = false
+				s.maybeRelease(r)
+			}
+			continue
+		}
+		if r.status == WaitingForRemoteKVs {
+			s.promote(r)
+		}
+	}
+	for _, id := range finishedSending {
+		if r, ok := s.reqs[id]; ok && r.holdSend {
+			r.holdSend = false
+			s.maybeRelease(r)
+		}
+	}
+}
+
+// markInvalid records failed blocks against the requests loading them and
+// applies the policy at once to synchronous loads of this step.
+func (s *Scheduler) markInvalid(ids []int32) {
+	bad := make(map[int32]bool, len(ids))
+	for _, id := range ids {
+		bad[id] = true
+		if id >= 0 && int(id) < s.pool.NumBlocks() {
+			s.pool.Uncache(id)
+		}
+	}
+	bs := s.pool.BlockSize()
+	affected := func(r *Request) int {
+		for i := r.loadStart / bs; i < s.blocksFor(r.loadEnd) && i < len(r.blocks); i++ {
+			if bad[r.blocks[i]] {
+				return i
+			}
+		}
+		return -1
+	}
+	for _, r := range slices.Clone(s.waiting) {
+		if r.status != WaitingForRemoteKVs {
+			continue
+		}
+		if i := affected(r); i >= 0 && (r.firstInvalid < 0 || i < r.firstInvalid) {
+			r.firstInvalid = i
+		}
+	}
+	for _, r := range slices.Clone(s.running) {
+		if !r.syncLoad {
+			continue
+		}
+		i := affected(r)
+		if i < 0 {
+			continue
+		}
+		if s.cfg.LoadFailurePolicy == LoadFailureFail {
+			s.finish(r, FinishedError, fmt.Sprintf("KV load failed for block %d of the request (policy %q)", i, s.cfg.LoadFailurePolicy))
+			continue
+		}
+		lost := r.loadEnd - max(i*bs, r.loadStart)
+		r.numExternalTokens -= lost
+		r.numComputed = i * bs
+		r.numCachedBlocks = min(r.numCachedBlocks, i)
+		r.discard = true
+	}
+}
+
+// promote ends r's async load: the loaded tokens count as computed and their
+// full blocks enter the prefix cache, up to the first invalid block under the
+// recompute policy; under the fail policy a failed load finishes r.
+func (s *Scheduler) promote(r *Request) {
+	end := r.loadEnd
+	r.status = Waiting // the load is over: nothing writes into the blocks any more
+	if r.firstInvalid >= 0 {
+		if s.cfg.LoadFailurePolicy == LoadFailureFail {
+			s.finish(r, FinishedError, fmt.Sprintf("KV load failed for block %d of the request (policy %q)", r.firstInvalid, s.cfg.LoadFailurePolicy))
+			return
+		}
+		end = max(min(end, r.firstInvalid*s.pool.BlockSize()), r.loadStart)
+	}
+	r.numExternalTokens += end - r.loadStart
+	r.numComputed = min(end, len(r.tokens)-1) // recompute the last token for its logits
+	r.firstInvalid = -1
+	s.cacheFullBlocks(r)
+}
