@@ -17,26 +17,26 @@
 //
 // # Request states
 //
-//	   Add
-//	    |
-//	    v        connector: async load         +------------------------+
-//	 WAITING ------------------------------->  | WAITING_FOR_REMOTE_KVS |
-//	    |  ^  <------ finished_recving ------  +------------------------+
-//	    |  |   (loaded tokens computed and        abort: FINISHED_ABORTED,
-//	    |  |    cached; recompute policy:         blocks kept until
-//	    |  |    from the first invalid block;     finished_recving
-//	    |  |    fail policy: FINISHED_ERROR)
-//	    |
-//	    | admitted (blocks, budget, max seqs)
-//	    v
-//	 RUNNING ---- no free block, newest first ----> PREEMPTED (blocks freed,
-//	    |  ^                                          |   front of the queue)
-//	    |  +------------ re-admitted, recomputed -----+
-//	    |
-//	    | engine: EOS / stop token / stop string -> FINISHED_STOPPED
-//	    |         max tokens                     -> FINISHED_LENGTH
-//	    v
-//	 FINISHED_STOPPED | FINISHED_LENGTH | FINISHED_ABORTED | FINISHED_ERROR
+//	  Add
+//	   |
+//	   v        connector: async load         +------------------------+
+//	WAITING ------------------------------->  | WAITING_FOR_REMOTE_KVS |
+//	   |  ^  <------ finished_recving ------  +------------------------+
+//	   |  |   (loaded tokens computed and        abort: FINISHED_ABORTED,
+//	   |  |    cached; recompute policy:         blocks kept until
+//	   |  |    from the first invalid block;     finished_recving
+//	   |  |    fail policy: FINISHED_ERROR)
+//	   |
+//	   | admitted (blocks, budget, max seqs)
+//	   v
+//	RUNNING ---- no free block, newest first ----> PREEMPTED (blocks freed,
+//	   |  ^                                          |   front of the queue)
+//	   |  +------------ re-admitted, recomputed -----+
+//	   |
+//	   | engine: EOS / stop token / stop string -> FINISHED_STOPPED
+//	   |         max tokens                     -> FINISHED_LENGTH
+//	   v
+//	FINISHED_STOPPED | FINISHED_LENGTH | FINISHED_ABORTED | FINISHED_ERROR
 //
 // Every state can go to FINISHED_ABORTED (Abort) and FINISHED_ERROR (a
 // request that can never fit in the pool, a connector error, a failed KV
