@@ -37,9 +37,25 @@ func decodeJSON(body []byte, v any) *Error {
 		if typeErr.Field == "" {
 			return BadRequest("", "request body must be a JSON object, not %s", typeErr.Value)
 		}
-		return BadRequest(typeErr.Field, "invalid type for %q: expected %s, got %s", typeErr.Field, jsonTypeName(typeErr.Type.Kind().String()), typeErr.Value)
+		field := jsonPath(typeErr.Field)
+		return BadRequest(field, "invalid type for %q: expected %s, got %s", field, jsonTypeName(typeErr.Type.Kind().String()), typeErr.Value)
 	}
 	return BadRequest("", "invalid JSON in request body: %v", err)
+}
+
+// jsonPath drops the names of embedded Go structs (which start with an
+// upper-case letter, unlike every JSON key of the API) from an
+// UnmarshalTypeError's field path.
+func jsonPath(field string) string {
+	parts := strings.Split(field, ".")
+	out := parts[:0]
+	for _, p := range parts {
+		if p != "" && p[0] >= 'A' && p[0] <= 'Z' {
+			continue
+		}
+		out = append(out, p)
+	}
+	return strings.Join(out, ".")
 }
 
 // jsonTypeName names a Go kind the way a JSON user thinks of it.
