@@ -1,0 +1,565 @@
+package kvxfer
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/metrics"
+)
+
+// DefaultPort is the default side-channel port (vLLM's
+// VLLM_NIXL_SIDE_CHANNEL_PORT).
+const DefaultPort = 5600
+
+// Defaults for ProducerConfig and ConsumerConfig.
+const (
+	DefaultMaxConns    = 256
+	DefaultIOTimeout   = 10 * time.Second
+	DefaultIdleTimeout = 5 * time.Minute
+)
+
+// dataBatchBytes bounds the bytes written by one writev call; the write
+// deadline is refreshed per batch, so IOTimeout bounds a stall, not a
+// transfer.
+const dataBatchBytes = 16 << 20
+
+// BlockMemory is the producer's view of the KV pool. Block returns the
+// block's bytes in pool memory (not a copy) and Generation its reuse
+// counter. The pool must not reuse a held block before the step loop frees
+// it after a Release, and must bump a block's generation (atomically)
+// before writing new content into a reallocated block.
+type BlockMemory interface {
+	NumBlocks() int
+	BlockBytes() int
+	Block(id int) []byte
+	Generation(id int) uint64
+}
+
+// Clock reads the current time. Tests inject a fake one; under
+// testing/synctest the system clock is already fake.
+type Clock interface{ Now() time.Time }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// ProducerConfig configures a Producer.
+type ProducerConfig struct {
+	// Local identifies this engine and its model and KV geometry. BlockBytes,
+	// NumBlocks, Host and Lease are filled in by NewProducer.
+	Local Info
+	// Memory is the KV pool the blocks are served from.
+	Memory BlockMemory
+	// Shm, if set, offers the pool file to same-host consumers. Dev and
+	// Inode are filled in from the file.
+	Shm *ShmLayout
+	// Lease is how long blocks are held without a heartbeat (DefaultLease).
+	Lease time.Duration
+	// MaxConns bounds concurrent side-channel connections (DefaultMaxConns).
+	MaxConns int
+	// IOTimeout bounds each read or write on a connection once a request is
+	// in progress (DefaultIOTimeout).
+	IOTimeout time.Duration
+	// IdleTimeout closes connections that send no request for this long
+	// (DefaultIdleTimeout).
+	IdleTimeout time.Duration
+	// Clock is used for network-driven lease events (default: system clock).
+	Clock   Clock
+	Metrics *metrics.Engine // may be nil
+	Logger  *slog.Logger    // default slog.Default()
+}
+
+// Producer is the prefill side of the connector: it holds finished
+// requests' blocks under leases and serves them on the side channel.
+//
+// The engine's step loop owns block accounting. It calls Hold when a
+// request meant for remote decode finishes, and each step calls Sweep and
+// TakeReleased and frees what TakeReleased returns. The producer never
+// frees a block itself. Methods are safe for concurrent use.
+type Producer struct {
+	cfg  ProducerConfig
+	info Info
+	log  *slog.Logger
+	mem  BlockMemory
+
+	mu     sync.Mutex
+	leases *leaseTable
+	ln     []net.Listener
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// NewProducer validates cfg and returns a Producer. Call Serve to accept
+// side-channel connections.
+func NewProducer(cfg ProducerConfig) (*Producer, error) {
+	if cfg.Memory == nil {
+		return nil, errors.New("kvxfer: producer needs the KV pool memory")
+	}
+	if cfg.Local.EngineID == "" {
+		return nil, errors.New("kvxfer: producer needs an engine id")
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = DefaultLease
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.IOTimeout <= 0 {
+		cfg.IOTimeout = DefaultIOTimeout
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = systemClock{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	info := cfg.Local
+	info.BlockBytes = cfg.Memory.BlockBytes()
+	info.NumBlocks = cfg.Memory.NumBlocks()
+	info.Host = LocalHost()
+	info.Lease = cfg.Lease
+	info.Shm = ShmLayout{}
+	if info.BlockBytes <= 0 || info.BlockBytes > 1<<31 {
+		return nil, fmt.Errorf("kvxfer: block size of %d bytes is out of range", info.BlockBytes)
+	}
+	if cfg.Shm != nil {
+		l, err := statShm(*cfg.Shm, info.BlockBytes, info.NumBlocks)
+		if err != nil {
+			return nil, fmt.Errorf("kvxfer: cannot offer the KV pool to same-host decode engines: %w", err)
+		}
+		info.Shm = l
+	}
+	return &Producer{
+		cfg:    cfg,
+		info:   info,
+		log:    cfg.Logger.With("component", "kvxfer.producer", "engine_id", info.EngineID),
+		mem:    cfg.Memory,
+		leases: newLeaseTable(info.EngineID, cfg.Lease),
+		conns:  make(map[net.Conn]struct{}),
+	}, nil
+}
+
+// Info returns what this producer announces in handshakes.
+func (p *Producer) Info() Info { return p.info }
+
+// Hold puts a finished request's blocks under a lease, starting now. The
+// step loop calls it when a request with do_remote_decode finishes; the
+// blocks stay allocated until a Release for reqID comes out of TakeReleased.
+func (p *Producer) Hold(reqID string, blocks []int, now time.Time) error {
+	gens := make([]uint64, len(blocks))
+	n := p.mem.NumBlocks()
+	for i, b := range blocks {
+		if b < 0 || b >= n {
+			return fmt.Errorf("hold request %q: block id %d out of range [0,%d)", reqID, b, n)
+		}
+		gens[i] = p.mem.Generation(b)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.leases.hold(reqID, blocks, gens, now); err != nil {
+		return err
+	}
+	p.gaugeLocked()
+	return nil
+}
+
+// Sweep expires every lease that ran out by now (a full sweep; leases with
+// a READ in flight wait for it to end) and returns how many expired. Their
+// releases are queued for TakeReleased.
+func (p *Producer) Sweep(now time.Time) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := p.leases.sweep(now)
+	if n > 0 {
+		if m := p.cfg.Metrics; m != nil {
+			m.KVLeasesExpired.Add(float64(n))
+		}
+		p.log.Warn("kv leases expired before the decode engine read them", "count", n)
+	}
+	p.gaugeLocked()
+	return n
+}
+
+// TakeReleased returns the requests whose blocks the step loop may now
+// free (DONE received or lease expired) and forgets them.
+func (p *Producer) TakeReleased() []Release {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.leases.takeReleased()
+}
+
+// HeldBlocks returns how many blocks are under a live lease.
+func (p *Producer) HeldBlocks() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.leases.nblocks
+}
+
+func (p *Producer) gaugeLocked() {
+	if m := p.cfg.Metrics; m != nil {
+		m.KVBlocksHeld.Set(float64(p.leases.nblocks))
+	}
+}
+
+// Listen opens the side-channel listener on host:port, with an error that
+// says what to change when the port is taken.
+func Listen(host string, port int) (net.Listener, error) {
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	ln, err := net.Listen("tcp", addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, fmt.Errorf("kv side channel cannot listen on %s: the port is in use (another engine on this host?): pass a free --kv-port: %w", addr, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kv side channel cannot listen on %s: check --kv-host: %w", addr, err)
+	}
+	return ln, nil
+}
+
+// Serve accepts side-channel connections on ln until Close. It returns nil
+// after Close, or the accept error that stopped it.
+func (p *Producer) Serve(ln net.Listener) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		ln.Close()
+		return nil
+	}
+	p.ln = append(p.ln, ln)
+	p.wg.Add(1)
+	p.mu.Unlock()
+	defer p.wg.Done()
+
+	var backoff time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			p.mu.Lock()
+			closed := p.closed
+			p.mu.Unlock()
+			if closed {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+				// Out of descriptors or a transient failure: back off
+				// rather than spin, as net/http does.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				p.log.Error("side-channel accept failed; retrying", "err", err, "retry_in", backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			return fmt.Errorf("kv side channel accept on %s: %w", ln.Addr(), err)
+		}
+		backoff = 0
+		p.mu.Lock()
+		switch {
+		case p.closed:
+			p.mu.Unlock()
+			c.Close()
+			return nil
+		case len(p.conns) >= p.cfg.MaxConns:
+			p.mu.Unlock()
+			p.wg.Add(1)
+			go p.refuse(c, CodeBusy, fmt.Sprintf("prefill engine %s has %d side-channel connections, its limit: retry later or raise its connection limit", p.info.EngineID, p.cfg.MaxConns))
+			continue
+		}
+		p.conns[c] = struct{}{}
+		p.wg.Add(1)
+		p.mu.Unlock()
+		go p.serveConn(c)
+	}
+}
+
+// refuse answers a connection with one ERROR and closes it.
+func (p *Producer) refuse(c net.Conn, code ErrorCode, msg string) {
+	defer p.wg.Done()
+	defer c.Close()
+	c.SetWriteDeadline(time.Now().Add(p.cfg.IOTimeout))
+	c.Write(frame(msgError, 0, func(b []byte) []byte { return appendError(b, code, msg) }))
+}
+
+// Close stops accepting, closes every connection and waits for all
+// goroutines to end. Leases are kept: the step loop still drains them.
+func (p *Producer) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	for _, ln := range p.ln {
+		ln.Close()
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	return nil
+}
+
+// pconnState is one server-side connection.
+type srvConn struct {
+	p      *Producer
+	c      net.Conn
+	hb     [headerSize]byte
+	hello  bool
+	remote string // consumer engine id, for logs
+}
+
+func (p *Producer) serveConn(c net.Conn) {
+	defer p.wg.Done()
+	defer func() {
+		p.mu.Lock()
+		delete(p.conns, c)
+		p.mu.Unlock()
+		c.Close()
+	}()
+	s := &srvConn{p: p, c: c}
+	for {
+		err := s.serveOne()
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+			return
+		}
+		var ve *versionError
+		switch {
+		case errors.As(err, &ve):
+			s.sendError(0, CodeVersion, err.Error())
+		case errors.Is(err, errBadFrame):
+			s.sendError(0, CodeBadFrame, fmt.Sprintf("prefill engine %s: %v; closing the connection", p.info.EngineID, err))
+		}
+		p.log.Debug("side-channel connection closed", "remote_addr", c.RemoteAddr(), "consumer", s.remote, "err", err)
+		return
+	}
+}
+
+// serveOne reads and answers one request. A non-nil error closes the
+// connection.
+func (s *srvConn) serveOne() error {
+	p := s.p
+	s.c.SetReadDeadline(time.Now().Add(p.cfg.IdleTimeout))
+	h, err := readHeader(s.c, &s.hb)
+	if err != nil {
+		return err
+	}
+	if h.Type == msgData {
+		return fmt.Errorf("%w: a consumer must not send DATA", errBadFrame)
+	}
+	s.c.SetReadDeadline(time.Now().Add(p.cfg.IOTimeout))
+	payload := make([]byte, h.Len)
+	if _, err := io.ReadFull(s.c, payload); err != nil {
+		return err
+	}
+	if !s.hello && h.Type != msgHello {
+		return fmt.Errorf("%w: %s before HELLO", errBadFrame, h.Type)
+	}
+	switch h.Type {
+	case msgHello:
+		in, err := decodeInfo(payload)
+		if err != nil {
+			return err
+		}
+		s.hello, s.remote = true, in.EngineID
+		return s.send(frame(msgHelloAck, h.Corr, func(b []byte) []byte { return appendInfo(b, &p.info) }))
+	case msgRead:
+		r, err := decodeBlockRequest(payload)
+		if err != nil {
+			return err
+		}
+		return s.serveRead(h.Corr, r)
+	case msgShmRead:
+		r, err := decodeBlockRequest(payload)
+		if err != nil {
+			return err
+		}
+		return s.serveShmRead(h.Corr, r)
+	case msgDone:
+		id, err := decodeDone(payload)
+		if err != nil {
+			return err
+		}
+		p.mu.Lock()
+		err = p.leases.done(id, p.cfg.Clock.Now())
+		p.gaugeLocked()
+		p.mu.Unlock()
+		if err != nil {
+			return s.sendError(h.Corr, CodeNotHeld, err.Error())
+		}
+		return s.send(frame(msgAck, h.Corr, func(b []byte) []byte { return appendIDs(b, nil) }))
+	case msgHeartbeat:
+		ids, err := decodeIDs(payload)
+		if err != nil {
+			return err
+		}
+		p.mu.Lock()
+		notHeld := p.leases.heartbeat(ids, p.cfg.Clock.Now())
+		p.mu.Unlock()
+		return s.send(frame(msgAck, h.Corr, func(b []byte) []byte { return appendIDs(b, notHeld) }))
+	}
+	return fmt.Errorf("%w: a consumer must not send %s", errBadFrame, h.Type)
+}
+
+func (s *srvConn) send(b []byte) error {
+	s.c.SetWriteDeadline(time.Now().Add(s.p.cfg.IOTimeout))
+	_, err := s.c.Write(b)
+	return err
+}
+
+func (s *srvConn) sendError(corr uint64, code ErrorCode, msg string) error {
+	return s.send(frame(msgError, corr, func(b []byte) []byte { return appendError(b, code, msg) }))
+}
+
+// beginRead validates a read under the producer lock and, for TCP reads,
+// pins the lease until endRead.
+func (s *srvConn) beginRead(r blockRequest, pin bool) ([]uint64, ErrorCode, error) {
+	p := s.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	gens, expired, err := p.leases.beginRead(r.RequestID, r.Blocks, pin, p.cfg.Clock.Now())
+	if expired {
+		if m := p.cfg.Metrics; m != nil {
+			m.KVLeasesExpired.Inc()
+		}
+		p.gaugeLocked()
+	}
+	switch {
+	case errors.Is(err, ErrBadBlock):
+		return nil, CodeBadBlock, err
+	case err != nil:
+		return nil, CodeNotHeld, err
+	}
+	if !pin {
+		p.leases.extend(r.RequestID, p.cfg.Clock.Now())
+	}
+	return gens, 0, nil
+}
+
+func (s *srvConn) endRead(id string) {
+	p := s.p
+	p.mu.Lock()
+	p.leases.endRead(id, p.cfg.Clock.Now())
+	p.gaugeLocked()
+	p.mu.Unlock()
+}
+
+// changedBlock returns the index of the first block whose generation is no
+// longer want, or -1.
+func (s *srvConn) changedBlock(blocks []int, want []uint64) int {
+	for i, b := range blocks {
+		if s.p.mem.Generation(b) != want[i] {
+			return i
+		}
+	}
+	return -1
+}
+
+func (s *srvConn) genChanged(r blockRequest, i int) string {
+	return fmt.Sprintf("generation changed during read: block %d of request %q on prefill engine %s was reused while it was held (engine bug: a held block must not be reallocated); the data sent is invalid", r.Blocks[i], r.RequestID, s.p.info.EngineID)
+}
+
+// serveRead streams the blocks of a held request: one DATA frame per block,
+// written with writev straight from pool memory, then READ_DONE. The lease
+// is pinned for the duration, so it can neither expire nor be released
+// while its bytes are on the wire; write deadlines bound how long that can
+// be.
+func (s *srvConn) serveRead(corr uint64, r blockRequest) error {
+	gens, code, err := s.beginRead(r, true)
+	if err != nil {
+		return s.sendError(corr, code, err.Error())
+	}
+	defer s.endRead(r.RequestID)
+	if i := s.changedBlock(r.Blocks, gens); i >= 0 {
+		return s.sendError(corr, CodeGenerationChanged, s.genChanged(r, i))
+	}
+	bb := s.p.info.BlockBytes
+	hdrs := make([]byte, headerSize*len(r.Blocks))
+	bufs := make(net.Buffers, 0, 2*min(len(r.Blocks), dataBatchBytes/bb+1))
+	batch := 0
+	for i, b := range r.Blocks {
+		h := hdrs[i*headerSize : (i+1)*headerSize]
+		putHeader(h, msgData, corr, bb)
+		bufs = append(bufs, h, s.p.mem.Block(b)[:bb])
+		batch += bb
+		if batch >= dataBatchBytes || i == len(r.Blocks)-1 {
+			s.c.SetWriteDeadline(time.Now().Add(s.p.cfg.IOTimeout))
+			if _, err := bufs.WriteTo(s.c); err != nil {
+				return err
+			}
+			bufs, batch = bufs[:0], 0
+		}
+	}
+	if i := s.changedBlock(r.Blocks, gens); i >= 0 {
+		return s.sendError(corr, CodeGenerationChanged, s.genChanged(r, i))
+	}
+	return s.send(frame(msgReadDone, corr, nil))
+}
+
+// serveShmRead validates the lease, extends it, and returns the blocks'
+// generations; the consumer copies from its mapping of the pool and checks
+// the generations again afterwards.
+func (s *srvConn) serveShmRead(corr uint64, r blockRequest) error {
+	if s.p.info.Shm.Path == "" {
+		return s.sendError(corr, CodeNoShm, fmt.Sprintf("prefill engine %s does not offer its KV pool through shared memory: use --kv-transport=tcp", s.p.info.EngineID))
+	}
+	gens, code, err := s.beginRead(r, false)
+	if err != nil {
+		return s.sendError(corr, code, err.Error())
+	}
+	if i := s.changedBlock(r.Blocks, gens); i >= 0 {
+		return s.sendError(corr, CodeGenerationChanged, s.genChanged(r, i))
+	}
+	return s.send(frame(msgShmGens, corr, func(b []byte) []byte { return appendGens(b, gens) }))
+}
+
+// statShm checks that the pool file exists and is large enough for the
+// layout, and records its identity.
+func statShm(l ShmLayout, blockBytes, numBlocks int) (ShmLayout, error) {
+	fi, err := os.Stat(l.Path)
+	if err != nil {
+		return l, err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return l, fmt.Errorf("stat %s: no device/inode on this platform", l.Path)
+	}
+	if l.Size == 0 {
+		l.Size = fi.Size()
+	}
+	if err := checkLayout(l, fi.Size(), blockBytes, numBlocks); err != nil {
+		return l, err
+	}
+	l.Dev, l.Inode = uint64(st.Dev), st.Ino
+	return l, nil
+}
+
+// checkLayout validates a shared-memory layout against the file size and
+// pool geometry; it guards every later index into the mapping.
+func checkLayout(l ShmLayout, fileSize int64, blockBytes, numBlocks int) error {
+	switch {
+	case l.Size <= 0 || l.Size != fileSize:
+		return fmt.Errorf("pool file %s is %d bytes, layout says %d", l.Path, fileSize, l.Size)
+	case l.GenerationsOffset%8 != 0:
+		return fmt.Errorf("pool file %s: generation table offset %d is not 8-byte aligned", l.Path, l.GenerationsOffset)
+	case l.BlocksOffset < 0 || l.GenerationsOffset < 0,
+		numBlocks < 0 || blockBytes <= 0,
+		uint64(l.BlocksOffset)+uint64(numBlocks)*uint64(blockBytes) > uint64(l.Size),
+		uint64(l.GenerationsOffset)+8*uint64(numBlocks) > uint64(l.Size):
+		return fmt.Errorf("pool file %s (%d bytes) cannot hold %d blocks of %d bytes at offset %d and their generations at offset %d", l.Path, l.Size, numBlocks, blockBytes, l.BlocksOffset, l.GenerationsOffset)
+	}
+	return nil
+}
