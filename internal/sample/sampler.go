@@ -141,12 +141,23 @@ func (s *Sampler) Sample(logits []float32, prompt, output []int32) (int32, *Logp
 	sc := getScratch(n)
 	defer putScratch(sc)
 
+	// Copy, treating NaN as -Inf; the raw maximum feeds logprobs.
 	x := sc.x[:n]
+	rawMax := negInf
 	for i, v := range logits {
 		if v != v {
 			v = negInf
 		}
 		x[i] = v
+		if v > rawMax {
+			rawMax = v
+		}
+	}
+	// Logprobs are of the raw distribution, so take what they need from x
+	// before any processing changes it.
+	var raw rawLogprobs
+	if s.logprobs >= 0 {
+		raw = rawLogprobsOf(x, rawMax, s.logprobs, sc)
 	}
 	for _, b := range s.bias {
 		if int(b.id) < n {
@@ -173,7 +184,7 @@ func (s *Sampler) Sample(logits []float32, prompt, output []int32) (int32, *Logp
 	if s.logprobs < 0 {
 		return tok, nil
 	}
-	return tok, logprobsOf(logits, tok, s.logprobs, sc)
+	return tok, raw.logprob(tok, logits[tok])
 }
 
 // applyPenalties applies the repetition penalty to every token seen in the
@@ -235,50 +246,9 @@ func (s *Sampler) buildPromptSet(prompt []int32) {
 // sampleRandom applies temperature, top-k, top-p and min-p to the processed
 // logits x and draws a token with the uniform u in [0, 1).
 func (s *Sampler) sampleRandom(x []float32, u float64, sc *scratch) int32 {
-	threshold := negInf
-	if s.topK > 0 && s.topK < len(x) {
-		threshold = kthLargest(x, s.topK, sc)
-	}
-	// Candidates are the ids at or above the top-k threshold (ties at the
-	// k-th value are all kept, as in vLLM) with a finite or +Inf logit.
-	cs := sc.cands[:0]
-	m := negInf
-	for i, v := range x {
-		if v >= threshold && v > negInf {
-			cs = append(cs, cand{id: int32(i)})
-			if v > m {
-				m = v
-			}
-		}
-	}
-	sc.cands = cs
-	if len(cs) == 0 || math.IsInf(float64(m), 1) {
+	cs := s.candidates(x, sc)
+	if len(cs) == 0 {
 		return argmax(x)
-	}
-	invT := 1 / s.temperature
-	var z float64
-	for j := range cs {
-		w := exp32((x[cs[j].id] - m) * invT)
-		cs[j].w = w
-		z += float64(w)
-	}
-	// vLLM applies top-p and then min-p. min-p keeps the tokens whose
-	// probability is at least min_p times the largest, i.e. weight >= min_p
-	// here (the largest weight is exp(0) = 1); both keep a prefix of the
-	// tokens in descending order, so filtering min-p first and then cutting
-	// the nucleus at top_p of the full mass z gives the same set, cheaper.
-	if s.minP > 0 {
-		k := 0
-		for _, c := range cs {
-			if c.w >= s.minP {
-				cs[k] = c
-				k++
-			}
-		}
-		cs = cs[:k]
-	}
-	if s.topP > 0 {
-		cs = cs[:nucleus(cs, float64(s.topP)*z)]
 	}
 	var total float64
 	for _, c := range cs {
@@ -302,6 +272,78 @@ func (s *Sampler) sampleRandom(x []float32, u float64, sc *scratch) int32 {
 	return cs[0].id
 }
 
+// candidates returns the tokens that survive temperature, top-k, top-p and
+// min-p with their unnormalized probabilities, in no particular order. It
+// returns nil when no token has a finite logit or one is +Inf; the caller
+// then falls back to argmax.
+func (s *Sampler) candidates(x []float32, sc *scratch) []cand {
+	invT := 1 / s.temperature
+	cs := sc.cands[:0]
+	m := negInf
+	var z float64
+	if s.topK > 0 && s.topK < len(x) {
+		// Candidates are the ids at or above the k-th largest logit (ties
+		// at the k-th value are all kept, as in vLLM).
+		threshold := kthLargest(x, s.topK, sc)
+		for i, v := range x {
+			if v >= threshold && v > negInf {
+				cs = append(cs, cand{id: int32(i)})
+				m = max(m, v)
+			}
+		}
+		if len(cs) == 0 || math.IsInf(float64(m), 1) {
+			return nil
+		}
+		w := sc.vals[:0]
+		for _, c := range cs {
+			w = append(w, x[c.id])
+		}
+		sc.vals = w
+		z = expSum(w, w, m, invT)
+		for j := range cs {
+			cs[j].w = w[j]
+		}
+		if s.minP > 0 {
+			k := 0
+			for _, c := range cs {
+				if c.w >= s.minP {
+					cs[k] = c
+					k++
+				}
+			}
+			cs = cs[:k]
+		}
+	} else {
+		for _, v := range x {
+			m = max(m, v)
+		}
+		if math.IsInf(float64(m), 0) {
+			return nil
+		}
+		w := sc.w[:len(x)]
+		z = expSum(w, x, m, invT)
+		// Tokens of weight 0 add no mass and cannot be drawn, so they are
+		// left out; min-p (see below) is applied in the same pass.
+		floor := s.minP
+		for i, wi := range w {
+			if wi > 0 && wi >= floor {
+				cs = append(cs, cand{w: wi, id: int32(i)})
+			}
+		}
+	}
+	sc.cands = cs
+	// vLLM applies top-p and then min-p. min-p keeps the tokens whose
+	// probability is at least min_p times the largest, i.e. weight >= min_p
+	// here (the largest weight is exp(0) = 1); both keep a prefix of the
+	// tokens in descending order, so filtering min-p first (above) and then
+	// cutting the nucleus at top_p of the full mass z gives the same set,
+	// cheaper.
+	if s.topP > 0 {
+		cs = cs[:nucleus(cs, float64(s.topP)*z)]
+	}
+	return cs
+}
+
 // argmax returns the index of the largest value, the lowest on ties.
 func argmax(x []float32) int32 {
 	best, bv := 0, x[0]
@@ -313,57 +355,63 @@ func argmax(x []float32) int32 {
 	return int32(best)
 }
 
-// logprobsOf computes the raw log-softmax of logits at tok and the top
-// alternatives.
-func logprobsOf(logits []float32, tok int32, top int, sc *scratch) *Logprob {
-	m := negInf
-	h := sc.heap[:0]
-	for i, v := range logits {
-		if v != v {
-			v = negInf
-		}
-		if v > m {
-			m = v
-		}
-		if top > 0 {
-			h = heapOffer(h, top, entry{v: v, id: int32(i)})
-		}
-	}
-	sc.heap = h
-	logp := func(v float32) float32 { return negInf }
-	if !math.IsInf(float64(m), 0) {
-		var z float64
-		for _, v := range logits {
-			if v == v {
-				z += float64(exp32(v - m))
+// rawLogprobs holds what the logprobs of one position need from the raw
+// logits: their maximum, log-sum-exp and top entries.
+type rawLogprobs struct {
+	max, logZ float32
+	top       []entry // best first
+}
+
+// rawLogprobsOf computes the log-softmax normalizer and the top n entries of
+// x, whose maximum is m and which holds no NaN. The result refers to sc.
+func rawLogprobsOf(x []float32, m float32, n int, sc *scratch) rawLogprobs {
+	r := rawLogprobs{max: m}
+	if n > 0 {
+		h := sc.heap[:0]
+		for i, v := range x {
+			// Most entries lose to the heap's worst; test that first.
+			if len(h) < n || v > h[0].v {
+				h = heapOffer(h, n, entry{v: v, id: int32(i)})
 			}
 		}
-		lz := math.Log(z)
-		logp = func(v float32) float32 {
-			if v != v {
-				return negInf
-			}
-			return float32(float64(v-m) - lz)
-		}
-	} else if m > 0 {
-		logp = func(v float32) float32 {
-			if v == m {
-				return 0
-			}
-			return negInf
-		}
-	}
-	lp := &Logprob{Token: tok, Logprob: logp(logits[tok])}
-	if top > 0 {
-		slices.SortFunc(h, func(a, b entry) int {
+		sc.heap = h
+		r.top = append(sc.top[:0], h...)
+		sc.top = r.top
+		slices.SortFunc(r.top, func(a, b entry) int {
 			if a.better(b) {
 				return -1
 			}
 			return 1
 		})
-		lp.Top = make([]TopLogprob, len(h))
-		for j, e := range h {
-			lp.Top[j] = TopLogprob{Token: e.id, Logprob: logp(e.v)}
+	}
+	if !math.IsInf(float64(m), 0) {
+		r.logZ = float32(math.Log(expSum(sc.w[:len(x)], x, m, 1)))
+	}
+	return r
+}
+
+// of returns the raw log-probability of a token with logit v.
+func (r *rawLogprobs) of(v float32) float32 {
+	switch {
+	case v != v:
+		return negInf
+	case math.IsInf(float64(r.max), 0):
+		// No finite normalizer: all mass is on the +Inf logits, if any.
+		if v == r.max && v > 0 {
+			return 0
+		}
+		return negInf
+	}
+	return (v - r.max) - r.logZ
+}
+
+// logprob builds the result for the chosen token tok with raw logit v.
+func (r *rawLogprobs) logprob(tok int32, v float32) *Logprob {
+	lp := &Logprob{Token: tok, Logprob: r.of(v)}
+	if len(r.top) > 0 {
+		lp.Top = make([]TopLogprob, len(r.top))
+		for j, e := range r.top {
+			lp.Top[j] = TopLogprob{Token: e.id, Logprob: r.of(e.v)}
 		}
 	}
 	return lp

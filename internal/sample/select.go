@@ -27,12 +27,14 @@ func (e entry) better(o entry) bool {
 // per Sampler, so memory does not grow with the number of requests. counts
 // is all zeros whenever a scratch is in the pool.
 type scratch struct {
-	x       []float32
+	x       []float32 // processed logits
+	w       []float32 // dense weights
 	vals    []float32
 	counts  []int32
 	touched []int32
 	cands   []cand
 	heap    []entry
+	top     []entry // logprob alternatives, kept apart from heap (top-k)
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -41,6 +43,7 @@ func getScratch(n int) *scratch {
 	sc := scratchPool.Get().(*scratch)
 	if cap(sc.x) < n {
 		sc.x = make([]float32, n)
+		sc.w = make([]float32, n)
 		sc.counts = make([]int32, n)
 		sc.cands = make([]cand, 0, n)
 	}
@@ -98,7 +101,9 @@ func kthLargest(x []float32, k int, sc *scratch) float32 {
 	if k <= heapLimit {
 		h := sc.heap[:0]
 		for i, v := range x {
-			h = heapOffer(h, k, entry{v: v, id: int32(i)})
+			if len(h) < k || v > h[0].v {
+				h = heapOffer(h, k, entry{v: v, id: int32(i)})
+			}
 		}
 		sc.heap = h
 		return h[0].v
