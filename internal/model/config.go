@@ -119,6 +119,10 @@ func (f *fields) typeErr(name, want string) error {
 // intField reads an integer field; def is used when it is absent and
 // required makes absence an error.
 func (f *fields) intField(name string, def int, required bool) (int, error) {
+	return f.intWant(name, def, required, "an integer")
+}
+
+func (f *fields) intWant(name string, def int, required bool, want string) (int, error) {
 	if !f.has(name) {
 		if required {
 			return 0, fmt.Errorf("model: %s: required field %q is missing", f.file, name)
@@ -127,13 +131,13 @@ func (f *fields) intField(name string, def int, required bool) (int, error) {
 	}
 	var v float64
 	if err := json.Unmarshal(f.m[name], &v); err != nil || v != math.Trunc(v) || math.Abs(v) > 1<<53 {
-		return 0, f.typeErr(name, "an integer")
+		return 0, f.typeErr(name, want)
 	}
 	return int(v), nil
 }
 
 func (f *fields) posInt(name string, def int, required bool) (int, error) {
-	v, err := f.intField(name, def, required)
+	v, err := f.intWant(name, def, required, "a positive integer")
 	if err == nil && v <= 0 {
 		return 0, f.typeErr(name, "a positive integer")
 	}

@@ -133,10 +133,19 @@ func ParseHeader(prefix []byte, fileSize int64) (*Header, error) {
 		}
 		return a.Name < b.Name
 	})
-	for i := 1; i < len(h.Tensors); i++ {
-		prev, cur := h.Tensors[i-1], h.Tensors[i]
-		if cur.Begin < prev.End && cur.End > cur.Begin && prev.End > prev.Begin {
+	// Sorted by start, a non-empty tensor overlaps an earlier one exactly
+	// when it starts before the furthest end seen so far.
+	last := -1
+	for i, cur := range h.Tensors {
+		if cur.End == cur.Begin {
+			continue
+		}
+		if last >= 0 && cur.Begin < h.Tensors[last].End {
+			prev := h.Tensors[last]
 			return nil, fmt.Errorf("safetensors: tensor %q bytes [%d,%d) overlap tensor %q bytes [%d,%d)", cur.Name, cur.Begin, cur.End, prev.Name, prev.Begin, prev.End)
+		}
+		if last < 0 || cur.End > h.Tensors[last].End {
+			last = i
 		}
 	}
 	return h, nil

@@ -1,0 +1,118 @@
+package model
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+const baseConfig = `"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8, "intermediate_size": 128, "vocab_size": 100`
+
+func TestParseConfig(t *testing.T) {
+	cases := []struct {
+		name string
+		json string
+		want func(*Config)
+	}{
+		{"llama defaults", `{"model_type": "llama", ` + baseConfig + `}`, func(c *Config) {}},
+		{"explicit head_dim and kv heads", `{"model_type": "llama", ` + baseConfig + `, "num_key_value_heads": 2, "head_dim": 16}`, func(c *Config) {
+			c.KVHeads, c.HeadDim = 2, 16
+		}},
+		{"eos as a list, bos as an int", `{"model_type": "llama", ` + baseConfig + `, "bos_token_id": 5, "eos_token_id": [6, 7]}`, func(c *Config) {
+			c.BOS, c.EOS = []int32{5}, []int32{6, 7}
+		}},
+		{"qwen2 gets q/k/v biases", `{"model_type": "qwen2", ` + baseConfig + `, "use_sliding_window": false, "sliding_window": 32768, "torch_dtype": "bfloat16"}`, func(c *Config) {
+			c.ModelType, c.QKVBias, c.TorchDType = "qwen2", true, "bfloat16"
+		}},
+		{"llama attention_bias adds o bias", `{"model_type": "llama", ` + baseConfig + `, "attention_bias": true}`, func(c *Config) {
+			c.QKVBias, c.OBias = true, true
+		}},
+		{"mistral sliding window limits positions", `{"model_type": "mistral", ` + baseConfig + `, "sliding_window": 1024, "max_position_embeddings": 32768}`, func(c *Config) {
+			c.ModelType, c.SlidingWindow, c.MaxPositions = "mistral", 1024, 32768
+		}},
+		{"rope_scaling with legacy type key", `{"model_type": "llama", ` + baseConfig + `, "rope_scaling": {"type": "linear", "factor": 2.0}}`, func(c *Config) {
+			c.RopeScaling = RopeScaling{Type: "linear", Factor: 2}
+		}},
+		{"llama3 rope scaling", `{"model_type": "llama", ` + baseConfig + `, "rope_theta": 500000, "rope_scaling": {"rope_type": "llama3", "factor": 32, "low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings": 8192}}`, func(c *Config) {
+			c.RopeTheta = 500000
+			c.RopeScaling = RopeScaling{Type: "llama3", Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}
+		}},
+		{"rope_type default means none", `{"model_type": "llama", ` + baseConfig + `, "rope_scaling": {"rope_type": "default"}}`, func(c *Config) {}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			want := &Config{ModelType: "llama", Hidden: 64, Layers: 2, Heads: 8, KVHeads: 8, HeadDim: 8, Intermediate: 128,
+				Vocab: 100, MaxPositions: 2048, RMSNormEps: 1e-6, RopeTheta: 10000}
+			tc.want(want)
+			got, err := ParseConfig([]byte(tc.json))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("config (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestParseConfigErrors(t *testing.T) {
+	cases := []struct {
+		name, json string
+		want       []string
+	}{
+		{"not an object", `[1]`, []string{"expected a JSON object"}},
+		{"missing model_type", `{` + baseConfig + `}`, []string{"model_type", "missing"}},
+		{"missing hidden_size", `{"model_type": "llama", "num_hidden_layers": 2}`, []string{"hidden_size", "missing"}},
+		{"fractional layers", `{"model_type": "llama", ` + baseConfig + `, "num_hidden_layers": 2.5}`, []string{"num_hidden_layers", "positive integer", "2.5"}},
+		{"kv heads not dividing heads", `{"model_type": "llama", ` + baseConfig + `, "num_key_value_heads": 3}`, []string{"num_key_value_heads", "divisor", "found 3"}},
+		{"odd head_dim", `{"model_type": "llama", ` + baseConfig + `, "head_dim": 7}`, []string{"head_dim", "even", "7"}},
+		{"eos of wrong type", `{"model_type": "llama", ` + baseConfig + `, "eos_token_id": "2"}`, []string{"eos_token_id", "token id", `"2"`}},
+		{"bool as string", `{"model_type": "llama", ` + baseConfig + `, "tie_word_embeddings": "yes"}`, []string{"tie_word_embeddings", "true or false"}},
+		{"mlp bias", `{"model_type": "llama", ` + baseConfig + `, "mlp_bias": true}`, []string{"mlp_bias"}},
+		{"llama3 rope without original length", `{"model_type": "llama", ` + baseConfig + `, "rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4}}`, []string{"original_max_position_embeddings", "missing"}},
+		{"rope scaling without factor", `{"model_type": "llama", ` + baseConfig + `, "rope_scaling": {"rope_type": "linear"}}`, []string{"factor", "positive"}},
+		{"unknown torch dtype", `{"model_type": "llama", ` + baseConfig + `, "torch_dtype": "int8"}`, []string{"torch_dtype", "int8"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(tc.json))
+			if err == nil {
+				t.Fatal("ParseConfig succeeded")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestParseGenerationConfig(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	i := func(v int) *int { return &v }
+	got, err := ParseGenerationConfig([]byte(`{"temperature": 0.6, "top_p": 0.9, "top_k": 50, "repetition_penalty": 1.1, "max_new_tokens": 256, "eos_token_id": [128001, 128009], "transformers_version": "4.45"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &GenerationConfig{Temperature: f(0.6), TopP: f(0.9), TopK: i(50), RepetitionPenalty: f(1.1), MaxNewTokens: i(256), EOS: []int32{128001, 128009}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("generation config (-want +got):\n%s", diff)
+	}
+	empty, err := ParseGenerationConfig([]byte(`{"bos_token_id": 1}`))
+	if err != nil || !cmp.Equal(*empty, GenerationConfig{}) {
+		t.Errorf("absent fields: got %+v, %v; want all nil", empty, err)
+	}
+	for _, bad := range []struct{ json, field string }{
+		{`{"temperature": "hot"}`, "temperature"},
+		{`{"top_p": 1.5}`, "top_p"},
+		{`{"top_k": 1.5}`, "top_k"},
+		{`{"max_new_tokens": 0}`, "max_new_tokens"},
+		{`{"eos_token_id": [-1]}`, "eos_token_id"},
+	} {
+		if _, err := ParseGenerationConfig([]byte(bad.json)); err == nil || !strings.Contains(err.Error(), bad.field) {
+			t.Errorf("ParseGenerationConfig(%s) = %v, want an error naming %s", bad.json, err, bad.field)
+		}
+	}
+}
