@@ -124,4 +124,9 @@ func (r *Request) NumPreemptions() int { return r.numPreemptions }
 // Err returns the reason of a FINISHED_ERROR.
 func (r *Request) Err() string { return r.errMsg }
 
+// Discarded reports that this step's work for a running request is void: a
+// synchronous KV load under it failed and the scheduler will recompute from
+// the first invalid block. The caller must not run or sample it this step.
+func (r *Request) Discarded() bool { return r.discard }
+
 func (r *Request) decoding() bool { return r.numComputed >= len(r.Prompt) }
