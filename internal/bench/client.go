@@ -1,0 +1,266 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Client talks to one OpenAI-compatible server.
+type Client struct {
+	// BaseURL is the server's root, for example "http://127.0.0.1:8000".
+	BaseURL string
+	// HTTP sends the requests; its Timeout should be zero because streaming
+	// requests are bounded by their contexts instead.
+	HTTP *http.Client
+	// CallTimeout bounds the small calls (models, tokenize).
+	CallTimeout time.Duration
+}
+
+// NewClient returns a Client for baseURL whose connection pool keeps up to
+// maxConns idle connections, so a run at that concurrency reuses them
+// rather than measuring TCP handshakes.
+func NewClient(baseURL string, maxConns int) *Client {
+	tr := &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          max(maxConns, 100),
+		MaxIdleConnsPerHost:   max(maxConns, 2),
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+	return &Client{
+		BaseURL:     strings.TrimRight(baseURL, "/"),
+		HTTP:        &http.Client{Transport: tr},
+		CallTimeout: 30 * time.Second,
+	}
+}
+
+// ModelInfo is one entry of /v1/models.
+type ModelInfo struct {
+	ID string `json:"id"`
+	// MaxModelLen is vLLM's extension; 0 when the server does not say.
+	MaxModelLen int `json:"max_model_len"`
+}
+
+// Models lists the served models.
+func (c *Client) Models(ctx context.Context) ([]ModelInfo, error) {
+	var out struct {
+		Data []ModelInfo `json:"data"`
+	}
+	if err := c.call(ctx, http.MethodGet, "/v1/models", nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Data, nil
+}
+
+// Tokenize returns the token ids of text without special tokens, using
+// vLLM's /tokenize endpoint.
+func (c *Client) Tokenize(ctx context.Context, model, text string) ([]int32, error) {
+	req := map[string]any{"model": model, "prompt": text, "add_special_tokens": false}
+	var out struct {
+		Tokens []int32 `json:"tokens"`
+	}
+	if err := c.call(ctx, http.MethodPost, "/tokenize", req, &out); err != nil {
+		return nil, err
+	}
+	return out.Tokens, nil
+}
+
+func (c *Client) call(ctx context.Context, method, path string, body, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, c.CallTimeout)
+	defer cancel()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.BaseURL+path, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s %s: %w", method, path, statusError(resp))
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(out); err != nil {
+		return fmt.Errorf("%s %s: decoding the response: %w", method, path, err)
+	}
+	return nil
+}
+
+// statusError describes a non-200 response, with the OpenAI error message
+// when the body carries one.
+func statusError(resp *http.Response) error {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	msg := strings.TrimSpace(string(body))
+	if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
+		msg = e.Error.Message
+	}
+	return fmt.Errorf("HTTP %d: %s", resp.StatusCode, msg)
+}
+
+// Outcome is the measurement of one request. Durations are from just before
+// the request was sent.
+type Outcome struct {
+	// TTFT is the time to the first chunk carrying a token.
+	TTFT time.Duration
+	// E2E is the time to the end of the stream.
+	E2E time.Duration
+	// ITL holds the gaps between consecutive token chunks.
+	ITL []time.Duration
+	// PromptTokens and OutputTokens come from the usage chunk when the
+	// server sends one; OutputTokens otherwise counts token chunks.
+	PromptTokens int
+	OutputTokens int
+	// Err is nil for a complete, successful stream.
+	Err error
+}
+
+// TPOT is the mean time per output token after the first,
+// (E2E - TTFT) / (OutputTokens - 1), or 0 for fewer than two tokens.
+func (o *Outcome) TPOT() time.Duration {
+	if o.OutputTokens < 2 {
+		return 0
+	}
+	return (o.E2E - o.TTFT) / time.Duration(o.OutputTokens-1)
+}
+
+// CompletionRequest is the body of a benchmark request.
+type CompletionRequest struct {
+	Model         string         `json:"model"`
+	Prompt        []int32        `json:"prompt"`
+	MaxTokens     int            `json:"max_tokens"`
+	Temperature   float64        `json:"temperature"`
+	IgnoreEOS     bool           `json:"ignore_eos"`
+	Stream        bool           `json:"stream"`
+	StreamOptions map[string]any `json:"stream_options,omitempty"`
+}
+
+// streamChunk is the part of a completion chunk the benchmark reads.
+type streamChunk struct {
+	Choices []struct {
+		Text         string  `json:"text"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+	Error *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// errNoDone marks a stream that ended without "data: [DONE]".
+var errNoDone = errors.New("stream ended before [DONE]")
+
+// Stream sends req as a streaming completion and measures it. Failures are
+// reported in Outcome.Err, never as a panic; ctx bounds the whole request.
+func (c *Client) Stream(ctx context.Context, req CompletionRequest) Outcome {
+	req.Stream = true
+	req.StreamOptions = map[string]any{"include_usage": true}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return Outcome{Err: err}
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		return Outcome{Err: err}
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	hr.Header.Set("Accept", "text/event-stream")
+	start := time.Now()
+	resp, err := c.HTTP.Do(hr)
+	if err != nil {
+		return Outcome{Err: err, E2E: time.Since(start)}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return Outcome{Err: statusError(resp), E2E: time.Since(start)}
+	}
+	o := measureStream(resp.Body, start, time.Now)
+	if o.Err != nil && ctx.Err() != nil {
+		o.Err = fmt.Errorf("%w (%v)", ctx.Err(), o.Err)
+	}
+	return o
+}
+
+// measureStream reads an SSE completion stream that began at start, with
+// now as the clock.
+func measureStream(r io.Reader, start time.Time, now func() time.Time) Outcome {
+	var o Outcome
+	var last time.Time
+	chunks := 0
+	sse := NewSSEReader(r)
+	for {
+		data, err := sse.Next()
+		if err == io.EOF {
+			o.Err = errNoDone
+			break
+		}
+		if err != nil {
+			o.Err = err
+			break
+		}
+		t := now()
+		if string(bytes.TrimSpace(data)) == "[DONE]" {
+			break
+		}
+		var ch streamChunk
+		if err := json.Unmarshal(data, &ch); err != nil {
+			o.Err = fmt.Errorf("bad stream chunk %.200q: %w", data, err)
+			break
+		}
+		if ch.Error != nil {
+			o.Err = fmt.Errorf("server error in stream: %s", ch.Error.Message)
+			break
+		}
+		if ch.Usage != nil {
+			o.PromptTokens, o.OutputTokens = ch.Usage.PromptTokens, ch.Usage.CompletionTokens
+		}
+		// A chunk carries a token when it has text or is not just the
+		// finish notice (servers may stream empty text while a multi-byte
+		// character is incomplete).
+		if len(ch.Choices) == 0 || (ch.Choices[0].Text == "" && ch.Choices[0].FinishReason != nil) {
+			continue
+		}
+		if chunks == 0 {
+			o.TTFT = t.Sub(start)
+		} else {
+			o.ITL = append(o.ITL, t.Sub(last))
+		}
+		last = t
+		chunks++
+	}
+	o.E2E = now().Sub(start)
+	if o.OutputTokens == 0 {
+		o.OutputTokens = chunks
+	}
+	if o.Err == nil && chunks == 0 {
+		o.Err = errors.New("stream carried no tokens")
+	}
+	return o
+}
