@@ -1,0 +1,172 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+)
+
+// received is one request a fake engine got on an API path.
+type received struct {
+	Path   string
+	Body   string
+	Header http.Header
+}
+
+// fakeEngine plays a prefill or decode engine on a loopback server and
+// records what it receives.
+type fakeEngine struct {
+	t      *testing.T
+	srv    *httptest.Server
+	health atomic.Int32 // status of GET /health; 200 unless set
+	mu     sync.Mutex
+	got    []received
+}
+
+// newFake starts an engine whose API paths are served by handle (called
+// after the request has been recorded, with its body already read).
+func newFake(t *testing.T, handle func(w http.ResponseWriter, r *http.Request, body []byte)) *fakeEngine {
+	t.Helper()
+	f := &fakeEngine{t: t}
+	f.health.Store(http.StatusOK)
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			w.WriteHeader(int(f.health.Load()))
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		f.mu.Lock()
+		f.got = append(f.got, received{Path: r.URL.Path, Body: string(body), Header: r.Header.Clone()})
+		f.mu.Unlock()
+		handle(w, r, body)
+	}))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fakeEngine) URL() string { return f.srv.URL }
+
+// requests returns what the engine has received so far.
+func (f *fakeEngine) requests() []received {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]received(nil), f.got...)
+}
+
+// testKV is a prefill answer's kv_transfer_params with odd spacing and
+// number spellings, to check that it reaches decode verbatim.
+const testKV = `{"do_remote_prefill": true, "do_remote_decode":false,"remote_block_ids":[[3, 1,4]],"remote_engine_id":"p-0","remote_request_id":"r-1","remote_host":"127.0.0.1","remote_port":5600,"tp_size":1,"remote_num_tokens":1.0e1}`
+
+// prefillOK answers like a prefill engine that kept the KV.
+func prefillOK(w http.ResponseWriter, r *http.Request, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	io.WriteString(w, `{"id":"cmpl-1","object":"text_completion","choices":[{"text":"x"}],"kv_transfer_params":`+testKV+`}`)
+}
+
+// decodeJSON answers like a decode engine with a non-streaming response.
+func decodeJSON(w http.ResponseWriter, r *http.Request, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	io.WriteString(w, `{"id":"cmpl-2","choices":[{"text":"hello"}]}`)
+}
+
+// startProxy returns a proxy over the given engines, health-checked once,
+// and the URL of a loopback server running it.
+func startProxy(t *testing.T, cfg Config, prefill, decode []*fakeEngine) (*Proxy, string) {
+	t.Helper()
+	for _, f := range prefill {
+		cfg.Prefill = append(cfg.Prefill, f.URL())
+	}
+	for _, f := range decode {
+		cfg.Decode = append(cfg.Decode, f.URL())
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	p.CheckHealth(context.Background())
+	srv := httptest.NewServer(p)
+	t.Cleanup(func() {
+		srv.Close()
+		p.client.CloseIdleConnections()
+	})
+	return p, srv.URL
+}
+
+// post sends body to the proxy and returns the response with its body read.
+func post(t *testing.T, url, path, body string, header http.Header) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading answer of POST %s: %v", path, err)
+	}
+	return resp, string(b)
+}
+
+// metricValue returns the value of the counter or gauge name with the
+// given labels, or of a histogram's sample count; 0 when absent.
+func metricValue(t *testing.T, p *Proxy, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := p.metrics.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for k, v := range labels {
+				if labelValue(m, k) != v {
+					continue metric
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue()
+			case m.Gauge != nil:
+				return m.Gauge.GetValue()
+			case m.Histogram != nil:
+				return float64(m.Histogram.GetSampleCount())
+			}
+		}
+	}
+	return 0
+}
+
+func labelValue(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
