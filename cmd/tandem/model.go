@@ -1,3 +1,140 @@
 package main
 
-func runModel(args []string) error { return errNotYet }
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/modelinit"
+	"github.com/tandem-serve/tandem/internal/tensor"
+)
+
+const modelUsage = `usage:
+  tandem model init --shape NAME --out DIR [--dtype bf16|f16|f32] [--seed N]
+  tandem model inspect DIR
+
+shapes: %s
+`
+
+// runModel dispatches "tandem model init" and "tandem model inspect".
+func runModel(args []string) error {
+	if len(args) == 0 {
+		fmt.Fprintf(os.Stderr, modelUsage, strings.Join(modelinit.Shapes(), ", "))
+		return errors.New("model: missing subcommand (init or inspect)")
+	}
+	switch args[0] {
+	case "init":
+		return runModelInit(args[1:])
+	case "inspect":
+		return runModelInspect(args[1:])
+	case "-h", "--help", "help":
+		fmt.Fprintf(os.Stderr, modelUsage, strings.Join(modelinit.Shapes(), ", "))
+		return flag.ErrHelp
+	}
+	return fmt.Errorf("model: unknown subcommand %q (want init or inspect)", args[0])
+}
+
+func runModelInit(args []string) error {
+	fs := flag.NewFlagSet("model init", flag.ContinueOnError)
+	shape := fs.String("shape", "", "model shape: "+strings.Join(modelinit.Shapes(), ", "))
+	dtype := fs.String("dtype", "bf16", "weight dtype: bf16, f16 or f32")
+	out := fs.String("out", "", "output directory (created if needed)")
+	seed := fs.Uint64("seed", 0, "random seed; the same seed writes the same files")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *shape == "" || *out == "" || fs.NArg() > 0 {
+		fs.Usage()
+		return errors.New("model init: --shape and --out are required, and no positional arguments are accepted")
+	}
+	spec, err := modelinit.Init(*out, *shape, *dtype, *seed)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("wrote %s (%s, %s parameters, %s of weights) to %s\n", *shape, *dtype,
+		humanCount(spec.NumParams()), humanBytes(spec.NumParams()*int64(dtypeSize(*dtype))), *out)
+	return nil
+}
+
+func dtypeSize(dtype string) int {
+	if dtype == "f32" {
+		return 4
+	}
+	return 2
+}
+
+func runModelInspect(args []string) error {
+	fs := flag.NewFlagSet("model inspect", flag.ContinueOnError)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return errors.New("model inspect: want exactly one model directory")
+	}
+	dir := fs.Arg(0)
+	pool := tensor.NewPool(1)
+	defer pool.Close()
+	m, err := model.Load(dir, pool)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	c := m.Config()
+	rope := "none"
+	switch rs := c.RopeScaling; rs.Type {
+	case "linear":
+		rope = fmt.Sprintf("linear ×%g", rs.Factor)
+	case "llama3":
+		rope = fmt.Sprintf("llama3 ×%g (low %g, high %g, original %d)", rs.Factor, rs.LowFreqFactor, rs.HighFreqFactor, rs.OriginalMaxPositionEmbeddings)
+	}
+	kv := m.KVLayout(1)
+	rows := [][2]string{
+		{"directory", dir},
+		{"architecture", c.ModelType},
+		{"dtype", m.DType().String()},
+		{"layers", fmt.Sprint(c.Layers)},
+		{"hidden", fmt.Sprint(c.Hidden)},
+		{"heads", fmt.Sprintf("%d query, %d kv, head dim %d", c.Heads, c.KVHeads, c.HeadDim)},
+		{"ffn", fmt.Sprint(c.Intermediate)},
+		{"vocab", fmt.Sprint(c.Vocab)},
+		{"max positions", fmt.Sprint(m.MaxModelLen())},
+		{"rope", fmt.Sprintf("theta %g, scaling %s", c.RopeTheta, rope)},
+		{"tied embeddings", fmt.Sprint(c.TieWordEmbedding)},
+		{"q/k/v bias", fmt.Sprint(c.QKVBias)},
+		{"parameters", fmt.Sprintf("%s (%d)", humanCount(m.NumParams()), m.NumParams())},
+		{"weight memory", humanBytes(m.WeightBytes())},
+		{"KV per token", fmt.Sprintf("%s (f32 KV)", humanBytes(int64(kv.BlockBytes())))},
+		{"fingerprint", m.Fingerprint()},
+	}
+	for _, r := range rows {
+		fmt.Printf("%-16s %s\n", r[0]+":", r[1])
+	}
+	return nil
+}
+
+func humanCount(n int64) string {
+	switch {
+	case n >= 1e9:
+		return fmt.Sprintf("%.2fB", float64(n)/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%.1fM", float64(n)/1e6)
+	case n >= 1e3:
+		return fmt.Sprintf("%.1fK", float64(n)/1e3)
+	}
+	return fmt.Sprint(n)
+}
+
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
