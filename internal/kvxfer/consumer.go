@@ -65,8 +65,11 @@ type ConsumerConfig struct {
 	// EngineTTL forgets producers unused this long (DefaultEngineTTL);
 	// negative disables eviction.
 	EngineTTL time.Duration
-	Metrics   *metrics.Engine // may be nil
-	Logger    *slog.Logger    // default slog.Default()
+	// Dial opens side-channel connections (default: a net.Dialer); tests
+	// use it for in-memory pipes.
+	Dial    func(ctx context.Context, network, addr string) (net.Conn, error)
+	Metrics *metrics.Engine // may be nil
+	Logger  *slog.Logger    // default slog.Default()
 }
 
 // Peer names a producer's side channel, as kv_transfer_params do.
@@ -108,6 +111,9 @@ type Consumer struct {
 	cfg  ConsumerConfig
 	log  *slog.Logger
 	corr atomic.Uint64
+	// handshakes counts first handshakes with a producer (tests check
+	// that concurrent requests share one).
+	handshakes atomic.Int64
 
 	mu     sync.Mutex
 	peers  map[string]*peerState // by engine id
@@ -171,6 +177,10 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Dial == nil {
+		var d net.Dialer
+		cfg.Dial = d.DialContext
 	}
 	cfg.Local.Host = LocalHost()
 	c := &Consumer{
@@ -263,7 +273,7 @@ func (c *Consumer) pull(ctx context.Context, r RemoteParams, dst [][]byte) error
 		m := p.shm
 		p.mu.Unlock()
 		if m != nil {
-			return c.pullShm(ctx, p, m, cn, r, dst)
+			return c.pullShm(ctx, m, cn, r, dst)
 		}
 		return c.pullTCP(ctx, cn, r, dst)
 	})
@@ -483,6 +493,7 @@ func (c *Consumer) acquire(ctx context.Context, peer Peer) (*peerState, *pconn, 
 // is not cached, so the next request tries again.
 func (c *Consumer) handshake(p *peerState, hs *hsCall) {
 	defer c.wg.Done()
+	c.handshakes.Add(1)
 	ctx, cancel := context.WithTimeout(c.base, c.cfg.DialTimeout)
 	defer cancel()
 	cn, info, err := c.dialHello(ctx, p)
@@ -599,8 +610,7 @@ func (c *Consumer) dialPeer(ctx context.Context, p *peerState, want *Info) (*pco
 
 // dialHello connects and exchanges HELLO / HELLO_ACK.
 func (c *Consumer) dialHello(ctx context.Context, p *peerState) (*pconn, Info, error) {
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", p.addr)
+	nc, err := c.cfg.Dial(ctx, "tcp", p.addr)
 	if err != nil {
 		return nil, Info{}, fmt.Errorf("connect to the side channel of prefill engine %s at %s (is it running? are its --kv-host/--kv-port reachable from here?): %w", p.id, p.addr, err)
 	}

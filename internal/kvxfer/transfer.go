@@ -10,6 +10,10 @@ import (
 	"time"
 )
 
+// testHookShmCopied, if set, runs between the copy out of the mapping and
+// the generation re-check (tests reuse a block there).
+var testHookShmCopied func(reqID string)
+
 // pconn is one consumer-side connection to a producer. Requests on it are
 // strictly one at a time; concurrency comes from several connections.
 type pconn struct {
@@ -164,7 +168,7 @@ func (c *Consumer) pullTCP(ctx context.Context, cn *pconn, r RemoteParams, dst [
 // generations, copies the blocks from the mapping of its pool, and re-reads
 // the generations: a block reused meanwhile fails the pull rather than
 // yielding silently wrong KV.
-func (c *Consumer) pullShm(ctx context.Context, p *peerState, m *shmMapping, cn *pconn, r RemoteParams, dst [][]byte) error {
+func (c *Consumer) pullShm(ctx context.Context, m *shmMapping, cn *pconn, r RemoteParams, dst [][]byte) error {
 	req := blockRequest{RequestID: r.RequestID, Blocks: r.BlockIDs}
 	_, payload, err := cn.roundTrip(ctx, c, msgShmRead, msgShmGens, func(b []byte) []byte { return appendBlockRequest(b, &req) })
 	if err != nil {
@@ -192,6 +196,9 @@ func (c *Consumer) pullShm(ctx context.Context, p *peerState, m *shmMapping, cn 
 			return fmt.Errorf("kv shared-memory read of request %q: %w", r.RequestID, context.Cause(ctx))
 		}
 		copy(dst[i], m.block(id))
+	}
+	if testHookShmCopied != nil {
+		testHookShmCopied(r.RequestID)
 	}
 	for i, id := range r.BlockIDs {
 		if g := m.generation(id); g != gens[i] {
