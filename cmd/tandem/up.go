@@ -1,3 +1,41 @@
 package main
 
-func runUp(args []string) error { return errNotYet }
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/tandem-serve/tandem/internal/proxy/up"
+)
+
+func runUp(args []string) error {
+	fs := flag.NewFlagSet("tandem up", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: tandem up [flags] [-- extra flags for every engine's tandem serve]\n\n")
+		fs.PrintDefaults()
+	}
+	var cfg up.Config
+	fs.StringVar(&cfg.ModelDir, "model", "", "Hugging Face Llama/Qwen2 model directory (default: a random-weight tiny model, made once in the user cache)")
+	fs.StringVar(&cfg.ServedModelName, "served-model-name", "", "model name in the API (default: the model directory's name)")
+	fs.IntVar(&cfg.Prefill, "prefill", 1, "number of prefill engines")
+	fs.IntVar(&cfg.Decode, "decode", 1, "number of decode engines")
+	fs.StringVar(&cfg.Host, "host", "127.0.0.1", "address of the proxy and the engines")
+	fs.IntVar(&cfg.Port, "port", 8000, "proxy port")
+	fs.IntVar(&cfg.ThreadsPerEngine, "threads-per-engine", 0, "cores per engine (default: this process's cores split evenly)")
+	fs.DurationVar(&cfg.StartupTimeout, "startup-timeout", 0, "limit on waiting for every engine to be healthy (default 10m)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.ExtraArgs = fs.Args() // flag stops at "--" and drops it
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding the tandem executable to start engines with: %w", err)
+	}
+	cfg.Executable = exe
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return up.Run(ctx, cfg)
+}

@@ -1,0 +1,19 @@
+// Package up runs Tandem's disaggregated setup on one machine, the engine of
+// `tandem up`: N prefill and M decode engines, each a separate process of
+// the tandem binary on its own share of the cores, and the proxy in front of
+// them.
+//
+// The proxy runs inside the up process rather than as another child: it is
+// I/O-bound and light, the supervisor then sees its errors directly instead
+// of through a log, and there is one process fewer to start, watch and stop.
+// The engines are processes so that each owns its cores, its memory and its
+// fate: one crashing is reported (which, exit status, last log lines) and
+// stops the whole setup rather than leaving a half-working one.
+//
+// Cores are split between engines (SplitCores) and pinned at process
+// creation: the child is forked from a thread whose CPU affinity was
+// narrowed for that moment, so every thread of the child inherits the mask
+// from its first instruction. Setting the affinity of the child's pid after
+// Start would race with the Go runtime of the child, which creates threads
+// right away; those would keep the full mask.
+package up
