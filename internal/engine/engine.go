@@ -296,13 +296,6 @@ func (e *Engine) validate(r *Request) (int, error) {
 			return 0, &InvalidRequestError{Message: fmt.Sprintf("token id %d at position %d is outside the vocabulary [0, %d)", t, i, vocab), Param: "prompt"}
 		}
 	}
-	if err := sample.Validate(&r.Params, vocab); err != nil {
-		var pe *sample.ParamError
-		if errors.As(err, &pe) {
-			return 0, &InvalidRequestError{Message: pe.Message, Param: pe.Param}
-		}
-		return 0, &InvalidRequestError{Message: err.Error()}
-	}
 	maxTokens := r.Params.MaxTokens
 	if maxTokens <= 0 {
 		maxTokens = e.maxModelLen - len(r.Prompt)
@@ -312,6 +305,15 @@ func (e *Engine) validate(r *Request) (int, error) {
 	}
 	if n := len(r.Prompt) + maxTokens; n > e.maxModelLen {
 		return 0, &InvalidRequestError{Message: fmt.Sprintf("this model's maximum context length is %d tokens, but you requested %d (%d in the prompt, %d in the completion): reduce the prompt or max_tokens", e.maxModelLen, n, len(r.Prompt), maxTokens), Param: "max_tokens"}
+	}
+	p := r.Params
+	p.MaxTokens = maxTokens
+	if err := sample.Validate(&p, vocab); err != nil {
+		var pe *sample.ParamError
+		if errors.As(err, &pe) {
+			return 0, &InvalidRequestError{Message: pe.Message, Param: pe.Param}
+		}
+		return 0, &InvalidRequestError{Message: err.Error()}
 	}
 	if r.Params.MinTokens > maxTokens {
 		return 0, &InvalidRequestError{Message: fmt.Sprintf("min_tokens %d is larger than max_tokens %d", r.Params.MinTokens, maxTokens), Param: "min_tokens"}

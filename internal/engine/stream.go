@@ -53,20 +53,21 @@ func (s *stream) take() (ev Event, has, final bool) {
 // nobody may be reading any more.
 func (s *stream) forward(ctx context.Context, out chan<- Event, abort func()) {
 	defer close(out)
-	done := ctx.Done()
+	done := ctx.Done() // nil for a context that never ends
+	gone := false      // the client went away: deliver only the final event
 	for {
 		select {
 		case <-s.wake:
 		case <-done:
 			abort()
-			done = nil
+			done, gone = nil, true
 			continue
 		}
 		ev, has, final := s.take()
-		if !has {
+		switch {
+		case !has:
 			continue
-		}
-		if done == nil {
+		case gone:
 			if final {
 				select {
 				case out <- ev:
@@ -80,7 +81,7 @@ func (s *stream) forward(ctx context.Context, out chan<- Event, abort func()) {
 		case out <- ev:
 		case <-done:
 			abort()
-			done = nil
+			done, gone = nil, true
 			if final {
 				return
 			}
