@@ -1,0 +1,58 @@
+package engine
+
+import (
+	"testing"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/sched"
+)
+
+// remoteConnector loads every prompt of a request with kv_transfer_params
+// asynchronously, as a decode engine's P/D connector would.
+type remoteConnector struct{ sched.NoConnector }
+
+func (remoteConnector) GetNumNewMatchedTokens(r *sched.Request, local int) (int, bool, error) {
+	if r.KVTransfer == nil || r.NumPreemptions() > 0 {
+		return 0, false, nil
+	}
+	n := len(r.Prompt) - local
+	return n, n > 0, nil
+}
+
+// recordingWorker counts steps; loads complete through Engine.ReportKV.
+type recordingWorker struct{ steps int }
+
+func (w *recordingWorker) Step(any) (KVCompletions, error) { w.steps++; return KVCompletions{}, nil }
+
+func TestConnectorPlumbing(t *testing.T) {
+	w := &recordingWorker{}
+	e, m := newEngine(t, Config{Connector: remoteConnector{}, KVWorker: w})
+	_, _, g := load(t)
+	h, err := e.Submit(t.Context(), &Request{Prompt: g.GreedyIDs[:40], Params: greedy(4), KVTransfer: map[string]any{"do_remote_prefill": true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for st := e.Stats(); st.Waiting != 1 || st.FreeBlocks != st.TotalBlocks-3; st = e.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("request never started loading: %+v", st)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case ev := <-h.Events:
+		t.Fatalf("event %+v before the KV arrived", ev)
+	case <-time.After(20 * time.Millisecond): // nothing may run before the load ends
+	}
+	e.ReportKV(KVCompletions{FinishedRecving: []string{h.ID}})
+	r := collect(t, h)
+	if len(r.tokens) != 4 || r.last.Finish != FinishLength {
+		t.Errorf("%d tokens, finish %q; want 4 and length", len(r.tokens), r.last.Finish)
+	}
+	if got := value(t, m.PromptTokensBySrc.WithLabelValues("external_kv_transfer")); got != 40 {
+		t.Errorf("prompt_tokens_by_source{external_kv_transfer} = %v, want 40", got)
+	}
+	if w.steps == 0 {
+		t.Error("the worker half was never stepped")
+	}
+}
