@@ -51,3 +51,30 @@ func BenchmarkDecode(b *testing.B) {
 	}
 	b.ReportMetric(float64(len(ids))*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
 }
+
+// BenchmarkBPEWordCache measures what the per-word cache saves: the BPE
+// step alone over the paragraph's pre-tokenized words, with and without it.
+func BenchmarkBPEWordCache(b *testing.B) {
+	tok, err := LoadFile(filepath.Join(testmodels.TokenizerFixtures(b), "llama3-style.json"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	words := tok.preTok([]string{benchParagraph}, true)
+	ids := make([]int32, 0, 1024)
+	b.Run("cached", func(b *testing.B) {
+		for b.Loop() {
+			ids = ids[:0]
+			for _, w := range words {
+				ids = tok.model.encode(w, ids)
+			}
+		}
+	})
+	b.Run("uncached", func(b *testing.B) {
+		for b.Loop() {
+			ids = ids[:0]
+			for _, w := range words {
+				ids = tok.model.mergeWord(w, ids)
+			}
+		}
+	})
+}
