@@ -75,6 +75,7 @@ func runBench(args []string) error {
 		}
 	}
 	if *jsonF != "" && len(reports) > 0 {
+		cfg.Model = reports[0].Model
 		if werr := writeBenchJSON(*jsonF, &bench.Result{Config: cfg, Started: started, Results: reports}); werr != nil {
 			return werr
 		}

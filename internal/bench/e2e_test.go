@@ -60,8 +60,8 @@ func TestRunAllAgainstARealEngine(t *testing.T) {
 		t.Fatalf("%d reports, want 2", len(reports))
 	}
 	for _, r := range reports {
-		if r.Failed != 0 || r.Completed != cfg.Requests {
-			t.Errorf("concurrency %d: completed %d, failed %d: %+v", r.Concurrency, r.Completed, r.Failed, r.Errors)
+		if r.Model != "stories260K" || r.Failed != 0 || r.Completed != cfg.Requests {
+			t.Errorf("concurrency %d: model %q, completed %d, failed %d: %+v", r.Concurrency, r.Model, r.Completed, r.Failed, r.Errors)
 		}
 		if r.TotalOutputTokens != cfg.Requests*cfg.MaxTokens || r.TotalInputTokens != cfg.Requests*cfg.PromptTokens {
 			t.Errorf("concurrency %d: %d prompt and %d output tokens, want %d and %d", r.Concurrency,

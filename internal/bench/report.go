@@ -12,6 +12,8 @@ import (
 
 // Report is the result of one concurrency level.
 type Report struct {
+	// Model is the model the requests named.
+	Model string `json:"model"`
 	// Concurrency is the in-flight limit (0: none, with a rate).
 	Concurrency int `json:"concurrency"`
 	// Rate is the Poisson arrival rate, 0 for a closed loop.
@@ -47,7 +49,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // Latencies are summarized over completed requests only; TPOT over those
 // with at least two output tokens.
 func NewReport(concurrency int, cfg Config, duration time.Duration, outcomes []Outcome) *Report {
-	r := &Report{Concurrency: concurrency, Rate: cfg.Rate, Requests: len(outcomes), Duration: duration.Seconds()}
+	r := &Report{Model: cfg.Model, Concurrency: concurrency, Rate: cfg.Rate, Requests: len(outcomes), Duration: duration.Seconds()}
 	var ttft, tpot, itl, e2e []float64
 	errs := map[string]int{}
 	for i := range outcomes {
