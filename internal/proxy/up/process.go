@@ -85,10 +85,11 @@ func describeExit(err error) string {
 	return "failed: " + err.Error()
 }
 
-// report is a child's end and its last log lines, for the user.
-func (c *child) report() string {
+// report says which child ended, how and when ("during startup"), that the
+// others are being stopped, and its last log lines.
+func (c *child) report(when string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s", c.name, describeExit(c.err))
+	fmt.Fprintf(&b, "%s %s%s; stopping the others", c.name, describeExit(c.err), when)
 	if last := c.logs.Last(); len(last) > 0 {
 		fmt.Fprintf(&b, "; its last log lines:\n")
 		for _, l := range last {

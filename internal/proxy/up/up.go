@@ -203,7 +203,7 @@ func Run(ctx context.Context, cfg Config) error {
 	case <-ctx.Done():
 		fmt.Fprintln(cfg.Stderr, "stopping: proxy, then engines")
 	case c := <-exited:
-		result = fmt.Errorf("%s; stopping the others", c.report())
+		result = errors.New(c.report(" while serving"))
 	case err := <-proxyErr:
 		result = fmt.Errorf("the proxy stopped: %w", err)
 		proxyErr <- nil // for the wait below
@@ -264,7 +264,7 @@ func waitHealthy(ctx context.Context, specs []EngineSpec, exited <-chan *child, 
 		}
 		select {
 		case c := <-exited:
-			return fmt.Errorf("%s during startup; stopping the others", c.report())
+			return errors.New(c.report(" during startup"))
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				var waiting []string

@@ -1,0 +1,86 @@
+package up
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary play other programs for the tests it
+// starts as children: a fake `tandem` (TANDEM_UP_FAKE=tandem) and an idle
+// multi-threaded Go process (TANDEM_UP_FAKE=sleep).
+func TestMain(m *testing.M) {
+	switch os.Getenv("TANDEM_UP_FAKE") {
+	case "tandem":
+		os.Exit(fakeTandem(os.Args[1:]))
+	case "sleep":
+		time.Sleep(time.Minute)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// fakeTandem implements just enough of `tandem model init` and `tandem
+// serve --role` for the supervisor tests. TANDEM_UP_FAKE_DIE=<role> makes
+// that role's engines fail at startup.
+func fakeTandem(args []string) int {
+	if len(args) >= 2 && args[0] == "model" && args[1] == "init" {
+		fs := flag.NewFlagSet("init", flag.ContinueOnError)
+		out := fs.String("out", "", "")
+		fs.String("shape", "", "")
+		fs.String("dtype", "", "")
+		if fs.Parse(args[2:]) != nil {
+			return 2
+		}
+		os.WriteFile(filepath.Join(*out, "config.json"), []byte(`{}`), 0o644)
+		os.WriteFile(filepath.Join(*out, "tokenizer_config.json"), []byte(`{"chat_template":"{{ x }}"}`), 0o644)
+		fmt.Println("wrote tiny")
+		return 0
+	}
+	if len(args) == 0 || args[0] != "serve" {
+		fmt.Fprintln(os.Stderr, "fake tandem: unsupported", args)
+		return 2
+	}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	role := fs.String("role", "", "")
+	host := fs.String("host", "", "")
+	port := fs.Int("port", 0, "")
+	fs.Int("kv-port", 0, "")
+	fs.String("model", "", "")
+	fs.String("served-model-name", "", "")
+	fs.Bool("extra", false, "")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	fmt.Fprintf(os.Stderr, "fake %s engine starting, GOMAXPROCS=%s\n", *role, os.Getenv("GOMAXPROCS"))
+	if os.Getenv("TANDEM_UP_FAKE_DIE") == *role {
+		fmt.Fprintln(os.Stderr, "fatal: fake failure to load the model")
+		return 3
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {})
+	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]json.RawMessage
+		b, _ := io.ReadAll(r.Body)
+		json.Unmarshal(b, &body)
+		w.Header().Set("Content-Type", "application/json")
+		if *role == RolePrefill {
+			io.WriteString(w, `{"choices":[{"text":"x"}],"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[[0]],"remote_engine_id":"p","remote_request_id":"r","remote_host":"127.0.0.1","remote_port":1}}`)
+			return
+		}
+		fmt.Fprintf(w, `{"choices":[{"text":"story"}],"got_kv":%t}`, body["kv_transfer_params"] != nil)
+	})
+	srv := &http.Server{Addr: *host + ":" + strconv.Itoa(*port), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	if err := srv.ListenAndServe(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,411 @@
+package up
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
+)
+
+func TestSplitCores(t *testing.T) {
+	tests := []struct {
+		name      string
+		cpus      []int
+		engines   int
+		perEngine int
+		want      [][]int
+		wantErr   string
+	}{
+		{"two cores and two engines: one core each", []int{0, 1}, 2, 0, [][]int{{0}, {1}}, ""},
+		{"eight cores and three engines: the first engines get the remainder", seq(8), 3, 0, [][]int{{0, 1, 2}, {3, 4, 5}, {6, 7}}, ""},
+		{"a cpuset that is not 0-based is respected", []int{4, 5, 6, 7}, 2, 0, [][]int{{4, 5}, {6, 7}}, ""},
+		{"more engines than cores share round-robin", []int{0, 1}, 3, 0, [][]int{{0}, {1}, {0}}, ""},
+		{"a fixed count per engine", seq(8), 3, 2, [][]int{{0, 1}, {2, 3}, {4, 5}}, ""},
+		{"a fixed count that does not fit is an error", []int{0, 1}, 2, 2, nil, "need 4 cores but this process may use 2"},
+		{"no engines is an error", []int{0}, 0, 0, nil, "no engines"},
+		{"a negative count is an error", []int{0}, 1, -1, nil, "want 0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := SplitCores(tt.cpus, tt.engines, tt.perEngine)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("split (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func seq(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+func TestFreePortsAreDistinctAndBindable(t *testing.T) {
+	ports, err := FreePorts("127.0.0.1", 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]bool{}
+	for _, p := range ports {
+		if p <= 0 || seen[p] {
+			t.Fatalf("ports %v: want 6 distinct positive ports", ports)
+		}
+		seen[p] = true
+		// Each must be free again once FreePorts returns.
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			t.Errorf("port %d not bindable after FreePorts: %v", p, err)
+			continue
+		}
+		ln.Close()
+	}
+}
+
+func TestPlanAndServeArgs(t *testing.T) {
+	specs, err := PlanEngines("127.0.0.1", 1, 2, [][]int{{0}, {1}, {1}}, []int{10, 11, 20, 21, 30, 31})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range specs {
+		names = append(names, s.Name+" "+s.Role+" "+s.URL())
+	}
+	if diff := cmp.Diff([]string{"prefill-0 prefill http://127.0.0.1:10", "decode-0 decode http://127.0.0.1:20", "decode-1 decode http://127.0.0.1:30"}, names); diff != "" {
+		t.Errorf("plan (-want +got):\n%s", diff)
+	}
+	got := ServeArgs(specs[1], "/m/tiny", "tiny", []string{"--block-size", "32"})
+	want := []string{"serve", "--model", "/m/tiny", "--role", "decode", "--host", "127.0.0.1", "--port", "20", "--kv-port", "21", "--served-model-name", "tiny", "--block-size", "32"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("ServeArgs (-want +got):\n%s", diff)
+	}
+	env := Env(EngineSpec{CPUs: []int{2, 3}}, []string{"A=1"})
+	if diff := cmp.Diff([]string{"A=1", "GOMAXPROCS=2"}, env); diff != "" {
+		t.Errorf("Env (-want +got):\n%s", diff)
+	}
+	if _, err := PlanEngines("h", 1, 1, [][]int{{0}}, []int{1, 2, 3, 4}); err == nil {
+		t.Error("PlanEngines accepted too few core sets")
+	}
+}
+
+func TestLineRelay(t *testing.T) {
+	var buf bytes.Buffer
+	out := &output{w: &buf}
+	l := newLineRelay("decode-0", out)
+	io.WriteString(l, "one\ntw")
+	io.WriteString(l, "o\r\nthree")
+	if got, want := buf.String(), "[decode-0] one\n[decode-0] two\n"; got != want {
+		t.Errorf("before Flush: %q, want %q", got, want)
+	}
+	l.Flush()
+	if got, want := buf.String(), "[decode-0] one\n[decode-0] two\n[decode-0] three\n"; got != want {
+		t.Errorf("after Flush: %q, want %q", got, want)
+	}
+	for i := range 30 {
+		io.WriteString(l, strconv.Itoa(i)+"\n")
+	}
+	last := l.Last()
+	if len(last) != logKeep || last[0] != "10" || last[logKeep-1] != "29" {
+		t.Errorf("Last() = %q, want lines 10..29", last)
+	}
+}
+
+func TestStartPinnedPinsEveryThread(t *testing.T) {
+	cpus, err := AllowedCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cpus) < 2 {
+		t.Skip("needs two CPUs to tell a pinned child from an unpinned one")
+	}
+	target := cpus[len(cpus)-1]
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), "TANDEM_UP_FAKE=sleep")
+	if err := startPinned(cmd, []int{target}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	// The Go runtime of the child starts several threads at once; give it
+	// a moment, then check all of them.
+	time.Sleep(200 * time.Millisecond)
+	tasks, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid), "task"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tasks) < 2 {
+		t.Logf("child has %d threads", len(tasks))
+	}
+	for _, task := range tasks {
+		tid, _ := strconv.Atoi(task.Name())
+		var set unix.CPUSet
+		if err := unix.SchedGetaffinity(tid, &set); err != nil {
+			t.Fatal(err)
+		}
+		if set.Count() != 1 || !set.IsSet(target) {
+			t.Errorf("thread %d of the child may run on %d CPUs, want only CPU %d", tid, set.Count(), target)
+		}
+	}
+	// The parent must have its own mask back.
+	after, err := AllowedCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cmp.Equal(cpus, after) {
+		t.Errorf("parent's CPUs changed from %v to %v", cpus, after)
+	}
+}
+
+func TestHasChatTemplate(t *testing.T) {
+	tests := []struct {
+		name  string
+		files map[string]string
+		want  bool
+	}{
+		{"a template string in tokenizer_config.json", map[string]string{"tokenizer_config.json": `{"chat_template":"{{x}}"}`}, true},
+		{"a chat_template.jinja file", map[string]string{"chat_template.jinja": `{{x}}`}, true},
+		{"no template", map[string]string{"tokenizer_config.json": `{"bos_token":"<s>"}`}, false},
+		{"a null template", map[string]string{"tokenizer_config.json": `{"chat_template":null}`}, false},
+		{"no tokenizer config", nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for name, body := range tt.files {
+				os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644)
+			}
+			if got := HasChatTemplate(dir); got != tt.want {
+				t.Errorf("HasChatTemplate = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a poller.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+var endpointRE = regexp.MustCompile(regexp.QuoteMeta(EndpointPrefix) + `(http://\S+)`)
+var pidRE = regexp.MustCompile(`started (\S+) \(pid (\d+)\)`)
+
+// waitEndpoint waits for the endpoint line in out, failing early when done
+// (Run or the process ended) closes first.
+func waitEndpoint(t *testing.T, out interface{ String() string }, done <-chan struct{}) string {
+	t.Helper()
+	deadline := time.After(60 * time.Second)
+	for {
+		if m := endpointRE.FindStringSubmatch(out.String()); m != nil {
+			return m[1]
+		}
+		select {
+		case <-done:
+			t.Fatalf("tandem up ended before printing its endpoint; output:\n%s", out.String())
+		case <-deadline:
+			t.Fatalf("no endpoint printed within 60s; output:\n%s", out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// childPIDs returns the engines' pids from the "started" lines in logs.
+func childPIDs(logs string) map[string]int {
+	out := map[string]int{}
+	for _, m := range pidRE.FindAllStringSubmatch(logs, -1) {
+		pid, _ := strconv.Atoi(m[2])
+		out[m[1]] = pid
+	}
+	return out
+}
+
+// checkGone fails for every pid that still exists.
+func checkGone(t *testing.T, pids map[string]int) {
+	t.Helper()
+	for name, pid := range pids {
+		if err := syscall.Kill(pid, 0); err != syscall.ESRCH {
+			t.Errorf("%s (pid %d) still exists after tandem up returned (kill 0: %v)", name, pid, err)
+		}
+	}
+}
+
+// completion posts a completion to url and returns the x-tandem-pd header
+// and body.
+func completion(t *testing.T, url, model string) (string, string) {
+	t.Helper()
+	client := &http.Client{Timeout: 30 * time.Second}
+	resp, err := client.Post(url+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"`+model+`","prompt":"Once upon a time","max_tokens":8}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("completion: %s %s", resp.Status, b)
+	}
+	return resp.Header.Get("X-Tandem-Pd"), string(b)
+}
+
+func TestRunWithFakeEngines(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TANDEM_UP_FAKE", "tandem")
+
+	t.Run("serves through P/D, makes the tiny model and stops every engine", func(t *testing.T) {
+		var stdout, stderr syncBuffer
+		tiny := filepath.Join(t.TempDir(), "models", "tiny")
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		done := make(chan struct{})
+		var runErr error
+		go func() {
+			defer close(done)
+			runErr = Run(ctx, Config{Executable: exe, TinyDir: tiny, Port: 0, Decode: 2, ExtraArgs: []string{"--extra"}, Stdout: &stdout, Stderr: &stderr})
+		}()
+		url := waitEndpoint(t, &stdout, done)
+		for range 2 {
+			pd, body := completion(t, url, "tiny")
+			if pd != "remote" || !strings.Contains(body, `"got_kv":true`) {
+				t.Errorf("x-tandem-pd %q body %s: want remote with kv_transfer_params on decode", pd, body)
+			}
+		}
+		for _, want := range []string{"random-weight", "/v1/chat/completions", "--model DIR"} {
+			if !strings.Contains(stdout.String(), want) {
+				t.Errorf("stdout lacks %q:\n%s", want, stdout.String())
+			}
+		}
+		if !strings.Contains(stderr.String(), "[decode-1] fake decode engine starting, GOMAXPROCS=") {
+			t.Errorf("engine logs not relayed with a prefix:\n%s", stderr.String())
+		}
+		if _, err := os.Stat(filepath.Join(tiny, "config.json")); err != nil {
+			t.Errorf("tiny model not made: %v", err)
+		}
+		pids := childPIDs(stderr.String())
+		if len(pids) != 3 {
+			t.Fatalf("started pids %v, want 3 engines", pids)
+		}
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("Run did not return after cancel")
+		}
+		if runErr != nil {
+			t.Errorf("Run: %v", runErr)
+		}
+		checkGone(t, pids)
+	})
+
+	t.Run("an engine failing at startup stops the rest and is named with its logs", func(t *testing.T) {
+		t.Setenv("TANDEM_UP_FAKE_DIE", RoleDecode)
+		var stdout, stderr syncBuffer
+		model := t.TempDir()
+		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
+		err := Run(context.Background(), Config{Executable: exe, ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0})
+		if err == nil {
+			t.Fatal("Run succeeded with a failing decode engine")
+		}
+		for _, want := range []string{"decode-0 exited with status 3 during startup", "fatal: fake failure to load the model"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q lacks %q", err, want)
+			}
+		}
+		checkGone(t, childPIDs(stderr.String()))
+	})
+
+	t.Run("an engine dying while serving stops the rest and is named", func(t *testing.T) {
+		var stdout, stderr syncBuffer
+		model := t.TempDir()
+		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
+		done := make(chan struct{})
+		var runErr error
+		go func() {
+			defer close(done)
+			runErr = Run(context.Background(), Config{Executable: exe, ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0})
+		}()
+		waitEndpoint(t, &stdout, done)
+		pids := childPIDs(stderr.String())
+		syscall.Kill(pids["prefill-0"], syscall.SIGKILL)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("Run did not return after an engine died")
+		}
+		if runErr == nil || !strings.Contains(runErr.Error(), "prefill-0 was killed by signal killed while serving") {
+			t.Errorf("Run: %v, want it to name prefill-0 and its signal", runErr)
+		}
+		checkGone(t, pids)
+	})
+}
+
+func TestRunRejectsBadInput(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"no executable", Config{}, "no tandem executable"},
+		{"a model directory without config.json", Config{Executable: "x", ModelDir: "/nonexistent"}, "has no config.json"},
+		{"more threads than cores", Config{Executable: "x", ModelDir: ".", ThreadsPerEngine: 4, CPUs: []int{0, 1}}, "need 8 cores"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.cfg.ModelDir == "." {
+				dir := t.TempDir()
+				os.WriteFile(filepath.Join(dir, "config.json"), []byte(`{}`), 0o644)
+				tt.cfg.ModelDir = dir
+			}
+			tt.cfg.Stdout, tt.cfg.Stderr = io.Discard, io.Discard
+			err := Run(context.Background(), tt.cfg)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Run: %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
