@@ -129,7 +129,7 @@ type rigOpts struct {
 	consMut   func(*ConsumerConfig)
 	engineID  string
 	addr      string
-	mem       BlockMemory // overrides the pool as the producer's memory
+	wrapMem   func(*testPool) BlockMemory // the producer's view of the pool
 }
 
 func newRig(t testing.TB, o rigOpts) *rig {
@@ -151,8 +151,8 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	pi := o.geom
 	pi.EngineID = o.engineID
 	pc := ProducerConfig{Local: pi, Memory: r.pool, Shm: r.pool.layout(), Logger: discardLogger()}
-	if o.mem != nil {
-		pc.Memory = o.mem
+	if o.wrapMem != nil {
+		pc.Memory = o.wrapMem(r.pool)
 	}
 	if o.noShm {
 		pc.Shm = nil

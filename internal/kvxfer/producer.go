@@ -482,8 +482,19 @@ func (s *srvConn) serveRead(corr uint64, r blockRequest) error {
 	if err != nil {
 		return s.sendError(corr, code, err.Error())
 	}
-	defer s.endRead(r.RequestID)
+	pinned := true
+	unpin := func() {
+		if pinned {
+			pinned = false
+			s.endRead(r.RequestID)
+		}
+	}
+	// Unpin before the final answer: the consumer may send DONE on another
+	// connection as soon as it has READ_DONE, and that DONE must find the
+	// lease releasable.
+	defer unpin()
 	if i := s.changedBlock(r.Blocks, gens); i >= 0 {
+		unpin()
 		return s.sendError(corr, CodeGenerationChanged, s.genChanged(r, i))
 	}
 	bb := s.p.info.BlockBytes
@@ -503,7 +514,9 @@ func (s *srvConn) serveRead(corr uint64, r blockRequest) error {
 			bufs, batch = bufs[:0], 0
 		}
 	}
-	if i := s.changedBlock(r.Blocks, gens); i >= 0 {
+	i := s.changedBlock(r.Blocks, gens)
+	unpin()
+	if i >= 0 {
 		return s.sendError(corr, CodeGenerationChanged, s.genChanged(r, i))
 	}
 	return s.send(frame(msgReadDone, corr, nil))
