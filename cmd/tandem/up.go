@@ -29,7 +29,14 @@ func runUp(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg.ExtraArgs = fs.Args() // flag stops at "--" and drops it
+	// Extra engine flags come only after "--" (which flag drops), so that a
+	// mistyped up flag is an error here rather than in every engine.
+	if rest := fs.Args(); len(rest) > 0 {
+		if i := len(args) - len(rest) - 1; i < 0 || args[i] != "--" {
+			return fmt.Errorf("unexpected argument %q: engine flags go after --, e.g. tandem up -- --block-size 32", rest[0])
+		}
+		cfg.ExtraArgs = rest
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("finding the tandem executable to start engines with: %w", err)

@@ -1,0 +1,85 @@
+package up
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/testmodels"
+)
+
+// TestTandemUpEndToEnd builds the real binary and runs `tandem up` on the
+// stories260K model as users do: a completion through the proxy must take
+// the P/D path, and SIGINT must stop every engine.
+func TestTandemUpEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the tandem binary; skipped in -short mode")
+	}
+	model := testmodels.Stories260K(t)
+	exe := filepath.Join(t.TempDir(), "tandem")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	build := exec.CommandContext(ctx, "go", "build", "-o", exe, "github.com/tandem-serve/tandem/cmd/tandem")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	help, _ := exec.CommandContext(ctx, exe, "serve", "-h").CombinedOutput()
+	if !strings.Contains(string(help), "-role") {
+		t.Skip("`tandem serve` has no --role flag yet (engine roles land with the P/D serve work); skipping the tandem up end-to-end test")
+	}
+
+	var stdout, stderr syncBuffer
+	ports, err := FreePorts("127.0.0.1", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, exe, "up", "--model", model, "--port", strconv.Itoa(ports[0]), "--served-model-name", "stories")
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var waitErr error
+	go func() {
+		waitErr = cmd.Wait()
+		close(done)
+	}()
+	defer func() {
+		select {
+		case <-done:
+		default:
+			cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("tandem up stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+		}
+	}()
+
+	url := waitEndpoint(t, &stdout, done)
+	pd, body := completion(t, url, "stories")
+	if pd != "remote" {
+		t.Errorf("x-tandem-pd %q, want remote (body %s)", pd, body)
+	}
+	pids := childPIDs(stderr.String())
+	if len(pids) != 2 {
+		t.Fatalf("engine pids %v, want prefill-0 and decode-0", pids)
+	}
+
+	cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("tandem up did not exit within 30s of SIGINT")
+	}
+	if waitErr != nil {
+		t.Errorf("tandem up exited with %v after SIGINT, want 0", waitErr)
+	}
+	checkGone(t, pids)
+}
