@@ -137,62 +137,25 @@ func (c candidate) less(d candidate) bool {
 
 func (b *bpe) mergeWord(word string, dst []int32) []int32 {
 	var symBuf [32]symbol
-	syms := symBuf[:0]
-	add := func(id int32) {
-		n := int32(len(syms))
-		syms = append(syms, symbol{id: id, prev: n - 1, next: n + 1})
-	}
-	unk, haveUnk := int32(0), false
-	flushUnk := func() {
-		if haveUnk {
-			add(unk)
-			haveUnk = false
-		}
-	}
-	for i := 0; i < len(word); {
-		_, size := utf8.DecodeRuneInString(word[i:])
-		s := word[i : i+size]
-		if i > 0 && b.prefix != "" {
-			s = b.prefix + s
-		}
-		if i+size == len(word) && b.suffix != "" {
-			s += b.suffix
-		}
-		i += size
-		if id, ok := b.vocab[s]; ok {
-			flushUnk()
-			add(id)
-			continue
-		}
-		if b.byteFallback && b.hasByteTokens(s) {
-			flushUnk()
-			for j := 0; j < len(s); j++ {
-				add(b.byteTokens[s[j]])
-			}
-			continue
-		}
-		if b.unk >= 0 {
-			if haveUnk && !b.fuseUnk {
-				add(unk)
-			}
-			unk, haveUnk = b.unk, true
-		}
-	}
-	flushUnk()
+	syms := b.initialSymbols(word, symBuf[:0])
 	if len(syms) == 0 {
 		return dst
+	}
+	for i := range syms {
+		syms[i].prev, syms[i].next = int32(i)-1, int32(i)+1
 	}
 	syms[len(syms)-1].next = -1
 
 	var heapBuf [32]candidate
-	h := candHeap(heapBuf[:0])
+	h := heapBuf[:0]
 	for i := 0; i+1 < len(syms); i++ {
 		if m, ok := b.merges[pairKey(syms[i].id, syms[i+1].id)]; ok {
-			h.push(candidate{rank: m.rank, pos: int32(i), id: m.id})
+			h = pushCandidate(h, candidate{rank: m.rank, pos: int32(i), id: m.id})
 		}
 	}
 	for len(h) > 0 {
-		top := h.pop()
+		var top candidate
+		top, h = popCandidate(h)
 		s := &syms[top.pos]
 		if s.dead || s.next < 0 {
 			continue
@@ -210,12 +173,12 @@ func (b *bpe) mergeWord(word string, dst []int32) []int32 {
 		}
 		if s.prev >= 0 {
 			if m, ok := b.merges[pairKey(syms[s.prev].id, s.id)]; ok {
-				h.push(candidate{rank: m.rank, pos: s.prev, id: m.id})
+				h = pushCandidate(h, candidate{rank: m.rank, pos: s.prev, id: m.id})
 			}
 		}
 		if s.next >= 0 {
 			if m, ok := b.merges[pairKey(s.id, syms[s.next].id)]; ok {
-				h.push(candidate{rank: m.rank, pos: top.pos, id: m.id})
+				h = pushCandidate(h, candidate{rank: m.rank, pos: top.pos, id: m.id})
 			}
 		}
 	}
@@ -223,6 +186,51 @@ func (b *bpe) mergeWord(word string, dst []int32) []int32 {
 		dst = append(dst, syms[i].id)
 	}
 	return dst
+}
+
+// initialSymbols appends one symbol per character of word (or its byte
+// tokens with byte_fallback, or the unknown token), before any merge.
+func (b *bpe) initialSymbols(word string, syms []symbol) []symbol {
+	unk, haveUnk := int32(0), false
+	for i := 0; i < len(word); {
+		_, size := utf8.DecodeRuneInString(word[i:])
+		s := word[i : i+size]
+		if i > 0 && b.prefix != "" {
+			s = b.prefix + s
+		}
+		if i+size == len(word) && b.suffix != "" {
+			s += b.suffix
+		}
+		i += size
+		if id, ok := b.vocab[s]; ok {
+			if haveUnk {
+				syms = append(syms, symbol{id: unk})
+				haveUnk = false
+			}
+			syms = append(syms, symbol{id: id})
+			continue
+		}
+		if b.byteFallback && b.hasByteTokens(s) {
+			if haveUnk {
+				syms = append(syms, symbol{id: unk})
+				haveUnk = false
+			}
+			for j := 0; j < len(s); j++ {
+				syms = append(syms, symbol{id: b.byteTokens[s[j]]})
+			}
+			continue
+		}
+		if b.unk >= 0 {
+			if haveUnk && !b.fuseUnk {
+				syms = append(syms, symbol{id: unk})
+			}
+			unk, haveUnk = b.unk, true
+		}
+	}
+	if haveUnk {
+		syms = append(syms, symbol{id: unk})
+	}
+	return syms
 }
 
 func (b *bpe) hasByteTokens(s string) bool {
@@ -234,45 +242,43 @@ func (b *bpe) hasByteTokens(s string) bool {
 	return true
 }
 
-// candHeap is a binary min-heap of merge candidates, written out rather than
-// using container/heap to avoid interface calls in the innermost loop.
-type candHeap []candidate
-
-func (h *candHeap) push(c candidate) {
-	*h = append(*h, c)
-	s := *h
-	for i := len(s) - 1; i > 0; {
+// pushCandidate and popCandidate keep a binary min-heap of merge
+// candidates in a slice. They are plain functions taking and returning the
+// slice, rather than container/heap or methods on a pointer, so that the
+// heap's small backing array can stay on mergeWord's stack.
+func pushCandidate(h []candidate, c candidate) []candidate {
+	h = append(h, c)
+	for i := len(h) - 1; i > 0; {
 		p := (i - 1) / 2
-		if !s[i].less(s[p]) {
+		if !h[i].less(h[p]) {
 			break
 		}
-		s[i], s[p] = s[p], s[i]
+		h[i], h[p] = h[p], h[i]
 		i = p
 	}
+	return h
 }
 
-func (h *candHeap) pop() candidate {
-	s := *h
-	top := s[0]
-	last := len(s) - 1
-	s[0] = s[last]
-	s = s[:last]
+func popCandidate(h []candidate) (candidate, []candidate) {
+	top := h[0]
+	last := len(h) - 1
+	h[0] = h[last]
+	h = h[:last]
 	for i := 0; ; {
 		l, r, m := 2*i+1, 2*i+2, i
-		if l < len(s) && s[l].less(s[m]) {
+		if l < len(h) && h[l].less(h[m]) {
 			m = l
 		}
-		if r < len(s) && s[r].less(s[m]) {
+		if r < len(h) && h[r].less(h[m]) {
 			m = r
 		}
 		if m == i {
 			break
 		}
-		s[i], s[m] = s[m], s[i]
+		h[i], h[m] = h[m], h[i]
 		i = m
 	}
-	*h = s
-	return top
+	return top, h
 }
 
 // wordCache remembers the ids of recently seen words. Words repeat a lot in

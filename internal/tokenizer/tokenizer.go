@@ -190,6 +190,7 @@ func (t *Tokenizer) applyConfig(c *configJSON) error {
 			return fmt.Errorf("bos_token %q is not in the vocabulary", c.BOSToken.Content)
 		}
 		t.bos, t.hasBOS, t.bosToken = id, true, c.BOSToken.Content
+		t.special[id] = true // transformers skips every named special token
 	}
 	if c.EOSToken.Set {
 		id, ok := t.TokenID(c.EOSToken.Content)
@@ -197,6 +198,7 @@ func (t *Tokenizer) applyConfig(c *configJSON) error {
 			return fmt.Errorf("eos_token %q is not in the vocabulary", c.EOSToken.Content)
 		}
 		t.eosToken = c.EOSToken.Content
+		t.special[id] = true
 		t.addEOS(id)
 	}
 	if c.AddBOSToken == nil && c.AddEOSToken == nil {
