@@ -1,0 +1,19 @@
+// Package tensor holds Tandem's CPU kernels: the matrix product of f32
+// activations with f32, bf16 or f16 weights (Pool.MatMul), vector helpers
+// used by attention (Dot, Axpy), the element-wise layers (RMSNorm, SiLUMul,
+// Softmax), dtype conversions and the persistent worker Pool that runs them
+// in parallel.
+//
+// The matrix kernels are Go assembly generated with avo (see
+// internal/asmgen; run `go generate` here after changing it) in an AVX-512
+// and an AVX2+FMA variant, plus a pure-Go fallback. The best variant the CPU
+// supports is picked at start-up; ISA reports it and SetISA overrides it.
+//
+// Batch invariance is the package's central promise: for a given ISA, every
+// output element of MatMul is computed by the same sequence of floating
+// point operations whatever the number of rows m, the tile or worker that
+// computes it, or whether the single-row path ran. Each variant fixes one
+// accumulation structure per dot product (one vector accumulator marching
+// over K, a fixed horizontal reduction tree, a fixed tail) and every code
+// path uses it. Results therefore differ between ISAs, but never within one.
+package tensor

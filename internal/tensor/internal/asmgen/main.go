@@ -1,0 +1,432 @@
+// Command asmgen generates the amd64 assembly kernels of package tensor with
+// avo. Run it through `go generate` in internal/tensor; the output
+// (kern_amd64.s and kern_amd64_stubs.go) is committed, so building Tandem does
+// not need avo.
+//
+// Every dot product computed by a kernel of one instruction set has the same
+// accumulation structure, whichever kernel computes it:
+//
+//   - AVX-512: one 16-lane accumulator marches over K in steps of 16; the last
+//     partial step loads zeros in the masked-off lanes; the 16 lanes are then
+//     reduced by the fixed tree (l+l⁸)(l+l⁴)(l+l²)(l+l¹).
+//   - AVX2: one 8-lane accumulator marches over K in steps of 8, is reduced by
+//     the tree (l+l⁴)(l+l²)(l+l¹), and the K%8 tail is added one element at a
+//     time with scalar FMAs, in order.
+//
+// This is what makes the matrix product batch invariant: an output element
+// does not depend on the tile shape, the edge handling or M.
+package main
+
+import (
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// dtype describes how a weight element is stored and widened to f32.
+type dtype struct {
+	name   string // suffix in kernel names
+	goType string // pointer type in the Go stub
+	shift  uint8  // log2 of the element size in bytes
+}
+
+var (
+	dtF32  = dtype{"F32", "*float32", 2}
+	dtBF16 = dtype{"BF16", "*uint16", 1}
+	dtF16  = dtype{"F16", "*uint16", 1}
+)
+
+// isa describes one vector instruction set.
+type isa struct {
+	name  string
+	lanes int
+	vec   func() VecVirtual
+	// cols is the number of weight rows a kernel with r x-rows processes
+	// per pass (its register tile is r×cols accumulators).
+	cols func(r int) int
+}
+
+var (
+	avx512 = isa{name: "AVX512", lanes: 16, vec: ZMM, cols: func(r int) int { return 4 }}
+	avx2   = isa{name: "AVX2", lanes: 8, vec: YMM, cols: func(r int) int {
+		if r <= 2 {
+			return 4
+		}
+		return 2
+	}}
+)
+
+func main() {
+	ConstraintExpr("amd64")
+	for _, s := range []isa{avx512, avx2} {
+		for _, dt := range []dtype{dtF32, dtBF16, dtF16} {
+			for r := 1; r <= 4; r++ {
+				gemm(s, dt, r)
+			}
+		}
+		dot(s)
+		axpy(s)
+	}
+	Generate()
+}
+
+// tailMask loads into a mask register the lanes of the last partial step of
+// a length-k loop: bit t is set for t < k%16.
+func tailMask(k Register) OpmaskVirtual {
+	t := GP32()
+	MOVL(k.(GPVirtual).As32(), t)
+	ANDL(U32(15), t)
+	ones := GP32()
+	MOVL(U32(0xffff), ones)
+	m := GP32()
+	BZHIL(t, ones, m)
+	km := K()
+	KMOVW(m, km)
+	return km
+}
+
+// loadW loads one vector of weights at m, widened to f32, into dst. With a
+// mask the lanes beyond the mask are zero and the memory beyond them is not
+// touched.
+func loadW(s isa, dt dtype, m Mem, dst VecVirtual, mask Op) {
+	if mask == nil {
+		switch dt {
+		case dtF32:
+			VMOVUPS(m, dst)
+		case dtBF16:
+			VPMOVZXWD(m, dst)
+			VPSLLD(U8(16), dst, dst)
+		case dtF16:
+			VCVTPH2PS(m, dst)
+		}
+		return
+	}
+	switch dt {
+	case dtF32:
+		VMOVUPS_Z(m, mask, dst)
+	case dtBF16:
+		h := YMM()
+		VMOVDQU16_Z(m, mask, h)
+		VPMOVZXWD(h, dst)
+		VPSLLD(U8(16), dst, dst)
+	case dtF16:
+		h := YMM()
+		VMOVDQU16_Z(m, mask, h)
+		VCVTPH2PS(h, dst)
+	}
+}
+
+// loadScalarW loads one weight element at m, widened to f32, into the low
+// lane of dst.
+func loadScalarW(dt dtype, m Mem, dst VecVirtual) {
+	switch dt {
+	case dtF32:
+		VMOVSS(m, dst)
+	case dtBF16:
+		t := GP32()
+		MOVWLZX(m, t)
+		SHLL(U8(16), t)
+		VMOVD(t, dst)
+	case dtF16:
+		t := GP32()
+		MOVWLZX(m, t)
+		VMOVD(t, dst)
+		VCVTPH2PS(dst, dst)
+	}
+}
+
+// reduce sums the lanes of acc with the instruction set's fixed tree and
+// returns an XMM register holding the sum in its low lane.
+func reduce(s isa, acc VecVirtual) VecVirtual {
+	x := XMM()
+	if s.lanes == 16 {
+		y := YMM()
+		VEXTRACTF32X8(U8(1), acc, y)
+		VADDPS(y, acc.AsY(), y)
+		VEXTRACTF32X4(U8(1), y, x)
+		VADDPS(x, y.AsX(), x)
+	} else {
+		VEXTRACTF128(U8(1), acc, x)
+		VADDPS(x, acc.AsX(), x)
+	}
+	x2 := XMM()
+	VMOVHLPS(x, x, x2)
+	VADDPS(x2, x, x2)
+	x3 := XMM()
+	VMOVSHDUP(x2, x3)
+	VADDSS(x3, x2, x3)
+	return x3
+}
+
+// gemm emits a kernel computing out[r*ldo+j] = Σ_t x[r*ldx+t]·w[j*ldw+t] for
+// r < rows, j < n, t < k, processing cols weight rows per pass and the
+// remaining n%cols rows one at a time. ldx, ldw and ldo count elements.
+func gemm(s isa, dt dtype, rows int) {
+	name := fmt.Sprintf("gemm%s%sR%d", s.name, dt.name, rows)
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(x *float32, ldx int, w %s, ldw int, k int, n int, out *float32, ldo int)", dt.goType))
+	Doc(fmt.Sprintf("%s computes %d rows of x times n rows of %s weights (see asmgen).", name, rows, dt.name))
+
+	k := Load(Param("k"), GP64())
+	kv := GP64()
+	MOVQ(k, kv)
+	ANDQ(I32(-s.lanes), kv)
+	var mask Op
+	if s.lanes == 16 {
+		mask = tailMask(k)
+	}
+
+	xr := make([]GPVirtual, rows)
+	xr[0] = Load(Param("x"), GP64()).(GPVirtual)
+	if rows > 1 {
+		ldx := Load(Param("ldx"), GP64())
+		SHLQ(U8(2), ldx)
+		for r := 1; r < rows; r++ {
+			xr[r] = GP64()
+			LEAQ(Mem{Base: xr[r-1], Index: ldx, Scale: 1}, xr[r])
+		}
+	}
+	wcur := Load(Param("w"), GP64())
+	ocur := Load(Param("out"), GP64())
+	nrem := Load(Param("n"), GP64())
+
+	cols := s.cols(rows)
+	Label("group")
+	CMPQ(nrem, U32(cols))
+	JL(LabelRef("single"))
+	gemmPass(s, dt, rows, cols, xr, wcur, ocur, k, kv, mask, "g")
+	SUBQ(U32(cols), nrem)
+	JMP(LabelRef("group"))
+
+	Label("single")
+	if cols > 1 {
+		TESTQ(nrem, nrem)
+		JE(LabelRef("done"))
+		gemmPass(s, dt, rows, 1, xr, wcur, ocur, k, kv, mask, "s")
+		DECQ(nrem)
+		JMP(LabelRef("single"))
+	}
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
+// gemmPass emits one rows×cols register tile over the whole K and advances
+// wcur by cols weight rows and ocur by cols outputs.
+func gemmPass(s isa, dt dtype, rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op, p string) {
+	ldw := Load(Param("ldw"), GP64())
+	SHLQ(U8(dt.shift), ldw)
+	wr := make([]GPVirtual, cols)
+	for c := range wr {
+		wr[c] = GP64()
+		if c == 0 {
+			MOVQ(wcur, wr[c])
+		} else {
+			LEAQ(Mem{Base: wr[c-1], Index: ldw, Scale: 1}, wr[c])
+		}
+	}
+	LEAQ(Mem{Base: wr[cols-1], Index: ldw, Scale: 1}, wcur)
+
+	acc := make([][]VecVirtual, rows)
+	for r := range acc {
+		acc[r] = make([]VecVirtual, cols)
+		for c := range acc[r] {
+			acc[r][c] = s.vec()
+			VXORPS(acc[r][c], acc[r][c], acc[r][c])
+		}
+	}
+	step := func(m Op) {
+		ws := make([]VecVirtual, cols)
+		for c := range ws {
+			ws[c] = s.vec()
+			loadW(s, dt, Mem{Base: wr[c], Index: i(), Scale: 1 << dt.shift}, ws[c], m)
+		}
+		for r := range rows {
+			xv := s.vec()
+			if m == nil {
+				VMOVUPS(Mem{Base: xr[r], Index: i(), Scale: 4}, xv)
+			} else {
+				VMOVUPS_Z(Mem{Base: xr[r], Index: i(), Scale: 4}, m, xv)
+			}
+			for c := range cols {
+				VFMADD231PS(ws[c], xv, acc[r][c])
+			}
+		}
+	}
+	idx = GP64()
+	XORQ(idx, idx)
+	TESTQ(kv, kv)
+	JE(LabelRef(p + "tail"))
+	Label(p + "loop")
+	step(nil)
+	ADDQ(U32(s.lanes), idx)
+	CMPQ(idx, kv)
+	JL(LabelRef(p + "loop"))
+	Label(p + "tail")
+
+	sums := make([][]VecVirtual, rows)
+	if s.lanes == 16 {
+		CMPQ(idx, k)
+		JE(LabelRef(p + "reduce"))
+		step(mask)
+		Label(p + "reduce")
+		for r := range rows {
+			sums[r] = make([]VecVirtual, cols)
+			for c := range cols {
+				sums[r][c] = reduce(s, acc[r][c])
+			}
+		}
+	} else {
+		for r := range rows {
+			sums[r] = make([]VecVirtual, cols)
+			for c := range cols {
+				sums[r][c] = reduce(s, acc[r][c])
+			}
+		}
+		Label(p + "scalar")
+		CMPQ(idx, k)
+		JE(LabelRef(p + "store"))
+		ws := make([]VecVirtual, cols)
+		for c := range ws {
+			ws[c] = XMM()
+			loadScalarW(dt, Mem{Base: wr[c], Index: idx, Scale: 1 << dt.shift}, ws[c])
+		}
+		for r := range rows {
+			xv := XMM()
+			VMOVSS(Mem{Base: xr[r], Index: idx, Scale: 4}, xv)
+			for c := range cols {
+				VFMADD231SS(ws[c], xv, sums[r][c])
+			}
+		}
+		INCQ(idx)
+		JMP(LabelRef(p + "scalar"))
+		Label(p + "store")
+	}
+
+	orow := GP64()
+	MOVQ(ocur, orow)
+	var ldo Register
+	if rows > 1 {
+		ldo = Load(Param("ldo"), GP64())
+		SHLQ(U8(2), ldo)
+	}
+	for r := range rows {
+		for c := range cols {
+			VMOVSS(sums[r][c], Mem{Base: orow, Disp: 4 * c})
+		}
+		if r+1 < rows {
+			ADDQ(ldo, orow)
+		}
+	}
+	ADDQ(U32(4*cols), ocur)
+}
+
+// idx is the element index register of the K loop being emitted.
+var idx GPVirtual
+
+func i() Register { return idx }
+
+// dot emits Dot over n elements with the instruction set's fixed structure.
+func dot(s isa) {
+	name := "dot" + s.name
+	TEXT(name, NOSPLIT, "func(a, b *float32, n int) float32")
+	Doc(name + " returns Σ a[t]·b[t] for t < n.")
+	a := Load(Param("a"), GP64())
+	b := Load(Param("b"), GP64())
+	n := Load(Param("n"), GP64())
+	nv := GP64()
+	MOVQ(n, nv)
+	ANDQ(I32(-s.lanes), nv)
+	acc := s.vec()
+	VXORPS(acc, acc, acc)
+	idx = GP64()
+	XORQ(idx, idx)
+	TESTQ(nv, nv)
+	JE(LabelRef("tail"))
+	Label("loop")
+	v := s.vec()
+	VMOVUPS(Mem{Base: a, Index: idx, Scale: 4}, v)
+	VFMADD231PS(Mem{Base: b, Index: idx, Scale: 4}, v, acc)
+	ADDQ(U32(s.lanes), idx)
+	CMPQ(idx, nv)
+	JL(LabelRef("loop"))
+	Label("tail")
+	if s.lanes == 16 {
+		mask := tailMask(n)
+		CMPQ(idx, n)
+		JE(LabelRef("reduce"))
+		va, vb := s.vec(), s.vec()
+		VMOVUPS_Z(Mem{Base: a, Index: idx, Scale: 4}, mask, va)
+		VMOVUPS_Z(Mem{Base: b, Index: idx, Scale: 4}, mask, vb)
+		VFMADD231PS(vb, va, acc)
+		Label("reduce")
+		sum := reduce(s, acc)
+		Store(sum, ReturnIndex(0))
+	} else {
+		sum := reduce(s, acc)
+		Label("scalar")
+		CMPQ(idx, n)
+		JE(LabelRef("done"))
+		xa := XMM()
+		VMOVSS(Mem{Base: a, Index: idx, Scale: 4}, xa)
+		VFMADD231SS(Mem{Base: b, Index: idx, Scale: 4}, xa, sum)
+		INCQ(idx)
+		JMP(LabelRef("scalar"))
+		Label("done")
+		Store(sum, ReturnIndex(0))
+	}
+	VZEROUPPER()
+	RET()
+}
+
+// axpy emits y[t] += alpha·x[t] for t < n, one FMA per element.
+func axpy(s isa) {
+	name := "axpy" + s.name
+	TEXT(name, NOSPLIT, "func(alpha float32, x, y *float32, n int)")
+	Doc(name + " computes y[t] = fma(alpha, x[t], y[t]) for t < n.")
+	al := s.vec()
+	VBROADCASTSS(NewParamAddr("alpha", 0), al)
+	x := Load(Param("x"), GP64())
+	y := Load(Param("y"), GP64())
+	n := Load(Param("n"), GP64())
+	nv := GP64()
+	MOVQ(n, nv)
+	ANDQ(I32(-s.lanes), nv)
+	idx = GP64()
+	XORQ(idx, idx)
+	TESTQ(nv, nv)
+	JE(LabelRef("tail"))
+	Label("loop")
+	v := s.vec()
+	VMOVUPS(Mem{Base: y, Index: idx, Scale: 4}, v)
+	VFMADD231PS(Mem{Base: x, Index: idx, Scale: 4}, al, v)
+	VMOVUPS(v, Mem{Base: y, Index: idx, Scale: 4})
+	ADDQ(U32(s.lanes), idx)
+	CMPQ(idx, nv)
+	JL(LabelRef("loop"))
+	Label("tail")
+	if s.lanes == 16 {
+		mask := tailMask(n)
+		CMPQ(idx, n)
+		JE(LabelRef("done"))
+		vx, vy := s.vec(), s.vec()
+		VMOVUPS_Z(Mem{Base: x, Index: idx, Scale: 4}, mask, vx)
+		VMOVUPS_Z(Mem{Base: y, Index: idx, Scale: 4}, mask, vy)
+		VFMADD231PS(vx, al, vy)
+		VMOVUPS(vy, mask, Mem{Base: y, Index: idx, Scale: 4})
+	} else {
+		Label("scalar")
+		CMPQ(idx, n)
+		JE(LabelRef("done"))
+		vy := XMM()
+		VMOVSS(Mem{Base: y, Index: idx, Scale: 4}, vy)
+		VFMADD231SS(Mem{Base: x, Index: idx, Scale: 4}, al.AsX(), vy)
+		VMOVSS(vy, Mem{Base: y, Index: idx, Scale: 4})
+		INCQ(idx)
+		JMP(LabelRef("scalar"))
+	}
+	Label("done")
+	VZEROUPPER()
+	RET()
+}

@@ -1,0 +1,171 @@
+package tensor
+
+import (
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+)
+
+// gemmF32 and gemmU16 are the signatures of the matrix kernels: they compute
+// out[r*ldo+j] = Σ_t x[r*ldx+t]·w[j*ldw+t] for r < rows (fixed per kernel),
+// j < n and t < k. ldx, ldw and ldo count elements. The caller guarantees
+// that every addressed element is in bounds.
+type (
+	gemmF32 func(x *float32, ldx int, w *float32, ldw, k, n int, out *float32, ldo int)
+	gemmU16 func(x *float32, ldx int, w *uint16, ldw, k, n int, out *float32, ldo int)
+)
+
+// maxTileRows is the largest number of x rows one matrix kernel handles.
+const maxTileRows = 4
+
+// kernelSet is one implementation of the kernels: every dot product it
+// computes has one fixed accumulation structure, so its results are
+// batch invariant (see asmgen for the assembly variants).
+type kernelSet struct {
+	name string
+	// f32, bf16 and f16 hold the matrix kernels for 1..maxTileRows x rows
+	// (index rows-1).
+	f32  [maxTileRows]gemmF32
+	bf16 [maxTileRows]gemmU16
+	f16  [maxTileRows]gemmU16
+	// cols is the number of weight rows the widest kernel processes per
+	// pass; the matrix driver aligns its work split to it.
+	cols  int
+	dot   func(a, b *float32, n int) float32
+	axpy  func(alpha float32, x, y *float32, n int)
+	avail bool
+}
+
+// kernelSets lists the implementations in order of preference: the
+// architecture's assembly variants, then the pure-Go one.
+var kernelSets = append(archKernelSets(), genericSet())
+
+// active is the kernel set in use.
+var active atomic.Pointer[kernelSet]
+
+func init() {
+	for _, ks := range kernelSets {
+		if ks.avail {
+			active.Store(ks)
+			break
+		}
+	}
+}
+
+// ISA names the kernel implementation in use: "avx512", "avx2" or "go".
+// Two processes produce bit-identical results only if their ISA is the
+// same, so engines that exchange KV cache state should compare it.
+func ISA() string { return active.Load().name }
+
+// ISAs lists the kernel implementations this machine can run, best first.
+func ISAs() []string {
+	var names []string
+	for _, ks := range kernelSets {
+		if ks.avail {
+			names = append(names, ks.name)
+		}
+	}
+	return names
+}
+
+// SetISA selects the kernel implementation by name (one of ISAs). It is
+// meant for start-up and tests: kernels running concurrently with SetISA
+// may use either implementation.
+func SetISA(name string) error {
+	for _, ks := range kernelSets {
+		if ks.name == name {
+			if !ks.avail {
+				return fmt.Errorf("tensor: ISA %q is not supported by this CPU (supported: %v)", name, ISAs())
+			}
+			active.Store(ks)
+			return nil
+		}
+	}
+	return fmt.Errorf("tensor: unknown ISA %q (supported: %v)", name, ISAs())
+}
+
+// genericSet returns the pure-Go kernels. Every dot product is dotGo over
+// widened weights, whatever the kernel, so they are batch invariant.
+func genericSet() *kernelSet {
+	ks := &kernelSet{name: "go", cols: 1, avail: true, dot: dotGoPtr, axpy: axpyGoPtr}
+	for r := range maxTileRows {
+		rows := r + 1
+		ks.f32[r] = func(x *float32, ldx int, w *float32, ldw, k, n int, out *float32, ldo int) {
+			xs, ws, os := views(x, ldx, rows, k), unsafe.Slice(w, span(ldw, n, k)), unsafe.Slice(out, span(ldo, rows, n))
+			for j := range n {
+				wr := ws[j*ldw : j*ldw+k]
+				for i := range rows {
+					os[i*ldo+j] = dotGo(xs[i*ldx:i*ldx+k], wr)
+				}
+			}
+		}
+		ks.bf16[r] = genericU16(rows, BF16ToF32)
+		ks.f16[r] = genericU16(rows, F16ToF32)
+	}
+	return ks
+}
+
+// genericU16 returns a pure-Go kernel for 16-bit weights widened by widen.
+func genericU16(rows int, widen func(uint16) float32) gemmU16 {
+	return func(x *float32, ldx int, w *uint16, ldw, k, n int, out *float32, ldo int) {
+		xs, ws, os := views(x, ldx, rows, k), unsafe.Slice(w, span(ldw, n, k)), unsafe.Slice(out, span(ldo, rows, n))
+		row := make([]float32, k)
+		for j := range n {
+			for t, b := range ws[j*ldw : j*ldw+k] {
+				row[t] = widen(b)
+			}
+			for i := range rows {
+				os[i*ldo+j] = dotGo(xs[i*ldx:i*ldx+k], row)
+			}
+		}
+	}
+}
+
+// span is the number of elements addressed by rows rows of length cols at
+// stride ld.
+func span(ld, rows, cols int) int {
+	if rows == 0 || cols == 0 {
+		return 0
+	}
+	return (rows-1)*ld + cols
+}
+
+// views returns the rows×k elements at x with row stride ld as a slice.
+func views(x *float32, ld, rows, k int) []float32 { return unsafe.Slice(x, span(ld, rows, k)) }
+
+// dotGo is the pure-Go dot product: four interleaved partial sums over
+// groups of four, combined as (s0+s1)+(s2+s3), then the tail in order. The
+// explicit float32 conversions forbid the compiler from fusing the
+// multiplies and adds, so the result does not depend on GOAMD64.
+func dotGo(a, b []float32) float32 {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 float32
+	n4 := len(a) &^ 3
+	for t := 0; t < n4; t += 4 {
+		s0 += float32(a[t] * b[t])
+		s1 += float32(a[t+1] * b[t+1])
+		s2 += float32(a[t+2] * b[t+2])
+		s3 += float32(a[t+3] * b[t+3])
+	}
+	s := (s0 + s1) + (s2 + s3)
+	for t := n4; t < len(a); t++ {
+		s += float32(a[t] * b[t])
+	}
+	return s
+}
+
+func dotGoPtr(a, b *float32, n int) float32 {
+	return dotGo(unsafe.Slice(a, n), unsafe.Slice(b, n))
+}
+
+// axpyGo computes y[t] += alpha·x[t] without fusing (see dotGo).
+func axpyGo(alpha float32, x, y []float32) {
+	y = y[:len(x)]
+	for t, v := range x {
+		y[t] += float32(alpha * v)
+	}
+}
+
+func axpyGoPtr(alpha float32, x, y *float32, n int) {
+	axpyGo(alpha, unsafe.Slice(x, n), unsafe.Slice(y, n))
+}

@@ -1,0 +1,35 @@
+package tensor
+
+import "golang.org/x/sys/cpu"
+
+//go:generate go run ./internal/asmgen -out kern_amd64.s -stubs kern_amd64_stubs.go -pkg tensor
+
+// archKernelSets returns the assembly kernel sets, best first, marking those
+// this CPU cannot run.
+func archKernelSets() []*kernelSet {
+	x := cpu.X86
+	avx2 := x.HasAVX2 && x.HasFMA && x.HasF16C && x.HasOSXSAVE
+	avx512 := avx2 && x.HasAVX512F && x.HasAVX512BW && x.HasAVX512DQ && x.HasAVX512VL && x.HasBMI2
+	return []*kernelSet{
+		{
+			name:  "avx512",
+			f32:   [maxTileRows]gemmF32{gemmAVX512F32R1, gemmAVX512F32R2, gemmAVX512F32R3, gemmAVX512F32R4},
+			bf16:  [maxTileRows]gemmU16{gemmAVX512BF16R1, gemmAVX512BF16R2, gemmAVX512BF16R3, gemmAVX512BF16R4},
+			f16:   [maxTileRows]gemmU16{gemmAVX512F16R1, gemmAVX512F16R2, gemmAVX512F16R3, gemmAVX512F16R4},
+			cols:  4,
+			dot:   dotAVX512,
+			axpy:  axpyAVX512,
+			avail: avx512,
+		},
+		{
+			name:  "avx2",
+			f32:   [maxTileRows]gemmF32{gemmAVX2F32R1, gemmAVX2F32R2, gemmAVX2F32R3, gemmAVX2F32R4},
+			bf16:  [maxTileRows]gemmU16{gemmAVX2BF16R1, gemmAVX2BF16R2, gemmAVX2BF16R3, gemmAVX2BF16R4},
+			f16:   [maxTileRows]gemmU16{gemmAVX2F16R1, gemmAVX2F16R2, gemmAVX2F16R3, gemmAVX2F16R4},
+			cols:  4,
+			dot:   dotAVX2,
+			axpy:  axpyAVX2,
+			avail: avx2,
+		},
+	}
+}

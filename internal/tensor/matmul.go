@@ -1,0 +1,107 @@
+package tensor
+
+import (
+	"fmt"
+)
+
+const (
+	// serialFMAs is the size (m·n·k) below which MatMul runs on the caller
+	// alone: waking a worker costs more than it saves.
+	serialFMAs = 1 << 15
+	// chunksPerThread is how many pieces of work MatMul makes per thread so
+	// that dynamic claiming evens out noisy neighbours.
+	chunksPerThread = 4
+	// chunkAlign is the granularity (in weight rows) of MatMul's work
+	// split, a multiple of every kernel set's cols.
+	chunkAlign = 16
+	// panelBytes bounds the weights one pass of x-row groups walks over
+	// when m is larger than one tile, so that they stay in L2 while every
+	// group of x rows reads them.
+	panelBytes = 64 << 10
+)
+
+// MatMul computes out[i*w.Rows+j] = Σ_k x[i*w.Cols+k]·W[j][k] for i < m and
+// j < w.Rows: the product of the m×Cols activations x with the transposed
+// weights, as a Hugging Face Linear layer does. Weights stay in their dtype
+// and are widened to f32 inside the kernels; accumulation is in f32.
+//
+// Every output element is computed with the same reduction order whatever m
+// is, whichever worker or kernel tile computes it (batch invariance), for a
+// given ISA. out must not overlap x. MatMul panics if x, out or w are
+// shorter than the shapes require (a programming error, like an index out
+// of range).
+func (p *Pool) MatMul(out, x []float32, m int, w *Mat) {
+	n, k := w.Rows, w.Cols
+	checkMatMul(out, x, m, w)
+	if m == 0 || n == 0 {
+		return
+	}
+	if k == 0 {
+		clear(out[:m*n])
+		return
+	}
+	ks := active.Load()
+	chunk := n
+	if p.threads > 1 && m*n*k >= serialFMAs {
+		chunk = (n + p.threads*chunksPerThread - 1) / (p.threads * chunksPerThread)
+		chunk = (chunk + chunkAlign - 1) / chunkAlign * chunkAlign
+	}
+	p.run(n, chunk, func(_, lo, hi int) { matmulRange(ks, out, x, m, w, lo, hi) })
+}
+
+// checkMatMul panics with a descriptive message if the slices cannot hold
+// the shapes MatMul was asked to compute.
+func checkMatMul(out, x []float32, m int, w *Mat) {
+	n, k := w.Rows, w.Cols
+	if m < 0 || n < 0 || k < 0 {
+		panic(fmt.Sprintf("tensor: MatMul with negative shape m=%d rows=%d cols=%d", m, n, k))
+	}
+	if len(x) < m*k {
+		panic(fmt.Sprintf("tensor: MatMul x has %d elements, want m×cols = %d×%d", len(x), m, k))
+	}
+	if len(out) < m*n {
+		panic(fmt.Sprintf("tensor: MatMul out has %d elements, want m×rows = %d×%d", len(out), m, n))
+	}
+	var have int
+	switch w.DType {
+	case F32:
+		have = len(w.F32)
+	case BF16, F16:
+		have = len(w.U16)
+	default:
+		panic(fmt.Sprintf("tensor: MatMul weights have unknown dtype %d", w.DType))
+	}
+	if have < n*k {
+		panic(fmt.Sprintf("tensor: MatMul %s weights have %d elements, want rows×cols = %d×%d", w.DType, have, n, k))
+	}
+}
+
+// matmulRange computes output columns [lo,hi) (weight rows) for all m rows
+// of x. For m above one tile it walks the weights in panels small enough to
+// stay in cache while every group of x rows passes over them.
+func matmulRange(ks *kernelSet, out, x []float32, m int, w *Mat, lo, hi int) {
+	n, k := w.Rows, w.Cols
+	panel := hi - lo
+	if m > maxTileRows {
+		esize := 4
+		if w.DType != F32 {
+			esize = 2
+		}
+		panel = max(ks.cols, panelBytes/(k*esize)/ks.cols*ks.cols)
+	}
+	for plo := lo; plo < hi; plo += panel {
+		rows := min(panel, hi-plo)
+		for i := 0; i < m; i += maxTileRows {
+			r := min(maxTileRows, m-i)
+			xp, op := &x[i*k], &out[i*n+plo]
+			switch w.DType {
+			case F32:
+				ks.f32[r-1](xp, k, &w.F32[plo*k], k, k, rows, op, n)
+			case BF16:
+				ks.bf16[r-1](xp, k, &w.U16[plo*k], k, k, rows, op, n)
+			case F16:
+				ks.f16[r-1](xp, k, &w.U16[plo*k], k, k, rows, op, n)
+			}
+		}
+	}
+}

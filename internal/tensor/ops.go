@@ -1,0 +1,81 @@
+package tensor
+
+import (
+	"fmt"
+	"math"
+)
+
+// Dot returns Σ a[i]·b[i] over len(a). b must be at least as long as a. The
+// reduction order is fixed for a given ISA and length.
+func Dot(a, b []float32) float32 {
+	if len(b) < len(a) {
+		panic(fmt.Sprintf("tensor: Dot with len(b)=%d < len(a)=%d", len(b), len(a)))
+	}
+	if len(a) == 0 {
+		return 0
+	}
+	return active.Load().dot(&a[0], &b[0], len(a))
+}
+
+// Axpy computes y[i] += a·x[i] for i < len(x). y must be at least as long
+// as x.
+func Axpy(a float32, x, y []float32) {
+	if len(y) < len(x) {
+		panic(fmt.Sprintf("tensor: Axpy with len(y)=%d < len(x)=%d", len(y), len(x)))
+	}
+	if len(x) == 0 {
+		return
+	}
+	active.Load().axpy(a, &x[0], &y[0], len(x))
+}
+
+// RMSNorm writes x/rms(x)·w into out for one row: out[i] = x[i]·w[i] /
+// sqrt(mean(x²)+eps). w and out must be at least as long as x; out may be x.
+func RMSNorm(out, x, w []float32, eps float32) {
+	if len(w) < len(x) || len(out) < len(x) {
+		panic(fmt.Sprintf("tensor: RMSNorm with len(x)=%d, len(w)=%d, len(out)=%d", len(x), len(w), len(out)))
+	}
+	if len(x) == 0 {
+		return
+	}
+	ss := Dot(x, x)
+	inv := float32(1 / math.Sqrt(float64(ss/float32(len(x))+eps)))
+	w, out = w[:len(x)], out[:len(x)]
+	for i, v := range x {
+		out[i] = float32(v*inv) * w[i]
+	}
+}
+
+// SiLUMul computes gate[i] = silu(gate[i])·up[i] = gate[i]/(1+e^-gate[i])·up[i]
+// for i < len(gate). up must be at least as long as gate.
+func SiLUMul(gate, up []float32) {
+	if len(up) < len(gate) {
+		panic(fmt.Sprintf("tensor: SiLUMul with len(up)=%d < len(gate)=%d", len(up), len(gate)))
+	}
+	up = up[:len(gate)]
+	for i, g := range gate {
+		gate[i] = g / (1 + expf(-g)) * up[i]
+	}
+}
+
+// Softmax normalises x in place: x[i] = e^(x[i]-max) / Σ e^(x[j]-max). The
+// sum runs in index order, so the result depends only on x.
+func Softmax(x []float32) {
+	if len(x) == 0 {
+		return
+	}
+	mx := x[0]
+	for _, v := range x[1:] {
+		mx = max(mx, v)
+	}
+	var sum float32
+	for i, v := range x {
+		e := expf(v - mx)
+		x[i] = e
+		sum += e
+	}
+	inv := 1 / sum
+	for i := range x {
+		x[i] *= inv
+	}
+}
