@@ -1,3 +1,318 @@
 package main
 
-func runServe(args []string) error { return errNotYet }
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/metrics"
+	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/tandem-serve/tandem/internal/tensor"
+	"github.com/tandem-serve/tandem/internal/tokenizer"
+)
+
+// serveConfig is the configuration of `tandem serve`. Each group of flags
+// registers itself in register and is checked in validate, so a new group
+// (the P/D flags) is one more field, a few more lines in both, and its
+// fields passed on in engineConfig.
+type serveConfig struct {
+	Model           string
+	Host            string
+	Port            int
+	ServedModelName string
+
+	BlockSize           int
+	NumBlocks           int
+	KVCacheMemory       byteSize
+	MaxNumSeqs          int
+	MaxNumBatchedTokens int
+	MaxModelLen         int
+	Threads             int
+
+	MaxRequestBody  byteSize
+	ShutdownTimeout time.Duration
+	LogLevel        slog.Level
+}
+
+func (c *serveConfig) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.Model, "model", "", "model directory in Hugging Face layout (config.json, *.safetensors, tokenizer.json); required")
+	fs.StringVar(&c.Host, "host", "127.0.0.1", "address to listen on")
+	fs.IntVar(&c.Port, "port", 8000, "port to listen on")
+	fs.StringVar(&c.ServedModelName, "served-model-name", "", "model name clients send (default: the base name of --model)")
+
+	fs.IntVar(&c.BlockSize, "block-size", 16, "tokens per KV-cache block")
+	fs.IntVar(&c.NumBlocks, "num-blocks", 0, "KV-cache blocks (overrides --kv-cache-memory)")
+	fs.Var(&c.KVCacheMemory, "kv-cache-memory", "KV-cache size, e.g. 512MiB or 2GiB (default: room for max-num-seqs full-length sequences, capped at 20% of RAM)")
+	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", 64, "most sequences in one batch")
+	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", 2048, "most tokens in one step (prefill chunks beyond it)")
+	fs.IntVar(&c.MaxModelLen, "max-model-len", 0, "context window in tokens (default: the model's)")
+	fs.IntVar(&c.Threads, "threads", runtime.GOMAXPROCS(0), "compute threads")
+
+	c.MaxRequestBody = openai.DefaultMaxBodyBytes
+	fs.Var(&c.MaxRequestBody, "max-request-body", "largest request body accepted; larger ones get 413")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may run before they are aborted")
+	fs.TextVar(&c.LogLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
+}
+
+func (c *serveConfig) validate() error {
+	switch {
+	case c.Model == "":
+		return errors.New("--model is required: a model directory in Hugging Face layout")
+	case c.Port < 0 || c.Port > 65535:
+		return fmt.Errorf("--port %d is not a TCP port", c.Port)
+	case c.BlockSize < 1:
+		return fmt.Errorf("--block-size must be at least 1, got %d", c.BlockSize)
+	case c.NumBlocks < 0:
+		return fmt.Errorf("--num-blocks must be positive, got %d", c.NumBlocks)
+	case c.NumBlocks > 0 && c.KVCacheMemory > 0:
+		return errors.New("set --num-blocks or --kv-cache-memory, not both")
+	case c.MaxNumSeqs < 1:
+		return fmt.Errorf("--max-num-seqs must be at least 1, got %d", c.MaxNumSeqs)
+	case c.MaxNumBatchedTokens < 1:
+		return fmt.Errorf("--max-num-batched-tokens must be at least 1, got %d", c.MaxNumBatchedTokens)
+	case c.MaxModelLen < 0:
+		return fmt.Errorf("--max-model-len must be positive, got %d", c.MaxModelLen)
+	case c.Threads < 1:
+		return fmt.Errorf("--threads must be at least 1, got %d", c.Threads)
+	case c.MaxRequestBody < 1:
+		return errors.New("--max-request-body must be positive")
+	case c.ShutdownTimeout <= 0:
+		return errors.New("--shutdown-timeout must be positive")
+	}
+	if c.ServedModelName == "" {
+		c.ServedModelName = filepath.Base(filepath.Clean(c.Model))
+	}
+	return nil
+}
+
+// parseServeFlags parses the flags of `tandem serve`.
+func parseServeFlags(args []string) (*serveConfig, error) {
+	fs := flag.NewFlagSet("tandem serve", flag.ContinueOnError)
+	c := &serveConfig{}
+	c.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func runServe(args []string) error {
+	cfg, err := parseServeFlags(args)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return serve(ctx, cfg, nil)
+}
+
+// serve runs an engine and its API until ctx ends, then shuts down
+// gracefully: /health turns 503, requests in flight get --shutdown-timeout
+// to finish (the rest are aborted), then the listener closes. ready, if not
+// nil, receives the listening address.
+func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+
+	pool := tensor.NewPool(cfg.Threads)
+	defer pool.Close()
+	m, err := model.Load(cfg.Model, pool)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	tok, err := tokenizer.Load(cfg.Model)
+	if err != nil {
+		return err
+	}
+	maxLen := m.MaxModelLen()
+	if cfg.MaxModelLen > 0 {
+		if cfg.MaxModelLen > maxLen {
+			return fmt.Errorf("--max-model-len %d is beyond the model's %d positions", cfg.MaxModelLen, maxLen)
+		}
+		maxLen = cfg.MaxModelLen
+	}
+	numBlocks := cfg.NumBlocks
+	if numBlocks == 0 && cfg.KVCacheMemory == 0 {
+		numBlocks = defaultNumBlocks(m.KVLayout(cfg.BlockSize).BlockBytes(), cfg.BlockSize, cfg.MaxNumSeqs, maxLen, totalRAM())
+	}
+	met := metrics.NewEngine(cfg.ServedModelName)
+	eng, err := engine.New(engine.Config{
+		Model:               m,
+		Tokenizer:           tok,
+		BlockSize:           cfg.BlockSize,
+		NumBlocks:           numBlocks,
+		KVCacheMemory:       int64(cfg.KVCacheMemory),
+		MaxNumSeqs:          cfg.MaxNumSeqs,
+		MaxNumBatchedTokens: cfg.MaxNumBatchedTokens,
+		MaxModelLen:         maxLen,
+		Metrics:             met,
+		Logger:              log,
+	})
+	if err != nil {
+		return err
+	}
+	api, err := openai.NewServer(openai.Config{
+		Backend:      eng,
+		Tokenizer:    tok,
+		ChatTemplate: openai.ChatTemplateOf(tok),
+		ModelName:    cfg.ServedModelName,
+		ModelRoot:    cfg.Model,
+		Defaults:     defaultsOf(m.GenerationConfig()),
+		Metrics:      met.Handler(),
+		Version:      version(),
+		MaxBodyBytes: int64(cfg.MaxRequestBody),
+		Logger:       log,
+	})
+	if err != nil {
+		return errors.Join(err, eng.Shutdown(context.Background()))
+	}
+
+	addr := net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return errors.Join(fmt.Errorf("listen on %s: %w", addr, err), eng.Shutdown(context.Background()))
+	}
+	srv := &http.Server{
+		Handler:           api,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       60 * time.Second, // the request body; streams are bounded per write instead
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	log.Info("serving", "addr", ln.Addr().String(), "model", cfg.ServedModelName, "max_model_len", maxLen,
+		"block_size", cfg.BlockSize, "num_blocks", numBlocks, "kv_cache_memory", int64(cfg.KVCacheMemory))
+	if ready != nil {
+		ready <- ln.Addr().String()
+	}
+
+	select {
+	case <-ctx.Done():
+	case err := <-served:
+		return errors.Join(fmt.Errorf("http server: %w", err), eng.Shutdown(context.Background()))
+	}
+	log.Info("shutting down: draining requests in flight", "timeout", cfg.ShutdownTimeout)
+	api.Drain()
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	engErr := eng.Shutdown(sctx)
+	httpErr := srv.Shutdown(sctx)
+	if httpErr != nil {
+		httpErr = errors.Join(httpErr, srv.Close())
+	}
+	log.Info("stopped")
+	return errors.Join(engErr, httpErr)
+}
+
+// defaultNumBlocks sizes the KV cache when no flag does: room for
+// maxNumSeqs sequences of the full context, capped at 20% of RAM, and never
+// less than one full-length sequence. ram 0 means unknown (no cap).
+func defaultNumBlocks(blockBytes, blockSize, maxNumSeqs, maxModelLen int, ram uint64) int {
+	perSeq := (maxModelLen + blockSize - 1) / blockSize
+	n := perSeq * maxNumSeqs
+	if ram > 0 && blockBytes > 0 {
+		n = min(n, int(ram/5/uint64(blockBytes)))
+	}
+	return max(n, perSeq)
+}
+
+// totalRAM is the machine's physical memory in bytes, or 0 if unknown.
+func totalRAM() uint64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+			kb, err := strconv.ParseUint(f[1], 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// defaultsOf maps generation_config.json onto the API's sampling defaults.
+func defaultsOf(g model.GenerationConfig) openai.Defaults {
+	return openai.Defaults{
+		Temperature:       g.Temperature,
+		TopP:              g.TopP,
+		TopK:              g.TopK,
+		MinP:              g.MinP,
+		RepetitionPenalty: g.RepetitionPenalty,
+		MaxNewTokens:      g.MaxNewTokens,
+	}
+}
+
+// version is the module version the binary was built from.
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}
+
+// byteSize is a flag holding a size in bytes, written as a plain number or
+// with a suffix: KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (powers of
+// 1024).
+type byteSize int64
+
+var byteUnits = []struct {
+	suffix string
+	mult   int64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+	{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40},
+	{"B", 1},
+}
+
+func (b *byteSize) String() string {
+	if b == nil {
+		return "0"
+	}
+	return strconv.FormatInt(int64(*b), 10)
+}
+
+// Set parses s.
+func (b *byteSize) Set(s string) error {
+	s = strings.TrimSpace(s)
+	mult := int64(1)
+	num := s
+	for _, u := range byteUnits {
+		if strings.HasSuffix(s, u.suffix) {
+			mult, num = u.mult, strings.TrimSpace(strings.TrimSuffix(s, u.suffix))
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil || v < 0 || v*float64(mult) >= 1<<63 {
+		return fmt.Errorf("%q is not a size: use bytes or a suffix such as 512MiB or 2GiB", s)
+	}
+	*b = byteSize(v * float64(mult))
+	return nil
+}
