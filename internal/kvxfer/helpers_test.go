@@ -3,8 +3,6 @@ package kvxfer
 import (
 	"context"
 	"crypto/rand"
-	"encoding/binary"
-	"fmt"
 	"net"
 	"os"
 	"runtime"
@@ -299,6 +297,3 @@ func dataHeader(corr uint64, n int) []byte {
 	putHeader(b, msgData, corr, n)
 	return b
 }
-
-var _ = binary.LittleEndian
-var _ = fmt.Sprintf
