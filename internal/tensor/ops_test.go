@@ -1,0 +1,215 @@
+package tensor
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+func TestDotAndAxpyMatchFloat64Reference(t *testing.T) {
+	forEachISA(t, func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(1, 2))
+		for n := 0; n <= 140; n++ {
+			a, b := randVec(rng, n), randVec(rng, n+3) // b longer than a is allowed
+			var ref, mag float64
+			for i := range n {
+				ref += float64(a[i]) * float64(b[i])
+				mag += math.Abs(float64(a[i]) * float64(b[i]))
+			}
+			if got := Dot(a, b); math.Abs(float64(got)-ref) > 1e-6*mag+1e-30 {
+				t.Fatalf("Dot n=%d = %g, want %g", n, got, ref)
+			}
+			if Dot(a, b) != Dot(a, b) {
+				t.Fatalf("Dot n=%d is not deterministic", n)
+			}
+
+			alpha := rng.Float32()*2 - 1
+			y := randVec(rng, n+2)
+			want := make([]float64, len(y))
+			for i := range y {
+				want[i] = float64(y[i])
+				if i < n {
+					want[i] += float64(alpha) * float64(a[i])
+				}
+			}
+			Axpy(alpha, a, y)
+			for i := range y {
+				if math.Abs(float64(y[i])-want[i]) > 1e-6*(math.Abs(want[i])+1) {
+					t.Fatalf("Axpy n=%d: y[%d] = %g, want %g", n, i, y[i], want[i])
+				}
+			}
+		}
+	})
+}
+
+func TestVectorOpsPanicOnShortOperands(t *testing.T) {
+	cases := map[string]func(){
+		"Dot":     func() { Dot(make([]float32, 3), make([]float32, 2)) },
+		"Axpy":    func() { Axpy(1, make([]float32, 3), make([]float32, 2)) },
+		"RMSNorm": func() { RMSNorm(make([]float32, 3), make([]float32, 3), make([]float32, 2), 1e-5) },
+		"SiLUMul": func() { SiLUMul(make([]float32, 3), make([]float32, 2)) },
+	}
+	for name, f := range cases {
+		t.Run(name, func(t *testing.T) {
+			defer func() {
+				if recover() == nil {
+					t.Fatalf("%s did not panic", name)
+				}
+			}()
+			f()
+		})
+	}
+}
+
+func TestElementwiseOpsMatchFloat64Reference(t *testing.T) {
+	forEachISA(t, func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(3, 4))
+		for _, n := range []int{1, 7, 8, 64, 172, 576} {
+			t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+				x, w := randVec(rng, n), randVec(rng, n)
+				for i := range x {
+					x[i] *= 8
+				}
+
+				out := make([]float32, n)
+				RMSNorm(out, x, w, 1e-5)
+				var ss float64
+				for _, v := range x {
+					ss += float64(v) * float64(v)
+				}
+				inv := 1 / math.Sqrt(ss/float64(n)+1e-5)
+				for i := range x {
+					want := float64(x[i]) * inv * float64(w[i])
+					if math.Abs(float64(out[i])-want) > 1e-5*(math.Abs(want)+1e-3) {
+						t.Fatalf("RMSNorm[%d] = %g, want %g", i, out[i], want)
+					}
+				}
+
+				gate := append([]float32(nil), x...)
+				SiLUMul(gate, w)
+				for i, g := range x {
+					want := float64(g) / (1 + math.Exp(-float64(g))) * float64(w[i])
+					if math.Abs(float64(gate[i])-want) > 1e-5*(math.Abs(want)+1e-6) {
+						t.Fatalf("SiLUMul[%d] = %g, want %g", i, gate[i], want)
+					}
+				}
+
+				p := append([]float32(nil), x...)
+				Softmax(p)
+				mx := math.Inf(-1)
+				for _, v := range x {
+					mx = math.Max(mx, float64(v))
+				}
+				var sum float64
+				for _, v := range x {
+					sum += math.Exp(float64(v) - mx)
+				}
+				for i, v := range x {
+					want := math.Exp(float64(v)-mx) / sum
+					if math.Abs(float64(p[i])-want) > 1e-5*want+1e-12 {
+						t.Fatalf("Softmax[%d] = %g, want %g", i, p[i], want)
+					}
+				}
+			})
+		}
+	})
+}
+
+func TestSoftmaxHandlesExtremes(t *testing.T) {
+	x := []float32{float32(math.Inf(-1)), 0, -1000, 80}
+	Softmax(x)
+	if x[0] != 0 || x[2] != 0 || x[3] != 1 || x[1] <= 0 || x[1] > 2e-35 {
+		t.Fatalf("Softmax(-inf, 0, -1000, 80) = %v", x)
+	}
+	Softmax(nil) // must not panic
+}
+
+func TestExpfIsAccurate(t *testing.T) {
+	worst := 0.0
+	for x := float32(-104); x < 89; x += 0.000731 {
+		got := float64(expf(x))
+		want := math.Exp(float64(x))
+		if want < math.SmallestNonzeroFloat32 {
+			continue
+		}
+		ulp := float64(math.Nextafter32(float32(want), float32(math.Inf(1)))) - float64(float32(want))
+		if want < 1.2e-38 { // subnormal: absolute ulp
+			ulp = math.SmallestNonzeroFloat32
+		}
+		if e := math.Abs(got-want) / ulp; e > worst {
+			worst = e
+			if e > 2 {
+				t.Fatalf("expf(%g) = %g, want %g (%.2f ulp)", x, got, want, e)
+			}
+		}
+	}
+	for _, c := range []struct{ x, want float32 }{
+		{float32(math.Inf(1)), float32(math.Inf(1))}, {float32(math.Inf(-1)), 0}, {89, float32(math.Inf(1))}, {-200, 0}, {0, 1},
+	} {
+		if got := expf(c.x); got != c.want {
+			t.Errorf("expf(%g) = %g, want %g", c.x, got, c.want)
+		}
+	}
+	if got := expf(float32(math.NaN())); got == got {
+		t.Errorf("expf(NaN) = %g, want NaN", got)
+	}
+	t.Logf("worst error %.2f ulp", worst)
+}
+
+func TestConversionsRoundTrip(t *testing.T) {
+	for h := range 1 << 16 {
+		b := uint16(h)
+		f := BF16ToF32(b)
+		if f == f && F32ToBF16(f) != b {
+			t.Fatalf("bf16 %#04x -> %g -> %#04x", b, f, F32ToBF16(f))
+		}
+		g := F16ToF32(b)
+		if g != g {
+			if back := F16ToF32(F32ToF16(g)); back == back {
+				t.Fatalf("f16 NaN %#04x did not stay NaN", b)
+			}
+			continue
+		}
+		if F32ToF16(g) != b {
+			t.Fatalf("f16 %#04x -> %g -> %#04x", b, g, F32ToF16(g))
+		}
+	}
+}
+
+func TestF32ToF16RoundsToNearestEven(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	check := func(f float32) {
+		h := F32ToF16(f)
+		got := float64(F16ToF32(h))
+		d := math.Abs(got - float64(f))
+		for _, nb := range []uint16{h - 1, h + 1} {
+			if nb&0x7c00 == 0x7c00 && nb&0x3ff != 0 || nb>>15 != h>>15 {
+				continue // NaN or other sign
+			}
+			dn := math.Abs(float64(F16ToF32(nb)) - float64(f))
+			if dn < d || (dn == d && h&1 == 1) {
+				t.Fatalf("F32ToF16(%g) = %#04x (%g), neighbour %#04x (%g) is nearer or even", f, h, got, nb, F16ToF32(nb))
+			}
+		}
+	}
+	for range 200000 {
+		e := rng.IntN(40) - 27 // 2^-27 .. 2^12: subnormals, normals
+		check(float32(math.Ldexp(rng.Float64()*2-1, e)))
+	}
+	for h := range uint16(0x7bff) { // exact midpoints between neighbours
+		mid := (float64(F16ToF32(h)) + float64(F16ToF32(h+1))) / 2
+		check(float32(mid))
+	}
+	if F32ToF16(70000) != 0x7c00 || F32ToF16(-70000) != 0xfc00 || F32ToF16(65519) != 0x7bff || F32ToF16(65520) != 0x7c00 {
+		t.Fatal("F32ToF16 overflow handling")
+	}
+	for _, b := range []float32{0.5, 1.5, -3.25} { // exactly representable in bf16
+		if BF16ToF32(F32ToBF16(b)) != b {
+			t.Fatalf("bf16 round trip of %g", b)
+		}
+	}
+	if F32ToBF16(1+1.0/256) != 0x3f80 || F32ToBF16(1+3.0/256) != 0x3f82 { // ties to even
+		t.Fatal("F32ToBF16 ties")
+	}
+}
