@@ -138,19 +138,26 @@ func (s *Sampler) Sample(logits []float32, prompt, output []int32) (int32, *Logp
 	if n == 0 {
 		return -1, nil
 	}
+	masking := len(output) < s.minTokens && len(s.stopIDs) > 0
+	processed := len(s.bias) > 0 || masking || s.penalties
+	if s.greedy && !processed && s.logprobs < 0 {
+		return argmax(logits), nil // the common case needs no copy
+	}
 	sc := getScratch(n)
 	defer putScratch(sc)
 
-	// Copy, treating NaN as -Inf; the raw maximum feeds logprobs.
+	// Copy, treating NaN as -Inf; the raw maximum feeds logprobs and is
+	// the greedy token when nothing changes the logits.
+	sc.wRaw = false
 	x := sc.x[:n]
-	rawMax := negInf
+	rawMax, rawArg := negInf, 0
 	for i, v := range logits {
 		if v != v {
 			v = negInf
 		}
 		x[i] = v
 		if v > rawMax {
-			rawMax = v
+			rawMax, rawArg = v, i
 		}
 	}
 	// Logprobs are of the raw distribution, so take what they need from x
@@ -164,7 +171,7 @@ func (s *Sampler) Sample(logits []float32, prompt, output []int32) (int32, *Logp
 			x[b.id] += b.bias
 		}
 	}
-	if len(output) < s.minTokens {
+	if masking {
 		for _, id := range s.stopIDs {
 			if id >= 0 && int(id) < n {
 				x[id] = negInf
@@ -174,11 +181,17 @@ func (s *Sampler) Sample(logits []float32, prompt, output []int32) (int32, *Logp
 	if s.penalties {
 		s.applyPenalties(x, prompt, output, sc)
 	}
+	if processed {
+		sc.wRaw = false
+	}
 
 	var tok int32
-	if s.greedy {
+	switch {
+	case s.greedy && !processed:
+		tok = int32(rawArg)
+	case s.greedy:
 		tok = argmax(x)
-	} else {
+	default:
 		tok = s.sampleRandom(x, u, sc)
 	}
 	if s.logprobs < 0 {
@@ -246,10 +259,19 @@ func (s *Sampler) buildPromptSet(prompt []int32) {
 // sampleRandom applies temperature, top-k, top-p and min-p to the processed
 // logits x and draws a token with the uniform u in [0, 1).
 func (s *Sampler) sampleRandom(x []float32, u float64, sc *scratch) int32 {
+	if s.topK == 0 && s.topP == 0 {
+		return s.sampleDense(x, u, sc)
+	}
 	cs := s.candidates(x, sc)
 	if len(cs) == 0 {
 		return argmax(x)
 	}
+	return draw(cs, u)
+}
+
+// draw picks from non-empty cs with probability proportional to weight,
+// walking in order until the running sum passes u times the total.
+func draw(cs []cand, u float64) int32 {
 	var total float64
 	for _, c := range cs {
 		total += float64(c.w)
@@ -270,6 +292,56 @@ func (s *Sampler) sampleRandom(x []float32, u float64, sc *scratch) int32 {
 		}
 	}
 	return cs[0].id
+}
+
+// sampleDense draws from temperature and min-p alone, walking the dense
+// weights in id order without building a candidate list; it draws the same
+// token as sampleRandom over candidates would.
+func (s *Sampler) sampleDense(x []float32, u float64, sc *scratch) int32 {
+	m := negInf
+	for _, v := range x {
+		m = max(m, v)
+	}
+	if math.IsInf(float64(m), 0) {
+		return argmax(x)
+	}
+	w := sc.w[:len(x)]
+	total := sc.wSum
+	if !s.reuseRaw(sc) {
+		total = expSum(w, x, m, 1/s.temperature)
+	}
+	if s.minP > 0 {
+		total = 0
+		for i, wi := range w {
+			if wi < s.minP {
+				w[i] = 0
+			}
+			total += float64(w[i])
+		}
+	}
+	target := u * total
+	var acc float64
+	last := int32(-1)
+	for i, wi := range w {
+		if wi > 0 {
+			acc += float64(wi)
+			if acc > target {
+				return int32(i)
+			}
+			last = int32(i)
+		}
+	}
+	if last < 0 {
+		return argmax(x)
+	}
+	return last // rounding left target at or beyond the sum
+}
+
+// reuseRaw reports whether sc.w already holds this call's sampling weights:
+// the logprobs pass computed exp(x - max) over unprocessed logits, which are
+// the weights at temperature 1 (the API default).
+func (s *Sampler) reuseRaw(sc *scratch) bool {
+	return sc.wRaw && s.temperature == 1
 }
 
 // candidates returns the tokens that survive temperature, top-k, top-p and
@@ -321,7 +393,10 @@ func (s *Sampler) candidates(x []float32, sc *scratch) []cand {
 			return nil
 		}
 		w := sc.w[:len(x)]
-		z = expSum(w, x, m, invT)
+		z = sc.wSum
+		if !s.reuseRaw(sc) {
+			z = expSum(w, x, m, invT)
+		}
 		// Tokens of weight 0 add no mass and cannot be drawn, so they are
 		// left out; min-p (see below) is applied in the same pass.
 		floor := s.minP
@@ -344,9 +419,10 @@ func (s *Sampler) candidates(x []float32, sc *scratch) []cand {
 	return cs
 }
 
-// argmax returns the index of the largest value, the lowest on ties.
+// argmax returns the index of the largest value, the lowest on ties; NaN
+// never wins, and with no value above -Inf it returns 0.
 func argmax(x []float32) int32 {
-	best, bv := 0, x[0]
+	best, bv := 0, negInf
 	for i, v := range x {
 		if v > bv {
 			best, bv = i, v
@@ -385,7 +461,9 @@ func rawLogprobsOf(x []float32, m float32, n int, sc *scratch) rawLogprobs {
 		})
 	}
 	if !math.IsInf(float64(m), 0) {
-		r.logZ = float32(math.Log(expSum(sc.w[:len(x)], x, m, 1)))
+		sc.wSum = expSum(sc.w[:len(x)], x, m, 1)
+		sc.wRaw = true
+		r.logZ = float32(math.Log(sc.wSum))
 	}
 	return r
 }

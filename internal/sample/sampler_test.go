@@ -597,3 +597,51 @@ func TestExpSumMatchesExp32(t *testing.T) {
 		t.Errorf("sum = %v, want %v", sum, want)
 	}
 }
+
+func TestSampleDenseDrawsLikeCandidates(t *testing.T) {
+	x := randomLogits(13, 5000, 2)
+	for _, p := range []Params{{Temperature: 1}, {Temperature: 0.6, MinP: 0.02}, {Temperature: 2, MinP: 0.5}} {
+		s := NewSampler(&p, len(x), nil)
+		sc := getScratch(len(x))
+		for i := range 200 {
+			u := float64(i) / 200
+			want := draw(s.candidates(x, sc), u)
+			if got := s.sampleDense(x, u, sc); got != want {
+				t.Fatalf("params %+v, u=%v: dense drew %d, candidates %d", p, u, got, want)
+			}
+		}
+		putScratch(sc)
+	}
+}
+
+// TestLogprobsDoNotChangeTheTokens guards the reuse of the logprobs pass's
+// weights for sampling at temperature 1: asking for logprobs must not change
+// which tokens are drawn.
+func TestLogprobsDoNotChangeTheTokens(t *testing.T) {
+	logits := randomLogits(17, 4000, 1.5)
+	tests := []Params{
+		{Temperature: 1},
+		{Temperature: 1, TopP: 0.7},
+		{Temperature: 1, MinP: 0.1},
+		{Temperature: 1, TopK: 30},
+		{Temperature: 1, LogitBias: map[int32]float32{7: 3}},
+		{Temperature: 1, PresencePenalty: 1.5},
+		{Temperature: 0.7},
+	}
+	for _, p := range tests {
+		run := func(logprobs int) []int32 {
+			q := seeded(p, 77)
+			q.Logprobs = logprobs
+			s := NewSampler(&q, len(logits), nil)
+			var out []int32
+			for range 30 {
+				tok, _ := s.Sample(logits, nil, out)
+				out = append(out, tok)
+			}
+			return out
+		}
+		if diff := cmp.Diff(run(-1), run(3)); diff != "" {
+			t.Errorf("params %+v: tokens differ with logprobs (-without +with):\n%s", p, diff)
+		}
+	}
+}

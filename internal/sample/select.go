@@ -25,10 +25,14 @@ func (e entry) better(o entry) bool {
 
 // scratch holds the per-call buffers of Sample. They are pooled, not kept
 // per Sampler, so memory does not grow with the number of requests. counts
-// is all zeros whenever a scratch is in the pool.
+// is all zeros and wRaw false whenever a scratch is in the pool.
 type scratch struct {
-	x       []float32 // processed logits
-	w       []float32 // dense weights
+	x []float32 // processed logits
+	w []float32 // dense weights
+	// wRaw says w holds exp(x - max(x)) of the unprocessed logits of the
+	// current call, summing to wSum.
+	wRaw    bool
+	wSum    float64
 	vals    []float32
 	counts  []int32
 	touched []int32
@@ -50,7 +54,10 @@ func getScratch(n int) *scratch {
 	return sc
 }
 
-func putScratch(sc *scratch) { scratchPool.Put(sc) }
+func putScratch(sc *scratch) {
+	sc.wRaw = false // the weights belong to the call that is ending
+	scratchPool.Put(sc)
+}
 
 // heapLimit is the largest k for which top-k uses a heap; beyond it an
 // O(V) quickselect on a copy is cheaper than O(V log k) sifting.
