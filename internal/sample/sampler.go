@@ -148,7 +148,6 @@ func (s *Sampler) Sample(logits []float32, prompt, output []int32) (int32, *Logp
 
 	// Copy, treating NaN as -Inf; the raw maximum feeds logprobs and is
 	// the greedy token when nothing changes the logits.
-	sc.wRaw = false
 	x := sc.x[:n]
 	rawMax, rawArg := negInf, 0
 	for i, v := range logits {
