@@ -29,7 +29,8 @@ type Config struct {
 	// Rate is the mean request arrival rate per second of a Poisson
 	// process; 0 means a closed loop.
 	Rate float64 `json:"rate"`
-	// Seed fixes the prompts and arrival times.
+	// Seed fixes the prompts and arrival times. Each level of a sweep gets
+	// its own prompts, so prefix caching does not favour later levels.
 	Seed uint64 `json:"seed"`
 	// Timeout bounds each request, start to end of stream.
 	Timeout time.Duration `json:"timeout_ns"`
@@ -101,9 +102,11 @@ func TokenPool(ctx context.Context, c *Client, model string, vocab int) ([]int32
 }
 
 // Prompts returns n prompts of length tokens drawn uniformly from pool, a
-// pure function of seed.
-func Prompts(seed uint64, n, tokens int, pool []int32) [][]int32 {
-	r := rand.New(rand.NewPCG(seed, 0x62656e6368)) // "bench"
+// pure function of seed and stream. Different streams give unrelated
+// prompts: each concurrency level of a sweep uses its own, so a server's
+// prefix cache cannot carry one level's prompts into the next.
+func Prompts(seed, stream uint64, n, tokens int, pool []int32) [][]int32 {
+	r := rand.New(rand.NewPCG(seed, 0x62656e6368^stream)) // "bench"
 	out := make([][]int32, n)
 	for i := range out {
 		p := make([]int32, tokens)
@@ -160,6 +163,10 @@ func Setup(ctx context.Context, c *Client, cfg *Config) (model string, pool []in
 	return model, pool, err
 }
 
+// probeStream is the prompt stream of the probe request, apart from every
+// level's.
+const probeStream = 1<<64 - 1
+
 // RunAll runs every concurrency level of cfg in turn after one probe request
 // that fails fast on a misconfiguration, and returns one Report per level.
 // It stops early, returning the reports so far, when ctx is cancelled.
@@ -173,20 +180,21 @@ func RunAll(ctx context.Context, cfg Config) ([]*Report, error) {
 		return nil, err
 	}
 	cfg.Model = model
-	prompts := Prompts(cfg.Seed, cfg.Requests, cfg.PromptTokens, pool)
 
+	probePrompt := Prompts(cfg.Seed, probeStream, 1, cfg.PromptTokens, pool)[0]
 	pctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
-	probe := c.Stream(pctx, CompletionRequest{Model: model, Prompt: prompts[0], MaxTokens: min(cfg.MaxTokens, 2), IgnoreEOS: true})
+	probe := c.Stream(pctx, CompletionRequest{Model: model, Prompt: probePrompt, MaxTokens: min(cfg.MaxTokens, 2), IgnoreEOS: true})
 	cancel()
 	if probe.Err != nil {
 		return nil, fmt.Errorf("probe request failed, not starting the benchmark: %w", probe.Err)
 	}
 
 	var reports []*Report
-	for _, conc := range cfg.Concurrencies {
+	for i, conc := range cfg.Concurrencies {
 		if ctx.Err() != nil {
 			return reports, ctx.Err()
 		}
+		prompts := Prompts(cfg.Seed, uint64(i), cfg.Requests, cfg.PromptTokens, pool)
 		reports = append(reports, runLevel(ctx, c, cfg, conc, prompts))
 	}
 	return reports, ctx.Err()

@@ -93,12 +93,20 @@ func TestRunAllAgainstAFakeServer(t *testing.T) {
 		wantLevel []int
 		wantFail  int
 		wantPool  []int32
+		distinct  bool // no two requests share a prompt
 	}{
 		{
 			name:      "a closed-loop sweep never exceeds each level's concurrency",
 			cfg:       Config{Concurrencies: []int{1, 3}, Requests: 6, PromptTokens: 7, MaxTokens: 3},
 			wantLevel: []int{1, 3},
 			wantPool:  []int32{40, 41, 97},
+		},
+		{
+			name:      "every level and the probe get their own prompts",
+			cfg:       Config{Concurrencies: []int{2, 2, 2}, Requests: 4, PromptTokens: 5, MaxTokens: 1, Vocab: 1000},
+			wantLevel: []int{2, 2, 2},
+			wantPool:  seq32(10, 1000),
+			distinct:  true,
 		},
 		{
 			name:      "Poisson arrivals with ids from --vocab",
@@ -152,6 +160,16 @@ func TestRunAllAgainstAFakeServer(t *testing.T) {
 			if c := cfg.Concurrencies[len(cfg.Concurrencies)-1]; c > 0 && int(fs.peak.Load()) > c {
 				t.Errorf("peak in flight %d exceeds concurrency %d", fs.peak.Load(), c)
 			}
+			if tc.distinct {
+				seen := map[string]bool{}
+				for _, p := range fs.prompts {
+					k := fmt.Sprint(p)
+					if seen[k] {
+						t.Errorf("prompt %v sent twice", p)
+					}
+					seen[k] = true
+				}
+			}
 			for _, p := range fs.prompts {
 				if len(p) != cfg.PromptTokens || slices.ContainsFunc(p, func(id int32) bool { return !slices.Contains(tc.wantPool, id) }) {
 					t.Fatalf("prompt %v: want %d ids from %v", p, cfg.PromptTokens, tc.wantPool)
@@ -189,11 +207,14 @@ func TestRunAllFailsFastOnABadSetup(t *testing.T) {
 
 func TestPromptsAndArrivalsArePureFunctionsOfTheSeed(t *testing.T) {
 	pool := []int32{3, 5, 8}
-	if !cmp.Equal(Prompts(4, 3, 10, pool), Prompts(4, 3, 10, pool)) {
+	if !cmp.Equal(Prompts(4, 0, 3, 10, pool), Prompts(4, 0, 3, 10, pool)) {
 		t.Error("same seed, different prompts")
 	}
-	if cmp.Equal(Prompts(4, 3, 10, pool), Prompts(5, 3, 10, pool)) {
+	if cmp.Equal(Prompts(4, 0, 3, 10, pool), Prompts(5, 0, 3, 10, pool)) {
 		t.Error("different seeds, same prompts")
+	}
+	if cmp.Equal(Prompts(4, 0, 3, 10, pool), Prompts(4, 1, 3, 10, pool)) {
+		t.Error("different streams, same prompts")
 	}
 	a := Arrivals(1, 20000, 50)
 	if !cmp.Equal(a, Arrivals(1, 20000, 50)) || a[0] != 0 || !slices.IsSorted(a) {
@@ -227,4 +248,12 @@ func TestParseConcurrencies(t *testing.T) {
 			t.Errorf("ParseConcurrencies(%q) = %v, %v; want %v (error %v)", tc.in, got, err, tc.want, tc.wantErr)
 		}
 	}
+}
+
+func seq32(from, to int32) []int32 {
+	var s []int32
+	for i := from; i < to; i++ {
+		s = append(s, i)
+	}
+	return s
 }
