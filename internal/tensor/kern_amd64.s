@@ -4,6 +4,234 @@
 
 #include "textflag.h"
 
+DATA expconst<>+0(SB)/4, $0xc2d00000
+DATA expconst<>+4(SB)/4, $0xc2d00000
+DATA expconst<>+8(SB)/4, $0xc2d00000
+DATA expconst<>+12(SB)/4, $0xc2d00000
+DATA expconst<>+16(SB)/4, $0xc2d00000
+DATA expconst<>+20(SB)/4, $0xc2d00000
+DATA expconst<>+24(SB)/4, $0xc2d00000
+DATA expconst<>+28(SB)/4, $0xc2d00000
+DATA expconst<>+32(SB)/4, $0xc2d00000
+DATA expconst<>+36(SB)/4, $0xc2d00000
+DATA expconst<>+40(SB)/4, $0xc2d00000
+DATA expconst<>+44(SB)/4, $0xc2d00000
+DATA expconst<>+48(SB)/4, $0xc2d00000
+DATA expconst<>+52(SB)/4, $0xc2d00000
+DATA expconst<>+56(SB)/4, $0xc2d00000
+DATA expconst<>+60(SB)/4, $0xc2d00000
+DATA expconst<>+64(SB)/4, $0x42b20000
+DATA expconst<>+68(SB)/4, $0x42b20000
+DATA expconst<>+72(SB)/4, $0x42b20000
+DATA expconst<>+76(SB)/4, $0x42b20000
+DATA expconst<>+80(SB)/4, $0x42b20000
+DATA expconst<>+84(SB)/4, $0x42b20000
+DATA expconst<>+88(SB)/4, $0x42b20000
+DATA expconst<>+92(SB)/4, $0x42b20000
+DATA expconst<>+96(SB)/4, $0x42b20000
+DATA expconst<>+100(SB)/4, $0x42b20000
+DATA expconst<>+104(SB)/4, $0x42b20000
+DATA expconst<>+108(SB)/4, $0x42b20000
+DATA expconst<>+112(SB)/4, $0x42b20000
+DATA expconst<>+116(SB)/4, $0x42b20000
+DATA expconst<>+120(SB)/4, $0x42b20000
+DATA expconst<>+124(SB)/4, $0x42b20000
+DATA expconst<>+128(SB)/4, $0x3fb8aa3b
+DATA expconst<>+132(SB)/4, $0x3fb8aa3b
+DATA expconst<>+136(SB)/4, $0x3fb8aa3b
+DATA expconst<>+140(SB)/4, $0x3fb8aa3b
+DATA expconst<>+144(SB)/4, $0x3fb8aa3b
+DATA expconst<>+148(SB)/4, $0x3fb8aa3b
+DATA expconst<>+152(SB)/4, $0x3fb8aa3b
+DATA expconst<>+156(SB)/4, $0x3fb8aa3b
+DATA expconst<>+160(SB)/4, $0x3fb8aa3b
+DATA expconst<>+164(SB)/4, $0x3fb8aa3b
+DATA expconst<>+168(SB)/4, $0x3fb8aa3b
+DATA expconst<>+172(SB)/4, $0x3fb8aa3b
+DATA expconst<>+176(SB)/4, $0x3fb8aa3b
+DATA expconst<>+180(SB)/4, $0x3fb8aa3b
+DATA expconst<>+184(SB)/4, $0x3fb8aa3b
+DATA expconst<>+188(SB)/4, $0x3fb8aa3b
+DATA expconst<>+192(SB)/4, $0x3f318000
+DATA expconst<>+196(SB)/4, $0x3f318000
+DATA expconst<>+200(SB)/4, $0x3f318000
+DATA expconst<>+204(SB)/4, $0x3f318000
+DATA expconst<>+208(SB)/4, $0x3f318000
+DATA expconst<>+212(SB)/4, $0x3f318000
+DATA expconst<>+216(SB)/4, $0x3f318000
+DATA expconst<>+220(SB)/4, $0x3f318000
+DATA expconst<>+224(SB)/4, $0x3f318000
+DATA expconst<>+228(SB)/4, $0x3f318000
+DATA expconst<>+232(SB)/4, $0x3f318000
+DATA expconst<>+236(SB)/4, $0x3f318000
+DATA expconst<>+240(SB)/4, $0x3f318000
+DATA expconst<>+244(SB)/4, $0x3f318000
+DATA expconst<>+248(SB)/4, $0x3f318000
+DATA expconst<>+252(SB)/4, $0x3f318000
+DATA expconst<>+256(SB)/4, $0xb95e8083
+DATA expconst<>+260(SB)/4, $0xb95e8083
+DATA expconst<>+264(SB)/4, $0xb95e8083
+DATA expconst<>+268(SB)/4, $0xb95e8083
+DATA expconst<>+272(SB)/4, $0xb95e8083
+DATA expconst<>+276(SB)/4, $0xb95e8083
+DATA expconst<>+280(SB)/4, $0xb95e8083
+DATA expconst<>+284(SB)/4, $0xb95e8083
+DATA expconst<>+288(SB)/4, $0xb95e8083
+DATA expconst<>+292(SB)/4, $0xb95e8083
+DATA expconst<>+296(SB)/4, $0xb95e8083
+DATA expconst<>+300(SB)/4, $0xb95e8083
+DATA expconst<>+304(SB)/4, $0xb95e8083
+DATA expconst<>+308(SB)/4, $0xb95e8083
+DATA expconst<>+312(SB)/4, $0xb95e8083
+DATA expconst<>+316(SB)/4, $0xb95e8083
+DATA expconst<>+320(SB)/4, $0x39506967
+DATA expconst<>+324(SB)/4, $0x39506967
+DATA expconst<>+328(SB)/4, $0x39506967
+DATA expconst<>+332(SB)/4, $0x39506967
+DATA expconst<>+336(SB)/4, $0x39506967
+DATA expconst<>+340(SB)/4, $0x39506967
+DATA expconst<>+344(SB)/4, $0x39506967
+DATA expconst<>+348(SB)/4, $0x39506967
+DATA expconst<>+352(SB)/4, $0x39506967
+DATA expconst<>+356(SB)/4, $0x39506967
+DATA expconst<>+360(SB)/4, $0x39506967
+DATA expconst<>+364(SB)/4, $0x39506967
+DATA expconst<>+368(SB)/4, $0x39506967
+DATA expconst<>+372(SB)/4, $0x39506967
+DATA expconst<>+376(SB)/4, $0x39506967
+DATA expconst<>+380(SB)/4, $0x39506967
+DATA expconst<>+384(SB)/4, $0x3ab743ce
+DATA expconst<>+388(SB)/4, $0x3ab743ce
+DATA expconst<>+392(SB)/4, $0x3ab743ce
+DATA expconst<>+396(SB)/4, $0x3ab743ce
+DATA expconst<>+400(SB)/4, $0x3ab743ce
+DATA expconst<>+404(SB)/4, $0x3ab743ce
+DATA expconst<>+408(SB)/4, $0x3ab743ce
+DATA expconst<>+412(SB)/4, $0x3ab743ce
+DATA expconst<>+416(SB)/4, $0x3ab743ce
+DATA expconst<>+420(SB)/4, $0x3ab743ce
+DATA expconst<>+424(SB)/4, $0x3ab743ce
+DATA expconst<>+428(SB)/4, $0x3ab743ce
+DATA expconst<>+432(SB)/4, $0x3ab743ce
+DATA expconst<>+436(SB)/4, $0x3ab743ce
+DATA expconst<>+440(SB)/4, $0x3ab743ce
+DATA expconst<>+444(SB)/4, $0x3ab743ce
+DATA expconst<>+448(SB)/4, $0x3c088908
+DATA expconst<>+452(SB)/4, $0x3c088908
+DATA expconst<>+456(SB)/4, $0x3c088908
+DATA expconst<>+460(SB)/4, $0x3c088908
+DATA expconst<>+464(SB)/4, $0x3c088908
+DATA expconst<>+468(SB)/4, $0x3c088908
+DATA expconst<>+472(SB)/4, $0x3c088908
+DATA expconst<>+476(SB)/4, $0x3c088908
+DATA expconst<>+480(SB)/4, $0x3c088908
+DATA expconst<>+484(SB)/4, $0x3c088908
+DATA expconst<>+488(SB)/4, $0x3c088908
+DATA expconst<>+492(SB)/4, $0x3c088908
+DATA expconst<>+496(SB)/4, $0x3c088908
+DATA expconst<>+500(SB)/4, $0x3c088908
+DATA expconst<>+504(SB)/4, $0x3c088908
+DATA expconst<>+508(SB)/4, $0x3c088908
+DATA expconst<>+512(SB)/4, $0x3d2aa9c1
+DATA expconst<>+516(SB)/4, $0x3d2aa9c1
+DATA expconst<>+520(SB)/4, $0x3d2aa9c1
+DATA expconst<>+524(SB)/4, $0x3d2aa9c1
+DATA expconst<>+528(SB)/4, $0x3d2aa9c1
+DATA expconst<>+532(SB)/4, $0x3d2aa9c1
+DATA expconst<>+536(SB)/4, $0x3d2aa9c1
+DATA expconst<>+540(SB)/4, $0x3d2aa9c1
+DATA expconst<>+544(SB)/4, $0x3d2aa9c1
+DATA expconst<>+548(SB)/4, $0x3d2aa9c1
+DATA expconst<>+552(SB)/4, $0x3d2aa9c1
+DATA expconst<>+556(SB)/4, $0x3d2aa9c1
+DATA expconst<>+560(SB)/4, $0x3d2aa9c1
+DATA expconst<>+564(SB)/4, $0x3d2aa9c1
+DATA expconst<>+568(SB)/4, $0x3d2aa9c1
+DATA expconst<>+572(SB)/4, $0x3d2aa9c1
+DATA expconst<>+576(SB)/4, $0x3e2aaaaa
+DATA expconst<>+580(SB)/4, $0x3e2aaaaa
+DATA expconst<>+584(SB)/4, $0x3e2aaaaa
+DATA expconst<>+588(SB)/4, $0x3e2aaaaa
+DATA expconst<>+592(SB)/4, $0x3e2aaaaa
+DATA expconst<>+596(SB)/4, $0x3e2aaaaa
+DATA expconst<>+600(SB)/4, $0x3e2aaaaa
+DATA expconst<>+604(SB)/4, $0x3e2aaaaa
+DATA expconst<>+608(SB)/4, $0x3e2aaaaa
+DATA expconst<>+612(SB)/4, $0x3e2aaaaa
+DATA expconst<>+616(SB)/4, $0x3e2aaaaa
+DATA expconst<>+620(SB)/4, $0x3e2aaaaa
+DATA expconst<>+624(SB)/4, $0x3e2aaaaa
+DATA expconst<>+628(SB)/4, $0x3e2aaaaa
+DATA expconst<>+632(SB)/4, $0x3e2aaaaa
+DATA expconst<>+636(SB)/4, $0x3e2aaaaa
+DATA expconst<>+640(SB)/4, $0x3f000000
+DATA expconst<>+644(SB)/4, $0x3f000000
+DATA expconst<>+648(SB)/4, $0x3f000000
+DATA expconst<>+652(SB)/4, $0x3f000000
+DATA expconst<>+656(SB)/4, $0x3f000000
+DATA expconst<>+660(SB)/4, $0x3f000000
+DATA expconst<>+664(SB)/4, $0x3f000000
+DATA expconst<>+668(SB)/4, $0x3f000000
+DATA expconst<>+672(SB)/4, $0x3f000000
+DATA expconst<>+676(SB)/4, $0x3f000000
+DATA expconst<>+680(SB)/4, $0x3f000000
+DATA expconst<>+684(SB)/4, $0x3f000000
+DATA expconst<>+688(SB)/4, $0x3f000000
+DATA expconst<>+692(SB)/4, $0x3f000000
+DATA expconst<>+696(SB)/4, $0x3f000000
+DATA expconst<>+700(SB)/4, $0x3f000000
+DATA expconst<>+704(SB)/4, $0x3f800000
+DATA expconst<>+708(SB)/4, $0x3f800000
+DATA expconst<>+712(SB)/4, $0x3f800000
+DATA expconst<>+716(SB)/4, $0x3f800000
+DATA expconst<>+720(SB)/4, $0x3f800000
+DATA expconst<>+724(SB)/4, $0x3f800000
+DATA expconst<>+728(SB)/4, $0x3f800000
+DATA expconst<>+732(SB)/4, $0x3f800000
+DATA expconst<>+736(SB)/4, $0x3f800000
+DATA expconst<>+740(SB)/4, $0x3f800000
+DATA expconst<>+744(SB)/4, $0x3f800000
+DATA expconst<>+748(SB)/4, $0x3f800000
+DATA expconst<>+752(SB)/4, $0x3f800000
+DATA expconst<>+756(SB)/4, $0x3f800000
+DATA expconst<>+760(SB)/4, $0x3f800000
+DATA expconst<>+764(SB)/4, $0x3f800000
+DATA expconst<>+768(SB)/4, $0x0000007f
+DATA expconst<>+772(SB)/4, $0x0000007f
+DATA expconst<>+776(SB)/4, $0x0000007f
+DATA expconst<>+780(SB)/4, $0x0000007f
+DATA expconst<>+784(SB)/4, $0x0000007f
+DATA expconst<>+788(SB)/4, $0x0000007f
+DATA expconst<>+792(SB)/4, $0x0000007f
+DATA expconst<>+796(SB)/4, $0x0000007f
+DATA expconst<>+800(SB)/4, $0x0000007f
+DATA expconst<>+804(SB)/4, $0x0000007f
+DATA expconst<>+808(SB)/4, $0x0000007f
+DATA expconst<>+812(SB)/4, $0x0000007f
+DATA expconst<>+816(SB)/4, $0x0000007f
+DATA expconst<>+820(SB)/4, $0x0000007f
+DATA expconst<>+824(SB)/4, $0x0000007f
+DATA expconst<>+828(SB)/4, $0x0000007f
+GLOBL expconst<>(SB), RODATA|NOPTR, $832
+
+DATA tailmask8<>+0(SB)/4, $0xffffffff
+DATA tailmask8<>+4(SB)/4, $0xffffffff
+DATA tailmask8<>+8(SB)/4, $0xffffffff
+DATA tailmask8<>+12(SB)/4, $0xffffffff
+DATA tailmask8<>+16(SB)/4, $0xffffffff
+DATA tailmask8<>+20(SB)/4, $0xffffffff
+DATA tailmask8<>+24(SB)/4, $0xffffffff
+DATA tailmask8<>+28(SB)/4, $0xffffffff
+DATA tailmask8<>+32(SB)/4, $0x00000000
+DATA tailmask8<>+36(SB)/4, $0x00000000
+DATA tailmask8<>+40(SB)/4, $0x00000000
+DATA tailmask8<>+44(SB)/4, $0x00000000
+DATA tailmask8<>+48(SB)/4, $0x00000000
+DATA tailmask8<>+52(SB)/4, $0x00000000
+DATA tailmask8<>+56(SB)/4, $0x00000000
+DATA tailmask8<>+60(SB)/4, $0x00000000
+GLOBL tailmask8<>(SB), RODATA|NOPTR, $64
+
 // func gemmAVX512F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
 // Requires: AVX, AVX512DQ, AVX512F, AVX512VL, BMI2
 TEXT ·gemmAVX512F32R1(SB), NOSPLIT, $0-64
@@ -3215,6 +3443,206 @@ done:
 	VZEROUPPER
 	RET
 
+// func siluMulAVX512(gate *float32, up *float32, n int)
+// Requires: AVX, AVX512DQ, AVX512F, BMI2
+TEXT ·siluMulAVX512(SB), NOSPLIT, $0-24
+	MOVQ  gate+0(FP), AX
+	MOVQ  up+8(FP), CX
+	MOVQ  n+16(FP), DX
+	MOVQ  DX, BX
+	ANDQ  $-16, BX
+	XORQ  SI, SI
+	TESTQ BX, BX
+	JE    tail
+
+loop:
+	VMOVUPS      (AX)(SI*4), Z0
+	VXORPS       Z1, Z1, Z1
+	VSUBPS       Z0, Z1, Z1
+	VMOVUPS      expconst<>+0(SB), Z2
+	VMAXPS       Z1, Z2, Z1
+	VMOVUPS      expconst<>+64(SB), Z2
+	VMINPS       Z1, Z2, Z1
+	VMULPS       expconst<>+128(SB), Z1, Z2
+	VRNDSCALEPS  $0x00, Z2, Z2
+	VFNMADD231PS expconst<>+192(SB), Z2, Z1
+	VFNMADD231PS expconst<>+256(SB), Z2, Z1
+	VMOVUPS      expconst<>+320(SB), Z3
+	VFMADD213PS  expconst<>+384(SB), Z1, Z3
+	VFMADD213PS  expconst<>+448(SB), Z1, Z3
+	VFMADD213PS  expconst<>+512(SB), Z1, Z3
+	VFMADD213PS  expconst<>+576(SB), Z1, Z3
+	VFMADD213PS  expconst<>+640(SB), Z1, Z3
+	VMULPS       Z1, Z1, Z4
+	VFMADD213PS  Z1, Z4, Z3
+	VADDPS       expconst<>+704(SB), Z3, Z3
+	VCVTPS2DQ    Z2, Z1
+	VPSRAD       $0x01, Z1, Z2
+	VPSUBD       Z2, Z1, Z1
+	VPADDD       expconst<>+768(SB), Z2, Z2
+	VPADDD       expconst<>+768(SB), Z1, Z1
+	VPSLLD       $0x17, Z2, Z2
+	VPSLLD       $0x17, Z1, Z1
+	VMULPS       Z2, Z3, Z3
+	VMULPS       Z1, Z3, Z1
+	VADDPS       expconst<>+704(SB), Z1, Z1
+	VDIVPS       Z1, Z0, Z0
+	VMOVUPS      (CX)(SI*4), Z1
+	VMULPS       Z1, Z0, Z0
+	VMOVUPS      Z0, (AX)(SI*4)
+	ADDQ         $0x00000010, SI
+	CMPQ         SI, BX
+	JL           loop
+
+tail:
+	CMPQ         SI, DX
+	JE           done
+	ANDL         $0x0000000f, DX
+	MOVL         $0x0000ffff, BX
+	BZHIL        DX, BX, DX
+	KMOVW        DX, K1
+	VMOVUPS.Z    (AX)(SI*4), K1, Z0
+	VXORPS       Z1, Z1, Z1
+	VSUBPS       Z0, Z1, Z1
+	VMOVUPS      expconst<>+0(SB), Z2
+	VMAXPS       Z1, Z2, Z1
+	VMOVUPS      expconst<>+64(SB), Z2
+	VMINPS       Z1, Z2, Z1
+	VMULPS       expconst<>+128(SB), Z1, Z2
+	VRNDSCALEPS  $0x00, Z2, Z2
+	VFNMADD231PS expconst<>+192(SB), Z2, Z1
+	VFNMADD231PS expconst<>+256(SB), Z2, Z1
+	VMOVUPS      expconst<>+320(SB), Z3
+	VFMADD213PS  expconst<>+384(SB), Z1, Z3
+	VFMADD213PS  expconst<>+448(SB), Z1, Z3
+	VFMADD213PS  expconst<>+512(SB), Z1, Z3
+	VFMADD213PS  expconst<>+576(SB), Z1, Z3
+	VFMADD213PS  expconst<>+640(SB), Z1, Z3
+	VMULPS       Z1, Z1, Z4
+	VFMADD213PS  Z1, Z4, Z3
+	VADDPS       expconst<>+704(SB), Z3, Z3
+	VCVTPS2DQ    Z2, Z1
+	VPSRAD       $0x01, Z1, Z2
+	VPSUBD       Z2, Z1, Z1
+	VPADDD       expconst<>+768(SB), Z2, Z2
+	VPADDD       expconst<>+768(SB), Z1, Z1
+	VPSLLD       $0x17, Z2, Z2
+	VPSLLD       $0x17, Z1, Z1
+	VMULPS       Z2, Z3, Z3
+	VMULPS       Z1, Z3, Z1
+	VADDPS       expconst<>+704(SB), Z1, Z1
+	VDIVPS       Z1, Z0, Z0
+	VMOVUPS.Z    (CX)(SI*4), K1, Z1
+	VMULPS       Z1, Z0, Z0
+	VMOVUPS      Z0, K1, (AX)(SI*4)
+
+done:
+	VZEROUPPER
+	RET
+
+// func expSumAVX512(x *float32, n int, mx float32) float32
+// Requires: AVX, AVX512DQ, AVX512F, AVX512VL, BMI2, SSE
+TEXT ·expSumAVX512(SB), NOSPLIT, $0-28
+	MOVQ         x+0(FP), AX
+	MOVQ         n+8(FP), CX
+	VBROADCASTSS mx+16(FP), Z0
+	VXORPS       Z1, Z1, Z1
+	MOVQ         CX, DX
+	ANDQ         $-16, DX
+	XORQ         BX, BX
+	TESTQ        DX, DX
+	JE           tail
+
+loop:
+	VMOVUPS      (AX)(BX*4), Z2
+	VSUBPS       Z0, Z2, Z2
+	VMOVUPS      expconst<>+0(SB), Z3
+	VMAXPS       Z2, Z3, Z2
+	VMOVUPS      expconst<>+64(SB), Z3
+	VMINPS       Z2, Z3, Z2
+	VMULPS       expconst<>+128(SB), Z2, Z3
+	VRNDSCALEPS  $0x00, Z3, Z3
+	VFNMADD231PS expconst<>+192(SB), Z3, Z2
+	VFNMADD231PS expconst<>+256(SB), Z3, Z2
+	VMOVUPS      expconst<>+320(SB), Z4
+	VFMADD213PS  expconst<>+384(SB), Z2, Z4
+	VFMADD213PS  expconst<>+448(SB), Z2, Z4
+	VFMADD213PS  expconst<>+512(SB), Z2, Z4
+	VFMADD213PS  expconst<>+576(SB), Z2, Z4
+	VFMADD213PS  expconst<>+640(SB), Z2, Z4
+	VMULPS       Z2, Z2, Z5
+	VFMADD213PS  Z2, Z5, Z4
+	VADDPS       expconst<>+704(SB), Z4, Z4
+	VCVTPS2DQ    Z3, Z2
+	VPSRAD       $0x01, Z2, Z3
+	VPSUBD       Z3, Z2, Z2
+	VPADDD       expconst<>+768(SB), Z3, Z3
+	VPADDD       expconst<>+768(SB), Z2, Z2
+	VPSLLD       $0x17, Z3, Z3
+	VPSLLD       $0x17, Z2, Z2
+	VMULPS       Z3, Z4, Z4
+	VMULPS       Z2, Z4, Z2
+	VMOVUPS      Z2, (AX)(BX*4)
+	VXORPS       Z2, Z2, Z2
+	VMOVUPS      (AX)(BX*4), Z2
+	VADDPS       Z2, Z1, Z1
+	ADDQ         $0x00000010, BX
+	CMPQ         BX, DX
+	JL           loop
+
+tail:
+	CMPQ         BX, CX
+	JE           done
+	ANDL         $0x0000000f, CX
+	MOVL         $0x0000ffff, DX
+	BZHIL        CX, DX, CX
+	KMOVW        CX, K1
+	VMOVUPS.Z    (AX)(BX*4), K1, Z2
+	VSUBPS       Z0, Z2, Z2
+	VMOVUPS      expconst<>+0(SB), Z0
+	VMAXPS       Z2, Z0, Z2
+	VMOVUPS      expconst<>+64(SB), Z0
+	VMINPS       Z2, Z0, Z2
+	VMULPS       expconst<>+128(SB), Z2, Z0
+	VRNDSCALEPS  $0x00, Z0, Z0
+	VFNMADD231PS expconst<>+192(SB), Z0, Z2
+	VFNMADD231PS expconst<>+256(SB), Z0, Z2
+	VMOVUPS      expconst<>+320(SB), Z3
+	VFMADD213PS  expconst<>+384(SB), Z2, Z3
+	VFMADD213PS  expconst<>+448(SB), Z2, Z3
+	VFMADD213PS  expconst<>+512(SB), Z2, Z3
+	VFMADD213PS  expconst<>+576(SB), Z2, Z3
+	VFMADD213PS  expconst<>+640(SB), Z2, Z3
+	VMULPS       Z2, Z2, Z4
+	VFMADD213PS  Z2, Z4, Z3
+	VADDPS       expconst<>+704(SB), Z3, Z3
+	VCVTPS2DQ    Z0, Z0
+	VPSRAD       $0x01, Z0, Z2
+	VPSUBD       Z2, Z0, Z0
+	VPADDD       expconst<>+768(SB), Z2, Z2
+	VPADDD       expconst<>+768(SB), Z0, Z0
+	VPSLLD       $0x17, Z2, Z2
+	VPSLLD       $0x17, Z0, Z0
+	VMULPS       Z2, Z3, Z3
+	VMULPS       Z0, Z3, Z2
+	VMOVUPS      Z2, K1, (AX)(BX*4)
+	VXORPS       Z0, Z0, Z0
+	VMOVUPS.Z    (AX)(BX*4), K1, Z0
+	VADDPS       Z0, Z1, Z1
+
+done:
+	VEXTRACTF32X8 $0x01, Z1, Y0
+	VADDPS        Y0, Y1, Y0
+	VEXTRACTF32X4 $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VMOVHLPS      X1, X1, X0
+	VADDPS        X0, X1, X0
+	VMOVSHDUP     X0, X1
+	VADDSS        X1, X0, X1
+	MOVSS         X1, ret+24(FP)
+	VZEROUPPER
+	RET
+
 // func gemmAVX2F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
 // Requires: AVX, FMA3
 TEXT ·gemmAVX2F32R1(SB), NOSPLIT, $0-64
@@ -5696,5 +6124,203 @@ scalar:
 	JMP         scalar
 
 done:
+	VZEROUPPER
+	RET
+
+// func siluMulAVX2(gate *float32, up *float32, n int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·siluMulAVX2(SB), NOSPLIT, $0-24
+	MOVQ  gate+0(FP), AX
+	MOVQ  up+8(FP), CX
+	MOVQ  n+16(FP), DX
+	MOVQ  DX, BX
+	ANDQ  $-8, BX
+	XORQ  SI, SI
+	TESTQ BX, BX
+	JE    tail
+
+loop:
+	VMOVUPS      (AX)(SI*4), Y0
+	VXORPS       Y1, Y1, Y1
+	VSUBPS       Y0, Y1, Y1
+	VMOVUPS      expconst<>+0(SB), Y2
+	VMAXPS       Y1, Y2, Y1
+	VMOVUPS      expconst<>+64(SB), Y2
+	VMINPS       Y1, Y2, Y1
+	VMULPS       expconst<>+128(SB), Y1, Y2
+	VROUNDPS     $0x00, Y2, Y2
+	VFNMADD231PS expconst<>+192(SB), Y2, Y1
+	VFNMADD231PS expconst<>+256(SB), Y2, Y1
+	VMOVUPS      expconst<>+320(SB), Y3
+	VFMADD213PS  expconst<>+384(SB), Y1, Y3
+	VFMADD213PS  expconst<>+448(SB), Y1, Y3
+	VFMADD213PS  expconst<>+512(SB), Y1, Y3
+	VFMADD213PS  expconst<>+576(SB), Y1, Y3
+	VFMADD213PS  expconst<>+640(SB), Y1, Y3
+	VMULPS       Y1, Y1, Y4
+	VFMADD213PS  Y1, Y4, Y3
+	VADDPS       expconst<>+704(SB), Y3, Y3
+	VCVTPS2DQ    Y2, Y1
+	VPSRAD       $0x01, Y1, Y2
+	VPSUBD       Y2, Y1, Y1
+	VPADDD       expconst<>+768(SB), Y2, Y2
+	VPADDD       expconst<>+768(SB), Y1, Y1
+	VPSLLD       $0x17, Y2, Y2
+	VPSLLD       $0x17, Y1, Y1
+	VMULPS       Y2, Y3, Y3
+	VMULPS       Y1, Y3, Y1
+	VADDPS       expconst<>+704(SB), Y1, Y1
+	VDIVPS       Y1, Y0, Y0
+	VMOVUPS      (CX)(SI*4), Y1
+	VMULPS       Y1, Y0, Y0
+	VMOVUPS      Y0, (AX)(SI*4)
+	ADDQ         $0x00000008, SI
+	CMPQ         SI, BX
+	JL           loop
+
+tail:
+	CMPQ         SI, DX
+	JE           done
+	ANDQ         $0x00000007, DX
+	NEGQ         DX
+	LEAQ         tailmask8<>+0(SB), BX
+	VMOVUPS      32(BX)(DX*4), Y0
+	VMASKMOVPS   (AX)(SI*4), Y0, Y1
+	VXORPS       Y2, Y2, Y2
+	VSUBPS       Y1, Y2, Y2
+	VMOVUPS      expconst<>+0(SB), Y3
+	VMAXPS       Y2, Y3, Y2
+	VMOVUPS      expconst<>+64(SB), Y3
+	VMINPS       Y2, Y3, Y2
+	VMULPS       expconst<>+128(SB), Y2, Y3
+	VROUNDPS     $0x00, Y3, Y3
+	VFNMADD231PS expconst<>+192(SB), Y3, Y2
+	VFNMADD231PS expconst<>+256(SB), Y3, Y2
+	VMOVUPS      expconst<>+320(SB), Y4
+	VFMADD213PS  expconst<>+384(SB), Y2, Y4
+	VFMADD213PS  expconst<>+448(SB), Y2, Y4
+	VFMADD213PS  expconst<>+512(SB), Y2, Y4
+	VFMADD213PS  expconst<>+576(SB), Y2, Y4
+	VFMADD213PS  expconst<>+640(SB), Y2, Y4
+	VMULPS       Y2, Y2, Y5
+	VFMADD213PS  Y2, Y5, Y4
+	VADDPS       expconst<>+704(SB), Y4, Y4
+	VCVTPS2DQ    Y3, Y2
+	VPSRAD       $0x01, Y2, Y3
+	VPSUBD       Y3, Y2, Y2
+	VPADDD       expconst<>+768(SB), Y3, Y3
+	VPADDD       expconst<>+768(SB), Y2, Y2
+	VPSLLD       $0x17, Y3, Y3
+	VPSLLD       $0x17, Y2, Y2
+	VMULPS       Y3, Y4, Y4
+	VMULPS       Y2, Y4, Y2
+	VADDPS       expconst<>+704(SB), Y2, Y2
+	VDIVPS       Y2, Y1, Y1
+	VMASKMOVPS   (CX)(SI*4), Y0, Y2
+	VMULPS       Y2, Y1, Y1
+	VMASKMOVPS   Y1, Y0, (AX)(SI*4)
+
+done:
+	VZEROUPPER
+	RET
+
+// func expSumAVX2(x *float32, n int, mx float32) float32
+// Requires: AVX, AVX2, FMA3, SSE
+TEXT ·expSumAVX2(SB), NOSPLIT, $0-28
+	MOVQ         x+0(FP), AX
+	MOVQ         n+8(FP), CX
+	VBROADCASTSS mx+16(FP), Y0
+	VXORPS       Y1, Y1, Y1
+	MOVQ         CX, DX
+	ANDQ         $-8, DX
+	XORQ         BX, BX
+	TESTQ        DX, DX
+	JE           tail
+
+loop:
+	VMOVUPS      (AX)(BX*4), Y2
+	VSUBPS       Y0, Y2, Y2
+	VMOVUPS      expconst<>+0(SB), Y3
+	VMAXPS       Y2, Y3, Y2
+	VMOVUPS      expconst<>+64(SB), Y3
+	VMINPS       Y2, Y3, Y2
+	VMULPS       expconst<>+128(SB), Y2, Y3
+	VROUNDPS     $0x00, Y3, Y3
+	VFNMADD231PS expconst<>+192(SB), Y3, Y2
+	VFNMADD231PS expconst<>+256(SB), Y3, Y2
+	VMOVUPS      expconst<>+320(SB), Y4
+	VFMADD213PS  expconst<>+384(SB), Y2, Y4
+	VFMADD213PS  expconst<>+448(SB), Y2, Y4
+	VFMADD213PS  expconst<>+512(SB), Y2, Y4
+	VFMADD213PS  expconst<>+576(SB), Y2, Y4
+	VFMADD213PS  expconst<>+640(SB), Y2, Y4
+	VMULPS       Y2, Y2, Y5
+	VFMADD213PS  Y2, Y5, Y4
+	VADDPS       expconst<>+704(SB), Y4, Y4
+	VCVTPS2DQ    Y3, Y2
+	VPSRAD       $0x01, Y2, Y3
+	VPSUBD       Y3, Y2, Y2
+	VPADDD       expconst<>+768(SB), Y3, Y3
+	VPADDD       expconst<>+768(SB), Y2, Y2
+	VPSLLD       $0x17, Y3, Y3
+	VPSLLD       $0x17, Y2, Y2
+	VMULPS       Y3, Y4, Y4
+	VMULPS       Y2, Y4, Y2
+	VMOVUPS      Y2, (AX)(BX*4)
+	VXORPS       Y2, Y2, Y2
+	VMOVUPS      (AX)(BX*4), Y2
+	VADDPS       Y2, Y1, Y1
+	ADDQ         $0x00000008, BX
+	CMPQ         BX, DX
+	JL           loop
+
+tail:
+	CMPQ         BX, CX
+	JE           done
+	ANDQ         $0x00000007, CX
+	NEGQ         CX
+	LEAQ         tailmask8<>+0(SB), DX
+	VMOVUPS      32(DX)(CX*4), Y2
+	VMASKMOVPS   (AX)(BX*4), Y2, Y3
+	VSUBPS       Y0, Y3, Y3
+	VMOVUPS      expconst<>+0(SB), Y0
+	VMAXPS       Y3, Y0, Y3
+	VMOVUPS      expconst<>+64(SB), Y0
+	VMINPS       Y3, Y0, Y3
+	VMULPS       expconst<>+128(SB), Y3, Y0
+	VROUNDPS     $0x00, Y0, Y0
+	VFNMADD231PS expconst<>+192(SB), Y0, Y3
+	VFNMADD231PS expconst<>+256(SB), Y0, Y3
+	VMOVUPS      expconst<>+320(SB), Y4
+	VFMADD213PS  expconst<>+384(SB), Y3, Y4
+	VFMADD213PS  expconst<>+448(SB), Y3, Y4
+	VFMADD213PS  expconst<>+512(SB), Y3, Y4
+	VFMADD213PS  expconst<>+576(SB), Y3, Y4
+	VFMADD213PS  expconst<>+640(SB), Y3, Y4
+	VMULPS       Y3, Y3, Y5
+	VFMADD213PS  Y3, Y5, Y4
+	VADDPS       expconst<>+704(SB), Y4, Y4
+	VCVTPS2DQ    Y0, Y0
+	VPSRAD       $0x01, Y0, Y3
+	VPSUBD       Y3, Y0, Y0
+	VPADDD       expconst<>+768(SB), Y3, Y3
+	VPADDD       expconst<>+768(SB), Y0, Y0
+	VPSLLD       $0x17, Y3, Y3
+	VPSLLD       $0x17, Y0, Y0
+	VMULPS       Y3, Y4, Y4
+	VMULPS       Y0, Y4, Y3
+	VMASKMOVPS   Y3, Y2, (AX)(BX*4)
+	VXORPS       Y0, Y0, Y0
+	VMASKMOVPS   (AX)(BX*4), Y2, Y0
+	VADDPS       Y0, Y1, Y1
+
+done:
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VMOVHLPS     X0, X0, X1
+	VADDPS       X1, X0, X1
+	VMOVSHDUP    X1, X0
+	VADDSS       X0, X1, X0
+	MOVSS        X0, ret+24(FP)
 	VZEROUPPER
 	RET

@@ -46,6 +46,12 @@ func dotAVX512(a *float32, b *float32, n int) float32
 // axpyAVX512 computes y[t] = fma(alpha, x[t], y[t]) for t < n.
 func axpyAVX512(alpha float32, x *float32, y *float32, n int)
 
+// siluMulAVX512 computes gate[t] = silu(gate[t])·up[t] for t < n.
+func siluMulAVX512(gate *float32, up *float32, n int)
+
+// expSumAVX512 computes x[t] = exp(x[t]-mx) for t < n and returns their sum.
+func expSumAVX512(x *float32, n int, mx float32) float32
+
 // gemmAVX2F32R1 computes 1 rows of x times n rows of F32 weights (see asmgen).
 func gemmAVX2F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
 
@@ -87,3 +93,9 @@ func dotAVX2(a *float32, b *float32, n int) float32
 
 // axpyAVX2 computes y[t] = fma(alpha, x[t], y[t]) for t < n.
 func axpyAVX2(alpha float32, x *float32, y *float32, n int)
+
+// siluMulAVX2 computes gate[t] = silu(gate[t])·up[t] for t < n.
+func siluMulAVX2(gate *float32, up *float32, n int)
+
+// expSumAVX2 computes x[t] = exp(x[t]-mx) for t < n and returns their sum.
+func expSumAVX2(x *float32, n int, mx float32) float32

@@ -30,10 +30,14 @@ type kernelSet struct {
 	f16  [maxTileRows]gemmU16
 	// cols is the number of weight rows the widest kernel processes per
 	// pass; the matrix driver aligns its work split to it.
-	cols  int
-	dot   func(a, b *float32, n int) float32
-	axpy  func(alpha float32, x, y *float32, n int)
-	avail bool
+	cols int
+	dot  func(a, b *float32, n int) float32
+	axpy func(alpha float32, x, y *float32, n int)
+	// silu computes gate[t] = silu(gate[t])·up[t]; expSum computes
+	// x[t] = e^(x[t]-mx) and returns the sum.
+	silu   func(gate, up *float32, n int)
+	expSum func(x *float32, n int, mx float32) float32
+	avail  bool
 }
 
 // kernelSets lists the implementations in order of preference: the
@@ -87,7 +91,7 @@ func SetISA(name string) error {
 // genericSet returns the pure-Go kernels. Every dot product is dotGo over
 // widened weights, whatever the kernel, so they are batch invariant.
 func genericSet() *kernelSet {
-	ks := &kernelSet{name: "go", cols: 1, avail: true, dot: dotGoPtr, axpy: axpyGoPtr}
+	ks := &kernelSet{name: "go", cols: 1, avail: true, dot: dotGoPtr, axpy: axpyGoPtr, silu: siluGoPtr, expSum: expSumGoPtr}
 	for r := range maxTileRows {
 		rows := r + 1
 		ks.f32[r] = func(x *float32, ldx int, w *float32, ldw, k, n int, out *float32, ldo int) {
@@ -168,4 +172,22 @@ func axpyGo(alpha float32, x, y []float32) {
 
 func axpyGoPtr(alpha float32, x, y *float32, n int) {
 	axpyGo(alpha, unsafe.Slice(x, n), unsafe.Slice(y, n))
+}
+
+func siluGoPtr(gate, up *float32, n int) {
+	g, u := unsafe.Slice(gate, n), unsafe.Slice(up, n)
+	for i, v := range g {
+		g[i] = v / (1 + expf(-v)) * u[i]
+	}
+}
+
+func expSumGoPtr(x *float32, n int, mx float32) float32 {
+	var sum float32
+	xs := unsafe.Slice(x, n)
+	for i, v := range xs {
+		e := expf(v - mx)
+		xs[i] = e
+		sum += e
+	}
+	return sum
 }

@@ -47,34 +47,32 @@ func RMSNorm(out, x, w []float32, eps float32) {
 }
 
 // SiLUMul computes gate[i] = silu(gate[i])·up[i] = gate[i]/(1+e^-gate[i])·up[i]
-// for i < len(gate). up must be at least as long as gate.
+// for i < len(gate). up must be at least as long as gate. Each element's
+// result depends only on its inputs, not on its position or len(gate).
 func SiLUMul(gate, up []float32) {
 	if len(up) < len(gate) {
 		panic(fmt.Sprintf("tensor: SiLUMul with len(up)=%d < len(gate)=%d", len(up), len(gate)))
 	}
-	up = up[:len(gate)]
-	for i, g := range gate {
-		gate[i] = g / (1 + expf(-g)) * up[i]
+	if len(gate) == 0 {
+		return
 	}
+	active.Load().silu(&gate[0], &up[0], len(gate))
 }
 
 // Softmax normalises x in place: x[i] = e^(x[i]-max) / Σ e^(x[j]-max). The
-// sum runs in index order, so the result depends only on x.
+// exponentials and their sum are computed in a fixed order for a given ISA
+// and length, so the result depends only on x.
 func Softmax(x []float32) {
 	if len(x) == 0 {
 		return
 	}
 	mx := x[0]
 	for _, v := range x[1:] {
-		mx = max(mx, v)
+		if v > mx {
+			mx = v
+		}
 	}
-	var sum float32
-	for i, v := range x {
-		e := expf(v - mx)
-		x[i] = e
-		sum += e
-	}
-	inv := 1 / sum
+	inv := 1 / active.Load().expSum(&x[0], len(x), mx)
 	for i := range x {
 		x[i] *= inv
 	}

@@ -213,3 +213,47 @@ func TestF32ToF16RoundsToNearestEven(t *testing.T) {
 		t.Fatal("F32ToBF16 ties")
 	}
 }
+
+func TestElementwiseResultsDoNotDependOnPosition(t *testing.T) {
+	// SiLUMul's vector body and its partial-vector tail must compute the
+	// same function, so an element's result cannot depend on where it sits.
+	forEachISA(t, func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(8, 9))
+		g, u := randVec(rng, 100), randVec(rng, 100)
+		for i := range g {
+			g[i] *= 20
+		}
+		whole := append([]float32(nil), g...)
+		SiLUMul(whole, u)
+		for _, off := range []int{0, 1, 5, 17, 99} {
+			for _, n := range []int{1, 3, 16, 33} {
+				if off+n > len(g) {
+					continue
+				}
+				part := append([]float32(nil), g[off:off+n]...)
+				SiLUMul(part, u[off:off+n])
+				for i := range part {
+					if math.Float32bits(part[i]) != math.Float32bits(whole[off+i]) {
+						t.Fatalf("SiLUMul element %d: %g alone at offset %d, %g in the whole row", off+i, part[i], i, whole[off+i])
+					}
+				}
+			}
+		}
+	})
+}
+
+func TestVectorExpMatchesMath(t *testing.T) {
+	// Softmax of {v, 0} is e^v/(e^v+1) for v ≤ 0: exercises the vector
+	// exponential (and its tail) over the range where it matters.
+	forEachISA(t, func(t *testing.T) {
+		for v := float32(-100); v <= 0; v += 0.0173 {
+			x := []float32{v, 0, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}
+			Softmax(x)
+			ev := math.Exp(float64(v))
+			want := ev / (1 + 17*ev)
+			if math.Abs(float64(x[0])-want) > 8e-7*want+2e-45 { // subnormals: absolute
+				t.Fatalf("Softmax({%g, 0, ...})[0] = %g, want %g", v, x[0], want)
+			}
+		}
+	})
+}

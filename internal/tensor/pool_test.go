@@ -1,9 +1,11 @@
 package tensor
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestParallelCoversEachIndexOnce(t *testing.T) {
@@ -69,20 +71,27 @@ func TestPoolWorksAfterClose(t *testing.T) {
 }
 
 func TestPoolWakesParkedWorkers(t *testing.T) {
-	// Workers park after spinFor; later jobs must still be shared with them.
+	// Workers park after spinFor; a later job must wake them. The caller's
+	// chunk waits until worker 1 has joined, so a lost wake-up fails here.
 	p := NewPool(2)
 	defer p.Close()
 	for i := range 3 {
 		if i > 0 {
 			waitParked(t, p)
 		}
-		var ids sync.Map
-		p.run(64, 1, func(part, lo, hi int) {
-			ids.Store(part, true)
-			spinMicro()
+		var joined atomic.Bool
+		p.run(2, 1, func(part, lo, hi int) {
+			if part == 1 {
+				joined.Store(true)
+				return
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for !joined.Load() && time.Now().Before(deadline) {
+				runtime.Gosched()
+			}
 		})
-		if _, ok := ids.Load(1); !ok {
-			t.Fatalf("round %d: worker 1 took no chunk of 64", i)
+		if !joined.Load() {
+			t.Fatalf("round %d: worker 1 never joined the job", i)
 		}
 	}
 }

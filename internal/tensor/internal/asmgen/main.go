@@ -60,6 +60,7 @@ var (
 
 func main() {
 	ConstraintExpr("amd64")
+	constants()
 	for _, s := range []isa{avx512, avx2} {
 		for _, dt := range []dtype{dtF32, dtBF16, dtF16} {
 			for r := 1; r <= 4; r++ {
@@ -68,6 +69,8 @@ func main() {
 		}
 		dot(s)
 		axpy(s)
+		siluMul(s)
+		expSum(s)
 	}
 	Generate()
 }
