@@ -243,16 +243,17 @@ func TestElementwiseResultsDoNotDependOnPosition(t *testing.T) {
 }
 
 func TestVectorExpMatchesMath(t *testing.T) {
-	// Softmax of {v, 0} is e^v/(e^v+1) for v ≤ 0: exercises the vector
-	// exponential (and its tail) over the range where it matters.
+	// Softmax of {v, 0} is e^v/(e^v+1): with v ≤ 0 the sum is within half
+	// an ulp, so this checks the vector exponential over the range that
+	// matters, to a few ulp.
 	forEachISA(t, func(t *testing.T) {
 		for v := float32(-100); v <= 0; v += 0.0173 {
-			x := []float32{v, 0, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}
+			x := []float32{v, 0}
 			Softmax(x)
 			ev := math.Exp(float64(v))
-			want := ev / (1 + 17*ev)
-			if math.Abs(float64(x[0])-want) > 8e-7*want+2e-45 { // subnormals: absolute
-				t.Fatalf("Softmax({%g, 0, ...})[0] = %g, want %g", v, x[0], want)
+			want := ev / (1 + ev)
+			if math.Abs(float64(x[0])-want) > 4e-7*want+2e-45 { // subnormals: absolute
+				t.Fatalf("Softmax({%g, 0})[0] = %g, want %g", v, x[0], want)
 			}
 		}
 	})
