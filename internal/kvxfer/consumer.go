@@ -364,19 +364,22 @@ func (c *Consumer) Watched(engineID string) int {
 // peerFor returns the state for peer's engine id, creating it.
 func (c *Consumer) peerFor(peer Peer) (*peerState, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return nil, ErrClosed
 	}
 	p := c.peers[peer.EngineID]
+	var moved *peerState
 	if p == nil || p.addr != peer.addr() {
-		if p != nil {
-			// Same engine id at a new address: a moved (restarted)
-			// producer. The old connections and mapping are useless.
-			go c.dropPeer(p, "engine now advertises "+peer.addr())
-		}
+		// Same engine id at a new address: a moved (restarted) producer
+		// whose old connections and mapping are useless.
+		moved = p
 		p = &peerState{id: peer.EngineID, addr: peer.addr(), lastUsed: time.Now()}
 		c.peers[peer.EngineID] = p
+	}
+	c.mu.Unlock()
+	if moved != nil {
+		c.dropPeer(moved, "engine now advertises "+peer.addr())
 	}
 	return p, nil
 }
