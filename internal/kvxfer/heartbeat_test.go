@@ -12,10 +12,9 @@ import (
 // pipeListener is an in-memory listener: inside a synctest bubble its
 // connections block durably, so fake time advances while they wait.
 type pipeListener struct {
-	conns  chan net.Conn
-	done   chan struct{}
-	once   sync.Once
-	closed bool
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
 }
 
 func newPipeListener() *pipeListener {

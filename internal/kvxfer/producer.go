@@ -310,7 +310,7 @@ func (p *Producer) Close() error {
 	return nil
 }
 
-// pconnState is one server-side connection.
+// srvConn is one producer-side connection: strictly one request at a time.
 type srvConn struct {
 	p      *Producer
 	c      net.Conn
