@@ -397,10 +397,19 @@ func (s *Sampler) candidates(x []float32, sc *scratch) []cand {
 			z = expSum(w, x, m, invT)
 		}
 		// Tokens of weight 0 add no mass and cannot be drawn, so they are
-		// left out; min-p (see below) is applied in the same pass.
+		// left out; min-p (see below) is applied in the same pass. So are
+		// tokens that cannot be in the top-p nucleus: a token is dropped
+		// when it and all lighter tokens weigh at most (1-p)*z, which holds
+		// for every token of weight <= (1-p)*z/V, since at most V tokens
+		// weigh no more than it. For a typical spread of logits this leaves
+		// the nucleus search a small fraction of the vocabulary.
 		floor := s.minP
+		var tail float32
+		if s.topP > 0 {
+			tail = float32((1 - float64(s.topP)) * z / float64(len(x)))
+		}
 		for i, wi := range w {
-			if wi > 0 && wi >= floor {
+			if wi > tail && wi >= floor {
 				cs = append(cs, cand{w: wi, id: int32(i)})
 			}
 		}
