@@ -94,7 +94,7 @@ func (c *Client) call(ctx context.Context, method, path string, body, out any) e
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
+		return err // a *url.Error, which names the method and URL
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -15,7 +15,8 @@
 // engine's step loop). Each Sample call consumes exactly one uniform draw from
 // the Sampler's PCG stream whatever the parameters, so a request's tokens
 // depend only on its own logits and seed, never on what else is batched with
-// it. Large per-call buffers (a copy of the logits, weights, candidate lists,
+// it. Distinct Samplers share no mutable state, so an engine may also sample
+// several requests in parallel. Large per-call buffers (a copy of the logits, weights, candidate lists,
 // token counts) come from a shared pool rather than from each Sampler, so
 // thousands of concurrent requests do not each hold vocabulary-sized arrays.
 //
