@@ -17,7 +17,7 @@ const (
 	// panelBytes bounds the weights one pass of x-row groups walks over
 	// when m is larger than one tile, so that they stay in L2 while every
 	// group of x rows reads them.
-	panelBytes = 64 << 10
+	panelBytes = 256 << 10
 )
 
 // MatMul computes out[i*w.Rows+j] = Σ_k x[i*w.Cols+k]·W[j][k] for i < m and

@@ -274,6 +274,11 @@ func gemmPass(s isa, dt dtype, rows, cols int, xr []GPVirtual, wcur, ocur, k, kv
 		JE(LabelRef(p + "reduce"))
 		step(mask)
 		Label(p + "reduce")
+		if cols == 4 {
+			reduceQuads512(acc, ocur)
+			ADDQ(U32(4*cols), ocur)
+			return
+		}
 		for r := range rows {
 			sums[r] = make([]VecVirtual, cols)
 			for c := range cols {
@@ -432,4 +437,65 @@ func axpy(s isa) {
 	Label("done")
 	VZEROUPPER()
 	RET()
+}
+
+// reduceQuads512 reduces the rows×4 accumulators of an AVX-512 pass with the
+// same tree as reduce — lane l plus lane l+8, then l+4, l+2, l+1 — but
+// several accumulators per instruction, and stores row r's four sums to
+// out+r·ldo. Float addition is commutative, so pairing the same lanes in
+// the same tree gives bit-identical sums.
+func reduceQuads512(acc [][]VecVirtual, ocur Register) {
+	rows := len(acc)
+	shuf := func(imm uint8, a, b VecVirtual) VecVirtual { // 128-bit lanes a[i0] a[i1] b[i2] b[i3]
+		t := ZMM()
+		VSHUFF32X4(U8(imm), b, a, t)
+		return t
+	}
+	shufps := func(imm uint8, a, b VecVirtual) VecVirtual { // per 128-bit lane
+		t := ZMM()
+		VSHUFPS(U8(imm), b, a, t)
+		return t
+	}
+	add := func(a, b VecVirtual) VecVirtual {
+		VADDPS(b, a, a)
+		return a
+	}
+	// Levels 1 and 2 per row: q's 128-bit lane c holds accumulator (r,c)
+	// reduced to 4 lanes.
+	q := make([]VecVirtual, 4)
+	for r := range rows {
+		m := acc[r]
+		s01 := add(shuf(0x44, m[0], m[1]), shuf(0xEE, m[0], m[1]))
+		s23 := add(shuf(0x44, m[2], m[3]), shuf(0xEE, m[2], m[3]))
+		q[r] = add(shuf(0x88, s01, s23), shuf(0xDD, s01, s23))
+	}
+	for r := rows; r < 4; r++ {
+		q[r] = q[0] // padding: computed and never stored
+	}
+	// Levels 3 and 4 across rows: element r of 128-bit lane c is (r,c).
+	r01 := add(shufps(0x44, q[0], q[1]), shufps(0xEE, q[0], q[1]))
+	r23 := r01
+	if rows > 2 {
+		r23 = add(shufps(0x44, q[2], q[3]), shufps(0xEE, q[2], q[3]))
+	}
+	f := add(shufps(0x88, r01, r23), shufps(0xDD, r01, r23))
+	orow := GP64()
+	MOVQ(ocur, orow)
+	var ldo Register
+	if rows > 1 {
+		ldo = Load(Param("ldo"), GP64())
+		SHLQ(U8(2), ldo)
+	}
+	for r := range rows {
+		g := GP32()
+		MOVL(U32(0x1111<<r), g)
+		km := K()
+		KMOVW(g, km)
+		t := ZMM()
+		VCOMPRESSPS_Z(f, km, t)
+		VMOVUPS(t.AsX(), Mem{Base: orow})
+		if r+1 < rows {
+			ADDQ(ldo, orow)
+		}
+	}
 }
