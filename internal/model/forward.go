@@ -87,63 +87,79 @@ func (m *Model) Forward(seqs []Seq, kv []float32, layout KVLayout) ([][]float32,
 			t++
 		}
 	}
-	m.pool.Parallel(T, func(lo, hi int) {
+	eps := float32(c.RMSNormEps)
+	m.rows(T, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
 			sq := &seqs[s.tokSeq[t]]
 			id := sq.Tokens[int(s.tokPos[t])-sq.Pos]
-			m.embed.Row(int(id), s.x[t*H:(t+1)*H])
+			x := s.x[t*H : (t+1)*H]
+			m.embed.Row(int(id), x)
+			tensor.RMSNorm(s.xn[t*H:(t+1)*H], x, m.layers[0].attnNorm, eps)
 			ropeRow(m.invFreq, int(s.tokPos[t]), s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half])
 		}
 	})
 
-	eps := float32(c.RMSNormEps)
+	F := c.Intermediate
+	s.h = grow(s.h, T*F)
 	for li := range m.layers {
 		l := &m.layers[li]
-		m.pool.Parallel(T, func(lo, hi int) {
-			for t := lo; t < hi; t++ {
-				tensor.RMSNorm(s.xn[t*H:(t+1)*H], s.x[t*H:(t+1)*H], l.attnNorm, eps)
-			}
-		})
+		// s.xn holds attnNorm(x) here.
 		s.qkv = m.runGroup(&l.qkv, s.qkv, s.xn, T)
 		m.prepareAttention(l, li, seqs, kv, layout, T)
 		m.attention(li, seqs, kv, layout, T)
 		m.pool.MatMul(s.tmp, s.attn, T, &l.o)
-		m.pool.Parallel(T, func(lo, hi int) {
+		m.rows(T, func(lo, hi int) {
 			for t := lo; t < hi; t++ {
 				x, o := s.x[t*H:(t+1)*H], s.tmp[t*H:(t+1)*H]
 				if l.oBias != nil {
-					for i := range o {
-						o[i] += l.oBias[i]
-					}
+					addTo(o, l.oBias)
 				}
-				for i := range x {
-					x[i] += o[i]
-				}
+				addTo(x, o)
 				tensor.RMSNorm(s.xn[t*H:(t+1)*H], x, l.ffnNorm, eps)
 			}
 		})
 		s.gu = m.runGroup(&l.gateUp, s.gu, s.xn, T)
-		F := c.Intermediate
-		s.h = grow(s.h, T*F)
-		m.pool.Parallel(T, func(lo, hi int) {
+		gu := &l.gateUp
+		m.rows(T, func(lo, hi int) {
 			for t := lo; t < hi; t++ {
-				row := s.gu[t*l.gateUp.width : (t+1)*l.gateUp.width]
+				row := s.gu[t*gu.width : (t+1)*gu.width]
 				h := s.h[t*F : (t+1)*F]
-				copy(h, row[l.gateUp.off[0]:l.gateUp.off[0]+F])
-				tensor.SiLUMul(h, row[l.gateUp.off[1]:l.gateUp.off[1]+F])
+				copy(h, row[gu.off[0]:gu.off[0]+F])
+				tensor.SiLUMul(h, row[gu.off[1]:gu.off[1]+F])
 			}
 		})
 		m.pool.MatMul(s.tmp, s.h, T, &l.down)
-		m.pool.Parallel(T, func(lo, hi int) {
+		// The residual add and the next layer's input norm share a pass.
+		var next []float32
+		if li+1 < len(m.layers) {
+			next = m.layers[li+1].attnNorm
+		}
+		m.rows(T, func(lo, hi int) {
 			for t := lo; t < hi; t++ {
-				x, d := s.x[t*H:(t+1)*H], s.tmp[t*H:(t+1)*H]
-				for i := range x {
-					x[i] += d[i]
+				x := s.x[t*H : (t+1)*H]
+				addTo(x, s.tmp[t*H:(t+1)*H])
+				if next != nil {
+					tensor.RMSNorm(s.xn[t*H:(t+1)*H], x, next, eps)
 				}
 			}
 		})
 	}
 	return m.logits(seqs, T, R), nil
+}
+
+// parallelRows is the batch size from which per-token elementwise passes
+// are split across the pool; below it waking a worker costs more than the
+// work.
+const parallelRows = 8
+
+// rows runs fn over token rows [0, T), in parallel for larger batches.
+// Each row is processed identically either way.
+func (m *Model) rows(T int, fn func(lo, hi int)) {
+	if T < parallelRows {
+		fn(0, T)
+		return
+	}
+	m.pool.Parallel(T, fn)
 }
 
 func growI32(b []int32, n int) []int32 {
@@ -178,7 +194,7 @@ func (m *Model) prepareAttention(l *layer, li int, seqs []Seq, kv []float32, lay
 	s := &m.s
 	g := &l.qkv
 	hd, half, kvd := c.HeadDim, c.HeadDim/2, c.KVDim()
-	m.pool.Parallel(T, func(lo, hi int) {
+	m.rows(T, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
 			row := s.qkv[t*g.width : (t+1)*g.width]
 			q := row[g.off[0] : g.off[0]+c.QDim()]

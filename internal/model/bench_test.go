@@ -1,0 +1,150 @@
+package model
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tandem-serve/tandem/internal/modelinit"
+	"github.com/tandem-serve/tandem/internal/tensor"
+)
+
+var (
+	benchOnce sync.Once
+	benchDir  string
+	benchErr  error
+	benchTemp string
+)
+
+// benchModel returns a directory holding a random smollm2-135m bf16 model,
+// written once per test binary run. TANDEM_BENCH_MODEL names an existing
+// model directory to use instead (handy when profiling repeatedly).
+func benchModel(b *testing.B) string {
+	b.Helper()
+	benchOnce.Do(func() {
+		if d := os.Getenv("TANDEM_BENCH_MODEL"); d != "" {
+			benchDir = d
+			return
+		}
+		benchTemp, benchErr = os.MkdirTemp("", "tandem-bench-model-")
+		if benchErr != nil {
+			return
+		}
+		spec, err := modelinit.Shape(modelinit.ShapeSmolLM2135M, "bf16")
+		if err != nil {
+			benchErr = err
+			return
+		}
+		benchDir = benchTemp
+		benchErr = modelinit.Write(benchDir, spec, 1)
+	})
+	if benchErr != nil {
+		b.Fatal(benchErr)
+	}
+	return benchDir
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if benchTemp != "" {
+		os.RemoveAll(benchTemp)
+	}
+	os.Exit(code)
+}
+
+// cpuTime returns the CPU time (user + system) the process has used so
+// far. The machine is shared, so benchmarks report tokens per CPU second
+// next to wall-clock tok/s: it is far less sensitive to neighbours.
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func reportRates(b *testing.B, tokens int, cpu time.Duration) {
+	b.ReportMetric(float64(tokens)/b.Elapsed().Seconds(), "tok/s")
+	if cpu > 0 {
+		b.ReportMetric(float64(tokens)/cpu.Seconds(), "tok/cpu-s")
+	}
+}
+
+func loadBench(b *testing.B, threads int) *Model {
+	b.Helper()
+	pool := tensor.NewPool(threads)
+	b.Cleanup(pool.Close)
+	m, err := Load(benchModel(b), pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { m.Close() })
+	return m
+}
+
+// BenchmarkPrefill runs a 128-token prompt through the smollm2-135m shape
+// (bf16) in one Forward call, asking for the last token's logits.
+func BenchmarkPrefill(b *testing.B) {
+	const n = 128
+	for _, threads := range []int{1, 2} {
+		b.Run(fmt.Sprintf("threads=%d", threads), func(b *testing.B) {
+			m := loadBench(b, threads)
+			layout := m.KVLayout(16)
+			kv, blocks := contiguous(layout, n)
+			tokens := make([]int32, n)
+			for i := range tokens {
+				tokens[i] = int32((i*7919 + 13) % m.VocabSize())
+			}
+			seqs := []Seq{{Tokens: tokens, Blocks: blocks, Logits: []int{n - 1}}}
+			if _, err := m.Forward(seqs, kv, layout); err != nil {
+				b.Fatal(err)
+			}
+			cpu0 := cpuTime()
+			b.ResetTimer()
+			for b.Loop() {
+				if _, err := m.Forward(seqs, kv, layout); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportRates(b, n*b.N, cpuTime()-cpu0)
+		})
+	}
+}
+
+// BenchmarkDecode decodes one token per Forward call for a single
+// sequence with 128 to 255 tokens of context.
+func BenchmarkDecode(b *testing.B) {
+	const ctx = 128
+	for _, threads := range []int{1, 2} {
+		b.Run(fmt.Sprintf("threads=%d", threads), func(b *testing.B) {
+			m := loadBench(b, threads)
+			layout := m.KVLayout(16)
+			kv, blocks := contiguous(layout, 2*ctx)
+			prompt := make([]int32, ctx)
+			for i := range prompt {
+				prompt[i] = int32((i*7919 + 13) % m.VocabSize())
+			}
+			if _, err := m.Forward([]Seq{{Tokens: prompt, Blocks: blocks, Logits: []int{ctx - 1}}}, kv, layout); err != nil {
+				b.Fatal(err)
+			}
+			tok := []int32{42}
+			i := 0
+			cpu0 := cpuTime()
+			b.ResetTimer()
+			for b.Loop() {
+				seqs := []Seq{{Tokens: tok, Pos: ctx + i%ctx, Blocks: blocks, Logits: []int{0}}}
+				out, err := m.Forward(seqs, kv, layout)
+				if err != nil {
+					b.Fatal(err)
+				}
+				tok[0] = argmax(out[0])
+				i++
+			}
+			reportRates(b, b.N, cpuTime()-cpu0)
+		})
+	}
+}
