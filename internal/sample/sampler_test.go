@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -643,5 +644,34 @@ func TestLogprobsDoNotChangeTheTokens(t *testing.T) {
 		if diff := cmp.Diff(run(-1), run(3)); diff != "" {
 			t.Errorf("params %+v: tokens differ with logprobs (-without +with):\n%s", p, diff)
 		}
+	}
+}
+
+// TestDistinctSamplersRunConcurrently backs the package doc's promise that
+// distinct Samplers share no mutable state (run it with -race).
+func TestDistinctSamplersRunConcurrently(t *testing.T) {
+	logits := randomLogits(5, 3000, 2)
+	p := Params{Temperature: 0.9, TopP: 0.9, TopK: 400, PresencePenalty: 0.3, Logprobs: 2}
+	run := func(seed uint64) []int32 {
+		s := NewSampler(new(seeded(p, seed)), len(logits), nil)
+		var out []int32
+		for range 40 {
+			tok, _ := s.Sample(logits, []int32{1, 2}, out)
+			out = append(out, tok)
+		}
+		return out
+	}
+	want := make([][]int32, 4)
+	for i := range want {
+		want[i] = run(uint64(i))
+	}
+	got := make([][]int32, 4)
+	var wg sync.WaitGroup
+	for i := range got {
+		wg.Go(func() { got[i] = run(uint64(i)) })
+	}
+	wg.Wait()
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("concurrent runs differ from sequential ones (-sequential +concurrent):\n%s", diff)
 	}
 }

@@ -6,8 +6,12 @@ import "strings"
 // (one detokenized token at a time), where a stop string may straddle
 // pieces. It holds back the longest tail of the text that could still be the
 // start of a stop string and emits the rest, so text after a stop string is
-// never emitted. Earliest match wins; at the same position the stop string
-// listed first wins.
+// never emitted.
+//
+// The stop string completed first wins, that is the match that ends
+// earliest; of two ending at the same byte, the longer. This is what a
+// checker fed one byte at a time would see, so the result does not depend on
+// how the text is split into tokens.
 type StopChecker struct {
 	stops       []string
 	maxLen      int
@@ -46,9 +50,13 @@ func (c *StopChecker) Push(text string) (emit string, stopped bool, matched stri
 	from := max(0, len(c.pending)-c.maxLen+1)
 	at, which := -1, ""
 	for _, s := range c.stops {
-		i := strings.Index(buf[from:], s)
-		if i >= 0 && (at < 0 || from+i < at) {
-			at, which = from+i, s
+		i := strings.Index(buf[from:], s) // s's first match ends earliest
+		if i < 0 {
+			continue
+		}
+		i += from
+		if end, bestEnd := i+len(s), at+len(which); at < 0 || end < bestEnd || (end == bestEnd && i < at) {
+			at, which = i, s
 		}
 	}
 	if at >= 0 {

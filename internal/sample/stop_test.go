@@ -66,8 +66,10 @@ func TestStopCheckerAcrossEverySplit(t *testing.T) {
 		{"includeStop keeps the stop string", []string{"STOP"}, true, "abc STOP def", stopResult{"abc STOP", true, "STOP"}},
 		{"stop at the start", []string{"ab"}, false, "abab", stopResult{"", true, "ab"}},
 		{"a false start then the stop", []string{"aab"}, false, "xaaab!", stopResult{"xa", true, "aab"}},
-		{"the earliest of several stops wins", []string{"world", "lo"}, false, "hello world", stopResult{"hel", true, "lo"}},
-		{"at the same position the first listed wins", []string{"ab", "abc"}, true, "xabcd", stopResult{"xab", true, "ab"}},
+		{"the stop completed first wins", []string{"world", "lo"}, false, "hello world", stopResult{"hel", true, "lo"}},
+		{"a shorter stop inside a longer one completes first", []string{"abc", "b"}, false, "xabcd", stopResult{"xa", true, "b"}},
+		{"a prefix stop completes before its extension", []string{"abc", "ab"}, true, "xabcd", stopResult{"xab", true, "ab"}},
+		{"of two stops ending together the longer wins", []string{"b", "ab"}, false, "xab", stopResult{"x", true, "ab"}},
 		{"multi-byte text and stop", []string{"é!"}, false, "café! non", stopResult{"caf", true, "é!"}},
 		{"newline stop", []string{"\n\n"}, false, "line one\nline two\n\nthree", stopResult{"line one\nline two", true, "\n\n"}},
 		{"a stop prefix at the end is flushed", []string{"END"}, false, "the EN", stopResult{Text: "the EN"}},
@@ -121,4 +123,46 @@ func TestStopCheckerAfterStop(t *testing.T) {
 	if ok, m := c.Stopped(); !ok || m != "x" {
 		t.Errorf("Stopped = %v, %q", ok, m)
 	}
+}
+
+// FuzzStopChecker checks that how text is split into pieces never changes
+// what is emitted, and that the result agrees with a search of the whole
+// text.
+func FuzzStopChecker(f *testing.F) {
+	f.Add("hello world\n\nbye", "\n\n", "wor", 3, 9, false)
+	f.Add("aaab", "aab", "b", 1, 2, true)
+	f.Fuzz(func(t *testing.T, text, stop1, stop2 string, cut1, cut2 int, include bool) {
+		stops := []string{stop1, stop2}
+		whole := runStop(t, NewStopChecker(stops, include), []string{text})
+		i := min(max(cut1, 0), len(text))
+		j := min(max(cut2, i), len(text))
+		split := runStop(t, NewStopChecker(stops, include), []string{text[:i], text[i:j], text[j:]})
+		if whole != split {
+			t.Fatalf("whole %+v, split at %d,%d %+v", whole, i, j, split)
+		}
+		// Reference: the byte-wise first completed match; on a tie the
+		// longer stop (then the first listed).
+		at, which := -1, ""
+	scan:
+		for end := 1; end <= len(text); end++ {
+			for start := 0; start < end; start++ {
+				for _, s := range stops {
+					if s != "" && text[start:end] == s {
+						at, which = start, s
+						break scan
+					}
+				}
+			}
+		}
+		want := stopResult{Text: text}
+		if at >= 0 {
+			want = stopResult{Text: text[:at], Stopped: true, Matched: which}
+			if include {
+				want.Text += which
+			}
+		}
+		if whole != want {
+			t.Fatalf("got %+v, want %+v", whole, want)
+		}
+	})
 }
