@@ -6,12 +6,14 @@ package tensor
 // DType is the element type of a weight matrix in memory.
 type DType uint8
 
+// The weight dtypes the kernels read.
 const (
-	F32 DType = iota
-	BF16
-	F16
+	F32  DType = iota // IEEE 754 binary32
+	BF16              // bfloat16: the top 16 bits of a binary32
+	F16               // IEEE 754 binary16
 )
 
+// String returns the dtype's short name ("f32", "bf16", "f16").
 func (d DType) String() string {
 	switch d {
 	case F32:
@@ -35,8 +37,10 @@ type Mat struct {
 	U16        []uint16
 }
 
-// Row returns row r widened to f32 into dst (len Cols) and returns dst.
+// Row returns row r widened to f32 into dst (len Cols) and returns dst. It
+// panics if r is out of range or dst is shorter than Cols.
 func (m *Mat) Row(r int, dst []float32) []float32 {
+	dst = dst[:m.Cols]
 	switch m.DType {
 	case F32:
 		copy(dst, m.F32[r*m.Cols:(r+1)*m.Cols])

@@ -34,8 +34,6 @@ type Pool struct {
 	workers []*worker
 	wg      sync.WaitGroup
 	closed  atomic.Bool
-
-	scratch [][]float32 // per-participant scratch, index 0 is the caller
 }
 
 // worker is the parking state of one worker goroutine.
@@ -60,7 +58,7 @@ type job struct {
 // plus threads-1 workers. threads below 1 is treated as 1.
 func NewPool(threads int) *Pool {
 	threads = max(threads, 1)
-	p := &Pool{threads: threads, scratch: make([][]float32, threads)}
+	p := &Pool{threads: threads}
 	first := &job{}
 	p.cur.Store(first)
 	for id := 1; id < threads; id++ {
@@ -104,7 +102,7 @@ func (p *Pool) Parallel(n int, fn func(lo, hi int)) {
 // that is descheduled does not hold the others up. part identifies the
 // participant (0 is the caller, less than Threads; -1 when the call runs
 // outside the pool because the pool was busy) and is stable for the
-// duration of one fn call, so fn may use scratchF32(part, ...).
+// duration of one fn call, so fn may index per-participant state with it.
 func (p *Pool) run(n, chunk int, fn func(part, lo, hi int)) {
 	if n <= 0 {
 		return
@@ -195,17 +193,4 @@ func (p *Pool) await(w *worker, last *job) *job {
 		<-w.wake
 		start = time.Now()
 	}
-}
-
-// scratchF32 returns participant part's scratch buffer with at least n
-// elements. Only the participant itself may use it during a job. Part -1
-// gets a fresh buffer.
-func (p *Pool) scratchF32(part, n int) []float32 {
-	if part < 0 {
-		return make([]float32, n)
-	}
-	if cap(p.scratch[part]) < n {
-		p.scratch[part] = make([]float32, n)
-	}
-	return p.scratch[part][:n]
 }
