@@ -257,3 +257,27 @@ func seq32(from, to int32) []int32 {
 	}
 	return s
 }
+
+func TestStreamTimesOutAStalledServer(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":null}]}\n\n")
+		w.(http.Flusher).Flush()
+		select { // then stall
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	o := NewClient(srv.URL, 1).Stream(ctx, CompletionRequest{Model: "m", Prompt: []int32{1}, MaxTokens: 4})
+	if o.Err == nil || !strings.Contains(o.Err.Error(), "deadline exceeded") {
+		t.Errorf("Err = %v, want a deadline error", o.Err)
+	}
+	if o.TTFT <= 0 || o.E2E < 100*time.Millisecond {
+		t.Errorf("TTFT %v, E2E %v: want the first token timed and E2E at the deadline", o.TTFT, o.E2E)
+	}
+}
