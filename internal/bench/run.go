@@ -174,7 +174,11 @@ func RunAll(ctx context.Context, cfg Config) ([]*Report, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
-	c := NewClient(cfg.URL, slices.Max(cfg.Concurrencies))
+	conns := slices.Max(cfg.Concurrencies)
+	if conns == 0 { // Poisson arrivals without a cap
+		conns = cfg.Requests
+	}
+	c := NewClient(cfg.URL, conns)
 	model, pool, err := Setup(ctx, c, &cfg)
 	if err != nil {
 		return nil, err
