@@ -23,7 +23,7 @@ func newDecoder(c *componentJSON) (decoder, error) {
 		for i, sub := range c.Decoders {
 			d, err := newDecoder(sub)
 			if err != nil {
-				return nil, fmt.Errorf("Sequence[%d]: %w", i, err)
+				return nil, fmt.Errorf("sequence item %d: %w", i, err)
 			}
 			if d != nil {
 				parts = append(parts, d)
@@ -69,7 +69,7 @@ func newDecoder(c *componentJSON) (decoder, error) {
 	case "Strip":
 		content, start, stop := c.Content, c.Start, c.Stop
 		if utf8.RuneCountInString(content) != 1 {
-			return nil, fmt.Errorf("Strip content %q must be one character", content)
+			return nil, fmt.Errorf("the Strip component content %q must be one character", content)
 		}
 		return func(tokens []string, raw bool) []string {
 			if raw {

@@ -21,7 +21,7 @@ func newNormalizer(c *componentJSON) (normalizer, error) {
 		for i, sub := range c.Normalizers {
 			n, err := newNormalizer(sub)
 			if err != nil {
-				return nil, fmt.Errorf("Sequence[%d]: %w", i, err)
+				return nil, fmt.Errorf("sequence item %d: %w", i, err)
 			}
 			if n != nil {
 				parts = append(parts, n)
@@ -73,7 +73,7 @@ func newNormalizer(c *componentJSON) (normalizer, error) {
 // match of the pattern becomes content.
 func newReplacer(c *componentJSON) (func(string) string, error) {
 	if c.Pattern == nil {
-		return nil, fmt.Errorf("Replace has no pattern")
+		return nil, fmt.Errorf("the Replace component has no pattern")
 	}
 	content := c.Content
 	switch {
@@ -86,7 +86,7 @@ func newReplacer(c *componentJSON) (func(string) string, error) {
 	case c.Pattern.Regex != nil:
 		re, err := compileRegex(*c.Pattern.Regex)
 		if err != nil {
-			return nil, fmt.Errorf("Replace: %w", err)
+			return nil, fmt.Errorf("the Replace component: %w", err)
 		}
 		return func(s string) string {
 			var b strings.Builder
@@ -103,7 +103,7 @@ func newReplacer(c *componentJSON) (func(string) string, error) {
 			return b.String()
 		}, nil
 	default:
-		return nil, fmt.Errorf("Replace pattern has neither String nor Regex")
+		return nil, fmt.Errorf("the Replace component pattern has neither String nor Regex")
 	}
 }
 

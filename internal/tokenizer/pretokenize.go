@@ -27,7 +27,7 @@ func newPreTokenizer(c *componentJSON) (preTokenizer, error) {
 		for i, sub := range c.Pretokenizers {
 			p, err := newPreTokenizer(sub)
 			if err != nil {
-				return nil, fmt.Errorf("Sequence[%d]: %w", i, err)
+				return nil, fmt.Errorf("sequence item %d: %w", i, err)
 			}
 			if p != nil {
 				parts = append(parts, p)
@@ -92,12 +92,12 @@ func newPreTokenizer(c *componentJSON) (preTokenizer, error) {
 
 func newSplit(c *componentJSON) (preTokenizer, error) {
 	if c.Pattern == nil {
-		return nil, fmt.Errorf("Split has no pattern")
+		return nil, fmt.Errorf("the Split component has no pattern")
 	}
 	switch c.Behavior {
 	case "Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous":
 	default:
-		return nil, fmt.Errorf("Split behavior %q is not supported", c.Behavior)
+		return nil, fmt.Errorf("the Split component behavior %q is not supported", c.Behavior)
 	}
 	expr := ""
 	switch {
@@ -106,11 +106,11 @@ func newSplit(c *componentJSON) (preTokenizer, error) {
 	case c.Pattern.String != nil:
 		expr = regexp2.Escape(*c.Pattern.String)
 	default:
-		return nil, fmt.Errorf("Split pattern has neither String nor Regex")
+		return nil, fmt.Errorf("the Split component pattern has neither String nor Regex")
 	}
 	re, err := compileRegex(expr)
 	if err != nil {
-		return nil, fmt.Errorf("Split: %w", err)
+		return nil, fmt.Errorf("the Split component: %w", err)
 	}
 	behavior, invert := c.Behavior, c.Invert
 	return func(pieces []string, _ bool) []string {
@@ -208,7 +208,7 @@ func newMetaspace(c *componentJSON) (preTokenizer, error) {
 	switch scheme {
 	case "always", "first", "never":
 	default:
-		return nil, fmt.Errorf("Metaspace prepend_scheme %q is not supported (want always, first or never)", scheme)
+		return nil, fmt.Errorf("the Metaspace component prepend_scheme %q is not supported (want always, first or never)", scheme)
 	}
 	split := c.Split == nil || *c.Split
 	return func(pieces []string, first bool) []string {

@@ -259,11 +259,11 @@ func newPostProcessor(c *componentJSON) ([]templateItem, error) {
 		for i, sub := range c.Processors {
 			items, err := newPostProcessor(sub)
 			if err != nil {
-				return nil, fmt.Errorf("Sequence[%d]: %w", i, err)
+				return nil, fmt.Errorf("sequence item %d: %w", i, err)
 			}
 			if items != nil {
 				if out != nil {
-					return nil, fmt.Errorf("Sequence has more than one processor that adds tokens")
+					return nil, fmt.Errorf("the Sequence component has more than one processor that adds tokens")
 				}
 				out = items
 			}

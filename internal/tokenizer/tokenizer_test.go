@@ -227,7 +227,7 @@ func TestLoadRejectsWhatItCannotReproduce(t *testing.T) {
 		{"an unknown decoder", func(m map[string]any) { m["decoder"] = map[string]any{"type": "CTC"} }, `decoder type "CTC"`},
 		{"an unknown pre-tokenizer inside a sequence", func(m map[string]any) {
 			m["pre_tokenizer"] = map[string]any{"type": "Sequence", "pretokenizers": []any{map[string]any{"type": "BertPreTokenizer"}}}
-		}, `Sequence[0]: pre_tokenizer type "BertPreTokenizer"`},
+		}, `sequence item 0: pre_tokenizer type "BertPreTokenizer"`},
 		{"a merge of unknown tokens", func(m map[string]any) {
 			mod := m["model"].(map[string]any)
 			mod["merges"] = append(mod["merges"].([]any), []any{"nope", "x"})
