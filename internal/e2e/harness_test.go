@@ -1,0 +1,478 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Limits on waiting. Every wait in this package is a poll with a deadline;
+// none of them is a sleep standing in for synchronisation.
+const (
+	startTimeout   = 60 * time.Second // process start to healthy, on two busy cores
+	requestTimeout = 60 * time.Second // one HTTP exchange, body included
+	pollInterval   = 25 * time.Millisecond
+	servedName     = "m" // --served-model-name of every engine
+)
+
+var (
+	workDir   string // removed by TestMain
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+
+	client = &http.Client{Timeout: requestTimeout}
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "tandem-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		os.Exit(1)
+	}
+	workDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// tandem returns the path of the tandem binary, built once per test run
+// (lazily, so -short and -run filters that need no process build nothing).
+func tandem(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts the tandem binary as separate processes; skipped in -short mode")
+	}
+	buildOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		out := filepath.Join(workDir, "tandem")
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "github.com/tandem-serve/tandem/cmd/tandem")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/tandem: %v\n%s", err, b)
+			return
+		}
+		binPath = out
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// requirePD skips the test when `tandem serve` lacks the P/D flags (they
+// land with the KV connector); once they exist the test runs.
+func requirePD(t *testing.T, bin string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	help, _ := exec.CommandContext(ctx, bin, "serve", "-h").CombinedOutput()
+	var missing []string
+	for _, f := range []string{"-role", "-kv-port", "-kv-host", "-engine-id", "-kv-lease", "-kv-transport", "-kv-load-failure-policy"} {
+		if !bytes.Contains(help, []byte(f+" ")) {
+			missing = append(missing, "-"+f)
+		}
+	}
+	if len(missing) > 0 {
+		t.Skipf("`tandem serve` lacks %s (the P/D serve flags); skipping", strings.Join(missing, ", "))
+	}
+}
+
+// logBuffer collects a process's output for printing when a test fails.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// tail is the last max bytes of s, cut at a line start.
+func tail(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	s = s[len(s)-max:]
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	return "…\n" + s
+}
+
+// proc is one child process in its own process group.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	out  *logBuffer // stdout and stderr
+	done chan struct{}
+	err  error // Wait's result, set before done closes
+}
+
+// startProc starts bin with args. The process (and any child it starts) is
+// killed with SIGKILL in t.Cleanup, and its output is printed if t failed.
+func startProc(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, out: &logBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(tandem(t), args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	// A group of its own, so the kill reaches grandchildren too; Pdeathsig
+	// so that a test binary killed by -timeout leaves no engine behind.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.kill(t)
+		if t.Failed() {
+			t.Logf("output of %s (%s):\n%s", name, strings.Join(args, " "), tail(p.out.String(), 6000))
+		}
+	})
+	return p
+}
+
+// kill sends SIGKILL to p's process group and waits for p to exit.
+func (p *proc) kill(t *testing.T) {
+	t.Helper()
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Errorf("%s (pid %d) still running 10s after SIGKILL", p.name, p.cmd.Process.Pid)
+	}
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// errPortClash marks a process that could not bind the port it was given
+// (another process took it between freePort and the bind).
+var errPortClash = errors.New("port clash")
+
+// waitHealthy polls url+"/health" until it answers 200, p exits or
+// startTimeout passes.
+func waitHealthy(p *proc, url string) error {
+	deadline := time.Now().Add(startTimeout)
+	probe := &http.Client{Timeout: time.Second}
+	tick := time.NewTicker(pollInterval)
+	defer tick.Stop()
+	for {
+		if p.exited() {
+			if strings.Contains(p.out.String(), "address already in use") {
+				return errPortClash
+			}
+			return fmt.Errorf("%s exited before it was healthy (%v)", p.name, p.err)
+		}
+		resp, err := probe.Get(url + "/health")
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not healthy at %s/health after %v (last error %v)", p.name, url, startTimeout, err)
+		}
+		select {
+		case <-tick.C:
+		case <-p.done:
+		}
+	}
+}
+
+// freePort asks the kernel for a free TCP port on the loopback interface.
+// The port is free when freePort returns; a process that loses it to
+// someone else before binding exits with "address already in use", and the
+// starters below retry with new ports.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// engine is one `tandem serve` process.
+type engine struct {
+	*proc
+	spec   engineSpec
+	url    string
+	kvPort int
+}
+
+// engineSpec says how to start an engine. Port and KVPort 0 mean "pick
+// free ones"; fixed ports (a restart on the same ports) are not retried.
+type engineSpec struct {
+	name   string
+	model  string
+	role   string // "" for a plain colocated engine started without --role
+	port   int
+	kvPort int
+	args   []string // more flags, after the ones startEngine sets
+}
+
+// Defaults for every engine: one compute thread each (the tests run many
+// processes on two cores) and a small pool so that a leaked block shows up
+// in vllm:kv_cache_usage_perc.
+var engineDefaults = []string{"--threads", "1", "--num-blocks", "64"}
+
+func startEngine(t *testing.T, s engineSpec) *engine {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		port, kvPort := s.port, s.kvPort
+		if port == 0 {
+			port = freePort(t)
+		}
+		if kvPort == 0 && s.role != "" {
+			kvPort = freePort(t)
+		}
+		args := []string{"serve", "--model", s.model, "--served-model-name", servedName,
+			"--host", "127.0.0.1", "--port", strconv.Itoa(port)}
+		if s.role != "" {
+			args = append(args, "--role", s.role, "--kv-host", "127.0.0.1", "--kv-port", strconv.Itoa(kvPort))
+		}
+		args = append(append(args, engineDefaults...), s.args...)
+		p := startProc(t, s.name, args...)
+		url := "http://127.0.0.1:" + strconv.Itoa(port)
+		err := waitHealthy(p, url)
+		if err == nil {
+			return &engine{proc: p, spec: s, url: url, kvPort: kvPort}
+		}
+		if errors.Is(err, errPortClash) && s.port == 0 && s.kvPort == 0 && attempt < 3 {
+			t.Logf("%s: port clash, retrying with new ports", s.name)
+			continue
+		}
+		t.Fatalf("start %s: %v\n%s", s.name, err, tail(p.out.String(), 4000))
+	}
+}
+
+// restart kills e and starts the same engine on the same ports (a new
+// process, so a new engine id).
+func (e *engine) restart(t *testing.T) *engine {
+	t.Helper()
+	e.kill(t)
+	s := e.spec
+	s.port, _ = strconv.Atoi(e.url[strings.LastIndexByte(e.url, ':')+1:])
+	s.kvPort = e.kvPort
+	s.name += " (restarted)"
+	return startEngine(t, s)
+}
+
+// startProxy starts `tandem proxy` in front of the given engines, with a
+// short health interval so that the fault tests see a dead or restarted
+// prefill quickly.
+func startProxy(t *testing.T, name string, prefill, decode []*engine, args ...string) string {
+	t.Helper()
+	urls := func(es []*engine) string {
+		var s []string
+		for _, e := range es {
+			s = append(s, e.url)
+		}
+		return strings.Join(s, ",")
+	}
+	for attempt := 1; ; attempt++ {
+		port := freePort(t)
+		p := startProc(t, name, append([]string{"proxy", "--prefill", urls(prefill), "--decode", urls(decode),
+			"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--health-interval", "200ms", "--timeout", "30s"}, args...)...)
+		url := "http://127.0.0.1:" + strconv.Itoa(port)
+		err := waitHealthy(p, url)
+		if err == nil {
+			return url
+		}
+		if errors.Is(err, errPortClash) && attempt < 3 {
+			continue
+		}
+		t.Fatalf("start %s: %v\n%s", name, err, tail(p.out.String(), 4000))
+	}
+}
+
+// reply is one HTTP answer, read in full.
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// pd is the proxy's x-tandem-pd header.
+func (r reply) pd() string { return r.header.Get("X-Tandem-Pd") }
+
+func postJSON(t *testing.T, url string, body any) reply {
+	t.Helper()
+	r, err := tryPostJSON(url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func tryPostJSON(url string, body any) (reply, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return reply{}, err
+	}
+	resp, err := client.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		return reply{}, fmt.Errorf("POST %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	rb, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return reply{}, fmt.Errorf("POST %s: reading the body: %w", url, err)
+	}
+	return reply{status: resp.StatusCode, header: resp.Header, body: rb}, nil
+}
+
+// metrics is one scrape of a Prometheus text endpoint: series (the text
+// before the value, e.g. `vllm:x{model_name="m",source="y"}`) to value.
+type metrics map[string]float64
+
+func scrape(t *testing.T, url string) metrics {
+	t.Helper()
+	m, err := tryScrape(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func tryScrape(url string) (metrics, error) {
+	resp, err := client.Get(url + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s/metrics: %s", url, resp.Status)
+	}
+	m := metrics{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			return nil, fmt.Errorf("GET %s/metrics: bad line %q", url, line)
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			return nil, fmt.Errorf("GET %s/metrics: bad value in %q", url, line)
+		}
+		m[line[:i]] = v
+	}
+	return m, nil
+}
+
+// get sums the series of the metric name whose labels include all of
+// labels (each `key="value"`), and says whether there was any.
+func (m metrics) get(name string, labels ...string) (float64, bool) {
+	var sum float64
+	found := false
+	for series, v := range m {
+		n, ls, _ := strings.Cut(series, "{")
+		if n != name {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			ok = ok && strings.Contains(ls, l)
+		}
+		if ok {
+			sum += v
+			found = true
+		}
+	}
+	return sum, found
+}
+
+// must is get for a series that has to exist.
+func (m metrics) must(t *testing.T, name string, labels ...string) float64 {
+	t.Helper()
+	v, ok := m.get(name, labels...)
+	if !ok {
+		t.Fatalf("metric %s%v missing from the scrape", name, labels)
+	}
+	return v
+}
+
+// waitPoolsIdle polls until every engine's KV pool is empty again
+// (vllm:kv_cache_usage_perc 0; prefill engines also hold no leased blocks).
+// Releases are asynchronous (a DONE frees the prefill's blocks in its next
+// step), hence the poll.
+func waitPoolsIdle(t *testing.T, engines ...*engine) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(pollInterval)
+	defer tick.Stop()
+	for _, e := range engines {
+		var last string
+		for {
+			m, err := tryScrape(e.url)
+			if err == nil {
+				usage, okU := m.get("vllm:kv_cache_usage_perc")
+				held, okH := m.get("tandem:kv_blocks_held")
+				switch {
+				case !okU:
+					t.Fatalf("%s: no vllm:kv_cache_usage_perc in /metrics", e.name)
+				case e.spec.role == "prefill" && !okH:
+					t.Fatalf("%s: no tandem:kv_blocks_held in /metrics", e.name)
+				case usage == 0 && held == 0:
+				default:
+					last = fmt.Sprintf("kv_cache_usage_perc %v, kv_blocks_held %v", usage, held)
+					err = errors.New(last)
+				}
+			}
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("%s: KV pool not empty 10s after the last request: %v", e.name, err)
+				break
+			}
+			<-tick.C
+		}
+	}
+}
