@@ -233,8 +233,9 @@ func addTo(dst, src []float32) {
 // handed to workers mix early and late positions and balance better.
 //
 // For batch invariance each query's keys are visited in position order in
-// three fixed passes: scores, then max / exp / sum, then the weighted sum
-// of V rows. Nothing depends on which other tokens share the call.
+// three fixed passes: scores, then softmax over exactly those scores, then
+// the weighted sum of V rows in position order. Nothing depends on which
+// other tokens share the call or where the sequence was split into chunks.
 func (m *Model) attention(li int, seqs []Seq, kv []float32, layout KVLayout, T int) {
 	c := &m.cfg
 	s := &m.s
@@ -256,24 +257,17 @@ func (m *Model) attention(li int, seqs []Seq, kv []float32, layout KVLayout, T i
 			out := s.attn[t*c.QDim()+h*hd:][:hd]
 			*bufp = grow(*bufp, n)
 			scores := *bufp
-			mx := float32(math.Inf(-1))
 			for j := range n {
 				base := layout.Offset(int(sq.Blocks[j/bs]), li, 0, j%bs) + kvh*hd
-				sc := tensor.Dot(q, kv[base:base+hd]) * scale
-				scores[j] = sc
-				mx = max(mx, sc)
+				scores[j] = tensor.Dot(q, kv[base:base+hd]) * scale
 			}
-			var sum float32
-			for j := range n {
-				e := float32(math.Exp(float64(scores[j] - mx)))
-				scores[j] = e
-				sum += e
-			}
-			inv := 1 / sum
+			// Softmax depends only on the n scores, so the weights are the
+			// same bits however the sequence was batched or chunked.
+			tensor.Softmax(scores)
 			clear(out)
 			for j := range n {
 				base := layout.Offset(int(sq.Blocks[j/bs]), li, 1, j%bs) + kvh*hd
-				tensor.Axpy(scores[j]*inv, kv[base:base+hd], out)
+				tensor.Axpy(scores[j], kv[base:base+hd], out)
 			}
 		}
 		s.scores.Put(bufp)
