@@ -8,21 +8,21 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
-// generation is what the equivalence tests compare: the choices exactly as
-// the server wrote them (one entry for a plain response, one per event for
-// a stream), so that any difference in text, token boundaries, logprobs
-// (as printed floats: equal only if bit-identical) or finish reason shows,
-// plus the usage counts. Ids and timestamps are left out.
+// generation is what the equivalence tests compare: the assembled text,
+// one logprobs entry per generated token (numbers kept as the server
+// printed them, so equal only if bit-identical), the finish and stop
+// reasons, and the usage counts. Streams are compared assembled: how tokens
+// are grouped into events depends on timing (a slow reader gets several per
+// event), not on the model. Ids and timestamps are left out.
 type generation struct {
-	Choices          []string
+	Text             string
+	Logprobs         []any
+	FinishReason     string
+	StopReason       any
 	PromptTokens     int
 	CompletionTokens int
-
-	text   string // the assembled output, for messages
-	finish string // the last finish_reason
 }
 
 // generate posts body to url+path and parses the answer, streamed or not.
@@ -43,9 +43,15 @@ func generate(t *testing.T, url, path string, body map[string]any) (generation, 
 	if err != nil {
 		t.Fatalf("POST %s%s: %v\nbody: %s", url, path, err, tail(string(r.body), 2000))
 	}
-	if g.CompletionTokens == 0 || g.PromptTokens == 0 || g.finish == "" {
+	if g.CompletionTokens == 0 || g.PromptTokens == 0 || g.FinishReason == "" {
 		t.Fatalf("POST %s%s: empty generation (prompt %d, completion %d tokens, finish %q): %s",
-			url, path, g.PromptTokens, g.CompletionTokens, g.finish, tail(string(r.body), 2000))
+			url, path, g.PromptTokens, g.CompletionTokens, g.FinishReason, tail(string(r.body), 2000))
+	}
+	if n, ok := body["max_tokens"].(int); ok && g.CompletionTokens > n {
+		t.Fatalf("POST %s%s: %d completion tokens, more than max_tokens %d", url, path, g.CompletionTokens, n)
+	}
+	if _, ok := body["logprobs"]; ok && len(g.Logprobs) != g.CompletionTokens {
+		t.Fatalf("POST %s%s: %d logprobs entries for %d completion tokens", url, path, len(g.Logprobs), g.CompletionTokens)
 	}
 	return g, r
 }
@@ -56,6 +62,7 @@ type wireUsage struct {
 }
 
 type wireChoice struct {
+	Index   int    `json:"index"`
 	Text    string `json:"text"`
 	Message *struct {
 		Content string `json:"content"`
@@ -63,37 +70,58 @@ type wireChoice struct {
 	Delta *struct {
 		Content *string `json:"content"`
 	} `json:"delta"`
+	Logprobs *struct {
+		// /v1/completions
+		Tokens        []any `json:"tokens"`
+		TokenLogprobs []any `json:"token_logprobs"`
+		TopLogprobs   []any `json:"top_logprobs"`
+		TextOffset    []any `json:"text_offset"`
+		// /v1/chat/completions
+		Content []any `json:"content"`
+	} `json:"logprobs"`
 	FinishReason *string `json:"finish_reason"`
+	StopReason   any     `json:"stop_reason"`
 }
 
 type wireBody struct {
-	Choices json.RawMessage `json:"choices"`
-	Usage   *wireUsage      `json:"usage"`
+	Choices []wireChoice `json:"choices"`
+	Usage   *wireUsage   `json:"usage"`
+}
+
+// decodeBody decodes one response or event, keeping numbers as printed.
+func decodeBody(b []byte) (wireBody, error) {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var w wireBody
+	err := d.Decode(&w)
+	return w, err
 }
 
 func (g *generation) add(b wireBody) error {
-	if len(b.Choices) == 0 {
-		return fmt.Errorf("no choices")
-	}
-	var cs []wireChoice
-	if err := json.Unmarshal(b.Choices, &cs); err != nil {
-		return fmt.Errorf("choices: %w", err)
-	}
-	var buf bytes.Buffer
-	if err := json.Compact(&buf, b.Choices); err != nil {
-		return err
-	}
-	g.Choices = append(g.Choices, buf.String())
-	for _, c := range cs {
-		g.text += c.Text
+	for _, c := range b.Choices {
+		if c.Index != 0 {
+			return fmt.Errorf("choice index %d, want only 0 (n=1)", c.Index)
+		}
+		g.Text += c.Text
 		if c.Message != nil {
-			g.text += c.Message.Content
+			g.Text += c.Message.Content
 		}
 		if c.Delta != nil && c.Delta.Content != nil {
-			g.text += *c.Delta.Content
+			g.Text += *c.Delta.Content
+		}
+		if lp := c.Logprobs; lp != nil {
+			g.Logprobs = append(g.Logprobs, lp.Content...)
+			n := len(lp.Tokens)
+			if len(lp.TokenLogprobs) != n || len(lp.TopLogprobs) != n || len(lp.TextOffset) != n {
+				return fmt.Errorf("logprobs arrays of different lengths: %d tokens, %d logprobs, %d top, %d offsets",
+					n, len(lp.TokenLogprobs), len(lp.TopLogprobs), len(lp.TextOffset))
+			}
+			for i := range n {
+				g.Logprobs = append(g.Logprobs, []any{lp.Tokens[i], lp.TokenLogprobs[i], lp.TopLogprobs[i], lp.TextOffset[i]})
+			}
 		}
 		if c.FinishReason != nil {
-			g.finish = *c.FinishReason
+			g.FinishReason, g.StopReason = *c.FinishReason, c.StopReason
 		}
 	}
 	if b.Usage != nil {
@@ -103,19 +131,21 @@ func (g *generation) add(b wireBody) error {
 }
 
 func parseResponse(body []byte) (generation, error) {
-	var b wireBody
-	if err := json.Unmarshal(body, &b); err != nil {
+	b, err := decodeBody(body)
+	if err != nil {
 		return generation{}, fmt.Errorf("not a JSON response: %w", err)
 	}
 	if b.Usage == nil {
 		return generation{}, fmt.Errorf("no usage in the response")
 	}
+	if len(b.Choices) != 1 {
+		return generation{}, fmt.Errorf("%d choices, want 1", len(b.Choices))
+	}
 	var g generation
 	return g, g.add(b)
 }
 
-// parseStream reads an SSE body that must end with "data: [DONE]". Chunks
-// with no choices (the usage chunk) only contribute usage.
+// parseStream reads an SSE body that must end with "data: [DONE]".
 func parseStream(body []byte) (generation, error) {
 	var g generation
 	done := false
@@ -132,15 +162,9 @@ func parseStream(body []byte) (generation, error) {
 			done = true
 			continue
 		}
-		var b wireBody
-		if err := json.Unmarshal([]byte(data), &b); err != nil {
+		b, err := decodeBody([]byte(data))
+		if err != nil {
 			return g, fmt.Errorf("event %q: %w", data, err)
-		}
-		if string(b.Choices) == "[]" || len(b.Choices) == 0 {
-			if b.Usage != nil {
-				g.PromptTokens, g.CompletionTokens = b.Usage.PromptTokens, b.Usage.CompletionTokens
-			}
-			continue
 		}
 		if err := g.add(b); err != nil {
 			return g, fmt.Errorf("event %q: %w", data, err)
@@ -156,8 +180,8 @@ func parseStream(body []byte) (generation, error) {
 // colocated engine).
 func sameGeneration(t *testing.T, want, got generation) {
 	t.Helper()
-	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(generation{})); diff != "" {
+	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("proxy's answer differs from the colocated engine's (-colocated +proxy):\n%s\ncolocated text %q\nproxy text     %q",
-			diff, want.text, got.text)
+			diff, want.Text, got.Text)
 	}
 }
