@@ -44,8 +44,10 @@ type TokenLogprob struct {
 type Usage struct {
 	PromptTokens     int
 	CompletionTokens int
-	// CachedTokens is the number of prompt tokens whose KV came from the
-	// local prefix cache (prompt_tokens_details.cached_tokens).
+	// CachedTokens is the number of prompt tokens whose KV the engine did
+	// not compute: local prefix-cache hits plus tokens a KV connector
+	// loaded from another engine, as vLLM counts them (#44607)
+	// (prompt_tokens_details.cached_tokens).
 	CachedTokens int
 }
 
@@ -69,6 +71,9 @@ type Event struct {
 
 // Handle is a submitted request. Events is closed after the final event.
 type Handle struct {
+	// ID is the engine's internal id of the request (the client's id plus
+	// a random suffix): pass it to Abort. A KV connector names the request
+	// by it (remote_request_id).
 	ID     string
 	Events <-chan Event
 }

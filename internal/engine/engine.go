@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -36,10 +37,13 @@ type KVCompletions struct {
 	FinishedRecving []string
 	FinishedSending []string
 	InvalidBlocks   []int32
+	// LoadErrors says, by request id, why a load in FinishedRecving failed;
+	// a request the fail policy ends carries it in its error.
+	LoadErrors map[string]string
 }
 
 func (c KVCompletions) empty() bool {
-	return len(c.FinishedRecving)+len(c.FinishedSending)+len(c.InvalidBlocks) == 0
+	return len(c.FinishedRecving)+len(c.FinishedSending)+len(c.InvalidBlocks)+len(c.LoadErrors) == 0
 }
 
 // KVWorker is the worker half of a KV connector (vLLM's start_load_kv plus
@@ -52,6 +56,22 @@ type KVWorker interface {
 	// Completions that happen while the engine is idle are reported with
 	// Engine.ReportKV instead, which wakes the loop.
 	Step(meta any) (KVCompletions, error)
+}
+
+// KVRequestChecker is implemented by a KV connector (Config.Connector) that
+// checks kv_transfer_params in Submit, before anything is allocated. Its
+// methods are called from Submit's caller, on any goroutine.
+type KVRequestChecker interface {
+	// CheckKVTransfer returns an *InvalidRequestError for params this engine
+	// cannot serve (malformed, inconsistent with the prompt, or asking for a
+	// role it does not have), and the most output tokens the request may
+	// produce here: 0 for no limit of its own, 1 for a prefill whose decode
+	// runs elsewhere.
+	CheckKVTransfer(kv map[string]any, promptLen int) (maxTokens int, err error)
+	// RejectedKVTransfer is called when the engine refuses a request that
+	// carries kv params, for any reason, before the scheduler saw it, so the
+	// connector can tell a remote engine holding KV for it to free it now.
+	RejectedKVTransfer(kv map[string]any)
 }
 
 // Config configures an Engine.
@@ -78,7 +98,10 @@ type Config struct {
 	// Metrics receives the engine's metrics; nil disables them.
 	Metrics *metrics.Engine
 	// Connector is the scheduler half of a KV connector (default none);
-	// KVWorker its worker half, if it has one.
+	// KVWorker its worker half, if it has one. If the Connector implements
+	// KVRequestChecker, Submit consults it. If the KVWorker implements
+	// io.Closer, Shutdown closes it after the step loop stopped and before
+	// the KV pool is released, so no transfer touches freed memory.
 	Connector sched.Connector
 	KVWorker  KVWorker
 	Logger    *slog.Logger
@@ -216,7 +239,8 @@ func (e *Engine) Stats() Stats {
 
 // reqState is the step loop's view of one request.
 type reqState struct {
-	id        string
+	id        string // internal: ext plus a random suffix
+	ext       string // the client's id (Request.ID or generated)
 	req       *Request
 	sr        *sched.Request
 	sampler   *sample.Sampler
@@ -238,29 +262,38 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (*Handle, error) {
 	if r == nil {
 		return nil, &InvalidRequestError{Message: "no request"}
 	}
-	maxTokens, err := e.validate(r)
+	r, maxTokens, err := e.check(r)
 	if err != nil {
+		e.rejectedKV(r.KVTransfer)
 		return nil, err
 	}
-	id := r.ID
-	if id == "" {
-		id = uuid.NewString()
+	ext := r.ID
+	if ext == "" {
+		ext = uuid.NewString()
 	}
 	e.mu.Lock()
 	switch {
 	case e.closing:
 		e.mu.Unlock()
+		e.rejectedKV(r.KVTransfer)
 		return nil, ErrShuttingDown
-	case e.live[id]:
+	case e.live[ext]:
 		e.mu.Unlock()
-		return nil, &InvalidRequestError{Message: fmt.Sprintf("request id %q is already in flight: use a unique X-Request-Id", id), Param: "request_id"}
+		e.rejectedKV(r.KVTransfer)
+		return nil, &InvalidRequestError{Message: fmt.Sprintf("request id %q is already in flight: use a unique X-Request-Id", ext), Param: "request_id"}
 	}
-	e.live[id] = true
+	e.live[ext] = true
 	e.mu.Unlock()
+	// The internal id gets a random suffix, as in vLLM: a request id stays
+	// in the scheduler after the request finished while a KV connector
+	// holds its blocks (a prefill for a remote decode), and the same client
+	// id may meanwhile arrive again, e.g. as the decode leg of the same
+	// request on an engine that does both.
+	id := ext + "-" + uuid.NewString()[:8]
 
 	p := r.Params
 	rs := &reqState{
-		id: id, req: r, maxTokens: maxTokens, out: newStream(),
+		id: id, ext: ext, req: r, maxTokens: maxTokens, out: newStream(),
 		sampler: sample.NewSampler(&p, e.model.VocabSize(), e.eos),
 		dec:     tokenizer.NewDecoder(e.tok, true, r.Prompt),
 		stopIDs: map[int32]bool{}, userStops: map[int32]bool{},
@@ -282,6 +315,34 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (*Handle, error) {
 	go rs.out.forward(ctx, events, func() { e.Abort(id) })
 	e.in.post(rs)
 	return &Handle{ID: id, Events: events}, nil
+}
+
+// check validates r, the KV connector's part first, and returns the request
+// to run (a copy when the connector caps its output) and its effective
+// max_tokens.
+func (e *Engine) check(r *Request) (*Request, int, error) {
+	if kc, ok := e.cfg.Connector.(KVRequestChecker); ok && r.KVTransfer != nil {
+		limit, err := kc.CheckKVTransfer(r.KVTransfer, len(r.Prompt))
+		if err != nil {
+			return r, 0, err
+		}
+		if limit > 0 && (r.Params.MaxTokens <= 0 || r.Params.MaxTokens > limit) {
+			c := *r
+			c.Params.MaxTokens = limit
+			c.Params.MinTokens = min(c.Params.MinTokens, limit)
+			r = &c
+		}
+	}
+	maxTokens, err := e.validate(r)
+	return r, maxTokens, err
+}
+
+// rejectedKV tells the connector that a request carrying kv params was
+// refused before the scheduler saw it.
+func (e *Engine) rejectedKV(kv map[string]any) {
+	if kc, ok := e.cfg.Connector.(KVRequestChecker); ok && kv != nil {
+		kc.RejectedKVTransfer(kv)
+	}
 }
 
 // validate checks what the engine itself depends on and returns the
@@ -352,6 +413,11 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 		}
 		e.in.post(quitMsg{})
 		<-e.done
+		if c, ok := e.cfg.KVWorker.(io.Closer); ok {
+			if cerr := c.Close(); cerr != nil {
+				err = errors.Join(err, cerr)
+			}
+		}
 		if cerr := e.pool.Close(); cerr != nil {
 			err = errors.Join(err, cerr)
 		}
@@ -401,7 +467,10 @@ func (e *Engine) run() {
 		if e.quit {
 			return
 		}
-		if e.stopping && len(e.reqs) == 0 && !e.drainedClosed {
+		// A drain also waits for blocks a connector holds (KV a remote
+		// decode has not read yet, loads still writing into aborted
+		// requests' blocks), unless the deadline forced an abort.
+		if e.stopping && len(e.reqs) == 0 && (e.abortAll || e.sched.Stats().Held == 0) && !e.drainedClosed {
 			e.drainedClosed = true
 			close(e.drained)
 		}
@@ -418,6 +487,7 @@ func (e *Engine) handle(m any) {
 	switch m := m.(type) {
 	case *reqState:
 		if e.abortAll {
+			e.rejectedKV(m.req.KVTransfer)
 			e.reject(m, FinishAbort, errors.New("engine shut down before the request started"))
 			return
 		}
@@ -429,7 +499,7 @@ func (e *Engine) handle(m any) {
 	case abortMsg:
 		e.sched.Abort(string(m))
 	case KVCompletions:
-		e.sched.UpdateFromConnector(m.FinishedRecving, m.FinishedSending, m.InvalidBlocks)
+		e.kvCompletions(m)
 	case drainMsg:
 		e.stopping = true
 	case abortAllMsg:
@@ -442,11 +512,19 @@ func (e *Engine) handle(m any) {
 	}
 }
 
+// kvCompletions hands a KV connector's completions to the scheduler.
+func (e *Engine) kvCompletions(c KVCompletions) {
+	for id, why := range c.LoadErrors {
+		e.sched.NoteLoadError(id, why)
+	}
+	e.sched.UpdateFromConnector(c.FinishedRecving, c.FinishedSending, c.InvalidBlocks)
+}
+
 // reject finishes a request the scheduler never took.
 func (e *Engine) reject(rs *reqState, reason FinishReason, err error) {
 	rs.out.push(Event{Finish: reason, Err: err, Usage: Usage{PromptTokens: len(rs.req.Prompt)}}, true)
 	e.mu.Lock()
-	delete(e.live, rs.id)
+	delete(e.live, rs.ext)
 	e.mu.Unlock()
 }
 
@@ -461,7 +539,7 @@ func (e *Engine) step() {
 			e.log.Error("kv connector worker step failed", "err", err)
 		}
 		if !c.empty() {
-			e.sched.UpdateFromConnector(c.FinishedRecving, c.FinishedSending, c.InvalidBlocks)
+			e.kvCompletions(c)
 		}
 	}
 	if e.m != nil {
@@ -601,7 +679,7 @@ func (e *Engine) finish(fs []sched.Finished, now time.Time) {
 		}
 		delete(e.reqs, rs.id)
 		reason := finishReasons[f.Status]
-		usage := Usage{PromptTokens: len(rs.req.Prompt), CompletionTokens: len(f.Req.Output()), CachedTokens: f.Req.NumCachedTokens()}
+		usage := Usage{PromptTokens: len(rs.req.Prompt), CompletionTokens: len(f.Req.Output()), CachedTokens: f.Req.NumCachedTokens() + f.Req.NumExternalTokens()}
 		ev := Event{Finish: reason, KVTransfer: f.KVTransfer, Usage: usage}
 		if reason == FinishStop {
 			ev.StopReason = rs.stopReason
@@ -611,7 +689,7 @@ func (e *Engine) finish(fs []sched.Finished, now time.Time) {
 		}
 		rs.out.push(ev, true)
 		e.mu.Lock()
-		delete(e.live, rs.id)
+		delete(e.live, rs.ext)
 		e.mu.Unlock()
 
 		e2e := now.Sub(rs.arrival)

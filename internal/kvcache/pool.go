@@ -124,6 +124,14 @@ func (p *Pool) Close() error { return p.m.close(true) }
 // Path is the pool file's path, for a same-host reader (see Attach).
 func (p *Pool) Path() string { return p.m.path }
 
+// FileOffsets returns where the blocks and the generation counters start in
+// the pool file, for a same-host reader that maps the file itself (block i
+// at blocks + i*BlockBytes, its generation the uint64 at generations + 8*i).
+func (p *Pool) FileOffsets() (blocks, generations int64) {
+	_, genOff := fileSize(p.m.layout, p.m.n)
+	return headerSize, genOff
+}
+
 // Layout returns the KV layout of the blocks.
 func (p *Pool) Layout() model.KVLayout { return p.m.layout }
 

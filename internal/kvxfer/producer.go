@@ -72,9 +72,14 @@ type ProducerConfig struct {
 	// (DefaultIdleTimeout).
 	IdleTimeout time.Duration
 	// Clock is used for network-driven lease events (default: system clock).
-	Clock   Clock
-	Metrics *metrics.Engine // may be nil
-	Logger  *slog.Logger    // default slog.Default()
+	Clock Clock
+	// OnRelease, if set, is called (without locks held, from a side-channel
+	// goroutine) after a network event queued a release — a DONE, or a read
+	// that ended a deferred release or found the lease expired — so the
+	// step loop can drain TakeReleased without waiting for its next step.
+	OnRelease func()
+	Metrics   *metrics.Engine // may be nil
+	Logger    *slog.Logger    // default slog.Default()
 }
 
 // Producer is the prefill side of the connector: it holds finished
@@ -397,6 +402,7 @@ func (s *srvConn) serveOne() error {
 		err = p.leases.done(id, p.cfg.Clock.Now())
 		p.gaugeLocked()
 		p.mu.Unlock()
+		p.released()
 		if err != nil {
 			return s.sendError(h.Corr, CodeNotHeld, err.Error())
 		}
@@ -429,7 +435,6 @@ func (s *srvConn) sendError(corr uint64, code ErrorCode, msg string) error {
 func (s *srvConn) beginRead(r blockRequest, pin bool) ([]uint64, ErrorCode, error) {
 	p := s.p
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	gens, expired, err := p.leases.beginRead(r.RequestID, r.Blocks, pin, p.cfg.Clock.Now())
 	if expired {
 		if m := p.cfg.Metrics; m != nil {
@@ -437,14 +442,18 @@ func (s *srvConn) beginRead(r blockRequest, pin bool) ([]uint64, ErrorCode, erro
 		}
 		p.gaugeLocked()
 	}
+	if err == nil && !pin {
+		p.leases.extend(r.RequestID, p.cfg.Clock.Now())
+	}
+	p.mu.Unlock()
+	if expired {
+		p.released()
+	}
 	switch {
 	case errors.Is(err, ErrBadBlock):
 		return nil, CodeBadBlock, err
 	case err != nil:
 		return nil, CodeNotHeld, err
-	}
-	if !pin {
-		p.leases.extend(r.RequestID, p.cfg.Clock.Now())
 	}
 	return gens, 0, nil
 }
@@ -455,6 +464,20 @@ func (s *srvConn) endRead(id string) {
 	p.leases.endRead(id, p.cfg.Clock.Now())
 	p.gaugeLocked()
 	p.mu.Unlock()
+	p.released()
+}
+
+// released calls OnRelease if releases are waiting for TakeReleased.
+func (p *Producer) released() {
+	if p.cfg.OnRelease == nil {
+		return
+	}
+	p.mu.Lock()
+	n := len(p.leases.released)
+	p.mu.Unlock()
+	if n > 0 {
+		p.cfg.OnRelease()
+	}
 }
 
 // changedBlock returns the index of the first block whose generation is no

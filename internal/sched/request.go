@@ -86,6 +86,9 @@ type Request struct {
 	// firstInvalid is the index in blocks of the first block reported
 	// invalid during the current load, -1 if none.
 	firstInvalid int
+	// loadErr is why the current load failed, as the connector explained
+	// it (NoteLoadError), for the FINISHED_ERROR message.
+	loadErr string
 	// discard marks a running request whose result this step is void (a
 	// sync load failed under it).
 	discard bool

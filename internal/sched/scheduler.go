@@ -364,7 +364,7 @@ func (s *Scheduler) admit(r *Request, budget int, out *Output) (admitted, skip b
 	s.pool.RecordPrefixQuery(len(r.tokens), local)
 	s.conn.UpdateStateAfterAlloc(r, r.blocks, ext)
 	if ext > 0 {
-		r.loadStart, r.loadEnd, r.firstInvalid = local, local+ext, -1
+		r.loadStart, r.loadEnd, r.firstInvalid, r.loadErr = local, local+ext, -1, ""
 		if async {
 			r.status = WaitingForRemoteKVs
 			return true, false
@@ -530,6 +530,26 @@ func (s *Scheduler) UpdateFromConnector(finishedRecving, finishedSending []strin
 	}
 }
 
+// NoteLoadError records why request id's current KV load failed, as the
+// connector's worker half explained it; a FINISHED_ERROR under the fail
+// policy carries it. Call it before the UpdateFromConnector that reports the
+// failed blocks. Unknown ids are ignored.
+func (s *Scheduler) NoteLoadError(id, reason string) {
+	if r, ok := s.reqs[id]; ok && !r.status.Finished() {
+		r.loadErr = reason
+	}
+}
+
+// loadFailure is the FINISHED_ERROR message of a failed load under the fail
+// policy.
+func (s *Scheduler) loadFailure(r *Request, block int) string {
+	msg := fmt.Sprintf("KV load failed for block %d of the request (policy %q)", block, s.cfg.LoadFailurePolicy)
+	if r.loadErr != "" {
+		msg += ": " + r.loadErr
+	}
+	return msg
+}
+
 // markInvalid records failed blocks against the requests loading them and
 // applies the policy at once to synchronous loads of this step.
 func (s *Scheduler) markInvalid(ids []int32) {
@@ -566,7 +586,7 @@ func (s *Scheduler) markInvalid(ids []int32) {
 			continue
 		}
 		if s.cfg.LoadFailurePolicy == LoadFailureFail {
-			s.finish(r, FinishedError, fmt.Sprintf("KV load failed for block %d of the request (policy %q)", i, s.cfg.LoadFailurePolicy))
+			s.finish(r, FinishedError, s.loadFailure(r, i))
 			continue
 		}
 		lost := r.loadEnd - max(i*bs, r.loadStart)
@@ -585,13 +605,13 @@ func (s *Scheduler) promote(r *Request) {
 	r.status = Waiting // the load is over: nothing writes into the blocks any more
 	if r.firstInvalid >= 0 {
 		if s.cfg.LoadFailurePolicy == LoadFailureFail {
-			s.finish(r, FinishedError, fmt.Sprintf("KV load failed for block %d of the request (policy %q)", r.firstInvalid, s.cfg.LoadFailurePolicy))
+			s.finish(r, FinishedError, s.loadFailure(r, r.firstInvalid))
 			return
 		}
 		end = max(min(end, r.firstInvalid*s.pool.BlockSize()), r.loadStart)
 	}
 	r.numExternalTokens += end - r.loadStart
 	r.numComputed = min(end, len(r.tokens)-1) // recompute the last token for its logits
-	r.firstInvalid = -1
+	r.firstInvalid, r.loadErr = -1, ""
 	s.cacheFullBlocks(r)
 }
