@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tandem-serve/tandem/internal/modelinit"
 )
 
 const baseConfig = `"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8, "intermediate_size": 128, "vocab_size": 100`
@@ -114,5 +116,42 @@ func TestParseGenerationConfig(t *testing.T) {
 		if _, err := ParseGenerationConfig([]byte(bad.json)); err == nil || !strings.Contains(err.Error(), bad.field) {
 			t.Errorf("ParseGenerationConfig(%s) = %v, want an error naming %s", bad.json, err, bad.field)
 		}
+	}
+}
+
+// TestModelinitShapesParse checks that every shape `tandem model init`
+// writes is a config this package accepts, with the architecture intended.
+func TestModelinitShapesParse(t *testing.T) {
+	want := map[string]Config{
+		modelinit.ShapeTiny: {ModelType: "llama", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, Intermediate: 128,
+			Vocab: 1000, MaxPositions: 2048, RMSNormEps: 1e-5, RopeTheta: 10000, TieWordEmbedding: true, BOS: []int32{0}, EOS: []int32{0}, TorchDType: "bfloat16"},
+		modelinit.ShapeSmolLM2135M: {ModelType: "llama", Hidden: 576, Layers: 30, Heads: 9, KVHeads: 3, HeadDim: 64, Intermediate: 1536,
+			Vocab: 49152, MaxPositions: 8192, RMSNormEps: 1e-5, RopeTheta: 100000, TieWordEmbedding: true, BOS: []int32{1}, EOS: []int32{2}, TorchDType: "bfloat16"},
+		modelinit.ShapeLlama1B: {ModelType: "llama", Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, HeadDim: 64, Intermediate: 8192,
+			Vocab: 128256, MaxPositions: 131072, RMSNormEps: 1e-5, RopeTheta: 500000, TieWordEmbedding: true, BOS: []int32{128000}, EOS: []int32{128001}, TorchDType: "bfloat16",
+			RopeScaling: RopeScaling{Type: "llama3", Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}},
+	}
+	for _, name := range modelinit.Shapes() {
+		t.Run(name, func(t *testing.T) {
+			spec, err := modelinit.Shape(name, "bf16")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if spec.Vocab == 0 {
+				spec.Vocab = 1000 // set from the tokenizer fixture by Init
+			}
+			data, err := spec.ConfigJSON()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := ParseConfig(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := want[name]
+			if diff := cmp.Diff(&w, got); diff != "" {
+				t.Errorf("config (-want +got):\n%s", diff)
+			}
+		})
 	}
 }

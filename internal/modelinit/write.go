@@ -165,14 +165,27 @@ func Write(dir string, s Spec, seed uint64) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("modelinit: %w", err)
 	}
-	if err := writeJSON(filepath.Join(dir, "config.json"), s.configJSON()); err != nil {
+	cfg, err := s.ConfigJSON()
+	if err != nil {
 		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+		return fmt.Errorf("modelinit: %w", err)
 	}
 	gen := map[string]any{"bos_token_id": s.BOS, "eos_token_id": s.EOS}
 	if err := writeJSON(filepath.Join(dir, "generation_config.json"), gen); err != nil {
 		return err
 	}
 	return writeWeights(filepath.Join(dir, safetensors.SingleFile), s, seed)
+}
+
+// ConfigJSON returns the config.json that Write writes for s.
+func (s Spec) ConfigJSON() ([]byte, error) {
+	data, err := json.MarshalIndent(s.configJSON(), "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("modelinit: encoding config.json: %w", err)
+	}
+	return append(data, '\n'), nil
 }
 
 func writeJSON(path string, v any) error {
