@@ -102,7 +102,7 @@ func runModelInspect(args []string) error {
 		{"vocab", fmt.Sprint(c.Vocab)},
 		{"max positions", fmt.Sprint(m.MaxModelLen())},
 		{"rope", fmt.Sprintf("theta %g, scaling %s", c.RopeTheta, rope)},
-		{"tied embeddings", fmt.Sprint(c.TieWordEmbedding)},
+		{"tied embeddings", fmt.Sprint(c.TieWordEmbeddings)},
 		{"q/k/v bias", fmt.Sprint(c.QKVBias)},
 		{"parameters", fmt.Sprintf("%s (%d)", humanCount(m.NumParams()), m.NumParams())},
 		{"weight memory", humanBytes(m.WeightBytes())},

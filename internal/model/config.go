@@ -24,19 +24,19 @@ type RopeScaling struct {
 // config.json with defaults resolved.
 type Config struct {
 	// ModelType is "llama", "mistral" or "qwen2".
-	ModelType        string
-	Hidden           int
-	Layers           int
-	Heads            int
-	KVHeads          int
-	HeadDim          int
-	Intermediate     int
-	Vocab            int
-	MaxPositions     int
-	RMSNormEps       float64
-	RopeTheta        float64
-	RopeScaling      RopeScaling
-	TieWordEmbedding bool
+	ModelType         string
+	Hidden            int
+	Layers            int
+	Heads             int
+	KVHeads           int
+	HeadDim           int
+	Intermediate      int
+	Vocab             int
+	MaxPositions      int
+	RMSNormEps        float64
+	RopeTheta         float64
+	RopeScaling       RopeScaling
+	TieWordEmbeddings bool
 	// QKVBias is set when q_proj, k_proj and v_proj have biases (qwen2, or
 	// llama with attention_bias); OBias when o_proj has one (llama
 	// attention_bias).
@@ -283,7 +283,7 @@ func (f *fields) config() (*Config, error) {
 	if c.RopeScaling, err = f.ropeScaling(); err != nil {
 		return nil, err
 	}
-	if c.TieWordEmbedding, err = f.boolField("tie_word_embeddings", false); err != nil {
+	if c.TieWordEmbeddings, err = f.boolField("tie_word_embeddings", false); err != nil {
 		return nil, err
 	}
 	act, err := f.stringField("hidden_act", "silu")

@@ -124,11 +124,11 @@ func TestParseGenerationConfig(t *testing.T) {
 func TestModelinitShapesParse(t *testing.T) {
 	want := map[string]Config{
 		modelinit.ShapeTiny: {ModelType: "llama", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, Intermediate: 128,
-			Vocab: 1000, MaxPositions: 2048, RMSNormEps: 1e-5, RopeTheta: 10000, TieWordEmbedding: true, BOS: []int32{0}, EOS: []int32{0}, TorchDType: "bfloat16"},
+			Vocab: 1000, MaxPositions: 2048, RMSNormEps: 1e-5, RopeTheta: 10000, TieWordEmbeddings: true, BOS: []int32{0}, EOS: []int32{0}, TorchDType: "bfloat16"},
 		modelinit.ShapeSmolLM2135M: {ModelType: "llama", Hidden: 576, Layers: 30, Heads: 9, KVHeads: 3, HeadDim: 64, Intermediate: 1536,
-			Vocab: 49152, MaxPositions: 8192, RMSNormEps: 1e-5, RopeTheta: 100000, TieWordEmbedding: true, BOS: []int32{1}, EOS: []int32{2}, TorchDType: "bfloat16"},
+			Vocab: 49152, MaxPositions: 8192, RMSNormEps: 1e-5, RopeTheta: 100000, TieWordEmbeddings: true, BOS: []int32{1}, EOS: []int32{2}, TorchDType: "bfloat16"},
 		modelinit.ShapeLlama1B: {ModelType: "llama", Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, HeadDim: 64, Intermediate: 8192,
-			Vocab: 128256, MaxPositions: 131072, RMSNormEps: 1e-5, RopeTheta: 500000, TieWordEmbedding: true, BOS: []int32{128000}, EOS: []int32{128001}, TorchDType: "bfloat16",
+			Vocab: 128256, MaxPositions: 131072, RMSNormEps: 1e-5, RopeTheta: 500000, TieWordEmbeddings: true, BOS: []int32{128000}, EOS: []int32{128001}, TorchDType: "bfloat16",
 			RopeScaling: RopeScaling{Type: "llama3", Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}},
 	}
 	for _, name := range modelinit.Shapes() {

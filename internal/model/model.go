@@ -85,7 +85,7 @@ func (m *Model) bind() error {
 	if m.embed, err = b.matrix("model.embed_tokens.weight", c.Vocab, c.Hidden); err != nil {
 		return err
 	}
-	if c.TieWordEmbedding {
+	if c.TieWordEmbeddings {
 		m.lmHead = m.embed
 	} else if m.lmHead, err = b.matrix("lm_head.weight", c.Vocab, c.Hidden); err != nil {
 		return fmt.Errorf("%w (config.json has tie_word_embeddings false)", err)
@@ -203,7 +203,7 @@ func (m *Model) computeFingerprint() string {
 		math.Float64bits(c.RMSNormEps), math.Float64bits(c.RopeTheta), c.RopeScaling.Type,
 		math.Float64bits(c.RopeScaling.Factor), math.Float64bits(c.RopeScaling.LowFreqFactor),
 		math.Float64bits(c.RopeScaling.HighFreqFactor), c.RopeScaling.OriginalMaxPositionEmbeddings,
-		c.TieWordEmbedding, c.QKVBias, c.OBias, c.SlidingWindow)
+		c.TieWordEmbeddings, c.QKVBias, c.OBias, c.SlidingWindow)
 	for _, name := range m.set.Names() {
 		t, _ := m.set.Tensor(name)
 		fmt.Fprintf(h, "%s\x00%s\x00%v\x00", name, t.DType, t.Shape)

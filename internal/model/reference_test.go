@@ -213,7 +213,7 @@ func (r *refModel) logits(t *testing.T, tokens []int32) [][]float64 {
 		}
 	}
 	head := opt("lm_head.weight")
-	if c.TieWordEmbedding || head == nil {
+	if c.TieWordEmbeddings || head == nil {
 		head = emb
 	}
 	norm := get("model.norm.weight")
