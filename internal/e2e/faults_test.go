@@ -55,7 +55,7 @@ func failures(t *testing.T, e *engine) float64 {
 // answers that succeed must still be the colocated engine's.
 func TestPrefillFailures(t *testing.T) {
 	model := testmodels.Stories260K(t)
-	requirePD(t, tandem(t))
+	requirePD(t, tandem(t), "--kv-load-failure-policy")
 	const vocab = 512
 
 	ref := startEngine(t, engineSpec{name: "reference", model: model})
@@ -222,7 +222,7 @@ func TestPrefillFailures(t *testing.T) {
 // prefill's blocks must come back when their lease runs out.
 func TestBlockSizeMismatchIsReported(t *testing.T) {
 	model := testmodels.Stories260K(t)
-	requirePD(t, tandem(t))
+	requirePD(t, tandem(t), "--kv-lease")
 
 	prefill := startEngine(t, engineSpec{name: "prefill (block size 16)", model: model, role: "prefill",
 		args: []string{"--block-size", "16", "--kv-lease", "2s"}})

@@ -74,17 +74,19 @@ func tandem(t *testing.T) string {
 	return binPath
 }
 
-// requirePD skips the test when `tandem serve` lacks the P/D flags (they
-// land with the KV connector); once they exist the test runs.
-func requirePD(t *testing.T, bin string) {
+// requirePD skips the test when `tandem serve` lacks --role, --kv-host,
+// --kv-port or any of more (the P/D flags land with the KV connector); once
+// they exist the test runs.
+func requirePD(t *testing.T, bin string, more ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	help, _ := exec.CommandContext(ctx, bin, "serve", "-h").CombinedOutput()
 	var missing []string
-	for _, f := range []string{"-role", "-kv-port", "-kv-host", "-engine-id", "-kv-lease", "-kv-transport", "-kv-load-failure-policy"} {
-		if !bytes.Contains(help, []byte(f+" ")) {
-			missing = append(missing, "-"+f)
+	for _, f := range append([]string{"--role", "--kv-host", "--kv-port"}, more...) {
+		// The flag package prints "  -name type".
+		if !bytes.Contains(help, []byte(f[1:]+" ")) {
+			missing = append(missing, f)
 		}
 	}
 	if len(missing) > 0 {

@@ -158,7 +158,7 @@ type promptCase struct {
 // forced onto shared memory, both pulling from the same prefill.
 func TestDisaggregatedMatchesColocated(t *testing.T) {
 	model := testmodels.Stories260K(t)
-	requirePD(t, tandem(t))
+	requirePD(t, tandem(t), "--kv-transport")
 	const vocab = 512
 
 	ref := startEngine(t, engineSpec{name: "reference", model: model})
