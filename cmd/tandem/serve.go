@@ -196,9 +196,10 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 	srv := &http.Server{
 		Handler:           api,
 		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       60 * time.Second, // the request body; streams are bounded per write instead
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		// No ReadTimeout or WriteTimeout: either would cut long generations.
+		// The API bounds each body read and each write itself.
+		IdleTimeout: 2 * time.Minute,
+		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

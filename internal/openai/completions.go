@@ -16,7 +16,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req CompletionRequest
-	if err := DecodeBody(r, s.cfg.MaxBodyBytes, &req); err != nil {
+	if err := s.decode(w, r, &req); err != nil {
 		WriteError(w, err)
 		return
 	}

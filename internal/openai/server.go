@@ -181,7 +181,7 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	var req TokenizeRequest
-	if err := DecodeBody(r, s.cfg.MaxBodyBytes, &req); err != nil {
+	if err := s.decode(w, r, &req); err != nil {
 		WriteError(w, err)
 		return
 	}
@@ -222,7 +222,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 	var req DetokenizeRequest
-	if err := DecodeBody(r, s.cfg.MaxBodyBytes, &req); err != nil {
+	if err := s.decode(w, r, &req); err != nil {
 		WriteError(w, err)
 		return
 	}
@@ -273,6 +273,21 @@ func (s *Server) renderChat(raw []ChatMessage, addGenerationPrompt bool) (string
 		return "", BadRequest("messages", "rendering the chat template: %v", terr)
 	}
 	return text, nil
+}
+
+// bodyReadTimeout bounds reading one request body.
+const bodyReadTimeout = 60 * time.Second
+
+// decode reads and decodes r's body under a read deadline, which it lifts
+// afterwards: a deadline left on the connection would, once passed, make the
+// server cancel the request's context in the middle of a long generation.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *Error {
+	rc := http.NewResponseController(w)
+	if err := rc.SetReadDeadline(time.Now().Add(bodyReadTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.cfg.Logger.Debug("set read deadline", "err", err)
+	}
+	defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	return DecodeBody(r, s.cfg.MaxBodyBytes, v)
 }
 
 // writeJSON writes v with status under the per-write deadline.
