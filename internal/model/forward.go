@@ -239,7 +239,7 @@ func addTo(dst, src []float32) {
 func (m *Model) attention(li int, seqs []Seq, kv []float32, layout KVLayout, T int) {
 	c := &m.cfg
 	s := &m.s
-	hd, group := c.HeadDim, c.Heads/c.KVHeads
+	hd, kvd, group := c.HeadDim, c.KVDim(), c.Heads/c.KVHeads
 	g := &m.layers[li].qkv
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	bs := layout.BlockSize
@@ -257,17 +257,25 @@ func (m *Model) attention(li int, seqs []Seq, kv []float32, layout KVLayout, T i
 			out := s.attn[t*c.QDim()+h*hd:][:hd]
 			*bufp = grow(*bufp, n)
 			scores := *bufp
-			for j := range n {
-				base := layout.Offset(int(sq.Blocks[j/bs]), li, 0, j%bs) + kvh*hd
-				scores[j] = tensor.Dot(q, kv[base:base+hd]) * scale
+			// Walk the block table one block at a time: within a block a
+			// head's rows for consecutive positions are kvd floats apart.
+			for j0 := 0; j0 < n; j0 += bs {
+				base := layout.Offset(int(sq.Blocks[j0/bs]), li, 0, 0) + kvh*hd
+				for j := j0; j < min(j0+bs, n); j++ {
+					scores[j] = tensor.Dot(q, kv[base:base+hd]) * scale
+					base += kvd
+				}
 			}
 			// Softmax depends only on the n scores, so the weights are the
 			// same bits however the sequence was batched or chunked.
 			tensor.Softmax(scores)
 			clear(out)
-			for j := range n {
-				base := layout.Offset(int(sq.Blocks[j/bs]), li, 1, j%bs) + kvh*hd
-				tensor.Axpy(scores[j], kv[base:base+hd], out)
+			for j0 := 0; j0 < n; j0 += bs {
+				base := layout.Offset(int(sq.Blocks[j0/bs]), li, 1, 0) + kvh*hd
+				for j := j0; j < min(j0+bs, n); j++ {
+					tensor.Axpy(scores[j], kv[base:base+hd], out)
+					base += kvd
+				}
 			}
 		}
 		s.scores.Put(bufp)
