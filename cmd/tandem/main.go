@@ -62,5 +62,3 @@ func main() {
 	usage()
 	os.Exit(2)
 }
-
-var errNotYet = errors.New("not yet available in this build")
