@@ -25,7 +25,7 @@ type Seq struct {
 }
 
 // scratch holds the activations of one Forward call, grown on demand and
-// reused so the steady state allocates nothing.
+// reused across calls (only small per-call closures are allocated).
 type scratch struct {
 	x, xn, attn, tmp []float32 // [T, Hidden], [T, Hidden], [T, QDim], [T, Hidden]
 	qkv, gu, h       []float32 // [T, qkv width], [T, 2·FFN], [T, FFN]

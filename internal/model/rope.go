@@ -41,6 +41,11 @@ func ropeInvFreq(c *Config) []float64 {
 // ropeRow fills cos and sin (HeadDim/2 each) for position pos. The angle is
 // computed in float64 and rounded once, so a position's table row is the
 // same bits whichever batch or chunk computes it.
+//
+// Forward builds the rows for the positions of its batch once and shares
+// them across every layer and head, instead of keeping a table for every
+// position: for Llama-3.2-1B (131072 positions × 32 frequencies) that table
+// would be 32 MiB, while the per-step rows cost HeadDim/2 sincos per token.
 func ropeRow(invFreq []float64, pos int, cos, sin []float32) {
 	for i, f := range invFreq {
 		s, c := math.Sincos(float64(pos) * f)
