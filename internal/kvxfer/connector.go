@@ -1,0 +1,636 @@
+package kvxfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/kvcache"
+	"github.com/tandem-serve/tandem/internal/metrics"
+	"github.com/tandem-serve/tandem/internal/sched"
+)
+
+// ConnectorConfig configures a Connector.
+type ConnectorConfig struct {
+	// Role says which kv_transfer_params the engine accepts (default
+	// RoleBoth).
+	Role Role
+	// EngineID identifies this engine process; a fresh UUID per process, so
+	// a restarted prefill is a new engine to its decodes.
+	EngineID string
+	// ModelFingerprint identifies the model and weights (model.Model's
+	// Fingerprint); engines with different fingerprints refuse each other.
+	ModelFingerprint string
+	// Host and Port are where the side channel listens (prefill and both)
+	// and what the prefill advertises in remote_host and remote_port. Port
+	// 0 picks a free port. An unspecified host (0.0.0.0, ::) binds every
+	// interface and advertises this machine's hostname.
+	Host string
+	Port int
+	// Lease is how long a prefill holds KV no decode has read (DefaultLease).
+	Lease time.Duration
+	// Transport is how a decode pulls (TransportAuto).
+	Transport Transport
+	// SweepInterval is how often idle leases are checked for expiry
+	// (default Lease/30, between 10 ms and 1 s).
+	SweepInterval time.Duration
+	// HeartbeatInterval overrides the decode's heartbeat period (default
+	// the prefill's lease / 6).
+	HeartbeatInterval time.Duration
+	// NotifyTimeout bounds telling a prefill to free KV it does not need to
+	// send (default DefaultDialTimeout).
+	NotifyTimeout time.Duration
+	// Clock stamps and expires leases (default: the system clock).
+	Clock   Clock
+	Metrics *metrics.Engine // may be nil
+	Logger  *slog.Logger    // default slog.Default()
+}
+
+// Connector is Tandem's prefill/decode KV connector inside one engine: the
+// scheduler half (sched.Connector) decides what to load and what to hold,
+// the worker half (engine.KVWorker) moves bytes with a Producer (prefill
+// side) and a Consumer (decode side).
+//
+// Threading. The engine's step loop calls the scheduler half and Step; they
+// share the per-request state without locks. Pulls, notifications and the
+// lease sweeper run on goroutines of their own: they touch only the block
+// memory a pull was given, the thread-safe Producer and Consumer, and the
+// in-flight table under mu, and report to the step loop through
+// Engine.ReportKV. CheckKVTransfer and RejectedKVTransfer run on the
+// submitting goroutine and read only configuration.
+//
+// Lifecycle: NewConnector, engine.New with the connector as both
+// Config.Connector and Config.KVWorker, Start with the engine (before any
+// Submit), and Engine.Shutdown, which closes the connector once the step
+// loop stopped and before the pool is released.
+type Connector struct {
+	cfg ConnectorConfig
+	log *slog.Logger
+
+	// Set by Start, read-only afterwards.
+	started    bool
+	pool       *kvcache.Pool
+	blockSize  int
+	report     func(engine.KVCompletions)
+	prod       *Producer
+	cons       *Consumer
+	advertHost string
+	advertPort int
+
+	// Step-loop state.
+	reqs   map[string]*connReq
+	staged connMeta
+
+	// Shared with the goroutines.
+	mu       sync.Mutex
+	closed   bool
+	inflight map[string]context.CancelFunc // pulls by local request id
+	wg       sync.WaitGroup
+	base     context.Context
+	cancel   context.CancelFunc
+	stop     chan struct{}
+}
+
+// phase is where a remote-prefill request is in its KV load.
+type phase uint8
+
+const (
+	// waitingForAlloc: no blocks yet; the prefill holds the KV.
+	waitingForAlloc phase = iota
+	// loading: a pull into the request's blocks is in flight.
+	loading
+	// consumed: pulled, or nothing to pull (full local hit); the prefill
+	// was told. A preempted request recomputes locally.
+	consumed
+)
+
+// connReq is the connector's state for one request with kv params.
+type connReq struct {
+	remoteDecode bool
+	remote       *RemoteParams // remote prefill: where the KV is
+	phase        phase
+}
+
+// pullJob is one pull the worker half starts.
+type pullJob struct {
+	id     string // local request id
+	params RemoteParams
+	blocks []int32 // local destination blocks, parallel to params.BlockIDs
+}
+
+// notifyJob tells a prefill that the decode does not need its KV for a
+// request (or no longer does).
+type notifyJob struct {
+	peer  Peer
+	reqID string
+}
+
+// connMeta is what the scheduler half hands the worker half each step.
+type connMeta struct {
+	pulls    []pullJob
+	notifies []notifyJob
+	cancels  []string // local ids of requests whose pull must stop
+}
+
+func (m *connMeta) empty() bool { return len(m.pulls)+len(m.notifies)+len(m.cancels) == 0 }
+
+// NewConnector validates cfg. Start attaches it to its engine.
+func NewConnector(cfg ConnectorConfig) (*Connector, error) {
+	if cfg.Role == "" {
+		cfg.Role = RoleBoth
+	}
+	if _, err := ParseRole(string(cfg.Role)); err != nil {
+		return nil, fmt.Errorf("kvxfer: %w", err)
+	}
+	if cfg.EngineID == "" {
+		return nil, errors.New("kvxfer: the connector needs an engine id")
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = DefaultLease
+	}
+	if cfg.SweepInterval <= 0 {
+		cfg.SweepInterval = min(max(cfg.Lease/30, 10*time.Millisecond), time.Second)
+	}
+	if cfg.NotifyTimeout <= 0 {
+		cfg.NotifyTimeout = DefaultDialTimeout
+	}
+	if cfg.Port < 0 || cfg.Port > 65535 {
+		return nil, fmt.Errorf("kvxfer: --kv-port %d is not a TCP port", cfg.Port)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = systemClock{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	c := &Connector{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "kvxfer.connector", "engine_id", cfg.EngineID, "role", string(cfg.Role)),
+		reqs:     make(map[string]*connReq),
+		inflight: make(map[string]context.CancelFunc),
+		stop:     make(chan struct{}),
+	}
+	c.base, c.cancel = context.WithCancel(context.Background())
+	return c, nil
+}
+
+// Start attaches the connector to e, whose Config names it as Connector and
+// KVWorker: a prefill (or both) opens the side channel on Host:Port and
+// starts the lease sweeper, a decode (or both) starts its consumer. Call it
+// before the first Submit. On error, shut the engine down (which closes the
+// connector).
+func (c *Connector) Start(e *engine.Engine) error {
+	if c.started {
+		return errors.New("kvxfer: connector already started")
+	}
+	c.pool = e.KVPool()
+	l := c.pool.Layout()
+	c.blockSize = l.BlockSize
+	c.report = e.ReportKV
+	local := Info{
+		EngineID:         c.cfg.EngineID,
+		ModelFingerprint: c.cfg.ModelFingerprint,
+		KVDType:          "f32",
+		Layers:           l.Layers,
+		KVHeads:          l.KVHeads,
+		HeadDim:          l.HeadDim,
+		BlockSize:        l.BlockSize,
+		BlockBytes:       l.BlockBytes(),
+		NumBlocks:        c.pool.NumBlocks(),
+	}
+	if c.cfg.Role.prefills() {
+		blocksOff, gensOff := c.pool.FileOffsets()
+		prod, err := NewProducer(ProducerConfig{
+			Local:     local,
+			Memory:    poolMemory{c.pool},
+			Shm:       &ShmLayout{Path: c.pool.Path(), BlocksOffset: blocksOff, GenerationsOffset: gensOff},
+			Lease:     c.cfg.Lease,
+			Clock:     c.cfg.Clock,
+			OnRelease: c.drainReleases,
+			Metrics:   c.cfg.Metrics,
+			Logger:    c.cfg.Logger,
+		})
+		if err != nil {
+			return err
+		}
+		ln, err := Listen(c.cfg.Host, c.cfg.Port)
+		if err != nil {
+			return err
+		}
+		c.prod = prod
+		c.advertHost = advertisedHost(c.cfg.Host)
+		c.advertPort = ln.Addr().(*net.TCPAddr).Port
+		c.wg.Add(2)
+		go func() {
+			defer c.wg.Done()
+			if err := prod.Serve(ln); err != nil {
+				c.log.Error("kv side channel stopped: decode engines can no longer pull from this engine", "err", err)
+			}
+		}()
+		go c.sweepLoop()
+	}
+	if c.cfg.Role.decodes() {
+		cons, err := NewConsumer(ConsumerConfig{
+			Local:             local,
+			Transport:         c.cfg.Transport,
+			HeartbeatInterval: c.cfg.HeartbeatInterval,
+			Metrics:           c.cfg.Metrics,
+			Logger:            c.cfg.Logger,
+		})
+		if err != nil {
+			return err
+		}
+		c.cons = cons
+	}
+	c.started = true
+	c.log.Info("kv connector started", "side_channel", c.SideChannelAddr(), "lease", c.cfg.Lease, "transport", string(c.cfg.Transport))
+	return nil
+}
+
+// SideChannelAddr returns the advertised side-channel address of a prefill
+// (host:port), or "" for a decode-only connector.
+func (c *Connector) SideChannelAddr() string {
+	if c.prod == nil {
+		return ""
+	}
+	return net.JoinHostPort(c.advertHost, strconv.Itoa(c.advertPort))
+}
+
+// advertisedHost is what a prefill bound to host tells decodes to dial.
+func advertisedHost(host string) string {
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		if h, err := os.Hostname(); err == nil {
+			return h
+		}
+	}
+	return host
+}
+
+// poolMemory is a kvcache.Pool as the producer reads it: only block bytes
+// and generations, which are safe to read from other goroutines.
+type poolMemory struct{ p *kvcache.Pool }
+
+func (m poolMemory) NumBlocks() int           { return m.p.NumBlocks() }
+func (m poolMemory) BlockBytes() int          { return m.p.Layout().BlockBytes() }
+func (m poolMemory) Block(id int) []byte      { return m.p.BlockBytes(int32(id)) }
+func (m poolMemory) Generation(id int) uint64 { return m.p.Generation(int32(id)) }
+
+// CheckKVTransfer implements engine.KVRequestChecker: it refuses
+// malformed params, params inconsistent with the prompt, and a role this
+// engine does not have, and limits a prefill for remote decode to one
+// output token.
+func (c *Connector) CheckKVTransfer(kv map[string]any, promptLen int) (int, error) {
+	if !c.started {
+		return 0, errors.New("kvxfer: connector not started: call Start before submitting requests")
+	}
+	k, err := parseKV(kv, promptLen, c.blockSize)
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case k.remoteDecode && !c.cfg.Role.prefills():
+		return 0, invalid("do_remote_decode asks this engine to prefill for a remote decode, but it runs with --role %s: send the prefill leg to an engine started with --role prefill or --role both", c.cfg.Role)
+	case k.remote != nil && !c.cfg.Role.decodes():
+		return 0, invalid("do_remote_prefill asks this engine to decode with KV pulled from a prefill engine, but it runs with --role %s: send the decode leg to an engine started with --role decode or --role both", c.cfg.Role)
+	case k.remoteDecode:
+		return 1, nil
+	}
+	return 0, nil
+}
+
+// RejectedKVTransfer implements engine.KVRequestChecker: when a decode leg
+// is refused before admission, the prefill holding its KV is told to free
+// it now rather than at lease expiry.
+func (c *Connector) RejectedKVTransfer(kv map[string]any) {
+	if c.cons == nil {
+		return
+	}
+	if prefill, _ := kv["do_remote_prefill"].(bool); !prefill {
+		return
+	}
+	var p Peer
+	p.EngineID, _ = kv["remote_engine_id"].(string)
+	p.Host, _ = kv["remote_host"].(string)
+	port, _ := asInt(kv["remote_port"])
+	p.Port = int(port)
+	reqID, _ := kv["remote_request_id"].(string)
+	if reqID == "" || p.validate() != nil {
+		return // nobody to tell
+	}
+	c.goNotify(notifyJob{peer: p, reqID: reqID})
+}
+
+// OnNewRequest implements sched.Connector: it records the request's kv
+// params and, for a remote prefill, starts heartbeating the prefill's lease
+// while the request queues here.
+func (c *Connector) OnNewRequest(r *sched.Request) {
+	if r.KVTransfer == nil || !c.started {
+		return
+	}
+	k, err := parseKV(r.KVTransfer, len(r.Prompt), c.blockSize)
+	if err != nil {
+		// Submit validated the params; a request added another way runs
+		// as a plain one.
+		c.log.Warn("ignoring invalid kv_transfer_params", "id", r.ID, "err", err)
+		return
+	}
+	switch {
+	case k.remoteDecode && c.prod != nil:
+		c.reqs[r.ID] = &connReq{remoteDecode: true}
+	case k.remote != nil && c.cons != nil:
+		c.reqs[r.ID] = &connReq{remote: k.remote}
+		c.cons.Watch(k.remote.Peer(), k.remote.RequestID)
+	}
+}
+
+// GetNumNewMatchedTokens implements sched.Connector: a remote prefill's
+// prompt tokens after the local prefix hit, except the last (the decode
+// recomputes it to sample its first token), load asynchronously.
+func (c *Connector) GetNumNewMatchedTokens(r *sched.Request, numLocalComputed int) (int, bool, error) {
+	st := c.reqs[r.ID]
+	if st == nil || st.remote == nil || st.phase != waitingForAlloc {
+		return 0, false, nil
+	}
+	n := len(r.Prompt) - 1 - numLocalComputed
+	if n <= 0 {
+		return 0, false, nil
+	}
+	return n, true, nil
+}
+
+// UpdateStateAfterAlloc implements sched.Connector: it stages the pull of
+// the remote blocks that the local prefix hit does not cover, or, when
+// nothing is to be pulled, a notification that frees them on the prefill.
+func (c *Connector) UpdateStateAfterAlloc(r *sched.Request, blocks []int32, numExternal int) {
+	st := c.reqs[r.ID]
+	if st == nil || st.remote == nil || st.phase != waitingForAlloc {
+		return
+	}
+	if numExternal == 0 {
+		st.phase = consumed
+		c.staged.notifies = append(c.staged.notifies, notifyJob{peer: st.remote.Peer(), reqID: st.remote.RequestID})
+		return
+	}
+	bs := c.blockSize
+	local := r.NumComputedTokens()
+	first, last := local/bs, (local+numExternal+bs-1)/bs
+	st.phase = loading
+	job := pullJob{id: r.ID, params: *st.remote}
+	// Both bounds hold by construction (the block count was validated
+	// against the prompt, the scheduler allocated for local+numExternal);
+	// a request that breaks them fails its load instead of reading past
+	// a slice.
+	if last <= len(blocks) && last <= len(st.remote.BlockIDs) {
+		job.params.BlockIDs = st.remote.BlockIDs[first:last]
+		job.blocks = blocks[first:last]
+	} else {
+		job.params.BlockIDs = nil
+		job.blocks = blocks[min(first, len(blocks)):]
+	}
+	c.staged.pulls = append(c.staged.pulls, job)
+}
+
+// BuildConnectorMeta implements sched.Connector: it hands the staged pulls,
+// notifications and cancellations to the worker half and resets them.
+func (c *Connector) BuildConnectorMeta(*sched.Output) any {
+	if c.staged.empty() {
+		return nil
+	}
+	m := c.staged
+	c.staged = connMeta{}
+	return &m
+}
+
+// RequestFinished implements sched.Connector. A prefill for a remote decode
+// that finished normally holds its prompt blocks under a lease and returns
+// the params the decode needs; aborted or failed, it frees at once. A
+// remote prefill that ends before pulling tells the prefill to free; one
+// that ends while pulling cancels the pull (the scheduler keeps its blocks
+// until the pull reports, and the pull's DONE frees the prefill's).
+func (c *Connector) RequestFinished(r *sched.Request, blockIDs []int32) (bool, map[string]any) {
+	st := c.reqs[r.ID]
+	if st == nil {
+		return false, nil
+	}
+	delete(c.reqs, r.ID)
+	if st.remote != nil {
+		switch st.phase {
+		case waitingForAlloc:
+			c.staged.notifies = append(c.staged.notifies, notifyJob{peer: st.remote.Peer(), reqID: st.remote.RequestID})
+		case loading:
+			c.staged.cancels = append(c.staged.cancels, r.ID)
+		}
+		return false, nil
+	}
+	if s := r.Status(); s != sched.FinishedStopped && s != sched.FinishedLength {
+		return false, nil
+	}
+	n := (len(r.Prompt) + c.blockSize - 1) / c.blockSize
+	if len(blockIDs) < n {
+		c.log.Error("prefill finished without KV for its whole prompt; freeing instead of holding", "id", r.ID, "blocks", len(blockIDs), "want", n)
+		return false, nil
+	}
+	ids := make([]int, n)
+	for i, b := range blockIDs[:n] {
+		ids[i] = int(b)
+	}
+	if err := c.prod.Hold(r.ID, ids, c.cfg.Clock.Now()); err != nil {
+		c.log.Error("cannot hold KV for the remote decode; freeing it", "id", r.ID, "err", err)
+		return false, nil
+	}
+	return true, map[string]any{
+		"do_remote_prefill": true,
+		"do_remote_decode":  false,
+		"remote_block_ids":  [][]int{ids},
+		"remote_engine_id":  c.cfg.EngineID,
+		"remote_request_id": r.ID,
+		"remote_host":       c.advertHost,
+		"remote_port":       c.advertPort,
+		"tp_size":           1,
+		"remote_num_tokens": len(r.Prompt),
+	}
+}
+
+// Step implements engine.KVWorker: it starts the step's pulls and
+// notifications, cancels pulls of finished requests, sweeps expired leases
+// and returns the prefill's released requests as finished_sending. Pulls
+// report through Engine.ReportKV when they end.
+func (c *Connector) Step(meta any) (engine.KVCompletions, error) {
+	var out engine.KVCompletions
+	if m, ok := meta.(*connMeta); ok && m != nil {
+		c.mu.Lock()
+		for _, id := range m.cancels {
+			if cancel := c.inflight[id]; cancel != nil {
+				cancel()
+			}
+		}
+		c.mu.Unlock()
+		for _, n := range m.notifies {
+			c.goNotify(n)
+		}
+		for _, p := range m.pulls {
+			c.startPull(p)
+		}
+	}
+	if c.prod != nil {
+		c.prod.Sweep(c.cfg.Clock.Now())
+		out.FinishedSending = releasedIDs(c.prod.TakeReleased())
+	}
+	return out, nil
+}
+
+// startPull runs one pull on a goroutine. The destination slices are taken
+// here, on the step loop, which owns the pool.
+func (c *Connector) startPull(j pullJob) {
+	dst := make([][]byte, len(j.blocks))
+	for i, b := range j.blocks {
+		dst[i] = c.pool.BlockBytes(b)
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		c.report(failedLoad(j, errors.New("kv connector closed")))
+		return
+	}
+	ctx, cancel := context.WithCancel(c.base)
+	c.inflight[j.id] = cancel
+	c.wg.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.wg.Done()
+		var err error
+		if len(j.params.BlockIDs) != len(j.blocks) || len(j.blocks) == 0 {
+			err = fmt.Errorf("kv pull of request %q: %d remote blocks for %d local ones (engine bug)", j.id, len(j.params.BlockIDs), len(j.blocks))
+		} else {
+			err = c.cons.Pull(ctx, j.params, dst)
+		}
+		c.cons.Unwatch(j.params.Peer(), j.params.RequestID)
+		c.mu.Lock()
+		delete(c.inflight, j.id)
+		c.mu.Unlock()
+		cancel()
+		if err != nil {
+			c.report(failedLoad(j, err))
+			return
+		}
+		c.report(engine.KVCompletions{FinishedRecving: []string{j.id}})
+	}()
+}
+
+// failedLoad reports a pull that failed: every destination block is
+// invalid (its contents are undefined), and the reason goes with it.
+func failedLoad(j pullJob, err error) engine.KVCompletions {
+	why := fmt.Sprintf("pulling the prompt's KV from prefill engine %s at %s failed (%s): %v",
+		j.params.EngineID, j.params.Peer().addr(), FailureReason(err), err)
+	return engine.KVCompletions{
+		FinishedRecving: []string{j.id},
+		InvalidBlocks:   j.blocks,
+		LoadErrors:      map[string]string{j.id: why},
+	}
+}
+
+// goNotify tells a prefill to free a request's KV, on a goroutine.
+func (c *Connector) goNotify(n notifyJob) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.wg.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.wg.Done()
+		c.cons.Unwatch(n.peer, n.reqID)
+		ctx, cancel := context.WithTimeout(c.base, c.cfg.NotifyTimeout)
+		defer cancel()
+		if err := c.cons.Notify(ctx, n.peer, n.reqID); err != nil && !errors.Is(err, ErrNotHeld) {
+			c.log.Warn("cannot tell the prefill engine to free KV this engine will not read; it frees it when the lease expires",
+				"remote_engine_id", n.peer.EngineID, "remote_request_id", n.reqID, "reason", FailureReason(err), "err", err)
+		}
+	}()
+}
+
+// sweepLoop expires leases while the engine is idle (Step sweeps while it
+// runs), so held blocks return to the pool without a request to drive the
+// step loop.
+func (c *Connector) sweepLoop() {
+	defer c.wg.Done()
+	t := time.NewTicker(c.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+			c.prod.Sweep(c.cfg.Clock.Now())
+			c.drainReleases()
+		}
+	}
+}
+
+// drainReleases hands the producer's releases to the step loop.
+func (c *Connector) drainReleases() {
+	if ids := releasedIDs(c.prod.TakeReleased()); len(ids) > 0 {
+		c.report(engine.KVCompletions{FinishedSending: ids})
+	}
+}
+
+func releasedIDs(rs []Release) []string {
+	if len(rs) == 0 {
+		return nil
+	}
+	ids := make([]string, len(rs))
+	for i, r := range rs {
+		ids[i] = r.RequestID
+	}
+	return ids
+}
+
+// HeldBlocks returns how many blocks the prefill side holds for remote
+// decodes (0 for a decode-only connector).
+func (c *Connector) HeldBlocks() int {
+	if c.prod == nil {
+		return 0
+	}
+	return c.prod.HeldBlocks()
+}
+
+// Close cancels pulls in flight and waits for them (so nothing writes into
+// the pool afterwards), then closes the side channel and the consumer.
+// Engine.Shutdown calls it after the step loop stopped.
+func (c *Connector) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	for _, cancel := range c.inflight {
+		cancel()
+	}
+	c.mu.Unlock()
+	close(c.stop)
+	c.cancel()
+	var err error
+	if c.prod != nil {
+		err = c.prod.Close()
+	}
+	c.wg.Wait()
+	if c.cons != nil {
+		err = errors.Join(err, c.cons.Close())
+	}
+	return err
+}
+
+var (
+	_ sched.Connector         = (*Connector)(nil)
+	_ engine.KVWorker         = (*Connector)(nil)
+	_ engine.KVRequestChecker = (*Connector)(nil)
+)

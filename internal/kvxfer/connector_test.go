@@ -1,0 +1,637 @@
+package kvxfer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
+
+	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/metrics"
+	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/sample"
+	"github.com/tandem-serve/tandem/internal/sched"
+	"github.com/tandem-serve/tandem/internal/tensor"
+	"github.com/tandem-serve/tandem/internal/testmodels"
+	"github.com/tandem-serve/tandem/internal/tokenizer"
+)
+
+var stories struct {
+	once sync.Once
+	m    *model.Model
+	tok  *tokenizer.Tokenizer
+	err  error
+}
+
+// loadStories returns stories260K, shared by the tests (read-only; every
+// engine has its own KV pool).
+func loadStories(t *testing.T) (*model.Model, *tokenizer.Tokenizer) {
+	t.Helper()
+	dir := testmodels.Stories260K(t)
+	stories.once.Do(func() {
+		if stories.m, stories.err = model.Load(dir, tensor.NewPool(1)); stories.err != nil {
+			return
+		}
+		stories.tok, stories.err = tokenizer.Load(dir)
+	})
+	if stories.err != nil {
+		t.Fatal(stories.err)
+	}
+	return stories.m, stories.tok
+}
+
+// fakeClock is a settable clock for leases.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// pdOpts configures one test engine.
+type pdOpts struct {
+	role      Role // "" for an engine without a connector
+	blockSize int
+	transport Transport
+	policy    sched.LoadFailurePolicy
+	clock     Clock
+	lease     time.Duration
+}
+
+type pdEngine struct {
+	e *engine.Engine
+	c *Connector // nil without a role
+	m *metrics.Engine
+}
+
+// newPD starts an engine on stories260K with its side channel on a free
+// loopback port. When the test ends, its pool must be full again and no
+// lease held.
+func newPD(t *testing.T, o pdOpts) *pdEngine {
+	t.Helper()
+	m, tok := loadStories(t)
+	pe := &pdEngine{m: metrics.NewEngine("stories260K")}
+	cfg := engine.Config{
+		Model: m, Tokenizer: tok, BlockSize: o.blockSize, NumBlocks: 128, KVDir: t.TempDir(),
+		LoadFailurePolicy: o.policy, Metrics: pe.m, Logger: discardLogger(),
+	}
+	if o.role != "" {
+		c, err := NewConnector(ConnectorConfig{
+			Role: o.role, EngineID: uuid.NewString(), ModelFingerprint: m.Fingerprint(),
+			Host: "127.0.0.1", Port: 0, Lease: o.lease, Transport: o.transport,
+			HeartbeatInterval: 10 * time.Millisecond, SweepInterval: 5 * time.Millisecond, Clock: o.clock, Metrics: pe.m, Logger: discardLogger(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pe.c = c
+		cfg.Connector, cfg.KVWorker = c, c
+	}
+	e, err := engine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pe.e = e
+	t.Cleanup(func() {
+		pe.waitIdle(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := e.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	})
+	if pe.c != nil {
+		if err := pe.c.Start(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pe
+}
+
+// waitIdle waits until the pool is full again and no lease is held.
+func (p *pdEngine) waitIdle(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := p.e.Stats()
+		held := 0
+		if p.c != nil {
+			held = p.c.HeldBlocks()
+		}
+		if st.FreeBlocks == st.TotalBlocks && st.Running == 0 && st.Waiting == 0 && held == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("engine not idle: %+v, %d blocks held", st, held)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// usedBlocks returns how many blocks are allocated, once the engine has
+// settled (no request running or waiting).
+func (p *pdEngine) usedBlocks(t *testing.T) int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := p.e.Stats()
+		if st.Running == 0 && st.Waiting == 0 {
+			return st.TotalBlocks - st.FreeBlocks
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("engine never settled: %+v", st)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+type outcome struct {
+	tokens []int32
+	final  engine.Event
+}
+
+func run(t *testing.T, e *engine.Engine, r *engine.Request) outcome {
+	t.Helper()
+	h, err := e.Submit(t.Context(), r)
+	if err != nil {
+		t.Fatalf("Submit: %v", err)
+	}
+	var o outcome
+	timeout := time.After(60 * time.Second)
+	for {
+		select {
+		case ev, ok := <-h.Events:
+			if !ok {
+				return o
+			}
+			o.tokens = append(o.tokens, ev.Tokens...)
+			if ev.Finish != engine.FinishNone {
+				o.final = ev
+			}
+		case <-timeout:
+			t.Fatal("request did not finish within a minute")
+		}
+	}
+}
+
+// prefillParams is what a vLLM proxy sends the prefill leg.
+func prefillParams() map[string]any {
+	return map[string]any{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil,
+		"remote_block_ids": nil, "remote_host": nil, "remote_port": nil}
+}
+
+// wire passes v through JSON, as the proxy does.
+func wire(t *testing.T, v map[string]any) map[string]any {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out map[string]any
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// prefill runs the prefill leg on p and returns the params for the decode.
+func prefill(t *testing.T, p *pdEngine, prompt []int32, params sample.Params) map[string]any {
+	t.Helper()
+	o := run(t, p.e, &engine.Request{Prompt: prompt, Params: params, KVTransfer: prefillParams()})
+	if o.final.Finish != engine.FinishLength && o.final.Finish != engine.FinishStop || len(o.tokens) != 1 {
+		t.Fatalf("prefill leg: %d tokens, finish %q (%v); want 1 token", len(o.tokens), o.final.Finish, o.final.Err)
+	}
+	if o.final.KVTransfer == nil {
+		t.Fatal("prefill leg returned no kv_transfer_params")
+	}
+	return wire(t, o.final.KVTransfer)
+}
+
+// decode runs the decode leg on d.
+func decode(t *testing.T, d *pdEngine, prompt []int32, params sample.Params, kv map[string]any) outcome {
+	t.Helper()
+	return run(t, d.e, &engine.Request{Prompt: prompt, Params: params, KVTransfer: kv})
+}
+
+// promptOf returns n deterministic token ids (seeded by seed) in the
+// model's vocabulary.
+func promptOf(seed uint64, n int) []int32 {
+	r := rand.New(rand.NewPCG(seed, 1))
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32(1 + r.IntN(500))
+	}
+	return p
+}
+
+func greedy(n int) sample.Params {
+	return sample.Params{MaxTokens: n, IgnoreEOS: true, Logprobs: -1}
+}
+
+func seeded(n int) sample.Params {
+	return sample.Params{MaxTokens: n, IgnoreEOS: true, Logprobs: -1, Temperature: 0.9, TopP: 0.95, Seed: 7, HasSeed: true}
+}
+
+// peerOf returns the Info of a consumer compatible with prefill p.
+func peerOf(p *pdEngine, id string) Info {
+	in := p.c.prod.Info()
+	in.EngineID, in.Lease, in.Shm = id, 0, ShmLayout{}
+	return in
+}
+
+func counter(t *testing.T, m *metrics.Engine, source string) float64 {
+	t.Helper()
+	return value(t, m.PromptTokensBySrc.WithLabelValues(source))
+}
+
+func TestDisaggregatedMatchesColocated(t *testing.T) {
+	ref := newPD(t, pdOpts{})
+	for _, tr := range []Transport{TransportTCP, TransportShm} {
+		p := newPD(t, pdOpts{role: RolePrefill})
+		d := newPD(t, pdOpts{role: RoleDecode, transport: tr})
+		for _, n := range []int{5, 16, 17, 48, 250} {
+			for i, params := range []sample.Params{greedy(12), seeded(12)} {
+				name := []string{"greedy", "seeded"}[i]
+				t.Run(string(tr)+"/"+name+"/"+strconv.Itoa(n)+" prompt tokens", func(t *testing.T) {
+					// A prompt of its own, so no run hits another's blocks
+					// in the decode's prefix cache.
+					prompt := promptOf(uint64(4*n+2*i)+map[Transport]uint64{TransportTCP: 0, TransportShm: 1}[tr]*1000, n)
+					want := run(t, ref.e, &engine.Request{Prompt: prompt, Params: params})
+					ext := counter(t, d.m, "external_kv_transfer")
+					kv := prefill(t, p, prompt, params)
+					if diff := cmp.Diff([]any{"tp_size", 1.0, "remote_num_tokens", float64(n), "do_remote_prefill", true, "do_remote_decode", false},
+						[]any{"tp_size", kv["tp_size"], "remote_num_tokens", kv["remote_num_tokens"], "do_remote_prefill", kv["do_remote_prefill"], "do_remote_decode", kv["do_remote_decode"]}); diff != "" {
+						t.Errorf("prefill params (-want +got):\n%s", diff)
+					}
+					if ids, _ := blockIDs(kv["remote_block_ids"]); len(ids) != (n+15)/16 {
+						t.Errorf("remote_block_ids %v: want %d blocks", kv["remote_block_ids"], (n+15)/16)
+					}
+					got := decode(t, d, prompt, params, kv)
+					if diff := cmp.Diff(want.tokens, got.tokens); diff != "" {
+						t.Errorf("decode tokens differ from the colocated engine's (-colocated +disaggregated):\n%s", diff)
+					}
+					if got.final.Finish != engine.FinishLength {
+						t.Errorf("decode finish %q (%v), want length", got.final.Finish, got.final.Err)
+					}
+					pulled := counter(t, d.m, "external_kv_transfer") - ext
+					if pulled != float64(n-1) {
+						t.Errorf("prompt_tokens_by_source{external_kv_transfer} grew by %v, want %d (all but the last prompt token)", pulled, n-1)
+					}
+					if got.final.Usage.CachedTokens != n-1 {
+						t.Errorf("usage cached tokens %d, want %d (transferred tokens count as cached)", got.final.Usage.CachedTokens, n-1)
+					}
+					p.waitIdle(t)
+					d.waitIdle(t)
+				})
+			}
+		}
+	}
+}
+
+func TestDecodePrefixHits(t *testing.T) {
+	ref := newPD(t, pdOpts{})
+	p := newPD(t, pdOpts{role: RolePrefill})
+	d := newPD(t, pdOpts{role: RoleDecode})
+	params := greedy(8)
+
+	t.Run("a full local hit pulls nothing and frees the prefill's blocks", func(t *testing.T) {
+		prompt := promptOf(101, 33) // 2 full blocks + 1 token: the decode needs KV for 32
+		run(t, d.e, &engine.Request{Prompt: prompt, Params: greedy(1)})
+		want := run(t, ref.e, &engine.Request{Prompt: prompt, Params: params})
+		bytes := value(t, d.m.KVTransferBytes)
+		kv := prefill(t, p, prompt, params)
+		if p.c.HeldBlocks() != 3 {
+			t.Errorf("prefill holds %d blocks, want 3", p.c.HeldBlocks())
+		}
+		got := decode(t, d, prompt, params, kv)
+		if diff := cmp.Diff(want.tokens, got.tokens); diff != "" {
+			t.Errorf("tokens (-colocated +disaggregated):\n%s", diff)
+		}
+		if b := value(t, d.m.KVTransferBytes) - bytes; b != 0 {
+			t.Errorf("%v bytes pulled for a full local hit", b)
+		}
+		p.waitIdle(t) // freed by the notification, long before the 30 s lease
+	})
+
+	t.Run("a partial local hit pulls only the missing blocks", func(t *testing.T) {
+		prompt := promptOf(102, 40)
+		run(t, d.e, &engine.Request{Prompt: prompt[:35], Params: greedy(1)}) // caches 2 blocks
+		want := run(t, ref.e, &engine.Request{Prompt: prompt, Params: params})
+		ext := counter(t, d.m, "external_kv_transfer")
+		hits := counter(t, d.m, "local_cache_hit")
+		bytes := value(t, d.m.KVTransferBytes)
+		got := decode(t, d, prompt, params, prefill(t, p, prompt, params))
+		if diff := cmp.Diff(want.tokens, got.tokens); diff != "" {
+			t.Errorf("tokens (-colocated +disaggregated):\n%s", diff)
+		}
+		if e, h := counter(t, d.m, "external_kv_transfer")-ext, counter(t, d.m, "local_cache_hit")-hits; e != 7 || h != 32 {
+			t.Errorf("prompt tokens: %v transferred, %v local hits; want 7 and 32", e, h)
+		}
+		bb := float64(d.e.KVPool().Layout().BlockBytes())
+		if b := value(t, d.m.KVTransferBytes) - bytes; b != bb {
+			t.Errorf("%v bytes pulled, want one block (%v)", b, bb)
+		}
+		if got.final.Usage.CachedTokens != 39 {
+			t.Errorf("usage cached tokens %d, want 39", got.final.Usage.CachedTokens)
+		}
+	})
+	p.waitIdle(t)
+	d.waitIdle(t)
+}
+
+func TestRoleBothServesBothLegs(t *testing.T) {
+	ref := newPD(t, pdOpts{})
+	b := newPD(t, pdOpts{role: RoleBoth})
+	prompt := promptOf(7, 50)
+	want := run(t, ref.e, &engine.Request{Prompt: prompt, Params: greedy(10)})
+	// The same client id on both legs, as the proxy sends it.
+	o := run(t, b.e, &engine.Request{ID: "req-1", Prompt: prompt, Params: greedy(10), KVTransfer: prefillParams()})
+	kv := wire(t, o.final.KVTransfer)
+	got := run(t, b.e, &engine.Request{ID: "req-1", Prompt: prompt, Params: greedy(10), KVTransfer: kv})
+	if diff := cmp.Diff(want.tokens, got.tokens); diff != "" {
+		t.Errorf("tokens (-colocated +both):\n%s", diff)
+	}
+}
+
+func TestLeases(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1_000_000, 0)}
+	p := newPD(t, pdOpts{role: RolePrefill, clock: clock, lease: 30 * time.Second})
+	d := newPD(t, pdOpts{role: RoleDecode})
+	prompt := promptOf(3, 40)
+
+	t.Run("expiry frees the prefill's blocks and a later pull fails clearly", func(t *testing.T) {
+		kv := prefill(t, p, prompt, greedy(4))
+		if got := p.usedBlocks(t); got != 3 {
+			t.Fatalf("%d blocks in use after the prefill, want the 3 held", got)
+		}
+		if v := value(t, p.m.KVBlocksHeld); v != 3 {
+			t.Errorf("tandem:kv_blocks_held = %v, want 3", v)
+		}
+		expired := value(t, p.m.KVLeasesExpired)
+		clock.advance(29 * time.Second)
+		time.Sleep(50 * time.Millisecond) // several sweeps
+		if got := p.usedBlocks(t); got != 3 {
+			t.Fatalf("blocks freed before the lease ran out (%d in use)", got)
+		}
+		clock.advance(2 * time.Second)
+		p.waitIdle(t)
+		if v := value(t, p.m.KVLeasesExpired) - expired; v != 1 {
+			t.Errorf("tandem:kv_leases_expired_total grew by %v, want 1", v)
+		}
+		got := decode(t, d, prompt, greedy(4), kv)
+		if got.final.Finish != engine.FinishError || got.final.Err == nil || !strings.Contains(got.final.Err.Error(), "lease expired") {
+			t.Errorf("decode after expiry: finish %q, err %v; want an error saying the lease expired", got.final.Finish, got.final.Err)
+		}
+	})
+
+	t.Run("DONE frees at once and a read after release fails clearly", func(t *testing.T) {
+		kv := prefill(t, p, prompt, greedy(4))
+		if got := decode(t, d, prompt, greedy(4), kv); got.final.Finish != engine.FinishLength {
+			t.Fatalf("decode: finish %q, err %v", got.final.Finish, got.final.Err)
+		}
+		p.waitIdle(t)
+		failures := value(t, d.m.KVTransferFailures.WithLabelValues("not_held"))
+		got := decode(t, d, prompt, greedy(4), kv)
+		if got.final.Finish != engine.FinishError || got.final.Err == nil || !strings.Contains(got.final.Err.Error(), "already released") {
+			t.Errorf("second read: finish %q, err %v; want an error saying the KV was already released", got.final.Finish, got.final.Err)
+		}
+		if v := value(t, d.m.KVTransferFailures.WithLabelValues("not_held")) - failures; v != 1 {
+			t.Errorf("tandem:kv_transfer_failures_total{reason=not_held} grew by %v, want 1", v)
+		}
+	})
+
+	t.Run("heartbeats keep the blocks past the lease", func(t *testing.T) {
+		kv := prefill(t, p, prompt, greedy(4))
+		hb, err := NewConsumer(ConsumerConfig{Local: peerOf(p, "heartbeater"), HeartbeatInterval: 5 * time.Millisecond, Logger: discardLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hb.Close()
+		port, _ := asInt(kv["remote_port"])
+		peer := Peer{EngineID: kv["remote_engine_id"].(string), Host: kv["remote_host"].(string), Port: int(port)}
+		id := kv["remote_request_id"].(string)
+		hb.Watch(peer, id)
+		for range 4 { // 4 × 15 s = twice the lease
+			time.Sleep(100 * time.Millisecond) // heartbeats at the current fake time
+			clock.advance(15 * time.Second)
+			time.Sleep(50 * time.Millisecond) // sweeps
+			if got := p.usedBlocks(t); got != 3 {
+				t.Fatalf("heartbeated blocks freed (%d in use)", got)
+			}
+		}
+		hb.Unwatch(peer, id)
+		time.Sleep(50 * time.Millisecond)
+		clock.advance(31 * time.Second)
+		p.waitIdle(t)
+	})
+	d.waitIdle(t)
+}
+
+func TestLoadFailurePolicies(t *testing.T) {
+	ref := newPD(t, pdOpts{})
+	p := newPD(t, pdOpts{role: RolePrefill})
+	prompt := promptOf(11, 45)
+	want := run(t, ref.e, &engine.Request{Prompt: prompt, Params: greedy(10)})
+
+	// released returns params whose KV the prefill no longer holds.
+	released := func(t *testing.T) map[string]any {
+		c, err := NewConsumer(ConsumerConfig{Local: peerOf(p, "releaser"), Logger: discardLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		kv := prefill(t, p, prompt, greedy(10))
+		port, _ := asInt(kv["remote_port"])
+		if err := c.Notify(t.Context(), Peer{EngineID: kv["remote_engine_id"].(string), Host: kv["remote_host"].(string), Port: int(port)}, kv["remote_request_id"].(string)); err != nil {
+			t.Fatal(err)
+		}
+		p.waitIdle(t)
+		return kv
+	}
+
+	t.Run("fail finishes with an error naming the reason and caches nothing", func(t *testing.T) {
+		d := newPD(t, pdOpts{role: RoleDecode, policy: sched.LoadFailureFail})
+		got := decode(t, d, prompt, greedy(10), released(t))
+		if got.final.Finish != engine.FinishError || got.final.Err == nil {
+			t.Fatalf("finish %q, err %v; want an error", got.final.Finish, got.final.Err)
+		}
+		for _, s := range []string{"not_held", "already released", "policy \"fail\""} {
+			if !strings.Contains(got.final.Err.Error(), s) {
+				t.Errorf("error %q does not say %q", got.final.Err, s)
+			}
+		}
+		if len(got.tokens) != 0 {
+			t.Errorf("%d tokens from a failed load", len(got.tokens))
+		}
+		again := run(t, d.e, &engine.Request{Prompt: prompt, Params: greedy(1)})
+		if again.final.Usage.CachedTokens != 0 {
+			t.Errorf("%d prompt tokens hit the cache after a failed load; want none", again.final.Usage.CachedTokens)
+		}
+	})
+
+	t.Run("recompute gives the same output as without failure", func(t *testing.T) {
+		d := newPD(t, pdOpts{role: RoleDecode, policy: sched.LoadFailureRecompute})
+		got := decode(t, d, prompt, greedy(10), released(t))
+		if diff := cmp.Diff(want.tokens, got.tokens); diff != "" {
+			t.Errorf("tokens (-colocated +recomputed):\n%s", diff)
+		}
+		if got.final.Finish != engine.FinishLength {
+			t.Errorf("finish %q (%v), want length", got.final.Finish, got.final.Err)
+		}
+		if e := counter(t, d.m, "external_kv_transfer"); e != 0 {
+			t.Errorf("%v prompt tokens counted as transferred after a failed load", e)
+		}
+	})
+}
+
+func TestHandshakeMismatch(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1_000_000, 0)}
+	p := newPD(t, pdOpts{role: RolePrefill, blockSize: 16, clock: clock})
+	d := newPD(t, pdOpts{role: RoleDecode, blockSize: 8})
+	prompt := promptOf(5, 6) // one block on both sides, so the params pass validation
+	got := decode(t, d, prompt, greedy(4), prefill(t, p, prompt, greedy(4)))
+	if got.final.Finish != engine.FinishError || got.final.Err == nil {
+		t.Fatalf("finish %q, err %v; want an error", got.final.Finish, got.final.Err)
+	}
+	for _, s := range []string{"incompatible", "block size differs", "prefill engine", "has 16", "this decode engine has 8", "--block-size"} {
+		if !strings.Contains(got.final.Err.Error(), s) {
+			t.Errorf("error %q does not say %q", got.final.Err, s)
+		}
+	}
+	// An incompatible decode cannot talk to the prefill, so the lease frees
+	// the blocks.
+	clock.advance(DefaultLease + time.Second)
+	p.waitIdle(t)
+}
+
+func TestAbortWhileWaitingForRemoteKV(t *testing.T) {
+	// A producer that never answers a READ: the pull hangs until canceled.
+	hang := make(chan struct{})
+	defer close(hang)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	d := newPD(t, pdOpts{role: RoleDecode, transport: TransportTCP})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				<-hang
+			}()
+		}
+	}()
+	prompt := promptOf(9, 20)
+	kv := map[string]any{"do_remote_prefill": true, "remote_engine_id": "silent", "remote_request_id": "r", "remote_host": "127.0.0.1",
+		"remote_port": ln.Addr().(*net.TCPAddr).Port, "remote_block_ids": []any{[]any{0.0, 1.0}}}
+	ctx, cancel := context.WithCancel(t.Context())
+	h, err := d.e.Submit(ctx, &engine.Request{Prompt: prompt, Params: greedy(4), KVTransfer: kv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for st := d.e.Stats(); st.TotalBlocks-st.FreeBlocks != 2; st = d.e.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("request never started loading: %+v", st)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	for range h.Events {
+	}
+	d.waitIdle(t) // the pull was canceled and its blocks came back
+}
+
+func TestMalformedParamsAreRejectedBeforeAllocation(t *testing.T) {
+	p := newPD(t, pdOpts{role: RolePrefill})
+	d := newPD(t, pdOpts{role: RoleDecode})
+	prompt := promptOf(1, 20) // 2 blocks
+	good := func() map[string]any {
+		return map[string]any{"do_remote_prefill": true, "do_remote_decode": false, "remote_engine_id": "e", "remote_request_id": "r",
+			"remote_host": "127.0.0.1", "remote_port": 1.0, "remote_block_ids": []any{[]any{3.0, 4.0}}, "tp_size": 1.0, "remote_num_tokens": 20.0}
+	}
+	with := func(k string, v any) map[string]any {
+		m := good()
+		if v == nil {
+			delete(m, k)
+		} else {
+			m[k] = v
+		}
+		return m
+	}
+	cases := []struct {
+		name string
+		e    *pdEngine
+		kv   map[string]any
+		want string
+	}{
+		{"a missing engine id is named", d, with("remote_engine_id", nil), "remote_engine_id is missing"},
+		{"several missing fields are all named", d, with("remote_host", nil), "remote_host is"},
+		{"a numeric request id is refused", d, with("remote_request_id", 5.0), "remote_request_id must be a non-empty string"},
+		{"a port out of range is refused", d, with("remote_port", 70000.0), "remote_port must be a TCP port"},
+		{"a fractional port is refused", d, with("remote_port", 80.5), "remote_port must be a TCP port"},
+		{"block ids that are not a list are refused", d, with("remote_block_ids", "0,1"), "remote_block_ids must be a list"},
+		{"a negative block id is refused", d, with("remote_block_ids", []any{[]any{-1.0, 2.0}}), "remote_block_ids[0][0]"},
+		{"too few blocks for the prompt are refused", d, with("remote_block_ids", []any{[]any{3.0}}), "lists 1 blocks but the 20-token prompt fills 2 blocks"},
+		{"two KV groups are refused", d, with("remote_block_ids", []any{[]any{3.0, 4.0}, []any{5.0, 6.0}}), "2 KV-cache groups"},
+		{"another tp size is refused", d, with("tp_size", 2.0), "tp_size 2 is not supported"},
+		{"a different prompt length is refused", d, with("remote_num_tokens", 21.0), "remote_num_tokens is 21 but the prompt has 20"},
+		{"a string flag is refused", d, with("do_remote_prefill", "yes"), "do_remote_prefill must be true or false"},
+		{"both legs at once are refused", d, with("do_remote_decode", true), "both true"},
+		{"a decode leg on a prefill engine names the role to use", p, good(), "--role decode or --role both"},
+		{"a prefill leg on a decode engine names the role to use", d, prefillParams(), "--role prefill or --role both"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := tc.e.e.Submit(t.Context(), &engine.Request{Prompt: prompt, Params: greedy(4), KVTransfer: tc.kv})
+			var ire *engine.InvalidRequestError
+			if !errors.As(err, &ire) {
+				t.Fatalf("Submit = %v, want an InvalidRequestError", err)
+			}
+			if ire.Param != "kv_transfer_params" || !strings.Contains(ire.Message, tc.want) {
+				t.Errorf("error %q (param %q), want kv_transfer_params saying %q", ire.Message, ire.Param, tc.want)
+			}
+			if st := tc.e.e.Stats(); st.FreeBlocks != st.TotalBlocks || st.Waiting != 0 {
+				t.Errorf("state after a rejected request: %+v", st)
+			}
+		})
+	}
+}
+
+func TestRejectedDecodeLegFreesThePrefill(t *testing.T) {
+	p := newPD(t, pdOpts{role: RolePrefill})
+	d := newPD(t, pdOpts{role: RoleDecode})
+	prompt := promptOf(21, 30)
+	kv := prefill(t, p, prompt, greedy(4))
+	// max_tokens beyond the context window: refused before admission.
+	_, err := d.e.Submit(t.Context(), &engine.Request{Prompt: prompt, Params: greedy(100000), KVTransfer: kv})
+	var ire *engine.InvalidRequestError
+	if !errors.As(err, &ire) {
+		t.Fatalf("Submit = %v, want an InvalidRequestError", err)
+	}
+	p.waitIdle(t) // notified, not left to the lease
+}
