@@ -18,10 +18,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/kvxfer"
 	"github.com/tandem-serve/tandem/internal/metrics"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/tandem-serve/tandem/internal/sched"
 	"github.com/tandem-serve/tandem/internal/tensor"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
@@ -47,6 +51,15 @@ type serveConfig struct {
 	MaxRequestBody  byteSize
 	ShutdownTimeout time.Duration
 	LogLevel        slog.Level
+
+	// Disaggregated prefill/decode (see internal/kvxfer).
+	Role                string
+	KVHost              string
+	KVPort              int
+	EngineID            string
+	KVLease             time.Duration
+	KVTransport         string
+	KVLoadFailurePolicy string
 }
 
 func (c *serveConfig) register(fs *flag.FlagSet) {
@@ -67,6 +80,14 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.Var(&c.MaxRequestBody, "max-request-body", "largest request body accepted; larger ones get 413")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may run before they are aborted")
 	fs.TextVar(&c.LogLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
+
+	fs.StringVar(&c.Role, "role", string(kvxfer.RoleBoth), "prefill (serve do_remote_decode requests and hold their KV for a decode engine), decode (pull a prefill's KV for do_remote_prefill requests) or both; every role also serves plain requests")
+	fs.StringVar(&c.KVHost, "kv-host", "127.0.0.1", "KV side-channel address to listen on and to advertise to decode engines (prefill and both)")
+	fs.IntVar(&c.KVPort, "kv-port", kvxfer.DefaultPort, "KV side-channel port (prefill and both)")
+	fs.StringVar(&c.EngineID, "engine-id", "", "this engine's id in kv_transfer_params (default: a fresh UUID per process)")
+	fs.DurationVar(&c.KVLease, "kv-lease", kvxfer.DefaultLease, "how long a prefill holds KV that no decode engine has read; heartbeats from a queued decode extend it")
+	fs.StringVar(&c.KVTransport, "kv-transport", string(kvxfer.TransportAuto), "how a decode pulls KV: auto (shared memory with a prefill on this host, else TCP), tcp or shm")
+	fs.StringVar(&c.KVLoadFailurePolicy, "kv-load-failure-policy", string(sched.LoadFailureFail), "when pulling KV fails: fail (the request ends with HTTP 500) or recompute (compute the missing prompt KV locally)")
 }
 
 func (c *serveConfig) validate() error {
@@ -93,6 +114,26 @@ func (c *serveConfig) validate() error {
 		return errors.New("--max-request-body must be positive")
 	case c.ShutdownTimeout <= 0:
 		return errors.New("--shutdown-timeout must be positive")
+	case c.KVPort < 0 || c.KVPort > 65535:
+		return fmt.Errorf("--kv-port %d is not a TCP port", c.KVPort)
+	case c.KVLease <= 0:
+		return errors.New("--kv-lease must be positive")
+	}
+	if _, err := kvxfer.ParseRole(c.Role); err != nil {
+		return fmt.Errorf("--role: %w", err)
+	}
+	switch kvxfer.Transport(c.KVTransport) {
+	case kvxfer.TransportAuto, kvxfer.TransportTCP, kvxfer.TransportShm:
+	default:
+		return fmt.Errorf("--kv-transport %q: use auto, tcp or shm", c.KVTransport)
+	}
+	switch sched.LoadFailurePolicy(c.KVLoadFailurePolicy) {
+	case sched.LoadFailureFail, sched.LoadFailureRecompute:
+	default:
+		return fmt.Errorf("--kv-load-failure-policy %q: use fail or recompute", c.KVLoadFailurePolicy)
+	}
+	if c.EngineID == "" {
+		c.EngineID = uuid.NewString()
 	}
 	if c.ServedModelName == "" {
 		c.ServedModelName = filepath.Base(filepath.Clean(c.Model))
@@ -157,6 +198,20 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 		numBlocks = defaultNumBlocks(m.KVLayout(cfg.BlockSize).BlockBytes(), cfg.BlockSize, cfg.MaxNumSeqs, maxLen, totalRAM())
 	}
 	met := metrics.NewEngine(cfg.ServedModelName)
+	conn, err := kvxfer.NewConnector(kvxfer.ConnectorConfig{
+		Role:             kvxfer.Role(cfg.Role),
+		EngineID:         cfg.EngineID,
+		ModelFingerprint: m.Fingerprint(),
+		Host:             cfg.KVHost,
+		Port:             cfg.KVPort,
+		Lease:            cfg.KVLease,
+		Transport:        kvxfer.Transport(cfg.KVTransport),
+		Metrics:          met,
+		Logger:           log,
+	})
+	if err != nil {
+		return err
+	}
 	eng, err := engine.New(engine.Config{
 		Model:               m,
 		Tokenizer:           tok,
@@ -166,11 +221,19 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 		MaxNumSeqs:          cfg.MaxNumSeqs,
 		MaxNumBatchedTokens: cfg.MaxNumBatchedTokens,
 		MaxModelLen:         maxLen,
+		LoadFailurePolicy:   sched.LoadFailurePolicy(cfg.KVLoadFailurePolicy),
+		Connector:           conn,
+		KVWorker:            conn,
 		Metrics:             met,
 		Logger:              log,
 	})
 	if err != nil {
 		return err
+	}
+	// The side channel (prefill, both) and the consumer (decode, both)
+	// start before the API accepts a request.
+	if err := conn.Start(eng); err != nil {
+		return errors.Join(err, eng.Shutdown(context.Background()))
 	}
 	api, err := openai.NewServer(openai.Config{
 		Backend:      eng,
@@ -204,7 +267,8 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	log.Info("serving", "addr", ln.Addr().String(), "model", cfg.ServedModelName, "max_model_len", maxLen,
-		"block_size", cfg.BlockSize, "num_blocks", numBlocks, "kv_cache_memory", int64(cfg.KVCacheMemory))
+		"block_size", cfg.BlockSize, "num_blocks", numBlocks, "kv_cache_memory", int64(cfg.KVCacheMemory),
+		"role", cfg.Role, "engine_id", cfg.EngineID, "kv_side_channel", conn.SideChannelAddr())
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}

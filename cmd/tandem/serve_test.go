@@ -45,6 +45,31 @@ func TestParseServeFlags(t *testing.T) {
 			t.Errorf("config %+v", c)
 		}
 	})
+	t.Run("P/D defaults: both roles, vLLM's side-channel port, a fresh engine id per process", func(t *testing.T) {
+		a, err := parseServeFlags([]string{"--model", "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := parseServeFlags([]string{"--model", "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Role != "both" || a.KVHost != "127.0.0.1" || a.KVPort != 5600 || a.KVLease != 30*time.Second ||
+			a.KVTransport != "auto" || a.KVLoadFailurePolicy != "fail" || a.EngineID == "" || a.EngineID == b.EngineID {
+			t.Errorf("config %+v (second engine id %q)", a, b.EngineID)
+		}
+	})
+	t.Run("explicit P/D values", func(t *testing.T) {
+		c, err := parseServeFlags([]string{"--model", "m", "--role", "decode", "--kv-host", "0.0.0.0", "--kv-port", "5601", "--engine-id", "d0",
+			"--kv-lease", "1m", "--kv-transport", "tcp", "--kv-load-failure-policy", "recompute"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Role != "decode" || c.KVHost != "0.0.0.0" || c.KVPort != 5601 || c.EngineID != "d0" || c.KVLease != time.Minute ||
+			c.KVTransport != "tcp" || c.KVLoadFailurePolicy != "recompute" {
+			t.Errorf("config %+v", c)
+		}
+	})
 	t.Run("explicit values", func(t *testing.T) {
 		c, err := parseServeFlags([]string{"--model", "m", "--served-model-name", "x", "--kv-cache-memory", "512MiB", "--log-level", "debug", "--port", "0"})
 		if err != nil {
@@ -65,6 +90,11 @@ func TestParseServeFlags(t *testing.T) {
 		{"a bad size", []string{"--model", "m", "--kv-cache-memory", "huge"}, "not a size"},
 		{"a stray argument", []string{"--model", "m", "extra"}, "unexpected arguments"},
 		{"a bad port", []string{"--model", "m", "--port", "70000"}, "not a TCP port"},
+		{"an unknown role", []string{"--model", "m", "--role", "router"}, "use prefill, decode or both"},
+		{"a bad kv port", []string{"--model", "m", "--kv-port", "-1"}, "--kv-port -1 is not a TCP port"},
+		{"a zero lease", []string{"--model", "m", "--kv-lease", "0s"}, "--kv-lease must be positive"},
+		{"an unknown transport", []string{"--model", "m", "--kv-transport", "rdma"}, "use auto, tcp or shm"},
+		{"an unknown failure policy", []string{"--model", "m", "--kv-load-failure-policy", "retry"}, "use fail or recompute"},
 	}
 	for _, c := range bad {
 		t.Run("rejects "+c.name, func(t *testing.T) {

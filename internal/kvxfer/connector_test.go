@@ -635,3 +635,25 @@ func TestRejectedDecodeLegFreesThePrefill(t *testing.T) {
 	}
 	p.waitIdle(t) // notified, not left to the lease
 }
+
+func TestPortClashSaysWhichFlag(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	m, tok := loadStories(t)
+	c, err := NewConnector(ConnectorConfig{Role: RolePrefill, EngineID: "p", ModelFingerprint: m.Fingerprint(),
+		Host: "127.0.0.1", Port: taken.Addr().(*net.TCPAddr).Port, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(engine.Config{Model: m, Tokenizer: tok, NumBlocks: 16, KVDir: t.TempDir(), Connector: c, KVWorker: c, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Shutdown(context.Background())
+	if err := c.Start(e); err == nil || !strings.Contains(err.Error(), "pass a free --kv-port") {
+		t.Errorf("Start on a taken port = %v, want an error naming --kv-port", err)
+	}
+}
