@@ -35,7 +35,8 @@ type scratch struct {
 	rows             []float32 // [R, Hidden] normed rows for the LM head
 	logits           []float32 // [R, Vocab]
 	out              [][]float32
-	scores           sync.Pool // *[]float32 attention score buffers
+	tiles            []attnTile
+	attnScratch      sync.Pool // *attnScratch, one per busy worker
 }
 
 func grow(b []float32, n int) []float32 {
@@ -80,7 +81,11 @@ func (m *Model) Forward(seqs []Seq, kv []float32, layout KVLayout) ([][]float32,
 	s.sin = grow(s.sin, T*half)
 
 	t := 0
+	s.tiles = s.tiles[:0]
 	for i, sq := range seqs {
+		for off := 0; off < len(sq.Tokens); off += attnTileTokens {
+			s.tiles = append(s.tiles, attnTile{t0: t + off, n: min(attnTileTokens, len(sq.Tokens)-off)})
+		}
 		for j := range sq.Tokens {
 			s.tokSeq[t] = int32(i)
 			s.tokPos[t] = int32(sq.Pos + j)
@@ -228,14 +233,38 @@ func addTo(dst, src []float32) {
 	}
 }
 
+// attnTile is a run of at most attnTileTokens consecutive new tokens of one
+// sequence, the unit of attention work.
+type attnTile struct {
+	t0, n int // first token (batch index) and count
+}
+
+// attnTileTokens bounds the queries that share one gathered copy of a
+// sequence's keys.
+const attnTileTokens = 16
+
+// attnScratch is one worker's attention buffers.
+type attnScratch struct {
+	k, q, s []float32 // gathered keys [n, hd], queries [tile, hd], scores [tile, n]
+}
+
 // attention computes softmax(q·Kᵀ/√d)·V for every (query head, token) into
-// s.attn. Work items are ordered head-major so that the contiguous ranges
-// handed to workers mix early and late positions and balance better.
+// s.attn.
 //
-// For batch invariance each query's keys are visited in position order in
-// three fixed passes: scores, then softmax over exactly those scores, then
-// the weighted sum of V rows in position order. Nothing depends on which
-// other tokens share the call or where the sequence was split into chunks.
+// Work items are (KV head, tile of up to 16 consecutive tokens of one
+// sequence), ordered KV-head-major so the contiguous ranges handed to
+// workers mix early and late positions. An item gathers the sequence's
+// keys [0, last position] for its KV head once from the paged pool and, for
+// each query head of the GQA group, computes all scores of the tile with
+// one MatMul (the fast kernel instead of a dot product per key), then a
+// softmax per query over exactly its keys [0, pos], then the weighted sum
+// of V rows in position order.
+//
+// Batch invariance: the MatMul kernel computes every output element with
+// the same reduction order whatever the number of rows and columns, so the
+// score of (query, key) does not depend on the tile, and softmax and the V
+// sum see the same values in the same order however the sequence was
+// batched or chunked.
 func (m *Model) attention(li int, seqs []Seq, kv []float32, layout KVLayout, T int) {
 	c := &m.cfg
 	s := &m.s
@@ -243,42 +272,54 @@ func (m *Model) attention(li int, seqs []Seq, kv []float32, layout KVLayout, T i
 	g := &m.layers[li].qkv
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	bs := layout.BlockSize
-	m.pool.Parallel(c.Heads*T, func(lo, hi int) {
-		bufp, _ := s.scores.Get().(*[]float32)
-		if bufp == nil {
-			bufp = new([]float32)
+	tiles := s.tiles
+	m.pool.Parallel(c.KVHeads*len(tiles), func(lo, hi int) {
+		w, _ := s.attnScratch.Get().(*attnScratch)
+		if w == nil {
+			w = new(attnScratch)
 		}
 		for item := lo; item < hi; item++ {
-			h, t := item/T, item%T
-			kvh := h / group
-			sq := &seqs[s.tokSeq[t]]
-			n := int(s.tokPos[t]) + 1
-			q := s.qkv[t*g.width+g.off[0]+h*hd:][:hd]
-			out := s.attn[t*c.QDim()+h*hd:][:hd]
-			*bufp = grow(*bufp, n)
-			scores := *bufp
-			// Walk the block table one block at a time: within a block a
-			// head's rows for consecutive positions are kvd floats apart.
+			kvh, tile := item/len(tiles), tiles[item%len(tiles)]
+			sq := &seqs[s.tokSeq[tile.t0]]
+			first := int(s.tokPos[tile.t0])
+			n := first + tile.n // keys [0, n) cover every query of the tile
+			w.k = grow(w.k, n*hd)
 			for j0 := 0; j0 < n; j0 += bs {
 				base := layout.Offset(int(sq.Blocks[j0/bs]), li, 0, 0) + kvh*hd
 				for j := j0; j < min(j0+bs, n); j++ {
-					scores[j] = tensor.Dot(q, kv[base:base+hd]) * scale
+					copy(w.k[j*hd:(j+1)*hd], kv[base:base+hd])
 					base += kvd
 				}
 			}
-			// Softmax depends only on the n scores, so the weights are the
-			// same bits however the sequence was batched or chunked.
-			tensor.Softmax(scores)
-			clear(out)
-			for j0 := 0; j0 < n; j0 += bs {
-				base := layout.Offset(int(sq.Blocks[j0/bs]), li, 1, 0) + kvh*hd
-				for j := j0; j < min(j0+bs, n); j++ {
-					tensor.Axpy(scores[j], kv[base:base+hd], out)
-					base += kvd
+			keys := tensor.Mat{DType: tensor.F32, Rows: n, Cols: hd, F32: w.k}
+			w.q = grow(w.q, tile.n*hd)
+			w.s = grow(w.s, tile.n*n)
+			for h := kvh * group; h < (kvh+1)*group; h++ {
+				for r := range tile.n {
+					t := tile.t0 + r
+					copy(w.q[r*hd:(r+1)*hd], s.qkv[t*g.width+g.off[0]+h*hd:][:hd])
+				}
+				m.pool.MatMul(w.s, w.q, tile.n, &keys)
+				for r := range tile.n {
+					t := tile.t0 + r
+					scores := w.s[r*n : r*n+first+r+1]
+					for j := range scores {
+						scores[j] *= scale
+					}
+					tensor.Softmax(scores)
+					out := s.attn[t*c.QDim()+h*hd:][:hd]
+					clear(out)
+					for j0 := 0; j0 < len(scores); j0 += bs {
+						base := layout.Offset(int(sq.Blocks[j0/bs]), li, 1, 0) + kvh*hd
+						for j := j0; j < min(j0+bs, len(scores)); j++ {
+							tensor.Axpy(scores[j], kv[base:base+hd], out)
+							base += kvd
+						}
+					}
 				}
 			}
 		}
-		s.scores.Put(bufp)
+		s.attnScratch.Put(w)
 	})
 }
 
