@@ -53,10 +53,11 @@ func grow(b []float32, n int) []float32 {
 //
 // All new tokens of all sequences form one [T, hidden] activation, so every
 // weight matmul is a single kernel call over T rows; attention runs per
-// (query head, token) over the sequence's paged KV. A sequence's logits
-// are bit-identical whatever else is in the batch and however its prompt
-// is split into calls: each matmul output row depends only on its input
-// row, and attention for a query reads keys 0..pos in one fixed order.
+// (KV head, tile of a sequence's tokens) over the sequence's paged KV. A
+// sequence's logits are bit-identical whatever else is in the batch and
+// however its prompt is split into calls: each matmul output element
+// depends only on its input row and weight row, and attention for a query
+// reduces over keys 0..pos in one fixed order.
 //
 // Forward is not safe for concurrent use. Sequences in one call must not
 // write the same KV slot (shared prefix blocks are only read).
