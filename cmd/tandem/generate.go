@@ -37,15 +37,15 @@ func runGenerate(args []string) error {
 	}
 	switch {
 	case *dir == "":
-		return errors.New("generate: --model is required")
+		return errors.New("--model is required")
 	case fs.NArg() > 0:
-		return fmt.Errorf("generate: unexpected arguments %q (quote the --prompt)", fs.Args())
+		return fmt.Errorf("unexpected arguments %q (quote the --prompt)", fs.Args())
 	case *maxTokens < 1:
-		return fmt.Errorf("generate: --max-tokens must be at least 1, got %d", *maxTokens)
+		return fmt.Errorf("--max-tokens must be at least 1, got %d", *maxTokens)
 	case *temperature < 0 || math.IsNaN(*temperature):
-		return fmt.Errorf("generate: --temperature must be >= 0, got %g", *temperature)
+		return fmt.Errorf("--temperature must be >= 0, got %g", *temperature)
 	case *threads < 1:
-		return fmt.Errorf("generate: --threads must be at least 1, got %d", *threads)
+		return fmt.Errorf("--threads must be at least 1, got %d", *threads)
 	}
 
 	pool := tensor.NewPool(*threads)
@@ -62,20 +62,20 @@ func runGenerate(args []string) error {
 	text := *prompt
 	if *chat {
 		if text, err = tok.ApplyChatTemplate([]tokenizer.Message{{Role: "user", Content: *prompt}}, true); err != nil {
-			return fmt.Errorf("generate: %w", err)
+			return fmt.Errorf("%w", err)
 		}
 	}
 	ids := tok.Encode(text, !*chat)
 	if len(ids) == 0 {
 		bos, ok := tok.BOS()
 		if !ok {
-			return errors.New("generate: the prompt is empty and the tokenizer has no BOS token to start from")
+			return errors.New("the prompt is empty and the tokenizer has no BOS token to start from")
 		}
 		ids = []int32{bos}
 	}
 	room := m.MaxModelLen() - len(ids)
 	if room < 1 {
-		return fmt.Errorf("generate: the prompt is %d tokens, the model takes at most %d", len(ids), m.MaxModelLen())
+		return fmt.Errorf("the prompt is %d tokens, the model takes at most %d", len(ids), m.MaxModelLen())
 	}
 	n := min(*maxTokens, room)
 	eos := stopIDs(tok, m)
@@ -123,10 +123,10 @@ func runGenerate(args []string) error {
 	out.WriteString(dec.Flush())
 	out.WriteString("\n")
 	if err := out.Flush(); err != nil {
-		return fmt.Errorf("generate: writing output: %w", err)
+		return fmt.Errorf("writing output: %w", err)
 	}
 	fmt.Fprintf(os.Stderr, "\nprompt:   %d tokens in %s (%.1f tok/s)\n", len(ids), prefill.Round(time.Microsecond), rate(len(ids), prefill))
-	fmt.Fprintf(os.Stderr, "generate: %d tokens, %d decode steps in %s (%.1f tok/s), %d threads\n", generated, steps, decode.Round(time.Microsecond), rate(steps, decode), *threads)
+	fmt.Fprintf(os.Stderr, "%d tokens, %d decode steps in %s (%.1f tok/s), %d threads\n", generated, steps, decode.Round(time.Microsecond), rate(steps, decode), *threads)
 	return nil
 }
 

@@ -23,7 +23,7 @@ shapes: %s
 func runModel(args []string) error {
 	if len(args) == 0 {
 		fmt.Fprintf(os.Stderr, modelUsage, strings.Join(modelinit.Shapes(), ", "))
-		return errors.New("model: missing subcommand (init or inspect)")
+		return errors.New("missing subcommand (init or inspect)")
 	}
 	switch args[0] {
 	case "init":
@@ -34,7 +34,7 @@ func runModel(args []string) error {
 		fmt.Fprintf(os.Stderr, modelUsage, strings.Join(modelinit.Shapes(), ", "))
 		return flag.ErrHelp
 	}
-	return fmt.Errorf("model: unknown subcommand %q (want init or inspect)", args[0])
+	return fmt.Errorf("unknown subcommand %q (want init or inspect)", args[0])
 }
 
 func runModelInit(args []string) error {
@@ -48,7 +48,7 @@ func runModelInit(args []string) error {
 	}
 	if *shape == "" || *out == "" || fs.NArg() > 0 {
 		fs.Usage()
-		return errors.New("model init: --shape and --out are required, and no positional arguments are accepted")
+		return errors.New("init: --shape and --out are required, and no positional arguments are accepted")
 	}
 	spec, err := modelinit.Init(*out, *shape, *dtype, *seed)
 	if err != nil {
@@ -72,7 +72,7 @@ func runModelInspect(args []string) error {
 		return err
 	}
 	if fs.NArg() != 1 {
-		return errors.New("model inspect: want exactly one model directory")
+		return errors.New("inspect: want exactly one model directory")
 	}
 	dir := fs.Arg(0)
 	pool := tensor.NewPool(1)
