@@ -1,6 +1,7 @@
 package kvxfer
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
+	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
 
 	"github.com/tandem-serve/tandem/internal/engine"
@@ -75,6 +76,7 @@ type pdOpts struct {
 	policy    sched.LoadFailurePolicy
 	clock     Clock
 	lease     time.Duration
+	numBlocks int // default 128
 }
 
 type pdEngine struct {
@@ -91,7 +93,7 @@ func newPD(t *testing.T, o pdOpts) *pdEngine {
 	m, tok := loadStories(t)
 	pe := &pdEngine{m: metrics.NewEngine("stories260K")}
 	cfg := engine.Config{
-		Model: m, Tokenizer: tok, BlockSize: o.blockSize, NumBlocks: 128, KVDir: t.TempDir(),
+		Model: m, Tokenizer: tok, BlockSize: o.blockSize, NumBlocks: cmp.Or(o.numBlocks, 128), KVDir: t.TempDir(),
 		LoadFailurePolicy: o.policy, Metrics: pe.m, Logger: discardLogger(),
 	}
 	if o.role != "" {
@@ -278,7 +280,7 @@ func TestDisaggregatedMatchesColocated(t *testing.T) {
 					want := run(t, ref.e, &engine.Request{Prompt: prompt, Params: params})
 					ext := counter(t, d.m, "external_kv_transfer")
 					kv := prefill(t, p, prompt, params)
-					if diff := cmp.Diff([]any{"tp_size", 1.0, "remote_num_tokens", float64(n), "do_remote_prefill", true, "do_remote_decode", false},
+					if diff := gocmp.Diff([]any{"tp_size", 1.0, "remote_num_tokens", float64(n), "do_remote_prefill", true, "do_remote_decode", false},
 						[]any{"tp_size", kv["tp_size"], "remote_num_tokens", kv["remote_num_tokens"], "do_remote_prefill", kv["do_remote_prefill"], "do_remote_decode", kv["do_remote_decode"]}); diff != "" {
 						t.Errorf("prefill params (-want +got):\n%s", diff)
 					}
@@ -286,7 +288,7 @@ func TestDisaggregatedMatchesColocated(t *testing.T) {
 						t.Errorf("remote_block_ids %v: want %d blocks", kv["remote_block_ids"], (n+15)/16)
 					}
 					got := decode(t, d, prompt, params, kv)
-					if diff := cmp.Diff(want.tokens, got.tokens); diff != "" {
+					if diff := gocmp.Diff(want.tokens, got.tokens); diff != "" {
 						t.Errorf("decode tokens differ from the colocated engine's (-colocated +disaggregated):\n%s", diff)
 					}
 					if got.final.Finish != engine.FinishLength {
@@ -323,7 +325,7 @@ func TestDecodePrefixHits(t *testing.T) {
 			t.Errorf("prefill holds %d blocks, want 3", p.c.HeldBlocks())
 		}
 		got := decode(t, d, prompt, params, kv)
-		if diff := cmp.Diff(want.tokens, got.tokens); diff != "" {
+		if diff := gocmp.Diff(want.tokens, got.tokens); diff != "" {
 			t.Errorf("tokens (-colocated +disaggregated):\n%s", diff)
 		}
 		if b := value(t, d.m.KVTransferBytes) - bytes; b != 0 {
@@ -340,7 +342,7 @@ func TestDecodePrefixHits(t *testing.T) {
 		hits := counter(t, d.m, "local_cache_hit")
 		bytes := value(t, d.m.KVTransferBytes)
 		got := decode(t, d, prompt, params, prefill(t, p, prompt, params))
-		if diff := cmp.Diff(want.tokens, got.tokens); diff != "" {
+		if diff := gocmp.Diff(want.tokens, got.tokens); diff != "" {
 			t.Errorf("tokens (-colocated +disaggregated):\n%s", diff)
 		}
 		if e, h := counter(t, d.m, "external_kv_transfer")-ext, counter(t, d.m, "local_cache_hit")-hits; e != 7 || h != 32 {
@@ -367,7 +369,7 @@ func TestRoleBothServesBothLegs(t *testing.T) {
 	o := run(t, b.e, &engine.Request{ID: "req-1", Prompt: prompt, Params: greedy(10), KVTransfer: prefillParams()})
 	kv := wire(t, o.final.KVTransfer)
 	got := run(t, b.e, &engine.Request{ID: "req-1", Prompt: prompt, Params: greedy(10), KVTransfer: kv})
-	if diff := cmp.Diff(want.tokens, got.tokens); diff != "" {
+	if diff := gocmp.Diff(want.tokens, got.tokens); diff != "" {
 		t.Errorf("tokens (-colocated +both):\n%s", diff)
 	}
 }
@@ -491,7 +493,7 @@ func TestLoadFailurePolicies(t *testing.T) {
 	t.Run("recompute gives the same output as without failure", func(t *testing.T) {
 		d := newPD(t, pdOpts{role: RoleDecode, policy: sched.LoadFailureRecompute})
 		got := decode(t, d, prompt, greedy(10), released(t))
-		if diff := cmp.Diff(want.tokens, got.tokens); diff != "" {
+		if diff := gocmp.Diff(want.tokens, got.tokens); diff != "" {
 			t.Errorf("tokens (-colocated +recomputed):\n%s", diff)
 		}
 		if got.final.Finish != engine.FinishLength {
@@ -656,4 +658,18 @@ func TestPortClashSaysWhichFlag(t *testing.T) {
 	if err := c.Start(e); err == nil || !strings.Contains(err.Error(), "pass a free --kv-port") {
 		t.Errorf("Start on a taken port = %v, want an error naming --kv-port", err)
 	}
+}
+
+func TestDecodeLegFailingBeforeAllocationFreesThePrefill(t *testing.T) {
+	p := newPD(t, pdOpts{role: RolePrefill})
+	d := newPD(t, pdOpts{role: RoleDecode, numBlocks: 4}) // 64 tokens
+	prompt := promptOf(23, 40)
+	kv := prefill(t, p, prompt, greedy(4))
+	// 40 prompt + 40 output tokens need 5 blocks: the scheduler fails the
+	// request before allocating anything.
+	got := decode(t, d, prompt, greedy(40), kv)
+	if got.final.Finish != engine.FinishError {
+		t.Fatalf("finish %q (%v), want error", got.final.Finish, got.final.Err)
+	}
+	p.waitIdle(t) // notified, not left to the lease
 }
