@@ -247,7 +247,7 @@ type engine struct {
 type engineSpec struct {
 	name   string
 	model  string
-	role   string // "" for a plain colocated engine started without --role
+	role   string // "" for an engine started without --role (colocated: "both")
 	port   int
 	kvPort int
 	args   []string // more flags, after the ones startEngine sets
@@ -265,13 +265,16 @@ func startEngine(t *testing.T, s engineSpec) *engine {
 		if port == 0 {
 			port = freePort(t)
 		}
-		if kvPort == 0 && s.role != "" {
+		if kvPort == 0 {
 			kvPort = freePort(t)
 		}
+		// Every engine gets a side-channel port of its own: one started
+		// without --role is "both" and listens on the default 5600, which
+		// another test's engine (or anything else) may hold.
 		args := []string{"serve", "--model", s.model, "--served-model-name", servedName,
-			"--host", "127.0.0.1", "--port", strconv.Itoa(port)}
+			"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--kv-host", "127.0.0.1", "--kv-port", strconv.Itoa(kvPort)}
 		if s.role != "" {
-			args = append(args, "--role", s.role, "--kv-host", "127.0.0.1", "--kv-port", strconv.Itoa(kvPort))
+			args = append(args, "--role", s.role)
 		}
 		args = append(append(args, engineDefaults...), s.args...)
 		p := startProc(t, s.name, args...)

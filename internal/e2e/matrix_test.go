@@ -168,18 +168,21 @@ func TestDisaggregatedMatchesColocated(t *testing.T) {
 	ids := func(n int) func(int) any {
 		return func(int) any { seed++; return tokenPrompt(seed, n, vocab) }
 	}
-	texts := func(n int) func(int) any {
-		// One text per (sampling, streaming) pair, fitted once: the two
-		// decodes have separate caches, so the runs can share them.
+	// Text rows take their openers from disjoint ranges (4 requests a
+	// row): texts that begin alike would share a first block, and the
+	// decode would find it cached.
+	texts := func(n, row int) func(int) any {
+		// Fitted once: the two decodes have separate caches, so the runs
+		// over TCP and shared memory can share the texts.
 		var cache []string
 		return func(i int) any {
 			for len(cache) <= i {
-				cache = append(cache, fitText(t, ref.url, openers[len(cache)%len(openers)], n))
+				cache = append(cache, fitText(t, ref.url, openers[4*row+len(cache)], n))
 			}
 			return cache[i]
 		}
 	}
-	shortTexts := func(i int) any { return openers[i%len(openers)] + " the cat sat" }
+	shortTexts := func(i int) any { return openers[8+i] + " the cat sat" }
 	cases := []promptCase{
 		{"token ids shorter than a block", 5, ids(5)},
 		{"token ids filling exactly one block", blockSize, ids(blockSize)},
@@ -187,8 +190,8 @@ func TestDisaggregatedMatchesColocated(t *testing.T) {
 		{"token ids one past a block boundary", blockSize + 1, ids(blockSize + 1)},
 		{"token ids spanning many blocks", 200, ids(200)},
 		{"text shorter than a block", 0, shortTexts},
-		{"text filling exactly one block", blockSize, texts(blockSize)},
-		{"text spanning many blocks", 200, texts(200)},
+		{"text filling exactly one block", blockSize, texts(blockSize, 0)},
+		{"text spanning many blocks", 200, texts(200, 1)},
 	}
 
 	for _, transport := range []string{"tcp", "shm"} {
@@ -326,7 +329,9 @@ func TestDisaggregatedChatMatchesColocated(t *testing.T) {
 	n := 0
 	conversation := func(turns int) []map[string]any {
 		n++
-		msgs := []map[string]any{{"role": "system", "content": fmt.Sprintf("You are assistant number %d.", n)}}
+		// The number comes first so that no two conversations share a
+		// block (the template's own tokens are the same for all).
+		msgs := []map[string]any{{"role": "system", "content": fmt.Sprintf("%d. You are a helpful assistant.", n)}}
 		for i := range turns {
 			msgs = append(msgs,
 				map[string]any{"role": "user", "content": fmt.Sprintf("Question %d of conversation %d: what comes after %d?", i, n, i*7)},
