@@ -141,6 +141,7 @@ func TestPrefillFailures(t *testing.T) {
 		if !strings.HasPrefix(r.pd(), "fallback; reason=") {
 			t.Errorf("x-tandem-pd %q, want a fallback with its reason", r.pd())
 		}
+		t.Logf("x-tandem-pd: %s", r.pd())
 		sameGeneration(t, want, got)
 	})
 
@@ -150,7 +151,7 @@ func TestPrefillFailures(t *testing.T) {
 		// The proxy marks the prefill healthy at its next health check
 		// (every 200ms); until then requests fall back, which is fine.
 		deadline := time.Now().Add(faultDeadline)
-		for {
+		for tries := 1; ; tries++ {
 			body := fresh(false)
 			before := decodeCounters(t, decode)
 			got, r := generate(t, proxy, "/v1/completions", body)
@@ -158,6 +159,7 @@ func TestPrefillFailures(t *testing.T) {
 				want, _ := generate(t, ref.url, "/v1/completions", body)
 				sameGeneration(t, want, got)
 				checkPulled(t, decodeCounters(t, decode).sub(before), want.PromptTokens, 0)
+				t.Logf("remote again at request %d after the restart", tries)
 				break
 			}
 			if time.Now().After(deadline) {
@@ -240,6 +242,7 @@ func TestBlockSizeMismatchIsReported(t *testing.T) {
 		t.Errorf("status %d (x-tandem-pd %q), want 500: %s", r.status, r.pd(), r.body)
 	}
 	msg := errorMessage(r.body)
+	t.Logf("status %d, x-tandem-pd %q: %s", r.status, r.pd(), msg)
 	for _, want := range []string{"block size", "16", "32", "--block-size"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error %q does not contain %q", msg, want)

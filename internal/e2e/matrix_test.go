@@ -277,6 +277,12 @@ func TestDisaggregatedMatchesColocated(t *testing.T) {
 				}
 			})
 
+			// The transport axis is only real if the decode used the one it
+			// was told to; it says which in one log line per prefill engine.
+			logLine := map[string]string{"tcp": "kv transfer via tcp", "shm": "kv transfer via shared memory"}[transport]
+			if !strings.Contains(decode.out.String(), logLine) {
+				t.Errorf("the decode's log has no %q line: did it pull over %s?", logLine, transport)
+			}
 			waitPoolsIdle(t, prefill, decode)
 		})
 	}
