@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash"
 	"math"
+	"slices"
 
 	"github.com/tandem-serve/tandem/internal/model/safetensors"
 	"github.com/tandem-serve/tandem/internal/tensor"
@@ -155,12 +156,36 @@ func (m *Model) bindLayer(b *binder, i int) error {
 	return nil
 }
 
-// Config returns the model's configuration.
-func (m *Model) Config() Config { return m.cfg }
+// Config returns a copy of the model's configuration.
+func (m *Model) Config() Config {
+	c := m.cfg
+	c.BOS = slices.Clone(c.BOS)
+	c.EOS = slices.Clone(c.EOS)
+	return c
+}
 
-// GenerationConfig returns the defaults of generation_config.json (all nil
-// when the file is absent).
-func (m *Model) GenerationConfig() GenerationConfig { return m.gen }
+// GenerationConfig returns a copy of the defaults of generation_config.json
+// (all nil when the file is absent).
+func (m *Model) GenerationConfig() GenerationConfig {
+	g := m.gen
+	g.Temperature = clonePtr(g.Temperature)
+	g.TopP = clonePtr(g.TopP)
+	g.TopK = clonePtr(g.TopK)
+	g.MinP = clonePtr(g.MinP)
+	g.RepetitionPenalty = clonePtr(g.RepetitionPenalty)
+	g.MaxNewTokens = clonePtr(g.MaxNewTokens)
+	g.DoSample = clonePtr(g.DoSample)
+	g.EOS = slices.Clone(g.EOS)
+	return g
+}
+
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}
 
 // KVLayout returns the layout of a paged KV pool with blockSize slots per
 // block for this model.
