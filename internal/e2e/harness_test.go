@@ -446,7 +446,9 @@ func (m metrics) must(t *testing.T, name string, labels ...string) float64 {
 // waitPoolsIdle polls until every engine's KV pool is empty again
 // (vllm:kv_cache_usage_perc 0; prefill engines also hold no leased blocks).
 // Releases are asynchronous (a DONE frees the prefill's blocks in its next
-// step), hence the poll.
+// step), hence the poll. Its 10s bound is well inside the default 30s
+// lease, so blocks that only a lease expiry would free (a missing DONE)
+// fail the test.
 func waitPoolsIdle(t *testing.T, engines ...*engine) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)

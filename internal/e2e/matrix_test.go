@@ -233,13 +233,20 @@ func TestDisaggregatedMatchesColocated(t *testing.T) {
 				want, _ := generate(t, ref.url, "/v1/completions", body)
 				before := decodeCounters(t, decode)
 				got, r := generate(t, proxy, "/v1/completions", body)
+				if r.pd() != "remote" {
+					t.Errorf("first request: x-tandem-pd %q, want remote", r.pd())
+				}
 				sameGeneration(t, want, got)
 				checkPulled(t, decodeCounters(t, decode).sub(before), want.PromptTokens, 0)
 
+				// The prefill still holds the prompt's blocks for this
+				// request; the decode must tell it to free them without
+				// reading (waitPoolsIdle below sees it, well inside the 30s
+				// lease that would otherwise free them).
 				before = decodeCounters(t, decode)
 				got, r = generate(t, proxy, "/v1/completions", body)
 				if r.pd() != "remote" {
-					t.Errorf("x-tandem-pd %q, want remote", r.pd())
+					t.Errorf("second request: x-tandem-pd %q, want remote", r.pd())
 				}
 				sameGeneration(t, want, got)
 				d := decodeCounters(t, decode).sub(before)
