@@ -233,23 +233,30 @@ func TestBlockSizeMismatchIsReported(t *testing.T) {
 	proxy := startProxy(t, "proxy", []*engine{prefill}, []*engine{decode})
 
 	// Ten tokens are one block on either side, so the block count in the
-	// params agrees and the request gets as far as the handshake.
-	body := completionBody(tokenPrompt(9000, 10, 512), samplings[0], false)
-	before := failures(t, decode)
-	var r reply
-	timed(t, "the mismatched request", func() { r = postJSON(t, proxy+"/v1/completions", body) })
-	if r.status != http.StatusInternalServerError {
-		t.Errorf("status %d (x-tandem-pd %q), want 500: %s", r.status, r.pd(), r.body)
+	// params agrees and the request gets as far as the handshake. The load
+	// fails before the first token, so a stream fails with a status too.
+	for i, st := range streamings {
+		t.Run("a request "+st.name+" fails with both block sizes in the message", func(t *testing.T) {
+			body := completionBody(tokenPrompt(9000+uint64(i), 10, 512), samplings[0], st.stream)
+			before := failures(t, decode)
+			var r reply
+			timed(t, "the mismatched request", func() { r = postJSON(t, proxy+"/v1/completions", body) })
+			if r.status != http.StatusInternalServerError {
+				t.Errorf("status %d (x-tandem-pd %q), want 500: %s", r.status, r.pd(), r.body)
+			}
+			msg := errorMessage(r.body)
+			t.Logf("status %d, x-tandem-pd %q: %s", r.status, r.pd(), msg)
+			for _, want := range []string{"block size", "16", "32", "--block-size"} {
+				if !strings.Contains(msg, want) {
+					t.Errorf("error %q does not contain %q", msg, want)
+				}
+			}
+			if after := failures(t, decode); after <= before {
+				t.Errorf("tandem:kv_transfer_failures_total on the decode went from %v to %v, want an increase", before, after)
+			}
+		})
 	}
-	msg := errorMessage(r.body)
-	t.Logf("status %d, x-tandem-pd %q: %s", r.status, r.pd(), msg)
-	for _, want := range []string{"block size", "16", "32", "--block-size"} {
-		if !strings.Contains(msg, want) {
-			t.Errorf("error %q does not contain %q", msg, want)
-		}
-	}
-	if after := failures(t, decode); after <= before {
-		t.Errorf("tandem:kv_transfer_failures_total on the decode went from %v to %v, want an increase", before, after)
-	}
+	// The decode never read the prefill's blocks, so only the 2s lease
+	// frees them.
 	waitPoolsIdle(t, prefill, decode)
 }
