@@ -168,21 +168,23 @@ func TestDisaggregatedMatchesColocated(t *testing.T) {
 	ids := func(n int) func(int) any {
 		return func(int) any { seed++; return tokenPrompt(seed, n, vocab) }
 	}
-	// Text rows take their openers from disjoint ranges (4 requests a
-	// row): texts that begin alike would share a first block, and the
-	// decode would find it cached.
-	texts := func(n, row int) func(int) any {
-		// Fitted once: the two decodes have separate caches, so the runs
-		// over TCP and shared memory can share the texts.
-		var cache []string
-		return func(i int) any {
-			for len(cache) <= i {
-				cache = append(cache, fitText(t, ref.url, openers[4*row+len(cache)], n))
-			}
-			return cache[i]
-		}
+	// Text rows take their openers from disjoint ranges (one per request
+	// of a row): texts that begin alike would share a first block, and the
+	// decode would find it cached. They are fitted here, once: the two
+	// decodes have separate caches, so the runs over TCP and shared memory
+	// can share them.
+	perRow := len(samplings) * len(streamings)
+	if len(openers) < 3*perRow {
+		t.Fatalf("%d openers for three text rows of %d requests", len(openers), perRow)
 	}
-	shortTexts := func(i int) any { return openers[8+i] + " the cat sat" }
+	texts := func(n, row int) func(int) any {
+		var fitted []string
+		for i := range perRow {
+			fitted = append(fitted, fitText(t, ref.url, openers[perRow*row+i], n))
+		}
+		return func(i int) any { return fitted[i] }
+	}
+	shortTexts := func(i int) any { return openers[2*perRow+i] + " the cat sat" }
 	cases := []promptCase{
 		{"token ids shorter than a block", 5, ids(5)},
 		{"token ids filling exactly one block", blockSize, ids(blockSize)},
