@@ -133,6 +133,9 @@ func TestPrefillFailures(t *testing.T) {
 	})
 
 	t.Run("with the prefill dead the proxy falls back to the decode and says why", func(t *testing.T) {
+		if !prefill.exited() {
+			t.Skip("the prefill is still running: the step that kills it failed")
+		}
 		body := fresh(false)
 		want, _ := generate(t, ref.url, "/v1/completions", body)
 		var got generation
