@@ -337,6 +337,11 @@ func (e *Engine) check(r *Request) (*Request, int, error) {
 	return r, maxTokens, err
 }
 
+// RejectKVTransfer tells the KV connector that a request carrying kv params
+// was refused before it reached the engine (by the API layer), so that a
+// prefill holding blocks for it can free them at once.
+func (e *Engine) RejectKVTransfer(kv map[string]any) { e.rejectedKV(kv) }
+
 // rejectedKV tells the connector that a request carrying kv params was
 // refused before the scheduler saw it.
 func (e *Engine) rejectedKV(kv map[string]any) {

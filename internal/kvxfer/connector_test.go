@@ -1,12 +1,16 @@
 package kvxfer
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/tandem-serve/tandem/internal/openai"
 	"math/rand/v2"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -672,4 +676,35 @@ func TestDecodeLegFailingBeforeAllocationFreesThePrefill(t *testing.T) {
 		t.Fatalf("finish %q (%v), want error", got.final.Finish, got.final.Err)
 	}
 	p.waitIdle(t) // notified, not left to the lease
+}
+
+func TestDecodeLegRefusedByTheAPIFreesThePrefill(t *testing.T) {
+	p := newPD(t, pdOpts{role: RolePrefill})
+	d := newPD(t, pdOpts{role: RoleDecode})
+	_, tok := loadStories(t)
+	srv, err := openai.NewServer(openai.Config{Backend: d.e, Tokenizer: tok, ModelName: "stories260K", Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	prompt := promptOf(25, 30)
+	kv := prefill(t, p, prompt, greedy(4))
+	if p.c.HeldBlocks() == 0 {
+		t.Fatal("the prefill holds no blocks after its leg")
+	}
+	// top_p out of range: the API layer refuses the decode leg before the
+	// engine sees it, and must still free the prefill's blocks.
+	body, _ := json.Marshal(map[string]any{
+		"model": "stories260K", "prompt": prompt, "max_tokens": 4, "top_p": 7, "kv_transfer_params": kv,
+	})
+	resp, err := ts.Client().Post(ts.URL+"/v1/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("status %d, want 400", resp.StatusCode)
+	}
+	p.waitIdle(t) // notified at once; the lease (30 s) would outlast the wait
 }

@@ -21,6 +21,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	}
 	j, err := s.chatJob(&req, extID)
 	if err != nil {
+		s.rejectKV(req.KVTransferParams)
 		WriteError(w, err)
 		return
 	}

@@ -22,6 +22,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	j, err := s.completionJob(&req, extID)
 	if err != nil {
+		s.rejectKV(req.KVTransferParams)
 		WriteError(w, err)
 		return
 	}

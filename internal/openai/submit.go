@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 
@@ -23,4 +24,27 @@ func submitError(err error) *Error {
 		return NewError(http.StatusServiceUnavailable, "", "the server is shutting down; retry on another instance")
 	}
 	return NewError(http.StatusInternalServerError, "", "submitting the request to the engine: %v", err)
+}
+
+// KVRejecter is implemented by backends with a KV connector. A decode leg
+// refused before it reaches the engine (a bad sampling value, a chat
+// template error) still names blocks a prefill engine holds for it;
+// RejectKVTransfer tells that engine to free them now rather than at lease
+// expiry (vLLM's pre-admission rejection cleanup, PR #41269).
+type KVRejecter interface {
+	RejectKVTransfer(kv map[string]any)
+}
+
+// rejectKV passes a refused request's kv_transfer_params to the backend's
+// connector, if it has one. Unparseable params name nothing to free.
+func (s *Server) rejectKV(raw json.RawMessage) {
+	kr, ok := s.cfg.Backend.(KVRejecter)
+	if !ok || len(raw) == 0 {
+		return
+	}
+	var kv map[string]any
+	if json.Unmarshal(raw, &kv) != nil || kv == nil {
+		return
+	}
+	kr.RejectKVTransfer(kv)
 }
