@@ -295,7 +295,7 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (*Handle, error) {
 	rs := &reqState{
 		id: id, ext: ext, req: r, maxTokens: maxTokens, out: newStream(),
 		sampler: sample.NewSampler(&p, e.model.VocabSize(), e.eos),
-		dec:     tokenizer.NewDecoder(e.tok, true, r.Prompt),
+		dec:     tokenizer.NewDecoder(e.tok, !p.KeepSpecialTokens, r.Prompt),
 		stopIDs: map[int32]bool{}, userStops: map[int32]bool{},
 		arrival: e.clock.Now(),
 	}

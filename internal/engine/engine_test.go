@@ -471,3 +471,27 @@ func TestShutdown(t *testing.T) {
 		}
 	})
 }
+
+func TestSpecialTokensInText(t *testing.T) {
+	_, tok, g := load(t)
+	e, _ := newEngine(t, Config{})
+	eos := tok.EOS()[0]
+	for _, keep := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keep special tokens %v", keep), func(t *testing.T) {
+			// Force EOS as every token and keep going past it.
+			p := greedy(3)
+			p.IgnoreEOS = true
+			p.KeepSpecialTokens = keep
+			p.LogitBias = map[int32]float32{eos: 100}
+			got := run(t, e, &Request{Prompt: g.PromptIDs, Params: p})
+			want := ""
+			if keep {
+				want = strings.Repeat(tok.Decode([]int32{eos}, false), 3)
+			}
+			if got.text != want || len(got.tokens) != 3 {
+				t.Errorf("text %q (%d tokens), want %q (3 tokens)", got.text, len(got.tokens), want)
+			}
+		})
+	}
+	waitPoolFull(t, e)
+}

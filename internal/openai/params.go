@@ -41,7 +41,7 @@ func buildParams(f *SamplingFields, d Defaults) (sample.Params, *Error) {
 		return p, BadRequest("stream_options", "stream_options can only be set when stream is true")
 	}
 	if f.SkipSpecialTokens != nil && !*f.SkipSpecialTokens {
-		return p, BadRequest("skip_special_tokens", "skip_special_tokens=false is not supported: generated special tokens are always left out of the text")
+		p.KeepSpecialTokens = true
 	}
 
 	temperature := firstOf(f.Temperature, d.Temperature, 1)

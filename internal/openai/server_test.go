@@ -86,7 +86,6 @@ func TestBadRequests(t *testing.T) {
 		{"streaming a prefill leg is a 400", "/v1/completions", "POST", `{"model":"m","prompt":"a","stream":true,"kv_transfer_params":{"do_remote_decode":true}}`, 400, TypeBadRequest, "kv_transfer_params", "the proxy calls the prefill engine with stream=false"},
 		{"streaming a chat prefill leg is a 400", "/v1/chat/completions", "POST", `{"model":"m","messages":[{"role":"user","content":"a"}],"stream":true,"kv_transfer_params":{"do_remote_decode":true}}`, 400, TypeBadRequest, "kv_transfer_params", "stream=false"},
 		{"kv_transfer_params with several prompts is a 400", "/v1/completions", "POST", `{"model":"m","prompt":["a","b"],"kv_transfer_params":{"do_remote_decode":true}}`, 400, TypeBadRequest, "kv_transfer_params", "2 prompts"},
-		{"skip_special_tokens false is not supported", "/v1/completions", "POST", `{"model":"m","prompt":"a","skip_special_tokens":false}`, 400, TypeBadRequest, "skip_special_tokens", "not supported"},
 		{"an unknown model is vLLM's 404", "/v1/completions", "POST", `{"model":"other","prompt":"a"}`, 404, TypeNotFound, "model", "`other` does not exist. This server serves \"m\""},
 		{"a missing model is a 400 naming the served one", "/v1/chat/completions", "POST", `{"messages":[{"role":"user","content":"a"}]}`, 400, TypeBadRequest, "model", `"m"`},
 		{"empty messages is a 400", "/v1/chat/completions", "POST", `{"model":"m","messages":[]}`, 400, TypeBadRequest, "messages", "empty"},

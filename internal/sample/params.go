@@ -25,6 +25,9 @@ type Params struct {
 	IgnoreEOS    bool
 	// IncludeStopStrInOutput keeps the matched stop string in the text.
 	IncludeStopStrInOutput bool
+	// KeepSpecialTokens puts generated special tokens into the text
+	// (skip_special_tokens=false); by default they are left out.
+	KeepSpecialTokens bool
 
 	// Logprobs is the number of top alternatives to return per token; -1
 	// means no logprobs at all, 0 means only the chosen token's logprob.
