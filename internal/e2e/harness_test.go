@@ -90,7 +90,7 @@ func requirePD(t *testing.T, bin string, more ...string) {
 		}
 	}
 	if len(missing) > 0 {
-		t.Skipf("`tandem serve` lacks %s (the P/D serve flags); skipping", strings.Join(missing, ", "))
+		t.Fatalf("`tandem serve` lacks %s (the P/D serve flags)", strings.Join(missing, ", "))
 	}
 }
 

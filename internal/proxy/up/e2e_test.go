@@ -30,7 +30,7 @@ func TestTandemUpEndToEnd(t *testing.T) {
 	}
 	help, _ := exec.CommandContext(ctx, exe, "serve", "-h").CombinedOutput()
 	if !strings.Contains(string(help), "-role") {
-		t.Skip("`tandem serve` has no --role flag yet (engine roles land with the P/D serve work); skipping the tandem up end-to-end test")
+		t.Fatal("`tandem serve` has no --role flag: tandem up cannot start prefill and decode engines")
 	}
 
 	var stdout, stderr syncBuffer
