@@ -74,9 +74,9 @@ func tandem(t *testing.T) string {
 	return binPath
 }
 
-// requirePD skips the test when `tandem serve` lacks --role, --kv-host,
-// --kv-port or any of more (the P/D flags land with the KV connector); once
-// they exist the test runs.
+// requirePD fails the test when `tandem serve` lacks --role, --kv-host,
+// --kv-port or any of more: a binary without the P/D flags cannot run these
+// tests, and that must not pass as a skip.
 func requirePD(t *testing.T, bin string, more ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
