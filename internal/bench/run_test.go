@@ -22,7 +22,6 @@ import (
 // the benchmark's requests and records concurrency.
 type fakeServer struct {
 	t        *testing.T
-	vocab    int
 	failEach int // fail every failEach-th completion with HTTP 503; 0: never
 	inFlight atomic.Int32
 	peak     atomic.Int32
