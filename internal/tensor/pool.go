@@ -50,9 +50,16 @@ type job struct {
 	chunk   int
 	nchunks int64
 	next    atomic.Int64 // next chunk to claim
-	done    atomic.Int64 // chunks finished
+	done    atomic.Int64 // chunks finished, skipped or abandoned
 	quit    bool         // tells workers to exit
+
+	// panicked holds the first panic a worker's chunk raised; the caller
+	// re-raises it once the job is over.
+	panicked atomic.Pointer[workerPanic]
 }
+
+// workerPanic carries a panic value from a worker to the caller.
+type workerPanic struct{ v any }
 
 // NewPool starts a pool that runs kernels on threads goroutines: the caller
 // plus threads-1 workers. threads below 1 is treated as 1.
@@ -120,12 +127,44 @@ func (p *Pool) run(n, chunk int, fn func(part, lo, hi int)) {
 	}
 	j := &job{fn: fn, n: n, chunk: chunk, nchunks: int64((n + chunk - 1) / chunk)}
 	p.publish(j)
-	j.runChunks(0)
+	// If fn panics (or calls runtime.Goexit) on this goroutine, the
+	// deferred finish still waits for the chunks workers hold, so nobody
+	// is left writing into the caller's buffers after run returns.
+	inChunk := false
+	defer func() { j.finish(inChunk) }()
+	for {
+		c := j.next.Add(1) - 1
+		if c >= j.nchunks {
+			break
+		}
+		lo := int(c) * j.chunk
+		inChunk = true
+		fn(0, lo, min(lo+j.chunk, n))
+		inChunk = false
+		j.done.Add(1)
+	}
+}
+
+// finish counts the caller's own unfinished chunk (inChunk: it is
+// unwinding from fn) and the chunks nobody has claimed (only possible when
+// unwinding) as done, waits for the chunks workers hold and re-raises a
+// worker's panic on the caller. Workers count a chunk as done even when fn
+// panics or exits the goroutine, so this wait always ends.
+func (j *job) finish(inChunk bool) {
+	if inChunk {
+		j.done.Add(1)
+	}
+	for j.next.Add(1)-1 < j.nchunks {
+		j.done.Add(1)
+	}
 	for spins := 0; j.done.Load() != j.nchunks; spins++ {
 		if spins >= 64 {
 			// A worker holding a chunk may need this thread's P.
 			runtime.Gosched()
 		}
+	}
+	if wp := j.panicked.Load(); wp != nil {
+		panic(wp.v)
 	}
 }
 
@@ -139,7 +178,7 @@ func (p *Pool) publish(j *job) {
 	}
 }
 
-// runChunks claims and runs chunks of j until none are left.
+// runChunks claims and runs chunks of j on a worker until none are left.
 func (j *job) runChunks(part int) {
 	for {
 		c := j.next.Add(1) - 1
@@ -147,22 +186,44 @@ func (j *job) runChunks(part int) {
 			return
 		}
 		lo := int(c) * j.chunk
-		j.fn(part, lo, min(lo+j.chunk, j.n))
-		j.done.Add(1)
+		j.runChunk(part, lo, min(lo+j.chunk, j.n))
 	}
+}
+
+// runChunk runs one chunk on a worker. A panic is recovered and handed to
+// the caller (it would otherwise kill the process from a goroutine nobody
+// can recover on); done is counted however fn ends.
+func (j *job) runChunk(part, lo, hi int) {
+	defer func() {
+		if v := recover(); v != nil {
+			j.panicked.CompareAndSwap(nil, &workerPanic{v: v})
+		}
+		j.done.Add(1)
+	}()
+	j.fn(part, lo, hi)
 }
 
 // work is the loop of worker goroutine id. last is the job that was
 // current when the worker was created: every later job is new to it.
 func (p *Pool) work(id int, w *worker, last *job) {
-	defer p.wg.Done()
+	exited := true
+	defer func() {
+		if exited {
+			// fn called runtime.Goexit on this goroutine (t.FailNow in a
+			// test callback). Keep the pool at full strength.
+			p.wg.Add(1)
+			go p.work(id, w, last)
+		}
+		p.wg.Done()
+	}()
 	for {
 		j := p.await(w, last)
 		if j.quit {
+			exited = false
 			return
 		}
-		j.runChunks(id)
 		last = j
+		j.runChunks(id)
 	}
 }
 

@@ -122,3 +122,123 @@ func spinMicro() {
 }
 
 var sink atomic.Int64
+
+// TestPoolStress runs many pools at once (more workers than GOMAXPROCS),
+// each hammered with tiny jobs from several goroutines, including nested
+// calls, while pools are closed concurrently with their use. Workers
+// alternate between spinning and parking throughout, which is where a
+// lost wake-up or a wait on a chunk nobody runs would hang. Run it with
+// -race and -count.
+func TestPoolStress(t *testing.T) {
+	const pools, callers, calls = 12, 3, 1000
+	var wg sync.WaitGroup
+	for pi := range pools {
+		p := NewPool(2 + pi%3)
+		var users sync.WaitGroup
+		for ci := range callers {
+			users.Add(1)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer users.Done()
+				for i := range calls {
+					n := 1 + (i*7+ci)%9
+					var got atomic.Int64
+					p.Parallel(n, func(lo, hi int) {
+						if i%5 == 0 {
+							p.Parallel(hi-lo, func(a, b int) { got.Add(int64(b - a)) })
+						} else {
+							got.Add(int64(hi - lo))
+						}
+					})
+					if got.Load() != int64(n) {
+						t.Errorf("pool %d: Parallel(%d) ran %d indices", pi, n, got.Load())
+						return
+					}
+					if i%50 == 49 {
+						// Let the workers park so the next call must wake them.
+						time.Sleep(2 * spinFor)
+					}
+				}
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if pi%2 == 0 {
+				users.Wait() // close when idle ...
+			} else {
+				time.Sleep(time.Duration(pi) * time.Millisecond) // ... or mid-use
+			}
+			p.Close()
+			p.Close()
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		buf := make([]byte, 1<<20)
+		t.Fatalf("pool stress hung; goroutines:\n%s", buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// TestPoolWorkerPanicReachesCaller checks that a panic in a callback, on
+// a worker or on the caller, reaches the calling goroutine after the job
+// is over (instead of killing the process from a worker, or leaving the
+// caller waiting for its own abandoned chunk), and that the pool keeps
+// working afterwards.
+func TestPoolWorkerPanicReachesCaller(t *testing.T) {
+	p := NewPool(2)
+	defer p.Close()
+	for range 20 {
+		func() {
+			defer func() {
+				if v := recover(); v != "boom" {
+					t.Fatalf("recovered %v, want boom", v)
+				}
+			}()
+			// Every chunk panics, so the caller, the worker or both raise.
+			p.run(2, 1, func(part, lo, hi int) { panic("boom") })
+			t.Fatal("run returned normally after a panic")
+		}()
+		var n atomic.Int32
+		p.Parallel(4, func(lo, hi int) { n.Add(int32(hi - lo)) })
+		if n.Load() != 4 {
+			t.Fatalf("after a panic, Parallel ran %d of 4 indices", n.Load())
+		}
+	}
+}
+
+// TestPoolWorkerGoexit is the hang a t.FailNow inside a callback used to
+// cause: the worker goroutine exited mid-chunk and the caller waited for
+// that chunk forever. Now the chunk counts as done and the worker is
+// replaced.
+func TestPoolWorkerGoexit(t *testing.T) {
+	p := NewPool(2)
+	defer p.Close()
+	for range 5 {
+		var ran atomic.Int32
+		p.run(4, 1, func(part, lo, hi int) {
+			ran.Add(1)
+			if part == 1 {
+				runtime.Goexit()
+			}
+		})
+		var joined atomic.Bool
+		p.run(2, 1, func(part, lo, hi int) {
+			if part == 1 {
+				joined.Store(true)
+				return
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for !joined.Load() && time.Now().Before(deadline) {
+				runtime.Gosched()
+			}
+		})
+		if !joined.Load() {
+			t.Fatal("no worker joined after another exited")
+		}
+	}
+}
