@@ -4,7 +4,7 @@
 
 package tensor
 
-// gemmAVX512F32R1 computes 1 rows of x times n rows of F32 weights (see asmgen).
+// gemmAVX512F32R1 computes 1 row of x times n rows of F32 weights (see asmgen).
 func gemmAVX512F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
 
 // gemmAVX512F32R2 computes 2 rows of x times n rows of F32 weights (see asmgen).
@@ -16,7 +16,7 @@ func gemmAVX512F32R3(x *float32, ldx int, w *float32, ldw int, k int, n int, out
 // gemmAVX512F32R4 computes 4 rows of x times n rows of F32 weights (see asmgen).
 func gemmAVX512F32R4(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
 
-// gemmAVX512BF16R1 computes 1 rows of x times n rows of BF16 weights (see asmgen).
+// gemmAVX512BF16R1 computes 1 row of x times n rows of BF16 weights (see asmgen).
 func gemmAVX512BF16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
 
 // gemmAVX512BF16R2 computes 2 rows of x times n rows of BF16 weights (see asmgen).
@@ -28,7 +28,7 @@ func gemmAVX512BF16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out
 // gemmAVX512BF16R4 computes 4 rows of x times n rows of BF16 weights (see asmgen).
 func gemmAVX512BF16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
 
-// gemmAVX512F16R1 computes 1 rows of x times n rows of F16 weights (see asmgen).
+// gemmAVX512F16R1 computes 1 row of x times n rows of F16 weights (see asmgen).
 func gemmAVX512F16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
 
 // gemmAVX512F16R2 computes 2 rows of x times n rows of F16 weights (see asmgen).

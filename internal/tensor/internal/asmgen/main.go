@@ -64,6 +64,10 @@ func main() {
 	for _, s := range []isa{avx512, avx2} {
 		for _, dt := range []dtype{dtF32, dtBF16, dtF16} {
 			for r := 1; r <= 4; r++ {
+				if r == 1 && s.lanes == 16 {
+					gemmWideR1(s, dt)
+					continue
+				}
 				gemm(s, dt, r)
 			}
 		}
@@ -444,7 +448,10 @@ func axpy(s isa) {
 // several accumulators per instruction, and stores row r's four sums to
 // out+r·ldo. Float addition is commutative, so pairing the same lanes in
 // the same tree gives bit-identical sums.
-func reduceQuads512(acc [][]VecVirtual, ocur Register) {
+func reduceQuads512(acc [][]VecVirtual, ocur Register) { reduceQuads512At(acc, ocur, 0) }
+
+// reduceQuads512At is reduceQuads512 storing at out+disp bytes.
+func reduceQuads512At(acc [][]VecVirtual, ocur Register, disp int) {
 	rows := len(acc)
 	shuf := func(imm uint8, a, b VecVirtual) VecVirtual { // 128-bit lanes a[i0] a[i1] b[i2] b[i3]
 		t := ZMM()
@@ -493,9 +500,150 @@ func reduceQuads512(acc [][]VecVirtual, ocur Register) {
 		KMOVW(g, km)
 		t := ZMM()
 		VCOMPRESSPS_Z(f, km, t)
-		VMOVUPS(t.AsX(), Mem{Base: orow})
+		VMOVUPS(t.AsX(), Mem{Base: orow, Disp: disp})
 		if r+1 < rows {
 			ADDQ(ldo, orow)
 		}
 	}
+}
+
+// wideCols is the number of weight rows the AVX-512 one-row kernel reads
+// per pass, and prefetchPasses how many passes ahead it prefetches.
+const (
+	wideCols       = 8
+	prefetchPasses = 2
+)
+
+// gemmWideR1 emits the AVX-512 one-row (decode) kernel. It is memory
+// bound, so it reads wideCols weight rows per pass (more independent
+// accumulators and memory streams), unrolls the K loop twice and
+// prefetches the rows prefetchPasses passes ahead (the rows are
+// contiguous when ldw == k, as MatMul passes them; otherwise the
+// prefetches are merely useless). Each weight row still has exactly one
+// accumulator marching over K in steps of 16, then the masked tail, then
+// the fixed reduction tree, so every output is bit-identical to the one
+// the multi-row tiles compute. Leftover rows (n % wideCols) go through a
+// 4-wide and a 1-wide pass of the ordinary kernel.
+func gemmWideR1(s isa, dt dtype) {
+	name := fmt.Sprintf("gemm%s%sR1", s.name, dt.name)
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(x *float32, ldx int, w %s, ldw int, k int, n int, out *float32, ldo int)", dt.goType))
+	Doc(fmt.Sprintf("%s computes 1 row of x times n rows of %s weights (see asmgen).", name, dt.name))
+	const cols = wideCols
+	esz := 1 << dt.shift
+
+	k := Load(Param("k"), GP64())
+	mask := tailMask(k)
+	xr := []GPVirtual{Load(Param("x"), GP64()).(GPVirtual)}
+	wcur := Load(Param("w"), GP64())
+	ocur := Load(Param("out"), GP64())
+	nrem := Load(Param("n"), GP64())
+
+	Label("wide")
+	CMPQ(nrem, U32(cols))
+	JL(LabelRef("quad"))
+	{
+		L := Load(Param("ldw"), GP64())
+		SHLQ(U8(dt.shift), L)
+		// Row c is at base[c/3] + (c%3)·L.
+		p0, p3, p6 := GP64(), GP64(), GP64()
+		MOVQ(wcur, p0)
+		LEAQ(Mem{Base: p0, Index: L, Scale: 2}, p3)
+		ADDQ(L, p3)
+		LEAQ(Mem{Base: p3, Index: L, Scale: 2}, p6)
+		ADDQ(L, p6)
+		bases := []GPVirtual{p0, p3, p6}
+		rowMem := func(c, disp int) Mem {
+			m := Mem{Base: bases[c/3], Disp: disp}
+			if c%3 != 0 {
+				m.Index, m.Scale = L, uint8(c%3)
+			}
+			return m
+		}
+		pf := GP64()
+		LEAQ(Mem{Base: wcur, Index: L, Scale: 8}, pf)
+		for range prefetchPasses - 1 {
+			LEAQ(Mem{Base: pf, Index: L, Scale: 8}, pf)
+		}
+		xp := GP64()
+		MOVQ(xr[0], xp)
+		cnt := GP64()
+		MOVQ(k, cnt)
+		SHRQ(U8(5), cnt)
+
+		acc := make([]VecVirtual, cols)
+		for c := range acc {
+			acc[c] = ZMM()
+			VXORPS(acc[c], acc[c], acc[c])
+		}
+		step := func(disp int, m Op) {
+			ws := make([]VecVirtual, cols)
+			for c := range ws {
+				ws[c] = ZMM()
+				loadW(s, dt, rowMem(c, disp*esz), ws[c], m)
+			}
+			xv := ZMM()
+			if m == nil {
+				VMOVUPS(Mem{Base: xp, Disp: 4 * disp}, xv)
+			} else {
+				VMOVUPS_Z(Mem{Base: xp, Disp: 4 * disp}, m, xv)
+			}
+			for c := range cols {
+				VFMADD231PS(ws[c], xv, acc[c])
+			}
+		}
+		advance := func(elems int) {
+			for _, b := range bases {
+				ADDQ(U32(elems*esz), b)
+			}
+			ADDQ(U32(4*elems), xp)
+		}
+		TESTQ(cnt, cnt)
+		JE(LabelRef("wodd"))
+		Label("wloop")
+		bytesPerIter := cols * 32 * esz
+		for off := 0; off < bytesPerIter; off += 64 {
+			PREFETCHT0(Mem{Base: pf, Disp: off})
+		}
+		step(0, nil)
+		step(16, nil)
+		advance(32)
+		ADDQ(U32(bytesPerIter), pf)
+		DECQ(cnt)
+		JNE(LabelRef("wloop"))
+		Label("wodd")
+		TESTQ(U32(16), k)
+		JE(LabelRef("wtail"))
+		step(0, nil)
+		advance(16)
+		Label("wtail")
+		TESTQ(U32(15), k)
+		JE(LabelRef("wreduce"))
+		step(0, mask)
+		Label("wreduce")
+		for g := 0; g < cols; g += 4 {
+			reduceQuads512At([][]VecVirtual{acc[g : g+4]}, ocur, 4*g)
+		}
+		ADDQ(U32(4*cols), ocur)
+		LEAQ(Mem{Base: wcur, Index: L, Scale: 8}, wcur)
+		SUBQ(U32(cols), nrem)
+		JMP(LabelRef("wide"))
+	}
+
+	Label("quad")
+	kv := GP64()
+	MOVQ(k, kv)
+	ANDQ(I32(-s.lanes), kv)
+	CMPQ(nrem, U32(4))
+	JL(LabelRef("single"))
+	gemmPass(s, dt, 1, 4, xr, wcur, ocur, k, kv, mask, "q")
+	SUBQ(U32(4), nrem)
+	Label("single")
+	TESTQ(nrem, nrem)
+	JE(LabelRef("done"))
+	gemmPass(s, dt, 1, 1, xr, wcur, ocur, k, kv, mask, "s")
+	DECQ(nrem)
+	JMP(LabelRef("single"))
+	Label("done")
+	VZEROUPPER()
+	RET()
 }
