@@ -232,9 +232,9 @@ DATA tailmask8<>+56(SB)/4, $0x00000000
 DATA tailmask8<>+60(SB)/4, $0x00000000
 GLOBL tailmask8<>(SB), RODATA|NOPTR, $64
 
-// func gemmAVX512F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
+// func gemmAVX512F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 // Requires: AVX, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
-TEXT ·gemmAVX512F32R1(SB), NOSPLIT, $0-64
+TEXT ·gemmAVX512F32R1(SB), NOSPLIT, $0-72
 	MOVQ  k+32(FP), AX
 	MOVL  AX, CX
 	ANDL  $0x0000000f, CX
@@ -540,9 +540,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX512F32R2(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, AVX512DQ, AVX512F, AVX512VL, BMI2
-TEXT ·gemmAVX512F32R2(SB), NOSPLIT, $0-64
+// func gemmAVX512F32R2(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·gemmAVX512F32R2(SB), NOSPLIT, $0-72
 	MOVQ  k+32(FP), AX
 	MOVQ  AX, CX
 	ANDQ  $-16, CX
@@ -558,17 +558,18 @@ TEXT ·gemmAVX512F32R2(SB), NOSPLIT, $0-64
 	MOVQ  w+16(FP), SI
 	MOVQ  out+48(FP), DI
 	MOVQ  n+40(FP), R8
+	MOVQ  pf+64(FP), R9
 
 group:
 	CMPQ   R8, $0x00000004
 	JL     single
-	MOVQ   ldw+24(FP), R9
-	SHLQ   $0x02, R9
-	MOVQ   SI, R10
-	LEAQ   (R10)(R9*1), R11
-	LEAQ   (R11)(R9*1), R12
-	LEAQ   (R12)(R9*1), R13
-	LEAQ   (R13)(R9*1), SI
+	MOVQ   ldw+24(FP), R10
+	SHLQ   $0x02, R10
+	MOVQ   SI, R11
+	LEAQ   (R11)(R10*1), R12
+	LEAQ   (R12)(R10*1), R13
+	LEAQ   (R13)(R10*1), R14
+	LEAQ   (R14)(R10*1), SI
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -577,42 +578,44 @@ group:
 	VXORPS Z5, Z5, Z5
 	VXORPS Z6, Z6, Z6
 	VXORPS Z7, Z7, Z7
-	XORQ   R9, R9
+	XORQ   R10, R10
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VMOVUPS     (R10)(R9*4), Z8
-	VMOVUPS     (R11)(R9*4), Z9
-	VMOVUPS     (R12)(R9*4), Z10
-	VMOVUPS     (R13)(R9*4), Z11
-	VMOVUPS     (DX)(R9*4), Z12
+	PREFETCHT0  (R9)
+	ADDQ        $0x00000040, R9
+	VMOVUPS     (R11)(R10*4), Z8
+	VMOVUPS     (R12)(R10*4), Z9
+	VMOVUPS     (R13)(R10*4), Z10
+	VMOVUPS     (R14)(R10*4), Z11
+	VMOVUPS     (DX)(R10*4), Z12
 	VFMADD231PS Z8, Z12, Z0
 	VFMADD231PS Z9, Z12, Z1
 	VFMADD231PS Z10, Z12, Z2
 	VFMADD231PS Z11, Z12, Z3
-	VMOVUPS     (BX)(R9*4), Z12
+	VMOVUPS     (BX)(R10*4), Z12
 	VFMADD231PS Z8, Z12, Z4
 	VFMADD231PS Z9, Z12, Z5
 	VFMADD231PS Z10, Z12, Z6
 	VFMADD231PS Z11, Z12, Z7
-	ADDQ        $0x00000010, R9
-	CMPQ        R9, CX
+	ADDQ        $0x00000010, R10
+	CMPQ        R10, CX
 	JL          gloop
 
 gtail:
-	CMPQ        R9, AX
+	CMPQ        R10, AX
 	JE          greduce
-	VMOVUPS.Z   (R10)(R9*4), K1, Z8
-	VMOVUPS.Z   (R11)(R9*4), K1, Z9
-	VMOVUPS.Z   (R12)(R9*4), K1, Z10
-	VMOVUPS.Z   (R13)(R9*4), K1, Z11
-	VMOVUPS.Z   (DX)(R9*4), K1, Z12
+	VMOVUPS.Z   (R11)(R10*4), K1, Z8
+	VMOVUPS.Z   (R12)(R10*4), K1, Z9
+	VMOVUPS.Z   (R13)(R10*4), K1, Z10
+	VMOVUPS.Z   (R14)(R10*4), K1, Z11
+	VMOVUPS.Z   (DX)(R10*4), K1, Z12
 	VFMADD231PS Z8, Z12, Z0
 	VFMADD231PS Z9, Z12, Z1
 	VFMADD231PS Z10, Z12, Z2
 	VFMADD231PS Z11, Z12, Z3
-	VMOVUPS.Z   (BX)(R9*4), K1, Z12
+	VMOVUPS.Z   (BX)(R10*4), K1, Z12
 	VFMADD231PS Z8, Z12, Z4
 	VFMADD231PS Z9, Z12, Z5
 	VFMADD231PS Z10, Z12, Z6
@@ -643,18 +646,18 @@ greduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          DI, R9
-	MOVQ          ldo+56(FP), R10
-	SHLQ          $0x02, R10
-	MOVL          $0x00001111, R11
+	MOVQ          DI, R10
+	MOVQ          ldo+56(FP), R11
+	SHLQ          $0x02, R11
+	MOVL          $0x00001111, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	VMOVUPS       X0, (R10)
+	ADDQ          R11, R10
+	MOVL          $0x00002222, R11
 	KMOVW         R11, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R9)
-	ADDQ          R10, R9
-	MOVL          $0x00002222, R10
-	KMOVW         R10, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R9)
+	VMOVUPS       X0, (R10)
 	ADDQ          $0x00000010, DI
 	SUBQ          $0x00000004, R8
 	JMP           group
@@ -662,33 +665,35 @@ greduce:
 single:
 	TESTQ  R8, R8
 	JE     done
-	MOVQ   ldw+24(FP), R9
-	SHLQ   $0x02, R9
-	MOVQ   SI, R10
-	LEAQ   (R10)(R9*1), SI
+	MOVQ   ldw+24(FP), R10
+	SHLQ   $0x02, R10
+	MOVQ   SI, R11
+	LEAQ   (R11)(R10*1), SI
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
-	XORQ   R9, R9
+	XORQ   R10, R10
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VMOVUPS     (R10)(R9*4), Z2
-	VMOVUPS     (DX)(R9*4), Z3
+	PREFETCHT0  (R9)
+	ADDQ        $0x00000040, R9
+	VMOVUPS     (R11)(R10*4), Z2
+	VMOVUPS     (DX)(R10*4), Z3
 	VFMADD231PS Z2, Z3, Z0
-	VMOVUPS     (BX)(R9*4), Z3
+	VMOVUPS     (BX)(R10*4), Z3
 	VFMADD231PS Z2, Z3, Z1
-	ADDQ        $0x00000010, R9
-	CMPQ        R9, CX
+	ADDQ        $0x00000010, R10
+	CMPQ        R10, CX
 	JL          sloop
 
 stail:
-	CMPQ        R9, AX
+	CMPQ        R10, AX
 	JE          sreduce
-	VMOVUPS.Z   (R10)(R9*4), K1, Z2
-	VMOVUPS.Z   (DX)(R9*4), K1, Z3
+	VMOVUPS.Z   (R11)(R10*4), K1, Z2
+	VMOVUPS.Z   (DX)(R10*4), K1, Z3
 	VFMADD231PS Z2, Z3, Z0
-	VMOVUPS.Z   (BX)(R9*4), K1, Z3
+	VMOVUPS.Z   (BX)(R10*4), K1, Z3
 	VFMADD231PS Z2, Z3, Z1
 
 sreduce:
@@ -708,12 +713,12 @@ sreduce:
 	VADDPS        X2, X1, X2
 	VMOVSHDUP     X2, X1
 	VADDSS        X1, X2, X1
-	MOVQ          DI, R9
-	MOVQ          ldo+56(FP), R10
-	SHLQ          $0x02, R10
-	VMOVSS        X0, (R9)
-	ADDQ          R10, R9
-	VMOVSS        X1, (R9)
+	MOVQ          DI, R10
+	MOVQ          ldo+56(FP), R11
+	SHLQ          $0x02, R11
+	VMOVSS        X0, (R10)
+	ADDQ          R11, R10
+	VMOVSS        X1, (R10)
 	ADDQ          $0x00000004, DI
 	DECQ          R8
 	JMP           single
@@ -722,9 +727,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX512F32R3(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, AVX512DQ, AVX512F, AVX512VL, BMI2
-TEXT ·gemmAVX512F32R3(SB), NOSPLIT, $0-64
+// func gemmAVX512F32R3(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·gemmAVX512F32R3(SB), NOSPLIT, $0-72
 	MOVQ  k+32(FP), AX
 	MOVQ  AX, CX
 	ANDQ  $-16, CX
@@ -741,17 +746,18 @@ TEXT ·gemmAVX512F32R3(SB), NOSPLIT, $0-64
 	MOVQ  w+16(FP), DI
 	MOVQ  out+48(FP), R8
 	MOVQ  n+40(FP), R9
+	MOVQ  pf+64(FP), R10
 
 group:
 	CMPQ   R9, $0x00000004
 	JL     single
-	MOVQ   ldw+24(FP), R10
-	SHLQ   $0x02, R10
-	MOVQ   DI, R11
-	LEAQ   (R11)(R10*1), R12
-	LEAQ   (R12)(R10*1), R13
-	LEAQ   (R13)(R10*1), R14
-	LEAQ   (R14)(R10*1), DI
+	MOVQ   ldw+24(FP), R11
+	SHLQ   $0x02, R11
+	MOVQ   DI, R12
+	LEAQ   (R12)(R11*1), R13
+	LEAQ   (R13)(R11*1), R14
+	LEAQ   (R14)(R11*1), R15
+	LEAQ   (R15)(R11*1), DI
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -764,52 +770,54 @@ group:
 	VXORPS Z9, Z9, Z9
 	VXORPS Z10, Z10, Z10
 	VXORPS Z11, Z11, Z11
-	XORQ   R10, R10
+	XORQ   R11, R11
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VMOVUPS     (R11)(R10*4), Z12
-	VMOVUPS     (R12)(R10*4), Z13
-	VMOVUPS     (R13)(R10*4), Z14
-	VMOVUPS     (R14)(R10*4), Z15
-	VMOVUPS     (DX)(R10*4), Z16
+	PREFETCHT0  (R10)
+	ADDQ        $0x00000040, R10
+	VMOVUPS     (R12)(R11*4), Z12
+	VMOVUPS     (R13)(R11*4), Z13
+	VMOVUPS     (R14)(R11*4), Z14
+	VMOVUPS     (R15)(R11*4), Z15
+	VMOVUPS     (DX)(R11*4), Z16
 	VFMADD231PS Z12, Z16, Z0
 	VFMADD231PS Z13, Z16, Z1
 	VFMADD231PS Z14, Z16, Z2
 	VFMADD231PS Z15, Z16, Z3
-	VMOVUPS     (SI)(R10*4), Z16
+	VMOVUPS     (SI)(R11*4), Z16
 	VFMADD231PS Z12, Z16, Z4
 	VFMADD231PS Z13, Z16, Z5
 	VFMADD231PS Z14, Z16, Z6
 	VFMADD231PS Z15, Z16, Z7
-	VMOVUPS     (BX)(R10*4), Z16
+	VMOVUPS     (BX)(R11*4), Z16
 	VFMADD231PS Z12, Z16, Z8
 	VFMADD231PS Z13, Z16, Z9
 	VFMADD231PS Z14, Z16, Z10
 	VFMADD231PS Z15, Z16, Z11
-	ADDQ        $0x00000010, R10
-	CMPQ        R10, CX
+	ADDQ        $0x00000010, R11
+	CMPQ        R11, CX
 	JL          gloop
 
 gtail:
-	CMPQ        R10, AX
+	CMPQ        R11, AX
 	JE          greduce
-	VMOVUPS.Z   (R11)(R10*4), K1, Z12
-	VMOVUPS.Z   (R12)(R10*4), K1, Z13
-	VMOVUPS.Z   (R13)(R10*4), K1, Z14
-	VMOVUPS.Z   (R14)(R10*4), K1, Z15
-	VMOVUPS.Z   (DX)(R10*4), K1, Z16
+	VMOVUPS.Z   (R12)(R11*4), K1, Z12
+	VMOVUPS.Z   (R13)(R11*4), K1, Z13
+	VMOVUPS.Z   (R14)(R11*4), K1, Z14
+	VMOVUPS.Z   (R15)(R11*4), K1, Z15
+	VMOVUPS.Z   (DX)(R11*4), K1, Z16
 	VFMADD231PS Z12, Z16, Z0
 	VFMADD231PS Z13, Z16, Z1
 	VFMADD231PS Z14, Z16, Z2
 	VFMADD231PS Z15, Z16, Z3
-	VMOVUPS.Z   (SI)(R10*4), K1, Z16
+	VMOVUPS.Z   (SI)(R11*4), K1, Z16
 	VFMADD231PS Z12, Z16, Z4
 	VFMADD231PS Z13, Z16, Z5
 	VFMADD231PS Z14, Z16, Z6
 	VFMADD231PS Z15, Z16, Z7
-	VMOVUPS.Z   (BX)(R10*4), K1, Z16
+	VMOVUPS.Z   (BX)(R11*4), K1, Z16
 	VFMADD231PS Z12, Z16, Z8
 	VFMADD231PS Z13, Z16, Z9
 	VFMADD231PS Z14, Z16, Z10
@@ -852,23 +860,23 @@ greduce:
 	VSHUFPS       $0x88, Z2, Z0, Z1
 	VSHUFPS       $0xdd, Z2, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          R8, R10
-	MOVQ          ldo+56(FP), R11
-	SHLQ          $0x02, R11
-	MOVL          $0x00001111, R12
+	MOVQ          R8, R11
+	MOVQ          ldo+56(FP), R12
+	SHLQ          $0x02, R12
+	MOVL          $0x00001111, R13
+	KMOVW         R13, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	VMOVUPS       X0, (R11)
+	ADDQ          R12, R11
+	MOVL          $0x00002222, R13
+	KMOVW         R13, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	VMOVUPS       X0, (R11)
+	ADDQ          R12, R11
+	MOVL          $0x00004444, R12
 	KMOVW         R12, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R10)
-	ADDQ          R11, R10
-	MOVL          $0x00002222, R12
-	KMOVW         R12, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R10)
-	ADDQ          R11, R10
-	MOVL          $0x00004444, R11
-	KMOVW         R11, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R10)
+	VMOVUPS       X0, (R11)
 	ADDQ          $0x00000010, R8
 	SUBQ          $0x00000004, R9
 	JMP           group
@@ -876,38 +884,40 @@ greduce:
 single:
 	TESTQ  R9, R9
 	JE     done
-	MOVQ   ldw+24(FP), R10
-	SHLQ   $0x02, R10
-	MOVQ   DI, R11
-	LEAQ   (R11)(R10*1), DI
+	MOVQ   ldw+24(FP), R11
+	SHLQ   $0x02, R11
+	MOVQ   DI, R12
+	LEAQ   (R12)(R11*1), DI
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
-	XORQ   R10, R10
+	XORQ   R11, R11
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VMOVUPS     (R11)(R10*4), Z3
-	VMOVUPS     (DX)(R10*4), Z4
+	PREFETCHT0  (R10)
+	ADDQ        $0x00000040, R10
+	VMOVUPS     (R12)(R11*4), Z3
+	VMOVUPS     (DX)(R11*4), Z4
 	VFMADD231PS Z3, Z4, Z0
-	VMOVUPS     (SI)(R10*4), Z4
+	VMOVUPS     (SI)(R11*4), Z4
 	VFMADD231PS Z3, Z4, Z1
-	VMOVUPS     (BX)(R10*4), Z4
+	VMOVUPS     (BX)(R11*4), Z4
 	VFMADD231PS Z3, Z4, Z2
-	ADDQ        $0x00000010, R10
-	CMPQ        R10, CX
+	ADDQ        $0x00000010, R11
+	CMPQ        R11, CX
 	JL          sloop
 
 stail:
-	CMPQ        R10, AX
+	CMPQ        R11, AX
 	JE          sreduce
-	VMOVUPS.Z   (R11)(R10*4), K1, Z3
-	VMOVUPS.Z   (DX)(R10*4), K1, Z4
+	VMOVUPS.Z   (R12)(R11*4), K1, Z3
+	VMOVUPS.Z   (DX)(R11*4), K1, Z4
 	VFMADD231PS Z3, Z4, Z0
-	VMOVUPS.Z   (SI)(R10*4), K1, Z4
+	VMOVUPS.Z   (SI)(R11*4), K1, Z4
 	VFMADD231PS Z3, Z4, Z1
-	VMOVUPS.Z   (BX)(R10*4), K1, Z4
+	VMOVUPS.Z   (BX)(R11*4), K1, Z4
 	VFMADD231PS Z3, Z4, Z2
 
 sreduce:
@@ -935,14 +945,14 @@ sreduce:
 	VADDPS        X3, X2, X3
 	VMOVSHDUP     X3, X2
 	VADDSS        X2, X3, X2
-	MOVQ          R8, R10
-	MOVQ          ldo+56(FP), R11
-	SHLQ          $0x02, R11
-	VMOVSS        X0, (R10)
-	ADDQ          R11, R10
-	VMOVSS        X1, (R10)
-	ADDQ          R11, R10
-	VMOVSS        X2, (R10)
+	MOVQ          R8, R11
+	MOVQ          ldo+56(FP), R12
+	SHLQ          $0x02, R12
+	VMOVSS        X0, (R11)
+	ADDQ          R12, R11
+	VMOVSS        X1, (R11)
+	ADDQ          R12, R11
+	VMOVSS        X2, (R11)
 	ADDQ          $0x00000004, R8
 	DECQ          R9
 	JMP           single
@@ -951,9 +961,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX512F32R4(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, AVX512DQ, AVX512F, AVX512VL, BMI2
-TEXT ·gemmAVX512F32R4(SB), NOSPLIT, $0-64
+// func gemmAVX512F32R4(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·gemmAVX512F32R4(SB), NOSPLIT, $8-72
 	MOVQ  k+32(FP), AX
 	MOVQ  AX, CX
 	ANDQ  $-16, CX
@@ -971,17 +981,18 @@ TEXT ·gemmAVX512F32R4(SB), NOSPLIT, $0-64
 	MOVQ  w+16(FP), R8
 	MOVQ  out+48(FP), R9
 	MOVQ  n+40(FP), R10
+	MOVQ  pf+64(FP), R11
 
 group:
 	CMPQ   R10, $0x00000004
 	JL     single
-	MOVQ   ldw+24(FP), R11
-	SHLQ   $0x02, R11
-	MOVQ   R8, R12
-	LEAQ   (R12)(R11*1), R13
-	LEAQ   (R13)(R11*1), R14
-	LEAQ   (R14)(R11*1), R15
-	LEAQ   (R15)(R11*1), R8
+	MOVQ   ldw+24(FP), R12
+	SHLQ   $0x02, R12
+	MOVQ   R8, R13
+	LEAQ   (R13)(R12*1), R14
+	LEAQ   (R14)(R12*1), R15
+	LEAQ   (R15)(R12*1), BP
+	LEAQ   (BP)(R12*1), R8
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -998,62 +1009,64 @@ group:
 	VXORPS Z13, Z13, Z13
 	VXORPS Z14, Z14, Z14
 	VXORPS Z15, Z15, Z15
-	XORQ   R11, R11
+	XORQ   R12, R12
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VMOVUPS     (R12)(R11*4), Z16
-	VMOVUPS     (R13)(R11*4), Z17
-	VMOVUPS     (R14)(R11*4), Z18
-	VMOVUPS     (R15)(R11*4), Z19
-	VMOVUPS     (DX)(R11*4), Z20
+	PREFETCHT0  (R11)
+	ADDQ        $0x00000040, R11
+	VMOVUPS     (R13)(R12*4), Z16
+	VMOVUPS     (R14)(R12*4), Z17
+	VMOVUPS     (R15)(R12*4), Z18
+	VMOVUPS     (BP)(R12*4), Z19
+	VMOVUPS     (DX)(R12*4), Z20
 	VFMADD231PS Z16, Z20, Z0
 	VFMADD231PS Z17, Z20, Z1
 	VFMADD231PS Z18, Z20, Z2
 	VFMADD231PS Z19, Z20, Z3
-	VMOVUPS     (SI)(R11*4), Z20
+	VMOVUPS     (SI)(R12*4), Z20
 	VFMADD231PS Z16, Z20, Z4
 	VFMADD231PS Z17, Z20, Z5
 	VFMADD231PS Z18, Z20, Z6
 	VFMADD231PS Z19, Z20, Z7
-	VMOVUPS     (DI)(R11*4), Z20
+	VMOVUPS     (DI)(R12*4), Z20
 	VFMADD231PS Z16, Z20, Z8
 	VFMADD231PS Z17, Z20, Z9
 	VFMADD231PS Z18, Z20, Z10
 	VFMADD231PS Z19, Z20, Z11
-	VMOVUPS     (BX)(R11*4), Z20
+	VMOVUPS     (BX)(R12*4), Z20
 	VFMADD231PS Z16, Z20, Z12
 	VFMADD231PS Z17, Z20, Z13
 	VFMADD231PS Z18, Z20, Z14
 	VFMADD231PS Z19, Z20, Z15
-	ADDQ        $0x00000010, R11
-	CMPQ        R11, CX
+	ADDQ        $0x00000010, R12
+	CMPQ        R12, CX
 	JL          gloop
 
 gtail:
-	CMPQ        R11, AX
+	CMPQ        R12, AX
 	JE          greduce
-	VMOVUPS.Z   (R12)(R11*4), K1, Z16
-	VMOVUPS.Z   (R13)(R11*4), K1, Z17
-	VMOVUPS.Z   (R14)(R11*4), K1, Z18
-	VMOVUPS.Z   (R15)(R11*4), K1, Z19
-	VMOVUPS.Z   (DX)(R11*4), K1, Z20
+	VMOVUPS.Z   (R13)(R12*4), K1, Z16
+	VMOVUPS.Z   (R14)(R12*4), K1, Z17
+	VMOVUPS.Z   (R15)(R12*4), K1, Z18
+	VMOVUPS.Z   (BP)(R12*4), K1, Z19
+	VMOVUPS.Z   (DX)(R12*4), K1, Z20
 	VFMADD231PS Z16, Z20, Z0
 	VFMADD231PS Z17, Z20, Z1
 	VFMADD231PS Z18, Z20, Z2
 	VFMADD231PS Z19, Z20, Z3
-	VMOVUPS.Z   (SI)(R11*4), K1, Z20
+	VMOVUPS.Z   (SI)(R12*4), K1, Z20
 	VFMADD231PS Z16, Z20, Z4
 	VFMADD231PS Z17, Z20, Z5
 	VFMADD231PS Z18, Z20, Z6
 	VFMADD231PS Z19, Z20, Z7
-	VMOVUPS.Z   (DI)(R11*4), K1, Z20
+	VMOVUPS.Z   (DI)(R12*4), K1, Z20
 	VFMADD231PS Z16, Z20, Z8
 	VFMADD231PS Z17, Z20, Z9
 	VFMADD231PS Z18, Z20, Z10
 	VFMADD231PS Z19, Z20, Z11
-	VMOVUPS.Z   (BX)(R11*4), K1, Z20
+	VMOVUPS.Z   (BX)(R12*4), K1, Z20
 	VFMADD231PS Z16, Z20, Z12
 	VFMADD231PS Z17, Z20, Z13
 	VFMADD231PS Z18, Z20, Z14
@@ -1105,28 +1118,28 @@ greduce:
 	VSHUFPS       $0x88, Z1, Z0, Z2
 	VSHUFPS       $0xdd, Z1, Z0, Z0
 	VADDPS        Z0, Z2, Z2
-	MOVQ          R9, R11
-	MOVQ          ldo+56(FP), R12
-	SHLQ          $0x02, R12
-	MOVL          $0x00001111, R13
+	MOVQ          R9, R12
+	MOVQ          ldo+56(FP), R13
+	SHLQ          $0x02, R13
+	MOVL          $0x00001111, R14
+	KMOVW         R14, K2
+	VCOMPRESSPS.Z Z2, K2, Z0
+	VMOVUPS       X0, (R12)
+	ADDQ          R13, R12
+	MOVL          $0x00002222, R14
+	KMOVW         R14, K2
+	VCOMPRESSPS.Z Z2, K2, Z0
+	VMOVUPS       X0, (R12)
+	ADDQ          R13, R12
+	MOVL          $0x00004444, R14
+	KMOVW         R14, K2
+	VCOMPRESSPS.Z Z2, K2, Z0
+	VMOVUPS       X0, (R12)
+	ADDQ          R13, R12
+	MOVL          $0x00008888, R13
 	KMOVW         R13, K2
 	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R11)
-	ADDQ          R12, R11
-	MOVL          $0x00002222, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R11)
-	ADDQ          R12, R11
-	MOVL          $0x00004444, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R11)
-	ADDQ          R12, R11
-	MOVL          $0x00008888, R12
-	KMOVW         R12, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R11)
+	VMOVUPS       X0, (R12)
 	ADDQ          $0x00000010, R9
 	SUBQ          $0x00000004, R10
 	JMP           group
@@ -1134,43 +1147,45 @@ greduce:
 single:
 	TESTQ  R10, R10
 	JE     done
-	MOVQ   ldw+24(FP), R11
-	SHLQ   $0x02, R11
-	MOVQ   R8, R12
-	LEAQ   (R12)(R11*1), R8
+	MOVQ   ldw+24(FP), R12
+	SHLQ   $0x02, R12
+	MOVQ   R8, R13
+	LEAQ   (R13)(R12*1), R8
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
 	VXORPS Z3, Z3, Z3
-	XORQ   R11, R11
+	XORQ   R12, R12
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VMOVUPS     (R12)(R11*4), Z4
-	VMOVUPS     (DX)(R11*4), Z5
+	PREFETCHT0  (R11)
+	ADDQ        $0x00000040, R11
+	VMOVUPS     (R13)(R12*4), Z4
+	VMOVUPS     (DX)(R12*4), Z5
 	VFMADD231PS Z4, Z5, Z0
-	VMOVUPS     (SI)(R11*4), Z5
+	VMOVUPS     (SI)(R12*4), Z5
 	VFMADD231PS Z4, Z5, Z1
-	VMOVUPS     (DI)(R11*4), Z5
+	VMOVUPS     (DI)(R12*4), Z5
 	VFMADD231PS Z4, Z5, Z2
-	VMOVUPS     (BX)(R11*4), Z5
+	VMOVUPS     (BX)(R12*4), Z5
 	VFMADD231PS Z4, Z5, Z3
-	ADDQ        $0x00000010, R11
-	CMPQ        R11, CX
+	ADDQ        $0x00000010, R12
+	CMPQ        R12, CX
 	JL          sloop
 
 stail:
-	CMPQ        R11, AX
+	CMPQ        R12, AX
 	JE          sreduce
-	VMOVUPS.Z   (R12)(R11*4), K1, Z4
-	VMOVUPS.Z   (DX)(R11*4), K1, Z5
+	VMOVUPS.Z   (R13)(R12*4), K1, Z4
+	VMOVUPS.Z   (DX)(R12*4), K1, Z5
 	VFMADD231PS Z4, Z5, Z0
-	VMOVUPS.Z   (SI)(R11*4), K1, Z5
+	VMOVUPS.Z   (SI)(R12*4), K1, Z5
 	VFMADD231PS Z4, Z5, Z1
-	VMOVUPS.Z   (DI)(R11*4), K1, Z5
+	VMOVUPS.Z   (DI)(R12*4), K1, Z5
 	VFMADD231PS Z4, Z5, Z2
-	VMOVUPS.Z   (BX)(R11*4), K1, Z5
+	VMOVUPS.Z   (BX)(R12*4), K1, Z5
 	VFMADD231PS Z4, Z5, Z3
 
 sreduce:
@@ -1206,16 +1221,16 @@ sreduce:
 	VADDPS        X4, X3, X4
 	VMOVSHDUP     X4, X3
 	VADDSS        X3, X4, X3
-	MOVQ          R9, R11
-	MOVQ          ldo+56(FP), R12
-	SHLQ          $0x02, R12
-	VMOVSS        X0, (R11)
-	ADDQ          R12, R11
-	VMOVSS        X1, (R11)
-	ADDQ          R12, R11
-	VMOVSS        X2, (R11)
-	ADDQ          R12, R11
-	VMOVSS        X3, (R11)
+	MOVQ          R9, R12
+	MOVQ          ldo+56(FP), R13
+	SHLQ          $0x02, R13
+	VMOVSS        X0, (R12)
+	ADDQ          R13, R12
+	VMOVSS        X1, (R12)
+	ADDQ          R13, R12
+	VMOVSS        X2, (R12)
+	ADDQ          R13, R12
+	VMOVSS        X3, (R12)
 	ADDQ          $0x00000004, R9
 	DECQ          R10
 	JMP           single
@@ -1224,35 +1239,35 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX512BF16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+// func gemmAVX512BF16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 // Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
-TEXT ·gemmAVX512BF16R1(SB), NOSPLIT, $0-64
-	MOVQ  k+32(FP), AX
-	MOVL  AX, CX
-	ANDL  $0x0000000f, CX
-	MOVL  $0x0000ffff, DX
-	BZHIL CX, DX, CX
-	KMOVW CX, K1
-	MOVQ  x+0(FP), CX
-	MOVQ  w+16(FP), DX
-	MOVQ  out+48(FP), BX
-	MOVQ  n+40(FP), SI
+TEXT ·gemmAVX512BF16R1(SB), NOSPLIT, $0-72
+	MOVQ  k+32(FP), CX
+	MOVL  CX, DX
+	ANDL  $0x0000000f, DX
+	MOVL  $0x0000ffff, BX
+	BZHIL DX, BX, DX
+	KMOVW DX, K1
+	MOVQ  x+0(FP), DX
+	MOVQ  w+16(FP), BX
+	MOVQ  out+48(FP), SI
+	MOVQ  n+40(FP), DI
 
 wide:
-	CMPQ   SI, $0x00000008
+	CMPQ   DI, $0x00000008
 	JL     quad
-	MOVQ   ldw+24(FP), DI
-	SHLQ   $0x01, DI
-	MOVQ   DX, R8
-	LEAQ   (R8)(DI*2), R9
-	ADDQ   DI, R9
-	LEAQ   (R9)(DI*2), R10
-	ADDQ   DI, R10
-	LEAQ   (DX)(DI*8), R11
-	LEAQ   (R11)(DI*8), R11
-	MOVQ   CX, R12
-	MOVQ   AX, R13
-	SHRQ   $0x05, R13
+	MOVQ   ldw+24(FP), R8
+	SHLQ   $0x01, R8
+	MOVQ   BX, R9
+	LEAQ   (R9)(R8*2), R10
+	ADDQ   R8, R10
+	LEAQ   (R10)(R8*2), R11
+	ADDQ   R8, R11
+	LEAQ   (BX)(R8*8), R12
+	LEAQ   (R12)(R8*8), R12
+	MOVQ   DX, R13
+	MOVQ   CX, R14
+	SHRQ   $0x05, R14
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -1261,35 +1276,35 @@ wide:
 	VXORPS Z5, Z5, Z5
 	VXORPS Z6, Z6, Z6
 	VXORPS Z7, Z7, Z7
-	TESTQ  R13, R13
+	TESTQ  R14, R14
 	JE     wodd
 
 wloop:
-	PREFETCHT0  (R11)
-	PREFETCHT0  64(R11)
-	PREFETCHT0  128(R11)
-	PREFETCHT0  192(R11)
-	PREFETCHT0  256(R11)
-	PREFETCHT0  320(R11)
-	PREFETCHT0  384(R11)
-	PREFETCHT0  448(R11)
-	VPMOVZXWD   (R8), Z8
+	PREFETCHT0  (R12)
+	PREFETCHT0  64(R12)
+	PREFETCHT0  128(R12)
+	PREFETCHT0  192(R12)
+	PREFETCHT0  256(R12)
+	PREFETCHT0  320(R12)
+	PREFETCHT0  384(R12)
+	PREFETCHT0  448(R12)
+	VPMOVZXWD   (R9), Z8
 	VPSLLD      $0x10, Z8, Z8
-	VPMOVZXWD   (R8)(DI*1), Z9
+	VPMOVZXWD   (R9)(R8*1), Z9
 	VPSLLD      $0x10, Z9, Z9
-	VPMOVZXWD   (R8)(DI*2), Z10
+	VPMOVZXWD   (R9)(R8*2), Z10
 	VPSLLD      $0x10, Z10, Z10
-	VPMOVZXWD   (R9), Z11
+	VPMOVZXWD   (R10), Z11
 	VPSLLD      $0x10, Z11, Z11
-	VPMOVZXWD   (R9)(DI*1), Z12
+	VPMOVZXWD   (R10)(R8*1), Z12
 	VPSLLD      $0x10, Z12, Z12
-	VPMOVZXWD   (R9)(DI*2), Z13
+	VPMOVZXWD   (R10)(R8*2), Z13
 	VPSLLD      $0x10, Z13, Z13
-	VPMOVZXWD   (R10), Z14
+	VPMOVZXWD   (R11), Z14
 	VPSLLD      $0x10, Z14, Z14
-	VPMOVZXWD   (R10)(DI*1), Z15
+	VPMOVZXWD   (R11)(R8*1), Z15
 	VPSLLD      $0x10, Z15, Z15
-	VMOVUPS     (R12), Z16
+	VMOVUPS     (R13), Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -1298,23 +1313,23 @@ wloop:
 	VFMADD231PS Z13, Z16, Z5
 	VFMADD231PS Z14, Z16, Z6
 	VFMADD231PS Z15, Z16, Z7
-	VPMOVZXWD   32(R8), Z8
+	VPMOVZXWD   32(R9), Z8
 	VPSLLD      $0x10, Z8, Z8
-	VPMOVZXWD   32(R8)(DI*1), Z9
+	VPMOVZXWD   32(R9)(R8*1), Z9
 	VPSLLD      $0x10, Z9, Z9
-	VPMOVZXWD   32(R8)(DI*2), Z10
+	VPMOVZXWD   32(R9)(R8*2), Z10
 	VPSLLD      $0x10, Z10, Z10
-	VPMOVZXWD   32(R9), Z11
+	VPMOVZXWD   32(R10), Z11
 	VPSLLD      $0x10, Z11, Z11
-	VPMOVZXWD   32(R9)(DI*1), Z12
+	VPMOVZXWD   32(R10)(R8*1), Z12
 	VPSLLD      $0x10, Z12, Z12
-	VPMOVZXWD   32(R9)(DI*2), Z13
+	VPMOVZXWD   32(R10)(R8*2), Z13
 	VPSLLD      $0x10, Z13, Z13
-	VPMOVZXWD   32(R10), Z14
+	VPMOVZXWD   32(R11), Z14
 	VPSLLD      $0x10, Z14, Z14
-	VPMOVZXWD   32(R10)(DI*1), Z15
+	VPMOVZXWD   32(R11)(R8*1), Z15
 	VPSLLD      $0x10, Z15, Z15
-	VMOVUPS     64(R12), Z16
+	VMOVUPS     64(R13), Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -1323,34 +1338,34 @@ wloop:
 	VFMADD231PS Z13, Z16, Z5
 	VFMADD231PS Z14, Z16, Z6
 	VFMADD231PS Z15, Z16, Z7
-	ADDQ        $0x00000040, R8
 	ADDQ        $0x00000040, R9
 	ADDQ        $0x00000040, R10
-	ADDQ        $0x00000080, R12
-	ADDQ        $0x00000200, R11
-	DECQ        R13
+	ADDQ        $0x00000040, R11
+	ADDQ        $0x00000080, R13
+	ADDQ        $0x00000200, R12
+	DECQ        R14
 	JNE         wloop
 
 wodd:
-	TESTQ       $0x00000010, AX
+	TESTQ       $0x00000010, CX
 	JE          wtail
-	VPMOVZXWD   (R8), Z8
+	VPMOVZXWD   (R9), Z8
 	VPSLLD      $0x10, Z8, Z8
-	VPMOVZXWD   (R8)(DI*1), Z9
+	VPMOVZXWD   (R9)(R8*1), Z9
 	VPSLLD      $0x10, Z9, Z9
-	VPMOVZXWD   (R8)(DI*2), Z10
+	VPMOVZXWD   (R9)(R8*2), Z10
 	VPSLLD      $0x10, Z10, Z10
-	VPMOVZXWD   (R9), Z11
+	VPMOVZXWD   (R10), Z11
 	VPSLLD      $0x10, Z11, Z11
-	VPMOVZXWD   (R9)(DI*1), Z12
+	VPMOVZXWD   (R10)(R8*1), Z12
 	VPSLLD      $0x10, Z12, Z12
-	VPMOVZXWD   (R9)(DI*2), Z13
+	VPMOVZXWD   (R10)(R8*2), Z13
 	VPSLLD      $0x10, Z13, Z13
-	VPMOVZXWD   (R10), Z14
+	VPMOVZXWD   (R11), Z14
 	VPSLLD      $0x10, Z14, Z14
-	VPMOVZXWD   (R10)(DI*1), Z15
+	VPMOVZXWD   (R11)(R8*1), Z15
 	VPSLLD      $0x10, Z15, Z15
-	VMOVUPS     (R12), Z16
+	VMOVUPS     (R13), Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -1359,39 +1374,39 @@ wodd:
 	VFMADD231PS Z13, Z16, Z5
 	VFMADD231PS Z14, Z16, Z6
 	VFMADD231PS Z15, Z16, Z7
-	ADDQ        $0x00000020, R8
 	ADDQ        $0x00000020, R9
 	ADDQ        $0x00000020, R10
-	ADDQ        $0x00000040, R12
+	ADDQ        $0x00000020, R11
+	ADDQ        $0x00000040, R13
 
 wtail:
-	TESTQ       $0x0000000f, AX
+	TESTQ       $0x0000000f, CX
 	JE          wreduce
-	VMOVDQU16.Z (R8), K1, Y8
+	VMOVDQU16.Z (R9), K1, Y8
 	VPMOVZXWD   Y8, Z8
 	VPSLLD      $0x10, Z8, Z8
-	VMOVDQU16.Z (R8)(DI*1), K1, Y9
+	VMOVDQU16.Z (R9)(R8*1), K1, Y9
 	VPMOVZXWD   Y9, Z9
 	VPSLLD      $0x10, Z9, Z9
-	VMOVDQU16.Z (R8)(DI*2), K1, Y10
+	VMOVDQU16.Z (R9)(R8*2), K1, Y10
 	VPMOVZXWD   Y10, Z10
 	VPSLLD      $0x10, Z10, Z10
-	VMOVDQU16.Z (R9), K1, Y11
+	VMOVDQU16.Z (R10), K1, Y11
 	VPMOVZXWD   Y11, Z11
 	VPSLLD      $0x10, Z11, Z11
-	VMOVDQU16.Z (R9)(DI*1), K1, Y12
+	VMOVDQU16.Z (R10)(R8*1), K1, Y12
 	VPMOVZXWD   Y12, Z12
 	VPSLLD      $0x10, Z12, Z12
-	VMOVDQU16.Z (R9)(DI*2), K1, Y13
+	VMOVDQU16.Z (R10)(R8*2), K1, Y13
 	VPMOVZXWD   Y13, Z13
 	VPSLLD      $0x10, Z13, Z13
-	VMOVDQU16.Z (R10), K1, Y14
+	VMOVDQU16.Z (R11), K1, Y14
 	VPMOVZXWD   Y14, Z14
 	VPSLLD      $0x10, Z14, Z14
-	VMOVDQU16.Z (R10)(DI*1), K1, Y15
+	VMOVDQU16.Z (R11)(R8*1), K1, Y15
 	VPMOVZXWD   Y15, Z15
 	VPSLLD      $0x10, Z15, Z15
-	VMOVUPS.Z   (R12), K1, Z16
+	VMOVUPS.Z   (R13), K1, Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -1417,11 +1432,11 @@ wreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          BX, R8
-	MOVL          $0x00001111, R9
-	KMOVW         R9, K2
+	MOVQ          SI, R9
+	MOVL          $0x00001111, R10
+	KMOVW         R10, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R8)
+	VMOVUPS       X0, (R9)
 	VSHUFF32X4    $0x44, Z5, Z4, Z0
 	VSHUFF32X4    $0xee, Z5, Z4, Z1
 	VADDPS        Z1, Z0, Z0
@@ -1437,70 +1452,72 @@ wreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          BX, R8
-	MOVL          $0x00001111, R9
-	KMOVW         R9, K2
+	MOVQ          SI, R9
+	MOVL          $0x00001111, R10
+	KMOVW         R10, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, 16(R8)
-	ADDQ          $0x00000020, BX
-	LEAQ          (DX)(DI*8), DX
-	SUBQ          $0x00000008, SI
+	VMOVUPS       X0, 16(R9)
+	ADDQ          $0x00000020, SI
+	LEAQ          (BX)(R8*8), BX
+	SUBQ          $0x00000008, DI
 	JMP           wide
 
 quad:
-	MOVQ   AX, DI
-	ANDQ   $-16, DI
-	CMPQ   SI, $0x00000004
+	MOVQ   CX, R8
+	ANDQ   $-16, R8
+	CMPQ   DI, $0x00000004
 	JL     single
-	MOVQ   ldw+24(FP), R8
-	SHLQ   $0x01, R8
-	MOVQ   DX, R9
-	LEAQ   (R9)(R8*1), R10
-	LEAQ   (R10)(R8*1), R11
-	LEAQ   (R11)(R8*1), R12
-	LEAQ   (R12)(R8*1), DX
+	MOVQ   ldw+24(FP), R9
+	SHLQ   $0x01, R9
+	MOVQ   BX, R10
+	LEAQ   (R10)(R9*1), R11
+	LEAQ   (R11)(R9*1), R12
+	LEAQ   (R12)(R9*1), R13
+	LEAQ   (R13)(R9*1), BX
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
 	VXORPS Z3, Z3, Z3
-	XORQ   R8, R8
-	TESTQ  DI, DI
+	XORQ   R9, R9
+	TESTQ  R8, R8
 	JE     qtail
 
 qloop:
-	VPMOVZXWD   (R9)(R8*2), Z4
+	PREFETCHT0  (AX)
+	ADDQ        $0x00000040, AX
+	VPMOVZXWD   (R10)(R9*2), Z4
 	VPSLLD      $0x10, Z4, Z4
-	VPMOVZXWD   (R10)(R8*2), Z5
+	VPMOVZXWD   (R11)(R9*2), Z5
 	VPSLLD      $0x10, Z5, Z5
-	VPMOVZXWD   (R11)(R8*2), Z6
+	VPMOVZXWD   (R12)(R9*2), Z6
 	VPSLLD      $0x10, Z6, Z6
-	VPMOVZXWD   (R12)(R8*2), Z7
+	VPMOVZXWD   (R13)(R9*2), Z7
 	VPSLLD      $0x10, Z7, Z7
-	VMOVUPS     (CX)(R8*4), Z8
+	VMOVUPS     (DX)(R9*4), Z8
 	VFMADD231PS Z4, Z8, Z0
 	VFMADD231PS Z5, Z8, Z1
 	VFMADD231PS Z6, Z8, Z2
 	VFMADD231PS Z7, Z8, Z3
-	ADDQ        $0x00000010, R8
-	CMPQ        R8, DI
+	ADDQ        $0x00000010, R9
+	CMPQ        R9, R8
 	JL          qloop
 
 qtail:
-	CMPQ        R8, AX
+	CMPQ        R9, CX
 	JE          qreduce
-	VMOVDQU16.Z (R9)(R8*2), K1, Y4
+	VMOVDQU16.Z (R10)(R9*2), K1, Y4
 	VPMOVZXWD   Y4, Z4
 	VPSLLD      $0x10, Z4, Z4
-	VMOVDQU16.Z (R10)(R8*2), K1, Y5
+	VMOVDQU16.Z (R11)(R9*2), K1, Y5
 	VPMOVZXWD   Y5, Z5
 	VPSLLD      $0x10, Z5, Z5
-	VMOVDQU16.Z (R11)(R8*2), K1, Y6
+	VMOVDQU16.Z (R12)(R9*2), K1, Y6
 	VPMOVZXWD   Y6, Z6
 	VPSLLD      $0x10, Z6, Z6
-	VMOVDQU16.Z (R12)(R8*2), K1, Y7
+	VMOVDQU16.Z (R13)(R9*2), K1, Y7
 	VPMOVZXWD   Y7, Z7
 	VPSLLD      $0x10, Z7, Z7
-	VMOVUPS.Z   (CX)(R8*4), K1, Z8
+	VMOVUPS.Z   (DX)(R9*4), K1, Z8
 	VFMADD231PS Z4, Z8, Z0
 	VFMADD231PS Z5, Z8, Z1
 	VFMADD231PS Z6, Z8, Z2
@@ -1522,42 +1539,44 @@ qreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          BX, R8
-	MOVL          $0x00001111, R9
-	KMOVW         R9, K2
+	MOVQ          SI, R9
+	MOVL          $0x00001111, R10
+	KMOVW         R10, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R8)
-	ADDQ          $0x00000010, BX
-	SUBQ          $0x00000004, SI
+	VMOVUPS       X0, (R9)
+	ADDQ          $0x00000010, SI
+	SUBQ          $0x00000004, DI
 
 single:
-	TESTQ  SI, SI
-	JE     done
-	MOVQ   ldw+24(FP), R8
-	SHLQ   $0x01, R8
-	MOVQ   DX, R9
-	LEAQ   (R9)(R8*1), DX
-	VXORPS Z0, Z0, Z0
-	XORQ   R8, R8
 	TESTQ  DI, DI
+	JE     done
+	MOVQ   ldw+24(FP), R9
+	SHLQ   $0x01, R9
+	MOVQ   BX, R10
+	LEAQ   (R10)(R9*1), BX
+	VXORPS Z0, Z0, Z0
+	XORQ   R9, R9
+	TESTQ  R8, R8
 	JE     stail
 
 sloop:
-	VPMOVZXWD   (R9)(R8*2), Z1
+	PREFETCHT0  (AX)
+	ADDQ        $0x00000040, AX
+	VPMOVZXWD   (R10)(R9*2), Z1
 	VPSLLD      $0x10, Z1, Z1
-	VMOVUPS     (CX)(R8*4), Z2
+	VMOVUPS     (DX)(R9*4), Z2
 	VFMADD231PS Z1, Z2, Z0
-	ADDQ        $0x00000010, R8
-	CMPQ        R8, DI
+	ADDQ        $0x00000010, R9
+	CMPQ        R9, R8
 	JL          sloop
 
 stail:
-	CMPQ        R8, AX
+	CMPQ        R9, CX
 	JE          sreduce
-	VMOVDQU16.Z (R9)(R8*2), K1, Y1
+	VMOVDQU16.Z (R10)(R9*2), K1, Y1
 	VPMOVZXWD   Y1, Z1
 	VPSLLD      $0x10, Z1, Z1
-	VMOVUPS.Z   (CX)(R8*4), K1, Z2
+	VMOVUPS.Z   (DX)(R9*4), K1, Z2
 	VFMADD231PS Z1, Z2, Z0
 
 sreduce:
@@ -1569,19 +1588,19 @@ sreduce:
 	VADDPS        X1, X0, X1
 	VMOVSHDUP     X1, X0
 	VADDSS        X0, X1, X0
-	MOVQ          BX, R8
-	VMOVSS        X0, (R8)
-	ADDQ          $0x00000004, BX
-	DECQ          SI
+	MOVQ          SI, R9
+	VMOVSS        X0, (R9)
+	ADDQ          $0x00000004, SI
+	DECQ          DI
 	JMP           single
 
 done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX512BF16R2(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2
-TEXT ·gemmAVX512BF16R2(SB), NOSPLIT, $0-64
+// func gemmAVX512BF16R2(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·gemmAVX512BF16R2(SB), NOSPLIT, $0-72
 	MOVQ  k+32(FP), AX
 	MOVQ  AX, CX
 	ANDQ  $-16, CX
@@ -1597,17 +1616,18 @@ TEXT ·gemmAVX512BF16R2(SB), NOSPLIT, $0-64
 	MOVQ  w+16(FP), SI
 	MOVQ  out+48(FP), DI
 	MOVQ  n+40(FP), R8
+	MOVQ  pf+64(FP), R9
 
 group:
 	CMPQ   R8, $0x00000004
 	JL     single
-	MOVQ   ldw+24(FP), R9
-	SHLQ   $0x01, R9
-	MOVQ   SI, R10
-	LEAQ   (R10)(R9*1), R11
-	LEAQ   (R11)(R9*1), R12
-	LEAQ   (R12)(R9*1), R13
-	LEAQ   (R13)(R9*1), SI
+	MOVQ   ldw+24(FP), R10
+	SHLQ   $0x01, R10
+	MOVQ   SI, R11
+	LEAQ   (R11)(R10*1), R12
+	LEAQ   (R12)(R10*1), R13
+	LEAQ   (R13)(R10*1), R14
+	LEAQ   (R14)(R10*1), SI
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -1616,54 +1636,56 @@ group:
 	VXORPS Z5, Z5, Z5
 	VXORPS Z6, Z6, Z6
 	VXORPS Z7, Z7, Z7
-	XORQ   R9, R9
+	XORQ   R10, R10
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VPMOVZXWD   (R10)(R9*2), Z8
+	PREFETCHT0  (R9)
+	ADDQ        $0x00000040, R9
+	VPMOVZXWD   (R11)(R10*2), Z8
 	VPSLLD      $0x10, Z8, Z8
-	VPMOVZXWD   (R11)(R9*2), Z9
+	VPMOVZXWD   (R12)(R10*2), Z9
 	VPSLLD      $0x10, Z9, Z9
-	VPMOVZXWD   (R12)(R9*2), Z10
+	VPMOVZXWD   (R13)(R10*2), Z10
 	VPSLLD      $0x10, Z10, Z10
-	VPMOVZXWD   (R13)(R9*2), Z11
+	VPMOVZXWD   (R14)(R10*2), Z11
 	VPSLLD      $0x10, Z11, Z11
-	VMOVUPS     (DX)(R9*4), Z12
+	VMOVUPS     (DX)(R10*4), Z12
 	VFMADD231PS Z8, Z12, Z0
 	VFMADD231PS Z9, Z12, Z1
 	VFMADD231PS Z10, Z12, Z2
 	VFMADD231PS Z11, Z12, Z3
-	VMOVUPS     (BX)(R9*4), Z12
+	VMOVUPS     (BX)(R10*4), Z12
 	VFMADD231PS Z8, Z12, Z4
 	VFMADD231PS Z9, Z12, Z5
 	VFMADD231PS Z10, Z12, Z6
 	VFMADD231PS Z11, Z12, Z7
-	ADDQ        $0x00000010, R9
-	CMPQ        R9, CX
+	ADDQ        $0x00000010, R10
+	CMPQ        R10, CX
 	JL          gloop
 
 gtail:
-	CMPQ        R9, AX
+	CMPQ        R10, AX
 	JE          greduce
-	VMOVDQU16.Z (R10)(R9*2), K1, Y8
+	VMOVDQU16.Z (R11)(R10*2), K1, Y8
 	VPMOVZXWD   Y8, Z8
 	VPSLLD      $0x10, Z8, Z8
-	VMOVDQU16.Z (R11)(R9*2), K1, Y9
+	VMOVDQU16.Z (R12)(R10*2), K1, Y9
 	VPMOVZXWD   Y9, Z9
 	VPSLLD      $0x10, Z9, Z9
-	VMOVDQU16.Z (R12)(R9*2), K1, Y10
+	VMOVDQU16.Z (R13)(R10*2), K1, Y10
 	VPMOVZXWD   Y10, Z10
 	VPSLLD      $0x10, Z10, Z10
-	VMOVDQU16.Z (R13)(R9*2), K1, Y11
+	VMOVDQU16.Z (R14)(R10*2), K1, Y11
 	VPMOVZXWD   Y11, Z11
 	VPSLLD      $0x10, Z11, Z11
-	VMOVUPS.Z   (DX)(R9*4), K1, Z12
+	VMOVUPS.Z   (DX)(R10*4), K1, Z12
 	VFMADD231PS Z8, Z12, Z0
 	VFMADD231PS Z9, Z12, Z1
 	VFMADD231PS Z10, Z12, Z2
 	VFMADD231PS Z11, Z12, Z3
-	VMOVUPS.Z   (BX)(R9*4), K1, Z12
+	VMOVUPS.Z   (BX)(R10*4), K1, Z12
 	VFMADD231PS Z8, Z12, Z4
 	VFMADD231PS Z9, Z12, Z5
 	VFMADD231PS Z10, Z12, Z6
@@ -1694,18 +1716,18 @@ greduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          DI, R9
-	MOVQ          ldo+56(FP), R10
-	SHLQ          $0x02, R10
-	MOVL          $0x00001111, R11
+	MOVQ          DI, R10
+	MOVQ          ldo+56(FP), R11
+	SHLQ          $0x02, R11
+	MOVL          $0x00001111, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	VMOVUPS       X0, (R10)
+	ADDQ          R11, R10
+	MOVL          $0x00002222, R11
 	KMOVW         R11, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R9)
-	ADDQ          R10, R9
-	MOVL          $0x00002222, R10
-	KMOVW         R10, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R9)
+	VMOVUPS       X0, (R10)
 	ADDQ          $0x00000010, DI
 	SUBQ          $0x00000004, R8
 	JMP           group
@@ -1713,36 +1735,38 @@ greduce:
 single:
 	TESTQ  R8, R8
 	JE     done
-	MOVQ   ldw+24(FP), R9
-	SHLQ   $0x01, R9
-	MOVQ   SI, R10
-	LEAQ   (R10)(R9*1), SI
+	MOVQ   ldw+24(FP), R10
+	SHLQ   $0x01, R10
+	MOVQ   SI, R11
+	LEAQ   (R11)(R10*1), SI
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
-	XORQ   R9, R9
+	XORQ   R10, R10
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VPMOVZXWD   (R10)(R9*2), Z2
+	PREFETCHT0  (R9)
+	ADDQ        $0x00000040, R9
+	VPMOVZXWD   (R11)(R10*2), Z2
 	VPSLLD      $0x10, Z2, Z2
-	VMOVUPS     (DX)(R9*4), Z3
+	VMOVUPS     (DX)(R10*4), Z3
 	VFMADD231PS Z2, Z3, Z0
-	VMOVUPS     (BX)(R9*4), Z3
+	VMOVUPS     (BX)(R10*4), Z3
 	VFMADD231PS Z2, Z3, Z1
-	ADDQ        $0x00000010, R9
-	CMPQ        R9, CX
+	ADDQ        $0x00000010, R10
+	CMPQ        R10, CX
 	JL          sloop
 
 stail:
-	CMPQ        R9, AX
+	CMPQ        R10, AX
 	JE          sreduce
-	VMOVDQU16.Z (R10)(R9*2), K1, Y2
+	VMOVDQU16.Z (R11)(R10*2), K1, Y2
 	VPMOVZXWD   Y2, Z2
 	VPSLLD      $0x10, Z2, Z2
-	VMOVUPS.Z   (DX)(R9*4), K1, Z3
+	VMOVUPS.Z   (DX)(R10*4), K1, Z3
 	VFMADD231PS Z2, Z3, Z0
-	VMOVUPS.Z   (BX)(R9*4), K1, Z3
+	VMOVUPS.Z   (BX)(R10*4), K1, Z3
 	VFMADD231PS Z2, Z3, Z1
 
 sreduce:
@@ -1762,12 +1786,12 @@ sreduce:
 	VADDPS        X2, X1, X2
 	VMOVSHDUP     X2, X1
 	VADDSS        X1, X2, X1
-	MOVQ          DI, R9
-	MOVQ          ldo+56(FP), R10
-	SHLQ          $0x02, R10
-	VMOVSS        X0, (R9)
-	ADDQ          R10, R9
-	VMOVSS        X1, (R9)
+	MOVQ          DI, R10
+	MOVQ          ldo+56(FP), R11
+	SHLQ          $0x02, R11
+	VMOVSS        X0, (R10)
+	ADDQ          R11, R10
+	VMOVSS        X1, (R10)
 	ADDQ          $0x00000004, DI
 	DECQ          R8
 	JMP           single
@@ -1776,9 +1800,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX512BF16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2
-TEXT ·gemmAVX512BF16R3(SB), NOSPLIT, $0-64
+// func gemmAVX512BF16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·gemmAVX512BF16R3(SB), NOSPLIT, $0-72
 	MOVQ  k+32(FP), AX
 	MOVQ  AX, CX
 	ANDQ  $-16, CX
@@ -1795,17 +1819,18 @@ TEXT ·gemmAVX512BF16R3(SB), NOSPLIT, $0-64
 	MOVQ  w+16(FP), DI
 	MOVQ  out+48(FP), R8
 	MOVQ  n+40(FP), R9
+	MOVQ  pf+64(FP), R10
 
 group:
 	CMPQ   R9, $0x00000004
 	JL     single
-	MOVQ   ldw+24(FP), R10
-	SHLQ   $0x01, R10
-	MOVQ   DI, R11
-	LEAQ   (R11)(R10*1), R12
-	LEAQ   (R12)(R10*1), R13
-	LEAQ   (R13)(R10*1), R14
-	LEAQ   (R14)(R10*1), DI
+	MOVQ   ldw+24(FP), R11
+	SHLQ   $0x01, R11
+	MOVQ   DI, R12
+	LEAQ   (R12)(R11*1), R13
+	LEAQ   (R13)(R11*1), R14
+	LEAQ   (R14)(R11*1), R15
+	LEAQ   (R15)(R11*1), DI
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -1818,64 +1843,66 @@ group:
 	VXORPS Z9, Z9, Z9
 	VXORPS Z10, Z10, Z10
 	VXORPS Z11, Z11, Z11
-	XORQ   R10, R10
+	XORQ   R11, R11
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VPMOVZXWD   (R11)(R10*2), Z12
+	PREFETCHT0  (R10)
+	ADDQ        $0x00000040, R10
+	VPMOVZXWD   (R12)(R11*2), Z12
 	VPSLLD      $0x10, Z12, Z12
-	VPMOVZXWD   (R12)(R10*2), Z13
+	VPMOVZXWD   (R13)(R11*2), Z13
 	VPSLLD      $0x10, Z13, Z13
-	VPMOVZXWD   (R13)(R10*2), Z14
+	VPMOVZXWD   (R14)(R11*2), Z14
 	VPSLLD      $0x10, Z14, Z14
-	VPMOVZXWD   (R14)(R10*2), Z15
+	VPMOVZXWD   (R15)(R11*2), Z15
 	VPSLLD      $0x10, Z15, Z15
-	VMOVUPS     (DX)(R10*4), Z16
+	VMOVUPS     (DX)(R11*4), Z16
 	VFMADD231PS Z12, Z16, Z0
 	VFMADD231PS Z13, Z16, Z1
 	VFMADD231PS Z14, Z16, Z2
 	VFMADD231PS Z15, Z16, Z3
-	VMOVUPS     (SI)(R10*4), Z16
+	VMOVUPS     (SI)(R11*4), Z16
 	VFMADD231PS Z12, Z16, Z4
 	VFMADD231PS Z13, Z16, Z5
 	VFMADD231PS Z14, Z16, Z6
 	VFMADD231PS Z15, Z16, Z7
-	VMOVUPS     (BX)(R10*4), Z16
+	VMOVUPS     (BX)(R11*4), Z16
 	VFMADD231PS Z12, Z16, Z8
 	VFMADD231PS Z13, Z16, Z9
 	VFMADD231PS Z14, Z16, Z10
 	VFMADD231PS Z15, Z16, Z11
-	ADDQ        $0x00000010, R10
-	CMPQ        R10, CX
+	ADDQ        $0x00000010, R11
+	CMPQ        R11, CX
 	JL          gloop
 
 gtail:
-	CMPQ        R10, AX
+	CMPQ        R11, AX
 	JE          greduce
-	VMOVDQU16.Z (R11)(R10*2), K1, Y12
+	VMOVDQU16.Z (R12)(R11*2), K1, Y12
 	VPMOVZXWD   Y12, Z12
 	VPSLLD      $0x10, Z12, Z12
-	VMOVDQU16.Z (R12)(R10*2), K1, Y13
+	VMOVDQU16.Z (R13)(R11*2), K1, Y13
 	VPMOVZXWD   Y13, Z13
 	VPSLLD      $0x10, Z13, Z13
-	VMOVDQU16.Z (R13)(R10*2), K1, Y14
+	VMOVDQU16.Z (R14)(R11*2), K1, Y14
 	VPMOVZXWD   Y14, Z14
 	VPSLLD      $0x10, Z14, Z14
-	VMOVDQU16.Z (R14)(R10*2), K1, Y15
+	VMOVDQU16.Z (R15)(R11*2), K1, Y15
 	VPMOVZXWD   Y15, Z15
 	VPSLLD      $0x10, Z15, Z15
-	VMOVUPS.Z   (DX)(R10*4), K1, Z16
+	VMOVUPS.Z   (DX)(R11*4), K1, Z16
 	VFMADD231PS Z12, Z16, Z0
 	VFMADD231PS Z13, Z16, Z1
 	VFMADD231PS Z14, Z16, Z2
 	VFMADD231PS Z15, Z16, Z3
-	VMOVUPS.Z   (SI)(R10*4), K1, Z16
+	VMOVUPS.Z   (SI)(R11*4), K1, Z16
 	VFMADD231PS Z12, Z16, Z4
 	VFMADD231PS Z13, Z16, Z5
 	VFMADD231PS Z14, Z16, Z6
 	VFMADD231PS Z15, Z16, Z7
-	VMOVUPS.Z   (BX)(R10*4), K1, Z16
+	VMOVUPS.Z   (BX)(R11*4), K1, Z16
 	VFMADD231PS Z12, Z16, Z8
 	VFMADD231PS Z13, Z16, Z9
 	VFMADD231PS Z14, Z16, Z10
@@ -1918,23 +1945,23 @@ greduce:
 	VSHUFPS       $0x88, Z2, Z0, Z1
 	VSHUFPS       $0xdd, Z2, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          R8, R10
-	MOVQ          ldo+56(FP), R11
-	SHLQ          $0x02, R11
-	MOVL          $0x00001111, R12
+	MOVQ          R8, R11
+	MOVQ          ldo+56(FP), R12
+	SHLQ          $0x02, R12
+	MOVL          $0x00001111, R13
+	KMOVW         R13, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	VMOVUPS       X0, (R11)
+	ADDQ          R12, R11
+	MOVL          $0x00002222, R13
+	KMOVW         R13, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	VMOVUPS       X0, (R11)
+	ADDQ          R12, R11
+	MOVL          $0x00004444, R12
 	KMOVW         R12, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R10)
-	ADDQ          R11, R10
-	MOVL          $0x00002222, R12
-	KMOVW         R12, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R10)
-	ADDQ          R11, R10
-	MOVL          $0x00004444, R11
-	KMOVW         R11, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R10)
+	VMOVUPS       X0, (R11)
 	ADDQ          $0x00000010, R8
 	SUBQ          $0x00000004, R9
 	JMP           group
@@ -1942,41 +1969,43 @@ greduce:
 single:
 	TESTQ  R9, R9
 	JE     done
-	MOVQ   ldw+24(FP), R10
-	SHLQ   $0x01, R10
-	MOVQ   DI, R11
-	LEAQ   (R11)(R10*1), DI
+	MOVQ   ldw+24(FP), R11
+	SHLQ   $0x01, R11
+	MOVQ   DI, R12
+	LEAQ   (R12)(R11*1), DI
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
-	XORQ   R10, R10
+	XORQ   R11, R11
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VPMOVZXWD   (R11)(R10*2), Z3
+	PREFETCHT0  (R10)
+	ADDQ        $0x00000040, R10
+	VPMOVZXWD   (R12)(R11*2), Z3
 	VPSLLD      $0x10, Z3, Z3
-	VMOVUPS     (DX)(R10*4), Z4
+	VMOVUPS     (DX)(R11*4), Z4
 	VFMADD231PS Z3, Z4, Z0
-	VMOVUPS     (SI)(R10*4), Z4
+	VMOVUPS     (SI)(R11*4), Z4
 	VFMADD231PS Z3, Z4, Z1
-	VMOVUPS     (BX)(R10*4), Z4
+	VMOVUPS     (BX)(R11*4), Z4
 	VFMADD231PS Z3, Z4, Z2
-	ADDQ        $0x00000010, R10
-	CMPQ        R10, CX
+	ADDQ        $0x00000010, R11
+	CMPQ        R11, CX
 	JL          sloop
 
 stail:
-	CMPQ        R10, AX
+	CMPQ        R11, AX
 	JE          sreduce
-	VMOVDQU16.Z (R11)(R10*2), K1, Y3
+	VMOVDQU16.Z (R12)(R11*2), K1, Y3
 	VPMOVZXWD   Y3, Z3
 	VPSLLD      $0x10, Z3, Z3
-	VMOVUPS.Z   (DX)(R10*4), K1, Z4
+	VMOVUPS.Z   (DX)(R11*4), K1, Z4
 	VFMADD231PS Z3, Z4, Z0
-	VMOVUPS.Z   (SI)(R10*4), K1, Z4
+	VMOVUPS.Z   (SI)(R11*4), K1, Z4
 	VFMADD231PS Z3, Z4, Z1
-	VMOVUPS.Z   (BX)(R10*4), K1, Z4
+	VMOVUPS.Z   (BX)(R11*4), K1, Z4
 	VFMADD231PS Z3, Z4, Z2
 
 sreduce:
@@ -2004,14 +2033,14 @@ sreduce:
 	VADDPS        X3, X2, X3
 	VMOVSHDUP     X3, X2
 	VADDSS        X2, X3, X2
-	MOVQ          R8, R10
-	MOVQ          ldo+56(FP), R11
-	SHLQ          $0x02, R11
-	VMOVSS        X0, (R10)
-	ADDQ          R11, R10
-	VMOVSS        X1, (R10)
-	ADDQ          R11, R10
-	VMOVSS        X2, (R10)
+	MOVQ          R8, R11
+	MOVQ          ldo+56(FP), R12
+	SHLQ          $0x02, R12
+	VMOVSS        X0, (R11)
+	ADDQ          R12, R11
+	VMOVSS        X1, (R11)
+	ADDQ          R12, R11
+	VMOVSS        X2, (R11)
 	ADDQ          $0x00000004, R8
 	DECQ          R9
 	JMP           single
@@ -2020,9 +2049,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX512BF16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2
-TEXT ·gemmAVX512BF16R4(SB), NOSPLIT, $0-64
+// func gemmAVX512BF16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·gemmAVX512BF16R4(SB), NOSPLIT, $8-72
 	MOVQ  k+32(FP), AX
 	MOVQ  AX, CX
 	ANDQ  $-16, CX
@@ -2040,17 +2069,18 @@ TEXT ·gemmAVX512BF16R4(SB), NOSPLIT, $0-64
 	MOVQ  w+16(FP), R8
 	MOVQ  out+48(FP), R9
 	MOVQ  n+40(FP), R10
+	MOVQ  pf+64(FP), R11
 
 group:
 	CMPQ   R10, $0x00000004
 	JL     single
-	MOVQ   ldw+24(FP), R11
-	SHLQ   $0x01, R11
-	MOVQ   R8, R12
-	LEAQ   (R12)(R11*1), R13
-	LEAQ   (R13)(R11*1), R14
-	LEAQ   (R14)(R11*1), R15
-	LEAQ   (R15)(R11*1), R8
+	MOVQ   ldw+24(FP), R12
+	SHLQ   $0x01, R12
+	MOVQ   R8, R13
+	LEAQ   (R13)(R12*1), R14
+	LEAQ   (R14)(R12*1), R15
+	LEAQ   (R15)(R12*1), BP
+	LEAQ   (BP)(R12*1), R8
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -2067,74 +2097,76 @@ group:
 	VXORPS Z13, Z13, Z13
 	VXORPS Z14, Z14, Z14
 	VXORPS Z15, Z15, Z15
-	XORQ   R11, R11
+	XORQ   R12, R12
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VPMOVZXWD   (R12)(R11*2), Z16
+	PREFETCHT0  (R11)
+	ADDQ        $0x00000040, R11
+	VPMOVZXWD   (R13)(R12*2), Z16
 	VPSLLD      $0x10, Z16, Z16
-	VPMOVZXWD   (R13)(R11*2), Z17
+	VPMOVZXWD   (R14)(R12*2), Z17
 	VPSLLD      $0x10, Z17, Z17
-	VPMOVZXWD   (R14)(R11*2), Z18
+	VPMOVZXWD   (R15)(R12*2), Z18
 	VPSLLD      $0x10, Z18, Z18
-	VPMOVZXWD   (R15)(R11*2), Z19
+	VPMOVZXWD   (BP)(R12*2), Z19
 	VPSLLD      $0x10, Z19, Z19
-	VMOVUPS     (DX)(R11*4), Z20
+	VMOVUPS     (DX)(R12*4), Z20
 	VFMADD231PS Z16, Z20, Z0
 	VFMADD231PS Z17, Z20, Z1
 	VFMADD231PS Z18, Z20, Z2
 	VFMADD231PS Z19, Z20, Z3
-	VMOVUPS     (SI)(R11*4), Z20
+	VMOVUPS     (SI)(R12*4), Z20
 	VFMADD231PS Z16, Z20, Z4
 	VFMADD231PS Z17, Z20, Z5
 	VFMADD231PS Z18, Z20, Z6
 	VFMADD231PS Z19, Z20, Z7
-	VMOVUPS     (DI)(R11*4), Z20
+	VMOVUPS     (DI)(R12*4), Z20
 	VFMADD231PS Z16, Z20, Z8
 	VFMADD231PS Z17, Z20, Z9
 	VFMADD231PS Z18, Z20, Z10
 	VFMADD231PS Z19, Z20, Z11
-	VMOVUPS     (BX)(R11*4), Z20
+	VMOVUPS     (BX)(R12*4), Z20
 	VFMADD231PS Z16, Z20, Z12
 	VFMADD231PS Z17, Z20, Z13
 	VFMADD231PS Z18, Z20, Z14
 	VFMADD231PS Z19, Z20, Z15
-	ADDQ        $0x00000010, R11
-	CMPQ        R11, CX
+	ADDQ        $0x00000010, R12
+	CMPQ        R12, CX
 	JL          gloop
 
 gtail:
-	CMPQ        R11, AX
+	CMPQ        R12, AX
 	JE          greduce
-	VMOVDQU16.Z (R12)(R11*2), K1, Y16
+	VMOVDQU16.Z (R13)(R12*2), K1, Y16
 	VPMOVZXWD   Y16, Z16
 	VPSLLD      $0x10, Z16, Z16
-	VMOVDQU16.Z (R13)(R11*2), K1, Y17
+	VMOVDQU16.Z (R14)(R12*2), K1, Y17
 	VPMOVZXWD   Y17, Z17
 	VPSLLD      $0x10, Z17, Z17
-	VMOVDQU16.Z (R14)(R11*2), K1, Y18
+	VMOVDQU16.Z (R15)(R12*2), K1, Y18
 	VPMOVZXWD   Y18, Z18
 	VPSLLD      $0x10, Z18, Z18
-	VMOVDQU16.Z (R15)(R11*2), K1, Y19
+	VMOVDQU16.Z (BP)(R12*2), K1, Y19
 	VPMOVZXWD   Y19, Z19
 	VPSLLD      $0x10, Z19, Z19
-	VMOVUPS.Z   (DX)(R11*4), K1, Z20
+	VMOVUPS.Z   (DX)(R12*4), K1, Z20
 	VFMADD231PS Z16, Z20, Z0
 	VFMADD231PS Z17, Z20, Z1
 	VFMADD231PS Z18, Z20, Z2
 	VFMADD231PS Z19, Z20, Z3
-	VMOVUPS.Z   (SI)(R11*4), K1, Z20
+	VMOVUPS.Z   (SI)(R12*4), K1, Z20
 	VFMADD231PS Z16, Z20, Z4
 	VFMADD231PS Z17, Z20, Z5
 	VFMADD231PS Z18, Z20, Z6
 	VFMADD231PS Z19, Z20, Z7
-	VMOVUPS.Z   (DI)(R11*4), K1, Z20
+	VMOVUPS.Z   (DI)(R12*4), K1, Z20
 	VFMADD231PS Z16, Z20, Z8
 	VFMADD231PS Z17, Z20, Z9
 	VFMADD231PS Z18, Z20, Z10
 	VFMADD231PS Z19, Z20, Z11
-	VMOVUPS.Z   (BX)(R11*4), K1, Z20
+	VMOVUPS.Z   (BX)(R12*4), K1, Z20
 	VFMADD231PS Z16, Z20, Z12
 	VFMADD231PS Z17, Z20, Z13
 	VFMADD231PS Z18, Z20, Z14
@@ -2186,28 +2218,28 @@ greduce:
 	VSHUFPS       $0x88, Z1, Z0, Z2
 	VSHUFPS       $0xdd, Z1, Z0, Z0
 	VADDPS        Z0, Z2, Z2
-	MOVQ          R9, R11
-	MOVQ          ldo+56(FP), R12
-	SHLQ          $0x02, R12
-	MOVL          $0x00001111, R13
+	MOVQ          R9, R12
+	MOVQ          ldo+56(FP), R13
+	SHLQ          $0x02, R13
+	MOVL          $0x00001111, R14
+	KMOVW         R14, K2
+	VCOMPRESSPS.Z Z2, K2, Z0
+	VMOVUPS       X0, (R12)
+	ADDQ          R13, R12
+	MOVL          $0x00002222, R14
+	KMOVW         R14, K2
+	VCOMPRESSPS.Z Z2, K2, Z0
+	VMOVUPS       X0, (R12)
+	ADDQ          R13, R12
+	MOVL          $0x00004444, R14
+	KMOVW         R14, K2
+	VCOMPRESSPS.Z Z2, K2, Z0
+	VMOVUPS       X0, (R12)
+	ADDQ          R13, R12
+	MOVL          $0x00008888, R13
 	KMOVW         R13, K2
 	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R11)
-	ADDQ          R12, R11
-	MOVL          $0x00002222, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R11)
-	ADDQ          R12, R11
-	MOVL          $0x00004444, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R11)
-	ADDQ          R12, R11
-	MOVL          $0x00008888, R12
-	KMOVW         R12, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R11)
+	VMOVUPS       X0, (R12)
 	ADDQ          $0x00000010, R9
 	SUBQ          $0x00000004, R10
 	JMP           group
@@ -2215,46 +2247,48 @@ greduce:
 single:
 	TESTQ  R10, R10
 	JE     done
-	MOVQ   ldw+24(FP), R11
-	SHLQ   $0x01, R11
-	MOVQ   R8, R12
-	LEAQ   (R12)(R11*1), R8
+	MOVQ   ldw+24(FP), R12
+	SHLQ   $0x01, R12
+	MOVQ   R8, R13
+	LEAQ   (R13)(R12*1), R8
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
 	VXORPS Z3, Z3, Z3
-	XORQ   R11, R11
+	XORQ   R12, R12
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VPMOVZXWD   (R12)(R11*2), Z4
+	PREFETCHT0  (R11)
+	ADDQ        $0x00000040, R11
+	VPMOVZXWD   (R13)(R12*2), Z4
 	VPSLLD      $0x10, Z4, Z4
-	VMOVUPS     (DX)(R11*4), Z5
+	VMOVUPS     (DX)(R12*4), Z5
 	VFMADD231PS Z4, Z5, Z0
-	VMOVUPS     (SI)(R11*4), Z5
+	VMOVUPS     (SI)(R12*4), Z5
 	VFMADD231PS Z4, Z5, Z1
-	VMOVUPS     (DI)(R11*4), Z5
+	VMOVUPS     (DI)(R12*4), Z5
 	VFMADD231PS Z4, Z5, Z2
-	VMOVUPS     (BX)(R11*4), Z5
+	VMOVUPS     (BX)(R12*4), Z5
 	VFMADD231PS Z4, Z5, Z3
-	ADDQ        $0x00000010, R11
-	CMPQ        R11, CX
+	ADDQ        $0x00000010, R12
+	CMPQ        R12, CX
 	JL          sloop
 
 stail:
-	CMPQ        R11, AX
+	CMPQ        R12, AX
 	JE          sreduce
-	VMOVDQU16.Z (R12)(R11*2), K1, Y4
+	VMOVDQU16.Z (R13)(R12*2), K1, Y4
 	VPMOVZXWD   Y4, Z4
 	VPSLLD      $0x10, Z4, Z4
-	VMOVUPS.Z   (DX)(R11*4), K1, Z5
+	VMOVUPS.Z   (DX)(R12*4), K1, Z5
 	VFMADD231PS Z4, Z5, Z0
-	VMOVUPS.Z   (SI)(R11*4), K1, Z5
+	VMOVUPS.Z   (SI)(R12*4), K1, Z5
 	VFMADD231PS Z4, Z5, Z1
-	VMOVUPS.Z   (DI)(R11*4), K1, Z5
+	VMOVUPS.Z   (DI)(R12*4), K1, Z5
 	VFMADD231PS Z4, Z5, Z2
-	VMOVUPS.Z   (BX)(R11*4), K1, Z5
+	VMOVUPS.Z   (BX)(R12*4), K1, Z5
 	VFMADD231PS Z4, Z5, Z3
 
 sreduce:
@@ -2290,16 +2324,16 @@ sreduce:
 	VADDPS        X4, X3, X4
 	VMOVSHDUP     X4, X3
 	VADDSS        X3, X4, X3
-	MOVQ          R9, R11
-	MOVQ          ldo+56(FP), R12
-	SHLQ          $0x02, R12
-	VMOVSS        X0, (R11)
-	ADDQ          R12, R11
-	VMOVSS        X1, (R11)
-	ADDQ          R12, R11
-	VMOVSS        X2, (R11)
-	ADDQ          R12, R11
-	VMOVSS        X3, (R11)
+	MOVQ          R9, R12
+	MOVQ          ldo+56(FP), R13
+	SHLQ          $0x02, R13
+	VMOVSS        X0, (R12)
+	ADDQ          R13, R12
+	VMOVSS        X1, (R12)
+	ADDQ          R13, R12
+	VMOVSS        X2, (R12)
+	ADDQ          R13, R12
+	VMOVSS        X3, (R12)
 	ADDQ          $0x00000004, R9
 	DECQ          R10
 	JMP           single
@@ -2308,35 +2342,35 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX512F16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+// func gemmAVX512F16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 // Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
-TEXT ·gemmAVX512F16R1(SB), NOSPLIT, $0-64
-	MOVQ  k+32(FP), AX
-	MOVL  AX, CX
-	ANDL  $0x0000000f, CX
-	MOVL  $0x0000ffff, DX
-	BZHIL CX, DX, CX
-	KMOVW CX, K1
-	MOVQ  x+0(FP), CX
-	MOVQ  w+16(FP), DX
-	MOVQ  out+48(FP), BX
-	MOVQ  n+40(FP), SI
+TEXT ·gemmAVX512F16R1(SB), NOSPLIT, $0-72
+	MOVQ  k+32(FP), CX
+	MOVL  CX, DX
+	ANDL  $0x0000000f, DX
+	MOVL  $0x0000ffff, BX
+	BZHIL DX, BX, DX
+	KMOVW DX, K1
+	MOVQ  x+0(FP), DX
+	MOVQ  w+16(FP), BX
+	MOVQ  out+48(FP), SI
+	MOVQ  n+40(FP), DI
 
 wide:
-	CMPQ   SI, $0x00000008
+	CMPQ   DI, $0x00000008
 	JL     quad
-	MOVQ   ldw+24(FP), DI
-	SHLQ   $0x01, DI
-	MOVQ   DX, R8
-	LEAQ   (R8)(DI*2), R9
-	ADDQ   DI, R9
-	LEAQ   (R9)(DI*2), R10
-	ADDQ   DI, R10
-	LEAQ   (DX)(DI*8), R11
-	LEAQ   (R11)(DI*8), R11
-	MOVQ   CX, R12
-	MOVQ   AX, R13
-	SHRQ   $0x05, R13
+	MOVQ   ldw+24(FP), R8
+	SHLQ   $0x01, R8
+	MOVQ   BX, R9
+	LEAQ   (R9)(R8*2), R10
+	ADDQ   R8, R10
+	LEAQ   (R10)(R8*2), R11
+	ADDQ   R8, R11
+	LEAQ   (BX)(R8*8), R12
+	LEAQ   (R12)(R8*8), R12
+	MOVQ   DX, R13
+	MOVQ   CX, R14
+	SHRQ   $0x05, R14
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -2345,27 +2379,27 @@ wide:
 	VXORPS Z5, Z5, Z5
 	VXORPS Z6, Z6, Z6
 	VXORPS Z7, Z7, Z7
-	TESTQ  R13, R13
+	TESTQ  R14, R14
 	JE     wodd
 
 wloop:
-	PREFETCHT0  (R11)
-	PREFETCHT0  64(R11)
-	PREFETCHT0  128(R11)
-	PREFETCHT0  192(R11)
-	PREFETCHT0  256(R11)
-	PREFETCHT0  320(R11)
-	PREFETCHT0  384(R11)
-	PREFETCHT0  448(R11)
-	VCVTPH2PS   (R8), Z8
-	VCVTPH2PS   (R8)(DI*1), Z9
-	VCVTPH2PS   (R8)(DI*2), Z10
-	VCVTPH2PS   (R9), Z11
-	VCVTPH2PS   (R9)(DI*1), Z12
-	VCVTPH2PS   (R9)(DI*2), Z13
-	VCVTPH2PS   (R10), Z14
-	VCVTPH2PS   (R10)(DI*1), Z15
-	VMOVUPS     (R12), Z16
+	PREFETCHT0  (R12)
+	PREFETCHT0  64(R12)
+	PREFETCHT0  128(R12)
+	PREFETCHT0  192(R12)
+	PREFETCHT0  256(R12)
+	PREFETCHT0  320(R12)
+	PREFETCHT0  384(R12)
+	PREFETCHT0  448(R12)
+	VCVTPH2PS   (R9), Z8
+	VCVTPH2PS   (R9)(R8*1), Z9
+	VCVTPH2PS   (R9)(R8*2), Z10
+	VCVTPH2PS   (R10), Z11
+	VCVTPH2PS   (R10)(R8*1), Z12
+	VCVTPH2PS   (R10)(R8*2), Z13
+	VCVTPH2PS   (R11), Z14
+	VCVTPH2PS   (R11)(R8*1), Z15
+	VMOVUPS     (R13), Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -2374,15 +2408,15 @@ wloop:
 	VFMADD231PS Z13, Z16, Z5
 	VFMADD231PS Z14, Z16, Z6
 	VFMADD231PS Z15, Z16, Z7
-	VCVTPH2PS   32(R8), Z8
-	VCVTPH2PS   32(R8)(DI*1), Z9
-	VCVTPH2PS   32(R8)(DI*2), Z10
-	VCVTPH2PS   32(R9), Z11
-	VCVTPH2PS   32(R9)(DI*1), Z12
-	VCVTPH2PS   32(R9)(DI*2), Z13
-	VCVTPH2PS   32(R10), Z14
-	VCVTPH2PS   32(R10)(DI*1), Z15
-	VMOVUPS     64(R12), Z16
+	VCVTPH2PS   32(R9), Z8
+	VCVTPH2PS   32(R9)(R8*1), Z9
+	VCVTPH2PS   32(R9)(R8*2), Z10
+	VCVTPH2PS   32(R10), Z11
+	VCVTPH2PS   32(R10)(R8*1), Z12
+	VCVTPH2PS   32(R10)(R8*2), Z13
+	VCVTPH2PS   32(R11), Z14
+	VCVTPH2PS   32(R11)(R8*1), Z15
+	VMOVUPS     64(R13), Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -2391,26 +2425,26 @@ wloop:
 	VFMADD231PS Z13, Z16, Z5
 	VFMADD231PS Z14, Z16, Z6
 	VFMADD231PS Z15, Z16, Z7
-	ADDQ        $0x00000040, R8
 	ADDQ        $0x00000040, R9
 	ADDQ        $0x00000040, R10
-	ADDQ        $0x00000080, R12
-	ADDQ        $0x00000200, R11
-	DECQ        R13
+	ADDQ        $0x00000040, R11
+	ADDQ        $0x00000080, R13
+	ADDQ        $0x00000200, R12
+	DECQ        R14
 	JNE         wloop
 
 wodd:
-	TESTQ       $0x00000010, AX
+	TESTQ       $0x00000010, CX
 	JE          wtail
-	VCVTPH2PS   (R8), Z8
-	VCVTPH2PS   (R8)(DI*1), Z9
-	VCVTPH2PS   (R8)(DI*2), Z10
-	VCVTPH2PS   (R9), Z11
-	VCVTPH2PS   (R9)(DI*1), Z12
-	VCVTPH2PS   (R9)(DI*2), Z13
-	VCVTPH2PS   (R10), Z14
-	VCVTPH2PS   (R10)(DI*1), Z15
-	VMOVUPS     (R12), Z16
+	VCVTPH2PS   (R9), Z8
+	VCVTPH2PS   (R9)(R8*1), Z9
+	VCVTPH2PS   (R9)(R8*2), Z10
+	VCVTPH2PS   (R10), Z11
+	VCVTPH2PS   (R10)(R8*1), Z12
+	VCVTPH2PS   (R10)(R8*2), Z13
+	VCVTPH2PS   (R11), Z14
+	VCVTPH2PS   (R11)(R8*1), Z15
+	VMOVUPS     (R13), Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -2419,31 +2453,31 @@ wodd:
 	VFMADD231PS Z13, Z16, Z5
 	VFMADD231PS Z14, Z16, Z6
 	VFMADD231PS Z15, Z16, Z7
-	ADDQ        $0x00000020, R8
 	ADDQ        $0x00000020, R9
 	ADDQ        $0x00000020, R10
-	ADDQ        $0x00000040, R12
+	ADDQ        $0x00000020, R11
+	ADDQ        $0x00000040, R13
 
 wtail:
-	TESTQ       $0x0000000f, AX
+	TESTQ       $0x0000000f, CX
 	JE          wreduce
-	VMOVDQU16.Z (R8), K1, Y8
+	VMOVDQU16.Z (R9), K1, Y8
 	VCVTPH2PS   Y8, Z8
-	VMOVDQU16.Z (R8)(DI*1), K1, Y9
+	VMOVDQU16.Z (R9)(R8*1), K1, Y9
 	VCVTPH2PS   Y9, Z9
-	VMOVDQU16.Z (R8)(DI*2), K1, Y10
+	VMOVDQU16.Z (R9)(R8*2), K1, Y10
 	VCVTPH2PS   Y10, Z10
-	VMOVDQU16.Z (R9), K1, Y11
+	VMOVDQU16.Z (R10), K1, Y11
 	VCVTPH2PS   Y11, Z11
-	VMOVDQU16.Z (R9)(DI*1), K1, Y12
+	VMOVDQU16.Z (R10)(R8*1), K1, Y12
 	VCVTPH2PS   Y12, Z12
-	VMOVDQU16.Z (R9)(DI*2), K1, Y13
+	VMOVDQU16.Z (R10)(R8*2), K1, Y13
 	VCVTPH2PS   Y13, Z13
-	VMOVDQU16.Z (R10), K1, Y14
+	VMOVDQU16.Z (R11), K1, Y14
 	VCVTPH2PS   Y14, Z14
-	VMOVDQU16.Z (R10)(DI*1), K1, Y15
+	VMOVDQU16.Z (R11)(R8*1), K1, Y15
 	VCVTPH2PS   Y15, Z15
-	VMOVUPS.Z   (R12), K1, Z16
+	VMOVUPS.Z   (R13), K1, Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -2469,11 +2503,11 @@ wreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          BX, R8
-	MOVL          $0x00001111, R9
-	KMOVW         R9, K2
+	MOVQ          SI, R9
+	MOVL          $0x00001111, R10
+	KMOVW         R10, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R8)
+	VMOVUPS       X0, (R9)
 	VSHUFF32X4    $0x44, Z5, Z4, Z0
 	VSHUFF32X4    $0xee, Z5, Z4, Z1
 	VADDPS        Z1, Z0, Z0
@@ -2489,62 +2523,64 @@ wreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          BX, R8
-	MOVL          $0x00001111, R9
-	KMOVW         R9, K2
+	MOVQ          SI, R9
+	MOVL          $0x00001111, R10
+	KMOVW         R10, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, 16(R8)
-	ADDQ          $0x00000020, BX
-	LEAQ          (DX)(DI*8), DX
-	SUBQ          $0x00000008, SI
+	VMOVUPS       X0, 16(R9)
+	ADDQ          $0x00000020, SI
+	LEAQ          (BX)(R8*8), BX
+	SUBQ          $0x00000008, DI
 	JMP           wide
 
 quad:
-	MOVQ   AX, DI
-	ANDQ   $-16, DI
-	CMPQ   SI, $0x00000004
+	MOVQ   CX, R8
+	ANDQ   $-16, R8
+	CMPQ   DI, $0x00000004
 	JL     single
-	MOVQ   ldw+24(FP), R8
-	SHLQ   $0x01, R8
-	MOVQ   DX, R9
-	LEAQ   (R9)(R8*1), R10
-	LEAQ   (R10)(R8*1), R11
-	LEAQ   (R11)(R8*1), R12
-	LEAQ   (R12)(R8*1), DX
+	MOVQ   ldw+24(FP), R9
+	SHLQ   $0x01, R9
+	MOVQ   BX, R10
+	LEAQ   (R10)(R9*1), R11
+	LEAQ   (R11)(R9*1), R12
+	LEAQ   (R12)(R9*1), R13
+	LEAQ   (R13)(R9*1), BX
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
 	VXORPS Z3, Z3, Z3
-	XORQ   R8, R8
-	TESTQ  DI, DI
+	XORQ   R9, R9
+	TESTQ  R8, R8
 	JE     qtail
 
 qloop:
-	VCVTPH2PS   (R9)(R8*2), Z4
-	VCVTPH2PS   (R10)(R8*2), Z5
-	VCVTPH2PS   (R11)(R8*2), Z6
-	VCVTPH2PS   (R12)(R8*2), Z7
-	VMOVUPS     (CX)(R8*4), Z8
+	PREFETCHT0  (AX)
+	ADDQ        $0x00000040, AX
+	VCVTPH2PS   (R10)(R9*2), Z4
+	VCVTPH2PS   (R11)(R9*2), Z5
+	VCVTPH2PS   (R12)(R9*2), Z6
+	VCVTPH2PS   (R13)(R9*2), Z7
+	VMOVUPS     (DX)(R9*4), Z8
 	VFMADD231PS Z4, Z8, Z0
 	VFMADD231PS Z5, Z8, Z1
 	VFMADD231PS Z6, Z8, Z2
 	VFMADD231PS Z7, Z8, Z3
-	ADDQ        $0x00000010, R8
-	CMPQ        R8, DI
+	ADDQ        $0x00000010, R9
+	CMPQ        R9, R8
 	JL          qloop
 
 qtail:
-	CMPQ        R8, AX
+	CMPQ        R9, CX
 	JE          qreduce
-	VMOVDQU16.Z (R9)(R8*2), K1, Y4
+	VMOVDQU16.Z (R10)(R9*2), K1, Y4
 	VCVTPH2PS   Y4, Z4
-	VMOVDQU16.Z (R10)(R8*2), K1, Y5
+	VMOVDQU16.Z (R11)(R9*2), K1, Y5
 	VCVTPH2PS   Y5, Z5
-	VMOVDQU16.Z (R11)(R8*2), K1, Y6
+	VMOVDQU16.Z (R12)(R9*2), K1, Y6
 	VCVTPH2PS   Y6, Z6
-	VMOVDQU16.Z (R12)(R8*2), K1, Y7
+	VMOVDQU16.Z (R13)(R9*2), K1, Y7
 	VCVTPH2PS   Y7, Z7
-	VMOVUPS.Z   (CX)(R8*4), K1, Z8
+	VMOVUPS.Z   (DX)(R9*4), K1, Z8
 	VFMADD231PS Z4, Z8, Z0
 	VFMADD231PS Z5, Z8, Z1
 	VFMADD231PS Z6, Z8, Z2
@@ -2566,40 +2602,42 @@ qreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          BX, R8
-	MOVL          $0x00001111, R9
-	KMOVW         R9, K2
+	MOVQ          SI, R9
+	MOVL          $0x00001111, R10
+	KMOVW         R10, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R8)
-	ADDQ          $0x00000010, BX
-	SUBQ          $0x00000004, SI
+	VMOVUPS       X0, (R9)
+	ADDQ          $0x00000010, SI
+	SUBQ          $0x00000004, DI
 
 single:
-	TESTQ  SI, SI
-	JE     done
-	MOVQ   ldw+24(FP), R8
-	SHLQ   $0x01, R8
-	MOVQ   DX, R9
-	LEAQ   (R9)(R8*1), DX
-	VXORPS Z0, Z0, Z0
-	XORQ   R8, R8
 	TESTQ  DI, DI
+	JE     done
+	MOVQ   ldw+24(FP), R9
+	SHLQ   $0x01, R9
+	MOVQ   BX, R10
+	LEAQ   (R10)(R9*1), BX
+	VXORPS Z0, Z0, Z0
+	XORQ   R9, R9
+	TESTQ  R8, R8
 	JE     stail
 
 sloop:
-	VCVTPH2PS   (R9)(R8*2), Z1
-	VMOVUPS     (CX)(R8*4), Z2
+	PREFETCHT0  (AX)
+	ADDQ        $0x00000040, AX
+	VCVTPH2PS   (R10)(R9*2), Z1
+	VMOVUPS     (DX)(R9*4), Z2
 	VFMADD231PS Z1, Z2, Z0
-	ADDQ        $0x00000010, R8
-	CMPQ        R8, DI
+	ADDQ        $0x00000010, R9
+	CMPQ        R9, R8
 	JL          sloop
 
 stail:
-	CMPQ        R8, AX
+	CMPQ        R9, CX
 	JE          sreduce
-	VMOVDQU16.Z (R9)(R8*2), K1, Y1
+	VMOVDQU16.Z (R10)(R9*2), K1, Y1
 	VCVTPH2PS   Y1, Z1
-	VMOVUPS.Z   (CX)(R8*4), K1, Z2
+	VMOVUPS.Z   (DX)(R9*4), K1, Z2
 	VFMADD231PS Z1, Z2, Z0
 
 sreduce:
@@ -2611,19 +2649,19 @@ sreduce:
 	VADDPS        X1, X0, X1
 	VMOVSHDUP     X1, X0
 	VADDSS        X0, X1, X0
-	MOVQ          BX, R8
-	VMOVSS        X0, (R8)
-	ADDQ          $0x00000004, BX
-	DECQ          SI
+	MOVQ          SI, R9
+	VMOVSS        X0, (R9)
+	ADDQ          $0x00000004, SI
+	DECQ          DI
 	JMP           single
 
 done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX512F16R2(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2
-TEXT ·gemmAVX512F16R2(SB), NOSPLIT, $0-64
+// func gemmAVX512F16R2(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·gemmAVX512F16R2(SB), NOSPLIT, $0-72
 	MOVQ  k+32(FP), AX
 	MOVQ  AX, CX
 	ANDQ  $-16, CX
@@ -2639,17 +2677,18 @@ TEXT ·gemmAVX512F16R2(SB), NOSPLIT, $0-64
 	MOVQ  w+16(FP), SI
 	MOVQ  out+48(FP), DI
 	MOVQ  n+40(FP), R8
+	MOVQ  pf+64(FP), R9
 
 group:
 	CMPQ   R8, $0x00000004
 	JL     single
-	MOVQ   ldw+24(FP), R9
-	SHLQ   $0x01, R9
-	MOVQ   SI, R10
-	LEAQ   (R10)(R9*1), R11
-	LEAQ   (R11)(R9*1), R12
-	LEAQ   (R12)(R9*1), R13
-	LEAQ   (R13)(R9*1), SI
+	MOVQ   ldw+24(FP), R10
+	SHLQ   $0x01, R10
+	MOVQ   SI, R11
+	LEAQ   (R11)(R10*1), R12
+	LEAQ   (R12)(R10*1), R13
+	LEAQ   (R13)(R10*1), R14
+	LEAQ   (R14)(R10*1), SI
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -2658,46 +2697,48 @@ group:
 	VXORPS Z5, Z5, Z5
 	VXORPS Z6, Z6, Z6
 	VXORPS Z7, Z7, Z7
-	XORQ   R9, R9
+	XORQ   R10, R10
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VCVTPH2PS   (R10)(R9*2), Z8
-	VCVTPH2PS   (R11)(R9*2), Z9
-	VCVTPH2PS   (R12)(R9*2), Z10
-	VCVTPH2PS   (R13)(R9*2), Z11
-	VMOVUPS     (DX)(R9*4), Z12
+	PREFETCHT0  (R9)
+	ADDQ        $0x00000040, R9
+	VCVTPH2PS   (R11)(R10*2), Z8
+	VCVTPH2PS   (R12)(R10*2), Z9
+	VCVTPH2PS   (R13)(R10*2), Z10
+	VCVTPH2PS   (R14)(R10*2), Z11
+	VMOVUPS     (DX)(R10*4), Z12
 	VFMADD231PS Z8, Z12, Z0
 	VFMADD231PS Z9, Z12, Z1
 	VFMADD231PS Z10, Z12, Z2
 	VFMADD231PS Z11, Z12, Z3
-	VMOVUPS     (BX)(R9*4), Z12
+	VMOVUPS     (BX)(R10*4), Z12
 	VFMADD231PS Z8, Z12, Z4
 	VFMADD231PS Z9, Z12, Z5
 	VFMADD231PS Z10, Z12, Z6
 	VFMADD231PS Z11, Z12, Z7
-	ADDQ        $0x00000010, R9
-	CMPQ        R9, CX
+	ADDQ        $0x00000010, R10
+	CMPQ        R10, CX
 	JL          gloop
 
 gtail:
-	CMPQ        R9, AX
+	CMPQ        R10, AX
 	JE          greduce
-	VMOVDQU16.Z (R10)(R9*2), K1, Y8
+	VMOVDQU16.Z (R11)(R10*2), K1, Y8
 	VCVTPH2PS   Y8, Z8
-	VMOVDQU16.Z (R11)(R9*2), K1, Y9
+	VMOVDQU16.Z (R12)(R10*2), K1, Y9
 	VCVTPH2PS   Y9, Z9
-	VMOVDQU16.Z (R12)(R9*2), K1, Y10
+	VMOVDQU16.Z (R13)(R10*2), K1, Y10
 	VCVTPH2PS   Y10, Z10
-	VMOVDQU16.Z (R13)(R9*2), K1, Y11
+	VMOVDQU16.Z (R14)(R10*2), K1, Y11
 	VCVTPH2PS   Y11, Z11
-	VMOVUPS.Z   (DX)(R9*4), K1, Z12
+	VMOVUPS.Z   (DX)(R10*4), K1, Z12
 	VFMADD231PS Z8, Z12, Z0
 	VFMADD231PS Z9, Z12, Z1
 	VFMADD231PS Z10, Z12, Z2
 	VFMADD231PS Z11, Z12, Z3
-	VMOVUPS.Z   (BX)(R9*4), K1, Z12
+	VMOVUPS.Z   (BX)(R10*4), K1, Z12
 	VFMADD231PS Z8, Z12, Z4
 	VFMADD231PS Z9, Z12, Z5
 	VFMADD231PS Z10, Z12, Z6
@@ -2728,18 +2769,18 @@ greduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          DI, R9
-	MOVQ          ldo+56(FP), R10
-	SHLQ          $0x02, R10
-	MOVL          $0x00001111, R11
+	MOVQ          DI, R10
+	MOVQ          ldo+56(FP), R11
+	SHLQ          $0x02, R11
+	MOVL          $0x00001111, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	VMOVUPS       X0, (R10)
+	ADDQ          R11, R10
+	MOVL          $0x00002222, R11
 	KMOVW         R11, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R9)
-	ADDQ          R10, R9
-	MOVL          $0x00002222, R10
-	KMOVW         R10, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R9)
+	VMOVUPS       X0, (R10)
 	ADDQ          $0x00000010, DI
 	SUBQ          $0x00000004, R8
 	JMP           group
@@ -2747,34 +2788,36 @@ greduce:
 single:
 	TESTQ  R8, R8
 	JE     done
-	MOVQ   ldw+24(FP), R9
-	SHLQ   $0x01, R9
-	MOVQ   SI, R10
-	LEAQ   (R10)(R9*1), SI
+	MOVQ   ldw+24(FP), R10
+	SHLQ   $0x01, R10
+	MOVQ   SI, R11
+	LEAQ   (R11)(R10*1), SI
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
-	XORQ   R9, R9
+	XORQ   R10, R10
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VCVTPH2PS   (R10)(R9*2), Z2
-	VMOVUPS     (DX)(R9*4), Z3
+	PREFETCHT0  (R9)
+	ADDQ        $0x00000040, R9
+	VCVTPH2PS   (R11)(R10*2), Z2
+	VMOVUPS     (DX)(R10*4), Z3
 	VFMADD231PS Z2, Z3, Z0
-	VMOVUPS     (BX)(R9*4), Z3
+	VMOVUPS     (BX)(R10*4), Z3
 	VFMADD231PS Z2, Z3, Z1
-	ADDQ        $0x00000010, R9
-	CMPQ        R9, CX
+	ADDQ        $0x00000010, R10
+	CMPQ        R10, CX
 	JL          sloop
 
 stail:
-	CMPQ        R9, AX
+	CMPQ        R10, AX
 	JE          sreduce
-	VMOVDQU16.Z (R10)(R9*2), K1, Y2
+	VMOVDQU16.Z (R11)(R10*2), K1, Y2
 	VCVTPH2PS   Y2, Z2
-	VMOVUPS.Z   (DX)(R9*4), K1, Z3
+	VMOVUPS.Z   (DX)(R10*4), K1, Z3
 	VFMADD231PS Z2, Z3, Z0
-	VMOVUPS.Z   (BX)(R9*4), K1, Z3
+	VMOVUPS.Z   (BX)(R10*4), K1, Z3
 	VFMADD231PS Z2, Z3, Z1
 
 sreduce:
@@ -2794,12 +2837,12 @@ sreduce:
 	VADDPS        X2, X1, X2
 	VMOVSHDUP     X2, X1
 	VADDSS        X1, X2, X1
-	MOVQ          DI, R9
-	MOVQ          ldo+56(FP), R10
-	SHLQ          $0x02, R10
-	VMOVSS        X0, (R9)
-	ADDQ          R10, R9
-	VMOVSS        X1, (R9)
+	MOVQ          DI, R10
+	MOVQ          ldo+56(FP), R11
+	SHLQ          $0x02, R11
+	VMOVSS        X0, (R10)
+	ADDQ          R11, R10
+	VMOVSS        X1, (R10)
 	ADDQ          $0x00000004, DI
 	DECQ          R8
 	JMP           single
@@ -2808,9 +2851,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX512F16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2
-TEXT ·gemmAVX512F16R3(SB), NOSPLIT, $0-64
+// func gemmAVX512F16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·gemmAVX512F16R3(SB), NOSPLIT, $0-72
 	MOVQ  k+32(FP), AX
 	MOVQ  AX, CX
 	ANDQ  $-16, CX
@@ -2827,17 +2870,18 @@ TEXT ·gemmAVX512F16R3(SB), NOSPLIT, $0-64
 	MOVQ  w+16(FP), DI
 	MOVQ  out+48(FP), R8
 	MOVQ  n+40(FP), R9
+	MOVQ  pf+64(FP), R10
 
 group:
 	CMPQ   R9, $0x00000004
 	JL     single
-	MOVQ   ldw+24(FP), R10
-	SHLQ   $0x01, R10
-	MOVQ   DI, R11
-	LEAQ   (R11)(R10*1), R12
-	LEAQ   (R12)(R10*1), R13
-	LEAQ   (R13)(R10*1), R14
-	LEAQ   (R14)(R10*1), DI
+	MOVQ   ldw+24(FP), R11
+	SHLQ   $0x01, R11
+	MOVQ   DI, R12
+	LEAQ   (R12)(R11*1), R13
+	LEAQ   (R13)(R11*1), R14
+	LEAQ   (R14)(R11*1), R15
+	LEAQ   (R15)(R11*1), DI
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -2850,56 +2894,58 @@ group:
 	VXORPS Z9, Z9, Z9
 	VXORPS Z10, Z10, Z10
 	VXORPS Z11, Z11, Z11
-	XORQ   R10, R10
+	XORQ   R11, R11
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VCVTPH2PS   (R11)(R10*2), Z12
-	VCVTPH2PS   (R12)(R10*2), Z13
-	VCVTPH2PS   (R13)(R10*2), Z14
-	VCVTPH2PS   (R14)(R10*2), Z15
-	VMOVUPS     (DX)(R10*4), Z16
+	PREFETCHT0  (R10)
+	ADDQ        $0x00000040, R10
+	VCVTPH2PS   (R12)(R11*2), Z12
+	VCVTPH2PS   (R13)(R11*2), Z13
+	VCVTPH2PS   (R14)(R11*2), Z14
+	VCVTPH2PS   (R15)(R11*2), Z15
+	VMOVUPS     (DX)(R11*4), Z16
 	VFMADD231PS Z12, Z16, Z0
 	VFMADD231PS Z13, Z16, Z1
 	VFMADD231PS Z14, Z16, Z2
 	VFMADD231PS Z15, Z16, Z3
-	VMOVUPS     (SI)(R10*4), Z16
+	VMOVUPS     (SI)(R11*4), Z16
 	VFMADD231PS Z12, Z16, Z4
 	VFMADD231PS Z13, Z16, Z5
 	VFMADD231PS Z14, Z16, Z6
 	VFMADD231PS Z15, Z16, Z7
-	VMOVUPS     (BX)(R10*4), Z16
+	VMOVUPS     (BX)(R11*4), Z16
 	VFMADD231PS Z12, Z16, Z8
 	VFMADD231PS Z13, Z16, Z9
 	VFMADD231PS Z14, Z16, Z10
 	VFMADD231PS Z15, Z16, Z11
-	ADDQ        $0x00000010, R10
-	CMPQ        R10, CX
+	ADDQ        $0x00000010, R11
+	CMPQ        R11, CX
 	JL          gloop
 
 gtail:
-	CMPQ        R10, AX
+	CMPQ        R11, AX
 	JE          greduce
-	VMOVDQU16.Z (R11)(R10*2), K1, Y12
+	VMOVDQU16.Z (R12)(R11*2), K1, Y12
 	VCVTPH2PS   Y12, Z12
-	VMOVDQU16.Z (R12)(R10*2), K1, Y13
+	VMOVDQU16.Z (R13)(R11*2), K1, Y13
 	VCVTPH2PS   Y13, Z13
-	VMOVDQU16.Z (R13)(R10*2), K1, Y14
+	VMOVDQU16.Z (R14)(R11*2), K1, Y14
 	VCVTPH2PS   Y14, Z14
-	VMOVDQU16.Z (R14)(R10*2), K1, Y15
+	VMOVDQU16.Z (R15)(R11*2), K1, Y15
 	VCVTPH2PS   Y15, Z15
-	VMOVUPS.Z   (DX)(R10*4), K1, Z16
+	VMOVUPS.Z   (DX)(R11*4), K1, Z16
 	VFMADD231PS Z12, Z16, Z0
 	VFMADD231PS Z13, Z16, Z1
 	VFMADD231PS Z14, Z16, Z2
 	VFMADD231PS Z15, Z16, Z3
-	VMOVUPS.Z   (SI)(R10*4), K1, Z16
+	VMOVUPS.Z   (SI)(R11*4), K1, Z16
 	VFMADD231PS Z12, Z16, Z4
 	VFMADD231PS Z13, Z16, Z5
 	VFMADD231PS Z14, Z16, Z6
 	VFMADD231PS Z15, Z16, Z7
-	VMOVUPS.Z   (BX)(R10*4), K1, Z16
+	VMOVUPS.Z   (BX)(R11*4), K1, Z16
 	VFMADD231PS Z12, Z16, Z8
 	VFMADD231PS Z13, Z16, Z9
 	VFMADD231PS Z14, Z16, Z10
@@ -2942,23 +2988,23 @@ greduce:
 	VSHUFPS       $0x88, Z2, Z0, Z1
 	VSHUFPS       $0xdd, Z2, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          R8, R10
-	MOVQ          ldo+56(FP), R11
-	SHLQ          $0x02, R11
-	MOVL          $0x00001111, R12
+	MOVQ          R8, R11
+	MOVQ          ldo+56(FP), R12
+	SHLQ          $0x02, R12
+	MOVL          $0x00001111, R13
+	KMOVW         R13, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	VMOVUPS       X0, (R11)
+	ADDQ          R12, R11
+	MOVL          $0x00002222, R13
+	KMOVW         R13, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	VMOVUPS       X0, (R11)
+	ADDQ          R12, R11
+	MOVL          $0x00004444, R12
 	KMOVW         R12, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R10)
-	ADDQ          R11, R10
-	MOVL          $0x00002222, R12
-	KMOVW         R12, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R10)
-	ADDQ          R11, R10
-	MOVL          $0x00004444, R11
-	KMOVW         R11, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R10)
+	VMOVUPS       X0, (R11)
 	ADDQ          $0x00000010, R8
 	SUBQ          $0x00000004, R9
 	JMP           group
@@ -2966,39 +3012,41 @@ greduce:
 single:
 	TESTQ  R9, R9
 	JE     done
-	MOVQ   ldw+24(FP), R10
-	SHLQ   $0x01, R10
-	MOVQ   DI, R11
-	LEAQ   (R11)(R10*1), DI
+	MOVQ   ldw+24(FP), R11
+	SHLQ   $0x01, R11
+	MOVQ   DI, R12
+	LEAQ   (R12)(R11*1), DI
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
-	XORQ   R10, R10
+	XORQ   R11, R11
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VCVTPH2PS   (R11)(R10*2), Z3
-	VMOVUPS     (DX)(R10*4), Z4
+	PREFETCHT0  (R10)
+	ADDQ        $0x00000040, R10
+	VCVTPH2PS   (R12)(R11*2), Z3
+	VMOVUPS     (DX)(R11*4), Z4
 	VFMADD231PS Z3, Z4, Z0
-	VMOVUPS     (SI)(R10*4), Z4
+	VMOVUPS     (SI)(R11*4), Z4
 	VFMADD231PS Z3, Z4, Z1
-	VMOVUPS     (BX)(R10*4), Z4
+	VMOVUPS     (BX)(R11*4), Z4
 	VFMADD231PS Z3, Z4, Z2
-	ADDQ        $0x00000010, R10
-	CMPQ        R10, CX
+	ADDQ        $0x00000010, R11
+	CMPQ        R11, CX
 	JL          sloop
 
 stail:
-	CMPQ        R10, AX
+	CMPQ        R11, AX
 	JE          sreduce
-	VMOVDQU16.Z (R11)(R10*2), K1, Y3
+	VMOVDQU16.Z (R12)(R11*2), K1, Y3
 	VCVTPH2PS   Y3, Z3
-	VMOVUPS.Z   (DX)(R10*4), K1, Z4
+	VMOVUPS.Z   (DX)(R11*4), K1, Z4
 	VFMADD231PS Z3, Z4, Z0
-	VMOVUPS.Z   (SI)(R10*4), K1, Z4
+	VMOVUPS.Z   (SI)(R11*4), K1, Z4
 	VFMADD231PS Z3, Z4, Z1
-	VMOVUPS.Z   (BX)(R10*4), K1, Z4
+	VMOVUPS.Z   (BX)(R11*4), K1, Z4
 	VFMADD231PS Z3, Z4, Z2
 
 sreduce:
@@ -3026,14 +3074,14 @@ sreduce:
 	VADDPS        X3, X2, X3
 	VMOVSHDUP     X3, X2
 	VADDSS        X2, X3, X2
-	MOVQ          R8, R10
-	MOVQ          ldo+56(FP), R11
-	SHLQ          $0x02, R11
-	VMOVSS        X0, (R10)
-	ADDQ          R11, R10
-	VMOVSS        X1, (R10)
-	ADDQ          R11, R10
-	VMOVSS        X2, (R10)
+	MOVQ          R8, R11
+	MOVQ          ldo+56(FP), R12
+	SHLQ          $0x02, R12
+	VMOVSS        X0, (R11)
+	ADDQ          R12, R11
+	VMOVSS        X1, (R11)
+	ADDQ          R12, R11
+	VMOVSS        X2, (R11)
 	ADDQ          $0x00000004, R8
 	DECQ          R9
 	JMP           single
@@ -3042,9 +3090,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX512F16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2
-TEXT ·gemmAVX512F16R4(SB), NOSPLIT, $0-64
+// func gemmAVX512F16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·gemmAVX512F16R4(SB), NOSPLIT, $8-72
 	MOVQ  k+32(FP), AX
 	MOVQ  AX, CX
 	ANDQ  $-16, CX
@@ -3062,17 +3110,18 @@ TEXT ·gemmAVX512F16R4(SB), NOSPLIT, $0-64
 	MOVQ  w+16(FP), R8
 	MOVQ  out+48(FP), R9
 	MOVQ  n+40(FP), R10
+	MOVQ  pf+64(FP), R11
 
 group:
 	CMPQ   R10, $0x00000004
 	JL     single
-	MOVQ   ldw+24(FP), R11
-	SHLQ   $0x01, R11
-	MOVQ   R8, R12
-	LEAQ   (R12)(R11*1), R13
-	LEAQ   (R13)(R11*1), R14
-	LEAQ   (R14)(R11*1), R15
-	LEAQ   (R15)(R11*1), R8
+	MOVQ   ldw+24(FP), R12
+	SHLQ   $0x01, R12
+	MOVQ   R8, R13
+	LEAQ   (R13)(R12*1), R14
+	LEAQ   (R14)(R12*1), R15
+	LEAQ   (R15)(R12*1), BP
+	LEAQ   (BP)(R12*1), R8
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -3089,66 +3138,68 @@ group:
 	VXORPS Z13, Z13, Z13
 	VXORPS Z14, Z14, Z14
 	VXORPS Z15, Z15, Z15
-	XORQ   R11, R11
+	XORQ   R12, R12
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VCVTPH2PS   (R12)(R11*2), Z16
-	VCVTPH2PS   (R13)(R11*2), Z17
-	VCVTPH2PS   (R14)(R11*2), Z18
-	VCVTPH2PS   (R15)(R11*2), Z19
-	VMOVUPS     (DX)(R11*4), Z20
+	PREFETCHT0  (R11)
+	ADDQ        $0x00000040, R11
+	VCVTPH2PS   (R13)(R12*2), Z16
+	VCVTPH2PS   (R14)(R12*2), Z17
+	VCVTPH2PS   (R15)(R12*2), Z18
+	VCVTPH2PS   (BP)(R12*2), Z19
+	VMOVUPS     (DX)(R12*4), Z20
 	VFMADD231PS Z16, Z20, Z0
 	VFMADD231PS Z17, Z20, Z1
 	VFMADD231PS Z18, Z20, Z2
 	VFMADD231PS Z19, Z20, Z3
-	VMOVUPS     (SI)(R11*4), Z20
+	VMOVUPS     (SI)(R12*4), Z20
 	VFMADD231PS Z16, Z20, Z4
 	VFMADD231PS Z17, Z20, Z5
 	VFMADD231PS Z18, Z20, Z6
 	VFMADD231PS Z19, Z20, Z7
-	VMOVUPS     (DI)(R11*4), Z20
+	VMOVUPS     (DI)(R12*4), Z20
 	VFMADD231PS Z16, Z20, Z8
 	VFMADD231PS Z17, Z20, Z9
 	VFMADD231PS Z18, Z20, Z10
 	VFMADD231PS Z19, Z20, Z11
-	VMOVUPS     (BX)(R11*4), Z20
+	VMOVUPS     (BX)(R12*4), Z20
 	VFMADD231PS Z16, Z20, Z12
 	VFMADD231PS Z17, Z20, Z13
 	VFMADD231PS Z18, Z20, Z14
 	VFMADD231PS Z19, Z20, Z15
-	ADDQ        $0x00000010, R11
-	CMPQ        R11, CX
+	ADDQ        $0x00000010, R12
+	CMPQ        R12, CX
 	JL          gloop
 
 gtail:
-	CMPQ        R11, AX
+	CMPQ        R12, AX
 	JE          greduce
-	VMOVDQU16.Z (R12)(R11*2), K1, Y16
+	VMOVDQU16.Z (R13)(R12*2), K1, Y16
 	VCVTPH2PS   Y16, Z16
-	VMOVDQU16.Z (R13)(R11*2), K1, Y17
+	VMOVDQU16.Z (R14)(R12*2), K1, Y17
 	VCVTPH2PS   Y17, Z17
-	VMOVDQU16.Z (R14)(R11*2), K1, Y18
+	VMOVDQU16.Z (R15)(R12*2), K1, Y18
 	VCVTPH2PS   Y18, Z18
-	VMOVDQU16.Z (R15)(R11*2), K1, Y19
+	VMOVDQU16.Z (BP)(R12*2), K1, Y19
 	VCVTPH2PS   Y19, Z19
-	VMOVUPS.Z   (DX)(R11*4), K1, Z20
+	VMOVUPS.Z   (DX)(R12*4), K1, Z20
 	VFMADD231PS Z16, Z20, Z0
 	VFMADD231PS Z17, Z20, Z1
 	VFMADD231PS Z18, Z20, Z2
 	VFMADD231PS Z19, Z20, Z3
-	VMOVUPS.Z   (SI)(R11*4), K1, Z20
+	VMOVUPS.Z   (SI)(R12*4), K1, Z20
 	VFMADD231PS Z16, Z20, Z4
 	VFMADD231PS Z17, Z20, Z5
 	VFMADD231PS Z18, Z20, Z6
 	VFMADD231PS Z19, Z20, Z7
-	VMOVUPS.Z   (DI)(R11*4), K1, Z20
+	VMOVUPS.Z   (DI)(R12*4), K1, Z20
 	VFMADD231PS Z16, Z20, Z8
 	VFMADD231PS Z17, Z20, Z9
 	VFMADD231PS Z18, Z20, Z10
 	VFMADD231PS Z19, Z20, Z11
-	VMOVUPS.Z   (BX)(R11*4), K1, Z20
+	VMOVUPS.Z   (BX)(R12*4), K1, Z20
 	VFMADD231PS Z16, Z20, Z12
 	VFMADD231PS Z17, Z20, Z13
 	VFMADD231PS Z18, Z20, Z14
@@ -3200,28 +3251,28 @@ greduce:
 	VSHUFPS       $0x88, Z1, Z0, Z2
 	VSHUFPS       $0xdd, Z1, Z0, Z0
 	VADDPS        Z0, Z2, Z2
-	MOVQ          R9, R11
-	MOVQ          ldo+56(FP), R12
-	SHLQ          $0x02, R12
-	MOVL          $0x00001111, R13
+	MOVQ          R9, R12
+	MOVQ          ldo+56(FP), R13
+	SHLQ          $0x02, R13
+	MOVL          $0x00001111, R14
+	KMOVW         R14, K2
+	VCOMPRESSPS.Z Z2, K2, Z0
+	VMOVUPS       X0, (R12)
+	ADDQ          R13, R12
+	MOVL          $0x00002222, R14
+	KMOVW         R14, K2
+	VCOMPRESSPS.Z Z2, K2, Z0
+	VMOVUPS       X0, (R12)
+	ADDQ          R13, R12
+	MOVL          $0x00004444, R14
+	KMOVW         R14, K2
+	VCOMPRESSPS.Z Z2, K2, Z0
+	VMOVUPS       X0, (R12)
+	ADDQ          R13, R12
+	MOVL          $0x00008888, R13
 	KMOVW         R13, K2
 	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R11)
-	ADDQ          R12, R11
-	MOVL          $0x00002222, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R11)
-	ADDQ          R12, R11
-	MOVL          $0x00004444, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R11)
-	ADDQ          R12, R11
-	MOVL          $0x00008888, R12
-	KMOVW         R12, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R11)
+	VMOVUPS       X0, (R12)
 	ADDQ          $0x00000010, R9
 	SUBQ          $0x00000004, R10
 	JMP           group
@@ -3229,44 +3280,46 @@ greduce:
 single:
 	TESTQ  R10, R10
 	JE     done
-	MOVQ   ldw+24(FP), R11
-	SHLQ   $0x01, R11
-	MOVQ   R8, R12
-	LEAQ   (R12)(R11*1), R8
+	MOVQ   ldw+24(FP), R12
+	SHLQ   $0x01, R12
+	MOVQ   R8, R13
+	LEAQ   (R13)(R12*1), R8
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
 	VXORPS Z3, Z3, Z3
-	XORQ   R11, R11
+	XORQ   R12, R12
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VCVTPH2PS   (R12)(R11*2), Z4
-	VMOVUPS     (DX)(R11*4), Z5
+	PREFETCHT0  (R11)
+	ADDQ        $0x00000040, R11
+	VCVTPH2PS   (R13)(R12*2), Z4
+	VMOVUPS     (DX)(R12*4), Z5
 	VFMADD231PS Z4, Z5, Z0
-	VMOVUPS     (SI)(R11*4), Z5
+	VMOVUPS     (SI)(R12*4), Z5
 	VFMADD231PS Z4, Z5, Z1
-	VMOVUPS     (DI)(R11*4), Z5
+	VMOVUPS     (DI)(R12*4), Z5
 	VFMADD231PS Z4, Z5, Z2
-	VMOVUPS     (BX)(R11*4), Z5
+	VMOVUPS     (BX)(R12*4), Z5
 	VFMADD231PS Z4, Z5, Z3
-	ADDQ        $0x00000010, R11
-	CMPQ        R11, CX
+	ADDQ        $0x00000010, R12
+	CMPQ        R12, CX
 	JL          sloop
 
 stail:
-	CMPQ        R11, AX
+	CMPQ        R12, AX
 	JE          sreduce
-	VMOVDQU16.Z (R12)(R11*2), K1, Y4
+	VMOVDQU16.Z (R13)(R12*2), K1, Y4
 	VCVTPH2PS   Y4, Z4
-	VMOVUPS.Z   (DX)(R11*4), K1, Z5
+	VMOVUPS.Z   (DX)(R12*4), K1, Z5
 	VFMADD231PS Z4, Z5, Z0
-	VMOVUPS.Z   (SI)(R11*4), K1, Z5
+	VMOVUPS.Z   (SI)(R12*4), K1, Z5
 	VFMADD231PS Z4, Z5, Z1
-	VMOVUPS.Z   (DI)(R11*4), K1, Z5
+	VMOVUPS.Z   (DI)(R12*4), K1, Z5
 	VFMADD231PS Z4, Z5, Z2
-	VMOVUPS.Z   (BX)(R11*4), K1, Z5
+	VMOVUPS.Z   (BX)(R12*4), K1, Z5
 	VFMADD231PS Z4, Z5, Z3
 
 sreduce:
@@ -3302,16 +3355,16 @@ sreduce:
 	VADDPS        X4, X3, X4
 	VMOVSHDUP     X4, X3
 	VADDSS        X3, X4, X3
-	MOVQ          R9, R11
-	MOVQ          ldo+56(FP), R12
-	SHLQ          $0x02, R12
-	VMOVSS        X0, (R11)
-	ADDQ          R12, R11
-	VMOVSS        X1, (R11)
-	ADDQ          R12, R11
-	VMOVSS        X2, (R11)
-	ADDQ          R12, R11
-	VMOVSS        X3, (R11)
+	MOVQ          R9, R12
+	MOVQ          ldo+56(FP), R13
+	SHLQ          $0x02, R13
+	VMOVSS        X0, (R12)
+	ADDQ          R13, R12
+	VMOVSS        X1, (R12)
+	ADDQ          R13, R12
+	VMOVSS        X2, (R12)
+	ADDQ          R13, R12
+	VMOVSS        X3, (R12)
 	ADDQ          $0x00000004, R9
 	DECQ          R10
 	JMP           single
@@ -3603,9 +3656,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX2F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
+// func gemmAVX2F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 // Requires: AVX, FMA3
-TEXT ·gemmAVX2F32R1(SB), NOSPLIT, $0-64
+TEXT ·gemmAVX2F32R1(SB), NOSPLIT, $0-72
 	MOVQ k+32(FP), AX
 	MOVQ AX, CX
 	ANDQ $-8, CX
@@ -3745,9 +3798,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX2F32R2(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, FMA3
-TEXT ·gemmAVX2F32R2(SB), NOSPLIT, $0-64
+// func gemmAVX2F32R2(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, FMA3, MMX+
+TEXT ·gemmAVX2F32R2(SB), NOSPLIT, $0-72
 	MOVQ k+32(FP), AX
 	MOVQ AX, CX
 	ANDQ $-8, CX
@@ -3758,17 +3811,18 @@ TEXT ·gemmAVX2F32R2(SB), NOSPLIT, $0-64
 	MOVQ w+16(FP), SI
 	MOVQ out+48(FP), DI
 	MOVQ n+40(FP), R8
+	MOVQ pf+64(FP), R9
 
 group:
 	CMPQ   R8, $0x00000004
 	JL     single
-	MOVQ   ldw+24(FP), R9
-	SHLQ   $0x02, R9
-	MOVQ   SI, R10
-	LEAQ   (R10)(R9*1), R11
-	LEAQ   (R11)(R9*1), R12
-	LEAQ   (R12)(R9*1), R13
-	LEAQ   (R13)(R9*1), SI
+	MOVQ   ldw+24(FP), R10
+	SHLQ   $0x02, R10
+	MOVQ   SI, R11
+	LEAQ   (R11)(R10*1), R12
+	LEAQ   (R12)(R10*1), R13
+	LEAQ   (R13)(R10*1), R14
+	LEAQ   (R14)(R10*1), SI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -3777,27 +3831,29 @@ group:
 	VXORPS Y5, Y5, Y5
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
-	XORQ   R9, R9
+	XORQ   R10, R10
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VMOVUPS     (R10)(R9*4), Y8
-	VMOVUPS     (R11)(R9*4), Y9
-	VMOVUPS     (R12)(R9*4), Y10
-	VMOVUPS     (R13)(R9*4), Y11
-	VMOVUPS     (DX)(R9*4), Y12
+	PREFETCHT0  (R9)
+	ADDQ        $0x00000040, R9
+	VMOVUPS     (R11)(R10*4), Y8
+	VMOVUPS     (R12)(R10*4), Y9
+	VMOVUPS     (R13)(R10*4), Y10
+	VMOVUPS     (R14)(R10*4), Y11
+	VMOVUPS     (DX)(R10*4), Y12
 	VFMADD231PS Y8, Y12, Y0
 	VFMADD231PS Y9, Y12, Y1
 	VFMADD231PS Y10, Y12, Y2
 	VFMADD231PS Y11, Y12, Y3
-	VMOVUPS     (BX)(R9*4), Y12
+	VMOVUPS     (BX)(R10*4), Y12
 	VFMADD231PS Y8, Y12, Y4
 	VFMADD231PS Y9, Y12, Y5
 	VFMADD231PS Y10, Y12, Y6
 	VFMADD231PS Y11, Y12, Y7
-	ADDQ        $0x00000008, R9
-	CMPQ        R9, CX
+	ADDQ        $0x00000008, R10
+	CMPQ        R10, CX
 	JL          gloop
 
 gtail:
@@ -3851,38 +3907,38 @@ gtail:
 	VADDSS       X6, X7, X6
 
 gscalar:
-	CMPQ        R9, AX
+	CMPQ        R10, AX
 	JE          gstore
-	VMOVSS      (R10)(R9*4), X7
-	VMOVSS      (R11)(R9*4), X9
-	VMOVSS      (R12)(R9*4), X10
-	VMOVSS      (R13)(R9*4), X11
-	VMOVSS      (DX)(R9*4), X12
+	VMOVSS      (R11)(R10*4), X7
+	VMOVSS      (R12)(R10*4), X9
+	VMOVSS      (R13)(R10*4), X10
+	VMOVSS      (R14)(R10*4), X11
+	VMOVSS      (DX)(R10*4), X12
 	VFMADD231SS X7, X12, X8
 	VFMADD231SS X9, X12, X0
 	VFMADD231SS X10, X12, X1
 	VFMADD231SS X11, X12, X2
-	VMOVSS      (BX)(R9*4), X12
+	VMOVSS      (BX)(R10*4), X12
 	VFMADD231SS X7, X12, X3
 	VFMADD231SS X9, X12, X4
 	VFMADD231SS X10, X12, X5
 	VFMADD231SS X11, X12, X6
-	INCQ        R9
+	INCQ        R10
 	JMP         gscalar
 
 gstore:
-	MOVQ   DI, R9
-	MOVQ   ldo+56(FP), R10
-	SHLQ   $0x02, R10
-	VMOVSS X8, (R9)
-	VMOVSS X0, 4(R9)
-	VMOVSS X1, 8(R9)
-	VMOVSS X2, 12(R9)
-	ADDQ   R10, R9
-	VMOVSS X3, (R9)
-	VMOVSS X4, 4(R9)
-	VMOVSS X5, 8(R9)
-	VMOVSS X6, 12(R9)
+	MOVQ   DI, R10
+	MOVQ   ldo+56(FP), R11
+	SHLQ   $0x02, R11
+	VMOVSS X8, (R10)
+	VMOVSS X0, 4(R10)
+	VMOVSS X1, 8(R10)
+	VMOVSS X2, 12(R10)
+	ADDQ   R11, R10
+	VMOVSS X3, (R10)
+	VMOVSS X4, 4(R10)
+	VMOVSS X5, 8(R10)
+	VMOVSS X6, 12(R10)
 	ADDQ   $0x00000010, DI
 	SUBQ   $0x00000004, R8
 	JMP    group
@@ -3890,24 +3946,26 @@ gstore:
 single:
 	TESTQ  R8, R8
 	JE     done
-	MOVQ   ldw+24(FP), R9
-	SHLQ   $0x02, R9
-	MOVQ   SI, R10
-	LEAQ   (R10)(R9*1), SI
+	MOVQ   ldw+24(FP), R10
+	SHLQ   $0x02, R10
+	MOVQ   SI, R11
+	LEAQ   (R11)(R10*1), SI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
-	XORQ   R9, R9
+	XORQ   R10, R10
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VMOVUPS     (R10)(R9*4), Y2
-	VMOVUPS     (DX)(R9*4), Y3
+	PREFETCHT0  (R9)
+	ADDQ        $0x00000040, R9
+	VMOVUPS     (R11)(R10*4), Y2
+	VMOVUPS     (DX)(R10*4), Y3
 	VFMADD231PS Y2, Y3, Y0
-	VMOVUPS     (BX)(R9*4), Y3
+	VMOVUPS     (BX)(R10*4), Y3
 	VFMADD231PS Y2, Y3, Y1
-	ADDQ        $0x00000008, R9
-	CMPQ        R9, CX
+	ADDQ        $0x00000008, R10
+	CMPQ        R10, CX
 	JL          sloop
 
 stail:
@@ -3925,23 +3983,23 @@ stail:
 	VADDSS       X0, X1, X0
 
 sscalar:
-	CMPQ        R9, AX
+	CMPQ        R10, AX
 	JE          sstore
-	VMOVSS      (R10)(R9*4), X1
-	VMOVSS      (DX)(R9*4), X3
+	VMOVSS      (R11)(R10*4), X1
+	VMOVSS      (DX)(R10*4), X3
 	VFMADD231SS X1, X3, X2
-	VMOVSS      (BX)(R9*4), X3
+	VMOVSS      (BX)(R10*4), X3
 	VFMADD231SS X1, X3, X0
-	INCQ        R9
+	INCQ        R10
 	JMP         sscalar
 
 sstore:
-	MOVQ   DI, R9
-	MOVQ   ldo+56(FP), R10
-	SHLQ   $0x02, R10
-	VMOVSS X2, (R9)
-	ADDQ   R10, R9
-	VMOVSS X0, (R9)
+	MOVQ   DI, R10
+	MOVQ   ldo+56(FP), R11
+	SHLQ   $0x02, R11
+	VMOVSS X2, (R10)
+	ADDQ   R11, R10
+	VMOVSS X0, (R10)
 	ADDQ   $0x00000004, DI
 	DECQ   R8
 	JMP    single
@@ -3950,9 +4008,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX2F32R3(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, FMA3
-TEXT ·gemmAVX2F32R3(SB), NOSPLIT, $0-64
+// func gemmAVX2F32R3(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, FMA3, MMX+
+TEXT ·gemmAVX2F32R3(SB), NOSPLIT, $0-72
 	MOVQ k+32(FP), AX
 	MOVQ AX, CX
 	ANDQ $-8, CX
@@ -3964,39 +4022,42 @@ TEXT ·gemmAVX2F32R3(SB), NOSPLIT, $0-64
 	MOVQ w+16(FP), DI
 	MOVQ out+48(FP), R8
 	MOVQ n+40(FP), R9
+	MOVQ pf+64(FP), R10
 
 group:
 	CMPQ   R9, $0x00000002
 	JL     single
-	MOVQ   ldw+24(FP), R10
-	SHLQ   $0x02, R10
-	MOVQ   DI, R11
-	LEAQ   (R11)(R10*1), R12
-	LEAQ   (R12)(R10*1), DI
+	MOVQ   ldw+24(FP), R11
+	SHLQ   $0x02, R11
+	MOVQ   DI, R12
+	LEAQ   (R12)(R11*1), R13
+	LEAQ   (R13)(R11*1), DI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
-	XORQ   R10, R10
+	XORQ   R11, R11
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VMOVUPS     (R11)(R10*4), Y6
-	VMOVUPS     (R12)(R10*4), Y7
-	VMOVUPS     (DX)(R10*4), Y8
+	PREFETCHT0  (R10)
+	ADDQ        $0x00000040, R10
+	VMOVUPS     (R12)(R11*4), Y6
+	VMOVUPS     (R13)(R11*4), Y7
+	VMOVUPS     (DX)(R11*4), Y8
 	VFMADD231PS Y6, Y8, Y0
 	VFMADD231PS Y7, Y8, Y1
-	VMOVUPS     (SI)(R10*4), Y8
+	VMOVUPS     (SI)(R11*4), Y8
 	VFMADD231PS Y6, Y8, Y2
 	VFMADD231PS Y7, Y8, Y3
-	VMOVUPS     (BX)(R10*4), Y8
+	VMOVUPS     (BX)(R11*4), Y8
 	VFMADD231PS Y6, Y8, Y4
 	VFMADD231PS Y7, Y8, Y5
-	ADDQ        $0x00000008, R10
-	CMPQ        R10, CX
+	ADDQ        $0x00000008, R11
+	CMPQ        R11, CX
 	JL          gloop
 
 gtail:
@@ -4038,34 +4099,34 @@ gtail:
 	VADDSS       X4, X5, X4
 
 gscalar:
-	CMPQ        R10, AX
+	CMPQ        R11, AX
 	JE          gstore
-	VMOVSS      (R11)(R10*4), X5
-	VMOVSS      (R12)(R10*4), X7
-	VMOVSS      (DX)(R10*4), X8
+	VMOVSS      (R12)(R11*4), X5
+	VMOVSS      (R13)(R11*4), X7
+	VMOVSS      (DX)(R11*4), X8
 	VFMADD231SS X5, X8, X6
 	VFMADD231SS X7, X8, X0
-	VMOVSS      (SI)(R10*4), X8
+	VMOVSS      (SI)(R11*4), X8
 	VFMADD231SS X5, X8, X1
 	VFMADD231SS X7, X8, X2
-	VMOVSS      (BX)(R10*4), X8
+	VMOVSS      (BX)(R11*4), X8
 	VFMADD231SS X5, X8, X3
 	VFMADD231SS X7, X8, X4
-	INCQ        R10
+	INCQ        R11
 	JMP         gscalar
 
 gstore:
-	MOVQ   R8, R10
-	MOVQ   ldo+56(FP), R11
-	SHLQ   $0x02, R11
-	VMOVSS X6, (R10)
-	VMOVSS X0, 4(R10)
-	ADDQ   R11, R10
-	VMOVSS X1, (R10)
-	VMOVSS X2, 4(R10)
-	ADDQ   R11, R10
-	VMOVSS X3, (R10)
-	VMOVSS X4, 4(R10)
+	MOVQ   R8, R11
+	MOVQ   ldo+56(FP), R12
+	SHLQ   $0x02, R12
+	VMOVSS X6, (R11)
+	VMOVSS X0, 4(R11)
+	ADDQ   R12, R11
+	VMOVSS X1, (R11)
+	VMOVSS X2, 4(R11)
+	ADDQ   R12, R11
+	VMOVSS X3, (R11)
+	VMOVSS X4, 4(R11)
 	ADDQ   $0x00000008, R8
 	SUBQ   $0x00000002, R9
 	JMP    group
@@ -4073,27 +4134,29 @@ gstore:
 single:
 	TESTQ  R9, R9
 	JE     done
-	MOVQ   ldw+24(FP), R10
-	SHLQ   $0x02, R10
-	MOVQ   DI, R11
-	LEAQ   (R11)(R10*1), DI
+	MOVQ   ldw+24(FP), R11
+	SHLQ   $0x02, R11
+	MOVQ   DI, R12
+	LEAQ   (R12)(R11*1), DI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
-	XORQ   R10, R10
+	XORQ   R11, R11
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VMOVUPS     (R11)(R10*4), Y3
-	VMOVUPS     (DX)(R10*4), Y4
+	PREFETCHT0  (R10)
+	ADDQ        $0x00000040, R10
+	VMOVUPS     (R12)(R11*4), Y3
+	VMOVUPS     (DX)(R11*4), Y4
 	VFMADD231PS Y3, Y4, Y0
-	VMOVUPS     (SI)(R10*4), Y4
+	VMOVUPS     (SI)(R11*4), Y4
 	VFMADD231PS Y3, Y4, Y1
-	VMOVUPS     (BX)(R10*4), Y4
+	VMOVUPS     (BX)(R11*4), Y4
 	VFMADD231PS Y3, Y4, Y2
-	ADDQ        $0x00000008, R10
-	CMPQ        R10, CX
+	ADDQ        $0x00000008, R11
+	CMPQ        R11, CX
 	JL          sloop
 
 stail:
@@ -4117,27 +4180,27 @@ stail:
 	VADDSS       X1, X2, X1
 
 sscalar:
-	CMPQ        R10, AX
+	CMPQ        R11, AX
 	JE          sstore
-	VMOVSS      (R11)(R10*4), X2
-	VMOVSS      (DX)(R10*4), X4
+	VMOVSS      (R12)(R11*4), X2
+	VMOVSS      (DX)(R11*4), X4
 	VFMADD231SS X2, X4, X3
-	VMOVSS      (SI)(R10*4), X4
+	VMOVSS      (SI)(R11*4), X4
 	VFMADD231SS X2, X4, X0
-	VMOVSS      (BX)(R10*4), X4
+	VMOVSS      (BX)(R11*4), X4
 	VFMADD231SS X2, X4, X1
-	INCQ        R10
+	INCQ        R11
 	JMP         sscalar
 
 sstore:
-	MOVQ   R8, R10
-	MOVQ   ldo+56(FP), R11
-	SHLQ   $0x02, R11
-	VMOVSS X3, (R10)
-	ADDQ   R11, R10
-	VMOVSS X0, (R10)
-	ADDQ   R11, R10
-	VMOVSS X1, (R10)
+	MOVQ   R8, R11
+	MOVQ   ldo+56(FP), R12
+	SHLQ   $0x02, R12
+	VMOVSS X3, (R11)
+	ADDQ   R12, R11
+	VMOVSS X0, (R11)
+	ADDQ   R12, R11
+	VMOVSS X1, (R11)
 	ADDQ   $0x00000004, R8
 	DECQ   R9
 	JMP    single
@@ -4146,9 +4209,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX2F32R4(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, FMA3
-TEXT ·gemmAVX2F32R4(SB), NOSPLIT, $0-64
+// func gemmAVX2F32R4(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, FMA3, MMX+
+TEXT ·gemmAVX2F32R4(SB), NOSPLIT, $0-72
 	MOVQ k+32(FP), AX
 	MOVQ AX, CX
 	ANDQ $-8, CX
@@ -4161,15 +4224,16 @@ TEXT ·gemmAVX2F32R4(SB), NOSPLIT, $0-64
 	MOVQ w+16(FP), R8
 	MOVQ out+48(FP), R9
 	MOVQ n+40(FP), R10
+	MOVQ pf+64(FP), R11
 
 group:
 	CMPQ   R10, $0x00000002
 	JL     single
-	MOVQ   ldw+24(FP), R11
-	SHLQ   $0x02, R11
-	MOVQ   R8, R12
-	LEAQ   (R12)(R11*1), R13
-	LEAQ   (R13)(R11*1), R8
+	MOVQ   ldw+24(FP), R12
+	SHLQ   $0x02, R12
+	MOVQ   R8, R13
+	LEAQ   (R13)(R12*1), R14
+	LEAQ   (R14)(R12*1), R8
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -4178,27 +4242,29 @@ group:
 	VXORPS Y5, Y5, Y5
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
-	XORQ   R11, R11
+	XORQ   R12, R12
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VMOVUPS     (R12)(R11*4), Y8
-	VMOVUPS     (R13)(R11*4), Y9
-	VMOVUPS     (DX)(R11*4), Y10
+	PREFETCHT0  (R11)
+	ADDQ        $0x00000040, R11
+	VMOVUPS     (R13)(R12*4), Y8
+	VMOVUPS     (R14)(R12*4), Y9
+	VMOVUPS     (DX)(R12*4), Y10
 	VFMADD231PS Y8, Y10, Y0
 	VFMADD231PS Y9, Y10, Y1
-	VMOVUPS     (SI)(R11*4), Y10
+	VMOVUPS     (SI)(R12*4), Y10
 	VFMADD231PS Y8, Y10, Y2
 	VFMADD231PS Y9, Y10, Y3
-	VMOVUPS     (DI)(R11*4), Y10
+	VMOVUPS     (DI)(R12*4), Y10
 	VFMADD231PS Y8, Y10, Y4
 	VFMADD231PS Y9, Y10, Y5
-	VMOVUPS     (BX)(R11*4), Y10
+	VMOVUPS     (BX)(R12*4), Y10
 	VFMADD231PS Y8, Y10, Y6
 	VFMADD231PS Y9, Y10, Y7
-	ADDQ        $0x00000008, R11
-	CMPQ        R11, CX
+	ADDQ        $0x00000008, R12
+	CMPQ        R12, CX
 	JL          gloop
 
 gtail:
@@ -4252,40 +4318,40 @@ gtail:
 	VADDSS       X6, X7, X6
 
 gscalar:
-	CMPQ        R11, AX
+	CMPQ        R12, AX
 	JE          gstore
-	VMOVSS      (R12)(R11*4), X7
-	VMOVSS      (R13)(R11*4), X9
-	VMOVSS      (DX)(R11*4), X10
+	VMOVSS      (R13)(R12*4), X7
+	VMOVSS      (R14)(R12*4), X9
+	VMOVSS      (DX)(R12*4), X10
 	VFMADD231SS X7, X10, X8
 	VFMADD231SS X9, X10, X0
-	VMOVSS      (SI)(R11*4), X10
+	VMOVSS      (SI)(R12*4), X10
 	VFMADD231SS X7, X10, X1
 	VFMADD231SS X9, X10, X2
-	VMOVSS      (DI)(R11*4), X10
+	VMOVSS      (DI)(R12*4), X10
 	VFMADD231SS X7, X10, X3
 	VFMADD231SS X9, X10, X4
-	VMOVSS      (BX)(R11*4), X10
+	VMOVSS      (BX)(R12*4), X10
 	VFMADD231SS X7, X10, X5
 	VFMADD231SS X9, X10, X6
-	INCQ        R11
+	INCQ        R12
 	JMP         gscalar
 
 gstore:
-	MOVQ   R9, R11
-	MOVQ   ldo+56(FP), R12
-	SHLQ   $0x02, R12
-	VMOVSS X8, (R11)
-	VMOVSS X0, 4(R11)
-	ADDQ   R12, R11
-	VMOVSS X1, (R11)
-	VMOVSS X2, 4(R11)
-	ADDQ   R12, R11
-	VMOVSS X3, (R11)
-	VMOVSS X4, 4(R11)
-	ADDQ   R12, R11
-	VMOVSS X5, (R11)
-	VMOVSS X6, 4(R11)
+	MOVQ   R9, R12
+	MOVQ   ldo+56(FP), R13
+	SHLQ   $0x02, R13
+	VMOVSS X8, (R12)
+	VMOVSS X0, 4(R12)
+	ADDQ   R13, R12
+	VMOVSS X1, (R12)
+	VMOVSS X2, 4(R12)
+	ADDQ   R13, R12
+	VMOVSS X3, (R12)
+	VMOVSS X4, 4(R12)
+	ADDQ   R13, R12
+	VMOVSS X5, (R12)
+	VMOVSS X6, 4(R12)
 	ADDQ   $0x00000008, R9
 	SUBQ   $0x00000002, R10
 	JMP    group
@@ -4293,30 +4359,32 @@ gstore:
 single:
 	TESTQ  R10, R10
 	JE     done
-	MOVQ   ldw+24(FP), R11
-	SHLQ   $0x02, R11
-	MOVQ   R8, R12
-	LEAQ   (R12)(R11*1), R8
+	MOVQ   ldw+24(FP), R12
+	SHLQ   $0x02, R12
+	MOVQ   R8, R13
+	LEAQ   (R13)(R12*1), R8
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
-	XORQ   R11, R11
+	XORQ   R12, R12
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VMOVUPS     (R12)(R11*4), Y4
-	VMOVUPS     (DX)(R11*4), Y5
+	PREFETCHT0  (R11)
+	ADDQ        $0x00000040, R11
+	VMOVUPS     (R13)(R12*4), Y4
+	VMOVUPS     (DX)(R12*4), Y5
 	VFMADD231PS Y4, Y5, Y0
-	VMOVUPS     (SI)(R11*4), Y5
+	VMOVUPS     (SI)(R12*4), Y5
 	VFMADD231PS Y4, Y5, Y1
-	VMOVUPS     (DI)(R11*4), Y5
+	VMOVUPS     (DI)(R12*4), Y5
 	VFMADD231PS Y4, Y5, Y2
-	VMOVUPS     (BX)(R11*4), Y5
+	VMOVUPS     (BX)(R12*4), Y5
 	VFMADD231PS Y4, Y5, Y3
-	ADDQ        $0x00000008, R11
-	CMPQ        R11, CX
+	ADDQ        $0x00000008, R12
+	CMPQ        R12, CX
 	JL          sloop
 
 stail:
@@ -4346,31 +4414,31 @@ stail:
 	VADDSS       X2, X3, X2
 
 sscalar:
-	CMPQ        R11, AX
+	CMPQ        R12, AX
 	JE          sstore
-	VMOVSS      (R12)(R11*4), X3
-	VMOVSS      (DX)(R11*4), X5
+	VMOVSS      (R13)(R12*4), X3
+	VMOVSS      (DX)(R12*4), X5
 	VFMADD231SS X3, X5, X4
-	VMOVSS      (SI)(R11*4), X5
+	VMOVSS      (SI)(R12*4), X5
 	VFMADD231SS X3, X5, X0
-	VMOVSS      (DI)(R11*4), X5
+	VMOVSS      (DI)(R12*4), X5
 	VFMADD231SS X3, X5, X1
-	VMOVSS      (BX)(R11*4), X5
+	VMOVSS      (BX)(R12*4), X5
 	VFMADD231SS X3, X5, X2
-	INCQ        R11
+	INCQ        R12
 	JMP         sscalar
 
 sstore:
-	MOVQ   R9, R11
-	MOVQ   ldo+56(FP), R12
-	SHLQ   $0x02, R12
-	VMOVSS X4, (R11)
-	ADDQ   R12, R11
-	VMOVSS X0, (R11)
-	ADDQ   R12, R11
-	VMOVSS X1, (R11)
-	ADDQ   R12, R11
-	VMOVSS X2, (R11)
+	MOVQ   R9, R12
+	MOVQ   ldo+56(FP), R13
+	SHLQ   $0x02, R13
+	VMOVSS X4, (R12)
+	ADDQ   R13, R12
+	VMOVSS X0, (R12)
+	ADDQ   R13, R12
+	VMOVSS X1, (R12)
+	ADDQ   R13, R12
+	VMOVSS X2, (R12)
 	ADDQ   $0x00000004, R9
 	DECQ   R10
 	JMP    single
@@ -4379,9 +4447,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX2BF16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+// func gemmAVX2BF16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 // Requires: AVX, AVX2, FMA3
-TEXT ·gemmAVX2BF16R1(SB), NOSPLIT, $0-64
+TEXT ·gemmAVX2BF16R1(SB), NOSPLIT, $0-72
 	MOVQ k+32(FP), AX
 	MOVQ AX, CX
 	ANDQ $-8, CX
@@ -4536,9 +4604,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX2BF16R2(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, AVX2, FMA3
-TEXT ·gemmAVX2BF16R2(SB), NOSPLIT, $0-64
+// func gemmAVX2BF16R2(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·gemmAVX2BF16R2(SB), NOSPLIT, $0-72
 	MOVQ k+32(FP), AX
 	MOVQ AX, CX
 	ANDQ $-8, CX
@@ -4549,17 +4617,18 @@ TEXT ·gemmAVX2BF16R2(SB), NOSPLIT, $0-64
 	MOVQ w+16(FP), SI
 	MOVQ out+48(FP), DI
 	MOVQ n+40(FP), R8
+	MOVQ pf+64(FP), R9
 
 group:
 	CMPQ   R8, $0x00000004
 	JL     single
-	MOVQ   ldw+24(FP), R9
-	SHLQ   $0x01, R9
-	MOVQ   SI, R10
-	LEAQ   (R10)(R9*1), R11
-	LEAQ   (R11)(R9*1), R12
-	LEAQ   (R12)(R9*1), R13
-	LEAQ   (R13)(R9*1), SI
+	MOVQ   ldw+24(FP), R10
+	SHLQ   $0x01, R10
+	MOVQ   SI, R11
+	LEAQ   (R11)(R10*1), R12
+	LEAQ   (R12)(R10*1), R13
+	LEAQ   (R13)(R10*1), R14
+	LEAQ   (R14)(R10*1), SI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -4568,31 +4637,33 @@ group:
 	VXORPS Y5, Y5, Y5
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
-	XORQ   R9, R9
+	XORQ   R10, R10
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VPMOVZXWD   (R10)(R9*2), Y8
+	PREFETCHT0  (R9)
+	ADDQ        $0x00000040, R9
+	VPMOVZXWD   (R11)(R10*2), Y8
 	VPSLLD      $0x10, Y8, Y8
-	VPMOVZXWD   (R11)(R9*2), Y9
+	VPMOVZXWD   (R12)(R10*2), Y9
 	VPSLLD      $0x10, Y9, Y9
-	VPMOVZXWD   (R12)(R9*2), Y10
+	VPMOVZXWD   (R13)(R10*2), Y10
 	VPSLLD      $0x10, Y10, Y10
-	VPMOVZXWD   (R13)(R9*2), Y11
+	VPMOVZXWD   (R14)(R10*2), Y11
 	VPSLLD      $0x10, Y11, Y11
-	VMOVUPS     (DX)(R9*4), Y12
+	VMOVUPS     (DX)(R10*4), Y12
 	VFMADD231PS Y8, Y12, Y0
 	VFMADD231PS Y9, Y12, Y1
 	VFMADD231PS Y10, Y12, Y2
 	VFMADD231PS Y11, Y12, Y3
-	VMOVUPS     (BX)(R9*4), Y12
+	VMOVUPS     (BX)(R10*4), Y12
 	VFMADD231PS Y8, Y12, Y4
 	VFMADD231PS Y9, Y12, Y5
 	VFMADD231PS Y10, Y12, Y6
 	VFMADD231PS Y11, Y12, Y7
-	ADDQ        $0x00000008, R9
-	CMPQ        R9, CX
+	ADDQ        $0x00000008, R10
+	CMPQ        R10, CX
 	JL          gloop
 
 gtail:
@@ -4646,46 +4717,46 @@ gtail:
 	VADDSS       X6, X7, X6
 
 gscalar:
-	CMPQ        R9, AX
+	CMPQ        R10, AX
 	JE          gstore
-	MOVWLZX     (R10)(R9*2), R14
-	SHLL        $0x10, R14
-	VMOVD       R14, X7
-	MOVWLZX     (R11)(R9*2), R14
-	SHLL        $0x10, R14
-	VMOVD       R14, X9
-	MOVWLZX     (R12)(R9*2), R14
-	SHLL        $0x10, R14
-	VMOVD       R14, X10
-	MOVWLZX     (R13)(R9*2), R14
-	SHLL        $0x10, R14
-	VMOVD       R14, X11
-	VMOVSS      (DX)(R9*4), X12
+	MOVWLZX     (R11)(R10*2), R15
+	SHLL        $0x10, R15
+	VMOVD       R15, X7
+	MOVWLZX     (R12)(R10*2), R15
+	SHLL        $0x10, R15
+	VMOVD       R15, X9
+	MOVWLZX     (R13)(R10*2), R15
+	SHLL        $0x10, R15
+	VMOVD       R15, X10
+	MOVWLZX     (R14)(R10*2), R15
+	SHLL        $0x10, R15
+	VMOVD       R15, X11
+	VMOVSS      (DX)(R10*4), X12
 	VFMADD231SS X7, X12, X8
 	VFMADD231SS X9, X12, X0
 	VFMADD231SS X10, X12, X1
 	VFMADD231SS X11, X12, X2
-	VMOVSS      (BX)(R9*4), X12
+	VMOVSS      (BX)(R10*4), X12
 	VFMADD231SS X7, X12, X3
 	VFMADD231SS X9, X12, X4
 	VFMADD231SS X10, X12, X5
 	VFMADD231SS X11, X12, X6
-	INCQ        R9
+	INCQ        R10
 	JMP         gscalar
 
 gstore:
-	MOVQ   DI, R9
-	MOVQ   ldo+56(FP), R10
-	SHLQ   $0x02, R10
-	VMOVSS X8, (R9)
-	VMOVSS X0, 4(R9)
-	VMOVSS X1, 8(R9)
-	VMOVSS X2, 12(R9)
-	ADDQ   R10, R9
-	VMOVSS X3, (R9)
-	VMOVSS X4, 4(R9)
-	VMOVSS X5, 8(R9)
-	VMOVSS X6, 12(R9)
+	MOVQ   DI, R10
+	MOVQ   ldo+56(FP), R11
+	SHLQ   $0x02, R11
+	VMOVSS X8, (R10)
+	VMOVSS X0, 4(R10)
+	VMOVSS X1, 8(R10)
+	VMOVSS X2, 12(R10)
+	ADDQ   R11, R10
+	VMOVSS X3, (R10)
+	VMOVSS X4, 4(R10)
+	VMOVSS X5, 8(R10)
+	VMOVSS X6, 12(R10)
 	ADDQ   $0x00000010, DI
 	SUBQ   $0x00000004, R8
 	JMP    group
@@ -4693,25 +4764,27 @@ gstore:
 single:
 	TESTQ  R8, R8
 	JE     done
-	MOVQ   ldw+24(FP), R9
-	SHLQ   $0x01, R9
-	MOVQ   SI, R10
-	LEAQ   (R10)(R9*1), SI
+	MOVQ   ldw+24(FP), R10
+	SHLQ   $0x01, R10
+	MOVQ   SI, R11
+	LEAQ   (R11)(R10*1), SI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
-	XORQ   R9, R9
+	XORQ   R10, R10
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VPMOVZXWD   (R10)(R9*2), Y2
+	PREFETCHT0  (R9)
+	ADDQ        $0x00000040, R9
+	VPMOVZXWD   (R11)(R10*2), Y2
 	VPSLLD      $0x10, Y2, Y2
-	VMOVUPS     (DX)(R9*4), Y3
+	VMOVUPS     (DX)(R10*4), Y3
 	VFMADD231PS Y2, Y3, Y0
-	VMOVUPS     (BX)(R9*4), Y3
+	VMOVUPS     (BX)(R10*4), Y3
 	VFMADD231PS Y2, Y3, Y1
-	ADDQ        $0x00000008, R9
-	CMPQ        R9, CX
+	ADDQ        $0x00000008, R10
+	CMPQ        R10, CX
 	JL          sloop
 
 stail:
@@ -4729,25 +4802,25 @@ stail:
 	VADDSS       X0, X1, X0
 
 sscalar:
-	CMPQ        R9, AX
+	CMPQ        R10, AX
 	JE          sstore
-	MOVWLZX     (R10)(R9*2), R11
-	SHLL        $0x10, R11
-	VMOVD       R11, X1
-	VMOVSS      (DX)(R9*4), X3
+	MOVWLZX     (R11)(R10*2), R12
+	SHLL        $0x10, R12
+	VMOVD       R12, X1
+	VMOVSS      (DX)(R10*4), X3
 	VFMADD231SS X1, X3, X2
-	VMOVSS      (BX)(R9*4), X3
+	VMOVSS      (BX)(R10*4), X3
 	VFMADD231SS X1, X3, X0
-	INCQ        R9
+	INCQ        R10
 	JMP         sscalar
 
 sstore:
-	MOVQ   DI, R9
-	MOVQ   ldo+56(FP), R10
-	SHLQ   $0x02, R10
-	VMOVSS X2, (R9)
-	ADDQ   R10, R9
-	VMOVSS X0, (R9)
+	MOVQ   DI, R10
+	MOVQ   ldo+56(FP), R11
+	SHLQ   $0x02, R11
+	VMOVSS X2, (R10)
+	ADDQ   R11, R10
+	VMOVSS X0, (R10)
 	ADDQ   $0x00000004, DI
 	DECQ   R8
 	JMP    single
@@ -4756,9 +4829,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX2BF16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, AVX2, FMA3
-TEXT ·gemmAVX2BF16R3(SB), NOSPLIT, $0-64
+// func gemmAVX2BF16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·gemmAVX2BF16R3(SB), NOSPLIT, $0-72
 	MOVQ k+32(FP), AX
 	MOVQ AX, CX
 	ANDQ $-8, CX
@@ -4770,41 +4843,44 @@ TEXT ·gemmAVX2BF16R3(SB), NOSPLIT, $0-64
 	MOVQ w+16(FP), DI
 	MOVQ out+48(FP), R8
 	MOVQ n+40(FP), R9
+	MOVQ pf+64(FP), R10
 
 group:
 	CMPQ   R9, $0x00000002
 	JL     single
-	MOVQ   ldw+24(FP), R10
-	SHLQ   $0x01, R10
-	MOVQ   DI, R11
-	LEAQ   (R11)(R10*1), R12
-	LEAQ   (R12)(R10*1), DI
+	MOVQ   ldw+24(FP), R11
+	SHLQ   $0x01, R11
+	MOVQ   DI, R12
+	LEAQ   (R12)(R11*1), R13
+	LEAQ   (R13)(R11*1), DI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
-	XORQ   R10, R10
+	XORQ   R11, R11
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VPMOVZXWD   (R11)(R10*2), Y6
+	PREFETCHT0  (R10)
+	ADDQ        $0x00000040, R10
+	VPMOVZXWD   (R12)(R11*2), Y6
 	VPSLLD      $0x10, Y6, Y6
-	VPMOVZXWD   (R12)(R10*2), Y7
+	VPMOVZXWD   (R13)(R11*2), Y7
 	VPSLLD      $0x10, Y7, Y7
-	VMOVUPS     (DX)(R10*4), Y8
+	VMOVUPS     (DX)(R11*4), Y8
 	VFMADD231PS Y6, Y8, Y0
 	VFMADD231PS Y7, Y8, Y1
-	VMOVUPS     (SI)(R10*4), Y8
+	VMOVUPS     (SI)(R11*4), Y8
 	VFMADD231PS Y6, Y8, Y2
 	VFMADD231PS Y7, Y8, Y3
-	VMOVUPS     (BX)(R10*4), Y8
+	VMOVUPS     (BX)(R11*4), Y8
 	VFMADD231PS Y6, Y8, Y4
 	VFMADD231PS Y7, Y8, Y5
-	ADDQ        $0x00000008, R10
-	CMPQ        R10, CX
+	ADDQ        $0x00000008, R11
+	CMPQ        R11, CX
 	JL          gloop
 
 gtail:
@@ -4846,38 +4922,38 @@ gtail:
 	VADDSS       X4, X5, X4
 
 gscalar:
-	CMPQ        R10, AX
+	CMPQ        R11, AX
 	JE          gstore
-	MOVWLZX     (R11)(R10*2), R13
-	SHLL        $0x10, R13
-	VMOVD       R13, X5
-	MOVWLZX     (R12)(R10*2), R13
-	SHLL        $0x10, R13
-	VMOVD       R13, X7
-	VMOVSS      (DX)(R10*4), X8
+	MOVWLZX     (R12)(R11*2), R14
+	SHLL        $0x10, R14
+	VMOVD       R14, X5
+	MOVWLZX     (R13)(R11*2), R14
+	SHLL        $0x10, R14
+	VMOVD       R14, X7
+	VMOVSS      (DX)(R11*4), X8
 	VFMADD231SS X5, X8, X6
 	VFMADD231SS X7, X8, X0
-	VMOVSS      (SI)(R10*4), X8
+	VMOVSS      (SI)(R11*4), X8
 	VFMADD231SS X5, X8, X1
 	VFMADD231SS X7, X8, X2
-	VMOVSS      (BX)(R10*4), X8
+	VMOVSS      (BX)(R11*4), X8
 	VFMADD231SS X5, X8, X3
 	VFMADD231SS X7, X8, X4
-	INCQ        R10
+	INCQ        R11
 	JMP         gscalar
 
 gstore:
-	MOVQ   R8, R10
-	MOVQ   ldo+56(FP), R11
-	SHLQ   $0x02, R11
-	VMOVSS X6, (R10)
-	VMOVSS X0, 4(R10)
-	ADDQ   R11, R10
-	VMOVSS X1, (R10)
-	VMOVSS X2, 4(R10)
-	ADDQ   R11, R10
-	VMOVSS X3, (R10)
-	VMOVSS X4, 4(R10)
+	MOVQ   R8, R11
+	MOVQ   ldo+56(FP), R12
+	SHLQ   $0x02, R12
+	VMOVSS X6, (R11)
+	VMOVSS X0, 4(R11)
+	ADDQ   R12, R11
+	VMOVSS X1, (R11)
+	VMOVSS X2, 4(R11)
+	ADDQ   R12, R11
+	VMOVSS X3, (R11)
+	VMOVSS X4, 4(R11)
 	ADDQ   $0x00000008, R8
 	SUBQ   $0x00000002, R9
 	JMP    group
@@ -4885,28 +4961,30 @@ gstore:
 single:
 	TESTQ  R9, R9
 	JE     done
-	MOVQ   ldw+24(FP), R10
-	SHLQ   $0x01, R10
-	MOVQ   DI, R11
-	LEAQ   (R11)(R10*1), DI
+	MOVQ   ldw+24(FP), R11
+	SHLQ   $0x01, R11
+	MOVQ   DI, R12
+	LEAQ   (R12)(R11*1), DI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
-	XORQ   R10, R10
+	XORQ   R11, R11
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VPMOVZXWD   (R11)(R10*2), Y3
+	PREFETCHT0  (R10)
+	ADDQ        $0x00000040, R10
+	VPMOVZXWD   (R12)(R11*2), Y3
 	VPSLLD      $0x10, Y3, Y3
-	VMOVUPS     (DX)(R10*4), Y4
+	VMOVUPS     (DX)(R11*4), Y4
 	VFMADD231PS Y3, Y4, Y0
-	VMOVUPS     (SI)(R10*4), Y4
+	VMOVUPS     (SI)(R11*4), Y4
 	VFMADD231PS Y3, Y4, Y1
-	VMOVUPS     (BX)(R10*4), Y4
+	VMOVUPS     (BX)(R11*4), Y4
 	VFMADD231PS Y3, Y4, Y2
-	ADDQ        $0x00000008, R10
-	CMPQ        R10, CX
+	ADDQ        $0x00000008, R11
+	CMPQ        R11, CX
 	JL          sloop
 
 stail:
@@ -4930,29 +5008,29 @@ stail:
 	VADDSS       X1, X2, X1
 
 sscalar:
-	CMPQ        R10, AX
+	CMPQ        R11, AX
 	JE          sstore
-	MOVWLZX     (R11)(R10*2), R12
-	SHLL        $0x10, R12
-	VMOVD       R12, X2
-	VMOVSS      (DX)(R10*4), X4
+	MOVWLZX     (R12)(R11*2), R13
+	SHLL        $0x10, R13
+	VMOVD       R13, X2
+	VMOVSS      (DX)(R11*4), X4
 	VFMADD231SS X2, X4, X3
-	VMOVSS      (SI)(R10*4), X4
+	VMOVSS      (SI)(R11*4), X4
 	VFMADD231SS X2, X4, X0
-	VMOVSS      (BX)(R10*4), X4
+	VMOVSS      (BX)(R11*4), X4
 	VFMADD231SS X2, X4, X1
-	INCQ        R10
+	INCQ        R11
 	JMP         sscalar
 
 sstore:
-	MOVQ   R8, R10
-	MOVQ   ldo+56(FP), R11
-	SHLQ   $0x02, R11
-	VMOVSS X3, (R10)
-	ADDQ   R11, R10
-	VMOVSS X0, (R10)
-	ADDQ   R11, R10
-	VMOVSS X1, (R10)
+	MOVQ   R8, R11
+	MOVQ   ldo+56(FP), R12
+	SHLQ   $0x02, R12
+	VMOVSS X3, (R11)
+	ADDQ   R12, R11
+	VMOVSS X0, (R11)
+	ADDQ   R12, R11
+	VMOVSS X1, (R11)
 	ADDQ   $0x00000004, R8
 	DECQ   R9
 	JMP    single
@@ -4961,9 +5039,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX2BF16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, AVX2, FMA3
-TEXT ·gemmAVX2BF16R4(SB), NOSPLIT, $0-64
+// func gemmAVX2BF16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, AVX2, FMA3, MMX+
+TEXT ·gemmAVX2BF16R4(SB), NOSPLIT, $0-72
 	MOVQ k+32(FP), AX
 	MOVQ AX, CX
 	ANDQ $-8, CX
@@ -4976,15 +5054,16 @@ TEXT ·gemmAVX2BF16R4(SB), NOSPLIT, $0-64
 	MOVQ w+16(FP), R8
 	MOVQ out+48(FP), R9
 	MOVQ n+40(FP), R10
+	MOVQ pf+64(FP), R11
 
 group:
 	CMPQ   R10, $0x00000002
 	JL     single
-	MOVQ   ldw+24(FP), R11
-	SHLQ   $0x01, R11
-	MOVQ   R8, R12
-	LEAQ   (R12)(R11*1), R13
-	LEAQ   (R13)(R11*1), R8
+	MOVQ   ldw+24(FP), R12
+	SHLQ   $0x01, R12
+	MOVQ   R8, R13
+	LEAQ   (R13)(R12*1), R14
+	LEAQ   (R14)(R12*1), R8
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -4993,29 +5072,31 @@ group:
 	VXORPS Y5, Y5, Y5
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
-	XORQ   R11, R11
+	XORQ   R12, R12
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VPMOVZXWD   (R12)(R11*2), Y8
+	PREFETCHT0  (R11)
+	ADDQ        $0x00000040, R11
+	VPMOVZXWD   (R13)(R12*2), Y8
 	VPSLLD      $0x10, Y8, Y8
-	VPMOVZXWD   (R13)(R11*2), Y9
+	VPMOVZXWD   (R14)(R12*2), Y9
 	VPSLLD      $0x10, Y9, Y9
-	VMOVUPS     (DX)(R11*4), Y10
+	VMOVUPS     (DX)(R12*4), Y10
 	VFMADD231PS Y8, Y10, Y0
 	VFMADD231PS Y9, Y10, Y1
-	VMOVUPS     (SI)(R11*4), Y10
+	VMOVUPS     (SI)(R12*4), Y10
 	VFMADD231PS Y8, Y10, Y2
 	VFMADD231PS Y9, Y10, Y3
-	VMOVUPS     (DI)(R11*4), Y10
+	VMOVUPS     (DI)(R12*4), Y10
 	VFMADD231PS Y8, Y10, Y4
 	VFMADD231PS Y9, Y10, Y5
-	VMOVUPS     (BX)(R11*4), Y10
+	VMOVUPS     (BX)(R12*4), Y10
 	VFMADD231PS Y8, Y10, Y6
 	VFMADD231PS Y9, Y10, Y7
-	ADDQ        $0x00000008, R11
-	CMPQ        R11, CX
+	ADDQ        $0x00000008, R12
+	CMPQ        R12, CX
 	JL          gloop
 
 gtail:
@@ -5069,44 +5150,44 @@ gtail:
 	VADDSS       X6, X7, X6
 
 gscalar:
-	CMPQ        R11, AX
+	CMPQ        R12, AX
 	JE          gstore
-	MOVWLZX     (R12)(R11*2), R14
-	SHLL        $0x10, R14
-	VMOVD       R14, X7
-	MOVWLZX     (R13)(R11*2), R14
-	SHLL        $0x10, R14
-	VMOVD       R14, X9
-	VMOVSS      (DX)(R11*4), X10
+	MOVWLZX     (R13)(R12*2), R15
+	SHLL        $0x10, R15
+	VMOVD       R15, X7
+	MOVWLZX     (R14)(R12*2), R15
+	SHLL        $0x10, R15
+	VMOVD       R15, X9
+	VMOVSS      (DX)(R12*4), X10
 	VFMADD231SS X7, X10, X8
 	VFMADD231SS X9, X10, X0
-	VMOVSS      (SI)(R11*4), X10
+	VMOVSS      (SI)(R12*4), X10
 	VFMADD231SS X7, X10, X1
 	VFMADD231SS X9, X10, X2
-	VMOVSS      (DI)(R11*4), X10
+	VMOVSS      (DI)(R12*4), X10
 	VFMADD231SS X7, X10, X3
 	VFMADD231SS X9, X10, X4
-	VMOVSS      (BX)(R11*4), X10
+	VMOVSS      (BX)(R12*4), X10
 	VFMADD231SS X7, X10, X5
 	VFMADD231SS X9, X10, X6
-	INCQ        R11
+	INCQ        R12
 	JMP         gscalar
 
 gstore:
-	MOVQ   R9, R11
-	MOVQ   ldo+56(FP), R12
-	SHLQ   $0x02, R12
-	VMOVSS X8, (R11)
-	VMOVSS X0, 4(R11)
-	ADDQ   R12, R11
-	VMOVSS X1, (R11)
-	VMOVSS X2, 4(R11)
-	ADDQ   R12, R11
-	VMOVSS X3, (R11)
-	VMOVSS X4, 4(R11)
-	ADDQ   R12, R11
-	VMOVSS X5, (R11)
-	VMOVSS X6, 4(R11)
+	MOVQ   R9, R12
+	MOVQ   ldo+56(FP), R13
+	SHLQ   $0x02, R13
+	VMOVSS X8, (R12)
+	VMOVSS X0, 4(R12)
+	ADDQ   R13, R12
+	VMOVSS X1, (R12)
+	VMOVSS X2, 4(R12)
+	ADDQ   R13, R12
+	VMOVSS X3, (R12)
+	VMOVSS X4, 4(R12)
+	ADDQ   R13, R12
+	VMOVSS X5, (R12)
+	VMOVSS X6, 4(R12)
 	ADDQ   $0x00000008, R9
 	SUBQ   $0x00000002, R10
 	JMP    group
@@ -5114,31 +5195,33 @@ gstore:
 single:
 	TESTQ  R10, R10
 	JE     done
-	MOVQ   ldw+24(FP), R11
-	SHLQ   $0x01, R11
-	MOVQ   R8, R12
-	LEAQ   (R12)(R11*1), R8
+	MOVQ   ldw+24(FP), R12
+	SHLQ   $0x01, R12
+	MOVQ   R8, R13
+	LEAQ   (R13)(R12*1), R8
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
-	XORQ   R11, R11
+	XORQ   R12, R12
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VPMOVZXWD   (R12)(R11*2), Y4
+	PREFETCHT0  (R11)
+	ADDQ        $0x00000040, R11
+	VPMOVZXWD   (R13)(R12*2), Y4
 	VPSLLD      $0x10, Y4, Y4
-	VMOVUPS     (DX)(R11*4), Y5
+	VMOVUPS     (DX)(R12*4), Y5
 	VFMADD231PS Y4, Y5, Y0
-	VMOVUPS     (SI)(R11*4), Y5
+	VMOVUPS     (SI)(R12*4), Y5
 	VFMADD231PS Y4, Y5, Y1
-	VMOVUPS     (DI)(R11*4), Y5
+	VMOVUPS     (DI)(R12*4), Y5
 	VFMADD231PS Y4, Y5, Y2
-	VMOVUPS     (BX)(R11*4), Y5
+	VMOVUPS     (BX)(R12*4), Y5
 	VFMADD231PS Y4, Y5, Y3
-	ADDQ        $0x00000008, R11
-	CMPQ        R11, CX
+	ADDQ        $0x00000008, R12
+	CMPQ        R12, CX
 	JL          sloop
 
 stail:
@@ -5168,33 +5251,33 @@ stail:
 	VADDSS       X2, X3, X2
 
 sscalar:
-	CMPQ        R11, AX
+	CMPQ        R12, AX
 	JE          sstore
-	MOVWLZX     (R12)(R11*2), R13
-	SHLL        $0x10, R13
-	VMOVD       R13, X3
-	VMOVSS      (DX)(R11*4), X5
+	MOVWLZX     (R13)(R12*2), R14
+	SHLL        $0x10, R14
+	VMOVD       R14, X3
+	VMOVSS      (DX)(R12*4), X5
 	VFMADD231SS X3, X5, X4
-	VMOVSS      (SI)(R11*4), X5
+	VMOVSS      (SI)(R12*4), X5
 	VFMADD231SS X3, X5, X0
-	VMOVSS      (DI)(R11*4), X5
+	VMOVSS      (DI)(R12*4), X5
 	VFMADD231SS X3, X5, X1
-	VMOVSS      (BX)(R11*4), X5
+	VMOVSS      (BX)(R12*4), X5
 	VFMADD231SS X3, X5, X2
-	INCQ        R11
+	INCQ        R12
 	JMP         sscalar
 
 sstore:
-	MOVQ   R9, R11
-	MOVQ   ldo+56(FP), R12
-	SHLQ   $0x02, R12
-	VMOVSS X4, (R11)
-	ADDQ   R12, R11
-	VMOVSS X0, (R11)
-	ADDQ   R12, R11
-	VMOVSS X1, (R11)
-	ADDQ   R12, R11
-	VMOVSS X2, (R11)
+	MOVQ   R9, R12
+	MOVQ   ldo+56(FP), R13
+	SHLQ   $0x02, R13
+	VMOVSS X4, (R12)
+	ADDQ   R13, R12
+	VMOVSS X0, (R12)
+	ADDQ   R13, R12
+	VMOVSS X1, (R12)
+	ADDQ   R13, R12
+	VMOVSS X2, (R12)
 	ADDQ   $0x00000004, R9
 	DECQ   R10
 	JMP    single
@@ -5203,9 +5286,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX2F16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+// func gemmAVX2F16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 // Requires: AVX, F16C, FMA3
-TEXT ·gemmAVX2F16R1(SB), NOSPLIT, $0-64
+TEXT ·gemmAVX2F16R1(SB), NOSPLIT, $0-72
 	MOVQ k+32(FP), AX
 	MOVQ AX, CX
 	ANDQ $-8, CX
@@ -5355,9 +5438,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX2F16R2(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, F16C, FMA3
-TEXT ·gemmAVX2F16R2(SB), NOSPLIT, $0-64
+// func gemmAVX2F16R2(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, F16C, FMA3, MMX+
+TEXT ·gemmAVX2F16R2(SB), NOSPLIT, $0-72
 	MOVQ k+32(FP), AX
 	MOVQ AX, CX
 	ANDQ $-8, CX
@@ -5368,17 +5451,18 @@ TEXT ·gemmAVX2F16R2(SB), NOSPLIT, $0-64
 	MOVQ w+16(FP), SI
 	MOVQ out+48(FP), DI
 	MOVQ n+40(FP), R8
+	MOVQ pf+64(FP), R9
 
 group:
 	CMPQ   R8, $0x00000004
 	JL     single
-	MOVQ   ldw+24(FP), R9
-	SHLQ   $0x01, R9
-	MOVQ   SI, R10
-	LEAQ   (R10)(R9*1), R11
-	LEAQ   (R11)(R9*1), R12
-	LEAQ   (R12)(R9*1), R13
-	LEAQ   (R13)(R9*1), SI
+	MOVQ   ldw+24(FP), R10
+	SHLQ   $0x01, R10
+	MOVQ   SI, R11
+	LEAQ   (R11)(R10*1), R12
+	LEAQ   (R12)(R10*1), R13
+	LEAQ   (R13)(R10*1), R14
+	LEAQ   (R14)(R10*1), SI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -5387,27 +5471,29 @@ group:
 	VXORPS Y5, Y5, Y5
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
-	XORQ   R9, R9
+	XORQ   R10, R10
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VCVTPH2PS   (R10)(R9*2), Y8
-	VCVTPH2PS   (R11)(R9*2), Y9
-	VCVTPH2PS   (R12)(R9*2), Y10
-	VCVTPH2PS   (R13)(R9*2), Y11
-	VMOVUPS     (DX)(R9*4), Y12
+	PREFETCHT0  (R9)
+	ADDQ        $0x00000040, R9
+	VCVTPH2PS   (R11)(R10*2), Y8
+	VCVTPH2PS   (R12)(R10*2), Y9
+	VCVTPH2PS   (R13)(R10*2), Y10
+	VCVTPH2PS   (R14)(R10*2), Y11
+	VMOVUPS     (DX)(R10*4), Y12
 	VFMADD231PS Y8, Y12, Y0
 	VFMADD231PS Y9, Y12, Y1
 	VFMADD231PS Y10, Y12, Y2
 	VFMADD231PS Y11, Y12, Y3
-	VMOVUPS     (BX)(R9*4), Y12
+	VMOVUPS     (BX)(R10*4), Y12
 	VFMADD231PS Y8, Y12, Y4
 	VFMADD231PS Y9, Y12, Y5
 	VFMADD231PS Y10, Y12, Y6
 	VFMADD231PS Y11, Y12, Y7
-	ADDQ        $0x00000008, R9
-	CMPQ        R9, CX
+	ADDQ        $0x00000008, R10
+	CMPQ        R10, CX
 	JL          gloop
 
 gtail:
@@ -5461,46 +5547,46 @@ gtail:
 	VADDSS       X6, X7, X6
 
 gscalar:
-	CMPQ        R9, AX
+	CMPQ        R10, AX
 	JE          gstore
-	MOVWLZX     (R10)(R9*2), R14
-	VMOVD       R14, X7
+	MOVWLZX     (R11)(R10*2), R15
+	VMOVD       R15, X7
 	VCVTPH2PS   X7, X7
-	MOVWLZX     (R11)(R9*2), R14
-	VMOVD       R14, X9
+	MOVWLZX     (R12)(R10*2), R15
+	VMOVD       R15, X9
 	VCVTPH2PS   X9, X9
-	MOVWLZX     (R12)(R9*2), R14
-	VMOVD       R14, X10
+	MOVWLZX     (R13)(R10*2), R15
+	VMOVD       R15, X10
 	VCVTPH2PS   X10, X10
-	MOVWLZX     (R13)(R9*2), R14
-	VMOVD       R14, X11
+	MOVWLZX     (R14)(R10*2), R15
+	VMOVD       R15, X11
 	VCVTPH2PS   X11, X11
-	VMOVSS      (DX)(R9*4), X12
+	VMOVSS      (DX)(R10*4), X12
 	VFMADD231SS X7, X12, X8
 	VFMADD231SS X9, X12, X0
 	VFMADD231SS X10, X12, X1
 	VFMADD231SS X11, X12, X2
-	VMOVSS      (BX)(R9*4), X12
+	VMOVSS      (BX)(R10*4), X12
 	VFMADD231SS X7, X12, X3
 	VFMADD231SS X9, X12, X4
 	VFMADD231SS X10, X12, X5
 	VFMADD231SS X11, X12, X6
-	INCQ        R9
+	INCQ        R10
 	JMP         gscalar
 
 gstore:
-	MOVQ   DI, R9
-	MOVQ   ldo+56(FP), R10
-	SHLQ   $0x02, R10
-	VMOVSS X8, (R9)
-	VMOVSS X0, 4(R9)
-	VMOVSS X1, 8(R9)
-	VMOVSS X2, 12(R9)
-	ADDQ   R10, R9
-	VMOVSS X3, (R9)
-	VMOVSS X4, 4(R9)
-	VMOVSS X5, 8(R9)
-	VMOVSS X6, 12(R9)
+	MOVQ   DI, R10
+	MOVQ   ldo+56(FP), R11
+	SHLQ   $0x02, R11
+	VMOVSS X8, (R10)
+	VMOVSS X0, 4(R10)
+	VMOVSS X1, 8(R10)
+	VMOVSS X2, 12(R10)
+	ADDQ   R11, R10
+	VMOVSS X3, (R10)
+	VMOVSS X4, 4(R10)
+	VMOVSS X5, 8(R10)
+	VMOVSS X6, 12(R10)
 	ADDQ   $0x00000010, DI
 	SUBQ   $0x00000004, R8
 	JMP    group
@@ -5508,24 +5594,26 @@ gstore:
 single:
 	TESTQ  R8, R8
 	JE     done
-	MOVQ   ldw+24(FP), R9
-	SHLQ   $0x01, R9
-	MOVQ   SI, R10
-	LEAQ   (R10)(R9*1), SI
+	MOVQ   ldw+24(FP), R10
+	SHLQ   $0x01, R10
+	MOVQ   SI, R11
+	LEAQ   (R11)(R10*1), SI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
-	XORQ   R9, R9
+	XORQ   R10, R10
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VCVTPH2PS   (R10)(R9*2), Y2
-	VMOVUPS     (DX)(R9*4), Y3
+	PREFETCHT0  (R9)
+	ADDQ        $0x00000040, R9
+	VCVTPH2PS   (R11)(R10*2), Y2
+	VMOVUPS     (DX)(R10*4), Y3
 	VFMADD231PS Y2, Y3, Y0
-	VMOVUPS     (BX)(R9*4), Y3
+	VMOVUPS     (BX)(R10*4), Y3
 	VFMADD231PS Y2, Y3, Y1
-	ADDQ        $0x00000008, R9
-	CMPQ        R9, CX
+	ADDQ        $0x00000008, R10
+	CMPQ        R10, CX
 	JL          sloop
 
 stail:
@@ -5543,25 +5631,25 @@ stail:
 	VADDSS       X0, X1, X0
 
 sscalar:
-	CMPQ        R9, AX
+	CMPQ        R10, AX
 	JE          sstore
-	MOVWLZX     (R10)(R9*2), R11
-	VMOVD       R11, X1
+	MOVWLZX     (R11)(R10*2), R12
+	VMOVD       R12, X1
 	VCVTPH2PS   X1, X1
-	VMOVSS      (DX)(R9*4), X3
+	VMOVSS      (DX)(R10*4), X3
 	VFMADD231SS X1, X3, X2
-	VMOVSS      (BX)(R9*4), X3
+	VMOVSS      (BX)(R10*4), X3
 	VFMADD231SS X1, X3, X0
-	INCQ        R9
+	INCQ        R10
 	JMP         sscalar
 
 sstore:
-	MOVQ   DI, R9
-	MOVQ   ldo+56(FP), R10
-	SHLQ   $0x02, R10
-	VMOVSS X2, (R9)
-	ADDQ   R10, R9
-	VMOVSS X0, (R9)
+	MOVQ   DI, R10
+	MOVQ   ldo+56(FP), R11
+	SHLQ   $0x02, R11
+	VMOVSS X2, (R10)
+	ADDQ   R11, R10
+	VMOVSS X0, (R10)
 	ADDQ   $0x00000004, DI
 	DECQ   R8
 	JMP    single
@@ -5570,9 +5658,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX2F16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, F16C, FMA3
-TEXT ·gemmAVX2F16R3(SB), NOSPLIT, $0-64
+// func gemmAVX2F16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, F16C, FMA3, MMX+
+TEXT ·gemmAVX2F16R3(SB), NOSPLIT, $0-72
 	MOVQ k+32(FP), AX
 	MOVQ AX, CX
 	ANDQ $-8, CX
@@ -5584,39 +5672,42 @@ TEXT ·gemmAVX2F16R3(SB), NOSPLIT, $0-64
 	MOVQ w+16(FP), DI
 	MOVQ out+48(FP), R8
 	MOVQ n+40(FP), R9
+	MOVQ pf+64(FP), R10
 
 group:
 	CMPQ   R9, $0x00000002
 	JL     single
-	MOVQ   ldw+24(FP), R10
-	SHLQ   $0x01, R10
-	MOVQ   DI, R11
-	LEAQ   (R11)(R10*1), R12
-	LEAQ   (R12)(R10*1), DI
+	MOVQ   ldw+24(FP), R11
+	SHLQ   $0x01, R11
+	MOVQ   DI, R12
+	LEAQ   (R12)(R11*1), R13
+	LEAQ   (R13)(R11*1), DI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
-	XORQ   R10, R10
+	XORQ   R11, R11
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VCVTPH2PS   (R11)(R10*2), Y6
-	VCVTPH2PS   (R12)(R10*2), Y7
-	VMOVUPS     (DX)(R10*4), Y8
+	PREFETCHT0  (R10)
+	ADDQ        $0x00000040, R10
+	VCVTPH2PS   (R12)(R11*2), Y6
+	VCVTPH2PS   (R13)(R11*2), Y7
+	VMOVUPS     (DX)(R11*4), Y8
 	VFMADD231PS Y6, Y8, Y0
 	VFMADD231PS Y7, Y8, Y1
-	VMOVUPS     (SI)(R10*4), Y8
+	VMOVUPS     (SI)(R11*4), Y8
 	VFMADD231PS Y6, Y8, Y2
 	VFMADD231PS Y7, Y8, Y3
-	VMOVUPS     (BX)(R10*4), Y8
+	VMOVUPS     (BX)(R11*4), Y8
 	VFMADD231PS Y6, Y8, Y4
 	VFMADD231PS Y7, Y8, Y5
-	ADDQ        $0x00000008, R10
-	CMPQ        R10, CX
+	ADDQ        $0x00000008, R11
+	CMPQ        R11, CX
 	JL          gloop
 
 gtail:
@@ -5658,38 +5749,38 @@ gtail:
 	VADDSS       X4, X5, X4
 
 gscalar:
-	CMPQ        R10, AX
+	CMPQ        R11, AX
 	JE          gstore
-	MOVWLZX     (R11)(R10*2), R13
-	VMOVD       R13, X5
+	MOVWLZX     (R12)(R11*2), R14
+	VMOVD       R14, X5
 	VCVTPH2PS   X5, X5
-	MOVWLZX     (R12)(R10*2), R13
-	VMOVD       R13, X7
+	MOVWLZX     (R13)(R11*2), R14
+	VMOVD       R14, X7
 	VCVTPH2PS   X7, X7
-	VMOVSS      (DX)(R10*4), X8
+	VMOVSS      (DX)(R11*4), X8
 	VFMADD231SS X5, X8, X6
 	VFMADD231SS X7, X8, X0
-	VMOVSS      (SI)(R10*4), X8
+	VMOVSS      (SI)(R11*4), X8
 	VFMADD231SS X5, X8, X1
 	VFMADD231SS X7, X8, X2
-	VMOVSS      (BX)(R10*4), X8
+	VMOVSS      (BX)(R11*4), X8
 	VFMADD231SS X5, X8, X3
 	VFMADD231SS X7, X8, X4
-	INCQ        R10
+	INCQ        R11
 	JMP         gscalar
 
 gstore:
-	MOVQ   R8, R10
-	MOVQ   ldo+56(FP), R11
-	SHLQ   $0x02, R11
-	VMOVSS X6, (R10)
-	VMOVSS X0, 4(R10)
-	ADDQ   R11, R10
-	VMOVSS X1, (R10)
-	VMOVSS X2, 4(R10)
-	ADDQ   R11, R10
-	VMOVSS X3, (R10)
-	VMOVSS X4, 4(R10)
+	MOVQ   R8, R11
+	MOVQ   ldo+56(FP), R12
+	SHLQ   $0x02, R12
+	VMOVSS X6, (R11)
+	VMOVSS X0, 4(R11)
+	ADDQ   R12, R11
+	VMOVSS X1, (R11)
+	VMOVSS X2, 4(R11)
+	ADDQ   R12, R11
+	VMOVSS X3, (R11)
+	VMOVSS X4, 4(R11)
 	ADDQ   $0x00000008, R8
 	SUBQ   $0x00000002, R9
 	JMP    group
@@ -5697,27 +5788,29 @@ gstore:
 single:
 	TESTQ  R9, R9
 	JE     done
-	MOVQ   ldw+24(FP), R10
-	SHLQ   $0x01, R10
-	MOVQ   DI, R11
-	LEAQ   (R11)(R10*1), DI
+	MOVQ   ldw+24(FP), R11
+	SHLQ   $0x01, R11
+	MOVQ   DI, R12
+	LEAQ   (R12)(R11*1), DI
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
-	XORQ   R10, R10
+	XORQ   R11, R11
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VCVTPH2PS   (R11)(R10*2), Y3
-	VMOVUPS     (DX)(R10*4), Y4
+	PREFETCHT0  (R10)
+	ADDQ        $0x00000040, R10
+	VCVTPH2PS   (R12)(R11*2), Y3
+	VMOVUPS     (DX)(R11*4), Y4
 	VFMADD231PS Y3, Y4, Y0
-	VMOVUPS     (SI)(R10*4), Y4
+	VMOVUPS     (SI)(R11*4), Y4
 	VFMADD231PS Y3, Y4, Y1
-	VMOVUPS     (BX)(R10*4), Y4
+	VMOVUPS     (BX)(R11*4), Y4
 	VFMADD231PS Y3, Y4, Y2
-	ADDQ        $0x00000008, R10
-	CMPQ        R10, CX
+	ADDQ        $0x00000008, R11
+	CMPQ        R11, CX
 	JL          sloop
 
 stail:
@@ -5741,29 +5834,29 @@ stail:
 	VADDSS       X1, X2, X1
 
 sscalar:
-	CMPQ        R10, AX
+	CMPQ        R11, AX
 	JE          sstore
-	MOVWLZX     (R11)(R10*2), R12
-	VMOVD       R12, X2
+	MOVWLZX     (R12)(R11*2), R13
+	VMOVD       R13, X2
 	VCVTPH2PS   X2, X2
-	VMOVSS      (DX)(R10*4), X4
+	VMOVSS      (DX)(R11*4), X4
 	VFMADD231SS X2, X4, X3
-	VMOVSS      (SI)(R10*4), X4
+	VMOVSS      (SI)(R11*4), X4
 	VFMADD231SS X2, X4, X0
-	VMOVSS      (BX)(R10*4), X4
+	VMOVSS      (BX)(R11*4), X4
 	VFMADD231SS X2, X4, X1
-	INCQ        R10
+	INCQ        R11
 	JMP         sscalar
 
 sstore:
-	MOVQ   R8, R10
-	MOVQ   ldo+56(FP), R11
-	SHLQ   $0x02, R11
-	VMOVSS X3, (R10)
-	ADDQ   R11, R10
-	VMOVSS X0, (R10)
-	ADDQ   R11, R10
-	VMOVSS X1, (R10)
+	MOVQ   R8, R11
+	MOVQ   ldo+56(FP), R12
+	SHLQ   $0x02, R12
+	VMOVSS X3, (R11)
+	ADDQ   R12, R11
+	VMOVSS X0, (R11)
+	ADDQ   R12, R11
+	VMOVSS X1, (R11)
 	ADDQ   $0x00000004, R8
 	DECQ   R9
 	JMP    single
@@ -5772,9 +5865,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func gemmAVX2F16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
-// Requires: AVX, F16C, FMA3
-TEXT ·gemmAVX2F16R4(SB), NOSPLIT, $0-64
+// func gemmAVX2F16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+// Requires: AVX, F16C, FMA3, MMX+
+TEXT ·gemmAVX2F16R4(SB), NOSPLIT, $0-72
 	MOVQ k+32(FP), AX
 	MOVQ AX, CX
 	ANDQ $-8, CX
@@ -5787,15 +5880,16 @@ TEXT ·gemmAVX2F16R4(SB), NOSPLIT, $0-64
 	MOVQ w+16(FP), R8
 	MOVQ out+48(FP), R9
 	MOVQ n+40(FP), R10
+	MOVQ pf+64(FP), R11
 
 group:
 	CMPQ   R10, $0x00000002
 	JL     single
-	MOVQ   ldw+24(FP), R11
-	SHLQ   $0x01, R11
-	MOVQ   R8, R12
-	LEAQ   (R12)(R11*1), R13
-	LEAQ   (R13)(R11*1), R8
+	MOVQ   ldw+24(FP), R12
+	SHLQ   $0x01, R12
+	MOVQ   R8, R13
+	LEAQ   (R13)(R12*1), R14
+	LEAQ   (R14)(R12*1), R8
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -5804,27 +5898,29 @@ group:
 	VXORPS Y5, Y5, Y5
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
-	XORQ   R11, R11
+	XORQ   R12, R12
 	TESTQ  CX, CX
 	JE     gtail
 
 gloop:
-	VCVTPH2PS   (R12)(R11*2), Y8
-	VCVTPH2PS   (R13)(R11*2), Y9
-	VMOVUPS     (DX)(R11*4), Y10
+	PREFETCHT0  (R11)
+	ADDQ        $0x00000040, R11
+	VCVTPH2PS   (R13)(R12*2), Y8
+	VCVTPH2PS   (R14)(R12*2), Y9
+	VMOVUPS     (DX)(R12*4), Y10
 	VFMADD231PS Y8, Y10, Y0
 	VFMADD231PS Y9, Y10, Y1
-	VMOVUPS     (SI)(R11*4), Y10
+	VMOVUPS     (SI)(R12*4), Y10
 	VFMADD231PS Y8, Y10, Y2
 	VFMADD231PS Y9, Y10, Y3
-	VMOVUPS     (DI)(R11*4), Y10
+	VMOVUPS     (DI)(R12*4), Y10
 	VFMADD231PS Y8, Y10, Y4
 	VFMADD231PS Y9, Y10, Y5
-	VMOVUPS     (BX)(R11*4), Y10
+	VMOVUPS     (BX)(R12*4), Y10
 	VFMADD231PS Y8, Y10, Y6
 	VFMADD231PS Y9, Y10, Y7
-	ADDQ        $0x00000008, R11
-	CMPQ        R11, CX
+	ADDQ        $0x00000008, R12
+	CMPQ        R12, CX
 	JL          gloop
 
 gtail:
@@ -5878,44 +5974,44 @@ gtail:
 	VADDSS       X6, X7, X6
 
 gscalar:
-	CMPQ        R11, AX
+	CMPQ        R12, AX
 	JE          gstore
-	MOVWLZX     (R12)(R11*2), R14
-	VMOVD       R14, X7
+	MOVWLZX     (R13)(R12*2), R15
+	VMOVD       R15, X7
 	VCVTPH2PS   X7, X7
-	MOVWLZX     (R13)(R11*2), R14
-	VMOVD       R14, X9
+	MOVWLZX     (R14)(R12*2), R15
+	VMOVD       R15, X9
 	VCVTPH2PS   X9, X9
-	VMOVSS      (DX)(R11*4), X10
+	VMOVSS      (DX)(R12*4), X10
 	VFMADD231SS X7, X10, X8
 	VFMADD231SS X9, X10, X0
-	VMOVSS      (SI)(R11*4), X10
+	VMOVSS      (SI)(R12*4), X10
 	VFMADD231SS X7, X10, X1
 	VFMADD231SS X9, X10, X2
-	VMOVSS      (DI)(R11*4), X10
+	VMOVSS      (DI)(R12*4), X10
 	VFMADD231SS X7, X10, X3
 	VFMADD231SS X9, X10, X4
-	VMOVSS      (BX)(R11*4), X10
+	VMOVSS      (BX)(R12*4), X10
 	VFMADD231SS X7, X10, X5
 	VFMADD231SS X9, X10, X6
-	INCQ        R11
+	INCQ        R12
 	JMP         gscalar
 
 gstore:
-	MOVQ   R9, R11
-	MOVQ   ldo+56(FP), R12
-	SHLQ   $0x02, R12
-	VMOVSS X8, (R11)
-	VMOVSS X0, 4(R11)
-	ADDQ   R12, R11
-	VMOVSS X1, (R11)
-	VMOVSS X2, 4(R11)
-	ADDQ   R12, R11
-	VMOVSS X3, (R11)
-	VMOVSS X4, 4(R11)
-	ADDQ   R12, R11
-	VMOVSS X5, (R11)
-	VMOVSS X6, 4(R11)
+	MOVQ   R9, R12
+	MOVQ   ldo+56(FP), R13
+	SHLQ   $0x02, R13
+	VMOVSS X8, (R12)
+	VMOVSS X0, 4(R12)
+	ADDQ   R13, R12
+	VMOVSS X1, (R12)
+	VMOVSS X2, 4(R12)
+	ADDQ   R13, R12
+	VMOVSS X3, (R12)
+	VMOVSS X4, 4(R12)
+	ADDQ   R13, R12
+	VMOVSS X5, (R12)
+	VMOVSS X6, 4(R12)
 	ADDQ   $0x00000008, R9
 	SUBQ   $0x00000002, R10
 	JMP    group
@@ -5923,30 +6019,32 @@ gstore:
 single:
 	TESTQ  R10, R10
 	JE     done
-	MOVQ   ldw+24(FP), R11
-	SHLQ   $0x01, R11
-	MOVQ   R8, R12
-	LEAQ   (R12)(R11*1), R8
+	MOVQ   ldw+24(FP), R12
+	SHLQ   $0x01, R12
+	MOVQ   R8, R13
+	LEAQ   (R13)(R12*1), R8
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
 	VXORPS Y3, Y3, Y3
-	XORQ   R11, R11
+	XORQ   R12, R12
 	TESTQ  CX, CX
 	JE     stail
 
 sloop:
-	VCVTPH2PS   (R12)(R11*2), Y4
-	VMOVUPS     (DX)(R11*4), Y5
+	PREFETCHT0  (R11)
+	ADDQ        $0x00000040, R11
+	VCVTPH2PS   (R13)(R12*2), Y4
+	VMOVUPS     (DX)(R12*4), Y5
 	VFMADD231PS Y4, Y5, Y0
-	VMOVUPS     (SI)(R11*4), Y5
+	VMOVUPS     (SI)(R12*4), Y5
 	VFMADD231PS Y4, Y5, Y1
-	VMOVUPS     (DI)(R11*4), Y5
+	VMOVUPS     (DI)(R12*4), Y5
 	VFMADD231PS Y4, Y5, Y2
-	VMOVUPS     (BX)(R11*4), Y5
+	VMOVUPS     (BX)(R12*4), Y5
 	VFMADD231PS Y4, Y5, Y3
-	ADDQ        $0x00000008, R11
-	CMPQ        R11, CX
+	ADDQ        $0x00000008, R12
+	CMPQ        R12, CX
 	JL          sloop
 
 stail:
@@ -5976,33 +6074,33 @@ stail:
 	VADDSS       X2, X3, X2
 
 sscalar:
-	CMPQ        R11, AX
+	CMPQ        R12, AX
 	JE          sstore
-	MOVWLZX     (R12)(R11*2), R13
-	VMOVD       R13, X3
+	MOVWLZX     (R13)(R12*2), R14
+	VMOVD       R14, X3
 	VCVTPH2PS   X3, X3
-	VMOVSS      (DX)(R11*4), X5
+	VMOVSS      (DX)(R12*4), X5
 	VFMADD231SS X3, X5, X4
-	VMOVSS      (SI)(R11*4), X5
+	VMOVSS      (SI)(R12*4), X5
 	VFMADD231SS X3, X5, X0
-	VMOVSS      (DI)(R11*4), X5
+	VMOVSS      (DI)(R12*4), X5
 	VFMADD231SS X3, X5, X1
-	VMOVSS      (BX)(R11*4), X5
+	VMOVSS      (BX)(R12*4), X5
 	VFMADD231SS X3, X5, X2
-	INCQ        R11
+	INCQ        R12
 	JMP         sscalar
 
 sstore:
-	MOVQ   R9, R11
-	MOVQ   ldo+56(FP), R12
-	SHLQ   $0x02, R12
-	VMOVSS X4, (R11)
-	ADDQ   R12, R11
-	VMOVSS X0, (R11)
-	ADDQ   R12, R11
-	VMOVSS X1, (R11)
-	ADDQ   R12, R11
-	VMOVSS X2, (R11)
+	MOVQ   R9, R12
+	MOVQ   ldo+56(FP), R13
+	SHLQ   $0x02, R13
+	VMOVSS X4, (R12)
+	ADDQ   R13, R12
+	VMOVSS X0, (R12)
+	ADDQ   R13, R12
+	VMOVSS X1, (R12)
+	ADDQ   R13, R12
+	VMOVSS X2, (R12)
 	ADDQ   $0x00000004, R9
 	DECQ   R10
 	JMP    single

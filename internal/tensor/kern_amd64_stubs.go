@@ -5,40 +5,40 @@
 package tensor
 
 // gemmAVX512F32R1 computes 1 row of x times n rows of F32 weights (see asmgen).
-func gemmAVX512F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX512F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX512F32R2 computes 2 rows of x times n rows of F32 weights (see asmgen).
-func gemmAVX512F32R2(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX512F32R2(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX512F32R3 computes 3 rows of x times n rows of F32 weights (see asmgen).
-func gemmAVX512F32R3(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX512F32R3(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX512F32R4 computes 4 rows of x times n rows of F32 weights (see asmgen).
-func gemmAVX512F32R4(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX512F32R4(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX512BF16R1 computes 1 row of x times n rows of BF16 weights (see asmgen).
-func gemmAVX512BF16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX512BF16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX512BF16R2 computes 2 rows of x times n rows of BF16 weights (see asmgen).
-func gemmAVX512BF16R2(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX512BF16R2(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX512BF16R3 computes 3 rows of x times n rows of BF16 weights (see asmgen).
-func gemmAVX512BF16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX512BF16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX512BF16R4 computes 4 rows of x times n rows of BF16 weights (see asmgen).
-func gemmAVX512BF16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX512BF16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX512F16R1 computes 1 row of x times n rows of F16 weights (see asmgen).
-func gemmAVX512F16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX512F16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX512F16R2 computes 2 rows of x times n rows of F16 weights (see asmgen).
-func gemmAVX512F16R2(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX512F16R2(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX512F16R3 computes 3 rows of x times n rows of F16 weights (see asmgen).
-func gemmAVX512F16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX512F16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX512F16R4 computes 4 rows of x times n rows of F16 weights (see asmgen).
-func gemmAVX512F16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX512F16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // dotAVX512 returns Σ a[t]·b[t] for t < n.
 func dotAVX512(a *float32, b *float32, n int) float32
@@ -53,40 +53,40 @@ func siluMulAVX512(gate *float32, up *float32, n int)
 func expSumAVX512(x *float32, n int, mx float32) float32
 
 // gemmAVX2F32R1 computes 1 rows of x times n rows of F32 weights (see asmgen).
-func gemmAVX2F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX2F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX2F32R2 computes 2 rows of x times n rows of F32 weights (see asmgen).
-func gemmAVX2F32R2(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX2F32R2(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX2F32R3 computes 3 rows of x times n rows of F32 weights (see asmgen).
-func gemmAVX2F32R3(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX2F32R3(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX2F32R4 computes 4 rows of x times n rows of F32 weights (see asmgen).
-func gemmAVX2F32R4(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX2F32R4(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX2BF16R1 computes 1 rows of x times n rows of BF16 weights (see asmgen).
-func gemmAVX2BF16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX2BF16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX2BF16R2 computes 2 rows of x times n rows of BF16 weights (see asmgen).
-func gemmAVX2BF16R2(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX2BF16R2(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX2BF16R3 computes 3 rows of x times n rows of BF16 weights (see asmgen).
-func gemmAVX2BF16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX2BF16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX2BF16R4 computes 4 rows of x times n rows of BF16 weights (see asmgen).
-func gemmAVX2BF16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX2BF16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX2F16R1 computes 1 rows of x times n rows of F16 weights (see asmgen).
-func gemmAVX2F16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX2F16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX2F16R2 computes 2 rows of x times n rows of F16 weights (see asmgen).
-func gemmAVX2F16R2(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX2F16R2(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX2F16R3 computes 3 rows of x times n rows of F16 weights (see asmgen).
-func gemmAVX2F16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX2F16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // gemmAVX2F16R4 computes 4 rows of x times n rows of F16 weights (see asmgen).
-func gemmAVX2F16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int)
+func gemmAVX2F16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
 // dotAVX2 returns Σ a[t]·b[t] for t < n.
 func dotAVX2(a *float32, b *float32, n int) float32

@@ -11,8 +11,8 @@ import (
 // j < n and t < k. ldx, ldw and ldo count elements. The caller guarantees
 // that every addressed element is in bounds.
 type (
-	gemmF32 func(x *float32, ldx int, w *float32, ldw, k, n int, out *float32, ldo int)
-	gemmU16 func(x *float32, ldx int, w *uint16, ldw, k, n int, out *float32, ldo int)
+	gemmF32 func(x *float32, ldx int, w *float32, ldw, k, n int, out *float32, ldo int, pf uintptr)
+	gemmU16 func(x *float32, ldx int, w *uint16, ldw, k, n int, out *float32, ldo int, pf uintptr)
 )
 
 // maxTileRows is the largest number of x rows one matrix kernel handles.
@@ -94,7 +94,7 @@ func genericSet() *kernelSet {
 	ks := &kernelSet{name: "go", cols: 1, avail: true, dot: dotGoPtr, axpy: axpyGoPtr, silu: siluGoPtr, expSum: expSumGoPtr}
 	for r := range maxTileRows {
 		rows := r + 1
-		ks.f32[r] = func(x *float32, ldx int, w *float32, ldw, k, n int, out *float32, ldo int) {
+		ks.f32[r] = func(x *float32, ldx int, w *float32, ldw, k, n int, out *float32, ldo int, _ uintptr) {
 			xs, ws, os := views(x, ldx, rows, k), unsafe.Slice(w, span(ldw, n, k)), unsafe.Slice(out, span(ldo, rows, n))
 			for j := range n {
 				wr := ws[j*ldw : j*ldw+k]
@@ -111,7 +111,7 @@ func genericSet() *kernelSet {
 
 // genericU16 returns a pure-Go kernel for 16-bit weights widened by widen.
 func genericU16(rows int, widen func(uint16) float32) gemmU16 {
-	return func(x *float32, ldx int, w *uint16, ldw, k, n int, out *float32, ldo int) {
+	return func(x *float32, ldx int, w *uint16, ldw, k, n int, out *float32, ldo int, _ uintptr) {
 		xs, ws, os := views(x, ldx, rows, k), unsafe.Slice(w, span(ldw, n, k)), unsafe.Slice(out, span(ldo, rows, n))
 		row := make([]float32, k)
 		for j := range n {

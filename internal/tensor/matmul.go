@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"fmt"
+	"unsafe"
 )
 
 const (
@@ -81,26 +82,45 @@ func checkMatMul(out, x []float32, m int, w *Mat) {
 // stay in cache while every group of x rows passes over them.
 func matmulRange(ks *kernelSet, out, x []float32, m int, w *Mat, lo, hi int) {
 	n, k := w.Rows, w.Cols
+	esize := 4
+	if w.DType != F32 {
+		esize = 2
+	}
 	panel := hi - lo
 	if m > maxTileRows {
-		esize := 4
-		if w.DType != F32 {
-			esize = 2
-		}
 		panel = max(ks.cols, panelBytes/(k*esize)/ks.cols*ks.cols)
+	}
+	var wbase uintptr // only an address to prefetch, never dereferenced
+	if w.DType == F32 {
+		wbase = uintptr(unsafe.Pointer(&w.F32[0]))
+	} else {
+		wbase = uintptr(unsafe.Pointer(&w.U16[0]))
 	}
 	for plo := lo; plo < hi; plo += panel {
 		rows := min(panel, hi-plo)
+		// The multi-row kernels prefetch one line per K step, about rows·k
+		// bytes per tile: tile i warms part i of the next panel of this
+		// range while the current one, already in cache, is computed on.
+		// Tiles with nothing left to warm re-touch the current panel.
+		cur := wbase + uintptr(plo*k*esize)
+		next, nextEnd := cur+uintptr(rows*k*esize), cur
+		if plo+panel < hi {
+			nextEnd = next + uintptr(min(panel, hi-plo-panel)*k*esize)
+		}
 		for i := 0; i < m; i += maxTileRows {
 			r := min(maxTileRows, m-i)
+			pf := next + uintptr(i/maxTileRows*rows*k)
+			if pf >= nextEnd {
+				pf = cur
+			}
 			xp, op := &x[i*k], &out[i*n+plo]
 			switch w.DType {
 			case F32:
-				ks.f32[r-1](xp, k, &w.F32[plo*k], k, k, rows, op, n)
+				ks.f32[r-1](xp, k, &w.F32[plo*k], k, k, rows, op, n, pf)
 			case BF16:
-				ks.bf16[r-1](xp, k, &w.U16[plo*k], k, k, rows, op, n)
+				ks.bf16[r-1](xp, k, &w.U16[plo*k], k, k, rows, op, n, pf)
 			case F16:
-				ks.f16[r-1](xp, k, &w.U16[plo*k], k, k, rows, op, n)
+				ks.f16[r-1](xp, k, &w.U16[plo*k], k, k, rows, op, n, pf)
 			}
 		}
 	}

@@ -172,7 +172,7 @@ func reduce(s isa, acc VecVirtual) VecVirtual {
 // remaining n%cols rows one at a time. ldx, ldw and ldo count elements.
 func gemm(s isa, dt dtype, rows int) {
 	name := fmt.Sprintf("gemm%s%sR%d", s.name, dt.name, rows)
-	TEXT(name, NOSPLIT, fmt.Sprintf("func(x *float32, ldx int, w %s, ldw int, k int, n int, out *float32, ldo int)", dt.goType))
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(x *float32, ldx int, w %s, ldw int, k int, n int, out *float32, ldo int, pf uintptr)", dt.goType))
 	Doc(fmt.Sprintf("%s computes %d rows of x times n rows of %s weights (see asmgen).", name, rows, dt.name))
 
 	k := Load(Param("k"), GP64())
@@ -197,6 +197,10 @@ func gemm(s isa, dt dtype, rows int) {
 	wcur := Load(Param("w"), GP64())
 	ocur := Load(Param("out"), GP64())
 	nrem := Load(Param("n"), GP64())
+	pfcur = nil
+	if rows > 1 {
+		pfcur = Load(Param("pf"), GP64()).(GPVirtual)
+	}
 
 	cols := s.cols(rows)
 	Label("group")
@@ -266,6 +270,12 @@ func gemmPass(s isa, dt dtype, rows, cols int, xr []GPVirtual, wcur, ocur, k, kv
 	TESTQ(kv, kv)
 	JE(LabelRef(p + "tail"))
 	Label(p + "loop")
+	if pfcur != nil {
+		// One line of the region the driver wants warm (the next panel
+		// of weights) per K step, so DRAM streaming overlaps the FMAs.
+		PREFETCHT0(Mem{Base: pfcur})
+		ADDQ(U32(64), pfcur)
+	}
 	step(nil)
 	ADDQ(U32(s.lanes), idx)
 	CMPQ(idx, kv)
@@ -336,6 +346,11 @@ func gemmPass(s isa, dt dtype, rows, cols int, xr []GPVirtual, wcur, ocur, k, kv
 
 // idx is the element index register of the K loop being emitted.
 var idx GPVirtual
+
+// pfcur, when set, is the register of the multi-row kernels' prefetch
+// cursor (parameter pf): every full K step prefetches the line at pfcur
+// and advances it by 64 bytes.
+var pfcur GPVirtual
 
 func i() Register { return idx }
 
@@ -526,7 +541,7 @@ const (
 // 4-wide and a 1-wide pass of the ordinary kernel.
 func gemmWideR1(s isa, dt dtype) {
 	name := fmt.Sprintf("gemm%s%sR1", s.name, dt.name)
-	TEXT(name, NOSPLIT, fmt.Sprintf("func(x *float32, ldx int, w %s, ldw int, k int, n int, out *float32, ldo int)", dt.goType))
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(x *float32, ldx int, w %s, ldw int, k int, n int, out *float32, ldo int, pf uintptr)", dt.goType))
 	Doc(fmt.Sprintf("%s computes 1 row of x times n rows of %s weights (see asmgen).", name, dt.name))
 	const cols = wideCols
 	esz := 1 << dt.shift
