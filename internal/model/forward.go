@@ -311,11 +311,9 @@ func (m *Model) attention(li int, seqs []Seq, kv []float32, layout KVLayout, T i
 					out := s.attn[t*c.QDim()+h*hd:][:hd]
 					clear(out)
 					for j0 := 0; j0 < len(scores); j0 += bs {
+						// V rows of one block, in position order.
 						base := layout.Offset(int(sq.Blocks[j0/bs]), li, 1, 0) + kvh*hd
-						for j := j0; j < min(j0+bs, len(scores)); j++ {
-							tensor.Axpy(scores[j], kv[base:base+hd], out)
-							base += kvd
-						}
+						tensor.AxpyRows(out, scores[j0:min(j0+bs, len(scores))], kv[base:], kvd)
 					}
 				}
 			}

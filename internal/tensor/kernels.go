@@ -33,6 +33,9 @@ type kernelSet struct {
 	cols int
 	dot  func(a, b *float32, n int) float32
 	axpy func(alpha float32, x, y *float32, n int)
+	// axpyRows, if set, is rows calls of axpy with y kept in registers
+	// (bit-identical to them); nil means call axpy per row.
+	axpyRows func(alpha, v *float32, ldv, rows int, y *float32, n int)
 	// silu computes gate[t] = silu(gate[t])·up[t]; expSum computes
 	// x[t] = e^(x[t]-mx) and returns the sum.
 	silu   func(gate, up *float32, n int)

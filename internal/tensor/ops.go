@@ -29,6 +29,28 @@ func Axpy(a float32, x, y []float32) {
 	active.Load().axpy(a, &x[0], &y[0], len(x))
 }
 
+// AxpyRows adds the rows of v weighted by alpha to y: for r <
+// len(alpha) in order, y[t] += alpha[r]·v[r*ldv+t] for t < len(y). The
+// result is bit-identical to calling Axpy(alpha[r], v[r*ldv:][:len(y)], y)
+// for each r in turn; it is just faster for short rows (attention's value
+// sum). It panics if v is too short.
+func AxpyRows(y, alpha, v []float32, ldv int) {
+	if len(alpha) == 0 || len(y) == 0 {
+		return
+	}
+	if need := (len(alpha)-1)*ldv + len(y); (len(alpha) > 1 && ldv < len(y)) || len(v) < need {
+		panic(fmt.Sprintf("tensor: AxpyRows with len(v)=%d, ldv=%d for %d rows of %d", len(v), ldv, len(alpha), len(y)))
+	}
+	ks := active.Load()
+	if ks.axpyRows != nil {
+		ks.axpyRows(&alpha[0], &v[0], ldv, len(alpha), &y[0], len(y))
+		return
+	}
+	for r, a := range alpha {
+		ks.axpy(a, &v[r*ldv], &y[0], len(y))
+	}
+}
+
 // RMSNorm writes x/rms(x)·w into out for one row: out[i] = x[i]·w[i] /
 // sqrt(mean(x²)+eps). w and out must be at least as long as x; out may be x.
 func RMSNorm(out, x, w []float32, eps float32) {

@@ -258,3 +258,28 @@ func TestVectorExpMatchesMath(t *testing.T) {
 		}
 	})
 }
+
+func TestAxpyRowsMatchesAxpyCalls(t *testing.T) {
+	forEachISA(t, func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(5, 5))
+		for _, n := range []int{1, 7, 16, 17, 63, 64, 65, 100, 128, 130} {
+			for _, rows := range []int{0, 1, 2, 5, 16} {
+				ldv := n + 3
+				v := randVec(rng, rows*ldv+1)
+				alpha := randVec(rng, rows)
+				y0 := randVec(rng, n)
+				want := append([]float32(nil), y0...)
+				for r := range rows {
+					Axpy(alpha[r], v[r*ldv:r*ldv+n], want)
+				}
+				got := append([]float32(nil), y0...)
+				AxpyRows(got, alpha, v, ldv)
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("n=%d rows=%d: y[%d] = %g, Axpy calls give %g", n, rows, i, got[i], want[i])
+					}
+				}
+			}
+		}
+	})
+}

@@ -73,6 +73,9 @@ func main() {
 		}
 		dot(s)
 		axpy(s)
+		if s.lanes == 16 {
+			axpyRows512()
+		}
 		siluMul(s)
 		expSum(s)
 	}
@@ -658,6 +661,86 @@ func gemmWideR1(s isa, dt dtype) {
 	gemmPass(s, dt, 1, 1, xr, wcur, ocur, k, kv, mask, "s")
 	DECQ(nrem)
 	JMP(LabelRef("single"))
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
+// axpyRows512 emits y[t] = fma(alpha[r], v[r·ldv+t], y[t]) for r = 0..rows-1
+// in order, for t < n: the same per-element operations as rows calls of
+// axpy, but with y held in registers across the rows (attention's sum of
+// value rows weighted by the probabilities).
+func axpyRows512() {
+	TEXT("axpyRowsAVX512", NOSPLIT, "func(alpha *float32, v *float32, ldv int, rows int, y *float32, n int)")
+	Doc("axpyRowsAVX512 computes y[t] = fma(alpha[r], v[r*ldv+t], y[t]) for r < rows in order, t < n.")
+	a := Load(Param("alpha"), GP64())
+	v := Load(Param("v"), GP64())
+	ldv := Load(Param("ldv"), GP64())
+	SHLQ(U8(2), ldv)
+	rows := Load(Param("rows"), GP64())
+	y := Load(Param("y"), GP64())
+	n := Load(Param("n"), GP64())
+	left := GP64()
+	MOVQ(n, left)
+	block := func(lbl string, vecs int, mask Op) {
+		acc := make([]VecVirtual, vecs)
+		for i := range acc {
+			acc[i] = ZMM()
+			if mask == nil {
+				VMOVUPS(Mem{Base: y, Disp: 64 * i}, acc[i])
+			} else {
+				VMOVUPS_Z(Mem{Base: y}, mask, acc[i])
+			}
+		}
+		vr, ar, cnt := GP64(), GP64(), GP64()
+		MOVQ(v, vr)
+		MOVQ(a, ar)
+		MOVQ(rows, cnt)
+		TESTQ(cnt, cnt)
+		JE(LabelRef(lbl + "store"))
+		Label(lbl + "row")
+		b := ZMM()
+		VBROADCASTSS(Mem{Base: ar}, b)
+		for i := range acc {
+			if mask == nil {
+				VFMADD231PS(Mem{Base: vr, Disp: 64 * i}, b, acc[i])
+			} else {
+				t := ZMM()
+				VMOVUPS_Z(Mem{Base: vr}, mask, t)
+				VFMADD231PS(t, b, acc[i])
+			}
+		}
+		ADDQ(ldv, vr)
+		ADDQ(U8(4), ar)
+		DECQ(cnt)
+		JNE(LabelRef(lbl + "row"))
+		Label(lbl + "store")
+		for i := range acc {
+			if mask == nil {
+				VMOVUPS(acc[i], Mem{Base: y, Disp: 64 * i})
+			} else {
+				VMOVUPS(acc[i], mask, Mem{Base: y})
+			}
+		}
+		ADDQ(U32(64*vecs), y)
+		ADDQ(U32(64*vecs), v)
+		SUBQ(U32(16*vecs), left)
+	}
+	Label("c64")
+	CMPQ(left, U32(64))
+	JL(LabelRef("c16"))
+	block("w", 4, nil)
+	JMP(LabelRef("c64"))
+	Label("c16")
+	CMPQ(left, U32(16))
+	JL(LabelRef("ctail"))
+	block("n", 1, nil)
+	JMP(LabelRef("c16"))
+	Label("ctail")
+	TESTQ(left, left)
+	JE(LabelRef("done"))
+	mask := tailMask(left)
+	block("t", 1, mask)
 	Label("done")
 	VZEROUPPER()
 	RET()
