@@ -12,13 +12,16 @@ const (
 	// chunksPerThread is how many pieces of work MatMul makes per thread so
 	// that dynamic claiming evens out noisy neighbours.
 	chunksPerThread = 4
+	// panelChunksPerThread replaces chunksPerThread when m is larger than
+	// one tile and the weights are walked in prefetched panels.
+	panelChunksPerThread = 2
 	// chunkAlign is the granularity (in weight rows) of MatMul's work
 	// split, a multiple of every kernel set's cols.
 	chunkAlign = 16
 	// panelBytes bounds the weights one pass of x-row groups walks over
 	// when m is larger than one tile, so that they stay in L2 while every
 	// group of x rows reads them.
-	panelBytes = 256 << 10
+	panelBytes = 64 << 10
 )
 
 // MatMul computes out[i*w.Rows+j] = Σ_k x[i*w.Cols+k]·W[j][k] for i < m and
@@ -44,7 +47,13 @@ func (p *Pool) MatMul(out, x []float32, m int, w *Mat) {
 	ks := active.Load()
 	chunk := n
 	if p.threads > 1 && m*n*k >= serialFMAs {
-		chunk = (n + p.threads*chunksPerThread - 1) / (p.threads * chunksPerThread)
+		per := chunksPerThread
+		if m > maxTileRows {
+			// Fewer, longer ranges: each range's first panel of weights
+			// is read cold, the later ones are prefetched.
+			per = panelChunksPerThread
+		}
+		chunk = (n + p.threads*per - 1) / (p.threads * per)
 		chunk = (chunk + chunkAlign - 1) / chunkAlign * chunkAlign
 	}
 	p.run(n, chunk, func(_, lo, hi int) { matmulRange(ks, out, x, m, w, lo, hi) })
