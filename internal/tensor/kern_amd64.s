@@ -257,7 +257,6 @@ wide:
 	LEAQ   (R9)(DI*2), R10
 	ADDQ   DI, R10
 	LEAQ   (DX)(DI*8), R11
-	LEAQ   (R11)(DI*8), R11
 	MOVQ   CX, R12
 	MOVQ   AX, R13
 	SHRQ   $0x05, R13
@@ -1264,7 +1263,6 @@ wide:
 	LEAQ   (R10)(R8*2), R11
 	ADDQ   R8, R11
 	LEAQ   (BX)(R8*8), R12
-	LEAQ   (R12)(R8*8), R12
 	MOVQ   DX, R13
 	MOVQ   CX, R14
 	SHRQ   $0x05, R14
@@ -2367,7 +2365,6 @@ wide:
 	LEAQ   (R10)(R8*2), R11
 	ADDQ   R8, R11
 	LEAQ   (BX)(R8*8), R12
-	LEAQ   (R12)(R8*8), R12
 	MOVQ   DX, R13
 	MOVQ   CX, R14
 	SHRQ   $0x05, R14

@@ -529,7 +529,7 @@ func reduceQuads512At(acc [][]VecVirtual, ocur Register, disp int) {
 // per pass, and prefetchPasses how many passes ahead it prefetches.
 const (
 	wideCols       = 8
-	prefetchPasses = 2
+	prefetchPasses = 1
 )
 
 // gemmWideR1 emits the AVX-512 one-row (decode) kernel. It is memory
