@@ -284,15 +284,20 @@ func (m *Model) attention(li int, seqs []Seq, kv []float32, layout KVLayout, T i
 			sq := &seqs[s.tokSeq[tile.t0]]
 			first := int(s.tokPos[tile.t0])
 			n := first + tile.n // keys [0, n) cover every query of the tile
-			w.k = grow(w.k, n*hd)
-			for j0 := 0; j0 < n; j0 += bs {
-				base := layout.Offset(int(sq.Blocks[j0/bs]), li, 0, 0) + kvh*hd
-				for j := j0; j < min(j0+bs, n); j++ {
-					copy(w.k[j*hd:(j+1)*hd], kv[base:base+hd])
-					base += kvd
+			single := tile.n == 1
+			var keys tensor.Mat
+			if !single {
+				// Gather the keys once for the whole tile and GQA group.
+				w.k = grow(w.k, n*hd)
+				for j0 := 0; j0 < n; j0 += bs {
+					base := layout.Offset(int(sq.Blocks[j0/bs]), li, 0, 0) + kvh*hd
+					for j := j0; j < min(j0+bs, n); j++ {
+						copy(w.k[j*hd:(j+1)*hd], kv[base:base+hd])
+						base += kvd
+					}
 				}
+				keys = tensor.Mat{DType: tensor.F32, Rows: n, Cols: hd, F32: w.k}
 			}
-			keys := tensor.Mat{DType: tensor.F32, Rows: n, Cols: hd, F32: w.k}
 			w.q = grow(w.q, tile.n*hd)
 			w.s = grow(w.s, tile.n*n)
 			for h := kvh * group; h < (kvh+1)*group; h++ {
@@ -300,7 +305,16 @@ func (m *Model) attention(li int, seqs []Seq, kv []float32, layout KVLayout, T i
 					t := tile.t0 + r
 					copy(w.q[r*hd:(r+1)*hd], s.qkv[t*g.width+g.off[0]+h*hd:][:hd])
 				}
-				m.pool.MatMul(w.s, w.q, tile.n, &keys)
+				if single {
+					// One query (decode): score the keys in place, block
+					// by block; DotRows computes exactly what MatMul does.
+					for j0 := 0; j0 < n; j0 += bs {
+						base := layout.Offset(int(sq.Blocks[j0/bs]), li, 0, 0) + kvh*hd
+						tensor.DotRows(w.s[j0:min(j0+bs, n)], w.q[:hd], kv[base:], kvd)
+					}
+				} else {
+					m.pool.MatMul(w.s, w.q, tile.n, &keys)
+				}
 				for r := range tile.n {
 					t := tile.t0 + r
 					scores := w.s[r*n : r*n+first+r+1]

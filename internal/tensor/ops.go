@@ -51,6 +51,26 @@ func AxpyRows(y, alpha, v []float32, ldv int) {
 	}
 }
 
+// DotRows computes out[j] = Σ_t x[t]·w[j*ldw+t] for j < len(out), t <
+// len(x): the product of one f32 row with len(out) f32 weight rows spaced
+// ldw apart, as MatMul would compute it for an F32 Mat holding those rows
+// (bit-identical, whatever MatMul's m). It runs on the calling goroutine.
+// It panics if w is too short or ldw < len(x).
+func DotRows(out, x, w []float32, ldw int) {
+	k, n := len(x), len(out)
+	if n == 0 {
+		return
+	}
+	if k == 0 {
+		clear(out)
+		return
+	}
+	if ldw < k || len(w) < (n-1)*ldw+k {
+		panic(fmt.Sprintf("tensor: DotRows with len(w)=%d, ldw=%d for %d rows of %d", len(w), ldw, n, k))
+	}
+	active.Load().f32[0](&x[0], k, &w[0], ldw, k, n, &out[0], n, 0)
+}
+
 // RMSNorm writes x/rms(x)·w into out for one row: out[i] = x[i]·w[i] /
 // sqrt(mean(x²)+eps). w and out must be at least as long as x; out may be x.
 func RMSNorm(out, x, w []float32, eps float32) {

@@ -283,3 +283,33 @@ func TestAxpyRowsMatchesAxpyCalls(t *testing.T) {
 		}
 	})
 }
+
+func TestDotRowsMatchesMatMul(t *testing.T) {
+	forEachISA(t, func(t *testing.T) {
+		pool := NewPool(1)
+		defer pool.Close()
+		rng := rand.New(rand.NewPCG(6, 6))
+		for _, k := range []int{1, 8, 16, 33, 64, 100} {
+			for _, n := range []int{1, 3, 8, 13, 16, 37} {
+				ldw := k + 5
+				w := randVec(rng, n*ldw)
+				x := randVec(rng, 3*k)
+				dense := make([]float32, n*k)
+				for j := range n {
+					copy(dense[j*k:(j+1)*k], w[j*ldw:])
+				}
+				want := make([]float32, 3*n)
+				pool.MatMul(want, x, 3, &Mat{DType: F32, Rows: n, Cols: k, F32: dense})
+				for i := range 3 {
+					got := make([]float32, n)
+					DotRows(got, x[i*k:(i+1)*k], w, ldw)
+					for j := range got {
+						if math.Float32bits(got[j]) != math.Float32bits(want[i*n+j]) {
+							t.Fatalf("k=%d n=%d: row %d out[%d] = %g, MatMul gives %g", k, n, i, j, got[j], want[i*n+j])
+						}
+					}
+				}
+			}
+		}
+	})
+}
