@@ -36,31 +36,35 @@ func BenchmarkMatMul(b *testing.B) {
 }
 
 // BenchmarkMatVecColdBF16 reports the weight bytes streamed per second by
-// the single-row (decode) path over 40 rotating 2048×2048 bf16 matrices
-// (320 MiB, far bigger than the caches), so the weights come from DRAM.
+// the single-row (decode) path over rotating bf16 matrices of ~320 MiB in
+// all, far bigger than the caches, so the weights come from DRAM: square
+// 2048×2048 ones, and 3072×576 ones with the short (1152-byte) rows of the
+// SmolLM2-135M projections.
 func BenchmarkMatVecColdBF16(b *testing.B) {
-	const n, k, mats = 2048, 2048, 40
-	rng := rand.New(rand.NewPCG(2, 2))
-	ws := make([]*Mat, mats)
-	for i := range ws {
-		ws[i] = &Mat{DType: BF16, Rows: n, Cols: k, U16: make([]uint16, n*k)}
-		for j := range ws[i].U16 {
-			ws[i].U16[j] = uint16(rng.Uint32())&0x3fff | 0x3000 // finite values
-		}
-	}
-	x := randVec(rng, k)
-	out := make([]float32, n)
-	for _, threads := range []int{1, 2} {
-		b.Run(fmt.Sprintf("T=%d", threads), func(b *testing.B) {
-			pool := NewPool(threads)
-			defer pool.Close()
-			i := 0
-			for b.Loop() {
-				pool.MatMul(out, x, 1, ws[i%mats])
-				i++
+	for _, s := range []struct{ n, k int }{{2048, 2048}, {3072, 576}} {
+		mats := (320 << 20) / (s.n * s.k * 2)
+		rng := rand.New(rand.NewPCG(2, 2))
+		ws := make([]*Mat, mats)
+		for i := range ws {
+			ws[i] = &Mat{DType: BF16, Rows: s.n, Cols: s.k, U16: make([]uint16, s.n*s.k)}
+			for j := range ws[i].U16 {
+				ws[i].U16[j] = uint16(rng.Uint32())&0x3fff | 0x3000 // finite values
 			}
-			b.ReportMetric(float64(n*k*2)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
-		})
+		}
+		x := randVec(rng, s.k)
+		out := make([]float32, s.n)
+		for _, threads := range []int{1, 2} {
+			b.Run(fmt.Sprintf("%dx%d/T=%d", s.n, s.k, threads), func(b *testing.B) {
+				pool := NewPool(threads)
+				defer pool.Close()
+				i := 0
+				for b.Loop() {
+					pool.MatMul(out, x, 1, ws[i%mats])
+					i++
+				}
+				b.ReportMetric(float64(s.n*s.k*2)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			})
+		}
 	}
 }
 
