@@ -154,14 +154,22 @@ func (p *pdEngine) waitIdle(t *testing.T) {
 }
 
 // usedBlocks returns how many blocks are allocated, once the engine has
-// settled (no request running or waiting).
+// settled: no request running or waiting, and the published stats agree with
+// the connector's count of held blocks. (Stats are a snapshot the step loop
+// publishes after each step, so right after a request's final event they
+// can still describe the step before it.)
 func (p *pdEngine) usedBlocks(t *testing.T) int {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		st := p.e.Stats()
-		if st.Running == 0 && st.Waiting == 0 {
-			return st.TotalBlocks - st.FreeBlocks
+		used := st.TotalBlocks - st.FreeBlocks
+		settled := st.Running == 0 && st.Waiting == 0
+		if p.c != nil {
+			settled = settled && used == p.c.HeldBlocks()
+		}
+		if settled {
+			return used
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("engine never settled: %+v", st)
