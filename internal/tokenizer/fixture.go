@@ -34,9 +34,11 @@ const maxFixtureMerges = 1000
 
 // FixtureOptions configures WriteFixture.
 type FixtureOptions struct {
-	// VocabSize is the model's vocabulary size; the tokenizer uses at most
-	// this many ids. It must leave room for the 256 byte tokens and the 3
-	// special tokens.
+	// VocabSize is the model's vocabulary size, which the tokenizer fills:
+	// byte tokens, learned merges, synthetic filler words up to VocabSize−3
+	// (so that every id a random-weight model can generate decodes to
+	// text, as in a real tokenizer), then the 3 special tokens. It must
+	// leave room for the 256 byte tokens and the special tokens.
 	VocabSize int
 	// ChatTemplate adds a ChatML chat template to tokenizer_config.json.
 	ChatTemplate bool
@@ -50,8 +52,8 @@ type Fixture struct {
 	// EOS is the id that ends generation: "<|im_end|>" with a chat
 	// template, "<|endoftext|>" without.
 	EOS int32
-	// VocabSize is the number of ids the tokenizer uses (at most
-	// FixtureOptions.VocabSize).
+	// VocabSize is the number of ids the tokenizer uses
+	// (FixtureOptions.VocabSize).
 	VocabSize int
 }
 
@@ -69,6 +71,7 @@ func WriteFixture(dir string, opts FixtureOptions) (Fixture, error) {
 	if err != nil {
 		return Fixture{}, err
 	}
+	vocab = padVocab(vocab, opts.VocabSize-len(fixtureSpecials))
 	first := int32(len(vocab))
 	var added []addedTokenJSON
 	for i, s := range fixtureSpecials {
@@ -234,4 +237,32 @@ func trainBPE(corpus string, maxMerges int) ([]string, [][2]string, error) {
 		}
 	}
 	return vocab, merges, nil
+}
+
+// fillerSyllables build the synthetic words padVocab appends.
+var fillerSyllables = []string{"ba", "ke", "lo", "mi", "nu", "ra", "se", "ti", "vo", "za", "do", "fu", "ga", "he", "ji", "pe"}
+
+// padVocab appends synthetic words (" bake", " lomi", ...) to vocab until it
+// has n entries. No merge produces them, so Encode never emits them, but
+// every id decodes to readable text — a random-weight model samples ids
+// across its whole vocabulary, and a real tokenizer covers all of them.
+func padVocab(vocab []string, n int) []string {
+	seen := make(map[string]bool, n)
+	for _, v := range vocab {
+		seen[v] = true
+	}
+	for i := 0; len(vocab) < n; i++ {
+		w := "Ġ" // the byte-level symbol for a leading space
+		for k := i; ; k /= len(fillerSyllables) {
+			w += fillerSyllables[k%len(fillerSyllables)]
+			if k < len(fillerSyllables) {
+				break
+			}
+		}
+		if !seen[w] {
+			seen[w] = true
+			vocab = append(vocab, w)
+		}
+	}
+	return vocab
 }

@@ -110,3 +110,32 @@ func TestWriteFixtureRejectsTinyVocabulary(t *testing.T) {
 		t.Fatalf("err = %v, want one naming the minimum size 259", err)
 	}
 }
+
+func TestFixtureEveryIDDecodesToText(t *testing.T) {
+	dir := t.TempDir()
+	fx, err := WriteFixture(dir, FixtureOptions{VocabSize: 5000, ChatTemplate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fx.VocabSize != 5000 || tok.VocabSize() != 5000 {
+		t.Fatalf("fixture has %d ids (loaded: %d), want 5000", fx.VocabSize, tok.VocabSize())
+	}
+	seen := map[string]int32{}
+	for id := int32(256); id < int32(fx.VocabSize); id++ {
+		if tok.IsSpecial(id) {
+			continue
+		}
+		s := tok.Decode([]int32{id}, true)
+		if s == "" {
+			t.Fatalf("id %d decodes to no text", id)
+		}
+		if prev, dup := seen[s]; dup {
+			t.Fatalf("ids %d and %d both decode to %q", prev, id, s)
+		}
+		seen[s] = id
+	}
+}
