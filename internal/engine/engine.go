@@ -84,7 +84,8 @@ type Config struct {
 	// it in bytes.
 	NumBlocks     int
 	KVCacheMemory int64
-	// KVDir is where the shared pool file lives (default /dev/shm).
+	// KVDir, when set, puts the KV pool in a named file in that directory;
+	// by default it is an anonymous memory file (see kvcache.Config.Dir).
 	KVDir string
 	// MaxNumSeqs and MaxNumBatchedTokens bound a step (sched defaults when
 	// zero).

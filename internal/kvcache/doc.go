@@ -2,8 +2,9 @@
 // accounting of its blocks: reference counts, a free list in LRU order, and
 // prefix caching by chained block hashes, after vLLM v1's KV cache manager.
 //
-// The memory is a single shared file mapping (a file in /dev/shm, or the
-// system temporary directory where /dev/shm is absent) so that a decode engine
+// The memory is a single shared file mapping (an anonymous memory file,
+// memfd, reachable by other processes as /proc/<pid>/fd/<fd> while the
+// engine lives, so even a SIGKILL leaves nothing behind) so that a decode engine
 // on the same host can map a prefill engine's pool and copy blocks without a
 // socket (see Attach). The file starts with a one-page header describing the
 // layout, then the blocks (model.KVLayout: one block is one contiguous range

@@ -39,6 +39,7 @@ const (
 // mapping is a pool file mapped into memory.
 type mapping struct {
 	path   string
+	file   *os.File // the anonymous memory file, kept open for its /proc path; nil for named files
 	mem    []byte
 	layout model.KVLayout
 	n      int
@@ -54,34 +55,54 @@ func fileSize(layout model.KVLayout, n int) (size, genOff int64) {
 	return genOff + 8*int64(n), genOff
 }
 
-// createMapping creates, sizes and maps a new pool file in dir (or /dev/shm,
-// or the temporary directory).
+// createMapping creates, sizes and maps a new pool file. With dir empty the
+// file is an anonymous memory file (memfd): it has no name anywhere, so it
+// cannot outlive the process even when the process is killed with SIGKILL,
+// and other processes of the same user open it as /proc/<pid>/fd/<fd> while
+// this process keeps it open. With dir set, the file is created there under a
+// random name and removed at Close (a SIGKILL leaves it behind).
 func createMapping(dir string, layout model.KVLayout, n int) (*mapping, error) {
-	if dir == "" {
-		dir = "/dev/shm"
-		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-			dir = os.TempDir()
-		}
-	}
-	var rnd [8]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		return nil, fmt.Errorf("kvcache: random file name: %w", err)
-	}
-	path := filepath.Join(dir, "tandem-kv-"+hex.EncodeToString(rnd[:]))
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("kvcache: create pool file: %w", err)
-	}
-	defer f.Close() // the mapping outlives the descriptor
 	size, genOff := fileSize(layout, n)
+	var (
+		f    *os.File
+		path string
+		keep *os.File
+	)
+	if dir == "" {
+		fd, err := unix.MemfdCreate("tandem-kv", unix.MFD_CLOEXEC)
+		if err != nil {
+			return nil, fmt.Errorf("kvcache: create the pool's memory file: %w", err)
+		}
+		f = os.NewFile(uintptr(fd), "tandem-kv")
+		path = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), fd)
+		keep = f
+	} else {
+		var rnd [8]byte
+		if _, err := rand.Read(rnd[:]); err != nil {
+			return nil, fmt.Errorf("kvcache: random file name: %w", err)
+		}
+		path = filepath.Join(dir, "tandem-kv-"+hex.EncodeToString(rnd[:]))
+		var err error
+		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("kvcache: create pool file: %w", err)
+		}
+		defer f.Close() // the mapping outlives the descriptor
+	}
+	fail := func(err error) (*mapping, error) {
+		if keep != nil {
+			keep.Close()
+		} else {
+			os.Remove(path)
+		}
+		return nil, err
+	}
 	if err := f.Truncate(size); err != nil {
-		os.Remove(path)
-		return nil, fmt.Errorf("kvcache: size pool file %s to %d bytes: %w (is %s large enough? lower --num-kv-blocks or --kv-cache-memory)", path, size, err, dir)
+		return fail(fmt.Errorf("kvcache: size the pool file to %d bytes: %w (lower --num-blocks or --kv-cache-memory)", size, err))
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		os.Remove(path)
-		return nil, fmt.Errorf("kvcache: map pool file %s (%d bytes): %w", path, size, err)
+		return fail(fmt.Errorf("kvcache: map the pool file (%d bytes): %w", size, err))
 	}
 	copy(mem[offMagic:], headerMagic)
 	le := binary.LittleEndian
@@ -94,7 +115,9 @@ func createMapping(dir string, layout model.KVLayout, n int) (*mapping, error) {
 	le.PutUint64(mem[offBlockBytes:], uint64(layout.BlockBytes()))
 	le.PutUint64(mem[offDataOffset:], headerSize)
 	le.PutUint64(mem[offGenOffset:], uint64(genOff))
-	return newMapping(path, mem, layout, n, genOff), nil
+	m := newMapping(path, mem, layout, n, genOff)
+	m.file = keep
+	return m, nil
 }
 
 func newMapping(path string, mem []byte, layout model.KVLayout, n int, genOff int64) *mapping {
@@ -119,7 +142,12 @@ func (m *mapping) close(unlink bool) error {
 	}
 	err := unix.Munmap(m.mem)
 	m.mem, m.data, m.gens = nil, nil, nil
-	if unlink {
+	if m.file != nil {
+		// An anonymous memory file has no name to remove: closing the last
+		// descriptor (and mapping) frees it.
+		err = errors.Join(err, m.file.Close())
+		m.file = nil
+	} else if unlink {
 		if rerr := os.Remove(m.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 			err = errors.Join(err, rerr)
 		}

@@ -26,8 +26,9 @@ type Config struct {
 	// MemoryBytes sizes the pool as MemoryBytes / Layout.BlockBytes() blocks
 	// (vLLM's kv_cache_memory_bytes).
 	MemoryBytes int64
-	// Dir is where the pool file is created; empty means /dev/shm, or
-	// os.TempDir() where /dev/shm is absent.
+	// Dir, when set, puts the pool in a named file in that directory
+	// (removed at Close). Empty — the default — makes it an anonymous
+	// memory file that cannot outlive the process.
 	Dir string
 	// ExtraKey goes into every block hash so that blocks computed by a
 	// different model can never be prefix hits (the model fingerprint).

@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -94,13 +95,29 @@ func TestNewSizing(t *testing.T) {
 }
 
 func TestSharedFile(t *testing.T) {
-	t.Run("the pool lives in /dev/shm by default and is unlinked on close", func(t *testing.T) {
+	t.Run("the pool is an anonymous memory file, reachable through /proc while open", func(t *testing.T) {
 		p, err := New(Config{Layout: testLayout, NumBlocks: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() && !strings.HasPrefix(p.Path(), "/dev/shm/tandem-kv-") {
-			t.Errorf("Path() = %q, want a file /dev/shm/tandem-kv-*", p.Path())
+		if want := fmt.Sprintf("/proc/%d/fd/", os.Getpid()); !strings.HasPrefix(p.Path(), want) {
+			t.Errorf("Path() = %q, want %s<fd>", p.Path(), want)
+		}
+		target, err := os.Readlink(p.Path())
+		if err != nil || !strings.HasPrefix(target, "/memfd:tandem-kv") {
+			t.Errorf("pool file is %q (%v), want an anonymous memory file", target, err)
+		}
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(p.Path()); err == nil {
+			t.Errorf("pool file still reachable after Close")
+		}
+	})
+	t.Run("a pool in a named directory is removed on close", func(t *testing.T) {
+		p, err := New(Config{Layout: testLayout, NumBlocks: 2, Dir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
 		}
 		if _, err := os.Stat(p.Path()); err != nil {
 			t.Fatalf("pool file missing while open: %v", err)

@@ -301,7 +301,7 @@ type HostIdentity struct {
 // [BlocksOffset + i*BlockBytes, +BlockBytes); its generation counter is the
 // little-endian uint64 at GenerationsOffset + 8*i, updated atomically.
 type ShmLayout struct {
-	Path              string // e.g. /dev/shm/tandem-kv-<engine id>
+	Path              string // e.g. /proc/<pid>/fd/<fd> of the pool's memory file
 	Size              int64  // mapping size in bytes (the file's size)
 	BlocksOffset      int64
 	GenerationsOffset int64 // must be a multiple of 8
