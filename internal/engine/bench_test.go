@@ -1,0 +1,102 @@
+package engine
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/modelinit"
+	"github.com/tandem-serve/tandem/internal/sample"
+	"github.com/tandem-serve/tandem/internal/tensor"
+	"github.com/tandem-serve/tandem/internal/tokenizer"
+)
+
+// BenchmarkStreams measures aggregate decode throughput of the whole engine
+// (scheduler, model, sampling, detokenization, events) on the smollm2-135m
+// shape in bf16 with 2 threads: N concurrent requests of a 64-token prompt
+// and 128 output tokens each. TANDEM_BENCH_MODEL names an existing model
+// directory; otherwise one is written to a temporary directory.
+func BenchmarkStreams(b *testing.B) {
+	dir := os.Getenv("TANDEM_BENCH_MODEL")
+	if dir == "" {
+		dir = b.TempDir()
+		if _, err := modelinit.Init(dir, "smollm2-135m", "bf16", 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+	pool := tensor.NewPool(2)
+	defer pool.Close()
+	m, err := model.Load(dir, pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, n := range []int{1, 4, 16} {
+		for _, mode := range []string{"greedy", "sampled"} {
+			b.Run(fmt.Sprintf("streams=%d/%s", n, mode), func(b *testing.B) {
+				e, err := New(Config{Model: m, Tokenizer: tok, NumBlocks: 256,
+					Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer e.Shutdown(b.Context())
+				const promptLen, outLen = 64, 128
+				rng := rand.New(rand.NewPCG(1, 2))
+				var tokens int
+				var decodeTime time.Duration
+				b.ResetTimer()
+				for range b.N {
+					var wg sync.WaitGroup
+					var mu sync.Mutex
+					var firstAll time.Time
+					for range n {
+						prompt := make([]int32, promptLen)
+						for i := range prompt {
+							prompt[i] = int32(10 + rng.IntN(40000))
+						}
+						p := sample.Params{MaxTokens: outLen, IgnoreEOS: true, Logprobs: -1}
+						if mode == "sampled" {
+							p.Temperature, p.TopP, p.Seed, p.HasSeed = 1, 0.95, rng.Uint64(), true
+						}
+						h, err := e.Submit(b.Context(), &Request{Prompt: prompt, Params: p})
+						if err != nil {
+							b.Fatal(err)
+						}
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							got, first := 0, time.Time{}
+							for ev := range h.Events {
+								if got == 0 && len(ev.Tokens) > 0 {
+									first = time.Now()
+								}
+								got += len(ev.Tokens)
+							}
+							mu.Lock()
+							tokens += got
+							if first.After(firstAll) {
+								firstAll = first
+							}
+							mu.Unlock()
+						}()
+					}
+					wg.Wait()
+					// Decode time: from the moment every stream has its first
+					// token (all prefills done) to the end.
+					decodeTime += time.Since(firstAll)
+				}
+				b.ReportMetric(float64(tokens-n*b.N)/decodeTime.Seconds(), "decode-tok/s")
+			})
+		}
+	}
+}
