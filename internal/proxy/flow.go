@@ -276,6 +276,11 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, bod
 	rc := http.NewResponseController(w)
 	buf := make([]byte, relayBufferBytes)
 	first := true
+	// tail keeps the last bytes relayed: a client may hang up as soon as it
+	// has read an SSE stream's "data: [DONE]", before the decode's EOF
+	// reaches the proxy; such a stream was delivered whole.
+	var tail []byte
+	delivered := func() bool { return bytes.HasSuffix(bytes.TrimRight(tail, "\r\n"), sseDone) }
 	for {
 		watchdog.Reset(p.cfg.Timeout)
 		n, rerr := resp.Body.Read(buf)
@@ -292,6 +297,10 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, bod
 			if err := rc.Flush(); err != nil {
 				return outcomeClientCanceled
 			}
+			tail = append(tail, buf[:n]...)
+			if len(tail) > 64 {
+				tail = append(tail[:0], tail[len(tail)-64:]...)
+			}
 		}
 		if rerr == io.EOF {
 			_ = rc.SetWriteDeadline(time.Time{})
@@ -299,6 +308,9 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, bod
 		}
 		if rerr != nil {
 			if r.Context().Err() != nil {
+				if delivered() {
+					return success
+				}
 				return outcomeClientCanceled
 			}
 			cause := rerr
@@ -359,3 +371,6 @@ func setLegHeaders(dst, client http.Header, id string) {
 	dst.Set("Content-Type", "application/json")
 	dst.Set("X-Request-Id", id)
 }
+
+// sseDone is the last event of an OpenAI stream.
+var sseDone = []byte("data: [DONE]")

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -410,5 +411,44 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 5s")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestClientLeavingAfterDoneIsASuccess(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	pre := newFake(t, prefillOK)
+	dec := newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+		w.(http.Flusher).Flush()
+		// Hold the response open: the client hangs up after [DONE] before
+		// the proxy sees the decode's EOF.
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	p, url := startProxy(t, Config{Fallback: true}, []*fakeEngine{pre}, []*fakeEngine{dec})
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(resp.Body)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("stream ended before [DONE]: %v", err)
+		}
+		if strings.HasPrefix(line, "data: [DONE]") {
+			break
+		}
+	}
+	resp.Body.Close()
+	waitFor(t, func() bool {
+		return metricValue(t, p, "tandem:proxy_requests_total", map[string]string{"outcome": outcomeRemote}) == 1
+	})
+	if got := metricValue(t, p, "tandem:proxy_requests_total", map[string]string{"outcome": outcomeClientCanceled}); got != 0 {
+		t.Errorf("a stream delivered through [DONE] counted as client_canceled (%v)", got)
 	}
 }
