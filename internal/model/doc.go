@@ -1,8 +1,9 @@
 // Package model loads Llama-family decoders (model_type llama, mistral and
 // qwen2) from Hugging Face checkpoints and runs them on the CPU.
 //
-// Load reads config.json and generation_config.json, memory-maps the
-// safetensors weights (bf16 and f16 stay in their dtype and are widened
+// Load reads config.json and generation_config.json, loads the safetensors
+// weights into read-only anonymous memory (see safetensors.Open for why not a
+// file mapping; bf16 and f16 stay in their dtype and are widened
 // inside the kernels of internal/tensor) and checks every tensor's shape.
 // Model.Forward runs a batch of sequences over a paged KV pool whose layout
 // is KVLayout: all new tokens of all sequences share every weight matmul,
