@@ -147,6 +147,7 @@ type Engine struct {
 	quit, abortAll          bool
 	prefixQ, prefixH        uint64
 	seqs                    []model.Seq
+	draws                   []draw
 	drainedClosed, stopping bool
 }
 
@@ -582,11 +583,7 @@ func (e *Engine) step() {
 				e.sched.Fail(sc.Req.ID, fmt.Sprintf("model forward failed: %v", err))
 			}
 		} else {
-			for i, sc := range batch {
-				if rs := e.reqs[sc.Req.ID]; sc.Sample && rs != nil {
-					results = append(results, e.sampleOne(rs, logits[i], now))
-				}
-			}
+			results = e.sampleAll(batch, logits, now)
 		}
 	}
 	e.finish(e.sched.Update(out, results), now)
@@ -595,9 +592,46 @@ func (e *Engine) step() {
 
 // sampleOne samples rs's next token, decides whether it ends the request
 // and queues the token and its text for the client.
-func (e *Engine) sampleOne(rs *reqState, logits []float32, now time.Time) sched.Result {
+// draw is one request's sampling in a step.
+type draw struct {
+	rs     *reqState
+	logits []float32
+	tok    int32
+	lp     *sample.Logprob
+}
+
+// sampleAll samples every request of the batch that reached the end of its
+// known tokens. The draws run in parallel on the model's worker pool — each
+// request has its own Sampler and random stream, so the tokens do not depend
+// on how the requests are split — and the rest (detokenizing, stops, events)
+// runs here, in batch order.
+func (e *Engine) sampleAll(batch []sched.Scheduled, logits [][]float32, now time.Time) []sched.Result {
+	draws := e.draws[:0]
+	for i, sc := range batch {
+		if rs := e.reqs[sc.Req.ID]; sc.Sample && rs != nil {
+			draws = append(draws, draw{rs: rs, logits: logits[i]})
+		}
+	}
+	e.draws = draws[:0]
+	if len(draws) == 0 {
+		return nil
+	}
+	e.model.Pool().Parallel(len(draws), func(lo, hi int) {
+		for j := lo; j < hi; j++ {
+			d := &draws[j]
+			d.tok, d.lp = d.rs.sampler.Sample(d.logits, d.rs.req.Prompt, d.rs.sr.Output())
+		}
+	})
+	results := make([]sched.Result, 0, len(draws))
+	for _, d := range draws {
+		results = append(results, e.sampleOne(d.rs, d.tok, d.lp, now))
+	}
+	clear(draws) // drop references to finished requests until the next step
+	return results
+}
+
+func (e *Engine) sampleOne(rs *reqState, tok int32, lp *sample.Logprob, now time.Time) sched.Result {
 	p := &rs.req.Params
-	tok, lp := rs.sampler.Sample(logits, rs.req.Prompt, rs.sr.Output())
 	n := len(rs.sr.Output()) + 1
 	ev := Event{Tokens: []int32{tok}}
 	if lp != nil {

@@ -265,3 +265,8 @@ func (m *Model) Close() error {
 	}
 	return nil
 }
+
+// Pool returns the worker pool the model computes on, for callers that want
+// to run their own per-step parallel work (such as sampling) on the same
+// threads. Like Forward, use it from one goroutine at a time.
+func (m *Model) Pool() *tensor.Pool { return m.pool }
