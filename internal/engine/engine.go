@@ -529,9 +529,17 @@ func (e *Engine) kvCompletions(c KVCompletions) {
 
 // reject finishes a request the scheduler never took.
 func (e *Engine) reject(rs *reqState, reason FinishReason, err error) {
+	e.release(rs.ext)
 	rs.out.push(Event{Finish: reason, Err: err, Usage: Usage{PromptTokens: len(rs.req.Prompt)}}, true)
+}
+
+// release frees a finished request's external id for reuse. It runs before
+// the final event is pushed, so a caller that has seen a request end can
+// submit the same id again at once (the decode leg of a request on an engine
+// that also did its prefill).
+func (e *Engine) release(ext string) {
 	e.mu.Lock()
-	delete(e.live, rs.ext)
+	delete(e.live, ext)
 	e.mu.Unlock()
 }
 
@@ -727,10 +735,8 @@ func (e *Engine) finish(fs []sched.Finished, now time.Time) {
 		if reason == FinishError {
 			ev.Err = errors.New(f.Err)
 		}
+		e.release(rs.ext)
 		rs.out.push(ev, true)
-		e.mu.Lock()
-		delete(e.live, rs.ext)
-		e.mu.Unlock()
 
 		e2e := now.Sub(rs.arrival)
 		var ttft time.Duration
