@@ -67,7 +67,7 @@ func (p *Proxy) handleGenerate(w http.ResponseWriter, r *http.Request) {
 // generate runs one request and returns its outcome label.
 func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) string {
 	if r.Method != http.MethodPost {
-		writeError(w, http.StatusMethodNotAllowed, errInvalidRequest, "use POST "+r.URL.Path)
+		writeError(w, http.StatusMethodNotAllowed, "use POST "+r.URL.Path)
 		return outcomeBadRequest
 	}
 	body, ok := p.readBody(w, r)
@@ -76,14 +76,14 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 	}
 	obj, err := parseObject(body)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, errInvalidRequest, err.Error())
+		writeError(w, http.StatusBadRequest, err.Error())
 		return outcomeBadRequest
 	}
 	preq := &picker.Request{Path: r.URL.Path, ID: id, Body: body}
 	// Check decode first: prefilling for a request no decode can take would
 	// only pin KV blocks on the prefill until their lease runs out.
 	if !p.decode.anyHealthy() {
-		writeError(w, http.StatusServiceUnavailable, errServer, "no healthy decode backend; see the proxy's /health")
+		writeError(w, http.StatusServiceUnavailable, "no healthy decode backend; see the proxy's /health")
 		return outcomeNoBackend
 	}
 
@@ -116,7 +116,7 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		case reasonTimeout:
 			status = http.StatusGatewayTimeout
 		}
-		writeError(w, status, errServer, fmt.Sprintf("prefill leg failed (%s: %s) and fallback to decode-only is off", res.reason, res.detail))
+		writeError(w, status, fmt.Sprintf("prefill leg failed (%s: %s) and fallback to decode-only is off", res.reason, res.detail))
 		return outcomePrefillFailed
 	}
 	p.metrics.fallbacks.WithLabelValues(res.reason).Inc()
@@ -137,10 +137,10 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) 
 	_ = rc.SetReadDeadline(time.Time{})
 	if err != nil {
 		if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
-			writeError(w, http.StatusRequestEntityTooLarge, errInvalidRequest,
+			writeError(w, http.StatusRequestEntityTooLarge,
 				fmt.Sprintf("request body exceeds %d bytes (the proxy's --max-body-bytes)", p.cfg.MaxBodyBytes))
 		} else {
-			writeError(w, http.StatusBadRequest, errInvalidRequest, "reading request body: "+err.Error())
+			writeError(w, http.StatusBadRequest, "reading request body: "+err.Error())
 		}
 		return nil, false
 	}
@@ -229,7 +229,7 @@ func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *picker
 func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, body []byte, preq *picker.Request, pd, success string) string {
 	b := p.decode.pick(preq)
 	if b == nil {
-		writeError(w, http.StatusServiceUnavailable, errServer, "no healthy decode backend; see the proxy's /health")
+		writeError(w, http.StatusServiceUnavailable, "no healthy decode backend; see the proxy's /health")
 		return outcomeNoBackend
 	}
 	ctx, cancel := context.WithCancelCause(r.Context())
@@ -242,7 +242,7 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, bod
 
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+r.URL.Path, bytes.NewReader(body))
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, errServer, err.Error())
+		writeError(w, http.StatusInternalServerError, err.Error())
 		return outcomeDecodeFailed
 	}
 	setLegHeaders(req.Header, r.Header, id)
@@ -258,10 +258,10 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, bod
 		case r.Context().Err() != nil:
 			return outcomeClientCanceled
 		case errors.Is(context.Cause(ctx), errBackendIdle):
-			writeError(w, http.StatusGatewayTimeout, errServer, fmt.Sprintf("decode backend %s sent no answer within %v", b.base, p.cfg.Timeout))
+			writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("decode backend %s sent no answer within %v", b.base, p.cfg.Timeout))
 		default:
 			markDown(b, err, p.log)
-			writeError(w, http.StatusBadGateway, errServer, fmt.Sprintf("decode backend %s unreachable: %v", b.base, err))
+			writeError(w, http.StatusBadGateway, fmt.Sprintf("decode backend %s unreachable: %v", b.base, err))
 		}
 		return outcomeDecodeFailed
 	}

@@ -148,7 +148,7 @@ func New(cfg Config) (*Proxy, error) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		// Unknown paths are refused rather than passed to a decode engine:
 		// passing them would silently skip the P/D path.
-		writeError(w, http.StatusNotFound, errNotFound,
+		writeError(w, http.StatusNotFound,
 			fmt.Sprintf("%s is not served by the tandem proxy; it serves /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics", r.URL.Path))
 	})
 	p.mux = mux
@@ -259,7 +259,7 @@ type healthBody struct {
 
 func (p *Proxy) handleHealth(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		writeError(w, http.StatusMethodNotAllowed, errInvalidRequest, "use GET /health")
+		writeError(w, http.StatusMethodNotAllowed, "use GET /health")
 		return
 	}
 	body := healthBody{Status: "ok", Prefill: p.prefill.states(), Decode: p.decode.states()}
@@ -278,19 +278,19 @@ func (p *Proxy) handleHealth(w http.ResponseWriter, r *http.Request) {
 // engines are the ones that answer the client, so theirs is the truth.
 func (p *Proxy) handleModels(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
-		writeError(w, http.StatusMethodNotAllowed, errInvalidRequest, "use GET /v1/models")
+		writeError(w, http.StatusMethodNotAllowed, "use GET /v1/models")
 		return
 	}
 	b := p.decode.pick(&picker.Request{Path: r.URL.Path})
 	if b == nil {
-		writeError(w, http.StatusServiceUnavailable, errServer, "no healthy decode backend; see /health")
+		writeError(w, http.StatusServiceUnavailable, "no healthy decode backend; see /health")
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.base+"/v1/models", nil)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, errServer, err.Error())
+		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
 	copyRequestHeaders(req.Header, r.Header)
@@ -299,7 +299,7 @@ func (p *Proxy) handleModels(w http.ResponseWriter, r *http.Request) {
 		if r.Context().Err() == nil {
 			markDown(b, err, p.log)
 		}
-		writeError(w, http.StatusBadGateway, errServer, fmt.Sprintf("decode backend %s: %v", b.base, err))
+		writeError(w, http.StatusBadGateway, fmt.Sprintf("decode backend %s: %v", b.base, err))
 		return
 	}
 	defer resp.Body.Close()
