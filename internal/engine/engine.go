@@ -266,7 +266,7 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (*Handle, error) {
 	}
 	r, maxTokens, err := e.check(r)
 	if err != nil {
-		e.rejectedKV(r.KVTransfer)
+		e.RejectKVTransfer(r.KVTransfer)
 		return nil, err
 	}
 	ext := r.ID
@@ -277,11 +277,11 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (*Handle, error) {
 	switch {
 	case e.closing:
 		e.mu.Unlock()
-		e.rejectedKV(r.KVTransfer)
+		e.RejectKVTransfer(r.KVTransfer)
 		return nil, ErrShuttingDown
 	case e.live[ext]:
 		e.mu.Unlock()
-		e.rejectedKV(r.KVTransfer)
+		e.RejectKVTransfer(r.KVTransfer)
 		return nil, &InvalidRequestError{Message: fmt.Sprintf("request id %q is already in flight: use a unique X-Request-Id", ext), Param: "request_id"}
 	}
 	e.live[ext] = true
@@ -340,13 +340,10 @@ func (e *Engine) check(r *Request) (*Request, int, error) {
 }
 
 // RejectKVTransfer tells the KV connector that a request carrying kv params
-// was refused before it reached the engine (by the API layer), so that a
-// prefill holding blocks for it can free them at once.
-func (e *Engine) RejectKVTransfer(kv map[string]any) { e.rejectedKV(kv) }
-
-// rejectedKV tells the connector that a request carrying kv params was
-// refused before the scheduler saw it.
-func (e *Engine) rejectedKV(kv map[string]any) {
+// was refused before the scheduler saw it (by Submit itself or by the API
+// layer in front of it), so that a prefill holding blocks for it can free
+// them at once.
+func (e *Engine) RejectKVTransfer(kv map[string]any) {
 	if kc, ok := e.cfg.Connector.(KVRequestChecker); ok && kv != nil {
 		kc.RejectedKVTransfer(kv)
 	}
@@ -494,7 +491,7 @@ func (e *Engine) handle(m any) {
 	switch m := m.(type) {
 	case *reqState:
 		if e.abortAll {
-			e.rejectedKV(m.req.KVTransfer)
+			e.RejectKVTransfer(m.req.KVTransfer)
 			e.reject(m, FinishAbort, errors.New("engine shut down before the request started"))
 			return
 		}

@@ -75,7 +75,6 @@ func Load(dir string, pool *tensor.Pool) (*Model, error) {
 	}
 	m.invFreq = ropeInvFreq(&m.cfg)
 	m.fingerprint = m.computeFingerprint()
-	set.Advise()
 	return m, nil
 }
 

@@ -100,15 +100,6 @@ func (f *File) Tensor(name string) (Tensor, bool) {
 	return Tensor{Info: info, File: f.path, Data: f.mapped[start:end:end]}, true
 }
 
-// Advise tells the kernel the whole mapping will be needed soon, so that
-// the first forward pass does not pay for page faults one by one. It is a
-// hint: failures are ignored.
-func (f *File) Advise() {
-	if f.mapped != nil {
-		_ = unix.Madvise(f.mapped, unix.MADV_WILLNEED)
-	}
-}
-
 // Close unmaps the file. Tensors obtained from it must not be used
 // afterwards.
 func (f *File) Close() error {
@@ -224,13 +215,6 @@ func (s *Set) Names() []string {
 
 // Files returns the open files in the order they were opened.
 func (s *Set) Files() []*File { return s.files }
-
-// Advise hints to the kernel that all files will be read soon.
-func (s *Set) Advise() {
-	for _, f := range s.files {
-		f.Advise()
-	}
-}
 
 // Close unmaps every file and returns the first error.
 func (s *Set) Close() error {
