@@ -119,3 +119,14 @@ func Softmax(x []float32) {
 		x[i] *= inv
 	}
 }
+
+// ExpSum replaces x[i] by e^(x[i]-mx) for i < len(x) and returns the sum of
+// the results, with the active ISA's vector exponential (relative error a
+// few ulp). The sum is accumulated in a fixed order for a given ISA and
+// length.
+func ExpSum(x []float32, mx float32) float32 {
+	if len(x) == 0 {
+		return 0
+	}
+	return active.Load().expSum(&x[0], len(x), mx)
+}
