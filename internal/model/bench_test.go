@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -74,6 +75,28 @@ func reportRates(b *testing.B, tokens int, cpu time.Duration) {
 	}
 }
 
+// runBench runs f as the sub-benchmark threads=N, or threads=N/isa=X for
+// every kernel ISA listed in TANDEM_BENCH_ISAS (comma-separated, e.g.
+// "avx512bf16,avx512"), which compares kernel sets within one run.
+func runBench(b *testing.B, threads int, f func(b *testing.B)) {
+	name := fmt.Sprintf("threads=%d", threads)
+	isas := os.Getenv("TANDEM_BENCH_ISAS")
+	if isas == "" {
+		b.Run(name, f)
+		return
+	}
+	def := tensor.ISA()
+	defer func() { _ = tensor.SetISA(def) }()
+	for _, isa := range strings.Split(isas, ",") {
+		b.Run(name+"/isa="+isa, func(b *testing.B) {
+			if err := tensor.SetISA(isa); err != nil {
+				b.Fatal(err)
+			}
+			f(b)
+		})
+	}
+}
+
 func loadBench(b *testing.B, threads int) *Model {
 	b.Helper()
 	pool := tensor.NewPool(threads)
@@ -91,7 +114,7 @@ func loadBench(b *testing.B, threads int) *Model {
 func BenchmarkPrefill(b *testing.B) {
 	const n = 128
 	for _, threads := range []int{1, 2} {
-		b.Run(fmt.Sprintf("threads=%d", threads), func(b *testing.B) {
+		runBench(b, threads, func(b *testing.B) {
 			m := loadBench(b, threads)
 			layout := m.KVLayout(16)
 			kv, blocks := contiguous(layout, n)
@@ -120,7 +143,7 @@ func BenchmarkPrefill(b *testing.B) {
 func BenchmarkDecode(b *testing.B) {
 	const ctx = 128
 	for _, threads := range []int{1, 2} {
-		b.Run(fmt.Sprintf("threads=%d", threads), func(b *testing.B) {
+		runBench(b, threads, func(b *testing.B) {
 			m := loadBench(b, threads)
 			layout := m.KVLayout(16)
 			kv, blocks := contiguous(layout, 2*ctx)
@@ -156,7 +179,7 @@ func BenchmarkDecode(b *testing.B) {
 func BenchmarkDecodeBatch16(b *testing.B) {
 	const nseq, ctx = 16, 64
 	for _, threads := range []int{1, 2} {
-		b.Run(fmt.Sprintf("threads=%d", threads), func(b *testing.B) {
+		runBench(b, threads, func(b *testing.B) {
 			m := loadBench(b, threads)
 			layout := m.KVLayout(16)
 			kv, blocks := contiguous(layout, nseq*2*ctx)

@@ -99,7 +99,17 @@ func (r *refModel) tensor(t *testing.T, name string) []float64 {
 	return out
 }
 
-func refLinear(w []float64, rows, cols int, x []float64, bias []float64) []float64 {
+// refLinear computes w·x + bias. With roundX the activations are first
+// rounded to bf16, as MatMul does for bf16 weights when
+// tensor.BF16Activations reports so.
+func refLinear(w []float64, rows, cols int, x []float64, bias []float64, roundX bool) []float64 {
+	if roundX {
+		r := make([]float64, len(x))
+		for i, v := range x {
+			r[i] = float64(tensor.BF16ToF32(tensor.F32ToBF16(float32(v))))
+		}
+		x = r
+	}
 	out := make([]float64, rows)
 	for j := range rows {
 		var s float64
@@ -149,6 +159,12 @@ func (r *refModel) logits(t *testing.T, tokens []int32) [][]float64 {
 		}
 		return get(name)
 	}
+	// rx reports whether MatMul rounds the activations multiplied by the
+	// named weights to bf16.
+	rx := func(name string) bool {
+		ts, ok := r.set.Tensor(name)
+		return ok && ts.DType == safetensors.BF16 && tensor.BF16Activations()
+	}
 	emb := get("model.embed_tokens.weight")
 	xs := make([][]float64, len(tokens))
 	for i, id := range tokens {
@@ -163,9 +179,9 @@ func (r *refModel) logits(t *testing.T, tokens []int32) [][]float64 {
 		var ks, vs [][]float64
 		for pos, x := range xs {
 			xn := refNorm(x, n1, c.RMSNormEps)
-			q := refLinear(wq, qd, H, xn, bq)
-			k := refLinear(wk, kvd, H, xn, bk)
-			v := refLinear(wv, kvd, H, xn, bv)
+			q := refLinear(wq, qd, H, xn, bq, rx(p+"self_attn.q_proj.weight"))
+			k := refLinear(wk, kvd, H, xn, bk, rx(p+"self_attn.k_proj.weight"))
+			v := refLinear(wv, kvd, H, xn, bv, rx(p+"self_attn.v_proj.weight"))
 			for h := range c.Heads {
 				r.rope(q[h*hd:(h+1)*hd], pos)
 			}
@@ -197,29 +213,30 @@ func (r *refModel) logits(t *testing.T, tokens []int32) [][]float64 {
 					}
 				}
 			}
-			o := refLinear(wo, H, qd, att, bo)
+			o := refLinear(wo, H, qd, att, bo, rx(p+"self_attn.o_proj.weight"))
 			for i := range x {
 				x[i] += o[i]
 			}
 			xn = refNorm(x, n2, c.RMSNormEps)
-			g, u := refLinear(wg, F, H, xn, nil), refLinear(wu, F, H, xn, nil)
+			g := refLinear(wg, F, H, xn, nil, rx(p+"mlp.gate_proj.weight"))
+			u := refLinear(wu, F, H, xn, nil, rx(p+"mlp.up_proj.weight"))
 			for i := range g {
 				g[i] = g[i] / (1 + math.Exp(-g[i])) * u[i]
 			}
-			d := refLinear(wd, H, F, g, nil)
+			d := refLinear(wd, H, F, g, nil, rx(p+"mlp.down_proj.weight"))
 			for i := range x {
 				x[i] += d[i]
 			}
 		}
 	}
-	head := opt("lm_head.weight")
+	head, headName := opt("lm_head.weight"), "lm_head.weight"
 	if c.TieWordEmbeddings || head == nil {
-		head = emb
+		head, headName = emb, "model.embed_tokens.weight"
 	}
 	norm := get("model.norm.weight")
 	out := make([][]float64, len(tokens))
 	for i, x := range xs {
-		out[i] = refLinear(head, c.Vocab, H, refNorm(x, norm, c.RMSNormEps), nil)
+		out[i] = refLinear(head, c.Vocab, H, refNorm(x, norm, c.RMSNormEps), nil, rx(headName))
 	}
 	return out
 }
@@ -279,6 +296,7 @@ var referenceCases = []struct {
 	{"llama GQA f32 untied", testSpec(func(s *modelinit.Spec) {})},
 	{"llama GQA bf16 tied", testSpec(func(s *modelinit.Spec) { s.DType = "bf16"; s.Tied = true })},
 	{"qwen2 q/k/v biases bf16 tied", testSpec(func(s *modelinit.Spec) { s.ModelType = "qwen2"; s.DType = "bf16"; s.Tied = true })},
+	{"qwen2 q/k/v biases bf16 untied", testSpec(func(s *modelinit.Spec) { s.ModelType = "qwen2"; s.DType = "bf16" })},
 	{"llama attention_bias f16 untied with llama3 rope scaling", testSpec(func(s *modelinit.Spec) {
 		s.AttentionBias = true
 		s.DType = "f16"
@@ -294,36 +312,93 @@ var referenceCases = []struct {
 	})},
 }
 
+// f32ActivationISA selects, for the rest of the test, the best kernel ISA
+// that multiplies f32 activations (see tensor.BF16Activations): the
+// float64 reference comparisons are tight, and rounding activations to bf16
+// can flip one rounding between the reference's float64 input and the
+// model's float32 one. TestBF16ActivationsNearReference covers the
+// rounding ISA.
+func f32ActivationISA(t *testing.T) {
+	t.Helper()
+	if !tensor.BF16Activations() {
+		return
+	}
+	def := tensor.ISA()
+	t.Cleanup(func() { _ = tensor.SetISA(def) })
+	for _, isa := range tensor.ISAs() {
+		if err := tensor.SetISA(isa); err != nil {
+			t.Fatal(err)
+		}
+		if !tensor.BF16Activations() {
+			return
+		}
+	}
+	t.Fatal("no ISA multiplies f32 activations")
+}
+
+// referenceDiff runs tc's model on 21 random tokens and returns the largest
+// logit difference to the float64 reference, relative to the largest
+// logit, and the mean squared difference relative to the mean squared
+// logit.
+func referenceDiff(t *testing.T, spec modelinit.Spec) (maxRel, msRel float64) {
+	t.Helper()
+	dir := writeTestModel(t, spec)
+	m := loadTestModel(t, dir, 2)
+	ref := newRefModel(t, dir)
+	r := rand.New(rand.NewPCG(1, 2))
+	tokens := randomTokens(r, 21, spec.Vocab)
+	want := ref.logits(t, tokens)
+
+	layout := m.KVLayout(4)
+	kv, blocks := contiguous(layout, len(tokens))
+	out, err := m.Forward([]Seq{{Tokens: tokens, Blocks: blocks, Logits: allIndexes(len(tokens))}}, kv, layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	V := m.VocabSize()
+	var maxAbs, maxDiff, ss, sd float64
+	for p := range tokens {
+		for j := range V {
+			w := want[p][j]
+			d := float64(out[0][p*V+j]) - w
+			maxAbs = max(maxAbs, math.Abs(w))
+			maxDiff = max(maxDiff, math.Abs(d))
+			ss += w * w
+			sd += d * d
+		}
+	}
+	if maxAbs < 0.5 {
+		t.Fatalf("reference logits are degenerate (max |logit| %g): the test model is too weak to test anything", maxAbs)
+	}
+	return maxDiff / maxAbs, sd / ss
+}
+
 func TestForwardMatchesFloat64Reference(t *testing.T) {
+	f32ActivationISA(t)
 	for _, tc := range referenceCases {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := writeTestModel(t, tc.spec)
-			m := loadTestModel(t, dir, 2)
-			ref := newRefModel(t, dir)
-			r := rand.New(rand.NewPCG(1, 2))
-			tokens := randomTokens(r, 21, tc.spec.Vocab)
-			want := ref.logits(t, tokens)
+			if rel, _ := referenceDiff(t, tc.spec); rel > 1e-4 {
+				t.Errorf("max |Δlogit| relative to max |logit|: %g > 1e-4", rel)
+			}
+		})
+	}
+}
 
-			layout := m.KVLayout(4)
-			kv, blocks := contiguous(layout, len(tokens))
-			out, err := m.Forward([]Seq{{Tokens: tokens, Blocks: blocks, Logits: allIndexes(len(tokens))}}, kv, layout)
-			if err != nil {
-				t.Fatal(err)
-			}
-			V := m.VocabSize()
-			var maxAbs, maxDiff float64
-			for p := range tokens {
-				for j := range V {
-					w := want[p][j]
-					maxAbs = max(maxAbs, math.Abs(w))
-					maxDiff = max(maxDiff, math.Abs(float64(out[0][p*V+j])-w))
-				}
-			}
-			if maxAbs < 0.5 {
-				t.Fatalf("reference logits are degenerate (max |logit| %g): the test model is too weak to test anything", maxAbs)
-			}
-			if rel := maxDiff / maxAbs; rel > 1e-4 {
-				t.Errorf("max |Δlogit| = %g, relative to max |logit| %g: %g > 1e-4", maxDiff, maxAbs, rel)
+// TestBF16ActivationsNearReference checks the bf16 models under the
+// default ISA, which may round activations to bf16 (tensor.BF16Activations):
+// the reference then rounds the same inputs, and the only differences left
+// are the rare inputs whose float64 and float32 values round to different
+// bf16 neighbours.
+func TestBF16ActivationsNearReference(t *testing.T) {
+	for _, tc := range referenceCases {
+		if tc.spec.DType != "bf16" {
+			continue
+		}
+		t.Run(tc.name, func(t *testing.T) {
+			maxRel, msRel := referenceDiff(t, tc.spec)
+			t.Logf("ISA %s: max |Δlogit| / max |logit| = %.3g, Σ Δ² / Σ logit² = %.3g", tensor.ISA(), maxRel, msRel)
+			if maxRel > 5e-2 || msRel > 1e-4 {
+				t.Errorf("logits too far from the reference: max relative %g (limit 5e-2), mean-square relative %g (limit 1e-4)", maxRel, msRel)
 			}
 		})
 	}

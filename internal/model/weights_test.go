@@ -51,6 +51,7 @@ func sortWeights(t *testing.T, dir string) {
 }
 
 func TestUnfusedLayoutMatchesReference(t *testing.T) {
+	f32ActivationISA(t)
 	spec := testSpec(func(s *modelinit.Spec) { s.ModelType = "qwen2"; s.DType = "bf16" })
 	dir := writeTestModel(t, spec)
 	sortWeights(t, dir)

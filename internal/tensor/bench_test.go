@@ -10,37 +10,48 @@ import (
 var benchShapes = []struct{ n, k int }{{576, 576}, {1536, 576}, {576, 1536}, {2048, 2048}}
 
 // BenchmarkMatMul reports GFLOP/s (2·M·N·K per call) on a weight matrix that
-// stays cache-resident across iterations (prefill-like reuse).
+// stays cache-resident across iterations (prefill-like reuse), for every
+// ISA this CPU supports.
+//
+//	go test -run '^$' -bench 'MatMul/avx512.*/bf16/576x576/M=(1|16)/' ./internal/tensor/
 func BenchmarkMatMul(b *testing.B) {
-	for _, dt := range []DType{F32, BF16} {
-		for _, threads := range []int{1, 2} {
-			pool := NewPool(threads)
-			for _, s := range benchShapes {
-				for _, m := range []int{1, 4, 16, 128} {
-					name := fmt.Sprintf("%s/%dx%d/M=%d/T=%d", dt, s.n, s.k, m, threads)
-					b.Run(name, func(b *testing.B) {
-						rng := rand.New(rand.NewPCG(1, 1))
-						w, _ := randMat(rng, dt, s.n, s.k)
-						x := randVec(rng, m*s.k)
-						out := make([]float32, m*s.n)
-						for b.Loop() {
-							pool.MatMul(out, x, m, w)
-						}
-						b.ReportMetric(2*float64(m*s.n*s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
-					})
+	def := ISA()
+	defer func() { _ = SetISA(def) }()
+	for _, isa := range ISAs() {
+		for _, dt := range []DType{F32, BF16} {
+			for _, threads := range []int{1, 2} {
+				pool := NewPool(threads)
+				for _, s := range benchShapes {
+					for _, m := range []int{1, 4, 16, 128} {
+						name := fmt.Sprintf("%s/%s/%dx%d/M=%d/T=%d", isa, dt, s.n, s.k, m, threads)
+						b.Run(name, func(b *testing.B) {
+							if err := SetISA(isa); err != nil {
+								b.Fatal(err)
+							}
+							rng := rand.New(rand.NewPCG(1, 1))
+							w, _ := randMat(rng, dt, s.n, s.k)
+							x := randVec(rng, m*s.k)
+							out := make([]float32, m*s.n)
+							for b.Loop() {
+								pool.MatMul(out, x, m, w)
+							}
+							b.ReportMetric(2*float64(m*s.n*s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+						})
+					}
 				}
+				pool.Close()
 			}
-			pool.Close()
 		}
 	}
 }
 
-// BenchmarkMatVecColdBF16 reports the weight bytes streamed per second by
-// the single-row (decode) path over rotating bf16 matrices of ~320 MiB in
-// all, far bigger than the caches, so the weights come from DRAM: square
-// 2048×2048 ones, and 3072×576 ones with the short (1152-byte) rows of the
-// SmolLM2-135M projections.
-func BenchmarkMatVecColdBF16(b *testing.B) {
+// BenchmarkMatMulColdBF16 reports the weight bytes streamed per second by
+// MatMul over rotating bf16 matrices of ~320 MiB in all, far bigger than
+// the caches, so the weights come from DRAM as in decode: square 2048×2048
+// ones, and 3072×576 ones with the short (1152-byte) rows of the
+// SmolLM2-135M projections; M=1 is single-stream decode, M=16 a batched
+// decode step.
+func BenchmarkMatMulColdBF16(b *testing.B) {
 	for _, s := range []struct{ n, k int }{{2048, 2048}, {3072, 576}} {
 		mats := (320 << 20) / (s.n * s.k * 2)
 		rng := rand.New(rand.NewPCG(2, 2))
@@ -51,20 +62,41 @@ func BenchmarkMatVecColdBF16(b *testing.B) {
 				ws[i].U16[j] = uint16(rng.Uint32())&0x3fff | 0x3000 // finite values
 			}
 		}
-		x := randVec(rng, s.k)
-		out := make([]float32, s.n)
-		for _, threads := range []int{1, 2} {
-			b.Run(fmt.Sprintf("%dx%d/T=%d", s.n, s.k, threads), func(b *testing.B) {
-				pool := NewPool(threads)
-				defer pool.Close()
-				i := 0
-				for b.Loop() {
-					pool.MatMul(out, x, 1, ws[i%mats])
-					i++
-				}
-				b.ReportMetric(float64(s.n*s.k*2)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
-			})
+		for _, m := range []int{1, 16} {
+			x := randVec(rng, m*s.k)
+			out := make([]float32, m*s.n)
+			for _, threads := range []int{1, 2} {
+				forBenchISAs(b, fmt.Sprintf("%dx%d/M=%d/T=%d", s.n, s.k, m, threads), func(b *testing.B) {
+					pool := NewPool(threads)
+					defer pool.Close()
+					i := 0
+					for b.Loop() {
+						pool.MatMul(out, x, m, ws[i%mats])
+						i++
+					}
+					b.ReportMetric(float64(s.n*s.k*2)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+					b.ReportMetric(2*float64(m*s.n*s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+				})
+			}
 		}
+	}
+}
+
+// forBenchISAs runs f as sub-benchmark name/isa for every assembly ISA
+// this CPU supports, so that kernel sets are compared within one run.
+func forBenchISAs(b *testing.B, name string, f func(b *testing.B)) {
+	def := ISA()
+	defer func() { _ = SetISA(def) }()
+	for _, isa := range ISAs() {
+		if isa == "go" {
+			continue
+		}
+		b.Run(name+"/"+isa, func(b *testing.B) {
+			if err := SetISA(isa); err != nil {
+				b.Fatal(err)
+			}
+			f(b)
+		})
 	}
 }
 

@@ -55,6 +55,21 @@ func siluMulAVX512(gate *float32, up *float32, n int)
 // expSumAVX512 computes x[t] = exp(x[t]-mx) for t < n and returns their sum.
 func expSumAVX512(x *float32, n int, mx float32) float32
 
+// gemmDPBF16R1 computes 1 row of bf16 x times n rows of bf16 weights (see asmgen).
+func gemmDPBF16R1(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+
+// gemmDPBF16R2 computes 2 rows of bf16 x times n rows of bf16 weights (see asmgen).
+func gemmDPBF16R2(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+
+// gemmDPBF16R3 computes 3 rows of bf16 x times n rows of bf16 weights (see asmgen).
+func gemmDPBF16R3(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+
+// gemmDPBF16R4 computes 4 rows of bf16 x times n rows of bf16 weights (see asmgen).
+func gemmDPBF16R4(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
+
+// cvtBF16AVX512 rounds x[t] to bf16 (nearest even) into out[t] for t < n.
+func cvtBF16AVX512(x *float32, out *uint16, n int)
+
 // gemmAVX2F32R1 computes 1 rows of x times n rows of F32 weights (see asmgen).
 func gemmAVX2F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 

@@ -13,6 +13,8 @@ import (
 type (
 	gemmF32 func(x *float32, ldx int, w *float32, ldw, k, n int, out *float32, ldo int, pf uintptr)
 	gemmU16 func(x *float32, ldx int, w *uint16, ldw, k, n int, out *float32, ldo int, pf uintptr)
+	// gemmBF16x is gemmU16 with the activations already rounded to bf16.
+	gemmBF16x func(x *uint16, ldx int, w *uint16, ldw, k, n int, out *float32, ldo int, pf uintptr)
 )
 
 // maxTileRows is the largest number of x rows one matrix kernel handles.
@@ -28,6 +30,10 @@ type kernelSet struct {
 	f32  [maxTileRows]gemmF32
 	bf16 [maxTileRows]gemmU16
 	f16  [maxTileRows]gemmU16
+	// bf16x, when set, replaces bf16: MatMul rounds the activations to
+	// bf16 with toBF16 (nearest even) and multiplies bf16 by bf16.
+	bf16x  [maxTileRows]gemmBF16x
+	toBF16 func(x *float32, out *uint16, n int)
 	// cols is the number of weight rows the widest kernel processes per
 	// pass; the matrix driver aligns its work split to it.
 	cols int

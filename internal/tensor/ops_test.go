@@ -313,3 +313,45 @@ func TestDotRowsMatchesMatMul(t *testing.T) {
 		}
 	})
 }
+
+// TestBF16ActivationRounding checks the kernels that round activations to
+// bf16 against F32ToBF16 (nearest even) on every length up to 40 (full
+// vectors and masked tails) and on special values.
+func TestBF16ActivationRounding(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	specials := []float32{0, float32(math.Copysign(0, -1)), 1, -1, 1.00390625, 1.01171875, 1.0039063, 1.0039062,
+		float32(math.Inf(1)), float32(math.Inf(-1)), math.MaxFloat32, -math.MaxFloat32, math.SmallestNonzeroFloat32 * (1 << 23),
+		3.0e38, 65504, 1e-30}
+	for _, ks := range kernelSets {
+		if !ks.avail || ks.toBF16 == nil {
+			continue
+		}
+		t.Run(ks.name, func(t *testing.T) {
+			for n := 0; n <= 40; n++ {
+				x := make([]float32, n)
+				for i := range x {
+					x[i] = (rng.Float32()*2 - 1) * float32(math.Pow(2, float64(rng.IntN(40)-20)))
+				}
+				copy(x, specials[:min(n, len(specials))])
+				out := make([]uint16, n+1)
+				out[n] = 0xdead // must not be written
+				if n > 0 {
+					ks.toBF16(&x[0], &out[0], n)
+				}
+				for i, v := range x {
+					if want := F32ToBF16(v); out[i] != want {
+						t.Fatalf("n=%d: bf16(%g) = %#04x, want %#04x", n, v, out[i], want)
+					}
+				}
+				if out[n] != 0xdead {
+					t.Fatalf("n=%d: wrote past the end", n)
+				}
+			}
+			nan := make([]uint16, 1)
+			ks.toBF16(new(float32(math.NaN())), &nan[0], 1)
+			if v := BF16ToF32(nan[0]); !math.IsNaN(float64(v)) {
+				t.Errorf("bf16(NaN) = %g", v)
+			}
+		})
+	}
+}

@@ -18,7 +18,9 @@
 package main
 
 import (
+	"flag"
 	"fmt"
+	"os"
 
 	. "github.com/mmcloughlin/avo/build"
 	. "github.com/mmcloughlin/avo/operand"
@@ -78,8 +80,19 @@ func main() {
 		}
 		siluMul(s)
 		expSum(s)
+		if s.lanes == 16 {
+			gemmDPR1()
+			for r := 2; r <= 4; r++ {
+				gemmDP(r)
+			}
+			cvtBF16()
+		}
 	}
 	Generate()
+	if err := rawEncode(flag.Lookup("out").Value.String()); err != nil {
+		fmt.Fprintln(os.Stderr, "asmgen:", err)
+		os.Exit(1)
+	}
 }
 
 // tailMask loads into a mask register the lanes of the last partial step of
