@@ -3556,6 +3556,121 @@ done:
 	VZEROUPPER
 	RET
 
+// func axpyRowsBF16AVX512(alpha *float32, v *uint16, ldv int, rows int, y *float32, n int)
+// Requires: AVX, AVX512BW, AVX512F, AVX512VL, BMI2
+TEXT ·axpyRowsBF16AVX512(SB), NOSPLIT, $0-48
+	MOVQ alpha+0(FP), AX
+	MOVQ v+8(FP), CX
+	MOVQ ldv+16(FP), DX
+	SHLQ $0x01, DX
+	MOVQ rows+24(FP), BX
+	MOVQ y+32(FP), SI
+	MOVQ n+40(FP), DI
+
+c64:
+	CMPQ    DI, $0x00000040
+	JL      c16
+	VMOVUPS (SI), Z0
+	VMOVUPS 64(SI), Z1
+	VMOVUPS 128(SI), Z2
+	VMOVUPS 192(SI), Z3
+	MOVQ    CX, R8
+	MOVQ    AX, R9
+	MOVQ    BX, R10
+	TESTQ   R10, R10
+	JE      wstore
+
+wrow:
+	VBROADCASTSS (R9), Z4
+	VPMOVZXWD    (R8), Z5
+	VPSLLD       $0x10, Z5, Z5
+	VFMADD231PS  Z5, Z4, Z0
+	VPMOVZXWD    32(R8), Z5
+	VPSLLD       $0x10, Z5, Z5
+	VFMADD231PS  Z5, Z4, Z1
+	VPMOVZXWD    64(R8), Z5
+	VPSLLD       $0x10, Z5, Z5
+	VFMADD231PS  Z5, Z4, Z2
+	VPMOVZXWD    96(R8), Z5
+	VPSLLD       $0x10, Z5, Z5
+	VFMADD231PS  Z5, Z4, Z3
+	ADDQ         DX, R8
+	ADDQ         $0x04, R9
+	DECQ         R10
+	JNE          wrow
+
+wstore:
+	VMOVUPS Z0, (SI)
+	VMOVUPS Z1, 64(SI)
+	VMOVUPS Z2, 128(SI)
+	VMOVUPS Z3, 192(SI)
+	ADDQ    $0x00000100, SI
+	ADDQ    $0x00000080, CX
+	SUBQ    $0x00000040, DI
+	JMP     c64
+
+c16:
+	CMPQ    DI, $0x00000010
+	JL      ctail
+	VMOVUPS (SI), Z0
+	MOVQ    CX, R8
+	MOVQ    AX, R9
+	MOVQ    BX, R10
+	TESTQ   R10, R10
+	JE      nstore
+
+nrow:
+	VBROADCASTSS (R9), Z1
+	VPMOVZXWD    (R8), Z2
+	VPSLLD       $0x10, Z2, Z2
+	VFMADD231PS  Z2, Z1, Z0
+	ADDQ         DX, R8
+	ADDQ         $0x04, R9
+	DECQ         R10
+	JNE          nrow
+
+nstore:
+	VMOVUPS Z0, (SI)
+	ADDQ    $0x00000040, SI
+	ADDQ    $0x00000020, CX
+	SUBQ    $0x00000010, DI
+	JMP     c16
+
+ctail:
+	TESTQ     DI, DI
+	JE        done
+	MOVL      DI, R8
+	ANDL      $0x0000000f, R8
+	MOVL      $0x0000ffff, R9
+	BZHIL     R8, R9, R8
+	KMOVW     R8, K1
+	VMOVUPS.Z (SI), K1, Z0
+	MOVQ      CX, R8
+	MOVQ      BX, BX
+	TESTQ     BX, BX
+	JE        tstore
+
+trow:
+	VBROADCASTSS (AX), Z1
+	VMOVDQU16.Z  (R8), K1, Y2
+	VPMOVZXWD    Y2, Z2
+	VPSLLD       $0x10, Z2, Z2
+	VFMADD231PS  Z2, Z1, Z0
+	ADDQ         DX, R8
+	ADDQ         $0x04, AX
+	DECQ         BX
+	JNE          trow
+
+tstore:
+	VMOVUPS Z0, K1, (SI)
+	ADDQ    $0x00000040, SI
+	ADDQ    $0x00000020, CX
+	SUBQ    $0x00000010, DI
+
+done:
+	VZEROUPPER
+	RET
+
 // func siluMulAVX512(gate *float32, up *float32, n int)
 // Requires: AVX, AVX512DQ, AVX512F, BMI2
 TEXT ·siluMulAVX512(SB), NOSPLIT, $0-24

@@ -49,6 +49,9 @@ func axpyAVX512(alpha float32, x *float32, y *float32, n int)
 // axpyRowsAVX512 computes y[t] = fma(alpha[r], v[r*ldv+t], y[t]) for r < rows in order, t < n.
 func axpyRowsAVX512(alpha *float32, v *float32, ldv int, rows int, y *float32, n int)
 
+// axpyRowsBF16AVX512 computes y[t] = fma(alpha[r], v[r*ldv+t], y[t]) for r < rows in order, t < n.
+func axpyRowsBF16AVX512(alpha *float32, v *uint16, ldv int, rows int, y *float32, n int)
+
 // siluMulAVX512 computes gate[t] = silu(gate[t])·up[t] for t < n.
 func siluMulAVX512(gate *float32, up *float32, n int)
 

@@ -42,6 +42,9 @@ type kernelSet struct {
 	// axpyRows, if set, is rows calls of axpy with y kept in registers
 	// (bit-identical to them); nil means call axpy per row.
 	axpyRows func(alpha, v *float32, ldv, rows int, y *float32, n int)
+	// axpyRowsBF16, if set, is axpyRows over bf16 rows widened to f32;
+	// nil means widen each row and call axpy.
+	axpyRowsBF16 func(alpha *float32, v *uint16, ldv, rows int, y *float32, n int)
 	// silu computes gate[t] = silu(gate[t])·up[t]; expSum computes
 	// x[t] = e^(x[t]-mx) and returns the sum.
 	silu   func(gate, up *float32, n int)

@@ -11,17 +11,18 @@ func archKernelSets() []*kernelSet {
 	avx2 := x.HasAVX2 && x.HasFMA && x.HasF16C && x.HasOSXSAVE
 	avx512 := avx2 && x.HasAVX512F && x.HasAVX512BW && x.HasAVX512DQ && x.HasAVX512VL && x.HasBMI2
 	avx512Set := &kernelSet{
-		name:     "avx512",
-		f32:      [maxTileRows]gemmF32{gemmAVX512F32R1, gemmAVX512F32R2, gemmAVX512F32R3, gemmAVX512F32R4},
-		bf16:     [maxTileRows]gemmU16{gemmAVX512BF16R1, gemmAVX512BF16R2, gemmAVX512BF16R3, gemmAVX512BF16R4},
-		f16:      [maxTileRows]gemmU16{gemmAVX512F16R1, gemmAVX512F16R2, gemmAVX512F16R3, gemmAVX512F16R4},
-		cols:     4,
-		dot:      dotAVX512,
-		axpy:     axpyAVX512,
-		axpyRows: axpyRowsAVX512,
-		silu:     siluMulAVX512,
-		expSum:   expSumAVX512,
-		avail:    avx512,
+		name:         "avx512",
+		f32:          [maxTileRows]gemmF32{gemmAVX512F32R1, gemmAVX512F32R2, gemmAVX512F32R3, gemmAVX512F32R4},
+		bf16:         [maxTileRows]gemmU16{gemmAVX512BF16R1, gemmAVX512BF16R2, gemmAVX512BF16R3, gemmAVX512BF16R4},
+		f16:          [maxTileRows]gemmU16{gemmAVX512F16R1, gemmAVX512F16R2, gemmAVX512F16R3, gemmAVX512F16R4},
+		cols:         4,
+		dot:          dotAVX512,
+		axpy:         axpyAVX512,
+		axpyRows:     axpyRowsAVX512,
+		axpyRowsBF16: axpyRowsBF16AVX512,
+		silu:         siluMulAVX512,
+		expSum:       expSumAVX512,
+		avail:        avx512,
 	}
 	// avx512bf16 is avx512 with bf16 activations for bf16 weights
 	// (VDPBF16PS: twice the arithmetic per instruction, no widening).

@@ -130,3 +130,77 @@ func ExpSum(x []float32, mx float32) float32 {
 	}
 	return active.Load().expSum(&x[0], len(x), mx)
 }
+
+// AxpyRowsBF16 is AxpyRows over bf16 value rows: for r < len(alpha) in
+// order, y[t] += alpha[r]·v[r*ldv+t] for t < len(y), each v widened exactly
+// to f32 — bit-identical to AxpyRows over the widened rows.
+func AxpyRowsBF16(y, alpha []float32, v []uint16, ldv int) {
+	if len(alpha) == 0 || len(y) == 0 {
+		return
+	}
+	if need := (len(alpha)-1)*ldv + len(y); (len(alpha) > 1 && ldv < len(y)) || len(v) < need {
+		panic(fmt.Sprintf("tensor: AxpyRowsBF16 with len(v)=%d, ldv=%d for %d rows of %d", len(v), ldv, len(alpha), len(y)))
+	}
+	ks := active.Load()
+	if ks.axpyRowsBF16 != nil {
+		ks.axpyRowsBF16(&alpha[0], &v[0], ldv, len(alpha), &y[0], len(y))
+		return
+	}
+	row := make([]float32, len(y))
+	for r, a := range alpha {
+		for t, b := range v[r*ldv : r*ldv+len(y)] {
+			row[t] = BF16ToF32(b)
+		}
+		ks.axpy(a, &row[0], &y[0], len(y))
+	}
+}
+
+// DotRowsBF16 computes out[j] = Σ_t x[t]·w[j*ldw+t] for j < len(out), t <
+// len(x), with bf16 weight rows spaced ldw apart: exactly what MatMul
+// computes for a BF16 Mat holding those rows (bit-identical whatever
+// MatMul's m, including the rounding of x to bf16 when BF16Activations).
+// It runs on the calling goroutine and panics if w is too short or ldw <
+// len(x).
+func DotRowsBF16(out, x []float32, w []uint16, ldw int) {
+	k, n := len(x), len(out)
+	if n == 0 {
+		return
+	}
+	if k == 0 {
+		clear(out)
+		return
+	}
+	if ldw < k || len(w) < (n-1)*ldw+k {
+		panic(fmt.Sprintf("tensor: DotRowsBF16 with len(w)=%d, ldw=%d for %d rows of %d", len(w), ldw, n, k))
+	}
+	ks := active.Load()
+	if ks.toBF16 == nil {
+		ks.bf16[0](&x[0], k, &w[0], ldw, k, n, &out[0], n, 0)
+		return
+	}
+	var buf [256]uint16
+	xb := buf[:]
+	if k > len(buf) {
+		xb = make([]uint16, k)
+	}
+	ks.toBF16(&x[0], &xb[0], k)
+	ks.bf16x[0](&xb[0], k, &w[0], ldw, k, n, &out[0], n, 0)
+}
+
+// ToBF16 rounds src to bf16 (nearest even, as F32ToBF16) into dst, which
+// must be at least as long as src.
+func ToBF16(dst []uint16, src []float32) {
+	if len(dst) < len(src) {
+		panic(fmt.Sprintf("tensor: ToBF16 with len(dst)=%d < len(src)=%d", len(dst), len(src)))
+	}
+	if len(src) == 0 {
+		return
+	}
+	if ks := active.Load(); ks.toBF16 != nil {
+		ks.toBF16(&src[0], &dst[0], len(src))
+		return
+	}
+	for i, v := range src {
+		dst[i] = F32ToBF16(v)
+	}
+}

@@ -355,3 +355,80 @@ func TestBF16ActivationRounding(t *testing.T) {
 		})
 	}
 }
+
+func TestAxpyRowsBF16MatchesWidenedAxpyRows(t *testing.T) {
+	forEachISA(t, func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(7, 7))
+		for _, n := range []int{1, 7, 16, 17, 63, 64, 65, 100, 128, 130} {
+			for _, rows := range []int{0, 1, 2, 5, 16} {
+				ldv := n + 3
+				v := make([]uint16, rows*ldv+1)
+				wide := make([]float32, len(v))
+				for i := range v {
+					v[i] = F32ToBF16(rng.Float32()*2 - 1)
+					wide[i] = BF16ToF32(v[i])
+				}
+				alpha := randVec(rng, rows)
+				y0 := randVec(rng, n)
+				want := append([]float32(nil), y0...)
+				AxpyRows(want, alpha, wide, ldv)
+				got := append([]float32(nil), y0...)
+				AxpyRowsBF16(got, alpha, v, ldv)
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("n=%d rows=%d: y[%d] = %g, widened AxpyRows gives %g", n, rows, i, got[i], want[i])
+					}
+				}
+			}
+		}
+	})
+}
+
+func TestDotRowsBF16MatchesMatMul(t *testing.T) {
+	forEachISA(t, func(t *testing.T) {
+		pool := NewPool(1)
+		defer pool.Close()
+		rng := rand.New(rand.NewPCG(8, 8))
+		for _, k := range []int{1, 8, 16, 33, 64, 100, 300} {
+			for _, n := range []int{1, 3, 8, 13, 16, 37} {
+				ldw := k + 5
+				w := make([]uint16, n*ldw)
+				for i := range w {
+					w[i] = F32ToBF16(rng.Float32()*2 - 1)
+				}
+				x := randVec(rng, 3*k)
+				dense := make([]uint16, n*k)
+				for j := range n {
+					copy(dense[j*k:(j+1)*k], w[j*ldw:])
+				}
+				want := make([]float32, 3*n)
+				pool.MatMul(want, x, 3, &Mat{DType: BF16, Rows: n, Cols: k, U16: dense})
+				for i := range 3 {
+					got := make([]float32, n)
+					DotRowsBF16(got, x[i*k:(i+1)*k], w, ldw)
+					for j := range got {
+						if math.Float32bits(got[j]) != math.Float32bits(want[i*n+j]) {
+							t.Fatalf("k=%d n=%d: row %d out[%d] = %g, MatMul gives %g", k, n, i, j, got[j], want[i*n+j])
+						}
+					}
+				}
+			}
+		}
+	})
+}
+
+func TestToBF16MatchesF32ToBF16(t *testing.T) {
+	forEachISA(t, func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(10, 10))
+		for _, n := range []int{0, 1, 15, 16, 17, 64, 192, 193} {
+			src := randVec(rng, n)
+			dst := make([]uint16, n)
+			ToBF16(dst, src)
+			for i, v := range src {
+				if dst[i] != F32ToBF16(v) {
+					t.Fatalf("n=%d: ToBF16(%g) = %#04x, want %#04x", n, v, dst[i], F32ToBF16(v))
+				}
+			}
+		}
+	})
+}

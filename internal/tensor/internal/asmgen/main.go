@@ -76,7 +76,8 @@ func main() {
 		dot(s)
 		axpy(s)
 		if s.lanes == 16 {
-			axpyRows512()
+			axpyRows512(dtF32)
+			axpyRows512(dtBF16)
 		}
 		siluMul(s)
 		expSum(s)
@@ -682,19 +683,25 @@ func gemmWideR1(s isa, dt dtype) {
 // axpyRows512 emits y[t] = fma(alpha[r], v[r·ldv+t], y[t]) for r = 0..rows-1
 // in order, for t < n: the same per-element operations as rows calls of
 // axpy, but with y held in registers across the rows (attention's sum of
-// value rows weighted by the probabilities).
-func axpyRows512() {
-	TEXT("axpyRowsAVX512", NOSPLIT, "func(alpha *float32, v *float32, ldv int, rows int, y *float32, n int)")
-	Doc("axpyRowsAVX512 computes y[t] = fma(alpha[r], v[r*ldv+t], y[t]) for r < rows in order, t < n.")
+// value rows weighted by the probabilities). With dt bf16, v holds bf16
+// values, widened exactly to f32 before the FMA.
+func axpyRows512(dt dtype) {
+	name := "axpyRowsAVX512"
+	if dt != dtF32 {
+		name = "axpyRows" + dt.name + "AVX512"
+	}
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(alpha *float32, v %s, ldv int, rows int, y *float32, n int)", dt.goType))
+	Doc(name + " computes y[t] = fma(alpha[r], v[r*ldv+t], y[t]) for r < rows in order, t < n.")
 	a := Load(Param("alpha"), GP64())
 	v := Load(Param("v"), GP64())
 	ldv := Load(Param("ldv"), GP64())
-	SHLQ(U8(2), ldv)
+	SHLQ(U8(dt.shift), ldv)
 	rows := Load(Param("rows"), GP64())
 	y := Load(Param("y"), GP64())
 	n := Load(Param("n"), GP64())
 	left := GP64()
 	MOVQ(n, left)
+	esz := 1 << dt.shift
 	block := func(lbl string, vecs int, mask Op) {
 		acc := make([]VecVirtual, vecs)
 		for i := range acc {
@@ -715,11 +722,16 @@ func axpyRows512() {
 		b := ZMM()
 		VBROADCASTSS(Mem{Base: ar}, b)
 		for i := range acc {
-			if mask == nil {
+			switch {
+			case dt == dtF32 && mask == nil:
 				VFMADD231PS(Mem{Base: vr, Disp: 64 * i}, b, acc[i])
-			} else {
+			case dt == dtF32:
 				t := ZMM()
 				VMOVUPS_Z(Mem{Base: vr}, mask, t)
+				VFMADD231PS(t, b, acc[i])
+			default:
+				t := ZMM()
+				loadW(avx512, dt, Mem{Base: vr, Disp: 16 * esz * i}, t, mask)
 				VFMADD231PS(t, b, acc[i])
 			}
 		}
@@ -736,7 +748,7 @@ func axpyRows512() {
 			}
 		}
 		ADDQ(U32(64*vecs), y)
-		ADDQ(U32(64*vecs), v)
+		ADDQ(U32(16*esz*vecs), v)
 		SUBQ(U32(16*vecs), left)
 	}
 	Label("c64")
