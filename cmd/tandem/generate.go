@@ -85,7 +85,7 @@ func runGenerate(args []string) error {
 	for i := range blocks {
 		blocks[i] = int32(i)
 	}
-	kv := make([]float32, len(blocks)*layout.BlockFloats())
+	kv := make([]byte, len(blocks)*layout.BlockBytes())
 	rng := rand.New(rand.NewPCG(*seed, 0x74616e64656d))
 	out := bufio.NewWriter(os.Stdout)
 	dec := tokenizer.NewDecoder(tok, true, ids)

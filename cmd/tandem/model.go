@@ -106,7 +106,7 @@ func runModelInspect(args []string) error {
 		{"q/k/v bias", fmt.Sprint(c.QKVBias)},
 		{"parameters", fmt.Sprintf("%s (%d)", humanCount(m.NumParams()), m.NumParams())},
 		{"weight memory", humanBytes(m.WeightBytes())},
-		{"KV per token", fmt.Sprintf("%s (f32 KV)", humanBytes(int64(kv.BlockBytes())))},
+		{"KV per token", fmt.Sprintf("%s (%s KV; --kv-cache-dtype auto)", humanBytes(int64(kv.BlockBytes())), kv.DType)},
 		{"fingerprint", m.Fingerprint()},
 	}
 	for _, r := range rows {

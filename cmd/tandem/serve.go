@@ -41,6 +41,7 @@ type serveConfig struct {
 	ServedModelName string
 
 	BlockSize           int
+	KVCacheDType        string
 	NumBlocks           int
 	KVCacheMemory       byteSize
 	MaxNumSeqs          int
@@ -69,6 +70,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.ServedModelName, "served-model-name", "", "model name clients send (default: the base name of --model)")
 
 	fs.IntVar(&c.BlockSize, "block-size", 16, "tokens per KV-cache block")
+	fs.StringVar(&c.KVCacheDType, "kv-cache-dtype", "auto", "KV-cache element type: auto (bfloat16 for a bf16 model, else float32), bfloat16 or float32; prefill and decode engines must agree")
 	fs.IntVar(&c.NumBlocks, "num-blocks", 0, "KV-cache blocks (overrides --kv-cache-memory)")
 	fs.Var(&c.KVCacheMemory, "kv-cache-memory", "KV-cache size, e.g. 512MiB or 2GiB (default: room for max-num-seqs full-length sequences, capped at 20% of RAM)")
 	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", 64, "most sequences in one batch")
@@ -91,6 +93,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 }
 
 func (c *serveConfig) validate() error {
+	_, _, kvDTypeErr := model.ParseKVDType(c.KVCacheDType)
 	switch {
 	case c.Model == "":
 		return errors.New("--model is required: a model directory in Hugging Face layout")
@@ -98,6 +101,8 @@ func (c *serveConfig) validate() error {
 		return fmt.Errorf("--port %d is not a TCP port", c.Port)
 	case c.BlockSize < 1:
 		return fmt.Errorf("--block-size must be at least 1, got %d", c.BlockSize)
+	case kvDTypeErr != nil:
+		return fmt.Errorf("--kv-cache-dtype %q: want auto, bfloat16 or float32", c.KVCacheDType)
 	case c.NumBlocks < 0:
 		return fmt.Errorf("--num-blocks must be positive, got %d", c.NumBlocks)
 	case c.NumBlocks > 0 && c.KVCacheMemory > 0:
@@ -195,7 +200,11 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 	}
 	numBlocks := cfg.NumBlocks
 	if numBlocks == 0 && cfg.KVCacheMemory == 0 {
-		numBlocks = defaultNumBlocks(m.KVLayout(cfg.BlockSize).BlockBytes(), cfg.BlockSize, cfg.MaxNumSeqs, maxLen, totalRAM())
+		layout := m.KVLayout(cfg.BlockSize)
+		if dt, set, _ := model.ParseKVDType(cfg.KVCacheDType); set {
+			layout = m.KVLayoutOf(cfg.BlockSize, dt)
+		}
+		numBlocks = defaultNumBlocks(layout.BlockBytes(), cfg.BlockSize, cfg.MaxNumSeqs, maxLen, totalRAM())
 	}
 	met := metrics.NewEngine(cfg.ServedModelName)
 	conn, err := kvxfer.NewConnector(kvxfer.ConnectorConfig{
@@ -216,6 +225,7 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 		Model:               m,
 		Tokenizer:           tok,
 		BlockSize:           cfg.BlockSize,
+		KVCacheDType:        cfg.KVCacheDType,
 		NumBlocks:           numBlocks,
 		KVCacheMemory:       int64(cfg.KVCacheMemory),
 		MaxNumSeqs:          cfg.MaxNumSeqs,

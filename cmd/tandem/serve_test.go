@@ -87,6 +87,7 @@ func TestParseServeFlags(t *testing.T) {
 		{"no model", nil, "--model is required"},
 		{"both pool sizes", []string{"--model", "m", "--num-blocks", "8", "--kv-cache-memory", "1GiB"}, "not both"},
 		{"zero block size", []string{"--model", "m", "--block-size", "0"}, "--block-size"},
+		{"unknown KV dtype", []string{"--model", "m", "--kv-cache-dtype", "fp8"}, "--kv-cache-dtype \"fp8\": want auto, bfloat16 or float32"},
 		{"a bad size", []string{"--model", "m", "--kv-cache-memory", "huge"}, "not a size"},
 		{"a stray argument", []string{"--model", "m", "extra"}, "unexpected arguments"},
 		{"a bad port", []string{"--model", "m", "--port", "70000"}, "not a TCP port"},

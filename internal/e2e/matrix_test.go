@@ -324,13 +324,15 @@ func chatBody(messages []map[string]any, s sampling, stream bool) map[string]any
 }
 
 // TestDisaggregatedChatMatchesColocated runs chat through the proxy on a
-// random-weight model with a ChatML template (stories260K has none): short
-// and many-block conversations, greedy and seeded, streamed and not.
+// random-weight bf16 model with a ChatML template (stories260K has none):
+// short and many-block conversations, greedy and seeded, streamed and not.
+// Being bf16, the engines keep a bf16 KV cache (--kv-cache-dtype auto), so
+// this is also the cross-process test of bf16 KV transfer.
 func TestDisaggregatedChatMatchesColocated(t *testing.T) {
 	bin := tandem(t)
 	requirePD(t, bin)
 	model := t.TempDir()
-	initModel := startProc(t, "model init", "model", "init", "--shape", "tiny", "--dtype", "f32", "--out", model)
+	initModel := startProc(t, "model init", "model", "init", "--shape", "tiny", "--dtype", "bf16", "--out", model)
 	<-initModel.done
 	if initModel.err != nil {
 		t.Fatalf("tandem model init: %v\n%s", initModel.err, initModel.out.String())

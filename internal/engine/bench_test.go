@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -54,67 +55,83 @@ func BenchmarkStreams(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// TANDEM_BENCH_KV lists KV cache dtypes to compare in one run
+	// (--kv-cache-dtype values, comma-separated); default: the model's.
+	kvs := []string{"auto"}
+	if v := os.Getenv("TANDEM_BENCH_KV"); v != "" {
+		kvs = strings.Split(v, ",")
+	}
 	for _, n := range []int{1, 4, 16} {
 		for _, mode := range []string{"greedy", "sampled"} {
-			b.Run(fmt.Sprintf("streams=%d/%s", n, mode), func(b *testing.B) {
-				e, err := New(Config{Model: m, Tokenizer: tok, NumBlocks: 256,
-					Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-				if err != nil {
-					b.Fatal(err)
+			for _, kv := range kvs {
+				name := fmt.Sprintf("streams=%d/%s", n, mode)
+				if len(kvs) > 1 {
+					name += "/kv=" + kv
 				}
-				defer e.Shutdown(b.Context())
-				const promptLen, outLen = 64, 128
-				rng := rand.New(rand.NewPCG(1, 2))
-				var tokens int
-				var decodeTime, decodeCPU time.Duration
-				b.ResetTimer()
-				for range b.N {
-					var wg sync.WaitGroup
-					var mu sync.Mutex
-					var firstAll time.Time
-					var firstCPU time.Duration
-					for range n {
-						prompt := make([]int32, promptLen)
-						for i := range prompt {
-							prompt[i] = int32(10 + rng.IntN(40000))
-						}
-						p := sample.Params{MaxTokens: outLen, IgnoreEOS: true, Logprobs: -1}
-						if mode == "sampled" {
-							p.Temperature, p.TopP, p.Seed, p.HasSeed = 1, 0.95, rng.Uint64(), true
-						}
-						h, err := e.Submit(b.Context(), &Request{Prompt: prompt, Params: p})
-						if err != nil {
-							b.Fatal(err)
-						}
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							got, first, cpu := 0, time.Time{}, time.Duration(0)
-							for ev := range h.Events {
-								if got == 0 && len(ev.Tokens) > 0 {
-									first, cpu = time.Now(), cpuTime()
-								}
-								got += len(ev.Tokens)
-							}
-							mu.Lock()
-							tokens += got
-							if first.After(firstAll) {
-								firstAll, firstCPU = first, cpu
-							}
-							mu.Unlock()
-						}()
-					}
-					wg.Wait()
-					// Decode time: from the moment every stream has its first
-					// token (all prefills done) to the end.
-					decodeTime += time.Since(firstAll)
-					decodeCPU += cpuTime() - firstCPU
-				}
-				b.ReportMetric(float64(tokens-n*b.N)/decodeTime.Seconds(), "decode-tok/s")
-				if decodeCPU > 0 {
-					b.ReportMetric(float64(tokens-n*b.N)/decodeCPU.Seconds(), "decode-tok/cpu-s")
-				}
-			})
+				b.Run(name, func(b *testing.B) { benchStreams(b, m, tok, n, mode, kv) })
+			}
 		}
+	}
+}
+
+// benchStreams runs n concurrent requests per iteration (see
+// BenchmarkStreams).
+func benchStreams(b *testing.B, m *model.Model, tok *tokenizer.Tokenizer, n int, mode, kv string) {
+	e, err := New(Config{Model: m, Tokenizer: tok, NumBlocks: 256, KVCacheDType: kv,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Shutdown(b.Context())
+	const promptLen, outLen = 64, 128
+	rng := rand.New(rand.NewPCG(1, 2))
+	var tokens int
+	var decodeTime, decodeCPU time.Duration
+	b.ResetTimer()
+	for range b.N {
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var firstAll time.Time
+		var firstCPU time.Duration
+		for range n {
+			prompt := make([]int32, promptLen)
+			for i := range prompt {
+				prompt[i] = int32(10 + rng.IntN(40000))
+			}
+			p := sample.Params{MaxTokens: outLen, IgnoreEOS: true, Logprobs: -1}
+			if mode == "sampled" {
+				p.Temperature, p.TopP, p.Seed, p.HasSeed = 1, 0.95, rng.Uint64(), true
+			}
+			h, err := e.Submit(b.Context(), &Request{Prompt: prompt, Params: p})
+			if err != nil {
+				b.Fatal(err)
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got, first, cpu := 0, time.Time{}, time.Duration(0)
+				for ev := range h.Events {
+					if got == 0 && len(ev.Tokens) > 0 {
+						first, cpu = time.Now(), cpuTime()
+					}
+					got += len(ev.Tokens)
+				}
+				mu.Lock()
+				tokens += got
+				if first.After(firstAll) {
+					firstAll, firstCPU = first, cpu
+				}
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		// Decode time: from the moment every stream has its first
+		// token (all prefills done) to the end.
+		decodeTime += time.Since(firstAll)
+		decodeCPU += cpuTime() - firstCPU
+	}
+	b.ReportMetric(float64(tokens-n*b.N)/decodeTime.Seconds(), "decode-tok/s")
+	if decodeCPU > 0 {
+		b.ReportMetric(float64(tokens-n*b.N)/decodeCPU.Seconds(), "decode-tok/cpu-s")
 	}
 }

@@ -80,6 +80,9 @@ type Config struct {
 	Tokenizer *tokenizer.Tokenizer
 	// BlockSize is the number of tokens per KV block (default 16).
 	BlockSize int
+	// KVCacheDType is the KV element type as --kv-cache-dtype spells it
+	// (model.ParseKVDType): "" or "auto" for the model's default.
+	KVCacheDType string
 	// NumBlocks sizes the KV pool in blocks; if zero, KVCacheMemory sizes
 	// it in bytes.
 	NumBlocks     int
@@ -177,6 +180,11 @@ func New(cfg Config) (*Engine, error) {
 		cfg.Clock = realClock{}
 	}
 	layout := cfg.Model.KVLayout(cfg.BlockSize)
+	if dt, set, err := model.ParseKVDType(cfg.KVCacheDType); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	} else if set {
+		layout = cfg.Model.KVLayoutOf(cfg.BlockSize, dt)
+	}
 	pool, err := kvcache.New(kvcache.Config{Layout: layout, NumBlocks: cfg.NumBlocks, MemoryBytes: cfg.KVCacheMemory, Dir: cfg.KVDir, ExtraKey: cfg.Model.Fingerprint()})
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
@@ -580,7 +588,7 @@ func (e *Engine) step() {
 	}
 	var results []sched.Result
 	if len(batch) > 0 {
-		logits, err := e.model.Forward(e.seqs, e.pool.Floats(), e.layout)
+		logits, err := e.model.Forward(e.seqs, e.pool.Data(), e.layout)
 		now = e.clock.Now()
 		if err != nil {
 			e.log.Error("model forward failed", "err", err, "batch", len(batch))

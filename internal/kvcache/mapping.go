@@ -14,12 +14,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
 // Header layout of a pool file. All fields are little-endian.
 const (
 	headerMagic   = "TANDEMKV"
-	headerVersion = 1
+	headerVersion = 2
 	// headerSize is the space reserved for the header. It is a page so the
 	// block region starts page-aligned (float32 and SIMD alignment for free).
 	headerSize = 4096
@@ -30,6 +31,7 @@ const (
 	offLayers     = 16 // uint32
 	offKVHeads    = 20 // uint32
 	offHeadDim    = 24 // uint32
+	offDType      = 28 // uint32: tensor.DType of the elements (version 2)
 	offNumBlocks  = 32 // uint64
 	offBlockBytes = 40 // uint64
 	offDataOffset = 48 // uint64
@@ -111,6 +113,7 @@ func createMapping(dir string, layout model.KVLayout, n int) (*mapping, error) {
 	le.PutUint32(mem[offLayers:], uint32(layout.Layers))
 	le.PutUint32(mem[offKVHeads:], uint32(layout.KVHeads))
 	le.PutUint32(mem[offHeadDim:], uint32(layout.HeadDim))
+	le.PutUint32(mem[offDType:], uint32(layout.DType))
 	le.PutUint64(mem[offNumBlocks:], uint64(n))
 	le.PutUint64(mem[offBlockBytes:], uint64(layout.BlockBytes()))
 	le.PutUint64(mem[offDataOffset:], headerSize)
@@ -201,6 +204,10 @@ func Attach(path string) (*Attached, error) {
 		Layers:    int(le.Uint32(mem[offLayers:])),
 		KVHeads:   int(le.Uint32(mem[offKVHeads:])),
 		HeadDim:   int(le.Uint32(mem[offHeadDim:])),
+		DType:     tensor.DType(le.Uint32(mem[offDType:])),
+	}
+	if layout.DType != tensor.F32 && layout.DType != tensor.BF16 {
+		return fail("unknown KV element type %d", layout.DType)
 	}
 	n := int(le.Uint64(mem[offNumBlocks:]))
 	size, genOff := fileSize(layout, n)

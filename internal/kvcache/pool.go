@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/tandem-serve/tandem/internal/model"
 )
@@ -142,12 +141,10 @@ func (p *Pool) NumBlocks() int { return p.m.n }
 // BlockSize returns the number of token slots per block.
 func (p *Pool) BlockSize() int { return p.m.layout.BlockSize }
 
-// Floats returns the whole block region as float32s, indexed as
-// Layout().Offset describes (the kv argument of model.Forward).
-func (p *Pool) Floats() []float32 {
-	n := len(p.m.data) / 4
-	return unsafe.Slice((*float32)(unsafe.Pointer(&p.m.data[0])), n)
-}
+// Data returns the whole block region (the pool argument of model.Forward:
+// Layout().Offset indexes it in elements of Layout().DType). It starts
+// page-aligned.
+func (p *Pool) Data() []byte { return p.m.data }
 
 // BlockBytes returns the memory of block id. It panics if id is out of range,
 // like a slice index: ids come from the pool itself.

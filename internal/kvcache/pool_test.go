@@ -10,9 +10,11 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
-var testLayout = model.KVLayout{BlockSize: 4, Layers: 2, KVHeads: 1, HeadDim: 2}
+// testLayout is bf16 so that Attach is seen to read the element type back.
+var testLayout = model.KVLayout{BlockSize: 4, Layers: 2, KVHeads: 1, HeadDim: 2, DType: tensor.BF16}
 
 func newPool(t *testing.T, n int) *Pool {
 	t.Helper()
@@ -77,8 +79,8 @@ func TestNewSizing(t *testing.T) {
 			if p.NumBlocks() != tc.want || p.FreeBlocks() != tc.want {
 				t.Errorf("NumBlocks %d FreeBlocks %d, want %d", p.NumBlocks(), p.FreeBlocks(), tc.want)
 			}
-			if got, want := len(p.Floats()), tc.want*p.Layout().BlockFloats(); got != want {
-				t.Errorf("len(Floats()) = %d, want %d", got, want)
+			if got, want := len(p.Data()), tc.want*p.Layout().BlockBytes(); got != want {
+				t.Errorf("len(Data()) = %d, want %d", got, want)
 			}
 		})
 	}
@@ -133,7 +135,7 @@ func TestSharedFile(t *testing.T) {
 		p := newPool(t, 3)
 		ids := alloc(t, p, 2)
 		copy(p.BlockBytes(ids[1]), "hello")
-		p.Floats()[p.Layout().Offset(int(ids[0]), 1, 1, 3)] = 2.5
+		p.Data()[p.Layout().Offset(int(ids[0]), 1, 1, 3)*p.Layout().ElemBytes()] = 0x25
 		a, err := Attach(p.Path())
 		if err != nil {
 			t.Fatal(err)

@@ -197,7 +197,7 @@ func (c *Connector) Start(e *engine.Engine) error {
 	local := Info{
 		EngineID:         c.cfg.EngineID,
 		ModelFingerprint: c.cfg.ModelFingerprint,
-		KVDType:          "f32",
+		KVDType:          l.DType.String(),
 		Layers:           l.Layers,
 		KVHeads:          l.KVHeads,
 		HeadDim:          l.HeadDim,

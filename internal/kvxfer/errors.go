@@ -80,7 +80,7 @@ func checkCompat(local, remote Info) error {
 		return fmt.Errorf("%w: different models or weights: prefill engine %s serves model fingerprint %q, this decode engine serves %q — start both with the same --model (same weights and config)", ErrIncompatible, pe, remote.ModelFingerprint, local.ModelFingerprint)
 	}
 	if local.KVDType != remote.KVDType {
-		return fmt.Errorf("%w: KV dtype differs: prefill engine %s has %s, this decode engine has %s — start both with the same --kv-dtype", ErrIncompatible, pe, remote.KVDType, local.KVDType)
+		return fmt.Errorf("%w: KV dtype differs: prefill engine %s has %s, this decode engine has %s — start both with the same --kv-cache-dtype", ErrIncompatible, pe, remote.KVDType, local.KVDType)
 	}
 	ints := []struct {
 		what string

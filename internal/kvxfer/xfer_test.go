@@ -99,7 +99,7 @@ func TestHandshakeMismatchSaysWhatToChange(t *testing.T) {
 	}{
 		{"block size", func(i *Info) { i.BlockSize = 32 }, "block size differs: prefill engine prefill-1 has 4, this decode engine has 32 — start both with the same --block-size"},
 		{"model", func(i *Info) { i.ModelFingerprint = "other" }, `different models or weights: prefill engine prefill-1 serves model fingerprint "tiny@test", this decode engine serves "other"`},
-		{"kv dtype", func(i *Info) { i.KVDType = "bf16" }, "KV dtype differs: prefill engine prefill-1 has f32, this decode engine has bf16 — start both with the same --kv-dtype"},
+		{"kv dtype", func(i *Info) { i.KVDType = "bf16" }, "KV dtype differs: prefill engine prefill-1 has f32, this decode engine has bf16 — start both with the same --kv-cache-dtype"},
 		{"layers", func(i *Info) { i.Layers = 3 }, "number of layers differs: prefill engine prefill-1 has 2, this decode engine has 3"},
 		{"kv heads", func(i *Info) { i.KVHeads = 2 }, "number of KV heads differs: prefill engine prefill-1 has 1, this decode engine has 2"},
 		{"head dim", func(i *Info) { i.HeadDim = 16 }, "head dim differs: prefill engine prefill-1 has 8, this decode engine has 16"},

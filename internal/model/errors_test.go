@@ -151,7 +151,7 @@ func TestForwardRejectsBadInput(t *testing.T) {
 	cases := []struct {
 		name   string
 		seqs   func() []Seq
-		kv     []float32
+		kv     []byte
 		layout KVLayout
 		want   string
 	}{
@@ -161,10 +161,11 @@ func TestForwardRejectsBadInput(t *testing.T) {
 		{"block id past the pool", func() []Seq { s := ok(); s.Blocks = []int32{4}; return []Seq{s} }, kv, layout, "block 4, outside the pool's 4 blocks"},
 		{"negative block id", func() []Seq { s := ok(); s.Blocks = []int32{-1}; return []Seq{s} }, kv, layout, "block -1"},
 		{"token outside vocabulary", func() []Seq { s := ok(); s.Tokens = []int32{1, 96, 3}; return []Seq{s} }, kv, layout, "id 96, outside the vocabulary of 96"},
-		{"position past max", func() []Seq { s := ok(); s.Pos = 126; return []Seq{s} }, make([]float32, 32*layout.BlockFloats()), layout, "outside the model's 128 positions"},
+		{"position past max", func() []Seq { s := ok(); s.Pos = 126; return []Seq{s} }, make([]byte, 32*layout.BlockBytes()), layout, "outside the model's 128 positions"},
 		{"negative position", func() []Seq { s := ok(); s.Pos = -1; return []Seq{s} }, kv, layout, "positions [-1, 2)"},
 		{"logits index out of range", func() []Seq { s := ok(); s.Logits = []int{3}; return []Seq{s} }, kv, layout, "logits of token 3"},
 		{"layout of another model", func() []Seq { return []Seq{ok()} }, kv, KVLayout{BlockSize: 4, Layers: 3, KVHeads: 2, HeadDim: 16}, "does not match the model"},
+		{"f16 KV", func() []Seq { return []Seq{ok()} }, kv, m.KVLayoutOf(4, tensor.F16), "dtype f32 or bf16"},
 		{"zero block size", func() []Seq { return []Seq{ok()} }, kv, m.KVLayout(0), "positive block size"},
 		{"pool not whole blocks", func() []Seq { return []Seq{ok()} }, kv[:len(kv)-1], layout, "not a whole number"},
 	}
@@ -195,7 +196,7 @@ func TestModelReportsItsShape(t *testing.T) {
 	if m.DType() != tensor.BF16 || m.VocabSize() != 96 || m.MaxModelLen() != 128 {
 		t.Errorf("DType, VocabSize, MaxModelLen = %v, %d, %d; want bf16, 96, 128", m.DType(), m.VocabSize(), m.MaxModelLen())
 	}
-	if l := m.KVLayout(16); l != (KVLayout{BlockSize: 16, Layers: 2, KVHeads: 2, HeadDim: 16}) {
+	if l := m.KVLayout(16); l != (KVLayout{BlockSize: 16, Layers: 2, KVHeads: 2, HeadDim: 16, DType: tensor.BF16}) {
 		t.Errorf("KVLayout(16) = %+v", l)
 	}
 	for i, l := range m.layers {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"unsafe"
 
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
@@ -47,7 +48,8 @@ func grow(b []float32, n int) []float32 {
 }
 
 // Forward runs the new tokens of seqs through the model, writing their K
-// and V into the paged pool kv (laid out as layout) and returning, for
+// and V into the paged pool (laid out as layout; F32 pools must be 4-byte
+// aligned) and returning, for
 // each sequence, len(Logits)·VocabSize logits (row-major, in the order of
 // Seq.Logits). The returned slices are valid until the next call.
 //
@@ -61,14 +63,15 @@ func grow(b []float32, n int) []float32 {
 //
 // Forward is not safe for concurrent use. Sequences in one call must not
 // write the same KV slot (shared prefix blocks are only read).
-func (m *Model) Forward(seqs []Seq, kv []float32, layout KVLayout) ([][]float32, error) {
+func (m *Model) Forward(seqs []Seq, pool []byte, layout KVLayout) ([][]float32, error) {
 	if m.closed {
 		return nil, errors.New("model: Forward called after Close")
 	}
-	T, R, err := m.validate(seqs, kv, layout)
+	T, R, err := m.validate(seqs, pool, layout)
 	if err != nil {
 		return nil, err
 	}
+	kv := viewKV(pool, layout)
 	c := &m.cfg
 	s := &m.s
 	H, half := c.Hidden, c.HeadDim/2
@@ -195,7 +198,7 @@ func (m *Model) runGroup(g *linearGroup, buf, x []float32, T int) []float32 {
 
 // prepareAttention adds the q/k/v biases, applies RoPE to the queries and
 // keys and stores every new token's K and V row in its pool slot.
-func (m *Model) prepareAttention(l *layer, li int, seqs []Seq, kv []float32, layout KVLayout, T int) {
+func (m *Model) prepareAttention(l *layer, li int, seqs []Seq, kv kvView, layout KVLayout, T int) {
 	c := &m.cfg
 	s := &m.s
 	g := &l.qkv
@@ -222,8 +225,8 @@ func (m *Model) prepareAttention(l *layer, li int, seqs []Seq, kv []float32, lay
 			pos := int(s.tokPos[t])
 			block := int(sq.Blocks[pos/layout.BlockSize])
 			slot := pos % layout.BlockSize
-			copy(kv[layout.Offset(block, li, 0, slot):][:kvd], k)
-			copy(kv[layout.Offset(block, li, 1, slot):][:kvd], v)
+			kv.store(layout.Offset(block, li, 0, slot), k)
+			kv.store(layout.Offset(block, li, 1, slot), v)
 		}
 	})
 }
@@ -246,7 +249,84 @@ const attnTileTokens = 16
 
 // attnScratch is one worker's attention buffers.
 type attnScratch struct {
-	k, q, s []float32 // gathered keys [n, hd], queries [tile, hd], scores [tile, n]
+	k, q, s []float32 // gathered f32 keys [n, hd], queries [tile, hd], scores [tile, n]
+	kb      []uint16  // gathered bf16 keys [n, hd]
+	qb      tensor.BF16Query
+}
+
+// kvView is the pool as f32 or bf16 elements (exactly one is set).
+type kvView struct {
+	f32 []float32
+	u16 []uint16
+}
+
+func viewKV(pool []byte, layout KVLayout) kvView {
+	if len(pool) == 0 {
+		return kvView{}
+	}
+	if layout.DType == tensor.F32 {
+		return kvView{f32: unsafe.Slice((*float32)(unsafe.Pointer(&pool[0])), len(pool)/4)}
+	}
+	return kvView{u16: unsafe.Slice((*uint16)(unsafe.Pointer(&pool[0])), len(pool)/2)}
+}
+
+// store writes row at element off, rounding to bf16 (nearest even) in a
+// bf16 pool.
+func (kv kvView) store(off int, row []float32) {
+	if kv.f32 != nil {
+		copy(kv.f32[off:][:len(row)], row)
+		return
+	}
+	tensor.ToBF16(kv.u16[off:][:len(row)], row)
+}
+
+// dotRows computes out[j] = q·K[j] for the len(out) key rows from element
+// off, spaced ld apart (tensor.DotRows: bit-identical to the MatMul of the
+// prefill path). qb is q prepared for a bf16 pool.
+func (kv kvView) dotRows(out, q []float32, qb *tensor.BF16Query, off, ld int) {
+	if kv.f32 != nil {
+		tensor.DotRows(out, q, kv.f32[off:], ld)
+		return
+	}
+	tensor.DotRowsBF16(out, qb, kv.u16[off:], ld)
+}
+
+// axpyRows adds the len(p) value rows from element off, spaced ld apart and
+// weighted by p, to out in row order.
+func (kv kvView) axpyRows(out, p []float32, off, ld int) {
+	if kv.f32 != nil {
+		tensor.AxpyRows(out, p, kv.f32[off:], ld)
+		return
+	}
+	tensor.AxpyRowsBF16(out, p, kv.u16[off:], ld)
+}
+
+// gather copies the hd-element key rows [0, n) of KV head kvh of sequence
+// sq for layer li into w and returns them as a matrix.
+func (kv kvView) gather(w *attnScratch, sq *Seq, layout KVLayout, li, kvh, n int) tensor.Mat {
+	hd, kvd, bs := layout.HeadDim, layout.TokenElems(), layout.BlockSize
+	if kv.f32 != nil {
+		w.k = grow(w.k, n*hd)
+	} else if cap(w.kb) < n*hd {
+		w.kb = make([]uint16, n*hd)
+	} else {
+		w.kb = w.kb[:n*hd]
+	}
+	for j0 := 0; j0 < n; j0 += bs {
+		base := layout.Offset(int(sq.Blocks[j0/bs]), li, 0, 0) + kvh*hd
+		for j := j0; j < min(j0+bs, n); j++ {
+			if kv.f32 != nil {
+				copy(w.k[j*hd:(j+1)*hd], kv.f32[base:base+hd])
+			} else {
+				copy(w.kb[j*hd:(j+1)*hd], kv.u16[base:base+hd])
+			}
+			base += kvd
+		}
+	}
+	if kv.f32 != nil {
+		return tensor.Mat{DType: tensor.F32, Rows: n, Cols: hd, F32: w.k}
+	}
+	return tensor.Mat{DType: tensor.BF16, Rows: n, Cols: hd, U16: w.kb}
 }
 
 // attention computes softmax(q·Kᵀ/√d)·V for every (query head, token) into
@@ -266,7 +346,7 @@ type attnScratch struct {
 // score of (query, key) does not depend on the tile, and softmax and the V
 // sum see the same values in the same order however the sequence was
 // batched or chunked.
-func (m *Model) attention(li int, seqs []Seq, kv []float32, layout KVLayout, T int) {
+func (m *Model) attention(li int, seqs []Seq, kv kvView, layout KVLayout, T int) {
 	c := &m.cfg
 	s := &m.s
 	hd, kvd, group := c.HeadDim, c.KVDim(), c.Heads/c.KVHeads
@@ -288,15 +368,7 @@ func (m *Model) attention(li int, seqs []Seq, kv []float32, layout KVLayout, T i
 			var keys tensor.Mat
 			if !single {
 				// Gather the keys once for the whole tile and GQA group.
-				w.k = grow(w.k, n*hd)
-				for j0 := 0; j0 < n; j0 += bs {
-					base := layout.Offset(int(sq.Blocks[j0/bs]), li, 0, 0) + kvh*hd
-					for j := j0; j < min(j0+bs, n); j++ {
-						copy(w.k[j*hd:(j+1)*hd], kv[base:base+hd])
-						base += kvd
-					}
-				}
-				keys = tensor.Mat{DType: tensor.F32, Rows: n, Cols: hd, F32: w.k}
+				keys = kv.gather(w, sq, layout, li, kvh, n)
 			}
 			w.q = grow(w.q, tile.n*hd)
 			w.s = grow(w.s, tile.n*n)
@@ -307,10 +379,13 @@ func (m *Model) attention(li int, seqs []Seq, kv []float32, layout KVLayout, T i
 				}
 				if single {
 					// One query (decode): score the keys in place, block
-					// by block; DotRows computes exactly what MatMul does.
+					// by block; dotRows computes exactly what MatMul does.
+					if kv.u16 != nil {
+						w.qb.Set(w.q[:hd])
+					}
 					for j0 := 0; j0 < n; j0 += bs {
 						base := layout.Offset(int(sq.Blocks[j0/bs]), li, 0, 0) + kvh*hd
-						tensor.DotRows(w.s[j0:min(j0+bs, n)], w.q[:hd], kv[base:], kvd)
+						kv.dotRows(w.s[j0:min(j0+bs, n)], w.q[:hd], &w.qb, base, kvd)
 					}
 				} else {
 					m.pool.MatMul(w.s, w.q, tile.n, &keys)
@@ -327,7 +402,7 @@ func (m *Model) attention(li int, seqs []Seq, kv []float32, layout KVLayout, T i
 					for j0 := 0; j0 < len(scores); j0 += bs {
 						// V rows of one block, in position order.
 						base := layout.Offset(int(sq.Blocks[j0/bs]), li, 1, 0) + kvh*hd
-						tensor.AxpyRows(out, scores[j0:min(j0+bs, len(scores))], kv[base:], kvd)
+						kv.axpyRows(out, scores[j0:min(j0+bs, len(scores))], base, kvd)
 					}
 				}
 			}
@@ -366,17 +441,20 @@ func (m *Model) logits(seqs []Seq, T, R int) [][]float32 {
 
 // validate checks a batch against the model and the pool before anything
 // is written, returning the number of new tokens and of logits rows.
-func (m *Model) validate(seqs []Seq, kv []float32, layout KVLayout) (T, R int, err error) {
+func (m *Model) validate(seqs []Seq, pool []byte, layout KVLayout) (T, R int, err error) {
 	c := &m.cfg
-	want := m.KVLayout(layout.BlockSize)
-	if layout.BlockSize <= 0 || layout != want {
-		return 0, 0, fmt.Errorf("model: KV layout %+v does not match the model (want %+v with a positive block size)", layout, want)
+	want := m.KVLayoutOf(layout.BlockSize, layout.DType)
+	if layout.BlockSize <= 0 || layout != want || (layout.DType != tensor.F32 && layout.DType != tensor.BF16) {
+		return 0, 0, fmt.Errorf("model: KV layout %+v does not match the model (want %+v with a positive block size and dtype f32 or bf16)", layout, want)
 	}
-	blockFloats := layout.BlockFloats()
-	if len(kv)%blockFloats != 0 {
-		return 0, 0, fmt.Errorf("model: KV pool of %d floats is not a whole number of %d-float blocks", len(kv), blockFloats)
+	blockBytes := layout.BlockBytes()
+	if len(pool)%blockBytes != 0 {
+		return 0, 0, fmt.Errorf("model: KV pool of %d bytes is not a whole number of %d-byte blocks", len(pool), blockBytes)
 	}
-	numBlocks := len(kv) / blockFloats
+	if layout.DType == tensor.F32 && len(pool) > 0 && uintptr(unsafe.Pointer(&pool[0]))%4 != 0 {
+		return 0, 0, errors.New("model: f32 KV pool is not 4-byte aligned")
+	}
+	numBlocks := len(pool) / blockBytes
 	if len(seqs) == 0 {
 		return 0, 0, errors.New("model: Forward needs at least one sequence")
 	}

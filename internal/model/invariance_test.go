@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/tandem-serve/tandem/internal/modelinit"
+	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
 // seqRun is one sequence driven through Forward in chunks.
@@ -51,14 +52,17 @@ func sameBits(a, b []float32) bool {
 // random size per call) and batched with other sequences of different
 // lengths, over shuffled physical blocks, on one or two threads.
 func TestForwardIsBatchInvariant(t *testing.T) {
+	qwen := testSpec(func(s *modelinit.Spec) { s.ModelType = "qwen2"; s.DType = "bf16"; s.Tied = true })
 	specs := []struct {
 		name string
 		spec modelinit.Spec
+		kv   tensor.DType
 	}{
-		{"qwen2 bf16 GQA", testSpec(func(s *modelinit.Spec) { s.ModelType = "qwen2"; s.DType = "bf16"; s.Tied = true })},
+		{"qwen2 bf16 GQA bf16 KV", qwen, tensor.BF16},
+		{"qwen2 bf16 GQA f32 KV", qwen, tensor.F32},
 		{"llama f32 llama3 rope", testSpec(func(s *modelinit.Spec) {
 			s.RopeScaling = modelinit.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 64}
-		})},
+		}), tensor.F32},
 	}
 	chunkings := []struct {
 		name  string
@@ -67,7 +71,7 @@ func TestForwardIsBatchInvariant(t *testing.T) {
 	for _, sp := range specs {
 		dir := writeTestModel(t, sp.spec)
 		alone := loadTestModel(t, dir, 1)
-		layout := alone.KVLayout(4)
+		layout := alone.KVLayoutOf(4, sp.kv)
 		r := rand.New(rand.NewPCG(3, 4))
 		lengths := []int{1, 5, 17, 40, 64}
 		prompts := make([][]int32, len(lengths))
@@ -97,7 +101,7 @@ func TestForwardIsBatchInvariant(t *testing.T) {
 
 // planBatch gives every prompt a shuffled set of physical blocks in one
 // shared pool.
-func planBatch(r *rand.Rand, layout KVLayout, prompts [][]int32, chunk int) ([]*seqRun, []float32) {
+func planBatch(r *rand.Rand, layout KVLayout, prompts [][]int32, chunk int) ([]*seqRun, []byte) {
 	total := 0
 	need := make([]int, len(prompts))
 	for i, p := range prompts {
@@ -116,17 +120,18 @@ func planBatch(r *rand.Rand, layout KVLayout, prompts [][]int32, chunk int) ([]*
 		}
 		runs[i] = run
 	}
-	// Garbage in the pool must not leak into results.
-	kv := make([]float32, total*layout.BlockFloats())
+	// Garbage in the pool (random bytes: NaNs included) must not leak into
+	// results.
+	kv, _ := contiguous(layout, total*layout.BlockSize)
 	for i := range kv {
-		kv[i] = float32(r.NormFloat64())
+		kv[i] = byte(r.Uint32())
 	}
 	return runs, kv
 }
 
 // driveBatch advances a random subset of unfinished sequences each call,
 // in random order, until all are done, recording their logits.
-func driveBatch(t *testing.T, m *Model, r *rand.Rand, layout KVLayout, kv []float32, runs []*seqRun) {
+func driveBatch(t *testing.T, m *Model, r *rand.Rand, layout KVLayout, kv []byte, runs []*seqRun) {
 	t.Helper()
 	V := m.VocabSize()
 	for {

@@ -187,9 +187,23 @@ func clonePtr[T any](p *T) *T {
 }
 
 // KVLayout returns the layout of a paged KV pool with blockSize slots per
-// block for this model.
-func (m *Model) KVLayout(blockSize int) KVLayout {
-	return KVLayout{BlockSize: blockSize, Layers: m.cfg.Layers, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim}
+// block and the model's default KV element type (KVDType).
+func (m *Model) KVLayout(blockSize int) KVLayout { return m.KVLayoutOf(blockSize, m.KVDType()) }
+
+// KVLayoutOf is KVLayout with the element type dt (F32 or BF16).
+func (m *Model) KVLayoutOf(blockSize int, dt tensor.DType) KVLayout {
+	return KVLayout{BlockSize: blockSize, Layers: m.cfg.Layers, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim, DType: dt}
+}
+
+// KVDType is the model's default KV cache element type, as vLLM's
+// --kv-cache-dtype auto picks it: bf16 for a bf16 model (half the memory
+// and bandwidth of f32), f32 otherwise (f16 models keep f32: there are no
+// f16 attention kernels).
+func (m *Model) KVDType() tensor.DType {
+	if m.dtype == tensor.BF16 {
+		return tensor.BF16
+	}
+	return tensor.F32
 }
 
 // NumParams returns the number of parameters (tied embeddings counted once).

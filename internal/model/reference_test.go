@@ -17,6 +17,8 @@ import (
 // independently of the fast path (it reads raw tensors and implements
 // rope_scaling from the Hugging Face formulas) to check it.
 type refModel struct {
+	// roundKV stores K and V rounded to bf16, as a bf16 KV pool does.
+	roundKV bool
 	cfg     *Config
 	set     *safetensors.Set
 	invFreq []float64
@@ -188,7 +190,22 @@ func (r *refModel) logits(t *testing.T, tokens []int32) [][]float64 {
 			for h := range c.KVHeads {
 				r.rope(k[h*hd:(h+1)*hd], pos)
 			}
+			if r.roundKV {
+				for i := range k {
+					k[i] = float64(tensor.BF16ToF32(tensor.F32ToBF16(float32(k[i]))))
+					v[i] = float64(tensor.BF16ToF32(tensor.F32ToBF16(float32(v[i]))))
+				}
+			}
 			ks, vs = append(ks, k), append(vs, v)
+			// Scores against bf16 keys round the queries too when MatMul
+			// rounds activations (they are a MatMul by the keys).
+			qs := q
+			if r.roundKV && tensor.BF16Activations() {
+				qs = make([]float64, len(q))
+				for i, v := range q {
+					qs[i] = float64(tensor.BF16ToF32(tensor.F32ToBF16(float32(v))))
+				}
+			}
 			att := make([]float64, qd)
 			for h := range c.Heads {
 				kvh := h / (c.Heads / c.KVHeads)
@@ -197,7 +214,7 @@ func (r *refModel) logits(t *testing.T, tokens []int32) [][]float64 {
 				for j := range sc {
 					var d float64
 					for i := range hd {
-						d += q[h*hd+i] * ks[j][kvh*hd+i]
+						d += qs[h*hd+i] * ks[j][kvh*hd+i]
 					}
 					sc[j] = d / math.Sqrt(float64(hd))
 					mx = max(mx, sc[j])
@@ -316,7 +333,7 @@ var referenceCases = []struct {
 // that multiplies f32 activations (see tensor.BF16Activations): the
 // float64 reference comparisons are tight, and rounding activations to bf16
 // can flip one rounding between the reference's float64 input and the
-// model's float32 one. TestBF16ActivationsNearReference covers the
+// model's float32 one. TestBF16ModelsNearReference covers the
 // rounding ISA.
 func f32ActivationISA(t *testing.T) {
 	t.Helper()
@@ -336,20 +353,22 @@ func f32ActivationISA(t *testing.T) {
 	t.Fatal("no ISA multiplies f32 activations")
 }
 
-// referenceDiff runs tc's model on 21 random tokens and returns the largest
+// referenceDiff runs spec's model with a KV pool of kvDType on 21 random
+// tokens and returns the largest
 // logit difference to the float64 reference, relative to the largest
 // logit, and the mean squared difference relative to the mean squared
 // logit.
-func referenceDiff(t *testing.T, spec modelinit.Spec) (maxRel, msRel float64) {
+func referenceDiff(t *testing.T, spec modelinit.Spec, kvDType tensor.DType) (maxRel, msRel float64) {
 	t.Helper()
 	dir := writeTestModel(t, spec)
 	m := loadTestModel(t, dir, 2)
 	ref := newRefModel(t, dir)
+	ref.roundKV = kvDType == tensor.BF16
 	r := rand.New(rand.NewPCG(1, 2))
 	tokens := randomTokens(r, 21, spec.Vocab)
 	want := ref.logits(t, tokens)
 
-	layout := m.KVLayout(4)
+	layout := m.KVLayoutOf(4, kvDType)
 	kv, blocks := contiguous(layout, len(tokens))
 	out, err := m.Forward([]Seq{{Tokens: tokens, Blocks: blocks, Logits: allIndexes(len(tokens))}}, kv, layout)
 	if err != nil {
@@ -377,29 +396,36 @@ func TestForwardMatchesFloat64Reference(t *testing.T) {
 	f32ActivationISA(t)
 	for _, tc := range referenceCases {
 		t.Run(tc.name, func(t *testing.T) {
-			if rel, _ := referenceDiff(t, tc.spec); rel > 1e-4 {
+			if rel, _ := referenceDiff(t, tc.spec, tensor.F32); rel > 1e-4 {
 				t.Errorf("max |Δlogit| relative to max |logit|: %g > 1e-4", rel)
 			}
 		})
 	}
 }
 
-// TestBF16ActivationsNearReference checks the bf16 models under the
-// default ISA, which may round activations to bf16 (tensor.BF16Activations):
-// the reference then rounds the same inputs, and the only differences left
-// are the rare inputs whose float64 and float32 values round to different
-// bf16 neighbours.
-func TestBF16ActivationsNearReference(t *testing.T) {
-	for _, tc := range referenceCases {
-		if tc.spec.DType != "bf16" {
-			continue
+// TestBF16ModelsNearReference checks the bf16 models as served, with their
+// default bf16 KV pool, under every ISA (avx512bf16 also rounds
+// activations to bf16, see tensor.BF16Activations). The reference rounds
+// the same values, and the only differences left are the rare values whose
+// float64 and float32 versions round to different bf16 neighbours.
+func TestBF16ModelsNearReference(t *testing.T) {
+	def := tensor.ISA()
+	t.Cleanup(func() { _ = tensor.SetISA(def) })
+	for _, isa := range tensor.ISAs() {
+		if err := tensor.SetISA(isa); err != nil {
+			t.Fatal(err)
 		}
-		t.Run(tc.name, func(t *testing.T) {
-			maxRel, msRel := referenceDiff(t, tc.spec)
-			t.Logf("ISA %s: max |Δlogit| / max |logit| = %.3g, Σ Δ² / Σ logit² = %.3g", tensor.ISA(), maxRel, msRel)
-			if maxRel > 5e-2 || msRel > 1e-4 {
-				t.Errorf("logits too far from the reference: max relative %g (limit 5e-2), mean-square relative %g (limit 1e-4)", maxRel, msRel)
+		for _, tc := range referenceCases {
+			if tc.spec.DType != "bf16" {
+				continue
 			}
-		})
+			t.Run(isa+"/"+tc.name, func(t *testing.T) {
+				maxRel, msRel := referenceDiff(t, tc.spec, tensor.BF16)
+				t.Logf("max |Δlogit| / max |logit| = %.3g, Σ Δ² / Σ logit² = %.3g", maxRel, msRel)
+				if maxRel > 5e-2 || msRel > 1e-4 {
+					t.Errorf("logits too far from the reference: max relative %g (limit 5e-2), mean-square relative %g (limit 1e-4)", maxRel, msRel)
+				}
+			})
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -42,12 +43,14 @@ func loadStories(t *testing.T, threads int) (*Model, golden) {
 }
 
 // contiguous returns a pool and a block table 0, 1, 2, ... for n positions.
-func contiguous(layout KVLayout, n int) ([]float32, []int32) {
+func contiguous(layout KVLayout, n int) ([]byte, []int32) {
 	blocks := make([]int32, (n+layout.BlockSize-1)/layout.BlockSize)
 	for i := range blocks {
 		blocks[i] = int32(i)
 	}
-	return make([]float32, len(blocks)*layout.BlockFloats()), blocks
+	// Backed by float32s so that f32 pools are aligned.
+	f := make([]float32, (len(blocks)*layout.BlockBytes()+3)/4)
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), len(blocks)*layout.BlockBytes()), blocks
 }
 
 func argmax(x []float32) int32 {

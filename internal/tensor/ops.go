@@ -3,6 +3,7 @@ package tensor
 import (
 	"fmt"
 	"math"
+	"sync"
 )
 
 // Dot returns Σ a[i]·b[i] over len(a). b must be at least as long as a. The
@@ -146,7 +147,12 @@ func AxpyRowsBF16(y, alpha []float32, v []uint16, ldv int) {
 		ks.axpyRowsBF16(&alpha[0], &v[0], ldv, len(alpha), &y[0], len(y))
 		return
 	}
-	row := make([]float32, len(y))
+	buf := rowScratch.Get().(*[]float32)
+	defer rowScratch.Put(buf)
+	if cap(*buf) < len(y) {
+		*buf = make([]float32, len(y))
+	}
+	row := (*buf)[:len(y)]
 	for r, a := range alpha {
 		for t, b := range v[r*ldv : r*ldv+len(y)] {
 			row[t] = BF16ToF32(b)
@@ -155,14 +161,40 @@ func AxpyRowsBF16(y, alpha []float32, v []uint16, ldv int) {
 	}
 }
 
+// rowScratch holds the widened rows of AxpyRowsBF16's fallback path.
+var rowScratch = sync.Pool{New: func() any { return new([]float32) }}
+
+// BF16Query is a query row prepared for DotRowsBF16: rounded to bf16
+// once when MatMul rounds activations (BF16Activations), kept f32
+// otherwise. The zero value is ready for Set; reuse it to avoid
+// allocations.
+type BF16Query struct {
+	x  []float32
+	xb []uint16
+}
+
+// Set prepares x (which must stay unchanged while the query is used).
+func (q *BF16Query) Set(x []float32) {
+	q.x = x
+	if ks := active.Load(); ks.toBF16 != nil && len(x) > 0 {
+		if cap(q.xb) < len(x) {
+			q.xb = make([]uint16, len(x))
+		}
+		q.xb = q.xb[:len(x)]
+		ks.toBF16(&x[0], &q.xb[0], len(x))
+	} else {
+		q.xb = q.xb[:0]
+	}
+}
+
 // DotRowsBF16 computes out[j] = Σ_t x[t]·w[j*ldw+t] for j < len(out), t <
-// len(x), with bf16 weight rows spaced ldw apart: exactly what MatMul
-// computes for a BF16 Mat holding those rows (bit-identical whatever
-// MatMul's m, including the rounding of x to bf16 when BF16Activations).
-// It runs on the calling goroutine and panics if w is too short or ldw <
-// len(x).
-func DotRowsBF16(out, x []float32, w []uint16, ldw int) {
-	k, n := len(x), len(out)
+// len(x), for the query x prepared in q and bf16 weight rows spaced ldw
+// apart: exactly what MatMul computes for a BF16 Mat holding those rows
+// (bit-identical whatever MatMul's m, including the rounding of x to bf16
+// when BF16Activations). It runs on the calling goroutine and panics if w
+// is too short or ldw < len(x).
+func DotRowsBF16(out []float32, q *BF16Query, w []uint16, ldw int) {
+	k, n := len(q.x), len(out)
 	if n == 0 {
 		return
 	}
@@ -174,17 +206,14 @@ func DotRowsBF16(out, x []float32, w []uint16, ldw int) {
 		panic(fmt.Sprintf("tensor: DotRowsBF16 with len(w)=%d, ldw=%d for %d rows of %d", len(w), ldw, n, k))
 	}
 	ks := active.Load()
-	if ks.toBF16 == nil {
-		ks.bf16[0](&x[0], k, &w[0], ldw, k, n, &out[0], n, 0)
+	if ks.toBF16 != nil && len(q.xb) == k {
+		ks.bf16x[0](&q.xb[0], k, &w[0], ldw, k, n, &out[0], n, 0)
 		return
 	}
-	var buf [256]uint16
-	xb := buf[:]
-	if k > len(buf) {
-		xb = make([]uint16, k)
+	if ks.toBF16 != nil {
+		panic("tensor: DotRowsBF16 with a query prepared under another ISA")
 	}
-	ks.toBF16(&x[0], &xb[0], k)
-	ks.bf16x[0](&xb[0], k, &w[0], ldw, k, n, &out[0], n, 0)
+	ks.bf16[0](&q.x[0], k, &w[0], ldw, k, n, &out[0], n, 0)
 }
 
 // ToBF16 rounds src to bf16 (nearest even, as F32ToBF16) into dst, which

@@ -403,9 +403,11 @@ func TestDotRowsBF16MatchesMatMul(t *testing.T) {
 				}
 				want := make([]float32, 3*n)
 				pool.MatMul(want, x, 3, &Mat{DType: BF16, Rows: n, Cols: k, U16: dense})
+				var q BF16Query
 				for i := range 3 {
 					got := make([]float32, n)
-					DotRowsBF16(got, x[i*k:(i+1)*k], w, ldw)
+					q.Set(x[i*k : (i+1)*k])
+					DotRowsBF16(got, &q, w, ldw)
 					for j := range got {
 						if math.Float32bits(got[j]) != math.Float32bits(want[i*n+j]) {
 							t.Fatalf("k=%d n=%d: row %d out[%d] = %g, MatMul gives %g", k, n, i, j, got[j], want[i*n+j])
