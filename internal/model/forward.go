@@ -280,17 +280,6 @@ func (kv kvView) store(off int, row []float32) {
 	tensor.ToBF16(kv.u16[off:][:len(row)], row)
 }
 
-// dotRows computes out[j] = q·K[j] for the len(out) key rows from element
-// off, spaced ld apart (tensor.DotRows: bit-identical to the MatMul of the
-// prefill path). qb is q prepared for a bf16 pool.
-func (kv kvView) dotRows(out, q []float32, qb *tensor.BF16Query, off, ld int) {
-	if kv.f32 != nil {
-		tensor.DotRows(out, q, kv.f32[off:], ld)
-		return
-	}
-	tensor.DotRowsBF16(out, qb, kv.u16[off:], ld)
-}
-
 // axpyRows adds the len(p) value rows from element off, spaced ld apart and
 // weighted by p, to out in row order.
 func (kv kvView) axpyRows(out, p []float32, off, ld int) {
@@ -339,7 +328,9 @@ func (kv kvView) gather(w *attnScratch, sq *Seq, layout KVLayout, li, kvh, n int
 // each query head of the GQA group, computes all scores of the tile with
 // one MatMul (the fast kernel instead of a dot product per key), then a
 // softmax per query over exactly its keys [0, pos], then the weighted sum
-// of V rows in position order.
+// of V rows in position order. A single new token (decode) reads its keys
+// in place instead; over a bf16 pool its whole GQA group is scored and
+// summed at once (decodeAttentionBF16).
 //
 // Batch invariance: the MatMul kernel computes every output element with
 // the same reduction order whatever the number of rows and columns, so the
@@ -365,6 +356,10 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout KVLayout, T int)
 			first := int(s.tokPos[tile.t0])
 			n := first + tile.n // keys [0, n) cover every query of the tile
 			single := tile.n == 1
+			if single && kv.u16 != nil {
+				m.decodeAttentionBF16(w, kv, layout, li, sq, kvh, tile.t0, n, scale)
+				continue
+			}
 			var keys tensor.Mat
 			if !single {
 				// Gather the keys once for the whole tile and GQA group.
@@ -378,14 +373,12 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout KVLayout, T int)
 					copy(w.q[r*hd:(r+1)*hd], s.qkv[t*g.width+g.off[0]+h*hd:][:hd])
 				}
 				if single {
-					// One query (decode): score the keys in place, block
-					// by block; dotRows computes exactly what MatMul does.
-					if kv.u16 != nil {
-						w.qb.Set(w.q[:hd])
-					}
+					// One query (decode) over an f32 pool: score the keys
+					// in place, block by block; DotRows computes exactly
+					// what MatMul does.
 					for j0 := 0; j0 < n; j0 += bs {
 						base := layout.Offset(int(sq.Blocks[j0/bs]), li, 0, 0) + kvh*hd
-						kv.dotRows(w.s[j0:min(j0+bs, n)], w.q[:hd], &w.qb, base, kvd)
+						tensor.DotRows(w.s[j0:min(j0+bs, n)], w.q[:hd], kv.f32[base:], kvd)
 					}
 				} else {
 					m.pool.MatMul(w.s, w.q, tile.n, &keys)
@@ -409,6 +402,40 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout KVLayout, T int)
 		}
 		s.attnScratch.Put(w)
 	})
+}
+
+// decodeAttentionBF16 is attention for the single new token t0 at position
+// n-1 of sq, KV head kvh, over a bf16 pool: the query heads of the GQA
+// group are scored together (each key row read once for all of them) and
+// their value sums accumulated together. Every score, probability and
+// output element goes through exactly the operations the per-head path
+// applies (DotRowsBF16 and AxpyRowsBF16Group are bit-identical to MatMul
+// and AxpyRowsBF16), so results do not depend on which path ran.
+func (m *Model) decodeAttentionBF16(w *attnScratch, kv kvView, layout KVLayout, li int, sq *Seq, kvh, t0, n int, scale float32) {
+	c := &m.cfg
+	s := &m.s
+	hd, kvd, group, bs := c.HeadDim, c.KVDim(), c.Heads/c.KVHeads, layout.BlockSize
+	g := &m.layers[li].qkv
+	w.s = grow(w.s, group*n) // head h's scores at w.s[h*n:]
+	w.qb.Set(s.qkv[t0*g.width+g.off[0]+kvh*group*hd:], group, hd)
+	for j0 := 0; j0 < n; j0 += bs {
+		base := layout.Offset(int(sq.Blocks[j0/bs]), li, 0, 0) + kvh*hd
+		tensor.DotRowsBF16(w.s[j0:], n, &w.qb, kv.u16[base:], kvd, min(bs, n-j0))
+	}
+	for h := range group {
+		scores := w.s[h*n : (h+1)*n]
+		for j := range scores {
+			scores[j] *= scale
+		}
+		tensor.Softmax(scores)
+	}
+	out := s.attn[t0*c.QDim()+kvh*group*hd:][:group*hd]
+	clear(out)
+	for j0 := 0; j0 < n; j0 += bs {
+		// V rows of one block, in position order.
+		base := layout.Offset(int(sq.Blocks[j0/bs]), li, 1, 0) + kvh*hd
+		tensor.AxpyRowsBF16Group(group, hd, out, hd, w.s[j0:], n, min(bs, n-j0), kv.u16[base:], kvd)
+	}
 }
 
 // logits applies the final norm and the LM head to the requested rows.

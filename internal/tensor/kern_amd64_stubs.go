@@ -73,6 +73,15 @@ func gemmDPBF16R4(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *flo
 // cvtBF16AVX512 rounds x[t] to bf16 (nearest even) into out[t] for t < n.
 func cvtBF16AVX512(x *float32, out *uint16, n int)
 
+// axpyRowsBF16G2AVX512 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 2, r < rows in order, t < n.
+func axpyRowsBF16G2AVX512(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
+
+// axpyRowsBF16G3AVX512 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 3, r < rows in order, t < n.
+func axpyRowsBF16G3AVX512(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
+
+// axpyRowsBF16G4AVX512 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 4, r < rows in order, t < n.
+func axpyRowsBF16G4AVX512(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
+
 // gemmAVX2F32R1 computes 1 rows of x times n rows of F32 weights (see asmgen).
 func gemmAVX2F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 

@@ -20,9 +20,11 @@ func archKernelSets() []*kernelSet {
 		axpy:         axpyAVX512,
 		axpyRows:     axpyRowsAVX512,
 		axpyRowsBF16: axpyRowsBF16AVX512,
-		silu:         siluMulAVX512,
-		expSum:       expSumAVX512,
-		avail:        avx512,
+		axpyRowsBF16G: [maxTileRows - 1]func(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int){
+			axpyRowsBF16G2AVX512, axpyRowsBF16G3AVX512, axpyRowsBF16G4AVX512},
+		silu:   siluMulAVX512,
+		expSum: expSumAVX512,
+		avail:  avx512,
 	}
 	// avx512bf16 is avx512 with bf16 activations for bf16 weights
 	// (VDPBF16PS: twice the arithmetic per instruction, no widening).

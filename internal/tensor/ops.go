@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"unsafe"
 )
 
 // Dot returns Σ a[i]·b[i] over len(a). b must be at least as long as a. The
@@ -164,56 +165,99 @@ func AxpyRowsBF16(y, alpha []float32, v []uint16, ldv int) {
 // rowScratch holds the widened rows of AxpyRowsBF16's fallback path.
 var rowScratch = sync.Pool{New: func() any { return new([]float32) }}
 
-// BF16Query is a query row prepared for DotRowsBF16: rounded to bf16
-// once when MatMul rounds activations (BF16Activations), kept f32
-// otherwise. The zero value is ready for Set; reuse it to avoid
+// BF16Query is rows query vectors of length k prepared for DotRowsBF16:
+// rounded to bf16 once when MatMul rounds activations (BF16Activations),
+// kept f32 otherwise. The zero value is ready for Set; reuse it to avoid
 // allocations.
 type BF16Query struct {
-	x  []float32
-	xb []uint16
+	x       []float32
+	xb      []uint16
+	rows, k int
+	rounded bool
 }
 
-// Set prepares x (which must stay unchanged while the query is used).
-func (q *BF16Query) Set(x []float32) {
-	q.x = x
-	if ks := active.Load(); ks.toBF16 != nil && len(x) > 0 {
-		if cap(q.xb) < len(x) {
-			q.xb = make([]uint16, len(x))
-		}
-		q.xb = q.xb[:len(x)]
-		ks.toBF16(&x[0], &q.xb[0], len(x))
-	} else {
-		q.xb = q.xb[:0]
+// Set prepares the rows×k row-major queries in x (which must stay
+// unchanged while the query is used).
+func (q *BF16Query) Set(x []float32, rows, k int) {
+	if rows < 0 || k < 0 || len(x) < rows*k {
+		panic(fmt.Sprintf("tensor: BF16Query.Set with %d elements for %d rows of %d", len(x), rows, k))
 	}
-}
-
-// DotRowsBF16 computes out[j] = Σ_t x[t]·w[j*ldw+t] for j < len(out), t <
-// len(x), for the query x prepared in q and bf16 weight rows spaced ldw
-// apart: exactly what MatMul computes for a BF16 Mat holding those rows
-// (bit-identical whatever MatMul's m, including the rounding of x to bf16
-// when BF16Activations). It runs on the calling goroutine and panics if w
-// is too short or ldw < len(x).
-func DotRowsBF16(out []float32, q *BF16Query, w []uint16, ldw int) {
-	k, n := len(q.x), len(out)
-	if n == 0 {
+	q.x, q.rows, q.k = x[:rows*k], rows, k
+	ks := active.Load()
+	q.rounded = ks.toBF16 != nil
+	if !q.rounded || rows*k == 0 {
 		return
 	}
+	if cap(q.xb) < rows*k {
+		q.xb = make([]uint16, rows*k)
+	}
+	q.xb = q.xb[:rows*k]
+	ks.toBF16(&x[0], &q.xb[0], rows*k)
+}
+
+// DotRowsBF16 computes out[r*ldo+j] = Σ_t x_r[t]·w[j*ldw+t] for the query
+// rows x_r prepared in q, j < n and t < k, over bf16 weight rows spaced ldw
+// apart: exactly what MatMul computes for a BF16 Mat holding those rows
+// (bit-identical whatever MatMul's m, including the rounding of x to bf16
+// when BF16Activations). It runs on the calling goroutine and panics if a
+// slice is too short or ldw < k.
+func DotRowsBF16(out []float32, ldo int, q *BF16Query, w []uint16, ldw, n int) {
+	rows, k := q.rows, q.k
+	if n == 0 || rows == 0 {
+		return
+	}
+	if len(out) < (rows-1)*ldo+n || (rows > 1 && ldo < n) {
+		panic(fmt.Sprintf("tensor: DotRowsBF16 with len(out)=%d, ldo=%d for %d rows of %d", len(out), ldo, rows, n))
+	}
 	if k == 0 {
-		clear(out)
+		for r := range rows {
+			clear(out[r*ldo : r*ldo+n])
+		}
 		return
 	}
 	if ldw < k || len(w) < (n-1)*ldw+k {
 		panic(fmt.Sprintf("tensor: DotRowsBF16 with len(w)=%d, ldw=%d for %d rows of %d", len(w), ldw, n, k))
 	}
 	ks := active.Load()
-	if ks.toBF16 != nil && len(q.xb) == k {
-		ks.bf16x[0](&q.xb[0], k, &w[0], ldw, k, n, &out[0], n, 0)
-		return
-	}
-	if ks.toBF16 != nil {
+	if q.rounded != (ks.toBF16 != nil) {
 		panic("tensor: DotRowsBF16 with a query prepared under another ISA")
 	}
-	ks.bf16[0](&q.x[0], k, &w[0], ldw, k, n, &out[0], n, 0)
+	pf := uintptr(unsafe.Pointer(&w[0])) // nothing else to warm: re-touch the rows
+	for r0 := 0; r0 < rows; r0 += maxTileRows {
+		r := min(maxTileRows, rows-r0)
+		if q.rounded {
+			ks.bf16x[r-1](&q.xb[r0*k], k, &w[0], ldw, k, n, &out[r0*ldo], ldo, pf)
+		} else {
+			ks.bf16[r-1](&q.x[r0*k], k, &w[0], ldw, k, n, &out[r0*ldo], ldo, pf)
+		}
+	}
+}
+
+// AxpyRowsBF16Group is AxpyRowsBF16 for g outputs that share the value
+// rows (the query heads of one GQA group): for h < g, y[h*ldy:][:n] gets
+// the rows of v weighted by alpha[h*lda:][:rows], bit-identical to g calls
+// of AxpyRowsBF16 but loading each value row once. It panics if a slice is
+// too short.
+func AxpyRowsBF16Group(g, n int, y []float32, ldy int, alpha []float32, lda, rows int, v []uint16, ldv int) {
+	if g <= 0 || n <= 0 || rows <= 0 {
+		return
+	}
+	if len(y) < (g-1)*ldy+n || len(alpha) < (g-1)*lda+rows || (g > 1 && (ldy < n || lda < rows)) ||
+		len(v) < (rows-1)*ldv+n || (rows > 1 && ldv < n) {
+		panic(fmt.Sprintf("tensor: AxpyRowsBF16Group with short operands (g=%d n=%d rows=%d; len y=%d alpha=%d v=%d; ldy=%d lda=%d ldv=%d)",
+			g, n, rows, len(y), len(alpha), len(v), ldy, lda, ldv))
+	}
+	ks := active.Load()
+	for h0 := 0; h0 < g; h0 += maxTileRows {
+		gg := min(maxTileRows, g-h0)
+		if gg > 1 && ks.axpyRowsBF16G[gg-2] != nil {
+			ks.axpyRowsBF16G[gg-2](&alpha[h0*lda], lda, &v[0], ldv, rows, &y[h0*ldy], ldy, n)
+			continue
+		}
+		for h := h0; h < h0+gg; h++ {
+			AxpyRowsBF16(y[h*ldy:h*ldy+n], alpha[h*lda:h*lda+rows], v, ldv)
+		}
+	}
 }
 
 // ToBF16 rounds src to bf16 (nearest even, as F32ToBF16) into dst, which

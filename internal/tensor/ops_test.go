@@ -396,21 +396,58 @@ func TestDotRowsBF16MatchesMatMul(t *testing.T) {
 				for i := range w {
 					w[i] = F32ToBF16(rng.Float32()*2 - 1)
 				}
-				x := randVec(rng, 3*k)
+				const m = 7
+				x := randVec(rng, m*k)
 				dense := make([]uint16, n*k)
 				for j := range n {
 					copy(dense[j*k:(j+1)*k], w[j*ldw:])
 				}
-				want := make([]float32, 3*n)
-				pool.MatMul(want, x, 3, &Mat{DType: BF16, Rows: n, Cols: k, U16: dense})
+				want := make([]float32, m*n)
+				pool.MatMul(want, x, m, &Mat{DType: BF16, Rows: n, Cols: k, U16: dense})
 				var q BF16Query
-				for i := range 3 {
-					got := make([]float32, n)
-					q.Set(x[i*k : (i+1)*k])
-					DotRowsBF16(got, &q, w, ldw)
-					for j := range got {
-						if math.Float32bits(got[j]) != math.Float32bits(want[i*n+j]) {
-							t.Fatalf("k=%d n=%d: row %d out[%d] = %g, MatMul gives %g", k, n, i, j, got[j], want[i*n+j])
+				// Every group of consecutive query rows, 1 to 6 at a time.
+				for rows := 1; rows <= 6; rows++ {
+					for r0 := 0; r0+rows <= m; r0++ {
+						ldo := n + 2
+						got := make([]float32, rows*ldo)
+						q.Set(x[r0*k:], rows, k)
+						DotRowsBF16(got, ldo, &q, w, ldw, n)
+						for r := range rows {
+							for j := range n {
+								if math.Float32bits(got[r*ldo+j]) != math.Float32bits(want[(r0+r)*n+j]) {
+									t.Fatalf("k=%d n=%d rows=%d: row %d out[%d] = %g, MatMul gives %g", k, n, rows, r0+r, j, got[r*ldo+j], want[(r0+r)*n+j])
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	})
+}
+
+func TestAxpyRowsBF16GroupMatchesSeparateCalls(t *testing.T) {
+	forEachISA(t, func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(11, 11))
+		for _, g := range []int{1, 2, 3, 4, 5, 7} {
+			for _, n := range []int{1, 16, 17, 48, 64, 65, 130} {
+				for _, rows := range []int{1, 2, 16} {
+					ldv, ldy, lda := n+3, n+1, rows+2
+					v := make([]uint16, rows*ldv)
+					for i := range v {
+						v[i] = F32ToBF16(rng.Float32()*2 - 1)
+					}
+					alpha := randVec(rng, g*lda)
+					y0 := randVec(rng, g*ldy)
+					want := append([]float32(nil), y0...)
+					for h := range g {
+						AxpyRowsBF16(want[h*ldy:h*ldy+n], alpha[h*lda:h*lda+rows], v, ldv)
+					}
+					got := append([]float32(nil), y0...)
+					AxpyRowsBF16Group(g, n, got, ldy, alpha, lda, rows, v, ldv)
+					for i := range want {
+						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+							t.Fatalf("g=%d n=%d rows=%d: y[%d] = %g, separate calls give %g", g, n, rows, i, got[i], want[i])
 						}
 					}
 				}

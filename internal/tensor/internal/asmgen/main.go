@@ -87,6 +87,9 @@ func main() {
 				gemmDP(r)
 			}
 			cvtBF16()
+			for g := 2; g <= 4; g++ {
+				axpyRowsGroup(g)
+			}
 		}
 	}
 	Generate()
