@@ -419,7 +419,16 @@ func (m *Model) decodeAttentionBF16(w *attnScratch, kv kvView, layout KVLayout, 
 	w.s = grow(w.s, group*n) // head h's scores at w.s[h*n:]
 	w.qb.Set(s.qkv[t0*g.width+g.off[0]+kvh*group*hd:], group, hd)
 	for j0 := 0; j0 < n; j0 += bs {
-		base := layout.Offset(int(sq.Blocks[j0/bs]), li, 0, 0) + kvh*hd
+		blk := int(sq.Blocks[j0/bs])
+		if j0+bs < n {
+			// Warm the next block's keys: blocks are scattered, so the
+			// hardware prefetchers cannot guess them.
+			next := layout.Offset(int(sq.Blocks[j0/bs+1]), li, 0, 0) + kvh*hd
+			tensor.PrefetchRowsU16(kv.u16[next:], kvd, min(bs, n-j0-bs), hd)
+		}
+		// And this block's values, read after the softmax.
+		tensor.PrefetchRowsU16(kv.u16[layout.Offset(blk, li, 1, 0)+kvh*hd:], kvd, min(bs, n-j0), hd)
+		base := layout.Offset(blk, li, 0, 0) + kvh*hd
 		tensor.DotRowsBF16(w.s[j0:], n, &w.qb, kv.u16[base:], kvd, min(bs, n-j0))
 	}
 	for h := range group {

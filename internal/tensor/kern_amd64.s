@@ -232,6 +232,34 @@ DATA tailmask8<>+56(SB)/4, $0x00000000
 DATA tailmask8<>+60(SB)/4, $0x00000000
 GLOBL tailmask8<>(SB), RODATA|NOPTR, $64
 
+// func prefetchRows(p uintptr, ld int, rows int, lines int)
+// Requires: MMX+
+TEXT ·prefetchRows(SB), NOSPLIT, $0-32
+	MOVQ  p+0(FP), AX
+	MOVQ  ld+8(FP), CX
+	MOVQ  rows+16(FP), DX
+	MOVQ  lines+24(FP), BX
+	TESTQ DX, DX
+	JE    done
+	TESTQ BX, BX
+	JE    done
+
+row:
+	MOVQ AX, SI
+	MOVQ BX, DI
+
+line:
+	PREFETCHT0 (SI)
+	ADDQ       $0x00000040, SI
+	DECQ       DI
+	JNE        line
+	ADDQ       CX, AX
+	DECQ       DX
+	JNE        row
+
+done:
+	RET
+
 // func gemmAVX512F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 // Requires: AVX, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
 TEXT ·gemmAVX512F32R1(SB), NOSPLIT, $0-72

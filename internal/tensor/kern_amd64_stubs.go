@@ -4,6 +4,9 @@
 
 package tensor
 
+// prefetchRows prefetches lines cache lines at p + r*ld for r < rows.
+func prefetchRows(p uintptr, ld int, rows int, lines int)
+
 // gemmAVX512F32R1 computes 1 row of x times n rows of F32 weights (see asmgen).
 func gemmAVX512F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 

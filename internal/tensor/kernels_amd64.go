@@ -50,3 +50,5 @@ func archKernelSets() []*kernelSet {
 		},
 	}
 }
+
+func prefetch(p uintptr, ld, rows, lines int) { prefetchRows(p, ld, rows, lines) }

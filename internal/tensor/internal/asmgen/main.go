@@ -63,6 +63,7 @@ var (
 func main() {
 	ConstraintExpr("amd64")
 	constants()
+	prefetchRows()
 	for _, s := range []isa{avx512, avx2} {
 		for _, dt := range []dtype{dtF32, dtBF16, dtF16} {
 			for r := 1; r <= 4; r++ {
