@@ -37,6 +37,7 @@ type scratch struct {
 	logits           []float32 // [R, Vocab]
 	out              [][]float32
 	tiles            []attnTile
+	items            []attnItem
 	attnScratch      sync.Pool // *attnScratch, one per busy worker
 }
 
@@ -243,6 +244,12 @@ type attnTile struct {
 	t0, n int // first token (batch index) and count
 }
 
+// attnItem is one unit of attention work: a tile for one KV head, or for
+// all of them (kvh < 0: a single decode token over a bf16 pool).
+type attnItem struct {
+	tile, kvh int32
+}
+
 // attnTileTokens bounds the queries that share one gathered copy of a
 // sequence's keys.
 const attnTileTokens = 16
@@ -322,15 +329,15 @@ func (kv kvView) gather(w *attnScratch, sq *Seq, layout KVLayout, li, kvh, n int
 // s.attn.
 //
 // Work items are (KV head, tile of up to 16 consecutive tokens of one
-// sequence), ordered KV-head-major so the contiguous ranges handed to
-// workers mix early and late positions. An item gathers the sequence's
+// sequence), ordered KV-head-major so that neighbouring items mix early and
+// late positions, and claimed one at a time by whichever thread is free. An item gathers the sequence's
 // keys [0, last position] for its KV head once from the paged pool and, for
 // each query head of the GQA group, computes all scores of the tile with
 // one MatMul (the fast kernel instead of a dot product per key), then a
 // softmax per query over exactly its keys [0, pos], then the weighted sum
 // of V rows in position order. A single new token (decode) reads its keys
-// in place instead; over a bf16 pool its whole GQA group is scored and
-// summed at once (decodeAttentionBF16).
+// in place instead; over a bf16 pool it is one item for all KV heads
+// (decodeAttentionBF16).
 //
 // Batch invariance: the MatMul kernel computes every output element with
 // the same reduction order whatever the number of rows and columns, so the
@@ -345,21 +352,41 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout KVLayout, T int)
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	bs := layout.BlockSize
 	tiles := s.tiles
-	m.pool.Parallel(c.KVHeads*len(tiles), func(lo, hi int) {
+	if li == 0 {
+		// Tiles for one KV head each, KV-head-major so that a worker's
+		// items mix early and late positions; single tokens over a bf16
+		// pool as one item for all KV heads (their key rows are
+		// contiguous, read in one sweep).
+		s.items = s.items[:0]
+		for kvh := range c.KVHeads {
+			for i, tile := range tiles {
+				if tile.n > 1 || kv.u16 == nil {
+					s.items = append(s.items, attnItem{tile: int32(i), kvh: int32(kvh)})
+				}
+			}
+		}
+		for i, tile := range tiles {
+			if tile.n == 1 && kv.u16 != nil {
+				s.items = append(s.items, attnItem{tile: int32(i), kvh: -1})
+			}
+		}
+	}
+	items := s.items
+	m.pool.ParallelChunks(len(items), 1, func(lo, hi int) {
 		w, _ := s.attnScratch.Get().(*attnScratch)
 		if w == nil {
 			w = new(attnScratch)
 		}
-		for item := lo; item < hi; item++ {
-			kvh, tile := item/len(tiles), tiles[item%len(tiles)]
+		for _, it := range items[lo:hi] {
+			kvh, tile := int(it.kvh), tiles[it.tile]
 			sq := &seqs[s.tokSeq[tile.t0]]
 			first := int(s.tokPos[tile.t0])
 			n := first + tile.n // keys [0, n) cover every query of the tile
-			single := tile.n == 1
-			if single && kv.u16 != nil {
-				m.decodeAttentionBF16(w, kv, layout, li, sq, kvh, tile.t0, n, scale)
+			if kvh < 0 {
+				m.decodeAttentionBF16(w, kv, layout, li, sq, tile.t0, n, scale)
 				continue
 			}
+			single := tile.n == 1
 			var keys tensor.Mat
 			if !single {
 				// Gather the keys once for the whole tile and GQA group.
@@ -405,45 +432,51 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout KVLayout, T int)
 }
 
 // decodeAttentionBF16 is attention for the single new token t0 at position
-// n-1 of sq, KV head kvh, over a bf16 pool: the query heads of the GQA
-// group are scored together (each key row read once for all of them) and
-// their value sums accumulated together. Every score, probability and
-// output element goes through exactly the operations the per-head path
-// applies (DotRowsBF16 and AxpyRowsBF16Group are bit-identical to MatMul
-// and AxpyRowsBF16), so results do not depend on which path ran.
-func (m *Model) decodeAttentionBF16(w *attnScratch, kv kvView, layout KVLayout, li int, sq *Seq, kvh, t0, n int, scale float32) {
+// n-1 of sq over a bf16 pool, all KV heads at once: a block's key rows are
+// read in one contiguous sweep (and the next block's prefetched), the
+// query heads of each GQA group are scored together and their value sums
+// accumulated together. Every score, probability and output element goes
+// through exactly the operations the per-head path applies (DotRowsBF16
+// and AxpyRowsBF16Group are bit-identical to MatMul and AxpyRowsBF16), so
+// results do not depend on which path ran.
+func (m *Model) decodeAttentionBF16(w *attnScratch, kv kvView, layout KVLayout, li int, sq *Seq, t0, n int, scale float32) {
 	c := &m.cfg
 	s := &m.s
 	hd, kvd, group, bs := c.HeadDim, c.KVDim(), c.Heads/c.KVHeads, layout.BlockSize
 	g := &m.layers[li].qkv
-	w.s = grow(w.s, group*n) // head h's scores at w.s[h*n:]
-	w.qb.Set(s.qkv[t0*g.width+g.off[0]+kvh*group*hd:], group, hd)
+	w.s = grow(w.s, c.Heads*n) // head h's scores at w.s[h*n:]
+	w.qb.Set(s.qkv[t0*g.width+g.off[0]:], c.Heads, hd)
 	for j0 := 0; j0 < n; j0 += bs {
-		blk := int(sq.Blocks[j0/bs])
+		blk, rows := int(sq.Blocks[j0/bs]), min(bs, n-j0)
 		if j0+bs < n {
 			// Warm the next block's keys: blocks are scattered, so the
 			// hardware prefetchers cannot guess them.
-			next := layout.Offset(int(sq.Blocks[j0/bs+1]), li, 0, 0) + kvh*hd
-			tensor.PrefetchRowsU16(kv.u16[next:], kvd, min(bs, n-j0-bs), hd)
+			next := layout.Offset(int(sq.Blocks[j0/bs+1]), li, 0, 0)
+			tensor.PrefetchRowsU16(kv.u16[next:], kvd, min(bs, n-j0-bs), kvd)
 		}
 		// And this block's values, read after the softmax.
-		tensor.PrefetchRowsU16(kv.u16[layout.Offset(blk, li, 1, 0)+kvh*hd:], kvd, min(bs, n-j0), hd)
-		base := layout.Offset(blk, li, 0, 0) + kvh*hd
-		tensor.DotRowsBF16(w.s[j0:], n, &w.qb, kv.u16[base:], kvd, min(bs, n-j0))
+		tensor.PrefetchRowsU16(kv.u16[layout.Offset(blk, li, 1, 0):], kvd, rows, kvd)
+		base := layout.Offset(blk, li, 0, 0)
+		for kvh := range c.KVHeads {
+			q := w.qb.Rows(kvh*group, group)
+			tensor.DotRowsBF16(w.s[kvh*group*n+j0:], n, &q, kv.u16[base+kvh*hd:], kvd, rows)
+		}
 	}
-	for h := range group {
+	for h := range c.Heads {
 		scores := w.s[h*n : (h+1)*n]
 		for j := range scores {
 			scores[j] *= scale
 		}
 		tensor.Softmax(scores)
 	}
-	out := s.attn[t0*c.QDim()+kvh*group*hd:][:group*hd]
+	out := s.attn[t0*c.QDim():][:c.QDim()]
 	clear(out)
 	for j0 := 0; j0 < n; j0 += bs {
 		// V rows of one block, in position order.
-		base := layout.Offset(int(sq.Blocks[j0/bs]), li, 1, 0) + kvh*hd
-		tensor.AxpyRowsBF16Group(group, hd, out, hd, w.s[j0:], n, min(bs, n-j0), kv.u16[base:], kvd)
+		base, rows := layout.Offset(int(sq.Blocks[j0/bs]), li, 1, 0), min(bs, n-j0)
+		for kvh := range c.KVHeads {
+			tensor.AxpyRowsBF16Group(group, hd, out[kvh*group*hd:], hd, w.s[kvh*group*n+j0:], n, rows, kv.u16[base+kvh*hd:], kvd)
+		}
 	}
 }
 

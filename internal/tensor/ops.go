@@ -195,6 +195,19 @@ func (q *BF16Query) Set(x []float32, rows, k int) {
 	ks.toBF16(&x[0], &q.xb[0], rows*k)
 }
 
+// Rows returns the query rows [r0, r0+rows) of q as a query of their own
+// (sharing q's memory).
+func (q *BF16Query) Rows(r0, rows int) BF16Query {
+	if r0 < 0 || rows < 0 || r0+rows > q.rows {
+		panic(fmt.Sprintf("tensor: BF16Query.Rows(%d, %d) of %d rows", r0, rows, q.rows))
+	}
+	sub := BF16Query{x: q.x[r0*q.k : (r0+rows)*q.k], rows: rows, k: q.k, rounded: q.rounded}
+	if q.rounded {
+		sub.xb = q.xb[r0*q.k : (r0+rows)*q.k]
+	}
+	return sub
+}
+
 // DotRowsBF16 computes out[r*ldo+j] = Σ_t x_r[t]·w[j*ldw+t] for the query
 // rows x_r prepared in q, j < n and t < k, over bf16 weight rows spaced ldw
 // apart: exactly what MatMul computes for a BF16 Mat holding those rows

@@ -104,6 +104,15 @@ func (p *Pool) Parallel(n int, fn func(lo, hi int)) {
 	p.run(n, chunk, func(_, lo, hi int) { fn(lo, hi) })
 }
 
+// ParallelChunks is Parallel with ranges of at most chunk items, claimed
+// dynamically by whichever participant is free: for items of uneven cost.
+func (p *Pool) ParallelChunks(n, chunk int, fn func(lo, hi int)) {
+	if n <= 0 {
+		return
+	}
+	p.run(n, chunk, func(_, lo, hi int) { fn(lo, hi) })
+}
+
 // run calls fn(part, lo, hi) over chunks of [0,n) of size chunk (the last
 // may be shorter). Participants claim chunks dynamically, so a participant
 // that is descheduled does not hold the others up. part identifies the
