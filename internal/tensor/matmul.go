@@ -132,16 +132,9 @@ func matmulRange(ks *kernelSet, out, x []float32, xb []uint16, m int, w *Mat, lo
 	for plo := lo; plo < hi; plo += panel {
 		rows := min(panel, hi-plo)
 		// The multi-row kernels prefetch one line per K step, about rows·k
-		// bytes per tile (rows·k/2 for the bf16-activation kernels, whose
-		// steps are twice as long): tile i warms part i of the next panel
-		// of this range while the current one, already in cache, is
-		// computed on, which spreads the DRAM stream over all the tiles
-		// (measured better than two lines per step over half the tiles).
+		// bytes per tile: tile i warms part i of the next panel of this
+		// range while the current one, already in cache, is computed on.
 		// Tiles with nothing left to warm re-touch the current panel.
-		tileBytes := uintptr(rows * k)
-		if xb != nil {
-			tileBytes /= 2
-		}
 		cur := wbase + uintptr(plo*k*esize)
 		next, nextEnd := cur+uintptr(rows*k*esize), cur
 		if plo+panel < hi {
@@ -149,7 +142,7 @@ func matmulRange(ks *kernelSet, out, x []float32, xb []uint16, m int, w *Mat, lo
 		}
 		for i := 0; i < m; i += maxTileRows {
 			r := min(maxTileRows, m-i)
-			pf := next + uintptr(i/maxTileRows)*tileBytes
+			pf := next + uintptr(i/maxTileRows*rows*k)
 			if pf >= nextEnd {
 				pf = cur
 			}

@@ -234,8 +234,9 @@ func dpRows(rows int) []GPVirtual {
 
 // dpPass emits one rows×cols register tile over the whole K and advances
 // wcur by cols weight rows and ocur by cols outputs. With pf set, every full
-// K step prefetches the line at pf (the region the driver wants warm) and
-// advances it by 64 bytes.
+// K step prefetches two lines at pf (the region the driver wants warm) and
+// advances it by 128 bytes: the same bytes per tile as the f32-activation
+// kernels, which step half as far.
 func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op, pf GPVirtual, p string) {
 	ldw := Load(Param("ldw"), GP64())
 	SHLQ(U8(1), ldw)
@@ -279,7 +280,8 @@ func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op,
 	Label(p + "loop")
 	if pf != nil {
 		PREFETCHT0(Mem{Base: pf})
-		ADDQ(U32(64), pf)
+		PREFETCHT0(Mem{Base: pf, Disp: 64})
+		ADDQ(U32(128), pf)
 	}
 	step(nil)
 	ADDQ(U32(32), ix)
