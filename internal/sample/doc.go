@@ -16,16 +16,32 @@
 // the Sampler's PCG stream whatever the parameters, so a request's tokens
 // depend only on its own logits and seed, never on what else is batched with
 // it. Distinct Samplers share no mutable state, so an engine may also sample
-// several requests in parallel. Large per-call buffers (a copy of the logits, weights, candidate lists,
-// token counts) come from a shared pool rather than from each Sampler, so
-// thousands of concurrent requests do not each hold vocabulary-sized arrays.
+// several requests in parallel. Large per-call buffers (a copy of the
+// logits, weights, candidate lists, token counts) come from a shared free
+// list rather than from each Sampler, so thousands of concurrent requests do
+// not each hold vocabulary-sized arrays, and a call in steady state
+// allocates nothing but its Logprob.
 //
-// Costs per call for a vocabulary V: greedy without logprobs is one pass
-// over the caller's logits, with no copy. Sampling evaluates one exponential
-// per token (a float32 polynomial, exp32, about twice as fast as math.Exp)
-// and reuses the logprobs pass's exponentials at temperature 1. Top-k uses a
-// size-k heap (quickselect beyond k = 256) rather than a sort; top-p finds
-// the nucleus by partitioning on probability mass (expected O(V)) and only
-// sorts groups of tied probabilities; logprobs are one max/top-N pass and
-// one log-sum-exp pass over the raw logits.
+// Costs per call for a vocabulary V. Per-token arithmetic runs in the
+// tensor package's vector kernels (the exponential, tensor.ExpSum; the
+// temperature scaling, tensor.Axpy; block sums for a draw, tensor.Dot), so,
+// like the logits themselves, the exact floats depend on the ISA tensor
+// runs with. The Go loops over the whole row are compare-only scans that
+// look closer at the rare groups of tokens that pass, except top-p's one
+// collecting pass.
+//   - Greedy without logprobs is one compare pass over the caller's logits,
+//     with no copy.
+//   - Logprobs are one vector exponential pass over the raw logits (shifted
+//     by a sampled estimate of their maximum, not the maximum: that saves a
+//     pass) and a top-N search that reads only the blocks of 512 logits
+//     whose exponentials sum to enough to hold a top-N entry.
+//   - Sampling computes the weights with one more vector exponential pass,
+//     or reuses the logprobs' at temperature 1. A draw without top-k and
+//     top-p sums 256-token blocks with tensor.Dot and walks one block.
+//   - Top-k keeps a size-k heap during one compare pass (quickselect beyond
+//     k = 256) and exponentiates only the k candidates.
+//   - Top-p collects the tokens above a floor estimated from a sample of
+//     the weights and checked exactly (a provable bound is the fallback),
+//     then finds the nucleus's cut and draws from it with a radix
+//     selection on the candidates' weights: no sort, no partition.
 package sample

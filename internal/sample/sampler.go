@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+
+	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
 // TopLogprob is one alternative token at a position and its log-probability.
@@ -146,48 +148,44 @@ func (s *Sampler) Sample(logits []float32, prompt, output []int32) (int32, *Logp
 	sc := getScratch(n)
 	defer putScratch(sc)
 
-	// Copy, treating NaN as -Inf; the raw maximum feeds logprobs and is
-	// the greedy token when nothing changes the logits.
-	x := sc.x[:n]
-	rawMax, rawArg := negInf, 0
-	for i, v := range logits {
-		if v != v {
-			v = negInf
-		}
-		x[i] = v
-		if v > rawMax {
-			rawMax, rawArg = v, i
-		}
-	}
-	// Logprobs are of the raw distribution, so take what they need from x
-	// before any processing changes it.
+	// Logprobs are of the raw distribution, so take what they need from
+	// the logits before any processing. Greedy sampling of unprocessed
+	// logits takes its token from the same search.
 	var raw rawLogprobs
 	if s.logprobs >= 0 {
-		raw = rawLogprobsOf(x, rawMax, s.logprobs, sc)
-	}
-	for _, b := range s.bias {
-		if int(b.id) < n {
-			x[b.id] += b.bias
+		top := s.logprobs
+		if s.greedy && !processed {
+			top = max(top, 1)
 		}
+		raw = rawLogprobsOf(logits, top, sc)
+		sc.rawFits = !processed
 	}
-	if masking {
-		for _, id := range s.stopIDs {
-			if id >= 0 && int(id) < n {
-				x[id] = negInf
+	x := logits
+	if processed {
+		x = resize(sc.x, n)
+		sc.x = x
+		copy(x, logits)
+		for _, b := range s.bias {
+			if int(b.id) < n {
+				x[b.id] += b.bias
 			}
 		}
-	}
-	if s.penalties {
-		s.applyPenalties(x, prompt, output, sc)
-	}
-	if processed {
-		sc.wRaw = false
+		if masking {
+			for _, id := range s.stopIDs {
+				if id >= 0 && int(id) < n {
+					x[id] = negInf
+				}
+			}
+		}
+		if s.penalties {
+			s.applyPenalties(x, prompt, output, sc)
+		}
 	}
 
 	var tok int32
 	switch {
 	case s.greedy && !processed:
-		tok = int32(rawArg)
+		tok = raw.top[0].id
 	case s.greedy:
 		tok = argmax(x)
 	default:
@@ -196,7 +194,7 @@ func (s *Sampler) Sample(logits []float32, prompt, output []int32) (int32, *Logp
 	if s.logprobs < 0 {
 		return tok, nil
 	}
-	return tok, raw.logprob(tok, logits[tok])
+	return tok, raw.logprob(tok, logits[tok], s.logprobs)
 }
 
 // applyPenalties applies the repetition penalty to every token seen in the
@@ -261,219 +259,240 @@ func (s *Sampler) sampleRandom(x []float32, u float64, sc *scratch) int32 {
 	if s.topK == 0 && s.topP == 0 {
 		return s.sampleDense(x, u, sc)
 	}
-	cs := s.candidates(x, sc)
-	if len(cs) == 0 {
+	cs, z := s.filter(x, sc)
+	switch {
+	case len(cs) == 0:
 		return argmax(x)
+	case s.topP > 0:
+		return drawNucleus(cs, float64(s.topP)*z, u, sc)
 	}
 	return draw(cs, u)
 }
 
-// draw picks from non-empty cs with probability proportional to weight,
-// walking in order until the running sum passes u times the total.
-func draw(cs []cand, u float64) int32 {
-	var total float64
-	for _, c := range cs {
-		total += float64(c.w)
+// weights returns the sampling weights of x at the request's temperature:
+// the raw logprobs' exponentials when they are the same numbers.
+func (s *Sampler) weights(x []float32, sc *scratch) *expRow {
+	if sc.rawFits && s.temperature == 1 {
+		return &sc.raw
 	}
-	target := u * total
-	var acc float64
-	for _, c := range cs {
-		acc += float64(c.w)
-		if acc > target {
-			return c.id
-		}
-	}
-	// Rounding left target at or beyond the sum: take the last token with
-	// any weight.
-	for j := len(cs) - 1; j >= 0; j-- {
-		if cs[j].w > 0 {
-			return cs[j].id
-		}
-	}
-	return cs[0].id
+	sc.row.fill(x, 1/s.temperature)
+	return &sc.row
 }
 
 // sampleDense draws from temperature and min-p alone, walking the dense
-// weights in id order without building a candidate list; it draws the same
-// token as sampleRandom over candidates would.
+// weights in id order without building a candidate list (except for the
+// few tokens min-p keeps); it draws the same token as sampleRandom over
+// candidates would.
 func (s *Sampler) sampleDense(x []float32, u float64, sc *scratch) int32 {
-	m := negInf
-	for _, v := range x {
-		m = max(m, v)
-	}
-	if math.IsInf(float64(m), 0) {
+	r := s.weights(x, sc)
+	if !r.ok {
 		return argmax(x)
-	}
-	w := sc.w[:len(x)]
-	total := sc.wSum
-	if !s.reuseRaw(sc) {
-		total = expSum(w, x, m, 1/s.temperature)
 	}
 	if s.minP > 0 {
-		total = 0
-		for i, wi := range w {
-			if wi < s.minP {
-				w[i] = 0
-			}
-			total += float64(w[i])
-		}
+		cs, _ := collect(sc.cands[:0], r.w[:len(r.x)], 0, s.minP, false)
+		sc.cands = cs
+		return draw(cs, u)
 	}
-	target := u * total
-	var acc float64
-	last := int32(-1)
-	for i, wi := range w {
-		if wi > 0 {
-			acc += float64(wi)
-			if acc > target {
-				return int32(i)
-			}
-			last = int32(i)
-		}
-	}
-	if last < 0 {
-		return argmax(x)
-	}
-	return last // rounding left target at or beyond the sum
-}
-
-// reuseRaw reports whether sc.w already holds this call's sampling weights:
-// the logprobs pass computed exp(x - max) over unprocessed logits, which are
-// the weights at temperature 1 (the API default).
-func (s *Sampler) reuseRaw(sc *scratch) bool {
-	return sc.wRaw && s.temperature == 1
+	return drawDense(r.w, u, sc)
 }
 
 // candidates returns the tokens that survive temperature, top-k, top-p and
 // min-p with their unnormalized probabilities, in no particular order. It
 // returns nil when no token has a finite logit or one is +Inf; the caller
-// then falls back to argmax.
+// then falls back to argmax. (sampleRandom draws from the top-p nucleus
+// without making this list; see drawNucleus.)
 func (s *Sampler) candidates(x []float32, sc *scratch) []cand {
-	invT := 1 / s.temperature
-	cs := sc.cands[:0]
-	m := negInf
-	var z float64
-	if s.topK > 0 && s.topK < len(x) {
-		// Candidates are the ids at or above the k-th largest logit (ties
-		// at the k-th value are all kept, as in vLLM).
-		threshold := kthLargest(x, s.topK, sc)
-		for i, v := range x {
-			if v >= threshold && v > negInf {
-				cs = append(cs, cand{id: int32(i)})
-				m = max(m, v)
-			}
-		}
-		if len(cs) == 0 || math.IsInf(float64(m), 1) {
-			return nil
-		}
-		w := sc.vals[:0]
-		for _, c := range cs {
-			w = append(w, x[c.id])
-		}
-		sc.vals = w
-		z = expSum(w, w, m, invT)
-		for j := range cs {
-			cs[j].w = w[j]
-		}
-		if s.minP > 0 {
-			k := 0
-			for _, c := range cs {
-				if c.w >= s.minP {
-					cs[k] = c
-					k++
-				}
-			}
-			cs = cs[:k]
-		}
-	} else {
-		for _, v := range x {
-			m = max(m, v)
-		}
-		if math.IsInf(float64(m), 0) {
-			return nil
-		}
-		w := sc.w[:len(x)]
-		z = sc.wSum
-		if !s.reuseRaw(sc) {
-			z = expSum(w, x, m, invT)
-		}
-		// Tokens of weight 0 add no mass and cannot be drawn, so they are
-		// left out; min-p (see below) is applied in the same pass. So are
-		// tokens that cannot be in the top-p nucleus: a token is dropped
-		// when it and all lighter tokens weigh at most (1-p)*z, which holds
-		// for every token of weight <= (1-p)*z/V, since at most V tokens
-		// weigh no more than it. For a typical spread of logits this leaves
-		// the nucleus search a small fraction of the vocabulary.
-		floor := s.minP
-		var tail float32
-		if s.topP > 0 {
-			tail = float32((1 - float64(s.topP)) * z / float64(len(x)))
-		}
-		for i, wi := range w {
-			if wi > tail && wi >= floor {
-				cs = append(cs, cand{w: wi, id: int32(i)})
-			}
-		}
-	}
-	sc.cands = cs
-	// vLLM applies top-p and then min-p. min-p keeps the tokens whose
-	// probability is at least min_p times the largest, i.e. weight >= min_p
-	// here (the largest weight is exp(0) = 1); both keep a prefix of the
-	// tokens in descending order, so filtering min-p first (above) and then
-	// cutting the nucleus at top_p of the full mass z gives the same set,
-	// cheaper.
-	if s.topP > 0 {
+	cs, z := s.filter(x, sc)
+	if s.topP > 0 && len(cs) > 0 {
 		cs = cs[:nucleus(cs, float64(s.topP)*z)]
 	}
 	return cs
 }
 
-// argmax returns the index of the largest value, the lowest on ties; NaN
-// never wins, and with no value above -Inf it returns 0.
-func argmax(x []float32) int32 {
-	best, bv := 0, negInf
-	for i, v := range x {
-		if v > bv {
-			best, bv = i, v
-		}
+// filter returns the tokens that survive temperature, top-k and min-p, and
+// with top-p only those that may be in the nucleus, with their
+// unnormalized probabilities, and the weight z whose top_p fraction the
+// nucleus is cut at. It returns no tokens when no token has a finite logit
+// or one is +Inf.
+//
+// vLLM applies top-p and then min-p. min-p keeps the tokens whose
+// probability is at least min_p times the largest; both keep a prefix of
+// the tokens in descending order, so filtering min-p first and then cutting
+// the nucleus at top_p of the full mass z gives the same set, cheaper.
+func (s *Sampler) filter(x []float32, sc *scratch) ([]cand, float64) {
+	if s.topK > 0 && s.topK < len(x) {
+		return s.topKCandidates(x, sc)
 	}
-	return int32(best)
+	r := s.weights(x, sc)
+	if !r.ok {
+		return nil, 0
+	}
+	return s.weightCandidates(r, sc), r.total
+}
+
+// topKCandidates returns the ids at or above the k-th largest logit (ties
+// at the k-th value are all kept, as in vLLM) that pass min-p, with their
+// weights, and the weight of all k.
+func (s *Sampler) topKCandidates(x []float32, sc *scratch) ([]cand, float64) {
+	cs := sc.cands[:0]
+	k := s.topK
+	if k <= heapLimit {
+		t := &sc.heap
+		t.reset(k)
+		t.scan(x, 0)
+		if t.tiesDropped() {
+			cs = appendAtLeast(cs, x, t.threshold())
+		} else {
+			for _, e := range t.h {
+				if e.v > negInf {
+					cs = append(cs, cand{id: e.id})
+				}
+			}
+		}
+	} else {
+		vals := resize(sc.vals, len(x))
+		sc.vals = vals
+		for i, v := range x {
+			if v != v {
+				v = negInf
+			}
+			vals[i] = v
+		}
+		cs = appendAtLeast(cs, x, selectDesc(vals, k))
+	}
+	sc.cands = cs
+	m := negInf
+	for _, c := range cs {
+		m = max(m, x[c.id])
+	}
+	if len(cs) == 0 || math.IsInf(float64(m), 1) {
+		return nil, 0
+	}
+	invT := 1 / s.temperature
+	w := resize(sc.vals, len(cs))
+	sc.vals = w
+	for j, c := range cs {
+		w[j] = x[c.id] * invT // rounded as in expRow
+	}
+	tensor.ExpSum(w, m*invT)
+	var z float64
+	for j := range cs {
+		cs[j].w = w[j]
+		z += float64(w[j])
+	}
+	if s.minP > 0 {
+		// The largest weight is e^0 = 1.
+		cs = slices.DeleteFunc(cs, func(c cand) bool { return c.w < s.minP })
+	}
+	return cs, z
+}
+
+// weightCandidates returns the tokens of the dense weights r that pass
+// min-p and may be in the top-p nucleus.
+func (s *Sampler) weightCandidates(r *expRow, sc *scratch) []cand {
+	w := r.w[:len(r.x)]
+	if s.topP == 0 {
+		cs, _ := collect(sc.cands[:0], w, 0, s.minP, true)
+		sc.cands = cs
+		return cs
+	}
+	// A token cannot be in the nucleus if it and all lighter tokens weigh
+	// at most (1-p)·z, which holds for every token of weight at most
+	// (1-p)·z/V, since at most V tokens weigh no more than it. That bound
+	// keeps a large part of a flat vocabulary, so first try a floor
+	// estimated from a sample, just below the nucleus's lightest token; it
+	// is right if the tokens above it weigh at least p·z (and then every
+	// lighter token is out).
+	p := float64(s.topP)
+	safe := float32((1 - p) * r.total / float64(len(w)))
+	floor, expect := nucleusFloor(w, r.total, p, sc)
+	dense := expect > len(w)/8
+	floor = max(floor, safe)
+	cs, wmax := collect(sc.cands[:0], w, floor, s.minP, dense)
+	if floor > safe && floor >= s.minP*wmax && !outweighs(cs, p*r.total) {
+		cs, _ = collect(cs[:0], w, safe, s.minP, true)
+	}
+	sc.cands = cs
+	return cs
 }
 
 // rawLogprobs holds what the logprobs of one position need from the raw
-// logits: their maximum, log-sum-exp and top entries.
+// logits: the shift and log-sum-exp of their exponentials, and the top
+// entries.
 type rawLogprobs struct {
+	// max is the shift of the exponentials, close to the largest logit;
+	// if that is not finite, it is the largest logit (-Inf or +Inf).
 	max, logZ float32
 	top       []entry // best first
 }
 
 // rawLogprobsOf computes the log-softmax normalizer and the top n entries of
-// x, whose maximum is m and which holds no NaN. The result refers to sc.
-func rawLogprobsOf(x []float32, m float32, n int, sc *scratch) rawLogprobs {
-	r := rawLogprobs{max: m}
-	if n > 0 {
-		h := sc.heap[:0]
-		for i, v := range x {
-			// Most entries lose to the heap's worst; test that first.
-			if len(h) < n || v > h[0].v {
-				h = heapOffer(h, n, entry{v: v, id: int32(i)})
+// the logits into sc.raw. The result refers to sc.
+func rawLogprobsOf(logits []float32, n int, sc *scratch) rawLogprobs {
+	r := &sc.raw
+	r.fill(logits, 1)
+	t := &sc.heap
+	t.reset(n)
+	res := rawLogprobs{max: r.max}
+	switch {
+	case !r.ok && n > 0:
+		t.scan(r.x, 0)
+	case r.ok:
+		res.max, res.logZ = r.shift, float32(math.Log(r.total))
+		if n > 0 {
+			searchBlocks(t, r, sc)
+		}
+	}
+	// Kept apart from the heap, which top-k sampling reuses.
+	sc.top = append(sc.top[:0], t.sorted()...)
+	res.top = sc.top
+	return res
+}
+
+// searchBlocks offers the raw logits of r to t block by block, skipping
+// every block that cannot hold an entry good enough: its exponentials sum
+// to less than one entry at t's threshold would weigh. It starts with the
+// blocks of the largest sums, which raises the threshold early. For logits
+// as spread as a language model's it reads a small part of the row.
+func searchBlocks(t *topHeap, r *expRow, sc *scratch) {
+	x, sums := r.x, r.sums
+	sc.seen = resize(sc.seen, len(sums))
+	clear(sc.seen)
+	search := func(b int) {
+		sc.seen[b] = true
+		t.scan(x[b*sumBlock:min(len(x), (b+1)*sumBlock)], b*sumBlock)
+	}
+	for range min(t.k, len(sums)) {
+		best := -1
+		for b, s := range sums {
+			if !sc.seen[b] && (best < 0 || s > sums[best]) {
+				best = b
 			}
 		}
-		sc.heap = h
-		r.top = append(sc.top[:0], h...)
-		sc.top = r.top
-		slices.SortFunc(r.top, func(a, b entry) int {
-			if a.better(b) {
-				return -1
-			}
-			return 1
-		})
+		search(best)
 	}
-	if !math.IsInf(float64(m), 0) {
-		sc.wSum = expSum(sc.w[:len(x)], x, m, 1)
-		sc.wRaw = true
-		r.logZ = float32(math.Log(sc.wSum))
+	thr, bound := negInf, float32(0)
+	for b, s := range sums {
+		if sc.seen[b] {
+			continue
+		}
+		if v := t.threshold(); v != thr {
+			thr, bound = v, weightBound(v-r.shift)
+		}
+		if s >= bound {
+			search(b)
+		}
 	}
-	return r
+}
+
+// weightBound returns a number at most the weight tensor.ExpSum gives an
+// entry d above the shift, allowing for its few-ulp error and the rounding
+// of d; 0 where the weight could be subnormal.
+func weightBound(d float32) float32 {
+	if d < -80 {
+		return 0
+	}
+	return float32(math.Exp(float64(d)) * (1 - 1e-4))
 }
 
 // of returns the raw log-probability of a token with logit v.
@@ -491,12 +510,13 @@ func (r *rawLogprobs) of(v float32) float32 {
 	return (v - r.max) - r.logZ
 }
 
-// logprob builds the result for the chosen token tok with raw logit v.
-func (r *rawLogprobs) logprob(tok int32, v float32) *Logprob {
+// logprob builds the result for the chosen token tok with raw logit v and
+// the best n alternatives.
+func (r *rawLogprobs) logprob(tok int32, v float32, n int) *Logprob {
 	lp := &Logprob{Token: tok, Logprob: r.of(v)}
-	if len(r.top) > 0 {
-		lp.Top = make([]TopLogprob, len(r.top))
-		for j, e := range r.top {
+	if n = min(n, len(r.top)); n > 0 {
+		lp.Top = make([]TopLogprob, n)
+		for j, e := range r.top[:n] {
 			lp.Top[j] = TopLogprob{Token: e.id, Logprob: r.of(e.v)}
 		}
 	}

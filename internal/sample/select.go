@@ -1,6 +1,7 @@
 package sample
 
 import (
+	"math"
 	"math/bits"
 	"slices"
 	"sync"
@@ -24,52 +25,168 @@ func (e entry) better(o entry) bool {
 }
 
 // scratch holds the per-call buffers of Sample. They are pooled, not kept
-// per Sampler, so memory does not grow with the number of requests. counts
-// is all zeros and wRaw false whenever a scratch is in the pool.
+// per Sampler, so memory does not grow with the number of requests. The
+// buffers marked "zeroed" are all zeros, and rawFits is false, whenever a
+// scratch is free; the rest are overwritten before they are read.
 type scratch struct {
-	x []float32 // processed logits
-	w []float32 // dense weights
-	// wRaw says w holds exp(x - max(x)) of the unprocessed logits of the
-	// current call, summing to wSum.
-	wRaw    bool
-	wSum    float64
-	vals    []float32
-	counts  []int32
+	x   []float32 // processed logits
+	raw expRow    // exponentials of the raw logits, for logprobs
+	row expRow    // sampling weights
+	// rawFits says raw holds this call's sampling weights at temperature
+	// 1: the logits were not processed.
+	rawFits bool
+
+	counts  []int32 // penalties' token counts, zeroed
 	touched []int32
 	cands   []cand
-	heap    []entry
-	top     []entry // logprob alternatives, kept apart from heap (top-k)
+	vals    []float32
+	heap    topHeap
+	top     []entry // logprob alternatives
+	seen    []bool  // blocks already searched for the raw top-N
+
+	dense []float32 // draw's scatter target, zeroed
+	sums  []float32 // block sums of a draw
+
+	// byWeight's and nucleusFloor's histograms, zeroed.
+	mass       []float64
+	low        [1 << 10]float64
+	floorMass  [1 << (31 - floorShift)]float64
+	floorCount [1 << (31 - floorShift)]int32
+	pos        []int32
+	sub        [2][]cand
 }
 
-var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+// scratches is a free list rather than a sync.Pool: a Pool empties at
+// every garbage collection, and refilling vocabulary-sized buffers would
+// then allocate about a megabyte in the calls that follow. The list holds
+// as many scratches as Sample calls (and draws inside them) ever ran at
+// once.
+var scratches struct {
+	sync.Mutex
+	free []*scratch
+}
 
+// getScratch returns a free scratch whose penalty counts cover n tokens;
+// the other buffers grow where they are used.
 func getScratch(n int) *scratch {
-	sc := scratchPool.Get().(*scratch)
-	if cap(sc.x) < n {
-		sc.x = make([]float32, n)
-		sc.w = make([]float32, n)
-		sc.counts = make([]int32, n)
-		sc.cands = make([]cand, 0, n)
+	scratches.Lock()
+	var sc *scratch
+	if k := len(scratches.free); k > 0 {
+		sc = scratches.free[k-1]
+		scratches.free = scratches.free[:k-1]
 	}
+	scratches.Unlock()
+	if sc == nil {
+		sc = new(scratch)
+	}
+	sc.counts = resize(sc.counts, n)
 	return sc
 }
 
 func putScratch(sc *scratch) {
-	sc.wRaw = false // the weights belong to the call that is ending
-	scratchPool.Put(sc)
+	sc.rawFits = false // the weights belong to the call that is ending
+	scratches.Lock()
+	scratches.free = append(scratches.free, sc)
+	scratches.Unlock()
 }
 
-// heapLimit is the largest k for which top-k uses a heap; beyond it an
-// O(V) quickselect on a copy is cheaper than O(V log k) sifting.
-const heapLimit = 256
+// resize returns b with length n, reallocating (zeroed) only when its
+// capacity is short, so buffers kept all zero stay so.
+func resize[T any](b []T, n int) []T {
+	if cap(b) < n {
+		return make([]T, n)
+	}
+	return b[:n]
+}
 
-// heapOffer keeps the best k entries seen so far in h, a min-heap whose
-// root is the worst kept entry.
-func heapOffer(h []entry, k int, e entry) []entry {
-	if len(h) < k {
+// The scans below test entries 16 at a time, in two inlinable groups of 8,
+// and look at single entries only in the rare groups that pass: a compare
+// and a predictable branch per entry is as fast as Go code gets without
+// vector instructions.
+
+// aboveLo and aboveHi report whether some entry of b[:8] or b[8:] is
+// greater than t.
+func aboveLo(b *[16]float32, t float32) bool {
+	return b[0] > t || b[1] > t || b[2] > t || b[3] > t || b[4] > t || b[5] > t || b[6] > t || b[7] > t
+}
+
+func aboveHi(b *[16]float32, t float32) bool {
+	return b[8] > t || b[9] > t || b[10] > t || b[11] > t || b[12] > t || b[13] > t || b[14] > t || b[15] > t
+}
+
+// atLeastLo and atLeastHi report whether some entry of b[:8] or b[8:] is
+// at least t.
+func atLeastLo(b *[16]float32, t float32) bool {
+	return b[0] >= t || b[1] >= t || b[2] >= t || b[3] >= t || b[4] >= t || b[5] >= t || b[6] >= t || b[7] >= t
+}
+
+func atLeastHi(b *[16]float32, t float32) bool {
+	return b[8] >= t || b[9] >= t || b[10] >= t || b[11] >= t || b[12] >= t || b[13] >= t || b[14] >= t || b[15] >= t
+}
+
+// atLeast8 reports whether some entry of b is at least t.
+func atLeast8(b *[8]float32, t float32) bool {
+	return b[0] >= t || b[1] >= t || b[2] >= t || b[3] >= t || b[4] >= t || b[5] >= t || b[6] >= t || b[7] >= t
+}
+
+// argmax returns the index of the largest value, the lowest on ties; NaN
+// never wins, and with no value above -Inf it returns 0.
+func argmax(x []float32) int32 {
+	best, bv := 0, negInf
+	i := 0
+	for ; i+16 <= len(x); i += 16 {
+		b := (*[16]float32)(x[i : i+16])
+		if aboveLo(b, bv) || aboveHi(b, bv) {
+			for j, v := range b {
+				if v > bv {
+					best, bv = i+j, v
+				}
+			}
+		}
+	}
+	for ; i < len(x); i++ {
+		if x[i] > bv {
+			best, bv = i, x[i]
+		}
+	}
+	return int32(best)
+}
+
+// topHeap keeps the best k entries offered, in a min-heap whose root is
+// the worst kept.
+type topHeap struct {
+	h []entry
+	k int
+	// tie is the value of the last entry dropped while equal to the worst
+	// kept (NaN if none): if it equals the final threshold, entries with
+	// that value are missing from h.
+	tie float32
+}
+
+func (t *topHeap) reset(k int) {
+	t.h, t.k, t.tie = t.h[:0], k, float32(math.NaN())
+}
+
+// threshold is the least value that can still enter: -Inf until the heap
+// holds k entries.
+func (t *topHeap) threshold() float32 {
+	if len(t.h) < t.k {
+		return negInf
+	}
+	return t.h[0].v
+}
+
+// tiesDropped reports whether entries equal to the k-th value were left
+// out.
+func (t *topHeap) tiesDropped() bool {
+	return len(t.h) == t.k && t.tie == t.h[0].v
+}
+
+func (t *topHeap) offer(e entry) {
+	h := t.h
+	if len(h) < t.k {
 		h = append(h, e)
-		// sift up
-		for i := len(h) - 1; i > 0; {
+		for i := len(h) - 1; i > 0; { // sift up
 			p := (i - 1) / 2
 			if !h[p].better(h[i]) {
 				break
@@ -77,14 +194,18 @@ func heapOffer(h []entry, k int, e entry) []entry {
 			h[p], h[i] = h[i], h[p]
 			i = p
 		}
-		return h
+		t.h = h
+		return
 	}
 	if !e.better(h[0]) {
-		return h
+		if e.v == h[0].v {
+			t.tie = e.v
+		}
+		return
 	}
+	old := h[0]
 	h[0] = e
-	// sift down
-	for i := 0; ; {
+	for i := 0; ; { // sift down
 		l := 2*i + 1
 		if l >= len(h) {
 			break
@@ -99,26 +220,185 @@ func heapOffer(h []entry, k int, e entry) []entry {
 		h[i], h[w] = h[w], h[i]
 		i = w
 	}
-	return h
+	if old.v == h[0].v {
+		t.tie = old.v
+	}
 }
 
-// kthLargest returns the k-th largest value of x (counting repeats), for
-// 1 <= k <= len(x).
-func kthLargest(x []float32, k int, sc *scratch) float32 {
-	if k <= heapLimit {
-		h := sc.heap[:0]
-		for i, v := range x {
-			if len(h) < k || v > h[0].v {
-				h = heapOffer(h, k, entry{v: v, id: int32(i)})
+// scan offers the entries of x that can enter; x[0] is token base. NaN
+// never enters.
+func (t *topHeap) scan(x []float32, base int) {
+	thr := t.threshold()
+	i := 0
+	for ; i+16 <= len(x); i += 16 {
+		b := (*[16]float32)(x[i : i+16])
+		if atLeastLo(b, thr) || atLeastHi(b, thr) {
+			for j, v := range b {
+				if v >= thr {
+					t.offer(entry{v: v, id: int32(base + i + j)})
+					thr = t.threshold()
+				}
 			}
 		}
-		sc.heap = h
-		return h[0].v
 	}
-	vals := append(sc.vals[:0], x...)
-	sc.vals = vals
-	return selectDesc(vals, k)
+	for ; i < len(x); i++ {
+		if v := x[i]; v >= thr {
+			t.offer(entry{v: v, id: int32(base + i)})
+			thr = t.threshold()
+		}
+	}
 }
+
+// sorted returns the kept entries best first.
+func (t *topHeap) sorted() []entry {
+	slices.SortFunc(t.h, func(a, b entry) int {
+		if a.better(b) {
+			return -1
+		}
+		return 1
+	})
+	return t.h
+}
+
+// appendAtLeast appends to cs the ids of the entries of x at least t and
+// above -Inf.
+func appendAtLeast(cs []cand, x []float32, t float32) []cand {
+	t = max(t, -math.MaxFloat32)
+	i := 0
+	for ; i+16 <= len(x); i += 16 {
+		b := (*[16]float32)(x[i : i+16])
+		if atLeastLo(b, t) || atLeastHi(b, t) {
+			for j, v := range b {
+				if v >= t {
+					cs = append(cs, cand{id: int32(i + j)})
+				}
+			}
+		}
+	}
+	for ; i < len(x); i++ {
+		if x[i] >= t {
+			cs = append(cs, cand{id: int32(i)})
+		}
+	}
+	return cs
+}
+
+// collect appends to cs the tokens whose weight in w (all >= 0) is above
+// floor and, with minP > 0, at least minP times the largest weight. It
+// returns cs and, with minP > 0, the largest weight, exact whenever it is
+// above floor. dense says that many weights (more than about one in eight)
+// are expected above floor.
+func collect(cs []cand, w []float32, floor, minP float32, dense bool) ([]cand, float32) {
+	switch {
+	case minP > 0:
+		return collectMinP(cs, w, floor, minP)
+	case dense:
+		return collectDense(cs, w, floor), 0
+	}
+	return collectSparse(cs, w, floor), 0
+}
+
+// Non-negative floats order as their bits, so a weight v is at least t
+// exactly when bits(v) + 2³¹ - bits(t) carries into bit 31: the collectors
+// below count entries in without branching on them.
+
+// collectSparse skips groups of 8 weights with nothing above floor and
+// appends the rest without branching on each entry: top-p keeps thousands of
+// tokens spread over the vocabulary, so which entries pass is
+// unpredictable.
+func collectSparse(cs []cand, w []float32, floor float32) []cand {
+	lo := math.Nextafter32(floor, 1) // w >= lo means w > floor
+	c := 1<<31 - math.Float32bits(lo)
+	i := 0
+	for ; i+8 <= len(w); i += 8 {
+		b := (*[8]float32)(w[i : i+8])
+		if !atLeast8(b, lo) {
+			continue
+		}
+		cs = slices.Grow(cs, 8)
+		n := len(cs)
+		d := (*[8]cand)(cs[n : n+8])
+		k := 0
+		for j, v := range b {
+			d[k&7] = cand{w: v, id: int32(i + j)}
+			k += int((math.Float32bits(v) + c) >> 31)
+		}
+		cs = cs[:n+k]
+	}
+	for ; i < len(w); i++ {
+		if v := w[i]; v >= lo {
+			cs = append(cs, cand{w: v, id: int32(i)})
+		}
+	}
+	return cs
+}
+
+// collectDense is collectSparse for when most groups of 8 have an entry
+// above floor, and testing them first would only add mispredicted branches.
+func collectDense(cs []cand, w []float32, floor float32) []cand {
+	lo := math.Nextafter32(floor, 1)
+	c := 1<<31 - math.Float32bits(lo)
+	cs = slices.Grow(cs, len(w)+8)
+	d := cs[len(cs) : len(cs)+len(w)+8]
+	k := 0
+	i := 0
+	for ; i+8 <= len(w); i += 8 {
+		b := (*[8]float32)(w[i : i+8])
+		g := (*[8]cand)(d[k : k+8])
+		n := 0
+		for j, v := range b {
+			g[n&7] = cand{w: v, id: int32(i + j)}
+			n += int((math.Float32bits(v) + c) >> 31)
+		}
+		k += n
+	}
+	for ; i < len(w); i++ {
+		d[k] = cand{w: w[i], id: int32(i)}
+		k += int((math.Float32bits(w[i]) + c) >> 31)
+	}
+	return cs[:len(cs)+k]
+}
+
+// collectMinP collects with a cut that rises with the largest weight seen;
+// min-p keeps few tokens, so the groups that pass are rare.
+func collectMinP(cs []cand, w []float32, floor, minP float32) ([]cand, float32) {
+	lo := math.Nextafter32(floor, 1)
+	var wmax float32
+	thr := lo
+	// An entry below thr cannot raise wmax: thr <= wmax unless lo > wmax,
+	// and then wmax is only needed if some entry is above lo.
+	add := func(v float32, id int) {
+		if v > wmax {
+			wmax = v
+			thr = max(lo, minP*wmax)
+		}
+		cs = append(cs, cand{w: v, id: int32(id)})
+	}
+	i := 0
+	for ; i+16 <= len(w); i += 16 {
+		b := (*[16]float32)(w[i : i+16])
+		if atLeastLo(b, thr) || atLeastHi(b, thr) {
+			for j, v := range b {
+				if v >= thr {
+					add(v, i+j)
+				}
+			}
+		}
+	}
+	for ; i < len(w); i++ {
+		if v := w[i]; v >= thr {
+			add(v, i)
+		}
+	}
+	// Entries taken before wmax rose may be below the final cut.
+	cut := minP * wmax
+	cs = slices.DeleteFunc(cs, func(c cand) bool { return c.w < cut })
+	return cs, wmax
+}
+
+// heapLimit is the largest k for which top-k uses a heap; beyond it an
+// O(V) quickselect on a copy is cheaper than O(V log k) sifting.
+const heapLimit = 256
 
 // selectDesc returns the k-th largest value of v (1-based), reordering v.
 // It is a three-way quickselect with median-of-three pivots that falls back
@@ -175,72 +455,4 @@ func median3(a, b, c float32) float32 {
 		return a
 	}
 	return b
-}
-
-// nucleus reorders cs so that its first n entries are the top-p nucleus and
-// returns n: in descending order of weight (ties: ascending id) a token is
-// kept while the weight of the tokens before it is below target, so at least
-// one token is kept. This is vLLM's rule (drop a token when the cumulative
-// probability up to and including it, counted from the least likely, is at
-// most 1-p), found by partitioning on mass instead of sorting the vocabulary.
-func nucleus(cs []cand, target float64) int {
-	lo, hi := 0, len(cs) // cs[:lo] kept, cs[hi:] dropped, cs[lo:hi] undecided
-	var acc float64      // weight of cs[:lo]
-	budget := 2 * bits.Len(uint(len(cs)))
-	for hi-lo > 16 && budget > 0 {
-		budget--
-		r := cs[lo:hi]
-		pv := median3(r[0].w, r[len(r)/2].w, r[len(r)-1].w)
-		a, i, b := 0, 0, len(r)
-		for i < b {
-			switch w := r[i].w; {
-			case w > pv:
-				r[a], r[i] = r[i], r[a]
-				a++
-				i++
-			case w < pv:
-				b--
-				r[i], r[b] = r[b], r[i]
-			default:
-				i++
-			}
-		}
-		var above float64
-		for _, c := range r[:a] {
-			above += float64(c.w)
-		}
-		if acc+above >= target {
-			// The cut is inside the heavier group: everything from the
-			// pivot down is dropped.
-			hi = lo + a
-			continue
-		}
-		acc += above
-		eq := r[a:b]
-		slices.SortFunc(eq, func(x, y cand) int { return int(x.id) - int(y.id) })
-		for j := range eq {
-			if acc >= target {
-				return lo + a + j
-			}
-			acc += float64(eq[j].w)
-		}
-		lo += b
-	}
-	r := cs[lo:hi]
-	slices.SortFunc(r, func(x, y cand) int {
-		switch {
-		case x.w > y.w:
-			return -1
-		case x.w < y.w:
-			return 1
-		}
-		return int(x.id) - int(y.id)
-	})
-	for j := range r {
-		if acc >= target {
-			return lo + j
-		}
-		acc += float64(r[j].w)
-	}
-	return hi
 }

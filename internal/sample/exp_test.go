@@ -2,10 +2,14 @@ package sample
 
 import "math"
 
+// exp32 and expSum are the scalar float32 exponential the sampler used
+// before it moved to tensor.ExpSum (the same Cephes polynomial, in vector
+// form). They stay as test helpers: the full-sort reference filter
+// (refKept) computes its weights with exp32.
+
 // exp32 is e**x in float32 with a relative error of about 2 ulp, several
 // times faster than math.Exp: Cephes' expf (range reduction by ln 2 split in
-// two parts, then a degree-6 polynomial). Sampling evaluates it once per
-// vocabulary entry per token, where it dominates the cost.
+// two parts, then a degree-6 polynomial).
 func exp32(x float32) float32 {
 	const (
 		log2e = 1.44269504088896341
