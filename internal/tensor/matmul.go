@@ -20,9 +20,12 @@ const (
 	// split, a multiple of every kernel set's cols.
 	chunkAlign = 16
 	// panelBytes bounds the weights one pass of x-row groups walks over
-	// when m is larger than one tile, so that they stay in L2 while every
-	// group of x rows reads them.
-	panelBytes = 64 << 10
+	// when m is larger than one tile (at least one kernel pass of rows):
+	// small enough to stay in L1 while every group of x rows reads them,
+	// with the next panel prefetched meanwhile. 9 KiB is 8 rows of a
+	// 576-wide bf16 matrix; it measured faster than 64, 18 and 14 KiB
+	// (model DecodeBatch16 and Prefill, see docs/performance.md).
+	panelBytes = 9 << 10
 )
 
 // MatMul computes out[i*w.Rows+j] = Σ_k x[i*w.Cols+k]·W[j][k] for i < m and
