@@ -233,6 +233,12 @@ func (m *Model) prepareAttention(l *layer, li int, seqs []Seq, kv kvView, layout
 			slot := pos % layout.BlockSize
 			kv.store(layout.Offset(block, li, 0, slot), k)
 			kv.store(layout.Offset(block, li, 1, slot), v)
+			if li+1 < c.Layers {
+				// The next layer's slots are written a layer from now:
+				// fetch them meanwhile rather than stall on the write.
+				kv.prefetch(layout.Offset(block, li+1, 0, slot), kvd)
+				kv.prefetch(layout.Offset(block, li+1, 1, slot), kvd)
+			}
 		}
 	})
 }
@@ -300,6 +306,15 @@ func (kv kvView) axpyRows(out, p []float32, off, ld int) {
 		return
 	}
 	tensor.AxpyRowsBF16(out, p, kv.u16[off:], ld)
+}
+
+// prefetch asks for the n elements at off to be brought into the cache.
+func (kv kvView) prefetch(off, n int) {
+	if kv.f32 != nil {
+		tensor.PrefetchRowsF32(kv.f32[off:], n, 1, n)
+		return
+	}
+	tensor.PrefetchRowsU16(kv.u16[off:], n, 1, n)
 }
 
 // gather copies the hd-element key rows [0, n) of KV head kvh of sequence

@@ -15,3 +15,12 @@ func PrefetchRowsU16(v []uint16, ld, rows, n int) {
 	// A row of 2n bytes touches at most (2n-2)/64+2 lines at any alignment.
 	prefetch(uintptr(unsafe.Pointer(&v[0])), 2*ld, rows, (2*n-2)/64+2)
 }
+
+// PrefetchRowsF32 is PrefetchRowsU16 for float32 rows.
+func PrefetchRowsF32(v []float32, ld, rows, n int) {
+	if rows <= 0 || n <= 0 || len(v) == 0 {
+		return
+	}
+	rows = min(rows, (len(v)-1)/max(ld, 1)+1)
+	prefetch(uintptr(unsafe.Pointer(&v[0])), 4*ld, rows, (4*n-2)/64+2)
+}
