@@ -20,12 +20,17 @@ const (
 	// split, a multiple of every kernel set's cols.
 	chunkAlign = 16
 	// panelBytes bounds the weights one pass of x-row groups walks over
-	// when m is larger than one tile (at least one kernel pass of rows):
-	// small enough to stay in L1 while every group of x rows reads them,
-	// with the next panel prefetched meanwhile. 9 KiB is 8 rows of a
-	// 576-wide bf16 matrix; it measured faster than 64, 18 and 14 KiB
-	// (model DecodeBatch16 and Prefill, see docs/performance.md).
+	// when m is larger than one tile (at least one kernel pass of rows),
+	// for the bf16-activation kernels: small enough to stay in L1 while
+	// every group of x rows reads them, with the next panel prefetched
+	// meanwhile. 9 KiB is 8 rows of a 576-wide bf16 matrix; it measured
+	// faster than 64, 18 and 14 KiB (model DecodeBatch16 and Prefill, see
+	// docs/performance.md).
 	panelBytes = 9 << 10
+	// panelBytesF32 is panelBytes for the f32-activation kernels, whose x
+	// rows take twice the cache: 64 KiB (in L2) measured 3–13% faster
+	// than 9 KiB for them.
+	panelBytesF32 = 64 << 10
 )
 
 // MatMul computes out[i*w.Rows+j] = Σ_k x[i*w.Cols+k]·W[j][k] for i < m and
@@ -124,7 +129,11 @@ func matmulRange(ks *kernelSet, out, x []float32, xb []uint16, m int, w *Mat, lo
 	}
 	panel := hi - lo
 	if m > maxTileRows {
-		panel = max(ks.cols, panelBytes/(k*esize)/ks.cols*ks.cols)
+		pb := panelBytes
+		if xb == nil {
+			pb = panelBytesF32
+		}
+		panel = max(ks.cols, pb/(k*esize)/ks.cols*ks.cols)
 	}
 	var wbase uintptr // only an address to prefetch, never dereferenced
 	if w.DType == F32 {
