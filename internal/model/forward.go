@@ -233,9 +233,11 @@ func (m *Model) prepareAttention(l *layer, li int, seqs []Seq, kv kvView, layout
 			slot := pos % layout.BlockSize
 			kv.store(layout.Offset(block, li, 0, slot), k)
 			kv.store(layout.Offset(block, li, 1, slot), v)
-			if li+1 < c.Layers {
+			if li+1 < c.Layers && kv.f32 != nil {
 				// The next layer's slots are written a layer from now:
 				// fetch them meanwhile rather than stall on the write.
+				// (bf16 rows are written with non-temporal stores,
+				// which need no fetch.)
 				kv.prefetch(layout.Offset(block, li+1, 0, slot), kvd)
 				kv.prefetch(layout.Offset(block, li+1, 1, slot), kvd)
 			}
@@ -289,13 +291,13 @@ func viewKV(pool []byte, layout KVLayout) kvView {
 }
 
 // store writes row at element off, rounding to bf16 (nearest even) in a
-// bf16 pool.
+// bf16 pool, with non-temporal stores where possible (tensor.StoreBF16).
 func (kv kvView) store(off int, row []float32) {
 	if kv.f32 != nil {
 		copy(kv.f32[off:][:len(row)], row)
 		return
 	}
-	tensor.ToBF16(kv.u16[off:][:len(row)], row)
+	tensor.StoreBF16(kv.u16[off:][:len(row)], row)
 }
 
 // axpyRows adds the len(p) value rows from element off, spaced ld apart and

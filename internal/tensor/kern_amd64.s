@@ -5078,6 +5078,31 @@ done:
 	VZEROUPPER
 	RET
 
+// func cvtBF16StreamAVX512(x *float32, out *uint16, n int)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·cvtBF16StreamAVX512(SB), NOSPLIT, $0-24
+	MOVQ  x+0(FP), AX
+	MOVQ  out+8(FP), CX
+	MOVQ  n+16(FP), DX
+	SHRQ  $0x04, DX
+	TESTQ DX, DX
+	JE    done
+
+loop:
+	VMOVUPS       (AX), Z0
+	// VCVTNEPS2BF16 Z0, Y0
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xc0
+	VMOVNTDQ      Y0, (CX)
+	ADDQ          $0x00000040, AX
+	ADDQ          $0x00000020, CX
+	DECQ          DX
+	JNE           loop
+
+done:
+	SFENCE
+	VZEROUPPER
+	RET
+
 // func axpyRowsBF16G2AVX512(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
 // Requires: AVX, AVX512BW, AVX512F, AVX512VL, BMI2
 TEXT ·axpyRowsBF16G2AVX512(SB), NOSPLIT, $0-64

@@ -76,6 +76,9 @@ func gemmDPBF16R4(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *flo
 // cvtBF16AVX512 rounds x[t] to bf16 (nearest even) into out[t] for t < n.
 func cvtBF16AVX512(x *float32, out *uint16, n int)
 
+// cvtBF16StreamAVX512 rounds x[t] to bf16 into out[t] for t < n (n a multiple of 16, out 32-byte aligned) with non-temporal stores.
+func cvtBF16StreamAVX512(x *float32, out *uint16, n int)
+
 // axpyRowsBF16G2AVX512 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 2, r < rows in order, t < n.
 func axpyRowsBF16G2AVX512(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
 

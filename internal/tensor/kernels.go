@@ -34,6 +34,9 @@ type kernelSet struct {
 	// bf16 with toBF16 (nearest even) and multiplies bf16 by bf16.
 	bf16x  [maxTileRows]gemmBF16x
 	toBF16 func(x *float32, out *uint16, n int)
+	// toBF16Stream, if set, is toBF16 with non-temporal stores for n a
+	// multiple of 16 and out 32-byte aligned.
+	toBF16Stream func(x *float32, out *uint16, n int)
 	// cols is the number of weight rows the widest kernel processes per
 	// pass; the matrix driver aligns its work split to it.
 	cols int

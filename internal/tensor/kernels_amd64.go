@@ -32,6 +32,7 @@ func archKernelSets() []*kernelSet {
 	bf16.name = "avx512bf16"
 	bf16.bf16x = [maxTileRows]gemmBF16x{gemmDPBF16R1, gemmDPBF16R2, gemmDPBF16R3, gemmDPBF16R4}
 	bf16.toBF16 = cvtBF16AVX512
+	bf16.toBF16Stream = cvtBF16StreamAVX512
 	bf16.avail = avx512 && x.HasAVX512BF16
 	return []*kernelSet{
 		&bf16,

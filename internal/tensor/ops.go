@@ -273,6 +273,22 @@ func AxpyRowsBF16Group(g, n int, y []float32, ldy int, alpha []float32, lda, row
 	}
 }
 
+// StoreBF16 is ToBF16 for a destination that will not be read again soon
+// (a KV cache row): where the CPU allows, whole aligned groups are written
+// with non-temporal stores, which skip the read for ownership of cold lines
+// and leave the cache to the data in use. The values written are the same.
+func StoreBF16(dst []uint16, src []float32) {
+	if len(dst) < len(src) {
+		panic(fmt.Sprintf("tensor: StoreBF16 with len(dst)=%d < len(src)=%d", len(dst), len(src)))
+	}
+	ks := active.Load()
+	if ks.toBF16Stream != nil && len(src) > 0 && len(src)%16 == 0 && uintptr(unsafe.Pointer(&dst[0]))%32 == 0 {
+		ks.toBF16Stream(&src[0], &dst[0], len(src))
+		return
+	}
+	ToBF16(dst, src)
+}
+
 // ToBF16 rounds src to bf16 (nearest even, as F32ToBF16) into dst, which
 // must be at least as long as src.
 func ToBF16(dst []uint16, src []float32) {

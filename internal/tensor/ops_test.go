@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 )
 
 func TestDotAndAxpyMatchFloat64Reference(t *testing.T) {
@@ -449,6 +450,26 @@ func TestAxpyRowsBF16GroupMatchesSeparateCalls(t *testing.T) {
 						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
 							t.Fatalf("g=%d n=%d rows=%d: y[%d] = %g, separate calls give %g", g, n, rows, i, got[i], want[i])
 						}
+					}
+				}
+			}
+		}
+	})
+}
+
+func TestStoreBF16MatchesF32ToBF16(t *testing.T) {
+	forEachISA(t, func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(12, 12))
+		for _, n := range []int{0, 1, 15, 16, 32, 192, 200} {
+			for _, off := range []int{0, 1, 16} { // 32-byte aligned, not, aligned again
+				src := randVec(rng, n)
+				buf := make([]uint16, n+off+16)
+				base := (32 - int(uintptr(unsafe.Pointer(&buf[0]))%32)) % 32 / 2
+				dst := buf[base+off:][:n]
+				StoreBF16(dst, src)
+				for i, v := range src {
+					if dst[i] != F32ToBF16(v) {
+						t.Fatalf("n=%d off=%d: StoreBF16(%g) = %#04x, want %#04x", n, off, v, dst[i], F32ToBF16(v))
 					}
 				}
 			}

@@ -88,6 +88,7 @@ func main() {
 				gemmDP(r)
 			}
 			cvtBF16()
+			cvtBF16Stream()
 			for g := 2; g <= 4; g++ {
 				axpyRowsGroup(g)
 			}
