@@ -476,8 +476,6 @@ func (m *Model) decodeAttentionBF16(w *attnScratch, kv kvView, layout KVLayout, 
 			next := layout.Offset(int(sq.Blocks[j0/bs+1]), li, 0, 0)
 			tensor.PrefetchRowsU16(kv.u16[next:], kvd, min(bs, n-j0-bs), kvd)
 		}
-		// And this block's values, read after the softmax.
-		tensor.PrefetchRowsU16(kv.u16[layout.Offset(blk, li, 1, 0):], kvd, rows, kvd)
 		base := layout.Offset(blk, li, 0, 0)
 		for kvh := range c.KVHeads {
 			q := w.qb.Rows(kvh*group, group)
