@@ -225,41 +225,58 @@ func TestPrefillFailures(t *testing.T) {
 // than its prefill: the request must fail at the handshake with the
 // documented message (both sizes, and the flag that fixes it), and the
 // prefill's blocks must come back when their lease runs out.
-func TestBlockSizeMismatchIsReported(t *testing.T) {
+// TestMismatchedEnginesAreReported starts prefill and decode engines that
+// cannot exchange KV and checks that a request through the proxy fails
+// with a message naming both values and the flag to change.
+func TestMismatchedEnginesAreReported(t *testing.T) {
 	model := testmodels.Stories260K(t)
-	requirePD(t, tandem(t), "--kv-lease")
+	requirePD(t, tandem(t), "--kv-lease", "--kv-cache-dtype")
+	cases := []struct {
+		name            string
+		prefill, decode []string
+		want            []string
+	}{
+		{"block size", []string{"--block-size", "16"}, []string{"--block-size", "32"},
+			[]string{"block size", "16", "32", "--block-size"}},
+		{"KV dtype", []string{"--kv-cache-dtype", "float32"}, []string{"--kv-cache-dtype", "bfloat16"},
+			[]string{"KV dtype", "f32", "bf16", "--kv-cache-dtype"}},
+	}
+	for ci, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			prefill := startEngine(t, engineSpec{name: "prefill (" + strings.Join(tc.prefill, " ") + ")", model: model, role: "prefill",
+				args: append([]string{"--kv-lease", "2s"}, tc.prefill...)})
+			decode := startEngine(t, engineSpec{name: "decode (" + strings.Join(tc.decode, " ") + ")", model: model, role: "decode",
+				args: tc.decode})
+			proxy := startProxy(t, "proxy", []*engine{prefill}, []*engine{decode})
 
-	prefill := startEngine(t, engineSpec{name: "prefill (block size 16)", model: model, role: "prefill",
-		args: []string{"--block-size", "16", "--kv-lease", "2s"}})
-	decode := startEngine(t, engineSpec{name: "decode (block size 32)", model: model, role: "decode",
-		args: []string{"--block-size", "32"}})
-	proxy := startProxy(t, "proxy", []*engine{prefill}, []*engine{decode})
-
-	// Ten tokens are one block on either side, so the block count in the
-	// params agrees and the request gets as far as the handshake. The load
-	// fails before the first token, so a stream fails with a status too.
-	for i, st := range streamings {
-		t.Run("a request "+st.name+" fails with both block sizes in the message", func(t *testing.T) {
-			body := completionBody(tokenPrompt(9000+uint64(i), 10, 512), samplings[0], st.stream)
-			before := failures(t, decode)
-			var r reply
-			timed(t, "the mismatched request", func() { r = postJSON(t, proxy+"/v1/completions", body) })
-			if r.status != http.StatusInternalServerError {
-				t.Errorf("status %d (x-tandem-pd %q), want 500: %s", r.status, r.pd(), r.body)
+			// Ten tokens are one block on either side, so the block count
+			// in the params agrees and the request gets as far as the
+			// handshake. The load fails before the first token, so a
+			// stream fails with a status too.
+			for i, st := range streamings {
+				t.Run("a request "+st.name+" fails with both values in the message", func(t *testing.T) {
+					body := completionBody(tokenPrompt(9000+uint64(10*ci+i), 10, 512), samplings[0], st.stream)
+					before := failures(t, decode)
+					var r reply
+					timed(t, "the mismatched request", func() { r = postJSON(t, proxy+"/v1/completions", body) })
+					if r.status != http.StatusInternalServerError {
+						t.Errorf("status %d (x-tandem-pd %q), want 500: %s", r.status, r.pd(), r.body)
+					}
+					msg := errorMessage(r.body)
+					t.Logf("status %d, x-tandem-pd %q: %s", r.status, r.pd(), msg)
+					for _, want := range tc.want {
+						if !strings.Contains(msg, want) {
+							t.Errorf("error %q does not contain %q", msg, want)
+						}
+					}
+					if after := failures(t, decode); after <= before {
+						t.Errorf("tandem:kv_transfer_failures_total on the decode went from %v to %v, want an increase", before, after)
+					}
+				})
 			}
-			msg := errorMessage(r.body)
-			t.Logf("status %d, x-tandem-pd %q: %s", r.status, r.pd(), msg)
-			for _, want := range []string{"block size", "16", "32", "--block-size"} {
-				if !strings.Contains(msg, want) {
-					t.Errorf("error %q does not contain %q", msg, want)
-				}
-			}
-			if after := failures(t, decode); after <= before {
-				t.Errorf("tandem:kv_transfer_failures_total on the decode went from %v to %v, want an increase", before, after)
-			}
+			// The decode never read the prefill's blocks, so only the 2s
+			// lease frees them.
+			waitPoolsIdle(t, prefill, decode)
 		})
 	}
-	// The decode never read the prefill's blocks, so only the 2s lease
-	// frees them.
-	waitPoolsIdle(t, prefill, decode)
 }
