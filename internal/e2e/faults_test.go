@@ -221,13 +221,11 @@ func TestPrefillFailures(t *testing.T) {
 	waitPoolsIdle(t, ref, decode, recompute)
 }
 
-// TestBlockSizeMismatchIsReported starts a decode with another block size
-// than its prefill: the request must fail at the handshake with the
-// documented message (both sizes, and the flag that fixes it), and the
-// prefill's blocks must come back when their lease runs out.
 // TestMismatchedEnginesAreReported starts prefill and decode engines that
-// cannot exchange KV and checks that a request through the proxy fails
-// with a message naming both values and the flag to change.
+// cannot exchange KV (another block size, another KV dtype): a request
+// through the proxy must fail at the handshake with the documented message
+// (both values, and the flag that fixes it), and the prefill's blocks must
+// come back when their lease runs out.
 func TestMismatchedEnginesAreReported(t *testing.T) {
 	model := testmodels.Stories260K(t)
 	requirePD(t, tandem(t), "--kv-lease", "--kv-cache-dtype")
