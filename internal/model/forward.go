@@ -50,9 +50,9 @@ func grow(b []float32, n int) []float32 {
 
 // Forward runs the new tokens of seqs through the model, writing their K
 // and V into the paged pool (laid out as layout; F32 pools must be 4-byte
-// aligned) and returning, for
-// each sequence, len(Logits)·VocabSize logits (row-major, in the order of
-// Seq.Logits). The returned slices are valid until the next call.
+// aligned) and returning, for each sequence, len(Logits)·VocabSize logits
+// (row-major, in the order of Seq.Logits). The returned slices are valid
+// until the next call.
 //
 // All new tokens of all sequences form one [T, hidden] activation, so every
 // weight matmul is a single kernel call over T rows; attention runs per
