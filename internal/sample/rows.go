@@ -139,7 +139,8 @@ func sampleMax(x []float32) float32 {
 // maxOf returns the largest entry of x, ignoring NaN; -Inf if there is
 // none.
 func maxOf(x []float32) float32 {
-	return x[argmax(x)] // argmax(x) is 0 when nothing beats -Inf
+	_, v := tensor.ArgMax(x) // x[0] when nothing beats -Inf
+	return v
 }
 
 // drawDense draws a token from the weights w (a whole number of blocks)

@@ -5,6 +5,8 @@ import (
 	"math/bits"
 	"slices"
 	"sync"
+
+	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
 // cand is a candidate token and its unnormalized probability.
@@ -38,6 +40,7 @@ type scratch struct {
 
 	counts  []int32 // penalties' token counts, zeroed
 	touched []int32
+	ids     []int32 // indices from tensor.AppendAbove
 	cands   []cand
 	vals    []float32
 	heap    topHeap
@@ -104,16 +107,6 @@ func resize[T any](b []T, n int) []T {
 // and a predictable branch per entry is as fast as Go code gets without
 // vector instructions.
 
-// aboveLo and aboveHi report whether some entry of b[:8] or b[8:] is
-// greater than t.
-func aboveLo(b *[16]float32, t float32) bool {
-	return b[0] > t || b[1] > t || b[2] > t || b[3] > t || b[4] > t || b[5] > t || b[6] > t || b[7] > t
-}
-
-func aboveHi(b *[16]float32, t float32) bool {
-	return b[8] > t || b[9] > t || b[10] > t || b[11] > t || b[12] > t || b[13] > t || b[14] > t || b[15] > t
-}
-
 // atLeastLo and atLeastHi report whether some entry of b[:8] or b[8:] is
 // at least t.
 func atLeastLo(b *[16]float32, t float32) bool {
@@ -124,32 +117,11 @@ func atLeastHi(b *[16]float32, t float32) bool {
 	return b[8] >= t || b[9] >= t || b[10] >= t || b[11] >= t || b[12] >= t || b[13] >= t || b[14] >= t || b[15] >= t
 }
 
-// atLeast8 reports whether some entry of b is at least t.
-func atLeast8(b *[8]float32, t float32) bool {
-	return b[0] >= t || b[1] >= t || b[2] >= t || b[3] >= t || b[4] >= t || b[5] >= t || b[6] >= t || b[7] >= t
-}
-
 // argmax returns the index of the largest value, the lowest on ties; NaN
 // never wins, and with no value above -Inf it returns 0.
 func argmax(x []float32) int32 {
-	best, bv := 0, negInf
-	i := 0
-	for ; i+16 <= len(x); i += 16 {
-		b := (*[16]float32)(x[i : i+16])
-		if aboveLo(b, bv) || aboveHi(b, bv) {
-			for j, v := range b {
-				if v > bv {
-					best, bv = i+j, v
-				}
-			}
-		}
-	}
-	for ; i < len(x); i++ {
-		if x[i] > bv {
-			best, bv = i, x[i]
-		}
-	}
-	return int32(best)
+	i, _ := tensor.ArgMax(x)
+	return int32(i)
 }
 
 // topHeap keeps the best k entries offered, in a min-heap whose root is
@@ -261,24 +233,15 @@ func (t *topHeap) sorted() []entry {
 }
 
 // appendAtLeast appends to cs the ids of the entries of x at least t and
-// above -Inf.
+// above -Inf. (x >= t is x above the next float below t.)
 func appendAtLeast(cs []cand, x []float32, t float32) []cand {
 	t = max(t, -math.MaxFloat32)
-	i := 0
-	for ; i+16 <= len(x); i += 16 {
-		b := (*[16]float32)(x[i : i+16])
-		if atLeastLo(b, t) || atLeastHi(b, t) {
-			for j, v := range b {
-				if v >= t {
-					cs = append(cs, cand{id: int32(i + j)})
-				}
-			}
-		}
-	}
-	for ; i < len(x); i++ {
-		if x[i] >= t {
-			cs = append(cs, cand{id: int32(i)})
-		}
+	sc := getScratch(0)
+	defer putScratch(sc)
+	sc.ids = tensor.AppendAbove(sc.ids[:0], x, math.Nextafter32(t, negInf))
+	cs = slices.Grow(cs, len(sc.ids))
+	for _, id := range sc.ids {
+		cs = append(cs, cand{id: id})
 	}
 	return cs
 }
@@ -287,7 +250,8 @@ func appendAtLeast(cs []cand, x []float32, t float32) []cand {
 // floor and, with minP > 0, at least minP times the largest weight. It
 // returns cs and, with minP > 0, the largest weight, exact whenever it is
 // above floor. dense says that many weights (more than about one in eight)
-// are expected above floor.
+// are expected above floor; the vector scan behind collectSparse and
+// collectDense does not need the hint, but a Go collector would.
 func collect(cs []cand, w []float32, floor, minP float32, dense bool) ([]cand, float32) {
 	switch {
 	case minP > 0:
@@ -298,65 +262,24 @@ func collect(cs []cand, w []float32, floor, minP float32, dense bool) ([]cand, f
 	return collectSparse(cs, w, floor), 0
 }
 
-// Non-negative floats order as their bits, so a weight v is at least t
-// exactly when bits(v) + 2³¹ - bits(t) carries into bit 31: the collectors
-// below count entries in without branching on them.
-
-// collectSparse skips groups of 8 weights with nothing above floor and
-// appends the rest without branching on each entry: top-p keeps thousands of
-// tokens spread over the vocabulary, so which entries pass is
-// unpredictable.
+// collectSparse appends to cs the tokens whose weight is above floor, in
+// id order, found by tensor.AppendAbove's vector scan.
 func collectSparse(cs []cand, w []float32, floor float32) []cand {
-	lo := math.Nextafter32(floor, 1) // w >= lo means w > floor
-	c := 1<<31 - math.Float32bits(lo)
-	i := 0
-	for ; i+8 <= len(w); i += 8 {
-		b := (*[8]float32)(w[i : i+8])
-		if !atLeast8(b, lo) {
-			continue
-		}
-		cs = slices.Grow(cs, 8)
-		n := len(cs)
-		d := (*[8]cand)(cs[n : n+8])
-		k := 0
-		for j, v := range b {
-			d[k&7] = cand{w: v, id: int32(i + j)}
-			k += int((math.Float32bits(v) + c) >> 31)
-		}
-		cs = cs[:n+k]
-	}
-	for ; i < len(w); i++ {
-		if v := w[i]; v >= lo {
-			cs = append(cs, cand{w: v, id: int32(i)})
-		}
+	sc := getScratch(0)
+	defer putScratch(sc)
+	sc.ids = tensor.AppendAbove(sc.ids[:0], w, floor)
+	cs = slices.Grow(cs, len(sc.ids))
+	for _, id := range sc.ids {
+		cs = append(cs, cand{w: w[id], id: id})
 	}
 	return cs
 }
 
-// collectDense is collectSparse for when most groups of 8 have an entry
-// above floor, and testing them first would only add mispredicted branches.
+// collectDense is collectSparse: the vector scan costs about the same
+// however many weights pass. It stays a separate name for collect's
+// callers, which say which case they expect.
 func collectDense(cs []cand, w []float32, floor float32) []cand {
-	lo := math.Nextafter32(floor, 1)
-	c := 1<<31 - math.Float32bits(lo)
-	cs = slices.Grow(cs, len(w)+8)
-	d := cs[len(cs) : len(cs)+len(w)+8]
-	k := 0
-	i := 0
-	for ; i+8 <= len(w); i += 8 {
-		b := (*[8]float32)(w[i : i+8])
-		g := (*[8]cand)(d[k : k+8])
-		n := 0
-		for j, v := range b {
-			g[n&7] = cand{w: v, id: int32(i + j)}
-			n += int((math.Float32bits(v) + c) >> 31)
-		}
-		k += n
-	}
-	for ; i < len(w); i++ {
-		d[k] = cand{w: w[i], id: int32(i)}
-		k += int((math.Float32bits(w[i]) + c) >> 31)
-	}
-	return cs[:len(cs)+k]
+	return collectSparse(cs, w, floor)
 }
 
 // collectMinP collects with a cut that rises with the largest weight seen;

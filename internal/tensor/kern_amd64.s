@@ -5103,6 +5103,218 @@ done:
 	VZEROUPPER
 	RET
 
+DATA iota16<>+0(SB)/4, $0x00000000
+DATA iota16<>+4(SB)/4, $0x00000001
+DATA iota16<>+8(SB)/4, $0x00000002
+DATA iota16<>+12(SB)/4, $0x00000003
+DATA iota16<>+16(SB)/4, $0x00000004
+DATA iota16<>+20(SB)/4, $0x00000005
+DATA iota16<>+24(SB)/4, $0x00000006
+DATA iota16<>+28(SB)/4, $0x00000007
+DATA iota16<>+32(SB)/4, $0x00000008
+DATA iota16<>+36(SB)/4, $0x00000009
+DATA iota16<>+40(SB)/4, $0x0000000a
+DATA iota16<>+44(SB)/4, $0x0000000b
+DATA iota16<>+48(SB)/4, $0x0000000c
+DATA iota16<>+52(SB)/4, $0x0000000d
+DATA iota16<>+56(SB)/4, $0x0000000e
+DATA iota16<>+60(SB)/4, $0x0000000f
+GLOBL iota16<>(SB), RODATA|NOPTR, $64
+
+// func argMaxAVX512(x *float32, n int) int
+// Requires: AVX, AVX512F, BMI2
+TEXT ·argMaxAVX512(SB), NOSPLIT, $0-24
+	MOVQ         x+0(FP), AX
+	MOVQ         n+8(FP), CX
+	MOVL         $0xff800000, DX
+	VPBROADCASTD DX, Z0
+	VPXORD       Z1, Z1, Z1
+	MOVL         $0x00000000, BX
+	VPBROADCASTD BX, Z2
+	VPADDD       iota16<>+0(SB), Z2, Z2
+	VPBROADCASTD DX, Z4
+	VPXORD       Z5, Z5, Z5
+	MOVL         $0x00000010, BX
+	VPBROADCASTD BX, Z6
+	VPADDD       iota16<>+0(SB), Z6, Z6
+	VPBROADCASTD DX, Z7
+	VPXORD       Z8, Z8, Z8
+	MOVL         $0x00000020, BX
+	VPBROADCASTD BX, Z9
+	VPADDD       iota16<>+0(SB), Z9, Z9
+	VPBROADCASTD DX, Z10
+	VPXORD       Z11, Z11, Z11
+	MOVL         $0x00000030, BX
+	VPBROADCASTD BX, Z12
+	VPADDD       iota16<>+0(SB), Z12, Z12
+	MOVL         $0x00000040, BX
+	VPBROADCASTD BX, Z13
+	XORQ         DX, DX
+	MOVQ         CX, BX
+	ANDQ         $-64, BX
+	TESTQ        BX, BX
+	JE           argmax_rest
+
+argmax_loop:
+	VMOVUPS   (AX)(DX*4), Z3
+	VCMPPS    $0x1e, Z0, Z3, K1
+	VMOVAPS   Z3, K1, Z0
+	VMOVDQA32 Z2, K1, Z1
+	VPADDD    Z13, Z2, Z2
+	VMOVUPS   64(AX)(DX*4), Z3
+	VCMPPS    $0x1e, Z4, Z3, K1
+	VMOVAPS   Z3, K1, Z4
+	VMOVDQA32 Z6, K1, Z5
+	VPADDD    Z13, Z6, Z6
+	VMOVUPS   128(AX)(DX*4), Z3
+	VCMPPS    $0x1e, Z7, Z3, K1
+	VMOVAPS   Z3, K1, Z7
+	VMOVDQA32 Z9, K1, Z8
+	VPADDD    Z13, Z9, Z9
+	VMOVUPS   192(AX)(DX*4), Z3
+	VCMPPS    $0x1e, Z10, Z3, K1
+	VMOVAPS   Z3, K1, Z10
+	VMOVDQA32 Z12, K1, Z11
+	VPADDD    Z13, Z12, Z12
+	ADDQ      $0x00000040, DX
+	CMPQ      DX, BX
+	JL        argmax_loop
+
+argmax_rest:
+	MOVQ         CX, BX
+	SUBQ         DX, BX
+	CMPQ         BX, $0x00000010
+	JL           argmax_tail
+	VPBROADCASTD DX, Z2
+	VPADDD       iota16<>+0(SB), Z2, Z2
+	VMOVUPS      (AX)(DX*4), Z3
+	VCMPPS       $0x1e, Z0, Z3, K1
+	VMOVAPS      Z3, K1, Z0
+	VMOVDQA32    Z2, K1, Z1
+	ADDQ         $0x00000010, DX
+	JMP          argmax_rest
+
+argmax_tail:
+	CMPQ         DX, CX
+	JE           argmax_done
+	ANDL         $0x0000000f, CX
+	MOVL         $0x0000ffff, BX
+	BZHIL        CX, BX, CX
+	KMOVW        CX, K2
+	VPBROADCASTD DX, Z6
+	VPADDD       iota16<>+0(SB), Z6, Z6
+	VMOVUPS.Z    (AX)(DX*4), K2, Z3
+	VCMPPS       $0x1e, Z4, Z3, K1
+	KANDW        K2, K1, K1
+	VMOVAPS      Z3, K1, Z4
+	VMOVDQA32    Z6, K1, Z5
+
+argmax_done:
+	VCMPPS     $0x1e, Z0, Z4, K1
+	VCMPPS     $0x00, Z0, Z4, K2
+	VPCMPD     $0x01, Z1, Z5, K2, K2
+	KORW       K1, K2, K1
+	VMOVAPS    Z4, K1, Z0
+	VMOVDQA32  Z5, K1, Z1
+	VCMPPS     $0x1e, Z7, Z10, K1
+	VCMPPS     $0x00, Z7, Z10, K2
+	VPCMPD     $0x01, Z8, Z11, K2, K2
+	KORW       K1, K2, K1
+	VMOVAPS    Z10, K1, Z7
+	VMOVDQA32  Z11, K1, Z8
+	VCMPPS     $0x1e, Z0, Z7, K1
+	VCMPPS     $0x00, Z0, Z7, K2
+	VPCMPD     $0x01, Z1, Z8, K2, K2
+	KORW       K1, K2, K1
+	VMOVAPS    Z7, K1, Z0
+	VMOVDQA32  Z8, K1, Z1
+	VSHUFF32X4 $0x4e, Z0, Z0, Z4
+	VSHUFF32X4 $0x4e, Z1, Z1, Z5
+	VCMPPS     $0x1e, Z0, Z4, K1
+	VCMPPS     $0x00, Z0, Z4, K2
+	VPCMPD     $0x01, Z1, Z5, K2, K2
+	KORW       K1, K2, K1
+	VMOVAPS    Z4, K1, Z0
+	VMOVDQA32  Z5, K1, Z1
+	VSHUFF32X4 $0xb1, Z0, Z0, Z4
+	VSHUFF32X4 $0xb1, Z1, Z1, Z5
+	VCMPPS     $0x1e, Z0, Z4, K1
+	VCMPPS     $0x00, Z0, Z4, K2
+	VPCMPD     $0x01, Z1, Z5, K2, K2
+	KORW       K1, K2, K1
+	VMOVAPS    Z4, K1, Z0
+	VMOVDQA32  Z5, K1, Z1
+	VPSHUFD    $0x4e, Z0, Z4
+	VPSHUFD    $0x4e, Z1, Z5
+	VCMPPS     $0x1e, Z0, Z4, K1
+	VCMPPS     $0x00, Z0, Z4, K2
+	VPCMPD     $0x01, Z1, Z5, K2, K2
+	KORW       K1, K2, K1
+	VMOVAPS    Z4, K1, Z0
+	VMOVDQA32  Z5, K1, Z1
+	VPSHUFD    $0xb1, Z0, Z4
+	VPSHUFD    $0xb1, Z1, Z5
+	VCMPPS     $0x1e, Z0, Z4, K1
+	VCMPPS     $0x00, Z0, Z4, K2
+	VPCMPD     $0x01, Z1, Z5, K2, K2
+	KORW       K1, K2, K1
+	VMOVAPS    Z4, K1, Z0
+	VMOVDQA32  Z5, K1, Z1
+	VMOVD      X1, AX
+	MOVQ       AX, ret+16(FP)
+	VZEROUPPER
+	RET
+
+// func appendAboveAVX512(x *float32, n int, t float32, dst *int32) int
+// Requires: AVX, AVX512F, BMI2, POPCNT
+TEXT ·appendAboveAVX512(SB), NOSPLIT, $0-40
+	MOVQ         x+0(FP), AX
+	MOVQ         n+8(FP), CX
+	MOVQ         dst+24(FP), DX
+	VBROADCASTSS t+16(FP), Z0
+	VMOVDQU32    iota16<>+0(SB), Z1
+	MOVL         $0x00000010, BX
+	VPBROADCASTD BX, Z2
+	XORQ         BX, BX
+	XORQ         SI, SI
+	MOVQ         CX, DI
+	ANDQ         $-16, DI
+	TESTQ        DI, DI
+	JE           above_tail
+
+above_loop:
+	VMOVUPS       (AX)(SI*4), Z3
+	VCMPPS        $0x1e, Z0, Z3, K1
+	VPCOMPRESSD.Z Z1, K1, Z3
+	VMOVDQU32     Z3, (DX)(BX*4)
+	KMOVW         K1, R8
+	POPCNTL       R8, R8
+	ADDQ          R8, BX
+	VPADDD        Z2, Z1, Z1
+	ADDQ          $0x00000010, SI
+	CMPQ          SI, DI
+	JL            above_loop
+
+above_tail:
+	CMPQ        SI, CX
+	JE          above_done
+	ANDL        $0x0000000f, CX
+	MOVL        $0x0000ffff, DI
+	BZHIL       CX, DI, CX
+	KMOVW       CX, K2
+	VMOVUPS.Z   (AX)(SI*4), K2, Z3
+	VCMPPS      $0x1e, Z0, Z3, K1
+	KANDW       K2, K1, K1
+	VPCOMPRESSD Z1, K1, (DX)(BX*4)
+	KMOVW       K1, R8
+	POPCNTL     R8, R8
+	ADDQ        R8, BX
+
+above_done:
+	MOVQ BX, ret+32(FP)
+	VZEROUPPER
+	RET
+
 // func axpyRowsBF16G2AVX512(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
 // Requires: AVX, AVX512BW, AVX512F, AVX512VL, BMI2
 TEXT ·axpyRowsBF16G2AVX512(SB), NOSPLIT, $0-64

@@ -79,6 +79,12 @@ func cvtBF16AVX512(x *float32, out *uint16, n int)
 // cvtBF16StreamAVX512 rounds x[t] to bf16 into out[t] for t < n (n a multiple of 16, out 32-byte aligned) with non-temporal stores.
 func cvtBF16StreamAVX512(x *float32, out *uint16, n int)
 
+// argMaxAVX512 returns the index of the largest entry of x[:n], the lowest on ties; NaN never wins; 0 if nothing is above -Inf.
+func argMaxAVX512(x *float32, n int) int
+
+// appendAboveAVX512 writes the indices i < n with x[i] > t to dst in increasing order and returns their number.
+func appendAboveAVX512(x *float32, n int, t float32, dst *int32) int
+
 // axpyRowsBF16G2AVX512 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 2, r < rows in order, t < n.
 func axpyRowsBF16G2AVX512(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
 

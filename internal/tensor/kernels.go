@@ -55,7 +55,11 @@ type kernelSet struct {
 	// x[t] = e^(x[t]-mx) and returns the sum.
 	silu   func(gate, up *float32, n int)
 	expSum func(x *float32, n int, mx float32) float32
-	avail  bool
+	// argMax and appendAbove, if set, are the scans of ArgMax and
+	// AppendAbove (see their kernels in asmgen); nil means the Go loops.
+	argMax      func(x *float32, n int) int
+	appendAbove func(x *float32, n int, t float32, dst *int32) int
+	avail       bool
 }
 
 // kernelSets lists the implementations in order of preference: the

@@ -22,9 +22,11 @@ func archKernelSets() []*kernelSet {
 		axpyRowsBF16: axpyRowsBF16AVX512,
 		axpyRowsBF16G: [maxTileRows - 1]func(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int){
 			axpyRowsBF16G2AVX512, axpyRowsBF16G3AVX512, axpyRowsBF16G4AVX512},
-		silu:   siluMulAVX512,
-		expSum: expSumAVX512,
-		avail:  avx512,
+		silu:        siluMulAVX512,
+		expSum:      expSumAVX512,
+		argMax:      argMaxAVX512,
+		appendAbove: appendAboveAVX512,
+		avail:       avx512,
 	}
 	// avx512bf16 is avx512 with bf16 activations for bf16 weights
 	// (VDPBF16PS: twice the arithmetic per instruction, no widening).

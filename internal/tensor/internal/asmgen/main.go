@@ -89,6 +89,9 @@ func main() {
 			}
 			cvtBF16()
 			cvtBF16Stream()
+			iota := iotaTable()
+			argMax512(iota)
+			appendAbove512(iota)
 			for g := 2; g <= 4; g++ {
 				axpyRowsGroup(g)
 			}
