@@ -3492,7 +3492,7 @@ TEXT ·axpyRowsAVX512(SB), NOSPLIT, $0-48
 	MOVQ y+32(FP), SI
 	MOVQ n+40(FP), DI
 
-c64:
+cw:
 	CMPQ    DI, $0x00000040
 	JL      c16
 	VMOVUPS (SI), Z0
@@ -3524,7 +3524,7 @@ wstore:
 	ADDQ    $0x00000100, SI
 	ADDQ    $0x00000100, CX
 	SUBQ    $0x00000040, DI
-	JMP     c64
+	JMP     cw
 
 c16:
 	CMPQ    DI, $0x00000010
@@ -3595,7 +3595,7 @@ TEXT ·axpyRowsBF16AVX512(SB), NOSPLIT, $0-48
 	MOVQ y+32(FP), SI
 	MOVQ n+40(FP), DI
 
-c64:
+cw:
 	CMPQ    DI, $0x00000040
 	JL      c16
 	VMOVUPS (SI), Z0
@@ -3635,7 +3635,7 @@ wstore:
 	ADDQ    $0x00000100, SI
 	ADDQ    $0x00000080, CX
 	SUBQ    $0x00000040, DI
-	JMP     c64
+	JMP     cw
 
 c16:
 	CMPQ    DI, $0x00000010

@@ -8,19 +8,26 @@ import "unsafe"
 // is only a hint (a no-op where there is no prefetch kernel) and never
 // reads beyond v.
 func PrefetchRowsU16(v []uint16, ld, rows, n int) {
-	if rows <= 0 || n <= 0 || len(v) == 0 {
-		return
+	if len(v) > 0 {
+		prefetchElems(unsafe.Pointer(&v[0]), 2, len(v), ld, rows, n)
 	}
-	rows = min(rows, (len(v)-1)/max(ld, 1)+1)
-	// A row of 2n bytes touches at most (2n-2)/64+2 lines at any alignment.
-	prefetch(uintptr(unsafe.Pointer(&v[0])), 2*ld, rows, (2*n-2)/64+2)
 }
 
 // PrefetchRowsF32 is PrefetchRowsU16 for float32 rows.
 func PrefetchRowsF32(v []float32, ld, rows, n int) {
-	if rows <= 0 || n <= 0 || len(v) == 0 {
+	if len(v) > 0 {
+		prefetchElems(unsafe.Pointer(&v[0]), 4, len(v), ld, rows, n)
+	}
+}
+
+// prefetchElems prefetches rows rows of n elements of size bytes, ld
+// elements apart, of the length-elements slice at p.
+func prefetchElems(p unsafe.Pointer, size, length, ld, rows, n int) {
+	if rows <= 0 || n <= 0 {
 		return
 	}
-	rows = min(rows, (len(v)-1)/max(ld, 1)+1)
-	prefetch(uintptr(unsafe.Pointer(&v[0])), 4*ld, rows, (4*n-2)/64+2)
+	rows = min(rows, (length-1)/max(ld, 1)+1)
+	// A row of size·n bytes touches at most (size·n-2)/64+2 lines at any
+	// alignment.
+	prefetch(uintptr(p), size*ld, rows, (size*n-2)/64+2)
 }

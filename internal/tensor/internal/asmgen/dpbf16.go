@@ -335,26 +335,7 @@ func gemmDPR1() {
 	{
 		L := Load(Param("ldw"), GP64())
 		SHLQ(U8(1), L)
-		// Row c is at base[c/3] + (c%3)·L.
-		p0, p3, p6 := GP64(), GP64(), GP64()
-		MOVQ(wcur, p0)
-		LEAQ(Mem{Base: p0, Index: L, Scale: 2}, p3)
-		ADDQ(L, p3)
-		LEAQ(Mem{Base: p3, Index: L, Scale: 2}, p6)
-		ADDQ(L, p6)
-		bases := []GPVirtual{p0, p3, p6}
-		rowMem := func(c, disp int) Mem {
-			m := Mem{Base: bases[c/3], Disp: disp}
-			if c%3 != 0 {
-				m.Index, m.Scale = L, uint8(c%3)
-			}
-			return m
-		}
-		pf := GP64()
-		LEAQ(Mem{Base: wcur, Index: L, Scale: 8}, pf)
-		for range prefetchPasses - 1 {
-			LEAQ(Mem{Base: pf, Index: L, Scale: 8}, pf)
-		}
+		bases, rowMem, pf := wideRows(wcur, L)
 		xp := GP64()
 		MOVQ(xr[0], xp)
 		cnt := GP64()
@@ -533,24 +514,7 @@ func axpyRowsGroup(g int) {
 	if g > 3 {
 		wide = 3 // g·wide accumulators + wide values + a broadcast fit 32 registers
 	}
-	Label("cw")
-	CMPQ(left, U32(16*wide))
-	JL(LabelRef("c16"))
-	block("w", wide, nil)
-	JMP(LabelRef("cw"))
-	Label("c16")
-	CMPQ(left, U32(16))
-	JL(LabelRef("ctail"))
-	block("n", 1, nil)
-	JMP(LabelRef("c16"))
-	Label("ctail")
-	TESTQ(left, left)
-	JE(LabelRef("done"))
-	mask := tailMask(left)
-	block("t", 1, mask)
-	Label("done")
-	VZEROUPPER()
-	RET()
+	vectorBlocks(left, wide, block)
 }
 
 // prefetchRows emits a loop of PREFETCHT0 over rows rows of lines cache

@@ -554,6 +554,34 @@ const (
 	prefetchPasses = 1
 )
 
+// wideRows sets up the addresses of the wideCols weight rows starting at
+// wcur, L bytes apart (row c is at base[c/3] + (c%3)·L, three base
+// registers instead of eight), and the prefetch cursor prefetchPasses
+// passes ahead. It returns the bases, to advance, the address of row c at
+// byte displacement disp, and the cursor.
+func wideRows(wcur, L Register) ([]GPVirtual, func(c, disp int) Mem, GPVirtual) {
+	p0, p3, p6 := GP64(), GP64(), GP64()
+	MOVQ(wcur, p0)
+	LEAQ(Mem{Base: p0, Index: L, Scale: 2}, p3)
+	ADDQ(L, p3)
+	LEAQ(Mem{Base: p3, Index: L, Scale: 2}, p6)
+	ADDQ(L, p6)
+	bases := []GPVirtual{p0, p3, p6}
+	rowMem := func(c, disp int) Mem {
+		m := Mem{Base: bases[c/3], Disp: disp}
+		if c%3 != 0 {
+			m.Index, m.Scale = L, uint8(c%3)
+		}
+		return m
+	}
+	pf := GP64()
+	LEAQ(Mem{Base: wcur, Index: L, Scale: 8}, pf)
+	for range prefetchPasses - 1 {
+		LEAQ(Mem{Base: pf, Index: L, Scale: 8}, pf)
+	}
+	return bases, rowMem, pf
+}
+
 // gemmWideR1 emits the AVX-512 one-row (decode) kernel. It is memory
 // bound, so it reads wideCols weight rows per pass (more independent
 // accumulators and memory streams), unrolls the K loop twice and
@@ -584,26 +612,7 @@ func gemmWideR1(s isa, dt dtype) {
 	{
 		L := Load(Param("ldw"), GP64())
 		SHLQ(U8(dt.shift), L)
-		// Row c is at base[c/3] + (c%3)·L.
-		p0, p3, p6 := GP64(), GP64(), GP64()
-		MOVQ(wcur, p0)
-		LEAQ(Mem{Base: p0, Index: L, Scale: 2}, p3)
-		ADDQ(L, p3)
-		LEAQ(Mem{Base: p3, Index: L, Scale: 2}, p6)
-		ADDQ(L, p6)
-		bases := []GPVirtual{p0, p3, p6}
-		rowMem := func(c, disp int) Mem {
-			m := Mem{Base: bases[c/3], Disp: disp}
-			if c%3 != 0 {
-				m.Index, m.Scale = L, uint8(c%3)
-			}
-			return m
-		}
-		pf := GP64()
-		LEAQ(Mem{Base: wcur, Index: L, Scale: 8}, pf)
-		for range prefetchPasses - 1 {
-			LEAQ(Mem{Base: pf, Index: L, Scale: 8}, pf)
-		}
+		bases, rowMem, pf := wideRows(wcur, L)
 		xp := GP64()
 		MOVQ(xr[0], xp)
 		cnt := GP64()
@@ -759,11 +768,20 @@ func axpyRows512(dt dtype) {
 		ADDQ(U32(16*esz*vecs), v)
 		SUBQ(U32(16*vecs), left)
 	}
-	Label("c64")
-	CMPQ(left, U32(64))
+	vectorBlocks(left, 4, block)
+}
+
+// vectorBlocks emits the loop structure of the row-accumulating kernels
+// over left elements: blocks of wide vectors while they fit, then single
+// vectors, then one masked vector for the tail, then the return. block
+// emits one block (labels prefixed lbl) of vecs vectors, loading with mask
+// when it is set, and counts the elements off left.
+func vectorBlocks(left GPVirtual, wide int, block func(lbl string, vecs int, mask Op)) {
+	Label("cw")
+	CMPQ(left, U32(16*wide))
 	JL(LabelRef("c16"))
-	block("w", 4, nil)
-	JMP(LabelRef("c64"))
+	block("w", wide, nil)
+	JMP(LabelRef("cw"))
 	Label("c16")
 	CMPQ(left, U32(16))
 	JL(LabelRef("ctail"))
@@ -772,8 +790,7 @@ func axpyRows512(dt dtype) {
 	Label("ctail")
 	TESTQ(left, left)
 	JE(LabelRef("done"))
-	mask := tailMask(left)
-	block("t", 1, mask)
+	block("t", 1, tailMask(left))
 	Label("done")
 	VZEROUPPER()
 	RET()
