@@ -21,6 +21,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/kvconnector"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
 	"github.com/tandem-serve/tandem/internal/metrics"
 	"github.com/tandem-serve/tandem/internal/model"
@@ -53,7 +54,7 @@ type serveConfig struct {
 	ShutdownTimeout time.Duration
 	LogLevel        slog.Level
 
-	// Disaggregated prefill/decode (see internal/kvxfer).
+	// Disaggregated prefill/decode (see internal/kvconnector and internal/kvxfer).
 	Role                string
 	KVHost              string
 	KVPort              int
@@ -83,7 +84,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may run before they are aborted")
 	fs.TextVar(&c.LogLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
 
-	fs.StringVar(&c.Role, "role", string(kvxfer.RoleBoth), "prefill (serve do_remote_decode requests and hold their KV for a decode engine), decode (pull a prefill's KV for do_remote_prefill requests) or both; every role also serves plain requests")
+	fs.StringVar(&c.Role, "role", string(kvconnector.RoleBoth), "prefill (serve do_remote_decode requests and hold their KV for a decode engine), decode (pull a prefill's KV for do_remote_prefill requests) or both; every role also serves plain requests")
 	fs.StringVar(&c.KVHost, "kv-host", "127.0.0.1", "KV side-channel address to listen on and to advertise to decode engines (prefill and both)")
 	fs.IntVar(&c.KVPort, "kv-port", kvxfer.DefaultPort, "KV side-channel port (prefill and both)")
 	fs.StringVar(&c.EngineID, "engine-id", "", "this engine's id in kv_transfer_params (default: a fresh UUID per process)")
@@ -124,7 +125,7 @@ func (c *serveConfig) validate() error {
 	case c.KVLease <= 0:
 		return errors.New("--kv-lease must be positive")
 	}
-	if _, err := kvxfer.ParseRole(c.Role); err != nil {
+	if _, err := kvconnector.ParseRole(c.Role); err != nil {
 		return fmt.Errorf("--role: %w", err)
 	}
 	switch kvxfer.Transport(c.KVTransport) {
@@ -207,8 +208,8 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 		numBlocks = defaultNumBlocks(layout.BlockBytes(), cfg.BlockSize, cfg.MaxNumSeqs, maxLen, totalRAM())
 	}
 	met := metrics.NewEngine(cfg.ServedModelName)
-	conn, err := kvxfer.NewConnector(kvxfer.ConnectorConfig{
-		Role:             kvxfer.Role(cfg.Role),
+	conn, err := kvconnector.NewConnector(kvconnector.ConnectorConfig{
+		Role:             kvconnector.Role(cfg.Role),
 		EngineID:         cfg.EngineID,
 		ModelFingerprint: m.Fingerprint(),
 		Host:             cfg.KVHost,

@@ -79,9 +79,9 @@ type Peer struct {
 	Port     int
 }
 
-func (p Peer) addr() string { return net.JoinHostPort(p.Host, strconv.Itoa(p.Port)) }
+func (p Peer) Addr() string { return net.JoinHostPort(p.Host, strconv.Itoa(p.Port)) }
 
-func (p Peer) validate() error {
+func (p Peer) Validate() error {
 	if p.EngineID == "" || p.Host == "" || p.Port <= 0 || p.Port > 65535 {
 		return fmt.Errorf("invalid remote engine (engine id %q, host %q, port %d): kv_transfer_params must carry remote_engine_id, remote_host and remote_port", p.EngineID, p.Host, p.Port)
 	}
@@ -245,13 +245,13 @@ func (c *Consumer) Pull(ctx context.Context, r RemoteParams, dst [][]byte) error
 	}
 	if err != nil {
 		c.log.Warn("kv pull failed", "remote_engine_id", r.EngineID, "remote_request_id", r.RequestID,
-			"remote_addr", r.Peer().addr(), "blocks", len(r.BlockIDs), "reason", FailureReason(err), "err", err)
+			"remote_addr", r.Peer().Addr(), "blocks", len(r.BlockIDs), "reason", FailureReason(err), "err", err)
 	}
 	return err
 }
 
 func (c *Consumer) pull(ctx context.Context, r RemoteParams, dst [][]byte) error {
-	if err := r.Peer().validate(); err != nil {
+	if err := r.Peer().Validate(); err != nil {
 		return err
 	}
 	if r.RequestID == "" {
@@ -303,7 +303,7 @@ func (c *Consumer) pull(ctx context.Context, r RemoteParams, dst [][]byte) error
 // rejection before admission), so it frees the blocks now. An error
 // wrapping ErrNotHeld means they were already freed.
 func (c *Consumer) Notify(ctx context.Context, peer Peer, reqID string) error {
-	if err := peer.validate(); err != nil {
+	if err := peer.Validate(); err != nil {
 		return err
 	}
 	return c.done(ctx, peer, reqID)
@@ -370,16 +370,16 @@ func (c *Consumer) peerFor(peer Peer) (*peerState, error) {
 	}
 	p := c.peers[peer.EngineID]
 	var moved *peerState
-	if p == nil || p.addr != peer.addr() {
+	if p == nil || p.addr != peer.Addr() {
 		// Same engine id at a new address: a moved (restarted) producer
 		// whose old connections and mapping are useless.
 		moved = p
-		p = &peerState{id: peer.EngineID, addr: peer.addr(), lastUsed: time.Now()}
+		p = &peerState{id: peer.EngineID, addr: peer.Addr(), lastUsed: time.Now()}
 		c.peers[peer.EngineID] = p
 	}
 	c.mu.Unlock()
 	if moved != nil {
-		c.dropPeer(moved, "engine now advertises "+peer.addr())
+		c.dropPeer(moved, "engine now advertises "+peer.Addr())
 	}
 	return p, nil
 }

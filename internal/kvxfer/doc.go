@@ -17,9 +17,10 @@
 // alive with heartbeats. A block reused while it is read is detected by
 // its generation counter and fails the pull instead of yielding wrong KV.
 //
-// Connector puts both inside an engine: it is the engine's sched.Connector
-// (what to load, what to hold) and engine.KVWorker (pulls, notifications,
-// releases), and validates kv_transfer_params in Submit.
+// This package is the trust boundary of the P/D path and imports neither the
+// engine nor the scheduler: everything a peer sends is checked here. The
+// engine-facing connector that drives a Producer and a Consumer from the
+// step loop is package kvconnector.
 //
 // The wire protocol, versioning rules, lifecycles and failure semantics are
 // specified in docs/kv-transfer.md.

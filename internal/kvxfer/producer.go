@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/clock"
 	"github.com/tandem-serve/tandem/internal/metrics"
 )
 
@@ -43,14 +44,6 @@ type BlockMemory interface {
 	Generation(id int) uint64
 }
 
-// Clock reads the current time. Tests inject a fake one; under
-// testing/synctest the system clock is already fake.
-type Clock interface{ Now() time.Time }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
 // ProducerConfig configures a Producer.
 type ProducerConfig struct {
 	// Local identifies this engine and its model and KV geometry. BlockBytes,
@@ -72,7 +65,7 @@ type ProducerConfig struct {
 	// (DefaultIdleTimeout).
 	IdleTimeout time.Duration
 	// Clock is used for network-driven lease events (default: system clock).
-	Clock Clock
+	Clock clock.Clock
 	// OnRelease, if set, is called (without locks held, from a side-channel
 	// goroutine) after a network event queued a release — a DONE, or a read
 	// that ended a deferred release or found the lease expired — so the
@@ -125,7 +118,7 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 		cfg.IdleTimeout = DefaultIdleTimeout
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = systemClock{}
+		cfg.Clock = clock.System{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -1,4 +1,4 @@
-package kvxfer
+package kvconnector
 
 import (
 	"encoding/json"
@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/kvxfer"
 )
 
 // Role is what a Connector lets its engine do with kv_transfer_params.
@@ -41,7 +42,7 @@ type kvRequest struct {
 	remoteDecode bool
 	// remote is set for a remote prefill: where the prompt's KV is. Its
 	// BlockIDs cover the whole prompt, in prompt order.
-	remote *RemoteParams
+	remote *kvxfer.RemoteParams
 }
 
 // kvParam is the request field that 400s name.
@@ -75,7 +76,7 @@ func parseKV(kv map[string]any, promptLen, blockSize int) (kvRequest, error) {
 		return out, nil
 	}
 
-	var r RemoteParams
+	var r kvxfer.RemoteParams
 	var missing []string
 	str := func(key string, dst *string) error {
 		v, ok := kv[key]

@@ -1,4 +1,4 @@
-package kvxfer
+package kvconnector
 
 import (
 	"bytes"
@@ -6,7 +6,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -20,9 +23,12 @@ import (
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
 
+	"github.com/tandem-serve/tandem/internal/clock"
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/kvxfer"
 	"github.com/tandem-serve/tandem/internal/metrics"
 	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/sample"
 	"github.com/tandem-serve/tandem/internal/sched"
 	"github.com/tandem-serve/tandem/internal/tensor"
@@ -76,9 +82,9 @@ func (c *fakeClock) advance(d time.Duration) {
 type pdOpts struct {
 	role      Role // "" for an engine without a connector
 	blockSize int
-	transport Transport
+	transport kvxfer.Transport
 	policy    sched.LoadFailurePolicy
-	clock     Clock
+	clock     clock.Clock
 	lease     time.Duration
 	numBlocks int // default 128
 }
@@ -265,10 +271,10 @@ func seeded(n int) sample.Params {
 	return sample.Params{MaxTokens: n, IgnoreEOS: true, Logprobs: -1, Temperature: 0.9, TopP: 0.95, Seed: 7, HasSeed: true}
 }
 
-// peerOf returns the Info of a consumer compatible with prefill p.
-func peerOf(p *pdEngine, id string) Info {
+// peerOf returns the kvxfer.Info of a consumer compatible with prefill p.
+func peerOf(p *pdEngine, id string) kvxfer.Info {
 	in := p.c.prod.Info()
-	in.EngineID, in.Lease, in.Shm = id, 0, ShmLayout{}
+	in.EngineID, in.Lease, in.Shm = id, 0, kvxfer.ShmLayout{}
 	return in
 }
 
@@ -279,7 +285,7 @@ func counter(t *testing.T, m *metrics.Engine, source string) float64 {
 
 func TestDisaggregatedMatchesColocated(t *testing.T) {
 	ref := newPD(t, pdOpts{})
-	for _, tr := range []Transport{TransportTCP, TransportShm} {
+	for _, tr := range []kvxfer.Transport{kvxfer.TransportTCP, kvxfer.TransportShm} {
 		p := newPD(t, pdOpts{role: RolePrefill})
 		d := newPD(t, pdOpts{role: RoleDecode, transport: tr})
 		for _, n := range []int{5, 16, 17, 48, 250} {
@@ -288,7 +294,7 @@ func TestDisaggregatedMatchesColocated(t *testing.T) {
 				t.Run(string(tr)+"/"+name+"/"+strconv.Itoa(n)+" prompt tokens", func(t *testing.T) {
 					// A prompt of its own, so no run hits another's blocks
 					// in the decode's prefix cache.
-					prompt := promptOf(uint64(4*n+2*i)+map[Transport]uint64{TransportTCP: 0, TransportShm: 1}[tr]*1000, n)
+					prompt := promptOf(uint64(4*n+2*i)+map[kvxfer.Transport]uint64{kvxfer.TransportTCP: 0, kvxfer.TransportShm: 1}[tr]*1000, n)
 					want := run(t, ref.e, &engine.Request{Prompt: prompt, Params: params})
 					ext := counter(t, d.m, "external_kv_transfer")
 					kv := prefill(t, p, prompt, params)
@@ -435,13 +441,13 @@ func TestLeases(t *testing.T) {
 
 	t.Run("heartbeats keep the blocks past the lease", func(t *testing.T) {
 		kv := prefill(t, p, prompt, greedy(4))
-		hb, err := NewConsumer(ConsumerConfig{Local: peerOf(p, "heartbeater"), HeartbeatInterval: 5 * time.Millisecond, Logger: discardLogger()})
+		hb, err := kvxfer.NewConsumer(kvxfer.ConsumerConfig{Local: peerOf(p, "heartbeater"), HeartbeatInterval: 5 * time.Millisecond, Logger: discardLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer hb.Close()
 		port, _ := asInt(kv["remote_port"])
-		peer := Peer{EngineID: kv["remote_engine_id"].(string), Host: kv["remote_host"].(string), Port: int(port)}
+		peer := kvxfer.Peer{EngineID: kv["remote_engine_id"].(string), Host: kv["remote_host"].(string), Port: int(port)}
 		id := kv["remote_request_id"].(string)
 		hb.Watch(peer, id)
 		for range 4 { // 4 × 15 s = twice the lease
@@ -468,14 +474,14 @@ func TestLoadFailurePolicies(t *testing.T) {
 
 	// released returns params whose KV the prefill no longer holds.
 	released := func(t *testing.T) map[string]any {
-		c, err := NewConsumer(ConsumerConfig{Local: peerOf(p, "releaser"), Logger: discardLogger()})
+		c, err := kvxfer.NewConsumer(kvxfer.ConsumerConfig{Local: peerOf(p, "releaser"), Logger: discardLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
 		kv := prefill(t, p, prompt, greedy(10))
 		port, _ := asInt(kv["remote_port"])
-		if err := c.Notify(t.Context(), Peer{EngineID: kv["remote_engine_id"].(string), Host: kv["remote_host"].(string), Port: int(port)}, kv["remote_request_id"].(string)); err != nil {
+		if err := c.Notify(t.Context(), kvxfer.Peer{EngineID: kv["remote_engine_id"].(string), Host: kv["remote_host"].(string), Port: int(port)}, kv["remote_request_id"].(string)); err != nil {
 			t.Fatal(err)
 		}
 		p.waitIdle(t)
@@ -533,7 +539,7 @@ func TestHandshakeMismatch(t *testing.T) {
 	}
 	// An incompatible decode cannot talk to the prefill, so the lease frees
 	// the blocks.
-	clock.advance(DefaultLease + time.Second)
+	clock.advance(kvxfer.DefaultLease + time.Second)
 	p.waitIdle(t)
 }
 
@@ -546,7 +552,7 @@ func TestAbortWhileWaitingForRemoteKV(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	d := newPD(t, pdOpts{role: RoleDecode, transport: TransportTCP})
+	d := newPD(t, pdOpts{role: RoleDecode, transport: kvxfer.TransportTCP})
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -715,4 +721,21 @@ func TestDecodeLegRefusedByTheAPIFreesThePrefill(t *testing.T) {
 		t.Fatalf("status %d, want 400", resp.StatusCode)
 	}
 	p.waitIdle(t) // notified at once; the lease (30 s) would outlast the wait
+}
+
+func discardLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelError + 1}))
+}
+
+// value reads a gauge or counter.
+func value(t *testing.T, c prometheus.Metric) float64 {
+	t.Helper()
+	var d dto.Metric
+	if err := c.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	if g := d.GetGauge(); g != nil {
+		return g.GetValue()
+	}
+	return d.GetCounter().GetValue()
 }

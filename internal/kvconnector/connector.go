@@ -1,4 +1,4 @@
-package kvxfer
+package kvconnector
 
 import (
 	"context"
@@ -11,8 +11,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/clock"
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/kvcache"
+	"github.com/tandem-serve/tandem/internal/kvxfer"
 	"github.com/tandem-serve/tandem/internal/metrics"
 	"github.com/tandem-serve/tandem/internal/sched"
 )
@@ -34,10 +36,10 @@ type ConnectorConfig struct {
 	// interface and advertises this machine's hostname.
 	Host string
 	Port int
-	// Lease is how long a prefill holds KV no decode has read (DefaultLease).
+	// Lease is how long a prefill holds KV no decode has read (kvxfer.DefaultLease).
 	Lease time.Duration
 	// Transport is how a decode pulls (TransportAuto).
-	Transport Transport
+	Transport kvxfer.Transport
 	// SweepInterval is how often idle leases are checked for expiry
 	// (default Lease/30, between 10 ms and 1 s).
 	SweepInterval time.Duration
@@ -45,23 +47,23 @@ type ConnectorConfig struct {
 	// the prefill's lease / 6).
 	HeartbeatInterval time.Duration
 	// NotifyTimeout bounds telling a prefill to free KV it does not need to
-	// send (default DefaultDialTimeout).
+	// send (default kvxfer.DefaultDialTimeout).
 	NotifyTimeout time.Duration
 	// Clock stamps and expires leases (default: the system clock).
-	Clock   Clock
+	Clock   clock.Clock
 	Metrics *metrics.Engine // may be nil
 	Logger  *slog.Logger    // default slog.Default()
 }
 
 // Connector is Tandem's prefill/decode KV connector inside one engine: the
 // scheduler half (sched.Connector) decides what to load and what to hold,
-// the worker half (engine.KVWorker) moves bytes with a Producer (prefill
-// side) and a Consumer (decode side).
+// the worker half (engine.KVWorker) moves bytes with a kvxfer.Producer (prefill
+// side) and a kvxfer.Consumer (decode side).
 //
 // Threading. The engine's step loop calls the scheduler half and Step; they
 // share the per-request state without locks. Pulls, notifications and the
 // lease sweeper run on goroutines of their own: they touch only the block
-// memory a pull was given, the thread-safe Producer and Consumer, and the
+// memory a pull was given, the thread-safe kvxfer.Producer and kvxfer.Consumer, and the
 // in-flight table under mu, and report to the step loop through
 // Engine.ReportKV. CheckKVTransfer and RejectedKVTransfer run on the
 // submitting goroutine and read only configuration.
@@ -79,8 +81,8 @@ type Connector struct {
 	pool       *kvcache.Pool
 	blockSize  int
 	report     func(engine.KVCompletions)
-	prod       *Producer
-	cons       *Consumer
+	prod       *kvxfer.Producer
+	cons       *kvxfer.Consumer
 	advertHost string
 	advertPort int
 
@@ -114,21 +116,21 @@ const (
 // connReq is the connector's state for one request with kv params.
 type connReq struct {
 	remoteDecode bool
-	remote       *RemoteParams // remote prefill: where the KV is
+	remote       *kvxfer.RemoteParams // remote prefill: where the KV is
 	phase        phase
 }
 
 // pullJob is one pull the worker half starts.
 type pullJob struct {
 	id     string // local request id
-	params RemoteParams
+	params kvxfer.RemoteParams
 	blocks []int32 // local destination blocks, parallel to params.BlockIDs
 }
 
 // notifyJob tells a prefill that the decode does not need its KV for a
 // request (or no longer does).
 type notifyJob struct {
-	peer  Peer
+	peer  kvxfer.Peer
 	reqID string
 }
 
@@ -153,26 +155,26 @@ func NewConnector(cfg ConnectorConfig) (*Connector, error) {
 		return nil, errors.New("kvxfer: the connector needs an engine id")
 	}
 	if cfg.Lease <= 0 {
-		cfg.Lease = DefaultLease
+		cfg.Lease = kvxfer.DefaultLease
 	}
 	if cfg.SweepInterval <= 0 {
 		cfg.SweepInterval = min(max(cfg.Lease/30, 10*time.Millisecond), time.Second)
 	}
 	if cfg.NotifyTimeout <= 0 {
-		cfg.NotifyTimeout = DefaultDialTimeout
+		cfg.NotifyTimeout = kvxfer.DefaultDialTimeout
 	}
 	if cfg.Port < 0 || cfg.Port > 65535 {
 		return nil, fmt.Errorf("kvxfer: --kv-port %d is not a TCP port", cfg.Port)
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = systemClock{}
+		cfg.Clock = clock.System{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	c := &Connector{
 		cfg:      cfg,
-		log:      cfg.Logger.With("component", "kvxfer.connector", "engine_id", cfg.EngineID, "role", string(cfg.Role)),
+		log:      cfg.Logger.With("component", "kvconnector", "engine_id", cfg.EngineID, "role", string(cfg.Role)),
 		reqs:     make(map[string]*connReq),
 		inflight: make(map[string]context.CancelFunc),
 		stop:     make(chan struct{}),
@@ -194,7 +196,7 @@ func (c *Connector) Start(e *engine.Engine) error {
 	l := c.pool.Layout()
 	c.blockSize = l.BlockSize
 	c.report = e.ReportKV
-	local := Info{
+	local := kvxfer.Info{
 		EngineID:         c.cfg.EngineID,
 		ModelFingerprint: c.cfg.ModelFingerprint,
 		KVDType:          l.DType.String(),
@@ -207,10 +209,10 @@ func (c *Connector) Start(e *engine.Engine) error {
 	}
 	if c.cfg.Role.prefills() {
 		blocksOff, gensOff := c.pool.FileOffsets()
-		prod, err := NewProducer(ProducerConfig{
+		prod, err := kvxfer.NewProducer(kvxfer.ProducerConfig{
 			Local:     local,
 			Memory:    poolMemory{c.pool},
-			Shm:       &ShmLayout{Path: c.pool.Path(), BlocksOffset: blocksOff, GenerationsOffset: gensOff},
+			Shm:       &kvxfer.ShmLayout{Path: c.pool.Path(), BlocksOffset: blocksOff, GenerationsOffset: gensOff},
 			Lease:     c.cfg.Lease,
 			Clock:     c.cfg.Clock,
 			OnRelease: c.drainReleases,
@@ -220,7 +222,7 @@ func (c *Connector) Start(e *engine.Engine) error {
 		if err != nil {
 			return err
 		}
-		ln, err := Listen(c.cfg.Host, c.cfg.Port)
+		ln, err := kvxfer.Listen(c.cfg.Host, c.cfg.Port)
 		if err != nil {
 			return err
 		}
@@ -237,7 +239,7 @@ func (c *Connector) Start(e *engine.Engine) error {
 		go c.sweepLoop()
 	}
 	if c.cfg.Role.decodes() {
-		cons, err := NewConsumer(ConsumerConfig{
+		cons, err := kvxfer.NewConsumer(kvxfer.ConsumerConfig{
 			Local:             local,
 			Transport:         c.cfg.Transport,
 			HeartbeatInterval: c.cfg.HeartbeatInterval,
@@ -315,13 +317,13 @@ func (c *Connector) RejectedKVTransfer(kv map[string]any) {
 	if prefill, _ := kv["do_remote_prefill"].(bool); !prefill {
 		return
 	}
-	var p Peer
+	var p kvxfer.Peer
 	p.EngineID, _ = kv["remote_engine_id"].(string)
 	p.Host, _ = kv["remote_host"].(string)
 	port, _ := asInt(kv["remote_port"])
 	p.Port = int(port)
 	reqID, _ := kv["remote_request_id"].(string)
-	if reqID == "" || p.validate() != nil {
+	if reqID == "" || p.Validate() != nil {
 		return // nobody to tell
 	}
 	c.goNotify(notifyJob{peer: p, reqID: reqID})
@@ -528,7 +530,7 @@ func (c *Connector) startPull(j pullJob) {
 // invalid (its contents are undefined), and the reason goes with it.
 func failedLoad(j pullJob, err error) engine.KVCompletions {
 	why := fmt.Sprintf("pulling the prompt's KV from prefill engine %s at %s failed (%s): %v",
-		j.params.EngineID, j.params.Peer().addr(), FailureReason(err), err)
+		j.params.EngineID, j.params.Peer().Addr(), kvxfer.FailureReason(err), err)
 	return engine.KVCompletions{
 		FinishedRecving: []string{j.id},
 		InvalidBlocks:   j.blocks,
@@ -550,9 +552,9 @@ func (c *Connector) goNotify(n notifyJob) {
 		c.cons.Unwatch(n.peer, n.reqID)
 		ctx, cancel := context.WithTimeout(c.base, c.cfg.NotifyTimeout)
 		defer cancel()
-		if err := c.cons.Notify(ctx, n.peer, n.reqID); err != nil && !errors.Is(err, ErrNotHeld) {
+		if err := c.cons.Notify(ctx, n.peer, n.reqID); err != nil && !errors.Is(err, kvxfer.ErrNotHeld) {
 			c.log.Warn("cannot tell the prefill engine to free KV this engine will not read; it frees it when the lease expires",
-				"remote_engine_id", n.peer.EngineID, "remote_request_id", n.reqID, "reason", FailureReason(err), "err", err)
+				"remote_engine_id", n.peer.EngineID, "remote_request_id", n.reqID, "reason", kvxfer.FailureReason(err), "err", err)
 		}
 	}()
 }
@@ -582,7 +584,7 @@ func (c *Connector) drainReleases() {
 	}
 }
 
-func releasedIDs(rs []Release) []string {
+func releasedIDs(rs []kvxfer.Release) []string {
 	if len(rs) == 0 {
 		return nil
 	}
