@@ -2,6 +2,7 @@ package kvxfer
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sync/singleflight"
 
 	"github.com/tandem-serve/tandem/internal/metrics"
 )
@@ -51,6 +54,16 @@ type ConsumerConfig struct {
 	Local Info
 	// Transport is TransportAuto when empty.
 	Transport Transport
+	// Secret authenticates producers (and this consumer to them); see
+	// ProducerConfig.Secret.
+	Secret Secret
+	// Peers, if set, is the allowlist of producer addresses this consumer
+	// dials; anything else fails before a connection is attempted. Without
+	// a Secret it is what stands between kv_transfer_params a client
+	// wrote and an arbitrary dial.
+	Peers *PeerPolicy
+	// TLS, if set, wraps every connection (see TLSConfig).
+	TLS *tls.Config
 	// DialTimeout bounds connecting plus the handshake (DefaultDialTimeout).
 	DialTimeout time.Duration
 	// IOTimeout bounds each read or write of a transfer (DefaultIOTimeout):
@@ -111,9 +124,10 @@ type Consumer struct {
 	cfg  ConsumerConfig
 	log  *slog.Logger
 	corr atomic.Uint64
-	// handshakes counts first handshakes with a producer (tests check
-	// that concurrent requests share one).
-	handshakes atomic.Int64
+	// firstHandshakes counts first handshakes with a producer (tests
+	// check that concurrent requests share one).
+	firstHandshakes atomic.Int64
+	handshakes      singleflight.Group // by engine id
 
 	mu     sync.Mutex
 	peers  map[string]*peerState // by engine id
@@ -133,22 +147,17 @@ type peerState struct {
 	id   string
 	addr string
 
-	mu         sync.Mutex
-	info       *Info // nil until a handshake succeeded
-	hs         *hsCall
-	idle       []*pconn
-	checkedOut int
-	shm        *shmMapping // non-nil when pulls use shared memory
-	dropped    bool
-	lastUsed   time.Time
-	watched    map[string]struct{}
-	hbBusy     bool
-	nextHB     time.Time
-}
-
-type hsCall struct {
-	done chan struct{}
-	err  error
+	mu          sync.Mutex
+	info        *Info // nil until a handshake succeeded
+	handshaking bool
+	idle        []*pconn
+	checkedOut  int
+	shm         *shmMapping // non-nil when pulls use shared memory
+	dropped     bool
+	lastUsed    time.Time
+	watched     map[string]struct{}
+	hbBusy      bool
+	nextHB      time.Time
 }
 
 // NewConsumer validates cfg and starts the heartbeat loop; Close stops it.
@@ -363,6 +372,9 @@ func (c *Consumer) Watched(engineID string) int {
 
 // peerFor returns the state for peer's engine id, creating it.
 func (c *Consumer) peerFor(peer Peer) (*peerState, error) {
+	if err := c.CheckPeer(peer); err != nil {
+		return nil, err
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -382,6 +394,19 @@ func (c *Consumer) peerFor(peer Peer) (*peerState, error) {
 		c.dropPeer(moved, "engine now advertises "+peer.Addr())
 	}
 	return p, nil
+}
+
+// CheckPeer reports whether this consumer may dial peer: a valid address
+// allowed by the Peers allowlist, if any. Every dial checks it; callers
+// check it earlier to refuse a request before allocating anything.
+func (c *Consumer) CheckPeer(peer Peer) error {
+	if err := peer.Validate(); err != nil {
+		return err
+	}
+	if c.cfg.Peers != nil && !c.cfg.Peers.AllowsDial(peer.Host, peer.Port) {
+		return fmt.Errorf("%w: %s is not in this engine's KV peer allowlist (--kv-peers %s)", ErrUnauthenticated, peer.Addr(), c.cfg.Peers)
+	}
+	return nil
 }
 
 // dropPeer forgets a producer: pooled connections are closed, connections
@@ -472,21 +497,18 @@ func (c *Consumer) acquire(ctx context.Context, peer Peer) (*peerState, *pconn, 
 			}
 			return p, cn, false, nil
 		}
-		hs := p.hs
-		if hs == nil {
-			hs = &hsCall{done: make(chan struct{})}
-			p.hs = hs
-			c.wg.Add(1)
-			go c.handshake(p, hs)
-		}
 		p.mu.Unlock()
+		// One handshake per producer however many requests wait for it,
+		// run on a context of its own: a waiter that gives up does not
+		// fail it for the others.
+		ch := c.handshakes.DoChan(p.id, func() (any, error) { return nil, c.handshake(p) })
 		select {
-		case <-hs.done:
+		case res := <-ch:
+			if res.Err != nil {
+				return nil, nil, false, res.Err
+			}
 		case <-ctx.Done():
 			return nil, nil, false, fmt.Errorf("waiting for the handshake with prefill engine %s at %s: %w", p.id, p.addr, ctx.Err())
-		}
-		if hs.err != nil {
-			return nil, nil, false, hs.err
 		}
 	}
 }
@@ -494,9 +516,19 @@ func (c *Consumer) acquire(ctx context.Context, peer Peer) (*peerState, *pconn, 
 // handshake connects to a producer for the first time, checks it and
 // decides the transport. Concurrent requests wait for its result; a failure
 // is not cached, so the next request tries again.
-func (c *Consumer) handshake(p *peerState, hs *hsCall) {
+func (c *Consumer) handshake(p *peerState) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	c.wg.Add(1)
+	c.mu.Unlock()
 	defer c.wg.Done()
-	c.handshakes.Add(1)
+	c.firstHandshakes.Add(1)
+	p.mu.Lock()
+	p.handshaking = true
+	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(c.base, c.cfg.DialTimeout)
 	defer cancel()
 	cn, info, err := c.dialHello(ctx, p)
@@ -504,7 +536,7 @@ func (c *Consumer) handshake(p *peerState, hs *hsCall) {
 		err = c.admit(p, info)
 	}
 	p.mu.Lock()
-	p.hs = nil
+	p.handshaking = false
 	if err == nil && !p.dropped {
 		p.info = &info
 		p.idle = append(p.idle, cn)
@@ -519,8 +551,7 @@ func (c *Consumer) handshake(p *peerState, hs *hsCall) {
 	if err != nil {
 		c.log.Warn("kv handshake failed", "remote_engine_id", p.id, "remote_addr", p.addr, "reason", FailureReason(err), "err", err)
 	}
-	hs.err = err
-	close(hs.done)
+	return err
 }
 
 // admit checks a handshake answer: the expected engine, compatible, and
@@ -617,6 +648,16 @@ func (c *Consumer) dialHello(ctx context.Context, p *peerState) (*pconn, Info, e
 	if err != nil {
 		return nil, Info{}, fmt.Errorf("connect to the side channel of prefill engine %s at %s (is it running? are its --kv-host/--kv-port reachable from here?): %w", p.id, p.addr, err)
 	}
+	if c.cfg.TLS != nil {
+		cfg := c.cfg.TLS.Clone()
+		cfg.ServerName, _ = splitAddr(p.addr)
+		tc := tls.Client(nc, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			nc.Close()
+			return nil, Info{}, fmt.Errorf("%w: TLS handshake with prefill engine %s at %s: %w", ErrUnauthenticated, p.id, p.addr, err)
+		}
+		nc = tc
+	}
 	cn := &pconn{Conn: nc}
 	c.mu.Lock()
 	if c.closed {
@@ -626,11 +667,7 @@ func (c *Consumer) dialHello(ctx context.Context, p *peerState) (*pconn, Info, e
 	}
 	c.conns[cn] = struct{}{}
 	c.mu.Unlock()
-	_, payload, err := cn.roundTrip(ctx, c, msgHello, msgHelloAck, func(b []byte) []byte { return appendInfo(b, &c.cfg.Local) })
-	var info Info
-	if err == nil {
-		info, err = decodeInfo(payload)
-	}
+	info, err := c.clientHandshake(ctx, cn)
 	if err != nil {
 		c.closeConn(cn)
 		return nil, Info{}, fmt.Errorf("handshake with prefill engine %s at %s: %w", p.id, p.addr, err)
@@ -701,7 +738,7 @@ func (c *Consumer) heartbeatTick(now time.Time) {
 	for _, p := range peers {
 		p.mu.Lock()
 		if len(p.watched) == 0 {
-			idle := !p.hbBusy && p.checkedOut == 0 && p.hs == nil && now.Sub(p.lastUsed) > c.cfg.EngineTTL
+			idle := !p.hbBusy && p.checkedOut == 0 && !p.handshaking && now.Sub(p.lastUsed) > c.cfg.EngineTTL
 			p.mu.Unlock()
 			if c.cfg.EngineTTL > 0 && idle {
 				c.dropPeer(p, "unused for longer than the engine TTL")

@@ -36,20 +36,29 @@ func (e *RemoteError) Is(target error) bool {
 		return target == ErrGenerationChanged
 	case CodeBadFrame, CodeVersion:
 		return target == ErrProtocol
+	case CodeUnauthenticated:
+		return target == ErrUnauthenticated
 	}
 	return false
 }
 
 // FailureReason classifies a Pull or Notify error for metrics and logs:
-// canceled, incompatible, peer_restarted, not_held, bad_block,
-// generation_changed, protocol, busy, no_shm, remote, or io.
+// canceled (the request was aborted, or the engine is shutting down),
+// unauthenticated, incompatible, peer_restarted, not_held, bad_block,
+// generation_changed, protocol, busy, no_shm, remote, or io (including
+// dial, handshake and read timeouts).
 func FailureReason(err error) string {
 	var re *RemoteError
 	switch {
 	case err == nil:
 		return ""
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, ErrClosed):
+	case errors.Is(err, context.Canceled), errors.Is(err, ErrClosed):
+		// Only a request's abort or shutdown cancels; the deadlines of
+		// dials, handshakes and reads are this package's own timeouts,
+		// which are I/O failures (io, below).
 		return "canceled"
+	case errors.Is(err, ErrUnauthenticated):
+		return "unauthenticated"
 	case errors.Is(err, ErrIncompatible):
 		return "incompatible"
 	case errors.Is(err, ErrPeerRestarted):

@@ -148,7 +148,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	r.pool.fillRandom(t)
 	pi := o.geom
 	pi.EngineID = o.engineID
-	pc := ProducerConfig{Local: pi, Memory: r.pool, Shm: r.pool.layout(), Logger: discardLogger()}
+	pc := ProducerConfig{Local: pi, Memory: r.pool, Shm: r.pool.layout(), Secret: testSecret, Logger: discardLogger()}
 	if o.wrapMem != nil {
 		pc.Memory = o.wrapMem(r.pool)
 	}
@@ -168,7 +168,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	go func() { r.errc <- r.prod.Serve(r.ln) }()
 	ci := o.geom
 	ci.EngineID = "decode-1"
-	cc := ConsumerConfig{Local: ci, Transport: o.transport, Logger: discardLogger()}
+	cc := ConsumerConfig{Local: ci, Transport: o.transport, Secret: testSecret, Logger: discardLogger()}
 	if o.consMut != nil {
 		o.consMut(&cc)
 	}
@@ -274,15 +274,14 @@ func (f *fakeProducer) serve() {
 		go func() {
 			defer f.wg.Done()
 			defer c.Close()
+			if err := fakeServerHandshake(c, testSecret, f.info); err != nil {
+				return
+			}
 			for {
 				c.SetDeadline(time.Now().Add(5 * time.Second))
 				h, p, err := readControl(c)
 				if err != nil {
 					return
-				}
-				if h.Type == msgHello {
-					c.Write(frame(msgHelloAck, h.Corr, func(b []byte) []byte { return appendInfo(b, &f.info) }))
-					continue
 				}
 				if !f.onRequest(c, h, p) {
 					return

@@ -1,6 +1,7 @@
 package kvxfer
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -22,9 +23,11 @@ const DefaultPort = 5600
 
 // Defaults for ProducerConfig and ConsumerConfig.
 const (
-	DefaultMaxConns    = 256
-	DefaultIOTimeout   = 10 * time.Second
-	DefaultIdleTimeout = 5 * time.Minute
+	DefaultMaxConns          = 256
+	DefaultMaxPending        = 128
+	DefaultMaxPendingPerHost = 32
+	DefaultIOTimeout         = 10 * time.Second
+	DefaultIdleTimeout       = 5 * time.Minute
 )
 
 // dataBatchBytes bounds the bytes written by one writev call; the write
@@ -56,8 +59,28 @@ type ProducerConfig struct {
 	Shm *ShmLayout
 	// Lease is how long blocks are held without a heartbeat (DefaultLease).
 	Lease time.Duration
-	// MaxConns bounds concurrent side-channel connections (DefaultMaxConns).
+	// Secret authenticates consumers (and this producer to them); the zero
+	// Secret runs the same handshake with a well-known key, which
+	// authenticates nothing: then Peers must restrict who may connect.
+	Secret Secret
+	// Peers, if set, is the allowlist of consumer addresses; others are
+	// refused on accept, before anything is read.
+	Peers *PeerPolicy
+	// TLS, if set, wraps every accepted connection (see TLSConfigs); its
+	// handshake counts against AuthTimeout.
+	TLS *tls.Config
+	// AuthTimeout bounds a connection's handshake (DefaultAuthTimeout).
+	AuthTimeout time.Duration
+	// MaxConns bounds concurrent authenticated side-channel connections
+	// (DefaultMaxConns).
 	MaxConns int
+	// MaxPending bounds connections still in their handshake
+	// (DefaultMaxPending), and MaxPendingPerHost those from one IP
+	// address (DefaultMaxPendingPerHost), so unauthenticated peers can
+	// neither exhaust the slots of authenticated ones nor, from one
+	// address, those of other addresses.
+	MaxPending        int
+	MaxPendingPerHost int
 	// IOTimeout bounds each read or write on a connection once a request is
 	// in progress (DefaultIOTimeout).
 	IOTimeout time.Duration
@@ -92,8 +115,13 @@ type Producer struct {
 	leases *leaseTable
 	ln     []net.Listener
 	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	// authed counts connections past the handshake; pending those in it,
+	// in total and per remote IP.
+	authed    int
+	pending   int
+	pendingBy map[string]int
+	closed    bool
+	wg        sync.WaitGroup
 }
 
 // NewProducer validates cfg and returns a Producer. Call Serve to accept
@@ -110,6 +138,15 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	}
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.MaxPending <= 0 {
+		cfg.MaxPending = DefaultMaxPending
+	}
+	if cfg.MaxPendingPerHost <= 0 {
+		cfg.MaxPendingPerHost = DefaultMaxPendingPerHost
+	}
+	if cfg.AuthTimeout <= 0 {
+		cfg.AuthTimeout = DefaultAuthTimeout
 	}
 	if cfg.IOTimeout <= 0 {
 		cfg.IOTimeout = DefaultIOTimeout
@@ -128,6 +165,7 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	info.NumBlocks = cfg.Memory.NumBlocks()
 	info.Host = LocalHost()
 	info.Lease = cfg.Lease
+	info.Pid = os.Getpid()
 	info.Shm = ShmLayout{}
 	if info.BlockBytes <= 0 || info.BlockBytes > 1<<31 {
 		return nil, fmt.Errorf("kvxfer: block size of %d bytes is out of range", info.BlockBytes)
@@ -140,12 +178,13 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 		info.Shm = l
 	}
 	return &Producer{
-		cfg:    cfg,
-		info:   info,
-		log:    cfg.Logger.With("component", "kvxfer.producer", "engine_id", info.EngineID),
-		mem:    cfg.Memory,
-		leases: newLeaseTable(info.EngineID, cfg.Lease),
-		conns:  make(map[net.Conn]struct{}),
+		cfg:       cfg,
+		info:      info,
+		log:       cfg.Logger.With("component", "kvxfer.producer", "engine_id", info.EngineID),
+		mem:       cfg.Memory,
+		leases:    newLeaseTable(info.EngineID, cfg.Lease),
+		conns:     make(map[net.Conn]struct{}),
+		pendingBy: make(map[string]int),
 	}, nil
 }
 
@@ -261,31 +300,54 @@ func (p *Producer) Serve(ln net.Listener) error {
 			return fmt.Errorf("kv side channel accept on %s: %w", ln.Addr(), err)
 		}
 		backoff = 0
-		p.mu.Lock()
-		switch {
-		case p.closed:
-			p.mu.Unlock()
-			c.Close()
-			return nil
-		case len(p.conns) >= p.cfg.MaxConns:
-			p.mu.Unlock()
-			p.wg.Add(1)
-			go p.refuse(c, CodeBusy, fmt.Sprintf("prefill engine %s has %d side-channel connections, its limit: retry later or raise its connection limit", p.info.EngineID, p.cfg.MaxConns))
+		if code, why := p.admit(c); code != 0 {
+			p.refuse(c, code, why)
 			continue
 		}
-		p.conns[c] = struct{}{}
-		p.wg.Add(1)
-		p.mu.Unlock()
 		go p.serveConn(c)
 	}
 }
 
-// refuse answers a connection with one ERROR and closes it.
+// admit decides on an accepted connection, without reading from it: it is
+// refused (code and message) when its address is not allowed, the producer
+// is closing, or the pending slots (in total or for its address) are full.
+// An admitted connection counts as pending until its handshake ends.
+func (p *Producer) admit(c net.Conn) (ErrorCode, string) {
+	if p.cfg.Peers != nil && !p.cfg.Peers.AllowsConn(c.RemoteAddr()) {
+		p.log.Warn("kv side channel refused a connection: its address is not in --kv-peers", "remote_addr", c.RemoteAddr().String(), "kv_peers", p.cfg.Peers.String())
+		return CodeUnauthenticated, "this address may not connect to the KV side channel"
+	}
+	host := remoteIP(c)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.closed:
+		return CodeShuttingDown, "prefill engine is shutting down"
+	case p.pending >= p.cfg.MaxPending, p.pendingBy[host] >= p.cfg.MaxPendingPerHost:
+		return CodeBusy, "too many side-channel connections in their handshake: retry later"
+	}
+	p.pending++
+	p.pendingBy[host]++
+	p.conns[c] = struct{}{}
+	p.wg.Add(1)
+	return 0, ""
+}
+
+func remoteIP(c net.Conn) string {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	return c.RemoteAddr().String()
+}
+
+// refuse answers a connection with one ERROR and closes it, on the
+// accepting goroutine: a fresh socket's send buffer takes the few bytes
+// without blocking, and the short deadline bounds the rare case it does
+// not, so a flood of refusals costs no goroutine each.
 func (p *Producer) refuse(c net.Conn, code ErrorCode, msg string) {
-	defer p.wg.Done()
-	defer c.Close()
-	c.SetWriteDeadline(time.Now().Add(p.cfg.IOTimeout))
+	c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
 	c.Write(frame(msgError, 0, func(b []byte) []byte { return appendError(b, code, msg) }))
+	c.Close()
 }
 
 // Close stops accepting, closes every connection and waits for all
@@ -319,30 +381,63 @@ type srvConn struct {
 
 func (p *Producer) serveConn(c net.Conn) {
 	defer p.wg.Done()
+	host := remoteIP(c)
+	authed := false
+	unpend := func() {
+		p.pending--
+		if p.pendingBy[host]--; p.pendingBy[host] <= 0 {
+			delete(p.pendingBy, host)
+		}
+	}
 	defer func() {
 		p.mu.Lock()
 		delete(p.conns, c)
+		if authed {
+			p.authed--
+		} else {
+			unpend()
+		}
 		p.mu.Unlock()
 		c.Close()
 	}()
-	s := &srvConn{p: p, c: c}
-	for {
-		err := s.serveOne()
-		if err == nil {
-			continue
+	var conn net.Conn = c
+	if p.cfg.TLS != nil {
+		conn = tls.Server(c, p.cfg.TLS)
+	}
+	s := &srvConn{p: p, c: conn}
+	err := s.authenticate()
+	if err == nil {
+		p.mu.Lock()
+		unpend()
+		if p.authed < p.cfg.MaxConns {
+			p.authed++
+			authed = true
 		}
-		if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+		p.mu.Unlock()
+		if !authed {
+			s.sendError(0, CodeBusy, fmt.Sprintf("prefill engine %s has %d side-channel connections, its limit: retry later or raise its connection limit", p.info.EngineID, p.cfg.MaxConns))
 			return
 		}
-		var ve *versionError
-		switch {
-		case errors.As(err, &ve):
-			s.sendError(0, CodeVersion, err.Error())
-		case errors.Is(err, errBadFrame):
-			s.sendError(0, CodeBadFrame, fmt.Sprintf("prefill engine %s: %v; closing the connection", p.info.EngineID, err))
-		}
-		p.log.Debug("side-channel connection closed", "remote_addr", c.RemoteAddr(), "consumer", s.remote, "err", err)
+	}
+	for err == nil {
+		err = s.serveOne()
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
 		return
+	}
+	var ve *versionError
+	switch {
+	case errors.As(err, &ve):
+		s.sendError(0, CodeVersion, err.Error())
+	case errors.Is(err, errBadFrame) && authed:
+		s.sendError(0, CodeBadFrame, fmt.Sprintf("prefill engine %s: %v; closing the connection", p.info.EngineID, err))
+	case errors.Is(err, errBadFrame):
+		s.sendError(0, CodeBadFrame, "malformed handshake; closing the connection")
+	}
+	if authed {
+		p.log.Debug("side-channel connection closed", "remote_addr", c.RemoteAddr().String(), "consumer", s.remote, "err", err)
+	} else {
+		p.log.Warn("side-channel connection failed its handshake", "remote_addr", c.RemoteAddr().String(), "err", err)
 	}
 }
 
@@ -363,17 +458,7 @@ func (s *srvConn) serveOne() error {
 	if _, err := io.ReadFull(s.c, payload); err != nil {
 		return err
 	}
-	if !s.hello && h.Type != msgHello {
-		return fmt.Errorf("%w: %s before HELLO", errBadFrame, h.Type)
-	}
 	switch h.Type {
-	case msgHello:
-		in, err := decodeInfo(payload)
-		if err != nil {
-			return err
-		}
-		s.hello, s.remote = true, in.EngineID
-		return s.send(frame(msgHelloAck, h.Corr, func(b []byte) []byte { return appendInfo(b, &p.info) }))
 	case msgRead:
 		r, err := decodeBlockRequest(payload)
 		if err != nil {

@@ -14,7 +14,7 @@ import (
 // speaks. It is the major version: peers must speak the same one. Fields
 // appended to the end of a payload do not change it (readers ignore trailing
 // bytes); anything else does. See docs/kv-transfer.md, "Versioning".
-const ProtocolVersion = 1
+const ProtocolVersion = 2
 
 // magic opens every frame: "TKVX".
 var magic = [4]byte{'T', 'K', 'V', 'X'}
@@ -46,6 +46,8 @@ const (
 	msgHeartbeat msgType = 9  // consumer → producer: extend these leases
 	msgAck       msgType = 10 // producer → consumer: DONE / HEARTBEAT handled
 	msgError     msgType = 11 // either way: code + message
+	msgChallenge msgType = 12 // producer → consumer: nonce + proof of the secret
+	msgAuth      msgType = 13 // consumer → producer: proof of the secret + who I am
 )
 
 func (t msgType) String() string {
@@ -72,11 +74,15 @@ func (t msgType) String() string {
 		return "ACK"
 	case msgError:
 		return "ERROR"
+	case msgChallenge:
+		return "CHALLENGE"
+	case msgAuth:
+		return "AUTH"
 	}
 	return fmt.Sprintf("type(%d)", uint8(t))
 }
 
-func (t msgType) known() bool { return t >= msgHello && t <= msgError }
+func (t msgType) known() bool { return t >= msgHello && t <= msgAuth }
 
 // header is a decoded frame header.
 type header struct {
@@ -287,6 +293,10 @@ type Info struct {
 	// Shm describes the producer's pool file; zero when it offers no shared
 	// memory.
 	Shm ShmLayout
+	// Pid is the producer's process id (0 from a consumer): a same-host
+	// decode maps the pool only through /proc/<Pid>/fd, so it can only
+	// map a file the authenticated producer's process holds.
+	Pid int
 }
 
 // HostIdentity identifies a machine. Two engines are on the same host when
@@ -331,6 +341,7 @@ func appendInfo(b []byte, in *Info) []byte {
 	b = appendU64(b, uint64(in.Shm.GenerationsOffset))
 	b = appendU64(b, in.Shm.Dev)
 	b = appendU64(b, in.Shm.Inode)
+	b = appendU32(b, uint32(in.Pid))
 	return b
 }
 
@@ -357,6 +368,7 @@ func decodeInfo(p []byte) (Info, error) {
 	gof := d.u64("shm generations offset")
 	in.Shm.Dev = d.u64("shm dev")
 	in.Shm.Inode = d.u64("shm inode")
+	in.Pid = int(d.u32("pid"))
 	if d.err != nil {
 		return Info{}, d.err
 	}
@@ -462,6 +474,7 @@ const (
 	CodeShuttingDown      ErrorCode = 7 // producer is closing
 	CodeNoShm             ErrorCode = 8 // producer does not offer shared memory
 	CodeInternal          ErrorCode = 9
+	CodeUnauthenticated   ErrorCode = 10 // the handshake's proof did not match the secret
 )
 
 func (c ErrorCode) String() string {
@@ -484,6 +497,8 @@ func (c ErrorCode) String() string {
 		return "no_shm"
 	case CodeInternal:
 		return "internal"
+	case CodeUnauthenticated:
+		return "unauthenticated"
 	}
 	return fmt.Sprintf("code_%d", uint16(c))
 }

@@ -142,7 +142,7 @@ func TestConcurrentPullsShareOneHandshake(t *testing.T) {
 			t.Fatalf("pull %d: %v", i, err)
 		}
 	}
-	if h := r.cons.handshakes.Load(); h != 1 {
+	if h := r.cons.firstHandshakes.Load(); h != 1 {
 		t.Fatalf("%d first handshakes with one producer, want 1", h)
 	}
 	if got := len(r.prod.TakeReleased()); got != n {
@@ -198,7 +198,7 @@ func TestShmOnAnotherHostIsRefusedWhenForced(t *testing.T) {
 	} {
 		ci := tiny
 		ci.EngineID = "d"
-		c, err := NewConsumer(ConsumerConfig{Local: ci, Transport: tc.transport, Logger: discardLogger()})
+		c, err := NewConsumer(ConsumerConfig{Local: ci, Transport: tc.transport, Secret: testSecret, Logger: discardLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -241,7 +241,7 @@ func TestPeerDeathMidTransferFailsPromptly(t *testing.T) {
 			})
 			ci := tiny
 			ci.EngineID = "d"
-			c, err := NewConsumer(ConsumerConfig{Local: ci, Transport: TransportTCP, IOTimeout: 300 * time.Millisecond, DialTimeout: 300 * time.Millisecond, Logger: discardLogger()})
+			c, err := NewConsumer(ConsumerConfig{Local: ci, Transport: TransportTCP, IOTimeout: 300 * time.Millisecond, DialTimeout: 300 * time.Millisecond, Secret: testSecret, Logger: discardLogger()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -270,14 +270,44 @@ func TestPullCancellationStopsWritingIntoDestination(t *testing.T) {
 	})
 	ci := tiny
 	ci.EngineID = "d"
-	c, _ := NewConsumer(ConsumerConfig{Local: ci, Transport: TransportTCP, Logger: discardLogger()})
+	c, _ := NewConsumer(ConsumerConfig{Local: ci, Transport: TransportTCP, Secret: testSecret, Logger: discardLogger()})
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	// The engine aborts a request's pull by canceling its context.
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	time.AfterFunc(100*time.Millisecond, cancel)
 	err := c.Pull(ctx, RemoteParams{EngineID: "slow", RequestID: "r", Host: peer.Host, Port: peer.Port, BlockIDs: []int{0}}, newLocalBlocks(1, tiny.BlockBytes))
-	wantErr(t, err, context.DeadlineExceeded)
+	wantErr(t, err, context.Canceled)
 	if FailureReason(err) != "canceled" {
 		t.Fatalf("reason %q", FailureReason(err))
+	}
+}
+
+func TestHandshakeTimeoutIsAnIOFailure(t *testing.T) {
+	// A listener that accepts and never answers: the handshake times out.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	ci := tiny
+	ci.EngineID = "d"
+	c, _ := NewConsumer(ConsumerConfig{Local: ci, DialTimeout: 200 * time.Millisecond, Secret: testSecret, Logger: discardLogger()})
+	defer c.Close()
+	host, port := splitAddr(ln.Addr().String())
+	err = c.Pull(ctxT(t), RemoteParams{EngineID: "mute", RequestID: "r", Host: host, Port: port, BlockIDs: []int{0}}, newLocalBlocks(1, tiny.BlockBytes))
+	wantErr(t, err, nil, "handshake with prefill engine mute")
+	if r := FailureReason(err); r != "io" {
+		t.Fatalf("a handshake timeout is labelled %q, want io", r)
 	}
 }
 
@@ -320,18 +350,23 @@ func TestRestartedPrefillIsDetected(t *testing.T) {
 func TestHostileClientIsRejectedAndServerSurvives(t *testing.T) {
 	r := newRig(t, rigOpts{})
 	r.hold(t, "req-a", 1)
-	hello := frame(msgHello, 1, func(b []byte) []byte { i := tiny; i.EngineID = "x"; return appendInfo(b, &i) })
+	hello := frame(msgHello, 1, func(b []byte) []byte { return append(b, make([]byte, nonceSize)...) })
 	tests := []struct {
-		name  string
-		bytes []byte
-		code  ErrorCode
+		name   string
+		authed bool // send bytes after a real handshake
+		bytes  []byte
+		code   ErrorCode
 	}{
-		{"garbage", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), CodeBadFrame},
-		{"a READ before HELLO", frame(msgRead, 1, func(b []byte) []byte { return appendBlockRequest(b, &blockRequest{"req-a", []int{1}}) }), CodeBadFrame},
-		{"a huge control length", func() []byte { b := make([]byte, headerSize); putHeader(b, msgHello, 1, 1<<30); return b }(), CodeBadFrame},
-		{"a DATA frame from a consumer", append(bytes.Clone(hello), dataHeader(2, 4)...), CodeBadFrame},
-		{"another protocol version", func() []byte { b := bytes.Clone(hello); b[4] = 2; return b }(), CodeVersion},
-		{"a READ with a block count beyond its payload", append(bytes.Clone(hello), frame(msgRead, 2, func(b []byte) []byte { return appendU32(appendString(b, "req-a"), 1<<30) })...), CodeBadFrame},
+		{"garbage", false, []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), CodeBadFrame},
+		{"a READ before HELLO", false, frame(msgRead, 1, func(b []byte) []byte { return appendBlockRequest(b, &blockRequest{"req-a", []int{1}}) }), CodeBadFrame},
+		{"a DONE before HELLO", false, frame(msgDone, 1, func(b []byte) []byte { return appendString(b, "req-a") }), CodeBadFrame},
+		{"a huge control length", false, func() []byte { b := make([]byte, headerSize); putHeader(b, msgHello, 1, 1<<30); return b }(), CodeBadFrame},
+		{"a HELLO longer than any handshake frame", false, func() []byte { b := make([]byte, headerSize); putHeader(b, msgHello, 1, maxPreAuthPayload+1); return b }(), CodeBadFrame},
+		{"a HELLO without a nonce", false, frame(msgHello, 1, nil), CodeBadFrame},
+		{"an AUTH with a wrong proof", false, append(bytes.Clone(hello), frame(msgAuth, 1, func(b []byte) []byte { return appendInfo(append(b, make([]byte, macSize)...), &tiny) })...), CodeUnauthenticated},
+		{"a DATA frame from a consumer", true, dataHeader(2, 4), CodeBadFrame},
+		{"another protocol version", false, func() []byte { b := bytes.Clone(hello); b[4] = 1; return b }(), CodeVersion},
+		{"a READ with a block count beyond its payload", true, frame(msgRead, 2, func(b []byte) []byte { return appendU32(appendString(b, "req-a"), 1<<30) }), CodeBadFrame},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -340,6 +375,11 @@ func TestHostileClientIsRejectedAndServerSurvives(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
+			if tc.authed {
+				if _, err := rawClientHandshake(t, c, testSecret); err != nil {
+					t.Fatal(err)
+				}
+			}
 			c.SetDeadline(time.Now().Add(5 * time.Second))
 			c.Write(tc.bytes)
 			var h header
@@ -349,7 +389,7 @@ func TestHostileClientIsRejectedAndServerSurvives(t *testing.T) {
 				if err != nil {
 					t.Fatalf("no ERROR frame: %v", err)
 				}
-				if h.Type != msgHelloAck {
+				if h.Type != msgChallenge {
 					break
 				}
 			}
@@ -385,18 +425,9 @@ func TestConnectionLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c1.Close()
-	// c1 is accepted before c2: make sure by waiting for the producer to
-	// register it.
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
-		r.prod.mu.Lock()
-		n := len(r.prod.conns)
-		r.prod.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("first connection never accepted")
-		}
+	// Only authenticated connections take the slots.
+	if _, err := rawClientHandshake(t, c1, testSecret); err != nil {
+		t.Fatal(err)
 	}
 	r.hold(t, "req-a", 1)
 	err = r.cons.Pull(ctxT(t), r.params("req-a", 1), newLocalBlocks(1, tiny.BlockBytes))
