@@ -2,6 +2,7 @@ package kvconnector
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -40,6 +41,19 @@ type ConnectorConfig struct {
 	Lease time.Duration
 	// Transport is how a decode pulls (TransportAuto).
 	Transport kvxfer.Transport
+	// Secret is the cluster's KV secret (kvxfer.LoadSecret). With it, a
+	// prefill signs the kv_transfer_params it returns, a decode accepts
+	// only params signed with it, and side-channel peers prove they know
+	// it. Without it (the zero Secret) Peers is all that limits whom a
+	// decode dials and who may connect to a prefill.
+	Secret kvxfer.Secret
+	// Peers is the side channel's address allowlist (kvxfer.ParsePeers).
+	// Nil means loopback only without a Secret, and no address limit with
+	// one.
+	Peers *kvxfer.PeerPolicy
+	// TLSServer and TLSClient, if set (kvxfer.TLSConfigs), wrap the side
+	// channel in mutual TLS.
+	TLSServer, TLSClient *tls.Config
 	// SweepInterval is how often idle leases are checked for expiry
 	// (default Lease/30, between 10 ms and 1 s).
 	SweepInterval time.Duration
@@ -85,6 +99,7 @@ type Connector struct {
 	cons       *kvxfer.Consumer
 	advertHost string
 	advertPort int
+	signer     *kvxfer.Signer
 
 	// Step-loop state.
 	reqs   map[string]*connReq
@@ -94,6 +109,7 @@ type Connector struct {
 	mu       sync.Mutex
 	closed   bool
 	inflight map[string]context.CancelFunc // pulls by local request id
+	pulled   []string                      // pulls that ended, for Step to mark consumed
 	wg       sync.WaitGroup
 	base     context.Context
 	cancel   context.CancelFunc
@@ -169,6 +185,9 @@ func NewConnector(cfg ConnectorConfig) (*Connector, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.System{}
 	}
+	if cfg.Peers == nil && !cfg.Secret.IsSet() {
+		cfg.Peers, _ = kvxfer.ParsePeers(kvxfer.DefaultPeers)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -178,6 +197,7 @@ func NewConnector(cfg ConnectorConfig) (*Connector, error) {
 		reqs:     make(map[string]*connReq),
 		inflight: make(map[string]context.CancelFunc),
 		stop:     make(chan struct{}),
+		signer:   kvxfer.NewSigner(cfg.Secret),
 	}
 	c.base, c.cancel = context.WithCancel(context.Background())
 	return c, nil
@@ -214,6 +234,9 @@ func (c *Connector) Start(e *engine.Engine) error {
 			Memory:    poolMemory{c.pool},
 			Shm:       &kvxfer.ShmLayout{Path: c.pool.Path(), BlocksOffset: blocksOff, GenerationsOffset: gensOff},
 			Lease:     c.cfg.Lease,
+			Secret:    c.cfg.Secret,
+			Peers:     c.cfg.Peers,
+			TLS:       c.cfg.TLSServer,
 			Clock:     c.cfg.Clock,
 			OnRelease: c.drainReleases,
 			Metrics:   c.cfg.Metrics,
@@ -242,6 +265,9 @@ func (c *Connector) Start(e *engine.Engine) error {
 		cons, err := kvxfer.NewConsumer(kvxfer.ConsumerConfig{
 			Local:             local,
 			Transport:         c.cfg.Transport,
+			Secret:            c.cfg.Secret,
+			Peers:             c.cfg.Peers,
+			TLS:               c.cfg.TLSClient,
 			HeartbeatInterval: c.cfg.HeartbeatInterval,
 			Metrics:           c.cfg.Metrics,
 			Logger:            c.cfg.Logger,
@@ -252,7 +278,15 @@ func (c *Connector) Start(e *engine.Engine) error {
 		c.cons = cons
 	}
 	c.started = true
-	c.log.Info("kv connector started", "side_channel", c.SideChannelAddr(), "lease", c.cfg.Lease, "transport", string(c.cfg.Transport))
+	peers := "any address (signed params)"
+	if c.cfg.Peers != nil {
+		peers = c.cfg.Peers.String()
+	}
+	c.log.Info("kv connector started", "side_channel", c.SideChannelAddr(), "lease", c.cfg.Lease, "transport", string(c.cfg.Transport),
+		"kv_secret", c.cfg.Secret.IsSet(), "kv_peers", peers, "kv_tls", c.cfg.TLSServer != nil || c.cfg.TLSClient != nil)
+	if !c.cfg.Secret.IsSet() {
+		c.log.Warn("no KV secret (--kv-secret-file or " + kvxfer.SecretEnv + "): kv_transfer_params are not signed and the side channel authenticates nobody; only --kv-peers addresses are dialed and accepted")
+	}
 	return nil
 }
 
@@ -303,30 +337,77 @@ func (c *Connector) CheckKVTransfer(kv map[string]any, promptLen int) (int, erro
 		return 0, invalid("do_remote_prefill asks this engine to decode with KV pulled from a prefill engine, but it runs with --role %s: send the decode leg to an engine started with --role decode or --role both", c.cfg.Role)
 	case k.remoteDecode:
 		return 1, nil
+	case k.remote != nil:
+		if err := c.authorize(k, promptLen); err != nil {
+			c.log.Warn("refused kv_transfer_params before dialing or allocating anything", "remote_engine_id", k.remote.EngineID,
+				"remote_addr", k.remote.Peer().Addr(), "err", err)
+			return 0, &engine.InvalidRequestError{Param: kvParam,
+				Message: "kv_transfer_params were not issued by a prefill engine of this cluster (unsigned, altered, expired, or naming a peer this engine may not contact): pass the prefill engine's kv_transfer_params verbatim; the decode engine's log says which check failed"}
+		}
 	}
 	return 0, nil
 }
 
+// authorize decides whether a remote prefill's params may make this engine
+// dial: with a cluster secret they must carry a valid signature over every
+// field the pull uses (and the prompt length); with or without one, the
+// peer must pass the address allowlist, if any. Nothing is dialed or
+// allocated before this passes.
+func (c *Connector) authorize(k kvRequest, promptLen int) error {
+	if c.cfg.Secret.IsSet() {
+		if err := c.signer.Verify(k.grant(promptLen), k.signature, c.cfg.Clock.Now()); err != nil {
+			return err
+		}
+	}
+	return c.cons.CheckPeer(k.remote.Peer())
+}
+
 // RejectedKVTransfer implements engine.KVRequestChecker: when a decode leg
 // is refused before admission, the prefill holding its KV is told to free
-// it now rather than at lease expiry.
+// it now rather than at lease expiry — only when the params pass the same
+// checks a pull would (authorize), so a refused client cannot make this
+// engine dial anything either.
 func (c *Connector) RejectedKVTransfer(kv map[string]any) {
 	if c.cons == nil {
 		return
 	}
-	if prefill, _ := kv["do_remote_prefill"].(bool); !prefill {
-		return
+	n, _ := asInt(kv["remote_num_tokens"])
+	bs := max(c.blockSize, 1)
+	k, err := parseKV(kv, int(n), bs)
+	if err != nil || k.remote == nil || c.authorize(k, int(n)) != nil {
+		return // nobody we may tell
 	}
-	var p kvxfer.Peer
-	p.EngineID, _ = kv["remote_engine_id"].(string)
-	p.Host, _ = kv["remote_host"].(string)
-	port, _ := asInt(kv["remote_port"])
-	p.Port = int(port)
-	reqID, _ := kv["remote_request_id"].(string)
-	if reqID == "" || p.Validate() != nil {
-		return // nobody to tell
+	c.goNotify(notifyJob{peer: k.remote.Peer(), reqID: k.remote.RequestID})
+}
+
+// ReleaseKV frees the KV this prefill holds for the params it returned, at
+// once, for a proxy whose decode leg never started (client gone, no decode
+// reachable, decode refused). The params must carry this engine's own
+// signature, so only whoever received them can release. Errors: an
+// *engine.InvalidRequestError for params that are not this engine's, or
+// one wrapping kvxfer.ErrNotHeld when nothing is held for them (any more).
+func (c *Connector) ReleaseKV(kv map[string]any) error {
+	if c.prod == nil {
+		return &engine.InvalidRequestError{Param: kvParam, Message: "this engine does not prefill for remote decodes (--role decode): it holds no KV to release"}
 	}
-	c.goNotify(notifyJob{peer: p, reqID: reqID})
+	n, ok := asInt(kv["remote_num_tokens"])
+	if !ok || n < 0 {
+		return invalid("remote_num_tokens is required to release KV: pass the prefill's kv_transfer_params verbatim")
+	}
+	k, err := parseKV(kv, int(n), c.blockSize)
+	if err == nil && (k.remote == nil || k.remote.EngineID != c.cfg.EngineID) {
+		err = invalid("these kv_transfer_params do not name KV held by this engine")
+	}
+	if err == nil {
+		if verr := c.signer.Verify(k.grant(int(n)), k.signature, c.cfg.Clock.Now()); verr != nil {
+			c.log.Warn("refused a KV release", "err", verr)
+			err = invalid("kv_transfer_params are not signed by this engine")
+		}
+	}
+	if err != nil {
+		return err
+	}
+	return c.prod.Release(k.remote.RequestID)
 }
 
 // OnNewRequest implements sched.Connector: it records the request's kv
@@ -447,8 +528,10 @@ func (c *Connector) RequestFinished(r *sched.Request, blockIDs []int32) (bool, m
 		c.log.Error("cannot hold KV for the remote decode; freeing it", "id", r.ID, "err", err)
 		return false, nil
 	}
+	g := kvxfer.Grant{EngineID: c.cfg.EngineID, RequestID: r.ID, Host: c.advertHost, Port: c.advertPort, BlockIDs: ids, NumTokens: len(r.Prompt)}
 	return true, map[string]any{
-		"do_remote_prefill": true,
+		kvxfer.SignatureParam: c.signer.Sign(g, c.cfg.Clock.Now().Add(c.cfg.Lease)),
+		"do_remote_prefill":   true,
 		"do_remote_decode":  false,
 		"remote_block_ids":  [][]int{ids},
 		"remote_engine_id":  c.cfg.EngineID,
@@ -466,6 +549,17 @@ func (c *Connector) RequestFinished(r *sched.Request, blockIDs []int32) (bool, m
 // report through Engine.ReportKV when they end.
 func (c *Connector) Step(meta any) (engine.KVCompletions, error) {
 	var out engine.KVCompletions
+	c.mu.Lock()
+	pulled := c.pulled
+	c.pulled = nil
+	c.mu.Unlock()
+	for _, id := range pulled {
+		// The pull ended (its report is already queued for the step loop):
+		// nothing is left to cancel when the request finishes.
+		if st := c.reqs[id]; st != nil && st.phase == loading {
+			st.phase = consumed
+		}
+	}
 	if m, ok := meta.(*connMeta); ok && m != nil {
 		c.mu.Lock()
 		for _, id := range m.cancels {
@@ -516,9 +610,12 @@ func (c *Connector) startPull(j pullJob) {
 		c.cons.Unwatch(j.params.Peer(), j.params.RequestID)
 		c.mu.Lock()
 		delete(c.inflight, j.id)
+		c.pulled = append(c.pulled, j.id)
 		c.mu.Unlock()
 		cancel()
 		if err != nil {
+			c.log.Warn("kv pull failed; the request gets a generic error", "id", j.id, "remote_engine_id", j.params.EngineID,
+				"remote_addr", j.params.Peer().Addr(), "reason", kvxfer.FailureReason(err), "err", err)
 			c.report(failedLoad(j, err))
 			return
 		}
@@ -527,15 +624,34 @@ func (c *Connector) startPull(j pullJob) {
 }
 
 // failedLoad reports a pull that failed: every destination block is
-// invalid (its contents are undefined), and the reason goes with it.
+// invalid (its contents are undefined), and the reason goes with it. The
+// reason reaches the client, so it says nothing about what the network
+// did (whether an address answered, refused or timed out, or failed to
+// authenticate): only what an authenticated prefill engine answered
+// (incompatible, lease expired or released, restarted, block reused) is
+// spelled out, as those tell an operator what to change. The engine log
+// has the details of the rest.
 func failedLoad(j pullJob, err error) engine.KVCompletions {
-	why := fmt.Sprintf("pulling the prompt's KV from prefill engine %s at %s failed (%s): %v",
-		j.params.EngineID, j.params.Peer().Addr(), kvxfer.FailureReason(err), err)
+	why := fmt.Sprintf("pulling the prompt's KV from prefill engine %s failed (%s): %v", j.params.EngineID, kvxfer.FailureReason(err), err)
+	if !fromAuthenticatedPeer(err) {
+		why = fmt.Sprintf("the prompt's KV could not be loaded from the prefill engine (request %s); the decode engine's log has the details — retry the request", j.id)
+	}
 	return engine.KVCompletions{
 		FinishedRecving: []string{j.id},
 		InvalidBlocks:   j.blocks,
 		LoadErrors:      map[string]string{j.id: why},
 	}
+}
+
+// fromAuthenticatedPeer reports errors only an authenticated producer's
+// answer can cause.
+func fromAuthenticatedPeer(err error) bool {
+	for _, e := range []error{kvxfer.ErrIncompatible, kvxfer.ErrNotHeld, kvxfer.ErrPeerRestarted, kvxfer.ErrGenerationChanged, kvxfer.ErrBadBlock} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // goNotify tells a prefill to free a request's KV, on a goroutine.

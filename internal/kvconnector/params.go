@@ -43,6 +43,15 @@ type kvRequest struct {
 	// remote is set for a remote prefill: where the prompt's KV is. Its
 	// BlockIDs cover the whole prompt, in prompt order.
 	remote *kvxfer.RemoteParams
+	// signature is the prefill's kvxfer.SignatureParam ("" if absent).
+	signature string
+}
+
+// grant is what a remote prefill's params claim, as the prefill signed it
+// for a prompt of numTokens tokens.
+func (k kvRequest) grant(numTokens int) kvxfer.Grant {
+	r := k.remote
+	return kvxfer.Grant{EngineID: r.EngineID, RequestID: r.RequestID, Host: r.Host, Port: r.Port, BlockIDs: r.BlockIDs, NumTokens: numTokens}
 }
 
 // kvParam is the request field that 400s name.
@@ -135,6 +144,13 @@ func parseKV(kv map[string]any, promptLen, blockSize int) (kvRequest, error) {
 	if want := (promptLen + blockSize - 1) / blockSize; len(r.BlockIDs) != want {
 		return out, invalid("remote_block_ids lists %d blocks but the %d-token prompt fills %d blocks of %d tokens on this engine: send the same prompt as the prefill leg, and start both engines with the same --block-size",
 			len(r.BlockIDs), promptLen, want, blockSize)
+	}
+	if v, ok := kv[kvxfer.SignatureParam]; ok && v != nil {
+		sig, ok := v.(string)
+		if !ok || len(sig) > 256 {
+			return out, invalid("%s must be the prefill engine's signature string, got %s", kvxfer.SignatureParam, describe(v))
+		}
+		out.signature = sig
 	}
 	out.remote = &r
 	return out, nil

@@ -546,6 +546,18 @@ func (s *srvConn) endRead(id string) {
 }
 
 // released calls OnRelease if releases are waiting for TakeReleased.
+// Release ends a held request's lease as a DONE would, for a release that
+// reached the engine another way (a proxy whose decode leg never started).
+// It wraps ErrNotHeld when nothing is held for reqID.
+func (p *Producer) Release(reqID string) error {
+	p.mu.Lock()
+	err := p.leases.done(reqID, p.cfg.Clock.Now())
+	p.gaugeLocked()
+	p.mu.Unlock()
+	p.released()
+	return err
+}
+
 func (p *Producer) released() {
 	if p.cfg.OnRelease == nil {
 		return
