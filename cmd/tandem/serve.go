@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -62,6 +63,16 @@ type serveConfig struct {
 	KVLease             time.Duration
 	KVTransport         string
 	KVLoadFailurePolicy string
+	KVSecretFile        string
+	KVPeers             string
+	KVTLSCert           string
+	KVTLSKey            string
+	KVTLSCA             string
+
+	// Loaded by validate from the flags above.
+	kvSecret                 kvxfer.Secret
+	kvPeers                  *kvxfer.PeerPolicy
+	kvTLSServer, kvTLSClient *tls.Config
 }
 
 func (c *serveConfig) register(fs *flag.FlagSet) {
@@ -90,6 +101,11 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.EngineID, "engine-id", "", "this engine's id in kv_transfer_params (default: a fresh UUID per process)")
 	fs.DurationVar(&c.KVLease, "kv-lease", kvxfer.DefaultLease, "how long a prefill holds KV that no decode engine has read; heartbeats from a queued decode extend it")
 	fs.StringVar(&c.KVTransport, "kv-transport", string(kvxfer.TransportAuto), "how a decode pulls KV: auto (shared memory with a prefill on this host, else TCP), tcp or shm")
+	fs.StringVar(&c.KVSecretFile, "kv-secret-file", "", "file holding the cluster's KV secret (≥16 bytes; default $"+kvxfer.SecretEnv+"): prefill engines sign the kv_transfer_params they return, decode engines accept only signed ones, and the side channel authenticates both ends with it; every engine of a deployment needs the same one")
+	fs.StringVar(&c.KVPeers, "kv-peers", "", "side-channel address allowlist, comma-separated CIDRs, IPs, host:port, loopback or any: the peers a decode dials and a prefill accepts (default without a secret: loopback; with one: any address, as the params are signed)")
+	fs.StringVar(&c.KVTLSCert, "kv-tls-cert", "", "PEM certificate for mutual TLS on the KV side channel (with --kv-tls-key and --kv-tls-ca)")
+	fs.StringVar(&c.KVTLSKey, "kv-tls-key", "", "PEM private key of --kv-tls-cert")
+	fs.StringVar(&c.KVTLSCA, "kv-tls-ca", "", "PEM CA bundle that signs every engine's --kv-tls-cert")
 	fs.StringVar(&c.KVLoadFailurePolicy, "kv-load-failure-policy", string(sched.LoadFailureFail), "when pulling KV fails: fail (the request ends with HTTP 500) or recompute (compute the missing prompt KV locally)")
 }
 
@@ -138,6 +154,20 @@ func (c *serveConfig) validate() error {
 	default:
 		return fmt.Errorf("--kv-load-failure-policy %q: use fail or recompute", c.KVLoadFailurePolicy)
 	}
+	var err error
+	if c.kvSecret, err = kvxfer.LoadSecret(c.KVSecretFile); err != nil {
+		return err
+	}
+	if c.KVPeers != "" || !c.kvSecret.IsSet() {
+		if c.kvPeers, err = kvxfer.ParsePeers(c.KVPeers); err != nil {
+			return err
+		}
+	}
+	if c.KVTLSCert != "" || c.KVTLSKey != "" || c.KVTLSCA != "" {
+		if c.kvTLSServer, c.kvTLSClient, err = kvxfer.TLSConfigs(c.KVTLSCert, c.KVTLSKey, c.KVTLSCA); err != nil {
+			return err
+		}
+	}
 	if c.EngineID == "" {
 		c.EngineID = uuid.NewString()
 	}
@@ -165,6 +195,10 @@ func parseServeFlags(args []string) (*serveConfig, error) {
 }
 
 func runServe(args []string) error {
+	args, err := withDefaultModel(args, os.Stderr)
+	if err != nil {
+		return err
+	}
 	cfg, err := parseServeFlags(args)
 	if err != nil {
 		return err
@@ -216,6 +250,10 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 		Port:             cfg.KVPort,
 		Lease:            cfg.KVLease,
 		Transport:        kvxfer.Transport(cfg.KVTransport),
+		Secret:           cfg.kvSecret,
+		Peers:            cfg.kvPeers,
+		TLSServer:        cfg.kvTLSServer,
+		TLSClient:        cfg.kvTLSClient,
 		Metrics:          met,
 		Logger:           log,
 	})

@@ -760,6 +760,29 @@ func (c *Consumer) heartbeatTick(now time.Time) {
 	}
 }
 
+// heartbeatChunkBytes bounds one HEARTBEAT's payload, well under
+// MaxControlPayload.
+const heartbeatChunkBytes = 256 << 10
+
+// heartbeatChunks splits ids into runs whose encoded HEARTBEAT payload
+// (u32 count, then u16 length + bytes per id) stays within limit bytes.
+func heartbeatChunks(ids []string, limit int) [][]string {
+	var out [][]string
+	start, size := 0, 4
+	for i, id := range ids {
+		n := 2 + len(id)
+		if i > start && size+n > limit {
+			out = append(out, ids[start:i])
+			start, size = i, 4
+		}
+		size += n
+	}
+	if start < len(ids) {
+		out = append(out, ids[start:])
+	}
+	return out
+}
+
 func splitAddr(addr string) (string, int) {
 	h, ps, _ := net.SplitHostPort(addr)
 	port, _ := strconv.Atoi(ps)
@@ -779,11 +802,20 @@ func (c *Consumer) sendHeartbeat(p *peerState, peer Peer, ids []string) {
 	defer cancel()
 	var notHeld []string
 	err := c.withConn(ctx, peer, func(_ *peerState, cn *pconn) error {
-		_, payload, err := cn.roundTrip(ctx, c, msgHeartbeat, msgAck, func(b []byte) []byte { return appendIDs(b, ids) })
-		if err == nil {
-			notHeld, err = decodeIDs(payload)
+		// One frame per chunk: however many requests queue here, no
+		// HEARTBEAT exceeds the producer's control-frame limit.
+		for _, chunk := range heartbeatChunks(ids, heartbeatChunkBytes) {
+			_, payload, err := cn.roundTrip(ctx, c, msgHeartbeat, msgAck, func(b []byte) []byte { return appendIDs(b, chunk) })
+			if err != nil {
+				return err
+			}
+			nh, err := decodeIDs(payload)
+			if err != nil {
+				return err
+			}
+			notHeld = append(notHeld, nh...)
 		}
-		return err
+		return nil
 	})
 	if err != nil {
 		c.log.Warn("kv heartbeat failed; the prefill's leases keep running", "remote_engine_id", p.id, "remote_addr", p.addr, "requests", len(ids), "err", err)

@@ -2,6 +2,7 @@ package kvxfer
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -135,3 +136,50 @@ func (m *memPool) NumBlocks() int           { return len(m.blocks) }
 func (m *memPool) BlockBytes() int          { return len(m.blocks[0]) }
 func (m *memPool) Block(id int) []byte      { return m.blocks[id] }
 func (m *memPool) Generation(id int) uint64 { return m.gens[id] }
+
+// TestHeartbeatOfThousandsOfRequestsFitsTheFrameLimit: one HEARTBEAT used
+// to carry every watched id, so past a few thousand queued requests it
+// exceeded MaxControlPayload and every lease expired together.
+func TestHeartbeatOfThousandsOfRequestsFitsTheFrameLimit(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	r := newRig(t, rigOpts{prodMut: func(pc *ProducerConfig) { pc.Clock = clk; pc.Lease = 30 * time.Second }})
+	const n = 4000
+	ids := make([]string, n)
+	total := 0
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%0300d", i) // 4000 × 302 B ≈ 1.2 MB of ids
+		total += 2 + len(ids[i])
+		if err := r.prod.Hold(ids[i], []int{1}, clk.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if total <= MaxControlPayload {
+		t.Fatalf("test ids are %d bytes, not beyond the %d-byte frame limit", total, MaxControlPayload)
+	}
+	clk.advance(25 * time.Second)
+	p, err := r.cons.peerFor(r.peer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.cons.wg.Add(1)
+	r.cons.sendHeartbeat(p, r.peer, ids)
+	r.prod.mu.Lock()
+	defer r.prod.mu.Unlock()
+	for _, id := range ids {
+		if l := r.prod.leases.held[id]; l == nil || !l.expiry.Equal(clk.Now().Add(20*time.Second)) {
+			t.Fatalf("request %s… was not extended by the heartbeat", id[290:])
+		}
+	}
+}
+
+func TestHeartbeatChunks(t *testing.T) {
+	ids := []string{"aaaa", "bb", "cccccc", "d"}
+	got := heartbeatChunks(ids, 4+6+4)
+	want := [][]string{{"aaaa", "bb"}, {"cccccc"}, {"d"}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("chunks %q, want %q", got, want)
+	}
+	if got := heartbeatChunks([]string{"a-very-long-id"}, 8); len(got) != 1 {
+		t.Fatalf("an id longer than the limit must still go, alone: %q", got)
+	}
+}
