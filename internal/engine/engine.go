@@ -486,6 +486,9 @@ func (e *Engine) run() {
 			e.drainedClosed = true
 			close(e.drained)
 		}
+		// HasWork is false for requests blocked on memory or loading KV, so
+		// the loop sleeps until a message (a request, an abort, a KV report
+		// that frees or fills blocks, shutdown) might let one progress.
 		if !e.sched.HasWork() {
 			e.publishStats()
 			<-e.in.wake

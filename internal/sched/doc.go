@@ -59,6 +59,14 @@
 // preempted. A request whose prompt plus maximum output can never fit in the
 // whole pool finishes with FINISHED_ERROR instead of cycling forever.
 //
+// HasWork tells the caller whether another Schedule could change anything.
+// Requests loading their KV do not count, and after a Schedule that changed
+// nothing (every waiting request blocked on memory, nothing running) neither
+// do the blocked ones, until an input that might free memory or add work
+// (Add, Abort, Fail, UpdateFromConnector): the scheduler is deterministic,
+// so asking again without input would give the same empty answer, and the
+// engine's loop would spin.
+//
 // # Prefix caching
 //
 // A request admitted with no KV looks up its longest cached prefix of full

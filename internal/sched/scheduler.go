@@ -92,6 +92,12 @@ type Scheduler struct {
 	running  []*Request          // admission order, newest last
 	finished []Finished          // not reported yet
 
+	// stalled is set by a Schedule that changed nothing (every waiting
+	// request blocked on memory or loading, nothing running) and cleared by
+	// any input that could change that; while it is set HasWork is false,
+	// so the step loop sleeps instead of asking again.
+	stalled bool
+
 	preemptions uint64
 }
 
@@ -148,6 +154,7 @@ func (s *Scheduler) Add(r *Request) error {
 	r.firstInvalid = -1
 	s.reqs[r.ID] = r
 	s.waiting = append(s.waiting, r)
+	s.stalled = false
 	s.conn.OnNewRequest(r)
 	// The last sampled token is never fed back, so it needs no KV slot.
 	need := s.blocksFor(len(r.Prompt) + r.MaxTokens - 1)
@@ -167,6 +174,7 @@ func (s *Scheduler) Abort(id string) bool {
 		return false
 	}
 	s.finish(r, FinishedAborted, "")
+	s.stalled = false
 	return true
 }
 
@@ -178,6 +186,7 @@ func (s *Scheduler) Fail(id, msg string) bool {
 		return false
 	}
 	s.finish(r, FinishedError, msg)
+	s.stalled = false
 	return true
 }
 
@@ -188,9 +197,21 @@ func (s *Scheduler) Stats() Stats {
 
 // HasWork reports whether calling Schedule can make progress or report
 // something without any new input: a request is runnable or a finish is
-// pending. Requests waiting only for the connector do not count.
+// pending. Requests waiting only for the connector do not count, nor do
+// requests blocked on memory: after a Schedule that changed nothing, HasWork
+// is false until an input that might unblock them (Add, Abort, Fail,
+// UpdateFromConnector), since the scheduler is deterministic and the same
+// Schedule would change nothing again. A request the connector skipped with
+// ErrRetryLater keeps HasWork true: the connector's readiness is outside
+// the scheduler's state.
 func (s *Scheduler) HasWork() bool {
-	if len(s.running) > 0 || len(s.finished) > 0 {
+	if len(s.finished) > 0 {
+		return true
+	}
+	if s.stalled {
+		return false
+	}
+	if len(s.running) > 0 {
 		return true
 	}
 	for _, r := range s.waiting {
@@ -260,20 +281,26 @@ func (s *Scheduler) Schedule() *Output {
 	}
 
 	// Waiting requests, FCFS, unless this step had to preempt.
+	changed := false // state changed that out does not show
 	for i := 0; len(out.Preempted) == 0 && i < len(s.waiting) && budget > 0 && len(s.running) < s.cfg.MaxNumSeqs; {
 		r := s.waiting[i]
 		if r.status == WaitingForRemoteKVs {
 			i++
 			continue
 		}
-		admitted, skip := s.admit(r, budget, out)
+		admitted, skip, released := s.admit(r, budget, out)
+		changed = changed || released
 		if skip {
+			// Skipped for the connector (retry later: it may be ready next
+			// step) or finished with an error (in out.Finished).
+			changed = true
 			i++
 			continue
 		}
 		if !admitted {
 			break // head of line waits for memory
 		}
+		changed = true
 		if r.status == WaitingForRemoteKVs {
 			i++
 			continue
@@ -291,6 +318,7 @@ func (s *Scheduler) Schedule() *Output {
 	}
 	out.Finished, s.finished = s.finished, nil
 	out.ConnectorMeta = s.conn.BuildConnectorMeta(out)
+	s.stalled = !changed && len(out.Scheduled) == 0 && len(out.Preempted) == 0 && len(out.Finished) == 0
 	return out
 }
 
@@ -298,19 +326,20 @@ func (s *Scheduler) Schedule() *Output {
 // chunk of at most budget tokens (or to load its external tokens), looking
 // up the prefix cache and asking the connector first when r has no KV. It
 // returns admitted=false when memory is short, skip=true when r must be
-// passed over this step (connector not ready, or r finished with an error).
-func (s *Scheduler) admit(r *Request, budget int, out *Output) (admitted, skip bool) {
+// passed over this step (connector not ready, or r finished with an error),
+// and released=true when r gave back blocks it held.
+func (s *Scheduler) admit(r *Request, budget int, out *Output) (admitted, skip, released bool) {
 	if len(r.blocks) > 0 {
 		// KV loaded by the connector: only the rest needs blocks. If even
 		// that does not fit, give the blocks back (the loaded full blocks
 		// stay in the prefix cache) rather than sit on them.
 		n := min(len(r.tokens)-r.numComputed, budget)
 		if s.growBlocks(r, r.numComputed+n) {
-			return true, false
+			return true, false, false
 		}
 		s.release(r)
 		r.numComputed, r.numCachedBlocks = 0, 0
-		return false, false
+		return false, false, true
 	}
 
 	bs := s.pool.BlockSize()
@@ -321,15 +350,15 @@ func (s *Scheduler) admit(r *Request, budget int, out *Output) (admitted, skip b
 
 	ext, async, err := s.conn.GetNumNewMatchedTokens(r, local)
 	if errors.Is(err, ErrRetryLater) {
-		return false, true
+		return false, true, false
 	}
 	if err != nil {
 		s.finish(r, FinishedError, fmt.Sprintf("kv connector: %v", err))
-		return false, true
+		return false, true, false
 	}
 	if ext < 0 || local+ext > len(r.tokens) || (async && ext == 0) {
 		s.finish(r, FinishedError, fmt.Sprintf("kv connector offered %d external tokens (async %v) after %d local ones for a %d-token request", ext, async, local, len(r.tokens)))
-		return false, true
+		return false, true, false
 	}
 	var target int // tokens that need blocks now
 	if async {
@@ -347,13 +376,13 @@ func (s *Scheduler) admit(r *Request, budget int, out *Output) (admitted, skip b
 		}
 	}
 	if take > s.pool.FreeBlocks() {
-		return false, false
+		return false, false, false
 	}
 	s.pool.Touch(hit)
 	fresh, ok := s.pool.Allocate(need)
 	if !ok { // cannot happen after the check above; keep the pool consistent anyway
 		s.pool.Free(hit)
-		return false, false
+		return false, false, false
 	}
 	r.blocks = append(hit, fresh...)
 	r.numCachedBlocks = len(hit)
@@ -367,13 +396,13 @@ func (s *Scheduler) admit(r *Request, budget int, out *Output) (admitted, skip b
 		r.loadStart, r.loadEnd, r.firstInvalid, r.loadErr = local, local+ext, -1, ""
 		if async {
 			r.status = WaitingForRemoteKVs
-			return true, false
+			return true, false, false
 		}
 		r.syncLoad = true
 		r.numComputed = local + ext
 		r.numExternalTokens += ext
 	}
-	return true, false
+	return true, false, false
 }
 
 // growBlocks makes r's block table cover tokens, reporting false (and
@@ -503,6 +532,7 @@ func (s *Scheduler) cacheFullBlocks(r *Request) {
 // finishedRecving). Unknown ids are ignored. Requests this finishes are
 // reported by the next Schedule.
 func (s *Scheduler) UpdateFromConnector(finishedRecving, finishedSending []string, invalidBlocks []int32) {
+	s.stalled = false
 	if len(invalidBlocks) > 0 {
 		s.markInvalid(invalidBlocks)
 	}
