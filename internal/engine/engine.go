@@ -281,19 +281,6 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (*Handle, error) {
 	if ext == "" {
 		ext = uuid.NewString()
 	}
-	e.mu.Lock()
-	switch {
-	case e.closing:
-		e.mu.Unlock()
-		e.RejectKVTransfer(r.KVTransfer)
-		return nil, ErrShuttingDown
-	case e.live[ext]:
-		e.mu.Unlock()
-		e.RejectKVTransfer(r.KVTransfer)
-		return nil, &InvalidRequestError{Message: fmt.Sprintf("request id %q is already in flight: use a unique X-Request-Id", ext), Param: "request_id"}
-	}
-	e.live[ext] = true
-	e.mu.Unlock()
 	// The internal id gets a random suffix, as in vLLM: a request id stays
 	// in the scheduler after the request finished while a KV connector
 	// holds its blocks (a prefill for a remote decode), and the same client
@@ -321,9 +308,28 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (*Handle, error) {
 		rs.stopIDs[t], rs.userStops[t] = true, true
 	}
 	rs.sr = &sched.Request{ID: id, Prompt: r.Prompt, MaxTokens: maxTokens, KVTransfer: r.KVTransfer}
+
+	// The request is posted under the lock that Shutdown takes to set
+	// closing, so it is either refused here or in the inbox ahead of the
+	// drain message, and the drain waits for it to finish: a request can
+	// never arrive after the loop stopped and wait forever for its final
+	// event.
+	e.mu.Lock()
+	switch {
+	case e.closing:
+		e.mu.Unlock()
+		e.RejectKVTransfer(r.KVTransfer)
+		return nil, ErrShuttingDown
+	case e.live[ext]:
+		e.mu.Unlock()
+		e.RejectKVTransfer(r.KVTransfer)
+		return nil, &InvalidRequestError{Message: fmt.Sprintf("request id %q is already in flight: use a unique X-Request-Id", ext), Param: "request_id"}
+	}
+	e.live[ext] = true
+	e.in.post(rs)
+	e.mu.Unlock()
 	events := make(chan Event, 1)
 	go rs.out.forward(ctx, events, func() { e.Abort(id) })
-	e.in.post(rs)
 	return &Handle{ID: id, Events: events}, nil
 }
 
@@ -413,7 +419,7 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 	var err error
 	e.shutOnce.Do(func() {
 		e.mu.Lock()
-		e.closing = true
+		e.closing = true // after this no Submit posts (see Submit)
 		e.mu.Unlock()
 		e.in.post(drainMsg{})
 		select {
