@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/tandem-serve/tandem/internal/kvcache"
-	"github.com/tandem-serve/tandem/internal/model"
 )
 
 const bs = 4 // block size of every test pool
@@ -15,7 +14,7 @@ const bs = 4 // block size of every test pool
 // produce exactly the tokens it would have produced without preemption.
 type harness struct {
 	t    *testing.T
-	pool *kvcache.Pool
+	pool *kvcache.Blocks // accounting only: the scheduler never sees KV memory
 	s    *Scheduler
 	conn *testConnector
 	// stop, when set, decides whether a sampled token ends a request.
@@ -25,7 +24,7 @@ type harness struct {
 
 func newHarness(t *testing.T, blocks int, cfg Config, conn *testConnector) *harness {
 	t.Helper()
-	pool, err := kvcache.New(kvcache.Config{Layout: model.KVLayout{BlockSize: bs, Layers: 1, KVHeads: 1, HeadDim: 1}, NumBlocks: blocks, Dir: t.TempDir()})
+	pool, err := kvcache.NewBlocks(kvcache.BlocksConfig{BlockSize: bs, NumBlocks: blocks})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +41,6 @@ func newHarness(t *testing.T, blocks int, cfg Config, conn *testConnector) *harn
 		if !t.Failed() {
 			h.assertDrained()
 		}
-		pool.Close()
 	})
 	return h
 }

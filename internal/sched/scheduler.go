@@ -84,7 +84,7 @@ type Stats struct {
 // concurrent use.
 type Scheduler struct {
 	cfg  Config
-	pool *kvcache.Pool
+	pool *kvcache.Blocks
 	conn Connector
 
 	reqs     map[string]*Request // live or held
@@ -103,7 +103,7 @@ type Scheduler struct {
 
 // New returns a scheduler allocating from pool. A nil connector means
 // NoConnector.
-func New(cfg Config, pool *kvcache.Pool, conn Connector) (*Scheduler, error) {
+func New(cfg Config, pool *kvcache.Blocks, conn Connector) (*Scheduler, error) {
 	if pool == nil {
 		return nil, errors.New("sched: nil pool")
 	}

@@ -1,0 +1,317 @@
+package kvcache
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// BlockHash identifies the content of a full block: its tokens and, through
+// the parent hash, every token before it.
+type BlockHash [32]byte
+
+// Free-list membership of a block.
+const (
+	inUse    = iota // ref > 0, on no list
+	inFree          // ref == 0, not in the prefix cache
+	inCached        // ref == 0, registered in the prefix cache (evictable)
+)
+
+type blockMeta struct {
+	ref        int32
+	list       int8
+	hashed     bool
+	hash       BlockHash
+	prev, next int32 // links of the list the block is on, -1 at the ends
+}
+
+// list is an intrusive doubly-linked list of block ids threaded through
+// blockMeta.prev/next; push at the tail, pop at the head (LRU order).
+type list struct{ head, tail int32 }
+
+// BlocksConfig sizes a Blocks.
+type BlocksConfig struct {
+	// BlockSize is the number of token slots per block (it decides which
+	// tokens a block hash covers).
+	BlockSize int
+	// NumBlocks is the number of blocks; ids are 0 to NumBlocks-1.
+	NumBlocks int
+	// ExtraKey goes into every block hash so that blocks computed by a
+	// different model can never be prefix hits (the model fingerprint).
+	ExtraKey string
+	// OnAllocate, if set, is called by Allocate with the blocks it takes for
+	// new content, after it has taken them and before it returns them, so
+	// before any caller can write to them. Pool sets it to
+	// Memory.BumpGenerations: that is what keeps the generation seqlock of
+	// the shared memory honest while the accounting never sees the memory.
+	OnAllocate func(ids []int32)
+}
+
+// Blocks is the accounting of a pool's blocks, with no memory behind it:
+// reference counts, the free list in LRU order, and the prefix cache of
+// chained block hashes. It touches no file and no clock, so a scheduler can
+// be tested against it step by step. See the package documentation for the
+// model. It is not safe for concurrent use.
+type Blocks struct {
+	blockSize  int
+	extraKey   []byte
+	onAllocate func([]int32)
+	blocks     []blockMeta
+	free       list // uncached free blocks, handed out first
+	cached     list // cached free blocks, least recently freed at the head
+	numFree    int  // blocks on free and cached
+	cache      map[BlockHash]int32
+
+	prefixQueries, prefixHits uint64
+}
+
+// NewBlocks returns the accounting of cfg.NumBlocks blocks, all free.
+func NewBlocks(cfg BlocksConfig) (*Blocks, error) {
+	if cfg.BlockSize <= 0 {
+		return nil, fmt.Errorf("kvcache: block size %d must be positive", cfg.BlockSize)
+	}
+	if cfg.NumBlocks <= 0 || cfg.NumBlocks > maxBlocks {
+		return nil, fmt.Errorf("kvcache: %d blocks: want 1 to %d (block ids are int32)", cfg.NumBlocks, maxBlocks)
+	}
+	b := &Blocks{
+		blockSize:  cfg.BlockSize,
+		extraKey:   []byte(cfg.ExtraKey),
+		onAllocate: cfg.OnAllocate,
+		blocks:     make([]blockMeta, cfg.NumBlocks),
+		free:       list{-1, -1},
+		cached:     list{-1, -1},
+		cache:      make(map[BlockHash]int32),
+	}
+	for i := range b.blocks {
+		b.blocks[i].prev, b.blocks[i].next = -1, -1
+		b.push(&b.free, int32(i), inFree)
+	}
+	return b, nil
+}
+
+// maxBlocks is the largest number of blocks: ids are int32.
+const maxBlocks = 1<<31 - 1
+
+// NumBlocks returns the number of blocks.
+func (b *Blocks) NumBlocks() int { return len(b.blocks) }
+
+// BlockSize returns the number of token slots per block.
+func (b *Blocks) BlockSize() int { return b.blockSize }
+
+// FreeBlocks returns the number of blocks with no reference, cached or not:
+// the number a caller can allocate now.
+func (b *Blocks) FreeBlocks() int { return b.numFree }
+
+// Usage is the fraction of blocks in use (vllm:kv_cache_usage_perc).
+func (b *Blocks) Usage() float64 { return 1 - float64(b.numFree)/float64(len(b.blocks)) }
+
+// RefCount returns the number of holders of block id.
+func (b *Blocks) RefCount(id int32) int { return int(b.blocks[id].ref) }
+
+// Cached reports whether block id is registered in the prefix cache.
+func (b *Blocks) Cached(id int32) bool { return b.blocks[id].hashed }
+
+// NumCachedBlocks returns the number of blocks registered in the prefix cache.
+func (b *Blocks) NumCachedBlocks() int { return len(b.cache) }
+
+// HashBlock returns the hash of a full block holding tokens whose preceding
+// blocks hash to parent (the zero BlockHash for the first block).
+func (b *Blocks) HashBlock(parent BlockHash, tokens []int32) BlockHash {
+	h := sha256.New()
+	h.Write(parent[:])
+	var buf [4]byte
+	binary.LittleEndian.PutUint32(buf[:], uint32(len(tokens)))
+	h.Write(buf[:])
+	for _, t := range tokens {
+		binary.LittleEndian.PutUint32(buf[:], uint32(t))
+		h.Write(buf[:])
+	}
+	h.Write(b.extraKey)
+	var out BlockHash
+	h.Sum(out[:0])
+	return out
+}
+
+// ExtendHashes appends to hashes the hashes of the full blocks of tokens
+// that hashes does not cover yet, and returns the extended slice. hashes must
+// be the hashes of the first len(hashes) blocks of tokens.
+func (b *Blocks) ExtendHashes(hashes []BlockHash, tokens []int32) []BlockHash {
+	bs := b.blockSize
+	for i := len(hashes); (i+1)*bs <= len(tokens); i++ {
+		var parent BlockHash
+		if i > 0 {
+			parent = hashes[i-1]
+		}
+		hashes = append(hashes, b.HashBlock(parent, tokens[i*bs:(i+1)*bs]))
+	}
+	return hashes
+}
+
+// Match returns the blocks caching the longest prefix of hashes, without
+// taking references (see Touch).
+func (b *Blocks) Match(hashes []BlockHash) []int32 {
+	var ids []int32
+	for _, h := range hashes {
+		id, ok := b.cache[h]
+		if !ok {
+			break
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// RecordPrefixQuery counts one prefix-cache lookup of queried tokens of which
+// hit were found (vllm:prefix_cache_queries and _hits).
+func (b *Blocks) RecordPrefixQuery(queried, hit int) {
+	b.prefixQueries += uint64(queried)
+	b.prefixHits += uint64(hit)
+}
+
+// PrefixStats returns the totals recorded by RecordPrefixQuery, in tokens.
+func (b *Blocks) PrefixStats() (queries, hits uint64) { return b.prefixQueries, b.prefixHits }
+
+// Touch takes a reference on each block in ids (cache hits), taking free
+// cached blocks off the free list. The blocks keep their content, so their
+// generations do not change.
+func (b *Blocks) Touch(ids []int32) {
+	for _, id := range ids {
+		m := &b.blocks[id]
+		if m.ref == 0 {
+			b.unlink(id)
+		}
+		m.ref++
+	}
+}
+
+// Allocate takes n blocks for new content, uncached free blocks first, then
+// the least recently freed cached blocks (evicting them from the cache). Each
+// block gets one reference, and OnAllocate sees the ids before Allocate
+// returns them. It returns false and changes nothing when fewer than n blocks
+// are free.
+func (b *Blocks) Allocate(n int) ([]int32, bool) {
+	if n < 0 || n > b.numFree {
+		return nil, false
+	}
+	ids := make([]int32, 0, n)
+	for range n {
+		l := &b.free
+		if l.head < 0 {
+			l = &b.cached
+		}
+		id := l.head
+		b.unlink(id)
+		m := &b.blocks[id]
+		if m.hashed {
+			delete(b.cache, m.hash)
+			m.hashed = false
+		}
+		m.ref = 1
+		ids = append(ids, id)
+	}
+	if b.onAllocate != nil && n > 0 {
+		b.onAllocate(ids)
+	}
+	return ids, true
+}
+
+// ErrNotHeld is returned by Free for a block that has no reference.
+var ErrNotHeld = errors.New("kvcache: block freed without a reference")
+
+// Free drops one reference on each block in ids. Blocks are released in
+// reverse order, so a request's tail blocks (the least likely to be shared)
+// are evicted before its head blocks. A block left with no reference goes to
+// the free list, cached or not. Freeing a block without a reference skips it
+// and reports ErrNotHeld.
+func (b *Blocks) Free(ids []int32) error {
+	var bad []int32
+	for i := len(ids) - 1; i >= 0; i-- {
+		id := ids[i]
+		if id < 0 || int(id) >= len(b.blocks) || b.blocks[id].ref <= 0 {
+			bad = append(bad, id)
+			continue
+		}
+		m := &b.blocks[id]
+		m.ref--
+		if m.ref == 0 {
+			if m.hashed {
+				b.push(&b.cached, id, inCached)
+			} else {
+				b.push(&b.free, id, inFree)
+			}
+		}
+	}
+	if bad != nil {
+		return fmt.Errorf("%w: blocks %v", ErrNotHeld, bad)
+	}
+	return nil
+}
+
+// Cache registers block id, whose KV for a full block of tokens is complete,
+// under hash. It returns false and changes nothing when another block already
+// caches hash (the duplicate stays private to its holder) or when id is
+// already registered.
+func (b *Blocks) Cache(id int32, hash BlockHash) bool {
+	m := &b.blocks[id]
+	if m.hashed {
+		return false
+	}
+	if _, dup := b.cache[hash]; dup {
+		return false
+	}
+	m.hashed, m.hash = true, hash
+	b.cache[hash] = id
+	if m.list == inFree { // freed before being cached: keep the list honest
+		b.unlink(id)
+		b.push(&b.cached, id, inCached)
+	}
+	return true
+}
+
+// Uncache removes block id from the prefix cache (its content turned out to
+// be invalid), so nobody can hit it again.
+func (b *Blocks) Uncache(id int32) {
+	m := &b.blocks[id]
+	if !m.hashed {
+		return
+	}
+	delete(b.cache, m.hash)
+	m.hashed = false
+	if m.list == inCached {
+		b.unlink(id)
+		b.push(&b.free, id, inFree)
+	}
+}
+
+func (b *Blocks) push(l *list, id int32, kind int8) {
+	m := &b.blocks[id]
+	m.list, m.prev, m.next = kind, l.tail, -1
+	if l.tail >= 0 {
+		b.blocks[l.tail].next = id
+	} else {
+		l.head = id
+	}
+	l.tail = id
+	b.numFree++
+}
+
+func (b *Blocks) unlink(id int32) {
+	m := &b.blocks[id]
+	l := &b.free
+	if m.list == inCached {
+		l = &b.cached
+	}
+	if m.prev >= 0 {
+		b.blocks[m.prev].next = m.next
+	} else {
+		l.head = m.next
+	}
+	if m.next >= 0 {
+		b.blocks[m.next].prev = m.prev
+	} else {
+		l.tail = m.prev
+	}
+	m.list, m.prev, m.next = inUse, -1, -1
+	b.numFree--
+}
