@@ -25,7 +25,7 @@ const generateBlockSize = 16
 // stdout, timings to stderr.
 func runGenerate(args []string) error {
 	fs := flag.NewFlagSet("generate", flag.ContinueOnError)
-	dir := fs.String("model", "", "model directory (Hugging Face layout)")
+	dir := fs.String("model", "", "model directory (Hugging Face layout; default: the embedded stories260K story model)")
 	prompt := fs.String("prompt", "", "prompt text")
 	chat := fs.Bool("chat", false, "wrap the prompt as a user message with the model's chat template")
 	maxTokens := fs.Int("max-tokens", 128, "maximum number of tokens to generate")
@@ -36,8 +36,6 @@ func runGenerate(args []string) error {
 		return err
 	}
 	switch {
-	case *dir == "":
-		return errors.New("--model is required")
 	case fs.NArg() > 0:
 		return fmt.Errorf("unexpected arguments %q (quote the --prompt)", fs.Args())
 	case *maxTokens < 1:
@@ -46,6 +44,13 @@ func runGenerate(args []string) error {
 		return fmt.Errorf("--temperature must be >= 0, got %g", *temperature)
 	case *threads < 1:
 		return fmt.Errorf("--threads must be at least 1, got %d", *threads)
+	}
+
+	if *dir == "" {
+		var err error
+		if *dir, err = useDefaultModel(os.Stderr); err != nil {
+			return err
+		}
 	}
 
 	pool := tensor.NewPool(*threads)

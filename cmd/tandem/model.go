@@ -4,9 +4,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
+	"github.com/tandem-serve/tandem/internal/defaultmodel"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/modelinit"
 	"github.com/tandem-serve/tandem/internal/tensor"
@@ -14,7 +17,7 @@ import (
 
 const modelUsage = `usage:
   tandem model init --shape NAME --out DIR [--dtype bf16|f16|f32] [--seed N]
-  tandem model inspect DIR
+  tandem model inspect [DIR]   (no DIR: the embedded default model)
 
 shapes: %s
 `
@@ -71,10 +74,16 @@ func runModelInspect(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		return errors.New("inspect: want exactly one model directory")
+	if fs.NArg() > 1 {
+		return errors.New("inspect: want one model directory, or none for the default model")
 	}
 	dir := fs.Arg(0)
+	if dir == "" {
+		var err error
+		if dir, err = useDefaultModel(os.Stdout); err != nil {
+			return err
+		}
+	}
 	pool := tensor.NewPool(1)
 	defer pool.Close()
 	m, err := model.Load(dir, pool)
@@ -109,10 +118,53 @@ func runModelInspect(args []string) error {
 		{"KV per token", fmt.Sprintf("%s (%s KV; --kv-cache-dtype auto)", humanBytes(int64(kv.BlockBytes())), kv.DType)},
 		{"fingerprint", m.Fingerprint()},
 	}
+	if notice := filepath.Join(dir, defaultmodel.NoticeFile); fileExists(notice) {
+		rows = append(rows, [2]string{"license", notice})
+	}
 	for _, r := range rows {
 		fmt.Printf("%-16s %s\n", r[0]+":", r[1])
 	}
 	return nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// useDefaultModel writes the embedded default model to the user cache (once)
+// and prints to w what it is; the commands that take --model call it when
+// none is given.
+func useDefaultModel(w io.Writer) (string, error) {
+	dir, err := defaultmodel.Install("")
+	if err != nil {
+		return "", err
+	}
+	fmt.Fprintln(w, defaultmodel.Describe(dir))
+	return dir, nil
+}
+
+// withDefaultModel returns the arguments of `tandem serve` with --model set
+// to the default model when they set none. It parses them with serve's own
+// flags, so that only a real --model counts; arguments that do not parse are
+// returned as they are, for parseServeFlags to report.
+func withDefaultModel(args []string, w io.Writer) ([]string, error) {
+	fs := flag.NewFlagSet("tandem serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	(&serveConfig{}).register(fs)
+	if fs.Parse(args) != nil {
+		return args, nil
+	}
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "model" })
+	if given {
+		return args, nil
+	}
+	dir, err := useDefaultModel(w)
+	if err != nil {
+		return nil, err
+	}
+	return append([]string{"--model", dir}, args...), nil
 }
 
 func humanCount(n int64) string {

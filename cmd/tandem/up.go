@@ -18,7 +18,7 @@ func runUp(args []string) error {
 		fs.PrintDefaults()
 	}
 	var cfg up.Config
-	fs.StringVar(&cfg.ModelDir, "model", "", "Hugging Face Llama/Qwen2 model directory (default: a random-weight tiny model, made once in the user cache)")
+	fs.StringVar(&cfg.ModelDir, "model", "", "Hugging Face Llama/Mistral/Qwen2 model directory (default: the embedded stories260K story model, written once to the user cache)")
 	fs.StringVar(&cfg.ServedModelName, "served-model-name", "", "model name in the API (default: the model directory's name)")
 	fs.IntVar(&cfg.Prefill, "prefill", 1, "number of prefill engines")
 	fs.IntVar(&cfg.Decode, "decode", 1, "number of decode engines")

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -27,23 +26,10 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// fakeTandem implements just enough of `tandem model init` and `tandem
-// serve --role` for the supervisor tests. TANDEM_UP_FAKE_DIE=<role> makes
-// that role's engines fail at startup.
+// fakeTandem implements just enough of `tandem serve --role` for the
+// supervisor tests. TANDEM_UP_FAKE_DIE=<role> makes that role's engines fail
+// at startup.
 func fakeTandem(args []string) int {
-	if len(args) >= 2 && args[0] == "model" && args[1] == "init" {
-		fs := flag.NewFlagSet("init", flag.ContinueOnError)
-		out := fs.String("out", "", "")
-		fs.String("shape", "", "")
-		fs.String("dtype", "", "")
-		if fs.Parse(args[2:]) != nil {
-			return 2
-		}
-		os.WriteFile(filepath.Join(*out, "config.json"), []byte(`{}`), 0o644)
-		os.WriteFile(filepath.Join(*out, "tokenizer_config.json"), []byte(`{"chat_template":"{{ x }}"}`), 0o644)
-		fmt.Println("wrote tiny")
-		return 0
-	}
 	if len(args) == 0 || args[0] != "serve" {
 		fmt.Fprintln(os.Stderr, "fake tandem: unsupported", args)
 		return 2
@@ -53,13 +39,13 @@ func fakeTandem(args []string) int {
 	host := fs.String("host", "", "")
 	port := fs.Int("port", 0, "")
 	fs.Int("kv-port", 0, "")
-	fs.String("model", "", "")
+	model := fs.String("model", "", "")
 	fs.String("served-model-name", "", "")
 	fs.Bool("extra", false, "")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
-	fmt.Fprintf(os.Stderr, "fake %s engine starting, GOMAXPROCS=%s\n", *role, os.Getenv("GOMAXPROCS"))
+	fmt.Fprintf(os.Stderr, "fake %s engine starting, GOMAXPROCS=%s, model %s\n", *role, os.Getenv("GOMAXPROCS"), *model)
 	if os.Getenv("TANDEM_UP_FAKE_DIE") == *role {
 		fmt.Fprintln(os.Stderr, "fatal: fake failure to load the model")
 		return 3

@@ -16,21 +16,23 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/defaultmodel"
 	"github.com/tandem-serve/tandem/internal/proxy"
 )
 
 // Config configures Run. Zero values take the defaults on each field.
 type Config struct {
-	// Executable is the tandem binary that runs the engines (and makes the
-	// tiny model). Required; the command passes os.Executable().
+	// Executable is the tandem binary that runs the engines. Required; the
+	// command passes os.Executable().
 	Executable string
-	// ModelDir is the model to serve. Empty means the random-weight tiny
-	// model in TinyDir, made on first use.
+	// ModelDir is the model to serve. Empty means the embedded default
+	// model (internal/defaultmodel), written once to DefaultModelDir.
 	ModelDir string
-	// TinyDir is where the tiny model is cached. Default DefaultTinyDir().
-	TinyDir string
+	// DefaultModelDir is where the default model is written. Default
+	// defaultmodel.CacheDir().
+	DefaultModelDir string
 	// ServedModelName is the model's name in the API. Default: the base name
-	// of the model directory.
+	// of the model directory, or defaultmodel.Name for the default model.
 	ServedModelName string
 	// Prefill and Decode are the numbers of engines. Default 1 each.
 	Prefill, Decode int
@@ -107,30 +109,23 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	out := &output{w: cfg.Stderr}
 
-	model := cfg.ModelDir
+	model, name := cfg.ModelDir, cfg.ServedModelName
 	if model == "" {
-		dir := cfg.TinyDir
-		if dir == "" {
-			var err error
-			if dir, err = DefaultTinyDir(); err != nil {
-				return err
-			}
-		}
-		if err := EnsureTinyModel(ctx, cfg.Executable, dir, out); err != nil {
+		dir, err := defaultmodel.Install(cfg.DefaultModelDir)
+		if err != nil {
 			return err
 		}
 		model = dir
-		fmt.Fprintf(cfg.Stdout, "No --model given: serving the random-weight %q model in %s.\n"+
-			"Its weights are random, so its text is noise; it only shows the machinery working.\n"+
-			"For real text run: tandem up --model DIR, with DIR a Hugging Face Llama or Qwen2 directory\n"+
-			"(config.json, *.safetensors, tokenizer.json).\n\n", TinyShape, dir)
+		if name == "" {
+			name = defaultmodel.Name
+		}
+		fmt.Fprintf(cfg.Stdout, "%s\n\n", defaultmodel.Describe(dir))
 	} else if err := checkModelDir(model); err != nil {
 		return err
 	}
 	if abs, err := filepath.Abs(model); err == nil {
 		model = abs
 	}
-	name := cfg.ServedModelName
 	if name == "" {
 		name = filepath.Base(model)
 	}

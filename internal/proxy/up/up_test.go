@@ -19,6 +19,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
+
+	"github.com/tandem-serve/tandem/internal/defaultmodel"
 )
 
 func TestSplitCores(t *testing.T) {
@@ -299,25 +301,25 @@ func TestRunWithFakeEngines(t *testing.T) {
 	}
 	t.Setenv("TANDEM_UP_FAKE", "tandem")
 
-	t.Run("serves through P/D, makes the tiny model and stops every engine", func(t *testing.T) {
+	t.Run("serves through P/D, writes the default model and stops every engine", func(t *testing.T) {
 		var stdout, stderr syncBuffer
-		tiny := filepath.Join(t.TempDir(), "models", "tiny")
+		dir := filepath.Join(t.TempDir(), "models", "default")
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		done := make(chan struct{})
 		var runErr error
 		go func() {
 			defer close(done)
-			runErr = Run(ctx, Config{Executable: exe, TinyDir: tiny, Port: 0, Decode: 2, ExtraArgs: []string{"--extra"}, Stdout: &stdout, Stderr: &stderr})
+			runErr = Run(ctx, Config{Executable: exe, DefaultModelDir: dir, Port: 0, Decode: 2, ExtraArgs: []string{"--extra"}, Stdout: &stdout, Stderr: &stderr})
 		}()
 		url := waitEndpoint(t, &stdout, done)
 		for range 2 {
-			pd, body := completion(t, url, "tiny")
+			pd, body := completion(t, url, defaultmodel.Name)
 			if pd != "remote" || !strings.Contains(body, `"got_kv":true`) {
 				t.Errorf("x-tandem-pd %q body %s: want remote with kv_transfer_params on decode", pd, body)
 			}
 		}
-		for _, want := range []string{"random-weight", "/v1/chat/completions", "--model DIR"} {
+		for _, want := range []string{defaultmodel.Describe(dir), "/v1/chat/completions", `model "stories260K"`} {
 			if !strings.Contains(stdout.String(), want) {
 				t.Errorf("stdout lacks %q:\n%s", want, stdout.String())
 			}
@@ -325,8 +327,11 @@ func TestRunWithFakeEngines(t *testing.T) {
 		if !strings.Contains(stderr.String(), "[decode-1] fake decode engine starting, GOMAXPROCS=") {
 			t.Errorf("engine logs not relayed with a prefix:\n%s", stderr.String())
 		}
-		if _, err := os.Stat(filepath.Join(tiny, "config.json")); err != nil {
-			t.Errorf("tiny model not made: %v", err)
+		if err := defaultmodel.Verify(dir); err != nil {
+			t.Errorf("default model not written: %v", err)
+		}
+		if !strings.Contains(stderr.String(), ", model "+dir+"\n") {
+			t.Errorf("engines not started on %s:\n%s", dir, stderr.String())
 		}
 		pids := childPIDs(stderr.String())
 		if len(pids) != 3 {
