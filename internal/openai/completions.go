@@ -93,7 +93,8 @@ func (s *Server) completionJob(req *CompletionRequest, extID string) (*job, *Err
 			if err := s.checkTokenIDs(ids, param); err != nil {
 				return nil, err
 			}
-		} else if p.Text != "" {
+		} else {
+			// "" is a prompt too: with a BOS it is [BOS], as in vLLM.
 			ids = s.cfg.Tokenizer.Encode(p.Text, true)
 		}
 		if len(ids) == 0 {
