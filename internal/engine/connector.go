@@ -1,0 +1,70 @@
+package engine
+
+// KVCompletions are what the worker half of a KV connector observed since it
+// last reported: async loads that ended (successfully or not), held blocks
+// the remote side no longer needs, and blocks whose load failed.
+type KVCompletions struct {
+	FinishedRecving []string
+	FinishedSending []string
+	InvalidBlocks   []int32
+	// LoadErrors says, by request id, why a load in FinishedRecving failed;
+	// a request the fail policy ends carries it in its error.
+	LoadErrors map[string]string
+}
+
+func (c KVCompletions) empty() bool {
+	return len(c.FinishedRecving)+len(c.FinishedSending)+len(c.InvalidBlocks)+len(c.LoadErrors) == 0
+}
+
+// KVWorker is the worker half of a KV connector (vLLM's start_load_kv plus
+// get_finished), called by the step loop.
+type KVWorker interface {
+	// Step is called once per step, after scheduling and before the model
+	// runs, with the scheduler connector's metadata for the step. It starts
+	// the step's asynchronous loads, completes its synchronous ones before
+	// returning, and returns the completions observed since the last call.
+	// Completions that happen while the engine is idle are reported with
+	// Engine.ReportKV instead, which wakes the loop.
+	Step(meta any) (KVCompletions, error)
+}
+
+// KVRequestChecker is implemented by a KV connector (Config.Connector) that
+// checks kv_transfer_params in Submit, before anything is allocated. Its
+// methods are called from Submit's caller, on any goroutine.
+type KVRequestChecker interface {
+	// CheckKVTransfer returns an *InvalidRequestError for params this engine
+	// cannot serve (malformed, inconsistent with the prompt, or asking for a
+	// role it does not have), and the most output tokens the request may
+	// produce here: 0 for no limit of its own, 1 for a prefill whose decode
+	// runs elsewhere.
+	CheckKVTransfer(kv map[string]any, promptLen int) (maxTokens int, err error)
+	// RejectedKVTransfer is called when the engine refuses a request that
+	// carries kv params, for any reason, before the scheduler saw it, so the
+	// connector can tell a remote engine holding KV for it to free it now.
+	RejectedKVTransfer(kv map[string]any)
+}
+
+// RejectKVTransfer tells the KV connector that a request carrying kv params
+// was refused before the scheduler saw it (by Submit itself or by the API
+// layer in front of it), so that a prefill holding blocks for it can free
+// them at once.
+func (e *Engine) RejectKVTransfer(kv map[string]any) {
+	if kc, ok := e.cfg.Connector.(KVRequestChecker); ok && kv != nil {
+		kc.RejectedKVTransfer(kv)
+	}
+}
+
+// ReportKV hands KV connector completions to the step loop and wakes it.
+func (e *Engine) ReportKV(c KVCompletions) {
+	if !c.empty() {
+		e.in.post(c)
+	}
+}
+
+// kvCompletions hands a KV connector's completions to the scheduler.
+func (e *Engine) kvCompletions(c KVCompletions) {
+	for id, why := range c.LoadErrors {
+		e.sched.NoteLoadError(id, why)
+	}
+	e.sched.UpdateFromConnector(c.FinishedRecving, c.FinishedSending, c.InvalidBlocks)
+}
