@@ -16,7 +16,7 @@ import (
 //	go test -run '^$' -bench Pull -benchtime 2s ./internal/kvxfer/
 func BenchmarkPull(b *testing.B) {
 	const poolBlocks = 256
-	pool := newTestPool(b, poolBlocks, smollm.BlockBytes)
+	pool := newTestPool(b, poolBlocks, smollm)
 	pool.fillRandom(b)
 	for _, n := range []int{1, 16, 256} {
 		ids := make([]int, n)

@@ -612,7 +612,7 @@ func (c *Consumer) chooseShm(info Info) (*shmMapping, string, error) {
 		}
 		return nil, "prefill offers no shared memory", nil
 	}
-	m, err := openShm(info.Shm, info.BlockBytes, info.NumBlocks)
+	m, err := openShm(info)
 	if err != nil {
 		if forced {
 			return nil, "", fmt.Errorf("--kv-transport=shm, but the KV pool of prefill engine %s cannot be mapped: %w (use --kv-transport=auto or tcp)", info.EngineID, err)

@@ -4,16 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"net"
-	"os"
 	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
-	"unsafe"
 
-	"golang.org/x/sys/unix"
+	"github.com/tandem-serve/tandem/internal/kvcache"
+	"github.com/tandem-serve/tandem/internal/model"
 )
 
 // smollm is the KV geometry of smollm2-135m: 737,280 bytes per f32 block.
@@ -38,64 +36,53 @@ var tiny = Info{
 	BlockBytes:       4 * 2 * 2 * 1 * 8 * 4,
 }
 
-// testPool is a KV pool in a /dev/shm file, laid out like the real one:
-// the generation table first (one uint64 per block, page-padded), then the
-// blocks. It implements BlockMemory.
+// testPool is a real KV pool memory (kvcache.Memory: a sealed memfd with
+// the pool header, blocks and generations), as engines offer it. It
+// implements BlockMemory.
 type testPool struct {
-	path   string
-	data   []byte
-	n, bb  int
-	blocks int64
+	mem   *kvcache.Memory
+	n, bb int
 }
 
-func newTestPool(t testing.TB, n, blockBytes int) *testPool {
+func newTestPool(t testing.TB, n int, geom Info) *testPool {
 	t.Helper()
-	f, err := os.CreateTemp("/dev/shm", "tandem-kvxfer-test-*")
-	if err != nil {
-		t.Skipf("no /dev/shm: %v", err)
-	}
-	defer f.Close()
-	gens := int64((8*n + 4095) &^ 4095)
-	size := gens + int64(n)*int64(blockBytes)
-	if err := f.Truncate(size); err != nil {
-		t.Fatal(err)
-	}
-	data, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	dt, _, err := model.ParseKVDType(geom.KVDType)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &testPool{path: f.Name(), data: data, n: n, bb: blockBytes, blocks: gens}
-	t.Cleanup(func() {
-		unix.Munmap(data)
-		os.Remove(p.path)
-	})
-	return p
+	l := model.KVLayout{BlockSize: geom.BlockSize, Layers: geom.Layers, KVHeads: geom.KVHeads, HeadDim: geom.HeadDim, DType: dt}
+	if l.BlockBytes() != geom.BlockBytes {
+		t.Fatalf("test geometry %+v has %d-byte blocks, its layout %d", geom, geom.BlockBytes, l.BlockBytes())
+	}
+	mem, err := kvcache.NewMemory("", l, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mem.Close() })
+	return &testPool{mem: mem, n: n, bb: geom.BlockBytes}
 }
 
-func (p *testPool) NumBlocks() int  { return p.n }
-func (p *testPool) BlockBytes() int { return p.bb }
-func (p *testPool) Block(id int) []byte {
-	off := p.blocks + int64(id)*int64(p.bb)
-	return p.data[off : off+int64(p.bb)]
-}
-func (p *testPool) gen(id int) *uint64 { return (*uint64)(unsafe.Pointer(&p.data[8*id])) }
-func (p *testPool) Generation(id int) uint64 {
-	return atomic.LoadUint64(p.gen(id))
-}
+func (p *testPool) NumBlocks() int           { return p.n }
+func (p *testPool) BlockBytes() int          { return p.bb }
+func (p *testPool) Block(id int) []byte      { return p.mem.BlockBytes(int32(id)) }
+func (p *testPool) Generation(id int) uint64 { return p.mem.Generation(int32(id)) }
 
 // reuse simulates the pool reallocating a block: bump, then overwrite.
 func (p *testPool) reuse(id int) {
-	atomic.AddUint64(p.gen(id), 1)
+	p.mem.BumpGenerations([]int32{int32(id)})
 	clear(p.Block(id))
 }
 
 func (p *testPool) layout() *ShmLayout {
-	return &ShmLayout{Path: p.path, BlocksOffset: p.blocks, GenerationsOffset: 0}
+	blocks, gens := p.mem.FileOffsets()
+	return &ShmLayout{Path: p.mem.Path(), BlocksOffset: blocks, GenerationsOffset: gens}
 }
 
 func (p *testPool) fillRandom(t testing.TB) {
 	t.Helper()
-	rand.Read(p.data[p.blocks:])
+	for id := range p.n {
+		rand.Read(p.Block(id))
+	}
 }
 
 // newLocalBlocks returns n destination blocks in ordinary memory.
@@ -144,7 +131,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	if o.addr == "" {
 		o.addr = "127.0.0.1:0"
 	}
-	r := &rig{pool: newTestPool(t, o.blocks, o.geom.BlockBytes), errc: make(chan error, 1)}
+	r := &rig{pool: newTestPool(t, o.blocks, o.geom), errc: make(chan error, 1)}
 	r.pool.fillRandom(t)
 	pi := o.geom
 	pi.EngineID = o.engineID

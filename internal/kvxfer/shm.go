@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tandem-serve/tandem/internal/kvcache"
+	"github.com/tandem-serve/tandem/internal/model"
 )
 
 // LocalHost returns this machine's identity: the kernel boot id (new at
@@ -32,25 +36,31 @@ func sameHost(a, b HostIdentity) bool {
 	return a.BootID != "" && a.BootID == b.BootID && a.Hostname == b.Hostname
 }
 
-// shmMapping is a read-only mapping of a producer's pool file. It is
-// reference counted: a pull holds a reference while it copies, and drop
-// (restart, TTL eviction, Close) unmaps only after the last copy ends, so a
-// copy can never fault on an unmapped range.
+// shmMapping is a read-only view of a producer's pool file
+// (kvcache.Attached). It is reference counted: a pull holds a reference
+// while it copies, and drop (restart, TTL eviction, Close) unmaps only after
+// the last copy ends, so a copy can never fault on an unmapped range.
 type shmMapping struct {
-	layout     ShmLayout
-	blockBytes int
-	numBlocks  int
-	data       []byte
+	view      *kvcache.Attached
+	numBlocks int
 
 	mu      sync.Mutex
 	refs    int
 	dropped bool
 }
 
-// openShm maps a producer's pool file read-only after checking it is the
-// file the producer described (device, inode, size) and that the layout
-// fits in it.
-func openShm(l ShmLayout, blockBytes, numBlocks int) (*shmMapping, error) {
+// openShm maps a producer's pool read-only, after checking that it is what
+// an honest producer offers and nothing else: a path /proc/<pid>/fd/<n>
+// of the authenticated producer's own process (so only a file that process
+// holds open can be named), an anonymous memory file (memfd) whose size is
+// sealed (so it cannot be truncated under the mapping), with the device and
+// inode the producer announced, and a pool header describing exactly the
+// geometry of the handshake (checked by kvcache.Attach).
+func openShm(info Info) (*shmMapping, error) {
+	l := info.Shm
+	if err := checkShmPath(l.Path, info.Pid); err != nil {
+		return nil, err
+	}
 	f, err := os.Open(l.Path)
 	if err != nil {
 		return nil, fmt.Errorf("open the prefill's KV pool file: %w", err)
@@ -64,14 +74,49 @@ func openShm(l ShmLayout, blockBytes, numBlocks int) (*shmMapping, error) {
 	if !ok || uint64(st.Dev) != l.Dev || st.Ino != l.Inode {
 		return nil, fmt.Errorf("%s here is not the prefill's KV pool file (different device/inode: another mount namespace?)", l.Path)
 	}
-	if err := checkLayout(l, fi.Size(), blockBytes, numBlocks); err != nil {
+	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%s is not an anonymous memory file (memfd): refusing to map it", l.Path)
+	}
+	if seals&unix.F_SEAL_SHRINK == 0 {
+		return nil, fmt.Errorf("the prefill's KV pool file %s can shrink (its size is not sealed): refusing to map it", l.Path)
+	}
+	g, err := geometryOf(info)
+	if err != nil {
 		return nil, err
 	}
-	data, err := unix.Mmap(int(f.Fd()), 0, int(l.Size), unix.PROT_READ, unix.MAP_SHARED)
+	view, err := kvcache.Attach(f, g)
 	if err != nil {
-		return nil, fmt.Errorf("map %s read-only: %w", l.Path, err)
+		return nil, err
 	}
-	return &shmMapping{layout: l, blockBytes: blockBytes, numBlocks: numBlocks, data: data, refs: 1}, nil
+	return &shmMapping{view: view, numBlocks: g.NumBlocks, refs: 1}, nil
+}
+
+// checkShmPath accepts only /proc/<pid>/fd/<n> for the producer's pid.
+func checkShmPath(path string, pid int) error {
+	prefix := "/proc/" + strconv.Itoa(pid) + "/fd/"
+	n, ok := strings.CutPrefix(path, prefix)
+	if pid <= 0 || !ok || n == "" || strings.Trim(n, "0123456789") != "" {
+		return fmt.Errorf("the prefill offers its KV pool at %q, which is not a descriptor of its own process (pid %d): refusing to map it", path, pid)
+	}
+	return nil
+}
+
+// geometryOf is the pool-file geometry a producer's Info describes.
+func geometryOf(info Info) (kvcache.Geometry, error) {
+	dt, set, err := model.ParseKVDType(info.KVDType)
+	if err != nil || !set {
+		return kvcache.Geometry{}, fmt.Errorf("the prefill's KV dtype %q is unknown", info.KVDType)
+	}
+	l := model.KVLayout{BlockSize: info.BlockSize, Layers: info.Layers, KVHeads: info.KVHeads, HeadDim: info.HeadDim, DType: dt}
+	return kvcache.Geometry{
+		Layout:            l,
+		NumBlocks:         info.NumBlocks,
+		BlockBytes:        info.BlockBytes,
+		BlocksOffset:      info.Shm.BlocksOffset,
+		GenerationsOffset: info.Shm.GenerationsOffset,
+		Size:              info.Shm.Size,
+	}, nil
 }
 
 // acquire takes a reference for one copy; false if the mapping was dropped.
@@ -92,7 +137,7 @@ func (m *shmMapping) release() {
 	unmap := m.refs == 0
 	m.mu.Unlock()
 	if unmap {
-		unix.Munmap(m.data)
+		m.view.Close()
 	}
 }
 
@@ -109,16 +154,32 @@ func (m *shmMapping) drop() {
 	m.release()
 }
 
-// block returns block id's bytes in the mapping. Callers check id range.
-func (m *shmMapping) block(id int) []byte {
-	off := m.layout.BlocksOffset + int64(id)*int64(m.blockBytes)
-	return m.data[off : off+int64(m.blockBytes) : off+int64(m.blockBytes)]
+// copyBlock copies block id out of the mapping into dst. A fault while
+// reading the mapping (a file that lost pages despite the checks) becomes
+// an error instead of killing the engine with SIGBUS.
+func (m *shmMapping) copyBlock(dst []byte, id int) error {
+	src, err := m.view.BlockBytes(int32(id))
+	if err != nil {
+		return err
+	}
+	return copyNoFault(dst, src)
 }
 
-// generation reads block id's generation counter atomically (the producer
-// updates it with an atomic store; offsets are 8-byte aligned and the
-// mapping is page aligned).
+// copyNoFault copies src into dst, turning a memory fault on src into an
+// error (debug.SetPanicOnFault for this goroutine, for this copy only).
+func copyNoFault(dst, src []byte) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: reading the prefill's KV pool mapping faulted (%v)", ErrProtocol, r)
+		}
+	}()
+	copy(dst, src)
+	return nil
+}
+
+// generation reads block id's generation counter atomically.
 func (m *shmMapping) generation(id int) uint64 {
-	off := m.layout.GenerationsOffset + 8*int64(id)
-	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&m.data[off])))
+	g, _ := m.view.Generation(int32(id))
+	return g
 }

@@ -195,7 +195,9 @@ func (c *Consumer) pullShm(ctx context.Context, m *shmMapping, cn *pconn, r Remo
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("kv shared-memory read of request %q: %w", r.RequestID, context.Cause(ctx))
 		}
-		copy(dst[i], m.block(id))
+		if err := m.copyBlock(dst[i], id); err != nil {
+			return fmt.Errorf("kv shared-memory read of request %q from prefill engine %s: %w", r.RequestID, r.EngineID, err)
+		}
 	}
 	if testHookShmCopied != nil {
 		testHookShmCopied(r.RequestID)
