@@ -54,6 +54,7 @@ type serveConfig struct {
 	MaxRequestBody  byteSize
 	ShutdownTimeout time.Duration
 	LogLevel        slog.Level
+	APIKey          string // --api-key, else $TANDEM_API_KEY; never logged
 
 	// Disaggregated prefill/decode (see internal/kvconnector and internal/kvxfer).
 	Role                string
@@ -94,6 +95,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.Var(&c.MaxRequestBody, "max-request-body", "largest request body accepted; larger ones get 413")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may run before they are aborted")
 	fs.TextVar(&c.LogLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
+	fs.StringVar(&c.APIKey, "api-key", "", "require Authorization: Bearer <key> on every path but /health and /metrics (default: $"+openai.APIKeyEnv+"; the environment keeps the key out of ps)")
 
 	fs.StringVar(&c.Role, "role", string(kvconnector.RoleBoth), "prefill (serve do_remote_decode requests and hold their KV for a decode engine), decode (pull a prefill's KV for do_remote_prefill requests) or both; every role also serves plain requests")
 	fs.StringVar(&c.KVHost, "kv-host", "127.0.0.1", "KV side-channel address to listen on and to advertise to decode engines (prefill and both)")
@@ -187,6 +189,9 @@ func parseServeFlags(args []string) (*serveConfig, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if c.APIKey == "" { // read after parsing, not as the flag default, so -h never prints it
+		c.APIKey = os.Getenv(openai.APIKeyEnv)
 	}
 	if err := c.validate(); err != nil {
 		return nil, err
@@ -295,6 +300,8 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 		Version:      version(),
 		MaxBodyBytes: int64(cfg.MaxRequestBody),
 		Logger:       log,
+		APIKey:       cfg.APIKey,
+		KVReleaser:   conn, // POST /tandem/kv/release: frees a prefill's KV for a proxy whose decode leg never started
 	})
 	if err != nil {
 		return errors.Join(err, eng.Shutdown(context.Background()))

@@ -12,9 +12,26 @@
 // numeric status, so clients written against vLLM keep working.
 //
 // Request ids: the X-Request-Id header (or a random id) names the request in
-// the response header and in the response id (cmpl-<id>, chatcmpl-<id>). The
-// engine sees that id with a random suffix, as vLLM does, so a client that
-// reuses an id while an earlier request with it is still in flight (or still
-// holds KV blocks for a remote decode) gets two distinct engine requests
-// rather than a confused one.
+// the response header and in the response id (cmpl-<id>, chatcmpl-<id>). An
+// id that is not 1-256 printable ASCII characters without spaces (0x21-0x7e)
+// is refused with a 400 naming the header, before it reaches a log or a
+// header. The engine sees the id with a random suffix, as vLLM does, so a
+// client that reuses an id while an earlier request with it is still in
+// flight (or still holds KV blocks for a remote decode) gets two distinct
+// engine requests rather than a confused one.
+//
+// API keys: with Config.APIKey set (`tandem serve --api-key`, or
+// TANDEM_API_KEY), every path except the probes in OpenPaths (/health,
+// /metrics) needs "Authorization: Bearer <key>", unknown paths included;
+// the key is compared as a SHA-256 digest in constant time and a missing or
+// wrong one gets a 401 AuthenticationError with a WWW-Authenticate
+// challenge. vLLM protects only /v1/*; Tandem protects everything that is
+// not a probe. The proxy reuses APIKey.
+//
+// KV release: POST /tandem/kv/release with {"kv_transfer_params": ...} (the
+// params a prefill answered) frees the blocks the engine holds for that
+// remote decode, through Config.KVReleaser (the engine's KV connector, which
+// accepts only params it signed). 200 {"released": true}; 400 for params it
+// refuses; 404 when nothing is held or the engine has no connector. The P/D
+// proxy calls it when a decode leg never starts.
 package openai

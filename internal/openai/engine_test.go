@@ -32,7 +32,7 @@ type realServer struct {
 // startReal starts an engine on the model in dir and an API server for it.
 // When the test ends it checks that every KV block is back in the pool, then
 // shuts both down.
-func startReal(t *testing.T, dir, name string) *realServer {
+func startReal(t *testing.T, dir, name string, opts ...func(*Config)) *realServer {
 	t.Helper()
 	m, err := model.Load(dir, tensor.NewPool(1))
 	if err != nil {
@@ -51,12 +51,16 @@ func startReal(t *testing.T, dir, name string) *realServer {
 		t.Fatal(err)
 	}
 	gc := m.GenerationConfig()
-	api, err := NewServer(Config{
+	cfg := Config{
 		Backend: eng, Tokenizer: tok, ChatTemplate: ChatTemplateOf(tok),
 		ModelName: name, ModelRoot: dir, Metrics: met.Handler(), Version: "test",
 		Defaults: Defaults{Temperature: gc.Temperature, TopP: gc.TopP, TopK: gc.TopK, MinP: gc.MinP, RepetitionPenalty: gc.RepetitionPenalty, MaxNewTokens: gc.MaxNewTokens},
 		Logger:   slog.New(slog.DiscardHandler),
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	api, err := NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

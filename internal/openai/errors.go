@@ -56,6 +56,7 @@ func (e *Error) Body() ErrorBody {
 // Error types by status, as vLLM names them.
 const (
 	TypeBadRequest       = "BadRequestError"
+	TypeUnauthorized     = "AuthenticationError" // the OpenAI clients' name for a 401
 	TypeNotFound         = "NotFoundError"
 	TypeMethodNotAllowed = "MethodNotAllowedError"
 	TypeTooLarge         = "RequestEntityTooLargeError"
@@ -68,6 +69,8 @@ func typeForStatus(status int) string {
 	switch status {
 	case http.StatusBadRequest:
 		return TypeBadRequest
+	case http.StatusUnauthorized:
+		return TypeUnauthorized
 	case http.StatusNotFound:
 		return TypeNotFound
 	case http.StatusMethodNotAllowed:

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -72,17 +71,21 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock for "created" timestamps (default time.Now).
 	Now func() time.Time
+	// APIKey, when set, is required as "Authorization: Bearer <key>" on
+	// every path but OpenPaths (vLLM's --api-key). Never logged.
+	APIKey string
+	// KVReleaser frees the KV a prefill holds for a remote decode on
+	// POST /tandem/kv/release; nil answers that route with 404.
+	KVReleaser KVReleaser
 }
 
 // DefaultMaxBodyBytes is the default request body limit.
 const DefaultMaxBodyBytes = 16 << 20
 
-// maxRequestIDLen bounds the X-Request-Id header a client may send.
-const maxRequestIDLen = 256
-
 // Server is the HTTP API of one engine. It is an http.Handler.
 type Server struct {
 	cfg      Config
+	key      *APIKey
 	routes   map[string]route
 	draining atomic.Bool
 }
@@ -114,7 +117,8 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Server{cfg: cfg}
+	s := &Server{cfg: cfg, key: NewAPIKey(cfg.APIKey)}
+	s.cfg.APIKey = "" // the digest in s.key is all the server keeps
 	s.routes = map[string]route{
 		"/v1/completions":      {http.MethodPost, s.handleCompletions},
 		"/v1/chat/completions": {http.MethodPost, s.handleChat},
@@ -123,6 +127,7 @@ func NewServer(cfg Config) (*Server, error) {
 		"/detokenize":          {http.MethodPost, s.handleDetokenize},
 		"/health":              {http.MethodGet, s.handleHealth},
 		"/version":             {http.MethodGet, s.handleVersion},
+		KVReleasePath:          {http.MethodPost, s.handleKVRelease},
 	}
 	if cfg.Metrics != nil {
 		s.routes["/metrics"] = route{http.MethodGet, cfg.Metrics.ServeHTTP}
@@ -134,10 +139,14 @@ func NewServer(cfg Config) (*Server, error) {
 // while requests in flight run on. Call it first on shutdown.
 func (s *Server) Drain() { s.draining.Store(true) }
 
-// ServeHTTP routes a request. Unknown paths get a JSON 404 and known paths
-// with the wrong method a JSON 405, so every error a client sees has the
-// OpenAI shape.
+// ServeHTTP checks the API key, then routes a request. Unknown paths get a
+// JSON 404 and known paths with the wrong method a JSON 405, so every error
+// a client sees has the OpenAI shape.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := s.key.Check(r); err != nil {
+		WriteUnauthorized(w, err)
+		return
+	}
 	rt, ok := s.routes[r.URL.Path]
 	if !ok {
 		WriteError(w, NewError(http.StatusNotFound, "", "no route for %s %s", r.Method, r.URL.Path))
@@ -310,17 +319,39 @@ func (s *Server) writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // requestID returns the client's X-Request-Id or a fresh random id, and
-// echoes it in the response header.
+// echoes it in the response header. An id CheckRequestID refuses is a 400.
 func requestID(w http.ResponseWriter, r *http.Request) (string, *Error) {
-	id := strings.TrimSpace(r.Header.Get("X-Request-Id"))
-	if len(id) > maxRequestIDLen {
-		return "", BadRequest("X-Request-Id", "X-Request-Id is longer than %d bytes", maxRequestIDLen)
+	id := r.Header.Get("X-Request-Id")
+	if err := CheckRequestID(id); err != nil {
+		return "", err
 	}
 	if id == "" {
 		id = randomHex(16)
 	}
 	w.Header().Set("X-Request-Id", id)
 	return id, nil
+}
+
+// MaxRequestIDLen bounds the X-Request-Id header a client may send. It is
+// room for a UUID with a prefix, or for the long ids of vLLM's P2P proxy
+// (which name both engines' addresses).
+const MaxRequestIDLen = 256
+
+// CheckRequestID returns a 400 naming the X-Request-Id header unless id is
+// empty (the server makes one) or at most MaxRequestIDLen printable ASCII
+// characters without spaces (0x21-0x7e). The id is echoed in headers, set in
+// response ids and written to logs, so bytes that could forge a log line,
+// hide in a terminal or break a header never get that far.
+func CheckRequestID(id string) *Error {
+	if len(id) > MaxRequestIDLen {
+		return BadRequest("X-Request-Id", "X-Request-Id is longer than %d bytes", MaxRequestIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c < 0x21 || c > 0x7e {
+			return BadRequest("X-Request-Id", "X-Request-Id may hold only printable ASCII characters without spaces (0x21-0x7e); byte %d is 0x%02x", i, c)
+		}
+	}
+	return nil
 }
 
 // internalID is the engine's id for prompt i of the request extID: the
