@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/proxy"
 )
 
@@ -31,43 +32,75 @@ func (l *urlList) Set(v string) error {
 	return nil
 }
 
-func runProxy(args []string) error {
+// backendAPIKeyEnv is the environment variable behind --backend-api-key.
+const backendAPIKeyEnv = "TANDEM_BACKEND_API_KEY"
+
+// proxyFlags is the parsed command line of `tandem proxy`.
+type proxyFlags struct {
+	cfg  proxy.Config
+	host string
+	port int
+}
+
+// parseProxyFlags parses the flags of `tandem proxy`.
+func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs := flag.NewFlagSet("tandem proxy", flag.ContinueOnError)
-	var cfg proxy.Config
+	f := &proxyFlags{}
+	cfg := &f.cfg
 	var prefill, decode urlList
 	fs.Var(&prefill, "prefill", "prefill engine URL(s), comma-separated or repeated (required)")
 	fs.Var(&decode, "decode", "decode engine URL(s), comma-separated or repeated (required)")
-	host := fs.String("host", "127.0.0.1", "address to listen on")
-	port := fs.Int("port", 8000, "port to listen on")
+	fs.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
+	fs.IntVar(&f.port, "port", 8000, "port to listen on")
 	fs.StringVar(&cfg.Policy, "policy", "round-robin", "backend picking policy: "+strings.Join(proxy.Policies(), ", "))
 	fs.BoolVar(&cfg.Fallback, "fallback", true, "when the prefill leg fails, let decode do the whole request (said in the x-tandem-pd header); false fails such requests instead")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit on the prefill leg, on waiting for decode's headers and on each gap between decode's chunks (default 5m)")
 	fs.DurationVar(&cfg.ConnectTimeout, "connect-timeout", 0, "limit on connecting to a backend (default 5s)")
 	fs.DurationVar(&cfg.HealthInterval, "health-interval", 0, "period of backend health checks (default 2s)")
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", 0, "largest accepted request body (default 16 MiB)")
+	fs.StringVar(&cfg.APIKey, "api-key", "", "require clients to send Authorization: Bearer <key> on every path but /health and /metrics (default: $"+openai.APIKeyEnv+"; the environment keeps the key out of ps)")
+	fs.StringVar(&cfg.BackendAPIKey, "backend-api-key", "", "key the proxy sends to the engines as Authorization: Bearer <key> (default: $"+backendAPIKeyEnv+", else the proxy's own --api-key)")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if len(prefill) == 0 || len(decode) == 0 {
-		return errors.New("give the engines with --prefill URL[,URL...] and --decode URL[,URL...]")
+		return nil, errors.New("give the engines with --prefill URL[,URL...] and --decode URL[,URL...]")
 	}
 	cfg.Prefill, cfg.Decode = prefill, decode
+	// Keys are read from the environment after parsing, never as flag
+	// defaults, so that -h does not print them.
+	if cfg.APIKey == "" {
+		cfg.APIKey = os.Getenv(openai.APIKeyEnv)
+	}
+	if cfg.BackendAPIKey == "" {
+		cfg.BackendAPIKey = os.Getenv(backendAPIKeyEnv)
+	}
+	return f, nil
+}
+
+func runProxy(args []string) error {
+	f, err := parseProxyFlags(args)
+	if err != nil {
+		return err
+	}
+	cfg := f.cfg
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	cfg.Logger = log
 	p, err := proxy.New(cfg)
 	if err != nil {
 		return err
 	}
-	addr := net.JoinHostPort(*host, strconv.Itoa(*port))
+	addr := net.JoinHostPort(f.host, strconv.Itoa(f.port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (is another server using the port? choose one with --port)", addr, err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	log.Info("proxy listening", "addr", "http://"+ln.Addr().String(), "prefill", cfg.Prefill, "decode", cfg.Decode, "policy", cfg.Policy)
+	log.Info("proxy listening", "addr", "http://"+ln.Addr().String(), "prefill", cfg.Prefill, "decode", cfg.Decode, "policy", cfg.Policy,
+		"api_key", cfg.APIKey != "", "backend_api_key", cfg.BackendAPIKey != "" || cfg.APIKey != "")
 	return p.Serve(ctx, ln)
 }

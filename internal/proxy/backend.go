@@ -175,12 +175,15 @@ func (pl *pool) states() []backendState {
 }
 
 // checkBackend GETs b's /health with a timeout; 200 means healthy.
-func checkBackend(parent context.Context, client *http.Client, b *backend, timeout time.Duration, log *slog.Logger) {
+// The backend key goes along in case a backend protects /health too (Tandem
+// and vLLM engines leave it open).
+func checkBackend(parent context.Context, client *http.Client, b *backend, timeout time.Duration, key string, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(parent, timeout)
 	defer cancel()
 	errText := ""
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.base+"/health", nil)
 	if err == nil {
+		setAuth(req.Header, key)
 		var resp *http.Response
 		resp, err = client.Do(req)
 		if err == nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // object is a JSON object kept as its keys in order and each value's raw
@@ -71,6 +72,47 @@ func (o *object) set(key string, raw json.RawMessage) {
 	o.vals[key] = raw
 }
 
+// hasFolded reports whether a key equal to key under case folding is
+// present.
+func (o *object) hasFolded(key string) bool {
+	for _, k := range o.keys {
+		if strings.EqualFold(k, key) {
+			return true
+		}
+	}
+	return false
+}
+
+// setFolded sets key to raw in place of the first key equal to it under
+// case folding and drops every other such key; a nil raw drops them all. The
+// engines decode bodies with encoding/json, which matches field names
+// case-insensitively (strings.EqualFold's folding) and lets the last match
+// win: an edit that set "stream" but left a client's "STREAM" in place, or
+// replaced "kv_transfer_params" but kept "Kv_Transfer_Params", would not be
+// the edit the engine sees.
+func (o *object) setFolded(key string, raw json.RawMessage) {
+	placed := false
+	keys := o.keys[:0:0]
+	for _, k := range o.keys {
+		if !strings.EqualFold(k, key) {
+			keys = append(keys, k)
+			continue
+		}
+		delete(o.vals, k)
+		if raw != nil && !placed {
+			keys = append(keys, key)
+			placed = true
+		}
+	}
+	o.keys = keys
+	if raw != nil {
+		if !placed {
+			o.keys = append(o.keys, key)
+		}
+		o.vals[key] = raw
+	}
+}
+
 // del removes key if present.
 func (o *object) del(key string) {
 	if _, ok := o.vals[key]; !ok {
@@ -117,28 +159,47 @@ func (o *object) marshal() []byte {
 // which validate the shape accept it.
 var prefillKVParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
 
+// kvParamsKey is the body field that carries P/D state between engines.
+// The proxy writes it on both legs and never forwards a client's.
+const kvParamsKey = "kv_transfer_params"
+
 // prefillBody turns the client's request into the prefill leg's: one token,
 // no streaming, no minimum lengths, and kv_transfer_params asking P to hold
-// the KV for a remote decode (vllm-pd.md §1.2).
+// the KV for a remote decode (vllm-pd.md §1.2), replacing whatever
+// kv_transfer_params the client sent.
 func prefillBody(client *object) []byte {
 	o := client.clone()
-	o.set("stream", json.RawMessage(`false`))
-	o.set("max_tokens", json.RawMessage(`1`))
-	if o.has("max_completion_tokens") {
-		o.set("max_completion_tokens", json.RawMessage(`1`))
+	o.setFolded("stream", json.RawMessage(`false`))
+	o.setFolded("max_tokens", json.RawMessage(`1`))
+	if o.hasFolded("max_completion_tokens") {
+		o.setFolded("max_completion_tokens", json.RawMessage(`1`))
 	}
-	o.del("stream_options")
-	o.del("min_tokens")
-	o.del("min_completion_tokens")
-	o.set("kv_transfer_params", prefillKVParams)
+	o.setFolded("stream_options", nil)
+	o.setFolded("min_tokens", nil)
+	o.setFolded("min_completion_tokens", nil)
+	o.setFolded(kvParamsKey, prefillKVParams)
 	return o.marshal()
 }
 
 // decodeBody is the client's request with kv_transfer_params set to what the
-// prefill engine returned, verbatim (vllm-pd.md §1.4).
+// prefill engine returned, verbatim (vllm-pd.md §1.4), replacing whatever
+// the client sent.
 func decodeBody(client *object, kv json.RawMessage) []byte {
 	o := client.clone()
-	o.set("kv_transfer_params", kv)
+	o.setFolded(kvParamsKey, kv)
+	return o.marshal()
+}
+
+// fallbackBody is the decode leg's body when the prefill leg failed: the
+// client's bytes untouched, or, when the client sent kv_transfer_params, its
+// fields without them. Client-written params would make the decode engine
+// dial wherever they point.
+func fallbackBody(raw []byte, client *object) []byte {
+	if !client.hasFolded(kvParamsKey) {
+		return raw
+	}
+	o := client.clone()
+	o.setFolded(kvParamsKey, nil)
 	return o.marshal()
 }
 

@@ -21,4 +21,22 @@
 // connect timeout and by Config.Timeout on the prefill leg, the decode's
 // headers and each gap between the decode's chunks, never on a stream's total
 // length. A client that goes away cancels both legs.
+//
+// Trust boundary: kv_transfer_params make an engine hold KV (prefill) or
+// dial a peer and read it (decode), so only the proxy writes them. A client's
+// own kv_transfer_params (under any spelling encoding/json would match, such
+// as "KV_Transfer_Params") are replaced on the prefill leg by the proxy's
+// request, on a remote decode leg by the prefill's answer, and dropped on a
+// fallback decode leg. With Config.APIKey, clients need "Authorization:
+// Bearer <key>" on every path but /health and /metrics (401 otherwise);
+// backends get Config.BackendAPIKey (default: APIKey) in place of the
+// client's header on every call, health checks included. X-Request-Id
+// values that are not printable ASCII are refused with 400 before any leg.
+//
+// No stranded KV: when a prefill answered with kv_transfer_params but the
+// decode leg never started (client gone, no decode healthy or reachable, the
+// decode answered 4xx/5xx or no headers in time), the proxy posts the params
+// back to that prefill's POST /tandem/kv/release in the background, bounded
+// by Config.ReleaseTimeout, and counts it in
+// tandem:proxy_kv_releases_total{reason, result}.
 package proxy

@@ -15,3 +15,10 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	h.Del("Content-Length")
 	openai.WriteError(w, openai.NewError(status, "", "%s", msg))
 }
+
+// writeAPIError writes err, an API error with its own param, as writeError
+// does.
+func writeAPIError(w http.ResponseWriter, err *openai.Error) {
+	w.Header().Del("Content-Length")
+	openai.WriteError(w, err)
+}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/proxy/picker"
 )
 
@@ -45,11 +46,18 @@ var errBackendIdle = errors.New("backend idle timeout")
 func (p *Proxy) handleGenerate(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	id := r.Header.Get("X-Request-Id")
-	if id == "" {
-		id = uuid.NewString()
+	var outcome string
+	if err := openai.CheckRequestID(id); err != nil {
+		// Refused before it reaches a log line, a header or a backend.
+		writeAPIError(w, err)
+		outcome = outcomeBadRequest
+	} else {
+		if id == "" {
+			id = uuid.NewString()
+		}
+		w.Header().Set("X-Request-Id", id)
+		outcome = p.generate(w, r, id)
 	}
-	w.Header().Set("X-Request-Id", id)
-	outcome := p.generate(w, r, id)
 	p.metrics.requests.WithLabelValues(r.URL.Path, outcome).Inc()
 	if outcome == outcomeRemote || outcome == outcomeFallback {
 		p.metrics.requestSeconds.Observe(time.Since(start).Seconds())
@@ -100,7 +108,11 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		_, _ = w.Write(res.reject.body)
 		return outcomePrefillReject
 	case res.kv != nil:
-		return p.runDecode(w, r, id, decodeBody(obj, res.kv), preq, "remote", outcomeRemote)
+		held := &heldKV{prefill: res.backend, params: res.kv}
+		if p.betweenLegs != nil {
+			p.betweenLegs(r.Context())
+		}
+		return p.runDecode(w, r, id, decodeBody(obj, res.kv), preq, "remote", outcomeRemote, held)
 	}
 
 	pd := "fallback; reason=" + res.reason
@@ -121,9 +133,9 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 	}
 	p.metrics.fallbacks.WithLabelValues(res.reason).Inc()
 	p.log.Warn("prefill leg failed; decode does the whole request", "request_id", id, "reason", res.reason, "detail", res.detail)
-	// The client's own bytes, untouched: a plain request that any engine,
-	// P/D-aware or not, serves with a full local prefill.
-	return p.runDecode(w, r, id, body, preq, pd, outcomeFallback)
+	// The client's own bytes, minus any kv_transfer_params: a plain request
+	// that any engine, P/D-aware or not, serves with a full local prefill.
+	return p.runDecode(w, r, id, fallbackBody(body, obj), preq, pd, outcomeFallback, nil)
 }
 
 // readBody reads the client's body within MaxBodyBytes and bodyReadTimeout,
@@ -154,10 +166,12 @@ type rejected struct {
 	body   []byte
 }
 
-// prefillResult is how the prefill leg ended: with kv (P/D path), reject
-// (relay the 4xx), canceled (client gone), or else a fallback reason.
+// prefillResult is how the prefill leg ended: with kv held by backend (P/D
+// path), reject (relay the 4xx), canceled (client gone), or else a fallback
+// reason.
 type prefillResult struct {
 	kv       json.RawMessage
+	backend  *backend
 	reject   *rejected
 	canceled bool
 	reason   string
@@ -177,7 +191,7 @@ func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *picker
 	if err != nil {
 		return prefillResult{reason: reasonBadResponse, detail: err.Error()}
 	}
-	setLegHeaders(req.Header, r.Header, id)
+	p.setLegHeaders(req.Header, r.Header, id)
 	release := b.acquire()
 	defer release()
 
@@ -221,14 +235,23 @@ func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *picker
 	if kv == nil {
 		return prefillResult{reason: reasonNoKVParams, detail: fmt.Sprintf("%s kept no KV for a remote decode (is it started with --role prefill?)", b.base)}
 	}
-	return prefillResult{kv: kv}
+	return prefillResult{kv: kv, backend: b}
 }
 
 // runDecode sends the decode leg and relays its answer as it arrives. It
 // returns success when the answer was relayed whole (whatever its status).
-func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, body []byte, preq *picker.Request, pd, success string) string {
+// held, the KV a prefill keeps for this leg (nil on fallback), is released
+// on the prefill whenever the leg does not start: client gone, no decode
+// reachable or answering, or a decode that refused the request.
+func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, body []byte, preq *picker.Request, pd, success string, held *heldKV) string {
+	if r.Context().Err() != nil {
+		// The client left while the prefill leg ran.
+		p.releaseKV(held, id, releaseClientCanceled)
+		return outcomeClientCanceled
+	}
 	b := p.decode.pick(preq)
 	if b == nil {
+		p.releaseKV(held, id, releaseNoDecode)
 		writeError(w, http.StatusServiceUnavailable, "no healthy decode backend; see the proxy's /health")
 		return outcomeNoBackend
 	}
@@ -242,10 +265,11 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, bod
 
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+r.URL.Path, bytes.NewReader(body))
 	if err != nil {
+		p.releaseKV(held, id, releaseDecodeUnreachable)
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return outcomeDecodeFailed
 	}
-	setLegHeaders(req.Header, r.Header, id)
+	p.setLegHeaders(req.Header, r.Header, id)
 	release := b.acquire()
 	defer release()
 
@@ -253,19 +277,30 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, bod
 	resp, err := p.client.Do(req)
 	watchdog.Stop()
 	if err != nil {
+		// The decode may have queued the request, but cancelling it aborts
+		// it there; releasing as well costs a 404 at worst.
 		w.Header().Set(HeaderPD, pd)
 		switch {
 		case r.Context().Err() != nil:
+			p.releaseKV(held, id, releaseClientCanceled)
 			return outcomeClientCanceled
 		case errors.Is(context.Cause(ctx), errBackendIdle):
+			p.releaseKV(held, id, releaseDecodeTimeout)
 			writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("decode backend %s sent no answer within %v", b.base, p.cfg.Timeout))
 		default:
+			p.releaseKV(held, id, releaseDecodeUnreachable)
 			markDown(b, err, p.log)
 			writeError(w, http.StatusBadGateway, fmt.Sprintf("decode backend %s unreachable: %v", b.base, err))
 		}
 		return outcomeDecodeFailed
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode >= 400 {
+		// An error status is a final answer: the decode will not read the
+		// KV (a Tandem decode also tells the prefill itself when it refuses a
+		// request early; the second release then finds nothing).
+		p.releaseKV(held, id, releaseDecodeRefused)
+	}
 
 	h := w.Header()
 	copyResponseHeaders(h, resp.Header)
@@ -353,11 +388,29 @@ func copyHeaders(dst, src http.Header, skip ...string) {
 	}
 }
 
-// copyRequestHeaders forwards the client's end-to-end headers (Authorization,
-// tracing, ...) to a backend. Accept-Encoding is dropped because the proxy
-// parses the prefill's answer and relays the decode's unencoded.
+// copyRequestHeaders forwards the client's end-to-end headers (tracing, ...)
+// to a backend. Accept-Encoding is dropped because the proxy parses the
+// prefill's answer and relays the decode's unencoded.
 func copyRequestHeaders(dst, src http.Header) {
 	copyHeaders(dst, src, "Accept-Encoding", "X-Request-Id")
+}
+
+// setBackendHeaders forwards the client's headers to a backend and sets
+// Authorization to the backend key. The client's Authorization header holds
+// the proxy's own key when it has one; it reaches the engines only when
+// neither key is configured (the proxy is then transparent and the engines
+// check whatever key the client sent).
+func (p *Proxy) setBackendHeaders(dst, client http.Header) {
+	copyRequestHeaders(dst, client)
+	setAuth(dst, p.cfg.BackendAPIKey)
+}
+
+// setAuth sets "Authorization: Bearer key" on a backend call; an empty key
+// leaves h alone.
+func setAuth(h http.Header, key string) {
+	if key != "" {
+		h.Set("Authorization", "Bearer "+key)
+	}
 }
 
 // copyResponseHeaders relays a backend's end-to-end headers to the client.
@@ -366,8 +419,8 @@ func copyResponseHeaders(dst, src http.Header) {
 }
 
 // setLegHeaders sets the headers of a prefill or decode leg.
-func setLegHeaders(dst, client http.Header, id string) {
-	copyRequestHeaders(dst, client)
+func (p *Proxy) setLegHeaders(dst, client http.Header, id string) {
+	p.setBackendHeaders(dst, client)
 	dst.Set("Content-Type", "application/json")
 	dst.Set("X-Request-Id", id)
 }

@@ -30,6 +30,7 @@ type metrics struct {
 	requestSeconds prometheus.Histogram
 	requests       *prometheus.CounterVec
 	fallbacks      *prometheus.CounterVec
+	kvReleases     *prometheus.CounterVec
 	inFlight       *prometheus.GaugeVec
 	healthy        *prometheus.GaugeVec
 }
@@ -63,6 +64,10 @@ func newMetrics() *metrics {
 			Name: "tandem:proxy_fallbacks_total",
 			Help: "Requests sent to decode without remote prefill, by reason.",
 		}, []string{"reason"}),
+		kvReleases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:proxy_kv_releases_total",
+			Help: "Prefill KV released through the prefill's /tandem/kv/release because the decode leg never started, by reason and result.",
+		}, []string{"reason", "result"}),
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tandem:proxy_backend_in_flight",
 			Help: "Requests the proxy has open on a backend.",
@@ -72,9 +77,14 @@ func newMetrics() *metrics {
 			Help: "1 when the backend's last health check passed.",
 		}, []string{"role", "backend"}),
 	}
-	r.MustRegister(m.prefillSeconds, m.decodeTTFB, m.requestSeconds, m.requests, m.fallbacks, m.inFlight, m.healthy)
+	r.MustRegister(m.prefillSeconds, m.decodeTTFB, m.requestSeconds, m.requests, m.fallbacks, m.kvReleases, m.inFlight, m.healthy)
 	for _, reason := range fallbackReasons {
 		m.fallbacks.WithLabelValues(reason)
+	}
+	for _, reason := range releaseReasons {
+		for _, result := range releaseResults {
+			m.kvReleases.WithLabelValues(reason, result)
+		}
 	}
 	return m
 }

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/proxy/picker"
 	"github.com/tandem-serve/tandem/internal/proxy/picker/roundrobin"
 )
@@ -47,6 +48,18 @@ type Config struct {
 	// Logger receives one structured line per notable event. Default
 	// slog.Default().
 	Logger *slog.Logger
+	// APIKey, when set, is required from clients as "Authorization: Bearer
+	// <key>" on every path but /health and /metrics. Never logged.
+	APIKey string
+	// BackendAPIKey is sent to every backend as "Authorization: Bearer
+	// <key>" (legs, /v1/models, health checks, KV releases), replacing the
+	// client's Authorization header. Default: APIKey, since `tandem up` and
+	// most deployments use one key for all. When both are empty the client's
+	// Authorization header is passed through to the engines.
+	BackendAPIKey string
+	// ReleaseTimeout bounds a call to a prefill's /tandem/kv/release.
+	// Default 2s.
+	ReleaseTimeout time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -70,6 +83,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.BackendAPIKey == "" {
+		c.BackendAPIKey = c.APIKey
+	}
+	if c.ReleaseTimeout <= 0 {
+		c.ReleaseTimeout = 2 * time.Second
 	}
 }
 
@@ -102,12 +121,17 @@ func newPicker(name string) (picker.Picker, error) {
 // /metrics; Serve runs it with its health checker.
 type Proxy struct {
 	cfg     Config
+	key     *openai.APIKey
 	log     *slog.Logger
 	prefill *pool
 	decode  *pool
 	metrics *metrics
 	client  *http.Client // backend calls; deadlines come from contexts
 	mux     *http.ServeMux
+	bg      sync.WaitGroup // KV releases still running
+	// betweenLegs, when set by a test, runs after a prefill leg that
+	// returned kv_transfer_params and before the decode leg.
+	betweenLegs func(ctx context.Context)
 }
 
 // New validates cfg and returns a Proxy whose backends are all unhealthy
@@ -132,6 +156,7 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{
+		key:     openai.NewAPIKey(cfg.APIKey),
 		cfg:     cfg,
 		log:     cfg.Logger,
 		prefill: pre,
@@ -152,6 +177,7 @@ func New(cfg Config) (*Proxy, error) {
 			fmt.Sprintf("%s is not served by the tandem proxy; it serves /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics", r.URL.Path))
 	})
 	p.mux = mux
+	p.cfg.APIKey = "" // the digest in p.key is all the proxy keeps of it
 	return p, nil
 }
 
@@ -173,8 +199,14 @@ func newTransport(connect time.Duration) *http.Transport {
 	}
 }
 
-// ServeHTTP routes a request.
-func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.mux.ServeHTTP(w, r) }
+// ServeHTTP checks the API key, then routes a request.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := p.key.Check(r); err != nil {
+		openai.WriteUnauthorized(w, err)
+		return
+	}
+	p.mux.ServeHTTP(w, r)
+}
 
 // CheckHealth checks every backend once, concurrently, and returns when all
 // checks are done.
@@ -182,7 +214,7 @@ func (p *Proxy) CheckHealth(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, pl := range []*pool{p.prefill, p.decode} {
 		for _, b := range pl.backends {
-			wg.Go(func() { checkBackend(ctx, p.client, b, p.cfg.HealthTimeout, p.log) })
+			wg.Go(func() { checkBackend(ctx, p.client, b, p.cfg.HealthTimeout, p.cfg.BackendAPIKey, p.log) })
 		}
 	}
 	wg.Wait()
@@ -229,6 +261,7 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	defer func() {
 		stopHealth()
 		wg.Wait()
+		p.bg.Wait()
 		p.client.CloseIdleConnections()
 	}()
 
@@ -293,7 +326,7 @@ func (p *Proxy) handleModels(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	copyRequestHeaders(req.Header, r.Header)
+	p.setBackendHeaders(req.Header, r.Header)
 	resp, err := p.client.Do(req)
 	if err != nil {
 		if r.Context().Err() == nil {
