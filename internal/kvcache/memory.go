@@ -275,3 +275,8 @@ func (m *Memory) BumpGenerations(ids []int32) {
 		m.gens[id].Add(1)
 	}
 }
+
+// Sealed reports whether the memory is an anonymous memory file whose size
+// is sealed, the only kind a same-host decode engine maps (a named file
+// under a directory can be truncated under its readers).
+func (m *Memory) Sealed() bool { return m.file != nil }

@@ -229,10 +229,14 @@ func (c *Connector) Start(e *engine.Engine) error {
 	}
 	if c.cfg.Role.prefills() {
 		blocksOff, gensOff := c.pool.FileOffsets()
+		var shm *kvxfer.ShmLayout
+		if c.pool.Sealed() {
+			shm = &kvxfer.ShmLayout{Path: c.pool.Path(), BlocksOffset: blocksOff, GenerationsOffset: gensOff}
+		}
 		prod, err := kvxfer.NewProducer(kvxfer.ProducerConfig{
 			Local:     local,
 			Memory:    poolMemory{c.pool},
-			Shm:       &kvxfer.ShmLayout{Path: c.pool.Path(), BlocksOffset: blocksOff, GenerationsOffset: gensOff},
+			Shm:       shm,
 			Lease:     c.cfg.Lease,
 			Secret:    c.cfg.Secret,
 			Peers:     c.cfg.Peers,
@@ -532,14 +536,14 @@ func (c *Connector) RequestFinished(r *sched.Request, blockIDs []int32) (bool, m
 	return true, map[string]any{
 		kvxfer.SignatureParam: c.signer.Sign(g, c.cfg.Clock.Now().Add(c.cfg.Lease)),
 		"do_remote_prefill":   true,
-		"do_remote_decode":  false,
-		"remote_block_ids":  [][]int{ids},
-		"remote_engine_id":  c.cfg.EngineID,
-		"remote_request_id": r.ID,
-		"remote_host":       c.advertHost,
-		"remote_port":       c.advertPort,
-		"tp_size":           1,
-		"remote_num_tokens": len(r.Prompt),
+		"do_remote_decode":    false,
+		"remote_block_ids":    [][]int{ids},
+		"remote_engine_id":    c.cfg.EngineID,
+		"remote_request_id":   r.ID,
+		"remote_host":         c.advertHost,
+		"remote_port":         c.advertPort,
+		"tp_size":             1,
+		"remote_num_tokens":   len(r.Prompt),
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"io"
+	"os"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -103,7 +104,7 @@ func newPD(t *testing.T, o pdOpts) *pdEngine {
 	m, tok := loadStories(t)
 	pe := &pdEngine{m: metrics.NewEngine("stories260K")}
 	cfg := engine.Config{
-		Model: m, Tokenizer: tok, BlockSize: o.blockSize, NumBlocks: cmp.Or(o.numBlocks, 128), KVDir: t.TempDir(),
+		Model: m, Tokenizer: tok, BlockSize: o.blockSize, NumBlocks: cmp.Or(o.numBlocks, 128),
 		LoadFailurePolicy: o.policy, Metrics: pe.m, Logger: discardLogger(),
 	}
 	if o.role != "" {
@@ -668,7 +669,7 @@ func TestPortClashSaysWhichFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := engine.New(engine.Config{Model: m, Tokenizer: tok, NumBlocks: 16, KVDir: t.TempDir(), Connector: c, KVWorker: c, Logger: discardLogger()})
+	e, err := engine.New(engine.Config{Model: m, Tokenizer: tok, NumBlocks: 16, Connector: c, KVWorker: c, Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -724,6 +725,9 @@ func TestDecodeLegRefusedByTheAPIFreesThePrefill(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger {
+	if os.Getenv("KVXFER_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
 	return slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelError + 1}))
 }
 
