@@ -137,8 +137,23 @@ type proc struct {
 // killed with SIGKILL in t.Cleanup, and its output is printed if t failed.
 func startProc(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
+	return startProcEnv(t, name, nil, args...)
+}
+
+// startProcEnv is startProc with env (KEY=value entries) added to the
+// test's environment; an entry overrides an inherited one of the same key,
+// and KEY= unsets it as far as tandem is concerned (it reads empty
+// variables as absent). Secrets go to the processes this way, never into
+// the test process's own environment, so one test's engines cannot leak a
+// secret into another's.
+func startProcEnv(t *testing.T, name string, env []string, args ...string) *proc {
+	t.Helper()
 	p := &proc{name: name, out: &logBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(tandem(t), args...)
+	if len(env) > 0 {
+		// exec uses the last value of a duplicated key.
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	// A group of its own, so the kill reaches grandchildren too; Pdeathsig
 	// so that a test binary killed by -timeout leaves no engine behind.
@@ -251,6 +266,7 @@ type engineSpec struct {
 	port   int
 	kvPort int
 	args   []string // more flags, after the ones startEngine sets
+	env    []string // more environment variables (KEY=value), see startProcEnv
 }
 
 // Defaults for every engine: one compute thread each (the tests run many
@@ -277,7 +293,7 @@ func startEngine(t *testing.T, s engineSpec) *engine {
 			args = append(args, "--role", s.role)
 		}
 		args = append(append(args, engineDefaults...), s.args...)
-		p := startProc(t, s.name, args...)
+		p := startProcEnv(t, s.name, s.env, args...)
 		url := "http://127.0.0.1:" + strconv.Itoa(port)
 		err := waitHealthy(p, url)
 		if err == nil {
