@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/proxy/up"
 )
 
@@ -26,8 +27,12 @@ func runUp(args []string) error {
 	fs.IntVar(&cfg.Port, "port", 8000, "proxy port")
 	fs.IntVar(&cfg.ThreadsPerEngine, "threads-per-engine", 0, "cores per engine (default: this process's cores split evenly)")
 	fs.DurationVar(&cfg.StartupTimeout, "startup-timeout", 0, "limit on waiting for every engine to be healthy (default 10m)")
+	fs.StringVar(&cfg.APIKey, "api-key", "", "require Authorization: Bearer <key> from clients of the proxy, and from the proxy at the engines (default: $"+openai.APIKeyEnv+")")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if cfg.APIKey == "" {
+		cfg.APIKey = os.Getenv(openai.APIKeyEnv)
 	}
 	// Extra engine flags come only after "--" (which flag drops), so that a
 	// mistyped up flag is an error here rather than in every engine.

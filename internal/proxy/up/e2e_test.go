@@ -2,6 +2,8 @@ package up
 
 import (
 	"context"
+	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -14,8 +16,10 @@ import (
 )
 
 // TestTandemUpEndToEnd builds the real binary and runs `tandem up` on the
-// stories260K model as users do: a completion through the proxy must take
-// the P/D path, and SIGINT must stop every engine.
+// stories260K model as users do, with an API key from the environment: a
+// completion without the key is refused, one with it takes the P/D path
+// (so the engines share the KV secret up generated: the decode accepted
+// the prefill's signed params), and SIGINT must stop every engine.
 func TestTandemUpEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the tandem binary; skipped in -short mode")
@@ -39,6 +43,7 @@ func TestTandemUpEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.CommandContext(ctx, exe, "up", "--model", model, "--port", strconv.Itoa(ports[0]), "--served-model-name", "stories")
+	cmd.Env = append(os.Environ(), "TANDEM_API_KEY=up-test-key", "TANDEM_KV_SECRET=")
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = 10 * time.Second
 	if err := cmd.Start(); err != nil {
@@ -63,9 +68,20 @@ func TestTandemUpEndToEnd(t *testing.T) {
 	}()
 
 	url := waitEndpoint(t, &stdout, done)
-	pd, body := completion(t, url, "stories")
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"stories","prompt":"Hi","max_tokens":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("a completion without the API key got %s, want 401", resp.Status)
+	}
+	pd, body := completion(t, url, "stories", "up-test-key")
 	if pd != "remote" {
 		t.Errorf("x-tandem-pd %q, want remote (body %s)", pd, body)
+	}
+	if n := strings.Count(stderr.String(), "kv_secret=true"); n != 2 {
+		t.Errorf("%d engines started with a KV secret, want 2", n)
 	}
 	pids := childPIDs(stderr.String())
 	if len(pids) != 2 {

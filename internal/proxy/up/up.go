@@ -1,6 +1,7 @@
 package up
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/defaultmodel"
+	"github.com/tandem-serve/tandem/internal/kvxfer"
+	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/proxy"
 )
 
@@ -53,6 +56,9 @@ type Config struct {
 	// StopTimeout is how long engines get to exit after SIGTERM before
 	// SIGKILL. Default 10s.
 	StopTimeout time.Duration
+	// APIKey, if set, is required by the proxy from clients and by the
+	// engines from the proxy (Authorization: Bearer).
+	APIKey string
 	// Stdout receives the endpoint and examples; Stderr the prefixed logs.
 	// Default os.Stdout and os.Stderr.
 	Stdout, Stderr io.Writer
@@ -152,11 +158,20 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 
+	// The engines share a fresh KV secret (unless the environment names
+	// one): the prefill signs the params it returns, the decode accepts only
+	// those, and the side channel authenticates both ends. It reaches them
+	// through the environment, which other users cannot read, not the
+	// command line.
+	env := []string{kvxfer.SecretEnv + "=" + cmp.Or(os.Getenv(kvxfer.SecretEnv), kvxfer.GenerateSecret())}
+	if cfg.APIKey != "" {
+		env = append(env, openai.APIKeyEnv+"="+cfg.APIKey)
+	}
 	exited := make(chan *child, n)
 	var children []*child
 	defer func() { stopAll(children, cfg.StopTimeout) }()
 	for _, s := range specs {
-		c, err := startEngine(cfg.Executable, s, model, name, cfg.ExtraArgs, out, exited)
+		c, err := startEngine(cfg.Executable, s, model, name, cfg.ExtraArgs, env, out, exited)
 		if err != nil {
 			return err
 		}
@@ -180,6 +195,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Prefill:  prefillURLs,
 		Decode:   decodeURLs,
 		Fallback: true,
+		APIKey:   cfg.APIKey,
 		Logger:   slog.New(slog.NewTextHandler(newLineRelay("proxy", out), nil)),
 	})
 	if err != nil {
@@ -191,7 +207,7 @@ func Run(ctx context.Context, cfg Config) error {
 	proxyErr := make(chan error, 1)
 	go func() { proxyErr <- p.Serve(pctx, ln) }()
 
-	printEndpoint(cfg.Stdout, "http://"+ln.Addr().String(), name, cfg.Prefill, cfg.Decode, HasChatTemplate(model))
+	printEndpoint(cfg.Stdout, "http://"+ln.Addr().String(), name, cfg.Prefill, cfg.Decode, HasChatTemplate(model), cfg.APIKey != "")
 
 	var result error
 	select {
@@ -211,10 +227,10 @@ func Run(ctx context.Context, cfg Config) error {
 
 // startEngine starts one engine process with its cores, environment and log
 // relay, and reaps it in the background, sending it to exited when it ends.
-func startEngine(exe string, s EngineSpec, model, name string, extra []string, out *output, exited chan<- *child) (*child, error) {
+func startEngine(exe string, s EngineSpec, model, name string, extra, env []string, out *output, exited chan<- *child) (*child, error) {
 	logs := newLineRelay(s.Name, out)
 	cmd := exec.Command(exe, ServeArgs(s, model, name, extra)...)
-	cmd.Env = Env(s, os.Environ())
+	cmd.Env = append(Env(s, os.Environ()), env...)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		// Its own process group: a terminal's Ctrl-C reaches only tandem
@@ -294,13 +310,17 @@ func healthy(ctx context.Context, client *http.Client, base string) bool {
 // tests wait for it.
 const EndpointPrefix = "tandem up: serving "
 
-func printEndpoint(w io.Writer, url, name string, prefill, decode int, chat bool) {
+func printEndpoint(w io.Writer, url, name string, prefill, decode int, chat, apiKey bool) {
+	auth := ""
+	if apiKey {
+		auth = " -H \"Authorization: Bearer $" + openai.APIKeyEnv + "\""
+	}
 	fmt.Fprintf(w, "%s%s (%d prefill + %d decode, model %q)\n", EndpointPrefix, url, prefill, decode, name)
-	fmt.Fprintf(w, "Try:\n  curl -si %s/v1/completions -H 'Content-Type: application/json' \\\n"+
-		"    -d '{\"model\":%q,\"prompt\":\"Once upon a time\",\"max_tokens\":32}'\n", url, name)
+	fmt.Fprintf(w, "Try:\n  curl -si %s/v1/completions -H 'Content-Type: application/json'%s \\\n"+
+		"    -d '{\"model\":%q,\"prompt\":\"Once upon a time\",\"max_tokens\":32}'\n", url, auth, name)
 	if chat {
-		fmt.Fprintf(w, "  curl -si %s/v1/chat/completions -H 'Content-Type: application/json' \\\n"+
-			"    -d '{\"model\":%q,\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story.\"}],\"max_tokens\":32}'\n", url, name)
+		fmt.Fprintf(w, "  curl -si %s/v1/chat/completions -H 'Content-Type: application/json'%s \\\n"+
+			"    -d '{\"model\":%q,\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story.\"}],\"max_tokens\":32}'\n", url, auth, name)
 	}
 	fmt.Fprintf(w, "The x-tandem-pd response header says whether a request took the prefill/decode path.\n"+
 		"Health: %s/health  Metrics: %s/metrics  Stop: Ctrl-C\n", url, url)

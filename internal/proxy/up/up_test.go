@@ -278,11 +278,15 @@ func checkGone(t *testing.T, pids map[string]int) {
 
 // completion posts a completion to url and returns the x-tandem-pd header
 // and body.
-func completion(t *testing.T, url, model string) (string, string) {
+func completion(t *testing.T, url, model string, apiKey ...string) (string, string) {
 	t.Helper()
 	client := &http.Client{Timeout: 30 * time.Second}
-	resp, err := client.Post(url+"/v1/completions", "application/json",
-		strings.NewReader(`{"model":"`+model+`","prompt":"Once upon a time","max_tokens":8}`))
+	req, _ := http.NewRequest("POST", url+"/v1/completions", strings.NewReader(`{"model":"`+model+`","prompt":"Once upon a time","max_tokens":8}`))
+	req.Header.Set("Content-Type", "application/json")
+	for _, k := range apiKey {
+		req.Header.Set("Authorization", "Bearer "+k)
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
