@@ -7,24 +7,14 @@ import (
 	"io"
 	"log/slog"
 	"sync"
-	"time"
 
+	"github.com/tandem-serve/tandem/internal/clock"
 	"github.com/tandem-serve/tandem/internal/kvcache"
 	"github.com/tandem-serve/tandem/internal/metrics"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/sched"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
-
-// Clock tells the engine the time (for latency metrics and logs), so tests
-// can inject one.
-type Clock interface {
-	Now() time.Time
-}
-
-type realClock struct{}
-
-func (realClock) Now() time.Time { return time.Now() }
 
 // Config configures an Engine.
 type Config struct {
@@ -61,7 +51,7 @@ type Config struct {
 	Connector sched.Connector
 	KVWorker  KVWorker
 	Logger    *slog.Logger
-	Clock     Clock
+	Clock     clock.Clock
 }
 
 // Stats is a snapshot of the engine's load.
@@ -84,7 +74,7 @@ type Engine struct {
 	maxModelLen int
 	eos         []int32
 	log         *slog.Logger
-	clock       Clock
+	clock       clock.Clock
 	m           *metrics.Engine
 
 	in   inbox
@@ -129,7 +119,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = realClock{}
+		cfg.Clock = clock.System{}
 	}
 	layout := cfg.Model.KVLayout(cfg.BlockSize)
 	if dt, set, err := model.ParseKVDType(cfg.KVCacheDType); err != nil {
