@@ -2,7 +2,7 @@ package tensor
 
 import "golang.org/x/sys/cpu"
 
-//go:generate go run ./internal/asmgen -out kern_amd64.s -stubs kern_amd64_stubs.go -pkg tensor
+//go:generate go -C internal/asmgen run . -out ../../kern_amd64.s -stubs ../../kern_amd64_stubs.go -pkg tensor
 
 // archKernelSets returns the assembly kernel sets, best first, marking those
 // this CPU cannot run.
