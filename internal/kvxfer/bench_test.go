@@ -1,6 +1,7 @@
 package kvxfer
 
 import (
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -43,13 +44,17 @@ func BenchmarkPull(b *testing.B) {
 		})
 		for _, tr := range []Transport{TransportTCP, TransportShm} {
 			b.Run(fmt.Sprintf("blocks=%d/%s", n, tr), func(b *testing.B) {
-				benchPull(b, pool, tr, ids, 1)
+				benchPull(b, pool, tr, ids, 1, false)
 				report(b)
 			})
 		}
+		b.Run(fmt.Sprintf("blocks=%d/tcp-tls", n), func(b *testing.B) {
+			benchPull(b, pool, TransportTCP, ids, 1, true)
+			report(b)
+		})
 		if n == 256 {
 			b.Run(fmt.Sprintf("blocks=%d/tcp-2conns", n), func(b *testing.B) {
-				benchPull(b, pool, TransportTCP, ids, 2)
+				benchPull(b, pool, TransportTCP, ids, 2, false)
 				report(b)
 			})
 		}
@@ -58,10 +63,14 @@ func BenchmarkPull(b *testing.B) {
 
 // benchPull pulls ids per iteration, split over streams concurrent pulls
 // (each on its own pooled connection).
-func benchPull(b *testing.B, pool *testPool, tr Transport, ids []int, streams int) {
+func benchPull(b *testing.B, pool *testPool, tr Transport, ids []int, streams int, withTLS bool) {
+	var server, client *tls.Config
+	if withTLS {
+		server, client = testTLS(b)
+	}
 	pi := smollm
 	pi.EngineID = "bench-p"
-	prod, err := NewProducer(ProducerConfig{Local: pi, Memory: pool, Shm: pool.layout(), Logger: discardLogger()})
+	prod, err := NewProducer(ProducerConfig{Local: pi, Memory: pool, Shm: pool.layout(), Secret: testSecret, TLS: server, Logger: discardLogger()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -73,7 +82,7 @@ func benchPull(b *testing.B, pool *testPool, tr Transport, ids []int, streams in
 	defer prod.Close()
 	ci := smollm
 	ci.EngineID = "bench-d"
-	cons, err := NewConsumer(ConsumerConfig{Local: ci, Transport: tr, Logger: discardLogger()})
+	cons, err := NewConsumer(ConsumerConfig{Local: ci, Transport: tr, Secret: testSecret, TLS: client, Logger: discardLogger()})
 	if err != nil {
 		b.Fatal(err)
 	}
