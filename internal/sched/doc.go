@@ -1,7 +1,7 @@
 // Package sched is the engine's request scheduler, after vLLM v1's: FCFS
 // admission under a per-step token budget, chunked prefill mixed with decodes
 // in one step, preemption by recompute when KV blocks run out, prefix-cache
-// reuse through kvcache.Pool, and the scheduler half of a KV connector that
+// reuse through kvcache.Blocks, and the scheduler half of a KV connector that
 // lets a disaggregated prefill/decode transfer layer load a request's KV from
 // elsewhere or hold its blocks after it finishes.
 //
