@@ -6,8 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -23,6 +21,8 @@ import (
 
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tandem-serve/tandem/internal/clock"
 	"github.com/tandem-serve/tandem/internal/engine"

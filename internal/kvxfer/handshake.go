@@ -5,7 +5,6 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -183,10 +182,4 @@ func (c *Consumer) clientHandshake(ctx context.Context, cn *pconn) (Info, error)
 		return Info{}, fmt.Errorf("%w: HELLO_ACK: %w", ErrProtocol, err)
 	}
 	return info, nil
-}
-
-// isAuthFailure reports a handshake refused for authentication.
-func isAuthFailure(err error) bool {
-	var re *RemoteError
-	return errors.Is(err, ErrUnauthenticated) || errors.As(err, &re) && re.Code == CodeUnauthenticated
 }

@@ -58,12 +58,6 @@ func parseObject(b []byte) (*object, error) {
 // get returns the raw value of key, or nil when it is absent.
 func (o *object) get(key string) json.RawMessage { return o.vals[key] }
 
-// has reports whether key is present (even with a null value).
-func (o *object) has(key string) bool {
-	_, ok := o.vals[key]
-	return ok
-}
-
 // set replaces key's value in place, or appends key when it is absent.
 func (o *object) set(key string, raw json.RawMessage) {
 	if _, ok := o.vals[key]; !ok {
@@ -110,20 +104,6 @@ func (o *object) setFolded(key string, raw json.RawMessage) {
 			o.keys = append(o.keys, key)
 		}
 		o.vals[key] = raw
-	}
-}
-
-// del removes key if present.
-func (o *object) del(key string) {
-	if _, ok := o.vals[key]; !ok {
-		return
-	}
-	delete(o.vals, key)
-	for i, k := range o.keys {
-		if k == key {
-			o.keys = append(o.keys[:i:i], o.keys[i+1:]...)
-			break
-		}
 	}
 }
 
