@@ -92,3 +92,49 @@ func TestIdleAndSlowConnectionsCannotStarveRealPulls(t *testing.T) {
 		t.Error("the slow loris is still connected")
 	}
 }
+
+// TestBurstBeyondTheHandshakeSlotsIsRetried: a decode that opens more
+// connections at once than the producer lets one address handshake is
+// refused for some of them and retries, so every pull succeeds — in
+// plaintext (ERROR busy) and under TLS (a bare close).
+func TestBurstBeyondTheHandshakeSlotsIsRetried(t *testing.T) {
+	server, client := testTLS(t)
+	for _, withTLS := range []bool{false, true} {
+		name := map[bool]string{false: "tcp", true: "tls"}[withTLS]
+		t.Run(name, func(t *testing.T) {
+			r := newRig(t, rigOpts{transport: TransportTCP,
+				prodMut: func(pc *ProducerConfig) {
+					pc.MaxPendingPerHost = 2
+					if withTLS {
+						pc.TLS = server
+					}
+				},
+				consMut: func(cc *ConsumerConfig) {
+					if withTLS {
+						cc.TLS = client
+					}
+				}})
+			const n = 16
+			for i := range n {
+				r.hold(t, "burst-"+string(rune('a'+i)), i%r.pool.n)
+			}
+			// After the first (single-flight) handshake, each concurrent
+			// pull dials its own connection: n at once from one address.
+			var wg sync.WaitGroup
+			errs := make(chan error, n)
+			for i := range n {
+				wg.Go(func() {
+					dst := newLocalBlocks(1, tiny.BlockBytes)
+					errs <- r.cons.Pull(ctxT(t), r.params("burst-"+string(rune('a'+i)), i%r.pool.n), dst)
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Errorf("pull in a burst: %v", err)
+				}
+			}
+		})
+	}
+}

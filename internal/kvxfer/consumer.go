@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strconv"
@@ -644,6 +645,40 @@ func (c *Consumer) dialPeer(ctx context.Context, p *peerState, want *Info) (*pco
 
 // dialHello connects and exchanges HELLO / HELLO_ACK.
 func (c *Consumer) dialHello(ctx context.Context, p *peerState) (*pconn, Info, error) {
+	// A producer refuses new connections while its handshake slots are
+	// full (a burst of pulls from this decode, or a flood from elsewhere):
+	// retry with a short, jittered backoff until ctx ends.
+	backoff := 5 * time.Millisecond
+	for {
+		cn, info, err := c.dialHelloOnce(ctx, p)
+		if err == nil || !refusedBusy(err) || ctx.Err() != nil {
+			return cn, info, err
+		}
+		t := time.NewTimer(backoff/2 + rand.N(backoff))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, Info{}, err
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
+}
+
+// refusedBusy reports a connection the producer refused for lack of
+// handshake slots: an ERROR busy on accept, or, under TLS (where the
+// refusal is a bare close), a connection closed during the TLS handshake.
+func refusedBusy(err error) bool {
+	var re *RemoteError
+	if errors.As(err, &re) {
+		return re.Code == CodeBusy
+	}
+	return errors.Is(err, errTLSClosed)
+}
+
+var errTLSClosed = errors.New("connection closed during the TLS handshake")
+
+func (c *Consumer) dialHelloOnce(ctx context.Context, p *peerState) (*pconn, Info, error) {
 	nc, err := c.cfg.Dial(ctx, "tcp", p.addr)
 	if err != nil {
 		return nil, Info{}, fmt.Errorf("connect to the side channel of prefill engine %s at %s (is it running? are its --kv-host/--kv-port reachable from here?): %w", p.id, p.addr, err)
@@ -654,6 +689,9 @@ func (c *Consumer) dialHello(ctx context.Context, p *peerState) (*pconn, Info, e
 		tc := tls.Client(nc, cfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			nc.Close()
+			if isStale(err) && ctx.Err() == nil {
+				return nil, Info{}, fmt.Errorf("TLS handshake with prefill engine %s at %s: %w (%w)", p.id, p.addr, errTLSClosed, err)
+			}
 			return nil, Info{}, fmt.Errorf("%w: TLS handshake with prefill engine %s at %s: %w", ErrUnauthenticated, p.id, p.addr, err)
 		}
 		nc = tc

@@ -345,8 +345,12 @@ func remoteIP(c net.Conn) string {
 // without blocking, and the short deadline bounds the rare case it does
 // not, so a flood of refusals costs no goroutine each.
 func (p *Producer) refuse(c net.Conn, code ErrorCode, msg string) {
-	c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
-	c.Write(frame(msgError, 0, func(b []byte) []byte { return appendError(b, code, msg) }))
+	if p.cfg.TLS == nil {
+		// Under TLS a plaintext frame is unreadable: the refusal is the
+		// close itself.
+		c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+		c.Write(frame(msgError, 0, func(b []byte) []byte { return appendError(b, code, msg) }))
+	}
 	c.Close()
 }
 

@@ -419,7 +419,7 @@ func TestReadOfBlockOutsideTheRequestIsRefused(t *testing.T) {
 }
 
 func TestConnectionLimit(t *testing.T) {
-	r := newRig(t, rigOpts{prodMut: func(pc *ProducerConfig) { pc.MaxConns = 1 }})
+	r := newRig(t, rigOpts{prodMut: func(pc *ProducerConfig) { pc.MaxConns = 1 }, consMut: func(cc *ConsumerConfig) { cc.DialTimeout = 300 * time.Millisecond }})
 	c1, err := net.Dial("tcp", r.ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
