@@ -111,7 +111,19 @@ type RemoteParams struct {
 	Host      string
 	Port      int
 	BlockIDs  []int
+	// Generation, if non-zero, is the producer's registration generation
+	// the params were issued under (Info.Generation): another generation
+	// means the memory they name is gone.
+	Generation uint64
+	// Deadline, if set, is when the producer stops holding the blocks, in
+	// the producer's clock (a decode's conversation hold). A pull that
+	// would land within ExpiryMargin of it is declined with ErrExpired.
+	Deadline time.Time
 }
+
+// ExpiryMargin is how close to a producer's stated deadline a pull is still
+// attempted (vLLM's _KV_BLOCKS_EXPIRY_SAFETY_MARGIN).
+const ExpiryMargin = 5 * time.Second
 
 // Peer returns the producer part of r.
 func (r RemoteParams) Peer() Peer { return Peer{EngineID: r.EngineID, Host: r.Host, Port: r.Port} }
@@ -148,8 +160,12 @@ type peerState struct {
 	id   string
 	addr string
 
-	mu          sync.Mutex
-	info        *Info // nil until a handshake succeeded
+	mu   sync.Mutex
+	info *Info // nil until a handshake succeeded
+	// clockOffset is the producer's clock minus ours, measured over the
+	// handshake with the lowest round trip so far (clockRTT).
+	clockOffset time.Duration
+	clockRTT    time.Duration
 	handshaking bool
 	idle        []*pconn
 	checkedOut  int
@@ -281,7 +297,19 @@ func (c *Consumer) pull(ctx context.Context, r RemoteParams, dst [][]byte) error
 	err := c.withConn(ctx, r.Peer(), func(p *peerState, cn *pconn) error {
 		p.mu.Lock()
 		m := p.shm
+		gen, offset := p.info.Generation, p.clockOffset
 		p.mu.Unlock()
+		if r.Generation != 0 && gen != r.Generation {
+			c.dropPeer(p, "params name another registration generation")
+			return fmt.Errorf("%w: prefill engine %s at %s registered its KV memory anew (generation %d, params issued under %d): the KV they name is gone", ErrPeerRestarted, r.EngineID, r.Peer().Addr(), gen, r.Generation)
+		}
+		if !r.Deadline.IsZero() {
+			// The deadline is in the producer's clock: offset = theirs - ours.
+			local := r.Deadline.Add(-offset)
+			if left := time.Until(local); left < ExpiryMargin {
+				return fmt.Errorf("%w: the KV of request %q on engine %s is held for %v more (its clock is %v ahead), under the %v safety margin", ErrExpired, r.RequestID, r.EngineID, left.Round(time.Millisecond), offset.Round(time.Millisecond), ExpiryMargin)
+			}
+		}
 		if m != nil {
 			return c.pullShm(ctx, m, cn, r, dst)
 		}
@@ -296,7 +324,7 @@ func (c *Consumer) pull(ctx context.Context, r RemoteParams, dst [][]byte) error
 				"remote_engine_id", r.EngineID, "remote_request_id", r.RequestID, "err", derr)
 		}
 		return nil
-	case errors.Is(err, ErrNotHeld), errors.Is(err, ErrIncompatible), errors.Is(err, ErrPeerRestarted), errors.Is(err, ErrClosed):
+	case errors.Is(err, ErrNotHeld), errors.Is(err, ErrIncompatible), errors.Is(err, ErrPeerRestarted), errors.Is(err, ErrClosed), errors.Is(err, ErrExpired):
 		// Nothing to free, or nobody to tell.
 	default:
 		// The request will not be pulled again: let the producer free its
@@ -709,6 +737,15 @@ func (c *Consumer) dialHelloOnce(ctx context.Context, p *peerState) (*pconn, Inf
 	if err != nil {
 		c.closeConn(cn)
 		return nil, Info{}, fmt.Errorf("handshake with prefill engine %s at %s: %w", p.id, p.addr, err)
+	}
+	if cs := cn.clock; cs.ok {
+		// Keep the estimate of the fastest round trip: its midpoint is
+		// the tightest bound on when the producer read its clock.
+		p.mu.Lock()
+		if p.clockRTT == 0 || cs.rtt < p.clockRTT {
+			p.clockOffset, p.clockRTT = cs.offset, max(cs.rtt, 1)
+		}
+		p.mu.Unlock()
 	}
 	return cn, info, nil
 }

@@ -21,6 +21,9 @@ var (
 	ErrGenerationChanged = errors.New("generation changed during read")
 	// ErrProtocol: the peer broke the wire protocol.
 	ErrProtocol = errors.New("kv side-channel protocol violation")
+	// ErrExpired: the producer's hold ends too soon to pull (the deadline
+	// it stated, within ExpiryMargin); the pull was not attempted.
+	ErrExpired = errors.New("kv hold expires too soon to pull")
 	// ErrClosed: the Consumer was closed.
 	ErrClosed = errors.New("kv transfer consumer is closed")
 )
@@ -59,6 +62,8 @@ func FailureReason(err error) string {
 		return "canceled"
 	case errors.Is(err, ErrUnauthenticated):
 		return "unauthenticated"
+	case errors.Is(err, ErrExpired):
+		return "expired"
 	case errors.Is(err, ErrIncompatible):
 		return "incompatible"
 	case errors.Is(err, ErrPeerRestarted):

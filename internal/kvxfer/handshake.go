@@ -116,7 +116,9 @@ func (s *srvConn) authenticate() error {
 		return err
 	}
 	s.remote = in.EngineID
-	info := appendInfo(nil, &p.info)
+	now := p.info
+	now.Clock = time.Now()
+	info := appendInfo(nil, &now)
 	if err := s.send(frame(msgHelloAck, h.Corr, func(b []byte) []byte {
 		b = append(b, info...)
 		return append(b, handshakeMAC(key, "info", nd, np, info)...)
@@ -127,8 +129,17 @@ func (s *srvConn) authenticate() error {
 	return nil
 }
 
+// clockSample is one estimate of a peer's clock offset: the producer's
+// clock minus the midpoint of the AUTH → HELLO_ACK round trip, and that
+// round trip.
+type clockSample struct {
+	offset, rtt time.Duration
+	ok          bool
+}
+
 // clientHandshake runs the consumer's side of the handshake on a fresh
-// connection and returns the producer's Info.
+// connection and returns the producer's Info (its Clock moved into
+// cn.clock as a sample).
 func (c *Consumer) clientHandshake(ctx context.Context, cn *pconn) (Info, error) {
 	stop := context.AfterFunc(ctx, cn.cancel)
 	defer stop()
@@ -157,6 +168,7 @@ func (c *Consumer) clientHandshake(ctx context.Context, cn *pconn) (Info, error)
 		return Info{}, fmt.Errorf("%w: the peer did not prove it knows this engine's KV secret (not a prefill engine of this cluster, or started with another --kv-secret-file)", ErrUnauthenticated)
 	}
 	local := appendInfo(nil, &c.cfg.Local)
+	sent := time.Now()
 	if _, err := cn.Write(frame(msgAuth, corr, func(b []byte) []byte {
 		b = append(b, handshakeMAC(key, "consumer", nd, np, nil)...)
 		return append(b, local...)
@@ -167,6 +179,7 @@ func (c *Consumer) clientHandshake(ctx context.Context, cn *pconn) (Info, error)
 	if err != nil {
 		return Info{}, err
 	}
+	got := time.Now()
 	if len(payload) < macSize {
 		cn.broken = true
 		return Info{}, fmt.Errorf("%w: HELLO_ACK carries %d bytes", ErrProtocol, len(payload))
@@ -181,5 +194,10 @@ func (c *Consumer) clientHandshake(ctx context.Context, cn *pconn) (Info, error)
 		cn.broken = true
 		return Info{}, fmt.Errorf("%w: HELLO_ACK: %w", ErrProtocol, err)
 	}
+	if !info.Clock.IsZero() {
+		rtt := got.Sub(sent)
+		cn.clock = clockSample{offset: info.Clock.Sub(sent.Add(rtt / 2)), rtt: rtt, ok: true}
+	}
+	info.Clock = time.Time{}
 	return info, nil
 }

@@ -27,6 +27,9 @@ const (
 	ReleasedDone ReleaseReason = iota + 1
 	// ReleasedExpired: the lease ran out with no DONE.
 	ReleasedExpired
+	// ReleasedEvicted: a conversation hold (non-renewable) was given up
+	// so that new requests get blocks (Producer.Evict).
+	ReleasedEvicted
 )
 
 func (r ReleaseReason) String() string {
@@ -35,6 +38,8 @@ func (r ReleaseReason) String() string {
 		return "done"
 	case ReleasedExpired:
 		return "expired"
+	case ReleasedEvicted:
+		return "evicted"
 	}
 	return fmt.Sprintf("ReleaseReason(%d)", uint8(r))
 }
@@ -61,10 +66,14 @@ var ErrBadBlock = errors.New("block is not part of the held request")
 var ErrDuplicateHold = errors.New("request is already held")
 
 type lease struct {
-	blocks  []int
-	gens    []uint64 // generation of blocks[i] when the lease was taken
-	index   map[int]int
-	expiry  time.Time
+	blocks []int
+	gens   []uint64 // generation of blocks[i] when the lease was taken
+	index  map[int]int
+	expiry time.Time
+	since  time.Time // when the hold started (eviction takes the oldest first)
+	// fixed: heartbeats do not extend it (a decode's conversation hold:
+	// turn 2 is client-driven, vLLM's decoder_kv_blocks_ttl).
+	fixed   bool
 	readers int           // READs in flight; expiry and release wait for them
 	pending ReleaseReason // release requested while readers > 0
 }
@@ -98,6 +107,11 @@ func newLeaseTable(engineID string, d time.Duration) *leaseTable {
 
 // hold starts a lease of the table's duration on blocks for reqID.
 func (t *leaseTable) hold(reqID string, blocks []int, gens []uint64, now time.Time) error {
+	return t.holdFor(reqID, blocks, gens, now, t.lease, false)
+}
+
+// holdFor starts a lease of duration d; a fixed one ignores heartbeats.
+func (t *leaseTable) holdFor(reqID string, blocks []int, gens []uint64, now time.Time, d time.Duration, fixed bool) error {
 	if _, ok := t.held[reqID]; ok {
 		return fmt.Errorf("hold request %q: %w (release it before holding it again)", reqID, ErrDuplicateHold)
 	}
@@ -105,7 +119,9 @@ func (t *leaseTable) hold(reqID string, blocks []int, gens []uint64, now time.Ti
 		blocks: slices.Clone(blocks),
 		gens:   slices.Clone(gens),
 		index:  make(map[int]int, len(blocks)),
-		expiry: now.Add(t.lease),
+		expiry: now.Add(d),
+		since:  now,
+		fixed:  fixed,
 	}
 	for i, b := range blocks {
 		l.index[b] = i
@@ -126,7 +142,7 @@ func (t *leaseTable) heartbeat(ids []string, now time.Time) (notHeld []string) {
 			notHeld = append(notHeld, id)
 			continue
 		}
-		if ext.After(l.expiry) {
+		if !l.fixed && ext.After(l.expiry) {
 			l.expiry = ext
 		}
 	}
@@ -141,6 +157,29 @@ func (t *leaseTable) done(reqID string, now time.Time) error {
 	}
 	t.release(reqID, l, ReleasedDone, now)
 	return nil
+}
+
+// evict releases the oldest fixed holds not being read until at least want
+// blocks are queued for release (or none is left), and returns how many
+// blocks it released.
+func (t *leaseTable) evict(want int, now time.Time) int {
+	var cands []string
+	for id, l := range t.held {
+		if l.fixed && l.pending == 0 && l.readers == 0 {
+			cands = append(cands, id)
+		}
+	}
+	slices.SortFunc(cands, func(a, b string) int { return t.held[a].since.Compare(t.held[b].since) })
+	n := 0
+	for _, id := range cands {
+		if n >= want {
+			break
+		}
+		l := t.held[id]
+		n += len(l.blocks)
+		t.release(id, l, ReleasedEvicted, now)
+	}
+	return n
 }
 
 // sweep expires every lease whose expiry is not after now, skipping leases

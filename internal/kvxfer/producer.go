@@ -1,7 +1,9 @@
 package kvxfer
 
 import (
+	"crypto/rand"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -166,6 +168,7 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	info.Host = LocalHost()
 	info.Lease = cfg.Lease
 	info.Pid = os.Getpid()
+	info.Generation = registrationGeneration()
 	info.Shm = ShmLayout{}
 	if info.BlockBytes <= 0 || info.BlockBytes > 1<<31 {
 		return nil, fmt.Errorf("kvxfer: block size of %d bytes is out of range", info.BlockBytes)
@@ -195,6 +198,12 @@ func (p *Producer) Info() Info { return p.info }
 // step loop calls it when a request with do_remote_decode finishes; the
 // blocks stay allocated until a Release for reqID comes out of TakeReleased.
 func (p *Producer) Hold(reqID string, blocks []int, now time.Time) error {
+	return p.HoldFor(reqID, blocks, now, p.cfg.Lease, false)
+}
+
+// HoldFor is Hold with a lease of d; with fixed, heartbeats do not extend
+// it and Evict may end it early (a decode engine's conversation hold).
+func (p *Producer) HoldFor(reqID string, blocks []int, now time.Time, d time.Duration, fixed bool) error {
 	gens := make([]uint64, len(blocks))
 	n := p.mem.NumBlocks()
 	for i, b := range blocks {
@@ -205,11 +214,26 @@ func (p *Producer) Hold(reqID string, blocks []int, now time.Time) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err := p.leases.hold(reqID, blocks, gens, now); err != nil {
+	if err := p.leases.holdFor(reqID, blocks, gens, now, d, fixed); err != nil {
 		return err
 	}
 	p.gaugeLocked()
 	return nil
+}
+
+// Evict gives up the oldest fixed holds until at least want blocks are
+// queued for release, for an engine whose new requests lack blocks, and
+// returns how many blocks it freed that way. Leases for a waiting decode
+// leg (not fixed) are never evicted.
+func (p *Producer) Evict(want int, now time.Time) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := p.leases.evict(want, now)
+	if n > 0 {
+		p.log.Info("gave up conversation KV holds to make room for new requests", "blocks", n)
+	}
+	p.gaugeLocked()
+	return n
 }
 
 // Sweep expires every lease that ran out by now (a full sweep; leases with
@@ -692,4 +716,12 @@ func checkLayout(l ShmLayout, fileSize int64, blockBytes, numBlocks int) error {
 		return fmt.Errorf("pool file %s (%d bytes) cannot hold %d blocks of %d bytes at offset %d and their generations at offset %d", l.Path, l.Size, numBlocks, blockBytes, l.BlocksOffset, l.GenerationsOffset)
 	}
 	return nil
+}
+
+// registrationGeneration is a fresh random value per producer: the KV
+// memory a process registers is new each time it starts.
+func registrationGeneration() uint64 {
+	var b [8]byte
+	rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) | 1
 }

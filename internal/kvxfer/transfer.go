@@ -29,6 +29,8 @@ type pconn struct {
 	// progress: a response byte arrived since the connection was taken
 	// from the pool (a retry would not be safe to call stale).
 	progress bool
+	// clock is the clock sample taken during the handshake.
+	clock clockSample
 }
 
 // setDeadline sets the read and write deadline d from now, unless the

@@ -297,6 +297,16 @@ type Info struct {
 	// decode maps the pool only through /proc/<Pid>/fd, so it can only
 	// map a file the authenticated producer's process holds.
 	Pid int
+	// Generation changes whenever the producer's KV memory registration
+	// does (a new process, even one reusing an engine id): params carrying
+	// another generation name memory that is gone (vLLM's
+	// remote_registration_generation).
+	Generation uint64
+	// Clock is the producer's wall clock when it sent HELLO_ACK (zero
+	// from a consumer, and in the Info a consumer keeps): the consumer
+	// estimates the clock offset from it, to judge deadlines stated in the
+	// producer's clock.
+	Clock time.Time
 }
 
 // HostIdentity identifies a machine. Two engines are on the same host when
@@ -342,6 +352,12 @@ func appendInfo(b []byte, in *Info) []byte {
 	b = appendU64(b, in.Shm.Dev)
 	b = appendU64(b, in.Shm.Inode)
 	b = appendU32(b, uint32(in.Pid))
+	b = appendU64(b, in.Generation)
+	var clk uint64
+	if !in.Clock.IsZero() {
+		clk = uint64(in.Clock.UnixNano())
+	}
+	b = appendU64(b, clk)
 	return b
 }
 
@@ -369,6 +385,10 @@ func decodeInfo(p []byte) (Info, error) {
 	in.Shm.Dev = d.u64("shm dev")
 	in.Shm.Inode = d.u64("shm inode")
 	in.Pid = int(d.u32("pid"))
+	in.Generation = d.u64("generation")
+	if clk := d.u64("clock"); clk != 0 && clk <= math.MaxInt64 {
+		in.Clock = time.Unix(0, int64(clk))
+	}
 	if d.err != nil {
 		return Info{}, d.err
 	}
