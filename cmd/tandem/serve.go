@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -56,19 +57,26 @@ type serveConfig struct {
 	LogLevel        slog.Level
 	APIKey          string // --api-key, else $TANDEM_API_KEY; never logged
 
+	ChatTemplate             string // --chat-template: a file or the template itself
+	TrustRequestChatTemplate bool
+	chatTemplate             string // the template text, loaded by validate
+
 	// Disaggregated prefill/decode (see internal/kvconnector and internal/kvxfer).
-	Role                string
-	KVHost              string
-	KVPort              int
-	EngineID            string
-	KVLease             time.Duration
-	KVTransport         string
-	KVLoadFailurePolicy string
-	KVSecretFile        string
-	KVPeers             string
-	KVTLSCert           string
-	KVTLSKey            string
-	KVTLSCA             string
+	Role                 string
+	KVHost               string
+	KVPort               int
+	EngineID             string
+	KVLease              time.Duration
+	KVTransport          string
+	KVLoadFailurePolicy  string
+	KVBidirectional      bool
+	KVDecodeHoldTTL      time.Duration
+	KVRecomputeThreshold int
+	KVSecretFile         string
+	KVPeers              string
+	KVTLSCert            string
+	KVTLSKey             string
+	KVTLSCA              string
 
 	// Loaded by validate from the flags above.
 	kvSecret                 kvxfer.Secret
@@ -95,6 +103,8 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.Var(&c.MaxRequestBody, "max-request-body", "largest request body accepted; larger ones get 413")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may run before they are aborted")
 	fs.TextVar(&c.LogLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
+	fs.StringVar(&c.ChatTemplate, "chat-template", "", "Jinja chat template for /v1/chat/completions, in place of the model's: a file, or the template text itself (as vLLM's --chat-template); lets a model without a template serve chat")
+	fs.BoolVar(&c.TrustRequestChatTemplate, "trust-request-chat-template", false, "render a chat request's own chat_template field (a template is code the server runs; without this flag such requests get a 400, as in vLLM)")
 	fs.StringVar(&c.APIKey, "api-key", "", "require Authorization: Bearer <key> on every path but /health and /metrics (default: $"+openai.APIKeyEnv+"; the environment keeps the key out of ps)")
 
 	fs.StringVar(&c.Role, "role", string(kvconnector.RoleBoth), "prefill (serve do_remote_decode requests and hold their KV for a decode engine), decode (pull a prefill's KV for do_remote_prefill requests) or both; every role also serves plain requests")
@@ -103,6 +113,9 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.EngineID, "engine-id", "", "this engine's id in kv_transfer_params (default: a fresh UUID per process)")
 	fs.DurationVar(&c.KVLease, "kv-lease", kvxfer.DefaultLease, "how long a prefill holds KV that no decode engine has read; heartbeats from a queued decode extend it")
 	fs.StringVar(&c.KVTransport, "kv-transport", string(kvxfer.TransportAuto), "how a decode pulls KV: auto (shared memory with a prefill on this host, else TCP), tcp or shm")
+	fs.BoolVar(&c.KVBidirectional, "kv-bidirectional", false, "multi-turn KV reuse (vLLM's bidirectional_kv_xfer; set it on prefill and decode engines): a decode holds a finished conversation's KV and returns params naming it, and a prefill given them pulls the history instead of computing it")
+	fs.DurationVar(&c.KVDecodeHoldTTL, "kv-decode-hold-ttl", kvconnector.DefaultDecodeHoldTTL, "with --kv-bidirectional, how long a decode holds a conversation's KV for its next turn (not extended by heartbeats; released earlier when the prefill pulled it or new requests need the blocks)")
+	fs.IntVar(&c.KVRecomputeThreshold, "kv-recompute-threshold", kvconnector.DefaultRecomputeThreshold, "with --kv-bidirectional, a prefill computes a history shorter than this many tokens instead of pulling it")
 	fs.StringVar(&c.KVSecretFile, "kv-secret-file", "", "file holding the cluster's KV secret (≥16 bytes; default $"+kvxfer.SecretEnv+"): prefill engines sign the kv_transfer_params they return, decode engines accept only signed ones, and the side channel authenticates both ends with it; every engine of a deployment needs the same one")
 	fs.StringVar(&c.KVPeers, "kv-peers", "", "side-channel address allowlist, comma-separated CIDRs, IPs, host:port, loopback or any: the peers a decode dials and a prefill accepts (default without a secret: loopback; with one: any address, as the params are signed)")
 	fs.StringVar(&c.KVTLSCert, "kv-tls-cert", "", "PEM certificate for mutual TLS on the KV side channel (with --kv-tls-key and --kv-tls-ca)")
@@ -157,6 +170,11 @@ func (c *serveConfig) validate() error {
 		return fmt.Errorf("--kv-load-failure-policy %q: use fail or recompute", c.KVLoadFailurePolicy)
 	}
 	var err error
+	if c.ChatTemplate != "" {
+		if c.chatTemplate, err = openai.LoadChatTemplate(c.ChatTemplate); err != nil {
+			return fmt.Errorf("--chat-template: %w", err)
+		}
+	}
 	if c.kvSecret, err = kvxfer.LoadSecret(c.KVSecretFile); err != nil {
 		return err
 	}
@@ -248,19 +266,22 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 	}
 	met := metrics.NewEngine(cfg.ServedModelName)
 	conn, err := kvconnector.NewConnector(kvconnector.ConnectorConfig{
-		Role:             kvconnector.Role(cfg.Role),
-		EngineID:         cfg.EngineID,
-		ModelFingerprint: m.Fingerprint(),
-		Host:             cfg.KVHost,
-		Port:             cfg.KVPort,
-		Lease:            cfg.KVLease,
-		Transport:        kvxfer.Transport(cfg.KVTransport),
-		Secret:           cfg.kvSecret,
-		Peers:            cfg.kvPeers,
-		TLSServer:        cfg.kvTLSServer,
-		TLSClient:        cfg.kvTLSClient,
-		Metrics:          met,
-		Logger:           log,
+		Role:               kvconnector.Role(cfg.Role),
+		EngineID:           cfg.EngineID,
+		ModelFingerprint:   m.Fingerprint(),
+		Host:               cfg.KVHost,
+		Port:               cfg.KVPort,
+		Lease:              cfg.KVLease,
+		Transport:          kvxfer.Transport(cfg.KVTransport),
+		Bidirectional:      cfg.KVBidirectional,
+		DecodeHoldTTL:      cfg.KVDecodeHoldTTL,
+		RecomputeThreshold: cmp.Or(max(cfg.KVRecomputeThreshold, 0), -1), // 0: always pull
+		Secret:             cfg.kvSecret,
+		Peers:              cfg.kvPeers,
+		TLSServer:          cfg.kvTLSServer,
+		TLSClient:          cfg.kvTLSClient,
+		Metrics:            met,
+		Logger:             log,
 	})
 	if err != nil {
 		return err
@@ -289,19 +310,28 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 	if err := conn.Start(eng); err != nil {
 		return errors.Join(err, eng.Shutdown(context.Background()))
 	}
+	chat, err := openai.ChatTemplateFor(tok, cfg.chatTemplate)
+	if err != nil {
+		return errors.Join(fmt.Errorf("--chat-template: %w", err), eng.Shutdown(context.Background()))
+	}
+	var requestChat func(string) (openai.ChatTemplate, error)
+	if cfg.TrustRequestChatTemplate {
+		requestChat = openai.RequestChatTemplates(tok)
+	}
 	api, err := openai.NewServer(openai.Config{
-		Backend:      eng,
-		Tokenizer:    tok,
-		ChatTemplate: openai.ChatTemplateOf(tok),
-		ModelName:    cfg.ServedModelName,
-		ModelRoot:    cfg.Model,
-		Defaults:     defaultsOf(m.GenerationConfig()),
-		Metrics:      met.Handler(),
-		Version:      version(),
-		MaxBodyBytes: int64(cfg.MaxRequestBody),
-		Logger:       log,
-		APIKey:       cfg.APIKey,
-		KVReleaser:   conn, // POST /tandem/kv/release: frees a prefill's KV for a proxy whose decode leg never started
+		Backend:             eng,
+		Tokenizer:           tok,
+		ChatTemplate:        chat,
+		RequestChatTemplate: requestChat,
+		ModelName:           cfg.ServedModelName,
+		ModelRoot:           cfg.Model,
+		Defaults:            defaultsOf(m.GenerationConfig()),
+		Metrics:             met.Handler(),
+		Version:             version(),
+		MaxBodyBytes:        int64(cfg.MaxRequestBody),
+		Logger:              log,
+		APIKey:              cfg.APIKey,
+		KVReleaser:          conn, // POST /tandem/kv/release: frees a prefill's KV for a proxy whose decode leg never started
 	})
 	if err != nil {
 		return errors.Join(err, eng.Shutdown(context.Background()))

@@ -10,6 +10,8 @@ type KVCompletions struct {
 	// LoadErrors says, by request id, why a load in FinishedRecving failed;
 	// a request the fail policy ends carries it in its error.
 	LoadErrors map[string]string
+
+	checked bool // already through checkLoads (a delayed load reported again)
 }
 
 func (c KVCompletions) empty() bool {
@@ -26,6 +28,17 @@ type KVWorker interface {
 	// Completions that happen while the engine is idle are reported with
 	// Engine.ReportKV instead, which wakes the loop.
 	Step(meta any) (KVCompletions, error)
+}
+
+// MemoryReliever is implemented by a KVWorker that holds blocks it may give
+// up early (a decode's conversation holds for the next turn). The step loop
+// calls it, on the loop, when requests lack blocks: when the scheduler
+// preempted a request, or can admit nothing while requests wait. It
+// releases holds worth at least want blocks if it has them and returns the
+// released requests as FinishedSending; new requests win over kept
+// conversations.
+type MemoryReliever interface {
+	RelieveMemory(want int) KVCompletions
 }
 
 // KVRequestChecker is implemented by a KV connector (Config.Connector) that
@@ -63,6 +76,7 @@ func (e *Engine) ReportKV(c KVCompletions) {
 
 // kvCompletions hands a KV connector's completions to the scheduler.
 func (e *Engine) kvCompletions(c KVCompletions) {
+	c = e.checkLoads(c)
 	for id, why := range c.LoadErrors {
 		e.sched.NoteLoadError(id, why)
 	}

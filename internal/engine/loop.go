@@ -64,6 +64,9 @@ func (e *Engine) run() {
 		// the loop sleeps until a message (a request, an abort, a KV report
 		// that frees or fills blocks, shutdown) might let one progress.
 		if !e.sched.HasWork() {
+			if e.sched.ShortOfBlocks() && e.relieveMemory() {
+				continue
+			}
 			e.publishStats()
 			<-e.in.wake
 			continue
@@ -101,6 +104,21 @@ func (e *Engine) handle(m any) {
 	}
 }
 
+// relieveMemory asks the KV worker to give up holds it may release so that
+// waiting or preempted requests get blocks, and reports whether it did.
+func (e *Engine) relieveMemory() bool {
+	r, ok := e.cfg.KVWorker.(MemoryReliever)
+	if !ok {
+		return false
+	}
+	c := r.RelieveMemory(max(1, e.pool.NumBlocks()/8))
+	if c.empty() {
+		return false
+	}
+	e.kvCompletions(c)
+	return true
+}
+
 // step runs one schedule → connector → model → sample → update round.
 func (e *Engine) step() {
 	out := e.sched.Schedule()
@@ -118,6 +136,9 @@ func (e *Engine) step() {
 	if e.m != nil {
 		e.m.NumPreemptions.Add(float64(len(out.Preempted)))
 	}
+	if len(out.Preempted) > 0 || e.sched.ShortOfBlocks() {
+		e.relieveMemory()
+	}
 
 	// Requests a failed synchronous load just voided stay out of the batch.
 	batch := out.Scheduled[:0:0]
@@ -132,7 +153,7 @@ func (e *Engine) step() {
 				e.m.QueueTime.Observe(now.Sub(rs.arrival).Seconds())
 			}
 		}
-		seq := model.Seq{Tokens: sc.Tokens, Pos: sc.Pos, Blocks: sc.Blocks}
+		seq := model.Seq{Tokens: sc.Tokens, Pos: sc.Pos, Blocks: sc.Blocks, Prompt: sc.Req.Prompt, Output: sc.Req.Output()}
 		if sc.Sample {
 			seq.Logits = []int{len(sc.Tokens) - 1}
 		}
@@ -143,6 +164,9 @@ func (e *Engine) step() {
 	if len(batch) > 0 {
 		logits, err := e.model.Forward(e.seqs, e.pool.Data(), e.layout)
 		now = e.clock.Now()
+		if b, l, partial := e.failSeqs(batch, logits, err); partial {
+			batch, logits, err = b, l, nil
+		}
 		if err != nil {
 			e.log.Error("model forward failed", "err", err, "batch", len(batch))
 			for _, sc := range batch {

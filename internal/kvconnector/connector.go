@@ -54,6 +54,20 @@ type ConnectorConfig struct {
 	// TLSServer and TLSClient, if set (kvxfer.TLSConfigs), wrap the side
 	// channel in mutual TLS.
 	TLSServer, TLSClient *tls.Config
+	// Bidirectional turns on multi-turn KV reuse (vLLM's
+	// bidirectional_kv_xfer; must be on in prefill and decode engines): a
+	// decode leg that finishes normally holds its conversation's KV for
+	// DecodeHoldTTL and returns params naming it, and a prefill given such
+	// params pulls the history instead of computing it. Every role then
+	// runs both a side channel and a consumer.
+	Bidirectional bool
+	// DecodeHoldTTL is how long a decode holds a conversation for its next
+	// turn (DefaultDecodeHoldTTL); heartbeats do not extend it.
+	DecodeHoldTTL time.Duration
+	// RecomputeThreshold: a turn-2 prefill computes a history shorter than
+	// this many tokens (beyond its local prefix hit) instead of pulling it
+	// (DefaultRecomputeThreshold; negative means always pull).
+	RecomputeThreshold int
 	// SweepInterval is how often idle leases are checked for expiry
 	// (default Lease/30, between 10 ms and 1 s).
 	SweepInterval time.Duration
@@ -132,8 +146,14 @@ const (
 // connReq is the connector's state for one request with kv params.
 type connReq struct {
 	remoteDecode bool
-	remote       *kvxfer.RemoteParams // remote prefill: where the KV is
+	remote       *kvxfer.RemoteParams // where KV to pull is
 	phase        phase
+	// history: remote is a decode's conversation hold (turn 2 on a
+	// prefill), of which pullable tokens are this prompt's prefix;
+	// recompute says why not all of it, if so.
+	history   bool
+	pullable  int
+	recompute string
 }
 
 // pullJob is one pull the worker half starts.
@@ -158,6 +178,13 @@ type connMeta struct {
 }
 
 func (m *connMeta) empty() bool { return len(m.pulls)+len(m.notifies)+len(m.cancels) == 0 }
+
+// Defaults of ConnectorConfig's multi-turn settings (vLLM's
+// decoder_kv_blocks_ttl and kv_recompute_threshold).
+const (
+	DefaultDecodeHoldTTL      = 480 * time.Second
+	DefaultRecomputeThreshold = 64
+)
 
 // NewConnector validates cfg. Start attaches it to its engine.
 func NewConnector(cfg ConnectorConfig) (*Connector, error) {
@@ -184,6 +211,15 @@ func NewConnector(cfg ConnectorConfig) (*Connector, error) {
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.System{}
+	}
+	if cfg.DecodeHoldTTL <= 0 {
+		cfg.DecodeHoldTTL = DefaultDecodeHoldTTL
+	}
+	switch {
+	case cfg.RecomputeThreshold == 0:
+		cfg.RecomputeThreshold = DefaultRecomputeThreshold
+	case cfg.RecomputeThreshold < 0:
+		cfg.RecomputeThreshold = 0
 	}
 	if cfg.Peers == nil && !cfg.Secret.IsSet() {
 		cfg.Peers, _ = kvxfer.ParsePeers(kvxfer.DefaultPeers)
@@ -227,7 +263,7 @@ func (c *Connector) Start(e *engine.Engine) error {
 		BlockBytes:       l.BlockBytes(),
 		NumBlocks:        c.pool.NumBlocks(),
 	}
-	if c.cfg.Role.prefills() {
+	if c.cfg.Role.prefills() || c.cfg.Bidirectional {
 		blocksOff, gensOff := c.pool.FileOffsets()
 		var shm *kvxfer.ShmLayout
 		if c.pool.Sealed() {
@@ -265,7 +301,7 @@ func (c *Connector) Start(e *engine.Engine) error {
 		}()
 		go c.sweepLoop()
 	}
-	if c.cfg.Role.decodes() {
+	if c.cfg.Role.decodes() || c.cfg.Bidirectional {
 		cons, err := kvxfer.NewConsumer(kvxfer.ConsumerConfig{
 			Local:             local,
 			Transport:         c.cfg.Transport,
@@ -330,24 +366,26 @@ func (c *Connector) CheckKVTransfer(kv map[string]any, promptLen int) (int, erro
 	if !c.started {
 		return 0, errors.New("kvxfer: connector not started: call Start before submitting requests")
 	}
-	k, err := parseKV(kv, promptLen, c.blockSize)
+	k, err := parseKV(kv, promptLen, c.blockSize, c.cfg.Bidirectional)
 	if err != nil {
 		return 0, err
 	}
 	switch {
 	case k.remoteDecode && !c.cfg.Role.prefills():
 		return 0, invalid("do_remote_decode asks this engine to prefill for a remote decode, but it runs with --role %s: send the prefill leg to an engine started with --role prefill or --role both", c.cfg.Role)
-	case k.remote != nil && !c.cfg.Role.decodes():
+	case k.remote != nil && !k.remoteDecode && !c.cfg.Role.decodes():
 		return 0, invalid("do_remote_prefill asks this engine to decode with KV pulled from a prefill engine, but it runs with --role %s: send the decode leg to an engine started with --role decode or --role both", c.cfg.Role)
-	case k.remoteDecode:
-		return 1, nil
-	case k.remote != nil:
-		if err := c.authorize(k, promptLen); err != nil {
+	}
+	if k.remote != nil {
+		if err := c.authorize(k); err != nil {
 			c.log.Warn("refused kv_transfer_params before dialing or allocating anything", "remote_engine_id", k.remote.EngineID,
 				"remote_addr", k.remote.Peer().Addr(), "err", err)
 			return 0, &engine.InvalidRequestError{Param: kvParam,
-				Message: "kv_transfer_params were not issued by a prefill engine of this cluster (unsigned, altered, expired, or naming a peer this engine may not contact): pass the prefill engine's kv_transfer_params verbatim; the decode engine's log says which check failed"}
+				Message: "kv_transfer_params were not issued by an engine of this cluster (unsigned, altered, expired, or naming a peer this engine may not contact): pass the engine's kv_transfer_params verbatim; this engine's log says which check failed"}
 		}
+	}
+	if k.remoteDecode {
+		return 1, nil
 	}
 	return 0, nil
 }
@@ -357,9 +395,12 @@ func (c *Connector) CheckKVTransfer(kv map[string]any, promptLen int) (int, erro
 // field the pull uses (and the prompt length); with or without one, the
 // peer must pass the address allowlist, if any. Nothing is dialed or
 // allocated before this passes.
-func (c *Connector) authorize(k kvRequest, promptLen int) error {
+func (c *Connector) authorize(k kvRequest) error {
+	if c.cons == nil {
+		return errors.New("this engine pulls no KV")
+	}
 	if c.cfg.Secret.IsSet() {
-		if err := c.signer.Verify(k.grant(promptLen), k.signature, c.cfg.Clock.Now()); err != nil {
+		if err := c.signer.Verify(k.grant(), k.signature, c.cfg.Clock.Now()); err != nil {
 			return err
 		}
 	}
@@ -377,8 +418,8 @@ func (c *Connector) RejectedKVTransfer(kv map[string]any) {
 	}
 	n, _ := asInt(kv["remote_num_tokens"])
 	bs := max(c.blockSize, 1)
-	k, err := parseKV(kv, int(n), bs)
-	if err != nil || k.remote == nil || c.authorize(k, int(n)) != nil {
+	k, err := parseKV(kv, int(n), bs, c.cfg.Bidirectional)
+	if err != nil || k.remote == nil || c.authorize(k) != nil {
 		return // nobody we may tell
 	}
 	c.goNotify(notifyJob{peer: k.remote.Peer(), reqID: k.remote.RequestID})
@@ -398,12 +439,12 @@ func (c *Connector) ReleaseKV(kv map[string]any) error {
 	if !ok || n < 0 {
 		return invalid("remote_num_tokens is required to release KV: pass the prefill's kv_transfer_params verbatim")
 	}
-	k, err := parseKV(kv, int(n), c.blockSize)
+	k, err := parseKV(kv, int(n), c.blockSize, true)
 	if err == nil && (k.remote == nil || k.remote.EngineID != c.cfg.EngineID) {
 		err = invalid("these kv_transfer_params do not name KV held by this engine")
 	}
 	if err == nil {
-		if verr := c.signer.Verify(k.grant(int(n)), k.signature, c.cfg.Clock.Now()); verr != nil {
+		if verr := c.signer.Verify(k.grant(), k.signature, c.cfg.Clock.Now()); verr != nil {
 			c.log.Warn("refused a KV release", "err", verr)
 			err = invalid("kv_transfer_params are not signed by this engine")
 		}
@@ -421,7 +462,7 @@ func (c *Connector) OnNewRequest(r *sched.Request) {
 	if r.KVTransfer == nil || !c.started {
 		return
 	}
-	k, err := parseKV(r.KVTransfer, len(r.Prompt), c.blockSize)
+	k, err := parseKV(r.KVTransfer, len(r.Prompt), c.blockSize, c.cfg.Bidirectional)
 	if err != nil {
 		// Submit validated the params; a request added another way runs
 		// as a plain one.
@@ -429,24 +470,39 @@ func (c *Connector) OnNewRequest(r *sched.Request) {
 		return
 	}
 	switch {
+	case k.remoteDecode && k.remote != nil && c.prod != nil && c.cons != nil:
+		// Turn 2 on a prefill: pull the history's KV (what of it is a
+		// prefix of this prompt), then hold the prompt for the decode leg.
+		// No heartbeats: the decode's hold is fixed (turn 2 is
+		// client-driven).
+		st := &connReq{remoteDecode: true, remote: k.remote, history: true}
+		st.pullable = min(matchedTokens(c.cfg.ModelFingerprint, r.Prompt, k.numTokens, k.history, c.blockSize), len(r.Prompt)-1)
+		if held := min(k.numTokens, len(r.Prompt)-1); st.pullable < held {
+			st.recompute = "history_mismatch"
+			c.log.Info("conversation history differs from the held KV; recomputing from the first difference",
+				"id", r.ID, "held_tokens", k.numTokens, "matching_tokens", st.pullable)
+		}
+		c.reqs[r.ID] = st
 	case k.remoteDecode && c.prod != nil:
 		c.reqs[r.ID] = &connReq{remoteDecode: true}
 	case k.remote != nil && c.cons != nil:
-		c.reqs[r.ID] = &connReq{remote: k.remote}
+		c.reqs[r.ID] = &connReq{remote: k.remote, pullable: len(r.Prompt) - 1}
 		c.cons.Watch(k.remote.Peer(), k.remote.RequestID)
 	}
 }
 
-// GetNumNewMatchedTokens implements sched.Connector: a remote prefill's
-// prompt tokens after the local prefix hit, except the last (the decode
-// recomputes it to sample its first token), load asynchronously.
+// GetNumNewMatchedTokens implements sched.Connector: the remote tokens
+// after the local prefix hit load asynchronously — for a decode leg the
+// prompt except its last token (recomputed to sample the first output
+// token), for a turn-2 prefill the held history that is a prefix of the
+// prompt, unless it is below the recompute threshold.
 func (c *Connector) GetNumNewMatchedTokens(r *sched.Request, numLocalComputed int) (int, bool, error) {
 	st := c.reqs[r.ID]
 	if st == nil || st.remote == nil || st.phase != waitingForAlloc {
 		return 0, false, nil
 	}
-	n := len(r.Prompt) - 1 - numLocalComputed
-	if n <= 0 {
+	n := st.pullable - numLocalComputed
+	if n <= 0 || st.history && n < c.cfg.RecomputeThreshold {
 		return 0, false, nil
 	}
 	return n, true, nil
@@ -462,8 +518,14 @@ func (c *Connector) UpdateStateAfterAlloc(r *sched.Request, blocks []int32, numE
 	}
 	if numExternal == 0 {
 		st.phase = consumed
+		if st.history {
+			c.countRecompute(st, r, r.NumComputedTokens())
+		}
 		c.staged.notifies = append(c.staged.notifies, notifyJob{peer: st.remote.Peer(), reqID: st.remote.RequestID})
 		return
+	}
+	if st.history && c.cfg.Metrics != nil {
+		c.cfg.Metrics.HistoryTokensPulled.Add(float64(numExternal))
 	}
 	bs := c.blockSize
 	local := r.NumComputedTokens()
@@ -514,37 +576,112 @@ func (c *Connector) RequestFinished(r *sched.Request, blockIDs []int32) (bool, m
 		case loading:
 			c.staged.cancels = append(c.staged.cancels, r.ID)
 		}
-		return false, nil
 	}
 	if s := r.Status(); s != sched.FinishedStopped && s != sched.FinishedLength {
 		return false, nil
 	}
-	n := (len(r.Prompt) + c.blockSize - 1) / c.blockSize
-	if len(blockIDs) < n {
-		c.log.Error("prefill finished without KV for its whole prompt; freeing instead of holding", "id", r.ID, "blocks", len(blockIDs), "want", n)
+	switch {
+	case st.remoteDecode:
+		return c.holdForDecode(r, blockIDs)
+	case c.cfg.Bidirectional && c.prod != nil:
+		return c.holdConversation(r, blockIDs)
+	}
+	return false, nil
+}
+
+// holdForDecode holds a finished prefill's prompt blocks under a lease for
+// the decode leg and returns the params the decode needs.
+func (c *Connector) holdForDecode(r *sched.Request, blockIDs []int32) (bool, map[string]any) {
+	ids, ok := c.leadingBlocks(r, blockIDs, len(r.Prompt))
+	if !ok {
 		return false, nil
 	}
-	ids := make([]int, n)
-	for i, b := range blockIDs[:n] {
-		ids[i] = int(b)
-	}
-	if err := c.prod.Hold(r.ID, ids, c.cfg.Clock.Now()); err != nil {
+	now := c.cfg.Clock.Now()
+	if err := c.prod.Hold(r.ID, ids, now); err != nil {
 		c.log.Error("cannot hold KV for the remote decode; freeing it", "id", r.ID, "err", err)
 		return false, nil
 	}
 	g := kvxfer.Grant{EngineID: c.cfg.EngineID, RequestID: r.ID, Host: c.advertHost, Port: c.advertPort, BlockIDs: ids, NumTokens: len(r.Prompt)}
-	return true, map[string]any{
-		kvxfer.SignatureParam: c.signer.Sign(g, c.cfg.Clock.Now().Add(c.cfg.Lease)),
-		"do_remote_prefill":   true,
-		"do_remote_decode":    false,
-		"remote_block_ids":    [][]int{ids},
-		"remote_engine_id":    c.cfg.EngineID,
-		"remote_request_id":   r.ID,
-		"remote_host":         c.advertHost,
-		"remote_port":         c.advertPort,
-		"tp_size":             1,
-		"remote_num_tokens":   len(r.Prompt),
+	p := c.params(g, now.Add(c.cfg.Lease))
+	p["do_remote_prefill"], p["do_remote_decode"] = true, false
+	p["remote_blocks_expiry_time"] = nil
+	return true, p
+}
+
+// holdConversation holds a finished decode leg's blocks — every token with
+// KV, prompt and output, all but the last sampled — for DecodeHoldTTL, not
+// renewed by heartbeats, so the next turn's prefill can pull them (vLLM's
+// bidirectional mode), and returns the params that name them, with the
+// token hash chain the prefill checks its prompt against.
+func (c *Connector) holdConversation(r *sched.Request, blockIDs []int32) (bool, map[string]any) {
+	n := r.NumComputedTokens()
+	ids, ok := c.leadingBlocks(r, blockIDs, n)
+	if !ok || n == 0 {
+		return false, nil
 	}
+	now := c.cfg.Clock.Now()
+	deadline := now.Add(c.cfg.DecodeHoldTTL)
+	if err := c.prod.HoldFor(r.ID, ids, now, c.cfg.DecodeHoldTTL, true); err != nil {
+		c.log.Error("cannot hold the conversation's KV for its next turn; freeing it", "id", r.ID, "err", err)
+		return false, nil
+	}
+	tokens := append(append(make([]int32, 0, len(r.Prompt)+len(r.Output())), r.Prompt...), r.Output()...)[:n]
+	chain := historyChain(c.cfg.ModelFingerprint, tokens, c.blockSize)
+	g := kvxfer.Grant{EngineID: c.cfg.EngineID, RequestID: r.ID, Host: c.advertHost, Port: c.advertPort, BlockIDs: ids, NumTokens: n, Digest: chainDigest(chain)}
+	p := c.params(g, deadline)
+	p["do_remote_prefill"], p["do_remote_decode"] = false, true
+	p["remote_blocks_expiry_time"] = float64(deadline.UnixNano()) / 1e9
+	p[historyParam] = chain
+	return true, p
+}
+
+// leadingBlocks returns the ids of the blocks holding r's first n tokens.
+func (c *Connector) leadingBlocks(r *sched.Request, blockIDs []int32, n int) ([]int, bool) {
+	nb := (n + c.blockSize - 1) / c.blockSize
+	if len(blockIDs) < nb {
+		c.log.Error("request finished without KV for the tokens to hold; freeing instead of holding", "id", r.ID, "blocks", len(blockIDs), "want", nb)
+		return nil, false
+	}
+	ids := make([]int, nb)
+	for i, b := range blockIDs[:nb] {
+		ids[i] = int(b)
+	}
+	return ids, true
+}
+
+// params are the kv_transfer_params naming g's blocks on this engine,
+// signed until expiry, with every field vLLM's connector returns.
+func (c *Connector) params(g kvxfer.Grant, expiry time.Time) map[string]any {
+	return map[string]any{
+		kvxfer.SignatureParam:            c.signer.Sign(g, expiry),
+		"remote_block_ids":               [][]int{g.BlockIDs},
+		"remote_engine_id":               g.EngineID,
+		"remote_request_id":              g.RequestID,
+		"remote_host":                    g.Host,
+		"remote_port":                    g.Port,
+		"tp_size":                        1,
+		"dcp_size":                       1,
+		"pp_size":                        1,
+		"transfer_mode":                  "pull",
+		"remote_num_tokens":              g.NumTokens,
+		"remote_registration_generation": strconv.FormatUint(c.prod.Info().Generation, 10),
+	}
+}
+
+// countRecompute records why a turn-2 prefill pulled nothing.
+func (c *Connector) countRecompute(st *connReq, r *sched.Request, local int) {
+	reason := st.recompute
+	switch {
+	case reason != "":
+	case st.pullable-local <= 0:
+		reason = "local_hit"
+	default:
+		reason = "below_threshold"
+	}
+	if m := c.cfg.Metrics; m != nil {
+		m.HistoryRecomputed.WithLabelValues(reason).Inc()
+	}
+	c.log.Debug("turn-2 prefill computes its history locally", "id", r.ID, "reason", reason, "local_tokens", local, "pullable", st.pullable)
 }
 
 // Step implements engine.KVWorker: it starts the step's pulls and
@@ -582,8 +719,27 @@ func (c *Connector) Step(meta any) (engine.KVCompletions, error) {
 	if c.prod != nil {
 		c.prod.Sweep(c.cfg.Clock.Now())
 		out.FinishedSending = releasedIDs(c.prod.TakeReleased())
+		c.updateHoldGauge()
 	}
 	return out, nil
+}
+
+// RelieveMemory implements engine.MemoryReliever: it gives up the oldest
+// conversation holds (never a prefill's hold for a waiting decode leg) when
+// new requests lack blocks — under memory pressure new requests win over
+// kept conversations, whose next turn then recomputes its history.
+func (c *Connector) RelieveMemory(want int) engine.KVCompletions {
+	if c.prod == nil || !c.cfg.Bidirectional || c.prod.Evict(want, c.cfg.Clock.Now()) == 0 {
+		return engine.KVCompletions{}
+	}
+	c.updateHoldGauge()
+	return engine.KVCompletions{FinishedSending: releasedIDs(c.prod.TakeReleased())}
+}
+
+func (c *Connector) updateHoldGauge() {
+	if m := c.cfg.Metrics; m != nil && c.cfg.Bidirectional && c.prod != nil {
+		m.ConversationHolds.Set(float64(c.prod.FixedHolds()))
+	}
 }
 
 // startPull runs one pull on a goroutine. The destination slices are taken
@@ -755,4 +911,5 @@ var (
 	_ sched.Connector         = (*Connector)(nil)
 	_ engine.KVWorker         = (*Connector)(nil)
 	_ engine.KVRequestChecker = (*Connector)(nil)
+	_ engine.MemoryReliever   = (*Connector)(nil)
 )

@@ -88,6 +88,11 @@ type pdOpts struct {
 	clock     clock.Clock
 	lease     time.Duration
 	numBlocks int // default 128
+	// multi-turn: bidirectional with the decode's hold TTL and the
+	// prefill's recompute threshold (0: defaults)
+	bidirectional bool
+	holdTTL       time.Duration
+	threshold     int
 }
 
 type pdEngine struct {
@@ -111,6 +116,7 @@ func newPD(t *testing.T, o pdOpts) *pdEngine {
 		c, err := NewConnector(ConnectorConfig{
 			Role: o.role, EngineID: uuid.NewString(), ModelFingerprint: m.Fingerprint(),
 			Host: "127.0.0.1", Port: 0, Lease: o.lease, Transport: o.transport,
+			Bidirectional: o.bidirectional, DecodeHoldTTL: o.holdTTL, RecomputeThreshold: o.threshold,
 			HeartbeatInterval: 10 * time.Millisecond, SweepInterval: 5 * time.Millisecond, Clock: o.clock, Metrics: pe.m, Logger: discardLogger(),
 		})
 		if err != nil {

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
@@ -40,18 +42,23 @@ func (r Role) decodes() bool  { return r == RoleDecode || r == RoleBoth }
 type kvRequest struct {
 	// remoteDecode: prefill here, then hold the KV for a decode engine.
 	remoteDecode bool
-	// remote is set for a remote prefill: where the prompt's KV is. Its
-	// BlockIDs cover the whole prompt, in prompt order.
-	remote *kvxfer.RemoteParams
-	// signature is the prefill's kvxfer.SignatureParam ("" if absent).
+	// remote says where KV to pull is, with the tokens it covers (numTokens)
+	// and the issuer's signature: for a decode leg, the prefill's blocks
+	// of the whole prompt; for a turn-2 prefill (remoteDecode too), the
+	// blocks of the conversation a decode holds.
+	remote    *kvxfer.RemoteParams
+	numTokens int
 	signature string
+	// history is the decode's hash chain over the held tokens, one entry
+	// per block (the last may cover a partial block); turn-2 prefills only.
+	history []string
 }
 
-// grant is what a remote prefill's params claim, as the prefill signed it
-// for a prompt of numTokens tokens.
-func (k kvRequest) grant(numTokens int) kvxfer.Grant {
+// grant is what the issuer of the params vouched for.
+func (k kvRequest) grant() kvxfer.Grant {
 	r := k.remote
-	return kvxfer.Grant{EngineID: r.EngineID, RequestID: r.RequestID, Host: r.Host, Port: r.Port, BlockIDs: r.BlockIDs, NumTokens: numTokens}
+	return kvxfer.Grant{EngineID: r.EngineID, RequestID: r.RequestID, Host: r.Host, Port: r.Port, BlockIDs: r.BlockIDs,
+		NumTokens: k.numTokens, Digest: chainDigest(k.history)}
 }
 
 // kvParam is the request field that 400s name.
@@ -64,8 +71,10 @@ func invalid(format string, args ...any) error {
 // parseKV parses kv_transfer_params for a prompt of promptLen tokens on an
 // engine with blockSize-token blocks. The keys are vLLM's (NIXL connector);
 // unknown keys are ignored, as vLLM does. Numbers may come as JSON decodes
-// them (float64, json.Number) or as Go integers.
-func parseKV(kv map[string]any, promptLen, blockSize int) (kvRequest, error) {
+// them (float64, json.Number) or as Go integers. With history, a
+// do_remote_decode request may also name a decode's conversation hold
+// (vLLM's bidirectional mode); without, those fields are ignored.
+func parseKV(kv map[string]any, promptLen, blockSize int, history bool) (kvRequest, error) {
 	var out kvRequest
 	decode, err := optBool(kv, "do_remote_decode")
 	if err != nil {
@@ -80,11 +89,50 @@ func parseKV(kv map[string]any, promptLen, blockSize int) (kvRequest, error) {
 		return out, invalid("do_remote_decode and do_remote_prefill are both true: a request is either the prefill leg (do_remote_decode) or the decode leg (do_remote_prefill) of a disaggregated request, not both")
 	case decode:
 		out.remoteDecode = true
+		if !history {
+			return out, nil
+		}
+		if v, ok := kv["remote_engine_id"]; !ok || v == nil {
+			return out, nil // turn 1: no conversation to pull
+		}
+		n, ok := asInt(kv["remote_num_tokens"])
+		if !ok || n < 1 || n > math.MaxInt32 {
+			return out, invalid("remote_num_tokens must be the number of tokens the decode engine holds, got %s", describe(kv["remote_num_tokens"]))
+		}
+		if err := parseRemote(kv, &out, int(n), blockSize); err != nil {
+			return out, err
+		}
+		chain, err := hashList(kv[historyParam], int(n), blockSize)
+		if err != nil {
+			return out, err
+		}
+		out.history = chain
+		if v, ok := kv["remote_blocks_expiry_time"]; ok && v != nil {
+			f, ok := v.(float64)
+			if !ok || f <= 0 || math.IsInf(f, 0) || math.IsNaN(f) {
+				return out, invalid("remote_blocks_expiry_time must be a time in seconds, got %s", describe(v))
+			}
+			out.remote.Deadline = time.Unix(0, int64(f*1e9))
+		}
 		return out, nil
 	case !prefill:
 		return out, nil
 	}
+	if v, ok := kv["remote_num_tokens"]; ok && v != nil {
+		n, ok := asInt(v)
+		if !ok || n < 0 {
+			return out, invalid("remote_num_tokens must be a non-negative integer, got %s", describe(v))
+		}
+		if int(n) != promptLen {
+			return out, invalid("remote_num_tokens is %d but the prompt has %d tokens: the decode leg must send the same prompt as the prefill leg", n, promptLen)
+		}
+	}
+	return out, parseRemote(kv, &out, promptLen, blockSize)
+}
 
+// parseRemote parses the remote_* identity, block and signature fields of
+// KV covering numTokens tokens into out.
+func parseRemote(kv map[string]any, out *kvRequest, numTokens, blockSize int) error {
 	var r kvxfer.RemoteParams
 	var missing []string
 	str := func(key string, dst *string) error {
@@ -105,13 +153,13 @@ func parseKV(kv map[string]any, promptLen, blockSize int) (kvRequest, error) {
 		dst *string
 	}{{"remote_engine_id", &r.EngineID}, {"remote_request_id", &r.RequestID}, {"remote_host", &r.Host}} {
 		if err := str(f.key, f.dst); err != nil {
-			return out, err
+			return err
 		}
 	}
 	if v, ok := kv["remote_port"]; !ok || v == nil {
 		missing = append(missing, "remote_port")
 	} else if p, ok := asInt(v); !ok || p < 1 || p > 65535 {
-		return out, invalid("remote_port must be a TCP port (1-65535), got %s", describe(v))
+		return invalid("remote_port must be a TCP port (1-65535), got %s", describe(v))
 	} else {
 		r.Port = int(p)
 	}
@@ -120,39 +168,61 @@ func parseKV(kv map[string]any, promptLen, blockSize int) (kvRequest, error) {
 	} else {
 		ids, err := blockIDs(v)
 		if err != nil {
-			return out, err
+			return err
 		}
 		r.BlockIDs = ids
 	}
 	if len(missing) > 0 {
-		return out, invalid("do_remote_prefill is true but %s missing: pass the kv_transfer_params of the prefill engine's response verbatim", plural(missing))
+		return invalid("kv_transfer_params name remote KV but %s missing: pass the kv_transfer_params of the engine's response verbatim", plural(missing))
 	}
 	if v, ok := kv["tp_size"]; ok && v != nil {
 		if n, ok := asInt(v); !ok || n != 1 {
-			return out, invalid("tp_size %s is not supported: Tandem engines run with tensor parallelism 1, so the prefill engine must too", describe(v))
+			return invalid("tp_size %s is not supported: Tandem engines run with tensor parallelism 1, so the prefill engine must too", describe(v))
 		}
 	}
-	if v, ok := kv["remote_num_tokens"]; ok && v != nil {
-		n, ok := asInt(v)
-		if !ok || n < 0 {
-			return out, invalid("remote_num_tokens must be a non-negative integer, got %s", describe(v))
-		}
-		if int(n) != promptLen {
-			return out, invalid("remote_num_tokens is %d but the prompt has %d tokens: the decode leg must send the same prompt as the prefill leg", n, promptLen)
-		}
+	if want := (numTokens + blockSize - 1) / blockSize; len(r.BlockIDs) != want {
+		return invalid("remote_block_ids lists %d blocks but the %d-token prompt fills %d blocks of %d tokens on this engine: send the same prompt as the prefill leg, and start both engines with the same --block-size",
+			len(r.BlockIDs), numTokens, want, blockSize)
 	}
-	if want := (promptLen + blockSize - 1) / blockSize; len(r.BlockIDs) != want {
-		return out, invalid("remote_block_ids lists %d blocks but the %d-token prompt fills %d blocks of %d tokens on this engine: send the same prompt as the prefill leg, and start both engines with the same --block-size",
-			len(r.BlockIDs), promptLen, want, blockSize)
+	if v, ok := kv["remote_registration_generation"]; ok && v != nil {
+		s, ok := v.(string)
+		g, err := strconv.ParseUint(s, 10, 64)
+		if !ok || err != nil {
+			return invalid("remote_registration_generation must be the engine's generation (a decimal string), got %s", describe(v))
+		}
+		r.Generation = g
 	}
 	if v, ok := kv[kvxfer.SignatureParam]; ok && v != nil {
 		sig, ok := v.(string)
 		if !ok || len(sig) > 256 {
-			return out, invalid("%s must be the prefill engine's signature string, got %s", kvxfer.SignatureParam, describe(v))
+			return invalid("%s must be the issuing engine's signature string, got %s", kvxfer.SignatureParam, describe(v))
 		}
 		out.signature = sig
 	}
 	out.remote = &r
+	out.numTokens = numTokens
+	return nil
+}
+
+// historyParam carries a decode's hash chain over the conversation it
+// holds.
+const historyParam = "tandem_history"
+
+// hashList parses the history chain: one hex hash per block of numTokens.
+func hashList(v any, numTokens, blockSize int) ([]string, error) {
+	l, ok := v.([]any)
+	want := (numTokens + blockSize - 1) / blockSize
+	if !ok || len(l) != want {
+		return nil, invalid("%s must list one hash per held block (%d), got %s: pass the decode engine's kv_transfer_params verbatim", historyParam, want, describe(v))
+	}
+	out := make([]string, len(l))
+	for i, x := range l {
+		s, ok := x.(string)
+		if !ok || len(s) != 2*chainHashBytes {
+			return nil, invalid("%s[%d] is not a block hash", historyParam, i)
+		}
+		out[i] = s
+	}
 	return out, nil
 }
 

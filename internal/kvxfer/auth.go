@@ -129,6 +129,9 @@ type Grant struct {
 	Port      int
 	BlockIDs  []int
 	NumTokens int
+	// Digest covers anything else the issuer vouches for (a conversation
+	// hold's token hash chain); empty for a prefill's params.
+	Digest string
 }
 
 // Signer signs Grants and verifies signatures. The zero Signer (no secret)
@@ -197,7 +200,7 @@ func (s *Signer) Verify(g Grant, sig string, now time.Time) error {
 // two different grants encode alike.
 func (s *Signer) mac(g Grant, expiryMs int64) []byte {
 	b := make([]byte, 0, 128+8*len(g.BlockIDs))
-	for _, f := range []string{"tandem-kv-grant", g.EngineID, g.RequestID, g.Host} {
+	for _, f := range []string{"tandem-kv-grant", g.EngineID, g.RequestID, g.Host, g.Digest} {
 		b = binary.AppendUvarint(b, uint64(len(f)))
 		b = append(b, f...)
 	}

@@ -236,6 +236,19 @@ func (p *Producer) Evict(want int, now time.Time) int {
 	return n
 }
 
+// FixedHolds returns how many fixed holds (conversations) are held.
+func (p *Producer) FixedHolds() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, l := range p.leases.held {
+		if l.fixed {
+			n++
+		}
+	}
+	return n
+}
+
 // Sweep expires every lease that ran out by now (a full sweep; leases with
 // a READ in flight wait for it to end) and returns how many expired. Their
 // releases are queued for TakeReleased.

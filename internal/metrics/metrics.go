@@ -35,6 +35,15 @@ type Engine struct {
 	KVBlocksHeld       prometheus.Gauge
 	KVLeasesExpired    prometheus.Counter
 	PDFallbacks        *prometheus.CounterVec // reason
+	// HistoryRecomputed counts turn-2 prefills that computed a
+	// conversation's history locally instead of pulling it from the
+	// decode that holds it, by reason (below_threshold, history_mismatch,
+	// local_hit); failed pulls count in KVTransferFailures.
+	HistoryRecomputed *prometheus.CounterVec
+	// HistoryTokensPulled counts the history tokens turn-2 prefills pulled.
+	HistoryTokensPulled prometheus.Counter
+	// ConversationHolds is the number of conversations a decode holds.
+	ConversationHolds prometheus.Gauge
 }
 
 var latencyBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
@@ -88,6 +97,9 @@ func NewEngine(modelName string) *Engine {
 	e.KVBlocksHeld = g("tandem:kv_blocks_held", "KV blocks held under a lease for a remote decode (prefill side).")
 	e.KVLeasesExpired = c("tandem:kv_leases_expired_total", "Leases on KV blocks that expired before the decode read them.")
 	e.PDFallbacks = cv("tandem:pd_fallbacks_total", "Requests meant for the P/D path that did not take it, by reason.", "reason")
+	e.HistoryRecomputed = cv("tandem:kv_history_recomputed_total", "Turn-2 prefills that computed the conversation history locally instead of pulling it, by reason.", "reason")
+	e.HistoryTokensPulled = c("tandem:kv_history_tokens_pulled_total", "Conversation-history tokens turn-2 prefills pulled from a decode engine.")
+	e.ConversationHolds = g("tandem:kv_conversation_holds", "Conversations whose KV this decode engine holds for the next turn.")
 	return e
 }
 

@@ -97,6 +97,9 @@ type Scheduler struct {
 	// any input that could change that; while it is set HasWork is false,
 	// so the step loop sleeps instead of asking again.
 	stalled bool
+	// shortOfBlocks is set by a Schedule that left a waiting request
+	// unadmitted for lack of free blocks.
+	shortOfBlocks bool
 
 	preemptions uint64
 }
@@ -195,6 +198,12 @@ func (s *Scheduler) Stats() Stats {
 	return Stats{Running: len(s.running), Waiting: len(s.waiting), Held: len(s.reqs) - len(s.running) - len(s.waiting), Preemptions: s.preemptions}
 }
 
+// ShortOfBlocks reports whether the last Schedule left a waiting request
+// unadmitted because the pool had too few free blocks (not because of the
+// token budget or a load in flight): the step loop then asks the KV
+// connector to give up holds it may release.
+func (s *Scheduler) ShortOfBlocks() bool { return s.shortOfBlocks }
+
 // HasWork reports whether calling Schedule can make progress or report
 // something without any new input: a request is runnable or a finish is
 // pending. Requests waiting only for the connector do not count, nor do
@@ -237,6 +246,7 @@ func (s *Scheduler) blocksFor(tokens int) int {
 // with the results before the next Schedule.
 func (s *Scheduler) Schedule() *Output {
 	out := &Output{}
+	s.shortOfBlocks = false
 	budget := s.cfg.MaxNumBatchedTokens
 	where := make(map[*Request]int) // index in out.Scheduled
 
@@ -376,6 +386,7 @@ func (s *Scheduler) admit(r *Request, budget int, out *Output) (admitted, skip, 
 		}
 	}
 	if take > s.pool.FreeBlocks() {
+		s.shortOfBlocks = true
 		return false, false, false
 	}
 	s.pool.Touch(hit)
