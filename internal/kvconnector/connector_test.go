@@ -227,7 +227,7 @@ func prefillParams() map[string]any {
 }
 
 // wire passes v through JSON, as the proxy does.
-func wire(t *testing.T, v map[string]any) map[string]any {
+func wire(t testing.TB, v map[string]any) map[string]any {
 	t.Helper()
 	b, err := json.Marshal(v)
 	if err != nil {
