@@ -18,7 +18,9 @@ import (
 
 // Config configures an Engine.
 type Config struct {
-	Model     *model.Model
+	// Model is the forward pass: a *model.Model, or a simulated one
+	// (internal/sim).
+	Model     Forwarder
 	Tokenizer *tokenizer.Tokenizer
 	// BlockSize is the number of tokens per KV block (default 16).
 	BlockSize int
@@ -66,7 +68,7 @@ type Stats struct {
 // Engine serves one model. Its methods are safe for concurrent use.
 type Engine struct {
 	cfg         Config
-	model       *model.Model
+	model       Forwarder
 	tok         *tokenizer.Tokenizer
 	pool        *kvcache.Pool
 	sched       *sched.Scheduler

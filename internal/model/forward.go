@@ -23,6 +23,44 @@ type Seq struct {
 	Blocks []int32
 	// Logits are indexes into Tokens whose next-token logits are wanted.
 	Logits []int
+	// Prompt and Output, when set, are all of the sequence's known tokens:
+	// the prompt, then the tokens sampled so far, covering at least
+	// positions [0, Pos+len(Tokens)) (two slices so the engine need not
+	// join them every step). Forward does not read them; a forward pass that
+	// derives its output from the whole history (internal/sim's simulated
+	// model) does, through TokenAt.
+	Prompt, Output []int32
+}
+
+// TokenAt returns the token at position p of the sequence, from Prompt and
+// Output.
+func (s *Seq) TokenAt(p int) int32 {
+	if p < len(s.Prompt) {
+		return s.Prompt[p]
+	}
+	return s.Output[p-len(s.Prompt)]
+}
+
+// SeqErrors is the error of a forward pass that failed for some sequences
+// of a batch only, by index into the batch; the logits of the others are
+// valid. The engine fails the requests of those sequences and samples the
+// rest.
+type SeqErrors map[int]error
+
+func (e SeqErrors) Error() string {
+	first := -1
+	for i := range e {
+		if first < 0 || i < first {
+			first = i
+		}
+	}
+	switch len(e) {
+	case 0:
+		return "no sequence failed"
+	case 1:
+		return fmt.Sprintf("sequence %d of the batch: %v", first, e[first])
+	}
+	return fmt.Sprintf("%d sequences of the batch failed, the first (%d): %v", len(e), first, e[first])
 }
 
 // scratch holds the activations of one Forward call, grown on demand and
