@@ -60,6 +60,9 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", 0, "largest accepted request body (default 16 MiB)")
 	fs.StringVar(&cfg.APIKey, "api-key", "", "require clients to send Authorization: Bearer <key> on every path but /health and /metrics (default: $"+openai.APIKeyEnv+"; the environment keeps the key out of ps)")
 	fs.StringVar(&cfg.BackendAPIKey, "backend-api-key", "", "key the proxy sends to the engines as Authorization: Bearer <key> (default: $"+backendAPIKeyEnv+", else the proxy's own --api-key)")
+	fs.BoolVar(&cfg.Conversations, "conversations", false, "conversation mode, for engines started with --kv-bidirectional: remember the decode's kv_transfer_params per conversation (body field conversation_id or header "+proxy.HeaderConversationID+"), send them on the next turn's prefill leg so the prefill pulls the history's KV instead of computing it, and route that turn's decode leg to the same decode")
+	fs.IntVar(&cfg.ConversationMaxEntries, "conversation-max-entries", 0, "conversations remembered at most, least recently used forgotten first (default 10000)")
+	fs.DurationVar(&cfg.ConversationTTL, "conversation-ttl", 0, "how long a conversation is remembered when the decode's params carry no remote_blocks_expiry_time (default 8m, the decodes' default hold)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -101,6 +104,6 @@ func runProxy(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log.Info("proxy listening", "addr", "http://"+ln.Addr().String(), "prefill", cfg.Prefill, "decode", cfg.Decode, "policy", cfg.Policy,
-		"api_key", cfg.APIKey != "", "backend_api_key", cfg.BackendAPIKey != "" || cfg.APIKey != "")
+		"conversations", cfg.Conversations, "api_key", cfg.APIKey != "", "backend_api_key", cfg.BackendAPIKey != "" || cfg.APIKey != "")
 	return p.Serve(ctx, ln)
 }

@@ -66,6 +66,18 @@ func (o *object) set(key string, raw json.RawMessage) {
 	o.vals[key] = raw
 }
 
+// getFolded returns the value the engines' encoding/json would read for
+// key: that of the last key equal to it under case folding, or nil.
+func (o *object) getFolded(key string) json.RawMessage {
+	var v json.RawMessage
+	for _, k := range o.keys {
+		if strings.EqualFold(k, key) {
+			v = o.vals[k]
+		}
+	}
+	return v
+}
+
 // hasFolded reports whether a key equal to key under case folding is
 // present.
 func (o *object) hasFolded(key string) bool {
@@ -144,20 +156,30 @@ var prefillKVParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefi
 const kvParamsKey = "kv_transfer_params"
 
 // prefillBody turns the client's request into the prefill leg's: one token,
-// no streaming, no minimum lengths, and kv_transfer_params asking P to hold
-// the KV for a remote decode (vllm-pd.md §1.2), replacing whatever
-// kv_transfer_params the client sent.
-func prefillBody(client *object) []byte {
+// one sample, no streaming, no minimum lengths, and kv (prefillKVParams, or
+// in conversation mode a decode's params naming the history's KV) asking P
+// to hold the KV for a remote decode (vllm-pd.md §1.2, §1.5), replacing
+// whatever kv_transfer_params the client sent.
+//
+// n is set to 1 only when the client sent it: 1 is every engine's default
+// (OpenAI's, vLLM's, Tandem's), so an absent n already asks for one sample
+// and the leg stays as close to the client's body as it can. best_of goes:
+// it asks for more samples than n.
+func prefillBody(client *object, kv json.RawMessage) []byte {
 	o := client.clone()
 	o.setFolded("stream", json.RawMessage(`false`))
 	o.setFolded("max_tokens", json.RawMessage(`1`))
 	if o.hasFolded("max_completion_tokens") {
 		o.setFolded("max_completion_tokens", json.RawMessage(`1`))
 	}
+	if o.hasFolded("n") {
+		o.setFolded("n", json.RawMessage(`1`))
+	}
+	o.setFolded("best_of", nil)
 	o.setFolded("stream_options", nil)
 	o.setFolded("min_tokens", nil)
 	o.setFolded("min_completion_tokens", nil)
-	o.setFolded(kvParamsKey, prefillKVParams)
+	o.setFolded(kvParamsKey, kv)
 	return o.marshal()
 }
 
@@ -181,6 +203,19 @@ func fallbackBody(raw []byte, client *object) []byte {
 	o := client.clone()
 	o.setFolded(kvParamsKey, nil)
 	return o.marshal()
+}
+
+// withoutConversationID returns the client's request without its
+// conversation_id field (any letter case), which is the proxy's and which an
+// engine that refuses unknown fields would reject, and the bytes to send on
+// a fallback leg: raw itself when there was no such field.
+func withoutConversationID(raw []byte, client *object) (*object, []byte) {
+	if !client.hasFolded(conversationIDKey) {
+		return client, raw
+	}
+	o := client.clone()
+	o.setFolded(conversationIDKey, nil)
+	return o, o.marshal()
 }
 
 // kvParamsFrom returns the kv_transfer_params object of a prefill response,

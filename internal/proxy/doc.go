@@ -26,12 +26,41 @@
 // dial a peer and read it (decode), so only the proxy writes them. A client's
 // own kv_transfer_params (under any spelling encoding/json would match, such
 // as "KV_Transfer_Params") are replaced on the prefill leg by the proxy's
-// request, on a remote decode leg by the prefill's answer, and dropped on a
-// fallback decode leg. With Config.APIKey, clients need "Authorization:
+// request (or, in conversation mode, by a decode's answer the proxy kept), on
+// a remote decode leg by the prefill's answer, and dropped on a fallback
+// decode leg. With Config.APIKey, clients need "Authorization:
 // Bearer <key>" on every path but /health and /metrics (401 otherwise);
 // backends get Config.BackendAPIKey (default: APIKey) in place of the
 // client's header on every call, health checks included. X-Request-Id
 // values that are not printable ASCII are refused with 400 before any leg.
+//
+// Prefill legs always ask for one sample of one token: n is set to 1 when
+// the client sent it, best_of is dropped; the decode leg keeps both.
+//
+// Conversation mode (Config.Conversations, `tandem proxy --conversations`)
+// is the proxy's half of multi-turn KV reuse with engines started with
+// --kv-bidirectional (vllm-pd.md §1.5). A request names its conversation
+// with a conversation_id body field (as vLLM's disagg_proxy_multiturn.py)
+// or an X-Conversation-Id header; the proxy removes the field from every
+// leg. When a turn's decode answers 200 with kv_transfer_params (the JSON
+// body's, or any streamed chunk's), the proxy takes them out of the answer
+// the client gets and remembers them, with the decode that sent them, in a
+// bounded LRU map (Config.ConversationMaxEntries) until the params'
+// remote_blocks_expiry_time (or Config.ConversationTTL when they have none).
+// The next turn takes them (params name blocks a prefill consumes once):
+// its prefill leg carries them verbatim in place of {"do_remote_decode":
+// true}, so the prefill pulls the history's KV from that decode and computes
+// only the new tokens, and its decode leg goes to the same decode while it
+// is healthy (its prefix cache holds the history). A prefill leg with history
+// that fails in any way but the client leaving is retried once without it,
+// then handled as any failed prefill leg. tandem:proxy_conversation_*
+// metrics count lookups (hit/miss), evictions (capacity/expired), params
+// kept, prefill legs sent with history, retries and decode affinity.
+//
+// Conversation ids are client-chosen and not secrets. They only select which
+// params the proxy sends; a client still never writes kv_transfer_params,
+// and a history that is not a prefix of the new prompt is the engines' to
+// detect (the prefill checks the pulled blocks' token hashes and recomputes).
 //
 // No stranded KV: when a prefill answered with kv_transfer_params but the
 // decode leg never started (client gone, no decode healthy or reachable, the

@@ -88,6 +88,15 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		return outcomeBadRequest
 	}
 	preq := &picker.Request{Path: r.URL.Path, ID: id, Body: body}
+	var conv string
+	if p.convs != nil {
+		var aerr *openai.Error
+		if conv, aerr = conversationID(obj, r.Header); aerr != nil {
+			writeAPIError(w, aerr)
+			return outcomeBadRequest
+		}
+		obj, body = withoutConversationID(body, obj)
+	}
 	// Check decode first: prefilling for a request no decode can take would
 	// only pin KV blocks on the prefill until their lease runs out.
 	if !p.decode.anyHealthy() {
@@ -95,7 +104,23 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		return outcomeNoBackend
 	}
 
-	res := p.runPrefill(r, id, obj, preq)
+	history := p.lookUpConversation(conv)
+	var res prefillResult
+	if history == nil {
+		res = p.runPrefill(r, id, obj, preq, prefillKVParams)
+	} else {
+		p.metrics.historyPrefills.Inc()
+		res = p.runPrefill(r, id, obj, preq, history.params)
+		if reason, retry := res.retryable(); retry {
+			// Stale history (expired, the decode restarted, a client that
+			// rewrote it) must cost a recompute, never the turn.
+			p.metrics.prefillRetries.WithLabelValues(reason).Inc()
+			p.log.Info("prefill leg with the conversation's history failed; retrying without it",
+				"request_id", id, "reason", reason, "detail", res.detail, "history_decode", history.decode.base)
+			res = p.runPrefill(r, id, obj, preq, prefillKVParams)
+		}
+	}
+	leg := decodeLeg{conv: conv, prefer: p.affinity(history)}
 	switch {
 	case res.canceled:
 		return outcomeClientCanceled
@@ -108,11 +133,12 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		_, _ = w.Write(res.reject.body)
 		return outcomePrefillReject
 	case res.kv != nil:
-		held := &heldKV{prefill: res.backend, params: res.kv}
+		leg.held = &heldKV{prefill: res.backend, params: res.kv}
 		if p.betweenLegs != nil {
 			p.betweenLegs(r.Context())
 		}
-		return p.runDecode(w, r, id, decodeBody(obj, res.kv), preq, "remote", outcomeRemote, held)
+		leg.body, leg.pd, leg.success = decodeBody(obj, res.kv), "remote", outcomeRemote
+		return p.runDecode(w, r, id, preq, leg)
 	}
 
 	pd := "fallback; reason=" + res.reason
@@ -135,7 +161,52 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 	p.log.Warn("prefill leg failed; decode does the whole request", "request_id", id, "reason", res.reason, "detail", res.detail)
 	// The client's own bytes, minus any kv_transfer_params: a plain request
 	// that any engine, P/D-aware or not, serves with a full local prefill.
-	return p.runDecode(w, r, id, fallbackBody(body, obj), preq, pd, outcomeFallback, nil)
+	leg.body, leg.pd, leg.success = fallbackBody(body, obj), pd, outcomeFallback
+	return p.runDecode(w, r, id, preq, leg)
+}
+
+// lookUpConversation returns, and forgets, what the last turn of conv left
+// (nil for none: no conversation mode, no id, or a miss).
+func (p *Proxy) lookUpConversation(conv string) *conversation {
+	if conv == "" {
+		return nil
+	}
+	cv, ok := p.convs.take(conv, p.now())
+	if !ok {
+		p.metrics.convLookups.WithLabelValues(convMiss).Inc()
+		return nil
+	}
+	p.metrics.convLookups.WithLabelValues(convHit).Inc()
+	return &cv
+}
+
+// affinity is the decode backend a conversation's turn should go to: the
+// one that answered its last turn, whose prefix cache holds the history,
+// while it is healthy; nil lets the policy pick.
+func (p *Proxy) affinity(history *conversation) *backend {
+	if history == nil {
+		return nil
+	}
+	if !history.decode.healthy.Load() {
+		p.metrics.decodeAffinity.WithLabelValues(affinityUnhealthy).Inc()
+		return nil
+	}
+	p.metrics.decodeAffinity.WithLabelValues(affinitySame).Inc()
+	return history.decode
+}
+
+// remember keeps the params a decode returned at the end of conv's turn.
+func (p *Proxy) remember(conv string, params json.RawMessage, decode *backend) {
+	now := p.now()
+	exp := expiry(params, now, p.cfg.ConversationTTL)
+	if !now.Before(exp) {
+		// Already over (or the proxy's clock is far ahead of the decode's): no next turn
+		// could use it.
+		p.log.Debug("decode returned kv_transfer_params that have already expired; not kept", "backend", decode.base, "expired", exp)
+		return
+	}
+	p.convs.put(conversation{id: conv, params: params, decode: decode, expires: exp}, now)
+	p.metrics.convStored.Inc()
 }
 
 // readBody reads the client's body within MaxBodyBytes and bodyReadTimeout,
@@ -179,15 +250,31 @@ type prefillResult struct {
 	status   int // P's HTTP status, for prefill_5xx
 }
 
-// runPrefill sends the prefill leg and interprets its answer.
-func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *picker.Request) prefillResult {
+// retryable reports whether a prefill leg sent with a conversation's history
+// failed in a way a leg without it might not, and the failure's label: any
+// failure but the client leaving or no prefill being healthy. A 4xx counts:
+// an engine refuses params it cannot use (expired, from a restarted decode)
+// with 400, and a 4xx that was the client's fault comes back on the retry.
+func (res prefillResult) retryable() (string, bool) {
+	switch {
+	case res.canceled, res.kv != nil, res.reason == reasonNoPrefill:
+		return "", false
+	case res.reject != nil:
+		return outcomePrefillReject, true
+	}
+	return res.reason, true
+}
+
+// runPrefill sends the prefill leg, with kv as its kv_transfer_params, and
+// interprets its answer.
+func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *picker.Request, kv json.RawMessage) prefillResult {
 	b := p.prefill.pick(preq)
 	if b == nil {
 		return prefillResult{reason: reasonNoPrefill, detail: "no prefill backend passed its last health check"}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+r.URL.Path, bytes.NewReader(prefillBody(obj)))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+r.URL.Path, bytes.NewReader(prefillBody(obj, kv)))
 	if err != nil {
 		return prefillResult{reason: reasonBadResponse, detail: err.Error()}
 	}
@@ -228,28 +315,44 @@ func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *picker
 	if len(data) > maxPrefillRespSize {
 		return prefillResult{reason: reasonBadResponse, detail: fmt.Sprintf("answer larger than %d bytes", maxPrefillRespSize)}
 	}
-	kv, err := kvParamsFrom(data)
+	held, err := kvParamsFrom(data)
 	if err != nil {
 		return prefillResult{reason: reasonBadResponse, detail: err.Error()}
 	}
-	if kv == nil {
+	if held == nil {
 		return prefillResult{reason: reasonNoKVParams, detail: fmt.Sprintf("%s kept no KV for a remote decode (is it started with --role prefill?)", b.base)}
 	}
-	return prefillResult{kv: kv, backend: b}
+	return prefillResult{kv: held, backend: b}
 }
 
-// runDecode sends the decode leg and relays its answer as it arrives. It
-// returns success when the answer was relayed whole (whatever its status).
-// held, the KV a prefill keeps for this leg (nil on fallback), is released
-// on the prefill whenever the leg does not start: client gone, no decode
-// reachable or answering, or a decode that refused the request.
-func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, body []byte, preq *picker.Request, pd, success string, held *heldKV) string {
+// decodeLeg is what the decode leg sends and how its ending is labelled.
+type decodeLeg struct {
+	body    []byte
+	pd      string  // the X-Tandem-Pd value
+	success string  // the outcome when the answer is relayed whole
+	held    *heldKV // the KV a prefill keeps for this leg; nil on fallback
+	prefer  *backend
+	conv    string // conversation mode: the conversation to remember the decode's params for
+}
+
+// runDecode sends the decode leg (to leg.prefer if set, else to the policy's
+// pick) and relays its answer as it arrives. It returns leg.success when the
+// answer was relayed whole (whatever its status). leg.held is released on
+// the prefill whenever the leg does not start: client gone, no decode
+// reachable or answering, or a decode that refused the request. With
+// leg.conv, a 200 answer's kv_transfer_params are kept for the
+// conversation's next turn (and not relayed).
+func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, preq *picker.Request, leg decodeLeg) string {
+	held, pd, success := leg.held, leg.pd, leg.success
 	if r.Context().Err() != nil {
 		// The client left while the prefill leg ran.
 		p.releaseKV(held, id, releaseClientCanceled)
 		return outcomeClientCanceled
 	}
-	b := p.decode.pick(preq)
+	b := leg.prefer
+	if b == nil {
+		b = p.decode.pick(preq)
+	}
 	if b == nil {
 		p.releaseKV(held, id, releaseNoDecode)
 		writeError(w, http.StatusServiceUnavailable, "no healthy decode backend; see the proxy's /health")
@@ -263,7 +366,7 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, bod
 	watchdog := time.AfterFunc(p.cfg.Timeout, func() { cancel(errBackendIdle) })
 	defer watchdog.Stop()
 
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+r.URL.Path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+r.URL.Path, bytes.NewReader(leg.body))
 	if err != nil {
 		p.releaseKV(held, id, releaseDecodeUnreachable)
 		writeError(w, http.StatusInternalServerError, err.Error())
@@ -308,6 +411,11 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, bod
 	h.Set(HeaderPD, pd)
 	w.WriteHeader(resp.StatusCode)
 
+	var capture *kvCapture
+	if leg.conv != "" && resp.StatusCode == http.StatusOK {
+		capture = newKVCapture(resp.Header.Get("Content-Type"))
+	}
+
 	rc := http.NewResponseController(w)
 	buf := make([]byte, relayBufferBytes)
 	first := true
@@ -316,6 +424,37 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, bod
 	// reaches the proxy; such a stream was delivered whole.
 	var tail []byte
 	delivered := func() bool { return bytes.HasSuffix(bytes.TrimRight(tail, "\r\n"), sseDone) }
+	send := func(out []byte) error {
+		if len(out) == 0 {
+			return nil
+		}
+		_ = rc.SetWriteDeadline(time.Now().Add(p.cfg.Timeout))
+		if _, err := w.Write(out); err != nil {
+			return err
+		}
+		if err := rc.Flush(); err != nil {
+			return err
+		}
+		tail = append(tail, out...)
+		if len(tail) > 64 {
+			tail = append(tail[:0], tail[len(tail)-64:]...)
+		}
+		return nil
+	}
+	// done ends a whole answer: what a capture still holds is relayed, and
+	// the decode's params are remembered only when the client got it all.
+	done := func() string {
+		if capture != nil {
+			if err := send(capture.finish()); err != nil {
+				return outcomeClientCanceled
+			}
+			if capture.params != nil {
+				p.remember(leg.conv, capture.params, b)
+			}
+		}
+		_ = rc.SetWriteDeadline(time.Time{})
+		return success
+	}
 	for {
 		watchdog.Reset(p.cfg.Timeout)
 		n, rerr := resp.Body.Read(buf)
@@ -325,26 +464,21 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, bod
 				p.metrics.decodeTTFB.Observe(time.Since(start).Seconds())
 				first = false
 			}
-			_ = rc.SetWriteDeadline(time.Now().Add(p.cfg.Timeout))
-			if _, err := w.Write(buf[:n]); err != nil {
-				return outcomeClientCanceled
+			out := buf[:n]
+			if capture != nil {
+				out = capture.feed(out)
 			}
-			if err := rc.Flush(); err != nil {
+			if err := send(out); err != nil {
 				return outcomeClientCanceled
-			}
-			tail = append(tail, buf[:n]...)
-			if len(tail) > 64 {
-				tail = append(tail[:0], tail[len(tail)-64:]...)
 			}
 		}
 		if rerr == io.EOF {
-			_ = rc.SetWriteDeadline(time.Time{})
-			return success
+			return done()
 		}
 		if rerr != nil {
 			if r.Context().Err() != nil {
 				if delivered() {
-					return success
+					return done()
 				}
 				return outcomeClientCanceled
 			}

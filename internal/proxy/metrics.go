@@ -33,6 +33,14 @@ type metrics struct {
 	kvReleases     *prometheus.CounterVec
 	inFlight       *prometheus.GaugeVec
 	healthy        *prometheus.GaugeVec
+
+	// Conversation mode (zero when it is off).
+	convLookups     *prometheus.CounterVec
+	convEvictions   *prometheus.CounterVec
+	convStored      prometheus.Counter
+	historyPrefills prometheus.Counter
+	prefillRetries  *prometheus.CounterVec
+	decodeAffinity  *prometheus.CounterVec
 }
 
 var legBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320}
@@ -76,6 +84,30 @@ func newMetrics() *metrics {
 			Name: "tandem:proxy_backend_healthy",
 			Help: "1 when the backend's last health check passed.",
 		}, []string{"role", "backend"}),
+		convLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:proxy_conversation_lookups_total",
+			Help: "Requests naming a conversation (conversation mode), by whether the proxy held the decode's params from its last turn (hit) or not (miss: first turn, expired, evicted, or the last turn returned none).",
+		}, []string{"result"}),
+		convEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:proxy_conversation_evictions_total",
+			Help: "Conversations forgotten before their next turn used them, by reason: capacity (least recently used, beyond --conversation-max-entries) or expired (the decode's hold had ended).",
+		}, []string{"reason"}),
+		convStored: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tandem:proxy_conversation_params_stored_total",
+			Help: "Turns whose decode returned kv_transfer_params that the proxy kept for the conversation's next turn.",
+		}),
+		historyPrefills: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tandem:proxy_conversation_history_prefills_total",
+			Help: "Prefill legs sent with a decode's kv_transfer_params naming the conversation's history (turn 2 and later).",
+		}),
+		prefillRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:proxy_conversation_prefill_retries_total",
+			Help: "Prefill legs with a conversation's history that failed and were retried once without it, by the failure (a fallback reason, or prefill_4xx).",
+		}, []string{"reason"}),
+		decodeAffinity: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:proxy_conversation_decode_affinity_total",
+			Help: "Decode legs of a conversation's later turns: sent to the decode that answered the last turn (same_decode), or picked by the policy because it was unhealthy (decode_unhealthy).",
+		}, []string{"result"}),
 	}
 	r.MustRegister(m.prefillSeconds, m.decodeTTFB, m.requestSeconds, m.requests, m.fallbacks, m.kvReleases, m.inFlight, m.healthy)
 	for _, reason := range fallbackReasons {
@@ -87,6 +119,30 @@ func newMetrics() *metrics {
 		}
 	}
 	return m
+}
+
+// watchConversations registers the conversation-mode metrics, with their
+// label values at zero, and a gauge of the conversations remembered.
+func (m *metrics) watchConversations(c *conversations) {
+	m.registry.MustRegister(m.convLookups, m.convEvictions, m.convStored, m.historyPrefills, m.prefillRetries, m.decodeAffinity,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tandem:proxy_conversations",
+			Help: "Conversations whose last turn's decode params the proxy holds (expired ones included until dropped).",
+		}, func() float64 { return float64(c.len()) }))
+	for _, v := range convLookupResults {
+		m.convLookups.WithLabelValues(v)
+	}
+	for _, v := range convEvictReasons {
+		m.convEvictions.WithLabelValues(v)
+	}
+	for _, v := range convAffinity {
+		m.decodeAffinity.WithLabelValues(v)
+	}
+	for _, v := range append([]string{outcomePrefillReject}, fallbackReasons...) {
+		if v != reasonNoPrefill {
+			m.prefillRetries.WithLabelValues(v)
+		}
+	}
 }
 
 func (m *metrics) handler() http.Handler {

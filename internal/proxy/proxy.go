@@ -60,6 +60,22 @@ type Config struct {
 	// ReleaseTimeout bounds a call to a prefill's /tandem/kv/release.
 	// Default 2s.
 	ReleaseTimeout time.Duration
+	// Conversations turns on conversation mode, for decode engines started
+	// with --kv-bidirectional: a request naming a conversation (body field
+	// conversation_id or header X-Conversation-Id) has the kv_transfer_params
+	// its decode returned remembered, and the conversation's next turn sends
+	// them on its prefill leg, so the prefill pulls the history's KV from
+	// that decode instead of recomputing it, and routes its decode leg to
+	// the same decode. Off: conversation_id reaches the engines like any
+	// other field and nothing is remembered.
+	Conversations bool
+	// ConversationMaxEntries bounds the conversations remembered; the least
+	// recently used one makes room. Default 10000.
+	ConversationMaxEntries int
+	// ConversationTTL is how long a conversation is remembered when the
+	// decode's params carry no remote_blocks_expiry_time. Default 480s, the
+	// decodes' default hold (vLLM's decoder_kv_blocks_ttl).
+	ConversationTTL time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -89,6 +105,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReleaseTimeout <= 0 {
 		c.ReleaseTimeout = 2 * time.Second
+	}
+	if c.ConversationMaxEntries <= 0 {
+		c.ConversationMaxEntries = defaultConvMaxItems
+	}
+	if c.ConversationTTL <= 0 {
+		c.ConversationTTL = defaultConvTTL
 	}
 }
 
@@ -129,6 +151,8 @@ type Proxy struct {
 	client  *http.Client // backend calls; deadlines come from contexts
 	mux     *http.ServeMux
 	bg      sync.WaitGroup // KV releases still running
+	convs   *conversations // conversation mode's memory; nil when off
+	now     func() time.Time
 	// betweenLegs, when set by a test, runs after a prefill leg that
 	// returned kv_transfer_params and before the decode leg.
 	betweenLegs func(ctx context.Context)
@@ -163,6 +187,12 @@ func New(cfg Config) (*Proxy, error) {
 		decode:  dec,
 		metrics: m,
 		client:  &http.Client{Transport: newTransport(cfg.ConnectTimeout)},
+		now:     time.Now,
+	}
+	if cfg.Conversations {
+		p.convs = newConversations(cfg.ConversationMaxEntries, cfg.ConversationTTL,
+			func(reason string) { m.convEvictions.WithLabelValues(reason).Inc() })
+		m.watchConversations(p.convs)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/completions", p.handleGenerate)
