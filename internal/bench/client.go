@@ -22,6 +22,8 @@ type Client struct {
 	HTTP *http.Client
 	// CallTimeout bounds the small calls (models, tokenize).
 	CallTimeout time.Duration
+	// APIKey, when set, is sent as Authorization: Bearer.
+	APIKey string
 }
 
 // NewClient returns a Client for baseURL whose connection pool keeps up to
@@ -92,6 +94,9 @@ func (c *Client) call(ctx context.Context, method, path string, body, out any) e
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	if c.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.APIKey)
+	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return err // a *url.Error, which names the method and URL
@@ -135,6 +140,11 @@ type Outcome struct {
 	// server sends one; OutputTokens otherwise counts token chunks.
 	PromptTokens int
 	OutputTokens int
+	// PD is the x-tandem-pd response header ("remote", "fallback; reason=...")
+	// or "" when the server sends none.
+	PD string
+	// Text is the streamed text, kept for multi-turn conversations.
+	Text string
 	// Err is nil for a complete, successful stream.
 	Err error
 }
@@ -157,6 +167,9 @@ type CompletionRequest struct {
 	IgnoreEOS     bool           `json:"ignore_eos"`
 	Stream        bool           `json:"stream"`
 	StreamOptions map[string]any `json:"stream_options,omitempty"`
+	// ConversationID names a multi-turn conversation, for servers that keep
+	// its KV between turns (Tandem's proxy with --conversations).
+	ConversationID string `json:"conversation_id,omitempty"`
 }
 
 // streamChunk is the part of a completion chunk the benchmark reads.
@@ -192,6 +205,9 @@ func (c *Client) Stream(ctx context.Context, req CompletionRequest) Outcome {
 	}
 	hr.Header.Set("Content-Type", "application/json")
 	hr.Header.Set("Accept", "text/event-stream")
+	if c.APIKey != "" {
+		hr.Header.Set("Authorization", "Bearer "+c.APIKey)
+	}
 	start := time.Now()
 	resp, err := c.HTTP.Do(hr)
 	if err != nil {
@@ -202,6 +218,7 @@ func (c *Client) Stream(ctx context.Context, req CompletionRequest) Outcome {
 		return Outcome{Err: statusError(resp), E2E: time.Since(start)}
 	}
 	o := measureStream(resp.Body, start, time.Now)
+	o.PD = resp.Header.Get("X-Tandem-Pd")
 	if o.Err != nil && ctx.Err() != nil {
 		o.Err = fmt.Errorf("%w (%v)", ctx.Err(), o.Err)
 	}
@@ -247,6 +264,7 @@ func measureStream(r io.Reader, start time.Time, now func() time.Time) Outcome {
 		if len(ch.Choices) == 0 || (ch.Choices[0].Text == "" && ch.Choices[0].FinishReason != nil) {
 			continue
 		}
+		o.Text += ch.Choices[0].Text
 		if chunks == 0 {
 			o.TTFT = t.Sub(start)
 		} else {

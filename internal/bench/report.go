@@ -142,15 +142,15 @@ func WriteSweep(w io.Writer, reports []*Report) error {
 	return tw.Flush()
 }
 
-// Result is the JSON document of a run.
-type Result struct {
+// SweepResult is the JSON document of a RunAll sweep.
+type SweepResult struct {
 	Config  Config    `json:"config"`
 	Started time.Time `json:"started"`
 	Results []*Report `json:"results"`
 }
 
-// WriteJSON writes res as indented JSON.
-func WriteJSON(w io.Writer, res *Result) error {
+// WriteJSON writes res (a *Suite or *SweepResult) as indented JSON.
+func WriteJSON(w io.Writer, res any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(res)

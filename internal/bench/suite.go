@@ -1,0 +1,373 @@
+package bench
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/bench/workload"
+)
+
+// Target is one server under test.
+type Target struct {
+	// Name labels the target in tables and plots, e.g. "pd".
+	Name string `json:"name"`
+	// URL is its root, e.g. "http://127.0.0.1:8000".
+	URL string `json:"url"`
+}
+
+// ParseTarget parses NAME=URL (or a bare URL, named after its host:port).
+func ParseTarget(s string) (Target, error) {
+	name, url, ok := strings.Cut(s, "=")
+	if !ok {
+		url = s
+		name = strings.TrimPrefix(strings.TrimPrefix(s, "http://"), "https://")
+	}
+	if !strings.HasPrefix(url, "http://") && !strings.HasPrefix(url, "https://") || name == "" {
+		return Target{}, fmt.Errorf("target %q: want NAME=http://HOST:PORT", s)
+	}
+	return Target{Name: name, URL: strings.TrimRight(url, "/")}, nil
+}
+
+// Plan is a benchmark of one workload against one or more targets at one or
+// more loads.
+type Plan struct {
+	Targets []Target `json:"targets"`
+	// Model is the model name sent in every request (required: the run
+	// never needs /v1/models).
+	Model    string             `json:"model"`
+	Workload *workload.Workload `json:"workload"`
+	// Loads are run one after another. A trace workload (TimedArrivals)
+	// ignores their Rate and uses its own times.
+	Loads []Load `json:"loads"`
+	// Rounds is how many times the workload runs against every target at
+	// every load. Rounds alternate the order of the targets (A B, then
+	// B A), so drift in this machine's speed falls on both. Default 1.
+	Rounds int `json:"rounds"`
+	// Seed fixes the arrival times.
+	Seed uint64 `json:"seed"`
+	// Timeout bounds each request.
+	Timeout time.Duration `json:"timeout_ns"`
+	// SLO decides which requests count towards goodput.
+	SLO SLO `json:"slo"`
+	// Tokenize, when set, turns an answer's text back into token ids for
+	// the next turn of a conversation; without it the next turn appends
+	// the answer's length in stand-in tokens.
+	Tokenize func(ctx context.Context, target Target, text string) ([]int32, error) `json:"-"`
+	// Pool is where stand-in tokens come from.
+	Pool []int32 `json:"-"`
+	// APIKey is sent as Authorization: Bearer.
+	APIKey string `json:"-"`
+	// Progress, when set, gets a line every ProgressEvery while a level
+	// runs.
+	Progress      io.Writer     `json:"-"`
+	ProgressEvery time.Duration `json:"-"`
+}
+
+// Record is the measurement of one request (one turn).
+type Record struct {
+	Conversation int `json:"conv"`
+	Turn         int `json:"turn,omitempty"`
+	Round        int `json:"round,omitempty"`
+	// Start is when the request was sent, from the start of its level.
+	Start        time.Duration   `json:"start_ns"`
+	TTFT         time.Duration   `json:"ttft_ns"`
+	E2E          time.Duration   `json:"e2e_ns"`
+	ITL          []time.Duration `json:"itl_ns,omitempty"`
+	PromptTokens int             `json:"prompt_tokens"`
+	OutputTokens int             `json:"output_tokens"`
+	// PD is the x-tandem-pd header: "remote", "fallback; reason=...", or
+	// "" when the server does not send it.
+	PD string `json:"pd,omitempty"`
+	// Err is the failure, "" for a complete answer.
+	Err string `json:"error,omitempty"`
+}
+
+func (r *Record) tpot() time.Duration {
+	if r.OutputTokens < 2 {
+		return 0
+	}
+	return (r.E2E - r.TTFT) / time.Duration(r.OutputTokens-1)
+}
+
+// Result is one target at one load, all rounds together.
+type Result struct {
+	Target string `json:"target"`
+	Load   Load   `json:"load"`
+	*Report
+	// Attained is the fraction of requests (failures count as misses) that
+	// met the plan's SLO, Goodput those requests per second.
+	Attained float64 `json:"slo_attainment"`
+	Goodput  float64 `json:"goodput_rps"`
+	// Curve is the attainment at each of SLOScales times the SLO.
+	Curve []CurvePoint `json:"slo_curve,omitempty"`
+	// Paths counts requests by their x-tandem-pd value (its text before
+	// any ';' detail: "remote", "fallback"; "none" without the header).
+	Paths   map[string]int `json:"pd_paths"`
+	Records []Record       `json:"records"`
+}
+
+// Suite is the whole run: what was asked and every result.
+type Suite struct {
+	Plan    *Plan     `json:"plan"`
+	Started time.Time `json:"started"`
+	Results []*Result `json:"results"`
+}
+
+func (p *Plan) check() error {
+	switch {
+	case len(p.Targets) == 0:
+		return errors.New("no target: give --url or --target NAME=URL")
+	case p.Model == "":
+		return errors.New("no model name")
+	case p.Workload == nil || p.Workload.Requests() == 0:
+		return errors.New("the workload has no requests")
+	case len(p.Loads) == 0:
+		return errors.New("no load: give --rate, --concurrency or a sweep")
+	case p.Timeout <= 0:
+		return errors.New("the request timeout must be positive")
+	}
+	names := map[string]bool{}
+	for _, t := range p.Targets {
+		if names[t.Name] {
+			return fmt.Errorf("two targets are named %q", t.Name)
+		}
+		names[t.Name] = true
+	}
+	for _, l := range p.Loads {
+		if l.Rate < 0 || l.Concurrency < 0 || l.Burstiness < 0 || (l.Rate == 0 && l.Concurrency == 0 && !p.Workload.TimedArrivals) {
+			return fmt.Errorf("load %+v: want a positive rate or concurrency", l)
+		}
+	}
+	return nil
+}
+
+// Run runs the plan: for each load, Rounds rounds, each sending the whole
+// workload to every target in turn. It returns the results so far when ctx
+// is cancelled, with ctx's error.
+func Run(ctx context.Context, p *Plan) (*Suite, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
+	rounds := max(p.Rounds, 1)
+	s := &Suite{Plan: p, Started: time.Now()}
+	clients := make([]*Client, len(p.Targets))
+	for i, t := range p.Targets {
+		clients[i] = NewClient(t.URL, min(p.Workload.Requests(), 256))
+		clients[i].APIKey = p.APIKey
+	}
+	for _, load := range p.Loads {
+		results := make([]*Result, len(p.Targets))
+		durs := make([]time.Duration, len(p.Targets))
+		for i, t := range p.Targets {
+			results[i] = &Result{Target: t.Name, Load: load}
+		}
+		for round := range rounds {
+			for k := range p.Targets {
+				i := k
+				if round%2 == 1 {
+					i = len(p.Targets) - 1 - k
+				}
+				if ctx.Err() != nil {
+					return s, ctx.Err()
+				}
+				recs, d := p.runLevel(ctx, clients[i], p.Targets[i], load, round, rounds)
+				results[i].Records = append(results[i].Records, recs...)
+				durs[i] += d
+			}
+		}
+		for i := range results {
+			results[i].summarize(p, durs[i])
+			s.Results = append(s.Results, results[i])
+		}
+	}
+	return s, ctx.Err()
+}
+
+// summarize fills the report fields from the records.
+func (r *Result) summarize(p *Plan, d time.Duration) {
+	outcomes := make([]Outcome, len(r.Records))
+	r.Paths = map[string]int{}
+	for i, rec := range r.Records {
+		o := Outcome{TTFT: rec.TTFT, E2E: rec.E2E, ITL: rec.ITL, PromptTokens: rec.PromptTokens, OutputTokens: rec.OutputTokens}
+		if rec.Err != "" {
+			o.Err = errors.New(rec.Err)
+		}
+		outcomes[i] = o
+		path, _, _ := strings.Cut(rec.PD, ";")
+		r.Paths[cmp.Or(strings.TrimSpace(path), "none")]++
+	}
+	r.Report = NewReport(r.Load.Concurrency, Config{Model: p.Model, Rate: r.Load.Rate}, d, outcomes)
+	if p.SLO.Set() {
+		var met int
+		r.Attained, met = Attainment(p.SLO, r.Records)
+		if s := d.Seconds(); s > 0 {
+			r.Goodput = float64(met) / s
+		}
+		for _, f := range SLOScales {
+			a, _ := Attainment(p.SLO.Scale(f), r.Records)
+			r.Curve = append(r.Curve, CurvePoint{Scale: f, Attainment: a})
+		}
+	}
+}
+
+// runLevel sends the whole workload to one target at one load and returns
+// the records and the time from the first send to the last answer.
+func (p *Plan) runLevel(ctx context.Context, c *Client, t Target, load Load, round, rounds int) ([]Record, time.Duration) {
+	w := p.Workload
+	n := len(w.Conversations)
+	var arrivals []time.Duration
+	if w.TimedArrivals {
+		arrivals = make([]time.Duration, n)
+		for i := range w.Conversations {
+			arrivals[i] = w.Conversations[i].Arrival
+		}
+	} else {
+		arrivals = load.schedule(p.Seed, n)
+	}
+	recs := make([][]Record, n)
+	var done, failed, inflight atomic.Int64
+	total := int64(w.Requests())
+	start := time.Now()
+
+	stopProgress := make(chan struct{})
+	var progressWG sync.WaitGroup
+	if p.Progress != nil {
+		every := cmp.Or(p.ProgressEvery, 5*time.Second)
+		progressWG.Go(func() {
+			tk := time.NewTicker(every)
+			defer tk.Stop()
+			for {
+				select {
+				case <-stopProgress:
+					return
+				case <-tk.C:
+					fmt.Fprintf(p.Progress, "  %s %s round %d/%d: %d/%d done, %d failed, %d in flight, %.0fs\n",
+						t.Name, load, round+1, rounds, done.Load(), total, failed.Load(), inflight.Load(), time.Since(start).Seconds())
+				}
+			}
+		})
+	}
+
+	conv := func(i int) {
+		recs[i] = p.runConversation(ctx, c, t, i, start, round, &inflight, &done, &failed)
+	}
+	var wg sync.WaitGroup
+	if arrivals == nil { // closed loop
+		next := atomic.Int64{}
+		for range min(load.Concurrency, n) {
+			wg.Go(func() {
+				for {
+					i := int(next.Add(1)) - 1
+					if i >= n || ctx.Err() != nil {
+						return
+					}
+					conv(i)
+				}
+			})
+		}
+	} else {
+		var sem chan struct{}
+		if load.Concurrency > 0 {
+			sem = make(chan struct{}, load.Concurrency)
+		}
+		for i := range n {
+			if !sleepUntil(ctx, start.Add(arrivals[i])) {
+				break
+			}
+			if sem != nil {
+				select {
+				case sem <- struct{}{}:
+				case <-ctx.Done():
+				}
+			}
+			wg.Go(func() {
+				if sem != nil {
+					defer func() { <-sem }()
+				}
+				conv(i)
+			})
+		}
+	}
+	wg.Wait()
+	d := time.Since(start)
+	close(stopProgress)
+	progressWG.Wait()
+	if p.Progress != nil {
+		fmt.Fprintf(p.Progress, "  %s %s round %d/%d: %d/%d done, %d failed in %.1fs\n",
+			t.Name, load, round+1, rounds, done.Load(), total, failed.Load(), d.Seconds())
+	}
+	var out []Record
+	for _, r := range recs {
+		out = append(out, r...)
+	}
+	return out, d
+}
+
+// runConversation sends one conversation's turns in order, each after its
+// think time, each prompt the history so far plus the turn's new tokens.
+func (p *Plan) runConversation(ctx context.Context, c *Client, t Target, i int, levelStart time.Time, round int, inflight, done, failed *atomic.Int64) []Record {
+	cv := &p.Workload.Conversations[i]
+	var hist []int32
+	var out []Record
+	for j, turn := range cv.Turns {
+		if j > 0 && !sleepUntil(ctx, time.Now().Add(turn.Think)) {
+			break
+		}
+		prompt := append(slices.Clip(hist), turn.Prompt...)
+		rctx, cancel := context.WithTimeout(ctx, p.Timeout)
+		sent := time.Now()
+		inflight.Add(1)
+		o := c.Stream(rctx, CompletionRequest{
+			Model: p.Model, Prompt: prompt, MaxTokens: turn.MaxTokens, IgnoreEOS: true, ConversationID: cv.ID,
+		})
+		inflight.Add(-1)
+		cancel()
+		rec := Record{
+			Conversation: i, Turn: j, Round: round, Start: sent.Sub(levelStart),
+			TTFT: o.TTFT, E2E: o.E2E, ITL: o.ITL, PromptTokens: cmp.Or(o.PromptTokens, len(prompt)),
+			OutputTokens: o.OutputTokens, PD: o.PD,
+		}
+		done.Add(1)
+		if o.Err != nil {
+			rec.Err = o.Err.Error()
+			failed.Add(1)
+			out = append(out, rec)
+			break // a conversation does not go on past a failed turn
+		}
+		out = append(out, rec)
+		if j+1 < len(cv.Turns) {
+			hist = append(prompt, p.answerTokens(ctx, t, o, i, j)...)
+		}
+	}
+	return out
+}
+
+// answerTokens is what the next turn appends for an answer: its text as the
+// server tokenizes it, or (without a tokenizer) as many stand-in tokens as
+// the answer had.
+func (p *Plan) answerTokens(ctx context.Context, t Target, o Outcome, conv, turn int) []int32 {
+	if p.Tokenize != nil && o.Text != "" {
+		if ids, err := p.Tokenize(ctx, t, o.Text); err == nil && len(ids) > 0 {
+			return ids
+		}
+	}
+	pool := p.Pool
+	if len(pool) == 0 {
+		pool = []int32{100}
+	}
+	r := rand.New(rand.NewPCG(p.Seed^uint64(conv), uint64(turn)))
+	ids := make([]int32, o.OutputTokens)
+	for k := range ids {
+		ids[k] = pool[r.IntN(len(pool))]
+	}
+	return ids
+}

@@ -1,0 +1,217 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/bench/workload"
+)
+
+func TestSLOArithmeticByHand(t *testing.T) {
+	ms := time.Millisecond
+	recs := []Record{
+		// TPOT = (E2E-TTFT)/(out-1) = (1000-100)/9 = 100 ms.
+		{TTFT: 100 * ms, E2E: 1000 * ms, OutputTokens: 10, ITL: []time.Duration{100 * ms, 100 * ms}},
+		// TTFT misses 200 ms; TPOT (500-300)/4 = 50 ms.
+		{TTFT: 300 * ms, E2E: 500 * ms, OutputTokens: 5, ITL: []time.Duration{50 * ms}},
+		// TPOT (1100-100)/4 = 250 ms misses 150 ms.
+		{TTFT: 100 * ms, E2E: 1100 * ms, OutputTokens: 5, ITL: []time.Duration{250 * ms}},
+		// Meets TTFT and TPOT (mean 40 ms) but one 400 ms stall.
+		{TTFT: 50 * ms, E2E: 50*ms + 400*ms + 9*40*ms - 40*ms, OutputTokens: 11, ITL: []time.Duration{400 * ms, 10 * ms}},
+		// A failure is a miss, however fast.
+		{TTFT: 1 * ms, E2E: 2 * ms, OutputTokens: 2, Err: "HTTP 500: boom"},
+	}
+	cases := []struct {
+		name string
+		slo  SLO
+		want int
+	}{
+		{"no objective counts every success", SLO{}, 4},
+		{"TTFT 200 ms alone", SLO{TTFT: 200 * ms}, 3},
+		{"TTFT 200 ms and TPOT 150 ms", SLO{TTFT: 200 * ms, TPOT: 150 * ms}, 2},
+		{"adding every ITL 300 ms drops the stalled stream", SLO{TTFT: 200 * ms, TPOT: 150 * ms, ITL: 300 * ms}, 1},
+		{"a TPOT bound exactly at a request's TPOT is met", SLO{TPOT: 100 * ms}, 3},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			frac, met := Attainment(tc.slo, recs)
+			if met != tc.want || math.Abs(frac-float64(tc.want)/5) > 1e-12 {
+				t.Errorf("met %d (%.2f), want %d of 5", met, frac, tc.want)
+			}
+		})
+	}
+	// Goodput is met requests per second of the level: 2 met in 4 s = 0.5/s.
+	r := &Result{Records: recs, Load: Load{Rate: 1}}
+	r.summarize(&Plan{Model: "m", SLO: SLO{TTFT: 200 * ms, TPOT: 150 * ms}}, 4*time.Second)
+	if r.Goodput != 0.5 || r.Attained != 0.4 {
+		t.Errorf("goodput %v attainment %v, want 0.5 req/s and 0.4", r.Goodput, r.Attained)
+	}
+	if len(r.Curve) != len(SLOScales) || r.Curve[2].Attainment != 0.4 || r.Curve[4].Attainment != 0.8 {
+		t.Errorf("curve %+v: want 40%% at ×1 and 80%% at ×4", r.Curve)
+	}
+	if r.Failed != 1 || r.Paths["none"] != 5 {
+		t.Errorf("failed %d paths %v", r.Failed, r.Paths)
+	}
+}
+
+func TestGammaArrivalsHaveTheRateAndBurstiness(t *testing.T) {
+	for _, b := range []float64{0.25, 1, 4} {
+		a := GammaArrivals(7, 20001, 10, b)
+		var sum, sq float64
+		for i := 1; i < len(a); i++ {
+			g := (a[i] - a[i-1]).Seconds()
+			sum += g
+			sq += g * g
+		}
+		n := float64(len(a) - 1)
+		mean := sum / n
+		cv := math.Sqrt(sq/n-mean*mean) / mean
+		if math.Abs(mean-0.1) > 0.005 || math.Abs(cv-1/math.Sqrt(b)) > 0.08/math.Sqrt(b) {
+			t.Errorf("burstiness %v: mean gap %.4f s (want 0.1), CV %.3f (want %.3f)", b, mean, cv, 1/math.Sqrt(b))
+		}
+	}
+}
+
+// latencyServer is an OpenAI-style streaming completion server with a latency
+// model: prefills run one at a time for prefill each (a single prefill
+// engine), then tokens stream every tpot. It records conversation ids.
+type latencyServer struct {
+	prefill, tpot time.Duration
+	mu            sync.Mutex // the one prefill engine
+	seen          sync.Map   // conversation_id -> prompt lengths
+}
+
+func (f *latencyServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Prompt         []int32 `json:"prompt"`
+		MaxTokens      int     `json:"max_tokens"`
+		ConversationID string  `json:"conversation_id"`
+		Model          string  `json:"model"`
+	}
+	if r.URL.Path != "/v1/completions" || json.NewDecoder(r.Body).Decode(&req) != nil || req.Model == "" {
+		http.Error(w, `{"error":{"message":"bad request"}}`, http.StatusBadRequest)
+		return
+	}
+	if req.ConversationID != "" {
+		v, _ := f.seen.LoadOrStore(req.ConversationID, &[]int{})
+		f.mu.Lock()
+		*v.(*[]int) = append(*v.(*[]int), len(req.Prompt))
+		f.mu.Unlock()
+	}
+	f.mu.Lock()
+	time.Sleep(f.prefill)
+	f.mu.Unlock()
+	w.Header().Set("X-Tandem-Pd", "remote")
+	w.Header().Set("Content-Type", "text/event-stream")
+	fl := w.(http.Flusher)
+	for i := range req.MaxTokens {
+		if i > 0 {
+			time.Sleep(f.tpot)
+		}
+		fmt.Fprintf(w, "data: {\"choices\":[{\"text\":\"t%d \"}]}\n\n", i)
+		fl.Flush()
+	}
+	fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d}}\n\ndata: [DONE]\n\n", len(req.Prompt), req.MaxTokens)
+}
+
+var testPool = []int32{11, 12, 13, 14, 15}
+
+func TestRunTwoTargetsWithConversations(t *testing.T) {
+	fa, fb := &latencyServer{prefill: time.Millisecond, tpot: time.Millisecond}, &latencyServer{prefill: 3 * time.Millisecond, tpot: time.Millisecond}
+	a, b := httptest.NewServer(fa), httptest.NewServer(fb)
+	defer a.Close()
+	defer b.Close()
+	w := workload.MultiTurn(1, 4, workload.Fixed(3), workload.Fixed(8), workload.Fixed(4), workload.Fixed(5), testPool)
+	var progress strings.Builder
+	p := &Plan{
+		Targets: []Target{{"a", a.URL}, {"b", b.URL}}, Model: "m", Workload: w,
+		Loads: []Load{{Concurrency: 2}, {Rate: 50}}, Rounds: 2, Timeout: 10 * time.Second,
+		SLO: SLO{TTFT: time.Second}, Pool: testPool, Progress: &progress, ProgressEvery: time.Hour,
+	}
+	s, err := Run(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Results) != 4 {
+		t.Fatalf("%d results, want 2 loads × 2 targets", len(s.Results))
+	}
+	for _, r := range s.Results {
+		if r.Completed != 24 || r.Failed != 0 || r.Paths["remote"] != 24 || r.Attained != 1 || r.TotalOutputTokens != 96 {
+			t.Errorf("%s %s: completed %d failed %d paths %v attained %v out %d", r.Target, r.Load, r.Completed, r.Failed, r.Paths, r.Attained, r.TotalOutputTokens)
+		}
+	}
+	// Every turn's prompt is the history: 8, 8+4+8, 8+4+8+4+8.
+	n := 0
+	fa.seen.Range(func(k, v any) bool {
+		n++
+		got := *v.(*[]int)
+		want := []int{8, 20, 32, 8, 20, 32, 8, 20, 32, 8, 20, 32} // 2 loads × 2 rounds
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("conversation %v prompts %v, want %v", k, got, want)
+		}
+		return true
+	})
+	if n != 4 {
+		t.Errorf("%d conversation ids seen, want 4", n)
+	}
+	var tbl strings.Builder
+	if err := WriteTable(&tbl, s); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"conc 2", "rate 50", "remote 24", "SLO attainment at SLO scale", "round 2/2"} {
+		if !strings.Contains(tbl.String()+progress.String(), want) {
+			t.Errorf("output lacks %q:\n%s\n%s", want, tbl.String(), progress.String())
+		}
+	}
+}
+
+func TestSearchRateFindsTheKneeOfAFakeTarget(t *testing.T) {
+	// One prefill at a time, 10 ms each: capacity 100 req/s. With TTFT ≤ 40
+	// ms for 90% of requests, the M/D/1 queue allows roughly 60–75 req/s;
+	// the search must land between 25 and 100.
+	f := &latencyServer{prefill: 10 * time.Millisecond, tpot: time.Millisecond}
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	p := &Plan{
+		Targets: []Target{{"fake", srv.URL}}, Model: "m", Loads: []Load{{Rate: 1}},
+		Workload: workload.Lengths("fixed", 1, 50, workload.Fixed(4), workload.Fixed(3), testPool),
+		Timeout:  10 * time.Second, SLO: SLO{TTFT: 40 * time.Millisecond},
+	}
+	res, err := SearchRate(context.Background(), p, SearchConfig{Target: 0.9, Low: 25, High: 400, Steps: 2}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := res[0]
+	t.Logf("max rate %.1f, points %+v", got.MaxRate, got.Points)
+	if got.MaxRate < 25 || got.MaxRate > 100 {
+		t.Errorf("max rate %.1f req/s, want 25–100 for a 100 req/s server", got.MaxRate)
+	}
+	if last := got.Points[len(got.Points)-1]; len(got.Points) < 4 || last.Rate <= 0 {
+		t.Errorf("points %+v", got.Points)
+	}
+	if _, err := SearchRate(context.Background(), &Plan{}, SearchConfig{Target: 0.9, Low: 1, High: 2}, nil); err == nil {
+		t.Error("a search without an SLO was accepted")
+	}
+}
+
+func TestParseTarget(t *testing.T) {
+	if tg, err := ParseTarget("pd=http://127.0.0.1:8000/"); err != nil || tg != (Target{"pd", "http://127.0.0.1:8000"}) {
+		t.Errorf("%+v %v", tg, err)
+	}
+	if tg, err := ParseTarget("http://h:1"); err != nil || tg.Name != "h:1" {
+		t.Errorf("%+v %v", tg, err)
+	}
+	for _, bad := range []string{"pd=localhost:8000", "=http://x", "x"} {
+		if _, err := ParseTarget(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,96 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// WriteTable writes the suite as one table, a row per target and load, then
+// the SLO attainment curve of each row when an SLO was given, then the
+// failures.
+func WriteTable(w io.Writer, s *Suite) error {
+	p := s.Plan
+	mp, mo := p.Workload.Stats()
+	fmt.Fprintf(w, "workload %s: %d requests, mean prompt %.0f and output %.0f tokens", p.Workload.Name, p.Workload.Requests(), mp, mo)
+	if p.Workload.Clipped > 0 {
+		fmt.Fprintf(w, " (%d clipped to the context)", p.Workload.Clipped)
+	}
+	fmt.Fprintf(w, "; %d round(s), targets alternating\n", max(p.Rounds, 1))
+	if p.SLO.Set() {
+		fmt.Fprintf(w, "SLO: %s (failed requests count as misses)\n", describeSLO(p.SLO))
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	head := "target\tload\tok\tfail\treq/s\tout tok/s\tTTFT p50\tTTFT p90\tTTFT p99\tTPOT p50\tTPOT p99\tITL p50\tITL p99\tE2E p99\t"
+	if p.SLO.Set() {
+		head += "SLO met\tgoodput\t"
+	}
+	fmt.Fprintln(tw, head+"P/D path\t")
+	for _, r := range s.Results {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.1f\t%.0f\t%.0f\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t",
+			r.Target, r.Load, r.Completed, r.Failed, r.RequestThroughput, r.OutputThroughput,
+			r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.TPOT.P50, r.TPOT.P99, r.ITL.P50, r.ITL.P99, r.E2E.P99)
+		if p.SLO.Set() {
+			fmt.Fprintf(tw, "%.0f%%\t%.2f\t", 100*r.Attained, r.Goodput)
+		}
+		fmt.Fprintf(tw, "%s\t\n", describePaths(r.Paths))
+	}
+	fmt.Fprintln(tw, "(latencies in ms; goodput in requests/s meeting the SLO)")
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if p.SLO.Set() {
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprint(tw, "SLO attainment at SLO scale\t\t")
+		for _, f := range SLOScales {
+			fmt.Fprintf(tw, "×%g\t", f)
+		}
+		fmt.Fprintln(tw)
+		for _, r := range s.Results {
+			fmt.Fprintf(tw, "%s\t%s\t", r.Target, r.Load)
+			for _, c := range r.Curve {
+				fmt.Fprintf(tw, "%.0f%%\t", 100*c.Attainment)
+			}
+			fmt.Fprintln(tw)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	for _, r := range s.Results {
+		for i, e := range r.Errors {
+			if i == 3 {
+				fmt.Fprintf(w, "  %s %s: ... and %d more distinct errors\n", r.Target, r.Load, len(r.Errors)-i)
+				break
+			}
+			fmt.Fprintf(w, "  %s %s: failed %d×: %s\n", r.Target, r.Load, e.Count, e.Error)
+		}
+	}
+	return nil
+}
+
+func describeSLO(s SLO) string {
+	var parts []string
+	if s.TTFT > 0 {
+		parts = append(parts, "TTFT ≤ "+s.TTFT.String())
+	}
+	if s.TPOT > 0 {
+		parts = append(parts, "TPOT ≤ "+s.TPOT.String())
+	}
+	if s.ITL > 0 {
+		parts = append(parts, "every ITL ≤ "+s.ITL.String())
+	}
+	return strings.Join(parts, " and ")
+}
+
+func describePaths(m map[string]int) string {
+	keys := slices.Sorted(maps.Keys(m))
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}
