@@ -2,7 +2,8 @@
 //
 // Subcommands: serve (an engine), proxy (the P/D router), up (proxy and
 // engines on one machine), bench (serving benchmark), model (init, inspect),
-// generate (one-shot generation in the terminal).
+// generate (one-shot generation in the terminal), profile (step times for
+// simulated engines).
 package main
 
 import (
@@ -25,6 +26,7 @@ var commands = []command{
 	{"generate", "generate text from a model in the terminal", runGenerate},
 	{"model", "init (random-weight model) | inspect DIR", runModel},
 	{"bench", "serving benchmark against an OpenAI endpoint", runBench},
+	{"profile", "measure a model's step times here, for serve --simulate", runProfile},
 }
 
 func usage() {

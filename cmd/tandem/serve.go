@@ -29,7 +29,6 @@ import (
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/sched"
-	"github.com/tandem-serve/tandem/internal/tensor"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
@@ -78,6 +77,9 @@ type serveConfig struct {
 	KVTLSKey             string
 	KVTLSCA              string
 
+	// Simulated engines (internal/sim): --simulate and --sim-*.
+	Sim simConfig
+
 	// Loaded by validate from the flags above.
 	kvSecret                 kvxfer.Secret
 	kvPeers                  *kvxfer.PeerPolicy
@@ -121,6 +123,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.KVTLSCert, "kv-tls-cert", "", "PEM certificate for mutual TLS on the KV side channel (with --kv-tls-key and --kv-tls-ca)")
 	fs.StringVar(&c.KVTLSKey, "kv-tls-key", "", "PEM private key of --kv-tls-cert")
 	fs.StringVar(&c.KVTLSCA, "kv-tls-ca", "", "PEM CA bundle that signs every engine's --kv-tls-cert")
+	c.Sim.register(fs)
 	fs.StringVar(&c.KVLoadFailurePolicy, "kv-load-failure-policy", string(sched.LoadFailureFail), "when pulling KV fails: fail (the request ends with HTTP 500) or recompute (compute the missing prompt KV locally)")
 }
 
@@ -214,11 +217,14 @@ func parseServeFlags(args []string) (*serveConfig, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	if err := c.Sim.validate(fs); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 
 func runServe(args []string) error {
-	args, err := withDefaultModel(args, os.Stderr)
+	args, err := withDefaultModel(joinSimulateArg(args), os.Stderr)
 	if err != nil {
 		return err
 	}
@@ -238,17 +244,15 @@ func runServe(args []string) error {
 func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 
-	pool := tensor.NewPool(cfg.Threads)
-	defer pool.Close()
-	m, err := model.Load(cfg.Model, pool)
-	if err != nil {
-		return err
-	}
-	defer m.Close()
 	tok, err := tokenizer.Load(cfg.Model)
 	if err != nil {
 		return err
 	}
+	m, closeModel, err := loadForwarder(cfg, tok, log) // the real model, or --simulate's
+	if err != nil {
+		return err
+	}
+	defer closeModel()
 	maxLen := m.MaxModelLen()
 	if cfg.MaxModelLen > 0 {
 		if cfg.MaxModelLen > maxLen {

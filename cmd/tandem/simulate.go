@@ -1,0 +1,233 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/sim"
+	"github.com/tandem-serve/tandem/internal/tensor"
+	"github.com/tandem-serve/tandem/internal/tokenizer"
+)
+
+// simConfig is the flags of a simulated engine (`tandem serve --simulate`):
+// the engine is real, its forward pass is internal/sim's.
+type simConfig struct {
+	Simulate simulateFlag
+
+	TTFT, ITL, PrefillPerToken time.Duration
+	Speed                      float64
+	Seed                       uint64
+	MeanOutputLen              int
+
+	ErrorRate                 float64
+	StallEvery, StallFor      time.Duration
+	KVDelay                   time.Duration
+	KVFailRate, KVCorruptRate float64
+	CrashAfter                int
+
+	set map[string]bool // the --sim-* flags given
+	// onModel, if set (tests), receives the simulated model.
+	onModel func(*sim.Model)
+}
+
+// simulateFlag is --simulate: alone, the built-in time model; with a value
+// (--simulate=PROFILE.json, or --simulate PROFILE.json, see
+// joinSimulateArg), a profile written by `tandem profile`.
+type simulateFlag string
+
+const simBuiltin = "builtin"
+
+func (f *simulateFlag) String() string { return string(*f) }
+
+func (f *simulateFlag) Set(s string) error {
+	switch s {
+	case "true":
+		*f = simBuiltin
+	case "false":
+		*f = ""
+	default:
+		*f = simulateFlag(s)
+	}
+	return nil
+}
+
+func (f *simulateFlag) IsBoolFlag() bool { return true }
+
+// joinSimulateArg lets --simulate take a profile as the next argument, as
+// `--simulate PROFILE.json`, although the flag may also stand alone: a
+// following argument that ends in .json is its value. It stops at "--".
+func joinSimulateArg(args []string) []string {
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return append(out, args[i:]...)
+		}
+		if (a == "--simulate" || a == "-simulate") && i+1 < len(args) && strings.HasSuffix(args[i+1], ".json") && !strings.HasPrefix(args[i+1], "-") {
+			out = append(out, a+"="+args[i+1])
+			i++
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+func (c *simConfig) register(fs *flag.FlagSet) {
+	fs.Var(&c.Simulate, "simulate", "simulate the model: a real engine (API, scheduler, KV cache, P/D transfer) whose forward pass sleeps for a time model's step time and writes a checkable pattern into the KV cache. Alone: the built-in time model (a 135M model measured on a 2-core EPYC); --simulate PROFILE.json: a profile from tandem profile. --model gives the tokenizer (default: the embedded model's)")
+	fs.DurationVar(&c.TTFT, "sim-ttft", 0, "simple time model instead of a profile: a step that runs prompt tokens costs this, plus --sim-prefill-per-token each")
+	fs.DurationVar(&c.ITL, "sim-itl", 0, "simple time model: a step that runs decodes costs this (inter-token latency)")
+	fs.DurationVar(&c.PrefillPerToken, "sim-prefill-per-token", 0, "simple time model: the cost of each prompt token in a step")
+	fs.Float64Var(&c.Speed, "sim-speed", 1, "run simulated time this many times faster than real time")
+	fs.Uint64Var(&c.Seed, "sim-seed", 0, "the simulated model's seed: engines that must give the same answers need the same one")
+	fs.IntVar(&c.MeanOutputLen, "sim-mean-output-len", 128, "the simulated model ends an answer with EOS after this many tokens on average (0: never, answers run to max_tokens)")
+	fs.Float64Var(&c.ErrorRate, "sim-error-rate", 0, "fault: fraction of requests that fail (HTTP 500) when their prompt is computed")
+	fs.DurationVar(&c.StallEvery, "sim-stall-every", 0, "fault: freeze the step loop for --sim-stall-for once per this much time")
+	fs.DurationVar(&c.StallFor, "sim-stall-for", time.Second, "fault: how long a --sim-stall-every stall lasts")
+	fs.DurationVar(&c.KVDelay, "sim-kv-delay", 0, "fault: every KV load (pull from a prefill) finishes this much later")
+	fs.Float64Var(&c.KVFailRate, "sim-kv-fail-rate", 0, "fault: fraction of KV loads that fail (handled by --kv-load-failure-policy)")
+	fs.Float64Var(&c.KVCorruptRate, "sim-kv-corrupt-rate", 0, "fault: fraction of KV loads with a damaged byte, which the KV pattern check catches (handled by --kv-load-failure-policy)")
+	fs.IntVar(&c.CrashAfter, "sim-crash-after", 0, "fault: exit abruptly (status 70) when request N+1 starts")
+}
+
+// validate checks the --sim-* flags given in fs.
+func (c *simConfig) validate(fs *flag.FlagSet) error {
+	c.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) {
+		if strings.HasPrefix(f.Name, "sim-") {
+			c.set[f.Name] = true
+		}
+	})
+	if c.Simulate == "" {
+		for name := range c.set {
+			return fmt.Errorf("--%s needs --simulate", name)
+		}
+		return nil
+	}
+	knobs := c.set["sim-ttft"] || c.set["sim-itl"] || c.set["sim-prefill-per-token"]
+	switch {
+	case knobs && c.Simulate != simBuiltin:
+		return fmt.Errorf("--simulate %s and --sim-ttft/--sim-itl/--sim-prefill-per-token are two time models: give one", c.Simulate)
+	case c.TTFT < 0 || c.ITL < 0 || c.PrefillPerToken < 0:
+		return errors.New("--sim-ttft, --sim-itl and --sim-prefill-per-token must not be negative")
+	case !(c.Speed > 0):
+		return fmt.Errorf("--sim-speed %v must be positive", c.Speed)
+	case c.MeanOutputLen < 0:
+		return errors.New("--sim-mean-output-len must not be negative")
+	}
+	return nil
+}
+
+// timeModel is the time model the flags choose.
+func (c *simConfig) timeModel() (sim.TimeModel, error) {
+	switch {
+	case c.set["sim-ttft"] || c.set["sim-itl"] || c.set["sim-prefill-per-token"]:
+		return sim.Knobs{TTFT: c.TTFT, ITL: c.ITL, PrefillPerToken: c.PrefillPerToken}, nil
+	case c.Simulate == simBuiltin:
+		return sim.DefaultProfile(), nil
+	}
+	return sim.LoadProfile(string(c.Simulate))
+}
+
+// loadForwarder returns the engine's forward pass: the model in cfg.Model
+// on a pool of cfg.Threads workers, or, with --simulate, a simulated model
+// shaped by its config.json and tokenizer. The returned function releases
+// it.
+func loadForwarder(cfg *serveConfig, tok *tokenizer.Tokenizer, log *slog.Logger) (engine.Forwarder, func(), error) {
+	if cfg.Sim.Simulate == "" {
+		pool := tensor.NewPool(cfg.Threads)
+		m, err := model.Load(cfg.Model, pool)
+		if err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+		return m, func() { m.Close(); pool.Close() }, nil
+	}
+	c := &cfg.Sim
+	tm, err := c.timeModel()
+	if err != nil {
+		return nil, nil, err
+	}
+	mc, err := model.LoadConfig(cfg.Model)
+	if err != nil {
+		return nil, nil, err
+	}
+	gen, err := model.LoadGenerationConfig(cfg.Model)
+	if err != nil {
+		return nil, nil, err
+	}
+	// A simulated model has no position limit of its own: --max-model-len
+	// may exceed the tokenizer's model's.
+	maxLen := mc.MaxModelLen()
+	if cfg.MaxModelLen > 0 {
+		maxLen = cfg.MaxModelLen
+	}
+	kvDType := tensor.BF16
+	if dt, set, _ := model.ParseKVDType(cfg.KVCacheDType); set {
+		kvDType = dt
+	}
+	eos := tok.EOS()
+	for _, id := range append(gen.EOS, mc.EOS...) {
+		if !containsID(eos, id) {
+			eos = append(eos, id)
+		}
+	}
+	m, err := sim.New(sim.Config{
+		Vocab: max(mc.Vocab, tok.VocabSize()), Choices: textTokens(tok), MaxModelLen: maxLen, EOS: eos, Generation: *gen,
+		KVDType: kvDType, Seed: c.Seed, MeanOutputLen: c.MeanOutputLen, Time: tm, Speed: c.Speed,
+		Faults: sim.Faults{
+			ErrorRate: c.ErrorRate, StallEvery: c.StallEvery, StallFor: c.StallFor,
+			KVDelay: c.KVDelay, KVFailRate: c.KVFailRate, KVCorruptRate: c.KVCorruptRate, CrashAfter: c.CrashAfter,
+		},
+		Logger: log,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	log.Info("simulated model", "time_model", c.describe(), "speed", c.Speed, "seed", c.Seed, "fingerprint", m.Fingerprint())
+	if c.onModel != nil {
+		c.onModel(m)
+	}
+	return m, func() { m.Close() }, nil
+}
+
+func (c *simConfig) describe() string {
+	switch {
+	case c.set["sim-ttft"] || c.set["sim-itl"] || c.set["sim-prefill-per-token"]:
+		return fmt.Sprintf("knobs ttft=%v itl=%v prefill_per_token=%v", c.TTFT, c.ITL, c.PrefillPerToken)
+	case c.Simulate == simBuiltin:
+		return "built-in profile"
+	}
+	return "profile " + string(c.Simulate)
+}
+
+// textTokens are the ids of tok's ordinary tokens: not special, and
+// decoding on their own to printable text (not a byte-fallback piece of a
+// character, not a control character, not only spaces).
+func textTokens(tok *tokenizer.Tokenizer) []int32 {
+	var ids []int32
+	for id := range int32(tok.VocabSize()) {
+		t := tok.Decode([]int32{id}, true)
+		if tok.IsSpecial(id) || strings.TrimSpace(t) == "" || !utf8.ValidString(t) || strings.ContainsFunc(t, func(r rune) bool { return r < ' ' || r == utf8.RuneError }) {
+			continue
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func containsID(ids []int32, id int32) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
