@@ -56,6 +56,11 @@ type Config struct {
 	// StopTimeout is how long engines get to exit after SIGTERM before
 	// SIGKILL. Default 10s.
 	StopTimeout time.Duration
+	// Simulate, if set, starts simulated engines (`tandem serve
+	// --simulate`, internal/sim): "builtin" for the built-in time model,
+	// else a profile file from `tandem profile`. Engine flags such as
+	// --sim-speed go in ExtraArgs.
+	Simulate string
 	// APIKey, if set, is required by the proxy from clients and by the
 	// engines from the proxy (Authorization: Bearer).
 	APIKey string
@@ -88,6 +93,17 @@ func (c *Config) setDefaults() error {
 	}
 	if c.StopTimeout <= 0 {
 		c.StopTimeout = 10 * time.Second
+	}
+	switch c.Simulate {
+	case "":
+	case "builtin":
+		c.ExtraArgs = append([]string{"--simulate"}, c.ExtraArgs...)
+	default:
+		abs, err := filepath.Abs(c.Simulate)
+		if err != nil {
+			return err
+		}
+		c.ExtraArgs = append([]string{"--simulate=" + abs}, c.ExtraArgs...)
 	}
 	if c.Stdout == nil {
 		c.Stdout = os.Stdout
