@@ -66,7 +66,11 @@ func (s *Server) chatJob(req *ChatCompletionRequest, extID string) (*job, *Error
 	if err != nil {
 		return nil, err
 	}
-	text, err := s.renderChat(req.Messages, boolOr(req.AddGenerationPrompt, true))
+	choices, err := choicesPerPrompt(&req.SamplingFields, kv)
+	if err != nil {
+		return nil, err
+	}
+	text, err := s.renderChat(req.Messages, boolOr(req.AddGenerationPrompt, true), req.ChatTemplate)
 	if err != nil {
 		return nil, err
 	}
@@ -88,11 +92,11 @@ func (s *Server) chatJob(req *ChatCompletionRequest, extID string) (*job, *Error
 	if err := validateParams(&params, s.cfg.Tokenizer.VocabSize()); err != nil {
 		return nil, err
 	}
-	return &job{extID: extID, prompts: [][]int32{ids}, params: []sample.Params{params}, kv: kv}, nil
+	return &job{extID: extID, prompts: [][]int32{ids}, params: []sample.Params{params}, n: choices, kv: kv}, nil
 }
 
 func (s *Server) completeChat(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, logprobs bool) {
-	st, err, ok := s.collect(r, run, 1, false, logprobs)
+	st, err, ok := s.collect(r, run, false, logprobs)
 	if !ok {
 		return
 	}
@@ -100,27 +104,34 @@ func (s *Server) completeChat(w http.ResponseWriter, r *http.Request, run *run, 
 		WriteError(w, err)
 		return
 	}
-	c := &st[0]
-	choice := ChatChoice{
-		Message:      ChatReply{Role: "assistant", Content: c.text.String()},
-		FinishReason: finishReason(c.final.Finish),
-		StopReason:   stopReason(c.final),
-	}
-	if logprobs {
-		choice.Logprobs = &ChatLogprobs{Content: c.chat}
-		if choice.Logprobs.Content == nil {
-			choice.Logprobs.Content = []ChatTokenLogprob{}
-		}
-	}
-	u := usageOf(c.final.Usage)
-	s.writeJSON(w, http.StatusOK, ChatCompletionResponse{
+	resp := ChatCompletionResponse{
 		ID: meta.id, Object: "chat.completion", Created: meta.created, Model: meta.model,
-		Choices:          []ChatChoice{choice},
-		Usage:            &u,
-		KVTransferParams: c.final.KVTransfer,
-	})
+		Usage:            &Usage{},
+		KVTransferParams: st[0].final.KVTransfer,
+	}
+	for i := range st {
+		c := &st[i]
+		choice := ChatChoice{
+			Index:        i,
+			Message:      ChatReply{Role: "assistant", Content: c.text.String()},
+			FinishReason: finishReason(c.final.Finish),
+			StopReason:   stopReason(c.final),
+		}
+		if logprobs {
+			choice.Logprobs = &ChatLogprobs{Content: c.chat}
+			if choice.Logprobs.Content == nil {
+				choice.Logprobs.Content = []ChatTokenLogprob{}
+			}
+		}
+		resp.Choices = append(resp.Choices, choice)
+		run.addUsage(resp.Usage, i, c.final.Usage)
+	}
+	s.writeJSON(w, http.StatusOK, resp)
 }
 
+// streamChat streams a chat completion. As in vLLM, the first chunks give
+// every choice its role, then each choice's deltas and finish follow in the
+// order the engine produces them, each chunk naming its choice's index.
 func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, includeUsage, logprobs bool) {
 	chunk := func(c ChatChunkChoice) ChatCompletionChunk {
 		ch := ChatCompletionChunk{ID: meta.id, Object: "chat.completion.chunk", Created: meta.created, Model: meta.model, Choices: []ChatChunkChoice{c}}
@@ -129,10 +140,11 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, run *run, me
 		}
 		return ch
 	}
+	n := run.j.choices()
 	sw := NewSSEWriter(w, s.cfg.WriteTimeout)
 	var usage Usage
-	complete := false
-	for !complete {
+	finals := 0
+	for finals < n {
 		ie, ok := run.next(r.Context())
 		if !ok {
 			break
@@ -144,13 +156,15 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, run *run, me
 		}
 		if !sw.Started() {
 			empty := ""
-			if sw.Data(chunk(ChatChunkChoice{Delta: ChatDelta{Role: "assistant", Content: &empty}})) != nil {
-				return
+			for i := range n {
+				if sw.Data(chunk(ChatChunkChoice{Index: i, Delta: ChatDelta{Role: "assistant", Content: &empty}})) != nil {
+					return
+				}
 			}
 		}
 		if ev.Text != "" || len(ev.Logprobs) > 0 {
 			text := ev.Text
-			c := ChatChunkChoice{Delta: ChatDelta{Content: &text}}
+			c := ChatChunkChoice{Index: ie.i, Delta: ChatDelta{Content: &text}}
 			if logprobs {
 				c.Logprobs = &ChatLogprobs{Content: s.chatLogprobs(ev.Logprobs)}
 			}
@@ -159,14 +173,14 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, run *run, me
 			}
 		}
 		if ev.Finish != engine.FinishNone {
-			complete = true
-			usage = usageOf(ev.Usage)
-			if sw.Data(chunk(ChatChunkChoice{FinishReason: finishReason(ev.Finish), StopReason: stopReason(ev)})) != nil {
+			finals++
+			run.addUsage(&usage, ie.i, ev.Usage)
+			if sw.Data(chunk(ChatChunkChoice{Index: ie.i, FinishReason: finishReason(ev.Finish), StopReason: stopReason(ev)})) != nil {
 				return
 			}
 		}
 	}
-	s.endStream(w, r, sw, complete, includeUsage, usage, func(u json.RawMessage) any {
+	s.endStream(w, r, sw, finals == n, includeUsage, usage, func(u json.RawMessage) any {
 		return ChatCompletionChunk{ID: meta.id, Object: "chat.completion.chunk", Created: meta.created, Model: meta.model, Choices: []ChatChunkChoice{}, Usage: u}
 	})
 }

@@ -34,10 +34,10 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	defer run.close()
 	meta := responseMeta{id: "cmpl-" + extID, created: s.cfg.Now().Unix(), model: s.cfg.ModelName}
 	if req.Stream {
-		s.streamCompletion(w, r, run, meta, len(j.prompts), req.StreamOptions != nil && req.StreamOptions.IncludeUsage, req.Logprobs != nil)
+		s.streamCompletion(w, r, run, meta, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, req.Logprobs != nil)
 		return
 	}
-	s.completeCompletion(w, r, run, meta, len(j.prompts), req.Logprobs != nil)
+	s.completeCompletion(w, r, run, meta, req.Logprobs != nil)
 }
 
 // errNoFinal reports an engine stream that closed without a final event.
@@ -55,8 +55,11 @@ func (s *Server) completionJob(req *CompletionRequest, extID string) (*job, *Err
 	if err := s.checkModel(req.Model, false); err != nil {
 		return nil, err
 	}
-	if req.Echo {
-		return nil, BadRequest("echo", "echo is not supported")
+	if req.Echo && req.Logprobs != nil {
+		// With echo, OpenAI and vLLM return the prompt's logprobs too;
+		// the engine does not compute them, and sampled-token logprobs
+		// alone would misalign with the echoed text.
+		return nil, BadRequest("echo", "echo together with logprobs needs the prompt's logprobs, which Tandem does not compute; drop logprobs or echo")
 	}
 	if req.Logprobs != nil && (*req.Logprobs < 0 || *req.Logprobs > maxTopLogprobs) {
 		return nil, BadRequest("logprobs", "logprobs must be between 0 and %d, got %d", maxTopLogprobs, *req.Logprobs)
@@ -82,16 +85,23 @@ func (s *Server) completionJob(req *CompletionRequest, extID string) (*job, *Err
 	if kv != nil && len(prompts) > 1 {
 		return nil, BadRequest("kv_transfer_params", "kv_transfer_params apply to one prompt; got %d prompts", len(prompts))
 	}
-	j := &job{extID: extID, kv: kv}
+	n, err := choicesPerPrompt(&req.SamplingFields, kv)
+	if err != nil {
+		return nil, err
+	}
+	j := &job{extID: extID, kv: kv, n: n}
 	for i, p := range prompts {
 		param := "prompt"
 		if len(prompts) > 1 {
 			param = "prompt[" + itoa(i) + "]"
 		}
-		ids := p.Tokens
+		ids, text := p.Tokens, p.Text
 		if p.IsTokens {
 			if err := s.checkTokenIDs(ids, param); err != nil {
 				return nil, err
+			}
+			if req.Echo {
+				text = s.cfg.Tokenizer.Decode(ids, !base.KeepSpecialTokens)
 			}
 		} else {
 			// "" is a prompt too: with a BOS it is [BOS], as in vLLM.
@@ -101,16 +111,19 @@ func (s *Server) completionJob(req *CompletionRequest, extID string) (*job, *Err
 			return nil, BadRequest(param, "prompt must not be empty")
 		}
 		params := base
-		n, err := resolveMaxTokens(req.MaxTokens, "max_tokens", completionsDefaultMaxTokens, s.cfg.Defaults, len(ids), s.cfg.Backend.MaxModelLen(), param)
+		maxTokens, err := resolveMaxTokens(req.MaxTokens, "max_tokens", completionsDefaultMaxTokens, s.cfg.Defaults, len(ids), s.cfg.Backend.MaxModelLen(), param)
 		if err != nil {
 			return nil, err
 		}
-		params.MaxTokens = n
+		params.MaxTokens = maxTokens
 		if err := validateParams(&params, s.cfg.Tokenizer.VocabSize()); err != nil {
 			return nil, err
 		}
 		j.prompts = append(j.prompts, ids)
 		j.params = append(j.params, params)
+		if req.Echo {
+			j.echo = append(j.echo, text)
+		}
 	}
 	return j, nil
 }
@@ -141,8 +154,8 @@ type choiceState struct {
 
 // collect reads a run to its end. It returns the choices, or an API error
 // when a request failed, or ok=false when the client went away.
-func (s *Server) collect(r *http.Request, run *run, n int, completionLogprobs, chatLogprobs bool) ([]choiceState, *Error, bool) {
-	st := make([]choiceState, n)
+func (s *Server) collect(r *http.Request, run *run, completionLogprobs, chatLogprobs bool) ([]choiceState, *Error, bool) {
+	st := make([]choiceState, run.j.choices())
 	for {
 		ie, ok := run.next(r.Context())
 		if !ok {
@@ -177,8 +190,8 @@ func (s *Server) collect(r *http.Request, run *run, n int, completionLogprobs, c
 	return st, nil, true
 }
 
-func (s *Server) completeCompletion(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, n int, logprobs bool) {
-	st, err, ok := s.collect(r, run, n, logprobs, false)
+func (s *Server) completeCompletion(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, logprobs bool) {
+	st, err, ok := s.collect(r, run, logprobs, false)
 	if !ok {
 		return
 	}
@@ -191,18 +204,18 @@ func (s *Server) completeCompletion(w http.ResponseWriter, r *http.Request, run 
 		c := &st[i]
 		resp.Choices = append(resp.Choices, CompletionChoice{
 			Index:        i,
-			Text:         c.text.String(),
+			Text:         run.echo(i) + c.text.String(),
 			Logprobs:     c.logprobs,
 			FinishReason: finishReason(c.final.Finish),
 			StopReason:   stopReason(c.final),
 		})
-		addUsage(resp.Usage, c.final.Usage)
+		run.addUsage(resp.Usage, i, c.final.Usage)
 	}
 	resp.KVTransferParams = st[0].final.KVTransfer
 	s.writeJSON(w, http.StatusOK, resp)
 }
 
-func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, n int, includeUsage, logprobs bool) {
+func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, includeUsage, logprobs bool) {
 	chunk := func(choices []CompletionChoice) CompletionChunk {
 		c := CompletionChunk{ID: meta.id, Object: "text_completion", Created: meta.created, Model: meta.model, Choices: choices}
 		if includeUsage {
@@ -210,7 +223,9 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, run *r
 		}
 		return c
 	}
+	n := run.j.choices()
 	offsets := make([]int, n)
+	echoed := make([]bool, n)
 	var usage Usage
 	finals := 0
 	sw := NewSSEWriter(w, s.cfg.WriteTimeout)
@@ -224,8 +239,14 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, run *r
 			s.streamFailure(w, sw, ev)
 			return
 		}
-		if ev.Text != "" || len(ev.Logprobs) > 0 {
-			c := CompletionChoice{Index: ie.i, Text: ev.Text}
+		text := ev.Text
+		if !echoed[ie.i] {
+			// The choice's first chunk carries the echoed prompt.
+			echoed[ie.i] = true
+			text = run.echo(ie.i) + text
+		}
+		if text != "" || len(ev.Logprobs) > 0 {
+			c := CompletionChoice{Index: ie.i, Text: text}
 			if logprobs {
 				c.Logprobs = &CompletionLogprobs{}
 				offsets[ie.i] = s.completionLogprobs(c.Logprobs, ev.Logprobs, offsets[ie.i])
@@ -236,7 +257,7 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, run *r
 		}
 		if ev.Finish != engine.FinishNone {
 			finals++
-			addUsage(&usage, ev.Usage)
+			run.addUsage(&usage, ie.i, ev.Usage)
 			c := CompletionChoice{Index: ie.i, FinishReason: finishReason(ev.Finish), StopReason: stopReason(ev)}
 			if sw.Data(chunk([]CompletionChoice{c})) != nil {
 				return

@@ -11,6 +11,30 @@
 // named after the HTTP status (BadRequestError, NotFoundError, ...) and code the
 // numeric status, so clients written against vLLM keep working.
 //
+// Choices: n (1..MaxN) asks for n choices per prompt, indexed prompt by
+// prompt (choice c of prompt p is p*n+c), streamed interleaved with their
+// index; usage counts each prompt once and the completion tokens of every
+// choice. The prompt is computed once: choice 0 goes to the engine first,
+// and the others are submitted when it produces its first token, so they
+// find its blocks in the prefix cache (see run). With a seed, choice c
+// samples with seed+c, vLLM v1's rule, so choice 0 equals the n = 1 answer.
+// On a decode engine only choice 0 carries kv_transfer_params (it pulls the
+// prompt's KV); a prefill leg (do_remote_decode) always runs one choice.
+// best_of is accepted only equal to n: like vLLM v1, Tandem does not rank
+// extra samples.
+//
+// Echo: a completion with echo starts each choice's text with its prompt's
+// (the first streamed chunk of a choice carries it). With logprobs, OpenAI
+// and vLLM also return the prompt's logprobs, which the engine does not
+// compute, so echo with logprobs is a 400.
+//
+// Chat templates: Config.ChatTemplate is the model's template or the one
+// given with `tandem serve --chat-template` (a file, or the template text,
+// as vLLM's flag; LoadChatTemplate resolves it), so a model without a
+// template can serve chat. A request's own chat_template field is rendered
+// only when Config.RequestChatTemplate is set
+// (--trust-request-chat-template, as in vLLM), else refused with a 400.
+//
 // Request ids: the X-Request-Id header (or a random id) names the request in
 // the response header and in the response id (cmpl-<id>, chatcmpl-<id>). An
 // id that is not 1-256 printable ASCII characters without spaces (0x21-0x7e)

@@ -3,6 +3,8 @@ package openai
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"sync"
@@ -11,60 +13,177 @@ import (
 	"github.com/tandem-serve/tandem/internal/sample"
 )
 
-// job is a validated generation request: one engine request per prompt.
+// job is a validated generation request: n choices of each prompt, each
+// choice one engine request.
 type job struct {
 	extID   string
 	prompts [][]int32
-	params  []sample.Params
-	kv      map[string]any
+	params  []sample.Params // per prompt
+	// n is the number of choices per prompt; choice c of prompt p has the
+	// index p*n+c in the response, as in OpenAI's API and vLLM.
+	n  int
+	kv map[string]any
+	// echo is each prompt's text, prepended to its choices' text (echo).
+	echo []string
 }
 
-// indexedEvent is an engine event of prompt i.
+// choices is the number of choices of the whole response.
+func (j *job) choices() int { return len(j.prompts) * j.n }
+
+// request is the engine request of choice c of prompt p. With a seed,
+// choice c samples with seed+c (vLLM v1's rule for the child requests of
+// n > 1), so choice 0 equals the n = 1 request. Only choice 0 carries the
+// kv_transfer_params: on a decode engine it pulls the prompt's KV, and the
+// other choices find those blocks in the prefix cache.
+func (j *job) request(p, c int) *engine.Request {
+	k := p*j.n + c
+	params := j.params[p]
+	if c > 0 && params.HasSeed {
+		params.Seed += uint64(c)
+	}
+	r := &engine.Request{ID: internalID(j.extID, k, j.choices()), Prompt: j.prompts[p], Params: params}
+	if c == 0 {
+		r.KVTransfer = j.kv
+	}
+	return r
+}
+
+// indexedEvent is an engine event of choice i.
 type indexedEvent struct {
 	i  int
 	ev engine.Event
 }
 
 // run is a job in flight.
+//
+// With n > 1 the prompt is computed once: start submits choice 0 of each
+// prompt, and when its first event arrives (its prompt has been computed and
+// its full blocks are in the prefix cache, or pulled from a prefill engine)
+// that choice's forwarder submits choices 1..n-1, which find the prompt's
+// blocks in the prefix cache and compute only its last partial block. vLLM
+// forks the n sequences inside the engine instead; doing it here keeps the
+// engine's one-request-one-sequence model, at the cost of recomputing up to
+// a block of prompt tokens per extra choice.
 type run struct {
-	s        *Server
-	handles  []*engine.Handle
-	finished []bool
-	events   <-chan indexedEvent
-	cancel   context.CancelFunc
+	s      *Server
+	j      *job
+	ctx    context.Context
+	cancel context.CancelFunc
+	out    chan indexedEvent
+	wg     sync.WaitGroup // forwarders; out closes when none is left
+
+	mu      sync.Mutex
+	closed  bool
+	handles []*engine.Handle // by choice; nil until submitted
+
+	finished []bool // by choice; read and written by the handler only
 }
 
-// start submits every prompt of j. The requests live as long as ctx (the
+// start submits choice 0 of every prompt of j (and, as they start
+// producing, the other choices). The requests live as long as ctx (the
 // client's connection) and until close is called.
 func (s *Server) start(ctx context.Context, j *job) (*run, *Error) {
 	if s.draining.Load() {
 		return nil, NewError(http.StatusServiceUnavailable, "", "the server is shutting down; retry on another instance")
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	r := &run{s: s, cancel: cancel, finished: make([]bool, len(j.prompts))}
-	for i, prompt := range j.prompts {
-		req := &engine.Request{
-			ID:         internalID(j.extID, i, len(j.prompts)),
-			Prompt:     prompt,
-			Params:     j.params[i],
-			KVTransfer: j.kv,
-		}
-		h, err := s.cfg.Backend.Submit(ctx, req)
+	total := j.choices()
+	r := &run{
+		s: s, j: j, ctx: ctx, cancel: cancel,
+		out:      make(chan indexedEvent, total),
+		handles:  make([]*engine.Handle, total),
+		finished: make([]bool, total),
+	}
+	for p := range j.prompts {
+		h, err := s.cfg.Backend.Submit(ctx, j.request(p, 0))
 		if err != nil {
 			r.close()
 			return nil, submitError(err)
 		}
-		r.handles = append(r.handles, h)
+		r.track(p, 0, h)
 	}
-	r.events = merge(ctx, r.handles)
+	// Every forwarder that will ever run is either started above or
+	// started by one of those while it is still running, so the count
+	// reaches zero only once all of them are done.
+	go func() {
+		r.wg.Wait()
+		close(r.out)
+	}()
 	return r, nil
 }
 
+// track records the handle of choice c of prompt p and starts forwarding
+// its events. A handle submitted after close is aborted at once.
+func (r *run) track(p, c int, h *engine.Handle) {
+	k := p*r.j.n + c
+	r.mu.Lock()
+	r.handles[k] = h
+	closed := r.closed
+	r.mu.Unlock()
+	if closed {
+		r.s.cfg.Backend.Abort(h.ID)
+	}
+	r.wg.Add(1)
+	go r.forward(p, c, h)
+}
+
+// forward moves one handle's events to out. After the run's context ends it
+// keeps draining the handle (without forwarding) so the engine never blocks
+// on a reader that went away. The forwarder of choice 0 submits the other
+// choices of its prompt on its first event, unless that event is a failure.
+func (r *run) forward(p, c int, h *engine.Handle) {
+	defer r.wg.Done()
+	k := p*r.j.n + c
+	first := c == 0 && r.j.n > 1
+	for ev := range h.Events {
+		if first {
+			first = false
+			if !failed(ev) {
+				r.submitRest(p)
+			}
+		}
+		r.send(indexedEvent{k, ev})
+	}
+}
+
+func (r *run) send(ie indexedEvent) {
+	select {
+	case r.out <- ie:
+	case <-r.ctx.Done():
+	}
+}
+
+// submitRest submits choices 1..n-1 of prompt p. A refused submission is
+// reported as that choice's failure, which fails the whole request (and
+// close aborts the choices already running).
+func (r *run) submitRest(p int) {
+	for c := 1; c < r.j.n; c++ {
+		if r.ctx.Err() != nil {
+			return
+		}
+		h, err := r.s.cfg.Backend.Submit(r.ctx, r.j.request(p, c))
+		if err != nil {
+			ev := engine.Event{Finish: engine.FinishError, Err: fmt.Errorf("submitting choice %d: %w", c, err)}
+			if errors.Is(err, engine.ErrShuttingDown) {
+				ev = engine.Event{Finish: engine.FinishAbort}
+			}
+			r.send(indexedEvent{p*r.j.n + c, ev})
+			return
+		}
+		r.track(p, c, h)
+	}
+}
+
 // close aborts the requests that have not finished and releases the run.
+// Choices submitted later are aborted as they are tracked.
 func (r *run) close() {
 	r.cancel()
-	for i, h := range r.handles {
-		if !r.finished[i] {
+	r.mu.Lock()
+	r.closed = true
+	hs := append([]*engine.Handle(nil), r.handles...)
+	r.mu.Unlock()
+	for i, h := range hs {
+		if h != nil && !r.finished[i] {
 			r.s.cfg.Backend.Abort(h.ID)
 		}
 	}
@@ -74,7 +193,7 @@ func (r *run) close() {
 // was cancelled.
 func (r *run) next(ctx context.Context) (indexedEvent, bool) {
 	select {
-	case ie, ok := <-r.events:
+	case ie, ok := <-r.out:
 		if ok && ie.ev.Finish != engine.FinishNone {
 			r.finished[ie.i] = true
 		}
@@ -84,28 +203,25 @@ func (r *run) next(ctx context.Context) (indexedEvent, bool) {
 	}
 }
 
-// merge fans the handles' events into one channel, closed when every
-// handle's channel is. After ctx ends, the forwarders keep draining their
-// handles (without forwarding) so the engine never blocks on a reader that
-// went away.
-func merge(ctx context.Context, hs []*engine.Handle) <-chan indexedEvent {
-	out := make(chan indexedEvent, len(hs))
-	var wg sync.WaitGroup
-	for i, h := range hs {
-		wg.Go(func() {
-			for ev := range h.Events {
-				select {
-				case out <- indexedEvent{i, ev}:
-				case <-ctx.Done():
-				}
-			}
-		})
+// echo is the prompt text choice k starts with: its prompt's with echo,
+// else "".
+func (r *run) echo(k int) string {
+	if r.j.echo == nil {
+		return ""
 	}
-	go func() {
-		wg.Wait()
-		close(out)
-	}()
-	return out
+	return r.j.echo[k/r.j.n]
+}
+
+// addUsage adds choice k's usage to a. Completion tokens add up over the
+// choices; the prompt counts once per prompt (it was computed once), with
+// the cached tokens of its first choice, as vLLM and OpenAI report n > 1.
+func (r *run) addUsage(a *Usage, k int, u engine.Usage) {
+	if k%r.j.n == 0 {
+		a.PromptTokens += u.PromptTokens
+		a.PromptTokensDetails.CachedTokens += u.CachedTokens
+	}
+	a.CompletionTokens += u.CompletionTokens
+	a.TotalTokens = a.PromptTokens + a.CompletionTokens
 }
 
 // finishError is the API error for a request that ended in FinishError or
@@ -146,24 +262,6 @@ func stopReason(ev engine.Event) any {
 		return nil
 	}
 	return ev.StopReason
-}
-
-// usageOf turns engine usage into API usage.
-func usageOf(u engine.Usage) Usage {
-	return Usage{
-		PromptTokens:        u.PromptTokens,
-		CompletionTokens:    u.CompletionTokens,
-		TotalTokens:         u.PromptTokens + u.CompletionTokens,
-		PromptTokensDetails: PromptTokensDetails{CachedTokens: u.CachedTokens},
-	}
-}
-
-func addUsage(a *Usage, u engine.Usage) {
-	b := usageOf(u)
-	a.PromptTokens += b.PromptTokens
-	a.CompletionTokens += b.CompletionTokens
-	a.TotalTokens += b.TotalTokens
-	a.PromptTokensDetails.CachedTokens += b.PromptTokensDetails.CachedTokens
 }
 
 var nullJSON = json.RawMessage("null")

@@ -29,14 +29,39 @@ const completionsDefaultMaxTokens = 16
 // maxTopLogprobs is the largest logprobs / top_logprobs a request may ask for.
 const maxTopLogprobs = sample.MaxLogprobs
 
+// MaxN is the largest n a request may ask for. vLLM sets no limit; each
+// choice is an engine request holding KV blocks, so Tandem caps it.
+const MaxN = 128
+
+// choicesPerPrompt checks n and best_of and returns the number of choices
+// per prompt.
+func choicesPerPrompt(f *SamplingFields, kv map[string]any) (int, *Error) {
+	n := 1
+	if f.N != nil {
+		n = *f.N
+	}
+	if n < 1 || n > MaxN {
+		return 0, BadRequest("n", "n must be between 1 and %d, got %d", MaxN, n)
+	}
+	if f.BestOf != nil && *f.BestOf != n {
+		return 0, BadRequest("best_of", "best_of must equal n (%d), got %d: Tandem, like vLLM v1, does not generate extra samples to rank; ask for n choices instead", n, *f.BestOf)
+	}
+	// A prefill leg (do_remote_decode) computes the prompt's KV for a
+	// decode engine, which samples the n choices; its own one token is
+	// thrown away. The proxy sends such legs with n = 1; an n > 1 from
+	// another proxy is served as n = 1 rather than sampling choices no one
+	// reads (and holding KV for each of them).
+	if d, _ := kv["do_remote_decode"].(bool); d {
+		n = 1
+	}
+	return n, nil
+}
+
 // buildParams turns the shared request fields into sampling parameters,
 // filling in defaults, and checks the API-level rules that sample.Validate
 // does not cover. MaxTokens and Logprobs are set by the caller later.
 func buildParams(f *SamplingFields, d Defaults) (sample.Params, *Error) {
 	var p sample.Params
-	if f.N != nil && *f.N != 1 {
-		return p, BadRequest("n", "n must be 1: Tandem returns one choice per prompt, got %d", *f.N)
-	}
 	if f.StreamOptions != nil && !f.Stream {
 		return p, BadRequest("stream_options", "stream_options can only be set when stream is true")
 	}

@@ -50,8 +50,14 @@ type Config struct {
 	// Tokenizer tokenizes prompts and names tokens in logprobs. Required.
 	Tokenizer Tokenizer
 	// ChatTemplate renders /v1/chat/completions messages; nil means the
-	// model has none and chat requests get a 400.
+	// model has none and chat requests get a 400. ChatTemplateFor makes one
+	// from the model's tokenizer or a --chat-template.
 	ChatTemplate ChatTemplate
+	// RequestChatTemplate compiles the chat_template a chat or tokenize
+	// request may carry. nil refuses such requests with a 400, as vLLM does
+	// without --trust-request-chat-template: a template is code the server
+	// runs, so a deployment opts in.
+	RequestChatTemplate func(src string) (ChatTemplate, error)
 	// ModelName is the served model name; requests must name it. Required.
 	ModelName string
 	// ModelRoot is the model's path, shown as "root" in /v1/models.
@@ -206,7 +212,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	case req.Prompt != nil:
 		ids = s.cfg.Tokenizer.Encode(*req.Prompt, boolOr(req.AddSpecialTokens, true))
 	case req.Messages != nil:
-		text, err := s.renderChat(req.Messages, boolOr(req.AddGenerationPrompt, true))
+		text, err := s.renderChat(req.Messages, boolOr(req.AddGenerationPrompt, true), req.ChatTemplate)
 		if err != nil {
 			WriteError(w, err)
 			return
@@ -268,16 +274,28 @@ func (s *Server) checkTokenIDs(ids []int32, param string) *Error {
 	return nil
 }
 
-// renderChat applies the chat template to API messages.
-func (s *Server) renderChat(raw []ChatMessage, addGenerationPrompt bool) (string, *Error) {
-	if s.cfg.ChatTemplate == nil {
-		return "", BadRequest("messages", "model %s has no chat template; use /v1/completions", s.cfg.ModelName)
+// renderChat applies the chat template to API messages: the request's own
+// (reqTemplate, when set and the server accepts one) or the server's.
+func (s *Server) renderChat(raw []ChatMessage, addGenerationPrompt bool, reqTemplate *string) (string, *Error) {
+	tmpl := s.cfg.ChatTemplate
+	if reqTemplate != nil {
+		if s.cfg.RequestChatTemplate == nil {
+			return "", BadRequest("chat_template", "this server does not run chat templates sent in requests (start it with --trust-request-chat-template, or give the template with --chat-template); send the request without chat_template")
+		}
+		t, err := s.cfg.RequestChatTemplate(*reqTemplate)
+		if err != nil {
+			return "", BadRequest("chat_template", "chat_template: %v", err)
+		}
+		tmpl = t
+	}
+	if tmpl == nil {
+		return "", BadRequest("messages", "model %s has no chat template; use /v1/completions, or start the server with --chat-template", s.cfg.ModelName)
 	}
 	msgs, err := ParseMessages(raw)
 	if err != nil {
 		return "", err
 	}
-	text, terr := s.cfg.ChatTemplate(msgs, addGenerationPrompt)
+	text, terr := tmpl(msgs, addGenerationPrompt)
 	if terr != nil {
 		return "", BadRequest("messages", "rendering the chat template: %v", terr)
 	}

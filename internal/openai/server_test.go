@@ -69,8 +69,13 @@ func TestBadRequests(t *testing.T) {
 		{"a missing prompt is a 400", "/v1/completions", "POST", `{"model":"m"}`, 400, TypeBadRequest, "prompt", "required"},
 		{"a prompt of objects is a 400", "/v1/completions", "POST", `{"model":"m","prompt":{"a":1}}`, 400, TypeBadRequest, "prompt", "must be a string"},
 		{"a token id outside the vocabulary is a 400", "/v1/completions", "POST", `{"model":"m","prompt":[1,9999]}`, 400, TypeBadRequest, "prompt", "9999"},
-		{"n other than 1 is a 400", "/v1/completions", "POST", `{"model":"m","prompt":"a","n":2}`, 400, TypeBadRequest, "n", "n must be 1"},
-		{"echo is not supported", "/v1/completions", "POST", `{"model":"m","prompt":"a","echo":true}`, 400, TypeBadRequest, "echo", "not supported"},
+		{"n 0 is a 400", "/v1/completions", "POST", `{"model":"m","prompt":"a","n":0}`, 400, TypeBadRequest, "n", "between 1 and 128, got 0"},
+		{"n above the cap is a 400", "/v1/chat/completions", "POST", `{"model":"m","messages":[{"role":"user","content":"a"}],"n":129}`, 400, TypeBadRequest, "n", "between 1 and 128, got 129"},
+		{"best_of above n is a 400, not ignored", "/v1/completions", "POST", `{"model":"m","prompt":"a","n":2,"best_of":3}`, 400, TypeBadRequest, "best_of", "best_of must equal n (2), got 3"},
+		{"best_of without n is compared with n 1", "/v1/completions", "POST", `{"model":"m","prompt":"a","best_of":2}`, 400, TypeBadRequest, "best_of", "best_of must equal n (1)"},
+		{"echo with logprobs is a 400: no prompt logprobs", "/v1/completions", "POST", `{"model":"m","prompt":"a","echo":true,"logprobs":1}`, 400, TypeBadRequest, "echo", "prompt's logprobs"},
+		{"a request chat_template is refused unless trusted", "/v1/chat/completions", "POST", `{"model":"m","messages":[{"role":"user","content":"a"}],"chat_template":"{{ 'x' }}"}`, 400, TypeBadRequest, "chat_template", "--trust-request-chat-template"},
+		{"tokenize refuses an untrusted chat_template too", "/tokenize", "POST", `{"messages":[{"role":"user","content":"a"}],"chat_template":"{{ 'x' }}"}`, 400, TypeBadRequest, "chat_template", "--trust-request-chat-template"},
 		{"logprobs above 20 is a 400", "/v1/completions", "POST", `{"model":"m","prompt":"a","logprobs":21}`, 400, TypeBadRequest, "logprobs", "between 0 and 20"},
 		{"top_logprobs without logprobs is a 400", "/v1/chat/completions", "POST", `{"model":"m","messages":[{"role":"user","content":"a"}],"top_logprobs":2}`, 400, TypeBadRequest, "top_logprobs", "logprobs"},
 		{"top_p 0 is a 400", "/v1/completions", "POST", `{"model":"m","prompt":"a","top_p":0}`, 400, TypeBadRequest, "top_p", "(0, 1]"},
@@ -118,7 +123,7 @@ func TestBadRequests(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		checkError(t, resp, 400, TypeBadRequest, "messages", "model m has no chat template; use /v1/completions")
+		checkError(t, resp, 400, TypeBadRequest, "messages", "model m has no chat template; use /v1/completions, or start the server with --chat-template")
 	})
 	if got := b.requests(); len(got) != 0 {
 		t.Errorf("bad requests reached the engine: %d submitted", len(got))

@@ -7,11 +7,15 @@ import "encoding/json"
 // extensions. Pointer fields are nil when the request leaves them out (or
 // sends null), so the model's generation_config.json can fill them in.
 type SamplingFields struct {
-	Model            string             `json:"model"`
-	MaxTokens        *int               `json:"max_tokens"`
-	Temperature      *float64           `json:"temperature"`
-	TopP             *float64           `json:"top_p"`
-	N                *int               `json:"n"`
+	Model       string   `json:"model"`
+	MaxTokens   *int     `json:"max_tokens"`
+	Temperature *float64 `json:"temperature"`
+	TopP        *float64 `json:"top_p"`
+	// N is the number of choices per prompt (default 1, at most MaxN).
+	N *int `json:"n"`
+	// BestOf is accepted only when it equals n: Tandem, like vLLM v1,
+	// does not rank extra samples.
+	BestOf           *int               `json:"best_of"`
 	Stream           bool               `json:"stream"`
 	StreamOptions    *StreamOptions     `json:"stream_options"`
 	Stop             json.RawMessage    `json:"stop"`
@@ -43,7 +47,8 @@ type CompletionRequest struct {
 	SamplingFields
 	Prompt   json.RawMessage `json:"prompt"`
 	Logprobs *int            `json:"logprobs"`
-	Echo     bool            `json:"echo"`
+	// Echo prepends the prompt's text to each choice's text.
+	Echo bool `json:"echo"`
 }
 
 // ChatCompletionRequest is the body of POST /v1/chat/completions.
@@ -56,6 +61,9 @@ type ChatCompletionRequest struct {
 	// AddGenerationPrompt (vLLM extension, default true) ends the rendered
 	// prompt with the assistant turn's header.
 	AddGenerationPrompt *bool `json:"add_generation_prompt"`
+	// ChatTemplate (vLLM extension) renders this request's messages in
+	// place of the server's template, when the server accepts one.
+	ChatTemplate *string `json:"chat_template"`
 }
 
 // ChatMessage is one message of a chat request. Content is a string, null,
@@ -220,6 +228,7 @@ type TokenizeRequest struct {
 	Messages            []ChatMessage `json:"messages"`
 	AddSpecialTokens    *bool         `json:"add_special_tokens"`
 	AddGenerationPrompt *bool         `json:"add_generation_prompt"`
+	ChatTemplate        *string       `json:"chat_template"`
 	ReturnTokenStrs     bool          `json:"return_token_strs"`
 }
 

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -62,4 +63,35 @@ func (t *Tokenizer) ApplyChatTemplate(msgs []Message, addGenerationPrompt bool) 
 		return "", fmt.Errorf("render chat template: %w", err)
 	}
 	return out, nil
+}
+
+// WithChatTemplate returns a copy of t that renders chats with src, a Jinja
+// chat template, instead of the model's own (vLLM's --chat-template, and a
+// request's chat_template). The copy shares everything else with t and sees
+// the same bos_token and eos_token. A template that does not compile is an
+// error here, where it is given, rather than on the first chat request.
+func (t *Tokenizer) WithChatTemplate(src string) (*Tokenizer, error) {
+	ct, err := compileChatTemplate(src)
+	if err != nil {
+		return nil, err
+	}
+	c := *t
+	c.chat = ct
+	return &c, nil
+}
+
+// CheckChatTemplate reports why src, a Jinja chat template, cannot be used:
+// it is empty (every conversation would render as an empty prompt) or does
+// not compile. It returns nil for a usable template.
+func CheckChatTemplate(src string) error {
+	_, err := compileChatTemplate(src)
+	return err
+}
+
+func compileChatTemplate(src string) (*chatTemplate, error) {
+	if strings.TrimSpace(src) == "" {
+		return nil, errors.New("the chat template is empty")
+	}
+	ct := newChatTemplate(src)
+	return ct, ct.err
 }
