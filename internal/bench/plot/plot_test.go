@@ -1,0 +1,54 @@
+package plot
+
+import (
+	"bytes"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/bench"
+	"github.com/tandem-serve/tandem/internal/bench/workload"
+)
+
+func TestSuiteWritesEveryFigureAsPNGAndSVG(t *testing.T) {
+	w := workload.Lengths("fixed", 0, 3, workload.Fixed(4), workload.Fixed(3), []int32{10})
+	s := &bench.Suite{Plan: &bench.Plan{
+		Targets: []bench.Target{{Name: "pd"}, {Name: "colocated"}}, Workload: w,
+		Loads: []bench.Load{{Rate: 1}, {Rate: 2}}, SLO: bench.SLO{TTFT: time.Second},
+	}}
+	for _, l := range s.Plan.Loads {
+		for k, tg := range s.Plan.Targets {
+			r := &bench.Result{Target: tg.Name, Load: l, Report: &bench.Report{}, Goodput: l.Rate / float64(k+1)}
+			for i := range 20 {
+				d := time.Duration(i+1+k*5) * time.Millisecond
+				r.Records = append(r.Records, bench.Record{Start: time.Duration(i) * 100 * time.Millisecond, TTFT: 10 * d, E2E: 40 * d,
+					OutputTokens: 4, ITL: []time.Duration{d, 2 * d, 3 * d}})
+			}
+			r.Records = append(r.Records, bench.Record{Err: "failed"})
+			s.Results = append(s.Results, r)
+		}
+	}
+	dir := t.TempDir()
+	files, err := Suite(dir, "x-", s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 6 {
+		t.Fatalf("wrote %v, want 3 figures × PNG and SVG", files)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case strings.HasSuffix(f, ".png") && !bytes.HasPrefix(b, []byte("\x89PNG")):
+			t.Errorf("%s is not a PNG", f)
+		case strings.HasSuffix(f, ".svg") && !bytes.Contains(b, []byte("<svg")):
+			t.Errorf("%s is not an SVG", f)
+		case len(b) < 1000:
+			t.Errorf("%s has only %d bytes", f, len(b))
+		}
+	}
+}
