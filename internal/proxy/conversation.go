@@ -40,6 +40,7 @@ const (
 	convMiss            = "miss"
 	evictCapacity       = "capacity" // the least recently used entry made room
 	evictExpired        = "expired"  // the decode's hold had ended (or the default TTL passed)
+	evictReplaced       = "replaced" // a newer turn of the conversation stored its params first
 	affinitySame        = "same_decode"
 	affinityUnhealthy   = "decode_unhealthy" // the decode holding the history failed its health check
 	defaultConvMaxItems = 10000
@@ -48,7 +49,7 @@ const (
 
 var (
 	convLookupResults = []string{convHit, convMiss}
-	convEvictReasons  = []string{evictCapacity, evictExpired}
+	convEvictReasons  = []string{evictCapacity, evictExpired, evictReplaced}
 	convAffinity      = []string{affinitySame, affinityUnhealthy}
 )
 
@@ -88,17 +89,17 @@ type conversation struct {
 // time by hand. Safe for concurrent use.
 type conversations struct {
 	max     int
-	ttl     time.Duration // when the params carry no expiry time
-	onEvict func(reason string)
+	ttl     time.Duration                        // when the params carry no expiry time
+	onEvict func(reason string, cv conversation) // called with mu held; must not block
 
 	mu    sync.Mutex
 	ll    *list.List // front: most recently stored or looked up
 	items map[string]*list.Element
 }
 
-func newConversations(max int, ttl time.Duration, onEvict func(reason string)) *conversations {
+func newConversations(max int, ttl time.Duration, onEvict func(reason string, cv conversation)) *conversations {
 	if onEvict == nil {
-		onEvict = func(string) {}
+		onEvict = func(string, conversation) {}
 	}
 	return &conversations{max: max, ttl: ttl, onEvict: onEvict, ll: list.New(), items: map[string]*list.Element{}}
 }
@@ -116,31 +117,29 @@ func (c *conversations) take(id string, now time.Time) (conversation, bool) {
 	}
 	cv := c.remove(e)
 	if !now.Before(cv.expires) {
-		c.onEvict(evictExpired)
+		c.onEvict(evictExpired, cv)
 		return conversation{}, false
 	}
 	return cv, true
 }
 
-// put stores the params of id's latest turn, replacing an older entry, then
-// drops expired entries from the LRU end and the least recently used ones
-// beyond max.
+// put stores the params of id's latest turn, replacing an older entry (two
+// turns of one conversation ran at once), then drops expired entries from
+// the LRU end and the least recently used ones beyond max.
 func (c *conversations) put(cv conversation, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e, ok := c.items[cv.id]; ok {
-		c.remove(e)
+		c.onEvict(evictReplaced, c.remove(e))
 	}
 	c.items[cv.id] = c.ll.PushFront(cv)
 	for e := c.ll.Back(); e != nil; e = c.ll.Back() {
 		old := e.Value.(conversation)
 		switch {
 		case !now.Before(old.expires):
-			c.remove(e)
-			c.onEvict(evictExpired)
+			c.onEvict(evictExpired, c.remove(e))
 		case c.ll.Len() > c.max:
-			c.remove(e)
-			c.onEvict(evictCapacity)
+			c.onEvict(evictCapacity, c.remove(e))
 		default:
 			return
 		}

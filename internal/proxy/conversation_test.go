@@ -35,6 +35,10 @@ const (
 func bidiDecode(name string, expires float64) func(w http.ResponseWriter, r *http.Request, body []byte) {
 	kv := decodeKV(name, expires)
 	return func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if r.URL.Path == "/tandem/kv/release" {
+			io.WriteString(w, `{"released":true}`)
+			return
+		}
 		if !strings.Contains(string(body), `"stream":true`) {
 			w.Header().Set("Content-Type", "application/json")
 			io.WriteString(w, strings.TrimSuffix(turnJSON, "}")+`,"kv_transfer_params":`+kv+`}`)
@@ -47,6 +51,24 @@ func bidiDecode(name string, expires float64) func(w http.ResponseWriter, r *htt
 		w.(http.Flusher).Flush()
 		io.WriteString(w, turnSSEDone)
 	}
+}
+
+// legs returns the API requests an engine got, without KV releases.
+func legs(f *fakeEngine) []received {
+	var out []received
+	for _, r := range f.requests() {
+		if r.Path != "/tandem/kv/release" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// waitReleases waits until f has received n KV releases and returns them.
+func waitReleases(t *testing.T, f *fakeEngine, n int) []received {
+	t.Helper()
+	waitFor(t, func() bool { return len(releases(f)) >= n })
+	return releases(f)
 }
 
 // prefillKVOf returns the kv_transfer_params a prefill leg carried, raw.
@@ -107,17 +129,17 @@ func TestConversationTurns(t *testing.T) {
 			}
 			second := turn(2)
 
-			legs := pre.requests()
-			if got := prefillKVOf(t, legs[0]); got != plainKV {
+			plegs := pre.requests()
+			if got := prefillKVOf(t, plegs[0]); got != plainKV {
 				t.Errorf("turn 1's prefill leg carried %s, want the plain request", got)
 			}
-			if got, want := prefillKVOf(t, legs[1]), decodeKV(fmt.Sprint(first), expires); got != want {
+			if got, want := prefillKVOf(t, plegs[1]), decodeKV(fmt.Sprint(first), expires); got != want {
 				t.Errorf("turn 2's prefill leg carried\n%s\nwant the decode's params verbatim\n%s", got, want)
 			}
 			if second != first {
 				t.Errorf("turn 2's decode leg went to decode %d, turn 1's to %d: want the same decode", second, first)
 			}
-			for _, r := range append(legs, append(decs[0].requests(), decs[1].requests()...)...) {
+			for _, r := range append(plegs, append(decs[0].requests(), decs[1].requests()...)...) {
 				if strings.Contains(r.Body, "conversation_id") {
 					t.Errorf("a leg to %s carried the conversation id: %s", r.Path, r.Body)
 				}
@@ -288,13 +310,17 @@ func TestConversationExpiresWithTheDecodesHold(t *testing.T) {
 func TestConversationsLRU(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	var evicted []string
-	c := newConversations(2, time.Minute, func(reason string) { evicted = append(evicted, reason) })
+	c := newConversations(2, time.Minute, func(reason string, _ conversation) { evicted = append(evicted, reason) })
 	put := func(id string, expires time.Time, now time.Time) {
 		c.put(conversation{id: id, params: json.RawMessage(`{}`), expires: expires}, now)
 	}
 	put("a", t0.Add(time.Hour), t0)
 	put("b", t0.Add(time.Hour), t0)
 	put("a", t0.Add(time.Hour), t0) // a is now the most recent
+	if !cmp.Equal(evicted, []string{evictReplaced}) {
+		t.Errorf("evictions %q, want [replaced]", evicted)
+	}
+	evicted = nil
 	put("c", t0.Add(time.Hour), t0) // b makes room
 	if _, ok := c.take("b", t0); ok {
 		t.Error("b was kept: want the least recently stored evicted")
@@ -380,16 +406,24 @@ func TestConversationHistoryPrefillRetried(t *testing.T) {
 			if resp.StatusCode != 200 || resp.Header.Get(HeaderPD) != "remote" {
 				t.Fatalf("turn 2: %d %s %s, want the P/D path after the retry", resp.StatusCode, resp.Header.Get(HeaderPD), got)
 			}
-			legs := pre.requests()
-			if len(legs) != 3 {
-				t.Fatalf("prefill got %d legs, want 3 (turn 1, turn 2 with history, its retry)", len(legs))
+			plegs := pre.requests()
+			if len(plegs) != 3 {
+				t.Fatalf("prefill got %d legs, want 3 (turn 1, turn 2 with history, its retry)", len(plegs))
 			}
-			if !strings.Contains(prefillKVOf(t, legs[1]), "d-0") {
-				t.Errorf("turn 2's first prefill leg: %s", legs[1].Body)
+			if !strings.Contains(prefillKVOf(t, plegs[1]), "d-0") {
+				t.Errorf("turn 2's first prefill leg: %s", plegs[1].Body)
 			}
-			if want := `{"prompt":"x","stream":false,"max_tokens":1,` + wantPrefillKV + `}`; legs[2].Body != want {
-				t.Errorf("the retry carried %s, want the plain request %s", legs[2].Body, want)
+			if want := `{"prompt":"x","stream":false,"max_tokens":1,` + wantPrefillKV + `}`; plegs[2].Body != want {
+				t.Errorf("the retry carried %s, want the plain request %s", plegs[2].Body, want)
 			}
+			// The decode still holds the history nobody pulled.
+			rel := waitReleases(t, dec, 1)
+			if want := `{"kv_transfer_params":` + prefillKVOf(t, plegs[1]) + `}`; rel[0].Body != want {
+				t.Errorf("release body %s, want %s", rel[0].Body, want)
+			}
+			waitFor(t, func() bool {
+				return metricValue(t, p, "tandem:proxy_kv_releases_total", map[string]string{"reason": "history_not_pulled", "result": "released"}) == 1
+			})
 			if got := metricValue(t, p, "tandem:proxy_conversation_prefill_retries_total", map[string]string{"reason": tt.wantRetry}); got != 1 {
 				t.Errorf("retries{reason=%s} = %v, want 1", tt.wantRetry, got)
 			}
@@ -400,12 +434,12 @@ func TestConversationHistoryPrefillRetried(t *testing.T) {
 	}
 
 	t.Run("a retry that fails too falls back as without history", func(t *testing.T) {
-		var legs int
+		var calls int
 		var mu sync.Mutex
 		pre := newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 			mu.Lock()
-			legs++
-			n := legs
+			calls++
+			n := calls
 			mu.Unlock()
 			if n == 1 {
 				prefillOK(w, r, body)
@@ -424,7 +458,7 @@ func TestConversationHistoryPrefillRetried(t *testing.T) {
 		if n := len(pre.requests()); n != 3 {
 			t.Errorf("prefill got %d legs, want 3: one retry, no more", n)
 		}
-		if got := dec.requests()[1].Body; got != `{"prompt":"x"}` {
+		if got := legs(dec)[1].Body; got != `{"prompt":"x"}` {
 			t.Errorf("fallback leg %s, want the client's body without conversation_id", got)
 		}
 	})
@@ -464,8 +498,7 @@ func TestConversationNeverForwardsClientKVParams(t *testing.T) {
 	const client = `{"prompt":"x","conversation_id":"c","Kv_Transfer_Params":{"remote_host":"10.0.0.1","remote_port":1},"kv_transfer_params":{"do_remote_decode":true,"remote_host":"10.0.0.2","remote_blocks_expiry_time":9e9}}`
 	for turn := range 2 {
 		post(t, url, "/v1/completions", client, nil)
-		legs := append(pre.requests()[turn:turn+1], dec.requests()[turn])
-		for _, r := range legs {
+		for _, r := range []received{pre.requests()[turn], legs(dec)[turn]} {
 			if strings.Contains(r.Body, "10.0.0.") || strings.Count(strings.ToLower(r.Body), kvParamsKey) != 1 {
 				t.Errorf("turn %d: a leg carried the client's params: %s", turn+1, r.Body)
 			}
@@ -583,6 +616,50 @@ func TestKVCapture(t *testing.T) {
 		out = append(out, c.finish()...)
 		if string(out) != big || c.params != nil {
 			t.Errorf("relayed %d bytes (want %d), captured %q", len(out), len(big), c.params)
+		}
+	})
+}
+
+func TestConversationHoldsNoTurnUsesAreReleased(t *testing.T) {
+	expires := float64(time.Now().Add(time.Hour).Unix())
+	kv := decodeKV("0", expires)
+	t.Run("a request naming no conversation: the client gets no params, the decode frees them", func(t *testing.T) {
+		pre := newFake(t, prefillOK)
+		dec := newFake(t, bidiDecode("0", expires))
+		p, url := startProxy(t, Config{Fallback: true, Conversations: true}, []*fakeEngine{pre}, []*fakeEngine{dec})
+		for _, stream := range []bool{false, true} {
+			_, got := post(t, url, "/v1/completions", fmt.Sprintf(`{"prompt":"x","stream":%t}`, stream), nil)
+			if strings.Contains(got, "kv_transfer_params") {
+				t.Errorf("the client got the decode's params: %s", got)
+			}
+		}
+		for _, r := range waitReleases(t, dec, 2) {
+			if want := `{"kv_transfer_params":` + kv + `}`; r.Body != want {
+				t.Errorf("release %s, want %s", r.Body, want)
+			}
+		}
+		if got := metricValue(t, p, "tandem:proxy_conversations", nil); got != 0 {
+			t.Errorf("%v conversations remembered, want 0", got)
+		}
+		waitFor(t, func() bool {
+			return metricValue(t, p, "tandem:proxy_kv_releases_total", map[string]string{"reason": "no_conversation", "result": "released"}) == 2
+		})
+	})
+	t.Run("a conversation evicted for room: its hold is freed", func(t *testing.T) {
+		pre := newFake(t, prefillOK)
+		dec := newFake(t, bidiDecode("0", expires))
+		p, url := startProxy(t, Config{Fallback: true, Conversations: true, ConversationMaxEntries: 1}, []*fakeEngine{pre}, []*fakeEngine{dec})
+		post(t, url, "/v1/completions", `{"prompt":"x","conversation_id":"a"}`, nil)
+		post(t, url, "/v1/completions", `{"prompt":"x","conversation_id":"b"}`, nil)
+		if rel := waitReleases(t, dec, 1); rel[0].Body != `{"kv_transfer_params":`+kv+`}` {
+			t.Errorf("release %s", rel[0].Body)
+		}
+		if got := metricValue(t, p, "tandem:proxy_conversation_evictions_total", map[string]string{"reason": "capacity"}); got != 1 {
+			t.Errorf("capacity evictions %v, want 1", got)
+		}
+		post(t, url, "/v1/completions", `{"prompt":"x","conversation_id":"a"}`, nil)
+		if got := prefillKVOf(t, pre.requests()[2]); strings.Contains(got, "d-0") {
+			t.Errorf("the evicted conversation's turn 2 carried history %s", got)
 		}
 	})
 }

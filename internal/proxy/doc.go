@@ -53,9 +53,15 @@
 // only the new tokens, and its decode leg goes to the same decode while it
 // is healthy (its prefix cache holds the history). A prefill leg with history
 // that fails in any way but the client leaving is retried once without it,
-// then handled as any failed prefill leg. tandem:proxy_conversation_*
-// metrics count lookups (hit/miss), evictions (capacity/expired), params
-// kept, prefill legs sent with history, retries and decode affinity.
+// then handled as any failed prefill leg. A decode's hold that no turn will
+// use is released on that decode's /tandem/kv/release (the decode signed
+// the params): the answer of a request naming no conversation, a
+// conversation evicted for room or replaced by a concurrent turn, history a
+// retried prefill did not pull, and params whose answer did not reach the
+// client whole. Expired holds the decode frees itself.
+// tandem:proxy_conversation_* metrics count lookups (hit/miss), evictions
+// (capacity/expired/replaced), params kept, prefill legs sent with history,
+// retries and decode affinity; tandem:proxy_kv_releases_total the releases.
 //
 // Conversation ids are client-chosen and not secrets. They only select which
 // params the proxy sends; a client still never writes kv_transfer_params,

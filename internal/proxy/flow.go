@@ -118,6 +118,7 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 			p.log.Info("prefill leg with the conversation's history failed; retrying without it",
 				"request_id", id, "reason", reason, "detail", res.detail, "history_decode", history.decode.base)
 			res = p.runPrefill(r, id, obj, preq, prefillKVParams)
+			p.releaseKV(&heldKV{engine: history.decode, params: history.params}, id, releaseHistoryUnused)
 		}
 	}
 	leg := decodeLeg{conv: conv, prefer: p.affinity(history)}
@@ -133,7 +134,7 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		_, _ = w.Write(res.reject.body)
 		return outcomePrefillReject
 	case res.kv != nil:
-		leg.held = &heldKV{prefill: res.backend, params: res.kv}
+		leg.held = &heldKV{engine: res.backend, params: res.kv}
 		if p.betweenLegs != nil {
 			p.betweenLegs(r.Context())
 		}
@@ -193,6 +194,15 @@ func (p *Proxy) affinity(history *conversation) *backend {
 	}
 	p.metrics.decodeAffinity.WithLabelValues(affinitySame).Inc()
 	return history.decode
+}
+
+// forget counts a conversation the proxy drops before a turn used it, and
+// releases the decode's hold unless it has ended anyway.
+func (p *Proxy) forget(reason string, cv conversation) {
+	p.metrics.convEvictions.WithLabelValues(reason).Inc()
+	if reason != evictExpired {
+		p.releaseKV(&heldKV{engine: cv.decode, params: cv.params}, "", releaseConvEvicted)
+	}
 }
 
 // remember keeps the params a decode returned at the end of conv's turn.
@@ -332,16 +342,17 @@ type decodeLeg struct {
 	success string  // the outcome when the answer is relayed whole
 	held    *heldKV // the KV a prefill keeps for this leg; nil on fallback
 	prefer  *backend
-	conv    string // conversation mode: the conversation to remember the decode's params for
+	conv    string // conversation mode: the conversation to remember the decode's params for, if any
 }
 
 // runDecode sends the decode leg (to leg.prefer if set, else to the policy's
 // pick) and relays its answer as it arrives. It returns leg.success when the
 // answer was relayed whole (whatever its status). leg.held is released on
 // the prefill whenever the leg does not start: client gone, no decode
-// reachable or answering, or a decode that refused the request. With
-// leg.conv, a 200 answer's kv_transfer_params are kept for the
-// conversation's next turn (and not relayed).
+// reachable or answering, or a decode that refused the request. In
+// conversation mode a 200 answer's kv_transfer_params are not relayed: they
+// are kept for leg.conv's next turn, or released on the decode when the
+// request names no conversation.
 func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, preq *picker.Request, leg decodeLeg) string {
 	held, pd, success := leg.held, leg.pd, leg.success
 	if r.Context().Err() != nil {
@@ -412,7 +423,7 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 	w.WriteHeader(resp.StatusCode)
 
 	var capture *kvCapture
-	if leg.conv != "" && resp.StatusCode == http.StatusOK {
+	if p.convs != nil && resp.StatusCode == http.StatusOK {
 		capture = newKVCapture(resp.Header.Get("Content-Type"))
 	}
 
@@ -442,14 +453,20 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 		return nil
 	}
 	// done ends a whole answer: what a capture still holds is relayed, and
-	// the decode's params are remembered only when the client got it all.
+	// the decode's params are remembered only when the client got it all
+	// (and released at once when no turn can use them).
 	done := func() string {
 		if capture != nil {
-			if err := send(capture.finish()); err != nil {
-				return outcomeClientCanceled
-			}
+			err := send(capture.finish())
 			if capture.params != nil {
-				p.remember(leg.conv, capture.params, b)
+				if err == nil && leg.conv != "" {
+					p.remember(leg.conv, capture.params, b)
+				} else {
+					p.releaseKV(&heldKV{engine: b, params: capture.params}, id, releaseNoConversation)
+				}
+			}
+			if err != nil {
+				return outcomeClientCanceled
 			}
 		}
 		_ = rc.SetWriteDeadline(time.Time{})

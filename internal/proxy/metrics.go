@@ -74,7 +74,7 @@ func newMetrics() *metrics {
 		}, []string{"reason"}),
 		kvReleases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tandem:proxy_kv_releases_total",
-			Help: "Prefill KV released through the prefill's /tandem/kv/release because the decode leg never started, by reason and result.",
+			Help: "Held KV released through the engine's /tandem/kv/release, by reason and result: a prefill's because the decode leg never started, or (conversation mode) a decode's conversation hold no turn will use.",
 		}, []string{"reason", "result"}),
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tandem:proxy_backend_in_flight",
@@ -90,7 +90,7 @@ func newMetrics() *metrics {
 		}, []string{"result"}),
 		convEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tandem:proxy_conversation_evictions_total",
-			Help: "Conversations forgotten before their next turn used them, by reason: capacity (least recently used, beyond --conversation-max-entries) or expired (the decode's hold had ended).",
+			Help: "Conversations forgotten before their next turn used them, by reason: capacity (least recently used, beyond --conversation-max-entries; the decode's hold is released), replaced (two turns ran at once; the older hold is released) or expired (the decode's hold had ended).",
 		}, []string{"reason"}),
 		convStored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tandem:proxy_conversation_params_stored_total",
@@ -134,6 +134,11 @@ func (m *metrics) watchConversations(c *conversations) {
 	}
 	for _, v := range convEvictReasons {
 		m.convEvictions.WithLabelValues(v)
+	}
+	for _, reason := range convReleaseReasons {
+		for _, result := range releaseResults {
+			m.kvReleases.WithLabelValues(reason, result)
+		}
 	}
 	for _, v := range convAffinity {
 		m.decodeAffinity.WithLabelValues(v)

@@ -190,8 +190,7 @@ func New(cfg Config) (*Proxy, error) {
 		now:     time.Now,
 	}
 	if cfg.Conversations {
-		p.convs = newConversations(cfg.ConversationMaxEntries, cfg.ConversationTTL,
-			func(reason string) { m.convEvictions.WithLabelValues(reason).Inc() })
+		p.convs = newConversations(cfg.ConversationMaxEntries, cfg.ConversationTTL, p.forget)
 		m.watchConversations(p.convs)
 	}
 	mux := http.NewServeMux()

@@ -11,14 +11,19 @@ import (
 	"github.com/tandem-serve/tandem/internal/openai"
 )
 
-// Reasons for releasing a prefill's KV, the reason label of
-// tandem:proxy_kv_releases_total: the decode leg never started.
+// Reasons for releasing held KV, the reason label of
+// tandem:proxy_kv_releases_total: a prefill's, because the decode leg never
+// started, or (conversation mode) a decode's conversation hold that no turn
+// will use.
 const (
-	releaseClientCanceled    = "client_canceled"    // the client left after the prefill leg
-	releaseNoDecode          = "no_healthy_decode"  // no decode backend passed its last health check
-	releaseDecodeUnreachable = "decode_unreachable" // connect or transport error on the decode leg
-	releaseDecodeTimeout     = "decode_timeout"     // the decode sent no headers within Config.Timeout
-	releaseDecodeRefused     = "decode_refused"     // the decode answered 4xx/5xx
+	releaseClientCanceled    = "client_canceled"      // the client left after the prefill leg
+	releaseNoDecode          = "no_healthy_decode"    // no decode backend passed its last health check
+	releaseDecodeUnreachable = "decode_unreachable"   // connect or transport error on the decode leg
+	releaseDecodeTimeout     = "decode_timeout"       // the decode sent no headers within Config.Timeout
+	releaseDecodeRefused     = "decode_refused"       // the decode answered 4xx/5xx
+	releaseNoConversation    = "no_conversation"      // a decode held KV for a request that names no conversation
+	releaseConvEvicted       = "conversation_evicted" // the proxy forgot a conversation for room, or a newer turn replaced it
+	releaseHistoryUnused     = "history_not_pulled"   // the prefill leg with the history failed and was retried without it
 )
 
 // Results of a release, the result label of tandem:proxy_kv_releases_total.
@@ -29,22 +34,24 @@ const (
 )
 
 var (
-	releaseReasons = []string{releaseClientCanceled, releaseNoDecode, releaseDecodeUnreachable, releaseDecodeTimeout, releaseDecodeRefused}
-	releaseResults = []string{releaseOK, releaseNotFound, releaseFailed}
+	releaseReasons     = []string{releaseClientCanceled, releaseNoDecode, releaseDecodeUnreachable, releaseDecodeTimeout, releaseDecodeRefused}
+	convReleaseReasons = []string{releaseNoConversation, releaseConvEvicted, releaseHistoryUnused}
+	releaseResults     = []string{releaseOK, releaseNotFound, releaseFailed}
 )
 
-// heldKV is what a prefill answered: the backend that holds the blocks and
-// the kv_transfer_params naming them, verbatim.
+// heldKV is KV an engine holds for the proxy: the backend (a prefill, or in
+// conversation mode a decode) and the kv_transfer_params naming the blocks,
+// verbatim as it answered them.
 type heldKV struct {
-	prefill *backend
-	params  json.RawMessage
+	engine *backend
+	params json.RawMessage
 }
 
-// releaseKV asks the prefill that holds held's blocks to free them now
+// releaseKV asks the engine that holds held's blocks to free them now
 // rather than at lease expiry, in the background (the client's answer does
 // not wait for it; Serve waits for it before returning). nil held is a
 // no-op. The params go back to the engine that issued them, with the backend
-// key: a Tandem prefill checks their signature, so the release cannot free
+// key: a Tandem engine checks their signature, so the release cannot free
 // anyone else's blocks.
 func (p *Proxy) releaseKV(held *heldKV, id, reason string) {
 	if held == nil {
@@ -53,15 +60,15 @@ func (p *Proxy) releaseKV(held *heldKV, id, reason string) {
 	p.bg.Go(func() {
 		result, err := p.postRelease(held, id)
 		p.metrics.kvReleases.WithLabelValues(reason, result).Inc()
-		attrs := []any{"request_id", id, "backend", held.prefill.base, "reason", reason, "result", result}
+		attrs := []any{"request_id", id, "backend", held.engine.base, "reason", reason, "result", result}
 		if err != nil {
 			attrs = append(attrs, "err", err)
 		}
-		p.log.Debug("released prefill KV: the decode leg never started", attrs...)
+		p.log.Debug("released held KV", attrs...)
 	})
 }
 
-// postRelease calls the prefill's release route within ReleaseTimeout.
+// postRelease calls the engine's release route within ReleaseTimeout.
 func (p *Proxy) postRelease(held *heldKV, id string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ReleaseTimeout)
 	defer cancel()
@@ -69,12 +76,14 @@ func (p *Proxy) postRelease(held *heldKV, id string) (string, error) {
 	body.WriteString(`{"kv_transfer_params":`)
 	body.Write(held.params)
 	body.WriteByte('}')
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, held.prefill.base+openai.KVReleasePath, &body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, held.engine.base+openai.KVReleasePath, &body)
 	if err != nil {
 		return releaseFailed, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Request-Id", id)
+	if id != "" {
+		req.Header.Set("X-Request-Id", id)
+	}
 	setAuth(req.Header, p.cfg.BackendAPIKey)
 	resp, err := p.client.Do(req)
 	if err != nil {
@@ -88,6 +97,6 @@ func (p *Proxy) postRelease(held *heldKV, id string) (string, error) {
 	case http.StatusNotFound:
 		return releaseNotFound, nil
 	default:
-		return releaseFailed, fmt.Errorf("%s answered %s", held.prefill.base, resp.Status)
+		return releaseFailed, fmt.Errorf("%s answered %s", held.engine.base, resp.Status)
 	}
 }
