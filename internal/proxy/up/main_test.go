@@ -42,6 +42,7 @@ func fakeTandem(args []string) int {
 	model := fs.String("model", "", "")
 	fs.String("served-model-name", "", "")
 	fs.Bool("extra", false, "")
+	bidi := fs.Bool("kv-bidirectional", false, "")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
@@ -57,11 +58,25 @@ func fakeTandem(args []string) int {
 		b, _ := io.ReadAll(r.Body)
 		json.Unmarshal(b, &body)
 		w.Header().Set("Content-Type", "application/json")
+		var kv map[string]json.RawMessage
+		json.Unmarshal(body["kv_transfer_params"], &kv)
 		if *role == RolePrefill {
-			io.WriteString(w, `{"choices":[{"text":"x"}],"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[[0]],"remote_engine_id":"p","remote_request_id":"r","remote_host":"127.0.0.1","remote_port":1}}`)
+			// "history" tells the decode, and through its answer the test,
+			// whether this leg carried a decode's params from a last turn.
+			fmt.Fprintf(w, `{"choices":[{"text":"x"}],"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[[0]],"remote_engine_id":"p","remote_request_id":"r","remote_host":"127.0.0.1","remote_port":1,"history":%t}}`,
+				kv["remote_blocks_expiry_time"] != nil)
 			return
 		}
-		fmt.Fprintf(w, `{"choices":[{"text":"story"}],"got_kv":%t}`, body["kv_transfer_params"] != nil)
+		history := kv["history"]
+		if history == nil {
+			history = json.RawMessage("false")
+		}
+		held := ""
+		if *bidi {
+			held = fmt.Sprintf(`,"kv_transfer_params":{"do_remote_decode":true,"remote_block_ids":[[1]],"remote_engine_id":"d","remote_request_id":"r2","remote_host":"127.0.0.1","remote_port":2,"remote_blocks_expiry_time":%d}`,
+				time.Now().Add(time.Minute).Unix())
+		}
+		fmt.Fprintf(w, `{"choices":[{"text":"story"}],"got_kv":%t,"history":%s%s}`, body["kv_transfer_params"] != nil, history, held)
 	})
 	srv := &http.Server{Addr: *host + ":" + strconv.Itoa(*port), Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	if err := srv.ListenAndServe(); err != nil {

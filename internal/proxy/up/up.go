@@ -50,6 +50,9 @@ type Config struct {
 	CPUs []int
 	// ExtraArgs are appended to every engine's `tandem serve` command line.
 	ExtraArgs []string
+	// KVBidirectional starts every engine with --kv-bidirectional (before
+	// ExtraArgs) and the proxy in conversation mode: multi-turn KV reuse.
+	KVBidirectional bool
 	// StartupTimeout bounds the wait for every engine to be healthy.
 	// Default 10m (a large model loads slowly on a CPU).
 	StartupTimeout time.Duration
@@ -186,8 +189,12 @@ func Run(ctx context.Context, cfg Config) error {
 	exited := make(chan *child, n)
 	var children []*child
 	defer func() { stopAll(children, cfg.StopTimeout) }()
+	extra := cfg.ExtraArgs
+	if cfg.KVBidirectional {
+		extra = append([]string{"--kv-bidirectional"}, extra...)
+	}
 	for _, s := range specs {
-		c, err := startEngine(cfg.Executable, s, model, name, cfg.ExtraArgs, env, out, exited)
+		c, err := startEngine(cfg.Executable, s, model, name, extra, env, out, exited)
 		if err != nil {
 			return err
 		}
@@ -208,11 +215,12 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	p, err := proxy.New(proxy.Config{
-		Prefill:  prefillURLs,
-		Decode:   decodeURLs,
-		Fallback: true,
-		APIKey:   cfg.APIKey,
-		Logger:   slog.New(slog.NewTextHandler(newLineRelay("proxy", out), nil)),
+		Prefill:       prefillURLs,
+		Decode:        decodeURLs,
+		Fallback:      true,
+		APIKey:        cfg.APIKey,
+		Conversations: cfg.KVBidirectional,
+		Logger:        slog.New(slog.NewTextHandler(newLineRelay("proxy", out), nil)),
 	})
 	if err != nil {
 		return err

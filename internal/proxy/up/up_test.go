@@ -353,6 +353,38 @@ func TestRunWithFakeEngines(t *testing.T) {
 		checkGone(t, pids)
 	})
 
+	t.Run("--kv-bidirectional reaches every engine and the proxy remembers conversations", func(t *testing.T) {
+		var stdout, stderr syncBuffer
+		model := t.TempDir()
+		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			Run(ctx, Config{Executable: exe, ModelDir: model, Port: 0, KVBidirectional: true, Stdout: &stdout, Stderr: &stderr})
+		}()
+		defer func() { cancel(); <-done }()
+		url := waitEndpoint(t, &stdout, done)
+		var answers []string
+		for range 2 {
+			resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x","conversation_id":"c"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			answers = append(answers, string(b))
+		}
+		if !strings.Contains(answers[0], `"history":false`) || !strings.Contains(answers[1], `"history":true`) {
+			t.Errorf("answers %q: want turn 2's prefill leg to carry the decode's params", answers)
+		}
+		for _, a := range answers {
+			if strings.Contains(a, "remote_blocks_expiry_time") {
+				t.Errorf("the decode's params reached the client: %s", a)
+			}
+		}
+	})
+
 	t.Run("an engine failing at startup stops the rest and is named with its logs", func(t *testing.T) {
 		t.Setenv("TANDEM_UP_FAKE_DIE", RoleDecode)
 		var stdout, stderr syncBuffer
