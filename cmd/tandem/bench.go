@@ -28,19 +28,19 @@ func (r *repeated) Set(v string) error { *r = append(*r, v); return nil }
 // workloadFlags are the flags that choose a workload, shared with
 // `tandem bench experiment`.
 type workloadFlags struct {
-	kind           string
-	requests       int
-	promptTokens   int
-	maxTokens      int
-	input, output  string
-	prefixGroups   int
-	prefixTokens   int
-	turns, think   string
-	traceBlock     int
-	traceSpeed     float64
-	seed           uint64
-	vocab          int
-	maxContext     int
+	kind          string
+	requests      int
+	promptTokens  int
+	maxTokens     int
+	input, output string
+	prefixGroups  int
+	prefixTokens  int
+	turns, think  string
+	traceBlock    int
+	traceSpeed    float64
+	seed          uint64
+	vocab         int
+	maxContext    int
 	// given names the flags set on the command line.
 	given map[string]bool
 }
