@@ -126,13 +126,13 @@ func TestMeasureStream(t *testing.T) {
 		{
 			"tokens, usage and done; the clock ticks 1ms per reading",
 			chunk("a", "") + chunk("", "") + chunk("b", "") + chunk("c", "length") + usage + done,
-			Outcome{TTFT: 1 * ms, E2E: 7 * ms, ITL: []time.Duration{ms, ms, ms}, PromptTokens: 5, OutputTokens: 4},
+			Outcome{TTFT: 1 * ms, E2E: 7 * ms, ITL: []time.Duration{ms, ms, ms}, PromptTokens: 5, OutputTokens: 4, Text: "abc"},
 			"",
 		},
 		{
 			"a finish-only chunk is not a token; without usage tokens are counted",
 			chunk("a", "") + chunk("b", "") + chunk("", "stop") + done,
-			Outcome{TTFT: 1 * ms, E2E: 5 * ms, ITL: []time.Duration{ms}, OutputTokens: 2},
+			Outcome{TTFT: 1 * ms, E2E: 5 * ms, ITL: []time.Duration{ms}, OutputTokens: 2, Text: "ab"},
 			"",
 		},
 		{"no [DONE] is a failure", chunk("a", ""), Outcome{}, "stream ended before [DONE]"},
