@@ -56,6 +56,11 @@ func (e *Engine) run() {
 		// A drain also waits for blocks a connector holds (KV a remote
 		// decode has not read yet, loads still writing into aborted
 		// requests' blocks), unless the deadline forced an abort.
+		// Conversation holds (KV kept for a next turn) are given up at
+		// once: this engine will not serve that turn.
+		if e.stopping && len(e.reqs) == 0 && e.sched.Stats().Held > 0 && !e.drainedClosed {
+			e.relieveMemory(e.pool.NumBlocks())
+		}
 		if e.stopping && len(e.reqs) == 0 && (e.abortAll || e.sched.Stats().Held == 0) && !e.drainedClosed {
 			e.drainedClosed = true
 			close(e.drained)
@@ -64,7 +69,7 @@ func (e *Engine) run() {
 		// the loop sleeps until a message (a request, an abort, a KV report
 		// that frees or fills blocks, shutdown) might let one progress.
 		if !e.sched.HasWork() {
-			if e.sched.ShortOfBlocks() && e.relieveMemory() {
+			if e.sched.ShortOfBlocks() && e.relieveMemory(e.reliefStep()) {
 				continue
 			}
 			e.publishStats()
@@ -106,18 +111,23 @@ func (e *Engine) handle(m any) {
 
 // relieveMemory asks the KV worker to give up holds it may release so that
 // waiting or preempted requests get blocks, and reports whether it did.
-func (e *Engine) relieveMemory() bool {
+func (e *Engine) relieveMemory(want int) bool {
 	r, ok := e.cfg.KVWorker.(MemoryReliever)
 	if !ok {
 		return false
 	}
-	c := r.RelieveMemory(max(1, e.pool.NumBlocks()/8))
+	c := r.RelieveMemory(want)
 	if c.empty() {
 		return false
 	}
 	e.kvCompletions(c)
 	return true
 }
+
+// reliefStep is how many blocks one relief frees at least: an eighth of
+// the pool, so a burst of new requests does not evict every held
+// conversation at the first shortage.
+func (e *Engine) reliefStep() int { return max(1, e.pool.NumBlocks()/8) }
 
 // step runs one schedule → connector → model → sample → update round.
 func (e *Engine) step() {
@@ -137,7 +147,7 @@ func (e *Engine) step() {
 		e.m.NumPreemptions.Add(float64(len(out.Preempted)))
 	}
 	if len(out.Preempted) > 0 || e.sched.ShortOfBlocks() {
-		e.relieveMemory()
+		e.relieveMemory(e.reliefStep())
 	}
 
 	// Requests a failed synchronous load just voided stay out of the batch.

@@ -452,7 +452,9 @@ func (c *Connector) ReleaseKV(kv map[string]any) error {
 	if err != nil {
 		return err
 	}
-	return c.prod.Release(k.remote.RequestID)
+	err = c.prod.Release(k.remote.RequestID)
+	c.updateHoldGauge()
+	return err
 }
 
 // OnNewRequest implements sched.Connector: it records the request's kv

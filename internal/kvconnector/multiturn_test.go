@@ -1,6 +1,7 @@
 package kvconnector
 
 import (
+	"context"
 	"slices"
 	"testing"
 	"time"
@@ -200,5 +201,28 @@ func TestConversationHoldsGiveWayToNewRequests(t *testing.T) {
 	}
 	if n := d.c.prod.FixedHolds(); n >= 4 {
 		t.Fatalf("no conversation hold was given up (%d left)", n)
+	}
+}
+
+// TestShutdownGivesUpConversationHolds: a draining decode does not wait
+// out its conversation holds (480 s): it will not serve their next turn.
+func TestShutdownGivesUpConversationHolds(t *testing.T) {
+	p := newPD(t, pdOpts{role: RolePrefill, bidirectional: true})
+	d := newPD(t, pdOpts{role: RoleDecode, bidirectional: true})
+	turn1(t, p, d, promptOf(971, 80), 20)
+	if d.c.prod.FixedHolds() != 1 {
+		t.Fatal("no conversation held")
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := d.e.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("shutdown took %v with a conversation held", took)
+	}
+	if n := d.c.prod.FixedHolds(); n != 0 {
+		t.Errorf("%d conversation holds left after shutdown", n)
 	}
 }

@@ -175,7 +175,11 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, run *run, me
 		if ev.Finish != engine.FinishNone {
 			finals++
 			run.addUsage(&usage, ie.i, ev.Usage)
-			if sw.Data(chunk(ChatChunkChoice{Index: ie.i, FinishReason: finishReason(ev.Finish), StopReason: stopReason(ev)})) != nil {
+			ch := chunk(ChatChunkChoice{Index: ie.i, FinishReason: finishReason(ev.Finish), StopReason: stopReason(ev)})
+			if ie.i == 0 {
+				ch.KVTransferParams = ev.KVTransfer
+			}
+			if sw.Data(ch) != nil {
 				return
 			}
 		}

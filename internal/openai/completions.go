@@ -259,7 +259,11 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, run *r
 			finals++
 			run.addUsage(&usage, ie.i, ev.Usage)
 			c := CompletionChoice{Index: ie.i, FinishReason: finishReason(ev.Finish), StopReason: stopReason(ev)}
-			if sw.Data(chunk([]CompletionChoice{c})) != nil {
+			ch := chunk([]CompletionChoice{c})
+			if ie.i == 0 {
+				ch.KVTransferParams = ev.KVTransfer
+			}
+			if sw.Data(ch) != nil {
 				return
 			}
 		}

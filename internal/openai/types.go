@@ -156,6 +156,10 @@ type CompletionChunk struct {
 	Model   string             `json:"model"`
 	Choices []CompletionChoice `json:"choices"`
 	Usage   json.RawMessage    `json:"usage,omitempty"`
+	// KVTransferParams rides on the final chunk of choice 0 when the
+	// engine returns some (a decode's conversation hold, vLLM's
+	// bidirectional mode), as the non-streaming body carries them.
+	KVTransferParams map[string]any `json:"kv_transfer_params,omitempty"`
 }
 
 // ChatCompletionChunk is one event of a streaming chat completion. Usage is
@@ -167,6 +171,8 @@ type ChatCompletionChunk struct {
 	Model   string            `json:"model"`
 	Choices []ChatChunkChoice `json:"choices"`
 	Usage   json.RawMessage   `json:"usage,omitempty"`
+	// KVTransferParams: as in CompletionChunk.
+	KVTransferParams map[string]any `json:"kv_transfer_params,omitempty"`
 }
 
 // ChatChunkChoice is one choice's delta in a chat chunk.
