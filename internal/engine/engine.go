@@ -54,6 +54,10 @@ type Config struct {
 	KVWorker  KVWorker
 	Logger    *slog.Logger
 	Clock     clock.Clock
+
+	// KVEvents, if set, sees every change of the prefix cache and a Flush
+	// at the end of each step (a kvevents.Publisher: --kv-events-config).
+	KVEvents KVEventSink
 }
 
 // Stats is a snapshot of the engine's load.
@@ -132,6 +136,9 @@ func New(cfg Config) (*Engine, error) {
 	pool, err := kvcache.New(kvcache.Config{Layout: layout, NumBlocks: cfg.NumBlocks, MemoryBytes: cfg.KVCacheMemory, Dir: cfg.KVDir, ExtraKey: cfg.Model.Fingerprint()})
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if cfg.KVEvents != nil {
+		pool.SetObserver(cfg.KVEvents)
 	}
 	s, err := sched.New(sched.Config{MaxNumSeqs: cfg.MaxNumSeqs, MaxNumBatchedTokens: cfg.MaxNumBatchedTokens, LoadFailurePolicy: cfg.LoadFailurePolicy}, pool.Blocks, cfg.Connector)
 	if err != nil {

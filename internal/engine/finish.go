@@ -72,6 +72,9 @@ func (e *Engine) release(ext string) {
 
 // publishStats refreshes Stats and the gauges.
 func (e *Engine) publishStats() {
+	if e.cfg.KVEvents != nil {
+		e.cfg.KVEvents.Flush() // the step's KV events, without blocking
+	}
 	st := e.sched.Stats()
 	s := Stats{Running: st.Running, Waiting: st.Waiting, KVUsage: e.pool.Usage(), FreeBlocks: e.pool.FreeBlocks(), TotalBlocks: e.pool.NumBlocks()}
 	e.mu.Lock()

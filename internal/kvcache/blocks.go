@@ -46,6 +46,32 @@ type BlocksConfig struct {
 	// Memory.BumpGenerations: that is what keeps the generation seqlock of
 	// the shared memory honest while the accounting never sees the memory.
 	OnAllocate func(ids []int32)
+	// Observer, if set, sees every change of the prefix cache (see
+	// CacheObserver and SetObserver).
+	Observer CacheObserver
+}
+
+// CacheObserver sees the prefix cache change, for KV cache events
+// (internal/kvevents). Blocks calls it synchronously from the goroutine that
+// owns it, so its methods must return quickly, must not block and must not
+// call back into the Blocks.
+type CacheObserver interface {
+	// BlockStored reports that hash was registered by Cache. parent is the
+	// hash of the block before it (the zero BlockHash for a first block) and
+	// tokens the block's token ids, valid only during the call. Both come
+	// from the HashBlock call that computed hash; when Blocks did not see
+	// it (hashed before the observer was set, or so long ago that it was
+	// forgotten), tokens is nil and parent is zero: unknown.
+	BlockStored(hash, parent BlockHash, tokens []int32)
+	// BlockRemoved reports that hash is no longer registered: its block
+	// was taken for new content (evicted) or Uncache dropped it.
+	BlockRemoved(hash BlockHash)
+}
+
+// hashedBlock is what HashBlock saw of a hash, kept for BlockStored.
+type hashedBlock struct {
+	parent BlockHash
+	tokens []int32
 }
 
 // Blocks is the accounting of a pool's blocks, with no memory behind it:
@@ -62,6 +88,14 @@ type Blocks struct {
 	cached     list // cached free blocks, least recently freed at the head
 	numFree    int  // blocks on free and cached
 	cache      map[BlockHash]int32
+
+	// With an observer, HashBlock remembers the parent and tokens of each
+	// hash until Cache registers it, in two generations of at most
+	// len(blocks) entries each: hashes that are never cached (prefix hits,
+	// duplicates, aborted requests) age out when the newer generation
+	// fills. Both are nil without an observer.
+	observer          CacheObserver
+	hashed, hashedOld map[BlockHash]hashedBlock
 
 	prefixQueries, prefixHits uint64
 }
@@ -83,6 +117,7 @@ func NewBlocks(cfg BlocksConfig) (*Blocks, error) {
 		cached:     list{-1, -1},
 		cache:      make(map[BlockHash]int32),
 	}
+	b.SetObserver(cfg.Observer)
 	for i := range b.blocks {
 		b.blocks[i].prev, b.blocks[i].next = -1, -1
 		b.push(&b.free, int32(i), inFree)
@@ -92,6 +127,16 @@ func NewBlocks(cfg BlocksConfig) (*Blocks, error) {
 
 // maxBlocks is the largest number of blocks: ids are int32.
 const maxBlocks = 1<<31 - 1
+
+// SetObserver makes o see the prefix cache's changes from now on (nil: none).
+// Blocks registered before stay unreported.
+func (b *Blocks) SetObserver(o CacheObserver) {
+	b.observer = o
+	b.hashed, b.hashedOld = nil, nil
+	if o != nil {
+		b.hashed = make(map[BlockHash]hashedBlock)
+	}
+}
 
 // NumBlocks returns the number of blocks.
 func (b *Blocks) NumBlocks() int { return len(b.blocks) }
@@ -118,19 +163,11 @@ func (b *Blocks) NumCachedBlocks() int { return len(b.cache) }
 // HashBlock returns the hash of a full block holding tokens whose preceding
 // blocks hash to parent (the zero BlockHash for the first block).
 func (b *Blocks) HashBlock(parent BlockHash, tokens []int32) BlockHash {
-	h := sha256.New()
-	h.Write(parent[:])
-	var buf [4]byte
-	binary.LittleEndian.PutUint32(buf[:], uint32(len(tokens)))
-	h.Write(buf[:])
-	for _, t := range tokens {
-		binary.LittleEndian.PutUint32(buf[:], uint32(t))
-		h.Write(buf[:])
+	h := hashBlock(b.extraKey, parent, tokens)
+	if b.observer != nil {
+		b.remember(h, parent, tokens)
 	}
-	h.Write(b.extraKey)
-	var out BlockHash
-	h.Sum(out[:0])
-	return out
+	return h
 }
 
 // ExtendHashes appends to hashes the hashes of the full blocks of tokens
@@ -146,6 +183,68 @@ func (b *Blocks) ExtendHashes(hashes []BlockHash, tokens []int32) []BlockHash {
 		hashes = append(hashes, b.HashBlock(parent, tokens[i*bs:(i+1)*bs]))
 	}
 	return hashes
+}
+
+// BlockHashes appends to hashes the chained hashes of the full blocks of
+// tokens that hashes does not cover yet, exactly as the prefix cache of a
+// Blocks with this block size and extra key (the model fingerprint) computes
+// them: a router predicting an engine's prefix hits calls it. A block's hash
+// is SHA-256 over the parent block's hash (32 zero bytes for the first
+// block), the number of tokens and each token id as little-endian uint32,
+// then the extra key.
+func BlockHashes(extraKey string, blockSize int, hashes []BlockHash, tokens []int32) []BlockHash {
+	if blockSize <= 0 {
+		return hashes
+	}
+	key := []byte(extraKey)
+	for i := len(hashes); (i+1)*blockSize <= len(tokens); i++ {
+		var parent BlockHash
+		if i > 0 {
+			parent = hashes[i-1]
+		}
+		hashes = append(hashes, hashBlock(key, parent, tokens[i*blockSize:(i+1)*blockSize]))
+	}
+	return hashes
+}
+
+func hashBlock(extraKey []byte, parent BlockHash, tokens []int32) BlockHash {
+	h := sha256.New()
+	h.Write(parent[:])
+	var buf [4]byte
+	binary.LittleEndian.PutUint32(buf[:], uint32(len(tokens)))
+	h.Write(buf[:])
+	for _, t := range tokens {
+		binary.LittleEndian.PutUint32(buf[:], uint32(t))
+		h.Write(buf[:])
+	}
+	h.Write(extraKey)
+	var out BlockHash
+	h.Sum(out[:0])
+	return out
+}
+
+// remember keeps what HashBlock saw of h for the BlockStored of its Cache.
+func (b *Blocks) remember(h, parent BlockHash, tokens []int32) {
+	if _, ok := b.hashed[h]; ok {
+		return
+	}
+	if len(b.hashed) >= max(len(b.blocks), 1024) {
+		b.hashedOld, b.hashed = b.hashed, make(map[BlockHash]hashedBlock, len(b.hashed))
+	}
+	b.hashed[h] = hashedBlock{parent: parent, tokens: append([]int32(nil), tokens...)}
+}
+
+// recall returns and forgets what HashBlock saw of h.
+func (b *Blocks) recall(h BlockHash) (hashedBlock, bool) {
+	if hb, ok := b.hashed[h]; ok {
+		delete(b.hashed, h)
+		return hb, true
+	}
+	if hb, ok := b.hashedOld[h]; ok {
+		delete(b.hashedOld, h)
+		return hb, true
+	}
+	return hashedBlock{}, false
 }
 
 // Match returns the blocks caching the longest prefix of hashes, without
@@ -206,6 +305,9 @@ func (b *Blocks) Allocate(n int) ([]int32, bool) {
 		if m.hashed {
 			delete(b.cache, m.hash)
 			m.hashed = false
+			if b.observer != nil {
+				b.observer.BlockRemoved(m.hash)
+			}
 		}
 		m.ref = 1
 		ids = append(ids, id)
@@ -266,6 +368,10 @@ func (b *Blocks) Cache(id int32, hash BlockHash) bool {
 		b.unlink(id)
 		b.push(&b.cached, id, inCached)
 	}
+	if b.observer != nil {
+		hb, _ := b.recall(hash)
+		b.observer.BlockStored(hash, hb.parent, hb.tokens)
+	}
 	return true
 }
 
@@ -278,6 +384,9 @@ func (b *Blocks) Uncache(id int32) {
 	}
 	delete(b.cache, m.hash)
 	m.hashed = false
+	if b.observer != nil {
+		b.observer.BlockRemoved(m.hash)
+	}
 	if m.list == inCached {
 		b.unlink(id)
 		b.push(&b.free, id, inFree)

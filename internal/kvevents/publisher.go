@@ -1,0 +1,667 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tandem-serve/tandem/internal/kvcache"
+)
+
+// endSeq is the replay's end marker: -1 as 8 big-endian bytes (vLLM's
+// ZmqEventPublisher.END_SEQ).
+var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+
+// Timeouts of the publisher's sockets.
+const (
+	handshakeTimeout = 5 * time.Second
+	writeTimeout     = 10 * time.Second
+	redialMin        = 100 * time.Millisecond
+	redialMax        = 5 * time.Second
+)
+
+// PublisherOptions are what the engine adds to a Config.
+type PublisherOptions struct {
+	// BlockSize is the engine's tokens per block (BlockStored.block_size).
+	BlockSize int
+	// DataParallelRank goes in every batch (0 for a Tandem engine).
+	DataParallelRank int
+	// Now is the clock of the batches' timestamps (default time.Now).
+	Now    func() time.Time
+	Logger *slog.Logger
+}
+
+// Publisher publishes an engine's KV cache events in vLLM's wire format: a
+// ZMQ PUB socket sending [topic, sequence (8 bytes, big-endian), msgpack
+// KVEventBatch] per engine step that changed the prefix cache, and, if
+// configured, a ROUTER socket replaying the last BufferSteps batches from a
+// requested sequence number, as vLLM's ZmqEventPublisher does.
+//
+// It is the engine's kvcache.CacheObserver: BlockStored and BlockRemoved
+// collect the step's events and Flush hands them to the publishing goroutine
+// through a bounded queue without ever blocking; a full queue drops the batch
+// (counted), and subscribers recover through a sequence gap and the replay
+// socket. BlockStored, BlockRemoved and Flush belong to the goroutine that
+// owns the KV cache; the other methods are safe for concurrent use.
+type Publisher struct {
+	cfg  Config
+	opts PublisherOptions
+	log  *slog.Logger
+
+	// Owned by the step loop.
+	pending []Event
+
+	queue   chan *Batch
+	stop    chan struct{}
+	stopped chan struct{}
+	closing sync.Once
+
+	pubLn, replayLn net.Listener
+	ring            ring
+
+	mu    sync.Mutex
+	peers map[*pubPeer]struct{}
+	wg    sync.WaitGroup // peer, accept and dial goroutines
+
+	seq uint64 // next sequence number, publishing goroutine only
+	// skipForTest, if set, keeps a batch from subscribers (not from the
+	// replay ring): a lost message.
+	skipForTest func(seq uint64) bool
+	published   atomic.Uint64
+	queueDrops  atomic.Uint64
+	peerDrops   atomic.Uint64
+	noTokens    atomic.Uint64
+	replays     atomic.Uint64
+}
+
+// NewPublisher binds (or dials) cfg's sockets and starts publishing.
+func NewPublisher(cfg Config, opts PublisherOptions) (*Publisher, error) {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if cfg.MaxQueueSize <= 0 {
+		cfg.MaxQueueSize = DefaultMaxQueueSize
+	}
+	addr, err := tcpAddr(cfg.Endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("kvevents: endpoint: %w", err)
+	}
+	p := &Publisher{
+		cfg: cfg, opts: opts, log: opts.Logger.With("component", "kvevents"),
+		queue: make(chan *Batch, cfg.MaxQueueSize), stop: make(chan struct{}), stopped: make(chan struct{}),
+		peers: make(map[*pubPeer]struct{}),
+		ring:  ring{max: cfg.BufferSteps},
+	}
+	if !cfg.Connect {
+		if p.pubLn, err = net.Listen("tcp", addr); err != nil {
+			return nil, fmt.Errorf("kvevents: bind %s: %w", cfg.Endpoint, err)
+		}
+	}
+	if cfg.ReplayEndpoint != "" {
+		raddr, err := tcpAddr(cfg.ReplayEndpoint)
+		if err == nil {
+			p.replayLn, err = net.Listen("tcp", raddr)
+		}
+		if err != nil {
+			if p.pubLn != nil {
+				p.pubLn.Close()
+			}
+			return nil, fmt.Errorf("kvevents: replay endpoint %s: %w", cfg.ReplayEndpoint, err)
+		}
+	}
+	if p.pubLn != nil {
+		p.wg.Add(1)
+		go p.acceptPub()
+	} else {
+		p.wg.Add(1)
+		go p.dialPub(addr)
+	}
+	if p.replayLn != nil {
+		p.wg.Add(1)
+		go p.acceptReplay()
+	}
+	go p.run()
+	return p, nil
+}
+
+// Addr is the bound PUB address (nil when the endpoint is dialed).
+func (p *Publisher) Addr() net.Addr {
+	if p.pubLn == nil {
+		return nil
+	}
+	return p.pubLn.Addr()
+}
+
+// ReplayAddr is the bound replay address (nil without a replay endpoint).
+func (p *Publisher) ReplayAddr() net.Addr {
+	if p.replayLn == nil {
+		return nil
+	}
+	return p.replayLn.Addr()
+}
+
+// BlockStored records that a block entered the prefix cache. A store that
+// continues the previous one (its parent is that one's last block) joins
+// it, so a request's blocks cached in one step are one event, as in vLLM.
+func (p *Publisher) BlockStored(hash, parent kvcache.BlockHash, tokens []int32) {
+	h := WireHash(hash)
+	bs := p.opts.BlockSize
+	if tokens == nil {
+		p.noTokens.Add(1)
+	} else if bs == 0 {
+		bs = len(tokens)
+	}
+	if n := len(p.pending); n > 0 && tokens != nil && parent != (kvcache.BlockHash{}) {
+		last := &p.pending[n-1]
+		if last.Kind == BlockStored && last.Hashes[len(last.Hashes)-1] == WireHash(parent) &&
+			len(last.Tokens) == len(last.Hashes)*len(tokens) {
+			last.Hashes = append(last.Hashes, h)
+			last.Tokens = append(last.Tokens, tokens...)
+			return
+		}
+	}
+	e := Event{Kind: BlockStored, Hashes: []uint64{h}, BlockSize: bs, Medium: MediumGPU}
+	if tokens != nil {
+		e.Tokens = append([]int32(nil), tokens...)
+		if parent != (kvcache.BlockHash{}) {
+			e.Parent, e.HasParent = WireHash(parent), true
+		}
+	}
+	p.pending = append(p.pending, e)
+}
+
+// BlockRemoved records that a block left the prefix cache.
+func (p *Publisher) BlockRemoved(hash kvcache.BlockHash) {
+	h := WireHash(hash)
+	if n := len(p.pending); n > 0 && p.pending[n-1].Kind == BlockRemoved {
+		p.pending[n-1].Hashes = append(p.pending[n-1].Hashes, h)
+		return
+	}
+	p.pending = append(p.pending, Event{Kind: BlockRemoved, Hashes: []uint64{h}, Medium: MediumGPU})
+}
+
+// Flush hands the events recorded since the last Flush to the publishing
+// goroutine as one batch, or drops them when its queue is full. It never
+// blocks.
+func (p *Publisher) Flush() {
+	if len(p.pending) == 0 {
+		return
+	}
+	p.enqueue(p.pending)
+	p.pending = nil
+}
+
+func (p *Publisher) enqueue(events []Event) {
+	b := &Batch{TS: float64(p.opts.Now().UnixNano()) / 1e9, Events: events, DataParallelRank: p.opts.DataParallelRank, HasRank: true}
+	select {
+	case p.queue <- b:
+	default:
+		p.queueDrops.Add(1)
+	}
+}
+
+// Close publishes AllBlocksCleared (the engine's cache goes away with it),
+// gives subscribers up to linger to receive what is queued, and closes the
+// sockets. Call it after the engine stopped.
+func (p *Publisher) Close(linger time.Duration) error {
+	p.shutdown(true, linger)
+	return nil
+}
+
+// shutdown stops publishing; final publishes AllBlocksCleared first. Tests
+// call it with final false to play an engine that died.
+func (p *Publisher) shutdown(final bool, linger time.Duration) {
+	p.closing.Do(func() {
+		if final {
+			p.enqueue([]Event{{Kind: AllBlocksCleared}})
+		}
+		close(p.stop)
+		<-p.stopped
+		deadline := time.Now().Add(linger)
+		for time.Now().Before(deadline) && p.queuedToPeers() > 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if p.pubLn != nil {
+			p.pubLn.Close()
+		}
+		if p.replayLn != nil {
+			p.replayLn.Close()
+		}
+		p.mu.Lock()
+		for pp := range p.peers {
+			pp.close()
+		}
+		p.peers = nil
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+}
+
+func (p *Publisher) queuedToPeers() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for pp := range p.peers {
+		n += len(pp.q) + int(pp.writing.Load())
+	}
+	return n
+}
+
+// PublisherStats counts what a Publisher did.
+type PublisherStats struct {
+	// Published is the number of batches sent (the next sequence number).
+	Published uint64
+	// QueueDrops counts batches dropped because the publishing goroutine
+	// was behind (max_queue_size); PeerDrops counts messages not queued for
+	// a subscriber past its high-water mark.
+	QueueDrops, PeerDrops uint64
+	// StoredWithoutTokens counts blocks stored whose tokens the cache did
+	// not see hashed (published with empty token_ids).
+	StoredWithoutTokens uint64
+	// Replays counts replay requests served.
+	Replays uint64
+	// Subscribers is the number of connected subscribers that subscribed
+	// to a topic.
+	Subscribers int
+}
+
+// Stats returns the counters.
+func (p *Publisher) Stats() PublisherStats {
+	p.mu.Lock()
+	subs := 0
+	for pp := range p.peers {
+		pp.smu.Lock()
+		if len(pp.topics) > 0 {
+			subs++
+		}
+		pp.smu.Unlock()
+	}
+	p.mu.Unlock()
+	return PublisherStats{
+		Published: p.published.Load(), QueueDrops: p.queueDrops.Load(), PeerDrops: p.peerDrops.Load(),
+		StoredWithoutTokens: p.noTokens.Load(), Replays: p.replays.Load(), Subscribers: subs,
+	}
+}
+
+// Collectors returns Prometheus collectors of the counters, under
+// tandem:kv_events_*.
+func (p *Publisher) Collectors() []prometheus.Collector {
+	counter := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tandem:kv_events_" + name, Help: help}, f)
+	}
+	u := func(a *atomic.Uint64) func() float64 { return func() float64 { return float64(a.Load()) } }
+	return []prometheus.Collector{
+		counter("batches_published_total", "KV event batches published (one per engine step that changed the prefix cache).", u(&p.published)),
+		counter("batches_dropped_total", "KV event batches dropped because the publisher was behind (max_queue_size); subscribers see a sequence gap and replay.", u(&p.queueDrops)),
+		counter("subscriber_drops_total", "KV event messages not sent to a subscriber past its high-water mark (hwm).", u(&p.peerDrops)),
+		counter("stored_without_tokens_total", "Blocks published as stored with empty token_ids (the cache did not see them hashed).", u(&p.noTokens)),
+		counter("replays_total", "Replay requests served.", u(&p.replays)),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tandem:kv_events_subscribers", Help: "Connected KV event subscribers that subscribed to a topic."},
+			func() float64 { return float64(p.Stats().Subscribers) }),
+	}
+}
+
+// run is the publishing goroutine: it numbers, encodes, keeps and sends
+// each batch.
+func (p *Publisher) run() {
+	defer close(p.stopped)
+	topic := []byte(p.cfg.Topic)
+	send := func(b *Batch) {
+		payload := AppendBatch(nil, b)
+		var seq [8]byte
+		binary.BigEndian.PutUint64(seq[:], p.seq)
+		p.ring.add(p.seq, payload)
+		p.seq++
+		p.published.Store(p.seq)
+		msg := [][]byte{topic, seq[:], payload}
+		if p.skipForTest != nil && p.skipForTest(p.seq-1) {
+			return
+		}
+		p.mu.Lock()
+		for pp := range p.peers {
+			if !pp.subscribed(topic) {
+				continue
+			}
+			select {
+			case pp.q <- msg:
+			default:
+				p.peerDrops.Add(1)
+			}
+		}
+		p.mu.Unlock()
+	}
+	for {
+		select {
+		case b := <-p.queue:
+			send(b)
+		case <-p.stop:
+			for {
+				select {
+				case b := <-p.queue:
+					send(b)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+func (p *Publisher) acceptPub() {
+	defer p.wg.Done()
+	for {
+		c, err := p.pubLn.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.servePeer(c, true)
+		}()
+	}
+}
+
+// dialPub keeps one connection to a subscriber that binds, redialing with
+// backoff.
+func (p *Publisher) dialPub(addr string) {
+	defer p.wg.Done()
+	backoff := redialMin
+	for {
+		d := net.Dialer{Timeout: handshakeTimeout}
+		c, err := d.Dial("tcp", addr)
+		if err == nil {
+			start := time.Now()
+			p.servePeer(c, false)
+			if time.Since(start) > redialMax {
+				backoff = redialMin
+			}
+		} else {
+			p.log.Debug("kv events: dial subscriber", "endpoint", p.cfg.Endpoint, "err", err)
+		}
+		select {
+		case <-p.stop:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, redialMax)
+	}
+}
+
+// servePeer runs one subscriber connection until it fails or Close.
+func (p *Publisher) servePeer(c net.Conn, asServer bool) {
+	z, err := handshake(c, typePUB, asServer, handshakeTimeout, maxCommandSize)
+	if err != nil {
+		p.log.Debug("kv events: subscriber handshake", "remote", c.RemoteAddr().String(), "err", err)
+		c.Close()
+		return
+	}
+	pp := &pubPeer{z: z, q: make(chan [][]byte, max(p.cfg.HWM, 1)), done: make(chan struct{})}
+	p.mu.Lock()
+	if p.peers == nil { // closing
+		p.mu.Unlock()
+		c.Close()
+		return
+	}
+	p.peers[pp] = struct{}{}
+	p.mu.Unlock()
+	go pp.writeLoop()
+	pp.readLoop() // until the connection ends
+	p.mu.Lock()
+	delete(p.peers, pp)
+	p.mu.Unlock()
+	pp.close()
+}
+
+// pubPeer is one subscriber of the PUB socket: its subscriptions and its
+// queue (the high-water mark).
+type pubPeer struct {
+	z       *zconn
+	q       chan [][]byte
+	wmu     sync.Mutex // writes: the writer and the reader's PONGs
+	writing atomic.Int32
+	once    sync.Once
+	done    chan struct{}
+
+	smu    sync.Mutex
+	topics []string
+}
+
+func (pp *pubPeer) close() {
+	pp.once.Do(func() {
+		close(pp.done)
+		pp.z.c.Close()
+	})
+}
+
+func (pp *pubPeer) subscribed(topic []byte) bool {
+	pp.smu.Lock()
+	defer pp.smu.Unlock()
+	for _, t := range pp.topics {
+		if strings.HasPrefix(string(topic), t) {
+			return true
+		}
+	}
+	return false
+}
+
+func (pp *pubPeer) subscribe(topic []byte, on bool) {
+	pp.smu.Lock()
+	defer pp.smu.Unlock()
+	t := string(topic)
+	for i, s := range pp.topics {
+		if s == t {
+			if !on {
+				pp.topics = append(pp.topics[:i], pp.topics[i+1:]...)
+			}
+			return
+		}
+	}
+	if on && len(pp.topics) < 1024 {
+		pp.topics = append(pp.topics, t)
+	}
+}
+
+// readLoop reads subscriptions: ZMTP 3.0 messages starting with 1
+// (subscribe) or 0 (cancel), ZMTP 3.1 SUBSCRIBE and CANCEL commands.
+func (pp *pubPeer) readLoop() {
+	onCommand := func(name string, data []byte) error {
+		switch name {
+		case "SUBSCRIBE":
+			pp.subscribe(data, true)
+		case "CANCEL":
+			pp.subscribe(data, false)
+		case "PING":
+			pp.wmu.Lock()
+			pp.z.c.SetWriteDeadline(time.Now().Add(writeTimeout))
+			err := pp.z.writeFrame(pong(data), flagCommand)
+			if err == nil {
+				err = pp.z.w.Flush()
+			}
+			pp.wmu.Unlock()
+			return err
+		}
+		return nil
+	}
+	for {
+		parts, err := pp.z.readMsg(onCommand)
+		if err != nil {
+			return
+		}
+		if len(parts) == 1 && len(parts[0]) > 0 && parts[0][0] <= 1 {
+			pp.subscribe(parts[0][1:], parts[0][0] == 1)
+		}
+	}
+}
+
+func (pp *pubPeer) writeLoop() {
+	for {
+		select {
+		case <-pp.done:
+			return
+		case msg := <-pp.q:
+			pp.writing.Store(1)
+			pp.wmu.Lock()
+			pp.z.c.SetWriteDeadline(time.Now().Add(writeTimeout))
+			err := pp.z.writeMsg(msg...)
+			if err == nil && len(pp.q) == 0 {
+				err = pp.z.w.Flush()
+			}
+			pp.wmu.Unlock()
+			pp.writing.Store(0)
+			if err != nil {
+				pp.close()
+				return
+			}
+		}
+	}
+}
+
+func (p *Publisher) acceptReplay() {
+	defer p.wg.Done()
+	for {
+		c, err := p.replayLn.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			defer c.Close()
+			stop := make(chan struct{})
+			defer close(stop)
+			go func() {
+				select {
+				case <-p.stop:
+					c.Close()
+				case <-stop:
+				}
+			}()
+			p.serveReplay(c)
+		}()
+	}
+}
+
+// maxReplayRequest bounds a replay request frame.
+const maxReplayRequest = 64
+
+// serveReplay answers replay requests on one connection: a request is
+// [empty delimiter, start sequence as big-endian bytes] from a REQ or DEALER
+// (vLLM's ROUTER sees [identity, "", seq]); the answer is one message
+// ["", seq, payload] per kept batch from seq on, then ["", -1, ""].
+func (p *Publisher) serveReplay(c net.Conn) {
+	z, err := handshake(c, typeROUTER, true, handshakeTimeout, maxReplayRequest)
+	if err != nil {
+		p.log.Debug("kv events: replay handshake", "remote", c.RemoteAddr().String(), "err", err)
+		return
+	}
+	for {
+		parts, err := z.readMsg(func(name string, data []byte) error {
+			if name == "PING" {
+				if err := z.writeFrame(pong(data), flagCommand); err != nil {
+					return err
+				}
+				return z.w.Flush()
+			}
+			return nil
+		})
+		if err != nil {
+			return
+		}
+		var prefix [][]byte
+		switch {
+		case len(parts) == 2 && len(parts[0]) == 0:
+			prefix = [][]byte{{}}
+		case len(parts) == 1:
+		default:
+			p.log.Debug("kv events: invalid replay request", "frames", len(parts))
+			continue
+		}
+		req := parts[len(parts)-1]
+		if len(req) == 0 || len(req) > 8 {
+			p.log.Debug("kv events: invalid replay request", "bytes", len(req))
+			continue
+		}
+		var start uint64
+		for _, b := range req {
+			start = start<<8 | uint64(b)
+		}
+		p.replays.Add(1)
+		var seq [8]byte
+		for _, e := range p.ring.from(start) {
+			binary.BigEndian.PutUint64(seq[:], e.seq)
+			c.SetWriteDeadline(time.Now().Add(writeTimeout))
+			if err := z.writeMsg(append(prefix, seq[:], e.payload)...); err != nil {
+				return
+			}
+		}
+		c.SetWriteDeadline(time.Now().Add(writeTimeout))
+		if err := z.writeMsg(append(prefix, endSeq, nil)...); err != nil {
+			return
+		}
+		if err := z.w.Flush(); err != nil {
+			return
+		}
+	}
+}
+
+// ring keeps the last max encoded batches for replay.
+type ring struct {
+	mu    sync.Mutex
+	max   int
+	ents  []ringEntry
+	start int // index of the oldest entry once full
+}
+
+type ringEntry struct {
+	seq     uint64
+	payload []byte
+}
+
+func (r *ring) add(seq uint64, payload []byte) {
+	if r.max <= 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.ents) < r.max {
+		r.ents = append(r.ents, ringEntry{seq, payload})
+		return
+	}
+	r.ents[r.start] = ringEntry{seq, payload}
+	r.start = (r.start + 1) % r.max
+}
+
+// from returns the kept entries with sequence numbers from start on, oldest
+// first.
+func (r *ring) from(start uint64) []ringEntry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []ringEntry
+	for i := range r.ents {
+		e := r.ents[(r.start+i)%len(r.ents)]
+		if e.seq >= start {
+			out = append(out, e)
+		}
+	}
+	return out
+}
