@@ -269,17 +269,21 @@ func (s *Subscriber) session(ctx context.Context, es *engineSub) error {
 // live handles a batch from the PUB socket: on a gap it first replays the
 // missing batches.
 func (s *Subscriber) live(ctx context.Context, es *engineSub, seq uint64, payload []byte) {
-	if es.known && seq > es.next {
+	gap := es.known && seq > es.next
+	if gap {
 		es.count(func(st *EngineStats) { st.Gaps++ })
-		if es.eng.ReplayEndpoint != "" {
-			if err := s.replay(ctx, es, es.next, func(rs uint64, p []byte) bool {
-				if rs < seq {
-					s.inOrder(es, rs, p)
-				}
-				return rs < seq
-			}); err != nil {
-				s.log.Warn("kv events: replay failed", "engine", es.eng.Name, "from", es.next, "err", err)
+	}
+	// A gap, or a first message that is not the engine's first batch (the
+	// replay on connect came before it published them, or there was none).
+	if es.eng.ReplayEndpoint != "" && (gap || !es.known && seq > 0) {
+		from := es.next
+		if err := s.replay(ctx, es, from, func(rs uint64, p []byte) bool {
+			if rs < seq {
+				s.inOrder(es, rs, p)
 			}
+			return rs < seq
+		}); err != nil {
+			s.log.Warn("kv events: replay failed", "engine", es.eng.Name, "from", from, "err", err)
 		}
 	}
 	s.inOrder(es, seq, payload)
