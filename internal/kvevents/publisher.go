@@ -253,7 +253,7 @@ func (p *Publisher) queuedToPeers() int {
 	defer p.mu.Unlock()
 	n := 0
 	for pp := range p.peers {
-		n += len(pp.q) + int(pp.writing.Load())
+		n += int(pp.unsent.Load())
 	}
 	return n
 }
@@ -333,9 +333,11 @@ func (p *Publisher) run() {
 			if !pp.subscribed(topic) {
 				continue
 			}
+			pp.unsent.Add(1)
 			select {
 			case pp.q <- msg:
 			default:
+				pp.unsent.Add(-1)
 				p.peerDrops.Add(1)
 			}
 		}
@@ -431,12 +433,12 @@ func (p *Publisher) servePeer(c net.Conn, asServer bool) {
 // pubPeer is one subscriber of the PUB socket: its subscriptions and its
 // queue (the high-water mark).
 type pubPeer struct {
-	z       *zconn
-	q       chan [][]byte
-	wmu     sync.Mutex // writes: the writer and the reader's PONGs
-	writing atomic.Int32
-	once    sync.Once
-	done    chan struct{}
+	z      *zconn
+	q      chan [][]byte
+	wmu    sync.Mutex   // writes: the writer and the reader's PONGs
+	unsent atomic.Int64 // messages queued and not yet written and flushed
+	once   sync.Once
+	done   chan struct{}
 
 	smu    sync.Mutex
 	topics []string
@@ -515,7 +517,6 @@ func (pp *pubPeer) writeLoop() {
 		case <-pp.done:
 			return
 		case msg := <-pp.q:
-			pp.writing.Store(1)
 			pp.wmu.Lock()
 			pp.z.c.SetWriteDeadline(time.Now().Add(writeTimeout))
 			err := pp.z.writeMsg(msg...)
@@ -523,7 +524,7 @@ func (pp *pubPeer) writeLoop() {
 				err = pp.z.w.Flush()
 			}
 			pp.wmu.Unlock()
-			pp.writing.Store(0)
+			pp.unsent.Add(-1)
 			if err != nil {
 				pp.close()
 				return
