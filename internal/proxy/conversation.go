@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/tandem-serve/tandem/internal/apierror"
 )
 
 // Conversation mode (Config.Conversations) lets a decode engine started with
@@ -28,7 +28,7 @@ const conversationIDKey = "conversation_id"
 const HeaderConversationID = "X-Conversation-Id"
 
 // maxConversationIDLen caps a conversation id, as request ids are capped.
-const maxConversationIDLen = openai.MaxRequestIDLen
+const maxConversationIDLen = apierror.MaxRequestIDLen
 
 // maxConversationTTL caps how long an entry is kept whatever expiry time
 // the decode announced: a far-future or garbage value must not pin an entry.
@@ -56,19 +56,19 @@ var (
 // conversationID returns the conversation a request names: the body's
 // conversation_id (a non-empty JSON string; null or "" mean none) or the
 // X-Conversation-Id header. Both may be given only if they agree.
-func conversationID(obj *object, h http.Header) (string, *openai.Error) {
+func conversationID(obj *object, h http.Header) (string, *apierror.Error) {
 	hdr := h.Get(HeaderConversationID)
 	var body string
 	if raw := bytes.TrimSpace(obj.getFolded(conversationIDKey)); len(raw) > 0 && !bytes.Equal(raw, []byte("null")) {
 		if err := json.Unmarshal(raw, &body); err != nil {
-			return "", openai.BadRequest(conversationIDKey, "conversation_id must be a string")
+			return "", apierror.BadRequest(conversationIDKey, "conversation_id must be a string")
 		}
 	}
 	if len(body) > maxConversationIDLen || len(hdr) > maxConversationIDLen {
-		return "", openai.BadRequest(conversationIDKey, "conversation_id is longer than %d bytes", maxConversationIDLen)
+		return "", apierror.BadRequest(conversationIDKey, "conversation_id is longer than %d bytes", maxConversationIDLen)
 	}
 	if body != "" && hdr != "" && body != hdr {
-		return "", openai.BadRequest(conversationIDKey, "conversation_id and the %s header name different conversations; give one", HeaderConversationID)
+		return "", apierror.BadRequest(conversationIDKey, "conversation_id and the %s header name different conversations; give one", HeaderConversationID)
 	}
 	if body != "" {
 		return body, nil

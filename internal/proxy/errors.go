@@ -3,7 +3,7 @@ package proxy
 import (
 	"net/http"
 
-	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/tandem-serve/tandem/internal/apierror"
 )
 
 // writeError writes an OpenAI-shaped error ({"error": {"message", "type",
@@ -13,12 +13,12 @@ import (
 func writeError(w http.ResponseWriter, status int, msg string) {
 	h := w.Header()
 	h.Del("Content-Length")
-	openai.WriteError(w, openai.NewError(status, "", "%s", msg))
+	apierror.WriteError(w, apierror.NewError(status, "", "%s", msg))
 }
 
 // writeAPIError writes err, an API error with its own param, as writeError
 // does.
-func writeAPIError(w http.ResponseWriter, err *openai.Error) {
+func writeAPIError(w http.ResponseWriter, err *apierror.Error) {
 	w.Header().Del("Content-Length")
-	openai.WriteError(w, err)
+	apierror.WriteError(w, err)
 }

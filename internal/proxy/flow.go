@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/tandem-serve/tandem/internal/apierror"
 	"github.com/tandem-serve/tandem/internal/proxy/picker"
 )
 
@@ -47,7 +47,7 @@ func (p *Proxy) handleGenerate(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	id := r.Header.Get("X-Request-Id")
 	var outcome string
-	if err := openai.CheckRequestID(id); err != nil {
+	if err := apierror.CheckRequestID(id); err != nil {
 		// Refused before it reaches a log line, a header or a backend.
 		writeAPIError(w, err)
 		outcome = outcomeBadRequest
@@ -90,7 +90,7 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 	preq := &picker.Request{Path: r.URL.Path, ID: id, Body: body}
 	var conv string
 	if p.convs != nil {
-		var aerr *openai.Error
+		var aerr *apierror.Error
 		if conv, aerr = conversationID(obj, r.Header); aerr != nil {
 			writeAPIError(w, aerr)
 			return outcomeBadRequest

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/tandem-serve/tandem/internal/apierror"
 	"github.com/tandem-serve/tandem/internal/proxy/picker"
 	"github.com/tandem-serve/tandem/internal/proxy/picker/roundrobin"
 )
@@ -143,7 +143,7 @@ func newPicker(name string) (picker.Picker, error) {
 // /metrics; Serve runs it with its health checker.
 type Proxy struct {
 	cfg     Config
-	key     *openai.APIKey
+	key     *apierror.APIKey
 	log     *slog.Logger
 	prefill *pool
 	decode  *pool
@@ -180,7 +180,7 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{
-		key:     openai.NewAPIKey(cfg.APIKey),
+		key:     apierror.NewAPIKey(cfg.APIKey),
 		cfg:     cfg,
 		log:     cfg.Logger,
 		prefill: pre,
@@ -231,7 +231,7 @@ func newTransport(connect time.Duration) *http.Transport {
 // ServeHTTP checks the API key, then routes a request.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := p.key.Check(r); err != nil {
-		openai.WriteUnauthorized(w, err)
+		apierror.WriteUnauthorized(w, err)
 		return
 	}
 	p.mux.ServeHTTP(w, r)

@@ -1,4 +1,4 @@
-package openai
+package apierror
 
 import (
 	"encoding/json"
