@@ -504,8 +504,8 @@ func writeBreakdown(w io.Writer, before, after map[string]float64) {
 }
 
 // writeRatioModel prints a DistServe-style placement model, simplified:
-// from the pd configuration's lowest-rate run, the prefill engine's service
-// time per request s (its TTFT p50) and, from its runs that met the TPOT
+// from the pd configuration's run with the lowest TTFT p50, the prefill
+// engine's service time per request s (that TTFT p50, an upper bound) and, from its runs that met the TPOT
 // SLO at p90, the decode engine's output rate; a prefill engine is an
 // M/D/1 queue whose utilisation must keep the mean TTFT within the SLO, a
 // decode engine sustains the output rate measured. For N engines the P:D
@@ -518,7 +518,9 @@ func writeRatioModel(w io.Writer, suites []*bench.Suite) {
 			if r.Target != "pd" {
 				continue
 			}
-			if low == nil || r.Load.Rate < low.Load.Rate {
+			// The quietest run (lowest TTFT p50) is the best estimate of the
+			// service time on this noisy machine.
+			if r.Completed > 0 && (low == nil || r.TTFT.P50 < low.TTFT.P50) {
 				low = r
 			}
 			if r.Failed == 0 && (s.Plan.SLO.TPOT == 0 || r.TPOT.P90 <= float64(s.Plan.SLO.TPOT)/1e6) && (bestDecode == nil || r.OutputThroughput > bestDecode.OutputThroughput) {
