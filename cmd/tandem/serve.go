@@ -24,6 +24,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/kvconnector"
+	"github.com/tandem-serve/tandem/internal/kvevents"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
 	"github.com/tandem-serve/tandem/internal/metrics"
 	"github.com/tandem-serve/tandem/internal/model"
@@ -80,6 +81,10 @@ type serveConfig struct {
 	// Simulated engines (internal/sim): --simulate and --sim-*.
 	Sim simConfig
 
+	// KV cache events (internal/kvevents): vLLM's --kv-events-config JSON.
+	KVEventsConfig string
+	kvEvents       *kvevents.Config // parsed by validate; nil: no events
+
 	// Loaded by validate from the flags above.
 	kvSecret                 kvxfer.Secret
 	kvPeers                  *kvxfer.PeerPolicy
@@ -124,6 +129,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.KVTLSKey, "kv-tls-key", "", "PEM private key of --kv-tls-cert")
 	fs.StringVar(&c.KVTLSCA, "kv-tls-ca", "", "PEM CA bundle that signs every engine's --kv-tls-cert")
 	c.Sim.register(fs)
+	fs.StringVar(&c.KVEventsConfig, "kv-events-config", "", `publish KV cache events as vLLM does, for prefix-aware routers (llm-d, Dynamo, tandem proxy): vLLM's JSON, e.g. '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv@host@model"}' (fields publisher zmq|null, endpoint, replay_endpoint, topic, buffer_steps, hwm, max_queue_size); events carry prompt token ids, so bind to a trusted network`)
 	fs.StringVar(&c.KVLoadFailurePolicy, "kv-load-failure-policy", string(sched.LoadFailureFail), "when pulling KV fails: fail (the request ends with HTTP 500) or recompute (compute the missing prompt KV locally)")
 }
 
@@ -220,6 +226,13 @@ func parseServeFlags(args []string) (*serveConfig, error) {
 	if err := c.Sim.validate(fs); err != nil {
 		return nil, err
 	}
+	if c.KVEventsConfig != "" {
+		ev, err := kvevents.ParseConfig(c.KVEventsConfig)
+		if err != nil {
+			return nil, err
+		}
+		c.kvEvents = ev
+	}
 	return c, nil
 }
 
@@ -290,6 +303,15 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 	if err != nil {
 		return err
 	}
+	var kvEvents *kvevents.Publisher
+	if cfg.kvEvents != nil {
+		if kvEvents, err = kvevents.NewPublisher(*cfg.kvEvents, kvevents.PublisherOptions{BlockSize: cfg.BlockSize, Logger: log}); err != nil {
+			return fmt.Errorf("--kv-events-config: %w", err)
+		}
+		defer kvEvents.Close(time.Second) // after the engine stopped: AllBlocksCleared
+		met.Registry.MustRegister(kvEvents.Collectors()...)
+		log.Info("publishing KV cache events", "endpoint", cfg.kvEvents.Endpoint, "replay_endpoint", cfg.kvEvents.ReplayEndpoint, "topic", cfg.kvEvents.Topic)
+	}
 	eng, err := engine.New(engine.Config{
 		Model:               m,
 		Tokenizer:           tok,
@@ -305,6 +327,7 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 		KVWorker:            conn,
 		Metrics:             met,
 		Logger:              log,
+		KVEvents:            kvEventSink(kvEvents),
 	})
 	if err != nil {
 		return err
@@ -379,6 +402,14 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 	}
 	log.Info("stopped")
 	return errors.Join(engErr, httpErr)
+}
+
+// kvEventSink is p as the engine's sink, nil (not a typed nil) without one.
+func kvEventSink(p *kvevents.Publisher) engine.KVEventSink {
+	if p == nil {
+		return nil
+	}
+	return p
 }
 
 // defaultNumBlocks sizes the KV cache when no flag does: room for
