@@ -361,13 +361,19 @@ func TestKVTransferParams(t *testing.T) {
 			}
 		})
 	}
-	t.Run("a streaming decode leg is accepted", func(t *testing.T) {
+	t.Run("a streaming decode leg is accepted, and the engine's params ride on its final chunk only", func(t *testing.T) {
 		resp, raw := post(t, ts.URL+"/v1/completions", `{"model":"m","prompt":"a","stream":true,"kv_transfer_params":{"do_remote_prefill":true}}`, nil)
 		if resp.StatusCode != 200 {
 			t.Fatalf("status %d: %s", resp.StatusCode, raw)
 		}
-		if strings.Contains(string(raw), "kv_transfer_params") {
-			t.Errorf("a stream carries kv_transfer_params: %s", raw)
+		// A bidirectional decode returns its conversation hold with the
+		// final event; the stream carries it where the finish_reason is.
+		for _, line := range strings.Split(string(raw), "\n") {
+			has := strings.Contains(line, "kv_transfer_params")
+			final := strings.Contains(line, `"finish_reason":"length"`)
+			if has != final {
+				t.Errorf("kv_transfer_params on a chunk that is final=%v: %s", final, line)
+			}
 		}
 	})
 }
