@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tandem-serve/tandem/internal/kvcache"
 )
 
 func stored(hs ...uint64) Event  { return Event{Kind: BlockStored, Hashes: hs} }
@@ -151,4 +153,30 @@ func BenchmarkMatch(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkPublisherHook measures what publishing costs the engine's step
+// loop per block: the cache's BlockStored and BlockRemoved calls, and a
+// Flush per 16 blocks (the encoding and sending happen on the publisher's
+// goroutine).
+func BenchmarkPublisherHook(b *testing.B) {
+	p, err := NewPublisher(Config{Endpoint: "tcp://127.0.0.1:0", MaxQueueSize: 1 << 16}, PublisherOptions{BlockSize: 16, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.shutdown(false, 0)
+	tokens := make([]int32, 16)
+	var h, parent kvcache.BlockHash
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		h[0], h[1] = byte(i), byte(i>>8)
+		p.BlockStored(h, parent, tokens)
+		p.BlockRemoved(parent)
+		parent = h
+		if i++; i%16 == 0 {
+			p.Flush()
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/block")
 }
