@@ -52,7 +52,20 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.Var(&decode, "decode", "decode engine URL(s), comma-separated or repeated (required)")
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
 	fs.IntVar(&f.port, "port", 8000, "port to listen on")
-	fs.StringVar(&cfg.Policy, "policy", "round-robin", "backend picking policy: "+strings.Join(proxy.Policies(), ", "))
+	fs.StringVar(&cfg.Policy, "policy", "round-robin", "backend picking policy for both pools: "+strings.Join(proxy.Policies(), ", ")+" (see README)")
+	fs.StringVar(&cfg.PDDecider, "pd-decider", "always", "disaggregation decider: always (every prompt prefilled remotely) or conditional (remote only when the uncached prompt is long; see --pd-threshold)")
+	fs.IntVar(&cfg.Router.Threshold, "pd-threshold", 256, "conditional decider: uncached prompt tokens on the chosen decode from which the prefill goes remote")
+	fs.IntVar(&cfg.Router.MustRemote, "pd-must-remote", 0, "conditional decider: prompt tokens from which the prefill always goes remote (0: off)")
+	fs.Float64Var(&cfg.Router.DecodeKVPressure, "pd-decode-kv-pressure", 0, "conditional decider: decode KV usage (0..1) from which the prefill goes remote (0: off)")
+	fs.Int64Var(&cfg.Router.MaxInFlight, "max-in-flight", 0, "requests the proxy sends one engine at most; beyond, requests queue (--queue-timeout) then get 429 (0: no limit)")
+	fs.Float64Var(&cfg.Router.MaxWaiting, "max-waiting", 0, "an engine whose scraped vllm:num_requests_waiting reaches this is saturated (0: off)")
+	fs.Float64Var(&cfg.Router.MaxKVUsage, "max-kv-usage", 0, "an engine whose scraped vllm:kv_cache_usage_perc reaches this (0..1) is saturated (0: off)")
+	fs.DurationVar(&cfg.QueueTimeout, "queue-timeout", 0, "how long a request waits when every engine is saturated before 429 (default 2s)")
+	fs.IntVar(&cfg.MaxQueue, "max-queue", 0, "requests waiting at most when every engine is saturated (default 1024)")
+	fs.DurationVar(&cfg.ScrapeInterval, "scrape-interval", 0, "period of scraping each engine's /metrics for queue and KV usage (default 250ms; negative: off)")
+	fs.IntVar(&cfg.PrefillRetries, "prefill-retries", 0, "other prefill engines a failed prefill leg is retried on before fallback (default 1; negative: none)")
+	fs.IntVar(&cfg.DecodeRetries, "decode-retries", 0, "other decode engines a decode leg failing before its first byte is retried on (default 1; negative: none)")
+	fs.IntVar(&cfg.BlockSize, "block-size", 0, "the engines' KV block size in tokens, for prefix matching (default 16)")
 	fs.BoolVar(&cfg.Fallback, "fallback", true, "when the prefill leg fails, let decode do the whole request (said in the x-tandem-pd header); false fails such requests instead")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit on the prefill leg, on waiting for decode's headers and on each gap between decode's chunks (default 5m)")
 	fs.DurationVar(&cfg.ConnectTimeout, "connect-timeout", 0, "limit on connecting to a backend (default 5s)")
@@ -103,7 +116,8 @@ func runProxy(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	log.Info("proxy listening", "addr", "http://"+ln.Addr().String(), "prefill", cfg.Prefill, "decode", cfg.Decode, "policy", cfg.Policy,
+	log.Info("proxy listening", "addr", "http://"+ln.Addr().String(), "prefill", cfg.Prefill, "decode", cfg.Decode, "policy", cfg.Policy, "pd_decider", cfg.PDDecider,
 		"conversations", cfg.Conversations, "api_key", cfg.APIKey != "", "backend_api_key", cfg.BackendAPIKey != "" || cfg.APIKey != "")
+	log.Warn("router counts tokens approximately (prompt bytes / 4, prefix blocks of 4·block-size bytes): it has no tokenizer", "metric", "tandem:proxy_token_count_mode")
 	return p.Serve(ctx, ln)
 }

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/tandem-serve/tandem/internal/proxy/picker"
+	"github.com/tandem-serve/tandem/internal/router"
 )
 
 // Roles of a backend pool.
@@ -28,15 +28,20 @@ const (
 type backend struct {
 	role     string
 	base     string // base URL without a trailing slash
+	host     string // for same-host preference
 	index    int
 	healthy  atomic.Bool
 	inFlight atomic.Int64
+	inTokens atomic.Int64 // prompt + expected output tokens of the requests in flight
 	inGauge  prometheus.Gauge
 	okGauge  prometheus.Gauge
 
 	mu        sync.Mutex
 	lastErr   string
 	lastCheck time.Time
+	// The engine's load as last scraped from its /metrics.
+	waiting, running, kvUsage float64
+	scrapedAt                 time.Time
 }
 
 // setHealth records a check's result and reports whether the state changed.
@@ -53,31 +58,42 @@ func (b *backend) setHealth(ok bool, errText string, now time.Time) (changed boo
 	return b.healthy.Swap(ok) != ok
 }
 
-// acquire counts a request as open on b; the returned func closes it.
-func (b *backend) acquire() (release func()) {
+// acquire counts a request of tokens tokens as open on b; the returned func
+// closes it.
+func (b *backend) acquire(tokens int64) (release func()) {
 	b.inFlight.Add(1)
+	b.inTokens.Add(tokens)
 	b.inGauge.Inc()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			b.inFlight.Add(-1)
+			b.inTokens.Add(-tokens)
 			b.inGauge.Dec()
 		})
 	}
 }
 
-// pool is the backends of one role and the policy that picks among them.
+// pool is the backends of one role and the pipeline that picks among them.
 type pool struct {
 	role     string
 	backends []*backend
-	picker   picker.Picker
+	profile  *router.Profile
+	// pickMu makes a pick and the accounting of its request one step, so
+	// that the next pick, even in the same microsecond, sees it.
+	pickMu sync.Mutex
+	// stale is the age beyond which scraped metrics are ignored (0: always
+	// ignored).
+	stale time.Duration
+	// prefix, when set, fills each endpoint's prefix hit before scoring.
+	prefix func(req *router.Request) map[string]int
 }
 
-func newPool(role string, urls []string, p picker.Picker, m *metrics) (*pool, error) {
+func newPool(role string, urls []string, prof *router.Profile, m *metrics) (*pool, error) {
 	if len(urls) == 0 {
 		return nil, fmt.Errorf("no %s backends: give at least one URL with --%s", role, role)
 	}
-	pl := &pool{role: role, picker: p}
+	pl := &pool{role: role, profile: prof}
 	seen := map[string]bool{}
 	for i, raw := range urls {
 		base, err := normalizeURL(raw)
@@ -88,9 +104,11 @@ func newPool(role string, urls []string, p picker.Picker, m *metrics) (*pool, er
 			return nil, fmt.Errorf("%s backend %s is listed twice", role, base)
 		}
 		seen[base] = true
+		u, _ := url.Parse(base)
 		pl.backends = append(pl.backends, &backend{
 			role:    role,
 			base:    base,
+			host:    u.Hostname(),
 			index:   i,
 			inGauge: m.inFlight.WithLabelValues(role, base),
 			okGauge: m.healthy.WithLabelValues(role, base),
@@ -132,23 +150,63 @@ func (pl *pool) anyHealthy() bool {
 	return false
 }
 
-// pick offers the healthy backends to the policy and returns its choice, or
-// nil when none is healthy.
-func (pl *pool) pick(req *picker.Request) *backend {
-	eps := make([]picker.Endpoint, 0, len(pl.backends))
-	for _, b := range pl.backends {
-		if b.healthy.Load() {
-			eps = append(eps, picker.Endpoint{Index: b.index, URL: b.base, InFlight: b.inFlight.Load()})
-		}
+// pick runs the pool's pipeline over a snapshot of its backends, skipping
+// those in exclude, and counts the request (tokens) on the chosen one before
+// any other pick can run. It returns nil when no backend is a candidate;
+// saturated then says whether some were healthy but all saturated (the
+// caller queues) rather than none healthy.
+func (pl *pool) pick(req *router.Request, tokens int64, exclude ...*backend) (b *backend, release func(), saturated bool) {
+	var hits map[string]int
+	if pl.prefix != nil && len(req.BlockHashes) > 0 {
+		hits = pl.prefix(req)
 	}
+	pl.pickMu.Lock()
+	defer pl.pickMu.Unlock()
+	eps := pl.snapshot(hits, exclude)
 	if len(eps) == 0 {
-		return nil
+		return nil, nil, false
 	}
-	i := pl.picker.Pick(req, eps)
-	if i < 0 || i >= len(eps) {
-		i = 0
+	i, err := pl.profile.Run(req, eps)
+	if err != nil {
+		for _, e := range eps {
+			if e.Healthy {
+				return nil, nil, true
+			}
+		}
+		return nil, nil, false
 	}
-	return pl.backends[eps[i].Index]
+	b = pl.backends[eps[i].Index]
+	return b, b.acquire(tokens), false
+}
+
+// snapshot returns the endpoints the pipeline sees.
+func (pl *pool) snapshot(hits map[string]int, exclude []*backend) []router.Endpoint {
+	eps := make([]router.Endpoint, 0, len(pl.backends))
+	now := time.Now()
+outer:
+	for _, b := range pl.backends {
+		for _, x := range exclude {
+			if x == b {
+				continue outer
+			}
+		}
+		eps = append(eps, b.endpoint(now, pl.stale, hits[b.base]))
+	}
+	return eps
+}
+
+func (b *backend) endpoint(now time.Time, stale time.Duration, prefixBlocks int) router.Endpoint {
+	e := router.Endpoint{
+		Index: b.index, URL: b.base, Host: b.host, Role: b.role,
+		Healthy: b.healthy.Load(), InFlight: b.inFlight.Load(), InFlightTokens: b.inTokens.Load(),
+		PrefixBlocks: prefixBlocks,
+	}
+	b.mu.Lock()
+	if !b.scrapedAt.IsZero() && now.Sub(b.scrapedAt) <= stale {
+		e.Scraped, e.Waiting, e.Running, e.KVUsage = true, b.waiting, b.running, b.kvUsage
+	}
+	b.mu.Unlock()
+	return e
 }
 
 // backendState is one backend in the /health body.

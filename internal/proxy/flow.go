@@ -13,7 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/tandem-serve/tandem/internal/apierror"
-	"github.com/tandem-serve/tandem/internal/proxy/picker"
+	"github.com/tandem-serve/tandem/internal/router"
 )
 
 // HeaderPD is the response header that says which path a request took:
@@ -30,12 +30,13 @@ const (
 	reasonServerError  = "prefill_5xx"          // the prefill answered 5xx
 	reasonBadResponse  = "prefill_bad_response" // not a JSON object, too large, or an unexpected status
 	reasonNoKVParams   = "prefill_no_kv_params" // answered without kv_transfer_params: it kept no KV for us
+	reasonPrefillSat   = "prefill_saturated"    // every healthy prefill engine is saturated
 	bodyReadTimeout    = time.Minute            // limit on receiving a client's request body
 	relayBufferBytes   = 32 << 10
 	maxPrefillRespSize = 64 << 20
 )
 
-var fallbackReasons = []string{reasonNoPrefill, reasonUnreachable, reasonTimeout, reasonServerError, reasonBadResponse, reasonNoKVParams}
+var fallbackReasons = []string{reasonNoPrefill, reasonUnreachable, reasonTimeout, reasonServerError, reasonBadResponse, reasonNoKVParams, reasonPrefillSat}
 
 // errBackendIdle cancels a decode leg whose backend went quiet for longer
 // than Config.Timeout.
@@ -87,7 +88,6 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		writeError(w, http.StatusBadRequest, err.Error())
 		return outcomeBadRequest
 	}
-	preq := &picker.Request{Path: r.URL.Path, ID: id, Body: body}
 	var conv string
 	if p.convs != nil {
 		var aerr *apierror.Error
@@ -97,6 +97,7 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		}
 		obj, body = withoutConversationID(body, obj)
 	}
+	preq := p.routeRequest(r.URL.Path, id, body)
 	// Check decode first: prefilling for a request no decode can take would
 	// only pin KV blocks on the prefill until their lease runs out.
 	if !p.decode.anyHealthy() {
@@ -105,9 +106,43 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 	}
 
 	history := p.lookUpConversation(conv)
+	// The decode is picked first (its cache and load), then the decider
+	// says whether its prompt is prefilled remotely.
+	var d *backend
+	var dRelease func()
+	if pref := p.affinity(history); pref != nil {
+		d, dRelease = pref, pref.acquire(tokens(preq))
+	} else {
+		var err error
+		d, dRelease, err = p.admit(r.Context(), p.decode, preq)
+		switch {
+		case errors.Is(err, errSaturated):
+			p.releaseHistory(history, id)
+			p.writeSaturated(w, roleDecode)
+			return outcomeSaturated
+		case err != nil:
+			p.releaseHistory(history, id)
+			return outcomeClientCanceled
+		case d == nil:
+			p.releaseHistory(history, id)
+			writeError(w, http.StatusServiceUnavailable, "no healthy decode backend; see the proxy's /health")
+			return outcomeNoBackend
+		}
+	}
+	defer dRelease()
+	decision := router.Decision{Remote: true, Reason: "conversation"}
+	if history == nil {
+		decision = p.decide(preq, d)
+	}
+	if !decision.Remote {
+		p.metrics.pdDecisions.WithLabelValues("local", decision.Reason).Inc()
+		leg := decodeLeg{conv: conv, prefer: d, body: fallbackBody(body, obj), pd: "local; reason=" + decision.Reason, success: outcomeLocal}
+		return p.runDecode(w, r, id, preq, leg)
+	}
+	preq.Near = d.host
 	var res prefillResult
 	if history == nil {
-		res = p.runPrefill(r, id, obj, preq, prefillKVParams)
+		res = p.prefillWithRetries(r, id, obj, preq, prefillKVParams)
 	} else {
 		p.metrics.historyPrefills.Inc()
 		res = p.runPrefill(r, id, obj, preq, history.params)
@@ -117,11 +152,11 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 			p.metrics.prefillRetries.WithLabelValues(reason).Inc()
 			p.log.Info("prefill leg with the conversation's history failed; retrying without it",
 				"request_id", id, "reason", reason, "detail", res.detail, "history_decode", history.decode.base)
-			res = p.runPrefill(r, id, obj, preq, prefillKVParams)
+			res = p.prefillWithRetries(r, id, obj, preq, prefillKVParams)
 			p.releaseKV(&heldKV{engine: history.decode, params: history.params}, id, releaseHistoryUnused)
 		}
 	}
-	leg := decodeLeg{conv: conv, prefer: p.affinity(history)}
+	leg := decodeLeg{conv: conv, prefer: d}
 	switch {
 	case res.canceled:
 		return outcomeClientCanceled
@@ -139,9 +174,11 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 			p.betweenLegs(r.Context())
 		}
 		leg.body, leg.pd, leg.success = decodeBody(obj, res.kv), "remote", outcomeRemote
+		p.metrics.pdDecisions.WithLabelValues("remote", decision.Reason).Inc()
 		return p.runDecode(w, r, id, preq, leg)
 	}
 
+	p.metrics.pdDecisions.WithLabelValues("fallback", res.reason).Inc()
 	pd := "fallback; reason=" + res.reason
 	if res.status != 0 {
 		pd += fmt.Sprintf("; status=%d", res.status)
@@ -258,6 +295,68 @@ type prefillResult struct {
 	reason   string
 	detail   string
 	status   int // P's HTTP status, for prefill_5xx
+	tried    *backend
+}
+
+// prefillWithRetries runs the prefill leg and, when it failed on the engine
+// (unreachable, 5xx, a bad answer), retries it on other prefill engines, up
+// to Config.PrefillRetries times while the request's time budget lasts.
+func (p *Proxy) prefillWithRetries(r *http.Request, id string, obj *object, preq *router.Request, kv json.RawMessage) prefillResult {
+	deadline := time.Now().Add(p.cfg.Timeout)
+	var tried []*backend
+	res := p.runPrefill(r, id, obj, preq, kv)
+	for attempt := 0; attempt < p.cfg.PrefillRetries && retryOnOther(res.reason) && r.Context().Err() == nil && time.Until(deadline) > 0; attempt++ {
+		tried = append(tried, res.tried)
+		p.metrics.legRetries.WithLabelValues(rolePrefill, res.reason).Inc()
+		p.log.Info("prefill leg failed; retrying on another prefill engine", "request_id", id, "reason", res.reason, "detail", res.detail, "backend", res.tried.base)
+		next := p.runPrefill(r, id, obj, preq, kv, tried...)
+		if next.reason == reasonNoPrefill || next.reason == reasonPrefillSat {
+			break // no other engine to try: the last failure says why
+		}
+		res = next
+	}
+	return res
+}
+
+// retryOnOther reports whether a prefill failure is the engine's, so that
+// another engine may succeed. A timeout is not retried: it used the budget.
+func retryOnOther(reason string) bool {
+	switch reason {
+	case reasonUnreachable, reasonServerError, reasonBadResponse, reasonNoKVParams:
+		return true
+	}
+	return false
+}
+
+// decide runs the disaggregation decider for a request whose decode is d.
+func (p *Proxy) decide(preq *router.Request, d *backend) router.Decision {
+	in := router.DecideInput{Req: preq}
+	now := time.Now()
+	hits := 0
+	if len(preq.BlockHashes) > 0 {
+		hits = p.matchPrefix(preq)[d.base]
+	}
+	in.Decode = d.endpoint(now, p.decode.stale, hits)
+	sat := p.saturation
+	for _, b := range p.prefill.backends {
+		if !b.healthy.Load() {
+			continue
+		}
+		in.PrefillHealthy++
+		e := b.endpoint(now, p.prefill.stale, 0)
+		if !sat.Saturated(&e) {
+			in.PrefillFree++
+		}
+	}
+	return p.decider.Decide(in)
+}
+
+// releaseHistory releases a conversation's hold that this turn will not
+// use.
+func (p *Proxy) releaseHistory(history *conversation, id string) {
+	if history != nil {
+		p.releaseKV(&heldKV{engine: history.decode, params: history.params}, id, releaseHistoryUnused)
+	}
 }
 
 // retryable reports whether a prefill leg sent with a conversation's history
@@ -277,11 +376,22 @@ func (res prefillResult) retryable() (string, bool) {
 
 // runPrefill sends the prefill leg, with kv as its kv_transfer_params, and
 // interprets its answer.
-func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *picker.Request, kv json.RawMessage) prefillResult {
-	b := p.prefill.pick(preq)
+func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *router.Request, kv json.RawMessage, exclude ...*backend) prefillResult {
+	b, release, sat := p.prefill.pick(preq, int64(preq.PromptTokens+1), exclude...)
 	if b == nil {
+		if sat {
+			return prefillResult{reason: reasonPrefillSat, detail: "every healthy prefill backend is saturated"}
+		}
 		return prefillResult{reason: reasonNoPrefill, detail: "no prefill backend passed its last health check"}
 	}
+	defer release()
+	res := p.sendPrefill(r, id, obj, b, kv)
+	res.tried = b
+	return res
+}
+
+// sendPrefill sends the prefill leg to b and interprets its answer.
+func (p *Proxy) sendPrefill(r *http.Request, id string, obj *object, b *backend, kv json.RawMessage) prefillResult {
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+r.URL.Path, bytes.NewReader(prefillBody(obj, kv)))
@@ -289,8 +399,6 @@ func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *picker
 		return prefillResult{reason: reasonBadResponse, detail: err.Error()}
 	}
 	p.setLegHeaders(req.Header, r.Header, id)
-	release := b.acquire()
-	defer release()
 
 	start := time.Now()
 	resp, err := p.client.Do(req)
@@ -353,7 +461,7 @@ type decodeLeg struct {
 // conversation mode a 200 answer's kv_transfer_params are not relayed: they
 // are kept for leg.conv's next turn, or released on the decode when the
 // request names no conversation.
-func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, preq *picker.Request, leg decodeLeg) string {
+func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, preq *router.Request, leg decodeLeg) string {
 	held, pd, success := leg.held, leg.pd, leg.success
 	if r.Context().Err() != nil {
 		// The client left while the prefill leg ran.
@@ -362,35 +470,61 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 	}
 	b := leg.prefer
 	if b == nil {
-		b = p.decode.pick(preq)
+		var rel func()
+		if b, rel, _ = p.decode.pick(preq, tokens(preq)); b != nil {
+			defer rel()
+		}
 	}
 	if b == nil {
 		p.releaseKV(held, id, releaseNoDecode)
 		writeError(w, http.StatusServiceUnavailable, "no healthy decode backend; see the proxy's /health")
 		return outcomeNoBackend
 	}
-	ctx, cancel := context.WithCancelCause(r.Context())
-	defer cancel(nil)
-	// One watchdog bounds the wait for the headers and then each gap
-	// between body chunks; it is disarmed while writing to the client, which
-	// has its own write deadline.
-	watchdog := time.AfterFunc(p.cfg.Timeout, func() { cancel(errBackendIdle) })
-	defer watchdog.Stop()
+	var (
+		ctx      context.Context
+		cancel   context.CancelCauseFunc
+		watchdog *time.Timer
+		resp     *http.Response
+		start    time.Time
+		tried    []*backend
+	)
+	for attempt := 0; ; attempt++ {
+		ctx, cancel = context.WithCancelCause(r.Context())
+		defer cancel(nil)
+		// One watchdog bounds the wait for the headers and then each gap
+		// between body chunks; it is disarmed while writing to the client,
+		// which has its own write deadline.
+		watchdog = time.AfterFunc(p.cfg.Timeout, func() { cancel(errBackendIdle) })
+		defer watchdog.Stop()
 
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+r.URL.Path, bytes.NewReader(leg.body))
-	if err != nil {
-		p.releaseKV(held, id, releaseDecodeUnreachable)
-		writeError(w, http.StatusInternalServerError, err.Error())
-		return outcomeDecodeFailed
-	}
-	p.setLegHeaders(req.Header, r.Header, id)
-	release := b.acquire()
-	defer release()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+r.URL.Path, bytes.NewReader(leg.body))
+		if err != nil {
+			p.releaseKV(held, id, releaseDecodeUnreachable)
+			writeError(w, http.StatusInternalServerError, err.Error())
+			return outcomeDecodeFailed
+		}
+		p.setLegHeaders(req.Header, r.Header, id)
 
-	start := time.Now()
-	resp, err := p.client.Do(req)
-	watchdog.Stop()
-	if err != nil {
+		start = time.Now()
+		resp, err = p.client.Do(req)
+		watchdog.Stop()
+		if err == nil {
+			break
+		}
+		idle := errors.Is(context.Cause(ctx), errBackendIdle)
+		if r.Context().Err() == nil && !idle && attempt < p.cfg.DecodeRetries {
+			// Nothing reached the client yet: another decode can serve the
+			// request (a remote leg's KV can be pulled by any decode).
+			markDown(b, err, p.log)
+			tried = append(tried, b)
+			if nb, rel, _ := p.decode.pick(preq, tokens(preq), tried...); nb != nil {
+				defer rel()
+				p.metrics.legRetries.WithLabelValues(roleDecode, "decode_unreachable").Inc()
+				p.log.Info("decode leg failed before its first byte; retrying on another decode engine", "request_id", id, "backend", b.base, "next", nb.base, "err", err)
+				b = nb
+				continue
+			}
+		}
 		// The decode may have queued the request, but cancelling it aborts
 		// it there; releasing as well costs a 404 at worst.
 		w.Header().Set(HeaderPD, pd)
@@ -398,7 +532,7 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 		case r.Context().Err() != nil:
 			p.releaseKV(held, id, releaseClientCanceled)
 			return outcomeClientCanceled
-		case errors.Is(context.Cause(ctx), errBackendIdle):
+		case idle:
 			p.releaseKV(held, id, releaseDecodeTimeout)
 			writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("decode backend %s sent no answer within %v", b.base, p.cfg.Timeout))
 		default:
@@ -409,6 +543,9 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 		return outcomeDecodeFailed
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		p.prefix.Observe(b.base, preq.BlockHashes)
+	}
 	if resp.StatusCode >= 400 {
 		// An error status is a final answer: the decode will not read the
 		// KV (a Tandem decode also tells the prefill itself when it refuses a

@@ -19,6 +19,8 @@ const (
 	outcomeDecodeFailed   = "decode_failed"   // decode unreachable or timed out before answering
 	outcomeStreamBroken   = "stream_broken"   // decode answer cut mid-body (idle timeout, backend died)
 	outcomeClientCanceled = "client_canceled" // client went away
+	outcomeLocal          = "local"           // the decider chose a local prefill on the decode
+	outcomeSaturated      = "saturated"       // 429: every candidate saturated, queue full or timed out
 )
 
 // metrics are the proxy's Prometheus collectors, on their own registry so
@@ -33,6 +35,13 @@ type metrics struct {
 	kvReleases     *prometheus.CounterVec
 	inFlight       *prometheus.GaugeVec
 	healthy        *prometheus.GaugeVec
+
+	// Router.
+	pdDecisions    *prometheus.CounterVec
+	legRetries     *prometheus.CounterVec
+	tokenMode      *prometheus.GaugeVec
+	admission      *prometheus.CounterVec
+	scrapeFailures *prometheus.CounterVec
 
 	// Conversation mode (zero when it is off).
 	convLookups     *prometheus.CounterVec
@@ -84,6 +93,26 @@ func newMetrics() *metrics {
 			Name: "tandem:proxy_backend_healthy",
 			Help: "1 when the backend's last health check passed.",
 		}, []string{"role", "backend"}),
+		pdDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:proxy_pd_decisions_total",
+			Help: "Requests by how their prompt was prefilled (remote, local, fallback) and why.",
+		}, []string{"decision", "reason"}),
+		legRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:proxy_leg_retries_total",
+			Help: "Legs retried on another engine of the pool after a failure, by role and the failure.",
+		}, []string{"role", "reason"}),
+		tokenMode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tandem:proxy_token_count_mode",
+			Help: "1 for how the router counts prompt tokens: exact (the model's tokenizer) or approximate (bytes/4, prefix blocks of 64 bytes).",
+		}, []string{"mode"}),
+		admission: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:proxy_admission_total",
+			Help: "Requests that found every candidate engine saturated, by result: admitted after queueing, or rejected with 429.",
+		}, []string{"result"}),
+		scrapeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:proxy_scrape_failures_total",
+			Help: "Failed scrapes of an engine's /metrics.",
+		}, []string{"role", "backend"}),
 		convLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tandem:proxy_conversation_lookups_total",
 			Help: "Requests naming a conversation (conversation mode), by whether the proxy held the decode's params from its last turn (hit) or not (miss: first turn, expired, evicted, or the last turn returned none).",
@@ -109,7 +138,8 @@ func newMetrics() *metrics {
 			Help: "Decode legs of a conversation's later turns: sent to the decode that answered the last turn (same_decode), or picked by the policy because it was unhealthy (decode_unhealthy).",
 		}, []string{"result"}),
 	}
-	r.MustRegister(m.prefillSeconds, m.decodeTTFB, m.requestSeconds, m.requests, m.fallbacks, m.kvReleases, m.inFlight, m.healthy)
+	r.MustRegister(m.prefillSeconds, m.decodeTTFB, m.requestSeconds, m.requests, m.fallbacks, m.kvReleases, m.inFlight, m.healthy,
+		m.pdDecisions, m.legRetries, m.tokenMode, m.admission, m.scrapeFailures)
 	for _, reason := range fallbackReasons {
 		m.fallbacks.WithLabelValues(reason)
 	}

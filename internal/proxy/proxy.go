@@ -9,13 +9,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sort"
 	"sync"
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/apierror"
-	"github.com/tandem-serve/tandem/internal/proxy/picker"
-	"github.com/tandem-serve/tandem/internal/proxy/picker/roundrobin"
+	"github.com/tandem-serve/tandem/internal/router"
+	"github.com/tandem-serve/tandem/internal/router/factory"
+	"github.com/tandem-serve/tandem/internal/router/filter/saturated"
+	"github.com/tandem-serve/tandem/internal/router/scorer/prefix"
 )
 
 // Config configures a Proxy. Zero durations and sizes take the defaults
@@ -25,9 +26,35 @@ type Config struct {
 	// "host:port"). Each needs at least one.
 	Prefill []string
 	Decode  []string
-	// Policy names the picking policy for both pools; see Policies.
+	// Policy names the picking pipeline for both pools; see Policies.
 	// Default "round-robin".
 	Policy string
+	// PDDecider decides per request between remote and local prefill:
+	// "always" (default) or "conditional" (see package
+	// router/decider/conditional and Router's fields).
+	PDDecider string
+	// Router holds the plugins' knobs: saturation limits and the
+	// conditional decider's thresholds.
+	Router factory.Options
+	// ScrapeInterval is the period of scraping each engine's /metrics for
+	// its queue and KV usage (default 250ms; negative: off). Values older
+	// than three intervals are ignored.
+	ScrapeInterval time.Duration
+	// PrefillRetries is how many other prefill engines a failed prefill leg
+	// is retried on (within Timeout) before falling back. Default 1;
+	// negative: none.
+	PrefillRetries int
+	// DecodeRetries is how many other decode engines a decode leg that
+	// failed before its first byte is retried on. Default 1; negative: none.
+	DecodeRetries int
+	// QueueTimeout is how long a request waits when every candidate engine
+	// is saturated before a 429 (default 2s), and MaxQueue how many may wait
+	// at once (default 1024; beyond, 429 at once).
+	QueueTimeout time.Duration
+	MaxQueue     int
+	// BlockSize is the engines' block size in tokens, for prefix hashes and
+	// cached-token counts (default 16).
+	BlockSize int
 	// Fallback sends a request to decode alone (full local prefill) when the
 	// prefill leg fails, saying so in x-tandem-pd. When false such a request
 	// fails with 502/503/504 instead, for benchmarks that must not measure a
@@ -80,7 +107,25 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	if c.Policy == "" {
-		c.Policy = roundrobin.Name
+		c.Policy = factory.PolicyRoundRobin
+	}
+	if c.ScrapeInterval == 0 {
+		c.ScrapeInterval = 250 * time.Millisecond
+	}
+	if c.PrefillRetries == 0 {
+		c.PrefillRetries = 1
+	}
+	if c.DecodeRetries == 0 {
+		c.DecodeRetries = 1
+	}
+	if c.QueueTimeout <= 0 {
+		c.QueueTimeout = 2 * time.Second
+	}
+	if c.MaxQueue <= 0 {
+		c.MaxQueue = 1024
+	}
+	if c.BlockSize <= 0 {
+		c.BlockSize = 16
 	}
 	if c.ConnectTimeout <= 0 {
 		c.ConnectTimeout = 5 * time.Second
@@ -114,29 +159,8 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// policies makes a fresh Picker per pool, by policy name. A new policy is a
-// new folder under picker/ and one line here.
-var policies = map[string]func() picker.Picker{
-	roundrobin.Name: func() picker.Picker { return roundrobin.New() },
-}
-
 // Policies returns the names accepted by Config.Policy, sorted.
-func Policies() []string {
-	names := make([]string, 0, len(policies))
-	for n := range policies {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
-
-func newPicker(name string) (picker.Picker, error) {
-	f, ok := policies[name]
-	if !ok {
-		return nil, fmt.Errorf("unknown policy %q (known: %v)", name, Policies())
-	}
-	return f(), nil
-}
+func Policies() []string { return factory.Policies() }
 
 // Proxy is the disaggregated prefill/decode router. It is an http.Handler
 // serving /v1/completions, /v1/chat/completions, /v1/models, /health and
@@ -152,6 +176,12 @@ type Proxy struct {
 	mux     *http.ServeMux
 	bg      sync.WaitGroup // KV releases still running
 	convs   *conversations // conversation mode's memory; nil when off
+	decider router.Decider
+	prefix  *prefix.Approx // the router's own record of where prefixes went
+	// saturation is the not-saturated filter's test, for the decider's
+	// view of the prefill pool.
+	saturation *saturated.Filter
+	queued  chan struct{}  // admission control: one token per waiting request
 	now     func() time.Time
 	// betweenLegs, when set by a test, runs after a prefill leg that
 	// returned kv_transfer_params and before the decode leg.
@@ -163,11 +193,15 @@ type Proxy struct {
 func New(cfg Config) (*Proxy, error) {
 	cfg.setDefaults()
 	m := newMetrics()
-	pp, err := newPicker(cfg.Policy)
+	pp, err := factory.Profile(cfg.Policy, rolePrefill, cfg.Router)
 	if err != nil {
 		return nil, err
 	}
-	dp, err := newPicker(cfg.Policy)
+	dp, err := factory.Profile(cfg.Policy, roleDecode, cfg.Router)
+	if err != nil {
+		return nil, err
+	}
+	dec, err := factory.Decider(cfg.PDDecider, cfg.Router)
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +209,7 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	dec, err := newPool(roleDecode, cfg.Decode, dp, m)
+	dpool, err := newPool(roleDecode, cfg.Decode, dp, m)
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +218,11 @@ func New(cfg Config) (*Proxy, error) {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		prefill: pre,
-		decode:  dec,
+		decode:  dpool,
+		decider: dec,
+		prefix:  prefix.NewApprox(0),
+		saturation: factory.Saturation(cfg.Router),
+		queued:  make(chan struct{}, cfg.MaxQueue),
 		metrics: m,
 		client:  &http.Client{Transport: newTransport(cfg.ConnectTimeout)},
 		now:     time.Now,
@@ -206,6 +244,15 @@ func New(cfg Config) (*Proxy, error) {
 			fmt.Sprintf("%s is not served by the tandem proxy; it serves /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics", r.URL.Path))
 	})
 	p.mux = mux
+	stale := 3 * cfg.ScrapeInterval
+	if cfg.ScrapeInterval < 0 {
+		stale = 0
+	}
+	for _, pl := range []*pool{pre, dpool} {
+		pl.stale = stale
+	}
+	dpool.prefix = p.matchPrefix
+	m.tokenMode.WithLabelValues("approximate").Set(1)
 	p.cfg.APIKey = "" // the digest in p.key is all the proxy keeps of it
 	return p, nil
 }
@@ -287,6 +334,9 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	hctx, stopHealth := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { p.runHealth(hctx) })
+	if p.cfg.ScrapeInterval > 0 {
+		wg.Go(func() { p.runScrape(hctx) })
+	}
 	defer func() {
 		stopHealth()
 		wg.Wait()
@@ -343,7 +393,10 @@ func (p *Proxy) handleModels(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, "use GET /v1/models")
 		return
 	}
-	b := p.decode.pick(&picker.Request{Path: r.URL.Path})
+	b, done, _ := p.decode.pick(&router.Request{Path: r.URL.Path}, 0)
+	if b != nil {
+		defer done()
+	}
 	if b == nil {
 		writeError(w, http.StatusServiceUnavailable, "no healthy decode backend; see /health")
 		return

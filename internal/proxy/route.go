@@ -1,0 +1,220 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/router"
+)
+
+// Approximate token counting, used while the router has no tokenizer: a
+// token is about four bytes of English text, and a block of BlockSize tokens
+// about 4·BlockSize bytes of the prompt.
+const bytesPerToken = 4
+
+// defaultMaxTokens is the output length assumed for accounting when a
+// request does not say.
+const defaultMaxTokens = 256
+
+// routeRequest builds what the router's plugins see of a request: its
+// approximate token counts and the chained hashes of its prompt's blocks.
+func (p *Proxy) routeRequest(path, id string, body []byte) *router.Request {
+	var f struct {
+		Prompt    json.RawMessage `json:"prompt"`
+		Messages  json.RawMessage `json:"messages"`
+		MaxTokens *int            `json:"max_tokens"`
+		MaxCompl  *int            `json:"max_completion_tokens"`
+	}
+	_ = json.Unmarshal(body, &f) // a body the engines will refuse routes anywhere
+	text := promptText(f.Prompt, f.Messages)
+	req := &router.Request{Path: path, ID: id, Body: body, BlockSize: p.cfg.BlockSize, MaxTokens: defaultMaxTokens}
+	switch {
+	case f.MaxTokens != nil:
+		req.MaxTokens = *f.MaxTokens
+	case f.MaxCompl != nil:
+		req.MaxTokens = *f.MaxCompl
+	}
+	req.PromptTokens = (len(text) + bytesPerToken - 1) / bytesPerToken
+	blockBytes := p.cfg.BlockSize * bytesPerToken
+	h := fnv.New64a()
+	for off := 0; off+blockBytes <= len(text); off += blockBytes {
+		// Chained: a block's hash covers every byte before it, as the
+		// engines' block hashes cover every token before.
+		_, _ = h.Write(text[off : off+blockBytes])
+		req.BlockHashes = append(req.BlockHashes, h.Sum64())
+	}
+	return req
+}
+
+// promptText is the bytes the prompt is made of, in order: a completion's
+// prompt (string or array) or a chat's messages, as the client sent them
+// (JSON escapes included; equal prompts give equal bytes).
+func promptText(prompt, messages json.RawMessage) []byte {
+	if len(messages) > 0 {
+		return messages
+	}
+	var s string
+	if json.Unmarshal(prompt, &s) == nil {
+		return []byte(s)
+	}
+	return prompt
+}
+
+// tokens is what a request counts for in the load accounting.
+func tokens(req *router.Request) int64 { return int64(req.PromptTokens + req.MaxTokens) }
+
+// matchPrefix asks the prefix index how many leading blocks each decode
+// holds.
+func (p *Proxy) matchPrefix(req *router.Request) map[string]int {
+	hits := map[string]int{}
+	p.prefix.Match(req.BlockHashes, func(engine string, blocks int) { hits[engine] = blocks })
+	return hits
+}
+
+// errSaturated is returned by admit when every candidate stayed saturated.
+var errSaturated = fmt.Errorf("every engine is saturated")
+
+// admit picks a backend of pl for req, waiting in the bounded admission
+// queue while every candidate is saturated. It returns nil, nil when no
+// backend is healthy, and errSaturated when the wait timed out or the queue
+// was full.
+func (p *Proxy) admit(ctx context.Context, pl *pool, req *router.Request, exclude ...*backend) (*backend, func(), error) {
+	b, release, sat := pl.pick(req, tokens(req), exclude...)
+	if b != nil || !sat {
+		return b, release, nil
+	}
+	select {
+	case p.queued <- struct{}{}:
+		defer func() { <-p.queued }()
+	default:
+		p.metrics.admission.WithLabelValues("rejected").Inc()
+		return nil, nil, errSaturated
+	}
+	deadline := time.NewTimer(p.cfg.QueueTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-deadline.C:
+			p.metrics.admission.WithLabelValues("rejected").Inc()
+			return nil, nil, errSaturated
+		case <-tick.C:
+		}
+		b, release, sat = pl.pick(req, tokens(req), exclude...)
+		if b != nil || !sat {
+			if b != nil {
+				p.metrics.admission.WithLabelValues("admitted").Inc()
+			}
+			return b, release, nil
+		}
+	}
+}
+
+// writeSaturated answers 429 with Retry-After.
+func (p *Proxy) writeSaturated(w http.ResponseWriter, role string) {
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusTooManyRequests,
+		fmt.Sprintf("every %s engine is saturated and the admission queue is full or timed out (%v); retry later", role, p.cfg.QueueTimeout))
+}
+
+// runScrape scrapes every backend's /metrics every ScrapeInterval until ctx
+// is done.
+func (p *Proxy) runScrape(ctx context.Context) {
+	t := time.NewTicker(p.cfg.ScrapeInterval)
+	defer t.Stop()
+	for {
+		var wg sync.WaitGroup
+		for _, pl := range []*pool{p.prefill, p.decode} {
+			for _, b := range pl.backends {
+				if b.healthy.Load() {
+					wg.Go(func() { p.scrape(ctx, b) })
+				}
+			}
+		}
+		wg.Wait()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// scrape reads b's vllm:num_requests_waiting, vllm:num_requests_running and
+// vllm:kv_cache_usage_perc.
+func (p *Proxy) scrape(parent context.Context, b *backend) {
+	ctx, cancel := context.WithTimeout(parent, max(p.cfg.ScrapeInterval, 100*time.Millisecond))
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.base+"/metrics", nil)
+	if err != nil {
+		return
+	}
+	setAuth(req.Header, p.cfg.BackendAPIKey)
+	resp, err := p.client.Do(req)
+	if err != nil {
+		if parent.Err() == nil {
+			p.metrics.scrapeFailures.WithLabelValues(b.role, b.base).Inc()
+		}
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		p.metrics.scrapeFailures.WithLabelValues(b.role, b.base).Inc()
+		return
+	}
+	w, r, kv, ok := parseEngineMetrics(bufio.NewScanner(resp.Body))
+	if !ok {
+		p.metrics.scrapeFailures.WithLabelValues(b.role, b.base).Inc()
+		return
+	}
+	b.mu.Lock()
+	b.waiting, b.running, b.kvUsage, b.scrapedAt = w, r, kv, time.Now()
+	b.mu.Unlock()
+}
+
+// parseEngineMetrics sums the three load metrics over their label sets in
+// Prometheus text format. ok is false unless at least one was found.
+func parseEngineMetrics(sc *bufio.Scanner) (waiting, running, kv float64, ok bool) {
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' || !strings.HasPrefix(line, "vllm:") {
+			continue
+		}
+		name, rest, _ := strings.Cut(line, " ")
+		if i := strings.IndexByte(name, '{'); i >= 0 {
+			name = name[:i]
+			if j := strings.LastIndexByte(line, '}'); j >= 0 {
+				rest = strings.TrimSpace(line[j+1:])
+			}
+		}
+		val, _, _ := strings.Cut(strings.TrimSpace(rest), " ")
+		v, err := strconv.ParseFloat(val, 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "vllm:num_requests_waiting":
+			waiting += v
+		case "vllm:num_requests_running":
+			running += v
+		case "vllm:kv_cache_usage_perc":
+			kv = max(kv, v)
+		default:
+			continue
+		}
+		ok = true
+	}
+	return waiting, running, kv, ok
+}

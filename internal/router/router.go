@@ -1,0 +1,176 @@
+// Package router is the proxy's scheduling pipeline, in the llm-d router's
+// shape without its framework: for one pool of engines, filters drop the
+// endpoints that cannot take a request, weighted scorers rate the rest in
+// [0,1], and a picker chooses one. A disaggregation decider then says whether
+// the request's prompt is prefilled on a prefill engine (remote) or by the
+// chosen decode itself (local). Each plugin lives in its own folder below
+// this one (filter/, scorer/, picker/, decider/) and is made by name through
+// package router/factory, so a policy is added without touching the request
+// flow or the other policies.
+//
+// Plugins are pure: they read the Endpoint snapshots and the Request they
+// are given and keep no I/O of their own. The proxy takes the snapshots
+// (health, its own in-flight accounting, the engine metrics it scrapes, the
+// prefix matches of the cache index) and acts on the answer.
+package router
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Endpoint is one engine as the plugins see it: a snapshot taken just before
+// the pipeline runs. Plugins must not keep pointers into it.
+type Endpoint struct {
+	// Index is the backend's id in the proxy, stable for its lifetime, so a
+	// plugin may keep per-backend state keyed by it.
+	Index int
+	// URL is the engine's base URL and Host its host (for locality).
+	URL, Host string
+	// Role is "prefill" or "decode".
+	Role string
+	// Healthy is the last health check's result (and the circuit breaker's).
+	Healthy bool
+	// InFlight and InFlightTokens are the router's own accounting: requests
+	// it has open on the engine and their tokens (prompt + expected output),
+	// updated when a request is dispatched and when it finishes.
+	InFlight, InFlightTokens int64
+	// Scraped says whether Waiting, Running and KVUsage are fresh values of
+	// the engine's vllm:num_requests_waiting, vllm:num_requests_running and
+	// vllm:kv_cache_usage_perc (0..1); false when never scraped or stale.
+	Scraped          bool
+	Waiting, Running float64
+	KVUsage          float64
+	// PrefixBlocks is how many leading blocks of the request the engine
+	// holds in its prefix cache, as far as the router knows.
+	PrefixBlocks int
+}
+
+// Request is what the plugins may look at. They must treat it as read-only.
+type Request struct {
+	// Path is the API path, ID the request id.
+	Path, ID string
+	// Body is the client's JSON body as received.
+	Body []byte
+	// PromptTokens is the prompt's length in tokens: exact when Exact,
+	// otherwise estimated from its bytes.
+	PromptTokens int
+	// MaxTokens is the expected output length (max_tokens, or a default).
+	MaxTokens int
+	// Exact says whether PromptTokens and BlockHashes come from the model's
+	// tokenizer.
+	Exact bool
+	// BlockSize is the tokens per block BlockHashes was computed with.
+	BlockSize int
+	// BlockHashes are the prompt's chained block hashes.
+	BlockHashes []uint64
+	// Near, when set, is the host the prefill should preferably share with
+	// the decode already chosen.
+	Near string
+}
+
+// Filter drops the endpoints that cannot take req. It returns a subset of
+// eps (it may reuse eps's storage).
+type Filter interface {
+	Filter(req *Request, eps []Endpoint) []Endpoint
+}
+
+// Scorer rates every endpoint for req: out[i] in [0,1] for eps[i], higher is
+// better. len(out) == len(eps).
+type Scorer interface {
+	Score(req *Request, eps []Endpoint, out []float64)
+}
+
+// Picker chooses one endpoint given the weighted sum of the scores (all zero
+// when a profile has no scorers). It returns an index into eps; it is called
+// with at least one endpoint and from many goroutines at once.
+type Picker interface {
+	Pick(req *Request, eps []Endpoint, scores []float64) int
+}
+
+// Weighted is a scorer and its weight in a profile.
+type Weighted struct {
+	Name   string
+	Scorer Scorer
+	Weight float64
+}
+
+// Profile is the pipeline of one pool.
+type Profile struct {
+	Filters []Filter
+	Scorers []Weighted
+	Picker  Picker
+}
+
+// ErrNoCandidate is returned by Run when the filters leave no endpoint.
+var ErrNoCandidate = errors.New("no candidate endpoint")
+
+// Run filters, scores and picks. It returns the index into eps of the chosen
+// endpoint, or ErrNoCandidate. eps is not modified.
+func (p *Profile) Run(req *Request, eps []Endpoint) (int, error) {
+	cands := make([]Endpoint, len(eps))
+	copy(cands, eps)
+	for _, f := range p.Filters {
+		cands = f.Filter(req, cands)
+		if len(cands) == 0 {
+			return -1, ErrNoCandidate
+		}
+	}
+	total := make([]float64, len(cands))
+	if len(p.Scorers) > 0 {
+		one := make([]float64, len(cands))
+		for _, s := range p.Scorers {
+			clear(one)
+			s.Scorer.Score(req, cands, one)
+			for i, v := range one {
+				total[i] += s.Weight * clamp01(v)
+			}
+		}
+	}
+	i := p.Picker.Pick(req, cands, total)
+	if i < 0 || i >= len(cands) {
+		i = 0
+	}
+	want := cands[i].Index
+	for j := range eps {
+		if eps[j].Index == want {
+			return j, nil
+		}
+	}
+	return -1, fmt.Errorf("router: picker chose endpoint %d that was not offered", want)
+}
+
+func clamp01(v float64) float64 {
+	switch {
+	case v < 0 || v != v:
+		return 0
+	case v > 1:
+		return 1
+	}
+	return v
+}
+
+// Decision is what a disaggregation decider answers.
+type Decision struct {
+	// Remote says to prefill on a prefill engine; false: the decode
+	// prefills locally.
+	Remote bool
+	// Reason is a short label, the reason of x-tandem-pd and of
+	// tandem:proxy_pd_decisions_total.
+	Reason string
+}
+
+// DecideInput is what a decider may look at: the request, the chosen decode
+// and the prefill pool after its filters (empty when every prefill engine is
+// unhealthy or saturated).
+type DecideInput struct {
+	Req            *Request
+	Decode         Endpoint
+	PrefillHealthy int // prefill engines healthy
+	PrefillFree    int // of those, not saturated
+}
+
+// Decider decides between remote and local prefill.
+type Decider interface {
+	Decide(in DecideInput) Decision
+}
