@@ -181,8 +181,8 @@ type Proxy struct {
 	// saturation is the not-saturated filter's test, for the decider's
 	// view of the prefill pool.
 	saturation *saturated.Filter
-	queued  chan struct{}  // admission control: one token per waiting request
-	now     func() time.Time
+	queued     chan struct{} // admission control: one token per waiting request
+	now        func() time.Time
 	// betweenLegs, when set by a test, runs after a prefill leg that
 	// returned kv_transfer_params and before the decode leg.
 	betweenLegs func(ctx context.Context)
@@ -214,18 +214,18 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{
-		key:     apierror.NewAPIKey(cfg.APIKey),
-		cfg:     cfg,
-		log:     cfg.Logger,
-		prefill: pre,
-		decode:  dpool,
-		decider: dec,
-		prefix:  prefix.NewApprox(0),
+		key:        apierror.NewAPIKey(cfg.APIKey),
+		cfg:        cfg,
+		log:        cfg.Logger,
+		prefill:    pre,
+		decode:     dpool,
+		decider:    dec,
+		prefix:     prefix.NewApprox(0),
 		saturation: factory.Saturation(cfg.Router),
-		queued:  make(chan struct{}, cfg.MaxQueue),
-		metrics: m,
-		client:  &http.Client{Transport: newTransport(cfg.ConnectTimeout)},
-		now:     time.Now,
+		queued:     make(chan struct{}, cfg.MaxQueue),
+		metrics:    m,
+		client:     &http.Client{Transport: newTransport(cfg.ConnectTimeout)},
+		now:        time.Now,
 	}
 	if cfg.Conversations {
 		p.convs = newConversations(cfg.ConversationMaxEntries, cfg.ConversationTTL, p.forget)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-
 )
 
 // Reasons for releasing held KV, the reason label of
