@@ -1,0 +1,276 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/router/factory"
+)
+
+// slowDecode answers like decodeJSON after d, so that requests overlap.
+func slowDecode(d time.Duration) func(w http.ResponseWriter, r *http.Request, body []byte) {
+	return func(w http.ResponseWriter, r *http.Request, body []byte) {
+		time.Sleep(d)
+		decodeJSON(w, r, body)
+	}
+}
+
+// counts returns how many generation legs each engine received.
+func counts(engines []*fakeEngine) []int {
+	out := make([]int, len(engines))
+	for i, e := range engines {
+		for _, r := range e.requests() {
+			if strings.HasPrefix(r.Path, "/v1/") {
+				out[i]++
+			}
+		}
+	}
+	return out
+}
+
+func TestBurstDoesNotHerd(t *testing.T) {
+	for _, policy := range []string{factory.PolicyLoad, factory.PolicyPrefix} {
+		t.Run("policy "+policy+" spreads 64 simultaneous requests evenly over 8 decodes", func(t *testing.T) {
+			pre := []*fakeEngine{newFake(t, prefillOK)}
+			var dec []*fakeEngine
+			for range 8 {
+				dec = append(dec, newFake(t, slowDecode(100*time.Millisecond)))
+			}
+			_, url := startProxy(t, Config{Fallback: true, Policy: policy, ScrapeInterval: -1}, pre, dec)
+			var wg sync.WaitGroup
+			for i := range 64 {
+				wg.Go(func() {
+					post(t, url, "/v1/completions", fmt.Sprintf(`{"prompt":"same prompt for all %d","max_tokens":8}`, i%1), nil)
+				})
+			}
+			wg.Wait()
+			for i, n := range counts(dec) {
+				if n != 8 {
+					t.Errorf("decode %d got %d requests, want 8 (all: %v)", i, n, counts(dec))
+				}
+			}
+		})
+	}
+}
+
+func TestConditionalDisaggregation(t *testing.T) {
+	long := strings.Repeat("a long system prompt shared by a group. ", 100) // ~1000 tokens
+	tests := []struct {
+		name    string
+		cfg     Config
+		prompts []string
+		wantPD  []string
+	}{
+		{"a short prompt is prefilled on the decode", Config{}, []string{"hi"}, []string{"local; reason=short_uncached"}},
+		{"a long prompt goes remote, and again once cached on its decode it stays local",
+			Config{Policy: factory.PolicyPrefix}, []string{long, long}, []string{"remote", "local; reason=short_uncached"}},
+		{"a must-remote length goes remote even when cached",
+			Config{Policy: factory.PolicyPrefix, Router: factory.Options{MustRemote: 500}}, []string{long, long}, []string{"remote", "remote"}},
+		{"a long prompt stays local when every prefill is saturated",
+			Config{Router: factory.Options{MaxInFlight: 1}}, []string{long + "__busy__", long}, []string{"", "local; reason=prefill_saturated"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			block := make(chan struct{})
+			pre := []*fakeEngine{newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				if strings.Contains(string(body), "__busy__") {
+					<-block
+				}
+				prefillOK(w, r, body)
+			})}
+			dec := []*fakeEngine{newFake(t, decodeJSON), newFake(t, decodeJSON)}
+			cfg := tt.cfg
+			cfg.Fallback, cfg.PDDecider, cfg.ScrapeInterval = true, "conditional", -1
+			p, url := startProxy(t, cfg, pre, dec)
+			var wg sync.WaitGroup
+			defer func() { close(block); wg.Wait() }()
+			for i, prompt := range tt.prompts {
+				body := fmt.Sprintf(`{"prompt":%q,"max_tokens":4}`, prompt)
+				if strings.HasSuffix(prompt, "__busy__") {
+					wg.Go(func() { post(t, url, "/v1/completions", body, nil) })
+					waitFor(t, func() bool { return p.prefill.backends[0].inFlight.Load() == 1 })
+					continue
+				}
+				id := fmt.Sprintf("c-%d", i)
+				resp, _ := post(t, url, "/v1/completions", body, http.Header{"X-Request-Id": {id}})
+				if got := resp.Header.Get(HeaderPD); got != tt.wantPD[i] {
+					t.Errorf("request %d: %s = %q, want %q", i, HeaderPD, got, tt.wantPD[i])
+				}
+				if strings.HasPrefix(tt.wantPD[i], "local") {
+					if whichGot(pre, id) >= 0 {
+						t.Errorf("request %d decided local reached the prefill", i)
+					}
+					d := whichGot(dec, id)
+					for _, r := range dec[d].requests() {
+						if r.Header.Get("X-Request-Id") == id && strings.Contains(r.Body, "kv_transfer_params") {
+							t.Errorf("local decode leg carries kv_transfer_params: %s", r.Body)
+						}
+					}
+				}
+			}
+			if n := metricValue(t, p, "tandem:proxy_pd_decisions_total", nil); n == 0 {
+				t.Error("tandem:proxy_pd_decisions_total counted nothing")
+			}
+		})
+	}
+}
+
+func TestFailedPrefillIsRetriedOnAnotherThenFallsBack(t *testing.T) {
+	dead := newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) { w.WriteHeader(http.StatusInternalServerError) })
+	good := newFake(t, prefillOK)
+	dec := []*fakeEngine{newFake(t, decodeJSON)}
+	p, url := startProxy(t, Config{Fallback: true, ScrapeInterval: -1}, []*fakeEngine{dead, good}, dec)
+	for i := range 4 {
+		resp, _ := post(t, url, "/v1/completions", `{"prompt":"x"}`, nil)
+		if got := resp.Header.Get(HeaderPD); got != "remote" {
+			t.Fatalf("request %d with one dead prefill: %s = %q, want remote (retried on the other)", i, HeaderPD, got)
+		}
+	}
+	if n := metricValue(t, p, "tandem:proxy_leg_retries_total", map[string]string{"role": "prefill"}); n == 0 {
+		t.Error("no prefill retry counted")
+	}
+	good.srv.Close() // the second prefill is killed too
+	resp, _ := post(t, url, "/v1/completions", `{"prompt":"x"}`, nil)
+	if got := resp.Header.Get(HeaderPD); !strings.HasPrefix(got, "fallback; reason=") || resp.StatusCode != http.StatusOK {
+		t.Errorf("both prefills dead: %d %s = %q, want 200 and a fallback", resp.StatusCode, HeaderPD, got)
+	}
+}
+
+func TestDecodeFailingBeforeFirstByteIsRetried(t *testing.T) {
+	pre := []*fakeEngine{newFake(t, prefillOK)}
+	dead, good := newFake(t, decodeJSON), newFake(t, decodeJSON)
+	_, url := startProxy(t, Config{Fallback: true, ScrapeInterval: -1}, pre, []*fakeEngine{dead, good})
+	dead.srv.Close() // healthy at the last check, dead now
+	for i := range 2 {
+		resp, body := post(t, url, "/v1/completions", `{"prompt":"x"}`, nil)
+		if resp.StatusCode != http.StatusOK || !strings.Contains(body, "hello") {
+			t.Fatalf("request %d: %d %s, want the other decode's answer", i, resp.StatusCode, body)
+		}
+	}
+}
+
+func TestAllSaturatedQueuesThen429(t *testing.T) {
+	release := make(chan struct{})
+	pre := []*fakeEngine{newFake(t, prefillOK)}
+	dec := []*fakeEngine{newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		<-release
+		decodeJSON(w, r, body)
+	})}
+	p, url := startProxy(t, Config{Fallback: true, ScrapeInterval: -1, QueueTimeout: 50 * time.Millisecond,
+		Router: factory.Options{MaxInFlight: 1}}, pre, dec)
+	var wg sync.WaitGroup
+	wg.Go(func() { post(t, url, "/v1/completions", `{"prompt":"x"}`, nil) })
+	waitFor(t, func() bool { return p.decode.backends[0].inFlight.Load() == 1 })
+	resp, body := post(t, url, "/v1/completions", `{"prompt":"x"}`, nil)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("saturated: %d Retry-After=%q %s, want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	// A request that waits less than the queue timeout is admitted.
+	done := make(chan int)
+	go func() {
+		resp, _ := post(t, url, "/v1/completions", `{"prompt":"x"}`, nil)
+		done <- resp.StatusCode
+	}()
+	time.Sleep(10 * time.Millisecond)
+	close(release)
+	if got := <-done; got != http.StatusOK {
+		t.Errorf("queued request: %d, want 200", got)
+	}
+	wg.Wait()
+}
+
+// TestPrefixAwareRoutingHitsTheCache: groups of requests sharing a long
+// system prompt. The prefix policy sends each group to one decode, so every
+// request after a group's first finds its prefix cached there; round-robin
+// scatters them.
+func TestPrefixAwareRoutingHitsTheCache(t *testing.T) {
+	// 7 groups over 8 decodes: round-robin's rotation is not aligned with
+	// the groups, as in a real mix.
+	const groups, perGroup, decodes = 7, 6, 8
+	hitRate := func(policy string) float64 {
+		pre := []*fakeEngine{newFake(t, prefillOK)}
+		var dec []*fakeEngine
+		for range decodes {
+			dec = append(dec, newFake(t, decodeJSON))
+		}
+		_, url := startProxy(t, Config{Fallback: true, Policy: policy, ScrapeInterval: -1}, pre, dec)
+		seen := map[[2]int]bool{} // (group, decode) pairs that have served the group: the decode caches its prefix
+		hits, total := 0, 0
+		for i := range perGroup {
+			for g := range groups {
+				id := fmt.Sprintf("g%d-%d", g, i)
+				sys := strings.Repeat(fmt.Sprintf("system prompt of group %d. ", g), 40)
+				post(t, url, "/v1/chat/completions", fmt.Sprintf(`{"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, sys, i), http.Header{"X-Request-Id": {id}})
+				d := whichGot(dec, id)
+				if i > 0 {
+					total++
+					if seen[[2]int{g, d}] {
+						hits++
+					}
+				}
+				seen[[2]int{g, d}] = true
+			}
+		}
+		return float64(hits) / float64(total)
+	}
+	rr, px := hitRate(factory.PolicyRoundRobin), hitRate(factory.PolicyPrefix)
+	t.Logf("prefix-cache hit rate: round-robin %.2f, prefix %.2f", rr, px)
+	if px < 0.95 || px < rr+0.3 {
+		t.Errorf("prefix policy hit rate %.2f, round-robin %.2f: want ≥ 0.95 and far above", px, rr)
+	}
+}
+
+func TestScrapedQueueSteersAway(t *testing.T) {
+	metricsOf := func(waiting int) func(w http.ResponseWriter, r *http.Request, body []byte) {
+		return func(w http.ResponseWriter, r *http.Request, body []byte) {
+			if r.URL.Path == "/metrics" {
+				fmt.Fprintf(w, "# HELP x\nvllm:num_requests_waiting{model_name=\"m\"} %d\nvllm:num_requests_running{model_name=\"m\"} 1\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\n", waiting)
+				return
+			}
+			decodeJSON(w, r, body)
+		}
+	}
+	pre := []*fakeEngine{newFake(t, prefillOK)}
+	busy, idle := newFake(t, metricsOf(50)), newFake(t, metricsOf(0))
+	p, url := startProxy(t, Config{Fallback: true, Policy: factory.PolicyLoad, ScrapeInterval: time.Hour}, pre, []*fakeEngine{busy, idle})
+	for _, b := range p.decode.backends {
+		p.scrape(t.Context(), b)
+	}
+	for i := range 10 {
+		post(t, url, "/v1/completions", `{"prompt":"x"}`, http.Header{"X-Request-Id": {fmt.Sprintf("s%d", i)}})
+	}
+	if got := counts([]*fakeEngine{busy, idle}); got[0] != 0 {
+		t.Errorf("the engine with 50 waiting got %d of 10 requests", got[0])
+	}
+	// Stale metrics are ignored: the load spreads again.
+	p.decode.stale = time.Nanosecond
+	for i := range 10 {
+		post(t, url, "/v1/completions", `{"prompt":"x"}`, http.Header{"X-Request-Id": {fmt.Sprintf("t%d", i)}})
+	}
+	if got := counts([]*fakeEngine{busy, idle}); got[0] == 0 {
+		t.Errorf("stale metrics still steer: %v", got)
+	}
+}
+
+func TestParseEngineMetrics(t *testing.T) {
+	text := `# HELP vllm:num_requests_waiting x
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3
+vllm:num_requests_waiting{engine="1",model_name="m"} 2
+vllm:num_requests_running{model_name="m"} 7 1700000000
+vllm:kv_cache_usage_perc{model_name="a b"} 0.25
+vllm:other 9
+`
+	w, r, kv, ok := parseEngineMetrics(bufio.NewScanner(strings.NewReader(text)))
+	if !ok || w != 5 || r != 7 || kv != 0.25 {
+		t.Errorf("got waiting=%v running=%v kv=%v ok=%v, want 5 7 0.25 true", w, r, kv, ok)
+	}
+	if _, _, _, ok := parseEngineMetrics(bufio.NewScanner(strings.NewReader("up 1\n"))); ok {
+		t.Error("metrics without vllm load gauges parsed as ok")
+	}
+}

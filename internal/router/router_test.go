@@ -1,0 +1,134 @@
+package router_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/tandem-serve/tandem/internal/router"
+	"github.com/tandem-serve/tandem/internal/router/decider/conditional"
+	"github.com/tandem-serve/tandem/internal/router/factory"
+	"github.com/tandem-serve/tandem/internal/router/picker/maxscore"
+	"github.com/tandem-serve/tandem/internal/router/picker/p2c"
+	"github.com/tandem-serve/tandem/internal/router/scorer/prefix"
+)
+
+func endpoints(n int) []router.Endpoint {
+	eps := make([]router.Endpoint, n)
+	for i := range eps {
+		eps[i] = router.Endpoint{Index: i, URL: fmt.Sprintf("http://10.0.%d.%d:8000", i/250, i%250), Healthy: true, Role: "decode"}
+	}
+	return eps
+}
+
+func TestProfileSkipsUnhealthyAndSaturated(t *testing.T) {
+	prof, err := factory.Profile(factory.PolicyLoad, "decode", factory.Options{MaxInFlight: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := endpoints(3)
+	eps[0].Healthy = false
+	eps[1].InFlight = 2
+	for range 10 {
+		i, err := prof.Run(&router.Request{}, eps)
+		if err != nil || i != 2 {
+			t.Fatalf("Run = %d, %v; want 2 (0 unhealthy, 1 saturated)", i, err)
+		}
+	}
+	eps[2].InFlight = 5
+	if _, err := prof.Run(&router.Request{}, eps); err != router.ErrNoCandidate {
+		t.Errorf("all saturated: err = %v, want ErrNoCandidate", err)
+	}
+}
+
+func TestMaxScoreBreaksTiesAtRandom(t *testing.T) {
+	got := map[int]int{}
+	for range 400 {
+		got[maxscore.Picker{}.Pick(nil, endpoints(4), []float64{0.5, 1, 1, 0.2})]++
+	}
+	if got[0] != 0 || got[3] != 0 || got[1] < 120 || got[2] < 120 {
+		t.Errorf("picks %v: want only 1 and 2, about half each", got)
+	}
+}
+
+func TestPowerOfTwoNeverPicksTheWorst(t *testing.T) {
+	for range 200 {
+		if i := (p2c.Picker{}).Pick(nil, endpoints(3), []float64{0, 1, 0.5}); i == 0 {
+			t.Fatal("picked the worst of three")
+		}
+	}
+}
+
+func TestConditionalDecider(t *testing.T) {
+	d := &conditional.Decider{Threshold: 100, MustRemote: 4000, DecodeKVPressure: 0.9}
+	tests := []struct {
+		name   string
+		prompt int
+		cached int // blocks of 16
+		free   int
+		kv     float64
+		want   router.Decision
+	}{
+		{"a short prompt is local", 50, 0, 1, 0, router.Decision{Reason: conditional.ShortUncached}},
+		{"a long uncached prompt is remote", 1000, 0, 1, 0, router.Decision{Remote: true, Reason: conditional.LongUncached}},
+		{"a long prompt mostly cached is local", 1000, 60, 1, 0, router.Decision{Reason: conditional.ShortUncached}},
+		{"a saturated prefill pool keeps it local", 1000, 0, 0, 0, router.Decision{Reason: conditional.PrefillSaturated}},
+		{"decode KV pressure sends even short prompts away", 50, 0, 1, 0.95, router.Decision{Remote: true, Reason: conditional.DecodeKVPressure}},
+		{"a must-remote prompt goes remote even with the pool saturated", 5000, 0, 0, 0, router.Decision{Remote: true, Reason: conditional.MustRemote}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := router.DecideInput{
+				Req:            &router.Request{PromptTokens: tt.prompt, BlockSize: 16},
+				Decode:         router.Endpoint{PrefixBlocks: tt.cached, Scraped: tt.kv > 0, KVUsage: tt.kv},
+				PrefillHealthy: 1, PrefillFree: tt.free,
+			}
+			if got := d.Decide(in); got != tt.want {
+				t.Errorf("Decide = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestApproxIndex(t *testing.T) {
+	x := prefix.NewApprox(4)
+	x.Observe("a", []uint64{1, 2, 3})
+	x.Observe("b", []uint64{1, 2})
+	got := map[string]int{}
+	x.Match([]uint64{1, 2, 3, 4}, func(e string, n int) { got[e] = n })
+	if got["a"] != 3 || got["b"] != 2 || len(got) != 2 {
+		t.Errorf("Match = %v, want a:3 b:2", got)
+	}
+	x.Observe("a", []uint64{7, 8}) // capacity 4: block 1 and 2 of a are evicted
+	got = map[string]int{}
+	x.Match([]uint64{1, 2, 3}, func(e string, n int) { got[e] = n })
+	if _, ok := got["a"]; ok || got["b"] != 2 {
+		t.Errorf("after eviction Match = %v, want only b:2", got)
+	}
+	x.Forget("b")
+	got = map[string]int{}
+	x.Match([]uint64{1}, func(e string, n int) { got[e] = n })
+	if len(got) != 0 {
+		t.Errorf("after Forget Match = %v, want none", got)
+	}
+}
+
+// BenchmarkDecision is the pipeline's decision latency per request (filters,
+// four scorers, max-score) at 1 to 1000 backends.
+func BenchmarkDecision(b *testing.B) {
+	for _, n := range []int{1, 10, 100, 1000} {
+		b.Run(fmt.Sprintf("backends=%d", n), func(b *testing.B) {
+			prof, _ := factory.Profile(factory.PolicyPrefix, "decode", factory.Options{MaxInFlight: 1 << 20})
+			eps := endpoints(n)
+			for i := range eps {
+				eps[i].InFlight, eps[i].InFlightTokens, eps[i].Scraped, eps[i].Waiting, eps[i].KVUsage = int64(i%7), int64(i%13)*100, true, float64(i%5), float64(i%10)/10
+				eps[i].PrefixBlocks = i % 3
+			}
+			req := &router.Request{PromptTokens: 512, BlockSize: 16, BlockHashes: make([]uint64, 32)}
+			b.ReportAllocs()
+			for b.Loop() {
+				_, _ = prof.Run(req, eps)
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/decision")
+		})
+	}
+}
