@@ -121,7 +121,9 @@ func TestConditionalDisaggregation(t *testing.T) {
 }
 
 func TestFailedPrefillIsRetriedOnAnotherThenFallsBack(t *testing.T) {
-	dead := newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) { w.WriteHeader(http.StatusInternalServerError) })
+	dead := newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.WriteHeader(http.StatusInternalServerError)
+	})
 	good := newFake(t, prefillOK)
 	dec := []*fakeEngine{newFake(t, decodeJSON)}
 	p, url := startProxy(t, Config{Fallback: true, ScrapeInterval: -1}, []*fakeEngine{dead, good}, dec)
