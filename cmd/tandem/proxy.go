@@ -65,6 +65,7 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.DurationVar(&cfg.ScrapeInterval, "scrape-interval", 0, "period of scraping each engine's /metrics for queue and KV usage (default 250ms; negative: off)")
 	fs.IntVar(&cfg.PrefillRetries, "prefill-retries", 0, "other prefill engines a failed prefill leg is retried on before fallback (default 1; negative: none)")
 	fs.IntVar(&cfg.DecodeRetries, "decode-retries", 0, "other decode engines a decode leg failing before its first byte is retried on (default 1; negative: none)")
+	fs.StringVar(&cfg.BackendsFile, "backends-file", "", "file of backends, one \"prefill URL\" or \"decode URL\" per line, watched and applied without a restart (--prefill/--decode may then be omitted); the admin endpoint "+proxy.AdminBackendsPath+" (needs --api-key) changes the set too")
 	fs.IntVar(&cfg.BlockSize, "block-size", 0, "the engines' KV block size in tokens, for prefix matching (default 16)")
 	fs.BoolVar(&cfg.Fallback, "fallback", true, "when the prefill leg fails, let decode do the whole request (said in the x-tandem-pd header); false fails such requests instead")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit on the prefill leg, on waiting for decode's headers and on each gap between decode's chunks (default 5m)")
@@ -82,8 +83,8 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if len(prefill) == 0 || len(decode) == 0 {
-		return nil, errors.New("give the engines with --prefill URL[,URL...] and --decode URL[,URL...]")
+	if (len(prefill) == 0 || len(decode) == 0) && cfg.BackendsFile == "" {
+		return nil, errors.New("give the engines with --prefill URL[,URL...] and --decode URL[,URL...], or --backends-file FILE")
 	}
 	cfg.Prefill, cfg.Decode = prefill, decode
 	// Keys are read from the environment after parsing, never as flag

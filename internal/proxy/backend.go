@@ -76,9 +76,12 @@ func (b *backend) acquire(tokens int64) (release func()) {
 
 // pool is the backends of one role and the pipeline that picks among them.
 type pool struct {
-	role     string
-	backends []*backend
-	profile  *router.Profile
+	role    string
+	set     atomic.Pointer[[]*backend] // copy on write: backends change at run time
+	setMu   sync.Mutex                 // serialises changes of set
+	nextIdx int                        // under setMu: the next backend's index
+	metrics *metrics
+	profile *router.Profile
 	// pickMu makes a pick and the accounting of its request one step, so
 	// that the next pick, even in the same microsecond, sees it.
 	pickMu sync.Mutex
@@ -89,32 +92,71 @@ type pool struct {
 	prefix func(req *router.Request) map[string]int
 }
 
-func newPool(role string, urls []string, prof *router.Profile, m *metrics) (*pool, error) {
-	if len(urls) == 0 {
+func newPool(role string, urls []string, prof *router.Profile, m *metrics, allowEmpty bool) (*pool, error) {
+	if len(urls) == 0 && !allowEmpty {
 		return nil, fmt.Errorf("no %s backends: give at least one URL with --%s", role, role)
 	}
-	pl := &pool{role: role, profile: prof}
-	seen := map[string]bool{}
-	for i, raw := range urls {
-		base, err := normalizeURL(raw)
-		if err != nil {
-			return nil, fmt.Errorf("%s backend %q: %w", role, raw, err)
-		}
-		if seen[base] {
-			return nil, fmt.Errorf("%s backend %s is listed twice", role, base)
-		}
-		seen[base] = true
-		u, _ := url.Parse(base)
-		pl.backends = append(pl.backends, &backend{
-			role:    role,
-			base:    base,
-			host:    u.Hostname(),
-			index:   i,
-			inGauge: m.inFlight.WithLabelValues(role, base),
-			okGauge: m.healthy.WithLabelValues(role, base),
-		})
+	pl := &pool{role: role, profile: prof, metrics: m}
+	pl.set.Store(&[]*backend{})
+	if _, _, err := pl.update(urls); err != nil {
+		return nil, err
 	}
 	return pl, nil
+}
+
+// list returns the pool's backends now. The slice must not be modified.
+func (pl *pool) list() []*backend { return *pl.set.Load() }
+
+// update makes urls the pool's backends: backends already present keep
+// their state (health, accounting), new ones start unhealthy until a health
+// check passes, removed ones get no new requests (those in flight finish).
+func (pl *pool) update(urls []string) (added, removed []*backend, err error) {
+	want := make([]string, 0, len(urls))
+	seen := map[string]bool{}
+	for _, raw := range urls {
+		base, err := normalizeURL(raw)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s backend %q: %w", pl.role, raw, err)
+		}
+		if seen[base] {
+			return nil, nil, fmt.Errorf("%s backend %s is listed twice", pl.role, base)
+		}
+		seen[base] = true
+		want = append(want, base)
+	}
+	pl.setMu.Lock()
+	defer pl.setMu.Unlock()
+	old := map[string]*backend{}
+	for _, b := range pl.list() {
+		old[b.base] = b
+	}
+	next := make([]*backend, 0, len(want))
+	for _, base := range want {
+		if b := old[base]; b != nil {
+			next = append(next, b)
+			delete(old, base)
+			continue
+		}
+		u, _ := url.Parse(base)
+		b := &backend{
+			role:    pl.role,
+			base:    base,
+			host:    u.Hostname(),
+			index:   pl.nextIdx,
+			inGauge: pl.metrics.inFlight.WithLabelValues(pl.role, base),
+			okGauge: pl.metrics.healthy.WithLabelValues(pl.role, base),
+		}
+		pl.nextIdx++
+		next = append(next, b)
+		added = append(added, b)
+	}
+	for _, b := range old {
+		removed = append(removed, b)
+		pl.metrics.inFlight.DeleteLabelValues(pl.role, b.base)
+		pl.metrics.healthy.DeleteLabelValues(pl.role, b.base)
+	}
+	pl.set.Store(&next)
+	return added, removed, nil
 }
 
 // normalizeURL accepts "http://host:port[/prefix]" or "host:port" and returns
@@ -142,7 +184,7 @@ func normalizeURL(raw string) (string, error) {
 
 // anyHealthy reports whether at least one backend is healthy.
 func (pl *pool) anyHealthy() bool {
-	for _, b := range pl.backends {
+	for _, b := range pl.list() {
 		if b.healthy.Load() {
 			return true
 		}
@@ -162,7 +204,7 @@ func (pl *pool) pick(req *router.Request, tokens int64, exclude ...*backend) (b 
 	}
 	pl.pickMu.Lock()
 	defer pl.pickMu.Unlock()
-	eps := pl.snapshot(hits, exclude)
+	bs, eps := pl.snapshot(hits, exclude)
 	if len(eps) == 0 {
 		return nil, nil, false
 	}
@@ -175,24 +217,27 @@ func (pl *pool) pick(req *router.Request, tokens int64, exclude ...*backend) (b 
 		}
 		return nil, nil, false
 	}
-	b = pl.backends[eps[i].Index]
+	b = bs[i]
 	return b, b.acquire(tokens), false
 }
 
-// snapshot returns the endpoints the pipeline sees.
-func (pl *pool) snapshot(hits map[string]int, exclude []*backend) []router.Endpoint {
-	eps := make([]router.Endpoint, 0, len(pl.backends))
+// snapshot returns the endpoints the pipeline sees and their backends.
+func (pl *pool) snapshot(hits map[string]int, exclude []*backend) ([]*backend, []router.Endpoint) {
+	all := pl.list()
+	bs := make([]*backend, 0, len(all))
+	eps := make([]router.Endpoint, 0, len(all))
 	now := time.Now()
 outer:
-	for _, b := range pl.backends {
+	for _, b := range all {
 		for _, x := range exclude {
 			if x == b {
 				continue outer
 			}
 		}
+		bs = append(bs, b)
 		eps = append(eps, b.endpoint(now, pl.stale, hits[b.base]))
 	}
-	return eps
+	return bs, eps
 }
 
 func (b *backend) endpoint(now time.Time, stale time.Duration, prefixBlocks int) router.Endpoint {
@@ -219,8 +264,8 @@ type backendState struct {
 }
 
 func (pl *pool) states() []backendState {
-	out := make([]backendState, 0, len(pl.backends))
-	for _, b := range pl.backends {
+	out := make([]backendState, 0, len(pl.list()))
+	for _, b := range pl.list() {
 		b.mu.Lock()
 		s := backendState{URL: b.base, Healthy: b.healthy.Load(), InFlight: b.inFlight.Load(), LastError: b.lastErr}
 		if !b.lastCheck.IsZero() {

@@ -338,7 +338,7 @@ func (p *Proxy) decide(preq *router.Request, d *backend) router.Decision {
 	}
 	in.Decode = d.endpoint(now, p.decode.stale, hits)
 	sat := p.saturation
-	for _, b := range p.prefill.backends {
+	for _, b := range p.prefill.list() {
 		if !b.healthy.Load() {
 			continue
 		}

@@ -52,6 +52,11 @@ type Config struct {
 	// at once (default 1024; beyond, 429 at once).
 	QueueTimeout time.Duration
 	MaxQueue     int
+	// BackendsFile, when set, is a file listing backends, one "prefill URL"
+	// or "decode URL" per line ('#' starts a comment), watched every
+	// HealthInterval: the pools follow it without a restart. Prefill and
+	// Decode may then be empty at start.
+	BackendsFile string
 	// BlockSize is the engines' block size in tokens, for prefix hashes and
 	// cached-token counts (default 16).
 	BlockSize int
@@ -205,11 +210,12 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	pre, err := newPool(rolePrefill, cfg.Prefill, pp, m)
+	dynamic := cfg.BackendsFile != ""
+	pre, err := newPool(rolePrefill, cfg.Prefill, pp, m, dynamic)
 	if err != nil {
 		return nil, err
 	}
-	dpool, err := newPool(roleDecode, cfg.Decode, dp, m)
+	dpool, err := newPool(roleDecode, cfg.Decode, dp, m, dynamic)
 	if err != nil {
 		return nil, err
 	}
@@ -236,6 +242,7 @@ func New(cfg Config) (*Proxy, error) {
 	mux.HandleFunc("/v1/chat/completions", p.handleGenerate)
 	mux.HandleFunc("/v1/models", p.handleModels)
 	mux.HandleFunc("/health", p.handleHealth)
+	mux.HandleFunc(AdminBackendsPath, p.handleAdminBackends)
 	mux.Handle("GET /metrics", m.handler())
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		// Unknown paths are refused rather than passed to a decode engine:
@@ -254,6 +261,11 @@ func New(cfg Config) (*Proxy, error) {
 	dpool.prefix = p.matchPrefix
 	m.tokenMode.WithLabelValues("approximate").Set(1)
 	p.cfg.APIKey = "" // the digest in p.key is all the proxy keeps of it
+	if cfg.BackendsFile != "" {
+		if err := p.loadBackendsFile(); err != nil {
+			return nil, err
+		}
+	}
 	return p, nil
 }
 
@@ -289,7 +301,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (p *Proxy) CheckHealth(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, pl := range []*pool{p.prefill, p.decode} {
-		for _, b := range pl.backends {
+		for _, b := range pl.list() {
 			wg.Go(func() { checkBackend(ctx, p.client, b, p.cfg.HealthTimeout, p.cfg.BackendAPIKey, p.log) })
 		}
 	}
@@ -334,6 +346,9 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	hctx, stopHealth := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { p.runHealth(hctx) })
+	if p.cfg.BackendsFile != "" {
+		wg.Go(func() { p.watchBackendsFile(hctx) })
+	}
 	if p.cfg.ScrapeInterval > 0 {
 		wg.Go(func() { p.runScrape(hctx) })
 	}

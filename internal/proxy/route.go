@@ -136,7 +136,7 @@ func (p *Proxy) runScrape(ctx context.Context) {
 	for {
 		var wg sync.WaitGroup
 		for _, pl := range []*pool{p.prefill, p.decode} {
-			for _, b := range pl.backends {
+			for _, b := range pl.list() {
 				if b.healthy.Load() {
 					wg.Go(func() { p.scrape(ctx, b) })
 				}

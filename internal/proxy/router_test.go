@@ -93,7 +93,7 @@ func TestConditionalDisaggregation(t *testing.T) {
 				body := fmt.Sprintf(`{"prompt":%q,"max_tokens":4}`, prompt)
 				if strings.HasSuffix(prompt, "__busy__") {
 					wg.Go(func() { post(t, url, "/v1/completions", body, nil) })
-					waitFor(t, func() bool { return p.prefill.backends[0].inFlight.Load() == 1 })
+					waitFor(t, func() bool { return p.prefill.list()[0].inFlight.Load() == 1 })
 					continue
 				}
 				id := fmt.Sprintf("c-%d", i)
@@ -167,7 +167,7 @@ func TestAllSaturatedQueuesThen429(t *testing.T) {
 		Router: factory.Options{MaxInFlight: 1}}, pre, dec)
 	var wg sync.WaitGroup
 	wg.Go(func() { post(t, url, "/v1/completions", `{"prompt":"x"}`, nil) })
-	waitFor(t, func() bool { return p.decode.backends[0].inFlight.Load() == 1 })
+	waitFor(t, func() bool { return p.decode.list()[0].inFlight.Load() == 1 })
 	resp, body := post(t, url, "/v1/completions", `{"prompt":"x"}`, nil)
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
 		t.Errorf("saturated: %d Retry-After=%q %s, want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), body)
@@ -240,7 +240,7 @@ func TestScrapedQueueSteersAway(t *testing.T) {
 	pre := []*fakeEngine{newFake(t, prefillOK)}
 	busy, idle := newFake(t, metricsOf(50)), newFake(t, metricsOf(0))
 	p, url := startProxy(t, Config{Fallback: true, Policy: factory.PolicyLoad, ScrapeInterval: time.Hour}, pre, []*fakeEngine{busy, idle})
-	for _, b := range p.decode.backends {
+	for _, b := range p.decode.list() {
 		p.scrape(t.Context(), b)
 	}
 	for i := range 10 {
