@@ -15,6 +15,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/proxy"
+	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
 // urlList is a flag holding a comma-separated list of URLs; repeating the
@@ -37,9 +38,10 @@ const backendAPIKeyEnv = "TANDEM_BACKEND_API_KEY"
 
 // proxyFlags is the parsed command line of `tandem proxy`.
 type proxyFlags struct {
-	cfg  proxy.Config
-	host string
-	port int
+	cfg   proxy.Config
+	host  string
+	port  int
+	model string // directory with the model's tokenizer files
 }
 
 // parseProxyFlags parses the flags of `tandem proxy`.
@@ -66,6 +68,7 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.IntVar(&cfg.PrefillRetries, "prefill-retries", 0, "other prefill engines a failed prefill leg is retried on before fallback (default 1; negative: none)")
 	fs.IntVar(&cfg.DecodeRetries, "decode-retries", 0, "other decode engines a decode leg failing before its first byte is retried on (default 1; negative: none)")
 	fs.StringVar(&cfg.BackendsFile, "backends-file", "", "file of backends, one \"prefill URL\" or \"decode URL\" per line, watched and applied without a restart (--prefill/--decode may then be omitted); the admin endpoint "+proxy.AdminBackendsPath+" (needs --api-key) changes the set too")
+	fs.StringVar(&f.model, "model", "", "directory with the model's tokenizer (tokenizer.json, tokenizer_config.json; the weights are not read): prompt tokens are then counted exactly and chat templates rendered; without it counts are approximate")
 	fs.IntVar(&cfg.BlockSize, "block-size", 0, "the engines' KV block size in tokens, for prefix matching (default 16)")
 	fs.BoolVar(&cfg.Fallback, "fallback", true, "when the prefill leg fails, let decode do the whole request (said in the x-tandem-pd header); false fails such requests instead")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit on the prefill leg, on waiting for decode's headers and on each gap between decode's chunks (default 5m)")
@@ -106,6 +109,13 @@ func runProxy(args []string) error {
 	cfg := f.cfg
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	cfg.Logger = log
+	if f.model != "" {
+		tok, err := tokenizer.Load(f.model)
+		if err != nil {
+			return fmt.Errorf("--model %s: %w", f.model, err)
+		}
+		cfg.Tokenizer = tok
+	}
 	p, err := proxy.New(cfg)
 	if err != nil {
 		return err
@@ -119,6 +129,8 @@ func runProxy(args []string) error {
 	defer stop()
 	log.Info("proxy listening", "addr", "http://"+ln.Addr().String(), "prefill", cfg.Prefill, "decode", cfg.Decode, "policy", cfg.Policy, "pd_decider", cfg.PDDecider,
 		"conversations", cfg.Conversations, "api_key", cfg.APIKey != "", "backend_api_key", cfg.BackendAPIKey != "" || cfg.APIKey != "")
-	log.Warn("router counts tokens approximately (prompt bytes / 4, prefix blocks of 4·block-size bytes): it has no tokenizer", "metric", "tandem:proxy_token_count_mode")
+	if cfg.Tokenizer == nil {
+		log.Warn("router counts tokens approximately (prompt bytes / 4, prefix blocks of 4·block-size bytes): give --model DIR for exact counts", "metric", "tandem:proxy_token_count_mode")
+	}
 	return p.Serve(ctx, ln)
 }

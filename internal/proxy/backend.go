@@ -39,6 +39,11 @@ type backend struct {
 	mu        sync.Mutex
 	lastErr   string
 	lastCheck time.Time
+	// Circuit breaker: consecutive failed legs, ejections in a row, and
+	// the time before which health checks do not re-admit the engine.
+	fails        int
+	ejections    int
+	ejectedUntil time.Time
 	// The engine's load as last scraped from its /metrics.
 	waiting, running, kvUsage float64
 	scrapedAt                 time.Time
@@ -303,8 +308,16 @@ func checkBackend(parent context.Context, client *http.Client, b *backend, timeo
 	if parent.Err() != nil {
 		return // the proxy is shutting down; keep the last known state
 	}
+	now := time.Now()
+	if errText == "" {
+		b.mu.Lock()
+		if now.Before(b.ejectedUntil) {
+			errText = fmt.Sprintf("ejected by the circuit breaker until %s after %d failed requests in a row", b.ejectedUntil.UTC().Format(time.RFC3339Nano), breakerThreshold)
+		}
+		b.mu.Unlock()
+	}
 	ok := errText == ""
-	if b.setHealth(ok, errText, time.Now()) {
+	if b.setHealth(ok, errText, now) {
 		if ok {
 			log.Info("backend healthy", "role", b.role, "backend", b.base)
 		} else {
@@ -319,4 +332,44 @@ func markDown(b *backend, err error, log *slog.Logger) {
 	if b.setHealth(false, err.Error(), time.Now()) {
 		log.Warn("backend unhealthy", "role", b.role, "backend", b.base, "err", err)
 	}
+}
+
+// Circuit breaker: breakerThreshold failed legs in a row (5xx answers, bad
+// answers, unreachable) eject an engine that still passes its health checks
+// (an engine answering /health but failing requests) for breakerBase,
+// doubling with each ejection in a row up to breakerMax.
+const (
+	breakerThreshold = 3
+	breakerBase      = time.Second
+	breakerMax       = 30 * time.Second
+)
+
+// legFailed counts a failed leg on b and ejects it at the threshold.
+func legFailed(b *backend, why string, log *slog.Logger) {
+	b.mu.Lock()
+	b.fails++
+	eject := b.fails >= breakerThreshold
+	var until time.Time
+	if eject {
+		b.fails = 0
+		b.ejections++
+		d := min(breakerBase<<min(b.ejections-1, 8), breakerMax)
+		until = time.Now().Add(d)
+		b.ejectedUntil = until
+	}
+	b.mu.Unlock()
+	if eject {
+		b.setHealth(false, "circuit breaker: "+why, time.Now())
+		log.Warn("backend ejected by the circuit breaker", "role", b.role, "backend", b.base, "until", until, "err", why)
+	}
+}
+
+// legOK resets b's failure count after a successful leg.
+func legOK(b *backend) {
+	b.mu.Lock()
+	b.fails = 0
+	if time.Now().After(b.ejectedUntil) {
+		b.ejections = 0
+	}
+	b.mu.Unlock()
 }

@@ -387,6 +387,12 @@ func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *router
 	defer release()
 	res := p.sendPrefill(r, id, obj, b, kv)
 	res.tried = b
+	switch {
+	case res.kv != nil:
+		legOK(b)
+	case retryOnOther(res.reason):
+		legFailed(b, res.reason+": "+res.detail, p.log)
+	}
 	return res
 }
 
@@ -543,8 +549,12 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 		return outcomeDecodeFailed
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusOK {
+	switch {
+	case resp.StatusCode == http.StatusOK:
 		p.prefix.Observe(b.base, preq.BlockHashes)
+		legOK(b)
+	case resp.StatusCode >= 500:
+		legFailed(b, "decode answered "+resp.Status, p.log)
 	}
 	if resp.StatusCode >= 400 {
 		// An error status is a final answer: the decode will not read the

@@ -17,6 +17,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/router/factory"
 	"github.com/tandem-serve/tandem/internal/router/filter/saturated"
 	"github.com/tandem-serve/tandem/internal/router/scorer/prefix"
+	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
 // Config configures a Proxy. Zero durations and sizes take the defaults
@@ -57,6 +58,11 @@ type Config struct {
 	// HealthInterval: the pools follow it without a restart. Prefill and
 	// Decode may then be empty at start.
 	BackendsFile string
+	// Tokenizer, when set, is the model's tokenizer: the router then counts
+	// prompt tokens exactly and matches prefixes block by block as the
+	// engines cache them. Nil: approximate counts (bytes/4), said in the log
+	// and in tandem:proxy_token_count_mode.
+	Tokenizer *tokenizer.Tokenizer
 	// BlockSize is the engines' block size in tokens, for prefix hashes and
 	// cached-token counts (default 16).
 	BlockSize int
@@ -259,7 +265,13 @@ func New(cfg Config) (*Proxy, error) {
 		pl.stale = stale
 	}
 	dpool.prefix = p.matchPrefix
-	m.tokenMode.WithLabelValues("approximate").Set(1)
+	if cfg.Tokenizer != nil {
+		m.tokenMode.WithLabelValues("exact").Set(1)
+		m.tokenMode.WithLabelValues("approximate").Set(0)
+	} else {
+		m.tokenMode.WithLabelValues("exact").Set(0)
+		m.tokenMode.WithLabelValues("approximate").Set(1)
+	}
 	p.cfg.APIKey = "" // the digest in p.key is all the proxy keeps of it
 	if cfg.BackendsFile != "" {
 		if err := p.loadBackendsFile(); err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/router"
+	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
 // Approximate token counting, used while the router has no tokenizer: a
@@ -24,8 +25,12 @@ const bytesPerToken = 4
 // request does not say.
 const defaultMaxTokens = 256
 
-// routeRequest builds what the router's plugins see of a request: its
-// approximate token counts and the chained hashes of its prompt's blocks.
+// routeRequest builds what the router's plugins see of a request: its token
+// counts and the chained hashes of its prompt's blocks. With a tokenizer
+// (Config.Tokenizer) they are exact: the prompt is tokenized, a chat's
+// messages rendered with the model's template first, and blocks are
+// BlockSize tokens as on the engines. Without one, or for prompts it cannot
+// render (token-id prompts, multi-part contents), they are approximate.
 func (p *Proxy) routeRequest(path, id string, body []byte) *router.Request {
 	var f struct {
 		Prompt    json.RawMessage `json:"prompt"`
@@ -34,7 +39,6 @@ func (p *Proxy) routeRequest(path, id string, body []byte) *router.Request {
 		MaxCompl  *int            `json:"max_completion_tokens"`
 	}
 	_ = json.Unmarshal(body, &f) // a body the engines will refuse routes anywhere
-	text := promptText(f.Prompt, f.Messages)
 	req := &router.Request{Path: path, ID: id, Body: body, BlockSize: p.cfg.BlockSize, MaxTokens: defaultMaxTokens}
 	switch {
 	case f.MaxTokens != nil:
@@ -42,6 +46,21 @@ func (p *Proxy) routeRequest(path, id string, body []byte) *router.Request {
 	case f.MaxCompl != nil:
 		req.MaxTokens = *f.MaxCompl
 	}
+	if ids, ok := p.tokenize(f.Prompt, f.Messages); ok {
+		req.Exact = true
+		req.PromptTokens = len(ids)
+		h := fnv.New64a()
+		var buf [4]byte
+		for off := 0; off+p.cfg.BlockSize <= len(ids); off += p.cfg.BlockSize {
+			for _, t := range ids[off : off+p.cfg.BlockSize] {
+				buf[0], buf[1], buf[2], buf[3] = byte(t), byte(t>>8), byte(t>>16), byte(t>>24)
+				_, _ = h.Write(buf[:])
+			}
+			req.BlockHashes = append(req.BlockHashes, h.Sum64())
+		}
+		return req
+	}
+	text := promptText(f.Prompt, f.Messages)
 	req.PromptTokens = (len(text) + bytesPerToken - 1) / bytesPerToken
 	blockBytes := p.cfg.BlockSize * bytesPerToken
 	h := fnv.New64a()
@@ -52,6 +71,32 @@ func (p *Proxy) routeRequest(path, id string, body []byte) *router.Request {
 		req.BlockHashes = append(req.BlockHashes, h.Sum64())
 	}
 	return req
+}
+
+// tokenize returns the prompt's token ids as the engine computes them, when
+// the router has the model's tokenizer and the prompt is a string or chat
+// messages with string contents.
+func (p *Proxy) tokenize(prompt, messages json.RawMessage) ([]int32, bool) {
+	tok := p.cfg.Tokenizer
+	if tok == nil {
+		return nil, false
+	}
+	if len(messages) > 0 {
+		var msgs []tokenizer.Message
+		if json.Unmarshal(messages, &msgs) != nil || !tok.HasChatTemplate() {
+			return nil, false
+		}
+		text, err := tok.ApplyChatTemplate(msgs, true)
+		if err != nil {
+			return nil, false
+		}
+		return tok.Encode(text, false), true
+	}
+	var s string
+	if json.Unmarshal(prompt, &s) != nil {
+		return nil, false
+	}
+	return tok.Encode(s, true), true
 }
 
 // promptText is the bytes the prompt is made of, in order: a completion's

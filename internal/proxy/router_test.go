@@ -276,3 +276,22 @@ vllm:other 9
 		t.Error("metrics without vllm load gauges parsed as ok")
 	}
 }
+
+func TestCircuitBreakerEjectsAnEngineFailingRequests(t *testing.T) {
+	// Both answer /health; one fails every request with 500.
+	bad := newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.WriteHeader(http.StatusInternalServerError)
+	})
+	good := newFake(t, prefillOK)
+	p, url := startProxy(t, Config{Fallback: true, ScrapeInterval: -1, PrefillRetries: -1}, []*fakeEngine{bad, good}, []*fakeEngine{newFake(t, decodeJSON)})
+	for range 10 {
+		post(t, url, "/v1/completions", `{"prompt":"x"}`, nil)
+	}
+	if n := counts([]*fakeEngine{bad})[0]; n != breakerThreshold {
+		t.Errorf("the failing prefill got %d requests, want %d before ejection", n, breakerThreshold)
+	}
+	p.CheckHealth(t.Context())
+	if p.prefill.list()[0].healthy.Load() {
+		t.Error("a health check re-admitted the ejected engine before its cool-down")
+	}
+}
