@@ -170,3 +170,7 @@ func labelValue(m *dto.Metric, name string) string {
 	}
 	return ""
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+func newBenchServer(h http.HandlerFunc) *httptest.Server { return httptest.NewServer(h) }
