@@ -15,6 +15,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/proxy"
+	"github.com/tandem-serve/tandem/internal/router/kvindex"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
@@ -42,6 +43,9 @@ type proxyFlags struct {
 	host  string
 	port  int
 	model string // directory with the model's tokenizer files
+	// kvEvents are "DECODE_URL=tcp://host:pub[,tcp://host:replay]" entries.
+	kvEvents    urlList
+	fingerprint string
 }
 
 // parseProxyFlags parses the flags of `tandem proxy`.
@@ -69,6 +73,8 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.IntVar(&cfg.DecodeRetries, "decode-retries", 0, "other decode engines a decode leg failing before its first byte is retried on (default 1; negative: none)")
 	fs.StringVar(&cfg.BackendsFile, "backends-file", "", "file of backends, one \"prefill URL\" or \"decode URL\" per line, watched and applied without a restart (--prefill/--decode may then be omitted); the admin endpoint "+proxy.AdminBackendsPath+" (needs --api-key) changes the set too")
 	fs.StringVar(&f.model, "model", "", "directory with the model's tokenizer (tokenizer.json, tokenizer_config.json; the weights are not read): prompt tokens are then counted exactly and chat templates rendered; without it counts are approximate")
+	fs.Var(&f.kvEvents, "kv-events", "follow a decode engine's KV cache events for precise prefix matching: DECODE_URL=tcp://HOST:PUB_PORT[;tcp://HOST:REPLAY_PORT] (the engine's --kv-events-config endpoints), repeated per decode; needs --model and --model-fingerprint")
+	fs.StringVar(&f.fingerprint, "model-fingerprint", "", "the engines' model fingerprint (the prefix cache's hash key), for --kv-events")
 	fs.IntVar(&cfg.BlockSize, "block-size", 0, "the engines' KV block size in tokens, for prefix matching (default 16)")
 	fs.BoolVar(&cfg.Fallback, "fallback", true, "when the prefill leg fails, let decode do the whole request (said in the x-tandem-pd header); false fails such requests instead")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit on the prefill leg, on waiting for decode's headers and on each gap between decode's chunks (default 5m)")
@@ -115,6 +121,29 @@ func runProxy(args []string) error {
 			return fmt.Errorf("--model %s: %w", f.model, err)
 		}
 		cfg.Tokenizer = tok
+	}
+	if len(f.kvEvents) > 0 {
+		if cfg.Tokenizer == nil || f.fingerprint == "" {
+			return errors.New("--kv-events needs --model DIR (the tokenizer) and --model-fingerprint (the engines' block hash key)")
+		}
+		bs := cfg.BlockSize
+		if bs <= 0 {
+			bs = 16
+		}
+		idx := kvindex.New(f.fingerprint, bs, log)
+		defer idx.Close()
+		for _, e := range f.kvEvents {
+			backend, eps, ok := strings.Cut(e, "=")
+			pub, replay, _ := strings.Cut(eps, ";")
+			base, err := proxy.NormalizeBackendURL(backend)
+			if !ok || err != nil {
+				return fmt.Errorf("--kv-events %q: want DECODE_URL=tcp://HOST:PORT[;tcp://HOST:PORT]", e)
+			}
+			if err := idx.Follow(base, pub, replay, ""); err != nil {
+				return fmt.Errorf("--kv-events %q: %w", e, err)
+			}
+		}
+		cfg.PrefixIndex, cfg.BlockHasher = idx, idx.Hash
 	}
 	p, err := proxy.New(cfg)
 	if err != nil {

@@ -164,6 +164,11 @@ func (pl *pool) update(urls []string) (added, removed []*backend, err error) {
 	return added, removed, nil
 }
 
+// NormalizeBackendURL returns a backend URL as the proxy names the backend
+// (in metrics, /health and a precise prefix index): "host:port" gets
+// http://, a trailing slash goes.
+func NormalizeBackendURL(raw string) (string, error) { return normalizeURL(raw) }
+
 // normalizeURL accepts "http://host:port[/prefix]" or "host:port" and returns
 // the base URL without a trailing slash.
 func normalizeURL(raw string) (string, error) {

@@ -63,6 +63,12 @@ type Config struct {
 	// engines cache them. Nil: approximate counts (bytes/4), said in the log
 	// and in tandem:proxy_token_count_mode.
 	Tokenizer *tokenizer.Tokenizer
+	// PrefixIndex, when set, is a precise prefix index (the engines' KV
+	// events: package router/kvindex) used in place of the router's own
+	// approximate record; BlockHasher then computes the engines' block
+	// hashes from a prompt's token ids. Both need Tokenizer.
+	PrefixIndex prefix.Index
+	BlockHasher func(ids []int32) []uint64
 	// BlockSize is the engines' block size in tokens, for prefix hashes and
 	// cached-token counts (default 16).
 	BlockSize int
@@ -211,6 +217,9 @@ func New(cfg Config) (*Proxy, error) {
 	dp, err := factory.Profile(cfg.Policy, roleDecode, cfg.Router)
 	if err != nil {
 		return nil, err
+	}
+	if (cfg.PrefixIndex != nil || cfg.BlockHasher != nil) && (cfg.Tokenizer == nil || cfg.PrefixIndex == nil || cfg.BlockHasher == nil) {
+		return nil, errors.New("a precise prefix index (KV events) needs the model's tokenizer (--model DIR) and the engines' block hasher")
 	}
 	dec, err := factory.Decider(cfg.PDDecider, cfg.Router)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/router"
+	"github.com/tandem-serve/tandem/internal/router/scorer/prefix"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
@@ -49,6 +50,10 @@ func (p *Proxy) routeRequest(path, id string, body []byte) *router.Request {
 	if ids, ok := p.tokenize(f.Prompt, f.Messages); ok {
 		req.Exact = true
 		req.PromptTokens = len(ids)
+		if p.cfg.BlockHasher != nil {
+			req.BlockHashes = p.cfg.BlockHasher(ids)
+			return req
+		}
 		h := fnv.New64a()
 		var buf [4]byte
 		for off := 0; off+p.cfg.BlockSize <= len(ids); off += p.cfg.BlockSize {
@@ -120,7 +125,11 @@ func tokens(req *router.Request) int64 { return int64(req.PromptTokens + req.Max
 // holds.
 func (p *Proxy) matchPrefix(req *router.Request) map[string]int {
 	hits := map[string]int{}
-	p.prefix.Match(req.BlockHashes, func(engine string, blocks int) { hits[engine] = blocks })
+	var idx prefix.Index = p.prefix
+	if p.cfg.PrefixIndex != nil {
+		idx = p.cfg.PrefixIndex
+	}
+	idx.Match(req.BlockHashes, func(engine string, blocks int) { hits[engine] = blocks })
 	return hits
 }
 
