@@ -9,12 +9,16 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/proxy"
+	"github.com/tandem-serve/tandem/internal/router/factory"
 	"github.com/tandem-serve/tandem/internal/router/kvindex"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
@@ -86,8 +90,15 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.BoolVar(&cfg.Conversations, "conversations", false, "conversation mode, for engines started with --kv-bidirectional: remember the decode's kv_transfer_params per conversation (body field conversation_id or header "+proxy.HeaderConversationID+"), send them on the next turn's prefill leg so the prefill pulls the history's KV instead of computing it, and route that turn's decode leg to the same decode")
 	fs.IntVar(&cfg.ConversationMaxEntries, "conversation-max-entries", 0, "conversations remembered at most, least recently used forgotten first (default 10000)")
 	fs.DurationVar(&cfg.ConversationTTL, "conversation-ttl", 0, "how long a conversation is remembered when the decode's params carry no remote_blocks_expiry_time (default 8m, the decodes' default hold)")
+	var configFile string
+	fs.StringVar(&configFile, "config", "", "YAML file of proxy settings: any flag by its name (flags given on the command line win) and per-pool pipelines under profiles: {prefill: ..., decode: ...} (see README)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if configFile != "" {
+		if err := applyProxyConfigFile(fs, configFile, cfg); err != nil {
+			return nil, err
+		}
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -162,4 +173,60 @@ func runProxy(args []string) error {
 		log.Warn("router counts tokens approximately (prompt bytes / 4, prefix blocks of 4·block-size bytes): give --model DIR for exact counts", "metric", "tandem:proxy_token_count_mode")
 	}
 	return p.Serve(ctx, ln)
+}
+
+// proxyConfigFile is the YAML of --config: flags by name, and pipelines.
+type proxyConfigFile struct {
+	Profiles struct {
+		Prefill *factory.Spec `yaml:"prefill"`
+		Decode  *factory.Spec `yaml:"decode"`
+	} `yaml:"profiles"`
+}
+
+// applyProxyConfigFile sets every flag the file names and the command line
+// did not, and the pools' pipelines.
+func applyProxyConfigFile(fs *flag.FlagSet, path string, cfg *proxy.Config) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	var raw map[string]any
+	if err := yaml.Unmarshal(data, &raw); err != nil {
+		return fmt.Errorf("--config %s: %w", path, err)
+	}
+	explicit := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	names := make([]string, 0, len(raw))
+	for k := range raw {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		v := raw[name]
+		switch {
+		case name == "profiles":
+			continue
+		case name == "config" || name == "api-key" || name == "backend-api-key":
+			return fmt.Errorf("--config %s: %q cannot be set from the file (keys come from the environment or the command line)", path, name)
+		case fs.Lookup(name) == nil:
+			return fmt.Errorf("--config %s: unknown setting %q (settings are the flags of tandem proxy)", path, name)
+		case explicit[name]:
+			continue
+		}
+		vals := []any{v}
+		if list, ok := v.([]any); ok {
+			vals = list
+		}
+		for _, x := range vals {
+			if err := fs.Set(name, fmt.Sprint(x)); err != nil {
+				return fmt.Errorf("--config %s: %s: %w", path, name, err)
+			}
+		}
+	}
+	var pf proxyConfigFile
+	if err := yaml.Unmarshal(data, &pf); err != nil {
+		return fmt.Errorf("--config %s: profiles: %w", path, err)
+	}
+	cfg.PrefillProfile, cfg.DecodeProfile = pf.Profiles.Prefill, pf.Profiles.Decode
+	return nil
 }

@@ -30,6 +30,10 @@ type Config struct {
 	// Policy names the picking pipeline for both pools; see Policies.
 	// Default "round-robin".
 	Policy string
+	// PrefillProfile and DecodeProfile, when set, replace Policy's pipeline
+	// for that pool with one spelled out plugin by plugin (the YAML config
+	// file's profiles).
+	PrefillProfile, DecodeProfile *factory.Spec
 	// PDDecider decides per request between remote and local prefill:
 	// "always" (default) or "conditional" (see package
 	// router/decider/conditional and Router's fields).
@@ -176,6 +180,17 @@ func (c *Config) setDefaults() {
 	}
 }
 
+func profileOf(policy, role string, spec *factory.Spec, o factory.Options) (*router.Profile, error) {
+	if spec != nil {
+		prof, err := factory.FromSpec(*spec, o)
+		if err != nil {
+			return nil, fmt.Errorf("%s profile: %w", role, err)
+		}
+		return prof, nil
+	}
+	return factory.Profile(policy, role, o)
+}
+
 // Policies returns the names accepted by Config.Policy, sorted.
 func Policies() []string { return factory.Policies() }
 
@@ -210,11 +225,11 @@ type Proxy struct {
 func New(cfg Config) (*Proxy, error) {
 	cfg.setDefaults()
 	m := newMetrics()
-	pp, err := factory.Profile(cfg.Policy, rolePrefill, cfg.Router)
+	pp, err := profileOf(cfg.Policy, rolePrefill, cfg.PrefillProfile, cfg.Router)
 	if err != nil {
 		return nil, err
 	}
-	dp, err := factory.Profile(cfg.Policy, roleDecode, cfg.Router)
+	dp, err := profileOf(cfg.Policy, roleDecode, cfg.DecodeProfile, cfg.Router)
 	if err != nil {
 		return nil, err
 	}
