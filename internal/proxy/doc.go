@@ -15,12 +15,33 @@
 // decode did the whole request), and tandem:proxy_fallbacks_total counts
 // fallbacks by reason. A prefill's 4xx is the client's fault and is relayed.
 //
-// Backends are picked per pool by a policy (package picker and its
-// subfolders) among those whose last health check passed; a background
-// checker polls each backend's /health. Every backend call is bounded by a
-// connect timeout and by Config.Timeout on the prefill leg, the decode's
-// headers and each gap between the decode's chunks, never on a stream's total
-// length. A client that goes away cancels both legs.
+// Backends are picked by the router's pipeline (package router: filters,
+// weighted scorers, a picker; made by name in router/factory or from a
+// Config.DecodeProfile/PrefillProfile spec). The decode is picked first,
+// with the request counted on it at once (requests and tokens in flight) so
+// that the next pick sees it; then the disaggregation decider (Config.PDDecider)
+// says whether the prompt is prefilled remotely ("remote") or by that decode
+// ("local; reason=...", no kv_transfer_params sent); then the prefill engine
+// is picked, preferring the decode's host. tandem:proxy_pd_decisions_total
+// counts every decision by reason. Signals: the proxy's own accounting, the
+// engines' /metrics scraped every Config.ScrapeInterval (stale values
+// ignored), and a prefix index: the proxy's record of where it sent which
+// prompt blocks, or Config.PrefixIndex (the engines' KV events). Token
+// counts are exact with Config.Tokenizer, estimated otherwise.
+//
+// A prefill leg that fails on the engine's side is retried on another
+// prefill engine (Config.PrefillRetries) before the fallback; a decode leg
+// that fails before its first byte on another decode (Config.DecodeRetries).
+// An engine is skipped from a failed connection until its next passing
+// health check, and ejected for a doubling cool-down after three failed legs
+// in a row (circuit breaker). When every candidate is saturated a request
+// waits in a bounded queue (Config.QueueTimeout, Config.MaxQueue), then gets
+// 429 with Retry-After. Backends change at run time through the Backends
+// interface: Config.BackendsFile (watched) and the admin route
+// /tandem/admin/backends (needs the API key). Every backend call is bounded
+// by a connect timeout and by Config.Timeout on the prefill leg, the decode's
+// headers and each gap between the decode's chunks, never on a stream's
+// total length. A client that goes away cancels both legs.
 //
 // Trust boundary: kv_transfer_params make an engine hold KV (prefill) or
 // dial a peer and read it (decode), so only the proxy writes them. A client's
