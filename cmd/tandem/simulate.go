@@ -81,7 +81,7 @@ func joinSimulateArg(args []string) []string {
 }
 
 func (c *simConfig) register(fs *flag.FlagSet) {
-	fs.Var(&c.Simulate, "simulate", "simulate the model: a real engine (API, scheduler, KV cache, P/D transfer) whose forward pass sleeps for a time model's step time and writes a checkable pattern into the KV cache. Alone: the built-in time model (a 135M model measured on a 2-core EPYC); --simulate PROFILE.json: a profile from tandem profile. --model gives the tokenizer (default: the embedded model's)")
+	fs.Var(&c.Simulate, "simulate", "simulate the model: a real engine (API, scheduler, KV cache, P/D transfer) whose forward pass sleeps for a time model's step time and writes a checkable pattern into the KV cache. Alone: the built-in time model (a 135M model measured on a 2-core EPYC); --simulate PROFILE.json (or --simulate=FILE): a profile from tandem profile. --model gives the tokenizer, chat template and vocabulary (default: the embedded model's)")
 	fs.DurationVar(&c.TTFT, "sim-ttft", 0, "simple time model instead of a profile: a step that runs prompt tokens costs this, plus --sim-prefill-per-token each")
 	fs.DurationVar(&c.ITL, "sim-itl", 0, "simple time model: a step that runs decodes costs this (inter-token latency)")
 	fs.DurationVar(&c.PrefillPerToken, "sim-prefill-per-token", 0, "simple time model: the cost of each prompt token in a step")

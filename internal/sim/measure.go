@@ -25,13 +25,16 @@ type MeasureConfig struct {
 	// would not fit (default 1 GiB).
 	PrefillTokens, Batches, Contexts []int
 	MaxKVBytes                       int64
-	// Budget bounds the whole run (default 90s): points are measured from
-	// small to large, and once the budget is spent the rest are skipped
-	// (the time model extrapolates beyond the grid). Each point is run
-	// until MinTime (default 250ms) and MinReps (default 5) are reached,
-	// at most MaxReps (default 20), and the fastest run kept: on a shared
-	// machine other work only ever adds time, so the minimum is the least
-	// disturbed estimate of what this machine does.
+	// Budget bounds the whole run (default 90s): prompt steps get 40% of
+	// it, decode steps the rest; points are measured from small to large,
+	// and once a part's time is spent its remaining points are skipped
+	// (the time model extrapolates beyond the grid). Each point runs once
+	// to warm up, then until MinTime (default 250ms) and MinReps (default
+	// 5) are reached — but no more runs once 8·MinTime is spent —
+	// at most MaxReps (default 20) times, and the fastest run is kept: on
+	// a shared machine other work only ever adds time, so the minimum is
+	// the least disturbed estimate of what this machine does. For the same
+	// reason no point is kept above a larger step's time (monotone).
 	Budget           time.Duration
 	MinTime          time.Duration
 	MinReps, MaxReps int
@@ -120,14 +123,15 @@ func Measure(m *model.Model, cfg MeasureConfig) (*Profile, error) {
 		}
 		return b
 	}
-	deadline := time.Now().Add(cfg.Budget)
+	start := time.Now()
+	deadline := start.Add(cfg.Budget * 4 / 10)
 	run := func(seqs []model.Seq) (time.Duration, error) {
 		var times []time.Duration
 		if _, err := m.Forward(seqs, pool, layout); err != nil { // warm-up
 			return 0, err
 		}
 		var total time.Duration
-		for len(times) < cfg.MaxReps && (len(times) < cfg.MinReps || total < cfg.MinTime) {
+		for len(times) == 0 || len(times) < cfg.MaxReps && (total < cfg.MinTime || len(times) < cfg.MinReps && total < 8*cfg.MinTime) {
 			start := time.Now()
 			if _, err := m.Forward(seqs, pool, layout); err != nil {
 				return 0, err
@@ -159,6 +163,7 @@ func Measure(m *model.Model, cfg MeasureConfig) (*Profile, error) {
 		p.Prefill = append(p.Prefill, PrefillPoint{Tokens: n, Seconds: d.Seconds()})
 		cfg.Progress(fmt.Sprintf("prefill %d tokens", n), d)
 	}
+	deadline = start.Add(cfg.Budget)
 	for _, dp := range decode {
 		if time.Now().After(deadline) && len(p.Decode) >= 2 {
 			break
@@ -175,10 +180,33 @@ func Measure(m *model.Model, cfg MeasureConfig) (*Profile, error) {
 		p.Decode = append(p.Decode, DecodePoint{Batch: dp.b, Context: dp.c, Seconds: d.Seconds()})
 		cfg.Progress(fmt.Sprintf("decode batch %d context %d", dp.b, dp.c), d)
 	}
+	monotone(p)
 	if err := p.prepare(); err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// monotone lowers every point to the fastest time measured for a step at
+// least as large (more prompt tokens; a larger batch or a longer context):
+// a larger step never takes less time, and other work on the machine only
+// ever adds time, so a point above a larger one was disturbed.
+func monotone(p *Profile) {
+	slices.SortFunc(p.Prefill, func(a, b PrefillPoint) int { return a.Tokens - b.Tokens })
+	for i := len(p.Prefill) - 2; i >= 0; i-- {
+		p.Prefill[i].Seconds = min(p.Prefill[i].Seconds, p.Prefill[i+1].Seconds)
+	}
+	for changed := true; changed; {
+		changed = false
+		for i := range p.Decode {
+			for _, q := range p.Decode {
+				a := &p.Decode[i]
+				if q.Batch >= a.Batch && q.Context >= a.Context && q.Seconds < a.Seconds {
+					a.Seconds, changed = q.Seconds, true
+				}
+			}
+		}
+	}
 }
 
 func cmpSlice(v, def []int) []int {
