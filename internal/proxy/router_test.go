@@ -295,3 +295,35 @@ func TestCircuitBreakerEjectsAnEngineFailingRequests(t *testing.T) {
 		t.Error("a health check re-admitted the ejected engine before its cool-down")
 	}
 }
+
+func TestPrefillKilledMidRun(t *testing.T) {
+	p0, p1 := newFake(t, prefillOK), newFake(t, prefillOK)
+	dec := []*fakeEngine{newFake(t, decodeJSON), newFake(t, decodeJSON)}
+	_, url := startProxy(t, Config{Fallback: true, ScrapeInterval: -1, Policy: factory.PolicyLoad}, []*fakeEngine{p0, p1}, dec)
+	var mu sync.Mutex
+	pd := map[string]int{}
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := range 40 {
+				if w == 0 && i == 10 {
+					// Kill p0: its listener and open connections go.
+					p0.srv.Listener.Close()
+					p0.srv.CloseClientConnections()
+				}
+				resp, body := post(t, url, "/v1/completions", `{"prompt":"x"}`, nil)
+				mu.Lock()
+				if resp.StatusCode != http.StatusOK || !strings.Contains(body, "hello") {
+					t.Errorf("status %d %s", resp.StatusCode, body)
+				}
+				pd[resp.Header.Get(HeaderPD)]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("x-tandem-pd over 320 requests with a prefill killed: %v", pd)
+	if pd["remote"] < 300 {
+		t.Errorf("only %d of 320 remote: a dead prefill should cost retries, not remote prefill", pd["remote"])
+	}
+}
