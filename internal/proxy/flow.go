@@ -333,7 +333,7 @@ func (p *Proxy) decide(preq *router.Request, d *backend) router.Decision {
 	in := router.DecideInput{Req: preq}
 	now := time.Now()
 	hits := 0
-	if len(preq.BlockHashes) > 0 {
+	if p.decode.prefix != nil && len(preq.BlockHashes) > 0 {
 		hits = p.matchPrefix(preq)[d.base]
 	}
 	in.Decode = d.endpoint(now, p.decode.stale, hits)
@@ -551,7 +551,9 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 	defer resp.Body.Close()
 	switch {
 	case resp.StatusCode == http.StatusOK:
-		p.prefix.Observe(b.base, preq.BlockHashes)
+		if p.observePrefix {
+			p.prefix.Observe(b.base, preq.BlockHashes)
+		}
 		legOK(b)
 	case resp.StatusCode >= 500:
 		legFailed(b, "decode answered "+resp.Status, p.log)

@@ -191,6 +191,20 @@ func profileOf(policy, role string, spec *factory.Spec, o factory.Options) (*rou
 	return factory.Profile(policy, role, o)
 }
 
+// approxBlocksPerEngine bounds the approximate prefix index per engine:
+// 8192 blocks of 16 tokens is 131k tokens, about a CPU engine's KV cache.
+const approxBlocksPerEngine = 8192
+
+// usesPrefix reports whether a pipeline has the prefix scorer.
+func usesPrefix(prof *router.Profile) bool {
+	for _, s := range prof.Scorers {
+		if s.Name == prefix.Name {
+			return true
+		}
+	}
+	return false
+}
+
 // Policies returns the names accepted by Config.Policy, sorted.
 func Policies() []string { return factory.Policies() }
 
@@ -210,6 +224,8 @@ type Proxy struct {
 	convs   *conversations // conversation mode's memory; nil when off
 	decider router.Decider
 	prefix  *prefix.Approx // the router's own record of where prefixes went
+	// observePrefix says whether answered requests are recorded in prefix.
+	observePrefix bool
 	// saturation is the not-saturated filter's test, for the decider's
 	// view of the prefill pool.
 	saturation *saturated.Filter
@@ -256,7 +272,7 @@ func New(cfg Config) (*Proxy, error) {
 		prefill:    pre,
 		decode:     dpool,
 		decider:    dec,
-		prefix:     prefix.NewApprox(0),
+		prefix:     prefix.NewApprox(approxBlocksPerEngine),
 		saturation: factory.Saturation(cfg.Router),
 		queued:     make(chan struct{}, cfg.MaxQueue),
 		metrics:    m,
@@ -288,7 +304,12 @@ func New(cfg Config) (*Proxy, error) {
 	for _, pl := range []*pool{pre, dpool} {
 		pl.stale = stale
 	}
-	dpool.prefix = p.matchPrefix
+	// Prefix matching costs a lookup per request and memory per block sent:
+	// only when a scorer or the decider uses it.
+	if usesPrefix(dp) || cfg.PDDecider == "conditional" {
+		dpool.prefix = p.matchPrefix
+		p.observePrefix = cfg.PrefixIndex == nil
+	}
 	if cfg.Tokenizer != nil {
 		m.tokenMode.WithLabelValues("exact").Set(1)
 		m.tokenMode.WithLabelValues("approximate").Set(0)
