@@ -60,7 +60,7 @@ func (p *Proxy) handleGenerate(w http.ResponseWriter, r *http.Request) {
 		outcome = p.generate(w, r, id)
 	}
 	p.metrics.requests.WithLabelValues(r.URL.Path, outcome).Inc()
-	if outcome == outcomeRemote || outcome == outcomeFallback {
+	if outcome == outcomeRemote || outcome == outcomeFallback || outcome == outcomeLocal {
 		p.metrics.requestSeconds.Observe(time.Since(start).Seconds())
 	}
 	if outcome == outcomeStreamBroken {
