@@ -144,9 +144,15 @@ func Run(ctx context.Context, cfg Config) error {
 		if name == "" {
 			name = defaultmodel.Name
 		}
-		fmt.Fprintf(cfg.Stdout, "%s\n\n", defaultmodel.Describe(dir))
+		if cfg.Simulate == "" {
+			fmt.Fprintf(cfg.Stdout, "%s\n\n", defaultmodel.Describe(dir))
+		}
 	} else if err := checkModelDir(model); err != nil {
 		return err
+	}
+	if cfg.Simulate != "" {
+		fmt.Fprintf(cfg.Stdout, "Simulated engines: real engines whose forward pass sleeps for a time model's step time; answers are\n"+
+			"deterministic but not language (tokens from %s's vocabulary). See internal/sim and docs/performance.md.\n\n", filepath.Base(model))
 	}
 	if abs, err := filepath.Abs(model); err == nil {
 		model = abs
