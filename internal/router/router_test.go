@@ -132,3 +132,37 @@ func BenchmarkDecision(b *testing.B) {
 		})
 	}
 }
+
+func TestScorers(t *testing.T) {
+	eps := []router.Endpoint{
+		{Index: 0, InFlight: 4, InFlightTokens: 1000, Scraped: true, Waiting: 5, Running: 2, KVUsage: 0.9, Host: "a", PrefixBlocks: 4},
+		{Index: 1, InFlight: 0, InFlightTokens: 0, Scraped: true, Waiting: 0, Running: 0, KVUsage: 0.1, Host: "b", PrefixBlocks: 1},
+		{Index: 2, InFlight: 2, InFlightTokens: 500, Scraped: false, Host: "b"},
+	}
+	req := &router.Request{BlockHashes: make([]uint64, 4), Near: "b"}
+	for _, tt := range []struct {
+		name string
+		want []float64
+	}{
+		{"load", []float64{0, 1, 0.5}},
+		{"queue", []float64{0, 1, 0.5}},
+		{"kv-usage", []float64{0.1, 0.9, 0.5}},
+		{"prefix", []float64{1, 0.25, 0}},
+		{"same-host", []float64{0, 1, 1}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := factory.Scorer(tt.name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make([]float64, len(eps))
+			s.Score(req, eps, got)
+			for i := range got {
+				if d := got[i] - tt.want[i]; d > 1e-9 || d < -1e-9 {
+					t.Errorf("scores %v, want %v", got, tt.want)
+					break
+				}
+			}
+		})
+	}
+}
