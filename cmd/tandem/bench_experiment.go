@@ -25,7 +25,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/bench"
 	"github.com/tandem-serve/tandem/internal/bench/plot"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
-	"github.com/tandem-serve/tandem/internal/proxy/up"
+	"github.com/tandem-serve/tandem/internal/launch"
 )
 
 // runBenchExperiment is `tandem bench experiment pd`: it starts the
@@ -172,7 +172,7 @@ func (x *experiment) logf(format string, args ...any) {
 }
 
 func (x *experiment) run(ctx context.Context, mnbts []int, tuneReqs int) error {
-	cpus, err := up.AllowedCPUs()
+	cpus, err := launch.AllowedCPUs()
 	if err != nil {
 		return err
 	}
@@ -295,12 +295,12 @@ func (x *experiment) tune(ctx context.Context, w io.Writer, mnbts []int, reqs in
 
 // startColocated starts one engine on every allowed CPU.
 func (x *experiment) startColocated(ctx context.Context, mnbt int) (string, []string, error) {
-	ports, err := up.FreePorts("127.0.0.1", 2)
+	ports, err := launch.FreePorts("127.0.0.1", 2)
 	if err != nil {
 		return "", nil, err
 	}
-	s := up.EngineSpec{Name: fmt.Sprintf("colocated-mnbt%d", mnbt), Host: "127.0.0.1", Port: ports[0], KVPort: ports[1], CPUs: x.cpus}
-	args := up.ServeArgs(s, x.model, filepath.Base(x.model), append([]string{"--max-num-batched-tokens", strconv.Itoa(mnbt)}, x.extra...))
+	s := launch.EngineSpec{Name: fmt.Sprintf("colocated-mnbt%d", mnbt), Host: "127.0.0.1", Port: ports[0], KVPort: ports[1], CPUs: x.cpus}
+	args := launch.ServeArgs(s, x.model, filepath.Base(x.model), append([]string{"--max-num-batched-tokens", strconv.Itoa(mnbt)}, x.extra...))
 	// A colocated engine has no role: drop "--role ''".
 	for i := 0; i+1 < len(args); i++ {
 		if args[i] == "--role" {
@@ -317,20 +317,20 @@ func (x *experiment) startColocated(ctx context.Context, mnbt int) (string, []st
 // startPD starts a prefill and a decode engine on half the CPUs each and a
 // tandem proxy in front of them.
 func (x *experiment) startPD(ctx context.Context, _ int) (string, []string, error) {
-	cores, err := up.SplitCores(x.cpus, 2, 0)
+	cores, err := launch.SplitCores(x.cpus, 2, 0)
 	if err != nil {
 		return "", nil, err
 	}
-	ports, err := up.FreePorts("127.0.0.1", 5)
+	ports, err := launch.FreePorts("127.0.0.1", 5)
 	if err != nil {
 		return "", nil, err
 	}
-	specs, err := up.PlanEngines("127.0.0.1", 1, 1, cores, ports[:4])
+	specs, err := launch.PlanEngines("127.0.0.1", 1, 1, cores, ports[:4])
 	if err != nil {
 		return "", nil, err
 	}
 	for _, s := range specs {
-		if err := x.start(s, up.ServeArgs(s, x.model, filepath.Base(x.model), x.extra)); err != nil {
+		if err := x.start(s, launch.ServeArgs(s, x.model, filepath.Base(x.model), x.extra)); err != nil {
 			return "", nil, err
 		}
 	}
@@ -339,7 +339,7 @@ func (x *experiment) startPD(ctx context.Context, _ int) (string, []string, erro
 			return "", nil, err
 		}
 	}
-	proxy := up.EngineSpec{Name: "proxy", Host: "127.0.0.1", Port: ports[4], CPUs: x.cpus}
+	proxy := launch.EngineSpec{Name: "proxy", Host: "127.0.0.1", Port: ports[4], CPUs: x.cpus}
 	if err := x.start(proxy, []string{"proxy", "--host", "127.0.0.1", "--port", strconv.Itoa(ports[4]),
 		"--prefill", specs[0].URL(), "--decode", specs[1].URL()}); err != nil {
 		return "", nil, err
@@ -352,13 +352,13 @@ func (x *experiment) startPD(ctx context.Context, _ int) (string, []string, erro
 
 // start starts one child process pinned to s.CPUs, its output in
 // OUT/logs/NAME.log.
-func (x *experiment) start(s up.EngineSpec, args []string) error {
+func (x *experiment) start(s launch.EngineSpec, args []string) error {
 	logf, err := os.Create(filepath.Join(x.out, "logs", s.Name+".log"))
 	if err != nil {
 		return err
 	}
 	cmd := exec.Command(x.exe, args...)
-	cmd.Env = append(up.Env(s, os.Environ()), kvxfer.SecretEnv+"="+x.secret)
+	cmd.Env = append(launch.Env(s, os.Environ()), kvxfer.SecretEnv+"="+x.secret)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := startPinned(cmd, s.CPUs); err != nil {
@@ -392,7 +392,7 @@ func (x *experiment) stopAll() {
 
 // startPinned starts cmd with its CPU affinity set to cpus from birth: the
 // fork happens on a goroutine locked to its thread whose mask is narrowed
-// for the fork and restored after (as internal/proxy/up does).
+// for the fork and restored after (as internal/launch does).
 func startPinned(cmd *exec.Cmd, cpus []int) error {
 	if len(cpus) == 0 {
 		return cmd.Start()

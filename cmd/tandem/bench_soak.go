@@ -21,7 +21,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/bench/soak"
 	"github.com/tandem-serve/tandem/internal/defaultmodel"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
-	"github.com/tandem-serve/tandem/internal/proxy/up"
+	"github.com/tandem-serve/tandem/internal/launch"
 )
 
 // runBenchSoak is `tandem bench soak`: 2 prefill + 2 decode engines and a
@@ -104,7 +104,7 @@ func runBenchSoak(args []string) error {
 	urls := map[string]string{}
 	for _, e := range cl.engines {
 		urls[e.spec.Name] = e.spec.URL()
-		if e.spec.Role == up.RolePrefill {
+		if e.spec.Role == launch.RolePrefill {
 			prefill = append(prefill, e.spec.Name)
 		} else {
 			decode = append(decode, e.spec.Name)
@@ -141,7 +141,7 @@ func runBenchSoak(args []string) error {
 
 // soakEngine is one supervised engine process.
 type soakEngine struct {
-	spec up.EngineSpec
+	spec launch.EngineSpec
 	args []string
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -161,30 +161,30 @@ type soakCluster struct {
 }
 
 func (c *soakCluster) start(ctx context.Context, proxyTimeout time.Duration) error {
-	cpus, err := up.AllowedCPUs()
+	cpus, err := launch.AllowedCPUs()
 	if err != nil {
 		return err
 	}
-	cores, err := up.SplitCores(cpus, 4, 0)
+	cores, err := launch.SplitCores(cpus, 4, 0)
 	if err != nil {
 		return err
 	}
-	ports, err := up.FreePorts("127.0.0.1", 9)
+	ports, err := launch.FreePorts("127.0.0.1", 9)
 	if err != nil {
 		return err
 	}
-	specs, err := up.PlanEngines("127.0.0.1", 2, 2, cores, ports[:8])
+	specs, err := launch.PlanEngines("127.0.0.1", 2, 2, cores, ports[:8])
 	if err != nil {
 		return err
 	}
 	var pre, dec []string
 	for _, s := range specs {
-		e := &soakEngine{spec: s, args: up.ServeArgs(s, c.model, c.name, c.extra)}
+		e := &soakEngine{spec: s, args: launch.ServeArgs(s, c.model, c.name, c.extra)}
 		if err := c.launch(e); err != nil {
 			return err
 		}
 		c.engines = append(c.engines, e)
-		if s.Role == up.RolePrefill {
+		if s.Role == launch.RolePrefill {
 			pre = append(pre, s.URL())
 		} else {
 			dec = append(dec, s.URL())
@@ -195,7 +195,7 @@ func (c *soakCluster) start(ctx context.Context, proxyTimeout time.Duration) err
 			return err
 		}
 	}
-	ps := up.EngineSpec{Name: "proxy", Host: "127.0.0.1", Port: ports[8], CPUs: cpus}
+	ps := launch.EngineSpec{Name: "proxy", Host: "127.0.0.1", Port: ports[8], CPUs: cpus}
 	c.proxy = &soakEngine{spec: ps, args: []string{"proxy", "--host", ps.Host, "--port", strconv.Itoa(ps.Port),
 		"--prefill", strings.Join(pre, ","), "--decode", strings.Join(dec, ","),
 		"--timeout", proxyTimeout.String(), "--health-interval", "500ms"}}
@@ -218,7 +218,7 @@ func (c *soakCluster) launch(e *soakEngine) error {
 	}
 	defer logf.Close() // the child has its own descriptor
 	cmd := exec.Command(c.exe, e.args...)
-	cmd.Env = append(up.Env(e.spec, os.Environ()), kvxfer.SecretEnv+"="+c.secret)
+	cmd.Env = append(launch.Env(e.spec, os.Environ()), kvxfer.SecretEnv+"="+c.secret)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := startPinned(cmd, e.spec.CPUs); err != nil {

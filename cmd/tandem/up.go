@@ -9,7 +9,7 @@ import (
 	"syscall"
 
 	"github.com/tandem-serve/tandem/internal/openai"
-	"github.com/tandem-serve/tandem/internal/proxy/up"
+	"github.com/tandem-serve/tandem/internal/launch"
 )
 
 func runUp(args []string) error {
@@ -18,7 +18,7 @@ func runUp(args []string) error {
 		fmt.Fprintf(fs.Output(), "usage: tandem up [flags] [-- extra flags for every engine's tandem serve]\n\n")
 		fs.PrintDefaults()
 	}
-	var cfg up.Config
+	var cfg launch.Config
 	fs.StringVar(&cfg.ModelDir, "model", "", "Hugging Face Llama/Mistral/Qwen2 model directory (default: the embedded stories260K story model, written once to the user cache)")
 	fs.StringVar(&cfg.ServedModelName, "served-model-name", "", "model name in the API (default: the model directory's name)")
 	fs.IntVar(&cfg.Prefill, "prefill", 1, "number of prefill engines")
@@ -54,5 +54,5 @@ func runUp(args []string) error {
 	cfg.Executable = exe
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return up.Run(ctx, cfg)
+	return launch.Run(ctx, cfg)
 }

@@ -1,4 +1,4 @@
-package up
+package launch
 
 import (
 	"encoding/json"

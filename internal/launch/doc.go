@@ -1,4 +1,4 @@
-// Package up runs Tandem's disaggregated setup on one machine, the engine of
+// Package launch runs Tandem's disaggregated setup on one machine, the engine of
 // `tandem up`: N prefill and M decode engines, each a separate process of
 // the tandem binary on its own share of the cores, and the proxy in front of
 // them.
@@ -16,4 +16,4 @@
 // from its first instruction. Setting the affinity of the child's pid after
 // Start would race with the Go runtime of the child, which creates threads
 // right away; those would keep the full mask.
-package up
+package launch
