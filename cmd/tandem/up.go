@@ -8,8 +8,8 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/launch"
+	"github.com/tandem-serve/tandem/internal/openai"
 )
 
 func runUp(args []string) error {
