@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/tandem-serve/tandem/internal/launch"
 	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/tandem-serve/tandem/internal/proxy"
 )
 
 func runUp(args []string) error {
@@ -28,6 +30,8 @@ func runUp(args []string) error {
 	fs.IntVar(&cfg.ThreadsPerEngine, "threads-per-engine", 0, "cores per engine (default: this process's cores split evenly)")
 	fs.DurationVar(&cfg.StartupTimeout, "startup-timeout", 0, "limit on waiting for every engine to be healthy (default 10m)")
 	fs.StringVar(&cfg.APIKey, "api-key", "", "require Authorization: Bearer <key> from clients of the proxy, and from the proxy at the engines (default: $"+openai.APIKeyEnv+")")
+	fs.StringVar(&cfg.Policy, "policy", "round-robin", "the proxy's routing policy: "+strings.Join(proxy.Policies(), ", ")+" (see README, Routing)")
+	fs.StringVar(&cfg.PDDecider, "pd-decider", "always", "the proxy's disaggregation decider: always or conditional (remote prefill only for long uncached prompts)")
 	fs.BoolVar(&cfg.KVBidirectional, "kv-bidirectional", false, "multi-turn KV reuse: start every engine with --kv-bidirectional and the proxy in conversation mode (requests name a conversation with a conversation_id body field or an X-Conversation-Id header)")
 	var simulate simulateFlag
 	fs.Var(&simulate, "simulate", "start simulated engines (tandem serve --simulate): alone, the built-in time model; --simulate PROFILE.json, a profile from tandem profile. Many fit on one machine: tandem up --simulate --prefill 100 --decode 100. More --sim-* flags go after --")

@@ -21,6 +21,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/kvxfer"
 	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/proxy"
+	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
 // Config configures Run. Zero values take the defaults on each field.
@@ -53,6 +54,9 @@ type Config struct {
 	// KVBidirectional starts every engine with --kv-bidirectional (before
 	// ExtraArgs) and the proxy in conversation mode: multi-turn KV reuse.
 	KVBidirectional bool
+	// Policy and PDDecider are the proxy's routing policy and
+	// disaggregation decider (proxy.Config); empty takes its defaults.
+	Policy, PDDecider string
 	// StartupTimeout bounds the wait for every engine to be healthy.
 	// Default 10m (a large model loads slowly on a CPU).
 	StartupTimeout time.Duration
@@ -220,13 +224,23 @@ func Run(ctx context.Context, cfg Config) error {
 			decodeURLs = append(decodeURLs, s.URL())
 		}
 	}
+	plog := slog.New(slog.NewTextHandler(newLineRelay("proxy", out), nil))
+	// The router counts tokens with the engines' own tokenizer.
+	tok, terr := tokenizer.Load(model)
+	if terr != nil {
+		plog.Warn("router counts tokens approximately: the model's tokenizer did not load", "err", terr)
+		tok = nil
+	}
 	p, err := proxy.New(proxy.Config{
 		Prefill:       prefillURLs,
 		Decode:        decodeURLs,
 		Fallback:      true,
 		APIKey:        cfg.APIKey,
 		Conversations: cfg.KVBidirectional,
-		Logger:        slog.New(slog.NewTextHandler(newLineRelay("proxy", out), nil)),
+		Policy:        cfg.Policy,
+		PDDecider:     cfg.PDDecider,
+		Tokenizer:     tok,
+		Logger:        plog,
 	})
 	if err != nil {
 		return err
