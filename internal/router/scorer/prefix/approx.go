@@ -18,7 +18,6 @@ type Approx struct {
 type ring struct {
 	hashes []uint64
 	next   int
-	full   bool
 }
 
 // NewApprox returns an approximate index keeping capacity blocks per engine
