@@ -1,0 +1,241 @@
+package kvconnector
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/kvxfer"
+	"github.com/tandem-serve/tandem/internal/sched"
+)
+
+// The scheduler half: what to load for a request, and what to hold when it
+// finishes. These run on the engine's step loop.
+
+// OnNewRequest implements sched.Connector: it records the request's kv
+// params and, for a remote prefill, starts heartbeating the prefill's lease
+// while the request queues here.
+func (c *Connector) OnNewRequest(r *sched.Request) {
+	if r.KVTransfer == nil || !c.started {
+		return
+	}
+	k, err := parseKV(r.KVTransfer, len(r.Prompt), c.blockSize, c.cfg.Bidirectional)
+	if err != nil {
+		// Submit validated the params; a request added another way runs
+		// as a plain one.
+		c.log.Warn("ignoring invalid kv_transfer_params", "id", r.ID, "err", err)
+		return
+	}
+	switch {
+	case k.remoteDecode && k.remote != nil && c.prod != nil && c.cons != nil:
+		// Turn 2 on a prefill: pull the history's KV (what of it is a
+		// prefix of this prompt), then hold the prompt for the decode leg.
+		// No heartbeats: the decode's hold is fixed (turn 2 is
+		// client-driven).
+		st := &connReq{remoteDecode: true, remote: k.remote, history: true}
+		st.pullable = min(matchedTokens(c.cfg.ModelFingerprint, r.Prompt, k.numTokens, k.history, c.blockSize), len(r.Prompt)-1)
+		if held := min(k.numTokens, len(r.Prompt)-1); st.pullable < held {
+			st.recompute = "history_mismatch"
+			c.log.Info("conversation history differs from the held KV; recomputing from the first difference",
+				"id", r.ID, "held_tokens", k.numTokens, "matching_tokens", st.pullable)
+		}
+		c.reqs[r.ID] = st
+	case k.remoteDecode && c.prod != nil:
+		c.reqs[r.ID] = &connReq{remoteDecode: true}
+	case k.remote != nil && c.cons != nil:
+		c.reqs[r.ID] = &connReq{remote: k.remote, pullable: len(r.Prompt) - 1}
+		c.cons.Watch(k.remote.Peer(), k.remote.RequestID)
+	}
+}
+
+// GetNumNewMatchedTokens implements sched.Connector: the remote tokens
+// after the local prefix hit load asynchronously — for a decode leg the
+// prompt except its last token (recomputed to sample the first output
+// token), for a turn-2 prefill the held history that is a prefix of the
+// prompt, unless it is below the recompute threshold.
+func (c *Connector) GetNumNewMatchedTokens(r *sched.Request, numLocalComputed int) (int, bool, error) {
+	st := c.reqs[r.ID]
+	if st == nil || st.remote == nil || st.phase != waitingForAlloc {
+		return 0, false, nil
+	}
+	n := st.pullable - numLocalComputed
+	if n <= 0 || st.history && n < c.cfg.RecomputeThreshold {
+		return 0, false, nil
+	}
+	return n, true, nil
+}
+
+// UpdateStateAfterAlloc implements sched.Connector: it stages the pull of
+// the remote blocks that the local prefix hit does not cover, or, when
+// nothing is to be pulled, a notification that frees them on the prefill.
+func (c *Connector) UpdateStateAfterAlloc(r *sched.Request, blocks []int32, numExternal int) {
+	st := c.reqs[r.ID]
+	if st == nil || st.remote == nil || st.phase != waitingForAlloc {
+		return
+	}
+	if numExternal == 0 {
+		st.phase = consumed
+		if st.history {
+			c.countRecompute(st, r, r.NumComputedTokens())
+		}
+		c.staged.notifies = append(c.staged.notifies, notifyJob{peer: st.remote.Peer(), reqID: st.remote.RequestID})
+		return
+	}
+	if st.history && c.cfg.Metrics != nil {
+		c.cfg.Metrics.HistoryTokensPulled.Add(float64(numExternal))
+	}
+	bs := c.blockSize
+	local := r.NumComputedTokens()
+	first, last := local/bs, (local+numExternal+bs-1)/bs
+	st.phase = loading
+	job := pullJob{id: r.ID, params: *st.remote}
+	// Both bounds hold by construction (the block count was validated
+	// against the prompt, the scheduler allocated for local+numExternal);
+	// a request that breaks them fails its load instead of reading past
+	// a slice.
+	if last <= len(blocks) && last <= len(st.remote.BlockIDs) {
+		job.params.BlockIDs = st.remote.BlockIDs[first:last]
+		job.blocks = blocks[first:last]
+	} else {
+		job.params.BlockIDs = nil
+		job.blocks = blocks[min(first, len(blocks)):]
+	}
+	c.staged.pulls = append(c.staged.pulls, job)
+}
+
+// BuildConnectorMeta implements sched.Connector: it hands the staged pulls,
+// notifications and cancellations to the worker half and resets them.
+func (c *Connector) BuildConnectorMeta(*sched.Output) any {
+	if c.staged.empty() {
+		return nil
+	}
+	m := c.staged
+	c.staged = connMeta{}
+	return &m
+}
+
+// RequestFinished implements sched.Connector. A prefill for a remote decode
+// that finished normally holds its prompt blocks under a lease and returns
+// the params the decode needs; aborted or failed, it frees at once. A
+// remote prefill that ends before pulling tells the prefill to free; one
+// that ends while pulling cancels the pull (the scheduler keeps its blocks
+// until the pull reports, and the pull's DONE frees the prefill's).
+func (c *Connector) RequestFinished(r *sched.Request, blockIDs []int32) (bool, map[string]any) {
+	st := c.reqs[r.ID]
+	if st == nil {
+		return false, nil
+	}
+	delete(c.reqs, r.ID)
+	if st.remote != nil {
+		switch st.phase {
+		case waitingForAlloc:
+			c.staged.notifies = append(c.staged.notifies, notifyJob{peer: st.remote.Peer(), reqID: st.remote.RequestID})
+		case loading:
+			c.staged.cancels = append(c.staged.cancels, r.ID)
+		}
+	}
+	if s := r.Status(); s != sched.FinishedStopped && s != sched.FinishedLength {
+		return false, nil
+	}
+	switch {
+	case st.remoteDecode:
+		return c.holdForDecode(r, blockIDs)
+	case c.cfg.Bidirectional && c.prod != nil:
+		return c.holdConversation(r, blockIDs)
+	}
+	return false, nil
+}
+
+// holdForDecode holds a finished prefill's prompt blocks under a lease for
+// the decode leg and returns the params the decode needs.
+func (c *Connector) holdForDecode(r *sched.Request, blockIDs []int32) (bool, map[string]any) {
+	ids, ok := c.leadingBlocks(r, blockIDs, len(r.Prompt))
+	if !ok {
+		return false, nil
+	}
+	now := c.cfg.Clock.Now()
+	if err := c.prod.Hold(r.ID, ids, now); err != nil {
+		c.log.Error("cannot hold KV for the remote decode; freeing it", "id", r.ID, "err", err)
+		return false, nil
+	}
+	g := kvxfer.Grant{EngineID: c.cfg.EngineID, RequestID: r.ID, Host: c.advertHost, Port: c.advertPort, BlockIDs: ids, NumTokens: len(r.Prompt)}
+	p := c.params(g, now.Add(c.cfg.Lease))
+	p["do_remote_prefill"], p["do_remote_decode"] = true, false
+	p["remote_blocks_expiry_time"] = nil
+	return true, p
+}
+
+// holdConversation holds a finished decode leg's blocks — every token with
+// KV, prompt and output, all but the last sampled — for DecodeHoldTTL, not
+// renewed by heartbeats, so the next turn's prefill can pull them (vLLM's
+// bidirectional mode), and returns the params that name them, with the
+// token hash chain the prefill checks its prompt against.
+func (c *Connector) holdConversation(r *sched.Request, blockIDs []int32) (bool, map[string]any) {
+	n := r.NumComputedTokens()
+	ids, ok := c.leadingBlocks(r, blockIDs, n)
+	if !ok || n == 0 {
+		return false, nil
+	}
+	now := c.cfg.Clock.Now()
+	deadline := now.Add(c.cfg.DecodeHoldTTL)
+	if err := c.prod.HoldFor(r.ID, ids, now, c.cfg.DecodeHoldTTL, true); err != nil {
+		c.log.Error("cannot hold the conversation's KV for its next turn; freeing it", "id", r.ID, "err", err)
+		return false, nil
+	}
+	tokens := append(append(make([]int32, 0, len(r.Prompt)+len(r.Output())), r.Prompt...), r.Output()...)[:n]
+	chain := historyChain(c.cfg.ModelFingerprint, tokens, c.blockSize)
+	g := kvxfer.Grant{EngineID: c.cfg.EngineID, RequestID: r.ID, Host: c.advertHost, Port: c.advertPort, BlockIDs: ids, NumTokens: n, Digest: chainDigest(chain)}
+	p := c.params(g, deadline)
+	p["do_remote_prefill"], p["do_remote_decode"] = false, true
+	p["remote_blocks_expiry_time"] = float64(deadline.UnixNano()) / 1e9
+	p[historyParam] = chain
+	return true, p
+}
+
+// leadingBlocks returns the ids of the blocks holding r's first n tokens.
+func (c *Connector) leadingBlocks(r *sched.Request, blockIDs []int32, n int) ([]int, bool) {
+	nb := (n + c.blockSize - 1) / c.blockSize
+	if len(blockIDs) < nb {
+		c.log.Error("request finished without KV for the tokens to hold; freeing instead of holding", "id", r.ID, "blocks", len(blockIDs), "want", nb)
+		return nil, false
+	}
+	ids := make([]int, nb)
+	for i, b := range blockIDs[:nb] {
+		ids[i] = int(b)
+	}
+	return ids, true
+}
+
+// params are the kv_transfer_params naming g's blocks on this engine,
+// signed until expiry, with every field vLLM's connector returns.
+func (c *Connector) params(g kvxfer.Grant, expiry time.Time) map[string]any {
+	return map[string]any{
+		kvxfer.SignatureParam:            c.signer.Sign(g, expiry),
+		"remote_block_ids":               [][]int{g.BlockIDs},
+		"remote_engine_id":               g.EngineID,
+		"remote_request_id":              g.RequestID,
+		"remote_host":                    g.Host,
+		"remote_port":                    g.Port,
+		"tp_size":                        1,
+		"dcp_size":                       1,
+		"pp_size":                        1,
+		"transfer_mode":                  "pull",
+		"remote_num_tokens":              g.NumTokens,
+		"remote_registration_generation": strconv.FormatUint(c.prod.Info().Generation, 10),
+	}
+}
+
+// countRecompute records why a turn-2 prefill pulled nothing.
+func (c *Connector) countRecompute(st *connReq, r *sched.Request, local int) {
+	reason := st.recompute
+	switch {
+	case reason != "":
+	case st.pullable-local <= 0:
+		reason = "local_hit"
+	default:
+		reason = "below_threshold"
+	}
+	if m := c.cfg.Metrics; m != nil {
+		m.HistoryRecomputed.WithLabelValues(reason).Inc()
+	}
+	c.log.Debug("turn-2 prefill computes its history locally", "id", r.ID, "reason", reason, "local_tokens", local, "pullable", st.pullable)
+}
