@@ -22,7 +22,7 @@ var testSecret = func() Secret {
 // authentication and then misbehave.
 func fakeServerHandshake(c net.Conn, s Secret, info Info) error {
 	p := &Producer{cfg: ProducerConfig{Secret: s, AuthTimeout: 5 * time.Second, IOTimeout: 5 * time.Second}, info: info}
-	return (&srvConn{p: p, c: c}).authenticate()
+	return (&srvConn{p: p, c: c}).authenticate(func() bool { return true })
 }
 
 // rawClientHandshake runs the consumer's side of the handshake on c with

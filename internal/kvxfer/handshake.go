@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -82,9 +83,15 @@ func readPreAuth(r io.Reader, hb *[headerSize]byte, want msgType) (header, []byt
 	return h, p, nil
 }
 
-// authenticate runs the producer's side of the handshake. On success the
-// connection may send anything; on failure the caller closes it.
-func (s *srvConn) authenticate() error {
+// errNoSlot ends a connection that authenticated while every connection
+// slot was taken (the peer was told busy).
+var errNoSlot = errors.New("side-channel connection limit reached")
+
+// authenticate runs the producer's side of the handshake. admit is called
+// once the consumer has proved the secret and takes a connection slot;
+// false refuses the connection as busy. On success the connection may send
+// anything; on failure the caller closes it.
+func (s *srvConn) authenticate(admit func() bool) error {
 	p := s.p
 	s.c.SetDeadline(time.Now().Add(p.cfg.AuthTimeout))
 	defer s.c.SetDeadline(time.Time{})
@@ -116,6 +123,13 @@ func (s *srvConn) authenticate() error {
 		return err
 	}
 	s.remote = in.EngineID
+	// Take a connection slot before answering, so a consumer that has its
+	// HELLO_ACK holds a slot, and one refused learns it here, where it
+	// retries with backoff.
+	if !admit() {
+		s.sendError(h.Corr, CodeBusy, fmt.Sprintf("prefill engine %s has %d side-channel connections, its limit: retry later or raise its connection limit", p.info.EngineID, p.cfg.MaxConns))
+		return errNoSlot
+	}
 	now := p.info
 	now.Clock = time.Now()
 	info := appendInfo(nil, &now)

@@ -423,7 +423,7 @@ type srvConn struct {
 func (p *Producer) serveConn(c net.Conn) {
 	defer p.wg.Done()
 	host := remoteIP(c)
-	authed := false
+	authed, refused := false, false
 	unpend := func() {
 		p.pending--
 		if p.pendingBy[host]--; p.pendingBy[host] <= 0 {
@@ -435,7 +435,7 @@ func (p *Producer) serveConn(c net.Conn) {
 		delete(p.conns, c)
 		if authed {
 			p.authed--
-		} else {
+		} else if !refused {
 			unpend()
 		}
 		p.mu.Unlock()
@@ -446,19 +446,22 @@ func (p *Producer) serveConn(c net.Conn) {
 		conn = tls.Server(c, p.cfg.TLS)
 	}
 	s := &srvConn{p: p, c: conn}
-	err := s.authenticate()
-	if err == nil {
+	err := s.authenticate(func() bool {
 		p.mu.Lock()
+		defer p.mu.Unlock()
 		unpend()
-		if p.authed < p.cfg.MaxConns {
-			p.authed++
-			authed = true
+		if p.authed >= p.cfg.MaxConns {
+			// Counted as pending no more, and not as authed: the deferred
+			// release must not undo either.
+			authed, refused = false, true
+			return false
 		}
-		p.mu.Unlock()
-		if !authed {
-			s.sendError(0, CodeBusy, fmt.Sprintf("prefill engine %s has %d side-channel connections, its limit: retry later or raise its connection limit", p.info.EngineID, p.cfg.MaxConns))
-			return
-		}
+		p.authed++
+		authed = true
+		return true
+	})
+	if errors.Is(err, errNoSlot) {
+		return
 	}
 	for err == nil {
 		err = s.serveOne()
