@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,13 +38,29 @@ func TestBurstDoesNotHerd(t *testing.T) {
 	for _, policy := range []string{factory.PolicyLoad, factory.PolicyPrefix} {
 		t.Run("policy "+policy+" spreads 64 simultaneous requests evenly over 8 decodes", func(t *testing.T) {
 			pre := []*fakeEngine{newFake(t, prefillOK)}
+			// Every decode leg waits until all 64 have arrived, so no
+			// request finishes (and frees its slot) before the last one is
+			// dispatched, however slow the machine (the race detector).
+			const n = 64
+			var arrived atomic.Int32
+			all := make(chan struct{})
+			barrier := func(w http.ResponseWriter, r *http.Request, body []byte) {
+				if arrived.Add(1) == n {
+					close(all)
+				}
+				select {
+				case <-all:
+				case <-time.After(10 * time.Second):
+				}
+				decodeJSON(w, r, body)
+			}
 			var dec []*fakeEngine
 			for range 8 {
-				dec = append(dec, newFake(t, slowDecode(100*time.Millisecond)))
+				dec = append(dec, newFake(t, barrier))
 			}
 			_, url := startProxy(t, Config{Fallback: true, Policy: policy, ScrapeInterval: -1}, pre, dec)
 			var wg sync.WaitGroup
-			for range 64 {
+			for range n {
 				wg.Go(func() {
 					post(t, url, "/v1/completions", `{"prompt":"same prompt for all","max_tokens":8}`, nil)
 				})
