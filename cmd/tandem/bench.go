@@ -6,8 +6,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,6 +19,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/bench/plot"
 	"github.com/tandem-serve/tandem/internal/bench/workload"
 	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
 // repeated is a flag that may be given several times.
@@ -40,6 +43,7 @@ type workloadFlags struct {
 	traceSpeed    float64
 	seed          uint64
 	vocab         int
+	tokenizer     string
 	maxContext    int
 	// given names the flags set on the command line.
 	given map[string]bool
@@ -59,7 +63,8 @@ func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.traceBlock, "trace-block", 512, "trace: tokens per hash id")
 	fs.Float64Var(&f.traceSpeed, "trace-speed", 1, "trace: replay speed (2 = twice as fast)")
 	fs.Uint64Var(&f.seed, "seed", 0, "seed for prompts, lengths and arrivals")
-	fs.IntVar(&f.vocab, "vocab", 0, "draw prompt ids from [10, min(vocab,1000)) instead of tokenizing sample text via /tokenize")
+	fs.IntVar(&f.vocab, "vocab", 0, "draw prompt ids from [10, min(vocab,1000)) instead of tokenizing a sample text")
+	fs.StringVar(&f.tokenizer, "tokenizer", "", "model directory whose tokenizer makes the prompt ids when no target serves /tokenize (default: --model when it is a directory)")
 	fs.IntVar(&f.maxContext, "max-context", 0, "clip requests to this many tokens (default: the server's max_model_len when /v1/models reports one)")
 }
 
@@ -149,14 +154,17 @@ func runBench(args []string) error {
 			"Streams /v1/completions requests whose prompts are token ids and whose outputs are exact\n"+
 			"lengths (ignore_eos) and reports TTFT, TPOT, ITL and E2E percentiles, throughput, SLO\n"+
 			"attainment and goodput, and the P/D path (x-tandem-pd) per target and load level.\n"+
-			"With several targets the same requests go to each, in alternating rounds.\n\n")
+			"With several targets the same requests go to each, in alternating rounds. Every load\n"+
+			"level and round has prompts of its own (the token ids relabelled), so a prefix cache\n"+
+			"warmed by one level does not serve the next; a server that keeps its cache between\n"+
+			"runs serves a repeated run's prompts from it: change --seed between such runs.\n\n")
 		fs.PrintDefaults()
 	}
 	var (
 		wf         workloadFlags
 		targets    repeated
 		url        = fs.String("url", "http://127.0.0.1:8000", "server root URL (when no --target is given)")
-		model      = fs.String("model", "", "model name; when given, /v1/models is not needed (default: the first of /v1/models)")
+		model      = fs.String("model", "", "model name, or the model's directory (its tokenizer then makes the prompt ids); when given, /v1/models is not needed (default: the first of /v1/models)")
 		apiKey     = fs.String("api-key", "", "send Authorization: Bearer KEY (default: $"+openai.APIKeyEnv+")")
 		conc       = fs.Int("concurrency", 0, "closed loop of this many requests in flight; with --rate, a cap (0: none)")
 		sweep      = fs.String("sweep", "", "comma-separated concurrencies for closed loops, e.g. 1,4,16")
@@ -211,7 +219,7 @@ func runBench(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := prepare(ctx, p, &wf); err != nil {
+	if err := prepare(ctx, p, &wf, os.Stderr); err != nil {
 		return err
 	}
 	if *search {
@@ -310,41 +318,113 @@ func parseFloats(s string) ([]float64, error) {
 	return out, nil
 }
 
-// prepare resolves the model, the prompt token pool and the context limit
-// from the first target, and builds the workload.
-func prepare(ctx context.Context, p *bench.Plan, wf *workloadFlags) error {
-	c := bench.NewClient(p.Targets[0].URL, 1)
-	c.APIKey = p.APIKey
-	if models, err := c.Models(ctx); err == nil {
-		for _, m := range models {
-			if p.Model == "" || m.ID == p.Model {
-				p.Model = cmp.Or(p.Model, m.ID)
-				if wf.maxContext == 0 {
-					wf.maxContext = m.MaxModelLen
-				}
+// prepare resolves the model name, the context limit and the prompt token
+// pool, and builds the workload. Nothing here needs more than
+// /v1/completions of the targets:
+//   - the model name is --model, or the first of /v1/models (of the first
+//     target that answers); a --model that is a directory with a tokenizer
+//     (a model directory) names the model as /v1/models lists it (its path
+//     or base name) or, without /v1/models, by its base name, tandem serve's
+//     default --served-model-name;
+//   - prompt ids are [10, --vocab) with --vocab, else the distinct ids of a
+//     sample text as the first target with /tokenize tokenizes it, else as
+//     the tokenizer of --tokenizer DIR (or of a --model DIR) does, else
+//     bench.DefaultPool, with a warning (a proxy, vLLM's toy proxy among
+//     them, need not serve /tokenize);
+//   - a multi-turn answer goes back into the next turn as the tokens of its
+//     target's /tokenize, else of the local tokenizer, else as as many
+//     stand-in tokens.
+func prepare(ctx context.Context, p *bench.Plan, wf *workloadFlags, log io.Writer) error {
+	client := func(t bench.Target, conns int) *bench.Client {
+		c := bench.NewClient(t.URL, conns)
+		c.APIKey = p.APIKey
+		return c
+	}
+	tokDir := wf.tokenizer
+	modelDir := ""
+	if p.Model != "" && isTokenizerDir(p.Model) {
+		modelDir = p.Model
+		tokDir = cmp.Or(tokDir, modelDir)
+	}
+	var listed []bench.ModelInfo
+	var listErr error
+	for _, t := range p.Targets {
+		models, err := client(t, 1).Models(ctx)
+		if err == nil && len(models) > 0 {
+			listed = models
+			break
+		}
+		listErr = cmp.Or(err, fmt.Errorf("%s/v1/models lists no models", t.URL))
+	}
+	switch {
+	case modelDir != "":
+		base := filepath.Base(filepath.Clean(modelDir))
+		p.Model = base
+		for _, m := range listed {
+			if m.ID == modelDir || m.ID == filepath.Clean(modelDir) || m.ID == base {
+				p.Model = m.ID
 				break
 			}
 		}
-	} else if p.Model == "" {
-		return fmt.Errorf("listing models at %s (give --model to skip this): %w", p.Targets[0].URL, err)
+	case p.Model == "" && len(listed) == 0:
+		return fmt.Errorf("listing models (give --model to skip this): %w", listErr)
+	case p.Model == "":
+		p.Model = listed[0].ID
 	}
-	if p.Model == "" {
-		return fmt.Errorf("%s/v1/models lists no models; give --model", p.Targets[0].URL)
+	for _, m := range listed {
+		if m.ID == p.Model && wf.maxContext == 0 {
+			wf.maxContext = m.MaxModelLen
+		}
 	}
-	pool, err := bench.TokenPool(ctx, c, p.Model, wf.vocab)
-	if err != nil {
-		return err
+
+	var local *tokenizer.Tokenizer
+	if tokDir != "" {
+		tok, err := tokenizer.Load(tokDir)
+		if err != nil {
+			return fmt.Errorf("loading the tokenizer of %s: %w", tokDir, err)
+		}
+		local = tok
+	}
+	serverTok := map[string]*bench.Client{}
+	var pool []int32
+	if wf.vocab > 0 {
+		pool = bench.VocabPool(wf.vocab)
+	} else {
+		for _, t := range p.Targets {
+			c := client(t, 4)
+			ids, err := c.Tokenize(ctx, p.Model, bench.SampleText)
+			if err != nil || len(ids) == 0 {
+				continue
+			}
+			serverTok[t.Name] = c
+			if pool == nil {
+				pool, _ = bench.TextPool(ids)
+				fmt.Fprintf(log, "prompt token ids: the %d distinct ids of a sample text as %s's /tokenize tokenizes it\n", len(pool), t.Name)
+			}
+		}
+		if pool == nil && local != nil {
+			var err error
+			if pool, err = bench.TextPool(local.Encode(bench.SampleText, false)); err != nil {
+				return fmt.Errorf("the tokenizer of %s: %w", tokDir, err)
+			}
+			fmt.Fprintf(log, "prompt token ids: the %d distinct ids of a sample text as the tokenizer of %s tokenizes it (no target serves /tokenize)\n", len(pool), tokDir)
+		}
+		if pool == nil {
+			pool = bench.DefaultPool()
+			fmt.Fprintf(log, "warning: no target serves /tokenize and no tokenizer was given: prompt ids are %d..%d, valid for a vocabulary of at least %d tokens but not known to be ordinary text; pass --tokenizer DIR (the model's directory) or --vocab N\n",
+				bench.DefaultPoolLow, bench.DefaultPoolHigh-1, bench.DefaultPoolHigh)
+		}
 	}
 	p.Pool = pool
-	if wf.vocab == 0 { // /tokenize works: answers go back into the next turn as their tokens
-		clients := map[string]*bench.Client{}
-		for _, t := range p.Targets {
-			tc := bench.NewClient(t.URL, 4)
-			tc.APIKey = p.APIKey
-			clients[t.Name] = tc
-		}
+	if len(serverTok) > 0 || local != nil {
 		p.Tokenize = func(ctx context.Context, t bench.Target, text string) ([]int32, error) {
-			return clients[t.Name].Tokenize(ctx, p.Model, text)
+			if c, ok := serverTok[t.Name]; ok {
+				return c.Tokenize(ctx, p.Model, text)
+			}
+			if local != nil {
+				return local.Encode(text, false), nil
+			}
+			return nil, errors.New("no tokenizer for this target")
 		}
 	}
 	w, err := wf.build(pool)
@@ -353,6 +433,12 @@ func prepare(ctx context.Context, p *bench.Plan, wf *workloadFlags) error {
 	}
 	p.Workload = w
 	return nil
+}
+
+// isTokenizerDir says whether dir is a directory holding a tokenizer.json.
+func isTokenizerDir(dir string) bool {
+	st, err := os.Stat(filepath.Join(dir, "tokenizer.json"))
+	return err == nil && st.Mode().IsRegular()
 }
 
 func writeJSONFile(path string, v any) error {

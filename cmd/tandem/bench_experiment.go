@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -26,6 +27,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/bench/plot"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
 	"github.com/tandem-serve/tandem/internal/launch"
+	"github.com/tandem-serve/tandem/internal/modelinit"
 )
 
 // runBenchExperiment is `tandem bench experiment pd`: it starts the
@@ -38,16 +40,20 @@ func runBenchExperiment(args []string) error {
 	}
 	fs := flag.NewFlagSet("bench experiment pd", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: tandem bench experiment pd --model DIR [flags]\n\n"+
+		fmt.Fprintf(fs.Output(), "usage: tandem bench experiment pd [--model DIR] [flags]\n\n"+
 			"Compares, on this machine and model, a colocated engine on all cores (its\n"+
 			"--max-num-batched-tokens chosen by a small sweep on the long workload) with 1 prefill\n"+
-			"+ 1 decode engine (half the cores each) behind tandem proxy. Each workload runs open\n"+
-			"loop (Poisson) at each rate against both, in alternating rounds. Writes report.txt,\n"+
-			"results-*.json and plots into --out.\n\n")
+			"+ 1 decode engine (half the cores each) behind tandem proxy, and the same pair behind a\n"+
+			"proxy with the conditional decider (prefill on the decode engine when the uncached\n"+
+			"prompt is short). Each workload runs open loop (Poisson) at each rate against every\n"+
+			"configuration, in alternating rounds, each level with prompts of its own. Writes\n"+
+			"report.txt, summary.json, results-*.json and plots into --out.\n\n"+
+			"Without --model it creates a random-weight smollm2-135m (bf16) model in the user cache\n"+
+			"once and uses it.\n\n")
 		fs.PrintDefaults()
 	}
 	var (
-		modelDir   = fs.String("model", "", "model directory (required), e.g. from `tandem model init --shape smollm2-135m --dtype bf16 --out DIR`")
+		modelDir   = fs.String("model", "", "model directory (default: a random-weight smollm2-135m bf16 model created once in the user cache, as `tandem model init --shape smollm2-135m --dtype bf16` makes it)")
 		outDir     = fs.String("out", "bench-pd", "directory for the report, JSON and plots")
 		workloads  = fs.String("workloads", "chat,long", "workloads to run: chat and/or long")
 		chatRates  = fs.String("chat-rates", "1,2,4", "arrival rates (req/s) of the chat workload")
@@ -56,11 +62,14 @@ func runBenchExperiment(args []string) error {
 		rounds     = fs.Int("rounds", 2, "rounds per rate; the configurations alternate order")
 		mnbtSweep  = fs.String("mnbt-sweep", "128,256,512,2048", "colocated --max-num-batched-tokens values to tune over (one value: no tuning)")
 		tuneReqs   = fs.Int("tune-requests", 12, "requests per tuning run (long workload at its middle rate)")
-		configs    = fs.String("configs", "colocated,pd", "configurations: colocated, pd; conditional (the router's conditional disaggregation) is a hook without a router yet")
+		configs    = fs.String("configs", "colocated,pd,conditional", "configurations: colocated (one engine, all cores), pd (1P+1D, --pd-decider always), conditional (1P+1D, --pd-decider conditional --policy prefix)")
+		threshold  = fs.Int("pd-threshold", 256, "conditional: uncached prompt tokens from which the prefill goes to the prefill engine (the proxy's --pd-threshold)")
+		kvMemory   = fs.String("kv-cache-memory", "1GiB", "every engine's --kv-cache-memory (several engines share this machine's RAM; empty: the engine's default)")
 		chatTTFT   = fs.Duration("slo-chat-ttft", time.Second, "chat workload TTFT SLO")
 		chatTPOT   = fs.Duration("slo-chat-tpot", 100*time.Millisecond, "chat workload TPOT SLO")
 		longTTFT   = fs.Duration("slo-long-ttft", 5*time.Second, "long workload TTFT SLO")
 		longTPOT   = fs.Duration("slo-long-tpot", 100*time.Millisecond, "long workload TPOT SLO")
+		goal       = fs.Float64("goal", bench.DefaultGoal, "fraction of requests that must meet both SLOs for a rate to count (the goodput rate)")
 		seed       = fs.Uint64("seed", 0, "seed for prompts, lengths and arrivals")
 		maxContext = fs.Int("max-context", 0, "clip requests to this many tokens (default: the model's)")
 		timeout    = fs.Duration("timeout", 10*time.Minute, "limit for each request")
@@ -69,8 +78,15 @@ func runBenchExperiment(args []string) error {
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
+	if *goal <= 0 || *goal > 1 {
+		return fmt.Errorf("--goal %v: want a fraction in (0, 1]", *goal)
+	}
 	if *modelDir == "" {
-		return errors.New("--model DIR is required (make one with: tandem model init --shape smollm2-135m --dtype bf16 --out /tmp/smol)")
+		dir, err := experimentModel(os.Stderr, modelinit.ShapeSmolLM2135M, "bf16")
+		if err != nil {
+			return err
+		}
+		*modelDir = dir
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -80,7 +96,11 @@ func runBenchExperiment(args []string) error {
 	if err != nil {
 		return fmt.Errorf("--mnbt-sweep: %w", err)
 	}
-	x := &experiment{exe: exe, model: *modelDir, out: *outDir, extra: strings.Fields(*extra),
+	engineArgs := strings.Fields(*extra)
+	if *kvMemory != "" {
+		engineArgs = append([]string{"--kv-cache-memory", *kvMemory}, engineArgs...)
+	}
+	x := &experiment{exe: exe, model: *modelDir, out: *outDir, extra: engineArgs, threshold: *threshold, goal: *goal,
 		requests: *requests, rounds: *rounds, seed: *seed, maxContext: *maxContext, timeout: *timeout,
 		log: os.Stderr}
 	specs := map[string]experimentWorkload{
@@ -136,6 +156,8 @@ type experimentWorkload struct {
 type experiment struct {
 	exe, model, out string
 	extra           []string
+	threshold       int
+	goal            float64
 	workloads       []experimentWorkload
 	configs         []string
 	requests        int
@@ -150,20 +172,23 @@ type experiment struct {
 }
 
 // configuration starts one of the compared setups and returns its URL and,
-// for the P/D setup, the proxy's and decode engine's URLs for the time
+// for the disaggregated setups, the proxy's and engines' URLs for the time
 // breakdown. mnbt is the colocated engine's chunk budget.
 type configuration func(x *experiment, ctx context.Context, mnbt int) (url string, metricsURLs []string, err error)
 
 // configurations are the setups `--configs` may name.
 var configurations = map[string]configuration{
 	"colocated": (*experiment).startColocated,
-	"pd":        (*experiment).startPD,
-	// conditional is the hook for the router's conditional disaggregation
-	// (each request to P/D or to a colocated engine by its prompt length and
-	// the load). The router does not exist yet; when it lands, start it
-	// here like startPD and the rest of the experiment needs no change.
-	"conditional": func(*experiment, context.Context, int) (string, []string, error) {
-		return "", nil, errors.New("configuration conditional: the router's conditional disaggregation is not built yet; this is its hook (cmd/tandem/bench_experiment.go, configurations)")
+	"pd": func(x *experiment, ctx context.Context, _ int) (string, []string, error) {
+		return x.startPD(ctx, "pd")
+	},
+	// conditional is the router's conditional disaggregation: each request
+	// is prefilled remotely only when its uncached prompt on the chosen
+	// decode engine is at least --pd-threshold tokens, else the decode
+	// engine prefills it itself; the decode is chosen by prefix affinity.
+	"conditional": func(x *experiment, ctx context.Context, _ int) (string, []string, error) {
+		return x.startPD(ctx, "conditional", "--pd-decider", "conditional", "--pd-threshold", strconv.Itoa(x.threshold),
+			"--policy", "prefix", "--model", x.model)
 	},
 }
 
@@ -181,7 +206,9 @@ func (x *experiment) run(ctx context.Context, mnbts []int, tuneReqs int) error {
 	var report strings.Builder
 	w := io.MultiWriter(&report, os.Stdout)
 	fmt.Fprintf(w, "tandem bench experiment pd: model %s, %d CPUs %v, %s, started %s\n", x.model, len(cpus), cpus, runtime.Version(), time.Now().Format(time.DateTime))
-	fmt.Fprintf(w, "configurations: %s; %d requests per rate and round, %d rounds, configurations alternating\n\n", strings.Join(x.configs, ", "), x.requests, x.rounds)
+	fmt.Fprintf(w, "configurations: %s; %d requests per rate and round, %d rounds, configurations alternating; every rate and round has prompts of its own\n", strings.Join(x.configs, ", "), x.requests, x.rounds)
+	fmt.Fprintf(w, "load average (1 min) at the start: %s\n\n", loadAvgText())
+	summary := experimentSummary{Model: x.model, CPUs: cpus, Configs: x.configs, Requests: x.requests, Rounds: x.rounds, Started: time.Now()}
 
 	mnbt := mnbts[len(mnbts)-1]
 	if len(mnbts) > 1 && contains(x.configs, "colocated") {
@@ -189,6 +216,7 @@ func (x *experiment) run(ctx context.Context, mnbts []int, tuneReqs int) error {
 			return err
 		}
 	}
+	summary.MNBT = mnbt
 	var targets []bench.Target
 	metricsURLs := map[string][]string{}
 	for _, c := range x.configs {
@@ -200,18 +228,29 @@ func (x *experiment) run(ctx context.Context, mnbts []int, tuneReqs int) error {
 		metricsURLs[c] = murls
 	}
 	var suites []*bench.Suite
+	var failed []string
 	for _, wl := range x.workloads {
 		fmt.Fprintf(w, "== workload %s, SLO TTFT ≤ %v and TPOT ≤ %v ==\n", wl.name, wl.slo.TTFT, wl.slo.TPOT)
-		before := scrapeAll(ctx, metricsURLs["pd"])
+		before := map[string]map[string]float64{}
+		for _, c := range x.configs {
+			if len(metricsURLs[c]) > 0 {
+				before[c] = scrapeAll(ctx, metricsURLs[c])
+			}
+		}
+		sampler := startLoadSampler(5 * time.Second)
 		s, err := x.runWorkload(ctx, targets, wl, loadsOf(wl.parsed), x.rounds, x.requests)
+		load := sampler.stop()
 		if err != nil {
 			return err
 		}
 		if err := bench.WriteTable(w, s); err != nil {
 			return err
 		}
-		if len(metricsURLs["pd"]) > 0 {
-			writeBreakdown(w, before, scrapeAll(ctx, metricsURLs["pd"]))
+		fmt.Fprintf(w, "load average (1 min) during the workload: %s\n", load)
+		for _, c := range x.configs {
+			if len(metricsURLs[c]) > 0 {
+				writeBreakdown(w, c, before[c], scrapeAll(ctx, metricsURLs[c]))
+			}
 		}
 		if err := writeJSONFile(filepath.Join(x.out, "results-"+wl.name+".json"), s); err != nil {
 			return err
@@ -222,11 +261,63 @@ func (x *experiment) run(ctx context.Context, mnbts []int, tuneReqs int) error {
 		}
 		fmt.Fprintf(w, "plots: %s\n\n", strings.Join(files, ", "))
 		suites = append(suites, s)
+		ws := workloadSummary{Name: wl.name, SLO: wl.slo, Load: load, Capacity: s.Capacity}
+		ws.MeanPrompt, ws.MeanOutput = s.Plan.Workload.Stats()
+		summary.Workloads = append(summary.Workloads, ws)
+		for _, r := range s.Results {
+			if r.Failed > 0 {
+				failed = append(failed, fmt.Sprintf("%d of %s's requests at %s (%s)", r.Failed, r.Target, r.Load, wl.name))
+			}
+		}
 	}
-	writeRatioModel(w, suites)
-	fmt.Fprintf(w, "\nconditional disaggregation (the router's): not measured; the router does not exist yet (configuration hook \"conditional\").\n")
+	writeCapacities(w, suites)
+	summary.RatioModels = writeRatioModel(w, suites)
 	x.stopAll()
-	return os.WriteFile(filepath.Join(x.out, "report.txt"), []byte(report.String()), 0o644)
+	if err := writeJSONFile(filepath.Join(x.out, "summary.json"), summary); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(x.out, "report.txt"), []byte(report.String()), 0o644); err != nil {
+		return err
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("requests failed: %s (see the report and the logs directory in %s)", strings.Join(failed, "; "), x.out)
+	}
+	return nil
+}
+
+// experimentSummary is summary.json: what was run and each workload's
+// per-configuration goodput rate and throughput, the load average, and the
+// P:D model.
+type experimentSummary struct {
+	Model       string            `json:"model"`
+	CPUs        []int             `json:"cpus"`
+	Configs     []string          `json:"configs"`
+	Requests    int               `json:"requests_per_rate_and_round"`
+	Rounds      int               `json:"rounds"`
+	Started     time.Time         `json:"started"`
+	MNBT        int               `json:"colocated_max_num_batched_tokens"`
+	Workloads   []workloadSummary `json:"workloads"`
+	RatioModels []ratioModel      `json:"pd_ratio_model"`
+}
+
+type workloadSummary struct {
+	Name       string           `json:"name"`
+	MeanPrompt float64          `json:"mean_prompt_tokens"`
+	MeanOutput float64          `json:"mean_output_tokens"`
+	SLO        bench.SLO        `json:"slo"`
+	Load       loadStats        `json:"load_average"`
+	Capacity   []bench.Capacity `json:"capacity"`
+}
+
+// writeCapacities prints each configuration's goodput rate and peak
+// throughput per workload, side by side.
+func writeCapacities(w io.Writer, suites []*bench.Suite) {
+	fmt.Fprintf(w, "\nGoodput rate (the highest arrival rate at which the goal fraction of requests met both SLOs, linear between measured rates) and peak throughput:\n")
+	for _, s := range suites {
+		for _, c := range s.Capacity {
+			fmt.Fprintf(w, "  %-5s %-12s %s\n", s.Plan.Workload.Name, c.Target, c)
+		}
+	}
 }
 
 func contains(xs []string, s string) bool {
@@ -246,13 +337,13 @@ func loadsOf(rates []float64) []bench.Load {
 	return ls
 }
 
-// runWorkload builds the workload with the first target's tokenizer and runs
-// it against every target.
+// runWorkload builds the workload (prompt ids from the model's tokenizer)
+// and runs it against every target.
 func (x *experiment) runWorkload(ctx context.Context, targets []bench.Target, wl experimentWorkload, loads []bench.Load, rounds, requests int) (*bench.Suite, error) {
-	p := &bench.Plan{Targets: targets, Loads: loads, Rounds: rounds, Seed: x.seed, Timeout: x.timeout, SLO: wl.slo,
-		Progress: x.log, ProgressEvery: 10 * time.Second}
-	wf := &workloadFlags{kind: wl.name, requests: requests, seed: x.seed, maxContext: x.maxContext, given: map[string]bool{}}
-	if err := prepare(ctx, p, wf); err != nil {
+	p := &bench.Plan{Targets: targets, Model: filepath.Base(x.model), Loads: loads, Rounds: rounds, Seed: x.seed, Timeout: x.timeout,
+		SLO: wl.slo, Goal: x.goal, Progress: x.log, ProgressEvery: 10 * time.Second}
+	wf := &workloadFlags{kind: wl.name, requests: requests, seed: x.seed, maxContext: x.maxContext, tokenizer: x.model, given: map[string]bool{}}
+	if err := prepare(ctx, p, wf, x.log); err != nil {
 		return nil, err
 	}
 	return bench.Run(ctx, p)
@@ -315,8 +406,9 @@ func (x *experiment) startColocated(ctx context.Context, mnbt int) (string, []st
 }
 
 // startPD starts a prefill and a decode engine on half the CPUs each and a
-// tandem proxy in front of them.
-func (x *experiment) startPD(ctx context.Context, _ int) (string, []string, error) {
+// tandem proxy in front of them with proxyArgs; name prefixes their log
+// files.
+func (x *experiment) startPD(ctx context.Context, name string, proxyArgs ...string) (string, []string, error) {
 	cores, err := launch.SplitCores(x.cpus, 2, 0)
 	if err != nil {
 		return "", nil, err
@@ -329,8 +421,9 @@ func (x *experiment) startPD(ctx context.Context, _ int) (string, []string, erro
 	if err != nil {
 		return "", nil, err
 	}
-	for _, s := range specs {
-		if err := x.start(s, launch.ServeArgs(s, x.model, filepath.Base(x.model), x.extra)); err != nil {
+	for i := range specs {
+		specs[i].Name = name + "-" + specs[i].Name
+		if err := x.start(specs[i], launch.ServeArgs(specs[i], x.model, filepath.Base(x.model), x.extra)); err != nil {
 			return "", nil, err
 		}
 	}
@@ -339,9 +432,9 @@ func (x *experiment) startPD(ctx context.Context, _ int) (string, []string, erro
 			return "", nil, err
 		}
 	}
-	proxy := launch.EngineSpec{Name: "proxy", Host: "127.0.0.1", Port: ports[4], CPUs: x.cpus}
-	if err := x.start(proxy, []string{"proxy", "--host", "127.0.0.1", "--port", strconv.Itoa(ports[4]),
-		"--prefill", specs[0].URL(), "--decode", specs[1].URL()}); err != nil {
+	proxy := launch.EngineSpec{Name: name + "-proxy", Host: "127.0.0.1", Port: ports[4], CPUs: x.cpus}
+	if err := x.start(proxy, append([]string{"proxy", "--host", "127.0.0.1", "--port", strconv.Itoa(ports[4]),
+		"--prefill", specs[0].URL(), "--decode", specs[1].URL()}, proxyArgs...)); err != nil {
 		return "", nil, err
 	}
 	if err := waitHealth(ctx, proxy.URL(), time.Minute); err != nil {
@@ -478,7 +571,7 @@ func scrapeAll(ctx context.Context, urls []string) map[string]float64 {
 // proxy and engines measure, from their histograms' growth over a workload.
 // These are means over all rates and rounds, not per-request spans: the
 // engines and proxy do not return per-request timings.
-func writeBreakdown(w io.Writer, before, after map[string]float64) {
+func writeBreakdown(w io.Writer, config string, before, after map[string]float64) {
 	mean := func(name string) (float64, bool) {
 		n := after[name+"_count"] - before[name+"_count"]
 		if n <= 0 {
@@ -486,7 +579,7 @@ func writeBreakdown(w io.Writer, before, after map[string]float64) {
 		}
 		return 1000 * (after[name+"_sum"] - before[name+"_sum"]) / n, true
 	}
-	fmt.Fprintf(w, "P/D time breakdown (means over the pd configuration's requests, from the proxy's and engines' /metrics histograms):\n")
+	fmt.Fprintf(w, "P/D time breakdown (means over the %s configuration's requests, from the proxy's and engines' /metrics histograms):\n", config)
 	for _, m := range []struct{ name, what string }{
 		{"tandem:proxy_prefill_seconds", "proxy: prefill leg (queue + prefill on the prefill engine)"},
 		{"tandem:proxy_decode_ttfb_seconds", "proxy: decode leg to its first byte (KV pull + first decode step + queue)"},
@@ -503,60 +596,317 @@ func writeBreakdown(w io.Writer, before, after map[string]float64) {
 	}
 }
 
-// writeRatioModel prints a DistServe-style placement model, simplified:
-// from the pd configuration's run with the lowest TTFT p50, the prefill
-// engine's service time per request s (that TTFT p50, an upper bound) and, from its runs that met the TPOT
-// SLO at p90, the decode engine's output rate; a prefill engine is an
-// M/D/1 queue whose utilisation must keep the mean TTFT within the SLO, a
-// decode engine sustains the output rate measured. For N engines the P:D
-// split maximises min(P·prefill rate, D·decode rate).
-func writeRatioModel(w io.Writer, suites []*bench.Suite) {
-	fmt.Fprintf(w, "\nP:D ratio model (DistServe-style, simplified; from the pd configuration's measurements):\n")
-	for _, s := range suites {
-		var low, bestDecode *bench.Result
-		for _, r := range s.Results {
-			if r.Target != "pd" {
-				continue
-			}
-			// The quietest run (lowest TTFT p50) is the best estimate of the
-			// service time on this noisy machine.
-			if r.Completed > 0 && (low == nil || r.TTFT.P50 < low.TTFT.P50) {
-				low = r
-			}
-			if r.Failed == 0 && (s.Plan.SLO.TPOT == 0 || r.TPOT.P90 <= float64(s.Plan.SLO.TPOT)/1e6) && (bestDecode == nil || r.OutputThroughput > bestDecode.OutputThroughput) {
-				bestDecode = r
-			}
-		}
-		if low == nil || bestDecode == nil || low.Completed == 0 {
-			fmt.Fprintf(w, "  %s: no pd run to model from\n", s.Plan.Workload.Name)
+// ratioModel is the P:D model of one workload (see writeRatioModel).
+type ratioModel struct {
+	Workload string `json:"workload"`
+	// From is the configuration measured ("pd").
+	From       string  `json:"from"`
+	MeanPrompt float64 `json:"mean_prompt_tokens"`
+	MeanOutput float64 `json:"mean_output_tokens"`
+	// PrefillSeconds is the prefill service time s (the lowest TTFT p50 of
+	// any rate: prefill, KV transfer and the proxy, with the least
+	// queueing), PrefillBusy the M/D/1 utilisation that keeps the mean TTFT
+	// within the SLO, PrefillRate the requests/s one prefill engine then
+	// serves.
+	PrefillSeconds float64 `json:"prefill_seconds"`
+	PrefillBusy    float64 `json:"prefill_utilisation"`
+	PrefillRate    float64 `json:"prefill_rate"`
+	// DecodeFit is "fit" (TPOT = A + B·batch, least squares over the rates),
+	// "lower bound" (no usable fit: the rate measured at the highest load,
+	// when its TPOT met the SLO) or "none" (nothing decoded).
+	DecodeFit    string  `json:"decode_fit"`
+	TPOTAt0      float64 `json:"tpot_ms_at_batch_0,omitempty"`
+	TPOTPerSeq   float64 `json:"tpot_ms_per_sequence,omitempty"`
+	DecodeBatch  float64 `json:"decode_batch_at_slo"`
+	DecodeRate   float64 `json:"decode_rate"`
+	BestSplits   []split `json:"best_splits,omitempty"`
+	Unattainable string  `json:"unattainable,omitempty"`
+}
+
+type split struct {
+	N       int     `json:"n"`
+	P       int     `json:"p"`
+	D       int     `json:"d"`
+	Goodput float64 `json:"goodput_rps"`
+}
+
+// maxNumSeqs is tandem serve's default --max-num-seqs: the decode batch
+// never exceeds it.
+const maxNumSeqs = 64
+
+// decodePoint is one rate level of the pd configuration: its mean decode
+// batch and mean TPOT.
+type decodePoint struct{ batch, tpotMS float64 }
+
+// decodePoints measures, per rate level of target, the mean number of
+// requests decoding at once (Little's law: the sum of every completed
+// request's decode time, E2E − TTFT, over the level's duration) and the
+// mean TPOT.
+func decodePoints(s *bench.Suite, target string) []decodePoint {
+	var pts []decodePoint
+	for _, r := range s.Results {
+		if r.Target != target || r.Completed == 0 || r.Duration <= 0 || r.TPOT.N == 0 {
 			continue
 		}
-		meanIn := float64(low.TotalInputTokens) / float64(low.Completed)
-		meanOut := float64(bestDecode.TotalOutputTokens) / float64(max(bestDecode.Completed, 1))
-		svc := low.TTFT.P50 / 1000 // s per request on the prefill engine, incl. transfer
-		slo := s.Plan.SLO.TTFT.Seconds()
-		rho := 0.0
-		if x := slo / svc; x > 1 {
-			rho = (2*x - 2) / (2*x - 1) // M/D/1: s·(1 + ρ/(2(1-ρ))) ≤ SLO
+		var busy time.Duration
+		for _, rec := range r.Records {
+			if rec.Err == "" {
+				busy += rec.E2E - rec.TTFT
+			}
 		}
-		prefillRate := rho / svc
-		decodeRate := bestDecode.OutputThroughput / meanOut // a lower bound: the best rate measured
-		fmt.Fprintf(w, "  %s: mean prompt %.0f, output %.0f tokens; prefill engine %.0f prompt tok/s (s = %.2f s), at most %.0f%% busy for TTFT ≤ %v → %.2f req/s; decode engine ≥ %.2f req/s (%.0f output tok/s at TPOT p90 ≤ SLO)\n",
-			s.Plan.Workload.Name, meanIn, meanOut, meanIn/svc, svc, 100*rho, s.Plan.SLO.TTFT, prefillRate, decodeRate, bestDecode.OutputThroughput)
-		if prefillRate <= 0 {
-			fmt.Fprintf(w, "    a prefill alone takes longer than the TTFT SLO: no P:D ratio meets it\n")
+		pts = append(pts, decodePoint{batch: busy.Seconds() / r.Duration, tpotMS: r.TPOT.Mean})
+	}
+	return pts
+}
+
+// fitLine is the least-squares line y = a + b·x through pts, ok when the
+// batches differ.
+func fitLine(pts []decodePoint) (a, b float64, ok bool) {
+	n := float64(len(pts))
+	var sx, sy, sxx, sxy float64
+	for _, p := range pts {
+		sx += p.batch
+		sy += p.tpotMS
+		sxx += p.batch * p.batch
+		sxy += p.batch * p.tpotMS
+	}
+	den := n*sxx - sx*sx
+	if len(pts) < 2 || den <= 1e-12 {
+		return 0, 0, false
+	}
+	b = (n*sxy - sx*sy) / den
+	return (sy - b*sx) / n, b, true
+}
+
+// writeRatioModel prints a DistServe-style placement model, simplified,
+// from the pd configuration's measurements of each workload:
+//
+//   - prefill: service time s = the lowest TTFT p50 of any rate (prefill,
+//     KV transfer and proxy at the least queueing); a prefill engine is an
+//     M/D/1 queue whose mean TTFT s·(1 + ρ/(2(1−ρ))) must stay within the
+//     TTFT SLO, so ρ ≤ 2(x−1)/(2x−1) with x = SLO/s, and it serves ρ/s
+//     requests/s;
+//   - decode: per rate, the mean decode batch B (Little's law: Σ(E2E −
+//     TTFT) over the level's duration) and the mean TPOT t; a line
+//     t = A + B·k fitted over the rates gives the batch B* at which t
+//     reaches the TPOT SLO (at most max-num-seqs), and a decode engine
+//     serves B*/(SLO·mean output) requests/s. With a single usable point
+//     the measured B/(t·mean output) is a lower bound;
+//   - N engines split to maximise min(P·prefill rate, D·decode rate).
+func writeRatioModel(w io.Writer, suites []*bench.Suite) []ratioModel {
+	fmt.Fprintf(w, "\nP:D ratio model (DistServe-style, simplified; from the pd configuration's measurements):\n")
+	fmt.Fprintf(w, "  prefill: s = lowest TTFT p50 over the rates; M/D/1 with mean TTFT s(1+ρ/(2(1-ρ))) ≤ TTFT SLO → ρ ≤ 2(x-1)/(2x-1), x = SLO/s; rate ρ/s\n")
+	fmt.Fprintf(w, "  decode: per rate, batch k = Σ(E2E-TTFT)/duration and mean TPOT t; fit t = A + B·k; k* = min((TPOT SLO - A)/B, %d); rate k*/(TPOT SLO · mean output)\n", maxNumSeqs)
+	fmt.Fprintf(w, "  N engines: P:D maximising min(P·prefill rate, D·decode rate)\n")
+	var out []ratioModel
+	for _, s := range suites {
+		m := ratioModel{Workload: s.Plan.Workload.Name, From: "pd"}
+		var low *bench.Result
+		var in, outTok, n float64
+		for _, r := range s.Results {
+			if r.Target != "pd" || r.Completed == 0 {
+				continue
+			}
+			if low == nil || r.TTFT.P50 < low.TTFT.P50 {
+				low = r
+			}
+			in += float64(r.TotalInputTokens)
+			outTok += float64(r.TotalOutputTokens)
+			n += float64(r.Completed)
+		}
+		if low == nil {
+			fmt.Fprintf(w, "  %s: no pd run to model from\n", m.Workload)
+			continue
+		}
+		m.MeanPrompt, m.MeanOutput = in/n, outTok/n
+		m.PrefillSeconds = low.TTFT.P50 / 1000
+		if x := s.Plan.SLO.TTFT.Seconds() / m.PrefillSeconds; s.Plan.SLO.TTFT > 0 && x > 1 {
+			m.PrefillBusy = (2*x - 2) / (2*x - 1)
+		} else if s.Plan.SLO.TTFT == 0 {
+			m.PrefillBusy = 1
+		}
+		m.PrefillRate = m.PrefillBusy / m.PrefillSeconds
+		slo := float64(s.Plan.SLO.TPOT) / float64(time.Millisecond)
+		pts := decodePoints(s, "pd")
+		a, b, ok := fitLine(pts)
+		switch {
+		case slo > 0 && ok && b > 0 && a < slo:
+			m.DecodeFit, m.TPOTAt0, m.TPOTPerSeq = "fit", a, b
+			m.DecodeBatch = min((slo-a)/b, maxNumSeqs)
+			m.DecodeRate = m.DecodeBatch / (slo / 1000 * m.MeanOutput)
+		case len(pts) > 0:
+			hi := slices.MaxFunc(pts, func(p, q decodePoint) int { return cmp.Compare(p.batch, q.batch) })
+			m.DecodeFit, m.DecodeBatch = "lower bound", hi.batch
+			if slo == 0 || hi.tpotMS <= slo {
+				m.DecodeRate = hi.batch / (hi.tpotMS / 1000 * m.MeanOutput)
+			}
+		}
+		fmt.Fprintf(w, "  %s: mean prompt %.0f, output %.0f tokens\n", m.Workload, m.MeanPrompt, m.MeanOutput)
+		fmt.Fprintf(w, "    prefill engine: s = %.2f s (%.0f prompt tok/s), at most %.0f%% busy for a mean TTFT ≤ %v → %.3f req/s\n",
+			m.PrefillSeconds, m.MeanPrompt/m.PrefillSeconds, 100*m.PrefillBusy, s.Plan.SLO.TTFT, m.PrefillRate)
+		fmt.Fprintf(w, "    decode engine: points (batch, TPOT ms):")
+		for _, p := range pts {
+			fmt.Fprintf(w, " (%.2f, %.1f)", p.batch, p.tpotMS)
+		}
+		if len(pts) == 0 {
+			fmt.Fprintf(w, " none\n")
+		} else if m.DecodeFit == "fit" {
+			fmt.Fprintf(w, "; TPOT = %.1f + %.2f·k ms → k* = %.1f at TPOT %v → %.3f req/s (%.0f output tok/s)\n",
+				m.TPOTAt0, m.TPOTPerSeq, m.DecodeBatch, s.Plan.SLO.TPOT, m.DecodeRate, m.DecodeRate*m.MeanOutput)
+		} else {
+			fmt.Fprintf(w, "; no usable fit (TPOT did not grow with the batch, or one point): ≥ %.3f req/s measured at batch %.2f (a lower bound)\n", m.DecodeRate, m.DecodeBatch)
+		}
+		switch {
+		case m.PrefillRate <= 0:
+			m.Unattainable = "a prefill alone takes longer than the TTFT SLO"
+		case len(pts) == 0:
+			m.DecodeFit, m.Unattainable = "none", "no decode to measure (outputs of one token)"
+		case m.DecodeRate <= 0:
+			m.Unattainable = "the decode engine missed the TPOT SLO at every measured load"
+		}
+		if m.Unattainable != "" {
+			fmt.Fprintf(w, "    %s: no P:D ratio meets the SLO\n", m.Unattainable)
+			out = append(out, m)
 			continue
 		}
 		fmt.Fprintf(w, "    best split of N engines (predicted goodput):")
 		for _, n := range []int{2, 4, 8, 16, 32} {
 			bestP, bestG := 1, 0.0
 			for p := 1; p < n; p++ {
-				if g := math.Min(float64(p)*prefillRate, float64(n-p)*decodeRate); g > bestG {
+				if g := math.Min(float64(p)*m.PrefillRate, float64(n-p)*m.DecodeRate); g > bestG {
 					bestP, bestG = p, g
 				}
 			}
+			m.BestSplits = append(m.BestSplits, split{N: n, P: bestP, D: n - bestP, Goodput: bestG})
 			fmt.Fprintf(w, " N=%d %dP:%dD %.2f req/s;", n, bestP, n-bestP, bestG)
 		}
 		fmt.Fprintln(w)
+		out = append(out, m)
 	}
+	return out
+}
+
+// loadStats is the 1-minute load average sampled during a workload.
+type loadStats struct {
+	Min     float64 `json:"min"`
+	Mean    float64 `json:"mean"`
+	Max     float64 `json:"max"`
+	Samples int     `json:"samples"`
+}
+
+func (l loadStats) String() string {
+	if l.Samples == 0 {
+		return "not available"
+	}
+	return fmt.Sprintf("min %.2f, mean %.2f, max %.2f (%d samples)", l.Min, l.Mean, l.Max, l.Samples)
+}
+
+// loadAvg1 is the 1-minute load average from /proc/loadavg.
+func loadAvg1() (float64, bool) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	return v, err == nil
+}
+
+func loadAvgText() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "not available"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "not available"
+	}
+	return strings.Join(f[:3], " ") + " (1, 5, 15 min)"
+}
+
+type loadSampler struct {
+	done  chan struct{}
+	stats chan loadStats
+}
+
+// startLoadSampler samples the load average now and every period until
+// stop.
+func startLoadSampler(period time.Duration) *loadSampler {
+	ls := &loadSampler{done: make(chan struct{}), stats: make(chan loadStats, 1)}
+	go func() {
+		var st loadStats
+		var sum float64
+		sample := func() {
+			v, ok := loadAvg1()
+			if !ok {
+				return
+			}
+			if st.Samples == 0 || v < st.Min {
+				st.Min = v
+			}
+			st.Max = max(st.Max, v)
+			sum += v
+			st.Samples++
+		}
+		sample()
+		tk := time.NewTicker(period)
+		defer tk.Stop()
+		for {
+			select {
+			case <-tk.C:
+				sample()
+			case <-ls.done:
+				sample()
+				if st.Samples > 0 {
+					st.Mean = sum / float64(st.Samples)
+				}
+				ls.stats <- st
+				return
+			}
+		}
+	}()
+	return ls
+}
+
+func (ls *loadSampler) stop() loadStats {
+	close(ls.done)
+	return <-ls.stats
+}
+
+// experimentModel returns the directory of a random-weight model of shape
+// in the user cache (…/tandem/models/SHAPE-DTYPE), creating it the first
+// time as `tandem model init` does. It is written beside its final place
+// and renamed, so an interrupted run leaves no half model.
+func experimentModel(w io.Writer, shape, dtype string) (string, error) {
+	c, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("finding a cache directory for the model (set XDG_CACHE_HOME or pass --model): %w", err)
+	}
+	dir := filepath.Join(c, "tandem", "models", shape+"-"+dtype)
+	if fileExists(filepath.Join(dir, "model.safetensors")) && fileExists(filepath.Join(dir, "config.json")) && isTokenizerDir(dir) {
+		fmt.Fprintf(w, "experiment: model %s (random weights, shape %s %s)\n", dir, shape, dtype)
+		return dir, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return "", err
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), filepath.Base(dir)+".partial-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp) // a no-op once renamed
+	fmt.Fprintf(w, "experiment: no --model: creating a random-weight %s (%s) model in %s (once; pass --model DIR for another)\n", shape, dtype, dir)
+	if _, err := modelinit.Init(tmp, shape, dtype, 0); err != nil {
+		return "", err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return "", err
+	}
+	return dir, nil
 }

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/tandem-serve/tandem/internal/modelinit"
 	"github.com/tandem-serve/tandem/internal/testmodels"
 )
 
@@ -25,12 +27,12 @@ func TestMain(m *testing.M) {
 // TestBenchExperimentPDEndToEnd runs the experiment command in a short form
 // on stories260K: it tunes two chunk budgets, starts a colocated engine and
 // 1P+1D behind a proxy as processes, runs both workloads against both in
-// alternating rounds, and writes the report and plots.
+// alternating rounds, and writes the report, the JSON and the plots.
 func TestBenchExperimentPDEndToEnd(t *testing.T) {
 	dir := testmodels.Stories260K(t)
 	t.Setenv(actAsTandem, "1")
 	out := t.TempDir()
-	err := runBenchExperiment([]string{"pd", "--model", dir, "--out", out, "--requests", "3", "--rounds", "2",
+	err := runBenchExperiment([]string{"pd", "--model", dir, "--out", out, "--requests", "3", "--rounds", "2", "--configs", "colocated,pd",
 		"--chat-rates", "6", "--long-rates", "4,8", "--mnbt-sweep", "32,256", "--tune-requests", "2", "--max-context", "256"})
 	if err != nil {
 		t.Fatal(err)
@@ -41,13 +43,41 @@ func TestBenchExperimentPDEndToEnd(t *testing.T) {
 	}
 	report := string(b)
 	for _, want := range []string{"chosen:", "== workload chat", "== workload long", "colocated  rate 4", "remote 6", "P/D time breakdown",
-		"P:D ratio model", "conditional disaggregation (the router's): not measured"} {
+		"load average (1 min) during the workload", "Goodput rate (the highest arrival rate", "goodput rate ≥ 8 req/s", "peak throughput",
+		"P:D ratio model", "decode engine: points (batch, TPOT ms)"} {
 		if !strings.Contains(report, want) {
 			t.Errorf("report lacks %q:\n%s", want, report)
 		}
 	}
-	if strings.Contains(report, "fail") && !strings.Contains(report, "fail  req/s") {
-		t.Errorf("report mentions failures:\n%s", report)
+	if strings.Contains(report, "does not exist") || strings.Contains(report, "not built") {
+		t.Errorf("the report still says a configuration is missing:\n%s", report)
+	}
+	for _, wl := range []string{"chat", "long"} {
+		var s struct {
+			Results []struct {
+				Target    string `json:"target"`
+				Completed int    `json:"completed"`
+				Failed    int    `json:"failed"`
+			} `json:"results"`
+			Capacity []struct {
+				Target string `json:"target"`
+				Bound  string `json:"bound"`
+			} `json:"capacity"`
+		}
+		readJSON(t, filepath.Join(out, "results-"+wl+".json"), &s)
+		for _, r := range s.Results {
+			if r.Failed != 0 || r.Completed != 6 {
+				t.Errorf("%s %s: %d completed, %d failed; want 6 and none", wl, r.Target, r.Completed, r.Failed)
+			}
+		}
+		if len(s.Capacity) != 2 || s.Capacity[0].Bound == "" {
+			t.Errorf("%s: capacity %+v, want one per configuration", wl, s.Capacity)
+		}
+	}
+	var sum experimentSummary
+	readJSON(t, filepath.Join(out, "summary.json"), &sum)
+	if len(sum.Workloads) != 2 || len(sum.Workloads[1].Capacity) != 2 || sum.Workloads[1].Capacity[0].PeakOutputThroughput <= 0 || len(sum.RatioModels) != 2 {
+		t.Errorf("summary.json: %+v", sum)
 	}
 	for _, f := range []string{"results-chat.json", "results-long.json", "long-vs-rate.png", "long-vs-rate.svg", "chat-latency-cdf.png", "long-itl-over-time.svg"} {
 		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
@@ -56,11 +86,107 @@ func TestBenchExperimentPDEndToEnd(t *testing.T) {
 	}
 }
 
-func TestBenchExperimentConditionalIsAHookNotAFake(t *testing.T) {
+func readJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}
+
+// TestBenchExperimentConditional runs the conditional configuration (1P+1D
+// behind a proxy with --pd-decider conditional --policy prefix) beside pd on
+// the chat mix: with a threshold inside the prompts' range, some requests are
+// prefilled by the decode engine (local) and the others remotely, while pd
+// sends every one remote.
+func TestBenchExperimentConditional(t *testing.T) {
 	dir := testmodels.Stories260K(t)
 	t.Setenv(actAsTandem, "1")
-	err := runBenchExperiment([]string{"pd", "--model", dir, "--out", t.TempDir(), "--configs", "conditional", "--mnbt-sweep", "256"})
-	if err == nil || !strings.Contains(err.Error(), "not built yet") {
-		t.Errorf("err = %v, want the conditional hook to say the router is not built", err)
+	out := t.TempDir()
+	err := runBenchExperiment([]string{"pd", "--model", dir, "--out", out, "--configs", "pd,conditional", "--workloads", "chat",
+		"--chat-rates", "8", "--requests", "6", "--rounds", "1", "--pd-threshold", "100", "--mnbt-sweep", "256", "--max-context", "256"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s struct {
+		Results []struct {
+			Target string         `json:"target"`
+			Failed int            `json:"failed"`
+			Paths  map[string]int `json:"pd_paths"`
+		} `json:"results"`
+	}
+	readJSON(t, filepath.Join(out, "results-chat.json"), &s)
+	if len(s.Results) != 2 {
+		t.Fatalf("%d results, want pd and conditional", len(s.Results))
+	}
+	for _, r := range s.Results {
+		if r.Failed != 0 {
+			t.Errorf("%s: %d failed", r.Target, r.Failed)
+		}
+		switch r.Target {
+		case "pd":
+			if r.Paths["remote"] != 6 {
+				t.Errorf("pd paths %v, want every request remote", r.Paths)
+			}
+		case "conditional":
+			if r.Paths["local"] == 0 || r.Paths["remote"] == 0 || r.Paths["local"]+r.Paths["remote"] != 6 {
+				t.Errorf("conditional paths %v, want short prompts local and long ones remote", r.Paths)
+			}
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(out, "report.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "means over the conditional configuration's requests") {
+		t.Errorf("no breakdown for the conditional configuration:\n%s", b)
+	}
+}
+
+// TestBenchExperimentFailsWhenRequestsFail: a request timeout no request can
+// meet makes every request fail, and the command must say so with an error
+// (after writing the report), not exit 0.
+func TestBenchExperimentFailsWhenRequestsFail(t *testing.T) {
+	dir := testmodels.Stories260K(t)
+	t.Setenv(actAsTandem, "1")
+	out := t.TempDir()
+	err := runBenchExperiment([]string{"pd", "--model", dir, "--out", out, "--configs", "colocated", "--workloads", "chat",
+		"--chat-rates", "8", "--requests", "2", "--rounds", "1", "--mnbt-sweep", "256", "--max-context", "256", "--timeout", "1ms"})
+	if err == nil || !strings.Contains(err.Error(), "requests failed: 2 of colocated's requests at rate 8 (chat)") {
+		t.Errorf("err = %v, want the failed requests named", err)
+	}
+	if _, serr := os.Stat(filepath.Join(out, "report.txt")); serr != nil {
+		t.Errorf("no report after failures: %v", serr)
+	}
+}
+
+// TestExperimentModelIsCreatedOnceInTheCache: without --model the
+// experiment makes a random-weight model in the user cache the first time
+// and reuses it after (the tiny shape here; the command uses smollm2-135m).
+func TestExperimentModelIsCreatedOnceInTheCache(t *testing.T) {
+	cache := t.TempDir()
+	t.Setenv("XDG_CACHE_HOME", cache)
+	var log strings.Builder
+	dir, err := experimentModel(&log, modelinit.ShapeTiny, "f32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(cache, "tandem", "models", "tiny-f32"); dir != want || !isTokenizerDir(dir) || !fileExists(filepath.Join(dir, "model.safetensors")) {
+		t.Fatalf("model at %s (want %s), tokenizer %v", dir, want, isTokenizerDir(dir))
+	}
+	st, _ := os.Stat(filepath.Join(dir, "model.safetensors"))
+	again, err := experimentModel(&log, modelinit.ShapeTiny, "f32")
+	if err != nil || again != dir {
+		t.Fatalf("second call: %s, %v", again, err)
+	}
+	st2, _ := os.Stat(filepath.Join(dir, "model.safetensors"))
+	if !st2.ModTime().Equal(st.ModTime()) || strings.Count(log.String(), "creating") != 1 {
+		t.Errorf("the model was written twice:\n%s", log.String())
+	}
+	if left, _ := filepath.Glob(filepath.Join(cache, "tandem", "models", "*.partial-*")); len(left) > 0 {
+		t.Errorf("partial directories left: %v", left)
 	}
 }

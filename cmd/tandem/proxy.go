@@ -15,7 +15,9 @@ import (
 	"syscall"
 
 	"go.yaml.in/yaml/v3"
+	"k8s.io/klog/v2"
 
+	"github.com/tandem-serve/tandem/internal/kubediscovery"
 	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/proxy"
 	"github.com/tandem-serve/tandem/internal/router/factory"
@@ -50,6 +52,45 @@ type proxyFlags struct {
 	// kvEvents are "DECODE_URL=tcp://host:pub[,tcp://host:replay]" entries.
 	kvEvents    urlList
 	fingerprint string
+	kube        kubeFlags
+}
+
+// Discovery modes of --discovery.
+const (
+	discoveryStatic     = "static"
+	discoveryKubernetes = "kubernetes"
+)
+
+// kubeFlags are the Kubernetes discovery flags of `tandem proxy`.
+type kubeFlags struct {
+	discovery                       string
+	namespace                       string
+	prefillService, decodeService   string
+	prefillSelector, decodeSelector string
+	portName                        string
+	kubeconfig                      string
+}
+
+// pools returns the discovery pools the flags name, checking that each role
+// has a Service or a selector, not both.
+func (k *kubeFlags) pools() ([]kubediscovery.Pool, error) {
+	var out []kubediscovery.Pool
+	for _, r := range []struct{ role, service, selector string }{
+		{kubediscovery.RolePrefill, k.prefillService, k.prefillSelector},
+		{kubediscovery.RoleDecode, k.decodeService, k.decodeSelector},
+	} {
+		sel := r.selector
+		switch {
+		case r.service != "" && r.selector != "":
+			return nil, fmt.Errorf("give --%s-service or --%s-selector, not both", r.role, r.role)
+		case r.service != "":
+			sel = kubediscovery.ServiceSelector(r.service)
+		case r.selector == "":
+			return nil, fmt.Errorf("--discovery kubernetes needs --%s-service NAME or --%s-selector LABELS", r.role, r.role)
+		}
+		out = append(out, kubediscovery.Pool{Role: r.role, Selector: sel, PortName: k.portName})
+	}
+	return out, nil
 }
 
 // parseProxyFlags parses the flags of `tandem proxy`.
@@ -58,8 +99,17 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	f := &proxyFlags{}
 	cfg := &f.cfg
 	var prefill, decode urlList
-	fs.Var(&prefill, "prefill", "prefill engine URL(s), comma-separated or repeated (required)")
-	fs.Var(&decode, "decode", "decode engine URL(s), comma-separated or repeated (required)")
+	fs.Var(&prefill, "prefill", "prefill engine URL(s), comma-separated or repeated (required with --discovery static and no --backends-file; with --discovery kubernetes they serve until the first EndpointSlice list)")
+	fs.Var(&decode, "decode", "decode engine URL(s), comma-separated or repeated (as --prefill)")
+	k := &f.kube
+	fs.StringVar(&k.discovery, "discovery", discoveryStatic, "where the engines come from: static (--prefill/--decode, --backends-file, the admin endpoint) or kubernetes (the ready endpoints of EndpointSlices, watched: pods that come, go or turn unready are added and removed without a restart)")
+	fs.StringVar(&k.namespace, "kube-namespace", "", "kubernetes discovery: the namespace of the EndpointSlices (default: the pod's own namespace, else default)")
+	fs.StringVar(&k.prefillService, "prefill-service", "", "kubernetes discovery: the Service of the prefill engines (its EndpointSlices, label "+kubediscovery.ServiceNameLabel+"=NAME)")
+	fs.StringVar(&k.decodeService, "decode-service", "", "kubernetes discovery: the Service of the decode engines")
+	fs.StringVar(&k.prefillSelector, "prefill-selector", "", "kubernetes discovery: a label selector on EndpointSlices for the prefill engines, in place of --prefill-service (e.g. app=tandem,role=prefill)")
+	fs.StringVar(&k.decodeSelector, "decode-selector", "", "kubernetes discovery: a label selector on EndpointSlices for the decode engines, in place of --decode-service")
+	fs.StringVar(&k.portName, "kube-port-name", kubediscovery.DefaultPortName, "kubernetes discovery: the name of the EndpointSlice port the engines serve HTTP on (\""+kubediscovery.UnnamedPort+"\" for a Service's single unnamed port)")
+	fs.StringVar(&k.kubeconfig, "kubeconfig", "", "kubernetes discovery: kubeconfig file of the API client (default: the pod's in-cluster service account, else $KUBECONFIG, else ~/.kube/config); the identity needs get, list and watch on endpointslices.discovery.k8s.io in the namespace")
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
 	fs.IntVar(&f.port, "port", 8000, "port to listen on")
 	fs.StringVar(&cfg.Policy, "policy", "round-robin", "backend picking policy for both pools: "+strings.Join(proxy.Policies(), ", ")+" (see README)")
@@ -87,9 +137,10 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", 0, "largest accepted request body (default 16 MiB)")
 	fs.StringVar(&cfg.APIKey, "api-key", "", "require clients to send Authorization: Bearer <key> on every path but /health and /metrics (default: $"+openai.APIKeyEnv+"; the environment keeps the key out of ps)")
 	fs.StringVar(&cfg.BackendAPIKey, "backend-api-key", "", "key the proxy sends to the engines as Authorization: Bearer <key> (default: $"+backendAPIKeyEnv+", else the proxy's own --api-key)")
-	fs.BoolVar(&cfg.Conversations, "conversations", false, "conversation mode, for engines started with --kv-bidirectional: remember the decode's kv_transfer_params per conversation (body field conversation_id or header "+proxy.HeaderConversationID+"), send them on the next turn's prefill leg so the prefill pulls the history's KV instead of computing it, and route that turn's decode leg to the same decode")
+	fs.BoolVar(&cfg.Conversations, "conversations", false, "conversation mode, for engines started with --kv-bidirectional: remember the decode's kv_transfer_params per conversation (body field conversation_id or header "+proxy.HeaderConversationID+"; with --model, requests naming none are matched by prompt prefix), send them on the next turn's prefill leg so the prefill pulls the history's KV instead of computing it, and route that turn's decode leg to the same decode")
 	fs.IntVar(&cfg.ConversationMaxEntries, "conversation-max-entries", 0, "conversations remembered at most, least recently used forgotten first (default 10000)")
 	fs.DurationVar(&cfg.ConversationTTL, "conversation-ttl", 0, "how long a conversation is remembered when the decode's params carry no remote_blocks_expiry_time (default 8m, the decodes' default hold)")
+	fs.IntVar(&cfg.ConversationMinPrefixTokens, "conversation-min-prefix-tokens", 0, "with --conversations and --model, a request naming no conversation continues a remembered history when its prompt starts with at least this many of the history's tokens (whole blocks; longest match first); set it to the engines' --kv-recompute-threshold (default 64)")
 	var configFile string
 	fs.StringVar(&configFile, "config", "", "YAML file of proxy settings: any flag by its name (flags given on the command line win) and per-pool pipelines under profiles: {prefill: ..., decode: ...} (see README)")
 	if err := fs.Parse(args); err != nil {
@@ -103,8 +154,26 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if (len(prefill) == 0 || len(decode) == 0) && cfg.BackendsFile == "" {
-		return nil, errors.New("give the engines with --prefill URL[,URL...] and --decode URL[,URL...], or --backends-file FILE")
+	switch k.discovery {
+	case discoveryStatic:
+		for _, name := range []string{"kube-namespace", "prefill-service", "decode-service", "prefill-selector", "decode-selector", "kube-port-name", "kubeconfig"} {
+			if fl := fs.Lookup(name); fl.Value.String() != fl.DefValue {
+				return nil, fmt.Errorf("--%s needs --discovery kubernetes", name)
+			}
+		}
+		if (len(prefill) == 0 || len(decode) == 0) && cfg.BackendsFile == "" {
+			return nil, errors.New("give the engines with --prefill URL[,URL...] and --decode URL[,URL...], or --backends-file FILE, or find them with --discovery kubernetes")
+		}
+	case discoveryKubernetes:
+		if cfg.BackendsFile != "" {
+			return nil, errors.New("--backends-file and --discovery kubernetes would both set the backends: choose one")
+		}
+		if _, err := k.pools(); err != nil {
+			return nil, err
+		}
+		cfg.DynamicBackends = true
+	default:
+		return nil, fmt.Errorf("--discovery %q: want static or kubernetes", k.discovery)
 	}
 	cfg.Prefill, cfg.Decode = prefill, decode
 	// Keys are read from the environment after parsing, never as flag
@@ -160,6 +229,12 @@ func runProxy(args []string) error {
 	if err != nil {
 		return err
 	}
+	var watcher *kubediscovery.Watcher
+	if f.kube.discovery == discoveryKubernetes {
+		if watcher, err = newKubeWatcher(&f.kube, p, log); err != nil {
+			return err
+		}
+	}
 	addr := net.JoinHostPort(f.host, strconv.Itoa(f.port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -167,12 +242,54 @@ func runProxy(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if watcher != nil {
+		wctx, stopWatch := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = watcher.Run(wctx)
+		}()
+		defer func() {
+			stopWatch()
+			<-done
+		}()
+	}
 	log.Info("proxy listening", "addr", "http://"+ln.Addr().String(), "prefill", cfg.Prefill, "decode", cfg.Decode, "policy", cfg.Policy, "pd_decider", cfg.PDDecider,
 		"conversations", cfg.Conversations, "api_key", cfg.APIKey != "", "backend_api_key", cfg.BackendAPIKey != "" || cfg.APIKey != "")
 	if cfg.Tokenizer == nil {
 		log.Warn("router counts tokens approximately (prompt bytes / 4, prefix blocks of 4·block-size bytes): give --model DIR for exact counts", "metric", "tandem:proxy_token_count_mode")
 	}
 	return p.Serve(ctx, ln)
+}
+
+// newKubeWatcher returns the Kubernetes discovery that feeds p, its metrics
+// on p's /metrics and client-go's log lines in log.
+func newKubeWatcher(k *kubeFlags, p *proxy.Proxy, log *slog.Logger) (*kubediscovery.Watcher, error) {
+	pools, err := k.pools()
+	if err != nil {
+		return nil, err
+	}
+	rc, err := kubediscovery.RESTConfig(k.kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--discovery kubernetes: %w", err)
+	}
+	client, err := kubediscovery.NewClient(rc, "tandem-proxy")
+	if err != nil {
+		return nil, fmt.Errorf("--discovery kubernetes: %w", err)
+	}
+	ns := k.namespace
+	if ns == "" {
+		ns = kubediscovery.Namespace()
+	}
+	klog.SetSlogLogger(log) // client-go's global log lines too
+	return kubediscovery.New(kubediscovery.Config{
+		Client:     client,
+		Namespace:  ns,
+		Pools:      pools,
+		Backends:   p,
+		Logger:     log.With("component", "discovery"),
+		Registerer: p.MetricsRegisterer(),
+	})
 }
 
 // proxyConfigFile is the YAML of --config: flags by name, and pipelines.

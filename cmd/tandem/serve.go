@@ -11,13 +11,11 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -108,11 +106,11 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 
 	c.MaxRequestBody = openai.DefaultMaxBodyBytes
 	fs.Var(&c.MaxRequestBody, "max-request-body", "largest request body accepted; larger ones get 413")
-	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may run before they are aborted")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM/SIGINT, how long requests in flight may run before they are aborted. The drain: /health (readiness) answers 503 at once, /livez (liveness) stays 200, new requests get 503, and a prefill serves the KV it holds until a decode reads it or its lease ends, at most max(--shutdown-timeout, --kv-lease) after the signal (set terminationGracePeriodSeconds a few seconds above that); exit status 0 unless something was cut short. A second signal exits at once (status 1)")
 	fs.TextVar(&c.LogLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
 	fs.StringVar(&c.ChatTemplate, "chat-template", "", "Jinja chat template for /v1/chat/completions, in place of the model's: a file, or the template text itself (as vLLM's --chat-template); lets a model without a template serve chat")
 	fs.BoolVar(&c.TrustRequestChatTemplate, "trust-request-chat-template", false, "render a chat request's own chat_template field (a template is code the server runs; without this flag such requests get a 400, as in vLLM)")
-	fs.StringVar(&c.APIKey, "api-key", "", "require Authorization: Bearer <key> on every path but /health and /metrics (default: $"+openai.APIKeyEnv+"; the environment keeps the key out of ps)")
+	fs.StringVar(&c.APIKey, "api-key", "", "require Authorization: Bearer <key> on every path but /health, /livez and /metrics (default: $"+openai.APIKeyEnv+"; the environment keeps the key out of ps)")
 
 	fs.StringVar(&c.Role, "role", string(kvconnector.RoleBoth), "prefill (serve do_remote_decode requests and hold their KV for a decode engine), decode (pull a prefill's KV for do_remote_prefill requests) or both; every role also serves plain requests")
 	fs.StringVar(&c.KVHost, "kv-host", "127.0.0.1", "KV side-channel address to listen on and to advertise to decode engines (prefill and both)")
@@ -245,15 +243,16 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})))
 	defer stop()
 	return serve(ctx, cfg, nil)
 }
 
-// serve runs an engine and its API until ctx ends, then shuts down
-// gracefully: /health turns 503, requests in flight get --shutdown-timeout
-// to finish (the rest are aborted), then the listener closes. ready, if not
-// nil, receives the listening address.
+// serve runs an engine and its API until ctx ends, then drains (see
+// drain.go): /health turns 503, requests in flight get --shutdown-timeout
+// to finish (the rest are aborted), a prefill serves its held KV until it
+// is read or its lease ends, then the listener closes. ready, if not nil,
+// receives the listening address.
 func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 
@@ -381,7 +380,8 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 	go func() { served <- srv.Serve(ln) }()
 	log.Info("serving", "addr", ln.Addr().String(), "model", cfg.ServedModelName, "max_model_len", maxLen,
 		"block_size", cfg.BlockSize, "num_blocks", numBlocks, "kv_cache_memory", int64(cfg.KVCacheMemory),
-		"role", cfg.Role, "engine_id", cfg.EngineID, "kv_side_channel", conn.SideChannelAddr())
+		"role", cfg.Role, "engine_id", cfg.EngineID, "kv_side_channel", conn.SideChannelAddr(),
+		"max_drain", drainBound(cfg, conn)) // on SIGTERM; terminationGracePeriodSeconds should exceed it
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -391,17 +391,7 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 	case err := <-served:
 		return errors.Join(fmt.Errorf("http server: %w", err), eng.Shutdown(context.Background()))
 	}
-	log.Info("shutting down: draining requests in flight", "timeout", cfg.ShutdownTimeout)
-	api.Drain()
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-	defer cancel()
-	engErr := eng.Shutdown(sctx)
-	httpErr := srv.Shutdown(sctx)
-	if httpErr != nil {
-		httpErr = errors.Join(httpErr, srv.Close())
-	}
-	log.Info("stopped")
-	return errors.Join(engErr, httpErr)
+	return drain(log, cfg, api, eng, conn, srv)
 }
 
 // kvEventSink is p as the engine's sink, nil (not a typed nil) without one.

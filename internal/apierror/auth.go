@@ -13,12 +13,13 @@ import (
 const APIKeyEnv = "TANDEM_API_KEY"
 
 // OpenPaths are served without an API key: the probes that load balancers,
-// orchestrators and Prometheus call without credentials. Every other path,
-// including unknown ones (so that a client without the key cannot map the
-// routes), needs the key. vLLM protects only /v1/*; Tandem also protects
-// /tokenize, /detokenize, /version and /tandem/kv/release, which either cost
-// compute, reveal the deployment or change KV state.
-var OpenPaths = map[string]bool{"/health": true, "/metrics": true}
+// orchestrators and Prometheus call without credentials (readiness /health,
+// liveness /livez, /metrics). Every other path, including unknown ones (so
+// that a client without the key cannot map the routes), needs the key.
+// vLLM protects only /v1/*; Tandem also protects /tokenize, /detokenize,
+// /version and /tandem/kv/release, which either cost compute, reveal the
+// deployment or change KV state.
+var OpenPaths = map[string]bool{"/health": true, "/livez": true, "/metrics": true}
 
 // APIKey checks "Authorization: Bearer <key>" headers against one key. The
 // zero value and nil accept every request (no key configured).

@@ -1,12 +1,18 @@
 // Package bench is a serving benchmark for OpenAI-compatible completion
-// endpoints, in the manner of vLLM's benchmarks/benchmark_serving.py. It
-// sends streaming /v1/completions requests whose prompts are exactly
-// PromptTokens random token ids and whose outputs are exactly MaxTokens
-// tokens (ignore_eos), either in a closed loop at a fixed concurrency or with
-// Poisson arrivals at a given rate, and reports throughput and the
-// distributions of time to first token (TTFT), time per output token (TPOT),
-// inter-token latency (ITL, per streamed chunk) and end-to-end latency.
+// endpoints, in the manner of vLLM's benchmarks/benchmark_serving.py. Run
+// sends a Plan's workload (package workload: prompts as token ids, so their
+// lengths are exact, and exact output lengths with ignore_eos) as streaming
+// /v1/completions requests to one or more targets at each load (a closed
+// loop, or Poisson or gamma arrivals at a rate), and reports throughput,
+// the distributions of time to first token (TTFT), time per output token
+// (TPOT), inter-token latency (ITL, per streamed chunk) and end-to-end
+// latency, SLO attainment, goodput and each target's goodput rate
+// (Capacities); SearchRate bisects for the highest rate meeting a goodput
+// target.
 //
 // The workload is a pure function of the seed, so two runs (or two servers)
-// see the same prompts in the same order.
+// see the same requests in the same order. Every level (load and round) of
+// a run relabels the prompts' token ids (workload.Relabel), so no level is
+// served from a prefix cache an earlier level warmed, while the targets of
+// one level get identical prompts.
 package bench

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/bench/workload"
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/openai"
@@ -16,10 +17,12 @@ import (
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
-// TestRunAllAgainstARealEngine benchmarks a real engine (stories260K behind
-// the OpenAI server, in process) and checks that every request completed
-// with exactly the asked-for lengths and that the KV pool is full again.
-func TestRunAllAgainstARealEngine(t *testing.T) {
+// TestRunAgainstARealEngine benchmarks a real engine (stories260K behind
+// the OpenAI server, in process), its prompt ids from the server's
+// /tokenize and relabelled per level, and checks that every request
+// completed with exactly the asked-for lengths and that the KV pool is full
+// again.
+func TestRunAgainstARealEngine(t *testing.T) {
 	dir := testmodels.Stories260K(t)
 	m, err := model.Load(dir, tensor.NewPool(1))
 	if err != nil {
@@ -48,27 +51,34 @@ func TestRunAllAgainstARealEngine(t *testing.T) {
 	hs := httptest.NewServer(srv)
 	defer hs.Close()
 
-	cfg := Config{
-		URL: hs.URL, Concurrencies: []int{1, 4}, Requests: 8,
-		PromptTokens: 24, MaxTokens: 16, Seed: 3, Timeout: 30 * time.Second,
-	}
-	reports, err := RunAll(context.Background(), cfg)
+	c := NewClient(hs.URL, 1)
+	pool, err := TokenPool(context.Background(), c, "stories260K", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(reports) != 2 {
-		t.Fatalf("%d reports, want 2", len(reports))
+	const requests, prompt, out = 8, 24, 16
+	p := &Plan{
+		Targets: []Target{{"engine", hs.URL}}, Model: "stories260K", Loads: []Load{{Concurrency: 1}, {Concurrency: 4}},
+		Workload: workload.Lengths("fixed", 3, requests, workload.Fixed(prompt), workload.Fixed(out), pool), Pool: pool,
+		Seed: 3, Timeout: 30 * time.Second,
 	}
-	for _, r := range reports {
-		if r.Model != "stories260K" || r.Failed != 0 || r.Completed != cfg.Requests {
-			t.Errorf("concurrency %d: model %q, completed %d, failed %d: %+v", r.Concurrency, r.Model, r.Completed, r.Failed, r.Errors)
+	s, err := Run(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Results) != 2 {
+		t.Fatalf("%d results, want 2", len(s.Results))
+	}
+	for _, r := range s.Results {
+		if r.Failed != 0 || r.Completed != requests {
+			t.Errorf("%s: completed %d, failed %d: %+v", r.Load, r.Completed, r.Failed, r.Errors)
 		}
-		if r.TotalOutputTokens != cfg.Requests*cfg.MaxTokens || r.TotalInputTokens != cfg.Requests*cfg.PromptTokens {
-			t.Errorf("concurrency %d: %d prompt and %d output tokens, want %d and %d", r.Concurrency,
-				r.TotalInputTokens, r.TotalOutputTokens, cfg.Requests*cfg.PromptTokens, cfg.Requests*cfg.MaxTokens)
+		if r.TotalOutputTokens != requests*out || r.TotalInputTokens != requests*prompt {
+			t.Errorf("%s: %d prompt and %d output tokens, want %d and %d", r.Load,
+				r.TotalInputTokens, r.TotalOutputTokens, requests*prompt, requests*out)
 		}
-		if r.TTFT.N != cfg.Requests || r.TPOT.P50 <= 0 || r.OutputThroughput <= 0 {
-			t.Errorf("concurrency %d: implausible latencies: TTFT %+v TPOT %+v", r.Concurrency, r.TTFT, r.TPOT)
+		if r.TTFT.N != requests || r.TPOT.P50 <= 0 || r.OutputThroughput <= 0 {
+			t.Errorf("%s: implausible latencies: TTFT %+v TPOT %+v", r.Load, r.TTFT, r.TPOT)
 		}
 	}
 	deadline := time.Now().Add(10 * time.Second)

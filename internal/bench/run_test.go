@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tandem-serve/tandem/internal/bench/workload"
 )
 
 // fakeServer is a minimal OpenAI-compatible completion server that checks
@@ -84,42 +85,37 @@ func (f *fakeServer) complete(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprint(w, "data: [DONE]\n\n")
 }
 
-func TestRunAllAgainstAFakeServer(t *testing.T) {
+func TestRunAgainstAFakeServer(t *testing.T) {
 	tests := []struct {
-		name      string
-		cfg       Config
-		failEach  int
-		wantLevel []int
-		wantFail  int
-		wantPool  []int32
-		distinct  bool // no two requests share a prompt
+		name     string
+		loads    []Load
+		requests int
+		prompt   int
+		out      int
+		pool     []int32
+		failEach int
+		wantFail int
+		distinct bool // no two requests share a prompt
 	}{
 		{
-			name:      "a closed-loop sweep never exceeds each level's concurrency",
-			cfg:       Config{Concurrencies: []int{1, 3}, Requests: 6, PromptTokens: 7, MaxTokens: 3},
-			wantLevel: []int{1, 3},
-			wantPool:  []int32{40, 41, 97},
+			name:  "a closed-loop sweep never exceeds each level's concurrency",
+			loads: []Load{{Concurrency: 1}, {Concurrency: 3}}, requests: 6, prompt: 7, out: 3,
+			pool: []int32{40, 41, 97},
 		},
 		{
-			name:      "every level and the probe get their own prompts",
-			cfg:       Config{Concurrencies: []int{2, 2, 2}, Requests: 4, PromptTokens: 5, MaxTokens: 1, Vocab: 1000},
-			wantLevel: []int{2, 2, 2},
-			wantPool:  seq32(10, 1000),
-			distinct:  true,
+			name:  "every level gets its own prompts",
+			loads: []Load{{Concurrency: 2}, {Concurrency: 2}, {Concurrency: 2}}, requests: 4, prompt: 5, out: 1,
+			pool: VocabPool(1000), distinct: true,
 		},
 		{
-			name:      "Poisson arrivals with ids from --vocab",
-			cfg:       Config{Concurrencies: []int{0}, Requests: 5, PromptTokens: 4, MaxTokens: 2, Rate: 200, Vocab: 20},
-			wantLevel: []int{0},
-			wantPool:  []int32{10, 11, 12, 13, 14, 15, 16, 17, 18, 19},
+			name:  "Poisson arrivals with ids from a small vocabulary",
+			loads: []Load{{Rate: 200}}, requests: 5, prompt: 4, out: 2,
+			pool: VocabPool(20),
 		},
 		{
-			name:      "failed requests are counted with the server's message",
-			cfg:       Config{Concurrencies: []int{2}, Requests: 6, PromptTokens: 3, MaxTokens: 2},
-			failEach:  3, // the probe is request 1; requests 3 and 6 of the level fail
-			wantLevel: []int{2},
-			wantFail:  2,
-			wantPool:  []int32{40, 41, 97},
+			name:  "failed requests are counted with the server's message",
+			loads: []Load{{Concurrency: 2}}, requests: 6, prompt: 3, out: 2,
+			pool: []int32{40, 41, 97}, failEach: 3, wantFail: 2,
 		},
 	}
 	for _, tc := range tests {
@@ -127,36 +123,35 @@ func TestRunAllAgainstAFakeServer(t *testing.T) {
 			fs := &fakeServer{t: t, failEach: tc.failEach}
 			srv := httptest.NewServer(fs)
 			defer srv.Close()
-			cfg := tc.cfg
-			cfg.URL, cfg.Seed, cfg.Timeout = srv.URL, 1, 10*time.Second
-			reports, err := RunAll(context.Background(), cfg)
+			p := &Plan{
+				Targets: []Target{{"fake", srv.URL}}, Model: "tiny", Loads: tc.loads, Seed: 1, Timeout: 10 * time.Second,
+				Workload: workload.Lengths("fixed", 1, tc.requests, workload.Fixed(tc.prompt), workload.Fixed(tc.out), tc.pool), Pool: tc.pool,
+			}
+			s, err := Run(context.Background(), p)
 			if err != nil {
 				t.Fatal(err)
 			}
-			var levels []int
-			for _, r := range reports {
-				levels = append(levels, r.Concurrency)
-				if r.Completed+r.Failed != cfg.Requests || r.Failed != tc.wantFail {
-					t.Errorf("level %d: completed %d, failed %d; want %d failed of %d", r.Concurrency, r.Completed, r.Failed, tc.wantFail, cfg.Requests)
+			if len(s.Results) != len(tc.loads) {
+				t.Fatalf("%d results, want %d", len(s.Results), len(tc.loads))
+			}
+			for i, r := range s.Results {
+				if r.Load != tc.loads[i] || r.Model != "tiny" {
+					t.Errorf("result %d: load %v model %q", i, r.Load, r.Model)
 				}
-				if r.TotalOutputTokens != r.Completed*cfg.MaxTokens || r.TotalInputTokens != r.Completed*cfg.PromptTokens {
-					t.Errorf("level %d: tokens in %d out %d", r.Concurrency, r.TotalInputTokens, r.TotalOutputTokens)
+				if r.Completed+r.Failed != tc.requests || r.Failed != tc.wantFail {
+					t.Errorf("%s: completed %d, failed %d; want %d failed of %d", r.Load, r.Completed, r.Failed, tc.wantFail, tc.requests)
 				}
-				if r.TTFT.N != r.Completed || r.ITL.N != r.Completed*(cfg.MaxTokens-1) || r.E2E.P50 <= 0 || r.OutputThroughput <= 0 {
-					t.Errorf("level %d: implausible latencies %+v", r.Concurrency, r)
+				if r.TotalOutputTokens != r.Completed*tc.out || r.TotalInputTokens != r.Completed*tc.prompt {
+					t.Errorf("%s: tokens in %d out %d", r.Load, r.TotalInputTokens, r.TotalOutputTokens)
+				}
+				if r.TTFT.N != r.Completed || r.ITL.N != r.Completed*(tc.out-1) || r.E2E.P50 <= 0 || r.OutputThroughput <= 0 {
+					t.Errorf("%s: implausible latencies %+v", r.Load, r.Report)
 				}
 				if tc.wantFail > 0 && (len(r.Errors) != 1 || r.Errors[0].Count != tc.wantFail || !strings.Contains(r.Errors[0].Error, "HTTP 503: overloaded")) {
-					t.Errorf("level %d: errors %+v", r.Concurrency, r.Errors)
-				}
-				var buf bytes.Buffer
-				if err := r.WriteText(&buf); err != nil || !strings.Contains(buf.String(), "TTFT") {
-					t.Errorf("WriteText = %q, %v", buf.String(), err)
+					t.Errorf("%s: errors %+v", r.Load, r.Errors)
 				}
 			}
-			if diff := cmp.Diff(tc.wantLevel, levels); diff != "" {
-				t.Errorf("levels (-want +got):\n%s", diff)
-			}
-			if c := cfg.Concurrencies[len(cfg.Concurrencies)-1]; c > 0 && int(fs.peak.Load()) > c {
+			if c := tc.loads[len(tc.loads)-1].Concurrency; c > 0 && int(fs.peak.Load()) > c {
 				t.Errorf("peak in flight %d exceeds concurrency %d", fs.peak.Load(), c)
 			}
 			if tc.distinct {
@@ -170,37 +165,60 @@ func TestRunAllAgainstAFakeServer(t *testing.T) {
 				}
 			}
 			for _, p := range fs.prompts {
-				if len(p) != cfg.PromptTokens || slices.ContainsFunc(p, func(id int32) bool { return !slices.Contains(tc.wantPool, id) }) {
-					t.Fatalf("prompt %v: want %d ids from %v", p, cfg.PromptTokens, tc.wantPool)
+				if len(p) != tc.prompt || slices.ContainsFunc(p, func(id int32) bool { return !slices.Contains(tc.pool, id) }) {
+					t.Fatalf("prompt %v: want %d ids from %v", p, tc.prompt, tc.pool)
 				}
 			}
 		})
 	}
 }
 
-func TestRunAllFailsFastOnABadSetup(t *testing.T) {
-	srv := httptest.NewServer(&fakeServer{t: t})
-	defer srv.Close()
+func TestPlanCheck(t *testing.T) {
+	w := workload.Lengths("fixed", 1, 2, workload.Fixed(4), workload.Fixed(2), testPool)
 	tests := []struct {
 		name    string
-		change  func(*Config)
+		change  func(*Plan)
 		wantErr string
 	}{
-		{"unknown model", func(c *Config) { c.Model = "big" }, `model "big" is not served`},
-		{"lengths beyond the context", func(c *Config) { c.PromptTokens, c.MaxTokens = 500, 100 }, "exceed the model's context of 512"},
-		{"no server", func(c *Config) { c.URL = "http://127.0.0.1:1" }, "listing models"},
-		{"no requests", func(c *Config) { c.Requests = 0 }, "--requests must be at least 1"},
-		{"zero concurrency in a closed loop", func(c *Config) { c.Concurrencies = []int{0} }, "concurrency 0"},
+		{"no target", func(p *Plan) { p.Targets = nil }, "no target"},
+		{"two targets of one name", func(p *Plan) { p.Targets = append(p.Targets, p.Targets[0]) }, `two targets are named "a"`},
+		{"no model", func(p *Plan) { p.Model = "" }, "no model name"},
+		{"no requests", func(p *Plan) { p.Workload = &workload.Workload{} }, "no requests"},
+		{"no load", func(p *Plan) { p.Loads = nil }, "no load"},
+		{"zero concurrency in a closed loop", func(p *Plan) { p.Loads = []Load{{}} }, "want a positive rate or concurrency"},
+		{"no timeout", func(p *Plan) { p.Timeout = 0 }, "timeout must be positive"},
+		{"a goal above 1", func(p *Plan) { p.Goal = 1.5 }, "goal 1.5"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := Config{URL: srv.URL, Concurrencies: []int{1}, Requests: 1, PromptTokens: 4, MaxTokens: 2, Timeout: 5 * time.Second}
-			tc.change(&cfg)
-			_, err := RunAll(context.Background(), cfg)
+			p := &Plan{Targets: []Target{{"a", "http://127.0.0.1:1"}}, Model: "m", Workload: w, Loads: []Load{{Concurrency: 1}}, Timeout: time.Second}
+			tc.change(p)
+			_, err := Run(context.Background(), p)
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("RunAll = %v, want an error containing %q", err, tc.wantErr)
+				t.Errorf("Run = %v, want an error containing %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+func TestTokenPools(t *testing.T) {
+	srv := httptest.NewServer(&fakeServer{t: t})
+	defer srv.Close()
+	c := NewClient(srv.URL, 1)
+	if pool, err := TokenPool(context.Background(), c, "tiny", 0); err != nil || !cmp.Equal(pool, []int32{40, 41, 97}) {
+		t.Errorf("pool through /tokenize = %v, %v; want the distinct ids [40 41 97]", pool, err)
+	}
+	if pool, err := TokenPool(context.Background(), c, "tiny", 20); err != nil || !cmp.Equal(pool, seq32(10, 20)) {
+		t.Errorf("pool of --vocab 20 = %v, %v", pool, err)
+	}
+	if pool := VocabPool(5); !cmp.Equal(pool, seq32(0, 5)) {
+		t.Errorf("VocabPool(5) = %v: a vocabulary of 10 or fewer ids is used whole", pool)
+	}
+	if pool := DefaultPool(); len(pool) != 256 || pool[0] != DefaultPoolLow || pool[255] != DefaultPoolHigh-1 {
+		t.Errorf("DefaultPool = %v", pool)
+	}
+	if _, err := TokenPool(context.Background(), NewClient("http://127.0.0.1:1", 1), "tiny", 0); err == nil || !strings.Contains(err.Error(), "/tokenize") {
+		t.Errorf("no server: %v", err)
 	}
 }
 

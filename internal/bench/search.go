@@ -54,6 +54,7 @@ func SearchRate(ctx context.Context, p *Plan, cfg SearchConfig, log io.Writer) (
 		try := func(rate float64) (bool, error) {
 			q := *p
 			q.Targets = []Target{t}
+			q.levelBase = p.levelBase + len(sr.Points)*max(p.Rounds, 1) // fresh prompts for every rate tried
 			q.Loads = []Load{{Rate: rate, Burstiness: burstinessOf(p)}}
 			s, err := Run(ctx, &q)
 			if err != nil {

@@ -54,6 +54,10 @@ type Plan struct {
 	Rounds int `json:"rounds"`
 	// Seed fixes the arrival times.
 	Seed uint64 `json:"seed"`
+	// Goal is the fraction of requests that must meet the SLO for a rate
+	// to count as sustained in the Capacity summary (DistServe's 90%).
+	// Default 0.9.
+	Goal float64 `json:"goal,omitempty"`
 	// Timeout bounds each request.
 	Timeout time.Duration `json:"timeout_ns"`
 	// SLO decides which requests count towards goodput.
@@ -62,10 +66,14 @@ type Plan struct {
 	// the next turn of a conversation; without it the next turn appends
 	// the answer's length in stand-in tokens.
 	Tokenize func(ctx context.Context, target Target, text string) ([]int32, error) `json:"-"`
-	// Pool is where stand-in tokens come from.
+	// Pool is where stand-in tokens come from, and with the workload's
+	// own ids the alphabet each level's prompts are relabelled in.
 	Pool []int32 `json:"-"`
 	// APIKey is sent as Authorization: Bearer.
 	APIKey string `json:"-"`
+	// levelBase numbers the first level of this run (SearchRate runs one
+	// level per call and numbers them on).
+	levelBase int
 	// Progress, when set, gets a line every ProgressEvery while a level
 	// runs.
 	Progress      io.Writer     `json:"-"`
@@ -120,6 +128,9 @@ type Suite struct {
 	Plan    *Plan     `json:"plan"`
 	Started time.Time `json:"started"`
 	Results []*Result `json:"results"`
+	// Capacity is each target's goodput rate and peak throughput over the
+	// run's rates (Capacities), when the plan has an SLO.
+	Capacity []Capacity `json:"capacity,omitempty"`
 }
 
 func (p *Plan) check() error {
@@ -134,6 +145,8 @@ func (p *Plan) check() error {
 		return errors.New("no load: give --rate, --concurrency or a sweep")
 	case p.Timeout <= 0:
 		return errors.New("the request timeout must be positive")
+	case p.Goal < 0 || p.Goal > 1:
+		return fmt.Errorf("goal %v: want a fraction in (0, 1]", p.Goal)
 	}
 	names := map[string]bool{}
 	for _, t := range p.Targets {
@@ -153,6 +166,15 @@ func (p *Plan) check() error {
 // Run runs the plan: for each load, Rounds rounds, each sending the whole
 // workload to every target in turn. It returns the results so far when ctx
 // is cancelled, with ctx's error.
+//
+// Every (load, round) is a level with prompts of its own: the workload
+// relabelled (workload.Relabel) by the level's number, so that a server's
+// prefix cache cannot serve one level's prompts from an earlier level's
+// (sending the same prompts at every rate would make every level after the
+// first mostly cache hits). The sharing the workload itself means — shared
+// prefixes, conversation histories — is kept within the level. The targets
+// of one round get the same prompts: they are separate servers, so one
+// cannot warm another's cache.
 func Run(ctx context.Context, p *Plan) (*Suite, error) {
 	if err := p.check(); err != nil {
 		return nil, err
@@ -164,13 +186,19 @@ func Run(ctx context.Context, p *Plan) (*Suite, error) {
 		clients[i] = NewClient(t.URL, min(p.Workload.Requests(), 256))
 		clients[i].APIKey = p.APIKey
 	}
-	for _, load := range p.Loads {
+	alphabet := p.Workload.Alphabet(p.Pool)
+	if n := p.levelBase + p.Levels(); n > len(alphabet) && p.Progress != nil {
+		fmt.Fprintf(p.Progress, "warning: %d levels but only %d distinct token ids: levels %d apart send the same prompts, and a prefix cache serves the later from the earlier\n",
+			n, len(alphabet), len(alphabet))
+	}
+	for li, load := range p.Loads {
 		results := make([]*Result, len(p.Targets))
 		durs := make([]time.Duration, len(p.Targets))
 		for i, t := range p.Targets {
 			results[i] = &Result{Target: t.Name, Load: load}
 		}
 		for round := range rounds {
+			w := p.Workload.Relabel(alphabet, p.levelBase+li*rounds+round)
 			for k := range p.Targets {
 				i := k
 				if round%2 == 1 {
@@ -179,7 +207,7 @@ func Run(ctx context.Context, p *Plan) (*Suite, error) {
 				if ctx.Err() != nil {
 					return s, ctx.Err()
 				}
-				recs, d := p.runLevel(ctx, clients[i], p.Targets[i], load, round, rounds)
+				recs, d := p.runLevel(ctx, clients[i], p.Targets[i], w, load, round, rounds)
 				results[i].Records = append(results[i].Records, recs...)
 				durs[i] += d
 			}
@@ -189,8 +217,16 @@ func Run(ctx context.Context, p *Plan) (*Suite, error) {
 			s.Results = append(s.Results, results[i])
 		}
 	}
+	if p.SLO.Set() {
+		s.Capacity = Capacities(s)
+	}
 	return s, ctx.Err()
 }
+
+// Levels is the number of distinct prompt sets a run of p sends (loads
+// times rounds). Relabelling keeps them apart while it is at most the size
+// of the alphabet (the pool and the workload's ids).
+func (p *Plan) Levels() int { return len(p.Loads) * max(p.Rounds, 1) }
 
 // summarize fills the report fields from the records.
 func (r *Result) summarize(p *Plan, d time.Duration) {
@@ -205,7 +241,7 @@ func (r *Result) summarize(p *Plan, d time.Duration) {
 		path, _, _ := strings.Cut(rec.PD, ";")
 		r.Paths[cmp.Or(strings.TrimSpace(path), "none")]++
 	}
-	r.Report = NewReport(r.Load.Concurrency, Config{Model: p.Model, Rate: r.Load.Rate}, d, outcomes)
+	r.Report = NewReport(p.Model, r.Load, d, outcomes)
 	if p.SLO.Set() {
 		var met int
 		r.Attained, met = Attainment(p.SLO, r.Records)
@@ -221,8 +257,7 @@ func (r *Result) summarize(p *Plan, d time.Duration) {
 
 // runLevel sends the whole workload to one target at one load and returns
 // the records and the time from the first send to the last answer.
-func (p *Plan) runLevel(ctx context.Context, c *Client, t Target, load Load, round, rounds int) ([]Record, time.Duration) {
-	w := p.Workload
+func (p *Plan) runLevel(ctx context.Context, c *Client, t Target, w *workload.Workload, load Load, round, rounds int) ([]Record, time.Duration) {
 	n := len(w.Conversations)
 	var arrivals []time.Duration
 	if w.TimedArrivals {
@@ -258,7 +293,7 @@ func (p *Plan) runLevel(ctx context.Context, c *Client, t Target, load Load, rou
 	}
 
 	conv := func(i int) {
-		recs[i] = p.runConversation(ctx, c, t, i, start, round, &inflight, &done, &failed)
+		recs[i] = p.runConversation(ctx, c, t, &w.Conversations[i], i, start, round, &inflight, &done, &failed)
 	}
 	var wg sync.WaitGroup
 	if arrivals == nil { // closed loop
@@ -314,8 +349,7 @@ func (p *Plan) runLevel(ctx context.Context, c *Client, t Target, load Load, rou
 
 // runConversation sends one conversation's turns in order, each after its
 // think time, each prompt the history so far plus the turn's new tokens.
-func (p *Plan) runConversation(ctx context.Context, c *Client, t Target, i int, levelStart time.Time, round int, inflight, done, failed *atomic.Int64) []Record {
-	cv := &p.Workload.Conversations[i]
+func (p *Plan) runConversation(ctx context.Context, c *Client, t Target, cv *workload.Conversation, i int, levelStart time.Time, round int, inflight, done, failed *atomic.Int64) []Record {
 	var hist []int32
 	var out []Record
 	for j, turn := range cv.Turns {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -153,14 +154,14 @@ func TestRunTwoTargetsWithConversations(t *testing.T) {
 	fa.seen.Range(func(k, v any) bool {
 		n++
 		got := *v.(*[]int)
-		want := []int{8, 20, 32, 8, 20, 32, 8, 20, 32, 8, 20, 32} // 2 loads × 2 rounds
+		want := []int{8, 20, 32} // each level (load and round) has its own conversation ids
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("conversation %v prompts %v, want %v", k, got, want)
 		}
 		return true
 	})
-	if n != 4 {
-		t.Errorf("%d conversation ids seen, want 4", n)
+	if n != 16 {
+		t.Errorf("%d conversation ids seen, want 4 conversations × 2 loads × 2 rounds", n)
 	}
 	var tbl strings.Builder
 	if err := WriteTable(&tbl, s); err != nil {
@@ -169,6 +170,92 @@ func TestRunTwoTargetsWithConversations(t *testing.T) {
 	for _, want := range []string{"conc 2", "rate 50", "remote 24", "SLO attainment at SLO scale", "round 2/2"} {
 		if !strings.Contains(tbl.String()+progress.String(), want) {
 			t.Errorf("output lacks %q:\n%s\n%s", want, tbl.String(), progress.String())
+		}
+	}
+}
+
+// recordingServer answers completions at once and records every prompt in
+// the order received.
+type recordingServer struct {
+	mu      sync.Mutex
+	prompts [][]int32
+}
+
+func (f *recordingServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Prompt    []int32 `json:"prompt"`
+		MaxTokens int     `json:"max_tokens"`
+	}
+	if r.URL.Path != "/v1/completions" || json.NewDecoder(r.Body).Decode(&req) != nil {
+		http.NotFound(w, r)
+		return
+	}
+	f.mu.Lock()
+	f.prompts = append(f.prompts, req.Prompt)
+	f.mu.Unlock()
+	w.Header().Set("Content-Type", "text/event-stream")
+	for i := range req.MaxTokens {
+		fmt.Fprintf(w, "data: {\"choices\":[{\"text\":\"t%d \"}]}\n\n", i)
+	}
+	fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d}}\n\ndata: [DONE]\n\n", len(req.Prompt), req.MaxTokens)
+}
+
+// TestEveryLevelGetsFreshPromptsAndTheTargetsTheSame runs a shared-prefix
+// workload at two loads in two rounds against two targets: every level
+// (load, round) must send prompts no earlier level's share a first KV block
+// with (else a prefix cache serves them), both targets of a level the same
+// prompts, and the workload's own sharing (the group prefixes) must stay.
+func TestEveryLevelGetsFreshPromptsAndTheTargetsTheSame(t *testing.T) {
+	const requests, groups, prefix, block = 8, 2, 32, 16
+	fa, fb := &recordingServer{}, &recordingServer{}
+	a, b := httptest.NewServer(fa), httptest.NewServer(fb)
+	defer a.Close()
+	defer b.Close()
+	pool := VocabPool(1000)
+	w, err := workload.SharedPrefix(5, requests, groups, prefix, workload.Dist{Kind: "uniform", A: 4, B: 12, Min: 4, Max: 12}, workload.Fixed(2), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Plan{
+		Targets: []Target{{"a", a.URL}, {"b", b.URL}}, Model: "m", Workload: w, Pool: pool,
+		Loads: []Load{{Concurrency: 3}, {Rate: 200}}, Rounds: 2, Timeout: 10 * time.Second,
+	}
+	if _, err := Run(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	levels := p.Levels()
+	// Levels run one after another, each to its end, so each server saw
+	// its requests in level order, requests at a time.
+	chunk := func(f *recordingServer, k int) []string {
+		var out []string
+		for _, pr := range f.prompts[k*requests : (k+1)*requests] {
+			out = append(out, fmt.Sprint(pr))
+		}
+		slices.Sort(out)
+		return out
+	}
+	if len(fa.prompts) != levels*requests || len(fb.prompts) != levels*requests {
+		t.Fatalf("%d and %d prompts, want %d each", len(fa.prompts), len(fb.prompts), levels*requests)
+	}
+	firstBlocks := map[string]int{} // a first block -> the level that sent it
+	for k := range levels {
+		if !slices.Equal(chunk(fa, k), chunk(fb, k)) {
+			t.Errorf("level %d: the targets got different prompts", k)
+		}
+		prefixes := map[string]bool{}
+		for _, pr := range fa.prompts[k*requests : (k+1)*requests] {
+			prefixes[fmt.Sprint(pr[:prefix])] = true
+			fb := fmt.Sprint(pr[:block])
+			if l, ok := firstBlocks[fb]; ok && l != k {
+				t.Errorf("level %d sends a first block level %d sent: %v", k, l, pr[:block])
+			}
+			firstBlocks[fb] = k
+			if slices.ContainsFunc(pr, func(id int32) bool { return !slices.Contains(pool, id) }) {
+				t.Errorf("level %d: prompt %v has ids outside the pool", k, pr)
+			}
+		}
+		if len(prefixes) != groups {
+			t.Errorf("level %d: %d distinct %d-token prefixes, want the workload's %d groups", k, len(prefixes), prefix, groups)
 		}
 	}
 }

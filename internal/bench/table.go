@@ -10,8 +10,8 @@ import (
 )
 
 // WriteTable writes the suite as one table, a row per target and load, then
-// the SLO attainment curve of each row when an SLO was given, then the
-// failures.
+// the SLO attainment curve of each row and each target's goodput rate when
+// an SLO was given, then the failures.
 func WriteTable(w io.Writer, s *Suite) error {
 	p := s.Plan
 	mp, mo := p.Workload.Stats()
@@ -59,6 +59,17 @@ func WriteTable(w io.Writer, s *Suite) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+	}
+	header := false
+	for _, c := range s.Capacity {
+		if c.Bound == "none" {
+			continue
+		}
+		if !header {
+			header = true
+			fmt.Fprintf(w, "goodput rate: the highest arrival rate at which %.0f%% of requests met the SLO (linear between measured rates):\n", 100*c.Goal)
+		}
+		fmt.Fprintf(w, "  %s: %s\n", c.Target, c)
 	}
 	for _, r := range s.Results {
 		for i, e := range r.Errors {

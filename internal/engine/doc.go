@@ -16,4 +16,12 @@
 // loop only by message. The loop never blocks on a slow client: tokens a
 // client has not picked up yet are merged into its next Event. When nothing
 // is runnable the loop sleeps on its inbox.
+//
+// Drain (and Shutdown, its one-deadline form) is the graceful stop: Submit
+// refuses at once, requests in flight finish until the request deadline
+// (then they are aborted), and blocks a KV connector holds for another
+// engine (a prefill's KV a remote decode has not read) are kept until the
+// connector releases them or the hold deadline passes; only then does the
+// loop stop and the connector close, so a prefill's side channel serves
+// held KV to the end.
 package engine

@@ -90,16 +90,19 @@ type Engine struct {
 	closing  bool
 	live     map[string]bool
 	stats    Stats
-	drained  chan struct{} // closed by the loop once closing and empty
+	idle     chan struct{} // closed by the loop once closing and no request is left
+	drained  chan struct{} // closed by the loop once closing, idle and no block is held
 	shutOnce sync.Once
 
 	// Step-loop state.
 	reqs                    map[string]*reqState
 	quit, abortAll          bool
+	dropHolds               bool
 	prefixQ, prefixH        uint64
 	seqs                    []model.Seq
 	draws                   []draw
 	drainedClosed, stopping bool
+	idleClosed              bool
 }
 
 // New loads nothing: it sizes the KV pool for cfg.Model, builds the
@@ -148,7 +151,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg, model: cfg.Model, tok: cfg.Tokenizer, pool: pool, sched: s, layout: pool.Layout(),
 		maxModelLen: maxLen, eos: cfg.Tokenizer.EOS(), log: cfg.Logger, clock: cfg.Clock, m: cfg.Metrics,
-		in: inbox{wake: make(chan struct{}, 1)}, done: make(chan struct{}), drained: make(chan struct{}),
+		in: inbox{wake: make(chan struct{}, 1)}, done: make(chan struct{}), idle: make(chan struct{}), drained: make(chan struct{}),
 		live: make(map[string]bool), reqs: make(map[string]*reqState),
 	}
 	if gen := cfg.Model.GenerationConfig(); len(gen.EOS) > 0 {
@@ -201,8 +204,25 @@ func (e *Engine) Stats() Stats {
 // Shutdown stops accepting requests (Submit returns ErrShuttingDown, Ready
 // false), lets running and queued requests finish until ctx is done, then
 // aborts the rest, stops the loop and releases the KV pool. It returns
-// ctx.Err() if requests had to be aborted.
-func (e *Engine) Shutdown(ctx context.Context) error {
+// ctx.Err() if requests had to be aborted. It is Drain with one deadline
+// for requests and KV holds alike.
+func (e *Engine) Shutdown(ctx context.Context) error { return e.Drain(ctx, ctx) }
+
+// Drain is a graceful shutdown with two deadlines. It stops accepting
+// requests at once (Submit returns ErrShuttingDown, Ready false); lets
+// running and queued requests finish until reqCtx is done, then aborts the
+// rest; keeps the blocks a KV connector holds for another engine (a
+// prefill's KV that a remote decode has not read yet, loads still writing
+// into aborted requests' blocks) until the connector releases them (the
+// decode's DONE, lease expiry) or holdCtx is done, whichever is first (it
+// is looked at once the requests are done, so it should not end before
+// reqCtx); then stops the loop, closes the KV worker (a prefill's side
+// channel serves until here) and releases the KV pool.
+//
+// It returns nil for a clean drain, and an error wrapping the context's
+// error when requests had to be aborted or holds given up. Only the first
+// call drains; a concurrent or later call waits for it and returns nil.
+func (e *Engine) Drain(reqCtx, holdCtx context.Context) error {
 	var err error
 	e.shutOnce.Do(func() {
 		e.mu.Lock()
@@ -210,10 +230,28 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 		e.mu.Unlock()
 		e.in.post(drainMsg{})
 		select {
+		case <-e.idle:
+		case <-reqCtx.Done():
+			select {
+			case <-e.idle:
+			default:
+				err = fmt.Errorf("engine: requests in flight aborted at the shutdown deadline: %w", reqCtx.Err())
+				e.in.post(abortAllMsg{})
+			}
+		}
+		select {
 		case <-e.drained:
-		case <-ctx.Done():
-			err = ctx.Err()
-			e.in.post(abortAllMsg{})
+		case <-holdCtx.Done():
+		}
+		select {
+		case <-e.drained:
+		default:
+			// Out of time for the holds: give them up.
+			held := make(chan int, 1)
+			e.in.post(dropHoldsMsg{held})
+			if n := <-held; n > 0 {
+				err = errors.Join(err, fmt.Errorf("engine: KV blocks of %d finished requests, held for another engine, given up at the drain deadline: %w", n, holdCtx.Err()))
+			}
 			<-e.drained
 		}
 		e.in.post(quitMsg{})
@@ -228,4 +266,13 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 		}
 	})
 	return err
+}
+
+// InFlight returns how many submitted requests have not delivered their
+// final event yet (queued, running or loading KV); KV a finished prefill
+// holds for a remote decode is not counted.
+func (e *Engine) InFlight() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.live)
 }

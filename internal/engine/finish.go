@@ -4,6 +4,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/logid"
 	"github.com/tandem-serve/tandem/internal/sched"
 )
 
@@ -44,9 +45,13 @@ func (e *Engine) finish(fs []sched.Finished, now time.Time) {
 			e.m.RequestSuccess.WithLabelValues(string(reason)).Inc()
 			e.m.E2ELatency.Observe(e2e.Seconds())
 		}
-		attrs := []any{"id", rs.id, "prompt_tokens", usage.PromptTokens, "output_tokens", usage.CompletionTokens,
+		// The internal id is what a KV hold is keyed by (docs/security.md,
+		// "Request ids"): a tag of it at info level, the raw id at debug;
+		// the client's id correlates with the proxy's and client's logs.
+		attrs := append([]any{"request_id", rs.ext}, logid.Attrs(e.log, "id", rs.id)...)
+		attrs = append(attrs, "prompt_tokens", usage.PromptTokens, "output_tokens", usage.CompletionTokens,
 			"cached_tokens", usage.CachedTokens, "external_tokens", f.Req.NumExternalTokens(), "preemptions", f.Req.NumPreemptions(),
-			"finish_reason", string(reason), "ttft", ttft, "e2e", e2e}
+			"finish_reason", string(reason), "ttft", ttft, "e2e", e2e)
 		if f.Err != "" {
 			attrs = append(attrs, "err", f.Err)
 		}

@@ -16,6 +16,9 @@ type (
 	drainMsg    struct{}
 	abortAllMsg struct{}
 	quitMsg     struct{}
+	// dropHoldsMsg ends a drain without waiting for connector holds; the
+	// loop answers how many finished requests it still held blocks for.
+	dropHoldsMsg struct{ held chan<- int }
 )
 
 // inbox is the loop's unbounded message queue: posting never blocks.
@@ -55,13 +58,17 @@ func (e *Engine) run() {
 		}
 		// A drain also waits for blocks a connector holds (KV a remote
 		// decode has not read yet, loads still writing into aborted
-		// requests' blocks), unless the deadline forced an abort.
+		// requests' blocks), until Drain's hold deadline gives them up.
 		// Conversation holds (KV kept for a next turn) are given up at
 		// once: this engine will not serve that turn.
+		if e.stopping && len(e.reqs) == 0 && !e.idleClosed {
+			e.idleClosed = true
+			close(e.idle)
+		}
 		if e.stopping && len(e.reqs) == 0 && e.sched.Stats().Held > 0 && !e.drainedClosed {
 			e.relieveMemory(e.pool.NumBlocks())
 		}
-		if e.stopping && len(e.reqs) == 0 && (e.abortAll || e.sched.Stats().Held == 0) && !e.drainedClosed {
+		if e.stopping && len(e.reqs) == 0 && (e.dropHolds || e.sched.Stats().Held == 0) && !e.drainedClosed {
 			e.drainedClosed = true
 			close(e.drained)
 		}
@@ -104,6 +111,9 @@ func (e *Engine) handle(m any) {
 		for id := range e.reqs {
 			e.sched.Abort(id)
 		}
+	case dropHoldsMsg:
+		e.dropHolds = true
+		m.held <- e.sched.Stats().Held
 	case quitMsg:
 		e.quit = true
 	}

@@ -83,8 +83,10 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (*Handle, error) {
 	e.mu.Lock()
 	switch {
 	case e.closing:
+		// The KV a prefill holds for this request stays held: a draining
+		// engine's 503 tells a router to send the leg to another decode,
+		// which pulls it (the proxy releases it if none can).
 		e.mu.Unlock()
-		e.RejectKVTransfer(r.KVTransfer)
 		return nil, ErrShuttingDown
 	case e.live[ext]:
 		e.mu.Unlock()

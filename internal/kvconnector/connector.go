@@ -158,9 +158,16 @@ type connReq struct {
 
 // pullJob is one pull the worker half starts.
 type pullJob struct {
-	id     string // local request id
-	params kvxfer.RemoteParams
-	blocks []int32 // local destination blocks, parallel to params.BlockIDs
+	id      string // local request id
+	params  kvxfer.RemoteParams
+	blocks  []int32      // local destination blocks, parallel to params.BlockIDs
+	history *historyPull // a turn-2 prefill's pull of a conversation's history; nil for a decode leg
+}
+
+// historyPull is what the metrics need of a history pull once it ended.
+type historyPull struct {
+	tokens    int    // the history tokens it pulls
+	recompute string // why not all of the prompt's history is pulled, if so (reasonMismatch)
 }
 
 // notifyJob tells a prefill that the decode does not need its KV for a
@@ -367,9 +374,35 @@ func (c *Connector) HeldBlocks() int {
 	return c.prod.HeldBlocks()
 }
 
+// HeldRequests returns how many finished requests' KV the prefill side
+// holds for remote decodes (or conversations, with Bidirectional); 0 for a
+// decode-only connector.
+func (c *Connector) HeldRequests() int {
+	if c.prod == nil {
+		return 0
+	}
+	return c.prod.HeldRequests()
+}
+
+// ServesKV reports whether this connector runs a side channel and so may
+// hold KV for another engine (a prefill, both, or Bidirectional): a drain
+// waits for its holds.
+func (c *Connector) ServesKV() bool { return c.prod != nil }
+
+// Lease is the prefill's KV lease (ConnectorConfig.Lease with its default).
+func (c *Connector) Lease() time.Duration { return c.cfg.Lease }
+
+// closeGrace bounds how long Close lets side-channel requests in progress
+// (a READ on the wire, a DONE being acknowledged) finish before it cuts
+// their connections.
+const closeGrace = time.Second
+
 // Close cancels pulls in flight and waits for them (so nothing writes into
-// the pool afterwards), then closes the side channel and the consumer.
-// Engine.Shutdown calls it after the step loop stopped.
+// the pool afterwards), then shuts the side channel down gracefully
+// (kvxfer.Producer.Shutdown, for at most a second: a decode's last DONE
+// gets its ACK) and closes the consumer. Engine.Shutdown calls it after the
+// step loop stopped, so after its drain: a prefill's side channel serves
+// held KV until then.
 func (c *Connector) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -385,7 +418,9 @@ func (c *Connector) Close() error {
 	c.cancel()
 	var err error
 	if c.prod != nil {
-		err = c.prod.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), closeGrace)
+		err = c.prod.Shutdown(ctx)
+		cancel()
 	}
 	c.wg.Wait()
 	if c.cons != nil {

@@ -2,6 +2,8 @@ package kvconnector
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"slices"
 	"testing"
 	"time"
@@ -135,9 +137,13 @@ func TestMultiTurnRecomputesWhatItMustNotPull(t *testing.T) {
 		edited := slices.Clone(out1)
 		edited[20]++ // the client edits the answer at token 100 of the conversation
 		pulled := value(t, p2.m.HistoryTokensPulled)
+		partial := value(t, p2.m.HistoryRecomputed.WithLabelValues("history_mismatch_partial"))
 		check(t, concat(prompt1, edited, promptOf(912, 20)), conv, d)
 		if got := value(t, p2.m.HistoryTokensPulled) - pulled; got != 96 {
 			t.Errorf("pulled %v tokens of a history edited at token 100, want the 96 of the 6 blocks before it", got)
+		}
+		if got := value(t, p2.m.HistoryRecomputed.WithLabelValues("history_mismatch_partial")) - partial; got != 1 {
+			t.Errorf("tandem:kv_history_recomputed_total{reason=history_mismatch_partial} grew by %v, want 1", got)
 		}
 	})
 	t.Run("a history rewritten from its first block is computed, and counted", func(t *testing.T) {
@@ -168,9 +174,17 @@ func TestMultiTurnRecomputesWhatItMustNotPull(t *testing.T) {
 		prompt1 := promptOf(931, 80)
 		out1, conv := turn1(t, p1, short, prompt1, 40)
 		before := value(t, p2.m.KVTransferFailures.WithLabelValues("expired"))
+		recomputed := value(t, p2.m.HistoryRecomputed.WithLabelValues("expired"))
+		pulled := value(t, p2.m.HistoryTokensPulled)
 		check(t, concat(prompt1, out1, promptOf(932, 10)), conv, short)
 		if value(t, p2.m.KVTransferFailures.WithLabelValues("expired")) != before+1 {
 			t.Error("tandem:kv_transfer_failures_total{reason=expired} did not grow")
+		}
+		if value(t, p2.m.HistoryRecomputed.WithLabelValues("expired")) != recomputed+1 {
+			t.Error("tandem:kv_history_recomputed_total{reason=expired} did not grow")
+		}
+		if value(t, p2.m.HistoryTokensPulled) != pulled {
+			t.Error("a declined pull counted as pulled history tokens")
 		}
 	})
 	t.Run("a decode restarted between turns is recomputed", func(t *testing.T) {
@@ -180,8 +194,287 @@ func TestMultiTurnRecomputesWhatItMustNotPull(t *testing.T) {
 		releaseConversations(t, gone)
 		gone.waitIdle(t)
 		gone.e.Shutdown(t.Context())
+		before := value(t, p2.m.HistoryRecomputed.WithLabelValues("io"))
 		check(t, concat(prompt1, out1, promptOf(942, 10)), conv, d)
+		if value(t, p2.m.HistoryRecomputed.WithLabelValues("io")) != before+1 {
+			t.Error("tandem:kv_history_recomputed_total{reason=io} did not grow for a decode that is gone")
+		}
 	})
+	t.Run("a decode restarted with the same engine id and port: the stale peer is dropped", func(t *testing.T) {
+		port := freeLoopbackPort(t)
+		const id = "decode-restarted"
+		old := newPD(t, pdOpts{role: RoleDecode, bidirectional: true, engineID: id, port: port})
+		prompt1 := promptOf(943, 80)
+		out1, conv1 := turn1(t, p1, old, prompt1, 40)
+		// Turn 2 pulls from the old process: the prefill now knows the
+		// peer (its handshake Info, a pooled connection).
+		prompt2 := concat(prompt1, out1, promptOf(944, 10))
+		// A long answer: turn 3 must pull more than the recompute threshold
+		// beyond what the prefill has cached of turn 2's prompt.
+		kv2 := prefillWith(t, p2, prompt2, greedy(80), conv1)
+		o2 := decode(t, old, prompt2, greedy(80), kv2)
+		conv2 := wire(t, o2.final.KVTransfer)
+		p2.waitIdle(t)
+		releaseConversations(t, old)
+		old.waitIdle(t)
+		if err := old.e.Shutdown(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		restarted := newPD(t, pdOpts{role: RoleDecode, bidirectional: true, engineID: id, port: port})
+		t.Cleanup(func() { releaseConversations(t, restarted) })
+		if g1, g2 := conv2["remote_registration_generation"], restarted.c.prod.Info().Generation; g1 == fmt.Sprint(g2) {
+			t.Fatalf("the restarted decode has the old registration generation %v", g1)
+		}
+
+		// Turn 3 names turn 2's hold, gone with the old process.
+		before := value(t, p2.m.HistoryRecomputed.WithLabelValues("peer_restarted"))
+		pulled := value(t, p2.m.HistoryTokensPulled)
+		prompt3 := concat(prompt2, o2.tokens, promptOf(945, 10))
+		check(t, prompt3, conv2, restarted)
+		if value(t, p2.m.HistoryRecomputed.WithLabelValues("peer_restarted")) != before+1 {
+			t.Error("tandem:kv_history_recomputed_total{reason=peer_restarted} did not grow")
+		}
+		if value(t, p2.m.HistoryTokensPulled) != pulled {
+			t.Error("history tokens pulled from a restarted decode")
+		}
+
+		// The stale state is gone: a conversation held by the new process
+		// is pulled from it.
+		prompt4 := promptOf(946, 80)
+		out4, conv4 := turn1(t, p1, restarted, prompt4, 40)
+		pulled = value(t, p2.m.HistoryTokensPulled)
+		check(t, concat(prompt4, out4, promptOf(947, 10)), conv4, restarted)
+		if got := value(t, p2.m.HistoryTokensPulled) - pulled; got != float64(len(prompt4)+len(out4)-1) {
+			t.Errorf("pulled %v history tokens from the restarted decode, want %d", got, len(prompt4)+len(out4)-1)
+		}
+	})
+}
+
+// freeLoopbackPort returns a TCP port free on 127.0.0.1 when it returns.
+func freeLoopbackPort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestMultiTurnExpiryGate ports vLLM's test_turn2_deadline_gate and
+// test_turn2_full_prefix_hit_with_expired_deadline_skips_gate: a pull is
+// declined (counted as expired, then recomputed) exactly when the decode's
+// deadline is known and within the 5 s margin or past; a full local hit
+// pulls nothing, so no deadline matters.
+func TestMultiTurnExpiryGate(t *testing.T) {
+	ref := newPD(t, pdOpts{})
+	p1 := newPD(t, pdOpts{role: RolePrefill, bidirectional: true})
+	p2 := newPD(t, pdOpts{role: RolePrefill, bidirectional: true, policy: sched.LoadFailureRecompute})
+	d := newPD(t, pdOpts{role: RoleDecode, bidirectional: true})
+	t.Cleanup(func() { releaseConversations(t, d) })
+
+	// The test engines run without a KV secret, so params are not signed
+	// and the expiry time can be edited like a clock skew would move it.
+	tests := []struct {
+		name     string
+		expiry   any // remote_blocks_expiry_time; nil deletes it
+		declined bool
+	}{
+		{"expired", float64(time.Now().Add(-time.Minute).Unix()), true},
+		{"within the margin", float64(time.Now().Add(3 * time.Second).Unix()), true},
+		{"far", float64(time.Now().Add(time.Hour).Unix()), false},
+		{"missing", nil, false},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			prompt1 := promptOf(uint64(1001+10*i), 80)
+			out1, conv := turn1(t, p1, d, prompt1, 40)
+			delete(conv, "remote_blocks_expiry_time")
+			if tt.expiry != nil {
+				conv["remote_blocks_expiry_time"] = tt.expiry
+			}
+			prompt2 := concat(prompt1, out1, promptOf(uint64(1002+10*i), 10))
+			want := run(t, ref.e, &engine.Request{Prompt: prompt2, Params: greedy(12)})
+			expired := value(t, p2.m.KVTransferFailures.WithLabelValues("expired"))
+			pulled := value(t, p2.m.HistoryTokensPulled)
+			kv2 := prefillWith(t, p2, prompt2, greedy(12), conv)
+			got := decode(t, d, prompt2, greedy(12), kv2)
+			if diff := gocmp.Diff(want.tokens, got.tokens); diff != "" {
+				t.Errorf("turn 2 differs from the colocated engine (-colocated +disaggregated):\n%s", diff)
+			}
+			gotDeclined := value(t, p2.m.KVTransferFailures.WithLabelValues("expired")) > expired
+			if gotDeclined != tt.declined {
+				t.Errorf("pull declined as expired: %v, want %v", gotDeclined, tt.declined)
+			}
+			if pulledAny := value(t, p2.m.HistoryTokensPulled) > pulled; pulledAny == tt.declined {
+				t.Errorf("history pulled: %v, want %v", pulledAny, !tt.declined)
+			}
+			p2.waitIdle(t)
+			releaseConversations(t, d)
+		})
+	}
+
+	t.Run("a full local hit skips the pull and the gate, even with an expired deadline", func(t *testing.T) {
+		prompt1 := promptOf(1101, 80)
+		out1, conv := turn1(t, p1, d, prompt1, 40) // the decode holds 119 tokens
+		conv["remote_blocks_expiry_time"] = float64(time.Now().Add(-time.Hour).Unix())
+		prompt2 := concat(prompt1, out1, promptOf(1102, 20))
+		// The prefill's own cache gets 8 blocks (128 tokens) of the prompt.
+		run(t, p2.e, &engine.Request{Prompt: prompt2[:130], Params: greedy(1)})
+		want := run(t, ref.e, &engine.Request{Prompt: prompt2, Params: greedy(12)})
+		expired := value(t, p2.m.KVTransferFailures.WithLabelValues("expired"))
+		pulled := value(t, p2.m.HistoryTokensPulled)
+		hits := value(t, p2.m.HistoryRecomputed.WithLabelValues("local_hit"))
+		kv2 := prefillWith(t, p2, prompt2, greedy(12), conv)
+		if got := value(t, p2.m.HistoryRecomputed.WithLabelValues("local_hit")) - hits; got != 1 {
+			t.Errorf("tandem:kv_history_recomputed_total{reason=local_hit} grew by %v, want 1", got)
+		}
+		if value(t, p2.m.KVTransferFailures.WithLabelValues("expired")) != expired || value(t, p2.m.HistoryTokensPulled) != pulled {
+			t.Error("a full local hit pulled, or was declined by the expiry gate")
+		}
+		// The prefill told the decode it needs nothing: the hold is freed.
+		waitFor(t, func() bool { return d.c.prod.FixedHolds() == 0 })
+		got := decode(t, d, prompt2, greedy(12), kv2)
+		if diff := gocmp.Diff(want.tokens, got.tokens); diff != "" {
+			t.Errorf("turn 2 differs from the colocated engine (-colocated +disaggregated):\n%s", diff)
+		}
+		p2.waitIdle(t)
+	})
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10 s")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestMultiTurnHistoryLongerThanThePrompt ports
+// test_remote_blocks_exceed_prompt_tokens and
+// test_p_node_pulls_partial_last_block_from_d: a prompt shorter than the
+// held history pulls what of it the prompt has, in whole blocks (the chain
+// cannot check part of a block); a prompt that has the whole history pulls
+// exactly remote_num_tokens, its partial last block included. Neither is a
+// rewritten history.
+func TestMultiTurnHistoryLongerThanThePrompt(t *testing.T) {
+	ref := newPD(t, pdOpts{})
+	p1 := newPD(t, pdOpts{role: RolePrefill, bidirectional: true})
+	p2 := newPD(t, pdOpts{role: RolePrefill, bidirectional: true})
+	d := newPD(t, pdOpts{role: RoleDecode, bidirectional: true})
+	t.Cleanup(func() { releaseConversations(t, d) })
+	tests := []struct {
+		name       string
+		seed       uint64
+		promptLen  func(held int) int
+		wantPulled func(held int) int
+	}{
+		{"a prompt ending inside the history", 1201, func(int) int { return 100 }, func(int) int { return 96 }},
+		{"a prompt ending inside the history's last block", 1202, func(held int) int { return held - 2 }, func(held int) int { return (held - 2) / 16 * 16 }},
+		{"a prompt that is the whole history and the last sampled token", 1203, func(held int) int { return held + 1 }, func(held int) int { return held }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			prompt1 := promptOf(tt.seed, 80)
+			out1, conv := turn1(t, p1, d, prompt1, 40)
+			held := len(prompt1) + len(out1) - 1
+			prompt2 := concat(prompt1, out1)[:tt.promptLen(held)]
+			want := run(t, ref.e, &engine.Request{Prompt: prompt2, Params: greedy(12)})
+			pulled := value(t, p2.m.HistoryTokensPulled)
+			local := counter(t, p2.m, "local_compute")
+			mismatch := value(t, p2.m.HistoryRecomputed.WithLabelValues("history_mismatch")) + value(t, p2.m.HistoryRecomputed.WithLabelValues("history_mismatch_partial"))
+			kv2 := prefillWith(t, p2, prompt2, greedy(12), conv)
+			if got, want := value(t, p2.m.HistoryTokensPulled)-pulled, tt.wantPulled(held); got != float64(want) {
+				t.Errorf("pulled %v history tokens for a %d-token prompt of a %d-token history, want %d", got, len(prompt2), held, want)
+			}
+			if got, want := counter(t, p2.m, "local_compute")-local, len(prompt2)-tt.wantPulled(held); got != float64(want) {
+				t.Errorf("computed %v prompt tokens, want %d", got, want)
+			}
+			if value(t, p2.m.HistoryRecomputed.WithLabelValues("history_mismatch"))+value(t, p2.m.HistoryRecomputed.WithLabelValues("history_mismatch_partial")) != mismatch {
+				t.Error("a prompt shorter than the history counted as a rewritten history")
+			}
+			got := decode(t, d, prompt2, greedy(12), kv2)
+			if diff := gocmp.Diff(want.tokens, got.tokens); diff != "" {
+				t.Errorf("turn 2 differs from the colocated engine (-colocated +disaggregated):\n%s", diff)
+			}
+			p2.waitIdle(t)
+			releaseConversations(t, d)
+		})
+	}
+}
+
+// TestMultiTurnDecodeAbortHoldsNothing: a decode leg the client abandons
+// mid-stream (vLLM holds only LENGTH_CAPPED or STOPPED requests) frees its
+// blocks and returns no params.
+func TestMultiTurnDecodeAbortHoldsNothing(t *testing.T) {
+	p := newPD(t, pdOpts{role: RolePrefill, bidirectional: true})
+	d := newPD(t, pdOpts{role: RoleDecode, bidirectional: true})
+	prompt := promptOf(1301, 60)
+	kv := prefill(t, p, prompt, greedy(200))
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	h, err := d.e.Submit(ctx, &engine.Request{Prompt: prompt, Params: greedy(200), KVTransfer: kv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	var final engine.Event
+	for ev := range h.Events {
+		n += len(ev.Tokens)
+		if n >= 3 {
+			cancel() // the client disconnects after a few tokens
+		}
+		if ev.Finish != engine.FinishNone {
+			final = ev
+		}
+	}
+	if n >= 200 {
+		t.Fatalf("the request was not aborted (%d tokens)", n)
+	}
+	if final.KVTransfer != nil {
+		t.Errorf("an aborted decode leg returned params %v", final.KVTransfer)
+	}
+	if got := d.c.prod.FixedHolds(); got != 0 {
+		t.Errorf("the decode holds %d conversations after an abort", got)
+	}
+	d.waitIdle(t)
+	if v := value(t, d.m.ConversationHolds); v != 0 {
+		t.Errorf("tandem:kv_conversation_holds = %v", v)
+	}
+}
+
+// TestMultiTurnHoldExpiryFreesTheDecodesBlocks: a conversation nobody
+// continues gives its blocks back when --kv-decode-hold-ttl ends
+// (heartbeats do not extend it).
+func TestMultiTurnHoldExpiryFreesTheDecodesBlocks(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1_000_000, 0)}
+	p := newPD(t, pdOpts{role: RolePrefill, bidirectional: true})
+	d := newPD(t, pdOpts{role: RoleDecode, bidirectional: true, clock: clock, holdTTL: 480 * time.Second})
+	prompt := promptOf(1401, 80)
+	out, conv := turn1(t, p, d, prompt, 40)
+	held := len(prompt) + len(out) - 1
+	if got, want := d.usedBlocks(t), (held+15)/16; got != want {
+		t.Fatalf("%d blocks in use on the decode, want the %d of the held conversation", got, want)
+	}
+	// The gauge follows holds on an idle engine too (no step runs).
+	if v := value(t, d.m.ConversationHolds); v != 1 {
+		t.Errorf("tandem:kv_conversation_holds = %v after turn 1, want 1", v)
+	}
+	if exp := conv["remote_blocks_expiry_time"].(float64); exp != float64(clock.Now().Add(480*time.Second).Unix()) {
+		t.Errorf("remote_blocks_expiry_time %v, want the decode's clock + 480 s", exp)
+	}
+	clock.advance(479 * time.Second)
+	time.Sleep(50 * time.Millisecond) // several sweeps
+	if d.c.prod.FixedHolds() != 1 {
+		t.Fatal("the hold ended before its TTL")
+	}
+	clock.advance(2 * time.Second)
+	d.waitIdle(t)
+	waitFor(t, func() bool { return value(t, d.m.ConversationHolds) == 0 })
 }
 
 func TestConversationHoldsGiveWayToNewRequests(t *testing.T) {

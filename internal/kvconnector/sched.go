@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/kvxfer"
+	"github.com/tandem-serve/tandem/internal/logid"
 	"github.com/tandem-serve/tandem/internal/sched"
 )
 
@@ -33,10 +34,11 @@ func (c *Connector) OnNewRequest(r *sched.Request) {
 		// client-driven).
 		st := &connReq{remoteDecode: true, remote: k.remote, history: true}
 		st.pullable = min(matchedTokens(c.cfg.ModelFingerprint, r.Prompt, k.numTokens, k.history, c.blockSize), len(r.Prompt)-1)
-		if held := min(k.numTokens, len(r.Prompt)-1); st.pullable < held {
-			st.recompute = "history_mismatch"
+		if limit := verifiableTokens(len(r.Prompt), k.numTokens, c.blockSize); st.pullable < limit {
+			st.recompute = reasonMismatch
+			// r.ID is about to be held for the decode leg: a tag of it.
 			c.log.Info("conversation history differs from the held KV; recomputing from the first difference",
-				"id", r.ID, "held_tokens", k.numTokens, "matching_tokens", st.pullable)
+				append(logid.Attrs(c.log, "id", r.ID), "held_tokens", k.numTokens, "matching_tokens", st.pullable)...)
 		}
 		c.reqs[r.ID] = st
 	case k.remoteDecode && c.prod != nil:
@@ -80,14 +82,14 @@ func (c *Connector) UpdateStateAfterAlloc(r *sched.Request, blocks []int32, numE
 		c.staged.notifies = append(c.staged.notifies, notifyJob{peer: st.remote.Peer(), reqID: st.remote.RequestID})
 		return
 	}
-	if st.history && c.cfg.Metrics != nil {
-		c.cfg.Metrics.HistoryTokensPulled.Add(float64(numExternal))
-	}
 	bs := c.blockSize
 	local := r.NumComputedTokens()
 	first, last := local/bs, (local+numExternal+bs-1)/bs
 	st.phase = loading
 	job := pullJob{id: r.ID, params: *st.remote}
+	if st.history {
+		job.history = &historyPull{tokens: numExternal, recompute: st.recompute}
+	}
 	// Both bounds hold by construction (the block count was validated
 	// against the prompt, the scheduler allocated for local+numExternal);
 	// a request that breaks them fails its load instead of reading past
@@ -188,6 +190,7 @@ func (c *Connector) holdConversation(r *sched.Request, blockIDs []int32) (bool, 
 	p["do_remote_prefill"], p["do_remote_decode"] = false, true
 	p["remote_blocks_expiry_time"] = float64(deadline.UnixNano()) / 1e9
 	p[historyParam] = chain
+	c.updateHoldGauge()
 	return true, p
 }
 
@@ -224,18 +227,49 @@ func (c *Connector) params(g kvxfer.Grant, expiry time.Time) map[string]any {
 	}
 }
 
+// Reasons a turn-2 prefill computes (some of) the history instead of
+// pulling it, the reason label of tandem:kv_history_recomputed_total. A
+// history pull that fails counts under its kvxfer.FailureReason instead
+// (expired, peer_restarted, not_held, io, ...).
+const (
+	reasonLocalHit        = "local_hit"                // the prefill's own prefix cache had it all: nothing to pull
+	reasonBelowThreshold  = "below_threshold"          // fewer than --kv-recompute-threshold tokens to pull
+	reasonMismatch        = "history_mismatch"         // the prompt's history differs from the held one in its first block
+	reasonMismatchPartial = "history_mismatch_partial" // it differs later: the blocks before the edit were pulled
+)
+
+// verifiableTokens is how many held tokens a prompt of promptLen tokens can
+// take from a history of numTokens when every token agrees: the history
+// chain checks whole blocks, and the history's last, partial block only
+// when the prompt has all of it; and the prompt's last token is always
+// computed (it samples the first output token). Fewer matching tokens mean
+// the history was rewritten.
+func verifiableTokens(promptLen, numTokens, blockSize int) int {
+	n := numTokens
+	if promptLen < numTokens {
+		n = promptLen / blockSize * blockSize
+	}
+	return min(n, promptLen-1)
+}
+
 // countRecompute records why a turn-2 prefill pulled nothing.
 func (c *Connector) countRecompute(st *connReq, r *sched.Request, local int) {
 	reason := st.recompute
 	switch {
 	case reason != "":
 	case st.pullable-local <= 0:
-		reason = "local_hit"
+		reason = reasonLocalHit
 	default:
-		reason = "below_threshold"
+		reason = reasonBelowThreshold
 	}
+	c.countHistory(reason)
+	c.log.Debug("turn-2 prefill computes its history locally", "id", r.ID, "reason", reason, "local_tokens", local, "pullable", st.pullable)
+}
+
+// countHistory counts a turn-2 prefill that computed (some of) its history
+// under reason.
+func (c *Connector) countHistory(reason string) {
 	if m := c.cfg.Metrics; m != nil {
 		m.HistoryRecomputed.WithLabelValues(reason).Inc()
 	}
-	c.log.Debug("turn-2 prefill computes its history locally", "id", r.ID, "reason", reason, "local_tokens", local, "pullable", st.pullable)
 }

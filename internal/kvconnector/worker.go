@@ -8,6 +8,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
+	"github.com/tandem-serve/tandem/internal/logid"
 )
 
 // The worker half: pulls, notifications, lease sweeps and releases, on
@@ -102,14 +103,37 @@ func (c *Connector) startPull(j pullJob) {
 		c.pulled = append(c.pulled, j.id)
 		c.mu.Unlock()
 		cancel()
+		c.countHistoryPull(j.history, err)
 		if err != nil {
 			c.log.Warn("kv pull failed; the request gets a generic error", "id", j.id, "remote_engine_id", j.params.EngineID,
-				"remote_addr", j.params.Peer().Addr(), "reason", kvxfer.FailureReason(err), "err", err)
+				"remote_addr", j.params.Peer().Addr(), "reason", kvxfer.FailureReason(err), "err", logid.Redact(err.Error(), j.params.RequestID))
 			c.report(failedLoad(j, err))
 			return
 		}
 		c.report(engine.KVCompletions{FinishedRecving: []string{j.id}})
 	}()
+}
+
+// countHistoryPull counts a turn-2 prefill's history pull once it ended:
+// the tokens pulled, and a history rewritten after its first block as
+// history_mismatch_partial (the blocks before the edit were pulled); or the
+// pull's failure as the reason the history is recomputed (the load-failure
+// policy then computes it here, or fails the leg and the proxy retries it
+// without the history). An abort (canceled) recomputes nothing.
+func (c *Connector) countHistoryPull(h *historyPull, err error) {
+	m := c.cfg.Metrics
+	if h == nil || m == nil {
+		return
+	}
+	switch reason := kvxfer.FailureReason(err); {
+	case err == nil:
+		m.HistoryTokensPulled.Add(float64(h.tokens))
+		if h.recompute != "" {
+			c.countHistory(reasonMismatchPartial)
+		}
+	case reason != "canceled":
+		c.countHistory(reason)
+	}
 }
 
 // failedLoad reports a pull that failed: every destination block is
@@ -158,8 +182,10 @@ func (c *Connector) goNotify(n notifyJob) {
 		ctx, cancel := context.WithTimeout(c.base, c.cfg.NotifyTimeout)
 		defer cancel()
 		if err := c.cons.Notify(ctx, n.peer, n.reqID); err != nil && !errors.Is(err, kvxfer.ErrNotHeld) {
+			// The KV stays held until its lease ends: name it by its tag.
+			attrs := append([]any{"remote_engine_id", n.peer.EngineID}, logid.Attrs(c.log, "remote_request_id", n.reqID)...)
 			c.log.Warn("cannot tell the prefill engine to free KV this engine will not read; it frees it when the lease expires",
-				"remote_engine_id", n.peer.EngineID, "remote_request_id", n.reqID, "reason", kvxfer.FailureReason(err), "err", err)
+				append(attrs, "reason", kvxfer.FailureReason(err), "err", logid.Redact(err.Error(), n.reqID))...)
 		}
 	}()
 }
@@ -185,6 +211,8 @@ func (c *Connector) sweepLoop() {
 // drainReleases hands the producer's releases to the step loop.
 func (c *Connector) drainReleases() {
 	if ids := releasedIDs(c.prod.TakeReleased()); len(ids) > 0 {
+		// An idle engine runs no Step to refresh the gauge.
+		c.updateHoldGauge()
 		c.report(engine.KVCompletions{FinishedSending: ids})
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sync/singleflight"
 
+	"github.com/tandem-serve/tandem/internal/logid"
 	"github.com/tandem-serve/tandem/internal/metrics"
 )
 
@@ -270,8 +271,10 @@ func (c *Consumer) Pull(ctx context.Context, r RemoteParams, dst [][]byte) error
 		}
 	}
 	if err != nil {
-		c.log.Warn("kv pull failed", "remote_engine_id", r.EngineID, "remote_request_id", r.RequestID,
-			"remote_addr", r.Peer().Addr(), "blocks", len(r.BlockIDs), "reason", FailureReason(err), "err", err)
+		// The remote id may still be held (logid: a tag at info level).
+		attrs := append([]any{"remote_engine_id", r.EngineID}, logid.Attrs(c.log, "remote_request_id", r.RequestID)...)
+		c.log.Warn("kv pull failed", append(attrs, "remote_addr", r.Peer().Addr(), "blocks", len(r.BlockIDs),
+			"reason", FailureReason(err), "err", logid.Redact(err.Error(), r.RequestID))...)
 	}
 	return err
 }
@@ -320,8 +323,9 @@ func (c *Consumer) pull(ctx context.Context, r RemoteParams, dst [][]byte) error
 		if derr := c.done(ctx, r.Peer(), r.RequestID); derr != nil && !errors.Is(derr, ErrNotHeld) {
 			// The KV is in dst and valid; the producer frees at lease
 			// expiry instead.
+			attrs := append([]any{"remote_engine_id", r.EngineID}, logid.Attrs(c.log, "remote_request_id", r.RequestID)...)
 			c.log.Warn("kv pulled but DONE failed; the prefill frees the blocks when the lease expires",
-				"remote_engine_id", r.EngineID, "remote_request_id", r.RequestID, "err", derr)
+				append(attrs, "err", logid.Redact(derr.Error(), r.RequestID))...)
 		}
 		return nil
 	case errors.Is(err, ErrNotHeld), errors.Is(err, ErrIncompatible), errors.Is(err, ErrPeerRestarted), errors.Is(err, ErrClosed), errors.Is(err, ErrExpired):

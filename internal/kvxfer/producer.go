@@ -1,6 +1,7 @@
 package kvxfer
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/binary"
@@ -116,12 +117,22 @@ type Producer struct {
 	mu     sync.Mutex
 	leases *leaseTable
 	ln     []net.Listener
-	conns  map[net.Conn]struct{}
+	// conns are the open connections (raw, before TLS), each marked idle
+	// while it waits for its next request (or is still in its handshake):
+	// Shutdown closes those at once and lets the others answer first.
+	conns    map[net.Conn]bool
+	connGone chan struct{} // a connection ended (for Shutdown)
+	// quiescing: Shutdown began; no connection is accepted and none
+	// starts another request.
+	quiescing bool
 	// authed counts connections past the handshake; pending those in it,
 	// in total and per remote IP.
 	authed    int
 	pending   int
 	pendingBy map[string]int
+	// unauthLog rate-limits the lines about connections that never
+	// authenticated, so none of their peers can flood the log.
+	unauthLog *logLimiter
 	closed    bool
 	wg        sync.WaitGroup
 }
@@ -186,8 +197,10 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 		log:       cfg.Logger.With("component", "kvxfer.producer", "engine_id", info.EngineID),
 		mem:       cfg.Memory,
 		leases:    newLeaseTable(info.EngineID, cfg.Lease),
-		conns:     make(map[net.Conn]struct{}),
+		conns:     make(map[net.Conn]bool),
+		connGone:  make(chan struct{}, 1),
 		pendingBy: make(map[string]int),
+		unauthLog: newLogLimiter(refusalLogInterval, refusalLogAddrs, cfg.Clock),
 	}, nil
 }
 
@@ -274,6 +287,14 @@ func (p *Producer) TakeReleased() []Release {
 	return p.leases.takeReleased()
 }
 
+// HeldRequests returns how many requests' blocks are held (a lease, or a
+// release waiting for a read in flight to end).
+func (p *Producer) HeldRequests() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.leases.held)
+}
+
 // HeldBlocks returns how many blocks are under a live lease.
 func (p *Producer) HeldBlocks() int {
 	p.mu.Lock()
@@ -320,7 +341,7 @@ func (p *Producer) Serve(ln net.Listener) error {
 		c, err := ln.Accept()
 		if err != nil {
 			p.mu.Lock()
-			closed := p.closed
+			closed := p.closed || p.quiescing
 			p.mu.Unlock()
 			if closed {
 				return nil
@@ -351,21 +372,21 @@ func (p *Producer) Serve(ln net.Listener) error {
 // An admitted connection counts as pending until its handshake ends.
 func (p *Producer) admit(c net.Conn) (ErrorCode, string) {
 	if p.cfg.Peers != nil && !p.cfg.Peers.AllowsConn(c.RemoteAddr()) {
-		p.log.Warn("kv side channel refused a connection: its address is not in --kv-peers", "remote_addr", c.RemoteAddr().String(), "kv_peers", p.cfg.Peers.String())
+		p.unauthLog.warn(p.log, "kv-peers "+remoteIP(c), "kv side channel refused a connection: its address is not in --kv-peers", "remote_addr", c.RemoteAddr().String(), "kv_peers", p.cfg.Peers.String())
 		return CodeUnauthenticated, "this address may not connect to the KV side channel"
 	}
 	host := remoteIP(c)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
-	case p.closed:
+	case p.closed, p.quiescing:
 		return CodeShuttingDown, "prefill engine is shutting down"
 	case p.pending >= p.cfg.MaxPending, p.pendingBy[host] >= p.cfg.MaxPendingPerHost:
 		return CodeBusy, "too many side-channel connections in their handshake: retry later"
 	}
 	p.pending++
 	p.pendingBy[host]++
-	p.conns[c] = struct{}{}
+	p.conns[c] = true // idle until its handshake ends: nothing to answer yet
 	p.wg.Add(1)
 	return 0, ""
 }
@@ -391,6 +412,61 @@ func (p *Producer) refuse(c net.Conn, code ErrorCode, msg string) {
 	c.Close()
 }
 
+// Shutdown closes the side channel gracefully: it stops accepting
+// connections, closes those waiting for a request (or still in their
+// handshake), lets each request in progress (a READ on the wire, a DONE or
+// heartbeat being answered) finish and be answered before its connection
+// closes, and then, or once ctx is done, Closes. Call it when no lease
+// needs serving any more (the engine's drain waits for that first), so
+// that a consumer's last DONE gets its ACK rather than a closed
+// connection.
+func (p *Producer) Shutdown(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.quiescing = true
+	for _, ln := range p.ln {
+		ln.Close()
+	}
+	for c, idle := range p.conns {
+		if idle {
+			c.Close()
+		}
+	}
+	p.mu.Unlock()
+	for {
+		p.mu.Lock()
+		n := len(p.conns)
+		p.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		select {
+		case <-p.connGone:
+			continue
+		case <-ctx.Done():
+		}
+		break
+	}
+	return p.Close()
+}
+
+// setIdle marks c as waiting for its next request (idle) or serving one,
+// and reports false when c must close instead: Shutdown began.
+func (p *Producer) setIdle(c net.Conn, idle bool) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if idle && (p.quiescing || p.closed) {
+		return false
+	}
+	if _, ok := p.conns[c]; ok {
+		p.conns[c] = idle
+	}
+	return true
+}
+
 // Close stops accepting, closes every connection and waits for all
 // goroutines to end. Leases are kept: the step loop still drains them.
 func (p *Producer) Close() error {
@@ -411,10 +487,14 @@ func (p *Producer) Close() error {
 	return nil
 }
 
+// errQuiesced ends a connection between two requests once Shutdown began.
+var errQuiesced = errors.New("kvxfer: side channel shutting down")
+
 // srvConn is one producer-side connection: strictly one request at a time.
 type srvConn struct {
 	p      *Producer
 	c      net.Conn
+	raw    net.Conn // c before TLS: the key in Producer.conns
 	hb     [headerSize]byte
 	hello  bool
 	remote string // consumer engine id, for logs
@@ -440,12 +520,16 @@ func (p *Producer) serveConn(c net.Conn) {
 		}
 		p.mu.Unlock()
 		c.Close()
+		select {
+		case p.connGone <- struct{}{}:
+		default:
+		}
 	}()
 	var conn net.Conn = c
 	if p.cfg.TLS != nil {
 		conn = tls.Server(c, p.cfg.TLS)
 	}
-	s := &srvConn{p: p, c: conn}
+	s := &srvConn{p: p, c: conn, raw: c}
 	err := s.authenticate(func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -466,7 +550,7 @@ func (p *Producer) serveConn(c net.Conn) {
 	for err == nil {
 		err = s.serveOne()
 	}
-	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, errQuiesced) {
 		return
 	}
 	var ve *versionError
@@ -481,7 +565,7 @@ func (p *Producer) serveConn(c net.Conn) {
 	if authed {
 		p.log.Debug("side-channel connection closed", "remote_addr", c.RemoteAddr().String(), "consumer", s.remote, "err", err)
 	} else {
-		p.log.Warn("side-channel connection failed its handshake", "remote_addr", c.RemoteAddr().String(), "err", err)
+		p.unauthLog.warn(p.log, "handshake "+host, "side-channel connection failed its handshake", "remote_addr", c.RemoteAddr().String(), "err", err)
 	}
 }
 
@@ -489,8 +573,12 @@ func (p *Producer) serveConn(c net.Conn) {
 // connection.
 func (s *srvConn) serveOne() error {
 	p := s.p
+	if !p.setIdle(s.raw, true) {
+		return errQuiesced
+	}
 	s.c.SetReadDeadline(time.Now().Add(p.cfg.IdleTimeout))
 	h, err := readHeader(s.c, &s.hb)
+	p.setIdle(s.raw, false)
 	if err != nil {
 		return err
 	}

@@ -44,9 +44,20 @@
 // flight (or still holds KV blocks for a remote decode) gets two distinct
 // engine requests rather than a confused one.
 //
+// Probes: GET /health is readiness (vLLM's tools and Tandem's proxy probe
+// it): 200 while the engine takes requests, 503 with Retry-After from the
+// moment Drain is called (the first SIGTERM of `tandem serve`). GET /livez
+// is liveness: 200 as long as the process serves HTTP, draining included,
+// so that an orchestrator's liveness probe does not kill an engine that is
+// finishing its requests or serving held KV. While draining, new
+// completion and chat requests get a 503 ServiceUnavailableError ("retry
+// on another instance") before they reach the engine, which a router
+// retries elsewhere; requests in flight run on (InFlight counts them);
+// /metrics, /tokenize and KV release keep working.
+//
 // API keys: with Config.APIKey set (`tandem serve --api-key`, or
 // TANDEM_API_KEY), every path except the probes in OpenPaths (/health,
-// /metrics) needs "Authorization: Bearer <key>", unknown paths included;
+// /livez, /metrics) needs "Authorization: Bearer <key>", unknown paths included;
 // the key is compared as a SHA-256 digest in constant time and a missing or
 // wrong one gets a 401 AuthenticationError with a WWW-Authenticate
 // challenge. vLLM protects only /v1/*; Tandem protects everything that is

@@ -94,6 +94,7 @@ type Server struct {
 	key      *APIKey
 	routes   map[string]route
 	draining atomic.Bool
+	inFlight atomic.Int64 // generation requests being handled
 }
 
 type route struct {
@@ -132,6 +133,7 @@ func NewServer(cfg Config) (*Server, error) {
 		"/tokenize":            {http.MethodPost, s.handleTokenize},
 		"/detokenize":          {http.MethodPost, s.handleDetokenize},
 		"/health":              {http.MethodGet, s.handleHealth},
+		"/livez":               {http.MethodGet, s.handleLivez},
 		"/version":             {http.MethodGet, s.handleVersion},
 		KVReleasePath:          {http.MethodPost, s.handleKVRelease},
 	}
@@ -141,9 +143,14 @@ func NewServer(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Drain makes /health answer 503 and new generation requests fail with 503,
-// while requests in flight run on. Call it first on shutdown.
+// Drain makes /health (readiness) answer 503 and new generation requests
+// fail with 503, while requests in flight run on and /livez stays 200.
+// Call it first on shutdown.
 func (s *Server) Drain() { s.draining.Store(true) }
+
+// InFlight returns how many completion and chat requests are being
+// handled (their answers not yet fully written).
+func (s *Server) InFlight() int { return int(s.inFlight.Load()) }
 
 // ServeHTTP checks the API key, then routes a request. Unknown paths get a
 // JSON 404 and known paths with the wrong method a JSON 405, so every error
@@ -167,15 +174,31 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, NewError(http.StatusMethodNotAllowed, "", "method %s is not allowed on %s; use %s", r.Method, r.URL.Path, rt.method))
 		return
 	}
+	if generationPaths[r.URL.Path] {
+		s.inFlight.Add(1)
+		defer s.inFlight.Add(-1)
+	}
 	rt.handler(w, r)
 }
 
+// generationPaths are the routes InFlight counts.
+var generationPaths = map[string]bool{"/v1/completions": true, "/v1/chat/completions": true}
+
+// handleHealth is readiness: 200 while the engine takes requests, 503 from
+// the moment it drains (vLLM's tools and Tandem's proxy probe /health).
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	if s.draining.Load() || !s.cfg.Backend.Ready() {
 		w.Header().Set("Retry-After", "1")
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return
 	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// handleLivez is liveness: 200 as long as the process serves HTTP,
+// draining or not, so that an orchestrator does not kill an engine that is
+// finishing its requests or serving held KV.
+func (s *Server) handleLivez(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 

@@ -33,6 +33,7 @@ func TestAPIKeyOnARealEngine(t *testing.T) {
 		{"vLLM's toy proxy header, Bearer $OPENAI_API_KEY, is served", "POST", "/v1/completions", "Bearer " + os.Getenv("OPENAI_API_KEY"), 200},
 		{"a lower-case scheme is served", "POST", "/v1/completions", "bearer " + key, 200},
 		{"/health is open", "GET", "/health", "", 200},
+		{"/livez is open", "GET", "/livez", "", 200},
 		{"/metrics is open", "GET", "/metrics", "", 200},
 		{"/v1/models needs the key", "GET", "/v1/models", "", 401},
 		{"/tokenize needs the key", "POST", "/tokenize", "", 401},

@@ -114,7 +114,8 @@ func (pl *pool) list() []*backend { return *pl.set.Load() }
 
 // update makes urls the pool's backends: backends already present keep
 // their state (health, accounting), new ones start unhealthy until a health
-// check passes, removed ones get no new requests (those in flight finish).
+// check passes, removed ones get no new requests (those in flight finish:
+// nothing cancels them).
 func (pl *pool) update(urls []string) (added, removed []*backend, err error) {
 	want := make([]string, 0, len(urls))
 	seen := map[string]bool{}
@@ -155,12 +156,17 @@ func (pl *pool) update(urls []string) (added, removed []*backend, err error) {
 		next = append(next, b)
 		added = append(added, b)
 	}
+	pl.set.Store(&next)
 	for _, b := range old {
+		// Requests in flight on b keep their *backend and finish; b is
+		// marked unhealthy so that nothing holding it (a conversation's
+		// decode affinity) sends it new work, since no health check will
+		// run on it again.
+		b.setHealth(false, "removed from the backend set", time.Now())
 		removed = append(removed, b)
 		pl.metrics.inFlight.DeleteLabelValues(pl.role, b.base)
 		pl.metrics.healthy.DeleteLabelValues(pl.role, b.base)
 	}
-	pl.set.Store(&next)
 	return added, removed, nil
 }
 

@@ -28,6 +28,12 @@ type kvCapture struct {
 	held   []byte
 	done   bool // gave up: relay the rest untouched
 	params json.RawMessage
+	kept   bool // keepTurn (or releaseUnkept) took care of params
+	// wantAnswer collects the text of choice 0 in answer (a turn to
+	// remember by its history); answerBad says it could not be read whole.
+	wantAnswer bool
+	answer     []byte
+	answerBad  bool
 }
 
 func newKVCapture(contentType string) *kvCapture {
@@ -74,12 +80,14 @@ func (c *kvCapture) finish() []byte {
 	if c.sse {
 		return c.line(rest)
 	}
+	c.collect(rest)
 	return c.takeParams(rest)
 }
 
 // giveUp relays what is held and stops capturing.
 func (c *kvCapture) giveUp() []byte {
 	c.done = true
+	c.answerBad = true
 	out := c.held
 	c.held = nil
 	return out
@@ -88,6 +96,9 @@ func (c *kvCapture) giveUp() []byte {
 // line returns an SSE line as it should be relayed.
 func (c *kvCapture) line(l []byte) []byte {
 	payload, ok := bytes.CutPrefix(l, []byte("data:"))
+	if ok {
+		c.collect(bytes.TrimSpace(payload))
+	}
 	if !ok || !bytes.Contains(payload, []byte(kvParamsKey)) {
 		return l
 	}
@@ -116,3 +127,51 @@ func (c *kvCapture) takeParams(b []byte) []byte {
 	o.setFolded(kvParamsKey, nil)
 	return o.marshal()
 }
+
+// answerChunk is what collect reads of an answer or a streamed chunk.
+type answerChunk struct {
+	Choices []struct {
+		Index   int     `json:"index"`
+		Text    *string `json:"text"`
+		Message *struct {
+			Content *string `json:"content"`
+		} `json:"message"`
+		Delta *struct {
+			Content *string `json:"content"`
+		} `json:"delta"`
+	} `json:"choices"`
+}
+
+// collect appends the text of choice 0 in a JSON answer or chunk to the
+// answer, when the capture wants it. Anything it cannot read as one
+// choice's text (another choice, a message without content) spoils it.
+func (c *kvCapture) collect(b []byte) {
+	if !c.wantAnswer || c.answerBad || len(b) == 0 || bytes.Equal(b, sseDone[len("data: "):]) {
+		return
+	}
+	var a answerChunk
+	if json.Unmarshal(b, &a) != nil {
+		c.answerBad = true
+		return
+	}
+	for _, ch := range a.Choices {
+		switch {
+		case ch.Index != 0:
+			c.answerBad = true
+		case ch.Text != nil:
+			c.answer = append(c.answer, *ch.Text...)
+		case ch.Message != nil && ch.Message.Content != nil:
+			c.answer = append(c.answer, *ch.Message.Content...)
+		case ch.Message != nil:
+			c.answerBad = true
+		case ch.Delta != nil && ch.Delta.Content != nil:
+			c.answer = append(c.answer, *ch.Delta.Content...)
+		}
+	}
+	if len(c.answer) > maxCaptureBytes {
+		c.answerBad = true
+	}
+}
+
+// answerOK reports whether the answer's text was read whole.
+func (c *kvCapture) answerOK() bool { return c.wantAnswer && !c.answerBad }

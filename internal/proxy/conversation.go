@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"math"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -78,14 +79,67 @@ func conversationID(obj *object, h http.Header) (string, *apierror.Error) {
 
 // conversation is what the proxy remembers of one conversation's last turn.
 type conversation struct {
-	id      string
+	id      string          // "" for a turn remembered by its history (a request naming no conversation)
 	params  json.RawMessage // the decode's kv_transfer_params, verbatim
 	decode  *backend        // the decode engine that holds the history
 	expires time.Time
+	// history is, for a turn remembered by its history, the chained hashes
+	// of the held history's whole blocks (prompt and answer, at most
+	// maxHistoryBlocks) as the router hashes prompts; put indexes it and
+	// drops it.
+	history []uint64
+	// matched is, for a turn found by its history, how many leading blocks
+	// of the prompt matched it (at least; see indexedBlock), and full
+	// whether the prompt has all of the history's blocks.
+	matched int
+	full    bool
 }
 
-// conversations is a bounded LRU map from conversation id to its last
-// turn's decode params. It reads no clock: callers pass now, so tests step
+// Automatic matching by prompt prefix: the bounds of the block index.
+const (
+	// maxHistoryBlocks bounds the blocks of a history that are matched
+	// (32k tokens of 16): a longer history is matched by its first ones.
+	maxHistoryBlocks = 2048
+	// denseBlocks of a history are indexed one by one; beyond, every
+	// sparseStride-th block and the last, so a prompt that leaves a long
+	// history past its first denseBlocks matches it up to sparseStride−1
+	// blocks short, at a fraction of the memory.
+	denseBlocks  = 32
+	sparseStride = 8
+)
+
+// indexedBlock reports whether block i of a history of n blocks is in the
+// index.
+func indexedBlock(i, n int) bool {
+	return i < denseBlocks || i%sparseStride == sparseStride-1 || i == n-1
+}
+
+// convEntry is one remembered turn in the LRU, with its place in the block
+// index when it was remembered by its history.
+type convEntry struct {
+	cv  conversation
+	lru *list.Element
+	// By history: the index elements of its indexed blocks (keys[i] is the
+	// block hash of index[i]), the hash of its last block and its length in
+	// blocks; truncated when it had more than maxHistoryBlocks.
+	index     []*list.Element
+	keys      []uint64
+	end       uint64
+	blocks    int
+	truncated bool
+}
+
+// blockRef is one entry of the block index: a history whose block pos has
+// the key's hash.
+type blockRef struct {
+	e   *convEntry
+	pos int
+}
+
+// conversations is a bounded LRU of the decode params of finished turns:
+// by conversation id, or — for requests naming no conversation — by the
+// chained block hashes of their history, matched against later prompts
+// (longest match first). It reads no clock: callers pass now, so tests step
 // time by hand. Safe for concurrent use.
 type conversations struct {
 	max     int
@@ -93,15 +147,20 @@ type conversations struct {
 	onEvict func(reason string, cv conversation) // called with mu held; must not block
 
 	mu    sync.Mutex
-	ll    *list.List // front: most recently stored or looked up
-	items map[string]*list.Element
+	ll    *list.List // of *convEntry; front: most recently stored or looked up
+	items map[string]*convEntry
+	// byBlock lists, per block hash, the histories having it at an indexed
+	// position, newest first; byEnd, per hash, the histories ending with it.
+	byBlock map[uint64]*list.List
+	byEnd   map[uint64][]*convEntry
 }
 
 func newConversations(max int, ttl time.Duration, onEvict func(reason string, cv conversation)) *conversations {
 	if onEvict == nil {
 		onEvict = func(string, conversation) {}
 	}
-	return &conversations{max: max, ttl: ttl, onEvict: onEvict, ll: list.New(), items: map[string]*list.Element{}}
+	return &conversations{max: max, ttl: ttl, onEvict: onEvict, ll: list.New(), items: map[string]*convEntry{},
+		byBlock: map[uint64]*list.List{}, byEnd: map[uint64][]*convEntry{}}
 }
 
 // take removes and returns id's entry. Params name blocks a prefill
@@ -123,27 +182,115 @@ func (c *conversations) take(id string, now time.Time) (conversation, bool) {
 	return cv, true
 }
 
-// put stores the params of id's latest turn, replacing an older entry (two
-// turns of one conversation ran at once), then drops expired entries from
-// the LRU end and the least recently used ones beyond max.
+// match removes and returns the remembered history that shares the most
+// leading blocks with prompt (the chained block hashes of a prompt naming
+// no conversation), if it shares at least minBlocks; among histories
+// matching as deep, the newest. Expired ones met on the way are dropped.
+func (c *conversations) match(prompt []uint64, minBlocks int, now time.Time) (conversation, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := min(len(prompt), maxHistoryBlocks) - 1; i >= max(minBlocks, 1)-1; i-- {
+		l := c.byBlock[prompt[i]]
+		if l == nil {
+			continue
+		}
+		for el := l.Front(); el != nil; {
+			ref := el.Value.(blockRef)
+			el = el.Next()
+			if ref.pos != i {
+				continue // the same hash at another depth: a collision
+			}
+			cv := c.remove(ref.e)
+			if !now.Before(cv.expires) {
+				c.onEvict(evictExpired, cv)
+				if c.byBlock[prompt[i]] != l {
+					break // the list emptied and was dropped
+				}
+				continue
+			}
+			cv.matched, cv.full = i+1, i+1 == ref.e.blocks && !ref.e.truncated
+			return cv, true
+		}
+	}
+	return conversation{}, false
+}
+
+// put stores a turn's params: under its conversation id, replacing an older
+// entry (two turns of one conversation ran at once), or under its history,
+// superseding remembered histories it extends (or repeats), which no
+// lookup would pick over it. Then it drops expired entries from the LRU end
+// and the least recently used ones beyond max.
 func (c *conversations) put(cv conversation, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if e, ok := c.items[cv.id]; ok {
-		c.onEvict(evictReplaced, c.remove(e))
+	e := &convEntry{cv: cv}
+	if cv.id != "" {
+		if old, ok := c.items[cv.id]; ok {
+			c.onEvict(evictReplaced, c.remove(old))
+		}
+		c.items[cv.id] = e
+	} else {
+		c.supersede(cv.history)
+		c.index(e)
 	}
-	c.items[cv.id] = c.ll.PushFront(cv)
-	for e := c.ll.Back(); e != nil; e = c.ll.Back() {
-		old := e.Value.(conversation)
+	e.lru = c.ll.PushFront(e)
+	for b := c.ll.Back(); b != nil; b = c.ll.Back() {
+		old := b.Value.(*convEntry)
 		switch {
-		case !now.Before(old.expires):
-			c.onEvict(evictExpired, c.remove(e))
+		case !now.Before(old.cv.expires):
+			c.onEvict(evictExpired, c.remove(old))
 		case c.ll.Len() > c.max:
-			c.onEvict(evictCapacity, c.remove(e))
+			c.onEvict(evictCapacity, c.remove(old))
 		default:
 			return
 		}
 	}
+}
+
+// supersede drops the remembered histories whose every block starts
+// history.
+func (c *conversations) supersede(history []uint64) {
+	for i, h := range history {
+		for _, o := range slices.Clone(c.byEnd[h]) {
+			if o.blocks == i+1 && !o.truncated {
+				c.onEvict(evictReplaced, c.remove(o))
+			}
+		}
+	}
+}
+
+// index enters e's history into the block index.
+func (c *conversations) index(e *convEntry) {
+	h := e.cv.history
+	if len(h) > maxHistoryBlocks {
+		h, e.truncated = h[:maxHistoryBlocks], true
+	}
+	e.blocks, e.end = len(h), h[len(h)-1]
+	for i, key := range h {
+		if !indexedBlock(i, len(h)) {
+			continue
+		}
+		l := c.byBlock[key]
+		if l == nil {
+			l = list.New()
+			c.byBlock[key] = l
+		}
+		e.index = append(e.index, l.PushFront(blockRef{e: e, pos: i}))
+		e.keys = append(e.keys, key)
+	}
+	c.byEnd[e.end] = append(c.byEnd[e.end], e)
+	e.cv.history = nil
+}
+
+// drain removes and returns every entry (the proxy is stopping).
+func (c *conversations) drain() []conversation {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []conversation
+	for b := c.ll.Back(); b != nil; b = c.ll.Back() {
+		out = append(out, c.remove(b.Value.(*convEntry)))
+	}
+	return out
 }
 
 // len returns the number of entries, expired ones not yet dropped included.
@@ -153,10 +300,27 @@ func (c *conversations) len() int {
 	return c.ll.Len()
 }
 
-func (c *conversations) remove(e *list.Element) conversation {
-	cv := c.ll.Remove(e).(conversation)
-	delete(c.items, cv.id)
-	return cv
+func (c *conversations) remove(e *convEntry) conversation {
+	c.ll.Remove(e.lru)
+	if e.cv.id != "" {
+		delete(c.items, e.cv.id)
+		return e.cv
+	}
+	for i, el := range e.index {
+		l := c.byBlock[e.keys[i]]
+		l.Remove(el)
+		if l.Len() == 0 {
+			delete(c.byBlock, e.keys[i])
+		}
+	}
+	e.index, e.keys = nil, nil
+	ends := slices.DeleteFunc(c.byEnd[e.end], func(o *convEntry) bool { return o == e })
+	if len(ends) == 0 {
+		delete(c.byEnd, e.end)
+	} else {
+		c.byEnd[e.end] = ends
+	}
+	return e.cv
 }
 
 // expiry is when a decode's held history ends: the params'

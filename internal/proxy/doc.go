@@ -32,16 +32,21 @@
 // A prefill leg that fails on the engine's side is retried on another
 // prefill engine (Config.PrefillRetries) before the fallback; a decode leg
 // that fails before its first byte on another decode (Config.DecodeRetries).
+// A 503 from either is such a failure (a draining engine refuses new work
+// with it, before reading any KV), and marks the engine down until its next
+// passing health check, so a pod turned unready mid-load costs no request.
 // An engine is skipped from a failed connection until its next passing
 // health check, and ejected for a doubling cool-down after three failed legs
 // in a row (circuit breaker). When every candidate is saturated a request
 // waits in a bounded queue (Config.QueueTimeout, Config.MaxQueue), then gets
 // 429 with Retry-After. Backends change at run time through the Backends
-// interface: Config.BackendsFile (watched) and the admin route
-// /tandem/admin/backends (needs the API key). Every backend call is bounded
-// by a connect timeout and by Config.Timeout on the prefill leg, the decode's
-// headers and each gap between the decode's chunks, never on a stream's
-// total length. A client that goes away cancels both legs.
+// interface: Config.BackendsFile (watched), the admin route
+// /tandem/admin/backends (needs the API key), and Kubernetes discovery
+// (package kubediscovery, Config.DynamicBackends). A backend removed from
+// the set gets no new request; those in flight on it finish. Every backend
+// call is bounded by a connect timeout and by Config.Timeout on the prefill
+// leg, the decode's headers and each gap between the decode's chunks, never
+// on a stream's total length. A client that goes away cancels both legs.
 //
 // Trust boundary: kv_transfer_params make an engine hold KV (prefill) or
 // dial a peer and read it (decode), so only the proxy writes them. A client's
@@ -76,13 +81,26 @@
 // that fails in any way but the client leaving is retried once without it,
 // then handled as any failed prefill leg. A decode's hold that no turn will
 // use is released on that decode's /tandem/kv/release (the decode signed
-// the params): the answer of a request naming no conversation, a
-// conversation evicted for room or replaced by a concurrent turn, history a
-// retried prefill did not pull, and params whose answer did not reach the
-// client whole. Expired holds the decode frees itself.
-// tandem:proxy_conversation_* metrics count lookups (hit/miss), evictions
-// (capacity/expired/replaced), params kept, prefill legs sent with history,
-// retries and decode affinity; tandem:proxy_kv_releases_total the releases.
+// the params): the answer of a request naming no conversation that is not
+// remembered by its history, a conversation evicted for room or replaced by
+// a concurrent turn (or, by history, superseded by a longer one), history a
+// retried prefill did not pull, params whose answer did not reach the
+// client whole, and every remembered hold when Serve stops. Expired holds
+// the decode frees itself.
+//
+// With the model's tokenizer (Config.Tokenizer), a request naming no
+// conversation is matched by prompt prefix (convhistory.go): finished turns
+// of such requests are remembered under the chained block hashes of their
+// history (prompt and answer re-tokenized, cut to remote_num_tokens), and a
+// later one whose prompt starts with at least
+// Config.ConversationMinPrefixTokens of a remembered history continues it,
+// longest match first. Without the tokenizer this is off and said once in
+// the log.
+//
+// tandem:proxy_conversation_* metrics count lookups (hit/miss; by prompt
+// prefix hit/partial/miss), evictions (capacity/expired/replaced), params
+// kept, prefill legs sent with history, retries and decode affinity;
+// tandem:proxy_kv_releases_total the releases.
 //
 // Conversation ids are client-chosen and not secrets. They only select which
 // params the proxy sends; a client still never writes kv_transfer_params,

@@ -105,7 +105,7 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		return outcomeNoBackend
 	}
 
-	history := p.lookUpConversation(conv)
+	history := p.lookUpTurn(conv, preq)
 	// The decode is picked first (its cache and load), then the decider
 	// says whether its prompt is prefilled remotely.
 	var d *backend
@@ -156,7 +156,7 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 			p.releaseKV(&heldKV{engine: history.decode, params: history.params}, id, releaseHistoryUnused)
 		}
 	}
-	leg := decodeLeg{conv: conv, prefer: d}
+	leg := decodeLeg{conv: conv, prefer: d, turn: p.historyTurnOf(conv, obj, preq)}
 	switch {
 	case res.canceled:
 		return outcomeClientCanceled
@@ -431,6 +431,13 @@ func (p *Proxy) sendPrefill(r *http.Request, id string, obj *object, b *backend,
 	switch s := resp.StatusCode; {
 	case s >= 400 && s < 500:
 		return prefillResult{reject: &rejected{status: s, header: resp.Header, body: data}}
+	case s == http.StatusServiceUnavailable:
+		// A draining engine refuses new work with 503 (and fails /health):
+		// skip it until a health check passes; the leg is retried on
+		// another prefill engine.
+		detail := fmt.Sprintf("%s answered %s", b.base, resp.Status)
+		markDown(b, errors.New(detail), p.log)
+		return prefillResult{reason: reasonServerError, status: s, detail: detail}
 	case s >= 500:
 		return prefillResult{reason: reasonServerError, status: s, detail: fmt.Sprintf("%s answered %s", b.base, resp.Status)}
 	case s < 200 || s > 299:
@@ -456,7 +463,8 @@ type decodeLeg struct {
 	success string  // the outcome when the answer is relayed whole
 	held    *heldKV // the KV a prefill keeps for this leg; nil on fallback
 	prefer  *backend
-	conv    string // conversation mode: the conversation to remember the decode's params for, if any
+	conv    string       // conversation mode: the conversation to remember the decode's params for, if any
+	turn    *historyTurn // conversation mode, no conv: the turn to remember by its history, if it can be
 }
 
 // runDecode sends the decode leg (to leg.prefer if set, else to the policy's
@@ -514,6 +522,27 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 		start = time.Now()
 		resp, err = p.client.Do(req)
 		watchdog.Stop()
+		if err == nil && resp.StatusCode == http.StatusServiceUnavailable {
+			// A draining engine (SIGTERM, a pod turned unready) refuses new
+			// requests with 503 before reading the KV: another decode can
+			// take this one, and this engine gets no more until its health
+			// check passes again.
+			unavailable := fmt.Errorf("decode answered %s", resp.Status)
+			markDown(b, unavailable, p.log)
+			if r.Context().Err() == nil && attempt < p.cfg.DecodeRetries {
+				tried = append(tried, b)
+				if nb, rel, _ := p.decode.pick(preq, tokens(preq), tried...); nb != nil {
+					defer rel()
+					_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+					resp.Body.Close()
+					cancel(nil)
+					p.metrics.legRetries.WithLabelValues(roleDecode, "decode_unavailable").Inc()
+					p.log.Info("decode answered 503 before its first byte; retrying on another decode engine", "request_id", id, "backend", b.base, "next", nb.base)
+					b = nb
+					continue
+				}
+			}
+		}
 		if err == nil {
 			break
 		}
@@ -573,7 +602,8 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 
 	var capture *kvCapture
 	if p.convs != nil && resp.StatusCode == http.StatusOK {
-		capture = newKVCapture(resp.Header.Get("Content-Type"))
+		capture = p.newCapture(&leg, resp.Header.Get("Content-Type"))
+		defer p.releaseUnkept(capture, b, id)
 	}
 
 	rc := http.NewResponseController(w)
@@ -608,11 +638,7 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 		if capture != nil {
 			err := send(capture.finish())
 			if capture.params != nil {
-				if err == nil && leg.conv != "" {
-					p.remember(leg.conv, capture.params, b)
-				} else {
-					p.releaseKV(&heldKV{engine: b, params: capture.params}, id, releaseNoConversation)
-				}
+				p.keepTurn(&leg, capture, b, id, err == nil)
 			}
 			if err != nil {
 				return outcomeClientCanceled

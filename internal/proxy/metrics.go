@@ -45,6 +45,7 @@ type metrics struct {
 
 	// Conversation mode (zero when it is off).
 	convLookups     *prometheus.CounterVec
+	prefixLookups   *prometheus.CounterVec
 	convEvictions   *prometheus.CounterVec
 	convStored      prometheus.Counter
 	historyPrefills prometheus.Counter
@@ -117,13 +118,17 @@ func newMetrics() *metrics {
 			Name: "tandem:proxy_conversation_lookups_total",
 			Help: "Requests naming a conversation (conversation mode), by whether the proxy held the decode's params from its last turn (hit) or not (miss: first turn, expired, evicted, or the last turn returned none).",
 		}, []string{"result"}),
+		prefixLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tandem:proxy_conversation_prefix_lookups_total",
+			Help: "Requests naming no conversation looked up by their prompt's leading blocks (conversation mode with --model), by result: hit (the prompt has every block of a remembered history), partial (it leaves the history after at least --conversation-min-prefix-tokens: an edited history, or a prefix another conversation shares) or miss.",
+		}, []string{"result"}),
 		convEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tandem:proxy_conversation_evictions_total",
-			Help: "Conversations forgotten before their next turn used them, by reason: capacity (least recently used, beyond --conversation-max-entries; the decode's hold is released), replaced (two turns ran at once; the older hold is released) or expired (the decode's hold had ended).",
+			Help: "Conversations forgotten before their next turn used them, by reason: capacity (least recently used, beyond --conversation-max-entries; the decode's hold is released), replaced (two turns ran at once, or a turn matched by prompt prefix remembered a history extending an older one; the older hold is released) or expired (the decode's hold had ended).",
 		}, []string{"reason"}),
 		convStored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tandem:proxy_conversation_params_stored_total",
-			Help: "Turns whose decode returned kv_transfer_params that the proxy kept for the conversation's next turn.",
+			Help: "Turns whose decode returned kv_transfer_params that the proxy kept for the conversation's next turn (by conversation id, or by the history's blocks for requests naming none).",
 		}),
 		historyPrefills: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tandem:proxy_conversation_history_prefills_total",
@@ -154,13 +159,16 @@ func newMetrics() *metrics {
 // watchConversations registers the conversation-mode metrics, with their
 // label values at zero, and a gauge of the conversations remembered.
 func (m *metrics) watchConversations(c *conversations) {
-	m.registry.MustRegister(m.convLookups, m.convEvictions, m.convStored, m.historyPrefills, m.prefillRetries, m.decodeAffinity,
+	m.registry.MustRegister(m.convLookups, m.prefixLookups, m.convEvictions, m.convStored, m.historyPrefills, m.prefillRetries, m.decodeAffinity,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tandem:proxy_conversations",
 			Help: "Conversations whose last turn's decode params the proxy holds (expired ones included until dropped).",
 		}, func() float64 { return float64(c.len()) }))
 	for _, v := range convLookupResults {
 		m.convLookups.WithLabelValues(v)
+	}
+	for _, v := range prefixLookupResults {
+		m.prefixLookups.WithLabelValues(v)
 	}
 	for _, v := range convEvictReasons {
 		m.convEvictions.WithLabelValues(v)

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tandem-serve/tandem/internal/apierror"
 	"github.com/tandem-serve/tandem/internal/router"
 	"github.com/tandem-serve/tandem/internal/router/factory"
@@ -62,6 +63,11 @@ type Config struct {
 	// HealthInterval: the pools follow it without a restart. Prefill and
 	// Decode may then be empty at start.
 	BackendsFile string
+	// DynamicBackends says that discovery outside the proxy (package
+	// kubediscovery, through SetBackends) keeps the pools: Prefill and
+	// Decode may then be empty at start, and serve, when given, until
+	// discovery's first set.
+	DynamicBackends bool
 	// Tokenizer, when set, is the model's tokenizer: the router then counts
 	// prompt tokens exactly and matches prefixes block by block as the
 	// engines cache them. Nil: approximate counts (bytes/4), said in the log
@@ -124,6 +130,13 @@ type Config struct {
 	// decode's params carry no remote_blocks_expiry_time. Default 480s, the
 	// decodes' default hold (vLLM's decoder_kv_blocks_ttl).
 	ConversationTTL time.Duration
+	// ConversationMinPrefixTokens: with Tokenizer, a request naming no
+	// conversation continues a remembered history (the turns of such
+	// requests are remembered by their history's block hashes) when its
+	// prompt starts with at least this many of its tokens, in whole blocks;
+	// the longest match wins. Default 64, the engines' default
+	// --kv-recompute-threshold: a shorter history is computed, not pulled.
+	ConversationMinPrefixTokens int
 }
 
 func (c *Config) setDefaults() {
@@ -178,6 +191,9 @@ func (c *Config) setDefaults() {
 	if c.ConversationTTL <= 0 {
 		c.ConversationTTL = defaultConvTTL
 	}
+	if c.ConversationMinPrefixTokens <= 0 {
+		c.ConversationMinPrefixTokens = defaultMinPrefixTokens
+	}
 }
 
 func profileOf(policy, role string, spec *factory.Spec, o factory.Options) (*router.Profile, error) {
@@ -226,6 +242,9 @@ type Proxy struct {
 	prefix  *prefix.Approx // the router's own record of where prefixes went
 	// observePrefix says whether answered requests are recorded in prefix.
 	observePrefix bool
+	// matchHistories says whether conversation mode matches requests
+	// naming no conversation by prompt prefix (it needs the tokenizer).
+	matchHistories bool
 	// saturation is the not-saturated filter's test, for the decider's
 	// view of the prefill pool.
 	saturation *saturated.Filter
@@ -256,7 +275,7 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	dynamic := cfg.BackendsFile != ""
+	dynamic := cfg.BackendsFile != "" || cfg.DynamicBackends
 	pre, err := newPool(rolePrefill, cfg.Prefill, pp, m, dynamic)
 	if err != nil {
 		return nil, err
@@ -280,8 +299,7 @@ func New(cfg Config) (*Proxy, error) {
 		now:        time.Now,
 	}
 	if cfg.Conversations {
-		p.convs = newConversations(cfg.ConversationMaxEntries, cfg.ConversationTTL, p.forget)
-		m.watchConversations(p.convs)
+		p.initConversations()
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/completions", p.handleGenerate)
@@ -343,6 +361,10 @@ func newTransport(connect time.Duration) *http.Transport {
 		ForceAttemptHTTP2:     false,
 	}
 }
+
+// MetricsRegisterer is the registry behind the proxy's /metrics, for
+// collectors of the parts wired around it (discovery) to appear there.
+func (p *Proxy) MetricsRegisterer() prometheus.Registerer { return p.metrics.registry }
 
 // ServeHTTP checks the API key, then routes a request.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -412,6 +434,7 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	defer func() {
 		stopHealth()
 		wg.Wait()
+		p.releaseConversations()
 		p.bg.Wait()
 		p.client.CloseIdleConnections()
 	}()

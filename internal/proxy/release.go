@@ -19,7 +19,7 @@ const (
 	releaseDecodeUnreachable = "decode_unreachable"   // connect or transport error on the decode leg
 	releaseDecodeTimeout     = "decode_timeout"       // the decode sent no headers within Config.Timeout
 	releaseDecodeRefused     = "decode_refused"       // the decode answered 4xx/5xx
-	releaseNoConversation    = "no_conversation"      // a decode held KV for a request that names no conversation
+	releaseNoConversation    = "no_conversation"      // a decode held KV no turn can find: a request naming no conversation, not remembered by its history
 	releaseConvEvicted       = "conversation_evicted" // the proxy forgot a conversation for room, or a newer turn replaced it
 	releaseHistoryUnused     = "history_not_pulled"   // the prefill leg with the history failed and was retried without it
 )
@@ -33,7 +33,7 @@ const (
 
 var (
 	releaseReasons     = []string{releaseClientCanceled, releaseNoDecode, releaseDecodeUnreachable, releaseDecodeTimeout, releaseDecodeRefused}
-	convReleaseReasons = []string{releaseNoConversation, releaseConvEvicted, releaseHistoryUnused}
+	convReleaseReasons = []string{releaseNoConversation, releaseConvEvicted, releaseHistoryUnused, releaseProxyStopped}
 	releaseResults     = []string{releaseOK, releaseNotFound, releaseFailed}
 )
 

@@ -50,19 +50,7 @@ func (p *Proxy) routeRequest(path, id string, body []byte) *router.Request {
 	if ids, ok := p.tokenize(f.Prompt, f.Messages); ok {
 		req.Exact = true
 		req.PromptTokens = len(ids)
-		if p.cfg.BlockHasher != nil {
-			req.BlockHashes = p.cfg.BlockHasher(ids)
-			return req
-		}
-		h := fnv.New64a()
-		var buf [4]byte
-		for off := 0; off+p.cfg.BlockSize <= len(ids); off += p.cfg.BlockSize {
-			for _, t := range ids[off : off+p.cfg.BlockSize] {
-				buf[0], buf[1], buf[2], buf[3] = byte(t), byte(t>>8), byte(t>>16), byte(t>>24)
-				_, _ = h.Write(buf[:])
-			}
-			req.BlockHashes = append(req.BlockHashes, h.Sum64())
-		}
+		req.BlockHashes = p.hashBlocks(ids)
 		return req
 	}
 	text := promptText(f.Prompt, f.Messages)
@@ -76,6 +64,27 @@ func (p *Proxy) routeRequest(path, id string, body []byte) *router.Request {
 		req.BlockHashes = append(req.BlockHashes, h.Sum64())
 	}
 	return req
+}
+
+// hashBlocks returns the chained hashes of the whole blocks of ids, as the
+// engines hash them when the router follows their KV events
+// (Config.BlockHasher), else FNV-1a over the token ids, each block's hash
+// covering every token before it.
+func (p *Proxy) hashBlocks(ids []int32) []uint64 {
+	if p.cfg.BlockHasher != nil {
+		return p.cfg.BlockHasher(ids)
+	}
+	var out []uint64
+	h := fnv.New64a()
+	var buf [4]byte
+	for off := 0; off+p.cfg.BlockSize <= len(ids); off += p.cfg.BlockSize {
+		for _, t := range ids[off : off+p.cfg.BlockSize] {
+			buf[0], buf[1], buf[2], buf[3] = byte(t), byte(t>>8), byte(t>>16), byte(t>>24)
+			_, _ = h.Write(buf[:])
+		}
+		out = append(out, h.Sum64())
+	}
+	return out
 }
 
 // tokenize returns the prompt's token ids as the engine computes them, when

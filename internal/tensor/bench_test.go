@@ -145,3 +145,101 @@ func BenchmarkElementwise(b *testing.B) {
 }
 
 var sinkF float32
+
+// quantBenchShapes are the llama-1b (q/o, k/v, gate/up, down) and
+// smollm2-135m (q/o, k/v, gate/up, down) projections, N×K.
+var quantBenchShapes = []struct {
+	model string
+	n, k  int
+}{
+	{"llama-1b", 2048, 2048}, {"llama-1b", 512, 2048}, {"llama-1b", 8192, 2048}, {"llama-1b", 2048, 8192},
+	{"smollm2-135m", 576, 576}, {"smollm2-135m", 192, 576}, {"smollm2-135m", 1536, 576}, {"smollm2-135m", 576, 1536},
+}
+
+// benchQuantMat returns a quantized n×k matrix of random weights (its
+// rows repeat a few random rows: quantizing is slow, the kernels do not
+// care).
+func benchQuantMat(b *testing.B, rng *rand.Rand, d DType, n, k int) *Mat {
+	const distinct = 64
+	src := randVec(rng, distinct*k)
+	q, err := QuantizeRows(d, src, distinct, k)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rb := len(q) / distinct
+	w := &Mat{DType: d, Rows: n, Cols: k, Q: make([]byte, n*rb)}
+	for j := range n {
+		copy(w.Q[j*rb:], q[(j%distinct)*rb:(j%distinct+1)*rb])
+	}
+	return w
+}
+
+// BenchmarkQuantMatMul reports GFLOP/s (2·M·N·K per call) and the weight
+// bytes read per second for Q8_0 and Q4_K weights that stay cache-resident
+// when they fit (see BenchmarkQuantMatMulCold for DRAM-bound decode), on
+// every assembly ISA.
+//
+//	go test -run '^$' -bench 'QuantMatMul/q8_0/llama-1b/2048x2048/M=(1|16)/' ./internal/tensor/
+func BenchmarkQuantMatMul(b *testing.B) {
+	for _, d := range []DType{Q8_0, Q4_K} {
+		for _, s := range quantBenchShapes {
+			if _, err := d.RowBytes(s.k); err != nil {
+				continue // smollm2's 576 columns are no multiple of 256
+			}
+			rng := rand.New(rand.NewPCG(1, 1))
+			w := benchQuantMat(b, rng, d, s.n, s.k)
+			for _, m := range []int{1, 16, 128} {
+				x := randVec(rng, m*s.k)
+				out := make([]float32, m*s.n)
+				for _, threads := range []int{1, 2} {
+					forBenchISAs(b, fmt.Sprintf("%s/%s/%dx%d/M=%d/T=%d", d, s.model, s.n, s.k, m, threads), func(b *testing.B) {
+						pool := NewPool(threads)
+						defer pool.Close()
+						for b.Loop() {
+							pool.MatMul(out, x, m, w)
+						}
+						sec := b.Elapsed().Seconds() / float64(b.N)
+						b.ReportMetric(2*float64(m*s.n*s.k)/sec/1e9, "GFLOP/s")
+						b.ReportMetric(float64(len(w.Q))/sec/1e9, "GB/s")
+					})
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkQuantMatMulCold reports the weight bytes streamed per second
+// over rotating quantized matrices of ~320 MiB in all, so that the weights
+// come from DRAM as in decode (compare BenchmarkMatMulColdBF16).
+func BenchmarkQuantMatMulCold(b *testing.B) {
+	for _, d := range []DType{Q8_0, Q4_K} {
+		for _, s := range []struct{ n, k int }{{2048, 2048}, {8192, 2048}, {576, 1536}} {
+			rng := rand.New(rand.NewPCG(2, 2))
+			rb, _ := d.RowBytes(s.k)
+			mats := (320 << 20) / (s.n * rb)
+			proto := benchQuantMat(b, rng, d, s.n, s.k)
+			ws := make([]*Mat, mats)
+			for i := range ws {
+				ws[i] = &Mat{DType: d, Rows: s.n, Cols: s.k, Q: append([]byte(nil), proto.Q...)}
+			}
+			for _, m := range []int{1, 16} {
+				x := randVec(rng, m*s.k)
+				out := make([]float32, m*s.n)
+				for _, threads := range []int{1, 2} {
+					forBenchISAs(b, fmt.Sprintf("%s/%dx%d/M=%d/T=%d", d, s.n, s.k, m, threads), func(b *testing.B) {
+						pool := NewPool(threads)
+						defer pool.Close()
+						i := 0
+						for b.Loop() {
+							pool.MatMul(out, x, m, ws[i%mats])
+							i++
+						}
+						sec := b.Elapsed().Seconds() / float64(b.N)
+						b.ReportMetric(float64(s.n*rb)/sec/1e9, "GB/s")
+						b.ReportMetric(2*float64(m*s.n*s.k)/sec/1e9, "GFLOP/s")
+					})
+				}
+			}
+		}
+	}
+}

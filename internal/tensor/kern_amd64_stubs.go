@@ -94,6 +94,81 @@ func axpyRowsBF16G3AVX512(alpha *float32, lda int, v *uint16, ldv int, rows int,
 // axpyRowsBF16G4AVX512 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 4, r < rows in order, t < n.
 func axpyRowsBF16G4AVX512(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
 
+// qpackQ8_0AVX512 packs nb Q8_0 blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).
+func qpackQ8_0AVX512(w *byte, ldw int, nb int, dst *byte)
+
+// qpackQ4_0AVX512 packs nb Q4_0 blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).
+func qpackQ4_0AVX512(w *byte, ldw int, nb int, dst *byte)
+
+// qdot32AVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb blocks of a Q8_0/Q4_0 panel (see asmgen).
+func qdot32AVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot32AVX512R2 continues the 16-lane f32 chains of 2 activation rows over nb blocks of a Q8_0/Q4_0 panel (see asmgen).
+func qdot32AVX512R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot32AVX512R3 continues the 16-lane f32 chains of 3 activation rows over nb blocks of a Q8_0/Q4_0 panel (see asmgen).
+func qdot32AVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot32AVX512R4 continues the 16-lane f32 chains of 4 activation rows over nb blocks of a Q8_0/Q4_0 panel (see asmgen).
+func qdot32AVX512R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot32AVX512R5 continues the 16-lane f32 chains of 5 activation rows over nb blocks of a Q8_0/Q4_0 panel (see asmgen).
+func qdot32AVX512R5(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot32AVX512R6 continues the 16-lane f32 chains of 6 activation rows over nb blocks of a Q8_0/Q4_0 panel (see asmgen).
+func qdot32AVX512R6(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot32AVX512R7 continues the 16-lane f32 chains of 7 activation rows over nb blocks of a Q8_0/Q4_0 panel (see asmgen).
+func qdot32AVX512R7(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot32AVX512R8 continues the 16-lane f32 chains of 8 activation rows over nb blocks of a Q8_0/Q4_0 panel (see asmgen).
+func qdot32AVX512R8(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qpackQ4_KAVX512 packs nb Q4_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).
+func qpackQ4_KAVX512(w *byte, ldw int, nb int, dst *byte)
+
+// qpackQ5_KAVX512 packs nb Q5_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).
+func qpackQ5_KAVX512(w *byte, ldw int, nb int, dst *byte)
+
+// qpackQ6_KAVX512 packs nb Q6_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).
+func qpackQ6_KAVX512(w *byte, ldw int, nb int, dst *byte)
+
+// qdotKAVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
+func qdotKAVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6KAVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb super-blocks of a Q6_K panel (see asmgen).
+func qdot6KAVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotKAVX512R2 continues the 16-lane f32 chains of 2 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
+func qdotKAVX512R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6KAVX512R2 continues the 16-lane f32 chains of 2 activation rows over nb super-blocks of a Q6_K panel (see asmgen).
+func qdot6KAVX512R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotKAVX512R3 continues the 16-lane f32 chains of 3 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
+func qdotKAVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6KAVX512R3 continues the 16-lane f32 chains of 3 activation rows over nb super-blocks of a Q6_K panel (see asmgen).
+func qdot6KAVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotKAVX512R4 continues the 16-lane f32 chains of 4 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
+func qdotKAVX512R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6KAVX512R4 continues the 16-lane f32 chains of 4 activation rows over nb super-blocks of a Q6_K panel (see asmgen).
+func qdot6KAVX512R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotKAVX512R5 continues the 16-lane f32 chains of 5 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
+func qdotKAVX512R5(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6KAVX512R5 continues the 16-lane f32 chains of 5 activation rows over nb super-blocks of a Q6_K panel (see asmgen).
+func qdot6KAVX512R5(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotKAVX512R6 continues the 16-lane f32 chains of 6 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
+func qdotKAVX512R6(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6KAVX512R6 continues the 16-lane f32 chains of 6 activation rows over nb super-blocks of a Q6_K panel (see asmgen).
+func qdot6KAVX512R6(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // gemmAVX2F32R1 computes 1 rows of x times n rows of F32 weights (see asmgen).
 func gemmAVX2F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 

@@ -59,7 +59,10 @@ type kernelSet struct {
 	// AppendAbove (see their kernels in asmgen); nil means the Go loops.
 	argMax      func(x *float32, n int) int
 	appendAbove func(x *float32, n int, t float32, dst *int32) int
-	avail       bool
+	// qmm, if set, computes the quantized matrix product for weight rows
+	// [lo,hi) (see qmmGo, its definition); nil means qmmGo.
+	qmm   func(a *qAct, w *Mat, lo, hi int, out []float32)
+	avail bool
 }
 
 // kernelSets lists the implementations in order of preference: the

@@ -28,6 +28,9 @@ func archKernelSets() []*kernelSet {
 		appendAbove: appendAboveAVX512,
 		avail:       avx512,
 	}
+	if avx512 && x.HasAVX512VNNI {
+		avx512Set.qmm = qmmAVX512
+	}
 	// avx512bf16 is avx512 with bf16 activations for bf16 weights
 	// (VDPBF16PS: twice the arithmetic per instruction, no widening).
 	bf16 := *avx512Set

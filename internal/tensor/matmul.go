@@ -57,6 +57,10 @@ func (p *Pool) MatMul(out, x []float32, m int, w *Mat) {
 		clear(out[:m*n])
 		return
 	}
+	if w.DType.Quantized() {
+		p.matmulQuant(out, x, m, w)
+		return
+	}
 	ks := active.Load()
 	chunk := n
 	if p.threads > 1 && m*n*k >= serialFMAs {
@@ -109,6 +113,9 @@ func checkMatMul(out, x []float32, m int, w *Mat) {
 		have = len(w.F32)
 	case BF16, F16:
 		have = len(w.U16)
+	case Q8_0, Q4_0, Q4_K, Q6_K, Q5_K:
+		checkQuant(w)
+		return
 	default:
 		panic(fmt.Sprintf("tensor: MatMul weights have unknown dtype %d", w.DType))
 	}

@@ -3,6 +3,7 @@ package workload
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -218,4 +219,76 @@ func (w *Workload) Fit(maxContext int) {
 		}
 	}
 	w.Conversations = kept
+}
+
+// Alphabet is the sorted distinct ids of pool and of every prompt of w: the
+// ids Relabel permutes.
+func (w *Workload) Alphabet(pool []int32) []int32 {
+	seen := map[int32]bool{}
+	var out []int32
+	add := func(id int32) {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	for _, id := range pool {
+		add(id)
+	}
+	for i := range w.Conversations {
+		for _, t := range w.Conversations[i].Turns {
+			for _, id := range t.Prompt {
+				add(id)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Relabel returns a copy of w for one level of a run (one load and round):
+// every prompt id alphabet[i] becomes alphabet[(i+level) mod len(alphabet)],
+// and conversation ids get a "-l<level>" suffix. The lengths, the arrival
+// times and every sharing the workload means (shared-prefix groups, a
+// conversation's history, a trace's common hash ids) are kept, because the
+// map is one-to-one; but two levels whose numbers differ modulo
+// len(alphabet) differ in every token at every position, so no prompt of
+// one shares even a first block with a prompt of the other and a server's
+// prefix cache cannot carry work from level to level. The ids stay in
+// alphabet (ordinary, non-special tokens when the pool is). Level 0 keeps
+// the prompts as they are.
+func (w *Workload) Relabel(alphabet []int32, level int) *Workload {
+	out := *w
+	out.Conversations = make([]Conversation, len(w.Conversations))
+	n := len(alphabet)
+	shift := 0
+	if n > 0 {
+		shift = ((level % n) + n) % n
+	}
+	index := make(map[int32]int, n)
+	for i, id := range alphabet {
+		index[id] = i
+	}
+	for ci, c := range w.Conversations {
+		c.Turns = slices.Clone(c.Turns)
+		if c.ID != "" && level != 0 {
+			c.ID = fmt.Sprintf("%s-l%d", c.ID, level)
+		}
+		for ti := range c.Turns {
+			t := &c.Turns[ti]
+			if shift == 0 {
+				continue
+			}
+			p := make([]int32, len(t.Prompt))
+			for k, id := range t.Prompt {
+				if i, ok := index[id]; ok {
+					id = alphabet[(i+shift)%n]
+				}
+				p[k] = id
+			}
+			t.Prompt = p
+		}
+		out.Conversations[ci] = c
+	}
+	return &out
 }

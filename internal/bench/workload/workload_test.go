@@ -1,7 +1,9 @@
 package workload
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -238,5 +240,55 @@ func TestReadTrace(t *testing.T) {
 	w, err = ReadTrace(strings.NewReader(azure), "azure.jsonl", TraceOptions{}, 1, pool)
 	if err != nil || w.Conversations[1].Arrival != 500*time.Millisecond {
 		t.Errorf("Azure-style timestamps: %v, %+v", err, w)
+	}
+}
+
+func TestRelabelKeepsTheSharingAndChangesEveryToken(t *testing.T) {
+	pool := []int32{10, 11, 12, 13, 14, 15, 16, 17}
+	w, err := SharedPrefix(3, 6, 2, 5, Fixed(3), Fixed(2), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mt := MultiTurn(3, 2, Fixed(2), Fixed(3), Fixed(2), Fixed(10), pool)
+	w.Conversations = append(w.Conversations, mt.Conversations...)
+	alpha := w.Alphabet(append(pool, 10)) // duplicates collapse
+	if len(alpha) != len(pool) {
+		t.Fatalf("alphabet %v, want the pool's %d ids", alpha, len(pool))
+	}
+	if r := w.Relabel(alpha, 0); !reflect.DeepEqual(r.Conversations, w.Conversations) {
+		t.Error("level 0 changed the workload")
+	}
+	for _, level := range []int{1, 3, 7} {
+		r := w.Relabel(alpha, level)
+		if r.Requests() != w.Requests() || r.Name != w.Name {
+			t.Fatalf("level %d: %d requests, want %d", level, r.Requests(), w.Requests())
+		}
+		for ci, c := range r.Conversations {
+			o := w.Conversations[ci]
+			if c.Group != o.Group || (o.ID != "" && c.ID != fmt.Sprintf("%s-l%d", o.ID, level)) {
+				t.Errorf("level %d conversation %d: group %d id %q, from %d %q", level, ci, c.Group, c.ID, o.Group, o.ID)
+			}
+			for ti, tu := range c.Turns {
+				ot := o.Turns[ti]
+				if len(tu.Prompt) != len(ot.Prompt) || tu.MaxTokens != ot.MaxTokens || tu.Think != ot.Think {
+					t.Errorf("level %d: turn %d/%d lengths or think changed", level, ci, ti)
+				}
+				for k, id := range tu.Prompt {
+					if id == ot.Prompt[k] || !slices.Contains(pool, id) {
+						t.Errorf("level %d: id %d became %d: want another id of the pool", level, ot.Prompt[k], id)
+					}
+				}
+			}
+		}
+		// The two groups' prompts still share their 5-token prefixes.
+		for i := 2; i < 6; i++ {
+			if !slices.Equal(r.Conversations[i].Turns[0].Prompt[:5], r.Conversations[i-2].Turns[0].Prompt[:5]) {
+				t.Errorf("level %d: requests %d and %d of one group lost their shared prefix", level, i-2, i)
+			}
+		}
+	}
+	// The original is untouched.
+	if w.Conversations[6].ID != "bench-3-0" {
+		t.Errorf("Relabel changed its input: id %q", w.Conversations[6].ID)
 	}
 }

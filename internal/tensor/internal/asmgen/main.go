@@ -95,6 +95,7 @@ func main() {
 			for g := 2; g <= 4; g++ {
 				axpyRowsGroup(g)
 			}
+			quantKernels()
 		}
 	}
 	Generate()

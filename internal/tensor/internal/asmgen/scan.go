@@ -9,14 +9,22 @@ import (
 // cmpGT is VCMPPS's greater-than, ordered and quiet: false for NaN.
 const cmpGT = 0x1e
 
-// iotaTable emits iota16, the int32 lane numbers 0..15.
+// iotaTable emits iota16, the int32 lane numbers 0..15, once, and returns
+// it.
 func iotaTable() Mem {
+	if iotaMem != nil {
+		return *iotaMem
+	}
 	t := GLOBL("iota16", RODATA|NOPTR)
+	iotaMem = &t
 	for l := range 16 {
 		DATA(l*4, U32(uint32(l)))
 	}
 	return t
 }
+
+// iotaMem is the iota16 table once emitted.
+var iotaMem *Mem
 
 // argMaxSets is the number of sets of 16 lanes argMax512 keeps.
 const argMaxSets = 4

@@ -1,0 +1,625 @@
+package main
+
+// The AVX2 quantized kernels: the same panel scheme as quant.go with 8
+// weight rows in the 8 lanes of a YMM, and the integer dot products made
+// with VPMADDUBSW (unsigned levels × signed activations, adjacent pairs
+// summed to int16) and VPMADDWD by ones (pairs summed to int32). The
+// int16 pair sums cannot saturate: the levels are at most 63 (Q6_K) and
+// the activations at most 127 in magnitude, except Q8_0, whose signed
+// levels go through the sign trick instead (|w| times x with w's sign), so
+// the integers are exact and the results those of the definition. Only the
+// 16 YMM registers of AVX2 are used, and only VEX encodings.
+
+import (
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// splat8 returns a YMM holding the dword v in every lane.
+func splat8(v uint32) VecVirtual {
+	g := GP32()
+	MOVL(U32(v), g)
+	x := XMM()
+	VMOVD(g, x)
+	y := YMM()
+	VPBROADCASTD(x, y)
+	return y
+}
+
+// rows8 addresses 8 rows L bytes apart: row l at bases[l/4] + (l%4)·L.
+type rows8 struct {
+	bases [2]GPVirtual
+	L, L3 GPVirtual
+}
+
+func newRows8(base, L GPVirtual) rows8 {
+	r := rows8{L: L, L3: GP64()}
+	LEAQ(Mem{Base: L, Index: L, Scale: 2}, r.L3)
+	r.bases[0] = base
+	r.bases[1] = GP64()
+	LEAQ(Mem{Base: base, Index: L, Scale: 4}, r.bases[1])
+	return r
+}
+
+func (r rows8) at(l, disp int) Mem {
+	m := Mem{Base: r.bases[l/4], Disp: disp}
+	switch l % 4 {
+	case 1:
+		m.Index, m.Scale = r.L, 1
+	case 2:
+		m.Index, m.Scale = r.L, 2
+	case 3:
+		m.Index, m.Scale = r.L3, 1
+	}
+	return m
+}
+
+func (r rows8) advance(bytes int) {
+	for _, b := range r.bases {
+		ADDQ(U32(bytes), b)
+	}
+}
+
+// transpose8x8 loads 8 dwords at disp of each of the 8 rows and returns
+// t[i], whose lane l is dword i of row l.
+func transpose8x8(r rows8, disp int) [8]VecVirtual {
+	var b [2][4]VecVirtual
+	for h := range 2 {
+		var a [4]VecVirtual
+		for p := range 2 {
+			y0, y1 := YMM(), YMM()
+			VMOVDQU(r.at(4*h+2*p, disp), y0)
+			VMOVDQU(r.at(4*h+2*p+1, disp), y1)
+			a[2*p], a[2*p+1] = YMM(), YMM()
+			VPUNPCKLDQ(y1, y0, a[2*p])
+			VPUNPCKHDQ(y1, y0, a[2*p+1])
+		}
+		for i := range 4 {
+			b[h][i] = YMM()
+		}
+		VPUNPCKLQDQ(a[2], a[0], b[h][0])
+		VPUNPCKHQDQ(a[2], a[0], b[h][1])
+		VPUNPCKLQDQ(a[3], a[1], b[h][2])
+		VPUNPCKHQDQ(a[3], a[1], b[h][3])
+	}
+	// b[h][i]: rows 4h..4h+3, dword i in the low 128 bits, 4+i in the high.
+	var t [8]VecVirtual
+	for i := range 4 {
+		t[i], t[4+i] = YMM(), YMM()
+		VPERM2I128(U8(0x20), b[1][i], b[0][i], t[i])
+		VPERM2I128(U8(0x31), b[1][i], b[0][i], t[4+i])
+	}
+	return t
+}
+
+// transpose8x4 loads 4 dwords at disp of each of the 8 rows and returns
+// t[i], whose lane l is dword i of row l.
+func transpose8x4(r rows8, disp int) [4]VecVirtual {
+	var z [4]VecVirtual
+	for g := range 4 {
+		z[g] = YMM()
+		VBROADCASTI128(r.at(g, disp), z[g])
+		VINSERTI128(U8(1), r.at(4+g, disp), z[g], z[g])
+	}
+	a := [4]VecVirtual{YMM(), YMM(), YMM(), YMM()}
+	VPUNPCKLDQ(z[1], z[0], a[0])
+	VPUNPCKHDQ(z[1], z[0], a[1])
+	VPUNPCKLDQ(z[3], z[2], a[2])
+	VPUNPCKHDQ(z[3], z[2], a[3])
+	var t [4]VecVirtual
+	for i := range t {
+		t[i] = YMM()
+	}
+	VPUNPCKLQDQ(a[2], a[0], t[0])
+	VPUNPCKHQDQ(a[2], a[0], t[1])
+	VPUNPCKLQDQ(a[3], a[1], t[2])
+	VPUNPCKHQDQ(a[3], a[1], t[3])
+	return t
+}
+
+// halvesToF32 converts the f16 in the low halves of the dwords of v (the
+// high halves zero) to 8 f32.
+func halvesToF32(v VecVirtual) VecVirtual {
+	p := YMM()
+	VPACKUSDW(v, v, p)
+	q := YMM()
+	VPERMQ(U8(0x08), p, q)
+	f := YMM()
+	VCVTPH2PS(q.AsX(), f)
+	return f
+}
+
+// gatherF16x8 returns the f16 at disp of each of the 8 rows widened to
+// f32 (the dword from disp must be readable; with high the f16 is its top
+// half).
+func gatherF16x8(r rows8, idx, ones, lo16 VecVirtual, disp int, high bool) VecVirtual {
+	mask := YMM()
+	VMOVDQA(ones, mask)
+	g := YMM()
+	VXORPS(g, g, g)
+	VPGATHERDD(mask, Mem{Base: r.bases[0], Index: idx, Scale: 1, Disp: disp}, g)
+	if high {
+		VPSRLD(U8(16), g, g)
+	} else {
+		VPAND(lo16, g, g)
+	}
+	return halvesToF32(g)
+}
+
+// rowIndex8 returns the gather index vector l·L for l < 8.
+func rowIndex8(L GPVirtual) VecVirtual {
+	x := XMM()
+	VMOVD(L.As32(), x)
+	b := YMM()
+	VPBROADCASTD(x, b)
+	idx := YMM()
+	VPMULLD(iotaTable(), b, idx)
+	return idx
+}
+
+// AVX2 panel layouts: those of quant.go with 32-byte vectors.
+const (
+	panel32Bytes8 = 32 * panel32Vecs
+	pk8Scales     = 64 * 32
+	pk8Mins       = pk8Scales + 8*32
+	pk8D          = pk8Mins + 4*32
+	pk8Dmin       = pk8D + 32
+	pk8Bytes      = pk8Dmin + 32
+	p68Scales     = 64 * 32
+	p68Pairs      = p68Scales + 16*32
+	p68D          = p68Pairs + 8*32
+	p68Bytes      = p68D + 32
+)
+
+// pack32AVX2 emits the AVX2 pack kernel of Q8_0 (raw signed levels) or
+// Q4_0 (nibbles).
+func pack32AVX2(q quant32) {
+	name := "qpack" + q.name + "AVX2"
+	TEXT(name, NOSPLIT, "func(w *byte, ldw int, nb int, dst *byte)")
+	Doc(fmt.Sprintf("%s packs nb %s blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).", name, q.name))
+	w := Load(Param("w"), GP64()).(GPVirtual)
+	L := Load(Param("ldw"), GP64()).(GPVirtual)
+	nb := Load(Param("nb"), GP64())
+	dst := Load(Param("dst"), GP64())
+	r := newRows8(w, L)
+	idx := rowIndex8(L)
+	ones := splat8(0xffffffff)
+	lo16 := splat8(0xffff)
+	c0f := splat8(0x0f0f0f0f)
+	TESTQ(nb, nb)
+	JE(LabelRef("done"))
+	Label("block")
+	for l := range 8 {
+		PREFETCHT0(r.at(l, pfDist))
+	}
+	if q.bytes == 34 {
+		for i, v := range transpose8x8(r, 2) {
+			VMOVDQU(v, Mem{Base: dst, Disp: 32 * i})
+		}
+	} else {
+		for i, v := range transpose8x4(r, 2) {
+			hi := YMM()
+			VPSRLD(U8(4), v, hi)
+			VPAND(c0f, v, v)
+			VPAND(c0f, hi, hi)
+			VMOVDQU(v, Mem{Base: dst, Disp: 32 * i})
+			VMOVDQU(hi, Mem{Base: dst, Disp: 32 * (4 + i)})
+		}
+	}
+	VMOVUPS(gatherF16x8(r, idx, ones, lo16, 0, false), Mem{Base: dst, Disp: 256})
+	r.advance(q.bytes)
+	ADDQ(U32(panel32Bytes8), dst)
+	DECQ(nb)
+	JNE(LabelRef("block"))
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
+// maxDot32RowsAVX2 and maxDotKRowsAVX2 bound the activation rows of one
+// AVX2 dot kernel (16 registers).
+const (
+	maxDot32RowsAVX2 = 4
+	maxDotKRowsAVX2  = 2
+)
+
+// dot32AVX2 emits the AVX2 dot kernel of 32-weight blocks: Q8_0 panels
+// (signed levels, sign trick, no correction) or, with unsigned, Q4_0 ones
+// (nibbles, the correction from the metadata).
+func dot32AVX2(rows int, unsigned bool) {
+	name := fmt.Sprintf("qdotQ8_0AVX2R%d", rows)
+	if unsigned {
+		name = fmt.Sprintf("qdotQ4_0AVX2R%d", rows)
+	}
+	TEXT(name, NOSPLIT, dotSig)
+	Doc(fmt.Sprintf("%s continues the 8-lane f32 chains of %d activation rows over nb blocks of a panel (see asmgen).", name, rows))
+	x := newActRows(Load(Param("x"), GP64()).(GPVirtual), Load(Param("ldx"), GP64()).(GPVirtual), rows)
+	m := newActRows(Load(Param("meta"), GP64()).(GPVirtual), Load(Param("ldm"), GP64()).(GPVirtual), rows)
+	panel := Load(Param("panel"), GP64())
+	nb := Load(Param("nb"), GP64())
+	accp := Load(Param("acc"), GP64())
+	ones16 := splat8(0x00010001)
+	acc := make([]VecVirtual, rows)
+	for r := range acc {
+		acc[r] = YMM()
+		VMOVUPS(Mem{Base: accp, Disp: 32 * r}, acc[r])
+	}
+	TESTQ(nb, nb)
+	JE(LabelRef("store"))
+	Label("block")
+	is := make([]VecVirtual, rows)
+	for r := range is {
+		is[r] = YMM()
+		if unsigned {
+			VPBROADCASTD(m.at(r, 4), is[r])
+		} else {
+			VXORPS(is[r], is[r], is[r])
+		}
+	}
+	for t := range 8 {
+		v := YMM()
+		VMOVDQU(Mem{Base: panel, Disp: 32 * t}, v)
+		var av VecVirtual
+		if !unsigned {
+			av = YMM()
+			VPABSB(v, av)
+		}
+		for r := range rows {
+			xb := YMM()
+			VPBROADCASTD(x.at(r, 4*t), xb)
+			p := YMM()
+			if unsigned {
+				VPMADDUBSW(xb, v, p)
+			} else {
+				VPSIGNB(v, xb, xb)
+				VPMADDUBSW(xb, av, p)
+			}
+			VPMADDWD(ones16, p, p)
+			VPADDD(p, is[r], is[r])
+		}
+	}
+	dw := YMM()
+	VMOVUPS(Mem{Base: panel, Disp: 256}, dw)
+	for r := range rows {
+		s := YMM()
+		VBROADCASTSS(m.at(r, 0), s)
+		VMULPS(dw, s, s)
+		f := YMM()
+		VCVTDQ2PS(is[r], f)
+		VFMADD231PS(s, f, acc[r])
+	}
+	x.advance(32)
+	m.advance(8)
+	ADDQ(U32(panel32Bytes8), panel)
+	DECQ(nb)
+	JNE(LabelRef("block"))
+	Label("store")
+	for r := range acc {
+		VMOVUPS(acc[r], Mem{Base: accp, Disp: 32 * r})
+	}
+	VZEROUPPER()
+	RET()
+}
+
+// stash8 stores vs in the stack area at base and returns their addresses.
+func stash8(base Mem, vs []VecVirtual) []Mem {
+	ms := make([]Mem, len(vs))
+	for i, v := range vs {
+		ms[i] = base.Offset(32 * i)
+		VMOVDQU(v, ms[i])
+	}
+	return ms
+}
+
+// loadShifted returns the vector at m shifted left by n bits per dword
+// (right for n < 0).
+func loadShifted(m Mem, n int) VecVirtual {
+	t := YMM()
+	VMOVDQU(m, t)
+	switch {
+	case n > 0:
+		VPSLLD(U8(n), t, t)
+	case n < 0:
+		VPSRLD(U8(-n), t, t)
+	}
+	return t
+}
+
+// packQ4KAVX2 emits the AVX2 pack kernel of Q4_K (or Q5_K with five).
+func packQ4KAVX2(five bool) {
+	name, bytes, qs := "Q4_K", 144, 16
+	if five {
+		name, bytes, qs = "Q5_K", 176, 48
+	}
+	fn := "qpack" + name + "AVX2"
+	TEXT(fn, NOSPLIT, "func(w *byte, ldw int, nb int, dst *byte)")
+	Doc(fmt.Sprintf("%s packs nb %s super-blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).", fn, name))
+	w := Load(Param("w"), GP64()).(GPVirtual)
+	L := Load(Param("ldw"), GP64()).(GPVirtual)
+	nb := Load(Param("nb"), GP64())
+	dst := Load(Param("dst"), GP64()).(GPVirtual)
+	r := newRows8(w, L)
+	stash := AllocLocal(8 * 32)
+	TESTQ(nb, nb)
+	JE(LabelRef("done"))
+	Label("block")
+	for l := range 8 {
+		for off := 0; off < bytes; off += 64 {
+			PREFETCHT0(r.at(l, pfDist+off))
+		}
+	}
+	// Header: d|dmin and the three dwords of scales per row.
+	h := transpose8x4(r, 0)
+	hs := stash8(stash, h[:])
+	{
+		lo16 := splat8(0xffff)
+		d := YMM()
+		VPAND(lo16, h[0], d)
+		VMOVUPS(halvesToF32(d), Mem{Base: dst, Disp: pk8D})
+		VPSRLD(U8(16), h[0], d)
+		VMOVUPS(halvesToF32(d), Mem{Base: dst, Disp: pk8Dmin})
+	}
+	six := func(j int, mins bool) VecVirtual {
+		if j < 4 {
+			src := hs[1]
+			if mins {
+				src = hs[2]
+			}
+			v := loadShifted(src, -8*j)
+			VPAND(splat8(63), v, v)
+			return v
+		}
+		jj := j - 4
+		lowSh, top := -8*jj, hs[1]
+		if mins {
+			lowSh, top = lowSh-4, hs[2]
+		}
+		a := loadShifted(hs[3], lowSh)
+		VPAND(splat8(0x0f), a, a)
+		b := loadShifted(top, -(8*jj + 2))
+		VPAND(splat8(0x30), b, b)
+		VPOR(b, a, a)
+		return a
+	}
+	for j := range 8 {
+		VMOVDQU(six(j, false), Mem{Base: dst, Disp: pk8Scales + 32*j})
+	}
+	for i := range 4 {
+		lo, hi := six(2*i, true), six(2*i+1, true)
+		VPSLLD(U8(16), hi, hi)
+		VPOR(hi, lo, lo)
+		VMOVDQU(lo, Mem{Base: dst, Disp: pk8Mins + 32*i})
+	}
+	var qh []Mem
+	if five {
+		t := transpose8x8(r, 16)
+		qh = stash8(stash, t[:])
+	}
+	for c := range 4 {
+		lv := transpose8x8(r, qs+32*c)
+		for t, v := range lv {
+			c0f := splat8(0x0f0f0f0f)
+			hi := YMM()
+			VPSRLD(U8(4), v, hi)
+			VPAND(c0f, v, v)
+			VPAND(c0f, hi, hi)
+			if five {
+				c10 := splat8(0x10101010)
+				b := loadShifted(qh[t], 4-2*c)
+				VPAND(c10, b, b)
+				VPOR(b, v, v)
+				b2 := loadShifted(qh[t], 3-2*c)
+				VPAND(c10, b2, b2)
+				VPOR(b2, hi, hi)
+			}
+			VMOVDQU(v, Mem{Base: dst, Disp: 32 * (8*(2*c) + t)})
+			VMOVDQU(hi, Mem{Base: dst, Disp: 32 * (8*(2*c+1) + t)})
+		}
+	}
+	r.advance(bytes)
+	ADDQ(U32(pk8Bytes), dst)
+	DECQ(nb)
+	JNE(LabelRef("block"))
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
+// packQ6KAVX2 emits the AVX2 pack kernel of Q6_K.
+func packQ6KAVX2() {
+	const bytes = 210
+	TEXT("qpackQ6_KAVX2", NOSPLIT, "func(w *byte, ldw int, nb int, dst *byte)")
+	Doc("qpackQ6_KAVX2 packs nb Q6_K super-blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).")
+	w := Load(Param("w"), GP64()).(GPVirtual)
+	L := Load(Param("ldw"), GP64()).(GPVirtual)
+	nb := Load(Param("nb"), GP64())
+	dst := Load(Param("dst"), GP64()).(GPVirtual)
+	r := newRows8(w, L)
+	idx := rowIndex8(L)
+	stash := AllocLocal(8 * 32)
+	TESTQ(nb, nb)
+	JE(LabelRef("done"))
+	Label("block")
+	for l := range 8 {
+		for off := 0; off < bytes; off += 64 {
+			PREFETCHT0(r.at(l, pfDist+off))
+		}
+	}
+	sc := transpose8x4(r, 192)
+	scs := stash8(stash, sc[:])
+	var pairLo VecVirtual
+	for s := range 16 {
+		v := YMM()
+		VMOVDQU(scs[s/4], v)
+		if k := s % 4; k < 3 {
+			VPSLLD(U8(24-8*k), v, v)
+		}
+		VPSRAD(U8(24), v, v)
+		VMOVDQU(v, Mem{Base: dst, Disp: p68Scales + 32*s})
+		if s%2 == 0 {
+			pairLo = v
+			VPAND(splat8(0xffff), pairLo, pairLo)
+			continue
+		}
+		VPSLLD(U8(16), v, v)
+		VPOR(v, pairLo, pairLo)
+		VMOVDQU(pairLo, Mem{Base: dst, Disp: p68Pairs + 32*(s/2)})
+	}
+	{
+		ones := splat8(0xffffffff)
+		VMOVUPS(gatherF16x8(r, idx, ones, ones, 206, true), Mem{Base: dst, Disp: p68D})
+	}
+	for h := range 2 {
+		t := transpose8x8(r, 128+32*h)
+		qh := stash8(stash, t[:])
+		for qq := range 2 {
+			ql := transpose8x8(r, 64*h+32*qq)
+			for t, v := range ql {
+				c0f := splat8(0x0f0f0f0f)
+				c30 := splat8(0x30303030)
+				hi := YMM()
+				VPSRLD(U8(4), v, hi)
+				for _, q := range []int{qq, qq + 2} {
+					lv := v
+					if q >= 2 {
+						lv = hi
+					}
+					VPAND(c0f, lv, lv)
+					b := loadShifted(qh[t], 4-2*q)
+					VPAND(c30, b, b)
+					VPOR(b, lv, lv)
+					VMOVDQU(lv, Mem{Base: dst, Disp: 32 * (32*h + 8*q + t)})
+				}
+			}
+		}
+	}
+	r.advance(bytes)
+	ADDQ(U32(p68Bytes), dst)
+	DECQ(nb)
+	JNE(LabelRef("block"))
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
+// dotKAVX2 emits the AVX2 dot kernel of Q4_K/Q5_K panels (or Q6_K ones
+// with six), computing what dotK does.
+func dotKAVX2(rows int, six bool) {
+	name := fmt.Sprintf("qdotKAVX2R%d", rows)
+	sub, subs, pb, scOff, pairs, pairOff, sumOff := 32, 8, pk8Bytes, pk8Scales, 4, pk8Mins, metaSums32
+	if six {
+		name = fmt.Sprintf("qdot6KAVX2R%d", rows)
+		sub, subs, pb, scOff, pairs, pairOff, sumOff = 16, 16, p68Bytes, p68Scales, 8, p68Pairs, metaSums16
+	}
+	TEXT(name, NOSPLIT, dotSig)
+	Doc(fmt.Sprintf("%s continues the 8-lane f32 chains of %d activation rows over nb super-blocks of a panel (see asmgen).", name, rows))
+	x := newActRows(Load(Param("x"), GP64()).(GPVirtual), Load(Param("ldx"), GP64()).(GPVirtual), rows)
+	m := newActRows(Load(Param("meta"), GP64()).(GPVirtual), Load(Param("ldm"), GP64()).(GPVirtual), rows)
+	panel := Load(Param("panel"), GP64())
+	nb := Load(Param("nb"), GP64())
+	accp := Load(Param("acc"), GP64())
+	ones16 := splat8(0x00010001)
+	acc := make([]VecVirtual, rows)
+	for r := range acc {
+		acc[r] = YMM()
+		VMOVUPS(Mem{Base: accp, Disp: 32 * r}, acc[r])
+	}
+	TESTQ(nb, nb)
+	JE(LabelRef("store"))
+	Label("block")
+	is := make([]VecVirtual, rows)
+	for j := range subs {
+		ds := make([]VecVirtual, rows)
+		for r := range rows {
+			ds[r] = YMM()
+			VXORPS(ds[r], ds[r], ds[r])
+		}
+		for t := range sub / 4 {
+			v := YMM()
+			VMOVDQU(Mem{Base: panel, Disp: 32 * (sub/4*j + t)}, v)
+			for r := range rows {
+				xb := YMM()
+				VPBROADCASTD(x.at(r, sub*j+4*t), xb)
+				VPMADDUBSW(xb, v, xb)
+				VPMADDWD(ones16, xb, xb)
+				VPADDD(xb, ds[r], ds[r])
+			}
+		}
+		for r := range rows {
+			VPMULLD(Mem{Base: panel, Disp: scOff + 32*j}, ds[r], ds[r])
+			if j == 0 {
+				is[r] = ds[r]
+				continue
+			}
+			VPADDD(ds[r], is[r], is[r])
+		}
+	}
+	ms := make([]VecVirtual, rows)
+	for r := range rows {
+		ms[r] = YMM()
+		VXORPS(ms[r], ms[r], ms[r])
+	}
+	for i := range pairs {
+		v := YMM()
+		VMOVDQU(Mem{Base: panel, Disp: pairOff + 32*i}, v)
+		for r := range rows {
+			b := YMM()
+			VPBROADCASTD(m.at(r, sumOff+4*i), b)
+			VPMADDWD(v, b, b)
+			VPADDD(b, ms[r], ms[r])
+		}
+	}
+	for r := range rows {
+		if six {
+			VPSLLD(U8(5), ms[r], ms[r])
+			VPSUBD(ms[r], is[r], is[r])
+		}
+		s := YMM()
+		VBROADCASTSS(m.at(r, 0), s)
+		dOff := pk8D
+		if six {
+			dOff = p68D
+		}
+		d := YMM()
+		VMULPS(Mem{Base: panel, Disp: dOff}, s, d)
+		f := YMM()
+		VCVTDQ2PS(is[r], f)
+		VFMADD231PS(d, f, acc[r])
+		if !six {
+			VMULPS(Mem{Base: panel, Disp: pk8Dmin}, s, d)
+			VCVTDQ2PS(ms[r], f)
+			VFNMADD231PS(d, f, acc[r])
+		}
+	}
+	x.advance(256)
+	m.advance(metaKBytes)
+	ADDQ(U32(pb), panel)
+	DECQ(nb)
+	JNE(LabelRef("block"))
+	Label("store")
+	for r := range acc {
+		VMOVUPS(acc[r], Mem{Base: accp, Disp: 32 * r})
+	}
+	VZEROUPPER()
+	RET()
+}
+
+// quantKernelsAVX2 emits the AVX2 quantized matrix kernels.
+func quantKernelsAVX2() {
+	pack32AVX2(quant32{"Q8_0", 34})
+	pack32AVX2(quant32{"Q4_0", 18})
+	for r := 1; r <= maxDot32RowsAVX2; r++ {
+		dot32AVX2(r, false)
+		dot32AVX2(r, true)
+	}
+	packQ4KAVX2(false)
+	packQ4KAVX2(true)
+	packQ6KAVX2()
+	for r := 1; r <= maxDotKRowsAVX2; r++ {
+		dotKAVX2(r, false)
+		dotKAVX2(r, true)
+	}
+}

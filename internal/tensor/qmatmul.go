@@ -1,0 +1,285 @@
+package tensor
+
+import (
+	"fmt"
+	"math"
+	"sync"
+)
+
+// The matrix product with quantized weights. The activations are quantized
+// first, the way llama.cpp does for each weight type: per 32-block to q8_0
+// (f16 scale d = max|x|/127, q = round(x/d)) for Q8_0 and Q4_0 weights, per
+// 256-block to q8_K (f32 scale, q = nearest(127·x/m) for the value m of
+// largest magnitude, and sums of q per 16) for the K-quants.
+//
+// Every output element is then defined as one fixed sequence of operations,
+// the same on every ISA and whatever the batch (so results are batch
+// invariant and even ISA independent): over the weight row's blocks b in
+// order, with acc = +0 to start,
+//
+//   - Q8_0, Q4_0: acc = fma(float32(I_b), dw_b·dx_b, acc), where I_b is the
+//     exact integer dot product of the block's levels (Q4_0: q−8) and the
+//     activation's int8 values, dw_b the weight's scale and dx_b the
+//     activation's (both f16 widened), their product rounded to f32;
+//   - Q4_K, Q5_K: acc = fma(float32(I_b), d_b·dy_b, acc), then acc =
+//     fma(−float32(M_b), dmin_b·dy_b, acc), where I_b = Σ_j scale_j·Σ q·x
+//     over the 8 sub-blocks j (exact) and M_b = Σ_j min_j·Σ x (exact);
+//   - Q6_K: acc = fma(float32(I_b), d_b·dy_b, acc), with I_b = Σ_s
+//     scale_s·Σ (q−32)·x over the 16 sub-blocks s (exact).
+//
+// fma is the fused multiply-add (one rounding) and float32(·) rounds to
+// nearest even. The integer sums are exact in int32 for every input, so the
+// kernels are free to compute them in any order.
+
+// qAct holds activations quantized for a quantized matrix product.
+type qAct struct {
+	dt   DType
+	m, k int
+	// xq holds the m×k int8 levels, row after row.
+	xq []int8
+	// meta holds per-block records, row after row: for the 32-blocks of
+	// Q8_0 and Q4_0 weights two words per block, the f32 scale dx (f16
+	// widened) and the int32 correction the VNNI kernels add for their
+	// unsigned weight levels (−128·Σq for Q8_0, −8·Σq for Q4_0); for
+	// the K-quants 16 words (64 bytes) per 256-block: word 0 the f32
+	// scale, words 4..7 the 8 int16 sums of q per 32, words 8..15 the 16
+	// int16 sums of q per 16 (little-endian pairs).
+	meta []uint32
+}
+
+// metaWords returns the number of meta words per block of activations for
+// weights of dtype d, and the block's element count.
+func metaWords(d DType) (words, elems int) {
+	if d == Q8_0 || d == Q4_0 {
+		return 2, 32
+	}
+	return 16, qk
+}
+
+// qActs recycles activation buffers.
+var qActs = sync.Pool{New: func() any { return new(qAct) }}
+
+// quantizeActs quantizes the m×k activations x for weights of dtype dt
+// into a, sized to fit, splitting rows across the pool.
+func (p *Pool) quantizeActs(a *qAct, dt DType, x []float32, m, k int) {
+	words, elems := metaWords(dt)
+	nb := k / elems
+	a.dt, a.m, a.k = dt, m, k
+	if cap(a.xq) < m*k {
+		a.xq = make([]int8, m*k)
+	}
+	a.xq = a.xq[:m*k]
+	if cap(a.meta) < m*nb*words {
+		a.meta = make([]uint32, m*nb*words)
+	}
+	a.meta = a.meta[:m*nb*words]
+	rows := func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			xs, q, meta := x[r*k:(r+1)*k], a.xq[r*k:(r+1)*k], a.meta[r*nb*words:(r+1)*nb*words]
+			for b := range nb {
+				if elems == 32 {
+					quantizeActQ8_0(dt, xs[32*b:32*b+32], q[32*b:32*b+32], meta[2*b:2*b+2])
+				} else {
+					quantizeActQ8K(xs[qk*b:qk*b+qk], q[qk*b:qk*b+qk], meta[16*b:16*b+16])
+				}
+			}
+		}
+	}
+	if m*k < 1<<14 || p.threads == 1 {
+		rows(0, m)
+		return
+	}
+	p.Parallel(m, rows)
+}
+
+// quantizeActQ8_0 is ggml's quantize_row_q8_0_ref for one block.
+func quantizeActQ8_0(dt DType, x []float32, q []int8, meta []uint32) {
+	var amax float32
+	for _, v := range x {
+		amax = max32(amax, abs32(v))
+	}
+	d := amax / 127
+	var id float32
+	if d != 0 {
+		id = 1 / d
+	}
+	var sum int32
+	for i, v := range x {
+		q[i] = int8(math.Round(float64(v * id)))
+		sum += int32(q[i])
+	}
+	meta[0] = math.Float32bits(F16ToF32(F32ToF16(d)))
+	if dt == Q8_0 {
+		meta[1] = uint32(-128 * sum)
+	} else {
+		meta[1] = uint32(-8 * sum)
+	}
+}
+
+// quantizeActQ8K is ggml's quantize_row_q8_K_ref for one block.
+func quantizeActQ8K(x []float32, q []int8, meta []uint32) {
+	clear(meta)
+	var mx, amax float32
+	for _, v := range x {
+		if ax := abs32(v); ax > amax {
+			amax, mx = ax, v
+		}
+	}
+	if amax == 0 {
+		clear(q)
+		return
+	}
+	iscale := -127 / mx
+	for i, v := range x {
+		q[i] = int8(min(127, nearestInt(iscale*v)))
+	}
+	meta[0] = math.Float32bits(1 / iscale)
+	for g := range 16 {
+		var s int32
+		for _, v := range q[16*g : 16*g+16] {
+			s += int32(v)
+		}
+		setHalf(meta[8:], g, s)
+		if g%2 == 1 {
+			setHalf(meta[4:], g/2, s+int32(int16(meta[8+(g-1)/2])))
+		}
+	}
+}
+
+// setHalf stores v as the int16 number i of the little-endian pairs in w.
+func setHalf(w []uint32, i int, v int32) {
+	sh := 16 * (i % 2)
+	w[i/2] = w[i/2]&^(0xffff<<sh) | uint32(uint16(int16(v)))<<sh
+}
+
+// half returns int16 number i of the little-endian pairs in w.
+func half(w []uint32, i int) int32 { return int32(int16(w[i/2] >> (16 * (i % 2)))) }
+
+// matmulQuant is MatMul for quantized weights.
+func (p *Pool) matmulQuant(out, x []float32, m int, w *Mat) {
+	n, k := w.Rows, w.Cols
+	a := qActs.Get().(*qAct)
+	defer qActs.Put(a)
+	p.quantizeActs(a, w.DType, x, m, k)
+	ks := active.Load()
+	chunk := n
+	if p.threads > 1 && m*n*k >= serialFMAs {
+		chunk = (n + p.threads*chunksPerThread - 1) / (p.threads * chunksPerThread)
+		chunk = (chunk + chunkAlign - 1) / chunkAlign * chunkAlign
+	}
+	qmm := ks.qmm
+	if qmm == nil {
+		qmm = qmmGo
+	}
+	p.run(n, chunk, func(_, lo, hi int) { qmm(a, w, lo, hi, out) })
+}
+
+// checkQuant panics unless w's blocks cover its shape.
+func checkQuant(w *Mat) {
+	rb, err := w.DType.RowBytes(w.Cols)
+	if err != nil {
+		panic(fmt.Sprintf("tensor: MatMul %v", err))
+	}
+	if len(w.Q) < w.Rows*rb {
+		panic(fmt.Sprintf("tensor: MatMul %s weights have %d bytes, want rows×%d = %d×%d", w.DType, len(w.Q), rb, w.Rows, rb))
+	}
+}
+
+// qmmGo is the pure-Go quantized kernel: out[i*Rows+j] for i < m and lo ≤
+// j < hi, each by the definition above.
+func qmmGo(a *qAct, w *Mat, lo, hi int, out []float32) {
+	n := w.Rows
+	rb, _ := w.DType.RowBytes(w.Cols)
+	for j := lo; j < hi; j++ {
+		row := w.Q[j*rb : (j+1)*rb]
+		for i := range a.m {
+			out[i*n+j] = qdotGo(a, i, row)
+		}
+	}
+}
+
+// qdotGo returns the product of activation row i of a with the weight row
+// of blocks wr, by the definition above.
+func qdotGo(a *qAct, i int, wr []byte) float32 {
+	words, elems := metaWords(a.dt)
+	_, bytes := a.dt.BlockSize()
+	nb := a.k / elems
+	xq := a.xq[i*a.k : (i+1)*a.k]
+	meta := a.meta[i*nb*words : (i+1)*nb*words]
+	var acc float32
+	for b := range nb {
+		blk := wr[b*bytes : (b+1)*bytes]
+		x := xq[b*elems : (b+1)*elems]
+		mb := meta[b*words : (b+1)*words]
+		dx := math.Float32frombits(mb[0])
+		switch a.dt {
+		case Q8_0:
+			var s int32
+			for t, v := range x {
+				s += int32(int8(blk[2+t])) * int32(v)
+			}
+			acc = fma32(float32(s), f16(blk, 0)*dx, acc)
+		case Q4_0:
+			var s int32
+			for t := range 16 {
+				s += (int32(blk[2+t]&15) - 8) * int32(x[t])
+				s += (int32(blk[2+t]>>4) - 8) * int32(x[16+t])
+			}
+			acc = fma32(float32(s), f16(blk, 0)*dx, acc)
+		case Q4_K, Q5_K:
+			five := a.dt == Q5_K
+			var is, ms int32
+			for j := range 8 {
+				sc, mn := scaleMinK4(blk[4:16], j)
+				var s int32
+				for t := range 32 {
+					s += q4KValue(five, blk, 32*j+t) * int32(x[32*j+t])
+				}
+				is += int32(sc) * s
+				ms += int32(mn) * half(mb[4:8], j)
+			}
+			acc = fma32(float32(is), f16(blk, 0)*dx, acc)
+			acc = fma32(-float32(ms), f16(blk, 2)*dx, acc)
+		case Q6_K:
+			var is int32
+			for s := range 16 {
+				var d int32
+				var sc int8
+				for t := range 16 {
+					q, c := q6Value(blk, 16*s+t)
+					d += (q - 32) * int32(x[16*s+t])
+					sc = c
+				}
+				is += int32(sc) * d
+			}
+			acc = fma32(float32(is), f16(blk, 208)*dx, acc)
+		}
+	}
+	return acc
+}
+
+// fma32 returns a·b+c rounded once to float32 (what VFMADD231PS computes).
+// The product is exact in float64; the float64 sum is rounded once, and
+// when it lands exactly on a float32 tie the residual decides the side.
+func fma32(a, b, c float32) float32 {
+	p := float64(a) * float64(b)
+	s := p + float64(c)
+	r := float32(s)
+	if float64(r) == s || math.IsInf(s, 0) || s != s {
+		return r
+	}
+	// TwoSum: the exact p+c is s+e.
+	bb := s - p
+	e := (p - (s - bb)) + (float64(c) - bb)
+	if e == 0 {
+		return r
+	}
+	other := math.Nextafter32(r, float32(math.Copysign(math.Inf(1), s-float64(r))))
+	if (float64(r)+float64(other))/2 != s {
+		return r // not a tie: the first rounding decided correctly
+	}
+	if (e > 0) == (float64(other) > float64(r)) {
+		return other
+	}
+	return r
+}

@@ -1,0 +1,336 @@
+package tensor
+
+import (
+	"fmt"
+	"math"
+	"math/big"
+	"math/rand/v2"
+	"testing"
+)
+
+// randQuantMat returns a rows×cols matrix of dtype d quantized from random
+// Gaussian weights (σ varied per row).
+func randQuantMat(t testing.TB, rng *rand.Rand, d DType, rows, cols int) *Mat {
+	x := make([]float32, rows*cols)
+	for r := range rows {
+		sigma := math.Ldexp(1, rng.IntN(6)-4)
+		for c := range cols {
+			x[r*cols+c] = float32(rng.NormFloat64() * sigma)
+		}
+	}
+	q, err := QuantizeRows(d, x, rows, cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Mat{DType: d, Rows: rows, Cols: cols, Q: q}
+}
+
+// refActs quantizes one activation row the way the definition says,
+// independently of the package (q8_0 per 32 with an f16 scale, or q8_K per
+// 256): the int levels, and per block the scale.
+func refActs(d DType, x []float32) (q []int64, scales []float32) {
+	elems, _ := d.BlockSize()
+	if d == Q8_0 || d == Q4_0 {
+		elems = 32
+	}
+	for b := 0; b < len(x); b += elems {
+		blk := x[b : b+elems]
+		if elems == 32 {
+			var amax float32
+			for _, v := range blk {
+				amax = float32(math.Max(float64(amax), math.Abs(float64(v))))
+			}
+			s := amax / 127
+			var inv float32
+			if s != 0 {
+				inv = 1 / s
+			}
+			for _, v := range blk {
+				q = append(q, int64(math.Round(float64(v*inv))))
+			}
+			scales = append(scales, F16ToF32(F32ToF16(s)))
+			continue
+		}
+		var mx, amax float32
+		for _, v := range blk {
+			if math.Abs(float64(v)) > float64(amax) {
+				amax, mx = float32(math.Abs(float64(v))), v
+			}
+		}
+		if amax == 0 {
+			q = append(q, make([]int64, elems)...)
+			scales = append(scales, 0)
+			continue
+		}
+		inv := -127 / mx
+		for _, v := range blk {
+			q = append(q, min(127, int64(math.RoundToEven(float64(inv*v)))))
+		}
+		scales = append(scales, 1/inv)
+	}
+	return q, scales
+}
+
+// fmaExact returns a·b+c rounded once to float32, with big.Float.
+func fmaExact(a, b, c float32) float32 {
+	p := new(big.Float).SetPrec(200).SetFloat64(float64(a))
+	p.Mul(p, new(big.Float).SetPrec(200).SetFloat64(float64(b)))
+	p.Add(p, new(big.Float).SetPrec(200).SetFloat64(float64(c)))
+	r, _ := new(big.Float).SetPrec(24).SetMode(big.ToNearestEven).Set(p).Float32()
+	if r == 0 {
+		// The sign of a zero sum under round to nearest: −0 only if both
+		// addends are −0.
+		if math.Signbit(float64(a*b)) && math.Signbit(float64(c)) {
+			return float32(math.Copysign(0, -1))
+		}
+		return 0
+	}
+	return r
+}
+
+func TestFMA32IsOneRounding(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	check := func(a, b, c float32) {
+		if got, want := fma32(a, b, c), fmaExact(a, b, c); math.Float32bits(got) != math.Float32bits(want) {
+			t.Fatalf("fma32(%g, %g, %g) = %g (%#x), want %g (%#x)", a, b, c, got, math.Float32bits(got), want, math.Float32bits(want))
+		}
+	}
+	for range 200000 {
+		a := float32(rng.NormFloat64() * math.Ldexp(1, rng.IntN(40)-20))
+		b := float32(rng.NormFloat64() * math.Ldexp(1, rng.IntN(40)-20))
+		c := float32(rng.NormFloat64() * math.Ldexp(1, rng.IntN(40)-20))
+		check(a, b, c)
+		// Near-ties: c = −a·b rounded plus a half ulp of something.
+		p := a * b
+		check(a, b, -p)
+		check(a, b, float32(math.Ldexp(float64(p), -25)))
+	}
+	// Exact double-rounding cases: a·b = 1 + 2⁻²⁴ + 2⁻⁵⁰-ish.
+	check(1+0x1p-12, 1+0x1p-12, 0x1p-48)
+	check(1+0x1p-12, 1-0x1p-12, -0x1p-48)
+	check(0, -1, 0)
+	check(0, -1, float32(math.Copysign(0, -1)))
+}
+
+// refQuantDot returns out[i][j] of the quantized product by the definition
+// (with the exact oracle for the fused multiply-adds), and Σ|terms| for a
+// float64 bound, and the float64 value of Σ ŵ·x̂ over the dequantized
+// weights and activations.
+func refQuantDot(w *Mat, xq []int64, xs []float32, j int) (def float32, f64, mag float64) {
+	rb, _ := w.DType.RowBytes(w.Cols)
+	row := w.Q[j*rb : (j+1)*rb]
+	elems, bytes := w.DType.BlockSize()
+	var acc float32
+	for b := 0; b < w.Cols/elems; b++ {
+		vals, _ := blockValues64(w.DType, row[b*bytes:(b+1)*bytes])
+		blk := row[b*bytes : (b+1)*bytes]
+		h := func(off int) float32 { return F16ToF32(uint16(blk[off]) | uint16(blk[off+1])<<8) }
+		switch w.DType {
+		case Q8_0, Q4_0:
+			var s int64
+			for i := range 32 {
+				var lv int64
+				if w.DType == Q4_0 {
+					lv = int64(blk[2+i%16]>>(4*(i/16))&15) - 8
+				} else {
+					lv = int64(int8(blk[2+i]))
+				}
+				s += lv * xq[b*32+i]
+				f64 += vals[i] * float64(xq[b*32+i]) * float64(xs[b])
+			}
+			acc = fmaExact(float32(s), h(0)*xs[b], acc)
+			mag += math.Abs(float64(s)) * math.Abs(float64(h(0)*xs[b]))
+		default:
+			// Recover the integer structure from the float64 values:
+			// Σ ŵ·q = d·Σ sc·q·x − dmin·Σ m·x is what I and M encode.
+			// Recompute I and M directly from the fields instead.
+			five := w.DType == Q5_K
+			var is, ms int64
+			if w.DType == Q6_K {
+				for s := range 16 {
+					var dsum int64
+					for t := range 16 {
+						q, _ := q6Value(blk, 16*s+t)
+						dsum += int64(q-32) * xq[b*256+16*s+t]
+					}
+					is += int64(int8(blk[192+s])) * dsum
+				}
+				acc = fmaExact(float32(is), h(208)*xs[b], acc)
+				mag += math.Abs(float64(is)) * math.Abs(float64(h(208)*xs[b]))
+			} else {
+				for jj := range 8 {
+					sc, m := scaleMinK4(blk[4:16], jj)
+					var dsum, xsum int64
+					for t := range 32 {
+						dsum += int64(q4KValue(five, blk, 32*jj+t)) * xq[b*256+32*jj+t]
+						xsum += xq[b*256+32*jj+t]
+					}
+					is += int64(sc) * dsum
+					ms += int64(m) * xsum
+				}
+				acc = fmaExact(float32(is), h(0)*xs[b], acc)
+				acc = fmaExact(-float32(ms), h(2)*xs[b], acc)
+				mag += math.Abs(float64(is))*math.Abs(float64(h(0)*xs[b])) + math.Abs(float64(ms))*math.Abs(float64(h(2)*xs[b]))
+			}
+			for i := range 256 {
+				f64 += vals[i] * float64(xq[b*256+i]) * float64(xs[b])
+			}
+		}
+	}
+	return acc, f64, mag
+}
+
+func TestQuantMatMulMatchesReference(t *testing.T) {
+	shapes := []struct{ m, n, k int }{
+		{1, 1, 256}, {1, 7, 512}, {3, 16, 256}, {2, 33, 768}, {5, 50, 256}, {17, 19, 512}, {9, 64, 1024}, {4, 3, 2304},
+	}
+	forEachISA(t, func(t *testing.T) {
+		for _, threads := range []int{1, 2} {
+			pool := NewPool(threads)
+			defer pool.Close()
+			for _, d := range quantTypes {
+				for _, s := range shapes {
+					k := s.k
+					if d == Q8_0 || d == Q4_0 {
+						k = s.k/8 + 32 // odd block counts too
+					}
+					t.Run(fmt.Sprintf("%s m=%d n=%d k=%d T=%d", d, s.m, s.n, k, threads), func(t *testing.T) {
+						rng := rand.New(rand.NewPCG(uint64(s.m*100+s.n), uint64(k)))
+						w := randQuantMat(t, rng, d, s.n, k)
+						x := make([]float32, s.m*k)
+						for i := range x {
+							x[i] = float32(rng.NormFloat64())
+						}
+						if s.m > 1 {
+							clear(x[k : k+min(k, 256)]) // an all-zero block of activations
+						}
+						out := make([]float32, s.m*s.n)
+						for i := range out {
+							out[i] = float32(math.NaN())
+						}
+						pool.MatMul(out, x, s.m, w)
+						for i := range s.m {
+							xq, xs := refActs(d, x[i*k:(i+1)*k])
+							for j := range s.n {
+								def, f64, mag := refQuantDot(w, xq, xs, j)
+								got := out[i*s.n+j]
+								if math.Float32bits(got) != math.Float32bits(def) {
+									t.Fatalf("out[%d][%d] = %g (%#x), the definition gives %g (%#x)", i, j, got, math.Float32bits(got), def, math.Float32bits(def))
+								}
+								if math.Abs(float64(got)-f64) > 1e-5*mag+1e-30 {
+									t.Fatalf("out[%d][%d] = %g, float64 reference %g (Σ|terms| %g)", i, j, got, f64, mag)
+								}
+							}
+						}
+					})
+				}
+			}
+		}
+	})
+}
+
+func TestQuantMatMulIsBatchInvariant(t *testing.T) {
+	ms := []int{1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33}
+	shapes := []struct{ n, k int }{{37, 256}, {64, 512}, {21, 768}, {16, 1536}, {50, 256}, {3, 2048}}
+	// Results are the same on every ISA, not only within one: keep the
+	// first ISA's outputs to compare.
+	first := map[string][]float32{}
+	forEachISA(t, func(t *testing.T) {
+		for _, threads := range []int{1, 2} {
+			pool := NewPool(threads)
+			defer pool.Close()
+			for _, d := range quantTypes {
+				for _, s := range shapes {
+					key := fmt.Sprintf("%s n=%d k=%d", d, s.n, s.k)
+					t.Run(fmt.Sprintf("%s T=%d", key, threads), func(t *testing.T) {
+						rng := rand.New(rand.NewPCG(uint64(s.n), uint64(s.k)))
+						w := randQuantMat(t, rng, d, s.n, s.k)
+						const rows = 33
+						x := make([]float32, rows*s.k)
+						for i := range x {
+							x[i] = float32(rng.NormFloat64())
+						}
+						alone := make([]float32, rows*s.n)
+						for i := range rows {
+							pool.MatMul(alone[i*s.n:(i+1)*s.n], x[i*s.k:(i+1)*s.k], 1, w)
+						}
+						for _, m := range ms {
+							out := make([]float32, m*s.n)
+							pool.MatMul(out, x[:m*s.k], m, w)
+							for i := range m * s.n {
+								if math.Float32bits(out[i]) != math.Float32bits(alone[i]) {
+									t.Fatalf("m=%d: out[%d][%d] = %x, alone %x", m, i/s.n, i%s.n, math.Float32bits(out[i]), math.Float32bits(alone[i]))
+								}
+							}
+						}
+						if f, ok := first[key]; !ok {
+							first[key] = alone
+						} else {
+							for i := range f {
+								if math.Float32bits(f[i]) != math.Float32bits(alone[i]) {
+									t.Fatalf("ISA %s: out[%d][%d] = %x, the first ISA gave %x", ISA(), i/s.n, i%s.n, math.Float32bits(alone[i]), math.Float32bits(f[i]))
+								}
+							}
+						}
+					})
+				}
+			}
+		}
+	})
+}
+
+func TestQuantMatMulWorkSplitAndRowGroups(t *testing.T) {
+	// Large enough to be split across workers, and every weight row alone
+	// must give its column of the full product.
+	forEachISA(t, func(t *testing.T) {
+		for _, d := range quantTypes {
+			rng := rand.New(rand.NewPCG(7, uint64(d)))
+			const n, m, k = 300, 11, 512
+			w := randQuantMat(t, rng, d, n, k)
+			x := make([]float32, m*k)
+			for i := range x {
+				x[i] = float32(rng.NormFloat64())
+			}
+			p1, p2 := NewPool(1), NewPool(2)
+			defer p1.Close()
+			defer p2.Close()
+			a, b := make([]float32, m*n), make([]float32, m*n)
+			p1.MatMul(a, x, m, w)
+			p2.MatMul(b, x, m, w)
+			rb, _ := d.RowBytes(k)
+			for j := range n {
+				one := make([]float32, m)
+				p1.MatMul(one, x, m, &Mat{DType: d, Rows: 1, Cols: k, Q: w.Q[j*rb : (j+1)*rb]})
+				for i := range m {
+					if math.Float32bits(a[i*n+j]) != math.Float32bits(b[i*n+j]) || math.Float32bits(a[i*n+j]) != math.Float32bits(one[i]) {
+						t.Fatalf("%s out[%d][%d]: 1 thread %g, 2 threads %g, row alone %g", d, i, j, a[i*n+j], b[i*n+j], one[i])
+					}
+				}
+			}
+		}
+	})
+}
+
+func TestQuantMatMulPanicsOnBadShapes(t *testing.T) {
+	pool := NewPool(1)
+	defer pool.Close()
+	cases := []struct {
+		name string
+		w    *Mat
+	}{
+		{"cols not a block multiple", &Mat{DType: Q8_0, Rows: 2, Cols: 48, Q: make([]byte, 2*34*2)}},
+		{"cols not a super-block multiple", &Mat{DType: Q4_K, Rows: 2, Cols: 128, Q: make([]byte, 2*144)}},
+		{"short blocks", &Mat{DType: Q6_K, Rows: 2, Cols: 256, Q: make([]byte, 2*210-1)}},
+		{"blocks missing", &Mat{DType: Q4_0, Rows: 2, Cols: 32}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("MatMul did not panic")
+				}
+			}()
+			pool.MatMul(make([]float32, 2*c.w.Rows), make([]float32, 2*c.w.Cols), 2, c.w)
+		})
+	}
+}

@@ -1,0 +1,525 @@
+package tensor
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+// This file holds the reference (de)quantization of the block dtypes: the
+// algorithms of ggml's reference quantizers (quantize_row_*_ref, the path
+// without an importance matrix), so that a file we quantize agrees with one
+// llama.cpp makes from the same f32 weights, and the dequantization that
+// defines what a block means. Everything is plain float32 arithmetic with
+// no fused multiply-adds (a C compiler may contract some of llama.cpp's
+// expressions, so agreement is close but not always bit-exact; see the
+// tests for the bounds).
+
+// qk is the number of weights in a K-quant super-block.
+const qk = 256
+
+// QuantizeRows quantizes the rows×cols row-major f32 matrix src to dtype d
+// and returns the blocks, row after row (rows·RowBytes(cols) bytes). cols
+// must be a multiple of the dtype's block (32 for Q8_0 and Q4_0, 256 for
+// the K-quants), and src must hold rows·cols values.
+//
+//   - Q8_0: d = max|x|/127, q = round(x/d) (half away from zero).
+//   - Q4_0: d = −m/8 where m is the value of largest magnitude, q =
+//     min(15, trunc(x/d + 8.5)).
+//   - Q4_K, Q5_K: per sub-block of 32 a scale and min from ggml's
+//     make_qkx2_quants search (weights av|x| + |x|, 20 and 15 steps), both
+//     quantized to 6 bits against the largest, then the weights
+//     re-quantized with the 6-bit values.
+//   - Q6_K: per sub-block of 16 a scale from ggml's make_qx_quants search
+//     (weights x²), quantized to int8 against the largest, then the
+//     weights re-quantized.
+func QuantizeRows(d DType, src []float32, rows, cols int) ([]byte, error) {
+	if !d.Quantized() {
+		return nil, fmt.Errorf("tensor: QuantizeRows to %s: not a quantized dtype", d)
+	}
+	if rows < 0 {
+		return nil, fmt.Errorf("tensor: QuantizeRows with %d rows", rows)
+	}
+	rb, err := d.RowBytes(cols)
+	if err != nil {
+		return nil, err
+	}
+	if len(src) < rows*cols {
+		return nil, fmt.Errorf("tensor: QuantizeRows of %d×%d from %d values", rows, cols, len(src))
+	}
+	out := make([]byte, rows*rb)
+	elems, bytes := d.BlockSize()
+	for r := range rows {
+		row := src[r*cols : (r+1)*cols]
+		dst := out[r*rb : (r+1)*rb]
+		for b := 0; b < cols/elems; b++ {
+			x, y := row[b*elems:(b+1)*elems], dst[b*bytes:(b+1)*bytes]
+			switch d {
+			case Q8_0:
+				quantizeQ8_0(x, y)
+			case Q4_0:
+				quantizeQ4_0(x, y)
+			case Q4_K:
+				quantizeQ4K(x, y, false)
+			case Q5_K:
+				quantizeQ4K(x, y, true)
+			case Q6_K:
+				quantizeQ6K(x, y)
+			}
+		}
+	}
+	return out, nil
+}
+
+// DequantizeRow expands the blocks in src to len(dst) f32 weights: the
+// exact reference meaning of each block (see the DType constants), in
+// float32 arithmetic: Q8_0 q·d, Q4_0 (q−8)·d, Q4_K and Q5_K (d·scale)·q −
+// dmin·min, Q6_K (d·scale)·(q−32). len(dst) must be a multiple of the
+// dtype's block and src must hold that many blocks; DequantizeRow panics
+// otherwise or if d is not quantized.
+func DequantizeRow(d DType, src []byte, dst []float32) {
+	if !d.Quantized() {
+		panic(fmt.Sprintf("tensor: DequantizeRow of %s: not a quantized dtype", d))
+	}
+	rb, err := d.RowBytes(len(dst))
+	if err != nil {
+		panic(err.Error())
+	}
+	if len(src) < rb {
+		panic(fmt.Sprintf("tensor: DequantizeRow of %d %s weights from %d bytes, want %d", len(dst), d, len(src), rb))
+	}
+	elems, bytes := d.BlockSize()
+	for b := 0; b < len(dst)/elems; b++ {
+		x, y := src[b*bytes:(b+1)*bytes], dst[b*elems:(b+1)*elems]
+		switch d {
+		case Q8_0:
+			s := f16(x, 0)
+			for i := range 32 {
+				y[i] = float32(int8(x[2+i])) * s
+			}
+		case Q4_0:
+			s := f16(x, 0)
+			for i := range 16 {
+				y[i] = float32(int32(x[2+i]&15)-8) * s
+				y[16+i] = float32(int32(x[2+i]>>4)-8) * s
+			}
+		case Q4_K, Q5_K:
+			dequantizeQ4K(d == Q5_K, x, y)
+		case Q6_K:
+			s := f16(x, 208)
+			for i := range qk {
+				q, sc := q6Value(x, i)
+				y[i] = float32(s*float32(sc)) * float32(q-32)
+			}
+		}
+	}
+}
+
+// f16 returns the f16 at b[off:] widened to f32.
+func f16(b []byte, off int) float32 { return F16ToF32(binary.LittleEndian.Uint16(b[off:])) }
+
+// putF16 stores f rounded to f16 (nearest even) at b[off:] and returns the
+// rounded value widened back.
+func putF16(b []byte, off int, f float32) float32 {
+	h := F32ToF16(f)
+	binary.LittleEndian.PutUint16(b[off:], h)
+	return F16ToF32(h)
+}
+
+// nearestInt rounds f to the nearest integer, ties to even, as ggml's
+// nearest_int does (by adding 1.5·2²³). Outside ±2²² (where ggml's trick
+// fails) it saturates instead.
+func nearestInt(f float32) int32 {
+	switch {
+	case f > 4194303:
+		return 4194303
+	case f < -4194303:
+		return -4194303
+	case f != f: // NaN
+		return 0
+	}
+	v := f + 12582912
+	return int32(math.Float32bits(v)&0x7fffff) - 0x400000
+}
+
+func quantizeQ8_0(x []float32, y []byte) {
+	var amax float32
+	for _, v := range x {
+		amax = max32(amax, abs32(v))
+	}
+	d := amax / 127
+	var id float32
+	if d != 0 {
+		id = 1 / d
+	}
+	putF16(y, 0, d)
+	for i, v := range x {
+		y[2+i] = byte(int8(math.Round(float64(v * id))))
+	}
+}
+
+// max32 is C's MAX(a, b): (a > b) ? a : b.
+func max32(a, b float32) float32 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+func abs32(v float32) float32 { return math.Float32frombits(math.Float32bits(v) &^ (1 << 31)) }
+
+func quantizeQ4_0(x []float32, y []byte) {
+	var amax, mx float32
+	for _, v := range x {
+		if amax < abs32(v) {
+			amax, mx = abs32(v), v
+		}
+	}
+	d := mx / -8
+	var id float32
+	if d != 0 {
+		id = 1 / d
+	}
+	putF16(y, 0, d)
+	for i := range 16 {
+		x0, x1 := x[i]*id, x[16+i]*id
+		q0 := min(15, uint8(int8(x0+8.5)))
+		q1 := min(15, uint8(int8(x1+8.5)))
+		y[2+i] = q0 | q1<<4
+	}
+}
+
+// makeQKX2 is ggml's make_qkx2_quants: it chooses a scale and a min (≤ 0)
+// for x with levels 0..nmax, trying nstep+1 scales around the range's and
+// fitting scale and min by weighted least squares at each, and returns the
+// scale and −min with the levels in l.
+func makeQKX2(nmax int, x, w []float32, l, laux []uint8, rmin, rdelta float32, nstep int) (scale, negMin float32) {
+	n := len(x)
+	mn, mx := x[0], x[0]
+	sumW := w[0]
+	sumX := sumW * x[0]
+	for i := 1; i < n; i++ {
+		if x[i] < mn {
+			mn = x[i]
+		}
+		if x[i] > mx {
+			mx = x[i]
+		}
+		sumW += w[i]
+		sumX += float32(w[i] * x[i])
+	}
+	if mn > 0 {
+		mn = 0
+	}
+	if mx == mn {
+		clear(l[:n])
+		return 0, -mn
+	}
+	fmax := float32(nmax)
+	iscale := fmax / (mx - mn)
+	scale = 1 / iscale
+	var bestErr float32
+	for i := range n {
+		q := nearestInt(iscale * (x[i] - mn))
+		l[i] = uint8(max(0, min(int32(nmax), q)))
+		diff := float32(scale*float32(l[i])) + mn - x[i]
+		bestErr += float32(w[i] * float32(diff*diff))
+	}
+	for is := 0; is <= nstep; is++ {
+		iscale = (rmin + float32(rdelta*float32(is)) + fmax) / (mx - mn)
+		var sumL, sumL2, sumXL float32
+		for i := range n {
+			q := nearestInt(iscale * (x[i] - mn))
+			q = max(0, min(int32(nmax), q))
+			laux[i] = uint8(q)
+			fl := float32(q)
+			wl := w[i] * fl
+			sumL += wl
+			sumL2 += float32(wl * fl)
+			sumXL += float32(wl * x[i])
+		}
+		D := float32(sumW*sumL2) - float32(sumL*sumL)
+		if D > 0 {
+			thisScale := (float32(sumW*sumXL) - float32(sumX*sumL)) / D
+			thisMin := (float32(sumL2*sumX) - float32(sumL*sumXL)) / D
+			if thisMin > 0 {
+				thisMin = 0
+				thisScale = sumXL / sumL2
+			}
+			var cur float32
+			for i := range n {
+				diff := float32(thisScale*float32(laux[i])) + thisMin - x[i]
+				cur += float32(w[i] * float32(diff*diff))
+			}
+			if cur < bestErr {
+				copy(l[:n], laux[:n])
+				bestErr, scale, mn = cur, thisScale, thisMin
+			}
+		}
+	}
+	return scale, -mn
+}
+
+// putScaleMinK4 stores the 6-bit scale ls and min lm of sub-block j into
+// the 12 packed bytes s (ggml's Q4_K/Q5_K packing; s starts zeroed).
+func putScaleMinK4(s []byte, j int, ls, lm uint8) {
+	if j < 4 {
+		s[j] = ls
+		s[j+4] = lm
+		return
+	}
+	s[j+4] = ls&0xf | (lm&0xf)<<4
+	s[j-4] |= (ls >> 4) << 6
+	s[j] |= (lm >> 4) << 6
+}
+
+// scaleMinK4 returns the 6-bit scale and min of sub-block j from the 12
+// packed bytes s.
+func scaleMinK4(s []byte, j int) (sc, m uint8) {
+	if j < 4 {
+		return s[j] & 63, s[j+4] & 63
+	}
+	return s[j+4]&0xf | (s[j-4]>>6)<<4, s[j+4]>>4 | (s[j]>>6)<<4
+}
+
+// quantizeQ4K quantizes one super-block to Q4_K (or Q5_K with five bits).
+func quantizeQ4K(x []float32, y []byte, five bool) {
+	nmax, rmin, nstep := 15, float32(-1), 20
+	if five {
+		nmax, rmin, nstep = 31, -0.5, 15
+	}
+	var L [qk]uint8
+	var laux [32]uint8
+	var weights [32]float32
+	var scales, mins [8]float32
+	var maxScale, maxMin float32
+	for j := range 8 {
+		xs := x[32*j : 32*j+32]
+		var sumX2 float32
+		for _, v := range xs {
+			sumX2 += float32(v * v)
+		}
+		av := float32(math.Sqrt(float64(sumX2 / 32)))
+		for i, v := range xs {
+			weights[i] = av + abs32(v)
+		}
+		scales[j], mins[j] = makeQKX2(nmax, xs, weights[:], L[32*j:32*j+32], laux[:], rmin, 0.1, nstep)
+		if scales[j] > maxScale {
+			maxScale = scales[j]
+		}
+		if mins[j] > maxMin {
+			maxMin = mins[j]
+		}
+	}
+	var invScale, invMin float32
+	if maxScale > 0 {
+		invScale = 63 / maxScale
+	}
+	if maxMin > 0 {
+		invMin = 63 / maxMin
+	}
+	s := y[4:16]
+	clear(s)
+	for j := range 8 {
+		ls := min(63, uint8(nearestInt(invScale*scales[j])))
+		lm := min(63, uint8(nearestInt(invMin*mins[j])))
+		putScaleMinK4(s, j, ls, lm)
+	}
+	d := putF16(y, 0, maxScale/63)
+	dmin := putF16(y, 2, maxMin/63)
+	for j := range 8 {
+		sc, m := scaleMinK4(s, j)
+		dj := d * float32(sc)
+		if dj == 0 {
+			continue
+		}
+		dm := dmin * float32(m)
+		for i := range 32 {
+			q := nearestInt((x[32*j+i] + dm) / dj)
+			L[32*j+i] = uint8(max(0, min(int32(nmax), q)))
+		}
+	}
+	if !five {
+		qs := y[16:144]
+		for c := range 4 {
+			for l := range 32 {
+				qs[32*c+l] = L[64*c+l] | L[64*c+32+l]<<4
+			}
+		}
+		return
+	}
+	qh, qs := y[16:48], y[48:176]
+	clear(qh)
+	for c := range 4 {
+		for l := range 32 {
+			l1, l2 := L[64*c+l], L[64*c+32+l]
+			if l1 > 15 {
+				l1 -= 16
+				qh[l] |= 1 << (2 * c)
+			}
+			if l2 > 15 {
+				l2 -= 16
+				qh[l] |= 2 << (2 * c)
+			}
+			qs[32*c+l] = l1 | l2<<4
+		}
+	}
+}
+
+// dequantizeQ4K expands one Q4_K (or Q5_K) super-block.
+func dequantizeQ4K(five bool, x []byte, y []float32) {
+	d, dmin := f16(x, 0), f16(x, 2)
+	s := x[4:16]
+	for j := range 8 {
+		sc, m := scaleMinK4(s, j)
+		dj, mj := d*float32(sc), dmin*float32(m)
+		for i := range 32 {
+			y[32*j+i] = float32(dj*float32(q4KValue(five, x, 32*j+i))) - mj
+		}
+	}
+}
+
+// q4KValue returns the level (0..15, or 0..31 for Q5_K) of weight i of a
+// Q4_K (Q5_K) super-block.
+func q4KValue(five bool, x []byte, i int) int32 {
+	c, l, hi := i/64, i%32, i%64 >= 32
+	qs := x[16:]
+	if five {
+		qs = x[48:]
+	}
+	b := qs[32*c+l]
+	v := int32(b & 15)
+	if hi {
+		v = int32(b >> 4)
+	}
+	if five {
+		bit := 2 * c
+		if hi {
+			bit++
+		}
+		v |= int32(x[16+l]>>bit&1) << 4
+	}
+	return v
+}
+
+// q6Value returns the level (0..63) and the scale of weight i of a Q6_K
+// super-block.
+func q6Value(x []byte, i int) (int32, int8) {
+	h, l := i/128, i%128
+	ql, qh := x[64*h:], x[128+32*h:]
+	quarter, p := l/32, l%32
+	var lo byte
+	switch quarter {
+	case 0:
+		lo = ql[p] & 15
+	case 1:
+		lo = ql[32+p] & 15
+	case 2:
+		lo = ql[p] >> 4
+	case 3:
+		lo = ql[32+p] >> 4
+	}
+	hi := qh[p] >> (2 * quarter) & 3
+	return int32(lo) | int32(hi)<<4, int8(x[192+i/16])
+}
+
+// makeQX is ggml's make_qx_quants with rmse_type 1 and no importance
+// weights: the scale for x with levels −nmax..nmax−1 (stored as l+nmax)
+// that maximises the x²-weighted fit over 19 trial scales.
+func makeQX(nmax int, x []float32, L []int8) float32 {
+	var mx, amax float32
+	for _, v := range x {
+		if ax := abs32(v); ax > amax {
+			amax, mx = ax, v
+		}
+	}
+	if amax < 1e-15 {
+		clear(L[:len(x)])
+		return 0
+	}
+	fmax := float32(nmax)
+	clampL := func(q int32) int32 { return max(int32(-nmax), min(int32(nmax-1), q)) }
+	iscale := -fmax / mx
+	var sumLX, sumL2 float32
+	for i, v := range x {
+		q := clampL(nearestInt(iscale * v))
+		L[i] = int8(q + int32(nmax))
+		w := v * v
+		fl := float32(q)
+		sumLX += float32(float32(w*v) * fl)
+		sumL2 += float32(float32(w*fl) * fl)
+	}
+	var scale float32
+	if sumL2 != 0 {
+		scale = sumLX / sumL2
+	}
+	best := scale * sumLX
+	for is := -9; is <= 9; is++ {
+		if is == 0 {
+			continue
+		}
+		iscale = -(fmax + float32(0.1*float32(is))) / mx
+		sumLX, sumL2 = 0, 0
+		for _, v := range x {
+			q := clampL(nearestInt(iscale * v))
+			w := v * v
+			fl := float32(q)
+			sumLX += float32(float32(w*v) * fl)
+			sumL2 += float32(float32(w*fl) * fl)
+		}
+		if sumL2 > 0 && float32(sumLX*sumLX) > float32(best*sumL2) {
+			for i, v := range x {
+				L[i] = int8(clampL(nearestInt(iscale*v)) + int32(nmax))
+			}
+			scale = sumLX / sumL2
+			best = scale * sumLX
+		}
+	}
+	return scale
+}
+
+// quantizeQ6K quantizes one super-block to Q6_K.
+func quantizeQ6K(x []float32, y []byte) {
+	var L [qk]int8
+	var scales [16]float32
+	var maxScale, maxAbs float32
+	for ib := range 16 {
+		s := makeQX(32, x[16*ib:16*ib+16], L[16*ib:16*ib+16])
+		scales[ib] = s
+		if a := abs32(s); a > maxAbs {
+			maxAbs, maxScale = a, s
+		}
+	}
+	if maxAbs < 1e-15 {
+		clear(y[:210])
+		return
+	}
+	iscale := -128 / maxScale
+	d := putF16(y, 208, 1/iscale)
+	for ib := range 16 {
+		y[192+ib] = byte(int8(min(127, nearestInt(iscale*scales[ib]))))
+	}
+	for j := range 16 {
+		dj := d * float32(int8(y[192+j]))
+		if dj == 0 {
+			continue
+		}
+		for i := range 16 {
+			q := nearestInt(x[16*j+i] / dj)
+			L[16*j+i] = int8(max(-32, min(31, q)) + 32)
+		}
+	}
+	ql, qh := y[0:128], y[128:192]
+	for h := range 2 {
+		for l := range 32 {
+			q1 := uint8(L[128*h+l]) & 0xf
+			q2 := uint8(L[128*h+l+32]) & 0xf
+			q3 := uint8(L[128*h+l+64]) & 0xf
+			q4 := uint8(L[128*h+l+96]) & 0xf
+			ql[64*h+l] = q1 | q3<<4
+			ql[64*h+l+32] = q2 | q4<<4
+			qh[32*h+l] = uint8(L[128*h+l])>>4 | (uint8(L[128*h+l+32])>>4)<<2 |
+				(uint8(L[128*h+l+64])>>4)<<4 | (uint8(L[128*h+l+96])>>4)<<6
+		}
+	}
+}
