@@ -109,7 +109,7 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.StringVar(&k.prefillSelector, "prefill-selector", "", "kubernetes discovery: a label selector on EndpointSlices for the prefill engines, in place of --prefill-service (e.g. app=tandem,role=prefill)")
 	fs.StringVar(&k.decodeSelector, "decode-selector", "", "kubernetes discovery: a label selector on EndpointSlices for the decode engines, in place of --decode-service")
 	fs.StringVar(&k.portName, "kube-port-name", kubediscovery.DefaultPortName, "kubernetes discovery: the name of the EndpointSlice port the engines serve HTTP on (\""+kubediscovery.UnnamedPort+"\" for a Service's single unnamed port)")
-	fs.StringVar(&k.kubeconfig, "kubeconfig", "", "kubernetes discovery: kubeconfig file of the API client (default: the pod's in-cluster service account, else $KUBECONFIG, else ~/.kube/config); the identity needs get, list and watch on endpointslices.discovery.k8s.io in the namespace")
+	fs.StringVar(&k.kubeconfig, "kubeconfig", "", "kubernetes discovery: kubeconfig file of the API client (default: the pod's in-cluster service account, else $KUBECONFIG, else ~/.kube/config); the identity needs list and watch on endpointslices.discovery.k8s.io in the namespace")
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
 	fs.IntVar(&f.port, "port", 8000, "port to listen on")
 	fs.StringVar(&cfg.Policy, "policy", "round-robin", "backend picking policy for both pools: "+strings.Join(proxy.Policies(), ", ")+" (see README)")

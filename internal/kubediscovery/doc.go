@@ -36,6 +36,6 @@
 // update_seconds, events_total, watch_errors_total) appear on the proxy's
 // /metrics.
 //
-// The proxy's credentials need only get, list and watch on
+// The proxy's credentials need only list and watch on
 // endpointslices.discovery.k8s.io in the namespace.
 package kubediscovery

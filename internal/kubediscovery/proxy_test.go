@@ -165,7 +165,7 @@ func TestProxyFollowsSlicesUnderLoad(t *testing.T) {
 	ps, _ = k.update(t, ps, terminating("198.18.0.1"), ready("198.18.0.2"))
 	// The pods are gone.
 	at(4 * total / 5)
-	ds, _ = k.update(t, ds, ready("198.18.0.12"), ready("198.18.0.13"))
+	k.update(t, ds, ready("198.18.0.12"), ready("198.18.0.13"))
 	k.update(t, ps, ready("198.18.0.2"))
 	wg.Wait()
 

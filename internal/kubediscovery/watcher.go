@@ -46,9 +46,9 @@ type Pool struct {
 	// Selector is a label selector on EndpointSlices, such as
 	// ServiceSelector("tandem-decode") or "app=tandem,role=decode".
 	Selector string
-	// PortName is the name of the slices' port the engines serve on
-	// (default "http"; "" is not the default: use UnnamedPort for a
-	// Service's single unnamed port).
+	// PortName is the name of the slices' port the engines serve on:
+	// empty means "http" (DefaultPortName); UnnamedPort selects the port
+	// without a name (a Service with a single unnamed port).
 	PortName string
 	// Scheme is the engines' URL scheme, "http" (default) or "https".
 	Scheme string
@@ -444,7 +444,11 @@ func (pw *poolWatch) apply(initial bool) error {
 			pw.w.metrics.seconds.WithLabelValues(role).Observe(u.Latency.Seconds())
 		}
 		added, removed := diff(prev, urls)
-		pw.log.Info("discovered backends applied", "backends", len(urls), "added", added, "removed", removed, "initial", initial, "latency", u.Latency)
+		if initial {
+			pw.log.Info("discovered backends applied (initial list)", "backends", len(urls), "added", added)
+		} else {
+			pw.log.Info("discovered backends applied", "backends", len(urls), "added", added, "removed", removed, "latency", u.Latency)
+		}
 		pw.mu.Lock()
 		pw.applied, pw.haveApplied = urls, true
 		logEmpty := len(urls) == 0 && !pw.emptyLogged

@@ -68,8 +68,10 @@ func (p *Proxy) poolOf(role string) (*pool, error) {
 	return nil, fmt.Errorf("role %q: want prefill or decode", role)
 }
 
+// urlsOf lists pl's backend URLs (an empty list, never nil: the admin
+// GET answers [] for an empty pool).
 func urlsOf(pl *pool) []string {
-	var out []string
+	out := []string{}
 	for _, b := range pl.list() {
 		out = append(out, b.base)
 	}
