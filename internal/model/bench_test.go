@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -134,6 +135,61 @@ func BenchmarkPrefill(b *testing.B) {
 				}
 			}
 			reportRates(b, n*b.N, cpuTime()-cpu0)
+		})
+	}
+}
+
+// BenchmarkPrefillLong prefills prompts of 512 to 8192 tokens through the
+// smollm2-135m shape (bf16, bf16 KV cache), asking for the last token's
+// logits, in chunks of at most prefillChunk tokens per Forward call (the
+// engine's default --max-num-batched-tokens): attention's share grows with
+// the square of the length. TANDEM_BENCH_TOKENS (comma-separated) picks
+// the lengths.
+func BenchmarkPrefillLong(b *testing.B) {
+	const prefillChunk = 2048
+	lengths := []int{512, 1024, 2048, 4096, 8192}
+	if env := os.Getenv("TANDEM_BENCH_TOKENS"); env != "" {
+		lengths = lengths[:0]
+		for _, f := range strings.Split(env, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n <= 0 {
+				b.Fatalf("TANDEM_BENCH_TOKENS: bad length %q", f)
+			}
+			lengths = append(lengths, n)
+		}
+	}
+	for _, n := range lengths {
+		b.Run(fmt.Sprintf("tokens=%d", n), func(b *testing.B) {
+			for _, threads := range []int{1, 2} {
+				runBench(b, threads, func(b *testing.B) {
+					m := loadBench(b, threads)
+					if n > m.cfg.MaxModelLen() {
+						b.Skipf("model has %d positions", m.cfg.MaxModelLen())
+					}
+					layout := m.KVLayout(16)
+					kv, blocks := contiguous(layout, n)
+					tokens := make([]int32, n)
+					for i := range tokens {
+						tokens[i] = int32((i*7919 + 13) % m.VocabSize())
+					}
+					prefill := func() {
+						for pos := 0; pos < n; pos += prefillChunk {
+							end := min(pos+prefillChunk, n)
+							seqs := []Seq{{Tokens: tokens[pos:end], Pos: pos, Blocks: blocks, Logits: []int{end - pos - 1}}}
+							if _, err := m.Forward(seqs, kv, layout); err != nil {
+								b.Fatal(err)
+							}
+						}
+					}
+					prefill()
+					cpu0 := cpuTime()
+					b.ResetTimer()
+					for b.Loop() {
+						prefill()
+					}
+					reportRates(b, n*b.N, cpuTime()-cpu0)
+				})
+			}
 		})
 	}
 }

@@ -7,10 +7,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/tandem-serve/tandem/internal/model/gguf"
 )
 
 // RopeScaling describes how rotary frequencies are rescaled for long
-// contexts. Type is "" (none), "linear" or "llama3".
+// contexts. Type is "" (none), "linear" or "llama3"; or, for a GGUF file
+// with a rope_freqs tensor (how llama.cpp stores Llama 3 scaling), "freqs":
+// each frequency is divided by that tensor's factor.
 type RopeScaling struct {
 	Type   string
 	Factor float64
@@ -203,8 +207,13 @@ func (f *fields) idsField(name string) ([]int32, error) {
 	return ids, nil
 }
 
-// LoadConfig reads and validates dir/config.json.
+// LoadConfig reads and validates dir/config.json, or the metadata of dir
+// when it is a GGUF file (see LoadGGUF).
 func LoadConfig(dir string) (*Config, error) {
+	if gguf.IsFile(dir) {
+		c, _, err := LoadGGUFConfig(dir)
+		return c, err
+	}
 	f, err := readFields(filepath.Join(dir, "config.json"))
 	if err != nil {
 		return nil, err
@@ -409,8 +418,13 @@ func (f *fields) ropeScaling() (RopeScaling, error) {
 }
 
 // LoadGenerationConfig reads dir/generation_config.json. A missing file
-// yields an empty GenerationConfig.
+// yields an empty GenerationConfig. For a GGUF file it holds only the
+// end-of-generation ids of the tokenizer metadata.
 func LoadGenerationConfig(dir string) (*GenerationConfig, error) {
+	if gguf.IsFile(dir) {
+		_, g, err := LoadGGUFConfig(dir)
+		return g, err
+	}
 	path := filepath.Join(dir, "generation_config.json")
 	if _, err := os.Stat(path); os.IsNotExist(err) {
 		return &GenerationConfig{}, nil

@@ -3,7 +3,6 @@ package model
 import (
 	"errors"
 	"fmt"
-	"math"
 	"sync"
 	"unsafe"
 
@@ -118,23 +117,9 @@ func (m *Model) Forward(seqs []Seq, pool []byte, layout KVLayout) ([][]float32, 
 	s.xn = grow(s.xn, T*H)
 	s.tmp = grow(s.tmp, T*H)
 	s.attn = grow(s.attn, T*c.QDim())
-	s.tokSeq = growI32(s.tokSeq, T)
-	s.tokPos = growI32(s.tokPos, T)
 	s.cos = grow(s.cos, T*half)
 	s.sin = grow(s.sin, T*half)
-
-	t := 0
-	s.tiles = s.tiles[:0]
-	for i, sq := range seqs {
-		for off := 0; off < len(sq.Tokens); off += attnTileTokens {
-			s.tiles = append(s.tiles, attnTile{t0: t + off, n: min(attnTileTokens, len(sq.Tokens)-off)})
-		}
-		for j := range sq.Tokens {
-			s.tokSeq[t] = int32(i)
-			s.tokPos[t] = int32(sq.Pos + j)
-			t++
-		}
-	}
+	m.planTokens(seqs, T)
 	eps := float32(c.RMSNormEps)
 	m.rows(T, parallelRows, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
@@ -154,7 +139,7 @@ func (m *Model) Forward(seqs []Seq, pool []byte, layout KVLayout) ([][]float32, 
 		// s.xn holds attnNorm(x) here.
 		s.qkv = m.runGroup(&l.qkv, s.qkv, s.xn, T)
 		m.prepareAttention(l, li, seqs, kv, layout, T)
-		m.attention(li, seqs, kv, layout, T)
+		m.attention(li, seqs, kv, layout)
 		m.pool.MatMul(s.tmp, s.attn, T, &l.o)
 		m.rows(T, parallelHotRows, func(lo, hi int) {
 			for t := lo; t < hi; t++ {
@@ -289,29 +274,6 @@ func addTo(dst, src []float32) {
 	}
 }
 
-// attnTile is a run of at most attnTileTokens consecutive new tokens of one
-// sequence, the unit of attention work.
-type attnTile struct {
-	t0, n int // first token (batch index) and count
-}
-
-// attnItem is one unit of attention work: a tile for one KV head, or for
-// all of them (kvh < 0: a single decode token over a bf16 pool).
-type attnItem struct {
-	tile, kvh int32
-}
-
-// attnTileTokens bounds the queries that share one gathered copy of a
-// sequence's keys.
-const attnTileTokens = 16
-
-// attnScratch is one worker's attention buffers.
-type attnScratch struct {
-	k, q, s []float32 // gathered f32 keys [n, hd], queries [tile, hd], scores [tile, n]
-	kb      []uint16  // gathered bf16 keys [n, hd]
-	qb      tensor.BF16Query
-}
-
 // kvView is the pool as f32 or bf16 elements (exactly one is set).
 type kvView struct {
 	f32 []float32
@@ -338,16 +300,6 @@ func (kv kvView) store(off int, row []float32) {
 	tensor.StoreBF16(kv.u16[off:][:len(row)], row)
 }
 
-// axpyRows adds the len(p) value rows from element off, spaced ld apart and
-// weighted by p, to out in row order.
-func (kv kvView) axpyRows(out, p []float32, off, ld int) {
-	if kv.f32 != nil {
-		tensor.AxpyRows(out, p, kv.f32[off:], ld)
-		return
-	}
-	tensor.AxpyRowsBF16(out, p, kv.u16[off:], ld)
-}
-
 // prefetch asks for the n elements at off to be brought into the cache.
 func (kv kvView) prefetch(off, n int) {
 	if kv.f32 != nil {
@@ -355,187 +307,6 @@ func (kv kvView) prefetch(off, n int) {
 		return
 	}
 	tensor.PrefetchRowsU16(kv.u16[off:], n, 1, n)
-}
-
-// gather copies the hd-element key rows [0, n) of KV head kvh of sequence
-// sq for layer li into w and returns them as a matrix.
-func (kv kvView) gather(w *attnScratch, sq *Seq, layout KVLayout, li, kvh, n int) tensor.Mat {
-	hd, kvd, bs := layout.HeadDim, layout.TokenElems(), layout.BlockSize
-	if kv.f32 != nil {
-		w.k = grow(w.k, n*hd)
-	} else if cap(w.kb) < n*hd {
-		w.kb = make([]uint16, n*hd)
-	} else {
-		w.kb = w.kb[:n*hd]
-	}
-	for j0 := 0; j0 < n; j0 += bs {
-		base := layout.Offset(int(sq.Blocks[j0/bs]), li, 0, 0) + kvh*hd
-		for j := j0; j < min(j0+bs, n); j++ {
-			if kv.f32 != nil {
-				copy(w.k[j*hd:(j+1)*hd], kv.f32[base:base+hd])
-			} else {
-				copy(w.kb[j*hd:(j+1)*hd], kv.u16[base:base+hd])
-			}
-			base += kvd
-		}
-	}
-	if kv.f32 != nil {
-		return tensor.Mat{DType: tensor.F32, Rows: n, Cols: hd, F32: w.k}
-	}
-	return tensor.Mat{DType: tensor.BF16, Rows: n, Cols: hd, U16: w.kb}
-}
-
-// attention computes softmax(q·Kᵀ/√d)·V for every (query head, token) into
-// s.attn.
-//
-// Work items are (KV head, tile of up to 16 consecutive tokens of one
-// sequence), ordered KV-head-major so that neighbouring items mix early and
-// late positions, and claimed one at a time by whichever thread is free. An item gathers the sequence's
-// keys [0, last position] for its KV head once from the paged pool and, for
-// each query head of the GQA group, computes all scores of the tile with
-// one MatMul (the fast kernel instead of a dot product per key), then a
-// softmax per query over exactly its keys [0, pos], then the weighted sum
-// of V rows in position order. A single new token (decode) reads its keys
-// in place instead; over a bf16 pool it is one item for all KV heads
-// (decodeAttentionBF16).
-//
-// Batch invariance: the MatMul kernel computes every output element with
-// the same reduction order whatever the number of rows and columns, so the
-// score of (query, key) does not depend on the tile, and softmax and the V
-// sum see the same values in the same order however the sequence was
-// batched or chunked.
-func (m *Model) attention(li int, seqs []Seq, kv kvView, layout KVLayout, T int) {
-	c := &m.cfg
-	s := &m.s
-	hd, kvd, group := c.HeadDim, c.KVDim(), c.Heads/c.KVHeads
-	g := &m.layers[li].qkv
-	scale := float32(1 / math.Sqrt(float64(hd)))
-	bs := layout.BlockSize
-	tiles := s.tiles
-	if li == 0 {
-		// Tiles for one KV head each, KV-head-major so that a worker's
-		// items mix early and late positions; single tokens over a bf16
-		// pool as one item for all KV heads (their key rows are
-		// contiguous, read in one sweep).
-		s.items = s.items[:0]
-		for kvh := range c.KVHeads {
-			for i, tile := range tiles {
-				if tile.n > 1 || kv.u16 == nil {
-					s.items = append(s.items, attnItem{tile: int32(i), kvh: int32(kvh)})
-				}
-			}
-		}
-		for i, tile := range tiles {
-			if tile.n == 1 && kv.u16 != nil {
-				s.items = append(s.items, attnItem{tile: int32(i), kvh: -1})
-			}
-		}
-	}
-	items := s.items
-	m.pool.ParallelChunks(len(items), 1, func(lo, hi int) {
-		w, _ := s.attnScratch.Get().(*attnScratch)
-		if w == nil {
-			w = new(attnScratch)
-		}
-		for _, it := range items[lo:hi] {
-			kvh, tile := int(it.kvh), tiles[it.tile]
-			sq := &seqs[s.tokSeq[tile.t0]]
-			first := int(s.tokPos[tile.t0])
-			n := first + tile.n // keys [0, n) cover every query of the tile
-			if kvh < 0 {
-				m.decodeAttentionBF16(w, kv, layout, li, sq, tile.t0, n, scale)
-				continue
-			}
-			single := tile.n == 1
-			var keys tensor.Mat
-			if !single {
-				// Gather the keys once for the whole tile and GQA group.
-				keys = kv.gather(w, sq, layout, li, kvh, n)
-			}
-			w.q = grow(w.q, tile.n*hd)
-			w.s = grow(w.s, tile.n*n)
-			for h := kvh * group; h < (kvh+1)*group; h++ {
-				for r := range tile.n {
-					t := tile.t0 + r
-					copy(w.q[r*hd:(r+1)*hd], s.qkv[t*g.width+g.off[0]+h*hd:][:hd])
-				}
-				if single {
-					// One query (decode) over an f32 pool: score the keys
-					// in place, block by block; DotRows computes exactly
-					// what MatMul does.
-					for j0 := 0; j0 < n; j0 += bs {
-						base := layout.Offset(int(sq.Blocks[j0/bs]), li, 0, 0) + kvh*hd
-						tensor.DotRows(w.s[j0:min(j0+bs, n)], w.q[:hd], kv.f32[base:], kvd)
-					}
-				} else {
-					m.pool.MatMul(w.s, w.q, tile.n, &keys)
-				}
-				for r := range tile.n {
-					t := tile.t0 + r
-					scores := w.s[r*n : r*n+first+r+1]
-					for j := range scores {
-						scores[j] *= scale
-					}
-					tensor.Softmax(scores)
-					out := s.attn[t*c.QDim()+h*hd:][:hd]
-					clear(out)
-					for j0 := 0; j0 < len(scores); j0 += bs {
-						// V rows of one block, in position order.
-						base := layout.Offset(int(sq.Blocks[j0/bs]), li, 1, 0) + kvh*hd
-						kv.axpyRows(out, scores[j0:min(j0+bs, len(scores))], base, kvd)
-					}
-				}
-			}
-		}
-		s.attnScratch.Put(w)
-	})
-}
-
-// decodeAttentionBF16 is attention for the single new token t0 at position
-// n-1 of sq over a bf16 pool, all KV heads at once: a block's key rows are
-// read in one contiguous sweep (and the next block's prefetched), the
-// query heads of each GQA group are scored together and their value sums
-// accumulated together. Every score, probability and output element goes
-// through exactly the operations the per-head path applies (DotRowsBF16
-// and AxpyRowsBF16Group are bit-identical to MatMul and AxpyRowsBF16), so
-// results do not depend on which path ran.
-func (m *Model) decodeAttentionBF16(w *attnScratch, kv kvView, layout KVLayout, li int, sq *Seq, t0, n int, scale float32) {
-	c := &m.cfg
-	s := &m.s
-	hd, kvd, group, bs := c.HeadDim, c.KVDim(), c.Heads/c.KVHeads, layout.BlockSize
-	g := &m.layers[li].qkv
-	w.s = grow(w.s, c.Heads*n) // head h's scores at w.s[h*n:]
-	w.qb.Set(s.qkv[t0*g.width+g.off[0]:], c.Heads, hd)
-	for j0 := 0; j0 < n; j0 += bs {
-		blk, rows := int(sq.Blocks[j0/bs]), min(bs, n-j0)
-		if j0+bs < n {
-			// Warm the next block's keys: blocks are scattered, so the
-			// hardware prefetchers cannot guess them.
-			next := layout.Offset(int(sq.Blocks[j0/bs+1]), li, 0, 0)
-			tensor.PrefetchRowsU16(kv.u16[next:], kvd, min(bs, n-j0-bs), kvd)
-		}
-		base := layout.Offset(blk, li, 0, 0)
-		for kvh := range c.KVHeads {
-			q := w.qb.Rows(kvh*group, group)
-			tensor.DotRowsBF16(w.s[kvh*group*n+j0:], n, &q, kv.u16[base+kvh*hd:], kvd, rows)
-		}
-	}
-	for h := range c.Heads {
-		scores := w.s[h*n : (h+1)*n]
-		for j := range scores {
-			scores[j] *= scale
-		}
-		tensor.Softmax(scores)
-	}
-	out := s.attn[t0*c.QDim():][:c.QDim()]
-	clear(out)
-	for j0 := 0; j0 < n; j0 += bs {
-		// V rows of one block, in position order.
-		base, rows := layout.Offset(int(sq.Blocks[j0/bs]), li, 1, 0), min(bs, n-j0)
-		for kvh := range c.KVHeads {
-			tensor.AxpyRowsBF16Group(group, hd, out[kvh*group*hd:], hd, w.s[kvh*group*n+j0:], n, rows, kv.u16[base+kvh*hd:], kvd)
-		}
-	}
 }
 
 // logits applies the final norm and the LM head to the requested rows.

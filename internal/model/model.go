@@ -10,6 +10,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/tandem-serve/tandem/internal/model/gguf"
 	"github.com/tandem-serve/tandem/internal/model/safetensors"
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
@@ -25,7 +26,8 @@ type layer struct {
 }
 
 // Model is a loaded Llama-family decoder (llama, mistral, qwen2) whose
-// weights alias memory-mapped safetensors files.
+// weights alias read-only memory holding a safetensors checkpoint or a GGUF
+// file.
 //
 // Forward must be called from one goroutine at a time (it reuses scratch
 // buffers); the accessors are safe for concurrent use.
@@ -33,7 +35,7 @@ type Model struct {
 	cfg       Config
 	gen       GenerationConfig
 	pool      *tensor.Pool
-	set       *safetensors.Set
+	src       weightSource
 	embed     tensor.Mat
 	lmHead    tensor.Mat // aliases embed when tied
 	finalNorm []float32
@@ -51,10 +53,14 @@ type Model struct {
 
 // Load opens the Hugging Face checkpoint in dir (config.json,
 // generation_config.json if present, model.safetensors or shards) and binds
-// its weights. Kernels run on pool.
+// its weights. dir may instead be a GGUF file (see LoadGGUF). Kernels run on
+// pool.
 func Load(dir string, pool *tensor.Pool) (*Model, error) {
 	if pool == nil {
 		return nil, errors.New("model: Load needs a tensor.Pool, got nil")
+	}
+	if gguf.IsFile(dir) {
+		return LoadGGUF(dir, pool)
 	}
 	cfg, err := LoadConfig(dir)
 	if err != nil {
@@ -68,7 +74,7 @@ func Load(dir string, pool *tensor.Pool) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
-	m := &Model{cfg: *cfg, gen: *gen, pool: pool, set: set}
+	m := &Model{cfg: *cfg, gen: *gen, pool: pool, src: safetensorsSource{set}}
 	if err := m.bind(); err != nil {
 		set.Close()
 		return nil, err
@@ -80,7 +86,7 @@ func Load(dir string, pool *tensor.Pool) (*Model, error) {
 
 func (m *Model) bind() error {
 	c := &m.cfg
-	b := &binder{set: m.set, byType: map[tensor.DType]int64{}, mapped: map[uintptr]bool{}}
+	b := &binder{src: m.src, byType: map[tensor.DType]int64{}, mapped: map[uintptr]bool{}}
 	var err error
 	if m.embed, err = b.matrix("model.embed_tokens.weight", c.Vocab, c.Hidden); err != nil {
 		return err
@@ -101,7 +107,7 @@ func (m *Model) bind() error {
 	}
 	m.numParams, m.weightBytes = b.params, b.bytes
 	var best int64 = -1
-	for _, dt := range []tensor.DType{tensor.F32, tensor.BF16, tensor.F16} {
+	for _, dt := range []tensor.DType{tensor.F32, tensor.BF16, tensor.F16, tensor.Q8_0, tensor.Q4_0, tensor.Q4_K, tensor.Q5_K, tensor.Q6_K} {
 		if b.byType[dt] > best {
 			m.dtype, best = dt, b.byType[dt]
 		}
@@ -197,10 +203,11 @@ func (m *Model) KVLayoutOf(blockSize int, dt tensor.DType) KVLayout {
 
 // KVDType is the model's default KV cache element type, as vLLM's
 // --kv-cache-dtype auto picks it: bf16 for a bf16 model (half the memory
-// and bandwidth of f32), f32 otherwise (f16 models keep f32: there are no
-// f16 attention kernels).
+// and bandwidth of f32) and for a quantized one (whose weights were
+// rounded far more than bf16 rounds K and V), f32 otherwise (f16 models
+// keep f32: there are no f16 attention kernels).
 func (m *Model) KVDType() tensor.DType {
-	if m.dtype == tensor.BF16 {
+	if m.dtype == tensor.BF16 || m.dtype.Quantized() {
 		return tensor.BF16
 	}
 	return tensor.F32
@@ -212,7 +219,7 @@ func (m *Model) NumParams() int64 { return m.numParams }
 // WeightBytes returns the bytes of weights as stored (and mapped).
 func (m *Model) WeightBytes() int64 { return m.weightBytes }
 
-// DType returns the dtype most weight bytes are stored in.
+// DType returns the dtype most weight bytes are stored in (matrices only).
 func (m *Model) DType() tensor.DType { return m.dtype }
 
 // MaxModelLen returns the number of positions a sequence may use.
@@ -223,7 +230,9 @@ func (m *Model) VocabSize() int { return m.cfg.Vocab }
 
 // Fingerprint returns a stable identity of the architecture and weights: a
 // SHA-256 over the essential configuration, every tensor's name, dtype and
-// shape, and a sample of each tensor's bytes (start, middle, end). Two
+// shape, and a sample of each tensor's bytes (start, middle, end); for a
+// GGUF file, also the format (its tensors are named, typed and laid out
+// differently from the checkpoint they came from). Two
 // engines that agree on it compute the same KV for the same tokens, which
 // is what prefix-cache hashing and the prefill/decode handshake rely on.
 func (m *Model) Fingerprint() string { return m.fingerprint }
@@ -236,17 +245,19 @@ const fingerprintSample = 256
 func (m *Model) computeFingerprint() string {
 	h := sha256.New()
 	c := &m.cfg
+	if f := m.src.format(); f != "" {
+		fmt.Fprintf(h, "tandem-model-v1\x00format=%s\x00", f)
+	}
 	fmt.Fprintf(h, "tandem-model-v1\x00type=%s hidden=%d layers=%d heads=%d kv=%d head_dim=%d ffn=%d vocab=%d maxpos=%d eps=%x theta=%x rope=%s/%x/%x/%x/%d tied=%t qkvbias=%t obias=%t window=%d\x00",
 		c.ModelType, c.Hidden, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.Intermediate, c.Vocab, c.MaxPositions,
 		math.Float64bits(c.RMSNormEps), math.Float64bits(c.RopeTheta), c.RopeScaling.Type,
 		math.Float64bits(c.RopeScaling.Factor), math.Float64bits(c.RopeScaling.LowFreqFactor),
 		math.Float64bits(c.RopeScaling.HighFreqFactor), c.RopeScaling.OriginalMaxPositionEmbeddings,
 		c.TieWordEmbeddings, c.QKVBias, c.OBias, c.SlidingWindow)
-	for _, name := range m.set.Names() {
-		t, _ := m.set.Tensor(name)
-		fmt.Fprintf(h, "%s\x00%s\x00%v\x00", name, t.DType, t.Shape)
-		hashSample(h, t.Data)
-	}
+	m.src.each(func(name string, w weight) {
+		fmt.Fprintf(h, "%s\x00%s\x00%v\x00", name, w.typeName, w.shape)
+		hashSample(h, w.data)
+	})
 	return hex.EncodeToString(h.Sum(nil))
 }
 
@@ -273,7 +284,7 @@ func (m *Model) Close() error {
 	m.closed = true
 	m.layers = nil
 	m.embed, m.lmHead = tensor.Mat{}, tensor.Mat{}
-	if err := m.set.Close(); err != nil {
+	if err := m.src.close(); err != nil {
 		return fmt.Errorf("model: %w", err)
 	}
 	return nil

@@ -197,13 +197,14 @@ func (r *refModel) logits(t *testing.T, tokens []int32) [][]float64 {
 				}
 			}
 			ks, vs = append(ks, k), append(vs, v)
-			// Scores against bf16 keys round the queries too when MatMul
-			// rounds activations (they are a MatMul by the keys).
-			qs := q
-			if r.roundKV && tensor.BF16Activations() {
-				qs = make([]float64, len(q))
-				for i, v := range q {
-					qs[i] = float64(tensor.BF16ToF32(tensor.F32ToBF16(float32(v))))
+			// The model scales the queries by 1/√head_dim before scoring;
+			// against bf16 keys it then rounds them too when MatMul rounds
+			// activations (scores are a MatMul by the keys).
+			qs := make([]float64, len(q))
+			for i, v := range q {
+				qs[i] = v / math.Sqrt(float64(hd))
+				if r.roundKV && tensor.BF16Activations() {
+					qs[i] = float64(tensor.BF16ToF32(tensor.F32ToBF16(float32(qs[i]))))
 				}
 			}
 			att := make([]float64, qd)
@@ -216,7 +217,7 @@ func (r *refModel) logits(t *testing.T, tokens []int32) [][]float64 {
 					for i := range hd {
 						d += qs[h*hd+i] * ks[j][kvh*hd+i]
 					}
-					sc[j] = d / math.Sqrt(float64(hd))
+					sc[j] = d
 					mx = max(mx, sc[j])
 				}
 				var sum float64

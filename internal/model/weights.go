@@ -16,10 +16,81 @@ import (
 // a copy instead.
 var nativeLittleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
+// weight is one tensor of a checkpoint as the binder sees it.
+type weight struct {
+	// dtype is the tensor's element type; ok is false when the file's type
+	// (typeName) has no tensor.DType.
+	dtype tensor.DType
+	ok    bool
+	// typeName is the type as the file names it ("BF16", "Q8_0").
+	typeName string
+	shape    []int
+	// data is the tensor's raw little-endian bytes, in read-only memory
+	// that lives until the source is closed.
+	data []byte
+	// file is where the tensor came from, for messages.
+	file string
+}
+
+// weightSource is the tensors of a checkpoint: safetensors files or a GGUF
+// file.
+type weightSource interface {
+	// lookup returns the tensor with the Hugging Face name name.
+	lookup(name string) (weight, bool)
+	// describe names the tensor that name maps to, for messages.
+	describe(name string) string
+	// each calls fn for every tensor, sorted by its name in the file, for
+	// the fingerprint.
+	each(fn func(name string, w weight))
+	// format is "" for safetensors, else the format's name (it is hashed
+	// into the fingerprint).
+	format() string
+	close() error
+}
+
+// safetensorsSource is a weightSource over a safetensors checkpoint.
+type safetensorsSource struct{ set *safetensors.Set }
+
+func (s safetensorsSource) lookup(name string) (weight, bool) {
+	t, ok := s.set.Tensor(name)
+	if !ok {
+		return weight{}, false
+	}
+	return safetensorsWeight(t), true
+}
+
+func safetensorsWeight(t safetensors.Tensor) weight {
+	w := weight{typeName: string(t.DType), shape: t.Shape, data: t.Data, file: t.File, ok: true}
+	switch t.DType {
+	case safetensors.F32:
+		w.dtype = tensor.F32
+	case safetensors.BF16:
+		w.dtype = tensor.BF16
+	case safetensors.F16:
+		w.dtype = tensor.F16
+	default:
+		w.ok = false
+	}
+	return w
+}
+
+func (s safetensorsSource) describe(name string) string { return fmt.Sprintf("%q", name) }
+
+func (s safetensorsSource) each(fn func(string, weight)) {
+	for _, name := range s.set.Names() {
+		t, _ := s.set.Tensor(name)
+		fn(name, safetensorsWeight(t))
+	}
+}
+
+func (s safetensorsSource) format() string { return "" }
+
+func (s safetensorsSource) close() error { return s.set.Close() }
+
 // binder resolves tensors by name from a checkpoint and checks their shapes,
 // accumulating parameter and byte counts of what it hands out.
 type binder struct {
-	set    *safetensors.Set
+	src    weightSource
 	params int64
 	bytes  int64
 	byType map[tensor.DType]int64
@@ -33,73 +104,88 @@ func shapeString(s []int) string {
 	return fmt.Sprint(s)
 }
 
-func (b *binder) lookup(name string, shape ...int) (safetensors.Tensor, error) {
-	t, ok := b.set.Tensor(name)
+func (b *binder) lookup(name string, shape ...int) (weight, error) {
+	t, ok := b.src.lookup(name)
 	if !ok {
-		return t, fmt.Errorf("model: tensor %q is missing (expected shape %s)", name, shapeString(shape))
+		return t, fmt.Errorf("model: tensor %s is missing (expected shape %s)", b.src.describe(name), shapeString(shape))
 	}
-	if !slices.Equal(t.Shape, shape) {
-		return t, fmt.Errorf("model: tensor %q: expected shape %s, found %s in %s", name, shapeString(shape), shapeString(t.Shape), t.File)
+	if !slices.Equal(t.shape, shape) {
+		return t, fmt.Errorf("model: tensor %s: expected shape %s, found %s in %s", b.src.describe(name), shapeString(shape), shapeString(t.shape), t.file)
+	}
+	if !t.ok {
+		return t, fmt.Errorf("model: tensor %s: dtype %s is not supported (expected F32, BF16 or F16)", b.src.describe(name), t.typeName)
 	}
 	return t, nil
 }
 
 // matrix binds a rows×cols weight matrix, aliasing the mapping when the
-// dtype is kept as-is and the data is suitably aligned.
+// dtype is kept as-is and the data is suitably aligned. Quantized matrices
+// always alias it (their blocks are bytes).
 func (b *binder) matrix(name string, rows, cols int) (tensor.Mat, error) {
 	t, err := b.lookup(name, rows, cols)
 	if err != nil {
 		return tensor.Mat{}, err
 	}
-	m := tensor.Mat{Rows: rows, Cols: cols}
+	m := tensor.Mat{Rows: rows, Cols: cols, DType: t.dtype}
 	n := rows * cols
-	switch t.DType {
-	case safetensors.F32:
-		m.DType = tensor.F32
-		m.F32 = f32View(t.Data, n)
-		b.noteMapped(t.Data, unsafe.Pointer(unsafe.SliceData(m.F32)))
-	case safetensors.BF16, safetensors.F16:
-		m.DType = tensor.BF16
-		if t.DType == safetensors.F16 {
-			m.DType = tensor.F16
+	switch {
+	case t.dtype == tensor.F32:
+		m.F32 = f32View(t.data, n)
+		b.noteMapped(t.data, unsafe.Pointer(unsafe.SliceData(m.F32)))
+	case t.dtype == tensor.BF16, t.dtype == tensor.F16:
+		m.U16 = u16View(t.data, n)
+		b.noteMapped(t.data, unsafe.Pointer(unsafe.SliceData(m.U16)))
+	case t.dtype.Quantized():
+		rb, err := t.dtype.RowBytes(cols)
+		if err != nil {
+			return m, fmt.Errorf("model: tensor %s: %w", b.src.describe(name), err)
 		}
-		m.U16 = u16View(t.Data, n)
-		b.noteMapped(t.Data, unsafe.Pointer(unsafe.SliceData(m.U16)))
+		if len(t.data) != rows*rb {
+			return m, fmt.Errorf("model: tensor %s: %d bytes of %s data, want %d×%d", b.src.describe(name), len(t.data), t.dtype, rows, rb)
+		}
+		m.Q = t.data
+		b.noteMapped(t.data, unsafe.Pointer(unsafe.SliceData(m.Q)))
 	default:
-		return m, fmt.Errorf("model: tensor %q: dtype %s is not supported (expected F32, BF16 or F16)", name, t.DType)
+		return m, fmt.Errorf("model: tensor %s: dtype %s is not supported for a matrix", b.src.describe(name), t.typeName)
 	}
 	b.params += int64(n)
-	b.bytes += int64(len(t.Data))
-	b.byType[m.DType] += int64(len(t.Data))
+	b.bytes += int64(len(t.data))
+	b.byType[m.DType] += int64(len(t.data))
 	return m, nil
 }
 
-// vector binds a 1-D tensor of length n widened to f32 (norm weights and
-// biases are tiny; f32 keeps the elementwise code simple).
+// vector binds a 1-D tensor of length n widened (or dequantized) to f32
+// (norm weights and biases are tiny; f32 keeps the elementwise code simple).
 func (b *binder) vector(name string, n int) ([]float32, error) {
 	t, err := b.lookup(name, n)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]float32, n)
-	switch t.DType {
-	case safetensors.F32:
+	switch {
+	case t.dtype == tensor.F32:
 		for i := range out {
-			out[i] = f32At(t.Data, i)
+			out[i] = f32At(t.data, i)
 		}
-	case safetensors.BF16:
+	case t.dtype == tensor.BF16:
 		for i := range out {
-			out[i] = tensor.BF16ToF32(binary.LittleEndian.Uint16(t.Data[2*i:]))
+			out[i] = tensor.BF16ToF32(binary.LittleEndian.Uint16(t.data[2*i:]))
 		}
-	case safetensors.F16:
+	case t.dtype == tensor.F16:
 		for i := range out {
-			out[i] = tensor.F16ToF32(binary.LittleEndian.Uint16(t.Data[2*i:]))
+			out[i] = tensor.F16ToF32(binary.LittleEndian.Uint16(t.data[2*i:]))
 		}
+	case t.dtype.Quantized():
+		rb, err := t.dtype.RowBytes(n)
+		if err != nil || len(t.data) != rb {
+			return nil, fmt.Errorf("model: tensor %s: %s data of %d bytes does not hold %d values", b.src.describe(name), t.dtype, len(t.data), n)
+		}
+		tensor.DequantizeRow(t.dtype, t.data, out)
 	default:
-		return nil, fmt.Errorf("model: tensor %q: dtype %s is not supported (expected F32, BF16 or F16)", name, t.DType)
+		return nil, fmt.Errorf("model: tensor %s: dtype %s is not supported (expected F32, BF16 or F16)", b.src.describe(name), t.typeName)
 	}
 	b.params += int64(n)
-	b.bytes += int64(len(t.Data))
+	b.bytes += int64(len(t.data))
 	return out, nil
 }
 
@@ -192,9 +278,12 @@ func fuseAdjacent(mats []tensor.Mat, mapped map[uintptr]bool) (tensor.Mat, []int
 		}
 		var p unsafe.Pointer
 		var n uintptr
-		if m.DType == tensor.F32 {
+		switch {
+		case m.DType == tensor.F32:
 			p, n = unsafe.Pointer(unsafe.SliceData(m.F32)), uintptr(len(m.F32))*4
-		} else {
+		case m.DType.Quantized():
+			p, n = unsafe.Pointer(unsafe.SliceData(m.Q)), uintptr(len(m.Q))
+		default:
 			p, n = unsafe.Pointer(unsafe.SliceData(m.U16)), uintptr(len(m.U16))*2
 		}
 		if !mapped[uintptr(p)] {
@@ -214,9 +303,13 @@ func fuseAdjacent(mats []tensor.Mat, mapped map[uintptr]bool) (tensor.Mat, []int
 	}
 	first := mats[spans[0].i]
 	fused := tensor.Mat{DType: first.DType, Rows: rows, Cols: first.Cols}
-	if first.DType == tensor.F32 {
+	switch {
+	case first.DType == tensor.F32:
 		fused.F32 = unsafe.Slice(unsafe.SliceData(first.F32), rows*first.Cols)
-	} else {
+	case first.DType.Quantized():
+		rb, _ := first.DType.RowBytes(first.Cols)
+		fused.Q = unsafe.Slice(unsafe.SliceData(first.Q), rows*rb)
+	default:
 		fused.U16 = unsafe.Slice(unsafe.SliceData(first.U16), rows*first.Cols)
 	}
 	return fused, off, true

@@ -218,9 +218,12 @@ func (pl *pool) pick(req *router.Request, tokens int64, exclude ...*backend) (b 
 	if pl.prefix != nil && len(req.BlockHashes) > 0 {
 		hits = pl.prefix(req)
 	}
+	sc := pickScratch.Get().(*pickBufs)
+	defer pickScratch.Put(sc)
 	pl.pickMu.Lock()
 	defer pl.pickMu.Unlock()
-	bs, eps := pl.snapshot(hits, exclude)
+	bs, eps := pl.snapshot(sc, hits, exclude)
+	defer sc.keep(bs, eps)
 	if len(eps) == 0 {
 		return nil, nil, false
 	}
@@ -237,11 +240,26 @@ func (pl *pool) pick(req *router.Request, tokens int64, exclude ...*backend) (b 
 	return b, b.acquire(tokens), false
 }
 
-// snapshot returns the endpoints the pipeline sees and their backends.
-func (pl *pool) snapshot(hits map[string]int, exclude []*backend) ([]*backend, []router.Endpoint) {
+// pickBufs is a pick's snapshot memory, reused across picks.
+type pickBufs struct {
+	bs  []*backend
+	eps []router.Endpoint
+}
+
+var pickScratch = sync.Pool{New: func() any { return new(pickBufs) }}
+
+// keep stores the (possibly grown) buffers back, emptied: no backend stays
+// reachable from the pool.
+func (sc *pickBufs) keep(bs []*backend, eps []router.Endpoint) {
+	clear(bs)
+	sc.bs, sc.eps = bs[:0], eps[:0]
+}
+
+// snapshot returns the endpoints the pipeline sees and their backends, in
+// sc's memory.
+func (pl *pool) snapshot(sc *pickBufs, hits map[string]int, exclude []*backend) ([]*backend, []router.Endpoint) {
 	all := pl.list()
-	bs := make([]*backend, 0, len(all))
-	eps := make([]router.Endpoint, 0, len(all))
+	bs, eps := sc.bs[:0], sc.eps[:0]
 	now := time.Now()
 outer:
 	for _, b := range all {

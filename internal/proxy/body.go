@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 )
 
@@ -22,37 +21,119 @@ type object struct {
 
 // parseObject parses b, which must be exactly one JSON object.
 func parseObject(b []byte) (*object, error) {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	tok, err := dec.Token()
-	if err != nil {
+	// Validate first (encoding/json's scanner, no allocation), then cut the
+	// object into keys and raw values with a scanner that may assume
+	// validity: one pass each, instead of json.Decoder's token by token.
+	if !json.Valid(b) {
+		var v any
+		err := json.Unmarshal(b, &v) // for its message
+		if err == nil {
+			err = errors.New("invalid")
+		}
 		return nil, fmt.Errorf("body is not valid JSON: %w", err)
 	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
+	i := skipSpace(b, 0)
+	if b[i] != '{' {
 		return nil, errors.New("body must be a JSON object")
 	}
 	o := &object{vals: make(map[string]json.RawMessage)}
-	for dec.More() {
-		tok, err := dec.Token()
+	i = skipSpace(b, i+1)
+	if b[i] == '}' {
+		return o, nil
+	}
+	for {
+		end := skipString(b, i)
+		key, err := objectKey(b[i:end])
 		if err != nil {
-			return nil, fmt.Errorf("body is not valid JSON: %w", err)
+			return nil, err
 		}
-		key, ok := tok.(string)
-		if !ok {
-			return nil, errors.New("body is not valid JSON: object key is not a string")
+		i = skipSpace(b, end)
+		i = skipSpace(b, i+1) // the colon
+		end = skipValue(b, i)
+		o.set(key, json.RawMessage(b[i:end:end]))
+		i = skipSpace(b, end)
+		if b[i] == '}' {
+			return o, nil
 		}
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return nil, fmt.Errorf("body is not valid JSON: field %q: %w", key, err)
+		i = skipSpace(b, i+1) // the comma
+	}
+}
+
+// objectKey decodes a key: its bytes when it is plain ASCII without
+// escapes, else what encoding/json reads (escapes decoded, invalid UTF-8
+// replaced).
+func objectKey(raw []byte) (string, error) {
+	plain := true
+	for _, c := range raw[1 : len(raw)-1] {
+		if c == '\\' || c >= 0x80 {
+			plain = false
+			break
 		}
-		o.set(key, raw)
 	}
-	if _, err := dec.Token(); err != nil { // the closing brace
-		return nil, fmt.Errorf("body is not valid JSON: %w", err)
+	if plain {
+		return string(raw[1 : len(raw)-1]), nil
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, errors.New("body is not valid JSON: data after the object")
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", fmt.Errorf("body is not valid JSON: key %s: %w", raw, err)
 	}
-	return o, nil
+	return s, nil
+}
+
+// The skip functions below walk valid JSON (json.Valid has said so): each
+// returns the index just after what starts at i.
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipString skips the string whose opening quote is at i.
+func skipString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return i
+}
+
+// skipValue skips the value at i.
+func skipValue(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for ; i < len(b); i++ {
+			switch b[i] {
+			case '"':
+				i = skipString(b, i) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1
+				}
+			}
+		}
+		return i
+	}
+	// A number, true, false or null: up to the next delimiter.
+	for i < len(b) {
+		switch b[i] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return i
+		}
+		i++
+	}
+	return i
 }
 
 // get returns the raw value of key, or nil when it is absent.
@@ -132,18 +213,36 @@ func (o *object) clone() *object {
 // marshal writes the object with its keys in order and values verbatim.
 func (o *object) marshal() []byte {
 	var b bytes.Buffer
+	n := 2
+	for _, k := range o.keys {
+		n += len(k) + 4 + len(o.vals[k])
+	}
+	b.Grow(n)
 	b.WriteByte('{')
 	for i, k := range o.keys {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		kb, _ := json.Marshal(k) // a string never fails to marshal
-		b.Write(kb)
+		writeKey(&b, k)
 		b.WriteByte(':')
 		b.Write(o.vals[k])
 	}
 	b.WriteByte('}')
 	return b.Bytes()
+}
+
+// writeKey writes k as a JSON string, as json.Marshal spells it.
+func writeKey(b *bytes.Buffer, k string) {
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			kb, _ := json.Marshal(k) // a string never fails to marshal
+			b.Write(kb)
+			return
+		}
+	}
+	b.WriteByte('"')
+	b.WriteString(k)
+	b.WriteByte('"')
 }
 
 // prefillKVParams asks the prefill engine to keep the prompt's KV for a

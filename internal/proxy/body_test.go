@@ -1,6 +1,11 @@
 package proxy
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -74,6 +79,73 @@ func FuzzParseObject(f *testing.F) {
 		}
 		if string(again.marshal()) != string(o.marshal()) {
 			t.Fatalf("not stable: %q then %q", o.marshal(), again.marshal())
+		}
+	})
+}
+
+// parseObjectDecoder is parseObject as first written, with json.Decoder's
+// tokens: the reference the fast parser must agree with.
+func parseObjectDecoder(b []byte) (*object, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, errors.New("not an object")
+	}
+	o := &object{vals: make(map[string]json.RawMessage)}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		key, ok := tok.(string)
+		if !ok {
+			return nil, errors.New("key is not a string")
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, err
+		}
+		o.set(key, raw)
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("data after the object")
+	}
+	return o, nil
+}
+
+// FuzzParseObjectMatchesDecoder checks the fast parser against
+// json.Decoder: both accept the same bodies and read the same keys, in the
+// same order, with the same raw values.
+func FuzzParseObjectMatchesDecoder(f *testing.F) {
+	for _, s := range []string{`{}`, ` { } `, `{"a":1}`, `{"a" : [ 1 , {"b":"}"} ] , "a\"b":"\\"}`, `{"\u0061":1,"a":2}`,
+		`{"é":"x"}`, "{\"\xff\":1}", `{"a":1}x`, `{"a":tru}`, `{"a":-0.5e+3,"b":false,"c":null}`, `[1]`, `{"a":{"b":[1,"x",null]},"a":2}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, gerr := parseObject(b)
+		want, werr := parseObjectDecoder(b)
+		if (gerr == nil) != (werr == nil) {
+			t.Fatalf("%q: fast parser err %v, decoder err %v", b, gerr, werr)
+		}
+		if gerr != nil {
+			return
+		}
+		if !slices.Equal(got.keys, want.keys) {
+			t.Fatalf("%q: keys %q, want %q", b, got.keys, want.keys)
+		}
+		for _, k := range want.keys {
+			if !bytes.Equal(got.vals[k], want.vals[k]) {
+				t.Fatalf("%q: %q = %q, want %q", b, k, got.vals[k], want.vals[k])
+			}
+		}
+		if !bytes.Equal(got.marshal(), want.marshal()) {
+			t.Fatalf("%q: marshal %q, want %q", b, got.marshal(), want.marshal())
 		}
 	})
 }

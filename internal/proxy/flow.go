@@ -8,12 +8,16 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/tandem-serve/tandem/internal/apierror"
 	"github.com/tandem-serve/tandem/internal/router"
+	"github.com/tandem-serve/tandem/internal/router/decider/always"
 )
 
 // HeaderPD is the response header that says which path a request took:
@@ -97,7 +101,7 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		}
 		obj, body = withoutConversationID(body, obj)
 	}
-	preq := p.routeRequest(r.URL.Path, id, body)
+	preq := p.routeRequest(r.URL.Path, id, body, obj)
 	// Check decode first: prefilling for a request no decode can take would
 	// only pin KV blocks on the prefill until their lease runs out.
 	if !p.decode.anyHealthy() {
@@ -330,6 +334,10 @@ func retryOnOther(reason string) bool {
 
 // decide runs the disaggregation decider for a request whose decode is d.
 func (p *Proxy) decide(preq *router.Request, d *backend) router.Decision {
+	if _, ok := p.decider.(always.Decider); ok {
+		// It looks at nothing: skip the snapshot of the prefill pool.
+		return p.decider.Decide(router.DecideInput{Req: preq})
+	}
 	in := router.DecideInput{Req: preq}
 	now := time.Now()
 	hits := 0
@@ -598,16 +606,27 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 	copyResponseHeaders(h, resp.Header)
 	h.Set("X-Request-Id", id)
 	h.Set(HeaderPD, pd)
-	w.WriteHeader(resp.StatusCode)
 
 	var capture *kvCapture
 	if p.convs != nil && resp.StatusCode == http.StatusOK {
 		capture = p.newCapture(&leg, resp.Header.Get("Content-Type"))
 		defer p.releaseUnkept(capture, b, id)
 	}
+	// A stream (SSE, or any answer of unknown length) is flushed chunk by
+	// chunk as it arrives. An answer of known length is one piece the decode
+	// sent when it was done: relayed with its length and without a flush per
+	// read, it leaves in one write instead of a chunked body and its
+	// terminating chunk.
+	whole := resp.ContentLength >= 0 && !isEventStream(resp.Header.Get("Content-Type"))
+	if whole && capture == nil {
+		h["Content-Length"] = []string{strconv.FormatInt(resp.ContentLength, 10)}
+	}
+	w.WriteHeader(resp.StatusCode)
 
 	rc := http.NewResponseController(w)
-	buf := make([]byte, relayBufferBytes)
+	bufp := relayBuffers.Get().(*[]byte)
+	defer relayBuffers.Put(bufp)
+	buf := *bufp
 	first := true
 	// tail keeps the last bytes relayed: a client may hang up as soon as it
 	// has read an SSE stream's "data: [DONE]", before the decode's EOF
@@ -622,8 +641,10 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 		if _, err := w.Write(out); err != nil {
 			return err
 		}
-		if err := rc.Flush(); err != nil {
-			return err
+		if !whole {
+			if err := rc.Flush(); err != nil {
+				return err
+			}
 		}
 		tail = append(tail, out...)
 		if len(tail) > 64 {
@@ -635,14 +656,21 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 	// the decode's params are remembered only when the client got it all
 	// (and released at once when no turn can use them).
 	done := func() string {
+		var err error
 		if capture != nil {
-			err := send(capture.finish())
-			if capture.params != nil {
-				p.keepTurn(&leg, capture, b, id, err == nil)
-			}
-			if err != nil {
-				return outcomeClientCanceled
-			}
+			err = send(capture.finish())
+		}
+		if err == nil && whole {
+			// The one write of an answer of known length, under the
+			// write deadline.
+			_ = rc.SetWriteDeadline(time.Now().Add(p.cfg.Timeout))
+			err = rc.Flush()
+		}
+		if capture != nil && capture.params != nil {
+			p.keepTurn(&leg, capture, b, id, err == nil)
+		}
+		if err != nil {
+			return outcomeClientCanceled
 		}
 		_ = rc.SetWriteDeadline(time.Time{})
 		return success
@@ -684,34 +712,39 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 	}
 }
 
-// hopHeaders are connection-level headers a proxy must not forward (RFC 9110
-// §7.6.1), plus those the proxy sets itself.
-var hopHeaders = []string{
-	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
-	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length",
+// hopHeader reports whether k (canonical) is a connection-level header a
+// proxy must not forward (RFC 9110 §7.6.1), or one the proxy sets itself.
+func hopHeader(k string) bool {
+	switch k {
+	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+		"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length":
+		return true
+	}
+	return false
 }
 
 // copyHeaders copies src into dst except hop-by-hop headers, headers named
-// in src's Connection header, and skip.
+// in src's Connection header, and skip (canonical names).
 func copyHeaders(dst, src http.Header, skip ...string) {
-	drop := map[string]bool{}
-	for _, k := range hopHeaders {
-		drop[k] = true
-	}
-	for _, k := range skip {
-		drop[http.CanonicalHeaderKey(k)] = true
-	}
-	for _, v := range src.Values("Connection") {
-		for _, k := range strings.Split(v, ",") {
-			drop[http.CanonicalHeaderKey(strings.TrimSpace(k))] = true
-		}
-	}
+	conn := src["Connection"]
 	for k, vs := range src {
-		if drop[k] {
+		if hopHeader(k) || slices.Contains(skip, k) || namedIn(conn, k) {
 			continue
 		}
 		dst[k] = append([]string(nil), vs...)
 	}
+}
+
+// namedIn reports whether the Connection header values conn name k.
+func namedIn(conn []string, k string) bool {
+	for _, v := range conn {
+		for f := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(f), k) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // copyRequestHeaders forwards the client's end-to-end headers (tracing, ...)
@@ -749,6 +782,15 @@ func (p *Proxy) setLegHeaders(dst, client http.Header, id string) {
 	p.setBackendHeaders(dst, client)
 	dst.Set("Content-Type", "application/json")
 	dst.Set("X-Request-Id", id)
+}
+
+// relayBuffers are the decode relay's read buffers, reused across requests.
+var relayBuffers = sync.Pool{New: func() any { b := make([]byte, relayBufferBytes); return &b }}
+
+// isEventStream reports whether a Content-Type is SSE's.
+func isEventStream(contentType string) bool {
+	ct, _, _ := strings.Cut(contentType, ";")
+	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
 }
 
 // sseDone is the last event of an OpenAI stream.

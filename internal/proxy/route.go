@@ -32,28 +32,23 @@ const defaultMaxTokens = 256
 // messages rendered with the model's template first, and blocks are
 // BlockSize tokens as on the engines. Without one, or for prompts it cannot
 // render (token-id prompts, multi-part contents), they are approximate.
-func (p *Proxy) routeRequest(path, id string, body []byte) *router.Request {
-	var f struct {
-		Prompt    json.RawMessage `json:"prompt"`
-		Messages  json.RawMessage `json:"messages"`
-		MaxTokens *int            `json:"max_tokens"`
-		MaxCompl  *int            `json:"max_completion_tokens"`
-	}
-	_ = json.Unmarshal(body, &f) // a body the engines will refuse routes anywhere
+func (p *Proxy) routeRequest(path, id string, body []byte, obj *object) *router.Request {
+	// The fields as the engines' encoding/json reads them: names matched
+	// case-insensitively, the last match winning.
+	prompt, messages := obj.getFolded("prompt"), obj.getFolded("messages")
 	req := &router.Request{Path: path, ID: id, Body: body, BlockSize: p.cfg.BlockSize, MaxTokens: defaultMaxTokens}
-	switch {
-	case f.MaxTokens != nil:
-		req.MaxTokens = *f.MaxTokens
-	case f.MaxCompl != nil:
-		req.MaxTokens = *f.MaxCompl
+	if n, ok := intField(obj.getFolded("max_tokens")); ok {
+		req.MaxTokens = n
+	} else if n, ok := intField(obj.getFolded("max_completion_tokens")); ok {
+		req.MaxTokens = n
 	}
-	if ids, ok := p.tokenize(f.Prompt, f.Messages); ok {
+	if ids, ok := p.tokenize(prompt, messages); ok {
 		req.Exact = true
 		req.PromptTokens = len(ids)
 		req.BlockHashes = p.hashBlocks(ids)
 		return req
 	}
-	text := promptText(f.Prompt, f.Messages)
+	text := promptText(prompt, messages)
 	req.PromptTokens = (len(text) + bytesPerToken - 1) / bytesPerToken
 	blockBytes := p.cfg.BlockSize * bytesPerToken
 	h := fnv.New64a()
@@ -64,6 +59,22 @@ func (p *Proxy) routeRequest(path, id string, body []byte) *router.Request {
 		req.BlockHashes = append(req.BlockHashes, h.Sum64())
 	}
 	return req
+}
+
+// intField reads an integer field's raw value; false when absent, null or
+// not an integer (a body the engines will refuse anyway).
+func intField(raw json.RawMessage) (int, bool) {
+	if len(raw) == 0 {
+		return 0, false
+	}
+	if n, err := strconv.Atoi(string(raw)); err == nil {
+		return n, true
+	}
+	var n *int
+	if json.Unmarshal(raw, &n) != nil || n == nil {
+		return 0, false
+	}
+	return *n, true
 }
 
 // hashBlocks returns the chained hashes of the whole blocks of ids, as the
@@ -131,14 +142,19 @@ func promptText(prompt, messages json.RawMessage) []byte {
 func tokens(req *router.Request) int64 { return int64(req.PromptTokens + req.MaxTokens) }
 
 // matchPrefix asks the prefix index how many leading blocks each decode
-// holds.
+// holds, once per request: the answer is kept in req for its other picks
+// (a retry on another decode) and its disaggregation decision.
 func (p *Proxy) matchPrefix(req *router.Request) map[string]int {
+	if req.PrefixHits != nil {
+		return req.PrefixHits
+	}
 	hits := map[string]int{}
 	var idx prefix.Index = p.prefix
 	if p.cfg.PrefixIndex != nil {
 		idx = p.cfg.PrefixIndex
 	}
 	idx.Match(req.BlockHashes, func(engine string, blocks int) { hits[engine] = blocks })
+	req.PrefixHits = hits
 	return hits
 }
 

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tandem-serve/tandem/internal/router"
 	"github.com/tandem-serve/tandem/internal/router/factory"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
@@ -25,12 +26,20 @@ func TestExactTokenCounts(t *testing.T) {
 	p, url := startProxy(t, Config{Fallback: true, ScrapeInterval: -1, Tokenizer: tok, PDDecider: "conditional", Policy: factory.PolicyPrefix,
 		Router: factory.Options{Threshold: want + 1}}, pre, dec)
 
-	req := p.routeRequest("/v1/completions", "x", []byte(fmt.Sprintf(`{"prompt":%q}`, prompt)))
+	route := func(path, body string) *router.Request {
+		t.Helper()
+		obj, err := parseObject([]byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.routeRequest(path, "x", []byte(body), obj)
+	}
+	req := route("/v1/completions", fmt.Sprintf(`{"prompt":%q}`, prompt))
 	if !req.Exact || req.PromptTokens != want || len(req.BlockHashes) != want/16 {
 		t.Errorf("completion: exact=%v tokens=%d blocks=%d, want exact %d tokens in %d blocks", req.Exact, req.PromptTokens, len(req.BlockHashes), want, want/16)
 	}
 	text, _ := tok.ApplyChatTemplate([]tokenizer.Message{{Role: "user", Content: prompt}}, true)
-	chat := p.routeRequest("/v1/chat/completions", "y", []byte(fmt.Sprintf(`{"messages":[{"role":"user","content":%q}]}`, prompt)))
+	chat := route("/v1/chat/completions", fmt.Sprintf(`{"messages":[{"role":"user","content":%q}]}`, prompt))
 	if !chat.Exact || chat.PromptTokens != len(tok.Encode(text, false)) {
 		t.Errorf("chat: exact=%v tokens=%d, want the rendered template's %d", chat.Exact, chat.PromptTokens, len(tok.Encode(text, false)))
 	}

@@ -17,6 +17,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"sync"
 )
 
 // Endpoint is one engine as the plugins see it: a snapshot taken just before
@@ -67,6 +68,11 @@ type Request struct {
 	// Near, when set, is the host the prefill should preferably share with
 	// the decode already chosen.
 	Near string
+	// PrefixHits memoizes the prefix index's answer for BlockHashes
+	// (leading blocks held, by engine URL) for the request's later picks
+	// and its decision: nil until the proxy has asked the index. Plugins
+	// read Endpoint.PrefixBlocks instead.
+	PrefixHits map[string]int
 }
 
 // Filter drops the endpoints that cannot take req. It returns a subset of
@@ -108,17 +114,19 @@ var ErrNoCandidate = errors.New("no candidate endpoint")
 // Run filters, scores and picks. It returns the index into eps of the chosen
 // endpoint, or ErrNoCandidate. eps is not modified.
 func (p *Profile) Run(req *Request, eps []Endpoint) (int, error) {
-	cands := make([]Endpoint, len(eps))
-	copy(cands, eps)
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
+	cands := append(sc.cands[:0], eps...)
+	defer func() { sc.cands = cands[:0] }()
 	for _, f := range p.Filters {
 		cands = f.Filter(req, cands)
 		if len(cands) == 0 {
 			return -1, ErrNoCandidate
 		}
 	}
-	total := make([]float64, len(cands))
+	total := resize(&sc.total, len(cands))
 	if len(p.Scorers) > 0 {
-		one := make([]float64, len(cands))
+		one := resize(&sc.one, len(cands))
 		for _, s := range p.Scorers {
 			clear(one)
 			s.Scorer.Score(req, cands, one)
@@ -138,6 +146,25 @@ func (p *Profile) Run(req *Request, eps []Endpoint) (int, error) {
 		}
 	}
 	return -1, fmt.Errorf("router: picker chose endpoint %d that was not offered", want)
+}
+
+// scratch is one Run's working memory, reused across requests: a pick
+// allocates nothing once the pool is warm.
+type scratch struct {
+	cands      []Endpoint
+	total, one []float64
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// resize returns (*s)[:n] zeroed, growing *s when it is too short.
+func resize(s *[]float64, n int) []float64 {
+	if cap(*s) < n {
+		*s = make([]float64, n)
+	}
+	out := (*s)[:n]
+	clear(out)
+	return out
 }
 
 func clamp01(v float64) float64 {

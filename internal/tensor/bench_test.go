@@ -243,3 +243,22 @@ func BenchmarkQuantMatMulCold(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkQuantizeActs reports activation values quantized per second
+// (q8_0 blocks for Q8_0 weights, q8_K for Q4_K), on one thread.
+func BenchmarkQuantizeActs(b *testing.B) {
+	pool := NewPool(1)
+	defer pool.Close()
+	for _, d := range []DType{Q8_0, Q4_K} {
+		for _, s := range []struct{ m, k int }{{1, 2048}, {128, 2048}} {
+			b.Run(fmt.Sprintf("%s/M=%d/K=%d", d, s.m, s.k), func(b *testing.B) {
+				x := randVec(rand.New(rand.NewPCG(4, 4)), s.m*s.k)
+				var a qAct
+				for b.Loop() {
+					pool.quantizeActs(&a, d, x, s.m, s.k)
+				}
+				b.ReportMetric(float64(s.m*s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
+			})
+		}
+	}
+}

@@ -1,8 +1,9 @@
 // Package tensor holds Tandem's CPU kernels: the matrix product of f32
-// activations with f32, bf16 or f16 weights (Pool.MatMul), vector helpers
-// used by attention (Dot, Axpy), the element-wise layers (RMSNorm, SiLUMul,
-// Softmax), dtype conversions and the persistent worker Pool that runs them
-// in parallel.
+// activations with f32, bf16, f16 or block-quantized weights
+// (Pool.MatMul), vector helpers used by attention (Dot, Axpy), the
+// element-wise layers (RMSNorm, SiLUMul, Softmax), dtype conversions, the
+// reference (de)quantization of ggml's block formats (QuantizeRows,
+// DequantizeRow) and the persistent worker Pool that runs them in parallel.
 //
 // The matrix kernels are Go assembly generated with avo (see
 // internal/asmgen; run `go generate` here after changing it) in an AVX-512
@@ -13,11 +14,21 @@
 // per activation; BF16Activations reports whether it is in use. The best variant the CPU
 // supports is picked at start-up; ISA reports it and SetISA overrides it.
 //
+// Quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K: ggml's block layouts,
+// so GGUF tensor data is used as it is) stay quantized in memory. MatMul
+// quantizes the activations per block as llama.cpp does (q8_0 per 32 for
+// Q8_0 and Q4_0, q8_K per 256 for the K-quants), takes exact integer dot
+// products per block (VPDPBUSD on AVX512-VNNI, VPMADDUBSW and VPMADDWD on
+// AVX2) and accumulates the block scales in f32 in one fixed order; see
+// qmatmul.go for the definition every kernel follows.
+//
 // Batch invariance is the package's central promise: for a given ISA, every
 // output element of MatMul is computed by the same sequence of floating
 // point operations whatever the number of rows m, the tile or worker that
 // computes it, or whether the single-row path ran. Each variant fixes one
 // accumulation structure per dot product (one vector accumulator marching
 // over K, a fixed horizontal reduction tree, a fixed tail) and every code
-// path uses it. Results therefore differ between ISAs, but never within one.
+// path uses it. Results therefore differ between ISAs, but never within one,
+// except for quantized weights, whose results are the same on every ISA
+// (for finite activations).
 package tensor

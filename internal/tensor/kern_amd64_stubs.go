@@ -169,6 +169,24 @@ func qdotKAVX512R6(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int,
 // qdot6KAVX512R6 continues the 16-lane f32 chains of 6 activation rows over nb super-blocks of a Q6_K panel (see asmgen).
 func qdot6KAVX512R6(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qactQ8_0AVX512 quantizes nb blocks of 32 activations to q8_0 levels and their scale and correction (see quantizeActQ8_0).
+func qactQ8_0AVX512(x *float32, nb int, q *int8, meta *uint32, corrMul int)
+
+// qactQ8KAVX512 quantizes nb blocks of 256 activations to q8_K levels, scale and sums (see quantizeActQ8K).
+func qactQ8KAVX512(x *float32, nb int, q *int8, meta *uint32)
+
+// qfusedQ8_0AVX512 continues the 16-lane f32 chain of one activation row over nb Q8_0 blocks of 16 weight rows ldw bytes apart (see asmgen).
+func qfusedQ8_0AVX512(w *byte, ldw int, nb int, x *int8, meta *uint32, scratch *byte, acc *float32)
+
+// qfusedQ4_KAVX512 continues the 16-lane f32 chain of one activation row over nb Q4_K super-blocks of 16 weight rows ldw bytes apart (see asmgen).
+func qfusedQ4_KAVX512(w *byte, ldw int, nb int, x *int8, meta *uint32, scratch *byte, acc *float32)
+
+// qfusedQ5_KAVX512 continues the 16-lane f32 chain of one activation row over nb Q5_K super-blocks of 16 weight rows ldw bytes apart (see asmgen).
+func qfusedQ5_KAVX512(w *byte, ldw int, nb int, x *int8, meta *uint32, scratch *byte, acc *float32)
+
+// qfusedQ6_KAVX512 continues the 16-lane f32 chain of one activation row over nb Q6_K super-blocks of 16 weight rows ldw bytes apart (see asmgen).
+func qfusedQ6_KAVX512(w *byte, ldw int, nb int, x *int8, meta *uint32, scratch *byte, acc *float32)
+
 // gemmAVX2F32R1 computes 1 rows of x times n rows of F32 weights (see asmgen).
 func gemmAVX2F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
@@ -216,3 +234,54 @@ func siluMulAVX2(gate *float32, up *float32, n int)
 
 // expSumAVX2 computes x[t] = exp(x[t]-mx) for t < n and returns their sum.
 func expSumAVX2(x *float32, n int, mx float32) float32
+
+// qpackQ8_0AVX2 packs nb Q8_0 blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).
+func qpackQ8_0AVX2(w *byte, ldw int, nb int, dst *byte)
+
+// qpackQ4_0AVX2 packs nb Q4_0 blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).
+func qpackQ4_0AVX2(w *byte, ldw int, nb int, dst *byte)
+
+// qdotQ8_0AVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb blocks of a panel (see asmgen).
+func qdotQ8_0AVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotQ4_0AVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb blocks of a panel (see asmgen).
+func qdotQ4_0AVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotQ8_0AVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb blocks of a panel (see asmgen).
+func qdotQ8_0AVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotQ4_0AVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb blocks of a panel (see asmgen).
+func qdotQ4_0AVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotQ8_0AVX2R3 continues the 8-lane f32 chains of 3 activation rows over nb blocks of a panel (see asmgen).
+func qdotQ8_0AVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotQ4_0AVX2R3 continues the 8-lane f32 chains of 3 activation rows over nb blocks of a panel (see asmgen).
+func qdotQ4_0AVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotQ8_0AVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb blocks of a panel (see asmgen).
+func qdotQ8_0AVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotQ4_0AVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb blocks of a panel (see asmgen).
+func qdotQ4_0AVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qpackQ4_KAVX2 packs nb Q4_K super-blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).
+func qpackQ4_KAVX2(w *byte, ldw int, nb int, dst *byte)
+
+// qpackQ5_KAVX2 packs nb Q5_K super-blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).
+func qpackQ5_KAVX2(w *byte, ldw int, nb int, dst *byte)
+
+// qpackQ6_KAVX2 packs nb Q6_K super-blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).
+func qpackQ6_KAVX2(w *byte, ldw int, nb int, dst *byte)
+
+// qdotKAVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb super-blocks of a panel (see asmgen).
+func qdotKAVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6KAVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb super-blocks of a panel (see asmgen).
+func qdot6KAVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotKAVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb super-blocks of a panel (see asmgen).
+func qdotKAVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6KAVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb super-blocks of a panel (see asmgen).
+func qdot6KAVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)

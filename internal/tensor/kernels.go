@@ -61,8 +61,13 @@ type kernelSet struct {
 	appendAbove func(x *float32, n int, t float32, dst *int32) int
 	// qmm, if set, computes the quantized matrix product for weight rows
 	// [lo,hi) (see qmmGo, its definition); nil means qmmGo.
-	qmm   func(a *qAct, w *Mat, lo, hi int, out []float32)
-	avail bool
+	qmm func(a *qAct, w *Mat, lo, hi int, out []float32)
+	// qactQ8_0 and qactQ8K, if set, quantize nb blocks of activations
+	// exactly as quantizeActQ8_0 and quantizeActQ8K do (for finite
+	// values); nil means the Go loops.
+	qactQ8_0 func(x *float32, nb int, q *int8, meta *uint32, corrMul int)
+	qactQ8K  func(x *float32, nb int, q *int8, meta *uint32)
+	avail    bool
 }
 
 // kernelSets lists the implementations in order of preference: the

@@ -28,8 +28,15 @@ func archKernelSets() []*kernelSet {
 		appendAbove: appendAboveAVX512,
 		avail:       avx512,
 	}
-	if avx512 && x.HasAVX512VNNI {
+	// Quantized weights: VPDPBUSD where there is AVX512-VNNI, the AVX2
+	// kernels otherwise (the results are the same either way).
+	avx512Set.qmm = qmmAVX2
+	if x.HasAVX512VNNI {
 		avx512Set.qmm = qmmAVX512
+	}
+	if x.HasAVX512VBMI || x.HasAVX512BW {
+		avx512Set.qactQ8_0 = qactQ8_0AVX512
+		avx512Set.qactQ8K = qactQ8KAVX512
 	}
 	// avx512bf16 is avx512 with bf16 activations for bf16 weights
 	// (VDPBF16PS: twice the arithmetic per instruction, no widening).
@@ -52,6 +59,7 @@ func archKernelSets() []*kernelSet {
 			axpy:   axpyAVX2,
 			silu:   siluMulAVX2,
 			expSum: expSumAVX2,
+			qmm:    qmmAVX2,
 			avail:  avx2,
 		},
 	}

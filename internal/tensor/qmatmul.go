@@ -73,9 +73,24 @@ func (p *Pool) quantizeActs(a *qAct, dt DType, x []float32, m, k int) {
 		a.meta = make([]uint32, m*nb*words)
 	}
 	a.meta = a.meta[:m*nb*words]
+	ks := active.Load()
 	rows := func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			xs, q, meta := x[r*k:(r+1)*k], a.xq[r*k:(r+1)*k], a.meta[r*nb*words:(r+1)*nb*words]
+			switch {
+			case nb == 0:
+				continue
+			case elems == 32 && ks.qactQ8_0 != nil:
+				corr := -128
+				if dt == Q4_0 {
+					corr = -8
+				}
+				ks.qactQ8_0(&xs[0], nb, &q[0], &meta[0], corr)
+				continue
+			case elems == qk && ks.qactQ8K != nil:
+				ks.qactQ8K(&xs[0], nb, &q[0], &meta[0])
+				continue
+			}
 			for b := range nb {
 				if elems == 32 {
 					quantizeActQ8_0(dt, xs[32*b:32*b+32], q[32*b:32*b+32], meta[2*b:2*b+2])

@@ -334,3 +334,78 @@ func TestQuantMatMulPanicsOnBadShapes(t *testing.T) {
 		})
 	}
 }
+
+func TestQuantizeActsMatchesGo(t *testing.T) {
+	// Rows with ties for both roundings (q8_0 rounds half away from zero,
+	// q8_K to even), zero blocks, ± largest magnitudes in either order,
+	// tiny and huge values, and random ones.
+	const k = 1024
+	rng := rand.New(rand.NewPCG(8, 8))
+	var rows [][]float32
+	tie := make([]float32, k)
+	for i := range tie {
+		tie[i] = float32(i%64) - 31.5
+		if i%32 == 0 {
+			tie[i] = 127
+		}
+		if i%256 == 0 {
+			tie[i] = -127
+		}
+	}
+	rows = append(rows, tie)
+	signs := make([]float32, k)
+	for i := range signs {
+		signs[i] = float32(rng.NormFloat64())
+	}
+	signs[3], signs[9] = 8, -8 // +8 first: q8_K's scale is positive
+	signs[300], signs[301] = -9, 9
+	rows = append(rows, signs)
+	mixed := make([]float32, k)
+	for i := range mixed {
+		mixed[i] = float32(rng.NormFloat64() * math.Ldexp(1, rng.IntN(60)-30))
+	}
+	clear(mixed[256:512])
+	mixed[600] = float32(math.Copysign(0, -1))
+	rows = append(rows, mixed)
+	for range 5 {
+		rows = append(rows, randVec(rng, k))
+	}
+	x := make([]float32, 0, len(rows)*k)
+	for _, r := range rows {
+		x = append(x, r...)
+	}
+	m := len(rows)
+	forEachISA(t, func(t *testing.T) {
+		pool := NewPool(2)
+		defer pool.Close()
+		for _, d := range []DType{Q8_0, Q4_0, Q4_K} {
+			var a qAct
+			pool.quantizeActs(&a, d, x, m, k)
+			words, elems := metaWords(d)
+			nb := k / elems
+			q := make([]int8, m*k)
+			meta := make([]uint32, m*nb*words)
+			for r := range m {
+				for b := range nb {
+					o := r*k + b*elems
+					mo := (r*nb + b) * words
+					if elems == 32 {
+						quantizeActQ8_0(d, x[o:o+32], q[o:o+32], meta[mo:mo+2])
+					} else {
+						quantizeActQ8K(x[o:o+qk], q[o:o+qk], meta[mo:mo+16])
+					}
+				}
+			}
+			for i := range q {
+				if q[i] != a.xq[i] {
+					t.Fatalf("%s: level %d (row %d) = %d, Go gives %d (x = %g)", d, i, i/k, a.xq[i], q[i], x[i])
+				}
+			}
+			for i := range meta {
+				if meta[i] != a.meta[i] {
+					t.Fatalf("%s: meta word %d (row %d) = %#x, Go gives %#x", d, i, i/(nb*words), a.meta[i], meta[i])
+				}
+			}
+		}
+	})
+}

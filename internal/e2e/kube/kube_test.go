@@ -602,7 +602,7 @@ func TestDiscoveryScalesPoolsWithoutLosingRequests(t *testing.T) {
 	// the kubelet's SIGTERM and the slice update race, so requests still
 	// reach p0 while it drains (it answers 503 and the proxy retries them
 	// on p1) and p0 holds KV for decodes in flight.
-	begin = c.apply(t, c.slice("decode-a", decodeSvc, ep(d0.host, false, true)))
+	c.apply(t, c.slice("decode-a", decodeSvc, ep(d0.host, false, true)))
 	drainD0 := d0.sigterm(t)
 	if err := p0.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

@@ -82,6 +82,9 @@ func main() {
 		}
 		siluMul(s)
 		expSum(s)
+		if s.lanes == 8 {
+			quantKernelsAVX2()
+		}
 		if s.lanes == 16 {
 			gemmDPR1()
 			for r := 2; r <= 4; r++ {
@@ -99,7 +102,12 @@ func main() {
 		}
 	}
 	Generate()
-	if err := rawEncode(flag.Lookup("out").Value.String()); err != nil {
+	out := flag.Lookup("out").Value.String()
+	if err := rawEncode(out); err != nil {
+		fmt.Fprintln(os.Stderr, "asmgen:", err)
+		os.Exit(1)
+	}
+	if err := checkVEXOnly(out); err != nil {
 		fmt.Fprintln(os.Stderr, "asmgen:", err)
 		os.Exit(1)
 	}

@@ -25,6 +25,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 
 	. "github.com/mmcloughlin/avo/build"
 	"github.com/mmcloughlin/avo/ir"
@@ -385,6 +386,314 @@ func quantKernels() {
 		dotK(r, false)
 		dotK(r, true)
 	}
+	qact8_0()
+	qact8K()
+	fusedQ8_0()
+	fusedQ4K(false)
+	fusedQ4K(true)
+	fusedQ6K()
+}
+
+// The fused single-row kernels (decode): the pack kernels' transposes feed
+// VPDPBUSD directly, with one activation row, so no panel is written or
+// read; per-block vectors the transposes would otherwise have to keep in
+// registers wait in a small scratch area. Their results are those of the
+// panel kernels (the same exact integers, the same chain).
+const fusedSig = "func(w *byte, ldw int, nb int, x *int8, meta *uint32, scratch *byte, acc *float32)"
+
+// fusedQ8_0 emits the fused Q8_0 kernel.
+func fusedQ8_0() {
+	TEXT("qfusedQ8_0AVX512", NOSPLIT, fusedSig)
+	Doc("qfusedQ8_0AVX512 continues the 16-lane f32 chain of one activation row over nb Q8_0 blocks of 16 weight rows ldw bytes apart (see asmgen).")
+	w := Load(Param("w"), GP64()).(GPVirtual)
+	L := Load(Param("ldw"), GP64()).(GPVirtual)
+	nb := Load(Param("nb"), GP64())
+	x := Load(Param("x"), GP64())
+	meta := Load(Param("meta"), GP64())
+	accp := Load(Param("acc"), GP64())
+	r := newRows16(w, L)
+	idx := rowIndex(L)
+	c80 := splat(0x80808080)
+	acc := ZMM()
+	VMOVUPS(Mem{Base: accp}, acc)
+	TESTQ(nb, nb)
+	JE(LabelRef("store"))
+	Label("block")
+	for l := range 16 {
+		PREFETCHT0(r.at(l, pfDist))
+	}
+	// Two accumulators halve the chain of dependent VPDPBUSDs.
+	is, is2 := ZMM(), ZMM()
+	VPBROADCASTD(Mem{Base: meta, Disp: 4}, is)
+	VXORPS(is2, is2, is2)
+	for t, v := range transpose16x8(r, 2) {
+		VPXORD(c80, v, v)
+		if t%2 == 0 {
+			vpdpbusd(Mem{Base: x, Disp: 4 * t}, v, is, true)
+		} else {
+			vpdpbusd(Mem{Base: x, Disp: 4 * t}, v, is2, true)
+		}
+	}
+	VPADDD(is2, is, is)
+	dw := gatherF16(r, idx, 0, false)
+	s := ZMM()
+	VMULPS_BCST(Mem{Base: meta}, dw, s)
+	f := ZMM()
+	VCVTDQ2PS(is, f)
+	VFMADD231PS(s, f, acc)
+	r.advance(34)
+	ADDQ(U32(32), x)
+	ADDQ(U32(8), meta)
+	DECQ(nb)
+	JNE(LabelRef("block"))
+	Label("store")
+	VMOVUPS(acc, Mem{Base: accp})
+	VZEROUPPER()
+	RET()
+}
+
+// Scratch layout of the fused K-quant kernels (bytes).
+const (
+	fkScales = 0       // Q4_K/Q5_K: 8 scale vectors
+	fkMins   = 8 * 64  // 4 min-pair vectors
+	fkD      = 12 * 64 // d
+	fkDmin   = 13 * 64 // dmin
+	fkQh     = 14 * 64 // Q5_K: 8 transposed qh vectors
+	f6Scales = 0       // Q6_K: 16 scale vectors
+	f6Pairs  = 16 * 64 // 8 scale-pair vectors
+	f6D      = 24 * 64 // d
+	f6Qh     = 25 * 64 // 8 transposed qh vectors
+	fScratch = 33 * 64 // the largest
+)
+
+// fusedQ4K emits the fused Q4_K (or Q5_K) kernel. For Q4_K the high
+// nibbles are kept in place (16·q) and their sums divided by 16, exactly.
+func fusedQ4K(five bool) {
+	name, bytes, qs := "Q4_K", 144, 16
+	if five {
+		name, bytes, qs = "Q5_K", 176, 48
+	}
+	fn := "qfused" + name + "AVX512"
+	TEXT(fn, NOSPLIT, fusedSig)
+	Doc(fmt.Sprintf("%s continues the 16-lane f32 chain of one activation row over nb %s super-blocks of 16 weight rows ldw bytes apart (see asmgen).", fn, name))
+	w := Load(Param("w"), GP64()).(GPVirtual)
+	L := Load(Param("ldw"), GP64()).(GPVirtual)
+	nb := Load(Param("nb"), GP64())
+	x := Load(Param("x"), GP64())
+	meta := Load(Param("meta"), GP64())
+	sc := Load(Param("scratch"), GP64()).(GPVirtual)
+	accp := Load(Param("acc"), GP64())
+	r := newRows16(w, L)
+	c63 := splat(63)
+	c0f := splat(0x0f0f0f0f)
+	acc := ZMM()
+	VMOVUPS(Mem{Base: accp}, acc)
+	TESTQ(nb, nb)
+	JE(LabelRef("store"))
+	Label("block")
+	for l := range 16 {
+		for off := 0; off < bytes; off += 64 {
+			PREFETCHT0(r.at(l, pfDist+off))
+		}
+	}
+	packHeaderK(r, sc, c63, -pkScales)
+	var qh []Mem
+	var c10 VecVirtual
+	if five {
+		t := transpose16x8(r, 16)
+		qh = stashed(Mem{Base: sc, Disp: fkQh}, t[:])
+		c10 = splat(0x10101010)
+	}
+	var cf0 VecVirtual
+	if !five {
+		cf0 = splat(0xf0f0f0f0)
+	}
+	is := ZMM()
+	for c := range 4 {
+		// Two chains per sub-block (even and odd t) halve the latency.
+		dlo, dhi, dlo2, dhi2 := ZMM(), ZMM(), ZMM(), ZMM()
+		for _, z := range []VecVirtual{dlo, dhi, dlo2, dhi2} {
+			VXORPS(z, z, z)
+		}
+		for t, v := range transpose16x8(r, qs+32*c) {
+			lo := ZMM()
+			VPANDD(c0f, v, lo)
+			if !five {
+				VPANDD(cf0, v, v) // 16·(high nibble)
+			} else {
+				VPSRLD(U8(4), v, v)
+				VPANDD(c0f, v, v)
+				b := shiftedMem(qh[t], 4-2*c)
+				VPANDD(c10, b, b)
+				VPORD(b, lo, lo)
+				b2 := shiftedMem(qh[t], 3-2*c)
+				VPANDD(c10, b2, b2)
+				VPORD(b2, v, v)
+			}
+			al, ah := dlo, dhi
+			if t%2 == 1 {
+				al, ah = dlo2, dhi2
+			}
+			vpdpbusd(Mem{Base: x, Disp: 64*c + 4*t}, lo, al, true)
+			vpdpbusd(Mem{Base: x, Disp: 64*c + 32 + 4*t}, v, ah, true)
+		}
+		VPADDD(dlo2, dlo, dlo)
+		VPADDD(dhi2, dhi, dhi)
+		if !five {
+			VPSRAD(U8(4), dhi, dhi)
+		}
+		if c == 0 {
+			VPMULLD(Mem{Base: sc, Disp: fkScales}, dlo, is)
+		} else {
+			VPMULLD(Mem{Base: sc, Disp: fkScales + 64*(2*c)}, dlo, dlo)
+			VPADDD(dlo, is, is)
+		}
+		VPMULLD(Mem{Base: sc, Disp: fkScales + 64*(2*c+1)}, dhi, dhi)
+		VPADDD(dhi, is, is)
+	}
+	ms := ZMM()
+	VXORPS(ms, ms, ms)
+	for i := range 4 {
+		v := ZMM()
+		VMOVDQU64(Mem{Base: sc, Disp: fkMins + 64*i}, v)
+		vpdpwssd(Mem{Base: meta, Disp: metaSums32 + 4*i}, v, ms, true)
+	}
+	d := ZMM()
+	VMOVUPS(Mem{Base: sc, Disp: fkD}, d)
+	s := ZMM()
+	VMULPS_BCST(Mem{Base: meta}, d, s)
+	f := ZMM()
+	VCVTDQ2PS(is, f)
+	VFMADD231PS(s, f, acc)
+	VMOVUPS(Mem{Base: sc, Disp: fkDmin}, d)
+	VMULPS_BCST(Mem{Base: meta}, d, s)
+	VCVTDQ2PS(ms, f)
+	VFNMADD231PS(s, f, acc)
+	r.advance(bytes)
+	ADDQ(U32(256), x)
+	ADDQ(U32(metaKBytes), meta)
+	DECQ(nb)
+	JNE(LabelRef("block"))
+	Label("store")
+	VMOVUPS(acc, Mem{Base: accp})
+	VZEROUPPER()
+	RET()
+}
+
+// fusedQ6K emits the fused Q6_K kernel.
+func fusedQ6K() {
+	const bytes = 210
+	TEXT("qfusedQ6_KAVX512", NOSPLIT, fusedSig)
+	Doc("qfusedQ6_KAVX512 continues the 16-lane f32 chain of one activation row over nb Q6_K super-blocks of 16 weight rows ldw bytes apart (see asmgen).")
+	w := Load(Param("w"), GP64()).(GPVirtual)
+	L := Load(Param("ldw"), GP64()).(GPVirtual)
+	nb := Load(Param("nb"), GP64())
+	x := Load(Param("x"), GP64())
+	meta := Load(Param("meta"), GP64())
+	sc := Load(Param("scratch"), GP64()).(GPVirtual)
+	accp := Load(Param("acc"), GP64())
+	r := newRows16(w, L)
+	idx := rowIndex(L)
+	c0f := splat(0x0f0f0f0f)
+	c30 := splat(0x30303030)
+	cLo := splat(0xffff)
+	acc := ZMM()
+	VMOVUPS(Mem{Base: accp}, acc)
+	TESTQ(nb, nb)
+	JE(LabelRef("store"))
+	Label("block")
+	for l := range 16 {
+		for off := 0; off < bytes; off += 64 {
+			PREFETCHT0(r.at(l, pfDist+off))
+		}
+	}
+	scs := transpose16x4(r, 192)
+	var s32 [16]VecVirtual
+	for i := range 4 {
+		for k := range 4 {
+			v := ZMM()
+			if k < 3 {
+				VPSLLD(U8(24-8*k), scs[i], v)
+				VPSRAD(U8(24), v, v)
+			} else {
+				VPSRAD(U8(24), scs[i], v)
+			}
+			s32[4*i+k] = v
+			VMOVDQU64(v, Mem{Base: sc, Disp: f6Scales + 64*(4*i+k)})
+		}
+	}
+	for i := range 8 {
+		VPSLLD(U8(16), s32[2*i+1], s32[2*i+1])
+		VPTERNLOGD(U8(ternAorB), cLo, s32[2*i+1], s32[2*i])
+		VMOVDQU64(s32[2*i], Mem{Base: sc, Disp: f6Pairs + 64*i})
+	}
+	VMOVUPS(gatherF16(r, idx, 206, true), Mem{Base: sc, Disp: f6D})
+	is := ZMM()
+	first := true
+	for h := range 2 {
+		t := transpose16x8(r, 128+32*h)
+		qh := stashed(Mem{Base: sc, Disp: f6Qh}, t[:])
+		for qq := range 2 {
+			// Sub-blocks 8h+2q and 8h+2q+1 for q = qq and qq+2.
+			var ds [4]VecVirtual
+			for i := range ds {
+				ds[i] = ZMM()
+				VXORPS(ds[i], ds[i], ds[i])
+			}
+			for t, v := range transpose16x8(r, 64*h+32*qq) {
+				hi := ZMM()
+				VPSRLD(U8(4), v, hi)
+				for qi, q := range []int{qq, qq + 2} {
+					b := shiftedMem(qh[t], 4-2*q)
+					VPANDD(c30, b, b)
+					lv := v
+					if q >= 2 {
+						lv = hi
+					}
+					VPTERNLOGD(U8(ternAorB), c0f, b, lv)
+					vpdpbusd(Mem{Base: x, Disp: 128*h + 32*q + 4*t}, lv, ds[2*qi+t/4], true)
+				}
+			}
+			for qi, q := range []int{qq, qq + 2} {
+				for half := range 2 {
+					sub := 8*h + 2*q + half
+					d := ds[2*qi+half]
+					if first {
+						VPMULLD(Mem{Base: sc, Disp: f6Scales + 64*sub}, d, is)
+						first = false
+						continue
+					}
+					VPMULLD(Mem{Base: sc, Disp: f6Scales + 64*sub}, d, d)
+					VPADDD(d, is, is)
+				}
+			}
+		}
+	}
+	ms := ZMM()
+	VXORPS(ms, ms, ms)
+	for i := range 8 {
+		v := ZMM()
+		VMOVDQU64(Mem{Base: sc, Disp: f6Pairs + 64*i}, v)
+		vpdpwssd(Mem{Base: meta, Disp: metaSums16 + 4*i}, v, ms, true)
+	}
+	VPSLLD(U8(5), ms, ms)
+	VPSUBD(ms, is, is)
+	d := ZMM()
+	VMOVUPS(Mem{Base: sc, Disp: f6D}, d)
+	s := ZMM()
+	VMULPS_BCST(Mem{Base: meta}, d, s)
+	f := ZMM()
+	VCVTDQ2PS(is, f)
+	VFMADD231PS(s, f, acc)
+	r.advance(bytes)
+	ADDQ(U32(256), x)
+	ADDQ(U32(metaKBytes), meta)
+	DECQ(nb)
+	JNE(LabelRef("block"))
+	Label("store")
+	VMOVUPS(acc, Mem{Base: accp})
+	VZEROUPPER()
+	RET()
 }
 
 // Panel layout of a Q4_K/Q5_K super-block (offsets in bytes): 64 vectors
@@ -457,18 +766,18 @@ func stashed(base Mem, vs []VecVirtual) []Mem {
 
 // packHeaderK unpacks d, dmin and the 6-bit scales and mins of a Q4_K or
 // Q5_K super-block of 16 rows into the panel at dst.
-func packHeaderK(r rows16, dst GPVirtual, c63 VecVirtual) {
+func packHeaderK(r rows16, dst GPVirtual, c63 VecVirtual, bias int) {
 	h := transpose16x4(r, 0) // d|dmin, scales 0-3, 4-7, 8-11
 	lo := YMM()
 	VPMOVDW(h[0], lo)
 	d := ZMM()
 	VCVTPH2PS(lo, d)
-	VMOVUPS(d, Mem{Base: dst, Disp: pkD})
+	VMOVUPS(d, Mem{Base: dst, Disp: bias + pkD})
 	hi := ZMM()
 	VPSRLD(U8(16), h[0], hi)
 	VPMOVDW(hi, lo)
 	VCVTPH2PS(lo, d)
-	VMOVUPS(d, Mem{Base: dst, Disp: pkDmin})
+	VMOVUPS(d, Mem{Base: dst, Disp: bias + pkDmin})
 	c0f := splat(0x0f)
 	c30 := splat(0x30)
 	six := func(j int, mins bool) VecVirtual {
@@ -507,13 +816,13 @@ func packHeaderK(r rows16, dst GPVirtual, c63 VecVirtual) {
 	}
 	var mins [8]VecVirtual
 	for j := range 8 {
-		VMOVDQU64(six(j, false), Mem{Base: dst, Disp: pkScales + 64*j})
+		VMOVDQU64(six(j, false), Mem{Base: dst, Disp: bias + pkScales + 64*j})
 		mins[j] = six(j, true)
 	}
 	for i := range 4 {
 		VPSLLD(U8(16), mins[2*i+1], mins[2*i+1])
 		VPORD(mins[2*i+1], mins[2*i], mins[2*i])
-		VMOVDQU64(mins[2*i], Mem{Base: dst, Disp: pkMins + 64*i})
+		VMOVDQU64(mins[2*i], Mem{Base: dst, Disp: bias + pkMins + 64*i})
 	}
 }
 
@@ -545,7 +854,7 @@ func packQ4K(five bool) {
 			PREFETCHT0(r.at(l, pfDist+off))
 		}
 	}
-	packHeaderK(r, dst, c63)
+	packHeaderK(r, dst, c63, 0)
 	var qh []Mem
 	var c10 VecVirtual
 	if five {
@@ -787,4 +1096,258 @@ func dotK(rows int, six bool) {
 	}
 	VZEROUPPER()
 	RET()
+}
+
+// hmaxPS returns an XMM whose low lane is the largest of the 16 lanes of
+// v (no NaNs among them).
+func hmaxPS(v VecVirtual) VecVirtual {
+	y := YMM()
+	VEXTRACTF32X8(U8(1), v, y)
+	VMAXPS(y, v.AsY(), y)
+	x := XMM()
+	VEXTRACTF128(U8(1), y, x)
+	VMAXPS(x, y.AsX(), x)
+	x2 := XMM()
+	VMOVHLPS(x, x, x2)
+	VMAXPS(x2, x, x2)
+	x3 := XMM()
+	VMOVSHDUP(x2, x3)
+	VMAXSS(x3, x2, x3)
+	return x3
+}
+
+// hsumD returns a GP register holding the sum of the 16 int32 lanes of v.
+func hsumD(v VecVirtual) GPVirtual {
+	y := YMM()
+	VEXTRACTI64X4(U8(1), v, y)
+	VPADDD(y, v.AsY(), y)
+	x := XMM()
+	VEXTRACTI128(U8(1), y, x)
+	VPADDD(x, y.AsX(), x)
+	x2 := XMM()
+	VPSHUFD(U8(0x4e), x, x2)
+	VPADDD(x2, x, x2)
+	x3 := XMM()
+	VPSHUFD(U8(0xb1), x2, x3)
+	VPADDD(x3, x2, x3)
+	g := GP32()
+	VMOVD(x3, g)
+	return g
+}
+
+// splatF returns a ZMM holding f in every lane.
+func splatF(f float32) VecVirtual { return splat(math.Float32bits(f)) }
+
+// qact8_0 emits the AVX-512 activation quantizer for Q8_0/Q4_0 weights:
+// ggml's q8_0 per 32 values, exactly as quantizeActQ8_0 does it for finite
+// inputs (round half away from zero as a truncation plus a correction, so
+// it matches math.Round).
+func qact8_0() {
+	TEXT("qactQ8_0AVX512", NOSPLIT, "func(x *float32, nb int, q *int8, meta *uint32, corrMul int)")
+	Doc("qactQ8_0AVX512 quantizes nb blocks of 32 activations to q8_0 levels and their scale and correction (see quantizeActQ8_0).")
+	x := Load(Param("x"), GP64())
+	nb := Load(Param("nb"), GP64())
+	q := Load(Param("q"), GP64())
+	meta := Load(Param("meta"), GP64())
+	cm := Load(Param("corrMul"), GP64())
+	absMask := splat(0x7fffffff)
+	signMask := splat(0x80000000)
+	one := splatF(1)
+	half := splatF(0.5)
+	c127 := splatF(127)
+	TESTQ(nb, nb)
+	JE(LabelRef("done"))
+	Label("block")
+	v := [2]VecVirtual{ZMM(), ZMM()}
+	VMOVUPS(Mem{Base: x}, v[0])
+	VMOVUPS(Mem{Base: x, Disp: 64}, v[1])
+	a0, a1 := ZMM(), ZMM()
+	VANDPS(absMask, v[0], a0)
+	VANDPS(absMask, v[1], a1)
+	VMAXPS(a1, a0, a0)
+	amax := hmaxPS(a0)
+	d := XMM()
+	VDIVSS(c127.AsX(), amax, d)
+	id := XMM()
+	VDIVSS(d, one.AsX(), id)
+	z := XMM()
+	VXORPS(z, z, z)
+	isZero := XMM()
+	VCMPSS(U8(0), z, d, isZero) // d == 0
+	VANDNPS(id, isZero, id)
+	h := XMM()
+	VCVTPS2PH(U8(0), d, h)
+	VCVTPH2PS(h, d)
+	VMOVSS(d, Mem{Base: meta})
+	ib := ZMM()
+	VBROADCASTSS(id, ib)
+	var iv [2]VecVirtual
+	for i := range 2 {
+		p := ZMM()
+		VMULPS(ib, v[i], p)
+		t := ZMM()
+		VRNDSCALEPS(U8(0x0b), p, t) // truncate
+		f := ZMM()
+		VSUBPS(t, p, f)
+		VANDPS(absMask, f, f)
+		k := K()
+		VCMPPS(U8(0x1d), half, f, k) // |p − t| ≥ 0.5
+		s := ZMM()
+		VMOVAPS(one, s)
+		VPTERNLOGD(U8(0xf8), signMask, p, s) // ±1 with p's sign
+		VADDPS(s, t, k, t)
+		iv[i] = ZMM()
+		VCVTTPS2DQ(t, iv[i])
+		b := XMM()
+		VPMOVSDB(iv[i], b)
+		VMOVDQU(b, Mem{Base: q, Disp: 16 * i})
+	}
+	VPADDD(iv[1], iv[0], iv[0])
+	sum := hsumD(iv[0])
+	IMULL(cm.(GPVirtual).As32(), sum)
+	MOVL(sum, Mem{Base: meta, Disp: 4})
+	ADDQ(U32(128), x)
+	ADDQ(U32(32), q)
+	ADDQ(U32(8), meta)
+	DECQ(nb)
+	JNE(LabelRef("block"))
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
+// qact8K emits the AVX-512 activation quantizer for the K-quants: ggml's
+// q8_K per 256 values, exactly as quantizeActQ8K does it for finite
+// inputs, with the sums per 16 (and 32) from VPSADBW.
+func qact8K() {
+	TEXT("qactQ8KAVX512", NOSPLIT, "func(x *float32, nb int, q *int8, meta *uint32)")
+	Doc("qactQ8KAVX512 quantizes nb blocks of 256 activations to q8_K levels, scale and sums (see quantizeActQ8K).")
+	x := Load(Param("x"), GP64())
+	nb := Load(Param("nb"), GP64())
+	q := Load(Param("q"), GP64())
+	meta := Load(Param("meta"), GP64())
+	absMask := splat(0x7fffffff)
+	TESTQ(nb, nb)
+	JE(LabelRef("done"))
+	Label("block")
+	m := ZMM()
+	VXORPS(m, m, m)
+	for v := range 16 {
+		a := ZMM()
+		VANDPS(Mem{Base: x, Disp: 64 * v}, absMask, a)
+		VMAXPS(m, a, m) // a NaN lane keeps m
+	}
+	amax := hmaxPS(m)
+	z := XMM()
+	VXORPS(z, z, z)
+	zero := ZMM()
+	VXORPS(zero, zero, zero)
+	VUCOMISS(z, amax)
+	JNE(LabelRef("nonzero"))
+	for i := range 4 {
+		VMOVDQU64(zero, Mem{Base: q, Disp: 64 * i})
+	}
+	VMOVDQU64(zero, Mem{Base: meta})
+	JMP(LabelRef("next"))
+	Label("nonzero")
+	// The first value of largest magnitude gives the scale its sign.
+	amaxV := ZMM()
+	VBROADCASTSS(amax, amaxV)
+	i, bits := GP64(), GP32()
+	XORQ(i, i)
+	Label("find")
+	a := ZMM()
+	VANDPS(Mem{Base: x, Index: i, Scale: 4}, absMask, a)
+	k := K()
+	VCMPPS(U8(0), amaxV, a, k) // equal
+	KMOVW(k, bits)
+	TESTL(bits, bits)
+	JNE(LabelRef("found"))
+	ADDQ(U8(16), i)
+	JMP(LabelRef("find"))
+	Label("found")
+	at := GP32()
+	BSFL(bits, at)
+	ADDL(i.As32(), at)
+	mx := XMM()
+	VMOVSS(Mem{Base: x, Index: at.As64(), Scale: 4}, mx)
+	is := XMM()
+	VDIVSS(mx, splatF(-127).AsX(), is)
+	isb := ZMM()
+	VBROADCASTSS(is, isb)
+	c127 := splat(127)
+	for v := range 16 {
+		p := ZMM()
+		VMULPS(Mem{Base: x, Disp: 64 * v}, isb, p)
+		iv := ZMM()
+		VCVTPS2DQ(p, iv) // nearest, ties to even
+		VPMINSD(c127, iv, iv)
+		b := XMM()
+		VPMOVSDB(iv, b)
+		VMOVDQU(b, Mem{Base: q, Disp: 16 * v})
+	}
+	d := XMM()
+	VDIVSS(is, splatF(1).AsX(), d)
+	VMOVDQU64(zero, Mem{Base: meta})
+	VMOVSS(d, Mem{Base: meta})
+	// Sums per 16: VPSADBW of the levels + 128 sums 8 of them per qword.
+	c80 := splat(0x80808080)
+	var s [4]VecVirtual
+	for v := range 4 {
+		s[v] = ZMM()
+		VPXORD(Mem{Base: q, Disp: 64 * v}, c80, s[v])
+		VPSADBW(zero, s[v], s[v])
+	}
+	var w [2]VecVirtual
+	for p := range 2 {
+		lo, hi := ZMM(), ZMM()
+		VPUNPCKLQDQ(s[2*p+1], s[2*p], lo)
+		VPUNPCKHQDQ(s[2*p+1], s[2*p], hi)
+		VPADDQ(hi, lo, lo)
+		w[p] = XMM()
+		VPMOVQW(lo, w[p]) // groups 8p + [0 4 1 5 2 6 3 7]
+	}
+	ws := YMM()
+	VINSERTI32X4(U8(1), w[1], w[0].AsY(), ws)
+	order := YMM()
+	VMOVDQU(sumsOrder(), order)
+	VPERMW(ws, order, ws)
+	VPSUBW(splat(0x08000800).AsY(), ws, ws) // 16·128 per group
+	VMOVDQU(ws, Mem{Base: meta, Disp: metaSums16})
+	VPMADDWD(splat(0x00010001).AsY(), ws, ws)
+	s32 := XMM()
+	VPMOVDW(ws, s32)
+	VMOVDQU(s32, Mem{Base: meta, Disp: metaSums32})
+	Label("next")
+	ADDQ(U32(1024), x)
+	ADDQ(U32(256), q)
+	ADDQ(U32(metaKBytes), meta)
+	DECQ(nb)
+	JNE(LabelRef("block"))
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
+// sumsOrderMem is the word permutation table of qact8K, once emitted.
+var sumsOrderMem *Mem
+
+// sumsOrder emits (once) the VPERMW indices that put the group sums of
+// qact8K in order: group g sits at word 2g (g < 4), 2(g−4)+1 (g < 8), and
+// likewise +8 for the second half.
+func sumsOrder() Mem {
+	if sumsOrderMem != nil {
+		return *sumsOrderMem
+	}
+	t := GLOBL("sums16order", RODATA|NOPTR)
+	sumsOrderMem = &t
+	for g := range 16 {
+		h, r := g/8*8, g%8
+		pos := h + 2*r
+		if r >= 4 {
+			pos = h + 2*(r-4) + 1
+		}
+		DATA(2*g, U16(uint16(pos)))
+	}
+	return t
 }
