@@ -181,13 +181,26 @@ func idPrompt(seed, n int, prefix []int) []int {
 // simulated engines: every request through the proxy (a simulated prefill
 // and decode exchanging real KV blocks over the side channel) answers what
 // a simulated colocated engine answers, and the decode checked the pattern
-// of every block it pulled before using it.
+// of every block it pulled before using it — over shared memory and over
+// TCP, each forced, so both transports put every block in its place.
 func TestSimulatedPDMatchesColocated(t *testing.T) {
 	solo, _ := startSimEngine(t)
 	pre, preModel := startSimEngine(t, "--role", "prefill", "--kv-port", "0")
-	dec, decModel := startSimEngine(t, "--role", "decode")
-	_, pd := startTestProxy(t, proxy.Config{Prefill: []string{pre}, Decode: []string{dec}})
-	waitHealthy(t, pd)
+	for _, transport := range []string{"shm", "tcp"} {
+		t.Run("over "+transport, func(t *testing.T) {
+			dec, decModel := startSimEngine(t, "--role", "decode", "--kv-transport", transport)
+			_, pd := startTestProxy(t, proxy.Config{Prefill: []string{pre}, Decode: []string{dec}})
+			waitHealthy(t, pd)
+			simulatedMatrix(t, solo, pd, dec, decModel)
+		})
+	}
+	if s := preModel.Stats(); s.BadForwards != 0 || s.Requests == 0 {
+		t.Errorf("prefill stats %+v", s)
+	}
+}
+
+// simulatedMatrix runs the equivalence matrix through pd against solo.
+func simulatedMatrix(t *testing.T, solo, pd, dec string, decModel *sim.Model) {
 
 	shared := idPrompt(99, 40, nil)
 	type prompt struct {
@@ -247,9 +260,6 @@ func TestSimulatedPDMatchesColocated(t *testing.T) {
 	}
 	if pulls < len(prompts) {
 		t.Errorf("only %d requests pulled KV; the matrix should pull for most", pulls)
-	}
-	if s := preModel.Stats(); s.BadForwards != 0 || s.Requests == 0 {
-		t.Errorf("prefill stats %+v", s)
 	}
 }
 
@@ -355,4 +365,61 @@ func TestSimulateFlags(t *testing.T) {
 	if got := joinSimulateArg([]string{"--simulate", "a.json", "--", "--simulate", "b.json"}); !slices.Equal(got, []string{"--simulate=a.json", "--", "--simulate", "b.json"}) {
 		t.Errorf("joinSimulateArg: %q", got)
 	}
+}
+
+// TestSimulateServesFromAProfileFile starts an engine from a profile file
+// (as `tandem profile` writes one) and checks that a request takes the time
+// that profile gives: the engine sleeps for its step times, never less.
+func TestSimulateServesFromAProfileFile(t *testing.T) {
+	prof := sim.DefaultProfile()
+	b, err := prof.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "profile.json")
+	if err := os.WriteFile(file, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	simModelOnce.Do(func() {
+		simModelDir, simModelErr = defaultmodel.Install(filepath.Join(os.TempDir(), "tandem-sim-test-model"))
+	})
+	if simModelErr != nil {
+		t.Fatal(simModelErr)
+	}
+	cfg, err := parseServeFlags([]string{"--model", simModelDir, "--served-model-name", "hf", "--simulate=" + file,
+		"--port", "0", "--num-blocks", "256", "--log-level", "error", "--shutdown-timeout", "5s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan string, 1), make(chan error, 1)
+	go func() { done <- serve(ctx, cfg, ready) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("engine: %v", err)
+		}
+	})
+	var url string
+	select {
+	case addr := <-ready:
+		url = "http://" + addr
+	case err := <-done:
+		t.Fatalf("engine did not start: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("engine did not start within a minute")
+	}
+	const n = 256
+	ids, _ := json.Marshal(idPrompt(3, n, nil))
+	begin := time.Now()
+	got := ask(t, url, "/v1/completions", fmt.Sprintf(`{"model":"hf","prompt":%s,"max_tokens":1,"temperature":0}`, ids))
+	took := time.Since(begin)
+	if got.status != http.StatusOK || got.text == "" {
+		t.Fatalf("answer %d %q %s", got.status, got.text, got.body)
+	}
+	want := time.Duration(prof.PrefillSeconds(n) * float64(time.Second))
+	if took < want*9/10 {
+		t.Errorf("a %d-token prefill took %v, the profile says %v: the engine did not sleep for its step time", n, took, want)
+	}
+	t.Logf("%d-token prefill: %v (profile %v)", n, took, want)
 }
