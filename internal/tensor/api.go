@@ -52,13 +52,18 @@ const (
 	// fifth bit from bit 2c of qh[l], weight 64c+32+l (sub-block 2c+1)
 	// from bit 2c+1.
 	Q5_K
+	// Q5_0 (ggml block_q5_0): 32 weights in 22 bytes: f16 d, a 32-bit qh,
+	// 16 bytes qs; weight i < 16 is (qs[i]&15 | (qh>>i&1)<<4 − 16)·d,
+	// weight 16+i is (qs[i]>>4 | (qh>>(16+i)&1)<<4 − 16)·d. llama.cpp
+	// quantizes to it the Q4_K tensors whose rows are no multiple of 256.
+	Q5_0
 )
 
 // dtypeNames are the short names String returns and ParseDType accepts.
-var dtypeNames = [...]string{F32: "f32", BF16: "bf16", F16: "f16", Q8_0: "q8_0", Q4_0: "q4_0", Q4_K: "q4_k", Q6_K: "q6_k", Q5_K: "q5_k"}
+var dtypeNames = [...]string{F32: "f32", BF16: "bf16", F16: "f16", Q8_0: "q8_0", Q4_0: "q4_0", Q4_K: "q4_k", Q6_K: "q6_k", Q5_K: "q5_k", Q5_0: "q5_0"}
 
 // String returns the dtype's short name ("f32", "bf16", "f16", "q8_0",
-// "q4_0", "q4_k", "q6_k", "q5_k"), or "unknown".
+// "q4_0", "q4_k", "q6_k", "q5_k", "q5_0"), or "unknown".
 func (d DType) String() string {
 	if int(d) < len(dtypeNames) {
 		return dtypeNames[d]
@@ -78,12 +83,13 @@ func ParseDType(s string) (DType, error) {
 
 // Quantized reports whether d is a block-quantized dtype (its matrices use
 // Mat.Q).
-func (d DType) Quantized() bool { return d >= Q8_0 && d <= Q5_K }
+func (d DType) Quantized() bool { return d >= Q8_0 && d <= Q5_0 }
 
 // BlockSize returns how many weights one block of d holds and how many
 // bytes it takes: (1, 4) for F32, (1, 2) for BF16 and F16, (32, 34) for
 // Q8_0, (32, 18) for Q4_0, (256, 144) for Q4_K, (256, 210) for Q6_K,
-// (256, 176) for Q5_K, and (0, 0) for an unknown dtype. A quantized
+// (256, 176) for Q5_K, (32, 22) for Q5_0, and (0, 0) for an unknown
+// dtype. A quantized
 // matrix's Cols must be a multiple of elems.
 func (d DType) BlockSize() (elems, bytes int) {
 	switch d {
@@ -101,6 +107,8 @@ func (d DType) BlockSize() (elems, bytes int) {
 		return 256, 210
 	case Q5_K:
 		return 256, 176
+	case Q5_0:
+		return 32, 22
 	}
 	return 0, 0
 }

@@ -3,6 +3,7 @@ package tensor
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 )
 
@@ -32,10 +33,18 @@ func BenchmarkMatMul(b *testing.B) {
 							w, _ := randMat(rng, dt, s.n, s.k)
 							x := randVec(rng, m*s.k)
 							out := make([]float32, m*s.n)
+							if threads == 1 {
+								runtime.LockOSThread()
+								defer runtime.UnlockOSThread()
+							}
+							cpu0, cpuOK := threadCPU()
 							for b.Loop() {
 								pool.MatMul(out, x, m, w)
 							}
 							b.ReportMetric(2*float64(m*s.n*s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+							if cpu1, ok := threadCPU(); threads == 1 && cpuOK && ok && cpu1 > cpu0 {
+								b.ReportMetric(2*float64(m*s.n*s.k)*float64(b.N)/(cpu1-cpu0).Seconds()/1e9, "cpuGFLOP/s")
+							}
 						})
 					}
 				}
@@ -69,10 +78,18 @@ func BenchmarkMatMulColdBF16(b *testing.B) {
 				forBenchISAs(b, fmt.Sprintf("%dx%d/M=%d/T=%d", s.n, s.k, m, threads), func(b *testing.B) {
 					pool := NewPool(threads)
 					defer pool.Close()
+					if threads == 1 {
+						runtime.LockOSThread()
+						defer runtime.UnlockOSThread()
+					}
+					cpu0, cpuOK := threadCPU()
 					i := 0
 					for b.Loop() {
 						pool.MatMul(out, x, m, ws[i%mats])
 						i++
+					}
+					if cpu1, ok := threadCPU(); threads == 1 && cpuOK && ok && cpu1 > cpu0 {
+						b.ReportMetric(float64(s.n*s.k*2)*float64(b.N)/(cpu1-cpu0).Seconds()/1e9, "cpuGB/s")
 					}
 					b.ReportMetric(float64(s.n*s.k*2)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 					b.ReportMetric(2*float64(m*s.n*s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
@@ -195,12 +212,20 @@ func BenchmarkQuantMatMul(b *testing.B) {
 					forBenchISAs(b, fmt.Sprintf("%s/%s/%dx%d/M=%d/T=%d", d, s.model, s.n, s.k, m, threads), func(b *testing.B) {
 						pool := NewPool(threads)
 						defer pool.Close()
+						if threads == 1 {
+							runtime.LockOSThread()
+							defer runtime.UnlockOSThread()
+						}
+						cpu0, cpuOK := threadCPU()
 						for b.Loop() {
 							pool.MatMul(out, x, m, w)
 						}
 						sec := b.Elapsed().Seconds() / float64(b.N)
 						b.ReportMetric(2*float64(m*s.n*s.k)/sec/1e9, "GFLOP/s")
 						b.ReportMetric(float64(len(w.Q))/sec/1e9, "GB/s")
+						if cpu1, ok := threadCPU(); threads == 1 && cpuOK && ok && cpu1 > cpu0 {
+							b.ReportMetric(2*float64(m*s.n*s.k)*float64(b.N)/(cpu1-cpu0).Seconds()/1e9, "cpuGFLOP/s")
+						}
 					})
 				}
 			}
@@ -229,6 +254,11 @@ func BenchmarkQuantMatMulCold(b *testing.B) {
 					forBenchISAs(b, fmt.Sprintf("%s/%dx%d/M=%d/T=%d", d, s.n, s.k, m, threads), func(b *testing.B) {
 						pool := NewPool(threads)
 						defer pool.Close()
+						if threads == 1 {
+							runtime.LockOSThread()
+							defer runtime.UnlockOSThread()
+						}
+						cpu0, cpuOK := threadCPU()
 						i := 0
 						for b.Loop() {
 							pool.MatMul(out, x, m, ws[i%mats])
@@ -237,6 +267,11 @@ func BenchmarkQuantMatMulCold(b *testing.B) {
 						sec := b.Elapsed().Seconds() / float64(b.N)
 						b.ReportMetric(float64(s.n*rb)/sec/1e9, "GB/s")
 						b.ReportMetric(2*float64(m*s.n*s.k)/sec/1e9, "GFLOP/s")
+						if cpu1, ok := threadCPU(); threads == 1 && cpuOK && ok && cpu1 > cpu0 {
+							// Per CPU second of this thread: what the
+							// kernel does when it is not descheduled.
+							b.ReportMetric(float64(s.n*rb)*float64(b.N)/(cpu1-cpu0).Seconds()/1e9, "cpuGB/s")
+						}
 					})
 				}
 			}
@@ -260,5 +295,55 @@ func BenchmarkQuantizeActs(b *testing.B) {
 				b.ReportMetric(float64(s.m*s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
 			})
 		}
+	}
+}
+
+// BenchmarkStreamRead is the reference for the cold benchmarks: the bytes
+// per second a plain vector scan (ArgMax) reads from DRAM over ~320 MiB,
+// on 1 and 2 threads: the read limit the decode kernels are measured
+// against.
+func BenchmarkStreamRead(b *testing.B) {
+	const chunk = 8 << 20 // floats per call: 32 MiB
+	big := randVec(rand.New(rand.NewPCG(5, 5)), 10*chunk)
+	for _, threads := range []int{1, 2} {
+		b.Run(fmt.Sprintf("T=%d", threads), func(b *testing.B) {
+			pool := NewPool(threads)
+			defer pool.Close()
+			if threads == 1 {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+			}
+			cpu0, cpuOK := threadCPU()
+			i := 0
+			for b.Loop() {
+				part := big[(i%10)*chunk : (i%10+1)*chunk]
+				pool.Parallel(threads, func(lo, hi int) {
+					n := len(part) / threads
+					ArgMax(part[lo*n : hi*n])
+				})
+				i++
+			}
+			b.ReportMetric(float64(4*chunk)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			if cpu1, ok := threadCPU(); threads == 1 && cpuOK && ok && cpu1 > cpu0 {
+				b.ReportMetric(float64(4*chunk)*float64(b.N)/(cpu1-cpu0).Seconds()/1e9, "cpuGB/s")
+			}
+		})
+	}
+}
+
+// BenchmarkQuantizeRows reports weights quantized per second by the
+// reference quantizers on one goroutine (QuantizeRows is safe to call
+// from several at once, on disjoint rows).
+func BenchmarkQuantizeRows(b *testing.B) {
+	x := randVec(rand.New(rand.NewPCG(6, 6)), 16*2048)
+	for _, d := range []DType{Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K} {
+		b.Run(d.String(), func(b *testing.B) {
+			for b.Loop() {
+				if _, err := QuantizeRows(d, x, 16, 2048); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(x))*float64(b.N)/b.Elapsed().Seconds()/1e6, "Mweights/s")
+		})
 	}
 }

@@ -14,10 +14,10 @@
 // per activation; BF16Activations reports whether it is in use. The best variant the CPU
 // supports is picked at start-up; ISA reports it and SetISA overrides it.
 //
-// Quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K: ggml's block layouts,
+// Quantized weights (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K: ggml's block layouts,
 // so GGUF tensor data is used as it is) stay quantized in memory. MatMul
 // quantizes the activations per block as llama.cpp does (q8_0 per 32 for
-// Q8_0 and Q4_0, q8_K per 256 for the K-quants), takes exact integer dot
+// Q8_0, Q4_0 and Q5_0, q8_K per 256 for the K-quants), takes exact integer dot
 // products per block (VPDPBUSD on AVX512-VNNI, VPMADDUBSW and VPMADDWD on
 // AVX2) and accumulates the block scales in f32 in one fixed order; see
 // qmatmul.go for the definition every kernel follows.

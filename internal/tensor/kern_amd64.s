@@ -6021,6 +6021,146 @@ done:
 	VZEROUPPER
 	RET
 
+// func qpackQ5_0AVX512(w *byte, ldw int, nb int, dst *byte)
+// Requires: AVX, AVX512F, MMX+
+TEXT ·qpackQ5_0AVX512(SB), NOSPLIT, $0-32
+	MOVQ         w+0(FP), AX
+	MOVQ         ldw+8(FP), CX
+	MOVQ         nb+16(FP), DX
+	MOVQ         dst+24(FP), BX
+	LEAQ         (CX)(CX*2), SI
+	LEAQ         (AX)(CX*4), DI
+	LEAQ         (DI)(CX*4), R8
+	LEAQ         (R8)(CX*4), R9
+	VPBROADCASTD CX, Z0
+	VPMULLD      iota16<>+0(SB), Z0, Z0
+	MOVL         $0x0f0f0f0f, R10
+	VPBROADCASTD R10, Z3
+	TESTQ        DX, DX
+	JE           done
+
+block:
+	PREFETCHT0      1024(AX)
+	PREFETCHT0      1024(AX)(CX*1)
+	PREFETCHT0      1024(AX)(CX*2)
+	PREFETCHT0      1024(AX)(SI*1)
+	PREFETCHT0      1024(DI)
+	PREFETCHT0      1024(DI)(CX*1)
+	PREFETCHT0      1024(DI)(CX*2)
+	PREFETCHT0      1024(DI)(SI*1)
+	PREFETCHT0      1024(R8)
+	PREFETCHT0      1024(R8)(CX*1)
+	PREFETCHT0      1024(R8)(CX*2)
+	PREFETCHT0      1024(R8)(SI*1)
+	PREFETCHT0      1024(R9)
+	PREFETCHT0      1024(R9)(CX*1)
+	PREFETCHT0      1024(R9)(CX*2)
+	PREFETCHT0      1024(R9)(SI*1)
+	KXNORW          K1, K1, K1
+	VPGATHERDD      2(AX)(Z0*1), K1, Z1
+	VBROADCASTI32X4 6(AX), Z4
+	VINSERTI32X4    $0x01, 6(DI), Z4, Z4
+	VINSERTI32X4    $0x02, 6(R8), Z4, Z4
+	VINSERTI32X4    $0x03, 6(R9), Z4, Z4
+	VBROADCASTI32X4 6(AX)(CX*1), Z5
+	VINSERTI32X4    $0x01, 6(DI)(CX*1), Z5, Z5
+	VINSERTI32X4    $0x02, 6(R8)(CX*1), Z5, Z5
+	VINSERTI32X4    $0x03, 6(R9)(CX*1), Z5, Z5
+	VBROADCASTI32X4 6(AX)(CX*2), Z6
+	VINSERTI32X4    $0x01, 6(DI)(CX*2), Z6, Z6
+	VINSERTI32X4    $0x02, 6(R8)(CX*2), Z6, Z6
+	VINSERTI32X4    $0x03, 6(R9)(CX*2), Z6, Z6
+	VBROADCASTI32X4 6(AX)(SI*1), Z7
+	VINSERTI32X4    $0x01, 6(DI)(SI*1), Z7, Z7
+	VINSERTI32X4    $0x02, 6(R8)(SI*1), Z7, Z7
+	VINSERTI32X4    $0x03, 6(R9)(SI*1), Z7, Z7
+	VPUNPCKLDQ      Z5, Z4, Z8
+	VPUNPCKHDQ      Z5, Z4, Z4
+	VPUNPCKLDQ      Z7, Z6, Z5
+	VPUNPCKHDQ      Z7, Z6, Z6
+	VPUNPCKLQDQ     Z5, Z8, Z7
+	VPUNPCKHQDQ     Z5, Z8, Z5
+	VPUNPCKLQDQ     Z6, Z4, Z8
+	VPUNPCKHQDQ     Z6, Z4, Z4
+	VPSRLD          $0x04, Z7, Z6
+	VPANDD          Z3, Z7, Z7
+	VPANDD          Z3, Z6, Z6
+	VMOVDQA64       Z1, Z9
+	VPERMD          q5spread<>+0(SB), Z9, Z9
+	VPORD           Z9, Z7, Z7
+	VPSRLD          $0x10, Z1, Z9
+	VPERMD          q5spread<>+0(SB), Z9, Z9
+	VPORD           Z9, Z6, Z6
+	VMOVDQU64       Z7, (BX)
+	VMOVDQU64       Z6, 256(BX)
+	VPSRLD          $0x04, Z5, Z6
+	VPANDD          Z3, Z5, Z5
+	VPANDD          Z3, Z6, Z6
+	VPSRLD          $0x04, Z1, Z7
+	VPERMD          q5spread<>+0(SB), Z7, Z7
+	VPORD           Z7, Z5, Z5
+	VPSRLD          $0x14, Z1, Z7
+	VPERMD          q5spread<>+0(SB), Z7, Z7
+	VPORD           Z7, Z6, Z6
+	VMOVDQU64       Z5, 64(BX)
+	VMOVDQU64       Z6, 320(BX)
+	VPSRLD          $0x04, Z8, Z5
+	VPANDD          Z3, Z8, Z8
+	VPANDD          Z3, Z5, Z5
+	VPSRLD          $0x08, Z1, Z6
+	VPERMD          q5spread<>+0(SB), Z6, Z6
+	VPORD           Z6, Z8, Z8
+	VPSRLD          $0x18, Z1, Z6
+	VPERMD          q5spread<>+0(SB), Z6, Z6
+	VPORD           Z6, Z5, Z5
+	VMOVDQU64       Z8, 128(BX)
+	VMOVDQU64       Z5, 384(BX)
+	VPSRLD          $0x04, Z4, Z5
+	VPANDD          Z3, Z4, Z4
+	VPANDD          Z3, Z5, Z5
+	VPSRLD          $0x0c, Z1, Z6
+	VPERMD          q5spread<>+0(SB), Z6, Z6
+	VPORD           Z6, Z4, Z4
+	VPSRLD          $0x1c, Z1, Z6
+	VPERMD          q5spread<>+0(SB), Z6, Z6
+	VPORD           Z6, Z5, Z5
+	VMOVDQU64       Z4, 192(BX)
+	VMOVDQU64       Z5, 448(BX)
+	KXNORW          K2, K2, K2
+	VPGATHERDD      (AX)(Z0*1), K2, Z2
+	VPMOVDW         Z2, Y4
+	VCVTPH2PS       Y4, Z4
+	VMOVUPS         Z4, 512(BX)
+	ADDQ            $0x00000016, AX
+	ADDQ            $0x00000016, DI
+	ADDQ            $0x00000016, R8
+	ADDQ            $0x00000016, R9
+	ADDQ            $0x00000240, BX
+	DECQ            DX
+	JNE             block
+
+done:
+	VZEROUPPER
+	RET
+
+DATA q5spread<>+0(SB)/4, $0x00000000
+DATA q5spread<>+4(SB)/4, $0x00000010
+DATA q5spread<>+8(SB)/4, $0x00001000
+DATA q5spread<>+12(SB)/4, $0x00001010
+DATA q5spread<>+16(SB)/4, $0x00100000
+DATA q5spread<>+20(SB)/4, $0x00100010
+DATA q5spread<>+24(SB)/4, $0x00101000
+DATA q5spread<>+28(SB)/4, $0x00101010
+DATA q5spread<>+32(SB)/4, $0x10000000
+DATA q5spread<>+36(SB)/4, $0x10000010
+DATA q5spread<>+40(SB)/4, $0x10001000
+DATA q5spread<>+44(SB)/4, $0x10001010
+DATA q5spread<>+48(SB)/4, $0x10100000
+DATA q5spread<>+52(SB)/4, $0x10100010
+DATA q5spread<>+56(SB)/4, $0x10101000
+DATA q5spread<>+60(SB)/4, $0x10101010
+GLOBL q5spread<>(SB), RODATA|NOPTR, $64
+
 // func qdot32AVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 // Requires: AVX, AVX512F
 TEXT ·qdot32AVX512R1(SB), NOSPLIT, $0-56
@@ -20168,6 +20308,216 @@ block:
 	VMOVUPS        Y4, 256(BX)
 	ADDQ           $0x00000012, AX
 	ADDQ           $0x00000012, DI
+	ADDQ           $0x00000120, BX
+	DECQ           DX
+	JNE            block
+
+done:
+	VZEROUPPER
+	RET
+
+// func qpackQ5_0AVX2(w *byte, ldw int, nb int, dst *byte)
+// Requires: AVX, AVX2, F16C, MMX+
+TEXT ·qpackQ5_0AVX2(SB), NOSPLIT, $0-32
+	MOVQ         w+0(FP), AX
+	MOVQ         ldw+8(FP), CX
+	MOVQ         nb+16(FP), DX
+	MOVQ         dst+24(FP), BX
+	LEAQ         (CX)(CX*2), SI
+	LEAQ         (AX)(CX*4), DI
+	VMOVD        CX, X0
+	VPBROADCASTD X0, Y0
+	VPMULLD      iota16<>+0(SB), Y0, Y0
+	MOVL         $0xffffffff, R8
+	VMOVD        R8, X1
+	VPBROADCASTD X1, Y1
+	MOVL         $0x0000ffff, R8
+	VMOVD        R8, X2
+	VPBROADCASTD X2, Y2
+	MOVL         $0x0f0f0f0f, R8
+	VMOVD        R8, X3
+	VPBROADCASTD X3, Y3
+	TESTQ        DX, DX
+	JE           done
+
+block:
+	PREFETCHT0     1024(AX)
+	PREFETCHT0     1024(AX)(CX*1)
+	PREFETCHT0     1024(AX)(CX*2)
+	PREFETCHT0     1024(AX)(SI*1)
+	PREFETCHT0     1024(DI)
+	PREFETCHT0     1024(DI)(CX*1)
+	PREFETCHT0     1024(DI)(CX*2)
+	PREFETCHT0     1024(DI)(SI*1)
+	VMOVDQA        Y1, Y4
+	VXORPS         Y5, Y5, Y5
+	VPGATHERDD     Y4, 2(AX)(Y0*1), Y5
+	VBROADCASTI128 6(AX), Y4
+	VINSERTI128    $0x01, 6(DI), Y4, Y4
+	VBROADCASTI128 6(AX)(CX*1), Y6
+	VINSERTI128    $0x01, 6(DI)(CX*1), Y6, Y6
+	VBROADCASTI128 6(AX)(CX*2), Y7
+	VINSERTI128    $0x01, 6(DI)(CX*2), Y7, Y7
+	VBROADCASTI128 6(AX)(SI*1), Y8
+	VINSERTI128    $0x01, 6(DI)(SI*1), Y8, Y8
+	VPUNPCKLDQ     Y6, Y4, Y9
+	VPUNPCKHDQ     Y6, Y4, Y4
+	VPUNPCKLDQ     Y8, Y7, Y6
+	VPUNPCKHDQ     Y8, Y7, Y7
+	VPUNPCKLQDQ    Y6, Y9, Y8
+	VPUNPCKHQDQ    Y6, Y9, Y6
+	VPUNPCKLQDQ    Y7, Y4, Y9
+	VPUNPCKHQDQ    Y7, Y4, Y4
+	VPSRLD         $0x04, Y8, Y7
+	VPAND          Y3, Y8, Y8
+	VPAND          Y3, Y7, Y7
+	VPSRLD         $0x00, Y5, Y10
+	MOVL           $0x0000000f, R8
+	VMOVD          R8, X11
+	VPBROADCASTD   X11, Y11
+	VPAND          Y11, Y10, Y10
+	MOVL           $0x00204081, R8
+	VMOVD          R8, X11
+	VPBROADCASTD   X11, Y11
+	VPMULLD        Y11, Y10, Y10
+	MOVL           $0x01010101, R8
+	VMOVD          R8, X11
+	VPBROADCASTD   X11, Y11
+	VPAND          Y11, Y10, Y10
+	VPSLLD         $0x04, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPSRLD         $0x10, Y5, Y10
+	MOVL           $0x0000000f, R8
+	VMOVD          R8, X11
+	VPBROADCASTD   X11, Y11
+	VPAND          Y11, Y10, Y10
+	MOVL           $0x00204081, R8
+	VMOVD          R8, X11
+	VPBROADCASTD   X11, Y11
+	VPMULLD        Y11, Y10, Y10
+	MOVL           $0x01010101, R8
+	VMOVD          R8, X11
+	VPBROADCASTD   X11, Y11
+	VPAND          Y11, Y10, Y10
+	VPSLLD         $0x04, Y10, Y10
+	VPOR           Y10, Y7, Y7
+	VMOVDQU        Y8, (BX)
+	VMOVDQU        Y7, 128(BX)
+	VPSRLD         $0x04, Y6, Y7
+	VPAND          Y3, Y6, Y6
+	VPAND          Y3, Y7, Y7
+	VPSRLD         $0x04, Y5, Y8
+	MOVL           $0x0000000f, R8
+	VMOVD          R8, X10
+	VPBROADCASTD   X10, Y10
+	VPAND          Y10, Y8, Y8
+	MOVL           $0x00204081, R8
+	VMOVD          R8, X10
+	VPBROADCASTD   X10, Y10
+	VPMULLD        Y10, Y8, Y8
+	MOVL           $0x01010101, R8
+	VMOVD          R8, X10
+	VPBROADCASTD   X10, Y10
+	VPAND          Y10, Y8, Y8
+	VPSLLD         $0x04, Y8, Y8
+	VPOR           Y8, Y6, Y6
+	VPSRLD         $0x14, Y5, Y8
+	MOVL           $0x0000000f, R8
+	VMOVD          R8, X10
+	VPBROADCASTD   X10, Y10
+	VPAND          Y10, Y8, Y8
+	MOVL           $0x00204081, R8
+	VMOVD          R8, X10
+	VPBROADCASTD   X10, Y10
+	VPMULLD        Y10, Y8, Y8
+	MOVL           $0x01010101, R8
+	VMOVD          R8, X10
+	VPBROADCASTD   X10, Y10
+	VPAND          Y10, Y8, Y8
+	VPSLLD         $0x04, Y8, Y8
+	VPOR           Y8, Y7, Y7
+	VMOVDQU        Y6, 32(BX)
+	VMOVDQU        Y7, 160(BX)
+	VPSRLD         $0x04, Y9, Y6
+	VPAND          Y3, Y9, Y9
+	VPAND          Y3, Y6, Y6
+	VPSRLD         $0x08, Y5, Y7
+	MOVL           $0x0000000f, R8
+	VMOVD          R8, X8
+	VPBROADCASTD   X8, Y8
+	VPAND          Y8, Y7, Y7
+	MOVL           $0x00204081, R8
+	VMOVD          R8, X8
+	VPBROADCASTD   X8, Y8
+	VPMULLD        Y8, Y7, Y7
+	MOVL           $0x01010101, R8
+	VMOVD          R8, X8
+	VPBROADCASTD   X8, Y8
+	VPAND          Y8, Y7, Y7
+	VPSLLD         $0x04, Y7, Y7
+	VPOR           Y7, Y9, Y9
+	VPSRLD         $0x18, Y5, Y7
+	MOVL           $0x0000000f, R8
+	VMOVD          R8, X8
+	VPBROADCASTD   X8, Y8
+	VPAND          Y8, Y7, Y7
+	MOVL           $0x00204081, R8
+	VMOVD          R8, X8
+	VPBROADCASTD   X8, Y8
+	VPMULLD        Y8, Y7, Y7
+	MOVL           $0x01010101, R8
+	VMOVD          R8, X8
+	VPBROADCASTD   X8, Y8
+	VPAND          Y8, Y7, Y7
+	VPSLLD         $0x04, Y7, Y7
+	VPOR           Y7, Y6, Y6
+	VMOVDQU        Y9, 64(BX)
+	VMOVDQU        Y6, 192(BX)
+	VPSRLD         $0x04, Y4, Y6
+	VPAND          Y3, Y4, Y4
+	VPAND          Y3, Y6, Y6
+	VPSRLD         $0x0c, Y5, Y7
+	MOVL           $0x0000000f, R8
+	VMOVD          R8, X8
+	VPBROADCASTD   X8, Y8
+	VPAND          Y8, Y7, Y7
+	MOVL           $0x00204081, R8
+	VMOVD          R8, X8
+	VPBROADCASTD   X8, Y8
+	VPMULLD        Y8, Y7, Y7
+	MOVL           $0x01010101, R8
+	VMOVD          R8, X8
+	VPBROADCASTD   X8, Y8
+	VPAND          Y8, Y7, Y7
+	VPSLLD         $0x04, Y7, Y7
+	VPOR           Y7, Y4, Y4
+	VPSRLD         $0x1c, Y5, Y5
+	MOVL           $0x0000000f, R8
+	VMOVD          R8, X7
+	VPBROADCASTD   X7, Y7
+	VPAND          Y7, Y5, Y5
+	MOVL           $0x00204081, R8
+	VMOVD          R8, X7
+	VPBROADCASTD   X7, Y7
+	VPMULLD        Y7, Y5, Y5
+	MOVL           $0x01010101, R8
+	VMOVD          R8, X7
+	VPBROADCASTD   X7, Y7
+	VPAND          Y7, Y5, Y5
+	VPSLLD         $0x04, Y5, Y5
+	VPOR           Y5, Y6, Y6
+	VMOVDQU        Y4, 96(BX)
+	VMOVDQU        Y6, 224(BX)
+	VMOVDQA        Y1, Y4
+	VXORPS         Y5, Y5, Y5
+	VPGATHERDD     Y4, (AX)(Y0*1), Y5
+	VPAND          Y2, Y5, Y5
+	VPACKUSDW      Y5, Y5, Y4
+	VPERMQ         $0x08, Y4, Y4
+	VCVTPH2PS      X4, Y4
+	VMOVUPS        Y4, 256(BX)
+	ADDQ           $0x00000016, AX
+	ADDQ           $0x00000016, DI
 	ADDQ           $0x00000120, BX
 	DECQ           DX
 	JNE            block

@@ -100,6 +100,9 @@ func qpackQ8_0AVX512(w *byte, ldw int, nb int, dst *byte)
 // qpackQ4_0AVX512 packs nb Q4_0 blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).
 func qpackQ4_0AVX512(w *byte, ldw int, nb int, dst *byte)
 
+// qpackQ5_0AVX512 packs nb Q5_0 blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).
+func qpackQ5_0AVX512(w *byte, ldw int, nb int, dst *byte)
+
 // qdot32AVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb blocks of a Q8_0/Q4_0 panel (see asmgen).
 func qdot32AVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
@@ -240,6 +243,9 @@ func qpackQ8_0AVX2(w *byte, ldw int, nb int, dst *byte)
 
 // qpackQ4_0AVX2 packs nb Q4_0 blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).
 func qpackQ4_0AVX2(w *byte, ldw int, nb int, dst *byte)
+
+// qpackQ5_0AVX2 packs nb Q5_0 blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).
+func qpackQ5_0AVX2(w *byte, ldw int, nb int, dst *byte)
 
 // qdotQ8_0AVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb blocks of a panel (see asmgen).
 func qdotQ8_0AVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)

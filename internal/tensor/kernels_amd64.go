@@ -34,10 +34,8 @@ func archKernelSets() []*kernelSet {
 	if x.HasAVX512VNNI {
 		avx512Set.qmm = qmmAVX512
 	}
-	if x.HasAVX512VBMI || x.HasAVX512BW {
-		avx512Set.qactQ8_0 = qactQ8_0AVX512
-		avx512Set.qactQ8K = qactQ8KAVX512
-	}
+	avx512Set.qactQ8_0 = qactQ8_0AVX512
+	avx512Set.qactQ8K = qactQ8KAVX512
 	// avx512bf16 is avx512 with bf16 activations for bf16 weights
 	// (VDPBF16PS: twice the arithmetic per instruction, no widening).
 	bf16 := *avx512Set

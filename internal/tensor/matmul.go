@@ -113,7 +113,7 @@ func checkMatMul(out, x []float32, m int, w *Mat) {
 		have = len(w.F32)
 	case BF16, F16:
 		have = len(w.U16)
-	case Q8_0, Q4_0, Q4_K, Q6_K, Q5_K:
+	case Q8_0, Q4_0, Q4_K, Q6_K, Q5_K, Q5_0:
 		checkQuant(w)
 		return
 	default:

@@ -8,19 +8,20 @@ import (
 
 // The matrix product with quantized weights. The activations are quantized
 // first, the way llama.cpp does for each weight type: per 32-block to q8_0
-// (f16 scale d = max|x|/127, q = round(x/d)) for Q8_0 and Q4_0 weights, per
-// 256-block to q8_K (f32 scale, q = nearest(127·x/m) for the value m of
-// largest magnitude, and sums of q per 16) for the K-quants.
+// (f16 scale d = max|x|/127, q = round(x/d)) for Q8_0, Q4_0 and Q5_0
+// weights, per 256-block to q8_K (f32 scale, q = nearest(127·x/m) for the
+// value m of largest magnitude, and sums of q per 16) for the K-quants.
 //
 // Every output element is then defined as one fixed sequence of operations,
 // the same on every ISA and whatever the batch (so results are batch
 // invariant and even ISA independent): over the weight row's blocks b in
 // order, with acc = +0 to start,
 //
-//   - Q8_0, Q4_0: acc = fma(float32(I_b), dw_b·dx_b, acc), where I_b is the
-//     exact integer dot product of the block's levels (Q4_0: q−8) and the
-//     activation's int8 values, dw_b the weight's scale and dx_b the
-//     activation's (both f16 widened), their product rounded to f32;
+//   - Q8_0, Q4_0, Q5_0: acc = fma(float32(I_b), dw_b·dx_b, acc), where I_b
+//     is the exact integer dot product of the block's levels (Q4_0: q−8,
+//     Q5_0: q−16) and the activation's int8 values, dw_b the weight's
+//     scale and dx_b the activation's (both f16 widened), their product
+//     rounded to f32;
 //   - Q4_K, Q5_K: acc = fma(float32(I_b), d_b·dy_b, acc), then acc =
 //     fma(−float32(M_b), dmin_b·dy_b, acc), where I_b = Σ_j scale_j·Σ q·x
 //     over the 8 sub-blocks j (exact) and M_b = Σ_j min_j·Σ x (exact);
@@ -38,19 +39,20 @@ type qAct struct {
 	// xq holds the m×k int8 levels, row after row.
 	xq []int8
 	// meta holds per-block records, row after row: for the 32-blocks of
-	// Q8_0 and Q4_0 weights two words per block, the f32 scale dx (f16
-	// widened) and the int32 correction the VNNI kernels add for their
-	// unsigned weight levels (−128·Σq for Q8_0, −8·Σq for Q4_0); for
-	// the K-quants 16 words (64 bytes) per 256-block: word 0 the f32
-	// scale, words 4..7 the 8 int16 sums of q per 32, words 8..15 the 16
-	// int16 sums of q per 16 (little-endian pairs).
+	// Q8_0, Q4_0 and Q5_0 weights two words per block, the f32 scale dx
+	// (f16 widened) and the int32 correction the VNNI kernels add for
+	// their unsigned weight levels (−128·Σq for Q8_0, −8·Σq for Q4_0,
+	// −16·Σq for Q5_0); for the K-quants 16 words (64 bytes) per
+	// 256-block: word 0 the f32 scale, words 4..7 the 8 int16 sums of q
+	// per 32, words 8..15 the 16 int16 sums of q per 16 (little-endian
+	// pairs), the other words zero.
 	meta []uint32
 }
 
 // metaWords returns the number of meta words per block of activations for
 // weights of dtype d, and the block's element count.
 func metaWords(d DType) (words, elems int) {
-	if d == Q8_0 || d == Q4_0 {
+	if d == Q8_0 || d == Q4_0 || d == Q5_0 {
 		return 2, 32
 	}
 	return 16, qk
@@ -81,10 +83,7 @@ func (p *Pool) quantizeActs(a *qAct, dt DType, x []float32, m, k int) {
 			case nb == 0:
 				continue
 			case elems == 32 && ks.qactQ8_0 != nil:
-				corr := -128
-				if dt == Q4_0 {
-					corr = -8
-				}
+				corr := qCorrection(dt)
 				ks.qactQ8_0(&xs[0], nb, &q[0], &meta[0], corr)
 				continue
 			case elems == qk && ks.qactQ8K != nil:
@@ -124,11 +123,20 @@ func quantizeActQ8_0(dt DType, x []float32, q []int8, meta []uint32) {
 		sum += int32(q[i])
 	}
 	meta[0] = math.Float32bits(F16ToF32(F32ToF16(d)))
-	if dt == Q8_0 {
-		meta[1] = uint32(-128 * sum)
-	} else {
-		meta[1] = uint32(-8 * sum)
+	meta[1] = uint32(int32(qCorrection(dt)) * sum)
+}
+
+// qCorrection is the factor of Σq in the correction of the 32-block
+// activations for weights of dtype dt: minus the offset of the VNNI
+// kernels' unsigned levels.
+func qCorrection(dt DType) int {
+	switch dt {
+	case Q4_0:
+		return -8
+	case Q5_0:
+		return -16
 	}
+	return -128
 }
 
 // quantizeActQ8K is ggml's quantize_row_q8_K_ref for one block.
@@ -239,6 +247,12 @@ func qdotGo(a *qAct, i int, wr []byte) float32 {
 			for t := range 16 {
 				s += (int32(blk[2+t]&15) - 8) * int32(x[t])
 				s += (int32(blk[2+t]>>4) - 8) * int32(x[16+t])
+			}
+			acc = fma32(float32(s), f16(blk, 0)*dx, acc)
+		case Q5_0:
+			var s int32
+			for t, v := range x {
+				s += (q5_0Value(blk, t) - 16) * int32(v)
 			}
 			acc = fma32(float32(s), f16(blk, 0)*dx, acc)
 		case Q4_K, Q5_K:

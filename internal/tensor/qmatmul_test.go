@@ -30,9 +30,6 @@ func randQuantMat(t testing.TB, rng *rand.Rand, d DType, rows, cols int) *Mat {
 // 256): the int levels, and per block the scale.
 func refActs(d DType, x []float32) (q []int64, scales []float32) {
 	elems, _ := d.BlockSize()
-	if d == Q8_0 || d == Q4_0 {
-		elems = 32
-	}
 	for b := 0; b < len(x); b += elems {
 		blk := x[b : b+elems]
 		if elems == 32 {
@@ -126,13 +123,16 @@ func refQuantDot(w *Mat, xq []int64, xs []float32, j int) (def float32, f64, mag
 		blk := row[b*bytes : (b+1)*bytes]
 		h := func(off int) float32 { return F16ToF32(uint16(blk[off]) | uint16(blk[off+1])<<8) }
 		switch w.DType {
-		case Q8_0, Q4_0:
+		case Q8_0, Q4_0, Q5_0:
 			var s int64
 			for i := range 32 {
 				var lv int64
-				if w.DType == Q4_0 {
+				switch w.DType {
+				case Q4_0:
 					lv = int64(blk[2+i%16]>>(4*(i/16))&15) - 8
-				} else {
+				case Q5_0:
+					lv = int64(q5_0Value(blk, i)) - 16
+				default:
 					lv = int64(int8(blk[2+i]))
 				}
 				s += lv * xq[b*32+i]
@@ -191,7 +191,7 @@ func TestQuantMatMulMatchesReference(t *testing.T) {
 			for _, d := range quantTypes {
 				for _, s := range shapes {
 					k := s.k
-					if d == Q8_0 || d == Q4_0 {
+					if elems, _ := d.BlockSize(); elems == 32 {
 						k = s.k/8 + 32 // odd block counts too
 					}
 					t.Run(fmt.Sprintf("%s m=%d n=%d k=%d T=%d", d, s.m, s.n, k, threads), func(t *testing.T) {
@@ -378,7 +378,7 @@ func TestQuantizeActsMatchesGo(t *testing.T) {
 	forEachISA(t, func(t *testing.T) {
 		pool := NewPool(2)
 		defer pool.Close()
-		for _, d := range []DType{Q8_0, Q4_0, Q4_K} {
+		for _, d := range []DType{Q8_0, Q4_0, Q5_0, Q4_K} {
 			var a qAct
 			pool.quantizeActs(&a, d, x, m, k)
 			words, elems := metaWords(d)

@@ -25,7 +25,7 @@ const qk = 256
 //
 //   - Q8_0: d = max|x|/127, q = round(x/d) (half away from zero).
 //   - Q4_0: d = −m/8 where m is the value of largest magnitude, q =
-//     min(15, trunc(x/d + 8.5)).
+//     min(15, trunc(x/d + 8.5)); Q5_0 likewise with −m/16 and 16.5.
 //   - Q4_K, Q5_K: per sub-block of 32 a scale and min from ggml's
 //     make_qkx2_quants search (weights av|x| + |x|, 20 and 15 steps), both
 //     quantized to 6 bits against the largest, then the weights
@@ -59,6 +59,8 @@ func QuantizeRows(d DType, src []float32, rows, cols int) ([]byte, error) {
 				quantizeQ8_0(x, y)
 			case Q4_0:
 				quantizeQ4_0(x, y)
+			case Q5_0:
+				quantizeQ5_0(x, y)
 			case Q4_K:
 				quantizeQ4K(x, y, false)
 			case Q5_K:
@@ -73,7 +75,7 @@ func QuantizeRows(d DType, src []float32, rows, cols int) ([]byte, error) {
 
 // DequantizeRow expands the blocks in src to len(dst) f32 weights: the
 // exact reference meaning of each block (see the DType constants), in
-// float32 arithmetic: Q8_0 q·d, Q4_0 (q−8)·d, Q4_K and Q5_K (d·scale)·q −
+// float32 arithmetic: Q8_0 q·d, Q4_0 (q−8)·d, Q5_0 (q−16)·d, Q4_K and Q5_K (d·scale)·q −
 // dmin·min, Q6_K (d·scale)·(q−32). len(dst) must be a multiple of the
 // dtype's block and src must hold that many blocks; DequantizeRow panics
 // otherwise or if d is not quantized.
@@ -102,6 +104,11 @@ func DequantizeRow(d DType, src []byte, dst []float32) {
 			for i := range 16 {
 				y[i] = float32(int32(x[2+i]&15)-8) * s
 				y[16+i] = float32(int32(x[2+i]>>4)-8) * s
+			}
+		case Q5_0:
+			s := f16(x, 0)
+			for i := range 32 {
+				y[i] = float32(q5_0Value(x, i)-16) * s
 			}
 		case Q4_K, Q5_K:
 			dequantizeQ4K(d == Q5_K, x, y)
@@ -156,6 +163,40 @@ func quantizeQ8_0(x []float32, y []byte) {
 	for i, v := range x {
 		y[2+i] = byte(int8(math.Round(float64(v * id))))
 	}
+}
+
+func quantizeQ5_0(x []float32, y []byte) {
+	var amax, mx float32
+	for _, v := range x {
+		if amax < abs32(v) {
+			amax, mx = abs32(v), v
+		}
+	}
+	d := mx / -16
+	var id float32
+	if d != 0 {
+		id = 1 / d
+	}
+	putF16(y, 0, d)
+	var qh uint32
+	for i := range 16 {
+		q0 := min(31, uint8(int8(x[i]*id+16.5)))
+		q1 := min(31, uint8(int8(x[16+i]*id+16.5)))
+		y[6+i] = q0&15 | (q1&15)<<4
+		qh |= uint32(q0>>4) << i
+		qh |= uint32(q1>>4) << (16 + i)
+	}
+	binary.LittleEndian.PutUint32(y[2:], qh)
+}
+
+// q5_0Value returns the level (0..31) of weight i of a Q5_0 block.
+func q5_0Value(x []byte, i int) int32 {
+	qh := binary.LittleEndian.Uint32(x[2:])
+	b := x[6+i%16]
+	if i >= 16 {
+		b >>= 4
+	}
+	return int32(b&15) | int32(qh>>i&1)<<4
 }
 
 // max32 is C's MAX(a, b): (a > b) ? a : b.

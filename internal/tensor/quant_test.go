@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-var quantTypes = []DType{Q8_0, Q4_0, Q4_K, Q5_K, Q6_K}
+var quantTypes = []DType{Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K}
 
 func TestDTypeNamesAndBlockSizes(t *testing.T) {
 	want := []struct {
@@ -20,7 +20,7 @@ func TestDTypeNamesAndBlockSizes(t *testing.T) {
 	}{
 		{F32, "f32", 1, 4, false}, {BF16, "bf16", 1, 2, false}, {F16, "f16", 1, 2, false},
 		{Q8_0, "q8_0", 32, 34, true}, {Q4_0, "q4_0", 32, 18, true}, {Q4_K, "q4_k", 256, 144, true},
-		{Q6_K, "q6_k", 256, 210, true}, {Q5_K, "q5_k", 256, 176, true},
+		{Q6_K, "q6_k", 256, 210, true}, {Q5_K, "q5_k", 256, 176, true}, {Q5_0, "q5_0", 32, 22, true},
 	}
 	for _, w := range want {
 		e, b := w.d.BlockSize()
@@ -69,7 +69,7 @@ func randBlocks(rng *rand.Rand, d DType, n int) []byte {
 	for b := range n {
 		blk := buf[b*bytes : (b+1)*bytes]
 		switch d {
-		case Q8_0, Q4_0:
+		case Q8_0, Q4_0, Q5_0:
 			scale(0, blk)
 		case Q4_K, Q5_K:
 			scale(0, blk)
@@ -97,6 +97,13 @@ func blockValues64(d DType, blk []byte) (vals, mag []float64) {
 		for i := range 32 {
 			nib := blk[2+i%16] >> (4 * (i / 16)) & 15
 			v := (float64(nib) - 8) * h(0)
+			vals, mag = append(vals, v), append(mag, math.Abs(v))
+		}
+	case Q5_0:
+		qh := uint32(blk[2]) | uint32(blk[3])<<8 | uint32(blk[4])<<16 | uint32(blk[5])<<24
+		for i := range 32 {
+			nib := blk[6+i%16] >> (4 * (i / 16)) & 15
+			v := (float64(nib) + 16*float64(qh>>i&1) - 16) * h(0)
 			vals, mag = append(vals, v), append(mag, math.Abs(v))
 		}
 	case Q4_K, Q5_K:
@@ -227,9 +234,9 @@ func TestQuantizeRowsRoundTripError(t *testing.T) {
 	// Our own, tighter: Gaussian rows (σ varied per row), RMS error
 	// relative to each row's RMS; bounds about 1.2× what these quantizers
 	// reach (measured: q8_0 0.54%, q6_K 1.8%, q5_K 3.6%, q4_K 7.1%, q4_0
-	// 8.6%, in line with the step sizes: q8_0's max/127 per 32, q4_0's
+	// 8.6%, q5_0 4.3%, in line with the step sizes: q8_0's max/127 per 32, q4_0's
 	// max/8, the K-quants' range/15 or /31 per 32 and max/32 per 16).
-	relBound := map[DType]float64{Q8_0: 0.0065, Q6_K: 0.022, Q5_K: 0.044, Q4_K: 0.085, Q4_0: 0.104}
+	relBound := map[DType]float64{Q8_0: 0.0065, Q6_K: 0.022, Q5_K: 0.044, Q4_K: 0.085, Q4_0: 0.104, Q5_0: 0.052}
 	rng := rand.New(rand.NewPCG(5, 5))
 	const rows, cols = 64, 1024
 	gauss := make([]float32, rows*cols)

@@ -20,8 +20,16 @@ package main
 //     product of the two scales continue each lane's f32 chain.
 //
 // The integer sums never overflow int32, and every chain runs over the
-// blocks in order, one FMA per block, so the result is the definition's
-// whatever the number of activation rows per call.
+// blocks in order, one FMA per block (two for Q4_K/Q5_K), so the result is
+// the definition's whatever the number of activation rows per call. For a
+// single activation row (decode) fused kernels do both phases at once
+// without a panel, and the activations are quantized by qact8_0/qact8K,
+// bit-identical to the Go quantizers.
+//
+// Measured on the Emerald Rapids this was tuned on: VPDPBUSD zmm issues
+// once per cycle, VPMULLD costs two uops, 512-bit shuffles go to one port
+// and VPGATHERDD is slow, so the transposes (one port) bound the fused
+// kernels and two accumulators per chain help the dependent VPDPBUSDs.
 
 import (
 	"fmt"
@@ -176,6 +184,35 @@ func transpose16x4(r rows16, disp int) [4]VecVirtual {
 	return t
 }
 
+// gatherD returns the dword at disp of each of the 16 rows.
+func gatherD(r rows16, idx VecVirtual, disp int) VecVirtual {
+	k := K()
+	KXNORW(k, k, k)
+	g := ZMM()
+	VPGATHERDD(Mem{Base: r.bases[0], Index: idx, Scale: 1, Disp: disp}, k, g)
+	return g
+}
+
+// spreadTable emits (once) the table whose entry v (v < 16) has bit k of
+// v at bit 4 of byte k: the fifth bits of four Q5_0 levels.
+func spreadTable() Mem {
+	if spreadMem != nil {
+		return *spreadMem
+	}
+	t := GLOBL("q5spread", RODATA|NOPTR)
+	spreadMem = &t
+	for v := range 16 {
+		var e uint32
+		for k := range 4 {
+			e |= uint32(v>>k&1) << (8*k + 4)
+		}
+		DATA(4*v, U32(e))
+	}
+	return t
+}
+
+var spreadMem *Mem
+
 // gatherF16 returns the f16 at disp of each of the 16 rows widened to f32:
 // a dword gather (the two bytes after the f16 must be readable) whose low
 // halves are converted.
@@ -219,8 +256,9 @@ const (
 	pfDist = 1024
 )
 
-// pack32 emits the pack kernel of Q8_0 (levels + 128) or Q4_0 (the
-// nibbles): nb blocks of 16 rows ldw bytes apart into dst.
+// pack32 emits the pack kernel of Q8_0 (levels + 128), Q4_0 (the nibbles)
+// or Q5_0 (nibbles and fifth bits): nb blocks of 16 rows ldw bytes apart
+// into dst.
 func pack32(q quant32) {
 	name := "qpack" + q.name + "AVX512"
 	TEXT(name, NOSPLIT, "func(w *byte, ldw int, nb int, dst *byte)")
@@ -243,13 +281,34 @@ func pack32(q quant32) {
 	for l := range 16 {
 		PREFETCHT0(r.at(l, pfDist))
 	}
-	if q.bytes == 34 {
+	switch q.bytes {
+	case 34:
 		t := transpose16x8(r, 2)
 		for i, v := range t {
 			VPXORD(c, v, v)
 			VMOVDQU64(v, Mem{Base: dst, Disp: 64 * i})
 		}
-	} else {
+	case 22:
+		// Q5_0: nibbles at 6, the 32 fifth bits at 2.
+		qh := gatherD(r, idx, 2)
+		for i, v := range transpose16x4(r, 6) {
+			hi := ZMM()
+			VPSRLD(U8(4), v, hi)
+			VPANDD(c, v, v)
+			VPANDD(c, hi, hi)
+			for h, lv := range []VecVirtual{v, hi} {
+				b := shifted(qh, -(16*h + 4*i))
+				if b == qh {
+					b = ZMM()
+					VMOVDQA64(qh, b)
+				}
+				VPERMD(spreadTable(), b, b)
+				VPORD(b, lv, lv)
+			}
+			VMOVDQU64(v, Mem{Base: dst, Disp: 64 * i})
+			VMOVDQU64(hi, Mem{Base: dst, Disp: 64 * (4 + i)})
+		}
+	default:
 		t := transpose16x4(r, 2)
 		for i, v := range t {
 			hi := ZMM()
@@ -376,6 +435,7 @@ func dot32(rows int) {
 func quantKernels() {
 	pack32(quant32{"Q8_0", 34})
 	pack32(quant32{"Q4_0", 18})
+	pack32(quant32{"Q5_0", 22})
 	for r := 1; r <= maxDot32Rows; r++ {
 		dot32(r)
 	}

@@ -177,8 +177,8 @@ const (
 	p68Bytes      = p68D + 32
 )
 
-// pack32AVX2 emits the AVX2 pack kernel of Q8_0 (raw signed levels) or
-// Q4_0 (nibbles).
+// pack32AVX2 emits the AVX2 pack kernel of Q8_0 (raw signed levels), Q4_0
+// (nibbles) or Q5_0 (nibbles and fifth bits).
 func pack32AVX2(q quant32) {
 	name := "qpack" + q.name + "AVX2"
 	TEXT(name, NOSPLIT, "func(w *byte, ldw int, nb int, dst *byte)")
@@ -198,11 +198,37 @@ func pack32AVX2(q quant32) {
 	for l := range 8 {
 		PREFETCHT0(r.at(l, pfDist))
 	}
-	if q.bytes == 34 {
+	switch q.bytes {
+	case 34:
 		for i, v := range transpose8x8(r, 2) {
 			VMOVDQU(v, Mem{Base: dst, Disp: 32 * i})
 		}
-	} else {
+	case 22:
+		// Q5_0: the fifth bits spread to bit 4 of each byte by a
+		// multiplication (bit k of a nibble lands in byte k).
+		mask := YMM()
+		VMOVDQA(ones, mask)
+		qh := YMM()
+		VXORPS(qh, qh, qh)
+		VPGATHERDD(mask, Mem{Base: r.bases[0], Index: idx, Scale: 1, Disp: 2}, qh)
+		for i, v := range transpose8x4(r, 6) {
+			hi := YMM()
+			VPSRLD(U8(4), v, hi)
+			VPAND(c0f, v, v)
+			VPAND(c0f, hi, hi)
+			for h, lv := range []VecVirtual{v, hi} {
+				b := YMM()
+				VPSRLD(U8(16*h+4*i), qh, b)
+				VPAND(splat8(15), b, b)
+				VPMULLD(splat8(0x00204081), b, b)
+				VPAND(splat8(0x01010101), b, b)
+				VPSLLD(U8(4), b, b)
+				VPOR(b, lv, lv)
+			}
+			VMOVDQU(v, Mem{Base: dst, Disp: 32 * i})
+			VMOVDQU(hi, Mem{Base: dst, Disp: 32 * (4 + i)})
+		}
+	default:
 		for i, v := range transpose8x4(r, 2) {
 			hi := YMM()
 			VPSRLD(U8(4), v, hi)
@@ -614,6 +640,7 @@ func dotKAVX2(rows int, six bool) {
 func quantKernelsAVX2() {
 	pack32AVX2(quant32{"Q8_0", 34})
 	pack32AVX2(quant32{"Q4_0", 18})
+	pack32AVX2(quant32{"Q5_0", 22})
 	for r := 1; r <= maxDot32RowsAVX2; r++ {
 		dot32AVX2(r, false)
 		dot32AVX2(r, true)
