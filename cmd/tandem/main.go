@@ -24,7 +24,7 @@ var commands = []command{
 	{"serve", "run one engine with an OpenAI-compatible API", runServe},
 	{"proxy", "run the disaggregated prefill/decode proxy", runProxy},
 	{"generate", "generate text from a model in the terminal", runGenerate},
-	{"model", "init (random-weight model) | inspect DIR", runModel},
+	{"model", "init (random-weight model) | quantize DIR (to GGUF) | inspect DIR|FILE.gguf", runModel},
 	{"bench", "serving benchmark against an OpenAI endpoint", runBench},
 	{"profile", "measure a model's step times here, for serve --simulate", runProfile},
 }

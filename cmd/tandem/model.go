@@ -7,44 +7,54 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/tandem-serve/tandem/internal/defaultmodel"
 	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/model/gguf"
 	"github.com/tandem-serve/tandem/internal/modelinit"
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
 const modelUsage = `usage:
   tandem model init --shape NAME --out DIR [--dtype bf16|f16|f32] [--seed N]
-  tandem model inspect [DIR]   (no DIR: the embedded default model)
+  tandem model init --shape NAME --out FILE.gguf [--dtype %[2]s] [--seed N]
+  tandem model quantize DIR --type %[2]s --out FILE.gguf [--name NAME] [--threads N]
+  tandem model inspect [DIR | FILE.gguf]   (none: the embedded default model)
 
-shapes: %s
+shapes: %[1]s
 `
 
-// runModel dispatches "tandem model init" and "tandem model inspect".
+func printModelUsage() {
+	fmt.Fprintf(os.Stderr, modelUsage, strings.Join(modelinit.Shapes(), ", "), strings.Join(model.GGUFEncodings, "|"))
+}
+
+// runModel dispatches "tandem model init", "quantize" and "inspect".
 func runModel(args []string) error {
 	if len(args) == 0 {
-		fmt.Fprintf(os.Stderr, modelUsage, strings.Join(modelinit.Shapes(), ", "))
-		return errors.New("missing subcommand (init or inspect)")
+		printModelUsage()
+		return errors.New("missing subcommand (init, quantize or inspect)")
 	}
 	switch args[0] {
 	case "init":
 		return runModelInit(args[1:])
+	case "quantize":
+		return runModelQuantize(args[1:])
 	case "inspect":
 		return runModelInspect(args[1:])
 	case "-h", "--help", "help":
-		fmt.Fprintf(os.Stderr, modelUsage, strings.Join(modelinit.Shapes(), ", "))
+		printModelUsage()
 		return flag.ErrHelp
 	}
-	return fmt.Errorf("unknown subcommand %q (want init or inspect)", args[0])
+	return fmt.Errorf("unknown subcommand %q (want init, quantize or inspect)", args[0])
 }
 
 func runModelInit(args []string) error {
 	fs := flag.NewFlagSet("model init", flag.ContinueOnError)
 	shape := fs.String("shape", "", "model shape: "+strings.Join(modelinit.Shapes(), ", "))
-	dtype := fs.String("dtype", "bf16", "weight dtype: bf16, f16 or f32")
-	out := fs.String("out", "", "output directory (created if needed)")
+	dtype := fs.String("dtype", "bf16", "weight dtype: bf16, f16 or f32; or, written as GGUF, "+strings.Join(model.GGUFEncodings, ", "))
+	out := fs.String("out", "", "output directory (created if needed), or FILE.gguf to write one GGUF file")
 	seed := fs.Uint64("seed", 0, "random seed; the same seed writes the same files")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -52,6 +62,9 @@ func runModelInit(args []string) error {
 	if *shape == "" || *out == "" || fs.NArg() > 0 {
 		fs.Usage()
 		return errors.New("init: --shape and --out are required, and no positional arguments are accepted")
+	}
+	if isGGUFName(*out) || !slices.Contains([]string{"bf16", "f16", "f32"}, *dtype) {
+		return initGGUF(*shape, *dtype, *out, *seed)
 	}
 	spec, err := modelinit.Init(*out, *shape, *dtype, *seed)
 	if err != nil {
@@ -75,7 +88,7 @@ func runModelInspect(args []string) error {
 		return err
 	}
 	if fs.NArg() > 1 {
-		return errors.New("inspect: want one model directory, or none for the default model")
+		return errors.New("inspect: want one model directory or GGUF file, or none for the default model")
 	}
 	dir := fs.Arg(0)
 	if dir == "" {
@@ -98,10 +111,20 @@ func runModelInspect(args []string) error {
 		rope = fmt.Sprintf("linear ×%g", rs.Factor)
 	case "llama3":
 		rope = fmt.Sprintf("llama3 ×%g (low %g, high %g, original %d)", rs.Factor, rs.LowFreqFactor, rs.HighFreqFactor, rs.OriginalMaxPositionEmbeddings)
+	case "freqs":
+		rope = "per-frequency factors (GGUF rope_freqs, Llama 3 scaling)"
 	}
 	kv := m.KVLayout(1)
+	where := "directory"
+	var extra [][2]string
+	if gguf.IsFile(dir) {
+		where = "file"
+		if extra, err = ggufRows(dir); err != nil {
+			return err
+		}
+	}
 	rows := [][2]string{
-		{"directory", dir},
+		{where, dir},
 		{"architecture", c.ModelType},
 		{"dtype", m.DType().String()},
 		{"layers", fmt.Sprint(c.Layers)},
@@ -118,6 +141,7 @@ func runModelInspect(args []string) error {
 		{"KV per token", fmt.Sprintf("%s (%s KV; --kv-cache-dtype auto)", humanBytes(int64(kv.BlockBytes())), kv.DType)},
 		{"fingerprint", m.Fingerprint()},
 	}
+	rows = append(rows, extra...)
 	if notice := filepath.Join(dir, defaultmodel.NoticeFile); fileExists(notice) {
 		rows = append(rows, [2]string{"license", notice})
 	}

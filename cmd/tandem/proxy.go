@@ -51,6 +51,7 @@ type proxyFlags struct {
 	model string // directory with the model's tokenizer files
 	// kvEvents are "DECODE_URL=tcp://host:pub[,tcp://host:replay]" entries.
 	kvEvents    urlList
+	kvPattern   string // --kv-events-pattern
 	fingerprint string
 	kube        kubeFlags
 }
@@ -128,7 +129,8 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.StringVar(&cfg.BackendsFile, "backends-file", "", "file of backends, one \"prefill URL\" or \"decode URL\" per line, watched and applied without a restart (--prefill/--decode may then be omitted); the admin endpoint "+proxy.AdminBackendsPath+" (needs --api-key) changes the set too")
 	fs.StringVar(&f.model, "model", "", "directory with the model's tokenizer (tokenizer.json, tokenizer_config.json; the weights are not read): prompt tokens are then counted exactly and chat templates rendered; without it counts are approximate")
 	fs.Var(&f.kvEvents, "kv-events", "follow a decode engine's KV cache events for precise prefix matching: DECODE_URL=tcp://HOST:PUB_PORT[;tcp://HOST:REPLAY_PORT] (the engine's --kv-events-config endpoints), repeated per decode; needs --model and --model-fingerprint")
-	fs.StringVar(&f.fingerprint, "model-fingerprint", "", "the engines' model fingerprint (the prefix cache's hash key), for --kv-events")
+	fs.StringVar(&f.kvPattern, "kv-events-pattern", "", "follow the KV cache events of every decode, those added at run time too (--backends-file, the admin endpoint, --discovery kubernetes), at endpoints derived from its URL: tcp://{host}:PUB_PORT[;tcp://{host}:REPLAY_PORT], where {host} is the decode's host, {port} its HTTP port and {port+N} that port plus N; --kv-events entries take precedence; needs --model and --model-fingerprint")
+	fs.StringVar(&f.fingerprint, "model-fingerprint", "", "the engines' model fingerprint (the prefix cache's hash key), for --kv-events and --kv-events-pattern")
 	fs.IntVar(&cfg.BlockSize, "block-size", 0, "the engines' KV block size in tokens, for prefix matching (default 16)")
 	fs.BoolVar(&cfg.Fallback, "fallback", true, "when the prefill leg fails, let decode do the whole request (said in the x-tandem-pd header); false fails such requests instead")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit on the prefill leg, on waiting for decode's headers and on each gap between decode's chunks (default 5m)")
@@ -202,28 +204,12 @@ func runProxy(args []string) error {
 		}
 		cfg.Tokenizer = tok
 	}
-	if len(f.kvEvents) > 0 {
-		if cfg.Tokenizer == nil || f.fingerprint == "" {
-			return errors.New("--kv-events needs --model DIR (the tokenizer) and --model-fingerprint (the engines' block hash key)")
+	if len(f.kvEvents) > 0 || f.kvPattern != "" {
+		idx, err := followKVEvents(f, &cfg, log)
+		if err != nil {
+			return err
 		}
-		bs := cfg.BlockSize
-		if bs <= 0 {
-			bs = 16
-		}
-		idx := kvindex.New(f.fingerprint, bs, log)
 		defer idx.Close()
-		for _, e := range f.kvEvents {
-			backend, eps, ok := strings.Cut(e, "=")
-			pub, replay, _ := strings.Cut(eps, ";")
-			base, err := proxy.NormalizeBackendURL(backend)
-			if !ok || err != nil {
-				return fmt.Errorf("--kv-events %q: want DECODE_URL=tcp://HOST:PORT[;tcp://HOST:PORT]", e)
-			}
-			if err := idx.Follow(base, pub, replay, ""); err != nil {
-				return fmt.Errorf("--kv-events %q: %w", e, err)
-			}
-		}
-		cfg.PrefixIndex, cfg.BlockHasher = idx, idx.Hash
 	}
 	p, err := proxy.New(cfg)
 	if err != nil {
@@ -260,6 +246,61 @@ func runProxy(args []string) error {
 		log.Warn("router counts tokens approximately (prompt bytes / 4, prefix blocks of 4·block-size bytes): give --model DIR for exact counts", "metric", "tandem:proxy_token_count_mode")
 	}
 	return p.Serve(ctx, ln)
+}
+
+// followKVEvents makes the precise prefix index of --kv-events and
+// --kv-events-pattern and sets it in cfg: the decodes named in --kv-events
+// are followed at their endpoints, the other decodes at the pattern's, and
+// cfg.BackendsChanged keeps it following the decode pool as it changes.
+func followKVEvents(f *proxyFlags, cfg *proxy.Config, log *slog.Logger) (*kvindex.Precise, error) {
+	if cfg.Tokenizer == nil || f.fingerprint == "" {
+		return nil, errors.New("--kv-events and --kv-events-pattern need --model DIR (the tokenizer) and --model-fingerprint (the engines' block hash key)")
+	}
+	explicit := map[string]kvindex.Endpoints{}
+	for _, e := range f.kvEvents {
+		backend, eps, ok := strings.Cut(e, "=")
+		pub, replay, _ := strings.Cut(eps, ";")
+		base, err := proxy.NormalizeBackendURL(backend)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("--kv-events %q: want DECODE_URL=tcp://HOST:PORT[;tcp://HOST:PORT]", e)
+		}
+		explicit[base] = kvindex.Endpoints{Pub: pub, Replay: replay}
+	}
+	var pattern *kvindex.Pattern
+	if f.kvPattern != "" {
+		var err error
+		if pattern, err = kvindex.ParsePattern(f.kvPattern); err != nil {
+			return nil, fmt.Errorf("--kv-events-pattern: %w", err)
+		}
+	}
+	bs := cfg.BlockSize
+	if bs <= 0 {
+		bs = 16
+	}
+	idx := kvindex.New(f.fingerprint, bs, log)
+	fol := kvindex.NewFollower(idx, explicit, pattern, log)
+	follow := map[string]bool{}
+	for base := range explicit {
+		follow[base] = true
+	}
+	if pattern != nil {
+		for _, d := range cfg.Decode {
+			base, err := proxy.NormalizeBackendURL(d)
+			if err != nil {
+				idx.Close()
+				return nil, fmt.Errorf("--decode %q: %w", d, err)
+			}
+			follow[base] = true
+		}
+	}
+	for base := range follow {
+		if err := fol.Follow(base); err != nil {
+			idx.Close()
+			return nil, fmt.Errorf("KV events of %s: %w", base, err)
+		}
+	}
+	cfg.PrefixIndex, cfg.BlockHasher, cfg.BackendsChanged = idx, idx.Hash, fol.BackendsChanged
+	return idx, nil
 }
 
 // newKubeWatcher returns the Kubernetes discovery that feeds p, its metrics

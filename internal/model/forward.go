@@ -140,7 +140,7 @@ func (m *Model) Forward(seqs []Seq, pool []byte, layout KVLayout) ([][]float32, 
 		s.qkv = m.runGroup(&l.qkv, s.qkv, s.xn, T)
 		m.prepareAttention(l, li, seqs, kv, layout, T)
 		m.attention(li, seqs, kv, layout)
-		m.pool.MatMul(s.tmp, s.attn, T, &l.o)
+		m.matmul(s.tmp, s.attn, T, &l.o)
 		m.rows(T, parallelHotRows, func(lo, hi int) {
 			for t := lo; t < hi; t++ {
 				x, o := s.x[t*H:(t+1)*H], s.tmp[t*H:(t+1)*H]
@@ -161,7 +161,7 @@ func (m *Model) Forward(seqs []Seq, pool []byte, layout KVLayout) ([][]float32, 
 				tensor.SiLUMul(h, row[gu.off[1]:gu.off[1]+F])
 			}
 		})
-		m.pool.MatMul(s.tmp, s.h, T, &l.down)
+		m.matmul(s.tmp, s.h, T, &l.down)
 		// The residual add and the next layer's input norm share a pass.
 		var next []float32
 		if li+1 < len(m.layers) {
@@ -207,17 +207,36 @@ func growI32(b []int32, n int) []int32 {
 	return b[:n]
 }
 
+// matmulSlab is the number of activation rows per MatMul call in a long
+// prefill: the kernels walk the weights in small panels and stream every
+// activation row past each panel, so the rows of one call should stay in
+// the L2 cache (128 rows of 576 bf16 activations are 144 KiB). At 2048
+// rows in one call the weight matmuls ran 1.5× slower than in slabs of
+// 128 (docs/performance.md, "Long-context prefill").
+const matmulSlab = 128
+
+// matmul is m.pool.MatMul over T rows, in slabs of matmulSlab rows. Each
+// output element is computed the same way whatever the slab (MatMul is
+// batch invariant), so slabbing changes no result.
+func (m *Model) matmul(out, x []float32, T int, w *tensor.Mat) {
+	n, k := w.Rows, w.Cols
+	for t0 := 0; t0 < T; t0 += matmulSlab {
+		rows := min(matmulSlab, T-t0)
+		m.pool.MatMul(out[t0*n:(t0+rows)*n], x[t0*k:(t0+rows)*k], rows, w)
+	}
+}
+
 // runGroup computes the [T, g.width] output of a linear group into buf.
 func (m *Model) runGroup(g *linearGroup, buf, x []float32, T int) []float32 {
 	buf = grow(buf, T*g.width)
 	if g.fused {
-		m.pool.MatMul(buf, x, T, &g.mats[0])
+		m.matmul(buf, x, T, &g.mats[0])
 		return buf
 	}
 	for k := range g.mats {
 		w := &g.mats[k]
 		m.s.part = grow(m.s.part, T*w.Rows)
-		m.pool.MatMul(m.s.part, x, T, w)
+		m.matmul(m.s.part, x, T, w)
 		for t := range T {
 			copy(buf[t*g.width+g.off[k]:], m.s.part[t*w.Rows:(t+1)*w.Rows])
 		}

@@ -45,6 +45,9 @@ func (p *Proxy) SetBackends(role string, urls []string) error {
 		p.prefix.Forget(b.base)
 		p.log.Info("backend removed", "role", role, "backend", b.base)
 	}
+	if p.cfg.BackendsChanged != nil && len(added)+len(removed) > 0 {
+		p.cfg.BackendsChanged(role, basesOf(added), basesOf(removed))
+	}
 	if len(added) > 0 {
 		var wg sync.WaitGroup
 		for _, b := range added {
@@ -56,6 +59,14 @@ func (p *Proxy) SetBackends(role string, urls []string) error {
 		wg.Wait()
 	}
 	return nil
+}
+
+func basesOf(bs []*backend) []string {
+	out := make([]string, len(bs))
+	for i, b := range bs {
+		out[i] = b.base
+	}
+	return out
 }
 
 func (p *Proxy) poolOf(role string) (*pool, error) {

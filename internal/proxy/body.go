@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -37,26 +38,55 @@ func parseObject(b []byte) (*object, error) {
 		return nil, errors.New("body must be a JSON object")
 	}
 	o := &object{vals: make(map[string]json.RawMessage)}
+	err := eachField(b, i, func(rawKey, val []byte) error {
+		key, err := objectKey(rawKey)
+		if err != nil {
+			return err
+		}
+		o.set(key, val)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// eachField calls f with each field of the valid JSON object whose opening
+// brace is at i: its key as written (quotes and escapes included) and its
+// raw value, in order.
+func eachField(b []byte, i int, f func(rawKey, val []byte) error) error {
 	i = skipSpace(b, i+1)
 	if b[i] == '}' {
-		return o, nil
+		return nil
 	}
 	for {
 		end := skipString(b, i)
-		key, err := objectKey(b[i:end])
-		if err != nil {
-			return nil, err
-		}
+		rawKey := b[i:end]
 		i = skipSpace(b, end)
 		i = skipSpace(b, i+1) // the colon
 		end = skipValue(b, i)
-		o.set(key, json.RawMessage(b[i:end:end]))
+		if err := f(rawKey, b[i:end:end]); err != nil {
+			return err
+		}
 		i = skipSpace(b, end)
 		if b[i] == '}' {
-			return o, nil
+			return nil
 		}
 		i = skipSpace(b, i+1) // the comma
 	}
+}
+
+// isKey reports whether rawKey, a key as written, decodes to key.
+func isKey(rawKey []byte, key string) bool {
+	if len(rawKey) == len(key)+2 && string(rawKey[1:len(rawKey)-1]) == key {
+		return true
+	}
+	if bytes.IndexByte(rawKey, '\\') < 0 {
+		return false // without escapes, a key's bytes are what it decodes to
+	}
+	k, err := objectKey(rawKey)
+	return err == nil && k == key
 }
 
 // objectKey decodes a key: its bytes when it is plain ASCII without
@@ -265,30 +295,76 @@ const kvParamsKey = "kv_transfer_params"
 // and the leg stays as close to the client's body as it can. best_of goes:
 // it asks for more samples than n.
 func prefillBody(client *object, kv json.RawMessage) []byte {
-	o := client.clone()
-	o.setFolded("stream", json.RawMessage(`false`))
-	o.setFolded("max_tokens", json.RawMessage(`1`))
-	if o.hasFolded("max_completion_tokens") {
-		o.setFolded("max_completion_tokens", json.RawMessage(`1`))
-	}
-	if o.hasFolded("n") {
-		o.setFolded("n", json.RawMessage(`1`))
-	}
-	o.setFolded("best_of", nil)
-	o.setFolded("stream_options", nil)
-	o.setFolded("min_tokens", nil)
-	o.setFolded("min_completion_tokens", nil)
-	o.setFolded(kvParamsKey, kv)
-	return o.marshal()
+	return client.marshalEdited(
+		fieldEdit{key: "stream", val: json.RawMessage(`false`)},
+		fieldEdit{key: "max_tokens", val: json.RawMessage(`1`)},
+		fieldEdit{key: "max_completion_tokens", val: json.RawMessage(`1`), ifPresent: true},
+		fieldEdit{key: "n", val: json.RawMessage(`1`), ifPresent: true},
+		fieldEdit{key: "best_of"},
+		fieldEdit{key: "stream_options"},
+		fieldEdit{key: "min_tokens"},
+		fieldEdit{key: "min_completion_tokens"},
+		fieldEdit{key: kvParamsKey, val: kv},
+	)
 }
 
 // decodeBody is the client's request with kv_transfer_params set to what the
 // prefill engine returned, verbatim (vllm-pd.md §1.4), replacing whatever
 // the client sent.
 func decodeBody(client *object, kv json.RawMessage) []byte {
-	o := client.clone()
-	o.setFolded(kvParamsKey, kv)
-	return o.marshal()
+	return client.marshalEdited(fieldEdit{key: kvParamsKey, val: kv})
+}
+
+// fieldEdit is one field marshalEdited changes: key (matched under case
+// folding) set to val, or dropped when val is nil; when ifPresent, only a
+// field the object has is set.
+type fieldEdit struct {
+	key       string
+	val       json.RawMessage
+	ifPresent bool
+}
+
+// marshalEdited writes o with edits applied, without changing o: the same
+// bytes as setFolded for each edit in turn on a clone, then marshal. A set
+// field takes the place of the first key equal to it under folding, the
+// other such keys go; a field o lacks is appended, in the edits' order.
+func (o *object) marshalEdited(edits ...fieldEdit) []byte {
+	var placed uint64 // bit j: edits[j] has been written
+	n := 2
+	for _, k := range o.keys {
+		n += len(k) + 4 + len(o.vals[k])
+	}
+	for _, e := range edits {
+		n += len(e.key) + 4 + len(e.val)
+	}
+	var b bytes.Buffer
+	b.Grow(n)
+	b.WriteByte('{')
+	field := func(k string, v []byte) {
+		if b.Len() > 1 {
+			b.WriteByte(',')
+		}
+		writeKey(&b, k)
+		b.WriteByte(':')
+		b.Write(v)
+	}
+	for _, k := range o.keys {
+		j := slices.IndexFunc(edits, func(e fieldEdit) bool { return strings.EqualFold(e.key, k) })
+		switch {
+		case j < 0:
+			field(k, o.vals[k])
+		case edits[j].val != nil && placed&(1<<j) == 0:
+			placed |= 1 << j
+			field(edits[j].key, edits[j].val)
+		}
+	}
+	for j, e := range edits {
+		if e.val != nil && !e.ifPresent && placed&(1<<j) == 0 {
+			field(e.key, e.val)
+		}
+	}
+	b.WriteByte('}')
+	return b.Bytes()
 }
 
 // fallbackBody is the decode leg's body when the prefill leg failed: the
@@ -299,9 +375,7 @@ func fallbackBody(raw []byte, client *object) []byte {
 	if !client.hasFolded(kvParamsKey) {
 		return raw
 	}
-	o := client.clone()
-	o.setFolded(kvParamsKey, nil)
-	return o.marshal()
+	return client.marshalEdited(fieldEdit{key: kvParamsKey})
 }
 
 // withoutConversationID returns the client's request without its
@@ -321,11 +395,25 @@ func withoutConversationID(raw []byte, client *object) (*object, []byte) {
 // or nil when the response has none (absent, null, or not an object), which
 // means the prefill engine did not keep the KV for us.
 func kvParamsFrom(resp []byte) (json.RawMessage, error) {
-	o, err := parseObject(resp)
+	if !json.Valid(resp) {
+		_, err := parseObject(resp) // for its message
+		return nil, err
+	}
+	i := skipSpace(resp, 0)
+	if resp[i] != '{' {
+		return nil, errors.New("body must be a JSON object")
+	}
+	var kv json.RawMessage
+	err := eachField(resp, i, func(rawKey, val []byte) error {
+		if isKey(rawKey, kvParamsKey) {
+			kv = val // the last one, as parseObject keeps it
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	kv := bytes.TrimSpace(o.get("kv_transfer_params"))
+	kv = bytes.TrimSpace(kv)
 	if len(kv) == 0 || kv[0] != '{' {
 		return nil, nil
 	}

@@ -149,3 +149,64 @@ func FuzzParseObjectMatchesDecoder(f *testing.F) {
 		}
 	})
 }
+
+// prefillBodySetFolded is prefillBody as first written, edit by edit on a
+// clone: the reference marshalEdited must agree with.
+func prefillBodySetFolded(client *object, kv json.RawMessage) []byte {
+	o := client.clone()
+	o.setFolded("stream", json.RawMessage(`false`))
+	o.setFolded("max_tokens", json.RawMessage(`1`))
+	if o.hasFolded("max_completion_tokens") {
+		o.setFolded("max_completion_tokens", json.RawMessage(`1`))
+	}
+	if o.hasFolded("n") {
+		o.setFolded("n", json.RawMessage(`1`))
+	}
+	o.setFolded("best_of", nil)
+	o.setFolded("stream_options", nil)
+	o.setFolded("min_tokens", nil)
+	o.setFolded("min_completion_tokens", nil)
+	o.setFolded(kvParamsKey, kv)
+	return o.marshal()
+}
+
+// FuzzLegBodiesMatchSetFolded checks the one-pass leg bodies against the
+// field-by-field edits, and that kvParamsFrom reads what parseObject does.
+func FuzzLegBodiesMatchSetFolded(f *testing.F) {
+	for _, s := range []string{`{}`, `{"prompt":"x","STREAM":true,"stream":false,"N":2,"best_of":3}`,
+		`{"Kv_Transfer_Params":{"a":1},"max_completion_tokens":5,"Max_Tokens":7}`, `{"min_tokens":1,"stream_options":{},"n":1}`,
+		`{"kv_transfer_params":{"x":1},"kv_transfer_params":null}`, `{"kv_transfer_params":{"x":1},"kv\u005ftransfer_params":{"y":2}}`} {
+		f.Add([]byte(s))
+	}
+	kv := json.RawMessage(`{"do_remote_decode":true}`)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		o, err := parseObject(b)
+		if err != nil {
+			return
+		}
+		if got, want := prefillBody(o, kv), prefillBodySetFolded(o, kv); !bytes.Equal(got, want) {
+			t.Fatalf("%q: prefill body %q, want %q", b, got, want)
+		}
+		c := o.clone()
+		c.setFolded(kvParamsKey, kv)
+		if got, want := decodeBody(o, kv), c.marshal(); !bytes.Equal(got, want) {
+			t.Fatalf("%q: decode body %q, want %q", b, got, want)
+		}
+		c = o.clone()
+		c.setFolded(kvParamsKey, nil)
+		if got, want := fallbackBody(b, o), c.marshal(); o.hasFolded(kvParamsKey) && !bytes.Equal(got, want) {
+			t.Fatalf("%q: fallback body %q, want %q", b, got, want)
+		}
+		got, err := kvParamsFrom(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := bytes.TrimSpace(o.get(kvParamsKey))
+		if len(want) == 0 || want[0] != '{' {
+			want = nil
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%q: kv params %q, want %q", b, got, want)
+		}
+	})
+}

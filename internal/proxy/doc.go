@@ -7,8 +7,10 @@
 // kv_transfer_params{do_remote_decode: true}; copies the kv_transfer_params
 // of the prefill's answer verbatim into the client's original body; sends that
 // to a decode engine, which pulls the KV blocks; and relays the decode's
-// answer (JSON or SSE) to the client chunk by chunk. Fields the proxy does not
-// edit reach the engines byte for byte as the client sent them.
+// answer to the client: a stream (SSE, or any answer of unknown length)
+// chunk by chunk as it arrives, an answer of known length with that length
+// in one write. Fields the proxy does not edit reach the engines byte for
+// byte as the client sent them. A backend's redirect is never followed.
 //
 // Nothing degrades silently: every answer carries the X-Tandem-Pd header
 // ("remote", or "fallback; reason=..." when the prefill leg failed and the
@@ -45,7 +47,7 @@
 // (package kubediscovery, Config.DynamicBackends). A backend removed from
 // the set gets no new request; those in flight on it finish. Every backend
 // call is bounded by a connect timeout and by Config.Timeout on the prefill
-// leg, the decode's headers and each gap between the decode's chunks, never
+// leg (its retries on other prefill engines included), the decode's headers and each gap between the decode's chunks, never
 // on a stream's total length. A client that goes away cancels both legs.
 //
 // Trust boundary: kv_transfer_params make an engine hold KV (prefill) or

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -64,6 +65,16 @@ func (p *Proxy) handleGenerate(w http.ResponseWriter, r *http.Request) {
 		outcome = p.generate(w, r, id)
 	}
 	p.metrics.requests.WithLabelValues(r.URL.Path, outcome).Inc()
+	if outcome != outcomeStreamBroken && outcome != outcomeClientCanceled {
+		// What is still buffered leaves now, under the write deadline (an
+		// answer of known length is written in this one piece), and the
+		// deadline is cleared for the connection's next request. Counted
+		// first: a client holding its answer finds it in the metrics.
+		rc := http.NewResponseController(w)
+		_ = rc.SetWriteDeadline(time.Now().Add(p.cfg.Timeout))
+		_ = rc.Flush()
+		_ = rc.SetWriteDeadline(time.Time{})
+	}
 	if outcome == outcomeRemote || outcome == outcomeFallback || outcome == outcomeLocal {
 		p.metrics.requestSeconds.Observe(time.Since(start).Seconds())
 	}
@@ -149,7 +160,7 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		res = p.prefillWithRetries(r, id, obj, preq, prefillKVParams)
 	} else {
 		p.metrics.historyPrefills.Inc()
-		res = p.runPrefill(r, id, obj, preq, history.params)
+		res = p.runPrefill(r, id, obj, preq, history.params, time.Now().Add(p.cfg.Timeout))
 		if reason, retry := res.retryable(); retry {
 			// Stale history (expired, the decode restarted, a client that
 			// rewrote it) must cost a recompute, never the turn.
@@ -304,16 +315,18 @@ type prefillResult struct {
 
 // prefillWithRetries runs the prefill leg and, when it failed on the engine
 // (unreachable, 5xx, a bad answer), retries it on other prefill engines, up
-// to Config.PrefillRetries times while the request's time budget lasts.
+// to Config.PrefillRetries times. The attempts share one budget,
+// Config.Timeout from the first: each gets what the earlier ones left, so
+// retries never stretch the prefill leg beyond it.
 func (p *Proxy) prefillWithRetries(r *http.Request, id string, obj *object, preq *router.Request, kv json.RawMessage) prefillResult {
 	deadline := time.Now().Add(p.cfg.Timeout)
 	var tried []*backend
-	res := p.runPrefill(r, id, obj, preq, kv)
+	res := p.runPrefill(r, id, obj, preq, kv, deadline)
 	for attempt := 0; attempt < p.cfg.PrefillRetries && retryOnOther(res.reason) && r.Context().Err() == nil && time.Until(deadline) > 0; attempt++ {
 		tried = append(tried, res.tried)
 		p.metrics.legRetries.WithLabelValues(rolePrefill, res.reason).Inc()
 		p.log.Info("prefill leg failed; retrying on another prefill engine", "request_id", id, "reason", res.reason, "detail", res.detail, "backend", res.tried.base)
-		next := p.runPrefill(r, id, obj, preq, kv, tried...)
+		next := p.runPrefill(r, id, obj, preq, kv, deadline, tried...)
 		if next.reason == reasonNoPrefill || next.reason == reasonPrefillSat {
 			break // no other engine to try: the last failure says why
 		}
@@ -383,8 +396,8 @@ func (res prefillResult) retryable() (string, bool) {
 }
 
 // runPrefill sends the prefill leg, with kv as its kv_transfer_params, and
-// interprets its answer.
-func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *router.Request, kv json.RawMessage, exclude ...*backend) prefillResult {
+// interprets its answer; the leg must be answered by deadline.
+func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *router.Request, kv json.RawMessage, deadline time.Time, exclude ...*backend) prefillResult {
 	b, release, sat := p.prefill.pick(preq, int64(preq.PromptTokens+1), exclude...)
 	if b == nil {
 		if sat {
@@ -393,7 +406,7 @@ func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *router
 		return prefillResult{reason: reasonNoPrefill, detail: "no prefill backend passed its last health check"}
 	}
 	defer release()
-	res := p.sendPrefill(r, id, obj, b, kv)
+	res := p.sendPrefill(r, id, obj, b, kv, deadline)
 	res.tried = b
 	switch {
 	case res.kv != nil:
@@ -404,9 +417,11 @@ func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *router
 	return res
 }
 
-// sendPrefill sends the prefill leg to b and interprets its answer.
-func (p *Proxy) sendPrefill(r *http.Request, id string, obj *object, b *backend, kv json.RawMessage) prefillResult {
-	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.Timeout)
+// sendPrefill sends the prefill leg to b and interprets its answer, which
+// must be complete by deadline.
+func (p *Proxy) sendPrefill(r *http.Request, id string, obj *object, b *backend, kv json.RawMessage, deadline time.Time) prefillResult {
+	budget := time.Until(deadline)
+	ctx, cancel := context.WithDeadline(r.Context(), deadline)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+r.URL.Path, bytes.NewReader(prefillBody(obj, kv)))
 	if err != nil {
@@ -415,7 +430,7 @@ func (p *Proxy) sendPrefill(r *http.Request, id string, obj *object, b *backend,
 	p.setLegHeaders(req.Header, r.Header, id)
 
 	start := time.Now()
-	resp, err := p.client.Do(req)
+	resp, err := p.roundTrip(req)
 	var data []byte
 	if err == nil {
 		data, err = io.ReadAll(io.LimitReader(resp.Body, maxPrefillRespSize+1))
@@ -426,7 +441,7 @@ func (p *Proxy) sendPrefill(r *http.Request, id string, obj *object, b *backend,
 		case r.Context().Err() != nil:
 			return prefillResult{canceled: true}
 		case errors.Is(ctx.Err(), context.DeadlineExceeded):
-			return prefillResult{reason: reasonTimeout, detail: fmt.Sprintf("%s gave no complete answer within %v", b.base, p.cfg.Timeout)}
+			return prefillResult{reason: reasonTimeout, detail: fmt.Sprintf("%s gave no complete answer within the %v left of the prefill leg's %v", b.base, budget.Round(time.Millisecond), p.cfg.Timeout)}
 		case resp == nil:
 			markDown(b, err, p.log)
 			return prefillResult{reason: reasonUnreachable, detail: err.Error()}
@@ -462,6 +477,19 @@ func (p *Proxy) sendPrefill(r *http.Request, id string, obj *object, b *backend,
 		return prefillResult{reason: reasonNoKVParams, detail: fmt.Sprintf("%s kept no KV for a remote decode (is it started with --role prefill?)", b.base)}
 	}
 	return prefillResult{kv: held, backend: b}
+}
+
+// roundTrip sends a leg to its engine as it is: a redirect is the engine's
+// answer, relayed or refused like any other, never followed (a proxy
+// forwards; http.Client would re-send the leg to wherever the 3xx points,
+// and would copy the headers of every request for that).
+func (p *Proxy) roundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := p.client.Transport.RoundTrip(req)
+	if err != nil {
+		// Worded as http.Client words it: the method and URL, then why.
+		return nil, &url.Error{Op: req.Method[:1] + strings.ToLower(req.Method[1:]), URL: req.URL.String(), Err: err}
+	}
+	return resp, nil
 }
 
 // decodeLeg is what the decode leg sends and how its ending is labelled.
@@ -528,7 +556,7 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 		p.setLegHeaders(req.Header, r.Header, id)
 
 		start = time.Now()
-		resp, err = p.client.Do(req)
+		resp, err = p.roundTrip(req)
 		watchdog.Stop()
 		if err == nil && resp.StatusCode == http.StatusServiceUnavailable {
 			// A draining engine (SIGTERM, a pod turned unready) refuses new
@@ -615,10 +643,11 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 	// A stream (SSE, or any answer of unknown length) is flushed chunk by
 	// chunk as it arrives. An answer of known length is one piece the decode
 	// sent when it was done: relayed with its length and without a flush per
-	// read, it leaves in one write instead of a chunked body and its
-	// terminating chunk.
-	whole := resp.ContentLength >= 0 && !isEventStream(resp.Header.Get("Content-Type"))
-	if whole && capture == nil {
+	// read, it leaves in one write (handleGenerate's flush) instead of a
+	// chunked body and its terminating chunk. A conversation's capture edits
+	// the answer, so its length is not known in advance.
+	whole := capture == nil && resp.ContentLength >= 0 && !isEventStream(resp.Header.Get("Content-Type"))
+	if whole {
 		h["Content-Length"] = []string{strconv.FormatInt(resp.ContentLength, 10)}
 	}
 	w.WriteHeader(resp.StatusCode)
@@ -656,23 +685,16 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 	// the decode's params are remembered only when the client got it all
 	// (and released at once when no turn can use them).
 	done := func() string {
-		var err error
 		if capture != nil {
-			err = send(capture.finish())
+			err := send(capture.finish())
+			if capture.params != nil {
+				p.keepTurn(&leg, capture, b, id, err == nil)
+			}
+			if err != nil {
+				return outcomeClientCanceled
+			}
 		}
-		if err == nil && whole {
-			// The one write of an answer of known length, under the
-			// write deadline.
-			_ = rc.SetWriteDeadline(time.Now().Add(p.cfg.Timeout))
-			err = rc.Flush()
-		}
-		if capture != nil && capture.params != nil {
-			p.keepTurn(&leg, capture, b, id, err == nil)
-		}
-		if err != nil {
-			return outcomeClientCanceled
-		}
-		_ = rc.SetWriteDeadline(time.Time{})
+		// handleGenerate flushes what is buffered and clears the deadline.
 		return success
 	}
 	for {
@@ -727,11 +749,18 @@ func hopHeader(k string) bool {
 // in src's Connection header, and skip (canonical names).
 func copyHeaders(dst, src http.Header, skip ...string) {
 	conn := src["Connection"]
+	n := 0
+	for _, vs := range src {
+		n += len(vs)
+	}
+	all := make([]string, 0, n) // one allocation for every copied value
 	for k, vs := range src {
 		if hopHeader(k) || slices.Contains(skip, k) || namedIn(conn, k) {
 			continue
 		}
-		dst[k] = append([]string(nil), vs...)
+		i := len(all)
+		all = append(all, vs...)
+		dst[k] = all[i:len(all):len(all)] // capped: an append to one copies
 	}
 }
 

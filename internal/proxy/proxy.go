@@ -63,6 +63,14 @@ type Config struct {
 	// HealthInterval: the pools follow it without a restart. Prefill and
 	// Decode may then be empty at start.
 	BackendsFile string
+	// BackendsChanged, when set, is told of each change SetBackends makes
+	// to a pool (the backends file, the admin endpoint, discovery): the
+	// base URLs added and removed, normalized as NormalizeBackendURL does.
+	// It runs before SetBackends returns (the added backends are not yet
+	// health-checked); the initial Prefill and Decode are not reported.
+	// The KV-event index follows decodes that come and go through it
+	// (kvindex.Follower).
+	BackendsChanged func(role string, added, removed []string)
 	// DynamicBackends says that discovery outside the proxy (package
 	// kubediscovery, through SetBackends) keeps the pools: Prefill and
 	// Decode may then be empty at start, and serve, when given, until
@@ -89,8 +97,9 @@ type Config struct {
 	Fallback bool
 	// ConnectTimeout bounds dialing a backend. Default 5s.
 	ConnectTimeout time.Duration
-	// Timeout bounds waiting on a backend: the whole prefill leg, the decode's
-	// response headers, and each gap between two chunks of the decode's body.
+	// Timeout bounds waiting on a backend: the whole prefill leg (its
+	// retries on other engines share the budget), the decode's response
+	// headers, and each gap between two chunks of the decode's body.
 	// There is no limit on a stream's total length. Default 5m.
 	Timeout time.Duration
 	// MaxBodyBytes caps a client request body (413 beyond). Default 16 MiB.

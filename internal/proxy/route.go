@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -130,6 +131,9 @@ func (p *Proxy) tokenize(prompt, messages json.RawMessage) ([]int32, bool) {
 func promptText(prompt, messages json.RawMessage) []byte {
 	if len(messages) > 0 {
 		return messages
+	}
+	if n := len(prompt); n >= 2 && prompt[0] == '"' && bytes.IndexByte(prompt, '\\') < 0 {
+		return prompt[1 : n-1] // a string without escapes is its bytes
 	}
 	var s string
 	if json.Unmarshal(prompt, &s) == nil {

@@ -1,13 +1,21 @@
 package proxy
 
 import (
+	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,11 +128,26 @@ func BenchmarkProxyAddedLatency(b *testing.B) {
 	}
 }
 
-// BenchmarkProxyThroughput is requests/s through the proxy with tiny engines
-// (4 prefill, 4 decode), clients in parallel.
+// BenchmarkProxyThroughput is requests/s with tiny engines (4 prefill, 4
+// decode) and 16 clients in parallel, all on this machine, and the CPU time
+// a request costs:
+//
+//	direct=decode          client → decode, no proxy: one HTTP leg's cost
+//	direct=prefill+decode  client → prefill, then → decode, no proxy
+//	decider=always         through the proxy, prefilled remotely (3 legs)
+//	decider=conditional    through the proxy, decided local (2 legs)
+//	decider=*-proxy-process  the same with the proxy alone in a child
+//	                       process, whose CPU is the proxy's own
+//
+// cpu-µs/req is this process's CPU per request (client, engines, and the
+// proxy unless it runs apart); proxy-cpu-µs/req is the child proxy's, and
+// 1e6 over it is the requests/s one core of proxy serves.
 func BenchmarkProxyThroughput(b *testing.B) {
-	for _, pd := range []string{"always", "conditional"} {
-		b.Run("decider="+pd, func(b *testing.B) {
+	const clients = 16
+	modes := []string{"direct=decode", "direct=prefill+decode", "decider=always", "decider=conditional",
+		"decider=always-proxy-process", "decider=conditional-proxy-process"}
+	for _, mode := range modes {
+		b.Run(mode, func(b *testing.B) {
 			var pre, dec []string
 			for range 4 {
 				pre = append(pre, tinyEngine(b, func(w http.ResponseWriter, r *http.Request) {
@@ -136,29 +159,180 @@ func BenchmarkProxyThroughput(b *testing.B) {
 					tinyDecode(w, r, nil)
 				}))
 			}
-			p, err := New(Config{Prefill: pre, Decode: dec, Fallback: true, ScrapeInterval: -1, Policy: factory.PolicyPrefix, PDDecider: pd, Logger: discardLogger()})
-			if err != nil {
-				b.Fatal(err)
+			decider, _, apart := strings.Cut(strings.TrimPrefix(mode, "decider="), "-")
+			var target string
+			var child *benchChild
+			switch {
+			case strings.HasPrefix(mode, "direct"):
+			case apart:
+				child = startBenchChild(b, benchChildConfig{Prefill: pre, Decode: dec, Decider: decider})
+				target = child.url
+			default:
+				p, err := New(benchProxyConfig(pre, dec, decider))
+				if err != nil {
+					b.Fatal(err)
+				}
+				p.CheckHealth(b.Context())
+				srv := newBenchServer(p.ServeHTTP)
+				b.Cleanup(srv.Close)
+				target = srv.URL
 			}
-			p.CheckHealth(b.Context())
-			srv := newBenchServer(p.ServeHTTP)
-			b.Cleanup(srv.Close)
 			client := &http.Client{Transport: newTransport(time.Second)}
 			b.Cleanup(client.CloseIdleConnections)
-			b.SetParallelism(8)
+			send := func(url string) bool {
+				resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hello","max_tokens":1}`))
+				if err != nil {
+					b.Error(err)
+					return false
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return resp.StatusCode == http.StatusOK || b.Failed()
+			}
+			var next atomic.Uint64
+			b.SetParallelism(clients / runtime.GOMAXPROCS(0))
+			cpu0, proxy0 := processCPU(), child.cpu(b)
 			start := time.Now()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					resp, err := client.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hello","max_tokens":1}`))
-					if err != nil {
-						b.Error(err)
+					i := next.Add(1)
+					ok := true
+					switch mode {
+					case "direct=decode":
+						ok = send(dec[i%4])
+					case "direct=prefill+decode":
+						ok = send(pre[i%4]) && send(dec[i%4])
+					default:
+						ok = send(target)
+					}
+					if !ok {
+						b.Error("a request failed")
 						return
 					}
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
 				}
 			})
-			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
+			elapsed := time.Since(start)
+			cpu, proxyCPU := processCPU()-cpu0, child.cpu(b)-proxy0
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "req/s")
+			if cpu > 0 {
+				b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/req")
+			}
+			if child != nil {
+				b.ReportMetric(float64(proxyCPU.Microseconds())/float64(b.N), "proxy-cpu-µs/req")
+			}
 		})
 	}
+}
+
+// benchProxyConfig is the proxy the throughput benchmark measures.
+func benchProxyConfig(pre, dec []string, decider string) Config {
+	return Config{Prefill: pre, Decode: dec, Fallback: true, ScrapeInterval: -1, Policy: factory.PolicyPrefix, PDDecider: decider, Logger: discardLogger()}
+}
+
+// benchChildEnv, set to a JSON benchChildConfig, makes
+// TestBenchProxyProcess serve a proxy for BenchmarkProxyThroughput in a
+// process of its own.
+const benchChildEnv = "TANDEM_PROXY_BENCH_CHILD"
+
+// benchChildProfileEnv, when set, is where the child proxy writes its CPU
+// profile (go test's -cpuprofile profiles the benchmark's process only).
+const benchChildProfileEnv = "TANDEM_PROXY_BENCH_CPUPROFILE"
+
+type benchChildConfig struct {
+	Prefill, Decode []string
+	Decider         string
+}
+
+// benchCPUPath answers the child's CPU time so far, in µs.
+const benchCPUPath = "/bench/cpu"
+
+// TestBenchProxyProcess is the child process of BenchmarkProxyThroughput's
+// *-proxy-process modes; it is skipped in a normal test run. It serves the
+// proxy on a loopback port, prints the port's URL, and exits when its stdin
+// closes.
+func TestBenchProxyProcess(t *testing.T) {
+	spec := os.Getenv(benchChildEnv)
+	if spec == "" {
+		t.Skip("the child process of BenchmarkProxyThroughput")
+	}
+	var c benchChildConfig
+	if err := json.Unmarshal([]byte(spec), &c); err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(benchProxyConfig(c.Prefill, c.Decode, c.Decider))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.CheckHealth(t.Context())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc(benchCPUPath, func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, processCPU().Microseconds())
+	})
+	mux.Handle("/", p)
+	srv := &http.Server{Handler: mux}
+	go srv.Serve(ln)
+	fmt.Printf("http://%s\n", ln.Addr())
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	_ = srv.Close()
+}
+
+// benchChild is a proxy in a child process.
+type benchChild struct {
+	url string
+}
+
+// startBenchChild runs TestBenchProxyProcess in a child process of this
+// test binary and returns once it serves.
+func startBenchChild(b *testing.B, c benchChildConfig) *benchChild {
+	spec, _ := json.Marshal(c)
+	args := []string{"-test.run=^TestBenchProxyProcess$", "-test.count=1"}
+	if path := os.Getenv(benchChildProfileEnv); path != "" {
+		args = append(args, "-test.cpuprofile="+path)
+	}
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), benchChildEnv+"="+string(spec))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		stdin.Close()
+		_ = cmd.Wait()
+	})
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		b.Fatalf("child proxy: %v", err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	return &benchChild{url: strings.TrimSpace(line)}
+}
+
+// cpu returns the child's CPU time so far (0 for no child).
+func (c *benchChild) cpu(b *testing.B) time.Duration {
+	if c == nil {
+		return 0
+	}
+	resp, err := http.Get(c.url + benchCPUPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	us, err := strconv.ParseInt(string(data), 10, 64)
+	if err != nil {
+		b.Fatalf("child proxy CPU %q: %v", data, err)
+	}
+	return time.Duration(us) * time.Microsecond
 }

@@ -73,7 +73,7 @@ func BenchmarkBPEWordCache(b *testing.B) {
 		for b.Loop() {
 			ids = ids[:0]
 			for _, w := range words {
-				ids = tok.model.mergeWord(w, ids)
+				ids = tok.model.(*bpe).mergeWord(w, ids)
 			}
 		}
 	})

@@ -131,7 +131,7 @@ func TestStreamDecoderMatchesDecode(t *testing.T) {
 // tokens can change retroactively and no streaming method can follow.
 func randomIDs(tok *Tokenizer, rng *rand.Rand, n int) []int32 {
 	var ids []int32
-	byteFallback := tok.model.byteFallback
+	byteFallback := tok.model.(*bpe).byteFallback
 	for len(ids) < n {
 		switch k := rng.IntN(10); {
 		case k < 6:

@@ -10,12 +10,14 @@ import (
 	"path/filepath"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/tandem-serve/tandem/internal/model/gguf"
 )
 
 // Tokenizer encodes text to token ids and decodes ids to text for one model.
 // It is immutable after Load and safe for concurrent use.
 type Tokenizer struct {
-	model     *bpe
+	model     wordModel
 	normalize normalizer
 	preTok    preTokenizer
 	rawMatch  *matcher // added tokens matched in the raw text
@@ -45,7 +47,11 @@ type templateItem struct {
 // Load reads dir/tokenizer.json and, where present, dir/tokenizer_config.json
 // (special tokens, add_bos_token, add_eos_token, chat_template),
 // dir/chat_template.jinja and dir/generation_config.json (eos_token_id).
+// dir may instead be a GGUF file (see LoadGGUF).
 func Load(dir string) (*Tokenizer, error) {
+	if gguf.IsFile(dir) {
+		return LoadGGUF(dir)
+	}
 	t, err := LoadFile(filepath.Join(dir, "tokenizer.json"))
 	if err != nil {
 		return nil, err

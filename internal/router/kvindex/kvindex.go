@@ -12,7 +12,14 @@
 package kvindex
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
 
 	"github.com/tandem-serve/tandem/internal/kvevents"
 	"github.com/tandem-serve/tandem/internal/router/scorer/prefix"
@@ -63,3 +70,168 @@ func (p *Precise) Stats(backend string) (kvevents.EngineStats, bool) { return p.
 
 // Close stops following the engines.
 func (p *Precise) Close() { p.sub.Close() }
+
+// Unfollow stops following a backend's KV events and drops what the index
+// holds for it (the backend was removed from the pool).
+func (p *Precise) Unfollow(backend string) { p.sub.Remove(backend) }
+
+// Pattern derives a decode's KV-event endpoints from its backend URL, for
+// decodes that join the pool at run time (the backends file, the admin
+// endpoint, Kubernetes discovery): "tcp://{host}:5557;tcp://{host}:5558"
+// is the PUB socket and, after ';', the replay socket (optional). {host} is
+// the backend URL's host, {port} its port and {port+N} / {port-N} that port
+// plus or minus N, so that engines sharing a host with their event ports at
+// a fixed offset from their HTTP port can be followed too.
+type Pattern struct {
+	pub, replay string
+}
+
+var portRef = regexp.MustCompile(`\{port([+-][0-9]+)?\}`)
+
+// ParsePattern parses a pattern, checking that it expands to tcp://
+// endpoints.
+func ParsePattern(s string) (*Pattern, error) {
+	pub, replay, _ := strings.Cut(strings.TrimSpace(s), ";")
+	pt := &Pattern{pub: strings.TrimSpace(pub), replay: strings.TrimSpace(replay)}
+	if pt.pub == "" {
+		return nil, errors.New("KV events pattern: empty; want tcp://{host}:PORT[;tcp://{host}:PORT]")
+	}
+	for _, e := range []string{pt.pub, pt.replay} {
+		// The syntax only: ports are checked against each backend's.
+		out := portRef.ReplaceAllString(strings.ReplaceAll(e, "{host}", "h"), "1")
+		if e != "" && (!strings.HasPrefix(out, "tcp://") || strings.ContainsAny(out, "{}")) {
+			return nil, fmt.Errorf("KV events pattern %q: want tcp://HOST:PORT with only {host}, {port}, {port±N}", e)
+		}
+	}
+	return pt, nil
+}
+
+// Expand returns the PUB and replay endpoints of the engine at backend.
+func (pt *Pattern) Expand(backend string) (pub, replay string, err error) {
+	u, err := url.Parse(backend)
+	if err != nil || u.Hostname() == "" {
+		return "", "", fmt.Errorf("KV events pattern: backend %q has no host", backend)
+	}
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	httpPort, _ := strconv.Atoi(port)
+	host := u.Hostname()
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]" // IPv6
+	}
+	expand := func(s string) (string, error) {
+		if s == "" {
+			return "", nil
+		}
+		var perr error
+		out := portRef.ReplaceAllStringFunc(strings.ReplaceAll(s, "{host}", host), func(ref string) string {
+			n := httpPort
+			if m := portRef.FindStringSubmatch(ref); m[1] != "" {
+				off, _ := strconv.Atoi(m[1])
+				n += off
+			}
+			if n < 1 || n > 65535 {
+				perr = fmt.Errorf("KV events pattern %q: port %d of backend %s is out of range", s, n, backend)
+			}
+			return strconv.Itoa(n)
+		})
+		if perr != nil {
+			return "", perr
+		}
+		if !strings.HasPrefix(out, "tcp://") || strings.ContainsAny(out, "{}") {
+			return "", fmt.Errorf("KV events pattern %q: expands to %q for %s; want tcp://HOST:PORT with only {host}, {port}, {port±N}", s, out, backend)
+		}
+		return out, nil
+	}
+	if pub, err = expand(pt.pub); err != nil {
+		return "", "", err
+	}
+	if replay, err = expand(pt.replay); err != nil {
+		return "", "", err
+	}
+	return pub, replay, nil
+}
+
+// Endpoints is one engine's KV-event sockets (replay "" for none).
+type Endpoints struct{ Pub, Replay string }
+
+// Follower keeps the index following the decode pool as it changes: a
+// decode added is followed at the endpoints given for it, else at its
+// pattern's, and a decode removed is unfollowed. Its BackendsChanged is
+// the proxy's Config.BackendsChanged.
+type Follower struct {
+	idx      *Precise
+	pattern  *Pattern // nil: only the explicit engines are followed
+	explicit map[string]Endpoints
+	log      *slog.Logger
+
+	mu       sync.Mutex
+	followed map[string]Endpoints
+}
+
+// NewFollower returns a Follower of idx; explicit maps normalized backend
+// URLs to their endpoints, pattern (nil for none) derives the others'.
+func NewFollower(idx *Precise, explicit map[string]Endpoints, pattern *Pattern, log *slog.Logger) *Follower {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Follower{idx: idx, pattern: pattern, explicit: explicit, log: log, followed: map[string]Endpoints{}}
+}
+
+// BackendsChanged follows the decodes added and unfollows those removed;
+// other roles are ignored (only the decode pool is matched by prefix).
+func (f *Follower) BackendsChanged(role string, added, removed []string) {
+	if role != "decode" {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, b := range removed {
+		if _, ok := f.followed[b]; ok {
+			delete(f.followed, b)
+			f.idx.Unfollow(b)
+			f.log.Info("stopped following a removed decode's KV events", "backend", b)
+		}
+	}
+	for _, b := range added {
+		if err := f.follow(b); err != nil {
+			f.log.Warn("not following a decode's KV events; its prefix hits are unknown to the router", "backend", b, "err", err)
+		}
+	}
+}
+
+// Follow follows one decode at its explicit endpoints or its pattern's; a
+// decode with neither, or already followed there, is left alone (nil
+// error).
+func (f *Follower) Follow(backend string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.follow(backend)
+}
+
+func (f *Follower) follow(backend string) error {
+	ep, ok := f.explicit[backend]
+	if !ok {
+		if f.pattern == nil {
+			return nil
+		}
+		var err error
+		if ep.Pub, ep.Replay, err = f.pattern.Expand(backend); err != nil {
+			return err
+		}
+	}
+	if cur, ok := f.followed[backend]; ok && cur == ep {
+		return nil
+	}
+	if err := f.idx.Follow(backend, ep.Pub, ep.Replay, ""); err != nil {
+		return err
+	}
+	f.followed[backend] = ep
+	f.log.Info("following a decode's KV events", "backend", backend, "endpoint", ep.Pub, "replay", ep.Replay)
+	return nil
+}

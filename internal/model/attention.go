@@ -1,0 +1,320 @@
+package model
+
+import (
+	"cmp"
+	"math"
+	"slices"
+
+	"github.com/tandem-serve/tandem/internal/tensor"
+)
+
+// Attention over the paged KV pool, for prefill tiles and decode tokens
+// alike.
+//
+// # One reduction order per query
+//
+// A query (one head of the token at position p) attends to keys [0, p].
+// Whatever else is in its tile, however its prompt was chunked into Forward
+// calls and whether it is a prefill or a decode token, its output is
+// computed by exactly this sequence of operations (FlashAttention's online
+// softmax over fixed key chunks):
+//
+//  1. q̂ = q·(1/√head_dim), rounded to bf16 when the kernels round
+//     activations (tensor.BF16Query; as MatMul would round it).
+//  2. Keys are walked in chunks of attnKeyChunk positions, [0, 64), [64,
+//     128), ..., the last one cut at p+1: chunk boundaries are positions,
+//     not tiles, Forward calls or KV blocks. For each chunk c:
+//     s_j = q̂·k_j for every key j of the chunk, each one dot product with
+//     the matmul kernel's fixed reduction order (tensor.DotRowsBF16 /
+//     tensor.DotRows, bit-identical whatever the number of rows or keys per
+//     call); mc = the largest s_j (tensor.ArgMax); if mc > m (the running
+//     maximum, -Inf before the first chunk) and m > -Inf, the running sum l
+//     and every accumulator element are multiplied by e^(m−mc) (one
+//     tensor.ExpSum of one element); m = max(m, mc); s_j = e^(s_j−m) and
+//     l += their sum (one tensor.ExpSum over the chunk's keys, its order
+//     fixed by the chunk's length); acc[t] = fma(s_j, v_j[t], acc[t]) for
+//     the chunk's keys j in position order (tensor.AxpyRowsBF16Group /
+//     AxpyRows; splitting the rows across calls does not change the fused
+//     chain).
+//  3. out[t] = acc[t]·(1/l).
+//
+// Skipping the rescale when the maximum does not grow is exact (the factor
+// would be e^0 = 1), so it is not a choice a tile could make differently.
+// Keys beyond p are never read for that query (its last chunk is cut at
+// p+1), so garbage in unwritten slots cannot leak in.
+//
+// # Work split
+//
+// Prefill tokens are cut into tiles of up to attnTileTokens consecutive
+// tokens; a work item is (tile, KV head): the tile's tokens × the GQA
+// group's query heads, as one block of query rows scored against each key
+// chunk in place in the pool (no gathering), chunks a tile does not need
+// skipped token by token (a token scores only chunks that start at or before
+// its position; above the diagonal nothing is computed). A single new token
+// (decode) is one item for all KV heads, so one sweep reads a block's key
+// rows for every head, with the next block prefetched. Items are claimed
+// dynamically by whichever pool thread is free, the costliest first within
+// each KV head.
+
+// attnTileTokens is the number of consecutive tokens of one sequence in a
+// prefill work item: with a GQA group of g heads, 16·g query rows share
+// every key and value row read.
+const attnTileTokens = 16
+
+// attnKeyChunk is the number of key positions per online-softmax step. It
+// is part of the reduction order (changing it changes results, not their
+// invariance).
+const attnKeyChunk = 64
+
+// attnTile is a run of at most attnTileTokens consecutive new tokens of one
+// sequence.
+type attnTile struct {
+	t0, n int // first token (batch index) and count
+}
+
+// attnItem is one unit of attention work: a tile for one KV head, or for
+// all of them (kvh < 0: a single decode token).
+type attnItem struct {
+	tile, kvh int32
+	cost      int64 // query rows × keys, for ordering
+}
+
+// attnScratch is one worker's attention buffers, for R query rows.
+type attnScratch struct {
+	q      []float32 // scaled queries [R, hd]
+	qb     tensor.BF16Query
+	s      []float32 // scores, then weights, of the current chunk [R, attnKeyChunk]
+	acc    []float32 // unnormalised outputs [R, hd]
+	mx, l  []float32 // running maximum and sum [R]
+	factor [1]float32
+}
+
+func (w *attnScratch) grow(rows, hd int) {
+	w.q = grow(w.q, rows*hd)
+	w.s = grow(w.s, rows*attnKeyChunk)
+	w.acc = grow(w.acc, rows*hd)
+	w.mx = grow(w.mx, rows)
+	w.l = grow(w.l, rows)
+}
+
+// planTokens records every new token's sequence and position, cuts the
+// tokens into attention tiles and plans the attention work items.
+func (m *Model) planTokens(seqs []Seq, T int) {
+	s := &m.s
+	s.tokSeq = growI32(s.tokSeq, T)
+	s.tokPos = growI32(s.tokPos, T)
+	t := 0
+	s.tiles = s.tiles[:0]
+	for i, sq := range seqs {
+		for off := 0; off < len(sq.Tokens); off += attnTileTokens {
+			s.tiles = append(s.tiles, attnTile{t0: t + off, n: min(attnTileTokens, len(sq.Tokens)-off)})
+		}
+		for j := range sq.Tokens {
+			s.tokSeq[t] = int32(i)
+			s.tokPos[t] = int32(sq.Pos + j)
+			t++
+		}
+	}
+	m.planAttention()
+}
+
+// planAttention lists the work items of the batch's tiles: prefill tiles
+// per KV head, KV-head-major and costliest first within a KV head (the
+// keys of one head stay in cache while its tiles run; the cheap items come
+// last and even out the threads' finishing times), then the decode tokens.
+func (m *Model) planAttention() {
+	c := &m.cfg
+	s := &m.s
+	s.items = s.items[:0]
+	group := int64(c.Heads / c.KVHeads)
+	for kvh := range c.KVHeads {
+		start := len(s.items)
+		for i, tile := range s.tiles {
+			if tile.n > 1 {
+				keys := int64(s.tokPos[tile.t0]) + int64(tile.n)
+				s.items = append(s.items, attnItem{tile: int32(i), kvh: int32(kvh), cost: keys * int64(tile.n) * group})
+			}
+		}
+		slices.SortStableFunc(s.items[start:], func(a, b attnItem) int { return cmp.Compare(b.cost, a.cost) })
+	}
+	start := len(s.items)
+	for i, tile := range s.tiles {
+		if tile.n == 1 {
+			keys := int64(s.tokPos[tile.t0]) + 1
+			s.items = append(s.items, attnItem{tile: int32(i), kvh: -1, cost: keys * int64(c.Heads)})
+		}
+	}
+	slices.SortStableFunc(s.items[start:], func(a, b attnItem) int { return cmp.Compare(b.cost, a.cost) })
+}
+
+// attention computes softmax(q·Kᵀ/√d)·V for every (query head, token) of
+// layer li into s.attn, over the work items planned for the batch.
+func (m *Model) attention(li int, seqs []Seq, kv kvView, layout KVLayout) {
+	c := &m.cfg
+	s := &m.s
+	items, tiles := s.items, s.tiles
+	m.pool.ParallelChunks(len(items), 1, func(lo, hi int) {
+		w, _ := s.attnScratch.Get().(*attnScratch)
+		if w == nil {
+			w = new(attnScratch)
+		}
+		for _, it := range items[lo:hi] {
+			tile := tiles[it.tile]
+			sq := &seqs[s.tokSeq[tile.t0]]
+			first := int(s.tokPos[tile.t0])
+			kh0, kh1 := int(it.kvh), int(it.kvh)+1
+			if it.kvh < 0 {
+				kh0, kh1 = 0, c.KVHeads
+			}
+			m.attendTile(w, kv, layout, li, sq, tile.t0, tile.n, first, kh0, kh1)
+		}
+		s.attnScratch.Put(w)
+	})
+}
+
+// attendTile computes the attention outputs of tokens [t0, t0+ntok) of the
+// batch (consecutive positions first, first+1, ... of sq) for the query
+// heads of KV heads [kh0, kh1), in the reduction order described at the
+// top of this file. Query row r of the item is head kvh·group+gi of token
+// tok, r = ((kvh−kh0)·ntok + tok)·group + gi: the rows of one KV head are
+// contiguous, and so are the group's rows of one token.
+func (m *Model) attendTile(w *attnScratch, kv kvView, layout KVLayout, li int, sq *Seq, t0, ntok, first, kh0, kh1 int) {
+	c := &m.cfg
+	s := &m.s
+	hd, kvd, group, bs := c.HeadDim, c.KVDim(), c.Heads/c.KVHeads, layout.BlockSize
+	g := &m.layers[li].qkv
+	const C = attnKeyChunk
+	perHead := ntok * group // rows per KV head
+	R := (kh1 - kh0) * perHead
+	w.grow(R, hd)
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	for kvh := kh0; kvh < kh1; kvh++ {
+		for tok := range ntok {
+			src := s.qkv[(t0+tok)*g.width+g.off[0]+kvh*group*hd:][:group*hd]
+			dst := w.q[((kvh-kh0)*perHead+tok*group)*hd:][:group*hd]
+			for i, v := range src {
+				dst[i] = v * scale
+			}
+		}
+	}
+	if kv.u16 != nil {
+		w.qb.Set(w.q, R, hd)
+	}
+	negInf := float32(math.Inf(-1))
+	for r := range R {
+		w.mx[r], w.l[r] = negInf, 0
+	}
+	clear(w.acc[:R*hd])
+
+	end := first + ntok // keys of the tile's last token
+	for c0 := 0; c0 < end; c0 += C {
+		c1 := min(c0+C, end)
+		tokLo := max(0, c0-first) // tokens whose position is at least c0 need this chunk
+		live := (ntok - tokLo) * group
+		// Scores: every key of the chunk against the live rows, segment
+		// by segment (a segment is the part of a KV block inside the
+		// chunk).
+		for j := c0; j < c1; {
+			blk, slot := j/bs, j%bs
+			je := min(c1, (blk+1)*bs)
+			base := layout.Offset(int(sq.Blocks[blk]), li, 0, slot)
+			if ntok == 1 && je < end {
+				// Decode: warm the next segment's key rows (blocks are
+				// scattered, the hardware prefetchers cannot guess them).
+				nb, ns := je/bs, je%bs
+				next := layout.Offset(int(sq.Blocks[nb]), li, 0, ns) + kh0*hd
+				kv.prefetchRows(next, kvd, min(bs-ns, end-je), (kh1-kh0)*hd)
+			}
+			for kvh := kh0; kvh < kh1; kvh++ {
+				r0 := (kvh-kh0)*perHead + tokLo*group
+				out := w.s[r0*C+(j-c0):]
+				if kv.u16 != nil {
+					q := w.qb.Rows(r0, live)
+					tensor.DotRowsBF16(out, C, &q, kv.u16[base+kvh*hd:], kvd, je-j)
+					continue
+				}
+				for r := range live {
+					tensor.DotRows(out[r*C:][:je-j], w.q[(r0+r)*hd:][:hd], kv.f32[base+kvh*hd:], kvd)
+				}
+			}
+			j = je
+		}
+		// Online softmax, row by row.
+		for kvh := kh0; kvh < kh1; kvh++ {
+			for tok := tokLo; tok < ntok; tok++ {
+				cnt := min(c1, first+tok+1) - c0
+				for gi := range group {
+					r := (kvh-kh0)*perHead + tok*group + gi
+					sc := w.s[r*C:][:cnt]
+					_, mc := tensor.ArgMax(sc)
+					if mc > w.mx[r] {
+						if w.mx[r] != negInf {
+							w.factor[0] = w.mx[r]
+							f := tensor.ExpSum(w.factor[:], mc)
+							w.l[r] *= f
+							acc := w.acc[r*hd:][:hd]
+							for i := range acc {
+								acc[i] *= f
+							}
+						}
+						w.mx[r] = mc
+					}
+					w.l[r] += tensor.ExpSum(sc, w.mx[r])
+				}
+			}
+		}
+		// Weighted values: the group's rows of one token share the
+		// value rows and the key count.
+		for kvh := kh0; kvh < kh1; kvh++ {
+			for tok := tokLo; tok < ntok; tok++ {
+				r0 := (kvh-kh0)*perHead + tok*group
+				kend := min(c1, first+tok+1)
+				for j := c0; j < kend; {
+					blk, slot := j/bs, j%bs
+					je := min(kend, (blk+1)*bs)
+					base := layout.Offset(int(sq.Blocks[blk]), li, 1, slot) + kvh*hd
+					kv.axpyGroup(group, hd, w.acc[r0*hd:], w.s[r0*C+(j-c0):], C, je-j, base, kvd)
+					j = je
+				}
+			}
+		}
+	}
+	for kvh := kh0; kvh < kh1; kvh++ {
+		for tok := range ntok {
+			for gi := range group {
+				r := (kvh-kh0)*perHead + tok*group + gi
+				h := kvh*group + gi
+				inv := 1 / w.l[r]
+				out := s.attn[(t0+tok)*c.QDim()+h*hd:][:hd]
+				for i, v := range w.acc[r*hd : (r+1)*hd] {
+					out[i] = v * inv
+				}
+			}
+		}
+	}
+}
+
+// axpyGroup adds to the g output rows y[h·n:][:n] (h < g) the rows value
+// rows from element off of the pool, ldv apart, weighted by
+// alpha[h·lda:][:rows], in row order: tensor.AxpyRowsBF16Group (or
+// AxpyRows per output over an f32 pool), whose every output element is one
+// fused multiply-add chain over the rows.
+func (kv kvView) axpyGroup(g, n int, y, alpha []float32, lda, rows, off, ldv int) {
+	if kv.f32 != nil {
+		for h := range g {
+			tensor.AxpyRows(y[h*n:][:n], alpha[h*lda:][:rows], kv.f32[off:], ldv)
+		}
+		return
+	}
+	tensor.AxpyRowsBF16Group(g, n, y, n, alpha, lda, rows, kv.u16[off:], ldv)
+}
+
+// prefetchRows asks for rows rows of n elements from element off, ld
+// apart, to be brought into the cache.
+func (kv kvView) prefetchRows(off, ld, rows, n int) {
+	if kv.f32 != nil {
+		tensor.PrefetchRowsF32(kv.f32[off:], ld, rows, n)
+		return
+	}
+	tensor.PrefetchRowsU16(kv.u16[off:], ld, rows, n)
+}

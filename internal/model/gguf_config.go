@@ -1,0 +1,227 @@
+package model
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/tandem-serve/tandem/internal/model/gguf"
+)
+
+// Bounds on GGUF hyperparameters, far above any real model's, so that a
+// hostile file cannot make the loader allocate per-layer or per-position
+// state it does not have the tensors for.
+const (
+	maxGGUFDim       = 1 << 20
+	maxGGUFPositions = 1 << 26
+)
+
+// LoadGGUFConfig reads the model configuration and generation defaults
+// from the metadata of the GGUF file at path (see LoadGGUF).
+func LoadGGUFConfig(path string) (*Config, *GenerationConfig, error) {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("model: %w", err)
+	}
+	defer f.Close()
+	return ggufConfig(f)
+}
+
+// ggufConfig maps the {arch}.* hyperparameters, the tokenizer's special
+// ids and the tensors present to a Config.
+func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
+	where := f.Path
+	if where == "" {
+		where = "GGUF file"
+	}
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("model: %s: %s", where, fmt.Sprintf(format, args...))
+	}
+	arch, ok, err := f.Str("general.architecture")
+	if err != nil {
+		return nil, nil, fmt.Errorf("model: %s: %w", where, err)
+	}
+	if !ok {
+		return nil, nil, fail("general.architecture is missing")
+	}
+	c := &Config{ModelType: arch}
+	switch arch {
+	case "llama", "qwen2":
+	default:
+		return nil, nil, fail("architecture %q is not supported (supported: llama, which GGUF also uses for Mistral, and qwen2)", arch)
+	}
+	uintKey := func(dst *int, suffix string, def int, limit int) error {
+		key := arch + "." + suffix
+		v, ok, err := f.Uint(key)
+		if err != nil {
+			return fmt.Errorf("model: %s: %w", where, err)
+		}
+		if !ok {
+			if def == 0 {
+				return fail("required key %s is missing", key)
+			}
+			*dst = def
+			return nil
+		}
+		if v == 0 || v > uint64(limit) {
+			return fail("%s = %d: expected 1 to %d", key, v, limit)
+		}
+		*dst = int(v)
+		return nil
+	}
+	for _, k := range []struct {
+		dst    *int
+		suffix string
+		limit  int
+	}{
+		{&c.MaxPositions, "context_length", maxGGUFPositions},
+		{&c.Hidden, "embedding_length", maxGGUFDim},
+		{&c.Layers, "block_count", maxGGUFDim},
+		{&c.Intermediate, "feed_forward_length", maxGGUFDim},
+		{&c.Heads, "attention.head_count", maxGGUFDim},
+	} {
+		if err := uintKey(k.dst, k.suffix, 0, k.limit); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := uintKey(&c.KVHeads, "attention.head_count_kv", c.Heads, maxGGUFDim); err != nil {
+		return nil, nil, err
+	}
+	if c.Heads%c.KVHeads != 0 {
+		return nil, nil, fail("%s.attention.head_count_kv %d does not divide head_count %d", arch, c.KVHeads, c.Heads)
+	}
+	defHead := 0
+	if c.Hidden%c.Heads == 0 {
+		defHead = c.Hidden / c.Heads
+	}
+	var keyLen, valueLen int
+	if err := uintKey(&keyLen, "attention.key_length", defHead, maxGGUFDim); err != nil {
+		return nil, nil, err
+	}
+	if err := uintKey(&valueLen, "attention.value_length", keyLen, maxGGUFDim); err != nil {
+		return nil, nil, err
+	}
+	if err := uintKey(&c.HeadDim, "rope.dimension_count", keyLen, maxGGUFDim); err != nil {
+		return nil, nil, err
+	}
+	if keyLen != valueLen || c.HeadDim != keyLen || c.HeadDim%2 != 0 {
+		return nil, nil, fail("head sizes key %d, value %d, rotary %d: expected one even size (partial rotary embeddings are not supported)", keyLen, valueLen, c.HeadDim)
+	}
+	if c.Layers > len(f.Tensors) {
+		return nil, nil, fail("%s.block_count %d is more than the file's %d tensors allow", arch, c.Layers, len(f.Tensors))
+	}
+	eps, ok, err := f.Float(arch + ".attention.layer_norm_rms_epsilon")
+	if err != nil {
+		return nil, nil, fmt.Errorf("model: %s: %w", where, err)
+	}
+	if !ok || !(eps > 0) {
+		return nil, nil, fail("%s.attention.layer_norm_rms_epsilon: expected a positive float, found %v (present %t)", arch, eps, ok)
+	}
+	c.RMSNormEps = eps
+	c.RopeTheta = 10000
+	if theta, ok, err := f.Float(arch + ".rope.freq_base"); err != nil {
+		return nil, nil, fmt.Errorf("model: %s: %w", where, err)
+	} else if ok {
+		if !(theta > 1) || math.IsInf(theta, 0) {
+			return nil, nil, fail("%s.rope.freq_base %v: expected a number greater than 1", arch, theta)
+		}
+		c.RopeTheta = theta
+	}
+	if c.RopeScaling, err = ggufRopeScaling(f, arch, fail); err != nil {
+		return nil, nil, err
+	}
+	if _, ok := f.Tensor(ggufRopeFreqs); ok {
+		if c.RopeScaling.Type != "" {
+			return nil, nil, fail("has both %s scaling and a %s tensor", c.RopeScaling.Type, ggufRopeFreqs)
+		}
+		c.RopeScaling = RopeScaling{Type: "freqs"}
+	}
+
+	embd, ok := f.Tensor(ggufEmbed)
+	if !ok {
+		return nil, nil, fail("tensor %s is missing", ggufEmbed)
+	}
+	if len(embd.Dims) != 2 || embd.Dims[1] > math.MaxInt32 {
+		return nil, nil, fail("tensor %s has dimensions %v, expected [hidden, vocab]", ggufEmbed, embd.Dims)
+	}
+	c.Vocab = int(embd.Dims[1])
+	if v, ok := f.Get("tokenizer.ggml.tokens"); ok {
+		if n := v.Len(); n != c.Vocab {
+			return nil, nil, fail("tokenizer.ggml.tokens has %d tokens but %s has %d rows", n, ggufEmbed, c.Vocab)
+		}
+	}
+	_, hasOutput := f.Tensor(ggufOutput)
+	c.TieWordEmbeddings = !hasOutput
+	_, c.QKVBias = f.Tensor("blk.0.attn_q.bias")
+	_, c.OBias = f.Tensor("blk.0.attn_output.bias")
+
+	gen := &GenerationConfig{}
+	ids := func(key string) (int32, bool, error) {
+		v, ok, err := f.Uint(key)
+		if err != nil || !ok {
+			return 0, false, err
+		}
+		if v >= uint64(c.Vocab) {
+			return 0, false, fail("%s = %d is outside the vocabulary of %d", key, v, c.Vocab)
+		}
+		return int32(v), true, nil
+	}
+	if id, ok, err := ids("tokenizer.ggml.bos_token_id"); err != nil {
+		return nil, nil, err
+	} else if ok {
+		c.BOS = []int32{id}
+	}
+	for _, key := range []string{"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"} {
+		id, ok, err := ids(key)
+		if err != nil {
+			return nil, nil, err
+		}
+		if ok && !containsID(gen.EOS, id) {
+			gen.EOS = append(gen.EOS, id)
+		}
+	}
+	if len(gen.EOS) > 0 {
+		c.EOS = []int32{gen.EOS[0]}
+	}
+	return c, gen, nil
+}
+
+func containsID(ids []int32, id int32) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+func ggufRopeScaling(f *gguf.File, arch string, fail func(string, ...any) error) (RopeScaling, error) {
+	typ, _, err := f.Str(arch + ".rope.scaling.type")
+	if err != nil {
+		return RopeScaling{}, fail("%v", err)
+	}
+	factor, hasFactor, err := f.Float(arch + ".rope.scaling.factor")
+	if err != nil {
+		return RopeScaling{}, fail("%v", err)
+	}
+	if typ == "" {
+		// Older files: rope.scale_linear.
+		if lin, ok, err := f.Float(arch + ".rope.scale_linear"); err != nil {
+			return RopeScaling{}, fail("%v", err)
+		} else if ok && lin != 1 {
+			typ, factor, hasFactor = "linear", lin, true
+		}
+	}
+	switch typ {
+	case "", "none":
+		return RopeScaling{}, nil
+	case "linear":
+		if !hasFactor || !(factor > 0) || math.IsInf(factor, 0) {
+			return RopeScaling{}, fail("linear rope scaling needs a positive %s.rope.scaling.factor, found %v", arch, factor)
+		}
+		if factor == 1 {
+			return RopeScaling{}, nil
+		}
+		return RopeScaling{Type: "linear", Factor: factor}, nil
+	}
+	return RopeScaling{}, fail("%s.rope.scaling.type %q is not supported (supported: none, linear; Llama 3 scaling comes as a %s tensor)", arch, typ, ggufRopeFreqs)
+}

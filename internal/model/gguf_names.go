@@ -1,0 +1,127 @@
+package model
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/tandem-serve/tandem/internal/model/gguf"
+	"github.com/tandem-serve/tandem/internal/tensor"
+)
+
+// ggufDTypes map the GGUF tensor types the loader binds to the dtypes with
+// the same block layout.
+var ggufDTypes = map[gguf.Type]tensor.DType{
+	gguf.F32: tensor.F32, gguf.F16: tensor.F16, gguf.BF16: tensor.BF16, gguf.Q8_0: tensor.Q8_0,
+	gguf.Q4_0: tensor.Q4_0, gguf.Q4_K: tensor.Q4_K, gguf.Q5_K: tensor.Q5_K, gguf.Q6_K: tensor.Q6_K,
+}
+
+// ggufDType returns the dtype of a GGUF tensor type.
+func ggufDType(t gguf.Type) (tensor.DType, bool) {
+	d, ok := ggufDTypes[t]
+	return d, ok
+}
+
+// The tensor names of llama.cpp's GGUF files for the llama and qwen2
+// architectures, and the Hugging Face names they correspond to.
+const (
+	ggufEmbed     = "token_embd.weight"
+	ggufOutput    = "output.weight"
+	ggufNorm      = "output_norm.weight"
+	ggufRopeFreqs = "rope_freqs.weight"
+)
+
+// ggufLayerNames maps the per-layer Hugging Face tensor names (after
+// "model.layers.N.") to GGUF's (after "blk.N.").
+var ggufLayerNames = map[string]string{
+	"input_layernorm.weight":          "attn_norm.weight",
+	"post_attention_layernorm.weight": "ffn_norm.weight",
+	"self_attn.q_proj.weight":         "attn_q.weight",
+	"self_attn.k_proj.weight":         "attn_k.weight",
+	"self_attn.v_proj.weight":         "attn_v.weight",
+	"self_attn.o_proj.weight":         "attn_output.weight",
+	"self_attn.q_proj.bias":           "attn_q.bias",
+	"self_attn.k_proj.bias":           "attn_k.bias",
+	"self_attn.v_proj.bias":           "attn_v.bias",
+	"self_attn.o_proj.bias":           "attn_output.bias",
+	"mlp.gate_proj.weight":            "ffn_gate.weight",
+	"mlp.up_proj.weight":              "ffn_up.weight",
+	"mlp.down_proj.weight":            "ffn_down.weight",
+}
+
+// ggufName returns the GGUF name of a Hugging Face tensor name, and whether
+// it has one.
+func ggufName(hf string) (string, bool) {
+	switch hf {
+	case "model.embed_tokens.weight":
+		return ggufEmbed, true
+	case "lm_head.weight":
+		return ggufOutput, true
+	case "model.norm.weight":
+		return ggufNorm, true
+	}
+	rest, ok := strings.CutPrefix(hf, "model.layers.")
+	if !ok {
+		return "", false
+	}
+	num, suffix, ok := strings.Cut(rest, ".")
+	if !ok {
+		return "", false
+	}
+	if _, err := strconv.Atoi(num); err != nil {
+		return "", false
+	}
+	g, ok := ggufLayerNames[suffix]
+	if !ok {
+		return "", false
+	}
+	return "blk." + num + "." + g, true
+}
+
+// ggufLayer returns the layer number and the per-layer part of a GGUF
+// tensor name ("blk.3.attn_q.weight" → 3, "attn_q.weight").
+func ggufLayer(name string) (int, string, bool) {
+	rest, ok := strings.CutPrefix(name, "blk.")
+	if !ok {
+		return 0, "", false
+	}
+	num, suffix, ok := strings.Cut(rest, ".")
+	if !ok {
+		return 0, "", false
+	}
+	n, err := strconv.Atoi(num)
+	if err != nil || n < 0 || strconv.Itoa(n) != num {
+		return 0, "", false
+	}
+	return n, suffix, true
+}
+
+// permuteRows reorders the rows of a llama q or k projection (heads ×
+// headDim rows of rowBytes bytes each) from Hugging Face's rotary layout to
+// llama.cpp's, as its converter does (convert_hf_to_gguf.py, LlamaModel
+// permute: reshape(heads, 2, headDim/2, ...).swapaxes(1, 2)). Hugging Face
+// rotates the pairs (i, i+headDim/2) of each head; llama.cpp's llama
+// architecture rotates adjacent pairs (2i, 2i+1), so GGUF row 2i+j of a head
+// is Hugging Face row j·headDim/2+i. With inverse it undoes that.
+func permuteRows(data []byte, heads, headDim, rowBytes int, inverse bool) error {
+	if headDim%2 != 0 || heads*headDim*rowBytes != len(data) {
+		return fmt.Errorf("model: cannot permute %d bytes as %d heads of %d rows of %d bytes", len(data), heads, headDim, rowBytes)
+	}
+	half := headDim / 2
+	tmp := make([]byte, headDim*rowBytes)
+	for h := range heads {
+		head := data[h*headDim*rowBytes : (h+1)*headDim*rowBytes]
+		copy(tmp, head)
+		for i := range half {
+			for j := range 2 {
+				hf, gg := j*half+i, 2*i+j
+				src, dst := hf, gg
+				if inverse {
+					src, dst = gg, hf
+				}
+				copy(head[dst*rowBytes:(dst+1)*rowBytes], tmp[src*rowBytes:(src+1)*rowBytes])
+			}
+		}
+	}
+	return nil
+}
