@@ -65,7 +65,7 @@ type ggufEntry struct {
 	hf, name string
 	shape    []int // Hugging Face order
 	typ      gguf.Type
-	permute  int        // heads to permute the rows of (llama q and k), 0 for none
+	permute  int       // heads to permute the rows of (llama q and k), 0 for none
 	data     []float32 // set for tensors computed here (rope_freqs)
 }
 

@@ -200,7 +200,6 @@ func (m *specModel) ggufFile(t *testing.T, quant map[string]bool) string {
 	return path
 }
 
-
 // checkpoint writes the model as a Hugging Face checkpoint, with the
 // matrices in quant replaced by their Q8_0-dequantized values.
 func (m *specModel) checkpoint(t *testing.T, quant map[string]bool) string {

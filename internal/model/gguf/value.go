@@ -207,7 +207,9 @@ func (v Value) Len() int {
 	return 0
 }
 
-func (v Value) signed() bool { return v.typ == Int8 || v.typ == Int16 || v.typ == Int32 || v.typ == Int64 }
+func (v Value) signed() bool {
+	return v.typ == Int8 || v.typ == Int16 || v.typ == Int32 || v.typ == Int64
+}
 
 func (v Value) unsigned() bool {
 	return v.typ == Uint8 || v.typ == Uint16 || v.typ == Uint32 || v.typ == Uint64
