@@ -681,11 +681,18 @@ func (c *Consumer) dialHello(ctx context.Context, p *peerState) (*pconn, Info, e
 	// full (a burst of pulls from this decode, or a flood from elsewhere):
 	// retry with a short, jittered backoff until ctx ends.
 	backoff := 5 * time.Millisecond
+	var busy error // the last refusal: the real reason if time runs out
 	for {
 		cn, info, err := c.dialHelloOnce(ctx, p)
+		if err != nil && busy != nil && ctx.Err() != nil {
+			// The deadline cut a retry short: the producer's refusal, not
+			// the timeout it caused, is what the caller must hear.
+			return nil, Info{}, busy
+		}
 		if err == nil || !refusedBusy(err) || ctx.Err() != nil {
 			return cn, info, err
 		}
+		busy = err
 		t := time.NewTimer(backoff/2 + rand.N(backoff))
 		select {
 		case <-ctx.Done():
