@@ -13,14 +13,6 @@ import (
 	"github.com/tandem-serve/tandem/internal/router/factory"
 )
 
-// slowDecode answers like decodeJSON after d, so that requests overlap.
-func slowDecode(d time.Duration) func(w http.ResponseWriter, r *http.Request, body []byte) {
-	return func(w http.ResponseWriter, r *http.Request, body []byte) {
-		time.Sleep(d)
-		decodeJSON(w, r, body)
-	}
-}
-
 // counts returns how many generation legs each engine received.
 func counts(engines []*fakeEngine) []int {
 	out := make([]int, len(engines))

@@ -30,15 +30,32 @@ func TestManyBackends(t *testing.T) {
 	for range 16 {
 		pre = append(pre, newFake(t, prefillOK))
 	}
+	// Every decode leg waits until all 512 have arrived (or 10 s), so none
+	// finishes and frees its slot before the last is dispatched, however
+	// slow the machine (the race detector): the spread then shows the
+	// dispatch-time accounting alone.
+	const n = 512
+	var arrived atomic.Int32
+	all := make(chan struct{})
+	barrier := func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if arrived.Add(1) == n {
+			close(all)
+		}
+		select {
+		case <-all:
+		case <-time.After(10 * time.Second):
+		}
+		decodeJSON(w, r, body)
+	}
 	for range 128 {
-		dec = append(dec, newFake(t, slowDecode(20*time.Millisecond)))
+		dec = append(dec, newFake(t, barrier))
 	}
 	_, url := startProxy(t, Config{Fallback: true, Policy: factory.PolicyPrefix, PDDecider: "conditional", ScrapeInterval: -1,
 		Router: factory.Options{Threshold: 8}}, pre, dec)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	pd := map[string]int{}
-	for i := range 512 {
+	for i := range n {
 		wg.Go(func() {
 			resp, body := post(t, url, "/v1/completions", fmt.Sprintf(`{"prompt":"request %d with a prompt long enough to go remote"}`, i), nil)
 			mu.Lock()
