@@ -10,6 +10,11 @@
 // attention reads each sequence's blocks through its block table. The
 // package computes; it never allocates KV blocks or schedules requests.
 //
+// Load also takes a GGUF file (LoadGGUF, package gguf): the llama and qwen2
+// architectures with F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K or Q6_K tensors,
+// quantized matrices kept as their blocks (tensor.Mat.Q). ConvertToGGUF
+// writes a checkpoint as a GGUF file in any of GGUFEncodings.
+//
 // Batch invariance is a design invariant: a sequence's logits are
 // bit-identical whatever else is in the batch and however its prompt is
 // chunked, so prefill on one engine and decode on another reproduce a

@@ -3,7 +3,6 @@ package model
 import (
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"slices"
 	"sort"
@@ -138,9 +137,9 @@ var ggufLayerParts = [][]string{
 	{"attn_q.bias"}, {"attn_k.bias"}, {"attn_v.bias"}, {"attn_output.bias"},
 }
 
-// ggufLoadReaders is how many threads read a GGUF file's tensors at once;
-// tests and benchmarks change it.
-var ggufLoadReaders = 0 // 0: max(2, GOMAXPROCS), at most 8
+// ggufLoadReaders is how many threads read a GGUF file's tensors at once
+// (0: GOMAXPROCS, at least 2 and at most 4); tests change it.
+var ggufLoadReaders = 0
 
 // ggufReadChunk is the most bytes one read call moves.
 const ggufReadChunk = 8 << 20
@@ -205,9 +204,6 @@ func loadGGUFTensors(f *gguf.File, c *Config) (*ggufSource, error) {
 			size += t.Size
 		}
 	}
-	if ggufLoadMode == "mmap" {
-		return mmapGGUF(f, c, place2(place))
-	}
 	mem, err := unix.Mmap(-1, 0, int(max(size, 1)), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
 	if err != nil {
 		return nil, fmt.Errorf("model: allocate %d bytes for %s: %w", size, f.Path, err)
@@ -217,9 +213,9 @@ func loadGGUFTensors(f *gguf.File, c *Config) (*ggufSource, error) {
 		_ = unix.Munmap(mem)
 		return nil, err
 	}
-	if ggufLoadMode != "nohuge" {
-		_ = unix.Madvise(mem, unix.MADV_HUGEPAGE) // see safetensors' loadAnonymous
-	}
+	// No MADV_HUGEPAGE (unlike safetensors' loadAnonymous): on this VM
+	// faulting in transparent huge pages made a 1.3–2.4 GB load take 3–11
+	// s of kernel time instead of 0.6–1.9 s (docs/performance.md).
 
 	type job struct {
 		dst []byte
@@ -241,7 +237,7 @@ func loadGGUFTensors(f *gguf.File, c *Config) (*ggufSource, error) {
 	sort.Slice(jobs, func(i, j int) bool { return jobs[i].off < jobs[j].off })
 	readers := ggufLoadReaders
 	if readers <= 0 {
-		readers = min(8, max(2, runtime.GOMAXPROCS(0)))
+		readers = min(4, max(2, runtime.GOMAXPROCS(0)))
 	}
 	var (
 		wg    sync.WaitGroup
@@ -292,44 +288,10 @@ func cmpErr(first, err error) error {
 	return err
 }
 
+// placed is a tensor and its offset in the loaded mapping.
 type placed struct {
 	t   *gguf.TensorInfo
 	off int64
-}
-
-func place2(p []placed) []placed { return p }
-
-var ggufLoadMode = os.Getenv("TANDEM_GGUF_LOAD")
-
-// mmapGGUF is the experimental zero-copy load: the file mapped privately.
-func mmapGGUF(f *gguf.File, c *Config, place []placed) (*ggufSource, error) {
-	fh, err := os.Open(f.Path)
-	if err != nil {
-		return nil, err
-	}
-	defer fh.Close()
-	mem, err := unix.Mmap(int(fh.Fd()), 0, int(f.Size), unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_POPULATE)
-	if err != nil {
-		return nil, err
-	}
-	src := &ggufSource{path: f.Path, mem: mem, tensors: make(map[string]weight, len(place))}
-	for _, p := range place {
-		o := f.DataOffset + p.t.Offset
-		dt, _ := ggufDType(p.t.Type)
-		src.tensors[p.t.Name] = weight{dtype: dt, ok: true, typeName: p.t.Type.String(), shape: p.t.Shape(), data: mem[o : o+p.t.Size : o+p.t.Size], file: f.Path}
-	}
-	if c.ModelType == "llama" {
-		if err := unix.Mprotect(mem, unix.PROT_READ|unix.PROT_WRITE); err != nil {
-			return nil, err
-		}
-		if err := src.unpermuteQK(c); err != nil {
-			return nil, err
-		}
-		if err := unix.Mprotect(mem, unix.PROT_READ); err != nil {
-			return nil, err
-		}
-	}
-	return src, nil
 }
 
 // fusable reports whether a group's tensors can be laid out as one matrix:

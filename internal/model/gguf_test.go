@@ -609,3 +609,18 @@ func TestLoadGGUFReportsWhatIsWrong(t *testing.T) {
 		t.Error("a missing file loaded")
 	}
 }
+
+// TestGGUFLoadReadersAgree checks that the parallel load gives the same
+// model whatever the number of reading threads.
+func TestGGUFLoadReadersAgree(t *testing.T) {
+	path := convertGGUF(t, testmodels.Stories260K(t), "q8_0")
+	defer func(n int) { ggufLoadReaders = n }(ggufLoadReaders)
+	var prints []string
+	for _, n := range []int{1, 3} {
+		ggufLoadReaders = n
+		prints = append(prints, loadTestModel(t, path, 1).Fingerprint())
+	}
+	if prints[0] != prints[1] {
+		t.Errorf("fingerprints differ: %v", prints)
+	}
+}
