@@ -184,6 +184,7 @@ func runBench(args []string) error {
 		jsonF      = fs.String("json", "", "write every result and per-request record as JSON to this file")
 		plots      = fs.String("plots", "", "write PNG and SVG plots into this directory")
 		progress   = fs.Duration("progress", 5*time.Second, "period of progress lines on stderr (0: none)")
+		allowFail  = fs.Bool("allow-failures", false, "exit 0 even when requests failed (they are still reported, and count as SLO misses); without it a failed request makes the command fail after writing its results")
 	)
 	wf.register(fs)
 	fs.Var(&targets, "target", "NAME=URL of a server to compare (repeat for several)")
@@ -222,8 +223,10 @@ func runBench(args []string) error {
 	if err := prepare(ctx, p, &wf, os.Stderr); err != nil {
 		return err
 	}
+	var s *bench.Suite
 	if *search {
-		res, err := bench.SearchRate(ctx, p, bench.SearchConfig{Target: *searchGoal, Low: *searchLo, High: *searchHi, Steps: *searchN}, os.Stderr)
+		var res []bench.SearchResult
+		res, err = bench.SearchRate(ctx, p, bench.SearchConfig{Target: *searchGoal, Low: *searchLo, High: *searchHi, Steps: *searchN}, os.Stderr)
 		for _, r := range res {
 			fmt.Printf("%s: highest rate meeting the SLO for %.0f%% of requests: %.3g req/s (tried:", r.Target, 100**searchGoal, r.MaxRate)
 			for _, pt := range r.Points {
@@ -231,29 +234,13 @@ func runBench(args []string) error {
 			}
 			fmt.Println(")")
 		}
-		if *jsonF != "" {
-			if werr := writeJSONFile(*jsonF, map[string]any{"plan": p, "search": res}); werr != nil {
-				return werr
-			}
-		}
-		return err
+		s = bench.SearchSuite(p, *searchGoal, res)
+	} else {
+		s, err = bench.Run(ctx, p)
 	}
-	s, err := bench.Run(ctx, p)
 	if s != nil && len(s.Results) > 0 {
-		if werr := bench.WriteTable(os.Stdout, s); werr != nil {
+		if werr := writeResults(s, *jsonF, *plots); werr != nil {
 			return werr
-		}
-		if *jsonF != "" {
-			if werr := writeJSONFile(*jsonF, s); werr != nil {
-				return werr
-			}
-		}
-		if *plots != "" {
-			files, werr := plot.Suite(*plots, "", s)
-			if werr != nil {
-				return werr
-			}
-			fmt.Printf("plots: %s\n", strings.Join(files, ", "))
 		}
 	}
 	if err != nil {
@@ -262,12 +249,42 @@ func runBench(args []string) error {
 		}
 		return err
 	}
-	for _, r := range s.Results {
-		if r.Failed > 0 {
-			return fmt.Errorf("%d requests failed against %s at %s (see above)", r.Failed, r.Target, r.Load)
-		}
+	if failed := failedRequests(s); failed != "" && !*allowFail {
+		return fmt.Errorf("requests failed: %s (see the errors above; --allow-failures to exit 0 anyway)", failed)
 	}
 	return nil
+}
+
+// writeResults prints the table of s and writes its JSON and plots when
+// asked to.
+func writeResults(s *bench.Suite, jsonFile, plots string) error {
+	if err := bench.WriteTable(os.Stdout, s); err != nil {
+		return err
+	}
+	if jsonFile != "" {
+		if err := writeJSONFile(jsonFile, s); err != nil {
+			return err
+		}
+	}
+	if plots != "" {
+		files, err := plot.Suite(plots, "", s)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("plots: %s\n", strings.Join(files, ", "))
+	}
+	return nil
+}
+
+// failedRequests lists the results of s with failed requests, "" for none.
+func failedRequests(s *bench.Suite) string {
+	var parts []string
+	for _, r := range s.Results {
+		if r.Failed > 0 {
+			parts = append(parts, fmt.Sprintf("%d of %d against %s at %s", r.Failed, r.Requests, r.Target, r.Load))
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 // parseLoads turns the load flags into levels.

@@ -15,10 +15,10 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -47,7 +47,11 @@ func runBenchExperiment(args []string) error {
 			"proxy with the conditional decider (prefill on the decode engine when the uncached\n"+
 			"prompt is short). Each workload runs open loop (Poisson) at each rate against every\n"+
 			"configuration, in alternating rounds, each level with prompts of its own. Writes\n"+
-			"report.txt, summary.json, results-*.json and plots into --out.\n\n"+
+			"report.txt (tables, each configuration's goodput rate and throughput per rate, the TTFT\n"+
+			"of every configuration split by the answers' Server-Timing spans, and a P:D model fitted\n"+
+			"to the pd configuration's prefill service and decode step times), summary.json,\n"+
+			"results-*.json (every request) and plots into --out. Failed requests are listed in the\n"+
+			"report and make the command fail.\n\n"+
 			"Without --model it creates a random-weight smollm2-135m (bf16) model in the user cache\n"+
 			"once and uses it.\n\n")
 		fs.PrintDefaults()
@@ -166,9 +170,15 @@ type experiment struct {
 	maxContext      int
 	timeout         time.Duration
 	log             io.Writer
-	procs           []*exec.Cmd
+	procs           []*child
 	cpus            []int
 	secret          string
+	// nextLevel is the first prompt level of the next run: every run (a
+	// tuning run, a workload's rates and rounds) takes levels of its own,
+	// so none repeats another's prompts.
+	nextLevel int
+	// failed lists the levels with failed requests, tuning included.
+	failed []string
 }
 
 // configuration starts one of the compared setups and returns its URL and,
@@ -228,7 +238,6 @@ func (x *experiment) run(ctx context.Context, mnbts []int, tuneReqs int) error {
 		metricsURLs[c] = murls
 	}
 	var suites []*bench.Suite
-	var failed []string
 	for _, wl := range x.workloads {
 		fmt.Fprintf(w, "== workload %s, SLO TTFT ≤ %v and TPOT ≤ %v ==\n", wl.name, wl.slo.TTFT, wl.slo.TPOT)
 		before := map[string]map[string]float64{}
@@ -263,61 +272,154 @@ func (x *experiment) run(ctx context.Context, mnbts []int, tuneReqs int) error {
 		suites = append(suites, s)
 		ws := workloadSummary{Name: wl.name, SLO: wl.slo, Load: load, Capacity: s.Capacity}
 		ws.MeanPrompt, ws.MeanOutput = s.Plan.Workload.Stats()
-		summary.Workloads = append(summary.Workloads, ws)
 		for _, r := range s.Results {
-			if r.Failed > 0 {
-				failed = append(failed, fmt.Sprintf("%d of %s's requests at %s (%s)", r.Failed, r.Target, r.Load, wl.name))
+			if r.Breakdown != nil {
+				ws.Breakdowns = append(ws.Breakdowns, levelBreakdown{Target: r.Target, Load: r.Load, Breakdown: r.Breakdown})
 			}
 		}
+		summary.Workloads = append(summary.Workloads, ws)
+		x.noteFailures(s, wl.name)
 	}
 	writeCapacities(w, suites)
-	summary.RatioModels = writeRatioModel(w, suites)
+	summary.PDModels = x.writePDModels(w, suites)
 	x.stopAll()
+	if len(x.failed) > 0 {
+		fmt.Fprintf(w, "\nFAILED requests (they count as SLO misses above; see %s):\n", filepath.Join(x.out, "logs"))
+		for _, f := range x.failed {
+			fmt.Fprintf(w, "  %s\n", f)
+		}
+	}
+	summary.Failed = x.failed
 	if err := writeJSONFile(filepath.Join(x.out, "summary.json"), summary); err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(x.out, "report.txt"), []byte(report.String()), 0o644); err != nil {
 		return err
 	}
-	if len(failed) > 0 {
-		return fmt.Errorf("requests failed: %s (see the report and the logs directory in %s)", strings.Join(failed, "; "), x.out)
+	if len(x.failed) > 0 {
+		return fmt.Errorf("requests failed: %s (see the report and the logs directory in %s)", strings.Join(x.failed, "; "), x.out)
 	}
 	return nil
+}
+
+// noteFailures records the levels of s (named what) with failed requests,
+// with their most frequent error.
+func (x *experiment) noteFailures(s *bench.Suite, what string) {
+	for _, r := range s.Results {
+		if r.Failed > 0 {
+			f := fmt.Sprintf("%d of %s's requests at %s (%s)", r.Failed, r.Target, r.Load, what)
+			if len(r.Errors) > 0 {
+				f += ": " + r.Errors[0].Error
+			}
+			x.failed = append(x.failed, f)
+		}
+	}
+}
+
+// writePDModels prints the P:D model of every workload, fitted to the pd
+// configuration's requests.
+func (x *experiment) writePDModels(w io.Writer, suites []*bench.Suite) []bench.PDModel {
+	fmt.Fprintln(w)
+	if !contains(x.configs, "pd") {
+		fmt.Fprintln(w, "P:D ratio model: not fitted (it needs the pd configuration's requests)")
+		return nil
+	}
+	bench.WritePDModelHeader(w)
+	var out []bench.PDModel
+	for _, s := range suites {
+		m := bench.ModelPD(s, "pd", x.maxNumSeqs())
+		m.Write(w, s.Plan.SLO)
+		out = append(out, m)
+	}
+	return out
+}
+
+// maxNumSeqs is the engines' --max-num-seqs: from --engine-args, else
+// tandem serve's default.
+func (x *experiment) maxNumSeqs() int {
+	n := 64
+	for i, a := range x.extra {
+		v, ok := strings.CutPrefix(a, "--max-num-seqs=")
+		if !ok && a == "--max-num-seqs" && i+1 < len(x.extra) {
+			v, ok = x.extra[i+1], true
+		}
+		if k, err := strconv.Atoi(v); ok && err == nil && k > 0 {
+			n = k
+		}
+	}
+	return n
 }
 
 // experimentSummary is summary.json: what was run and each workload's
 // per-configuration goodput rate and throughput, the load average, and the
 // P:D model.
 type experimentSummary struct {
-	Model       string            `json:"model"`
-	CPUs        []int             `json:"cpus"`
-	Configs     []string          `json:"configs"`
-	Requests    int               `json:"requests_per_rate_and_round"`
-	Rounds      int               `json:"rounds"`
-	Started     time.Time         `json:"started"`
-	MNBT        int               `json:"colocated_max_num_batched_tokens"`
-	Workloads   []workloadSummary `json:"workloads"`
-	RatioModels []ratioModel      `json:"pd_ratio_model"`
+	Model     string            `json:"model"`
+	CPUs      []int             `json:"cpus"`
+	Configs   []string          `json:"configs"`
+	Requests  int               `json:"requests_per_rate_and_round"`
+	Rounds    int               `json:"rounds"`
+	Started   time.Time         `json:"started"`
+	MNBT      int               `json:"colocated_max_num_batched_tokens"`
+	Workloads []workloadSummary `json:"workloads"`
+	PDModels  []bench.PDModel   `json:"pd_ratio_model"`
+	// Failed lists the levels with failed requests (empty for a clean
+	// run).
+	Failed []string `json:"failed,omitempty"`
 }
 
 type workloadSummary struct {
-	Name       string           `json:"name"`
-	MeanPrompt float64          `json:"mean_prompt_tokens"`
-	MeanOutput float64          `json:"mean_output_tokens"`
-	SLO        bench.SLO        `json:"slo"`
-	Load       loadStats        `json:"load_average"`
-	Capacity   []bench.Capacity `json:"capacity"`
+	Name       string    `json:"name"`
+	MeanPrompt float64   `json:"mean_prompt_tokens"`
+	MeanOutput float64   `json:"mean_output_tokens"`
+	SLO        bench.SLO `json:"slo"`
+	Load       loadStats `json:"load_average"`
+	// Capacity is each configuration's goodput rate and the throughput of
+	// each rate.
+	Capacity []bench.Capacity `json:"capacity"`
+	// Breakdowns split each configuration's TTFT at each rate by the
+	// answers' Server-Timing headers.
+	Breakdowns []levelBreakdown `json:"ttft_breakdowns,omitempty"`
 }
 
-// writeCapacities prints each configuration's goodput rate and peak
-// throughput per workload, side by side.
+type levelBreakdown struct {
+	Target string     `json:"target"`
+	Load   bench.Load `json:"load"`
+	*bench.Breakdown
+}
+
+// writeCapacities prints, per workload and configuration side by side,
+// the goodput rate and the request and output-token throughput of each
+// rate.
 func writeCapacities(w io.Writer, suites []*bench.Suite) {
-	fmt.Fprintf(w, "\nGoodput rate (the highest arrival rate at which the goal fraction of requests met both SLOs, linear between measured rates) and peak throughput:\n")
+	if len(suites) == 0 {
+		return
+	}
+	goal := 100 * suites[0].Plan.Goal
+	fmt.Fprintf(w, "\nGoodput rate: the highest tested arrival rate at which %.0f%% of requests met both SLOs (\"≥\": every rate met it, \"<\": none did;\n"+
+		"in brackets a linear estimate between the tested rates); then per rate: completed req/s, output tok/s, SLO met\n", goal)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  workload\tconfig\tgoodput rate\tper rate")
 	for _, s := range suites {
 		for _, c := range s.Capacity {
-			fmt.Fprintf(w, "  %-5s %-12s %s\n", s.Plan.Workload.Name, c.Target, c)
+			var rate string
+			switch c.Bound {
+			case "none":
+				rate = "-"
+			case "below":
+				rate = fmt.Sprintf("< %.3g", c.FirstMiss)
+			case "at least":
+				rate = fmt.Sprintf("≥ %.3g", c.GoodputRate)
+			default:
+				rate = fmt.Sprintf("%.3g (%.3g)", c.GoodputRate, c.Interpolated)
+			}
+			if c.NonMonotone {
+				rate += " (not monotone)"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", s.Plan.Workload.Name, c.Target, rate, c.Levels())
 		}
 	}
+	_ = tw.Flush()
 }
 
 func contains(xs []string, s string) bool {
@@ -346,13 +448,19 @@ func (x *experiment) runWorkload(ctx context.Context, targets []bench.Target, wl
 	if err := prepare(ctx, p, wf, x.log); err != nil {
 		return nil, err
 	}
+	p.FirstLevel = x.nextLevel
+	x.nextLevel += p.Levels()
 	return bench.Run(ctx, p)
 }
 
 // tune runs the long workload at its middle rate against a colocated engine
-// with each chunk budget and keeps the one with the best goodput (then the
-// lowest ITL p99): a 2048-token chunk is a second-long step on a small CPU,
-// and comparing P/D against that would be a straw man.
+// with each chunk budget and keeps the one with the highest SLO attainment,
+// then (on a tie, which a few requests make likely) the larger area under
+// the attainment curve over the SLO scales — the margin left on both TTFT
+// and TPOT — then the lower ITL p99: a 2048-token chunk is a second-long
+// step on a small CPU, and comparing P/D against that would be a straw
+// man. Goodput in requests/s is not a criterion: at equal attainment it
+// differs by the noise in the level's duration.
 func (x *experiment) tune(ctx context.Context, w io.Writer, mnbts []int, reqs int) (int, error) {
 	wl := x.workloads[len(x.workloads)-1]
 	for _, c := range x.workloads {
@@ -362,7 +470,17 @@ func (x *experiment) tune(ctx context.Context, w io.Writer, mnbts []int, reqs in
 	}
 	rate := wl.parsed[len(wl.parsed)/2]
 	fmt.Fprintf(w, "== tuning the colocated engine's --max-num-batched-tokens on the %s workload at %g req/s, %d requests ==\n", wl.name, rate, reqs)
-	best, bestGood, bestITL := 0, -1.0, math.Inf(1)
+	type score struct{ attained, curve, itl float64 }
+	better := func(a, b score) bool {
+		if a.attained != b.attained {
+			return a.attained > b.attained
+		}
+		if math.Abs(a.curve-b.curve) > 1e-9 {
+			return a.curve > b.curve
+		}
+		return a.itl < b.itl
+	}
+	best, bestScore := 0, score{-1, -1, math.Inf(1)}
 	for _, m := range mnbts {
 		url, _, err := x.startColocated(ctx, m)
 		if err != nil {
@@ -373,11 +491,16 @@ func (x *experiment) tune(ctx context.Context, w io.Writer, mnbts []int, reqs in
 		if err != nil {
 			return 0, err
 		}
+		x.noteFailures(s, "tuning")
 		r := s.Results[0]
-		fmt.Fprintf(w, "  --max-num-batched-tokens %5d: SLO met %3.0f%%, goodput %.2f req/s, TTFT p90 %.0f ms, TPOT p99 %.1f ms, ITL p99 %.0f ms\n",
-			m, 100*r.Attained, r.Goodput, r.TTFT.P90, r.TPOT.P99, r.ITL.P99)
-		if r.Goodput > bestGood || (r.Goodput == bestGood && r.ITL.P99 < bestITL) {
-			best, bestGood, bestITL = m, r.Goodput, r.ITL.P99
+		sc := score{attained: r.Attained, itl: r.ITL.P99}
+		for _, c := range r.Curve {
+			sc.curve += c.Attainment
+		}
+		fmt.Fprintf(w, "  --max-num-batched-tokens %5d: SLO met %3.0f%% (summed over the SLO scales %.2f), goodput %.2f req/s, TTFT p90 %.0f ms, TPOT p99 %.1f ms, ITL p99 %.0f ms\n",
+			m, 100*r.Attained, sc.curve, r.Goodput, r.TTFT.P90, r.TPOT.P99, r.ITL.P99)
+		if better(sc, bestScore) {
+			best, bestScore = m, sc
 		}
 	}
 	fmt.Fprintf(w, "  chosen: %d\n\n", best)
@@ -399,10 +522,11 @@ func (x *experiment) startColocated(ctx context.Context, mnbt int) (string, []st
 			break
 		}
 	}
-	if err := x.start(s, args); err != nil {
+	c, err := x.start(s, args)
+	if err != nil {
 		return "", nil, err
 	}
-	return s.URL(), nil, waitHealth(ctx, s.URL(), 10*time.Minute)
+	return s.URL(), nil, c.waitHealthy(ctx, 10*time.Minute)
 }
 
 // startPD starts a prefill and a decode engine on half the CPUs each and a
@@ -421,34 +545,77 @@ func (x *experiment) startPD(ctx context.Context, name string, proxyArgs ...stri
 	if err != nil {
 		return "", nil, err
 	}
+	var engines []*child
 	for i := range specs {
 		specs[i].Name = name + "-" + specs[i].Name
-		if err := x.start(specs[i], launch.ServeArgs(specs[i], x.model, filepath.Base(x.model), x.extra)); err != nil {
+		c, err := x.start(specs[i], launch.ServeArgs(specs[i], x.model, filepath.Base(x.model), x.extra))
+		if err != nil {
 			return "", nil, err
 		}
+		engines = append(engines, c)
 	}
-	for _, s := range specs {
-		if err := waitHealth(ctx, s.URL(), 10*time.Minute); err != nil {
+	for _, c := range engines {
+		if err := c.waitHealthy(ctx, 10*time.Minute); err != nil {
 			return "", nil, err
 		}
 	}
 	proxy := launch.EngineSpec{Name: name + "-proxy", Host: "127.0.0.1", Port: ports[4], CPUs: x.cpus}
-	if err := x.start(proxy, append([]string{"proxy", "--host", "127.0.0.1", "--port", strconv.Itoa(ports[4]),
-		"--prefill", specs[0].URL(), "--decode", specs[1].URL()}, proxyArgs...)); err != nil {
+	pc, err := x.start(proxy, append([]string{"proxy", "--host", "127.0.0.1", "--port", strconv.Itoa(ports[4]),
+		"--prefill", specs[0].URL(), "--decode", specs[1].URL()}, proxyArgs...))
+	if err != nil {
 		return "", nil, err
 	}
-	if err := waitHealth(ctx, proxy.URL(), time.Minute); err != nil {
+	if err := pc.waitHealthy(ctx, time.Minute); err != nil {
 		return "", nil, err
 	}
 	return proxy.URL(), []string{proxy.URL(), specs[0].URL(), specs[1].URL()}, nil
 }
 
+// child is a process the experiment started.
+type child struct {
+	name, url, log string
+	cmd            *exec.Cmd
+	exited         chan struct{} // closed once cmd.Wait returned, err set
+	err            error
+}
+
+// waitHealthy waits until the child's /health answers 200, for at most
+// limit; it gives up at once, naming the log's last line, when the child
+// exits first (a bad model directory, a port taken), rather than waiting
+// out the limit.
+func (c *child) waitHealthy(ctx context.Context, limit time.Duration) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-c.exited:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	err := waitHealth(ctx, c.url, limit)
+	select {
+	case <-c.exited:
+		return fmt.Errorf("%s exited before it was healthy (%v): %s (see %s)", c.name, c.err, lastLine(c.log), c.log)
+	default:
+		return err
+	}
+}
+
+// lastLine is the last non-empty line of the file at path.
+func lastLine(path string) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
+
 // start starts one child process pinned to s.CPUs, its output in
 // OUT/logs/NAME.log.
-func (x *experiment) start(s launch.EngineSpec, args []string) error {
-	logf, err := os.Create(filepath.Join(x.out, "logs", s.Name+".log"))
+func (x *experiment) start(s launch.EngineSpec, args []string) (*child, error) {
+	logPath := filepath.Join(x.out, "logs", s.Name+".log")
+	logf, err := os.Create(logPath)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cmd := exec.Command(x.exe, args...)
 	cmd.Env = append(launch.Env(s, os.Environ()), kvxfer.SecretEnv+"="+x.secret)
@@ -456,28 +623,28 @@ func (x *experiment) start(s launch.EngineSpec, args []string) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := startPinned(cmd, s.CPUs); err != nil {
 		logf.Close()
-		return fmt.Errorf("starting %s: %w", s.Name, err)
+		return nil, fmt.Errorf("starting %s: %w", s.Name, err)
 	}
 	logf.Close() // the child has its own descriptor
 	x.logf("started %s (pid %d) on %s, CPUs %v", s.Name, cmd.Process.Pid, s.URL(), s.CPUs)
-	x.procs = append(x.procs, cmd)
-	return nil
+	c := &child{name: s.Name, url: s.URL(), log: logPath, cmd: cmd, exited: make(chan struct{})}
+	go func() { c.err = cmd.Wait(); close(c.exited) }()
+	x.procs = append(x.procs, c)
+	return c, nil
 }
 
 // stopAll stops every child this experiment started: SIGTERM, then SIGKILL
 // after 10 s.
 func (x *experiment) stopAll() {
 	for _, c := range x.procs {
-		_ = c.Process.Signal(syscall.SIGTERM)
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
 	}
 	for _, c := range x.procs {
-		done := make(chan struct{})
-		go func() { _ = c.Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-c.exited:
 		case <-time.After(10 * time.Second):
-			_ = c.Process.Kill()
-			<-done
+			_ = c.cmd.Process.Kill()
+			<-c.exited
 		}
 	}
 	x.procs = nil
@@ -568,9 +735,10 @@ func scrapeAll(ctx context.Context, urls []string) map[string]float64 {
 }
 
 // writeBreakdown prints the mean time per request of each P/D phase the
-// proxy and engines measure, from their histograms' growth over a workload.
-// These are means over all rates and rounds, not per-request spans: the
-// engines and proxy do not return per-request timings.
+// proxy and engines measure, from their histograms' growth over a workload:
+// means over all rates and rounds, beside the per-request spans of the
+// table's TTFT breakdown (from the answers' Server-Timing headers), which
+// they cross-check.
 func writeBreakdown(w io.Writer, config string, before, after map[string]float64) {
 	mean := func(name string) (float64, bool) {
 		n := after[name+"_count"] - before[name+"_count"]
@@ -579,7 +747,7 @@ func writeBreakdown(w io.Writer, config string, before, after map[string]float64
 		}
 		return 1000 * (after[name+"_sum"] - before[name+"_sum"]) / n, true
 	}
-	fmt.Fprintf(w, "P/D time breakdown (means over the %s configuration's requests, from the proxy's and engines' /metrics histograms):\n", config)
+	fmt.Fprintf(w, "P/D time breakdown (means over the %s configuration's requests of all rates, from the proxy's and engines' /metrics histograms):\n", config)
 	for _, m := range []struct{ name, what string }{
 		{"tandem:proxy_prefill_seconds", "proxy: prefill leg (queue + prefill on the prefill engine)"},
 		{"tandem:proxy_decode_ttfb_seconds", "proxy: decode leg to its first byte (KV pull + first decode step + queue)"},
@@ -594,196 +762,6 @@ func writeBreakdown(w io.Writer, config string, before, after map[string]float64
 			fmt.Fprintf(w, "  %-70s %8s\n", m.what, "n/a")
 		}
 	}
-}
-
-// ratioModel is the P:D model of one workload (see writeRatioModel).
-type ratioModel struct {
-	Workload string `json:"workload"`
-	// From is the configuration measured ("pd").
-	From       string  `json:"from"`
-	MeanPrompt float64 `json:"mean_prompt_tokens"`
-	MeanOutput float64 `json:"mean_output_tokens"`
-	// PrefillSeconds is the prefill service time s (the lowest TTFT p50 of
-	// any rate: prefill, KV transfer and the proxy, with the least
-	// queueing), PrefillBusy the M/D/1 utilisation that keeps the mean TTFT
-	// within the SLO, PrefillRate the requests/s one prefill engine then
-	// serves.
-	PrefillSeconds float64 `json:"prefill_seconds"`
-	PrefillBusy    float64 `json:"prefill_utilisation"`
-	PrefillRate    float64 `json:"prefill_rate"`
-	// DecodeFit is "fit" (TPOT = A + B·batch, least squares over the rates),
-	// "lower bound" (no usable fit: the rate measured at the highest load,
-	// when its TPOT met the SLO) or "none" (nothing decoded).
-	DecodeFit    string  `json:"decode_fit"`
-	TPOTAt0      float64 `json:"tpot_ms_at_batch_0,omitempty"`
-	TPOTPerSeq   float64 `json:"tpot_ms_per_sequence,omitempty"`
-	DecodeBatch  float64 `json:"decode_batch_at_slo"`
-	DecodeRate   float64 `json:"decode_rate"`
-	BestSplits   []split `json:"best_splits,omitempty"`
-	Unattainable string  `json:"unattainable,omitempty"`
-}
-
-type split struct {
-	N       int     `json:"n"`
-	P       int     `json:"p"`
-	D       int     `json:"d"`
-	Goodput float64 `json:"goodput_rps"`
-}
-
-// maxNumSeqs is tandem serve's default --max-num-seqs: the decode batch
-// never exceeds it.
-const maxNumSeqs = 64
-
-// decodePoint is one rate level of the pd configuration: its mean decode
-// batch and mean TPOT.
-type decodePoint struct{ batch, tpotMS float64 }
-
-// decodePoints measures, per rate level of target, the mean number of
-// requests decoding at once (Little's law: the sum of every completed
-// request's decode time, E2E − TTFT, over the level's duration) and the
-// mean TPOT.
-func decodePoints(s *bench.Suite, target string) []decodePoint {
-	var pts []decodePoint
-	for _, r := range s.Results {
-		if r.Target != target || r.Completed == 0 || r.Duration <= 0 || r.TPOT.N == 0 {
-			continue
-		}
-		var busy time.Duration
-		for _, rec := range r.Records {
-			if rec.Err == "" {
-				busy += rec.E2E - rec.TTFT
-			}
-		}
-		pts = append(pts, decodePoint{batch: busy.Seconds() / r.Duration, tpotMS: r.TPOT.Mean})
-	}
-	return pts
-}
-
-// fitLine is the least-squares line y = a + b·x through pts, ok when the
-// batches differ.
-func fitLine(pts []decodePoint) (a, b float64, ok bool) {
-	n := float64(len(pts))
-	var sx, sy, sxx, sxy float64
-	for _, p := range pts {
-		sx += p.batch
-		sy += p.tpotMS
-		sxx += p.batch * p.batch
-		sxy += p.batch * p.tpotMS
-	}
-	den := n*sxx - sx*sx
-	if len(pts) < 2 || den <= 1e-12 {
-		return 0, 0, false
-	}
-	b = (n*sxy - sx*sy) / den
-	return (sy - b*sx) / n, b, true
-}
-
-// writeRatioModel prints a DistServe-style placement model, simplified,
-// from the pd configuration's measurements of each workload:
-//
-//   - prefill: service time s = the lowest TTFT p50 of any rate (prefill,
-//     KV transfer and proxy at the least queueing); a prefill engine is an
-//     M/D/1 queue whose mean TTFT s·(1 + ρ/(2(1−ρ))) must stay within the
-//     TTFT SLO, so ρ ≤ 2(x−1)/(2x−1) with x = SLO/s, and it serves ρ/s
-//     requests/s;
-//   - decode: per rate, the mean decode batch B (Little's law: Σ(E2E −
-//     TTFT) over the level's duration) and the mean TPOT t; a line
-//     t = A + B·k fitted over the rates gives the batch B* at which t
-//     reaches the TPOT SLO (at most max-num-seqs), and a decode engine
-//     serves B*/(SLO·mean output) requests/s. With a single usable point
-//     the measured B/(t·mean output) is a lower bound;
-//   - N engines split to maximise min(P·prefill rate, D·decode rate).
-func writeRatioModel(w io.Writer, suites []*bench.Suite) []ratioModel {
-	fmt.Fprintf(w, "\nP:D ratio model (DistServe-style, simplified; from the pd configuration's measurements):\n")
-	fmt.Fprintf(w, "  prefill: s = lowest TTFT p50 over the rates; M/D/1 with mean TTFT s(1+ρ/(2(1-ρ))) ≤ TTFT SLO → ρ ≤ 2(x-1)/(2x-1), x = SLO/s; rate ρ/s\n")
-	fmt.Fprintf(w, "  decode: per rate, batch k = Σ(E2E-TTFT)/duration and mean TPOT t; fit t = A + B·k; k* = min((TPOT SLO - A)/B, %d); rate k*/(TPOT SLO · mean output)\n", maxNumSeqs)
-	fmt.Fprintf(w, "  N engines: P:D maximising min(P·prefill rate, D·decode rate)\n")
-	var out []ratioModel
-	for _, s := range suites {
-		m := ratioModel{Workload: s.Plan.Workload.Name, From: "pd"}
-		var low *bench.Result
-		var in, outTok, n float64
-		for _, r := range s.Results {
-			if r.Target != "pd" || r.Completed == 0 {
-				continue
-			}
-			if low == nil || r.TTFT.P50 < low.TTFT.P50 {
-				low = r
-			}
-			in += float64(r.TotalInputTokens)
-			outTok += float64(r.TotalOutputTokens)
-			n += float64(r.Completed)
-		}
-		if low == nil {
-			fmt.Fprintf(w, "  %s: no pd run to model from\n", m.Workload)
-			continue
-		}
-		m.MeanPrompt, m.MeanOutput = in/n, outTok/n
-		m.PrefillSeconds = low.TTFT.P50 / 1000
-		if x := s.Plan.SLO.TTFT.Seconds() / m.PrefillSeconds; s.Plan.SLO.TTFT > 0 && x > 1 {
-			m.PrefillBusy = (2*x - 2) / (2*x - 1)
-		} else if s.Plan.SLO.TTFT == 0 {
-			m.PrefillBusy = 1
-		}
-		m.PrefillRate = m.PrefillBusy / m.PrefillSeconds
-		slo := float64(s.Plan.SLO.TPOT) / float64(time.Millisecond)
-		pts := decodePoints(s, "pd")
-		a, b, ok := fitLine(pts)
-		switch {
-		case slo > 0 && ok && b > 0 && a < slo:
-			m.DecodeFit, m.TPOTAt0, m.TPOTPerSeq = "fit", a, b
-			m.DecodeBatch = min((slo-a)/b, maxNumSeqs)
-			m.DecodeRate = m.DecodeBatch / (slo / 1000 * m.MeanOutput)
-		case len(pts) > 0:
-			hi := slices.MaxFunc(pts, func(p, q decodePoint) int { return cmp.Compare(p.batch, q.batch) })
-			m.DecodeFit, m.DecodeBatch = "lower bound", hi.batch
-			if slo == 0 || hi.tpotMS <= slo {
-				m.DecodeRate = hi.batch / (hi.tpotMS / 1000 * m.MeanOutput)
-			}
-		}
-		fmt.Fprintf(w, "  %s: mean prompt %.0f, output %.0f tokens\n", m.Workload, m.MeanPrompt, m.MeanOutput)
-		fmt.Fprintf(w, "    prefill engine: s = %.2f s (%.0f prompt tok/s), at most %.0f%% busy for a mean TTFT ≤ %v → %.3f req/s\n",
-			m.PrefillSeconds, m.MeanPrompt/m.PrefillSeconds, 100*m.PrefillBusy, s.Plan.SLO.TTFT, m.PrefillRate)
-		fmt.Fprintf(w, "    decode engine: points (batch, TPOT ms):")
-		for _, p := range pts {
-			fmt.Fprintf(w, " (%.2f, %.1f)", p.batch, p.tpotMS)
-		}
-		if len(pts) == 0 {
-			fmt.Fprintf(w, " none\n")
-		} else if m.DecodeFit == "fit" {
-			fmt.Fprintf(w, "; TPOT = %.1f + %.2f·k ms → k* = %.1f at TPOT %v → %.3f req/s (%.0f output tok/s)\n",
-				m.TPOTAt0, m.TPOTPerSeq, m.DecodeBatch, s.Plan.SLO.TPOT, m.DecodeRate, m.DecodeRate*m.MeanOutput)
-		} else {
-			fmt.Fprintf(w, "; no usable fit (TPOT did not grow with the batch, or one point): ≥ %.3f req/s measured at batch %.2f (a lower bound)\n", m.DecodeRate, m.DecodeBatch)
-		}
-		switch {
-		case m.PrefillRate <= 0:
-			m.Unattainable = "a prefill alone takes longer than the TTFT SLO"
-		case len(pts) == 0:
-			m.DecodeFit, m.Unattainable = "none", "no decode to measure (outputs of one token)"
-		case m.DecodeRate <= 0:
-			m.Unattainable = "the decode engine missed the TPOT SLO at every measured load"
-		}
-		if m.Unattainable != "" {
-			fmt.Fprintf(w, "    %s: no P:D ratio meets the SLO\n", m.Unattainable)
-			out = append(out, m)
-			continue
-		}
-		fmt.Fprintf(w, "    best split of N engines (predicted goodput):")
-		for _, n := range []int{2, 4, 8, 16, 32} {
-			bestP, bestG := 1, 0.0
-			for p := 1; p < n; p++ {
-				if g := math.Min(float64(p)*m.PrefillRate, float64(n-p)*m.DecodeRate); g > bestG {
-					bestP, bestG = p, g
-				}
-			}
-			m.BestSplits = append(m.BestSplits, split{N: n, P: bestP, D: n - bestP, Goodput: bestG})
-			fmt.Fprintf(w, " N=%d %dP:%dD %.2f req/s;", n, bestP, n-bestP, bestG)
-		}
-		fmt.Fprintln(w)
-		out = append(out, m)
-	}
-	return out
 }
 
 // loadStats is the 1-minute load average sampled during a workload.

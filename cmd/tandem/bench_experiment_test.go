@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tandem-serve/tandem/internal/modelinit"
 	"github.com/tandem-serve/tandem/internal/testmodels"
@@ -43,8 +44,9 @@ func TestBenchExperimentPDEndToEnd(t *testing.T) {
 	}
 	report := string(b)
 	for _, want := range []string{"chosen:", "== workload chat", "== workload long", "colocated  rate 4", "remote 6", "P/D time breakdown",
-		"load average (1 min) during the workload", "Goodput rate (the highest arrival rate", "goodput rate ≥ 8 req/s", "peak throughput",
-		"P:D ratio model", "decode engine: points (batch, TPOT ms)"} {
+		"TTFT breakdown per request from the answers' Server-Timing headers", "prefill_leg", "kv_pull",
+		"load average (1 min) during the workload", "Goodput rate: the highest tested arrival rate", "goodput rate ≥ 8 req/s", "peak throughput",
+		"per rate: 4: ", "P:D ratio model", "prefill engine:", "decode engine:", "Little's law"} {
 		if !strings.Contains(report, want) {
 			t.Errorf("report lacks %q:\n%s", want, report)
 		}
@@ -52,12 +54,18 @@ func TestBenchExperimentPDEndToEnd(t *testing.T) {
 	if strings.Contains(report, "does not exist") || strings.Contains(report, "not built") {
 		t.Errorf("the report still says a configuration is missing:\n%s", report)
 	}
+	if strings.Contains(report, "FAILED") {
+		t.Errorf("the report names failed requests:\n%s", report)
+	}
 	for _, wl := range []string{"chat", "long"} {
 		var s struct {
 			Results []struct {
 				Target    string `json:"target"`
 				Completed int    `json:"completed"`
 				Failed    int    `json:"failed"`
+				Records   []struct {
+					Timing map[string]float64 `json:"server_timing_ms"`
+				} `json:"records"`
 			} `json:"results"`
 			Capacity []struct {
 				Target string `json:"target"`
@@ -65,9 +73,29 @@ func TestBenchExperimentPDEndToEnd(t *testing.T) {
 			} `json:"capacity"`
 		}
 		readJSON(t, filepath.Join(out, "results-"+wl+".json"), &s)
+		if len(s.Results) == 0 {
+			t.Fatalf("%s: no results", wl)
+		}
 		for _, r := range s.Results {
-			if r.Failed != 0 || r.Completed != 6 {
-				t.Errorf("%s %s: %d completed, %d failed; want 6 and none", wl, r.Target, r.Completed, r.Failed)
+			if r.Failed != 0 || r.Completed != 6 || len(r.Records) != 6 {
+				t.Errorf("%s %s: %d completed, %d failed, %d records; want 6, none and 6", wl, r.Target, r.Completed, r.Failed, len(r.Records))
+			}
+			// Every answer's Server-Timing: the engine's queue and prefill,
+			// through the proxy also its prefill leg and overhead and the
+			// decode's KV pull.
+			want := []string{"queue", "prefill"}
+			if r.Target == "pd" {
+				want = append(want, "kv_pull", "prefill_leg", "proxy")
+			}
+			for i, rec := range r.Records {
+				for _, k := range want {
+					if _, ok := rec.Timing[k]; !ok {
+						t.Errorf("%s %s record %d: Server-Timing %v lacks %s", wl, r.Target, i, rec.Timing, k)
+					}
+				}
+				if _, ok := rec.Timing["kv_pull"]; ok && r.Target == "colocated" {
+					t.Errorf("%s colocated record %d pulled KV: %v", wl, i, rec.Timing)
+				}
 			}
 		}
 		if len(s.Capacity) != 2 || s.Capacity[0].Bound == "" {
@@ -76,7 +104,9 @@ func TestBenchExperimentPDEndToEnd(t *testing.T) {
 	}
 	var sum experimentSummary
 	readJSON(t, filepath.Join(out, "summary.json"), &sum)
-	if len(sum.Workloads) != 2 || len(sum.Workloads[1].Capacity) != 2 || sum.Workloads[1].Capacity[0].PeakOutputThroughput <= 0 || len(sum.RatioModels) != 2 {
+	if len(sum.Workloads) != 2 || len(sum.Workloads[1].Capacity) != 2 || sum.Workloads[1].Capacity[0].PeakOutputThroughput <= 0 ||
+		len(sum.Workloads[1].Capacity[0].Points) != 2 || sum.Workloads[1].Capacity[0].Points[0].OutputThroughput <= 0 ||
+		len(sum.Workloads[1].Breakdowns) != 4 || len(sum.PDModels) != 2 || sum.PDModels[1].PrefillSeconds <= 0 || len(sum.Failed) != 0 {
 		t.Errorf("summary.json: %+v", sum)
 	}
 	for _, f := range []string{"results-chat.json", "results-long.json", "long-vs-rate.png", "long-vs-rate.svg", "chat-latency-cdf.png", "long-itl-over-time.svg"} {
@@ -158,8 +188,17 @@ func TestBenchExperimentFailsWhenRequestsFail(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "requests failed: 2 of colocated's requests at rate 8 (chat)") {
 		t.Errorf("err = %v, want the failed requests named", err)
 	}
-	if _, serr := os.Stat(filepath.Join(out, "report.txt")); serr != nil {
-		t.Errorf("no report after failures: %v", serr)
+	b, rerr := os.ReadFile(filepath.Join(out, "report.txt"))
+	if rerr != nil {
+		t.Fatalf("no report after failures: %v", rerr)
+	}
+	if !strings.Contains(string(b), "FAILED requests") || !strings.Contains(string(b), "2 of colocated's requests at rate 8 (chat)") {
+		t.Errorf("the report does not name the failures:\n%s", b)
+	}
+	var sum experimentSummary
+	readJSON(t, filepath.Join(out, "summary.json"), &sum)
+	if len(sum.Failed) != 1 {
+		t.Errorf("summary.json failed = %q, want the one failed level", sum.Failed)
 	}
 }
 
@@ -188,5 +227,23 @@ func TestExperimentModelIsCreatedOnceInTheCache(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(cache, "tandem", "models", "*.partial-*")); len(left) > 0 {
 		t.Errorf("partial directories left: %v", left)
+	}
+}
+
+// TestBenchExperimentStopsWhenAnEngineCannotStart: an engine that exits
+// at start (here: a model directory without a model) fails the experiment
+// at once with the engine's last log line, rather than after the ten
+// minutes a slow model may take to become healthy.
+func TestBenchExperimentStopsWhenAnEngineCannotStart(t *testing.T) {
+	t.Setenv(actAsTandem, "1")
+	out := t.TempDir()
+	start := time.Now()
+	err := runBenchExperiment([]string{"pd", "--model", t.TempDir(), "--out", out, "--configs", "pd", "--workloads", "chat",
+		"--requests", "1", "--rounds", "1", "--mnbt-sweep", "256"})
+	if err == nil || !strings.Contains(err.Error(), "exited before it was healthy") || !strings.Contains(err.Error(), "pd-prefill-0.log") {
+		t.Errorf("err = %v, want the engine's exit and its log named", err)
+	}
+	if d := time.Since(start); d > time.Minute {
+		t.Errorf("took %v to notice", d)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // DefaultGoal is the fraction of requests that must meet the SLO for a rate
@@ -12,28 +13,37 @@ const DefaultGoal = 0.9
 
 // Capacity is what one target sustained over a run's arrival rates: its
 // goodput rate (the highest rate at which Goal of the requests met the SLO)
-// and its peak throughput.
+// and the throughput of every level.
 type Capacity struct {
 	Target string  `json:"target"`
 	Goal   float64 `json:"goal"`
-	// GoodputRate is the highest arrival rate (requests/s) at which at
-	// least Goal of the requests met the SLO, read off the measured rates
-	// as Bound says.
+	// GoodputRate is the highest tested arrival rate (requests/s) at which
+	// at least Goal of the requests met the SLO, below the first rate that
+	// missed (a rate search's answer, with Bound "search"); 0 when even the
+	// lowest rate missed.
 	GoodputRate float64 `json:"goodput_rate"`
-	// Bound says how GoodputRate was found:
-	//   "interpolated": linearly between the last rate that met the goal
-	//     and the first that missed it;
-	//   "at least": every rate met the goal, GoodputRate is the highest
-	//     measured (the true one is higher);
-	//   "below": even the lowest rate missed the goal, GoodputRate is that
-	//     rate (the true one is lower);
+	// Interpolated is a finer estimate between the tested rates: linear in
+	// the attainment between GoodputRate and the first rate that missed.
+	// It equals GoodputRate when no rate missed, and is the lowest rate
+	// when even that one missed.
+	Interpolated float64 `json:"goodput_rate_interpolated"`
+	// Bound says where the true goodput rate lies:
+	//   "between": in [GoodputRate, FirstMiss);
+	//   "at least": every rate met the goal, the true one is GoodputRate
+	//     or higher;
+	//   "below": even the lowest rate, FirstMiss, missed the goal;
+	//   "search": a rate search's bisection bracketed it in
+	//     [GoodputRate, FirstMiss);
 	//   "none": no rate levels (closed loops only).
 	Bound string `json:"bound"`
+	// FirstMiss is the lowest tested rate that missed the goal, 0 if none.
+	FirstMiss float64 `json:"first_miss,omitempty"`
 	// NonMonotone says that a rate above the first miss met the goal again
 	// (noise, or a quieter moment of the host): the estimate takes the first
 	// miss.
 	NonMonotone bool `json:"non_monotone,omitempty"`
-	// Points are the measured (rate, attainment) pairs in rate order.
+	// Points are the measured levels in rate order: attainment, goodput
+	// and throughput at each.
 	Points []SearchPoint `json:"points"`
 	// PeakRequestThroughput and PeakOutputThroughput are the highest
 	// completed requests/s and output tokens/s of any level, and PeakAt
@@ -43,20 +53,22 @@ type Capacity struct {
 	PeakAt                float64 `json:"peak_at_rate"`
 }
 
-// String is the capacity in a sentence, e.g. "goodput rate 0.43 req/s
-// (interpolated between 0.4 and 0.6)".
+// String is the capacity in a sentence, e.g. "goodput rate 0.4 req/s (the
+// highest tested rate meeting 90%; 0.6 missed; linear estimate 0.44)".
 func (c Capacity) String() string {
+	goal := fmt.Sprintf("%.0f%%", 100*c.Goal)
 	var rate string
 	switch c.Bound {
 	case "none":
 		rate = "goodput rate: no rate levels"
 	case "below":
-		rate = fmt.Sprintf("goodput rate < %.3g req/s (the lowest rate measured missed)", c.GoodputRate)
+		rate = fmt.Sprintf("goodput rate < %.3g req/s (the lowest tested rate missed %s)", c.FirstMiss, goal)
 	case "at least":
-		rate = fmt.Sprintf("goodput rate ≥ %.3g req/s (every rate measured met it)", c.GoodputRate)
+		rate = fmt.Sprintf("goodput rate ≥ %.3g req/s (every tested rate met %s)", c.GoodputRate, goal)
+	case "search":
+		rate = fmt.Sprintf("goodput rate %.3g req/s (rate search for %s; %.3g missed)", c.GoodputRate, goal, c.FirstMiss)
 	default:
-		lo, hi := c.bracket()
-		rate = fmt.Sprintf("goodput rate %.3g req/s (interpolated between %.3g and %.3g)", c.GoodputRate, lo, hi)
+		rate = fmt.Sprintf("goodput rate %.3g req/s (the highest tested rate meeting %s; %.3g missed; linear estimate %.3g)", c.GoodputRate, goal, c.FirstMiss, c.Interpolated)
 	}
 	if c.NonMonotone {
 		rate += ", attainment not monotone in the rate"
@@ -65,13 +77,14 @@ func (c Capacity) String() string {
 		rate, c.PeakRequestThroughput, c.PeakOutputThroughput, c.PeakAt)
 }
 
-func (c Capacity) bracket() (lo, hi float64) {
-	for i, pt := range c.Points {
-		if pt.Attainment < c.Goal && i > 0 {
-			return c.Points[i-1].Rate, pt.Rate
-		}
+// Levels describes the throughput at each rate, e.g. "0.2: 0.19 req/s
+// 41 tok/s 100%; 0.4: ...".
+func (c Capacity) Levels() string {
+	parts := make([]string, len(c.Points))
+	for i, p := range c.Points {
+		parts[i] = fmt.Sprintf("%g: %.2f req/s %.0f tok/s %.0f%%", p.Rate, p.RequestThroughput, p.OutputThroughput, 100*p.Attainment)
 	}
-	return 0, 0
+	return strings.Join(parts, "; ")
 }
 
 // Capacities summarizes each target of s over its rate levels (closed-loop
@@ -82,9 +95,13 @@ func Capacities(s *Suite) []Capacity {
 	if s.Plan != nil && s.Plan.Goal > 0 {
 		goal = s.Plan.Goal
 	}
+	return capacities(s, goal)
+}
+
+func capacities(s *Suite, goal float64) []Capacity {
 	var out []Capacity
 	for _, t := range targetNames(s) {
-		c := Capacity{Target: t, Goal: goal, Bound: "none"}
+		c := Capacity{Target: t, Goal: goal}
 		for _, r := range s.Results {
 			if r.Target != t {
 				continue
@@ -98,39 +115,55 @@ func Capacities(s *Suite) []Capacity {
 				}
 			}
 			if r.Load.Rate > 0 {
-				c.Points = append(c.Points, SearchPoint{Rate: r.Load.Rate, Attainment: r.Attained, Goodput: r.Goodput})
+				c.Points = append(c.Points, r.point())
 			}
 		}
 		slices.SortStableFunc(c.Points, func(a, b SearchPoint) int { return cmp.Compare(a.Rate, b.Rate) })
-		c.GoodputRate, c.Bound, c.NonMonotone = GoodputRate(c.Points, goal)
+		c.fill(c.Points, goal)
 		out = append(out, c)
 	}
 	return out
 }
 
-// GoodputRate reads the highest rate sustaining goal off measured points
-// sorted by rate: linear interpolation between the last point at or above
-// goal and the first below it. See Capacity.Bound for the bounds.
-func GoodputRate(points []SearchPoint, goal float64) (rate float64, bound string, nonMonotone bool) {
+// point is r's level as a SearchPoint.
+func (r *Result) point() SearchPoint {
+	p := SearchPoint{Rate: r.Load.Rate, Attainment: r.Attained, Goodput: r.Goodput}
+	if r.Report != nil {
+		p.RequestThroughput, p.OutputThroughput = r.RequestThroughput, r.OutputThroughput
+	}
+	return p
+}
+
+// fill sets the goodput rate fields from points sorted by rate.
+func (c *Capacity) fill(points []SearchPoint, goal float64) {
+	c.Bound = "none"
 	if len(points) == 0 {
-		return 0, "none", false
+		return
 	}
 	miss := slices.IndexFunc(points, func(p SearchPoint) bool { return p.Attainment < goal })
 	switch miss {
 	case -1:
-		return points[len(points)-1].Rate, "at least", false
+		last := points[len(points)-1].Rate
+		c.GoodputRate, c.Interpolated, c.Bound = last, last, "at least"
 	case 0:
-		rate, bound = points[0].Rate, "below"
+		c.Interpolated, c.FirstMiss, c.Bound = points[0].Rate, points[0].Rate, "below"
 	default:
 		a, b := points[miss-1], points[miss]
-		rate, bound = a.Rate+(a.Attainment-goal)/(a.Attainment-b.Attainment)*(b.Rate-a.Rate), "interpolated"
+		c.GoodputRate, c.FirstMiss, c.Bound = a.Rate, b.Rate, "between"
+		c.Interpolated = a.Rate + (a.Attainment-goal)/(a.Attainment-b.Attainment)*(b.Rate-a.Rate)
 	}
-	for _, p := range points[miss+1:] {
-		if p.Attainment >= goal {
-			nonMonotone = true
-		}
+	if miss >= 0 {
+		c.NonMonotone = slices.ContainsFunc(points[miss+1:], func(p SearchPoint) bool { return p.Attainment >= goal })
 	}
-	return rate, bound, nonMonotone
+}
+
+// GoodputRate reads the goodput rate off measured points sorted by rate:
+// the highest rate meeting goal below the first that misses, and the
+// linear estimate between the two. See Capacity.Bound for the bounds.
+func GoodputRate(points []SearchPoint, goal float64) (rate, interpolated float64, bound string, nonMonotone bool) {
+	var c Capacity
+	c.fill(points, goal)
+	return c.GoodputRate, c.Interpolated, c.Bound, c.NonMonotone
 }
 
 func targetNames(s *Suite) []string {

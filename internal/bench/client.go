@@ -143,6 +143,9 @@ type Outcome struct {
 	// PD is the x-tandem-pd response header ("remote", "fallback; reason=...")
 	// or "" when the server sends none.
 	PD string
+	// Timing is the Server-Timing header's durations in milliseconds by
+	// name (ParseServerTiming), nil without one.
+	Timing map[string]float64
 	// Text is the streamed text, kept for multi-turn conversations.
 	Text string
 	// Err is nil for a complete, successful stream.
@@ -219,6 +222,7 @@ func (c *Client) Stream(ctx context.Context, req CompletionRequest) Outcome {
 	}
 	o := measureStream(resp.Body, start, time.Now)
 	o.PD = resp.Header.Get("X-Tandem-Pd")
+	o.Timing = ParseServerTiming(resp.Header.Values("Server-Timing"))
 	if o.Err != nil && ctx.Err() != nil {
 		o.Err = fmt.Errorf("%w (%v)", ctx.Err(), o.Err)
 	}

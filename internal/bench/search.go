@@ -1,9 +1,11 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
+	"slices"
 )
 
 // SearchConfig bounds a search for the highest rate that meets a goodput
@@ -20,21 +22,28 @@ type SearchConfig struct {
 	Steps int `json:"steps"`
 }
 
-// SearchPoint is one rate tried and what it attained.
+// SearchPoint is one rate tried (or measured) and what it attained: the
+// fraction of requests meeting the SLO, those per second (goodput), and the
+// completed requests and output tokens per second.
 type SearchPoint struct {
-	Rate       float64 `json:"rate"`
-	Attainment float64 `json:"attainment"`
-	Goodput    float64 `json:"goodput_rps"`
+	Rate              float64 `json:"rate"`
+	Attainment        float64 `json:"attainment"`
+	Goodput           float64 `json:"goodput_rps"`
+	RequestThroughput float64 `json:"request_throughput"`
+	OutputThroughput  float64 `json:"output_throughput"`
 }
 
 // SearchResult is the outcome of a rate search for one target: the highest
 // rate tried that met the target (0 if none did), and every point tried,
 // which is the attainment-versus-rate curve the single number comes from.
 type SearchResult struct {
-	Target  string        `json:"target"`
-	MaxRate float64       `json:"max_rate"`
-	Points  []SearchPoint `json:"points"`
-	Results []*Result     `json:"-"`
+	Target  string  `json:"target"`
+	MaxRate float64 `json:"max_rate"`
+	// FirstMiss is the lowest rate tried that missed the target (the top
+	// of the final bracket), 0 when every rate up to High met it.
+	FirstMiss float64       `json:"first_miss,omitempty"`
+	Points    []SearchPoint `json:"points"`
+	Results   []*Result     `json:"-"`
 }
 
 // SearchRate finds, for each target of p, the highest Poisson rate at which
@@ -54,14 +63,14 @@ func SearchRate(ctx context.Context, p *Plan, cfg SearchConfig, log io.Writer) (
 		try := func(rate float64) (bool, error) {
 			q := *p
 			q.Targets = []Target{t}
-			q.levelBase = p.levelBase + len(sr.Points)*max(p.Rounds, 1) // fresh prompts for every rate tried
+			q.FirstLevel = p.FirstLevel + len(sr.Points)*max(p.Rounds, 1) // fresh prompts for every rate tried
 			q.Loads = []Load{{Rate: rate, Burstiness: burstinessOf(p)}}
 			s, err := Run(ctx, &q)
 			if err != nil {
 				return false, err
 			}
 			r := s.Results[0]
-			sr.Points = append(sr.Points, SearchPoint{Rate: rate, Attainment: r.Attained, Goodput: r.Goodput})
+			sr.Points = append(sr.Points, r.point())
 			sr.Results = append(sr.Results, r)
 			ok := r.Attained >= cfg.Target
 			if log != nil {
@@ -72,6 +81,9 @@ func SearchRate(ctx context.Context, p *Plan, cfg SearchConfig, log io.Writer) (
 		ok, err := try(cfg.Low)
 		if err != nil {
 			return out, err
+		}
+		if !ok {
+			sr.FirstMiss = cfg.Low
 		}
 		if ok {
 			lo, hi := cfg.Low, 0.0
@@ -102,7 +114,7 @@ func SearchRate(ctx context.Context, p *Plan, cfg SearchConfig, log io.Writer) (
 					hi = mid
 				}
 			}
-			sr.MaxRate = lo
+			sr.MaxRate, sr.FirstMiss = lo, hi
 		}
 		out = append(out, sr)
 	}
@@ -114,4 +126,37 @@ func burstinessOf(p *Plan) float64 {
 		return p.Loads[0].Burstiness
 	}
 	return 0
+}
+
+// SearchSuite is a rate search for goal (SearchConfig.Target) as a Suite,
+// for the table and the JSON of a plain run: every rate tried is a result (by target, in rate order), and
+// each target's Capacity has the search's answer as its goodput rate
+// (Bound "search", or "below" / "at least" when the search ran off its
+// range), with the throughput of every rate tried.
+func SearchSuite(p *Plan, goal float64, res []SearchResult) *Suite {
+	s := &Suite{Plan: p, Search: res}
+	for _, sr := range res {
+		rs := slices.Clone(sr.Results)
+		slices.SortStableFunc(rs, func(a, b *Result) int { return cmp.Compare(a.Load.Rate, b.Load.Rate) })
+		s.Results = append(s.Results, rs...)
+	}
+	s.Capacity = capacities(s, goal)
+	for i := range s.Capacity {
+		c := &s.Capacity[i]
+		for _, sr := range res {
+			if sr.Target != c.Target {
+				continue
+			}
+			c.GoodputRate, c.FirstMiss = sr.MaxRate, sr.FirstMiss
+			switch {
+			case sr.MaxRate == 0:
+				c.Bound = "below"
+			case sr.FirstMiss == 0:
+				c.Bound = "at least"
+			default:
+				c.Bound = "search"
+			}
+		}
+	}
+	return s
 }

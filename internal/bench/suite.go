@@ -71,9 +71,11 @@ type Plan struct {
 	Pool []int32 `json:"-"`
 	// APIKey is sent as Authorization: Bearer.
 	APIKey string `json:"-"`
-	// levelBase numbers the first level of this run (SearchRate runs one
-	// level per call and numbers them on).
-	levelBase int
+	// FirstLevel numbers the first level of this run, so that runs of
+	// one workload that must not share prompts (a tuning run before the
+	// measured ones against a server that may keep its cache, the rates of
+	// a search) take disjoint level numbers; see Run.
+	FirstLevel int `json:"first_level,omitempty"`
 	// Progress, when set, gets a line every ProgressEvery while a level
 	// runs.
 	Progress      io.Writer     `json:"-"`
@@ -95,6 +97,10 @@ type Record struct {
 	// PD is the x-tandem-pd header: "remote", "fallback; reason=...", or
 	// "" when the server does not send it.
 	PD string `json:"pd,omitempty"`
+	// Timing is the answer's Server-Timing durations in milliseconds by
+	// name: the engines' api, queue, kv_pull and prefill, the P/D proxy's
+	// prefill_leg and proxy (see Breakdown).
+	Timing map[string]float64 `json:"server_timing_ms,omitempty"`
 	// Err is the failure, "" for a complete answer.
 	Err string `json:"error,omitempty"`
 }
@@ -119,8 +125,11 @@ type Result struct {
 	Curve []CurvePoint `json:"slo_curve,omitempty"`
 	// Paths counts requests by their x-tandem-pd value (its text before
 	// any ';' detail: "remote", "fallback"; "none" without the header).
-	Paths   map[string]int `json:"pd_paths"`
-	Records []Record       `json:"records"`
+	Paths map[string]int `json:"pd_paths"`
+	// Breakdown splits the requests' TTFT by their Server-Timing headers;
+	// nil when no answer had one.
+	Breakdown *Breakdown `json:"ttft_breakdown,omitempty"`
+	Records   []Record   `json:"records"`
 }
 
 // Suite is the whole run: what was asked and every result.
@@ -131,6 +140,9 @@ type Suite struct {
 	// Capacity is each target's goodput rate and peak throughput over the
 	// run's rates (Capacities), when the plan has an SLO.
 	Capacity []Capacity `json:"capacity,omitempty"`
+	// Search is the rate search's outcome per target, when the run was one
+	// (SearchSuite).
+	Search []SearchResult `json:"search,omitempty"`
 }
 
 func (p *Plan) check() error {
@@ -187,7 +199,7 @@ func Run(ctx context.Context, p *Plan) (*Suite, error) {
 		clients[i].APIKey = p.APIKey
 	}
 	alphabet := p.Workload.Alphabet(p.Pool)
-	if n := p.levelBase + p.Levels(); n > len(alphabet) && p.Progress != nil {
+	if n := p.FirstLevel + p.Levels(); n > len(alphabet) && p.Progress != nil {
 		fmt.Fprintf(p.Progress, "warning: %d levels but only %d distinct token ids: levels %d apart send the same prompts, and a prefix cache serves the later from the earlier\n",
 			n, len(alphabet), len(alphabet))
 	}
@@ -198,7 +210,7 @@ func Run(ctx context.Context, p *Plan) (*Suite, error) {
 			results[i] = &Result{Target: t.Name, Load: load}
 		}
 		for round := range rounds {
-			w := p.Workload.Relabel(alphabet, p.levelBase+li*rounds+round)
+			w := p.Workload.Relabel(alphabet, p.FirstLevel+li*rounds+round)
 			for k := range p.Targets {
 				i := k
 				if round%2 == 1 {
@@ -242,6 +254,7 @@ func (r *Result) summarize(p *Plan, d time.Duration) {
 		r.Paths[cmp.Or(strings.TrimSpace(path), "none")]++
 	}
 	r.Report = NewReport(p.Model, r.Load, d, outcomes)
+	r.Breakdown = NewBreakdown(r.Records)
 	if p.SLO.Set() {
 		var met int
 		r.Attained, met = Attainment(p.SLO, r.Records)
@@ -368,7 +381,7 @@ func (p *Plan) runConversation(ctx context.Context, c *Client, t Target, cv *wor
 		rec := Record{
 			Conversation: i, Turn: j, Round: round, Start: sent.Sub(levelStart),
 			TTFT: o.TTFT, E2E: o.E2E, ITL: o.ITL, PromptTokens: cmp.Or(o.PromptTokens, len(prompt)),
-			OutputTokens: o.OutputTokens, PD: o.PD,
+			OutputTokens: o.OutputTokens, PD: o.PD, Timing: o.Timing,
 		}
 		done.Add(1)
 		if o.Err != nil {

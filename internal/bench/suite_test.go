@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -174,17 +175,19 @@ func TestRunTwoTargetsWithConversations(t *testing.T) {
 	}
 }
 
-// recordingServer answers completions at once and records every prompt in
-// the order received.
+// recordingServer answers completions at once and records every prompt,
+// with its conversation id, in the order received.
 type recordingServer struct {
 	mu      sync.Mutex
 	prompts [][]int32
+	convs   []string
 }
 
 func (f *recordingServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		Prompt    []int32 `json:"prompt"`
-		MaxTokens int     `json:"max_tokens"`
+		Prompt         []int32 `json:"prompt"`
+		MaxTokens      int     `json:"max_tokens"`
+		ConversationID string  `json:"conversation_id"`
 	}
 	if r.URL.Path != "/v1/completions" || json.NewDecoder(r.Body).Decode(&req) != nil {
 		http.NotFound(w, r)
@@ -192,6 +195,7 @@ func (f *recordingServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	f.mu.Lock()
 	f.prompts = append(f.prompts, req.Prompt)
+	f.convs = append(f.convs, req.ConversationID)
 	f.mu.Unlock()
 	w.Header().Set("Content-Type", "text/event-stream")
 	for i := range req.MaxTokens {
@@ -200,63 +204,113 @@ func (f *recordingServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d}}\n\ndata: [DONE]\n\n", len(req.Prompt), req.MaxTokens)
 }
 
-// TestEveryLevelGetsFreshPromptsAndTheTargetsTheSame runs a shared-prefix
-// workload at two loads in two rounds against two targets: every level
-// (load, round) must send prompts no earlier level's share a first KV block
-// with (else a prefix cache serves them), both targets of a level the same
-// prompts, and the workload's own sharing (the group prefixes) must stay.
+// TestEveryLevelGetsFreshPromptsAndTheTargetsTheSame runs workloads that
+// share on purpose (shared-prefix groups, multi-turn histories, a trace's
+// prefix blocks) at two loads in two rounds against two targets: every
+// level (load, round) must send prompts no other level's share a first KV
+// block with (else a prefix cache serves them), both targets of a level the
+// same prompts, and the workload's own sharing must stay within the level.
 func TestEveryLevelGetsFreshPromptsAndTheTargetsTheSame(t *testing.T) {
-	const requests, groups, prefix, block = 8, 2, 32, 16
-	fa, fb := &recordingServer{}, &recordingServer{}
-	a, b := httptest.NewServer(fa), httptest.NewServer(fb)
-	defer a.Close()
-	defer b.Close()
+	const block = 16
 	pool := VocabPool(1000)
-	w, err := workload.SharedPrefix(5, requests, groups, prefix, workload.Dist{Kind: "uniform", A: 4, B: 12, Min: 4, Max: 12}, workload.Fixed(2), pool)
+	prefix, err := workload.SharedPrefix(5, 8, 2, 32, workload.Dist{Kind: "uniform", A: 4, B: 12, Min: 4, Max: 12}, workload.Fixed(2), pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Plan{
-		Targets: []Target{{"a", a.URL}, {"b", b.URL}}, Model: "m", Workload: w, Pool: pool,
-		Loads: []Load{{Concurrency: 3}, {Rate: 200}}, Rounds: 2, Timeout: 10 * time.Second,
-	}
-	if _, err := Run(context.Background(), p); err != nil {
+	trace, err := workload.ReadTrace(strings.NewReader(`{"timestamp": 0, "input_length": 40, "output_length": 2, "hash_ids": [1, 2]}
+{"timestamp": 1, "input_length": 36, "output_length": 2, "hash_ids": [1, 3]}
+{"timestamp": 2, "input_length": 20, "output_length": 2, "hash_ids": [2]}
+{"timestamp": 3, "input_length": 18, "output_length": 2}`), "t.jsonl", workload.TraceOptions{BlockTokens: block}, 5, pool)
+	if err != nil {
 		t.Fatal(err)
 	}
-	levels := p.Levels()
-	// Levels run one after another, each to its end, so each server saw
-	// its requests in level order, requests at a time.
-	chunk := func(f *recordingServer, k int) []string {
-		var out []string
-		for _, pr := range f.prompts[k*requests : (k+1)*requests] {
-			out = append(out, fmt.Sprint(pr))
-		}
-		slices.Sort(out)
-		return out
-	}
-	if len(fa.prompts) != levels*requests || len(fb.prompts) != levels*requests {
-		t.Fatalf("%d and %d prompts, want %d each", len(fa.prompts), len(fb.prompts), levels*requests)
-	}
-	firstBlocks := map[string]int{} // a first block -> the level that sent it
-	for k := range levels {
-		if !slices.Equal(chunk(fa, k), chunk(fb, k)) {
-			t.Errorf("level %d: the targets got different prompts", k)
-		}
-		prefixes := map[string]bool{}
-		for _, pr := range fa.prompts[k*requests : (k+1)*requests] {
-			prefixes[fmt.Sprint(pr[:prefix])] = true
-			fb := fmt.Sprint(pr[:block])
-			if l, ok := firstBlocks[fb]; ok && l != k {
-				t.Errorf("level %d sends a first block level %d sent: %v", k, l, pr[:block])
+	tests := []struct {
+		name string
+		w    *workload.Workload
+		// shares checks the sharing the workload means within one level's
+		// prompts (in the order one server received them) and ids.
+		shares func(t *testing.T, prompts [][]int32, convs []string)
+	}{
+		{"shared-prefix groups keep their system prompts", prefix, func(t *testing.T, prompts [][]int32, _ []string) {
+			prefixes := map[string]bool{}
+			for _, pr := range prompts {
+				prefixes[fmt.Sprint(pr[:32])] = true
 			}
-			firstBlocks[fb] = k
-			if slices.ContainsFunc(pr, func(id int32) bool { return !slices.Contains(pool, id) }) {
-				t.Errorf("level %d: prompt %v has ids outside the pool", k, pr)
+			if len(prefixes) != 2 {
+				t.Errorf("%d distinct 32-token prefixes, want the workload's 2 groups", len(prefixes))
 			}
-		}
-		if len(prefixes) != groups {
-			t.Errorf("level %d: %d distinct %d-token prefixes, want the workload's %d groups", k, len(prefixes), prefix, groups)
-		}
+		}},
+		{"conversations extend their own history", workload.MultiTurn(5, 3, workload.Fixed(3), workload.Fixed(block), workload.Fixed(2), workload.Fixed(1), pool),
+			func(t *testing.T, prompts [][]int32, convs []string) {
+				last := map[string][]int32{}
+				for i, pr := range prompts {
+					if prev, ok := last[convs[i]]; ok && !slices.Equal(pr[:len(prev)], prev) {
+						t.Errorf("conversation %s: a turn does not start with the previous turn's prompt", convs[i])
+					}
+					last[convs[i]] = pr
+				}
+				if len(last) != 3 {
+					t.Errorf("%d conversation ids in a level, want 3", len(last))
+				}
+			}},
+		{"a trace's equal hash ids stay equal blocks", trace, func(t *testing.T, prompts [][]int32, _ []string) {
+			byLen := map[int][]int32{}
+			for _, pr := range prompts {
+				byLen[len(pr)] = pr
+			}
+			h1a, h1b := byLen[40][:block], byLen[36][:block]
+			h2a, h2b := byLen[40][block:2*block], byLen[20][:block]
+			if !slices.Equal(h1a, h1b) || !slices.Equal(h2a, h2b) || slices.Equal(h1a, h2a) {
+				t.Errorf("hash 1 blocks %v and %v, hash 2 blocks %v and %v: want each hash's blocks equal, the two different", h1a, h1b, h2a, h2b)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fa, fb := &recordingServer{}, &recordingServer{}
+			a, b := httptest.NewServer(fa), httptest.NewServer(fb)
+			defer a.Close()
+			defer b.Close()
+			p := &Plan{
+				Targets: []Target{{"a", a.URL}, {"b", b.URL}}, Model: "m", Workload: tc.w, Pool: pool,
+				Loads: []Load{{Concurrency: 3}, {Rate: 200}}, Rounds: 2, Timeout: 10 * time.Second,
+			}
+			if _, err := Run(context.Background(), p); err != nil {
+				t.Fatal(err)
+			}
+			levels, requests := p.Levels(), tc.w.Requests()
+			if len(fa.prompts) != levels*requests || len(fb.prompts) != levels*requests {
+				t.Fatalf("%d and %d prompts, want %d each", len(fa.prompts), len(fb.prompts), levels*requests)
+			}
+			// Levels run one after another, each to its end, so each server
+			// saw its requests in level order, requests at a time.
+			sorted := func(f *recordingServer, k int) []string {
+				var out []string
+				for _, pr := range f.prompts[k*requests : (k+1)*requests] {
+					out = append(out, fmt.Sprint(pr))
+				}
+				slices.Sort(out)
+				return out
+			}
+			firstBlocks := map[string]int{} // a first block -> the level that sent it
+			for k := range levels {
+				if !slices.Equal(sorted(fa, k), sorted(fb, k)) {
+					t.Errorf("level %d: the targets got different prompts", k)
+				}
+				level := fa.prompts[k*requests : (k+1)*requests]
+				for _, pr := range level {
+					fb := fmt.Sprint(pr[:block])
+					if l, ok := firstBlocks[fb]; ok && l != k {
+						t.Errorf("level %d sends a first block level %d sent: %v", k, l, pr[:block])
+					}
+					firstBlocks[fb] = k
+					if slices.ContainsFunc(pr, func(id int32) bool { return !slices.Contains(pool, id) }) {
+						t.Errorf("level %d: prompt %v has ids outside the pool", k, pr)
+					}
+				}
+				t.Run(fmt.Sprintf("level %d", k), func(t *testing.T) { tc.shares(t, level, fa.convs[k*requests:(k+1)*requests]) })
+			}
+		})
 	}
 }
 
@@ -300,5 +354,36 @@ func TestParseTarget(t *testing.T) {
 		if _, err := ParseTarget(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// TestFirstLevelKeepsSeparateRunsApart: two runs of one workload (a tuning
+// run, then the measured one) numbered apart by FirstLevel send no prompt
+// sharing a first block; numbered alike they repeat every prompt.
+func TestFirstLevelKeepsSeparateRunsApart(t *testing.T) {
+	pool := VocabPool(1000)
+	w := workload.Lengths("fixed", 1, 4, workload.Fixed(16), workload.Fixed(1), pool)
+	send := func(first int) map[string]bool {
+		f := &recordingServer{}
+		srv := httptest.NewServer(f)
+		defer srv.Close()
+		p := &Plan{Targets: []Target{{"a", srv.URL}}, Model: "m", Workload: w, Pool: pool, Loads: []Load{{Concurrency: 2}}, Rounds: 2, Timeout: 10 * time.Second, FirstLevel: first}
+		if _, err := Run(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, pr := range f.prompts {
+			seen[fmt.Sprint(pr)] = true
+		}
+		return seen
+	}
+	tuning, measured, again := send(0), send(2), send(0)
+	for pr := range measured {
+		if tuning[pr] {
+			t.Errorf("prompt %s sent by both runs", pr)
+		}
+	}
+	if len(tuning) != 8 || !maps.Equal(tuning, again) {
+		t.Errorf("%d distinct prompts; the same numbering should repeat them", len(tuning))
 	}
 }

@@ -60,6 +60,9 @@ func WriteTable(w io.Writer, s *Suite) error {
 			return err
 		}
 	}
+	if err := WriteBreakdowns(w, s); err != nil {
+		return err
+	}
 	header := false
 	for _, c := range s.Capacity {
 		if c.Bound == "none" {
@@ -67,9 +70,10 @@ func WriteTable(w io.Writer, s *Suite) error {
 		}
 		if !header {
 			header = true
-			fmt.Fprintf(w, "goodput rate: the highest arrival rate at which %.0f%% of requests met the SLO (linear between measured rates):\n", 100*c.Goal)
+			fmt.Fprintf(w, "goodput rate: the highest tested arrival rate at which %.0f%% of requests met the SLO (with a linear estimate between tested rates); per rate: completed req/s, output tok/s, SLO met:\n", 100*c.Goal)
 		}
 		fmt.Fprintf(w, "  %s: %s\n", c.Target, c)
+		fmt.Fprintf(w, "  %s  per rate: %s\n", strings.Repeat(" ", len(c.Target)), c.Levels())
 	}
 	for _, r := range s.Results {
 		for i, e := range r.Errors {

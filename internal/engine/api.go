@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"time"
+
 	"github.com/tandem-serve/tandem/internal/sample"
 )
 
@@ -67,6 +69,25 @@ type Event struct {
 	// request: the params the decode engine needs.
 	KVTransfer map[string]any
 	Usage      Usage
+	// Timing is set on the event that carries a request's first token:
+	// where its time went until then.
+	Timing *Timing
+}
+
+// Timing splits the time from a request's arrival at the engine to its
+// first token (the engine's part of TTFT) into phases, as llm-d's "true
+// TTFT" spans do. The API layer reports it in the Server-Timing header.
+type Timing struct {
+	// Queue is from arrival to admission: the scheduler gave the request
+	// its blocks (and, for a remote prefill, started the KV load) or first
+	// scheduled it.
+	Queue time.Duration
+	// KVLoad is from admission to the end of loading the prompt's KV from
+	// another engine (a KV connector's pull); 0 when nothing was loaded.
+	KVLoad time.Duration
+	// Prefill is from then to the first token: computing the uncached
+	// prompt, in chunks interleaved with other requests' steps.
+	Prefill time.Duration
 }
 
 // Handle is a submitted request. Events is closed after the final event.

@@ -77,6 +77,12 @@ func (e *Engine) ReportKV(c KVCompletions) {
 // kvCompletions hands a KV connector's completions to the scheduler.
 func (e *Engine) kvCompletions(c KVCompletions) {
 	c = e.checkLoads(c)
+	now := e.clock.Now()
+	for _, id := range c.FinishedRecving {
+		if rs := e.reqs[id]; rs != nil && rs.loaded.IsZero() {
+			rs.loaded = now
+		}
+	}
 	for id, why := range c.LoadErrors {
 		e.sched.NoteLoadError(id, why)
 	}

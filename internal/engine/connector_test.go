@@ -55,4 +55,43 @@ func TestConnectorPlumbing(t *testing.T) {
 	if w.steps == 0 {
 		t.Error("the worker half was never stepped")
 	}
+	// The load was reported at least 20 ms after it started: the first
+	// token's Timing puts that in KVLoad, not in the queue or the prefill.
+	if len(r.timings) != 1 {
+		t.Fatalf("%d events carried a Timing, want the first token's only", len(r.timings))
+	}
+	if tm := r.timings[0]; tm.KVLoad < 20*time.Millisecond || tm.Queue < 0 || tm.Queue > tm.KVLoad || tm.Prefill <= 0 {
+		t.Errorf("timing %+v: want a KV load of at least 20 ms, a short queue and a positive prefill", tm)
+	}
+}
+
+// TestTimingOfALocalRequest: a request without kv params queues behind a
+// running one (max-num-seqs 1), loads nothing and computes its prompt; its
+// first token's Timing says so, and the phases fit in its TTFT.
+func TestTimingOfALocalRequest(t *testing.T) {
+	e, _ := newEngine(t, Config{MaxNumSeqs: 1})
+	_, _, g := load(t)
+	first, err := e.Submit(t.Context(), &Request{Prompt: g.GreedyIDs[:20], Params: greedy(30)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Now()
+	second, err := e.Submit(t.Context(), &Request{Prompt: g.GreedyIDs[:40], Params: greedy(2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ttft time.Duration
+	var tm *Timing
+	for ev := range second.Events {
+		if len(ev.Tokens) > 0 && ttft == 0 {
+			ttft, tm = time.Since(sent), ev.Timing
+		}
+	}
+	collect(t, first)
+	if tm == nil {
+		t.Fatal("the first token carried no Timing")
+	}
+	if tm.KVLoad != 0 || tm.Queue <= 0 || tm.Prefill <= 0 || tm.Queue+tm.Prefill > ttft {
+		t.Errorf("timing %+v with TTFT %v: want a queue (behind the first request), no KV load, a prefill, and their sum within the TTFT", tm, ttft)
+	}
 }

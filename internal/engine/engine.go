@@ -96,6 +96,7 @@ type Engine struct {
 
 	// Step-loop state.
 	reqs                    map[string]*reqState
+	unadmitted              []*reqState // with kv params, not yet admitted: Timing's admission is seen after Schedule
 	quit, abortAll          bool
 	dropHolds               bool
 	prefixQ, prefixH        uint64

@@ -117,6 +117,9 @@ type result struct {
 	text   string
 	last   Event
 	events int
+	// timings are the Timing of every event that had one (the first
+	// token's only).
+	timings []*Timing
 }
 
 func collect(t *testing.T, h *Handle) result {
@@ -135,6 +138,9 @@ func collect(t *testing.T, h *Handle) result {
 			r.events++
 			r.tokens = append(r.tokens, ev.Tokens...)
 			r.text += ev.Text
+			if ev.Timing != nil {
+				r.timings = append(r.timings, ev.Timing)
+			}
 			if ev.Finish != FinishNone {
 				r.last = ev
 			}

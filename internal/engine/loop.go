@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/sched"
@@ -100,6 +101,9 @@ func (e *Engine) handle(m any) {
 			return
 		}
 		e.reqs[m.id] = m
+		if m.req.KVTransfer != nil {
+			e.unadmitted = append(e.unadmitted, m)
+		}
 	case abortMsg:
 		e.sched.Abort(string(m))
 	case KVCompletions:
@@ -143,6 +147,7 @@ func (e *Engine) reliefStep() int { return max(1, e.pool.NumBlocks()/8) }
 func (e *Engine) step() {
 	out := e.sched.Schedule()
 	now := e.clock.Now()
+	e.noteAdmissions(now)
 	e.finish(out.Finished, now)
 	if e.cfg.KVWorker != nil {
 		c, err := e.cfg.KVWorker.Step(out.ConnectorMeta)
@@ -169,6 +174,12 @@ func (e *Engine) step() {
 		}
 		if rs := e.reqs[sc.Req.ID]; rs != nil && !rs.scheduled {
 			rs.scheduled = true
+			if rs.admitted.IsZero() {
+				rs.admitted = now
+			}
+			if rs.loaded.IsZero() && sc.Req.NumExternalTokens() > 0 {
+				rs.loaded = e.clock.Now() // a synchronous load, done in the worker's Step above
+			}
 			if e.m != nil {
 				e.m.QueueTime.Observe(now.Sub(rs.arrival).Seconds())
 			}
@@ -198,4 +209,22 @@ func (e *Engine) step() {
 	}
 	e.finish(e.sched.Update(out, results), now)
 	e.publishStats()
+}
+
+// noteAdmissions stamps the admission time of requests with kv params that
+// the scheduler has taken out of the plain waiting state (into a KV load,
+// or a batch): for Timing's queue and KV load phases.
+func (e *Engine) noteAdmissions(now time.Time) {
+	left := e.unadmitted[:0]
+	for _, rs := range e.unadmitted {
+		switch {
+		case e.reqs[rs.id] != rs: // finished
+		case rs.sr.Status() == sched.Waiting:
+			left = append(left, rs)
+		default:
+			rs.admitted = now
+		}
+	}
+	clear(e.unadmitted[len(left):])
+	e.unadmitted = left
 }

@@ -98,6 +98,9 @@ func (e *Engine) sampleOne(rs *reqState, tok int32, lp *sample.Logprob, now time
 			res.Finish = sched.FinishedLength
 		}
 	}
+	if rs.firstToken.IsZero() {
+		ev.Timing = rs.timing(now)
+	}
 	rs.out.push(ev, false)
 
 	if e.m != nil {

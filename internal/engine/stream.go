@@ -27,6 +27,9 @@ func (s *stream) push(ev Event, final bool) {
 	p.Tokens = append(p.Tokens, ev.Tokens...)
 	p.Text += ev.Text
 	p.Logprobs = append(p.Logprobs, ev.Logprobs...)
+	if ev.Timing != nil && p.Timing == nil {
+		p.Timing = ev.Timing
+	}
 	if final {
 		p.Finish, p.StopReason, p.Err, p.KVTransfer, p.Usage = ev.Finish, ev.StopReason, ev.Err, ev.KVTransfer, ev.Usage
 		s.final = true

@@ -30,6 +30,25 @@ type reqState struct {
 	stopReason                     string
 	arrival, firstToken, lastToken time.Time
 	scheduled                      bool
+	// admitted and loaded time the request's way to its first token
+	// (Timing): when the scheduler first gave it blocks or a batch slot,
+	// and when a KV connector finished loading its prompt's KV.
+	admitted, loaded time.Time
+}
+
+// timing is rs's Timing at its first token, now.
+func (rs *reqState) timing(now time.Time) *Timing {
+	admitted := rs.admitted
+	if admitted.IsZero() {
+		admitted = rs.arrival
+	}
+	t := &Timing{Queue: admitted.Sub(rs.arrival)}
+	computed := admitted
+	if !rs.loaded.IsZero() && rs.loaded.After(admitted) {
+		t.KVLoad, computed = rs.loaded.Sub(admitted), rs.loaded
+	}
+	t.Prefill = max(now.Sub(computed), 0)
+	return t
 }
 
 // Submit validates and queues a request. Its events arrive on the returned

@@ -3,12 +3,14 @@ package openai
 import (
 	"encoding/json"
 	"net/http"
+	"time"
 
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/sample"
 )
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	received := time.Now()
 	extID, aerr := requestID(w, r)
 	if aerr != nil {
 		WriteError(w, aerr)
@@ -31,6 +33,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer run.close()
+	run.api = time.Since(received)
 	meta := responseMeta{id: "chatcmpl-" + extID, created: s.cfg.Now().Unix(), model: s.cfg.ModelName}
 	if req.Stream {
 		s.streamChat(w, r, run, meta, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, req.Logprobs)
@@ -109,6 +112,7 @@ func (s *Server) completeChat(w http.ResponseWriter, r *http.Request, run *run, 
 		Usage:            &Usage{},
 		KVTransferParams: st[0].final.KVTransfer,
 	}
+	setTiming(w.Header(), st[0].timing, run.api)
 	for i := range st {
 		c := &st[i]
 		choice := ChatChoice{
@@ -155,6 +159,7 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, run *run, me
 			return
 		}
 		if !sw.Started() {
+			setTiming(w.Header(), ev.Timing, run.api)
 			empty := ""
 			for i := range n {
 				if sw.Data(chunk(ChatChunkChoice{Index: i, Delta: ChatDelta{Role: "assistant", Content: &empty}})) != nil {

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/tandem-serve/tandem/internal/engine"
 )
 
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
+	received := time.Now()
 	extID, aerr := requestID(w, r)
 	if aerr != nil {
 		WriteError(w, aerr)
@@ -32,6 +34,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer run.close()
+	run.api = time.Since(received)
 	meta := responseMeta{id: "cmpl-" + extID, created: s.cfg.Now().Unix(), model: s.cfg.ModelName}
 	if req.Stream {
 		s.streamCompletion(w, r, run, meta, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, req.Logprobs != nil)
@@ -150,6 +153,7 @@ type choiceState struct {
 	offset   int
 	final    engine.Event
 	done     bool
+	timing   *engine.Timing // the first token's
 }
 
 // collect reads a run to its end. It returns the choices, or an API error
@@ -163,6 +167,9 @@ func (s *Server) collect(r *http.Request, run *run, completionLogprobs, chatLogp
 		}
 		c := &st[ie.i]
 		c.text.WriteString(ie.ev.Text)
+		if ie.ev.Timing != nil && c.timing == nil {
+			c.timing = ie.ev.Timing
+		}
 		if completionLogprobs {
 			if c.logprobs == nil {
 				c.logprobs = &CompletionLogprobs{}
@@ -212,6 +219,7 @@ func (s *Server) completeCompletion(w http.ResponseWriter, r *http.Request, run 
 		run.addUsage(resp.Usage, i, c.final.Usage)
 	}
 	resp.KVTransferParams = st[0].final.KVTransfer
+	setTiming(w.Header(), st[0].timing, run.api)
 	s.writeJSON(w, http.StatusOK, resp)
 }
 
@@ -238,6 +246,9 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, run *r
 		if failed(ev) {
 			s.streamFailure(w, sw, ev)
 			return
+		}
+		if !sw.Started() {
+			setTiming(w.Header(), ev.Timing, run.api)
 		}
 		text := ev.Text
 		if !echoed[ie.i] {

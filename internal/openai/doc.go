@@ -55,6 +55,12 @@
 // retries elsewhere; requests in flight run on (InFlight counts them);
 // /metrics, /tokenize and KV release keep working.
 //
+// Timing: every completion and chat answer carries a Server-Timing header
+// (HeaderServerTiming) with where its time went before the first token —
+// the server's own handling, the engine's queue, a KV pull from a prefill
+// engine, the prefill — set before the first byte, so a client (tandem
+// bench) gets per-request spans; the P/D proxy appends its own.
+//
 // API keys: with Config.APIKey set (`tandem serve --api-key`, or
 // TANDEM_API_KEY), every path except the probes in OpenPaths (/health,
 // /livez, /metrics) needs "Authorization: Bearer <key>", unknown paths included;

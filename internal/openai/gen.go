@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/sample"
@@ -69,8 +70,11 @@ type run struct {
 	j      *job
 	ctx    context.Context
 	cancel context.CancelFunc
-	out    chan indexedEvent
-	wg     sync.WaitGroup // forwarders; out closes when none is left
+	// api is the handler's time before the engine had the request
+	// (reading, validating and tokenizing it), for Server-Timing.
+	api time.Duration
+	out chan indexedEvent
+	wg  sync.WaitGroup // forwarders; out closes when none is left
 
 	mu      sync.Mutex
 	closed  bool

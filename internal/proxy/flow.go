@@ -90,6 +90,7 @@ func (p *Proxy) handleGenerate(w http.ResponseWriter, r *http.Request) {
 
 // generate runs one request and returns its outcome label.
 func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) string {
+	arrived := time.Now() // for the Server-Timing entries
 	if r.Method != http.MethodPost {
 		writeError(w, http.StatusMethodNotAllowed, "use POST "+r.URL.Path)
 		return outcomeBadRequest
@@ -151,10 +152,11 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 	}
 	if !decision.Remote {
 		p.metrics.pdDecisions.WithLabelValues("local", decision.Reason).Inc()
-		leg := decodeLeg{conv: conv, prefer: d, body: fallbackBody(body, obj), pd: "local; reason=" + decision.Reason, success: outcomeLocal}
+		leg := decodeLeg{conv: conv, prefer: d, body: fallbackBody(body, obj), pd: "local; reason=" + decision.Reason, success: outcomeLocal, arrived: arrived}
 		return p.runDecode(w, r, id, preq, leg)
 	}
 	preq.Near = d.host
+	prefillStart := time.Now()
 	var res prefillResult
 	if history == nil {
 		res = p.prefillWithRetries(r, id, obj, preq, prefillKVParams)
@@ -171,7 +173,7 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 			p.releaseKV(&heldKV{engine: history.decode, params: history.params}, id, releaseHistoryUnused)
 		}
 	}
-	leg := decodeLeg{conv: conv, prefer: d, turn: p.historyTurnOf(conv, obj, preq)}
+	leg := decodeLeg{conv: conv, prefer: d, turn: p.historyTurnOf(conv, obj, preq), arrived: arrived, prefill: time.Since(prefillStart)}
 	switch {
 	case res.canceled:
 		return outcomeClientCanceled
@@ -501,6 +503,11 @@ type decodeLeg struct {
 	prefer  *backend
 	conv    string       // conversation mode: the conversation to remember the decode's params for, if any
 	turn    *historyTurn // conversation mode, no conv: the turn to remember by its history, if it can be
+
+	// arrived is when the request reached the proxy, prefill the prefill
+	// leg's time (retries included; 0 for none): for Server-Timing.
+	arrived time.Time
+	prefill time.Duration
 }
 
 // runDecode sends the decode leg (to leg.prefer if set, else to the policy's
@@ -634,6 +641,7 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 	copyResponseHeaders(h, resp.Header)
 	h.Set("X-Request-Id", id)
 	h.Set(HeaderPD, pd)
+	addTiming(h, &leg, start)
 
 	var capture *kvCapture
 	if p.convs != nil && resp.StatusCode == http.StatusOK {

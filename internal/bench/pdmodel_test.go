@@ -1,0 +1,156 @@
+package bench
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/bench/workload"
+)
+
+func TestPrefillBusyByHand(t *testing.T) {
+	tests := []struct {
+		name                     string
+		s, cv2, overhead, slo, q float64
+		want                     float64
+	}{
+		// M/D/1, s = 1 s: 0.5·exp(−t·0.5/0.5) = 0.1 at t = ln 5.
+		{"half busy when the slack is ln 5 service times", 1, 0, 0, 1 + math.Log(5), 0.9, 0.5},
+		// c = 1 (exponential service) doubles the slack needed: t = 2 ln 5.
+		{"exponential service needs twice the slack", 1, 1, 0, 1 + 2*math.Log(5), 0.9, 0.5},
+		// The overhead eats slack: s = 2, o = 1, t = 2·ln 5 for c = 1/2.
+		{"the overhead comes off the slack", 2, 0, 1, 3 + 2*math.Log(5), 0.9, 0.5},
+		{"an SLO a lone prefill cannot meet", 1, 0, 0.5, 1.5, 0.9, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := prefillBusy(tc.s, tc.cv2, tc.overhead, tc.slo, tc.q); math.Abs(got-tc.want) > 1e-9 {
+				t.Errorf("prefillBusy = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// pdRecords is a hand-made pd run: round 0 has three requests far apart
+// (each prefill leg alone, each decoding alone: k = 1), round 1 two at once
+// (k = 2), round 2 four at once (k = 4). Prefill legs take 10 + 0.5·L ms,
+// every TTFT has 40 ms more, and TPOT is 10 + 10·k ms over 10 decode steps.
+func pdRecords() []Record {
+	ms := time.Millisecond
+	var recs []Record
+	for i, l := range []int{100, 200, 300} {
+		leg := 10 + l/2
+		ttft := time.Duration(leg+40) * ms
+		recs = append(recs, Record{Round: 0, Start: time.Duration(i) * 10 * time.Second, PromptTokens: l, OutputTokens: 11,
+			TTFT: ttft, E2E: ttft + 10*20*ms, Timing: map[string]float64{"proxy": 0, "prefill_leg": float64(leg)}})
+	}
+	for _, lv := range []struct{ round, n, tpot int }{{1, 2, 30}, {2, 4, 50}} {
+		for range lv.n {
+			recs = append(recs, Record{Round: lv.round, PromptTokens: 200, OutputTokens: 11,
+				TTFT: 150 * ms, E2E: 150*ms + time.Duration(10*lv.tpot)*ms, Timing: map[string]float64{"proxy": 0, "prefill_leg": 110}})
+		}
+	}
+	return recs
+}
+
+func TestModelPDByHand(t *testing.T) {
+	// s̄ = s(200) = 110 ms; the nine prompts (100, 300 and seven of 200
+	// — mean 200) have Var(L) = 20000/9, so C² = 0.5²·Var(L)/110².
+	const sbar, o = 0.110, 0.040
+	cv2 := 0.25 * (20000.0 / 9) / (110 * 110)
+	// With goal 0.81, q = 0.9; choose the TTFT SLO at which ρ* = 1/2:
+	// 0.5·exp(−t·0.5/(c·s̄)) = 0.1 ⇔ t = 2·c·s̄·ln 5.
+	c := (1 + cv2) / 2
+	slo := SLO{TTFT: time.Duration((sbar + o + 2*c*sbar*math.Log(5)) * float64(time.Second)), TPOT: 100 * time.Millisecond}
+	s := &Suite{
+		Plan:    &Plan{SLO: slo, Goal: 0.81, Workload: &workload.Workload{Name: "long"}},
+		Results: []*Result{{Target: "pd", Load: Load{Rate: 1}, Records: pdRecords()}, {Target: "colocated", Load: Load{Rate: 1}, Records: []Record{{TTFT: time.Second}}}},
+	}
+	m := ModelPD(s, "pd", 64)
+	near := func(name string, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > 1e-6*max(1, math.Abs(want)) {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	if m.PrefillSource != "alone" || m.PrefillSamples != 3 || m.DecodeFit != "fit" || m.DecodeSamples != 9 || m.Unattainable != "" {
+		t.Fatalf("model %+v", m)
+	}
+	near("mean prompt", m.MeanPrompt, 200)
+	near("mean output", m.MeanOutput, 11)
+	near("A", m.PrefillA, 10)
+	near("B", m.PrefillB, 0.5)
+	near("s̄", m.PrefillSeconds, sbar)
+	near("C²", m.PrefillCV2, cv2)
+	near("overhead", m.Overhead, o)
+	near("ρ*", m.PrefillBusy, 0.5)
+	near("prefill rate", m.PrefillRate, 0.5/sbar)
+	// TPOT = 10 + 10·k exactly (σ = 0): k* = (100 − 10)/10 = 9, at TPOT
+	// 100 ms; 9 sequences of 10 decode steps of 0.1 s: 9 req/s.
+	near("step A", m.StepA, 10)
+	near("step B", m.StepB, 10)
+	near("σ", m.StepSigma, 0)
+	near("observed batch", m.ObservedBatch, 4)
+	near("k*", m.DecodeBatch, 9)
+	near("decode rate", m.DecodeRate, 9)
+	if !m.Extrapolated {
+		t.Error("k* = 9 from batches of at most 4 is not flagged as extrapolated")
+	}
+	// N = 4: 2P:2D gives min(9.09, 18) = 9.09; 3P:1D only 9.
+	want := []Split{{2, 1, 1, 0.5 / sbar}, {4, 2, 2, 1 / sbar}, {8, 5, 3, 2.5 / sbar}}
+	for i, w := range want {
+		if g := m.BestSplits[i]; g.N != w.N || g.P != w.P || g.D != w.D || math.Abs(g.Goodput-w.Goodput) > 1e-6 {
+			t.Errorf("split %d: %+v, want %+v", i, g, w)
+		}
+	}
+	var out strings.Builder
+	WritePDModelHeader(&out)
+	m.Write(&out, slo)
+	for _, want := range []string{"ran alone", "s(L) = 10.0 + 0.500·L ms", "ρ* = 0.50", "TPOT = 10.0 + 10.00·k ms", "k* = 9.0", "extrapolated", "N=4 2P:2D 9.09 req/s", "Little's law"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestModelPDFallbacks(t *testing.T) {
+	ms := time.Millisecond
+	t.Run("without Server-Timing the quietest TTFT median is the service time, and one batch size gives a lower bound", func(t *testing.T) {
+		var recs []Record
+		for i := range 3 {
+			recs = append(recs, Record{Start: time.Duration(i) * 10 * time.Second, PromptTokens: 100, OutputTokens: 11, TTFT: 200 * ms, E2E: 200*ms + 10*20*ms})
+		}
+		quiet := &Result{Target: "pd", Load: Load{Rate: 0.1}, Records: recs, Report: &Report{Completed: 3, RequestThroughput: 0.1, TTFT: Summary{P50: 200}}}
+		busy := &Result{Target: "pd", Load: Load{Rate: 1}, Records: recs, Report: &Report{Completed: 3, RequestThroughput: 0.9, TTFT: Summary{P50: 900}}}
+		s := &Suite{Plan: &Plan{SLO: SLO{TTFT: 2 * time.Second, TPOT: 50 * ms}}, Results: []*Result{busy, quiet}}
+		m := ModelPD(s, "pd", 64)
+		if m.PrefillSource != "lowest TTFT p50" || math.Abs(m.PrefillSeconds-0.2) > 1e-9 || m.Overhead != 0 || m.PrefillCV2 != 0 {
+			t.Errorf("prefill %+v", m)
+		}
+		// Every request decoded alone (k = 1): no line; the best level that
+		// met TPOT ≤ 50 ms (all of them, at 20 ms) is the 0.9 req/s one.
+		if m.DecodeFit != "lower bound" || m.DecodeRate != 0.9 || m.ObservedBatch != 1 {
+			t.Errorf("decode %+v", m)
+		}
+	})
+	t.Run("a TPOT SLO below the one-sequence step time is unattainable", func(t *testing.T) {
+		s := &Suite{Plan: &Plan{SLO: SLO{TTFT: 10 * time.Second, TPOT: 5 * ms}}, Results: []*Result{{Target: "pd", Records: pdRecords()}}}
+		if m := ModelPD(s, "pd", 64); m.DecodeRate != 0 || !strings.Contains(m.Unattainable, "TPOT") || len(m.BestSplits) != 0 {
+			t.Errorf("model %+v", m)
+		}
+	})
+	t.Run("max-num-seqs caps the batch", func(t *testing.T) {
+		s := &Suite{Plan: &Plan{SLO: SLO{TTFT: 10 * time.Second, TPOT: 100 * ms}}, Results: []*Result{{Target: "pd", Records: pdRecords()}}}
+		// k* would be 9; capped at 6: TPOT 70 ms, 6/(10·0.07) req/s.
+		if m := ModelPD(s, "pd", 6); m.DecodeBatch != 6 || math.Abs(m.DecodeRate-6/0.7) > 1e-9 {
+			t.Errorf("model %+v", m)
+		}
+	})
+	t.Run("no requests of the target", func(t *testing.T) {
+		s := &Suite{Plan: &Plan{}, Results: []*Result{{Target: "colocated", Records: pdRecords()}}}
+		if m := ModelPD(s, "pd", 64); m.Unattainable == "" {
+			t.Errorf("model %+v", m)
+		}
+	})
+}
