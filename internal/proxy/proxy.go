@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tandem-serve/tandem/internal/apierror"
+	"github.com/tandem-serve/tandem/internal/httpleg"
 	"github.com/tandem-serve/tandem/internal/router"
 	"github.com/tandem-serve/tandem/internal/router/factory"
 	"github.com/tandem-serve/tandem/internal/router/filter/saturated"
@@ -304,7 +305,7 @@ func New(cfg Config) (*Proxy, error) {
 		saturation: factory.Saturation(cfg.Router),
 		queued:     make(chan struct{}, cfg.MaxQueue),
 		metrics:    m,
-		client:     &http.Client{Transport: newTransport(cfg.ConnectTimeout)},
+		client:     &http.Client{Transport: newLegTransport(cfg.ConnectTimeout)},
 		now:        time.Now,
 	}
 	if cfg.Conversations {
@@ -353,10 +354,25 @@ func New(cfg Config) (*Proxy, error) {
 	return p, nil
 }
 
-// newTransport is the one Transport shared by all backend calls. Backends
-// are few and long-lived, so many idle connections per host are kept to
-// avoid a handshake per request under load. Compression is off: SSE must
-// not be buffered by a gzip layer and the prefill answer is small.
+// newLegTransport is the one transport shared by all backend calls: legs,
+// health checks, scrapes, KV releases. Plain http:// backends are served by
+// package httpleg, which does each exchange on the calling goroutine (net/http's
+// per-connection reader and writer goroutines and their channel handoffs were
+// about 40% of the proxy's CPU); https backends go to newTransport's.
+// Backends are few and long-lived, so both keep up to 256 idle connections
+// per host, to avoid a handshake per request under load.
+func newLegTransport(connect time.Duration) *httpleg.Transport {
+	return &httpleg.Transport{
+		Fallback:            newTransport(connect),
+		ConnectTimeout:      connect,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+	}
+}
+
+// newTransport is net/http's transport for the backends httpleg does not
+// serve (https). Compression is off: SSE must not be buffered by a gzip
+// layer and the prefill answer is small.
 func newTransport(connect time.Duration) *http.Transport {
 	return &http.Transport{
 		Proxy:                 nil, // backends are addressed directly, never via HTTP_PROXY
