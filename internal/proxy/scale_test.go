@@ -158,7 +158,11 @@ func BenchmarkProxyAddedLatency(b *testing.B) {
 //
 // cpu-µs/req is this process's CPU per request (client, engines, and the
 // proxy unless it runs apart); proxy-cpu-µs/req is the child proxy's, and
-// 1e6 over it is the requests/s one core of proxy serves.
+// 1e6 over it is the requests/s one core of proxy serves. The clients use
+// the proxy's own leg transport (httpleg), the cheapest client here, since
+// they share the cores with what they measure;
+// TANDEM_PROXY_BENCH_NETHTTP_CLIENT=1 gives them net/http's instead (as
+// before httpleg).
 func BenchmarkProxyThroughput(b *testing.B) {
 	const clients = 16
 	modes := []string{"direct=decode", "direct=prefill+decode", "decider=always", "decider=conditional",
@@ -194,7 +198,13 @@ func BenchmarkProxyThroughput(b *testing.B) {
 				b.Cleanup(srv.Close)
 				target = srv.URL
 			}
-			client := &http.Client{Transport: newTransport(time.Second)}
+			// The load generator is the cheapest client there is here (the
+			// proxy's own leg transport): its CPU shares the cores with the
+			// proxy and the engines.
+			client := &http.Client{Transport: newLegTransport(time.Second)}
+			if os.Getenv("TANDEM_PROXY_BENCH_NETHTTP_CLIENT") != "" {
+				client = &http.Client{Transport: newTransport(time.Second)}
+			}
 			b.Cleanup(client.CloseIdleConnections)
 			send := func(url string) bool {
 				resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hello","max_tokens":1}`))
