@@ -178,17 +178,23 @@ func qactQ8_0AVX512(x *float32, nb int, q *int8, meta *uint32, corrMul int)
 // qactQ8KAVX512 quantizes nb blocks of 256 activations to q8_K levels, scale and sums (see quantizeActQ8K).
 func qactQ8KAVX512(x *float32, nb int, q *int8, meta *uint32)
 
-// qfusedQ8_0AVX512 continues the 16-lane f32 chain of one activation row over nb Q8_0 blocks of 16 weight rows ldw bytes apart (see asmgen).
-func qfusedQ8_0AVX512(w *byte, ldw int, nb int, x *int8, meta *uint32, scratch *byte, acc *float32)
+// qrowQ8_0AVX512 computes up to 8 Q8_0 weight rows times one activation row (see asmgen's rowquant.go).
+func qrowQ8_0AVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 
-// qfusedQ4_KAVX512 continues the 16-lane f32 chain of one activation row over nb Q4_K super-blocks of 16 weight rows ldw bytes apart (see asmgen).
-func qfusedQ4_KAVX512(w *byte, ldw int, nb int, x *int8, meta *uint32, scratch *byte, acc *float32)
+// qrowQ4_0AVX512 computes up to 8 Q4_0 weight rows times one activation row (see asmgen's rowquant.go).
+func qrowQ4_0AVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 
-// qfusedQ5_KAVX512 continues the 16-lane f32 chain of one activation row over nb Q5_K super-blocks of 16 weight rows ldw bytes apart (see asmgen).
-func qfusedQ5_KAVX512(w *byte, ldw int, nb int, x *int8, meta *uint32, scratch *byte, acc *float32)
+// qrowQ5_0AVX512 computes up to 8 Q5_0 weight rows times one activation row (see asmgen's rowquant.go).
+func qrowQ5_0AVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 
-// qfusedQ6_KAVX512 continues the 16-lane f32 chain of one activation row over nb Q6_K super-blocks of 16 weight rows ldw bytes apart (see asmgen).
-func qfusedQ6_KAVX512(w *byte, ldw int, nb int, x *int8, meta *uint32, scratch *byte, acc *float32)
+// qrowQ4_KAVX512 computes up to 8 Q4_K weight rows times one activation row (activation sub-blocks in q4kPerm order; see asmgen's rowquant.go).
+func qrowQ4_KAVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+
+// qrowQ5_KAVX512 computes up to 8 Q5_K weight rows times one activation row (activation sub-blocks in q4kPerm order; see asmgen's rowquant.go).
+func qrowQ5_KAVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+
+// qrowQ6_KAVX512 computes up to 8 Q6_K weight rows times one activation row (see asmgen's rowquant.go).
+func qrowQ6_KAVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 
 // gemmAVX2F32R1 computes 1 rows of x times n rows of F32 weights (see asmgen).
 func gemmAVX2F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
@@ -291,3 +297,21 @@ func qdotKAVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, a
 
 // qdot6KAVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb super-blocks of a panel (see asmgen).
 func qdot6KAVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qrowQ8_0AVX2 computes up to 8 Q8_0 weight rows times one activation row (see asmgen's rowquant.go).
+func qrowQ8_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+
+// qrowQ4_0AVX2 computes up to 8 Q4_0 weight rows times one activation row (see asmgen's rowquant.go).
+func qrowQ4_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+
+// qrowQ5_0AVX2 computes up to 8 Q5_0 weight rows times one activation row (see asmgen's rowquant.go).
+func qrowQ5_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+
+// qrowQ4_KAVX2 computes up to 8 Q4_K weight rows times one activation row (see asmgen's rowquant.go).
+func qrowQ4_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+
+// qrowQ5_KAVX2 computes up to 8 Q5_K weight rows times one activation row (see asmgen's rowquant.go).
+func qrowQ5_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+
+// qrowQ6_KAVX2 computes up to 8 Q6_K weight rows times one activation row (see asmgen's rowquant.go).
+func qrowQ6_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)

@@ -47,6 +47,47 @@ type qAct struct {
 	// per 32, words 8..15 the 16 int16 sums of q per 16 (little-endian
 	// pairs), the other words zero.
 	meta []uint32
+	// rowAux holds, for one activation row, the per-block arrays of the
+	// row kernels (set by setRowAux): for the 32-blocks the nb scales dx
+	// then the nb corrections, for the K-quants the nb scales.
+	rowAux []uint32
+	// rowX holds, for one activation row of Q4_K/Q5_K weights, the
+	// levels with the 32-byte sub-blocks of each super-block in the order
+	// 0, 2, 1, 3, 4, 6, 5, 7 (asmgen's q4kPerm: a 512-bit vector of the
+	// AVX-512 row kernel holds two sub-blocks' nibbles).
+	rowX []int8
+}
+
+// setRowAux fills a.rowAux and a.rowX from a.meta and a.xq (one activation
+// row): the layouts the row kernels read with plain vector loads.
+func (a *qAct) setRowAux() {
+	words, elems := metaWords(a.dt)
+	nb := a.k / elems
+	n := nb
+	if words == 2 {
+		n = 2 * nb
+	}
+	if cap(a.rowAux) < n {
+		a.rowAux = make([]uint32, n)
+	}
+	a.rowAux = a.rowAux[:n]
+	for b := range nb {
+		a.rowAux[b] = a.meta[b*words]
+		if words == 2 {
+			a.rowAux[nb+b] = a.meta[2*b+1]
+		}
+	}
+	if a.dt == Q4_K || a.dt == Q5_K {
+		if cap(a.rowX) < a.k {
+			a.rowX = make([]int8, a.k)
+		}
+		a.rowX = a.rowX[:a.k]
+		for b := range nb {
+			for i, j := range [8]int{0, 2, 1, 3, 4, 6, 5, 7} {
+				copy(a.rowX[qk*b+32*i:qk*b+32*i+32], a.xq[qk*b+32*j:qk*b+32*j+32])
+			}
+		}
+	}
 }
 
 // metaWords returns the number of meta words per block of activations for
@@ -184,6 +225,9 @@ func (p *Pool) matmulQuant(out, x []float32, m int, w *Mat) {
 	a := qActs.Get().(*qAct)
 	defer qActs.Put(a)
 	p.quantizeActs(a, w.DType, x, m, k)
+	if m == 1 {
+		a.setRowAux()
+	}
 	ks := active.Load()
 	chunk := n
 	if p.threads > 1 && m*n*k >= serialFMAs {

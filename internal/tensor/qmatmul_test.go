@@ -1,6 +1,7 @@
 package tensor
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/big"
@@ -408,4 +409,75 @@ func TestQuantizeActsMatchesGo(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestQuantMatVecMatchesDefinition covers the decode path (one activation
+// row), whose kernels read each weight row whole in groups of blocks: block
+// counts around the group sizes (the last group of a row overlaps the one
+// before), row counts around the 8 rows of one call, weight bytes of every
+// value (Q8_0 −128, which our quantizer never writes, large K-quant scales
+// and mins) and activation blocks of zeros and of ±127 everywhere.
+func TestQuantMatVecMatchesDefinition(t *testing.T) {
+	forEachISA(t, func(t *testing.T) {
+		pool := NewPool(1)
+		defer pool.Close()
+		for _, d := range quantTypes {
+			elems, bytes := d.BlockSize()
+			for _, nb := range []int{1, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 31, 40} {
+				k := nb * elems
+				for _, n := range []int{1, 7, 8, 9, 23} {
+					t.Run(fmt.Sprintf("%s nb=%d n=%d", d, nb, n), func(t *testing.T) {
+						rng := rand.New(rand.NewPCG(uint64(nb), uint64(n)))
+						w := randQuantMat(t, rng, d, n, k)
+						if n > 2 {
+							// Row 1: random bytes everywhere but sane
+							// f16 scales (every level pattern, and the
+							// K-quants' 6-bit scales and mins at will).
+							rb, _ := d.RowBytes(k)
+							row := w.Q[rb : 2*rb]
+							for i := range row {
+								row[i] = byte(rng.Uint32())
+							}
+							for b := range nb {
+								blk := row[b*bytes : (b+1)*bytes]
+								for _, off := range f16Offsets(d) {
+									binary.LittleEndian.PutUint16(blk[off:], F32ToF16(float32(rng.Float64()+0.01)))
+								}
+							}
+						}
+						x := make([]float32, k)
+						for i := range x {
+							x[i] = float32(rng.NormFloat64())
+						}
+						if nb > 2 {
+							clear(x[elems : 2*elems])
+							for i := 2 * elems; i < 3*elems; i++ {
+								x[i] = float32(1 - 2*(i%2))
+							}
+						}
+						out := make([]float32, n)
+						pool.MatMul(out, x, 1, w)
+						xq, xs := refActs(d, x)
+						for j := range n {
+							def, _, _ := refQuantDot(w, xq, xs, j)
+							if math.Float32bits(out[j]) != math.Float32bits(def) {
+								t.Fatalf("out[%d] = %g (%#x), the definition gives %g (%#x)", j, out[j], math.Float32bits(out[j]), def, math.Float32bits(def))
+							}
+						}
+					})
+				}
+			}
+		}
+	})
+}
+
+// f16Offsets returns where a block of dtype d holds f16 scales.
+func f16Offsets(d DType) []int {
+	switch d {
+	case Q4_K, Q5_K:
+		return []int{0, 2}
+	case Q6_K:
+		return []int{208}
+	}
+	return []int{0}
 }

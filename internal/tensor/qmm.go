@@ -5,13 +5,21 @@ import (
 	"unsafe"
 )
 
-// The panel driver of the assembly quantized kernels. For each group of
-// lanes weight rows (16 with AVX-512, 8 with AVX2), a pack kernel lays a
-// chunk of their blocks out as a panel with one weight row per vector lane
-// (levels transposed to 4-byte groups, scales widened), and dot kernels run
-// the activation rows over it a few at a time, continuing lanes f32 chains
-// per activation row (one per weight row) in acc: the chains of the
-// definition in qmatmul.go, so every kernel gives its results bit for bit.
+// The drivers of the assembly quantized kernels.
+//
+// Panels (more than one activation row): for each group of lanes weight
+// rows (16 with AVX-512, 8 with AVX2), a pack kernel lays a chunk of their
+// blocks out as a panel with one weight row per vector lane (levels
+// transposed to 4-byte groups, scales widened), and dot kernels run the
+// activation rows over it a few at a time, continuing lanes f32 chains per
+// activation row (one per weight row) in acc.
+//
+// Rows (one activation row, decode): a row kernel takes up to qRowMax
+// weight rows and reads each from start to end, the one access pattern
+// that streams from DRAM at full speed (see asmgen's rowquant.go).
+//
+// Either way the chains are those of the definition in qmatmul.go, so
+// every kernel gives its results bit for bit.
 
 type (
 	// qpack packs nb blocks of a group of weight rows ldw bytes apart
@@ -21,14 +29,31 @@ type (
 	// (ldx bytes of int8 apart, their metadata ldm bytes apart) over nb
 	// blocks of a panel; acc holds lanes f32 per row.
 	qdot func(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
-	// qfused continues the chains of one activation row over nb blocks
-	// of a group of weight rows ldw bytes apart, without a panel
-	// (scratch holds qFusedScratch bytes).
-	qfused func(w *byte, ldw int, nb int, x *int8, meta *uint32, scratch *byte, acc *float32)
+	// qrow computes up to qRowMax weight rows ldw bytes apart times one
+	// activation row (its levels x, metadata meta and the per-block
+	// arrays aux of qAct.rowAux) into out[0:qRowMax], reading each weight
+	// row from start to end (see asmgen's rowquant.go); scratch holds
+	// qRowKernel.scratchBytes(nb) bytes.
+	qrow func(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 )
 
-// qFusedScratch is the scratch size of the fused kernels.
-const qFusedScratch = 33 * 64
+// qRowMax is the most weight rows one qrow call takes.
+const qRowMax = 8
+
+// qRowKernel is a dtype's row kernel: it needs at least group blocks per
+// row and slot bytes of scratch per group of blocks and row.
+type qRowKernel struct {
+	fn          qrow
+	group, slot int
+	// perm: the kernel takes the activations of Q4_K/Q5_K super-blocks
+	// with their 32-byte sub-blocks in qAct.rowX's order.
+	perm bool
+}
+
+// scratchBytes is the scratch a call with nb blocks per row needs.
+func (r qRowKernel) scratchBytes(nb int) int {
+	return qRowMax * (nb + r.group - 1) / r.group * r.slot
+}
 
 // qTypeKernels are one dtype's kernels in a set.
 type qTypeKernels struct {
@@ -43,9 +68,9 @@ type qTypeKernels struct {
 type qKernelSet struct {
 	lanes int
 	types map[DType]qTypeKernels
-	// fused, where set, replaces pack and dot for one activation row
-	// (decode).
-	fused map[DType]qfused
+	// row, where set, replaces pack and dot for one activation row
+	// (decode) when the weight rows have at least its group of blocks.
+	row map[DType]qRowKernel
 }
 
 // qPanelTarget bounds the panel of one chunk of blocks (it stays in L1 or
@@ -56,6 +81,7 @@ const qPanelTarget = 32 << 10
 type qScratch struct {
 	panel, scratch []byte
 	acc            []float32
+	rowOut         [qRowMax]float32
 	pad            []byte
 }
 
@@ -79,6 +105,36 @@ func (s *qKernelSet) run(a *qAct, w *Mat, lo, hi int, out []float32) {
 		qmmGo(a, w, lo, hi, out)
 		return
 	}
+	elems, _ := w.DType.BlockSize()
+	nb := a.k / elems
+	sc := qScratches.Get().(*qScratch)
+	defer qScratches.Put(sc)
+	if rk, ok := s.row[w.DType]; ok && a.m == 1 && nb >= rk.group {
+		s.runRows(rk, sc, a, w, lo, hi, out)
+		return
+	}
+	s.runPanels(ks, sc, a, w, lo, hi, out)
+}
+
+// runRows is run for one activation row with a row kernel.
+func (s *qKernelSet) runRows(rk qRowKernel, sc *qScratch, a *qAct, w *Mat, lo, hi int, out []float32) {
+	rb, _ := w.DType.RowBytes(a.k)
+	elems, _ := w.DType.BlockSize()
+	nb := a.k / elems
+	scratch := aligned64(&sc.scratch, rk.scratchBytes(nb))
+	x := &a.xq[0]
+	if rk.perm {
+		x = &a.rowX[0]
+	}
+	for j0 := lo; j0 < hi; j0 += qRowMax {
+		rows := min(qRowMax, hi-j0)
+		rk.fn(&w.Q[j0*rb], rb, rows, nb, x, &a.meta[0], &a.rowAux[0], &scratch[0], &sc.rowOut[0])
+		copy(out[j0:j0+rows], sc.rowOut[:rows])
+	}
+}
+
+// runPanels is run with the pack and dot kernels.
+func (s *qKernelSet) runPanels(ks qTypeKernels, sc *qScratch, a *qAct, w *Mat, lo, hi int, out []float32) {
 	lanes := s.lanes
 	n, k, m := w.Rows, a.k, a.m
 	rb, _ := w.DType.RowBytes(k)
@@ -86,16 +142,7 @@ func (s *qKernelSet) run(a *qAct, w *Mat, lo, hi int, out []float32) {
 	words, _ := metaWords(w.DType)
 	nb := k / elems
 	chunk := max(1, qPanelTarget/ks.panelBytes)
-	sc := qScratches.Get().(*qScratch)
-	defer qScratches.Put(sc)
-	fused := s.fused[w.DType]
-	var panel, scratch []byte
-	if m == 1 && fused != nil {
-		scratch = aligned64(&sc.scratch, qFusedScratch)
-	} else {
-		fused = nil
-		panel = aligned64(&sc.panel, min(chunk, nb)*ks.panelBytes)
-	}
+	panel := aligned64(&sc.panel, min(chunk, nb)*ks.panelBytes)
 	if cap(sc.acc) < m*lanes {
 		sc.acc = make([]float32, m*lanes)
 	}
@@ -112,11 +159,6 @@ func (s *qKernelSet) run(a *qAct, w *Mat, lo, hi int, out []float32) {
 			clear(wq[copy(wq, w.Q[j0*rb:(j0+rows)*rb]):])
 		}
 		clear(acc)
-		if fused != nil {
-			fused(&wq[0], rb, nb, &a.xq[0], &a.meta[0], &scratch[0], &acc[0])
-			copy(out[j0:j0+rows], acc[:rows])
-			continue
-		}
 		for b0 := 0; b0 < nb; b0 += chunk {
 			c := min(chunk, nb-b0)
 			ks.pack(&wq[b0*bytes], rb, c, &panel[0])

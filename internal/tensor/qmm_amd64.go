@@ -1,7 +1,7 @@
 package tensor
 
-// The assembly quantized kernels of amd64 (see asmgen's quant.go and
-// quant_avx2.go), driven by qmmPanels.
+// The assembly quantized kernels of amd64 (see asmgen's quant.go,
+// quant_avx2.go and rowquant.go), driven by qKernelSet.run.
 
 // qKernelsAVX512 are the AVX512-VNNI kernels: 16 weight rows per panel.
 var qKernelsAVX512 = &qKernelSet{lanes: 16, types: map[DType]qTypeKernels{
@@ -11,11 +11,13 @@ var qKernelsAVX512 = &qKernelSet{lanes: 16, types: map[DType]qTypeKernels{
 	Q4_K: {qpackQ4_KAVX512, dotKAVX512, 78 * 64},
 	Q5_K: {qpackQ5_KAVX512, dotKAVX512, 78 * 64},
 	Q6_K: {qpackQ6_KAVX512, dot6KAVX512, 89 * 64},
-}, fused: map[DType]qfused{
-	Q8_0: qfusedQ8_0AVX512,
-	Q4_K: qfusedQ4_KAVX512,
-	Q5_K: qfusedQ5_KAVX512,
-	Q6_K: qfusedQ6_KAVX512,
+}, row: map[DType]qRowKernel{
+	Q8_0: {fn: qrowQ8_0AVX512, group: 8, slot: 64},
+	Q4_0: {fn: qrowQ4_0AVX512, group: 8, slot: 64},
+	Q5_0: {fn: qrowQ5_0AVX512, group: 8, slot: 64},
+	Q4_K: {fn: qrowQ4_KAVX512, group: 4, slot: 64, perm: true},
+	Q5_K: {fn: qrowQ5_KAVX512, group: 4, slot: 64, perm: true},
+	Q6_K: {fn: qrowQ6_KAVX512, group: 4, slot: 32},
 }}
 
 var (
@@ -33,6 +35,13 @@ var qKernelsAVX2 = &qKernelSet{lanes: 8, types: map[DType]qTypeKernels{
 	Q4_K: {qpackQ4_KAVX2, []qdot{qdotKAVX2R1, qdotKAVX2R2}, 78 * 32},
 	Q5_K: {qpackQ5_KAVX2, []qdot{qdotKAVX2R1, qdotKAVX2R2}, 78 * 32},
 	Q6_K: {qpackQ6_KAVX2, []qdot{qdot6KAVX2R1, qdot6KAVX2R2}, 89 * 32},
+}, row: map[DType]qRowKernel{
+	Q8_0: {fn: qrowQ8_0AVX2, group: 8, slot: 64},
+	Q4_0: {fn: qrowQ4_0AVX2, group: 8, slot: 64},
+	Q5_0: {fn: qrowQ5_0AVX2, group: 8, slot: 64},
+	Q4_K: {fn: qrowQ4_KAVX2, group: 4, slot: 64},
+	Q5_K: {fn: qrowQ5_KAVX2, group: 4, slot: 64},
+	Q6_K: {fn: qrowQ6_KAVX2, group: 4, slot: 32},
 }}
 
 func qmmAVX512(a *qAct, w *Mat, lo, hi int, out []float32) { qKernelsAVX512.run(a, w, lo, hi, out) }

@@ -84,6 +84,7 @@ func main() {
 		expSum(s)
 		if s.lanes == 8 {
 			quantKernelsAVX2()
+			rowKernels(false)
 		}
 		if s.lanes == 16 {
 			gemmDPR1()
@@ -99,6 +100,7 @@ func main() {
 				axpyRowsGroup(g)
 			}
 			quantKernels()
+			rowKernels(true)
 		}
 	}
 	Generate()
