@@ -421,7 +421,6 @@ func TestSSEChunksArriveOneByOne(t *testing.T) {
 	if resp.ContentLength != -1 || len(resp.TransferEncoding) == 0 {
 		t.Fatalf("answer of length %d, %v: want chunked", resp.ContentLength, resp.TransferEncoding)
 	}
-	var all []byte
 	buf := make([]byte, 32<<10)
 	for i := range events {
 		n, err := resp.Body.Read(buf)
@@ -431,7 +430,6 @@ func TestSSEChunksArriveOneByOne(t *testing.T) {
 		if want := fmt.Sprintf("data: %d\n\n", i); string(buf[:n]) != want {
 			t.Fatalf("read %d: %q, want %q alone", i, buf[:n], want)
 		}
-		all = append(all, buf[:n]...)
 		got <- struct{}{}
 	}
 	rest, err := io.ReadAll(resp.Body)
