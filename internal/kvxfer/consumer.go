@@ -42,7 +42,11 @@ const (
 const (
 	DefaultDialTimeout  = 5 * time.Second
 	DefaultMaxIdleConns = 4
-	DefaultEngineTTL    = time.Hour
+	// DefaultIdleConnTimeout is well below the producer's
+	// DefaultIdleTimeout, so that the consumer drops a pooled connection
+	// before the producer closes it.
+	DefaultIdleConnTimeout = time.Minute
+	DefaultEngineTTL       = time.Hour
 )
 
 // doneTimeout bounds the best-effort DONE sent after a failed pull.
@@ -77,6 +81,10 @@ type ConsumerConfig struct {
 	// MaxIdleConns bounds pooled connections per producer
 	// (DefaultMaxIdleConns).
 	MaxIdleConns int
+	// IdleConnTimeout closes pooled connections idle this long instead of
+	// reusing them (DefaultIdleConnTimeout); keep it below the producers'
+	// IdleTimeout.
+	IdleConnTimeout time.Duration
 	// EngineTTL forgets producers unused this long (DefaultEngineTTL);
 	// negative disables eviction.
 	EngineTTL time.Duration
@@ -198,6 +206,9 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	}
 	if cfg.MaxIdleConns <= 0 {
 		cfg.MaxIdleConns = DefaultMaxIdleConns
+	}
+	if cfg.IdleConnTimeout <= 0 {
+		cfg.IdleConnTimeout = DefaultIdleConnTimeout
 	}
 	if cfg.EngineTTL == 0 {
 		cfg.EngineTTL = DefaultEngineTTL
@@ -474,19 +485,42 @@ func (c *Consumer) dropPeer(p *peerState, why string) {
 
 // withConn runs fn on a handshaken connection to peer. A pooled connection
 // the producer closed while idle fails before any response byte; fn is then
-// retried once on a fresh connection.
+// retried once on a newly dialed connection (not another pooled one: those
+// idle as long were closed too, and are dropped).
 func (c *Consumer) withConn(ctx context.Context, peer Peer, fn func(*peerState, *pconn) error) error {
 	for attempt := 0; ; attempt++ {
-		p, cn, reused, err := c.acquire(ctx, peer)
+		p, cn, reused, err := c.acquire(ctx, peer, attempt > 0)
 		if err != nil {
 			return err
 		}
 		err = fn(p, cn)
 		c.putConn(p, cn, err)
 		if err != nil && reused && !cn.progress && attempt == 0 && ctx.Err() == nil && isStale(err) {
+			c.dropIdleSince(p, cn.idleSince)
 			continue
 		}
 		return err
+	}
+}
+
+// dropIdleSince closes p's pooled connections that went idle at or before
+// since.
+func (c *Consumer) dropIdleSince(p *peerState, since time.Time) {
+	p.mu.Lock()
+	var drop []*pconn
+	keep := p.idle[:0]
+	for _, cn := range p.idle {
+		if cn.idleSince.After(since) {
+			keep = append(keep, cn)
+		} else {
+			drop = append(drop, cn)
+		}
+	}
+	clear(p.idle[len(keep):])
+	p.idle = keep
+	p.mu.Unlock()
+	for _, cn := range drop {
+		c.closeConn(cn)
 	}
 }
 
@@ -496,9 +530,10 @@ func isStale(err error) bool {
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
-// acquire returns a connection to peer, handshaking first if needed. All
-// callers waiting for a producer's first handshake share it.
-func (c *Consumer) acquire(ctx context.Context, peer Peer) (*peerState, *pconn, bool, error) {
+// acquire returns a connection to peer, handshaking first if needed: a
+// pooled one idle less than IdleConnTimeout unless fresh, else a new one.
+// All callers waiting for a producer's first handshake share it.
+func (c *Consumer) acquire(ctx context.Context, peer Peer, fresh bool) (*peerState, *pconn, bool, error) {
 	for {
 		p, err := c.peerFor(peer)
 		if err != nil {
@@ -509,13 +544,27 @@ func (c *Consumer) acquire(ctx context.Context, peer Peer) (*peerState, *pconn, 
 			p.mu.Unlock()
 			continue
 		}
-		p.lastUsed = time.Now()
-		if n := len(p.idle); n > 0 {
+		now := time.Now()
+		p.lastUsed = now
+		if n := len(p.idle); n > 0 && !fresh {
 			cn := p.idle[n-1]
-			p.idle = p.idle[:n-1]
-			p.checkedOut++
+			if now.Sub(cn.idleSince) < c.cfg.IdleConnTimeout {
+				p.idle[n-1] = nil
+				p.idle = p.idle[:n-1]
+				p.checkedOut++
+				p.mu.Unlock()
+				return p, cn, true, nil
+			}
+			// The newest has been idle too long: so have the others (the
+			// pool is newest last).
+			expired := slices.Clone(p.idle)
+			clear(p.idle)
+			p.idle = p.idle[:0]
 			p.mu.Unlock()
-			return p, cn, true, nil
+			for _, cn := range expired {
+				c.closeConn(cn)
+			}
+			continue
 		}
 		if p.info != nil {
 			want := *p.info
@@ -770,6 +819,7 @@ func (c *Consumer) putConn(p *peerState, cn *pconn, err error) {
 	p.checkedOut--
 	if healthy && !cn.broken && !cn.isCanceled() && !p.dropped && len(p.idle) < c.cfg.MaxIdleConns {
 		cn.progress = false
+		cn.idleSince = time.Now()
 		p.idle = append(p.idle, cn)
 		cn = nil
 	}

@@ -29,6 +29,8 @@ type pconn struct {
 	// progress: a response byte arrived since the connection was taken
 	// from the pool (a retry would not be safe to call stale).
 	progress bool
+	// idleSince is when it last went into the pool.
+	idleSince time.Time
 	// clock is the clock sample taken during the handshake.
 	clock clockSample
 }
