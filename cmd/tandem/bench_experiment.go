@@ -270,7 +270,7 @@ func (x *experiment) run(ctx context.Context, mnbts []int, tuneReqs int) error {
 		}
 		fmt.Fprintf(w, "plots: %s\n\n", strings.Join(files, ", "))
 		suites = append(suites, s)
-		ws := workloadSummary{Name: wl.name, SLO: wl.slo, Load: load, Capacity: s.Capacity}
+		ws := workloadSummary{Name: wl.name, SLO: wl.slo, Load: load, Capacity: s.Capacity, Grid: s.Grid}
 		ws.MeanPrompt, ws.MeanOutput = s.Plan.Workload.Stats()
 		for _, r := range s.Results {
 			if r.Breakdown != nil {
@@ -377,6 +377,9 @@ type workloadSummary struct {
 	// Capacity is each configuration's goodput rate and the throughput of
 	// each rate.
 	Capacity []bench.Capacity `json:"capacity"`
+	// Grid is each configuration's goodput rate under every pair of scaled
+	// TTFT and TPOT objectives.
+	Grid []bench.GridCell `json:"slo_grid,omitempty"`
 	// Breakdowns split each configuration's TTFT at each rate by the
 	// answers' Server-Timing headers.
 	Breakdowns []levelBreakdown `json:"ttft_breakdowns,omitempty"`

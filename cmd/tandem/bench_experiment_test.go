@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -113,6 +114,33 @@ func TestBenchExperimentPDEndToEnd(t *testing.T) {
 		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
 			t.Errorf("%s missing or empty: %v", f, err)
 		}
+	}
+	// The grid of goodput rates over scaled TTFT × TPOT objectives: 5×5
+	// cells, each with both configurations.
+	if !strings.Contains(report, "goodput rate under each pair of objectives") || !strings.Contains(report, "TTFT SLO \\ TPOT SLO") {
+		t.Errorf("report lacks the SLO grid:\n%s", report)
+	}
+	for _, ws := range sum.Workloads {
+		if len(ws.Grid) != 25 || len(ws.Grid[0].Capacities) != 2 {
+			t.Errorf("%s: SLO grid of %d cells, want 25 with 2 configurations each", ws.Name, len(ws.Grid))
+		}
+	}
+	// tandem bench report re-reads the saved run: under its own SLO it
+	// finds the experiment's goodput rates; under an impossible TTFT
+	// objective, none.
+	var again bytes.Buffer
+	if err := benchReport(&again, []string{filepath.Join(out, "results-long.json")}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(again.String(), "goodput rate ≥ 8 req/s") || !strings.Contains(again.String(), "pd  rate 4") {
+		t.Errorf("tandem bench report of the saved run:\n%s", again.String())
+	}
+	again.Reset()
+	if err := benchReport(&again, []string{"--slo-ttft", "1us", filepath.Join(out, "results-long.json")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Count(again.String(), "goodput rate < 4 req/s"); got != 2 || !strings.Contains(again.String(), "TTFT ≤ 1µs") {
+		t.Errorf("tandem bench report --slo-ttft 1us: %d configurations below the lowest rate, want 2:\n%s", got, again.String())
 	}
 }
 

@@ -3,6 +3,7 @@ package bench
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -140,6 +141,9 @@ type Suite struct {
 	// Capacity is each target's goodput rate and peak throughput over the
 	// run's rates (Capacities), when the plan has an SLO.
 	Capacity []Capacity `json:"capacity,omitempty"`
+	// Grid is every target's goodput rate under each pair of scaled TTFT
+	// and TPOT objectives (SLOGrid at GridScales), when the plan has both.
+	Grid []GridCell `json:"slo_grid,omitempty"`
 	// Search is the rate search's outcome per target, when the run was one
 	// (SearchSuite).
 	Search []SearchResult `json:"search,omitempty"`
@@ -231,6 +235,7 @@ func Run(ctx context.Context, p *Plan) (*Suite, error) {
 	}
 	if p.SLO.Set() {
 		s.Capacity = Capacities(s)
+		s.Grid = SLOGrid(s, GridScales, GridScales)
 	}
 	return s, ctx.Err()
 }
@@ -255,17 +260,63 @@ func (r *Result) summarize(p *Plan, d time.Duration) {
 	}
 	r.Report = NewReport(p.Model, r.Load, d, outcomes)
 	r.Breakdown = NewBreakdown(r.Records)
-	if p.SLO.Set() {
-		var met int
-		r.Attained, met = Attainment(p.SLO, r.Records)
-		if s := d.Seconds(); s > 0 {
-			r.Goodput = float64(met) / s
-		}
-		for _, f := range SLOScales {
-			a, _ := Attainment(p.SLO.Scale(f), r.Records)
-			r.Curve = append(r.Curve, CurvePoint{Scale: f, Attainment: a})
-		}
+	r.score(p.SLO)
+}
+
+// score sets the SLO fields of r (attainment, goodput, the curve over
+// SLOScales) under slo, from its records; with no objective it clears
+// them.
+func (r *Result) score(slo SLO) {
+	r.Attained, r.Goodput, r.Curve = 0, 0, nil
+	if !slo.Set() {
+		return
 	}
+	var met int
+	r.Attained, met = Attainment(slo, r.Records)
+	if r.Report != nil && r.Duration > 0 {
+		r.Goodput = float64(met) / r.Duration
+	}
+	for _, f := range SLOScales {
+		a, _ := Attainment(slo.Scale(f), r.Records)
+		r.Curve = append(r.Curve, CurvePoint{Scale: f, Attainment: a})
+	}
+}
+
+// Rescore recomputes everything s derives from its SLO and goal — every
+// result's attainment, goodput and SLO curve, the capacities and the SLO
+// grid — from the recorded requests, under slo and goal (0: the plan's
+// goal). It is how a saved run is re-read under other objectives (tandem
+// bench report). A rate search's suite keeps its search points.
+func (s *Suite) Rescore(slo SLO, goal float64) {
+	if s.Plan == nil {
+		s.Plan = &Plan{}
+	}
+	s.Plan.SLO = slo
+	if goal > 0 {
+		s.Plan.Goal = goal
+	}
+	for _, r := range s.Results {
+		r.score(slo)
+	}
+	s.Capacity, s.Grid = nil, nil
+	if slo.Set() && len(s.Search) == 0 {
+		s.Capacity = Capacities(s)
+		s.Grid = SLOGrid(s, GridScales, GridScales)
+	}
+}
+
+// ReadSuite reads a run written as JSON by tandem bench --json or tandem
+// bench experiment (results-*.json).
+func ReadSuite(r io.Reader) (*Suite, error) {
+	var s Suite
+	dec := json.NewDecoder(r)
+	if err := dec.Decode(&s); err != nil {
+		return nil, fmt.Errorf("reading a benchmark run: %w", err)
+	}
+	if s.Plan == nil || s.Plan.Workload == nil {
+		return nil, errors.New("reading a benchmark run: no plan or workload in it (not a tandem bench --json file?)")
+	}
+	return &s, nil
 }
 
 // runLevel sends the whole workload to one target at one load and returns

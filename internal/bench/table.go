@@ -75,6 +75,14 @@ func WriteTable(w io.Writer, s *Suite) error {
 		fmt.Fprintf(w, "  %s: %s\n", c.Target, c)
 		fmt.Fprintf(w, "  %s  per rate: %s\n", strings.Repeat(" ", len(c.Target)), c.Levels())
 	}
+	if len(s.Grid) > 0 {
+		names := make([]string, len(s.Grid[0].Capacities))
+		for i, c := range s.Grid[0].Capacities {
+			names[i] = c.Target
+		}
+		fmt.Fprintf(w, "goodput rate under each pair of objectives (TTFT SLO scaled down the rows, TPOT SLO across; each cell: the best target, then the goodput rates of %s):\n", strings.Join(names, "/"))
+		WriteSLOGrid(w, s.Grid)
+	}
 	for _, r := range s.Results {
 		for i, e := range r.Errors {
 			if i == 3 {

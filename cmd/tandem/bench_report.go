@@ -1,0 +1,86 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/tandem-serve/tandem/internal/bench"
+)
+
+// runBenchReport is `tandem bench report`: it re-reads runs saved by
+// tandem bench --json or tandem bench experiment (results-*.json) and
+// prints their tables again, under the SLO they were run with or under
+// others given as flags: attainment, goodput, the goodput rate per target
+// and the grid of goodput rates over scaled TTFT and TPOT objectives are
+// all recomputed from the recorded requests, so one run answers for many
+// SLOs without sending a request.
+func runBenchReport(args []string) error { return benchReport(os.Stdout, args) }
+
+// benchReport is runBenchReport writing to out.
+func benchReport(out io.Writer, args []string) error {
+	fs := flag.NewFlagSet("bench report", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: tandem bench report [--slo-ttft D] [--slo-tpot D] [--slo-itl D] [--goal F] [--json OUT] FILE.json ...\n\n"+
+			"Prints a saved run's tables (from tandem bench --json, or an experiment's results-*.json),\n"+
+			"with its SLO figures recomputed from the recorded requests: under the run's own SLO, or\n"+
+			"with the objectives given here in its place (an objective not given keeps the run's).\n\n")
+		fs.PrintDefaults()
+	}
+	var (
+		ttft  = fs.Duration("slo-ttft", 0, "SLO on time to first token (default: the run's)")
+		tpot  = fs.Duration("slo-tpot", 0, "SLO on time per output token (default: the run's)")
+		itl   = fs.Duration("slo-itl", 0, "SLO on every inter-token gap (default: the run's)")
+		goal  = fs.Float64("goal", 0, "fraction of requests that must meet the SLO for a rate to count (default: the run's)")
+		jsonF = fs.String("json", "", "write the re-scored run (one file only) as JSON to this file")
+	)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return fmt.Errorf("no run to report: give the JSON file(s) of tandem bench --json or an experiment's results-*.json")
+	}
+	if *goal < 0 || *goal > 1 {
+		return fmt.Errorf("--goal %v: want a fraction in (0, 1]", *goal)
+	}
+	if *jsonF != "" && fs.NArg() > 1 {
+		return fmt.Errorf("--json writes one run: give one file")
+	}
+	for i, path := range fs.Args() {
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		s, err := bench.ReadSuite(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		slo := s.Plan.SLO
+		if *ttft > 0 {
+			slo.TTFT = *ttft
+		}
+		if *tpot > 0 {
+			slo.TPOT = *tpot
+		}
+		if *itl > 0 {
+			slo.ITL = *itl
+		}
+		s.Rescore(slo, *goal)
+		if i > 0 {
+			fmt.Fprintln(out)
+		}
+		fmt.Fprintf(out, "== %s\n", path)
+		if err := bench.WriteTable(out, s); err != nil {
+			return err
+		}
+		if *jsonF != "" {
+			if err := writeJSONFile(*jsonF, s); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
