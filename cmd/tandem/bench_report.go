@@ -34,6 +34,8 @@ func benchReport(out io.Writer, args []string) error {
 		itl   = fs.Duration("slo-itl", 0, "SLO on every inter-token gap (default: the run's)")
 		goal  = fs.Float64("goal", 0, "fraction of requests that must meet the SLO for a rate to count (default: the run's)")
 		jsonF = fs.String("json", "", "write the re-scored run (one file only) as JSON to this file")
+		pdFor = fs.String("pd-model", "", "also fit the P:D ratio model (as tandem bench experiment pd prints it) to this target's requests, e.g. pd")
+		seqs  = fs.Int("max-num-seqs", 64, "with --pd-model: the decode engine's --max-num-seqs")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -75,6 +77,12 @@ func benchReport(out io.Writer, args []string) error {
 		fmt.Fprintf(out, "== %s\n", path)
 		if err := bench.WriteTable(out, s); err != nil {
 			return err
+		}
+		if *pdFor != "" {
+			fmt.Fprintln(out)
+			bench.WritePDModelHeader(out)
+			m := bench.ModelPD(s, *pdFor, *seqs)
+			m.Write(out, s.Plan.SLO)
 		}
 		if *jsonF != "" {
 			if err := writeJSONFile(*jsonF, s); err != nil {

@@ -27,10 +27,16 @@ import (
 // median over those requests. A prefill engine is an M/G/1 queue at
 // utilisation ρ: its wait W has mean ρ·c·s̄/(1−ρ) with c = (1+C²)/2
 // (Pollaczek–Khinchine) and, approximately, the tail P(W > t) ≈
-// ρ·exp(−t·(1−ρ)/(c·s̄)). With q = √goal (each SLO is given its share of
-// the goal, as if TTFT and TPOT misses were independent) and t = TTFT SLO −
-// s̄ − o, the engine may run at the ρ* where P(W > t) = 1 − q, and serves
-// ρ*/s̄ requests/s.
+// ρ·exp(−t·(1−ρ)/(c·s̄)). Under FCFS a request's wait does not depend on
+// its own service, so a request with prompt L meets the TTFT SLO with
+// probability P(W ≤ SLO − s(L) − o) — zero when its own prefill and the
+// overhead already exceed the SLO. With q = √goal (each SLO is given its
+// share of the goal, as if TTFT and TPOT misses were independent), the
+// engine may run at the ρ* where the mean of that probability over the
+// workload's prompts is q, and serves ρ*/s̄ requests/s. A workload with
+// more than 1 − q of its prompts too long for the SLO on one prefill
+// engine (PrefillTooLong) has no ρ*: one engine per prompt cannot meet it,
+// whatever the P:D ratio.
 //
 // Decode. The decode engine's step time grows with its batch: for every
 // request, its TPOT and the mean number of requests decoding beside it
@@ -67,6 +73,10 @@ type PDModel struct {
 	PrefillCV2     float64 `json:"prefill_cv2"`
 	Overhead       float64 `json:"overhead_seconds"`
 	PrefillBusy    float64 `json:"prefill_utilisation"`
+	// PrefillTooLong is the fraction of the prompts whose own prefill and
+	// the overhead exceed the TTFT SLO (they miss it even on an idle
+	// engine).
+	PrefillTooLong float64 `json:"prefill_too_long,omitempty"`
 	PrefillRate    float64 `json:"prefill_rate"`
 
 	// DecodeFit is "fit", "lower bound" or "none" (nothing decoded).
@@ -134,8 +144,10 @@ func ModelPD(s *Suite, target string, maxSeqs int) PDModel {
 	m.fitDecode(results, p.SLO.TPOT, q, maxSeqs)
 	switch {
 	case m.Unattainable != "":
+	case m.PrefillRate <= 0 && m.PrefillTooLong > 0:
+		m.Unattainable = fmt.Sprintf("%.0f%% of the prompts take longer than the TTFT SLO to prefill alone (with the overhead), more than the %.0f%% the goal allows to miss", 100*m.PrefillTooLong, 100*(1-q))
 	case m.PrefillRate <= 0:
-		m.Unattainable = "a prefill alone (with the overhead) takes longer than the TTFT SLO"
+		m.Unattainable = "the prefill engine misses the TTFT SLO at any load"
 	case m.DecodeFit == "none":
 		m.Unattainable = "no decode to measure (outputs of one token)"
 	case m.DecodeRate <= 0:
@@ -247,33 +259,56 @@ func (m *PDModel) fitPrefill(results []*Result, prompts []float64, slo time.Dura
 	if slo <= 0 {
 		m.PrefillBusy = 1
 	} else {
-		m.PrefillBusy = prefillBusy(s, m.PrefillCV2, m.Overhead, slo.Seconds(), q)
+		services := make([]float64, len(prompts))
+		for i, l := range prompts {
+			services[i] = (m.PrefillA + m.PrefillB*l) / 1000
+		}
+		m.PrefillBusy, m.PrefillTooLong = prefillBusy(services, s, m.PrefillCV2, m.Overhead, slo.Seconds(), q)
 	}
 	m.PrefillRate = m.PrefillBusy / s
 }
 
 // prefillBusy is the utilisation ρ of an M/G/1 prefill engine (service
-// mean s seconds, squared coefficient of variation cv2) at which the wait
-// exceeds slo − s − overhead for 1 − q of the requests, under the
-// exponential-tail approximation P(W > t) ≈ ρ·exp(−t(1−ρ)/(c·s)), c =
-// (1+cv2)/2; 0 when even an idle engine misses the SLO.
-func prefillBusy(s, cv2, overhead, slo, q float64) float64 {
-	t := slo - s - overhead
-	if t <= 0 {
-		return 0
+// mean s seconds, squared coefficient of variation cv2) at which a mean
+// of q of the requests, whose own service times are services, wait at
+// most slo − their service − overhead, under the exponential-tail
+// approximation P(W > t) ≈ ρ·exp(−t(1−ρ)/(c·s)), c = (1+cv2)/2 (the wait
+// is independent of the request's own service under FCFS). tooLong is the
+// fraction of requests with no slack at all; ρ is 0 when even an idle
+// engine misses the goal.
+func prefillBusy(services []float64, s, cv2, overhead, slo, q float64) (rho, tooLong float64) {
+	if len(services) == 0 {
+		return 0, 0
 	}
+	slack := make([]float64, 0, len(services))
+	for _, sv := range services {
+		if t := slo - sv - overhead; t > 0 {
+			slack = append(slack, t)
+		}
+	}
+	n := float64(len(services))
+	tooLong = 1 - float64(len(slack))/n
 	c := (1 + cv2) / 2
-	miss := func(rho float64) float64 { return rho * math.Exp(-t*(1-rho)/(c*s)) }
-	lo, hi := 0.0, 1.0 // miss(0) = 0 ≤ 1−q < 1 = miss(1), and miss grows with ρ
+	met := func(rho float64) float64 { // mean P(W ≤ slack), the too-long prompts counting 0
+		var sum float64
+		for _, t := range slack {
+			sum += 1 - rho*math.Exp(-t*(1-rho)/(c*s))
+		}
+		return sum / n
+	}
+	if met(0) < q {
+		return 0, tooLong
+	}
+	lo, hi := 0.0, 1.0 // met(0) ≥ q > met(1) = fraction with slack − 1·…, and met falls as ρ grows
 	for range 100 {
 		mid := (lo + hi) / 2
-		if miss(mid) <= 1-q {
+		if met(mid) >= q {
 			lo = mid
 		} else {
 			hi = mid
 		}
 	}
-	return lo
+	return lo, tooLong
 }
 
 func (m *PDModel) fitDecode(results []*Result, slo time.Duration, q float64, maxSeqs int) {
@@ -401,7 +436,8 @@ func WritePDModelHeader(w io.Writer) {
   q = sqrt(goal): each SLO gets its share of the goal (TTFT and TPOT misses taken as independent)
   prefill: service s(L) = A + B·L fitted to the prefill legs (Server-Timing prefill_leg) that ran alone (no other leg overlapping:
     no queueing); s̄ = s(mean prompt), C² = B²·Var(L)/s̄², overhead o = median(TTFT − prefill leg) of those requests;
-    M/G/1 wait tail P(W > t) ≈ ρ·exp(−t(1−ρ)/(c·s̄)), c = (1+C²)/2, t = TTFT SLO − s̄ − o; ρ* solves P(W > t) = 1 − q;
+    M/G/1 wait tail P(W > t) ≈ ρ·exp(−t(1−ρ)/(c·s̄)), c = (1+C²)/2; a prompt of L tokens meets the TTFT SLO when
+    W ≤ t(L) = TTFT SLO − s(L) − o (never when t(L) < 0); ρ* makes the mean of P(W ≤ t(L)) over the prompts q;
     one prefill engine serves ρ*/s̄ req/s
   decode: per request, k = the mean number of requests decoding beside it (itself included, time-weighted) and its TPOT;
     fit TPOT = A + B·k (residual σ); k* = min((TPOT SLO − A − z·σ)/B, max-num-seqs), z = normal quantile of q;
@@ -421,7 +457,11 @@ func (m *PDModel) Write(w io.Writer, slo SLO) {
 		fmt.Fprintf(w, "    prefill engine: no prefill leg ran alone (or no Server-Timing): s̄ = the lowest TTFT p50, %.3f s (queueing and overhead included, so the rate is a lower bound);", m.PrefillSeconds)
 	}
 	if m.PrefillSource != "" {
-		fmt.Fprintf(w, " TTFT SLO %v → ρ* = %.2f → %.3f req/s\n", slo.TTFT, m.PrefillBusy, m.PrefillRate)
+		fmt.Fprintf(w, " TTFT SLO %v", slo.TTFT)
+		if m.PrefillTooLong > 0 {
+			fmt.Fprintf(w, " (%.0f%% of the prompts miss it alone)", 100*m.PrefillTooLong)
+		}
+		fmt.Fprintf(w, " → ρ* = %.2f → %.3f req/s\n", m.PrefillBusy, m.PrefillRate)
 	}
 	switch m.DecodeFit {
 	case "fit":

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -10,26 +11,71 @@ import (
 )
 
 func TestPrefillBusyByHand(t *testing.T) {
+	same := func(n int, s float64) []float64 {
+		out := make([]float64, n)
+		for i := range out {
+			out[i] = s
+		}
+		return out
+	}
 	tests := []struct {
-		name                     string
-		s, cv2, overhead, slo, q float64
-		want                     float64
+		name                  string
+		services              []float64
+		s, cv2, overhead, slo float64
+		q                     float64
+		want, tooLong         float64
 	}{
 		// M/D/1, s = 1 s: 0.5·exp(−t·0.5/0.5) = 0.1 at t = ln 5.
-		{"half busy when the slack is ln 5 service times", 1, 0, 0, 1 + math.Log(5), 0.9, 0.5},
+		{"half busy when the slack is ln 5 service times", same(4, 1), 1, 0, 0, 1 + math.Log(5), 0.9, 0.5, 0},
 		// c = 1 (exponential service) doubles the slack needed: t = 2 ln 5.
-		{"exponential service needs twice the slack", 1, 1, 0, 1 + 2*math.Log(5), 0.9, 0.5},
+		{"exponential service needs twice the slack", same(4, 1), 1, 1, 0, 1 + 2*math.Log(5), 0.9, 0.5, 0},
 		// The overhead eats slack: s = 2, o = 1, t = 2·ln 5 for c = 1/2.
-		{"the overhead comes off the slack", 2, 0, 1, 3 + 2*math.Log(5), 0.9, 0.5},
-		{"an SLO a lone prefill cannot meet", 1, 0, 0.5, 1.5, 0.9, 0},
+		{"the overhead comes off the slack", same(4, 2), 2, 0, 1, 3 + 2*math.Log(5), 0.9, 0.5, 0},
+		{"an SLO a lone prefill cannot meet", same(4, 1), 1, 0, 0.5, 1.5, 0.9, 0, 1},
+		// One prompt in ten (service 9 s) cannot meet a 3 s SLO: with q = 0.9
+		// the other nine must all meet it, which only an idle engine does.
+		{"a tenth of the prompts too long for a goal of 0.9", append(same(9, 1), 9), 1, 0, 0, 3, 0.9, 0, 0.1},
+		// With q = 0.8 the nine short ones (slack 2 s) may miss 1/9 of the
+		// time in all: ρ·exp(−2(1−ρ)/0.5)) = (0.9−0.8)/0.9 → solved below.
+		{"a tenth too long leaves the rest less room", append(same(9, 1), 9), 1, 0, 0, 3, 0.8, rhoFor(2, 0.5, 1.0/9), 0.1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := prefillBusy(tc.s, tc.cv2, tc.overhead, tc.slo, tc.q); math.Abs(got-tc.want) > 1e-9 {
-				t.Errorf("prefillBusy = %v, want %v", got, tc.want)
+			got, tooLong := prefillBusy(tc.services, tc.s, tc.cv2, tc.overhead, tc.slo, tc.q)
+			if math.Abs(got-tc.want) > 1e-9 || math.Abs(tooLong-tc.tooLong) > 1e-12 {
+				t.Errorf("prefillBusy = %v (too long %v), want %v (%v)", got, tooLong, tc.want, tc.tooLong)
 			}
 		})
 	}
+}
+
+// solveDown finds where a decreasing f crosses q in [0, 1] by bisection.
+func solveDown(f func(float64) float64, q float64) float64 {
+	lo, hi := 0.0, 1.0
+	for range 200 {
+		mid := (lo + hi) / 2
+		if f(mid) >= q {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// rhoFor solves ρ·exp(−t(1−ρ)/cs) = miss for ρ by bisection, independently
+// of prefillBusy.
+func rhoFor(t, cs, miss float64) float64 {
+	lo, hi := 0.0, 1.0
+	for range 200 {
+		mid := (lo + hi) / 2
+		if mid*math.Exp(-t*(1-mid)/cs) <= miss {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
 }
 
 // pdRecords is a hand-made pd run: round 0 has three requests far apart
@@ -84,8 +130,20 @@ func TestModelPDByHand(t *testing.T) {
 	near("s̄", m.PrefillSeconds, sbar)
 	near("C²", m.PrefillCV2, cv2)
 	near("overhead", m.Overhead, o)
-	near("ρ*", m.PrefillBusy, 0.5)
-	near("prefill rate", m.PrefillRate, 0.5/sbar)
+	// The slack of each prompt is T0 = 2c·s̄·ln 5 plus s̄ − s(L): +50 ms
+	// for the 100-token prompt, −50 ms for the 300-token one, T0 for the
+	// seven of 200. (With every prompt at s̄, ρ* would be exactly 0.5.)
+	t0, cs := 2*c*sbar*math.Log(5), c*sbar
+	rho := solveDown(func(r float64) float64 {
+		miss := func(t float64) float64 { return r * math.Exp(-t*(1-r)/cs) }
+		return 1 - (miss(t0+0.05)+miss(t0-0.05)+7*miss(t0))/9
+	}, 0.9)
+	if rho < 0.45 || rho > 0.5 {
+		t.Errorf("the hand-solved ρ* = %v: expected a little under 0.5 (the spread costs some room)", rho)
+	}
+	near("ρ*", m.PrefillBusy, rho)
+	near("prefill rate", m.PrefillRate, rho/sbar)
+	near("prompts too long", m.PrefillTooLong, 0)
 	// TPOT = 10 + 10·k exactly (σ = 0): k* = (100 − 10)/10 = 9, at TPOT
 	// 100 ms; 9 sequences of 10 decode steps of 0.1 s: 9 req/s.
 	near("step A", m.StepA, 10)
@@ -97,8 +155,8 @@ func TestModelPDByHand(t *testing.T) {
 	if !m.Extrapolated {
 		t.Error("k* = 9 from batches of at most 4 is not flagged as extrapolated")
 	}
-	// N = 4: 2P:2D gives min(9.09, 18) = 9.09; 3P:1D only 9.
-	want := []Split{{2, 1, 1, 0.5 / sbar}, {4, 2, 2, 1 / sbar}, {8, 5, 3, 2.5 / sbar}}
+	// N = 4: 2P:2D gives min(2·ρ*/s̄ ≈ 8.9, 18); 3P:1D only 9 (ρ* < 0.5 makes 3·ρ*/s̄ > 9 too, but D = 1 caps it).
+	want := []Split{{2, 1, 1, rho / sbar}, {4, 2, 2, 2 * rho / sbar}, {8, 5, 3, 5 * rho / sbar}}
 	for i, w := range want {
 		if g := m.BestSplits[i]; g.N != w.N || g.P != w.P || g.D != w.D || math.Abs(g.Goodput-w.Goodput) > 1e-6 {
 			t.Errorf("split %d: %+v, want %+v", i, g, w)
@@ -107,7 +165,7 @@ func TestModelPDByHand(t *testing.T) {
 	var out strings.Builder
 	WritePDModelHeader(&out)
 	m.Write(&out, slo)
-	for _, want := range []string{"ran alone", "s(L) = 10.0 + 0.500·L ms", "ρ* = 0.50", "TPOT = 10.0 + 10.00·k ms", "k* = 9.0", "extrapolated", "N=4 2P:2D 9.09 req/s", "Little's law"} {
+	for _, want := range []string{"ran alone", "s(L) = 10.0 + 0.500·L ms", fmt.Sprintf("ρ* = %.2f", rho), "TPOT = 10.0 + 10.00·k ms", "k* = 9.0", "extrapolated", fmt.Sprintf("N=4 2P:2D %.2f req/s", 2*rho/sbar), "Little's law"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
@@ -153,4 +211,23 @@ func TestModelPDFallbacks(t *testing.T) {
 			t.Errorf("model %+v", m)
 		}
 	})
+}
+
+func TestModelPDPromptsTooLongForTheSLO(t *testing.T) {
+	// s(300) + o = 0.16 + 0.04 = 0.2 s: a 190 ms TTFT SLO is out of reach
+	// for the one 300-token prompt in nine, more than the 1 − q = 10% a
+	// goal of 0.81 lets miss, so no P:D ratio meets it.
+	s := &Suite{
+		Plan:    &Plan{SLO: SLO{TTFT: 190 * time.Millisecond, TPOT: 100 * time.Millisecond}, Goal: 0.81, Workload: &workload.Workload{Name: "long"}},
+		Results: []*Result{{Target: "pd", Load: Load{Rate: 1}, Records: pdRecords()}},
+	}
+	m := ModelPD(s, "pd", 64)
+	if m.PrefillRate != 0 || math.Abs(m.PrefillTooLong-1.0/9) > 1e-12 || !strings.Contains(m.Unattainable, "11% of the prompts take longer than the TTFT SLO") || len(m.BestSplits) != 0 {
+		t.Errorf("model %+v", m)
+	}
+	var out strings.Builder
+	m.Write(&out, s.Plan.SLO)
+	if !strings.Contains(out.String(), "(11% of the prompts miss it alone)") || !strings.Contains(out.String(), "no P:D ratio meets the SLO") {
+		t.Errorf("report:\n%s", out.String())
+	}
 }
