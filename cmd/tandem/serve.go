@@ -244,9 +244,26 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
+	reserveIOProc(cfg.Threads)
 	ctx, stop := signalContext(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})))
 	defer stop()
 	return serve(ctx, cfg, nil)
+}
+
+// reserveIOProc raises GOMAXPROCS to one more than the compute threads.
+// Through every forward pass the step loop and the pool's workers keep
+// threads Ps busy, and Go does not preempt a goroutine inside an assembly
+// kernel; with no P to spare, the goroutines that stream tokens to clients,
+// answer HTTP and move KV blocks wait until the compute yields. Measured on
+// a one-core decode engine behind the P/D proxy (docs/performance.md,
+// "An engine's I/O goroutines"): a quarter of its inter-token gaps were a
+// whole step late and its KV pulls took twice as long. The extra P's thread
+// shares the engine's cores with the compute threads, and the kernel runs
+// it as soon as it has work, which is brief.
+func reserveIOProc(threads int) {
+	if runtime.GOMAXPROCS(0) <= threads {
+		runtime.GOMAXPROCS(threads + 1)
+	}
 }
 
 // serve runs an engine and its API until ctx ends, then drains (see

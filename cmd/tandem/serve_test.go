@@ -1,6 +1,7 @@
 package main
 
 import (
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -125,5 +126,21 @@ func TestDefaultNumBlocks(t *testing.T) {
 				t.Errorf("got %d, want %d", got, c.want)
 			}
 		})
+	}
+}
+
+func TestServeKeepsAProcForIO(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for _, tc := range []struct{ procs, threads, want int }{
+		{1, 1, 2}, // one core, one compute thread: one more P for HTTP, SSE and KV transfers
+		{2, 2, 3},
+		{2, 1, 2}, // --threads below the cores already leaves one
+		{8, 2, 8},
+	} {
+		runtime.GOMAXPROCS(tc.procs)
+		reserveIOProc(tc.threads)
+		if got := runtime.GOMAXPROCS(0); got != tc.want {
+			t.Errorf("GOMAXPROCS %d, --threads %d: GOMAXPROCS became %d, want %d", tc.procs, tc.threads, got, tc.want)
+		}
 	}
 }

@@ -45,8 +45,9 @@ func ServeArgs(e EngineSpec, modelDir, servedName string, extra []string) []stri
 }
 
 // Env is the environment of e's process: the parent's, plus GOMAXPROCS
-// matching its cores so the Go scheduler runs no more threads than it has
-// cores.
+// matching its cores, so its compute threads (--threads defaults to
+// GOMAXPROCS) are as many as its cores; tandem serve then adds one P for
+// its I/O goroutines (see reserveIOProc in cmd/tandem).
 func Env(e EngineSpec, parent []string) []string {
 	return append(append([]string(nil), parent...), "GOMAXPROCS="+strconv.Itoa(max(1, len(e.CPUs))))
 }
