@@ -5817,6 +5817,3129 @@ done:
 	VZEROUPPER
 	RET
 
+// func attnScoresDPR1(q *uint16, ldq int, k *uint32, groups int, steps int, out *float32, ldo int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·attnScoresDPR1(SB), NOSPLIT, $0-56
+	MOVQ  q+0(FP), AX
+	MOVQ  k+16(FP), CX
+	MOVQ  groups+24(FP), DX
+	MOVQ  steps+32(FP), BX
+	MOVQ  out+40(FP), SI
+	TESTQ DX, DX
+	JE    done
+
+group:
+	VXORPS Z0, Z0, Z0
+	LEAQ   (CX), DI
+	MOVQ   $0x00000000, R8
+	MOVQ   BX, R9
+
+leaf0:
+	VMOVDQU32    (DI), Z1
+	VPBROADCASTD (AX)(R8*1), Z2
+	// VDPBF16PS Z1, Z2, Z0
+	BYTE $0x62; BYTE $0xf2; BYTE $0x6e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+	ADDQ         $0x00000400, DI
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNE          leaf0
+	VXORPS       Z1, Z1, Z1
+	LEAQ         512(CX), DI
+	MOVQ         $0x00000020, R8
+	MOVQ         BX, R9
+
+leaf8:
+	VMOVDQU32    (DI), Z2
+	VPBROADCASTD (AX)(R8*1), Z3
+	// VDPBF16PS Z2, Z3, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xca
+	ADDQ         $0x00000400, DI
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNE          leaf8
+	VADDPS       Z1, Z0, Z0
+	VXORPS       Z1, Z1, Z1
+	LEAQ         256(CX), DI
+	MOVQ         $0x00000010, R8
+	MOVQ         BX, R9
+
+leaf4:
+	VMOVDQU32    (DI), Z2
+	VPBROADCASTD (AX)(R8*1), Z3
+	// VDPBF16PS Z2, Z3, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xca
+	ADDQ         $0x00000400, DI
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNE          leaf4
+	VXORPS       Z2, Z2, Z2
+	LEAQ         768(CX), DI
+	MOVQ         $0x00000030, R8
+	MOVQ         BX, R9
+
+leaf12:
+	VMOVDQU32    (DI), Z3
+	VPBROADCASTD (AX)(R8*1), Z4
+	// VDPBF16PS Z3, Z4, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+	ADDQ         $0x00000400, DI
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNE          leaf12
+	VADDPS       Z2, Z1, Z1
+	VADDPS       Z1, Z0, Z0
+	VXORPS       Z1, Z1, Z1
+	LEAQ         128(CX), DI
+	MOVQ         $0x00000008, R8
+	MOVQ         BX, R9
+
+leaf2:
+	VMOVDQU32    (DI), Z2
+	VPBROADCASTD (AX)(R8*1), Z3
+	// VDPBF16PS Z2, Z3, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xca
+	ADDQ         $0x00000400, DI
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNE          leaf2
+	VXORPS       Z2, Z2, Z2
+	LEAQ         640(CX), DI
+	MOVQ         $0x00000028, R8
+	MOVQ         BX, R9
+
+leaf10:
+	VMOVDQU32    (DI), Z3
+	VPBROADCASTD (AX)(R8*1), Z4
+	// VDPBF16PS Z3, Z4, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+	ADDQ         $0x00000400, DI
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNE          leaf10
+	VADDPS       Z2, Z1, Z1
+	VXORPS       Z2, Z2, Z2
+	LEAQ         384(CX), DI
+	MOVQ         $0x00000018, R8
+	MOVQ         BX, R9
+
+leaf6:
+	VMOVDQU32    (DI), Z3
+	VPBROADCASTD (AX)(R8*1), Z4
+	// VDPBF16PS Z3, Z4, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+	ADDQ         $0x00000400, DI
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNE          leaf6
+	VXORPS       Z3, Z3, Z3
+	LEAQ         896(CX), DI
+	MOVQ         $0x00000038, R8
+	MOVQ         BX, R9
+
+leaf14:
+	VMOVDQU32    (DI), Z4
+	VPBROADCASTD (AX)(R8*1), Z5
+	// VDPBF16PS Z4, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, DI
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNE          leaf14
+	VADDPS       Z3, Z2, Z2
+	VADDPS       Z2, Z1, Z1
+	VADDPS       Z1, Z0, Z0
+	VXORPS       Z1, Z1, Z1
+	LEAQ         64(CX), DI
+	MOVQ         $0x00000004, R8
+	MOVQ         BX, R9
+
+leaf1:
+	VMOVDQU32    (DI), Z2
+	VPBROADCASTD (AX)(R8*1), Z3
+	// VDPBF16PS Z2, Z3, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xca
+	ADDQ         $0x00000400, DI
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNE          leaf1
+	VXORPS       Z2, Z2, Z2
+	LEAQ         576(CX), DI
+	MOVQ         $0x00000024, R8
+	MOVQ         BX, R9
+
+leaf9:
+	VMOVDQU32    (DI), Z3
+	VPBROADCASTD (AX)(R8*1), Z4
+	// VDPBF16PS Z3, Z4, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+	ADDQ         $0x00000400, DI
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNE          leaf9
+	VADDPS       Z2, Z1, Z1
+	VXORPS       Z2, Z2, Z2
+	LEAQ         320(CX), DI
+	MOVQ         $0x00000014, R8
+	MOVQ         BX, R9
+
+leaf5:
+	VMOVDQU32    (DI), Z3
+	VPBROADCASTD (AX)(R8*1), Z4
+	// VDPBF16PS Z3, Z4, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+	ADDQ         $0x00000400, DI
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNE          leaf5
+	VXORPS       Z3, Z3, Z3
+	LEAQ         832(CX), DI
+	MOVQ         $0x00000034, R8
+	MOVQ         BX, R9
+
+leaf13:
+	VMOVDQU32    (DI), Z4
+	VPBROADCASTD (AX)(R8*1), Z5
+	// VDPBF16PS Z4, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, DI
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNE          leaf13
+	VADDPS       Z3, Z2, Z2
+	VADDPS       Z2, Z1, Z1
+	VXORPS       Z2, Z2, Z2
+	LEAQ         192(CX), DI
+	MOVQ         $0x0000000c, R8
+	MOVQ         BX, R9
+
+leaf3:
+	VMOVDQU32    (DI), Z3
+	VPBROADCASTD (AX)(R8*1), Z4
+	// VDPBF16PS Z3, Z4, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+	ADDQ         $0x00000400, DI
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNE          leaf3
+	VXORPS       Z3, Z3, Z3
+	LEAQ         704(CX), DI
+	MOVQ         $0x0000002c, R8
+	MOVQ         BX, R9
+
+leaf11:
+	VMOVDQU32    (DI), Z4
+	VPBROADCASTD (AX)(R8*1), Z5
+	// VDPBF16PS Z4, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, DI
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNE          leaf11
+	VADDPS       Z3, Z2, Z2
+	VXORPS       Z3, Z3, Z3
+	LEAQ         448(CX), DI
+	MOVQ         $0x0000001c, R8
+	MOVQ         BX, R9
+
+leaf7:
+	VMOVDQU32    (DI), Z4
+	VPBROADCASTD (AX)(R8*1), Z5
+	// VDPBF16PS Z4, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, DI
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNE          leaf7
+	VXORPS       Z4, Z4, Z4
+	LEAQ         960(CX), DI
+	MOVQ         $0x0000003c, R8
+	MOVQ         BX, R9
+
+leaf15:
+	VMOVDQU32    (DI), Z5
+	VPBROADCASTD (AX)(R8*1), Z6
+	// VDPBF16PS Z5, Z6, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xe5
+	ADDQ         $0x00000400, DI
+	ADDQ         $0x00000040, R8
+	DECQ         R9
+	JNE          leaf15
+	VADDPS       Z4, Z3, Z3
+	VADDPS       Z3, Z2, Z2
+	VADDPS       Z2, Z1, Z1
+	VADDPS       Z1, Z0, Z0
+	MOVQ         SI, DI
+	VMOVUPS      Z0, (DI)
+	ADDQ         $0x00000040, SI
+	MOVQ         BX, DI
+	SHLQ         $0x0a, DI
+	ADDQ         DI, CX
+	DECQ         DX
+	JNE          group
+
+done:
+	VZEROUPPER
+	RET
+
+// func attnScoresDPR2(q *uint16, ldq int, k *uint32, groups int, steps int, out *float32, ldo int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·attnScoresDPR2(SB), NOSPLIT, $0-56
+	MOVQ  q+0(FP), AX
+	MOVQ  ldq+8(FP), CX
+	SHLQ  $0x01, CX
+	LEAQ  (AX)(CX*1), CX
+	MOVQ  k+16(FP), DX
+	MOVQ  groups+24(FP), BX
+	MOVQ  steps+32(FP), SI
+	MOVQ  out+40(FP), DI
+	TESTQ BX, BX
+	JE    done
+
+group:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	LEAQ   (DX), R8
+	MOVQ   $0x00000000, R9
+	MOVQ   SI, R10
+
+leaf0:
+	VMOVDQU32    (R8), Z2
+	VPBROADCASTD (AX)(R9*1), Z3
+	// VDPBF16PS Z2, Z3, Z0
+	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xc2
+	VPBROADCASTD (CX)(R9*1), Z3
+	// VDPBF16PS Z2, Z3, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xca
+	ADDQ         $0x00000400, R8
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNE          leaf0
+	VXORPS       Z2, Z2, Z2
+	VXORPS       Z3, Z3, Z3
+	LEAQ         512(DX), R8
+	MOVQ         $0x00000020, R9
+	MOVQ         SI, R10
+
+leaf8:
+	VMOVDQU32    (R8), Z4
+	VPBROADCASTD (AX)(R9*1), Z5
+	// VDPBF16PS Z4, Z5, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (CX)(R9*1), Z5
+	// VDPBF16PS Z4, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, R8
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNE          leaf8
+	VADDPS       Z2, Z0, Z0
+	VADDPS       Z3, Z1, Z1
+	VXORPS       Z2, Z2, Z2
+	VXORPS       Z3, Z3, Z3
+	LEAQ         256(DX), R8
+	MOVQ         $0x00000010, R9
+	MOVQ         SI, R10
+
+leaf4:
+	VMOVDQU32    (R8), Z4
+	VPBROADCASTD (AX)(R9*1), Z5
+	// VDPBF16PS Z4, Z5, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (CX)(R9*1), Z5
+	// VDPBF16PS Z4, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, R8
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNE          leaf4
+	VXORPS       Z4, Z4, Z4
+	VXORPS       Z5, Z5, Z5
+	LEAQ         768(DX), R8
+	MOVQ         $0x00000030, R9
+	MOVQ         SI, R10
+
+leaf12:
+	VMOVDQU32    (R8), Z6
+	VPBROADCASTD (AX)(R9*1), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	VPBROADCASTD (CX)(R9*1), Z7
+	// VDPBF16PS Z6, Z7, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xee
+	ADDQ         $0x00000400, R8
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNE          leaf12
+	VADDPS       Z4, Z2, Z2
+	VADDPS       Z5, Z3, Z3
+	VADDPS       Z2, Z0, Z0
+	VADDPS       Z3, Z1, Z1
+	VXORPS       Z2, Z2, Z2
+	VXORPS       Z3, Z3, Z3
+	LEAQ         128(DX), R8
+	MOVQ         $0x00000008, R9
+	MOVQ         SI, R10
+
+leaf2:
+	VMOVDQU32    (R8), Z4
+	VPBROADCASTD (AX)(R9*1), Z5
+	// VDPBF16PS Z4, Z5, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (CX)(R9*1), Z5
+	// VDPBF16PS Z4, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, R8
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNE          leaf2
+	VXORPS       Z4, Z4, Z4
+	VXORPS       Z5, Z5, Z5
+	LEAQ         640(DX), R8
+	MOVQ         $0x00000028, R9
+	MOVQ         SI, R10
+
+leaf10:
+	VMOVDQU32    (R8), Z6
+	VPBROADCASTD (AX)(R9*1), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	VPBROADCASTD (CX)(R9*1), Z7
+	// VDPBF16PS Z6, Z7, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xee
+	ADDQ         $0x00000400, R8
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNE          leaf10
+	VADDPS       Z4, Z2, Z2
+	VADDPS       Z5, Z3, Z3
+	VXORPS       Z4, Z4, Z4
+	VXORPS       Z5, Z5, Z5
+	LEAQ         384(DX), R8
+	MOVQ         $0x00000018, R9
+	MOVQ         SI, R10
+
+leaf6:
+	VMOVDQU32    (R8), Z6
+	VPBROADCASTD (AX)(R9*1), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	VPBROADCASTD (CX)(R9*1), Z7
+	// VDPBF16PS Z6, Z7, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xee
+	ADDQ         $0x00000400, R8
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNE          leaf6
+	VXORPS       Z6, Z6, Z6
+	VXORPS       Z7, Z7, Z7
+	LEAQ         896(DX), R8
+	MOVQ         $0x00000038, R9
+	MOVQ         SI, R10
+
+leaf14:
+	VMOVDQU32    (R8), Z8
+	VPBROADCASTD (AX)(R9*1), Z9
+	// VDPBF16PS Z8, Z9, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf0
+	VPBROADCASTD (CX)(R9*1), Z9
+	// VDPBF16PS Z8, Z9, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf8
+	ADDQ         $0x00000400, R8
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNE          leaf14
+	VADDPS       Z6, Z4, Z4
+	VADDPS       Z7, Z5, Z5
+	VADDPS       Z4, Z2, Z2
+	VADDPS       Z5, Z3, Z3
+	VADDPS       Z2, Z0, Z0
+	VADDPS       Z3, Z1, Z1
+	VXORPS       Z2, Z2, Z2
+	VXORPS       Z3, Z3, Z3
+	LEAQ         64(DX), R8
+	MOVQ         $0x00000004, R9
+	MOVQ         SI, R10
+
+leaf1:
+	VMOVDQU32    (R8), Z4
+	VPBROADCASTD (AX)(R9*1), Z5
+	// VDPBF16PS Z4, Z5, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (CX)(R9*1), Z5
+	// VDPBF16PS Z4, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, R8
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNE          leaf1
+	VXORPS       Z4, Z4, Z4
+	VXORPS       Z5, Z5, Z5
+	LEAQ         576(DX), R8
+	MOVQ         $0x00000024, R9
+	MOVQ         SI, R10
+
+leaf9:
+	VMOVDQU32    (R8), Z6
+	VPBROADCASTD (AX)(R9*1), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	VPBROADCASTD (CX)(R9*1), Z7
+	// VDPBF16PS Z6, Z7, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xee
+	ADDQ         $0x00000400, R8
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNE          leaf9
+	VADDPS       Z4, Z2, Z2
+	VADDPS       Z5, Z3, Z3
+	VXORPS       Z4, Z4, Z4
+	VXORPS       Z5, Z5, Z5
+	LEAQ         320(DX), R8
+	MOVQ         $0x00000014, R9
+	MOVQ         SI, R10
+
+leaf5:
+	VMOVDQU32    (R8), Z6
+	VPBROADCASTD (AX)(R9*1), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	VPBROADCASTD (CX)(R9*1), Z7
+	// VDPBF16PS Z6, Z7, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xee
+	ADDQ         $0x00000400, R8
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNE          leaf5
+	VXORPS       Z6, Z6, Z6
+	VXORPS       Z7, Z7, Z7
+	LEAQ         832(DX), R8
+	MOVQ         $0x00000034, R9
+	MOVQ         SI, R10
+
+leaf13:
+	VMOVDQU32    (R8), Z8
+	VPBROADCASTD (AX)(R9*1), Z9
+	// VDPBF16PS Z8, Z9, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf0
+	VPBROADCASTD (CX)(R9*1), Z9
+	// VDPBF16PS Z8, Z9, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf8
+	ADDQ         $0x00000400, R8
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNE          leaf13
+	VADDPS       Z6, Z4, Z4
+	VADDPS       Z7, Z5, Z5
+	VADDPS       Z4, Z2, Z2
+	VADDPS       Z5, Z3, Z3
+	VXORPS       Z4, Z4, Z4
+	VXORPS       Z5, Z5, Z5
+	LEAQ         192(DX), R8
+	MOVQ         $0x0000000c, R9
+	MOVQ         SI, R10
+
+leaf3:
+	VMOVDQU32    (R8), Z6
+	VPBROADCASTD (AX)(R9*1), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	VPBROADCASTD (CX)(R9*1), Z7
+	// VDPBF16PS Z6, Z7, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xee
+	ADDQ         $0x00000400, R8
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNE          leaf3
+	VXORPS       Z6, Z6, Z6
+	VXORPS       Z7, Z7, Z7
+	LEAQ         704(DX), R8
+	MOVQ         $0x0000002c, R9
+	MOVQ         SI, R10
+
+leaf11:
+	VMOVDQU32    (R8), Z8
+	VPBROADCASTD (AX)(R9*1), Z9
+	// VDPBF16PS Z8, Z9, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf0
+	VPBROADCASTD (CX)(R9*1), Z9
+	// VDPBF16PS Z8, Z9, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf8
+	ADDQ         $0x00000400, R8
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNE          leaf11
+	VADDPS       Z6, Z4, Z4
+	VADDPS       Z7, Z5, Z5
+	VXORPS       Z6, Z6, Z6
+	VXORPS       Z7, Z7, Z7
+	LEAQ         448(DX), R8
+	MOVQ         $0x0000001c, R9
+	MOVQ         SI, R10
+
+leaf7:
+	VMOVDQU32    (R8), Z8
+	VPBROADCASTD (AX)(R9*1), Z9
+	// VDPBF16PS Z8, Z9, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf0
+	VPBROADCASTD (CX)(R9*1), Z9
+	// VDPBF16PS Z8, Z9, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf8
+	ADDQ         $0x00000400, R8
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNE          leaf7
+	VXORPS       Z8, Z8, Z8
+	VXORPS       Z9, Z9, Z9
+	LEAQ         960(DX), R8
+	MOVQ         $0x0000003c, R9
+	MOVQ         SI, R10
+
+leaf15:
+	VMOVDQU32    (R8), Z10
+	VPBROADCASTD (AX)(R9*1), Z11
+	// VDPBF16PS Z10, Z11, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xc2
+	VPBROADCASTD (CX)(R9*1), Z11
+	// VDPBF16PS Z10, Z11, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xca
+	ADDQ         $0x00000400, R8
+	ADDQ         $0x00000040, R9
+	DECQ         R10
+	JNE          leaf15
+	VADDPS       Z8, Z6, Z6
+	VADDPS       Z9, Z7, Z7
+	VADDPS       Z6, Z4, Z4
+	VADDPS       Z7, Z5, Z5
+	VADDPS       Z4, Z2, Z2
+	VADDPS       Z5, Z3, Z3
+	VADDPS       Z2, Z0, Z0
+	VADDPS       Z3, Z1, Z1
+	MOVQ         DI, R8
+	VMOVUPS      Z0, (R8)
+	MOVQ         ldo+48(FP), R9
+	LEAQ         (R8)(R9*4), R8
+	VMOVUPS      Z1, (R8)
+	ADDQ         $0x00000040, DI
+	MOVQ         SI, R8
+	SHLQ         $0x0a, R8
+	ADDQ         R8, DX
+	DECQ         BX
+	JNE          group
+
+done:
+	VZEROUPPER
+	RET
+
+// func attnScoresDPR3(q *uint16, ldq int, k *uint32, groups int, steps int, out *float32, ldo int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·attnScoresDPR3(SB), NOSPLIT, $0-56
+	MOVQ  q+0(FP), AX
+	MOVQ  ldq+8(FP), CX
+	SHLQ  $0x01, CX
+	LEAQ  (AX)(CX*1), DX
+	LEAQ  (DX)(CX*1), CX
+	MOVQ  k+16(FP), BX
+	MOVQ  groups+24(FP), SI
+	MOVQ  steps+32(FP), DI
+	MOVQ  out+40(FP), R8
+	TESTQ SI, SI
+	JE    done
+
+group:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	LEAQ   (BX), R9
+	MOVQ   $0x00000000, R10
+	MOVQ   DI, R11
+
+leaf0:
+	VMOVDQU32    (R9), Z3
+	VPBROADCASTD (AX)(R10*1), Z4
+	// VDPBF16PS Z3, Z4, Z0
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xc3
+	VPBROADCASTD (DX)(R10*1), Z4
+	// VDPBF16PS Z3, Z4, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xcb
+	VPBROADCASTD (CX)(R10*1), Z4
+	// VDPBF16PS Z3, Z4, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+	ADDQ         $0x00000400, R9
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNE          leaf0
+	VXORPS       Z3, Z3, Z3
+	VXORPS       Z4, Z4, Z4
+	VXORPS       Z5, Z5, Z5
+	LEAQ         512(BX), R9
+	MOVQ         $0x00000020, R10
+	MOVQ         DI, R11
+
+leaf8:
+	VMOVDQU32    (R9), Z6
+	VPBROADCASTD (AX)(R10*1), Z7
+	// VDPBF16PS Z6, Z7, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xde
+	VPBROADCASTD (DX)(R10*1), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	VPBROADCASTD (CX)(R10*1), Z7
+	// VDPBF16PS Z6, Z7, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xee
+	ADDQ         $0x00000400, R9
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNE          leaf8
+	VADDPS       Z3, Z0, Z0
+	VADDPS       Z4, Z1, Z1
+	VADDPS       Z5, Z2, Z2
+	VXORPS       Z3, Z3, Z3
+	VXORPS       Z4, Z4, Z4
+	VXORPS       Z5, Z5, Z5
+	LEAQ         256(BX), R9
+	MOVQ         $0x00000010, R10
+	MOVQ         DI, R11
+
+leaf4:
+	VMOVDQU32    (R9), Z6
+	VPBROADCASTD (AX)(R10*1), Z7
+	// VDPBF16PS Z6, Z7, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xde
+	VPBROADCASTD (DX)(R10*1), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	VPBROADCASTD (CX)(R10*1), Z7
+	// VDPBF16PS Z6, Z7, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xee
+	ADDQ         $0x00000400, R9
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNE          leaf4
+	VXORPS       Z6, Z6, Z6
+	VXORPS       Z7, Z7, Z7
+	VXORPS       Z8, Z8, Z8
+	LEAQ         768(BX), R9
+	MOVQ         $0x00000030, R10
+	MOVQ         DI, R11
+
+leaf12:
+	VMOVDQU32    (R9), Z9
+	VPBROADCASTD (AX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf1
+	VPBROADCASTD (DX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf9
+	VPBROADCASTD (CX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+	ADDQ         $0x00000400, R9
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNE          leaf12
+	VADDPS       Z6, Z3, Z3
+	VADDPS       Z7, Z4, Z4
+	VADDPS       Z8, Z5, Z5
+	VADDPS       Z3, Z0, Z0
+	VADDPS       Z4, Z1, Z1
+	VADDPS       Z5, Z2, Z2
+	VXORPS       Z3, Z3, Z3
+	VXORPS       Z4, Z4, Z4
+	VXORPS       Z5, Z5, Z5
+	LEAQ         128(BX), R9
+	MOVQ         $0x00000008, R10
+	MOVQ         DI, R11
+
+leaf2:
+	VMOVDQU32    (R9), Z6
+	VPBROADCASTD (AX)(R10*1), Z7
+	// VDPBF16PS Z6, Z7, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xde
+	VPBROADCASTD (DX)(R10*1), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	VPBROADCASTD (CX)(R10*1), Z7
+	// VDPBF16PS Z6, Z7, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xee
+	ADDQ         $0x00000400, R9
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNE          leaf2
+	VXORPS       Z6, Z6, Z6
+	VXORPS       Z7, Z7, Z7
+	VXORPS       Z8, Z8, Z8
+	LEAQ         640(BX), R9
+	MOVQ         $0x00000028, R10
+	MOVQ         DI, R11
+
+leaf10:
+	VMOVDQU32    (R9), Z9
+	VPBROADCASTD (AX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf1
+	VPBROADCASTD (DX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf9
+	VPBROADCASTD (CX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+	ADDQ         $0x00000400, R9
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNE          leaf10
+	VADDPS       Z6, Z3, Z3
+	VADDPS       Z7, Z4, Z4
+	VADDPS       Z8, Z5, Z5
+	VXORPS       Z6, Z6, Z6
+	VXORPS       Z7, Z7, Z7
+	VXORPS       Z8, Z8, Z8
+	LEAQ         384(BX), R9
+	MOVQ         $0x00000018, R10
+	MOVQ         DI, R11
+
+leaf6:
+	VMOVDQU32    (R9), Z9
+	VPBROADCASTD (AX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf1
+	VPBROADCASTD (DX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf9
+	VPBROADCASTD (CX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+	ADDQ         $0x00000400, R9
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNE          leaf6
+	VXORPS       Z9, Z9, Z9
+	VXORPS       Z10, Z10, Z10
+	VXORPS       Z11, Z11, Z11
+	LEAQ         896(BX), R9
+	MOVQ         $0x00000038, R10
+	MOVQ         DI, R11
+
+leaf14:
+	VMOVDQU32    (R9), Z12
+	VPBROADCASTD (AX)(R10*1), Z13
+	// VDPBF16PS Z12, Z13, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (DX)(R10*1), Z13
+	// VDPBF16PS Z12, Z13, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (CX)(R10*1), Z13
+	// VDPBF16PS Z12, Z13, Z11
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, R9
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNE          leaf14
+	VADDPS       Z9, Z6, Z6
+	VADDPS       Z10, Z7, Z7
+	VADDPS       Z11, Z8, Z8
+	VADDPS       Z6, Z3, Z3
+	VADDPS       Z7, Z4, Z4
+	VADDPS       Z8, Z5, Z5
+	VADDPS       Z3, Z0, Z0
+	VADDPS       Z4, Z1, Z1
+	VADDPS       Z5, Z2, Z2
+	VXORPS       Z3, Z3, Z3
+	VXORPS       Z4, Z4, Z4
+	VXORPS       Z5, Z5, Z5
+	LEAQ         64(BX), R9
+	MOVQ         $0x00000004, R10
+	MOVQ         DI, R11
+
+leaf1:
+	VMOVDQU32    (R9), Z6
+	VPBROADCASTD (AX)(R10*1), Z7
+	// VDPBF16PS Z6, Z7, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xde
+	VPBROADCASTD (DX)(R10*1), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	VPBROADCASTD (CX)(R10*1), Z7
+	// VDPBF16PS Z6, Z7, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xee
+	ADDQ         $0x00000400, R9
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNE          leaf1
+	VXORPS       Z6, Z6, Z6
+	VXORPS       Z7, Z7, Z7
+	VXORPS       Z8, Z8, Z8
+	LEAQ         576(BX), R9
+	MOVQ         $0x00000024, R10
+	MOVQ         DI, R11
+
+leaf9:
+	VMOVDQU32    (R9), Z9
+	VPBROADCASTD (AX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf1
+	VPBROADCASTD (DX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf9
+	VPBROADCASTD (CX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+	ADDQ         $0x00000400, R9
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNE          leaf9
+	VADDPS       Z6, Z3, Z3
+	VADDPS       Z7, Z4, Z4
+	VADDPS       Z8, Z5, Z5
+	VXORPS       Z6, Z6, Z6
+	VXORPS       Z7, Z7, Z7
+	VXORPS       Z8, Z8, Z8
+	LEAQ         320(BX), R9
+	MOVQ         $0x00000014, R10
+	MOVQ         DI, R11
+
+leaf5:
+	VMOVDQU32    (R9), Z9
+	VPBROADCASTD (AX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf1
+	VPBROADCASTD (DX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf9
+	VPBROADCASTD (CX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+	ADDQ         $0x00000400, R9
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNE          leaf5
+	VXORPS       Z9, Z9, Z9
+	VXORPS       Z10, Z10, Z10
+	VXORPS       Z11, Z11, Z11
+	LEAQ         832(BX), R9
+	MOVQ         $0x00000034, R10
+	MOVQ         DI, R11
+
+leaf13:
+	VMOVDQU32    (R9), Z12
+	VPBROADCASTD (AX)(R10*1), Z13
+	// VDPBF16PS Z12, Z13, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (DX)(R10*1), Z13
+	// VDPBF16PS Z12, Z13, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (CX)(R10*1), Z13
+	// VDPBF16PS Z12, Z13, Z11
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, R9
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNE          leaf13
+	VADDPS       Z9, Z6, Z6
+	VADDPS       Z10, Z7, Z7
+	VADDPS       Z11, Z8, Z8
+	VADDPS       Z6, Z3, Z3
+	VADDPS       Z7, Z4, Z4
+	VADDPS       Z8, Z5, Z5
+	VXORPS       Z6, Z6, Z6
+	VXORPS       Z7, Z7, Z7
+	VXORPS       Z8, Z8, Z8
+	LEAQ         192(BX), R9
+	MOVQ         $0x0000000c, R10
+	MOVQ         DI, R11
+
+leaf3:
+	VMOVDQU32    (R9), Z9
+	VPBROADCASTD (AX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf1
+	VPBROADCASTD (DX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf9
+	VPBROADCASTD (CX)(R10*1), Z10
+	// VDPBF16PS Z9, Z10, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+	ADDQ         $0x00000400, R9
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNE          leaf3
+	VXORPS       Z9, Z9, Z9
+	VXORPS       Z10, Z10, Z10
+	VXORPS       Z11, Z11, Z11
+	LEAQ         704(BX), R9
+	MOVQ         $0x0000002c, R10
+	MOVQ         DI, R11
+
+leaf11:
+	VMOVDQU32    (R9), Z12
+	VPBROADCASTD (AX)(R10*1), Z13
+	// VDPBF16PS Z12, Z13, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (DX)(R10*1), Z13
+	// VDPBF16PS Z12, Z13, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (CX)(R10*1), Z13
+	// VDPBF16PS Z12, Z13, Z11
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, R9
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNE          leaf11
+	VADDPS       Z9, Z6, Z6
+	VADDPS       Z10, Z7, Z7
+	VADDPS       Z11, Z8, Z8
+	VXORPS       Z9, Z9, Z9
+	VXORPS       Z10, Z10, Z10
+	VXORPS       Z11, Z11, Z11
+	LEAQ         448(BX), R9
+	MOVQ         $0x0000001c, R10
+	MOVQ         DI, R11
+
+leaf7:
+	VMOVDQU32    (R9), Z12
+	VPBROADCASTD (AX)(R10*1), Z13
+	// VDPBF16PS Z12, Z13, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (DX)(R10*1), Z13
+	// VDPBF16PS Z12, Z13, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (CX)(R10*1), Z13
+	// VDPBF16PS Z12, Z13, Z11
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, R9
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNE          leaf7
+	VXORPS       Z12, Z12, Z12
+	VXORPS       Z13, Z13, Z13
+	VXORPS       Z14, Z14, Z14
+	LEAQ         960(BX), R9
+	MOVQ         $0x0000003c, R10
+	MOVQ         DI, R11
+
+leaf15:
+	VMOVDQU32    (R9), Z15
+	VPBROADCASTD (AX)(R10*1), Z16
+	// VDPBF16PS Z15, Z16, Z12
+	BYTE $0x62; BYTE $0x52; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xe7
+	VPBROADCASTD (DX)(R10*1), Z16
+	// VDPBF16PS Z15, Z16, Z13
+	BYTE $0x62; BYTE $0x52; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xef
+	VPBROADCASTD (CX)(R10*1), Z16
+	// VDPBF16PS Z15, Z16, Z14
+	BYTE $0x62; BYTE $0x52; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xf7
+	ADDQ         $0x00000400, R9
+	ADDQ         $0x00000040, R10
+	DECQ         R11
+	JNE          leaf15
+	VADDPS       Z12, Z9, Z9
+	VADDPS       Z13, Z10, Z10
+	VADDPS       Z14, Z11, Z11
+	VADDPS       Z9, Z6, Z6
+	VADDPS       Z10, Z7, Z7
+	VADDPS       Z11, Z8, Z8
+	VADDPS       Z6, Z3, Z3
+	VADDPS       Z7, Z4, Z4
+	VADDPS       Z8, Z5, Z5
+	VADDPS       Z3, Z0, Z0
+	VADDPS       Z4, Z1, Z1
+	VADDPS       Z5, Z2, Z2
+	MOVQ         R8, R9
+	VMOVUPS      Z0, (R9)
+	MOVQ         ldo+48(FP), R10
+	LEAQ         (R9)(R10*4), R9
+	VMOVUPS      Z1, (R9)
+	MOVQ         ldo+48(FP), R10
+	LEAQ         (R9)(R10*4), R9
+	VMOVUPS      Z2, (R9)
+	ADDQ         $0x00000040, R8
+	MOVQ         DI, R9
+	SHLQ         $0x0a, R9
+	ADDQ         R9, BX
+	DECQ         SI
+	JNE          group
+
+done:
+	VZEROUPPER
+	RET
+
+// func attnScoresDPR4(q *uint16, ldq int, k *uint32, groups int, steps int, out *float32, ldo int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·attnScoresDPR4(SB), NOSPLIT, $0-56
+	MOVQ  q+0(FP), AX
+	MOVQ  ldq+8(FP), CX
+	SHLQ  $0x01, CX
+	LEAQ  (AX)(CX*1), DX
+	LEAQ  (DX)(CX*1), BX
+	LEAQ  (BX)(CX*1), CX
+	MOVQ  k+16(FP), SI
+	MOVQ  groups+24(FP), DI
+	MOVQ  steps+32(FP), R8
+	MOVQ  out+40(FP), R9
+	TESTQ DI, DI
+	JE    done
+
+group:
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	LEAQ   (SI), R10
+	MOVQ   $0x00000000, R11
+	MOVQ   R8, R12
+
+leaf0:
+	VMOVDQU32    (R10), Z4
+	VPBROADCASTD (AX)(R11*1), Z5
+	// VDPBF16PS Z4, Z5, Z0
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xc4
+	VPBROADCASTD (DX)(R11*1), Z5
+	// VDPBF16PS Z4, Z5, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (BX)(R11*1), Z5
+	// VDPBF16PS Z4, Z5, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (CX)(R11*1), Z5
+	// VDPBF16PS Z4, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, R10
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNE          leaf0
+	VXORPS       Z4, Z4, Z4
+	VXORPS       Z5, Z5, Z5
+	VXORPS       Z6, Z6, Z6
+	VXORPS       Z7, Z7, Z7
+	LEAQ         512(SI), R10
+	MOVQ         $0x00000020, R11
+	MOVQ         R8, R12
+
+leaf8:
+	VMOVDQU32    (R10), Z8
+	VPBROADCASTD (AX)(R11*1), Z9
+	// VDPBF16PS Z8, Z9, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xe0
+	VPBROADCASTD (DX)(R11*1), Z9
+	// VDPBF16PS Z8, Z9, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xe8
+	VPBROADCASTD (BX)(R11*1), Z9
+	// VDPBF16PS Z8, Z9, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf0
+	VPBROADCASTD (CX)(R11*1), Z9
+	// VDPBF16PS Z8, Z9, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf8
+	ADDQ         $0x00000400, R10
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNE          leaf8
+	VADDPS       Z4, Z0, Z0
+	VADDPS       Z5, Z1, Z1
+	VADDPS       Z6, Z2, Z2
+	VADDPS       Z7, Z3, Z3
+	VXORPS       Z4, Z4, Z4
+	VXORPS       Z5, Z5, Z5
+	VXORPS       Z6, Z6, Z6
+	VXORPS       Z7, Z7, Z7
+	LEAQ         256(SI), R10
+	MOVQ         $0x00000010, R11
+	MOVQ         R8, R12
+
+leaf4:
+	VMOVDQU32    (R10), Z8
+	VPBROADCASTD (AX)(R11*1), Z9
+	// VDPBF16PS Z8, Z9, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xe0
+	VPBROADCASTD (DX)(R11*1), Z9
+	// VDPBF16PS Z8, Z9, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xe8
+	VPBROADCASTD (BX)(R11*1), Z9
+	// VDPBF16PS Z8, Z9, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf0
+	VPBROADCASTD (CX)(R11*1), Z9
+	// VDPBF16PS Z8, Z9, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf8
+	ADDQ         $0x00000400, R10
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNE          leaf4
+	VXORPS       Z8, Z8, Z8
+	VXORPS       Z9, Z9, Z9
+	VXORPS       Z10, Z10, Z10
+	VXORPS       Z11, Z11, Z11
+	LEAQ         768(SI), R10
+	MOVQ         $0x00000030, R11
+	MOVQ         R8, R12
+
+leaf12:
+	VMOVDQU32    (R10), Z12
+	VPBROADCASTD (AX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xc4
+	VPBROADCASTD (DX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (BX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (CX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z11
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, R10
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNE          leaf12
+	VADDPS       Z8, Z4, Z4
+	VADDPS       Z9, Z5, Z5
+	VADDPS       Z10, Z6, Z6
+	VADDPS       Z11, Z7, Z7
+	VADDPS       Z4, Z0, Z0
+	VADDPS       Z5, Z1, Z1
+	VADDPS       Z6, Z2, Z2
+	VADDPS       Z7, Z3, Z3
+	VXORPS       Z4, Z4, Z4
+	VXORPS       Z5, Z5, Z5
+	VXORPS       Z6, Z6, Z6
+	VXORPS       Z7, Z7, Z7
+	LEAQ         128(SI), R10
+	MOVQ         $0x00000008, R11
+	MOVQ         R8, R12
+
+leaf2:
+	VMOVDQU32    (R10), Z8
+	VPBROADCASTD (AX)(R11*1), Z9
+	// VDPBF16PS Z8, Z9, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xe0
+	VPBROADCASTD (DX)(R11*1), Z9
+	// VDPBF16PS Z8, Z9, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xe8
+	VPBROADCASTD (BX)(R11*1), Z9
+	// VDPBF16PS Z8, Z9, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf0
+	VPBROADCASTD (CX)(R11*1), Z9
+	// VDPBF16PS Z8, Z9, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf8
+	ADDQ         $0x00000400, R10
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNE          leaf2
+	VXORPS       Z8, Z8, Z8
+	VXORPS       Z9, Z9, Z9
+	VXORPS       Z10, Z10, Z10
+	VXORPS       Z11, Z11, Z11
+	LEAQ         640(SI), R10
+	MOVQ         $0x00000028, R11
+	MOVQ         R8, R12
+
+leaf10:
+	VMOVDQU32    (R10), Z12
+	VPBROADCASTD (AX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xc4
+	VPBROADCASTD (DX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (BX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (CX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z11
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, R10
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNE          leaf10
+	VADDPS       Z8, Z4, Z4
+	VADDPS       Z9, Z5, Z5
+	VADDPS       Z10, Z6, Z6
+	VADDPS       Z11, Z7, Z7
+	VXORPS       Z8, Z8, Z8
+	VXORPS       Z9, Z9, Z9
+	VXORPS       Z10, Z10, Z10
+	VXORPS       Z11, Z11, Z11
+	LEAQ         384(SI), R10
+	MOVQ         $0x00000018, R11
+	MOVQ         R8, R12
+
+leaf6:
+	VMOVDQU32    (R10), Z12
+	VPBROADCASTD (AX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xc4
+	VPBROADCASTD (DX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (BX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (CX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z11
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, R10
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNE          leaf6
+	VXORPS       Z12, Z12, Z12
+	VXORPS       Z13, Z13, Z13
+	VXORPS       Z14, Z14, Z14
+	VXORPS       Z15, Z15, Z15
+	LEAQ         896(SI), R10
+	MOVQ         $0x00000038, R11
+	MOVQ         R8, R12
+
+leaf14:
+	VMOVDQU32    (R10), Z16
+	VPBROADCASTD (AX)(R11*1), Z17
+	// VDPBF16PS Z16, Z17, Z12
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xe0
+	VPBROADCASTD (DX)(R11*1), Z17
+	// VDPBF16PS Z16, Z17, Z13
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xe8
+	VPBROADCASTD (BX)(R11*1), Z17
+	// VDPBF16PS Z16, Z17, Z14
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xf0
+	VPBROADCASTD (CX)(R11*1), Z17
+	// VDPBF16PS Z16, Z17, Z15
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xf8
+	ADDQ         $0x00000400, R10
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNE          leaf14
+	VADDPS       Z12, Z8, Z8
+	VADDPS       Z13, Z9, Z9
+	VADDPS       Z14, Z10, Z10
+	VADDPS       Z15, Z11, Z11
+	VADDPS       Z8, Z4, Z4
+	VADDPS       Z9, Z5, Z5
+	VADDPS       Z10, Z6, Z6
+	VADDPS       Z11, Z7, Z7
+	VADDPS       Z4, Z0, Z0
+	VADDPS       Z5, Z1, Z1
+	VADDPS       Z6, Z2, Z2
+	VADDPS       Z7, Z3, Z3
+	VXORPS       Z4, Z4, Z4
+	VXORPS       Z5, Z5, Z5
+	VXORPS       Z6, Z6, Z6
+	VXORPS       Z7, Z7, Z7
+	LEAQ         64(SI), R10
+	MOVQ         $0x00000004, R11
+	MOVQ         R8, R12
+
+leaf1:
+	VMOVDQU32    (R10), Z8
+	VPBROADCASTD (AX)(R11*1), Z9
+	// VDPBF16PS Z8, Z9, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xe0
+	VPBROADCASTD (DX)(R11*1), Z9
+	// VDPBF16PS Z8, Z9, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xe8
+	VPBROADCASTD (BX)(R11*1), Z9
+	// VDPBF16PS Z8, Z9, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf0
+	VPBROADCASTD (CX)(R11*1), Z9
+	// VDPBF16PS Z8, Z9, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf8
+	ADDQ         $0x00000400, R10
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNE          leaf1
+	VXORPS       Z8, Z8, Z8
+	VXORPS       Z9, Z9, Z9
+	VXORPS       Z10, Z10, Z10
+	VXORPS       Z11, Z11, Z11
+	LEAQ         576(SI), R10
+	MOVQ         $0x00000024, R11
+	MOVQ         R8, R12
+
+leaf9:
+	VMOVDQU32    (R10), Z12
+	VPBROADCASTD (AX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xc4
+	VPBROADCASTD (DX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (BX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (CX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z11
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, R10
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNE          leaf9
+	VADDPS       Z8, Z4, Z4
+	VADDPS       Z9, Z5, Z5
+	VADDPS       Z10, Z6, Z6
+	VADDPS       Z11, Z7, Z7
+	VXORPS       Z8, Z8, Z8
+	VXORPS       Z9, Z9, Z9
+	VXORPS       Z10, Z10, Z10
+	VXORPS       Z11, Z11, Z11
+	LEAQ         320(SI), R10
+	MOVQ         $0x00000014, R11
+	MOVQ         R8, R12
+
+leaf5:
+	VMOVDQU32    (R10), Z12
+	VPBROADCASTD (AX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xc4
+	VPBROADCASTD (DX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (BX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (CX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z11
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, R10
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNE          leaf5
+	VXORPS       Z12, Z12, Z12
+	VXORPS       Z13, Z13, Z13
+	VXORPS       Z14, Z14, Z14
+	VXORPS       Z15, Z15, Z15
+	LEAQ         832(SI), R10
+	MOVQ         $0x00000034, R11
+	MOVQ         R8, R12
+
+leaf13:
+	VMOVDQU32    (R10), Z16
+	VPBROADCASTD (AX)(R11*1), Z17
+	// VDPBF16PS Z16, Z17, Z12
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xe0
+	VPBROADCASTD (DX)(R11*1), Z17
+	// VDPBF16PS Z16, Z17, Z13
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xe8
+	VPBROADCASTD (BX)(R11*1), Z17
+	// VDPBF16PS Z16, Z17, Z14
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xf0
+	VPBROADCASTD (CX)(R11*1), Z17
+	// VDPBF16PS Z16, Z17, Z15
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xf8
+	ADDQ         $0x00000400, R10
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNE          leaf13
+	VADDPS       Z12, Z8, Z8
+	VADDPS       Z13, Z9, Z9
+	VADDPS       Z14, Z10, Z10
+	VADDPS       Z15, Z11, Z11
+	VADDPS       Z8, Z4, Z4
+	VADDPS       Z9, Z5, Z5
+	VADDPS       Z10, Z6, Z6
+	VADDPS       Z11, Z7, Z7
+	VXORPS       Z8, Z8, Z8
+	VXORPS       Z9, Z9, Z9
+	VXORPS       Z10, Z10, Z10
+	VXORPS       Z11, Z11, Z11
+	LEAQ         192(SI), R10
+	MOVQ         $0x0000000c, R11
+	MOVQ         R8, R12
+
+leaf3:
+	VMOVDQU32    (R10), Z12
+	VPBROADCASTD (AX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xc4
+	VPBROADCASTD (DX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (BX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (CX)(R11*1), Z13
+	// VDPBF16PS Z12, Z13, Z11
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, R10
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNE          leaf3
+	VXORPS       Z12, Z12, Z12
+	VXORPS       Z13, Z13, Z13
+	VXORPS       Z14, Z14, Z14
+	VXORPS       Z15, Z15, Z15
+	LEAQ         704(SI), R10
+	MOVQ         $0x0000002c, R11
+	MOVQ         R8, R12
+
+leaf11:
+	VMOVDQU32    (R10), Z16
+	VPBROADCASTD (AX)(R11*1), Z17
+	// VDPBF16PS Z16, Z17, Z12
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xe0
+	VPBROADCASTD (DX)(R11*1), Z17
+	// VDPBF16PS Z16, Z17, Z13
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xe8
+	VPBROADCASTD (BX)(R11*1), Z17
+	// VDPBF16PS Z16, Z17, Z14
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xf0
+	VPBROADCASTD (CX)(R11*1), Z17
+	// VDPBF16PS Z16, Z17, Z15
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xf8
+	ADDQ         $0x00000400, R10
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNE          leaf11
+	VADDPS       Z12, Z8, Z8
+	VADDPS       Z13, Z9, Z9
+	VADDPS       Z14, Z10, Z10
+	VADDPS       Z15, Z11, Z11
+	VXORPS       Z12, Z12, Z12
+	VXORPS       Z13, Z13, Z13
+	VXORPS       Z14, Z14, Z14
+	VXORPS       Z15, Z15, Z15
+	LEAQ         448(SI), R10
+	MOVQ         $0x0000001c, R11
+	MOVQ         R8, R12
+
+leaf7:
+	VMOVDQU32    (R10), Z16
+	VPBROADCASTD (AX)(R11*1), Z17
+	// VDPBF16PS Z16, Z17, Z12
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xe0
+	VPBROADCASTD (DX)(R11*1), Z17
+	// VDPBF16PS Z16, Z17, Z13
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xe8
+	VPBROADCASTD (BX)(R11*1), Z17
+	// VDPBF16PS Z16, Z17, Z14
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xf0
+	VPBROADCASTD (CX)(R11*1), Z17
+	// VDPBF16PS Z16, Z17, Z15
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xf8
+	ADDQ         $0x00000400, R10
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNE          leaf7
+	VXORPS       Z16, Z16, Z16
+	VXORPS       Z17, Z17, Z17
+	VXORPS       Z18, Z18, Z18
+	VXORPS       Z19, Z19, Z19
+	LEAQ         960(SI), R10
+	MOVQ         $0x0000003c, R11
+	MOVQ         R8, R12
+
+leaf15:
+	VMOVDQU32    (R10), Z20
+	VPBROADCASTD (AX)(R11*1), Z21
+	// VDPBF16PS Z20, Z21, Z16
+	BYTE $0x62; BYTE $0xa2; BYTE $0x56; BYTE $0x40; BYTE $0x52; BYTE $0xc4
+	VPBROADCASTD (DX)(R11*1), Z21
+	// VDPBF16PS Z20, Z21, Z17
+	BYTE $0x62; BYTE $0xa2; BYTE $0x56; BYTE $0x40; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (BX)(R11*1), Z21
+	// VDPBF16PS Z20, Z21, Z18
+	BYTE $0x62; BYTE $0xa2; BYTE $0x56; BYTE $0x40; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (CX)(R11*1), Z21
+	// VDPBF16PS Z20, Z21, Z19
+	BYTE $0x62; BYTE $0xa2; BYTE $0x56; BYTE $0x40; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000400, R10
+	ADDQ         $0x00000040, R11
+	DECQ         R12
+	JNE          leaf15
+	VADDPS       Z16, Z12, Z12
+	VADDPS       Z17, Z13, Z13
+	VADDPS       Z18, Z14, Z14
+	VADDPS       Z19, Z15, Z15
+	VADDPS       Z12, Z8, Z8
+	VADDPS       Z13, Z9, Z9
+	VADDPS       Z14, Z10, Z10
+	VADDPS       Z15, Z11, Z11
+	VADDPS       Z8, Z4, Z4
+	VADDPS       Z9, Z5, Z5
+	VADDPS       Z10, Z6, Z6
+	VADDPS       Z11, Z7, Z7
+	VADDPS       Z4, Z0, Z0
+	VADDPS       Z5, Z1, Z1
+	VADDPS       Z6, Z2, Z2
+	VADDPS       Z7, Z3, Z3
+	MOVQ         R9, R10
+	VMOVUPS      Z0, (R10)
+	MOVQ         ldo+48(FP), R11
+	LEAQ         (R10)(R11*4), R10
+	VMOVUPS      Z1, (R10)
+	MOVQ         ldo+48(FP), R11
+	LEAQ         (R10)(R11*4), R10
+	VMOVUPS      Z2, (R10)
+	MOVQ         ldo+48(FP), R11
+	LEAQ         (R10)(R11*4), R10
+	VMOVUPS      Z3, (R10)
+	ADDQ         $0x00000040, R9
+	MOVQ         R8, R10
+	SHLQ         $0x0a, R10
+	ADDQ         R10, SI
+	DECQ         DI
+	JNE          group
+
+done:
+	VZEROUPPER
+	RET
+
+// func attnSoftmaxAVX512(s *float32, lds int, rows int, n int, m *float32, l *float32, acc *float32, lda int, hd int, w *uint16, ldw int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2
+TEXT ·attnSoftmaxAVX512(SB), NOSPLIT, $0-88
+	MOVQ         s+0(FP), AX
+	MOVQ         rows+16(FP), CX
+	MOVQ         n+24(FP), DX
+	MOVQ         m+32(FP), BX
+	MOVQ         l+40(FP), SI
+	MOVQ         acc+48(FP), DI
+	MOVQ         w+72(FP), R8
+	MOVQ         $-1, R9
+	BZHIQ        DX, R9, DX
+	MOVQ         DX, R9
+	KMOVW        R9, K1
+	MOVQ         DX, R9
+	SHRQ         $0x10, R9
+	KMOVW        R9, K2
+	MOVQ         DX, R9
+	SHRQ         $0x20, R9
+	KMOVW        R9, K3
+	SHRQ         $0x30, DX
+	KMOVW        DX, K4
+	MOVQ         hd+64(FP), DX
+	MOVL         DX, R9
+	ANDL         $0x0000000f, R9
+	MOVL         $0x0000ffff, R10
+	BZHIL        R9, R10, R9
+	KMOVW        R9, K5
+	MOVL         $0xff800000, R9
+	VPBROADCASTD R9, Z0
+	TESTQ        CX, CX
+	JE           done
+
+row:
+	VMOVAPS      Z0, Z1
+	VMOVUPS      (AX), K1, Z1
+	VMOVAPS      Z0, Z2
+	VMOVUPS      64(AX), K2, Z2
+	VMOVAPS      Z0, Z3
+	VMOVUPS      128(AX), K3, Z3
+	VMOVAPS      Z0, Z4
+	VMOVUPS      192(AX), K4, Z4
+	VMAXPS       Z2, Z1, Z5
+	VMAXPS       Z4, Z3, Z6
+	VMAXPS       Z6, Z5, Z5
+	VSHUFF32X4   $0x4e, Z5, Z5, Z6
+	VMAXPS       Z6, Z5, Z5
+	VSHUFF32X4   $0xb1, Z5, Z5, Z6
+	VMAXPS       Z6, Z5, Z5
+	VPERMILPS    $0x4e, Z5, Z6
+	VMAXPS       Z6, Z5, Z5
+	VPERMILPS    $0xb1, Z5, Z6
+	VMAXPS       Z6, Z5, Z5
+	VBROADCASTSS (BX), Z6
+	VCMPPS       $0x1e, Z6, Z5, K6
+	VMAXPS       Z6, Z5, Z5
+	VMOVSS       X5, (BX)
+	KORTESTW     K6, K6
+	JE           weights
+	VSUBPS       Z5, Z6, Z6
+	VMOVUPS      expconst<>+0(SB), Z7
+	VMAXPS       Z6, Z7, Z6
+	VMOVUPS      expconst<>+64(SB), Z7
+	VMINPS       Z6, Z7, Z6
+	VMULPS       expconst<>+128(SB), Z6, Z7
+	VRNDSCALEPS  $0x00, Z7, Z7
+	VFNMADD231PS expconst<>+192(SB), Z7, Z6
+	VFNMADD231PS expconst<>+256(SB), Z7, Z6
+	VMOVUPS      expconst<>+320(SB), Z8
+	VFMADD213PS  expconst<>+384(SB), Z6, Z8
+	VFMADD213PS  expconst<>+448(SB), Z6, Z8
+	VFMADD213PS  expconst<>+512(SB), Z6, Z8
+	VFMADD213PS  expconst<>+576(SB), Z6, Z8
+	VFMADD213PS  expconst<>+640(SB), Z6, Z8
+	VMULPS       Z6, Z6, Z9
+	VFMADD213PS  Z6, Z9, Z8
+	VADDPS       expconst<>+704(SB), Z8, Z8
+	VCVTPS2DQ    Z7, Z6
+	VPSRAD       $0x01, Z6, Z7
+	VPSUBD       Z7, Z6, Z6
+	VPADDD       expconst<>+768(SB), Z7, Z7
+	VPADDD       expconst<>+768(SB), Z6, Z6
+	VPSLLD       $0x17, Z7, Z7
+	VPSLLD       $0x17, Z6, Z6
+	VMULPS       Z7, Z8, Z8
+	VMULPS       Z6, Z8, Z6
+	VMULSS       (SI), X6, X7
+	VMOVSS       X7, (SI)
+	MOVQ         DX, R9
+	ANDQ         $-16, R9
+	XORQ         R10, R10
+
+scale:
+	CMPQ    R10, R9
+	JGE     scaletail
+	VMULPS  (DI)(R10*4), Z6, Z7
+	VMOVUPS Z7, (DI)(R10*4)
+	ADDQ    $0x00000010, R10
+	JMP     scale
+
+scaletail:
+	CMPQ      R10, DX
+	JE        weights
+	VMOVUPS.Z (DI)(R10*4), K5, Z7
+	VMULPS    Z6, Z7, Z7
+	VMOVUPS   Z7, K5, (DI)(R10*4)
+
+weights:
+	VSUBPS        Z5, Z1, Z1
+	VMOVUPS       expconst<>+0(SB), Z6
+	VMAXPS        Z1, Z6, Z1
+	VMOVUPS       expconst<>+64(SB), Z6
+	VMINPS        Z1, Z6, Z1
+	VMULPS        expconst<>+128(SB), Z1, Z6
+	VRNDSCALEPS   $0x00, Z6, Z6
+	VFNMADD231PS  expconst<>+192(SB), Z6, Z1
+	VFNMADD231PS  expconst<>+256(SB), Z6, Z1
+	VMOVUPS       expconst<>+320(SB), Z7
+	VFMADD213PS   expconst<>+384(SB), Z1, Z7
+	VFMADD213PS   expconst<>+448(SB), Z1, Z7
+	VFMADD213PS   expconst<>+512(SB), Z1, Z7
+	VFMADD213PS   expconst<>+576(SB), Z1, Z7
+	VFMADD213PS   expconst<>+640(SB), Z1, Z7
+	VMULPS        Z1, Z1, Z8
+	VFMADD213PS   Z1, Z8, Z7
+	VADDPS        expconst<>+704(SB), Z7, Z7
+	VCVTPS2DQ     Z6, Z1
+	VPSRAD        $0x01, Z1, Z6
+	VPSUBD        Z6, Z1, Z1
+	VPADDD        expconst<>+768(SB), Z6, Z6
+	VPADDD        expconst<>+768(SB), Z1, Z1
+	VPSLLD        $0x17, Z6, Z6
+	VPSLLD        $0x17, Z1, Z1
+	VMULPS        Z6, Z7, Z7
+	VMULPS        Z1, Z7, Z1
+	// VCVTNEPS2BF16 Z1, Y1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xc9
+	VMOVDQU16.Z   Y1, K1, Y1
+	VMOVDQU       Y1, (R8)
+	VPMOVZXWD     Y1, Z1
+	VPSLLD        $0x10, Z1, Z1
+	VSUBPS        Z5, Z2, Z2
+	VMOVUPS       expconst<>+0(SB), Z6
+	VMAXPS        Z2, Z6, Z2
+	VMOVUPS       expconst<>+64(SB), Z6
+	VMINPS        Z2, Z6, Z2
+	VMULPS        expconst<>+128(SB), Z2, Z6
+	VRNDSCALEPS   $0x00, Z6, Z6
+	VFNMADD231PS  expconst<>+192(SB), Z6, Z2
+	VFNMADD231PS  expconst<>+256(SB), Z6, Z2
+	VMOVUPS       expconst<>+320(SB), Z7
+	VFMADD213PS   expconst<>+384(SB), Z2, Z7
+	VFMADD213PS   expconst<>+448(SB), Z2, Z7
+	VFMADD213PS   expconst<>+512(SB), Z2, Z7
+	VFMADD213PS   expconst<>+576(SB), Z2, Z7
+	VFMADD213PS   expconst<>+640(SB), Z2, Z7
+	VMULPS        Z2, Z2, Z8
+	VFMADD213PS   Z2, Z8, Z7
+	VADDPS        expconst<>+704(SB), Z7, Z7
+	VCVTPS2DQ     Z6, Z2
+	VPSRAD        $0x01, Z2, Z6
+	VPSUBD        Z6, Z2, Z2
+	VPADDD        expconst<>+768(SB), Z6, Z6
+	VPADDD        expconst<>+768(SB), Z2, Z2
+	VPSLLD        $0x17, Z6, Z6
+	VPSLLD        $0x17, Z2, Z2
+	VMULPS        Z6, Z7, Z7
+	VMULPS        Z2, Z7, Z2
+	// VCVTNEPS2BF16 Z2, Y2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xd2
+	VMOVDQU16.Z   Y2, K2, Y2
+	VMOVDQU       Y2, 32(R8)
+	VPMOVZXWD     Y2, Z2
+	VPSLLD        $0x10, Z2, Z2
+	VSUBPS        Z5, Z3, Z3
+	VMOVUPS       expconst<>+0(SB), Z6
+	VMAXPS        Z3, Z6, Z3
+	VMOVUPS       expconst<>+64(SB), Z6
+	VMINPS        Z3, Z6, Z3
+	VMULPS        expconst<>+128(SB), Z3, Z6
+	VRNDSCALEPS   $0x00, Z6, Z6
+	VFNMADD231PS  expconst<>+192(SB), Z6, Z3
+	VFNMADD231PS  expconst<>+256(SB), Z6, Z3
+	VMOVUPS       expconst<>+320(SB), Z7
+	VFMADD213PS   expconst<>+384(SB), Z3, Z7
+	VFMADD213PS   expconst<>+448(SB), Z3, Z7
+	VFMADD213PS   expconst<>+512(SB), Z3, Z7
+	VFMADD213PS   expconst<>+576(SB), Z3, Z7
+	VFMADD213PS   expconst<>+640(SB), Z3, Z7
+	VMULPS        Z3, Z3, Z8
+	VFMADD213PS   Z3, Z8, Z7
+	VADDPS        expconst<>+704(SB), Z7, Z7
+	VCVTPS2DQ     Z6, Z3
+	VPSRAD        $0x01, Z3, Z6
+	VPSUBD        Z6, Z3, Z3
+	VPADDD        expconst<>+768(SB), Z6, Z6
+	VPADDD        expconst<>+768(SB), Z3, Z3
+	VPSLLD        $0x17, Z6, Z6
+	VPSLLD        $0x17, Z3, Z3
+	VMULPS        Z6, Z7, Z7
+	VMULPS        Z3, Z7, Z3
+	// VCVTNEPS2BF16 Z3, Y3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xdb
+	VMOVDQU16.Z   Y3, K3, Y3
+	VMOVDQU       Y3, 64(R8)
+	VPMOVZXWD     Y3, Z3
+	VPSLLD        $0x10, Z3, Z3
+	VSUBPS        Z5, Z4, Z4
+	VMOVUPS       expconst<>+0(SB), Z5
+	VMAXPS        Z4, Z5, Z4
+	VMOVUPS       expconst<>+64(SB), Z5
+	VMINPS        Z4, Z5, Z4
+	VMULPS        expconst<>+128(SB), Z4, Z5
+	VRNDSCALEPS   $0x00, Z5, Z5
+	VFNMADD231PS  expconst<>+192(SB), Z5, Z4
+	VFNMADD231PS  expconst<>+256(SB), Z5, Z4
+	VMOVUPS       expconst<>+320(SB), Z6
+	VFMADD213PS   expconst<>+384(SB), Z4, Z6
+	VFMADD213PS   expconst<>+448(SB), Z4, Z6
+	VFMADD213PS   expconst<>+512(SB), Z4, Z6
+	VFMADD213PS   expconst<>+576(SB), Z4, Z6
+	VFMADD213PS   expconst<>+640(SB), Z4, Z6
+	VMULPS        Z4, Z4, Z7
+	VFMADD213PS   Z4, Z7, Z6
+	VADDPS        expconst<>+704(SB), Z6, Z6
+	VCVTPS2DQ     Z5, Z4
+	VPSRAD        $0x01, Z4, Z5
+	VPSUBD        Z5, Z4, Z4
+	VPADDD        expconst<>+768(SB), Z5, Z5
+	VPADDD        expconst<>+768(SB), Z4, Z4
+	VPSLLD        $0x17, Z5, Z5
+	VPSLLD        $0x17, Z4, Z4
+	VMULPS        Z5, Z6, Z6
+	VMULPS        Z4, Z6, Z4
+	// VCVTNEPS2BF16 Z4, Y4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xe4
+	VMOVDQU16.Z   Y4, K4, Y4
+	VMOVDQU       Y4, 96(R8)
+	VPMOVZXWD     Y4, Z4
+	VPSLLD        $0x10, Z4, Z4
+	VADDPS        Z2, Z1, Z1
+	VADDPS        Z4, Z3, Z3
+	VADDPS        Z3, Z1, Z1
+	VEXTRACTF32X8 $0x01, Z1, Y2
+	VADDPS        Y2, Y1, Y2
+	VEXTRACTF32X4 $0x01, Y2, X1
+	VADDPS        X1, X2, X1
+	VMOVHLPS      X1, X1, X2
+	VADDPS        X2, X1, X2
+	VMOVSHDUP     X2, X1
+	VADDSS        X1, X2, X1
+	VADDSS        (SI), X1, X1
+	VMOVSS        X1, (SI)
+	MOVQ          lds+8(FP), R9
+	LEAQ          (AX)(R9*4), AX
+	MOVQ          ldw+80(FP), R9
+	LEAQ          (R8)(R9*2), R8
+	MOVQ          lda+56(FP), R9
+	LEAQ          (DI)(R9*4), DI
+	ADDQ          $0x00000004, BX
+	ADDQ          $0x00000004, SI
+	DECQ          CX
+	JNE           row
+
+done:
+	VZEROUPPER
+	RET
+
+DATA pvindex<>+0(SB)/2, $0x0000
+DATA pvindex<>+2(SB)/2, $0x0020
+DATA pvindex<>+4(SB)/2, $0x0001
+DATA pvindex<>+6(SB)/2, $0x0021
+DATA pvindex<>+8(SB)/2, $0x0002
+DATA pvindex<>+10(SB)/2, $0x0022
+DATA pvindex<>+12(SB)/2, $0x0003
+DATA pvindex<>+14(SB)/2, $0x0023
+DATA pvindex<>+16(SB)/2, $0x0004
+DATA pvindex<>+18(SB)/2, $0x0024
+DATA pvindex<>+20(SB)/2, $0x0005
+DATA pvindex<>+22(SB)/2, $0x0025
+DATA pvindex<>+24(SB)/2, $0x0006
+DATA pvindex<>+26(SB)/2, $0x0026
+DATA pvindex<>+28(SB)/2, $0x0007
+DATA pvindex<>+30(SB)/2, $0x0027
+DATA pvindex<>+32(SB)/2, $0x0008
+DATA pvindex<>+34(SB)/2, $0x0028
+DATA pvindex<>+36(SB)/2, $0x0009
+DATA pvindex<>+38(SB)/2, $0x0029
+DATA pvindex<>+40(SB)/2, $0x000a
+DATA pvindex<>+42(SB)/2, $0x002a
+DATA pvindex<>+44(SB)/2, $0x000b
+DATA pvindex<>+46(SB)/2, $0x002b
+DATA pvindex<>+48(SB)/2, $0x000c
+DATA pvindex<>+50(SB)/2, $0x002c
+DATA pvindex<>+52(SB)/2, $0x000d
+DATA pvindex<>+54(SB)/2, $0x002d
+DATA pvindex<>+56(SB)/2, $0x000e
+DATA pvindex<>+58(SB)/2, $0x002e
+DATA pvindex<>+60(SB)/2, $0x000f
+DATA pvindex<>+62(SB)/2, $0x002f
+DATA pvindex<>+64(SB)/2, $0x0010
+DATA pvindex<>+66(SB)/2, $0x0030
+DATA pvindex<>+68(SB)/2, $0x0011
+DATA pvindex<>+70(SB)/2, $0x0031
+DATA pvindex<>+72(SB)/2, $0x0012
+DATA pvindex<>+74(SB)/2, $0x0032
+DATA pvindex<>+76(SB)/2, $0x0013
+DATA pvindex<>+78(SB)/2, $0x0033
+DATA pvindex<>+80(SB)/2, $0x0014
+DATA pvindex<>+82(SB)/2, $0x0034
+DATA pvindex<>+84(SB)/2, $0x0015
+DATA pvindex<>+86(SB)/2, $0x0035
+DATA pvindex<>+88(SB)/2, $0x0016
+DATA pvindex<>+90(SB)/2, $0x0036
+DATA pvindex<>+92(SB)/2, $0x0017
+DATA pvindex<>+94(SB)/2, $0x0037
+DATA pvindex<>+96(SB)/2, $0x0018
+DATA pvindex<>+98(SB)/2, $0x0038
+DATA pvindex<>+100(SB)/2, $0x0019
+DATA pvindex<>+102(SB)/2, $0x0039
+DATA pvindex<>+104(SB)/2, $0x001a
+DATA pvindex<>+106(SB)/2, $0x003a
+DATA pvindex<>+108(SB)/2, $0x001b
+DATA pvindex<>+110(SB)/2, $0x003b
+DATA pvindex<>+112(SB)/2, $0x001c
+DATA pvindex<>+114(SB)/2, $0x003c
+DATA pvindex<>+116(SB)/2, $0x001d
+DATA pvindex<>+118(SB)/2, $0x003d
+DATA pvindex<>+120(SB)/2, $0x001e
+DATA pvindex<>+122(SB)/2, $0x003e
+DATA pvindex<>+124(SB)/2, $0x001f
+DATA pvindex<>+126(SB)/2, $0x003f
+GLOBL pvindex<>(SB), RODATA|NOPTR, $128
+
+// func attnPVDP(acc *float32, lda int, w *uint16, ldw int, rows int, v *uint16, ldv int, n int, hd int)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, BMI2
+TEXT ·attnPVDP(SB), NOSPLIT, $0-72
+	VMOVDQU16 pvindex<>+0(SB), Z0
+	VMOVDQU16 pvindex<>+64(SB), Z1
+	XORQ      AX, AX
+
+d32:
+	MOVQ hd+64(FP), CX
+	SUBQ AX, CX
+	CMPQ CX, $0x00000020
+	JL   d16
+	MOVQ acc+0(FP), CX
+	LEAQ (CX)(AX*4), CX
+	MOVQ w+16(FP), DX
+	MOVQ rows+32(FP), BX
+
+wr8:
+	CMPQ    BX, $0x00000008
+	JL      wr4
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z3
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z4
+	VMOVUPS 64(DI), Z5
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z6
+	VMOVUPS 64(DI), Z7
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z8
+	VMOVUPS 64(DI), Z9
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z10
+	VMOVUPS 64(DI), Z11
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z12
+	VMOVUPS 64(DI), Z13
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z14
+	VMOVUPS 64(DI), Z15
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z16
+	VMOVUPS 64(DI), Z17
+	MOVQ    ldw+24(FP), SI
+	SHLQ    $0x01, SI
+	MOVQ    DX, DI
+	LEAQ    (DI)(SI*2), R8
+	ADDQ    SI, R8
+	LEAQ    (R8)(SI*2), R9
+	ADDQ    SI, R9
+	MOVQ    v+40(FP), R10
+	LEAQ    (R10)(AX*2), R10
+	MOVQ    ldv+48(FP), R11
+	SHLQ    $0x01, R11
+	MOVQ    n+56(FP), R12
+	SHRQ    $0x01, R12
+	TESTQ   R12, R12
+	JE      wb8odd
+
+wb8pair:
+	VMOVDQU16    (R10), Z18
+	VMOVDQU16    (R10)(R11*1), Z19
+	VMOVDQA64    Z18, Z20
+	VPERMT2W     Z19, Z1, Z20
+	VPERMT2W     Z19, Z0, Z18
+	VPBROADCASTD (DI), Z19
+	// VDPBF16PS Z18, Z19, Z2
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z20, Z19, Z3
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xdc
+	VPBROADCASTD (DI)(SI*1), Z19
+	// VDPBF16PS Z18, Z19, Z4
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xe2
+	// VDPBF16PS Z20, Z19, Z5
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xec
+	VPBROADCASTD (DI)(SI*2), Z19
+	// VDPBF16PS Z18, Z19, Z6
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z20, Z19, Z7
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xfc
+	VPBROADCASTD (R8), Z19
+	// VDPBF16PS Z18, Z19, Z8
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xc2
+	// VDPBF16PS Z20, Z19, Z9
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (R8)(SI*1), Z19
+	// VDPBF16PS Z18, Z19, Z10
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z20, Z19, Z11
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xdc
+	VPBROADCASTD (R8)(SI*2), Z19
+	// VDPBF16PS Z18, Z19, Z12
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xe2
+	// VDPBF16PS Z20, Z19, Z13
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xec
+	VPBROADCASTD (R9), Z19
+	// VDPBF16PS Z18, Z19, Z14
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z20, Z19, Z15
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xfc
+	VPBROADCASTD (R9)(SI*1), Z19
+	// VDPBF16PS Z18, Z19, Z16
+	BYTE $0x62; BYTE $0xa2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xc2
+	// VDPBF16PS Z20, Z19, Z17
+	BYTE $0x62; BYTE $0xa2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xcc
+	LEAQ         (R10)(R11*2), R10
+	ADDQ         $0x00000004, DI
+	ADDQ         $0x00000004, R8
+	ADDQ         $0x00000004, R9
+	DECQ         R12
+	JNE          wb8pair
+
+wb8odd:
+	MOVQ         n+56(FP), R11
+	TESTQ        $0x00000001, R11
+	JE           wb8store
+	VMOVDQU16    (R10), Z18
+	VXORPS       Z19, Z19, Z19
+	VMOVDQA64    Z18, Z20
+	VPERMT2W     Z19, Z1, Z20
+	VPERMT2W     Z19, Z0, Z18
+	VPBROADCASTD (DI), Z19
+	// VDPBF16PS Z18, Z19, Z2
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z20, Z19, Z3
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xdc
+	VPBROADCASTD (DI)(SI*1), Z19
+	// VDPBF16PS Z18, Z19, Z4
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xe2
+	// VDPBF16PS Z20, Z19, Z5
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xec
+	VPBROADCASTD (DI)(SI*2), Z19
+	// VDPBF16PS Z18, Z19, Z6
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z20, Z19, Z7
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xfc
+	VPBROADCASTD (R8), Z19
+	// VDPBF16PS Z18, Z19, Z8
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xc2
+	// VDPBF16PS Z20, Z19, Z9
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (R8)(SI*1), Z19
+	// VDPBF16PS Z18, Z19, Z10
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z20, Z19, Z11
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xdc
+	VPBROADCASTD (R8)(SI*2), Z19
+	// VDPBF16PS Z18, Z19, Z12
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xe2
+	// VDPBF16PS Z20, Z19, Z13
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xec
+	VPBROADCASTD (R9), Z19
+	// VDPBF16PS Z18, Z19, Z14
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z20, Z19, Z15
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xfc
+	VPBROADCASTD (R9)(SI*1), Z19
+	// VDPBF16PS Z18, Z19, Z16
+	BYTE $0x62; BYTE $0xa2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xc2
+	// VDPBF16PS Z20, Z19, Z17
+	BYTE $0x62; BYTE $0xa2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xcc
+
+wb8store:
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS Z2, (DI)
+	VMOVUPS Z3, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z4, (DI)
+	VMOVUPS Z5, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z6, (DI)
+	VMOVUPS Z7, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z8, (DI)
+	VMOVUPS Z9, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z10, (DI)
+	VMOVUPS Z11, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z12, (DI)
+	VMOVUPS Z13, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z14, (DI)
+	VMOVUPS Z15, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z16, (DI)
+	VMOVUPS Z17, 64(DI)
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    ldw+24(FP), DI
+	SHLQ    $0x01, DI
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	SUBQ    $0x00000008, BX
+	JMP     wr8
+
+wr4:
+	TESTQ   $0x00000004, BX
+	JE      wr2
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z3
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z4
+	VMOVUPS 64(DI), Z5
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z6
+	VMOVUPS 64(DI), Z7
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z8
+	VMOVUPS 64(DI), Z9
+	MOVQ    ldw+24(FP), SI
+	SHLQ    $0x01, SI
+	MOVQ    DX, DI
+	LEAQ    (DI)(SI*2), R8
+	ADDQ    SI, R8
+	MOVQ    v+40(FP), R9
+	LEAQ    (R9)(AX*2), R9
+	MOVQ    ldv+48(FP), R10
+	SHLQ    $0x01, R10
+	MOVQ    n+56(FP), R11
+	SHRQ    $0x01, R11
+	TESTQ   R11, R11
+	JE      wb4odd
+
+wb4pair:
+	VMOVDQU16    (R9), Z10
+	VMOVDQU16    (R9)(R10*1), Z11
+	VMOVDQA64    Z10, Z12
+	VPERMT2W     Z11, Z1, Z12
+	VPERMT2W     Z11, Z0, Z10
+	VPBROADCASTD (DI), Z11
+	// VDPBF16PS Z10, Z11, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z12, Z11, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	VPBROADCASTD (DI)(SI*1), Z11
+	// VDPBF16PS Z10, Z11, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xe2
+	// VDPBF16PS Z12, Z11, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xec
+	VPBROADCASTD (DI)(SI*2), Z11
+	// VDPBF16PS Z10, Z11, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z12, Z11, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xfc
+	VPBROADCASTD (R8), Z11
+	// VDPBF16PS Z10, Z11, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xc2
+	// VDPBF16PS Z12, Z11, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	LEAQ         (R9)(R10*2), R9
+	ADDQ         $0x00000004, DI
+	ADDQ         $0x00000004, R8
+	DECQ         R11
+	JNE          wb4pair
+
+wb4odd:
+	MOVQ         n+56(FP), R10
+	TESTQ        $0x00000001, R10
+	JE           wb4store
+	VMOVDQU16    (R9), Z10
+	VXORPS       Z11, Z11, Z11
+	VMOVDQA64    Z10, Z12
+	VPERMT2W     Z11, Z1, Z12
+	VPERMT2W     Z11, Z0, Z10
+	VPBROADCASTD (DI), Z11
+	// VDPBF16PS Z10, Z11, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z12, Z11, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	VPBROADCASTD (DI)(SI*1), Z11
+	// VDPBF16PS Z10, Z11, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xe2
+	// VDPBF16PS Z12, Z11, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xec
+	VPBROADCASTD (DI)(SI*2), Z11
+	// VDPBF16PS Z10, Z11, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z12, Z11, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xfc
+	VPBROADCASTD (R8), Z11
+	// VDPBF16PS Z10, Z11, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xc2
+	// VDPBF16PS Z12, Z11, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+
+wb4store:
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS Z2, (DI)
+	VMOVUPS Z3, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z4, (DI)
+	VMOVUPS Z5, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z6, (DI)
+	VMOVUPS Z7, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z8, (DI)
+	VMOVUPS Z9, 64(DI)
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    ldw+24(FP), DI
+	SHLQ    $0x01, DI
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	SUBQ    $0x00000004, BX
+
+wr2:
+	TESTQ   $0x00000002, BX
+	JE      wr1
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z3
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z4
+	VMOVUPS 64(DI), Z5
+	MOVQ    ldw+24(FP), SI
+	SHLQ    $0x01, SI
+	MOVQ    DX, DI
+	MOVQ    v+40(FP), R8
+	LEAQ    (R8)(AX*2), R8
+	MOVQ    ldv+48(FP), R9
+	SHLQ    $0x01, R9
+	MOVQ    n+56(FP), R10
+	SHRQ    $0x01, R10
+	TESTQ   R10, R10
+	JE      wb2odd
+
+wb2pair:
+	VMOVDQU16    (R8), Z6
+	VMOVDQU16    (R8)(R9*1), Z7
+	VMOVDQA64    Z6, Z8
+	VPERMT2W     Z7, Z1, Z8
+	VPERMT2W     Z7, Z0, Z6
+	VPBROADCASTD (DI), Z7
+	// VDPBF16PS Z6, Z7, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xd6
+	// VDPBF16PS Z8, Z7, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xd8
+	VPBROADCASTD (DI)(SI*1), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	// VDPBF16PS Z8, Z7, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe8
+	LEAQ         (R8)(R9*2), R8
+	ADDQ         $0x00000004, DI
+	DECQ         R10
+	JNE          wb2pair
+
+wb2odd:
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
+	JE           wb2store
+	VMOVDQU16    (R8), Z6
+	VXORPS       Z7, Z7, Z7
+	VMOVDQA64    Z6, Z8
+	VPERMT2W     Z7, Z1, Z8
+	VPERMT2W     Z7, Z0, Z6
+	VPBROADCASTD (DI), Z7
+	// VDPBF16PS Z6, Z7, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xd6
+	// VDPBF16PS Z8, Z7, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xd8
+	VPBROADCASTD (DI)(SI*1), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	// VDPBF16PS Z8, Z7, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe8
+
+wb2store:
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS Z2, (DI)
+	VMOVUPS Z3, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z4, (DI)
+	VMOVUPS Z5, 64(DI)
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    ldw+24(FP), DI
+	SHLQ    $0x01, DI
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	SUBQ    $0x00000002, BX
+
+wr1:
+	TESTQ   $0x00000001, BX
+	JE      wr0
+	MOVQ    lda+8(FP), BX
+	SHLQ    $0x02, BX
+	MOVQ    CX, BX
+	VMOVUPS (BX), Z2
+	VMOVUPS 64(BX), Z3
+	MOVQ    ldw+24(FP), BX
+	SHLQ    $0x01, BX
+	MOVQ    v+40(FP), BX
+	LEAQ    (BX)(AX*2), BX
+	MOVQ    ldv+48(FP), SI
+	SHLQ    $0x01, SI
+	MOVQ    n+56(FP), DI
+	SHRQ    $0x01, DI
+	TESTQ   DI, DI
+	JE      wb1odd
+
+wb1pair:
+	VMOVDQU16    (BX), Z4
+	VMOVDQU16    (BX)(SI*1), Z5
+	VMOVDQA64    Z4, Z6
+	VPERMT2W     Z5, Z1, Z6
+	VPERMT2W     Z5, Z0, Z4
+	VPBROADCASTD (DX), Z5
+	// VDPBF16PS Z4, Z5, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	// VDPBF16PS Z6, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xde
+	LEAQ         (BX)(SI*2), BX
+	ADDQ         $0x00000004, DX
+	DECQ         DI
+	JNE          wb1pair
+
+wb1odd:
+	MOVQ         n+56(FP), SI
+	TESTQ        $0x00000001, SI
+	JE           wb1store
+	VMOVDQU16    (BX), Z4
+	VXORPS       Z5, Z5, Z5
+	VMOVDQA64    Z4, Z6
+	VPERMT2W     Z5, Z1, Z6
+	VPERMT2W     Z5, Z0, Z4
+	VPBROADCASTD (DX), Z5
+	// VDPBF16PS Z4, Z5, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	// VDPBF16PS Z6, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xde
+
+wb1store:
+	MOVQ    lda+8(FP), DX
+	SHLQ    $0x02, DX
+	MOVQ    CX, BX
+	VMOVUPS Z2, (BX)
+	VMOVUPS Z3, 64(BX)
+
+wr0:
+	ADDQ $0x00000020, AX
+	JMP  d32
+
+d16:
+	MOVQ hd+64(FP), CX
+	SUBQ AX, CX
+	CMPQ CX, $0x00000010
+	JL   dtail
+	MOVQ acc+0(FP), CX
+	LEAQ (CX)(AX*4), CX
+	MOVQ w+16(FP), DX
+	MOVQ rows+32(FP), BX
+
+hr8:
+	CMPQ    BX, $0x00000008
+	JL      hr4
+	MOVL    $0x0000ffff, SI
+	KMOVW   SI, K1
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS (DI), Z1
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z2
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z3
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z4
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z5
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z6
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z7
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z8
+	MOVQ    ldw+24(FP), SI
+	SHLQ    $0x01, SI
+	MOVQ    DX, DI
+	LEAQ    (DI)(SI*2), R8
+	ADDQ    SI, R8
+	LEAQ    (R8)(SI*2), R9
+	ADDQ    SI, R9
+	MOVQ    v+40(FP), R10
+	LEAQ    (R10)(AX*2), R10
+	MOVQ    ldv+48(FP), R11
+	SHLQ    $0x01, R11
+	MOVQ    n+56(FP), R12
+	SHRQ    $0x01, R12
+	TESTQ   R12, R12
+	JE      hb8odd
+
+hb8pair:
+	VMOVDQU16.Z  (R10), K1, Z9
+	VMOVDQU16.Z  (R10)(R11*1), K1, Z10
+	VPERMT2W     Z10, Z0, Z9
+	VPBROADCASTD (DI), Z10
+	// VDPBF16PS Z9, Z10, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc9
+	VPBROADCASTD (DI)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xd1
+	VPBROADCASTD (DI)(SI*2), Z10
+	// VDPBF16PS Z9, Z10, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xd9
+	VPBROADCASTD (R8), Z10
+	// VDPBF16PS Z9, Z10, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xe1
+	VPBROADCASTD (R8)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xe9
+	VPBROADCASTD (R8)(SI*2), Z10
+	// VDPBF16PS Z9, Z10, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf1
+	VPBROADCASTD (R9), Z10
+	// VDPBF16PS Z9, Z10, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf9
+	VPBROADCASTD (R9)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+	LEAQ         (R10)(R11*2), R10
+	ADDQ         $0x00000004, DI
+	ADDQ         $0x00000004, R8
+	ADDQ         $0x00000004, R9
+	DECQ         R12
+	JNE          hb8pair
+
+hb8odd:
+	MOVQ         n+56(FP), R11
+	TESTQ        $0x00000001, R11
+	JE           hb8store
+	VMOVDQU16.Z  (R10), K1, Z9
+	VXORPS       Z10, Z10, Z10
+	VPERMT2W     Z10, Z0, Z9
+	VPBROADCASTD (DI), Z10
+	// VDPBF16PS Z9, Z10, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc9
+	VPBROADCASTD (DI)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xd1
+	VPBROADCASTD (DI)(SI*2), Z10
+	// VDPBF16PS Z9, Z10, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xd9
+	VPBROADCASTD (R8), Z10
+	// VDPBF16PS Z9, Z10, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xe1
+	VPBROADCASTD (R8)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xe9
+	VPBROADCASTD (R8)(SI*2), Z10
+	// VDPBF16PS Z9, Z10, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf1
+	VPBROADCASTD (R9), Z10
+	// VDPBF16PS Z9, Z10, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf9
+	VPBROADCASTD (R9)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+
+hb8store:
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS Z1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z2, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z3, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z4, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z5, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z6, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z7, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z8, (DI)
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    ldw+24(FP), DI
+	SHLQ    $0x01, DI
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	SUBQ    $0x00000008, BX
+	JMP     hr8
+
+hr4:
+	TESTQ   $0x00000004, BX
+	JE      hr2
+	MOVL    $0x0000ffff, SI
+	KMOVW   SI, K1
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS (DI), Z1
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z2
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z3
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z4
+	MOVQ    ldw+24(FP), SI
+	SHLQ    $0x01, SI
+	MOVQ    DX, DI
+	LEAQ    (DI)(SI*2), R8
+	ADDQ    SI, R8
+	MOVQ    v+40(FP), R9
+	LEAQ    (R9)(AX*2), R9
+	MOVQ    ldv+48(FP), R10
+	SHLQ    $0x01, R10
+	MOVQ    n+56(FP), R11
+	SHRQ    $0x01, R11
+	TESTQ   R11, R11
+	JE      hb4odd
+
+hb4pair:
+	VMOVDQU16.Z  (R9), K1, Z5
+	VMOVDQU16.Z  (R9)(R10*1), K1, Z6
+	VPERMT2W     Z6, Z0, Z5
+	VPBROADCASTD (DI), Z6
+	// VDPBF16PS Z5, Z6, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xcd
+	VPBROADCASTD (DI)(SI*1), Z6
+	// VDPBF16PS Z5, Z6, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xd5
+	VPBROADCASTD (DI)(SI*2), Z6
+	// VDPBF16PS Z5, Z6, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xdd
+	VPBROADCASTD (R8), Z6
+	// VDPBF16PS Z5, Z6, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xe5
+	LEAQ         (R9)(R10*2), R9
+	ADDQ         $0x00000004, DI
+	ADDQ         $0x00000004, R8
+	DECQ         R11
+	JNE          hb4pair
+
+hb4odd:
+	MOVQ         n+56(FP), R10
+	TESTQ        $0x00000001, R10
+	JE           hb4store
+	VMOVDQU16.Z  (R9), K1, Z5
+	VXORPS       Z6, Z6, Z6
+	VPERMT2W     Z6, Z0, Z5
+	VPBROADCASTD (DI), Z6
+	// VDPBF16PS Z5, Z6, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xcd
+	VPBROADCASTD (DI)(SI*1), Z6
+	// VDPBF16PS Z5, Z6, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xd5
+	VPBROADCASTD (DI)(SI*2), Z6
+	// VDPBF16PS Z5, Z6, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xdd
+	VPBROADCASTD (R8), Z6
+	// VDPBF16PS Z5, Z6, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xe5
+
+hb4store:
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS Z1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z2, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z3, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z4, (DI)
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    ldw+24(FP), DI
+	SHLQ    $0x01, DI
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	SUBQ    $0x00000004, BX
+
+hr2:
+	TESTQ   $0x00000002, BX
+	JE      hr1
+	MOVL    $0x0000ffff, SI
+	KMOVW   SI, K1
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS (DI), Z1
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z2
+	MOVQ    ldw+24(FP), SI
+	SHLQ    $0x01, SI
+	MOVQ    DX, DI
+	MOVQ    v+40(FP), R8
+	LEAQ    (R8)(AX*2), R8
+	MOVQ    ldv+48(FP), R9
+	SHLQ    $0x01, R9
+	MOVQ    n+56(FP), R10
+	SHRQ    $0x01, R10
+	TESTQ   R10, R10
+	JE      hb2odd
+
+hb2pair:
+	VMOVDQU16.Z  (R8), K1, Z3
+	VMOVDQU16.Z  (R8)(R9*1), K1, Z4
+	VPERMT2W     Z4, Z0, Z3
+	VPBROADCASTD (DI), Z4
+	// VDPBF16PS Z3, Z4, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xcb
+	VPBROADCASTD (DI)(SI*1), Z4
+	// VDPBF16PS Z3, Z4, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+	LEAQ         (R8)(R9*2), R8
+	ADDQ         $0x00000004, DI
+	DECQ         R10
+	JNE          hb2pair
+
+hb2odd:
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
+	JE           hb2store
+	VMOVDQU16.Z  (R8), K1, Z3
+	VXORPS       Z4, Z4, Z4
+	VPERMT2W     Z4, Z0, Z3
+	VPBROADCASTD (DI), Z4
+	// VDPBF16PS Z3, Z4, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xcb
+	VPBROADCASTD (DI)(SI*1), Z4
+	// VDPBF16PS Z3, Z4, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+
+hb2store:
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS Z1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z2, (DI)
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    ldw+24(FP), DI
+	SHLQ    $0x01, DI
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	SUBQ    $0x00000002, BX
+
+hr1:
+	TESTQ   $0x00000001, BX
+	JE      hr0
+	MOVL    $0x0000ffff, BX
+	KMOVW   BX, K1
+	MOVQ    lda+8(FP), BX
+	SHLQ    $0x02, BX
+	MOVQ    CX, BX
+	VMOVUPS (BX), Z1
+	MOVQ    ldw+24(FP), BX
+	SHLQ    $0x01, BX
+	MOVQ    v+40(FP), BX
+	LEAQ    (BX)(AX*2), BX
+	MOVQ    ldv+48(FP), SI
+	SHLQ    $0x01, SI
+	MOVQ    n+56(FP), DI
+	SHRQ    $0x01, DI
+	TESTQ   DI, DI
+	JE      hb1odd
+
+hb1pair:
+	VMOVDQU16.Z  (BX), K1, Z2
+	VMOVDQU16.Z  (BX)(SI*1), K1, Z3
+	VPERMT2W     Z3, Z0, Z2
+	VPBROADCASTD (DX), Z3
+	// VDPBF16PS Z2, Z3, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xca
+	LEAQ         (BX)(SI*2), BX
+	ADDQ         $0x00000004, DX
+	DECQ         DI
+	JNE          hb1pair
+
+hb1odd:
+	MOVQ         n+56(FP), SI
+	TESTQ        $0x00000001, SI
+	JE           hb1store
+	VMOVDQU16.Z  (BX), K1, Z2
+	VXORPS       Z3, Z3, Z3
+	VPERMT2W     Z3, Z0, Z2
+	VPBROADCASTD (DX), Z3
+	// VDPBF16PS Z2, Z3, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xca
+
+hb1store:
+	MOVQ    lda+8(FP), DX
+	SHLQ    $0x02, DX
+	MOVQ    CX, BX
+	VMOVUPS Z1, (BX)
+
+hr0:
+	ADDQ $0x00000010, AX
+
+dtail:
+	MOVQ  hd+64(FP), CX
+	SUBQ  AX, CX
+	TESTQ CX, CX
+	JE    done
+	ANDL  $0x0000000f, CX
+	MOVL  $0x0000ffff, DX
+	BZHIL CX, DX, CX
+	KMOVW CX, K1
+	MOVQ  acc+0(FP), CX
+	LEAQ  (CX)(AX*4), CX
+	MOVQ  w+16(FP), DX
+	MOVQ  rows+32(FP), BX
+
+tr8:
+	CMPQ      BX, $0x00000008
+	JL        tr4
+	MOVQ      lda+8(FP), SI
+	SHLQ      $0x02, SI
+	MOVQ      CX, DI
+	VMOVUPS.Z (DI), K1, Z1
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z2
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z3
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z4
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z5
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z6
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z7
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z8
+	MOVQ      ldw+24(FP), SI
+	SHLQ      $0x01, SI
+	MOVQ      DX, DI
+	LEAQ      (DI)(SI*2), R8
+	ADDQ      SI, R8
+	LEAQ      (R8)(SI*2), R9
+	ADDQ      SI, R9
+	MOVQ      v+40(FP), R10
+	LEAQ      (R10)(AX*2), R10
+	MOVQ      ldv+48(FP), R11
+	SHLQ      $0x01, R11
+	MOVQ      n+56(FP), R12
+	SHRQ      $0x01, R12
+	TESTQ     R12, R12
+	JE        tb8odd
+
+tb8pair:
+	VMOVDQU16.Z  (R10), K1, Z9
+	VMOVDQU16.Z  (R10)(R11*1), K1, Z10
+	VPERMT2W     Z10, Z0, Z9
+	VPBROADCASTD (DI), Z10
+	// VDPBF16PS Z9, Z10, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc9
+	VPBROADCASTD (DI)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xd1
+	VPBROADCASTD (DI)(SI*2), Z10
+	// VDPBF16PS Z9, Z10, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xd9
+	VPBROADCASTD (R8), Z10
+	// VDPBF16PS Z9, Z10, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xe1
+	VPBROADCASTD (R8)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xe9
+	VPBROADCASTD (R8)(SI*2), Z10
+	// VDPBF16PS Z9, Z10, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf1
+	VPBROADCASTD (R9), Z10
+	// VDPBF16PS Z9, Z10, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf9
+	VPBROADCASTD (R9)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+	LEAQ         (R10)(R11*2), R10
+	ADDQ         $0x00000004, DI
+	ADDQ         $0x00000004, R8
+	ADDQ         $0x00000004, R9
+	DECQ         R12
+	JNE          tb8pair
+
+tb8odd:
+	MOVQ         n+56(FP), R11
+	TESTQ        $0x00000001, R11
+	JE           tb8store
+	VMOVDQU16.Z  (R10), K1, Z9
+	VXORPS       Z10, Z10, Z10
+	VPERMT2W     Z10, Z0, Z9
+	VPBROADCASTD (DI), Z10
+	// VDPBF16PS Z9, Z10, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc9
+	VPBROADCASTD (DI)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xd1
+	VPBROADCASTD (DI)(SI*2), Z10
+	// VDPBF16PS Z9, Z10, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xd9
+	VPBROADCASTD (R8), Z10
+	// VDPBF16PS Z9, Z10, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xe1
+	VPBROADCASTD (R8)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xe9
+	VPBROADCASTD (R8)(SI*2), Z10
+	// VDPBF16PS Z9, Z10, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf1
+	VPBROADCASTD (R9), Z10
+	// VDPBF16PS Z9, Z10, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf9
+	VPBROADCASTD (R9)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+
+tb8store:
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS Z1, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z2, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z3, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z4, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z5, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z6, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z7, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z8, K1, (DI)
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    ldw+24(FP), DI
+	SHLQ    $0x01, DI
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	SUBQ    $0x00000008, BX
+	JMP     tr8
+
+tr4:
+	TESTQ     $0x00000004, BX
+	JE        tr2
+	MOVQ      lda+8(FP), SI
+	SHLQ      $0x02, SI
+	MOVQ      CX, DI
+	VMOVUPS.Z (DI), K1, Z1
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z2
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z3
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z4
+	MOVQ      ldw+24(FP), SI
+	SHLQ      $0x01, SI
+	MOVQ      DX, DI
+	LEAQ      (DI)(SI*2), R8
+	ADDQ      SI, R8
+	MOVQ      v+40(FP), R9
+	LEAQ      (R9)(AX*2), R9
+	MOVQ      ldv+48(FP), R10
+	SHLQ      $0x01, R10
+	MOVQ      n+56(FP), R11
+	SHRQ      $0x01, R11
+	TESTQ     R11, R11
+	JE        tb4odd
+
+tb4pair:
+	VMOVDQU16.Z  (R9), K1, Z5
+	VMOVDQU16.Z  (R9)(R10*1), K1, Z6
+	VPERMT2W     Z6, Z0, Z5
+	VPBROADCASTD (DI), Z6
+	// VDPBF16PS Z5, Z6, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xcd
+	VPBROADCASTD (DI)(SI*1), Z6
+	// VDPBF16PS Z5, Z6, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xd5
+	VPBROADCASTD (DI)(SI*2), Z6
+	// VDPBF16PS Z5, Z6, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xdd
+	VPBROADCASTD (R8), Z6
+	// VDPBF16PS Z5, Z6, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xe5
+	LEAQ         (R9)(R10*2), R9
+	ADDQ         $0x00000004, DI
+	ADDQ         $0x00000004, R8
+	DECQ         R11
+	JNE          tb4pair
+
+tb4odd:
+	MOVQ         n+56(FP), R10
+	TESTQ        $0x00000001, R10
+	JE           tb4store
+	VMOVDQU16.Z  (R9), K1, Z5
+	VXORPS       Z6, Z6, Z6
+	VPERMT2W     Z6, Z0, Z5
+	VPBROADCASTD (DI), Z6
+	// VDPBF16PS Z5, Z6, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xcd
+	VPBROADCASTD (DI)(SI*1), Z6
+	// VDPBF16PS Z5, Z6, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xd5
+	VPBROADCASTD (DI)(SI*2), Z6
+	// VDPBF16PS Z5, Z6, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xdd
+	VPBROADCASTD (R8), Z6
+	// VDPBF16PS Z5, Z6, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xe5
+
+tb4store:
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS Z1, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z2, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z3, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z4, K1, (DI)
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    ldw+24(FP), DI
+	SHLQ    $0x01, DI
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	SUBQ    $0x00000004, BX
+
+tr2:
+	TESTQ     $0x00000002, BX
+	JE        tr1
+	MOVQ      lda+8(FP), SI
+	SHLQ      $0x02, SI
+	MOVQ      CX, DI
+	VMOVUPS.Z (DI), K1, Z1
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z2
+	MOVQ      ldw+24(FP), SI
+	SHLQ      $0x01, SI
+	MOVQ      DX, DI
+	MOVQ      v+40(FP), R8
+	LEAQ      (R8)(AX*2), R8
+	MOVQ      ldv+48(FP), R9
+	SHLQ      $0x01, R9
+	MOVQ      n+56(FP), R10
+	SHRQ      $0x01, R10
+	TESTQ     R10, R10
+	JE        tb2odd
+
+tb2pair:
+	VMOVDQU16.Z  (R8), K1, Z3
+	VMOVDQU16.Z  (R8)(R9*1), K1, Z4
+	VPERMT2W     Z4, Z0, Z3
+	VPBROADCASTD (DI), Z4
+	// VDPBF16PS Z3, Z4, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xcb
+	VPBROADCASTD (DI)(SI*1), Z4
+	// VDPBF16PS Z3, Z4, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+	LEAQ         (R8)(R9*2), R8
+	ADDQ         $0x00000004, DI
+	DECQ         R10
+	JNE          tb2pair
+
+tb2odd:
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
+	JE           tb2store
+	VMOVDQU16.Z  (R8), K1, Z3
+	VXORPS       Z4, Z4, Z4
+	VPERMT2W     Z4, Z0, Z3
+	VPBROADCASTD (DI), Z4
+	// VDPBF16PS Z3, Z4, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xcb
+	VPBROADCASTD (DI)(SI*1), Z4
+	// VDPBF16PS Z3, Z4, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+
+tb2store:
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS Z1, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z2, K1, (DI)
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    ldw+24(FP), DI
+	SHLQ    $0x01, DI
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	SUBQ    $0x00000002, BX
+
+tr1:
+	TESTQ     $0x00000001, BX
+	JE        tr0
+	MOVQ      lda+8(FP), BX
+	SHLQ      $0x02, BX
+	MOVQ      CX, BX
+	VMOVUPS.Z (BX), K1, Z1
+	MOVQ      ldw+24(FP), BX
+	SHLQ      $0x01, BX
+	MOVQ      v+40(FP), BX
+	LEAQ      (BX)(AX*2), BX
+	MOVQ      ldv+48(FP), AX
+	SHLQ      $0x01, AX
+	MOVQ      n+56(FP), SI
+	SHRQ      $0x01, SI
+	TESTQ     SI, SI
+	JE        tb1odd
+
+tb1pair:
+	VMOVDQU16.Z  (BX), K1, Z2
+	VMOVDQU16.Z  (BX)(AX*1), K1, Z3
+	VPERMT2W     Z3, Z0, Z2
+	VPBROADCASTD (DX), Z3
+	// VDPBF16PS Z2, Z3, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xca
+	LEAQ         (BX)(AX*2), BX
+	ADDQ         $0x00000004, DX
+	DECQ         SI
+	JNE          tb1pair
+
+tb1odd:
+	MOVQ         n+56(FP), AX
+	TESTQ        $0x00000001, AX
+	JE           tb1store
+	VMOVDQU16.Z  (BX), K1, Z2
+	VXORPS       Z3, Z3, Z3
+	VPERMT2W     Z3, Z0, Z2
+	VPBROADCASTD (DX), Z0
+	// VDPBF16PS Z2, Z0, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xca
+
+tb1store:
+	MOVQ    lda+8(FP), AX
+	SHLQ    $0x02, AX
+	MOVQ    CX, BX
+	VMOVUPS Z1, K1, (BX)
+
+tr0:
+done:
+	VZEROUPPER
+	RET
+
 // func qpackQ8_0AVX512(w *byte, ldw int, nb int, dst *byte)
 // Requires: AVX, AVX512F, MMX+
 TEXT ·qpackQ8_0AVX512(SB), NOSPLIT, $0-32

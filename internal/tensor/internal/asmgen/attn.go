@@ -1,0 +1,477 @@
+package main
+
+// The attention kernels of the avx512bf16 ISA (see internal/model's
+// attention.go for the order of operations they implement).
+//
+//   - attnScoresDPR1..4: scores of 1..4 bf16 query rows against keys packed
+//     16 at a time "pair-transposed" (key group G, pair p: one vector whose
+//     lane j is the bf16 pair p of key 16G+j). Each query pair is broadcast
+//     and multiplied with VDPBF16PS, so 16 scores come out per vector and no
+//     horizontal reduction is needed. Every score is bit-identical to
+//     gemmDPBF16 (DotRowsBF16): there lane i of one accumulator takes the
+//     pairs i, i+16, i+32, ... in that order (a masked last step counts as
+//     one with zero pairs) and the 16 lanes are then reduced by the tree
+//     (l+l⁸)(l+l⁴)(l+l²)(l+l¹). Here accumulator P_i takes exactly lane i's
+//     dot steps for 16 keys at once, and the P_i are added with the same
+//     tree (IEEE addition is commutative, so operand order within one add
+//     does not matter).
+//   - attnSoftmaxAVX512: one online-softmax step over one key chunk of
+//     ≤ 64 scores per row: running maximum, rescale of the running sum and
+//     the unnormalised output when it grows, weights e^(s−m) rounded to
+//     bf16, running sum of the rounded weights.
+//   - attnPVDP: weighted sum of value rows over key pairs with VDPBF16PS,
+//     the value rows read in place (rows ldv apart) and interleaved into
+//     pair lanes in registers.
+
+import (
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// attnScores emits the scores kernel for rows query rows: for key groups
+// G < groups, out[r·ldo + 16G + j] = q_r · key_{16G+j}. Query row r holds
+// 32·steps bf16 elements (zero past the head dimension); a key group is
+// 16·steps pairs × 16 lanes (1024·steps bytes).
+func attnScores(rows int) {
+	name := fmt.Sprintf("attnScoresDPR%d", rows)
+	TEXT(name, NOSPLIT, "func(q *uint16, ldq int, k *uint32, groups int, steps int, out *float32, ldo int)")
+	Doc(fmt.Sprintf("%s computes the scores of %d bf16 query rows against groups of 16 pair-transposed keys (see asmgen).", name, rows))
+	qr := make([]GPVirtual, rows)
+	qr[0] = Load(Param("q"), GP64()).(GPVirtual)
+	if rows > 1 {
+		ldq := Load(Param("ldq"), GP64())
+		SHLQ(U8(1), ldq)
+		for r := 1; r < rows; r++ {
+			qr[r] = GP64()
+			LEAQ(Mem{Base: qr[r-1], Index: ldq, Scale: 1}, qr[r])
+		}
+	}
+	kp := Load(Param("k"), GP64())
+	groups := Load(Param("groups"), GP64())
+	steps := Load(Param("steps"), GP64())
+	out := Load(Param("out"), GP64())
+	TESTQ(groups, groups)
+	JE(LabelRef("done"))
+	Label("group")
+	// leaf computes P_i for every row: the dot steps s = 0..steps-1 of
+	// pair 16s+i, in order.
+	leaf := func(i int) []VecVirtual {
+		acc := make([]VecVirtual, rows)
+		for r := range acc {
+			acc[r] = ZMM()
+			VXORPS(acc[r], acc[r], acc[r])
+		}
+		kr, qo, cnt := GP64(), GP64(), GP64()
+		LEAQ(Mem{Base: kp, Disp: 64 * i}, kr)
+		MOVQ(U32(4*i), qo)
+		MOVQ(steps, cnt)
+		lbl := fmt.Sprintf("leaf%d", i)
+		Label(lbl)
+		kv := ZMM()
+		VMOVDQU32(Mem{Base: kr}, kv)
+		for r := range rows {
+			b := ZMM()
+			VPBROADCASTD(Mem{Base: qr[r], Index: qo, Scale: 1}, b)
+			vdpbf16ps(kv, b, acc[r])
+		}
+		ADDQ(U32(1024), kr)
+		ADDQ(U32(64), qo)
+		DECQ(cnt)
+		JNE(LabelRef(lbl))
+		return acc
+	}
+	// eval(i, level) is the tree node over leaves i, i+16>>level, ...:
+	// level 1 adds P_i and P_{i+8}, level 2 those and the ones 4 up, and
+	// so on. Evaluating depth first keeps 5 partial sums per row live.
+	var eval func(i, level int) []VecVirtual
+	eval = func(i, level int) []VecVirtual {
+		if level == 0 {
+			return leaf(i)
+		}
+		a := eval(i, level-1)
+		b := eval(i+16>>level, level-1)
+		for r := range rows {
+			VADDPS(b[r], a[r], a[r])
+		}
+		return a
+	}
+	res := eval(0, 4)
+	orow := GP64()
+	MOVQ(out, orow)
+	for r := range rows {
+		VMOVUPS(res[r], Mem{Base: orow})
+		if r+1 < rows {
+			ldo := Load(Param("ldo"), GP64())
+			LEAQ(Mem{Base: orow, Index: ldo, Scale: 4}, orow)
+		}
+	}
+	ADDQ(U32(64), out)
+	stride := GP64()
+	MOVQ(steps, stride)
+	SHLQ(U8(10), stride)
+	ADDQ(stride, kp)
+	DECQ(groups)
+	JNE(LabelRef("group"))
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
+// attnSoftmax emits the online-softmax step. For each of rows rows, with
+// s_j (j < n ≤ 64) the row's scores, m and l its running maximum and sum
+// and acc its hd unnormalised outputs:
+//
+//	mc = max_j s_j; if mc > m { f = e^(m−mc); l = l·f; acc[t] = acc[t]·f }; m = max(m, mc)
+//	w_j = bf16(e^(s_j − m)) for j < n, 0 for n ≤ j < 64
+//	l = l + Σ_j w_j (the widened w_j summed in 4 vectors of 16 lanes,
+//	(v0+v1)+(v2+v3), then the fixed tree)
+//
+// With m = −Inf (the first chunk) f is e^(−104) clamped, but l and acc are
+// zero then, so they stay +0: the same as skipping the rescale.
+func attnSoftmax() {
+	TEXT("attnSoftmaxAVX512", NOSPLIT, "func(s *float32, lds int, rows int, n int, m *float32, l *float32, acc *float32, lda int, hd int, w *uint16, ldw int)")
+	Doc("attnSoftmaxAVX512 runs one online-softmax step over n ≤ 64 scores for each of rows rows (see asmgen).")
+	s := Load(Param("s"), GP64())
+	rows := Load(Param("rows"), GP64())
+	n := Load(Param("n"), GP64())
+	mp := Load(Param("m"), GP64())
+	lp := Load(Param("l"), GP64())
+	ap := Load(Param("acc"), GP64())
+	wp := Load(Param("w"), GP64())
+	ones := GP64()
+	MOVQ(I32(-1), ones)
+	bits := GP64()
+	BZHIQ(n, ones, bits)
+	km := make([]OpmaskVirtual, 4)
+	for i := range km {
+		t := GP64()
+		MOVQ(bits, t)
+		if i > 0 {
+			SHRQ(U8(16*i), t)
+		}
+		km[i] = K()
+		KMOVW(t.As32(), km[i])
+	}
+	hd := Load(Param("hd"), GP64())
+	kt := tailMask(hd)
+	ninf := ZMM()
+	g := GP32()
+	MOVL(U32(0xff800000), g)
+	VPBROADCASTD(g, ninf)
+	TESTQ(rows, rows)
+	JE(LabelRef("done"))
+
+	Label("row")
+	v := make([]VecVirtual, 4)
+	for i := range v {
+		v[i] = ZMM()
+		VMOVAPS(ninf, v[i])
+		VMOVUPS(Mem{Base: s, Disp: 64 * i}, km[i], v[i])
+	}
+	mx, t := ZMM(), ZMM()
+	VMAXPS(v[1], v[0], mx)
+	VMAXPS(v[3], v[2], t)
+	VMAXPS(t, mx, mx)
+	p := ZMM()
+	VSHUFF32X4(U8(0x4E), mx, mx, p)
+	VMAXPS(p, mx, mx)
+	VSHUFF32X4(U8(0xB1), mx, mx, p)
+	VMAXPS(p, mx, mx)
+	VPERMILPS(U8(0x4E), mx, p)
+	VMAXPS(p, mx, mx)
+	VPERMILPS(U8(0xB1), mx, p)
+	VMAXPS(p, mx, mx)
+	mold := ZMM()
+	VBROADCASTSS(Mem{Base: mp}, mold)
+	kg := K()
+	VCMPPS(U8(0x1E), mold, mx, kg) // mx > mold (GT_OQ)
+	mnew := ZMM()
+	VMAXPS(mold, mx, mnew)
+	VMOVSS(mnew.AsX(), Mem{Base: mp})
+	KORTESTW(kg, kg)
+	JE(LabelRef("weights"))
+	{
+		f := ZMM()
+		VSUBPS(mnew, mold, f) // f = mold − mnew
+		exp(avx512, f)
+		lx := XMM()
+		VMULSS(Mem{Base: lp}, f.AsX(), lx)
+		VMOVSS(lx, Mem{Base: lp})
+		hdv := GP64()
+		MOVQ(hd, hdv)
+		ANDQ(I32(-16), hdv)
+		ix := GP64()
+		XORQ(ix, ix)
+		Label("scale")
+		CMPQ(ix, hdv)
+		JGE(LabelRef("scaletail"))
+		a := ZMM()
+		VMULPS(Mem{Base: ap, Index: ix, Scale: 4}, f, a)
+		VMOVUPS(a, Mem{Base: ap, Index: ix, Scale: 4})
+		ADDQ(U32(16), ix)
+		JMP(LabelRef("scale"))
+		Label("scaletail")
+		CMPQ(ix, hd)
+		JE(LabelRef("weights"))
+		a2 := ZMM()
+		VMOVUPS_Z(Mem{Base: ap, Index: ix, Scale: 4}, kt, a2)
+		VMULPS(f, a2, a2)
+		VMOVUPS(a2, kt, Mem{Base: ap, Index: ix, Scale: 4})
+	}
+	Label("weights")
+	z := make([]VecVirtual, 4)
+	for i := range v {
+		VSUBPS(mnew, v[i], v[i])
+		exp(avx512, v[i])
+		h := YMM()
+		vcvtneps2bf16(v[i], h)
+		VMOVDQU16_Z(h, km[i], h)
+		VMOVDQU(h, Mem{Base: wp, Disp: 32 * i})
+		z[i] = ZMM()
+		VPMOVZXWD(h, z[i])
+		VPSLLD(U8(16), z[i], z[i])
+	}
+	VADDPS(z[1], z[0], z[0])
+	VADDPS(z[3], z[2], z[2])
+	VADDPS(z[2], z[0], z[0])
+	sum := reduce(avx512, z[0])
+	VADDSS(Mem{Base: lp}, sum, sum)
+	VMOVSS(sum, Mem{Base: lp})
+
+	lds := Load(Param("lds"), GP64())
+	LEAQ(Mem{Base: s, Index: lds, Scale: 4}, s)
+	ldw := Load(Param("ldw"), GP64())
+	LEAQ(Mem{Base: wp, Index: ldw, Scale: 2}, wp)
+	lda := Load(Param("lda"), GP64())
+	LEAQ(Mem{Base: ap, Index: lda, Scale: 4}, ap)
+	ADDQ(U32(4), mp)
+	ADDQ(U32(4), lp)
+	DECQ(rows)
+	JNE(LabelRef("row"))
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
+// pvIndex is the word-permutation table of attnPVDP: its first vector
+// interleaves words 0..15 of two tables (word 2i from the first, 2i+1 from
+// the second), its second words 16..31.
+func pvIndex() Mem {
+	t := GLOBL("pvindex", RODATA|NOPTR)
+	for half := range 2 {
+		for i := range 16 {
+			off := half*64 + 4*i
+			DATA(off, U16(uint16(16*half+i)))
+			DATA(off+2, U16(uint16(32+16*half+i)))
+		}
+	}
+	return t
+}
+
+// attnPV emits the weighted value sum over key pairs: for rows r < rows,
+// t < hd and pairs (j, j+1), j = 0, 2, 4, ... < n in order,
+//
+//	acc[r·lda+t] += w[r·ldw+j]·v[j·ldv+t] + w[r·ldw+j+1]·v[(j+1)·ldv+t]
+//
+// as one VDPBF16PS lane (weights and values bf16). With n odd the last
+// pair's second value is zero and its row is not read (w[r·ldw+n] must be
+// zero). Dimensions are walked in blocks of 32, then 16, then a masked
+// block; rows in blocks of 8, 4, 2 and 1 with the accumulators in
+// registers across all pairs, so each pair of value rows is loaded and
+// interleaved (VPERMT2W) once per block of rows.
+func attnPV(idx Mem) {
+	TEXT("attnPVDP", NOSPLIT, "func(acc *float32, lda int, w *uint16, ldw int, rows int, v *uint16, ldv int, n int, hd int)")
+	Doc("attnPVDP adds to rows accumulator rows the n value rows weighted by bf16 weights, over key pairs with VDPBF16PS (see asmgen).")
+	idxLo, idxHi := ZMM(), ZMM()
+	VMOVDQU16(idx, idxLo)
+	VMOVDQU16(idx.Offset(64), idxHi)
+	doff := GP64() // element offset of the dimension block
+	XORQ(doff, doff)
+	// left returns the number of dimensions from doff on.
+	left := func() GPVirtual {
+		d := Load(Param("hd"), GP64()).(GPVirtual)
+		SUBQ(doff, d)
+		return d
+	}
+
+	block := func(lbl string, dims, rb int, mask Op, ar, wr Register) {
+		nv := dims / 16
+		var half OpmaskVirtual
+		if dims == 16 && mask == nil {
+			g := GP32()
+			MOVL(U32(0xffff), g)
+			half = K()
+			KMOVW(g, half)
+		}
+		lda := Load(Param("lda"), GP64())
+		SHLQ(U8(2), lda)
+		acc := make([][]VecVirtual, rb)
+		arow := GP64()
+		MOVQ(ar, arow)
+		for r := range rb {
+			acc[r] = make([]VecVirtual, nv)
+			for c := range nv {
+				acc[r][c] = ZMM()
+				if mask == nil {
+					VMOVUPS(Mem{Base: arow, Disp: 64 * c}, acc[r][c])
+				} else {
+					VMOVUPS_Z(Mem{Base: arow}, mask, acc[r][c])
+				}
+			}
+			if r+1 < rb {
+				ADDQ(lda, arow)
+			}
+		}
+		ldw := Load(Param("ldw"), GP64())
+		SHLQ(U8(1), ldw)
+		bases := make([]GPVirtual, (rb+2)/3)
+		for i := range bases {
+			bases[i] = GP64()
+			if i == 0 {
+				MOVQ(wr, bases[i])
+			} else {
+				LEAQ(Mem{Base: bases[i-1], Index: ldw, Scale: 2}, bases[i])
+				ADDQ(ldw, bases[i])
+			}
+		}
+		wmem := func(r int) Mem {
+			m := Mem{Base: bases[r/3]}
+			if r%3 != 0 {
+				m.Index, m.Scale = ldw, uint8(r%3)
+			}
+			return m
+		}
+		vr := Load(Param("v"), GP64())
+		LEAQ(Mem{Base: vr, Index: doff, Scale: 2}, vr)
+		ldv := Load(Param("ldv"), GP64())
+		SHLQ(U8(1), ldv)
+		cnt := Load(Param("n"), GP64())
+		SHRQ(U8(1), cnt)
+		pair := func(odd bool) {
+			a1, b := ZMM(), ZMM()
+			load := func(m Mem, dst VecVirtual) {
+				// A 16-dimension block loads 16 words into a zmm with a
+				// word mask (whole-register writes keep avo's liveness
+				// analysis exact; ymm writes would extend the zmm's).
+				switch {
+				case dims == 32:
+					VMOVDQU16(m, dst)
+				case mask == nil:
+					VMOVDQU16_Z(m, half, dst)
+				default:
+					VMOVDQU16_Z(m, mask, dst)
+				}
+			}
+			load(Mem{Base: vr}, a1)
+			if odd {
+				VXORPS(b, b, b)
+			} else {
+				load(Mem{Base: vr, Index: ldv, Scale: 1}, b)
+			}
+			var a2 VecVirtual
+			if nv == 2 {
+				a2 = ZMM()
+				VMOVDQA64(a1, a2)
+				VPERMT2W(b, idxHi, a2)
+			}
+			VPERMT2W(b, idxLo, a1)
+			for r := range rb {
+				bc := ZMM()
+				VPBROADCASTD(wmem(r), bc)
+				vdpbf16ps(a1, bc, acc[r][0])
+				if nv == 2 {
+					vdpbf16ps(a2, bc, acc[r][1])
+				}
+			}
+		}
+		TESTQ(cnt, cnt)
+		JE(LabelRef(lbl + "odd"))
+		Label(lbl + "pair")
+		pair(false)
+		LEAQ(Mem{Base: vr, Index: ldv, Scale: 2}, vr)
+		for _, b := range bases {
+			ADDQ(U32(4), b)
+		}
+		DECQ(cnt)
+		JNE(LabelRef(lbl + "pair"))
+		Label(lbl + "odd")
+		nn := Load(Param("n"), GP64())
+		TESTQ(U32(1), nn)
+		JE(LabelRef(lbl + "store"))
+		pair(true)
+		Label(lbl + "store")
+		lda = Load(Param("lda"), GP64())
+		SHLQ(U8(2), lda)
+		MOVQ(ar, arow)
+		for r := range rb {
+			for c := range nv {
+				if mask == nil {
+					VMOVUPS(acc[r][c], Mem{Base: arow, Disp: 64 * c})
+				} else {
+					VMOVUPS(acc[r][c], mask, Mem{Base: arow})
+				}
+			}
+			if r+1 < rb {
+				ADDQ(lda, arow)
+			}
+		}
+	}
+
+	// rowsLoop runs block over all rows for the current dimension block.
+	rowsLoop := func(p string, dims int, mask Op) {
+		ar := Load(Param("acc"), GP64())
+		LEAQ(Mem{Base: ar, Index: doff, Scale: 4}, ar)
+		wr := Load(Param("w"), GP64())
+		rl := Load(Param("rows"), GP64())
+		advance := func(rb int) {
+			lda := Load(Param("lda"), GP64())
+			SHLQ(U8(2), lda)
+			ldw := Load(Param("ldw"), GP64())
+			SHLQ(U8(1), ldw)
+			for range rb {
+				ADDQ(lda, ar)
+				ADDQ(ldw, wr)
+			}
+			SUBQ(U32(rb), rl)
+		}
+		Label(p + "r8")
+		CMPQ(rl, U32(8))
+		JL(LabelRef(p + "r4"))
+		block(p+"b8", dims, 8, mask, ar, wr)
+		advance(8)
+		JMP(LabelRef(p + "r8"))
+		for _, rb := range []int{4, 2, 1} {
+			Label(fmt.Sprintf("%sr%d", p, rb))
+			TESTQ(U32(rb), rl)
+			JE(LabelRef(fmt.Sprintf("%sr%d", p, rb/2)))
+			block(fmt.Sprintf("%sb%d", p, rb), dims, rb, mask, ar, wr)
+			if rb > 1 {
+				advance(rb)
+			}
+		}
+		Label(p + "r0")
+	}
+
+	Label("d32")
+	CMPQ(left(), U32(32))
+	JL(LabelRef("d16"))
+	rowsLoop("w", 32, nil)
+	ADDQ(U32(32), doff)
+	JMP(LabelRef("d32"))
+	Label("d16")
+	CMPQ(left(), U32(16))
+	JL(LabelRef("dtail"))
+	rowsLoop("h", 16, nil)
+	ADDQ(U32(16), doff)
+	Label("dtail")
+	d := left()
+	TESTQ(d, d)
+	JE(LabelRef("done"))
+	rowsLoop("t", 16, tailMask(d))
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
