@@ -87,6 +87,10 @@ type attnScratch struct {
 	acc    []float32 // unnormalised outputs [R, hd]
 	mx, l  []float32 // running maximum and sum [R]
 	factor [1]float32
+	// The bf16 path's buffers: padded bf16 queries [R, 2·AttnKeyPairs],
+	// bf16 weights of the current chunk [R, attnKeyChunk], and two value
+	// rows of a key pair split across blocks.
+	qp, p, pair []uint16
 }
 
 func (w *attnScratch) grow(rows, hd int) {
@@ -153,6 +157,10 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout KVLayout) {
 	c := &m.cfg
 	s := &m.s
 	items, tiles := s.items, s.tiles
+	bf16 := useBF16Attention(kv)
+	if bf16 {
+		m.packKeys(li, seqs, kv, layout)
+	}
 	m.pool.ParallelChunks(len(items), 1, func(lo, hi int) {
 		w, _ := s.attnScratch.Get().(*attnScratch)
 		if w == nil {
@@ -165,6 +173,14 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout KVLayout) {
 			kh0, kh1 := int(it.kvh), int(it.kvh)+1
 			if it.kvh < 0 {
 				kh0, kh1 = 0, c.KVHeads
+			}
+			if bf16 {
+				var keys []uint32
+				if it.kvh >= 0 {
+					keys = s.packed[int(s.tokSeq[tile.t0])*c.KVHeads+int(it.kvh)]
+				}
+				m.attendTileBF16(w, kv, layout, li, sq, keys, tile.t0, tile.n, first, kh0, kh1)
+				continue
 			}
 			m.attendTile(w, kv, layout, li, sq, tile.t0, tile.n, first, kh0, kh1)
 		}
