@@ -214,7 +214,7 @@ func TestAttnPVSplitsAndBatches(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	for _, hd := range []int{64, 128, 80, 40, 16, 8, 7, 33, 1} {
 		for _, n := range []int{1, 2, 3, 16, 17, 63, 64} {
-			for _, rows := range []int{1, 3, 8, 13, 27} {
+			for _, rows := range []int{1, 2, 3, 4, 5, 6, 7, 8, 13, 27} {
 				ldv, lda, ldw := hd+5, hd+2, AttnChunk+2
 				v := make([]uint16, (n+1)*ldv)
 				for i := range v {

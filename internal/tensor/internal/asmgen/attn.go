@@ -279,7 +279,7 @@ func pvIndex() Mem {
 // as one VDPBF16PS lane (weights and values bf16). With n odd the last
 // pair's second value is zero and its row is not read (w[r·ldw+n] must be
 // zero). Dimensions are walked in blocks of 32, then 16, then a masked
-// block; rows in blocks of 8, 4, 2 and 1 with the accumulators in
+// block; rows in blocks of 8 and one of the rest, with the accumulators in
 // registers across all pairs, so each pair of value rows is loaded and
 // interleaved (VPERMT2W) once per block of rows.
 func attnPV(idx Mem) {
@@ -439,18 +439,22 @@ func attnPV(idx Mem) {
 		}
 		Label(p + "r8")
 		CMPQ(rl, U32(8))
-		JL(LabelRef(p + "r4"))
+		JL(LabelRef(p + "rest"))
 		block(p+"b8", dims, 8, mask, ar, wr)
 		advance(8)
 		JMP(LabelRef(p + "r8"))
-		for _, rb := range []int{4, 2, 1} {
-			Label(fmt.Sprintf("%sr%d", p, rb))
-			TESTQ(U32(rb), rl)
-			JE(LabelRef(fmt.Sprintf("%sr%d", p, rb/2)))
+		// The remaining 0..7 rows in one block (a GQA group of 3 heads
+		// is one block).
+		Label(p + "rest")
+		for rb := 1; rb < 8; rb++ {
+			CMPQ(rl, U32(rb))
+			JE(LabelRef(fmt.Sprintf("%sb%d", p, rb)))
+		}
+		JMP(LabelRef(p + "r0"))
+		for rb := 1; rb < 8; rb++ {
+			Label(fmt.Sprintf("%sb%d", p, rb))
 			block(fmt.Sprintf("%sb%d", p, rb), dims, rb, mask, ar, wr)
-			if rb > 1 {
-				advance(rb)
-			}
+			JMP(LabelRef(p + "r0"))
 		}
 		Label(p + "r0")
 	}
