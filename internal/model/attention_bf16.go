@@ -144,11 +144,23 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout KVLayout, li in
 		// Tokens from tokFull on see the whole chunk and share one call;
 		// the ones before it (on the diagonal) see fewer keys each.
 		tokFull := max(tokLo, c1-1-first)
+		if ntok == 1 {
+			// A decode token: every KV head's rows see the whole chunk.
+			attnSoftmax(w, 0, R, c1-c0, hd)
+			for kvh := kh0; kvh < kh1; kvh++ {
+				attnValues(w, kv, layout, li, sq, (kvh-kh0)*perHead, perHead, c0, c1-c0, kvh*hd, hd)
+			}
+			continue
+		}
 		for kvh := kh0; kvh < kh1; kvh++ {
 			base := (kvh - kh0) * perHead
-			softmaxPV(w, kv, layout, li, sq, base+tokFull*group, (ntok-tokFull)*group, c0, c1-c0, kvh*hd, hd)
+			r0, rows := base+tokFull*group, (ntok-tokFull)*group
+			attnSoftmax(w, r0, rows, c1-c0, hd)
+			attnValues(w, kv, layout, li, sq, r0, rows, c0, c1-c0, kvh*hd, hd)
 			for tok := tokLo; tok < tokFull; tok++ {
-				softmaxPV(w, kv, layout, li, sq, base+tok*group, group, c0, first+tok+1-c0, kvh*hd, hd)
+				r0, n := base+tok*group, first+tok+1-c0
+				attnSoftmax(w, r0, group, n, hd)
+				attnValues(w, kv, layout, li, sq, r0, group, c0, n, kvh*hd, hd)
 			}
 		}
 	}
@@ -167,16 +179,22 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout KVLayout, li in
 	}
 }
 
-// softmaxPV runs the online-softmax step of query rows [r0, r0+rows) of
-// the scratch over keys [c0, c0+n) (their scores in w.s), then adds the
-// weighted values of those keys (the value rows of KV head columns from
-// voff) to their accumulators, block segment by block segment. A key pair
-// that straddles two blocks (odd block sizes) is copied side by side
-// first, so the pairs, and so every accumulator's VDPBF16PS steps, are the
-// same whatever the block size.
-func softmaxPV(w *attnScratch, kv kvView, layout KVLayout, li int, sq *Seq, r0, rows, c0, n, voff, hd int) {
+// attnSoftmax runs the online-softmax step of query rows [r0, r0+rows) of
+// the scratch over n keys (their scores in w.s), leaving their bf16
+// weights in w.p.
+func attnSoftmax(w *attnScratch, r0, rows, n, hd int) {
 	const C = attnKeyChunk
 	tensor.AttnSoftmaxBF16(w.s[r0*C:], C, rows, n, w.mx[r0:], w.l[r0:], w.acc[r0*hd:], hd, hd, w.p[r0*C:], C)
+}
+
+// attnValues adds the values of keys [c0, c0+n) (the value rows' KV head
+// columns from voff) weighted by w.p to the accumulators of query rows
+// [r0, r0+rows), block segment by block segment. A key pair that
+// straddles two blocks (odd block sizes) is copied side by side first, so
+// the pairs, and so every accumulator's VDPBF16PS steps, are the same
+// whatever the block size.
+func attnValues(w *attnScratch, kv kvView, layout KVLayout, li int, sq *Seq, r0, rows, c0, n, voff, hd int) {
+	const C = attnKeyChunk
 	acc, p := w.acc[r0*hd:], w.p[r0*C:]
 	bs, ld := layout.BlockSize, layout.TokenElems()
 	e := c0 + n
