@@ -77,7 +77,7 @@ import (
 // error of at most 2⁻⁹: against an exact float64 softmax the outputs differ
 // by up to 2.8e-3 on values of unit scale (TestAttentionMatchesFloat64
 // measures it); against a float64 reference that rounds the weights the
-// same way, by f32 accumulation error (≤ 1.1e-6 there) plus the rare
+// same way, by f32 accumulation error (a few 1e-6 there) plus the rare
 // weight whose f32 and float64 values round to different bf16 neighbours
 // (up to 2.7e-4 in those cases; the test bounds each such weight's share).
 //
