@@ -41,20 +41,6 @@ func vdpbf16ps(b, a, acc VecVirtual) {
 	})
 }
 
-// vdpbf16psBcst emits acc += Σpairs a·b with b the 32-bit pair at m
-// broadcast to every lane (VDPBF16PS's embedded broadcast, {1to16}; Go
-// operand order: m, a, acc). The pair is then the second source; products
-// of two bf16 values are exact and commutative, so which source holds
-// which operand does not change a lane's result.
-func vdpbf16psBcst(m Mem, a, acc VecVirtual) {
-	Instruction(&ir.Instruction{
-		Opcode:   "VDPBF16PSBCST",
-		Operands: []Op{m, a, acc},
-		Inputs:   []Op{m, a, acc},
-		Outputs:  []Op{acc},
-	})
-}
-
 // vcvtneps2bf16 emits dst (16 bf16 in a YMM) = src (16 f32 in a ZMM)
 // rounded to nearest even.
 func vcvtneps2bf16(src, dst VecVirtual) {
@@ -90,90 +76,8 @@ func encodeDPBF16PS(src2, src1, dst int) []byte { return evex(2, 0x52, dst, src1
 // encodeCVTNEPS2BF16 encodes VCVTNEPS2BF16 ymm(dst), zmm(src).
 func encodeCVTNEPS2BF16(src, dst int) []byte { return evex(2, 0x72, dst, 0, src, false) }
 
-var rawLine = regexp.MustCompile(`^(\s*)(VDPBF16PSBCST|VDPBF16PS|VCVTNEPS2BF16)\s+(.*)$`)
+var rawLine = regexp.MustCompile(`^(\s*)(VDPBF16PS|VCVTNEPS2BF16)\s+(.*)$`)
 var rawReg = regexp.MustCompile(`^[XYZ](\d+)$`)
-
-// rawMem matches a Go memory operand: disp(base) or disp(base)(index*scale).
-var rawMem = regexp.MustCompile(`^(-?\d+)?\(([A-Z0-9]+)\)(?:\(([A-Z0-9]+)\*([1248])\))?$`)
-
-// gpNum numbers the general-purpose registers as the encodings do.
-var gpNum = map[string]int{"AX": 0, "CX": 1, "DX": 2, "BX": 3, "SP": 4, "BP": 5, "SI": 6, "DI": 7,
-	"R8": 8, "R9": 9, "R10": 10, "R11": 11, "R12": 12, "R13": 13, "R14": 14, "R15": 15}
-
-// encodeDPBF16PSBcst encodes VDPBF16PS zmm(dst), zmm(src1),
-// [base+index·scale+disp]{1to16}; index < 0 means none. The displacement
-// is compressed by the element size (disp8·4) where it fits.
-func encodeDPBF16PSBcst(base, index, scale, disp, src1, dst int) ([]byte, error) {
-	bit := func(v, b int) byte { return byte(v>>b) & 1 }
-	x := byte(1)
-	if index >= 0 {
-		if index == 4 {
-			return nil, fmt.Errorf("SP cannot be an index")
-		}
-		x = 1 - bit(index, 3)
-	}
-	p0 := (1-bit(dst, 3))<<7 | x<<6 | (1-bit(base, 3))<<5 | (1-bit(dst, 4))<<4 | 0b10
-	p1 := (^byte(src1)&0b1111)<<3 | 1<<2 | 2
-	p2 := byte(0b10)<<5 | 1<<4 | (1-bit(src1, 4))<<3
-	var mod byte
-	var dispBytes []byte
-	switch {
-	case disp == 0 && base&7 != 5:
-	case disp%4 == 0 && disp/4 >= -128 && disp/4 <= 127:
-		mod, dispBytes = 1, []byte{byte(int8(disp / 4))}
-	default:
-		mod = 2
-		dispBytes = []byte{byte(disp), byte(disp >> 8), byte(disp >> 16), byte(disp >> 24)}
-	}
-	enc := []byte{0x62, p0, p1, p2, 0x52}
-	if index < 0 && base&7 != 4 {
-		enc = append(enc, mod<<6|byte(dst&7)<<3|byte(base&7))
-	} else {
-		ss := map[int]byte{1: 0, 2: 1, 4: 2, 8: 3}[scale]
-		ix := byte(4)
-		if index >= 0 {
-			ix = byte(index & 7)
-		}
-		enc = append(enc, mod<<6|byte(dst&7)<<3|4, ss<<6|ix<<3|byte(base&7))
-	}
-	return append(enc, dispBytes...), nil
-}
-
-// encodeBcstLine encodes the operands of a VDPBF16PSBCST line.
-func encodeBcstLine(ops [][]byte) ([]byte, error) {
-	if len(ops) != 3 {
-		return nil, fmt.Errorf("want a memory operand and 2 registers")
-	}
-	m := rawMem.FindSubmatch(bytes.TrimSpace(ops[0]))
-	if m == nil {
-		return nil, fmt.Errorf("operand %q is not a memory operand", ops[0])
-	}
-	disp := 0
-	if len(m[1]) > 0 {
-		disp, _ = strconv.Atoi(string(m[1]))
-	}
-	base, ok := gpNum[string(m[2])]
-	if !ok {
-		return nil, fmt.Errorf("base %q", m[2])
-	}
-	index, scale := -1, 1
-	if len(m[3]) > 0 {
-		if index, ok = gpNum[string(m[3])]; !ok {
-			return nil, fmt.Errorf("index %q", m[3])
-		}
-		scale, _ = strconv.Atoi(string(m[4]))
-	}
-	var regs []int
-	for _, op := range ops[1:] {
-		r := rawReg.FindSubmatch(bytes.TrimSpace(op))
-		if r == nil {
-			return nil, fmt.Errorf("operand %q is not a vector register", op)
-		}
-		v, _ := strconv.Atoi(string(r[1]))
-		regs = append(regs, v)
-	}
-	return encodeDPBF16PSBcst(base, index, scale, disp, regs[0], regs[1])
-}
 
 // rawEncode rewrites the pseudo-instructions in the generated assembly at
 // path into BYTE directives, keeping the mnemonic as a comment.
@@ -187,15 +91,6 @@ func rawEncode(path string) error {
 		m := rawLine.FindSubmatch(bytes.TrimRight(line, "\n"))
 		if m == nil {
 			out.Write(line)
-			continue
-		}
-		if string(m[2]) == "VDPBF16PSBCST" {
-			// The memory operand holds no comma: (base)(index*scale).
-			enc, err := encodeBcstLine(bytes.Split(m[3], []byte(",")))
-			if err != nil {
-				return fmt.Errorf("%s:%d: %s: %w", path, n+1, m[2], err)
-			}
-			writeRaw(&out, string(m[1]), "VDPBF16PS.BCST", string(m[3]), enc)
 			continue
 		}
 		var regs []int
@@ -216,22 +111,16 @@ func rawEncode(path string) error {
 		default:
 			return fmt.Errorf("%s:%d: %s: want 3 or 2 register operands", path, n+1, m[2])
 		}
-		writeRaw(&out, string(m[1]), string(m[2]), string(m[3]), enc)
+		fmt.Fprintf(&out, "%s// %s %s\n%s", m[1], m[2], m[3], m[1])
+		for i, b := range enc {
+			if i > 0 {
+				out.WriteString("; ")
+			}
+			fmt.Fprintf(&out, "BYTE $0x%02x", b)
+		}
+		out.WriteString("\n")
 	}
 	return os.WriteFile(path, out.Bytes(), 0o644)
-}
-
-// writeRaw writes an instruction's encoding as BYTE directives after a
-// comment with its mnemonic and operands.
-func writeRaw(out *bytes.Buffer, indent, mnemonic, operands string, enc []byte) {
-	fmt.Fprintf(out, "%s// %s %s\n%s", indent, mnemonic, operands, indent)
-	for i, b := range enc {
-		if i > 0 {
-			out.WriteString("; ")
-		}
-		fmt.Fprintf(out, "BYTE $0x%02x", b)
-	}
-	out.WriteString("\n")
 }
 
 // wordTailMask loads into a mask register the elements of the last partial
