@@ -7378,7 +7378,7 @@ done:
 	RET
 
 // func attnSoftmaxAVX512(s *float32, lds int, rows int, n int, m *float32, l *float32, acc *float32, lda int, hd int, w *uint16, ldw int)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2
+// Requires: AVX, AVX512DQ, AVX512F, AVX512VL, BMI2
 TEXT ·attnSoftmaxAVX512(SB), NOSPLIT, $0-88
 	MOVQ         s+0(FP), AX
 	MOVQ         rows+16(FP), CX
@@ -7399,18 +7399,18 @@ TEXT ·attnSoftmaxAVX512(SB), NOSPLIT, $0-88
 	KMOVW        R9, K3
 	SHRQ         $0x30, DX
 	KMOVW        DX, K4
-	MOVQ         hd+64(FP), DX
-	MOVL         DX, R9
-	ANDL         $0x0000000f, R9
-	MOVL         $0x0000ffff, R10
-	BZHIL        R9, R10, R9
-	KMOVW        R9, K5
-	MOVL         $0xff800000, R9
-	VPBROADCASTD R9, Z0
-	TESTQ        CX, CX
-	JE           done
+	MOVL         $0xff800000, DX
+	VPBROADCASTD DX, Z0
 
-row:
+pair:
+	CMPQ         CX, $0x00000002
+	JL           single
+	MOVQ         lds+8(FP), DX
+	MOVQ         lda+56(FP), R9
+	MOVQ         ldw+80(FP), R10
+	LEAQ         (AX)(DX*4), R11
+	LEAQ         (DI)(R9*4), R12
+	LEAQ         (R8)(R10*2), R13
 	VMOVAPS      Z0, Z1
 	VMOVUPS      (AX), K1, Z1
 	VMOVAPS      Z0, Z2
@@ -7431,160 +7431,239 @@ row:
 	VPERMILPS    $0xb1, Z5, Z6
 	VMAXPS       Z6, Z5, Z5
 	VBROADCASTSS (BX), Z6
-	VCMPPS       $0x1e, Z6, Z5, K6
-	VMAXPS       Z6, Z5, Z5
-	VMOVSS       X5, (BX)
-	KORTESTW     K6, K6
-	JE           weights
-	VSUBPS       Z5, Z6, Z6
-	VMOVUPS      expconst<>+0(SB), Z7
-	VMAXPS       Z6, Z7, Z6
-	VMOVUPS      expconst<>+64(SB), Z7
-	VMINPS       Z6, Z7, Z6
-	VMULPS       expconst<>+128(SB), Z6, Z7
-	VRNDSCALEPS  $0x00, Z7, Z7
-	VFNMADD231PS expconst<>+192(SB), Z7, Z6
-	VFNMADD231PS expconst<>+256(SB), Z7, Z6
-	VMOVUPS      expconst<>+320(SB), Z8
-	VFMADD213PS  expconst<>+384(SB), Z6, Z8
-	VFMADD213PS  expconst<>+448(SB), Z6, Z8
-	VFMADD213PS  expconst<>+512(SB), Z6, Z8
-	VFMADD213PS  expconst<>+576(SB), Z6, Z8
-	VFMADD213PS  expconst<>+640(SB), Z6, Z8
-	VMULPS       Z6, Z6, Z9
-	VFMADD213PS  Z6, Z9, Z8
-	VADDPS       expconst<>+704(SB), Z8, Z8
-	VCVTPS2DQ    Z7, Z6
-	VPSRAD       $0x01, Z6, Z7
-	VPSUBD       Z7, Z6, Z6
-	VPADDD       expconst<>+768(SB), Z7, Z7
+	VMAXPS       Z6, Z5, Z7
+	VMOVSS       X7, (BX)
+	VMOVAPS      Z0, Z8
+	VMOVUPS      (R11), K1, Z8
+	VMOVAPS      Z0, Z9
+	VMOVUPS      64(R11), K2, Z9
+	VMOVAPS      Z0, Z10
+	VMOVUPS      128(R11), K3, Z10
+	VMOVAPS      Z0, Z11
+	VMOVUPS      192(R11), K4, Z11
+	VMAXPS       Z9, Z8, Z12
+	VMAXPS       Z11, Z10, Z13
+	VMAXPS       Z13, Z12, Z12
+	VSHUFF32X4   $0x4e, Z12, Z12, Z13
+	VMAXPS       Z13, Z12, Z12
+	VSHUFF32X4   $0xb1, Z12, Z12, Z13
+	VMAXPS       Z13, Z12, Z12
+	VPERMILPS    $0x4e, Z12, Z13
+	VMAXPS       Z13, Z12, Z12
+	VPERMILPS    $0xb1, Z12, Z13
+	VMAXPS       Z13, Z12, Z12
+	VBROADCASTSS 4(BX), Z13
+	VMAXPS       Z13, Z12, Z14
+	VMOVSS       X14, 4(BX)
+	VUCOMISS     X6, X5
+	JLS          pskip0
+	VSUBPS       Z7, Z6, Z5
+	VMOVUPS      expconst<>+0(SB), Z6
+	VMAXPS       Z5, Z6, Z5
+	VMOVUPS      expconst<>+64(SB), Z6
+	VMINPS       Z5, Z6, Z5
+	VMULPS       expconst<>+128(SB), Z5, Z6
+	VRNDSCALEPS  $0x00, Z6, Z6
+	VFNMADD231PS expconst<>+192(SB), Z6, Z5
+	VFNMADD231PS expconst<>+256(SB), Z6, Z5
+	VMOVUPS      expconst<>+320(SB), Z15
+	VFMADD213PS  expconst<>+384(SB), Z5, Z15
+	VFMADD213PS  expconst<>+448(SB), Z5, Z15
+	VFMADD213PS  expconst<>+512(SB), Z5, Z15
+	VFMADD213PS  expconst<>+576(SB), Z5, Z15
+	VFMADD213PS  expconst<>+640(SB), Z5, Z15
+	VMULPS       Z5, Z5, Z16
+	VFMADD213PS  Z5, Z16, Z15
+	VADDPS       expconst<>+704(SB), Z15, Z15
+	VCVTPS2DQ    Z6, Z5
+	VPSRAD       $0x01, Z5, Z6
+	VPSUBD       Z6, Z5, Z5
 	VPADDD       expconst<>+768(SB), Z6, Z6
-	VPSLLD       $0x17, Z7, Z7
+	VPADDD       expconst<>+768(SB), Z5, Z5
 	VPSLLD       $0x17, Z6, Z6
-	VMULPS       Z7, Z8, Z8
-	VMULPS       Z6, Z8, Z6
-	VMULSS       (SI), X6, X7
-	VMOVSS       X7, (SI)
-	MOVQ         DX, R9
-	ANDQ         $-16, R9
-	XORQ         R10, R10
+	VPSLLD       $0x17, Z5, Z5
+	VMULPS       Z6, Z15, Z15
+	VMULPS       Z5, Z15, Z5
+	VMULSS       (SI), X5, X6
+	VMOVSS       X6, (SI)
+	MOVQ         hd+64(FP), R11
+	MOVQ         R11, R14
+	ANDQ         $-16, R14
+	XORQ         R15, R15
 
-scale:
-	CMPQ    R10, R9
-	JGE     scaletail
-	VMULPS  (DI)(R10*4), Z6, Z7
-	VMOVUPS Z7, (DI)(R10*4)
-	ADDQ    $0x00000010, R10
-	JMP     scale
+pscale0:
+	CMPQ    R15, R14
+	JGE     pscaletail0
+	VMULPS  (DI)(R15*4), Z5, Z6
+	VMOVUPS Z6, (DI)(R15*4)
+	ADDQ    $0x00000010, R15
+	JMP     pscale0
 
-scaletail:
-	CMPQ      R10, DX
-	JE        weights
-	VMOVUPS.Z (DI)(R10*4), K5, Z7
-	VMULPS    Z6, Z7, Z7
-	VMOVUPS   Z7, K5, (DI)(R10*4)
+pscaletail0:
+	CMPQ      R15, R11
+	JE        pskip0
+	ANDL      $0x0000000f, R11
+	MOVL      $0x0000ffff, R14
+	BZHIL     R11, R14, R11
+	KMOVW     R11, K5
+	VMOVUPS.Z (DI)(R15*4), K5, Z6
+	VMULPS    Z5, Z6, Z6
+	VMOVUPS   Z6, K5, (DI)(R15*4)
 
-weights:
-	VSUBPS        Z5, Z1, Z1
-	VMOVUPS       expconst<>+0(SB), Z6
-	VMAXPS        Z1, Z6, Z1
-	VMOVUPS       expconst<>+64(SB), Z6
-	VMINPS        Z1, Z6, Z1
-	VMULPS        expconst<>+128(SB), Z1, Z6
-	VRNDSCALEPS   $0x00, Z6, Z6
-	VFNMADD231PS  expconst<>+192(SB), Z6, Z1
-	VFNMADD231PS  expconst<>+256(SB), Z6, Z1
-	VMOVUPS       expconst<>+320(SB), Z7
-	VFMADD213PS   expconst<>+384(SB), Z1, Z7
-	VFMADD213PS   expconst<>+448(SB), Z1, Z7
-	VFMADD213PS   expconst<>+512(SB), Z1, Z7
-	VFMADD213PS   expconst<>+576(SB), Z1, Z7
-	VFMADD213PS   expconst<>+640(SB), Z1, Z7
-	VMULPS        Z1, Z1, Z8
-	VFMADD213PS   Z1, Z8, Z7
-	VADDPS        expconst<>+704(SB), Z7, Z7
-	VCVTPS2DQ     Z6, Z1
-	VPSRAD        $0x01, Z1, Z6
-	VPSUBD        Z6, Z1, Z1
-	VPADDD        expconst<>+768(SB), Z6, Z6
+pskip0:
+	VUCOMISS     X13, X12
+	JLS          pskip1
+	VSUBPS       Z14, Z13, Z5
+	VMOVUPS      expconst<>+0(SB), Z6
+	VMAXPS       Z5, Z6, Z5
+	VMOVUPS      expconst<>+64(SB), Z6
+	VMINPS       Z5, Z6, Z5
+	VMULPS       expconst<>+128(SB), Z5, Z6
+	VRNDSCALEPS  $0x00, Z6, Z6
+	VFNMADD231PS expconst<>+192(SB), Z6, Z5
+	VFNMADD231PS expconst<>+256(SB), Z6, Z5
+	VMOVUPS      expconst<>+320(SB), Z12
+	VFMADD213PS  expconst<>+384(SB), Z5, Z12
+	VFMADD213PS  expconst<>+448(SB), Z5, Z12
+	VFMADD213PS  expconst<>+512(SB), Z5, Z12
+	VFMADD213PS  expconst<>+576(SB), Z5, Z12
+	VFMADD213PS  expconst<>+640(SB), Z5, Z12
+	VMULPS       Z5, Z5, Z13
+	VFMADD213PS  Z5, Z13, Z12
+	VADDPS       expconst<>+704(SB), Z12, Z12
+	VCVTPS2DQ    Z6, Z5
+	VPSRAD       $0x01, Z5, Z6
+	VPSUBD       Z6, Z5, Z5
+	VPADDD       expconst<>+768(SB), Z6, Z6
+	VPADDD       expconst<>+768(SB), Z5, Z5
+	VPSLLD       $0x17, Z6, Z6
+	VPSLLD       $0x17, Z5, Z5
+	VMULPS       Z6, Z12, Z12
+	VMULPS       Z5, Z12, Z5
+	VMULSS       4(SI), X5, X6
+	VMOVSS       X6, 4(SI)
+	MOVQ         hd+64(FP), R11
+	MOVQ         R11, R14
+	ANDQ         $-16, R14
+	XORQ         R15, R15
+
+pscale1:
+	CMPQ    R15, R14
+	JGE     pscaletail1
+	VMULPS  (R12)(R15*4), Z5, Z6
+	VMOVUPS Z6, (R12)(R15*4)
+	ADDQ    $0x00000010, R15
+	JMP     pscale1
+
+pscaletail1:
+	CMPQ      R15, R11
+	JE        pskip1
+	ANDL      $0x0000000f, R11
+	MOVL      $0x0000ffff, R14
+	BZHIL     R11, R14, R11
+	KMOVW     R11, K5
+	VMOVUPS.Z (R12)(R15*4), K5, Z6
+	VMULPS    Z5, Z6, Z6
+	VMOVUPS   Z6, K5, (R12)(R15*4)
+
+pskip1:
+	VSUBPS        Z7, Z1, Z1
+	VMOVUPS       expconst<>+0(SB), Z5
+	VMAXPS        Z1, Z5, Z1
+	VMOVUPS       expconst<>+64(SB), Z5
+	VMINPS        Z1, Z5, Z1
+	VMULPS        expconst<>+128(SB), Z1, Z5
+	VRNDSCALEPS   $0x00, Z5, Z5
+	VFNMADD231PS  expconst<>+192(SB), Z5, Z1
+	VFNMADD231PS  expconst<>+256(SB), Z5, Z1
+	VMOVUPS       expconst<>+320(SB), Z6
+	VFMADD213PS   expconst<>+384(SB), Z1, Z6
+	VFMADD213PS   expconst<>+448(SB), Z1, Z6
+	VFMADD213PS   expconst<>+512(SB), Z1, Z6
+	VFMADD213PS   expconst<>+576(SB), Z1, Z6
+	VFMADD213PS   expconst<>+640(SB), Z1, Z6
+	VMULPS        Z1, Z1, Z12
+	VFMADD213PS   Z1, Z12, Z6
+	VADDPS        expconst<>+704(SB), Z6, Z6
+	VCVTPS2DQ     Z5, Z1
+	VPSRAD        $0x01, Z1, Z5
+	VPSUBD        Z5, Z1, Z1
+	VPADDD        expconst<>+768(SB), Z5, Z5
 	VPADDD        expconst<>+768(SB), Z1, Z1
-	VPSLLD        $0x17, Z6, Z6
+	VPSLLD        $0x17, Z5, Z5
 	VPSLLD        $0x17, Z1, Z1
-	VMULPS        Z6, Z7, Z7
-	VMULPS        Z1, Z7, Z1
+	VMULPS        Z5, Z6, Z6
+	VMULPS        Z1, Z6, Z1
 	// VCVTNEPS2BF16 Z1, Y1
 	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xc9
-	VMOVDQU16.Z   Y1, K1, Y1
 	VMOVDQU       Y1, (R8)
 	VPMOVZXWD     Y1, Z1
 	VPSLLD        $0x10, Z1, Z1
-	VSUBPS        Z5, Z2, Z2
-	VMOVUPS       expconst<>+0(SB), Z6
-	VMAXPS        Z2, Z6, Z2
-	VMOVUPS       expconst<>+64(SB), Z6
-	VMINPS        Z2, Z6, Z2
-	VMULPS        expconst<>+128(SB), Z2, Z6
-	VRNDSCALEPS   $0x00, Z6, Z6
-	VFNMADD231PS  expconst<>+192(SB), Z6, Z2
-	VFNMADD231PS  expconst<>+256(SB), Z6, Z2
-	VMOVUPS       expconst<>+320(SB), Z7
-	VFMADD213PS   expconst<>+384(SB), Z2, Z7
-	VFMADD213PS   expconst<>+448(SB), Z2, Z7
-	VFMADD213PS   expconst<>+512(SB), Z2, Z7
-	VFMADD213PS   expconst<>+576(SB), Z2, Z7
-	VFMADD213PS   expconst<>+640(SB), Z2, Z7
-	VMULPS        Z2, Z2, Z8
-	VFMADD213PS   Z2, Z8, Z7
-	VADDPS        expconst<>+704(SB), Z7, Z7
-	VCVTPS2DQ     Z6, Z2
-	VPSRAD        $0x01, Z2, Z6
-	VPSUBD        Z6, Z2, Z2
-	VPADDD        expconst<>+768(SB), Z6, Z6
+	VSUBPS        Z7, Z2, Z2
+	VMOVUPS       expconst<>+0(SB), Z5
+	VMAXPS        Z2, Z5, Z2
+	VMOVUPS       expconst<>+64(SB), Z5
+	VMINPS        Z2, Z5, Z2
+	VMULPS        expconst<>+128(SB), Z2, Z5
+	VRNDSCALEPS   $0x00, Z5, Z5
+	VFNMADD231PS  expconst<>+192(SB), Z5, Z2
+	VFNMADD231PS  expconst<>+256(SB), Z5, Z2
+	VMOVUPS       expconst<>+320(SB), Z6
+	VFMADD213PS   expconst<>+384(SB), Z2, Z6
+	VFMADD213PS   expconst<>+448(SB), Z2, Z6
+	VFMADD213PS   expconst<>+512(SB), Z2, Z6
+	VFMADD213PS   expconst<>+576(SB), Z2, Z6
+	VFMADD213PS   expconst<>+640(SB), Z2, Z6
+	VMULPS        Z2, Z2, Z12
+	VFMADD213PS   Z2, Z12, Z6
+	VADDPS        expconst<>+704(SB), Z6, Z6
+	VCVTPS2DQ     Z5, Z2
+	VPSRAD        $0x01, Z2, Z5
+	VPSUBD        Z5, Z2, Z2
+	VPADDD        expconst<>+768(SB), Z5, Z5
 	VPADDD        expconst<>+768(SB), Z2, Z2
-	VPSLLD        $0x17, Z6, Z6
+	VPSLLD        $0x17, Z5, Z5
 	VPSLLD        $0x17, Z2, Z2
-	VMULPS        Z6, Z7, Z7
-	VMULPS        Z2, Z7, Z2
+	VMULPS        Z5, Z6, Z6
+	VMULPS        Z2, Z6, Z2
 	// VCVTNEPS2BF16 Z2, Y2
 	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xd2
-	VMOVDQU16.Z   Y2, K2, Y2
 	VMOVDQU       Y2, 32(R8)
 	VPMOVZXWD     Y2, Z2
 	VPSLLD        $0x10, Z2, Z2
-	VSUBPS        Z5, Z3, Z3
-	VMOVUPS       expconst<>+0(SB), Z6
-	VMAXPS        Z3, Z6, Z3
-	VMOVUPS       expconst<>+64(SB), Z6
-	VMINPS        Z3, Z6, Z3
-	VMULPS        expconst<>+128(SB), Z3, Z6
-	VRNDSCALEPS   $0x00, Z6, Z6
-	VFNMADD231PS  expconst<>+192(SB), Z6, Z3
-	VFNMADD231PS  expconst<>+256(SB), Z6, Z3
-	VMOVUPS       expconst<>+320(SB), Z7
-	VFMADD213PS   expconst<>+384(SB), Z3, Z7
-	VFMADD213PS   expconst<>+448(SB), Z3, Z7
-	VFMADD213PS   expconst<>+512(SB), Z3, Z7
-	VFMADD213PS   expconst<>+576(SB), Z3, Z7
-	VFMADD213PS   expconst<>+640(SB), Z3, Z7
-	VMULPS        Z3, Z3, Z8
-	VFMADD213PS   Z3, Z8, Z7
-	VADDPS        expconst<>+704(SB), Z7, Z7
-	VCVTPS2DQ     Z6, Z3
-	VPSRAD        $0x01, Z3, Z6
-	VPSUBD        Z6, Z3, Z3
-	VPADDD        expconst<>+768(SB), Z6, Z6
+	VSUBPS        Z7, Z3, Z3
+	VMOVUPS       expconst<>+0(SB), Z5
+	VMAXPS        Z3, Z5, Z3
+	VMOVUPS       expconst<>+64(SB), Z5
+	VMINPS        Z3, Z5, Z3
+	VMULPS        expconst<>+128(SB), Z3, Z5
+	VRNDSCALEPS   $0x00, Z5, Z5
+	VFNMADD231PS  expconst<>+192(SB), Z5, Z3
+	VFNMADD231PS  expconst<>+256(SB), Z5, Z3
+	VMOVUPS       expconst<>+320(SB), Z6
+	VFMADD213PS   expconst<>+384(SB), Z3, Z6
+	VFMADD213PS   expconst<>+448(SB), Z3, Z6
+	VFMADD213PS   expconst<>+512(SB), Z3, Z6
+	VFMADD213PS   expconst<>+576(SB), Z3, Z6
+	VFMADD213PS   expconst<>+640(SB), Z3, Z6
+	VMULPS        Z3, Z3, Z12
+	VFMADD213PS   Z3, Z12, Z6
+	VADDPS        expconst<>+704(SB), Z6, Z6
+	VCVTPS2DQ     Z5, Z3
+	VPSRAD        $0x01, Z3, Z5
+	VPSUBD        Z5, Z3, Z3
+	VPADDD        expconst<>+768(SB), Z5, Z5
 	VPADDD        expconst<>+768(SB), Z3, Z3
-	VPSLLD        $0x17, Z6, Z6
+	VPSLLD        $0x17, Z5, Z5
 	VPSLLD        $0x17, Z3, Z3
-	VMULPS        Z6, Z7, Z7
-	VMULPS        Z3, Z7, Z3
+	VMULPS        Z5, Z6, Z6
+	VMULPS        Z3, Z6, Z3
 	// VCVTNEPS2BF16 Z3, Y3
 	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xdb
-	VMOVDQU16.Z   Y3, K3, Y3
 	VMOVDQU       Y3, 64(R8)
 	VPMOVZXWD     Y3, Z3
 	VPSLLD        $0x10, Z3, Z3
-	VSUBPS        Z5, Z4, Z4
+	VSUBPS        Z7, Z4, Z4
 	VMOVUPS       expconst<>+0(SB), Z5
 	VMAXPS        Z4, Z5, Z4
 	VMOVUPS       expconst<>+64(SB), Z5
@@ -7613,7 +7692,6 @@ weights:
 	VMULPS        Z4, Z6, Z4
 	// VCVTNEPS2BF16 Z4, Y4
 	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xe4
-	VMOVDQU16.Z   Y4, K4, Y4
 	VMOVDQU       Y4, 96(R8)
 	VPMOVZXWD     Y4, Z4
 	VPSLLD        $0x10, Z4, Z4
@@ -7630,16 +7708,389 @@ weights:
 	VADDSS        X1, X2, X1
 	VADDSS        (SI), X1, X1
 	VMOVSS        X1, (SI)
-	MOVQ          lds+8(FP), R9
-	LEAQ          (AX)(R9*4), AX
-	MOVQ          ldw+80(FP), R9
-	LEAQ          (R8)(R9*2), R8
-	MOVQ          lda+56(FP), R9
+	VSUBPS        Z14, Z8, Z8
+	VMOVUPS       expconst<>+0(SB), Z1
+	VMAXPS        Z8, Z1, Z8
+	VMOVUPS       expconst<>+64(SB), Z1
+	VMINPS        Z8, Z1, Z8
+	VMULPS        expconst<>+128(SB), Z8, Z1
+	VRNDSCALEPS   $0x00, Z1, Z1
+	VFNMADD231PS  expconst<>+192(SB), Z1, Z8
+	VFNMADD231PS  expconst<>+256(SB), Z1, Z8
+	VMOVUPS       expconst<>+320(SB), Z2
+	VFMADD213PS   expconst<>+384(SB), Z8, Z2
+	VFMADD213PS   expconst<>+448(SB), Z8, Z2
+	VFMADD213PS   expconst<>+512(SB), Z8, Z2
+	VFMADD213PS   expconst<>+576(SB), Z8, Z2
+	VFMADD213PS   expconst<>+640(SB), Z8, Z2
+	VMULPS        Z8, Z8, Z3
+	VFMADD213PS   Z8, Z3, Z2
+	VADDPS        expconst<>+704(SB), Z2, Z2
+	VCVTPS2DQ     Z1, Z1
+	VPSRAD        $0x01, Z1, Z3
+	VPSUBD        Z3, Z1, Z1
+	VPADDD        expconst<>+768(SB), Z3, Z3
+	VPADDD        expconst<>+768(SB), Z1, Z1
+	VPSLLD        $0x17, Z3, Z3
+	VPSLLD        $0x17, Z1, Z1
+	VMULPS        Z3, Z2, Z2
+	VMULPS        Z1, Z2, Z8
+	// VCVTNEPS2BF16 Z8, Y1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xc8
+	VMOVDQU       Y1, (R13)
+	VPMOVZXWD     Y1, Z1
+	VPSLLD        $0x10, Z1, Z1
+	VSUBPS        Z14, Z9, Z9
+	VMOVUPS       expconst<>+0(SB), Z2
+	VMAXPS        Z9, Z2, Z9
+	VMOVUPS       expconst<>+64(SB), Z2
+	VMINPS        Z9, Z2, Z9
+	VMULPS        expconst<>+128(SB), Z9, Z2
+	VRNDSCALEPS   $0x00, Z2, Z2
+	VFNMADD231PS  expconst<>+192(SB), Z2, Z9
+	VFNMADD231PS  expconst<>+256(SB), Z2, Z9
+	VMOVUPS       expconst<>+320(SB), Z3
+	VFMADD213PS   expconst<>+384(SB), Z9, Z3
+	VFMADD213PS   expconst<>+448(SB), Z9, Z3
+	VFMADD213PS   expconst<>+512(SB), Z9, Z3
+	VFMADD213PS   expconst<>+576(SB), Z9, Z3
+	VFMADD213PS   expconst<>+640(SB), Z9, Z3
+	VMULPS        Z9, Z9, Z4
+	VFMADD213PS   Z9, Z4, Z3
+	VADDPS        expconst<>+704(SB), Z3, Z3
+	VCVTPS2DQ     Z2, Z2
+	VPSRAD        $0x01, Z2, Z4
+	VPSUBD        Z4, Z2, Z2
+	VPADDD        expconst<>+768(SB), Z4, Z4
+	VPADDD        expconst<>+768(SB), Z2, Z2
+	VPSLLD        $0x17, Z4, Z4
+	VPSLLD        $0x17, Z2, Z2
+	VMULPS        Z4, Z3, Z3
+	VMULPS        Z2, Z3, Z9
+	// VCVTNEPS2BF16 Z9, Y2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xd1
+	VMOVDQU       Y2, 32(R13)
+	VPMOVZXWD     Y2, Z2
+	VPSLLD        $0x10, Z2, Z2
+	VSUBPS        Z14, Z10, Z10
+	VMOVUPS       expconst<>+0(SB), Z3
+	VMAXPS        Z10, Z3, Z10
+	VMOVUPS       expconst<>+64(SB), Z3
+	VMINPS        Z10, Z3, Z10
+	VMULPS        expconst<>+128(SB), Z10, Z3
+	VRNDSCALEPS   $0x00, Z3, Z3
+	VFNMADD231PS  expconst<>+192(SB), Z3, Z10
+	VFNMADD231PS  expconst<>+256(SB), Z3, Z10
+	VMOVUPS       expconst<>+320(SB), Z4
+	VFMADD213PS   expconst<>+384(SB), Z10, Z4
+	VFMADD213PS   expconst<>+448(SB), Z10, Z4
+	VFMADD213PS   expconst<>+512(SB), Z10, Z4
+	VFMADD213PS   expconst<>+576(SB), Z10, Z4
+	VFMADD213PS   expconst<>+640(SB), Z10, Z4
+	VMULPS        Z10, Z10, Z5
+	VFMADD213PS   Z10, Z5, Z4
+	VADDPS        expconst<>+704(SB), Z4, Z4
+	VCVTPS2DQ     Z3, Z3
+	VPSRAD        $0x01, Z3, Z5
+	VPSUBD        Z5, Z3, Z3
+	VPADDD        expconst<>+768(SB), Z5, Z5
+	VPADDD        expconst<>+768(SB), Z3, Z3
+	VPSLLD        $0x17, Z5, Z5
+	VPSLLD        $0x17, Z3, Z3
+	VMULPS        Z5, Z4, Z4
+	VMULPS        Z3, Z4, Z10
+	// VCVTNEPS2BF16 Z10, Y3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xda
+	VMOVDQU       Y3, 64(R13)
+	VPMOVZXWD     Y3, Z3
+	VPSLLD        $0x10, Z3, Z3
+	VSUBPS        Z14, Z11, Z11
+	VMOVUPS       expconst<>+0(SB), Z4
+	VMAXPS        Z11, Z4, Z11
+	VMOVUPS       expconst<>+64(SB), Z4
+	VMINPS        Z11, Z4, Z11
+	VMULPS        expconst<>+128(SB), Z11, Z4
+	VRNDSCALEPS   $0x00, Z4, Z4
+	VFNMADD231PS  expconst<>+192(SB), Z4, Z11
+	VFNMADD231PS  expconst<>+256(SB), Z4, Z11
+	VMOVUPS       expconst<>+320(SB), Z5
+	VFMADD213PS   expconst<>+384(SB), Z11, Z5
+	VFMADD213PS   expconst<>+448(SB), Z11, Z5
+	VFMADD213PS   expconst<>+512(SB), Z11, Z5
+	VFMADD213PS   expconst<>+576(SB), Z11, Z5
+	VFMADD213PS   expconst<>+640(SB), Z11, Z5
+	VMULPS        Z11, Z11, Z6
+	VFMADD213PS   Z11, Z6, Z5
+	VADDPS        expconst<>+704(SB), Z5, Z5
+	VCVTPS2DQ     Z4, Z4
+	VPSRAD        $0x01, Z4, Z6
+	VPSUBD        Z6, Z4, Z4
+	VPADDD        expconst<>+768(SB), Z6, Z6
+	VPADDD        expconst<>+768(SB), Z4, Z4
+	VPSLLD        $0x17, Z6, Z6
+	VPSLLD        $0x17, Z4, Z4
+	VMULPS        Z6, Z5, Z5
+	VMULPS        Z4, Z5, Z11
+	// VCVTNEPS2BF16 Z11, Y4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xe3
+	VMOVDQU       Y4, 96(R13)
+	VPMOVZXWD     Y4, Z4
+	VPSLLD        $0x10, Z4, Z4
+	VADDPS        Z2, Z1, Z1
+	VADDPS        Z4, Z3, Z3
+	VADDPS        Z3, Z1, Z1
+	VEXTRACTF32X8 $0x01, Z1, Y2
+	VADDPS        Y2, Y1, Y2
+	VEXTRACTF32X4 $0x01, Y2, X1
+	VADDPS        X1, X2, X1
+	VMOVHLPS      X1, X1, X2
+	VADDPS        X2, X1, X2
+	VMOVSHDUP     X2, X1
+	VADDSS        X1, X2, X1
+	VADDSS        4(SI), X1, X1
+	VMOVSS        X1, 4(SI)
+	LEAQ          (AX)(DX*4), AX
 	LEAQ          (DI)(R9*4), DI
+	LEAQ          (R8)(R10*2), R8
+	LEAQ          (AX)(DX*4), AX
+	LEAQ          (DI)(R9*4), DI
+	LEAQ          (R8)(R10*2), R8
+	ADDQ          $0x00000008, BX
+	ADDQ          $0x00000008, SI
+	SUBQ          $0x00000002, CX
+	JMP           pair
+
+single:
+	TESTQ        CX, CX
+	JE           done
+	MOVQ         lds+8(FP), DX
+	MOVQ         lda+56(FP), R9
+	MOVQ         ldw+80(FP), R10
+	VMOVAPS      Z0, Z1
+	VMOVUPS      (AX), K1, Z1
+	VMOVAPS      Z0, Z2
+	VMOVUPS      64(AX), K2, Z2
+	VMOVAPS      Z0, Z3
+	VMOVUPS      128(AX), K3, Z3
+	VMOVAPS      Z0, Z0
+	VMOVUPS      192(AX), K4, Z0
+	VMAXPS       Z2, Z1, Z4
+	VMAXPS       Z0, Z3, Z5
+	VMAXPS       Z5, Z4, Z4
+	VSHUFF32X4   $0x4e, Z4, Z4, Z5
+	VMAXPS       Z5, Z4, Z4
+	VSHUFF32X4   $0xb1, Z4, Z4, Z5
+	VMAXPS       Z5, Z4, Z4
+	VPERMILPS    $0x4e, Z4, Z5
+	VMAXPS       Z5, Z4, Z4
+	VPERMILPS    $0xb1, Z4, Z5
+	VMAXPS       Z5, Z4, Z4
+	VBROADCASTSS (BX), Z5
+	VMAXPS       Z5, Z4, Z6
+	VMOVSS       X6, (BX)
+	VUCOMISS     X5, X4
+	JLS          sskip0
+	VSUBPS       Z6, Z5, Z4
+	VMOVUPS      expconst<>+0(SB), Z5
+	VMAXPS       Z4, Z5, Z4
+	VMOVUPS      expconst<>+64(SB), Z5
+	VMINPS       Z4, Z5, Z4
+	VMULPS       expconst<>+128(SB), Z4, Z5
+	VRNDSCALEPS  $0x00, Z5, Z5
+	VFNMADD231PS expconst<>+192(SB), Z5, Z4
+	VFNMADD231PS expconst<>+256(SB), Z5, Z4
+	VMOVUPS      expconst<>+320(SB), Z7
+	VFMADD213PS  expconst<>+384(SB), Z4, Z7
+	VFMADD213PS  expconst<>+448(SB), Z4, Z7
+	VFMADD213PS  expconst<>+512(SB), Z4, Z7
+	VFMADD213PS  expconst<>+576(SB), Z4, Z7
+	VFMADD213PS  expconst<>+640(SB), Z4, Z7
+	VMULPS       Z4, Z4, Z8
+	VFMADD213PS  Z4, Z8, Z7
+	VADDPS       expconst<>+704(SB), Z7, Z7
+	VCVTPS2DQ    Z5, Z4
+	VPSRAD       $0x01, Z4, Z5
+	VPSUBD       Z5, Z4, Z4
+	VPADDD       expconst<>+768(SB), Z5, Z5
+	VPADDD       expconst<>+768(SB), Z4, Z4
+	VPSLLD       $0x17, Z5, Z5
+	VPSLLD       $0x17, Z4, Z4
+	VMULPS       Z5, Z7, Z7
+	VMULPS       Z4, Z7, Z4
+	VMULSS       (SI), X4, X5
+	VMOVSS       X5, (SI)
+	MOVQ         hd+64(FP), R11
+	MOVQ         R11, R12
+	ANDQ         $-16, R12
+	XORQ         R13, R13
+
+sscale0:
+	CMPQ    R13, R12
+	JGE     sscaletail0
+	VMULPS  (DI)(R13*4), Z4, Z5
+	VMOVUPS Z5, (DI)(R13*4)
+	ADDQ    $0x00000010, R13
+	JMP     sscale0
+
+sscaletail0:
+	CMPQ      R13, R11
+	JE        sskip0
+	ANDL      $0x0000000f, R11
+	MOVL      $0x0000ffff, R12
+	BZHIL     R11, R12, R11
+	KMOVW     R11, K1
+	VMOVUPS.Z (DI)(R13*4), K1, Z5
+	VMULPS    Z4, Z5, Z5
+	VMOVUPS   Z5, K1, (DI)(R13*4)
+
+sskip0:
+	VSUBPS        Z6, Z1, Z1
+	VMOVUPS       expconst<>+0(SB), Z4
+	VMAXPS        Z1, Z4, Z1
+	VMOVUPS       expconst<>+64(SB), Z4
+	VMINPS        Z1, Z4, Z1
+	VMULPS        expconst<>+128(SB), Z1, Z4
+	VRNDSCALEPS   $0x00, Z4, Z4
+	VFNMADD231PS  expconst<>+192(SB), Z4, Z1
+	VFNMADD231PS  expconst<>+256(SB), Z4, Z1
+	VMOVUPS       expconst<>+320(SB), Z5
+	VFMADD213PS   expconst<>+384(SB), Z1, Z5
+	VFMADD213PS   expconst<>+448(SB), Z1, Z5
+	VFMADD213PS   expconst<>+512(SB), Z1, Z5
+	VFMADD213PS   expconst<>+576(SB), Z1, Z5
+	VFMADD213PS   expconst<>+640(SB), Z1, Z5
+	VMULPS        Z1, Z1, Z7
+	VFMADD213PS   Z1, Z7, Z5
+	VADDPS        expconst<>+704(SB), Z5, Z5
+	VCVTPS2DQ     Z4, Z1
+	VPSRAD        $0x01, Z1, Z4
+	VPSUBD        Z4, Z1, Z1
+	VPADDD        expconst<>+768(SB), Z4, Z4
+	VPADDD        expconst<>+768(SB), Z1, Z1
+	VPSLLD        $0x17, Z4, Z4
+	VPSLLD        $0x17, Z1, Z1
+	VMULPS        Z4, Z5, Z5
+	VMULPS        Z1, Z5, Z1
+	// VCVTNEPS2BF16 Z1, Y1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xc9
+	VMOVDQU       Y1, (R8)
+	VPMOVZXWD     Y1, Z1
+	VPSLLD        $0x10, Z1, Z1
+	VSUBPS        Z6, Z2, Z2
+	VMOVUPS       expconst<>+0(SB), Z4
+	VMAXPS        Z2, Z4, Z2
+	VMOVUPS       expconst<>+64(SB), Z4
+	VMINPS        Z2, Z4, Z2
+	VMULPS        expconst<>+128(SB), Z2, Z4
+	VRNDSCALEPS   $0x00, Z4, Z4
+	VFNMADD231PS  expconst<>+192(SB), Z4, Z2
+	VFNMADD231PS  expconst<>+256(SB), Z4, Z2
+	VMOVUPS       expconst<>+320(SB), Z5
+	VFMADD213PS   expconst<>+384(SB), Z2, Z5
+	VFMADD213PS   expconst<>+448(SB), Z2, Z5
+	VFMADD213PS   expconst<>+512(SB), Z2, Z5
+	VFMADD213PS   expconst<>+576(SB), Z2, Z5
+	VFMADD213PS   expconst<>+640(SB), Z2, Z5
+	VMULPS        Z2, Z2, Z7
+	VFMADD213PS   Z2, Z7, Z5
+	VADDPS        expconst<>+704(SB), Z5, Z5
+	VCVTPS2DQ     Z4, Z2
+	VPSRAD        $0x01, Z2, Z4
+	VPSUBD        Z4, Z2, Z2
+	VPADDD        expconst<>+768(SB), Z4, Z4
+	VPADDD        expconst<>+768(SB), Z2, Z2
+	VPSLLD        $0x17, Z4, Z4
+	VPSLLD        $0x17, Z2, Z2
+	VMULPS        Z4, Z5, Z5
+	VMULPS        Z2, Z5, Z2
+	// VCVTNEPS2BF16 Z2, Y2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xd2
+	VMOVDQU       Y2, 32(R8)
+	VPMOVZXWD     Y2, Z2
+	VPSLLD        $0x10, Z2, Z2
+	VSUBPS        Z6, Z3, Z3
+	VMOVUPS       expconst<>+0(SB), Z4
+	VMAXPS        Z3, Z4, Z3
+	VMOVUPS       expconst<>+64(SB), Z4
+	VMINPS        Z3, Z4, Z3
+	VMULPS        expconst<>+128(SB), Z3, Z4
+	VRNDSCALEPS   $0x00, Z4, Z4
+	VFNMADD231PS  expconst<>+192(SB), Z4, Z3
+	VFNMADD231PS  expconst<>+256(SB), Z4, Z3
+	VMOVUPS       expconst<>+320(SB), Z5
+	VFMADD213PS   expconst<>+384(SB), Z3, Z5
+	VFMADD213PS   expconst<>+448(SB), Z3, Z5
+	VFMADD213PS   expconst<>+512(SB), Z3, Z5
+	VFMADD213PS   expconst<>+576(SB), Z3, Z5
+	VFMADD213PS   expconst<>+640(SB), Z3, Z5
+	VMULPS        Z3, Z3, Z7
+	VFMADD213PS   Z3, Z7, Z5
+	VADDPS        expconst<>+704(SB), Z5, Z5
+	VCVTPS2DQ     Z4, Z3
+	VPSRAD        $0x01, Z3, Z4
+	VPSUBD        Z4, Z3, Z3
+	VPADDD        expconst<>+768(SB), Z4, Z4
+	VPADDD        expconst<>+768(SB), Z3, Z3
+	VPSLLD        $0x17, Z4, Z4
+	VPSLLD        $0x17, Z3, Z3
+	VMULPS        Z4, Z5, Z5
+	VMULPS        Z3, Z5, Z3
+	// VCVTNEPS2BF16 Z3, Y3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xdb
+	VMOVDQU       Y3, 64(R8)
+	VPMOVZXWD     Y3, Z3
+	VPSLLD        $0x10, Z3, Z3
+	VSUBPS        Z6, Z0, Z0
+	VMOVUPS       expconst<>+0(SB), Z4
+	VMAXPS        Z0, Z4, Z0
+	VMOVUPS       expconst<>+64(SB), Z4
+	VMINPS        Z0, Z4, Z0
+	VMULPS        expconst<>+128(SB), Z0, Z4
+	VRNDSCALEPS   $0x00, Z4, Z4
+	VFNMADD231PS  expconst<>+192(SB), Z4, Z0
+	VFNMADD231PS  expconst<>+256(SB), Z4, Z0
+	VMOVUPS       expconst<>+320(SB), Z5
+	VFMADD213PS   expconst<>+384(SB), Z0, Z5
+	VFMADD213PS   expconst<>+448(SB), Z0, Z5
+	VFMADD213PS   expconst<>+512(SB), Z0, Z5
+	VFMADD213PS   expconst<>+576(SB), Z0, Z5
+	VFMADD213PS   expconst<>+640(SB), Z0, Z5
+	VMULPS        Z0, Z0, Z6
+	VFMADD213PS   Z0, Z6, Z5
+	VADDPS        expconst<>+704(SB), Z5, Z5
+	VCVTPS2DQ     Z4, Z0
+	VPSRAD        $0x01, Z0, Z4
+	VPSUBD        Z4, Z0, Z0
+	VPADDD        expconst<>+768(SB), Z4, Z4
+	VPADDD        expconst<>+768(SB), Z0, Z0
+	VPSLLD        $0x17, Z4, Z4
+	VPSLLD        $0x17, Z0, Z0
+	VMULPS        Z4, Z5, Z5
+	VMULPS        Z0, Z5, Z0
+	// VCVTNEPS2BF16 Z0, Y0
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xc0
+	VMOVDQU       Y0, 96(R8)
+	VPMOVZXWD     Y0, Z0
+	VPSLLD        $0x10, Z0, Z0
+	VADDPS        Z2, Z1, Z1
+	VADDPS        Z0, Z3, Z3
+	VADDPS        Z3, Z1, Z1
+	VEXTRACTF32X8 $0x01, Z1, Y0
+	VADDPS        Y0, Y1, Y0
+	VEXTRACTF32X4 $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VMOVHLPS      X1, X1, X0
+	VADDPS        X0, X1, X0
+	VMOVSHDUP     X0, X1
+	VADDSS        X1, X0, X1
+	VADDSS        (SI), X1, X1
+	VMOVSS        X1, (SI)
+	LEAQ          (AX)(DX*4), AX
+	LEAQ          (DI)(R9*4), DI
+	LEAQ          (R8)(R10*2), R8
 	ADDQ          $0x00000004, BX
 	ADDQ          $0x00000004, SI
-	DECQ          CX
-	JNE           row
+	SUBQ          $0x00000001, CX
 
 done:
 	VZEROUPPER

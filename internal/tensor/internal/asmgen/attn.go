@@ -130,7 +130,12 @@ func attnScores(rows int) {
 //	(v0+v1)+(v2+v3), then the fixed tree)
 //
 // With m = −Inf (the first chunk) f is e^(−104) clamped, but l and acc are
-// zero then, so they stay +0: the same as skipping the rescale.
+// zero then, so they stay +0: the same as skipping the rescale. Lanes past
+// n are loaded as −Inf, whose exponential is exactly +0 (the input clamps
+// to −104 and e^−104 rounds to zero), so their weights are 0 with no
+// masking. Rows are processed two at a time, their instruction streams
+// side by side, so that one row's dependency chains (the maximum, the
+// exponentials, the sum) overlap the other's.
 func attnSoftmax() {
 	TEXT("attnSoftmaxAVX512", NOSPLIT, "func(s *float32, lds int, rows int, n int, m *float32, l *float32, acc *float32, lda int, hd int, w *uint16, ldw int)")
 	Doc("attnSoftmaxAVX512 runs one online-softmax step over n ≤ 64 scores for each of rows rows (see asmgen).")
@@ -155,102 +160,128 @@ func attnSoftmax() {
 		km[i] = K()
 		KMOVW(t.As32(), km[i])
 	}
-	hd := Load(Param("hd"), GP64())
-	kt := tailMask(hd)
 	ninf := ZMM()
 	g := GP32()
 	MOVL(U32(0xff800000), g)
 	VPBROADCASTD(g, ninf)
+
+	// pass emits the step for k rows (1 or 2) from the current pointers.
+	pass := func(p string, k int) {
+		lds := Load(Param("lds"), GP64())
+		lda := Load(Param("lda"), GP64())
+		ldw := Load(Param("ldw"), GP64())
+		sr := []Register{s}
+		ar := []Register{ap}
+		wr := []Register{wp}
+		if k == 2 {
+			s1, a1, w1 := GP64(), GP64(), GP64()
+			LEAQ(Mem{Base: s, Index: lds, Scale: 4}, s1)
+			LEAQ(Mem{Base: ap, Index: lda, Scale: 4}, a1)
+			LEAQ(Mem{Base: wp, Index: ldw, Scale: 2}, w1)
+			sr, ar, wr = append(sr, s1), append(ar, a1), append(wr, w1)
+		}
+		v := make([][]VecVirtual, k)
+		mnew := make([]VecVirtual, k)
+		mold := make([]VecVirtual, k)
+		mx := make([]VecVirtual, k)
+		for r := range k {
+			v[r] = make([]VecVirtual, 4)
+			for i := range 4 {
+				v[r][i] = ZMM()
+				VMOVAPS(ninf, v[r][i])
+				VMOVUPS(Mem{Base: sr[r], Disp: 64 * i}, km[i], v[r][i])
+			}
+			mx[r] = ZMM()
+			t := ZMM()
+			VMAXPS(v[r][1], v[r][0], mx[r])
+			VMAXPS(v[r][3], v[r][2], t)
+			VMAXPS(t, mx[r], mx[r])
+			q := ZMM()
+			VSHUFF32X4(U8(0x4E), mx[r], mx[r], q)
+			VMAXPS(q, mx[r], mx[r])
+			VSHUFF32X4(U8(0xB1), mx[r], mx[r], q)
+			VMAXPS(q, mx[r], mx[r])
+			VPERMILPS(U8(0x4E), mx[r], q)
+			VMAXPS(q, mx[r], mx[r])
+			VPERMILPS(U8(0xB1), mx[r], q)
+			VMAXPS(q, mx[r], mx[r])
+			mold[r] = ZMM()
+			VBROADCASTSS(Mem{Base: mp, Disp: 4 * r}, mold[r])
+			mnew[r] = ZMM()
+			VMAXPS(mold[r], mx[r], mnew[r])
+			VMOVSS(mnew[r].AsX(), Mem{Base: mp, Disp: 4 * r})
+		}
+		for r := range k {
+			skip := fmt.Sprintf("%sskip%d", p, r)
+			VUCOMISS(mold[r].AsX(), mx[r].AsX()) // flags of mx − mold
+			JLS(LabelRef(skip))                  // mx ≤ mold (or NaN): no rescale
+			f := ZMM()
+			VSUBPS(mnew[r], mold[r], f) // f = mold − mnew
+			exp(avx512, f)
+			lx := XMM()
+			VMULSS(Mem{Base: lp, Disp: 4 * r}, f.AsX(), lx)
+			VMOVSS(lx, Mem{Base: lp, Disp: 4 * r})
+			hd := Load(Param("hd"), GP64())
+			hdv := GP64()
+			MOVQ(hd, hdv)
+			ANDQ(I32(-16), hdv)
+			ix := GP64()
+			XORQ(ix, ix)
+			Label(p + fmt.Sprintf("scale%d", r))
+			CMPQ(ix, hdv)
+			JGE(LabelRef(p + fmt.Sprintf("scaletail%d", r)))
+			a := ZMM()
+			VMULPS(Mem{Base: ar[r], Index: ix, Scale: 4}, f, a)
+			VMOVUPS(a, Mem{Base: ar[r], Index: ix, Scale: 4})
+			ADDQ(U32(16), ix)
+			JMP(LabelRef(p + fmt.Sprintf("scale%d", r)))
+			Label(p + fmt.Sprintf("scaletail%d", r))
+			CMPQ(ix, hd)
+			JE(LabelRef(skip))
+			kt := tailMask(hd)
+			a2 := ZMM()
+			VMOVUPS_Z(Mem{Base: ar[r], Index: ix, Scale: 4}, kt, a2)
+			VMULPS(f, a2, a2)
+			VMOVUPS(a2, kt, Mem{Base: ar[r], Index: ix, Scale: 4})
+			Label(skip)
+		}
+		for r := range k {
+			z := make([]VecVirtual, 4)
+			for i := range 4 {
+				VSUBPS(mnew[r], v[r][i], v[r][i])
+				exp(avx512, v[r][i])
+				h := YMM()
+				vcvtneps2bf16(v[r][i], h)
+				VMOVDQU(h, Mem{Base: wr[r], Disp: 32 * i})
+				z[i] = ZMM()
+				VPMOVZXWD(h, z[i])
+				VPSLLD(U8(16), z[i], z[i])
+			}
+			VADDPS(z[1], z[0], z[0])
+			VADDPS(z[3], z[2], z[2])
+			VADDPS(z[2], z[0], z[0])
+			sum := reduce(avx512, z[0])
+			VADDSS(Mem{Base: lp, Disp: 4 * r}, sum, sum)
+			VMOVSS(sum, Mem{Base: lp, Disp: 4 * r})
+		}
+		for range k {
+			LEAQ(Mem{Base: s, Index: lds, Scale: 4}, s)
+			LEAQ(Mem{Base: ap, Index: lda, Scale: 4}, ap)
+			LEAQ(Mem{Base: wp, Index: ldw, Scale: 2}, wp)
+		}
+		ADDQ(U32(4*k), mp)
+		ADDQ(U32(4*k), lp)
+		SUBQ(U32(k), rows)
+	}
+	Label("pair")
+	CMPQ(rows, U32(2))
+	JL(LabelRef("single"))
+	pass("p", 2)
+	JMP(LabelRef("pair"))
+	Label("single")
 	TESTQ(rows, rows)
 	JE(LabelRef("done"))
-
-	Label("row")
-	v := make([]VecVirtual, 4)
-	for i := range v {
-		v[i] = ZMM()
-		VMOVAPS(ninf, v[i])
-		VMOVUPS(Mem{Base: s, Disp: 64 * i}, km[i], v[i])
-	}
-	mx, t := ZMM(), ZMM()
-	VMAXPS(v[1], v[0], mx)
-	VMAXPS(v[3], v[2], t)
-	VMAXPS(t, mx, mx)
-	p := ZMM()
-	VSHUFF32X4(U8(0x4E), mx, mx, p)
-	VMAXPS(p, mx, mx)
-	VSHUFF32X4(U8(0xB1), mx, mx, p)
-	VMAXPS(p, mx, mx)
-	VPERMILPS(U8(0x4E), mx, p)
-	VMAXPS(p, mx, mx)
-	VPERMILPS(U8(0xB1), mx, p)
-	VMAXPS(p, mx, mx)
-	mold := ZMM()
-	VBROADCASTSS(Mem{Base: mp}, mold)
-	kg := K()
-	VCMPPS(U8(0x1E), mold, mx, kg) // mx > mold (GT_OQ)
-	mnew := ZMM()
-	VMAXPS(mold, mx, mnew)
-	VMOVSS(mnew.AsX(), Mem{Base: mp})
-	KORTESTW(kg, kg)
-	JE(LabelRef("weights"))
-	{
-		f := ZMM()
-		VSUBPS(mnew, mold, f) // f = mold − mnew
-		exp(avx512, f)
-		lx := XMM()
-		VMULSS(Mem{Base: lp}, f.AsX(), lx)
-		VMOVSS(lx, Mem{Base: lp})
-		hdv := GP64()
-		MOVQ(hd, hdv)
-		ANDQ(I32(-16), hdv)
-		ix := GP64()
-		XORQ(ix, ix)
-		Label("scale")
-		CMPQ(ix, hdv)
-		JGE(LabelRef("scaletail"))
-		a := ZMM()
-		VMULPS(Mem{Base: ap, Index: ix, Scale: 4}, f, a)
-		VMOVUPS(a, Mem{Base: ap, Index: ix, Scale: 4})
-		ADDQ(U32(16), ix)
-		JMP(LabelRef("scale"))
-		Label("scaletail")
-		CMPQ(ix, hd)
-		JE(LabelRef("weights"))
-		a2 := ZMM()
-		VMOVUPS_Z(Mem{Base: ap, Index: ix, Scale: 4}, kt, a2)
-		VMULPS(f, a2, a2)
-		VMOVUPS(a2, kt, Mem{Base: ap, Index: ix, Scale: 4})
-	}
-	Label("weights")
-	z := make([]VecVirtual, 4)
-	for i := range v {
-		VSUBPS(mnew, v[i], v[i])
-		exp(avx512, v[i])
-		h := YMM()
-		vcvtneps2bf16(v[i], h)
-		VMOVDQU16_Z(h, km[i], h)
-		VMOVDQU(h, Mem{Base: wp, Disp: 32 * i})
-		z[i] = ZMM()
-		VPMOVZXWD(h, z[i])
-		VPSLLD(U8(16), z[i], z[i])
-	}
-	VADDPS(z[1], z[0], z[0])
-	VADDPS(z[3], z[2], z[2])
-	VADDPS(z[2], z[0], z[0])
-	sum := reduce(avx512, z[0])
-	VADDSS(Mem{Base: lp}, sum, sum)
-	VMOVSS(sum, Mem{Base: lp})
-
-	lds := Load(Param("lds"), GP64())
-	LEAQ(Mem{Base: s, Index: lds, Scale: 4}, s)
-	ldw := Load(Param("ldw"), GP64())
-	LEAQ(Mem{Base: wp, Index: ldw, Scale: 2}, wp)
-	lda := Load(Param("lda"), GP64())
-	LEAQ(Mem{Base: ap, Index: lda, Scale: 4}, ap)
-	ADDQ(U32(4), mp)
-	ADDQ(U32(4), lp)
-	DECQ(rows)
-	JNE(LabelRef("row"))
+	pass("s", 1)
 	Label("done")
 	VZEROUPPER()
 	RET()
