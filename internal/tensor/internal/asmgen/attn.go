@@ -53,9 +53,31 @@ func attnScores(rows int) {
 	groups := Load(Param("groups"), GP64())
 	steps := Load(Param("steps"), GP64())
 	out := Load(Param("out"), GP64())
+	// Head dimensions 33..64 and 97..128 (2 and 4 steps) get the dot
+	// steps unrolled; others loop over them.
+	for _, st := range []int{2, 4} {
+		CMPQ(steps, U32(st))
+		JE(LabelRef(fmt.Sprintf("u%d", st)))
+	}
+	scoreGroups(rows, "l", 0, qr, kp, groups, steps, out)
+	JMP(LabelRef("done"))
+	for _, st := range []int{2, 4} {
+		Label(fmt.Sprintf("u%d", st))
+		scoreGroups(rows, fmt.Sprintf("u%d", st), st, qr, kp, groups, steps, out)
+		JMP(LabelRef("done"))
+	}
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
+// scoreGroups emits the loop over key groups of attnScores (labels
+// prefixed p). With unroll > 0 the head dimension takes exactly unroll dot
+// steps, emitted straight; with 0 each leaf loops steps times.
+func scoreGroups(rows int, p string, unroll int, qr []GPVirtual, kp, groups, steps, out Register) {
 	TESTQ(groups, groups)
-	JE(LabelRef("done"))
-	Label("group")
+	JE(LabelRef(p + "end"))
+	Label(p + "group")
 	// leaf computes P_i for every row: the dot steps s = 0..steps-1 of
 	// pair 16s+i, in order.
 	leaf := func(i int) []VecVirtual {
@@ -64,19 +86,30 @@ func attnScores(rows int) {
 			acc[r] = ZMM()
 			VXORPS(acc[r], acc[r], acc[r])
 		}
+		step := func(km, qm func(r int) Mem) {
+			kv := ZMM()
+			VMOVDQU32(km(0), kv)
+			for r := range rows {
+				b := ZMM()
+				VPBROADCASTD(qm(r), b)
+				vdpbf16ps(kv, b, acc[r])
+			}
+		}
+		if unroll > 0 {
+			for st := range unroll {
+				step(func(int) Mem { return Mem{Base: kp, Disp: 64*i + 1024*st} },
+					func(r int) Mem { return Mem{Base: qr[r], Disp: 4*i + 64*st} })
+			}
+			return acc
+		}
 		kr, qo, cnt := GP64(), GP64(), GP64()
 		LEAQ(Mem{Base: kp, Disp: 64 * i}, kr)
 		MOVQ(U32(4*i), qo)
 		MOVQ(steps, cnt)
-		lbl := fmt.Sprintf("leaf%d", i)
+		lbl := fmt.Sprintf("%sleaf%d", p, i)
 		Label(lbl)
-		kv := ZMM()
-		VMOVDQU32(Mem{Base: kr}, kv)
-		for r := range rows {
-			b := ZMM()
-			VPBROADCASTD(Mem{Base: qr[r], Index: qo, Scale: 1}, b)
-			vdpbf16ps(kv, b, acc[r])
-		}
+		step(func(int) Mem { return Mem{Base: kr} },
+			func(r int) Mem { return Mem{Base: qr[r], Index: qo, Scale: 1} })
 		ADDQ(U32(1024), kr)
 		ADDQ(U32(64), qo)
 		DECQ(cnt)
@@ -114,10 +147,8 @@ func attnScores(rows int) {
 	SHLQ(U8(10), stride)
 	ADDQ(stride, kp)
 	DECQ(groups)
-	JNE(LabelRef("group"))
-	Label("done")
-	VZEROUPPER()
-	RET()
+	JNE(LabelRef(p + "group"))
+	Label(p + "end")
 }
 
 // attnSoftmax emits the online-softmax step. For each of rows rows, with
