@@ -109,7 +109,8 @@ func TestAttnScoresMatchDotRowsBF16(t *testing.T) {
 
 // TestAttnSoftmaxStep checks one online-softmax step against its
 // definition in float64: the maximum, the rescale, weights within bf16
-// rounding of e^(s−m), zero weights past n, the sum of the rounded
+// rounding of e^(s−m) and equal to bf16 of ExpSum's exponential, zero
+// weights past n, the sum of the rounded
 // weights; and that a row's results do not depend on the other rows of
 // the call.
 func TestAttnSoftmaxStep(t *testing.T) {
@@ -169,6 +170,12 @@ func TestAttnSoftmaxStep(t *testing.T) {
 					e := math.Exp(float64(s[i*lds+j]) - mnew)
 					if math.Abs(got-e) > e*(1.0/256+1e-6) {
 						t.Fatalf("hd %d n %d row %d: w[%d] = %g, e^(s−m) = %g", hd, n, i, j, got, e)
+					}
+					// The exponential is ExpSum's, bit for bit.
+					x := []float32{s[i*lds+j]}
+					ExpSum(x, m[i])
+					if w[i*ldw+j] != F32ToBF16(x[0]) {
+						t.Fatalf("hd %d n %d row %d: w[%d] = %#x, bf16 of ExpSum's e^(s−m) %#x", hd, n, i, j, w[i*ldw+j], F32ToBF16(x[0]))
 					}
 					sum += got
 				}

@@ -11536,8 +11536,6 @@ pair:
 	VSUBPS       Z7, Z6, Z5
 	VMOVUPS      expconst<>+0(SB), Z6
 	VMAXPS       Z5, Z6, Z5
-	VMOVUPS      expconst<>+64(SB), Z6
-	VMINPS       Z5, Z6, Z5
 	VMULPS       expconst<>+128(SB), Z5, Z6
 	VRNDSCALEPS  $0x00, Z6, Z6
 	VFNMADD231PS expconst<>+192(SB), Z6, Z5
@@ -11551,15 +11549,7 @@ pair:
 	VMULPS       Z5, Z5, Z16
 	VFMADD213PS  Z5, Z16, Z15
 	VADDPS       expconst<>+704(SB), Z15, Z15
-	VCVTPS2DQ    Z6, Z5
-	VPSRAD       $0x01, Z5, Z6
-	VPSUBD       Z6, Z5, Z5
-	VPADDD       expconst<>+768(SB), Z6, Z6
-	VPADDD       expconst<>+768(SB), Z5, Z5
-	VPSLLD       $0x17, Z6, Z6
-	VPSLLD       $0x17, Z5, Z5
-	VMULPS       Z6, Z15, Z15
-	VMULPS       Z5, Z15, Z5
+	VSCALEFPS    Z6, Z15, Z5
 	VMULSS       (SI), X5, X6
 	VMOVSS       X6, (SI)
 	MOVQ         hd+64(FP), R11
@@ -11592,8 +11582,6 @@ pskip0:
 	VSUBPS       Z14, Z13, Z5
 	VMOVUPS      expconst<>+0(SB), Z6
 	VMAXPS       Z5, Z6, Z5
-	VMOVUPS      expconst<>+64(SB), Z6
-	VMINPS       Z5, Z6, Z5
 	VMULPS       expconst<>+128(SB), Z5, Z6
 	VRNDSCALEPS  $0x00, Z6, Z6
 	VFNMADD231PS expconst<>+192(SB), Z6, Z5
@@ -11607,15 +11595,7 @@ pskip0:
 	VMULPS       Z5, Z5, Z13
 	VFMADD213PS  Z5, Z13, Z12
 	VADDPS       expconst<>+704(SB), Z12, Z12
-	VCVTPS2DQ    Z6, Z5
-	VPSRAD       $0x01, Z5, Z6
-	VPSUBD       Z6, Z5, Z5
-	VPADDD       expconst<>+768(SB), Z6, Z6
-	VPADDD       expconst<>+768(SB), Z5, Z5
-	VPSLLD       $0x17, Z6, Z6
-	VPSLLD       $0x17, Z5, Z5
-	VMULPS       Z6, Z12, Z12
-	VMULPS       Z5, Z12, Z5
+	VSCALEFPS    Z6, Z12, Z5
 	VMULSS       4(SI), X5, X6
 	VMOVSS       X6, 4(SI)
 	MOVQ         hd+64(FP), R11
@@ -11646,8 +11626,6 @@ pskip1:
 	VSUBPS        Z7, Z1, Z1
 	VMOVUPS       expconst<>+0(SB), Z5
 	VMAXPS        Z1, Z5, Z1
-	VMOVUPS       expconst<>+64(SB), Z5
-	VMINPS        Z1, Z5, Z1
 	VMULPS        expconst<>+128(SB), Z1, Z5
 	VRNDSCALEPS   $0x00, Z5, Z5
 	VFNMADD231PS  expconst<>+192(SB), Z5, Z1
@@ -11661,15 +11639,7 @@ pskip1:
 	VMULPS        Z1, Z1, Z12
 	VFMADD213PS   Z1, Z12, Z6
 	VADDPS        expconst<>+704(SB), Z6, Z6
-	VCVTPS2DQ     Z5, Z1
-	VPSRAD        $0x01, Z1, Z5
-	VPSUBD        Z5, Z1, Z1
-	VPADDD        expconst<>+768(SB), Z5, Z5
-	VPADDD        expconst<>+768(SB), Z1, Z1
-	VPSLLD        $0x17, Z5, Z5
-	VPSLLD        $0x17, Z1, Z1
-	VMULPS        Z5, Z6, Z6
-	VMULPS        Z1, Z6, Z1
+	VSCALEFPS     Z5, Z6, Z1
 	// VCVTNEPS2BF16 Z1, Y1
 	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xc9
 	VMOVDQU       Y1, (R8)
@@ -11678,8 +11648,6 @@ pskip1:
 	VSUBPS        Z7, Z2, Z2
 	VMOVUPS       expconst<>+0(SB), Z5
 	VMAXPS        Z2, Z5, Z2
-	VMOVUPS       expconst<>+64(SB), Z5
-	VMINPS        Z2, Z5, Z2
 	VMULPS        expconst<>+128(SB), Z2, Z5
 	VRNDSCALEPS   $0x00, Z5, Z5
 	VFNMADD231PS  expconst<>+192(SB), Z5, Z2
@@ -11693,15 +11661,7 @@ pskip1:
 	VMULPS        Z2, Z2, Z12
 	VFMADD213PS   Z2, Z12, Z6
 	VADDPS        expconst<>+704(SB), Z6, Z6
-	VCVTPS2DQ     Z5, Z2
-	VPSRAD        $0x01, Z2, Z5
-	VPSUBD        Z5, Z2, Z2
-	VPADDD        expconst<>+768(SB), Z5, Z5
-	VPADDD        expconst<>+768(SB), Z2, Z2
-	VPSLLD        $0x17, Z5, Z5
-	VPSLLD        $0x17, Z2, Z2
-	VMULPS        Z5, Z6, Z6
-	VMULPS        Z2, Z6, Z2
+	VSCALEFPS     Z5, Z6, Z2
 	// VCVTNEPS2BF16 Z2, Y2
 	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xd2
 	VMOVDQU       Y2, 32(R8)
@@ -11710,8 +11670,6 @@ pskip1:
 	VSUBPS        Z7, Z3, Z3
 	VMOVUPS       expconst<>+0(SB), Z5
 	VMAXPS        Z3, Z5, Z3
-	VMOVUPS       expconst<>+64(SB), Z5
-	VMINPS        Z3, Z5, Z3
 	VMULPS        expconst<>+128(SB), Z3, Z5
 	VRNDSCALEPS   $0x00, Z5, Z5
 	VFNMADD231PS  expconst<>+192(SB), Z5, Z3
@@ -11725,15 +11683,7 @@ pskip1:
 	VMULPS        Z3, Z3, Z12
 	VFMADD213PS   Z3, Z12, Z6
 	VADDPS        expconst<>+704(SB), Z6, Z6
-	VCVTPS2DQ     Z5, Z3
-	VPSRAD        $0x01, Z3, Z5
-	VPSUBD        Z5, Z3, Z3
-	VPADDD        expconst<>+768(SB), Z5, Z5
-	VPADDD        expconst<>+768(SB), Z3, Z3
-	VPSLLD        $0x17, Z5, Z5
-	VPSLLD        $0x17, Z3, Z3
-	VMULPS        Z5, Z6, Z6
-	VMULPS        Z3, Z6, Z3
+	VSCALEFPS     Z5, Z6, Z3
 	// VCVTNEPS2BF16 Z3, Y3
 	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xdb
 	VMOVDQU       Y3, 64(R8)
@@ -11742,8 +11692,6 @@ pskip1:
 	VSUBPS        Z7, Z4, Z4
 	VMOVUPS       expconst<>+0(SB), Z5
 	VMAXPS        Z4, Z5, Z4
-	VMOVUPS       expconst<>+64(SB), Z5
-	VMINPS        Z4, Z5, Z4
 	VMULPS        expconst<>+128(SB), Z4, Z5
 	VRNDSCALEPS   $0x00, Z5, Z5
 	VFNMADD231PS  expconst<>+192(SB), Z5, Z4
@@ -11757,15 +11705,7 @@ pskip1:
 	VMULPS        Z4, Z4, Z7
 	VFMADD213PS   Z4, Z7, Z6
 	VADDPS        expconst<>+704(SB), Z6, Z6
-	VCVTPS2DQ     Z5, Z4
-	VPSRAD        $0x01, Z4, Z5
-	VPSUBD        Z5, Z4, Z4
-	VPADDD        expconst<>+768(SB), Z5, Z5
-	VPADDD        expconst<>+768(SB), Z4, Z4
-	VPSLLD        $0x17, Z5, Z5
-	VPSLLD        $0x17, Z4, Z4
-	VMULPS        Z5, Z6, Z6
-	VMULPS        Z4, Z6, Z4
+	VSCALEFPS     Z5, Z6, Z4
 	// VCVTNEPS2BF16 Z4, Y4
 	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xe4
 	VMOVDQU       Y4, 96(R8)
@@ -11787,8 +11727,6 @@ pskip1:
 	VSUBPS        Z14, Z8, Z8
 	VMOVUPS       expconst<>+0(SB), Z1
 	VMAXPS        Z8, Z1, Z8
-	VMOVUPS       expconst<>+64(SB), Z1
-	VMINPS        Z8, Z1, Z8
 	VMULPS        expconst<>+128(SB), Z8, Z1
 	VRNDSCALEPS   $0x00, Z1, Z1
 	VFNMADD231PS  expconst<>+192(SB), Z1, Z8
@@ -11802,15 +11740,7 @@ pskip1:
 	VMULPS        Z8, Z8, Z3
 	VFMADD213PS   Z8, Z3, Z2
 	VADDPS        expconst<>+704(SB), Z2, Z2
-	VCVTPS2DQ     Z1, Z1
-	VPSRAD        $0x01, Z1, Z3
-	VPSUBD        Z3, Z1, Z1
-	VPADDD        expconst<>+768(SB), Z3, Z3
-	VPADDD        expconst<>+768(SB), Z1, Z1
-	VPSLLD        $0x17, Z3, Z3
-	VPSLLD        $0x17, Z1, Z1
-	VMULPS        Z3, Z2, Z2
-	VMULPS        Z1, Z2, Z8
+	VSCALEFPS     Z1, Z2, Z8
 	// VCVTNEPS2BF16 Z8, Y1
 	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xc8
 	VMOVDQU       Y1, (R13)
@@ -11819,8 +11749,6 @@ pskip1:
 	VSUBPS        Z14, Z9, Z9
 	VMOVUPS       expconst<>+0(SB), Z2
 	VMAXPS        Z9, Z2, Z9
-	VMOVUPS       expconst<>+64(SB), Z2
-	VMINPS        Z9, Z2, Z9
 	VMULPS        expconst<>+128(SB), Z9, Z2
 	VRNDSCALEPS   $0x00, Z2, Z2
 	VFNMADD231PS  expconst<>+192(SB), Z2, Z9
@@ -11834,15 +11762,7 @@ pskip1:
 	VMULPS        Z9, Z9, Z4
 	VFMADD213PS   Z9, Z4, Z3
 	VADDPS        expconst<>+704(SB), Z3, Z3
-	VCVTPS2DQ     Z2, Z2
-	VPSRAD        $0x01, Z2, Z4
-	VPSUBD        Z4, Z2, Z2
-	VPADDD        expconst<>+768(SB), Z4, Z4
-	VPADDD        expconst<>+768(SB), Z2, Z2
-	VPSLLD        $0x17, Z4, Z4
-	VPSLLD        $0x17, Z2, Z2
-	VMULPS        Z4, Z3, Z3
-	VMULPS        Z2, Z3, Z9
+	VSCALEFPS     Z2, Z3, Z9
 	// VCVTNEPS2BF16 Z9, Y2
 	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xd1
 	VMOVDQU       Y2, 32(R13)
@@ -11851,8 +11771,6 @@ pskip1:
 	VSUBPS        Z14, Z10, Z10
 	VMOVUPS       expconst<>+0(SB), Z3
 	VMAXPS        Z10, Z3, Z10
-	VMOVUPS       expconst<>+64(SB), Z3
-	VMINPS        Z10, Z3, Z10
 	VMULPS        expconst<>+128(SB), Z10, Z3
 	VRNDSCALEPS   $0x00, Z3, Z3
 	VFNMADD231PS  expconst<>+192(SB), Z3, Z10
@@ -11866,15 +11784,7 @@ pskip1:
 	VMULPS        Z10, Z10, Z5
 	VFMADD213PS   Z10, Z5, Z4
 	VADDPS        expconst<>+704(SB), Z4, Z4
-	VCVTPS2DQ     Z3, Z3
-	VPSRAD        $0x01, Z3, Z5
-	VPSUBD        Z5, Z3, Z3
-	VPADDD        expconst<>+768(SB), Z5, Z5
-	VPADDD        expconst<>+768(SB), Z3, Z3
-	VPSLLD        $0x17, Z5, Z5
-	VPSLLD        $0x17, Z3, Z3
-	VMULPS        Z5, Z4, Z4
-	VMULPS        Z3, Z4, Z10
+	VSCALEFPS     Z3, Z4, Z10
 	// VCVTNEPS2BF16 Z10, Y3
 	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xda
 	VMOVDQU       Y3, 64(R13)
@@ -11883,8 +11793,6 @@ pskip1:
 	VSUBPS        Z14, Z11, Z11
 	VMOVUPS       expconst<>+0(SB), Z4
 	VMAXPS        Z11, Z4, Z11
-	VMOVUPS       expconst<>+64(SB), Z4
-	VMINPS        Z11, Z4, Z11
 	VMULPS        expconst<>+128(SB), Z11, Z4
 	VRNDSCALEPS   $0x00, Z4, Z4
 	VFNMADD231PS  expconst<>+192(SB), Z4, Z11
@@ -11898,15 +11806,7 @@ pskip1:
 	VMULPS        Z11, Z11, Z6
 	VFMADD213PS   Z11, Z6, Z5
 	VADDPS        expconst<>+704(SB), Z5, Z5
-	VCVTPS2DQ     Z4, Z4
-	VPSRAD        $0x01, Z4, Z6
-	VPSUBD        Z6, Z4, Z4
-	VPADDD        expconst<>+768(SB), Z6, Z6
-	VPADDD        expconst<>+768(SB), Z4, Z4
-	VPSLLD        $0x17, Z6, Z6
-	VPSLLD        $0x17, Z4, Z4
-	VMULPS        Z6, Z5, Z5
-	VMULPS        Z4, Z5, Z11
+	VSCALEFPS     Z4, Z5, Z11
 	// VCVTNEPS2BF16 Z11, Y4
 	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xe3
 	VMOVDQU       Y4, 96(R13)
@@ -11969,8 +11869,6 @@ single:
 	VSUBPS       Z6, Z5, Z4
 	VMOVUPS      expconst<>+0(SB), Z5
 	VMAXPS       Z4, Z5, Z4
-	VMOVUPS      expconst<>+64(SB), Z5
-	VMINPS       Z4, Z5, Z4
 	VMULPS       expconst<>+128(SB), Z4, Z5
 	VRNDSCALEPS  $0x00, Z5, Z5
 	VFNMADD231PS expconst<>+192(SB), Z5, Z4
@@ -11984,15 +11882,7 @@ single:
 	VMULPS       Z4, Z4, Z8
 	VFMADD213PS  Z4, Z8, Z7
 	VADDPS       expconst<>+704(SB), Z7, Z7
-	VCVTPS2DQ    Z5, Z4
-	VPSRAD       $0x01, Z4, Z5
-	VPSUBD       Z5, Z4, Z4
-	VPADDD       expconst<>+768(SB), Z5, Z5
-	VPADDD       expconst<>+768(SB), Z4, Z4
-	VPSLLD       $0x17, Z5, Z5
-	VPSLLD       $0x17, Z4, Z4
-	VMULPS       Z5, Z7, Z7
-	VMULPS       Z4, Z7, Z4
+	VSCALEFPS    Z5, Z7, Z4
 	VMULSS       (SI), X4, X5
 	VMOVSS       X5, (SI)
 	MOVQ         hd+64(FP), R11
@@ -12023,8 +11913,6 @@ sskip0:
 	VSUBPS        Z6, Z1, Z1
 	VMOVUPS       expconst<>+0(SB), Z4
 	VMAXPS        Z1, Z4, Z1
-	VMOVUPS       expconst<>+64(SB), Z4
-	VMINPS        Z1, Z4, Z1
 	VMULPS        expconst<>+128(SB), Z1, Z4
 	VRNDSCALEPS   $0x00, Z4, Z4
 	VFNMADD231PS  expconst<>+192(SB), Z4, Z1
@@ -12038,15 +11926,7 @@ sskip0:
 	VMULPS        Z1, Z1, Z7
 	VFMADD213PS   Z1, Z7, Z5
 	VADDPS        expconst<>+704(SB), Z5, Z5
-	VCVTPS2DQ     Z4, Z1
-	VPSRAD        $0x01, Z1, Z4
-	VPSUBD        Z4, Z1, Z1
-	VPADDD        expconst<>+768(SB), Z4, Z4
-	VPADDD        expconst<>+768(SB), Z1, Z1
-	VPSLLD        $0x17, Z4, Z4
-	VPSLLD        $0x17, Z1, Z1
-	VMULPS        Z4, Z5, Z5
-	VMULPS        Z1, Z5, Z1
+	VSCALEFPS     Z4, Z5, Z1
 	// VCVTNEPS2BF16 Z1, Y1
 	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xc9
 	VMOVDQU       Y1, (R8)
@@ -12055,8 +11935,6 @@ sskip0:
 	VSUBPS        Z6, Z2, Z2
 	VMOVUPS       expconst<>+0(SB), Z4
 	VMAXPS        Z2, Z4, Z2
-	VMOVUPS       expconst<>+64(SB), Z4
-	VMINPS        Z2, Z4, Z2
 	VMULPS        expconst<>+128(SB), Z2, Z4
 	VRNDSCALEPS   $0x00, Z4, Z4
 	VFNMADD231PS  expconst<>+192(SB), Z4, Z2
@@ -12070,15 +11948,7 @@ sskip0:
 	VMULPS        Z2, Z2, Z7
 	VFMADD213PS   Z2, Z7, Z5
 	VADDPS        expconst<>+704(SB), Z5, Z5
-	VCVTPS2DQ     Z4, Z2
-	VPSRAD        $0x01, Z2, Z4
-	VPSUBD        Z4, Z2, Z2
-	VPADDD        expconst<>+768(SB), Z4, Z4
-	VPADDD        expconst<>+768(SB), Z2, Z2
-	VPSLLD        $0x17, Z4, Z4
-	VPSLLD        $0x17, Z2, Z2
-	VMULPS        Z4, Z5, Z5
-	VMULPS        Z2, Z5, Z2
+	VSCALEFPS     Z4, Z5, Z2
 	// VCVTNEPS2BF16 Z2, Y2
 	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xd2
 	VMOVDQU       Y2, 32(R8)
@@ -12087,8 +11957,6 @@ sskip0:
 	VSUBPS        Z6, Z3, Z3
 	VMOVUPS       expconst<>+0(SB), Z4
 	VMAXPS        Z3, Z4, Z3
-	VMOVUPS       expconst<>+64(SB), Z4
-	VMINPS        Z3, Z4, Z3
 	VMULPS        expconst<>+128(SB), Z3, Z4
 	VRNDSCALEPS   $0x00, Z4, Z4
 	VFNMADD231PS  expconst<>+192(SB), Z4, Z3
@@ -12102,15 +11970,7 @@ sskip0:
 	VMULPS        Z3, Z3, Z7
 	VFMADD213PS   Z3, Z7, Z5
 	VADDPS        expconst<>+704(SB), Z5, Z5
-	VCVTPS2DQ     Z4, Z3
-	VPSRAD        $0x01, Z3, Z4
-	VPSUBD        Z4, Z3, Z3
-	VPADDD        expconst<>+768(SB), Z4, Z4
-	VPADDD        expconst<>+768(SB), Z3, Z3
-	VPSLLD        $0x17, Z4, Z4
-	VPSLLD        $0x17, Z3, Z3
-	VMULPS        Z4, Z5, Z5
-	VMULPS        Z3, Z5, Z3
+	VSCALEFPS     Z4, Z5, Z3
 	// VCVTNEPS2BF16 Z3, Y3
 	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xdb
 	VMOVDQU       Y3, 64(R8)
@@ -12119,8 +11979,6 @@ sskip0:
 	VSUBPS        Z6, Z0, Z0
 	VMOVUPS       expconst<>+0(SB), Z4
 	VMAXPS        Z0, Z4, Z0
-	VMOVUPS       expconst<>+64(SB), Z4
-	VMINPS        Z0, Z4, Z0
 	VMULPS        expconst<>+128(SB), Z0, Z4
 	VRNDSCALEPS   $0x00, Z4, Z4
 	VFNMADD231PS  expconst<>+192(SB), Z4, Z0
@@ -12134,15 +11992,7 @@ sskip0:
 	VMULPS        Z0, Z0, Z6
 	VFMADD213PS   Z0, Z6, Z5
 	VADDPS        expconst<>+704(SB), Z5, Z5
-	VCVTPS2DQ     Z4, Z0
-	VPSRAD        $0x01, Z0, Z4
-	VPSUBD        Z4, Z0, Z0
-	VPADDD        expconst<>+768(SB), Z4, Z4
-	VPADDD        expconst<>+768(SB), Z0, Z0
-	VPSLLD        $0x17, Z4, Z4
-	VPSLLD        $0x17, Z0, Z0
-	VMULPS        Z4, Z5, Z5
-	VMULPS        Z0, Z5, Z0
+	VSCALEFPS     Z4, Z5, Z0
 	// VCVTNEPS2BF16 Z0, Y0
 	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x72; BYTE $0xc0
 	VMOVDQU       Y0, 96(R8)

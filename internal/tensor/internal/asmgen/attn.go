@@ -151,6 +151,32 @@ func scoreGroups(rows int, p string, unroll int, qr []GPVirtual, kp, groups, ste
 	Label(p + "end")
 }
 
+// expNonPos replaces the lanes of v (≤ 0, or −Inf) with e^v: exp's
+// algorithm with the same bits, shortened for the softmax weights. The
+// upper clamp is dropped (v ≤ 0), and the scaling by 2^n is one VSCALEFPS:
+// p·2^n rounded once, which is what exp's two exact power-of-two factors
+// compute (p·2^⌊n/2⌋ is exact, the second product rounds once).
+func expNonPos(v VecVirtual) {
+	t := ZMM()
+	VMOVUPS(cnst(cExpLo), t)
+	VMAXPS(v, t, v) // −Inf clamps to −104, whose e^ rounds to +0; NaN stays
+	n := ZMM()
+	VMULPS(cnst(cLog2e), v, n)
+	VRNDSCALEPS(U8(0), n, n)
+	VFNMADD231PS(cnst(cLn2Hi), n, v)
+	VFNMADD231PS(cnst(cLn2Lo), n, v)
+	p := ZMM()
+	VMOVUPS(cnst(cP0), p)
+	for _, c := range []int{cP1, cP2, cP3, cP4, cP5} {
+		VFMADD213PS(cnst(c), v, p)
+	}
+	r2 := ZMM()
+	VMULPS(v, v, r2)
+	VFMADD213PS(v, r2, p)
+	VADDPS(cnst(cOne), p, p)
+	VSCALEFPS(n, p, v)
+}
+
 // attnSoftmax emits the online-softmax step. For each of rows rows, with
 // s_j (j < n ≤ 64) the row's scores, m and l its running maximum and sum
 // and acc its hd unnormalised outputs:
@@ -248,7 +274,7 @@ func attnSoftmax() {
 			JLS(LabelRef(skip))                  // mx ≤ mold (or NaN): no rescale
 			f := ZMM()
 			VSUBPS(mnew[r], mold[r], f) // f = mold − mnew
-			exp(avx512, f)
+			expNonPos(f)
 			lx := XMM()
 			VMULSS(Mem{Base: lp, Disp: 4 * r}, f.AsX(), lx)
 			VMOVSS(lx, Mem{Base: lp, Disp: 4 * r})
@@ -280,7 +306,7 @@ func attnSoftmax() {
 			z := make([]VecVirtual, 4)
 			for i := range 4 {
 				VSUBPS(mnew[r], v[r][i], v[r][i])
-				exp(avx512, v[r][i])
+				expNonPos(v[r][i])
 				h := YMM()
 				vcvtneps2bf16(v[r][i], h)
 				VMOVDQU(h, Mem{Base: wr[r], Disp: 32 * i})
