@@ -64,9 +64,9 @@ import (
 //     then tensor.AttnPVBF16 over the key pairs (j, j+1), j = c0, c0+2, ...
 //     in order: acc[t] += w_j·v_j[t] + w_{j+1}·v_{j+1}[t] as one VDPBF16PS
 //     lane, a trailing odd key paired with a zero weight and a zero value
-//     (the slot after it is never read). A pair split across two KV blocks
-//     is copied side by side first, so the pairs do not depend on the block
-//     size either.
+//     (the slot after it is never read). One call takes the chunk's value
+//     rows wherever their blocks are, so the pairs do not depend on the
+//     block size either.
 //  3. out[t] = acc[t]·(1/l).
 //
 // The weights are rounded to bf16 before they multiply the values, as
@@ -129,9 +129,10 @@ type attnScratch struct {
 	mx, l  []float32 // running maximum and sum [R]
 	factor [1]float32
 	// The bf16 path's buffers: padded bf16 queries [R, 2·AttnKeyPairs],
-	// bf16 weights of the current chunk [R, attnKeyChunk], and two value
-	// rows of a key pair split across blocks.
-	qp, p, pair []uint16
+	// bf16 weights of the current chunk [R, attnKeyChunk], and where the
+	// chunk's value rows are in the pool.
+	qp, p []uint16
+	voffs []int
 }
 
 func (w *attnScratch) grow(rows, hd int) {

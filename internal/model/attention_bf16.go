@@ -88,6 +88,9 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout KVLayout, li in
 	R := (kh1 - kh0) * perHead
 	w.grow(R, hd)
 	w.p = growU16(w.p, R*C)
+	if w.voffs == nil {
+		w.voffs = make([]int, C)
+	}
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	for kvh := kh0; kvh < kh1; kvh++ {
 		for tok := range ntok {
@@ -141,27 +144,35 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout KVLayout, li in
 				j = je
 			}
 		}
-		// Tokens from tokFull on see the whole chunk and share one call;
-		// the ones before it (on the diagonal) see fewer keys each.
+		// Where the chunk's value rows are (KV head kh0's columns).
+		for j := c0; j < c1; {
+			blk, slot := j/bs, j%bs
+			je := min(c1, (blk+1)*bs)
+			off := layout.Offset(int(sq.Blocks[blk]), li, 1, slot) + kh0*hd
+			for k := j; k < je; k++ {
+				w.voffs[k-c0] = off
+				off += kvd
+			}
+			j = je
+		}
 		tokFull := max(tokLo, c1-1-first)
 		if ntok == 1 {
 			// A decode token: every KV head's rows see the whole chunk.
 			attnSoftmax(w, 0, R, c1-c0, hd)
 			for kvh := kh0; kvh < kh1; kvh++ {
-				attnValues(w, kv, layout, li, sq, (kvh-kh0)*perHead, perHead, c0, c1-c0, kvh*hd, hd)
+				attnValues(w, kv, (kvh-kh0)*perHead, perHead, c1-c0, (kvh-kh0)*hd, hd)
 			}
 			continue
 		}
-		for kvh := kh0; kvh < kh1; kvh++ {
-			base := (kvh - kh0) * perHead
-			r0, rows := base+tokFull*group, (ntok-tokFull)*group
-			attnSoftmax(w, r0, rows, c1-c0, hd)
-			attnValues(w, kv, layout, li, sq, r0, rows, c0, c1-c0, kvh*hd, hd)
-			for tok := tokLo; tok < tokFull; tok++ {
-				r0, n := base+tok*group, first+tok+1-c0
-				attnSoftmax(w, r0, group, n, hd)
-				attnValues(w, kv, layout, li, sq, r0, group, c0, n, kvh*hd, hd)
-			}
+		// Tokens from tokFull on see the whole chunk and share one call;
+		// the ones before it (on the diagonal) see fewer keys each.
+		r0, rows := tokFull*group, (ntok-tokFull)*group
+		attnSoftmax(w, r0, rows, c1-c0, hd)
+		attnValues(w, kv, r0, rows, c1-c0, 0, hd)
+		for tok := tokLo; tok < tokFull; tok++ {
+			r0, n := tok*group, first+tok+1-c0
+			attnSoftmax(w, r0, group, n, hd)
+			attnValues(w, kv, r0, group, n, 0, hd)
 		}
 	}
 	for kvh := kh0; kvh < kh1; kvh++ {
@@ -187,35 +198,15 @@ func attnSoftmax(w *attnScratch, r0, rows, n, hd int) {
 	tensor.AttnSoftmaxBF16(w.s[r0*C:], C, rows, n, w.mx[r0:], w.l[r0:], w.acc[r0*hd:], hd, hd, w.p[r0*C:], C)
 }
 
-// attnValues adds the values of keys [c0, c0+n) (the value rows' KV head
-// columns from voff) weighted by w.p to the accumulators of query rows
-// [r0, r0+rows), block segment by block segment. A key pair that
-// straddles two blocks (odd block sizes) is copied side by side first, so
-// the pairs, and so every accumulator's VDPBF16PS steps, are the same
-// whatever the block size.
-func attnValues(w *attnScratch, kv kvView, layout KVLayout, li int, sq *Seq, r0, rows, c0, n, voff, hd int) {
+// attnValues adds the values of the first n keys of the chunk (value
+// rows at w.voffs, plus voff for the KV head's columns) weighted by w.p to
+// the accumulators of query rows [r0, r0+rows). One call covers the
+// chunk's keys wherever their blocks are, so the key pairs, and so every
+// accumulator's VDPBF16PS steps, are the same whatever the block size.
+func attnValues(w *attnScratch, kv kvView, r0, rows, n, voff, hd int) {
 	const C = attnKeyChunk
-	acc, p := w.acc[r0*hd:], w.p[r0*C:]
-	bs, ld := layout.BlockSize, layout.TokenElems()
-	e := c0 + n
-	for j := c0; j < e; {
-		blk, slot := j/bs, j%bs
-		je := min(e, (blk+1)*bs)
-		off := layout.Offset(int(sq.Blocks[blk]), li, 1, slot) + voff
-		cnt := je - j
-		if cnt%2 == 0 || je == e {
-			tensor.AttnPVBF16(acc, hd, p[j-c0:], C, rows, kv.u16[off:], ld, cnt, hd)
-			j = je
-			continue
-		}
-		tensor.AttnPVBF16(acc, hd, p[j-c0:], C, rows, kv.u16[off:], ld, cnt-1, hd)
-		w.pair = growU16(w.pair, 2*hd)
-		copy(w.pair[:hd], kv.u16[off+(cnt-1)*ld:][:hd])
-		next := layout.Offset(int(sq.Blocks[je/bs]), li, 1, 0) + voff
-		copy(w.pair[hd:], kv.u16[next:][:hd])
-		tensor.AttnPVBF16(acc, hd, p[je-1-c0:], C, rows, w.pair, hd, 2, hd)
-		j = je + 1
-	}
+	u16 := kv.u16[voff:]
+	tensor.AttnPVBF16(w.acc[r0*hd:], hd, w.p[r0*C:], C, rows, u16, w.voffs[:n], n, hd)
 }
 
 func growU16(b []uint16, n int) []uint16 {

@@ -116,23 +116,29 @@ func AttnSoftmaxBF16(s []float32, lds, rows, n int, m, l, acc []float32, lda, hd
 }
 
 // AttnPVBF16 adds to rows accumulator rows acc[r·lda:][:hd] the n value
-// rows v[j·ldv:][:hd] weighted by the bf16 weights w[r·ldw + j], over key
-// pairs: for j = 0, 2, 4, ... < n in order, one VDPBF16PS lane per element,
+// rows v[offs[j]:][:hd] (anywhere in v: the blocks of a paged pool)
+// weighted by the bf16 weights w[r·ldw + j], over key pairs: for j = 0, 2,
+// 4, ... < n in order, one VDPBF16PS lane per element,
 //
-//	acc[r·lda+t] += w[r·ldw+j]·v[j·ldv+t] + w[r·ldw+j+1]·v[(j+1)·ldv+t]
+//	acc[r·lda+t] += w[r·ldw+j]·v[offs[j]+t] + w[r·ldw+j+1]·v[offs[j+1]+t]
 //
-// With n odd the last pair's second value is zero and its row is never
-// read; its weight w[r·ldw+n] must be zero (AttnSoftmaxBF16 writes it so).
+// With n odd the last pair's second value is zero and no row is read for
+// it; its weight w[r·ldw+n] must be zero (AttnSoftmaxBF16 writes it so).
 // Splitting the keys at even counts across calls does not change the
-// result. It panics if a slice is too short.
-func AttnPVBF16(acc []float32, lda int, w []uint16, ldw, rows int, v []uint16, ldv, n, hd int) {
+// result. It panics if a slice is too short or an offset out of range.
+func AttnPVBF16(acc []float32, lda int, w []uint16, ldw, rows int, v []uint16, offs []int, n, hd int) {
 	if rows <= 0 || n <= 0 || hd <= 0 {
 		return
 	}
-	if len(acc) < (rows-1)*lda+hd || len(w) < (rows-1)*ldw+(n+1)/2*2 || len(v) < (n-1)*ldv+hd ||
-		(rows > 1 && (lda < hd || ldw < n)) || (n > 1 && ldv < hd) {
-		panic(fmt.Sprintf("tensor: AttnPVBF16 with short operands (rows=%d n=%d hd=%d; len acc=%d w=%d v=%d; lda=%d ldw=%d ldv=%d)",
-			rows, n, hd, len(acc), len(w), len(v), lda, ldw, ldv))
+	if len(acc) < (rows-1)*lda+hd || len(w) < (rows-1)*ldw+(n+1)/2*2 || len(offs) < n ||
+		(rows > 1 && (lda < hd || ldw < n)) {
+		panic(fmt.Sprintf("tensor: AttnPVBF16 with short operands (rows=%d n=%d hd=%d; len acc=%d w=%d offs=%d; lda=%d ldw=%d)",
+			rows, n, hd, len(acc), len(w), len(offs), lda, ldw))
 	}
-	active.Load().attnPV(&acc[0], lda, &w[0], ldw, rows, &v[0], ldv, n, hd)
+	for _, o := range offs[:n] {
+		if o < 0 || o > len(v)-hd {
+			panic(fmt.Sprintf("tensor: AttnPVBF16 with value row offset %d for rows of %d in %d elements", o, hd, len(v)))
+		}
+	}
+	active.Load().attnPV(&acc[0], lda, &w[0], ldw, rows, &v[0], &offs[0], n, hd)
 }

@@ -213,9 +213,10 @@ func TestAttnSoftmaxStep(t *testing.T) {
 }
 
 // TestAttnPVSplitsAndBatches checks the weighted value sum against float64
-// (one rounding per pair step), that an odd last key never reads the next
-// value row (NaN there), that splitting the keys at even counts and
-// computing rows alone or in blocks give the same bits.
+// (one rounding per pair step) with the value rows in shuffled places,
+// that an odd last key never reads the next value row (NaN there), that
+// splitting the keys at even counts and computing rows alone or in blocks
+// give the same bits.
 func TestAttnPVSplitsAndBatches(t *testing.T) {
 	bf16ISA(t)
 	r := rand.New(rand.NewPCG(7, 8))
@@ -240,8 +241,16 @@ func TestAttnPVSplitsAndBatches(t *testing.T) {
 				for i := range acc0 {
 					acc0[i] = float32(r.NormFloat64())
 				}
+				// Rows ldv apart, but in shuffled order: row j at slot perm[j].
+				perm := r.Perm(n + 1)
+				vs := make([]uint16, len(v))
+				offs := make([]int, n+1)
+				for j := range n + 1 {
+					offs[j] = perm[j] * ldv
+					copy(vs[offs[j]:offs[j]+ldv], v[j*ldv:(j+1)*ldv])
+				}
 				got := append([]float32(nil), acc0...)
-				AttnPVBF16(got, lda, w, ldw, rows, v, ldv, n, hd)
+				AttnPVBF16(got, lda, w, ldw, rows, vs, offs, n, hd)
 				for i := range rows {
 					for t2 := range hd {
 						want := float64(acc0[i*lda+t2])
@@ -261,8 +270,8 @@ func TestAttnPVSplitsAndBatches(t *testing.T) {
 				for split := 0; split <= n; split += 2 {
 					for i := range rows {
 						a := append([]float32(nil), acc0[i*lda:i*lda+hd]...)
-						AttnPVBF16(a, hd, w[i*ldw:], ldw, 1, v, ldv, split, hd)
-						AttnPVBF16(a, hd, w[i*ldw+split:], ldw, 1, v[split*ldv:], ldv, n-split, hd)
+						AttnPVBF16(a, hd, w[i*ldw:], ldw, 1, vs, offs, split, hd)
+						AttnPVBF16(a, hd, w[i*ldw+split:], ldw, 1, vs, offs[split:], n-split, hd)
 						for t2 := range hd {
 							if math.Float32bits(a[t2]) != math.Float32bits(got[i*lda+t2]) {
 								t.Fatalf("hd %d n %d rows %d: row %d split at %d: acc[%d] = %g, one call %g", hd, n, rows, i, split, t2, a[t2], got[i*lda+t2])
@@ -322,10 +331,14 @@ func BenchmarkAttnKernels(b *testing.B) {
 		}
 		b.ReportMetric(float64(rows*nk)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gkeys/s")
 	})
+	offs := make([]int, nk)
+	for j := range offs {
+		offs[j] = j * hd
+	}
 	b.Run("pv", func(b *testing.B) {
 		for b.Loop() {
 			for c0 := 0; c0 < nk; c0 += AttnChunk {
-				AttnPVBF16(acc, hd, w, AttnChunk, rows, keys[c0*hd:], hd, AttnChunk, hd)
+				AttnPVBF16(acc, hd, w, AttnChunk, rows, keys, offs[c0:], AttnChunk, hd)
 			}
 		}
 		report(b, flops)

@@ -12088,7 +12088,7 @@ DATA pvindex<>+124(SB)/2, $0x001f
 DATA pvindex<>+126(SB)/2, $0x003f
 GLOBL pvindex<>(SB), RODATA|NOPTR, $128
 
-// func attnPVDP(acc *float32, lda int, w *uint16, ldw int, rows int, v *uint16, ldv int, n int, hd int)
+// func attnPVDP(acc *float32, lda int, w *uint16, ldw int, rows int, v *uint16, offs *int, n int, hd int)
 // Requires: AVX, AVX512BW, AVX512DQ, AVX512F, BMI2
 TEXT ·attnPVDP(SB), NOSPLIT, $0-72
 	VMOVDQU16 pvindex<>+0(SB), Z0
@@ -12143,16 +12143,17 @@ wr8:
 	ADDQ    SI, R9
 	MOVQ    v+40(FP), R10
 	LEAQ    (R10)(AX*2), R10
-	MOVQ    ldv+48(FP), R11
-	SHLQ    $0x01, R11
+	MOVQ    offs+48(FP), R11
 	MOVQ    n+56(FP), R12
 	SHRQ    $0x01, R12
 	TESTQ   R12, R12
 	JE      wb8odd
 
 wb8pair:
-	VMOVDQU16    (R10), Z18
-	VMOVDQU16    (R10)(R11*1), Z19
+	MOVQ         (R11), R13
+	VMOVDQU16    (R10)(R13*2), Z18
+	MOVQ         8(R11), R13
+	VMOVDQU16    (R10)(R13*2), Z19
 	VMOVDQA64    Z18, Z20
 	VPERMT2W     Z19, Z1, Z20
 	VPERMT2W     Z19, Z0, Z18
@@ -12196,7 +12197,7 @@ wb8pair:
 	BYTE $0x62; BYTE $0xa2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xc2
 	// VDPBF16PS Z20, Z19, Z17
 	BYTE $0x62; BYTE $0xa2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xcc
-	LEAQ         (R10)(R11*2), R10
+	ADDQ         $0x00000010, R11
 	ADDQ         $0x00000004, DI
 	ADDQ         $0x00000004, R8
 	ADDQ         $0x00000004, R9
@@ -12204,10 +12205,11 @@ wb8pair:
 	JNE          wb8pair
 
 wb8odd:
-	MOVQ         n+56(FP), R11
-	TESTQ        $0x00000001, R11
+	MOVQ         n+56(FP), R12
+	TESTQ        $0x00000001, R12
 	JE           wb8store
-	VMOVDQU16    (R10), Z18
+	MOVQ         (R11), R11
+	VMOVDQU16    (R10)(R11*2), Z18
 	VXORPS       Z19, Z19, Z19
 	VMOVDQA64    Z18, Z20
 	VPERMT2W     Z19, Z1, Z20
@@ -12330,16 +12332,17 @@ wb1:
 	SHLQ    $0x01, BX
 	MOVQ    v+40(FP), BX
 	LEAQ    (BX)(AX*2), BX
-	MOVQ    ldv+48(FP), SI
-	SHLQ    $0x01, SI
+	MOVQ    offs+48(FP), SI
 	MOVQ    n+56(FP), DI
 	SHRQ    $0x01, DI
 	TESTQ   DI, DI
 	JE      wb1odd
 
 wb1pair:
-	VMOVDQU16    (BX), Z4
-	VMOVDQU16    (BX)(SI*1), Z5
+	MOVQ         (SI), R8
+	VMOVDQU16    (BX)(R8*2), Z4
+	MOVQ         8(SI), R8
+	VMOVDQU16    (BX)(R8*2), Z5
 	VMOVDQA64    Z4, Z6
 	VPERMT2W     Z5, Z1, Z6
 	VPERMT2W     Z5, Z0, Z4
@@ -12348,16 +12351,17 @@ wb1pair:
 	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xd4
 	// VDPBF16PS Z6, Z5, Z3
 	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xde
-	LEAQ         (BX)(SI*2), BX
+	ADDQ         $0x00000010, SI
 	ADDQ         $0x00000004, DX
 	DECQ         DI
 	JNE          wb1pair
 
 wb1odd:
-	MOVQ         n+56(FP), SI
-	TESTQ        $0x00000001, SI
+	MOVQ         n+56(FP), DI
+	TESTQ        $0x00000001, DI
 	JE           wb1store
-	VMOVDQU16    (BX), Z4
+	MOVQ         (SI), SI
+	VMOVDQU16    (BX)(SI*2), Z4
 	VXORPS       Z5, Z5, Z5
 	VMOVDQA64    Z4, Z6
 	VPERMT2W     Z5, Z1, Z6
@@ -12389,16 +12393,17 @@ wb2:
 	SHLQ    $0x01, BX
 	MOVQ    v+40(FP), SI
 	LEAQ    (SI)(AX*2), SI
-	MOVQ    ldv+48(FP), DI
-	SHLQ    $0x01, DI
+	MOVQ    offs+48(FP), DI
 	MOVQ    n+56(FP), R8
 	SHRQ    $0x01, R8
 	TESTQ   R8, R8
 	JE      wb2odd
 
 wb2pair:
-	VMOVDQU16    (SI), Z6
-	VMOVDQU16    (SI)(DI*1), Z7
+	MOVQ         (DI), R9
+	VMOVDQU16    (SI)(R9*2), Z6
+	MOVQ         8(DI), R9
+	VMOVDQU16    (SI)(R9*2), Z7
 	VMOVDQA64    Z6, Z8
 	VPERMT2W     Z7, Z1, Z8
 	VPERMT2W     Z7, Z0, Z6
@@ -12412,16 +12417,17 @@ wb2pair:
 	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
 	// VDPBF16PS Z8, Z7, Z5
 	BYTE $0x62; BYTE $0xd2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe8
-	LEAQ         (SI)(DI*2), SI
+	ADDQ         $0x00000010, DI
 	ADDQ         $0x00000004, DX
 	DECQ         R8
 	JNE          wb2pair
 
 wb2odd:
-	MOVQ         n+56(FP), DI
-	TESTQ        $0x00000001, DI
+	MOVQ         n+56(FP), R8
+	TESTQ        $0x00000001, R8
 	JE           wb2store
-	VMOVDQU16    (SI), Z6
+	MOVQ         (DI), DI
+	VMOVDQU16    (SI)(DI*2), Z6
 	VXORPS       Z7, Z7, Z7
 	VMOVDQA64    Z6, Z8
 	VPERMT2W     Z7, Z1, Z8
@@ -12464,16 +12470,17 @@ wb3:
 	SHLQ    $0x01, BX
 	MOVQ    v+40(FP), SI
 	LEAQ    (SI)(AX*2), SI
-	MOVQ    ldv+48(FP), DI
-	SHLQ    $0x01, DI
+	MOVQ    offs+48(FP), DI
 	MOVQ    n+56(FP), R8
 	SHRQ    $0x01, R8
 	TESTQ   R8, R8
 	JE      wb3odd
 
 wb3pair:
-	VMOVDQU16    (SI), Z8
-	VMOVDQU16    (SI)(DI*1), Z9
+	MOVQ         (DI), R9
+	VMOVDQU16    (SI)(R9*2), Z8
+	MOVQ         8(DI), R9
+	VMOVDQU16    (SI)(R9*2), Z9
 	VMOVDQA64    Z8, Z10
 	VPERMT2W     Z9, Z1, Z10
 	VPERMT2W     Z9, Z0, Z8
@@ -12492,16 +12499,17 @@ wb3pair:
 	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf0
 	// VDPBF16PS Z10, Z9, Z7
 	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xfa
-	LEAQ         (SI)(DI*2), SI
+	ADDQ         $0x00000010, DI
 	ADDQ         $0x00000004, DX
 	DECQ         R8
 	JNE          wb3pair
 
 wb3odd:
-	MOVQ         n+56(FP), DI
-	TESTQ        $0x00000001, DI
+	MOVQ         n+56(FP), R8
+	TESTQ        $0x00000001, R8
 	JE           wb3store
-	VMOVDQU16    (SI), Z8
+	MOVQ         (DI), DI
+	VMOVDQU16    (SI)(DI*2), Z8
 	VXORPS       Z9, Z9, Z9
 	VMOVDQA64    Z8, Z10
 	VPERMT2W     Z9, Z1, Z10
@@ -12557,16 +12565,17 @@ wb4:
 	ADDQ    BX, SI
 	MOVQ    v+40(FP), DI
 	LEAQ    (DI)(AX*2), DI
-	MOVQ    ldv+48(FP), R8
-	SHLQ    $0x01, R8
+	MOVQ    offs+48(FP), R8
 	MOVQ    n+56(FP), R9
 	SHRQ    $0x01, R9
 	TESTQ   R9, R9
 	JE      wb4odd
 
 wb4pair:
-	VMOVDQU16    (DI), Z10
-	VMOVDQU16    (DI)(R8*1), Z11
+	MOVQ         (R8), R10
+	VMOVDQU16    (DI)(R10*2), Z10
+	MOVQ         8(R8), R10
+	VMOVDQU16    (DI)(R10*2), Z11
 	VMOVDQA64    Z10, Z12
 	VPERMT2W     Z11, Z1, Z12
 	VPERMT2W     Z11, Z0, Z10
@@ -12590,17 +12599,18 @@ wb4pair:
 	BYTE $0x62; BYTE $0x52; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xc2
 	// VDPBF16PS Z12, Z11, Z9
 	BYTE $0x62; BYTE $0x52; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xcc
-	LEAQ         (DI)(R8*2), DI
+	ADDQ         $0x00000010, R8
 	ADDQ         $0x00000004, DX
 	ADDQ         $0x00000004, SI
 	DECQ         R9
 	JNE          wb4pair
 
 wb4odd:
-	MOVQ         n+56(FP), R8
-	TESTQ        $0x00000001, R8
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
 	JE           wb4store
-	VMOVDQU16    (DI), Z10
+	MOVQ         (R8), R8
+	VMOVDQU16    (DI)(R8*2), Z10
 	VXORPS       Z11, Z11, Z11
 	VMOVDQA64    Z10, Z12
 	VPERMT2W     Z11, Z1, Z12
@@ -12667,16 +12677,17 @@ wb5:
 	ADDQ    BX, SI
 	MOVQ    v+40(FP), DI
 	LEAQ    (DI)(AX*2), DI
-	MOVQ    ldv+48(FP), R8
-	SHLQ    $0x01, R8
+	MOVQ    offs+48(FP), R8
 	MOVQ    n+56(FP), R9
 	SHRQ    $0x01, R9
 	TESTQ   R9, R9
 	JE      wb5odd
 
 wb5pair:
-	VMOVDQU16    (DI), Z12
-	VMOVDQU16    (DI)(R8*1), Z13
+	MOVQ         (R8), R10
+	VMOVDQU16    (DI)(R10*2), Z12
+	MOVQ         8(R8), R10
+	VMOVDQU16    (DI)(R10*2), Z13
 	VMOVDQA64    Z12, Z14
 	VPERMT2W     Z13, Z1, Z14
 	VPERMT2W     Z13, Z0, Z12
@@ -12705,17 +12716,18 @@ wb5pair:
 	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xd4
 	// VDPBF16PS Z14, Z13, Z11
 	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xde
-	LEAQ         (DI)(R8*2), DI
+	ADDQ         $0x00000010, R8
 	ADDQ         $0x00000004, DX
 	ADDQ         $0x00000004, SI
 	DECQ         R9
 	JNE          wb5pair
 
 wb5odd:
-	MOVQ         n+56(FP), R8
-	TESTQ        $0x00000001, R8
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
 	JE           wb5store
-	VMOVDQU16    (DI), Z12
+	MOVQ         (R8), R8
+	VMOVDQU16    (DI)(R8*2), Z12
 	VXORPS       Z13, Z13, Z13
 	VMOVDQA64    Z12, Z14
 	VPERMT2W     Z13, Z1, Z14
@@ -12793,16 +12805,17 @@ wb6:
 	ADDQ    BX, SI
 	MOVQ    v+40(FP), DI
 	LEAQ    (DI)(AX*2), DI
-	MOVQ    ldv+48(FP), R8
-	SHLQ    $0x01, R8
+	MOVQ    offs+48(FP), R8
 	MOVQ    n+56(FP), R9
 	SHRQ    $0x01, R9
 	TESTQ   R9, R9
 	JE      wb6odd
 
 wb6pair:
-	VMOVDQU16    (DI), Z14
-	VMOVDQU16    (DI)(R8*1), Z15
+	MOVQ         (R8), R10
+	VMOVDQU16    (DI)(R10*2), Z14
+	MOVQ         8(R8), R10
+	VMOVDQU16    (DI)(R10*2), Z15
 	VMOVDQA64    Z14, Z16
 	VPERMT2W     Z15, Z1, Z16
 	VPERMT2W     Z15, Z0, Z14
@@ -12836,17 +12849,18 @@ wb6pair:
 	BYTE $0x62; BYTE $0x52; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xe6
 	// VDPBF16PS Z16, Z15, Z13
 	BYTE $0x62; BYTE $0x32; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xe8
-	LEAQ         (DI)(R8*2), DI
+	ADDQ         $0x00000010, R8
 	ADDQ         $0x00000004, DX
 	ADDQ         $0x00000004, SI
 	DECQ         R9
 	JNE          wb6pair
 
 wb6odd:
-	MOVQ         n+56(FP), R8
-	TESTQ        $0x00000001, R8
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
 	JE           wb6store
-	VMOVDQU16    (DI), Z14
+	MOVQ         (R8), R8
+	VMOVDQU16    (DI)(R8*2), Z14
 	VXORPS       Z15, Z15, Z15
 	VMOVDQA64    Z14, Z16
 	VPERMT2W     Z15, Z1, Z16
@@ -12937,16 +12951,17 @@ wb7:
 	ADDQ    BX, DI
 	MOVQ    v+40(FP), R8
 	LEAQ    (R8)(AX*2), R8
-	MOVQ    ldv+48(FP), R9
-	SHLQ    $0x01, R9
+	MOVQ    offs+48(FP), R9
 	MOVQ    n+56(FP), R10
 	SHRQ    $0x01, R10
 	TESTQ   R10, R10
 	JE      wb7odd
 
 wb7pair:
-	VMOVDQU16    (R8), Z16
-	VMOVDQU16    (R8)(R9*1), Z17
+	MOVQ         (R9), R11
+	VMOVDQU16    (R8)(R11*2), Z16
+	MOVQ         8(R9), R11
+	VMOVDQU16    (R8)(R11*2), Z17
 	VMOVDQA64    Z16, Z18
 	VPERMT2W     Z17, Z1, Z18
 	VPERMT2W     Z17, Z0, Z16
@@ -12985,7 +13000,7 @@ wb7pair:
 	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xf0
 	// VDPBF16PS Z18, Z17, Z15
 	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xfa
-	LEAQ         (R8)(R9*2), R8
+	ADDQ         $0x00000010, R9
 	ADDQ         $0x00000004, DX
 	ADDQ         $0x00000004, SI
 	ADDQ         $0x00000004, DI
@@ -12993,10 +13008,11 @@ wb7pair:
 	JNE          wb7pair
 
 wb7odd:
-	MOVQ         n+56(FP), R9
-	TESTQ        $0x00000001, R9
+	MOVQ         n+56(FP), R10
+	TESTQ        $0x00000001, R10
 	JE           wb7store
-	VMOVDQU16    (R8), Z16
+	MOVQ         (R9), R9
+	VMOVDQU16    (R8)(R9*2), Z16
 	VXORPS       Z17, Z17, Z17
 	VMOVDQA64    Z16, Z18
 	VPERMT2W     Z17, Z1, Z18
@@ -13108,16 +13124,17 @@ hr8:
 	ADDQ    SI, R9
 	MOVQ    v+40(FP), R10
 	LEAQ    (R10)(AX*2), R10
-	MOVQ    ldv+48(FP), R11
-	SHLQ    $0x01, R11
+	MOVQ    offs+48(FP), R11
 	MOVQ    n+56(FP), R12
 	SHRQ    $0x01, R12
 	TESTQ   R12, R12
 	JE      hb8odd
 
 hb8pair:
-	VMOVDQU16.Z  (R10), K1, Z9
-	VMOVDQU16.Z  (R10)(R11*1), K1, Z10
+	MOVQ         (R11), R13
+	VMOVDQU16.Z  (R10)(R13*2), K1, Z9
+	MOVQ         8(R11), R13
+	VMOVDQU16.Z  (R10)(R13*2), K1, Z10
 	VPERMT2W     Z10, Z0, Z9
 	VPBROADCASTD (DI), Z10
 	// VDPBF16PS Z9, Z10, Z1
@@ -13143,7 +13160,7 @@ hb8pair:
 	VPBROADCASTD (R9)(SI*1), Z10
 	// VDPBF16PS Z9, Z10, Z8
 	BYTE $0x62; BYTE $0x52; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
-	LEAQ         (R10)(R11*2), R10
+	ADDQ         $0x00000010, R11
 	ADDQ         $0x00000004, DI
 	ADDQ         $0x00000004, R8
 	ADDQ         $0x00000004, R9
@@ -13151,10 +13168,11 @@ hb8pair:
 	JNE          hb8pair
 
 hb8odd:
-	MOVQ         n+56(FP), R11
-	TESTQ        $0x00000001, R11
+	MOVQ         n+56(FP), R12
+	TESTQ        $0x00000001, R12
 	JE           hb8store
-	VMOVDQU16.Z  (R10), K1, Z9
+	MOVQ         (R11), R11
+	VMOVDQU16.Z  (R10)(R11*2), K1, Z9
 	VXORPS       Z10, Z10, Z10
 	VPERMT2W     Z10, Z0, Z9
 	VPBROADCASTD (DI), Z10
@@ -13252,30 +13270,32 @@ hb1:
 	SHLQ    $0x01, BX
 	MOVQ    v+40(FP), BX
 	LEAQ    (BX)(AX*2), BX
-	MOVQ    ldv+48(FP), SI
-	SHLQ    $0x01, SI
+	MOVQ    offs+48(FP), SI
 	MOVQ    n+56(FP), DI
 	SHRQ    $0x01, DI
 	TESTQ   DI, DI
 	JE      hb1odd
 
 hb1pair:
-	VMOVDQU16.Z  (BX), K1, Z2
-	VMOVDQU16.Z  (BX)(SI*1), K1, Z3
+	MOVQ         (SI), R8
+	VMOVDQU16.Z  (BX)(R8*2), K1, Z2
+	MOVQ         8(SI), R8
+	VMOVDQU16.Z  (BX)(R8*2), K1, Z3
 	VPERMT2W     Z3, Z0, Z2
 	VPBROADCASTD (DX), Z3
 	// VDPBF16PS Z2, Z3, Z1
 	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xca
-	LEAQ         (BX)(SI*2), BX
+	ADDQ         $0x00000010, SI
 	ADDQ         $0x00000004, DX
 	DECQ         DI
 	JNE          hb1pair
 
 hb1odd:
-	MOVQ         n+56(FP), SI
-	TESTQ        $0x00000001, SI
+	MOVQ         n+56(FP), DI
+	TESTQ        $0x00000001, DI
 	JE           hb1store
-	VMOVDQU16.Z  (BX), K1, Z2
+	MOVQ         (SI), SI
+	VMOVDQU16.Z  (BX)(SI*2), K1, Z2
 	VXORPS       Z3, Z3, Z3
 	VPERMT2W     Z3, Z0, Z2
 	VPBROADCASTD (DX), Z3
@@ -13302,16 +13322,17 @@ hb2:
 	SHLQ    $0x01, BX
 	MOVQ    v+40(FP), SI
 	LEAQ    (SI)(AX*2), SI
-	MOVQ    ldv+48(FP), DI
-	SHLQ    $0x01, DI
+	MOVQ    offs+48(FP), DI
 	MOVQ    n+56(FP), R8
 	SHRQ    $0x01, R8
 	TESTQ   R8, R8
 	JE      hb2odd
 
 hb2pair:
-	VMOVDQU16.Z  (SI), K1, Z3
-	VMOVDQU16.Z  (SI)(DI*1), K1, Z4
+	MOVQ         (DI), R9
+	VMOVDQU16.Z  (SI)(R9*2), K1, Z3
+	MOVQ         8(DI), R9
+	VMOVDQU16.Z  (SI)(R9*2), K1, Z4
 	VPERMT2W     Z4, Z0, Z3
 	VPBROADCASTD (DX), Z4
 	// VDPBF16PS Z3, Z4, Z1
@@ -13319,16 +13340,17 @@ hb2pair:
 	VPBROADCASTD (DX)(BX*1), Z4
 	// VDPBF16PS Z3, Z4, Z2
 	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
-	LEAQ         (SI)(DI*2), SI
+	ADDQ         $0x00000010, DI
 	ADDQ         $0x00000004, DX
 	DECQ         R8
 	JNE          hb2pair
 
 hb2odd:
-	MOVQ         n+56(FP), DI
-	TESTQ        $0x00000001, DI
+	MOVQ         n+56(FP), R8
+	TESTQ        $0x00000001, R8
 	JE           hb2store
-	VMOVDQU16.Z  (SI), K1, Z3
+	MOVQ         (DI), DI
+	VMOVDQU16.Z  (SI)(DI*2), K1, Z3
 	VXORPS       Z4, Z4, Z4
 	VPERMT2W     Z4, Z0, Z3
 	VPBROADCASTD (DX), Z4
@@ -13362,16 +13384,17 @@ hb3:
 	SHLQ    $0x01, BX
 	MOVQ    v+40(FP), SI
 	LEAQ    (SI)(AX*2), SI
-	MOVQ    ldv+48(FP), DI
-	SHLQ    $0x01, DI
+	MOVQ    offs+48(FP), DI
 	MOVQ    n+56(FP), R8
 	SHRQ    $0x01, R8
 	TESTQ   R8, R8
 	JE      hb3odd
 
 hb3pair:
-	VMOVDQU16.Z  (SI), K1, Z4
-	VMOVDQU16.Z  (SI)(DI*1), K1, Z5
+	MOVQ         (DI), R9
+	VMOVDQU16.Z  (SI)(R9*2), K1, Z4
+	MOVQ         8(DI), R9
+	VMOVDQU16.Z  (SI)(R9*2), K1, Z5
 	VPERMT2W     Z5, Z0, Z4
 	VPBROADCASTD (DX), Z5
 	// VDPBF16PS Z4, Z5, Z1
@@ -13382,16 +13405,17 @@ hb3pair:
 	VPBROADCASTD (DX)(BX*2), Z5
 	// VDPBF16PS Z4, Z5, Z3
 	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xdc
-	LEAQ         (SI)(DI*2), SI
+	ADDQ         $0x00000010, DI
 	ADDQ         $0x00000004, DX
 	DECQ         R8
 	JNE          hb3pair
 
 hb3odd:
-	MOVQ         n+56(FP), DI
-	TESTQ        $0x00000001, DI
+	MOVQ         n+56(FP), R8
+	TESTQ        $0x00000001, R8
 	JE           hb3store
-	VMOVDQU16.Z  (SI), K1, Z4
+	MOVQ         (DI), DI
+	VMOVDQU16.Z  (SI)(DI*2), K1, Z4
 	VXORPS       Z5, Z5, Z5
 	VPERMT2W     Z5, Z0, Z4
 	VPBROADCASTD (DX), Z5
@@ -13434,16 +13458,17 @@ hb4:
 	ADDQ    BX, SI
 	MOVQ    v+40(FP), DI
 	LEAQ    (DI)(AX*2), DI
-	MOVQ    ldv+48(FP), R8
-	SHLQ    $0x01, R8
+	MOVQ    offs+48(FP), R8
 	MOVQ    n+56(FP), R9
 	SHRQ    $0x01, R9
 	TESTQ   R9, R9
 	JE      hb4odd
 
 hb4pair:
-	VMOVDQU16.Z  (DI), K1, Z5
-	VMOVDQU16.Z  (DI)(R8*1), K1, Z6
+	MOVQ         (R8), R10
+	VMOVDQU16.Z  (DI)(R10*2), K1, Z5
+	MOVQ         8(R8), R10
+	VMOVDQU16.Z  (DI)(R10*2), K1, Z6
 	VPERMT2W     Z6, Z0, Z5
 	VPBROADCASTD (DX), Z6
 	// VDPBF16PS Z5, Z6, Z1
@@ -13457,17 +13482,18 @@ hb4pair:
 	VPBROADCASTD (SI), Z6
 	// VDPBF16PS Z5, Z6, Z4
 	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xe5
-	LEAQ         (DI)(R8*2), DI
+	ADDQ         $0x00000010, R8
 	ADDQ         $0x00000004, DX
 	ADDQ         $0x00000004, SI
 	DECQ         R9
 	JNE          hb4pair
 
 hb4odd:
-	MOVQ         n+56(FP), R8
-	TESTQ        $0x00000001, R8
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
 	JE           hb4store
-	VMOVDQU16.Z  (DI), K1, Z5
+	MOVQ         (R8), R8
+	VMOVDQU16.Z  (DI)(R8*2), K1, Z5
 	VXORPS       Z6, Z6, Z6
 	VPERMT2W     Z6, Z0, Z5
 	VPBROADCASTD (DX), Z6
@@ -13517,16 +13543,17 @@ hb5:
 	ADDQ    BX, SI
 	MOVQ    v+40(FP), DI
 	LEAQ    (DI)(AX*2), DI
-	MOVQ    ldv+48(FP), R8
-	SHLQ    $0x01, R8
+	MOVQ    offs+48(FP), R8
 	MOVQ    n+56(FP), R9
 	SHRQ    $0x01, R9
 	TESTQ   R9, R9
 	JE      hb5odd
 
 hb5pair:
-	VMOVDQU16.Z  (DI), K1, Z6
-	VMOVDQU16.Z  (DI)(R8*1), K1, Z7
+	MOVQ         (R8), R10
+	VMOVDQU16.Z  (DI)(R10*2), K1, Z6
+	MOVQ         8(R8), R10
+	VMOVDQU16.Z  (DI)(R10*2), K1, Z7
 	VPERMT2W     Z7, Z0, Z6
 	VPBROADCASTD (DX), Z7
 	// VDPBF16PS Z6, Z7, Z1
@@ -13543,17 +13570,18 @@ hb5pair:
 	VPBROADCASTD (SI)(BX*1), Z7
 	// VDPBF16PS Z6, Z7, Z5
 	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xee
-	LEAQ         (DI)(R8*2), DI
+	ADDQ         $0x00000010, R8
 	ADDQ         $0x00000004, DX
 	ADDQ         $0x00000004, SI
 	DECQ         R9
 	JNE          hb5pair
 
 hb5odd:
-	MOVQ         n+56(FP), R8
-	TESTQ        $0x00000001, R8
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
 	JE           hb5store
-	VMOVDQU16.Z  (DI), K1, Z6
+	MOVQ         (R8), R8
+	VMOVDQU16.Z  (DI)(R8*2), K1, Z6
 	VXORPS       Z7, Z7, Z7
 	VPERMT2W     Z7, Z0, Z6
 	VPBROADCASTD (DX), Z7
@@ -13610,16 +13638,17 @@ hb6:
 	ADDQ    BX, SI
 	MOVQ    v+40(FP), DI
 	LEAQ    (DI)(AX*2), DI
-	MOVQ    ldv+48(FP), R8
-	SHLQ    $0x01, R8
+	MOVQ    offs+48(FP), R8
 	MOVQ    n+56(FP), R9
 	SHRQ    $0x01, R9
 	TESTQ   R9, R9
 	JE      hb6odd
 
 hb6pair:
-	VMOVDQU16.Z  (DI), K1, Z7
-	VMOVDQU16.Z  (DI)(R8*1), K1, Z8
+	MOVQ         (R8), R10
+	VMOVDQU16.Z  (DI)(R10*2), K1, Z7
+	MOVQ         8(R8), R10
+	VMOVDQU16.Z  (DI)(R10*2), K1, Z8
 	VPERMT2W     Z8, Z0, Z7
 	VPBROADCASTD (DX), Z8
 	// VDPBF16PS Z7, Z8, Z1
@@ -13639,17 +13668,18 @@ hb6pair:
 	VPBROADCASTD (SI)(BX*2), Z8
 	// VDPBF16PS Z7, Z8, Z6
 	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xf7
-	LEAQ         (DI)(R8*2), DI
+	ADDQ         $0x00000010, R8
 	ADDQ         $0x00000004, DX
 	ADDQ         $0x00000004, SI
 	DECQ         R9
 	JNE          hb6pair
 
 hb6odd:
-	MOVQ         n+56(FP), R8
-	TESTQ        $0x00000001, R8
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
 	JE           hb6store
-	VMOVDQU16.Z  (DI), K1, Z7
+	MOVQ         (R8), R8
+	VMOVDQU16.Z  (DI)(R8*2), K1, Z7
 	VXORPS       Z8, Z8, Z8
 	VPERMT2W     Z8, Z0, Z7
 	VPBROADCASTD (DX), Z8
@@ -13715,16 +13745,17 @@ hb7:
 	ADDQ    BX, DI
 	MOVQ    v+40(FP), R8
 	LEAQ    (R8)(AX*2), R8
-	MOVQ    ldv+48(FP), R9
-	SHLQ    $0x01, R9
+	MOVQ    offs+48(FP), R9
 	MOVQ    n+56(FP), R10
 	SHRQ    $0x01, R10
 	TESTQ   R10, R10
 	JE      hb7odd
 
 hb7pair:
-	VMOVDQU16.Z  (R8), K1, Z8
-	VMOVDQU16.Z  (R8)(R9*1), K1, Z9
+	MOVQ         (R9), R11
+	VMOVDQU16.Z  (R8)(R11*2), K1, Z8
+	MOVQ         8(R9), R11
+	VMOVDQU16.Z  (R8)(R11*2), K1, Z9
 	VPERMT2W     Z9, Z0, Z8
 	VPBROADCASTD (DX), Z9
 	// VDPBF16PS Z8, Z9, Z1
@@ -13747,7 +13778,7 @@ hb7pair:
 	VPBROADCASTD (DI), Z9
 	// VDPBF16PS Z8, Z9, Z7
 	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf8
-	LEAQ         (R8)(R9*2), R8
+	ADDQ         $0x00000010, R9
 	ADDQ         $0x00000004, DX
 	ADDQ         $0x00000004, SI
 	ADDQ         $0x00000004, DI
@@ -13755,10 +13786,11 @@ hb7pair:
 	JNE          hb7pair
 
 hb7odd:
-	MOVQ         n+56(FP), R9
-	TESTQ        $0x00000001, R9
+	MOVQ         n+56(FP), R10
+	TESTQ        $0x00000001, R10
 	JE           hb7store
-	VMOVDQU16.Z  (R8), K1, Z8
+	MOVQ         (R9), R9
+	VMOVDQU16.Z  (R8)(R9*2), K1, Z8
 	VXORPS       Z9, Z9, Z9
 	VPERMT2W     Z9, Z0, Z8
 	VPBROADCASTD (DX), Z9
@@ -13848,16 +13880,17 @@ tr8:
 	ADDQ      SI, R9
 	MOVQ      v+40(FP), R10
 	LEAQ      (R10)(AX*2), R10
-	MOVQ      ldv+48(FP), R11
-	SHLQ      $0x01, R11
+	MOVQ      offs+48(FP), R11
 	MOVQ      n+56(FP), R12
 	SHRQ      $0x01, R12
 	TESTQ     R12, R12
 	JE        tb8odd
 
 tb8pair:
-	VMOVDQU16.Z  (R10), K1, Z9
-	VMOVDQU16.Z  (R10)(R11*1), K1, Z10
+	MOVQ         (R11), R13
+	VMOVDQU16.Z  (R10)(R13*2), K1, Z9
+	MOVQ         8(R11), R13
+	VMOVDQU16.Z  (R10)(R13*2), K1, Z10
 	VPERMT2W     Z10, Z0, Z9
 	VPBROADCASTD (DI), Z10
 	// VDPBF16PS Z9, Z10, Z1
@@ -13883,7 +13916,7 @@ tb8pair:
 	VPBROADCASTD (R9)(SI*1), Z10
 	// VDPBF16PS Z9, Z10, Z8
 	BYTE $0x62; BYTE $0x52; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
-	LEAQ         (R10)(R11*2), R10
+	ADDQ         $0x00000010, R11
 	ADDQ         $0x00000004, DI
 	ADDQ         $0x00000004, R8
 	ADDQ         $0x00000004, R9
@@ -13891,10 +13924,11 @@ tb8pair:
 	JNE          tb8pair
 
 tb8odd:
-	MOVQ         n+56(FP), R11
-	TESTQ        $0x00000001, R11
+	MOVQ         n+56(FP), R12
+	TESTQ        $0x00000001, R12
 	JE           tb8store
-	VMOVDQU16.Z  (R10), K1, Z9
+	MOVQ         (R11), R11
+	VMOVDQU16.Z  (R10)(R11*2), K1, Z9
 	VXORPS       Z10, Z10, Z10
 	VPERMT2W     Z10, Z0, Z9
 	VPBROADCASTD (DI), Z10
@@ -13990,30 +14024,32 @@ tb1:
 	SHLQ      $0x01, BX
 	MOVQ      v+40(FP), BX
 	LEAQ      (BX)(AX*2), BX
-	MOVQ      ldv+48(FP), AX
-	SHLQ      $0x01, AX
+	MOVQ      offs+48(FP), AX
 	MOVQ      n+56(FP), SI
 	SHRQ      $0x01, SI
 	TESTQ     SI, SI
 	JE        tb1odd
 
 tb1pair:
-	VMOVDQU16.Z  (BX), K1, Z2
-	VMOVDQU16.Z  (BX)(AX*1), K1, Z3
+	MOVQ         (AX), DI
+	VMOVDQU16.Z  (BX)(DI*2), K1, Z2
+	MOVQ         8(AX), DI
+	VMOVDQU16.Z  (BX)(DI*2), K1, Z3
 	VPERMT2W     Z3, Z0, Z2
 	VPBROADCASTD (DX), Z3
 	// VDPBF16PS Z2, Z3, Z1
 	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xca
-	LEAQ         (BX)(AX*2), BX
+	ADDQ         $0x00000010, AX
 	ADDQ         $0x00000004, DX
 	DECQ         SI
 	JNE          tb1pair
 
 tb1odd:
-	MOVQ         n+56(FP), AX
-	TESTQ        $0x00000001, AX
+	MOVQ         n+56(FP), SI
+	TESTQ        $0x00000001, SI
 	JE           tb1store
-	VMOVDQU16.Z  (BX), K1, Z2
+	MOVQ         (AX), AX
+	VMOVDQU16.Z  (BX)(AX*2), K1, Z2
 	VXORPS       Z3, Z3, Z3
 	VPERMT2W     Z3, Z0, Z2
 	VPBROADCASTD (DX), Z0
@@ -14038,16 +14074,17 @@ tb2:
 	SHLQ      $0x01, BX
 	MOVQ      v+40(FP), SI
 	LEAQ      (SI)(AX*2), SI
-	MOVQ      ldv+48(FP), AX
-	SHLQ      $0x01, AX
+	MOVQ      offs+48(FP), AX
 	MOVQ      n+56(FP), DI
 	SHRQ      $0x01, DI
 	TESTQ     DI, DI
 	JE        tb2odd
 
 tb2pair:
-	VMOVDQU16.Z  (SI), K1, Z3
-	VMOVDQU16.Z  (SI)(AX*1), K1, Z4
+	MOVQ         (AX), R8
+	VMOVDQU16.Z  (SI)(R8*2), K1, Z3
+	MOVQ         8(AX), R8
+	VMOVDQU16.Z  (SI)(R8*2), K1, Z4
 	VPERMT2W     Z4, Z0, Z3
 	VPBROADCASTD (DX), Z4
 	// VDPBF16PS Z3, Z4, Z1
@@ -14055,16 +14092,17 @@ tb2pair:
 	VPBROADCASTD (DX)(BX*1), Z4
 	// VDPBF16PS Z3, Z4, Z2
 	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
-	LEAQ         (SI)(AX*2), SI
+	ADDQ         $0x00000010, AX
 	ADDQ         $0x00000004, DX
 	DECQ         DI
 	JNE          tb2pair
 
 tb2odd:
-	MOVQ         n+56(FP), AX
-	TESTQ        $0x00000001, AX
+	MOVQ         n+56(FP), DI
+	TESTQ        $0x00000001, DI
 	JE           tb2store
-	VMOVDQU16.Z  (SI), K1, Z3
+	MOVQ         (AX), AX
+	VMOVDQU16.Z  (SI)(AX*2), K1, Z3
 	VXORPS       Z4, Z4, Z4
 	VPERMT2W     Z4, Z0, Z3
 	VPBROADCASTD (DX), Z0
@@ -14096,16 +14134,17 @@ tb3:
 	SHLQ      $0x01, BX
 	MOVQ      v+40(FP), SI
 	LEAQ      (SI)(AX*2), SI
-	MOVQ      ldv+48(FP), AX
-	SHLQ      $0x01, AX
+	MOVQ      offs+48(FP), AX
 	MOVQ      n+56(FP), DI
 	SHRQ      $0x01, DI
 	TESTQ     DI, DI
 	JE        tb3odd
 
 tb3pair:
-	VMOVDQU16.Z  (SI), K1, Z4
-	VMOVDQU16.Z  (SI)(AX*1), K1, Z5
+	MOVQ         (AX), R8
+	VMOVDQU16.Z  (SI)(R8*2), K1, Z4
+	MOVQ         8(AX), R8
+	VMOVDQU16.Z  (SI)(R8*2), K1, Z5
 	VPERMT2W     Z5, Z0, Z4
 	VPBROADCASTD (DX), Z5
 	// VDPBF16PS Z4, Z5, Z1
@@ -14116,16 +14155,17 @@ tb3pair:
 	VPBROADCASTD (DX)(BX*2), Z5
 	// VDPBF16PS Z4, Z5, Z3
 	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xdc
-	LEAQ         (SI)(AX*2), SI
+	ADDQ         $0x00000010, AX
 	ADDQ         $0x00000004, DX
 	DECQ         DI
 	JNE          tb3pair
 
 tb3odd:
-	MOVQ         n+56(FP), AX
-	TESTQ        $0x00000001, AX
+	MOVQ         n+56(FP), DI
+	TESTQ        $0x00000001, DI
 	JE           tb3store
-	VMOVDQU16.Z  (SI), K1, Z4
+	MOVQ         (AX), AX
+	VMOVDQU16.Z  (SI)(AX*2), K1, Z4
 	VXORPS       Z5, Z5, Z5
 	VPERMT2W     Z5, Z0, Z4
 	VPBROADCASTD (DX), Z0
@@ -14166,16 +14206,17 @@ tb4:
 	ADDQ      BX, SI
 	MOVQ      v+40(FP), DI
 	LEAQ      (DI)(AX*2), DI
-	MOVQ      ldv+48(FP), AX
-	SHLQ      $0x01, AX
+	MOVQ      offs+48(FP), AX
 	MOVQ      n+56(FP), R8
 	SHRQ      $0x01, R8
 	TESTQ     R8, R8
 	JE        tb4odd
 
 tb4pair:
-	VMOVDQU16.Z  (DI), K1, Z5
-	VMOVDQU16.Z  (DI)(AX*1), K1, Z6
+	MOVQ         (AX), R9
+	VMOVDQU16.Z  (DI)(R9*2), K1, Z5
+	MOVQ         8(AX), R9
+	VMOVDQU16.Z  (DI)(R9*2), K1, Z6
 	VPERMT2W     Z6, Z0, Z5
 	VPBROADCASTD (DX), Z6
 	// VDPBF16PS Z5, Z6, Z1
@@ -14189,17 +14230,18 @@ tb4pair:
 	VPBROADCASTD (SI), Z6
 	// VDPBF16PS Z5, Z6, Z4
 	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xe5
-	LEAQ         (DI)(AX*2), DI
+	ADDQ         $0x00000010, AX
 	ADDQ         $0x00000004, DX
 	ADDQ         $0x00000004, SI
 	DECQ         R8
 	JNE          tb4pair
 
 tb4odd:
-	MOVQ         n+56(FP), AX
-	TESTQ        $0x00000001, AX
+	MOVQ         n+56(FP), R8
+	TESTQ        $0x00000001, R8
 	JE           tb4store
-	VMOVDQU16.Z  (DI), K1, Z5
+	MOVQ         (AX), AX
+	VMOVDQU16.Z  (DI)(AX*2), K1, Z5
 	VXORPS       Z6, Z6, Z6
 	VPERMT2W     Z6, Z0, Z5
 	VPBROADCASTD (DX), Z0
@@ -14247,16 +14289,17 @@ tb5:
 	ADDQ      BX, SI
 	MOVQ      v+40(FP), DI
 	LEAQ      (DI)(AX*2), DI
-	MOVQ      ldv+48(FP), AX
-	SHLQ      $0x01, AX
+	MOVQ      offs+48(FP), AX
 	MOVQ      n+56(FP), R8
 	SHRQ      $0x01, R8
 	TESTQ     R8, R8
 	JE        tb5odd
 
 tb5pair:
-	VMOVDQU16.Z  (DI), K1, Z6
-	VMOVDQU16.Z  (DI)(AX*1), K1, Z7
+	MOVQ         (AX), R9
+	VMOVDQU16.Z  (DI)(R9*2), K1, Z6
+	MOVQ         8(AX), R9
+	VMOVDQU16.Z  (DI)(R9*2), K1, Z7
 	VPERMT2W     Z7, Z0, Z6
 	VPBROADCASTD (DX), Z7
 	// VDPBF16PS Z6, Z7, Z1
@@ -14273,17 +14316,18 @@ tb5pair:
 	VPBROADCASTD (SI)(BX*1), Z7
 	// VDPBF16PS Z6, Z7, Z5
 	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xee
-	LEAQ         (DI)(AX*2), DI
+	ADDQ         $0x00000010, AX
 	ADDQ         $0x00000004, DX
 	ADDQ         $0x00000004, SI
 	DECQ         R8
 	JNE          tb5pair
 
 tb5odd:
-	MOVQ         n+56(FP), AX
-	TESTQ        $0x00000001, AX
+	MOVQ         n+56(FP), R8
+	TESTQ        $0x00000001, R8
 	JE           tb5store
-	VMOVDQU16.Z  (DI), K1, Z6
+	MOVQ         (AX), AX
+	VMOVDQU16.Z  (DI)(AX*2), K1, Z6
 	VXORPS       Z7, Z7, Z7
 	VPERMT2W     Z7, Z0, Z6
 	VPBROADCASTD (DX), Z0
@@ -14338,16 +14382,17 @@ tb6:
 	ADDQ      BX, SI
 	MOVQ      v+40(FP), DI
 	LEAQ      (DI)(AX*2), DI
-	MOVQ      ldv+48(FP), AX
-	SHLQ      $0x01, AX
+	MOVQ      offs+48(FP), AX
 	MOVQ      n+56(FP), R8
 	SHRQ      $0x01, R8
 	TESTQ     R8, R8
 	JE        tb6odd
 
 tb6pair:
-	VMOVDQU16.Z  (DI), K1, Z7
-	VMOVDQU16.Z  (DI)(AX*1), K1, Z8
+	MOVQ         (AX), R9
+	VMOVDQU16.Z  (DI)(R9*2), K1, Z7
+	MOVQ         8(AX), R9
+	VMOVDQU16.Z  (DI)(R9*2), K1, Z8
 	VPERMT2W     Z8, Z0, Z7
 	VPBROADCASTD (DX), Z8
 	// VDPBF16PS Z7, Z8, Z1
@@ -14367,17 +14412,18 @@ tb6pair:
 	VPBROADCASTD (SI)(BX*2), Z8
 	// VDPBF16PS Z7, Z8, Z6
 	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xf7
-	LEAQ         (DI)(AX*2), DI
+	ADDQ         $0x00000010, AX
 	ADDQ         $0x00000004, DX
 	ADDQ         $0x00000004, SI
 	DECQ         R8
 	JNE          tb6pair
 
 tb6odd:
-	MOVQ         n+56(FP), AX
-	TESTQ        $0x00000001, AX
+	MOVQ         n+56(FP), R8
+	TESTQ        $0x00000001, R8
 	JE           tb6store
-	VMOVDQU16.Z  (DI), K1, Z7
+	MOVQ         (AX), AX
+	VMOVDQU16.Z  (DI)(AX*2), K1, Z7
 	VXORPS       Z8, Z8, Z8
 	VPERMT2W     Z8, Z0, Z7
 	VPBROADCASTD (DX), Z0
@@ -14441,16 +14487,17 @@ tb7:
 	ADDQ      BX, DI
 	MOVQ      v+40(FP), R8
 	LEAQ      (R8)(AX*2), R8
-	MOVQ      ldv+48(FP), AX
-	SHLQ      $0x01, AX
+	MOVQ      offs+48(FP), AX
 	MOVQ      n+56(FP), R9
 	SHRQ      $0x01, R9
 	TESTQ     R9, R9
 	JE        tb7odd
 
 tb7pair:
-	VMOVDQU16.Z  (R8), K1, Z8
-	VMOVDQU16.Z  (R8)(AX*1), K1, Z9
+	MOVQ         (AX), R10
+	VMOVDQU16.Z  (R8)(R10*2), K1, Z8
+	MOVQ         8(AX), R10
+	VMOVDQU16.Z  (R8)(R10*2), K1, Z9
 	VPERMT2W     Z9, Z0, Z8
 	VPBROADCASTD (DX), Z9
 	// VDPBF16PS Z8, Z9, Z1
@@ -14473,7 +14520,7 @@ tb7pair:
 	VPBROADCASTD (DI), Z9
 	// VDPBF16PS Z8, Z9, Z7
 	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf8
-	LEAQ         (R8)(AX*2), R8
+	ADDQ         $0x00000010, AX
 	ADDQ         $0x00000004, DX
 	ADDQ         $0x00000004, SI
 	ADDQ         $0x00000004, DI
@@ -14481,10 +14528,11 @@ tb7pair:
 	JNE          tb7pair
 
 tb7odd:
-	MOVQ         n+56(FP), AX
-	TESTQ        $0x00000001, AX
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
 	JE           tb7store
-	VMOVDQU16.Z  (R8), K1, Z8
+	MOVQ         (AX), AX
+	VMOVDQU16.Z  (R8)(AX*2), K1, Z8
 	VXORPS       Z9, Z9, Z9
 	VPERMT2W     Z9, Z0, Z8
 	VPBROADCASTD (DX), Z0

@@ -109,8 +109,8 @@ func attnScoresDPR4(q *uint16, ldq int, k *uint32, groups int, steps int, out *f
 // attnSoftmaxAVX512 runs one online-softmax step over n ≤ 64 scores for each of rows rows (see asmgen).
 func attnSoftmaxAVX512(s *float32, lds int, rows int, n int, m *float32, l *float32, acc *float32, lda int, hd int, w *uint16, ldw int)
 
-// attnPVDP adds to rows accumulator rows the n value rows weighted by bf16 weights, over key pairs with VDPBF16PS (see asmgen).
-func attnPVDP(acc *float32, lda int, w *uint16, ldw int, rows int, v *uint16, ldv int, n int, hd int)
+// attnPVDP adds to rows accumulator rows the n value rows v[offs[j]:] weighted by bf16 weights, over key pairs with VDPBF16PS (see asmgen).
+func attnPVDP(acc *float32, lda int, w *uint16, ldw int, rows int, v *uint16, offs *int, n int, hd int)
 
 // qpackQ8_0AVX512 packs nb Q8_0 blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).
 func qpackQ8_0AVX512(w *byte, ldw int, nb int, dst *byte)

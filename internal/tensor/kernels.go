@@ -71,7 +71,7 @@ type kernelSet struct {
 	// the bf16 attention path (attn.go); they come with bf16x.
 	attnScores  [maxTileRows]func(q *uint16, ldq int, k *uint32, groups, steps int, out *float32, ldo int)
 	attnSoftmax func(s *float32, lds, rows, n int, m, l, acc *float32, lda, hd int, w *uint16, ldw int)
-	attnPV      func(acc *float32, lda int, w *uint16, ldw, rows int, v *uint16, ldv, n, hd int)
+	attnPV      func(acc *float32, lda int, w *uint16, ldw, rows int, v *uint16, offs *int, n, hd int)
 	avail       bool
 }
 

@@ -360,9 +360,11 @@ func pvIndex() Mem {
 }
 
 // attnPV emits the weighted value sum over key pairs: for rows r < rows,
-// t < hd and pairs (j, j+1), j = 0, 2, 4, ... < n in order,
+// t < hd and pairs (j, j+1), j = 0, 2, 4, ... < n in order, with value row
+// j at v + offs[j] (elements; rows anywhere, as the blocks of a paged KV
+// pool are),
 //
-//	acc[r·lda+t] += w[r·ldw+j]·v[j·ldv+t] + w[r·ldw+j+1]·v[(j+1)·ldv+t]
+//	acc[r·lda+t] += w[r·ldw+j]·v[offs[j]+t] + w[r·ldw+j+1]·v[offs[j+1]+t]
 //
 // as one VDPBF16PS lane (weights and values bf16). With n odd the last
 // pair's second value is zero and its row is not read (w[r·ldw+n] must be
@@ -371,8 +373,8 @@ func pvIndex() Mem {
 // registers across all pairs, so each pair of value rows is loaded and
 // interleaved (VPERMT2W) once per block of rows.
 func attnPV(idx Mem) {
-	TEXT("attnPVDP", NOSPLIT, "func(acc *float32, lda int, w *uint16, ldw int, rows int, v *uint16, ldv int, n int, hd int)")
-	Doc("attnPVDP adds to rows accumulator rows the n value rows weighted by bf16 weights, over key pairs with VDPBF16PS (see asmgen).")
+	TEXT("attnPVDP", NOSPLIT, "func(acc *float32, lda int, w *uint16, ldw int, rows int, v *uint16, offs *int, n int, hd int)")
+	Doc("attnPVDP adds to rows accumulator rows the n value rows v[offs[j]:] weighted by bf16 weights, over key pairs with VDPBF16PS (see asmgen).")
 	idxLo, idxHi := ZMM(), ZMM()
 	VMOVDQU16(idx, idxLo)
 	VMOVDQU16(idx.Offset(64), idxHi)
@@ -432,10 +434,9 @@ func attnPV(idx Mem) {
 			}
 			return m
 		}
-		vr := Load(Param("v"), GP64())
-		LEAQ(Mem{Base: vr, Index: doff, Scale: 2}, vr)
-		ldv := Load(Param("ldv"), GP64())
-		SHLQ(U8(1), ldv)
+		vb := Load(Param("v"), GP64())
+		LEAQ(Mem{Base: vb, Index: doff, Scale: 2}, vb)
+		op := Load(Param("offs"), GP64())
 		cnt := Load(Param("n"), GP64())
 		SHRQ(U8(1), cnt)
 		pair := func(odd bool) {
@@ -453,11 +454,15 @@ func attnPV(idx Mem) {
 					VMOVDQU16_Z(m, mask, dst)
 				}
 			}
-			load(Mem{Base: vr}, a1)
+			o0 := GP64()
+			MOVQ(Mem{Base: op}, o0)
+			load(Mem{Base: vb, Index: o0, Scale: 2}, a1)
 			if odd {
 				VXORPS(b, b, b)
 			} else {
-				load(Mem{Base: vr, Index: ldv, Scale: 1}, b)
+				o1 := GP64()
+				MOVQ(Mem{Base: op, Disp: 8}, o1)
+				load(Mem{Base: vb, Index: o1, Scale: 2}, b)
 			}
 			var a2 VecVirtual
 			if nv == 2 {
@@ -479,7 +484,7 @@ func attnPV(idx Mem) {
 		JE(LabelRef(lbl + "odd"))
 		Label(lbl + "pair")
 		pair(false)
-		LEAQ(Mem{Base: vr, Index: ldv, Scale: 2}, vr)
+		ADDQ(U32(16), op)
 		for _, b := range bases {
 			ADDQ(U32(4), b)
 		}
