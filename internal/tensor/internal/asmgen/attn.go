@@ -20,8 +20,8 @@ package main
 //     the unnormalised output when it grows, weights e^(s−m) rounded to
 //     bf16, running sum of the rounded weights.
 //   - attnPVDP: weighted sum of value rows over key pairs with VDPBF16PS,
-//     the value rows read in place (rows ldv apart) and interleaved into
-//     pair lanes in registers.
+//     the value rows read in place (by offset: the blocks of a paged pool)
+//     and interleaved into pair lanes in registers.
 
 import (
 	"fmt"
