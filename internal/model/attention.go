@@ -43,6 +43,44 @@ import (
 // Keys beyond p are never read for that query (its last chunk is cut at
 // p+1), so garbage in unwritten slots cannot leak in.
 //
+// # The bf16 path
+//
+// With a bf16 KV pool under an ISA with the bf16 attention kernels
+// (tensor.AttnBF16: avx512bf16) the order is instead, per query (all of it
+// in attention_bf16.go and the kernels of tensor/attn.go):
+//
+//  1. q̂ as above, rounded to bf16.
+//  2. Chunks as above. For each chunk c:
+//     s_j = q̂·k_j, the same bits as tensor.DotRowsBF16 gives (decode tokens
+//     call it on the pool; prefill tiles score a packed copy of the keys
+//     with tensor.AttnScoresBF16, 16 keys per vector, whose reduction is
+//     DotRowsBF16's lane for lane and tree for tree — see asmgen's attn.go
+//     and TestAttnScoresMatchDotRowsBF16);
+//     one tensor.AttnSoftmaxBF16 step: mc = max_j s_j; if mc > m, l and
+//     every accumulator element are multiplied by f = e^(m−mc) (when m =
+//     −Inf they are +0 and stay so); m = max(m, mc); w_j = bf16(e^(s_j−m))
+//     (round to nearest even); l += Σ w_j (the widened bf16 weights, summed
+//     in a fixed order that depends on nothing but the weights);
+//     then tensor.AttnPVBF16 over the key pairs (j, j+1), j = c0, c0+2, ...
+//     in order: acc[t] += w_j·v_j[t] + w_{j+1}·v_{j+1}[t] as one VDPBF16PS
+//     lane, a trailing odd key paired with a zero weight and a zero value
+//     (the slot after it is never read). One call takes the chunk's value
+//     rows wherever their blocks are, so the pairs do not depend on the
+//     block size either.
+//  3. out[t] = acc[t]·(1/l).
+//
+// The weights are rounded to bf16 before they multiply the values, as
+// FlashAttention does on GPUs (its second GEMM takes P in the input dtype);
+// every other activation on this ISA is rounded to bf16 before a product
+// too. l sums the rounded weights, so the output is a convex combination of
+// the values with the weights actually used. Each weight carries a relative
+// error of at most 2⁻⁹: against an exact float64 softmax the outputs differ
+// by up to 2.8e-3 on values of unit scale (TestAttentionMatchesFloat64
+// measures it); against a float64 reference that rounds the weights the
+// same way, by f32 accumulation error (a few 1e-6 there) plus the rare
+// weight whose f32 and float64 values round to different bf16 neighbours
+// (up to 2.7e-4 in those cases; the test bounds each such weight's share).
+//
 // # Work split
 //
 // Prefill tokens are cut into tiles of up to attnTileTokens consecutive
@@ -54,7 +92,10 @@ import (
 // (decode) is one item for all KV heads, so one sweep reads a block's key
 // rows for every head, with the next block prefetched. Items are claimed
 // dynamically by whichever pool thread is free, the costliest first within
-// each KV head.
+// each KV head. On the bf16 path a first parallel pass packs, per
+// sequence with prefill tiles and KV head, the keys its tiles score (see
+// packKeys): O(keys) work that the O(keys × tokens) scoring then reads
+// contiguously.
 
 // attnTileTokens is the number of consecutive tokens of one sequence in a
 // prefill work item: with a GQA group of g heads, 16·g query rows share
@@ -87,6 +128,11 @@ type attnScratch struct {
 	acc    []float32 // unnormalised outputs [R, hd]
 	mx, l  []float32 // running maximum and sum [R]
 	factor [1]float32
+	// The bf16 path's buffers: padded bf16 queries [R, 2·AttnKeyPairs],
+	// bf16 weights of the current chunk [R, attnKeyChunk], and where the
+	// chunk's value rows are in the pool.
+	qp, p []uint16
+	voffs []int
 }
 
 func (w *attnScratch) grow(rows, hd int) {
@@ -153,6 +199,10 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout KVLayout) {
 	c := &m.cfg
 	s := &m.s
 	items, tiles := s.items, s.tiles
+	bf16 := useBF16Attention(kv)
+	if bf16 {
+		m.packKeys(li, seqs, kv, layout)
+	}
 	m.pool.ParallelChunks(len(items), 1, func(lo, hi int) {
 		w, _ := s.attnScratch.Get().(*attnScratch)
 		if w == nil {
@@ -165,6 +215,14 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout KVLayout) {
 			kh0, kh1 := int(it.kvh), int(it.kvh)+1
 			if it.kvh < 0 {
 				kh0, kh1 = 0, c.KVHeads
+			}
+			if bf16 {
+				var keys []uint32
+				if it.kvh >= 0 {
+					keys = s.packed[int(s.tokSeq[tile.t0])*c.KVHeads+int(it.kvh)]
+				}
+				m.attendTileBF16(w, kv, layout, li, sq, keys, tile.t0, tile.n, first, kh0, kh1)
+				continue
 			}
 			m.attendTile(w, kv, layout, li, sq, tile.t0, tile.n, first, kh0, kh1)
 		}

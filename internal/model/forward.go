@@ -75,6 +75,8 @@ type scratch struct {
 	out              [][]float32
 	tiles            []attnTile
 	items            []attnItem
+	packed           [][]uint32 // bf16 attention: packed keys per (sequence, KV head)
+	packItems        []packItem
 	attnScratch      sync.Pool // *attnScratch, one per busy worker
 }
 

@@ -211,25 +211,18 @@ func (r *refModel) logits(t *testing.T, tokens []int32) [][]float64 {
 			for h := range c.Heads {
 				kvh := h / (c.Heads / c.KVHeads)
 				sc := make([]float64, pos+1)
-				mx := math.Inf(-1)
+				vh := make([][]float64, pos+1)
 				for j := range sc {
 					var d float64
 					for i := range hd {
 						d += qs[h*hd+i] * ks[j][kvh*hd+i]
 					}
 					sc[j] = d
-					mx = max(mx, sc[j])
+					vh[j] = vs[j][kvh*hd : (kvh+1)*hd]
 				}
-				var sum float64
-				for j := range sc {
-					sc[j] = math.Exp(sc[j] - mx)
-					sum += sc[j]
-				}
-				for j := range sc {
-					for i := range hd {
-						att[h*hd+i] += sc[j] / sum * vs[j][kvh*hd+i]
-					}
-				}
+				// The bf16 attention path rounds the softmax weights to
+				// bf16 (attention.go); so does the reference then.
+				copy(att[h*hd:], refSoftmaxValues(sc, vh, r.roundKV && tensor.AttnBF16()))
 			}
 			o := refLinear(wo, H, qd, att, bo, rx(p+"self_attn.o_proj.weight"))
 			for i := range x {

@@ -94,6 +94,24 @@ func axpyRowsBF16G3AVX512(alpha *float32, lda int, v *uint16, ldv int, rows int,
 // axpyRowsBF16G4AVX512 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 4, r < rows in order, t < n.
 func axpyRowsBF16G4AVX512(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
 
+// attnScoresDPR1 computes the scores of 1 bf16 query rows against groups of 16 pair-transposed keys (see asmgen).
+func attnScoresDPR1(q *uint16, ldq int, k *uint32, groups int, steps int, out *float32, ldo int)
+
+// attnScoresDPR2 computes the scores of 2 bf16 query rows against groups of 16 pair-transposed keys (see asmgen).
+func attnScoresDPR2(q *uint16, ldq int, k *uint32, groups int, steps int, out *float32, ldo int)
+
+// attnScoresDPR3 computes the scores of 3 bf16 query rows against groups of 16 pair-transposed keys (see asmgen).
+func attnScoresDPR3(q *uint16, ldq int, k *uint32, groups int, steps int, out *float32, ldo int)
+
+// attnScoresDPR4 computes the scores of 4 bf16 query rows against groups of 16 pair-transposed keys (see asmgen).
+func attnScoresDPR4(q *uint16, ldq int, k *uint32, groups int, steps int, out *float32, ldo int)
+
+// attnSoftmaxAVX512 runs one online-softmax step over n ≤ 64 scores for each of rows rows (see asmgen).
+func attnSoftmaxAVX512(s *float32, lds int, rows int, n int, m *float32, l *float32, acc *float32, lda int, hd int, w *uint16, ldw int)
+
+// attnPVDP adds to rows accumulator rows the n value rows v[offs[j]:] weighted by bf16 weights, over key pairs with VDPBF16PS (see asmgen).
+func attnPVDP(acc *float32, lda int, w *uint16, ldw int, rows int, v *uint16, offs *int, n int, hd int)
+
 // qpackQ8_0AVX512 packs nb Q8_0 blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).
 func qpackQ8_0AVX512(w *byte, ldw int, nb int, dst *byte)
 

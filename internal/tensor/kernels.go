@@ -67,7 +67,12 @@ type kernelSet struct {
 	// values); nil means the Go loops.
 	qactQ8_0 func(x *float32, nb int, q *int8, meta *uint32, corrMul int)
 	qactQ8K  func(x *float32, nb int, q *int8, meta *uint32)
-	avail    bool
+	// attnScores[r-1], attnSoftmax and attnPV, if set, are the kernels of
+	// the bf16 attention path (attn.go); they come with bf16x.
+	attnScores  [maxTileRows]func(q *uint16, ldq int, k *uint32, groups, steps int, out *float32, ldo int)
+	attnSoftmax func(s *float32, lds, rows, n int, m, l, acc *float32, lda, hd int, w *uint16, ldw int)
+	attnPV      func(acc *float32, lda int, w *uint16, ldw, rows int, v *uint16, offs *int, n, hd int)
+	avail       bool
 }
 
 // kernelSets lists the implementations in order of preference: the

@@ -43,6 +43,10 @@ func archKernelSets() []*kernelSet {
 	bf16.bf16x = [maxTileRows]gemmBF16x{gemmDPBF16R1, gemmDPBF16R2, gemmDPBF16R3, gemmDPBF16R4}
 	bf16.toBF16 = cvtBF16AVX512
 	bf16.toBF16Stream = cvtBF16StreamAVX512
+	bf16.attnScores = [maxTileRows]func(q *uint16, ldq int, k *uint32, groups, steps int, out *float32, ldo int){
+		attnScoresDPR1, attnScoresDPR2, attnScoresDPR3, attnScoresDPR4}
+	bf16.attnSoftmax = attnSoftmaxAVX512
+	bf16.attnPV = attnPVDP
 	bf16.avail = avx512 && x.HasAVX512BF16
 	return []*kernelSet{
 		&bf16,

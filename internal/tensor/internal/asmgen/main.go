@@ -99,6 +99,11 @@ func main() {
 			for g := 2; g <= 4; g++ {
 				axpyRowsGroup(g)
 			}
+			for r := 1; r <= 4; r++ {
+				attnScores(r)
+			}
+			attnSoftmax()
+			attnPV(pvIndex())
 			quantKernels()
 			rowKernels(true)
 		}

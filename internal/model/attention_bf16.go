@@ -1,0 +1,217 @@
+package model
+
+import (
+	"math"
+
+	"github.com/tandem-serve/tandem/internal/tensor"
+)
+
+// The bf16 attention path: a bf16 KV pool under an ISA with the bf16
+// attention kernels (tensor.AttnBF16). Its order of operations is the
+// second contract at the top of attention.go.
+
+// packGroups is the number of 16-key groups per key-packing work item.
+const packGroups = 64
+
+// packItem is one piece of key packing: groups [g0, g1) of sequence seq's
+// keys for KV head kvh.
+type packItem struct {
+	seq, kvh, g0, g1 int32
+}
+
+// useBF16Attention reports whether attention over kv takes the bf16 path.
+func useBF16Attention(kv kvView) bool { return kv.u16 != nil && tensor.AttnBF16() }
+
+// packKeys packs, for every sequence with prefill tiles (two or more new
+// tokens), its keys of layer li at positions [0, Pos+len(Tokens)) per KV
+// head into s.packed[seq·KVHeads+kvh] (tensor.PackKeysBF16: whole groups of
+// 16, the last one padded with zero keys). The bytes are the pool's, so
+// scoring the packed copy gives the bits scoring the pool gives.
+func (m *Model) packKeys(li int, seqs []Seq, kv kvView, layout KVLayout) {
+	c := &m.cfg
+	s := &m.s
+	hd, kvd, bs := c.HeadDim, c.KVDim(), layout.BlockSize
+	if n := len(seqs) * c.KVHeads; len(s.packed) < n {
+		s.packed = append(s.packed, make([][]uint32, n-len(s.packed))...)
+	}
+	s.packItems = s.packItems[:0]
+	for i, sq := range seqs {
+		if len(sq.Tokens) < 2 {
+			continue
+		}
+		end := sq.Pos + len(sq.Tokens)
+		groups := (end + 15) / 16
+		for kvh := range c.KVHeads {
+			b := &s.packed[i*c.KVHeads+kvh]
+			if n := tensor.PackedKeysLen(end, hd); cap(*b) < n {
+				*b = make([]uint32, n)
+			} else {
+				*b = (*b)[:n]
+			}
+			for g0 := 0; g0 < groups; g0 += packGroups {
+				s.packItems = append(s.packItems, packItem{int32(i), int32(kvh), int32(g0), int32(min(groups, g0+packGroups))})
+			}
+		}
+	}
+	items := s.packItems
+	m.pool.ParallelChunks(len(items), 1, func(lo, hi int) {
+		for _, it := range items[lo:hi] {
+			sq := &seqs[it.seq]
+			kvh := int(it.kvh)
+			dst := s.packed[int(it.seq)*c.KVHeads+kvh]
+			end := sq.Pos + len(sq.Tokens)
+			j0, j1 := int(it.g0)*16, min(int(it.g1)*16, end)
+			for j := j0; j < j1; {
+				blk, slot := j/bs, j%bs
+				je := min(j1, (blk+1)*bs)
+				off := layout.Offset(int(sq.Blocks[blk]), li, 0, slot) + kvh*hd
+				tensor.PackKeysBF16(dst, j, kv.u16[off:], kvd, je-j, hd)
+				j = je
+			}
+			if pad := int(it.g1)*16 - end; pad > 0 {
+				tensor.PackKeysBF16(dst, end, nil, 0, pad, hd)
+			}
+		}
+	})
+}
+
+// attendTileBF16 is attendTile on the bf16 path: keys nil for a decode
+// token (all KV heads, scores by tensor.DotRowsBF16 straight from the pool),
+// else the packed keys of KV head kh0 of the tile's sequence (kh1 = kh0+1).
+func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout KVLayout, li int, sq *Seq, keys []uint32, t0, ntok, first, kh0, kh1 int) {
+	c := &m.cfg
+	s := &m.s
+	hd, kvd, group, bs := c.HeadDim, c.KVDim(), c.Heads/c.KVHeads, layout.BlockSize
+	g := &m.layers[li].qkv
+	const C = attnKeyChunk
+	perHead := ntok * group
+	R := (kh1 - kh0) * perHead
+	w.grow(R, hd)
+	w.p = growU16(w.p, R*C)
+	if w.voffs == nil {
+		w.voffs = make([]int, C)
+	}
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	for kvh := kh0; kvh < kh1; kvh++ {
+		for tok := range ntok {
+			src := s.qkv[(t0+tok)*g.width+g.off[0]+kvh*group*hd:][:group*hd]
+			dst := w.q[((kvh-kh0)*perHead+tok*group)*hd:][:group*hd]
+			for i, v := range src {
+				dst[i] = v * scale
+			}
+		}
+	}
+	P2 := 2 * tensor.AttnKeyPairs(hd) // a padded query row
+	if keys != nil {
+		// Rounded as BF16Query.Set rounds (one ToBF16 per element).
+		w.qp = growU16(w.qp, R*P2)
+		for r := range R {
+			row := w.qp[r*P2 : (r+1)*P2]
+			tensor.ToBF16(row[:hd], w.q[r*hd:(r+1)*hd])
+			clear(row[hd:])
+		}
+	} else {
+		w.qb.Set(w.q, R, hd)
+	}
+	negInf := float32(math.Inf(-1))
+	for r := range R {
+		w.mx[r], w.l[r] = negInf, 0
+	}
+	clear(w.acc[:R*hd])
+
+	end := first + ntok // keys of the tile's last token
+	for c0 := 0; c0 < end; c0 += C {
+		c1 := min(c0+C, end)
+		tokLo := max(0, c0-first) // tokens whose position is at least c0 need this chunk
+		if keys != nil {
+			r0, live := tokLo*group, (ntok-tokLo)*group
+			tensor.AttnScoresBF16(w.s[r0*C:], C, w.qp[r0*P2:], P2, live, keys[c0/16*16*(P2/2):], (c1-c0+15)/16, hd)
+		} else {
+			for j := c0; j < c1; {
+				blk, slot := j/bs, j%bs
+				je := min(c1, (blk+1)*bs)
+				base := layout.Offset(int(sq.Blocks[blk]), li, 0, slot)
+				if je < end {
+					nb, ns := je/bs, je%bs
+					next := layout.Offset(int(sq.Blocks[nb]), li, 0, ns) + kh0*hd
+					kv.prefetchRows(next, kvd, min(bs-ns, end-je), (kh1-kh0)*hd)
+				}
+				for kvh := kh0; kvh < kh1; kvh++ {
+					r0 := (kvh - kh0) * perHead
+					q := w.qb.Rows(r0, perHead)
+					tensor.DotRowsBF16(w.s[r0*C+(j-c0):], C, &q, kv.u16[base+kvh*hd:], kvd, je-j)
+				}
+				j = je
+			}
+		}
+		// Where the chunk's value rows are (KV head kh0's columns).
+		for j := c0; j < c1; {
+			blk, slot := j/bs, j%bs
+			je := min(c1, (blk+1)*bs)
+			off := layout.Offset(int(sq.Blocks[blk]), li, 1, slot) + kh0*hd
+			for k := j; k < je; k++ {
+				w.voffs[k-c0] = off
+				off += kvd
+			}
+			j = je
+		}
+		tokFull := max(tokLo, c1-1-first)
+		if ntok == 1 {
+			// A decode token: every KV head's rows see the whole chunk.
+			attnSoftmax(w, 0, R, c1-c0, hd)
+			for kvh := kh0; kvh < kh1; kvh++ {
+				attnValues(w, kv, (kvh-kh0)*perHead, perHead, c1-c0, (kvh-kh0)*hd, hd)
+			}
+			continue
+		}
+		// Tokens from tokFull on see the whole chunk and share one call;
+		// the ones before it (on the diagonal) see fewer keys each.
+		r0, rows := tokFull*group, (ntok-tokFull)*group
+		attnSoftmax(w, r0, rows, c1-c0, hd)
+		attnValues(w, kv, r0, rows, c1-c0, 0, hd)
+		for tok := tokLo; tok < tokFull; tok++ {
+			r0, n := tok*group, first+tok+1-c0
+			attnSoftmax(w, r0, group, n, hd)
+			attnValues(w, kv, r0, group, n, 0, hd)
+		}
+	}
+	for kvh := kh0; kvh < kh1; kvh++ {
+		for tok := range ntok {
+			for gi := range group {
+				r := (kvh-kh0)*perHead + tok*group + gi
+				h := kvh*group + gi
+				inv := 1 / w.l[r]
+				out := s.attn[(t0+tok)*c.QDim()+h*hd:][:hd]
+				for i, v := range w.acc[r*hd : (r+1)*hd] {
+					out[i] = v * inv
+				}
+			}
+		}
+	}
+}
+
+// attnSoftmax runs the online-softmax step of query rows [r0, r0+rows) of
+// the scratch over n keys (their scores in w.s), leaving their bf16
+// weights in w.p.
+func attnSoftmax(w *attnScratch, r0, rows, n, hd int) {
+	const C = attnKeyChunk
+	tensor.AttnSoftmaxBF16(w.s[r0*C:], C, rows, n, w.mx[r0:], w.l[r0:], w.acc[r0*hd:], hd, hd, w.p[r0*C:], C)
+}
+
+// attnValues adds the values of the first n keys of the chunk (value
+// rows at w.voffs, plus voff for the KV head's columns) weighted by w.p to
+// the accumulators of query rows [r0, r0+rows). One call covers the
+// chunk's keys wherever their blocks are, so the key pairs, and so every
+// accumulator's VDPBF16PS steps, are the same whatever the block size.
+func attnValues(w *attnScratch, kv kvView, r0, rows, n, voff, hd int) {
+	const C = attnKeyChunk
+	u16 := kv.u16[voff:]
+	tensor.AttnPVBF16(w.acc[r0*hd:], hd, w.p[r0*C:], C, rows, u16, w.voffs[:n], n, hd)
+}
+
+func growU16(b []uint16, n int) []uint16 {
+	if cap(b) < n {
+		return make([]uint16, n)
+	}
+	return b[:n]
+}
