@@ -20,6 +20,10 @@ type SearchConfig struct {
 	Low, High float64
 	// Steps is the number of bisection steps after the bracket is found.
 	Steps int `json:"steps"`
+	// Observe, if set, is called before each rate is tried, and the
+	// function it returns (if not nil) with that level's result after it
+	// ran: a caller watches the host around each level with it.
+	Observe func(target string, rate float64) func(*Result) `json:"-"`
 }
 
 // SearchPoint is one rate tried (or measured) and what it attained: the
@@ -65,11 +69,18 @@ func SearchRate(ctx context.Context, p *Plan, cfg SearchConfig, log io.Writer) (
 			q.Targets = []Target{t}
 			q.FirstLevel = p.FirstLevel + len(sr.Points)*max(p.Rounds, 1) // fresh prompts for every rate tried
 			q.Loads = []Load{{Rate: rate, Burstiness: burstinessOf(p)}}
+			var done func(*Result)
+			if cfg.Observe != nil {
+				done = cfg.Observe(t.Name, rate)
+			}
 			s, err := Run(ctx, &q)
 			if err != nil {
 				return false, err
 			}
 			r := s.Results[0]
+			if done != nil {
+				done(r)
+			}
 			sr.Points = append(sr.Points, r.point())
 			sr.Results = append(sr.Results, r)
 			ok := r.Attained >= cfg.Target

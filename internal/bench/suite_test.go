@@ -326,11 +326,27 @@ func TestSearchRateFindsTheKneeOfAFakeTarget(t *testing.T) {
 		Workload: workload.Lengths("fixed", 1, 50, workload.Fixed(4), workload.Fixed(3), testPool),
 		Timeout:  10 * time.Second, SLO: SLO{TTFT: 40 * time.Millisecond},
 	}
-	res, err := SearchRate(context.Background(), p, SearchConfig{Target: 0.9, Low: 25, High: 400, Steps: 2}, nil)
+	var observed []float64
+	observe := func(target string, rate float64) func(*Result) {
+		return func(r *Result) {
+			if target != "fake" || r.Load.Rate != rate {
+				t.Errorf("observed %s at %v, got the result of %s at %v", target, rate, r.Target, r.Load.Rate)
+			}
+			observed = append(observed, rate)
+		}
+	}
+	res, err := SearchRate(context.Background(), p, SearchConfig{Target: 0.9, Low: 25, High: 400, Steps: 2, Observe: observe}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := res[0]
+	var tried []float64
+	for _, pt := range got.Points {
+		tried = append(tried, pt.Rate)
+	}
+	if !slices.Equal(observed, tried) {
+		t.Errorf("Observe saw rates %v, the search tried %v", observed, tried)
+	}
 	t.Logf("max rate %.1f, points %+v", got.MaxRate, got.Points)
 	if got.MaxRate < 25 || got.MaxRate > 100 {
 		t.Errorf("max rate %.1f req/s, want 25–100 for a 100 req/s server", got.MaxRate)
