@@ -97,9 +97,9 @@ func TestCountMisses(t *testing.T) {
 	ms := time.Millisecond
 	slo := SLO{TTFT: 100 * ms, TPOT: 10 * ms}
 	r := &Result{Records: []Record{
-		{TTFT: 50 * ms, E2E: 50*ms + 10*5*ms, OutputTokens: 11},  // meets both
-		{TTFT: 150 * ms, E2E: 150*ms + 10*5*ms, OutputTokens: 11}, // TTFT
-		{TTFT: 50 * ms, E2E: 50*ms + 10*20*ms, OutputTokens: 11},  // TPOT
+		{TTFT: 50 * ms, E2E: 50*ms + 10*5*ms, OutputTokens: 11},    // meets both
+		{TTFT: 150 * ms, E2E: 150*ms + 10*5*ms, OutputTokens: 11},  // TTFT
+		{TTFT: 50 * ms, E2E: 50*ms + 10*20*ms, OutputTokens: 11},   // TPOT
 		{TTFT: 150 * ms, E2E: 150*ms + 10*20*ms, OutputTokens: 11}, // both
 		{Err: "HTTP 500"},
 	}}
