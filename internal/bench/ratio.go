@@ -124,8 +124,10 @@ func (c MissCauses) String() string {
 type RatioCheck struct {
 	Workload string `json:"workload"`
 	N        int    `json:"n"`
-	// Predicted is the model's best split and its goodput.
+	// Predicted is the model's best split and its goodput; Curve the
+	// model's goodput at every split, P = 1 … N−1.
 	Predicted Split        `json:"predicted"`
+	Curve     []Split      `json:"model_curve"`
 	Splits    []RatioPoint `json:"splits"`
 	// Best is the measured split with the highest goodput rate (the
 	// smaller P on a tie); PredictedMeasured the predicted split's
@@ -151,6 +153,9 @@ type RatioCheck struct {
 func NewRatioCheck(m *PDModel, n int, splits []RatioPoint) RatioCheck {
 	c := RatioCheck{Workload: m.Workload, N: n, Predicted: m.BestSplit(n), Splits: slices.Clone(splits)}
 	slices.SortFunc(c.Splits, func(a, b RatioPoint) int { return a.P - b.P })
+	for p := 1; p < n; p++ {
+		c.Curve = append(c.Curve, Split{N: n, P: p, D: n - p, Goodput: m.SplitGoodput(p, n-p)})
+	}
 	if len(c.Splits) == 0 {
 		c.Verdict = "not measured"
 		return c
