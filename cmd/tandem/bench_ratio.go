@@ -60,10 +60,11 @@ func runBenchRatio(args []string) error {
 		chatRates   = fs.String("fit-chat-rates", "1,2,4", "arrival rates (req/s, simulated) of the chat workload's 1P+1D fitting run")
 		longRates   = fs.String("fit-long-rates", "0.1,0.2,0.3", "arrival rates (req/s, simulated) of the long workload's 1P+1D fitting run")
 		fitRequests = fs.Int("fit-requests", 48, "requests per rate of the fitting run")
-		levelSecs   = fs.Float64("level-seconds", 40, "simulated seconds of arrivals at the split's predicted goodput rate per rate tried: each level has max(--min-requests, predicted rate × this) requests")
+		levelSecs   = fs.Float64("level-seconds", 30, "simulated seconds of Poisson arrivals per rate tried: a level sends max(--min-requests, rate × this) requests")
 		minRequests = fs.Int("min-requests", 30, "fewest requests per rate tried")
 		neighbours  = fs.Int("neighbours", 1, "splits measured on either side of the predicted best")
-		steps       = fs.Int("search-steps", 2, "bisection steps of each rate search after its bracket (from half to four times the split's predicted rate, doubling)")
+		searchFrom  = fs.Float64("search-from", 0.6, "each split's rate search starts at this fraction of the model's rate for the split, doubles until a rate misses (at most 4 times the model's rate), then bisects")
+		steps       = fs.Int("search-steps", 2, "bisection steps of each rate search after its bracket")
 		chatTTFT    = fs.Duration("slo-chat-ttft", time.Second, "chat workload TTFT SLO (simulated time)")
 		chatTPOT    = fs.Duration("slo-chat-tpot", 100*time.Millisecond, "chat workload TPOT SLO (simulated time)")
 		longTTFT    = fs.Duration("slo-long-ttft", 5*time.Second, "long workload TTFT SLO (simulated time)")
@@ -83,8 +84,8 @@ func runBenchRatio(args []string) error {
 		return fmt.Errorf("--goal %v: want a fraction in (0, 1]", *goal)
 	case !(*speed > 0):
 		return fmt.Errorf("--sim-speed %v must be positive", *speed)
-	case *levelSecs <= 0 || *minRequests < 1 || *fitRequests < 1 || *neighbours < 0 || *steps < 0:
-		return errors.New("--level-seconds, --min-requests and --fit-requests must be positive, --neighbours and --search-steps not negative")
+	case *levelSecs <= 0 || *minRequests < 1 || *fitRequests < 1 || *neighbours < 0 || *steps < 0 || *searchFrom <= 0 || *searchFrom > 4:
+		return errors.New("--level-seconds, --min-requests and --fit-requests must be positive, --neighbours and --search-steps not negative, --search-from in (0, 4]")
 	}
 	ns, err := parseInts(*engines)
 	if err != nil {
@@ -118,7 +119,7 @@ func runBenchRatio(args []string) error {
 	x := &experiment{exe: exe, model: *modelDir, out: *outDir, extra: engineArgs, goal: *goal, requests: *fitRequests, rounds: 1,
 		seed: *seed, timeout: *timeout, log: os.Stderr}
 	r := &ratioRun{x: x, simulate: *simulate, speed: *speed, engines: ns, levelSecs: *levelSecs, minRequests: *minRequests,
-		neighbours: *neighbours, steps: *steps, proxyArgs: strings.Fields(*proxyExtra)}
+		neighbours: *neighbours, steps: *steps, searchFrom: *searchFrom, proxyArgs: strings.Fields(*proxyExtra)}
 	specs := map[string]experimentWorkload{
 		"chat": {name: "chat", rates: *chatRates, slo: bench.SLO{TTFT: *chatTTFT, TPOT: *chatTPOT}},
 		"long": {name: "long", rates: *longRates, slo: bench.SLO{TTFT: *longTTFT, TPOT: *longTPOT}},
@@ -155,8 +156,11 @@ type ratioRun struct {
 	minRequests int
 	neighbours  int
 	steps       int
+	searchFrom  float64
 	proxyArgs   []string
 	watch       *hostWatch
+	report      strings.Builder // what the report says so far
+	sum         ratioSummary
 }
 
 // ratioSummary is summary.json.
@@ -191,48 +195,68 @@ func (r *ratioRun) run(ctx context.Context) error {
 	}
 	r.watch = startHostWatch(time.Second)
 	defer r.watch.stop()
-	var report strings.Builder
-	w := io.MultiWriter(&report, os.Stdout)
-	sum := ratioSummary{Simulate: r.simulate, Speed: r.speed, Model: x.model, CPUs: x.cpus, Engines: r.engines, Goal: x.goal, Started: time.Now()}
+	w := io.MultiWriter(&r.report, os.Stdout)
+	r.sum = ratioSummary{Simulate: r.simulate, Speed: r.speed, Model: x.model, CPUs: x.cpus, Engines: r.engines, Goal: x.goal, Started: time.Now()}
 	fmt.Fprintf(w, "tandem bench experiment ratio: simulated engines (--simulate %s, --sim-speed %g), tokenizer and KV shape of %s, %d CPUs %v, %s, started %s\n",
 		r.simulate, r.speed, x.model, len(x.cpus), x.cpus, runtime.Version(), time.Now().Format(time.DateTime))
 	fmt.Fprintf(w, "engines N: %v; each split of N is a fresh cluster of simulated engines (%s) behind a tandem proxy process %v; goal %.0f%% of requests meeting both SLOs\n",
 		r.engines, strings.Join(x.extra, " "), r.proxyArgs, 100*x.goal)
 	fmt.Fprintf(w, "load average (1 min) at the start: %s\n\n", loadAvgText())
-	var allChecks []bench.RatioCheck
 	for _, wl := range r.workloads {
-		rw, err := r.runWorkload(ctx, w, wl)
-		sum.Workloads = append(sum.Workloads, rw)
-		allChecks = append(allChecks, rw.Checks...)
-		if err != nil {
+		r.sum.Workloads = append(r.sum.Workloads, ratioWorkload{Name: wl.name, SLO: wl.slo, FitRates: wl.parsed})
+		if err := r.runWorkload(ctx, w, wl, &r.sum.Workloads[len(r.sum.Workloads)-1]); err != nil {
 			return err
 		}
 	}
-	fmt.Fprintf(w, "\n== the model against the measurement (rates in simulated req/s%s) ==\n", r.wallNote())
-	bench.WriteRatioChecks(w, allChecks, 1)
-	files, err := plot.Ratio(x.out, "ratio", allChecks, 1)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(w, "plot: %s\n", strings.Join(files, ", "))
-	fmt.Fprintf(w, "load average (1 min) at the end: %s\n", loadAvgText())
+	var tail strings.Builder
+	tw := io.MultiWriter(&tail, os.Stdout)
+	r.writeChecks(tw)
 	if len(x.failed) > 0 {
-		fmt.Fprintf(w, "\nFAILED requests (they count as SLO misses above; see %s):\n", filepath.Join(x.out, "logs"))
+		fmt.Fprintf(tw, "\nFAILED requests (they count as SLO misses above; see %s):\n", filepath.Join(x.out, "logs"))
 		for _, f := range x.failed {
-			fmt.Fprintf(w, "  %s\n", f)
+			fmt.Fprintf(tw, "  %s\n", f)
 		}
 	}
-	sum.Failed, sum.Finished = x.failed, time.Now()
-	if err := writeJSONFile(filepath.Join(x.out, "summary.json"), sum); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(x.out, "report.txt"), []byte(report.String()), 0o644); err != nil {
+	r.sum.Finished = time.Now()
+	if err := r.save(tail.String()); err != nil {
 		return err
 	}
 	if len(x.failed) > 0 {
 		return fmt.Errorf("requests failed: %s (see the report and the logs directory in %s)", strings.Join(x.failed, "; "), x.out)
 	}
 	return nil
+}
+
+// checks are every workload's checks so far.
+func (r *ratioRun) checks() []bench.RatioCheck {
+	var out []bench.RatioCheck
+	for _, rw := range r.sum.Workloads {
+		out = append(out, rw.Checks...)
+	}
+	return out
+}
+
+// writeChecks writes the comparison table of every check so far.
+func (r *ratioRun) writeChecks(w io.Writer) {
+	fmt.Fprintf(w, "\n== the model against the measurement (rates in simulated req/s%s) ==\n", r.wallNote())
+	bench.WriteRatioChecks(w, r.checks(), 1)
+	fmt.Fprintf(w, "plot: %s\n", filepath.Join(r.x.out, "ratio.png"))
+	fmt.Fprintf(w, "load average (1 min) now: %s\n", loadAvgText())
+}
+
+// save writes report.txt (the report so far, then tail), summary.json and
+// the plot: after every check, so that an interrupted run keeps what it
+// measured.
+func (r *ratioRun) save(tail string) error {
+	x := r.x
+	r.sum.Failed = x.failed
+	if err := writeJSONFile(filepath.Join(x.out, "summary.json"), r.sum); err != nil {
+		return err
+	}
+	if _, err := plot.Ratio(x.out, "ratio", r.checks(), 1); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(x.out, "report.txt"), []byte(r.report.String()+tail), 0o644)
 }
 
 func (r *ratioRun) wallNote() string {
@@ -254,16 +278,15 @@ func (r *ratioRun) wall(wl experimentWorkload) experimentWorkload {
 }
 
 // runWorkload fits the model to a 1P+1D run of wl and checks it at every N.
-func (r *ratioRun) runWorkload(ctx context.Context, w io.Writer, wl experimentWorkload) (ratioWorkload, error) {
+func (r *ratioRun) runWorkload(ctx context.Context, w io.Writer, wl experimentWorkload, rw *ratioWorkload) error {
 	x := r.x
 	ww := r.wall(wl)
-	rw := ratioWorkload{Name: wl.name, SLO: wl.slo, FitRates: wl.parsed}
 	fmt.Fprintf(w, "== workload %s, SLO TTFT ≤ %v and TPOT ≤ %v (simulated; wall clock %v and %v) ==\n", wl.name, wl.slo.TTFT, wl.slo.TPOT, ww.slo.TTFT, ww.slo.TPOT)
 	fmt.Fprintf(w, "fitting the model: 1 prefill + 1 decode simulated engine, %d requests at each of %v req/s (simulated)\n", x.requests, wl.parsed)
 	x.nextLevel = 0
 	c, err := x.startCluster(ctx, wl.name+"-fit", 1, 1, r.proxyArgs...)
 	if err != nil {
-		return rw, err
+		return err
 	}
 	const fitTarget = "1P+1D"
 	sampler := startLoadSampler(5 * time.Second)
@@ -271,15 +294,15 @@ func (r *ratioRun) runWorkload(ctx context.Context, w io.Writer, wl experimentWo
 	rw.FitLoad = sampler.stop()
 	x.stopAll()
 	if err != nil {
-		return rw, err
+		return err
 	}
 	x.noteFailures(s, wl.name+" fit")
 	if err := bench.WriteTable(w, s); err != nil {
-		return rw, err
+		return err
 	}
 	fmt.Fprintf(w, "load average (1 min) during the fit: %s\n", rw.FitLoad)
 	if err := writeJSONFile(filepath.Join(x.out, "fit-"+wl.name+".json"), s); err != nil {
-		return rw, err
+		return err
 	}
 	fmt.Fprintln(w)
 	bench.WritePDModelHeader(w)
@@ -291,7 +314,7 @@ func (r *ratioRun) runWorkload(ctx context.Context, w io.Writer, wl experimentWo
 	}
 	if m.Unattainable != "" {
 		fmt.Fprintf(w, "  the model predicts no goodput (%s): nothing to check for %s\n\n", m.Unattainable, wl.name)
-		return rw, nil
+		return nil
 	}
 	fmt.Fprintln(w)
 	for _, n := range r.engines {
@@ -303,10 +326,10 @@ func (r *ratioRun) runWorkload(ctx context.Context, w io.Writer, wl experimentWo
 		for _, p := range ps {
 			pt, err := r.measureSplit(ctx, ww, &m, n, p)
 			if err != nil {
-				return rw, err
+				return err
 			}
 			sp := scalePoint(pt, 1/r.speed)
-			fmt.Fprintf(w, "  %dP:%dD: predicted %.3g, measured %s; misses at the first rate missed %s; %s\n",
+			fmt.Fprintf(w, "  %dP:%dD: predicted %.3g, measured %s; misses at the first rate missed %s; host %s\n",
 				sp.P, sp.D, sp.Predicted, measuredText(sp), sp.Misses, sp.Host)
 			points = append(points, pt)
 		}
@@ -315,8 +338,14 @@ func (r *ratioRun) runWorkload(ctx context.Context, w io.Writer, wl experimentWo
 		check := scaleCheck(bench.NewRatioCheck(&m, n, points), 1/r.speed)
 		fmt.Fprintf(w, "  → %s\n\n", check.VerdictText())
 		rw.Checks = append(rw.Checks, check)
+		var partial strings.Builder
+		partial.WriteString("\n(partial: the run goes on)\n")
+		r.writeChecks(&partial)
+		if err := r.save(partial.String()); err != nil {
+			return err
+		}
 	}
-	return rw, nil
+	return nil
 }
 
 func splitList(ps []int, n int) string {
@@ -391,19 +420,22 @@ func (r *ratioRun) measureSplit(ctx context.Context, wl experimentWorkload, m *b
 		return pt, err
 	}
 	defer x.stopAll()
-	requests := max(r.minRequests, int(math.Ceil(pt.Predicted/r.speed*r.levelSecs)))
+	levels := map[float64]hostStats{}
+	dur := time.Duration(r.levelSecs / r.speed * float64(time.Second)) // wall clock
+	cfg := bench.SearchConfig{Target: x.goal, Low: r.searchFrom * pt.Predicted, High: 4 * pt.Predicted, Steps: r.steps,
+		Duration: dur, MinRequests: r.minRequests,
+		Observe: func(_ string, rate float64) func(*bench.Result) {
+			r.watch.mark()
+			return func(*bench.Result) { levels[rate] = r.watch.mark() }
+		}}
+	// Enough requests for the highest rate (and the lower search's).
+	requests := max(r.minRequests, int(math.Ceil(cfg.High*dur.Seconds())))
 	plan, err := x.plan(ctx, []bench.Target{{Name: name, URL: c.url}}, wl, loadsOf([]float64{pt.Predicted}), 1, requests)
 	if err != nil {
 		return pt, err
 	}
 	r.watch.setProxy(c.proxy.cmd.Process.Pid)
-	levels := map[float64]hostStats{}
-	cfg := bench.SearchConfig{Target: x.goal, Low: pt.Predicted / 2, High: 4 * pt.Predicted, Steps: r.steps,
-		Observe: func(_ string, rate float64) func(*bench.Result) {
-			r.watch.mark()
-			return func(*bench.Result) { levels[rate] = r.watch.mark() }
-		}}
-	fmt.Fprintf(x.log, "experiment: %s: rate search from %.3g req/s (wall), %d requests per rate\n", name, cfg.Low, requests)
+	fmt.Fprintf(x.log, "experiment: %s: rate search from %.3g req/s (wall), %v of arrivals per rate\n", name, cfg.Low, dur)
 	res, err := bench.SearchRate(ctx, plan, cfg, x.log)
 	if err != nil {
 		return pt, err
@@ -418,13 +450,13 @@ func (r *ratioRun) measureSplit(ctx context.Context, wl experimentWorkload, m *b
 		if err != nil {
 			return pt, err
 		}
-		m := more[0]
-		m.Points = append(sr.Points, m.Points...)
-		m.Results = append(sr.Results, m.Results...)
-		if m.MaxRate > 0 && m.FirstMiss == 0 {
-			m.FirstMiss = cfg.Low // it met every rate up to where the first search missed
+		lo := more[0]
+		lo.Points = append(sr.Points, lo.Points...)
+		lo.Results = append(sr.Results, lo.Results...)
+		if lo.MaxRate > 0 && lo.FirstMiss == 0 {
+			lo.FirstMiss = cfg.Low // it met every rate up to where the first search missed
 		}
-		sr = m
+		sr = lo
 	}
 	pt.Measured, pt.FirstMiss, pt.Points = sr.MaxRate, sr.FirstMiss, sr.Points
 	switch {
@@ -454,7 +486,8 @@ func (r *ratioRun) measureSplit(ctx context.Context, wl experimentWorkload, m *b
 	}
 	at := levels[bound]
 	pt.HostBound = at.saturated()
-	pt.Host = fmt.Sprintf("host at %.3g req/s: %s; peak over the search: %s", bound/r.speed, at, peak)
+	pt.Host = fmt.Sprintf("at %.3g: %s", bound/r.speed, at)
+	fmt.Fprintf(x.log, "experiment: %s: the host over the whole search: %s\n", name, peak)
 	return pt, nil
 }
 

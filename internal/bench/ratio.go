@@ -203,7 +203,7 @@ func NewRatioCheck(m *PDModel, n int, splits []RatioPoint) RatioCheck {
 func WriteRatioChecks(w io.Writer, checks []RatioCheck, scale float64) {
 	r := func(x float64) string { return fmt.Sprintf("%.3g", x*scale) }
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "  workload\tN\tsplit\tpredicted req/s\tmeasured goodput rate\tmisses at the first rate missed\thost during the search")
+	fmt.Fprintln(tw, "  workload\tN\tsplit\tpredicted req/s\tmeasured goodput rate\tmisses at the first rate missed\thost at the rate that bounded the search")
 	for _, c := range checks {
 		for _, s := range c.Splits {
 			mark := ""
