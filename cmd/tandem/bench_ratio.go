@@ -323,6 +323,7 @@ func (r *ratioRun) runWorkload(ctx context.Context, w io.Writer, wl experimentWo
 		fmt.Fprintf(w, "-- %s, N = %d: the model predicts %dP:%dD at %.3g req/s (simulated); measuring %s --\n",
 			wl.name, n, best.P, best.D, best.Goodput/r.speed, splitList(ps, n))
 		var points []bench.RatioPoint
+		at := len(rw.Checks)
 		for _, p := range ps {
 			pt, err := r.measureSplit(ctx, ww, &m, n, p)
 			if err != nil {
@@ -332,18 +333,19 @@ func (r *ratioRun) runWorkload(ctx context.Context, w io.Writer, wl experimentWo
 			fmt.Fprintf(w, "  %dP:%dD: predicted %.3g, measured %s; misses at the first rate missed %s; host %s\n",
 				sp.P, sp.D, sp.Predicted, measuredText(sp), sp.Misses, sp.Host)
 			points = append(points, pt)
+			// The check so far (in simulated req/s: the model's rates and
+			// the measured ones are wall-clock), saved after every split
+			// so that an interrupted run keeps what it measured.
+			check := scaleCheck(bench.NewRatioCheck(&m, n, points), 1/r.speed)
+			rw.Checks = append(rw.Checks[:at], check)
+			var partial strings.Builder
+			partial.WriteString("\n(partial: the run goes on)\n")
+			r.writeChecks(&partial)
+			if err := r.save(partial.String()); err != nil {
+				return err
+			}
 		}
-		// The check in simulated req/s: the model's rates and the
-		// measured ones are wall-clock.
-		check := scaleCheck(bench.NewRatioCheck(&m, n, points), 1/r.speed)
-		fmt.Fprintf(w, "  → %s\n\n", check.VerdictText())
-		rw.Checks = append(rw.Checks, check)
-		var partial strings.Builder
-		partial.WriteString("\n(partial: the run goes on)\n")
-		r.writeChecks(&partial)
-		if err := r.save(partial.String()); err != nil {
-			return err
-		}
+		fmt.Fprintf(w, "  → %s\n\n", rw.Checks[at].VerdictText())
 	}
 	return nil
 }
