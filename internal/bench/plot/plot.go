@@ -301,7 +301,9 @@ func Ratio(dir, base string, checks []bench.RatioCheck, scale float64) ([]string
 		rows[len(rows)-1] = append(rows[len(rows)-1], ratioPanel(c, scale))
 	}
 	if last := rows[len(rows)-1]; len(last) < cols {
-		rows[len(rows)-1] = append(last, plot.New()) // an empty tile
+		empty := plot.New()
+		empty.HideAxes()
+		rows[len(rows)-1] = append(last, empty)
 	}
 	return save(filepath.Join(dir, base), rows, vg.Length(cols)*13*vg.Centimeter, vg.Length(len(rows))*9*vg.Centimeter)
 }
@@ -314,6 +316,12 @@ func ratioPanel(c bench.RatioCheck, scale float64) *plot.Plot {
 	p.Legend.Top, p.Legend.Left = true, true
 	p.X.Min, p.X.Max = 0, float64(c.N)
 	p.Y.Min = 0
+	// Head room above the data for the legend.
+	top := c.Predicted.Goodput
+	for _, s := range c.Splits {
+		top = math.Max(top, math.Max(s.Measured, s.FirstMiss))
+	}
+	p.Y.Max = 1.5 * top * scale
 	var curve plotter.XYs
 	for _, s := range c.Curve {
 		curve = append(curve, plotter.XY{X: float64(s.P), Y: s.Goodput * scale})
