@@ -63,6 +63,7 @@ func runBenchRatio(args []string) error {
 		levelSecs   = fs.Float64("level-seconds", 30, "simulated seconds of Poisson arrivals per rate tried: a level sends max(--min-requests, rate × this) requests")
 		minRequests = fs.Int("min-requests", 30, "fewest requests per rate tried")
 		neighbours  = fs.Int("neighbours", 1, "splits measured on either side of the predicted best")
+		far         = fs.Bool("far", true, "also measure splits far from the prediction: N/2 and the quarter on the other side (N/4 or 3N/4)")
 		searchFrom  = fs.Float64("search-from", 0.6, "each split's rate search starts at this fraction of the model's rate for the split, doubles until a rate misses (at most 4 times the model's rate), then bisects")
 		steps       = fs.Int("search-steps", 2, "bisection steps of each rate search after its bracket")
 		chatTTFT    = fs.Duration("slo-chat-ttft", time.Second, "chat workload TTFT SLO (simulated time)")
@@ -119,7 +120,7 @@ func runBenchRatio(args []string) error {
 	x := &experiment{exe: exe, model: *modelDir, out: *outDir, extra: engineArgs, goal: *goal, requests: *fitRequests, rounds: 1,
 		seed: *seed, timeout: *timeout, log: os.Stderr}
 	r := &ratioRun{x: x, simulate: *simulate, speed: *speed, engines: ns, levelSecs: *levelSecs, minRequests: *minRequests,
-		neighbours: *neighbours, steps: *steps, searchFrom: *searchFrom, proxyArgs: strings.Fields(*proxyExtra)}
+		neighbours: *neighbours, steps: *steps, far: *far, searchFrom: *searchFrom, proxyArgs: strings.Fields(*proxyExtra)}
 	specs := map[string]experimentWorkload{
 		"chat": {name: "chat", rates: *chatRates, slo: bench.SLO{TTFT: *chatTTFT, TPOT: *chatTPOT}},
 		"long": {name: "long", rates: *longRates, slo: bench.SLO{TTFT: *longTTFT, TPOT: *longTPOT}},
@@ -157,6 +158,7 @@ type ratioRun struct {
 	neighbours  int
 	steps       int
 	searchFrom  float64
+	far         bool
 	proxyArgs   []string
 	watch       *hostWatch
 	report      strings.Builder // what the report says so far
@@ -319,7 +321,7 @@ func (r *ratioRun) runWorkload(ctx context.Context, w io.Writer, wl experimentWo
 	fmt.Fprintln(w)
 	for _, n := range r.engines {
 		best := m.BestSplit(n)
-		ps := bench.SplitsToMeasure(best.P, n, r.neighbours)
+		ps := bench.SplitsToMeasure(best.P, n, r.neighbours, r.far)
 		fmt.Fprintf(w, "-- %s, N = %d: the model predicts %dP:%dD at %.3g req/s (simulated); measuring %s --\n",
 			wl.name, n, best.P, best.D, best.Goodput/r.speed, splitList(ps, n))
 		var points []bench.RatioPoint

@@ -16,26 +16,29 @@ func (m *PDModel) SplitGoodput(p, d int) float64 {
 
 // SplitsToMeasure are the prefill counts P (of n engines, D = n − P) a
 // check of the model measures: the predicted best P and neighbours on
-// either side of it, and far ones — n/2 and the quarter on the other side
-// of the prediction (n/4 when it asks for more prefill than decode, 3n/4
-// when fewer; both when it asks for n/2) — so that a prediction off by more
-// than its neighbours still shows. Sorted, distinct, in [1, n−1]; nil for n
-// < 2.
-func SplitsToMeasure(bestP, n, neighbours int) []int {
+// either side of it and, with far, splits far from it — n/2 and the quarter
+// on the other side of the prediction (n/4 when it asks for more prefill
+// than decode, 3n/4 when fewer; both when it asks for n/2) — so that a
+// prediction off by more than its neighbours still shows. Sorted, distinct,
+// in [1, n−1]; nil for n < 2.
+func SplitsToMeasure(bestP, n, neighbours int, far bool) []int {
 	if n < 2 {
 		return nil
 	}
-	ps := []int{bestP, n / 2}
+	ps := []int{bestP}
 	for i := 1; i <= neighbours; i++ {
 		ps = append(ps, bestP-i, bestP+i)
 	}
-	switch half := n / 2; {
-	case bestP > half:
-		ps = append(ps, n/4)
-	case bestP < half:
-		ps = append(ps, n-n/4)
-	default:
-		ps = append(ps, n/4, n-n/4)
+	if far {
+		ps = append(ps, n/2)
+		switch half := n / 2; {
+		case bestP > half:
+			ps = append(ps, n/4)
+		case bestP < half:
+			ps = append(ps, n-n/4)
+		default:
+			ps = append(ps, n/4, n-n/4)
+		}
 	}
 	var out []int
 	for _, p := range ps {

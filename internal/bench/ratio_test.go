@@ -13,21 +13,23 @@ func TestSplitsToMeasure(t *testing.T) {
 	tests := []struct {
 		name               string
 		bestP, n, neighbor int
+		far                bool
 		want               []int
 	}{
-		{"a prefill-heavy prediction gets its neighbours, the half and a prefill-light quarter", 6, 8, 1, []int{2, 4, 5, 6, 7}},
-		{"a decode-heavy prediction gets the other quarter", 3, 16, 1, []int{2, 3, 4, 8, 12}},
-		{"a prediction of the half gets both quarters", 8, 16, 1, []int{4, 7, 8, 9, 12}},
-		{"neighbours stop at one engine of each kind", 7, 8, 2, []int{2, 4, 5, 6, 7}},
-		{"two neighbours a side", 10, 32, 2, []int{8, 9, 10, 11, 12, 16, 24}},
-		{"four engines", 3, 4, 1, []int{1, 2, 3}},
-		{"two engines have one split", 1, 2, 1, []int{1}},
-		{"one engine has none", 1, 1, 1, nil},
+		{"a prefill-heavy prediction gets its neighbours, the half and a prefill-light quarter", 6, 8, 1, true, []int{2, 4, 5, 6, 7}},
+		{"a decode-heavy prediction gets the other quarter", 3, 16, 1, true, []int{2, 3, 4, 8, 12}},
+		{"a prediction of the half gets both quarters", 8, 16, 1, true, []int{4, 7, 8, 9, 12}},
+		{"neighbours stop at one engine of each kind", 7, 8, 2, true, []int{2, 4, 5, 6, 7}},
+		{"two neighbours a side", 10, 32, 2, true, []int{8, 9, 10, 11, 12, 16, 24}},
+		{"four engines", 3, 4, 1, true, []int{1, 2, 3}},
+		{"two engines have one split", 1, 2, 1, true, []int{1}},
+		{"one engine has none", 1, 1, 1, true, nil},
+		{"without the far ones only the neighbours", 6, 16, 2, false, []int{4, 5, 6, 7, 8}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if diff := cmp.Diff(tc.want, SplitsToMeasure(tc.bestP, tc.n, tc.neighbor)); diff != "" {
-				t.Errorf("SplitsToMeasure(%d, %d, %d) (-want +got):\n%s", tc.bestP, tc.n, tc.neighbor, diff)
+			if diff := cmp.Diff(tc.want, SplitsToMeasure(tc.bestP, tc.n, tc.neighbor, tc.far)); diff != "" {
+				t.Errorf("SplitsToMeasure(%d, %d, %d, %v) (-want +got):\n%s", tc.bestP, tc.n, tc.neighbor, tc.far, diff)
 			}
 		})
 	}

@@ -58,7 +58,7 @@ func TestRatioDrawsAPanelPerCheck(t *testing.T) {
 	var checks []bench.RatioCheck
 	for _, n := range []int{8, 16, 32} {
 		var pts []bench.RatioPoint
-		for _, p := range bench.SplitsToMeasure(m.BestSplit(n).P, n, 1) {
+		for _, p := range bench.SplitsToMeasure(m.BestSplit(n).P, n, 1, true) {
 			g := m.SplitGoodput(p, n-p)
 			pts = append(pts, bench.RatioPoint{P: p, D: n - p, Predicted: g, Measured: 0.8 * g, FirstMiss: g, Bound: "search"})
 		}
