@@ -14,6 +14,15 @@ func (m *PDModel) SplitGoodput(p, d int) float64 {
 	return math.Min(float64(p)*m.PrefillRate, float64(d)*m.DecodeRate)
 }
 
+// SplitLimit is the side that limits p prefill and d decode engines in
+// the model: "prefill" when p·prefill rate < d·decode rate, else "decode".
+func (m *PDModel) SplitLimit(p, d int) string {
+	if float64(p)*m.PrefillRate < float64(d)*m.DecodeRate {
+		return "prefill"
+	}
+	return "decode"
+}
+
 // SplitsToMeasure are the prefill counts P (of n engines, D = n − P) a
 // check of the model measures: the predicted best P and neighbours on
 // either side of it and, with far, splits far from it — n/2 and the quarter
@@ -55,8 +64,11 @@ func SplitsToMeasure(bestP, n, neighbours int, far bool) []int {
 type RatioPoint struct {
 	P int `json:"p"`
 	D int `json:"d"`
-	// Predicted is the model's goodput for this split (SplitGoodput).
+	// Predicted is the model's goodput for this split (SplitGoodput), and
+	// Limit the side the model says limits it: "prefill" (TTFT misses
+	// should dominate past it) or "decode" (TPOT misses).
 	Predicted float64 `json:"predicted_rps"`
+	Limit     string  `json:"predicted_limit,omitempty"`
 	// Measured is the highest rate tried at which Goal of the requests
 	// met both SLOs (SearchResult.MaxRate, 0 if none did); FirstMiss the
 	// lowest rate that missed (0 if none did): the true goodput rate lies
@@ -156,6 +168,9 @@ type RatioCheck struct {
 func NewRatioCheck(m *PDModel, n int, splits []RatioPoint) RatioCheck {
 	c := RatioCheck{Workload: m.Workload, N: n, Predicted: m.BestSplit(n), Splits: slices.Clone(splits)}
 	slices.SortFunc(c.Splits, func(a, b RatioPoint) int { return a.P - b.P })
+	for i := range c.Splits {
+		c.Splits[i].Limit = m.SplitLimit(c.Splits[i].P, c.Splits[i].D)
+	}
 	for p := 1; p < n; p++ {
 		c.Curve = append(c.Curve, Split{N: n, P: p, D: n - p, Goodput: m.SplitGoodput(p, n-p)})
 	}
@@ -206,7 +221,7 @@ func NewRatioCheck(m *PDModel, n int, splits []RatioPoint) RatioCheck {
 func WriteRatioChecks(w io.Writer, checks []RatioCheck, scale float64) {
 	r := func(x float64) string { return fmt.Sprintf("%.3g", x*scale) }
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "  workload\tN\tsplit\tpredicted req/s\tmeasured goodput rate\tmisses at the first rate missed\thost at the rate that bounded the search")
+	fmt.Fprintln(tw, "  workload\tN\tsplit\tpredicted req/s (limit)\tmeasured goodput rate\tmisses at the first rate missed\thost at the rate that bounded the search")
 	for _, c := range checks {
 		for _, s := range c.Splits {
 			mark := ""
@@ -228,7 +243,7 @@ func WriteRatioChecks(w io.Writer, checks []RatioCheck, scale float64) {
 			if s.HostBound {
 				meas += " HOST-BOUND"
 			}
-			fmt.Fprintf(tw, "  %s\t%d\t%dP:%dD%s\t%s\t%s\t%s\t%s\n", c.Workload, c.N, s.P, s.D, mark, r(s.Predicted), meas, s.Misses, s.Host)
+			fmt.Fprintf(tw, "  %s\t%d\t%dP:%dD%s\t%s (%s)\t%s\t%s\t%s\n", c.Workload, c.N, s.P, s.D, mark, r(s.Predicted), s.Limit, meas, s.Misses, s.Host)
 		}
 	}
 	_ = tw.Flush()

@@ -45,6 +45,14 @@ func TestSplitGoodputIsTheScarcerSide(t *testing.T) {
 			t.Errorf("%dP:%dD: %v req/s, want %v", tc.p, tc.d, got, tc.want)
 		}
 	}
+	for _, tc := range []struct {
+		p, d int
+		want string
+	}{{3, 5, "prefill"}, {4, 4, "prefill"}, {5, 3, "decode"}} {
+		if got := m.SplitLimit(tc.p, tc.d); got != tc.want {
+			t.Errorf("%dP:%dD limited by %s, want %s", tc.p, tc.d, got, tc.want)
+		}
+	}
 	// BestSplit agrees: at 8 engines 5P:3D gives min(10, 9) = 9.
 	if b := m.BestSplit(8); b.P != 5 || b.Goodput != 9 {
 		t.Errorf("BestSplit(8) = %+v, want 5P:3D at 9", b)
@@ -124,7 +132,7 @@ func TestWriteRatioChecksMarksThePredictionAndScalesRates(t *testing.T) {
 	var b strings.Builder
 	WriteRatioChecks(&b, []RatioCheck{c}, 0.5)
 	out := b.String()
-	for _, want := range []string{"4P:4D ◀ predicted", "5P:3D ★ measured best", "1.5 (1.75 missed)", "1.9 (2 missed) HOST-BOUND", "< 0.5",
+	for _, want := range []string{"4P:4D ◀ predicted", "1.5 (decode)", "5P:3D ★ measured best", "1.5 (1.75 missed)", "1.9 (2 missed) HOST-BOUND", "< 0.5",
 		"of 40: 6 TTFT, 0 TPOT, 0 failed", "proxy 0.9 core", "chat N=8: predicted 4P:4D at 2 req/s; measured best 5P:3D at 1.9 req/s",
 		"error -25%", "the prediction is WRONG"} {
 		if !strings.Contains(out, want) {
