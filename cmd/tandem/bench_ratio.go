@@ -332,8 +332,8 @@ func (r *ratioRun) runWorkload(ctx context.Context, w io.Writer, wl experimentWo
 				return err
 			}
 			sp := scalePoint(pt, 1/r.speed)
-			fmt.Fprintf(w, "  %dP:%dD: predicted %.3g, measured %s; misses at the first rate missed %s; host %s\n",
-				sp.P, sp.D, sp.Predicted, measuredText(sp), sp.Misses, sp.Host)
+			fmt.Fprintf(w, "  %dP:%dD: predicted %.3g (%s-bound), measured %s; misses at the first rate missed %s; host %s\n",
+				sp.P, sp.D, sp.Predicted, m.SplitLimit(sp.P, sp.D), measuredText(sp), sp.Misses, sp.Host)
 			points = append(points, pt)
 			// The check so far (in simulated req/s: the model's rates and
 			// the measured ones are wall-clock), saved after every split
