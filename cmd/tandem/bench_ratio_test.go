@@ -99,8 +99,12 @@ func TestBenchExperimentRatioEndToEnd(t *testing.T) {
 	t.Setenv("XDG_CACHE_HOME", t.TempDir()) // the embedded model is written here
 	out := t.TempDir()
 	start := time.Now()
+	// A TTFT SLO above the longest prompt's prefill (1,024 tokens: 1.8 s
+	// in the built-in profile), so that the splits meet the goal at some
+	// rate and the searches end quickly.
 	err := runBenchRatio([]string{"--out", out, "--engines", "4", "--sim-speed", "10", "--fit-requests", "12", "--fit-chat-rates", "1,2,4",
-		"--min-requests", "10", "--level-seconds", "3", "--search-steps", "0", "--engine-args", "--max-num-seqs 16"})
+		"--min-requests", "8", "--level-seconds", "3", "--search-steps", "0", "--slo-chat-ttft", "4s", "--slo-chat-tpot", "200ms",
+		"--engine-args", "--max-num-seqs 16"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +136,7 @@ func TestBenchExperimentRatioEndToEnd(t *testing.T) {
 			t.Errorf("split %+v: want a search of at least 2 rates and the host watched", s)
 		}
 	}
-	if c.Verdict != "right" && c.Verdict != "tie" && c.Verdict != "wrong" {
+	if c.Verdict != "right" && c.Verdict != "tie" && c.Verdict != "wrong" && c.Verdict != "none met" {
 		t.Errorf("verdict %q", c.Verdict)
 	}
 	for _, want := range []string{

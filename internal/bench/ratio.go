@@ -159,7 +159,9 @@ type RatioCheck struct {
 	Regret float64 `json:"regret"`
 	// Verdict is "right" (the measured best is the predicted split),
 	// "tie" (the predicted split's search bracket overlaps the best's: the
-	// searches cannot tell them apart), or "wrong".
+	// searches cannot tell them apart), "wrong", "none met" (no split met
+	// the goal at any rate tried: nothing to compare) or "not measured"
+	// (the predicted split was not).
 	Verdict string `json:"verdict"`
 }
 
@@ -202,6 +204,8 @@ func NewRatioCheck(m *PDModel, n int, splits []RatioPoint) RatioCheck {
 		c.Regret = 1 - ps.Measured/c.Best.Measured
 	}
 	switch {
+	case c.Best.Measured == 0:
+		c.Verdict = "none met"
 	case pi == bi || ps.Measured >= c.Best.Measured:
 		c.Verdict = "right"
 	case ps.FirstMiss == 0 || ps.FirstMiss > c.Best.Measured:
@@ -265,6 +269,8 @@ func (c RatioCheck) VerdictText() string {
 			c.Best.P, c.Best.D, 100*c.Regret)
 	case "wrong":
 		return fmt.Sprintf("the prediction is WRONG: %dP:%dD does better, the predicted split gives up %.0f%% of its goodput", c.Best.P, c.Best.D, 100*c.Regret)
+	case "none met":
+		return "NOTHING TO COMPARE: no split met the goal at any rate tried"
 	}
 	return "the predicted split was not measured"
 }

@@ -96,6 +96,12 @@ func TestNewRatioCheck(t *testing.T) {
 			}
 		})
 	}
+	t.Run("no split meeting the goal is no verdict", func(t *testing.T) {
+		c := NewRatioCheck(m, 8, []RatioPoint{{P: 4, D: 4, FirstMiss: 1, Bound: "below"}, {P: 5, D: 3, FirstMiss: 1, Bound: "below"}})
+		if c.Verdict != "none met" || !strings.Contains(c.VerdictText(), "NOTHING TO COMPARE") {
+			t.Errorf("verdict %q: %s", c.Verdict, c.VerdictText())
+		}
+	})
 	t.Run("a prediction not measured says so", func(t *testing.T) {
 		if c := NewRatioCheck(m, 8, []RatioPoint{pt(2, 1, 2)}); c.Verdict != "not measured" || !strings.Contains(c.VerdictText(), "not measured") {
 			t.Errorf("verdict %q", c.Verdict)
