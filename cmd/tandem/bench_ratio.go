@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -11,6 +12,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -322,6 +324,9 @@ func (r *ratioRun) runWorkload(ctx context.Context, w io.Writer, wl experimentWo
 	for _, n := range r.engines {
 		best := m.BestSplit(n)
 		ps := bench.SplitsToMeasure(best.P, n, r.neighbours, r.far)
+		// The predicted split first, then by distance from it: an
+		// interrupted run has measured the splits that matter most.
+		slices.SortStableFunc(ps, func(a, b int) int { return cmp.Compare(abs(a-best.P), abs(b-best.P)) })
 		fmt.Fprintf(w, "-- %s, N = %d: the model predicts %dP:%dD at %.3g req/s (simulated); measuring %s --\n",
 			wl.name, n, best.P, best.D, best.Goodput/r.speed, splitList(ps, n))
 		var points []bench.RatioPoint
@@ -350,6 +355,13 @@ func (r *ratioRun) runWorkload(ctx context.Context, w io.Writer, wl experimentWo
 		fmt.Fprintf(w, "  → %s\n\n", rw.Checks[at].VerdictText())
 	}
 	return nil
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
 }
 
 func splitList(ps []int, n int) string {
