@@ -141,7 +141,7 @@ func TestBenchExperimentRatioEndToEnd(t *testing.T) {
 	}
 	for _, want := range []string{
 		"--sim-speed 10", "fitting the model: 1 prefill + 1 decode simulated engine", "P:D ratio model", "prefill engine:", "decode engine:",
-		"-- chat, N = 4: the model predicts", "measuring ", "== the model against the measurement",
+		"-- chat, N = 4: the model predicts", fmt.Sprintf("measuring %dP:%dD, ", c.Predicted.P, c.Predicted.D), "== the model against the measurement",
 		fmt.Sprintf("%dP:%dD ◀ predicted", c.Predicted.P, c.Predicted.D), "cores", "proxy", "load ≤",
 		fmt.Sprintf("chat N=4: predicted %dP:%dD", c.Predicted.P, c.Predicted.D), c.VerdictText(), "plot: ",
 	} {
