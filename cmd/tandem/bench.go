@@ -152,7 +152,8 @@ func runBench(args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: tandem bench [--url URL | --target NAME=URL ...] [flags]\n"+
-			"       tandem bench experiment pd [flags]   (see tandem bench experiment -h)\n"+
+			"       tandem bench experiment pd [flags]   (see tandem bench experiment pd -h)\n"+
+			"       tandem bench experiment ratio [flags] (see tandem bench experiment ratio -h)\n"+
 			"       tandem bench soak [flags]            (see tandem bench soak -h)\n"+
 			"       tandem bench report [flags] FILE.json (a saved run, re-read under other SLOs)\n\n"+
 			"Streams /v1/completions requests whose prompts are token ids and whose outputs are exact\n"+

@@ -30,13 +30,18 @@ import (
 	"github.com/tandem-serve/tandem/internal/modelinit"
 )
 
-// runBenchExperiment is `tandem bench experiment pd`: it starts the
+// runBenchExperiment is `tandem bench experiment pd` (and, for `ratio`,
+// runBenchRatio): it starts the
 // configurations to compare on this machine, runs the same workloads
 // against each in alternating rounds, stops them and writes a report with
 // plots.
 func runBenchExperiment(args []string) error {
+	if len(args) > 0 && args[0] == "ratio" {
+		return runBenchRatio(args[1:])
+	}
 	if len(args) == 0 || args[0] != "pd" {
-		return errors.New("usage: tandem bench experiment pd --model DIR [flags] (the only experiment is pd)")
+		return errors.New("usage: tandem bench experiment pd [--model DIR] [flags]   (P/D against colocated)\n" +
+			"       tandem bench experiment ratio [flags]          (the P:D model checked on simulated engines)")
 	}
 	fs := flag.NewFlagSet("bench experiment pd", flag.ContinueOnError)
 	fs.Usage = func() {
@@ -206,13 +211,22 @@ func (x *experiment) logf(format string, args ...any) {
 	fmt.Fprintf(x.log, "experiment: "+format+"\n", args...)
 }
 
-func (x *experiment) run(ctx context.Context, mnbts []int, tuneReqs int) error {
+// setup finds the CPUs the engines may use and the KV secret they share.
+func (x *experiment) setup() error {
 	cpus, err := launch.AllowedCPUs()
 	if err != nil {
 		return err
 	}
 	x.cpus = cpus
 	x.secret = cmp.Or(os.Getenv(kvxfer.SecretEnv), kvxfer.GenerateSecret())
+	return nil
+}
+
+func (x *experiment) run(ctx context.Context, mnbts []int, tuneReqs int) error {
+	if err := x.setup(); err != nil {
+		return err
+	}
+	cpus := x.cpus
 	var report strings.Builder
 	w := io.MultiWriter(&report, os.Stdout)
 	fmt.Fprintf(w, "tandem bench experiment pd: model %s, %d CPUs %v, %s, started %s\n", x.model, len(cpus), cpus, runtime.Version(), time.Now().Format(time.DateTime))
@@ -221,6 +235,7 @@ func (x *experiment) run(ctx context.Context, mnbts []int, tuneReqs int) error {
 	summary := experimentSummary{Model: x.model, CPUs: cpus, Configs: x.configs, Requests: x.requests, Rounds: x.rounds, Started: time.Now()}
 
 	mnbt := mnbts[len(mnbts)-1]
+	var err error
 	if len(mnbts) > 1 && contains(x.configs, "colocated") {
 		if mnbt, err = x.tune(ctx, w, mnbts, tuneReqs); err != nil {
 			return err
@@ -445,6 +460,16 @@ func loadsOf(rates []float64) []bench.Load {
 // runWorkload builds the workload (prompt ids from the model's tokenizer)
 // and runs it against every target.
 func (x *experiment) runWorkload(ctx context.Context, targets []bench.Target, wl experimentWorkload, loads []bench.Load, rounds, requests int) (*bench.Suite, error) {
+	p, err := x.plan(ctx, targets, wl, loads, rounds, requests)
+	if err != nil {
+		return nil, err
+	}
+	return bench.Run(ctx, p)
+}
+
+// plan builds the workload's plan against targets (prompt ids from the
+// model's tokenizer), its levels numbered after every earlier run's.
+func (x *experiment) plan(ctx context.Context, targets []bench.Target, wl experimentWorkload, loads []bench.Load, rounds, requests int) (*bench.Plan, error) {
 	p := &bench.Plan{Targets: targets, Model: filepath.Base(x.model), Loads: loads, Rounds: rounds, Seed: x.seed, Timeout: x.timeout,
 		SLO: wl.slo, Goal: x.goal, Progress: x.log, ProgressEvery: 10 * time.Second}
 	wf := &workloadFlags{kind: wl.name, requests: requests, seed: x.seed, maxContext: x.maxContext, tokenizer: x.model, given: map[string]bool{}}
@@ -453,7 +478,7 @@ func (x *experiment) runWorkload(ctx context.Context, targets []bench.Target, wl
 	}
 	p.FirstLevel = x.nextLevel
 	x.nextLevel += p.Levels()
-	return bench.Run(ctx, p)
+	return p, nil
 }
 
 // tune runs the long workload at its middle rate against a colocated engine
@@ -536,42 +561,72 @@ func (x *experiment) startColocated(ctx context.Context, mnbt int) (string, []st
 // tandem proxy in front of them with proxyArgs; name prefixes their log
 // files.
 func (x *experiment) startPD(ctx context.Context, name string, proxyArgs ...string) (string, []string, error) {
-	cores, err := launch.SplitCores(x.cpus, 2, 0)
+	c, err := x.startCluster(ctx, name, 1, 1, proxyArgs...)
 	if err != nil {
 		return "", nil, err
 	}
-	ports, err := launch.FreePorts("127.0.0.1", 5)
+	return c.url, c.metricsURLs, nil
+}
+
+// cluster is prefill and decode engines behind a tandem proxy process.
+type cluster struct {
+	url string
+	// metricsURLs are the proxy's and the engines' URLs.
+	metricsURLs []string
+	proxy       *child
+}
+
+// startCluster starts prefill and decode engines, the cores split among
+// them as tandem up splits them (more engines than cores: one core each,
+// shared round-robin), and a tandem proxy process on every core in front of
+// them with proxyArgs; name prefixes their log files.
+func (x *experiment) startCluster(ctx context.Context, name string, prefill, decode int, proxyArgs ...string) (*cluster, error) {
+	n := prefill + decode
+	cores, err := launch.SplitCores(x.cpus, n, 0)
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
-	specs, err := launch.PlanEngines("127.0.0.1", 1, 1, cores, ports[:4])
+	ports, err := launch.FreePorts("127.0.0.1", 2*n+1)
 	if err != nil {
-		return "", nil, err
+		return nil, err
+	}
+	specs, err := launch.PlanEngines("127.0.0.1", prefill, decode, cores, ports[:2*n])
+	if err != nil {
+		return nil, err
 	}
 	var engines []*child
 	for i := range specs {
 		specs[i].Name = name + "-" + specs[i].Name
 		c, err := x.start(specs[i], launch.ServeArgs(specs[i], x.model, filepath.Base(x.model), x.extra))
 		if err != nil {
-			return "", nil, err
+			return nil, err
 		}
 		engines = append(engines, c)
 	}
 	for _, c := range engines {
 		if err := c.waitHealthy(ctx, 10*time.Minute); err != nil {
-			return "", nil, err
+			return nil, err
 		}
 	}
-	proxy := launch.EngineSpec{Name: name + "-proxy", Host: "127.0.0.1", Port: ports[4], CPUs: x.cpus}
-	pc, err := x.start(proxy, append([]string{"proxy", "--host", "127.0.0.1", "--port", strconv.Itoa(ports[4]),
-		"--prefill", specs[0].URL(), "--decode", specs[1].URL()}, proxyArgs...))
+	var prefillURLs, decodeURLs []string
+	for _, s := range specs {
+		if s.Role == launch.RolePrefill {
+			prefillURLs = append(prefillURLs, s.URL())
+		} else {
+			decodeURLs = append(decodeURLs, s.URL())
+		}
+	}
+	proxy := launch.EngineSpec{Name: name + "-proxy", Host: "127.0.0.1", Port: ports[2*n], CPUs: x.cpus}
+	pc, err := x.start(proxy, append([]string{"proxy", "--host", "127.0.0.1", "--port", strconv.Itoa(proxy.Port),
+		"--prefill", strings.Join(prefillURLs, ","), "--decode", strings.Join(decodeURLs, ",")}, proxyArgs...))
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	if err := pc.waitHealthy(ctx, time.Minute); err != nil {
-		return "", nil, err
+		return nil, err
 	}
-	return proxy.URL(), []string{proxy.URL(), specs[0].URL(), specs[1].URL()}, nil
+	c := &cluster{url: proxy.URL(), metricsURLs: append([]string{proxy.URL()}, append(prefillURLs, decodeURLs...)...), proxy: pc}
+	return c, nil
 }
 
 // child is a process the experiment started.

@@ -22,5 +22,7 @@
 // proxy's own time and prefill leg, and the engine's API, queue, KV pull
 // and prefill. ModelPD fits a DistServe-style P:D placement model to a
 // disaggregated target's requests: the prefill service time of the legs
-// that ran alone, and the decode step time against the batch.
+// that ran alone, and the decode step time against the batch; a RatioCheck
+// (NewRatioCheck) compares its predicted split of N engines with the
+// goodput rates rate searches measured on several splits.
 package bench

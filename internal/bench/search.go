@@ -5,7 +5,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"slices"
+	"time"
 )
 
 // SearchConfig bounds a search for the highest rate that meets a goodput
@@ -20,6 +22,20 @@ type SearchConfig struct {
 	Low, High float64
 	// Steps is the number of bisection steps after the bracket is found.
 	Steps int `json:"steps"`
+	// Duration, if set, makes every rate tried last about as long: it
+	// sends the first max(MinRequests, ⌈rate·Duration⌉) conversations of
+	// the plan's workload (all of them if it has fewer; build it with
+	// High·Duration), where otherwise every rate sends the whole workload
+	// and a low rate's level lasts longer than a high one's. A queue needs
+	// about as long to fill at every rate, so a level of fixed length
+	// measures each rate as far into its steady state. Not for timed
+	// arrivals (a trace).
+	Duration    time.Duration `json:"duration_ns,omitempty"`
+	MinRequests int           `json:"min_requests,omitempty"`
+	// Observe, if set, is called before each rate is tried, and the
+	// function it returns (if not nil) with that level's result after it
+	// ran: a caller watches the host around each level with it.
+	Observe func(target string, rate float64) func(*Result) `json:"-"`
 }
 
 // SearchPoint is one rate tried (or measured) and what it attained: the
@@ -65,11 +81,26 @@ func SearchRate(ctx context.Context, p *Plan, cfg SearchConfig, log io.Writer) (
 			q.Targets = []Target{t}
 			q.FirstLevel = p.FirstLevel + len(sr.Points)*max(p.Rounds, 1) // fresh prompts for every rate tried
 			q.Loads = []Load{{Rate: rate, Burstiness: burstinessOf(p)}}
+			if cfg.Duration > 0 && p.Workload != nil && !p.Workload.TimedArrivals {
+				n := max(cfg.MinRequests, 1, int(math.Ceil(rate*cfg.Duration.Seconds())))
+				if n < len(p.Workload.Conversations) {
+					w := *p.Workload
+					w.Conversations = w.Conversations[:n]
+					q.Workload = &w
+				}
+			}
+			var done func(*Result)
+			if cfg.Observe != nil {
+				done = cfg.Observe(t.Name, rate)
+			}
 			s, err := Run(ctx, &q)
 			if err != nil {
 				return false, err
 			}
 			r := s.Results[0]
+			if done != nil {
+				done(r)
+			}
 			sr.Points = append(sr.Points, r.point())
 			sr.Results = append(sr.Results, r)
 			ok := r.Attained >= cfg.Target

@@ -326,11 +326,27 @@ func TestSearchRateFindsTheKneeOfAFakeTarget(t *testing.T) {
 		Workload: workload.Lengths("fixed", 1, 50, workload.Fixed(4), workload.Fixed(3), testPool),
 		Timeout:  10 * time.Second, SLO: SLO{TTFT: 40 * time.Millisecond},
 	}
-	res, err := SearchRate(context.Background(), p, SearchConfig{Target: 0.9, Low: 25, High: 400, Steps: 2}, nil)
+	var observed []float64
+	observe := func(target string, rate float64) func(*Result) {
+		return func(r *Result) {
+			if target != "fake" || r.Load.Rate != rate {
+				t.Errorf("observed %s at %v, got the result of %s at %v", target, rate, r.Target, r.Load.Rate)
+			}
+			observed = append(observed, rate)
+		}
+	}
+	res, err := SearchRate(context.Background(), p, SearchConfig{Target: 0.9, Low: 25, High: 400, Steps: 2, Observe: observe}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := res[0]
+	var tried []float64
+	for _, pt := range got.Points {
+		tried = append(tried, pt.Rate)
+	}
+	if !slices.Equal(observed, tried) {
+		t.Errorf("Observe saw rates %v, the search tried %v", observed, tried)
+	}
 	t.Logf("max rate %.1f, points %+v", got.MaxRate, got.Points)
 	if got.MaxRate < 25 || got.MaxRate > 100 {
 		t.Errorf("max rate %.1f req/s, want 25–100 for a 100 req/s server", got.MaxRate)
@@ -385,5 +401,32 @@ func TestFirstLevelKeepsSeparateRunsApart(t *testing.T) {
 	}
 	if len(tuning) != 8 || !maps.Equal(tuning, again) {
 		t.Errorf("%d distinct prompts; the same numbering should repeat them", len(tuning))
+	}
+}
+
+func TestSearchRateWithADurationSendsRateTimesDurationRequests(t *testing.T) {
+	f := &latencyServer{prefill: time.Millisecond, tpot: time.Millisecond}
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	p := &Plan{
+		Targets: []Target{{"fake", srv.URL}}, Model: "m", Loads: []Load{{Rate: 1}},
+		Workload: workload.Lengths("fixed", 1, 200, workload.Fixed(4), workload.Fixed(3), testPool),
+		Timeout:  10 * time.Second, SLO: SLO{TTFT: time.Second},
+	}
+	// Every rate meets a 1 s TTFT: 50, 100, 200 req/s are tried, for 0.25 s
+	// each: 15 (the minimum, above 12.5), 25 and 50 requests.
+	res, err := SearchRate(context.Background(), p, SearchConfig{Target: 0.9, Low: 50, High: 200, Duration: 250 * time.Millisecond, MinRequests: 15}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int
+	for _, r := range res[0].Results {
+		got = append(got, len(r.Records))
+	}
+	if want := []int{15, 25, 50}; !slices.Equal(got, want) {
+		t.Errorf("requests per rate %v, want %v", got, want)
+	}
+	if p.Workload.Requests() != 200 {
+		t.Errorf("the plan's workload was cut to %d requests", p.Workload.Requests())
 	}
 }

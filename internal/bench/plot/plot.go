@@ -277,3 +277,97 @@ func save(base string, rows [][]*plot.Plot, w, h vg.Length) ([]string, error) {
 	}
 	return files, nil
 }
+
+// Ratio writes dir/base.png and .svg: for each check (a workload at N
+// engines) a panel of goodput against the number of prefill engines P — the
+// model's curve min(P·prefill rate, (N−P)·decode rate) dashed, its best
+// split marked with a triangle, and each measured split's goodput rate as a
+// point with a bar up to the lowest rate that missed (the search's
+// bracket), the measured best ringed. Rates are multiplied by scale (1/speed
+// for a simulation run at speed). Panels are laid out two to a row.
+func Ratio(dir, base string, checks []bench.RatioCheck, scale float64) ([]string, error) {
+	if len(checks) == 0 {
+		return nil, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	cols := min(len(checks), 2)
+	var rows [][]*plot.Plot
+	for i, c := range checks {
+		if i%cols == 0 {
+			rows = append(rows, nil)
+		}
+		rows[len(rows)-1] = append(rows[len(rows)-1], ratioPanel(c, scale))
+	}
+	if last := rows[len(rows)-1]; len(last) < cols {
+		empty := plot.New()
+		empty.HideAxes()
+		rows[len(rows)-1] = append(last, empty)
+	}
+	return save(filepath.Join(dir, base), rows, vg.Length(cols)*13*vg.Centimeter, vg.Length(len(rows))*9*vg.Centimeter)
+}
+
+func ratioPanel(c bench.RatioCheck, scale float64) *plot.Plot {
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("%s, N = %d engines", c.Workload, c.N)
+	p.X.Label.Text = "prefill engines P (decode D = N − P)"
+	p.Y.Label.Text = "goodput rate (req/s)"
+	p.Legend.Top, p.Legend.Left = true, true
+	p.X.Min, p.X.Max = 0, float64(c.N)
+	p.Y.Min = 0
+	// Head room above the data for the legend.
+	top := c.Predicted.Goodput
+	for _, s := range c.Splits {
+		top = math.Max(top, math.Max(s.Measured, s.FirstMiss))
+	}
+	p.Y.Max = 1.5 * top * scale
+	var curve plotter.XYs
+	for _, s := range c.Curve {
+		curve = append(curve, plotter.XY{X: float64(s.P), Y: s.Goodput * scale})
+	}
+	if l, err := plotter.NewLine(curve); err == nil {
+		l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		l.Color = plotutil.Color(1)
+		l.Width = vg.Points(1.2)
+		p.Add(l)
+		p.Legend.Add("model", l)
+	}
+	if pred, err := plotter.NewScatter(plotter.XYs{{X: float64(c.Predicted.P), Y: c.Predicted.Goodput * scale}}); err == nil {
+		pred.GlyphStyle.Shape = draw.TriangleGlyph{}
+		pred.GlyphStyle.Radius = vg.Points(6)
+		pred.GlyphStyle.Color = plotutil.Color(1)
+		p.Add(pred)
+		p.Legend.Add(fmt.Sprintf("predicted best %dP:%dD", c.Predicted.P, c.Predicted.D), pred)
+	}
+	var meas plotter.XYs
+	for _, s := range c.Splits {
+		meas = append(meas, plotter.XY{X: float64(s.P), Y: s.Measured * scale})
+		if s.FirstMiss > s.Measured {
+			bar, err := plotter.NewLine(plotter.XYs{{X: float64(s.P), Y: s.Measured * scale}, {X: float64(s.P), Y: s.FirstMiss * scale}})
+			if err == nil {
+				bar.Color = plotutil.Color(0)
+				bar.Width = vg.Points(1)
+				p.Add(bar)
+			}
+		}
+	}
+	if l, sc, err := plotter.NewLinePoints(meas); err == nil {
+		l.Color, sc.Color = plotutil.Color(0), plotutil.Color(0)
+		l.Width = vg.Points(1.5)
+		sc.GlyphStyle.Radius = vg.Points(3)
+		sc.GlyphStyle.Shape = draw.CircleGlyph{}
+		p.Add(l, sc)
+		p.Legend.Add("measured (bar: up to the first rate missed)", l, sc)
+	}
+	if c.Best.Measured > 0 {
+		if best, err := plotter.NewScatter(plotter.XYs{{X: float64(c.Best.P), Y: c.Best.Measured * scale}}); err == nil {
+			best.GlyphStyle.Shape = draw.RingGlyph{}
+			best.GlyphStyle.Radius = vg.Points(7)
+			best.GlyphStyle.Color = plotutil.Color(0)
+			p.Add(best)
+			p.Legend.Add(fmt.Sprintf("measured best %dP:%dD", c.Best.P, c.Best.D), best)
+		}
+	}
+	return p
+}

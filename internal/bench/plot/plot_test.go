@@ -52,3 +52,32 @@ func TestSuiteWritesEveryFigureAsPNGAndSVG(t *testing.T) {
 		}
 	}
 }
+
+func TestRatioDrawsAPanelPerCheck(t *testing.T) {
+	m := &bench.PDModel{Workload: "chat", PrefillRate: 1, DecodeRate: 2}
+	var checks []bench.RatioCheck
+	for _, n := range []int{8, 16, 32} {
+		var pts []bench.RatioPoint
+		for _, p := range bench.SplitsToMeasure(m.BestSplit(n).P, n, 1, true) {
+			g := m.SplitGoodput(p, n-p)
+			pts = append(pts, bench.RatioPoint{P: p, D: n - p, Predicted: g, Measured: 0.8 * g, FirstMiss: g, Bound: "search"})
+		}
+		checks = append(checks, bench.NewRatioCheck(m, n, pts))
+	}
+	files, err := Ratio(t.TempDir(), "ratio", checks, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 2 {
+		t.Fatalf("wrote %v, want a PNG and an SVG", files)
+	}
+	b, err := os.ReadFile(files[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"chat, N = 8 engines", "chat, N = 32 engines", "predicted best 5P:3D", "measured best"} {
+		if !bytes.Contains(b, []byte(want)) {
+			t.Errorf("the SVG lacks %q", want)
+		}
+	}
+}
