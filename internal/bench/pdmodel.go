@@ -36,7 +36,15 @@ import (
 // workload's prompts is q, and serves ρ*/s̄ requests/s. A workload with
 // more than 1 − q of its prompts too long for the SLO on one prefill
 // engine (PrefillTooLong) has no ρ*: one engine per prompt cannot meet it,
-// whatever the P:D ratio.
+// whatever the P:D ratio. With P prefill engines behind tandem proxy's
+// round-robin dispatch each engine sees every P-th arrival — gaps with
+// squared coefficient of variation 1/P rather than Poisson's 1 — and
+// queues less at the same utilisation: the wait's tail uses c =
+// (1/P + C²)/2 (Kingman's GI/G/1 approximation), so the rate per prefill
+// engine grows with P (PrefillRateAt); a split of N engines is scored
+// with its own P. (Checked on simulated engines at N = 8–32 before this
+// correction: the Poisson rate was 2.4–3.3× below what each engine
+// sustained; docs/performance.md.)
 //
 // Decode. The decode engine's step time grows with its batch: for every
 // request, its TPOT and the mean number of requests decoding beside it
@@ -53,7 +61,7 @@ import (
 // lower bound.
 //
 // Split. N engines as P prefill and D decode engines serve min(P·prefill
-// rate, D·decode rate); BestSplits gives the best P for a few N.
+// rate at P, D·decode rate); BestSplits gives the best P for a few N.
 type PDModel struct {
 	Workload   string  `json:"workload"`
 	Target     string  `json:"target"`
@@ -73,6 +81,9 @@ type PDModel struct {
 	PrefillCV2     float64 `json:"prefill_cv2"`
 	Overhead       float64 `json:"overhead_seconds"`
 	PrefillBusy    float64 `json:"prefill_utilisation"`
+	// PrefillRates is PrefillRateAt(P) for P = 1, 2, 4, 8, 16, 32: what
+	// one of P prefill engines serves behind round-robin dispatch.
+	PrefillRates map[int]float64 `json:"prefill_rate_per_engine_at_p,omitempty"`
 	// PrefillTooLong is the fraction of the prompts whose own prefill and
 	// the overhead exceed the TTFT SLO (they miss it even on an idle
 	// engine).
@@ -96,6 +107,12 @@ type PDModel struct {
 
 	BestSplits   []Split `json:"best_splits,omitempty"`
 	Unattainable string  `json:"unattainable,omitempty"`
+
+	// services are the prompts' prefill service times (seconds), slo the
+	// TTFT SLO (seconds) and q the TTFT share of the goal, kept for
+	// PrefillRateAt.
+	services []float64
+	slo, q   float64
 }
 
 // Split is N engines as P prefill and D decode engines and the goodput the
@@ -154,6 +171,10 @@ func ModelPD(s *Suite, target string, maxSeqs int) PDModel {
 		m.Unattainable = "the decode engine misses the TPOT SLO at every batch"
 	}
 	if m.Unattainable == "" {
+		m.PrefillRates = map[int]float64{}
+		for _, p := range []int{1, 2, 4, 8, 16, 32} {
+			m.PrefillRates[p] = m.PrefillRateAt(p)
+		}
 		for _, n := range SplitSizes {
 			m.BestSplits = append(m.BestSplits, m.BestSplit(n))
 		}
@@ -162,11 +183,11 @@ func ModelPD(s *Suite, target string, maxSeqs int) PDModel {
 }
 
 // BestSplit is the P:D split of n engines that maximises min(P·prefill
-// rate, D·decode rate), the smallest P on a tie.
+// rate at P, D·decode rate), the smallest P on a tie.
 func (m *PDModel) BestSplit(n int) Split {
 	best := Split{N: n, P: 1, D: n - 1}
 	for p := 1; p < n; p++ {
-		if g := math.Min(float64(p)*m.PrefillRate, float64(n-p)*m.DecodeRate); g > best.Goodput {
+		if g := m.SplitGoodput(p, n-p); g > best.Goodput {
 			best = Split{N: n, P: p, D: n - p, Goodput: g}
 		}
 	}
@@ -256,27 +277,48 @@ func (m *PDModel) fitPrefill(results []*Result, prompts []float64, slo time.Dura
 	}
 	sd := m.PrefillB * stddev(prompts) / 1000
 	m.PrefillCV2 = sd * sd / (s * s)
-	if slo <= 0 {
-		m.PrefillBusy = 1
-	} else {
-		services := make([]float64, len(prompts))
-		for i, l := range prompts {
-			services[i] = (m.PrefillA + m.PrefillB*l) / 1000
-		}
-		m.PrefillBusy, m.PrefillTooLong = prefillBusy(services, s, m.PrefillCV2, m.Overhead, slo.Seconds(), q)
+	m.services = make([]float64, len(prompts))
+	for i, l := range prompts {
+		m.services[i] = (m.PrefillA + m.PrefillB*l) / 1000
 	}
+	m.slo, m.q = slo.Seconds(), q
+	m.PrefillBusy, m.PrefillTooLong = m.prefillBusyAt(1)
 	m.PrefillRate = m.PrefillBusy / s
 }
 
-// prefillBusy is the utilisation ρ of an M/G/1 prefill engine (service
-// mean s seconds, squared coefficient of variation cv2) at which a mean
-// of q of the requests, whose own service times are services, wait at
-// most slo − their service − overhead, under the exponential-tail
-// approximation P(W > t) ≈ ρ·exp(−t(1−ρ)/(c·s)), c = (1+cv2)/2 (the wait
-// is independent of the request's own service under FCFS). tooLong is the
-// fraction of requests with no slack at all; ρ is 0 when even an idle
-// engine misses the goal.
-func prefillBusy(services []float64, s, cv2, overhead, slo, q float64) (rho, tooLong float64) {
+// prefillBusyAt is ρ* of one of p prefill engines behind round-robin
+// dispatch (tandem proxy's default for the prefill pool): each sees every
+// p-th arrival of a Poisson stream, gaps with squared coefficient of
+// variation 1/p (Erlang-p), and regular arrivals queue less at the same
+// utilisation.
+func (m *PDModel) prefillBusyAt(p int) (rho, tooLong float64) {
+	if m.slo <= 0 {
+		return 1, 0
+	}
+	return prefillBusy(m.services, m.PrefillSeconds, 1/float64(max(p, 1)), m.PrefillCV2, m.Overhead, m.slo, m.q)
+}
+
+// PrefillRateAt is the requests/s one of p prefill engines behind
+// round-robin dispatch serves within the TTFT SLO's share of the goal
+// (PrefillRate is p = 1). It is 0 for a model with no prefill fit.
+func (m *PDModel) PrefillRateAt(p int) float64 {
+	if p <= 1 || m.PrefillSeconds <= 0 || m.services == nil {
+		return m.PrefillRate
+	}
+	rho, _ := m.prefillBusyAt(p)
+	return rho / m.PrefillSeconds
+}
+
+// prefillBusy is the utilisation ρ of a GI/G/1 prefill engine (service
+// mean s seconds, squared coefficient of variation cv2; arrivals with
+// squared coefficient of variation ca2, 1 for Poisson) at which a mean of
+// q of the requests, whose own service times are services, wait at most
+// slo − their service − overhead, under the exponential-tail
+// approximation P(W > t) ≈ ρ·exp(−t(1−ρ)/(c·s)), c = (ca2+cv2)/2 (Kingman;
+// the wait is independent of the request's own service under FCFS).
+// tooLong is the fraction of requests with no slack at all; ρ is 0 when
+// even an idle engine misses the goal.
+func prefillBusy(services []float64, s, ca2, cv2, overhead, slo, q float64) (rho, tooLong float64) {
 	if len(services) == 0 {
 		return 0, 0
 	}
@@ -288,7 +330,7 @@ func prefillBusy(services []float64, s, cv2, overhead, slo, q float64) (rho, too
 	}
 	n := float64(len(services))
 	tooLong = 1 - float64(len(slack))/n
-	c := (1 + cv2) / 2
+	c := (ca2 + cv2) / 2
 	met := func(rho float64) float64 { // mean P(W ≤ slack), the too-long prompts counting 0
 		var sum float64
 		for _, t := range slack {
@@ -438,11 +480,12 @@ func WritePDModelHeader(w io.Writer) {
     no queueing); s̄ = s(mean prompt), C² = B²·Var(L)/s̄², overhead o = median(TTFT − prefill leg) of those requests;
     M/G/1 wait tail P(W > t) ≈ ρ·exp(−t(1−ρ)/(c·s̄)), c = (1+C²)/2; a prompt of L tokens meets the TTFT SLO when
     W ≤ t(L) = TTFT SLO − s(L) − o (never when t(L) < 0); ρ* makes the mean of P(W ≤ t(L)) over the prompts q;
-    one prefill engine serves ρ*/s̄ req/s
+    one prefill engine serves ρ*/s̄ req/s; one of P behind round-robin dispatch sees arrival gaps with SCV 1/P, so its
+    wait tail uses c = (1/P + C²)/2 (Kingman) and it serves more
   decode: per request, k = the mean number of requests decoding beside it (itself included, time-weighted) and its TPOT;
     fit TPOT = A + B·k (residual σ); k* = min((TPOT SLO − A − z·σ)/B, max-num-seqs), z = normal quantile of q;
     one decode engine serves k*/((mean output − 1)·(A + B·k*)) req/s (Little's law)
-  N engines: the P:D split maximising min(P·prefill rate, D·decode rate)
+  N engines: the P:D split maximising min(P·prefill rate at P, D·decode rate)
 `)
 }
 
@@ -461,7 +504,16 @@ func (m *PDModel) Write(w io.Writer, slo SLO) {
 		if m.PrefillTooLong > 0 {
 			fmt.Fprintf(w, " (%.0f%% of the prompts miss it alone)", 100*m.PrefillTooLong)
 		}
-		fmt.Fprintf(w, " → ρ* = %.2f → %.3f req/s\n", m.PrefillBusy, m.PrefillRate)
+		fmt.Fprintf(w, " → ρ* = %.2f → %.3f req/s", m.PrefillBusy, m.PrefillRate)
+		if len(m.PrefillRates) > 0 {
+			fmt.Fprint(w, "; per engine of P behind round-robin:")
+			for _, p := range []int{2, 4, 8, 16, 32} {
+				if r, ok := m.PrefillRates[p]; ok {
+					fmt.Fprintf(w, " P=%d %.3f", p, r)
+				}
+			}
+		}
+		fmt.Fprintln(w)
 	}
 	switch m.DecodeFit {
 	case "fit":

@@ -39,9 +39,16 @@ func TestPrefillBusyByHand(t *testing.T) {
 		// time in all: ρ·exp(−2(1−ρ)/0.5)) = (0.9−0.8)/0.9 → solved below.
 		{"a tenth too long leaves the rest less room", append(same(9, 1), 9), 1, 0, 0, 3, 0.8, rhoFor(2, 0.5, 1.0/9), 0.1},
 	}
+	t.Run("round-robin over four engines: gaps with SCV 1/4 need a quarter of Poisson's slack", func(t *testing.T) {
+		// c = (1/4 + 0)/2 = 1/8: 0.5·exp(−t·0.5/(1/8)) = 0.1 at t = ln 5 / 4.
+		got, _ := prefillBusy(same(4, 1), 1, 0.25, 0, 0, 1+math.Log(5)/4, 0.9)
+		if math.Abs(got-0.5) > 1e-9 {
+			t.Errorf("prefillBusy = %v, want 0.5", got)
+		}
+	})
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, tooLong := prefillBusy(tc.services, tc.s, tc.cv2, tc.overhead, tc.slo, tc.q)
+			got, tooLong := prefillBusy(tc.services, tc.s, 1, tc.cv2, tc.overhead, tc.slo, tc.q)
 			if math.Abs(got-tc.want) > 1e-9 || math.Abs(tooLong-tc.tooLong) > 1e-12 {
 				t.Errorf("prefillBusy = %v (too long %v), want %v (%v)", got, tooLong, tc.want, tc.tooLong)
 			}
@@ -155,8 +162,25 @@ func TestModelPDByHand(t *testing.T) {
 	if !m.Extrapolated {
 		t.Error("k* = 9 from batches of at most 4 is not flagged as extrapolated")
 	}
-	// N = 4: 2P:2D gives min(2·ρ*/s̄ ≈ 8.9, 18); 3P:1D only 9 (ρ* < 0.5 makes 3·ρ*/s̄ > 9 too, but D = 1 caps it).
-	want := []Split{{2, 1, 1, rho / sbar}, {4, 2, 2, 2 * rho / sbar}, {8, 5, 3, 5 * rho / sbar}}
+	// One of P prefill engines behind round-robin sees Erlang-P gaps
+	// (SCV 1/P): the same slack equation with c = (1/P + C²)/2.
+	rateAt := func(p int) float64 {
+		cp := (1/float64(p) + cv2) / 2 * sbar
+		return solveDown(func(r float64) float64 {
+			miss := func(t float64) float64 { return r * math.Exp(-t*(1-r)/cp) }
+			return 1 - (miss(t0+0.05)+miss(t0-0.05)+7*miss(t0))/9
+		}, 0.9) / sbar
+	}
+	near("prefill rate at P=1", m.PrefillRateAt(1), rho/sbar)
+	near("prefill rate at P=4", m.PrefillRateAt(4), rateAt(4))
+	near("prefill rate at P=16", m.PrefillRates[16], rateAt(16))
+	if !(rateAt(2) > rho/sbar && rateAt(4) > rateAt(2)) {
+		t.Errorf("more regular arrivals should allow more per engine: P=1 %v, 2 %v, 4 %v", rho/sbar, rateAt(2), rateAt(4))
+	}
+	// N = 2: 1P:1D, min(ρ*/s̄ ≈ 4.5, 9). N = 4: 2P:2D, min(2·rate(2) ≈ 12.4,
+	// 18) beats 3P:1D's 9. N = 8: 4P:4D, min(4·rate(4) ≈ 29.5, 36) beats
+	// 5P:3D's 27 (the decode side caps it).
+	want := []Split{{2, 1, 1, rho / sbar}, {4, 2, 2, 2 * rateAt(2)}, {8, 4, 4, 4 * rateAt(4)}}
 	for i, w := range want {
 		if g := m.BestSplits[i]; g.N != w.N || g.P != w.P || g.D != w.D || math.Abs(g.Goodput-w.Goodput) > 1e-6 {
 			t.Errorf("split %d: %+v, want %+v", i, g, w)
@@ -165,7 +189,7 @@ func TestModelPDByHand(t *testing.T) {
 	var out strings.Builder
 	WritePDModelHeader(&out)
 	m.Write(&out, slo)
-	for _, want := range []string{"ran alone", "s(L) = 10.0 + 0.500·L ms", fmt.Sprintf("ρ* = %.2f", rho), "TPOT = 10.0 + 10.00·k ms", "k* = 9.0", "extrapolated", fmt.Sprintf("N=4 2P:2D %.2f req/s", 2*rho/sbar), "Little's law"} {
+	for _, want := range []string{"ran alone", "s(L) = 10.0 + 0.500·L ms", fmt.Sprintf("ρ* = %.2f", rho), "TPOT = 10.0 + 10.00·k ms", "k* = 9.0", "extrapolated", fmt.Sprintf("N=4 2P:2D %.2f req/s", 2*rateAt(2)), "per engine of P behind round-robin: P=2", "Little's law"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}

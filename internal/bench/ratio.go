@@ -9,15 +9,16 @@ import (
 )
 
 // SplitGoodput is the goodput (requests/s) the model predicts for p
-// prefill and d decode engines: min(p·prefill rate, d·decode rate).
+// prefill and d decode engines: min(p·prefill rate at p, d·decode rate).
 func (m *PDModel) SplitGoodput(p, d int) float64 {
-	return math.Min(float64(p)*m.PrefillRate, float64(d)*m.DecodeRate)
+	return math.Min(float64(p)*m.PrefillRateAt(p), float64(d)*m.DecodeRate)
 }
 
 // SplitLimit is the side that limits p prefill and d decode engines in
-// the model: "prefill" when p·prefill rate < d·decode rate, else "decode".
+// the model: "prefill" when p·prefill rate at p < d·decode rate, else
+// "decode".
 func (m *PDModel) SplitLimit(p, d int) string {
-	if float64(p)*m.PrefillRate < float64(d)*m.DecodeRate {
+	if float64(p)*m.PrefillRateAt(p) < float64(d)*m.DecodeRate {
 		return "prefill"
 	}
 	return "decode"
