@@ -116,15 +116,8 @@ func runBenchExperiment(args []string) error {
 		"chat": {name: "chat", rates: *chatRates, slo: bench.SLO{TTFT: *chatTTFT, TPOT: *chatTPOT}},
 		"long": {name: "long", rates: *longRates, slo: bench.SLO{TTFT: *longTTFT, TPOT: *longTPOT}},
 	}
-	for _, w := range strings.Split(*workloads, ",") {
-		s, ok := specs[strings.TrimSpace(w)]
-		if !ok {
-			return fmt.Errorf("--workloads: unknown workload %q (want chat, long)", w)
-		}
-		if s.parsed, err = parseFloats(s.rates); err != nil {
-			return fmt.Errorf("--%s-rates: %w", s.name, err)
-		}
-		x.workloads = append(x.workloads, s)
+	if x.workloads, err = experimentWorkloads(*workloads, specs, "--%s-rates"); err != nil {
+		return err
 	}
 	for _, c := range strings.Split(*configs, ",") {
 		c = strings.TrimSpace(c)
@@ -140,6 +133,25 @@ func runBenchExperiment(args []string) error {
 	defer stop()
 	defer x.stopAll()
 	return x.run(ctx, mnbts, *tuneReqs)
+}
+
+// experimentWorkloads picks the workloads a --workloads list names from
+// specs, each with its rates parsed; rateFlag names a workload's rates
+// flag in errors ("--%s-rates").
+func experimentWorkloads(list string, specs map[string]experimentWorkload, rateFlag string) ([]experimentWorkload, error) {
+	var out []experimentWorkload
+	for _, w := range strings.Split(list, ",") {
+		s, ok := specs[strings.TrimSpace(w)]
+		if !ok {
+			return nil, fmt.Errorf("--workloads: unknown workload %q (want chat, long)", w)
+		}
+		var err error
+		if s.parsed, err = parseFloats(s.rates); err != nil {
+			return nil, fmt.Errorf(rateFlag+": %w", s.name, err)
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }
 
 func parseInts(s string) ([]int, error) {

@@ -127,15 +127,8 @@ func runBenchRatio(args []string) error {
 		"chat": {name: "chat", rates: *chatRates, slo: bench.SLO{TTFT: *chatTTFT, TPOT: *chatTPOT}},
 		"long": {name: "long", rates: *longRates, slo: bench.SLO{TTFT: *longTTFT, TPOT: *longTPOT}},
 	}
-	for _, w := range strings.Split(*workloads, ",") {
-		s, ok := specs[strings.TrimSpace(w)]
-		if !ok {
-			return fmt.Errorf("--workloads: unknown workload %q (want chat, long)", w)
-		}
-		if s.parsed, err = parseFloats(s.rates); err != nil {
-			return fmt.Errorf("--fit-%s-rates: %w", s.name, err)
-		}
-		r.workloads = append(r.workloads, s)
+	if r.workloads, err = experimentWorkloads(*workloads, specs, "--fit-%s-rates"); err != nil {
+		return err
 	}
 	if err := os.MkdirAll(filepath.Join(x.out, "logs"), 0o755); err != nil {
 		return err
