@@ -16264,10 +16264,12 @@ GLOBL q5bits<>(SB), RODATA|NOPTR, $32
 TEXT ·qrowQ4_KAVX512(SB), NOSPLIT, $8-72
 	MOVL         $0x0f0f0f0f, AX
 	VPBROADCASTD AX, Z0
-	VMOVDQU64    q4kscdw<>+0(SB), Z1
+	MOVL         $0x00010001, AX
+	VPBROADCASTD AX, Z1
+	VMOVDQU64    q4kscdw<>+0(SB), Z2
 	MOVL         $0x55555555, AX
 	KMOVD        AX, K1
-	VMOVDQU64    q4kdyidx<>+0(SB), Y2
+	VMOVDQU64    q4kdyidx<>+0(SB), Y3
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
@@ -16287,153 +16289,141 @@ group:
 	MOVQ          SI, R8
 	SHLQ          $0x08, R8
 	ADDQ          x+32(FP), R8
-	VMOVDQU64     16(DI), Z3
-	VPANDD        Z3, Z0, Z4
-	VPSRLW        $0x04, Z3, Z3
-	VPANDD        Z0, Z3, Z3
-	VXORPS        Z6, Z6, Z6
-	VPDPBUSD      (R8), Z4, Z6
-	VXORPS        Z4, Z4, Z4
-	VPDPBUSD      64(R8), Z3, Z4
-	VMOVDQU64     80(DI), Z3
-	VPANDD        Z3, Z0, Z7
-	VPSRLW        $0x04, Z3, Z3
-	VPANDD        Z0, Z3, Z3
-	VXORPS        Z8, Z8, Z8
-	VPDPBUSD      128(R8), Z7, Z8
-	VXORPS        Z7, Z7, Z7
-	VPDPBUSD      192(R8), Z3, Z7
-	VPUNPCKLDQ    Z4, Z6, Z3
-	VPUNPCKHDQ    Z4, Z6, Z4
-	VPADDD        Z4, Z3, Z3
-	VPUNPCKLDQ    Z7, Z8, Z4
-	VPUNPCKHDQ    Z7, Z8, Z6
-	VPADDD        Z6, Z4, Z4
-	VPUNPCKLQDQ   Z4, Z3, Z6
-	VPUNPCKHQDQ   Z4, Z3, Z3
-	VPADDD        Z3, Z6, Z6
-	VMOVDQU64     160(DI), Z3
-	VPANDD        Z3, Z0, Z4
-	VPSRLW        $0x04, Z3, Z3
-	VPANDD        Z0, Z3, Z3
-	VXORPS        Z7, Z7, Z7
-	VPDPBUSD      256(R8), Z4, Z7
-	VXORPS        Z4, Z4, Z4
-	VPDPBUSD      320(R8), Z3, Z4
-	VMOVDQU64     224(DI), Z3
-	VPANDD        Z3, Z0, Z8
-	VPSRLW        $0x04, Z3, Z3
-	VPANDD        Z0, Z3, Z3
-	VXORPS        Z9, Z9, Z9
-	VPDPBUSD      384(R8), Z8, Z9
-	VXORPS        Z8, Z8, Z8
-	VPDPBUSD      448(R8), Z3, Z8
-	VPUNPCKLDQ    Z4, Z7, Z3
-	VPUNPCKHDQ    Z4, Z7, Z4
-	VPADDD        Z4, Z3, Z3
-	VPUNPCKLDQ    Z8, Z9, Z4
-	VPUNPCKHDQ    Z8, Z9, Z7
-	VPADDD        Z7, Z4, Z4
-	VPUNPCKLQDQ   Z4, Z3, Z7
-	VPUNPCKHQDQ   Z4, Z3, Z3
-	VPADDD        Z3, Z7, Z7
-	VMOVDQU64     304(DI), Z3
-	VPANDD        Z3, Z0, Z4
-	VPSRLW        $0x04, Z3, Z3
-	VPANDD        Z0, Z3, Z3
-	VXORPS        Z8, Z8, Z8
-	VPDPBUSD      512(R8), Z4, Z8
-	VXORPS        Z4, Z4, Z4
-	VPDPBUSD      576(R8), Z3, Z4
-	VMOVDQU64     368(DI), Z3
-	VPANDD        Z3, Z0, Z9
-	VPSRLW        $0x04, Z3, Z3
-	VPANDD        Z0, Z3, Z3
-	VXORPS        Z10, Z10, Z10
-	VPDPBUSD      640(R8), Z9, Z10
-	VXORPS        Z9, Z9, Z9
-	VPDPBUSD      704(R8), Z3, Z9
-	VPUNPCKLDQ    Z4, Z8, Z3
-	VPUNPCKHDQ    Z4, Z8, Z4
-	VPADDD        Z4, Z3, Z3
-	VPUNPCKLDQ    Z9, Z10, Z4
-	VPUNPCKHDQ    Z9, Z10, Z8
-	VPADDD        Z8, Z4, Z4
-	VPUNPCKLQDQ   Z4, Z3, Z8
-	VPUNPCKHQDQ   Z4, Z3, Z3
-	VPADDD        Z3, Z8, Z8
-	VMOVDQU64     448(DI), Z3
-	VPANDD        Z3, Z0, Z4
-	VPSRLW        $0x04, Z3, Z3
-	VPANDD        Z0, Z3, Z3
-	VXORPS        Z9, Z9, Z9
-	VPDPBUSD      768(R8), Z4, Z9
-	VXORPS        Z4, Z4, Z4
-	VPDPBUSD      832(R8), Z3, Z4
-	VMOVDQU64     512(DI), Z3
-	VPANDD        Z3, Z0, Z10
-	VPSRLW        $0x04, Z3, Z3
-	VPANDD        Z0, Z3, Z3
-	VXORPS        Z11, Z11, Z11
-	VPDPBUSD      896(R8), Z10, Z11
-	VXORPS        Z10, Z10, Z10
-	VPDPBUSD      960(R8), Z3, Z10
-	VPUNPCKLDQ    Z4, Z9, Z3
-	VPUNPCKHDQ    Z4, Z9, Z4
-	VPADDD        Z4, Z3, Z3
-	VPUNPCKLDQ    Z10, Z11, Z4
-	VPUNPCKHDQ    Z10, Z11, Z9
-	VPADDD        Z9, Z4, Z4
-	VPUNPCKLQDQ   Z4, Z3, Z9
-	VPUNPCKHQDQ   Z4, Z3, Z3
-	VPADDD        Z3, Z9, Z9
-	VMOVDQU32     4(DI), X5
-	VINSERTI32X4  $0x01, 148(DI), Z5, Z5
-	VINSERTI32X4  $0x02, 292(DI), Z5, Z5
-	VINSERTI32X4  $0x03, 436(DI), Z5, Z5
-	VPANDD        q4kunpacka<>+0(SB), Z5, Z3
-	VPSLLDQ       $0x04, Z5, Z4
+	VMOVDQU64     16(DI), Z4
+	VPANDD        Z4, Z0, Z5
 	VPSRLW        $0x04, Z4, Z4
-	VPSRLW        $0x02, Z5, Z10
-	VPANDD        q4kunpackt<>+0(SB), Z10, Z10
-	VPSLLDQ       $0x08, Z10, Z10
-	VPTERNLOGD    $0xf8, q4kunpackh<>+0(SB), Z4, Z10
-	VPORD         Z10, Z3, Z3
-	VPMOVZXBW     Y3, Z4
-	VEXTRACTI64X4 $0x01, Z3, Y3
-	VPMOVZXBW     Y3, Z3
+	VPANDD        Z0, Z4, Z4
+	VXORPS        Z7, Z7, Z7
+	VPDPBUSD      (R8), Z5, Z7
+	VXORPS        Z5, Z5, Z5
+	VPDPBUSD      64(R8), Z4, Z5
+	VMOVDQU64     80(DI), Z4
+	VPANDD        Z4, Z0, Z8
+	VPSRLW        $0x04, Z4, Z4
+	VPANDD        Z0, Z4, Z4
+	VXORPS        Z9, Z9, Z9
+	VPDPBUSD      128(R8), Z8, Z9
+	VXORPS        Z8, Z8, Z8
+	VPDPBUSD      192(R8), Z4, Z8
+	VPACKSSDW     Z5, Z7, Z4
+	VPMADDWD      Z1, Z4, Z4
+	VPACKSSDW     Z8, Z9, Z5
+	VPMADDWD      Z1, Z5, Z5
+	VPACKSSDW     Z5, Z4, Z4
+	VPMADDWD      Z1, Z4, Z4
+	VMOVDQU64     160(DI), Z5
+	VPANDD        Z5, Z0, Z7
+	VPSRLW        $0x04, Z5, Z5
+	VPANDD        Z0, Z5, Z5
+	VXORPS        Z8, Z8, Z8
+	VPDPBUSD      256(R8), Z7, Z8
+	VXORPS        Z7, Z7, Z7
+	VPDPBUSD      320(R8), Z5, Z7
+	VMOVDQU64     224(DI), Z5
+	VPANDD        Z5, Z0, Z9
+	VPSRLW        $0x04, Z5, Z5
+	VPANDD        Z0, Z5, Z5
+	VXORPS        Z10, Z10, Z10
+	VPDPBUSD      384(R8), Z9, Z10
+	VXORPS        Z9, Z9, Z9
+	VPDPBUSD      448(R8), Z5, Z9
+	VPACKSSDW     Z7, Z8, Z5
+	VPMADDWD      Z1, Z5, Z5
+	VPACKSSDW     Z9, Z10, Z7
+	VPMADDWD      Z1, Z7, Z7
+	VPACKSSDW     Z7, Z5, Z5
+	VPMADDWD      Z1, Z5, Z5
+	VMOVDQU64     304(DI), Z7
+	VPANDD        Z7, Z0, Z8
+	VPSRLW        $0x04, Z7, Z7
+	VPANDD        Z0, Z7, Z7
+	VXORPS        Z9, Z9, Z9
+	VPDPBUSD      512(R8), Z8, Z9
+	VXORPS        Z8, Z8, Z8
+	VPDPBUSD      576(R8), Z7, Z8
+	VMOVDQU64     368(DI), Z7
+	VPANDD        Z7, Z0, Z10
+	VPSRLW        $0x04, Z7, Z7
+	VPANDD        Z0, Z7, Z7
+	VXORPS        Z11, Z11, Z11
+	VPDPBUSD      640(R8), Z10, Z11
+	VXORPS        Z10, Z10, Z10
+	VPDPBUSD      704(R8), Z7, Z10
+	VPACKSSDW     Z8, Z9, Z7
+	VPMADDWD      Z1, Z7, Z7
+	VPACKSSDW     Z10, Z11, Z8
+	VPMADDWD      Z1, Z8, Z8
+	VPACKSSDW     Z8, Z7, Z7
+	VPMADDWD      Z1, Z7, Z7
+	VMOVDQU64     448(DI), Z8
+	VPANDD        Z8, Z0, Z9
+	VPSRLW        $0x04, Z8, Z8
+	VPANDD        Z0, Z8, Z8
+	VXORPS        Z10, Z10, Z10
+	VPDPBUSD      768(R8), Z9, Z10
+	VXORPS        Z9, Z9, Z9
+	VPDPBUSD      832(R8), Z8, Z9
+	VMOVDQU64     512(DI), Z8
+	VPANDD        Z8, Z0, Z11
+	VPSRLW        $0x04, Z8, Z8
+	VPANDD        Z0, Z8, Z8
+	VXORPS        Z12, Z12, Z12
+	VPDPBUSD      896(R8), Z11, Z12
+	VXORPS        Z11, Z11, Z11
+	VPDPBUSD      960(R8), Z8, Z11
+	VPACKSSDW     Z9, Z10, Z8
+	VPMADDWD      Z1, Z8, Z8
+	VPACKSSDW     Z11, Z12, Z9
+	VPMADDWD      Z1, Z9, Z9
+	VPACKSSDW     Z9, Z8, Z8
+	VPMADDWD      Z1, Z8, Z8
+	VMOVDQU32     4(DI), X6
+	VINSERTI32X4  $0x01, 148(DI), Z6, Z6
+	VINSERTI32X4  $0x02, 292(DI), Z6, Z6
+	VINSERTI32X4  $0x03, 436(DI), Z6, Z6
+	VPANDD        q4kunpacka<>+0(SB), Z6, Z9
+	VPSLLDQ       $0x04, Z6, Z10
+	VPSRLW        $0x04, Z10, Z10
+	VPSRLW        $0x02, Z6, Z11
+	VPANDD        q4kunpackt<>+0(SB), Z11, Z11
+	VPSLLDQ       $0x08, Z11, Z11
+	VPTERNLOGD    $0xf8, q4kunpackh<>+0(SB), Z10, Z11
+	VPORD         Z11, Z9, Z9
+	VPMOVZXBW     Y9, Z10
+	VEXTRACTI64X4 $0x01, Z9, Y9
+	VPMOVZXBW     Y9, Z9
 	MOVQ          aux+48(FP), R8
 	LEAQ          (R8)(CX*4), R8
 	MOVQ          SI, R9
 	SHLQ          $0x05, R9
 	ADDQ          R9, R8
-	VSHUFI64X2    $0x88, Z7, Z6, Z10
-	VSHUFI64X2    $0xdd, Z7, Z6, Z6
-	VPADDD        Z6, Z10, Z10
-	VPERMW.Z      Z4, Z1, K1, Z6
-	VPMULLD       Z6, Z10, Z10
-	VPMADDWD      (R8), Z4, Z4
-	VSHUFI64X2    $0x88, Z9, Z8, Z6
-	VSHUFI64X2    $0xdd, Z9, Z8, Z7
-	VPADDD        Z7, Z6, Z6
-	VPERMW.Z      Z3, Z1, K1, Z7
-	VPMULLD       Z7, Z6, Z6
-	VPMADDWD      64(R8), Z3, Z3
-	VPUNPCKLDQ    Z6, Z10, Z7
-	VPUNPCKHDQ    Z6, Z10, Z6
-	VPADDD        Z6, Z7, Z7
-	VPUNPCKLDQ    Z3, Z4, Z6
-	VPUNPCKHDQ    Z3, Z4, Z3
-	VPADDD        Z3, Z6, Z6
-	VPUNPCKLQDQ   Z6, Z7, Z3
-	VPUNPCKHQDQ   Z6, Z7, Z4
-	VPADDD        Z4, Z3, Z3
-	VSHUFI64X2    $0xd8, Z3, Z3, Z3
-	VEXTRACTI64X4 $0x01, Z3, Y4
-	VPADDD        Y3, Y4, Y4
-	VCVTDQ2PS     Y4, Y3
-	VXORPS        q4knegm<>+0(SB), Y3, Y3
-	VMOVUPS       Y3, (DX)
+	VSHUFI64X2    $0x88, Z5, Z4, Z11
+	VSHUFI64X2    $0xdd, Z5, Z4, Z4
+	VPADDD        Z4, Z11, Z11
+	VPERMW.Z      Z10, Z2, K1, Z4
+	VPMULLD       Z4, Z11, Z11
+	VPMADDWD      (R8), Z10, Z4
+	VSHUFI64X2    $0x88, Z8, Z7, Z5
+	VSHUFI64X2    $0xdd, Z8, Z7, Z7
+	VPADDD        Z7, Z5, Z5
+	VPERMW.Z      Z9, Z2, K1, Z7
+	VPMULLD       Z7, Z5, Z5
+	VPMADDWD      64(R8), Z9, Z7
+	VPUNPCKLDQ    Z5, Z11, Z8
+	VPUNPCKHDQ    Z5, Z11, Z5
+	VPADDD        Z5, Z8, Z8
+	VPUNPCKLDQ    Z7, Z4, Z5
+	VPUNPCKHDQ    Z7, Z4, Z4
+	VPADDD        Z4, Z5, Z5
+	VPUNPCKLQDQ   Z5, Z8, Z4
+	VPUNPCKHQDQ   Z5, Z8, Z5
+	VPADDD        Z5, Z4, Z4
+	VSHUFI64X2    $0xd8, Z4, Z4, Z4
+	VEXTRACTI64X4 $0x01, Z4, Y5
+	VPADDD        Y4, Y5, Y5
+	VCVTDQ2PS     Y5, Y4
+	VXORPS        q4knegm<>+0(SB), Y4, Y4
+	VMOVUPS       Y4, (DX)
 	MOVL          (DI), R8
 	MOVL          144(DI), R9
 	SHLQ          $0x20, R9
@@ -16442,14 +16432,14 @@ group:
 	MOVL          432(DI), DI
 	SHLQ          $0x20, DI
 	ORQ           DI, R9
-	VMOVQ         R8, X3
-	VPINSRQ       $0x01, R9, X3, X3
-	VPSHUFB       q4kdlanes<>+0(SB), X3, X3
-	VCVTPH2PS     X3, Y3
+	VMOVQ         R8, X4
+	VPINSRQ       $0x01, R9, X4, X4
+	VPSHUFB       q4kdlanes<>+0(SB), X4, X4
+	VCVTPH2PS     X4, Y4
 	MOVQ          aux+48(FP), DI
-	VPERMPS       (DI)(SI*4), Y2, Y4
-	VMULPS        Y4, Y3, Y3
-	VMOVUPS       Y3, 32(DX)
+	VPERMPS       (DI)(SI*4), Y3, Y5
+	VMULPS        Y5, Y4, Y4
+	VMOVUPS       Y4, 32(DX)
 	ADDQ          $0x00000040, DX
 	ADDQ          $0x00000004, BX
 	CMPQ          BX, CX
@@ -17125,14 +17115,16 @@ GLOBL q4knegm<>(SB), RODATA|NOPTR, $32
 TEXT ·qrowQ5_KAVX512(SB), NOSPLIT, $8-72
 	MOVL         $0x0f0f0f0f, AX
 	VPBROADCASTD AX, Z0
-	VMOVDQU64    q4kscdw<>+0(SB), Z1
+	MOVL         $0x00010001, AX
+	VPBROADCASTD AX, Z1
+	VMOVDQU64    q4kscdw<>+0(SB), Z2
 	MOVL         $0x55555555, AX
 	KMOVD        AX, K1
-	VMOVDQU64    q4kdyidx<>+0(SB), Y2
+	VMOVDQU64    q4kdyidx<>+0(SB), Y3
 	MOVL         $0x10101010, AX
-	VPBROADCASTD AX, Z3
-	VMOVDQU64    q5krot0<>+0(SB), Z4
-	VMOVDQU64    q5krot1<>+0(SB), Z5
+	VPBROADCASTD AX, Z4
+	VMOVDQU64    q5krot0<>+0(SB), Z5
+	VMOVDQU64    q5krot1<>+0(SB), Z6
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
@@ -17152,189 +17144,177 @@ group:
 	MOVQ            SI, R8
 	SHLQ            $0x08, R8
 	ADDQ            x+32(FP), R8
-	VBROADCASTI64X4 16(DI), Z6
-	VPROLVD         Z4, Z6, Z7
-	VPROLVD         Z5, Z6, Z6
-	VMOVDQU64       48(DI), Z9
-	VPANDD          Z9, Z0, Z10
-	VPSRLW          $0x04, Z9, Z9
-	VPANDD          Z0, Z9, Z9
-	VPTERNLOGD      $0xf8, Z3, Z7, Z10
-	VXORPS          Z11, Z11, Z11
-	VPDPBUSD        (R8), Z10, Z11
-	VPTERNLOGD      $0xf8, Z3, Z6, Z9
-	VXORPS          Z10, Z10, Z10
-	VPDPBUSD        64(R8), Z9, Z10
-	VMOVDQU64       112(DI), Z9
-	VPANDD          Z9, Z0, Z12
-	VPSRLW          $0x04, Z9, Z9
-	VPANDD          Z0, Z9, Z9
-	VPROLD          $0x1c, Z7, Z7
-	VPTERNLOGD      $0xf8, Z3, Z7, Z12
-	VXORPS          Z7, Z7, Z7
-	VPDPBUSD        128(R8), Z12, Z7
-	VPROLD          $0x1c, Z6, Z6
-	VPTERNLOGD      $0xf8, Z3, Z6, Z9
-	VXORPS          Z6, Z6, Z6
-	VPDPBUSD        192(R8), Z9, Z6
-	VPUNPCKLDQ      Z10, Z11, Z9
-	VPUNPCKHDQ      Z10, Z11, Z10
-	VPADDD          Z10, Z9, Z9
-	VPUNPCKLDQ      Z6, Z7, Z10
-	VPUNPCKHDQ      Z6, Z7, Z6
-	VPADDD          Z6, Z10, Z10
-	VPUNPCKLQDQ     Z10, Z9, Z6
-	VPUNPCKHQDQ     Z10, Z9, Z7
-	VPADDD          Z7, Z6, Z6
-	VBROADCASTI64X4 192(DI), Z7
-	VPROLVD         Z4, Z7, Z9
-	VPROLVD         Z5, Z7, Z7
-	VMOVDQU64       224(DI), Z10
+	VBROADCASTI64X4 16(DI), Z7
+	VPROLVD         Z5, Z7, Z8
+	VPROLVD         Z6, Z7, Z7
+	VMOVDQU64       48(DI), Z10
 	VPANDD          Z10, Z0, Z11
 	VPSRLW          $0x04, Z10, Z10
 	VPANDD          Z0, Z10, Z10
-	VPTERNLOGD      $0xf8, Z3, Z9, Z11
+	VPTERNLOGD      $0xf8, Z4, Z8, Z11
 	VXORPS          Z12, Z12, Z12
-	VPDPBUSD        256(R8), Z11, Z12
-	VPTERNLOGD      $0xf8, Z3, Z7, Z10
+	VPDPBUSD        (R8), Z11, Z12
+	VPTERNLOGD      $0xf8, Z4, Z7, Z10
 	VXORPS          Z11, Z11, Z11
-	VPDPBUSD        320(R8), Z10, Z11
-	VMOVDQU64       288(DI), Z10
+	VPDPBUSD        64(R8), Z10, Z11
+	VMOVDQU64       112(DI), Z10
 	VPANDD          Z10, Z0, Z13
 	VPSRLW          $0x04, Z10, Z10
 	VPANDD          Z0, Z10, Z10
-	VPROLD          $0x1c, Z9, Z9
-	VPTERNLOGD      $0xf8, Z3, Z9, Z13
-	VXORPS          Z9, Z9, Z9
-	VPDPBUSD        384(R8), Z13, Z9
+	VPROLD          $0x1c, Z8, Z8
+	VPTERNLOGD      $0xf8, Z4, Z8, Z13
+	VXORPS          Z8, Z8, Z8
+	VPDPBUSD        128(R8), Z13, Z8
 	VPROLD          $0x1c, Z7, Z7
-	VPTERNLOGD      $0xf8, Z3, Z7, Z10
+	VPTERNLOGD      $0xf8, Z4, Z7, Z10
 	VXORPS          Z7, Z7, Z7
-	VPDPBUSD        448(R8), Z10, Z7
-	VPUNPCKLDQ      Z11, Z12, Z10
-	VPUNPCKHDQ      Z11, Z12, Z11
-	VPADDD          Z11, Z10, Z10
-	VPUNPCKLDQ      Z7, Z9, Z11
-	VPUNPCKHDQ      Z7, Z9, Z7
-	VPADDD          Z7, Z11, Z11
-	VPUNPCKLQDQ     Z11, Z10, Z7
-	VPUNPCKHQDQ     Z11, Z10, Z9
-	VPADDD          Z9, Z7, Z7
-	VBROADCASTI64X4 368(DI), Z9
-	VPROLVD         Z4, Z9, Z10
-	VPROLVD         Z5, Z9, Z9
-	VMOVDQU64       400(DI), Z11
+	VPDPBUSD        192(R8), Z10, Z7
+	VPACKSSDW       Z11, Z12, Z10
+	VPMADDWD        Z1, Z10, Z10
+	VPACKSSDW       Z7, Z8, Z7
+	VPMADDWD        Z1, Z7, Z7
+	VPACKSSDW       Z7, Z10, Z7
+	VPMADDWD        Z1, Z7, Z7
+	VBROADCASTI64X4 192(DI), Z8
+	VPROLVD         Z5, Z8, Z10
+	VPROLVD         Z6, Z8, Z8
+	VMOVDQU64       224(DI), Z11
 	VPANDD          Z11, Z0, Z12
 	VPSRLW          $0x04, Z11, Z11
 	VPANDD          Z0, Z11, Z11
-	VPTERNLOGD      $0xf8, Z3, Z10, Z12
+	VPTERNLOGD      $0xf8, Z4, Z10, Z12
 	VXORPS          Z13, Z13, Z13
-	VPDPBUSD        512(R8), Z12, Z13
-	VPTERNLOGD      $0xf8, Z3, Z9, Z11
+	VPDPBUSD        256(R8), Z12, Z13
+	VPTERNLOGD      $0xf8, Z4, Z8, Z11
 	VXORPS          Z12, Z12, Z12
-	VPDPBUSD        576(R8), Z11, Z12
-	VMOVDQU64       464(DI), Z11
+	VPDPBUSD        320(R8), Z11, Z12
+	VMOVDQU64       288(DI), Z11
 	VPANDD          Z11, Z0, Z14
 	VPSRLW          $0x04, Z11, Z11
 	VPANDD          Z0, Z11, Z11
 	VPROLD          $0x1c, Z10, Z10
-	VPTERNLOGD      $0xf8, Z3, Z10, Z14
+	VPTERNLOGD      $0xf8, Z4, Z10, Z14
 	VXORPS          Z10, Z10, Z10
-	VPDPBUSD        640(R8), Z14, Z10
-	VPROLD          $0x1c, Z9, Z9
-	VPTERNLOGD      $0xf8, Z3, Z9, Z11
-	VXORPS          Z9, Z9, Z9
-	VPDPBUSD        704(R8), Z11, Z9
-	VPUNPCKLDQ      Z12, Z13, Z11
-	VPUNPCKHDQ      Z12, Z13, Z12
-	VPADDD          Z12, Z11, Z11
-	VPUNPCKLDQ      Z9, Z10, Z12
-	VPUNPCKHDQ      Z9, Z10, Z9
-	VPADDD          Z9, Z12, Z12
-	VPUNPCKLQDQ     Z12, Z11, Z9
-	VPUNPCKHQDQ     Z12, Z11, Z10
-	VPADDD          Z10, Z9, Z9
-	VBROADCASTI64X4 544(DI), Z10
-	VPROLVD         Z4, Z10, Z11
-	VPROLVD         Z5, Z10, Z10
-	VMOVDQU64       576(DI), Z12
+	VPDPBUSD        384(R8), Z14, Z10
+	VPROLD          $0x1c, Z8, Z8
+	VPTERNLOGD      $0xf8, Z4, Z8, Z11
+	VXORPS          Z8, Z8, Z8
+	VPDPBUSD        448(R8), Z11, Z8
+	VPACKSSDW       Z12, Z13, Z11
+	VPMADDWD        Z1, Z11, Z11
+	VPACKSSDW       Z8, Z10, Z8
+	VPMADDWD        Z1, Z8, Z8
+	VPACKSSDW       Z8, Z11, Z8
+	VPMADDWD        Z1, Z8, Z8
+	VBROADCASTI64X4 368(DI), Z10
+	VPROLVD         Z5, Z10, Z11
+	VPROLVD         Z6, Z10, Z10
+	VMOVDQU64       400(DI), Z12
 	VPANDD          Z12, Z0, Z13
 	VPSRLW          $0x04, Z12, Z12
 	VPANDD          Z0, Z12, Z12
-	VPTERNLOGD      $0xf8, Z3, Z11, Z13
+	VPTERNLOGD      $0xf8, Z4, Z11, Z13
 	VXORPS          Z14, Z14, Z14
-	VPDPBUSD        768(R8), Z13, Z14
-	VPTERNLOGD      $0xf8, Z3, Z10, Z12
+	VPDPBUSD        512(R8), Z13, Z14
+	VPTERNLOGD      $0xf8, Z4, Z10, Z12
 	VXORPS          Z13, Z13, Z13
-	VPDPBUSD        832(R8), Z12, Z13
-	VMOVDQU64       640(DI), Z12
+	VPDPBUSD        576(R8), Z12, Z13
+	VMOVDQU64       464(DI), Z12
 	VPANDD          Z12, Z0, Z15
 	VPSRLW          $0x04, Z12, Z12
 	VPANDD          Z0, Z12, Z12
 	VPROLD          $0x1c, Z11, Z11
-	VPTERNLOGD      $0xf8, Z3, Z11, Z15
+	VPTERNLOGD      $0xf8, Z4, Z11, Z15
 	VXORPS          Z11, Z11, Z11
-	VPDPBUSD        896(R8), Z15, Z11
+	VPDPBUSD        640(R8), Z15, Z11
 	VPROLD          $0x1c, Z10, Z10
-	VPTERNLOGD      $0xf8, Z3, Z10, Z12
+	VPTERNLOGD      $0xf8, Z4, Z10, Z12
 	VXORPS          Z10, Z10, Z10
-	VPDPBUSD        960(R8), Z12, Z10
-	VPUNPCKLDQ      Z13, Z14, Z12
-	VPUNPCKHDQ      Z13, Z14, Z13
-	VPADDD          Z13, Z12, Z12
-	VPUNPCKLDQ      Z10, Z11, Z13
-	VPUNPCKHDQ      Z10, Z11, Z10
-	VPADDD          Z10, Z13, Z13
-	VPUNPCKLQDQ     Z13, Z12, Z10
-	VPUNPCKHQDQ     Z13, Z12, Z11
-	VPADDD          Z11, Z10, Z10
-	VMOVDQU32       4(DI), X8
-	VINSERTI32X4    $0x01, 180(DI), Z8, Z8
-	VINSERTI32X4    $0x02, 356(DI), Z8, Z8
-	VINSERTI32X4    $0x03, 532(DI), Z8, Z8
-	VPANDD          q4kunpacka<>+0(SB), Z8, Z11
-	VPSLLDQ         $0x04, Z8, Z12
-	VPSRLW          $0x04, Z12, Z12
-	VPSRLW          $0x02, Z8, Z13
-	VPANDD          q4kunpackt<>+0(SB), Z13, Z13
-	VPSLLDQ         $0x08, Z13, Z13
-	VPTERNLOGD      $0xf8, q4kunpackh<>+0(SB), Z12, Z13
-	VPORD           Z13, Z11, Z11
-	VPMOVZXBW       Y11, Z12
-	VEXTRACTI64X4   $0x01, Z11, Y11
-	VPMOVZXBW       Y11, Z11
+	VPDPBUSD        704(R8), Z12, Z10
+	VPACKSSDW       Z13, Z14, Z12
+	VPMADDWD        Z1, Z12, Z12
+	VPACKSSDW       Z10, Z11, Z10
+	VPMADDWD        Z1, Z10, Z10
+	VPACKSSDW       Z10, Z12, Z10
+	VPMADDWD        Z1, Z10, Z10
+	VBROADCASTI64X4 544(DI), Z11
+	VPROLVD         Z5, Z11, Z12
+	VPROLVD         Z6, Z11, Z11
+	VMOVDQU64       576(DI), Z13
+	VPANDD          Z13, Z0, Z14
+	VPSRLW          $0x04, Z13, Z13
+	VPANDD          Z0, Z13, Z13
+	VPTERNLOGD      $0xf8, Z4, Z12, Z14
+	VXORPS          Z15, Z15, Z15
+	VPDPBUSD        768(R8), Z14, Z15
+	VPTERNLOGD      $0xf8, Z4, Z11, Z13
+	VXORPS          Z14, Z14, Z14
+	VPDPBUSD        832(R8), Z13, Z14
+	VMOVDQU64       640(DI), Z13
+	VPANDD          Z13, Z0, Z16
+	VPSRLW          $0x04, Z13, Z13
+	VPANDD          Z0, Z13, Z13
+	VPROLD          $0x1c, Z12, Z12
+	VPTERNLOGD      $0xf8, Z4, Z12, Z16
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        896(R8), Z16, Z12
+	VPROLD          $0x1c, Z11, Z11
+	VPTERNLOGD      $0xf8, Z4, Z11, Z13
+	VXORPS          Z11, Z11, Z11
+	VPDPBUSD        960(R8), Z13, Z11
+	VPACKSSDW       Z14, Z15, Z13
+	VPMADDWD        Z1, Z13, Z13
+	VPACKSSDW       Z11, Z12, Z11
+	VPMADDWD        Z1, Z11, Z11
+	VPACKSSDW       Z11, Z13, Z11
+	VPMADDWD        Z1, Z11, Z11
+	VMOVDQU32       4(DI), X9
+	VINSERTI32X4    $0x01, 180(DI), Z9, Z9
+	VINSERTI32X4    $0x02, 356(DI), Z9, Z9
+	VINSERTI32X4    $0x03, 532(DI), Z9, Z9
+	VPANDD          q4kunpacka<>+0(SB), Z9, Z12
+	VPSLLDQ         $0x04, Z9, Z13
+	VPSRLW          $0x04, Z13, Z13
+	VPSRLW          $0x02, Z9, Z14
+	VPANDD          q4kunpackt<>+0(SB), Z14, Z14
+	VPSLLDQ         $0x08, Z14, Z14
+	VPTERNLOGD      $0xf8, q4kunpackh<>+0(SB), Z13, Z14
+	VPORD           Z14, Z12, Z12
+	VPMOVZXBW       Y12, Z13
+	VEXTRACTI64X4   $0x01, Z12, Y12
+	VPMOVZXBW       Y12, Z12
 	MOVQ            aux+48(FP), R8
 	LEAQ            (R8)(CX*4), R8
 	MOVQ            SI, R9
 	SHLQ            $0x05, R9
 	ADDQ            R9, R8
-	VSHUFI64X2      $0x88, Z7, Z6, Z13
-	VSHUFI64X2      $0xdd, Z7, Z6, Z6
-	VPADDD          Z6, Z13, Z13
-	VPERMW.Z        Z12, Z1, K1, Z6
-	VPMULLD         Z6, Z13, Z13
-	VPMADDWD        (R8), Z12, Z6
-	VSHUFI64X2      $0x88, Z10, Z9, Z7
-	VSHUFI64X2      $0xdd, Z10, Z9, Z9
-	VPADDD          Z9, Z7, Z7
-	VPERMW.Z        Z11, Z1, K1, Z9
-	VPMULLD         Z9, Z7, Z7
-	VPMADDWD        64(R8), Z11, Z9
-	VPUNPCKLDQ      Z7, Z13, Z10
-	VPUNPCKHDQ      Z7, Z13, Z7
-	VPADDD          Z7, Z10, Z10
-	VPUNPCKLDQ      Z9, Z6, Z7
-	VPUNPCKHDQ      Z9, Z6, Z6
-	VPADDD          Z6, Z7, Z7
-	VPUNPCKLQDQ     Z7, Z10, Z6
-	VPUNPCKHQDQ     Z7, Z10, Z7
-	VPADDD          Z7, Z6, Z6
-	VSHUFI64X2      $0xd8, Z6, Z6, Z6
-	VEXTRACTI64X4   $0x01, Z6, Y7
-	VPADDD          Y6, Y7, Y7
-	VCVTDQ2PS       Y7, Y6
-	VXORPS          q4knegm<>+0(SB), Y6, Y6
-	VMOVUPS         Y6, (DX)
+	VSHUFI64X2      $0x88, Z8, Z7, Z14
+	VSHUFI64X2      $0xdd, Z8, Z7, Z7
+	VPADDD          Z7, Z14, Z14
+	VPERMW.Z        Z13, Z2, K1, Z7
+	VPMULLD         Z7, Z14, Z14
+	VPMADDWD        (R8), Z13, Z7
+	VSHUFI64X2      $0x88, Z11, Z10, Z8
+	VSHUFI64X2      $0xdd, Z11, Z10, Z10
+	VPADDD          Z10, Z8, Z8
+	VPERMW.Z        Z12, Z2, K1, Z10
+	VPMULLD         Z10, Z8, Z8
+	VPMADDWD        64(R8), Z12, Z10
+	VPUNPCKLDQ      Z8, Z14, Z11
+	VPUNPCKHDQ      Z8, Z14, Z8
+	VPADDD          Z8, Z11, Z11
+	VPUNPCKLDQ      Z10, Z7, Z8
+	VPUNPCKHDQ      Z10, Z7, Z7
+	VPADDD          Z7, Z8, Z8
+	VPUNPCKLQDQ     Z8, Z11, Z7
+	VPUNPCKHQDQ     Z8, Z11, Z8
+	VPADDD          Z8, Z7, Z7
+	VSHUFI64X2      $0xd8, Z7, Z7, Z7
+	VEXTRACTI64X4   $0x01, Z7, Y8
+	VPADDD          Y7, Y8, Y8
+	VCVTDQ2PS       Y8, Y7
+	VXORPS          q4knegm<>+0(SB), Y7, Y7
+	VMOVUPS         Y7, (DX)
 	MOVL            (DI), R8
 	MOVL            176(DI), R9
 	SHLQ            $0x20, R9
@@ -17343,14 +17323,14 @@ group:
 	MOVL            528(DI), DI
 	SHLQ            $0x20, DI
 	ORQ             DI, R9
-	VMOVQ           R8, X6
-	VPINSRQ         $0x01, R9, X6, X6
-	VPSHUFB         q4kdlanes<>+0(SB), X6, X6
-	VCVTPH2PS       X6, Y6
+	VMOVQ           R8, X7
+	VPINSRQ         $0x01, R9, X7, X7
+	VPSHUFB         q4kdlanes<>+0(SB), X7, X7
+	VCVTPH2PS       X7, Y7
 	MOVQ            aux+48(FP), DI
-	VPERMPS         (DI)(SI*4), Y2, Y7
-	VMULPS          Y7, Y6, Y6
-	VMOVUPS         Y6, 32(DX)
+	VPERMPS         (DI)(SI*4), Y3, Y8
+	VMULPS          Y8, Y7, Y7
+	VMOVUPS         Y7, 32(DX)
 	ADDQ            $0x00000040, DX
 	ADDQ            $0x00000004, BX
 	CMPQ            BX, CX
@@ -17845,28 +17825,30 @@ group:
 	VBROADCASTI64X4 128(DI), Z12
 	VPSLLVW         Z6, Z12, Z13
 	VPSRLVW         Z7, Z12, Z12
-	VPSRLW          $0x04, (DI), Z14
+	VMOVDQU64       (DI), Z14
+	VPSRLW          $0x04, Z14, Z15
 	VPANDD          Z1, Z13, Z13
-	VPTERNLOGD      $0xf8, (DI), Z0, Z13
+	VPTERNLOGD      $0xf8, Z14, Z0, Z13
 	VPMADDUBSW      (R8), Z13, Z13
-	VPERMW          Z8, Z2, Z15
-	VPDPWSSD        Z15, Z13, Z10
+	VPERMW          Z8, Z2, Z14
+	VPDPWSSD        Z14, Z13, Z10
 	VPANDD          Z1, Z12, Z12
-	VPTERNLOGD      $0xf8, Z0, Z14, Z12
+	VPTERNLOGD      $0xf8, Z0, Z15, Z12
 	VPMADDUBSW      64(R8), Z12, Z12
 	VPERMW          Z8, Z3, Z13
 	VPDPWSSD        Z13, Z12, Z11
 	VBROADCASTI64X4 160(DI), Z12
 	VPSLLVW         Z6, Z12, Z13
 	VPSRLVW         Z7, Z12, Z12
-	VPSRLW          $0x04, 64(DI), Z14
+	VMOVDQU64       64(DI), Z14
+	VPSRLW          $0x04, Z14, Z15
 	VPANDD          Z1, Z13, Z13
-	VPTERNLOGD      $0xf8, 64(DI), Z0, Z13
+	VPTERNLOGD      $0xf8, Z14, Z0, Z13
 	VPMADDUBSW      128(R8), Z13, Z13
-	VPERMW          Z8, Z4, Z15
-	VPDPWSSD        Z15, Z13, Z10
+	VPERMW          Z8, Z4, Z14
+	VPDPWSSD        Z14, Z13, Z10
 	VPANDD          Z1, Z12, Z12
-	VPTERNLOGD      $0xf8, Z0, Z14, Z12
+	VPTERNLOGD      $0xf8, Z0, Z15, Z12
 	VPMADDUBSW      192(R8), Z12, Z12
 	VPERMW          Z8, Z5, Z13
 	VPDPWSSD        Z13, Z12, Z11
@@ -17880,28 +17862,30 @@ group:
 	VBROADCASTI64X4 338(DI), Z13
 	VPSLLVW         Z6, Z13, Z14
 	VPSRLVW         Z7, Z13, Z13
-	VPSRLW          $0x04, 210(DI), Z15
+	VMOVDQU64       210(DI), Z15
+	VPSRLW          $0x04, Z15, Z16
 	VPANDD          Z1, Z14, Z14
-	VPTERNLOGD      $0xf8, 210(DI), Z0, Z14
+	VPTERNLOGD      $0xf8, Z15, Z0, Z14
 	VPMADDUBSW      256(R8), Z14, Z14
-	VPERMW          Z8, Z2, Z16
-	VPDPWSSD        Z16, Z14, Z11
+	VPERMW          Z8, Z2, Z15
+	VPDPWSSD        Z15, Z14, Z11
 	VPANDD          Z1, Z13, Z13
-	VPTERNLOGD      $0xf8, Z0, Z15, Z13
+	VPTERNLOGD      $0xf8, Z0, Z16, Z13
 	VPMADDUBSW      320(R8), Z13, Z13
 	VPERMW          Z8, Z3, Z14
 	VPDPWSSD        Z14, Z13, Z12
 	VBROADCASTI64X4 370(DI), Z13
 	VPSLLVW         Z6, Z13, Z14
 	VPSRLVW         Z7, Z13, Z13
-	VPSRLW          $0x04, 274(DI), Z15
+	VMOVDQU64       274(DI), Z15
+	VPSRLW          $0x04, Z15, Z16
 	VPANDD          Z1, Z14, Z14
-	VPTERNLOGD      $0xf8, 274(DI), Z0, Z14
+	VPTERNLOGD      $0xf8, Z15, Z0, Z14
 	VPMADDUBSW      384(R8), Z14, Z14
-	VPERMW          Z8, Z4, Z16
-	VPDPWSSD        Z16, Z14, Z11
+	VPERMW          Z8, Z4, Z15
+	VPDPWSSD        Z15, Z14, Z11
 	VPANDD          Z1, Z13, Z13
-	VPTERNLOGD      $0xf8, Z0, Z15, Z13
+	VPTERNLOGD      $0xf8, Z0, Z16, Z13
 	VPMADDUBSW      448(R8), Z13, Z13
 	VPERMW          Z8, Z5, Z14
 	VPDPWSSD        Z14, Z13, Z12
@@ -17915,28 +17899,30 @@ group:
 	VBROADCASTI64X4 548(DI), Z14
 	VPSLLVW         Z6, Z14, Z15
 	VPSRLVW         Z7, Z14, Z14
-	VPSRLW          $0x04, 420(DI), Z16
+	VMOVDQU64       420(DI), Z16
+	VPSRLW          $0x04, Z16, Z17
 	VPANDD          Z1, Z15, Z15
-	VPTERNLOGD      $0xf8, 420(DI), Z0, Z15
+	VPTERNLOGD      $0xf8, Z16, Z0, Z15
 	VPMADDUBSW      512(R8), Z15, Z15
-	VPERMW          Z8, Z2, Z17
-	VPDPWSSD        Z17, Z15, Z12
+	VPERMW          Z8, Z2, Z16
+	VPDPWSSD        Z16, Z15, Z12
 	VPANDD          Z1, Z14, Z14
-	VPTERNLOGD      $0xf8, Z0, Z16, Z14
+	VPTERNLOGD      $0xf8, Z0, Z17, Z14
 	VPMADDUBSW      576(R8), Z14, Z14
 	VPERMW          Z8, Z3, Z15
 	VPDPWSSD        Z15, Z14, Z13
 	VBROADCASTI64X4 580(DI), Z14
 	VPSLLVW         Z6, Z14, Z15
 	VPSRLVW         Z7, Z14, Z14
-	VPSRLW          $0x04, 484(DI), Z16
+	VMOVDQU64       484(DI), Z16
+	VPSRLW          $0x04, Z16, Z17
 	VPANDD          Z1, Z15, Z15
-	VPTERNLOGD      $0xf8, 484(DI), Z0, Z15
+	VPTERNLOGD      $0xf8, Z16, Z0, Z15
 	VPMADDUBSW      640(R8), Z15, Z15
-	VPERMW          Z8, Z4, Z17
-	VPDPWSSD        Z17, Z15, Z12
+	VPERMW          Z8, Z4, Z16
+	VPDPWSSD        Z16, Z15, Z12
 	VPANDD          Z1, Z14, Z14
-	VPTERNLOGD      $0xf8, Z0, Z16, Z14
+	VPTERNLOGD      $0xf8, Z0, Z17, Z14
 	VPMADDUBSW      704(R8), Z14, Z14
 	VPERMW          Z8, Z5, Z15
 	VPDPWSSD        Z15, Z14, Z13
@@ -17950,28 +17936,30 @@ group:
 	VBROADCASTI64X4 758(DI), Z15
 	VPSLLVW         Z6, Z15, Z16
 	VPSRLVW         Z7, Z15, Z15
-	VPSRLW          $0x04, 630(DI), Z17
+	VMOVDQU64       630(DI), Z17
+	VPSRLW          $0x04, Z17, Z18
 	VPANDD          Z1, Z16, Z16
-	VPTERNLOGD      $0xf8, 630(DI), Z0, Z16
+	VPTERNLOGD      $0xf8, Z17, Z0, Z16
 	VPMADDUBSW      768(R8), Z16, Z16
-	VPERMW          Z8, Z2, Z18
-	VPDPWSSD        Z18, Z16, Z13
+	VPERMW          Z8, Z2, Z17
+	VPDPWSSD        Z17, Z16, Z13
 	VPANDD          Z1, Z15, Z15
-	VPTERNLOGD      $0xf8, Z0, Z17, Z15
+	VPTERNLOGD      $0xf8, Z0, Z18, Z15
 	VPMADDUBSW      832(R8), Z15, Z15
 	VPERMW          Z8, Z3, Z16
 	VPDPWSSD        Z16, Z15, Z14
 	VBROADCASTI64X4 790(DI), Z15
 	VPSLLVW         Z6, Z15, Z16
 	VPSRLVW         Z7, Z15, Z15
-	VPSRLW          $0x04, 694(DI), Z17
+	VMOVDQU64       694(DI), Z17
+	VPSRLW          $0x04, Z17, Z18
 	VPANDD          Z1, Z16, Z16
-	VPTERNLOGD      $0xf8, 694(DI), Z0, Z16
+	VPTERNLOGD      $0xf8, Z17, Z0, Z16
 	VPMADDUBSW      896(R8), Z16, Z16
-	VPERMW          Z8, Z4, Z18
-	VPDPWSSD        Z18, Z16, Z13
+	VPERMW          Z8, Z4, Z17
+	VPDPWSSD        Z17, Z16, Z13
 	VPANDD          Z1, Z15, Z15
-	VPTERNLOGD      $0xf8, Z0, Z17, Z15
+	VPTERNLOGD      $0xf8, Z0, Z18, Z15
 	VPMADDUBSW      960(R8), Z15, Z15
 	VPERMW          Z8, Z5, Z16
 	VPDPWSSD        Z16, Z15, Z14

@@ -1004,6 +1004,7 @@ func rowQ4K512(five bool) {
 	TEXT(name, NOSPLIT, rowSig)
 	Doc(fmt.Sprintf("%s computes up to 8 %s weight rows times one activation row (activation sub-blocks in q4kPerm order; see asmgen's rowquant.go).", name, nm))
 	c0f := splat(0x0f0f0f0f)
+	ones := splat(0x00010001)
 	// The sub-block of lane l of a super-block's 8 sums (the tree's
 	// order): lanes 0..3 the first sub-blocks of vectors 0..3, 4..7 the
 	// second ones.
@@ -1118,7 +1119,7 @@ func rowQ4K512(five bool) {
 					vpdpbusd(Mem{Base: xq, Disp: 256*t + 128*i + 64*h}, v, d[2*i+h], false)
 				}
 			}
-			sums[t] = tree4(d, ZMM)
+			sums[t] = packTree4(d, ones)
 		}
 		v := ZMM()
 		VMOVDQU32(Mem{Base: wq, Disp: 4}, v.AsX())
@@ -1194,6 +1195,25 @@ func rowQ4K512(five bool) {
 	RET()
 }
 
+// packTree4 is tree4 for 4 ZMMs of dword lanes whose sums of pairs fit in
+// int16 (VPDPBUSD sums of 4 products of levels 0..31 and int8
+// activations: at most 4·31·128 = 15872): each level packs two vectors to
+// words (VPACKSSDW, exact here) and adds the pairs by VPMADDWD by ones,
+// half the shuffles of tree4's unpacks (the Zen 5's shuffle pipes are
+// this kernel's busiest).
+func packTree4(p []VecVirtual, ones VecVirtual) VecVirtual {
+	var a [2]VecVirtual
+	for i := range 2 {
+		a[i] = ZMM()
+		VPACKSSDW(p[2*i+1], p[2*i], a[i])
+		VPMADDWD(ones, a[i], a[i])
+	}
+	r := ZMM()
+	VPACKSSDW(a[1], a[0], r)
+	VPMADDWD(ones, r, r)
+	return r
+}
+
 // q4kLane is the lane of the AVX-512 Q4_K/Q5_K row kernel's group vectors
 // that holds pair p (0: I, 1: M) of super-block t (see rowQ4K512).
 func q4kLane(p, t int) int { return 4*(t%2) + 2*p + t/2 }
@@ -1248,13 +1268,15 @@ func rowQ6K512() {
 				hb := [2]VecVirtual{ZMM(), ZMM()}
 				VPSLLVW(sh[0], q, hb[0])
 				VPSRLVW(sh[1], q, hb[1])
-				qs := ZMM()
-				VPSRLW(U8(4), blk(64*h), qs)
+				// One load (most cross a cache line: 210-byte blocks).
+				ql, qs := ZMM(), ZMM()
+				VMOVDQU64(blk(64*h), ql)
+				VPSRLW(U8(4), ql, qs)
 				for i := range 2 {
 					VPANDD(c30, hb[i], hb[i])
 					// hb | (levels & 0x0f)
 					if i == 0 {
-						VPTERNLOGD(U8(0xF8), blk(64*h), c0f, hb[i])
+						VPTERNLOGD(U8(0xF8), ql, c0f, hb[i])
 					} else {
 						VPTERNLOGD(U8(0xF8), c0f, qs, hb[i])
 					}
