@@ -16422,7 +16422,6 @@ group:
 	VEXTRACTI64X4 $0x01, Z4, Y5
 	VPADDD        Y4, Y5, Y5
 	VCVTDQ2PS     Y5, Y4
-	VXORPS        q4knegm<>+0(SB), Y4, Y4
 	VMOVUPS       Y4, (DX)
 	MOVL          (DI), R8
 	MOVL          144(DI), R9
@@ -16439,6 +16438,7 @@ group:
 	MOVQ          aux+48(FP), DI
 	VPERMPS       (DI)(SI*4), Y3, Y5
 	VMULPS        Y5, Y4, Y4
+	VXORPS        q4knegm<>+0(SB), Y4, Y4
 	VMOVUPS       Y4, 32(DX)
 	ADDQ          $0x00000040, DX
 	ADDQ          $0x00000004, BX
@@ -17313,7 +17313,6 @@ group:
 	VEXTRACTI64X4   $0x01, Z7, Y8
 	VPADDD          Y7, Y8, Y8
 	VCVTDQ2PS       Y8, Y7
-	VXORPS          q4knegm<>+0(SB), Y7, Y7
 	VMOVUPS         Y7, (DX)
 	MOVL            (DI), R8
 	MOVL            176(DI), R9
@@ -17330,6 +17329,7 @@ group:
 	MOVQ            aux+48(FP), DI
 	VPERMPS         (DI)(SI*4), Y3, Y8
 	VMULPS          Y8, Y7, Y7
+	VXORPS          q4knegm<>+0(SB), Y7, Y7
 	VMOVUPS         Y7, 32(DX)
 	ADDQ            $0x00000040, DX
 	ADDQ            $0x00000004, BX

@@ -1175,7 +1175,6 @@ func rowQ4K512(five bool) {
 		VPADDD(g.AsY(), c, c)
 		f := YMM()
 		VCVTDQ2PS(c, f)
-		VXORPS(negM, f, f)
 		VMOVUPS(f, Mem{Base: slot})
 		q0 := pack2x32(wq, 0, bytes)
 		q1 := pack2x32(wq, 2*bytes, bytes)
@@ -1188,6 +1187,9 @@ func rowQ4K512(five bool) {
 		dy := YMM()
 		VPERMPS(Mem{Base: k.param("aux"), Index: b, Scale: 4}, dyIdx, dy)
 		VMULPS(dy, dd, dd)
+		// fma(M, −dmin·dy, acc) is fma(−M, dmin·dy, acc) exactly; the
+		// sign goes on this side, off the integers' longer chain.
+		VXORPS(negM, dd, dd)
 		VMOVUPS(dd, Mem{Base: slot, Disp: 32})
 	})
 	k.phase2()
