@@ -38,6 +38,14 @@ package main
 // takes fewer instructions per byte where the per-byte work is largest.
 // The AVX-512 kernels use EVEX encodings only (the allocator may hand out
 // registers 16–31), the AVX2 ones VEX encodings and 16 registers.
+//
+// On the Zen 5 (family 26: full-width 512-bit units), what bounded the
+// AVX-512 Q4_K kernel was not its instruction count (a version with a
+// quarter fewer ran no faster) but the dependence of its dot products on
+// the chain that unpacks the 6-bit scales: rowQ4K512 now takes unscaled
+// sub-block sums by VPDPBUSD and applies the scales after the reduction
+// (see there). BenchmarkQuantRowKernel measures these kernels on
+// L2-resident weights, the best of many trials.
 
 import (
 	"fmt"
