@@ -16270,6 +16270,7 @@ TEXT ·qrowQ4_KAVX512(SB), NOSPLIT, $8-72
 	MOVL         $0x55555555, AX
 	KMOVD        AX, K1
 	VMOVDQU64    q4kdyidx<>+0(SB), Y3
+	VMOVDQU64    q4kdidx<>+0(SB), Z4
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
@@ -16289,157 +16290,148 @@ group:
 	MOVQ          SI, R8
 	SHLQ          $0x08, R8
 	ADDQ          x+32(FP), R8
-	VMOVDQU64     16(DI), Z4
-	VPANDD        Z4, Z0, Z5
-	VPSRLW        $0x04, Z4, Z4
-	VPANDD        Z0, Z4, Z4
-	VXORPS        Z7, Z7, Z7
-	VPDPBUSD      (R8), Z5, Z7
-	VXORPS        Z5, Z5, Z5
-	VPDPBUSD      64(R8), Z4, Z5
-	VMOVDQU64     80(DI), Z4
-	VPANDD        Z4, Z0, Z8
-	VPSRLW        $0x04, Z4, Z4
-	VPANDD        Z0, Z4, Z4
-	VXORPS        Z9, Z9, Z9
-	VPDPBUSD      128(R8), Z8, Z9
-	VXORPS        Z8, Z8, Z8
-	VPDPBUSD      192(R8), Z4, Z8
-	VPACKSSDW     Z5, Z7, Z4
-	VPMADDWD      Z1, Z4, Z4
-	VPACKSSDW     Z8, Z9, Z5
-	VPMADDWD      Z1, Z5, Z5
-	VPACKSSDW     Z5, Z4, Z4
-	VPMADDWD      Z1, Z4, Z4
-	VMOVDQU64     160(DI), Z5
-	VPANDD        Z5, Z0, Z7
+	VMOVDQU64     16(DI), Z5
+	VPANDD        Z5, Z0, Z6
 	VPSRLW        $0x04, Z5, Z5
 	VPANDD        Z0, Z5, Z5
 	VXORPS        Z8, Z8, Z8
-	VPDPBUSD      256(R8), Z7, Z8
-	VXORPS        Z7, Z7, Z7
-	VPDPBUSD      320(R8), Z5, Z7
-	VMOVDQU64     224(DI), Z5
+	VPDPBUSD      (R8), Z6, Z8
+	VXORPS        Z6, Z6, Z6
+	VPDPBUSD      64(R8), Z5, Z6
+	VMOVDQU64     80(DI), Z5
 	VPANDD        Z5, Z0, Z9
 	VPSRLW        $0x04, Z5, Z5
 	VPANDD        Z0, Z5, Z5
 	VXORPS        Z10, Z10, Z10
-	VPDPBUSD      384(R8), Z9, Z10
+	VPDPBUSD      128(R8), Z9, Z10
 	VXORPS        Z9, Z9, Z9
-	VPDPBUSD      448(R8), Z5, Z9
-	VPACKSSDW     Z7, Z8, Z5
+	VPDPBUSD      192(R8), Z5, Z9
+	VPACKSSDW     Z6, Z8, Z5
 	VPMADDWD      Z1, Z5, Z5
-	VPACKSSDW     Z9, Z10, Z7
-	VPMADDWD      Z1, Z7, Z7
-	VPACKSSDW     Z7, Z5, Z5
+	VPACKSSDW     Z9, Z10, Z6
+	VPMADDWD      Z1, Z6, Z6
+	VPACKSSDW     Z6, Z5, Z5
 	VPMADDWD      Z1, Z5, Z5
-	VMOVDQU64     304(DI), Z7
-	VPANDD        Z7, Z0, Z8
-	VPSRLW        $0x04, Z7, Z7
-	VPANDD        Z0, Z7, Z7
+	VMOVDQU64     160(DI), Z6
+	VPANDD        Z6, Z0, Z8
+	VPSRLW        $0x04, Z6, Z6
+	VPANDD        Z0, Z6, Z6
 	VXORPS        Z9, Z9, Z9
-	VPDPBUSD      512(R8), Z8, Z9
+	VPDPBUSD      256(R8), Z8, Z9
 	VXORPS        Z8, Z8, Z8
-	VPDPBUSD      576(R8), Z7, Z8
-	VMOVDQU64     368(DI), Z7
-	VPANDD        Z7, Z0, Z10
-	VPSRLW        $0x04, Z7, Z7
-	VPANDD        Z0, Z7, Z7
+	VPDPBUSD      320(R8), Z6, Z8
+	VMOVDQU64     224(DI), Z6
+	VPANDD        Z6, Z0, Z10
+	VPSRLW        $0x04, Z6, Z6
+	VPANDD        Z0, Z6, Z6
 	VXORPS        Z11, Z11, Z11
-	VPDPBUSD      640(R8), Z10, Z11
+	VPDPBUSD      384(R8), Z10, Z11
 	VXORPS        Z10, Z10, Z10
-	VPDPBUSD      704(R8), Z7, Z10
-	VPACKSSDW     Z8, Z9, Z7
-	VPMADDWD      Z1, Z7, Z7
+	VPDPBUSD      448(R8), Z6, Z10
+	VPACKSSDW     Z8, Z9, Z6
+	VPMADDWD      Z1, Z6, Z6
 	VPACKSSDW     Z10, Z11, Z8
 	VPMADDWD      Z1, Z8, Z8
-	VPACKSSDW     Z8, Z7, Z7
-	VPMADDWD      Z1, Z7, Z7
-	VMOVDQU64     448(DI), Z8
+	VPACKSSDW     Z8, Z6, Z6
+	VPMADDWD      Z1, Z6, Z6
+	VMOVDQU64     304(DI), Z8
 	VPANDD        Z8, Z0, Z9
 	VPSRLW        $0x04, Z8, Z8
 	VPANDD        Z0, Z8, Z8
 	VXORPS        Z10, Z10, Z10
-	VPDPBUSD      768(R8), Z9, Z10
+	VPDPBUSD      512(R8), Z9, Z10
 	VXORPS        Z9, Z9, Z9
-	VPDPBUSD      832(R8), Z8, Z9
-	VMOVDQU64     512(DI), Z8
+	VPDPBUSD      576(R8), Z8, Z9
+	VMOVDQU64     368(DI), Z8
 	VPANDD        Z8, Z0, Z11
 	VPSRLW        $0x04, Z8, Z8
 	VPANDD        Z0, Z8, Z8
 	VXORPS        Z12, Z12, Z12
-	VPDPBUSD      896(R8), Z11, Z12
+	VPDPBUSD      640(R8), Z11, Z12
 	VXORPS        Z11, Z11, Z11
-	VPDPBUSD      960(R8), Z8, Z11
+	VPDPBUSD      704(R8), Z8, Z11
 	VPACKSSDW     Z9, Z10, Z8
 	VPMADDWD      Z1, Z8, Z8
 	VPACKSSDW     Z11, Z12, Z9
 	VPMADDWD      Z1, Z9, Z9
 	VPACKSSDW     Z9, Z8, Z8
 	VPMADDWD      Z1, Z8, Z8
-	VMOVDQU32     4(DI), X6
-	VINSERTI32X4  $0x01, 148(DI), Z6, Z6
-	VINSERTI32X4  $0x02, 292(DI), Z6, Z6
-	VINSERTI32X4  $0x03, 436(DI), Z6, Z6
-	VPANDD        q4kunpacka<>+0(SB), Z6, Z9
-	VPSLLDQ       $0x04, Z6, Z10
-	VPSRLW        $0x04, Z10, Z10
-	VPSRLW        $0x02, Z6, Z11
-	VPANDD        q4kunpackt<>+0(SB), Z11, Z11
-	VPSLLDQ       $0x08, Z11, Z11
-	VPTERNLOGD    $0xf8, q4kunpackh<>+0(SB), Z10, Z11
-	VPORD         Z11, Z9, Z9
-	VPMOVZXBW     Y9, Z10
-	VEXTRACTI64X4 $0x01, Z9, Y9
-	VPMOVZXBW     Y9, Z9
-	MOVQ          aux+48(FP), R8
-	LEAQ          (R8)(CX*4), R8
-	MOVQ          SI, R9
-	SHLQ          $0x05, R9
-	ADDQ          R9, R8
-	VSHUFI64X2    $0x88, Z5, Z4, Z11
-	VSHUFI64X2    $0xdd, Z5, Z4, Z4
-	VPADDD        Z4, Z11, Z11
-	VPERMW.Z      Z10, Z2, K1, Z4
-	VPMULLD       Z4, Z11, Z11
-	VPMADDWD      (R8), Z10, Z4
-	VSHUFI64X2    $0x88, Z8, Z7, Z5
-	VSHUFI64X2    $0xdd, Z8, Z7, Z7
-	VPADDD        Z7, Z5, Z5
-	VPERMW.Z      Z9, Z2, K1, Z7
-	VPMULLD       Z7, Z5, Z5
-	VPMADDWD      64(R8), Z9, Z7
-	VPUNPCKLDQ    Z5, Z11, Z8
-	VPUNPCKHDQ    Z5, Z11, Z5
-	VPADDD        Z5, Z8, Z8
-	VPUNPCKLDQ    Z7, Z4, Z5
-	VPUNPCKHDQ    Z7, Z4, Z4
-	VPADDD        Z4, Z5, Z5
-	VPUNPCKLQDQ   Z5, Z8, Z4
-	VPUNPCKHQDQ   Z5, Z8, Z5
-	VPADDD        Z5, Z4, Z4
-	VSHUFI64X2    $0xd8, Z4, Z4, Z4
-	VEXTRACTI64X4 $0x01, Z4, Y5
-	VPADDD        Y4, Y5, Y5
-	VCVTDQ2PS     Y5, Y4
-	VMOVUPS       Y4, (DX)
-	MOVL          (DI), R8
-	MOVL          144(DI), R9
-	SHLQ          $0x20, R9
-	ORQ           R9, R8
-	MOVL          288(DI), R9
-	MOVL          432(DI), DI
-	SHLQ          $0x20, DI
-	ORQ           DI, R9
-	VMOVQ         R8, X4
-	VPINSRQ       $0x01, R9, X4, X4
-	VPSHUFB       q4kdlanes<>+0(SB), X4, X4
-	VCVTPH2PS     X4, Y4
+	VMOVDQU64     448(DI), Z9
+	VPANDD        Z9, Z0, Z10
+	VPSRLW        $0x04, Z9, Z9
+	VPANDD        Z0, Z9, Z9
+	VXORPS        Z11, Z11, Z11
+	VPDPBUSD      768(R8), Z10, Z11
+	VXORPS        Z10, Z10, Z10
+	VPDPBUSD      832(R8), Z9, Z10
+	VMOVDQU64     512(DI), Z9
+	VPANDD        Z9, Z0, Z12
+	VPSRLW        $0x04, Z9, Z9
+	VPANDD        Z0, Z9, Z9
+	VXORPS        Z13, Z13, Z13
+	VPDPBUSD      896(R8), Z12, Z13
+	VXORPS        Z12, Z12, Z12
+	VPDPBUSD      960(R8), Z9, Z12
+	VPACKSSDW     Z10, Z11, Z9
+	VPMADDWD      Z1, Z9, Z9
+	VPACKSSDW     Z12, Z13, Z10
+	VPMADDWD      Z1, Z10, Z10
+	VPACKSSDW     Z10, Z9, Z9
+	VPMADDWD      Z1, Z9, Z9
+	VMOVDQU32     (DI), X7
+	VINSERTI32X4  $0x01, 144(DI), Z7, Z7
+	VINSERTI32X4  $0x02, 288(DI), Z7, Z7
+	VINSERTI32X4  $0x03, 432(DI), Z7, Z7
+	VPSRLDQ       $0x04, Z7, Z10
+	VPANDD        q4kunpacka<>+0(SB), Z10, Z11
+	VPSLLDQ       $0x04, Z10, Z12
+	VPSRLW        $0x04, Z12, Z12
+	VPSRLW        $0x02, Z10, Z10
+	VPANDD        q4kunpackt<>+0(SB), Z10, Z10
+	VPSLLDQ       $0x08, Z10, Z10
+	VPTERNLOGD    $0xf8, q4kunpackh<>+0(SB), Z12, Z10
+	VPORD         Z10, Z11, Z11
+	VPMOVZXBW     Y11, Z10
+	VEXTRACTI64X4 $0x01, Z11, Y11
+	VPMOVZXBW     Y11, Z11
 	MOVQ          aux+48(FP), DI
-	VPERMPS       (DI)(SI*4), Y3, Y5
-	VMULPS        Y5, Y4, Y4
-	VXORPS        q4knegm<>+0(SB), Y4, Y4
-	VMOVUPS       Y4, 32(DX)
+	LEAQ          (DI)(CX*4), DI
+	MOVQ          SI, R8
+	SHLQ          $0x05, R8
+	ADDQ          R8, DI
+	VSHUFI64X2    $0x88, Z6, Z5, Z12
+	VSHUFI64X2    $0xdd, Z6, Z5, Z5
+	VPADDD        Z5, Z12, Z12
+	VPERMW.Z      Z10, Z2, K1, Z5
+	VPMULLD       Z5, Z12, Z12
+	VPMADDWD      (DI), Z10, Z5
+	VSHUFI64X2    $0x88, Z9, Z8, Z6
+	VSHUFI64X2    $0xdd, Z9, Z8, Z8
+	VPADDD        Z8, Z6, Z6
+	VPERMW.Z      Z11, Z2, K1, Z8
+	VPMULLD       Z8, Z6, Z6
+	VPMADDWD      64(DI), Z11, Z8
+	VPUNPCKLDQ    Z6, Z12, Z9
+	VPUNPCKHDQ    Z6, Z12, Z6
+	VPADDD        Z6, Z9, Z9
+	VPUNPCKLDQ    Z8, Z5, Z6
+	VPUNPCKHDQ    Z8, Z5, Z5
+	VPADDD        Z5, Z6, Z6
+	VPUNPCKLQDQ   Z6, Z9, Z5
+	VPUNPCKHQDQ   Z6, Z9, Z6
+	VPADDD        Z6, Z5, Z5
+	VSHUFI64X2    $0xd8, Z5, Z5, Z5
+	VEXTRACTI64X4 $0x01, Z5, Y6
+	VPADDD        Y5, Y6, Y6
+	VCVTDQ2PS     Y6, Y5
+	VMOVUPS       Y5, (DX)
+	VPERMW        Z7, Z4, Z5
+	VCVTPH2PS     X5, Y5
+	MOVQ          aux+48(FP), DI
+	VPERMPS       (DI)(SI*4), Y3, Y6
+	VMULPS        Y6, Y5, Y5
+	VXORPS        q4knegm<>+0(SB), Y5, Y5
+	VMOVUPS       Y5, 32(DX)
 	ADDQ          $0x00000040, DX
 	ADDQ          $0x00000004, BX
 	CMPQ          BX, CX
@@ -17058,23 +17050,71 @@ DATA q4kunpackt<>+62(SB)/1, $0x00
 DATA q4kunpackt<>+63(SB)/1, $0x00
 GLOBL q4kunpackt<>(SB), RODATA|NOPTR, $64
 
-DATA q4kdlanes<>+0(SB)/1, $0x00
-DATA q4kdlanes<>+1(SB)/1, $0x01
-DATA q4kdlanes<>+2(SB)/1, $0x08
-DATA q4kdlanes<>+3(SB)/1, $0x09
-DATA q4kdlanes<>+4(SB)/1, $0x02
-DATA q4kdlanes<>+5(SB)/1, $0x03
-DATA q4kdlanes<>+6(SB)/1, $0x0a
-DATA q4kdlanes<>+7(SB)/1, $0x0b
-DATA q4kdlanes<>+8(SB)/1, $0x04
-DATA q4kdlanes<>+9(SB)/1, $0x05
-DATA q4kdlanes<>+10(SB)/1, $0x0c
-DATA q4kdlanes<>+11(SB)/1, $0x0d
-DATA q4kdlanes<>+12(SB)/1, $0x06
-DATA q4kdlanes<>+13(SB)/1, $0x07
-DATA q4kdlanes<>+14(SB)/1, $0x0e
-DATA q4kdlanes<>+15(SB)/1, $0x0f
-GLOBL q4kdlanes<>(SB), RODATA|NOPTR, $16
+DATA q4kdidx<>+0(SB)/1, $0x00
+DATA q4kdidx<>+1(SB)/1, $0x00
+DATA q4kdidx<>+2(SB)/1, $0x10
+DATA q4kdidx<>+3(SB)/1, $0x00
+DATA q4kdidx<>+4(SB)/1, $0x01
+DATA q4kdidx<>+5(SB)/1, $0x00
+DATA q4kdidx<>+6(SB)/1, $0x11
+DATA q4kdidx<>+7(SB)/1, $0x00
+DATA q4kdidx<>+8(SB)/1, $0x08
+DATA q4kdidx<>+9(SB)/1, $0x00
+DATA q4kdidx<>+10(SB)/1, $0x18
+DATA q4kdidx<>+11(SB)/1, $0x00
+DATA q4kdidx<>+12(SB)/1, $0x09
+DATA q4kdidx<>+13(SB)/1, $0x00
+DATA q4kdidx<>+14(SB)/1, $0x19
+DATA q4kdidx<>+15(SB)/1, $0x00
+DATA q4kdidx<>+16(SB)/1, $0x00
+DATA q4kdidx<>+17(SB)/1, $0x00
+DATA q4kdidx<>+18(SB)/1, $0x00
+DATA q4kdidx<>+19(SB)/1, $0x00
+DATA q4kdidx<>+20(SB)/1, $0x00
+DATA q4kdidx<>+21(SB)/1, $0x00
+DATA q4kdidx<>+22(SB)/1, $0x00
+DATA q4kdidx<>+23(SB)/1, $0x00
+DATA q4kdidx<>+24(SB)/1, $0x00
+DATA q4kdidx<>+25(SB)/1, $0x00
+DATA q4kdidx<>+26(SB)/1, $0x00
+DATA q4kdidx<>+27(SB)/1, $0x00
+DATA q4kdidx<>+28(SB)/1, $0x00
+DATA q4kdidx<>+29(SB)/1, $0x00
+DATA q4kdidx<>+30(SB)/1, $0x00
+DATA q4kdidx<>+31(SB)/1, $0x00
+DATA q4kdidx<>+32(SB)/1, $0x00
+DATA q4kdidx<>+33(SB)/1, $0x00
+DATA q4kdidx<>+34(SB)/1, $0x00
+DATA q4kdidx<>+35(SB)/1, $0x00
+DATA q4kdidx<>+36(SB)/1, $0x00
+DATA q4kdidx<>+37(SB)/1, $0x00
+DATA q4kdidx<>+38(SB)/1, $0x00
+DATA q4kdidx<>+39(SB)/1, $0x00
+DATA q4kdidx<>+40(SB)/1, $0x00
+DATA q4kdidx<>+41(SB)/1, $0x00
+DATA q4kdidx<>+42(SB)/1, $0x00
+DATA q4kdidx<>+43(SB)/1, $0x00
+DATA q4kdidx<>+44(SB)/1, $0x00
+DATA q4kdidx<>+45(SB)/1, $0x00
+DATA q4kdidx<>+46(SB)/1, $0x00
+DATA q4kdidx<>+47(SB)/1, $0x00
+DATA q4kdidx<>+48(SB)/1, $0x00
+DATA q4kdidx<>+49(SB)/1, $0x00
+DATA q4kdidx<>+50(SB)/1, $0x00
+DATA q4kdidx<>+51(SB)/1, $0x00
+DATA q4kdidx<>+52(SB)/1, $0x00
+DATA q4kdidx<>+53(SB)/1, $0x00
+DATA q4kdidx<>+54(SB)/1, $0x00
+DATA q4kdidx<>+55(SB)/1, $0x00
+DATA q4kdidx<>+56(SB)/1, $0x00
+DATA q4kdidx<>+57(SB)/1, $0x00
+DATA q4kdidx<>+58(SB)/1, $0x00
+DATA q4kdidx<>+59(SB)/1, $0x00
+DATA q4kdidx<>+60(SB)/1, $0x00
+DATA q4kdidx<>+61(SB)/1, $0x00
+DATA q4kdidx<>+62(SB)/1, $0x00
+DATA q4kdidx<>+63(SB)/1, $0x00
+GLOBL q4kdidx<>(SB), RODATA|NOPTR, $64
 
 DATA q4knegm<>+0(SB)/1, $0x00
 DATA q4knegm<>+1(SB)/1, $0x00
@@ -17125,6 +17165,7 @@ TEXT ·qrowQ5_KAVX512(SB), NOSPLIT, $8-72
 	VPBROADCASTD AX, Z4
 	VMOVDQU64    q5krot0<>+0(SB), Z5
 	VMOVDQU64    q5krot1<>+0(SB), Z6
+	VMOVDQU64    q4kdidx<>+0(SB), Z7
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
@@ -17144,193 +17185,184 @@ group:
 	MOVQ            SI, R8
 	SHLQ            $0x08, R8
 	ADDQ            x+32(FP), R8
-	VBROADCASTI64X4 16(DI), Z7
-	VPROLVD         Z5, Z7, Z8
-	VPROLVD         Z6, Z7, Z7
-	VMOVDQU64       48(DI), Z10
-	VPANDD          Z10, Z0, Z11
-	VPSRLW          $0x04, Z10, Z10
-	VPANDD          Z0, Z10, Z10
-	VPTERNLOGD      $0xf8, Z4, Z8, Z11
-	VXORPS          Z12, Z12, Z12
-	VPDPBUSD        (R8), Z11, Z12
-	VPTERNLOGD      $0xf8, Z4, Z7, Z10
-	VXORPS          Z11, Z11, Z11
-	VPDPBUSD        64(R8), Z10, Z11
-	VMOVDQU64       112(DI), Z10
-	VPANDD          Z10, Z0, Z13
-	VPSRLW          $0x04, Z10, Z10
-	VPANDD          Z0, Z10, Z10
-	VPROLD          $0x1c, Z8, Z8
-	VPTERNLOGD      $0xf8, Z4, Z8, Z13
-	VXORPS          Z8, Z8, Z8
-	VPDPBUSD        128(R8), Z13, Z8
-	VPROLD          $0x1c, Z7, Z7
-	VPTERNLOGD      $0xf8, Z4, Z7, Z10
-	VXORPS          Z7, Z7, Z7
-	VPDPBUSD        192(R8), Z10, Z7
-	VPACKSSDW       Z11, Z12, Z10
-	VPMADDWD        Z1, Z10, Z10
-	VPACKSSDW       Z7, Z8, Z7
-	VPMADDWD        Z1, Z7, Z7
-	VPACKSSDW       Z7, Z10, Z7
-	VPMADDWD        Z1, Z7, Z7
-	VBROADCASTI64X4 192(DI), Z8
-	VPROLVD         Z5, Z8, Z10
+	VBROADCASTI64X4 16(DI), Z8
+	VPROLVD         Z5, Z8, Z9
 	VPROLVD         Z6, Z8, Z8
-	VMOVDQU64       224(DI), Z11
+	VMOVDQU64       48(DI), Z11
 	VPANDD          Z11, Z0, Z12
 	VPSRLW          $0x04, Z11, Z11
 	VPANDD          Z0, Z11, Z11
-	VPTERNLOGD      $0xf8, Z4, Z10, Z12
+	VPTERNLOGD      $0xf8, Z4, Z9, Z12
 	VXORPS          Z13, Z13, Z13
-	VPDPBUSD        256(R8), Z12, Z13
+	VPDPBUSD        (R8), Z12, Z13
 	VPTERNLOGD      $0xf8, Z4, Z8, Z11
 	VXORPS          Z12, Z12, Z12
-	VPDPBUSD        320(R8), Z11, Z12
-	VMOVDQU64       288(DI), Z11
+	VPDPBUSD        64(R8), Z11, Z12
+	VMOVDQU64       112(DI), Z11
 	VPANDD          Z11, Z0, Z14
 	VPSRLW          $0x04, Z11, Z11
 	VPANDD          Z0, Z11, Z11
-	VPROLD          $0x1c, Z10, Z10
-	VPTERNLOGD      $0xf8, Z4, Z10, Z14
-	VXORPS          Z10, Z10, Z10
-	VPDPBUSD        384(R8), Z14, Z10
+	VPROLD          $0x1c, Z9, Z9
+	VPTERNLOGD      $0xf8, Z4, Z9, Z14
+	VXORPS          Z9, Z9, Z9
+	VPDPBUSD        128(R8), Z14, Z9
 	VPROLD          $0x1c, Z8, Z8
 	VPTERNLOGD      $0xf8, Z4, Z8, Z11
 	VXORPS          Z8, Z8, Z8
-	VPDPBUSD        448(R8), Z11, Z8
+	VPDPBUSD        192(R8), Z11, Z8
 	VPACKSSDW       Z12, Z13, Z11
 	VPMADDWD        Z1, Z11, Z11
-	VPACKSSDW       Z8, Z10, Z8
+	VPACKSSDW       Z8, Z9, Z8
 	VPMADDWD        Z1, Z8, Z8
 	VPACKSSDW       Z8, Z11, Z8
 	VPMADDWD        Z1, Z8, Z8
-	VBROADCASTI64X4 368(DI), Z10
-	VPROLVD         Z5, Z10, Z11
-	VPROLVD         Z6, Z10, Z10
-	VMOVDQU64       400(DI), Z12
+	VBROADCASTI64X4 192(DI), Z9
+	VPROLVD         Z5, Z9, Z11
+	VPROLVD         Z6, Z9, Z9
+	VMOVDQU64       224(DI), Z12
 	VPANDD          Z12, Z0, Z13
 	VPSRLW          $0x04, Z12, Z12
 	VPANDD          Z0, Z12, Z12
 	VPTERNLOGD      $0xf8, Z4, Z11, Z13
 	VXORPS          Z14, Z14, Z14
-	VPDPBUSD        512(R8), Z13, Z14
-	VPTERNLOGD      $0xf8, Z4, Z10, Z12
+	VPDPBUSD        256(R8), Z13, Z14
+	VPTERNLOGD      $0xf8, Z4, Z9, Z12
 	VXORPS          Z13, Z13, Z13
-	VPDPBUSD        576(R8), Z12, Z13
-	VMOVDQU64       464(DI), Z12
+	VPDPBUSD        320(R8), Z12, Z13
+	VMOVDQU64       288(DI), Z12
 	VPANDD          Z12, Z0, Z15
 	VPSRLW          $0x04, Z12, Z12
 	VPANDD          Z0, Z12, Z12
 	VPROLD          $0x1c, Z11, Z11
 	VPTERNLOGD      $0xf8, Z4, Z11, Z15
 	VXORPS          Z11, Z11, Z11
-	VPDPBUSD        640(R8), Z15, Z11
-	VPROLD          $0x1c, Z10, Z10
-	VPTERNLOGD      $0xf8, Z4, Z10, Z12
-	VXORPS          Z10, Z10, Z10
-	VPDPBUSD        704(R8), Z12, Z10
+	VPDPBUSD        384(R8), Z15, Z11
+	VPROLD          $0x1c, Z9, Z9
+	VPTERNLOGD      $0xf8, Z4, Z9, Z12
+	VXORPS          Z9, Z9, Z9
+	VPDPBUSD        448(R8), Z12, Z9
 	VPACKSSDW       Z13, Z14, Z12
 	VPMADDWD        Z1, Z12, Z12
-	VPACKSSDW       Z10, Z11, Z10
-	VPMADDWD        Z1, Z10, Z10
-	VPACKSSDW       Z10, Z12, Z10
-	VPMADDWD        Z1, Z10, Z10
-	VBROADCASTI64X4 544(DI), Z11
+	VPACKSSDW       Z9, Z11, Z9
+	VPMADDWD        Z1, Z9, Z9
+	VPACKSSDW       Z9, Z12, Z9
+	VPMADDWD        Z1, Z9, Z9
+	VBROADCASTI64X4 368(DI), Z11
 	VPROLVD         Z5, Z11, Z12
 	VPROLVD         Z6, Z11, Z11
-	VMOVDQU64       576(DI), Z13
+	VMOVDQU64       400(DI), Z13
 	VPANDD          Z13, Z0, Z14
 	VPSRLW          $0x04, Z13, Z13
 	VPANDD          Z0, Z13, Z13
 	VPTERNLOGD      $0xf8, Z4, Z12, Z14
 	VXORPS          Z15, Z15, Z15
-	VPDPBUSD        768(R8), Z14, Z15
+	VPDPBUSD        512(R8), Z14, Z15
 	VPTERNLOGD      $0xf8, Z4, Z11, Z13
 	VXORPS          Z14, Z14, Z14
-	VPDPBUSD        832(R8), Z13, Z14
-	VMOVDQU64       640(DI), Z13
+	VPDPBUSD        576(R8), Z13, Z14
+	VMOVDQU64       464(DI), Z13
 	VPANDD          Z13, Z0, Z16
 	VPSRLW          $0x04, Z13, Z13
 	VPANDD          Z0, Z13, Z13
 	VPROLD          $0x1c, Z12, Z12
 	VPTERNLOGD      $0xf8, Z4, Z12, Z16
 	VXORPS          Z12, Z12, Z12
-	VPDPBUSD        896(R8), Z16, Z12
+	VPDPBUSD        640(R8), Z16, Z12
 	VPROLD          $0x1c, Z11, Z11
 	VPTERNLOGD      $0xf8, Z4, Z11, Z13
 	VXORPS          Z11, Z11, Z11
-	VPDPBUSD        960(R8), Z13, Z11
+	VPDPBUSD        704(R8), Z13, Z11
 	VPACKSSDW       Z14, Z15, Z13
 	VPMADDWD        Z1, Z13, Z13
 	VPACKSSDW       Z11, Z12, Z11
 	VPMADDWD        Z1, Z11, Z11
 	VPACKSSDW       Z11, Z13, Z11
 	VPMADDWD        Z1, Z11, Z11
-	VMOVDQU32       4(DI), X9
-	VINSERTI32X4    $0x01, 180(DI), Z9, Z9
-	VINSERTI32X4    $0x02, 356(DI), Z9, Z9
-	VINSERTI32X4    $0x03, 532(DI), Z9, Z9
-	VPANDD          q4kunpacka<>+0(SB), Z9, Z12
-	VPSLLDQ         $0x04, Z9, Z13
-	VPSRLW          $0x04, Z13, Z13
-	VPSRLW          $0x02, Z9, Z14
-	VPANDD          q4kunpackt<>+0(SB), Z14, Z14
-	VPSLLDQ         $0x08, Z14, Z14
-	VPTERNLOGD      $0xf8, q4kunpackh<>+0(SB), Z13, Z14
-	VPORD           Z14, Z12, Z12
-	VPMOVZXBW       Y12, Z13
-	VEXTRACTI64X4   $0x01, Z12, Y12
-	VPMOVZXBW       Y12, Z12
-	MOVQ            aux+48(FP), R8
-	LEAQ            (R8)(CX*4), R8
-	MOVQ            SI, R9
-	SHLQ            $0x05, R9
-	ADDQ            R9, R8
-	VSHUFI64X2      $0x88, Z8, Z7, Z14
-	VSHUFI64X2      $0xdd, Z8, Z7, Z7
-	VPADDD          Z7, Z14, Z14
-	VPERMW.Z        Z13, Z2, K1, Z7
-	VPMULLD         Z7, Z14, Z14
-	VPMADDWD        (R8), Z13, Z7
-	VSHUFI64X2      $0x88, Z11, Z10, Z8
-	VSHUFI64X2      $0xdd, Z11, Z10, Z10
-	VPADDD          Z10, Z8, Z8
-	VPERMW.Z        Z12, Z2, K1, Z10
-	VPMULLD         Z10, Z8, Z8
-	VPMADDWD        64(R8), Z12, Z10
-	VPUNPCKLDQ      Z8, Z14, Z11
-	VPUNPCKHDQ      Z8, Z14, Z8
-	VPADDD          Z8, Z11, Z11
-	VPUNPCKLDQ      Z10, Z7, Z8
-	VPUNPCKHDQ      Z10, Z7, Z7
-	VPADDD          Z7, Z8, Z8
-	VPUNPCKLQDQ     Z8, Z11, Z7
-	VPUNPCKHQDQ     Z8, Z11, Z8
-	VPADDD          Z8, Z7, Z7
-	VSHUFI64X2      $0xd8, Z7, Z7, Z7
-	VEXTRACTI64X4   $0x01, Z7, Y8
-	VPADDD          Y7, Y8, Y8
-	VCVTDQ2PS       Y8, Y7
-	VMOVUPS         Y7, (DX)
-	MOVL            (DI), R8
-	MOVL            176(DI), R9
-	SHLQ            $0x20, R9
-	ORQ             R9, R8
-	MOVL            352(DI), R9
-	MOVL            528(DI), DI
-	SHLQ            $0x20, DI
-	ORQ             DI, R9
-	VMOVQ           R8, X7
-	VPINSRQ         $0x01, R9, X7, X7
-	VPSHUFB         q4kdlanes<>+0(SB), X7, X7
-	VCVTPH2PS       X7, Y7
+	VBROADCASTI64X4 544(DI), Z12
+	VPROLVD         Z5, Z12, Z13
+	VPROLVD         Z6, Z12, Z12
+	VMOVDQU64       576(DI), Z14
+	VPANDD          Z14, Z0, Z15
+	VPSRLW          $0x04, Z14, Z14
+	VPANDD          Z0, Z14, Z14
+	VPTERNLOGD      $0xf8, Z4, Z13, Z15
+	VXORPS          Z16, Z16, Z16
+	VPDPBUSD        768(R8), Z15, Z16
+	VPTERNLOGD      $0xf8, Z4, Z12, Z14
+	VXORPS          Z15, Z15, Z15
+	VPDPBUSD        832(R8), Z14, Z15
+	VMOVDQU64       640(DI), Z14
+	VPANDD          Z14, Z0, Z17
+	VPSRLW          $0x04, Z14, Z14
+	VPANDD          Z0, Z14, Z14
+	VPROLD          $0x1c, Z13, Z13
+	VPTERNLOGD      $0xf8, Z4, Z13, Z17
+	VXORPS          Z13, Z13, Z13
+	VPDPBUSD        896(R8), Z17, Z13
+	VPROLD          $0x1c, Z12, Z12
+	VPTERNLOGD      $0xf8, Z4, Z12, Z14
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        960(R8), Z14, Z12
+	VPACKSSDW       Z15, Z16, Z14
+	VPMADDWD        Z1, Z14, Z14
+	VPACKSSDW       Z12, Z13, Z12
+	VPMADDWD        Z1, Z12, Z12
+	VPACKSSDW       Z12, Z14, Z12
+	VPMADDWD        Z1, Z12, Z12
+	VMOVDQU32       (DI), X10
+	VINSERTI32X4    $0x01, 176(DI), Z10, Z10
+	VINSERTI32X4    $0x02, 352(DI), Z10, Z10
+	VINSERTI32X4    $0x03, 528(DI), Z10, Z10
+	VPSRLDQ         $0x04, Z10, Z13
+	VPANDD          q4kunpacka<>+0(SB), Z13, Z14
+	VPSLLDQ         $0x04, Z13, Z15
+	VPSRLW          $0x04, Z15, Z15
+	VPSRLW          $0x02, Z13, Z13
+	VPANDD          q4kunpackt<>+0(SB), Z13, Z13
+	VPSLLDQ         $0x08, Z13, Z13
+	VPTERNLOGD      $0xf8, q4kunpackh<>+0(SB), Z15, Z13
+	VPORD           Z13, Z14, Z14
+	VPMOVZXBW       Y14, Z13
+	VEXTRACTI64X4   $0x01, Z14, Y14
+	VPMOVZXBW       Y14, Z14
 	MOVQ            aux+48(FP), DI
-	VPERMPS         (DI)(SI*4), Y3, Y8
-	VMULPS          Y8, Y7, Y7
-	VXORPS          q4knegm<>+0(SB), Y7, Y7
-	VMOVUPS         Y7, 32(DX)
+	LEAQ            (DI)(CX*4), DI
+	MOVQ            SI, R8
+	SHLQ            $0x05, R8
+	ADDQ            R8, DI
+	VSHUFI64X2      $0x88, Z9, Z8, Z15
+	VSHUFI64X2      $0xdd, Z9, Z8, Z8
+	VPADDD          Z8, Z15, Z15
+	VPERMW.Z        Z13, Z2, K1, Z8
+	VPMULLD         Z8, Z15, Z15
+	VPMADDWD        (DI), Z13, Z8
+	VSHUFI64X2      $0x88, Z12, Z11, Z9
+	VSHUFI64X2      $0xdd, Z12, Z11, Z11
+	VPADDD          Z11, Z9, Z9
+	VPERMW.Z        Z14, Z2, K1, Z11
+	VPMULLD         Z11, Z9, Z9
+	VPMADDWD        64(DI), Z14, Z11
+	VPUNPCKLDQ      Z9, Z15, Z12
+	VPUNPCKHDQ      Z9, Z15, Z9
+	VPADDD          Z9, Z12, Z12
+	VPUNPCKLDQ      Z11, Z8, Z9
+	VPUNPCKHDQ      Z11, Z8, Z8
+	VPADDD          Z8, Z9, Z9
+	VPUNPCKLQDQ     Z9, Z12, Z8
+	VPUNPCKHQDQ     Z9, Z12, Z9
+	VPADDD          Z9, Z8, Z8
+	VSHUFI64X2      $0xd8, Z8, Z8, Z8
+	VEXTRACTI64X4   $0x01, Z8, Y9
+	VPADDD          Y8, Y9, Y9
+	VCVTDQ2PS       Y9, Y8
+	VMOVUPS         Y8, (DX)
+	VPERMW          Z10, Z7, Z8
+	VCVTPH2PS       X8, Y8
+	MOVQ            aux+48(FP), DI
+	VPERMPS         (DI)(SI*4), Y3, Y9
+	VMULPS          Y9, Y8, Y8
+	VXORPS          q4knegm<>+0(SB), Y8, Y8
+	VMOVUPS         Y8, 32(DX)
 	ADDQ            $0x00000040, DX
 	ADDQ            $0x00000004, BX
 	CMPQ            BX, CX

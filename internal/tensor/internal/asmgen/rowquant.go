@@ -1068,14 +1068,15 @@ func rowQ4K512(five bool) {
 		mt = append(mt, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0, 0, 0, 0, 0, 0, 0, 0)
 	}
 	maskA, maskH, maskT := table("q4kunpacka", ma), table("q4kunpackh", mh), table("q4kunpackt", mt)
-	// d|dmin dwords of the 4 super-blocks to f16 words in q4kLane order.
-	var ds, neg []byte
+	// d_t, dmin_t (words 8t, 8t+1 of the group's first 16 bytes of each
+	// super-block, quarter t) to the words in q4kLane order.
+	var dw [32]int
+	var neg []byte
 	for l := range 8 {
 		for t := range 4 {
 			for p := range 2 {
 				if q4kLane(p, t) == l {
-					// d_t at bytes 4t, 4t+1, dmin_t at 4t+2, 4t+3.
-					ds = append(ds, byte(4*t+2*p), byte(4*t+2*p+1))
+					dw[l] = 8*t + p
 					s := byte(0)
 					if p == 1 {
 						s = 0x80 // −M
@@ -1085,7 +1086,7 @@ func rowQ4K512(five bool) {
 			}
 		}
 	}
-	dShuf := table("q4kdlanes", ds)
+	dIdx := wordIndex("q4kdidx", dw)
 	negM := table("q4knegm", neg)
 	k.phase1(256, bytes, func(wq, xq, b, slot GPVirtual) {
 		// The unscaled sub-block sums of each super-block: lane l of
@@ -1129,11 +1130,14 @@ func rowQ4K512(five bool) {
 			}
 			sums[t] = packTree4(d, ones)
 		}
-		v := ZMM()
-		VMOVDQU32(Mem{Base: wq, Disp: 4}, v.AsX())
+		// Quarter t: d, dmin and the 12 scale bytes of super-block t.
+		raw := ZMM()
+		VMOVDQU32(Mem{Base: wq}, raw.AsX())
 		for t := 1; t < 4; t++ {
-			VINSERTI32X4(U8(t), Mem{Base: wq, Disp: bytes*t + 4}, v, v)
+			VINSERTI32X4(U8(t), Mem{Base: wq, Disp: bytes * t}, raw, raw)
 		}
+		v := ZMM()
+		VPSRLDQ(U8(4), raw, v)
 		u, h, tp := ZMM(), ZMM(), ZMM()
 		VPANDD(maskA, v, u)
 		VPSLLDQ(U8(4), v, h)
@@ -1184,14 +1188,10 @@ func rowQ4K512(five bool) {
 		f := YMM()
 		VCVTDQ2PS(c, f)
 		VMOVUPS(f, Mem{Base: slot})
-		q0 := pack2x32(wq, 0, bytes)
-		q1 := pack2x32(wq, 2*bytes, bytes)
-		x := XMM()
-		VMOVQ(q0, x)
-		VPINSRQ(U8(1), q1, x, x)
-		VPSHUFB(dShuf, x, x)
+		x := ZMM()
+		VPERMW(raw, dIdx, x)
 		dd := YMM()
-		VCVTPH2PS(x, dd)
+		VCVTPH2PS(x.AsX(), dd)
 		dy := YMM()
 		VPERMPS(Mem{Base: k.param("aux"), Index: b, Scale: 4}, dyIdx, dy)
 		VMULPS(dy, dd, dd)
