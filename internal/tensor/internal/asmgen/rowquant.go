@@ -41,11 +41,12 @@ package main
 //
 // On the Zen 5 (family 26: full-width 512-bit units), what bounded the
 // AVX-512 Q4_K kernel was not its instruction count (a version with a
-// quarter fewer ran no faster) but the dependence of its dot products on
-// the chain that unpacks the 6-bit scales: rowQ4K512 now takes unscaled
-// sub-block sums by VPDPBUSD and applies the scales after the reduction
-// (see there). BenchmarkQuantRowKernel measures these kernels on
-// L2-resident weights, the best of many trials.
+// quarter fewer ran no faster; 18% more NOPs cost under 2%) but in part
+// the dependence of its dot products on the chain that unpacks the 6-bit
+// scales: rowQ4K512 now takes unscaled sub-block sums by VPDPBUSD and
+// applies the scales after the reduction (see there). BenchmarkQuantRowKernel
+// measures these kernels on L2-resident weights, the best of many trials
+// (docs/performance.md has what was tried).
 
 import (
 	"fmt"
