@@ -198,7 +198,7 @@ func benchQuantMat(b *testing.B, rng *rand.Rand, d DType, n, k int) *Mat {
 //
 //	go test -run '^$' -bench 'QuantMatMul/q8_0/llama-1b/2048x2048/M=(1|16)/' ./internal/tensor/
 func BenchmarkQuantMatMul(b *testing.B) {
-	for _, d := range []DType{Q8_0, Q4_K} {
+	for _, d := range []DType{Q8_0, Q4_K, Q6_K} {
 		for _, s := range quantBenchShapes {
 			if _, err := d.RowBytes(s.k); err != nil {
 				continue // smollm2's 576 columns are no multiple of 256
@@ -237,7 +237,7 @@ func BenchmarkQuantMatMul(b *testing.B) {
 // over rotating quantized matrices of ~320 MiB in all, so that the weights
 // come from DRAM as in decode (compare BenchmarkMatMulColdBF16).
 func BenchmarkQuantMatMulCold(b *testing.B) {
-	for _, d := range []DType{Q8_0, Q4_K} {
+	for _, d := range []DType{Q8_0, Q4_K, Q6_K} {
 		for _, s := range []struct{ n, k int }{{2048, 2048}, {8192, 2048}, {576, 1536}} {
 			rng := rand.New(rand.NewPCG(2, 2))
 			rb, _ := d.RowBytes(s.k)

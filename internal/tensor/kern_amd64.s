@@ -25027,14 +25027,13 @@ GLOBL q5bits<>(SB), RODATA|NOPTR, $32
 TEXT ·qrowQ4_KAVX512(SB), NOSPLIT, $8-72
 	MOVL         $0x0f0f0f0f, AX
 	VPBROADCASTD AX, Z0
-	VMOVDQU64    q4kscidx0<>+0(SB), Z1
-	VMOVDQU64    q4kscidx1<>+0(SB), Z2
-	VMOVDQU64    q4kscidx2<>+0(SB), Z3
-	VMOVDQU64    q4kscidx3<>+0(SB), Z4
-	VMOVDQU64    q4kminidx<>+0(SB), Z5
-	VMOVDQU64    q4kunpacka<>+0(SB), Z6
-	VMOVDQU64    q4kunpackh<>+0(SB), Z7
-	VMOVDQU64    q4kunpackt<>+0(SB), Z8
+	MOVL         $0x00010001, AX
+	VPBROADCASTD AX, Z1
+	VMOVDQU64    q4kscdw<>+0(SB), Z2
+	MOVL         $0x55555555, AX
+	KMOVD        AX, K1
+	VMOVDQU64    q4kdyidx<>+0(SB), Y3
+	VMOVDQU64    q4kdidx<>+0(SB), Z4
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
@@ -25045,198 +25044,184 @@ row:
 	XORQ BX, BX
 
 group:
-	MOVQ            CX, SI
-	SUBQ            $0x00000004, SI
-	CMPQ            BX, SI
-	CMOVQLT         BX, SI
-	IMUL3Q          $0x00000090, SI, DI
-	ADDQ            AX, DI
-	MOVQ            SI, R8
-	SHLQ            $0x08, R8
-	ADDQ            x+32(FP), R8
-	MOVQ            SI, R9
-	SHLQ            $0x06, R9
-	ADDQ            meta+40(FP), R9
-	VMOVDQU32       4(DI), X9
-	VINSERTI32X4    $0x01, 148(DI), Z9, Z9
-	VINSERTI32X4    $0x02, 292(DI), Z9, Z9
-	VINSERTI32X4    $0x03, 436(DI), Z9, Z9
-	VPANDD          Z6, Z9, Z10
-	VPSLLDQ         $0x04, Z9, Z11
-	VPSRLW          $0x04, Z11, Z11
-	VPSRLW          $0x02, Z9, Z12
-	VPANDD          Z8, Z12, Z12
-	VPSLLDQ         $0x08, Z12, Z12
-	VPTERNLOGD      $0xf8, Z7, Z11, Z12
-	VPORD           Z12, Z10, Z10
-	VPMOVZXBW       X10, Y13
-	VPERMW          Y13, Y5, Y11
-	VPMADDWD        16(R9), X11, X11
-	VXORPS          Z12, Z12, Z12
-	VXORPS          Z15, Z15, Z15
-	VPANDD          16(DI), Z0, Z16
-	VPSRLW          $0x04, 16(DI), Z17
-	VPANDD          Z0, Z17, Z17
-	VPMADDUBSW      (R8), Z16, Z16
-	VPERMW          Z13, Z1, Z18
-	VPDPWSSD        Z18, Z16, Z12
-	VPMADDUBSW      64(R8), Z17, Z16
-	VPERMW          Z13, Z2, Z17
-	VPDPWSSD        Z17, Z16, Z15
-	VPANDD          80(DI), Z0, Z16
-	VPSRLW          $0x04, 80(DI), Z17
-	VPANDD          Z0, Z17, Z17
-	VPMADDUBSW      128(R8), Z16, Z16
-	VPERMW          Z13, Z3, Z18
-	VPDPWSSD        Z18, Z16, Z12
-	VPMADDUBSW      192(R8), Z17, Z16
-	VPERMW          Z13, Z4, Z17
-	VPDPWSSD        Z17, Z16, Z15
-	VPADDD          Z15, Z12, Z12
-	VEXTRACTI32X4   $0x01, Z10, X9
-	VPMOVZXBW       X9, Y13
-	VPERMW          Y13, Y5, Y15
-	VPMADDWD        80(R9), X15, X15
-	VXORPS          Z16, Z16, Z16
-	VXORPS          Z17, Z17, Z17
-	VPANDD          160(DI), Z0, Z18
-	VPSRLW          $0x04, 160(DI), Z19
-	VPANDD          Z0, Z19, Z19
-	VPMADDUBSW      256(R8), Z18, Z18
-	VPERMW          Z13, Z1, Z20
-	VPDPWSSD        Z20, Z18, Z16
-	VPMADDUBSW      320(R8), Z19, Z18
-	VPERMW          Z13, Z2, Z19
-	VPDPWSSD        Z19, Z18, Z17
-	VPANDD          224(DI), Z0, Z18
-	VPSRLW          $0x04, 224(DI), Z19
-	VPANDD          Z0, Z19, Z19
-	VPMADDUBSW      384(R8), Z18, Z18
-	VPERMW          Z13, Z3, Z20
-	VPDPWSSD        Z20, Z18, Z16
-	VPMADDUBSW      448(R8), Z19, Z18
-	VPERMW          Z13, Z4, Z19
-	VPDPWSSD        Z19, Z18, Z17
-	VPADDD          Z17, Z16, Z16
-	VEXTRACTI32X4   $0x02, Z10, X9
-	VPMOVZXBW       X9, Y13
-	VPERMW          Y13, Y5, Y17
-	VPMADDWD        144(R9), X17, X17
-	VXORPS          Z18, Z18, Z18
-	VXORPS          Z19, Z19, Z19
-	VPANDD          304(DI), Z0, Z20
-	VPSRLW          $0x04, 304(DI), Z21
-	VPANDD          Z0, Z21, Z21
-	VPMADDUBSW      512(R8), Z20, Z20
-	VPERMW          Z13, Z1, Z22
-	VPDPWSSD        Z22, Z20, Z18
-	VPMADDUBSW      576(R8), Z21, Z20
-	VPERMW          Z13, Z2, Z21
-	VPDPWSSD        Z21, Z20, Z19
-	VPANDD          368(DI), Z0, Z20
-	VPSRLW          $0x04, 368(DI), Z21
-	VPANDD          Z0, Z21, Z21
-	VPMADDUBSW      640(R8), Z20, Z20
-	VPERMW          Z13, Z3, Z22
-	VPDPWSSD        Z22, Z20, Z18
-	VPMADDUBSW      704(R8), Z21, Z20
-	VPERMW          Z13, Z4, Z21
-	VPDPWSSD        Z21, Z20, Z19
-	VPADDD          Z19, Z18, Z18
-	VEXTRACTI32X4   $0x03, Z10, X9
-	VPMOVZXBW       X9, Y13
-	VPERMW          Y13, Y5, Y10
-	VPMADDWD        208(R9), X10, X10
-	VXORPS          Z19, Z19, Z19
-	VXORPS          Z20, Z20, Z20
-	VPANDD          448(DI), Z0, Z21
-	VPSRLW          $0x04, 448(DI), Z22
-	VPANDD          Z0, Z22, Z22
-	VPMADDUBSW      768(R8), Z21, Z21
-	VPERMW          Z13, Z1, Z23
-	VPDPWSSD        Z23, Z21, Z19
-	VPMADDUBSW      832(R8), Z22, Z21
-	VPERMW          Z13, Z2, Z22
-	VPDPWSSD        Z22, Z21, Z20
-	VPANDD          512(DI), Z0, Z21
-	VPSRLW          $0x04, 512(DI), Z22
-	VPANDD          Z0, Z22, Z22
-	VPMADDUBSW      896(R8), Z21, Z21
-	VPERMW          Z13, Z3, Z23
-	VPDPWSSD        Z23, Z21, Z19
-	VPMADDUBSW      960(R8), Z22, Z21
-	VPERMW          Z13, Z4, Z22
-	VPDPWSSD        Z22, Z21, Z20
-	VPADDD          Z20, Z19, Z19
-	VPUNPCKLDQ      Z16, Z12, Z20
-	VPUNPCKHDQ      Z16, Z12, Z12
-	VPADDD          Z12, Z20, Z20
-	VPUNPCKLDQ      Z19, Z18, Z12
-	VPUNPCKHDQ      Z19, Z18, Z16
-	VPADDD          Z16, Z12, Z12
-	VPUNPCKLQDQ     Z12, Z20, Z16
-	VPUNPCKHQDQ     Z12, Z20, Z12
-	VPADDD          Z12, Z16, Z16
-	VEXTRACTI64X4   $0x01, Z16, Y12
-	VPADDD          Y16, Y12, Y12
-	VEXTRACTI32X4   $0x01, Y12, X14
-	VPADDD          X12, X14, X14
-	VPUNPCKLDQ      X15, X11, X9
-	VPUNPCKHDQ      X15, X11, X11
-	VPADDD          X11, X9, X9
-	VPUNPCKLDQ      X10, X17, X11
-	VPUNPCKHDQ      X10, X17, X10
-	VPADDD          X10, X11, X11
-	VPUNPCKLQDQ     X11, X9, X10
-	VPUNPCKHQDQ     X11, X9, X9
-	VPADDD          X9, X10, X10
-	VINSERTI32X4    $0x01, X10, Y14, Y10
-	VCVTDQ2PS       Y10, Y10
-	VXORPS          negmhalf<>+0(SB), Y10, Y10
-	VMOVUPS         Y10, (DX)
-	MOVL            (DI), R8
-	MOVL            144(DI), R9
-	SHLQ            $0x20, R9
-	ORQ             R9, R8
-	MOVL            288(DI), R9
-	MOVL            432(DI), DI
-	SHLQ            $0x20, DI
-	ORQ             DI, R9
-	VMOVQ           R8, X9
-	VPINSRQ         $0x01, R9, X9, X9
-	VPSHUFB         q4kdsplit<>+0(SB), X9, X9
-	VCVTPH2PS       X9, Y10
-	MOVQ            aux+48(FP), DI
-	VBROADCASTF32X4 (DI)(SI*4), Y11
-	VMULPS          Y11, Y10, Y10
-	VMOVUPS         Y10, 32(DX)
-	ADDQ            $0x00000040, DX
-	ADDQ            $0x00000004, BX
-	CMPQ            BX, CX
-	JB              group
-	ADDQ            ldw+8(FP), AX
-	DECQ            (SP)
-	JNE             row
-	MOVQ            scratch+56(FP), AX
-	MOVQ            out+64(FP), DX
-	MOVQ            CX, BX
-	ADDQ            $0x00000003, BX
-	SHRQ            $0x02, BX
-	MOVQ            BX, SI
-	SHLQ            $0x06, SI
-	LEAQ            (SI)(SI*2), DI
-	LEAQ            (AX)(SI*4), R8
-	VXORPS          X0, X0, X0
-	VXORPS          X1, X1, X1
-	VXORPS          X2, X2, X2
-	VXORPS          X3, X3, X3
-	VXORPS          X4, X4, X4
-	VXORPS          X5, X5, X5
-	VXORPS          X6, X6, X6
-	VXORPS          X7, X7, X7
-	MOVQ            BX, R9
-	DECQ            R9
-	JE              lastgroup
+	MOVQ          CX, SI
+	SUBQ          $0x00000004, SI
+	CMPQ          BX, SI
+	CMOVQLT       BX, SI
+	IMUL3Q        $0x00000090, SI, DI
+	ADDQ          AX, DI
+	MOVQ          SI, R8
+	SHLQ          $0x08, R8
+	ADDQ          x+32(FP), R8
+	VMOVDQU64     16(DI), Z5
+	VPANDD        Z5, Z0, Z6
+	VPSRLW        $0x04, Z5, Z5
+	VPANDD        Z0, Z5, Z5
+	VXORPS        Z8, Z8, Z8
+	VPDPBUSD      (R8), Z6, Z8
+	VXORPS        Z6, Z6, Z6
+	VPDPBUSD      64(R8), Z5, Z6
+	VMOVDQU64     80(DI), Z5
+	VPANDD        Z5, Z0, Z9
+	VPSRLW        $0x04, Z5, Z5
+	VPANDD        Z0, Z5, Z5
+	VXORPS        Z10, Z10, Z10
+	VPDPBUSD      128(R8), Z9, Z10
+	VXORPS        Z9, Z9, Z9
+	VPDPBUSD      192(R8), Z5, Z9
+	VPACKSSDW     Z6, Z8, Z5
+	VPMADDWD      Z1, Z5, Z5
+	VPACKSSDW     Z9, Z10, Z6
+	VPMADDWD      Z1, Z6, Z6
+	VPACKSSDW     Z6, Z5, Z5
+	VPMADDWD      Z1, Z5, Z5
+	VMOVDQU64     160(DI), Z6
+	VPANDD        Z6, Z0, Z8
+	VPSRLW        $0x04, Z6, Z6
+	VPANDD        Z0, Z6, Z6
+	VXORPS        Z9, Z9, Z9
+	VPDPBUSD      256(R8), Z8, Z9
+	VXORPS        Z8, Z8, Z8
+	VPDPBUSD      320(R8), Z6, Z8
+	VMOVDQU64     224(DI), Z6
+	VPANDD        Z6, Z0, Z10
+	VPSRLW        $0x04, Z6, Z6
+	VPANDD        Z0, Z6, Z6
+	VXORPS        Z11, Z11, Z11
+	VPDPBUSD      384(R8), Z10, Z11
+	VXORPS        Z10, Z10, Z10
+	VPDPBUSD      448(R8), Z6, Z10
+	VPACKSSDW     Z8, Z9, Z6
+	VPMADDWD      Z1, Z6, Z6
+	VPACKSSDW     Z10, Z11, Z8
+	VPMADDWD      Z1, Z8, Z8
+	VPACKSSDW     Z8, Z6, Z6
+	VPMADDWD      Z1, Z6, Z6
+	VMOVDQU64     304(DI), Z8
+	VPANDD        Z8, Z0, Z9
+	VPSRLW        $0x04, Z8, Z8
+	VPANDD        Z0, Z8, Z8
+	VXORPS        Z10, Z10, Z10
+	VPDPBUSD      512(R8), Z9, Z10
+	VXORPS        Z9, Z9, Z9
+	VPDPBUSD      576(R8), Z8, Z9
+	VMOVDQU64     368(DI), Z8
+	VPANDD        Z8, Z0, Z11
+	VPSRLW        $0x04, Z8, Z8
+	VPANDD        Z0, Z8, Z8
+	VXORPS        Z12, Z12, Z12
+	VPDPBUSD      640(R8), Z11, Z12
+	VXORPS        Z11, Z11, Z11
+	VPDPBUSD      704(R8), Z8, Z11
+	VPACKSSDW     Z9, Z10, Z8
+	VPMADDWD      Z1, Z8, Z8
+	VPACKSSDW     Z11, Z12, Z9
+	VPMADDWD      Z1, Z9, Z9
+	VPACKSSDW     Z9, Z8, Z8
+	VPMADDWD      Z1, Z8, Z8
+	VMOVDQU64     448(DI), Z9
+	VPANDD        Z9, Z0, Z10
+	VPSRLW        $0x04, Z9, Z9
+	VPANDD        Z0, Z9, Z9
+	VXORPS        Z11, Z11, Z11
+	VPDPBUSD      768(R8), Z10, Z11
+	VXORPS        Z10, Z10, Z10
+	VPDPBUSD      832(R8), Z9, Z10
+	VMOVDQU64     512(DI), Z9
+	VPANDD        Z9, Z0, Z12
+	VPSRLW        $0x04, Z9, Z9
+	VPANDD        Z0, Z9, Z9
+	VXORPS        Z13, Z13, Z13
+	VPDPBUSD      896(R8), Z12, Z13
+	VXORPS        Z12, Z12, Z12
+	VPDPBUSD      960(R8), Z9, Z12
+	VPACKSSDW     Z10, Z11, Z9
+	VPMADDWD      Z1, Z9, Z9
+	VPACKSSDW     Z12, Z13, Z10
+	VPMADDWD      Z1, Z10, Z10
+	VPACKSSDW     Z10, Z9, Z9
+	VPMADDWD      Z1, Z9, Z9
+	VMOVDQU32     (DI), X7
+	VINSERTI32X4  $0x01, 144(DI), Z7, Z7
+	VINSERTI32X4  $0x02, 288(DI), Z7, Z7
+	VINSERTI32X4  $0x03, 432(DI), Z7, Z7
+	VPSRLDQ       $0x04, Z7, Z10
+	VPANDD        q4kunpacka<>+0(SB), Z10, Z11
+	VPSLLDQ       $0x04, Z10, Z12
+	VPSRLW        $0x04, Z12, Z12
+	VPSRLW        $0x02, Z10, Z10
+	VPANDD        q4kunpackt<>+0(SB), Z10, Z10
+	VPSLLDQ       $0x08, Z10, Z10
+	VPTERNLOGD    $0xf8, q4kunpackh<>+0(SB), Z12, Z10
+	VPORD         Z10, Z11, Z11
+	VPMOVZXBW     Y11, Z10
+	VEXTRACTI64X4 $0x01, Z11, Y11
+	VPMOVZXBW     Y11, Z11
+	MOVQ          aux+48(FP), DI
+	LEAQ          (DI)(CX*4), DI
+	MOVQ          SI, R8
+	SHLQ          $0x05, R8
+	ADDQ          R8, DI
+	VSHUFI64X2    $0x88, Z6, Z5, Z12
+	VSHUFI64X2    $0xdd, Z6, Z5, Z5
+	VPADDD        Z5, Z12, Z12
+	VPERMW.Z      Z10, Z2, K1, Z5
+	VPMULLD       Z5, Z12, Z12
+	VPMADDWD      (DI), Z10, Z5
+	VSHUFI64X2    $0x88, Z9, Z8, Z6
+	VSHUFI64X2    $0xdd, Z9, Z8, Z8
+	VPADDD        Z8, Z6, Z6
+	VPERMW.Z      Z11, Z2, K1, Z8
+	VPMULLD       Z8, Z6, Z6
+	VPMADDWD      64(DI), Z11, Z8
+	VPUNPCKLDQ    Z6, Z12, Z9
+	VPUNPCKHDQ    Z6, Z12, Z6
+	VPADDD        Z6, Z9, Z9
+	VPUNPCKLDQ    Z8, Z5, Z6
+	VPUNPCKHDQ    Z8, Z5, Z5
+	VPADDD        Z5, Z6, Z6
+	VPUNPCKLQDQ   Z6, Z9, Z5
+	VPUNPCKHQDQ   Z6, Z9, Z6
+	VPADDD        Z6, Z5, Z5
+	VSHUFI64X2    $0xd8, Z5, Z5, Z5
+	VEXTRACTI64X4 $0x01, Z5, Y6
+	VPADDD        Y5, Y6, Y6
+	VCVTDQ2PS     Y6, Y5
+	VMOVUPS       Y5, (DX)
+	VPERMW        Z7, Z4, Z5
+	VCVTPH2PS     X5, Y5
+	MOVQ          aux+48(FP), DI
+	VPERMPS       (DI)(SI*4), Y3, Y6
+	VMULPS        Y6, Y5, Y5
+	VXORPS        q4knegm<>+0(SB), Y5, Y5
+	VMOVUPS       Y5, 32(DX)
+	ADDQ          $0x00000040, DX
+	ADDQ          $0x00000004, BX
+	CMPQ          BX, CX
+	JB            group
+	ADDQ          ldw+8(FP), AX
+	DECQ          (SP)
+	JNE           row
+	MOVQ          scratch+56(FP), AX
+	MOVQ          out+64(FP), DX
+	MOVQ          CX, BX
+	ADDQ          $0x00000003, BX
+	SHRQ          $0x02, BX
+	MOVQ          BX, SI
+	SHLQ          $0x06, SI
+	LEAQ          (SI)(SI*2), DI
+	LEAQ          (AX)(SI*4), R8
+	VXORPS        X0, X0, X0
+	VXORPS        X1, X1, X1
+	VXORPS        X2, X2, X2
+	VXORPS        X3, X3, X3
+	VXORPS        X4, X4, X4
+	VXORPS        X5, X5, X5
+	VXORPS        X6, X6, X6
+	VXORPS        X7, X7, X7
+	MOVQ          BX, R9
+	DECQ          R9
+	JE            lastgroup
 
 chain:
 	VMOVSS      (AX), X8
@@ -25255,54 +25240,6 @@ chain:
 	VFMADD231SS 32(R8)(SI*2), X8, X6
 	VMOVSS      (R8)(DI*1), X8
 	VFMADD231SS 32(R8)(DI*1), X8, X7
-	VMOVSS      16(AX), X8
-	VFMADD231SS 48(AX), X8, X0
-	VMOVSS      16(AX)(SI*1), X8
-	VFMADD231SS 48(AX)(SI*1), X8, X1
-	VMOVSS      16(AX)(SI*2), X8
-	VFMADD231SS 48(AX)(SI*2), X8, X2
-	VMOVSS      16(AX)(DI*1), X8
-	VFMADD231SS 48(AX)(DI*1), X8, X3
-	VMOVSS      16(R8), X8
-	VFMADD231SS 48(R8), X8, X4
-	VMOVSS      16(R8)(SI*1), X8
-	VFMADD231SS 48(R8)(SI*1), X8, X5
-	VMOVSS      16(R8)(SI*2), X8
-	VFMADD231SS 48(R8)(SI*2), X8, X6
-	VMOVSS      16(R8)(DI*1), X8
-	VFMADD231SS 48(R8)(DI*1), X8, X7
-	VMOVSS      4(AX), X8
-	VFMADD231SS 36(AX), X8, X0
-	VMOVSS      4(AX)(SI*1), X8
-	VFMADD231SS 36(AX)(SI*1), X8, X1
-	VMOVSS      4(AX)(SI*2), X8
-	VFMADD231SS 36(AX)(SI*2), X8, X2
-	VMOVSS      4(AX)(DI*1), X8
-	VFMADD231SS 36(AX)(DI*1), X8, X3
-	VMOVSS      4(R8), X8
-	VFMADD231SS 36(R8), X8, X4
-	VMOVSS      4(R8)(SI*1), X8
-	VFMADD231SS 36(R8)(SI*1), X8, X5
-	VMOVSS      4(R8)(SI*2), X8
-	VFMADD231SS 36(R8)(SI*2), X8, X6
-	VMOVSS      4(R8)(DI*1), X8
-	VFMADD231SS 36(R8)(DI*1), X8, X7
-	VMOVSS      20(AX), X8
-	VFMADD231SS 52(AX), X8, X0
-	VMOVSS      20(AX)(SI*1), X8
-	VFMADD231SS 52(AX)(SI*1), X8, X1
-	VMOVSS      20(AX)(SI*2), X8
-	VFMADD231SS 52(AX)(SI*2), X8, X2
-	VMOVSS      20(AX)(DI*1), X8
-	VFMADD231SS 52(AX)(DI*1), X8, X3
-	VMOVSS      20(R8), X8
-	VFMADD231SS 52(R8), X8, X4
-	VMOVSS      20(R8)(SI*1), X8
-	VFMADD231SS 52(R8)(SI*1), X8, X5
-	VMOVSS      20(R8)(SI*2), X8
-	VFMADD231SS 52(R8)(SI*2), X8, X6
-	VMOVSS      20(R8)(DI*1), X8
-	VFMADD231SS 52(R8)(DI*1), X8, X7
 	VMOVSS      8(AX), X8
 	VFMADD231SS 40(AX), X8, X0
 	VMOVSS      8(AX)(SI*1), X8
@@ -25319,6 +25256,22 @@ chain:
 	VFMADD231SS 40(R8)(SI*2), X8, X6
 	VMOVSS      8(R8)(DI*1), X8
 	VFMADD231SS 40(R8)(DI*1), X8, X7
+	VMOVSS      16(AX), X8
+	VFMADD231SS 48(AX), X8, X0
+	VMOVSS      16(AX)(SI*1), X8
+	VFMADD231SS 48(AX)(SI*1), X8, X1
+	VMOVSS      16(AX)(SI*2), X8
+	VFMADD231SS 48(AX)(SI*2), X8, X2
+	VMOVSS      16(AX)(DI*1), X8
+	VFMADD231SS 48(AX)(DI*1), X8, X3
+	VMOVSS      16(R8), X8
+	VFMADD231SS 48(R8), X8, X4
+	VMOVSS      16(R8)(SI*1), X8
+	VFMADD231SS 48(R8)(SI*1), X8, X5
+	VMOVSS      16(R8)(SI*2), X8
+	VFMADD231SS 48(R8)(SI*2), X8, X6
+	VMOVSS      16(R8)(DI*1), X8
+	VFMADD231SS 48(R8)(DI*1), X8, X7
 	VMOVSS      24(AX), X8
 	VFMADD231SS 56(AX), X8, X0
 	VMOVSS      24(AX)(SI*1), X8
@@ -25335,6 +25288,22 @@ chain:
 	VFMADD231SS 56(R8)(SI*2), X8, X6
 	VMOVSS      24(R8)(DI*1), X8
 	VFMADD231SS 56(R8)(DI*1), X8, X7
+	VMOVSS      4(AX), X8
+	VFMADD231SS 36(AX), X8, X0
+	VMOVSS      4(AX)(SI*1), X8
+	VFMADD231SS 36(AX)(SI*1), X8, X1
+	VMOVSS      4(AX)(SI*2), X8
+	VFMADD231SS 36(AX)(SI*2), X8, X2
+	VMOVSS      4(AX)(DI*1), X8
+	VFMADD231SS 36(AX)(DI*1), X8, X3
+	VMOVSS      4(R8), X8
+	VFMADD231SS 36(R8), X8, X4
+	VMOVSS      4(R8)(SI*1), X8
+	VFMADD231SS 36(R8)(SI*1), X8, X5
+	VMOVSS      4(R8)(SI*2), X8
+	VFMADD231SS 36(R8)(SI*2), X8, X6
+	VMOVSS      4(R8)(DI*1), X8
+	VFMADD231SS 36(R8)(DI*1), X8, X7
 	VMOVSS      12(AX), X8
 	VFMADD231SS 44(AX), X8, X0
 	VMOVSS      12(AX)(SI*1), X8
@@ -25351,6 +25320,22 @@ chain:
 	VFMADD231SS 44(R8)(SI*2), X8, X6
 	VMOVSS      12(R8)(DI*1), X8
 	VFMADD231SS 44(R8)(DI*1), X8, X7
+	VMOVSS      20(AX), X8
+	VFMADD231SS 52(AX), X8, X0
+	VMOVSS      20(AX)(SI*1), X8
+	VFMADD231SS 52(AX)(SI*1), X8, X1
+	VMOVSS      20(AX)(SI*2), X8
+	VFMADD231SS 52(AX)(SI*2), X8, X2
+	VMOVSS      20(AX)(DI*1), X8
+	VFMADD231SS 52(AX)(DI*1), X8, X3
+	VMOVSS      20(R8), X8
+	VFMADD231SS 52(R8), X8, X4
+	VMOVSS      20(R8)(SI*1), X8
+	VFMADD231SS 52(R8)(SI*1), X8, X5
+	VMOVSS      20(R8)(SI*2), X8
+	VFMADD231SS 52(R8)(SI*2), X8, X6
+	VMOVSS      20(R8)(DI*1), X8
+	VFMADD231SS 52(R8)(DI*1), X8, X7
 	VMOVSS      28(AX), X8
 	VFMADD231SS 60(AX), X8, X0
 	VMOVSS      28(AX)(SI*1), X8
@@ -25373,16 +25358,10 @@ chain:
 	JNE         chain
 
 lastgroup:
-	SHLQ $0x02, BX
-	SUBQ CX, BX
-	SHLQ $0x02, BX
-	ADDQ BX, AX
-	ADDQ BX, R8
-	SHRQ $0x02, BX
-	SUBQ $0x00000004, BX
-	NEGQ BX
-
-tail:
+	SHLQ        $0x02, BX
+	SUBQ        CX, BX
+	CMPQ        BX, $0x00
+	JA          tail0
 	VMOVSS      (AX), X8
 	VFMADD231SS 32(AX), X8, X0
 	VMOVSS      (AX)(SI*1), X8
@@ -25399,6 +25378,26 @@ tail:
 	VFMADD231SS 32(R8)(SI*2), X8, X6
 	VMOVSS      (R8)(DI*1), X8
 	VFMADD231SS 32(R8)(DI*1), X8, X7
+	VMOVSS      8(AX), X8
+	VFMADD231SS 40(AX), X8, X0
+	VMOVSS      8(AX)(SI*1), X8
+	VFMADD231SS 40(AX)(SI*1), X8, X1
+	VMOVSS      8(AX)(SI*2), X8
+	VFMADD231SS 40(AX)(SI*2), X8, X2
+	VMOVSS      8(AX)(DI*1), X8
+	VFMADD231SS 40(AX)(DI*1), X8, X3
+	VMOVSS      8(R8), X8
+	VFMADD231SS 40(R8), X8, X4
+	VMOVSS      8(R8)(SI*1), X8
+	VFMADD231SS 40(R8)(SI*1), X8, X5
+	VMOVSS      8(R8)(SI*2), X8
+	VFMADD231SS 40(R8)(SI*2), X8, X6
+	VMOVSS      8(R8)(DI*1), X8
+	VFMADD231SS 40(R8)(DI*1), X8, X7
+
+tail0:
+	CMPQ        BX, $0x01
+	JA          tail1
 	VMOVSS      16(AX), X8
 	VFMADD231SS 48(AX), X8, X0
 	VMOVSS      16(AX)(SI*1), X8
@@ -25415,350 +25414,206 @@ tail:
 	VFMADD231SS 48(R8)(SI*2), X8, X6
 	VMOVSS      16(R8)(DI*1), X8
 	VFMADD231SS 48(R8)(DI*1), X8, X7
-	ADDQ        $0x00000004, AX
-	ADDQ        $0x00000004, R8
-	DECQ        BX
-	JNE         tail
-	VMOVSS      X0, (DX)
-	VMOVSS      X1, 4(DX)
-	VMOVSS      X2, 8(DX)
-	VMOVSS      X3, 12(DX)
-	VMOVSS      X4, 16(DX)
-	VMOVSS      X5, 20(DX)
-	VMOVSS      X6, 24(DX)
-	VMOVSS      X7, 28(DX)
+	VMOVSS      24(AX), X8
+	VFMADD231SS 56(AX), X8, X0
+	VMOVSS      24(AX)(SI*1), X8
+	VFMADD231SS 56(AX)(SI*1), X8, X1
+	VMOVSS      24(AX)(SI*2), X8
+	VFMADD231SS 56(AX)(SI*2), X8, X2
+	VMOVSS      24(AX)(DI*1), X8
+	VFMADD231SS 56(AX)(DI*1), X8, X3
+	VMOVSS      24(R8), X8
+	VFMADD231SS 56(R8), X8, X4
+	VMOVSS      24(R8)(SI*1), X8
+	VFMADD231SS 56(R8)(SI*1), X8, X5
+	VMOVSS      24(R8)(SI*2), X8
+	VFMADD231SS 56(R8)(SI*2), X8, X6
+	VMOVSS      24(R8)(DI*1), X8
+	VFMADD231SS 56(R8)(DI*1), X8, X7
+
+tail1:
+	CMPQ        BX, $0x02
+	JA          tail2
+	VMOVSS      4(AX), X8
+	VFMADD231SS 36(AX), X8, X0
+	VMOVSS      4(AX)(SI*1), X8
+	VFMADD231SS 36(AX)(SI*1), X8, X1
+	VMOVSS      4(AX)(SI*2), X8
+	VFMADD231SS 36(AX)(SI*2), X8, X2
+	VMOVSS      4(AX)(DI*1), X8
+	VFMADD231SS 36(AX)(DI*1), X8, X3
+	VMOVSS      4(R8), X8
+	VFMADD231SS 36(R8), X8, X4
+	VMOVSS      4(R8)(SI*1), X8
+	VFMADD231SS 36(R8)(SI*1), X8, X5
+	VMOVSS      4(R8)(SI*2), X8
+	VFMADD231SS 36(R8)(SI*2), X8, X6
+	VMOVSS      4(R8)(DI*1), X8
+	VFMADD231SS 36(R8)(DI*1), X8, X7
+	VMOVSS      12(AX), X8
+	VFMADD231SS 44(AX), X8, X0
+	VMOVSS      12(AX)(SI*1), X8
+	VFMADD231SS 44(AX)(SI*1), X8, X1
+	VMOVSS      12(AX)(SI*2), X8
+	VFMADD231SS 44(AX)(SI*2), X8, X2
+	VMOVSS      12(AX)(DI*1), X8
+	VFMADD231SS 44(AX)(DI*1), X8, X3
+	VMOVSS      12(R8), X8
+	VFMADD231SS 44(R8), X8, X4
+	VMOVSS      12(R8)(SI*1), X8
+	VFMADD231SS 44(R8)(SI*1), X8, X5
+	VMOVSS      12(R8)(SI*2), X8
+	VFMADD231SS 44(R8)(SI*2), X8, X6
+	VMOVSS      12(R8)(DI*1), X8
+	VFMADD231SS 44(R8)(DI*1), X8, X7
+
+tail2:
+	CMPQ        BX, $0x03
+	JA          tail3
+	VMOVSS      20(AX), X8
+	VFMADD231SS 52(AX), X8, X0
+	VMOVSS      20(AX)(SI*1), X8
+	VFMADD231SS 52(AX)(SI*1), X8, X1
+	VMOVSS      20(AX)(SI*2), X8
+	VFMADD231SS 52(AX)(SI*2), X8, X2
+	VMOVSS      20(AX)(DI*1), X8
+	VFMADD231SS 52(AX)(DI*1), X8, X3
+	VMOVSS      20(R8), X8
+	VFMADD231SS 52(R8), X8, X4
+	VMOVSS      20(R8)(SI*1), X8
+	VFMADD231SS 52(R8)(SI*1), X8, X5
+	VMOVSS      20(R8)(SI*2), X8
+	VFMADD231SS 52(R8)(SI*2), X8, X6
+	VMOVSS      20(R8)(DI*1), X8
+	VFMADD231SS 52(R8)(DI*1), X8, X7
+	VMOVSS      28(AX), X8
+	VFMADD231SS 60(AX), X8, X0
+	VMOVSS      28(AX)(SI*1), X8
+	VFMADD231SS 60(AX)(SI*1), X8, X1
+	VMOVSS      28(AX)(SI*2), X8
+	VFMADD231SS 60(AX)(SI*2), X8, X2
+	VMOVSS      28(AX)(DI*1), X8
+	VFMADD231SS 60(AX)(DI*1), X8, X3
+	VMOVSS      28(R8), X8
+	VFMADD231SS 60(R8), X8, X4
+	VMOVSS      28(R8)(SI*1), X8
+	VFMADD231SS 60(R8)(SI*1), X8, X5
+	VMOVSS      28(R8)(SI*2), X8
+	VFMADD231SS 60(R8)(SI*2), X8, X6
+	VMOVSS      28(R8)(DI*1), X8
+	VFMADD231SS 60(R8)(DI*1), X8, X7
+
+tail3:
+	VMOVSS X0, (DX)
+	VMOVSS X1, 4(DX)
+	VMOVSS X2, 8(DX)
+	VMOVSS X3, 12(DX)
+	VMOVSS X4, 16(DX)
+	VMOVSS X5, 20(DX)
+	VMOVSS X6, 24(DX)
+	VMOVSS X7, 28(DX)
 	VZEROUPPER
 	RET
 
-DATA q4kscidx0<>+0(SB)/1, $0x00
-DATA q4kscidx0<>+1(SB)/1, $0x00
-DATA q4kscidx0<>+2(SB)/1, $0x00
-DATA q4kscidx0<>+3(SB)/1, $0x00
-DATA q4kscidx0<>+4(SB)/1, $0x00
-DATA q4kscidx0<>+5(SB)/1, $0x00
-DATA q4kscidx0<>+6(SB)/1, $0x00
-DATA q4kscidx0<>+7(SB)/1, $0x00
-DATA q4kscidx0<>+8(SB)/1, $0x00
-DATA q4kscidx0<>+9(SB)/1, $0x00
-DATA q4kscidx0<>+10(SB)/1, $0x00
-DATA q4kscidx0<>+11(SB)/1, $0x00
-DATA q4kscidx0<>+12(SB)/1, $0x00
-DATA q4kscidx0<>+13(SB)/1, $0x00
-DATA q4kscidx0<>+14(SB)/1, $0x00
-DATA q4kscidx0<>+15(SB)/1, $0x00
-DATA q4kscidx0<>+16(SB)/1, $0x00
-DATA q4kscidx0<>+17(SB)/1, $0x00
-DATA q4kscidx0<>+18(SB)/1, $0x00
-DATA q4kscidx0<>+19(SB)/1, $0x00
-DATA q4kscidx0<>+20(SB)/1, $0x00
-DATA q4kscidx0<>+21(SB)/1, $0x00
-DATA q4kscidx0<>+22(SB)/1, $0x00
-DATA q4kscidx0<>+23(SB)/1, $0x00
-DATA q4kscidx0<>+24(SB)/1, $0x00
-DATA q4kscidx0<>+25(SB)/1, $0x00
-DATA q4kscidx0<>+26(SB)/1, $0x00
-DATA q4kscidx0<>+27(SB)/1, $0x00
-DATA q4kscidx0<>+28(SB)/1, $0x00
-DATA q4kscidx0<>+29(SB)/1, $0x00
-DATA q4kscidx0<>+30(SB)/1, $0x00
-DATA q4kscidx0<>+31(SB)/1, $0x00
-DATA q4kscidx0<>+32(SB)/1, $0x02
-DATA q4kscidx0<>+33(SB)/1, $0x00
-DATA q4kscidx0<>+34(SB)/1, $0x02
-DATA q4kscidx0<>+35(SB)/1, $0x00
-DATA q4kscidx0<>+36(SB)/1, $0x02
-DATA q4kscidx0<>+37(SB)/1, $0x00
-DATA q4kscidx0<>+38(SB)/1, $0x02
-DATA q4kscidx0<>+39(SB)/1, $0x00
-DATA q4kscidx0<>+40(SB)/1, $0x02
-DATA q4kscidx0<>+41(SB)/1, $0x00
-DATA q4kscidx0<>+42(SB)/1, $0x02
-DATA q4kscidx0<>+43(SB)/1, $0x00
-DATA q4kscidx0<>+44(SB)/1, $0x02
-DATA q4kscidx0<>+45(SB)/1, $0x00
-DATA q4kscidx0<>+46(SB)/1, $0x02
-DATA q4kscidx0<>+47(SB)/1, $0x00
-DATA q4kscidx0<>+48(SB)/1, $0x02
-DATA q4kscidx0<>+49(SB)/1, $0x00
-DATA q4kscidx0<>+50(SB)/1, $0x02
-DATA q4kscidx0<>+51(SB)/1, $0x00
-DATA q4kscidx0<>+52(SB)/1, $0x02
-DATA q4kscidx0<>+53(SB)/1, $0x00
-DATA q4kscidx0<>+54(SB)/1, $0x02
-DATA q4kscidx0<>+55(SB)/1, $0x00
-DATA q4kscidx0<>+56(SB)/1, $0x02
-DATA q4kscidx0<>+57(SB)/1, $0x00
-DATA q4kscidx0<>+58(SB)/1, $0x02
-DATA q4kscidx0<>+59(SB)/1, $0x00
-DATA q4kscidx0<>+60(SB)/1, $0x02
-DATA q4kscidx0<>+61(SB)/1, $0x00
-DATA q4kscidx0<>+62(SB)/1, $0x02
-DATA q4kscidx0<>+63(SB)/1, $0x00
-GLOBL q4kscidx0<>(SB), RODATA|NOPTR, $64
+DATA q4kscdw<>+0(SB)/1, $0x00
+DATA q4kscdw<>+1(SB)/1, $0x00
+DATA q4kscdw<>+2(SB)/1, $0x00
+DATA q4kscdw<>+3(SB)/1, $0x00
+DATA q4kscdw<>+4(SB)/1, $0x01
+DATA q4kscdw<>+5(SB)/1, $0x00
+DATA q4kscdw<>+6(SB)/1, $0x00
+DATA q4kscdw<>+7(SB)/1, $0x00
+DATA q4kscdw<>+8(SB)/1, $0x08
+DATA q4kscdw<>+9(SB)/1, $0x00
+DATA q4kscdw<>+10(SB)/1, $0x00
+DATA q4kscdw<>+11(SB)/1, $0x00
+DATA q4kscdw<>+12(SB)/1, $0x09
+DATA q4kscdw<>+13(SB)/1, $0x00
+DATA q4kscdw<>+14(SB)/1, $0x00
+DATA q4kscdw<>+15(SB)/1, $0x00
+DATA q4kscdw<>+16(SB)/1, $0x02
+DATA q4kscdw<>+17(SB)/1, $0x00
+DATA q4kscdw<>+18(SB)/1, $0x00
+DATA q4kscdw<>+19(SB)/1, $0x00
+DATA q4kscdw<>+20(SB)/1, $0x03
+DATA q4kscdw<>+21(SB)/1, $0x00
+DATA q4kscdw<>+22(SB)/1, $0x00
+DATA q4kscdw<>+23(SB)/1, $0x00
+DATA q4kscdw<>+24(SB)/1, $0x0a
+DATA q4kscdw<>+25(SB)/1, $0x00
+DATA q4kscdw<>+26(SB)/1, $0x00
+DATA q4kscdw<>+27(SB)/1, $0x00
+DATA q4kscdw<>+28(SB)/1, $0x0b
+DATA q4kscdw<>+29(SB)/1, $0x00
+DATA q4kscdw<>+30(SB)/1, $0x00
+DATA q4kscdw<>+31(SB)/1, $0x00
+DATA q4kscdw<>+32(SB)/1, $0x10
+DATA q4kscdw<>+33(SB)/1, $0x00
+DATA q4kscdw<>+34(SB)/1, $0x00
+DATA q4kscdw<>+35(SB)/1, $0x00
+DATA q4kscdw<>+36(SB)/1, $0x11
+DATA q4kscdw<>+37(SB)/1, $0x00
+DATA q4kscdw<>+38(SB)/1, $0x00
+DATA q4kscdw<>+39(SB)/1, $0x00
+DATA q4kscdw<>+40(SB)/1, $0x18
+DATA q4kscdw<>+41(SB)/1, $0x00
+DATA q4kscdw<>+42(SB)/1, $0x00
+DATA q4kscdw<>+43(SB)/1, $0x00
+DATA q4kscdw<>+44(SB)/1, $0x19
+DATA q4kscdw<>+45(SB)/1, $0x00
+DATA q4kscdw<>+46(SB)/1, $0x00
+DATA q4kscdw<>+47(SB)/1, $0x00
+DATA q4kscdw<>+48(SB)/1, $0x12
+DATA q4kscdw<>+49(SB)/1, $0x00
+DATA q4kscdw<>+50(SB)/1, $0x00
+DATA q4kscdw<>+51(SB)/1, $0x00
+DATA q4kscdw<>+52(SB)/1, $0x13
+DATA q4kscdw<>+53(SB)/1, $0x00
+DATA q4kscdw<>+54(SB)/1, $0x00
+DATA q4kscdw<>+55(SB)/1, $0x00
+DATA q4kscdw<>+56(SB)/1, $0x1a
+DATA q4kscdw<>+57(SB)/1, $0x00
+DATA q4kscdw<>+58(SB)/1, $0x00
+DATA q4kscdw<>+59(SB)/1, $0x00
+DATA q4kscdw<>+60(SB)/1, $0x1b
+DATA q4kscdw<>+61(SB)/1, $0x00
+DATA q4kscdw<>+62(SB)/1, $0x00
+DATA q4kscdw<>+63(SB)/1, $0x00
+GLOBL q4kscdw<>(SB), RODATA|NOPTR, $64
 
-DATA q4kscidx1<>+0(SB)/1, $0x01
-DATA q4kscidx1<>+1(SB)/1, $0x00
-DATA q4kscidx1<>+2(SB)/1, $0x01
-DATA q4kscidx1<>+3(SB)/1, $0x00
-DATA q4kscidx1<>+4(SB)/1, $0x01
-DATA q4kscidx1<>+5(SB)/1, $0x00
-DATA q4kscidx1<>+6(SB)/1, $0x01
-DATA q4kscidx1<>+7(SB)/1, $0x00
-DATA q4kscidx1<>+8(SB)/1, $0x01
-DATA q4kscidx1<>+9(SB)/1, $0x00
-DATA q4kscidx1<>+10(SB)/1, $0x01
-DATA q4kscidx1<>+11(SB)/1, $0x00
-DATA q4kscidx1<>+12(SB)/1, $0x01
-DATA q4kscidx1<>+13(SB)/1, $0x00
-DATA q4kscidx1<>+14(SB)/1, $0x01
-DATA q4kscidx1<>+15(SB)/1, $0x00
-DATA q4kscidx1<>+16(SB)/1, $0x01
-DATA q4kscidx1<>+17(SB)/1, $0x00
-DATA q4kscidx1<>+18(SB)/1, $0x01
-DATA q4kscidx1<>+19(SB)/1, $0x00
-DATA q4kscidx1<>+20(SB)/1, $0x01
-DATA q4kscidx1<>+21(SB)/1, $0x00
-DATA q4kscidx1<>+22(SB)/1, $0x01
-DATA q4kscidx1<>+23(SB)/1, $0x00
-DATA q4kscidx1<>+24(SB)/1, $0x01
-DATA q4kscidx1<>+25(SB)/1, $0x00
-DATA q4kscidx1<>+26(SB)/1, $0x01
-DATA q4kscidx1<>+27(SB)/1, $0x00
-DATA q4kscidx1<>+28(SB)/1, $0x01
-DATA q4kscidx1<>+29(SB)/1, $0x00
-DATA q4kscidx1<>+30(SB)/1, $0x01
-DATA q4kscidx1<>+31(SB)/1, $0x00
-DATA q4kscidx1<>+32(SB)/1, $0x03
-DATA q4kscidx1<>+33(SB)/1, $0x00
-DATA q4kscidx1<>+34(SB)/1, $0x03
-DATA q4kscidx1<>+35(SB)/1, $0x00
-DATA q4kscidx1<>+36(SB)/1, $0x03
-DATA q4kscidx1<>+37(SB)/1, $0x00
-DATA q4kscidx1<>+38(SB)/1, $0x03
-DATA q4kscidx1<>+39(SB)/1, $0x00
-DATA q4kscidx1<>+40(SB)/1, $0x03
-DATA q4kscidx1<>+41(SB)/1, $0x00
-DATA q4kscidx1<>+42(SB)/1, $0x03
-DATA q4kscidx1<>+43(SB)/1, $0x00
-DATA q4kscidx1<>+44(SB)/1, $0x03
-DATA q4kscidx1<>+45(SB)/1, $0x00
-DATA q4kscidx1<>+46(SB)/1, $0x03
-DATA q4kscidx1<>+47(SB)/1, $0x00
-DATA q4kscidx1<>+48(SB)/1, $0x03
-DATA q4kscidx1<>+49(SB)/1, $0x00
-DATA q4kscidx1<>+50(SB)/1, $0x03
-DATA q4kscidx1<>+51(SB)/1, $0x00
-DATA q4kscidx1<>+52(SB)/1, $0x03
-DATA q4kscidx1<>+53(SB)/1, $0x00
-DATA q4kscidx1<>+54(SB)/1, $0x03
-DATA q4kscidx1<>+55(SB)/1, $0x00
-DATA q4kscidx1<>+56(SB)/1, $0x03
-DATA q4kscidx1<>+57(SB)/1, $0x00
-DATA q4kscidx1<>+58(SB)/1, $0x03
-DATA q4kscidx1<>+59(SB)/1, $0x00
-DATA q4kscidx1<>+60(SB)/1, $0x03
-DATA q4kscidx1<>+61(SB)/1, $0x00
-DATA q4kscidx1<>+62(SB)/1, $0x03
-DATA q4kscidx1<>+63(SB)/1, $0x00
-GLOBL q4kscidx1<>(SB), RODATA|NOPTR, $64
-
-DATA q4kscidx2<>+0(SB)/1, $0x08
-DATA q4kscidx2<>+1(SB)/1, $0x00
-DATA q4kscidx2<>+2(SB)/1, $0x08
-DATA q4kscidx2<>+3(SB)/1, $0x00
-DATA q4kscidx2<>+4(SB)/1, $0x08
-DATA q4kscidx2<>+5(SB)/1, $0x00
-DATA q4kscidx2<>+6(SB)/1, $0x08
-DATA q4kscidx2<>+7(SB)/1, $0x00
-DATA q4kscidx2<>+8(SB)/1, $0x08
-DATA q4kscidx2<>+9(SB)/1, $0x00
-DATA q4kscidx2<>+10(SB)/1, $0x08
-DATA q4kscidx2<>+11(SB)/1, $0x00
-DATA q4kscidx2<>+12(SB)/1, $0x08
-DATA q4kscidx2<>+13(SB)/1, $0x00
-DATA q4kscidx2<>+14(SB)/1, $0x08
-DATA q4kscidx2<>+15(SB)/1, $0x00
-DATA q4kscidx2<>+16(SB)/1, $0x08
-DATA q4kscidx2<>+17(SB)/1, $0x00
-DATA q4kscidx2<>+18(SB)/1, $0x08
-DATA q4kscidx2<>+19(SB)/1, $0x00
-DATA q4kscidx2<>+20(SB)/1, $0x08
-DATA q4kscidx2<>+21(SB)/1, $0x00
-DATA q4kscidx2<>+22(SB)/1, $0x08
-DATA q4kscidx2<>+23(SB)/1, $0x00
-DATA q4kscidx2<>+24(SB)/1, $0x08
-DATA q4kscidx2<>+25(SB)/1, $0x00
-DATA q4kscidx2<>+26(SB)/1, $0x08
-DATA q4kscidx2<>+27(SB)/1, $0x00
-DATA q4kscidx2<>+28(SB)/1, $0x08
-DATA q4kscidx2<>+29(SB)/1, $0x00
-DATA q4kscidx2<>+30(SB)/1, $0x08
-DATA q4kscidx2<>+31(SB)/1, $0x00
-DATA q4kscidx2<>+32(SB)/1, $0x0a
-DATA q4kscidx2<>+33(SB)/1, $0x00
-DATA q4kscidx2<>+34(SB)/1, $0x0a
-DATA q4kscidx2<>+35(SB)/1, $0x00
-DATA q4kscidx2<>+36(SB)/1, $0x0a
-DATA q4kscidx2<>+37(SB)/1, $0x00
-DATA q4kscidx2<>+38(SB)/1, $0x0a
-DATA q4kscidx2<>+39(SB)/1, $0x00
-DATA q4kscidx2<>+40(SB)/1, $0x0a
-DATA q4kscidx2<>+41(SB)/1, $0x00
-DATA q4kscidx2<>+42(SB)/1, $0x0a
-DATA q4kscidx2<>+43(SB)/1, $0x00
-DATA q4kscidx2<>+44(SB)/1, $0x0a
-DATA q4kscidx2<>+45(SB)/1, $0x00
-DATA q4kscidx2<>+46(SB)/1, $0x0a
-DATA q4kscidx2<>+47(SB)/1, $0x00
-DATA q4kscidx2<>+48(SB)/1, $0x0a
-DATA q4kscidx2<>+49(SB)/1, $0x00
-DATA q4kscidx2<>+50(SB)/1, $0x0a
-DATA q4kscidx2<>+51(SB)/1, $0x00
-DATA q4kscidx2<>+52(SB)/1, $0x0a
-DATA q4kscidx2<>+53(SB)/1, $0x00
-DATA q4kscidx2<>+54(SB)/1, $0x0a
-DATA q4kscidx2<>+55(SB)/1, $0x00
-DATA q4kscidx2<>+56(SB)/1, $0x0a
-DATA q4kscidx2<>+57(SB)/1, $0x00
-DATA q4kscidx2<>+58(SB)/1, $0x0a
-DATA q4kscidx2<>+59(SB)/1, $0x00
-DATA q4kscidx2<>+60(SB)/1, $0x0a
-DATA q4kscidx2<>+61(SB)/1, $0x00
-DATA q4kscidx2<>+62(SB)/1, $0x0a
-DATA q4kscidx2<>+63(SB)/1, $0x00
-GLOBL q4kscidx2<>(SB), RODATA|NOPTR, $64
-
-DATA q4kscidx3<>+0(SB)/1, $0x09
-DATA q4kscidx3<>+1(SB)/1, $0x00
-DATA q4kscidx3<>+2(SB)/1, $0x09
-DATA q4kscidx3<>+3(SB)/1, $0x00
-DATA q4kscidx3<>+4(SB)/1, $0x09
-DATA q4kscidx3<>+5(SB)/1, $0x00
-DATA q4kscidx3<>+6(SB)/1, $0x09
-DATA q4kscidx3<>+7(SB)/1, $0x00
-DATA q4kscidx3<>+8(SB)/1, $0x09
-DATA q4kscidx3<>+9(SB)/1, $0x00
-DATA q4kscidx3<>+10(SB)/1, $0x09
-DATA q4kscidx3<>+11(SB)/1, $0x00
-DATA q4kscidx3<>+12(SB)/1, $0x09
-DATA q4kscidx3<>+13(SB)/1, $0x00
-DATA q4kscidx3<>+14(SB)/1, $0x09
-DATA q4kscidx3<>+15(SB)/1, $0x00
-DATA q4kscidx3<>+16(SB)/1, $0x09
-DATA q4kscidx3<>+17(SB)/1, $0x00
-DATA q4kscidx3<>+18(SB)/1, $0x09
-DATA q4kscidx3<>+19(SB)/1, $0x00
-DATA q4kscidx3<>+20(SB)/1, $0x09
-DATA q4kscidx3<>+21(SB)/1, $0x00
-DATA q4kscidx3<>+22(SB)/1, $0x09
-DATA q4kscidx3<>+23(SB)/1, $0x00
-DATA q4kscidx3<>+24(SB)/1, $0x09
-DATA q4kscidx3<>+25(SB)/1, $0x00
-DATA q4kscidx3<>+26(SB)/1, $0x09
-DATA q4kscidx3<>+27(SB)/1, $0x00
-DATA q4kscidx3<>+28(SB)/1, $0x09
-DATA q4kscidx3<>+29(SB)/1, $0x00
-DATA q4kscidx3<>+30(SB)/1, $0x09
-DATA q4kscidx3<>+31(SB)/1, $0x00
-DATA q4kscidx3<>+32(SB)/1, $0x0b
-DATA q4kscidx3<>+33(SB)/1, $0x00
-DATA q4kscidx3<>+34(SB)/1, $0x0b
-DATA q4kscidx3<>+35(SB)/1, $0x00
-DATA q4kscidx3<>+36(SB)/1, $0x0b
-DATA q4kscidx3<>+37(SB)/1, $0x00
-DATA q4kscidx3<>+38(SB)/1, $0x0b
-DATA q4kscidx3<>+39(SB)/1, $0x00
-DATA q4kscidx3<>+40(SB)/1, $0x0b
-DATA q4kscidx3<>+41(SB)/1, $0x00
-DATA q4kscidx3<>+42(SB)/1, $0x0b
-DATA q4kscidx3<>+43(SB)/1, $0x00
-DATA q4kscidx3<>+44(SB)/1, $0x0b
-DATA q4kscidx3<>+45(SB)/1, $0x00
-DATA q4kscidx3<>+46(SB)/1, $0x0b
-DATA q4kscidx3<>+47(SB)/1, $0x00
-DATA q4kscidx3<>+48(SB)/1, $0x0b
-DATA q4kscidx3<>+49(SB)/1, $0x00
-DATA q4kscidx3<>+50(SB)/1, $0x0b
-DATA q4kscidx3<>+51(SB)/1, $0x00
-DATA q4kscidx3<>+52(SB)/1, $0x0b
-DATA q4kscidx3<>+53(SB)/1, $0x00
-DATA q4kscidx3<>+54(SB)/1, $0x0b
-DATA q4kscidx3<>+55(SB)/1, $0x00
-DATA q4kscidx3<>+56(SB)/1, $0x0b
-DATA q4kscidx3<>+57(SB)/1, $0x00
-DATA q4kscidx3<>+58(SB)/1, $0x0b
-DATA q4kscidx3<>+59(SB)/1, $0x00
-DATA q4kscidx3<>+60(SB)/1, $0x0b
-DATA q4kscidx3<>+61(SB)/1, $0x00
-DATA q4kscidx3<>+62(SB)/1, $0x0b
-DATA q4kscidx3<>+63(SB)/1, $0x00
-GLOBL q4kscidx3<>(SB), RODATA|NOPTR, $64
-
-DATA q4kminidx<>+0(SB)/1, $0x04
-DATA q4kminidx<>+1(SB)/1, $0x00
-DATA q4kminidx<>+2(SB)/1, $0x05
-DATA q4kminidx<>+3(SB)/1, $0x00
-DATA q4kminidx<>+4(SB)/1, $0x06
-DATA q4kminidx<>+5(SB)/1, $0x00
-DATA q4kminidx<>+6(SB)/1, $0x07
-DATA q4kminidx<>+7(SB)/1, $0x00
-DATA q4kminidx<>+8(SB)/1, $0x0c
-DATA q4kminidx<>+9(SB)/1, $0x00
-DATA q4kminidx<>+10(SB)/1, $0x0d
-DATA q4kminidx<>+11(SB)/1, $0x00
-DATA q4kminidx<>+12(SB)/1, $0x0e
-DATA q4kminidx<>+13(SB)/1, $0x00
-DATA q4kminidx<>+14(SB)/1, $0x0f
-DATA q4kminidx<>+15(SB)/1, $0x00
-DATA q4kminidx<>+16(SB)/1, $0x00
-DATA q4kminidx<>+17(SB)/1, $0x00
-DATA q4kminidx<>+18(SB)/1, $0x00
-DATA q4kminidx<>+19(SB)/1, $0x00
-DATA q4kminidx<>+20(SB)/1, $0x00
-DATA q4kminidx<>+21(SB)/1, $0x00
-DATA q4kminidx<>+22(SB)/1, $0x00
-DATA q4kminidx<>+23(SB)/1, $0x00
-DATA q4kminidx<>+24(SB)/1, $0x00
-DATA q4kminidx<>+25(SB)/1, $0x00
-DATA q4kminidx<>+26(SB)/1, $0x00
-DATA q4kminidx<>+27(SB)/1, $0x00
-DATA q4kminidx<>+28(SB)/1, $0x00
-DATA q4kminidx<>+29(SB)/1, $0x00
-DATA q4kminidx<>+30(SB)/1, $0x00
-DATA q4kminidx<>+31(SB)/1, $0x00
-DATA q4kminidx<>+32(SB)/1, $0x00
-DATA q4kminidx<>+33(SB)/1, $0x00
-DATA q4kminidx<>+34(SB)/1, $0x00
-DATA q4kminidx<>+35(SB)/1, $0x00
-DATA q4kminidx<>+36(SB)/1, $0x00
-DATA q4kminidx<>+37(SB)/1, $0x00
-DATA q4kminidx<>+38(SB)/1, $0x00
-DATA q4kminidx<>+39(SB)/1, $0x00
-DATA q4kminidx<>+40(SB)/1, $0x00
-DATA q4kminidx<>+41(SB)/1, $0x00
-DATA q4kminidx<>+42(SB)/1, $0x00
-DATA q4kminidx<>+43(SB)/1, $0x00
-DATA q4kminidx<>+44(SB)/1, $0x00
-DATA q4kminidx<>+45(SB)/1, $0x00
-DATA q4kminidx<>+46(SB)/1, $0x00
-DATA q4kminidx<>+47(SB)/1, $0x00
-DATA q4kminidx<>+48(SB)/1, $0x00
-DATA q4kminidx<>+49(SB)/1, $0x00
-DATA q4kminidx<>+50(SB)/1, $0x00
-DATA q4kminidx<>+51(SB)/1, $0x00
-DATA q4kminidx<>+52(SB)/1, $0x00
-DATA q4kminidx<>+53(SB)/1, $0x00
-DATA q4kminidx<>+54(SB)/1, $0x00
-DATA q4kminidx<>+55(SB)/1, $0x00
-DATA q4kminidx<>+56(SB)/1, $0x00
-DATA q4kminidx<>+57(SB)/1, $0x00
-DATA q4kminidx<>+58(SB)/1, $0x00
-DATA q4kminidx<>+59(SB)/1, $0x00
-DATA q4kminidx<>+60(SB)/1, $0x00
-DATA q4kminidx<>+61(SB)/1, $0x00
-DATA q4kminidx<>+62(SB)/1, $0x00
-DATA q4kminidx<>+63(SB)/1, $0x00
-GLOBL q4kminidx<>(SB), RODATA|NOPTR, $64
+DATA q4kdyidx<>+0(SB)/1, $0x00
+DATA q4kdyidx<>+1(SB)/1, $0x00
+DATA q4kdyidx<>+2(SB)/1, $0x00
+DATA q4kdyidx<>+3(SB)/1, $0x00
+DATA q4kdyidx<>+4(SB)/1, $0x02
+DATA q4kdyidx<>+5(SB)/1, $0x00
+DATA q4kdyidx<>+6(SB)/1, $0x00
+DATA q4kdyidx<>+7(SB)/1, $0x00
+DATA q4kdyidx<>+8(SB)/1, $0x00
+DATA q4kdyidx<>+9(SB)/1, $0x00
+DATA q4kdyidx<>+10(SB)/1, $0x00
+DATA q4kdyidx<>+11(SB)/1, $0x00
+DATA q4kdyidx<>+12(SB)/1, $0x02
+DATA q4kdyidx<>+13(SB)/1, $0x00
+DATA q4kdyidx<>+14(SB)/1, $0x00
+DATA q4kdyidx<>+15(SB)/1, $0x00
+DATA q4kdyidx<>+16(SB)/1, $0x01
+DATA q4kdyidx<>+17(SB)/1, $0x00
+DATA q4kdyidx<>+18(SB)/1, $0x00
+DATA q4kdyidx<>+19(SB)/1, $0x00
+DATA q4kdyidx<>+20(SB)/1, $0x03
+DATA q4kdyidx<>+21(SB)/1, $0x00
+DATA q4kdyidx<>+22(SB)/1, $0x00
+DATA q4kdyidx<>+23(SB)/1, $0x00
+DATA q4kdyidx<>+24(SB)/1, $0x01
+DATA q4kdyidx<>+25(SB)/1, $0x00
+DATA q4kdyidx<>+26(SB)/1, $0x00
+DATA q4kdyidx<>+27(SB)/1, $0x00
+DATA q4kdyidx<>+28(SB)/1, $0x03
+DATA q4kdyidx<>+29(SB)/1, $0x00
+DATA q4kdyidx<>+30(SB)/1, $0x00
+DATA q4kdyidx<>+31(SB)/1, $0x00
+GLOBL q4kdyidx<>(SB), RODATA|NOPTR, $32
 
 DATA q4kunpacka<>+0(SB)/1, $0x3f
 DATA q4kunpacka<>+1(SB)/1, $0x3f
@@ -25958,75 +25813,122 @@ DATA q4kunpackt<>+62(SB)/1, $0x00
 DATA q4kunpackt<>+63(SB)/1, $0x00
 GLOBL q4kunpackt<>(SB), RODATA|NOPTR, $64
 
-DATA q4kdsplit<>+0(SB)/1, $0x00
-DATA q4kdsplit<>+1(SB)/1, $0x01
-DATA q4kdsplit<>+2(SB)/1, $0x04
-DATA q4kdsplit<>+3(SB)/1, $0x05
-DATA q4kdsplit<>+4(SB)/1, $0x08
-DATA q4kdsplit<>+5(SB)/1, $0x09
-DATA q4kdsplit<>+6(SB)/1, $0x0c
-DATA q4kdsplit<>+7(SB)/1, $0x0d
-DATA q4kdsplit<>+8(SB)/1, $0x02
-DATA q4kdsplit<>+9(SB)/1, $0x03
-DATA q4kdsplit<>+10(SB)/1, $0x06
-DATA q4kdsplit<>+11(SB)/1, $0x07
-DATA q4kdsplit<>+12(SB)/1, $0x0a
-DATA q4kdsplit<>+13(SB)/1, $0x0b
-DATA q4kdsplit<>+14(SB)/1, $0x0e
-DATA q4kdsplit<>+15(SB)/1, $0x0f
-GLOBL q4kdsplit<>(SB), RODATA|NOPTR, $16
+DATA q4kdidx<>+0(SB)/1, $0x00
+DATA q4kdidx<>+1(SB)/1, $0x00
+DATA q4kdidx<>+2(SB)/1, $0x10
+DATA q4kdidx<>+3(SB)/1, $0x00
+DATA q4kdidx<>+4(SB)/1, $0x01
+DATA q4kdidx<>+5(SB)/1, $0x00
+DATA q4kdidx<>+6(SB)/1, $0x11
+DATA q4kdidx<>+7(SB)/1, $0x00
+DATA q4kdidx<>+8(SB)/1, $0x08
+DATA q4kdidx<>+9(SB)/1, $0x00
+DATA q4kdidx<>+10(SB)/1, $0x18
+DATA q4kdidx<>+11(SB)/1, $0x00
+DATA q4kdidx<>+12(SB)/1, $0x09
+DATA q4kdidx<>+13(SB)/1, $0x00
+DATA q4kdidx<>+14(SB)/1, $0x19
+DATA q4kdidx<>+15(SB)/1, $0x00
+DATA q4kdidx<>+16(SB)/1, $0x00
+DATA q4kdidx<>+17(SB)/1, $0x00
+DATA q4kdidx<>+18(SB)/1, $0x00
+DATA q4kdidx<>+19(SB)/1, $0x00
+DATA q4kdidx<>+20(SB)/1, $0x00
+DATA q4kdidx<>+21(SB)/1, $0x00
+DATA q4kdidx<>+22(SB)/1, $0x00
+DATA q4kdidx<>+23(SB)/1, $0x00
+DATA q4kdidx<>+24(SB)/1, $0x00
+DATA q4kdidx<>+25(SB)/1, $0x00
+DATA q4kdidx<>+26(SB)/1, $0x00
+DATA q4kdidx<>+27(SB)/1, $0x00
+DATA q4kdidx<>+28(SB)/1, $0x00
+DATA q4kdidx<>+29(SB)/1, $0x00
+DATA q4kdidx<>+30(SB)/1, $0x00
+DATA q4kdidx<>+31(SB)/1, $0x00
+DATA q4kdidx<>+32(SB)/1, $0x00
+DATA q4kdidx<>+33(SB)/1, $0x00
+DATA q4kdidx<>+34(SB)/1, $0x00
+DATA q4kdidx<>+35(SB)/1, $0x00
+DATA q4kdidx<>+36(SB)/1, $0x00
+DATA q4kdidx<>+37(SB)/1, $0x00
+DATA q4kdidx<>+38(SB)/1, $0x00
+DATA q4kdidx<>+39(SB)/1, $0x00
+DATA q4kdidx<>+40(SB)/1, $0x00
+DATA q4kdidx<>+41(SB)/1, $0x00
+DATA q4kdidx<>+42(SB)/1, $0x00
+DATA q4kdidx<>+43(SB)/1, $0x00
+DATA q4kdidx<>+44(SB)/1, $0x00
+DATA q4kdidx<>+45(SB)/1, $0x00
+DATA q4kdidx<>+46(SB)/1, $0x00
+DATA q4kdidx<>+47(SB)/1, $0x00
+DATA q4kdidx<>+48(SB)/1, $0x00
+DATA q4kdidx<>+49(SB)/1, $0x00
+DATA q4kdidx<>+50(SB)/1, $0x00
+DATA q4kdidx<>+51(SB)/1, $0x00
+DATA q4kdidx<>+52(SB)/1, $0x00
+DATA q4kdidx<>+53(SB)/1, $0x00
+DATA q4kdidx<>+54(SB)/1, $0x00
+DATA q4kdidx<>+55(SB)/1, $0x00
+DATA q4kdidx<>+56(SB)/1, $0x00
+DATA q4kdidx<>+57(SB)/1, $0x00
+DATA q4kdidx<>+58(SB)/1, $0x00
+DATA q4kdidx<>+59(SB)/1, $0x00
+DATA q4kdidx<>+60(SB)/1, $0x00
+DATA q4kdidx<>+61(SB)/1, $0x00
+DATA q4kdidx<>+62(SB)/1, $0x00
+DATA q4kdidx<>+63(SB)/1, $0x00
+GLOBL q4kdidx<>(SB), RODATA|NOPTR, $64
 
-DATA negmhalf<>+0(SB)/1, $0x00
-DATA negmhalf<>+1(SB)/1, $0x00
-DATA negmhalf<>+2(SB)/1, $0x00
-DATA negmhalf<>+3(SB)/1, $0x00
-DATA negmhalf<>+4(SB)/1, $0x00
-DATA negmhalf<>+5(SB)/1, $0x00
-DATA negmhalf<>+6(SB)/1, $0x00
-DATA negmhalf<>+7(SB)/1, $0x00
-DATA negmhalf<>+8(SB)/1, $0x00
-DATA negmhalf<>+9(SB)/1, $0x00
-DATA negmhalf<>+10(SB)/1, $0x00
-DATA negmhalf<>+11(SB)/1, $0x00
-DATA negmhalf<>+12(SB)/1, $0x00
-DATA negmhalf<>+13(SB)/1, $0x00
-DATA negmhalf<>+14(SB)/1, $0x00
-DATA negmhalf<>+15(SB)/1, $0x00
-DATA negmhalf<>+16(SB)/1, $0x00
-DATA negmhalf<>+17(SB)/1, $0x00
-DATA negmhalf<>+18(SB)/1, $0x00
-DATA negmhalf<>+19(SB)/1, $0x80
-DATA negmhalf<>+20(SB)/1, $0x00
-DATA negmhalf<>+21(SB)/1, $0x00
-DATA negmhalf<>+22(SB)/1, $0x00
-DATA negmhalf<>+23(SB)/1, $0x80
-DATA negmhalf<>+24(SB)/1, $0x00
-DATA negmhalf<>+25(SB)/1, $0x00
-DATA negmhalf<>+26(SB)/1, $0x00
-DATA negmhalf<>+27(SB)/1, $0x80
-DATA negmhalf<>+28(SB)/1, $0x00
-DATA negmhalf<>+29(SB)/1, $0x00
-DATA negmhalf<>+30(SB)/1, $0x00
-DATA negmhalf<>+31(SB)/1, $0x80
-GLOBL negmhalf<>(SB), RODATA|NOPTR, $32
+DATA q4knegm<>+0(SB)/1, $0x00
+DATA q4knegm<>+1(SB)/1, $0x00
+DATA q4knegm<>+2(SB)/1, $0x00
+DATA q4knegm<>+3(SB)/1, $0x00
+DATA q4knegm<>+4(SB)/1, $0x00
+DATA q4knegm<>+5(SB)/1, $0x00
+DATA q4knegm<>+6(SB)/1, $0x00
+DATA q4knegm<>+7(SB)/1, $0x00
+DATA q4knegm<>+8(SB)/1, $0x00
+DATA q4knegm<>+9(SB)/1, $0x00
+DATA q4knegm<>+10(SB)/1, $0x00
+DATA q4knegm<>+11(SB)/1, $0x80
+DATA q4knegm<>+12(SB)/1, $0x00
+DATA q4knegm<>+13(SB)/1, $0x00
+DATA q4knegm<>+14(SB)/1, $0x00
+DATA q4knegm<>+15(SB)/1, $0x80
+DATA q4knegm<>+16(SB)/1, $0x00
+DATA q4knegm<>+17(SB)/1, $0x00
+DATA q4knegm<>+18(SB)/1, $0x00
+DATA q4knegm<>+19(SB)/1, $0x00
+DATA q4knegm<>+20(SB)/1, $0x00
+DATA q4knegm<>+21(SB)/1, $0x00
+DATA q4knegm<>+22(SB)/1, $0x00
+DATA q4knegm<>+23(SB)/1, $0x00
+DATA q4knegm<>+24(SB)/1, $0x00
+DATA q4knegm<>+25(SB)/1, $0x00
+DATA q4knegm<>+26(SB)/1, $0x00
+DATA q4knegm<>+27(SB)/1, $0x80
+DATA q4knegm<>+28(SB)/1, $0x00
+DATA q4knegm<>+29(SB)/1, $0x00
+DATA q4knegm<>+30(SB)/1, $0x00
+DATA q4knegm<>+31(SB)/1, $0x80
+GLOBL q4knegm<>(SB), RODATA|NOPTR, $32
 
 // func qrowQ5_KAVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 // Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VL, CMOV, F16C, FMA3
 TEXT ·qrowQ5_KAVX512(SB), NOSPLIT, $8-72
 	MOVL         $0x0f0f0f0f, AX
 	VPBROADCASTD AX, Z0
-	VMOVDQU64    q4kscidx0<>+0(SB), Z1
-	VMOVDQU64    q4kscidx1<>+0(SB), Z2
-	VMOVDQU64    q4kscidx2<>+0(SB), Z3
-	VMOVDQU64    q4kscidx3<>+0(SB), Z4
-	VMOVDQU64    q4kminidx<>+0(SB), Z5
+	MOVL         $0x00010001, AX
+	VPBROADCASTD AX, Z1
+	VMOVDQU64    q4kscdw<>+0(SB), Z2
+	MOVL         $0x55555555, AX
+	KMOVD        AX, K1
+	VMOVDQU64    q4kdyidx<>+0(SB), Y3
 	MOVL         $0x10101010, AX
-	VPBROADCASTD AX, Z6
-	VMOVDQU64    q5krot0<>+0(SB), Z7
-	VMOVDQU64    q5krot1<>+0(SB), Z8
-	VMOVDQU64    q4kunpacka<>+0(SB), Z9
-	VMOVDQU64    q4kunpackh<>+0(SB), Z10
-	VMOVDQU64    q4kunpackt<>+0(SB), Z11
+	VPBROADCASTD AX, Z4
+	VMOVDQU64    q5krot0<>+0(SB), Z5
+	VMOVDQU64    q5krot1<>+0(SB), Z6
+	VMOVDQU64    q4kdidx<>+0(SB), Z7
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
@@ -26046,198 +25948,184 @@ group:
 	MOVQ            SI, R8
 	SHLQ            $0x08, R8
 	ADDQ            x+32(FP), R8
-	MOVQ            SI, R9
-	SHLQ            $0x06, R9
-	ADDQ            meta+40(FP), R9
-	VMOVDQU32       4(DI), X12
-	VINSERTI32X4    $0x01, 180(DI), Z12, Z12
-	VINSERTI32X4    $0x02, 356(DI), Z12, Z12
-	VINSERTI32X4    $0x03, 532(DI), Z12, Z12
-	VPANDD          Z9, Z12, Z13
-	VPSLLDQ         $0x04, Z12, Z14
+	VBROADCASTI64X4 16(DI), Z8
+	VPROLVD         Z5, Z8, Z9
+	VPROLVD         Z6, Z8, Z8
+	VMOVDQU64       48(DI), Z11
+	VPANDD          Z11, Z0, Z12
+	VPSRLW          $0x04, Z11, Z11
+	VPANDD          Z0, Z11, Z11
+	VPTERNLOGD      $0xf8, Z4, Z9, Z12
+	VXORPS          Z13, Z13, Z13
+	VPDPBUSD        (R8), Z12, Z13
+	VPTERNLOGD      $0xf8, Z4, Z8, Z11
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        64(R8), Z11, Z12
+	VMOVDQU64       112(DI), Z11
+	VPANDD          Z11, Z0, Z14
+	VPSRLW          $0x04, Z11, Z11
+	VPANDD          Z0, Z11, Z11
+	VPROLD          $0x1c, Z9, Z9
+	VPTERNLOGD      $0xf8, Z4, Z9, Z14
+	VXORPS          Z9, Z9, Z9
+	VPDPBUSD        128(R8), Z14, Z9
+	VPROLD          $0x1c, Z8, Z8
+	VPTERNLOGD      $0xf8, Z4, Z8, Z11
+	VXORPS          Z8, Z8, Z8
+	VPDPBUSD        192(R8), Z11, Z8
+	VPACKSSDW       Z12, Z13, Z11
+	VPMADDWD        Z1, Z11, Z11
+	VPACKSSDW       Z8, Z9, Z8
+	VPMADDWD        Z1, Z8, Z8
+	VPACKSSDW       Z8, Z11, Z8
+	VPMADDWD        Z1, Z8, Z8
+	VBROADCASTI64X4 192(DI), Z9
+	VPROLVD         Z5, Z9, Z11
+	VPROLVD         Z6, Z9, Z9
+	VMOVDQU64       224(DI), Z12
+	VPANDD          Z12, Z0, Z13
+	VPSRLW          $0x04, Z12, Z12
+	VPANDD          Z0, Z12, Z12
+	VPTERNLOGD      $0xf8, Z4, Z11, Z13
+	VXORPS          Z14, Z14, Z14
+	VPDPBUSD        256(R8), Z13, Z14
+	VPTERNLOGD      $0xf8, Z4, Z9, Z12
+	VXORPS          Z13, Z13, Z13
+	VPDPBUSD        320(R8), Z12, Z13
+	VMOVDQU64       288(DI), Z12
+	VPANDD          Z12, Z0, Z15
+	VPSRLW          $0x04, Z12, Z12
+	VPANDD          Z0, Z12, Z12
+	VPROLD          $0x1c, Z11, Z11
+	VPTERNLOGD      $0xf8, Z4, Z11, Z15
+	VXORPS          Z11, Z11, Z11
+	VPDPBUSD        384(R8), Z15, Z11
+	VPROLD          $0x1c, Z9, Z9
+	VPTERNLOGD      $0xf8, Z4, Z9, Z12
+	VXORPS          Z9, Z9, Z9
+	VPDPBUSD        448(R8), Z12, Z9
+	VPACKSSDW       Z13, Z14, Z12
+	VPMADDWD        Z1, Z12, Z12
+	VPACKSSDW       Z9, Z11, Z9
+	VPMADDWD        Z1, Z9, Z9
+	VPACKSSDW       Z9, Z12, Z9
+	VPMADDWD        Z1, Z9, Z9
+	VBROADCASTI64X4 368(DI), Z11
+	VPROLVD         Z5, Z11, Z12
+	VPROLVD         Z6, Z11, Z11
+	VMOVDQU64       400(DI), Z13
+	VPANDD          Z13, Z0, Z14
+	VPSRLW          $0x04, Z13, Z13
+	VPANDD          Z0, Z13, Z13
+	VPTERNLOGD      $0xf8, Z4, Z12, Z14
+	VXORPS          Z15, Z15, Z15
+	VPDPBUSD        512(R8), Z14, Z15
+	VPTERNLOGD      $0xf8, Z4, Z11, Z13
+	VXORPS          Z14, Z14, Z14
+	VPDPBUSD        576(R8), Z13, Z14
+	VMOVDQU64       464(DI), Z13
+	VPANDD          Z13, Z0, Z16
+	VPSRLW          $0x04, Z13, Z13
+	VPANDD          Z0, Z13, Z13
+	VPROLD          $0x1c, Z12, Z12
+	VPTERNLOGD      $0xf8, Z4, Z12, Z16
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        640(R8), Z16, Z12
+	VPROLD          $0x1c, Z11, Z11
+	VPTERNLOGD      $0xf8, Z4, Z11, Z13
+	VXORPS          Z11, Z11, Z11
+	VPDPBUSD        704(R8), Z13, Z11
+	VPACKSSDW       Z14, Z15, Z13
+	VPMADDWD        Z1, Z13, Z13
+	VPACKSSDW       Z11, Z12, Z11
+	VPMADDWD        Z1, Z11, Z11
+	VPACKSSDW       Z11, Z13, Z11
+	VPMADDWD        Z1, Z11, Z11
+	VBROADCASTI64X4 544(DI), Z12
+	VPROLVD         Z5, Z12, Z13
+	VPROLVD         Z6, Z12, Z12
+	VMOVDQU64       576(DI), Z14
+	VPANDD          Z14, Z0, Z15
 	VPSRLW          $0x04, Z14, Z14
-	VPSRLW          $0x02, Z12, Z15
-	VPANDD          Z11, Z15, Z15
-	VPSLLDQ         $0x08, Z15, Z15
-	VPTERNLOGD      $0xf8, Z10, Z14, Z15
-	VPORD           Z15, Z13, Z13
-	VPMOVZXBW       X13, Y16
-	VPERMW          Y16, Y5, Y14
-	VPMADDWD        16(R9), X14, X14
-	VBROADCASTI64X4 16(DI), Z15
-	VPROLVD         Z7, Z15, Z18
-	VPROLVD         Z8, Z15, Z15
-	VXORPS          Z19, Z19, Z19
-	VXORPS          Z20, Z20, Z20
-	VPANDD          48(DI), Z0, Z21
-	VPSRLW          $0x04, 48(DI), Z22
-	VPANDD          Z0, Z22, Z22
-	VPTERNLOGD      $0xf8, Z6, Z18, Z21
-	VPMADDUBSW      (R8), Z21, Z21
-	VPERMW          Z16, Z1, Z23
-	VPDPWSSD        Z23, Z21, Z19
-	VPTERNLOGD      $0xf8, Z6, Z15, Z22
-	VPMADDUBSW      64(R8), Z22, Z21
-	VPERMW          Z16, Z2, Z22
-	VPDPWSSD        Z22, Z21, Z20
-	VPANDD          112(DI), Z0, Z21
-	VPSRLW          $0x04, 112(DI), Z22
-	VPANDD          Z0, Z22, Z22
-	VPROLD          $0x1c, Z18, Z18
-	VPTERNLOGD      $0xf8, Z6, Z18, Z21
-	VPMADDUBSW      128(R8), Z21, Z18
-	VPERMW          Z16, Z3, Z21
-	VPDPWSSD        Z21, Z18, Z19
-	VPROLD          $0x1c, Z15, Z15
-	VPTERNLOGD      $0xf8, Z6, Z15, Z22
-	VPMADDUBSW      192(R8), Z22, Z15
-	VPERMW          Z16, Z4, Z18
-	VPDPWSSD        Z18, Z15, Z20
-	VPADDD          Z20, Z19, Z19
-	VEXTRACTI32X4   $0x01, Z13, X12
-	VPMOVZXBW       X12, Y16
-	VPERMW          Y16, Y5, Y15
-	VPMADDWD        80(R9), X15, X15
-	VBROADCASTI64X4 192(DI), Z18
-	VPROLVD         Z7, Z18, Z20
-	VPROLVD         Z8, Z18, Z18
-	VXORPS          Z21, Z21, Z21
-	VXORPS          Z22, Z22, Z22
-	VPANDD          224(DI), Z0, Z23
-	VPSRLW          $0x04, 224(DI), Z24
-	VPANDD          Z0, Z24, Z24
-	VPTERNLOGD      $0xf8, Z6, Z20, Z23
-	VPMADDUBSW      256(R8), Z23, Z23
-	VPERMW          Z16, Z1, Z25
-	VPDPWSSD        Z25, Z23, Z21
-	VPTERNLOGD      $0xf8, Z6, Z18, Z24
-	VPMADDUBSW      320(R8), Z24, Z23
-	VPERMW          Z16, Z2, Z24
-	VPDPWSSD        Z24, Z23, Z22
-	VPANDD          288(DI), Z0, Z23
-	VPSRLW          $0x04, 288(DI), Z24
-	VPANDD          Z0, Z24, Z24
-	VPROLD          $0x1c, Z20, Z20
-	VPTERNLOGD      $0xf8, Z6, Z20, Z23
-	VPMADDUBSW      384(R8), Z23, Z20
-	VPERMW          Z16, Z3, Z23
-	VPDPWSSD        Z23, Z20, Z21
-	VPROLD          $0x1c, Z18, Z18
-	VPTERNLOGD      $0xf8, Z6, Z18, Z24
-	VPMADDUBSW      448(R8), Z24, Z18
-	VPERMW          Z16, Z4, Z20
-	VPDPWSSD        Z20, Z18, Z22
-	VPADDD          Z22, Z21, Z21
-	VEXTRACTI32X4   $0x02, Z13, X12
-	VPMOVZXBW       X12, Y16
-	VPERMW          Y16, Y5, Y18
-	VPMADDWD        144(R9), X18, X18
-	VBROADCASTI64X4 368(DI), Z20
-	VPROLVD         Z7, Z20, Z22
-	VPROLVD         Z8, Z20, Z20
-	VXORPS          Z23, Z23, Z23
-	VXORPS          Z24, Z24, Z24
-	VPANDD          400(DI), Z0, Z25
-	VPSRLW          $0x04, 400(DI), Z26
-	VPANDD          Z0, Z26, Z26
-	VPTERNLOGD      $0xf8, Z6, Z22, Z25
-	VPMADDUBSW      512(R8), Z25, Z25
-	VPERMW          Z16, Z1, Z27
-	VPDPWSSD        Z27, Z25, Z23
-	VPTERNLOGD      $0xf8, Z6, Z20, Z26
-	VPMADDUBSW      576(R8), Z26, Z25
-	VPERMW          Z16, Z2, Z26
-	VPDPWSSD        Z26, Z25, Z24
-	VPANDD          464(DI), Z0, Z25
-	VPSRLW          $0x04, 464(DI), Z26
-	VPANDD          Z0, Z26, Z26
-	VPROLD          $0x1c, Z22, Z22
-	VPTERNLOGD      $0xf8, Z6, Z22, Z25
-	VPMADDUBSW      640(R8), Z25, Z22
-	VPERMW          Z16, Z3, Z25
-	VPDPWSSD        Z25, Z22, Z23
-	VPROLD          $0x1c, Z20, Z20
-	VPTERNLOGD      $0xf8, Z6, Z20, Z26
-	VPMADDUBSW      704(R8), Z26, Z20
-	VPERMW          Z16, Z4, Z22
-	VPDPWSSD        Z22, Z20, Z24
-	VPADDD          Z24, Z23, Z23
-	VEXTRACTI32X4   $0x03, Z13, X12
-	VPMOVZXBW       X12, Y16
-	VPERMW          Y16, Y5, Y13
-	VPMADDWD        208(R9), X13, X13
-	VBROADCASTI64X4 544(DI), Z20
-	VPROLVD         Z7, Z20, Z22
-	VPROLVD         Z8, Z20, Z20
-	VXORPS          Z24, Z24, Z24
-	VXORPS          Z25, Z25, Z25
-	VPANDD          576(DI), Z0, Z26
-	VPSRLW          $0x04, 576(DI), Z27
-	VPANDD          Z0, Z27, Z27
-	VPTERNLOGD      $0xf8, Z6, Z22, Z26
-	VPMADDUBSW      768(R8), Z26, Z26
-	VPERMW          Z16, Z1, Z28
-	VPDPWSSD        Z28, Z26, Z24
-	VPTERNLOGD      $0xf8, Z6, Z20, Z27
-	VPMADDUBSW      832(R8), Z27, Z26
-	VPERMW          Z16, Z2, Z27
-	VPDPWSSD        Z27, Z26, Z25
-	VPANDD          640(DI), Z0, Z26
-	VPSRLW          $0x04, 640(DI), Z27
-	VPANDD          Z0, Z27, Z27
-	VPROLD          $0x1c, Z22, Z22
-	VPTERNLOGD      $0xf8, Z6, Z22, Z26
-	VPMADDUBSW      896(R8), Z26, Z22
-	VPERMW          Z16, Z3, Z26
-	VPDPWSSD        Z26, Z22, Z24
-	VPROLD          $0x1c, Z20, Z20
-	VPTERNLOGD      $0xf8, Z6, Z20, Z27
-	VPMADDUBSW      960(R8), Z27, Z20
-	VPERMW          Z16, Z4, Z22
-	VPDPWSSD        Z22, Z20, Z25
-	VPADDD          Z25, Z24, Z24
-	VPUNPCKLDQ      Z21, Z19, Z20
-	VPUNPCKHDQ      Z21, Z19, Z19
-	VPADDD          Z19, Z20, Z20
-	VPUNPCKLDQ      Z24, Z23, Z19
-	VPUNPCKHDQ      Z24, Z23, Z21
-	VPADDD          Z21, Z19, Z19
-	VPUNPCKLQDQ     Z19, Z20, Z21
-	VPUNPCKHQDQ     Z19, Z20, Z19
-	VPADDD          Z19, Z21, Z21
-	VEXTRACTI64X4   $0x01, Z21, Y16
-	VPADDD          Y21, Y16, Y16
-	VEXTRACTI32X4   $0x01, Y16, X17
-	VPADDD          X16, X17, X17
-	VPUNPCKLDQ      X15, X14, X12
-	VPUNPCKHDQ      X15, X14, X14
-	VPADDD          X14, X12, X12
-	VPUNPCKLDQ      X13, X18, X14
-	VPUNPCKHDQ      X13, X18, X13
-	VPADDD          X13, X14, X14
-	VPUNPCKLQDQ     X14, X12, X13
-	VPUNPCKHQDQ     X14, X12, X12
-	VPADDD          X12, X13, X13
-	VINSERTI32X4    $0x01, X13, Y17, Y13
-	VCVTDQ2PS       Y13, Y13
-	VXORPS          negmhalf<>+0(SB), Y13, Y13
-	VMOVUPS         Y13, (DX)
-	MOVL            (DI), R8
-	MOVL            176(DI), R9
-	SHLQ            $0x20, R9
-	ORQ             R9, R8
-	MOVL            352(DI), R9
-	MOVL            528(DI), DI
-	SHLQ            $0x20, DI
-	ORQ             DI, R9
-	VMOVQ           R8, X12
-	VPINSRQ         $0x01, R9, X12, X12
-	VPSHUFB         q4kdsplit<>+0(SB), X12, X12
-	VCVTPH2PS       X12, Y13
+	VPANDD          Z0, Z14, Z14
+	VPTERNLOGD      $0xf8, Z4, Z13, Z15
+	VXORPS          Z16, Z16, Z16
+	VPDPBUSD        768(R8), Z15, Z16
+	VPTERNLOGD      $0xf8, Z4, Z12, Z14
+	VXORPS          Z15, Z15, Z15
+	VPDPBUSD        832(R8), Z14, Z15
+	VMOVDQU64       640(DI), Z14
+	VPANDD          Z14, Z0, Z17
+	VPSRLW          $0x04, Z14, Z14
+	VPANDD          Z0, Z14, Z14
+	VPROLD          $0x1c, Z13, Z13
+	VPTERNLOGD      $0xf8, Z4, Z13, Z17
+	VXORPS          Z13, Z13, Z13
+	VPDPBUSD        896(R8), Z17, Z13
+	VPROLD          $0x1c, Z12, Z12
+	VPTERNLOGD      $0xf8, Z4, Z12, Z14
+	VXORPS          Z12, Z12, Z12
+	VPDPBUSD        960(R8), Z14, Z12
+	VPACKSSDW       Z15, Z16, Z14
+	VPMADDWD        Z1, Z14, Z14
+	VPACKSSDW       Z12, Z13, Z12
+	VPMADDWD        Z1, Z12, Z12
+	VPACKSSDW       Z12, Z14, Z12
+	VPMADDWD        Z1, Z12, Z12
+	VMOVDQU32       (DI), X10
+	VINSERTI32X4    $0x01, 176(DI), Z10, Z10
+	VINSERTI32X4    $0x02, 352(DI), Z10, Z10
+	VINSERTI32X4    $0x03, 528(DI), Z10, Z10
+	VPSRLDQ         $0x04, Z10, Z13
+	VPANDD          q4kunpacka<>+0(SB), Z13, Z14
+	VPSLLDQ         $0x04, Z13, Z15
+	VPSRLW          $0x04, Z15, Z15
+	VPSRLW          $0x02, Z13, Z13
+	VPANDD          q4kunpackt<>+0(SB), Z13, Z13
+	VPSLLDQ         $0x08, Z13, Z13
+	VPTERNLOGD      $0xf8, q4kunpackh<>+0(SB), Z15, Z13
+	VPORD           Z13, Z14, Z14
+	VPMOVZXBW       Y14, Z13
+	VEXTRACTI64X4   $0x01, Z14, Y14
+	VPMOVZXBW       Y14, Z14
 	MOVQ            aux+48(FP), DI
-	VBROADCASTF32X4 (DI)(SI*4), Y14
-	VMULPS          Y14, Y13, Y13
-	VMOVUPS         Y13, 32(DX)
+	LEAQ            (DI)(CX*4), DI
+	MOVQ            SI, R8
+	SHLQ            $0x05, R8
+	ADDQ            R8, DI
+	VSHUFI64X2      $0x88, Z9, Z8, Z15
+	VSHUFI64X2      $0xdd, Z9, Z8, Z8
+	VPADDD          Z8, Z15, Z15
+	VPERMW.Z        Z13, Z2, K1, Z8
+	VPMULLD         Z8, Z15, Z15
+	VPMADDWD        (DI), Z13, Z8
+	VSHUFI64X2      $0x88, Z12, Z11, Z9
+	VSHUFI64X2      $0xdd, Z12, Z11, Z11
+	VPADDD          Z11, Z9, Z9
+	VPERMW.Z        Z14, Z2, K1, Z11
+	VPMULLD         Z11, Z9, Z9
+	VPMADDWD        64(DI), Z14, Z11
+	VPUNPCKLDQ      Z9, Z15, Z12
+	VPUNPCKHDQ      Z9, Z15, Z9
+	VPADDD          Z9, Z12, Z12
+	VPUNPCKLDQ      Z11, Z8, Z9
+	VPUNPCKHDQ      Z11, Z8, Z8
+	VPADDD          Z8, Z9, Z9
+	VPUNPCKLQDQ     Z9, Z12, Z8
+	VPUNPCKHQDQ     Z9, Z12, Z9
+	VPADDD          Z9, Z8, Z8
+	VSHUFI64X2      $0xd8, Z8, Z8, Z8
+	VEXTRACTI64X4   $0x01, Z8, Y9
+	VPADDD          Y8, Y9, Y9
+	VCVTDQ2PS       Y9, Y8
+	VMOVUPS         Y8, (DX)
+	VPERMW          Z10, Z7, Z8
+	VCVTPH2PS       X8, Y8
+	MOVQ            aux+48(FP), DI
+	VPERMPS         (DI)(SI*4), Y3, Y9
+	VMULPS          Y9, Y8, Y8
+	VXORPS          q4knegm<>+0(SB), Y8, Y8
+	VMOVUPS         Y8, 32(DX)
 	ADDQ            $0x00000040, DX
 	ADDQ            $0x00000004, BX
 	CMPQ            BX, CX
@@ -26283,54 +26171,6 @@ chain:
 	VFMADD231SS 32(R8)(SI*2), X8, X6
 	VMOVSS      (R8)(DI*1), X8
 	VFMADD231SS 32(R8)(DI*1), X8, X7
-	VMOVSS      16(AX), X8
-	VFMADD231SS 48(AX), X8, X0
-	VMOVSS      16(AX)(SI*1), X8
-	VFMADD231SS 48(AX)(SI*1), X8, X1
-	VMOVSS      16(AX)(SI*2), X8
-	VFMADD231SS 48(AX)(SI*2), X8, X2
-	VMOVSS      16(AX)(DI*1), X8
-	VFMADD231SS 48(AX)(DI*1), X8, X3
-	VMOVSS      16(R8), X8
-	VFMADD231SS 48(R8), X8, X4
-	VMOVSS      16(R8)(SI*1), X8
-	VFMADD231SS 48(R8)(SI*1), X8, X5
-	VMOVSS      16(R8)(SI*2), X8
-	VFMADD231SS 48(R8)(SI*2), X8, X6
-	VMOVSS      16(R8)(DI*1), X8
-	VFMADD231SS 48(R8)(DI*1), X8, X7
-	VMOVSS      4(AX), X8
-	VFMADD231SS 36(AX), X8, X0
-	VMOVSS      4(AX)(SI*1), X8
-	VFMADD231SS 36(AX)(SI*1), X8, X1
-	VMOVSS      4(AX)(SI*2), X8
-	VFMADD231SS 36(AX)(SI*2), X8, X2
-	VMOVSS      4(AX)(DI*1), X8
-	VFMADD231SS 36(AX)(DI*1), X8, X3
-	VMOVSS      4(R8), X8
-	VFMADD231SS 36(R8), X8, X4
-	VMOVSS      4(R8)(SI*1), X8
-	VFMADD231SS 36(R8)(SI*1), X8, X5
-	VMOVSS      4(R8)(SI*2), X8
-	VFMADD231SS 36(R8)(SI*2), X8, X6
-	VMOVSS      4(R8)(DI*1), X8
-	VFMADD231SS 36(R8)(DI*1), X8, X7
-	VMOVSS      20(AX), X8
-	VFMADD231SS 52(AX), X8, X0
-	VMOVSS      20(AX)(SI*1), X8
-	VFMADD231SS 52(AX)(SI*1), X8, X1
-	VMOVSS      20(AX)(SI*2), X8
-	VFMADD231SS 52(AX)(SI*2), X8, X2
-	VMOVSS      20(AX)(DI*1), X8
-	VFMADD231SS 52(AX)(DI*1), X8, X3
-	VMOVSS      20(R8), X8
-	VFMADD231SS 52(R8), X8, X4
-	VMOVSS      20(R8)(SI*1), X8
-	VFMADD231SS 52(R8)(SI*1), X8, X5
-	VMOVSS      20(R8)(SI*2), X8
-	VFMADD231SS 52(R8)(SI*2), X8, X6
-	VMOVSS      20(R8)(DI*1), X8
-	VFMADD231SS 52(R8)(DI*1), X8, X7
 	VMOVSS      8(AX), X8
 	VFMADD231SS 40(AX), X8, X0
 	VMOVSS      8(AX)(SI*1), X8
@@ -26347,6 +26187,22 @@ chain:
 	VFMADD231SS 40(R8)(SI*2), X8, X6
 	VMOVSS      8(R8)(DI*1), X8
 	VFMADD231SS 40(R8)(DI*1), X8, X7
+	VMOVSS      16(AX), X8
+	VFMADD231SS 48(AX), X8, X0
+	VMOVSS      16(AX)(SI*1), X8
+	VFMADD231SS 48(AX)(SI*1), X8, X1
+	VMOVSS      16(AX)(SI*2), X8
+	VFMADD231SS 48(AX)(SI*2), X8, X2
+	VMOVSS      16(AX)(DI*1), X8
+	VFMADD231SS 48(AX)(DI*1), X8, X3
+	VMOVSS      16(R8), X8
+	VFMADD231SS 48(R8), X8, X4
+	VMOVSS      16(R8)(SI*1), X8
+	VFMADD231SS 48(R8)(SI*1), X8, X5
+	VMOVSS      16(R8)(SI*2), X8
+	VFMADD231SS 48(R8)(SI*2), X8, X6
+	VMOVSS      16(R8)(DI*1), X8
+	VFMADD231SS 48(R8)(DI*1), X8, X7
 	VMOVSS      24(AX), X8
 	VFMADD231SS 56(AX), X8, X0
 	VMOVSS      24(AX)(SI*1), X8
@@ -26363,6 +26219,22 @@ chain:
 	VFMADD231SS 56(R8)(SI*2), X8, X6
 	VMOVSS      24(R8)(DI*1), X8
 	VFMADD231SS 56(R8)(DI*1), X8, X7
+	VMOVSS      4(AX), X8
+	VFMADD231SS 36(AX), X8, X0
+	VMOVSS      4(AX)(SI*1), X8
+	VFMADD231SS 36(AX)(SI*1), X8, X1
+	VMOVSS      4(AX)(SI*2), X8
+	VFMADD231SS 36(AX)(SI*2), X8, X2
+	VMOVSS      4(AX)(DI*1), X8
+	VFMADD231SS 36(AX)(DI*1), X8, X3
+	VMOVSS      4(R8), X8
+	VFMADD231SS 36(R8), X8, X4
+	VMOVSS      4(R8)(SI*1), X8
+	VFMADD231SS 36(R8)(SI*1), X8, X5
+	VMOVSS      4(R8)(SI*2), X8
+	VFMADD231SS 36(R8)(SI*2), X8, X6
+	VMOVSS      4(R8)(DI*1), X8
+	VFMADD231SS 36(R8)(DI*1), X8, X7
 	VMOVSS      12(AX), X8
 	VFMADD231SS 44(AX), X8, X0
 	VMOVSS      12(AX)(SI*1), X8
@@ -26379,6 +26251,22 @@ chain:
 	VFMADD231SS 44(R8)(SI*2), X8, X6
 	VMOVSS      12(R8)(DI*1), X8
 	VFMADD231SS 44(R8)(DI*1), X8, X7
+	VMOVSS      20(AX), X8
+	VFMADD231SS 52(AX), X8, X0
+	VMOVSS      20(AX)(SI*1), X8
+	VFMADD231SS 52(AX)(SI*1), X8, X1
+	VMOVSS      20(AX)(SI*2), X8
+	VFMADD231SS 52(AX)(SI*2), X8, X2
+	VMOVSS      20(AX)(DI*1), X8
+	VFMADD231SS 52(AX)(DI*1), X8, X3
+	VMOVSS      20(R8), X8
+	VFMADD231SS 52(R8), X8, X4
+	VMOVSS      20(R8)(SI*1), X8
+	VFMADD231SS 52(R8)(SI*1), X8, X5
+	VMOVSS      20(R8)(SI*2), X8
+	VFMADD231SS 52(R8)(SI*2), X8, X6
+	VMOVSS      20(R8)(DI*1), X8
+	VFMADD231SS 52(R8)(DI*1), X8, X7
 	VMOVSS      28(AX), X8
 	VFMADD231SS 60(AX), X8, X0
 	VMOVSS      28(AX)(SI*1), X8
@@ -26401,16 +26289,10 @@ chain:
 	JNE         chain
 
 lastgroup:
-	SHLQ $0x02, BX
-	SUBQ CX, BX
-	SHLQ $0x02, BX
-	ADDQ BX, AX
-	ADDQ BX, R8
-	SHRQ $0x02, BX
-	SUBQ $0x00000004, BX
-	NEGQ BX
-
-tail:
+	SHLQ        $0x02, BX
+	SUBQ        CX, BX
+	CMPQ        BX, $0x00
+	JA          tail0
 	VMOVSS      (AX), X8
 	VFMADD231SS 32(AX), X8, X0
 	VMOVSS      (AX)(SI*1), X8
@@ -26427,6 +26309,26 @@ tail:
 	VFMADD231SS 32(R8)(SI*2), X8, X6
 	VMOVSS      (R8)(DI*1), X8
 	VFMADD231SS 32(R8)(DI*1), X8, X7
+	VMOVSS      8(AX), X8
+	VFMADD231SS 40(AX), X8, X0
+	VMOVSS      8(AX)(SI*1), X8
+	VFMADD231SS 40(AX)(SI*1), X8, X1
+	VMOVSS      8(AX)(SI*2), X8
+	VFMADD231SS 40(AX)(SI*2), X8, X2
+	VMOVSS      8(AX)(DI*1), X8
+	VFMADD231SS 40(AX)(DI*1), X8, X3
+	VMOVSS      8(R8), X8
+	VFMADD231SS 40(R8), X8, X4
+	VMOVSS      8(R8)(SI*1), X8
+	VFMADD231SS 40(R8)(SI*1), X8, X5
+	VMOVSS      8(R8)(SI*2), X8
+	VFMADD231SS 40(R8)(SI*2), X8, X6
+	VMOVSS      8(R8)(DI*1), X8
+	VFMADD231SS 40(R8)(DI*1), X8, X7
+
+tail0:
+	CMPQ        BX, $0x01
+	JA          tail1
 	VMOVSS      16(AX), X8
 	VFMADD231SS 48(AX), X8, X0
 	VMOVSS      16(AX)(SI*1), X8
@@ -26443,18 +26345,104 @@ tail:
 	VFMADD231SS 48(R8)(SI*2), X8, X6
 	VMOVSS      16(R8)(DI*1), X8
 	VFMADD231SS 48(R8)(DI*1), X8, X7
-	ADDQ        $0x00000004, AX
-	ADDQ        $0x00000004, R8
-	DECQ        BX
-	JNE         tail
-	VMOVSS      X0, (DX)
-	VMOVSS      X1, 4(DX)
-	VMOVSS      X2, 8(DX)
-	VMOVSS      X3, 12(DX)
-	VMOVSS      X4, 16(DX)
-	VMOVSS      X5, 20(DX)
-	VMOVSS      X6, 24(DX)
-	VMOVSS      X7, 28(DX)
+	VMOVSS      24(AX), X8
+	VFMADD231SS 56(AX), X8, X0
+	VMOVSS      24(AX)(SI*1), X8
+	VFMADD231SS 56(AX)(SI*1), X8, X1
+	VMOVSS      24(AX)(SI*2), X8
+	VFMADD231SS 56(AX)(SI*2), X8, X2
+	VMOVSS      24(AX)(DI*1), X8
+	VFMADD231SS 56(AX)(DI*1), X8, X3
+	VMOVSS      24(R8), X8
+	VFMADD231SS 56(R8), X8, X4
+	VMOVSS      24(R8)(SI*1), X8
+	VFMADD231SS 56(R8)(SI*1), X8, X5
+	VMOVSS      24(R8)(SI*2), X8
+	VFMADD231SS 56(R8)(SI*2), X8, X6
+	VMOVSS      24(R8)(DI*1), X8
+	VFMADD231SS 56(R8)(DI*1), X8, X7
+
+tail1:
+	CMPQ        BX, $0x02
+	JA          tail2
+	VMOVSS      4(AX), X8
+	VFMADD231SS 36(AX), X8, X0
+	VMOVSS      4(AX)(SI*1), X8
+	VFMADD231SS 36(AX)(SI*1), X8, X1
+	VMOVSS      4(AX)(SI*2), X8
+	VFMADD231SS 36(AX)(SI*2), X8, X2
+	VMOVSS      4(AX)(DI*1), X8
+	VFMADD231SS 36(AX)(DI*1), X8, X3
+	VMOVSS      4(R8), X8
+	VFMADD231SS 36(R8), X8, X4
+	VMOVSS      4(R8)(SI*1), X8
+	VFMADD231SS 36(R8)(SI*1), X8, X5
+	VMOVSS      4(R8)(SI*2), X8
+	VFMADD231SS 36(R8)(SI*2), X8, X6
+	VMOVSS      4(R8)(DI*1), X8
+	VFMADD231SS 36(R8)(DI*1), X8, X7
+	VMOVSS      12(AX), X8
+	VFMADD231SS 44(AX), X8, X0
+	VMOVSS      12(AX)(SI*1), X8
+	VFMADD231SS 44(AX)(SI*1), X8, X1
+	VMOVSS      12(AX)(SI*2), X8
+	VFMADD231SS 44(AX)(SI*2), X8, X2
+	VMOVSS      12(AX)(DI*1), X8
+	VFMADD231SS 44(AX)(DI*1), X8, X3
+	VMOVSS      12(R8), X8
+	VFMADD231SS 44(R8), X8, X4
+	VMOVSS      12(R8)(SI*1), X8
+	VFMADD231SS 44(R8)(SI*1), X8, X5
+	VMOVSS      12(R8)(SI*2), X8
+	VFMADD231SS 44(R8)(SI*2), X8, X6
+	VMOVSS      12(R8)(DI*1), X8
+	VFMADD231SS 44(R8)(DI*1), X8, X7
+
+tail2:
+	CMPQ        BX, $0x03
+	JA          tail3
+	VMOVSS      20(AX), X8
+	VFMADD231SS 52(AX), X8, X0
+	VMOVSS      20(AX)(SI*1), X8
+	VFMADD231SS 52(AX)(SI*1), X8, X1
+	VMOVSS      20(AX)(SI*2), X8
+	VFMADD231SS 52(AX)(SI*2), X8, X2
+	VMOVSS      20(AX)(DI*1), X8
+	VFMADD231SS 52(AX)(DI*1), X8, X3
+	VMOVSS      20(R8), X8
+	VFMADD231SS 52(R8), X8, X4
+	VMOVSS      20(R8)(SI*1), X8
+	VFMADD231SS 52(R8)(SI*1), X8, X5
+	VMOVSS      20(R8)(SI*2), X8
+	VFMADD231SS 52(R8)(SI*2), X8, X6
+	VMOVSS      20(R8)(DI*1), X8
+	VFMADD231SS 52(R8)(DI*1), X8, X7
+	VMOVSS      28(AX), X8
+	VFMADD231SS 60(AX), X8, X0
+	VMOVSS      28(AX)(SI*1), X8
+	VFMADD231SS 60(AX)(SI*1), X8, X1
+	VMOVSS      28(AX)(SI*2), X8
+	VFMADD231SS 60(AX)(SI*2), X8, X2
+	VMOVSS      28(AX)(DI*1), X8
+	VFMADD231SS 60(AX)(DI*1), X8, X3
+	VMOVSS      28(R8), X8
+	VFMADD231SS 60(R8), X8, X4
+	VMOVSS      28(R8)(SI*1), X8
+	VFMADD231SS 60(R8)(SI*1), X8, X5
+	VMOVSS      28(R8)(SI*2), X8
+	VFMADD231SS 60(R8)(SI*2), X8, X6
+	VMOVSS      28(R8)(DI*1), X8
+	VFMADD231SS 60(R8)(DI*1), X8, X7
+
+tail3:
+	VMOVSS X0, (DX)
+	VMOVSS X1, 4(DX)
+	VMOVSS X2, 8(DX)
+	VMOVSS X3, 12(DX)
+	VMOVSS X4, 16(DX)
+	VMOVSS X5, 20(DX)
+	VMOVSS X6, 24(DX)
+	VMOVSS X7, 28(DX)
 	VZEROUPPER
 	RET
 
@@ -26632,28 +26620,30 @@ group:
 	VBROADCASTI64X4 128(DI), Z12
 	VPSLLVW         Z6, Z12, Z13
 	VPSRLVW         Z7, Z12, Z12
-	VPSRLW          $0x04, (DI), Z14
+	VMOVDQU64       (DI), Z14
+	VPSRLW          $0x04, Z14, Z15
 	VPANDD          Z1, Z13, Z13
-	VPTERNLOGD      $0xf8, (DI), Z0, Z13
+	VPTERNLOGD      $0xf8, Z14, Z0, Z13
 	VPMADDUBSW      (R8), Z13, Z13
-	VPERMW          Z8, Z2, Z15
-	VPDPWSSD        Z15, Z13, Z10
+	VPERMW          Z8, Z2, Z14
+	VPDPWSSD        Z14, Z13, Z10
 	VPANDD          Z1, Z12, Z12
-	VPTERNLOGD      $0xf8, Z0, Z14, Z12
+	VPTERNLOGD      $0xf8, Z0, Z15, Z12
 	VPMADDUBSW      64(R8), Z12, Z12
 	VPERMW          Z8, Z3, Z13
 	VPDPWSSD        Z13, Z12, Z11
 	VBROADCASTI64X4 160(DI), Z12
 	VPSLLVW         Z6, Z12, Z13
 	VPSRLVW         Z7, Z12, Z12
-	VPSRLW          $0x04, 64(DI), Z14
+	VMOVDQU64       64(DI), Z14
+	VPSRLW          $0x04, Z14, Z15
 	VPANDD          Z1, Z13, Z13
-	VPTERNLOGD      $0xf8, 64(DI), Z0, Z13
+	VPTERNLOGD      $0xf8, Z14, Z0, Z13
 	VPMADDUBSW      128(R8), Z13, Z13
-	VPERMW          Z8, Z4, Z15
-	VPDPWSSD        Z15, Z13, Z10
+	VPERMW          Z8, Z4, Z14
+	VPDPWSSD        Z14, Z13, Z10
 	VPANDD          Z1, Z12, Z12
-	VPTERNLOGD      $0xf8, Z0, Z14, Z12
+	VPTERNLOGD      $0xf8, Z0, Z15, Z12
 	VPMADDUBSW      192(R8), Z12, Z12
 	VPERMW          Z8, Z5, Z13
 	VPDPWSSD        Z13, Z12, Z11
@@ -26667,28 +26657,30 @@ group:
 	VBROADCASTI64X4 338(DI), Z13
 	VPSLLVW         Z6, Z13, Z14
 	VPSRLVW         Z7, Z13, Z13
-	VPSRLW          $0x04, 210(DI), Z15
+	VMOVDQU64       210(DI), Z15
+	VPSRLW          $0x04, Z15, Z16
 	VPANDD          Z1, Z14, Z14
-	VPTERNLOGD      $0xf8, 210(DI), Z0, Z14
+	VPTERNLOGD      $0xf8, Z15, Z0, Z14
 	VPMADDUBSW      256(R8), Z14, Z14
-	VPERMW          Z8, Z2, Z16
-	VPDPWSSD        Z16, Z14, Z11
+	VPERMW          Z8, Z2, Z15
+	VPDPWSSD        Z15, Z14, Z11
 	VPANDD          Z1, Z13, Z13
-	VPTERNLOGD      $0xf8, Z0, Z15, Z13
+	VPTERNLOGD      $0xf8, Z0, Z16, Z13
 	VPMADDUBSW      320(R8), Z13, Z13
 	VPERMW          Z8, Z3, Z14
 	VPDPWSSD        Z14, Z13, Z12
 	VBROADCASTI64X4 370(DI), Z13
 	VPSLLVW         Z6, Z13, Z14
 	VPSRLVW         Z7, Z13, Z13
-	VPSRLW          $0x04, 274(DI), Z15
+	VMOVDQU64       274(DI), Z15
+	VPSRLW          $0x04, Z15, Z16
 	VPANDD          Z1, Z14, Z14
-	VPTERNLOGD      $0xf8, 274(DI), Z0, Z14
+	VPTERNLOGD      $0xf8, Z15, Z0, Z14
 	VPMADDUBSW      384(R8), Z14, Z14
-	VPERMW          Z8, Z4, Z16
-	VPDPWSSD        Z16, Z14, Z11
+	VPERMW          Z8, Z4, Z15
+	VPDPWSSD        Z15, Z14, Z11
 	VPANDD          Z1, Z13, Z13
-	VPTERNLOGD      $0xf8, Z0, Z15, Z13
+	VPTERNLOGD      $0xf8, Z0, Z16, Z13
 	VPMADDUBSW      448(R8), Z13, Z13
 	VPERMW          Z8, Z5, Z14
 	VPDPWSSD        Z14, Z13, Z12
@@ -26702,28 +26694,30 @@ group:
 	VBROADCASTI64X4 548(DI), Z14
 	VPSLLVW         Z6, Z14, Z15
 	VPSRLVW         Z7, Z14, Z14
-	VPSRLW          $0x04, 420(DI), Z16
+	VMOVDQU64       420(DI), Z16
+	VPSRLW          $0x04, Z16, Z17
 	VPANDD          Z1, Z15, Z15
-	VPTERNLOGD      $0xf8, 420(DI), Z0, Z15
+	VPTERNLOGD      $0xf8, Z16, Z0, Z15
 	VPMADDUBSW      512(R8), Z15, Z15
-	VPERMW          Z8, Z2, Z17
-	VPDPWSSD        Z17, Z15, Z12
+	VPERMW          Z8, Z2, Z16
+	VPDPWSSD        Z16, Z15, Z12
 	VPANDD          Z1, Z14, Z14
-	VPTERNLOGD      $0xf8, Z0, Z16, Z14
+	VPTERNLOGD      $0xf8, Z0, Z17, Z14
 	VPMADDUBSW      576(R8), Z14, Z14
 	VPERMW          Z8, Z3, Z15
 	VPDPWSSD        Z15, Z14, Z13
 	VBROADCASTI64X4 580(DI), Z14
 	VPSLLVW         Z6, Z14, Z15
 	VPSRLVW         Z7, Z14, Z14
-	VPSRLW          $0x04, 484(DI), Z16
+	VMOVDQU64       484(DI), Z16
+	VPSRLW          $0x04, Z16, Z17
 	VPANDD          Z1, Z15, Z15
-	VPTERNLOGD      $0xf8, 484(DI), Z0, Z15
+	VPTERNLOGD      $0xf8, Z16, Z0, Z15
 	VPMADDUBSW      640(R8), Z15, Z15
-	VPERMW          Z8, Z4, Z17
-	VPDPWSSD        Z17, Z15, Z12
+	VPERMW          Z8, Z4, Z16
+	VPDPWSSD        Z16, Z15, Z12
 	VPANDD          Z1, Z14, Z14
-	VPTERNLOGD      $0xf8, Z0, Z16, Z14
+	VPTERNLOGD      $0xf8, Z0, Z17, Z14
 	VPMADDUBSW      704(R8), Z14, Z14
 	VPERMW          Z8, Z5, Z15
 	VPDPWSSD        Z15, Z14, Z13
@@ -26737,28 +26731,30 @@ group:
 	VBROADCASTI64X4 758(DI), Z15
 	VPSLLVW         Z6, Z15, Z16
 	VPSRLVW         Z7, Z15, Z15
-	VPSRLW          $0x04, 630(DI), Z17
+	VMOVDQU64       630(DI), Z17
+	VPSRLW          $0x04, Z17, Z18
 	VPANDD          Z1, Z16, Z16
-	VPTERNLOGD      $0xf8, 630(DI), Z0, Z16
+	VPTERNLOGD      $0xf8, Z17, Z0, Z16
 	VPMADDUBSW      768(R8), Z16, Z16
-	VPERMW          Z8, Z2, Z18
-	VPDPWSSD        Z18, Z16, Z13
+	VPERMW          Z8, Z2, Z17
+	VPDPWSSD        Z17, Z16, Z13
 	VPANDD          Z1, Z15, Z15
-	VPTERNLOGD      $0xf8, Z0, Z17, Z15
+	VPTERNLOGD      $0xf8, Z0, Z18, Z15
 	VPMADDUBSW      832(R8), Z15, Z15
 	VPERMW          Z8, Z3, Z16
 	VPDPWSSD        Z16, Z15, Z14
 	VBROADCASTI64X4 790(DI), Z15
 	VPSLLVW         Z6, Z15, Z16
 	VPSRLVW         Z7, Z15, Z15
-	VPSRLW          $0x04, 694(DI), Z17
+	VMOVDQU64       694(DI), Z17
+	VPSRLW          $0x04, Z17, Z18
 	VPANDD          Z1, Z16, Z16
-	VPTERNLOGD      $0xf8, 694(DI), Z0, Z16
+	VPTERNLOGD      $0xf8, Z17, Z0, Z16
 	VPMADDUBSW      896(R8), Z16, Z16
-	VPERMW          Z8, Z4, Z18
-	VPDPWSSD        Z18, Z16, Z13
+	VPERMW          Z8, Z4, Z17
+	VPDPWSSD        Z17, Z16, Z13
 	VPANDD          Z1, Z15, Z15
-	VPTERNLOGD      $0xf8, Z0, Z17, Z15
+	VPTERNLOGD      $0xf8, Z0, Z18, Z15
 	VPMADDUBSW      960(R8), Z15, Z15
 	VPERMW          Z8, Z5, Z16
 	VPDPWSSD        Z16, Z15, Z14
@@ -26891,16 +26887,10 @@ chain:
 	JNE         chain
 
 lastgroup:
-	SHLQ $0x02, BX
-	SUBQ CX, BX
-	SHLQ $0x02, BX
-	ADDQ BX, AX
-	ADDQ BX, R8
-	SHRQ $0x02, BX
-	SUBQ $0x00000004, BX
-	NEGQ BX
-
-tail:
+	SHLQ        $0x02, BX
+	SUBQ        CX, BX
+	CMPQ        BX, $0x00
+	JA          tail0
 	VMOVSS      (AX), X8
 	VFMADD231SS 16(AX), X8, X0
 	VMOVSS      (AX)(SI*1), X8
@@ -26917,18 +26907,76 @@ tail:
 	VFMADD231SS 16(R8)(SI*2), X8, X6
 	VMOVSS      (R8)(DI*1), X8
 	VFMADD231SS 16(R8)(DI*1), X8, X7
-	ADDQ        $0x00000004, AX
-	ADDQ        $0x00000004, R8
-	DECQ        BX
-	JNE         tail
-	VMOVSS      X0, (DX)
-	VMOVSS      X1, 4(DX)
-	VMOVSS      X2, 8(DX)
-	VMOVSS      X3, 12(DX)
-	VMOVSS      X4, 16(DX)
-	VMOVSS      X5, 20(DX)
-	VMOVSS      X6, 24(DX)
-	VMOVSS      X7, 28(DX)
+
+tail0:
+	CMPQ        BX, $0x01
+	JA          tail1
+	VMOVSS      4(AX), X8
+	VFMADD231SS 20(AX), X8, X0
+	VMOVSS      4(AX)(SI*1), X8
+	VFMADD231SS 20(AX)(SI*1), X8, X1
+	VMOVSS      4(AX)(SI*2), X8
+	VFMADD231SS 20(AX)(SI*2), X8, X2
+	VMOVSS      4(AX)(DI*1), X8
+	VFMADD231SS 20(AX)(DI*1), X8, X3
+	VMOVSS      4(R8), X8
+	VFMADD231SS 20(R8), X8, X4
+	VMOVSS      4(R8)(SI*1), X8
+	VFMADD231SS 20(R8)(SI*1), X8, X5
+	VMOVSS      4(R8)(SI*2), X8
+	VFMADD231SS 20(R8)(SI*2), X8, X6
+	VMOVSS      4(R8)(DI*1), X8
+	VFMADD231SS 20(R8)(DI*1), X8, X7
+
+tail1:
+	CMPQ        BX, $0x02
+	JA          tail2
+	VMOVSS      8(AX), X8
+	VFMADD231SS 24(AX), X8, X0
+	VMOVSS      8(AX)(SI*1), X8
+	VFMADD231SS 24(AX)(SI*1), X8, X1
+	VMOVSS      8(AX)(SI*2), X8
+	VFMADD231SS 24(AX)(SI*2), X8, X2
+	VMOVSS      8(AX)(DI*1), X8
+	VFMADD231SS 24(AX)(DI*1), X8, X3
+	VMOVSS      8(R8), X8
+	VFMADD231SS 24(R8), X8, X4
+	VMOVSS      8(R8)(SI*1), X8
+	VFMADD231SS 24(R8)(SI*1), X8, X5
+	VMOVSS      8(R8)(SI*2), X8
+	VFMADD231SS 24(R8)(SI*2), X8, X6
+	VMOVSS      8(R8)(DI*1), X8
+	VFMADD231SS 24(R8)(DI*1), X8, X7
+
+tail2:
+	CMPQ        BX, $0x03
+	JA          tail3
+	VMOVSS      12(AX), X8
+	VFMADD231SS 28(AX), X8, X0
+	VMOVSS      12(AX)(SI*1), X8
+	VFMADD231SS 28(AX)(SI*1), X8, X1
+	VMOVSS      12(AX)(SI*2), X8
+	VFMADD231SS 28(AX)(SI*2), X8, X2
+	VMOVSS      12(AX)(DI*1), X8
+	VFMADD231SS 28(AX)(DI*1), X8, X3
+	VMOVSS      12(R8), X8
+	VFMADD231SS 28(R8), X8, X4
+	VMOVSS      12(R8)(SI*1), X8
+	VFMADD231SS 28(R8)(SI*1), X8, X5
+	VMOVSS      12(R8)(SI*2), X8
+	VFMADD231SS 28(R8)(SI*2), X8, X6
+	VMOVSS      12(R8)(DI*1), X8
+	VFMADD231SS 28(R8)(DI*1), X8, X7
+
+tail3:
+	VMOVSS X0, (DX)
+	VMOVSS X1, 4(DX)
+	VMOVSS X2, 8(DX)
+	VMOVSS X3, 12(DX)
+	VMOVSS X4, 16(DX)
+	VMOVSS X5, 20(DX)
+	VMOVSS X6, 24(DX)
+	VMOVSS X7, 28(DX)
 	VZEROUPPER
 	RET
 
@@ -38220,16 +38268,10 @@ chain:
 	JNE         chain
 
 lastgroup:
-	SHLQ $0x02, BX
-	SUBQ CX, BX
-	SHLQ $0x02, BX
-	ADDQ BX, AX
-	ADDQ BX, R8
-	SHRQ $0x02, BX
-	SUBQ $0x00000004, BX
-	NEGQ BX
-
-tail:
+	SHLQ        $0x02, BX
+	SUBQ        CX, BX
+	CMPQ        BX, $0x00
+	JA          tail0
 	VMOVSS      (AX), X8
 	VFMADD231SS 32(AX), X8, X0
 	VMOVSS      (AX)(SI*1), X8
@@ -38262,18 +38304,124 @@ tail:
 	VFMADD231SS 48(R8)(SI*2), X8, X6
 	VMOVSS      16(R8)(DI*1), X8
 	VFMADD231SS 48(R8)(DI*1), X8, X7
-	ADDQ        $0x00000004, AX
-	ADDQ        $0x00000004, R8
-	DECQ        BX
-	JNE         tail
-	VMOVSS      X0, (DX)
-	VMOVSS      X1, 4(DX)
-	VMOVSS      X2, 8(DX)
-	VMOVSS      X3, 12(DX)
-	VMOVSS      X4, 16(DX)
-	VMOVSS      X5, 20(DX)
-	VMOVSS      X6, 24(DX)
-	VMOVSS      X7, 28(DX)
+
+tail0:
+	CMPQ        BX, $0x01
+	JA          tail1
+	VMOVSS      4(AX), X8
+	VFMADD231SS 36(AX), X8, X0
+	VMOVSS      4(AX)(SI*1), X8
+	VFMADD231SS 36(AX)(SI*1), X8, X1
+	VMOVSS      4(AX)(SI*2), X8
+	VFMADD231SS 36(AX)(SI*2), X8, X2
+	VMOVSS      4(AX)(DI*1), X8
+	VFMADD231SS 36(AX)(DI*1), X8, X3
+	VMOVSS      4(R8), X8
+	VFMADD231SS 36(R8), X8, X4
+	VMOVSS      4(R8)(SI*1), X8
+	VFMADD231SS 36(R8)(SI*1), X8, X5
+	VMOVSS      4(R8)(SI*2), X8
+	VFMADD231SS 36(R8)(SI*2), X8, X6
+	VMOVSS      4(R8)(DI*1), X8
+	VFMADD231SS 36(R8)(DI*1), X8, X7
+	VMOVSS      20(AX), X8
+	VFMADD231SS 52(AX), X8, X0
+	VMOVSS      20(AX)(SI*1), X8
+	VFMADD231SS 52(AX)(SI*1), X8, X1
+	VMOVSS      20(AX)(SI*2), X8
+	VFMADD231SS 52(AX)(SI*2), X8, X2
+	VMOVSS      20(AX)(DI*1), X8
+	VFMADD231SS 52(AX)(DI*1), X8, X3
+	VMOVSS      20(R8), X8
+	VFMADD231SS 52(R8), X8, X4
+	VMOVSS      20(R8)(SI*1), X8
+	VFMADD231SS 52(R8)(SI*1), X8, X5
+	VMOVSS      20(R8)(SI*2), X8
+	VFMADD231SS 52(R8)(SI*2), X8, X6
+	VMOVSS      20(R8)(DI*1), X8
+	VFMADD231SS 52(R8)(DI*1), X8, X7
+
+tail1:
+	CMPQ        BX, $0x02
+	JA          tail2
+	VMOVSS      8(AX), X8
+	VFMADD231SS 40(AX), X8, X0
+	VMOVSS      8(AX)(SI*1), X8
+	VFMADD231SS 40(AX)(SI*1), X8, X1
+	VMOVSS      8(AX)(SI*2), X8
+	VFMADD231SS 40(AX)(SI*2), X8, X2
+	VMOVSS      8(AX)(DI*1), X8
+	VFMADD231SS 40(AX)(DI*1), X8, X3
+	VMOVSS      8(R8), X8
+	VFMADD231SS 40(R8), X8, X4
+	VMOVSS      8(R8)(SI*1), X8
+	VFMADD231SS 40(R8)(SI*1), X8, X5
+	VMOVSS      8(R8)(SI*2), X8
+	VFMADD231SS 40(R8)(SI*2), X8, X6
+	VMOVSS      8(R8)(DI*1), X8
+	VFMADD231SS 40(R8)(DI*1), X8, X7
+	VMOVSS      24(AX), X8
+	VFMADD231SS 56(AX), X8, X0
+	VMOVSS      24(AX)(SI*1), X8
+	VFMADD231SS 56(AX)(SI*1), X8, X1
+	VMOVSS      24(AX)(SI*2), X8
+	VFMADD231SS 56(AX)(SI*2), X8, X2
+	VMOVSS      24(AX)(DI*1), X8
+	VFMADD231SS 56(AX)(DI*1), X8, X3
+	VMOVSS      24(R8), X8
+	VFMADD231SS 56(R8), X8, X4
+	VMOVSS      24(R8)(SI*1), X8
+	VFMADD231SS 56(R8)(SI*1), X8, X5
+	VMOVSS      24(R8)(SI*2), X8
+	VFMADD231SS 56(R8)(SI*2), X8, X6
+	VMOVSS      24(R8)(DI*1), X8
+	VFMADD231SS 56(R8)(DI*1), X8, X7
+
+tail2:
+	CMPQ        BX, $0x03
+	JA          tail3
+	VMOVSS      12(AX), X8
+	VFMADD231SS 44(AX), X8, X0
+	VMOVSS      12(AX)(SI*1), X8
+	VFMADD231SS 44(AX)(SI*1), X8, X1
+	VMOVSS      12(AX)(SI*2), X8
+	VFMADD231SS 44(AX)(SI*2), X8, X2
+	VMOVSS      12(AX)(DI*1), X8
+	VFMADD231SS 44(AX)(DI*1), X8, X3
+	VMOVSS      12(R8), X8
+	VFMADD231SS 44(R8), X8, X4
+	VMOVSS      12(R8)(SI*1), X8
+	VFMADD231SS 44(R8)(SI*1), X8, X5
+	VMOVSS      12(R8)(SI*2), X8
+	VFMADD231SS 44(R8)(SI*2), X8, X6
+	VMOVSS      12(R8)(DI*1), X8
+	VFMADD231SS 44(R8)(DI*1), X8, X7
+	VMOVSS      28(AX), X8
+	VFMADD231SS 60(AX), X8, X0
+	VMOVSS      28(AX)(SI*1), X8
+	VFMADD231SS 60(AX)(SI*1), X8, X1
+	VMOVSS      28(AX)(SI*2), X8
+	VFMADD231SS 60(AX)(SI*2), X8, X2
+	VMOVSS      28(AX)(DI*1), X8
+	VFMADD231SS 60(AX)(DI*1), X8, X3
+	VMOVSS      28(R8), X8
+	VFMADD231SS 60(R8), X8, X4
+	VMOVSS      28(R8)(SI*1), X8
+	VFMADD231SS 60(R8)(SI*1), X8, X5
+	VMOVSS      28(R8)(SI*2), X8
+	VFMADD231SS 60(R8)(SI*2), X8, X6
+	VMOVSS      28(R8)(DI*1), X8
+	VFMADD231SS 60(R8)(DI*1), X8, X7
+
+tail3:
+	VMOVSS X0, (DX)
+	VMOVSS X1, 4(DX)
+	VMOVSS X2, 8(DX)
+	VMOVSS X3, 12(DX)
+	VMOVSS X4, 16(DX)
+	VMOVSS X5, 20(DX)
+	VMOVSS X6, 24(DX)
+	VMOVSS X7, 28(DX)
 	VZEROUPPER
 	RET
 
@@ -38310,6 +38458,58 @@ DATA q4kscpairs<>+29(SB)/1, $0x80
 DATA q4kscpairs<>+30(SB)/1, $0x07
 DATA q4kscpairs<>+31(SB)/1, $0x80
 GLOBL q4kscpairs<>(SB), RODATA|NOPTR, $32
+
+DATA q4kdsplit<>+0(SB)/1, $0x00
+DATA q4kdsplit<>+1(SB)/1, $0x01
+DATA q4kdsplit<>+2(SB)/1, $0x04
+DATA q4kdsplit<>+3(SB)/1, $0x05
+DATA q4kdsplit<>+4(SB)/1, $0x08
+DATA q4kdsplit<>+5(SB)/1, $0x09
+DATA q4kdsplit<>+6(SB)/1, $0x0c
+DATA q4kdsplit<>+7(SB)/1, $0x0d
+DATA q4kdsplit<>+8(SB)/1, $0x02
+DATA q4kdsplit<>+9(SB)/1, $0x03
+DATA q4kdsplit<>+10(SB)/1, $0x06
+DATA q4kdsplit<>+11(SB)/1, $0x07
+DATA q4kdsplit<>+12(SB)/1, $0x0a
+DATA q4kdsplit<>+13(SB)/1, $0x0b
+DATA q4kdsplit<>+14(SB)/1, $0x0e
+DATA q4kdsplit<>+15(SB)/1, $0x0f
+GLOBL q4kdsplit<>(SB), RODATA|NOPTR, $16
+
+DATA negmhalf<>+0(SB)/1, $0x00
+DATA negmhalf<>+1(SB)/1, $0x00
+DATA negmhalf<>+2(SB)/1, $0x00
+DATA negmhalf<>+3(SB)/1, $0x00
+DATA negmhalf<>+4(SB)/1, $0x00
+DATA negmhalf<>+5(SB)/1, $0x00
+DATA negmhalf<>+6(SB)/1, $0x00
+DATA negmhalf<>+7(SB)/1, $0x00
+DATA negmhalf<>+8(SB)/1, $0x00
+DATA negmhalf<>+9(SB)/1, $0x00
+DATA negmhalf<>+10(SB)/1, $0x00
+DATA negmhalf<>+11(SB)/1, $0x00
+DATA negmhalf<>+12(SB)/1, $0x00
+DATA negmhalf<>+13(SB)/1, $0x00
+DATA negmhalf<>+14(SB)/1, $0x00
+DATA negmhalf<>+15(SB)/1, $0x00
+DATA negmhalf<>+16(SB)/1, $0x00
+DATA negmhalf<>+17(SB)/1, $0x00
+DATA negmhalf<>+18(SB)/1, $0x00
+DATA negmhalf<>+19(SB)/1, $0x80
+DATA negmhalf<>+20(SB)/1, $0x00
+DATA negmhalf<>+21(SB)/1, $0x00
+DATA negmhalf<>+22(SB)/1, $0x00
+DATA negmhalf<>+23(SB)/1, $0x80
+DATA negmhalf<>+24(SB)/1, $0x00
+DATA negmhalf<>+25(SB)/1, $0x00
+DATA negmhalf<>+26(SB)/1, $0x00
+DATA negmhalf<>+27(SB)/1, $0x80
+DATA negmhalf<>+28(SB)/1, $0x00
+DATA negmhalf<>+29(SB)/1, $0x00
+DATA negmhalf<>+30(SB)/1, $0x00
+DATA negmhalf<>+31(SB)/1, $0x80
+GLOBL negmhalf<>(SB), RODATA|NOPTR, $32
 
 // func qrowQ5_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 // Requires: AVX, AVX2, CMOV, F16C, FMA3
@@ -38969,16 +39169,10 @@ chain:
 	JNE         chain
 
 lastgroup:
-	SHLQ $0x02, BX
-	SUBQ CX, BX
-	SHLQ $0x02, BX
-	ADDQ BX, AX
-	ADDQ BX, R8
-	SHRQ $0x02, BX
-	SUBQ $0x00000004, BX
-	NEGQ BX
-
-tail:
+	SHLQ        $0x02, BX
+	SUBQ        CX, BX
+	CMPQ        BX, $0x00
+	JA          tail0
 	VMOVSS      (AX), X8
 	VFMADD231SS 32(AX), X8, X0
 	VMOVSS      (AX)(SI*1), X8
@@ -39011,18 +39205,124 @@ tail:
 	VFMADD231SS 48(R8)(SI*2), X8, X6
 	VMOVSS      16(R8)(DI*1), X8
 	VFMADD231SS 48(R8)(DI*1), X8, X7
-	ADDQ        $0x00000004, AX
-	ADDQ        $0x00000004, R8
-	DECQ        BX
-	JNE         tail
-	VMOVSS      X0, (DX)
-	VMOVSS      X1, 4(DX)
-	VMOVSS      X2, 8(DX)
-	VMOVSS      X3, 12(DX)
-	VMOVSS      X4, 16(DX)
-	VMOVSS      X5, 20(DX)
-	VMOVSS      X6, 24(DX)
-	VMOVSS      X7, 28(DX)
+
+tail0:
+	CMPQ        BX, $0x01
+	JA          tail1
+	VMOVSS      4(AX), X8
+	VFMADD231SS 36(AX), X8, X0
+	VMOVSS      4(AX)(SI*1), X8
+	VFMADD231SS 36(AX)(SI*1), X8, X1
+	VMOVSS      4(AX)(SI*2), X8
+	VFMADD231SS 36(AX)(SI*2), X8, X2
+	VMOVSS      4(AX)(DI*1), X8
+	VFMADD231SS 36(AX)(DI*1), X8, X3
+	VMOVSS      4(R8), X8
+	VFMADD231SS 36(R8), X8, X4
+	VMOVSS      4(R8)(SI*1), X8
+	VFMADD231SS 36(R8)(SI*1), X8, X5
+	VMOVSS      4(R8)(SI*2), X8
+	VFMADD231SS 36(R8)(SI*2), X8, X6
+	VMOVSS      4(R8)(DI*1), X8
+	VFMADD231SS 36(R8)(DI*1), X8, X7
+	VMOVSS      20(AX), X8
+	VFMADD231SS 52(AX), X8, X0
+	VMOVSS      20(AX)(SI*1), X8
+	VFMADD231SS 52(AX)(SI*1), X8, X1
+	VMOVSS      20(AX)(SI*2), X8
+	VFMADD231SS 52(AX)(SI*2), X8, X2
+	VMOVSS      20(AX)(DI*1), X8
+	VFMADD231SS 52(AX)(DI*1), X8, X3
+	VMOVSS      20(R8), X8
+	VFMADD231SS 52(R8), X8, X4
+	VMOVSS      20(R8)(SI*1), X8
+	VFMADD231SS 52(R8)(SI*1), X8, X5
+	VMOVSS      20(R8)(SI*2), X8
+	VFMADD231SS 52(R8)(SI*2), X8, X6
+	VMOVSS      20(R8)(DI*1), X8
+	VFMADD231SS 52(R8)(DI*1), X8, X7
+
+tail1:
+	CMPQ        BX, $0x02
+	JA          tail2
+	VMOVSS      8(AX), X8
+	VFMADD231SS 40(AX), X8, X0
+	VMOVSS      8(AX)(SI*1), X8
+	VFMADD231SS 40(AX)(SI*1), X8, X1
+	VMOVSS      8(AX)(SI*2), X8
+	VFMADD231SS 40(AX)(SI*2), X8, X2
+	VMOVSS      8(AX)(DI*1), X8
+	VFMADD231SS 40(AX)(DI*1), X8, X3
+	VMOVSS      8(R8), X8
+	VFMADD231SS 40(R8), X8, X4
+	VMOVSS      8(R8)(SI*1), X8
+	VFMADD231SS 40(R8)(SI*1), X8, X5
+	VMOVSS      8(R8)(SI*2), X8
+	VFMADD231SS 40(R8)(SI*2), X8, X6
+	VMOVSS      8(R8)(DI*1), X8
+	VFMADD231SS 40(R8)(DI*1), X8, X7
+	VMOVSS      24(AX), X8
+	VFMADD231SS 56(AX), X8, X0
+	VMOVSS      24(AX)(SI*1), X8
+	VFMADD231SS 56(AX)(SI*1), X8, X1
+	VMOVSS      24(AX)(SI*2), X8
+	VFMADD231SS 56(AX)(SI*2), X8, X2
+	VMOVSS      24(AX)(DI*1), X8
+	VFMADD231SS 56(AX)(DI*1), X8, X3
+	VMOVSS      24(R8), X8
+	VFMADD231SS 56(R8), X8, X4
+	VMOVSS      24(R8)(SI*1), X8
+	VFMADD231SS 56(R8)(SI*1), X8, X5
+	VMOVSS      24(R8)(SI*2), X8
+	VFMADD231SS 56(R8)(SI*2), X8, X6
+	VMOVSS      24(R8)(DI*1), X8
+	VFMADD231SS 56(R8)(DI*1), X8, X7
+
+tail2:
+	CMPQ        BX, $0x03
+	JA          tail3
+	VMOVSS      12(AX), X8
+	VFMADD231SS 44(AX), X8, X0
+	VMOVSS      12(AX)(SI*1), X8
+	VFMADD231SS 44(AX)(SI*1), X8, X1
+	VMOVSS      12(AX)(SI*2), X8
+	VFMADD231SS 44(AX)(SI*2), X8, X2
+	VMOVSS      12(AX)(DI*1), X8
+	VFMADD231SS 44(AX)(DI*1), X8, X3
+	VMOVSS      12(R8), X8
+	VFMADD231SS 44(R8), X8, X4
+	VMOVSS      12(R8)(SI*1), X8
+	VFMADD231SS 44(R8)(SI*1), X8, X5
+	VMOVSS      12(R8)(SI*2), X8
+	VFMADD231SS 44(R8)(SI*2), X8, X6
+	VMOVSS      12(R8)(DI*1), X8
+	VFMADD231SS 44(R8)(DI*1), X8, X7
+	VMOVSS      28(AX), X8
+	VFMADD231SS 60(AX), X8, X0
+	VMOVSS      28(AX)(SI*1), X8
+	VFMADD231SS 60(AX)(SI*1), X8, X1
+	VMOVSS      28(AX)(SI*2), X8
+	VFMADD231SS 60(AX)(SI*2), X8, X2
+	VMOVSS      28(AX)(DI*1), X8
+	VFMADD231SS 60(AX)(DI*1), X8, X3
+	VMOVSS      28(R8), X8
+	VFMADD231SS 60(R8), X8, X4
+	VMOVSS      28(R8)(SI*1), X8
+	VFMADD231SS 60(R8)(SI*1), X8, X5
+	VMOVSS      28(R8)(SI*2), X8
+	VFMADD231SS 60(R8)(SI*2), X8, X6
+	VMOVSS      28(R8)(DI*1), X8
+	VFMADD231SS 60(R8)(DI*1), X8, X7
+
+tail3:
+	VMOVSS X0, (DX)
+	VMOVSS X1, 4(DX)
+	VMOVSS X2, 8(DX)
+	VMOVSS X3, 12(DX)
+	VMOVSS X4, 16(DX)
+	VMOVSS X5, 20(DX)
+	VMOVSS X6, 24(DX)
+	VMOVSS X7, 28(DX)
 	VZEROUPPER
 	RET
 
@@ -39517,16 +39817,10 @@ chain:
 	JNE         chain
 
 lastgroup:
-	SHLQ $0x02, BX
-	SUBQ CX, BX
-	SHLQ $0x02, BX
-	ADDQ BX, AX
-	ADDQ BX, R8
-	SHRQ $0x02, BX
-	SUBQ $0x00000004, BX
-	NEGQ BX
-
-tail:
+	SHLQ        $0x02, BX
+	SUBQ        CX, BX
+	CMPQ        BX, $0x00
+	JA          tail0
 	VMOVSS      (AX), X8
 	VFMADD231SS 16(AX), X8, X0
 	VMOVSS      (AX)(SI*1), X8
@@ -39543,18 +39837,76 @@ tail:
 	VFMADD231SS 16(R8)(SI*2), X8, X6
 	VMOVSS      (R8)(DI*1), X8
 	VFMADD231SS 16(R8)(DI*1), X8, X7
-	ADDQ        $0x00000004, AX
-	ADDQ        $0x00000004, R8
-	DECQ        BX
-	JNE         tail
-	VMOVSS      X0, (DX)
-	VMOVSS      X1, 4(DX)
-	VMOVSS      X2, 8(DX)
-	VMOVSS      X3, 12(DX)
-	VMOVSS      X4, 16(DX)
-	VMOVSS      X5, 20(DX)
-	VMOVSS      X6, 24(DX)
-	VMOVSS      X7, 28(DX)
+
+tail0:
+	CMPQ        BX, $0x01
+	JA          tail1
+	VMOVSS      4(AX), X8
+	VFMADD231SS 20(AX), X8, X0
+	VMOVSS      4(AX)(SI*1), X8
+	VFMADD231SS 20(AX)(SI*1), X8, X1
+	VMOVSS      4(AX)(SI*2), X8
+	VFMADD231SS 20(AX)(SI*2), X8, X2
+	VMOVSS      4(AX)(DI*1), X8
+	VFMADD231SS 20(AX)(DI*1), X8, X3
+	VMOVSS      4(R8), X8
+	VFMADD231SS 20(R8), X8, X4
+	VMOVSS      4(R8)(SI*1), X8
+	VFMADD231SS 20(R8)(SI*1), X8, X5
+	VMOVSS      4(R8)(SI*2), X8
+	VFMADD231SS 20(R8)(SI*2), X8, X6
+	VMOVSS      4(R8)(DI*1), X8
+	VFMADD231SS 20(R8)(DI*1), X8, X7
+
+tail1:
+	CMPQ        BX, $0x02
+	JA          tail2
+	VMOVSS      8(AX), X8
+	VFMADD231SS 24(AX), X8, X0
+	VMOVSS      8(AX)(SI*1), X8
+	VFMADD231SS 24(AX)(SI*1), X8, X1
+	VMOVSS      8(AX)(SI*2), X8
+	VFMADD231SS 24(AX)(SI*2), X8, X2
+	VMOVSS      8(AX)(DI*1), X8
+	VFMADD231SS 24(AX)(DI*1), X8, X3
+	VMOVSS      8(R8), X8
+	VFMADD231SS 24(R8), X8, X4
+	VMOVSS      8(R8)(SI*1), X8
+	VFMADD231SS 24(R8)(SI*1), X8, X5
+	VMOVSS      8(R8)(SI*2), X8
+	VFMADD231SS 24(R8)(SI*2), X8, X6
+	VMOVSS      8(R8)(DI*1), X8
+	VFMADD231SS 24(R8)(DI*1), X8, X7
+
+tail2:
+	CMPQ        BX, $0x03
+	JA          tail3
+	VMOVSS      12(AX), X8
+	VFMADD231SS 28(AX), X8, X0
+	VMOVSS      12(AX)(SI*1), X8
+	VFMADD231SS 28(AX)(SI*1), X8, X1
+	VMOVSS      12(AX)(SI*2), X8
+	VFMADD231SS 28(AX)(SI*2), X8, X2
+	VMOVSS      12(AX)(DI*1), X8
+	VFMADD231SS 28(AX)(DI*1), X8, X3
+	VMOVSS      12(R8), X8
+	VFMADD231SS 28(R8), X8, X4
+	VMOVSS      12(R8)(SI*1), X8
+	VFMADD231SS 28(R8)(SI*1), X8, X5
+	VMOVSS      12(R8)(SI*2), X8
+	VFMADD231SS 28(R8)(SI*2), X8, X6
+	VMOVSS      12(R8)(DI*1), X8
+	VFMADD231SS 28(R8)(DI*1), X8, X7
+
+tail3:
+	VMOVSS X0, (DX)
+	VMOVSS X1, 4(DX)
+	VMOVSS X2, 8(DX)
+	VMOVSS X3, 12(DX)
+	VMOVSS X4, 16(DX)
+	VMOVSS X5, 20(DX)
+	VMOVSS X6, 24(DX)
+	VMOVSS X7, 28(DX)
 	VZEROUPPER
 	RET
 

@@ -49,7 +49,11 @@ type qAct struct {
 	meta []uint32
 	// rowAux holds, for one activation row, the per-block arrays of the
 	// row kernels (set by setRowAux): for the 32-blocks the nb scales dx
-	// then the nb corrections, for the K-quants the nb scales.
+	// then the nb corrections, for the K-quants the nb scales, for
+	// Q4_K/Q5_K then 8 words per super-block: the int16 sums of q per 32
+	// laid out like the AVX-512 row kernel's scale and min words (words
+	// 4..7 and 12..15 the sums of sub-blocks 0..3 and 4..7, the rest
+	// zero).
 	rowAux []uint32
 	// rowX holds, for one activation row of Q4_K/Q5_K weights, the
 	// levels with the 32-byte sub-blocks of each super-block in the order
@@ -64,8 +68,12 @@ func (a *qAct) setRowAux() {
 	words, elems := metaWords(a.dt)
 	nb := a.k / elems
 	n := nb
-	if words == 2 {
+	kmins := a.dt == Q4_K || a.dt == Q5_K
+	switch {
+	case words == 2:
 		n = 2 * nb
+	case kmins:
+		n = 9 * nb
 	}
 	if cap(a.rowAux) < n {
 		a.rowAux = make([]uint32, n)
@@ -75,6 +83,12 @@ func (a *qAct) setRowAux() {
 		a.rowAux[b] = a.meta[b*words]
 		if words == 2 {
 			a.rowAux[nb+b] = a.meta[2*b+1]
+		}
+		if kmins {
+			s := a.rowAux[nb+8*b : nb+8*b+8]
+			m := a.meta[16*b+4 : 16*b+8]
+			s[0], s[1], s[2], s[3] = 0, 0, m[0], m[1]
+			s[4], s[5], s[6], s[7] = 0, 0, m[2], m[3]
 		}
 	}
 	if a.dt == Q4_K || a.dt == Q5_K {

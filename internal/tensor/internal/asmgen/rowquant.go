@@ -38,6 +38,15 @@ package main
 // takes fewer instructions per byte where the per-byte work is largest.
 // The AVX-512 kernels use EVEX encodings only (the allocator may hand out
 // registers 16–31), the AVX2 ones VEX encodings and 16 registers.
+//
+// On the Zen 5 (family 26: full-width 512-bit units), what bounded the
+// AVX-512 Q4_K kernel was not its instruction count (a version with a
+// quarter fewer ran no faster; 18% more NOPs cost under 2%) but in part
+// the dependence of its dot products on the chain that unpacks the 6-bit
+// scales: rowQ4K512 now takes unscaled sub-block sums by VPDPBUSD and
+// applies the scales after the reduction (see there). BenchmarkQuantRowKernel
+// measures these kernels on L2-resident weights, the best of many trials
+// (docs/performance.md has what was tried).
 
 import (
 	"fmt"
@@ -67,6 +76,9 @@ type rowKern struct {
 	transposed bool
 	// nb is the kernel's parameter, once phase1 loaded it.
 	nb GPVirtual
+	// pos, where set, maps pair p of block t of a group to its lane of
+	// the group's f (and s) vector in the scratch; otherwise p·group + t.
+	pos func(p, t int) int
 }
 
 // paramMem returns the stack address of the parameter name.
@@ -489,8 +501,12 @@ func (k *rowKern) phase2() {
 	}
 	step := func(lane int) {
 		for p := range k.pairs {
-			fo := 4 * (p*k.group + lane)
-			so := 4 * ((k.pairs+p)*k.group + lane)
+			pos := p*k.group + lane
+			if k.pos != nil {
+				pos = k.pos(p, lane)
+			}
+			fo := 4 * pos
+			so := 4 * (k.pairs*k.group + pos)
 			for r := range 8 {
 				f := XMM()
 				VMOVSS(at(r, fo), f)
@@ -518,18 +534,13 @@ func (k *rowKern) phase2() {
 	MOVQ(groups, o)
 	SHLQ(U8(log2(k.group)), o)
 	SUBQ(nb, o)
-	SHLQ(U8(2), o)
-	ADDQ(o, p0)
-	ADDQ(o, p4)
-	SHRQ(U8(2), o)
-	SUBQ(U32(k.group), o)
-	NEGQ(o)
-	Label("tail")
-	step(0)
-	ADDQ(U32(4), p0)
-	ADDQ(U32(4), p4)
-	DECQ(o)
-	JNE(LabelRef("tail"))
+	for lane := range k.group {
+		skip := fmt.Sprintf("tail%d", lane)
+		CMPQ(o, U8(lane))
+		JA(LabelRef(skip))
+		step(lane)
+		Label(skip)
+	}
 	for r := range 8 {
 		VMOVSS(acc[r], Mem{Base: out, Disp: 4 * r})
 	}
@@ -974,14 +985,26 @@ func foldZ(z VecVirtual) VecVirtual {
 // ones 4i+1 and 4i+3.
 var q4kPerm = [8]int{0, 2, 1, 3, 4, 6, 5, 7}
 
-// rowQ4K512 emits the AVX-512 Q4_K (Q5_K with five) row kernel: that of
-// rowQ4K with 512-bit vectors, two sub-blocks per vector (the activations
-// in q4kPerm order), the two scales of a vector spread by VPERMW. The
-// scales and mins of the group's 4 super-blocks are unpacked together in
-// one vector, and the integers of the 4 are reduced by one tree each for
-// I and M: the per-super-block work is what bounds this kernel.
+// rowQ4K512 emits the AVX-512 Q4_K (Q5_K with five) row kernel. Unlike
+// rowQ4K, it takes the integer dot product of every 32-weight sub-block
+// first, unscaled, and applies the 6-bit scales after: per super-block
+// four VPDPBUSDs (levels times activations, two sub-blocks per vector,
+// the activations in q4kPerm order, 4 products per dword lane) reduced
+// by one tree to its 8 sub-block sums; those of two super-blocks times
+// their scales by one VPMULLD. Then one tree for the 4 super-blocks of a
+// group reduces I (the scaled sums) and M (the mins times the
+// activation sums per 32, one VPMADDWD per two super-blocks): lane
+// q4kLane(p, t) of its result holds pair p (I or M) of super-block t,
+// and the scale products are stored in the same lanes for phase 2.
+//
+// The dot products thus depend on nothing but loads. The kernel with the
+// scales spread by VPERMW and applied by VPDPWSSD (one instruction more
+// per 64 weights) ran no faster for fewer instructions: on the Zen 5 its
+// groups waited on the chain from the scale unpacking through the
+// VPERMWs, and the next groups' work could not enter the scheduler.
 func rowQ4K512(five bool) {
 	k := &rowKern{avx512: true, group: 4, pairs: 2}
+	k.pos = q4kLane
 	nm, bytes, qs := "Q4_K", 144, 16
 	if five {
 		nm, bytes, qs = "Q5_K", 176, 48
@@ -990,23 +1013,33 @@ func rowQ4K512(five bool) {
 	TEXT(name, NOSPLIT, rowSig)
 	Doc(fmt.Sprintf("%s computes up to 8 %s weight rows times one activation row (activation sub-blocks in q4kPerm order; see asmgen's rowquant.go).", name, nm))
 	c0f := splat(0x0f0f0f0f)
-	// The scale and min words (see the unpacking below): scale j at word
-	// j%4 + 8(j/4), min j 4 words on. idx[i]: the word scales of
-	// sub-blocks q4kPerm[2i], q4kPerm[2i+1]; minIdx the mins in order.
-	word := func(j int) int { return j%4 + 8*(j/4) }
-	var idx [4]VecVirtual
-	for i := range idx {
-		var w [32]int
-		for l := range w {
-			w[l] = word(q4kPerm[2*i+l/16])
-		}
-		idx[i] = wordIndex(fmt.Sprintf("q4kscidx%d", i), w)
+	ones := splat(0x00010001)
+	// The sub-block of lane l of a super-block's 8 sums (the tree's
+	// order): lanes 0..3 the first sub-blocks of vectors 0..3, 4..7 the
+	// second ones.
+	sub := func(l int) int { return q4kPerm[2*(l%4)+l/4] }
+	// Scale j of super-block 2i+s is word 16s + j%4 + 8(j/4) of the
+	// unpacked words of super-blocks 2i, 2i+1 (see below); scIdx puts it
+	// in the low word of dword lane 8s + l for the sum of lane l.
+	var w [32]int
+	for L := range 16 {
+		j := sub(L % 8)
+		w[2*L] = 16*(L/8) + j%4 + 8*(j/4)
 	}
-	var mw [32]int
-	for j := range 8 {
-		mw[j] = word(j) + 4
+	scIdx := wordIndex("q4kscdw", w)
+	evenWords := K()
+	{
+		g := GP32()
+		MOVL(U32(0x55555555), g)
+		KMOVD(g, evenWords)
 	}
-	minIdx := wordIndex("q4kminidx", mw)
+	// dy_t to the lanes of super-block t: lane l holds t = 2(l%2) + l/4.
+	var dyi []byte
+	for l := range 8 {
+		dyi = append(dyi, byte(2*(l%2)+l/4), 0, 0, 0)
+	}
+	dyIdx := YMM()
+	VMOVDQU64(table("q4kdyidx", dyi), dyIdx)
 	var c10, rot [2]VecVirtual
 	if five {
 		c10[0] = splat(0x10101010)
@@ -1035,46 +1068,33 @@ func rowQ4K512(five bool) {
 		mh = append(mh, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x0f, 0x0f, 0x0f, 0x0f)
 		mt = append(mt, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0x30, 0, 0, 0, 0, 0, 0, 0, 0)
 	}
-	maskA, maskH, maskT := ZMM(), ZMM(), ZMM()
-	VMOVDQU64(table("q4kunpacka", ma), maskA)
-	VMOVDQU64(table("q4kunpackh", mh), maskH)
-	VMOVDQU64(table("q4kunpackt", mt), maskT)
-	dShuf := table("q4kdsplit", []byte{0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15})
-	negHi := table("negmhalf", []byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-		0, 0, 0, 0x80, 0, 0, 0, 0x80, 0, 0, 0, 0x80, 0, 0, 0, 0x80})
-	k.phase1(256, bytes, func(wq, xq, b, slot GPVirtual) {
-		mq := GP64()
-		MOVQ(b, mq)
-		SHLQ(U8(6), mq)
-		ADDQ(paramMem("meta"), mq)
-		v := ZMM()
-		VMOVDQU32(Mem{Base: wq, Disp: 4}, v.AsX())
-		for t := 1; t < 4; t++ {
-			VINSERTI32X4(U8(t), Mem{Base: wq, Disp: bytes*t + 4}, v, v)
+	maskA, maskH, maskT := table("q4kunpacka", ma), table("q4kunpackh", mh), table("q4kunpackt", mt)
+	// d_t, dmin_t (words 8t, 8t+1 of the group's first 16 bytes of each
+	// super-block, quarter t) to the words in q4kLane order.
+	var dw [32]int
+	var neg []byte
+	for l := range 8 {
+		for t := range 4 {
+			for p := range 2 {
+				if q4kLane(p, t) == l {
+					dw[l] = 8*t + p
+					s := byte(0)
+					if p == 1 {
+						s = 0x80 // −M
+					}
+					neg = append(neg, 0, 0, 0, s)
+				}
+			}
 		}
-		u, h, tp := ZMM(), ZMM(), ZMM()
-		VPANDD(maskA, v, u)
-		VPSLLDQ(U8(4), v, h)
-		VPSRLW(U8(4), h, h)
-		VPSRLW(U8(2), v, tp)
-		VPANDD(maskT, tp, tp)
-		VPSLLDQ(U8(8), tp, tp)
-		VPTERNLOGD(U8(0xF8), maskH, h, tp) // tp | (h & maskH)
-		VPORD(tp, u, u)
-		z, m := make([]VecVirtual, 4), make([]VecVirtual, 4)
+	}
+	dIdx := wordIndex("q4kdidx", dw)
+	negM := table("q4knegm", neg)
+	k.phase1(256, bytes, func(wq, xq, b, slot GPVirtual) {
+		// The unscaled sub-block sums of each super-block: lane l of
+		// quarter q of sums[t] is quarter q of vector l's products.
+		var sums [4]VecVirtual
 		for t := range 4 {
 			blk := func(d int) Mem { return Mem{Base: wq, Disp: bytes*t + d} }
-			sb := u.AsX().(VecVirtual)
-			if t > 0 {
-				sb = XMM()
-				VEXTRACTI32X4(U8(t), u, sb)
-			}
-			sw := YMM()
-			VPMOVZXBW(sb, sw)
-			my := YMM()
-			VPERMW(sw, minIdx.AsY(), my)
-			mx := my.AsX().(VecVirtual)
-			VPMADDWD(Mem{Base: mq, Disp: 64*t + metaSums32}, mx, mx)
 			var qh [2]VecVirtual
 			if five {
 				q := ZMM()
@@ -1084,9 +1104,11 @@ func rowQ4K512(five bool) {
 					VPROLVD(rot[h], q, qh[h])
 				}
 			}
-			acc := [2]VecVirtual{zmmZero(), zmmZero()}
+			d := make([]VecVirtual, 4)
 			for i := range 2 {
-				m := blk(qs + 64*i)
+				// One load (most cross a cache line: 144-byte blocks).
+				m := ZMM()
+				VMOVDQU64(blk(qs+64*i), m)
 				lo, hi := ZMM(), ZMM()
 				VPANDD(m, c0f, lo)
 				VPSRLW(U8(4), m, hi)
@@ -1103,40 +1125,109 @@ func rowQ4K512(five bool) {
 						}
 						VPTERNLOGD(U8(0xF8), c10[0], f, v)
 					}
-					p := ZMM()
-					VPMADDUBSW(Mem{Base: xq, Disp: 256*t + 128*i + 64*h}, v, p)
-					s := ZMM()
-					VPERMW(sw.AsZ(), idx[2*i+h], s)
-					vpdpwssd(s, p, acc[h], false)
+					d[2*i+h] = zmmZero()
+					vpdpbusd(Mem{Base: xq, Disp: 256*t + 128*i + 64*h}, v, d[2*i+h], false)
 				}
 			}
-			VPADDD(acc[1], acc[0], acc[0])
-			z[t], m[t] = acc[0], mx
+			sums[t] = packTree4(d, ones)
 		}
-		// One tree for the 4 I (whose lanes then fold) and one for the
-		// 4 M: I₀..I₃, M₀..M₃.
-		c := k.insertHi(foldZ(tree4(z, ZMM)), tree4(m, XMM))
+		// Quarter t: d, dmin and the 12 scale bytes of super-block t.
+		raw := ZMM()
+		VMOVDQU32(Mem{Base: wq}, raw.AsX())
+		for t := 1; t < 4; t++ {
+			VINSERTI32X4(U8(t), Mem{Base: wq, Disp: bytes * t}, raw, raw)
+		}
+		v := ZMM()
+		VPSRLDQ(U8(4), raw, v)
+		u, h, tp := ZMM(), ZMM(), ZMM()
+		VPANDD(maskA, v, u)
+		VPSLLDQ(U8(4), v, h)
+		VPSRLW(U8(4), h, h)
+		VPSRLW(U8(2), v, tp)
+		VPANDD(maskT, tp, tp)
+		VPSLLDQ(U8(8), tp, tp)
+		VPTERNLOGD(U8(0xF8), maskH, h, tp) // tp | (h & maskH)
+		VPORD(tp, u, u)
+		// Words of super-blocks 0, 1 and 2, 3.
+		sw := [2]VecVirtual{ZMM(), ZMM()}
+		VPMOVZXBW(u.AsY(), sw[0])
+		uh := YMM()
+		VEXTRACTI64X4(U8(1), u, uh)
+		VPMOVZXBW(uh, sw[1])
+		// M's partial sums: the words times the activation sums per 32
+		// (32 bytes per super-block after the nb scales in aux).
+		bs := k.param("aux")
+		LEAQ(Mem{Base: bs, Index: k.nb, Scale: 4}, bs)
+		o := GP64()
+		MOVQ(b, o)
+		SHLQ(U8(5), o)
+		ADDQ(o, bs)
+		// Per pair of super-blocks: quarters 0+1 of sums (the first
+		// sub-blocks of the 4 vectors) and 2+3 (the second ones) side by
+		// side, times the scales.
+		var z [4]VecVirtual
+		for i := range 2 {
+			x, y := ZMM(), ZMM()
+			VSHUFI64X2(U8(0b10_00_10_00), sums[2*i+1], sums[2*i], x)
+			VSHUFI64X2(U8(0b11_01_11_01), sums[2*i+1], sums[2*i], y)
+			VPADDD(y, x, x)
+			sc := ZMM()
+			VPERMW_Z(sw[i], scIdx, evenWords, sc)
+			VPMULLD(sc, x, x)
+			z[i] = x
+			z[2+i] = ZMM()
+			VPMADDWD(Mem{Base: bs, Disp: 64 * i}, sw[i], z[2+i])
+		}
+		// Quarter q of r, lane j: the sum of quarter q of z[j]; the sums
+		// of quarters 0+1 (super-blocks 0, 2) and 2+3 (1, 3).
+		r := tree4(z[:], ZMM)
+		g := ZMM()
+		VSHUFI64X2(U8(0b11_01_10_00), r, r, g)
+		c := YMM()
+		VEXTRACTI64X4(U8(1), g, c)
+		VPADDD(g.AsY(), c, c)
 		f := YMM()
 		VCVTDQ2PS(c, f)
-		VXORPS(negHi, f, f)
 		VMOVUPS(f, Mem{Base: slot})
-		q0 := pack2x32(wq, 0, bytes)
-		q1 := pack2x32(wq, 2*bytes, bytes)
-		x := XMM()
-		VMOVQ(q0, x)
-		VPINSRQ(U8(1), q1, x, x)
-		VPSHUFB(dShuf, x, x)
-		ds := YMM()
-		VCVTPH2PS(x, ds)
+		x := ZMM()
+		VPERMW(raw, dIdx, x)
+		dd := YMM()
+		VCVTPH2PS(x.AsX(), dd)
 		dy := YMM()
-		VBROADCASTF32X4(Mem{Base: k.param("aux"), Index: b, Scale: 4}, dy)
-		VMULPS(dy, ds, ds)
-		VMOVUPS(ds, Mem{Base: slot, Disp: 32})
+		VPERMPS(Mem{Base: k.param("aux"), Index: b, Scale: 4}, dyIdx, dy)
+		VMULPS(dy, dd, dd)
+		// fma(M, −dmin·dy, acc) is fma(−M, dmin·dy, acc) exactly; the
+		// sign goes on this side, off the integers' longer chain.
+		VXORPS(negM, dd, dd)
+		VMOVUPS(dd, Mem{Base: slot, Disp: 32})
 	})
 	k.phase2()
 	VZEROUPPER()
 	RET()
 }
+
+// packTree4 is tree4 for 4 ZMMs of dword lanes whose sums of pairs fit in
+// int16 (VPDPBUSD sums of 4 products of levels 0..31 and int8
+// activations: at most 4·31·128 = 15872): each level packs two vectors to
+// words (VPACKSSDW, exact here) and adds the pairs by VPMADDWD by ones,
+// half the shuffles of tree4's unpacks (the Zen 5's shuffle pipes are
+// this kernel's busiest).
+func packTree4(p []VecVirtual, ones VecVirtual) VecVirtual {
+	var a [2]VecVirtual
+	for i := range 2 {
+		a[i] = ZMM()
+		VPACKSSDW(p[2*i+1], p[2*i], a[i])
+		VPMADDWD(ones, a[i], a[i])
+	}
+	r := ZMM()
+	VPACKSSDW(a[1], a[0], r)
+	VPMADDWD(ones, r, r)
+	return r
+}
+
+// q4kLane is the lane of the AVX-512 Q4_K/Q5_K row kernel's group vectors
+// that holds pair p (0: I, 1: M) of super-block t (see rowQ4K512).
+func q4kLane(p, t int) int { return 4*(t%2) + 2*p + t/2 }
 
 // rowQ6K512 emits the AVX-512 Q6_K row kernel: that of rowQ6K with 512-bit
 // vectors: the 64 low nibbles of ql[64h:64h+64] with their qh bits are the
@@ -1188,13 +1279,15 @@ func rowQ6K512() {
 				hb := [2]VecVirtual{ZMM(), ZMM()}
 				VPSLLVW(sh[0], q, hb[0])
 				VPSRLVW(sh[1], q, hb[1])
-				qs := ZMM()
-				VPSRLW(U8(4), blk(64*h), qs)
+				// One load (most cross a cache line: 210-byte blocks).
+				ql, qs := ZMM(), ZMM()
+				VMOVDQU64(blk(64*h), ql)
+				VPSRLW(U8(4), ql, qs)
 				for i := range 2 {
 					VPANDD(c30, hb[i], hb[i])
 					// hb | (levels & 0x0f)
 					if i == 0 {
-						VPTERNLOGD(U8(0xF8), blk(64*h), c0f, hb[i])
+						VPTERNLOGD(U8(0xF8), ql, c0f, hb[i])
 					} else {
 						VPTERNLOGD(U8(0xF8), c0f, qs, hb[i])
 					}
