@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"encoding/json"
 	"math"
 	"slices"
 	"strings"
@@ -119,5 +120,31 @@ func TestWriteSLOGrid(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("grid lacks %q:\n%s", want, got)
 		}
+	}
+}
+
+func TestRescoreRecomputesFromTheRecords(t *testing.T) {
+	s := gridSuite()
+	s.Rescore(SLO{TTFT: 500 * time.Millisecond}, 0)
+	// Under TTFT ≤ 500 ms alone fast-start meets every request and smooth
+	// none; the grid needs a TPOT objective too, so there is none.
+	for _, r := range s.Results {
+		want := 1.0
+		if r.Target == "smooth" {
+			want = 0
+		}
+		if r.Attained != want || len(r.Curve) != len(SLOScales) {
+			t.Errorf("%s at %v: attained %v, curve %v; want %v", r.Target, r.Load.Rate, r.Attained, r.Curve, want)
+		}
+	}
+	if len(s.Capacity) != 2 || s.Capacity[0].Bound != "at least" || s.Capacity[1].Bound != "below" || s.Grid != nil {
+		t.Errorf("capacities %+v, grid %d cells", s.Capacity, len(s.Grid))
+	}
+	var b bytes.Buffer
+	if err := json.NewEncoder(&b).Encode(s); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadSuite(&b); err == nil || !strings.Contains(err.Error(), "no plan or workload") {
+		t.Errorf("a run without a workload read as %v", err)
 	}
 }

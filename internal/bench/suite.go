@@ -298,8 +298,11 @@ func (s *Suite) Rescore(slo SLO, goal float64) {
 	for _, r := range s.Results {
 		r.score(slo)
 	}
+	if len(s.Search) > 0 {
+		return // its capacities are the search's answers, not a rate sweep's
+	}
 	s.Capacity, s.Grid = nil, nil
-	if slo.Set() && len(s.Search) == 0 {
+	if slo.Set() {
 		s.Capacity = Capacities(s)
 		s.Grid = SLOGrid(s, GridScales, GridScales)
 	}
