@@ -240,29 +240,15 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout KVLayout, li int, s
 	c := &m.cfg
 	s := &m.s
 	hd, kvd, group, bs := c.HeadDim, c.KVDim(), c.Heads/c.KVHeads, layout.BlockSize
-	g := &m.layers[li].qkv
 	const C = attnKeyChunk
 	perHead := ntok * group // rows per KV head
 	R := (kh1 - kh0) * perHead
 	w.grow(R, hd)
-	scale := float32(1 / math.Sqrt(float64(hd)))
-	for kvh := kh0; kvh < kh1; kvh++ {
-		for tok := range ntok {
-			src := s.qkv[(t0+tok)*g.width+g.off[0]+kvh*group*hd:][:group*hd]
-			dst := w.q[((kvh-kh0)*perHead+tok*group)*hd:][:group*hd]
-			for i, v := range src {
-				dst[i] = v * scale
-			}
-		}
-	}
+	m.scaledQueries(w, li, t0, ntok, kh0, kh1)
 	if kv.u16 != nil {
 		w.qb.Set(w.q, R, hd)
 	}
-	negInf := float32(math.Inf(-1))
-	for r := range R {
-		w.mx[r], w.l[r] = negInf, 0
-	}
-	clear(w.acc[:R*hd])
+	w.reset(R, hd)
 
 	end := first + ntok // keys of the tile's last token
 	for c0 := 0; c0 < end; c0 += C {
@@ -306,7 +292,7 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout KVLayout, li int, s
 					sc := w.s[r*C:][:cnt]
 					_, mc := tensor.ArgMax(sc)
 					if mc > w.mx[r] {
-						if w.mx[r] != negInf {
+						if !math.IsInf(float64(w.mx[r]), -1) {
 							w.factor[0] = w.mx[r]
 							f := tensor.ExpSum(w.factor[:], mc)
 							w.l[r] *= f
@@ -350,6 +336,36 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout KVLayout, li int, s
 			}
 		}
 	}
+}
+
+// scaledQueries writes into w.q the queries of tokens [t0, t0+ntok) of the
+// batch for the query heads of KV heads [kh0, kh1), times 1/√head_dim, in
+// the item's row order (see attendTile).
+func (m *Model) scaledQueries(w *attnScratch, li, t0, ntok, kh0, kh1 int) {
+	c := &m.cfg
+	hd, group := c.HeadDim, c.Heads/c.KVHeads
+	g := &m.layers[li].qkv
+	perHead := ntok * group
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	for kvh := kh0; kvh < kh1; kvh++ {
+		for tok := range ntok {
+			src := m.s.qkv[(t0+tok)*g.width+g.off[0]+kvh*group*hd:][:group*hd]
+			dst := w.q[((kvh-kh0)*perHead+tok*group)*hd:][:group*hd]
+			for i, v := range src {
+				dst[i] = v * scale
+			}
+		}
+	}
+}
+
+// reset starts the online softmax of R rows of hd outputs: running
+// maximum −Inf, sum and accumulators 0.
+func (w *attnScratch) reset(R, hd int) {
+	negInf := float32(math.Inf(-1))
+	for r := range R {
+		w.mx[r], w.l[r] = negInf, 0
+	}
+	clear(w.acc[:R*hd])
 }
 
 // axpyGroup adds to the g output rows y[h·n:][:n] (h < g) the rows value

@@ -1,8 +1,6 @@
 package model
 
 import (
-	"math"
-
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
@@ -82,7 +80,6 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout KVLayout, li in
 	c := &m.cfg
 	s := &m.s
 	hd, kvd, group, bs := c.HeadDim, c.KVDim(), c.Heads/c.KVHeads, layout.BlockSize
-	g := &m.layers[li].qkv
 	const C = attnKeyChunk
 	perHead := ntok * group
 	R := (kh1 - kh0) * perHead
@@ -91,16 +88,7 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout KVLayout, li in
 	if w.voffs == nil {
 		w.voffs = make([]int, C)
 	}
-	scale := float32(1 / math.Sqrt(float64(hd)))
-	for kvh := kh0; kvh < kh1; kvh++ {
-		for tok := range ntok {
-			src := s.qkv[(t0+tok)*g.width+g.off[0]+kvh*group*hd:][:group*hd]
-			dst := w.q[((kvh-kh0)*perHead+tok*group)*hd:][:group*hd]
-			for i, v := range src {
-				dst[i] = v * scale
-			}
-		}
-	}
+	m.scaledQueries(w, li, t0, ntok, kh0, kh1)
 	P2 := 2 * tensor.AttnKeyPairs(hd) // a padded query row
 	if keys != nil {
 		// Rounded as BF16Query.Set rounds (one ToBF16 per element).
@@ -113,11 +101,7 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout KVLayout, li in
 	} else {
 		w.qb.Set(w.q, R, hd)
 	}
-	negInf := float32(math.Inf(-1))
-	for r := range R {
-		w.mx[r], w.l[r] = negInf, 0
-	}
-	clear(w.acc[:R*hd])
+	w.reset(R, hd)
 
 	end := first + ntok // keys of the tile's last token
 	for c0 := 0; c0 < end; c0 += C {
