@@ -23,8 +23,9 @@ import (
 
 type (
 	// qpack packs nb blocks of a group of weight rows ldw bytes apart
-	// into the panel at dst.
-	qpack func(w *byte, ldw int, nb int, dst *byte)
+	// into the panel at dst, and prefetches the lanes·nb·blockBytes bytes
+	// from pf (an address only, never dereferenced).
+	qpack func(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 	// qdot continues the chains of a fixed number of activation rows
 	// (ldx bytes of int8 apart, their metadata ldm bytes apart) over nb
 	// blocks of a panel; acc holds lanes f32 per row.
@@ -147,8 +148,17 @@ func (s *qKernelSet) runPanels(ks qTypeKernels, sc *qScratch, a *qAct, w *Mat, l
 		sc.acc = make([]float32, m*lanes)
 	}
 	acc := sc.acc[:m*lanes]
+	// Each pack call prefetches the part of the next group of rows (the
+	// groups are contiguous) that matches its blocks, so the weights
+	// stream from DRAM in order, a group ahead; the last group re-touches
+	// itself.
+	wbase := uintptr(unsafe.Pointer(&w.Q[0]))
 	for j0 := lo; j0 < hi; j0 += lanes {
 		rows := min(lanes, hi-j0)
+		next := wbase + uintptr((j0+lanes)*rb)
+		if j0+lanes >= hi {
+			next = wbase + uintptr(j0*rb)
+		}
 		wq := w.Q[j0*rb:]
 		if rows < lanes {
 			// Fewer rows left than lanes: pack a copy padded with zeros.
@@ -161,7 +171,7 @@ func (s *qKernelSet) runPanels(ks qTypeKernels, sc *qScratch, a *qAct, w *Mat, l
 		clear(acc)
 		for b0 := 0; b0 < nb; b0 += chunk {
 			c := min(chunk, nb-b0)
-			ks.pack(&wq[b0*bytes], rb, c, &panel[0])
+			ks.pack(&wq[b0*bytes], rb, c, &panel[0], next+uintptr(b0*lanes*bytes))
 			for i := 0; i < m; i += len(ks.dot) {
 				r := min(len(ks.dot), m-i)
 				ks.dot[r-1](&a.xq[i*k+b0*elems], k, &a.meta[(i*nb+b0)*words], nb*words*4, &panel[0], c, &acc[i*lanes])

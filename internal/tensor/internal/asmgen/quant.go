@@ -251,22 +251,36 @@ type quant32 struct {
 const (
 	panel32Vecs  = 9
 	panel32Bytes = 64 * panel32Vecs
-	// pfDist is how far ahead in each weight row the pack kernels
-	// prefetch, in bytes.
-	pfDist = 1024
 )
+
+// packSig is the Go signature of the pack kernels.
+const packSig = "func(w *byte, ldw int, nb int, dst *byte, pf uintptr)"
+
+// prefetchNext emits the pack kernels' prefetch for one block step: the
+// cache lines of [pf, pf+step) and pf advanced by step. The driver points pf
+// at the part of the next group of weight rows (contiguous in memory) that
+// corresponds to this call's blocks, so that the matrix is fetched from
+// DRAM as one sequential stream a group ahead: reading 8–16 rows side by
+// side, as the transposes do, gets a fraction of one stream's bandwidth.
+func prefetchNext(pf GPVirtual, step int) {
+	for off := 0; off < step+63; off += 64 {
+		PREFETCHT0(Mem{Base: pf, Disp: off})
+	}
+	ADDQ(U32(step), pf)
+}
 
 // pack32 emits the pack kernel of Q8_0 (levels + 128), Q4_0 (the nibbles)
 // or Q5_0 (nibbles and fifth bits): nb blocks of 16 rows ldw bytes apart
 // into dst.
 func pack32(q quant32) {
 	name := "qpack" + q.name + "AVX512"
-	TEXT(name, NOSPLIT, "func(w *byte, ldw int, nb int, dst *byte)")
+	TEXT(name, NOSPLIT, packSig)
 	Doc(fmt.Sprintf("%s packs nb %s blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).", name, q.name))
 	w := Load(Param("w"), GP64()).(GPVirtual)
 	L := Load(Param("ldw"), GP64()).(GPVirtual)
 	nb := Load(Param("nb"), GP64())
 	dst := Load(Param("dst"), GP64())
+	pf := Load(Param("pf"), GP64()).(GPVirtual)
 	r := newRows16(w, L)
 	idx := rowIndex(L)
 	var c VecVirtual
@@ -278,9 +292,7 @@ func pack32(q quant32) {
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
 	Label("block")
-	for l := range 16 {
-		PREFETCHT0(r.at(l, pfDist))
-	}
+	prefetchNext(pf, 16*q.bytes)
 	switch q.bytes {
 	case 34:
 		t := transpose16x8(r, 2)
@@ -587,12 +599,13 @@ func packQ4K(five bool) {
 		name, bytes, qs = "Q5_K", 176, 48
 	}
 	fn := "qpack" + name + "AVX512"
-	TEXT(fn, NOSPLIT, "func(w *byte, ldw int, nb int, dst *byte)")
+	TEXT(fn, NOSPLIT, packSig)
 	Doc(fmt.Sprintf("%s packs nb %s super-blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).", fn, name))
 	w := Load(Param("w"), GP64()).(GPVirtual)
 	L := Load(Param("ldw"), GP64()).(GPVirtual)
 	nb := Load(Param("nb"), GP64())
 	dst := Load(Param("dst"), GP64()).(GPVirtual)
+	pf := Load(Param("pf"), GP64()).(GPVirtual)
 	r := newRows16(w, L)
 	c0f := splat(0x0f0f0f0f)
 	c63 := splat(63)
@@ -603,11 +616,7 @@ func packQ4K(five bool) {
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
 	Label("block")
-	for l := range 16 {
-		for off := 0; off < bytes; off += 64 {
-			PREFETCHT0(r.at(l, pfDist+off))
-		}
-	}
+	prefetchNext(pf, 16*bytes)
 	packHeaderK(r, dst, c63, 0)
 	var qh []Mem
 	var c10 VecVirtual
@@ -650,12 +659,13 @@ func packQ4K(five bool) {
 // packQ6K emits the pack kernel of Q6_K.
 func packQ6K() {
 	const bytes = 210
-	TEXT("qpackQ6_KAVX512", NOSPLIT, "func(w *byte, ldw int, nb int, dst *byte)")
+	TEXT("qpackQ6_KAVX512", NOSPLIT, packSig)
 	Doc("qpackQ6_KAVX512 packs nb Q6_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).")
 	w := Load(Param("w"), GP64()).(GPVirtual)
 	L := Load(Param("ldw"), GP64()).(GPVirtual)
 	nb := Load(Param("nb"), GP64())
 	dst := Load(Param("dst"), GP64()).(GPVirtual)
+	pf := Load(Param("pf"), GP64()).(GPVirtual)
 	r := newRows16(w, L)
 	idx := rowIndex(L)
 	c0f := splat(0x0f0f0f0f)
@@ -665,11 +675,7 @@ func packQ6K() {
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
 	Label("block")
-	for l := range 16 {
-		for off := 0; off < bytes; off += 64 {
-			PREFETCHT0(r.at(l, pfDist+off))
-		}
-	}
+	prefetchNext(pf, 16*bytes)
 	// Scales: sign-extended int32 and int16 pairs; d from the top half
 	// of the dword at 206 (scales 14, 15, then d).
 	sc := transpose16x4(r, 192)

@@ -181,12 +181,13 @@ const (
 // (nibbles) or Q5_0 (nibbles and fifth bits).
 func pack32AVX2(q quant32) {
 	name := "qpack" + q.name + "AVX2"
-	TEXT(name, NOSPLIT, "func(w *byte, ldw int, nb int, dst *byte)")
+	TEXT(name, NOSPLIT, packSig)
 	Doc(fmt.Sprintf("%s packs nb %s blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).", name, q.name))
 	w := Load(Param("w"), GP64()).(GPVirtual)
 	L := Load(Param("ldw"), GP64()).(GPVirtual)
 	nb := Load(Param("nb"), GP64())
 	dst := Load(Param("dst"), GP64())
+	pf := Load(Param("pf"), GP64()).(GPVirtual)
 	r := newRows8(w, L)
 	idx := rowIndex8(L)
 	ones := splat8(0xffffffff)
@@ -195,9 +196,7 @@ func pack32AVX2(q quant32) {
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
 	Label("block")
-	for l := range 8 {
-		PREFETCHT0(r.at(l, pfDist))
-	}
+	prefetchNext(pf, 8*q.bytes)
 	switch q.bytes {
 	case 34:
 		for i, v := range transpose8x8(r, 2) {
@@ -364,22 +363,19 @@ func packQ4KAVX2(five bool) {
 		name, bytes, qs = "Q5_K", 176, 48
 	}
 	fn := "qpack" + name + "AVX2"
-	TEXT(fn, NOSPLIT, "func(w *byte, ldw int, nb int, dst *byte)")
+	TEXT(fn, NOSPLIT, packSig)
 	Doc(fmt.Sprintf("%s packs nb %s super-blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).", fn, name))
 	w := Load(Param("w"), GP64()).(GPVirtual)
 	L := Load(Param("ldw"), GP64()).(GPVirtual)
 	nb := Load(Param("nb"), GP64())
 	dst := Load(Param("dst"), GP64()).(GPVirtual)
+	pf := Load(Param("pf"), GP64()).(GPVirtual)
 	r := newRows8(w, L)
 	stash := AllocLocal(8 * 32)
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
 	Label("block")
-	for l := range 8 {
-		for off := 0; off < bytes; off += 64 {
-			PREFETCHT0(r.at(l, pfDist+off))
-		}
-	}
+	prefetchNext(pf, 8*bytes)
 	// Header: d|dmin and the three dwords of scales per row.
 	h := transpose8x4(r, 0)
 	hs := stash8(stash, h[:])
@@ -460,23 +456,20 @@ func packQ4KAVX2(five bool) {
 // packQ6KAVX2 emits the AVX2 pack kernel of Q6_K.
 func packQ6KAVX2() {
 	const bytes = 210
-	TEXT("qpackQ6_KAVX2", NOSPLIT, "func(w *byte, ldw int, nb int, dst *byte)")
+	TEXT("qpackQ6_KAVX2", NOSPLIT, packSig)
 	Doc("qpackQ6_KAVX2 packs nb Q6_K super-blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).")
 	w := Load(Param("w"), GP64()).(GPVirtual)
 	L := Load(Param("ldw"), GP64()).(GPVirtual)
 	nb := Load(Param("nb"), GP64())
 	dst := Load(Param("dst"), GP64()).(GPVirtual)
+	pf := Load(Param("pf"), GP64()).(GPVirtual)
 	r := newRows8(w, L)
 	idx := rowIndex8(L)
 	stash := AllocLocal(8 * 32)
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
 	Label("block")
-	for l := range 8 {
-		for off := 0; off < bytes; off += 64 {
-			PREFETCHT0(r.at(l, pfDist+off))
-		}
-	}
+	prefetchNext(pf, 8*bytes)
 	sc := transpose8x4(r, 192)
 	scs := stash8(stash, sc[:])
 	var pairLo VecVirtual
