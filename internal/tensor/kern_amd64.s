@@ -23863,7 +23863,7 @@ DATA sums16order<>+30(SB)/2, $0x000f
 GLOBL sums16order<>(SB), RODATA|NOPTR, $32
 
 // func qrowQ8_0AVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
-// Requires: AVX, AVX2, AVX512F, AVX512VL, CMOV, F16C, FMA3
+// Requires: AVX, AVX2, AVX512F, AVX512VL, CMOV, F16C, FMA3, MMX+
 TEXT ·qrowQ8_0AVX512(SB), NOSPLIT, $8-72
 	MOVL         $0x80808080, AX
 	VPBROADCASTD AX, Y0
@@ -23888,6 +23888,12 @@ group:
 	MOVQ        DI, R9
 	SHLQ        $0x05, R9
 	ADDQ        x+32(FP), R9
+	PREFETCHT0  8192(R8)
+	PREFETCHT0  8256(R8)
+	PREFETCHT0  8320(R8)
+	PREFETCHT0  8384(R8)
+	PREFETCHT0  8448(R8)
+	PREFETCHT0  8512(R8)
 	VXORPS      Y1, Y1, Y1
 	VPXORD      2(R8), Y0, Y2
 	VPDPBUSD    (R9), Y2, Y1
@@ -24180,7 +24186,7 @@ skip7:
 	RET
 
 // func qrowQ4_0AVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
-// Requires: AVX, AVX2, AVX512F, AVX512VL, CMOV, F16C, FMA3
+// Requires: AVX, AVX2, AVX512F, AVX512VL, CMOV, F16C, FMA3, MMX+
 TEXT ·qrowQ4_0AVX512(SB), NOSPLIT, $8-72
 	MOVL         $0x0f0f0f0f, AX
 	VPBROADCASTD AX, Y0
@@ -24206,6 +24212,10 @@ group:
 	MOVQ            DI, R9
 	SHLQ            $0x05, R9
 	ADDQ            x+32(FP), R9
+	PREFETCHT0      8192(R8)
+	PREFETCHT0      8256(R8)
+	PREFETCHT0      8320(R8)
+	PREFETCHT0      8384(R8)
 	VXORPS          Y2, Y2, Y2
 	VBROADCASTI32X4 2(R8), Y3
 	VPSRLVD         Y1, Y3, Y3
@@ -24548,7 +24558,7 @@ DATA shr0x4x4<>+31(SB)/1, $0x00
 GLOBL shr0x4x4<>(SB), RODATA|NOPTR, $32
 
 // func qrowQ5_0AVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
-// Requires: AVX, AVX2, AVX512BW, AVX512F, AVX512VL, CMOV, F16C, FMA3
+// Requires: AVX, AVX2, AVX512BW, AVX512F, AVX512VL, CMOV, F16C, FMA3, MMX+
 TEXT ·qrowQ5_0AVX512(SB), NOSPLIT, $8-72
 	MOVL         $0x0f0f0f0f, AX
 	VPBROADCASTD AX, Y0
@@ -24578,6 +24588,10 @@ group:
 	MOVQ            DI, R9
 	SHLQ            $0x05, R9
 	ADDQ            x+32(FP), R9
+	PREFETCHT0      8192(R8)
+	PREFETCHT0      8256(R8)
+	PREFETCHT0      8320(R8)
+	PREFETCHT0      8384(R8)
 	VXORPS          Y5, Y5, Y5
 	VBROADCASTI32X4 6(R8), Y6
 	VPSRLVD         Y1, Y6, Y6
@@ -24986,7 +25000,7 @@ DATA q5bits<>+31(SB)/1, $0x80
 GLOBL q5bits<>(SB), RODATA|NOPTR, $32
 
 // func qrowQ4_KAVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
-// Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VL, CMOV, F16C, FMA3
+// Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VL, CMOV, F16C, FMA3, MMX+
 TEXT ·qrowQ4_KAVX512(SB), NOSPLIT, $8-72
 	MOVL         $0x0f0f0f0f, AX
 	VPBROADCASTD AX, Z0
@@ -25016,6 +25030,16 @@ group:
 	MOVQ          SI, R8
 	SHLQ          $0x08, R8
 	ADDQ          x+32(FP), R8
+	PREFETCHT0    8192(DI)
+	PREFETCHT0    8256(DI)
+	PREFETCHT0    8320(DI)
+	PREFETCHT0    8384(DI)
+	PREFETCHT0    8448(DI)
+	PREFETCHT0    8512(DI)
+	PREFETCHT0    8576(DI)
+	PREFETCHT0    8640(DI)
+	PREFETCHT0    8704(DI)
+	PREFETCHT0    8768(DI)
 	VMOVDQU64     16(DI), Z5
 	VPANDD        Z5, Z0, Z6
 	VPSRLW        $0x04, Z5, Z5
@@ -25877,7 +25901,7 @@ DATA q4knegm<>+31(SB)/1, $0x80
 GLOBL q4knegm<>(SB), RODATA|NOPTR, $32
 
 // func qrowQ5_KAVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
-// Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VL, CMOV, F16C, FMA3
+// Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VL, CMOV, F16C, FMA3, MMX+
 TEXT ·qrowQ5_KAVX512(SB), NOSPLIT, $8-72
 	MOVL         $0x0f0f0f0f, AX
 	VPBROADCASTD AX, Z0
@@ -25911,6 +25935,18 @@ group:
 	MOVQ            SI, R8
 	SHLQ            $0x08, R8
 	ADDQ            x+32(FP), R8
+	PREFETCHT0      8192(DI)
+	PREFETCHT0      8256(DI)
+	PREFETCHT0      8320(DI)
+	PREFETCHT0      8384(DI)
+	PREFETCHT0      8448(DI)
+	PREFETCHT0      8512(DI)
+	PREFETCHT0      8576(DI)
+	PREFETCHT0      8640(DI)
+	PREFETCHT0      8704(DI)
+	PREFETCHT0      8768(DI)
+	PREFETCHT0      8832(DI)
+	PREFETCHT0      8896(DI)
 	VBROADCASTI64X4 16(DI), Z8
 	VPROLVD         Z5, Z8, Z9
 	VPROLVD         Z6, Z8, Z8
@@ -26542,7 +26578,7 @@ DATA q5krot1<>+63(SB)/1, $0x00
 GLOBL q5krot1<>(SB), RODATA|NOPTR, $64
 
 // func qrowQ6_KAVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
-// Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VL, CMOV, F16C, FMA3
+// Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VL, CMOV, F16C, FMA3, MMX+
 TEXT ·qrowQ6_KAVX512(SB), NOSPLIT, $8-72
 	MOVL         $0x0f0f0f0f, AX
 	VPBROADCASTD AX, Z0
@@ -26573,6 +26609,21 @@ group:
 	MOVQ            SI, R8
 	SHLQ            $0x08, R8
 	ADDQ            x+32(FP), R8
+	PREFETCHT0      8192(DI)
+	PREFETCHT0      8256(DI)
+	PREFETCHT0      8320(DI)
+	PREFETCHT0      8384(DI)
+	PREFETCHT0      8448(DI)
+	PREFETCHT0      8512(DI)
+	PREFETCHT0      8576(DI)
+	PREFETCHT0      8640(DI)
+	PREFETCHT0      8704(DI)
+	PREFETCHT0      8768(DI)
+	PREFETCHT0      8832(DI)
+	PREFETCHT0      8896(DI)
+	PREFETCHT0      8960(DI)
+	PREFETCHT0      9024(DI)
+	PREFETCHT0      9088(DI)
 	MOVQ            SI, R9
 	SHLQ            $0x06, R9
 	ADDQ            meta+40(FP), R9
@@ -36585,7 +36636,7 @@ store:
 	RET
 
 // func qrowQ8_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
-// Requires: AVX, AVX2, CMOV, F16C, FMA3
+// Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
 TEXT ·qrowQ8_0AVX2(SB), NOSPLIT, $8-72
 	MOVL         $0x00010001, AX
 	VMOVD        AX, X0
@@ -36611,6 +36662,12 @@ group:
 	MOVQ        DI, R9
 	SHLQ        $0x05, R9
 	ADDQ        x+32(FP), R9
+	PREFETCHT0  8192(R8)
+	PREFETCHT0  8256(R8)
+	PREFETCHT0  8320(R8)
+	PREFETCHT0  8384(R8)
+	PREFETCHT0  8448(R8)
+	PREFETCHT0  8512(R8)
 	VXORPS      Y1, Y1, Y1
 	VPABSB      2(R8), Y1
 	VMOVDQU     (R9), Y2
@@ -36924,7 +36981,7 @@ skip7:
 	RET
 
 // func qrowQ4_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
-// Requires: AVX, AVX2, CMOV, F16C, FMA3
+// Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
 TEXT ·qrowQ4_0AVX2(SB), NOSPLIT, $8-72
 	MOVL         $0x00010001, AX
 	VMOVD        AX, X0
@@ -36954,6 +37011,10 @@ group:
 	MOVQ           DI, R9
 	SHLQ           $0x05, R9
 	ADDQ           x+32(FP), R9
+	PREFETCHT0     8192(R8)
+	PREFETCHT0     8256(R8)
+	PREFETCHT0     8320(R8)
+	PREFETCHT0     8384(R8)
 	VXORPS         Y3, Y3, Y3
 	VBROADCASTI128 2(R8), Y3
 	VPSRLVD        Y2, Y3, Y3
@@ -37270,7 +37331,7 @@ skip7:
 	RET
 
 // func qrowQ5_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
-// Requires: AVX, AVX2, CMOV, F16C, FMA3
+// Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
 TEXT ·qrowQ5_0AVX2(SB), NOSPLIT, $8-72
 	MOVL         $0x00010001, AX
 	VMOVD        AX, X0
@@ -37305,6 +37366,10 @@ group:
 	MOVQ           DI, R9
 	SHLQ           $0x05, R9
 	ADDQ           x+32(FP), R9
+	PREFETCHT0     8192(R8)
+	PREFETCHT0     8256(R8)
+	PREFETCHT0     8320(R8)
+	PREFETCHT0     8384(R8)
 	VXORPS         Y6, Y6, Y6
 	VBROADCASTI128 6(R8), Y6
 	VPSRLVD        Y2, Y6, Y6
@@ -37669,7 +37734,7 @@ skip7:
 	RET
 
 // func qrowQ4_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
-// Requires: AVX, AVX2, CMOV, F16C, FMA3
+// Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
 TEXT ·qrowQ4_KAVX2(SB), NOSPLIT, $136-72
 	MOVL         $0x0f0f0f0f, AX
 	VMOVD        AX, X0
@@ -37693,6 +37758,16 @@ group:
 	MOVQ           SI, R8
 	SHLQ           $0x08, R8
 	ADDQ           x+32(FP), R8
+	PREFETCHT0     8192(DI)
+	PREFETCHT0     8256(DI)
+	PREFETCHT0     8320(DI)
+	PREFETCHT0     8384(DI)
+	PREFETCHT0     8448(DI)
+	PREFETCHT0     8512(DI)
+	PREFETCHT0     8576(DI)
+	PREFETCHT0     8640(DI)
+	PREFETCHT0     8704(DI)
+	PREFETCHT0     8768(DI)
 	MOVQ           SI, R9
 	SHLQ           $0x06, R9
 	ADDQ           meta+40(FP), R9
@@ -38467,7 +38542,7 @@ DATA negmhalf<>+31(SB)/1, $0x80
 GLOBL negmhalf<>(SB), RODATA|NOPTR, $32
 
 // func qrowQ5_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
-// Requires: AVX, AVX2, CMOV, F16C, FMA3
+// Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
 TEXT ·qrowQ5_KAVX2(SB), NOSPLIT, $136-72
 	MOVL         $0x0f0f0f0f, AX
 	VMOVD        AX, X0
@@ -38494,6 +38569,18 @@ group:
 	MOVQ           SI, R8
 	SHLQ           $0x08, R8
 	ADDQ           x+32(FP), R8
+	PREFETCHT0     8192(DI)
+	PREFETCHT0     8256(DI)
+	PREFETCHT0     8320(DI)
+	PREFETCHT0     8384(DI)
+	PREFETCHT0     8448(DI)
+	PREFETCHT0     8512(DI)
+	PREFETCHT0     8576(DI)
+	PREFETCHT0     8640(DI)
+	PREFETCHT0     8704(DI)
+	PREFETCHT0     8768(DI)
+	PREFETCHT0     8832(DI)
+	PREFETCHT0     8896(DI)
 	MOVQ           SI, R9
 	SHLQ           $0x06, R9
 	ADDQ           meta+40(FP), R9
@@ -39282,7 +39369,7 @@ tail3:
 	RET
 
 // func qrowQ6_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
-// Requires: AVX, AVX2, CMOV, F16C, FMA3
+// Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
 TEXT ·qrowQ6_KAVX2(SB), NOSPLIT, $8-72
 	MOVL         $0x0f0f0f0f, AX
 	VMOVD        AX, X0
@@ -39309,6 +39396,21 @@ group:
 	MOVQ         SI, R8
 	SHLQ         $0x08, R8
 	ADDQ         x+32(FP), R8
+	PREFETCHT0   8192(DI)
+	PREFETCHT0   8256(DI)
+	PREFETCHT0   8320(DI)
+	PREFETCHT0   8384(DI)
+	PREFETCHT0   8448(DI)
+	PREFETCHT0   8512(DI)
+	PREFETCHT0   8576(DI)
+	PREFETCHT0   8640(DI)
+	PREFETCHT0   8704(DI)
+	PREFETCHT0   8768(DI)
+	PREFETCHT0   8832(DI)
+	PREFETCHT0   8896(DI)
+	PREFETCHT0   8960(DI)
+	PREFETCHT0   9024(DI)
+	PREFETCHT0   9088(DI)
 	MOVQ         SI, R9
 	SHLQ         $0x06, R9
 	ADDQ         meta+40(FP), R9

@@ -345,6 +345,9 @@ func (k *rowKern) phase1(elems, bytes int, body func(wq, xq, b, slot GPVirtual))
 	MOVQ(b, xq)
 	SHLQ(U8(log2(elems)), xq)
 	ADDQ(paramMem("x"), xq)
+	for off := 0; off < k.group*bytes+63; off += 64 {
+		PREFETCHT0(Mem{Base: wq, Disp: rowPfDist + off})
+	}
 	body(wq, xq, b, slot)
 	if k.transposed {
 		ADDQ(U32(qRowMax*k.slotBytes()), slot)
@@ -361,6 +364,15 @@ func (k *rowKern) phase1(elems, bytes int, body func(wq, xq, b, slot GPVirtual))
 	DECQ(rowsLeft)
 	JNE(LabelRef("row"))
 }
+
+// rowPfDist is how far ahead of the group it reads phase 1 prefetches the
+// weight row, in bytes: two pages. The hardware prefetchers stop at 4 KiB
+// page boundaries, so a kernel reading one stream from DRAM stalls at each
+// page start without it; on the Zen 5 this took the cold Q8_0 M=1 kernel
+// from 25–28 to 31–36 GB/s on one thread (1 and 2 KiB gained nothing, 4
+// KiB half of it, 16 KiB the same; docs/performance.md). Prefetches past
+// the end of the weights are harmless (they never fault).
+const rowPfDist = 8192
 
 // param loads the kernel parameter name into a fresh register.
 func (k *rowKern) param(name string) GPVirtual {
