@@ -144,9 +144,16 @@ func BenchmarkPrefill(b *testing.B) {
 // logits, in chunks of at most prefillChunk tokens per Forward call (the
 // engine's default --max-num-batched-tokens): attention's share grows with
 // the square of the length. TANDEM_BENCH_TOKENS (comma-separated) picks
-// the lengths.
+// the lengths, TANDEM_BENCH_CHUNK another chunk size.
 func BenchmarkPrefillLong(b *testing.B) {
-	const prefillChunk = 2048
+	prefillChunk := 2048
+	if env := os.Getenv("TANDEM_BENCH_CHUNK"); env != "" {
+		n, err := strconv.Atoi(env)
+		if err != nil || n <= 0 {
+			b.Fatalf("TANDEM_BENCH_CHUNK: bad chunk %q", env)
+		}
+		prefillChunk = n
+	}
 	lengths := []int{512, 1024, 2048, 4096, 8192}
 	if env := os.Getenv("TANDEM_BENCH_TOKENS"); env != "" {
 		lengths = lengths[:0]
