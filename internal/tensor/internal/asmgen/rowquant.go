@@ -369,7 +369,7 @@ func (k *rowKern) phase1(elems, bytes int, body func(wq, xq, b, slot GPVirtual))
 // weight row, in bytes: two pages. The hardware prefetchers stop at 4 KiB
 // page boundaries, so a kernel reading one stream from DRAM stalls at each
 // page start without it; on the Zen 5 this took the cold Q8_0 M=1 kernel
-// from 25–28 to 31–36 GB/s on one thread (1 and 2 KiB gained nothing, 4
+// from 23–28 to 31–36 GB/s on one thread (1 and 2 KiB gained nothing, 4
 // KiB half of it, 16 KiB the same; docs/performance.md). Prefetches past
 // the end of the weights are harmless (they never fault).
 const rowPfDist = 8192
