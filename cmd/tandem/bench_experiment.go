@@ -71,10 +71,7 @@ func runBenchExperiment(args []string) error {
 		configs    = fs.String("configs", "colocated,pd,conditional", "configurations: colocated (one engine, all cores), pd (1P+1D, --pd-decider always), conditional (1P+1D, --pd-decider conditional --policy prefix)")
 		threshold  = fs.Int("pd-threshold", 256, "conditional: uncached prompt tokens from which the prefill goes to the prefill engine (the proxy's --pd-threshold)")
 		kvMemory   = fs.String("kv-cache-memory", "1GiB", "every engine's --kv-cache-memory (several engines share this machine's RAM; empty: the engine's default)")
-		chatTTFT   = fs.Duration("slo-chat-ttft", time.Second, "chat workload TTFT SLO")
-		chatTPOT   = fs.Duration("slo-chat-tpot", 100*time.Millisecond, "chat workload TPOT SLO")
-		longTTFT   = fs.Duration("slo-long-ttft", 5*time.Second, "long workload TTFT SLO")
-		longTPOT   = fs.Duration("slo-long-tpot", 100*time.Millisecond, "long workload TPOT SLO")
+		slos       = addWorkloadSLOFlags(fs, "")
 		goal       = fs.Float64("goal", bench.DefaultGoal, "fraction of requests that must meet both SLOs for a rate to count (the goodput rate)")
 		seed       = fs.Uint64("seed", 0, "seed for prompts, lengths and arrivals")
 		maxContext = fs.Int("max-context", 0, "clip requests to this many tokens (default: the model's)")
@@ -110,8 +107,8 @@ func runBenchExperiment(args []string) error {
 		requests: *requests, rounds: *rounds, seed: *seed, maxContext: *maxContext, timeout: *timeout,
 		log: os.Stderr}
 	specs := map[string]experimentWorkload{
-		"chat": {name: "chat", rates: *chatRates, slo: bench.SLO{TTFT: *chatTTFT, TPOT: *chatTPOT}},
-		"long": {name: "long", rates: *longRates, slo: bench.SLO{TTFT: *longTTFT, TPOT: *longTPOT}},
+		"chat": {name: "chat", rates: *chatRates, slo: slos.chat()},
+		"long": {name: "long", rates: *longRates, slo: slos.long()},
 	}
 	if x.workloads, err = experimentWorkloads(*workloads, specs, "--%s-rates"); err != nil {
 		return err
@@ -637,3 +634,22 @@ func experimentModel(w io.Writer, shape, dtype string) (string, error) {
 	}
 	return dir, nil
 }
+
+// workloadSLOs are the --slo-{chat,long}-{ttft,tpot} flags of the
+// experiments, read after parsing.
+type workloadSLOs struct{ chatTTFT, chatTPOT, longTTFT, longTPOT *time.Duration }
+
+// addWorkloadSLOFlags defines the experiments' SLO flags on fs (with note
+// appended to their help: the ratio experiment's are simulated time).
+func addWorkloadSLOFlags(fs *flag.FlagSet, note string) workloadSLOs {
+	return workloadSLOs{
+		chatTTFT: fs.Duration("slo-chat-ttft", time.Second, "chat workload TTFT SLO"+note),
+		chatTPOT: fs.Duration("slo-chat-tpot", 100*time.Millisecond, "chat workload TPOT SLO"+note),
+		longTTFT: fs.Duration("slo-long-ttft", 5*time.Second, "long workload TTFT SLO"+note),
+		longTPOT: fs.Duration("slo-long-tpot", 100*time.Millisecond, "long workload TPOT SLO"+note),
+	}
+}
+
+func (w workloadSLOs) chat() bench.SLO { return bench.SLO{TTFT: *w.chatTTFT, TPOT: *w.chatTPOT} }
+
+func (w workloadSLOs) long() bench.SLO { return bench.SLO{TTFT: *w.longTTFT, TPOT: *w.longTPOT} }

@@ -68,10 +68,7 @@ func runBenchRatio(args []string) error {
 		far         = fs.Bool("far", true, "also measure splits far from the prediction: N/2 and the quarter on the other side (N/4 or 3N/4)")
 		searchFrom  = fs.Float64("search-from", 0.6, "each split's rate search starts at this fraction of the model's rate for the split, doubles until a rate misses (at most 4 times the model's rate), then bisects")
 		steps       = fs.Int("search-steps", 2, "bisection steps of each rate search after its bracket")
-		chatTTFT    = fs.Duration("slo-chat-ttft", time.Second, "chat workload TTFT SLO (simulated time)")
-		chatTPOT    = fs.Duration("slo-chat-tpot", 100*time.Millisecond, "chat workload TPOT SLO (simulated time)")
-		longTTFT    = fs.Duration("slo-long-ttft", 5*time.Second, "long workload TTFT SLO (simulated time)")
-		longTPOT    = fs.Duration("slo-long-tpot", 100*time.Millisecond, "long workload TPOT SLO (simulated time)")
+		slos        = addWorkloadSLOFlags(fs, " (simulated time)")
 		goal        = fs.Float64("goal", bench.DefaultGoal, "fraction of requests that must meet both SLOs for a rate to count")
 		seed        = fs.Uint64("seed", 0, "seed for prompts, lengths and arrivals")
 		maxModelLen = fs.Int("max-model-len", 4096, "every simulated engine's --max-model-len (beyond the tokenizer model's, so long prompts fit)")
@@ -124,8 +121,8 @@ func runBenchRatio(args []string) error {
 	r := &ratioRun{x: x, simulate: *simulate, speed: *speed, engines: ns, levelSecs: *levelSecs, minRequests: *minRequests,
 		neighbours: *neighbours, steps: *steps, far: *far, searchFrom: *searchFrom, proxyArgs: strings.Fields(*proxyExtra)}
 	specs := map[string]experimentWorkload{
-		"chat": {name: "chat", rates: *chatRates, slo: bench.SLO{TTFT: *chatTTFT, TPOT: *chatTPOT}},
-		"long": {name: "long", rates: *longRates, slo: bench.SLO{TTFT: *longTTFT, TPOT: *longTPOT}},
+		"chat": {name: "chat", rates: *chatRates, slo: slos.chat()},
+		"long": {name: "long", rates: *longRates, slo: slos.long()},
 	}
 	if r.workloads, err = experimentWorkloads(*workloads, specs, "--fit-%s-rates"); err != nil {
 		return err
