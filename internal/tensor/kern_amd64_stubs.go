@@ -112,13 +112,13 @@ func attnSoftmaxAVX512(s *float32, lds int, rows int, n int, m *float32, l *floa
 // attnPVDP adds to rows accumulator rows the n value rows v[offs[j]:] weighted by bf16 weights, over key pairs with VDPBF16PS (see asmgen).
 func attnPVDP(acc *float32, lda int, w *uint16, ldw int, rows int, v *uint16, offs *int, n int, hd int)
 
-// qpackQ8_0AVX512 packs nb Q8_0 blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).
+// qpackQ8_0AVX512 packs nb Q8_0 blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ8_0AVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
-// qpackQ4_0AVX512 packs nb Q4_0 blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).
+// qpackQ4_0AVX512 packs nb Q4_0 blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ4_0AVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
-// qpackQ5_0AVX512 packs nb Q5_0 blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).
+// qpackQ5_0AVX512 packs nb Q5_0 blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ5_0AVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
 // qdot32AVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb blocks of a Q8_0/Q4_0 panel (see asmgen).
@@ -145,13 +145,13 @@ func qdot32AVX512R7(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int
 // qdot32AVX512R8 continues the 16-lane f32 chains of 8 activation rows over nb blocks of a Q8_0/Q4_0 panel (see asmgen).
 func qdot32AVX512R8(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
-// qpackQ4_KAVX512 packs nb Q4_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).
+// qpackQ4_KAVX512 packs nb Q4_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ4_KAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
-// qpackQ5_KAVX512 packs nb Q5_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).
+// qpackQ5_KAVX512 packs nb Q5_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ5_KAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
-// qpackQ6_KAVX512 packs nb Q6_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).
+// qpackQ6_KAVX512 packs nb Q6_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ6_KAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
 // qdotKAVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
@@ -262,13 +262,13 @@ func siluMulAVX2(gate *float32, up *float32, n int)
 // expSumAVX2 computes x[t] = exp(x[t]-mx) for t < n and returns their sum.
 func expSumAVX2(x *float32, n int, mx float32) float32
 
-// qpackQ8_0AVX2 packs nb Q8_0 blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).
+// qpackQ8_0AVX2 packs nb Q8_0 blocks of 8 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ8_0AVX2(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
-// qpackQ4_0AVX2 packs nb Q4_0 blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).
+// qpackQ4_0AVX2 packs nb Q4_0 blocks of 8 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ4_0AVX2(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
-// qpackQ5_0AVX2 packs nb Q5_0 blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).
+// qpackQ5_0AVX2 packs nb Q5_0 blocks of 8 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ5_0AVX2(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
 // qdotQ8_0AVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb blocks of a panel (see asmgen).
@@ -295,13 +295,13 @@ func qdotQ8_0AVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int
 // qdotQ4_0AVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb blocks of a panel (see asmgen).
 func qdotQ4_0AVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
-// qpackQ4_KAVX2 packs nb Q4_K super-blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).
+// qpackQ4_KAVX2 packs nb Q4_K super-blocks of 8 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ4_KAVX2(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
-// qpackQ5_KAVX2 packs nb Q5_K super-blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).
+// qpackQ5_KAVX2 packs nb Q5_K super-blocks of 8 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ5_KAVX2(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
-// qpackQ6_KAVX2 packs nb Q6_K super-blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).
+// qpackQ6_KAVX2 packs nb Q6_K super-blocks of 8 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ6_KAVX2(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
 // qdotKAVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb super-blocks of a panel (see asmgen).

@@ -275,7 +275,7 @@ func prefetchNext(pf GPVirtual, step int) {
 func pack32(q quant32) {
 	name := "qpack" + q.name + "AVX512"
 	TEXT(name, NOSPLIT, packSig)
-	Doc(fmt.Sprintf("%s packs nb %s blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).", name, q.name))
+	Doc(fmt.Sprintf("%s packs nb %s blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).", name, q.name))
 	w := Load(Param("w"), GP64()).(GPVirtual)
 	L := Load(Param("ldw"), GP64()).(GPVirtual)
 	nb := Load(Param("nb"), GP64())
@@ -600,7 +600,7 @@ func packQ4K(five bool) {
 	}
 	fn := "qpack" + name + "AVX512"
 	TEXT(fn, NOSPLIT, packSig)
-	Doc(fmt.Sprintf("%s packs nb %s super-blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).", fn, name))
+	Doc(fmt.Sprintf("%s packs nb %s super-blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).", fn, name))
 	w := Load(Param("w"), GP64()).(GPVirtual)
 	L := Load(Param("ldw"), GP64()).(GPVirtual)
 	nb := Load(Param("nb"), GP64())
@@ -660,7 +660,7 @@ func packQ4K(five bool) {
 func packQ6K() {
 	const bytes = 210
 	TEXT("qpackQ6_KAVX512", NOSPLIT, packSig)
-	Doc("qpackQ6_KAVX512 packs nb Q6_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst (see asmgen).")
+	Doc("qpackQ6_KAVX512 packs nb Q6_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).")
 	w := Load(Param("w"), GP64()).(GPVirtual)
 	L := Load(Param("ldw"), GP64()).(GPVirtual)
 	nb := Load(Param("nb"), GP64())

@@ -182,7 +182,7 @@ const (
 func pack32AVX2(q quant32) {
 	name := "qpack" + q.name + "AVX2"
 	TEXT(name, NOSPLIT, packSig)
-	Doc(fmt.Sprintf("%s packs nb %s blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).", name, q.name))
+	Doc(fmt.Sprintf("%s packs nb %s blocks of 8 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).", name, q.name))
 	w := Load(Param("w"), GP64()).(GPVirtual)
 	L := Load(Param("ldw"), GP64()).(GPVirtual)
 	nb := Load(Param("nb"), GP64())
@@ -364,7 +364,7 @@ func packQ4KAVX2(five bool) {
 	}
 	fn := "qpack" + name + "AVX2"
 	TEXT(fn, NOSPLIT, packSig)
-	Doc(fmt.Sprintf("%s packs nb %s super-blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).", fn, name))
+	Doc(fmt.Sprintf("%s packs nb %s super-blocks of 8 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).", fn, name))
 	w := Load(Param("w"), GP64()).(GPVirtual)
 	L := Load(Param("ldw"), GP64()).(GPVirtual)
 	nb := Load(Param("nb"), GP64())
@@ -457,7 +457,7 @@ func packQ4KAVX2(five bool) {
 func packQ6KAVX2() {
 	const bytes = 210
 	TEXT("qpackQ6_KAVX2", NOSPLIT, packSig)
-	Doc("qpackQ6_KAVX2 packs nb Q6_K super-blocks of 8 weight rows ldw bytes apart into a panel at dst (see asmgen).")
+	Doc("qpackQ6_KAVX2 packs nb Q6_K super-blocks of 8 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).")
 	w := Load(Param("w"), GP64()).(GPVirtual)
 	L := Load(Param("ldw"), GP64()).(GPVirtual)
 	nb := Load(Param("nb"), GP64())
