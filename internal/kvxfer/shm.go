@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tandem-serve/tandem/internal/kvcache"
-	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 )
 
 // LocalHost returns this machine's identity: the kernel boot id (new at
@@ -104,11 +104,11 @@ func checkShmPath(path string, pid int) error {
 
 // geometryOf is the pool-file geometry a producer's Info describes.
 func geometryOf(info Info) (kvcache.Geometry, error) {
-	dt, set, err := model.ParseKVDType(info.KVDType)
+	dt, set, err := kvlayout.ParseElemType(info.KVDType)
 	if err != nil || !set {
 		return kvcache.Geometry{}, fmt.Errorf("the prefill's KV dtype %q is unknown", info.KVDType)
 	}
-	l := model.KVLayout{BlockSize: info.BlockSize, Layers: info.Layers, KVHeads: info.KVHeads, HeadDim: info.HeadDim, DType: dt}
+	l := kvlayout.Layout{BlockSize: info.BlockSize, Layers: info.Layers, KVHeads: info.KVHeads, HeadDim: info.HeadDim, DType: dt}
 	return kvcache.Geometry{
 		Layout:            l,
 		NumBlocks:         info.NumBlocks,
