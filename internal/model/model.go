@@ -10,8 +10,8 @@ import (
 	"math"
 	"slices"
 
+	"github.com/tandem-serve/tandem/internal/gguf"
 	"github.com/tandem-serve/tandem/internal/kvlayout"
-	"github.com/tandem-serve/tandem/internal/model/gguf"
 	"github.com/tandem-serve/tandem/internal/model/safetensors"
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
