@@ -14,8 +14,11 @@ type Peer struct {
 	Port     int
 }
 
+// Addr is the side channel's address, host:port, to dial.
 func (p Peer) Addr() string { return net.JoinHostPort(p.Host, strconv.Itoa(p.Port)) }
 
+// Validate reports an error, naming the kv_transfer_params fields to
+// fix, when p lacks an engine id or a host or its port is outside 1-65535.
 func (p Peer) Validate() error {
 	if p.EngineID == "" || p.Host == "" || p.Port <= 0 || p.Port > 65535 {
 		return fmt.Errorf("invalid remote engine (engine id %q, host %q, port %d): kv_transfer_params must carry remote_engine_id, remote_host and remote_port", p.EngineID, p.Host, p.Port)

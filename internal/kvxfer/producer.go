@@ -295,7 +295,6 @@ func (p *Producer) gaugeLocked() {
 	}
 }
 
-// released calls OnRelease if releases are waiting for TakeReleased.
 // Release ends a held request's lease as a DONE would, for a release that
 // reached the engine another way (a proxy whose decode leg never started).
 // It wraps ErrNotHeld when nothing is held for reqID.
@@ -308,6 +307,7 @@ func (p *Producer) Release(reqID string) error {
 	return err
 }
 
+// released calls OnRelease if releases are waiting for TakeReleased.
 func (p *Producer) released() {
 	if p.cfg.OnRelease == nil {
 		return
