@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/sim"
 	"github.com/tandem-serve/tandem/internal/tensor"
@@ -50,7 +51,7 @@ func runProfile(args []string) error {
 		}
 		grid[i] = v
 	}
-	dt, set, err := model.ParseKVDType(*kvDType)
+	dt, set, err := kvlayout.ParseElemType(*kvDType)
 	if err != nil {
 		return err
 	}

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/gguf"
 	"github.com/tandem-serve/tandem/internal/model"
-	"github.com/tandem-serve/tandem/internal/model/gguf"
 	"github.com/tandem-serve/tandem/internal/modelinit"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )

@@ -24,6 +24,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/kvconnector"
 	"github.com/tandem-serve/tandem/internal/kvevents"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
 	"github.com/tandem-serve/tandem/internal/metrics"
 	"github.com/tandem-serve/tandem/internal/model"
@@ -133,7 +134,7 @@ func (c *serveConfig) register(fs *flag.FlagSet) {
 }
 
 func (c *serveConfig) validate() error {
-	_, _, kvDTypeErr := model.ParseKVDType(c.KVCacheDType)
+	_, _, kvDTypeErr := kvlayout.ParseElemType(c.KVCacheDType)
 	switch {
 	case c.Model == "":
 		return errors.New("--model is required: a model directory in Hugging Face layout")
@@ -293,7 +294,7 @@ func serve(ctx context.Context, cfg *serveConfig, ready chan<- string) error {
 	numBlocks := cfg.NumBlocks
 	if numBlocks == 0 && cfg.KVCacheMemory == 0 {
 		layout := m.KVLayout(cfg.BlockSize)
-		if dt, set, _ := model.ParseKVDType(cfg.KVCacheDType); set {
+		if dt, set, _ := kvlayout.ParseElemType(cfg.KVCacheDType); set {
 			layout = m.KVLayoutOf(cfg.BlockSize, dt)
 		}
 		numBlocks = defaultNumBlocks(layout.BlockBytes(), cfg.BlockSize, cfg.MaxNumSeqs, maxLen, totalRAM())

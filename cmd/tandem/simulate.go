@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/sim"
 	"github.com/tandem-serve/tandem/internal/tensor"
@@ -169,8 +170,8 @@ func loadForwarder(cfg *serveConfig, tok *tokenizer.Tokenizer, log *slog.Logger)
 	if cfg.MaxModelLen > 0 {
 		maxLen = cfg.MaxModelLen
 	}
-	kvDType := tensor.BF16
-	if dt, set, _ := model.ParseKVDType(cfg.KVCacheDType); set {
+	kvDType := kvlayout.BF16
+	if dt, set, _ := kvlayout.ParseElemType(cfg.KVCacheDType); set {
 		kvDType = dt
 	}
 	eos := tok.EOS()

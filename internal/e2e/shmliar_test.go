@@ -24,7 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tandem-serve/tandem/internal/kvcache"
-	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/testmodels"
 )
 
@@ -337,11 +337,11 @@ func fileID(path string) (dev, ino uint64, err error) {
 // poolFor makes a real, sealed pool memfd in the test process with the
 // decode's KV geometry (what an honest prefill of the same model has).
 func (lr *liar) poolFor(consumer wireInfo, blocks int) (*kvcache.Memory, error) {
-	dt, _, err := model.ParseKVDType(consumer.KVDType)
+	dt, _, err := kvlayout.ParseElemType(consumer.KVDType)
 	if err != nil {
 		return nil, err
 	}
-	l := model.KVLayout{BlockSize: int(consumer.BlockSize), Layers: int(consumer.Layers), KVHeads: int(consumer.KVHeads), HeadDim: int(consumer.HeadDim), DType: dt}
+	l := kvlayout.Layout{BlockSize: int(consumer.BlockSize), Layers: int(consumer.Layers), KVHeads: int(consumer.KVHeads), HeadDim: int(consumer.HeadDim), DType: dt}
 	if l.BlockBytes() != int(consumer.BlockBytes) {
 		return nil, fmt.Errorf("layout %+v has %d-byte blocks, the decode announces %d", l, l.BlockBytes(), consumer.BlockBytes)
 	}

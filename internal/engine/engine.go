@@ -10,6 +10,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/clock"
 	"github.com/tandem-serve/tandem/internal/kvcache"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/metrics"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/sched"
@@ -25,7 +26,7 @@ type Config struct {
 	// BlockSize is the number of tokens per KV block (default 16).
 	BlockSize int
 	// KVCacheDType is the KV element type as --kv-cache-dtype spells it
-	// (model.ParseKVDType): "" or "auto" for the model's default.
+	// (kvlayout.ParseElemType): "" or "auto" for the model's default.
 	KVCacheDType string
 	// NumBlocks sizes the KV pool in blocks; if zero, KVCacheMemory sizes
 	// it in bytes.
@@ -76,7 +77,7 @@ type Engine struct {
 	tok         *tokenizer.Tokenizer
 	pool        *kvcache.Pool
 	sched       *sched.Scheduler
-	layout      model.KVLayout
+	layout      kvlayout.Layout
 	maxModelLen int
 	eos         []int32
 	log         *slog.Logger
@@ -132,7 +133,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg.Clock = clock.System{}
 	}
 	layout := cfg.Model.KVLayout(cfg.BlockSize)
-	if dt, set, err := model.ParseKVDType(cfg.KVCacheDType); err != nil {
+	if dt, set, err := kvlayout.ParseElemType(cfg.KVCacheDType); err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	} else if set {
 		layout = cfg.Model.KVLayoutOf(cfg.BlockSize, dt)

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/sched"
 	"github.com/tandem-serve/tandem/internal/tensor"
@@ -18,11 +19,11 @@ import (
 type Forwarder interface {
 	// Forward is model.Model.Forward. An error that is a model.SeqErrors
 	// fails only the sequences it names; any other error fails the batch.
-	Forward(seqs []model.Seq, pool []byte, layout model.KVLayout) ([][]float32, error)
+	Forward(seqs []model.Seq, pool []byte, layout kvlayout.Layout) ([][]float32, error)
 	VocabSize() int
 	MaxModelLen() int
-	KVLayout(blockSize int) model.KVLayout
-	KVLayoutOf(blockSize int, dt tensor.DType) model.KVLayout
+	KVLayout(blockSize int) kvlayout.Layout
+	KVLayoutOf(blockSize int, dt kvlayout.ElemType) kvlayout.Layout
 	Fingerprint() string
 	GenerationConfig() model.GenerationConfig
 	// Pool runs the step's sampling in parallel.
@@ -50,7 +51,7 @@ type LoadCheck struct {
 type KVChecker interface {
 	// CheckLoadedKV checks positions [0, len(tokens)) of a sequence with
 	// block table blocks; it runs on the step loop.
-	CheckLoadedKV(tokens, blocks []int32, pool []byte, layout model.KVLayout) LoadCheck
+	CheckLoadedKV(tokens, blocks []int32, pool []byte, layout kvlayout.Layout) LoadCheck
 }
 
 // checkLoads runs the Forwarder's KVChecker over the loads that c reports

@@ -9,8 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tandem-serve/tandem/internal/model"
-	"github.com/tandem-serve/tandem/internal/tensor"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 )
 
 // Attached is a read-only view of another engine's pool file on this host,
@@ -89,15 +88,15 @@ func parseHeader(hdr []byte, size int64) (Geometry, error) {
 		return Geometry{}, fmt.Errorf("header version %d, this build reads version %d: run the same Tandem version on both engines", v, headerVersion)
 	}
 	dt := le.Uint32(hdr[offDType:])
-	if dt != uint32(tensor.F32) && dt != uint32(tensor.BF16) {
+	if dt != uint32(kvlayout.F32) && dt != uint32(kvlayout.BF16) {
 		return Geometry{}, fmt.Errorf("unknown KV element type %d", dt)
 	}
-	layout := model.KVLayout{
+	layout := kvlayout.Layout{
 		BlockSize: int(le.Uint32(hdr[offBlockSize:])),
 		Layers:    int(le.Uint32(hdr[offLayers:])),
 		KVHeads:   int(le.Uint32(hdr[offKVHeads:])),
 		HeadDim:   int(le.Uint32(hdr[offHeadDim:])),
-		DType:     tensor.DType(dt),
+		DType:     kvlayout.ElemType(dt),
 	}
 	n := le.Uint64(hdr[offNumBlocks:])
 	if n == 0 || n > maxBlocks {
@@ -122,7 +121,7 @@ func parseHeader(hdr []byte, size int64) (Geometry, error) {
 func (a *Attached) Geometry() Geometry { return a.geom }
 
 // Layout returns the owner's KV layout.
-func (a *Attached) Layout() model.KVLayout { return a.geom.Layout }
+func (a *Attached) Layout() kvlayout.Layout { return a.geom.Layout }
 
 // NumBlocks returns the number of blocks in the owner's pool.
 func (a *Attached) NumBlocks() int { return a.geom.NumBlocks }

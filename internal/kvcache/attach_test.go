@@ -7,8 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tandem-serve/tandem/internal/model"
-	"github.com/tandem-serve/tandem/internal/tensor"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 )
 
 func open(t *testing.T, path string) *os.File {
@@ -148,9 +147,9 @@ func TestAttachHostile(t *testing.T) {
 				le.PutUint32(h[off:], 1<<32-1)
 			}
 		}, wantErr: "more than"},
-		{name: "an f16 element type", edit: put32(offDType, uint32(tensor.F16)), wantErr: "unknown KV element type 2"},
+		{name: "an unknown element type", edit: put32(offDType, 2), wantErr: "unknown KV element type 2"},
 		{name: "an element type that truncates to f32", edit: put32(offDType, 0x100), wantErr: "unknown KV element type 256"},
-		{name: "a consistent file that is not the pool described", want: Geometry{Layout: model.KVLayout{BlockSize: 4, Layers: 2, KVHeads: 1, HeadDim: 2, DType: tensor.F32}, NumBlocks: 3}, wantErr: "not the pool its owner announced"},
+		{name: "a consistent file that is not the pool described", want: Geometry{Layout: kvlayout.Layout{BlockSize: 4, Layers: 2, KVHeads: 1, HeadDim: 2, DType: kvlayout.F32}, NumBlocks: 3}, wantErr: "not the pool its owner announced"},
 		{name: "a file described with no geometry at all", want: Geometry{NumBlocks: -1}, wantErr: "not the pool its owner announced"},
 	}
 	for _, tc := range tests {
@@ -217,7 +216,7 @@ func TestAttachHostile(t *testing.T) {
 // parses keeps every block and every generation counter inside the file, so
 // indexing an Attached view can never leave the mapping.
 func FuzzParseHeader(f *testing.F) {
-	for _, l := range []model.KVLayout{testLayout, {BlockSize: 16, Layers: 32, KVHeads: 8, HeadDim: 128, DType: tensor.BF16}} {
+	for _, l := range []kvlayout.Layout{testLayout, {BlockSize: 16, Layers: 32, KVHeads: 8, HeadDim: 128, DType: kvlayout.BF16}} {
 		for _, n := range []int{1, 3, 1000} {
 			g, err := geometryFor(l, n)
 			if err != nil {

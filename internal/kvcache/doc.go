@@ -21,7 +21,7 @@
 // so that a decode engine on the same host can map a prefill engine's pool
 // and copy blocks without a socket (see Attach). The file starts with a
 // one-page header describing the layout (Geometry), then the blocks
-// (model.KVLayout: one block is one contiguous range across all layers),
+// (kvlayout.Layout: one block is one contiguous range across all layers),
 // then one uint64 generation counter per block. A block's generation is
 // bumped every time the block is taken from the free list to hold new
 // content, so a reader that copies a block without holding it can detect

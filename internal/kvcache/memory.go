@@ -14,8 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tandem-serve/tandem/internal/model"
-	"github.com/tandem-serve/tandem/internal/tensor"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 )
 
 // Header layout of a pool file. All fields are little-endian.
@@ -32,7 +31,7 @@ const (
 	offLayers     = 16 // uint32
 	offKVHeads    = 20 // uint32
 	offHeadDim    = 24 // uint32
-	offDType      = 28 // uint32: tensor.DType of the elements (version 2)
+	offDType      = 28 // uint32: kvlayout.ElemType of the elements (version 2)
 	offNumBlocks  = 32 // uint64
 	offBlockBytes = 40 // uint64
 	offDataOffset = 48 // uint64
@@ -52,7 +51,7 @@ const maxFileSize = 1 << 50
 // records it, and Attach checks a file against the geometry its reader was
 // told about.
 type Geometry struct {
-	Layout            model.KVLayout
+	Layout            kvlayout.Layout
 	NumBlocks         int
 	BlockBytes        int   // always Layout.BlockBytes()
 	BlocksOffset      int64 // the header's size: one page
@@ -63,11 +62,11 @@ type Geometry struct {
 // geometryFor returns the geometry of a pool of n blocks of layout, or an
 // error when the layout is not one a pool can hold (non-positive sizes, an
 // element type other than f32 or bf16, sizes past maxFileSize).
-func geometryFor(l model.KVLayout, n int) (Geometry, error) {
+func geometryFor(l kvlayout.Layout, n int) (Geometry, error) {
 	if l.BlockSize <= 0 || l.Layers <= 0 || l.KVHeads <= 0 || l.HeadDim <= 0 {
 		return Geometry{}, fmt.Errorf("invalid KV layout %+v: block size, layers, kv heads and head dim must be positive", l)
 	}
-	if l.DType != tensor.F32 && l.DType != tensor.BF16 {
+	if !l.DType.Valid() {
 		return Geometry{}, fmt.Errorf("invalid KV layout %+v: element type %v is neither f32 nor bf16", l, l.DType)
 	}
 	if n <= 0 || n > maxBlocks {
@@ -124,7 +123,7 @@ type Memory struct {
 // sealed, so a reader's mapping can never lose pages under it (see
 // Attached.Sealed). With dir set, the file is created there under a random
 // name and removed at Close (a SIGKILL leaves it behind).
-func NewMemory(dir string, layout model.KVLayout, numBlocks int) (*Memory, error) {
+func NewMemory(dir string, layout kvlayout.Layout, numBlocks int) (*Memory, error) {
 	g, err := geometryFor(layout, numBlocks)
 	if err != nil {
 		return nil, fmt.Errorf("kvcache: %w", err)
@@ -244,7 +243,7 @@ func (m *Memory) FileOffsets() (blocks, generations int64) {
 }
 
 // Layout returns the KV layout of the blocks.
-func (m *Memory) Layout() model.KVLayout { return m.geom.Layout }
+func (m *Memory) Layout() kvlayout.Layout { return m.geom.Layout }
 
 // NumBlocks returns the number of blocks in the memory.
 func (m *Memory) NumBlocks() int { return m.geom.NumBlocks }

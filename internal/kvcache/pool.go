@@ -3,7 +3,7 @@ package kvcache
 import (
 	"fmt"
 
-	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 )
 
 // DefaultBlockSize is the number of token slots per block when the
@@ -15,7 +15,7 @@ const DefaultBlockSize = 16
 type Config struct {
 	// Layout is the model's KV layout; Layout.BlockSize 0 means
 	// DefaultBlockSize.
-	Layout model.KVLayout
+	Layout kvlayout.Layout
 	// NumBlocks is the number of blocks in the pool.
 	NumBlocks int
 	// MemoryBytes sizes the pool as MemoryBytes / Layout.BlockBytes() blocks

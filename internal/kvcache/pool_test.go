@@ -10,12 +10,11 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/tandem-serve/tandem/internal/model"
-	"github.com/tandem-serve/tandem/internal/tensor"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 )
 
 // testLayout is bf16 so that Attach is seen to read the element type back.
-var testLayout = model.KVLayout{BlockSize: 4, Layers: 2, KVHeads: 1, HeadDim: 2, DType: tensor.BF16}
+var testLayout = kvlayout.Layout{BlockSize: 4, Layers: 2, KVHeads: 1, HeadDim: 2, DType: kvlayout.BF16}
 
 // newPool returns a pool in a named file under a test directory (Dir set);
 // newMemfdPool one in an anonymous memory file, as engines run.
@@ -54,12 +53,12 @@ func TestNewSizing(t *testing.T) {
 		{"a block count is used as is", Config{Layout: testLayout, NumBlocks: 7}, 7, ""},
 		{"a byte budget is divided by the block size in bytes", Config{Layout: testLayout, MemoryBytes: 10*bb + bb/2}, 10, ""},
 		{"a block count wins over a byte budget", Config{Layout: testLayout, NumBlocks: 3, MemoryBytes: 100 * bb}, 3, ""},
-		{"a zero block size means the default", Config{Layout: model.KVLayout{Layers: 1, KVHeads: 1, HeadDim: 1}, NumBlocks: 1}, 1, ""},
+		{"a zero block size means the default", Config{Layout: kvlayout.Layout{Layers: 1, KVHeads: 1, HeadDim: 1}, NumBlocks: 1}, 1, ""},
 		{"a budget smaller than one block is an error", Config{Layout: testLayout, MemoryBytes: bb - 1}, 0, "hold no block"},
 		{"no size at all is an error", Config{Layout: testLayout}, 0, "positive number"},
-		{"a layout without heads is an error", Config{Layout: model.KVLayout{BlockSize: 4, Layers: 1, HeadDim: 2}, NumBlocks: 1}, 0, "invalid KV layout"},
-		{"an f16 cache is an error", Config{Layout: model.KVLayout{BlockSize: 4, Layers: 1, KVHeads: 1, HeadDim: 2, DType: tensor.F16}, NumBlocks: 1}, 0, "neither f32 nor bf16"},
-		{"a layout past any memory is an error", Config{Layout: model.KVLayout{BlockSize: 1 << 20, Layers: 1 << 20, KVHeads: 1 << 20, HeadDim: 1}, NumBlocks: 1}, 0, "more than"},
+		{"a layout without heads is an error", Config{Layout: kvlayout.Layout{BlockSize: 4, Layers: 1, HeadDim: 2}, NumBlocks: 1}, 0, "invalid KV layout"},
+		{"an element type other than f32 or bf16 is an error", Config{Layout: kvlayout.Layout{BlockSize: 4, Layers: 1, KVHeads: 1, HeadDim: 2, DType: kvlayout.ElemType(2)}, NumBlocks: 1}, 0, "neither f32 nor bf16"},
+		{"a layout past any memory is an error", Config{Layout: kvlayout.Layout{BlockSize: 1 << 20, Layers: 1 << 20, KVHeads: 1 << 20, HeadDim: 1}, NumBlocks: 1}, 0, "more than"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -84,7 +83,7 @@ func TestNewSizing(t *testing.T) {
 		})
 	}
 	t.Run("the default block size is 16", func(t *testing.T) {
-		p, err := New(Config{Layout: model.KVLayout{Layers: 1, KVHeads: 1, HeadDim: 1}, NumBlocks: 1, Dir: t.TempDir()})
+		p, err := New(Config{Layout: kvlayout.Layout{Layers: 1, KVHeads: 1, HeadDim: 1}, NumBlocks: 1, Dir: t.TempDir()})
 		if err != nil {
 			t.Fatal(err)
 		}

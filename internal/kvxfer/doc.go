@@ -17,8 +17,10 @@
 // alive with heartbeats. A block reused while it is read is detected by
 // its generation counter and fails the pull instead of yielding wrong KV.
 //
-// This package is the trust boundary of the P/D path and imports neither the
-// engine nor the scheduler: everything a peer sends is checked here. The
+// This package is the trust boundary of the P/D path and links neither the
+// engine nor the scheduler nor the model and its kernels (the KV geometry
+// it checks is package kvlayout's; internal/deps_test.go keeps it so):
+// everything a peer sends is checked here. The
 // engine-facing connector that drives a Producer and a Consumer from the
 // step loop is package kvconnector.
 //

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/kvcache"
-	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 )
 
 // smollm is the KV geometry of smollm2-135m: 737,280 bytes per f32 block.
@@ -46,11 +46,11 @@ type testPool struct {
 
 func newTestPool(t testing.TB, n int, geom Info) *testPool {
 	t.Helper()
-	dt, _, err := model.ParseKVDType(geom.KVDType)
+	dt, _, err := kvlayout.ParseElemType(geom.KVDType)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := model.KVLayout{BlockSize: geom.BlockSize, Layers: geom.Layers, KVHeads: geom.KVHeads, HeadDim: geom.HeadDim, DType: dt}
+	l := kvlayout.Layout{BlockSize: geom.BlockSize, Layers: geom.Layers, KVHeads: geom.KVHeads, HeadDim: geom.HeadDim, DType: dt}
 	if l.BlockBytes() != geom.BlockBytes {
 		t.Fatalf("test geometry %+v has %d-byte blocks, its layout %d", geom, geom.BlockBytes, l.BlockBytes())
 	}

@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tandem-serve/tandem/internal/kvcache"
-	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 )
 
 // LocalHost returns this machine's identity: the kernel boot id (new at
@@ -104,11 +104,11 @@ func checkShmPath(path string, pid int) error {
 
 // geometryOf is the pool-file geometry a producer's Info describes.
 func geometryOf(info Info) (kvcache.Geometry, error) {
-	dt, set, err := model.ParseKVDType(info.KVDType)
+	dt, set, err := kvlayout.ParseElemType(info.KVDType)
 	if err != nil || !set {
 		return kvcache.Geometry{}, fmt.Errorf("the prefill's KV dtype %q is unknown", info.KVDType)
 	}
-	l := model.KVLayout{BlockSize: info.BlockSize, Layers: info.Layers, KVHeads: info.KVHeads, HeadDim: info.HeadDim, DType: dt}
+	l := kvlayout.Layout{BlockSize: info.BlockSize, Layers: info.Layers, KVHeads: info.KVHeads, HeadDim: info.HeadDim, DType: dt}
 	return kvcache.Geometry{
 		Layout:            l,
 		NumBlocks:         info.NumBlocks,
@@ -182,4 +182,42 @@ func copyNoFault(dst, src []byte) (err error) {
 func (m *shmMapping) generation(id int) uint64 {
 	g, _ := m.view.Generation(int32(id))
 	return g
+}
+
+// statShm checks that the pool file exists and is large enough for the
+// layout, and records its identity.
+func statShm(l ShmLayout, blockBytes, numBlocks int) (ShmLayout, error) {
+	fi, err := os.Stat(l.Path)
+	if err != nil {
+		return l, err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return l, fmt.Errorf("stat %s: no device/inode on this platform", l.Path)
+	}
+	if l.Size == 0 {
+		l.Size = fi.Size()
+	}
+	if err := checkLayout(l, fi.Size(), blockBytes, numBlocks); err != nil {
+		return l, err
+	}
+	l.Dev, l.Inode = uint64(st.Dev), st.Ino
+	return l, nil
+}
+
+// checkLayout validates a shared-memory layout against the file size and
+// pool geometry; it guards every later index into the mapping.
+func checkLayout(l ShmLayout, fileSize int64, blockBytes, numBlocks int) error {
+	switch {
+	case l.Size <= 0 || l.Size != fileSize:
+		return fmt.Errorf("pool file %s is %d bytes, layout says %d", l.Path, fileSize, l.Size)
+	case l.GenerationsOffset%8 != 0:
+		return fmt.Errorf("pool file %s: generation table offset %d is not 8-byte aligned", l.Path, l.GenerationsOffset)
+	case l.BlocksOffset < 0 || l.GenerationsOffset < 0,
+		numBlocks < 0 || blockBytes <= 0,
+		uint64(l.BlocksOffset)+uint64(numBlocks)*uint64(blockBytes) > uint64(l.Size),
+		uint64(l.GenerationsOffset)+8*uint64(numBlocks) > uint64(l.Size):
+		return fmt.Errorf("pool file %s (%d bytes) cannot hold %d blocks of %d bytes at offset %d and their generations at offset %d", l.Path, l.Size, numBlocks, blockBytes, l.BlocksOffset, l.GenerationsOffset)
+	}
+	return nil
 }

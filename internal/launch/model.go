@@ -8,7 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/tandem-serve/tandem/internal/model/gguf"
+	"github.com/tandem-serve/tandem/internal/gguf"
 )
 
 // HasChatTemplate reports whether the model in dir has a chat template (in

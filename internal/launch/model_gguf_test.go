@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tandem-serve/tandem/internal/model/gguf"
+	"github.com/tandem-serve/tandem/internal/gguf"
 )
 
 func writeGGUF(t *testing.T, kv ...gguf.KV) string {

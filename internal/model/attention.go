@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
@@ -195,7 +196,7 @@ func (m *Model) planAttention() {
 
 // attention computes softmax(q·Kᵀ/√d)·V for every (query head, token) of
 // layer li into s.attn, over the work items planned for the batch.
-func (m *Model) attention(li int, seqs []Seq, kv kvView, layout KVLayout) {
+func (m *Model) attention(li int, seqs []Seq, kv kvView, layout kvlayout.Layout) {
 	c := &m.cfg
 	s := &m.s
 	items, tiles := s.items, s.tiles
@@ -236,7 +237,7 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout KVLayout) {
 // top of this file. Query row r of the item is head kvh·group+gi of token
 // tok, r = ((kvh−kh0)·ntok + tok)·group + gi: the rows of one KV head are
 // contiguous, and so are the group's rows of one token.
-func (m *Model) attendTile(w *attnScratch, kv kvView, layout KVLayout, li int, sq *Seq, t0, ntok, first, kh0, kh1 int) {
+func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li int, sq *Seq, t0, ntok, first, kh0, kh1 int) {
 	c := &m.cfg
 	s := &m.s
 	hd, kvd, group, bs := c.HeadDim, c.KVDim(), c.Heads/c.KVHeads, layout.BlockSize

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
@@ -25,7 +26,7 @@ func useBF16Attention(kv kvView) bool { return kv.u16 != nil && tensor.AttnBF16(
 // head into s.packed[seq·KVHeads+kvh] (tensor.PackKeysBF16: whole groups of
 // 16, the last one padded with zero keys). The bytes are the pool's, so
 // scoring the packed copy gives the bits scoring the pool gives.
-func (m *Model) packKeys(li int, seqs []Seq, kv kvView, layout KVLayout) {
+func (m *Model) packKeys(li int, seqs []Seq, kv kvView, layout kvlayout.Layout) {
 	c := &m.cfg
 	s := &m.s
 	hd, kvd, bs := c.HeadDim, c.KVDim(), layout.BlockSize
@@ -76,7 +77,7 @@ func (m *Model) packKeys(li int, seqs []Seq, kv kvView, layout KVLayout) {
 // attendTileBF16 is attendTile on the bf16 path: keys nil for a decode
 // token (all KV heads, scores by tensor.DotRowsBF16 straight from the pool),
 // else the packed keys of KV head kh0 of the tile's sequence (kh1 = kh0+1).
-func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout KVLayout, li int, sq *Seq, keys []uint32, t0, ntok, first, kh0, kh1 int) {
+func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout, li int, sq *Seq, keys []uint32, t0, ntok, first, kh0, kh1 int) {
 	c := &m.cfg
 	s := &m.s
 	hd, kvd, group, bs := c.HeadDim, c.KVDim(), c.Heads/c.KVHeads, layout.BlockSize

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/modelinit"
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
@@ -37,13 +38,13 @@ func newAttnModel(t testing.TB, sh attnShape, threads int) *Model {
 // sequence of n positions over shuffled blocks (unwritten slots hold NaN),
 // and random queries for every position.
 type attnFixture struct {
-	layout KVLayout
+	layout kvlayout.Layout
 	pool   []byte
 	blocks []int32
 	q      [][]float32 // per position, [QDim]
 }
 
-func newAttnFixture(r *rand.Rand, m *Model, blockSize, n int, dt tensor.DType) *attnFixture {
+func newAttnFixture(r *rand.Rand, m *Model, blockSize, n int, dt kvlayout.ElemType) *attnFixture {
 	c := &m.cfg
 	layout := m.KVLayoutOf(blockSize, dt)
 	nb := (n+blockSize-1)/blockSize + 2
@@ -280,7 +281,7 @@ func TestAttentionMatchesFloat64(t *testing.T) {
 		if err := tensor.SetISA(isa); err != nil {
 			t.Fatal(err)
 		}
-		for _, dt := range []tensor.DType{tensor.BF16, tensor.F32} {
+		for _, dt := range []kvlayout.ElemType{kvlayout.BF16, kvlayout.F32} {
 			for _, tc := range cases {
 				t.Run(fmt.Sprintf("%s/%s KV/%v/block %d/n %d", isa, dt, tc.sh, tc.blockSize, tc.n), func(t *testing.T) {
 					r := rand.New(rand.NewPCG(uint64(tc.n), uint64(tc.blockSize)))
@@ -311,7 +312,7 @@ func TestAttentionMatchesFloat64(t *testing.T) {
 					// for values of unit scale); elsewhere the reference is
 					// exact.
 					bound := 2e-5
-					if dt == tensor.BF16 && tensor.AttnBF16() {
+					if dt == kvlayout.BF16 && tensor.AttnBF16() {
 						bound = 5e-3
 					}
 					t.Logf("max |attention − float64 reference| = %.3g; − exact float64 softmax: %.3g", worstRounded, worstExact)
@@ -337,7 +338,7 @@ func TestAttentionMatchesFloat64(t *testing.T) {
 // in: one call for the whole prompt, chunks of 16, 17 and 64 positions,
 // each position alone (decode), and mixed batches of several chunks.
 func TestAttentionTilingIsInvariant(t *testing.T) {
-	for _, dt := range []tensor.DType{tensor.BF16, tensor.F32} {
+	for _, dt := range []kvlayout.ElemType{kvlayout.BF16, kvlayout.F32} {
 		for _, sh := range []attnShape{{9, 3, 64}, {4, 1, 128}, {4, 4, 64}} {
 			t.Run(fmt.Sprintf("%s KV/%v", dt, sh), func(t *testing.T) {
 				const n = 333
@@ -380,14 +381,14 @@ func TestLongPromptChunkingIsBitIdentical(t *testing.T) {
 	specs := []struct {
 		name string
 		spec modelinit.Spec
-		kv   tensor.DType
+		kv   kvlayout.ElemType
 	}{
 		{"bf16 weights, bf16 KV", testSpec(func(s *modelinit.Spec) {
 			s.DType, s.Heads, s.KVHeads, s.HeadDim, s.MaxPositions = "bf16", 6, 2, 64, 512
-		}), tensor.BF16},
+		}), kvlayout.BF16},
 		{"f32 weights, f32 KV", testSpec(func(s *modelinit.Spec) {
 			s.Heads, s.KVHeads, s.HeadDim, s.MaxPositions = 4, 1, 64, 512
-		}), tensor.F32},
+		}), kvlayout.F32},
 	}
 	const n = 333
 	for _, sp := range specs {
@@ -431,7 +432,7 @@ func BenchmarkAttention(b *testing.B) {
 		for _, threads := range []int{1, 2} {
 			r := rand.New(rand.NewPCG(1, 2))
 			m := newAttnModel(b, sh, threads)
-			f := newAttnFixture(r, m, 16, n, tensor.BF16)
+			f := newAttnFixture(r, m, 16, n, kvlayout.BF16)
 			for _, mode := range []string{"prefill", "decode"} {
 				span := [2]int{0, n}
 				pairs := float64(n) * float64(n+1) / 2

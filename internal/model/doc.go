@@ -6,9 +6,9 @@
 // file mapping; bf16 and f16 stay in their dtype and are widened
 // inside the kernels of internal/tensor) and checks every tensor's shape.
 // Model.Forward runs a batch of sequences over a paged KV pool whose layout
-// is KVLayout: all new tokens of all sequences share every weight matmul,
-// attention reads each sequence's blocks through its block table. The
-// package computes; it never allocates KV blocks or schedules requests.
+// is a kvlayout.Layout: all new tokens of all sequences share every weight
+// matmul, attention reads each sequence's blocks through its block table.
+// The package computes; it never allocates KV blocks or schedules requests.
 //
 // Load also takes a GGUF file (LoadGGUF, package gguf): the llama and qwen2
 // architectures with F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K or Q6_K tensors,

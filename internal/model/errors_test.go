@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/model/safetensors"
 	"github.com/tandem-serve/tandem/internal/modelinit"
 	"github.com/tandem-serve/tandem/internal/tensor"
@@ -152,7 +153,7 @@ func TestForwardRejectsBadInput(t *testing.T) {
 		name   string
 		seqs   func() []Seq
 		kv     []byte
-		layout KVLayout
+		layout kvlayout.Layout
 		want   string
 	}{
 		{"no sequences", func() []Seq { return nil }, kv, layout, "at least one sequence"},
@@ -164,8 +165,8 @@ func TestForwardRejectsBadInput(t *testing.T) {
 		{"position past max", func() []Seq { s := ok(); s.Pos = 126; return []Seq{s} }, make([]byte, 32*layout.BlockBytes()), layout, "outside the model's 128 positions"},
 		{"negative position", func() []Seq { s := ok(); s.Pos = -1; return []Seq{s} }, kv, layout, "positions [-1, 2)"},
 		{"logits index out of range", func() []Seq { s := ok(); s.Logits = []int{3}; return []Seq{s} }, kv, layout, "logits of token 3"},
-		{"layout of another model", func() []Seq { return []Seq{ok()} }, kv, KVLayout{BlockSize: 4, Layers: 3, KVHeads: 2, HeadDim: 16}, "does not match the model"},
-		{"f16 KV", func() []Seq { return []Seq{ok()} }, kv, m.KVLayoutOf(4, tensor.F16), "dtype f32 or bf16"},
+		{"layout of another model", func() []Seq { return []Seq{ok()} }, kv, kvlayout.Layout{BlockSize: 4, Layers: 3, KVHeads: 2, HeadDim: 16}, "does not match the model"},
+		{"KV neither f32 nor bf16", func() []Seq { return []Seq{ok()} }, kv, m.KVLayoutOf(4, kvlayout.ElemType(2)), "dtype f32 or bf16"},
 		{"zero block size", func() []Seq { return []Seq{ok()} }, kv, m.KVLayout(0), "positive block size"},
 		{"pool not whole blocks", func() []Seq { return []Seq{ok()} }, kv[:len(kv)-1], layout, "not a whole number"},
 	}
@@ -196,7 +197,7 @@ func TestModelReportsItsShape(t *testing.T) {
 	if m.DType() != tensor.BF16 || m.VocabSize() != 96 || m.MaxModelLen() != 128 {
 		t.Errorf("DType, VocabSize, MaxModelLen = %v, %d, %d; want bf16, 96, 128", m.DType(), m.VocabSize(), m.MaxModelLen())
 	}
-	if l := m.KVLayout(16); l != (KVLayout{BlockSize: 16, Layers: 2, KVHeads: 2, HeadDim: 16, DType: tensor.BF16}) {
+	if l := m.KVLayout(16); l != (kvlayout.Layout{BlockSize: 16, Layers: 2, KVHeads: 2, HeadDim: 16, DType: kvlayout.BF16}) {
 		t.Errorf("KVLayout(16) = %+v", l)
 	}
 	for i, l := range m.layers {

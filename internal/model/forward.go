@@ -6,6 +6,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
@@ -103,7 +104,7 @@ func grow(b []float32, n int) []float32 {
 //
 // Forward is not safe for concurrent use. Sequences in one call must not
 // write the same KV slot (shared prefix blocks are only read).
-func (m *Model) Forward(seqs []Seq, pool []byte, layout KVLayout) ([][]float32, error) {
+func (m *Model) Forward(seqs []Seq, pool []byte, layout kvlayout.Layout) ([][]float32, error) {
 	if m.closed {
 		return nil, errors.New("model: Forward called after Close")
 	}
@@ -248,7 +249,7 @@ func (m *Model) runGroup(g *linearGroup, buf, x []float32, T int) []float32 {
 
 // prepareAttention adds the q/k/v biases, applies RoPE to the queries and
 // keys and stores every new token's K and V row in its pool slot.
-func (m *Model) prepareAttention(l *layer, li int, seqs []Seq, kv kvView, layout KVLayout, T int) {
+func (m *Model) prepareAttention(l *layer, li int, seqs []Seq, kv kvView, layout kvlayout.Layout, T int) {
 	c := &m.cfg
 	s := &m.s
 	g := &l.qkv
@@ -301,11 +302,11 @@ type kvView struct {
 	u16 []uint16
 }
 
-func viewKV(pool []byte, layout KVLayout) kvView {
+func viewKV(pool []byte, layout kvlayout.Layout) kvView {
 	if len(pool) == 0 {
 		return kvView{}
 	}
-	if layout.DType == tensor.F32 {
+	if layout.DType == kvlayout.F32 {
 		return kvView{f32: unsafe.Slice((*float32)(unsafe.Pointer(&pool[0])), len(pool)/4)}
 	}
 	return kvView{u16: unsafe.Slice((*uint16)(unsafe.Pointer(&pool[0])), len(pool)/2)}
@@ -360,17 +361,17 @@ func (m *Model) logits(seqs []Seq, T, R int) [][]float32 {
 
 // validate checks a batch against the model and the pool before anything
 // is written, returning the number of new tokens and of logits rows.
-func (m *Model) validate(seqs []Seq, pool []byte, layout KVLayout) (T, R int, err error) {
+func (m *Model) validate(seqs []Seq, pool []byte, layout kvlayout.Layout) (T, R int, err error) {
 	c := &m.cfg
 	want := m.KVLayoutOf(layout.BlockSize, layout.DType)
-	if layout.BlockSize <= 0 || layout != want || (layout.DType != tensor.F32 && layout.DType != tensor.BF16) {
+	if layout.BlockSize <= 0 || layout != want || !layout.DType.Valid() {
 		return 0, 0, fmt.Errorf("model: KV layout %+v does not match the model (want %+v with a positive block size and dtype f32 or bf16)", layout, want)
 	}
 	blockBytes := layout.BlockBytes()
 	if len(pool)%blockBytes != 0 {
 		return 0, 0, fmt.Errorf("model: KV pool of %d bytes is not a whole number of %d-byte blocks", len(pool), blockBytes)
 	}
-	if layout.DType == tensor.F32 && len(pool) > 0 && uintptr(unsafe.Pointer(&pool[0]))%4 != 0 {
+	if layout.DType == kvlayout.F32 && len(pool) > 0 && uintptr(unsafe.Pointer(&pool[0]))%4 != 0 {
 		return 0, 0, errors.New("model: f32 KV pool is not 4-byte aligned")
 	}
 	numBlocks := len(pool) / blockBytes

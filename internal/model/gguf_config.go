@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/tandem-serve/tandem/internal/model/gguf"
+	"github.com/tandem-serve/tandem/internal/gguf"
 )
 
 // Bounds on GGUF hyperparameters, far above any real model's, so that a

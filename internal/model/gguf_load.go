@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tandem-serve/tandem/internal/model/gguf"
+	"github.com/tandem-serve/tandem/internal/gguf"
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
 

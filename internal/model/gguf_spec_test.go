@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tandem-serve/tandem/internal/model/internal/ggufspec"
+	"github.com/tandem-serve/tandem/internal/gguf/ggufspec"
 	"github.com/tandem-serve/tandem/internal/model/safetensors"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )

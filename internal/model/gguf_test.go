@@ -14,7 +14,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/tandem-serve/tandem/internal/model/gguf"
+	"github.com/tandem-serve/tandem/internal/gguf"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/model/safetensors"
 	"github.com/tandem-serve/tandem/internal/modelinit"
 	"github.com/tandem-serve/tandem/internal/tensor"
@@ -43,7 +44,7 @@ func convertGGUF(t testing.TB, dir, enc string) string {
 // logitsOf runs tokens alone through m with an f32 KV pool.
 func logitsOf(t *testing.T, m *Model, tokens []int32) [][]float32 {
 	t.Helper()
-	return runAlone(t, m, m.KVLayoutOf(16, tensor.F32), tokens)
+	return runAlone(t, m, m.KVLayoutOf(16, kvlayout.F32), tokens)
 }
 
 // relDiff returns max |a−b| over max |b|.
@@ -60,7 +61,7 @@ func relDiff(a, b [][]float32) float64 {
 
 func greedy(t *testing.T, m *Model, prompt []int32, n int) []int32 {
 	t.Helper()
-	layout := m.KVLayoutOf(16, tensor.F32)
+	layout := m.KVLayoutOf(16, kvlayout.F32)
 	kv, blocks := contiguous(layout, len(prompt)+n)
 	ids := slices.Clone(prompt)
 	next, pos := prompt, 0
@@ -181,7 +182,7 @@ func TestGGUFStoriesQ8_0NearF32(t *testing.T) {
 	ref := loadTestModel(t, dir, 2)
 	path := convertGGUF(t, dir, "q8_0")
 	q := loadTestModel(t, path, 2)
-	if q.DType() != tensor.Q8_0 || q.KVDType() != tensor.BF16 {
+	if q.DType() != tensor.Q8_0 || q.KVDType() != kvlayout.BF16 {
 		t.Errorf("dtype %s, KV %s; want q8_0 and bf16", q.DType(), q.KVDType())
 	}
 	if q.layers[0].down.DType != tensor.F16 || q.layers[0].o.DType != tensor.Q8_0 {

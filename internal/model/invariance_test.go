@@ -5,8 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/modelinit"
-	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
 // seqRun is one sequence driven through Forward in chunks.
@@ -20,7 +20,7 @@ type seqRun struct {
 
 // runAlone runs tokens as the only sequence in one call with a contiguous
 // block table and returns the logits of every position.
-func runAlone(t *testing.T, m *Model, layout KVLayout, tokens []int32) [][]float32 {
+func runAlone(t *testing.T, m *Model, layout kvlayout.Layout, tokens []int32) [][]float32 {
 	t.Helper()
 	kv, blocks := contiguous(layout, len(tokens))
 	out, err := m.Forward([]Seq{{Tokens: tokens, Blocks: blocks, Logits: allIndexes(len(tokens))}}, kv, layout)
@@ -56,13 +56,13 @@ func TestForwardIsBatchInvariant(t *testing.T) {
 	specs := []struct {
 		name string
 		spec modelinit.Spec
-		kv   tensor.DType
+		kv   kvlayout.ElemType
 	}{
-		{"qwen2 bf16 GQA bf16 KV", qwen, tensor.BF16},
-		{"qwen2 bf16 GQA f32 KV", qwen, tensor.F32},
+		{"qwen2 bf16 GQA bf16 KV", qwen, kvlayout.BF16},
+		{"qwen2 bf16 GQA f32 KV", qwen, kvlayout.F32},
 		{"llama f32 llama3 rope", testSpec(func(s *modelinit.Spec) {
 			s.RopeScaling = modelinit.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 64}
-		}), tensor.F32},
+		}), kvlayout.F32},
 	}
 	chunkings := []struct {
 		name  string
@@ -101,7 +101,7 @@ func TestForwardIsBatchInvariant(t *testing.T) {
 
 // planBatch gives every prompt a shuffled set of physical blocks in one
 // shared pool.
-func planBatch(r *rand.Rand, layout KVLayout, prompts [][]int32, chunk int) ([]*seqRun, []byte) {
+func planBatch(r *rand.Rand, layout kvlayout.Layout, prompts [][]int32, chunk int) ([]*seqRun, []byte) {
 	total := 0
 	need := make([]int, len(prompts))
 	for i, p := range prompts {
@@ -131,7 +131,7 @@ func planBatch(r *rand.Rand, layout KVLayout, prompts [][]int32, chunk int) ([]*
 
 // driveBatch advances a random subset of unfinished sequences each call,
 // in random order, until all are done, recording their logits.
-func driveBatch(t *testing.T, m *Model, r *rand.Rand, layout KVLayout, kv []byte, runs []*seqRun) {
+func driveBatch(t *testing.T, m *Model, r *rand.Rand, layout kvlayout.Layout, kv []byte, runs []*seqRun) {
 	t.Helper()
 	V := m.VocabSize()
 	for {

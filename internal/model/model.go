@@ -10,7 +10,8 @@ import (
 	"math"
 	"slices"
 
-	"github.com/tandem-serve/tandem/internal/model/gguf"
+	"github.com/tandem-serve/tandem/internal/gguf"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/model/safetensors"
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
@@ -194,11 +195,11 @@ func clonePtr[T any](p *T) *T {
 
 // KVLayout returns the layout of a paged KV pool with blockSize slots per
 // block and the model's default KV element type (KVDType).
-func (m *Model) KVLayout(blockSize int) KVLayout { return m.KVLayoutOf(blockSize, m.KVDType()) }
+func (m *Model) KVLayout(blockSize int) kvlayout.Layout { return m.KVLayoutOf(blockSize, m.KVDType()) }
 
 // KVLayoutOf is KVLayout with the element type dt (F32 or BF16).
-func (m *Model) KVLayoutOf(blockSize int, dt tensor.DType) KVLayout {
-	return KVLayout{BlockSize: blockSize, Layers: m.cfg.Layers, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim, DType: dt}
+func (m *Model) KVLayoutOf(blockSize int, dt kvlayout.ElemType) kvlayout.Layout {
+	return kvlayout.Layout{BlockSize: blockSize, Layers: m.cfg.Layers, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim, DType: dt}
 }
 
 // KVDType is the model's default KV cache element type, as vLLM's
@@ -206,11 +207,11 @@ func (m *Model) KVLayoutOf(blockSize int, dt tensor.DType) KVLayout {
 // and bandwidth of f32) and for a quantized one (whose weights were
 // rounded far more than bf16 rounds K and V), f32 otherwise (f16 models
 // keep f32: there are no f16 attention kernels).
-func (m *Model) KVDType() tensor.DType {
+func (m *Model) KVDType() kvlayout.ElemType {
 	if m.dtype == tensor.BF16 || m.dtype.Quantized() {
-		return tensor.BF16
+		return kvlayout.BF16
 	}
-	return tensor.F32
+	return kvlayout.F32
 }
 
 // NumParams returns the number of parameters (tied embeddings counted once).

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/model/safetensors"
 	"github.com/tandem-serve/tandem/internal/modelinit"
 	"github.com/tandem-serve/tandem/internal/tensor"
@@ -352,12 +353,12 @@ func f32ActivationISA(t *testing.T) {
 // logit difference to the float64 reference, relative to the largest
 // logit, and the mean squared difference relative to the mean squared
 // logit.
-func referenceDiff(t *testing.T, spec modelinit.Spec, kvDType tensor.DType) (maxRel, msRel float64) {
+func referenceDiff(t *testing.T, spec modelinit.Spec, kvDType kvlayout.ElemType) (maxRel, msRel float64) {
 	t.Helper()
 	dir := writeTestModel(t, spec)
 	m := loadTestModel(t, dir, 2)
 	ref := newRefModel(t, dir)
-	ref.roundKV = kvDType == tensor.BF16
+	ref.roundKV = kvDType == kvlayout.BF16
 	r := rand.New(rand.NewPCG(1, 2))
 	tokens := randomTokens(r, 21, spec.Vocab)
 	want := ref.logits(t, tokens)
@@ -390,7 +391,7 @@ func TestForwardMatchesFloat64Reference(t *testing.T) {
 	f32ActivationISA(t)
 	for _, tc := range referenceCases {
 		t.Run(tc.name, func(t *testing.T) {
-			if rel, _ := referenceDiff(t, tc.spec, tensor.F32); rel > 1e-4 {
+			if rel, _ := referenceDiff(t, tc.spec, kvlayout.F32); rel > 1e-4 {
 				t.Errorf("max |Δlogit| relative to max |logit|: %g > 1e-4", rel)
 			}
 		})
@@ -414,7 +415,7 @@ func TestBF16ModelsNearReference(t *testing.T) {
 				continue
 			}
 			t.Run(isa+"/"+tc.name, func(t *testing.T) {
-				maxRel, msRel := referenceDiff(t, tc.spec, tensor.BF16)
+				maxRel, msRel := referenceDiff(t, tc.spec, kvlayout.BF16)
 				t.Logf("max |Δlogit| / max |logit| = %.3g, Σ Δ² / Σ logit² = %.3g", maxRel, msRel)
 				if maxRel > 5e-2 || msRel > 1e-4 {
 					t.Errorf("logits too far from the reference: max relative %g (limit 5e-2), mean-square relative %g (limit 1e-4)", maxRel, msRel)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/tensor"
 	"github.com/tandem-serve/tandem/internal/testmodels"
 )
@@ -43,7 +44,7 @@ func loadStories(t *testing.T, threads int) (*Model, golden) {
 }
 
 // contiguous returns a pool and a block table 0, 1, 2, ... for n positions.
-func contiguous(layout KVLayout, n int) ([]byte, []int32) {
+func contiguous(layout kvlayout.Layout, n int) ([]byte, []int32) {
 	blocks := make([]int32, (n+layout.BlockSize-1)/layout.BlockSize)
 	for i := range blocks {
 		blocks[i] = int32(i)

@@ -9,9 +9,9 @@ import (
 	"sort"
 	"testing"
 
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/model/safetensors"
 	"github.com/tandem-serve/tandem/internal/modelinit"
-	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
 // sortWeights rewrites dir/model.safetensors with the tensor data in name
@@ -67,7 +67,7 @@ func TestUnfusedLayoutMatchesReference(t *testing.T) {
 	ref := newRefModel(t, dir)
 	tokens := randomTokens(rand.New(rand.NewPCG(5, 6)), 9, spec.Vocab)
 	want := ref.logits(t, tokens)
-	layout := m.KVLayoutOf(4, tensor.F32)
+	layout := m.KVLayoutOf(4, kvlayout.F32)
 	kv, blocks := contiguous(layout, len(tokens))
 	out, err := m.Forward([]Seq{{Tokens: tokens, Blocks: blocks, Logits: allIndexes(len(tokens))}}, kv, layout)
 	if err != nil {

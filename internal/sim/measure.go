@@ -7,8 +7,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/model"
-	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
 // MeasureConfig bounds a profiling run.
@@ -19,7 +19,7 @@ type MeasureConfig struct {
 	// BlockSize and KVDType lay out the KV cache as the engine would
 	// (default 16 and the model's own).
 	BlockSize int
-	KVDType   tensor.DType
+	KVDType   kvlayout.ElemType
 	// PrefillTokens, Batches and Contexts are the grid (defaults below,
 	// cut at the model's max len); MaxKVBytes skips decode points whose KV
 	// would not fit (default 1 GiB).

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
@@ -43,7 +44,7 @@ type Config struct {
 	// Layers, KVHeads, HeadDim and KVDType shape the KV cache (defaults
 	// DefaultLayers, DefaultKVHeads, DefaultHeadDim and bf16).
 	Layers, KVHeads, HeadDim int
-	KVDType                  tensor.DType
+	KVDType                  kvlayout.ElemType
 	// Seed picks the simulated model's outputs; engines that must agree
 	// (colocated and disaggregated runs) need the same one.
 	Seed uint64
@@ -149,9 +150,9 @@ func New(cfg Config) (*Model, error) {
 	cfg.KVHeads = cmpOr(cfg.KVHeads, DefaultKVHeads)
 	cfg.HeadDim = cmpOr(cfg.HeadDim, DefaultHeadDim)
 	if cfg.KVDType == 0 {
-		cfg.KVDType = tensor.BF16
+		cfg.KVDType = kvlayout.BF16
 	}
-	if cfg.KVDType != tensor.BF16 && cfg.KVDType != tensor.F32 {
+	if !cfg.KVDType.Valid() {
 		return nil, fmt.Errorf("sim: KV dtype %v: want bf16 or f32", cfg.KVDType)
 	}
 	if cfg.Speed == 0 {
@@ -230,11 +231,13 @@ func (m *Model) VocabSize() int { return m.cfg.Vocab }
 func (m *Model) MaxModelLen() int { return m.cfg.MaxModelLen }
 
 // KVLayout implements engine.Forwarder.
-func (m *Model) KVLayout(blockSize int) model.KVLayout { return m.KVLayoutOf(blockSize, m.cfg.KVDType) }
+func (m *Model) KVLayout(blockSize int) kvlayout.Layout {
+	return m.KVLayoutOf(blockSize, m.cfg.KVDType)
+}
 
 // KVLayoutOf implements engine.Forwarder.
-func (m *Model) KVLayoutOf(blockSize int, dt tensor.DType) model.KVLayout {
-	return model.KVLayout{BlockSize: blockSize, Layers: m.cfg.Layers, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim, DType: dt}
+func (m *Model) KVLayoutOf(blockSize int, dt kvlayout.ElemType) kvlayout.Layout {
+	return kvlayout.Layout{BlockSize: blockSize, Layers: m.cfg.Layers, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim, DType: dt}
 }
 
 // Fingerprint implements engine.Forwarder: it names the simulated shape,
@@ -264,7 +267,7 @@ func (m *Model) Stats() Stats {
 // the last tokens and position (batch invariance by construction). Then
 // it sleeps for the time model's step time over Speed. Sequences that
 // fail the check or an injected error are reported as model.SeqErrors.
-func (m *Model) Forward(seqs []model.Seq, pool []byte, layout model.KVLayout) ([][]float32, error) {
+func (m *Model) Forward(seqs []model.Seq, pool []byte, layout kvlayout.Layout) ([][]float32, error) {
 	if err := m.validate(seqs, pool, layout); err != nil {
 		return nil, err
 	}
@@ -402,8 +405,8 @@ func tokenAt(sq *model.Seq, p int) int32 {
 	return 0
 }
 
-func (m *Model) validate(seqs []model.Seq, pool []byte, l model.KVLayout) error {
-	if want := m.KVLayoutOf(l.BlockSize, l.DType); l.BlockSize <= 0 || l != want || (l.DType != tensor.BF16 && l.DType != tensor.F32) {
+func (m *Model) validate(seqs []model.Seq, pool []byte, l kvlayout.Layout) error {
+	if want := m.KVLayoutOf(l.BlockSize, l.DType); l.BlockSize <= 0 || l != want || !l.DType.Valid() {
 		return fmt.Errorf("sim: KV layout %+v does not match the simulated model's (%+v)", l, want)
 	}
 	if len(pool)%l.BlockBytes() != 0 {
@@ -448,7 +451,7 @@ func (m *Model) validate(seqs []model.Seq, pool []byte, l model.KVLayout) error 
 // CheckLoadedKV implements engine.KVChecker: it checks the pattern of
 // positions [0, len(tokens)) after a KV load, after applying the KV faults
 // (a failed load, a damaged byte, a delay).
-func (m *Model) CheckLoadedKV(tokens, blocks []int32, pool []byte, l model.KVLayout) engine.LoadCheck {
+func (m *Model) CheckLoadedKV(tokens, blocks []int32, pool []byte, l kvlayout.Layout) engine.LoadCheck {
 	m.loads.Add(1)
 	n := len(tokens)
 	f := &m.cfg.Faults

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/model"
-	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
 // newTestModel is a simulated model that records its sleeps instead of
@@ -37,7 +37,7 @@ func newTestModel(t *testing.T, cfg Config) (*Model, *[]time.Duration) {
 }
 
 // testPool is a KV pool of n blocks laid out as l.
-func testPool(l model.KVLayout, n int) []byte { return make([]byte, n*l.BlockBytes()) }
+func testPool(l kvlayout.Layout, n int) []byte { return make([]byte, n*l.BlockBytes()) }
 
 func prompt(n int, salt uint64) []int32 {
 	p := make([]int32, n)
@@ -56,7 +56,7 @@ func blocks(first, n int) []int32 {
 }
 
 // prefill runs a whole prompt in one step and returns the sampled row.
-func prefill(t *testing.T, m *Model, pool []byte, l model.KVLayout, p, bt []int32) []float32 {
+func prefill(t *testing.T, m *Model, pool []byte, l kvlayout.Layout, p, bt []int32) []float32 {
 	t.Helper()
 	out, err := m.Forward([]model.Seq{{Tokens: p, Blocks: bt, Logits: []int{len(p) - 1}, Prompt: p}}, pool, l)
 	if err != nil {
@@ -66,8 +66,8 @@ func prefill(t *testing.T, m *Model, pool []byte, l model.KVLayout, p, bt []int3
 }
 
 func TestPatternCheck(t *testing.T) {
-	for _, dt := range []tensor.DType{tensor.BF16, tensor.F32} {
-		l := model.KVLayout{BlockSize: 4, Layers: 2, KVHeads: 2, HeadDim: 8, DType: dt}
+	for _, dt := range []kvlayout.ElemType{kvlayout.BF16, kvlayout.F32} {
+		l := kvlayout.Layout{BlockSize: 4, Layers: 2, KVHeads: 2, HeadDim: 8, DType: dt}
 		p := prompt(10, 1)
 		bt := []int32{3, 0, 5}
 		fill := func() []byte {
@@ -209,7 +209,7 @@ func TestForwardChecksHistoryAtTheLastPromptToken(t *testing.T) {
 func TestCheckLoadedKV(t *testing.T) {
 	p := prompt(40, 5)
 	bt := blocks(4, 3)
-	setup := func(t *testing.T, f Faults) (*Model, []byte, model.KVLayout) {
+	setup := func(t *testing.T, f Faults) (*Model, []byte, kvlayout.Layout) {
 		m, _ := newTestModel(t, Config{Faults: f, Speed: 2})
 		l := m.KVLayout(16)
 		pool := testPool(l, 8)

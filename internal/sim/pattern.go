@@ -4,8 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/tandem-serve/tandem/internal/model"
-	"github.com/tandem-serve/tandem/internal/tensor"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 )
 
 // The KV pattern. A simulated forward pass writes, for a token t at
@@ -39,10 +38,10 @@ func rowSeed(tok int32, pos, layer, kv int) uint64 {
 
 // writeRow stores the pattern of (tok, pos, layer, kv) at element offset off
 // of pool.
-func writeRow(pool []byte, l model.KVLayout, off int, tok int32, pos, layer, kv int) {
+func writeRow(pool []byte, l kvlayout.Layout, off int, tok int32, pos, layer, kv int) {
 	seed := rowSeed(tok, pos, layer, kv)
 	n := l.TokenElems()
-	if l.DType == tensor.F32 {
+	if l.DType == kvlayout.F32 {
 		b := pool[4*off : 4*(off+n)]
 		for e := range n {
 			binary.LittleEndian.PutUint32(b[4*e:], uint32(mix(seed+uint64(e)*phi)))
@@ -57,10 +56,10 @@ func writeRow(pool []byte, l model.KVLayout, off int, tok int32, pos, layer, kv 
 
 // rowOK reports whether the row at element offset off holds the pattern of
 // (tok, pos, layer, kv).
-func rowOK(pool []byte, l model.KVLayout, off int, tok int32, pos, layer, kv int) bool {
+func rowOK(pool []byte, l kvlayout.Layout, off int, tok int32, pos, layer, kv int) bool {
 	seed := rowSeed(tok, pos, layer, kv)
 	n := l.TokenElems()
-	if l.DType == tensor.F32 {
+	if l.DType == kvlayout.F32 {
 		b := pool[4*off : 4*(off+n)]
 		for e := range n {
 			if binary.LittleEndian.Uint32(b[4*e:]) != uint32(mix(seed+uint64(e)*phi)) {
@@ -80,7 +79,7 @@ func rowOK(pool []byte, l model.KVLayout, off int, tok int32, pos, layer, kv int
 
 // writeToken stores the pattern of token tok at position pos, every layer,
 // K and V, in its slot of blocks.
-func writeToken(pool []byte, l model.KVLayout, blocks []int32, tok int32, pos int) {
+func writeToken(pool []byte, l kvlayout.Layout, blocks []int32, tok int32, pos int) {
 	b, slot := int(blocks[pos/l.BlockSize]), pos%l.BlockSize
 	for layer := range l.Layers {
 		for kv := range 2 {
@@ -112,7 +111,7 @@ func (e *PatternError) Error() string {
 // checkRange checks positions [from, to) of a sequence whose token at
 // position p is tokenAt(p). It returns nil or a *PatternError naming every
 // bad block.
-func checkRange(pool []byte, l model.KVLayout, blocks []int32, tokenAt func(int) int32, from, to int) *PatternError {
+func checkRange(pool []byte, l kvlayout.Layout, blocks []int32, tokenAt func(int) int32, from, to int) *PatternError {
 	var perr *PatternError
 	for p := from; p < to; p++ {
 		bi := p / l.BlockSize
@@ -132,7 +131,7 @@ func checkRange(pool []byte, l model.KVLayout, blocks []int32, tokenAt func(int)
 
 // tokenOK checks every row of one token's slot, returning the first wrong
 // one.
-func tokenOK(pool []byte, l model.KVLayout, block, slot int, tok int32, pos int) (layer, kv int, ok bool) {
+func tokenOK(pool []byte, l kvlayout.Layout, block, slot int, tok int32, pos int) (layer, kv int, ok bool) {
 	for layer := range l.Layers {
 		for kv := range 2 {
 			if !rowOK(pool, l, l.Offset(block, layer, kv, slot), tok, pos, layer, kv) {

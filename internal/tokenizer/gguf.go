@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/tandem-serve/tandem/internal/model/gguf"
+	"github.com/tandem-serve/tandem/internal/gguf"
 )
 
 // wordModel maps one pre-tokenized piece of text to ids: the BPE model of

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tandem-serve/tandem/internal/model/gguf"
+	"github.com/tandem-serve/tandem/internal/gguf"
 	"github.com/tandem-serve/tandem/internal/testmodels"
 )
 

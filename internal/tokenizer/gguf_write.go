@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/tandem-serve/tandem/internal/model/gguf"
+	"github.com/tandem-serve/tandem/internal/gguf"
 )
 
 // ignoreMergesKey records a byte-level BPE tokenizer's ignore_merges when it
