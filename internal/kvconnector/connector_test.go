@@ -506,13 +506,20 @@ func TestLoadFailurePolicies(t *testing.T) {
 
 	t.Run("fail finishes with an error naming the reason and caches nothing", func(t *testing.T) {
 		d := newPD(t, pdOpts{role: RoleDecode, policy: sched.LoadFailureFail})
-		got := decode(t, d, prompt, greedy(10), released(t))
+		kv := released(t)
+		got := decode(t, d, prompt, greedy(10), kv)
 		if got.final.Finish != engine.FinishError || got.final.Err == nil {
 			t.Fatalf("finish %q, err %v; want an error", got.final.Finish, got.final.Err)
 		}
-		for _, s := range []string{"not_held", "already released", "policy \"fail\""} {
+		for _, s := range []string{"not_held", "policy \"fail\""} {
 			if !strings.Contains(got.final.Err.Error(), s) {
 				t.Errorf("error %q does not say %q", got.final.Err, s)
+			}
+		}
+		// The error is the client's answer: the ids stay in the engine's log.
+		for _, k := range []string{"remote_engine_id", "remote_request_id"} {
+			if id := kv[k].(string); strings.Contains(got.final.Err.Error(), id) {
+				t.Errorf("error %q names the prefill's %s %q", got.final.Err, k, id)
 			}
 		}
 		if len(got.tokens) != 0 {

@@ -138,16 +138,18 @@ func (c *Connector) countHistoryPull(h *historyPull, err error) {
 
 // failedLoad reports a pull that failed: every destination block is
 // invalid (its contents are undefined), and the reason goes with it. The
-// reason reaches the client, so it says nothing about what the network
-// did (whether an address answered, refused or timed out, or failed to
-// authenticate): only what an authenticated prefill engine answered
-// (incompatible, lease expired or released, restarted, block reused) is
-// spelled out, as those tell an operator what to change. The engine log
-// has the details of the rest.
+// reason reaches the client (the engine's error answer), so it says nothing
+// about what the network did (whether an address answered, refused or
+// timed out, or failed to authenticate): only what an authenticated prefill
+// engine answered (incompatible, lease expired or released, restarted,
+// block reused) is spelled out, as those tell an operator what to change,
+// with the prefill's engine id and internal request id replaced by tags
+// (logid.Redact). The engine log has the details, under the request's id.
 func failedLoad(j pullJob, err error) engine.KVCompletions {
-	why := fmt.Sprintf("pulling the prompt's KV from prefill engine %s failed (%s): %v", j.params.EngineID, kvxfer.FailureReason(err), err)
-	if !fromAuthenticatedPeer(err) {
-		why = fmt.Sprintf("the prompt's KV could not be loaded from the prefill engine (request %s); the decode engine's log has the details — retry the request", j.id)
+	why := "the prompt's KV could not be loaded from the prefill engine; the decode engine's log has the details under this request's X-Request-Id — retry the request"
+	if fromAuthenticatedPeer(err) {
+		msg := logid.Redact(logid.Redact(err.Error(), j.params.RequestID), j.params.EngineID)
+		why = fmt.Sprintf("pulling the prompt's KV from the prefill engine failed (%s): %s", kvxfer.FailureReason(err), msg)
 	}
 	return engine.KVCompletions{
 		FinishedRecving: []string{j.id},

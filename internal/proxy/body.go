@@ -287,7 +287,7 @@ const kvParamsKey = "kv_transfer_params"
 // prefillBody turns the client's request into the prefill leg's: one token,
 // one sample, no streaming, no minimum lengths, and kv (prefillKVParams, or
 // in conversation mode a decode's params naming the history's KV) asking P
-// to hold the KV for a remote decode (vllm-pd.md §1.2, §1.5), replacing
+// to hold the KV for a remote decode (docs/kv-transfer.md, "Prefill leg"), replacing
 // whatever kv_transfer_params the client sent.
 //
 // n is set to 1 only when the client sent it: 1 is every engine's default
@@ -309,7 +309,7 @@ func prefillBody(client *object, kv json.RawMessage) []byte {
 }
 
 // decodeBody is the client's request with kv_transfer_params set to what the
-// prefill engine returned, verbatim (vllm-pd.md §1.4), replacing whatever
+// prefill engine returned, verbatim (docs/kv-transfer.md, "Decode leg"), replacing whatever
 // the client sent.
 func decodeBody(client *object, kv json.RawMessage) []byte {
 	return client.marshalEdited(fieldEdit{key: kvParamsKey, val: kv})

@@ -28,7 +28,7 @@ type kvCapture struct {
 	held   []byte
 	done   bool // gave up: relay the rest untouched
 	params json.RawMessage
-	kept   bool // keepTurn (or releaseUnkept) took care of params
+	kept   bool // convTurn.keep (or releaseUnkept) took care of params
 	// wantAnswer collects the text of choice 0 in answer (a turn to
 	// remember by its history); answerBad says it could not be read whole.
 	wantAnswer bool
@@ -40,9 +40,10 @@ func newKVCapture(contentType string) *kvCapture {
 	return &kvCapture{sse: strings.HasPrefix(strings.ToLower(strings.TrimSpace(contentType)), "text/event-stream")}
 }
 
-// feed takes bytes read from the decode and returns those to relay now.
+// feed takes bytes read from the decode and returns those to relay now;
+// a nil capture (none) relays them all.
 func (c *kvCapture) feed(p []byte) []byte {
-	if c.done {
+	if c == nil || c.done {
 		return p
 	}
 	c.held = append(c.held, p...)

@@ -15,9 +15,10 @@ import (
 
 // Conversation mode (Config.Conversations) lets a decode engine started with
 // --kv-bidirectional keep a conversation's KV after a turn and a prefill
-// engine pull it back on the next turn (vllm-pd.md §1.5). The proxy's part
-// is a memory: per conversation, the kv_transfer_params the decode returned
-// at the end of the last turn and the decode backend that returned them.
+// engine pull it back on the next turn (docs/kv-transfer.md, "The next turn
+// (bidirectional)"). The proxy's part is a memory: per conversation, the
+// kv_transfer_params the decode returned at the end of the last turn and
+// the decode backend that returned them.
 
 // conversationIDKey is the body field naming a conversation, as in vLLM's
 // multi-turn example proxy (disagg_proxy_multiturn.py). Engines never see

@@ -3,11 +3,204 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/apierror"
 	"github.com/tandem-serve/tandem/internal/router"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
+
+// convTurn is conversation mode's part in one request. The request flow
+// (flow.go, decode.go, relay.go) calls it at fixed points and knows nothing
+// of histories: which history the turn continues and which decode holds it
+// (lookUp), what the prefill leg carries (prefill), and what is kept of the
+// decode's answer for the next turn (newCapture, afterDecode). With
+// conversation mode off it does nothing: no history, no capture.
+type convTurn struct {
+	p       *Proxy
+	conv    string        // the conversation the request names, if any
+	history *conversation // what the turn continues; nil for none
+	// byHistory is the turn to remember by its history once its decode
+	// answered: a request naming no conversation whose prompt went to the
+	// prefill leg (a local prefill's turn is not remembered by its history).
+	byHistory *historyTurn
+}
+
+// newTurn starts the request's turn. In conversation mode it takes the
+// conversation id out of the request (the body field or the header; engines
+// never see it) and returns the body without it.
+func (p *Proxy) newTurn(h http.Header, body []byte, obj *object) (*convTurn, []byte, *object, *apierror.Error) {
+	t := &convTurn{p: p}
+	if p.convs == nil {
+		return t, body, obj, nil
+	}
+	conv, aerr := conversationID(obj, h)
+	if aerr != nil {
+		return nil, nil, nil, aerr
+	}
+	t.conv = conv
+	obj, body = withoutConversationID(body, obj)
+	return t, body, obj, nil
+}
+
+// lookUp takes the history the turn continues (its named conversation's
+// last turn, or a remembered history its prompt starts with) and returns
+// the decode the turn should go to: the one that answered the last turn,
+// whose prefix cache holds the history, while it is healthy; nil lets the
+// policy pick.
+func (t *convTurn) lookUp(preq *router.Request) *backend {
+	if t.p.convs == nil {
+		return nil
+	}
+	t.history = t.p.lookUpHistory(t.conv, preq)
+	return t.p.affinity(t.history)
+}
+
+// drop releases the history's hold on its decode when the turn ends before
+// its prefill leg: no decode could take it.
+func (t *convTurn) drop(id string) {
+	if t.history != nil {
+		t.p.releaseKV(&heldKV{engine: t.history.decode, params: t.history.params}, id, releaseHistoryUnused)
+	}
+}
+
+// decision is the disaggregation decision for a turn that continues a
+// history: remote, as only a prefill leg can pull the history's KV; false
+// when the decider is to decide.
+func (t *convTurn) decision() (router.Decision, bool) {
+	if t.history == nil {
+		return router.Decision{}, false
+	}
+	return router.Decision{Remote: true, Reason: "conversation"}, true
+}
+
+// prefill runs the turn's prefill leg. Without history it is the plain leg,
+// retried on other prefill engines. With history the leg carries the params
+// of the history's decode in place of the proxy's request, so that the
+// prefill pulls the history's KV; if it fails in any way but the client
+// leaving (stale history: expired, the decode restarted, a client that
+// rewrote it), the turn costs a recompute, never an error: the plain leg
+// follows, and the history's hold is released.
+func (t *convTurn) prefill(r *http.Request, id string, obj *object, preq *router.Request) prefillResult {
+	p := t.p
+	t.byHistory = p.historyTurnOf(t.conv, obj, preq)
+	if t.history == nil {
+		return p.prefillWithRetries(r, id, obj, preq, prefillKVParams)
+	}
+	p.metrics.historyPrefills.Inc()
+	res := p.runPrefill(r, id, obj, preq, t.history.params, time.Now().Add(p.cfg.Timeout))
+	reason, retry := res.retryable()
+	if !retry {
+		return res
+	}
+	p.metrics.prefillRetries.WithLabelValues(reason).Inc()
+	p.log.Info("prefill leg with the conversation's history failed; retrying without it",
+		"request_id", id, "reason", reason, "detail", res.detail, "history_decode", t.history.decode.base)
+	res = p.prefillWithRetries(r, id, obj, preq, prefillKVParams)
+	p.releaseKV(&heldKV{engine: t.history.decode, params: t.history.params}, id, releaseHistoryUnused)
+	return res
+}
+
+// newCapture returns the capture of the decode's answer in conversation
+// mode, for a 200 (nil otherwise); it collects the answer's text too when
+// the turn is to be remembered by its history.
+func (t *convTurn) newCapture(resp *http.Response) *kvCapture {
+	if t.p.convs == nil || resp.StatusCode != http.StatusOK {
+		return nil
+	}
+	c := newKVCapture(resp.Header.Get("Content-Type"))
+	c.wantAnswer = t.byHistory != nil
+	return c
+}
+
+// afterDecode ends conversation mode's part of a whole answer: it relays
+// (with send) what the capture c still holds, and keeps the decode's params
+// only when the client got the answer all. It reports whether the client
+// did; a nil c (no capture) has nothing to do.
+func (t *convTurn) afterDecode(c *kvCapture, b *backend, id string, send func([]byte) error) bool {
+	if c == nil {
+		return true
+	}
+	err := send(c.finish())
+	if c.params != nil {
+		t.keep(c, b, id, err == nil)
+	}
+	return err == nil
+}
+
+// keep does what conversation mode does with the params a decode returned
+// at the end of a turn the client got whole (delivered): keep them for the
+// named conversation's next turn, or by the turn's history; otherwise, or
+// when the client did not get it all, the hold is released at once.
+func (t *convTurn) keep(c *kvCapture, b *backend, id string, delivered bool) {
+	p := t.p
+	c.kept = true
+	switch {
+	case !delivered:
+	case t.conv != "":
+		p.remember(t.conv, c.params, b)
+		return
+	case t.byHistory != nil && c.answerOK():
+		if p.rememberHistory(t.byHistory, string(c.answer), c.params, b) {
+			return
+		}
+	}
+	p.releaseKV(&heldKV{engine: b, params: c.params}, id, releaseNoConversation)
+}
+
+// lookUpConversation returns, and forgets, what the last turn of conv left
+// (nil for none: no conversation mode, no id, or a miss).
+func (p *Proxy) lookUpConversation(conv string) *conversation {
+	if conv == "" {
+		return nil
+	}
+	cv, ok := p.convs.take(conv, p.now())
+	if !ok {
+		p.metrics.convLookups.WithLabelValues(convMiss).Inc()
+		return nil
+	}
+	p.metrics.convLookups.WithLabelValues(convHit).Inc()
+	return &cv
+}
+
+// affinity is the decode backend a conversation's turn should go to: the
+// one that answered its last turn, whose prefix cache holds the history,
+// while it is healthy; nil lets the policy pick.
+func (p *Proxy) affinity(history *conversation) *backend {
+	if history == nil {
+		return nil
+	}
+	if !history.decode.healthy.Load() {
+		p.metrics.decodeAffinity.WithLabelValues(affinityUnhealthy).Inc()
+		return nil
+	}
+	p.metrics.decodeAffinity.WithLabelValues(affinitySame).Inc()
+	return history.decode
+}
+
+// forget counts a conversation the proxy drops before a turn used it, and
+// releases the decode's hold unless it has ended anyway.
+func (p *Proxy) forget(reason string, cv conversation) {
+	p.metrics.convEvictions.WithLabelValues(reason).Inc()
+	if reason != evictExpired {
+		p.releaseKV(&heldKV{engine: cv.decode, params: cv.params}, "", releaseConvEvicted)
+	}
+}
+
+// remember keeps the params a decode returned at the end of conv's turn.
+func (p *Proxy) remember(conv string, params json.RawMessage, decode *backend) {
+	now := p.now()
+	exp := expiry(params, now, p.cfg.ConversationTTL)
+	if !now.Before(exp) {
+		// Already over (or the proxy's clock is far ahead of the decode's): no next turn
+		// could use it.
+		p.log.Debug("decode returned kv_transfer_params that have already expired; not kept", "backend", decode.base, "expired", exp)
+		return
+	}
+	p.convs.put(conversation{id: conv, params: params, decode: decode, expires: exp}, now)
+	p.metrics.convStored.Inc()
+}
 
 // Automatic matching by prompt prefix (conversation mode with the model's
 // tokenizer, Config.Tokenizer): a turn that names no conversation is
@@ -61,10 +254,10 @@ func (p *Proxy) minPrefixBlocks() int {
 	return max(1, (p.cfg.ConversationMinPrefixTokens+bs-1)/bs)
 }
 
-// lookUpTurn returns, and forgets, the history a request continues: its
+// lookUpHistory returns, and forgets, the history a request continues: its
 // named conversation's last turn, or, for a request naming none, the
 // remembered history its prompt starts with (nil for none).
-func (p *Proxy) lookUpTurn(conv string, preq *router.Request) *conversation {
+func (p *Proxy) lookUpHistory(conv string, preq *router.Request) *conversation {
 	if conv != "" || !p.matchHistories || !preq.Exact {
 		return p.lookUpConversation(conv)
 	}
@@ -176,43 +369,11 @@ func (p *Proxy) rememberHistory(t *historyTurn, answer string, params json.RawMe
 	return true
 }
 
-// newCapture returns the capture of a decode's 200 answer in conversation
-// mode (nil otherwise); it collects the answer's text too when the turn is
-// to be remembered by its history.
-func (p *Proxy) newCapture(leg *decodeLeg, contentType string) *kvCapture {
-	if p.convs == nil {
-		return nil
-	}
-	c := newKVCapture(contentType)
-	c.wantAnswer = leg.turn != nil
-	return c
-}
-
-// keepTurn does what conversation mode does with the params a decode
-// returned at the end of a turn the client got whole (delivered): keep them
-// for the named conversation's next turn, or by the turn's history;
-// otherwise, or when the client did not get it all, the hold is released
-// at once.
-func (p *Proxy) keepTurn(leg *decodeLeg, c *kvCapture, b *backend, id string, delivered bool) {
-	c.kept = true
-	switch {
-	case !delivered:
-	case leg.conv != "":
-		p.remember(leg.conv, c.params, b)
-		return
-	case leg.turn != nil && c.answerOK():
-		if p.rememberHistory(leg.turn, string(c.answer), c.params, b) {
-			return
-		}
-	}
-	p.releaseKV(&heldKV{engine: b, params: c.params}, id, releaseNoConversation)
-}
-
 // releaseUnkept releases the hold a decode's answer named when the relay
-// ended before keepTurn saw it: the client left, or the answer was cut,
-// after the chunk with the params.
+// ended before afterDecode saw it: the client left, or the answer was cut,
+// after the chunk with the params. A nil capture (none) holds nothing.
 func (p *Proxy) releaseUnkept(c *kvCapture, b *backend, id string) {
-	if c.params != nil && !c.kept {
+	if c != nil && c.params != nil && !c.kept {
 		c.kept = true
 		p.releaseKV(&heldKV{engine: b, params: c.params}, id, releaseNoConversation)
 	}

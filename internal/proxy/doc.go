@@ -1,6 +1,11 @@
 // Package proxy is Tandem's disaggregated prefill/decode router. It speaks
-// vLLM's P/D wire protocol (NIXL connector, pull mode), so it can front both
-// Tandem and vLLM engines, and vLLM's proxy can front Tandem's.
+// vLLM's P/D wire protocol (NIXL connector, pull mode; docs/kv-transfer.md,
+// "The HTTP protocol (vLLM's)"), so it can front both Tandem and vLLM
+// engines, and vLLM's proxy can front Tandem's. Proxy is the http.Handler
+// (New, Serve); Config says what it fronts and how; Backends changes the
+// engines at run time.
+//
+// # Request flow
 //
 // For each POST /v1/completions or /v1/chat/completions it sends the client's
 // body to a prefill engine as a one-token, non-streaming request carrying
@@ -11,11 +16,21 @@
 // chunk by chunk as it arrives, an answer of known length with that length
 // in one write. Fields the proxy does not edit reach the engines byte for
 // byte as the client sent them. A backend's redirect is never followed.
+// Prefill legs always ask for one sample of one token: n is set to 1 when
+// the client sent it, best_of is dropped; the decode leg keeps both.
 //
 // Nothing degrades silently: every answer carries the X-Tandem-Pd header
 // ("remote", or "fallback; reason=..." when the prefill leg failed and the
 // decode did the whole request), and tandem:proxy_fallbacks_total counts
 // fallbacks by reason. A prefill's 4xx is the client's fault and is relayed.
+//
+// The code follows the request: flow.go (generate: parse, pick the decode,
+// decide, then the legs), prefill.go (the prefill leg and its retries),
+// decode.go (the decode leg, one decodeAttempt per try), relay.go (the copy
+// to the client) and headers.go; conversation mode joins the flow only
+// through convTurn (convhistory.go).
+//
+// # Routing
 //
 // Backends are picked by the router's pipeline (package router: filters,
 // weighted scorers, a picker; made by name in router/factory or from a
@@ -31,9 +46,18 @@
 // prompt blocks, or Config.PrefixIndex (the engines' KV events). Token
 // counts are exact with Config.Tokenizer, estimated otherwise.
 //
+// Backends change at run time through the Backends interface:
+// Config.BackendsFile (watched), the admin route /tandem/admin/backends
+// (needs the API key), and Kubernetes discovery (package kubediscovery,
+// Config.DynamicBackends). A backend removed from the set gets no new
+// request; those in flight on it finish.
+//
+// # Failures
+//
 // A prefill leg that fails on the engine's side is retried on another
 // prefill engine (Config.PrefillRetries) before the fallback; a decode leg
-// that fails before its first byte on another decode (Config.DecodeRetries).
+// that fails before its first byte on another decode (Config.DecodeRetries),
+// and the failed attempt stops counting on its engine's load at once.
 // A 503 from either is such a failure (a draining engine refuses new work
 // with it, before reading any KV), and marks the engine down until its next
 // passing health check, so a pod turned unready mid-load costs no request.
@@ -41,16 +65,23 @@
 // health check, and ejected for a doubling cool-down after three failed legs
 // in a row (circuit breaker). When every candidate is saturated a request
 // waits in a bounded queue (Config.QueueTimeout, Config.MaxQueue), then gets
-// 429 with Retry-After. Backends change at run time through the Backends
-// interface: Config.BackendsFile (watched), the admin route
-// /tandem/admin/backends (needs the API key), and Kubernetes discovery
-// (package kubediscovery, Config.DynamicBackends). A backend removed from
-// the set gets no new request; those in flight on it finish. Every backend
-// call is bounded by a connect timeout and by Config.Timeout on the prefill
-// leg (its retries on other prefill engines included), the decode's headers and each gap between the decode's chunks, never
-// on a stream's total length. A client that goes away cancels both legs.
+// 429 with Retry-After. Every backend call is bounded by a connect timeout
+// and by Config.Timeout on the prefill leg (its retries on other prefill
+// engines included), the decode's headers and each gap between the decode's
+// chunks, never on a stream's total length. A client that goes away cancels
+// both legs. A request that fails for a reason of the proxy's own gets a
+// generic 500; the details are in the log under its request id.
 //
-// Trust boundary: kv_transfer_params make an engine hold KV (prefill) or
+// No stranded KV: when a prefill answered with kv_transfer_params but the
+// decode leg never started (client gone, no decode healthy or reachable, the
+// decode answered 4xx/5xx or no headers in time), the proxy posts the params
+// back to that prefill's POST /tandem/kv/release in the background, bounded
+// by Config.ReleaseTimeout, and counts it in
+// tandem:proxy_kv_releases_total{reason, result}.
+//
+// # Trust boundary
+//
+// kv_transfer_params make an engine hold KV (prefill) or
 // dial a peer and read it (decode), so only the proxy writes them. A client's
 // own kv_transfer_params (under any spelling encoding/json would match, such
 // as "KV_Transfer_Params") are replaced on the prefill leg by the proxy's
@@ -62,12 +93,11 @@
 // client's header on every call, health checks included. X-Request-Id
 // values that are not printable ASCII are refused with 400 before any leg.
 //
-// Prefill legs always ask for one sample of one token: n is set to 1 when
-// the client sent it, best_of is dropped; the decode leg keeps both.
+// # Conversation mode
 //
 // Conversation mode (Config.Conversations, `tandem proxy --conversations`)
 // is the proxy's half of multi-turn KV reuse with engines started with
-// --kv-bidirectional (vllm-pd.md §1.5). A request names its conversation
+// --kv-bidirectional (docs/kv-transfer.md, "The next turn (bidirectional)"). A request names its conversation
 // with a conversation_id body field (as vLLM's disagg_proxy_multiturn.py)
 // or an X-Conversation-Id header; the proxy removes the field from every
 // leg. When a turn's decode answers 200 with kv_transfer_params (the JSON
@@ -108,11 +138,4 @@
 // params the proxy sends; a client still never writes kv_transfer_params,
 // and a history that is not a prefix of the new prompt is the engines' to
 // detect (the prefill checks the pulled blocks' token hashes and recomputes).
-//
-// No stranded KV: when a prefill answered with kv_transfer_params but the
-// decode leg never started (client gone, no decode healthy or reachable, the
-// decode answered 4xx/5xx or no headers in time), the proxy posts the params
-// back to that prefill's POST /tandem/kv/release in the background, bounded
-// by Config.ReleaseTimeout, and counts it in
-// tandem:proxy_kv_releases_total{reason, result}.
 package proxy

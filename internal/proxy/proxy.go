@@ -263,6 +263,9 @@ type Proxy struct {
 	// betweenLegs, when set by a test, runs after a prefill leg that
 	// returned kv_transfer_params and before the decode leg.
 	betweenLegs func(ctx context.Context)
+	// afterFunc, when set by a test, starts the decode attempts' watchdogs
+	// in place of time.AfterFunc.
+	afterFunc func(d time.Duration, f func()) *time.Timer
 }
 
 // New validates cfg and returns a Proxy whose backends are all unhealthy
@@ -525,7 +528,7 @@ func (p *Proxy) handleModels(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.base+"/v1/models", nil)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
+		p.writeInternalError(w, "", "building the /v1/models call", err)
 		return
 	}
 	p.setBackendHeaders(req.Header, r.Header)

@@ -1,0 +1,259 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/router"
+)
+
+// errBackendIdle cancels a decode leg whose backend went quiet for longer
+// than Config.Timeout.
+var errBackendIdle = errors.New("backend idle timeout")
+
+// Why a decode attempt is retried on another decode, the reason label of
+// tandem:proxy_leg_retries_total{role="decode"}.
+const (
+	decodeUnavailable = "decode_unavailable" // a draining engine's 503, before its first byte
+	decodeUnreachable = "decode_unreachable" // no answer: connect or transport error
+)
+
+// decodeLeg is what the decode leg sends and how its ending is labelled.
+type decodeLeg struct {
+	body    []byte
+	pd      string  // the X-Tandem-Pd value
+	success string  // the outcome when the answer is relayed whole
+	held    *heldKV // the KV a prefill keeps for this leg; nil on fallback
+	// prefer is the decode picked for the request, release its accounting
+	// there (idempotent); the leg picks one itself when prefer is nil.
+	prefer  *backend
+	release func()
+	turn    *convTurn // conversation mode's part in the request (convhistory.go)
+
+	// arrived is when the request reached the proxy, prefill the prefill
+	// leg's time (retries included; 0 for none): for Server-Timing.
+	arrived time.Time
+	prefill time.Duration
+}
+
+// runDecode sends the decode leg (to leg.prefer if set, else to the policy's
+// pick) and relays its answer as it arrives. It returns leg.success when the
+// answer was relayed whole (whatever its status). leg.held is released on
+// the prefill whenever the leg does not start: client gone, no decode
+// reachable or answering, or a decode that refused the request. In
+// conversation mode a 200 answer's kv_transfer_params are not relayed:
+// leg.turn keeps them for the next turn, or releases them on the decode.
+func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, preq *router.Request, leg decodeLeg) string {
+	if r.Context().Err() != nil {
+		// The client left while the prefill leg ran.
+		p.releaseKV(leg.held, id, releaseClientCanceled)
+		return outcomeClientCanceled
+	}
+	a, outcome := p.sendDecode(w, r, id, preq, &leg)
+	if a == nil {
+		return outcome
+	}
+	defer a.end()
+	p.noteDecodeAnswer(a, preq, leg.held, id)
+	return p.relay(w, r, id, &leg, a)
+}
+
+// sendDecode sends the decode leg and returns the attempt whose answer is
+// to be relayed. An attempt that fails before its first byte (no answer, or
+// a draining engine's 503) is retried on another decode, up to
+// Config.DecodeRetries times: nothing reached the client yet, and a remote
+// leg's KV can be pulled by any decode. When there is no answer to relay it
+// writes the error itself and returns nil and the request's outcome.
+func (p *Proxy) sendDecode(w http.ResponseWriter, r *http.Request, id string, preq *router.Request, leg *decodeLeg) (*decodeAttempt, string) {
+	b, release := leg.prefer, leg.release
+	if b == nil {
+		b, release, _ = p.decode.pick(preq, tokens(preq))
+	}
+	if b == nil {
+		p.releaseKV(leg.held, id, releaseNoDecode)
+		writeError(w, http.StatusServiceUnavailable, "no healthy decode backend; see the proxy's /health")
+		return nil, outcomeNoBackend
+	}
+	var tried []*backend
+	for attempt := 0; ; attempt++ {
+		a, err := p.tryDecode(r, id, b, release, leg.body)
+		if err != nil {
+			a.end()
+			p.releaseKV(leg.held, id, releaseDecodeUnreachable)
+			p.writeInternalError(w, id, "building the decode leg", err)
+			return nil, outcomeDecodeFailed
+		}
+		label := a.failure()
+		if label == "" {
+			return a, ""
+		}
+		tried = append(tried, b)
+		next, nextRelease := p.nextDecode(r, id, preq, a, label, attempt, tried)
+		switch {
+		case next == nil && label == decodeUnavailable:
+			return a, "" // the 503 is relayed
+		case next == nil:
+			return nil, p.decodeFailed(w, r, id, leg, a)
+		}
+		// The failed attempt stops counting on its backend now, not when
+		// the answer of the next one ends.
+		a.discard()
+		b, release = next, nextRelease
+	}
+}
+
+// nextDecode handles a failed attempt: it marks a's backend down (a draining
+// engine refuses new requests with 503 before reading the KV, and gets no
+// more until its health check passes again) and picks another decode for the
+// retry. It returns nil when the request is not retried: the client left,
+// the retries are spent, the attempt timed out, or no other decode is
+// healthy.
+func (p *Proxy) nextDecode(r *http.Request, id string, preq *router.Request, a *decodeAttempt, label string, attempt int, tried []*backend) (*backend, func()) {
+	if label == decodeUnavailable {
+		markDown(a.b, fmt.Errorf("decode answered %s", a.resp.Status), p.log)
+	}
+	if r.Context().Err() != nil || attempt >= p.cfg.DecodeRetries || (label == decodeUnreachable && a.idle()) {
+		return nil, nil
+	}
+	if label == decodeUnreachable {
+		markDown(a.b, a.err, p.log)
+	}
+	next, release, _ := p.decode.pick(preq, tokens(preq), tried...)
+	if next == nil {
+		return nil, nil
+	}
+	p.metrics.legRetries.WithLabelValues(roleDecode, label).Inc()
+	if label == decodeUnavailable {
+		p.log.Info("decode answered 503 before its first byte; retrying on another decode engine", "request_id", id, "backend", a.b.base, "next", next.base)
+	} else {
+		p.log.Info("decode leg failed before its first byte; retrying on another decode engine", "request_id", id, "backend", a.b.base, "next", next.base, "err", a.err)
+	}
+	return next, release
+}
+
+// decodeFailed answers a request whose decode leg got no answer, and
+// releases the KV the prefill holds for it: the decode may have queued the
+// request, but cancelling it aborts it there; releasing as well costs a 404
+// at worst.
+func (p *Proxy) decodeFailed(w http.ResponseWriter, r *http.Request, id string, leg *decodeLeg, a *decodeAttempt) string {
+	idle := a.idle()
+	a.end()
+	w.Header().Set(HeaderPD, leg.pd)
+	switch {
+	case r.Context().Err() != nil:
+		p.releaseKV(leg.held, id, releaseClientCanceled)
+		return outcomeClientCanceled
+	case idle:
+		p.releaseKV(leg.held, id, releaseDecodeTimeout)
+		writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("decode backend %s sent no answer within %v", a.b.base, p.cfg.Timeout))
+	default:
+		p.releaseKV(leg.held, id, releaseDecodeUnreachable)
+		markDown(a.b, a.err, p.log)
+		writeError(w, http.StatusBadGateway, fmt.Sprintf("decode backend %s unreachable: %v", a.b.base, a.err))
+	}
+	return outcomeDecodeFailed
+}
+
+// noteDecodeAnswer accounts for the status of the decode's answer: a 200
+// feeds the prefix record and resets the circuit breaker, a 5xx counts
+// against it. An error status is a final answer: the decode will not read
+// the KV (a Tandem decode also tells the prefill itself when it refuses a
+// request early; the second release then finds nothing).
+func (p *Proxy) noteDecodeAnswer(a *decodeAttempt, preq *router.Request, held *heldKV, id string) {
+	switch s := a.resp.StatusCode; {
+	case s == http.StatusOK:
+		if p.observePrefix {
+			p.prefix.Observe(a.b.base, preq.BlockHashes)
+		}
+		legOK(a.b)
+	case s >= 500:
+		legFailed(a.b, "decode answered "+a.resp.Status, p.log)
+	}
+	if a.resp.StatusCode >= 400 {
+		p.releaseKV(held, id, releaseDecodeRefused)
+	}
+}
+
+// decodeAttempt is one try of the decode leg on one backend. Its context,
+// cancel and watchdog are its own, so that nothing an attempt leaves behind
+// can cancel the next one; and it holds the backend's in-flight accounting
+// (which the load-aware pickers read) only until it ends.
+type decodeAttempt struct {
+	b        *backend
+	release  func() // the accounting of the request on b
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	watchdog *time.Timer
+	start    time.Time      // when the leg was sent
+	resp     *http.Response // the answer's headers; nil when err is set
+	err      error          // why there is no answer
+}
+
+// tryDecode sends body to b and waits for the answer's headers within
+// Config.Timeout. The error is one of building the request, when nothing
+// was sent; a failed send is the attempt's err.
+func (p *Proxy) tryDecode(r *http.Request, id string, b *backend, release func(), body []byte) (*decodeAttempt, error) {
+	ctx, cancel := context.WithCancelCause(r.Context())
+	a := &decodeAttempt{b: b, release: release, ctx: ctx, cancel: cancel}
+	// One watchdog bounds the wait for the headers and then each gap
+	// between body chunks; it is disarmed while writing to the client,
+	// which has its own write deadline.
+	afterFunc := p.afterFunc
+	if afterFunc == nil {
+		afterFunc = time.AfterFunc
+	}
+	a.watchdog = afterFunc(p.cfg.Timeout, func() { cancel(errBackendIdle) })
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+r.URL.Path, bytes.NewReader(body))
+	if err != nil {
+		return a, err
+	}
+	p.setLegHeaders(req.Header, r.Header, id)
+	a.start = time.Now()
+	a.resp, a.err = p.roundTrip(req)
+	a.watchdog.Stop()
+	return a, nil
+}
+
+// failure is why the attempt is no answer to relay: decodeUnavailable for
+// a 503, decodeUnreachable for no answer, "" for an answer.
+func (a *decodeAttempt) failure() string {
+	switch {
+	case a.err != nil:
+		return decodeUnreachable
+	case a.resp.StatusCode == http.StatusServiceUnavailable:
+		return decodeUnavailable
+	}
+	return ""
+}
+
+// idle reports whether the watchdog cut the attempt short.
+func (a *decodeAttempt) idle() bool {
+	return errors.Is(context.Cause(a.ctx), errBackendIdle)
+}
+
+// discard ends an attempt whose answer is not relayed, reading a little of
+// the answer first so that its connection can be reused.
+func (a *decodeAttempt) discard() {
+	if a.resp != nil {
+		_, _ = io.Copy(io.Discard, io.LimitReader(a.resp.Body, 64<<10))
+	}
+	a.end()
+}
+
+// end closes the attempt: its answer, its watchdog and context, and its
+// accounting on the backend. Calling it again does nothing more.
+func (a *decodeAttempt) end() {
+	a.watchdog.Stop()
+	if a.resp != nil {
+		a.resp.Body.Close()
+	}
+	a.cancel(nil)
+	if a.release != nil {
+		a.release()
+	}
+}
