@@ -45,8 +45,8 @@ func TestChatTemplateFlag(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if cfg.chatTemplate != c.want {
-				t.Errorf("template %q, want %q", cfg.chatTemplate, c.want)
+			if cfg.ChatTemplate != c.want {
+				t.Errorf("template %q, want %q", cfg.ChatTemplate, c.want)
 			}
 		})
 	}
@@ -55,8 +55,8 @@ func TestChatTemplateFlag(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if cfg.chatTemplate != "" || cfg.TrustRequestChatTemplate {
-			t.Errorf("template %q, trust %v", cfg.chatTemplate, cfg.TrustRequestChatTemplate)
+		if cfg.ChatTemplate != "" || cfg.TrustRequestChatTemplate {
+			t.Errorf("template %q, trust %v", cfg.ChatTemplate, cfg.TrustRequestChatTemplate)
 		}
 	})
 	broken := filepath.Join(t.TempDir(), "broken.jinja")

@@ -175,7 +175,7 @@ func useDefaultModel(w io.Writer) (string, error) {
 func withDefaultModel(args []string, w io.Writer) ([]string, error) {
 	fs := flag.NewFlagSet("tandem serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	(&serveConfig{}).register(fs)
+	(&serveFlags{}).register(fs)
 	if fs.Parse(args) != nil {
 		return args, nil
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/proxy"
+	"github.com/tandem-serve/tandem/internal/server/servertest"
 	"github.com/tandem-serve/tandem/internal/testmodels"
 )
 
@@ -73,30 +74,12 @@ func TestServeAPIKeyFromEnvironment(t *testing.T) {
 // URL; the engine stops when the test ends.
 func startEngine(t *testing.T, args ...string) string {
 	t.Helper()
-	cfg, err := parseServeFlags(append([]string{"--model", testmodels.Stories260K(t), "--port", "0", "--num-blocks", "64",
+	f, err := parseServeFlags(append([]string{"--model", testmodels.Stories260K(t), "--port", "0", "--num-blocks", "64",
 		"--max-num-seqs", "4", "--threads", "1", "--log-level", "error", "--shutdown-timeout", "5s"}, args...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, ready) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("engine %v: %v", args, err)
-		}
-	})
-	select {
-	case addr := <-ready:
-		return "http://" + addr
-	case err := <-done:
-		t.Fatalf("engine %v did not start: %v", args, err)
-	case <-time.After(time.Minute):
-		t.Fatalf("engine %v did not start within a minute", args)
-	}
-	return ""
+	return "http://" + servertest.Start(t, f.Config).Addr()
 }
 
 // countingListener is a TCP listener the test owns: it counts the

@@ -7,34 +7,6 @@ import (
 	"time"
 )
 
-func TestByteSize(t *testing.T) {
-	cases := []struct {
-		in   string
-		want int64
-		err  bool
-	}{
-		{"1024", 1024, false},
-		{"512MiB", 512 << 20, false},
-		{"1GiB", 1 << 30, false},
-		{"1.5GiB", 3 << 29, false},
-		{"2GB", 2e9, false},
-		{"64K", 64 << 10, false},
-		{"10 MiB", 10 << 20, false},
-		{"lots", 0, true},
-		{"-1MiB", 0, true},
-		{"", 0, true},
-	}
-	for _, c := range cases {
-		t.Run(c.in, func(t *testing.T) {
-			var b byteSize
-			err := b.Set(c.in)
-			if (err != nil) != c.err || int64(b) != c.want {
-				t.Errorf("Set(%q) = %d, %v; want %d, error %v", c.in, b, err, c.want, c.err)
-			}
-		})
-	}
-}
-
 func TestParseServeFlags(t *testing.T) {
 	t.Run("defaults and the served name from the model directory", func(t *testing.T) {
 		c, err := parseServeFlags([]string{"--model", "/models/stories260K/"})
@@ -103,27 +75,6 @@ func TestParseServeFlags(t *testing.T) {
 			_, err := parseServeFlags(c.args)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("error %v, want one containing %q", err, c.want)
-			}
-		})
-	}
-}
-
-func TestDefaultNumBlocks(t *testing.T) {
-	cases := []struct {
-		name                                string
-		blockBytes, blockSize, seqs, maxLen int
-		ram                                 uint64
-		want                                int
-	}{
-		{"room for every sequence at full length", 20480, 16, 64, 512, 64 << 30, 64 * 32},
-		{"capped at a fifth of RAM", 1 << 20, 16, 64, 2048, 5 << 30, 1024},
-		{"never below one full-length sequence", 1 << 20, 16, 64, 2048, 10 << 20, 128},
-		{"no cap when RAM is unknown", 1 << 20, 16, 2, 100, 0, 14},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			if got := defaultNumBlocks(c.blockBytes, c.blockSize, c.seqs, c.maxLen, c.ram); got != c.want {
-				t.Errorf("got %d, want %d", got, c.want)
 			}
 		})
 	}

@@ -4,17 +4,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"strings"
 	"time"
-	"unicode/utf8"
 
-	"github.com/tandem-serve/tandem/internal/engine"
-	"github.com/tandem-serve/tandem/internal/kvlayout"
-	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/server"
 	"github.com/tandem-serve/tandem/internal/sim"
-	"github.com/tandem-serve/tandem/internal/tensor"
-	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
 // simConfig is the flags of a simulated engine (`tandem serve --simulate`):
@@ -34,8 +28,6 @@ type simConfig struct {
 	CrashAfter                int
 
 	set map[string]bool // the --sim-* flags given
-	// onModel, if set (tests), receives the simulated model.
-	onModel func(*sim.Model)
 }
 
 // simulateFlag is --simulate: alone, the built-in time model; with a value
@@ -126,109 +118,24 @@ func (c *simConfig) validate(fs *flag.FlagSet) error {
 	return nil
 }
 
-// timeModel is the time model the flags choose.
-func (c *simConfig) timeModel() (sim.TimeModel, error) {
-	switch {
-	case c.set["sim-ttft"] || c.set["sim-itl"] || c.set["sim-prefill-per-token"]:
-		return sim.Knobs{TTFT: c.TTFT, ITL: c.ITL, PrefillPerToken: c.PrefillPerToken}, nil
-	case c.Simulate == simBuiltin:
-		return sim.DefaultProfile(), nil
+// simulation is the server's simulation the flags describe, nil without
+// --simulate.
+func (c *simConfig) simulation() *server.Simulation {
+	if c.Simulate == "" {
+		return nil
 	}
-	return sim.LoadProfile(string(c.Simulate))
-}
-
-// loadForwarder returns the engine's forward pass: the model in cfg.Model
-// on a pool of cfg.Threads workers, or, with --simulate, a simulated model
-// shaped by its config.json and tokenizer. The returned function releases
-// it.
-func loadForwarder(cfg *serveConfig, tok *tokenizer.Tokenizer, log *slog.Logger) (engine.Forwarder, func(), error) {
-	if cfg.Sim.Simulate == "" {
-		pool := tensor.NewPool(cfg.Threads)
-		m, err := model.Load(cfg.Model, pool)
-		if err != nil {
-			pool.Close()
-			return nil, nil, err
-		}
-		return m, func() { m.Close(); pool.Close() }, nil
-	}
-	c := &cfg.Sim
-	tm, err := c.timeModel()
-	if err != nil {
-		return nil, nil, err
-	}
-	mc, err := model.LoadConfig(cfg.Model)
-	if err != nil {
-		return nil, nil, err
-	}
-	gen, err := model.LoadGenerationConfig(cfg.Model)
-	if err != nil {
-		return nil, nil, err
-	}
-	// A simulated model has no position limit of its own: --max-model-len
-	// may exceed the tokenizer's model's.
-	maxLen := mc.MaxModelLen()
-	if cfg.MaxModelLen > 0 {
-		maxLen = cfg.MaxModelLen
-	}
-	kvDType := kvlayout.BF16
-	if dt, set, _ := kvlayout.ParseElemType(cfg.KVCacheDType); set {
-		kvDType = dt
-	}
-	eos := tok.EOS()
-	for _, id := range append(gen.EOS, mc.EOS...) {
-		if !containsID(eos, id) {
-			eos = append(eos, id)
-		}
-	}
-	m, err := sim.New(sim.Config{
-		Vocab: max(mc.Vocab, tok.VocabSize()), Choices: textTokens(tok), MaxModelLen: maxLen, EOS: eos, Generation: *gen,
-		KVDType: kvDType, Seed: c.Seed, MeanOutputLen: c.MeanOutputLen, Time: tm, Speed: c.Speed,
+	s := &server.Simulation{
+		Speed: c.Speed, Seed: c.Seed, MeanOutputLen: c.MeanOutputLen,
 		Faults: sim.Faults{
 			ErrorRate: c.ErrorRate, StallEvery: c.StallEvery, StallFor: c.StallFor,
 			KVDelay: c.KVDelay, KVFailRate: c.KVFailRate, KVCorruptRate: c.KVCorruptRate, CrashAfter: c.CrashAfter,
 		},
-		Logger: log,
-	})
-	if err != nil {
-		return nil, nil, err
 	}
-	log.Info("simulated model", "time_model", c.describe(), "speed", c.Speed, "seed", c.Seed, "fingerprint", m.Fingerprint())
-	if c.onModel != nil {
-		c.onModel(m)
+	if c.Simulate != simBuiltin {
+		s.Profile = string(c.Simulate)
 	}
-	return m, func() { m.Close() }, nil
-}
-
-func (c *simConfig) describe() string {
-	switch {
-	case c.set["sim-ttft"] || c.set["sim-itl"] || c.set["sim-prefill-per-token"]:
-		return fmt.Sprintf("knobs ttft=%v itl=%v prefill_per_token=%v", c.TTFT, c.ITL, c.PrefillPerToken)
-	case c.Simulate == simBuiltin:
-		return "built-in profile"
+	if c.set["sim-ttft"] || c.set["sim-itl"] || c.set["sim-prefill-per-token"] {
+		s.Knobs = &sim.Knobs{TTFT: c.TTFT, ITL: c.ITL, PrefillPerToken: c.PrefillPerToken}
 	}
-	return "profile " + string(c.Simulate)
-}
-
-// textTokens are the ids of tok's ordinary tokens: not special, and
-// decoding on their own to printable text (not a byte-fallback piece of a
-// character, not a control character, not only spaces).
-func textTokens(tok *tokenizer.Tokenizer) []int32 {
-	var ids []int32
-	for id := range int32(tok.VocabSize()) {
-		t := tok.Decode([]int32{id}, true)
-		if tok.IsSpecial(id) || strings.TrimSpace(t) == "" || !utf8.ValidString(t) || strings.ContainsFunc(t, func(r rune) bool { return r < ' ' || r == utf8.RuneError }) {
-			continue
-		}
-		ids = append(ids, id)
-	}
-	return ids
-}
-
-func containsID(ids []int32, id int32) bool {
-	for _, x := range ids {
-		if x == id {
-			return true
-		}
-	}
-	return false
+	return s
 }

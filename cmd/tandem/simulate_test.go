@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/defaultmodel"
 	"github.com/tandem-serve/tandem/internal/proxy"
+	"github.com/tandem-serve/tandem/internal/server/servertest"
 	"github.com/tandem-serve/tandem/internal/sim"
 )
 
@@ -44,31 +44,13 @@ func startSimEngine(t *testing.T, args ...string) (string, *sim.Model) {
 	if simModelErr != nil {
 		t.Fatal(simModelErr)
 	}
-	cfg, err := parseServeFlags(joinSimulateArg(append(append([]string{"--model", simModelDir}, simArgs...), args...)))
+	f, err := parseServeFlags(joinSimulateArg(append(append([]string{"--model", simModelDir}, simArgs...), args...)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var m *sim.Model
-	cfg.Sim.onModel = func(sm *sim.Model) { m = sm }
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, ready) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("engine %v: %v", args, err)
-		}
-	})
-	select {
-	case addr := <-ready:
-		return "http://" + addr, m
-	case err := <-done:
-		t.Fatalf("engine %v did not start: %v", args, err)
-	case <-time.After(time.Minute):
-		t.Fatalf("engine %v did not start within a minute", args)
-	}
-	return "", nil
+	f.Simulate.OnModel = func(sm *sim.Model) { m = sm }
+	return "http://" + servertest.Start(t, f.Config).Addr(), m
 }
 
 // simAnswer is what a client saw.
@@ -365,61 +347,4 @@ func TestSimulateFlags(t *testing.T) {
 	if got := joinSimulateArg([]string{"--simulate", "a.json", "--", "--simulate", "b.json"}); !slices.Equal(got, []string{"--simulate=a.json", "--", "--simulate", "b.json"}) {
 		t.Errorf("joinSimulateArg: %q", got)
 	}
-}
-
-// TestSimulateServesFromAProfileFile starts an engine from a profile file
-// (as `tandem profile` writes one) and checks that a request takes the time
-// that profile gives: the engine sleeps for its step times, never less.
-func TestSimulateServesFromAProfileFile(t *testing.T) {
-	prof := sim.DefaultProfile()
-	b, err := prof.Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	file := filepath.Join(t.TempDir(), "profile.json")
-	if err := os.WriteFile(file, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	simModelOnce.Do(func() {
-		simModelDir, simModelErr = defaultmodel.Install(filepath.Join(os.TempDir(), "tandem-sim-test-model"))
-	})
-	if simModelErr != nil {
-		t.Fatal(simModelErr)
-	}
-	cfg, err := parseServeFlags([]string{"--model", simModelDir, "--served-model-name", "hf", "--simulate=" + file,
-		"--port", "0", "--num-blocks", "256", "--log-level", "error", "--shutdown-timeout", "5s"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready, done := make(chan string, 1), make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, ready) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("engine: %v", err)
-		}
-	})
-	var url string
-	select {
-	case addr := <-ready:
-		url = "http://" + addr
-	case err := <-done:
-		t.Fatalf("engine did not start: %v", err)
-	case <-time.After(time.Minute):
-		t.Fatal("engine did not start within a minute")
-	}
-	const n = 256
-	ids, _ := json.Marshal(idPrompt(3, n, nil))
-	begin := time.Now()
-	got := ask(t, url, "/v1/completions", fmt.Sprintf(`{"model":"hf","prompt":%s,"max_tokens":1,"temperature":0}`, ids))
-	took := time.Since(begin)
-	if got.status != http.StatusOK || got.text == "" {
-		t.Fatalf("answer %d %q %s", got.status, got.text, got.body)
-	}
-	want := time.Duration(prof.PrefillSeconds(n) * float64(time.Second))
-	if took < want*9/10 {
-		t.Errorf("a %d-token prefill took %v, the profile says %v: the engine did not sleep for its step time", n, took, want)
-	}
-	t.Logf("%d-token prefill: %v (profile %v)", n, took, want)
 }

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/engine"
@@ -16,8 +13,9 @@ import (
 	"github.com/tandem-serve/tandem/internal/openai"
 )
 
-// How `tandem serve` drains on SIGTERM (or SIGINT), for Kubernetes and any
-// other orchestrator that stops a pod with a signal and a grace period:
+// How an engine drains when Run's context ends (`tandem serve` ends it on
+// SIGTERM or SIGINT), for Kubernetes and any other orchestrator that stops
+// a pod with a signal and a grace period:
 //
 //  1. Readiness fails at once: /health answers 503 (the router stops
 //     sending new requests on its first failed probe, an EndpointSlice
@@ -35,47 +33,19 @@ import (
 //  4. The HTTP server closes once the engine stopped, giving handlers up
 //     to httpGrace to write their last bytes.
 //
-// The exit status is 0 when nothing had to be cut short, 1 otherwise. A
-// second signal during the drain exits at once with status 1.
+// Run returns nil when nothing had to be cut short, an error otherwise
+// (`tandem serve` exits 0 or 1). A second signal during the drain is the
+// command's to handle: it exits at once.
 
 // httpGrace is how long handlers of finished requests get to write their
 // last bytes to slow clients once the engine has stopped.
 const httpGrace = 5 * time.Second
 
-// signalContext returns a context cancelled by the first SIGINT or
-// SIGTERM, which starts the graceful drain; a second one exits the process
-// at once (status 1). stop releases the signals.
-func signalContext(log *slog.Logger) (ctx context.Context, stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-sigs:
-			cancel()
-		case <-done:
-			return
-		}
-		select {
-		case sig := <-sigs:
-			log.Warn("second signal during the drain: exiting now, requests in flight and held KV are dropped", "signal", sig.String())
-			os.Exit(1)
-		case <-done:
-		}
-	}()
-	return ctx, func() {
-		signal.Stop(sigs)
-		close(done)
-		cancel()
-	}
-}
-
 // drainBound is the longest the engine part of a drain may take: requests
 // get --shutdown-timeout, and an engine that holds KV for remote decodes
 // keeps it up to --kv-lease beyond the signal. A pod's
 // terminationGracePeriodSeconds should be a few seconds above it.
-func drainBound(cfg *serveConfig, conn *kvconnector.Connector) time.Duration {
+func drainBound(cfg *Config, conn *kvconnector.Connector) time.Duration {
 	if conn.ServesKV() {
 		return max(cfg.ShutdownTimeout, conn.Lease())
 	}
@@ -83,7 +53,7 @@ func drainBound(cfg *serveConfig, conn *kvconnector.Connector) time.Duration {
 }
 
 // drain runs steps 1-4 above and returns what was cut short, if anything.
-func drain(log *slog.Logger, cfg *serveConfig, api *openai.Server, eng *engine.Engine, conn *kvconnector.Connector, srv *http.Server) error {
+func drain(log *slog.Logger, cfg *Config, api *openai.Server, eng *engine.Engine, conn *kvconnector.Connector, srv *http.Server) error {
 	api.Drain() // readiness first: nothing below may delay it
 	start := time.Now()
 	bound := drainBound(cfg, conn)

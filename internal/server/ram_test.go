@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"os"
@@ -50,4 +50,25 @@ func TestCgroupMemoryLimit(t *testing.T) {
 			t.Fatalf("limit %d", got)
 		}
 	})
+}
+
+func TestDefaultNumBlocks(t *testing.T) {
+	cases := []struct {
+		name                                string
+		blockBytes, blockSize, seqs, maxLen int
+		ram                                 uint64
+		want                                int
+	}{
+		{"room for every sequence at full length", 20480, 16, 64, 512, 64 << 30, 64 * 32},
+		{"capped at a fifth of RAM", 1 << 20, 16, 64, 2048, 5 << 30, 1024},
+		{"never below one full-length sequence", 1 << 20, 16, 64, 2048, 10 << 20, 128},
+		{"no cap when RAM is unknown", 1 << 20, 16, 2, 100, 0, 14},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := defaultNumBlocks(c.blockBytes, c.blockSize, c.seqs, c.maxLen, c.ram); got != c.want {
+				t.Errorf("got %d, want %d", got, c.want)
+			}
+		})
+	}
 }
