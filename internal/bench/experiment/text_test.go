@@ -1,0 +1,23 @@
+package experiment
+
+import (
+	"testing"
+
+	"github.com/tandem-serve/tandem/internal/bench"
+)
+
+func TestScaleCheckScalesEveryRateOnce(t *testing.T) {
+	m := &bench.PDModel{Workload: "chat", PrefillRate: 2, DecodeRate: 2}
+	pts := []bench.RatioPoint{
+		{P: 4, D: 4, Predicted: 8, Measured: 6, FirstMiss: 7, Bound: "search", Points: []bench.SearchPoint{{Rate: 6, Goodput: 5.5}}},
+		{P: 5, D: 3, Predicted: 6, Measured: 4, FirstMiss: 5, Bound: "search"},
+	}
+	c := scaleCheck(bench.NewRatioCheck(m, 8, pts), 0.5)
+	if c.Predicted.Goodput != 4 || c.Curve[3].Goodput != 4 || c.Splits[0].Measured != 3 || c.Splits[0].Predicted != 4 ||
+		c.Splits[0].Points[0].Rate != 3 || c.Best.Measured != 3 || c.Best.Points[0].Rate != 3 || c.PredictedMeasured != 3 {
+		t.Errorf("scaled check %+v", c)
+	}
+	if pts[0].Points[0].Rate != 6 {
+		t.Error("scaling changed the caller's points")
+	}
+}
