@@ -21,3 +21,27 @@ func TestScaleCheckScalesEveryRateOnce(t *testing.T) {
 		t.Error("scaling changed the caller's points")
 	}
 }
+
+func TestRateTextSaysTheBound(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pt   bench.RatioPoint
+		want string
+	}{
+		{"a search bracket", bench.RatioPoint{Bound: "search", Measured: 1.25, FirstMiss: 2.5}, "1.25 (2.5 missed)"},
+		{"even the lowest rate missed", bench.RatioPoint{Bound: "below", FirstMiss: 0.5}, "< 0.5 (the lowest rate tried missed)"},
+		{"every rate met the goal, on a saturated host", bench.RatioPoint{Bound: "at least", Measured: 4, HostBound: true}, "≥ 4 (every rate tried met the goal) HOST-BOUND"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := measuredText(tc.pt); got != tc.want {
+				t.Errorf("measuredText = %q, want %q", got, tc.want)
+			}
+		})
+	}
+	if got := rateText("between", 0.4, 0.6, "0.44"); got != "0.4 (0.44)" {
+		t.Errorf("a capacity between two rates: %q", got)
+	}
+	if got := rateText("none", 0, 0, ""); got != "-" {
+		t.Errorf("no rate levels: %q", got)
+	}
+}
