@@ -17,7 +17,10 @@ import (
 // form: simulated engines at ten times real speed, a 1P+1D fit on a few
 // chat requests, then every split of 4 engines (the predicted one, its
 // neighbours) behind a tandem proxy process, a short rate search each. It
-// checks what the report says, not only that it exists.
+// checks what the report says, not only that it exists, and recomputes the
+// model, the predictions and the verdict from the numbers the run reports
+// (checkRatioByHand): whether the prediction comes true on a loaded 2-core
+// machine is noise, but a check that disagrees with its own inputs is a bug.
 func TestBenchExperimentRatioEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts 17 processes")
