@@ -6,10 +6,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -17,9 +15,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/bench"
 	"github.com/tandem-serve/tandem/internal/bench/plot"
-	"github.com/tandem-serve/tandem/internal/bench/workload"
 	"github.com/tandem-serve/tandem/internal/openai"
-	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
 // repeated is a flag that may be given several times.
@@ -28,113 +24,26 @@ type repeated []string
 func (r *repeated) String() string     { return strings.Join(*r, ",") }
 func (r *repeated) Set(v string) error { *r = append(*r, v); return nil }
 
-// workloadFlags are the flags that choose a workload, shared with
-// `tandem bench experiment`.
-type workloadFlags struct {
-	kind          string
-	requests      int
-	promptTokens  int
-	maxTokens     int
-	input, output string
-	prefixGroups  int
-	prefixTokens  int
-	turns, think  string
-	traceBlock    int
-	traceSpeed    float64
-	seed          uint64
-	vocab         int
-	tokenizer     string
-	maxContext    int
-	// given names the flags set on the command line.
-	given map[string]bool
-}
-
-func (f *workloadFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.kind, "workload", "fixed", "fixed (--prompt-tokens/--max-tokens or --input/--output distributions), chat (ShareGPT-shaped mix), long (1–2k-token prompts, 100–300 outputs), prefix (shared system prompts), multiturn (conversations), or trace:FILE (Mooncake/Azure-style JSONL)")
-	fs.IntVar(&f.requests, "requests", 64, "requests (conversations for multiturn) per load level and round")
-	fs.IntVar(&f.promptTokens, "prompt-tokens", 128, "prompt length of the fixed workload")
-	fs.IntVar(&f.maxTokens, "max-tokens", 64, "output length of the fixed workload")
-	fs.StringVar(&f.input, "input", "", "prompt length distribution: N, uniform:MIN:MAX, normal:MEAN:STD[:MIN:MAX], lognormal:MEDIAN:SIGMA[:MIN:MAX] (per turn for multiturn, the suffix for prefix)")
-	fs.StringVar(&f.output, "output", "", "output length distribution (same forms as --input)")
-	fs.IntVar(&f.prefixGroups, "prefix-groups", 4, "prefix workload: number of distinct shared prefixes")
-	fs.IntVar(&f.prefixTokens, "prefix-tokens", 512, "prefix workload: length of each shared prefix")
-	fs.StringVar(&f.turns, "turns", "uniform:2:6", "multiturn: turns per conversation (distribution)")
-	fs.StringVar(&f.think, "think", "lognormal:1000:0.5:100:5000", "multiturn: think time between turns in milliseconds (distribution)")
-	fs.IntVar(&f.traceBlock, "trace-block", 512, "trace: tokens per hash id")
-	fs.Float64Var(&f.traceSpeed, "trace-speed", 1, "trace: replay speed (2 = twice as fast)")
-	fs.Uint64Var(&f.seed, "seed", 0, "seed for prompts, lengths and arrivals")
-	fs.IntVar(&f.vocab, "vocab", 0, "draw prompt ids from [10, min(vocab,1000)) instead of tokenizing a sample text")
-	fs.StringVar(&f.tokenizer, "tokenizer", "", "model directory whose tokenizer makes the prompt ids when no target serves /tokenize (default: --model when it is a directory)")
-	fs.IntVar(&f.maxContext, "max-context", 0, "clip requests to this many tokens (default: the server's max_model_len when /v1/models reports one)")
-}
-
-func distOr(s string, def workload.Dist) (workload.Dist, error) {
-	if s == "" {
-		return def, nil
-	}
-	return workload.ParseDist(s)
-}
-
-// build makes the workload from the flags and the prompt token pool.
-func (f *workloadFlags) build(pool []int32) (*workload.Workload, error) {
-	if f.requests < 1 {
-		return nil, fmt.Errorf("--requests must be at least 1, got %d", f.requests)
-	}
-	var w *workload.Workload
-	kind, file, _ := strings.Cut(f.kind, ":")
-	defIn, defOut := workload.Fixed(max(f.promptTokens, 1)), workload.Fixed(max(f.maxTokens, 1))
-	switch kind {
-	case "chat":
-		defIn, defOut = workload.ChatInput, workload.ChatOutput
-	case "long":
-		defIn, defOut = workload.LongInput, workload.LongOutput
-	}
-	in, err := distOr(f.input, defIn)
-	if err != nil {
-		return nil, fmt.Errorf("--input: %w", err)
-	}
-	out, err := distOr(f.output, defOut)
-	if err != nil {
-		return nil, fmt.Errorf("--output: %w", err)
-	}
-	switch kind {
-	case "fixed", "chat", "long":
-		w = workload.Lengths(kind, f.seed, f.requests, in, out, pool)
-	case "prefix":
-		if w, err = workload.SharedPrefix(f.seed, f.requests, f.prefixGroups, f.prefixTokens, in, out, pool); err != nil {
-			return nil, err
-		}
-	case "multiturn":
-		turns, err := workload.ParseDist(f.turns)
-		if err != nil {
-			return nil, fmt.Errorf("--turns: %w", err)
-		}
-		think, err := workload.ParseDist(f.think)
-		if err != nil {
-			return nil, fmt.Errorf("--think: %w", err)
-		}
-		w = workload.MultiTurn(f.seed, f.requests, turns, in, out, think, pool)
-	case "trace":
-		if file == "" {
-			return nil, errors.New("--workload trace:FILE needs a file")
-		}
-		fh, err := os.Open(file)
-		if err != nil {
-			return nil, err
-		}
-		defer fh.Close()
-		limit := f.requests
-		if !f.given["requests"] {
-			limit = 0
-		}
-		if w, err = workload.ReadTrace(fh, file, workload.TraceOptions{BlockTokens: f.traceBlock, Speed: f.traceSpeed, Limit: limit}, f.seed, pool); err != nil {
-			return nil, err
-		}
-	default:
-		return nil, fmt.Errorf("--workload %q: want fixed, chat, long, prefix, multiturn or trace:FILE", f.kind)
-	}
-	w.Fit(f.maxContext)
-	return w, nil
+// registerWorkloadFlags defines the flags that choose a workload on fs,
+// filling src as they are parsed.
+func registerWorkloadFlags(fs *flag.FlagSet, src *bench.WorkloadSource) {
+	w := &src.Spec
+	fs.StringVar(&w.Kind, "workload", "fixed", "fixed (--prompt-tokens/--max-tokens or --input/--output distributions), chat (ShareGPT-shaped mix), long (1–2k-token prompts, 100–300 outputs), prefix (shared system prompts), multiturn (conversations), or trace:FILE (Mooncake/Azure-style JSONL)")
+	fs.IntVar(&w.Requests, "requests", 64, "requests (conversations for multiturn) per load level and round")
+	fs.IntVar(&w.PromptTokens, "prompt-tokens", 128, "prompt length of the fixed workload")
+	fs.IntVar(&w.MaxTokens, "max-tokens", 64, "output length of the fixed workload")
+	fs.StringVar(&w.Input, "input", "", "prompt length distribution: N, uniform:MIN:MAX, normal:MEAN:STD[:MIN:MAX], lognormal:MEDIAN:SIGMA[:MIN:MAX] (per turn for multiturn, the suffix for prefix)")
+	fs.StringVar(&w.Output, "output", "", "output length distribution (same forms as --input)")
+	fs.IntVar(&w.PrefixGroups, "prefix-groups", 4, "prefix workload: number of distinct shared prefixes")
+	fs.IntVar(&w.PrefixTokens, "prefix-tokens", 512, "prefix workload: length of each shared prefix")
+	fs.StringVar(&w.Turns, "turns", "uniform:2:6", "multiturn: turns per conversation (distribution)")
+	fs.StringVar(&w.Think, "think", "lognormal:1000:0.5:100:5000", "multiturn: think time between turns in milliseconds (distribution)")
+	fs.IntVar(&w.TraceBlock, "trace-block", 512, "trace: tokens per hash id")
+	fs.Float64Var(&w.TraceSpeed, "trace-speed", 1, "trace: replay speed (2 = twice as fast)")
+	fs.Uint64Var(&w.Seed, "seed", 0, "seed for prompts, lengths and arrivals")
+	fs.IntVar(&src.Vocab, "vocab", 0, "draw prompt ids from [10, min(vocab,1000)) instead of tokenizing a sample text")
+	fs.StringVar(&src.Tokenizer, "tokenizer", "", "model directory whose tokenizer makes the prompt ids when no target serves /tokenize (default: --model when it is a directory)")
+	fs.IntVar(&w.MaxContext, "max-context", 0, "clip requests to this many tokens (default: the server's max_model_len when /v1/models reports one)")
 }
 
 // runBench is `tandem bench`: a serving benchmark against one or more
@@ -166,7 +75,7 @@ func runBench(args []string) error {
 		fs.PrintDefaults()
 	}
 	var (
-		wf         workloadFlags
+		src        bench.WorkloadSource
 		targets    repeated
 		url        = fs.String("url", "http://127.0.0.1:8000", "server root URL (when no --target is given)")
 		model      = fs.String("model", "", "model name, or the model's directory (its tokenizer then makes the prompt ids); when given, /v1/models is not needed (default: the first of /v1/models)")
@@ -191,7 +100,7 @@ func runBench(args []string) error {
 		progress   = fs.Duration("progress", 5*time.Second, "period of progress lines on stderr (0: none)")
 		allowFail  = fs.Bool("allow-failures", false, "exit 0 even when requests failed (they are still reported, and count as SLO misses); without it a failed request makes the command fail after writing its results")
 	)
-	wf.register(fs)
+	registerWorkloadFlags(fs, &src)
 	fs.Var(&targets, "target", "NAME=URL of a server to compare (repeat for several)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -199,10 +108,13 @@ func runBench(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	wf.given = map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { wf.given[f.Name] = true })
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "requests" { // a trace is read whole unless --requests caps it
+			src.Spec.TraceLimit = src.Spec.Requests
+		}
+	})
 
-	p := &bench.Plan{Model: *model, Rounds: *rounds, Seed: wf.seed, Timeout: *timeout,
+	p := &bench.Plan{Model: *model, Rounds: *rounds, Seed: src.Spec.Seed, Timeout: *timeout,
 		SLO: bench.SLO{TTFT: *sloTTFT, TPOT: *sloTPOT, ITL: *sloITL}, APIKey: cmp.Or(*apiKey, os.Getenv(openai.APIKeyEnv))}
 	if *progress > 0 {
 		p.Progress, p.ProgressEvery = os.Stderr, *progress
@@ -217,7 +129,7 @@ func runBench(args []string) error {
 		}
 		p.Targets = append(p.Targets, t)
 	}
-	loads, err := parseLoads(*conc, *sweep, *rate, *rates, *burst, strings.HasPrefix(wf.kind, "trace:"))
+	loads, err := parseLoads(*conc, *sweep, *rate, *rates, *burst, strings.HasPrefix(src.Spec.Kind, "trace:"))
 	if err != nil {
 		return err
 	}
@@ -225,7 +137,7 @@ func runBench(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := prepare(ctx, p, &wf, os.Stderr); err != nil {
+	if err := bench.Prepare(ctx, p, &src, os.Stderr); err != nil {
 		return err
 	}
 	var s *bench.Suite
@@ -267,7 +179,7 @@ func writeResults(s *bench.Suite, jsonFile, plots string) error {
 		return err
 	}
 	if jsonFile != "" {
-		if err := writeJSONFile(jsonFile, s); err != nil {
+		if err := bench.WriteJSONFile(jsonFile, s); err != nil {
 			return err
 		}
 	}
@@ -338,139 +250,4 @@ func parseFloats(s string) ([]float64, error) {
 		out = append(out, x)
 	}
 	return out, nil
-}
-
-// prepare resolves the model name, the context limit and the prompt token
-// pool, and builds the workload. Nothing here needs more than
-// /v1/completions of the targets:
-//   - the model name is --model, or the first of /v1/models (of the first
-//     target that answers); a --model that is a directory with a tokenizer
-//     (a model directory) names the model as /v1/models lists it (its path
-//     or base name) or, without /v1/models, by its base name, tandem serve's
-//     default --served-model-name;
-//   - prompt ids are [10, --vocab) with --vocab, else the distinct ids of a
-//     sample text as the first target with /tokenize tokenizes it, else as
-//     the tokenizer of --tokenizer DIR (or of a --model DIR) does, else
-//     bench.DefaultPool, with a warning (a proxy, vLLM's toy proxy among
-//     them, need not serve /tokenize);
-//   - a multi-turn answer goes back into the next turn as the tokens of its
-//     target's /tokenize, else of the local tokenizer, else as as many
-//     stand-in tokens.
-func prepare(ctx context.Context, p *bench.Plan, wf *workloadFlags, log io.Writer) error {
-	client := func(t bench.Target, conns int) *bench.Client {
-		c := bench.NewClient(t.URL, conns)
-		c.APIKey = p.APIKey
-		return c
-	}
-	tokDir := wf.tokenizer
-	modelDir := ""
-	if p.Model != "" && isTokenizerDir(p.Model) {
-		modelDir = p.Model
-		tokDir = cmp.Or(tokDir, modelDir)
-	}
-	var listed []bench.ModelInfo
-	var listErr error
-	for _, t := range p.Targets {
-		models, err := client(t, 1).Models(ctx)
-		if err == nil && len(models) > 0 {
-			listed = models
-			break
-		}
-		listErr = cmp.Or(err, fmt.Errorf("%s/v1/models lists no models", t.URL))
-	}
-	switch {
-	case modelDir != "":
-		base := filepath.Base(filepath.Clean(modelDir))
-		p.Model = base
-		for _, m := range listed {
-			if m.ID == modelDir || m.ID == filepath.Clean(modelDir) || m.ID == base {
-				p.Model = m.ID
-				break
-			}
-		}
-	case p.Model == "" && len(listed) == 0:
-		return fmt.Errorf("listing models (give --model to skip this): %w", listErr)
-	case p.Model == "":
-		p.Model = listed[0].ID
-	}
-	for _, m := range listed {
-		if m.ID == p.Model && wf.maxContext == 0 {
-			wf.maxContext = m.MaxModelLen
-		}
-	}
-
-	var local *tokenizer.Tokenizer
-	if tokDir != "" {
-		tok, err := tokenizer.Load(tokDir)
-		if err != nil {
-			return fmt.Errorf("loading the tokenizer of %s: %w", tokDir, err)
-		}
-		local = tok
-	}
-	serverTok := map[string]*bench.Client{}
-	var pool []int32
-	if wf.vocab > 0 {
-		pool = bench.VocabPool(wf.vocab)
-	} else {
-		for _, t := range p.Targets {
-			c := client(t, 4)
-			ids, err := c.Tokenize(ctx, p.Model, bench.SampleText)
-			if err != nil || len(ids) == 0 {
-				continue
-			}
-			serverTok[t.Name] = c
-			if pool == nil {
-				pool, _ = bench.TextPool(ids)
-				fmt.Fprintf(log, "prompt token ids: the %d distinct ids of a sample text as %s's /tokenize tokenizes it\n", len(pool), t.Name)
-			}
-		}
-		if pool == nil && local != nil {
-			var err error
-			if pool, err = bench.TextPool(local.Encode(bench.SampleText, false)); err != nil {
-				return fmt.Errorf("the tokenizer of %s: %w", tokDir, err)
-			}
-			fmt.Fprintf(log, "prompt token ids: the %d distinct ids of a sample text as the tokenizer of %s tokenizes it (no target serves /tokenize)\n", len(pool), tokDir)
-		}
-		if pool == nil {
-			pool = bench.DefaultPool()
-			fmt.Fprintf(log, "warning: no target serves /tokenize and no tokenizer was given: prompt ids are %d..%d, valid for a vocabulary of at least %d tokens but not known to be ordinary text; pass --tokenizer DIR (the model's directory) or --vocab N\n",
-				bench.DefaultPoolLow, bench.DefaultPoolHigh-1, bench.DefaultPoolHigh)
-		}
-	}
-	p.Pool = pool
-	if len(serverTok) > 0 || local != nil {
-		p.Tokenize = func(ctx context.Context, t bench.Target, text string) ([]int32, error) {
-			if c, ok := serverTok[t.Name]; ok {
-				return c.Tokenize(ctx, p.Model, text)
-			}
-			if local != nil {
-				return local.Encode(text, false), nil
-			}
-			return nil, errors.New("no tokenizer for this target")
-		}
-	}
-	w, err := wf.build(pool)
-	if err != nil {
-		return err
-	}
-	p.Workload = w
-	return nil
-}
-
-// isTokenizerDir says whether dir is a directory holding a tokenizer.json.
-func isTokenizerDir(dir string) bool {
-	st, err := os.Stat(filepath.Join(dir, "tokenizer.json"))
-	return err == nil && st.Mode().IsRegular()
-}
-
-func writeJSONFile(path string, v any) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := bench.WriteJSON(f, v); err != nil {
-		f.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return f.Close()
 }

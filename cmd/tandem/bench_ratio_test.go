@@ -10,87 +10,17 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/bench"
+	"github.com/tandem-serve/tandem/internal/bench/experiment"
 )
-
-func TestParseProcStat(t *testing.T) {
-	// user nice system idle iowait irq softirq steal guest guest_nice
-	const stat = "cpu  100 5 50 800 20 3 2 10 40 0\ncpu0 50 2 25 400 10 1 1 5 20 0\nintr 1\n"
-	busy, total, ok := parseProcStat(stat)
-	if !ok || busy != 170 || total != 990 {
-		t.Errorf("parseProcStat = %d busy of %d (ok %v), want 170 of 990 (guest time is in user already)", busy, total, ok)
-	}
-	if _, _, ok := parseProcStat("intr 1\n"); ok {
-		t.Error("a file without the cpu line parsed")
-	}
-}
-
-func TestParsePIDStatCountsFromTheLastParenthesis(t *testing.T) {
-	// A command name with spaces and a ')' of its own.
-	const stat = "4242 (tandem (x) y) S 1 4242 4242 0 -1 4194560 500 0 0 0 123 45 0 0 20 0 9 0 100 1000 200 18446744073709551615"
-	if ticks, ok := parsePIDStat(stat); !ok || ticks != 168 {
-		t.Errorf("parsePIDStat = %d (ok %v), want utime 123 + stime 45", ticks, ok)
-	}
-	if _, ok := parsePIDStat("4242 (short) S 1"); ok {
-		t.Error("a truncated stat parsed")
-	}
-}
-
-func TestHostWatchWindows(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	h := &hostWatch{proxyPID: 7}
-	h.prev = cpuSample{at: t0, busy: 0, total: 0, hostOK: true, proxy: 0, proxyOK: true, proxyPID: 7}
-	// Two seconds, 2 cores (200 jiffies a second): 50% then 100% busy;
-	// the proxy uses 0.5 then 1.5 cores, this process 0.1 each second.
-	h.add(cpuSample{at: t0.Add(time.Second), busy: 100, total: 200, hostOK: true, proxy: 50, proxyOK: true, proxyPID: 7, self: 10, load1: 1.5, loadKnown: true})
-	h.add(cpuSample{at: t0.Add(2 * time.Second), busy: 300, total: 400, hostOK: true, proxy: 200, proxyOK: true, proxyPID: 7, self: 20, load1: 2.5, loadKnown: true})
-	st := h.win
-	s := h.sums
-	st.Seconds, st.Busy, st.Proxy, st.Self = s.wall, s.busy/s.total, s.proxy/s.wall, s.self/s.wall
-	want := hostStats{Seconds: 2, Busy: 0.75, BusyPeak: 1, Proxy: 1, ProxyPeak: 1.5, Self: 0.1, SelfPeak: 0.1, Load: 2.5}
-	for _, f := range []struct {
-		name      string
-		got, want float64
-	}{{"seconds", st.Seconds, want.Seconds}, {"busy", st.Busy, want.Busy}, {"busy peak", st.BusyPeak, want.BusyPeak},
-		{"proxy", st.Proxy, want.Proxy}, {"proxy peak", st.ProxyPeak, want.ProxyPeak}, {"self", st.Self, want.Self},
-		{"self peak", st.SelfPeak, want.SelfPeak}, {"load", st.Load, want.Load}} {
-		if math.Abs(f.got-f.want) > 1e-9 {
-			t.Errorf("%s = %v, want %v", f.name, f.got, f.want)
-		}
-	}
-	if st.saturated() {
-		t.Error("75% busy counted as saturated")
-	}
-	if !(hostStats{Busy: 0.9}).saturated() {
-		t.Error("90% busy not counted as saturated")
-	}
-	// A new proxy's counters do not subtract from the old one's.
-	h.add(cpuSample{at: t0.Add(3 * time.Second), busy: 300, total: 600, hostOK: true, proxy: 5, proxyOK: true, proxyPID: 8, self: 20})
-	if h.sums.proxy != 2 {
-		t.Errorf("proxy CPU %v after a new proxy, want the old 2 core-seconds", h.sums.proxy)
-	}
-}
-
-func TestScaleCheckScalesEveryRateOnce(t *testing.T) {
-	m := &bench.PDModel{Workload: "chat", PrefillRate: 2, DecodeRate: 2}
-	pts := []bench.RatioPoint{
-		{P: 4, D: 4, Predicted: 8, Measured: 6, FirstMiss: 7, Bound: "search", Points: []bench.SearchPoint{{Rate: 6, Goodput: 5.5}}},
-		{P: 5, D: 3, Predicted: 6, Measured: 4, FirstMiss: 5, Bound: "search"},
-	}
-	c := scaleCheck(bench.NewRatioCheck(m, 8, pts), 0.5)
-	if c.Predicted.Goodput != 4 || c.Curve[3].Goodput != 4 || c.Splits[0].Measured != 3 || c.Splits[0].Predicted != 4 ||
-		c.Splits[0].Points[0].Rate != 3 || c.Best.Measured != 3 || c.Best.Points[0].Rate != 3 || c.PredictedMeasured != 3 {
-		t.Errorf("scaled check %+v", c)
-	}
-	if pts[0].Points[0].Rate != 6 {
-		t.Error("scaling changed the caller's points")
-	}
-}
 
 // TestBenchExperimentRatioEndToEnd runs the ratio experiment in a short
 // form: simulated engines at ten times real speed, a 1P+1D fit on a few
 // chat requests, then every split of 4 engines (the predicted one, its
 // neighbours) behind a tandem proxy process, a short rate search each. It
-// checks what the report says, not only that it exists.
+// checks what the report says, not only that it exists, and recomputes the
+// model, the predictions and the verdict from the numbers the run reports
+// (checkRatioByHand): whether the prediction comes true on a loaded 2-core
+// machine is noise, but a check that disagrees with its own inputs is a bug.
 func TestBenchExperimentRatioEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts 17 processes")
@@ -114,7 +44,7 @@ func TestBenchExperimentRatioEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	report := string(b)
-	var sum ratioSummary
+	var sum experiment.RatioSummary
 	readJSON(t, filepath.Join(out, "summary.json"), &sum)
 	if len(sum.Workloads) != 1 || len(sum.Workloads[0].Checks) != 1 {
 		t.Fatalf("summary.json: %+v, want one workload with one check", sum)
@@ -136,9 +66,7 @@ func TestBenchExperimentRatioEndToEnd(t *testing.T) {
 			t.Errorf("split %+v: want a search of at least 2 rates and the host watched", s)
 		}
 	}
-	if c.Verdict != "right" && c.Verdict != "tie" && c.Verdict != "wrong" && c.Verdict != "none met" {
-		t.Errorf("verdict %q", c.Verdict)
-	}
+	checkRatioByHand(t, m, c, 0.6, sum.Goal)
 	for _, want := range []string{
 		"--sim-speed 10", "fitting the model: 1 prefill + 1 decode simulated engine", "P:D ratio model", "prefill engine:", "decode engine:",
 		"-- chat, N = 4: the model predicts", fmt.Sprintf("measuring %dP:%dD, ", c.Predicted.P, c.Predicted.D), "== the model against the measurement",
@@ -164,5 +92,120 @@ func TestBenchExperimentRatioEndToEnd(t *testing.T) {
 		if b, _ := os.ReadFile(l); !strings.Contains(string(b), "simulated model") {
 			t.Errorf("%s: not a simulated engine", l)
 		}
+	}
+}
+
+// checkRatioByHand recomputes, from the numbers a ratio run reports, what a
+// wrong model or a wrong check would get wrong. Whether the model's
+// prediction comes true on a loaded 2-core machine is noise; these follow
+// from the reported inputs and measurements whatever the noise:
+//   - the model's rates from its fitted inputs: a prefill engine serves
+//     ρ*/s̄ req/s, a decode engine k*/((mean output − 1)·TPOT(k*));
+//   - every split's prediction: min(P · the prefill rate per engine at P,
+//     D · the decode rate), ÷ 10 for simulated req/s (the per-engine
+//     prefill rate is reported at P = 1, 2, 4, …: at P = 3 it lies between
+//     those at 2 and 4), and the predicted split the best of the curve;
+//   - every split's rate search: it starts at searchFrom × the split's
+//     prediction, its measured rate is the highest rate met below its
+//     first miss, and the first miss the lowest rate missed;
+//   - the verdict and the measured best from the measured rates.
+func checkRatioByHand(t *testing.T, m bench.PDModel, c bench.RatioCheck, searchFrom, goal float64) {
+	t.Helper()
+	const speed = 10
+	near := func(got, want float64) bool { return math.Abs(got-want) <= 1e-9*math.Max(1, math.Abs(want)) }
+	if !near(m.PrefillRate, m.PrefillBusy/m.PrefillSeconds) {
+		t.Errorf("prefill rate %v, want ρ* %v / s̄ %v", m.PrefillRate, m.PrefillBusy, m.PrefillSeconds)
+	}
+	if m.DecodeFit == "fit" {
+		if want := m.DecodeBatch / ((m.MeanOutput - 1) * m.DecodeTPOT / 1000); !near(m.DecodeRate, want) {
+			t.Errorf("decode rate %v, want k* %v / ((%v − 1) · %v ms) = %v", m.DecodeRate, m.DecodeBatch, m.MeanOutput, m.DecodeTPOT, want)
+		}
+		if !near(m.DecodeTPOT, m.StepA+m.StepB*m.DecodeBatch) {
+			t.Errorf("TPOT at k* %v, want %v + %v·%v", m.DecodeTPOT, m.StepA, m.StepB, m.DecodeBatch)
+		}
+	}
+	// prefillAt bounds the per-engine prefill rate at p by the reported
+	// rates at the powers of two around it.
+	prefillAt := func(p int) (lo, hi float64) {
+		for q := p; q >= 1; q-- {
+			if r, ok := m.PrefillRates[q]; ok {
+				lo = r
+				break
+			}
+		}
+		for q := p; q <= 2*p; q++ {
+			if r, ok := m.PrefillRates[q]; ok {
+				hi = r
+				break
+			}
+		}
+		return lo, hi
+	}
+	predict := func(p, d int) (lo, hi float64) {
+		plo, phi := prefillAt(p)
+		dec := float64(d) * m.DecodeRate
+		return math.Min(float64(p)*plo, dec) / speed, math.Min(float64(p)*phi, dec) / speed
+	}
+	within := func(x, lo, hi float64) bool { return x >= lo*(1-1e-9) && x <= hi*(1+1e-9) }
+	best := c.Curve[0]
+	for _, sp := range c.Curve {
+		if lo, hi := predict(sp.P, sp.D); !within(sp.Goodput, lo, hi) {
+			t.Errorf("the model's curve at %dP:%dD: %v req/s, want min(P·prefill, D·decode)/10 in [%v, %v]", sp.P, sp.D, sp.Goodput, lo, hi)
+		}
+		if sp.Goodput > best.Goodput {
+			best = sp
+		}
+	}
+	if c.Predicted.P != best.P || !near(c.Predicted.Goodput, best.Goodput) {
+		t.Errorf("predicted %+v, want the curve's best %+v", c.Predicted, best)
+	}
+	bestMeasured := c.Splits[0]
+	var predicted *bench.RatioPoint
+	for i, s := range c.Splits {
+		if lo, hi := predict(s.P, s.D); !within(s.Predicted, lo, hi) {
+			t.Errorf("%dP:%dD predicted %v req/s, want min(P·prefill, D·decode)/10 in [%v, %v]", s.P, s.D, s.Predicted, lo, hi)
+		}
+		if len(s.Points) == 0 || !near(s.Points[0].Rate, searchFrom*s.Predicted) {
+			t.Errorf("%dP:%dD: the search started at %+v, want %v × the prediction %v", s.P, s.D, s.Points, searchFrom, s.Predicted)
+		}
+		var firstMiss float64
+		for _, pt := range s.Points {
+			if pt.Attainment < goal && (firstMiss == 0 || pt.Rate < firstMiss) {
+				firstMiss = pt.Rate
+			}
+		}
+		var measured float64
+		for _, pt := range s.Points {
+			if pt.Attainment >= goal && (firstMiss == 0 || pt.Rate < firstMiss) {
+				measured = math.Max(measured, pt.Rate)
+			}
+		}
+		if !near(s.Measured, measured) || !near(s.FirstMiss, firstMiss) {
+			t.Errorf("%dP:%dD: measured %v, first miss %v; its points %+v say %v and %v", s.P, s.D, s.Measured, s.FirstMiss, s.Points, measured, firstMiss)
+		}
+		if s.Measured > bestMeasured.Measured {
+			bestMeasured = s
+		}
+		if s.P == c.Predicted.P {
+			predicted = &c.Splits[i]
+		}
+	}
+	if predicted == nil {
+		t.Fatalf("the predicted split %dP:%dD was not measured", c.Predicted.P, c.Predicted.D)
+	}
+	var verdict string
+	switch {
+	case bestMeasured.Measured == 0:
+		verdict = "none met"
+	case predicted.Measured >= bestMeasured.Measured:
+		verdict = "right"
+	case predicted.FirstMiss == 0 || predicted.FirstMiss > bestMeasured.Measured:
+		verdict = "tie"
+	default:
+		verdict = "wrong"
+	}
+	if c.Verdict != verdict || !near(c.Best.Measured, bestMeasured.Measured) || !near(c.PredictedMeasured, predicted.Measured) {
+		t.Errorf("verdict %q, best %dP:%dD at %v, the predicted split at %v; the measured splits say %q, best %v, predicted %v",
+			c.Verdict, c.Best.P, c.Best.D, c.Best.Measured, c.PredictedMeasured, verdict, bestMeasured.Measured, predicted.Measured)
 	}
 }

@@ -85,7 +85,7 @@ func benchReport(out io.Writer, args []string) error {
 			m.Write(out, s.Plan.SLO)
 		}
 		if *jsonF != "" {
-			if err := writeJSONFile(*jsonF, s); err != nil {
+			if err := bench.WriteJSONFile(*jsonF, s); err != nil {
 				return err
 			}
 		}

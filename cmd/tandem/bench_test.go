@@ -1,143 +1,27 @@
 package main
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
-	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/tandem-serve/tandem/internal/bench"
+	"github.com/tandem-serve/tandem/internal/bench/benchtest"
 	"github.com/tandem-serve/tandem/internal/testmodels"
-	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
-
-// completionsOnly is an OpenAI-compatible server with nothing but streaming
-// /v1/completions, like vLLM's toy P/D proxy or a gateway: /v1/models and
-// /tokenize are 404. It records the model names and prompts it was sent.
-type completionsOnly struct {
-	mu      sync.Mutex
-	models  map[string]int
-	prompts [][]int32
-	other   []string
-}
-
-func (f *completionsOnly) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Model     string  `json:"model"`
-		Prompt    []int32 `json:"prompt"`
-		MaxTokens int     `json:"max_tokens"`
-	}
-	if r.URL.Path != "/v1/completions" {
-		f.mu.Lock()
-		f.other = append(f.other, r.URL.Path)
-		f.mu.Unlock()
-		http.Error(w, `{"error":{"message":"not found"}}`, http.StatusNotFound)
-		return
-	}
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	f.mu.Lock()
-	f.models[req.Model]++
-	f.prompts = append(f.prompts, req.Prompt)
-	f.mu.Unlock()
-	w.Header().Set("Content-Type", "text/event-stream")
-	for i := range req.MaxTokens {
-		fmt.Fprintf(w, "data: {\"choices\":[{\"text\":\"Lily %d \"}]}\n\n", i)
-	}
-	fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d}}\n\ndata: [DONE]\n\n", len(req.Prompt), req.MaxTokens)
-}
-
-func newCompletionsOnly(t *testing.T) (*completionsOnly, string) {
-	f := &completionsOnly{models: map[string]int{}}
-	srv := httptest.NewServer(f)
-	t.Cleanup(srv.Close)
-	return f, srv.URL
-}
 
 // TestBenchAgainstATargetWithoutModelsOrTokenize: `tandem bench` must work
 // against a server that has neither /v1/models nor /tokenize (the tandem
-// proxy has no /tokenize): with --model DIR its tokenizer makes the prompt
-// ids and the model is named by the directory's base name; with a bare
-// --model name the ids come from the stated default pool, with a warning;
-// without --model it says to give one.
+// proxy has no /tokenize), here with --model DIR, the README's command
+// shape. (bench.Prepare's tests cover the other ways to name a model.)
 func TestBenchAgainstATargetWithoutModelsOrTokenize(t *testing.T) {
 	dir := testmodels.Stories260K(t)
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	textPool, err := bench.TextPool(tok.Encode(bench.SampleText, false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan := func(url, model string) *bench.Plan {
-		return &bench.Plan{Targets: []bench.Target{{Name: "a", URL: url}, {Name: "b", URL: url}}, Model: model}
-	}
-	flags := func() *workloadFlags {
-		return &workloadFlags{kind: "fixed", requests: 2, promptTokens: 8, maxTokens: 2, given: map[string]bool{}}
-	}
-
-	t.Run("a model directory's tokenizer makes the ids", func(t *testing.T) {
-		f, url := newCompletionsOnly(t)
-		p := plan(url, dir)
-		var log strings.Builder
-		if err := prepare(context.Background(), p, flags(), &log); err != nil {
-			t.Fatal(err)
-		}
-		if p.Model != filepath.Base(dir) || !slices.Equal(p.Pool, textPool) || !strings.Contains(log.String(), "as the tokenizer of "+dir) {
-			t.Errorf("model %q, pool of %d ids (want %d), log %q", p.Model, len(p.Pool), len(textPool), log.String())
-		}
-		if p.Tokenize == nil {
-			t.Fatal("no tokenizer for multi-turn answers")
-		}
-		if ids, err := p.Tokenize(context.Background(), p.Targets[0], "Lily"); err != nil || !slices.Equal(ids, tok.Encode("Lily", false)) {
-			t.Errorf("answer tokens %v, %v", ids, err)
-		}
-		if !slices.Contains(f.other, "/v1/models") || !slices.Contains(f.other, "/tokenize") {
-			t.Errorf("paths tried %v, want /v1/models and /tokenize tried first", f.other)
-		}
-	})
-	t.Run("a bare name falls back to the default pool with a warning", func(t *testing.T) {
-		_, url := newCompletionsOnly(t)
-		p := plan(url, "smol")
-		var log strings.Builder
-		if err := prepare(context.Background(), p, flags(), &log); err != nil {
-			t.Fatal(err)
-		}
-		if p.Model != "smol" || !slices.Equal(p.Pool, bench.DefaultPool()) || p.Tokenize != nil || !strings.Contains(log.String(), "warning: no target serves /tokenize") {
-			t.Errorf("model %q, pool %v, log %q", p.Model, p.Pool, log.String())
-		}
-	})
-	t.Run("--tokenizer DIR with a bare name", func(t *testing.T) {
-		_, url := newCompletionsOnly(t)
-		p := plan(url, "smol")
-		wf := flags()
-		wf.tokenizer = dir
-		if err := prepare(context.Background(), p, wf, &strings.Builder{}); err != nil {
-			t.Fatal(err)
-		}
-		if p.Model != "smol" || !slices.Equal(p.Pool, textPool) {
-			t.Errorf("model %q, pool of %d ids", p.Model, len(p.Pool))
-		}
-	})
-	t.Run("no model name and no /v1/models", func(t *testing.T) {
-		_, url := newCompletionsOnly(t)
-		err := prepare(context.Background(), plan(url, ""), flags(), &strings.Builder{})
-		if err == nil || !strings.Contains(err.Error(), "give --model") {
-			t.Errorf("err = %v, want a hint to give --model", err)
-		}
-	})
 	t.Run("the README's command shape runs end to end", func(t *testing.T) {
-		f, url := newCompletionsOnly(t)
+		f, url := benchtest.NewCompletionsOnly(t)
 		out := filepath.Join(t.TempDir(), "out.json")
 		err := runBench([]string{"--target", "pd=" + url, "--target", "colocated=" + url, "--model", dir, "--workload", "multiturn",
 			"--turns", "2", "--think", "1", "--requests", "3", "--rates", "50,100", "--slo-ttft", "1s", "--slo-tpot", "100ms",
@@ -161,8 +45,8 @@ func TestBenchAgainstATargetWithoutModelsOrTokenize(t *testing.T) {
 				t.Errorf("completed %d failed %d, want 3 conversations × 2 turns", r.Completed, r.Failed)
 			}
 		}
-		if f.models[filepath.Base(dir)] != 24 || len(f.models) != 1 {
-			t.Errorf("model names sent %v, want %q only", f.models, filepath.Base(dir))
+		if m := f.Models(); m[filepath.Base(dir)] != 24 || len(m) != 1 {
+			t.Errorf("model names sent %v, want %q only", f.Models(), filepath.Base(dir))
 		}
 	})
 }

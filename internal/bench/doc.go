@@ -8,7 +8,9 @@
 // (TPOT), inter-token latency (ITL, per streamed chunk) and end-to-end
 // latency, SLO attainment, goodput and each target's goodput rate and
 // per-level throughput (Capacities); SearchRate bisects for the highest
-// rate meeting a goodput target.
+// rate meeting a goodput target. Prepare fills a Plan in from its targets
+// (the model name, the context limit, the prompt ids from a /tokenize or a
+// local tokenizer) and builds its workload from a workload.Spec.
 //
 // The workload is a pure function of the seed, so two runs (or two servers)
 // see the same requests in the same order. Every level (load and round) of

@@ -10,6 +10,12 @@
 // fate: one crashing is reported (which, exit status, last log lines) and
 // stops the whole setup rather than leaving a half-working one.
 //
+// Start is the one way Tandem starts a child process: `tandem up`'s
+// engines, and the engines and proxies of the benchmark experiments and the
+// soak (internal/bench/experiment). It pins the child, sends its output to a
+// log file or to prefixed lines, has the kernel kill it if the parent dies
+// (Pdeathsig), and reaps it; WaitHealthy and Stop wait for and end a group.
+//
 // Cores are split between engines (SplitCores) and pinned at process
 // creation: the child is forked from a thread whose CPU affinity was
 // narrowed for that moment, so every thread of the child inherits the mask

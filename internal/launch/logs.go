@@ -7,17 +7,17 @@ import (
 	"sync"
 )
 
-// output serializes the lines of all children onto one writer so that lines
-// never interleave mid-way.
+// output serializes the writes of all children onto one writer: a line
+// relay writes each line in one Write, so lines never interleave mid-way.
 type output struct {
 	mu sync.Mutex
 	w  io.Writer
 }
 
-func (o *output) line(prefix string, b []byte) {
+func (o *output) Write(p []byte) (int, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	fmt.Fprintf(o.w, "[%s] %s\n", prefix, b)
+	return o.w.Write(p)
 }
 
 // logKeep is how many of a child's last lines are kept for error reports.
@@ -26,18 +26,18 @@ const logKeep = 20
 // maxLine bounds a line held back while waiting for its newline.
 const maxLine = 64 << 10
 
-// lineRelay is an io.Writer that relays whole lines to out under a prefix
-// and keeps the last logKeep of them.
+// lineRelay is an io.Writer that relays whole lines to out under a prefix,
+// one Write per line, and keeps the last logKeep of them.
 type lineRelay struct {
 	prefix string
-	out    *output
+	out    io.Writer
 
 	mu      sync.Mutex
 	partial []byte
 	last    []string
 }
 
-func newLineRelay(prefix string, out *output) *lineRelay {
+func newLineRelay(prefix string, out io.Writer) *lineRelay {
 	return &lineRelay{prefix: prefix, out: out}
 }
 
@@ -76,7 +76,7 @@ func (l *lineRelay) Flush() {
 }
 
 func (l *lineRelay) emit(line []byte) {
-	l.out.line(l.prefix, line)
+	fmt.Fprintf(l.out, "[%s] %s\n", l.prefix, line)
 	l.last = append(l.last, string(line))
 	if len(l.last) > logKeep {
 		l.last = append([]string(nil), l.last[len(l.last)-logKeep:]...)

@@ -8,13 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/defaultmodel"
@@ -196,24 +192,31 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.APIKey != "" {
 		env = append(env, openai.APIKeyEnv+"="+cfg.APIKey)
 	}
-	exited := make(chan *child, n)
-	var children []*child
-	defer func() { stopAll(children, cfg.StopTimeout) }()
+	var children []*Process
+	defer func() { Stop(children, cfg.StopTimeout) }()
 	extra := cfg.ExtraArgs
 	if cfg.KVBidirectional {
 		extra = append([]string{"--kv-bidirectional"}, extra...)
 	}
 	for _, s := range specs {
-		c, err := startEngine(cfg.Executable, s, model, name, extra, env, out, exited)
+		c, err := Start(ProcessSpec{Name: s.Name, Path: cfg.Executable, Args: ServeArgs(s, model, name, extra), Env: env,
+			CPUs: s.CPUs, URL: s.URL(), Output: out})
 		if err != nil {
 			return err
 		}
 		children = append(children, c)
-		fmt.Fprintf(cfg.Stderr, "started %s (pid %d) on %s, CPUs %v\n", s.Name, c.cmd.Process.Pid, s.URL(), s.CPUs)
+		fmt.Fprintf(cfg.Stderr, "started %s (pid %d) on %s, CPUs %v\n", s.Name, c.PID(), s.URL(), s.CPUs)
 	}
 
-	if err := waitHealthy(ctx, specs, exited, cfg.StartupTimeout); err != nil {
+	if err := WaitHealthy(ctx, children, cfg.StartupTimeout); err != nil {
+		if errors.Is(err, ErrNotHealthy) {
+			return fmt.Errorf("%w (raise the limit with --startup-timeout)", err)
+		}
 		return err
+	}
+	exited := make(chan *Process, n)
+	for _, c := range children {
+		go func() { <-c.Done(); exited <- c }()
 	}
 
 	var prefillURLs, decodeURLs []string
@@ -258,96 +261,15 @@ func Run(ctx context.Context, cfg Config) error {
 	case <-ctx.Done():
 		fmt.Fprintln(cfg.Stderr, "stopping: proxy, then engines")
 	case c := <-exited:
-		result = errors.New(c.report(" while serving"))
+		result = errors.New(c.Report(" while serving"))
 	case err := <-proxyErr:
 		result = fmt.Errorf("the proxy stopped: %w", err)
 		proxyErr <- nil // for the wait below
 	}
 	stopProxy()
 	<-proxyErr
-	stopAll(children, cfg.StopTimeout)
+	Stop(children, cfg.StopTimeout)
 	return result
-}
-
-// startEngine starts one engine process with its cores, environment and log
-// relay, and reaps it in the background, sending it to exited when it ends.
-func startEngine(exe string, s EngineSpec, model, name string, extra, env []string, out *output, exited chan<- *child) (*child, error) {
-	logs := newLineRelay(s.Name, out)
-	cmd := exec.Command(exe, ServeArgs(s, model, name, extra)...)
-	cmd.Env = append(Env(s, os.Environ()), env...)
-	cmd.Stdout, cmd.Stderr = logs, logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		// Its own process group: a terminal's Ctrl-C reaches only tandem
-		// up, which then stops the engines in order.
-		Setpgid: true,
-		// If tandem up is killed outright, the kernel kills the engines.
-		Pdeathsig: syscall.SIGKILL,
-	}
-	cmd.WaitDelay = 5 * time.Second // don't hang on pipes held by a grandchild
-	if err := startPinned(cmd, s.CPUs); err != nil {
-		return nil, fmt.Errorf("starting %s (%s %s): %w", s.Name, exe, strings.Join(cmd.Args[1:], " "), err)
-	}
-	c := &child{name: s.Name, cmd: cmd, logs: logs, done: make(chan struct{})}
-	go func() {
-		c.err = cmd.Wait()
-		logs.Flush()
-		close(c.done)
-		exited <- c
-	}()
-	return c, nil
-}
-
-// waitHealthy polls every engine's /health until all answer 200, failing
-// when one exits, ctx is done or timeout passes.
-func waitHealthy(ctx context.Context, specs []EngineSpec, exited <-chan *child, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	client := &http.Client{Timeout: 2 * time.Second}
-	ready := make([]bool, len(specs))
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		all := true
-		for i, s := range specs {
-			if !ready[i] {
-				ready[i] = healthy(ctx, client, s.URL())
-				all = all && ready[i]
-			}
-		}
-		if all {
-			return nil
-		}
-		select {
-		case c := <-exited:
-			return errors.New(c.report(" during startup"))
-		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				var waiting []string
-				for i, s := range specs {
-					if !ready[i] {
-						waiting = append(waiting, s.Name)
-					}
-				}
-				return fmt.Errorf("%s not healthy after %v (raise the limit with --startup-timeout)", strings.Join(waiting, ", "), timeout)
-			}
-			return ctx.Err()
-		case <-tick.C:
-		}
-	}
-}
-
-func healthy(ctx context.Context, client *http.Client, base string) bool {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil)
-	if err != nil {
-		return false
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return false
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
 }
 
 // EndpointPrefix starts the line that announces the endpoint; scripts and

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -18,7 +17,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"golang.org/x/sys/unix"
 
 	"github.com/tandem-serve/tandem/internal/defaultmodel"
 )
@@ -134,60 +132,6 @@ func TestLineRelay(t *testing.T) {
 	last := l.Last()
 	if len(last) != logKeep || last[0] != "10" || last[logKeep-1] != "29" {
 		t.Errorf("Last() = %q, want lines 10..29", last)
-	}
-}
-
-func TestStartPinnedPinsEveryThread(t *testing.T) {
-	cpus, err := AllowedCPUs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(cpus) < 2 {
-		t.Skip("needs two CPUs to tell a pinned child from an unpinned one")
-	}
-	target := cpus[len(cpus)-1]
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), "TANDEM_UP_FAKE=sleep")
-	if err := startPinned(cmd, []int{target}); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	}()
-	// The Go runtime of the child starts several threads at once; give it
-	// a moment, then check all of them. (Pinning the pid after Start also
-	// passes this check most of the time: the race it loses is narrow. The
-	// test guards against no pinning, a wrong mask and a leaked parent mask.)
-	time.Sleep(200 * time.Millisecond)
-	tasks, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid), "task"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(tasks) < 2 {
-		t.Logf("child has %d threads", len(tasks))
-	}
-	for _, task := range tasks {
-		tid, _ := strconv.Atoi(task.Name())
-		var set unix.CPUSet
-		if err := unix.SchedGetaffinity(tid, &set); err != nil {
-			t.Fatal(err)
-		}
-		if set.Count() != 1 || !set.IsSet(target) {
-			t.Errorf("thread %d of the child may run on %d CPUs, want only CPU %d", tid, set.Count(), target)
-		}
-	}
-	// The parent must have its own mask back.
-	after, err := AllowedCPUs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !cmp.Equal(cpus, after) {
-		t.Errorf("parent's CPUs changed from %v to %v", cpus, after)
 	}
 }
 

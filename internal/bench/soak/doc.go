@@ -5,7 +5,7 @@
 //
 // The package never starts or signals a process itself: the caller gives
 // Run an Inject function for the faults and a Sample function for memory,
-// so the schedule, the error classification, the /proc and /metrics parsing
-// and the verdict are plain functions tested on their own (the command in
-// cmd/tandem owns the processes).
+// so the schedule, the error classification, the /metrics parsing and the
+// verdict are plain functions tested on their own (experiment.RunSoak, in
+// internal/bench/experiment, owns the processes).
 package soak

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/bench"
+	"github.com/tandem-serve/tandem/internal/hoststat"
 )
 
 // Metrics whose value must be 0 on every engine once the load has drained.
@@ -106,7 +107,7 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 			defer t.Stop()
 			for {
 				for name, pid := range c.PIDs() {
-					b, err := RSS(pid)
+					b, err := hoststat.RSS(pid)
 					if err != nil {
 						continue // between a kill and its restart
 					}

@@ -75,19 +75,6 @@ func TestClassify(t *testing.T) {
 	}
 }
 
-func TestParseVmRSS(t *testing.T) {
-	got, err := ParseVmRSS("Name:\ttandem\nVmPeak:\t  100 kB\nVmRSS:\t   2048 kB\nThreads: 4\n")
-	if err != nil || got != 2048<<10 {
-		t.Errorf("got %d, %v; want 2 MiB", got, err)
-	}
-	if _, err := ParseVmRSS("Name:\tkthreadd\n"); err == nil {
-		t.Error("no VmRSS line: want an error")
-	}
-	if b, err := RSS(os.Getpid()); err != nil || b <= 0 {
-		t.Errorf("RSS of this process: %d, %v", b, err)
-	}
-}
-
 func TestParseGauge(t *testing.T) {
 	text := `# HELP vllm:kv_cache_usage_perc KV-cache usage.
 # TYPE vllm:kv_cache_usage_perc gauge

@@ -1,0 +1,352 @@
+package experiment
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/bench"
+	"github.com/tandem-serve/tandem/internal/bench/plot"
+	"github.com/tandem-serve/tandem/internal/hoststat"
+	"github.com/tandem-serve/tandem/internal/modelinit"
+)
+
+// PD configures the P/D experiment, `tandem bench experiment pd`.
+type PD struct {
+	// Common's Model empty is a random-weight smollm2-135m (bf16) model
+	// created once in the user cache (Model).
+	Common
+	// Workloads run in order against every configuration.
+	Workloads []Workload
+	// Configs are the configurations compared (Configurations lists them).
+	Configs []string
+	// MNBTs are the colocated engine's --max-num-batched-tokens values to
+	// tune over; with one value there is no tuning.
+	MNBTs []int
+	// TuneRequests is the requests of each tuning run.
+	TuneRequests int
+	// Threshold is the conditional configuration's --pd-threshold.
+	Threshold int
+	// Requests and Rounds are per rate; the configurations alternate order
+	// each round.
+	Requests, Rounds int
+	// Goal is the fraction of requests that must meet both SLOs for a rate
+	// to count.
+	Goal float64
+	Seed uint64
+	// MaxContext clips requests (0: the model's context).
+	MaxContext int
+	// Timeout limits each request.
+	Timeout time.Duration
+}
+
+// configuration starts one of the compared setups and returns its URL and,
+// for the disaggregated setups, the proxy's and engines' URLs for the time
+// breakdown. mnbt is the colocated engine's chunk budget.
+type configuration func(r *pdRun, ctx context.Context, mnbt int) (url string, metricsURLs []string, err error)
+
+// configurations are the setups PD.Configs may name.
+var configurations = map[string]configuration{
+	"colocated": func(r *pdRun, ctx context.Context, mnbt int) (string, []string, error) {
+		url, err := r.startColocated(ctx, r.model, mnbt)
+		return url, nil, err
+	},
+	"pd": func(r *pdRun, ctx context.Context, _ int) (string, []string, error) {
+		return r.startPD(ctx, "pd")
+	},
+	// conditional is the router's conditional disaggregation: each request
+	// is prefilled remotely only when its uncached prompt on the chosen
+	// decode engine is at least Threshold tokens, else the decode engine
+	// prefills it itself; the decode is chosen by prefix affinity.
+	"conditional": func(r *pdRun, ctx context.Context, _ int) (string, []string, error) {
+		return r.startPD(ctx, "conditional", "--pd-decider", "conditional", "--pd-threshold", strconv.Itoa(r.cfg.Threshold),
+			"--policy", "prefix", "--model", r.model)
+	},
+}
+
+// Configurations are the names PD.Configs may use.
+func Configurations() []string { return []string{"colocated", "pd", "conditional"} }
+
+// pdRun is one run of the P/D experiment.
+type pdRun struct {
+	*experiment
+	cfg PD
+}
+
+// PDSummary is the P/D experiment's summary.json: what was run and each
+// workload's per-configuration goodput rate and throughput, the load
+// average, and the P:D model.
+type PDSummary struct {
+	Model     string            `json:"model"`
+	CPUs      []int             `json:"cpus"`
+	Configs   []string          `json:"configs"`
+	Requests  int               `json:"requests_per_rate_and_round"`
+	Rounds    int               `json:"rounds"`
+	Started   time.Time         `json:"started"`
+	MNBT      int               `json:"colocated_max_num_batched_tokens"`
+	Workloads []WorkloadSummary `json:"workloads"`
+	PDModels  []bench.PDModel   `json:"pd_ratio_model"`
+	// Failed lists the levels with failed requests (empty for a clean
+	// run).
+	Failed []string `json:"failed,omitempty"`
+}
+
+// WorkloadSummary is one workload of PDSummary.
+type WorkloadSummary struct {
+	Name       string             `json:"name"`
+	MeanPrompt float64            `json:"mean_prompt_tokens"`
+	MeanOutput float64            `json:"mean_output_tokens"`
+	SLO        bench.SLO          `json:"slo"`
+	Load       hoststat.LoadStats `json:"load_average"`
+	// Capacity is each configuration's goodput rate and the throughput of
+	// each rate.
+	Capacity []bench.Capacity `json:"capacity"`
+	// Grid is each configuration's goodput rate under every pair of scaled
+	// TTFT and TPOT objectives.
+	Grid []bench.GridCell `json:"slo_grid,omitempty"`
+	// Breakdowns split each configuration's TTFT at each rate by the
+	// answers' Server-Timing headers.
+	Breakdowns []LevelBreakdown `json:"ttft_breakdowns,omitempty"`
+}
+
+// LevelBreakdown is the TTFT breakdown of one configuration at one rate.
+type LevelBreakdown struct {
+	Target string     `json:"target"`
+	Load   bench.Load `json:"load"`
+	*bench.Breakdown
+}
+
+// RunPD starts the configurations to compare on this machine, runs the
+// same workloads against each in alternating rounds, stops them and writes
+// report.txt, summary.json, results-WORKLOAD.json and plots into cfg.Out.
+// Failed requests are listed in the report and make it return an error.
+func RunPD(ctx context.Context, cfg PD) error {
+	for _, c := range cfg.Configs {
+		if !slices.Contains(Configurations(), c) {
+			return fmt.Errorf("--configs: unknown configuration %q (want %s)", c, strings.Join(Configurations(), ", "))
+		}
+	}
+	if len(cfg.MNBTs) == 0 {
+		return fmt.Errorf("--mnbt-sweep: no values")
+	}
+	if err := checkGoal(cfg.Goal); err != nil {
+		return err
+	}
+	if cfg.Model == "" {
+		cfg.defaults()
+		dir, err := Model(cfg.Log, modelinit.ShapeSmolLM2135M, "bf16")
+		if err != nil {
+			return err
+		}
+		cfg.Model = dir
+	}
+	x, err := newExperiment(&cfg.Common, cfg.Goal)
+	if err != nil {
+		return err
+	}
+	x.requests, x.rounds, x.seed, x.maxContext, x.timeout = cfg.Requests, cfg.Rounds, cfg.Seed, cfg.MaxContext, cfg.Timeout
+	defer x.stopAll()
+	r := &pdRun{experiment: x, cfg: cfg}
+	return r.run(ctx)
+}
+
+// startPD starts a prefill and a decode engine on half the CPUs each and a
+// tandem proxy in front of them with proxyArgs; name prefixes their log
+// files.
+func (r *pdRun) startPD(ctx context.Context, name string, proxyArgs ...string) (string, []string, error) {
+	c, err := r.startCluster(ctx, r.model, filepath.Base(r.model), name, 1, 1, proxyArgs...)
+	if err != nil {
+		return "", nil, err
+	}
+	return c.url, c.metricsURLs, nil
+}
+
+func (r *pdRun) run(ctx context.Context) error {
+	x, cfg := r.experiment, r.cfg
+	var report strings.Builder
+	w := io.MultiWriter(&report, cfg.Stdout)
+	fmt.Fprintf(w, "tandem bench experiment pd: model %s, %d CPUs %v, %s, started %s\n", x.model, len(x.cpus), x.cpus, runtime.Version(), time.Now().Format(time.DateTime))
+	fmt.Fprintf(w, "configurations: %s; %d requests per rate and round, %d rounds, configurations alternating; every rate and round has prompts of its own\n", strings.Join(cfg.Configs, ", "), x.requests, x.rounds)
+	fmt.Fprintf(w, "load average (1 min) at the start: %s\n\n", hoststat.LoadAvgText())
+	summary := PDSummary{Model: x.model, CPUs: x.cpus, Configs: cfg.Configs, Requests: x.requests, Rounds: x.rounds, Started: time.Now()}
+
+	mnbt := cfg.MNBTs[len(cfg.MNBTs)-1]
+	var err error
+	if len(cfg.MNBTs) > 1 && slices.Contains(cfg.Configs, "colocated") {
+		if mnbt, err = r.tune(ctx, w); err != nil {
+			return err
+		}
+	}
+	summary.MNBT = mnbt
+	var targets []bench.Target
+	metricsURLs := map[string][]string{}
+	for _, c := range cfg.Configs {
+		url, murls, err := configurations[c](r, ctx, mnbt)
+		if err != nil {
+			return err
+		}
+		targets = append(targets, bench.Target{Name: c, URL: url})
+		metricsURLs[c] = murls
+	}
+	var suites []*bench.Suite
+	for _, wl := range cfg.Workloads {
+		fmt.Fprintf(w, "== workload %s, SLO TTFT ≤ %v and TPOT ≤ %v ==\n", wl.Name, wl.SLO.TTFT, wl.SLO.TPOT)
+		before := map[string]map[string]float64{}
+		for _, c := range cfg.Configs {
+			if len(metricsURLs[c]) > 0 {
+				before[c] = scrapeAll(ctx, metricsURLs[c])
+			}
+		}
+		sampler := hoststat.StartLoadSampler(5 * time.Second)
+		s, err := x.runWorkload(ctx, targets, wl, loadsOf(wl.Rates), x.rounds, x.requests)
+		load := sampler.Stop()
+		if err != nil {
+			return err
+		}
+		if err := bench.WriteTable(w, s); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "load average (1 min) during the workload: %s\n", load)
+		for _, c := range cfg.Configs {
+			if len(metricsURLs[c]) > 0 {
+				writeBreakdown(w, c, before[c], scrapeAll(ctx, metricsURLs[c]))
+			}
+		}
+		if err := bench.WriteJSONFile(filepath.Join(x.out, "results-"+wl.Name+".json"), s); err != nil {
+			return err
+		}
+		files, err := plot.Suite(x.out, wl.Name+"-", s)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "plots: %s\n\n", strings.Join(files, ", "))
+		suites = append(suites, s)
+		ws := WorkloadSummary{Name: wl.Name, SLO: wl.SLO, Load: load, Capacity: s.Capacity, Grid: s.Grid}
+		ws.MeanPrompt, ws.MeanOutput = s.Plan.Workload.Stats()
+		for _, r := range s.Results {
+			if r.Breakdown != nil {
+				ws.Breakdowns = append(ws.Breakdowns, LevelBreakdown{Target: r.Target, Load: r.Load, Breakdown: r.Breakdown})
+			}
+		}
+		summary.Workloads = append(summary.Workloads, ws)
+		x.noteFailures(s, wl.Name)
+	}
+	writeCapacities(w, suites)
+	summary.PDModels = r.writePDModels(w, suites)
+	x.stopAll()
+	x.writeFailures(w)
+	summary.Failed = x.failed
+	if err := bench.WriteJSONFile(filepath.Join(x.out, "summary.json"), summary); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(x.out, "report.txt"), []byte(report.String()), 0o644); err != nil {
+		return err
+	}
+	return x.failure()
+}
+
+// writePDModels prints the P:D model of every workload, fitted to the pd
+// configuration's requests.
+func (r *pdRun) writePDModels(w io.Writer, suites []*bench.Suite) []bench.PDModel {
+	fmt.Fprintln(w)
+	if !slices.Contains(r.cfg.Configs, "pd") {
+		fmt.Fprintln(w, "P:D ratio model: not fitted (it needs the pd configuration's requests)")
+		return nil
+	}
+	bench.WritePDModelHeader(w)
+	var out []bench.PDModel
+	for _, s := range suites {
+		m := bench.ModelPD(s, "pd", r.maxNumSeqs())
+		m.Write(w, s.Plan.SLO)
+		out = append(out, m)
+	}
+	return out
+}
+
+// writeCapacities prints, per workload and configuration side by side,
+// the goodput rate and the request and output-token throughput of each
+// rate.
+func writeCapacities(w io.Writer, suites []*bench.Suite) {
+	if len(suites) == 0 {
+		return
+	}
+	goal := 100 * suites[0].Plan.Goal
+	fmt.Fprintf(w, "\nGoodput rate: the highest tested arrival rate at which %.0f%% of requests met both SLOs (\"≥\": every rate met it, \"<\": none did;\n"+
+		"in brackets a linear estimate between the tested rates); then per rate: completed req/s, output tok/s, SLO met\n", goal)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  workload\tconfig\tgoodput rate\tper rate")
+	for _, s := range suites {
+		for _, c := range s.Capacity {
+			rate := rateText(c.Bound, c.GoodputRate, c.FirstMiss, fmt.Sprintf("%.3g", c.Interpolated))
+			if c.NonMonotone {
+				rate += " (not monotone)"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", s.Plan.Workload.Name, c.Target, rate, c.Levels())
+		}
+	}
+	_ = tw.Flush()
+}
+
+// tune runs the long workload at its middle rate against a colocated engine
+// with each chunk budget and keeps the one with the highest SLO attainment,
+// then (on a tie, which a few requests make likely) the larger area under
+// the attainment curve over the SLO scales — the margin left on both TTFT
+// and TPOT — then the lower ITL p99: a 2048-token chunk is a second-long
+// step on a small CPU, and comparing P/D against that would be a straw
+// man. Goodput in requests/s is not a criterion: at equal attainment it
+// differs by the noise in the level's duration.
+func (r *pdRun) tune(ctx context.Context, w io.Writer) (int, error) {
+	x, cfg := r.experiment, r.cfg
+	wl := cfg.Workloads[len(cfg.Workloads)-1]
+	for _, c := range cfg.Workloads {
+		if c.Name == "long" {
+			wl = c
+		}
+	}
+	rate := wl.Rates[len(wl.Rates)/2]
+	fmt.Fprintf(w, "== tuning the colocated engine's --max-num-batched-tokens on the %s workload at %g req/s, %d requests ==\n", wl.Name, rate, cfg.TuneRequests)
+	type score struct{ attained, curve, itl float64 }
+	better := func(a, b score) bool {
+		if a.attained != b.attained {
+			return a.attained > b.attained
+		}
+		if math.Abs(a.curve-b.curve) > 1e-9 {
+			return a.curve > b.curve
+		}
+		return a.itl < b.itl
+	}
+	best, bestScore := 0, score{-1, -1, math.Inf(1)}
+	for _, m := range cfg.MNBTs {
+		url, err := x.startColocated(ctx, x.model, m)
+		if err != nil {
+			return 0, err
+		}
+		s, err := x.runWorkload(ctx, []bench.Target{{Name: fmt.Sprintf("colocated-mnbt%d", m), URL: url}}, wl, loadsOf([]float64{rate}), 1, cfg.TuneRequests)
+		x.stopAll()
+		if err != nil {
+			return 0, err
+		}
+		x.noteFailures(s, "tuning")
+		res := s.Results[0]
+		sc := score{attained: res.Attained, itl: res.ITL.P99}
+		for _, c := range res.Curve {
+			sc.curve += c.Attainment
+		}
+		fmt.Fprintf(w, "  --max-num-batched-tokens %5d: SLO met %3.0f%% (summed over the SLO scales %.2f), goodput %.2f req/s, TTFT p90 %.0f ms, TPOT p99 %.1f ms, ITL p99 %.0f ms\n",
+			m, 100*res.Attained, sc.curve, res.Goodput, res.TTFT.P90, res.TPOT.P99, res.ITL.P99)
+		if better(sc, bestScore) {
+			best, bestScore = m, sc
+		}
+	}
+	fmt.Fprintf(w, "  chosen: %d\n\n", best)
+	return best, nil
+}
