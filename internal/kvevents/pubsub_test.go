@@ -4,12 +4,12 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/kvcache"
+	"github.com/tandem-serve/tandem/internal/kvevents/zmtp"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/sample"
 	"github.com/tandem-serve/tandem/internal/tensor"
@@ -378,17 +378,14 @@ func TestPublishingNeverBlocksTheEngine(t *testing.T) {
 	}
 	defer p.shutdown(false, 0)
 	// A subscriber that never reads.
-	c, err := net.Dial("tcp", p.Addr().String())
+	z, err := zmtp.Dial(context.Background(), p.Addr().String(), zmtp.SUB, zmtp.Options{HandshakeTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	z, err := handshake(c, typeSUB, false, time.Second, 1<<20)
-	if err != nil {
+	defer z.Close()
+	if err := z.Subscribe(nil); err != nil {
 		t.Fatal(err)
 	}
-	z.writeFrame([]byte{1}, 0)
-	z.w.Flush()
 	waitFor(t, "subscribed", func() bool { return p.Stats().Subscribers == 1 })
 	start := time.Now()
 	big := make([]uint64, 1<<14)
