@@ -400,6 +400,31 @@ func TestPublishingNeverBlocksTheEngine(t *testing.T) {
 	waitFor(t, "drops counted", func() bool { st := p.Stats(); return st.QueueDrops+st.PeerDrops > 0 })
 }
 
+func TestPublisherClosesSubscribersPastMaxSubscribers(t *testing.T) {
+	cfg := Config{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@test", BufferSteps: 10, HWM: 10, MaxQueueSize: 10, MaxSubscribers: 1}
+	p, err := NewPublisher(cfg, PublisherOptions{BlockSize: 4, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.shutdown(false, 0)
+	idx, sub := startSubscriber(t, engineOf("e1", p))
+	waitSubscribed(t, p)
+	waitConnected(t, sub, "e1")
+
+	// A second subscriber is closed on accept.
+	if z, err := zmtp.Dial(context.Background(), p.Addr().String(), zmtp.SUB, zmtp.Options{HandshakeTimeout: time.Second}); err == nil {
+		z.Close()
+		t.Fatal("a second subscriber connected with max_subscribers 1")
+	}
+	if st := p.Stats(); st.Rejected != 1 || st.Subscribers != 1 {
+		t.Errorf("stats %+v: want one subscriber, one rejected", st)
+	}
+
+	// The first keeps receiving.
+	p.enqueue([]Event{{Kind: BlockStored, Hashes: []uint64{42}, BlockSize: 4}})
+	waitFor(t, "the block is indexed", func() bool { return idx.Blocks("e1") == 1 })
+}
+
 // TestRealEngine runs stories260K with a publisher: the blocks of a prompt
 // it computed reach the index under the hashes BlockHashes gives.
 func TestRealEngine(t *testing.T) {

@@ -195,7 +195,8 @@ func parseCommand(body []byte) (name string, data []byte, ok bool) {
 	return string(body[1 : 1+body[0]]), body[1+body[0]:], true
 }
 
-// parseProps parses ZMTP metadata; names are case-insensitive.
+// parseProps parses ZMTP metadata. Names are case-insensitive and ASCII
+// (ZMTP 23 §"The metadata"): they come back lowered, byte for byte.
 func parseProps(p []byte) (map[string]string, error) {
 	props := make(map[string]string)
 	for len(p) > 0 {
@@ -203,7 +204,13 @@ func parseProps(p []byte) (map[string]string, error) {
 		if n == 0 || len(p) < 1+n+4 {
 			return nil, errors.New("malformed metadata")
 		}
-		name := strings.ToLower(string(p[1 : 1+n]))
+		lower := []byte(string(p[1 : 1+n]))
+		for i, c := range lower {
+			if 'A' <= c && c <= 'Z' {
+				lower[i] = c + 'a' - 'A'
+			}
+		}
+		name := string(lower)
 		p = p[1+n:]
 		vl := binary.BigEndian.Uint32(p)
 		p = p[4:]
