@@ -104,7 +104,7 @@ func NewPublisher(cfg Config, opts PublisherOptions) (*Publisher, error) {
 	if cfg.Connect {
 		p.pub = zmtp.DialPub(addr, zopts)
 	} else if p.pub, err = zmtp.ListenPub(addr, zopts); err != nil {
-		return nil, fmt.Errorf("kvevents: bind %s: %w", cfg.Endpoint, err)
+		return nil, fmt.Errorf("kvevents: endpoint %s: %w (if another process holds the port, pick another endpoint in --kv-events-config)", cfg.Endpoint, err)
 	}
 	if cfg.ReplayEndpoint != "" {
 		raddr, err := tcpAddr(cfg.ReplayEndpoint)
@@ -115,7 +115,7 @@ func NewPublisher(cfg Config, opts PublisherOptions) (*Publisher, error) {
 		}
 		if err != nil {
 			p.pub.Close()
-			return nil, fmt.Errorf("kvevents: replay endpoint %s: %w", cfg.ReplayEndpoint, err)
+			return nil, fmt.Errorf("kvevents: replay endpoint %s: %w (if another process holds the port, pick another replay_endpoint in --kv-events-config)", cfg.ReplayEndpoint, err)
 		}
 	}
 	go p.run()
