@@ -3,8 +3,10 @@ package zmtp
 import (
 	"bytes"
 	"io"
+	"net"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -122,6 +124,39 @@ func FuzzParseProps(f *testing.F) {
 		}
 		if diff := cmp.Diff(props, got); diff != "" {
 			t.Fatalf("rewritten metadata (-want +got):\n%s", diff)
+		}
+	})
+}
+
+// fuzzConn is a net.Conn that reads in and discards writes.
+type fuzzConn struct {
+	net.Conn // nil: only the methods below are called
+	r        *bytes.Reader
+}
+
+func (c fuzzConn) Read(p []byte) (int, error)       { return c.r.Read(p) }
+func (c fuzzConn) Write(p []byte) (int, error)      { return len(p), nil }
+func (c fuzzConn) SetDeadline(time.Time) error      { return nil }
+func (c fuzzConn) SetWriteDeadline(time.Time) error { return nil }
+
+// FuzzHandshake feeds a peer's greeting and READY command: whatever it is,
+// the handshake fails with an error or yields a compatible peer.
+func FuzzHandshake(f *testing.F) {
+	var sub bytes.Buffer
+	w := newConn(nil, bytes.NewReader(nil), &sub, 0, 0)
+	w.w.Write(greeting(false))
+	w.writeFrame(appendProp([]byte("\x05READY"), "Socket-Type", "SUB"), flagCommand)
+	w.Flush()
+	f.Add(sub.Bytes())
+	f.Add(append(greeting(false), flagCommand, 6, 5, 'E', 'R', 'R', 'O', 'R'))
+	f.Add(greeting(true)[:40])
+	f.Fuzz(func(t *testing.T, in []byte) {
+		z, err := Handshake(fuzzConn{r: bytes.NewReader(in)}, PUB, true, Options{})
+		if err != nil {
+			return
+		}
+		if z.PeerType() != "SUB" && z.PeerType() != "XSUB" {
+			t.Fatalf("a PUB accepted a %q peer", z.PeerType())
 		}
 	})
 }

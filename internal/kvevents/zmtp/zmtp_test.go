@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"testing"
 	"time"
 
@@ -250,5 +251,43 @@ func TestDialEndsWithItsContext(t *testing.T) {
 	cancel()
 	if _, err := z.ReadMsg(nil); err == nil {
 		t.Fatal("ReadMsg returned a message after the context ended")
+	}
+}
+
+func TestDialPubRedialsASubscriberThatBinds(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	s := DialPub(ln.Addr().String(), Options{Logger: quiet})
+	defer s.Close()
+	if s.Addr() != nil {
+		t.Errorf("Addr = %v for a dialing socket, want nil", s.Addr())
+	}
+	msg := [][]byte{[]byte("kv@"), []byte("payload")}
+	for i := range 2 { // the second time after the subscriber dropped the connection
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		z, err := Handshake(c, SUB, true, Options{HandshakeTimeout: 2 * time.Second})
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		if err := z.Subscribe([]byte("kv@")); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "subscribed", func() bool { return s.Subscribers() == 1 })
+		s.Publish(msg)
+		got, err := z.ReadMsg(nil)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		if diff := cmp.Diff(msg, got); diff != "" {
+			t.Errorf("connection %d (-want +got):\n%s", i, diff)
+		}
+		z.Close()
+		waitFor(t, "the connection gone", func() bool { return s.Subscribers() == 0 })
 	}
 }
