@@ -35,6 +35,11 @@ type Config struct {
 	// Topic is the first frame of every message; subscribers filter on
 	// its prefix.
 	Topic string `json:"topic"`
+	// MaxSubscribers bounds the connections the PUB socket, and the
+	// replay socket, accept at once (0: DefaultMaxSubscribers); one more
+	// is closed on accept. It is Tandem's: vLLM's libzmq sockets take any
+	// number of peers, and vLLM's KVEventsConfig has no such field.
+	MaxSubscribers int `json:"max_subscribers"`
 
 	// Connect is whether Endpoint is dialed rather than bound; ParseConfig
 	// sets it by vLLM's rule.
@@ -48,6 +53,9 @@ const (
 	DefaultHWM          = 100_000
 	DefaultMaxQueueSize = 100_000
 )
+
+// DefaultMaxSubscribers is Tandem's default for max_subscribers.
+const DefaultMaxSubscribers = 64
 
 // ParseConfig parses --kv-events-config. It returns nil, nil when events
 // are disabled (enable_kv_cache_events false, or publisher "null").
@@ -77,6 +85,9 @@ func ParseConfig(s string) (*Config, error) {
 	}
 	if cfg.BufferSteps < 0 || cfg.HWM < 0 || cfg.MaxQueueSize <= 0 {
 		return nil, fmt.Errorf("--kv-events-config: buffer_steps %d, hwm %d and max_queue_size %d must not be negative (max_queue_size positive)", cfg.BufferSteps, cfg.HWM, cfg.MaxQueueSize)
+	}
+	if cfg.MaxSubscribers < 0 {
+		return nil, fmt.Errorf("--kv-events-config: max_subscribers %d must not be negative (0 takes the default, %d)", cfg.MaxSubscribers, DefaultMaxSubscribers)
 	}
 	if _, err := tcpAddr(cfg.Endpoint); err != nil {
 		return nil, fmt.Errorf("--kv-events-config: endpoint: %w", err)

@@ -38,6 +38,12 @@ func TestParseConfig(t *testing.T) {
 		{name: "a bad replay endpoint is refused", json: `{"enable_kv_cache_events": true, "replay_endpoint": "tcp://*"}`, wantErr: "replay_endpoint"},
 		{name: "a zero queue is refused", json: `{"enable_kv_cache_events": true, "max_queue_size": 0}`, wantErr: "max_queue_size"},
 		{name: "not JSON is refused", json: `enable`, wantErr: "JSON shape"},
+		{
+			name: "max_subscribers bounds the sockets' connections",
+			json: `{"enable_kv_cache_events": true, "max_subscribers": 8}`,
+			want: &Config{EnableKVCacheEvents: true, Publisher: "zmq", Endpoint: DefaultEndpoint, BufferSteps: DefaultBufferSteps, HWM: DefaultHWM, MaxQueueSize: DefaultMaxQueueSize, MaxSubscribers: 8},
+		},
+		{name: "a negative max_subscribers is refused", json: `{"enable_kv_cache_events": true, "max_subscribers": -1}`, wantErr: "max_subscribers"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

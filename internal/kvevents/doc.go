@@ -24,16 +24,22 @@
 //     sequence numbers counting batches from 0 per process;
 //   - the payload a msgpack KVEventBatch [ts, [event...], data_parallel_rank]
 //     of msgspec's array_like tagged events, laid out field for field in
-//     wire.go: ["BlockStored", block_hashes, parent_block_hash, token_ids,
+//     events.go: ["BlockStored", block_hashes, parent_block_hash, token_ids,
 //     block_size, lora_id, medium, lora_name], ["BlockRemoved",
 //     block_hashes, medium], ["AllBlocksCleared"];
 //   - a ZMQ ROUTER socket (replay_endpoint) answering a request ["", start
 //     sequence] with one message ["", seq, payload] per batch it still
 //     keeps from start on, then ["", -1, ""].
 //
-// --kv-events-config takes vLLM's JSON (ParseConfig). The ZMTP 3.x subset
-// (NULL mechanism; PUB/SUB, ROUTER/DEALER framing) is implemented here, in
-// zmtp.go, which says why.
+// --kv-events-config takes vLLM's JSON (ParseConfig), plus Tandem's
+// max_subscribers (a bound on the sockets' connections, default 64). The
+// sockets are package zmtp's (the ZMTP 3.x subset: NULL mechanism,
+// PUB/SUB and ROUTER/DEALER framing; its doc says why it is not a library);
+// this package adds only vLLM's semantics: batching, sequence numbers, the
+// replay ring and its request format. msgpack's primitives are
+// github.com/tinylib/msgp's runtime (no generated code): the schema, with
+// msgspec's tagged unions, is spelled out by hand in events.go and
+// decode.go, and msgpack.go holds the glue.
 //
 // # Block hashes
 //

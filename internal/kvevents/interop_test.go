@@ -5,7 +5,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,18 +18,45 @@ import (
 // These tests check the ZMTP subset against libzmq itself, through pyzmq (the
 // library vLLM publishes with): a libzmq SUB and DEALER read a Tandem
 // publisher, and a Tandem Subscriber reads a libzmq PUB and ROUTER that
-// publish and replay as vLLM's ZmqEventPublisher does. They are skipped
-// where python3 with pyzmq and msgpack is not installed (Debian:
-// python3-zmq python3-msgpack).
+// publish and replay as vLLM's ZmqEventPublisher does. They need a Python
+// with pyzmq and msgpack: scripts/python-test-env.sh builds one from the
+// pinned scripts/requirements-test.txt. Without one they are skipped, or
+// fail under TANDEM_REQUIRE_TESTDATA=1 (CI), since they are the only
+// evidence that the hand-written ZMTP speaks libzmq's language.
+
+// pythonCandidates are the Pythons tried for pyzmq, in order: TANDEM_PYTHON
+// (set by .ci/run), the environment scripts/python-test-env.sh builds, then
+// python3 on PATH.
+func pythonCandidates() []string {
+	var c []string
+	if py := os.Getenv("TANDEM_PYTHON"); py != "" {
+		c = append(c, py)
+	}
+	cache := os.Getenv("XDG_CACHE_HOME")
+	if cache == "" {
+		if home, err := os.UserHomeDir(); err == nil {
+			cache = filepath.Join(home, ".cache")
+		}
+	}
+	if cache != "" {
+		c = append(c, filepath.Join(cache, "tandem", "pyenv", "bin", "python"))
+	}
+	return append(c, "python3")
+}
 
 func pyzmq(t *testing.T) string {
 	t.Helper()
-	for _, py := range []string{"python3", "/usr/bin/python3"} {
+	tried := pythonCandidates()
+	for _, py := range tried {
 		if err := exec.Command(py, "-c", "import zmq, msgpack").Run(); err == nil {
 			return py
 		}
 	}
-	t.Skip("python3 with pyzmq and msgpack not installed (apt-get install python3-zmq python3-msgpack)")
+	msg := fmt.Sprintf("no Python with pyzmq and msgpack (tried %s): run bash scripts/python-test-env.sh, or set TANDEM_PYTHON", strings.Join(tried, ", "))
+	if os.Getenv("TANDEM_REQUIRE_TESTDATA") == "1" {
+		t.Fatalf("test data missing: %s (TANDEM_REQUIRE_TESTDATA=1)", msg)
+	}
+	t.Skip(msg)
 	return ""
 }
 

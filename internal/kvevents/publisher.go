@@ -2,11 +2,9 @@ package kvevents
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tandem-serve/tandem/internal/kvcache"
+	"github.com/tandem-serve/tandem/internal/kvevents/zmtp"
 )
 
 // endSeq is the replay's end marker: -1 as 8 big-endian bytes (vLLM's
@@ -24,8 +23,6 @@ var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 const (
 	handshakeTimeout = 5 * time.Second
 	writeTimeout     = 10 * time.Second
-	redialMin        = 100 * time.Millisecond
-	redialMax        = 5 * time.Second
 )
 
 // PublisherOptions are what the engine adds to a Config.
@@ -64,12 +61,9 @@ type Publisher struct {
 	stopped chan struct{}
 	closing sync.Once
 
-	pubLn, replayLn net.Listener
-	ring            ring
-
-	mu    sync.Mutex
-	peers map[*pubPeer]struct{}
-	wg    sync.WaitGroup // peer, accept and dial goroutines
+	pub    *zmtp.PubSocket
+	replay *zmtp.RouterSocket // nil without a replay endpoint
+	ring   ring
 
 	seq uint64 // next sequence number, publishing goroutine only
 	// skipForTest, if set, keeps a batch from subscribers (not from the
@@ -97,58 +91,46 @@ func NewPublisher(cfg Config, opts PublisherOptions) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kvevents: endpoint: %w", err)
 	}
+	maxPeers := cfg.MaxSubscribers
+	if maxPeers <= 0 {
+		maxPeers = DefaultMaxSubscribers
+	}
 	p := &Publisher{
 		cfg: cfg, opts: opts, log: opts.Logger.With("component", "kvevents"),
 		queue: make(chan *Batch, cfg.MaxQueueSize), stop: make(chan struct{}), stopped: make(chan struct{}),
-		peers: make(map[*pubPeer]struct{}),
-		ring:  ring{max: cfg.BufferSteps},
+		ring: ring{max: cfg.BufferSteps},
 	}
-	if !cfg.Connect {
-		if p.pubLn, err = net.Listen("tcp", addr); err != nil {
-			return nil, fmt.Errorf("kvevents: bind %s: %w", cfg.Endpoint, err)
-		}
+	zopts := zmtp.Options{HWM: max(cfg.HWM, 1), MaxPeers: maxPeers, HandshakeTimeout: handshakeTimeout, WriteTimeout: writeTimeout, Logger: p.log}
+	if cfg.Connect {
+		p.pub = zmtp.DialPub(addr, zopts)
+	} else if p.pub, err = zmtp.ListenPub(addr, zopts); err != nil {
+		return nil, fmt.Errorf("kvevents: endpoint %s: %w (if another process holds the port, pick another endpoint in --kv-events-config)", cfg.Endpoint, err)
 	}
 	if cfg.ReplayEndpoint != "" {
 		raddr, err := tcpAddr(cfg.ReplayEndpoint)
 		if err == nil {
-			p.replayLn, err = net.Listen("tcp", raddr)
+			ropts := zopts
+			ropts.MaxFrame = maxReplayRequest
+			p.replay, err = zmtp.ListenRouter(raddr, p.serveReplay, ropts)
 		}
 		if err != nil {
-			if p.pubLn != nil {
-				p.pubLn.Close()
-			}
-			return nil, fmt.Errorf("kvevents: replay endpoint %s: %w", cfg.ReplayEndpoint, err)
+			p.pub.Close()
+			return nil, fmt.Errorf("kvevents: replay endpoint %s: %w (if another process holds the port, pick another replay_endpoint in --kv-events-config)", cfg.ReplayEndpoint, err)
 		}
-	}
-	if p.pubLn != nil {
-		p.wg.Add(1)
-		go p.acceptPub()
-	} else {
-		p.wg.Add(1)
-		go p.dialPub(addr)
-	}
-	if p.replayLn != nil {
-		p.wg.Add(1)
-		go p.acceptReplay()
 	}
 	go p.run()
 	return p, nil
 }
 
 // Addr is the bound PUB address (nil when the endpoint is dialed).
-func (p *Publisher) Addr() net.Addr {
-	if p.pubLn == nil {
-		return nil
-	}
-	return p.pubLn.Addr()
-}
+func (p *Publisher) Addr() net.Addr { return p.pub.Addr() }
 
 // ReplayAddr is the bound replay address (nil without a replay endpoint).
 func (p *Publisher) ReplayAddr() net.Addr {
-	if p.replayLn == nil {
+	if p.replay == nil {
 		return nil
 	}
-	return p.replayLn.Addr()
+	return p.replay.Addr()
 }
 
 // BlockStored records that a block entered the prefix cache. A store that
@@ -228,34 +210,15 @@ func (p *Publisher) shutdown(final bool, linger time.Duration) {
 		}
 		close(p.stop)
 		<-p.stopped
+		if p.replay != nil {
+			p.replay.Close()
+		}
 		deadline := time.Now().Add(linger)
-		for time.Now().Before(deadline) && p.queuedToPeers() > 0 {
+		for time.Now().Before(deadline) && p.pub.Unsent() > 0 {
 			time.Sleep(5 * time.Millisecond)
 		}
-		if p.pubLn != nil {
-			p.pubLn.Close()
-		}
-		if p.replayLn != nil {
-			p.replayLn.Close()
-		}
-		p.mu.Lock()
-		for pp := range p.peers {
-			pp.close()
-		}
-		p.peers = nil
-		p.mu.Unlock()
-		p.wg.Wait()
+		p.pub.Close()
 	})
-}
-
-func (p *Publisher) queuedToPeers() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for pp := range p.peers {
-		n += int(pp.unsent.Load())
-	}
-	return n
 }
 
 // PublisherStats counts what a Publisher did.
@@ -274,23 +237,20 @@ type PublisherStats struct {
 	// Subscribers is the number of connected subscribers that subscribed
 	// to a topic.
 	Subscribers int
+	// Rejected counts connections closed on accept, past max_subscribers
+	// on the PUB socket or on the replay socket.
+	Rejected uint64
 }
 
 // Stats returns the counters.
 func (p *Publisher) Stats() PublisherStats {
-	p.mu.Lock()
-	subs := 0
-	for pp := range p.peers {
-		pp.smu.Lock()
-		if len(pp.topics) > 0 {
-			subs++
-		}
-		pp.smu.Unlock()
+	rejected := p.pub.Rejected()
+	if p.replay != nil {
+		rejected += p.replay.Rejected()
 	}
-	p.mu.Unlock()
 	return PublisherStats{
 		Published: p.published.Load(), QueueDrops: p.queueDrops.Load(), PeerDrops: p.peerDrops.Load(),
-		StoredWithoutTokens: p.noTokens.Load(), Replays: p.replays.Load(), Subscribers: subs,
+		StoredWithoutTokens: p.noTokens.Load(), Replays: p.replays.Load(), Subscribers: p.pub.Subscribers(), Rejected: rejected,
 	}
 }
 
@@ -307,6 +267,7 @@ func (p *Publisher) Collectors() []prometheus.Collector {
 		counter("subscriber_drops_total", "KV event messages not sent to a subscriber past its high-water mark (hwm).", u(&p.peerDrops)),
 		counter("stored_without_tokens_total", "Blocks published as stored with empty token_ids (the cache did not see them hashed).", u(&p.noTokens)),
 		counter("replays_total", "Replay requests served.", u(&p.replays)),
+		counter("subscribers_rejected_total", "Connections to the PUB or replay socket closed on accept, past max_subscribers.", func() float64 { return float64(p.Stats().Rejected) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tandem:kv_events_subscribers", Help: "Connected KV event subscribers that subscribed to a topic."},
 			func() float64 { return float64(p.Stats().Subscribers) }),
 	}
@@ -328,20 +289,7 @@ func (p *Publisher) run() {
 		if p.skipForTest != nil && p.skipForTest(p.seq-1) {
 			return
 		}
-		p.mu.Lock()
-		for pp := range p.peers {
-			if !pp.subscribed(topic) {
-				continue
-			}
-			pp.unsent.Add(1)
-			select {
-			case pp.q <- msg:
-			default:
-				pp.unsent.Add(-1)
-				p.peerDrops.Add(1)
-			}
-		}
-		p.mu.Unlock()
+		p.peerDrops.Add(uint64(p.pub.Publish(msg)))
 	}
 	for {
 		select {
@@ -360,208 +308,6 @@ func (p *Publisher) run() {
 	}
 }
 
-func (p *Publisher) acceptPub() {
-	defer p.wg.Done()
-	for {
-		c, err := p.pubLn.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			p.servePeer(c, true)
-		}()
-	}
-}
-
-// dialPub keeps one connection to a subscriber that binds, redialing with
-// backoff.
-func (p *Publisher) dialPub(addr string) {
-	defer p.wg.Done()
-	backoff := redialMin
-	for {
-		d := net.Dialer{Timeout: handshakeTimeout}
-		c, err := d.Dial("tcp", addr)
-		if err == nil {
-			start := time.Now()
-			p.servePeer(c, false)
-			if time.Since(start) > redialMax {
-				backoff = redialMin
-			}
-		} else {
-			p.log.Debug("kv events: dial subscriber", "endpoint", p.cfg.Endpoint, "err", err)
-		}
-		select {
-		case <-p.stop:
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, redialMax)
-	}
-}
-
-// servePeer runs one subscriber connection until it fails or Close.
-func (p *Publisher) servePeer(c net.Conn, asServer bool) {
-	z, err := handshake(c, typePUB, asServer, handshakeTimeout, maxCommandSize)
-	if err != nil {
-		p.log.Debug("kv events: subscriber handshake", "remote", c.RemoteAddr().String(), "err", err)
-		c.Close()
-		return
-	}
-	pp := &pubPeer{z: z, q: make(chan [][]byte, max(p.cfg.HWM, 1)), done: make(chan struct{})}
-	p.mu.Lock()
-	if p.peers == nil { // closing
-		p.mu.Unlock()
-		c.Close()
-		return
-	}
-	p.peers[pp] = struct{}{}
-	p.mu.Unlock()
-	go pp.writeLoop()
-	pp.readLoop() // until the connection ends
-	p.mu.Lock()
-	delete(p.peers, pp)
-	p.mu.Unlock()
-	pp.close()
-}
-
-// pubPeer is one subscriber of the PUB socket: its subscriptions and its
-// queue (the high-water mark).
-type pubPeer struct {
-	z      *zconn
-	q      chan [][]byte
-	wmu    sync.Mutex   // writes: the writer and the reader's PONGs
-	unsent atomic.Int64 // messages queued and not yet written and flushed
-	once   sync.Once
-	done   chan struct{}
-
-	smu    sync.Mutex
-	topics []string
-}
-
-func (pp *pubPeer) close() {
-	pp.once.Do(func() {
-		close(pp.done)
-		pp.z.c.Close()
-	})
-}
-
-func (pp *pubPeer) subscribed(topic []byte) bool {
-	pp.smu.Lock()
-	defer pp.smu.Unlock()
-	for _, t := range pp.topics {
-		if strings.HasPrefix(string(topic), t) {
-			return true
-		}
-	}
-	return false
-}
-
-func (pp *pubPeer) subscribe(topic []byte, on bool) {
-	pp.smu.Lock()
-	defer pp.smu.Unlock()
-	t := string(topic)
-	for i, s := range pp.topics {
-		if s == t {
-			if !on {
-				pp.topics = append(pp.topics[:i], pp.topics[i+1:]...)
-			}
-			return
-		}
-	}
-	if on && len(pp.topics) < 1024 {
-		pp.topics = append(pp.topics, t)
-	}
-}
-
-// readLoop reads subscriptions: ZMTP 3.0 messages starting with 1
-// (subscribe) or 0 (cancel), ZMTP 3.1 SUBSCRIBE and CANCEL commands.
-func (pp *pubPeer) readLoop() {
-	onCommand := func(name string, data []byte) error {
-		switch name {
-		case "SUBSCRIBE":
-			pp.subscribe(data, true)
-		case "CANCEL":
-			pp.subscribe(data, false)
-		case "PING":
-			pp.wmu.Lock()
-			pp.z.c.SetWriteDeadline(time.Now().Add(writeTimeout))
-			err := pp.z.writeFrame(pong(data), flagCommand)
-			if err == nil {
-				err = pp.z.w.Flush()
-			}
-			pp.wmu.Unlock()
-			return err
-		}
-		return nil
-	}
-	for {
-		parts, err := pp.z.readMsg(onCommand)
-		if err != nil {
-			return
-		}
-		if len(parts) == 1 && len(parts[0]) > 0 && parts[0][0] <= 1 {
-			pp.subscribe(parts[0][1:], parts[0][0] == 1)
-		}
-	}
-}
-
-func (pp *pubPeer) writeLoop() {
-	for {
-		select {
-		case <-pp.done:
-			return
-		case msg := <-pp.q:
-			pp.wmu.Lock()
-			pp.z.c.SetWriteDeadline(time.Now().Add(writeTimeout))
-			err := pp.z.writeMsg(msg...)
-			if err == nil && len(pp.q) == 0 {
-				err = pp.z.w.Flush()
-			}
-			pp.wmu.Unlock()
-			pp.unsent.Add(-1)
-			if err != nil {
-				pp.close()
-				return
-			}
-		}
-	}
-}
-
-func (p *Publisher) acceptReplay() {
-	defer p.wg.Done()
-	for {
-		c, err := p.replayLn.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			defer c.Close()
-			stop := make(chan struct{})
-			defer close(stop)
-			go func() {
-				select {
-				case <-p.stop:
-					c.Close()
-				case <-stop:
-				}
-			}()
-			p.serveReplay(c)
-		}()
-	}
-}
-
 // maxReplayRequest bounds a replay request frame.
 const maxReplayRequest = 64
 
@@ -569,60 +315,34 @@ const maxReplayRequest = 64
 // [empty delimiter, start sequence as big-endian bytes] from a REQ or DEALER
 // (vLLM's ROUTER sees [identity, "", seq]); the answer is one message
 // ["", seq, payload] per kept batch from seq on, then ["", -1, ""].
-func (p *Publisher) serveReplay(c net.Conn) {
-	z, err := handshake(c, typeROUTER, true, handshakeTimeout, maxReplayRequest)
-	if err != nil {
-		p.log.Debug("kv events: replay handshake", "remote", c.RemoteAddr().String(), "err", err)
-		return
+func (p *Publisher) serveReplay(parts [][]byte, reply func(frames ...[]byte) error) error {
+	var prefix [][]byte
+	switch {
+	case len(parts) == 2 && len(parts[0]) == 0:
+		prefix = [][]byte{{}}
+	case len(parts) == 1:
+	default:
+		p.log.Debug("kv events: invalid replay request", "frames", len(parts))
+		return nil
 	}
-	for {
-		parts, err := z.readMsg(func(name string, data []byte) error {
-			if name == "PING" {
-				if err := z.writeFrame(pong(data), flagCommand); err != nil {
-					return err
-				}
-				return z.w.Flush()
-			}
-			return nil
-		})
-		if err != nil {
-			return
-		}
-		var prefix [][]byte
-		switch {
-		case len(parts) == 2 && len(parts[0]) == 0:
-			prefix = [][]byte{{}}
-		case len(parts) == 1:
-		default:
-			p.log.Debug("kv events: invalid replay request", "frames", len(parts))
-			continue
-		}
-		req := parts[len(parts)-1]
-		if len(req) == 0 || len(req) > 8 {
-			p.log.Debug("kv events: invalid replay request", "bytes", len(req))
-			continue
-		}
-		var start uint64
-		for _, b := range req {
-			start = start<<8 | uint64(b)
-		}
-		p.replays.Add(1)
-		var seq [8]byte
-		for _, e := range p.ring.from(start) {
-			binary.BigEndian.PutUint64(seq[:], e.seq)
-			c.SetWriteDeadline(time.Now().Add(writeTimeout))
-			if err := z.writeMsg(append(prefix, seq[:], e.payload)...); err != nil {
-				return
-			}
-		}
-		c.SetWriteDeadline(time.Now().Add(writeTimeout))
-		if err := z.writeMsg(append(prefix, endSeq, nil)...); err != nil {
-			return
-		}
-		if err := z.w.Flush(); err != nil {
-			return
+	req := parts[len(parts)-1]
+	if len(req) == 0 || len(req) > 8 {
+		p.log.Debug("kv events: invalid replay request", "bytes", len(req))
+		return nil
+	}
+	var start uint64
+	for _, b := range req {
+		start = start<<8 | uint64(b)
+	}
+	p.replays.Add(1)
+	var seq [8]byte
+	for _, e := range p.ring.from(start) {
+		binary.BigEndian.PutUint64(seq[:], e.seq)
+		if err := reply(append(prefix, seq[:], e.payload)...); err != nil {
+			return err
 		}
 	}
+	return reply(append(prefix, endSeq, nil)...)
 }
 
 // ring keeps the last max encoded batches for replay.

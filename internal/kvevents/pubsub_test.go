@@ -4,12 +4,12 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/kvcache"
+	"github.com/tandem-serve/tandem/internal/kvevents/zmtp"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/sample"
 	"github.com/tandem-serve/tandem/internal/tensor"
@@ -378,17 +378,14 @@ func TestPublishingNeverBlocksTheEngine(t *testing.T) {
 	}
 	defer p.shutdown(false, 0)
 	// A subscriber that never reads.
-	c, err := net.Dial("tcp", p.Addr().String())
+	z, err := zmtp.Dial(context.Background(), p.Addr().String(), zmtp.SUB, zmtp.Options{HandshakeTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	z, err := handshake(c, typeSUB, false, time.Second, 1<<20)
-	if err != nil {
+	defer z.Close()
+	if err := z.Subscribe(nil); err != nil {
 		t.Fatal(err)
 	}
-	z.writeFrame([]byte{1}, 0)
-	z.w.Flush()
 	waitFor(t, "subscribed", func() bool { return p.Stats().Subscribers == 1 })
 	start := time.Now()
 	big := make([]uint64, 1<<14)
@@ -401,6 +398,31 @@ func TestPublishingNeverBlocksTheEngine(t *testing.T) {
 		t.Errorf("2000 flushes took %v", d)
 	}
 	waitFor(t, "drops counted", func() bool { st := p.Stats(); return st.QueueDrops+st.PeerDrops > 0 })
+}
+
+func TestPublisherClosesSubscribersPastMaxSubscribers(t *testing.T) {
+	cfg := Config{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@test", BufferSteps: 10, HWM: 10, MaxQueueSize: 10, MaxSubscribers: 1}
+	p, err := NewPublisher(cfg, PublisherOptions{BlockSize: 4, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.shutdown(false, 0)
+	idx, sub := startSubscriber(t, engineOf("e1", p))
+	waitSubscribed(t, p)
+	waitConnected(t, sub, "e1")
+
+	// A second subscriber is closed on accept.
+	if z, err := zmtp.Dial(context.Background(), p.Addr().String(), zmtp.SUB, zmtp.Options{HandshakeTimeout: time.Second}); err == nil {
+		z.Close()
+		t.Fatal("a second subscriber connected with max_subscribers 1")
+	}
+	if st := p.Stats(); st.Rejected != 1 || st.Subscribers != 1 {
+		t.Errorf("stats %+v: want one subscriber, one rejected", st)
+	}
+
+	// The first keeps receiving.
+	p.enqueue([]Event{{Kind: BlockStored, Hashes: []uint64{42}, BlockSize: 4}})
+	waitFor(t, "the block is indexed", func() bool { return idx.Blocks("e1") == 1 })
 }
 
 // TestRealEngine runs stories260K with a publisher: the blocks of a prompt

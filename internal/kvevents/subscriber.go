@@ -7,9 +7,16 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
-	"net"
 	"sync"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/kvevents/zmtp"
+)
+
+// Redial backoff of a Subscriber's connections.
+const (
+	redialMin = 100 * time.Millisecond
+	redialMax = 5 * time.Second
 )
 
 // Engine names one engine's KV event sockets for a Subscriber.
@@ -183,45 +190,24 @@ func (s *Subscriber) follow(ctx context.Context, es *engineSub) {
 	}
 }
 
-// dial connects and handshakes a socket of type sockType to endpoint; the
-// connection closes when ctx ends.
-func (s *Subscriber) dial(ctx context.Context, endpoint, sockType string, maxFrame int64) (*zconn, func(), error) {
+// dial connects a socket of type sockType (zmtp.SUB or zmtp.DEALER) to
+// endpoint; the connection closes when ctx ends.
+func (s *Subscriber) dial(ctx context.Context, endpoint, sockType string) (*zmtp.Conn, error) {
 	addr, err := tcpAddr(endpoint)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	d := net.Dialer{Timeout: s.opts.Timeout}
-	c, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return nil, nil, err
-	}
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	z, err := handshake(c, sockType, false, s.opts.Timeout, maxFrame)
-	if err != nil {
-		stop()
-		c.Close()
-		return nil, nil, err
-	}
-	return z, func() { stop(); c.Close() }, nil
+	return zmtp.Dial(ctx, addr, sockType, zmtp.Options{MaxFrame: s.opts.MaxPayload, HandshakeTimeout: s.opts.Timeout, Logger: s.log})
 }
 
 // session runs one connection to an engine's PUB socket.
 func (s *Subscriber) session(ctx context.Context, es *engineSub) error {
-	z, closeConn, err := s.dial(ctx, es.eng.Endpoint, typeSUB, s.opts.MaxPayload)
+	z, err := s.dial(ctx, es.eng.Endpoint, zmtp.SUB)
 	if err != nil {
 		return err
 	}
-	defer closeConn()
-	topic := []byte(es.eng.Topic)
-	if z.minor >= 1 {
-		err = z.writeFrame(append([]byte("\x09SUBSCRIBE"), topic...), flagCommand)
-	} else {
-		err = z.writeFrame(append([]byte{1}, topic...), 0)
-	}
-	if err == nil {
-		err = z.w.Flush()
-	}
-	if err != nil {
+	defer z.Close()
+	if err := z.Subscribe([]byte(es.eng.Topic)); err != nil {
 		return err
 	}
 	reconnected := es.known
@@ -234,17 +220,8 @@ func (s *Subscriber) session(ctx context.Context, es *engineSub) error {
 	es.mu.Lock()
 	es.stats.Connected = true
 	es.mu.Unlock()
-	onCommand := func(name string, data []byte) error {
-		if name == "PING" {
-			if err := z.writeFrame(pong(data), flagCommand); err != nil {
-				return err
-			}
-			return z.w.Flush()
-		}
-		return nil
-	}
 	for {
-		parts, err := z.readMsg(onCommand)
+		parts, err := z.ReadMsg(nil)
 		if err != nil {
 			return err
 		}
@@ -378,21 +355,21 @@ func (s *Subscriber) replay(ctx context.Context, es *engineSub, start uint64, f 
 	es.count(func(st *EngineStats) { st.Replays++ })
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
-	z, closeConn, err := s.dial(ctx, es.eng.ReplayEndpoint, typeDEALER, s.opts.MaxPayload)
+	z, err := s.dial(ctx, es.eng.ReplayEndpoint, zmtp.DEALER)
 	if err != nil {
 		return err
 	}
-	defer closeConn()
+	defer z.Close()
 	var req [8]byte
 	binary.BigEndian.PutUint64(req[:], start)
-	if err := z.writeMsg(nil, req[:]); err != nil { // [delimiter, start] as a REQ sends it
+	if err := z.Write(nil, req[:]); err != nil { // [delimiter, start] as a REQ sends it
 		return err
 	}
-	if err := z.w.Flush(); err != nil {
+	if err := z.Flush(); err != nil {
 		return err
 	}
 	for {
-		parts, err := z.readMsg(nil)
+		parts, err := z.ReadMsg(nil)
 		if err != nil {
 			if ctx.Err() != nil {
 				return fmt.Errorf("replay from %d: %w", start, ctx.Err())

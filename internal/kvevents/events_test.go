@@ -2,15 +2,15 @@ package kvevents
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
-
-	"github.com/tandem-serve/tandem/internal/kvcache"
 )
 
 // goldenBatch and goldenBytes: a KVEventBatch and the bytes vLLM's
@@ -171,37 +171,6 @@ func TestDecodeRefusesMalformedPayloads(t *testing.T) {
 	}
 }
 
-func TestWireHashIsTheDigestsLastEightBytes(t *testing.T) {
-	var h kvcache.BlockHash
-	for i := range h {
-		h[i] = byte(i)
-	}
-	if got, want := WireHash(h), uint64(0x18191a1b1c1d1e1f); got != want {
-		t.Fatalf("WireHash = %#x, want %#x", got, want)
-	}
-}
-
-func TestBlockHashesAreTheEnginesPrefixCacheKeys(t *testing.T) {
-	b, err := kvcache.NewBlocks(kvcache.BlocksConfig{BlockSize: 4, NumBlocks: 8, ExtraKey: "fp"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokens := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
-	engine := b.ExtendHashes(nil, tokens)
-	got := BlockHashes("fp", 4, tokens)
-	if len(got) != 2 || len(engine) != 2 {
-		t.Fatalf("%d router hashes and %d engine hashes for 10 tokens in blocks of 4, want 2", len(got), len(engine))
-	}
-	for i := range got {
-		if got[i] != WireHash(engine[i]) {
-			t.Errorf("block %d: router hash %#x, engine %#x", i, got[i], WireHash(engine[i]))
-		}
-	}
-	if other := BlockHashes("another model", 4, tokens); other[0] == got[0] {
-		t.Error("another model's fingerprint gives the same hash")
-	}
-}
-
 // FuzzDecodeBatch: the decoder faces the network; whatever it is given, it
 // returns a batch or ErrMalformed, and a batch it accepts survives
 // re-encoding.
@@ -242,4 +211,44 @@ func mustHexF(f *testing.F, s string) []byte {
 		f.Fatal(err)
 	}
 	return b
+}
+
+// TestAppendBatchBytesAtTheFormatBoundaries pins the encoder's choice of
+// msgpack form at every size boundary (fixint/uint8/16/32/64, negative
+// fixint/int8/16/32, fixstr/str8/16/32, fixarray/array16/32): msgspec
+// writes the smallest form, and so must any change of the encoder. The
+// small batch is spelled out; the large one, with lengths past 2^16, is
+// pinned by its length and SHA-256.
+func TestAppendBatchBytesAtTheFormatBoundaries(t *testing.T) {
+	small := Batch{TS: 0.1, Events: []Event{
+		{Kind: BlockStored, Hashes: []uint64{0, 127, 128, 255, 256, 65535, 65536, 1<<32 - 1, 1 << 32, 1<<64 - 1}, Parent: 1<<63 | 5, HasParent: true,
+			Tokens: []int32{127, 128, 255, 256, 65535, 65536, 1<<31 - 1, -1, -32, -33, -128, -129, -32768, -32769, -1 << 31}, BlockSize: 65536, Medium: strings.Repeat("m", 31)},
+		{Kind: BlockRemoved, Hashes: make([]uint64, 15), Medium: strings.Repeat("c", 32)},
+		{Kind: BlockRemoved, Hashes: make([]uint64, 16)},
+	}, DataParallelRank: -7, HasRank: true}
+	want := strings.Join([]string{
+		"93 cb3fb999999999999a 93",
+		"98 ab426c6f636b53746f726564",
+		"9a 00 7f cc80 ccff cd0100 cdffff ce00010000 ceffffffff cf0000000100000000 cfffffffffffffffff", // hashes
+		"cf8000000000000005", // parent
+		"9f 7f cc80 ccff cd0100 cdffff ce00010000 ce7fffffff ff e0 d0df d080 d1ff7f d18000 d2ffff7fff d280000000", // tokens
+		"ce00010000 c0 bf" + strings.Repeat("6d", 31) + "c0",
+		"93 ac426c6f636b52656d6f766564 9f" + strings.Repeat("00", 15) + "d920" + strings.Repeat("63", 32),
+		"93 ac426c6f636b52656d6f766564 dc0010" + strings.Repeat("00", 16) + "c0",
+		"f9", // data_parallel_rank -7
+	}, "")
+	if got, want := hex.EncodeToString(AppendBatch(nil, &small)), strings.ReplaceAll(want, " ", ""); got != want {
+		t.Errorf("small batch: encoding changed\n got %s\nwant %s", got, want)
+	}
+
+	large := Batch{TS: 1e300, Events: []Event{
+		{Kind: BlockStored, Hashes: make([]uint64, 65536), Tokens: make([]int32, 65535), BlockSize: 1, Medium: strings.Repeat("x", 255)},
+		{Kind: BlockRemoved, Hashes: []uint64{1}, Medium: strings.Repeat("y", 256)},
+		{Kind: BlockRemoved, Hashes: []uint64{1}, Medium: strings.Repeat("z", 65535)},
+		{Kind: BlockRemoved, Hashes: []uint64{1}, Medium: strings.Repeat("w", 65536)},
+	}, DataParallelRank: 1 << 40, HasRank: true}
+	enc := AppendBatch(nil, &large)
+	if got, want := fmt.Sprintf("%d %x", len(enc), sha256.Sum256(enc)), "262759 e6ed311766ce6a6ab714e50867debbe969bb8e8d08c4ed5ad919694ec25e18ba"; got != want {
+		t.Errorf("large batch: encoding changed: %s, want %s", got, want)
+	}
 }
