@@ -58,7 +58,7 @@ var allowed = map[string][]string{
 	"internal/kvparams":                   {}, // vLLM's kv_transfer_params, typed: std only (another branch adds it)
 	"internal/hoststat":                   {}, // procfs CPU, load and RSS: std only
 	"internal/httpguard":                  {"internal/apierror"},
-	"internal/kvevents/zmtp":              {}, // the ZMTP sockets under kvevents: std only (another branch adds it)
+	"internal/kvevents/zmtp":              {}, // the ZMTP sockets under kvevents: std only
 	"internal/router/decider/always":      {"internal/router"},
 	"internal/router/decider/conditional": {"internal/router"},
 	"internal/router/filter/healthy":      {"internal/router"},
@@ -97,7 +97,7 @@ var allowed = map[string][]string{
 	"internal/sched":     {"internal/kvcache"},
 	"internal/modelinit": {"internal/model/safetensors", "internal/tensor", "internal/tokenizer"},
 	"internal/kvxfer":    {"internal/clock", "internal/kvcache", "internal/kvlayout", "internal/logid", "internal/metrics", "golang.org/x/sync/singleflight", "golang.org/x/sys/unix"},
-	"internal/kvevents":  {"internal/kvcache", "internal/kvevents/zmtp", "github.com/prometheus/client_golang/..."},
+	"internal/kvevents":  {"internal/kvcache", "internal/kvevents/zmtp", "github.com/prometheus/client_golang/...", "github.com/tinylib/msgp/msgp"},
 
 	// Floor 4: the engine's step loop, and the router's KV index (the
 	// router side of kv-events).
