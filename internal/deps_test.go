@@ -169,7 +169,6 @@ var allowed = map[string][]string{
 // as the branches land.
 var notYetMerged = []string{
 	"internal/httpguard",
-	"internal/kvevents/zmtp",
 	"internal/kvparams",
 }
 
