@@ -46,11 +46,11 @@ type MemoryReliever interface {
 // methods are called from Submit's caller, on any goroutine.
 type KVRequestChecker interface {
 	// CheckKVTransfer returns an *InvalidRequestError for params this engine
-	// cannot serve (malformed, inconsistent with the prompt, or asking for a
+	// cannot serve (malformed, issued for another prompt, or asking for a
 	// role it does not have), and the most output tokens the request may
 	// produce here: 0 for no limit of its own, 1 for a prefill whose decode
 	// runs elsewhere.
-	CheckKVTransfer(kv map[string]any, promptLen int) (maxTokens int, err error)
+	CheckKVTransfer(kv map[string]any, prompt []int32) (maxTokens int, err error)
 	// RejectedKVTransfer is called when the engine refuses a request that
 	// carries kv params, for any reason, before the scheduler saw it, so the
 	// connector can tell a remote engine holding KV for it to free it now.

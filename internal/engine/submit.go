@@ -125,7 +125,7 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (*Handle, error) {
 // max_tokens.
 func (e *Engine) check(r *Request) (*Request, int, error) {
 	if kc, ok := e.cfg.Connector.(KVRequestChecker); ok && r.KVTransfer != nil {
-		limit, err := kc.CheckKVTransfer(r.KVTransfer, len(r.Prompt))
+		limit, err := kc.CheckKVTransfer(r.KVTransfer, r.Prompt)
 		if err != nil {
 			return r, 0, err
 		}

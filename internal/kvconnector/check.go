@@ -13,11 +13,11 @@ import (
 // malformed params, params inconsistent with the prompt, and a role this
 // engine does not have, and limits a prefill for remote decode to one
 // output token.
-func (c *Connector) CheckKVTransfer(kv map[string]any, promptLen int) (int, error) {
+func (c *Connector) CheckKVTransfer(kv map[string]any, prompt []int32) (int, error) {
 	if !c.started {
 		return 0, errors.New("kvxfer: connector not started: call Start before submitting requests")
 	}
-	k, err := parseKV(kv, promptLen, c.blockSize, c.cfg.Bidirectional)
+	k, err := parseKV(kv, len(prompt), c.blockSize, c.cfg.Bidirectional)
 	if err != nil {
 		return 0, err
 	}
@@ -28,9 +28,16 @@ func (c *Connector) CheckKVTransfer(kv map[string]any, promptLen int) (int, erro
 		return 0, invalid("do_remote_prefill asks this engine to decode with KV pulled from a prefill engine, but it runs with --role %s: send the decode leg to an engine started with --role decode or --role both", c.cfg.Role)
 	}
 	if k.remote != nil {
-		if err := c.authorize(k); err != nil {
+		err := c.authorize(k)
+		if err == nil && !k.remoteDecode {
+			err = c.bindPrompt(k, prompt)
+		}
+		if err != nil {
 			c.log.Warn("refused kv_transfer_params before dialing or allocating anything", "remote_engine_id", k.remote.EngineID,
 				"remote_addr", k.remote.Peer().Addr(), "err", err)
+			if errors.Is(err, errOtherPrompt) {
+				return 0, invalid("kv_transfer_params were issued for another prompt: the decode leg must send exactly the prompt (the same tokens) of the prefill leg that returned them")
+			}
 			return 0, &engine.InvalidRequestError{Param: kvParam,
 				Message: "kv_transfer_params were not issued by an engine of this cluster (unsigned, altered, expired, or naming a peer this engine may not contact): pass the engine's kv_transfer_params verbatim; this engine's log says which check failed"}
 		}
@@ -43,7 +50,7 @@ func (c *Connector) CheckKVTransfer(kv map[string]any, promptLen int) (int, erro
 
 // authorize decides whether a remote prefill's params may make this engine
 // dial: with a cluster secret they must carry a valid signature over every
-// field the pull uses (and the prompt length); with or without one, the
+// field the pull uses (and the tokens' digest); with or without one, the
 // peer must pass the address allowlist, if any. Nothing is dialed or
 // allocated before this passes.
 func (c *Connector) authorize(k kvRequest) error {

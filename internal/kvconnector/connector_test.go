@@ -100,6 +100,8 @@ type pdOpts struct {
 	// abandoned: the test ends with blocks still allocated (a drain gave
 	// up its holds), so the idle check at the end is skipped
 	abandoned bool
+	// secret, when set, is the cluster's KV secret (params are signed)
+	secret kvxfer.Secret
 }
 
 type pdEngine struct {
@@ -123,7 +125,7 @@ func newPD(t *testing.T, o pdOpts) *pdEngine {
 		c, err := NewConnector(ConnectorConfig{
 			Role: o.role, EngineID: cmp.Or(o.engineID, uuid.NewString()), ModelFingerprint: m.Fingerprint(),
 			Host: "127.0.0.1", Port: o.port, Lease: o.lease, Transport: o.transport,
-			Bidirectional: o.bidirectional, DecodeHoldTTL: o.holdTTL, RecomputeThreshold: o.threshold,
+			Bidirectional: o.bidirectional, DecodeHoldTTL: o.holdTTL, RecomputeThreshold: o.threshold, Secret: o.secret,
 			HeartbeatInterval: 10 * time.Millisecond, SweepInterval: 5 * time.Millisecond, Clock: o.clock, Metrics: pe.m, Logger: discardLogger(),
 		})
 		if err != nil {
@@ -583,7 +585,8 @@ func TestAbortWhileWaitingForRemoteKV(t *testing.T) {
 	}()
 	prompt := promptOf(9, 20)
 	kv := map[string]any{"do_remote_prefill": true, "remote_engine_id": "silent", "remote_request_id": "r", "remote_host": "127.0.0.1",
-		"remote_port": ln.Addr().(*net.TCPAddr).Port, "remote_block_ids": []any{[]any{0.0, 1.0}}}
+		"remote_port": ln.Addr().(*net.TCPAddr).Port, "remote_block_ids": []any{[]any{0.0, 1.0}},
+		promptDigestParam: promptDigest(d.c.cfg.ModelFingerprint, prompt)}
 	ctx, cancel := context.WithCancel(t.Context())
 	h, err := d.e.Submit(ctx, &engine.Request{Prompt: prompt, Params: greedy(4), KVTransfer: kv})
 	if err != nil {
@@ -640,6 +643,9 @@ func TestMalformedParamsAreRejectedBeforeAllocation(t *testing.T) {
 		{"both legs at once are refused", d, with("do_remote_decode", true), "both true"},
 		{"a decode leg on a prefill engine names the role to use", p, good(), "--role decode or --role both"},
 		{"a prefill leg on a decode engine names the role to use", d, prefillParams(), "--role prefill or --role both"},
+		{"a malformed prompt digest is refused", d, with(promptDigestParam, "abc"), promptDigestParam + " must be the prefill's digest"},
+		{"params without a prompt digest are refused", d, good(), "not issued by an engine of this cluster"},
+		{"params for another prompt are refused", d, with(promptDigestParam, promptDigest(d.c.cfg.ModelFingerprint, prompt[1:])), "issued for another prompt"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package kvconnector
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -52,13 +53,17 @@ type kvRequest struct {
 	// history is the decode's hash chain over the held tokens, one entry
 	// per block (the last may cover a partial block); turn-2 prefills only.
 	history []string
+	// digest is what the signature covers of the tokens: a decode leg's
+	// prompt digest (promptDigestParam, as sent), a turn-2 prefill's
+	// history chain digest.
+	digest string
 }
 
 // grant is what the issuer of the params vouched for.
 func (k kvRequest) grant() kvxfer.Grant {
 	r := k.remote
 	return kvxfer.Grant{EngineID: r.EngineID, RequestID: r.RequestID, Host: r.Host, Port: r.Port, BlockIDs: r.BlockIDs,
-		NumTokens: k.numTokens, Digest: chainDigest(k.history)}
+		NumTokens: k.numTokens, Digest: k.digest}
 }
 
 // kvParam is the request field that 400s name.
@@ -107,6 +112,7 @@ func parseKV(kv map[string]any, promptLen, blockSize int, history bool) (kvReque
 			return out, err
 		}
 		out.history = chain
+		out.digest = chainDigest(chain)
 		if v, ok := kv["remote_blocks_expiry_time"]; ok && v != nil {
 			f, ok := v.(float64)
 			if !ok || f <= 0 || math.IsInf(f, 0) || math.IsNaN(f) {
@@ -127,7 +133,17 @@ func parseKV(kv map[string]any, promptLen, blockSize int, history bool) (kvReque
 			return out, invalid("remote_num_tokens is %d but the prompt has %d tokens: the decode leg must send the same prompt as the prefill leg", n, promptLen)
 		}
 	}
-	return out, parseRemote(kv, &out, promptLen, blockSize)
+	if err := parseRemote(kv, &out, promptLen, blockSize); err != nil {
+		return out, err
+	}
+	if v, ok := kv[promptDigestParam]; ok && v != nil {
+		d, ok := v.(string)
+		if !ok || len(d) != 2*sha256.Size {
+			return out, invalid("%s must be the prefill's digest of the prompt (%d hex digits), got %s: pass the prefill's kv_transfer_params verbatim", promptDigestParam, 2*sha256.Size, describe(v))
+		}
+		out.digest = d
+	}
+	return out, nil
 }
 
 // parseRemote parses the remote_* identity, block and signature fields of

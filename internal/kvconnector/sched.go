@@ -159,10 +159,12 @@ func (c *Connector) holdForDecode(r *sched.Request, blockIDs []int32) (bool, map
 		c.log.Error("cannot hold KV for the remote decode; freeing it", "id", r.ID, "err", err)
 		return false, nil
 	}
-	g := kvxfer.Grant{EngineID: c.cfg.EngineID, RequestID: r.ID, Host: c.advertHost, Port: c.advertPort, BlockIDs: ids, NumTokens: len(r.Prompt)}
+	digest := promptDigest(c.cfg.ModelFingerprint, r.Prompt)
+	g := kvxfer.Grant{EngineID: c.cfg.EngineID, RequestID: r.ID, Host: c.advertHost, Port: c.advertPort, BlockIDs: ids, NumTokens: len(r.Prompt), Digest: digest}
 	p := c.params(g, now.Add(c.cfg.Lease))
 	p["do_remote_prefill"], p["do_remote_decode"] = true, false
 	p["remote_blocks_expiry_time"] = nil
+	p[promptDigestParam] = digest
 	return true, p
 }
 
