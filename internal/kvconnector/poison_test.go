@@ -42,7 +42,7 @@ func TestParamsForAnotherPromptCannotPoisonThePrefixCache(t *testing.T) {
 			x, y := promptOf(4001, 200), promptOf(4002, 200)
 			kv := prefill(t, p, x, greedy(1))
 
-			_, err := d.e.Submit(t.Context(), &engine.Request{Prompt: y, Params: greedy(4), KVTransfer: kv})
+			_, err := d.e.Submit(t.Context(), &engine.Request{Prompt: y, Params: greedy(4), KVTransfer: typed(t, kv)})
 			var ire *engine.InvalidRequestError
 			if !errors.As(err, &ire) || ire.Param != kvParam || !strings.Contains(ire.Message, "another prompt") {
 				t.Fatalf("decode leg with X's params and prompt Y: Submit = %v, want a kv_transfer_params 400 saying they were issued for another prompt", err)

@@ -39,7 +39,8 @@ type Params struct {
 	// TransferMode is "pull" for Tandem's engines (vLLM).
 	TransferMode string `json:"transfer_mode,omitempty"`
 	// RemoteRegistrationGeneration is the holding engine's KV memory
-	// generation, a decimal string on the wire (Tandem's).
+	// generation, a decimal string on the wire (Tandem's); 0 is not
+	// written, as it checks nothing.
 	RemoteRegistrationGeneration uint64 `json:"remote_registration_generation,omitempty,string"`
 	// RemoteBlocksExpiryTime is when a decode's conversation hold ends, in
 	// Unix seconds (vLLM's bidirectional mode).
@@ -149,8 +150,8 @@ var setters = map[string]func(p *Params, key string, v any) error{
 	"remote_registration_generation": func(p *Params, k string, v any) error {
 		s, ok := v.(string)
 		g, err := strconv.ParseUint(s, 10, 64)
-		if !ok || err != nil || g == 0 {
-			return fieldErr(k, "remote_registration_generation must be the engine's generation (a positive decimal string), got %s", describe(v))
+		if !ok || err != nil {
+			return fieldErr(k, "remote_registration_generation must be the engine's generation (a decimal string), got %s", describe(v))
 		}
 		p.RemoteRegistrationGeneration = g
 		return nil
