@@ -7,14 +7,15 @@ import (
 	"github.com/tandem-serve/tandem/internal/kvparams"
 )
 
-// The API edge: kv_transfer_params are checked in Submit, and released on a
-// proxy's request, before anything else sees them.
+// The API edge: kv_transfer_params, parsed by the API layer, are checked in
+// Submit, and released on a proxy's request, before anything else sees
+// them.
 
-// CheckKVTransfer implements engine.KVRequestChecker: it refuses
-// malformed params, params inconsistent with the prompt, and a role this
+// CheckKVTransfer implements engine.KVRequestChecker: it refuses params
+// inconsistent with the prompt or issued for another one, and a role this
 // engine does not have, and limits a prefill for remote decode to one
 // output token. What it makes of the params (a kvRequest) rides on the
-// request to OnNewRequest, which so checks nothing twice.
+// request to OnNewRequest, so nothing is checked twice.
 func (c *Connector) CheckKVTransfer(kv *kvparams.Params, prompt []int32) (int, any, error) {
 	if !c.started {
 		return 0, nil, errors.New("kvxfer: connector not started: call Start before submitting requests")

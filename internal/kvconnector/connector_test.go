@@ -602,7 +602,7 @@ func TestAbortWhileWaitingForRemoteKV(t *testing.T) {
 	prompt := promptOf(9, 20)
 	kv := map[string]any{"do_remote_prefill": true, "remote_engine_id": "silent", "remote_request_id": "r", "remote_host": "127.0.0.1",
 		"remote_port": ln.Addr().(*net.TCPAddr).Port, "remote_block_ids": []any{[]any{0.0, 1.0}},
-		promptDigestParam: promptDigest(d.c.cfg.ModelFingerprint, prompt)}
+		promptDigestParam: kvparams.PromptDigest(d.c.cfg.ModelFingerprint, prompt)}
 	ctx, cancel := context.WithCancel(t.Context())
 	h, err := d.e.Submit(ctx, &engine.Request{Prompt: prompt, Params: greedy(4), KVTransfer: typed(t, kv)})
 	if err != nil {
@@ -661,7 +661,7 @@ func TestMalformedParamsAreRejectedBeforeAllocation(t *testing.T) {
 		{"a prefill leg on a decode engine names the role to use", d, prefillParams(), "--role prefill or --role both"},
 		{"a malformed prompt digest is refused", d, with(promptDigestParam, "abc"), promptDigestParam + " must be the prefill's digest"},
 		{"params without a prompt digest are refused", d, good(), "not issued by an engine of this cluster"},
-		{"params for another prompt are refused", d, with(promptDigestParam, promptDigest(d.c.cfg.ModelFingerprint, prompt[1:])), "issued for another prompt"},
+		{"params for another prompt are refused", d, with(promptDigestParam, kvparams.PromptDigest(d.c.cfg.ModelFingerprint, prompt[1:])), "issued for another prompt"},
 	}
 	// Through the API, as clients send them: malformed fields are refused
 	// where the params are parsed (package openai), the rest by the

@@ -156,7 +156,7 @@ func (c *Connector) holdForDecode(r *sched.Request, blockIDs []int32) (bool, jso
 		c.log.Error("cannot hold KV for the remote decode; freeing it", "id", r.ID, "err", err)
 		return false, nil
 	}
-	digest := promptDigest(c.cfg.ModelFingerprint, r.Prompt)
+	digest := kvparams.PromptDigest(c.cfg.ModelFingerprint, r.Prompt)
 	g := kvxfer.Grant{EngineID: c.cfg.EngineID, RequestID: r.ID, Host: c.advertHost, Port: c.advertPort, BlockIDs: ids, NumTokens: len(r.Prompt), Digest: digest}
 	p := c.params(g, now.Add(c.cfg.Lease))
 	p.DoRemotePrefill = true

@@ -136,3 +136,24 @@ func TestUnmarshalJSON(t *testing.T) {
 		t.Error("port 0 accepted")
 	}
 }
+
+func TestPromptDigestBindsEveryTokenAndTheModel(t *testing.T) {
+	prompt := make([]int32, 5000) // more than one hashing chunk
+	for i := range prompt {
+		prompt[i] = int32(i % 512)
+	}
+	base := PromptDigest("m", prompt)
+	if len(base) != 64 || base != PromptDigest("m", slices.Clone(prompt)) {
+		t.Fatalf("digest %q is not a stable 64-digit hex string", base)
+	}
+	for _, i := range []int{0, 4095, 4096, 4999} {
+		other := slices.Clone(prompt)
+		other[i]++
+		if PromptDigest("m", other) == base {
+			t.Errorf("changing token %d keeps the digest", i)
+		}
+	}
+	if PromptDigest("m2", prompt) == base || PromptDigest("m", prompt[:4999]) == base {
+		t.Error("another model or a shorter prompt has the same digest")
+	}
+}
