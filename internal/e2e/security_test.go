@@ -22,7 +22,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tandem-serve/tandem/internal/kvparams"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
+	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/tensor"
 	"github.com/tandem-serve/tandem/internal/testmodels"
 )
 
@@ -161,22 +164,65 @@ func forgedParams(host string, port, n int) map[string]any {
 }
 
 // signParams re-signs params as a prefill engine of this cluster would
-// (the test knows the secret), valid until expiry.
-func signParams(t *testing.T, params map[string]any, expiry time.Time) map[string]any {
+// (the test knows the secret) for the prompt of body, valid until expiry.
+func signParams(t *testing.T, params, body map[string]any, expiry time.Time) map[string]any {
 	t.Helper()
 	s, err := kvxfer.NewSecret([]byte(clusterSecret))
 	if err != nil {
 		t.Fatal(err)
 	}
+	digest := promptDigestOf(t, body)
 	ids := params["remote_block_ids"].([][]int)[0]
 	g := kvxfer.Grant{
 		EngineID: params["remote_engine_id"].(string), RequestID: params["remote_request_id"].(string),
 		Host: params["remote_host"].(string), Port: params["remote_port"].(int),
-		BlockIDs: ids, NumTokens: params["remote_num_tokens"].(int),
+		BlockIDs: ids, NumTokens: params["remote_num_tokens"].(int), Digest: digest,
 	}
 	out := clone(params)
 	out[kvxfer.SignatureParam] = kvxfer.NewSigner(s).Sign(g, expiry)
+	out["tandem_prompt_digest"] = digest
 	return out
+}
+
+// promptDigestOf is the tandem_prompt_digest of body's prompt (token ids),
+// which anyone who knows the model can compute.
+func promptDigestOf(t *testing.T, body map[string]any) string {
+	t.Helper()
+	var prompt []int32
+	for _, id := range body["prompt"].([]int) {
+		prompt = append(prompt, int32(id))
+	}
+	return kvparams.PromptDigest(storiesFingerprint(t), prompt)
+}
+
+var fingerprint struct {
+	once sync.Once
+	fp   string
+	err  error
+}
+
+// storiesFingerprint is the model fingerprint of the engines' stories260K,
+// which a prompt digest is keyed by.
+func storiesFingerprint(t *testing.T) string {
+	t.Helper()
+	dir := testmodels.Stories260K(t)
+	fingerprint.once.Do(func() {
+		m, err := model.Load(dir, tensor.NewPool(1))
+		if err != nil {
+			fingerprint.err = err
+			return
+		}
+		fingerprint.fp = m.Fingerprint()
+	})
+	if fingerprint.err != nil {
+		t.Fatal(fingerprint.err)
+	}
+	return fingerprint.fp
+}
+
+// fixed is params that do not depend on the request's body.
+func fixed(p map[string]any) func(map[string]any) map[string]any {
+	return func(map[string]any) map[string]any { return p }
 }
 
 // refusals counts the decode's log lines saying it refused params before
@@ -226,10 +272,16 @@ func TestForgedKVParamsNeverMakeADecodeDial(t *testing.T) {
 	}
 	// refused sends body with params to e and checks the refusal: fast (no
 	// dial timeout), 4xx, generic, logged, and no connection to ln.
-	refused := func(t *testing.T, e *engine, params map[string]any, addrs ...string) {
+	// The params carry the prompt's digest (a client can compute it), so
+	// that only the check under test refuses them.
+	refused := func(t *testing.T, e *engine, params func(body map[string]any) map[string]any, addrs ...string) {
 		t.Helper()
 		body := fresh()
-		body["kv_transfer_params"] = params
+		kv := clone(params(body))
+		if _, ok := kv["tandem_prompt_digest"]; !ok {
+			kv["tandem_prompt_digest"] = promptDigestOf(t, body)
+		}
+		body["kv_transfer_params"] = kv
 		before, logged := failures(t, e), refusals(e)
 		start := time.Now()
 		r := postJSON(t, e.url+"/v1/completions", body)
@@ -250,18 +302,20 @@ func TestForgedKVParamsNeverMakeADecodeDial(t *testing.T) {
 	t.Run("a decode with a secret refuses params", func(t *testing.T) {
 		n := 40
 		t.Run("a client wrote, unsigned, naming the test's listener", func(t *testing.T) {
-			refused(t, decode, forgedParams("127.0.0.1", ln.port, n))
+			refused(t, decode, fixed(forgedParams("127.0.0.1", ln.port, n)))
 		})
 		t.Run("a client wrote, unsigned, naming an unrouted address", func(t *testing.T) {
-			refused(t, decode, forgedParams("192.0.2.1", 5600, n), "192.0.2.1")
+			refused(t, decode, fixed(forgedParams("192.0.2.1", 5600, n)), "192.0.2.1")
 		})
 		t.Run("with a made-up signature", func(t *testing.T) {
 			p := forgedParams("127.0.0.1", ln.port, n)
 			p[kvxfer.SignatureParam] = "v1." + strconv.FormatInt(time.Now().Add(time.Minute).UnixMilli(), 10) + ".AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-			refused(t, decode, p)
+			refused(t, decode, fixed(p))
 		})
 		t.Run("signed with the cluster's secret but expired", func(t *testing.T) {
-			refused(t, decode, signParams(t, forgedParams("127.0.0.1", ln.port, n), time.Now().Add(-2*time.Minute)))
+			refused(t, decode, func(body map[string]any) map[string]any {
+				return signParams(t, forgedParams("127.0.0.1", ln.port, n), body, time.Now().Add(-2*time.Minute))
+			})
 		})
 
 		// A real prefill's params, altered one field at a time. Each
@@ -322,26 +376,40 @@ func TestForgedKVParamsNeverMakeADecodeDial(t *testing.T) {
 			}
 			checkPulled(t, decodeCounters(t, decode).sub(before), g.PromptTokens, 0)
 		})
+		// The prefix-cache poisoning attack: the real params with another
+		// prompt of the same length would make the decode file the
+		// prefill's KV under that prompt's block hashes.
+		t.Run("and refuses the real params sent with another prompt of the same length", func(t *testing.T) {
+			b := fresh()
+			b["kv_transfer_params"] = real
+			logged := refusals(decode)
+			r := postJSON(t, decode.url+"/v1/completions", b)
+			checkRefusal(t, r, ln.addr(), strconv.Itoa(ln.port))
+			if !strings.Contains(errorMessage(r.body), "issued for another prompt") {
+				t.Errorf("the refusal does not say the params were issued for another prompt: %s", r.body)
+			}
+			expectRefusalLogged(t, decode, logged)
+		})
 	})
 
 	t.Run("a decode without a secret refuses peers outside --kv-peers", func(t *testing.T) {
 		t.Run("an unrouted address, default allowlist (loopback)", func(t *testing.T) {
-			refused(t, open, forgedParams("192.0.2.1", 5600, 40), "192.0.2.1")
+			refused(t, open, fixed(forgedParams("192.0.2.1", 5600, 40)), "192.0.2.1")
 		})
 		t.Run("another unrouted address, default allowlist", func(t *testing.T) {
-			refused(t, open, forgedParams("10.255.255.1", 5600, 40), "10.255.255.1")
+			refused(t, open, fixed(forgedParams("10.255.255.1", 5600, 40)), "10.255.255.1")
 		})
 		t.Run("a host name, default allowlist", func(t *testing.T) {
-			refused(t, open, forgedParams("example.com", 5600, 40), "example.com")
+			refused(t, open, fixed(forgedParams("example.com", 5600, 40)), "example.com")
 		})
 		t.Run("the test's loopback listener, --kv-peers 10.0.0.0/8", func(t *testing.T) {
-			refused(t, narrow, forgedParams("127.0.0.1", ln.port, 40))
+			refused(t, narrow, fixed(forgedParams("127.0.0.1", ln.port, 40)))
 		})
 		t.Run("localhost by name, --kv-peers 10.0.0.0/8", func(t *testing.T) {
-			refused(t, narrow, forgedParams("localhost", ln.port, 40))
+			refused(t, narrow, fixed(forgedParams("localhost", ln.port, 40)))
 		})
 		t.Run("an unrouted address, --kv-peers 10.0.0.0/8", func(t *testing.T) {
-			refused(t, narrow, forgedParams("192.0.2.1", 5600, 40), "192.0.2.1")
+			refused(t, narrow, fixed(forgedParams("192.0.2.1", 5600, 40)), "192.0.2.1")
 		})
 	})
 
@@ -359,13 +427,13 @@ func TestForgedKVParamsNeverMakeADecodeDial(t *testing.T) {
 	doomed.kill(t)
 	clientParams := []struct {
 		name   string
-		params func() map[string]any
+		params func(body map[string]any) map[string]any
 	}{
-		{"unsigned params", func() map[string]any { return forgedParams("127.0.0.1", ln.port, 40) }},
-		{"validly signed params", func() map[string]any {
-			return signParams(t, forgedParams("127.0.0.1", ln.port, 40), time.Now().Add(time.Minute))
+		{"unsigned params", fixed(forgedParams("127.0.0.1", ln.port, 40))},
+		{"validly signed params", func(body map[string]any) map[string]any {
+			return signParams(t, forgedParams("127.0.0.1", ln.port, 40), body, time.Now().Add(time.Minute))
 		}},
-		{"a do_remote_decode request", func() map[string]any {
+		{"a do_remote_decode request", func(map[string]any) map[string]any {
 			return map[string]any{"do_remote_decode": true, "remote_host": "127.0.0.1", "remote_port": ln.port}
 		}},
 	}
@@ -375,7 +443,7 @@ func TestForgedKVParamsNeverMakeADecodeDial(t *testing.T) {
 		for _, cp := range clientParams {
 			t.Run("the proxy on its "+path.name+" path drops a client's "+cp.name, func(t *testing.T) {
 				body := fresh()
-				body["kv_transfer_params"] = cp.params()
+				body["kv_transfer_params"] = cp.params(body)
 				r := postJSON(t, path.url+"/v1/completions", body)
 				if r.status != 200 {
 					t.Errorf("status %d (x-tandem-pd %q), want 200: %s", r.status, r.pd(), r.body)
@@ -404,7 +472,7 @@ func TestForgedKVParamsNeverMakeADecodeDial(t *testing.T) {
 	// still learns nothing about the address.
 	t.Run("control: validly signed params naming the listener are dialed, and the failure says nothing about it", func(t *testing.T) {
 		body := fresh()
-		body["kv_transfer_params"] = signParams(t, forgedParams("127.0.0.1", ln.port, 40), time.Now().Add(time.Minute))
+		body["kv_transfer_params"] = signParams(t, forgedParams("127.0.0.1", ln.port, 40), body, time.Now().Add(time.Minute))
 		r := postJSON(t, decode.url+"/v1/completions", body)
 		if ln.n.Load() == 0 {
 			t.Errorf("the decode did not dial the listener named by validly signed params: the zero counts above prove nothing")

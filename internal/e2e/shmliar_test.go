@@ -464,7 +464,7 @@ func TestFakePrefillLyingAboutSharedMemory(t *testing.T) {
 		body := completionBody(tokenPrompt(seed, n, vocab), samplings[0], false)
 		p := forgedParams("127.0.0.1", l.port, n)
 		p["remote_engine_id"] = l.id
-		body["kv_transfer_params"] = signParams(t, p, time.Now().Add(time.Minute))
+		body["kv_transfer_params"] = signParams(t, p, body, time.Now().Add(time.Minute))
 		return postJSON(t, decode.url+"/v1/completions", body)
 	}
 	// expectFailedPull checks the decode's answer to a pull from l: a 5xx

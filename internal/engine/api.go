@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"encoding/json"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/kvparams"
 	"github.com/tandem-serve/tandem/internal/sample"
 )
 
@@ -12,9 +14,10 @@ type Request struct {
 	ID     string
 	Prompt []int32
 	Params sample.Params
-	// KVTransfer is the request's kv_transfer_params object, verbatim from
-	// the JSON body (nil when absent).
-	KVTransfer map[string]any
+	// KVTransfer is the request's kv_transfer_params, as the API layer
+	// parsed them from the JSON body (nil when absent or null). The KV
+	// connector checks them against the prompt (KVRequestChecker).
+	KVTransfer *kvparams.Params
 }
 
 // FinishReason says why a request ended.
@@ -66,8 +69,10 @@ type Event struct {
 	StopReason string
 	Err        error
 	// KVTransfer is set on the final event of a prefill-for-remote-decode
-	// request: the params the decode engine needs.
-	KVTransfer map[string]any
+	// request: the params the decode engine needs, a JSON object the KV
+	// connector marshalled (kvparams.Params), for the API layer to send on
+	// verbatim.
+	KVTransfer json.RawMessage
 	Usage      Usage
 	// Timing is set on the event that carries a request's first token:
 	// where its time went until then.

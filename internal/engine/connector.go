@@ -1,5 +1,10 @@
 package engine
 
+import (
+	"github.com/tandem-serve/tandem/internal/kvparams"
+	"github.com/tandem-serve/tandem/internal/sched"
+)
+
 // KVCompletions are what the worker half of a KV connector observed since it
 // last reported: async loads that ended (successfully or not), held blocks
 // the remote side no longer needs, and blocks whose load failed.
@@ -22,12 +27,13 @@ func (c KVCompletions) empty() bool {
 // get_finished), called by the step loop.
 type KVWorker interface {
 	// Step is called once per step, after scheduling and before the model
-	// runs, with the scheduler connector's metadata for the step. It starts
-	// the step's asynchronous loads, completes its synchronous ones before
-	// returning, and returns the completions observed since the last call.
+	// runs, with the scheduler connector's metadata for the step (nil when
+	// it has none). It starts the step's asynchronous loads, completes its
+	// synchronous ones before returning, and returns the completions
+	// observed since the last call.
 	// Completions that happen while the engine is idle are reported with
 	// Engine.ReportKV instead, which wakes the loop.
-	Step(meta any) (KVCompletions, error)
+	Step(meta sched.ConnectorMeta) (KVCompletions, error)
 }
 
 // MemoryReliever is implemented by a KVWorker that holds blocks it may give
@@ -45,23 +51,25 @@ type MemoryReliever interface {
 // checks kv_transfer_params in Submit, before anything is allocated. Its
 // methods are called from Submit's caller, on any goroutine.
 type KVRequestChecker interface {
-	// CheckKVTransfer returns an *InvalidRequestError for params this engine
-	// cannot serve (malformed, inconsistent with the prompt, or asking for a
-	// role it does not have), and the most output tokens the request may
-	// produce here: 0 for no limit of its own, 1 for a prefill whose decode
-	// runs elsewhere.
-	CheckKVTransfer(kv map[string]any, promptLen int) (maxTokens int, err error)
+	// CheckKVTransfer returns an *InvalidRequestError for params this
+	// engine cannot serve (inconsistent, issued for another prompt, or
+	// asking for a role it does not have); else the most output tokens the
+	// request may produce here (0 for no limit of its own, 1 for a prefill
+	// whose decode runs elsewhere) and what the connector made of the
+	// params, which the engine hands to the scheduler half as
+	// sched.Request.KVParams without looking inside.
+	CheckKVTransfer(kv *kvparams.Params, prompt []int32) (maxTokens int, parsed any, err error)
 	// RejectedKVTransfer is called when the engine refuses a request that
 	// carries kv params, for any reason, before the scheduler saw it, so the
 	// connector can tell a remote engine holding KV for it to free it now.
-	RejectedKVTransfer(kv map[string]any)
+	RejectedKVTransfer(kv *kvparams.Params)
 }
 
 // RejectKVTransfer tells the KV connector that a request carrying kv params
 // was refused before the scheduler saw it (by Submit itself or by the API
 // layer in front of it), so that a prefill holding blocks for it can free
 // them at once.
-func (e *Engine) RejectKVTransfer(kv map[string]any) {
+func (e *Engine) RejectKVTransfer(kv *kvparams.Params) {
 	if kc, ok := e.cfg.Connector.(KVRequestChecker); ok && kv != nil {
 		kc.RejectedKVTransfer(kv)
 	}

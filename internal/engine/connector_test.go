@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/kvparams"
 	"github.com/tandem-serve/tandem/internal/sched"
 )
 
@@ -12,7 +13,7 @@ import (
 type remoteConnector struct{ sched.NoConnector }
 
 func (remoteConnector) GetNumNewMatchedTokens(r *sched.Request, local int) (int, bool, error) {
-	if r.KVTransfer == nil || r.NumPreemptions() > 0 {
+	if r.KVParams == nil || r.NumPreemptions() > 0 {
 		return 0, false, nil
 	}
 	n := len(r.Prompt) - local
@@ -22,13 +23,16 @@ func (remoteConnector) GetNumNewMatchedTokens(r *sched.Request, local int) (int,
 // recordingWorker counts steps; loads complete through Engine.ReportKV.
 type recordingWorker struct{ steps int }
 
-func (w *recordingWorker) Step(any) (KVCompletions, error) { w.steps++; return KVCompletions{}, nil }
+func (w *recordingWorker) Step(sched.ConnectorMeta) (KVCompletions, error) {
+	w.steps++
+	return KVCompletions{}, nil
+}
 
 func TestConnectorPlumbing(t *testing.T) {
 	w := &recordingWorker{}
 	e, m := newEngine(t, Config{Connector: remoteConnector{}, KVWorker: w})
 	_, _, g := load(t)
-	h, err := e.Submit(t.Context(), &Request{Prompt: g.GreedyIDs[:40], Params: greedy(4), KVTransfer: map[string]any{"do_remote_prefill": true}})
+	h, err := e.Submit(t.Context(), &Request{Prompt: g.GreedyIDs[:40], Params: greedy(4), KVTransfer: &kvparams.Params{DoRemotePrefill: true}})
 	if err != nil {
 		t.Fatal(err)
 	}

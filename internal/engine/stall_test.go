@@ -2,10 +2,12 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/kvparams"
 	"github.com/tandem-serve/tandem/internal/sched"
 )
 
@@ -14,14 +16,17 @@ import (
 // them (released by finished_sending through Engine.ReportKV).
 type holdingConnector struct{ sched.NoConnector }
 
-func (holdingConnector) RequestFinished(r *sched.Request, blocks []int32) (bool, map[string]any) {
-	return r.KVTransfer != nil, nil
+func (holdingConnector) RequestFinished(r *sched.Request, blocks []int32) (bool, json.RawMessage) {
+	return r.KVParams != nil, nil
 }
 
 // stepCounter counts the loop's steps from any goroutine.
 type stepCounter struct{ n atomic.Int64 }
 
-func (w *stepCounter) Step(any) (KVCompletions, error) { w.n.Add(1); return KVCompletions{}, nil }
+func (w *stepCounter) Step(sched.ConnectorMeta) (KVCompletions, error) {
+	w.n.Add(1)
+	return KVCompletions{}, nil
+}
 
 // TestBlockedWorkSleeps fills the pool with blocks held for a remote decode,
 // queues a request that cannot be admitted, and checks that the loop sleeps
@@ -35,7 +40,7 @@ func TestBlockedWorkSleeps(t *testing.T) {
 		t.Helper()
 		w = &stepCounter{}
 		e, _ = newEngine(t, Config{NumBlocks: 8, Connector: holdingConnector{}, KVWorker: w})
-		hp, err := e.Submit(context.Background(), &Request{Prompt: g.GreedyIDs[:100], Params: greedy(1), KVTransfer: map[string]any{"do_remote_decode": true}})
+		hp, err := e.Submit(context.Background(), &Request{Prompt: g.GreedyIDs[:100], Params: greedy(1), KVTransfer: &kvparams.Params{DoRemoteDecode: true}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -57,7 +57,7 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (*Handle, error) {
 	if r == nil {
 		return nil, &InvalidRequestError{Message: "no request"}
 	}
-	r, maxTokens, err := e.check(r)
+	r, maxTokens, kvParams, err := e.check(r)
 	if err != nil {
 		e.RejectKVTransfer(r.KVTransfer)
 		return nil, err
@@ -92,7 +92,7 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (*Handle, error) {
 	for _, t := range p.StopTokenIDs {
 		rs.stopIDs[t], rs.userStops[t] = true, true
 	}
-	rs.sr = &sched.Request{ID: id, Prompt: r.Prompt, MaxTokens: maxTokens, KVTransfer: r.KVTransfer}
+	rs.sr = &sched.Request{ID: id, Prompt: r.Prompt, MaxTokens: maxTokens, KVParams: kvParams}
 
 	// The request is posted under the lock that Shutdown takes to set
 	// closing, so it is either refused here or in the inbox ahead of the
@@ -121,14 +121,21 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (*Handle, error) {
 }
 
 // check validates r, the KV connector's part first, and returns the request
-// to run (a copy when the connector caps its output) and its effective
-// max_tokens.
-func (e *Engine) check(r *Request) (*Request, int, error) {
+// to run (a copy when the connector caps its output), its effective
+// max_tokens, and its kv_transfer_params for the scheduler half of the
+// connector: what the connector's check made of them, or r.KVTransfer for a
+// connector that checks nothing.
+func (e *Engine) check(r *Request) (*Request, int, any, error) {
+	var kvParams any
+	if r.KVTransfer != nil {
+		kvParams = r.KVTransfer
+	}
 	if kc, ok := e.cfg.Connector.(KVRequestChecker); ok && r.KVTransfer != nil {
-		limit, err := kc.CheckKVTransfer(r.KVTransfer, len(r.Prompt))
+		limit, parsed, err := kc.CheckKVTransfer(r.KVTransfer, r.Prompt)
 		if err != nil {
-			return r, 0, err
+			return r, 0, nil, err
 		}
+		kvParams = parsed
 		if limit > 0 && (r.Params.MaxTokens <= 0 || r.Params.MaxTokens > limit) {
 			c := *r
 			c.Params.MaxTokens = limit
@@ -137,7 +144,7 @@ func (e *Engine) check(r *Request) (*Request, int, error) {
 		}
 	}
 	maxTokens, err := e.validate(r)
-	return r, maxTokens, err
+	return r, maxTokens, kvParams, err
 }
 
 // validate checks what the engine itself depends on and returns the

@@ -66,7 +66,7 @@ func BenchmarkTurn2TTFT(b *testing.B) {
 		return e
 	}
 	submit := func(e *engine.Engine, prompt []int32, n int, kv map[string]any) (time.Time, []int32, map[string]any) {
-		h, err := e.Submit(context.Background(), &engine.Request{Prompt: prompt, Params: greedy(n), KVTransfer: kv})
+		h, err := e.Submit(context.Background(), &engine.Request{Prompt: prompt, Params: greedy(n), KVTransfer: typed(b, kv)})
 		if err != nil {
 			b.Fatal(err)
 		}

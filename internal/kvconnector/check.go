@@ -4,46 +4,56 @@ import (
 	"errors"
 
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/kvparams"
 )
 
-// The API edge: kv_transfer_params are checked in Submit, and released on a
-// proxy's request, before anything else sees them.
+// The API edge: kv_transfer_params, parsed by the API layer, are checked in
+// Submit, and released on a proxy's request, before anything else sees
+// them.
 
-// CheckKVTransfer implements engine.KVRequestChecker: it refuses
-// malformed params, params inconsistent with the prompt, and a role this
+// CheckKVTransfer implements engine.KVRequestChecker: it refuses params
+// inconsistent with the prompt or issued for another one, and a role this
 // engine does not have, and limits a prefill for remote decode to one
-// output token.
-func (c *Connector) CheckKVTransfer(kv map[string]any, promptLen int) (int, error) {
+// output token. What it makes of the params (a kvRequest) rides on the
+// request to OnNewRequest, so nothing is checked twice.
+func (c *Connector) CheckKVTransfer(kv *kvparams.Params, prompt []int32) (int, any, error) {
 	if !c.started {
-		return 0, errors.New("kvxfer: connector not started: call Start before submitting requests")
+		return 0, nil, errors.New("kvxfer: connector not started: call Start before submitting requests")
 	}
-	k, err := parseKV(kv, promptLen, c.blockSize, c.cfg.Bidirectional)
+	k, err := parseKV(*kv, len(prompt), c.blockSize, c.cfg.Bidirectional)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	switch {
 	case k.remoteDecode && !c.cfg.Role.prefills():
-		return 0, invalid("do_remote_decode asks this engine to prefill for a remote decode, but it runs with --role %s: send the prefill leg to an engine started with --role prefill or --role both", c.cfg.Role)
+		return 0, nil, invalid("do_remote_decode asks this engine to prefill for a remote decode, but it runs with --role %s: send the prefill leg to an engine started with --role prefill or --role both", c.cfg.Role)
 	case k.remote != nil && !k.remoteDecode && !c.cfg.Role.decodes():
-		return 0, invalid("do_remote_prefill asks this engine to decode with KV pulled from a prefill engine, but it runs with --role %s: send the decode leg to an engine started with --role decode or --role both", c.cfg.Role)
+		return 0, nil, invalid("do_remote_prefill asks this engine to decode with KV pulled from a prefill engine, but it runs with --role %s: send the decode leg to an engine started with --role decode or --role both", c.cfg.Role)
 	}
 	if k.remote != nil {
-		if err := c.authorize(k); err != nil {
+		err := c.authorize(k)
+		if err == nil && !k.remoteDecode {
+			err = c.bindPrompt(k, prompt)
+		}
+		if err != nil {
 			c.log.Warn("refused kv_transfer_params before dialing or allocating anything", "remote_engine_id", k.remote.EngineID,
 				"remote_addr", k.remote.Peer().Addr(), "err", err)
-			return 0, &engine.InvalidRequestError{Param: kvParam,
+			if errors.Is(err, errOtherPrompt) {
+				return 0, nil, invalid("kv_transfer_params were issued for another prompt: the decode leg must send exactly the prompt (the same tokens) of the prefill leg that returned them")
+			}
+			return 0, nil, &engine.InvalidRequestError{Param: kvParam,
 				Message: "kv_transfer_params were not issued by an engine of this cluster (unsigned, altered, expired, or naming a peer this engine may not contact): pass the engine's kv_transfer_params verbatim; this engine's log says which check failed"}
 		}
 	}
 	if k.remoteDecode {
-		return 1, nil
+		return 1, k, nil
 	}
-	return 0, nil
+	return 0, k, nil
 }
 
 // authorize decides whether a remote prefill's params may make this engine
 // dial: with a cluster secret they must carry a valid signature over every
-// field the pull uses (and the prompt length); with or without one, the
+// field the pull uses (and the tokens' digest); with or without one, the
 // peer must pass the address allowlist, if any. Nothing is dialed or
 // allocated before this passes.
 func (c *Connector) authorize(k kvRequest) error {
@@ -63,13 +73,11 @@ func (c *Connector) authorize(k kvRequest) error {
 // it now rather than at lease expiry — only when the params pass the same
 // checks a pull would (authorize), so a refused client cannot make this
 // engine dial anything either.
-func (c *Connector) RejectedKVTransfer(kv map[string]any) {
-	if c.cons == nil {
+func (c *Connector) RejectedKVTransfer(kv *kvparams.Params) {
+	if c.cons == nil || kv == nil {
 		return
 	}
-	n, _ := asInt(kv["remote_num_tokens"])
-	bs := max(c.blockSize, 1)
-	k, err := parseKV(kv, int(n), bs, c.cfg.Bidirectional)
+	k, err := parseKV(*kv, kv.RemoteNumTokens, max(c.blockSize, 1), c.cfg.Bidirectional)
 	if err != nil || k.remote == nil || c.authorize(k) != nil {
 		return // nobody we may tell
 	}
@@ -82,15 +90,14 @@ func (c *Connector) RejectedKVTransfer(kv map[string]any) {
 // signature, so only whoever received them can release. Errors: an
 // *engine.InvalidRequestError for params that are not this engine's, or
 // one wrapping kvxfer.ErrNotHeld when nothing is held for them (any more).
-func (c *Connector) ReleaseKV(kv map[string]any) error {
+func (c *Connector) ReleaseKV(kv kvparams.Params) error {
 	if c.prod == nil {
 		return &engine.InvalidRequestError{Param: kvParam, Message: "this engine does not prefill for remote decodes (--role decode): it holds no KV to release"}
 	}
-	n, ok := asInt(kv["remote_num_tokens"])
-	if !ok || n < 0 {
+	if kv.RemoteNumTokens == 0 {
 		return invalid("remote_num_tokens is required to release KV: pass the prefill's kv_transfer_params verbatim")
 	}
-	k, err := parseKV(kv, int(n), c.blockSize, true)
+	k, err := parseKV(kv, kv.RemoteNumTokens, c.blockSize, true)
 	if err == nil && (k.remote == nil || k.remote.EngineID != c.cfg.EngineID) {
 		err = invalid("these kv_transfer_params do not name KV held by this engine")
 	}

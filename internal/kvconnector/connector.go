@@ -177,8 +177,10 @@ type notifyJob struct {
 	reqID string
 }
 
-// connMeta is what the scheduler half hands the worker half each step.
+// connMeta is what the scheduler half hands the worker half each step
+// (sched.ConnectorMeta).
 type connMeta struct {
+	c        *Connector // whose worker half runs it
 	pulls    []pullJob
 	notifies []notifyJob
 	cancels  []string // local ids of requests whose pull must stop

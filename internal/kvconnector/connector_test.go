@@ -26,6 +26,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/clock"
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/kvparams"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
 	"github.com/tandem-serve/tandem/internal/metrics"
 	"github.com/tandem-serve/tandem/internal/model"
@@ -100,6 +101,8 @@ type pdOpts struct {
 	// abandoned: the test ends with blocks still allocated (a drain gave
 	// up its holds), so the idle check at the end is skipped
 	abandoned bool
+	// secret, when set, is the cluster's KV secret (params are signed)
+	secret kvxfer.Secret
 }
 
 type pdEngine struct {
@@ -123,7 +126,7 @@ func newPD(t *testing.T, o pdOpts) *pdEngine {
 		c, err := NewConnector(ConnectorConfig{
 			Role: o.role, EngineID: cmp.Or(o.engineID, uuid.NewString()), ModelFingerprint: m.Fingerprint(),
 			Host: "127.0.0.1", Port: o.port, Lease: o.lease, Transport: o.transport,
-			Bidirectional: o.bidirectional, DecodeHoldTTL: o.holdTTL, RecomputeThreshold: o.threshold,
+			Bidirectional: o.bidirectional, DecodeHoldTTL: o.holdTTL, RecomputeThreshold: o.threshold, Secret: o.secret,
 			HeartbeatInterval: 10 * time.Millisecond, SweepInterval: 5 * time.Millisecond, Clock: o.clock, Metrics: pe.m, Logger: discardLogger(),
 		})
 		if err != nil {
@@ -235,24 +238,41 @@ func prefillParams() map[string]any {
 		"remote_block_ids": nil, "remote_host": nil, "remote_port": nil}
 }
 
-// wire passes v through JSON, as the proxy does.
-func wire(t testing.TB, v map[string]any) map[string]any {
+// wire reads params an engine returned as a JSON object, which tests edit
+// as a client could.
+func wire(t testing.TB, raw json.RawMessage) map[string]any {
 	t.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out map[string]any
-	if err := json.Unmarshal(b, &out); err != nil {
+	if err := json.Unmarshal(raw, &out); err != nil {
 		t.Fatal(err)
 	}
 	return out
 }
 
+// typed parses params as the API layer does before the engine sees them.
+func typed(t testing.TB, kv map[string]any) *kvparams.Params {
+	t.Helper()
+	b, err := json.Marshal(kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := kvparams.Parse(b)
+	if err != nil {
+		t.Fatalf("kv_transfer_params %s: %v", b, err)
+	}
+	return &p
+}
+
+// peerIn returns the prefill and request that params name.
+func peerIn(t testing.TB, kv map[string]any) (kvxfer.Peer, string) {
+	p := typed(t, kv)
+	return kvxfer.Peer{EngineID: p.RemoteEngineID, Host: p.RemoteHost, Port: p.RemotePort}, p.RemoteRequestID
+}
+
 // prefill runs the prefill leg on p and returns the params for the decode.
 func prefill(t *testing.T, p *pdEngine, prompt []int32, params sample.Params) map[string]any {
 	t.Helper()
-	o := run(t, p.e, &engine.Request{Prompt: prompt, Params: params, KVTransfer: prefillParams()})
+	o := run(t, p.e, &engine.Request{Prompt: prompt, Params: params, KVTransfer: typed(t, prefillParams())})
 	if o.final.Finish != engine.FinishLength && o.final.Finish != engine.FinishStop || len(o.tokens) != 1 {
 		t.Fatalf("prefill leg: %d tokens, finish %q (%v); want 1 token", len(o.tokens), o.final.Finish, o.final.Err)
 	}
@@ -265,7 +285,7 @@ func prefill(t *testing.T, p *pdEngine, prompt []int32, params sample.Params) ma
 // decode runs the decode leg on d.
 func decode(t *testing.T, d *pdEngine, prompt []int32, params sample.Params, kv map[string]any) outcome {
 	t.Helper()
-	return run(t, d.e, &engine.Request{Prompt: prompt, Params: params, KVTransfer: kv})
+	return run(t, d.e, &engine.Request{Prompt: prompt, Params: params, KVTransfer: typed(t, kv)})
 }
 
 // promptOf returns n deterministic token ids (seeded by seed) in the
@@ -318,7 +338,7 @@ func TestDisaggregatedMatchesColocated(t *testing.T) {
 						[]any{"tp_size", kv["tp_size"], "remote_num_tokens", kv["remote_num_tokens"], "do_remote_prefill", kv["do_remote_prefill"], "do_remote_decode", kv["do_remote_decode"]}); diff != "" {
 						t.Errorf("prefill params (-want +got):\n%s", diff)
 					}
-					if ids, _ := blockIDs(kv["remote_block_ids"]); len(ids) != (n+15)/16 {
+					if ids := typed(t, kv).RemoteBlockIDs; len(ids) != 1 || len(ids[0]) != (n+15)/16 {
 						t.Errorf("remote_block_ids %v: want %d blocks", kv["remote_block_ids"], (n+15)/16)
 					}
 					got := decode(t, d, prompt, params, kv)
@@ -400,9 +420,9 @@ func TestRoleBothServesBothLegs(t *testing.T) {
 	prompt := promptOf(7, 50)
 	want := run(t, ref.e, &engine.Request{Prompt: prompt, Params: greedy(10)})
 	// The same client id on both legs, as the proxy sends it.
-	o := run(t, b.e, &engine.Request{ID: "req-1", Prompt: prompt, Params: greedy(10), KVTransfer: prefillParams()})
+	o := run(t, b.e, &engine.Request{ID: "req-1", Prompt: prompt, Params: greedy(10), KVTransfer: typed(t, prefillParams())})
 	kv := wire(t, o.final.KVTransfer)
-	got := run(t, b.e, &engine.Request{ID: "req-1", Prompt: prompt, Params: greedy(10), KVTransfer: kv})
+	got := run(t, b.e, &engine.Request{ID: "req-1", Prompt: prompt, Params: greedy(10), KVTransfer: typed(t, kv)})
 	if diff := gocmp.Diff(want.tokens, got.tokens); diff != "" {
 		t.Errorf("tokens (-colocated +both):\n%s", diff)
 	}
@@ -462,9 +482,7 @@ func TestLeases(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer hb.Close()
-		port, _ := asInt(kv["remote_port"])
-		peer := kvxfer.Peer{EngineID: kv["remote_engine_id"].(string), Host: kv["remote_host"].(string), Port: int(port)}
-		id := kv["remote_request_id"].(string)
+		peer, id := peerIn(t, kv)
 		hb.Watch(peer, id)
 		for range 4 { // 4 × 15 s = twice the lease
 			time.Sleep(100 * time.Millisecond) // heartbeats at the current fake time
@@ -496,8 +514,8 @@ func TestLoadFailurePolicies(t *testing.T) {
 		}
 		defer c.Close()
 		kv := prefill(t, p, prompt, greedy(10))
-		port, _ := asInt(kv["remote_port"])
-		if err := c.Notify(t.Context(), kvxfer.Peer{EngineID: kv["remote_engine_id"].(string), Host: kv["remote_host"].(string), Port: int(port)}, kv["remote_request_id"].(string)); err != nil {
+		peer, id := peerIn(t, kv)
+		if err := c.Notify(t.Context(), peer, id); err != nil {
 			t.Fatal(err)
 		}
 		p.waitIdle(t)
@@ -590,9 +608,10 @@ func TestAbortWhileWaitingForRemoteKV(t *testing.T) {
 	}()
 	prompt := promptOf(9, 20)
 	kv := map[string]any{"do_remote_prefill": true, "remote_engine_id": "silent", "remote_request_id": "r", "remote_host": "127.0.0.1",
-		"remote_port": ln.Addr().(*net.TCPAddr).Port, "remote_block_ids": []any{[]any{0.0, 1.0}}}
+		"remote_port": ln.Addr().(*net.TCPAddr).Port, "remote_block_ids": []any{[]any{0.0, 1.0}},
+		promptDigestParam: kvparams.PromptDigest(d.c.cfg.ModelFingerprint, prompt)}
 	ctx, cancel := context.WithCancel(t.Context())
-	h, err := d.e.Submit(ctx, &engine.Request{Prompt: prompt, Params: greedy(4), KVTransfer: kv})
+	h, err := d.e.Submit(ctx, &engine.Request{Prompt: prompt, Params: greedy(4), KVTransfer: typed(t, kv)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -647,16 +666,43 @@ func TestMalformedParamsAreRejectedBeforeAllocation(t *testing.T) {
 		{"both legs at once are refused", d, with("do_remote_decode", true), "both true"},
 		{"a decode leg on a prefill engine names the role to use", p, good(), "--role decode or --role both"},
 		{"a prefill leg on a decode engine names the role to use", d, prefillParams(), "--role prefill or --role both"},
+		{"a malformed prompt digest is refused", d, with(promptDigestParam, "abc"), promptDigestParam + " must be the prefill's digest"},
+		{"params without a prompt digest are refused", d, good(), "not issued by an engine of this cluster"},
+		{"params for another prompt are refused", d, with(promptDigestParam, kvparams.PromptDigest(d.c.cfg.ModelFingerprint, prompt[1:])), "issued for another prompt"},
+	}
+	// Through the API, as clients send them: malformed fields are refused
+	// where the params are parsed (package openai), the rest by the
+	// connector in Submit.
+	_, tok := loadStories(t)
+	servers := map[*pdEngine]*httptest.Server{}
+	for _, e := range []*pdEngine{p, d} {
+		srv, err := openai.NewServer(openai.Config{Backend: e.e, Tokenizer: tok, ModelName: "stories260K", Logger: discardLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		servers[e] = httptest.NewServer(srv)
+		defer servers[e].Close()
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := tc.e.e.Submit(t.Context(), &engine.Request{Prompt: prompt, Params: greedy(4), KVTransfer: tc.kv})
-			var ire *engine.InvalidRequestError
-			if !errors.As(err, &ire) {
-				t.Fatalf("Submit = %v, want an InvalidRequestError", err)
+			body, _ := json.Marshal(map[string]any{"model": "stories260K", "prompt": prompt, "max_tokens": 4, "kv_transfer_params": tc.kv})
+			ts := servers[tc.e]
+			resp, err := ts.Client().Post(ts.URL+"/v1/completions", "application/json", bytes.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
 			}
-			if ire.Param != "kv_transfer_params" || !strings.Contains(ire.Message, tc.want) {
-				t.Errorf("error %q (param %q), want kv_transfer_params saying %q", ire.Message, ire.Param, tc.want)
+			defer resp.Body.Close()
+			var e struct {
+				Error struct {
+					Message string `json:"message"`
+					Param   string `json:"param"`
+				} `json:"error"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&e); err != nil || resp.StatusCode != http.StatusBadRequest {
+				t.Fatalf("status %d (%v), want 400", resp.StatusCode, err)
+			}
+			if e.Error.Param != "kv_transfer_params" || !strings.Contains(e.Error.Message, tc.want) {
+				t.Errorf("error %q (param %q), want kv_transfer_params saying %q", e.Error.Message, e.Error.Param, tc.want)
 			}
 			if st := tc.e.e.Stats(); st.FreeBlocks != st.TotalBlocks || st.Waiting != 0 {
 				t.Errorf("state after a rejected request: %+v", st)
@@ -671,7 +717,7 @@ func TestRejectedDecodeLegFreesThePrefill(t *testing.T) {
 	prompt := promptOf(21, 30)
 	kv := prefill(t, p, prompt, greedy(4))
 	// max_tokens beyond the context window: refused before admission.
-	_, err := d.e.Submit(t.Context(), &engine.Request{Prompt: prompt, Params: greedy(100000), KVTransfer: kv})
+	_, err := d.e.Submit(t.Context(), &engine.Request{Prompt: prompt, Params: greedy(100000), KVTransfer: typed(t, kv)})
 	var ire *engine.InvalidRequestError
 	if !errors.As(err, &ire) {
 		t.Fatalf("Submit = %v, want an InvalidRequestError", err)

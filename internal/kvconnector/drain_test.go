@@ -40,7 +40,7 @@ func TestPrefillDrainServesHeldKV(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-		if _, err := p.e.Submit(t.Context(), &engine.Request{Prompt: prompt, Params: greedy(1), KVTransfer: prefillParams()}); !errors.Is(err, engine.ErrShuttingDown) {
+		if _, err := p.e.Submit(t.Context(), &engine.Request{Prompt: prompt, Params: greedy(1), KVTransfer: typed(t, prefillParams())}); !errors.Is(err, engine.ErrShuttingDown) {
 			t.Errorf("Submit to a draining engine: %v, want ErrShuttingDown", err)
 		}
 		<-reqCtx.Done() // past the request deadline: only the hold keeps the engine up

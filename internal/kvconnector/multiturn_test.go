@@ -19,7 +19,7 @@ import (
 // conversation hold for turn 2) and returns the params for the decode leg.
 func prefillWith(t *testing.T, p *pdEngine, prompt []int32, params sample.Params, kv map[string]any) map[string]any {
 	t.Helper()
-	o := run(t, p.e, &engine.Request{Prompt: prompt, Params: params, KVTransfer: kv})
+	o := run(t, p.e, &engine.Request{Prompt: prompt, Params: params, KVTransfer: typed(t, kv)})
 	if len(o.tokens) != 1 || o.final.KVTransfer == nil {
 		t.Fatalf("turn-2 prefill leg: %d tokens, finish %q (%v), params %v", len(o.tokens), o.final.Finish, o.final.Err, o.final.KVTransfer)
 	}
@@ -417,7 +417,7 @@ func TestMultiTurnDecodeAbortHoldsNothing(t *testing.T) {
 	kv := prefill(t, p, prompt, greedy(200))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	h, err := d.e.Submit(ctx, &engine.Request{Prompt: prompt, Params: greedy(200), KVTransfer: kv})
+	h, err := d.e.Submit(ctx, &engine.Request{Prompt: prompt, Params: greedy(200), KVTransfer: typed(t, kv)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,10 @@
 package kvconnector
 
 import (
-	"strconv"
+	"encoding/json"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/kvparams"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
 	"github.com/tandem-serve/tandem/internal/logid"
 	"github.com/tandem-serve/tandem/internal/sched"
@@ -13,17 +14,12 @@ import (
 // finishes. These run on the engine's step loop.
 
 // OnNewRequest implements sched.Connector: it records the request's kv
-// params and, for a remote prefill, starts heartbeating the prefill's lease
-// while the request queues here.
+// params, as CheckKVTransfer parsed them at Submit, and, for a remote
+// prefill, starts heartbeating the prefill's lease while the request queues
+// here.
 func (c *Connector) OnNewRequest(r *sched.Request) {
-	if r.KVTransfer == nil || !c.started {
-		return
-	}
-	k, err := parseKV(r.KVTransfer, len(r.Prompt), c.blockSize, c.cfg.Bidirectional)
-	if err != nil {
-		// Submit validated the params; a request added another way runs
-		// as a plain one.
-		c.log.Warn("ignoring invalid kv_transfer_params", "id", r.ID, "err", err)
+	k, ok := r.KVParams.(kvRequest)
+	if !ok || !c.started {
 		return
 	}
 	switch {
@@ -106,11 +102,12 @@ func (c *Connector) UpdateStateAfterAlloc(r *sched.Request, blocks []int32, numE
 
 // BuildConnectorMeta implements sched.Connector: it hands the staged pulls,
 // notifications and cancellations to the worker half and resets them.
-func (c *Connector) BuildConnectorMeta(*sched.Output) any {
+func (c *Connector) BuildConnectorMeta(*sched.Output) sched.ConnectorMeta {
 	if c.staged.empty() {
 		return nil
 	}
 	m := c.staged
+	m.c = c
 	c.staged = connMeta{}
 	return &m
 }
@@ -121,7 +118,7 @@ func (c *Connector) BuildConnectorMeta(*sched.Output) any {
 // remote prefill that ends before pulling tells the prefill to free; one
 // that ends while pulling cancels the pull (the scheduler keeps its blocks
 // until the pull reports, and the pull's DONE frees the prefill's).
-func (c *Connector) RequestFinished(r *sched.Request, blockIDs []int32) (bool, map[string]any) {
+func (c *Connector) RequestFinished(r *sched.Request, blockIDs []int32) (bool, json.RawMessage) {
 	st := c.reqs[r.ID]
 	if st == nil {
 		return false, nil
@@ -149,7 +146,7 @@ func (c *Connector) RequestFinished(r *sched.Request, blockIDs []int32) (bool, m
 
 // holdForDecode holds a finished prefill's prompt blocks under a lease for
 // the decode leg and returns the params the decode needs.
-func (c *Connector) holdForDecode(r *sched.Request, blockIDs []int32) (bool, map[string]any) {
+func (c *Connector) holdForDecode(r *sched.Request, blockIDs []int32) (bool, json.RawMessage) {
 	ids, ok := c.leadingBlocks(r, blockIDs, len(r.Prompt))
 	if !ok {
 		return false, nil
@@ -159,11 +156,12 @@ func (c *Connector) holdForDecode(r *sched.Request, blockIDs []int32) (bool, map
 		c.log.Error("cannot hold KV for the remote decode; freeing it", "id", r.ID, "err", err)
 		return false, nil
 	}
-	g := kvxfer.Grant{EngineID: c.cfg.EngineID, RequestID: r.ID, Host: c.advertHost, Port: c.advertPort, BlockIDs: ids, NumTokens: len(r.Prompt)}
+	digest := kvparams.PromptDigest(c.cfg.ModelFingerprint, r.Prompt)
+	g := kvxfer.Grant{EngineID: c.cfg.EngineID, RequestID: r.ID, Host: c.advertHost, Port: c.advertPort, BlockIDs: ids, NumTokens: len(r.Prompt), Digest: digest}
 	p := c.params(g, now.Add(c.cfg.Lease))
-	p["do_remote_prefill"], p["do_remote_decode"] = true, false
-	p["remote_blocks_expiry_time"] = nil
-	return true, p
+	p.DoRemotePrefill = true
+	p.PromptDigest = digest
+	return true, p.Raw()
 }
 
 // holdConversation holds a finished decode leg's blocks — every token with
@@ -171,7 +169,7 @@ func (c *Connector) holdForDecode(r *sched.Request, blockIDs []int32) (bool, map
 // renewed by heartbeats, so the next turn's prefill can pull them (vLLM's
 // bidirectional mode), and returns the params that name them, with the
 // token hash chain the prefill checks its prompt against.
-func (c *Connector) holdConversation(r *sched.Request, blockIDs []int32) (bool, map[string]any) {
+func (c *Connector) holdConversation(r *sched.Request, blockIDs []int32) (bool, json.RawMessage) {
 	n := r.NumComputedTokens()
 	ids, ok := c.leadingBlocks(r, blockIDs, n)
 	if !ok || n == 0 {
@@ -187,11 +185,11 @@ func (c *Connector) holdConversation(r *sched.Request, blockIDs []int32) (bool, 
 	chain := historyChain(c.cfg.ModelFingerprint, tokens, c.blockSize)
 	g := kvxfer.Grant{EngineID: c.cfg.EngineID, RequestID: r.ID, Host: c.advertHost, Port: c.advertPort, BlockIDs: ids, NumTokens: n, Digest: chainDigest(chain)}
 	p := c.params(g, deadline)
-	p["do_remote_prefill"], p["do_remote_decode"] = false, true
-	p["remote_blocks_expiry_time"] = float64(deadline.UnixNano()) / 1e9
-	p[historyParam] = chain
+	p.DoRemoteDecode = true
+	p.RemoteBlocksExpiryTime = float64(deadline.UnixNano()) / 1e9
+	p.History = chain
 	c.updateHoldGauge()
-	return true, p
+	return true, p.Raw()
 }
 
 // leadingBlocks returns the ids of the blocks holding r's first n tokens.
@@ -210,20 +208,13 @@ func (c *Connector) leadingBlocks(r *sched.Request, blockIDs []int32, n int) ([]
 
 // params are the kv_transfer_params naming g's blocks on this engine,
 // signed until expiry, with every field vLLM's connector returns.
-func (c *Connector) params(g kvxfer.Grant, expiry time.Time) map[string]any {
-	return map[string]any{
-		kvxfer.SignatureParam:            c.signer.Sign(g, expiry),
-		"remote_block_ids":               [][]int{g.BlockIDs},
-		"remote_engine_id":               g.EngineID,
-		"remote_request_id":              g.RequestID,
-		"remote_host":                    g.Host,
-		"remote_port":                    g.Port,
-		"tp_size":                        1,
-		"dcp_size":                       1,
-		"pp_size":                        1,
-		"transfer_mode":                  "pull",
-		"remote_num_tokens":              g.NumTokens,
-		"remote_registration_generation": strconv.FormatUint(c.prod.Info().Generation, 10),
+func (c *Connector) params(g kvxfer.Grant, expiry time.Time) kvparams.Params {
+	return kvparams.Params{
+		Signature:      c.signer.Sign(g, expiry),
+		RemoteBlockIDs: [][]int{g.BlockIDs}, RemoteEngineID: g.EngineID, RemoteRequestID: g.RequestID,
+		RemoteHost: g.Host, RemotePort: g.Port, RemoteNumTokens: g.NumTokens,
+		TPSize: 1, DCPSize: 1, PPSize: 1, TransferMode: "pull",
+		RemoteRegistrationGeneration: c.prod.Info().Generation,
 	}
 }
 

@@ -9,16 +9,18 @@ import (
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
 	"github.com/tandem-serve/tandem/internal/logid"
+	"github.com/tandem-serve/tandem/internal/sched"
 )
 
 // The worker half: pulls, notifications, lease sweeps and releases, on
 // goroutines of their own that report to the step loop by message.
 
 // Step implements engine.KVWorker: it starts the step's pulls and
-// notifications, cancels pulls of finished requests, sweeps expired leases
-// and returns the prefill's released requests as finished_sending. Pulls
-// report through Engine.ReportKV when they end.
-func (c *Connector) Step(meta any) (engine.KVCompletions, error) {
+// notifications and cancels pulls of finished requests (meta, built by
+// BuildConnectorMeta), sweeps expired leases and returns the prefill's
+// released requests as finished_sending. Pulls report through
+// Engine.ReportKV when they end.
+func (c *Connector) Step(meta sched.ConnectorMeta) (engine.KVCompletions, error) {
 	var out engine.KVCompletions
 	c.mu.Lock()
 	pulled := c.pulled
@@ -31,20 +33,8 @@ func (c *Connector) Step(meta any) (engine.KVCompletions, error) {
 			st.phase = consumed
 		}
 	}
-	if m, ok := meta.(*connMeta); ok && m != nil {
-		c.mu.Lock()
-		for _, id := range m.cancels {
-			if cancel := c.inflight[id]; cancel != nil {
-				cancel()
-			}
-		}
-		c.mu.Unlock()
-		for _, n := range m.notifies {
-			c.goNotify(n)
-		}
-		for _, p := range m.pulls {
-			c.startPull(p)
-		}
+	if meta != nil {
+		meta.Start()
 	}
 	if c.prod != nil {
 		c.prod.Sweep(c.cfg.Clock.Now())
@@ -52,6 +42,25 @@ func (c *Connector) Step(meta any) (engine.KVCompletions, error) {
 		c.updateHoldGauge()
 	}
 	return out, nil
+}
+
+// Start implements sched.ConnectorMeta: the worker half cancels, notifies
+// and pulls what the scheduler half staged for the step.
+func (m *connMeta) Start() {
+	c := m.c
+	c.mu.Lock()
+	for _, id := range m.cancels {
+		if cancel := c.inflight[id]; cancel != nil {
+			cancel()
+		}
+	}
+	c.mu.Unlock()
+	for _, n := range m.notifies {
+		c.goNotify(n)
+	}
+	for _, p := range m.pulls {
+		c.startPull(p)
+	}
 }
 
 // RelieveMemory implements engine.MemoryReliever: it gives up the oldest

@@ -430,7 +430,7 @@ func TestNChoicesFailures(t *testing.T) {
 
 	t.Run("a prefill leg with n > 1 runs one choice", func(t *testing.T) {
 		b := newFakeBackend(func(r *engine.Request) []engine.Event {
-			return []engine.Event{{Tokens: []int32{70}, Text: "C", Finish: engine.FinishLength, KVTransfer: map[string]any{"remote_block_ids": []int{1}}}}
+			return []engine.Event{{Tokens: []int32{70}, Text: "C", Finish: engine.FinishLength, KVTransfer: json.RawMessage(`{"remote_block_ids":[[1]]}`)}}
 		})
 		_, ts := newTestServer(t, b, nil)
 		resp, raw := post(t, ts.URL+"/v1/completions", `{"model":"m","prompt":"a","max_tokens":1,"n":3,"kv_transfer_params":{"do_remote_decode":true}}`, nil)

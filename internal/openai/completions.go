@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/kvparams"
 )
 
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
@@ -132,13 +133,13 @@ func (s *Server) completionJob(req *CompletionRequest, extID string) (*job, *Err
 }
 
 // kvTransfer parses kv_transfer_params and rejects a streaming prefill leg.
-func (s *Server) kvTransfer(f *SamplingFields) (map[string]any, *Error) {
+func (s *Server) kvTransfer(f *SamplingFields) (*kvparams.Params, *Error) {
 	kv, err := parseKVTransfer(f.KVTransferParams)
 	if err != nil {
 		return nil, err
 	}
 	if f.Stream {
-		if d, _ := kv["do_remote_decode"].(bool); d {
+		if kv != nil && kv.DoRemoteDecode {
 			return nil, BadRequest("kv_transfer_params", "kv_transfer_params need a non-streaming response: the proxy calls the prefill engine with stream=false")
 		}
 	}

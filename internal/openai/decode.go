@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"strings"
+
+	"github.com/tandem-serve/tandem/internal/kvparams"
 )
 
 // DecodeBody reads r's body, at most limit bytes, and unmarshals the JSON
@@ -152,16 +154,17 @@ func parseStop(raw json.RawMessage) ([]string, *Error) {
 	return nil, BadRequest("stop", "stop must be a string or a list of strings")
 }
 
-// parseKVTransfer parses kv_transfer_params: null or a JSON object.
-func parseKVTransfer(raw json.RawMessage) (map[string]any, *Error) {
+// parseKVTransfer parses kv_transfer_params, null or a JSON object, where
+// they enter the engine: the engine and its KV connector get them typed.
+func parseKVTransfer(raw json.RawMessage) (*kvparams.Params, *Error) {
 	if isNull(raw) {
 		return nil, nil
 	}
-	var m map[string]any
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, BadRequest("kv_transfer_params", "kv_transfer_params must be an object")
+	p, err := kvparams.Parse(raw)
+	if err != nil {
+		return nil, BadRequest("kv_transfer_params", "%s", err)
 	}
-	return m, nil
+	return &p, nil
 }
 
 // Message is one chat message reduced to text, ready for a chat template.

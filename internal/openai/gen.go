@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/kvparams"
 	"github.com/tandem-serve/tandem/internal/sample"
 )
 
@@ -23,7 +24,7 @@ type job struct {
 	// n is the number of choices per prompt; choice c of prompt p has the
 	// index p*n+c in the response, as in OpenAI's API and vLLM.
 	n  int
-	kv map[string]any
+	kv *kvparams.Params
 	// echo is each prompt's text, prepended to its choices' text (echo).
 	echo []string
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/kvparams"
 )
 
 // KVReleasePath is the route on which a prefill engine frees the KV it holds
@@ -24,7 +25,7 @@ type KVReleaser interface {
 	// *engine.InvalidRequestError for params that are malformed or not this
 	// engine's, and any other error when nothing is held for them (never
 	// held, already released or expired).
-	ReleaseKV(kv map[string]any) error
+	ReleaseKV(kv kvparams.Params) error
 }
 
 // KVReleaseRequest is the body of POST /tandem/kv/release: the
@@ -61,7 +62,7 @@ func (s *Server) handleKVRelease(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, NewError(http.StatusNotFound, "", "this engine holds no KV for remote decodes"))
 		return
 	}
-	if err := s.cfg.KVReleaser.ReleaseKV(kv); err != nil {
+	if err := s.cfg.KVReleaser.ReleaseKV(*kv); err != nil {
 		var ire *engine.InvalidRequestError
 		if errors.As(err, &ire) {
 			param := ire.Param

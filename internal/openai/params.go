@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 
+	"github.com/tandem-serve/tandem/internal/kvparams"
 	"github.com/tandem-serve/tandem/internal/sample"
 )
 
@@ -35,7 +36,7 @@ const MaxN = 128
 
 // choicesPerPrompt checks n and best_of and returns the number of choices
 // per prompt.
-func choicesPerPrompt(f *SamplingFields, kv map[string]any) (int, *Error) {
+func choicesPerPrompt(f *SamplingFields, kv *kvparams.Params) (int, *Error) {
 	n := 1
 	if f.N != nil {
 		n = *f.N
@@ -51,7 +52,7 @@ func choicesPerPrompt(f *SamplingFields, kv map[string]any) (int, *Error) {
 	// thrown away. The proxy sends such legs with n = 1; an n > 1 from
 	// another proxy is served as n = 1 rather than sampling choices no one
 	// reads (and holding KV for each of them).
-	if d, _ := kv["do_remote_decode"].(bool); d {
+	if kv != nil && kv.DoRemoteDecode {
 		n = 1
 	}
 	return n, nil

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/kvparams"
 )
 
 func post(t *testing.T, url, body string, header map[string]string) (*http.Response, []byte) {
@@ -332,8 +333,9 @@ func TestRequestIDs(t *testing.T) {
 
 func TestKVTransferParams(t *testing.T) {
 	out := map[string]any{"do_remote_prefill": true, "remote_block_ids": []any{[]any{1.0, 2.0}}, "remote_engine_id": "p0"}
+	outJSON, _ := json.Marshal(out)
 	b := newFakeBackend(func(r *engine.Request) []engine.Event {
-		return []engine.Event{{Tokens: []int32{10}, Text: "x", Finish: engine.FinishLength, KVTransfer: out, Usage: engine.Usage{PromptTokens: len(r.Prompt), CompletionTokens: 1}}}
+		return []engine.Event{{Tokens: []int32{10}, Text: "x", Finish: engine.FinishLength, KVTransfer: outJSON, Usage: engine.Usage{PromptTokens: len(r.Prompt), CompletionTokens: 1}}}
 	})
 	_, ts := newTestServer(t, b, nil)
 	for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
@@ -356,7 +358,7 @@ func TestKVTransferParams(t *testing.T) {
 				t.Errorf("kv_transfer_params (-want +got):\n%s", diff)
 			}
 			reqs := b.requests()
-			if diff := cmp.Diff(map[string]any{"do_remote_decode": true, "remote_engine_id": nil}, reqs[len(reqs)-1].KVTransfer); diff != "" {
+			if diff := cmp.Diff(&kvparams.Params{DoRemoteDecode: true}, reqs[len(reqs)-1].KVTransfer); diff != "" {
 				t.Errorf("engine got kv params (-want +got):\n%s", diff)
 			}
 		})

@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/kvparams"
 )
 
 // submitError maps an error from Backend.Submit to an API error: the
@@ -32,19 +33,17 @@ func submitError(err error) *Error {
 // RejectKVTransfer tells that engine to free them now rather than at lease
 // expiry (vLLM's pre-admission rejection cleanup, PR #41269).
 type KVRejecter interface {
-	RejectKVTransfer(kv map[string]any)
+	RejectKVTransfer(kv *kvparams.Params)
 }
 
 // rejectKV passes a refused request's kv_transfer_params to the backend's
 // connector, if it has one. Unparseable params name nothing to free.
 func (s *Server) rejectKV(raw json.RawMessage) {
 	kr, ok := s.cfg.Backend.(KVRejecter)
-	if !ok || len(raw) == 0 {
+	if !ok {
 		return
 	}
-	var kv map[string]any
-	if json.Unmarshal(raw, &kv) != nil || kv == nil {
-		return
+	if kv, err := parseKVTransfer(raw); err == nil && kv != nil {
+		kr.RejectKVTransfer(kv)
 	}
-	kr.RejectKVTransfer(kv)
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/kvparams"
 	"github.com/tandem-serve/tandem/internal/testmodels"
 )
 
@@ -117,10 +118,10 @@ func TestBadRequestIDsAreRefused(t *testing.T) {
 type fakeReleaser struct {
 	err error
 	mu  sync.Mutex
-	got []map[string]any
+	got []kvparams.Params
 }
 
-func (f *fakeReleaser) ReleaseKV(kv map[string]any) error {
+func (f *fakeReleaser) ReleaseKV(kv kvparams.Params) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.got = append(f.got, kv)
@@ -146,6 +147,7 @@ func TestKVReleaseRoute(t *testing.T) {
 		{"an engine without a connector answers 404", nil, true, `{"kv_transfer_params":` + params + `}`, 404, `holds no KV`, 0},
 		{"a body without params is a 400", &fakeReleaser{}, false, `{}`, 400, `"param":"kv_transfer_params"`, 0},
 		{"params that are not an object are a 400", &fakeReleaser{}, false, `{"kv_transfer_params":[1]}`, 400, `"param":"kv_transfer_params"`, 0},
+		{"a malformed field is a 400 that names it", &fakeReleaser{}, false, `{"kv_transfer_params":{"remote_port":"80"}}`, 400, `remote_port must be a TCP port`, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -96,8 +96,9 @@ type CompletionResponse struct {
 	Choices []CompletionChoice `json:"choices"`
 	Usage   *Usage             `json:"usage"`
 	// KVTransferParams is set on a prefill engine's response to a request
-	// with kv_transfer_params.do_remote_decode.
-	KVTransferParams map[string]any `json:"kv_transfer_params,omitempty"`
+	// with kv_transfer_params.do_remote_decode: the JSON object the KV
+	// connector wrote (kvparams.Params), verbatim.
+	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
 }
 
 // CompletionChoice is one choice of a completion (or one chunk's delta).
@@ -122,13 +123,13 @@ type CompletionLogprobs struct {
 
 // ChatCompletionResponse is a non-streaming /v1/chat/completions response.
 type ChatCompletionResponse struct {
-	ID               string         `json:"id"`
-	Object           string         `json:"object"`
-	Created          int64          `json:"created"`
-	Model            string         `json:"model"`
-	Choices          []ChatChoice   `json:"choices"`
-	Usage            *Usage         `json:"usage"`
-	KVTransferParams map[string]any `json:"kv_transfer_params,omitempty"`
+	ID               string          `json:"id"`
+	Object           string          `json:"object"`
+	Created          int64           `json:"created"`
+	Model            string          `json:"model"`
+	Choices          []ChatChoice    `json:"choices"`
+	Usage            *Usage          `json:"usage"`
+	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
 }
 
 // ChatChoice is one choice of a chat completion.
@@ -159,7 +160,7 @@ type CompletionChunk struct {
 	// KVTransferParams rides on the final chunk of choice 0 when the
 	// engine returns some (a decode's conversation hold, vLLM's
 	// bidirectional mode), as the non-streaming body carries them.
-	KVTransferParams map[string]any `json:"kv_transfer_params,omitempty"`
+	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
 }
 
 // ChatCompletionChunk is one event of a streaming chat completion. Usage is
@@ -172,7 +173,7 @@ type ChatCompletionChunk struct {
 	Choices []ChatChunkChoice `json:"choices"`
 	Usage   json.RawMessage   `json:"usage,omitempty"`
 	// KVTransferParams: as in CompletionChunk.
-	KVTransferParams map[string]any `json:"kv_transfer_params,omitempty"`
+	KVTransferParams json.RawMessage `json:"kv_transfer_params,omitempty"`
 }
 
 // ChatChunkChoice is one choice's delta in a chat chunk.

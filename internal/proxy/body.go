@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/tandem-serve/tandem/internal/kvparams"
 )
 
 // object is a JSON object kept as its keys in order and each value's raw
@@ -276,9 +278,9 @@ func writeKey(b *bytes.Buffer, k string) {
 }
 
 // prefillKVParams asks the prefill engine to keep the prompt's KV for a
-// remote decode. The null placeholders match vLLM's toy proxy so that engines
-// which validate the shape accept it.
-var prefillKVParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+// remote decode. They marshal with the null placeholders of vLLM's toy
+// proxy, so that engines which validate the shape accept them.
+var prefillKVParams = kvparams.Params{DoRemoteDecode: true}.Raw()
 
 // kvParamsKey is the body field that carries P/D state between engines.
 // The proxy writes it on both legs and never forwards a client's.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/apierror"
+	"github.com/tandem-serve/tandem/internal/kvparams"
 )
 
 // Conversation mode (Config.Conversations) lets a decode engine started with
@@ -330,16 +331,14 @@ func (c *conversations) remove(e *convEntry) conversation {
 // prefill engine applies its own safety margin before pulling; the proxy
 // only stops offering params that can no longer work.
 func expiry(params json.RawMessage, now time.Time, ttl time.Duration) time.Time {
-	var p struct {
-		Expiry *float64 `json:"remote_blocks_expiry_time"`
-	}
-	if err := json.Unmarshal(params, &p); err != nil || p.Expiry == nil || math.IsNaN(*p.Expiry) || math.IsInf(*p.Expiry, 0) {
+	p, err := kvparams.Parse(params)
+	if err != nil || p.RemoteBlocksExpiryTime == 0 {
 		return now.Add(ttl)
 	}
 	limit := now.Add(maxConversationTTL)
-	if *p.Expiry >= float64(limit.Unix()) {
+	if p.RemoteBlocksExpiryTime >= float64(limit.Unix()) {
 		return limit
 	}
-	sec, frac := math.Modf(*p.Expiry)
+	sec, frac := math.Modf(p.RemoteBlocksExpiryTime)
 	return time.Unix(int64(sec), int64(frac*1e9))
 }

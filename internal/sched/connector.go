@@ -1,6 +1,9 @@
 package sched
 
-import "errors"
+import (
+	"encoding/json"
+	"errors"
+)
 
 // Connector is the scheduler half of a KV connector, mirroring vLLM's
 // KVConnectorBase_V1 scheduler-side methods. The scheduler calls it from the
@@ -39,14 +42,27 @@ type Connector interface {
 	// step's output and returns what the worker half needs this step (loads
 	// to start, requests to release or notify); the scheduler puts it in
 	// Output.ConnectorMeta untouched. It resets the connector's per-step
-	// staging state.
-	BuildConnectorMeta(out *Output) any
+	// staging state. Nil means nothing for the worker half this step.
+	BuildConnectorMeta(out *Output) ConnectorMeta
 
 	// RequestFinished is called exactly once when a request finishes (any
 	// finish status), before its blocks are freed. delayFree keeps the
 	// blocks until the request id is reported in finished_sending; params
-	// are returned to the client (kv_transfer_params).
-	RequestFinished(r *Request, blockIDs []int32) (delayFree bool, params map[string]any)
+	// are returned to the client (kv_transfer_params, a JSON object).
+	RequestFinished(r *Request, blockIDs []int32) (delayFree bool, params json.RawMessage)
+}
+
+// ConnectorMeta is what a connector's scheduler half hands its worker half
+// for one step (vLLM's KVConnectorMetadata). The scheduler and the engine
+// carry it from BuildConnectorMeta to the worker half without looking
+// inside. It is the step's work itself, which Start runs, so the worker
+// half reads no fields through a type assertion and the compiler checks
+// what is handed over.
+type ConnectorMeta interface {
+	// Start starts the step's transfers (loads, notifications,
+	// cancellations). The worker half calls it on the step loop, before
+	// the model runs.
+	Start()
 }
 
 // ErrRetryLater is returned by Connector.GetNumNewMatchedTokens when it
@@ -68,10 +84,10 @@ func (NoConnector) GetNumNewMatchedTokens(*Request, int) (int, bool, error) { re
 func (NoConnector) UpdateStateAfterAlloc(*Request, []int32, int) {}
 
 // BuildConnectorMeta returns nil.
-func (NoConnector) BuildConnectorMeta(*Output) any { return nil }
+func (NoConnector) BuildConnectorMeta(*Output) ConnectorMeta { return nil }
 
 // RequestFinished frees at once and returns no params.
-func (NoConnector) RequestFinished(*Request, []int32) (bool, map[string]any) { return false, nil }
+func (NoConnector) RequestFinished(*Request, []int32) (bool, json.RawMessage) { return false, nil }
 
 // LoadFailurePolicy says what happens to a request whose KV load from
 // elsewhere failed for some blocks (vLLM's kv_load_failure_policy).

@@ -175,7 +175,7 @@ func TestRemoteDecodeLifecycle(t *testing.T) {
 		if !ok || f.Status != FinishedLength {
 			t.Fatalf("p not finished by length after one token: %+v", f)
 		}
-		if diff := cmp.Diff(map[string]any{"remote_block_ids": []int32{0, 1, 2}}, f.KVTransfer); diff != "" {
+		if diff := cmp.Diff([]int32{0, 1, 2}, heldBlocks(t, f.KVTransfer)); diff != "" {
 			t.Errorf("kv_transfer_params (-want +got):\n%s", diff)
 		}
 		if h.pool.FreeBlocks() != 13 || h.pool.RefCount(p.Blocks()[0]) != 1 {
@@ -208,7 +208,7 @@ func TestRemoteDecodeLifecycle(t *testing.T) {
 		if r.NumCachedTokens() != 8 {
 			t.Errorf("cached %d, want 8", r.NumCachedTokens())
 		}
-		if got := h.finished["p"].KVTransfer["remote_block_ids"].([]int32); len(got) != 3 {
+		if got := heldBlocks(t, h.finished["p"].KVTransfer); len(got) != 3 {
 			t.Errorf("remote_block_ids %v, want 3 blocks", got)
 		}
 		h.s.UpdateFromConnector(nil, []string{"p"}, nil)

@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"encoding/json"
 	"fmt"
 	"testing"
 
@@ -191,9 +192,30 @@ func (c *testConnector) UpdateStateAfterAlloc(r *Request, blocks []int32, ext in
 	c.blocksSeen[r.ID] = append([]int32(nil), blocks...)
 }
 
-func (c *testConnector) BuildConnectorMeta(*Output) any { c.metaCalls++; return c.metaCalls }
+// testMeta is testConnector's connector metadata: the step's number.
+type testMeta int
 
-func (c *testConnector) RequestFinished(r *Request, blocks []int32) (bool, map[string]any) {
+func (testMeta) Start() {}
+
+func (c *testConnector) BuildConnectorMeta(*Output) ConnectorMeta {
+	c.metaCalls++
+	return testMeta(c.metaCalls)
+}
+
+func (c *testConnector) RequestFinished(r *Request, blocks []int32) (bool, json.RawMessage) {
 	c.finished[r.ID]++
-	return c.delayFree[r.ID], map[string]any{"remote_block_ids": append([]int32(nil), blocks...)}
+	params, _ := json.Marshal(map[string]any{"remote_block_ids": blocks})
+	return c.delayFree[r.ID], params
+}
+
+// heldBlocks reads the block ids testConnector returned in params.
+func heldBlocks(t *testing.T, params json.RawMessage) []int32 {
+	t.Helper()
+	var p struct {
+		IDs []int32 `json:"remote_block_ids"`
+	}
+	if err := json.Unmarshal(params, &p); err != nil {
+		t.Fatalf("params %s: %v", params, err)
+	}
+	return p.IDs
 }

@@ -61,8 +61,11 @@ type Request struct {
 	// FINISHED_LENGTH when it is reached, if the caller did not stop it
 	// before. It must be positive.
 	MaxTokens int
-	// KVTransfer is the request's kv_transfer_params, for the connector.
-	KVTransfer map[string]any
+	// KVParams is the request's kv_transfer_params as the connector parsed
+	// them when the request was submitted (engine.KVRequestChecker), nil for
+	// a request without any. The connector owns the value: the scheduler
+	// only carries it to the connector's methods.
+	KVParams any
 
 	status Status
 	tokens []int32 // prompt then output

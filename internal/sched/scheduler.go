@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -41,7 +42,7 @@ type Finished struct {
 	// Err explains a FinishedError.
 	Err string
 	// KVTransfer is what Connector.RequestFinished returned for the client.
-	KVTransfer map[string]any
+	KVTransfer json.RawMessage
 }
 
 // Output is one step's schedule.
@@ -57,7 +58,7 @@ type Output struct {
 	Finished []Finished
 	// ConnectorMeta is Connector.BuildConnectorMeta's result, for the worker
 	// half of the connector.
-	ConnectorMeta any
+	ConnectorMeta ConnectorMeta
 }
 
 // Result is the caller's outcome for one sampling request of a step.

@@ -1,0 +1,43 @@
+package kvparams
+
+import (
+	"bytes"
+	"reflect"
+	"testing"
+)
+
+// FuzzParse: Parse never panics, and what it accepts marshals to params
+// it parses back to the same value, whose marshalling is stable.
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{
+		`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`,
+		string(full().Raw()),
+		`{"remote_block_ids":[1,2,3],"remote_port":5600.0,"x":{"y":[null]}}`,
+		`{"remote_block_ids":[[1],[2,3]],"tandem_history":["a","b"],"remote_blocks_expiry_time":1e9}`,
+		`{}`, `null`, `[]`, `{"a":1,"a":2}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p, err := Parse(data)
+		if err != nil {
+			return
+		}
+		once, err := p.MarshalJSON()
+		if err != nil {
+			t.Fatalf("Marshal of parsed %q: %v", data, err)
+		}
+		q, err := Parse(once)
+		if err != nil {
+			t.Fatalf("Parse(Marshal(Parse(%q))) = %v; marshalled %s", data, err, once)
+		}
+		twice := q.Raw()
+		if !bytes.Equal(once, twice) {
+			t.Fatalf("marshalling is not stable:\n%s\n%s", once, twice)
+		}
+		p.Extra, q.Extra = nil, nil // compared as bytes above (Marshal compacts them)
+		if !reflect.DeepEqual(p, q) {
+			t.Fatalf("round trip of %q:\n%+v\n%+v", data, p, q)
+		}
+	})
+}
