@@ -6,17 +6,24 @@ import (
 	"github.com/tandem-serve/tandem/internal/apierror"
 )
 
-// Options says which requests carry a JSON body.
+// Options says which requests carry a JSON body, and who may send them.
 type Options struct {
 	// JSONPaths are the URL paths whose POST requests must carry a JSON
 	// body: their content type and UTF-8 are checked. Other paths and
 	// methods pass through unchecked but for framing.
 	JSONPaths []string
+	// Authorize, when set, checks every request after the framing check
+	// and before the others; a request it returns an error for is answered
+	// with apierror.WriteUnauthorized and goes no further. The servers check
+	// the API key here, so that a caller without the key learns nothing
+	// from any answer but 401, as vLLM checks the key first.
+	Authorize func(r *http.Request) *apierror.Error
 }
 
 // Wrap returns h behind the package's checks (see the package doc): framing
-// on every request, content type and UTF-8 on POSTs to o.JSONPaths. A
-// request with the wrong content type is answered 415 before h runs.
+// on every request, then o.Authorize, then content type and UTF-8 on POSTs
+// to o.JSONPaths. A request with the wrong content type is answered 415
+// before h runs.
 func Wrap(h http.Handler, o Options) http.Handler {
 	paths := make(map[string]bool, len(o.JSONPaths))
 	for _, p := range o.JSONPaths {
@@ -27,6 +34,12 @@ func Wrap(h http.Handler, o Options) http.Handler {
 			// Set before h writes anything: net/http closes the connection
 			// after a response that carries it, whatever h answers.
 			w.Header().Set("Connection", "close")
+		}
+		if o.Authorize != nil {
+			if err := o.Authorize(r); err != nil {
+				apierror.WriteUnauthorized(w, err)
+				return
+			}
 		}
 		if r.Method != http.MethodPost || !paths[r.URL.Path] {
 			h.ServeHTTP(w, r)
