@@ -183,3 +183,29 @@ func TestAmbiguousFraming(t *testing.T) {
 		}
 	}
 }
+
+func TestWrapAuthorizesBeforeTheContentType(t *testing.T) {
+	var served bool
+	h := Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served = true }), Options{
+		JSONPaths: []string{"/json"},
+		Authorize: func(r *http.Request) *apierror.Error {
+			if r.Header.Get("Authorization") != "Bearer k" {
+				return apierror.NewError(http.StatusUnauthorized, "", "send the key")
+			}
+			return nil
+		},
+	})
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	status, hdr, body := send(t, "POST", srv.URL+"/json", http.Header{"Content-Type": {"text/plain"}}, "{}")
+	if status != 401 || hdr.Get("WWW-Authenticate") == "" || !strings.Contains(body, "send the key") {
+		t.Errorf("without the key: %d %v %s, want a 401 with a challenge", status, hdr, body)
+	}
+	status, _, _ = send(t, "POST", srv.URL+"/json", http.Header{"Content-Type": {"text/plain"}, "Authorization": {"Bearer k"}}, "{}")
+	if status != 415 {
+		t.Errorf("with the key and text/plain: %d, want 415", status)
+	}
+	if served {
+		t.Error("a refused request reached the handler")
+	}
+}
