@@ -3,7 +3,9 @@
 // place where the engines' OpenAI server (package openai) and the router
 // (package proxy) check what arrives before their handlers parse it.
 //
-// Wrap puts three checks in front of a handler:
+// Wrap puts these checks in front of a handler, in this order (the server's
+// API key, Options.Authorize, comes second, so that a caller without the key
+// gets a 401 whatever else is wrong):
 //
 //   - Framing. A request that carried Transfer-Encoding, or any HTTP/1.0
 //     request, is answered with "Connection: close" and the connection is
