@@ -136,7 +136,7 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit on the prefill leg, on waiting for decode's headers and on each gap between decode's chunks (default 5m)")
 	fs.DurationVar(&cfg.ConnectTimeout, "connect-timeout", 0, "limit on connecting to a backend (default 5s)")
 	fs.DurationVar(&cfg.HealthInterval, "health-interval", 0, "period of backend health checks (default 2s)")
-	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", 0, "largest accepted request body (default 16 MiB)")
+	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", 0, "largest accepted request body (default 15 MiB: the engines' 16 MiB less 1 MiB for what the proxy adds to each leg; raise --max-request-body on the engines with it)")
 	fs.StringVar(&cfg.APIKey, "api-key", "", "require clients to send Authorization: Bearer <key> on every path but /health and /metrics (default: $"+openai.APIKeyEnv+"; the environment keeps the key out of ps)")
 	fs.StringVar(&cfg.BackendAPIKey, "backend-api-key", "", "key the proxy sends to the engines as Authorization: Bearer <key> (default: $"+backendAPIKeyEnv+", else the proxy's own --api-key)")
 	fs.BoolVar(&cfg.Conversations, "conversations", false, "conversation mode, for engines started with --kv-bidirectional: remember the decode's kv_transfer_params per conversation (body field conversation_id or header "+proxy.HeaderConversationID+"; with --model, requests naming none are matched by prompt prefix), send them on the next turn's prefill leg so the prefill pulls the history's KV instead of computing it, and route that turn's decode leg to the same decode")

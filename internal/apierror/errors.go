@@ -60,8 +60,10 @@ const (
 	TypeNotFound         = "NotFoundError"
 	TypeMethodNotAllowed = "MethodNotAllowedError"
 	TypeTooLarge         = "RequestEntityTooLargeError"
-	TypeInternal         = "InternalServerError"
-	TypeUnavailable      = "ServiceUnavailableError"
+	// TypeUnsupportedMediaType: a body that is not application/json.
+	TypeUnsupportedMediaType = "UnsupportedMediaTypeError"
+	TypeInternal             = "InternalServerError"
+	TypeUnavailable          = "ServiceUnavailableError"
 )
 
 // typeForStatus returns the error type for an HTTP status.
@@ -77,6 +79,8 @@ func typeForStatus(status int) string {
 		return TypeMethodNotAllowed
 	case http.StatusRequestEntityTooLarge:
 		return TypeTooLarge
+	case http.StatusUnsupportedMediaType:
+		return TypeUnsupportedMediaType
 	case http.StatusServiceUnavailable:
 		return TypeUnavailable
 	default:

@@ -44,7 +44,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 
 // chatJob validates a chat request and renders and tokenizes its prompt.
 func (s *Server) chatJob(req *ChatCompletionRequest, extID string) (*job, *Error) {
-	if err := s.checkModel(req.Model, false); err != nil {
+	if err := s.checkModel(req.Model); err != nil {
 		return nil, err
 	}
 	if req.TopLogprobs != nil {

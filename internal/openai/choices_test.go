@@ -238,6 +238,7 @@ func TestNChoicesWithStories260K(t *testing.T) {
 		defer cancel()
 		req, _ := http.NewRequestWithContext(ctx, "POST", s.url+"/v1/completions",
 			strings.NewReader(fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":400,"ignore_eos":true,"n":3,"stream":true}`, storyPrompt)))
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -56,7 +56,7 @@ type responseMeta struct {
 
 // completionJob validates a completion request and tokenizes its prompts.
 func (s *Server) completionJob(req *CompletionRequest, extID string) (*job, *Error) {
-	if err := s.checkModel(req.Model, false); err != nil {
+	if err := s.checkModel(req.Model); err != nil {
 		return nil, err
 	}
 	if req.Echo && req.Logprobs != nil {

@@ -21,6 +21,7 @@ func TestDrain(t *testing.T) {
 	status := func(method, path string) int {
 		t.Helper()
 		req, _ := http.NewRequest(method, ts.URL+path, nil)
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -37,6 +38,7 @@ func TestDrain(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"a","max_tokens":40,"stream":true}`))
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -184,6 +184,7 @@ func TestStories260KGoldenGreedyOverHTTP(t *testing.T) {
 		defer cancel()
 		req, _ := http.NewRequestWithContext(ctx, "POST", s.url+"/v1/completions",
 			strings.NewReader(`{"model":"stories260K","prompt":[1],"max_tokens":500,"ignore_eos":true,"stream":true}`))
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -264,6 +265,7 @@ func TestDrainTurnsHealthUnavailable(t *testing.T) {
 		t.Errorf("health while draining: %d, want 503", resp.StatusCode)
 	}
 	req, _ := http.NewRequest("POST", s.url+"/v1/completions", strings.NewReader(`{"model":"stories260K","prompt":[1]}`))
+	req.Header.Set("Content-Type", "application/json")
 	resp, err = http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -29,7 +29,9 @@ func FuzzCompletionsBody(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body string) {
 		for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
 			w := httptest.NewRecorder()
-			s.ServeHTTP(w, httptest.NewRequest(http.MethodPost, path, strings.NewReader(body)))
+			r := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+			r.Header.Set("Content-Type", "application/json")
+			s.ServeHTTP(w, r)
 			if w.Code != 200 && w.Code != 400 && w.Code != 404 {
 				t.Fatalf("%s: status %d for %q: %s", path, w.Code, body, w.Body)
 			}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/httpguard"
 )
 
 // Backend is what the server needs from an engine. *engine.Engine satisfies
@@ -93,6 +94,7 @@ type Server struct {
 	cfg      Config
 	key      *APIKey
 	routes   map[string]route
+	guarded  http.Handler // serve behind package httpguard's checks
 	draining atomic.Bool
 	inFlight atomic.Int64 // generation requests being handled
 }
@@ -140,6 +142,13 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Metrics != nil {
 		s.routes["/metrics"] = route{http.MethodGet, cfg.Metrics.ServeHTTP}
 	}
+	var jsonPaths []string // every POST route takes a JSON body
+	for path, rt := range s.routes {
+		if rt.method == http.MethodPost {
+			jsonPaths = append(jsonPaths, path)
+		}
+	}
+	s.guarded = httpguard.Wrap(http.HandlerFunc(s.serve), httpguard.Options{JSONPaths: jsonPaths, Authorize: s.key.Check})
 	return s, nil
 }
 
@@ -152,14 +161,17 @@ func (s *Server) Drain() { s.draining.Store(true) }
 // handled (their answers not yet fully written).
 func (s *Server) InFlight() int { return int(s.inFlight.Load()) }
 
-// ServeHTTP checks the API key, then routes a request. Unknown paths get a
-// JSON 404 and known paths with the wrong method a JSON 405, so every error
-// a client sees has the OpenAI shape.
+// ServeHTTP checks the request's framing, the API key, and a POST's
+// content type and UTF-8 (package httpguard: a body that is not
+// application/json is a 415), then routes it. Unknown paths get a JSON 404
+// and known paths with the wrong method a JSON 405, so every error a client
+// sees has the OpenAI shape.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if err := s.key.Check(r); err != nil {
-		WriteUnauthorized(w, err)
-		return
-	}
+	s.guarded.ServeHTTP(w, r)
+}
+
+// serve routes a request that passed httpguard's checks.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	rt, ok := s.routes[r.URL.Path]
 	if !ok {
 		WriteError(w, NewError(http.StatusNotFound, "", "no route for %s %s", r.Method, r.URL.Path))
@@ -223,7 +235,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, err)
 		return
 	}
-	if err := s.checkModel(req.Model, true); err != nil {
+	if err := s.checkModel(req.Model); err != nil {
 		WriteError(w, err)
 		return
 	}
@@ -264,7 +276,7 @@ func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, err)
 		return
 	}
-	if err := s.checkModel(req.Model, true); err != nil {
+	if err := s.checkModel(req.Model); err != nil {
 		WriteError(w, err)
 		return
 	}
@@ -276,13 +288,11 @@ func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 }
 
 // checkModel returns a 404 NotFoundError (vLLM's answer) unless name is the
-// served model. optional allows an empty name (tokenize and detokenize).
-func (s *Server) checkModel(name string, optional bool) *Error {
-	if name == s.cfg.ModelName || (optional && name == "") {
+// served model or empty: a request that names no model is served by the one
+// model, as vLLM serves its first --served-model-name.
+func (s *Server) checkModel(name string) *Error {
+	if name == s.cfg.ModelName || name == "" {
 		return nil
-	}
-	if name == "" {
-		return BadRequest("model", "model is required; this server serves %q", s.cfg.ModelName)
 	}
 	return NewError(http.StatusNotFound, "model", "The model `%s` does not exist. This server serves %q.", name, s.cfg.ModelName)
 }

@@ -46,6 +46,7 @@ func TestAPIKeyOnARealEngine(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			req, _ := http.NewRequest(c.method, s.url+c.path, strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
 			if c.auth != "" {
 				req.Header.Set("Authorization", c.auth)
 			}

@@ -11,6 +11,29 @@ import (
 	"github.com/tandem-serve/tandem/internal/kvparams"
 )
 
+// Body limits. The proxy edits a client's body before it sends it on (the
+// prefill leg's fields, the kv_transfer_params on either leg), so a body the
+// proxy accepts must still fit the engine's limit with the edits: the
+// default client limit is the engines' default less MaxLegGrowth.
+const (
+	// engineMaxBodyBytes is the engines' default body limit
+	// (openai.DefaultMaxBodyBytes; a test keeps the two equal).
+	engineMaxBodyBytes = 16 << 20
+	// MaxLegGrowth bounds how many bytes a leg's body has beyond the
+	// client's: the prefill leg adds under 300 bytes (stream, max_tokens and
+	// prefillKVParams), the decode leg the prefill's kv_transfer_params,
+	// some 300 bytes plus about 8 per KV block of the prompt, so 1 MiB
+	// covers prompts of over a million tokens. Conversation mode's history
+	// params, on the prefill leg, are of the same size. (A client key that
+	// json.Marshal escapes, such as "<", grows up to 6-fold when the proxy
+	// writes it: such a body may get the engine's 413, relayed.)
+	MaxLegGrowth = 1 << 20
+	// DefaultMaxBodyBytes is Config.MaxBodyBytes's default: a client body
+	// at this limit still fits an engine's default limit after the proxy's
+	// edits.
+	DefaultMaxBodyBytes = engineMaxBodyBytes - MaxLegGrowth
+)
+
 // object is a JSON object kept as its keys in order and each value's raw
 // bytes, so that a request body can be edited field by field and written
 // back with every field the proxy does not touch byte-for-byte as the client

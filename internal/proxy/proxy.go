@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tandem-serve/tandem/internal/apierror"
+	"github.com/tandem-serve/tandem/internal/httpguard"
 	"github.com/tandem-serve/tandem/internal/httpleg"
 	"github.com/tandem-serve/tandem/internal/router"
 	"github.com/tandem-serve/tandem/internal/router/factory"
@@ -103,7 +104,10 @@ type Config struct {
 	// headers, and each gap between two chunks of the decode's body.
 	// There is no limit on a stream's total length. Default 5m.
 	Timeout time.Duration
-	// MaxBodyBytes caps a client request body (413 beyond). Default 16 MiB.
+	// MaxBodyBytes caps a client request body (413 beyond). Default
+	// DefaultMaxBodyBytes (15 MiB): the engines' 16 MiB less what the proxy
+	// adds to a leg's body. Set the engines' limit at least MaxLegGrowth
+	// above it.
 	MaxBodyBytes int64
 	// HealthInterval is the period of backend health checks (default 2s) and
 	// HealthTimeout the limit on each (default 2s).
@@ -178,7 +182,7 @@ func (c *Config) setDefaults() {
 		c.Timeout = 5 * time.Minute
 	}
 	if c.MaxBodyBytes <= 0 {
-		c.MaxBodyBytes = 16 << 20
+		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if c.HealthInterval <= 0 {
 		c.HealthInterval = 2 * time.Second
@@ -246,6 +250,7 @@ type Proxy struct {
 	metrics *metrics
 	client  *http.Client // backend calls; deadlines come from contexts
 	mux     *http.ServeMux
+	guarded http.Handler   // serve behind package httpguard's checks
 	bg      sync.WaitGroup // KV releases still running
 	convs   *conversations // conversation mode's memory; nil when off
 	decider router.Decider
@@ -328,6 +333,7 @@ func New(cfg Config) (*Proxy, error) {
 			fmt.Sprintf("%s is not served by the tandem proxy; it serves /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics", r.URL.Path))
 	})
 	p.mux = mux
+	p.guarded = httpguard.Wrap(p.mux, httpguard.Options{JSONPaths: generationPaths, Authorize: p.key.Check})
 	stale := 3 * cfg.ScrapeInterval
 	if cfg.ScrapeInterval < 0 {
 		stale = 0
@@ -394,13 +400,14 @@ func newTransport(connect time.Duration) *http.Transport {
 // collectors of the parts wired around it (discovery) to appear there.
 func (p *Proxy) MetricsRegisterer() prometheus.Registerer { return p.metrics.registry }
 
-// ServeHTTP checks the API key, then routes a request.
+// generationPaths are the routes that take a client's JSON body.
+var generationPaths = []string{"/v1/completions", "/v1/chat/completions"}
+
+// ServeHTTP checks the request's framing, the API key, and a generation
+// request's content type and UTF-8 (package httpguard: a body that is not
+// application/json is a 415), then routes it.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if err := p.key.Check(r); err != nil {
-		apierror.WriteUnauthorized(w, err)
-		return
-	}
-	p.mux.ServeHTTP(w, r)
+	p.guarded.ServeHTTP(w, r)
 }
 
 // CheckHealth checks every backend once, concurrently, and returns when all

@@ -57,6 +57,7 @@ func TestProxyRejects(t *testing.T) {
 			dec := newFake(t, decodeJSON)
 			_, url := startProxy(t, Config{Fallback: true, MaxBodyBytes: 1024}, []*fakeEngine{pre}, []*fakeEngine{dec})
 			req, _ := http.NewRequest(tt.method, url+tt.path, strings.NewReader(tt.body))
+			req.Header.Set("Content-Type", "application/json")
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				t.Fatal(err)
@@ -179,6 +180,7 @@ func TestClientDisconnectCancelsLegs(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(`{"prompt":"x","stream":true}`))
+			req.Header.Set("Content-Type", "application/json")
 			errc := make(chan error, 1)
 			go func() {
 				resp, err := http.DefaultClient.Do(req)

@@ -250,6 +250,7 @@ func TestPrefillKVReleasedWhenDecodeNeverStarts(t *testing.T) {
 				}
 			}
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(`{"prompt":"x"}`))
+			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set("Authorization", "Bearer pk")
 			req.Header.Set("X-Request-Id", "rel-1")
 			resp, err := http.DefaultClient.Do(req)

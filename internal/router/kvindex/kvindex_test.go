@@ -150,6 +150,7 @@ func TestKVEventsSteerTheRouter(t *testing.T) {
 	t.Cleanup(srv.Close)
 	send := func(id, prompt string) string {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(fmt.Sprintf(`{"prompt":%q,"max_tokens":4}`, prompt)))
+		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("X-Request-Id", id)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -299,6 +300,7 @@ func TestFollowerFollowsDecodesAddedAtRunTime(t *testing.T) {
 	t.Cleanup(srv.Close)
 	send := func(id string) string {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(fmt.Sprintf(`{"prompt":%q,"max_tokens":4}`, cached)))
+		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("X-Request-Id", id)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
