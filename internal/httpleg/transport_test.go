@@ -743,10 +743,23 @@ func (c *closeCounter) CloseIdleConnections() { c.n.Add(1) }
 func TestInvalidHeadersAreRefusedBeforeAnyByteIsSent(t *testing.T) {
 	s := newServer(t, echo)
 	tr := &Transport{}
-	req, _ := http.NewRequest(http.MethodPost, s.URL, strings.NewReader("x"))
-	req.Header["X-Evil"] = []string{"a\r\nX-Injected: 1"}
-	if _, err := tr.RoundTrip(req); err == nil {
-		t.Error("a header value with CR LF was sent")
+	for _, tc := range []struct {
+		name string
+		edit func(*http.Request)
+	}{
+		{"a header value with CR LF", func(r *http.Request) { r.Header["X-Evil"] = []string{"a\r\nX-Injected: 1"} }},
+		// A URL built field by field (url.Parse refuses control bytes)
+		// can carry them in its raw query; net/http refuses it too.
+		{"a raw query with CR LF", func(r *http.Request) { r.URL.RawQuery = "a HTTP/1.1\r\nX-Injected: 1\r\nX:" }},
+		{"an opaque URL with a control byte", func(r *http.Request) { r.URL.Opaque = "/a\x00" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodPost, s.URL, strings.NewReader("x"))
+			tc.edit(req)
+			if _, err := tr.RoundTrip(req); err == nil {
+				t.Error("sent")
+			}
+		})
 	}
 	if n := s.accepted.Load(); n != 0 {
 		t.Errorf("%d connections, want 0", n)
