@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // server is an httptest server that counts the connections it accepted.
@@ -256,7 +258,7 @@ func TestIdleConnectionClosedByTheServerIsRetried(t *testing.T) {
 					t.Fatalf("request %d: %d %q %v", i, resp.StatusCode, got, err)
 				}
 				<-closed
-				time.Sleep(10 * time.Millisecond) // the FIN reaches the client
+				waitIdleSawClose(t, tr)
 			}
 			mu.Lock()
 			defer mu.Unlock()
@@ -281,6 +283,25 @@ func TestIdleConnectionClosedByTheServerIsRetried(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitIdleSawClose waits until every idle connection of tr has received
+// its server's close (FIN), so that the next request meets a closed
+// connection however late the FIN travelled.
+func waitIdleSawClose(t *testing.T, tr *Transport) {
+	t.Helper()
+	testutil.WaitFor(t, "the server's close to reach the idle connections", 5*time.Second, func() bool {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		for _, cs := range tr.idle {
+			for _, c := range cs {
+				if !peerClosed(c.nc) {
+					return false
+				}
+			}
+		}
+		return true
+	})
 }
 
 func TestNoRetryOnceTheAnswerStarted(t *testing.T) {
