@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/testmodels"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // The graceful drain of real `tandem serve` processes on SIGTERM, as
@@ -331,12 +332,7 @@ func TestIdleEngineExitsPromptly(t *testing.T) {
 	}
 	// The second signal once the first one was seen (two signals sent
 	// before the process ran would be delivered as one).
-	for deadline := time.Now().Add(5 * time.Second); findDrainLine(held) == ""; {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s logged no draining line within 5s of SIGTERM", held.name)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.WaitFor(t, held.name+" to log a draining line after SIGTERM", 5*time.Second, func() bool { return findDrainLine(held) != "" })
 	held.signal(t, syscall.SIGTERM)
 	if code := held.waitExit(t, 2*time.Second); code == 0 {
 		t.Errorf("%s exited 0 on a second SIGTERM that dropped its held KV, want a failure status", held.name)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/testmodels"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // The engines' --kv-recompute-threshold and block size in these tests.
@@ -167,7 +168,7 @@ func TestMultiTurnThroughTheProxy(t *testing.T) {
 		expiredBefore := scrape(t, short.url).must(t, "tandem:kv_leases_expired_total")
 		evictedBefore := scrape(t, proxyShort.url).must(t, "tandem:proxy_conversation_evictions_total", `reason="expired"`)
 		g1, _ := turn(t, proxyShort, "/v1/completions", completion(prompt1, 60, false, "expired"))
-		waitFor(t, "the decode's holds to expire", 15*time.Second, func() bool {
+		testutil.WaitFor(t, "the decode's holds to expire", 15*time.Second, func() bool {
 			m, err := tryScrape(short.url)
 			v, ok := m.get("tandem:kv_conversation_holds")
 			return err == nil && ok && v == 0
@@ -239,12 +240,12 @@ func TestMultiTurnThroughTheProxy(t *testing.T) {
 			t.Fatalf("first line %q, %v", line, err)
 		}
 		resp.Body.Close()
-		waitFor(t, "the decode to end the request", 10*time.Second, func() bool {
+		testutil.WaitFor(t, "the decode to end the request", 10*time.Second, func() bool {
 			return scrape(t, d.url).must(t, "vllm:num_requests_running") == 0
 		})
 		// Aborted, it held nothing; had it finished first, the proxy would
 		// have released the hold the client never got to the end of.
-		waitFor(t, "the decode to hold no more conversations than before", 10*time.Second, func() bool { return holds() == before })
+		testutil.WaitFor(t, "the decode to hold no more conversations than before", 10*time.Second, func() bool { return holds() == before })
 		if got := canceled() - canceledBefore; got != 1 {
 			t.Errorf("the proxy counted %v requests the client left, want 1", got)
 		}
@@ -260,7 +261,7 @@ func TestMultiTurnThroughTheProxy(t *testing.T) {
 		t.Fatal("restart: turn 2 pulled nothing: the prefill never met the decode")
 	}
 	d = d.restart(t)
-	waitFor(t, "the proxy to see the restarted decode", 10*time.Second, func() bool { return probeStatus(proxy.url+"/health") == http.StatusOK })
+	testutil.WaitFor(t, "the proxy to see the restarted decode", 10*time.Second, func() bool { return probeStatus(proxy.url+"/health") == http.StatusOK })
 	// Turn 3's params name turn 2's hold, gone with the old process; the
 	// new one registered its memory under another generation.
 	prompt3 := prompt2 + g2.Text + " At noon"
@@ -332,18 +333,6 @@ func deltaOf(before, after metrics) prefillDelta {
 		dl.recomputed += v
 	}
 	return dl
-}
-
-// waitFor polls cond every pollInterval until it holds or limit passes.
-func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %v for %s", limit, what)
-		}
-		time.Sleep(pollInterval)
-	}
 }
 
 // probeStatus is the status of GET url, or 0 when it cannot be fetched.

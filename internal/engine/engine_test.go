@@ -2,13 +2,10 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -21,51 +18,17 @@ import (
 	"github.com/tandem-serve/tandem/internal/metrics"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/sample"
-	"github.com/tandem-serve/tandem/internal/tensor"
-	"github.com/tandem-serve/tandem/internal/testmodels"
+	"github.com/tandem-serve/tandem/internal/testutil"
+	"github.com/tandem-serve/tandem/internal/testutil/loaded"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
-type golden struct {
-	PromptIDs  []int32 `json:"prompt_ids"`
-	GreedyIDs  []int32 `json:"greedy_ids"`
-	GreedyText string  `json:"greedy_text"`
-}
-
-var (
-	loadOnce sync.Once
-	stories  struct {
-		m   *model.Model
-		tok *tokenizer.Tokenizer
-		g   golden
-		err error
-	}
-)
-
-// load returns the stories260K model, shared by the package's tests (it is
-// read-only; each engine owns its own KV pool).
-func load(t *testing.T) (*model.Model, *tokenizer.Tokenizer, golden) {
+// load returns the shared stories260K model, its tokenizer and its golden
+// greedy run (the model is read-only; each engine owns its own KV pool).
+func load(t *testing.T) (*model.Model, *tokenizer.Tokenizer, testutil.Golden) {
 	t.Helper()
-	dir := testmodels.Stories260K(t)
-	loadOnce.Do(func() {
-		s := &stories
-		if s.m, s.err = model.Load(dir, tensor.NewPool(1)); s.err != nil {
-			return
-		}
-		if s.tok, s.err = tokenizer.Load(dir); s.err != nil {
-			return
-		}
-		data, err := os.ReadFile(filepath.Join(dir, "golden_greedy.json"))
-		if err != nil {
-			s.err = err
-			return
-		}
-		s.err = json.Unmarshal(data, &s.g)
-	})
-	if stories.err != nil {
-		t.Fatal(stories.err)
-	}
-	return stories.m, stories.tok, stories.g
+	s := loaded.Stories(t)
+	return s.Model, s.Tokenizer, s.Golden
 }
 
 // newEngine starts an engine whose pool must be full again, and whose loop
@@ -181,7 +144,7 @@ func TestGoldenGreedy(t *testing.T) {
 
 // workload returns n requests over slices of the golden text, half greedy
 // and half seeded sampling.
-func workload(g golden, n int) []*Request {
+func workload(g testutil.Golden, n int) []*Request {
 	var reqs []*Request
 	for i := range n {
 		start := (i * 7) % 120

@@ -329,6 +329,11 @@ func validRequest(req *http.Request) error {
 	if !validToken(req.Method) && req.Method != "" {
 		return fmt.Errorf("httpleg: invalid method %q", req.Method)
 	}
+	// The request line's path is escaped (URL.EscapedPath); its raw query
+	// and an opaque URL are written as they are.
+	if !validURIPart(req.URL.RawQuery) || !validURIPart(req.URL.Opaque) {
+		return fmt.Errorf("httpleg: control character in the request URI %q: escape the URL's query", redacted(req.URL))
+	}
 	for k, vs := range req.Header {
 		if !validToken(k) {
 			return fmt.Errorf("httpleg: invalid header field name %q", k)
@@ -364,6 +369,17 @@ func validToken(s string) bool {
 func validValue(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if b := s[i]; b < ' ' && b != '\t' || b == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// validURIPart reports whether s holds no control character, as net/http
+// requires of a request URI.
+func validURIPart(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if b := s[i]; b < ' ' || b == 0x7f {
 			return false
 		}
 	}

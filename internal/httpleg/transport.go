@@ -394,9 +394,6 @@ func closeAll(cs []*conn) {
 	}
 }
 
-// deadConn reports whether err says the server closed or reset the
-// connection: on a reused connection before any answer, the request can be
-// sent again.
 // idempotent reports whether req may be sent twice (RFC 9110 §9.2.2, and
 // net/http's Idempotency-Key convention).
 func idempotent(req *http.Request) bool {
@@ -409,6 +406,9 @@ func idempotent(req *http.Request) bool {
 	return key || xkey
 }
 
+// deadConn reports whether err says the server closed or reset the
+// connection: on a reused connection before any answer, the request can be
+// sent again.
 func deadConn(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNABORTED)

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // server is an httptest server that counts the connections it accepted.
@@ -256,7 +258,7 @@ func TestIdleConnectionClosedByTheServerIsRetried(t *testing.T) {
 					t.Fatalf("request %d: %d %q %v", i, resp.StatusCode, got, err)
 				}
 				<-closed
-				time.Sleep(10 * time.Millisecond) // the FIN reaches the client
+				waitIdleSawClose(t, tr)
 			}
 			mu.Lock()
 			defer mu.Unlock()
@@ -281,6 +283,25 @@ func TestIdleConnectionClosedByTheServerIsRetried(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitIdleSawClose waits until every idle connection of tr has received
+// its server's close (FIN), so that the next request meets a closed
+// connection however late the FIN travelled.
+func waitIdleSawClose(t *testing.T, tr *Transport) {
+	t.Helper()
+	testutil.WaitFor(t, "the server's close to reach the idle connections", 5*time.Second, func() bool {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		for _, cs := range tr.idle {
+			for _, c := range cs {
+				if !peerClosed(c.nc) {
+					return false
+				}
+			}
+		}
+		return true
+	})
 }
 
 func TestNoRetryOnceTheAnswerStarted(t *testing.T) {
@@ -743,10 +764,23 @@ func (c *closeCounter) CloseIdleConnections() { c.n.Add(1) }
 func TestInvalidHeadersAreRefusedBeforeAnyByteIsSent(t *testing.T) {
 	s := newServer(t, echo)
 	tr := &Transport{}
-	req, _ := http.NewRequest(http.MethodPost, s.URL, strings.NewReader("x"))
-	req.Header["X-Evil"] = []string{"a\r\nX-Injected: 1"}
-	if _, err := tr.RoundTrip(req); err == nil {
-		t.Error("a header value with CR LF was sent")
+	for _, tc := range []struct {
+		name string
+		edit func(*http.Request)
+	}{
+		{"a header value with CR LF", func(r *http.Request) { r.Header["X-Evil"] = []string{"a\r\nX-Injected: 1"} }},
+		// A URL built field by field (url.Parse refuses control bytes)
+		// can carry them in its raw query; net/http refuses it too.
+		{"a raw query with CR LF", func(r *http.Request) { r.URL.RawQuery = "a HTTP/1.1\r\nX-Injected: 1\r\nX:" }},
+		{"an opaque URL with a control byte", func(r *http.Request) { r.URL.Opaque = "/a\x00" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodPost, s.URL, strings.NewReader("x"))
+			tc.edit(req)
+			if _, err := tr.RoundTrip(req); err == nil {
+				t.Error("sent")
+			}
+		})
 	}
 	if n := s.accepted.Load(); n != 0 {
 		t.Errorf("%d connections, want 0", n)

@@ -92,6 +92,31 @@ func (r *recorder) last(role string) ([]string, bool) {
 	return cs[len(cs)-1].urls, true
 }
 
+// waitLimit bounds the tests' waits for the API server, the informers and
+// the watcher.
+const waitLimit = 15 * time.Second
+
+// callsBefore waits until role is handed want, the set a barrier change
+// made after the change under test produces, and returns role's calls from
+// the one numbered from up to that one: those the change under test caused.
+// A pool's informer delivers the slice events of its watch in the order the
+// API server wrote them, and the pool's worker applies them one after
+// another, so by the time the barrier's set arrives every earlier change
+// has been handled; a call it caused is among those returned, and a set it
+// changed by mistake keeps want from arriving (wait fails).
+func (r *recorder) callsBefore(t testing.TB, role string, from int, want ...string) []call {
+	t.Helper()
+	r.wait(t, role, want...)
+	cs := r.of(role)
+	for i := from; i < len(cs); i++ {
+		if slices.Equal(cs[i].urls, want) {
+			return cs[from:i]
+		}
+	}
+	t.Fatalf("%s: no call of %q among %v", role, want, cs[from:])
+	return nil
+}
+
 // wait waits until role's last set is want (nil and empty are equal) and
 // returns the call.
 func (r *recorder) wait(t testing.TB, role string, want ...string) call {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/proxy"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // engine is a stand-in engine on loopback that drains like a Tandem engine
@@ -115,7 +116,7 @@ func TestProxyFollowsSlicesUnderLoad(t *testing.T) {
 		{Role: RolePrefill, Selector: ServiceSelector("tandem-prefill")},
 		{Role: RoleDecode, Selector: ServiceSelector("tandem-decode")},
 	}})
-	waitTrue(t, func() bool { return w.Synced() && p.Ready() })
+	testutil.WaitFor(t, "the watcher synced and the proxy ready", waitLimit, func() bool { return w.Synced() && p.Ready() })
 
 	const clients, perClient = 6, 40
 	var sent, failed atomic.Int64
@@ -146,9 +147,7 @@ func TestProxyFollowsSlicesUnderLoad(t *testing.T) {
 		})
 	}
 	at := func(n int64) {
-		for sent.Load() < n {
-			time.Sleep(time.Millisecond)
-		}
+		testutil.WaitFor(t, fmt.Sprintf("%d requests sent", n), waitLimit, func() bool { return sent.Load() >= n })
 	}
 	total := int64(clients * perClient)
 	// Scale the decode pool up.

@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // These tests run against a real kube-apiserver (package kubetest); the
@@ -32,7 +34,7 @@ func TestWatcherFollowsASlice(t *testing.T) {
 	if u := <-upd; !u.Initial || u.Err != nil {
 		t.Errorf("first update %+v, want the initial one", u)
 	}
-	waitTrue(t, w.Synced)
+	testutil.WaitFor(t, "the watcher to be synced", waitLimit, w.Synced)
 	if got, ok := w.Applied(RoleDecode); !ok || diffSets(urls("198.18.0.1", "198.18.0.2"), got) != "" {
 		t.Errorf("Applied = %v %v", got, ok)
 	}
@@ -66,25 +68,29 @@ func TestWatcherFollowsASlice(t *testing.T) {
 	}
 	s, _ = k.update(t, s, ready("198.18.0.2"), ready("198.18.0.1")) // same set, other order
 	waitEvents(t, reg, RoleDecode, "update", len(steps)+2)
-	time.Sleep(100 * time.Millisecond)
-	if n := len(rec.of(RoleDecode)); n != calls {
-		t.Errorf("%d SetBackends calls for updates that left the set as it was", n-calls)
+	// The barrier: a change that does call, after which nothing earlier
+	// can still arrive.
+	s, _ = k.update(t, s, ready("198.18.0.2"), ready("198.18.0.1"), ready("198.18.0.3"))
+	if extra := rec.callsBefore(t, RoleDecode, calls, urls("198.18.0.1", "198.18.0.2", "198.18.0.3")...); len(extra) > 0 {
+		t.Errorf("SetBackends calls %v for updates that left the set as it was", extra)
 	}
+	<-upd
 
 	k.delete(t, s.Name)
 	rec.wait(t, RoleDecode)
 	<-upd
 
-	if n := testutil.ToFloat64(w.metrics.updates.WithLabelValues(RoleDecode, "ok")); n != float64(len(steps)+2) {
-		t.Errorf("updates_total{ok} = %v, want %d", n, len(steps)+2)
+	// The initial list, the steps, the barrier and the delete.
+	if n := promtest.ToFloat64(w.metrics.updates.WithLabelValues(RoleDecode, "ok")); n != float64(len(steps)+3) {
+		t.Errorf("updates_total{ok} = %v, want %d", n, len(steps)+3)
 	}
-	if n := testutil.ToFloat64(w.metrics.backends.WithLabelValues(RoleDecode)); n != 0 {
+	if n := promtest.ToFloat64(w.metrics.backends.WithLabelValues(RoleDecode)); n != 0 {
 		t.Errorf("backends gauge = %v after the delete", n)
 	}
-	if n := testutil.ToFloat64(w.metrics.synced.WithLabelValues(RoleDecode)); n != 1 {
+	if n := promtest.ToFloat64(w.metrics.synced.WithLabelValues(RoleDecode)); n != 1 {
 		t.Errorf("synced gauge = %v", n)
 	}
-	if n := testutil.CollectAndCount(reg, "tandem:proxy_discovery_update_seconds"); n != 1 {
+	if n := promtest.CollectAndCount(reg, "tandem:proxy_discovery_update_seconds"); n != 1 {
 		t.Errorf("update_seconds has %d series, want 1", n)
 	}
 	t.Logf("change latencies (informer event to SetBackends returned): %v", latencies(updates))
@@ -104,10 +110,11 @@ func TestTwoSlicesOfOneServiceMerge(t *testing.T) {
 	// .2 leaves slice a but is still ready in b: no change.
 	calls := len(rec.of(RoleDecode))
 	k.update(t, a, ready("198.18.0.1"))
-	time.Sleep(300 * time.Millisecond)
-	if n := len(rec.of(RoleDecode)); n != calls {
-		t.Errorf("moving an endpoint between slices changed the set: %v", rec.of(RoleDecode)[calls:])
+	barrier := k.create(t, slice("decode-barrier", "decode", nil, ready("198.18.0.8")))
+	if extra := rec.callsBefore(t, RoleDecode, calls, urls("198.18.0.1", "198.18.0.2", "198.18.0.3", "198.18.0.8", "2001:db8::7")...); len(extra) > 0 {
+		t.Errorf("moving an endpoint between slices changed the set: %v", extra)
 	}
+	k.delete(t, barrier.Name)
 	k.delete(t, b.Name)
 	rec.wait(t, RoleDecode, urls("198.18.0.1", "2001:db8::7")...)
 	k.delete(t, v6.Name)
@@ -136,9 +143,9 @@ func TestRolesAreIsolated(t *testing.T) {
 	k.create(t, slice("prefill-b", "tandem-prefill", nil, ready("198.18.0.5")))
 	other.create(t, slice("prefill-y", "tandem-prefill", nil, ready("198.18.1.5")))
 	rec.wait(t, RolePrefill, urls("198.18.0.1", "198.18.0.5")...)
-	time.Sleep(200 * time.Millisecond)
-	if n := len(rec.of(RoleDecode)); n != decodeCalls {
-		t.Errorf("a prefill slice called SetBackends(decode) %d times", n-decodeCalls)
+	k.create(t, slice("decode-barrier", "tandem-decode", map[string]string{"app": "tandem", "role": "decode"}, ready("198.18.0.8")))
+	if extra := rec.callsBefore(t, RoleDecode, decodeCalls, urls("198.18.0.2", "198.18.0.8")...); len(extra) > 0 {
+		t.Errorf("a prefill slice called SetBackends(decode): %v", extra)
 	}
 	for _, c := range append(rec.of(RolePrefill), rec.of(RoleDecode)...) {
 		for _, u := range c.urls {
@@ -166,9 +173,9 @@ func TestEmptySelectorGivesAnEmptyPoolLoggedOnce(t *testing.T) {
 	s := k.create(t, slice("decode-a", "decode", nil, unready("198.18.0.1")))
 	s, _ = k.update(t, s, unready("198.18.0.1"), unready("198.18.0.2"))
 	k.update(t, s, terminating("198.18.0.1"))
-	time.Sleep(300 * time.Millisecond)
-	if n := len(rec.of(RoleDecode)); n != 1 {
-		t.Errorf("SetBackends(decode) called %d times for a set that stayed empty", n)
+	k.create(t, slice("decode-barrier", "decode", nil, ready("198.18.0.8")))
+	if extra := rec.callsBefore(t, RoleDecode, 1, urls("198.18.0.8")...); len(extra) > 0 {
+		t.Errorf("SetBackends(decode) called for a set that stayed empty: %v", extra)
 	}
 	if n := logs.count("no ready endpoint matches"); n != 2 {
 		t.Errorf("the empty-pool warning was logged %d times, want once per role:\n%s", n, logs)
@@ -192,7 +199,7 @@ func TestWatchRestart(t *testing.T) {
 	}})
 	rec.wait(t, RoleDecode, urls("198.18.0.1", "198.18.0.2")...)
 	rec.wait(t, RolePrefill, urls("198.18.0.9")...)
-	waitTrue(t, func() bool { return f.open() == 2 })
+	testutil.WaitFor(t, "both watches open", waitLimit, func() bool { return f.open() == 2 })
 
 	// The watches drop and the API server is unreachable for a while; the
 	// slices change meanwhile.
@@ -202,9 +209,9 @@ func TestWatchRestart(t *testing.T) {
 	}
 	s, _ = k.update(t, s, ready("198.18.0.2"), ready("198.18.0.3"))
 	// Both informers retry, fail, and count it.
-	waitTrue(t, func() bool {
-		return testutil.ToFloat64(w.metrics.watchErrors.WithLabelValues(RoleDecode)) > 0 &&
-			testutil.ToFloat64(w.metrics.watchErrors.WithLabelValues(RolePrefill)) > 0
+	testutil.WaitFor(t, "both informers to count a watch error", waitLimit, func() bool {
+		return promtest.ToFloat64(w.metrics.watchErrors.WithLabelValues(RoleDecode)) > 0 &&
+			promtest.ToFloat64(w.metrics.watchErrors.WithLabelValues(RolePrefill)) > 0
 	})
 	if got, _ := rec.last(RoleDecode); diffSets(urls("198.18.0.1", "198.18.0.2"), got) != "" {
 		t.Errorf("while the API server is down the set changed to %v; the last known one should stay", got)
@@ -212,7 +219,7 @@ func TestWatchRestart(t *testing.T) {
 	prefillCalls := len(rec.of(RolePrefill))
 	f.down.Store(false)
 	rec.wait(t, RoleDecode, urls("198.18.0.2", "198.18.0.3")...)
-	waitTrue(t, func() bool { return f.open() == 2 })
+	testutil.WaitFor(t, "both watches open again", waitLimit, func() bool { return f.open() == 2 })
 	if n := len(rec.of(RolePrefill)); n != prefillCalls {
 		t.Errorf("the prefill pool, unchanged across the outage, got %d calls", n-prefillCalls)
 	}
@@ -245,7 +252,7 @@ func TestAPIServerDownAtStart(t *testing.T) {
 	f := newFaults()
 	f.down.Store(true)
 	w, logs, _ := k.run(t, Config{Client: clientFor(t, k.cp, f.wrap), Backends: rec, Pools: []Pool{{Role: RoleDecode, Selector: ServiceSelector("decode")}}})
-	waitTrue(t, func() bool { return f.refused.Load() >= 2 }) // retried
+	testutil.WaitFor(t, "the informer to retry the list", waitLimit, func() bool { return f.refused.Load() >= 2 })
 	if cs := rec.of(RoleDecode); len(cs) != 0 || w.Synced() {
 		t.Errorf("with the API server down: calls %v, synced %v; want none (the static list serves)", cs, w.Synced())
 	}
@@ -254,7 +261,7 @@ func TestAPIServerDownAtStart(t *testing.T) {
 	}
 	f.down.Store(false)
 	rec.wait(t, RoleDecode, urls("198.18.0.1")...)
-	waitTrue(t, w.Synced)
+	testutil.WaitFor(t, "the watcher to be synced", waitLimit, w.Synced)
 }
 
 // TestSetBackendsErrorIsRetried: a set the proxy refuses is handed again
@@ -266,27 +273,16 @@ func TestSetBackendsErrorIsRetried(t *testing.T) {
 	rec.fail.Store(2)
 	w, _, _ := k.run(t, Config{Backends: rec, Pools: []Pool{{Role: RoleDecode, Selector: ServiceSelector("decode")}}})
 	rec.wait(t, RoleDecode, urls("198.18.0.1")...)
-	waitTrue(t, w.Synced)
-	if n := testutil.ToFloat64(w.metrics.updates.WithLabelValues(RoleDecode, "error")); n != 2 {
+	testutil.WaitFor(t, "the watcher to be synced", waitLimit, w.Synced)
+	if n := promtest.ToFloat64(w.metrics.updates.WithLabelValues(RoleDecode, "error")); n != 2 {
 		t.Errorf("updates_total{error} = %v, want 2", n)
-	}
-}
-
-func waitTrue(t testing.TB, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 15 s")
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
 // waitEvents waits until the informer has delivered n events of kind.
 func waitEvents(t testing.TB, reg *prometheus.Registry, role, kind string, n int) {
 	t.Helper()
-	waitTrue(t, func() bool {
+	testutil.WaitFor(t, fmt.Sprintf("%d %s events of %s", n, kind, role), waitLimit, func() bool {
 		mfs, _ := reg.Gather()
 		for _, mf := range mfs {
 			if mf.GetName() != "tandem:proxy_discovery_events_total" {

@@ -2,7 +2,6 @@ package model
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -20,6 +19,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/modelinit"
 	"github.com/tandem-serve/tandem/internal/tensor"
 	"github.com/tandem-serve/tandem/internal/testmodels"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // convertGGUF converts the checkpoint in dir to a GGUF file of encoding enc
@@ -130,14 +130,7 @@ func TestGGUFMatchesCheckpoint(t *testing.T) {
 func TestGGUFStoriesF32MatchesGolden(t *testing.T) {
 	dir := testmodels.Stories260K(t)
 	path := convertGGUF(t, dir, "f32")
-	var g golden
-	data, err := os.ReadFile(filepath.Join(dir, "golden_greedy.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(data, &g); err != nil {
-		t.Fatal(err)
-	}
+	g := testutil.StoriesGolden(t)
 	for _, threads := range []int{1, 2} {
 		m := loadTestModel(t, path, threads)
 		if !m.cfg.TieWordEmbeddings || m.DType() != tensor.F32 {
@@ -160,15 +153,7 @@ func TestGGUFStoriesF32MatchesGolden(t *testing.T) {
 // in two encodings: its golden greedy text in four windows.
 func storiesPrompts(t *testing.T) [][]int32 {
 	t.Helper()
-	var g golden
-	data, err := os.ReadFile(filepath.Join(testmodels.Stories260K(t), "golden_greedy.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(data, &g); err != nil {
-		t.Fatal(err)
-	}
-	ids := g.GreedyIDs
+	ids := testutil.StoriesGolden(t).GreedyIDs
 	return [][]int32{ids[:8], ids[:60], append([]int32{1}, ids[40:100]...), append([]int32{1}, ids[150:200]...)}
 }
 

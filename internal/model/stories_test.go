@@ -1,10 +1,7 @@
 package model
 
 import (
-	"encoding/json"
 	"math"
-	"os"
-	"path/filepath"
 	"testing"
 	"unsafe"
 
@@ -13,16 +10,13 @@ import (
 	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/tensor"
 	"github.com/tandem-serve/tandem/internal/testmodels"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
-type golden struct {
-	PromptIDs  []int32   `json:"prompt_ids"`
-	GreedyIDs  []int32   `json:"greedy_ids"`
-	Logits0    []float64 `json:"logits_pos0_first8"`
-	GreedyText string    `json:"greedy_text"`
-}
-
-func loadStories(t *testing.T, threads int) (*Model, golden) {
+// loadStories loads stories260K on a pool of threads workers; the test owns
+// the model (package testutil/loaded, which shares one, imports this
+// package).
+func loadStories(t *testing.T, threads int) (*Model, testutil.Golden) {
 	t.Helper()
 	dir := testmodels.Stories260K(t)
 	pool := tensor.NewPool(threads)
@@ -32,15 +26,7 @@ func loadStories(t *testing.T, threads int) (*Model, golden) {
 		t.Fatalf("Load(%s): %v", dir, err)
 	}
 	t.Cleanup(func() { m.Close() })
-	data, err := os.ReadFile(filepath.Join(dir, "golden_greedy.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var g golden
-	if err := json.Unmarshal(data, &g); err != nil {
-		t.Fatal(err)
-	}
-	return m, g
+	return m, testutil.StoriesGolden(t)
 }
 
 // contiguous returns a pool and a block table 0, 1, 2, ... for n positions.

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/engine"
-	"github.com/tandem-serve/tandem/internal/testmodels"
-	"github.com/tandem-serve/tandem/internal/tokenizer"
+	"github.com/tandem-serve/tandem/internal/testutil"
+	"github.com/tandem-serve/tandem/internal/testutil/loaded"
 )
 
 // storyPrompt is long enough to fill a few KV blocks (16 tokens each), so
@@ -113,8 +113,7 @@ func streamTexts(t *testing.T, body []byte, chat bool) (map[int]string, map[int]
 }
 
 func TestNChoicesWithStories260K(t *testing.T) {
-	dir := testmodels.Stories260K(t)
-	s := startReal(t, dir, "stories260K")
+	s := startStories(t, "stories260K")
 	body := func(extra string) string {
 		return fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":24%s}`, storyPrompt, extra)
 	}
@@ -221,10 +220,7 @@ func TestNChoicesWithStories260K(t *testing.T) {
 			t.Errorf("streamed echo %q", texts[0])
 		}
 		t.Run("token prompts echo their text", func(t *testing.T) {
-			tok, err := tokenizer.Load(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tok := loaded.Stories(t).Tokenizer
 			ids, _ := json.Marshal(tok.Encode("Once upon a time", true))
 			r := completionOK(t, s.url, `{"model":"stories260K","prompt":`+string(ids)+`,"max_tokens":8,"temperature":0,"echo":true}`)
 			if r.Choices[0].Text != "Once upon a time"+plain {
@@ -260,7 +256,7 @@ func TestNChoicesWithStories260K(t *testing.T) {
 		}
 		cancel()
 		resp.Body.Close()
-		waitFor(t, "the pool to be full again", func() bool {
+		testutil.WaitFor(t, "the pool to be full again", 5*time.Second, func() bool {
 			st := s.eng.Stats()
 			return st.FreeBlocks == st.TotalBlocks && st.Running == 0 && st.Waiting == 0
 		})
@@ -279,11 +275,7 @@ func storiesTemplate(t *testing.T) string {
 }
 
 func TestChatTemplateOverrideWithStories260K(t *testing.T) {
-	dir := testmodels.Stories260K(t)
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok := loaded.Stories(t).Tokenizer
 	if tok.HasChatTemplate() {
 		t.Fatalf("the shared stories260K model has a chat template; this test wants one without")
 	}
@@ -292,7 +284,7 @@ func TestChatTemplateOverrideWithStories260K(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := startReal(t, dir, "stories260K", func(c *Config) {
+	s := startStories(t, "stories260K", func(c *Config) {
 		c.ChatTemplate = chat
 		c.RequestChatTemplate = RequestChatTemplates(tok)
 	})

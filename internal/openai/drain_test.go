@@ -6,8 +6,10 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // TestDrain: once Drain is called, readiness (/health) fails and new
@@ -85,5 +87,5 @@ func TestDrain(t *testing.T) {
 	}
 	cancel()
 	b.waitIdle(t)
-	waitFor(t, "InFlight to reach 0", func() bool { return s.InFlight() == 0 })
+	testutil.WaitFor(t, "InFlight to reach 0", 5*time.Second, func() bool { return s.InFlight() == 0 })
 }

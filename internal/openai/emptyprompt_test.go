@@ -5,8 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tandem-serve/tandem/internal/testmodels"
-	"github.com/tandem-serve/tandem/internal/tokenizer"
+	"github.com/tandem-serve/tandem/internal/testutil/loaded"
 )
 
 // TestEmptyPrompt checks that an empty prompt string is a prompt of its
@@ -14,18 +13,14 @@ import (
 // "" is [BOS], the golden greedy prompt. Only a prompt that tokenizes to
 // nothing is refused.
 func TestEmptyPrompt(t *testing.T) {
-	dir := testmodels.Stories260K(t)
-	g := loadGolden(t, dir)
+	st := loaded.Stories(t)
+	g, tok := st.Golden, st.Tokenizer
 	if len(g.PromptIDs) != 1 {
 		t.Fatalf("golden prompt %v, want [BOS]", g.PromptIDs)
 	}
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const n = 8
 	want := tok.Decode(g.GreedyIDs[1:1+n], true)
-	s := startReal(t, dir, "stories260K")
+	s := startStories(t, "stories260K")
 
 	for _, tc := range []struct{ name, prompt string }{
 		{"an empty string is generated from BOS", `""`},

@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +16,8 @@ import (
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/modelinit"
 	"github.com/tandem-serve/tandem/internal/tensor"
-	"github.com/tandem-serve/tandem/internal/testmodels"
+	"github.com/tandem-serve/tandem/internal/testutil"
+	"github.com/tandem-serve/tandem/internal/testutil/loaded"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
@@ -29,19 +28,37 @@ type realServer struct {
 	url string
 }
 
-// startReal starts an engine on the model in dir and an API server for it.
-// When the test ends it checks that every KV block is back in the pool, then
-// shuts both down.
+// startStories starts an engine on the shared stories260K model and an API
+// server for it that serves the model as name.
+func startStories(t *testing.T, name string, opts ...func(*Config)) *realServer {
+	t.Helper()
+	s := loaded.Stories(t)
+	return startEngine(t, s.Model, s.Tokenizer, s.Dir, name, opts...)
+}
+
+// startReal loads the model in dir, which it closes when the test ends, and
+// starts an engine and an API server on it.
 func startReal(t *testing.T, dir, name string, opts ...func(*Config)) *realServer {
 	t.Helper()
-	m, err := model.Load(dir, tensor.NewPool(1))
+	pool := tensor.NewPool(1)
+	t.Cleanup(pool.Close)
+	m, err := model.Load(dir, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { m.Close() })
 	tok, err := tokenizer.Load(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return startEngine(t, m, tok, dir, name, opts...)
+}
+
+// startEngine starts an engine on m and an API server for it. When the test
+// ends it checks that every KV block is back in the pool, then shuts both
+// down.
+func startEngine(t *testing.T, m *model.Model, tok *tokenizer.Tokenizer, dir, name string, opts ...func(*Config)) *realServer {
+	t.Helper()
 	met := metrics.NewEngine(name)
 	eng, err := engine.New(engine.Config{
 		Model: m, Tokenizer: tok, NumBlocks: 128, MaxNumSeqs: 8,
@@ -67,7 +84,7 @@ func startReal(t *testing.T, dir, name string, opts ...func(*Config)) *realServe
 	ts := httptest.NewServer(api)
 	t.Cleanup(func() {
 		ts.Close()
-		waitFor(t, "every KV block back in the pool", func() bool {
+		testutil.WaitFor(t, "every KV block back in the pool", 5*time.Second, func() bool {
 			s := eng.Stats()
 			return s.FreeBlocks == s.TotalBlocks && s.Running == 0 && s.Waiting == 0
 		})
@@ -80,36 +97,13 @@ func startReal(t *testing.T, dir, name string, opts ...func(*Config)) *realServe
 	return &realServer{eng: eng, api: api, url: ts.URL}
 }
 
-type goldenGreedy struct {
-	PromptIDs  []int32 `json:"prompt_ids"`
-	GreedyIDs  []int32 `json:"greedy_ids"`
-	GreedyText string  `json:"greedy_text"`
-}
-
-func loadGolden(t *testing.T, dir string) goldenGreedy {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, "golden_greedy.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var g goldenGreedy
-	if err := json.Unmarshal(b, &g); err != nil {
-		t.Fatal(err)
-	}
-	return g
-}
-
 func TestStories260KGoldenGreedyOverHTTP(t *testing.T) {
-	dir := testmodels.Stories260K(t)
-	g := loadGolden(t, dir)
-	s := startReal(t, dir, "stories260K")
+	st := loaded.Stories(t)
+	g, tok := st.Golden, st.Tokenizer
+	s := startStories(t, "stories260K")
 	// The golden ids start with the prompt (BOS); the text is what follows.
 	const n = 64
 	ids, _ := json.Marshal(g.PromptIDs)
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	want := tok.Decode(g.GreedyIDs[len(g.PromptIDs):len(g.PromptIDs)+n], true)
 	if !strings.HasPrefix(g.GreedyText, want) {
 		t.Fatalf("golden text does not start with the decoded golden ids %q", want)
@@ -200,7 +194,7 @@ func TestStories260KGoldenGreedyOverHTTP(t *testing.T) {
 		}
 		cancel()
 		resp.Body.Close()
-		waitFor(t, "the pool to be full again", func() bool {
+		testutil.WaitFor(t, "the pool to be full again", 5*time.Second, func() bool {
 			st := s.eng.Stats()
 			return st.FreeBlocks == st.TotalBlocks && st.Running == 0
 		})
@@ -253,8 +247,7 @@ func TestTinyChatWithOfficialClient(t *testing.T) {
 }
 
 func TestDrainTurnsHealthUnavailable(t *testing.T) {
-	dir := testmodels.Stories260K(t)
-	s := startReal(t, dir, "stories260K")
+	s := startStories(t, "stories260K")
 	s.api.Drain()
 	resp, err := http.Get(s.url + "/health")
 	if err != nil {

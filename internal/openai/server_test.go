@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/kvparams"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 func post(t *testing.T, url, body string, header map[string]string) (*http.Response, []byte) {
@@ -497,32 +498,18 @@ func TestClientDisconnectAbortsRequest(t *testing.T) {
 					}
 					done <- err
 				}()
-				for len(b.requests()) == 0 {
-					time.Sleep(time.Millisecond)
-				}
+				testutil.WaitFor(t, "the request to reach the backend", 5*time.Second, func() bool { return len(b.requests()) > 0 })
 				cancel()
 				if err := <-done; !errors.Is(err, context.Canceled) {
 					t.Fatalf("client got %v, want context.Canceled", err)
 				}
 			}
 			b.waitIdle(t)
-			waitFor(t, "the request to be aborted", func() bool {
+			testutil.WaitFor(t, "the request to be aborted", 5*time.Second, func() bool {
 				b.mu.Lock()
 				defer b.mu.Unlock()
 				return len(b.aborted) == 1 && b.aborted[0] == b.reqs[0].ID
 			})
 		})
-	}
-}
-
-// waitFor polls cond until it holds, failing the test after 5 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

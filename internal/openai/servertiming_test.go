@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/engine"
-	"github.com/tandem-serve/tandem/internal/testmodels"
 )
 
 func TestFormatTiming(t *testing.T) {
@@ -36,8 +35,7 @@ func TestFormatTiming(t *testing.T) {
 // header with the server's own time and the queue and prefill of its first
 // token, within the time the client waited.
 func TestRealEngineAnswersCarryServerTiming(t *testing.T) {
-	dir := testmodels.Stories260K(t)
-	s := startReal(t, dir, "stories260K", func(c *Config) {
+	s := startStories(t, "stories260K", func(c *Config) {
 		c.ChatTemplate = func(msgs []Message, gen bool) (string, error) { return "Once upon a time", nil }
 	})
 	entry := regexp.MustCompile(`^api;dur=([0-9.]+), queue;dur=([0-9.]+), prefill;dur=([0-9.]+)$`)

@@ -11,12 +11,11 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/kvparams"
-	"github.com/tandem-serve/tandem/internal/testmodels"
 )
 
 func TestAPIKeyOnARealEngine(t *testing.T) {
 	const key = "sk-test-0123"
-	s := startReal(t, testmodels.Stories260K(t), "stories", func(c *Config) { c.APIKey = key })
+	s := startStories(t, "stories", func(c *Config) { c.APIKey = key })
 	const body = `{"model":"stories","prompt":"Once upon a time","max_tokens":4,"temperature":0}`
 	t.Setenv("OPENAI_API_KEY", key)
 	cases := []struct {

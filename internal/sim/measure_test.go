@@ -4,22 +4,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tandem-serve/tandem/internal/model"
-	"github.com/tandem-serve/tandem/internal/tensor"
-	"github.com/tandem-serve/tandem/internal/testmodels"
+	"github.com/tandem-serve/tandem/internal/testutil/loaded"
 )
 
 // TestMeasureProfilesTheRealForwardPass profiles stories260K on a small
 // grid and checks that the profile it writes reads back and replays its
 // own points.
 func TestMeasureProfilesTheRealForwardPass(t *testing.T) {
-	pool := tensor.NewPool(1)
-	defer pool.Close()
-	m, err := model.Load(testmodels.Stories260K(t), pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := loaded.Stories(t).Model
 	var progress int
 	p, err := Measure(m, MeasureConfig{
 		Name: "stories260K", PrefillTokens: []int{8, 64, 100000}, Batches: []int{1, 4}, Contexts: []int{16, 200},

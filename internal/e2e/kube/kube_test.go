@@ -30,6 +30,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/kubetest"
 	"github.com/tandem-serve/tandem/internal/testhosts"
 	"github.com/tandem-serve/tandem/internal/testmodels"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 const (
@@ -465,6 +466,15 @@ func startLoad(base string, workers, max int, want map[string]string) *load {
 
 func (l *load) count() int { l.mu.Lock(); defer l.mu.Unlock(); return len(l.results) }
 
+// waitMore waits until k more requests than now have finished, right or
+// wrong, and fails t after waitTimeout: the proxy stopped answering, or
+// the load ran out of requests.
+func (l *load) waitMore(t *testing.T, k int, while string) {
+	t.Helper()
+	n := l.count()
+	testutil.WaitFor(t, fmt.Sprintf("%d more requests to finish under load %s", k, while), waitTimeout, func() bool { return l.count() >= n+k })
+}
+
 func (l *load) finish() ([]result, []string) {
 	close(l.stop)
 	l.wg.Wait()
@@ -592,10 +602,7 @@ func TestDiscoveryScalesPoolsWithoutLosingRequests(t *testing.T) {
 	begin = time.Now()
 	c.apply(t, c.slice("decode-a", decodeSvc, ep(d0.host, false, false)))
 	acted = append(acted, c.waitBackends(t, begin, []*engine{p0, p1}, []*engine{d1}))
-	n := l.count()
-	for l.count() < n+15 {
-		time.Sleep(20 * time.Millisecond)
-	}
+	l.waitMore(t, 15, "after decode-0 turned unready")
 
 	// Scale down. d0, already out of the set, is deleted: terminating,
 	// then SIGTERM, and it drains. p0 is deleted as Kubernetes does it:
@@ -608,17 +615,11 @@ func TestDiscoveryScalesPoolsWithoutLosingRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	termP0 := time.Now()
-	n = l.count()
-	for l.count() < n+3 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	l.waitMore(t, 3, "while prefill-0 drains")
 	begin = c.apply(t, c.slice("prefill-a", prefillSvc, ep(p0.host, false, true), ep(p1.host, true, false)))
 	acted = append(acted, c.waitBackends(t, begin, []*engine{p1}, []*engine{d1}))
 	drainP0 := p0.wait(t).Sub(termP0)
-	n = l.count()
-	for l.count() < n+15 {
-		time.Sleep(20 * time.Millisecond)
-	}
+	l.waitMore(t, 15, "after the scale-down")
 
 	results, bad := l.finish()
 	finished = true

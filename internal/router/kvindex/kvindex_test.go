@@ -18,6 +18,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/proxy"
 	"github.com/tandem-serve/tandem/internal/router/factory"
 	"github.com/tandem-serve/tandem/internal/router/kvindex"
+	"github.com/tandem-serve/tandem/internal/testutil"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
@@ -96,14 +97,10 @@ func TestKVEventsSteerTheRouter(t *testing.T) {
 	// Publish only once d1 is followed live: a batch published while the
 	// subscription is still being set up is lost to ZMQ's slow joiner, and
 	// with no later batch there is no gap to recover it by.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if st, _ := idx.Stats(d1URL); st.Connected {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("not following d1's events after 5s")
-		}
-	}
+	testutil.WaitFor(t, "the index to follow d1's events", 5*time.Second, func() bool {
+		st, _ := idx.Stats(d1URL)
+		return st.Connected
+	})
 	cached := strings.Repeat("once upon a time there was a little girl who liked to play. ", 12)
 	fresh := strings.Repeat("the quick brown fox jumps over the lazy dog near the river. ", 12)
 	// d1's KV cache stores the cached prompt's blocks, as its engine would.

@@ -1,0 +1,10 @@
+// Package testutil holds the helpers that tests across Tandem share instead
+// of copying: WaitFor (poll a condition under a deadline), FakeClock (a
+// settable clock.Clock) and StoriesGolden (the greedy golden output of the
+// stories260K test model).
+//
+// It imports only the standard library and package testmodels, so that the
+// tests of any package, the model and the tensor kernels included, can use
+// it without an import cycle. The loaded stories260K model, which needs
+// packages model and tokenizer, is in the subpackage loaded.
+package testutil
