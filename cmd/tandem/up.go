@@ -20,10 +20,12 @@ func runUp(args []string) error {
 		fmt.Fprintf(fs.Output(), "usage: tandem up [flags] [-- extra flags for every engine's tandem serve]\n\n"+
 			"Starts prefill and decode engines (tandem serve) and the proxy in front of them, and supervises the\n"+
 			"engines: one that exits while serving is logged and started again on its ports and cores after a\n"+
-			"backoff (--restart-backoff, doubling up to 30s), while the proxy routes around it (a prompt whose\n"+
-			"prefill is down is prefilled by its decode). When an engine would need more than --restart-limit\n"+
-			"restarts within --restart-window, tandem up stops everything and exits 1 naming it. SIGINT or\n"+
-			"SIGTERM stops the proxy, then the engines (which drain), and exits 0.\n\n")
+			"backoff (--restart-backoff, doubling up to 30s). Meanwhile the proxy routes around it: to another\n"+
+			"engine of its role, or, with no prefill up, the decode prefills the prompt itself. The engines run\n"+
+			"with --kv-load-failure-policy recompute, so a decode whose prefill died computes the lost KV. An\n"+
+			"engine that needs more than --restart-limit restarts within --restart-window stops everything:\n"+
+			"tandem up exits 1 naming it. SIGINT or SIGTERM stops the proxy, then the engines (which drain),\n"+
+			"and exits 0. See docs/usage/serve.md.\n\n")
 		fs.PrintDefaults()
 	}
 	var cfg launch.Config

@@ -414,7 +414,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 		checkGone(t, pids)
 	})
 
-	t.Run("an engine killed while serving is restarted on its port and the proxy routes around it meanwhile", func(t *testing.T) {
+	t.Run("engines killed while serving are restarted on their ports and the proxy routes around them meanwhile", func(t *testing.T) {
 		var stdout, stderr syncBuffer
 		model := t.TempDir()
 		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
@@ -425,30 +425,35 @@ func TestRunWithFakeEngines(t *testing.T) {
 		go func() {
 			defer close(done)
 			// A backoff long enough to serve a request while prefill-0 is down.
-			runErr = Run(ctx, Config{Executable: exe, ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0,
+			runErr = Run(ctx, Config{Executable: exe, ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Decode: 2,
 				Restart: RestartPolicy{Backoff: 2 * time.Second}})
 		}()
 		url := waitEndpoint(t, &stdout, done)
-		old := childPIDs(stderr.String())
-		prefill := engineURLs(stderr.String())["prefill-0"]
-		syscall.Kill(old["prefill-0"], syscall.SIGKILL)
-		waitFor(t, 10*time.Second, done, "log line of prefill-0's exit", func() bool {
-			return strings.Contains(stderr.String(), `msg="engine exited; restarting" engine=prefill-0 role=prefill pid=`+strconv.Itoa(old["prefill-0"])+` exit="was killed by signal killed" restart=1 recent_restarts=1 limit=5`)
-		})
-		if pd, _ := completion(t, url, "m"); pd == "remote" {
-			t.Errorf("x-tandem-pd %q while the only prefill is down, want the decode to serve it alone", pd)
+		old, urls := childPIDs(stderr.String()), engineURLs(stderr.String())
+		for _, e := range []string{"prefill-0", "decode-0"} {
+			syscall.Kill(old[e], syscall.SIGKILL)
+			waitFor(t, 10*time.Second, done, "log line of "+e+"'s exit", func() bool {
+				return strings.Contains(stderr.String(), `msg="engine exited; restarting" engine=`+e+` role=`+strings.TrimSuffix(e, "-0")+` pid=`+strconv.Itoa(old[e])+` exit="was killed by signal killed" restart=1 recent_restarts=1 limit=5`)
+			})
 		}
-		waitFor(t, 10*time.Second, done, "prefill-0 restarted and healthy", func() bool {
-			return strings.Contains(stderr.String(), `msg="engine healthy again" engine=prefill-0`) && healthOK(prefill)
-		})
-		if pid := childPIDs(stderr.String())["prefill-0"]; pid == old["prefill-0"] {
-			t.Errorf("prefill-0 still has its old pid %d", pid)
+		for range 3 {
+			if pd, _ := completion(t, url, "m"); pd == "remote" {
+				t.Errorf("x-tandem-pd %q while the only prefill is down, want decode-1 to serve it alone", pd)
+			}
+		}
+		for _, e := range []string{"prefill-0", "decode-0"} {
+			waitFor(t, 10*time.Second, done, e+" restarted and healthy", func() bool {
+				return strings.Contains(stderr.String(), `msg="engine healthy again" engine=`+e) && healthOK(urls[e])
+			})
+			if pid := childPIDs(stderr.String())[e]; pid == old[e] {
+				t.Errorf("%s still has its old pid %d", e, pid)
+			}
 		}
 		if pd, body := completion(t, url, "m"); pd != "remote" {
 			t.Errorf("x-tandem-pd %q (%s) after the restart, want remote", pd, body)
 		}
 		metrics := get(t, url+"/metrics")
-		for _, want := range []string{`tandem:up_engine_exits_total{engine="prefill-0"} 1`, `tandem:up_engine_restarts_total{engine="prefill-0"} 1`, `tandem:up_engine_restarts_total{engine="decode-0"} 0`} {
+		for _, want := range []string{`tandem:up_engine_exits_total{engine="prefill-0"} 1`, `tandem:up_engine_restarts_total{engine="prefill-0"} 1`, `tandem:up_engine_restarts_total{engine="decode-0"} 1`, `tandem:up_engine_restarts_total{engine="decode-1"} 0`} {
 			if !strings.Contains(metrics, want) {
 				t.Errorf("/metrics lacks %s", want)
 			}
