@@ -337,6 +337,9 @@ func TestRunWithFakeEngines(t *testing.T) {
 		if runErr != nil {
 			t.Errorf("Run: %v", runErr)
 		}
+		if strings.Contains(stderr.String(), `msg="engine exited`) {
+			t.Errorf("the engines' exits on the shutdown's SIGTERM were taken for crashes:\n%s", stderr.String())
+		}
 		checkGone(t, pids)
 	})
 
