@@ -17,7 +17,15 @@ import (
 func runUp(args []string) error {
 	fs := flag.NewFlagSet("tandem up", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: tandem up [flags] [-- extra flags for every engine's tandem serve]\n\n")
+		fmt.Fprintf(fs.Output(), "usage: tandem up [flags] [-- extra flags for every engine's tandem serve]\n\n"+
+			"Starts prefill and decode engines (tandem serve) and the proxy in front of them, and supervises the\n"+
+			"engines: one that exits while serving is logged and started again on its ports and cores after a\n"+
+			"backoff (--restart-backoff, doubling up to 30s). Meanwhile the proxy routes around it: to another\n"+
+			"engine of its role, or, with no prefill up, the decode prefills the prompt itself. The engines run\n"+
+			"with --kv-load-failure-policy recompute, so a decode whose prefill died computes the lost KV. An\n"+
+			"engine that needs more than --restart-limit restarts within --restart-window stops everything:\n"+
+			"tandem up exits 1 naming it. SIGINT or SIGTERM stops the proxy, then the engines (which drain),\n"+
+			"and exits 0. See docs/usage/serve.md.\n\n")
 		fs.PrintDefaults()
 	}
 	var cfg launch.Config
@@ -33,6 +41,9 @@ func runUp(args []string) error {
 	fs.StringVar(&cfg.Policy, "policy", "round-robin", "the proxy's routing policy: "+strings.Join(proxy.Policies(), ", ")+" (see README, Routing)")
 	fs.StringVar(&cfg.PDDecider, "pd-decider", "always", "the proxy's disaggregation decider: always or conditional (remote prefill only for long uncached prompts)")
 	fs.BoolVar(&cfg.KVBidirectional, "kv-bidirectional", false, "multi-turn KV reuse: start every engine with --kv-bidirectional and the proxy in conversation mode (requests name a conversation with a conversation_id body field or an X-Conversation-Id header)")
+	fs.IntVar(&cfg.Restart.Limit, "restart-limit", launch.DefaultRestartLimit, "restarts of one engine allowed within --restart-window; the next exit stops everything (0: never restart, the first exit stops everything)")
+	fs.DurationVar(&cfg.Restart.Window, "restart-window", launch.DefaultRestartWindow, "the sliding window --restart-limit counts an engine's restarts in")
+	fs.DurationVar(&cfg.Restart.Backoff, "restart-backoff", launch.DefaultRestartBackoff, "wait before restarting an engine that exited; doubles with each restart within --restart-window, up to 30s")
 	var simulate simulateFlag
 	fs.Var(&simulate, "simulate", "start simulated engines (tandem serve --simulate): alone, the built-in time model; --simulate PROFILE.json, a profile from tandem profile. Many fit on one machine: tandem up --simulate --prefill 100 --decode 100. More --sim-* flags go after --")
 	args = joinSimulateArg(args)
@@ -40,6 +51,12 @@ func runUp(args []string) error {
 		return err
 	}
 	cfg.Simulate = string(simulate)
+	switch {
+	case cfg.Restart.Limit < 0:
+		return fmt.Errorf("--restart-limit %d: want 0 (never restart) or more", cfg.Restart.Limit)
+	case cfg.Restart.Limit == 0:
+		cfg.Restart.Limit = -1 // launch.RestartPolicy's "never"
+	}
 	if cfg.APIKey == "" {
 		cfg.APIKey = os.Getenv(openai.APIKeyEnv)
 	}

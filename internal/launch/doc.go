@@ -7,8 +7,17 @@
 // I/O-bound and light, the supervisor then sees its errors directly instead
 // of through a log, and there is one process fewer to start, watch and stop.
 // The engines are processes so that each owns its cores, its memory and its
-// fate: one crashing is reported (which, exit status, last log lines) and
-// stops the whole setup rather than leaving a half-working one.
+// fate. Run supervises them: one that exits while serving is logged (which,
+// exit status or signal, restart count) and started again with the same
+// command line, so on the same ports (the proxy's backend URLs stay valid)
+// and cores, after a doubling backoff (RestartPolicy). Meanwhile the proxy
+// routes around it, and has its backends checked at once when an engine
+// exits and when it is healthy again. An engine that keeps exiting (more
+// restarts within a window than the policy allows) stops the whole setup
+// with an error naming it, with its last log lines, rather than leaving a
+// half-working one. The proxy runs in the up process, so it is not
+// restarted: if it stops serving, Run stops the engines and returns its
+// error. Exits after Run began stopping (SIGTERM's drain) are not crashes.
 //
 // Start is the one way Tandem starts a child process: `tandem up`'s
 // engines, and the engines and proxies of the benchmark experiments and the

@@ -19,7 +19,8 @@ import (
 // stories260K model as users do, with an API key from the environment: a
 // completion without the key is refused, one with it takes the P/D path
 // (so the engines share the KV secret up generated: the decode accepted
-// the prefill's signed params), and SIGINT must stop every engine.
+// the prefill's signed params), and SIGINT must stop every engine, whose
+// exits (drained, status 0) are not taken for crashes.
 func TestTandemUpEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the tandem binary; skipped in -short mode")
@@ -96,6 +97,9 @@ func TestTandemUpEndToEnd(t *testing.T) {
 	}
 	if waitErr != nil {
 		t.Errorf("tandem up exited with %v after SIGINT, want 0", waitErr)
+	}
+	if strings.Contains(stderr.String(), `msg="engine exited`) {
+		t.Error("the engines' exits on the shutdown's SIGTERM were taken for crashes")
 	}
 	checkGone(t, pids)
 }

@@ -43,6 +43,7 @@ func fakeTandem(args []string) int {
 	fs.String("served-model-name", "", "")
 	fs.Bool("extra", false, "")
 	bidi := fs.Bool("kv-bidirectional", false, "")
+	fs.String("kv-load-failure-policy", "", "")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}

@@ -133,8 +133,13 @@ func (p *Process) LastLines() []string {
 // Report says how the process ended and when ("during startup"), that the
 // others are being stopped, its last log lines and its log file.
 func (p *Process) Report(when string) string {
+	return p.report(fmt.Sprintf("%s %s%s", p.Name, describeExit(p.err), when))
+}
+
+// report is Report with its own first clause.
+func (p *Process) report(head string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s%s; stopping the others", p.Name, describeExit(p.err), when)
+	fmt.Fprintf(&b, "%s; stopping the others", head)
 	if last := p.LastLines(); len(last) > 0 {
 		fmt.Fprintf(&b, "; its last log lines:\n")
 		for _, l := range last {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/defaultmodel"
@@ -64,6 +65,9 @@ type Config struct {
 	// else a profile file from `tandem profile`. Engine flags such as
 	// --sim-speed go in ExtraArgs.
 	Simulate string
+	// Restart says when an engine that exits while serving is started
+	// again (RestartPolicy; zero fields take its defaults).
+	Restart RestartPolicy
 	// APIKey, if set, is required by the proxy from clients and by the
 	// engines from the proxy (Authorization: Bearer).
 	APIKey string
@@ -97,6 +101,7 @@ func (c *Config) setDefaults() error {
 	if c.StopTimeout <= 0 {
 		c.StopTimeout = 10 * time.Second
 	}
+	c.Restart.setDefaults()
 	switch c.Simulate {
 	case "":
 	case "builtin":
@@ -125,9 +130,13 @@ func (c *Config) setDefaults() error {
 }
 
 // Run starts the engines and the proxy, prints the endpoint, and serves
-// until ctx is done (nil error) or a child dies (an error naming it, how it
-// ended and its last log lines). Either way every child is stopped before
-// Run returns.
+// until ctx is done (nil error). An engine that exits while serving is
+// started again on its ports and cores, after a backoff, as cfg.Restart
+// allows (see supervisor); meanwhile the proxy routes around it. Run
+// returns an error naming the engine, how it ended and its last log lines
+// when the engine exits once more than the policy allows, when an engine
+// fails during startup, or when the proxy stops. Either way every child is
+// stopped before Run returns.
 func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.setDefaults(); err != nil {
 		return err
@@ -194,17 +203,23 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	var children []*Process
 	defer func() { Stop(children, cfg.StopTimeout) }()
-	extra := cfg.ExtraArgs
+	// A decode that cannot pull a prompt's KV (its prefill was restarted
+	// and lost what it held) computes the prompt itself rather than failing
+	// the request; --kv-load-failure-policy after -- overrides it.
+	extra := append([]string{"--kv-load-failure-policy", "recompute"}, cfg.ExtraArgs...)
 	if cfg.KVBidirectional {
 		extra = append([]string{"--kv-bidirectional"}, extra...)
 	}
+	engines := make([]*engine, 0, n)
 	for _, s := range specs {
-		c, err := Start(ProcessSpec{Name: s.Name, Path: cfg.Executable, Args: ServeArgs(s, model, name, extra), Env: env,
-			CPUs: s.CPUs, URL: s.URL(), Output: out})
+		spec := ProcessSpec{Name: s.Name, Path: cfg.Executable, Args: ServeArgs(s, model, name, extra), Env: env,
+			CPUs: s.CPUs, URL: s.URL(), Output: out}
+		c, err := Start(spec)
 		if err != nil {
 			return err
 		}
 		children = append(children, c)
+		engines = append(engines, &engine{spec: spec, role: s.Role, proc: c})
 		fmt.Fprintf(cfg.Stderr, "started %s (pid %d) on %s, CPUs %v\n", s.Name, c.PID(), s.URL(), s.CPUs)
 	}
 
@@ -214,11 +229,6 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		return err
 	}
-	exited := make(chan *Process, n)
-	for _, c := range children {
-		go func() { <-c.Done(); exited <- c }()
-	}
-
 	var prefillURLs, decodeURLs []string
 	for _, s := range specs {
 		if s.Role == RolePrefill {
@@ -248,11 +258,30 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	ulog := slog.New(slog.NewTextHandler(newLineRelay("up", out), nil))
+	sup, err := newSupervisor(cfg.Restart, cfg.StartupTimeout, cfg.StopTimeout, ulog, p.CheckHealth, p.MetricsRegisterer())
+	if err != nil {
+		return err
+	}
 	p.CheckHealth(ctx)
 	pctx, stopProxy := context.WithCancel(ctx)
 	defer stopProxy()
 	proxyErr := make(chan error, 1)
 	go func() { proxyErr <- p.Serve(pctx, ln) }()
+
+	// One supervisor goroutine per engine; the first to give up stops
+	// everything. They are stopped (no more restarts) before the engines.
+	sctx, stopSupervisors := context.WithCancel(ctx)
+	defer stopSupervisors()
+	gaveUp := make(chan error, n)
+	var watching sync.WaitGroup
+	for _, e := range engines {
+		watching.Go(func() {
+			if err := sup.watch(sctx, e); err != nil {
+				gaveUp <- err
+			}
+		})
+	}
 
 	printEndpoint(cfg.Stdout, "http://"+ln.Addr().String(), name, cfg.Prefill, cfg.Decode, HasChatTemplate(model), cfg.APIKey != "")
 
@@ -260,11 +289,16 @@ func Run(ctx context.Context, cfg Config) error {
 	select {
 	case <-ctx.Done():
 		fmt.Fprintln(cfg.Stderr, "stopping: proxy, then engines")
-	case c := <-exited:
-		result = errors.New(c.Report(" while serving"))
+	case result = <-gaveUp:
 	case err := <-proxyErr:
-		result = fmt.Errorf("the proxy stopped: %w", err)
+		result = fmt.Errorf("the proxy stopped: %w; stopping the engines", err)
 		proxyErr <- nil // for the wait below
+	}
+	stopSupervisors()
+	watching.Wait()
+	children = children[:0]
+	for _, e := range engines {
+		children = append(children, e.current())
 	}
 	stopProxy()
 	<-proxyErr

@@ -179,7 +179,11 @@ func (s *syncBuffer) String() string {
 }
 
 var endpointRE = regexp.MustCompile(regexp.QuoteMeta(EndpointPrefix) + `(http://\S+)`)
-var pidRE = regexp.MustCompile(`started (\S+) \(pid (\d+)\)`)
+var (
+	pidRE       = regexp.MustCompile(`started (\S+) \(pid (\d+)\)`)
+	urlRE       = regexp.MustCompile(`started (\S+) \(pid \d+\) on (\S+),`)
+	restartedRE = regexp.MustCompile(`msg="engine restarted" engine=(\S+) role=\S+ pid=(\d+)`)
+)
 
 // waitEndpoint waits for the endpoint line in out, failing early when done
 // (Run or the process ended) closes first.
@@ -200,14 +204,53 @@ func waitEndpoint(t *testing.T, out interface{ String() string }, done <-chan st
 	}
 }
 
-// childPIDs returns the engines' pids from the "started" lines in logs.
+// childPIDs returns the engines' pids from the "started" lines in logs,
+// or, for an engine restarted since, its last restart's.
 func childPIDs(logs string) map[string]int {
 	out := map[string]int{}
-	for _, m := range pidRE.FindAllStringSubmatch(logs, -1) {
-		pid, _ := strconv.Atoi(m[2])
-		out[m[1]] = pid
+	for _, re := range []*regexp.Regexp{pidRE, restartedRE} {
+		for _, m := range re.FindAllStringSubmatch(logs, -1) {
+			pid, _ := strconv.Atoi(m[2])
+			out[m[1]] = pid
+		}
 	}
 	return out
+}
+
+// engineURLs returns the engines' base URLs from the "started" lines in logs.
+func engineURLs(logs string) map[string]string {
+	out := map[string]string{}
+	for _, m := range urlRE.FindAllStringSubmatch(logs, -1) {
+		out[m[1]] = m[2]
+	}
+	return out
+}
+
+// waitFor polls cond until it holds, failing the test with what once
+// timeout has passed or when done (the system under test ended) closes.
+func waitFor(t *testing.T, timeout time.Duration, done <-chan struct{}, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for !cond() {
+		select {
+		case <-done:
+			t.Fatalf("ended while waiting for %s", what)
+		case <-deadline:
+			t.Fatalf("no %s within %v", what, timeout)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// healthOK says whether base/health answers 200.
+func healthOK(base string) bool {
+	client := &http.Client{Timeout: 2 * time.Second}
+	resp, err := client.Get(base + "/health")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // checkGone fails for every pid that still exists.
@@ -294,6 +337,9 @@ func TestRunWithFakeEngines(t *testing.T) {
 		if runErr != nil {
 			t.Errorf("Run: %v", runErr)
 		}
+		if strings.Contains(stderr.String(), `msg="engine exited`) {
+			t.Errorf("the engines' exits on the shutdown's SIGTERM were taken for crashes:\n%s", stderr.String())
+		}
 		checkGone(t, pids)
 	})
 
@@ -346,7 +392,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 		checkGone(t, childPIDs(stderr.String()))
 	})
 
-	t.Run("an engine dying while serving stops the rest and is named", func(t *testing.T) {
+	t.Run("with restarts off an engine dying while serving stops the rest and is named", func(t *testing.T) {
 		var stdout, stderr syncBuffer
 		model := t.TempDir()
 		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
@@ -354,7 +400,8 @@ func TestRunWithFakeEngines(t *testing.T) {
 		var runErr error
 		go func() {
 			defer close(done)
-			runErr = Run(context.Background(), Config{Executable: exe, ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0})
+			runErr = Run(context.Background(), Config{Executable: exe, ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0,
+				Restart: RestartPolicy{Limit: -1}})
 		}()
 		waitEndpoint(t, &stdout, done)
 		pids := childPIDs(stderr.String())
@@ -369,6 +416,113 @@ func TestRunWithFakeEngines(t *testing.T) {
 		}
 		checkGone(t, pids)
 	})
+
+	t.Run("engines killed while serving are restarted on their ports and the proxy routes around them meanwhile", func(t *testing.T) {
+		var stdout, stderr syncBuffer
+		model := t.TempDir()
+		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		done := make(chan struct{})
+		var runErr error
+		go func() {
+			defer close(done)
+			// A backoff long enough to serve a request while prefill-0 is down.
+			runErr = Run(ctx, Config{Executable: exe, ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Decode: 2,
+				Restart: RestartPolicy{Backoff: 2 * time.Second}})
+		}()
+		url := waitEndpoint(t, &stdout, done)
+		old, urls := childPIDs(stderr.String()), engineURLs(stderr.String())
+		for _, e := range []string{"prefill-0", "decode-0"} {
+			syscall.Kill(old[e], syscall.SIGKILL)
+			waitFor(t, 10*time.Second, done, "log line of "+e+"'s exit", func() bool {
+				return strings.Contains(stderr.String(), `msg="engine exited; restarting" engine=`+e+` role=`+strings.TrimSuffix(e, "-0")+` pid=`+strconv.Itoa(old[e])+` exit="was killed by signal killed" restart=1 recent_restarts=1 limit=5`)
+			})
+		}
+		for range 3 {
+			if pd, _ := completion(t, url, "m"); pd == "remote" {
+				t.Errorf("x-tandem-pd %q while the only prefill is down, want decode-1 to serve it alone", pd)
+			}
+		}
+		for _, e := range []string{"prefill-0", "decode-0"} {
+			waitFor(t, 10*time.Second, done, e+" restarted and healthy", func() bool {
+				return strings.Contains(stderr.String(), `msg="engine healthy again" engine=`+e) && healthOK(urls[e])
+			})
+			if pid := childPIDs(stderr.String())[e]; pid == old[e] {
+				t.Errorf("%s still has its old pid %d", e, pid)
+			}
+		}
+		if pd, body := completion(t, url, "m"); pd != "remote" {
+			t.Errorf("x-tandem-pd %q (%s) after the restart, want remote", pd, body)
+		}
+		metrics := get(t, url+"/metrics")
+		for _, want := range []string{`tandem:up_engine_exits_total{engine="prefill-0"} 1`, `tandem:up_engine_restarts_total{engine="prefill-0"} 1`, `tandem:up_engine_restarts_total{engine="decode-0"} 1`, `tandem:up_engine_restarts_total{engine="decode-1"} 0`} {
+			if !strings.Contains(metrics, want) {
+				t.Errorf("/metrics lacks %s", want)
+			}
+		}
+		pids := childPIDs(stderr.String())
+		cancel()
+		<-done
+		if runErr != nil {
+			t.Errorf("Run: %v after a restart and cancel, want nil", runErr)
+		}
+		checkGone(t, pids)
+	})
+
+	t.Run("an engine that keeps exiting stops everything, named", func(t *testing.T) {
+		var stdout, stderr syncBuffer
+		model := t.TempDir()
+		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
+		done := make(chan struct{})
+		var runErr error
+		go func() {
+			defer close(done)
+			runErr = Run(context.Background(), Config{Executable: exe, ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Decode: 2,
+				Restart: RestartPolicy{Limit: 2, Window: time.Minute, Backoff: 10 * time.Millisecond}})
+		}()
+		waitEndpoint(t, &stdout, done)
+		pids := childPIDs(stderr.String())
+		// Its port taken, every restart of decode-1 exits at once.
+		port := strings.TrimPrefix(engineURLs(stderr.String())["decode-1"], "http://")
+		syscall.Kill(pids["decode-1"], syscall.SIGKILL)
+		var ln net.Listener
+		waitFor(t, 10*time.Second, done, "decode-1's port free", func() bool {
+			var err error
+			ln, err = net.Listen("tcp", port)
+			return err == nil
+		})
+		defer ln.Close()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("Run did not return for an engine that keeps exiting")
+		}
+		want := "decode-1 keeps exiting: it exited with status 1 after 2 restarts within 1m0s, at most 2 restarts within 1m0s (--restart-limit, --restart-window); stopping the others"
+		if runErr == nil || !strings.Contains(runErr.Error(), want) || !strings.Contains(runErr.Error(), "address already in use") {
+			t.Errorf("Run: %v\nwant it to contain %q and decode-1's last log line", runErr, want)
+		}
+		if n := strings.Count(stderr.String(), `msg="engine restarted" engine=decode-1`); n != 2 {
+			t.Errorf("decode-1 restarted %d times, want 2", n)
+		}
+		if !strings.Contains(stderr.String(), `level=ERROR msg="engine exited; giving up" engine=decode-1`) {
+			t.Error("no log line says that up gave up on decode-1")
+		}
+		checkGone(t, childPIDs(stderr.String()))
+		checkGone(t, pids)
+	})
+}
+
+// get returns url's body.
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }
 
 func TestRunRejectsBadInput(t *testing.T) {
