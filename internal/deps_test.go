@@ -135,7 +135,7 @@ var allowed = map[string][]string{
 	"internal/server/servertest": {"internal/server"}, // starts engines in-process for tests
 
 	// Floor 7: process launching and the benchmarks that drive processes.
-	"internal/launch":           {"internal/defaultmodel", "internal/gguf", "internal/kvxfer", "internal/openai", "internal/proxy", "internal/tokenizer", "golang.org/x/sys/unix"},
+	"internal/launch":           {"internal/defaultmodel", "internal/gguf", "internal/kvxfer", "internal/openai", "internal/proxy", "internal/tokenizer", "github.com/prometheus/client_golang/...", "golang.org/x/sys/unix"},
 	"internal/bench":            {"internal/bench/workload", "internal/tokenizer"}, // the client tokenizes workload prompts
 	"internal/bench/benchtest":  {},                                                // fake servers for the benchmark tests
 	"internal/bench/plot":       {"internal/bench", "gonum.org/v1/plot/..."},
