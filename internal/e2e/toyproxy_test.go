@@ -16,7 +16,7 @@ import (
 
 // toyProxy is what vLLM's toy proxy (tests/v1/kv_connector/nixl_integration/
 // toy_proxy_server.py) does with one client request, step by step (see
-// /work/shared/research/vllm-pd.md, "Proxy → P" and "Proxy → D"): a fresh
+// docs/kv-transfer.md, "Prefill leg" and "Decode leg"): a fresh
 // uuid as X-Request-Id for both legs and "Authorization: Bearer
 // $OPENAI_API_KEY" on both; the prefill leg is the client's body with
 // kv_transfer_params {"do_remote_decode": true, the rest false or null},
