@@ -91,6 +91,11 @@ func ConvertToGGUF(dir string, w io.Writer, opts GGUFOptions) (*GGUFSummary, err
 	if err != nil {
 		return nil, err
 	}
+	switch c.ModelType {
+	case "llama", "mistral", "qwen2":
+	default:
+		return nil, fmt.Errorf("model: converting model type %s to GGUF is not supported (supported: llama, mistral, qwen2); serve the safetensors checkpoint instead", c.ModelType)
+	}
 	set, err := safetensors.OpenDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
