@@ -46,7 +46,9 @@ func loadHFGolden(t *testing.T, dir string) hfGolden {
 // Hugging Face transformers computed for the same f32 checkpoints (Qwen3
 // with tied and untied heads and head_dim ≠ hidden/heads, Qwen3-MoE with
 // normalised and unnormalised top-k weights and dense layers among the
-// sparse ones), position by position, and the greedy continuations.
+// sparse ones), position by position, and the greedy continuations. The
+// checkpoints are those committed under testdata/qwen3, or with
+// TANDEM_HF_REFERENCE those scripts/reference/check.sh has just made.
 //
 // The tolerance: both sides compute in f32 but sum in different orders
 // (and transformers' matmuls block differently), so logits differ by a few
@@ -58,6 +60,11 @@ func TestMatchesTransformers(t *testing.T) {
 	for _, name := range hfCases {
 		t.Run(name, func(t *testing.T) {
 			dir := filepath.Join("testdata", "qwen3", name)
+			if live := os.Getenv("TANDEM_HF_REFERENCE"); live != "" {
+				// scripts/reference/check.sh: checkpoints and goldens
+				// just made by transformers.
+				dir = filepath.Join(live, name)
+			}
 			g := loadHFGolden(t, dir)
 			for _, threads := range []int{1, 2} {
 				m := loadTestModel(t, dir, threads)
