@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Compares Tandem with Hugging Face transformers live: installs the pinned
-# reference (torch and transformers, CPU) into a virtual environment, builds
-# fresh tiny Qwen3 and Qwen3-MoE checkpoints with transformers, and runs
-# internal/model's TestMatchesTransformers on them; then checks that the
-# installed transformers still computes the goldens committed under
-# internal/model/testdata/qwen3 (which CI checks without the reference).
+# Compares Tandem with its references live:
+# - Hugging Face transformers: installs the pinned torch and transformers
+#   (CPU) into a virtual environment, builds fresh tiny Qwen3 and Qwen3-MoE
+#   checkpoints with transformers and runs internal/model's
+#   TestMatchesTransformers on them; then checks that the installed
+#   transformers still computes the goldens committed under
+#   internal/model/testdata/qwen3 (which CI checks without the reference).
+# - llama.cpp: installs node-llama-cpp 3.21.1 (prebuilt llama.cpp) in
+#   scripts/reference/llamacpp and runs TestGGUFQwen3MatchesLlamaCpp, which
+#   compares greedy continuations on GGUF files Tandem writes.
 #
 #   scripts/reference/check.sh            # venv in ~/.cache/tandem/refenv
 #   TANDEM_REFENV=/some/venv scripts/reference/check.sh
@@ -20,3 +24,5 @@ trap 'rm -rf "$out"' EXIT
 "$venv/bin/python" "$root/scripts/reference/qwen3.py" --out "$out"
 (cd "$root" && TANDEM_HF_REFERENCE="$out" go test -count=1 -run TestMatchesTransformers -v ./internal/model/)
 "$venv/bin/python" "$root/scripts/reference/qwen3.py" --check --out "$root/internal/model/testdata/qwen3"
+(cd "$root/scripts/reference/llamacpp" && npm ci --no-audit --no-fund)
+(cd "$root" && TANDEM_LLAMACPP="$root/scripts/reference/llamacpp" go test -count=1 -run TestGGUFQwen3MatchesLlamaCpp -v ./internal/model/)
