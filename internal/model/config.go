@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/tandem-serve/tandem/internal/gguf"
@@ -27,7 +28,7 @@ type RopeScaling struct {
 // Config is a validated model configuration, read from a Hugging Face
 // config.json with defaults resolved.
 type Config struct {
-	// ModelType is "llama", "mistral" or "qwen2".
+	// ModelType is "llama", "mistral", "qwen2", "qwen3" or "qwen3_moe".
 	ModelType         string
 	Hidden            int
 	Layers            int
@@ -46,6 +47,12 @@ type Config struct {
 	// attention_bias).
 	QKVBias bool
 	OBias   bool
+	// QKNorm is set when every query and key head is RMS-normalised (a
+	// weight of HeadDim per layer) before RoPE: qwen3 and qwen3_moe.
+	QKNorm bool
+	// MoE describes the sparse feed-forward layers; its zero value means
+	// every layer is dense.
+	MoE MoEConfig
 	// SlidingWindow is the attention window (0 = none). Positions are
 	// limited to it (see MaxModelLen) so full attention is exact.
 	SlidingWindow int
@@ -53,6 +60,29 @@ type Config struct {
 	EOS           []int32
 	// TorchDType is the torch_dtype the checkpoint declares ("" if absent).
 	TorchDType string
+}
+
+// MoEConfig is the mixture-of-experts part of a configuration (qwen3_moe).
+// A sparse layer routes each token to TopK of Experts feed-forward
+// networks of width Intermediate: softmax over the router logits, the TopK
+// largest probabilities kept and, with NormTopK, divided by their sum.
+type MoEConfig struct {
+	Experts      int
+	TopK         int
+	NormTopK     bool
+	Intermediate int
+	// SparseStep makes layer i sparse when (i+1)%SparseStep == 0 and i is
+	// not in DenseLayers (mlp_only_layers); the other layers are dense
+	// with Config.Intermediate.
+	SparseStep  int
+	DenseLayers []int
+}
+
+// SparseLayer reports whether layer i has a mixture-of-experts
+// feed-forward block, following transformers' Qwen3MoeDecoderLayer.
+func (c *Config) SparseLayer(i int) bool {
+	e := &c.MoE
+	return e.Experts > 0 && e.SparseStep > 0 && (i+1)%e.SparseStep == 0 && !slices.Contains(e.DenseLayers, i)
 }
 
 // MaxModelLen returns the number of positions a sequence may use: the
@@ -237,11 +267,14 @@ func (f *fields) config() (*Config, error) {
 		return nil, err
 	}
 	switch c.ModelType {
-	case "llama", "mistral", "qwen2":
+	case "llama", "mistral", "qwen2", "qwen3", "qwen3_moe":
 	case "":
-		return nil, fmt.Errorf("model: %s: required field \"model_type\" is missing (supported: llama, mistral, qwen2)", f.file)
+		return nil, fmt.Errorf("model: %s: required field \"model_type\" is missing (supported: %s)", f.file, supportedModelTypes)
 	default:
-		return nil, fmt.Errorf("model: %s: field \"model_type\": expected llama, mistral or qwen2, found %q", f.file, c.ModelType)
+		return nil, fmt.Errorf("model: %s: field \"model_type\": model type %q is not supported (supported: %s)", f.file, c.ModelType, supportedModelTypes)
+	}
+	if err := f.architectures(c.ModelType); err != nil {
+		return nil, err
 	}
 	ints := []struct {
 		dst      *int
@@ -283,13 +316,7 @@ func (f *fields) config() (*Config, error) {
 	if c.RMSNormEps <= 0 {
 		return nil, f.typeErr("rms_norm_eps", "a positive number")
 	}
-	if c.RopeTheta, err = f.floatField("rope_theta", 10000); err != nil {
-		return nil, err
-	}
-	if c.RopeTheta <= 1 {
-		return nil, f.typeErr("rope_theta", "a number greater than 1")
-	}
-	if c.RopeScaling, err = f.ropeScaling(); err != nil {
+	if c.RopeTheta, c.RopeScaling, err = f.rope(); err != nil {
 		return nil, err
 	}
 	if c.TieWordEmbeddings, err = f.boolField("tie_word_embeddings", false); err != nil {
@@ -313,11 +340,19 @@ func (f *fields) config() (*Config, error) {
 	case "qwen2":
 		// Qwen2 always has q/k/v biases and no o_proj bias.
 		c.QKVBias = true
-	case "llama":
+	case "llama", "qwen3", "qwen3_moe":
 		if c.QKVBias, err = f.boolField("attention_bias", false); err != nil {
 			return nil, err
 		}
 		c.OBias = c.QKVBias
+	}
+	if c.ModelType == "qwen3" || c.ModelType == "qwen3_moe" {
+		c.QKNorm = true
+	}
+	if c.ModelType == "qwen3_moe" {
+		if c.MoE, err = f.moe(c); err != nil {
+			return nil, err
+		}
 	}
 	if err := f.slidingWindow(c); err != nil {
 		return nil, err
@@ -345,9 +380,90 @@ func (f *fields) config() (*Config, error) {
 	return c, nil
 }
 
+// supportedModelTypes lists the model_type values Load accepts, for
+// messages.
+const supportedModelTypes = "llama, mistral, qwen2, qwen3, qwen3_moe"
+
+// architectureOf is the Hugging Face architecture (config.json
+// "architectures") each model type is run as: the causal language model
+// heads only.
+var architectureOf = map[string]string{
+	"llama":     "LlamaForCausalLM",
+	"mistral":   "MistralForCausalLM",
+	"qwen2":     "Qwen2ForCausalLM",
+	"qwen3":     "Qwen3ForCausalLM",
+	"qwen3_moe": "Qwen3MoeForCausalLM",
+}
+
+// architectures rejects a config.json whose "architectures" names a model
+// other than the causal language model of its model type (a classifier
+// head, say, whose output is not next-token logits). An absent list is
+// accepted.
+func (f *fields) architectures(modelType string) error {
+	if !f.has("architectures") {
+		return nil
+	}
+	var archs []string
+	if err := json.Unmarshal(f.m["architectures"], &archs); err != nil {
+		return f.typeErr("architectures", "a list of strings")
+	}
+	want := architectureOf[modelType]
+	for _, a := range archs {
+		if a != want {
+			return fmt.Errorf("model: %s: field \"architectures\": architecture %q is not supported for model type %s (supported: %s)", f.file, a, modelType, want)
+		}
+	}
+	return nil
+}
+
+// moe reads the mixture-of-experts fields of a qwen3_moe config, with the
+// defaults of transformers' Qwen3MoeConfig.
+func (f *fields) moe(c *Config) (MoEConfig, error) {
+	e := MoEConfig{}
+	var err error
+	ints := []struct {
+		dst  *int
+		name string
+		def  int
+	}{
+		{&e.Experts, "num_experts", 128},
+		{&e.TopK, "num_experts_per_tok", 8},
+		{&e.Intermediate, "moe_intermediate_size", 768},
+		{&e.SparseStep, "decoder_sparse_step", 1},
+	}
+	if !f.has("num_experts") && f.has("num_local_experts") {
+		// transformers 5 writes num_experts under this name.
+		ints[0].name = "num_local_experts"
+	}
+	for _, fld := range ints {
+		if *fld.dst, err = f.posInt(fld.name, fld.def, false); err != nil {
+			return e, err
+		}
+	}
+	if e.TopK > e.Experts {
+		return e, fmt.Errorf("model: %s: field \"num_experts_per_tok\": expected at most num_experts %d, found %d", f.file, e.Experts, e.TopK)
+	}
+	if e.NormTopK, err = f.boolField("norm_topk_prob", false); err != nil {
+		return e, err
+	}
+	if f.has("mlp_only_layers") {
+		var layers []int
+		if err := json.Unmarshal(f.m["mlp_only_layers"], &layers); err != nil {
+			return e, f.typeErr("mlp_only_layers", "a list of layer indexes")
+		}
+		for _, l := range layers {
+			if l < 0 || l >= c.Layers {
+				return e, fmt.Errorf("model: %s: field \"mlp_only_layers\": layer %d is outside the model's %d layers", f.file, l, c.Layers)
+			}
+		}
+		e.DenseLayers = layers
+	}
+	return e, nil
+}
+
 func (f *fields) slidingWindow(c *Config) error {
 	use := c.ModelType == "mistral"
-	if c.ModelType == "qwen2" {
+	if strings.HasPrefix(c.ModelType, "qwen") {
 		var err error
 		if use, err = f.boolField("use_sliding_window", false); err != nil {
 			return err
@@ -367,6 +483,44 @@ func (f *fields) slidingWindow(c *Config) error {
 	return nil
 }
 
+// rope reads rope_theta and rope_scaling, or the rope_parameters object
+// that transformers 5 writes in their place (rope_theta and the scaling
+// fields in one object, rope_type "default" for none).
+func (f *fields) rope() (float64, RopeScaling, error) {
+	src, name := f, "rope_theta"
+	if f.has("rope_parameters") {
+		sub, err := parseFields(f.file, f.m["rope_parameters"])
+		if err != nil {
+			return 0, RopeScaling{}, f.typeErr("rope_parameters", "an object or null")
+		}
+		sub.file = f.file + " rope_parameters"
+		if sub.has("rope_theta") || !f.has("rope_theta") {
+			src = sub
+		}
+		theta, err := src.floatField(name, 10000)
+		if err != nil {
+			return 0, RopeScaling{}, err
+		}
+		if theta <= 1 {
+			return 0, RopeScaling{}, src.typeErr(name, "a number greater than 1")
+		}
+		if !sub.has("rope_type") && !sub.has("type") {
+			return theta, RopeScaling{}, nil
+		}
+		rs, err := sub.scaling()
+		return theta, rs, err
+	}
+	theta, err := f.floatField(name, 10000)
+	if err != nil {
+		return 0, RopeScaling{}, err
+	}
+	if theta <= 1 {
+		return 0, RopeScaling{}, f.typeErr(name, "a number greater than 1")
+	}
+	rs, err := f.ropeScaling()
+	return theta, rs, err
+}
+
 func (f *fields) ropeScaling() (RopeScaling, error) {
 	if !f.has("rope_scaling") {
 		return RopeScaling{}, nil
@@ -376,6 +530,13 @@ func (f *fields) ropeScaling() (RopeScaling, error) {
 		return RopeScaling{}, f.typeErr("rope_scaling", "an object or null")
 	}
 	sub.file = f.file + " rope_scaling"
+	return sub.scaling()
+}
+
+// scaling reads the rope_type (or type) and scaling fields of a
+// rope_scaling or rope_parameters object.
+func (sub *fields) scaling() (RopeScaling, error) {
+	var err error
 	var rs RopeScaling
 	if rs.Type, err = sub.stringField("rope_type", ""); err != nil {
 		return rs, err
@@ -392,7 +553,7 @@ func (f *fields) ropeScaling() (RopeScaling, error) {
 	case "":
 		return rs, fmt.Errorf("model: %s: field \"rope_type\" (or \"type\") is missing", sub.file)
 	default:
-		return rs, fmt.Errorf("model: %s: field \"rope_type\": expected linear or llama3, found unsupported %q", sub.file, rs.Type)
+		return rs, fmt.Errorf("model: %s: field \"rope_type\": rope scaling %q is not supported (supported: default, linear, llama3)", sub.file, rs.Type)
 	}
 	if rs.Factor, err = sub.floatField("factor", 0); err != nil {
 		return rs, err

@@ -41,6 +41,28 @@ func TestParseConfig(t *testing.T) {
 			c.RopeScaling = RopeScaling{Type: "llama3", Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}
 		}},
 		{"rope_type default means none", `{"model_type": "llama", ` + baseConfig + `, "rope_scaling": {"rope_type": "default"}}`, func(c *Config) {}},
+		// transformers 5 writes rope_theta and the scaling in one object.
+		{"rope_parameters", `{"model_type": "llama", ` + baseConfig + `, "rope_parameters": {"rope_theta": 500000, "rope_type": "linear", "factor": 4}}`, func(c *Config) {
+			c.RopeTheta, c.RopeScaling = 500000, RopeScaling{Type: "linear", Factor: 4}
+		}},
+		{"rope_parameters default", `{"model_type": "llama", ` + baseConfig + `, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}`, func(c *Config) {
+			c.RopeTheta = 1e6
+		}},
+		{"qwen3 has q/k norms and no biases", `{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], ` + baseConfig + `, "head_dim": 32, "use_sliding_window": false, "sliding_window": null}`, func(c *Config) {
+			c.ModelType, c.QKNorm, c.HeadDim = "qwen3", true, 32
+		}},
+		{"qwen3 attention_bias", `{"model_type": "qwen3", ` + baseConfig + `, "attention_bias": true}`, func(c *Config) {
+			c.ModelType, c.QKNorm, c.QKVBias, c.OBias = "qwen3", true, true, true
+		}},
+		{"qwen3_moe defaults are transformers'", `{"model_type": "qwen3_moe", ` + baseConfig + `}`, func(c *Config) {
+			c.ModelType, c.QKNorm = "qwen3_moe", true
+			c.MoE = MoEConfig{Experts: 128, TopK: 8, Intermediate: 768, SparseStep: 1}
+		}},
+		{"qwen3_moe as transformers 5 writes it", `{"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], ` + baseConfig + `, "num_local_experts": 8, "num_experts_per_tok": 2,
+			"moe_intermediate_size": 16, "norm_topk_prob": true, "decoder_sparse_step": 2, "mlp_only_layers": [1]}`, func(c *Config) {
+			c.ModelType, c.QKNorm = "qwen3_moe", true
+			c.MoE = MoEConfig{Experts: 8, TopK: 2, Intermediate: 16, NormTopK: true, SparseStep: 2, DenseLayers: []int{1}}
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -75,6 +97,10 @@ func TestParseConfigErrors(t *testing.T) {
 		{"llama3 rope without original length", `{"model_type": "llama", ` + baseConfig + `, "rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4}}`, []string{"original_max_position_embeddings", "missing"}},
 		{"rope scaling without factor", `{"model_type": "llama", ` + baseConfig + `, "rope_scaling": {"rope_type": "linear"}}`, []string{"factor", "positive"}},
 		{"unknown torch dtype", `{"model_type": "llama", ` + baseConfig + `, "torch_dtype": "int8"}`, []string{"torch_dtype", "int8"}},
+		{"architecture of another type", `{"model_type": "qwen3", "architectures": ["Qwen3MoeForCausalLM"], ` + baseConfig + `}`, []string{"architectures", "Qwen3MoeForCausalLM", "not supported", "Qwen3ForCausalLM"}},
+		{"qwen3 yarn", `{"model_type": "qwen3", ` + baseConfig + `, "rope_scaling": {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 32768}}`, []string{"rope_type", "yarn", "not supported"}},
+		{"more experts per token than experts", `{"model_type": "qwen3_moe", ` + baseConfig + `, "num_experts": 4, "num_experts_per_tok": 8}`, []string{"num_experts_per_tok", "at most", "4"}},
+		{"dense layer out of range", `{"model_type": "qwen3_moe", ` + baseConfig + `, "mlp_only_layers": [2]}`, []string{"mlp_only_layers", "layer 2", "2 layers"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -130,6 +156,20 @@ func TestModelinitShapesParse(t *testing.T) {
 		modelinit.ShapeLlama1B: {ModelType: "llama", Hidden: 2048, Layers: 16, Heads: 32, KVHeads: 8, HeadDim: 64, Intermediate: 8192,
 			Vocab: 128256, MaxPositions: 131072, RMSNormEps: 1e-5, RopeTheta: 500000, TieWordEmbeddings: true, BOS: []int32{128000}, EOS: []int32{128001}, TorchDType: "bfloat16",
 			RopeScaling: RopeScaling{Type: "llama3", Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}},
+		modelinit.ShapeQwen3Tiny: {ModelType: "qwen3", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 24, Intermediate: 128,
+			Vocab: 1000, MaxPositions: 2048, RMSNormEps: 1e-6, RopeTheta: 1000000, TieWordEmbeddings: true, QKNorm: true,
+			BOS: []int32{0}, EOS: []int32{0}, TorchDType: "bfloat16"},
+		modelinit.ShapeQwen3MoETiny: {ModelType: "qwen3_moe", Hidden: 64, Layers: 3, Heads: 4, KVHeads: 2, HeadDim: 24, Intermediate: 128,
+			Vocab: 1000, MaxPositions: 2048, RMSNormEps: 1e-6, RopeTheta: 1000000, QKNorm: true,
+			MoE: MoEConfig{Experts: 8, TopK: 2, NormTopK: true, Intermediate: 32, SparseStep: 1, DenseLayers: []int{0}},
+			BOS: []int32{0}, EOS: []int32{0}, TorchDType: "bfloat16"},
+		modelinit.ShapeQwen306B: {ModelType: "qwen3", Hidden: 1024, Layers: 28, Heads: 16, KVHeads: 8, HeadDim: 128, Intermediate: 3072,
+			Vocab: 151936, MaxPositions: 40960, RMSNormEps: 1e-6, RopeTheta: 1000000, TieWordEmbeddings: true, QKNorm: true,
+			BOS: []int32{151643}, EOS: []int32{151645}, TorchDType: "bfloat16"},
+		modelinit.ShapeQwen330BA3B: {ModelType: "qwen3_moe", Hidden: 2048, Layers: 48, Heads: 32, KVHeads: 4, HeadDim: 128, Intermediate: 6144,
+			Vocab: 151936, MaxPositions: 40960, RMSNormEps: 1e-6, RopeTheta: 1000000, QKNorm: true,
+			MoE: MoEConfig{Experts: 128, TopK: 8, NormTopK: true, Intermediate: 768, SparseStep: 1, DenseLayers: []int{}},
+			BOS: []int32{151643}, EOS: []int32{151645}, TorchDType: "bfloat16"},
 	}
 	for _, name := range modelinit.Shapes() {
 		t.Run(name, func(t *testing.T) {

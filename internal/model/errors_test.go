@@ -95,7 +95,13 @@ func TestLoadReportsWhatIsWrong(t *testing.T) {
 		}, []string{"lm_head.weight", "missing", "tie_word_embeddings false"}},
 		{"unsupported model_type", nil, func(t *testing.T, dir string) {
 			editConfig(t, dir, `"model_type": "llama"`, `"model_type": "gemma2"`)
-		}, []string{"model_type", "gemma2", "llama, mistral or qwen2"}},
+		}, []string{"model_type", "gemma2", "not supported", "llama, mistral, qwen2, qwen3, qwen3_moe"}},
+		{"unsupported architecture", nil, func(t *testing.T, dir string) {
+			editConfig(t, dir, `"LlamaForCausalLM"`, `"LlamaForSequenceClassification"`)
+		}, []string{"architectures", "LlamaForSequenceClassification", "not supported", "LlamaForCausalLM"}},
+		{"unsupported rope type in rope_parameters", nil, func(t *testing.T, dir string) {
+			editConfig(t, dir, `"rope_scaling": null`, `"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000, "factor": 4}`)
+		}, []string{"rope_parameters", "yarn", "not supported"}},
 		{"unsupported activation", nil, func(t *testing.T, dir string) {
 			editConfig(t, dir, `"hidden_act": "silu"`, `"hidden_act": "gelu"`)
 		}, []string{"hidden_act", "gelu"}},

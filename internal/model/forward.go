@@ -79,6 +79,7 @@ type scratch struct {
 	packed           [][]uint32 // bf16 attention: packed keys per (sequence, KV head)
 	packItems        []packItem
 	attnScratch      sync.Pool // *attnScratch, one per busy worker
+	moe              moeScratch
 }
 
 func grow(b []float32, n int) []float32 {
@@ -154,17 +155,21 @@ func (m *Model) Forward(seqs []Seq, pool []byte, layout kvlayout.Layout) ([][]fl
 				tensor.RMSNorm(s.xn[t*H:(t+1)*H], x, l.ffnNorm, eps)
 			}
 		})
-		s.gu = m.runGroup(&l.gateUp, s.gu, s.xn, T)
-		gu := &l.gateUp
-		m.rows(T, parallelHotRows, func(lo, hi int) {
-			for t := lo; t < hi; t++ {
-				row := s.gu[t*gu.width : (t+1)*gu.width]
-				h := s.h[t*F : (t+1)*F]
-				copy(h, row[gu.off[0]:gu.off[0]+F])
-				tensor.SiLUMul(h, row[gu.off[1]:gu.off[1]+F])
-			}
-		})
-		m.matmul(s.tmp, s.h, T, &l.down)
+		if l.moe != nil {
+			m.moeFFN(l, T)
+		} else {
+			s.gu = m.runGroup(&l.gateUp, s.gu, s.xn, T)
+			gu := &l.gateUp
+			m.rows(T, parallelHotRows, func(lo, hi int) {
+				for t := lo; t < hi; t++ {
+					row := s.gu[t*gu.width : (t+1)*gu.width]
+					h := s.h[t*F : (t+1)*F]
+					copy(h, row[gu.off[0]:gu.off[0]+F])
+					tensor.SiLUMul(h, row[gu.off[1]:gu.off[1]+F])
+				}
+			})
+			m.matmul(s.tmp, s.h, T, &l.down)
+		}
 		// The residual add and the next layer's input norm share a pass.
 		var next []float32
 		if li+1 < len(m.layers) {
@@ -247,13 +252,15 @@ func (m *Model) runGroup(g *linearGroup, buf, x []float32, T int) []float32 {
 	return buf
 }
 
-// prepareAttention adds the q/k/v biases, applies RoPE to the queries and
-// keys and stores every new token's K and V row in its pool slot.
+// prepareAttention adds the q/k/v biases, normalises each query and key
+// head (qwen3's q_norm and k_norm), applies RoPE to the queries and keys and
+// stores every new token's K and V row in its pool slot.
 func (m *Model) prepareAttention(l *layer, li int, seqs []Seq, kv kvView, layout kvlayout.Layout, T int) {
 	c := &m.cfg
 	s := &m.s
 	g := &l.qkv
 	hd, half, kvd := c.HeadDim, c.HeadDim/2, c.KVDim()
+	eps := float32(c.RMSNormEps)
 	m.rows(T, parallelRows, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
 			row := s.qkv[t*g.width : (t+1)*g.width]
@@ -264,6 +271,14 @@ func (m *Model) prepareAttention(l *layer, li int, seqs []Seq, kv kvView, layout
 				addTo(q, l.qBias)
 				addTo(k, l.kBias)
 				addTo(v, l.vBias)
+			}
+			if l.qNorm != nil {
+				for h := 0; h < c.Heads; h++ {
+					tensor.RMSNorm(q[h*hd:(h+1)*hd], q[h*hd:(h+1)*hd], l.qNorm, eps)
+				}
+				for h := 0; h < c.KVHeads; h++ {
+					tensor.RMSNorm(k[h*hd:(h+1)*hd], k[h*hd:(h+1)*hd], l.kNorm, eps)
+				}
 			}
 			cos, sin := s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half]
 			for h := 0; h < c.Heads; h++ {

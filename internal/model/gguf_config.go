@@ -46,8 +46,12 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 	c := &Config{ModelType: arch}
 	switch arch {
 	case "llama", "qwen2":
+	case "qwen3":
+		c.QKNorm = true
+	case "qwen3moe":
+		c.ModelType, c.QKNorm = "qwen3_moe", true
 	default:
-		return nil, nil, fail("architecture %q is not supported (supported: llama, which GGUF also uses for Mistral, and qwen2)", arch)
+		return nil, nil, fail("architecture %q is not supported (supported: llama, which GGUF also uses for Mistral, qwen2, qwen3 and qwen3moe)", arch)
 	}
 	uintKey := func(dst *int, suffix string, def int, limit int) error {
 		key := arch + "." + suffix
@@ -117,6 +121,11 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 		return nil, nil, fail("%s.attention.layer_norm_rms_epsilon: expected a positive float, found %v (present %t)", arch, eps, ok)
 	}
 	c.RMSNormEps = eps
+	if arch == "qwen3moe" {
+		if err := ggufMoE(f, c, arch, uintKey, fail); err != nil {
+			return nil, nil, err
+		}
+	}
 	c.RopeTheta = 10000
 	if theta, ok, err := f.Float(arch + ".rope.freq_base"); err != nil {
 		return nil, nil, fmt.Errorf("model: %s: %w", where, err)
@@ -183,6 +192,38 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 		c.EOS = []int32{gen.EOS[0]}
 	}
 	return c, gen, nil
+}
+
+// ggufMoE reads the mixture-of-experts keys of a qwen3moe file. The top-k
+// weights are normalised unless {arch}.expert_weights_norm says false
+// (llama.cpp always normalises them for qwen3moe, as every released
+// Qwen3-MoE does); a layer is sparse when it has a router (ffn_gate_inp),
+// dense otherwise.
+func ggufMoE(f *gguf.File, c *Config, arch string, uintKey func(*int, string, int, int) error, fail func(string, ...any) error) error {
+	e := &c.MoE
+	for _, k := range []struct {
+		dst    *int
+		suffix string
+	}{{&e.Experts, "expert_count"}, {&e.TopK, "expert_used_count"}, {&e.Intermediate, "expert_feed_forward_length"}} {
+		if err := uintKey(k.dst, k.suffix, 0, maxGGUFDim); err != nil {
+			return err
+		}
+	}
+	if e.TopK > e.Experts {
+		return fail("%s.expert_used_count %d is more than expert_count %d", arch, e.TopK, e.Experts)
+	}
+	norm, ok, err := f.Bool(arch + ".expert_weights_norm")
+	if err != nil {
+		return fail("%v", err)
+	}
+	e.NormTopK = norm || !ok
+	e.SparseStep = 1
+	for i := range c.Layers {
+		if _, ok := f.Tensor(fmt.Sprintf("blk.%d.ffn_gate_inp.weight", i)); !ok {
+			e.DenseLayers = append(e.DenseLayers, i)
+		}
+	}
+	return nil
 }
 
 func containsID(ids []int32, id int32) bool {

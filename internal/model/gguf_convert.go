@@ -67,16 +67,22 @@ type ggufEntry struct {
 	typ      gguf.Type
 	permute  int       // heads to permute the rows of (llama q and k), 0 for none
 	data     []float32 // set for tensors computed here (rope_freqs)
+	// stack, when set, are the Hugging Face tensors (one per expert)
+	// stacked into this one, in order.
+	stack []string
 }
 
-// ConvertToGGUF writes the Hugging Face checkpoint in dir (llama, mistral
-// or qwen2; safetensors in f32, bf16 or f16) to w as a GGUF file with the
+// ConvertToGGUF writes the Hugging Face checkpoint in dir (llama, mistral,
+// qwen2, qwen3 or qwen3_moe; safetensors in f32, bf16 or f16) to w as a
+// GGUF file with the
 // weights in opts.Encoding, the way llama.cpp's convert_hf_to_gguf.py and
 // llama-quantize would: llama.cpp's tensor names and {arch}.* keys
 // (Mistral is written as llama, with context_length limited to its sliding
 // window as Tandem's own limit is), the q and k rows of llama and mistral
 // permuted to llama.cpp's rotary layout, Llama 3 rope scaling as a
-// rope_freqs tensor, output.weight omitted when the embeddings are tied.
+// rope_freqs tensor, output.weight omitted when the embeddings are tied,
+// the experts of a qwen3_moe layer stacked into ffn_{gate,up,down}_exps
+// and its router (ffn_gate_inp) kept in F32.
 // The quantized blocks are those of tensor.QuantizeRows (llama.cpp's
 // reference quantizers, without an importance matrix).
 func ConvertToGGUF(dir string, w io.Writer, opts GGUFOptions) (*GGUFSummary, error) {
@@ -96,9 +102,9 @@ func ConvertToGGUF(dir string, w io.Writer, opts GGUFOptions) (*GGUFSummary, err
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	defer set.Close()
-	arch := "llama"
-	if c.ModelType == "qwen2" {
-		arch = "qwen2"
+	arch := map[string]string{"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}[c.ModelType]
+	if arch == "" {
+		return nil, fmt.Errorf("model: converting model type %s to GGUF is not supported; serve the safetensors checkpoint instead", c.ModelType)
 	}
 	if c.RopeScaling.Type != "" && c.RopeScaling.Type != "linear" && c.RopeScaling.Type != "llama3" {
 		return nil, fmt.Errorf("model: rope scaling %q cannot be written to GGUF", c.RopeScaling.Type)
@@ -141,7 +147,17 @@ func ConvertToGGUF(dir string, w io.Writer, opts GGUFOptions) (*GGUFSummary, err
 	sum := &GGUFSummary{Tensors: map[gguf.Type]int{}, Bytes: map[gguf.Type]int64{}}
 	for _, e := range plan {
 		vals := e.data
-		if vals == nil {
+		if e.stack != nil {
+			vals = make([]float32, 0, shapeElems(e.shape))
+			for _, hf := range e.stack {
+				t, _ := set.Tensor(hf)
+				one, err := widen(t)
+				if err != nil {
+					return nil, err
+				}
+				vals = append(vals, one...)
+			}
+		} else if vals == nil {
 			t, _ := set.Tensor(e.hf)
 			if vals, err = widen(t); err != nil {
 				return nil, err
@@ -178,21 +194,39 @@ func ConvertToGGUF(dir string, w io.Writer, opts GGUFOptions) (*GGUFSummary, err
 func ggufPlan(c *Config, set *safetensors.Set, enc string, permute bool) ([]ggufEntry, error) {
 	var plan []ggufEntry
 	var err error
-	add := func(hf string, perm int, shape ...int) {
+	check := func(hf string, shape []int) bool {
 		if err != nil {
-			return
+			return false
 		}
 		t, ok := set.Tensor(hf)
 		if !ok {
 			err = fmt.Errorf("model: tensor %q is missing (expected shape %s)", hf, shapeString(shape))
-			return
+			return false
 		}
 		if !slices.Equal(t.Shape, shape) {
 			err = fmt.Errorf("model: tensor %q: expected shape %s, found %s in %s", hf, shapeString(shape), shapeString(t.Shape), t.File)
-			return
+			return false
 		}
-		name, _ := ggufName(hf)
-		plan = append(plan, ggufEntry{hf: hf, name: name, shape: shape, permute: perm})
+		return true
+	}
+	add := func(hf string, perm int, shape ...int) {
+		if check(hf, shape) {
+			name, _ := ggufName(hf)
+			plan = append(plan, ggufEntry{hf: hf, name: name, shape: shape, permute: perm})
+		}
+	}
+	// addExperts stacks one matrix of every expert of a layer into one
+	// [experts, rows, cols] tensor, as llama.cpp's converter does.
+	addExperts := func(p, part string, rows, cols int) {
+		stack := make([]string, c.MoE.Experts)
+		for x := range stack {
+			stack[x] = fmt.Sprintf("%smlp.experts.%d.%s", p, x, part)
+			if !check(stack[x], []int{rows, cols}) {
+				return
+			}
+		}
+		name, _, _ := ggufExpert(stack[0])
+		plan = append(plan, ggufEntry{hf: stack[0], name: name, shape: []int{c.MoE.Experts, rows, cols}, stack: stack})
 	}
 	qPerm, kPerm := 0, 0
 	if permute {
@@ -214,7 +248,18 @@ func ggufPlan(c *Config, set *safetensors.Set, enc string, permute bool) ([]gguf
 		if c.OBias {
 			add(p+"self_attn.o_proj.bias", 0, c.Hidden)
 		}
+		if c.QKNorm {
+			add(p+"self_attn.q_norm.weight", 0, c.HeadDim)
+			add(p+"self_attn.k_norm.weight", 0, c.HeadDim)
+		}
 		add(p+"post_attention_layernorm.weight", 0, c.Hidden)
+		if c.SparseLayer(i) {
+			add(p+"mlp.gate.weight", 0, c.MoE.Experts, c.Hidden)
+			addExperts(p, "gate_proj.weight", c.MoE.Intermediate, c.Hidden)
+			addExperts(p, "up_proj.weight", c.MoE.Intermediate, c.Hidden)
+			addExperts(p, "down_proj.weight", c.Hidden, c.MoE.Intermediate)
+			continue
+		}
 		add(p+"mlp.gate_proj.weight", 0, c.Intermediate, c.Hidden)
 		add(p+"mlp.up_proj.weight", 0, c.Intermediate, c.Hidden)
 		add(p+"mlp.down_proj.weight", 0, c.Hidden, c.Intermediate)
@@ -231,13 +276,14 @@ func ggufPlan(c *Config, set *safetensors.Set, enc string, permute bool) ([]gguf
 	}
 	for i := range plan {
 		e := &plan[i]
-		if len(e.shape) == 1 {
+		layer, part, _ := ggufLayer(e.name)
+		// llama.cpp keeps the router (ffn_gate_inp) in F32, like the norms.
+		if len(e.shape) == 1 || part == "ffn_gate_inp.weight" {
 			e.typ = gguf.F32
 			continue
 		}
-		layer, part, _ := ggufLayer(e.name)
 		output := e.name == ggufOutput || e.name == ggufEmbed && c.TieWordEmbeddings
-		e.typ = ggufFallback(ggufWeightType(enc, part, layer, c.Layers, output), e.shape[1])
+		e.typ = ggufFallback(ggufWeightType(enc, part, layer, c.Layers, output), e.shape[len(e.shape)-1])
 	}
 	return plan, nil
 }
@@ -266,7 +312,7 @@ func ggufWeightType(enc, part string, layer, layers int, output bool) gguf.Type 
 	if enc == "q5_k_m" {
 		base = gguf.Q5_K
 	}
-	if output || (part == "attn_v.weight" || part == "ffn_down.weight") && useMoreBits(layer, layers) {
+	if output || (part == "attn_v.weight" || part == "ffn_down.weight" || part == "ffn_down_exps.weight") && useMoreBits(layer, layers) {
 		return gguf.Q6_K
 	}
 	return base
@@ -330,12 +376,27 @@ func ggufModelKV(c *Config, arch, name, enc string, plan []ggufEntry) []gguf.KV 
 		gguf.KV{Key: arch + ".attention.layer_norm_rms_epsilon", Value: gguf.Float32Value(float32(c.RMSNormEps))},
 		gguf.KV{Key: arch + ".vocab_size", Value: u32(c.Vocab)},
 	)
+	if c.MoE.Experts > 0 {
+		kv = append(kv,
+			gguf.KV{Key: arch + ".expert_count", Value: u32(c.MoE.Experts)},
+			gguf.KV{Key: arch + ".expert_used_count", Value: u32(c.MoE.TopK)},
+			gguf.KV{Key: arch + ".expert_feed_forward_length", Value: u32(c.MoE.Intermediate)},
+			gguf.KV{Key: arch + ".expert_weights_norm", Value: gguf.BoolValue(c.MoE.NormTopK)})
+	}
 	if c.RopeScaling.Type == "linear" {
 		kv = append(kv,
 			gguf.KV{Key: arch + ".rope.scaling.type", Value: gguf.StringValue("linear")},
 			gguf.KV{Key: arch + ".rope.scaling.factor", Value: gguf.Float32Value(float32(c.RopeScaling.Factor))})
 	}
 	return kv
+}
+
+func shapeElems(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
 }
 
 // widen returns a safetensors tensor's values as f32.

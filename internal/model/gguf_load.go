@@ -15,8 +15,10 @@ import (
 )
 
 // LoadGGUF loads the GGUF file at path: architecture llama (which llama.cpp
-// also uses for Mistral) or qwen2, hyperparameters from the {arch}.* keys,
-// tensors of the types package gguf supports. Quantized matrices stay
+// also uses for Mistral), qwen2, qwen3 or qwen3moe (whose stacked
+// ffn_*_exps tensors are bound one expert at a time, as slices),
+// hyperparameters from the {arch}.* keys, tensors of the types package gguf
+// supports. Quantized matrices stay
 // quantized in memory; norms and biases are widened to f32. The q and k
 // projections of llama files, which llama.cpp's converter permutes for its
 // rotary layout, are permuted back to Hugging Face's, so the model computes
@@ -71,6 +73,9 @@ type ggufSource struct {
 }
 
 func (s *ggufSource) lookup(hf string) (weight, bool) {
+	if name, e, ok := ggufExpert(hf); ok {
+		return s.expert(name, e)
+	}
 	name, ok := ggufName(hf)
 	if !ok {
 		return weight{}, false
@@ -79,7 +84,24 @@ func (s *ggufSource) lookup(hf string) (weight, bool) {
 	return w, ok
 }
 
+// expert returns expert e's matrix of the stacked [experts, rows, cols]
+// tensor name: a slice of its bytes (every expert's rows are contiguous,
+// whatever the type).
+func (s *ggufSource) expert(name string, e int) (weight, bool) {
+	w, ok := s.tensors[name]
+	if !ok || len(w.shape) != 3 || e >= w.shape[0] || len(w.data)%w.shape[0] != 0 {
+		return weight{}, false
+	}
+	per := len(w.data) / w.shape[0]
+	w.shape = w.shape[1:]
+	w.data = w.data[e*per : (e+1)*per : (e+1)*per]
+	return w, true
+}
+
 func (s *ggufSource) describe(hf string) string {
+	if name, e, ok := ggufExpert(hf); ok {
+		return fmt.Sprintf("%q expert %d (Hugging Face %s)", name, e, hf)
+	}
 	if name, ok := ggufName(hf); ok {
 		return fmt.Sprintf("%q (Hugging Face %s)", name, hf)
 	}
@@ -137,6 +159,25 @@ var ggufLayerParts = [][]string{
 	{"attn_q.bias"}, {"attn_k.bias"}, {"attn_v.bias"}, {"attn_output.bias"},
 }
 
+// ggufQKNormParts are the per-layer q/k norms of qwen3 and qwen3moe;
+// ggufMoEParts the router and stacked experts of qwen3moe.
+var (
+	ggufQKNormParts = [][]string{{"attn_q_norm.weight"}, {"attn_k_norm.weight"}}
+	ggufMoEParts    = [][]string{{"ffn_gate_inp.weight"}, {"ffn_gate_exps.weight"}, {"ffn_up_exps.weight"}, {"ffn_down_exps.weight"}}
+)
+
+// layerParts returns the per-layer tensors of c's architecture.
+func layerParts(c *Config) [][]string {
+	parts := ggufLayerParts
+	if c.QKNorm {
+		parts = append(slices.Clone(parts), ggufQKNormParts...)
+	}
+	if c.MoE.Experts > 0 {
+		parts = append(slices.Clone(parts), ggufMoEParts...)
+	}
+	return parts
+}
+
 // ggufLoadReaders is how many threads read a GGUF file's tensors at once
 // (0: GOMAXPROCS, at least 2 and at most 4); tests change it.
 var ggufLoadReaders = 0
@@ -173,8 +214,9 @@ func loadGGUFTensors(f *gguf.File, c *Config) (*ggufSource, error) {
 	add(ggufNorm)
 	add(ggufOutput)
 	add(ggufRopeFreqs)
+	parts := layerParts(c)
 	for i := range c.Layers {
-		for _, part := range ggufLayerParts {
+		for _, part := range parts {
 			names := make([]string, len(part))
 			for k, p := range part {
 				names[k] = fmt.Sprintf("blk.%d.%s", i, p)
@@ -187,7 +229,7 @@ func loadGGUFTensors(f *gguf.File, c *Config) (*ggufSource, error) {
 			what := "is not part of the " + c.ModelType + " architecture as Tandem runs it"
 			if n, part, ok := ggufLayer(t.Name); ok && n >= c.Layers {
 				what = fmt.Sprintf("is beyond the %d layers of %s.block_count", c.Layers, c.ModelType)
-			} else if ok && !slices.ContainsFunc(ggufLayerParts, func(p []string) bool { return slices.Contains(p, part) }) {
+			} else if ok && !slices.ContainsFunc(parts, func(p []string) bool { return slices.Contains(p, part) }) {
 				what = "is a per-layer tensor the " + c.ModelType + " architecture does not have"
 			}
 			return nil, fmt.Errorf("model: %s: tensor %q %s", f.Path, t.Name, what)

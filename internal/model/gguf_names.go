@@ -22,8 +22,9 @@ func ggufDType(t gguf.Type) (tensor.DType, bool) {
 	return d, ok
 }
 
-// The tensor names of llama.cpp's GGUF files for the llama and qwen2
-// architectures, and the Hugging Face names they correspond to.
+// The tensor names of llama.cpp's GGUF files for the llama, qwen2, qwen3
+// and qwen3moe architectures, and the Hugging Face names they correspond
+// to.
 const (
 	ggufEmbed     = "token_embd.weight"
 	ggufOutput    = "output.weight"
@@ -47,6 +48,53 @@ var ggufLayerNames = map[string]string{
 	"mlp.gate_proj.weight":            "ffn_gate.weight",
 	"mlp.up_proj.weight":              "ffn_up.weight",
 	"mlp.down_proj.weight":            "ffn_down.weight",
+	// qwen3 and qwen3moe.
+	"self_attn.q_norm.weight": "attn_q_norm.weight",
+	"self_attn.k_norm.weight": "attn_k_norm.weight",
+	"mlp.gate.weight":         "ffn_gate_inp.weight",
+}
+
+// ggufExpertNames maps the Hugging Face name of one expert's matrix (after
+// "model.layers.N.mlp.experts.E.") to the GGUF tensor (after "blk.N.") that
+// stacks that matrix of every expert: [experts, rows, cols] in Hugging Face
+// order.
+var ggufExpertNames = map[string]string{
+	"gate_proj.weight": "ffn_gate_exps.weight",
+	"up_proj.weight":   "ffn_up_exps.weight",
+	"down_proj.weight": "ffn_down_exps.weight",
+}
+
+// ggufExpert returns the stacked GGUF tensor holding the expert matrix hf
+// and the expert's index in it.
+func ggufExpert(hf string) (string, int, bool) {
+	rest, ok := strings.CutPrefix(hf, "model.layers.")
+	if !ok {
+		return "", 0, false
+	}
+	num, rest, ok := strings.Cut(rest, ".")
+	if !ok {
+		return "", 0, false
+	}
+	rest, ok = strings.CutPrefix(rest, "mlp.experts.")
+	if !ok {
+		return "", 0, false
+	}
+	ex, suffix, ok := strings.Cut(rest, ".")
+	if !ok {
+		return "", 0, false
+	}
+	if _, err := strconv.Atoi(num); err != nil {
+		return "", 0, false
+	}
+	e, err := strconv.Atoi(ex)
+	if err != nil || e < 0 {
+		return "", 0, false
+	}
+	g, ok := ggufExpertNames[suffix]
+	if !ok {
+		return "", 0, false
+	}
+	return "blk." + num + "." + g, e, true
 }
 
 // ggufName returns the GGUF name of a Hugging Face tensor name, and whether

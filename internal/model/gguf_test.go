@@ -369,8 +369,9 @@ func TestGGUFQuantizedNearTwins(t *testing.T) {
 // same bits.
 func TestGGUFQuantizedIsBatchInvariant(t *testing.T) {
 	paths := map[string]string{
-		"stories q8_0":   convertGGUF(t, testmodels.Stories260K(t), "q8_0"),
-		"k-quant q4_k_m": convertGGUF(t, writeTestModel(t, kquantSpec()), "q4_k_m"),
+		"stories q8_0":     convertGGUF(t, testmodels.Stories260K(t), "q8_0"),
+		"k-quant q4_k_m":   convertGGUF(t, writeTestModel(t, kquantSpec()), "q4_k_m"),
+		"qwen3_moe q4_k_m": convertGGUF(t, writeTestModel(t, kquantMoESpec()), "q4_k_m"),
 	}
 	for name, path := range paths {
 		alone := loadTestModel(t, path, 1)

@@ -63,6 +63,11 @@ func TestForwardIsBatchInvariant(t *testing.T) {
 		{"llama f32 llama3 rope", testSpec(func(s *modelinit.Spec) {
 			s.RopeScaling = modelinit.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 64}
 		}), kvlayout.F32},
+		{"qwen3 bf16 head_dim 24 bf16 KV", testSpec(func(s *modelinit.Spec) { s.ModelType = "qwen3"; s.DType = "bf16"; s.HeadDim = 24 }), kvlayout.BF16},
+		// Up to 127 tokens in a call share 8 experts, so an expert's
+		// matmuls see its tokens in many different groupings.
+		{"qwen3_moe bf16 top-2 of 8", testMoESpec("bf16"), kvlayout.BF16},
+		{"qwen3_moe f32 top-2 of 8", testMoESpec("f32"), kvlayout.F32},
 	}
 	chunkings := []struct {
 		name  string
@@ -97,6 +102,15 @@ func TestForwardIsBatchInvariant(t *testing.T) {
 			}
 		}
 	}
+}
+
+// testMoESpec is a small qwen3_moe spec: 8 experts, top-2 normalised,
+// layer 1 of 3 dense.
+func testMoESpec(dtype string) modelinit.Spec {
+	return testSpec(func(s *modelinit.Spec) {
+		s.ModelType, s.DType, s.Layers = "qwen3_moe", dtype, 3
+		s.MoE = modelinit.MoE{Experts: 8, TopK: 2, Intermediate: 24, NormTopK: true, DenseLayers: []int{1}}
+	})
 }
 
 // planBatch gives every prompt a shuffled set of physical blocks in one

@@ -20,13 +20,17 @@ type layer struct {
 	attnNorm, ffnNorm   []float32
 	qkv                 linearGroup // q, k, v
 	qBias, kBias, vBias []float32   // nil without biases
+	qNorm, kNorm        []float32   // per-head q/k RMSNorm weights (HeadDim), nil without
 	o                   tensor.Mat
 	oBias               []float32
-	gateUp              linearGroup // gate, up
-	down                tensor.Mat
+	// A dense layer has gateUp and down; a sparse one has moe instead.
+	gateUp linearGroup // gate, up
+	down   tensor.Mat
+	moe    *moeLayer
 }
 
-// Model is a loaded Llama-family decoder (llama, mistral, qwen2) whose
+// Model is a loaded Llama-family decoder (llama, mistral, qwen2, qwen3,
+// qwen3_moe) whose
 // weights alias read-only memory holding a safetensors checkpoint or a GGUF
 // file.
 //
@@ -151,13 +155,24 @@ func (m *Model) bindLayer(b *binder, i int) error {
 	if c.OBias {
 		l.oBias = vec("self_attn.o_proj.bias", c.Hidden)
 	}
+	if c.QKNorm {
+		l.qNorm = vec("self_attn.q_norm.weight", c.HeadDim)
+		l.kNorm = vec("self_attn.k_norm.weight", c.HeadDim)
+	}
+	if err != nil {
+		return err
+	}
+	l.qkv = b.newLinearGroup(q, k, v)
+	if c.SparseLayer(i) {
+		l.moe, err = bindMoE(b, c, p)
+		return err
+	}
 	gate := mat("mlp.gate_proj.weight", c.Intermediate, c.Hidden)
 	up := mat("mlp.up_proj.weight", c.Intermediate, c.Hidden)
 	l.down = mat("mlp.down_proj.weight", c.Hidden, c.Intermediate)
 	if err != nil {
 		return err
 	}
-	l.qkv = b.newLinearGroup(q, k, v)
 	l.gateUp = b.newLinearGroup(gate, up)
 	return nil
 }
@@ -167,6 +182,7 @@ func (m *Model) Config() Config {
 	c := m.cfg
 	c.BOS = slices.Clone(c.BOS)
 	c.EOS = slices.Clone(c.EOS)
+	c.MoE.DenseLayers = slices.Clone(c.MoE.DenseLayers)
 	return c
 }
 
@@ -255,6 +271,13 @@ func (m *Model) computeFingerprint() string {
 		math.Float64bits(c.RopeScaling.Factor), math.Float64bits(c.RopeScaling.LowFreqFactor),
 		math.Float64bits(c.RopeScaling.HighFreqFactor), c.RopeScaling.OriginalMaxPositionEmbeddings,
 		c.TieWordEmbeddings, c.QKVBias, c.OBias, c.SlidingWindow)
+	if c.QKNorm || c.MoE.Experts > 0 {
+		// Only for the architectures that have them, so that the
+		// fingerprints of the others stay what they were.
+		e := &c.MoE
+		fmt.Fprintf(h, "qknorm=%t experts=%d topk=%d normtopk=%t moeffn=%d step=%d dense=%v\x00",
+			c.QKNorm, e.Experts, e.TopK, e.NormTopK, e.Intermediate, e.SparseStep, e.DenseLayers)
+	}
 	m.src.each(func(name string, w weight) {
 		fmt.Fprintf(h, "%s\x00%s\x00%v\x00", name, w.typeName, w.shape)
 		hashSample(h, w.data)

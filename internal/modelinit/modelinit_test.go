@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -154,5 +155,80 @@ func TestShapeAndValidateErrors(t *testing.T) {
 	s.KVHeads = 4
 	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "kv heads") {
 		t.Errorf("9 heads / 4 kv heads: %v", err)
+	}
+}
+
+func TestWriteQwen3MoE(t *testing.T) {
+	spec := Spec{ModelType: "qwen3_moe", Hidden: 32, Layers: 3, Heads: 4, KVHeads: 2, HeadDim: 12, Intermediate: 48, Vocab: 64,
+		MaxPositions: 64, RMSNormEps: 1e-6, RopeTheta: 1e6, BOS: 1, EOS: 2, DType: "f32",
+		MoE: MoE{Experts: 4, TopK: 2, Intermediate: 8, NormTopK: true, SparseStep: 1, DenseLayers: []int{1}}}
+	dir := t.TempDir()
+	if err := Write(dir, spec, 1); err != nil {
+		t.Fatal(err)
+	}
+	set, err := safetensors.OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	want := map[string][]int{
+		"model.layers.0.self_attn.q_norm.weight":         {12},
+		"model.layers.0.self_attn.k_norm.weight":         {12},
+		"model.layers.0.mlp.gate.weight":                 {4, 32},
+		"model.layers.0.mlp.experts.3.gate_proj.weight":  {8, 32},
+		"model.layers.2.mlp.experts.0.down_proj.weight":  {32, 8},
+		"model.layers.1.mlp.gate_proj.weight":            {48, 32},
+		"model.layers.1.mlp.down_proj.weight":            {32, 48},
+		"model.layers.2.self_attn.q_proj.weight":         {48, 32},
+		"model.layers.2.post_attention_layernorm.weight": {32},
+		"model.layers.0.mlp.experts.1.up_proj.weight":    {8, 32},
+		"model.layers.2.mlp.experts.2.gate_proj.weight":  {8, 32},
+		"model.layers.0.input_layernorm.weight":          {32},
+		"model.layers.1.self_attn.k_norm.weight":         {12},
+		"model.layers.2.mlp.gate.weight":                 {4, 32},
+		"model.layers.1.post_attention_layernorm.weight": {32},
+		"model.layers.1.mlp.up_proj.weight":              {48, 32},
+		"model.layers.0.post_attention_layernorm.weight": {32},
+		"model.layers.0.mlp.experts.0.down_proj.weight":  {32, 8},
+	}
+	for name, shape := range want {
+		ts, ok := set.Tensor(name)
+		if !ok || !slices.Equal(ts.Shape, shape) {
+			t.Errorf("%s: shape %v (present %t), want %v", name, ts.Shape, ok, shape)
+		}
+	}
+	for _, absent := range []string{"model.layers.1.mlp.gate.weight", "model.layers.0.mlp.gate_proj.weight", "model.layers.0.self_attn.q_proj.bias"} {
+		if _, ok := set.Tensor(absent); ok {
+			t.Errorf("%s was written", absent)
+		}
+	}
+	cfg, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, field := range []string{`"Qwen3MoeForCausalLM"`, `"num_experts": 4`, `"num_experts_per_tok": 2`, `"moe_intermediate_size": 8`,
+		`"norm_topk_prob": true`, `"decoder_sparse_step": 1`, `"head_dim": 12`} {
+		if !strings.Contains(string(cfg), field) {
+			t.Errorf("config.json has no %s:\n%s", field, cfg)
+		}
+	}
+
+	spec.MoE.TopK = 5
+	if err := spec.Validate(); err == nil || !strings.Contains(err.Error(), "top-k") {
+		t.Errorf("top-5 of 4 experts: %v", err)
+	}
+}
+
+func TestQwen3ShapesHaveTheirParameterCounts(t *testing.T) {
+	// The published totals: Qwen3-0.6B 0.6B (0.44B without embeddings),
+	// Qwen3-30B-A3B 30.5B.
+	for name, want := range map[string]int64{ShapeQwen306B: 596049920, ShapeQwen330BA3B: 30532122624} {
+		s, err := Shape(name, "bf16")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.NumParams(); got != want {
+			t.Errorf("%s has %d parameters, want %d", name, got, want)
+		}
 	}
 }

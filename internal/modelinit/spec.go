@@ -2,6 +2,7 @@ package modelinit
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -19,8 +20,9 @@ type RopeScaling struct {
 
 // Spec is the architecture and storage of a model to write.
 type Spec struct {
-	// ModelType is "llama" (default), "mistral" or "qwen2". qwen2 gets
-	// q/k/v biases.
+	// ModelType is "llama" (default), "mistral", "qwen2", "qwen3" or
+	// "qwen3_moe". qwen2 gets q/k/v biases; qwen3 and qwen3_moe get
+	// per-head q/k norms.
 	ModelType    string
 	Hidden       int
 	Layers       int
@@ -34,9 +36,13 @@ type Spec struct {
 	RopeTheta    float64
 	RopeScaling  RopeScaling
 	Tied         bool
-	// AttentionBias gives a llama model q/k/v/o biases.
+	// AttentionBias gives a llama, qwen3 or qwen3_moe model q/k/v/o
+	// biases.
 	AttentionBias bool
-	BOS, EOS      int32
+	// MoE is the mixture-of-experts part of a qwen3_moe model (ignored
+	// for the other types).
+	MoE      MoE
+	BOS, EOS int32
 	// DType of every tensor: "bf16", "f16" or "f32".
 	DType string
 	// Std is the scale of the random weights (uniform with this standard
@@ -46,6 +52,37 @@ type Spec struct {
 	// instead of exactly 1 (tests use it so a misapplied norm shows).
 	NormJitter float64
 }
+
+// MoE describes the sparse layers of a qwen3_moe model: config.json's
+// num_experts, num_experts_per_tok, moe_intermediate_size, norm_topk_prob,
+// decoder_sparse_step and mlp_only_layers.
+type MoE struct {
+	Experts      int
+	TopK         int
+	Intermediate int
+	NormTopK     bool
+	// SparseStep 0 means 1 (every layer not in DenseLayers is sparse).
+	SparseStep  int
+	DenseLayers []int
+}
+
+func (e MoE) sparseStep() int {
+	if e.SparseStep == 0 {
+		return 1
+	}
+	return e.SparseStep
+}
+
+// sparse reports whether layer i of a qwen3_moe model is sparse, as
+// transformers' Qwen3MoeDecoderLayer decides.
+func (s Spec) sparse(i int) bool {
+	if s.ModelType != "qwen3_moe" {
+		return false
+	}
+	return (i+1)%s.MoE.sparseStep() == 0 && !slices.Contains(s.MoE.DenseLayers, i)
+}
+
+func (s Spec) qkNorm() bool { return s.ModelType == "qwen3" || s.ModelType == "qwen3_moe" }
 
 func (s Spec) headDim() int {
 	if s.HeadDim != 0 {
@@ -57,9 +94,9 @@ func (s Spec) headDim() int {
 // Validate reports the first field that cannot make a model.
 func (s Spec) Validate() error {
 	switch s.ModelType {
-	case "", "llama", "mistral", "qwen2":
+	case "", "llama", "mistral", "qwen2", "qwen3", "qwen3_moe":
 	default:
-		return fmt.Errorf("modelinit: model type %q: expected llama, mistral or qwen2", s.ModelType)
+		return fmt.Errorf("modelinit: model type %q: expected llama, mistral, qwen2, qwen3 or qwen3_moe", s.ModelType)
 	}
 	for _, f := range []struct {
 		name string
@@ -81,6 +118,20 @@ func (s Spec) Validate() error {
 	if _, err := dtypeOf(s.DType); err != nil {
 		return err
 	}
+	if s.ModelType == "qwen3_moe" {
+		e := s.MoE
+		if e.Experts <= 0 || e.TopK <= 0 || e.Intermediate <= 0 || e.SparseStep < 0 {
+			return fmt.Errorf("modelinit: qwen3_moe needs positive experts, top-k and expert width, found %d, %d and %d", e.Experts, e.TopK, e.Intermediate)
+		}
+		if e.TopK > e.Experts {
+			return fmt.Errorf("modelinit: top-k %d is more than the %d experts", e.TopK, e.Experts)
+		}
+		for _, l := range e.DenseLayers {
+			if l < 0 || l >= s.Layers {
+				return fmt.Errorf("modelinit: dense layer %d is outside the %d layers", l, s.Layers)
+			}
+		}
+	}
 	if s.BOS < 0 || int(s.BOS) >= s.Vocab || s.EOS < 0 || int(s.EOS) >= s.Vocab {
 		return fmt.Errorf("modelinit: bos %d and eos %d must be token ids below vocab %d", s.BOS, s.EOS, s.Vocab)
 	}
@@ -89,9 +140,13 @@ func (s Spec) Validate() error {
 
 // Shape names accepted by Shape.
 const (
-	ShapeTiny        = "tiny"
-	ShapeSmolLM2135M = "smollm2-135m"
-	ShapeLlama1B     = "llama-1b"
+	ShapeTiny         = "tiny"
+	ShapeSmolLM2135M  = "smollm2-135m"
+	ShapeLlama1B      = "llama-1b"
+	ShapeQwen3Tiny    = "qwen3-tiny"
+	ShapeQwen3MoETiny = "qwen3-moe-tiny"
+	ShapeQwen306B     = "qwen3-0.6b"
+	ShapeQwen330BA3B  = "qwen3-30b-a3b"
 )
 
 var shapes = map[string]Spec{
@@ -112,6 +167,30 @@ var shapes = map[string]Spec{
 		Intermediate: 8192, Vocab: 128256, MaxPositions: 131072, RMSNormEps: 1e-5, RopeTheta: 500000, Tied: true,
 		BOS: 128000, EOS: 128001,
 		RopeScaling: RopeScaling{Type: "llama3", Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192},
+	},
+	// Test-sized Qwen3: head_dim 24 is not hidden/heads (16).
+	ShapeQwen3Tiny: {
+		ModelType: "qwen3", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 24,
+		Intermediate: 128, MaxPositions: 2048, RMSNormEps: 1e-6, RopeTheta: 1000000, Tied: true,
+	},
+	// Test-sized Qwen3-MoE: 8 experts, top-2 normalised, layer 0 dense.
+	ShapeQwen3MoETiny: {
+		ModelType: "qwen3_moe", Hidden: 64, Layers: 3, Heads: 4, KVHeads: 2, HeadDim: 24,
+		Intermediate: 128, MaxPositions: 2048, RMSNormEps: 1e-6, RopeTheta: 1000000,
+		MoE: MoE{Experts: 8, TopK: 2, Intermediate: 32, NormTopK: true, SparseStep: 1, DenseLayers: []int{0}},
+	},
+	// Qwen3-0.6B.
+	ShapeQwen306B: {
+		ModelType: "qwen3", Hidden: 1024, Layers: 28, Heads: 16, KVHeads: 8, HeadDim: 128,
+		Intermediate: 3072, Vocab: 151936, MaxPositions: 40960, RMSNormEps: 1e-6, RopeTheta: 1000000, Tied: true,
+		BOS: 151643, EOS: 151645,
+	},
+	// Qwen3-30B-A3B: 128 experts, 8 active per token.
+	ShapeQwen330BA3B: {
+		ModelType: "qwen3_moe", Hidden: 2048, Layers: 48, Heads: 32, KVHeads: 4, HeadDim: 128,
+		Intermediate: 6144, Vocab: 151936, MaxPositions: 40960, RMSNormEps: 1e-6, RopeTheta: 1000000,
+		BOS: 151643, EOS: 151645,
+		MoE: MoE{Experts: 128, TopK: 8, Intermediate: 768, NormTopK: true, SparseStep: 1},
 	},
 }
 
@@ -136,5 +215,6 @@ func Shape(name, dtype string) (Spec, error) {
 		return Spec{}, err
 	}
 	s.DType = dtype
+	s.MoE.DenseLayers = slices.Clone(s.MoE.DenseLayers)
 	return s, nil
 }

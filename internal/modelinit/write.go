@@ -55,7 +55,7 @@ func (s Spec) plan() []plannedTensor {
 		ts = append(ts, plannedTensor{safetensors.Info{Name: name, DType: dt, Shape: shape}, k})
 	}
 	add("model.embed_tokens.weight", weight, s.Vocab, s.Hidden)
-	qkvBias := s.ModelType == "qwen2" || s.AttentionBias && s.modelType() == "llama"
+	qkvBias := s.ModelType == "qwen2" || s.AttentionBias && s.hasAttentionBias()
 	for i := range s.Layers {
 		p := fmt.Sprintf("model.layers.%d.", i)
 		add(p+"input_layernorm.weight", norm, s.Hidden)
@@ -68,10 +68,25 @@ func (s Spec) plan() []plannedTensor {
 			add(p+"self_attn.v_proj.bias", weight, kvd)
 		}
 		add(p+"self_attn.o_proj.weight", weight, s.Hidden, qd)
-		if s.AttentionBias && s.modelType() == "llama" {
+		if s.AttentionBias && s.hasAttentionBias() {
 			add(p+"self_attn.o_proj.bias", weight, s.Hidden)
 		}
+		if s.qkNorm() {
+			add(p+"self_attn.q_norm.weight", norm, hd)
+			add(p+"self_attn.k_norm.weight", norm, hd)
+		}
 		add(p+"post_attention_layernorm.weight", norm, s.Hidden)
+		if s.sparse(i) {
+			e := s.MoE
+			add(p+"mlp.gate.weight", weight, e.Experts, s.Hidden)
+			for x := range e.Experts {
+				q := fmt.Sprintf("%smlp.experts.%d.", p, x)
+				add(q+"gate_proj.weight", weight, e.Intermediate, s.Hidden)
+				add(q+"up_proj.weight", weight, e.Intermediate, s.Hidden)
+				add(q+"down_proj.weight", weight, s.Hidden, e.Intermediate)
+			}
+			continue
+		}
 		add(p+"mlp.gate_proj.weight", weight, s.Intermediate, s.Hidden)
 		add(p+"mlp.up_proj.weight", weight, s.Intermediate, s.Hidden)
 		add(p+"mlp.down_proj.weight", weight, s.Hidden, s.Intermediate)
@@ -81,6 +96,15 @@ func (s Spec) plan() []plannedTensor {
 		add("lm_head.weight", weight, s.Vocab, s.Hidden)
 	}
 	return ts
+}
+
+// hasAttentionBias reports whether the model type reads attention_bias.
+func (s Spec) hasAttentionBias() bool {
+	switch s.modelType() {
+	case "llama", "qwen3", "qwen3_moe":
+		return true
+	}
+	return false
 }
 
 func (s Spec) modelType() string {
@@ -101,7 +125,8 @@ func (s Spec) NumParams() int64 {
 
 // configJSON returns the config.json object for s.
 func (s Spec) configJSON() map[string]any {
-	arch := map[string]string{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}[s.modelType()]
+	arch := map[string]string{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+		"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[s.modelType()]
 	c := map[string]any{
 		"architectures":           []string{arch},
 		"model_type":              s.modelType(),
@@ -134,6 +159,25 @@ func (s Spec) configJSON() map[string]any {
 	case "qwen2":
 		c["use_sliding_window"] = false
 		c["sliding_window"] = s.MaxPositions
+	case "qwen3", "qwen3_moe":
+		c["attention_bias"] = s.AttentionBias
+		c["use_sliding_window"] = false
+		c["sliding_window"] = nil
+		c["max_window_layers"] = s.Layers
+		c["head_dim"] = s.headDim()
+	}
+	if s.modelType() == "qwen3_moe" {
+		e := s.MoE
+		c["num_experts"] = e.Experts
+		c["num_experts_per_tok"] = e.TopK
+		c["moe_intermediate_size"] = e.Intermediate
+		c["norm_topk_prob"] = e.NormTopK
+		c["decoder_sparse_step"] = e.sparseStep()
+		dense := e.DenseLayers
+		if dense == nil {
+			dense = []int{}
+		}
+		c["mlp_only_layers"] = dense
 	}
 	if rs := s.RopeScaling; rs.Type != "" {
 		m := map[string]any{"rope_type": rs.Type, "factor": rs.Factor}

@@ -1,0 +1,68 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+)
+
+// TestDisaggregatedArchitecturesMatchColocated runs the P/D equivalence
+// check on the architectures beyond the Llama family: a random-weight Qwen3
+// (per-head q/k norms, head_dim apart from hidden/heads) in bf16, so with a
+// bf16 KV cache, and a Qwen3-MoE (8 experts, top-2, a dense layer) in f32.
+// Through the proxy (prefill engine, KV pulled by a decode engine) every
+// request must answer bit-identically to a colocated engine and take the
+// P/D path.
+func TestDisaggregatedArchitecturesMatchColocated(t *testing.T) {
+	bin := tandem(t)
+	requirePD(t, bin)
+	const vocab = 1000 // below the tokenizer fixture's size
+	for _, arch := range []struct{ shape, dtype string }{{"qwen3-tiny", "bf16"}, {"qwen3-moe-tiny", "f32"}} {
+		t.Run(arch.shape+" "+arch.dtype, func(t *testing.T) {
+			model := t.TempDir()
+			initModel := startProc(t, "model init", "model", "init", "--shape", arch.shape, "--dtype", arch.dtype, "--out", model)
+			<-initModel.done
+			if initModel.err != nil {
+				t.Fatalf("tandem model init: %v\n%s", initModel.err, initModel.out.String())
+			}
+			ref := startEngine(t, engineSpec{name: "reference", model: model})
+			prefill := startEngine(t, engineSpec{name: "prefill", model: model, role: "prefill"})
+			decode := startEngine(t, engineSpec{name: "decode", model: model, role: "decode"})
+			proxy := startProxy(t, "proxy", []*engine{prefill}, []*engine{decode})
+
+			seed := uint64(0)
+			for _, n := range []int{5, blockSize + 1, 3 * blockSize, 100} {
+				for _, s := range samplings {
+					for _, st := range streamings {
+						seed++
+						prompt := tokenPrompt(seed, n, vocab)
+						t.Run(fmt.Sprintf("%d prompt tokens, %s, %s", n, s.name, st.name), func(t *testing.T) {
+							body := completionBody(prompt, s, st.stream)
+							want, _ := generate(t, ref.url, "/v1/completions", body)
+							before := decodeCounters(t, decode)
+							got, r := generate(t, proxy, "/v1/completions", body)
+							if r.pd() != "remote" {
+								t.Errorf("x-tandem-pd %q, want remote", r.pd())
+							}
+							sameGeneration(t, want, got)
+							checkPulled(t, decodeCounters(t, decode).sub(before), want.PromptTokens, 0)
+						})
+					}
+				}
+			}
+			t.Run("chat", func(t *testing.T) {
+				msgs := []map[string]any{
+					{"role": "system", "content": "You are a helpful assistant."},
+					{"role": "user", "content": "Tell me a story about " + arch.shape + "."},
+				}
+				body := chatBody(msgs, samplings[0], false)
+				want, _ := generate(t, ref.url, "/v1/chat/completions", body)
+				got, r := generate(t, proxy, "/v1/chat/completions", body)
+				if r.pd() != "remote" {
+					t.Errorf("x-tandem-pd %q, want remote", r.pd())
+				}
+				sameGeneration(t, want, got)
+			})
+			waitPoolsIdle(t, ref, prefill, decode)
+		})
+	}
+}
