@@ -33,6 +33,8 @@ func runUp(args []string) error {
 	fs.StringVar(&cfg.Policy, "policy", "round-robin", "the proxy's routing policy: "+strings.Join(proxy.Policies(), ", ")+" (see README, Routing)")
 	fs.StringVar(&cfg.PDDecider, "pd-decider", "always", "the proxy's disaggregation decider: always or conditional (remote prefill only for long uncached prompts)")
 	fs.BoolVar(&cfg.KVBidirectional, "kv-bidirectional", false, "multi-turn KV reuse: start every engine with --kv-bidirectional and the proxy in conversation mode (requests name a conversation with a conversation_id body field or an X-Conversation-Id header)")
+	fs.DurationVar(&cfg.FirstByteTimeout, "first-byte-timeout", 0, "the proxy's limit on a leg's first byte, then retried on another engine or answered 504 (tandem proxy --first-byte-timeout; default 1m)")
+	fs.DurationVar(&cfg.StallTimeout, "stall-timeout", 0, "the proxy's limit on each gap between a decode's chunks, then the stream is cut (tandem proxy --stall-timeout; default 30s)")
 	var simulate simulateFlag
 	fs.Var(&simulate, "simulate", "start simulated engines (tandem serve --simulate): alone, the built-in time model; --simulate PROFILE.json, a profile from tandem profile. Many fit on one machine: tandem up --simulate --prefill 100 --decode 100. More --sim-* flags go after --")
 	args = joinSimulateArg(args)
