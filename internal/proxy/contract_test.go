@@ -202,3 +202,22 @@ func TestGoneClientsPrefillAnswerIsReleased(t *testing.T) {
 		t.Errorf("decode got %d legs for a client that had left", n)
 	}
 }
+
+// TestDecodeRetryAfterTheLegWasSentFailsWithFallbackOff: with Fallback off
+// a remote leg is never turned into a local prefill: the request fails, and
+// the prefill's hold is released.
+func TestDecodeRetryAfterTheLegWasSentFailsWithFallbackOff(t *testing.T) {
+	var releases atomic.Int32
+	pre := newFake(t, prefillReleasing(&releases))
+	decodes, first := firstThen(t, diesAfterReading, spentParams)
+	_, url := startProxy(t, Config{Fallback: false, ScrapeInterval: -1}, []*fakeEngine{pre}, decodes)
+	resp, body := post(t, url, "/v1/completions", `{"prompt":"x"}`, nil)
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("answer %d %s, want 502", resp.StatusCode, body)
+	}
+	checkOpenAIError(t, body, http.StatusBadGateway)
+	if n := len(decodes[1-first.Load()].requests()); n != 0 {
+		t.Errorf("the other decode got %d legs; with Fallback off there is no local retry", n)
+	}
+	waitFor(t, func() bool { return releases.Load() == 1 })
+}

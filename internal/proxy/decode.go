@@ -81,7 +81,7 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 // first byte in time, or a draining engine's 503) is retried on another
 // decode, up to Config.DecodeRetries times: nothing reached the client yet.
 // A remote leg's retry keeps its kv_transfer_params only when the failed
-// decode cannot have read them (respend); otherwise it goes without them
+// decode cannot have read them (paramsIntact); otherwise it goes without them
 // (leg.local, a local prefill on the retry's decode, said in X-Tandem-Pd)
 // and the prefill's hold is released. When there is no answer to relay it
 // writes the error itself and returns nil and the request's outcome.
@@ -109,7 +109,9 @@ func (p *Proxy) sendDecode(w http.ResponseWriter, r *http.Request, id string, pr
 			return a, ""
 		}
 		tried = append(tried, b)
-		next, nextRelease := p.nextDecode(r, id, preq, a, label, attempt, tried)
+		// With Config.Fallback off a remote leg is never turned local.
+		spent := leg.held != nil && !a.paramsIntact(label)
+		next, nextRelease := p.nextDecode(r, id, preq, a, label, attempt, tried, !spent || p.cfg.Fallback)
 		switch {
 		case next == nil && label == decodeUnavailable:
 			return a, "" // the 503 is relayed
@@ -119,7 +121,7 @@ func (p *Proxy) sendDecode(w http.ResponseWriter, r *http.Request, id string, pr
 		// The failed attempt stops counting on its backend now, not when
 		// the answer of the next one ends.
 		a.discard()
-		if leg.held != nil && !a.paramsIntact(label) {
+		if spent {
 			p.recomputeOnRetry(leg, id)
 		}
 		b, release = next, nextRelease
@@ -157,9 +159,9 @@ func (p *Proxy) recomputeOnRetry(leg *decodeLeg, id string) {
 // engine refuses new requests with 503 before reading the KV, and gets no
 // more until its health check passes again; a hung one fails its checks
 // too) and picks another decode for the retry. It returns nil when the
-// request is not retried: the client left, the retries are spent, or no
-// other decode is healthy.
-func (p *Proxy) nextDecode(r *http.Request, id string, preq *router.Request, a *decodeAttempt, label string, attempt int, tried []*backend) (*backend, func()) {
+// request is not retried: the client left, the retries are spent, retry
+// is false, or no other decode is healthy.
+func (p *Proxy) nextDecode(r *http.Request, id string, preq *router.Request, a *decodeAttempt, label string, attempt int, tried []*backend, retry bool) (*backend, func()) {
 	if r.Context().Err() != nil {
 		return nil, nil
 	}
@@ -169,7 +171,7 @@ func (p *Proxy) nextDecode(r *http.Request, id string, preq *router.Request, a *
 	case decodeTimeout:
 		markDown(a.b, fmt.Errorf("no first byte within %v", p.cfg.FirstByteTimeout), p.log)
 	}
-	if attempt >= p.cfg.DecodeRetries {
+	if attempt >= p.cfg.DecodeRetries || !retry {
 		return nil, nil
 	}
 	if label == decodeUnreachable {
