@@ -134,7 +134,7 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.IntVar(&cfg.BlockSize, "block-size", 0, "the engines' KV block size in tokens, for prefix matching (default 16)")
 	fs.BoolVar(&cfg.Fallback, "fallback", true, "when the prefill leg fails, let decode do the whole request (said in the x-tandem-pd header); false fails such requests instead")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit on the prefill leg (its retries included); caps --first-byte-timeout and --stall-timeout (default 5m)")
-	fs.DurationVar(&cfg.FirstByteTimeout, "first-byte-timeout", 0, "limit on a leg's first byte: a prefill's answer, a decode's headers and first token; a leg that misses it is retried on another engine, else answered 504 (default 1m; raise it for long prompts on slow engines)")
+	fs.DurationVar(&cfg.FirstByteTimeout, "first-byte-timeout", 0, "limit on a leg's first byte: a prefill's answer, a decode's headers and first token (plus 1s per max_tokens for an answer that does not stream); a leg that misses it is retried on another engine, else answered 504 (default 1m, capped by --timeout; raise it for long prompts on slow engines)")
 	fs.DurationVar(&cfg.StallTimeout, "stall-timeout", 0, "limit on each gap between the decode's chunks after its first: a stream silent for longer is cut (default 30s)")
 	fs.DurationVar(&cfg.ConnectTimeout, "connect-timeout", 0, "limit on connecting to a backend (default 5s)")
 	fs.DurationVar(&cfg.HealthInterval, "health-interval", 0, "period of backend health checks (default 2s)")

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/router"
 )
 
 // Each leg's first-byte deadline and the relay's stall deadline, against
@@ -37,18 +39,20 @@ func hangsAfterHeaders(w http.ResponseWriter, r *http.Request, body []byte) {
 
 func TestHungDecodeIsRetriedAfterTheFirstByteDeadline(t *testing.T) {
 	for _, tt := range []struct {
-		name string
-		hang func(w http.ResponseWriter, r *http.Request, body []byte)
+		name, body string
+		hang       func(w http.ResponseWriter, r *http.Request, body []byte)
 	}{
-		{"no headers", hangs},
-		{"headers but no first byte", hangsAfterHeaders},
+		{"a stream: no headers", `{"prompt":"x","stream":true}`, hangs},
+		{"a stream: headers but no first byte", `{"prompt":"x","stream":true}`, hangsAfterHeaders},
+		// An answer that comes whole gets 1s per max_tokens more.
+		{"an answer that comes whole", `{"prompt":"x","max_tokens":1}`, hangs},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			pre := newFake(t, prefillOK)
 			decodes, first := firstThen(t, tt.hang, decodeJSON)
 			p, url := startProxy(t, Config{Fallback: true, ScrapeInterval: -1, FirstByteTimeout: testFirstByte}, []*fakeEngine{pre}, decodes)
 			start := time.Now()
-			resp, body := post(t, url, "/v1/completions", `{"prompt":"x"}`, nil)
+			resp, body := post(t, url, "/v1/completions", tt.body, nil)
 			took := time.Since(start)
 			if resp.StatusCode != http.StatusOK || !strings.Contains(body, "hello") {
 				t.Fatalf("answer %d %s; want the retry's 200", resp.StatusCode, body)
@@ -81,7 +85,7 @@ func TestHungDecodeWithoutRetryAnswers504(t *testing.T) {
 	dec := newFake(t, hangs)
 	p, url := startProxy(t, Config{Fallback: true, ScrapeInterval: -1, FirstByteTimeout: testFirstByte, DecodeRetries: -1}, []*fakeEngine{pre}, []*fakeEngine{dec})
 	start := time.Now()
-	resp, body := post(t, url, "/v1/completions", `{"prompt":"x"}`, nil)
+	resp, body := post(t, url, "/v1/completions", `{"prompt":"x","stream":true}`, nil)
 	if resp.StatusCode != http.StatusGatewayTimeout {
 		t.Fatalf("answer %d %s, want 504", resp.StatusCode, body)
 	}
@@ -139,6 +143,25 @@ func TestStalledStreamIsCutAfterTheStallDeadline(t *testing.T) {
 	waitFor(t, func() bool {
 		return metricValue(t, p, "tandem:proxy_requests_total", map[string]string{"outcome": outcomeStreamBroken}) == 1
 	})
+}
+
+// TestNonStreamingDecodeFirstByteDeadline: an answer that comes whole has
+// its generation's time on top of the first-byte deadline, within Timeout.
+func TestNonStreamingDecodeFirstByteDeadline(t *testing.T) {
+	p := &Proxy{cfg: Config{Timeout: 5 * time.Minute, FirstByteTimeout: time.Minute}}
+	for _, tt := range []struct {
+		stream    bool
+		maxTokens int
+		want      time.Duration
+	}{
+		{true, 1000, time.Minute},
+		{false, 16, time.Minute + 16*time.Second},
+		{false, 1000, 5 * time.Minute},
+	} {
+		if got := p.firstByteDeadline(&decodeLeg{stream: tt.stream}, &router.Request{MaxTokens: tt.maxTokens}); got != tt.want {
+			t.Errorf("stream %v, max_tokens %d: %v, want %v", tt.stream, tt.maxTokens, got, tt.want)
+		}
+	}
 }
 
 // TestDeadlinesDefaultAndCap: the deadlines default as documented, and

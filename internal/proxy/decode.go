@@ -22,7 +22,7 @@ var errBackendIdle = errors.New("backend idle timeout")
 const (
 	decodeUnavailable = "decode_unavailable" // a draining engine's 503, before its first byte
 	decodeUnreachable = "decode_unreachable" // no answer: connect or transport error, or the body cut before its first byte
-	decodeTimeout     = "decode_timeout"     // no first byte within Config.FirstByteTimeout
+	decodeTimeout     = "decode_timeout"     // no first byte within firstByteDeadline
 )
 
 // reasonDecodeRetry is the X-Tandem-Pd and fallback reason of a request
@@ -47,6 +47,9 @@ type decodeLeg struct {
 	prefer  *backend
 	release func()
 	turn    *convTurn // conversation mode's part in the request (convhistory.go)
+	// stream says the client asked for a stream: the decode's first byte
+	// is then its first token, else its whole answer (firstByteDeadline).
+	stream bool
 
 	// arrived is when the request reached the proxy, prefill the prefill
 	// leg's time (retries included; 0 for none): for Server-Timing.
@@ -96,8 +99,9 @@ func (p *Proxy) sendDecode(w http.ResponseWriter, r *http.Request, id string, pr
 		return nil, outcomeNoBackend
 	}
 	var tried []*backend
+	firstByte := p.firstByteDeadline(leg, preq)
 	for attempt := 0; ; attempt++ {
-		a, err := p.tryDecode(r, id, b, release, leg.body)
+		a, err := p.tryDecode(r, id, b, release, leg.body, firstByte)
 		if err != nil {
 			a.end()
 			p.releaseKV(leg.held, id, releaseDecodeUnreachable)
@@ -126,6 +130,28 @@ func (p *Proxy) sendDecode(w http.ResponseWriter, r *http.Request, id string, pr
 		}
 		b, release = next, nextRelease
 	}
+}
+
+// nonStreamTokenTime is what a decode leg that does not stream is allowed
+// per output token before its first byte: such an answer comes whole when
+// the generation ends, so its first byte is its last token.
+const nonStreamTokenTime = time.Second
+
+// firstByteDeadline is how long a decode attempt may take to its first
+// byte: Config.FirstByteTimeout for a stream (its first token); for an
+// answer that comes whole, that plus nonStreamTokenTime per max_tokens
+// (each token at one per second or faster), capped by Config.Timeout.
+func (p *Proxy) firstByteDeadline(leg *decodeLeg, preq *router.Request) time.Duration {
+	if leg.stream {
+		return p.cfg.FirstByteTimeout
+	}
+	return min(p.cfg.Timeout, p.cfg.FirstByteTimeout+time.Duration(max(preq.MaxTokens, 1))*nonStreamTokenTime)
+}
+
+// streams reports whether obj asks for a streamed answer (stream: true, the
+// field as the engines' encoding/json reads it).
+func streams(obj *object) bool {
+	return string(bytes.TrimSpace(obj.getFolded("stream"))) == "true"
 }
 
 // paramsIntact reports whether a failed attempt's decode cannot have read
@@ -169,7 +195,7 @@ func (p *Proxy) nextDecode(r *http.Request, id string, preq *router.Request, a *
 	case decodeUnavailable:
 		markDown(a.b, fmt.Errorf("decode answered %s", a.resp.Status), p.log)
 	case decodeTimeout:
-		markDown(a.b, fmt.Errorf("no first byte within %v", p.cfg.FirstByteTimeout), p.log)
+		markDown(a.b, fmt.Errorf("no first byte within %v", a.firstByte), p.log)
 	}
 	if attempt >= p.cfg.DecodeRetries || !retry {
 		return nil, nil
@@ -204,7 +230,7 @@ func (p *Proxy) decodeFailed(w http.ResponseWriter, r *http.Request, id string, 
 		return outcomeClientCanceled
 	case idle:
 		p.releaseKV(leg.held, id, releaseDecodeTimeout)
-		writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("decode backend %s sent no first byte within %v (the proxy's --first-byte-timeout)", a.b.base, p.cfg.FirstByteTimeout))
+		writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("decode backend %s sent no first byte within %v (the proxy's --first-byte-timeout, plus 1s per max_tokens for an answer that does not stream)", a.b.base, a.firstByte))
 	default:
 		p.releaseKV(leg.held, id, releaseDecodeUnreachable)
 		markDown(a.b, a.failErr(), p.log)
@@ -250,9 +276,11 @@ type decodeAttempt struct {
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
 	watchdog *time.Timer
-	start    time.Time      // when the leg was sent
-	resp     *http.Response // the answer's headers; nil when err is set
-	err      error          // why there is no answer
+	// firstByte is the first-byte deadline, from start.
+	firstByte time.Duration
+	start     time.Time      // when the leg was sent
+	resp      *http.Response // the answer's headers; nil when err is set
+	err       error          // why there is no answer
 	// The answer's first read, made under the first-byte deadline: buf
 	// (from relayBuffers) holds n bytes, rerr is the read's error (io.EOF
 	// for an answer that ended); firstAt is when it returned.
@@ -263,12 +291,12 @@ type decodeAttempt struct {
 }
 
 // tryDecode sends body to b and waits for the answer's headers and its
-// first body byte (or end) within Config.FirstByteTimeout. The error is one
-// of building the request, when nothing was sent; a failed send is the
-// attempt's err, a failed first read its rerr.
-func (p *Proxy) tryDecode(r *http.Request, id string, b *backend, release func(), body []byte) (*decodeAttempt, error) {
+// first body byte (or end) within firstByte. The error is one of building
+// the request, when nothing was sent; a failed send is the attempt's err, a
+// failed first read its rerr.
+func (p *Proxy) tryDecode(r *http.Request, id string, b *backend, release func(), body []byte, firstByte time.Duration) (*decodeAttempt, error) {
 	ctx, cancel := context.WithCancelCause(r.Context())
-	a := &decodeAttempt{b: b, release: release, ctx: ctx, cancel: cancel}
+	a := &decodeAttempt{b: b, release: release, ctx: ctx, cancel: cancel, firstByte: firstByte}
 	// One watchdog bounds the wait for the first byte and then each gap
 	// between body chunks; it is disarmed while writing to the client,
 	// which has its own write deadline.
@@ -276,7 +304,7 @@ func (p *Proxy) tryDecode(r *http.Request, id string, b *backend, release func()
 	if afterFunc == nil {
 		afterFunc = time.AfterFunc
 	}
-	a.watchdog = afterFunc(p.cfg.FirstByteTimeout, func() { cancel(errBackendIdle) })
+	a.watchdog = afterFunc(firstByte, func() { cancel(errBackendIdle) })
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+r.URL.Path, bytes.NewReader(body))
 	if err != nil {
 		return a, err

@@ -98,7 +98,7 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		return outcome
 	}
 	defer release()
-	leg := decodeLeg{turn: turn, prefer: d, release: release, arrived: arrived}
+	leg := decodeLeg{turn: turn, prefer: d, release: release, arrived: arrived, stream: streams(obj)}
 	// The decode is picked first (its cache and load), then the decider
 	// says whether its prompt is prefilled remotely.
 	decision, ok := turn.decision()

@@ -105,11 +105,13 @@ type Config struct {
 	Timeout time.Duration
 	// FirstByteTimeout bounds how long a leg may go without its first byte:
 	// a prefill attempt's answer (it comes whole), and a decode attempt's
-	// headers and first body byte (the first token of a stream). An attempt
-	// that misses it is retried on another engine (a decode leg then without
-	// kv_transfer_params, see docs/kv-transfer.md, "The transfer contract")
-	// or fails with 504. Default 60s; Timeout caps it. Raise it for engines
-	// whose longest prompts, queued, take longer to their first token.
+	// headers and first body byte (the first token of a stream; an answer
+	// that does not stream comes whole at the end, so it gets one second
+	// more per max_tokens). An attempt that misses it is retried on another
+	// engine (a decode leg then without kv_transfer_params, see
+	// docs/kv-transfer.md, "The transfer contract") or fails with 504.
+	// Default 60s; Timeout caps it. Raise it for engines whose longest
+	// prompts, queued, take longer to their first token.
 	FirstByteTimeout time.Duration
 	// StallTimeout bounds each gap between two chunks of the decode's body
 	// after its first byte; a stream silent for longer is cut (the client
