@@ -113,7 +113,7 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.StringVar(&k.kubeconfig, "kubeconfig", "", "kubernetes discovery: kubeconfig file of the API client (default: the pod's in-cluster service account, else $KUBECONFIG, else ~/.kube/config); the identity needs list and watch on endpointslices.discovery.k8s.io in the namespace")
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
 	fs.IntVar(&f.port, "port", 8000, "port to listen on")
-	fs.StringVar(&cfg.Policy, "policy", "round-robin", "backend picking policy for both pools: "+strings.Join(proxy.Policies(), ", ")+" (see README)")
+	fs.StringVar(&cfg.Policy, "policy", "round-robin", "backend picking policy for both pools: "+strings.Join(proxy.Policies(), ", ")+" (see docs/usage/routing.md)")
 	fs.StringVar(&cfg.PDDecider, "pd-decider", "always", "disaggregation decider: always (every prompt prefilled remotely) or conditional (remote only when the uncached prompt is long; see --pd-threshold)")
 	fs.IntVar(&cfg.Router.Threshold, "pd-threshold", 256, "conditional decider: uncached prompt tokens on the chosen decode from which the prefill goes remote")
 	fs.IntVar(&cfg.Router.MustRemote, "pd-must-remote", 0, "conditional decider: prompt tokens from which the prefill always goes remote (0: off)")
@@ -133,7 +133,9 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.StringVar(&f.fingerprint, "model-fingerprint", "", "the engines' model fingerprint (the prefix cache's hash key), for --kv-events and --kv-events-pattern")
 	fs.IntVar(&cfg.BlockSize, "block-size", 0, "the engines' KV block size in tokens, for prefix matching (default 16)")
 	fs.BoolVar(&cfg.Fallback, "fallback", true, "when the prefill leg fails, let decode do the whole request (said in the x-tandem-pd header); false fails such requests instead")
-	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit on the prefill leg, on waiting for decode's headers and on each gap between decode's chunks (default 5m)")
+	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit on the prefill leg (its retries included); caps --first-byte-timeout and --stall-timeout (default 5m)")
+	fs.DurationVar(&cfg.FirstByteTimeout, "first-byte-timeout", 0, "limit on a leg's first byte: a prefill's answer, a decode's headers and first token (plus 1s per max_tokens for an answer that does not stream); a leg that misses it is retried on another engine, else answered 504 (default 1m, capped by --timeout; raise it for long prompts on slow engines)")
+	fs.DurationVar(&cfg.StallTimeout, "stall-timeout", 0, "limit on each gap between the decode's chunks after its first: a stream silent for longer is cut (default 30s)")
 	fs.DurationVar(&cfg.ConnectTimeout, "connect-timeout", 0, "limit on connecting to a backend (default 5s)")
 	fs.DurationVar(&cfg.HealthInterval, "health-interval", 0, "period of backend health checks (default 2s)")
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", 0, "largest accepted request body (default 15 MiB: the engines' 16 MiB less 1 MiB for what the proxy adds to each leg; raise --max-request-body on the engines with it)")
@@ -144,7 +146,7 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.DurationVar(&cfg.ConversationTTL, "conversation-ttl", 0, "how long a conversation is remembered when the decode's params carry no remote_blocks_expiry_time (default 8m, the decodes' default hold)")
 	fs.IntVar(&cfg.ConversationMinPrefixTokens, "conversation-min-prefix-tokens", 0, "with --conversations and --model, a request naming no conversation continues a remembered history when its prompt starts with at least this many of the history's tokens (whole blocks; longest match first); set it to the engines' --kv-recompute-threshold (default 64)")
 	var configFile string
-	fs.StringVar(&configFile, "config", "", "YAML file of proxy settings: any flag by its name (flags given on the command line win) and per-pool pipelines under profiles: {prefill: ..., decode: ...} (see README)")
+	fs.StringVar(&configFile, "config", "", "YAML file of proxy settings: any flag by its name (flags given on the command line win) and per-pool pipelines under profiles: {prefill: ..., decode: ...} (see docs/usage/routing.md)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

@@ -54,6 +54,9 @@ type Config struct {
 	// Policy and PDDecider are the proxy's routing policy and
 	// disaggregation decider (proxy.Config); empty takes its defaults.
 	Policy, PDDecider string
+	// FirstByteTimeout and StallTimeout are the proxy's leg deadlines
+	// (proxy.Config); zero takes its defaults.
+	FirstByteTimeout, StallTimeout time.Duration
 	// StartupTimeout bounds the wait for every engine to be healthy.
 	// Default 10m (a large model loads slowly on a CPU).
 	StartupTimeout time.Duration
@@ -254,6 +257,9 @@ func Run(ctx context.Context, cfg Config) error {
 		PDDecider:     cfg.PDDecider,
 		Tokenizer:     tok,
 		Logger:        plog,
+
+		FirstByteTimeout: cfg.FirstByteTimeout,
+		StallTimeout:     cfg.StallTimeout,
 	})
 	if err != nil {
 		return err

@@ -6,22 +6,31 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/router"
 )
 
-// errBackendIdle cancels a decode leg whose backend went quiet for longer
-// than Config.Timeout.
+// errBackendIdle cancels a decode leg whose backend missed its deadline:
+// Config.FirstByteTimeout before the first byte, Config.StallTimeout after.
 var errBackendIdle = errors.New("backend idle timeout")
 
 // Why a decode attempt is retried on another decode, the reason label of
 // tandem:proxy_leg_retries_total{role="decode"}.
 const (
 	decodeUnavailable = "decode_unavailable" // a draining engine's 503, before its first byte
-	decodeUnreachable = "decode_unreachable" // no answer: connect or transport error
+	decodeUnreachable = "decode_unreachable" // no answer: connect or transport error, or the body cut before its first byte
+	decodeTimeout     = "decode_timeout"     // no first byte within firstByteDeadline
 )
+
+// reasonDecodeRetry is the X-Tandem-Pd and fallback reason of a request
+// whose remote decode leg failed after it was sent and was retried on
+// another decode without kv_transfer_params: the first decode may have
+// pulled the KV (a pull frees it on the prefill), so the params may be
+// spent, and the retry computes the prompt itself.
+const reasonDecodeRetry = "decode_retry"
 
 // decodeLeg is what the decode leg sends and how its ending is labelled.
 type decodeLeg struct {
@@ -29,11 +38,18 @@ type decodeLeg struct {
 	pd      string  // the X-Tandem-Pd value
 	success string  // the outcome when the answer is relayed whole
 	held    *heldKV // the KV a prefill keeps for this leg; nil on fallback
+	// local is what a retry sends once held's params may be spent: the
+	// client's body without kv_transfer_params; nil when body is that
+	// already.
+	local []byte
 	// prefer is the decode picked for the request, release its accounting
 	// there (idempotent); the leg picks one itself when prefer is nil.
 	prefer  *backend
 	release func()
 	turn    *convTurn // conversation mode's part in the request (convhistory.go)
+	// stream says the client asked for a stream: the decode's first byte
+	// is then its first token, else its whole answer (firstByteDeadline).
+	stream bool
 
 	// arrived is when the request reached the proxy, prefill the prefill
 	// leg's time (retries included; 0 for none): for Server-Timing.
@@ -64,10 +80,13 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 }
 
 // sendDecode sends the decode leg and returns the attempt whose answer is
-// to be relayed. An attempt that fails before its first byte (no answer, or
-// a draining engine's 503) is retried on another decode, up to
-// Config.DecodeRetries times: nothing reached the client yet, and a remote
-// leg's KV can be pulled by any decode. When there is no answer to relay it
+// to be relayed. An attempt that fails before its first byte (no answer, no
+// first byte in time, or a draining engine's 503) is retried on another
+// decode, up to Config.DecodeRetries times: nothing reached the client yet.
+// A remote leg's retry keeps its kv_transfer_params only when the failed
+// decode cannot have read them (paramsIntact); otherwise it goes without them
+// (leg.local, a local prefill on the retry's decode, said in X-Tandem-Pd)
+// and the prefill's hold is released. When there is no answer to relay it
 // writes the error itself and returns nil and the request's outcome.
 func (p *Proxy) sendDecode(w http.ResponseWriter, r *http.Request, id string, preq *router.Request, leg *decodeLeg) (*decodeAttempt, string) {
 	b, release := leg.prefer, leg.release
@@ -80,8 +99,9 @@ func (p *Proxy) sendDecode(w http.ResponseWriter, r *http.Request, id string, pr
 		return nil, outcomeNoBackend
 	}
 	var tried []*backend
+	firstByte := p.firstByteDeadline(leg, preq)
 	for attempt := 0; ; attempt++ {
-		a, err := p.tryDecode(r, id, b, release, leg.body)
+		a, err := p.tryDecode(r, id, b, release, leg.body, firstByte)
 		if err != nil {
 			a.end()
 			p.releaseKV(leg.held, id, releaseDecodeUnreachable)
@@ -93,7 +113,9 @@ func (p *Proxy) sendDecode(w http.ResponseWriter, r *http.Request, id string, pr
 			return a, ""
 		}
 		tried = append(tried, b)
-		next, nextRelease := p.nextDecode(r, id, preq, a, label, attempt, tried)
+		// With Config.Fallback off a remote leg is never turned local.
+		spent := leg.held != nil && !a.paramsIntact(label)
+		next, nextRelease := p.nextDecode(r, id, preq, a, label, attempt, tried, !spent || p.cfg.Fallback)
 		switch {
 		case next == nil && label == decodeUnavailable:
 			return a, "" // the 503 is relayed
@@ -103,25 +125,83 @@ func (p *Proxy) sendDecode(w http.ResponseWriter, r *http.Request, id string, pr
 		// The failed attempt stops counting on its backend now, not when
 		// the answer of the next one ends.
 		a.discard()
+		if spent {
+			p.recomputeOnRetry(leg, id)
+		}
 		b, release = next, nextRelease
 	}
 }
 
+// nonStreamTokenTime is what a decode leg that does not stream is allowed
+// per output token before its first byte: such an answer comes whole when
+// the generation ends, so its first byte is its last token.
+const nonStreamTokenTime = time.Second
+
+// firstByteDeadline is how long a decode attempt may take to its first
+// byte: Config.FirstByteTimeout for a stream (its first token); for an
+// answer that comes whole, that plus nonStreamTokenTime per max_tokens
+// (each token at one per second or faster), capped by Config.Timeout.
+func (p *Proxy) firstByteDeadline(leg *decodeLeg, preq *router.Request) time.Duration {
+	if leg.stream {
+		return p.cfg.FirstByteTimeout
+	}
+	return min(p.cfg.Timeout, p.cfg.FirstByteTimeout+time.Duration(max(preq.MaxTokens, 1))*nonStreamTokenTime)
+}
+
+// streams reports whether obj asks for a streamed answer (stream: true, the
+// field as the engines' encoding/json reads it).
+func streams(obj *object) bool {
+	return string(bytes.TrimSpace(obj.getFolded("stream"))) == "true"
+}
+
+// paramsIntact reports whether a failed attempt's decode cannot have read
+// the leg's kv_transfer_params, so that a retry may send them again: it
+// answered 503 (a draining engine refuses before reading any KV), or the
+// leg never reached it (the connection was not made). Any other failure
+// came after the leg was sent: the decode may have pulled the KV, which
+// frees it on the prefill, and params sent twice would fail on the second
+// decode (not_held) for a reason that is not that decode's.
+func (a *decodeAttempt) paramsIntact(label string) bool {
+	if label == decodeUnavailable {
+		return true
+	}
+	var op *net.OpError
+	return a.err != nil && errors.As(a.err, &op) && op.Op == "dial"
+}
+
+// recomputeOnRetry turns a remote leg whose params may be spent into one
+// the retry's decode prefills itself, and releases the prefill's hold (a
+// 404 when the failed decode did pull it).
+func (p *Proxy) recomputeOnRetry(leg *decodeLeg, id string) {
+	p.releaseKV(leg.held, id, releaseDecodeRetried)
+	p.metrics.fallbacks.WithLabelValues(reasonDecodeRetry).Inc()
+	p.log.Warn("decode leg failed after it was sent; the retry computes the prompt itself", "request_id", id, "prefill", leg.held.engine.base)
+	leg.held = nil
+	leg.body, leg.local = leg.local, nil
+	leg.pd, leg.success = "fallback; reason="+reasonDecodeRetry, outcomeFallback
+}
+
 // nextDecode handles a failed attempt: it marks a's backend down (a draining
 // engine refuses new requests with 503 before reading the KV, and gets no
-// more until its health check passes again) and picks another decode for the
-// retry. It returns nil when the request is not retried: the client left,
-// the retries are spent, the attempt timed out, or no other decode is
-// healthy.
-func (p *Proxy) nextDecode(r *http.Request, id string, preq *router.Request, a *decodeAttempt, label string, attempt int, tried []*backend) (*backend, func()) {
-	if label == decodeUnavailable {
-		markDown(a.b, fmt.Errorf("decode answered %s", a.resp.Status), p.log)
+// more until its health check passes again; a hung one fails its checks
+// too) and picks another decode for the retry. It returns nil when the
+// request is not retried: the client left, the retries are spent, retry
+// is false, or no other decode is healthy.
+func (p *Proxy) nextDecode(r *http.Request, id string, preq *router.Request, a *decodeAttempt, label string, attempt int, tried []*backend, retry bool) (*backend, func()) {
+	if r.Context().Err() != nil {
+		return nil, nil
 	}
-	if r.Context().Err() != nil || attempt >= p.cfg.DecodeRetries || (label == decodeUnreachable && a.idle()) {
+	switch label {
+	case decodeUnavailable:
+		markDown(a.b, fmt.Errorf("decode answered %s", a.resp.Status), p.log)
+	case decodeTimeout:
+		markDown(a.b, fmt.Errorf("no first byte within %v", a.firstByte), p.log)
+	}
+	if attempt >= p.cfg.DecodeRetries || !retry {
 		return nil, nil
 	}
 	if label == decodeUnreachable {
-		markDown(a.b, a.err, p.log)
+		markDown(a.b, a.failErr(), p.log)
 	}
 	next, release, _ := p.decode.pick(preq, tokens(preq), tried...)
 	if next == nil {
@@ -131,7 +211,7 @@ func (p *Proxy) nextDecode(r *http.Request, id string, preq *router.Request, a *
 	if label == decodeUnavailable {
 		p.log.Info("decode answered 503 before its first byte; retrying on another decode engine", "request_id", id, "backend", a.b.base, "next", next.base)
 	} else {
-		p.log.Info("decode leg failed before its first byte; retrying on another decode engine", "request_id", id, "backend", a.b.base, "next", next.base, "err", a.err)
+		p.log.Info("decode leg failed before its first byte; retrying on another decode engine", "request_id", id, "backend", a.b.base, "next", next.base, "reason", label, "err", a.failErr())
 	}
 	return next, release
 }
@@ -150,18 +230,23 @@ func (p *Proxy) decodeFailed(w http.ResponseWriter, r *http.Request, id string, 
 		return outcomeClientCanceled
 	case idle:
 		p.releaseKV(leg.held, id, releaseDecodeTimeout)
-		writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("decode backend %s sent no answer within %v", a.b.base, p.cfg.Timeout))
+		writeError(w, http.StatusGatewayTimeout, fmt.Sprintf("decode backend %s sent no first byte within %v (the proxy's --first-byte-timeout, plus 1s per max_tokens for an answer that does not stream)", a.b.base, a.firstByte))
 	default:
 		p.releaseKV(leg.held, id, releaseDecodeUnreachable)
-		markDown(a.b, a.err, p.log)
-		writeError(w, http.StatusBadGateway, fmt.Sprintf("decode backend %s unreachable: %v", a.b.base, a.err))
+		markDown(a.b, a.failErr(), p.log)
+		writeError(w, http.StatusBadGateway, fmt.Sprintf("decode backend %s failed before its first byte: %v", a.b.base, a.failErr()))
 	}
 	return outcomeDecodeFailed
 }
 
 // noteDecodeAnswer accounts for the status of the decode's answer: a 200
 // feeds the prefix record and resets the circuit breaker, a 5xx counts
-// against it. An error status is a final answer: the decode will not read
+// against it, unless the leg carried kv_transfer_params (held): such a 5xx
+// may be the transfer's failure (params spent, expired or refused, a
+// prefill gone or unreachable), a fault of the request or of the prefill,
+// not of the decode, which is not ejected for it; its transport failures,
+// missed deadlines, failed health checks and 5xx to legs without params
+// still count. An error status is a final answer: the decode will not read
 // the KV (a Tandem decode also tells the prefill itself when it refuses a
 // request early; the second release then finds nothing).
 func (p *Proxy) noteDecodeAnswer(a *decodeAttempt, preq *router.Request, held *heldKV, id string) {
@@ -171,6 +256,8 @@ func (p *Proxy) noteDecodeAnswer(a *decodeAttempt, preq *router.Request, held *h
 			p.prefix.Observe(a.b.base, preq.BlockHashes)
 		}
 		legOK(a.b)
+	case s >= 500 && held != nil:
+		p.log.Info("decode answered a leg with kv_transfer_params with an error; not counted against its health", "request_id", id, "backend", a.b.base, "status", a.resp.Status)
 	case s >= 500:
 		legFailed(a.b, "decode answered "+a.resp.Status, p.log)
 	}
@@ -189,25 +276,35 @@ type decodeAttempt struct {
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
 	watchdog *time.Timer
-	start    time.Time      // when the leg was sent
-	resp     *http.Response // the answer's headers; nil when err is set
-	err      error          // why there is no answer
+	// firstByte is the first-byte deadline, from start.
+	firstByte time.Duration
+	start     time.Time      // when the leg was sent
+	resp      *http.Response // the answer's headers; nil when err is set
+	err       error          // why there is no answer
+	// The answer's first read, made under the first-byte deadline: buf
+	// (from relayBuffers) holds n bytes, rerr is the read's error (io.EOF
+	// for an answer that ended); firstAt is when it returned.
+	buf     *[]byte
+	n       int
+	rerr    error
+	firstAt time.Time
 }
 
-// tryDecode sends body to b and waits for the answer's headers within
-// Config.Timeout. The error is one of building the request, when nothing
-// was sent; a failed send is the attempt's err.
-func (p *Proxy) tryDecode(r *http.Request, id string, b *backend, release func(), body []byte) (*decodeAttempt, error) {
+// tryDecode sends body to b and waits for the answer's headers and its
+// first body byte (or end) within firstByte. The error is one of building
+// the request, when nothing was sent; a failed send is the attempt's err, a
+// failed first read its rerr.
+func (p *Proxy) tryDecode(r *http.Request, id string, b *backend, release func(), body []byte, firstByte time.Duration) (*decodeAttempt, error) {
 	ctx, cancel := context.WithCancelCause(r.Context())
-	a := &decodeAttempt{b: b, release: release, ctx: ctx, cancel: cancel}
-	// One watchdog bounds the wait for the headers and then each gap
+	a := &decodeAttempt{b: b, release: release, ctx: ctx, cancel: cancel, firstByte: firstByte}
+	// One watchdog bounds the wait for the first byte and then each gap
 	// between body chunks; it is disarmed while writing to the client,
 	// which has its own write deadline.
 	afterFunc := p.afterFunc
 	if afterFunc == nil {
 		afterFunc = time.AfterFunc
 	}
-	a.watchdog = afterFunc(p.cfg.Timeout, func() { cancel(errBackendIdle) })
+	a.watchdog = afterFunc(firstByte, func() { cancel(errBackendIdle) })
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+r.URL.Path, bytes.NewReader(body))
 	if err != nil {
 		return a, err
@@ -215,20 +312,39 @@ func (p *Proxy) tryDecode(r *http.Request, id string, b *backend, release func()
 	p.setLegHeaders(req.Header, r.Header, id)
 	a.start = time.Now()
 	a.resp, a.err = p.roundTrip(req)
+	if a.err == nil {
+		a.buf = relayBuffers.Get().(*[]byte)
+		for a.n == 0 && a.rerr == nil {
+			a.n, a.rerr = a.resp.Body.Read(*a.buf)
+		}
+		a.firstAt = time.Now()
+	}
 	a.watchdog.Stop()
 	return a, nil
 }
 
 // failure is why the attempt is no answer to relay: decodeUnavailable for
-// a 503, decodeUnreachable for no answer, "" for an answer.
+// a 503, decodeTimeout for no first byte in time, decodeUnreachable for
+// no answer or a body cut before its first byte, "" for an answer.
 func (a *decodeAttempt) failure() string {
 	switch {
-	case a.err != nil:
+	case a.err != nil || a.n == 0 && a.rerr != io.EOF:
+		if a.idle() {
+			return decodeTimeout
+		}
 		return decodeUnreachable
 	case a.resp.StatusCode == http.StatusServiceUnavailable:
 		return decodeUnavailable
 	}
 	return ""
+}
+
+// failErr is why a failed attempt has no answer.
+func (a *decodeAttempt) failErr() error {
+	if a.err != nil {
+		return a.err
+	}
+	return fmt.Errorf("reading the answer's first byte: %w", a.rerr)
 }
 
 // idle reports whether the watchdog cut the attempt short.
@@ -251,6 +367,10 @@ func (a *decodeAttempt) end() {
 	a.watchdog.Stop()
 	if a.resp != nil {
 		a.resp.Body.Close()
+	}
+	if a.buf != nil {
+		relayBuffers.Put(a.buf)
+		a.buf = nil
 	}
 	a.cancel(nil)
 	if a.release != nil {

@@ -57,27 +57,44 @@
 // A prefill leg that fails on the engine's side is retried on another
 // prefill engine (Config.PrefillRetries) before the fallback; a decode leg
 // that fails before its first byte on another decode (Config.DecodeRetries),
-// and the failed attempt stops counting on its engine's load at once.
-// A 503 from either is such a failure (a draining engine refuses new work
-// with it, before reading any KV), and marks the engine down until its next
-// passing health check, so a pod turned unready mid-load costs no request.
-// An engine is skipped from a failed connection until its next passing
-// health check, and ejected for a doubling cool-down after three failed legs
-// in a row (circuit breaker). When every candidate is saturated a request
-// waits in a bounded queue (Config.QueueTimeout, Config.MaxQueue), then gets
-// 429 with Retry-After. Every backend call is bounded by a connect timeout
-// and by Config.Timeout on the prefill leg (its retries on other prefill
-// engines included), the decode's headers and each gap between the decode's
-// chunks, never on a stream's total length. A client that goes away cancels
-// both legs. A request that fails for a reason of the proxy's own gets a
-// generic 500; the details are in the log under its request id.
+// and the failed attempt stops counting on its engine's load at once. A 503
+// from either is such a failure (a draining engine refuses new work with it,
+// before reading any KV), and marks the engine down until its next passing
+// health check, so a pod turned unready mid-load costs no request. A remote
+// decode leg that failed otherwise after it was sent may have had its KV
+// pulled (a pull frees it on the prefill), so its retry goes without
+// kv_transfer_params: the retry's decode prefills the prompt itself
+// (X-Tandem-Pd "fallback; reason=decode_retry"), and the prefill's hold is
+// released; only a failed connect or a 503 keep the params. An engine
+// is skipped from a failed connection until its next passing health check,
+// and ejected for a doubling cool-down after three failed legs in a row
+// (circuit breaker); a decode's 5xx to a leg that carried kv_transfer_params
+// does not count (it may be the transfer's failure: params spent or expired,
+// a prefill gone). When every candidate is saturated a request waits in a
+// bounded queue (Config.QueueTimeout, Config.MaxQueue), then gets 429 with
+// Retry-After. Every backend call is bounded by a connect timeout; each leg
+// attempt by Config.FirstByteTimeout until its first byte (a prefill's
+// answer; a decode's headers and first body byte), then retried as above or
+// answered 504; the prefill leg's attempts together by Config.Timeout; each
+// gap between the decode's chunks by Config.StallTimeout (a stalled stream
+// is cut), never a stream's total length. A client that goes away cancels
+// the decode leg at once and the prefill leg after
+// Config.CanceledPrefillGrace: a prefill engine finishes a forward pass it
+// has begun, and an answer within the grace lets the proxy release the KV it
+// holds. A request that fails for a reason of the proxy's own gets a generic
+// 500; the details are in the log under its request id.
 //
-// No stranded KV: when a prefill answered with kv_transfer_params but the
-// decode leg never started (client gone, no decode healthy or reachable, the
-// decode answered 4xx/5xx or no headers in time), the proxy posts the params
-// back to that prefill's POST /tandem/kv/release in the background, bounded
-// by Config.ReleaseTimeout, and counts it in
-// tandem:proxy_kv_releases_total{reason, result}.
+// A /v1/completions request whose prompt is a batch (a list of prompts) is
+// prefilled by its decode ("local; reason=batch_prompt"): params name one
+// prompt's KV, and engines refuse them on a batch.
+//
+// No stranded KV (docs/kv-transfer.md, "The transfer contract"): when a
+// prefill answered with kv_transfer_params but the decode leg never started
+// or may not have pulled them (client gone, no decode healthy or reachable,
+// the decode answered 4xx/5xx or no first byte in time, a retry without
+// them), the proxy posts the params back to that prefill's POST
+// /tandem/kv/release in the background, bounded by Config.ReleaseTimeout,
+// and counts it in tandem:proxy_kv_releases_total{reason, result}.
 //
 // # Trust boundary
 //

@@ -98,11 +98,17 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		return outcome
 	}
 	defer release()
-	leg := decodeLeg{turn: turn, prefer: d, release: release, arrived: arrived}
+	leg := decodeLeg{turn: turn, prefer: d, release: release, arrived: arrived, stream: streams(obj)}
 	// The decode is picked first (its cache and load), then the decider
 	// says whether its prompt is prefilled remotely.
 	decision, ok := turn.decision()
-	if !ok {
+	switch {
+	case isBatchPrompt(r.URL.Path, obj):
+		// kv_transfer_params name one prompt's KV: the engines refuse them
+		// on a batch, so its decode prefills every prompt itself.
+		turn.drop(id)
+		decision = router.Decision{Reason: reasonBatchPrompt}
+	case !ok:
 		decision = p.decide(preq, d)
 	}
 	if !decision.Remote {
@@ -163,6 +169,7 @@ func (p *Proxy) remote(w http.ResponseWriter, r *http.Request, id string, body [
 			p.betweenLegs(r.Context())
 		}
 		leg.body, leg.pd, leg.success = decodeBody(obj, res.kv), "remote", outcomeRemote
+		leg.local = fallbackBody(body, obj)
 		p.metrics.pdDecisions.WithLabelValues("remote", decision.Reason).Inc()
 		return p.runDecode(w, r, id, preq, leg)
 	}

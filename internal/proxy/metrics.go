@@ -145,7 +145,7 @@ func newMetrics() *metrics {
 	}
 	r.MustRegister(m.prefillSeconds, m.decodeTTFB, m.requestSeconds, m.requests, m.fallbacks, m.kvReleases, m.inFlight, m.healthy,
 		m.pdDecisions, m.legRetries, m.tokenMode, m.admission, m.scrapeFailures)
-	for _, reason := range fallbackReasons {
+	for _, reason := range append(fallbackReasons, reasonDecodeRetry) {
 		m.fallbacks.WithLabelValues(reason)
 	}
 	for _, reason := range releaseReasons {

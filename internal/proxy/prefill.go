@@ -73,10 +73,11 @@ func (p *Proxy) prefillWithRetries(r *http.Request, id string, obj *object, preq
 }
 
 // retryOnOther reports whether a prefill failure is the engine's, so that
-// another engine may succeed. A timeout is not retried: it used the budget.
+// another engine may succeed. A timeout is the attempt's first-byte deadline
+// (Config.FirstByteTimeout): retried while the leg's budget lasts.
 func retryOnOther(reason string) bool {
 	switch reason {
-	case reasonUnreachable, reasonServerError, reasonBadResponse, reasonNoKVParams:
+	case reasonUnreachable, reasonServerError, reasonBadResponse, reasonNoKVParams, reasonTimeout:
 		return true
 	}
 	return false
@@ -120,11 +121,36 @@ func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *router
 }
 
 // sendPrefill sends the prefill leg to b and interprets its answer, which
-// must be complete by deadline.
+// must be complete by deadline and within Config.FirstByteTimeout (the
+// prefill answers whole, so its first byte is its answer).
+//
+// The leg outlives its client by Config.CanceledPrefillGrace: a prefill
+// engine cannot stop a forward pass it has begun, and one that finishes
+// holds the prompt's KV for the decode leg that will now never come. An
+// answer within the grace gives the proxy the params to release that hold
+// at once (runDecode does, seeing the client gone); past it, the leg is
+// cancelled and the engine aborts what it has not finished.
 func (p *Proxy) sendPrefill(r *http.Request, id string, obj *object, b *backend, kv json.RawMessage, deadline time.Time) prefillResult {
 	budget := time.Until(deadline)
-	ctx, cancel := context.WithDeadline(r.Context(), deadline)
+	if fb := time.Now().Add(p.cfg.FirstByteTimeout); fb.Before(deadline) {
+		deadline = fb
+	}
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(r.Context()), deadline)
 	defer cancel()
+	stop := context.AfterFunc(r.Context(), func() {
+		if p.cfg.CanceledPrefillGrace < 0 {
+			cancel()
+			return
+		}
+		t := time.NewTimer(p.cfg.CanceledPrefillGrace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-ctx.Done():
+		}
+	})
+	defer stop()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.base+r.URL.Path, bytes.NewReader(prefillBody(obj, kv)))
 	if err != nil {
 		return prefillResult{reason: reasonBadResponse, detail: err.Error()}
@@ -143,7 +169,8 @@ func (p *Proxy) sendPrefill(r *http.Request, id string, obj *object, b *backend,
 		case r.Context().Err() != nil:
 			return prefillResult{canceled: true}
 		case errors.Is(ctx.Err(), context.DeadlineExceeded):
-			return prefillResult{reason: reasonTimeout, detail: fmt.Sprintf("%s gave no complete answer within the %v left of the prefill leg's %v", b.base, budget.Round(time.Millisecond), p.cfg.Timeout)}
+			return prefillResult{reason: reasonTimeout, detail: fmt.Sprintf("%s gave no complete answer within %v (the first-byte deadline, %v, or what was left of the prefill leg's %v)",
+				b.base, min(budget, p.cfg.FirstByteTimeout).Round(time.Millisecond), p.cfg.FirstByteTimeout, p.cfg.Timeout)}
 		case resp == nil:
 			markDown(b, err, p.log)
 			return prefillResult{reason: reasonUnreachable, detail: err.Error()}
@@ -152,7 +179,12 @@ func (p *Proxy) sendPrefill(r *http.Request, id string, obj *object, b *backend,
 		}
 	}
 	p.metrics.prefillSeconds.Observe(time.Since(start).Seconds())
-	return p.prefillAnswer(b, resp, data)
+	res := p.prefillAnswer(b, resp, data)
+	if res.kv == nil && r.Context().Err() != nil {
+		// Nothing held to release, and no one to answer.
+		return prefillResult{canceled: true}
+	}
+	return res
 }
 
 // prefillAnswer interprets the prefill's complete answer: its status, then

@@ -100,10 +100,30 @@ type Config struct {
 	// ConnectTimeout bounds dialing a backend. Default 5s.
 	ConnectTimeout time.Duration
 	// Timeout bounds waiting on a backend: the whole prefill leg (its
-	// retries on other engines share the budget), the decode's response
-	// headers, and each gap between two chunks of the decode's body.
-	// There is no limit on a stream's total length. Default 5m.
+	// retries on other engines share the budget), and caps
+	// FirstByteTimeout and StallTimeout. There is no limit on a stream's
+	// total length. Default 5m.
 	Timeout time.Duration
+	// FirstByteTimeout bounds how long a leg may go without its first byte:
+	// a prefill attempt's answer (it comes whole), and a decode attempt's
+	// headers and first body byte (the first token of a stream; an answer
+	// that does not stream comes whole at the end, so it gets one second
+	// more per max_tokens). An attempt that misses it is retried on another
+	// engine (a decode leg then without kv_transfer_params, see
+	// docs/kv-transfer.md, "The transfer contract") or fails with 504.
+	// Default 60s; Timeout caps it. Raise it for engines whose longest
+	// prompts, queued, take longer to their first token.
+	FirstByteTimeout time.Duration
+	// StallTimeout bounds each gap between two chunks of the decode's body
+	// after its first byte; a stream silent for longer is cut (the client
+	// sees an aborted answer). Default 30s; Timeout caps it.
+	StallTimeout time.Duration
+	// CanceledPrefillGrace is how long a prefill leg whose client went away
+	// is still given to answer: the proxy then releases the KV the answer
+	// holds at once, instead of leaving it to the lease. Past it the leg is
+	// cancelled (the engine aborts it; KV it holds by then waits for the
+	// lease). Default 2s; negative: cancel at once.
+	CanceledPrefillGrace time.Duration
 	// MaxBodyBytes caps a client request body (413 beyond). Default
 	// DefaultMaxBodyBytes (15 MiB): the engines' 16 MiB less what the proxy
 	// adds to a leg's body. Set the engines' limit at least MaxLegGrowth
@@ -181,6 +201,17 @@ func (c *Config) setDefaults() {
 	if c.Timeout <= 0 {
 		c.Timeout = 5 * time.Minute
 	}
+	if c.FirstByteTimeout <= 0 {
+		c.FirstByteTimeout = defaultFirstByteTimeout
+	}
+	c.FirstByteTimeout = min(c.FirstByteTimeout, c.Timeout)
+	if c.StallTimeout <= 0 {
+		c.StallTimeout = defaultStallTimeout
+	}
+	c.StallTimeout = min(c.StallTimeout, c.Timeout)
+	if c.CanceledPrefillGrace == 0 {
+		c.CanceledPrefillGrace = defaultCanceledPrefillGrace
+	}
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
@@ -209,6 +240,13 @@ func (c *Config) setDefaults() {
 		c.ConversationMinPrefixTokens = defaultMinPrefixTokens
 	}
 }
+
+// Defaults of the legs' deadlines (Config).
+const (
+	defaultFirstByteTimeout     = time.Minute
+	defaultStallTimeout         = 30 * time.Second
+	defaultCanceledPrefillGrace = 2 * time.Second
+)
 
 func profileOf(policy, role string, spec *factory.Spec, o factory.Options) (*router.Profile, error) {
 	if spec != nil {

@@ -73,23 +73,18 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, id string, leg *de
 	return rl.copy()
 }
 
-// copy is the relay's loop: each read from the decode is bounded by the
-// attempt's watchdog, each write to the client by its write deadline.
+// copy is the relay's loop: it starts with the attempt's first read
+// (tryDecode's, under the first-byte deadline); each later read from the
+// decode is bounded by the attempt's watchdog at Config.StallTimeout, each
+// write to the client by its write deadline.
 func (rl *relay) copy() string {
-	bufp := relayBuffers.Get().(*[]byte)
-	defer relayBuffers.Put(bufp)
-	buf := *bufp
-	timeout := rl.p.cfg.Timeout
-	first := true
+	buf := *rl.a.buf // the attempt's: end returns it to relayBuffers
+	n, rerr := rl.a.n, rl.a.rerr
+	if n > 0 {
+		rl.p.metrics.decodeTTFB.Observe(rl.a.firstAt.Sub(rl.a.start).Seconds())
+	}
 	for {
-		rl.a.watchdog.Reset(timeout)
-		n, rerr := rl.a.resp.Body.Read(buf)
-		rl.a.watchdog.Stop()
 		if n > 0 {
-			if first {
-				rl.p.metrics.decodeTTFB.Observe(time.Since(rl.a.start).Seconds())
-				first = false
-			}
 			if err := rl.send(rl.capture.feed(buf[:n])); err != nil {
 				return outcomeClientCanceled
 			}
@@ -100,6 +95,9 @@ func (rl *relay) copy() string {
 		if rerr != nil {
 			return rl.cut(rerr)
 		}
+		rl.a.watchdog.Reset(rl.p.cfg.StallTimeout)
+		n, rerr = rl.a.resp.Body.Read(buf)
+		rl.a.watchdog.Stop()
 	}
 }
 
@@ -146,7 +144,7 @@ func (rl *relay) cut(rerr error) string {
 	}
 	cause := rerr
 	if rl.a.idle() {
-		cause = fmt.Errorf("no data for %v", rl.p.cfg.Timeout)
+		cause = fmt.Errorf("no data for %v (the proxy's --stall-timeout)", rl.p.cfg.StallTimeout)
 	}
 	rl.p.log.Warn("decode answer cut off", "request_id", rl.id, "backend", rl.a.b.base, "err", cause)
 	return outcomeStreamBroken

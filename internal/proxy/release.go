@@ -14,11 +14,12 @@ import (
 // started, or (conversation mode) a decode's conversation hold that no turn
 // will use.
 const (
-	releaseClientCanceled    = "client_canceled"      // the client left after the prefill leg
+	releaseClientCanceled    = "client_canceled"      // the client left during or after the prefill leg
 	releaseNoDecode          = "no_healthy_decode"    // no decode backend passed its last health check
 	releaseDecodeUnreachable = "decode_unreachable"   // connect or transport error on the decode leg
-	releaseDecodeTimeout     = "decode_timeout"       // the decode sent no headers within Config.Timeout
+	releaseDecodeTimeout     = "decode_timeout"       // the decode sent no first byte within Config.FirstByteTimeout
 	releaseDecodeRefused     = "decode_refused"       // the decode answered 4xx/5xx
+	releaseDecodeRetried     = "decode_retried"       // the decode leg failed after it was sent; the retry computes the prompt itself
 	releaseNoConversation    = "no_conversation"      // a decode held KV no turn can find: a request naming no conversation, not remembered by its history
 	releaseConvEvicted       = "conversation_evicted" // the proxy forgot a conversation for room, or a newer turn replaced it
 	releaseHistoryUnused     = "history_not_pulled"   // the prefill leg with the history failed and was retried without it
@@ -32,7 +33,7 @@ const (
 )
 
 var (
-	releaseReasons     = []string{releaseClientCanceled, releaseNoDecode, releaseDecodeUnreachable, releaseDecodeTimeout, releaseDecodeRefused}
+	releaseReasons     = []string{releaseClientCanceled, releaseNoDecode, releaseDecodeUnreachable, releaseDecodeTimeout, releaseDecodeRefused, releaseDecodeRetried}
 	convReleaseReasons = []string{releaseNoConversation, releaseConvEvicted, releaseHistoryUnused, releaseProxyStopped}
 	releaseResults     = []string{releaseOK, releaseNotFound, releaseFailed}
 )
