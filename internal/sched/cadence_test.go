@@ -113,9 +113,9 @@ func TestCadenceGuard(t *testing.T) {
 		h.add("c", prompt(3, 8), 12)
 		h.add("d", prompt(4, 8), 12)
 		wantSteps := [][]string{
-			{"a@8+1"},                    // off cadence, guard off: deferred
-			{"a@9+1"},                    // deferred
-			{"a@10+1", "b@0+8", "c@0+1"}, // on cadence; c and d still wait: guard on
+			{"a@8+1"},                             // off cadence, guard off: deferred
+			{"a@9+1"},                             // deferred
+			{"a@10+1", "b@0+8", "c@0+1"},          // on cadence; c and d still wait: guard on
 			{"a@11+1", "b@8+1", "c@1+7", "d@0+1"}, // off cadence, lifted; d admitted, nothing waits: guard off
 			{"a@12+1", "b@9+1", "c@8+1"},          // off cadence: d's chunk deferred
 			{"a@13+1", "b@10+1", "c@9+1"},
