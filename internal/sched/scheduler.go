@@ -411,6 +411,10 @@ func (s *Scheduler) Schedule() *Output {
 			break
 		}
 		if res == admitShort {
+			if mode != admitLoads && s.reclaim(i) {
+				changed = true
+				continue // try the head again
+			}
 			break // head of line waits for memory
 		}
 		changed = true
@@ -603,16 +607,37 @@ func (s *Scheduler) admit(r *Request, budget int, mode admitMode) admission {
 	return admitCompute
 }
 
-// loadsInFlight returns how many asynchronous loads are in flight and how
-// many blocks their requests hold.
+// loadsInFlight returns how many asynchronous loads are in flight, and how
+// many blocks they and the loaded requests not running yet hold.
 func (s *Scheduler) loadsInFlight() (n, blocks int) {
 	for _, r := range s.waiting {
 		if r.status == WaitingForRemoteKVs {
 			n++
-			blocks += len(r.blocks)
 		}
+		blocks += len(r.blocks)
 	}
 	return n, blocks
+}
+
+// reclaim frees the blocks of the newest loaded request queued behind
+// s.waiting[head] (one whose load ended and that waits for a seat or the
+// budget), so that the head, short of blocks, can go first: a load started
+// out of order, past the budget, never keeps an earlier request out of
+// memory. The loaded full blocks stay in the prefix cache, so the request
+// usually finds them again; what was evicted meanwhile it computes. It
+// reports whether it freed anything. Requests still loading are never
+// reclaimed: their blocks are being written.
+func (s *Scheduler) reclaim(head int) bool {
+	for j := len(s.waiting) - 1; j > head; j-- {
+		r := s.waiting[j]
+		if r.status == WaitingForRemoteKVs || len(r.blocks) == 0 {
+			continue
+		}
+		s.release(r)
+		r.numComputed, r.numCachedBlocks, r.fetch = 0, 0, FetchNone
+		return true
+	}
+	return false
 }
 
 // reserved is how many more blocks the requests in flight need to reach
