@@ -380,15 +380,20 @@ func (s *Scheduler) Schedule() *Output {
 	// overlaps the running requests); on a deferring off-cadence step it
 	// admits only those and light requests.
 	changed := false // state changed that out does not show
+	_, noLoads := s.conn.(NoConnector)
 	for i := 0; len(out.Preempted) == 0 && i < len(s.waiting); {
 		r := s.waiting[i]
 		if r.status == WaitingForRemoteKVs {
 			i++
 			continue
 		}
+		full := budget <= 0 || len(s.running) >= s.cfg.MaxNumSeqs
+		if full && noLoads {
+			break // nothing is ever loaded: no need to look further
+		}
 		mode := admitAny
 		switch {
-		case budget <= 0 || len(s.running) >= s.cfg.MaxNumSeqs:
+		case full:
 			mode = admitLoads
 		case deferPrefill:
 			mode = admitLight
