@@ -49,6 +49,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.Var((*byteSize)(&c.KVCacheMemory), "kv-cache-memory", "KV-cache size, e.g. 512MiB or 2GiB (default: room for max-num-seqs full-length sequences, capped at 20% of RAM)")
 	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", 64, "most sequences in one batch")
 	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", 2048, "most tokens in one step (prefill chunks beyond it)")
+	fs.IntVar(&c.PrefillScheduleInterval, "prefill-schedule-interval", 1, "while requests decode, run prefill compute only on every Nth step, counted from the last step that carried prefill, unless the waiting queue did not drain (vLLM's prefill_schedule_interval: a lower ITL tail for a higher TTFT); KV loads and near-complete prompts are never held back; 1: every step")
 	fs.IntVar(&c.MaxModelLen, "max-model-len", 0, "context window in tokens (default: the model's)")
 	fs.IntVar(&c.Threads, "threads", runtime.GOMAXPROCS(0), "compute threads")
 

@@ -14,7 +14,8 @@ func TestParseServeFlags(t *testing.T) {
 			t.Fatal(err)
 		}
 		if c.ServedModelName != "stories260K" || c.Port != 8000 || c.Host != "127.0.0.1" || c.BlockSize != 16 ||
-			c.MaxNumSeqs != 64 || c.MaxNumBatchedTokens != 2048 || c.ShutdownTimeout != 30*time.Second || c.MaxRequestBody != 16<<20 {
+			c.MaxNumSeqs != 64 || c.MaxNumBatchedTokens != 2048 || c.ShutdownTimeout != 30*time.Second || c.MaxRequestBody != 16<<20 ||
+			c.PrefillScheduleInterval != 1 {
 			t.Errorf("config %+v", c)
 		}
 	})
@@ -44,11 +45,12 @@ func TestParseServeFlags(t *testing.T) {
 		}
 	})
 	t.Run("explicit values", func(t *testing.T) {
-		c, err := parseServeFlags([]string{"--model", "m", "--served-model-name", "x", "--kv-cache-memory", "512MiB", "--log-level", "debug", "--port", "0"})
+		c, err := parseServeFlags([]string{"--model", "m", "--served-model-name", "x", "--kv-cache-memory", "512MiB", "--log-level", "debug", "--port", "0",
+			"--prefill-schedule-interval", "4"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c.ServedModelName != "x" || c.KVCacheMemory != 512<<20 || c.LogLevel.String() != "DEBUG" {
+		if c.ServedModelName != "x" || c.KVCacheMemory != 512<<20 || c.LogLevel.String() != "DEBUG" || c.PrefillScheduleInterval != 4 {
 			t.Errorf("config %+v", c)
 		}
 	})
@@ -69,6 +71,7 @@ func TestParseServeFlags(t *testing.T) {
 		{"a zero lease", []string{"--model", "m", "--kv-lease", "0s"}, "--kv-lease must be positive"},
 		{"an unknown transport", []string{"--model", "m", "--kv-transport", "rdma"}, "use auto, tcp or shm"},
 		{"an unknown failure policy", []string{"--model", "m", "--kv-load-failure-policy", "retry"}, "use fail or recompute"},
+		{"a negative prefill interval", []string{"--model", "m", "--prefill-schedule-interval", "-2"}, "--prefill-schedule-interval must be at least 1"},
 	}
 	for _, c := range bad {
 		t.Run("rejects "+c.name, func(t *testing.T) {

@@ -89,7 +89,13 @@ type Timing struct {
 	Queue time.Duration
 	// KVLoad is from admission to the end of loading the prompt's KV from
 	// another engine (a KV connector's pull); 0 when nothing was loaded.
+	// For such a request Queue is the fetch's waiting_to_start stage and
+	// KVLoad its in_progress stage.
 	KVLoad time.Duration
+	// KVReady is, after an asynchronous load, from its end to the step
+	// that first ran the request (the fetch's completed_waiting stage);
+	// 0 otherwise.
+	KVReady time.Duration
 	// Prefill is from then to the first token: computing the uncached
 	// prompt, in chunks interleaved with other requests' steps.
 	Prefill time.Duration

@@ -44,6 +44,10 @@ type Config struct {
 	MaxModelLen int
 	// LoadFailurePolicy applies to failed KV loads (default "fail").
 	LoadFailurePolicy sched.LoadFailurePolicy
+	// PrefillScheduleInterval N > 1 runs prefill compute only on every Nth
+	// step while requests decode (--prefill-schedule-interval; see
+	// sched.Config); 0 or 1 prefills on every step.
+	PrefillScheduleInterval int
 	// Metrics receives the engine's metrics; nil disables them.
 	Metrics *metrics.Engine
 	// Connector is the scheduler half of a KV connector (default none);
@@ -101,6 +105,7 @@ type Engine struct {
 	quit, abortAll          bool
 	dropHolds               bool
 	prefixQ, prefixH        uint64
+	deferred, lifted        uint64 // the scheduler's cadence counters, as last published
 	seqs                    []model.Seq
 	draws                   []draw
 	drainedClosed, stopping bool
@@ -145,7 +150,8 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.KVEvents != nil {
 		pool.SetObserver(cfg.KVEvents)
 	}
-	s, err := sched.New(sched.Config{MaxNumSeqs: cfg.MaxNumSeqs, MaxNumBatchedTokens: cfg.MaxNumBatchedTokens, LoadFailurePolicy: cfg.LoadFailurePolicy}, pool.Blocks, cfg.Connector)
+	s, err := sched.New(sched.Config{MaxNumSeqs: cfg.MaxNumSeqs, MaxNumBatchedTokens: cfg.MaxNumBatchedTokens, LoadFailurePolicy: cfg.LoadFailurePolicy,
+		PrefillScheduleInterval: cfg.PrefillScheduleInterval}, pool.Blocks, cfg.Connector)
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("engine: %w", err)

@@ -93,5 +93,11 @@ func (e *Engine) publishStats() {
 		e.m.PrefixCacheQueries.Add(float64(q - e.prefixQ))
 		e.m.PrefixCacheHits.Add(float64(h - e.prefixH))
 		e.prefixQ, e.prefixH = q, h
+		e.m.PrefillStepsDeferred.Add(float64(st.PrefillDeferredSteps - e.deferred))
+		e.m.PrefillCadenceLifted.Add(float64(st.CadenceLiftedSteps - e.lifted))
+		e.deferred, e.lifted = st.PrefillDeferredSteps, st.CadenceLiftedSteps
+		e.m.KVFetchByStage.WithLabelValues(sched.FetchWaitingToStart.String()).Set(float64(st.FetchWaiting))
+		e.m.KVFetchByStage.WithLabelValues(sched.FetchInProgress.String()).Set(float64(st.FetchInProgress))
+		e.m.KVFetchByStage.WithLabelValues(sched.FetchCompletedWaiting.String()).Set(float64(st.FetchLoaded))
 	}
 }

@@ -177,6 +177,8 @@ func (e *Engine) step() {
 			if rs.admitted.IsZero() {
 				rs.admitted = now
 			}
+			rs.started = now
+			e.fetchStages(rs, now) // an asynchronous load ended before this step
 			if rs.loaded.IsZero() && sc.Req.NumExternalTokens() > 0 {
 				rs.loaded = e.clock.Now() // a synchronous load, done in the worker's Step above
 			}

@@ -30,10 +30,11 @@ type reqState struct {
 	stopReason                     string
 	arrival, firstToken, lastToken time.Time
 	scheduled                      bool
-	// admitted and loaded time the request's way to its first token
-	// (Timing): when the scheduler first gave it blocks or a batch slot,
-	// and when a KV connector finished loading its prompt's KV.
-	admitted, loaded time.Time
+	// admitted, loaded and started time the request's way to its first
+	// token (Timing): when the scheduler first gave it blocks or a batch
+	// slot, when a KV connector finished loading its prompt's KV, and the
+	// step that first ran it.
+	admitted, loaded, started time.Time
 }
 
 // timing is rs's Timing at its first token, now.
@@ -46,9 +47,24 @@ func (rs *reqState) timing(now time.Time) *Timing {
 	computed := admitted
 	if !rs.loaded.IsZero() && rs.loaded.After(admitted) {
 		t.KVLoad, computed = rs.loaded.Sub(admitted), rs.loaded
+		if rs.started.After(rs.loaded) {
+			t.KVReady, computed = rs.started.Sub(rs.loaded), rs.started
+		}
 	}
 	t.Prefill = max(now.Sub(computed), 0)
 	return t
+}
+
+// fetchStages observes the time rs's asynchronous KV load spent in each
+// fetch stage, when the request first runs at now.
+func (e *Engine) fetchStages(rs *reqState, now time.Time) {
+	if e.m == nil || rs.loaded.IsZero() {
+		return
+	}
+	h := e.m.KVFetchStageSeconds
+	h.WithLabelValues("waiting_to_start").Observe(max(rs.admitted.Sub(rs.arrival), 0).Seconds())
+	h.WithLabelValues("in_progress").Observe(max(rs.loaded.Sub(rs.admitted), 0).Seconds())
+	h.WithLabelValues("completed_waiting").Observe(max(now.Sub(rs.loaded), 0).Seconds())
 }
 
 // Submit validates and queues a request. Its events arrive on the returned

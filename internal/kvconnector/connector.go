@@ -77,6 +77,10 @@ type ConnectorConfig struct {
 	// NotifyTimeout bounds telling a prefill to free KV it does not need to
 	// send (default kvxfer.DefaultDialTimeout).
 	NotifyTimeout time.Duration
+	// PullTimeout is a pull's deadline, from its start (DefaultPullTimeout):
+	// a pull that has not completed by then is cancelled and fails (reason
+	// io), and the load-failure policy handles its request.
+	PullTimeout time.Duration
 	// Clock stamps and expires leases (default: the system clock).
 	Clock   clock.Clock
 	Metrics *metrics.Engine // may be nil
@@ -195,6 +199,10 @@ const (
 	DefaultRecomputeThreshold = 64
 )
 
+// DefaultPullTimeout is ConnectorConfig.PullTimeout's default: far above any
+// transfer's time, so that only a pull that is stuck reaches it.
+const DefaultPullTimeout = 2 * time.Minute
+
 // NewConnector validates cfg. Start attaches it to its engine.
 func NewConnector(cfg ConnectorConfig) (*Connector, error) {
 	if cfg.Role == "" {
@@ -214,6 +222,9 @@ func NewConnector(cfg ConnectorConfig) (*Connector, error) {
 	}
 	if cfg.NotifyTimeout <= 0 {
 		cfg.NotifyTimeout = kvxfer.DefaultDialTimeout
+	}
+	if cfg.PullTimeout <= 0 {
+		cfg.PullTimeout = DefaultPullTimeout
 	}
 	if cfg.Port < 0 || cfg.Port > 65535 {
 		return nil, fmt.Errorf("kvxfer: --kv-port %d is not a TCP port", cfg.Port)

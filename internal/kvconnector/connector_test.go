@@ -103,6 +103,10 @@ type pdOpts struct {
 	abandoned bool
 	// secret, when set, is the cluster's KV secret (params are signed)
 	secret kvxfer.Secret
+	// tuneEngine and tuneConn, if set, change the engine's and the
+	// connector's config last
+	tuneEngine func(*engine.Config)
+	tuneConn   func(*ConnectorConfig)
 }
 
 type pdEngine struct {
@@ -123,17 +127,24 @@ func newPD(t *testing.T, o pdOpts) *pdEngine {
 		LoadFailurePolicy: o.policy, Metrics: pe.m, Logger: discardLogger(),
 	}
 	if o.role != "" {
-		c, err := NewConnector(ConnectorConfig{
+		cc := ConnectorConfig{
 			Role: o.role, EngineID: cmp.Or(o.engineID, uuid.NewString()), ModelFingerprint: m.Fingerprint(),
 			Host: "127.0.0.1", Port: o.port, Lease: o.lease, Transport: o.transport,
 			Bidirectional: o.bidirectional, DecodeHoldTTL: o.holdTTL, RecomputeThreshold: o.threshold, Secret: o.secret,
 			HeartbeatInterval: 10 * time.Millisecond, SweepInterval: 5 * time.Millisecond, Clock: o.clock, Metrics: pe.m, Logger: discardLogger(),
-		})
+		}
+		if o.tuneConn != nil {
+			o.tuneConn(&cc)
+		}
+		c, err := NewConnector(cc)
 		if err != nil {
 			t.Fatal(err)
 		}
 		pe.c = c
 		cfg.Connector, cfg.KVWorker = c, c
+	}
+	if o.tuneEngine != nil {
+		o.tuneEngine(&cfg)
 	}
 	e, err := engine.New(cfg)
 	if err != nil {

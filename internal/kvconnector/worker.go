@@ -94,7 +94,7 @@ func (c *Connector) startPull(j pullJob) {
 		c.report(failedLoad(j, errors.New("kv connector closed")))
 		return
 	}
-	ctx, cancel := context.WithCancel(c.base)
+	ctx, cancel := context.WithTimeout(c.base, c.cfg.PullTimeout)
 	c.inflight[j.id] = cancel
 	c.wg.Add(1)
 	c.mu.Unlock()
@@ -105,6 +105,9 @@ func (c *Connector) startPull(j pullJob) {
 			err = fmt.Errorf("kv pull of request %q: %d remote blocks for %d local ones (engine bug)", j.id, len(j.params.BlockIDs), len(j.blocks))
 		} else {
 			err = c.cons.Pull(ctx, j.params, dst)
+		}
+		if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("kv pull did not complete within its %v deadline: %w", c.cfg.PullTimeout, err)
 		}
 		c.cons.Unwatch(j.params.Peer(), j.params.RequestID)
 		c.mu.Lock()

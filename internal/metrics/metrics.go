@@ -44,7 +44,26 @@ type Engine struct {
 	HistoryTokensPulled prometheus.Counter
 	// ConversationHolds is the number of conversations a decode holds.
 	ConversationHolds prometheus.Gauge
+
+	// PrefillStepsDeferred counts steps in which the prefill cadence
+	// (--prefill-schedule-interval) held prefill compute back while
+	// requests decoded; PrefillCadenceLifted counts off-cadence steps that
+	// ran prefill because the capacity-bound guard was set (the waiting
+	// queue did not drain at the last admitting step).
+	PrefillStepsDeferred prometheus.Counter
+	PrefillCadenceLifted prometheus.Counter
+	// KVFetchByStage counts the requests whose KV comes from a remote
+	// engine by fetch stage (stage=waiting_to_start|in_progress|
+	// completed_waiting), under the name third-party vLLM scrapers read.
+	KVFetchByStage *prometheus.GaugeVec
+	// KVFetchStageSeconds is the time a request's KV fetch spent in each
+	// stage, observed when the request first runs.
+	KVFetchStageSeconds *prometheus.HistogramVec
 }
+
+// KVFetchStages are the stage label values of KVFetchByStage and
+// KVFetchStageSeconds, in the order a fetch goes through them.
+var KVFetchStages = []string{"waiting_to_start", "in_progress", "completed_waiting"}
 
 var latencyBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
 
@@ -100,6 +119,16 @@ func NewEngine(modelName string) *Engine {
 	e.HistoryRecomputed = cv("tandem:kv_history_recomputed_total", "Turn-2 prefills that computed the conversation history locally instead of pulling it, by reason.", "reason")
 	e.HistoryTokensPulled = c("tandem:kv_history_tokens_pulled_total", "Conversation-history tokens turn-2 prefills pulled from a decode engine.")
 	e.ConversationHolds = g("tandem:kv_conversation_holds", "Conversations whose KV this decode engine holds for the next turn.")
+	e.PrefillStepsDeferred = c("tandem:prefill_steps_deferred_total", "Steps in which the prefill cadence deferred prefill compute while requests decoded.")
+	e.PrefillCadenceLifted = c("tandem:prefill_cadence_lifted_total", "Off-cadence steps that ran prefill because the waiting queue did not drain (capacity-bound guard).")
+	e.KVFetchByStage = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vllm:num_requests_kv_fetch_by_stage", Help: "Requests whose KV is fetched from a remote engine, by fetch stage.", ConstLabels: l}, []string{"stage"})
+	f(e.KVFetchByStage)
+	e.KVFetchStageSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tandem:kv_fetch_stage_seconds", Help: "Histogram of the time a request's remote KV fetch spent in each stage.", ConstLabels: l, Buckets: latencyBuckets}, []string{"stage"})
+	f(e.KVFetchStageSeconds)
+	for _, st := range KVFetchStages {
+		e.KVFetchByStage.WithLabelValues(st)
+		e.KVFetchStageSeconds.WithLabelValues(st)
+	}
 	return e
 }
 

@@ -13,13 +13,15 @@ import (
 // or chat answer carries, in milliseconds, where the engine's part of its
 // time to first token went (engine.Timing):
 //
-//	Server-Timing: api;dur=0.310, queue;dur=1.204, kv_pull;dur=35.871, prefill;dur=12.530
+//	Server-Timing: api;dur=0.310, queue;dur=1.204, kv_pull;dur=35.871, kv_ready;dur=0.412, prefill;dur=12.530
 //
 // api is the server's own time before the engine had the request (reading,
 // validating and tokenizing it), queue the wait for admission, kv_pull the
-// load of the prompt's KV from a prefill engine (present only when KV was
-// loaded), prefill the compute of the uncached prompt up to the first
-// token. The P/D proxy
+// load of the prompt's KV from a prefill engine and kv_ready the wait from
+// its end to the step that first ran the request (both present only when
+// KV was loaded: queue, kv_pull and kv_ready are then the fetch's stages
+// waiting_to_start, in_progress and completed_waiting), prefill the
+// compute of the uncached prompt up to the first token. The P/D proxy
 // appends its own entries (prefill_leg, proxy) to the decode engine's.
 const HeaderServerTiming = "Server-Timing"
 
@@ -32,7 +34,7 @@ func ServerTimingEntry(name string, d time.Duration) string {
 func formatTiming(t *engine.Timing, api time.Duration) string {
 	parts := []string{ServerTimingEntry("api", api), ServerTimingEntry("queue", t.Queue)}
 	if t.KVLoad > 0 {
-		parts = append(parts, ServerTimingEntry("kv_pull", t.KVLoad))
+		parts = append(parts, ServerTimingEntry("kv_pull", t.KVLoad), ServerTimingEntry("kv_ready", t.KVReady))
 	}
 	parts = append(parts, ServerTimingEntry("prefill", t.Prefill))
 	return strings.Join(parts, ", ")

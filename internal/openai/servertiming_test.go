@@ -18,8 +18,8 @@ func TestFormatTiming(t *testing.T) {
 	}{
 		{"a local request has no kv_pull", engine.Timing{Queue: 1500 * time.Microsecond, Prefill: 12 * time.Millisecond}, 310 * time.Microsecond,
 			"api;dur=0.310, queue;dur=1.500, prefill;dur=12.000"},
-		{"a remote decode's KV load comes between", engine.Timing{Queue: 0, KVLoad: 35871 * time.Microsecond, Prefill: 2530 * time.Microsecond}, 0,
-			"api;dur=0.000, queue;dur=0.000, kv_pull;dur=35.871, prefill;dur=2.530"},
+		{"a remote decode's KV load and its wait to run come between", engine.Timing{Queue: 0, KVLoad: 35871 * time.Microsecond, KVReady: 412 * time.Microsecond, Prefill: 2530 * time.Microsecond}, 0,
+			"api;dur=0.000, queue;dur=0.000, kv_pull;dur=35.871, kv_ready;dur=0.412, prefill;dur=2.530"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -59,6 +59,70 @@
 // preempted. A request whose prompt plus maximum output can never fit in the
 // whole pool finishes with FINISHED_ERROR instead of cycling forever.
 //
+// With the budget or the seats spent, the scan of the queue goes on for
+// requests whose KV the connector loads asynchronously: they are admitted
+// into WAITING_FOR_REMOTE_KVS with zero tokens scheduled, so their loads
+// overlap the running requests' steps instead of waiting for budget (vLLM
+// #41784, #55724).
+//
+// # Prefill cadence
+//
+// With Config.PrefillScheduleInterval N > 1 (vLLM's
+// prefill_schedule_interval), a step is on cadence when at least N steps
+// that scheduled something have passed since the last step that carried
+// heavy prefill compute; an engine has no global grid, so the clock is this
+// step count, not time. On an off-cadence step in which a running request
+// decodes, every heavy prefill is deferred: continuing chunks and new
+// admissions alike. With no decode to run in its place nothing is deferred,
+// so the interval never leaves the engine idle.
+//
+// The capacity-bound guard: after a step that admitted a heavy prefill and
+// preempted nothing, the scheduler remembers whether requests (other than
+// loading ones) still wait; while that is so, off-cadence steps are not
+// throttled, or the queue would grow at saturation. A step that preempted
+// admits nothing, so it leaves the guard as it was.
+//
+// Work is light when the request has at most one block's worth of tokens
+// left to compute before it decodes: a request whose KV was loaded (only
+// its last prompt token is left), a near-total prefix-cache hit, the last
+// small chunk of a prompt. Light work and async-load admissions (which
+// compute nothing) run on off-cadence steps too, and neither restarts the
+// clock: their cost is a decode's, and a pull should start at once. On a
+// prefill-role engine nothing decodes, so the cadence is inert; on a
+// decode-role engine it lets every decode leg through and defers only the
+// engine's own compute: recomputes after a failed load or a preemption,
+// and plain requests. Stats counts the steps it deferred and those the
+// guard lifted.
+//
+// # KV loads
+//
+// An async load allocates blocks for all the tokens it loads when it
+// starts. Its request is not preemptible while it loads (the connector is
+// writing into its blocks): under memory pressure running requests are
+// preempted instead. Three bounds keep loads from starving the rest:
+//
+//   - At most Config.MaxConcurrentLoads loads are in flight; further
+//     requests with KV to load wait (fetch stage waiting_to_start).
+//   - Loads in flight and loaded requests not running yet hold at most
+//     Config.MaxLoadShare of the pool, except that a load that finds no
+//     other in flight may take more, so no request is too large to load.
+//   - A new load may not take the blocks that requests in flight still
+//     need to reach their first decode (vLLM's _inflight_prefills): the
+//     rest of the prompt of running prefills, and what follows the loaded
+//     tokens of loading and loaded requests. So concurrent loads can
+//     neither deadlock each other nor starve a running prefill.
+//
+// A load admitted past the budget jumps the queue, so it must not keep an
+// earlier request out of memory: when the head of the queue lacks blocks,
+// loaded requests queued behind it give theirs back (newest first; the
+// loaded full blocks stay in the prefix cache, so they usually find them
+// again). Request.FetchStage and Stats report each request's stage:
+// waiting_to_start, in_progress (WAITING_FOR_REMOTE_KVS) and
+// completed_waiting (loaded, not scheduled yet). A load that never
+// completes is the connector's to end: it reports the request in
+// finished_recving with its blocks invalid, and the load-failure policy
+// applies.
+//
 // HasWork tells the caller whether another Schedule could change anything.
 // Requests loading their KV do not count, and after a Schedule that changed
 // nothing (every waiting request blocked on memory, nothing running) neither

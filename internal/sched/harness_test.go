@@ -150,6 +150,7 @@ func ids(sched []Scheduled) []string {
 type testConnector struct {
 	offer      map[string]int // external tokens offered beyond the local hit, -1: all the rest
 	async      map[string]bool
+	once       map[string]bool // offer only until a load is allocated, as a real connector does
 	delayFree  map[string]bool
 	retry      map[string]int // ErrRetryLater this many times
 	fail       map[string]error
@@ -162,7 +163,7 @@ type testConnector struct {
 }
 
 func newTestConnector() *testConnector {
-	return &testConnector{offer: map[string]int{}, async: map[string]bool{}, delayFree: map[string]bool{}, retry: map[string]int{},
+	return &testConnector{offer: map[string]int{}, async: map[string]bool{}, once: map[string]bool{}, delayFree: map[string]bool{}, retry: map[string]int{},
 		fail: map[string]error{}, finished: map[string]int{}, localSeen: map[string]int{}, blocksSeen: map[string][]int32{}}
 }
 
@@ -189,6 +190,9 @@ func (c *testConnector) GetNumNewMatchedTokens(r *Request, local int) (int, bool
 
 func (c *testConnector) UpdateStateAfterAlloc(r *Request, blocks []int32, ext int) {
 	c.allocs = append(c.allocs, fmt.Sprintf("%s:%d", r.ID, ext))
+	if c.once[r.ID] {
+		delete(c.offer, r.ID)
+	}
 	c.blocksSeen[r.ID] = append([]int32(nil), blocks...)
 }
 

@@ -96,9 +96,53 @@ type Request struct {
 	// sync load failed under it).
 	discard bool
 
+	// fetch is the stage of a KV fetch from a remote engine.
+	fetch FetchStage
+
 	// Held after finishing: waiting for finished_recving / finished_sending.
 	holdRecv, holdSend bool
 	errMsg             string
+}
+
+// FetchStage is where a request whose KV comes from a remote engine is on
+// its way to running (the stage label of
+// vllm:num_requests_kv_fetch_by_stage).
+type FetchStage int
+
+const (
+	// FetchNone: no fetch pending (none offered, or the request runs).
+	FetchNone FetchStage = iota
+	// FetchWaitingToStart: the connector offered a load that has not
+	// started: the loads' bounds or memory hold it back.
+	FetchWaitingToStart
+	// FetchInProgress: WAITING_FOR_REMOTE_KVS.
+	FetchInProgress
+	// FetchCompletedWaiting: loaded, waiting to be scheduled.
+	FetchCompletedWaiting
+)
+
+var fetchStageNames = [...]string{FetchNone: "", FetchWaitingToStart: "waiting_to_start", FetchInProgress: "in_progress", FetchCompletedWaiting: "completed_waiting"}
+
+// String returns the stage's metric label ("" for FetchNone).
+func (f FetchStage) String() string {
+	if f >= 0 && int(f) < len(fetchStageNames) {
+		return fetchStageNames[f]
+	}
+	return "unknown"
+}
+
+// FetchStages lists the stages a fetch goes through, in order.
+var FetchStages = []FetchStage{FetchWaitingToStart, FetchInProgress, FetchCompletedWaiting}
+
+// FetchStage returns the request's KV fetch stage.
+func (r *Request) FetchStage() FetchStage {
+	if r.status == WaitingForRemoteKVs {
+		return FetchInProgress
+	}
+	if r.status != Waiting && r.status != Preempted {
+		return FetchNone
+	}
+	return r.fetch
 }
 
 // Status returns the request's state.

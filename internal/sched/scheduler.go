@@ -19,7 +19,26 @@ type Config struct {
 	// LoadFailurePolicy applies to blocks the connector failed to load
 	// (default LoadFailureFail, as vLLM).
 	LoadFailurePolicy LoadFailurePolicy
+	// PrefillScheduleInterval N > 1 is vLLM's prefill_schedule_interval:
+	// while requests decode, prefill compute runs only on a step at least N
+	// steps after the last one that carried prefill (see the package
+	// documentation, "Prefill cadence"). 0 and 1 mean every step.
+	PrefillScheduleInterval int
+	// MaxConcurrentLoads bounds the asynchronous KV loads in flight
+	// (default DefaultMaxConcurrentLoads); further requests with KV to
+	// load wait for one to end.
+	MaxConcurrentLoads int
+	// MaxLoadShare is the share of the pool's blocks that loads in flight
+	// may hold together (default DefaultMaxLoadShare). A load that finds
+	// no other in flight may take more, so no request is too large to load.
+	MaxLoadShare float64
 }
+
+// Defaults of Config's load bounds.
+const (
+	DefaultMaxConcurrentLoads = 8
+	DefaultMaxLoadShare       = 0.5
+)
 
 // Scheduled is one request's work in a step: compute Tokens at positions
 // Pos, Pos+1, ... into the blocks of Blocks, and sample the next token after
@@ -79,6 +98,16 @@ type Stats struct {
 	Held int
 	// Preemptions is the total number of preemptions so far.
 	Preemptions uint64
+	// FetchWaiting, FetchInProgress and FetchLoaded count the requests
+	// whose KV comes from a remote engine by fetch stage: the connector
+	// offered a load that has not started (load bound or memory),
+	// WAITING_FOR_REMOTE_KVS, and loaded but not scheduled yet.
+	FetchWaiting, FetchInProgress, FetchLoaded int
+	// PrefillDeferredSteps counts steps in which the prefill cadence held
+	// back prefill compute that could have run; CadenceLiftedSteps counts
+	// off-cadence steps that ran prefill because the capacity-bound guard
+	// was set.
+	PrefillDeferredSteps, CadenceLiftedSteps uint64
 }
 
 // Scheduler decides what each engine step computes. It is not safe for
@@ -103,6 +132,15 @@ type Scheduler struct {
 	shortOfBlocks bool
 
 	preemptions uint64
+
+	// The prefill cadence: sincePrefill steps (that scheduled something)
+	// since the last one that carried prefill compute, saturating at the
+	// interval; capacityBound is the guard, set after an admitting step
+	// that preempted nothing left requests waiting.
+	sincePrefill  int
+	capacityBound bool
+	deferred      uint64
+	lifted        uint64
 }
 
 // New returns a scheduler allocating from pool. A nil connector means
@@ -120,8 +158,23 @@ func New(cfg Config, pool *kvcache.Blocks, conn Connector) (*Scheduler, error) {
 	if cfg.LoadFailurePolicy == "" {
 		cfg.LoadFailurePolicy = LoadFailureFail
 	}
+	if cfg.PrefillScheduleInterval == 0 {
+		cfg.PrefillScheduleInterval = 1
+	}
+	if cfg.MaxConcurrentLoads == 0 {
+		cfg.MaxConcurrentLoads = DefaultMaxConcurrentLoads
+	}
+	if cfg.MaxLoadShare == 0 {
+		cfg.MaxLoadShare = DefaultMaxLoadShare
+	}
 	if cfg.MaxNumSeqs < 0 || cfg.MaxNumBatchedTokens < 0 {
 		return nil, fmt.Errorf("sched: max-num-seqs %d and max-num-batched-tokens %d must be positive", cfg.MaxNumSeqs, cfg.MaxNumBatchedTokens)
+	}
+	if cfg.PrefillScheduleInterval < 0 {
+		return nil, fmt.Errorf("sched: prefill schedule interval %d must be at least 1 (1: prefill on every step)", cfg.PrefillScheduleInterval)
+	}
+	if cfg.MaxConcurrentLoads < 0 || cfg.MaxLoadShare < 0 || cfg.MaxLoadShare > 1 {
+		return nil, fmt.Errorf("sched: max concurrent loads %d must be positive and the loads' pool share %v in (0, 1]", cfg.MaxConcurrentLoads, cfg.MaxLoadShare)
 	}
 	if cfg.LoadFailurePolicy != LoadFailureFail && cfg.LoadFailurePolicy != LoadFailureRecompute {
 		return nil, fmt.Errorf("sched: unknown KV load failure policy %q: use %q or %q", cfg.LoadFailurePolicy, LoadFailureFail, LoadFailureRecompute)
@@ -129,7 +182,7 @@ func New(cfg Config, pool *kvcache.Blocks, conn Connector) (*Scheduler, error) {
 	if conn == nil {
 		conn = NoConnector{}
 	}
-	return &Scheduler{cfg: cfg, pool: pool, conn: conn, reqs: make(map[string]*Request)}, nil
+	return &Scheduler{cfg: cfg, pool: pool, conn: conn, reqs: make(map[string]*Request), sincePrefill: cfg.PrefillScheduleInterval}, nil
 }
 
 // Config returns the configuration with defaults applied.
@@ -154,6 +207,7 @@ func (s *Scheduler) Add(r *Request) error {
 	r.status = Waiting
 	r.tokens = slices.Clip(slices.Clone(r.Prompt))
 	r.numComputed, r.blocks, r.hashes, r.numCachedBlocks = 0, nil, nil, 0
+	r.fetch = FetchNone
 	r.numCachedTokens, r.numExternalTokens, r.numPreemptions = -1, 0, 0
 	r.firstInvalid = -1
 	s.reqs[r.ID] = r
@@ -196,7 +250,19 @@ func (s *Scheduler) Fail(id, msg string) bool {
 
 // Stats returns the queue lengths.
 func (s *Scheduler) Stats() Stats {
-	return Stats{Running: len(s.running), Waiting: len(s.waiting), Held: len(s.reqs) - len(s.running) - len(s.waiting), Preemptions: s.preemptions}
+	st := Stats{Running: len(s.running), Waiting: len(s.waiting), Held: len(s.reqs) - len(s.running) - len(s.waiting), Preemptions: s.preemptions,
+		PrefillDeferredSteps: s.deferred, CadenceLiftedSteps: s.lifted}
+	for _, r := range s.waiting {
+		switch r.FetchStage() {
+		case FetchWaitingToStart:
+			st.FetchWaiting++
+		case FetchInProgress:
+			st.FetchInProgress++
+		case FetchCompletedWaiting:
+			st.FetchLoaded++
+		}
+	}
+	return st
 }
 
 // ShortOfBlocks reports whether the last Schedule left a waiting request
@@ -251,8 +317,20 @@ func (s *Scheduler) Schedule() *Output {
 	budget := s.cfg.MaxNumBatchedTokens
 	where := make(map[*Request]int) // index in out.Scheduled
 
+	// The cadence: an off-cadence step defers heavy prefill compute while a
+	// request decodes in its place, unless the capacity-bound guard is set.
+	offCadence := s.sincePrefill+1 < s.cfg.PrefillScheduleInterval
+	deferPrefill := false
+	prefill := false  // heavy prefill compute scheduled
+	admitted := false // a heavy prefill admitted from the queue
+	pending := false  // heavy prefill compute the cadence held back
+
 	// Running requests: decodes first, then continuing prefills.
+	throttled := false // off cadence, with decodes to run in prefill's place
 	for pass := range 2 {
+		if pass == 1 && offCadence && len(out.Scheduled) > 0 {
+			throttled, deferPrefill = true, !s.capacityBound
+		}
 		for i := 0; i < len(s.running) && budget > 0; i++ {
 			r := s.running[i]
 			if _, done := where[r]; done || r.decoding() != (pass == 0) {
@@ -260,6 +338,11 @@ func (s *Scheduler) Schedule() *Output {
 			}
 			n := min(len(r.tokens)-r.numComputed, budget)
 			if n <= 0 {
+				continue
+			}
+			heavy := pass == 1 && !s.light(r, r.numComputed)
+			if heavy && deferPrefill {
+				pending = true
 				continue
 			}
 			fits := true
@@ -285,39 +368,70 @@ func (s *Scheduler) Schedule() *Output {
 			if !fits {
 				break // r was the newest; everything after it is gone too
 			}
+			prefill = prefill || heavy
 			where[r] = len(out.Scheduled)
 			out.Scheduled = append(out.Scheduled, s.scheduled(r, r.numComputed, n))
 			budget -= n
 		}
 	}
 
-	// Waiting requests, FCFS, unless this step had to preempt.
+	// Waiting requests, FCFS, unless this step had to preempt. With the
+	// budget or the seats spent, the scan goes on for requests whose KV
+	// loads from elsewhere (they compute nothing this step, and their load
+	// overlaps the running requests); on a deferring off-cadence step it
+	// admits only those and light requests.
 	changed := false // state changed that out does not show
-	for i := 0; len(out.Preempted) == 0 && i < len(s.waiting) && budget > 0 && len(s.running) < s.cfg.MaxNumSeqs; {
+	_, noLoads := s.conn.(NoConnector)
+	for i := 0; len(out.Preempted) == 0 && i < len(s.waiting); {
 		r := s.waiting[i]
 		if r.status == WaitingForRemoteKVs {
 			i++
 			continue
 		}
-		admitted, skip, released := s.admit(r, budget, out)
-		changed = changed || released
-		if skip {
+		full := budget <= 0 || len(s.running) >= s.cfg.MaxNumSeqs
+		if full && noLoads {
+			break // nothing is ever loaded: no need to look further
+		}
+		mode := admitAny
+		switch {
+		case full:
+			mode = admitLoads
+		case deferPrefill:
+			mode = admitLight
+		}
+		res := s.admit(r, budget, mode)
+		if res == admitPass {
+			pending = pending || mode == admitLight && r.fetch != FetchWaitingToStart
+			i++
+			continue
+		}
+		if res == admitSkip {
 			// Skipped for the connector (retry later: it may be ready next
 			// step) or finished with an error (in out.Finished).
 			changed = true
 			i++
 			continue
 		}
-		if !admitted {
+		if res == admitReleased {
+			changed = true
+			break
+		}
+		if res == admitShort {
+			if mode != admitLoads && s.reclaim(i) {
+				changed = true
+				continue // try the head again
+			}
 			break // head of line waits for memory
 		}
 		changed = true
-		if r.status == WaitingForRemoteKVs {
+		if res == admitLoad {
 			i++
 			continue
 		}
+		heavy := !s.light(r, r.numComputed)
+		prefill, admitted = prefill || heavy, admitted || heavy
 		s.waiting = slices.Delete(s.waiting, i, i+1)
-		r.status = Running
+		r.status, r.fetch = Running, FetchNone
 		s.running = append(s.running, r)
 		n := min(len(r.tokens)-r.numComputed, budget)
 		out.Scheduled = append(out.Scheduled, s.scheduled(r, r.numComputed, n))
@@ -327,30 +441,95 @@ func (s *Scheduler) Schedule() *Output {
 	for _, sc := range out.Scheduled {
 		out.NumTokens += len(sc.Tokens)
 	}
+	s.tick(out, prefill, admitted, deferPrefill && pending, throttled && !deferPrefill && prefill)
 	out.Finished, s.finished = s.finished, nil
 	out.ConnectorMeta = s.conn.BuildConnectorMeta(out)
 	s.stalled = !changed && len(out.Scheduled) == 0 && len(out.Preempted) == 0 && len(out.Finished) == 0
 	return out
 }
 
+// tick advances the cadence clock after a step: it restarts when the step
+// carried heavy prefill compute and counts the step otherwise (a step that
+// scheduled nothing does not count; loads and light admissions neither
+// restart nor count against it beyond their step). The capacity-bound guard
+// is set after a step that admitted heavy prefill and preempted nothing if
+// requests still wait for compute; a preempting step leaves it as it was.
+func (s *Scheduler) tick(out *Output, prefill, admitted, deferred, lifted bool) {
+	if s.cfg.PrefillScheduleInterval <= 1 {
+		return
+	}
+	switch {
+	case prefill:
+		s.sincePrefill = 0
+	case len(out.Scheduled) > 0:
+		s.sincePrefill = min(s.sincePrefill+1, s.cfg.PrefillScheduleInterval)
+	}
+	if admitted && len(out.Preempted) == 0 {
+		s.capacityBound = false
+		for _, r := range s.waiting {
+			if r.status != WaitingForRemoteKVs {
+				s.capacityBound = true
+				break
+			}
+		}
+	}
+	if deferred {
+		s.deferred++
+	}
+	if lifted {
+		s.lifted++
+	}
+}
+
+// light reports whether r, with computed tokens done, has at most one
+// block's worth of tokens left to compute before it decodes: a request
+// whose KV was loaded (only its last prompt token is left), a near-total
+// prefix-cache hit, the last small chunk of a prefill. The cadence lets
+// light work through on every step and does not count it as prefill: it
+// costs about what a decode does.
+func (s *Scheduler) light(r *Request, computed int) bool {
+	return len(r.tokens)-computed <= s.pool.BlockSize()
+}
+
+// admitMode is what a waiting request may be admitted for in a step.
+type admitMode int
+
+const (
+	admitAny   admitMode = iota
+	admitLight           // deferring off-cadence step: KV loads and light requests
+	admitLoads           // budget or seats spent: KV loads only
+)
+
+// admission is admit's outcome.
+type admission int
+
+const (
+	admitShort    admission = iota // too few free blocks: the head of line waits
+	admitCompute                   // blocks given: schedule its next chunk
+	admitLoad                      // asynchronous KV load started
+	admitPass                      // not this step (mode, load bounds): look further, nothing changed
+	admitSkip                      // connector not ready, or finished with an error: look further
+	admitReleased                  // gave its loaded blocks back for lack of room: the head waits
+)
+
 // admit gives waiting request r the blocks it needs to compute its next
 // chunk of at most budget tokens (or to load its external tokens), looking
-// up the prefix cache and asking the connector first when r has no KV. It
-// returns admitted=false when memory is short, skip=true when r must be
-// passed over this step (connector not ready, or r finished with an error),
-// and released=true when r gave back blocks it held.
-func (s *Scheduler) admit(r *Request, budget int, out *Output) (admitted, skip, released bool) {
+// up the prefix cache and asking the connector first when r has no KV.
+func (s *Scheduler) admit(r *Request, budget int, mode admitMode) admission {
 	if len(r.blocks) > 0 {
 		// KV loaded by the connector: only the rest needs blocks. If even
 		// that does not fit, give the blocks back (the loaded full blocks
 		// stay in the prefix cache) rather than sit on them.
+		if mode == admitLoads || mode == admitLight && !s.light(r, r.numComputed) {
+			return admitPass
+		}
 		n := min(len(r.tokens)-r.numComputed, budget)
 		if s.growBlocks(r, r.numComputed+n) {
-			return true, false, false
+			return admitCompute
 		}
 		s.release(r)
-		r.numComputed, r.numCachedBlocks = 0, 0
-		return false, false, true
+		r.numComputed, r.numCachedBlocks, r.fetch = 0, 0, FetchNone
+		return admitReleased
 	}
 
 	bs := s.pool.BlockSize()
@@ -361,15 +540,15 @@ func (s *Scheduler) admit(r *Request, budget int, out *Output) (admitted, skip, 
 
 	ext, async, err := s.conn.GetNumNewMatchedTokens(r, local)
 	if errors.Is(err, ErrRetryLater) {
-		return false, true, false
+		return admitSkip
 	}
 	if err != nil {
 		s.finish(r, FinishedError, fmt.Sprintf("kv connector: %v", err))
-		return false, true, false
+		return admitSkip
 	}
 	if ext < 0 || local+ext > len(r.tokens) || (async && ext == 0) {
 		s.finish(r, FinishedError, fmt.Sprintf("kv connector offered %d external tokens (async %v) after %d local ones for a %d-token request", ext, async, local, len(r.tokens)))
-		return false, true, false
+		return admitSkip
 	}
 	var target int // tokens that need blocks now
 	if async {
@@ -377,6 +556,9 @@ func (s *Scheduler) admit(r *Request, budget int, out *Output) (admitted, skip, 
 	} else {
 		ext = min(ext, len(r.tokens)-1-local) // a sync load still leaves a token to compute
 		target = local + ext + min(len(r.tokens)-local-ext, budget)
+		if mode == admitLoads || mode == admitLight && !s.light(r, local+ext) {
+			return admitPass
+		}
 	}
 
 	need := s.blocksFor(target) - len(hit)
@@ -386,15 +568,29 @@ func (s *Scheduler) admit(r *Request, budget int, out *Output) (admitted, skip, 
 			take++ // a cached free block leaves the free list too
 		}
 	}
-	if take > s.pool.FreeBlocks() {
+	free := s.pool.FreeBlocks()
+	if async {
+		// A new load may not take the blocks that loads and prefills in
+		// flight still need, nor more than the loads' share of the pool.
+		n, held := s.loadsInFlight()
+		if n >= s.cfg.MaxConcurrentLoads || n > 0 && float64(held+s.blocksFor(target)) > s.cfg.MaxLoadShare*float64(s.pool.NumBlocks()) {
+			r.fetch = FetchWaitingToStart
+			return admitPass
+		}
+		free -= s.reserved()
+	}
+	if take > free {
+		if async {
+			r.fetch = FetchWaitingToStart
+		}
 		s.shortOfBlocks = true
-		return false, false, false
+		return admitShort
 	}
 	s.pool.Touch(hit)
 	fresh, ok := s.pool.Allocate(need)
 	if !ok { // cannot happen after the check above; keep the pool consistent anyway
 		s.pool.Free(hit)
-		return false, false, false
+		return admitShort
 	}
 	r.blocks = append(hit, fresh...)
 	r.numCachedBlocks = len(hit)
@@ -407,14 +603,67 @@ func (s *Scheduler) admit(r *Request, budget int, out *Output) (admitted, skip, 
 	if ext > 0 {
 		r.loadStart, r.loadEnd, r.firstInvalid, r.loadErr = local, local+ext, -1, ""
 		if async {
-			r.status = WaitingForRemoteKVs
-			return true, false, false
+			r.status, r.fetch = WaitingForRemoteKVs, FetchInProgress
+			return admitLoad
 		}
 		r.syncLoad = true
 		r.numComputed = local + ext
 		r.numExternalTokens += ext
 	}
-	return true, false, false
+	return admitCompute
+}
+
+// loadsInFlight returns how many asynchronous loads are in flight, and how
+// many blocks they and the loaded requests not running yet hold.
+func (s *Scheduler) loadsInFlight() (n, blocks int) {
+	for _, r := range s.waiting {
+		if r.status == WaitingForRemoteKVs {
+			n++
+		}
+		blocks += len(r.blocks)
+	}
+	return n, blocks
+}
+
+// reclaim frees the blocks of the newest loaded request queued behind
+// s.waiting[head] (one whose load ended and that waits for a seat or the
+// budget), so that the head, short of blocks, can go first: a load started
+// out of order, past the budget, never keeps an earlier request out of
+// memory. The loaded full blocks stay in the prefix cache, so the request
+// usually finds them again; what was evicted meanwhile it computes. It
+// reports whether it freed anything. Requests still loading are never
+// reclaimed: their blocks are being written.
+func (s *Scheduler) reclaim(head int) bool {
+	for j := len(s.waiting) - 1; j > head; j-- {
+		r := s.waiting[j]
+		if r.status == WaitingForRemoteKVs || len(r.blocks) == 0 {
+			continue
+		}
+		s.release(r)
+		r.numComputed, r.numCachedBlocks, r.fetch = 0, 0, FetchNone
+		return true
+	}
+	return false
+}
+
+// reserved is how many more blocks the requests in flight need to reach
+// their first decode (vLLM's _inflight_prefills): running prefills for the
+// rest of their prompt, loading and loaded requests for what follows the
+// loaded tokens. A new load may not take them, so concurrent loads can
+// neither deadlock each other nor starve a running prefill of blocks.
+func (s *Scheduler) reserved() int {
+	n := 0
+	for _, r := range s.running {
+		if !r.decoding() {
+			n += max(s.blocksFor(len(r.tokens))-len(r.blocks), 0)
+		}
+	}
+	for _, r := range s.waiting {
+		if len(r.blocks) > 0 {
+			n += max(s.blocksFor(len(r.tokens))-len(r.blocks), 0)
+		}
+	}
+	return n
 }
 
 // growBlocks makes r's block table cover tokens, reporting false (and
@@ -645,6 +894,7 @@ func (s *Scheduler) markInvalid(ids []int32) {
 func (s *Scheduler) promote(r *Request) {
 	end := r.loadEnd
 	r.status = Waiting // the load is over: nothing writes into the blocks any more
+	r.fetch = FetchCompletedWaiting
 	if r.firstInvalid >= 0 {
 		if s.cfg.LoadFailurePolicy == LoadFailureFail {
 			s.finish(r, FinishedError, s.loadFailure(r, r.firstInvalid))

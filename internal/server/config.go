@@ -51,6 +51,10 @@ type Config struct {
 	// MaxNumBatchedTokens is the most tokens in one step
 	// (--max-num-batched-tokens).
 	MaxNumBatchedTokens int
+	// PrefillScheduleInterval N > 1 runs prefill compute only on every Nth
+	// step while requests decode (--prefill-schedule-interval); 0 and 1
+	// prefill on every step.
+	PrefillScheduleInterval int
 	// MaxModelLen is the context window in tokens, 0 for the model's
 	// (--max-model-len).
 	MaxModelLen int
@@ -182,6 +186,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--max-num-seqs must be at least 1, got %d", c.MaxNumSeqs)
 	case c.MaxNumBatchedTokens < 1:
 		return fmt.Errorf("--max-num-batched-tokens must be at least 1, got %d", c.MaxNumBatchedTokens)
+	case c.PrefillScheduleInterval < 0:
+		return fmt.Errorf("--prefill-schedule-interval must be at least 1 (1: prefill on every step), got %d", c.PrefillScheduleInterval)
 	case c.MaxModelLen < 0:
 		return fmt.Errorf("--max-model-len must be positive, got %d", c.MaxModelLen)
 	case c.Threads < 1:

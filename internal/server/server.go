@@ -108,6 +108,8 @@ func (s *Server) Run(ctx context.Context) error {
 		Metrics:             met,
 		Logger:              log,
 		KVEvents:            kvEventSink(kvEvents),
+
+		PrefillScheduleInterval: cfg.PrefillScheduleInterval,
 	})
 	if err != nil {
 		return err

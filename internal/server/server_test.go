@@ -104,6 +104,7 @@ func TestNewChecksTheConfig(t *testing.T) {
 		{"no shutdown timeout", func(c *server.Config) { c.ShutdownTimeout = 0 }, "--shutdown-timeout must be positive"},
 		{"an unknown role", func(c *server.Config) { c.Role = "router" }, "use prefill, decode or both"},
 		{"an unknown transport", func(c *server.Config) { c.KVTransport = "rdma" }, "use auto, tcp or shm"},
+		{"a negative prefill interval", func(c *server.Config) { c.PrefillScheduleInterval = -1 }, "--prefill-schedule-interval must be at least 1"},
 	} {
 		t.Run("rejects "+c.name, func(t *testing.T) {
 			cfg := server.Config{Model: "m", Host: "127.0.0.1", BlockSize: 16, KVCacheDType: "auto", NumBlocks: 8, MaxNumSeqs: 1,
