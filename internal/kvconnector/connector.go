@@ -154,6 +154,11 @@ type connReq struct {
 	history   bool
 	pullable  int
 	recompute string
+	// expired: the params are genuine but past their expiry (why, wrapping
+	// kvxfer.ErrSignatureExpired). The issuer's hold has ended: nothing is
+	// dialed (no heartbeat, pull or notification), and a load fails at
+	// once for the load-failure policy.
+	expired error
 }
 
 // pullJob is one pull the worker half starts.
@@ -162,6 +167,7 @@ type pullJob struct {
 	params  kvxfer.RemoteParams
 	blocks  []int32      // local destination blocks, parallel to params.BlockIDs
 	history *historyPull // a turn-2 prefill's pull of a conversation's history; nil for a decode leg
+	expired error        // connReq.expired: fail without dialing
 }
 
 // historyPull is what the metrics need of a history pull once it ended.
