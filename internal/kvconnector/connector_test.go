@@ -605,13 +605,10 @@ func TestAbortWhileWaitingForRemoteKV(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for st := d.e.Stats(); st.TotalBlocks-st.FreeBlocks != 2; st = d.e.Stats() {
-		if time.Now().After(deadline) {
-			t.Fatalf("request never started loading: %+v", st)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.WaitFor(t, "the request loading into its 2 blocks", 10*time.Second, func() bool {
+		st := d.e.Stats()
+		return st.TotalBlocks-st.FreeBlocks == 2
+	})
 	cancel()
 	for range h.Events {
 	}
