@@ -133,9 +133,9 @@ func newPD(t *testing.T, o pdOpts) *pdEngine {
 func (p *pdEngine) waitIdle(t *testing.T) {
 	t.Helper()
 	var st engine.Stats
-	held := 0
+	held, idle := 0, false
 	defer func() {
-		if t.Failed() {
+		if !idle {
 			t.Logf("last stats %+v, %d blocks held", st, held)
 		}
 	}()
@@ -146,6 +146,7 @@ func (p *pdEngine) waitIdle(t *testing.T) {
 		}
 		return st.FreeBlocks == st.TotalBlocks && st.Running == 0 && st.Waiting == 0 && held == 0
 	})
+	idle = true
 }
 
 // usedBlocks returns how many blocks are allocated, once the engine has
@@ -156,16 +157,16 @@ func (p *pdEngine) waitIdle(t *testing.T) {
 func (p *pdEngine) usedBlocks(t *testing.T) int {
 	t.Helper()
 	var st engine.Stats
-	used := 0
+	used, settled := 0, false
 	defer func() {
-		if t.Failed() {
+		if !settled {
 			t.Logf("last stats %+v", st)
 		}
 	}()
 	testutil.WaitFor(t, "a settled engine (nothing running or waiting, the stats agreeing with the held blocks)", 10*time.Second, func() bool {
 		st = p.e.Stats()
 		used = st.TotalBlocks - st.FreeBlocks
-		settled := st.Running == 0 && st.Waiting == 0
+		settled = st.Running == 0 && st.Waiting == 0
 		if p.c != nil {
 			settled = settled && used == p.c.HeldBlocks()
 		}

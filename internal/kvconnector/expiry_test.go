@@ -159,3 +159,38 @@ func complete(t *testing.T, d *pdEngine, prompt []int32, kv map[string]any) (int
 	}
 	return resp.StatusCode, e.Error.Message
 }
+
+// TestExpiredConversationParamsRecomputeTheHistory: a turn-2 prefill given
+// a decode's conversation params after their signature expired (the hold's
+// TTL and the skew allowance passed) counts them as expired, not forged,
+// and under the recompute policy computes the history itself.
+func TestExpiredConversationParamsRecomputeTheHistory(t *testing.T) {
+	secret := testSecret(t)
+	clk := testutil.NewFakeClock(time.Now())
+	const ttl = 10 * time.Second
+	ref := newPD(t, pdOpts{})
+	p1 := newPD(t, pdOpts{role: RolePrefill, bidirectional: true, secret: secret, clock: clk})
+	p2 := newPD(t, pdOpts{role: RolePrefill, bidirectional: true, secret: secret, clock: clk, policy: sched.LoadFailureRecompute})
+	d := newPD(t, pdOpts{role: RoleDecode, bidirectional: true, secret: secret, clock: clk, holdTTL: ttl})
+	prompt1 := promptOf(5201, 80)
+	out1, conv := turn1(t, p1, d, prompt1, 40)
+	clk.Advance(ttl + stall)
+	d.waitIdle(t) // the hold expired on the decode
+	prompt2 := concat(prompt1, out1, promptOf(5202, 10))
+	want := run(t, ref.e, &engine.Request{Prompt: prompt2, Params: greedy(12)})
+	kv2 := prefillWith(t, p2, prompt2, greedy(12), conv)
+	if v := value(t, p2.m.KVParamsRejected.WithLabelValues("expired")); v != 1 {
+		t.Errorf("tandem:kv_params_rejected_total{reason=expired} = %v on the turn-2 prefill, want 1", v)
+	}
+	if v := value(t, p2.m.HistoryRecomputed.WithLabelValues("expired")); v != 1 {
+		t.Errorf("tandem:kv_history_recomputed_total{reason=expired} = %v, want 1", v)
+	}
+	if v := value(t, p2.m.HistoryTokensPulled); v != 0 {
+		t.Errorf("%v history tokens pulled with expired params", v)
+	}
+	got := decode(t, d, prompt2, greedy(12), kv2)
+	if diff := gocmp.Diff(want.tokens, got.tokens); diff != "" {
+		t.Errorf("turn 2 differs from the colocated engine (-colocated +disaggregated):\n%s", diff)
+	}
+	releaseConversations(t, d)
+}
