@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,7 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tandem-serve/tandem/internal/defaultmodel"
-	"github.com/tandem-serve/tandem/internal/testmodels"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 func TestServeFallsBackToTheDefaultModel(t *testing.T) {
@@ -90,16 +89,7 @@ func captureStdout(t *testing.T, f func() error) string {
 }
 
 func TestGenerateWithoutModelTellsTheGoldenStory(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join(testmodels.Stories260K(t), "golden_greedy.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var g struct {
-		GreedyText string `json:"greedy_text"`
-	}
-	if err := json.Unmarshal(b, &g); err != nil {
-		t.Fatal(err)
-	}
+	g := testutil.StoriesGolden(t)
 	t.Setenv("XDG_CACHE_HOME", t.TempDir())
 	out := captureStdout(t, func() error {
 		return runGenerate([]string{"--prompt", "Once upon a time", "--max-tokens", "16", "--threads", "1"})

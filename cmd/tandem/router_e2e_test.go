@@ -7,8 +7,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/proxy"
 	"github.com/tandem-serve/tandem/internal/router/factory"
-	"github.com/tandem-serve/tandem/internal/testmodels"
-	"github.com/tandem-serve/tandem/internal/tokenizer"
+	"github.com/tandem-serve/tandem/internal/testutil/loaded"
 )
 
 // TestRouterWithRealEngines: one prefill and two decode engines serving
@@ -20,10 +19,7 @@ func TestRouterWithRealEngines(t *testing.T) {
 	pre := startEngine(t, "--role", "prefill", "--kv-port", "0")
 	d0 := startEngine(t, "--role", "decode")
 	d1 := startEngine(t, "--role", "decode")
-	tok, err := tokenizer.Load(testmodels.Stories260K(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok := loaded.Stories(t).Tokenizer
 	short := "Once upon a time"
 	long := pdPrompt + " " + pdPrompt
 	if n := len(tok.Encode(long, true)); n < 64 {

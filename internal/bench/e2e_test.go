@@ -10,11 +10,8 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/bench/workload"
 	"github.com/tandem-serve/tandem/internal/engine"
-	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/openai"
-	"github.com/tandem-serve/tandem/internal/tensor"
-	"github.com/tandem-serve/tandem/internal/testmodels"
-	"github.com/tandem-serve/tandem/internal/tokenizer"
+	"github.com/tandem-serve/tandem/internal/testutil/loaded"
 )
 
 // TestRunAgainstARealEngine benchmarks a real engine (stories260K behind
@@ -23,15 +20,8 @@ import (
 // completed with exactly the asked-for lengths and that the KV pool is full
 // again.
 func TestRunAgainstARealEngine(t *testing.T) {
-	dir := testmodels.Stories260K(t)
-	m, err := model.Load(dir, tensor.NewPool(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := loaded.Stories(t)
+	m, tok := st.Model, st.Tokenizer
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	e, err := engine.New(engine.Config{Model: m, Tokenizer: tok, NumBlocks: 128, KVDir: t.TempDir(), Logger: quiet})
 	if err != nil {

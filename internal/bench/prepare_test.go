@@ -9,8 +9,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/bench/benchtest"
 	"github.com/tandem-serve/tandem/internal/bench/workload"
-	"github.com/tandem-serve/tandem/internal/testmodels"
-	"github.com/tandem-serve/tandem/internal/tokenizer"
+	"github.com/tandem-serve/tandem/internal/testutil/loaded"
 )
 
 // TestPrepareWithoutModelsOrTokenize: a plan must work against a server
@@ -20,11 +19,8 @@ import (
 // the ids come from the stated default pool, with a warning; without a
 // model it says to give one.
 func TestPrepareWithoutModelsOrTokenize(t *testing.T) {
-	dir := testmodels.Stories260K(t)
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stories := loaded.Stories(t)
+	dir, tok := stories.Dir, stories.Tokenizer
 	textPool, err := TextPool(tok.Encode(SampleText, false))
 	if err != nil {
 		t.Fatal(err)

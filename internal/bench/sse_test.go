@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 func readAll(r *SSEReader) ([]string, error) {
@@ -94,17 +96,6 @@ func FuzzSSEReader(f *testing.F) {
 	})
 }
 
-// fakeClock advances by step on every reading.
-type fakeClock struct {
-	t    time.Time
-	step time.Duration
-}
-
-func (c *fakeClock) now() time.Time {
-	c.t = c.t.Add(c.step)
-	return c.t
-}
-
 func chunk(text string, finish string) string {
 	f := "null"
 	if finish != "" {
@@ -142,8 +133,9 @@ func TestMeasureStream(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			clk := &fakeClock{t: time.Unix(0, 0), step: ms}
-			got := measureStream(strings.NewReader(tc.stream), time.Unix(0, 0), clk.now)
+			clk := testutil.NewFakeClock(time.Unix(0, 0))
+			clk.Step(ms)
+			got := measureStream(strings.NewReader(tc.stream), time.Unix(0, 0), clk.Now)
 			if tc.wantErr != "" {
 				if got.Err == nil || !strings.Contains(got.Err.Error(), tc.wantErr) {
 					t.Fatalf("Err = %v, want one containing %q", got.Err, tc.wantErr)

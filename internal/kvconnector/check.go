@@ -5,6 +5,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/kvparams"
+	"github.com/tandem-serve/tandem/internal/kvxfer"
 )
 
 // The API edge: kv_transfer_params, parsed by the API layer, are checked in
@@ -31,18 +32,36 @@ func (c *Connector) CheckKVTransfer(kv *kvparams.Params, prompt []int32) (int, a
 		return 0, nil, invalid("do_remote_prefill asks this engine to decode with KV pulled from a prefill engine, but it runs with --role %s: send the decode leg to an engine started with --role decode or --role both", c.cfg.Role)
 	}
 	if k.remote != nil {
-		err := c.authorize(k)
+		reason, err := c.authorize(k)
+		if errors.Is(err, kvxfer.ErrSignatureExpired) {
+			// Genuine params that came after their expiry: the issuer's
+			// hold has ended, so nothing is dialed, and the load fails at
+			// once for the load-failure policy to decide (compute the
+			// prompt here, or fail saying the params expired).
+			k.expired, err = err, nil
+		}
 		if err == nil && !k.remoteDecode {
-			err = c.bindPrompt(k, prompt)
+			if err = c.bindPrompt(k, prompt); err != nil {
+				reason = rejectedOtherPrompt
+				if !errors.Is(err, errOtherPrompt) {
+					reason = rejectedBadSignature
+				}
+			}
 		}
 		if err != nil {
+			c.countRejected(reason)
 			c.log.Warn("refused kv_transfer_params before dialing or allocating anything", "remote_engine_id", k.remote.EngineID,
-				"remote_addr", k.remote.Peer().Addr(), "err", err)
+				"remote_addr", k.remote.Peer().Addr(), "reason", reason, "err", err)
 			if errors.Is(err, errOtherPrompt) {
 				return 0, nil, invalid("kv_transfer_params were issued for another prompt: the decode leg must send exactly the prompt (the same tokens) of the prefill leg that returned them")
 			}
 			return 0, nil, &engine.InvalidRequestError{Param: kvParam,
-				Message: "kv_transfer_params were not issued by an engine of this cluster (unsigned, altered, expired, or naming a peer this engine may not contact): pass the engine's kv_transfer_params verbatim; this engine's log says which check failed"}
+				Message: "kv_transfer_params were not issued by an engine of this cluster (unsigned, altered, or naming a peer this engine may not contact): pass the engine's kv_transfer_params verbatim; this engine's log says which check failed"}
+		}
+		if k.expired != nil {
+			c.countRejected(rejectedExpired)
+			c.log.Warn("kv_transfer_params expired before this leg arrived: nothing is pulled, the load-failure policy decides", "remote_engine_id", k.remote.EngineID,
+				"remote_addr", k.remote.Peer().Addr(), "reason", rejectedExpired, "err", k.expired)
 		}
 	}
 	if k.remoteDecode {
@@ -55,17 +74,49 @@ func (c *Connector) CheckKVTransfer(kv *kvparams.Params, prompt []int32) (int, a
 // dial: with a cluster secret they must carry a valid signature over every
 // field the pull uses (and the tokens' digest); with or without one, the
 // peer must pass the address allowlist, if any. Nothing is dialed or
-// allocated before this passes.
-func (c *Connector) authorize(k kvRequest) error {
+// allocated before this passes. A refusal comes with its reason label for
+// tandem:kv_params_rejected_total; genuine params past their expiry wrap
+// kvxfer.ErrSignatureExpired.
+func (c *Connector) authorize(k kvRequest) (string, error) {
 	if c.cons == nil {
-		return errors.New("this engine pulls no KV")
+		return rejectedBadSignature, errors.New("this engine pulls no KV")
 	}
 	if c.cfg.Secret.IsSet() {
 		if err := c.signer.Verify(k.grant(), k.signature, c.cfg.Clock.Now()); err != nil {
-			return err
+			if errors.Is(err, kvxfer.ErrSignatureExpired) {
+				return rejectedExpired, err
+			}
+			return rejectedBadSignature, err
 		}
 	}
-	return c.cons.CheckPeer(k.remote.Peer())
+	if err := c.cons.CheckPeer(k.remote.Peer()); err != nil {
+		return rejectedPeer, err
+	}
+	return "", nil
+}
+
+// Reasons kv_transfer_params are refused, the reason label of
+// tandem:kv_params_rejected_total.
+const (
+	// rejectedExpired: genuinely signed, but past their expiry (plus the
+	// clock-skew allowance): the leg came after the issuer's hold ended.
+	// The request is not refused; it loads nothing and the load-failure
+	// policy decides.
+	rejectedExpired = "expired"
+	// rejectedBadSignature: unsigned, altered, or signed with another
+	// secret (or no digest of the prompt).
+	rejectedBadSignature = "bad_signature"
+	// rejectedPeer: the named peer is outside --kv-peers.
+	rejectedPeer = "peer_not_allowed"
+	// rejectedOtherPrompt: issued for another prompt (its digest differs).
+	rejectedOtherPrompt = "other_prompt"
+)
+
+// countRejected counts params refused (or, expired, not used) for reason.
+func (c *Connector) countRejected(reason string) {
+	if m := c.cfg.Metrics; m != nil {
+		m.KVParamsRejected.WithLabelValues(reason).Inc()
+	}
 }
 
 // RejectedKVTransfer implements engine.KVRequestChecker: when a decode leg
@@ -78,7 +129,10 @@ func (c *Connector) RejectedKVTransfer(kv *kvparams.Params) {
 		return
 	}
 	k, err := parseKV(*kv, kv.RemoteNumTokens, max(c.blockSize, 1), c.cfg.Bidirectional)
-	if err != nil || k.remote == nil || c.authorize(k) != nil {
+	if err != nil || k.remote == nil {
+		return
+	}
+	if _, err := c.authorize(k); err != nil {
 		return // nobody we may tell
 	}
 	c.goNotify(notifyJob{peer: k.remote.Peer(), reqID: k.remote.RequestID})

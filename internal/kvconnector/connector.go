@@ -54,6 +54,13 @@ type ConnectorConfig struct {
 	// TLSServer and TLSClient, if set (kvxfer.TLSConfigs), wrap the side
 	// channel in mutual TLS.
 	TLSServer, TLSClient *tls.Config
+	// Listener, if set, is the side channel's listener (a TCP listener on
+	// Host:Port otherwise; the prefill advertises Host and the listener's
+	// port), and Dial, if set, opens a decode's side-channel connections
+	// (kvxfer.ConsumerConfig.Dial). Tests run engines in memory with them,
+	// under testing/synctest.
+	Listener net.Listener
+	Dial     func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Bidirectional turns on multi-turn KV reuse (vLLM's
 	// bidirectional_kv_xfer; must be on in prefill and decode engines): a
 	// decode leg that finishes normally holds its conversation's KV for
@@ -158,6 +165,11 @@ type connReq struct {
 	history   bool
 	pullable  int
 	recompute string
+	// expired: the params are genuine but past their expiry (why, wrapping
+	// kvxfer.ErrSignatureExpired). The issuer's hold has ended: nothing is
+	// dialed (no heartbeat, pull or notification), and a load fails at
+	// once for the load-failure policy.
+	expired error
 }
 
 // pullJob is one pull the worker half starts.
@@ -166,6 +178,7 @@ type pullJob struct {
 	params  kvxfer.RemoteParams
 	blocks  []int32      // local destination blocks, parallel to params.BlockIDs
 	history *historyPull // a turn-2 prefill's pull of a conversation's history; nil for a decode leg
+	expired error        // connReq.expired: fail without dialing
 }
 
 // historyPull is what the metrics need of a history pull once it ended.
@@ -305,9 +318,11 @@ func (c *Connector) Start(e *engine.Engine) error {
 		if err != nil {
 			return err
 		}
-		ln, err := kvxfer.Listen(c.cfg.Host, c.cfg.Port)
-		if err != nil {
-			return err
+		ln := c.cfg.Listener
+		if ln == nil {
+			if ln, err = kvxfer.Listen(c.cfg.Host, c.cfg.Port); err != nil {
+				return err
+			}
 		}
 		c.prod = prod
 		c.advertHost = advertisedHost(c.cfg.Host)
@@ -328,6 +343,7 @@ func (c *Connector) Start(e *engine.Engine) error {
 			Secret:            c.cfg.Secret,
 			Peers:             c.cfg.Peers,
 			TLS:               c.cfg.TLSClient,
+			Dial:              c.cfg.Dial,
 			HeartbeatInterval: c.cfg.HeartbeatInterval,
 			Metrics:           c.cfg.Metrics,
 			Logger:            c.cfg.Logger,

@@ -15,8 +15,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	gocmp "github.com/google/go-cmp/cmp"
@@ -29,56 +29,12 @@ import (
 	"github.com/tandem-serve/tandem/internal/kvparams"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
 	"github.com/tandem-serve/tandem/internal/metrics"
-	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/sample"
 	"github.com/tandem-serve/tandem/internal/sched"
-	"github.com/tandem-serve/tandem/internal/tensor"
-	"github.com/tandem-serve/tandem/internal/testmodels"
-	"github.com/tandem-serve/tandem/internal/tokenizer"
+	"github.com/tandem-serve/tandem/internal/testutil"
+	"github.com/tandem-serve/tandem/internal/testutil/loaded"
 )
-
-var stories struct {
-	once sync.Once
-	m    *model.Model
-	tok  *tokenizer.Tokenizer
-	err  error
-}
-
-// loadStories returns stories260K, shared by the tests (read-only; every
-// engine has its own KV pool).
-func loadStories(t *testing.T) (*model.Model, *tokenizer.Tokenizer) {
-	t.Helper()
-	dir := testmodels.Stories260K(t)
-	stories.once.Do(func() {
-		if stories.m, stories.err = model.Load(dir, tensor.NewPool(1)); stories.err != nil {
-			return
-		}
-		stories.tok, stories.err = tokenizer.Load(dir)
-	})
-	if stories.err != nil {
-		t.Fatal(stories.err)
-	}
-	return stories.m, stories.tok
-}
-
-// fakeClock is a settable clock for leases.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 // pdOpts configures one test engine.
 type pdOpts struct {
@@ -107,6 +63,11 @@ type pdOpts struct {
 	// connector's config last
 	tuneEngine func(*engine.Config)
 	tuneConn   func(*ConnectorConfig)
+	// net, when set, carries the side channel in memory instead of over
+	// loopback TCP (for tests under testing/synctest)
+	net *memNet
+	// sweep, when set, replaces the 5 ms lease sweep interval
+	sweep time.Duration
 }
 
 type pdEngine struct {
@@ -120,7 +81,8 @@ type pdEngine struct {
 // lease held.
 func newPD(t *testing.T, o pdOpts) *pdEngine {
 	t.Helper()
-	m, tok := loadStories(t)
+	st := loaded.Stories(t)
+	m, tok := st.Model, st.Tokenizer
 	pe := &pdEngine{m: metrics.NewEngine("stories260K")}
 	cfg := engine.Config{
 		Model: m, Tokenizer: tok, BlockSize: o.blockSize, NumBlocks: cmp.Or(o.numBlocks, 128),
@@ -131,7 +93,11 @@ func newPD(t *testing.T, o pdOpts) *pdEngine {
 			Role: o.role, EngineID: cmp.Or(o.engineID, uuid.NewString()), ModelFingerprint: m.Fingerprint(),
 			Host: "127.0.0.1", Port: o.port, Lease: o.lease, Transport: o.transport,
 			Bidirectional: o.bidirectional, DecodeHoldTTL: o.holdTTL, RecomputeThreshold: o.threshold, Secret: o.secret,
-			HeartbeatInterval: 10 * time.Millisecond, SweepInterval: 5 * time.Millisecond, Clock: o.clock, Metrics: pe.m, Logger: discardLogger(),
+			HeartbeatInterval: 10 * time.Millisecond, SweepInterval: cmp.Or(o.sweep, 5*time.Millisecond), Clock: o.clock, Metrics: pe.m, Logger: discardLogger(),
+		}
+		if o.net != nil {
+			cc.Listener, cc.Dial = o.net.listen(), o.net.dial
+			cc.Transport = kvxfer.TransportTCP // no shared memory between in-memory engines
 		}
 		if o.tuneConn != nil {
 			o.tuneConn(&cc)
@@ -152,13 +118,17 @@ func newPD(t *testing.T, o pdOpts) *pdEngine {
 	}
 	pe.e = e
 	t.Cleanup(func() {
+		// Shut down even when the idle check fails, so that no goroutine
+		// outlives a synctest bubble.
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := e.Shutdown(ctx); err != nil {
+				t.Errorf("Shutdown: %v", err)
+			}
+		}()
 		if !o.abandoned {
 			pe.waitIdle(t)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := e.Shutdown(ctx); err != nil {
-			t.Errorf("Shutdown: %v", err)
 		}
 	})
 	if pe.c != nil {
@@ -172,21 +142,21 @@ func newPD(t *testing.T, o pdOpts) *pdEngine {
 // waitIdle waits until the pool is full again and no lease is held.
 func (p *pdEngine) waitIdle(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st := p.e.Stats()
-		held := 0
+	var st engine.Stats
+	held, idle := 0, false
+	defer func() {
+		if !idle {
+			t.Logf("last stats %+v, %d blocks held", st, held)
+		}
+	}()
+	testutil.WaitFor(t, "an idle engine (every block free, no lease held)", 10*time.Second, func() bool {
+		st = p.e.Stats()
 		if p.c != nil {
 			held = p.c.HeldBlocks()
 		}
-		if st.FreeBlocks == st.TotalBlocks && st.Running == 0 && st.Waiting == 0 && held == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("engine not idle: %+v, %d blocks held", st, held)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return st.FreeBlocks == st.TotalBlocks && st.Running == 0 && st.Waiting == 0 && held == 0
+	})
+	idle = true
 }
 
 // usedBlocks returns how many blocks are allocated, once the engine has
@@ -196,22 +166,23 @@ func (p *pdEngine) waitIdle(t *testing.T) {
 // can still describe the step before it.)
 func (p *pdEngine) usedBlocks(t *testing.T) int {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st := p.e.Stats()
-		used := st.TotalBlocks - st.FreeBlocks
-		settled := st.Running == 0 && st.Waiting == 0
+	var st engine.Stats
+	used, settled := 0, false
+	defer func() {
+		if !settled {
+			t.Logf("last stats %+v", st)
+		}
+	}()
+	testutil.WaitFor(t, "a settled engine (nothing running or waiting, the stats agreeing with the held blocks)", 10*time.Second, func() bool {
+		st = p.e.Stats()
+		used = st.TotalBlocks - st.FreeBlocks
+		settled = st.Running == 0 && st.Waiting == 0
 		if p.c != nil {
 			settled = settled && used == p.c.HeldBlocks()
 		}
-		if settled {
-			return used
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("engine never settled: %+v", st)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return settled
+	})
+	return used
 }
 
 type outcome struct {
@@ -439,13 +410,30 @@ func TestRoleBothServesBothLegs(t *testing.T) {
 	}
 }
 
+// TestLeases runs a prefill and a decode in fake time (testing/synctest,
+// the side channel in memory), so the lease's 30 s pass in an instant and
+// every sweep and heartbeat due by then has run before the test looks.
 func TestLeases(t *testing.T) {
-	clock := &fakeClock{now: time.Unix(1_000_000, 0)}
-	p := newPD(t, pdOpts{role: RolePrefill, clock: clock, lease: 30 * time.Second})
-	d := newPD(t, pdOpts{role: RoleDecode})
 	prompt := promptOf(3, 40)
+	// wait lets d pass in fake time and every goroutine due by then run.
+	wait := func(d time.Duration) {
+		time.Sleep(d)
+		synctest.Wait()
+	}
+	// leased runs body in a bubble of its own with a prefill (30 s lease,
+	// swept every 100 ms) and a decode.
+	leased := func(name string, body func(t *testing.T, mem *memNet, p, d *pdEngine)) {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				mem := newMemNet()
+				p := newPD(t, pdOpts{role: RolePrefill, lease: 30 * time.Second, net: mem, sweep: 100 * time.Millisecond})
+				d := newPD(t, pdOpts{role: RoleDecode, net: mem})
+				body(t, mem, p, d)
+			})
+		})
+	}
 
-	t.Run("expiry frees the prefill's blocks and a later pull fails clearly", func(t *testing.T) {
+	leased("expiry frees the prefill's blocks and a later pull fails clearly", func(t *testing.T, _ *memNet, p, d *pdEngine) {
 		kv := prefill(t, p, prompt, greedy(4))
 		if got := p.usedBlocks(t); got != 3 {
 			t.Fatalf("%d blocks in use after the prefill, want the 3 held", got)
@@ -454,12 +442,14 @@ func TestLeases(t *testing.T) {
 			t.Errorf("tandem:kv_blocks_held = %v, want 3", v)
 		}
 		expired := value(t, p.m.KVLeasesExpired)
-		clock.advance(29 * time.Second)
-		time.Sleep(50 * time.Millisecond) // several sweeps
+		wait(29 * time.Second) // 290 sweeps
 		if got := p.usedBlocks(t); got != 3 {
 			t.Fatalf("blocks freed before the lease ran out (%d in use)", got)
 		}
-		clock.advance(2 * time.Second)
+		wait(2 * time.Second)
+		if got := p.usedBlocks(t); got != 0 {
+			t.Fatalf("%d blocks in use a second after the lease ran out", got)
+		}
 		p.waitIdle(t)
 		if v := value(t, p.m.KVLeasesExpired) - expired; v != 1 {
 			t.Errorf("tandem:kv_leases_expired_total grew by %v, want 1", v)
@@ -470,7 +460,7 @@ func TestLeases(t *testing.T) {
 		}
 	})
 
-	t.Run("DONE frees at once and a read after release fails clearly", func(t *testing.T) {
+	leased("DONE frees at once and a read after release fails clearly", func(t *testing.T, _ *memNet, p, d *pdEngine) {
 		kv := prefill(t, p, prompt, greedy(4))
 		if got := decode(t, d, prompt, greedy(4), kv); got.final.Finish != engine.FinishLength {
 			t.Fatalf("decode: finish %q, err %v", got.final.Finish, got.final.Err)
@@ -486,9 +476,9 @@ func TestLeases(t *testing.T) {
 		}
 	})
 
-	t.Run("heartbeats keep the blocks past the lease", func(t *testing.T) {
+	leased("heartbeats keep the blocks past the lease", func(t *testing.T, mem *memNet, p, _ *pdEngine) {
 		kv := prefill(t, p, prompt, greedy(4))
-		hb, err := kvxfer.NewConsumer(kvxfer.ConsumerConfig{Local: peerOf(p, "heartbeater"), HeartbeatInterval: 5 * time.Millisecond, Logger: discardLogger()})
+		hb, err := kvxfer.NewConsumer(kvxfer.ConsumerConfig{Local: peerOf(p, "heartbeater"), HeartbeatInterval: time.Second, Dial: mem.dial, Logger: discardLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -496,19 +486,19 @@ func TestLeases(t *testing.T) {
 		peer, id := peerIn(t, kv)
 		hb.Watch(peer, id)
 		for range 4 { // 4 × 15 s = twice the lease
-			time.Sleep(100 * time.Millisecond) // heartbeats at the current fake time
-			clock.advance(15 * time.Second)
-			time.Sleep(50 * time.Millisecond) // sweeps
+			wait(15 * time.Second)
 			if got := p.usedBlocks(t); got != 3 {
 				t.Fatalf("heartbeated blocks freed (%d in use)", got)
 			}
 		}
 		hb.Unwatch(peer, id)
-		time.Sleep(50 * time.Millisecond)
-		clock.advance(31 * time.Second)
-		p.waitIdle(t)
+		// The last heartbeat extended the lease to at most 2/3 of it
+		// (20 s) ahead; then it expires.
+		wait(21 * time.Second)
+		if got := p.usedBlocks(t); got != 0 {
+			t.Fatalf("%d blocks in use 21 s after the last heartbeat", got)
+		}
 	})
-	d.waitIdle(t)
 }
 
 func TestLoadFailurePolicies(t *testing.T) {
@@ -576,7 +566,7 @@ func TestLoadFailurePolicies(t *testing.T) {
 }
 
 func TestHandshakeMismatch(t *testing.T) {
-	clock := &fakeClock{now: time.Unix(1_000_000, 0)}
+	clock := testutil.NewFakeClock(time.Unix(1_000_000, 0))
 	p := newPD(t, pdOpts{role: RolePrefill, blockSize: 16, clock: clock})
 	d := newPD(t, pdOpts{role: RoleDecode, blockSize: 8})
 	prompt := promptOf(5, 6) // one block on both sides, so the params pass validation
@@ -591,7 +581,7 @@ func TestHandshakeMismatch(t *testing.T) {
 	}
 	// An incompatible decode cannot talk to the prefill, so the lease frees
 	// the blocks.
-	clock.advance(kvxfer.DefaultLease + time.Second)
+	clock.Advance(kvxfer.DefaultLease + time.Second)
 	p.waitIdle(t)
 }
 
@@ -626,13 +616,10 @@ func TestAbortWhileWaitingForRemoteKV(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for st := d.e.Stats(); st.TotalBlocks-st.FreeBlocks != 2; st = d.e.Stats() {
-		if time.Now().After(deadline) {
-			t.Fatalf("request never started loading: %+v", st)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.WaitFor(t, "the request loading into its 2 blocks", 10*time.Second, func() bool {
+		st := d.e.Stats()
+		return st.TotalBlocks-st.FreeBlocks == 2
+	})
 	cancel()
 	for range h.Events {
 	}
@@ -684,7 +671,7 @@ func TestMalformedParamsAreRejectedBeforeAllocation(t *testing.T) {
 	// Through the API, as clients send them: malformed fields are refused
 	// where the params are parsed (package openai), the rest by the
 	// connector in Submit.
-	_, tok := loadStories(t)
+	tok := loaded.Stories(t).Tokenizer
 	servers := map[*pdEngine]*httptest.Server{}
 	for _, e := range []*pdEngine{p, d} {
 		srv, err := openai.NewServer(openai.Config{Backend: e.e, Tokenizer: tok, ModelName: "stories260K", Logger: discardLogger()})
@@ -742,7 +729,8 @@ func TestPortClashSaysWhichFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer taken.Close()
-	m, tok := loadStories(t)
+	st := loaded.Stories(t)
+	m, tok := st.Model, st.Tokenizer
 	c, err := NewConnector(ConnectorConfig{Role: RolePrefill, EngineID: "p", ModelFingerprint: m.Fingerprint(),
 		Host: "127.0.0.1", Port: taken.Addr().(*net.TCPAddr).Port, Logger: discardLogger()})
 	if err != nil {
@@ -775,7 +763,7 @@ func TestDecodeLegFailingBeforeAllocationFreesThePrefill(t *testing.T) {
 func TestDecodeLegRefusedByTheAPIFreesThePrefill(t *testing.T) {
 	p := newPD(t, pdOpts{role: RolePrefill})
 	d := newPD(t, pdOpts{role: RoleDecode})
-	_, tok := loadStories(t)
+	tok := loaded.Stories(t).Tokenizer
 	srv, err := openai.NewServer(openai.Config{Backend: d.e, Tokenizer: tok, ModelName: "stories260K", Logger: discardLogger()})
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"net"
 	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	gocmp "github.com/google/go-cmp/cmp"
@@ -13,6 +14,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/sample"
 	"github.com/tandem-serve/tandem/internal/sched"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // prefillWith runs a prefill leg with the given params (a decode's
@@ -333,25 +335,13 @@ func TestMultiTurnExpiryGate(t *testing.T) {
 			t.Error("a full local hit pulled, or was declined by the expiry gate")
 		}
 		// The prefill told the decode it needs nothing: the hold is freed.
-		waitFor(t, func() bool { return d.c.prod.FixedHolds() == 0 })
+		testutil.WaitFor(t, "the decode's conversation hold freed", 10*time.Second, func() bool { return d.c.prod.FixedHolds() == 0 })
 		got := decode(t, d, prompt2, greedy(12), kv2)
 		if diff := gocmp.Diff(want.tokens, got.tokens); diff != "" {
 			t.Errorf("turn 2 differs from the colocated engine (-colocated +disaggregated):\n%s", diff)
 		}
 		p2.waitIdle(t)
 	})
-}
-
-// waitFor polls cond for up to 10 s.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10 s")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 // TestMultiTurnHistoryLongerThanThePrompt ports
@@ -449,33 +439,49 @@ func TestMultiTurnDecodeAbortHoldsNothing(t *testing.T) {
 
 // TestMultiTurnHoldExpiryFreesTheDecodesBlocks: a conversation nobody
 // continues gives its blocks back when --kv-decode-hold-ttl ends
-// (heartbeats do not extend it).
+// (heartbeats do not extend it). In fake time (testing/synctest, the side
+// channels in memory), so every sweep due by then has run before the test
+// looks.
 func TestMultiTurnHoldExpiryFreesTheDecodesBlocks(t *testing.T) {
-	clock := &fakeClock{now: time.Unix(1_000_000, 0)}
-	p := newPD(t, pdOpts{role: RolePrefill, bidirectional: true})
-	d := newPD(t, pdOpts{role: RoleDecode, bidirectional: true, clock: clock, holdTTL: 480 * time.Second})
-	prompt := promptOf(1401, 80)
-	out, conv := turn1(t, p, d, prompt, 40)
-	held := len(prompt) + len(out) - 1
-	if got, want := d.usedBlocks(t), (held+15)/16; got != want {
-		t.Fatalf("%d blocks in use on the decode, want the %d of the held conversation", got, want)
-	}
-	// The gauge follows holds on an idle engine too (no step runs).
-	if v := value(t, d.m.ConversationHolds); v != 1 {
-		t.Errorf("tandem:kv_conversation_holds = %v after turn 1, want 1", v)
-	}
-	if exp := conv["remote_blocks_expiry_time"].(float64); exp != float64(clock.Now().Add(480*time.Second).Unix()) {
-		t.Errorf("remote_blocks_expiry_time %v, want the decode's clock + 480 s", exp)
-	}
-	clock.advance(479 * time.Second)
-	time.Sleep(50 * time.Millisecond) // several sweeps
-	if d.c.prod.FixedHolds() != 1 {
-		t.Fatal("the hold ended before its TTL")
-	}
-	clock.advance(2 * time.Second)
-	d.waitIdle(t)
-	waitFor(t, func() bool { return value(t, d.m.ConversationHolds) == 0 })
+	synctest.Test(t, func(t *testing.T) {
+		mem := newMemNet()
+		p := newPD(t, pdOpts{role: RolePrefill, bidirectional: true, net: mem, sweep: time.Second})
+		d := newPD(t, pdOpts{role: RoleDecode, bidirectional: true, holdTTL: 480 * time.Second, net: mem, sweep: time.Second})
+		prompt := promptOf(1401, 80)
+		start := time.Now()
+		out, conv := turn1(t, p, d, prompt, 40)
+		end := time.Now()
+		held := len(prompt) + len(out) - 1
+		if got, want := d.usedBlocks(t), (held+15)/16; got != want {
+			t.Fatalf("%d blocks in use on the decode, want the %d of the held conversation", got, want)
+		}
+		// The gauge follows holds on an idle engine too (no step runs).
+		if v := value(t, d.m.ConversationHolds); v != 1 {
+			t.Errorf("tandem:kv_conversation_holds = %v after turn 1, want 1", v)
+		}
+		ttl := 480 * time.Second
+		if exp := conv["remote_blocks_expiry_time"].(float64); exp < unixSeconds(start.Add(ttl)) || exp > unixSeconds(end.Add(ttl)) {
+			t.Errorf("remote_blocks_expiry_time %v, want the decode's clock + 480 s (%v to %v)", exp, unixSeconds(start.Add(ttl)), unixSeconds(end.Add(ttl)))
+		}
+		time.Sleep(479 * time.Second) // 479 sweeps
+		synctest.Wait()
+		if d.c.prod.FixedHolds() != 1 {
+			t.Fatal("the hold ended before its TTL")
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if n := d.c.prod.FixedHolds(); n != 0 {
+			t.Fatalf("%d conversations held a second after their TTL", n)
+		}
+		d.waitIdle(t)
+		if v := value(t, d.m.ConversationHolds); v != 0 {
+			t.Errorf("tandem:kv_conversation_holds = %v after the hold expired", v)
+		}
+	})
 }
+
+// unixSeconds is t as remote_blocks_expiry_time spells it.
+func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 
 func TestConversationHoldsGiveWayToNewRequests(t *testing.T) {
 	p := newPD(t, pdOpts{role: RolePrefill, bidirectional: true})

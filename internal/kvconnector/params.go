@@ -55,6 +55,10 @@ type kvRequest struct {
 	// prompt digest (promptDigestParam, as sent), a turn-2 prefill's
 	// history chain digest.
 	digest string
+	// expired, if set, says why genuine params are past their expiry
+	// (wrapping kvxfer.ErrSignatureExpired): the KV they name is gone, so
+	// nothing is dialed and the load fails at once.
+	expired error
 }
 
 // grant is what the issuer of the params vouched for.

@@ -28,7 +28,7 @@ func (c *Connector) OnNewRequest(r *sched.Request) {
 		// prefix of this prompt), then hold the prompt for the decode leg.
 		// No heartbeats: the decode's hold is fixed (turn 2 is
 		// client-driven).
-		st := &connReq{remoteDecode: true, remote: k.remote, history: true}
+		st := &connReq{remoteDecode: true, remote: k.remote, history: true, expired: k.expired}
 		st.pullable = min(matchedTokens(c.cfg.ModelFingerprint, r.Prompt, k.numTokens, k.history, c.blockSize), len(r.Prompt)-1)
 		if limit := verifiableTokens(len(r.Prompt), k.numTokens, c.blockSize); st.pullable < limit {
 			st.recompute = reasonMismatch
@@ -40,8 +40,10 @@ func (c *Connector) OnNewRequest(r *sched.Request) {
 	case k.remoteDecode && c.prod != nil:
 		c.reqs[r.ID] = &connReq{remoteDecode: true}
 	case k.remote != nil && c.cons != nil:
-		c.reqs[r.ID] = &connReq{remote: k.remote, pullable: len(r.Prompt) - 1}
-		c.cons.Watch(k.remote.Peer(), k.remote.RequestID)
+		c.reqs[r.ID] = &connReq{remote: k.remote, pullable: len(r.Prompt) - 1, expired: k.expired}
+		if k.expired == nil {
+			c.cons.Watch(k.remote.Peer(), k.remote.RequestID)
+		}
 	}
 }
 
@@ -75,14 +77,14 @@ func (c *Connector) UpdateStateAfterAlloc(r *sched.Request, blocks []int32, numE
 		if st.history {
 			c.countRecompute(st, r, r.NumComputedTokens())
 		}
-		c.staged.notifies = append(c.staged.notifies, notifyJob{peer: st.remote.Peer(), reqID: st.remote.RequestID})
+		c.notify(st)
 		return
 	}
 	bs := c.blockSize
 	local := r.NumComputedTokens()
 	first, last := local/bs, (local+numExternal+bs-1)/bs
 	st.phase = loading
-	job := pullJob{id: r.ID, params: *st.remote}
+	job := pullJob{id: r.ID, params: *st.remote, expired: st.expired}
 	if st.history {
 		job.history = &historyPull{tokens: numExternal, recompute: st.recompute}
 	}
@@ -112,6 +114,14 @@ func (c *Connector) BuildConnectorMeta(*sched.Output) sched.ConnectorMeta {
 	return &m
 }
 
+// notify stages telling the holder of st's remote KV that this engine will
+// not read it; not for expired params, whose hold has ended.
+func (c *Connector) notify(st *connReq) {
+	if st.expired == nil {
+		c.staged.notifies = append(c.staged.notifies, notifyJob{peer: st.remote.Peer(), reqID: st.remote.RequestID})
+	}
+}
+
 // RequestFinished implements sched.Connector. A prefill for a remote decode
 // that finished normally holds its prompt blocks under a lease and returns
 // the params the decode needs; aborted or failed, it frees at once. A
@@ -127,7 +137,7 @@ func (c *Connector) RequestFinished(r *sched.Request, blockIDs []int32) (bool, j
 	if st.remote != nil {
 		switch st.phase {
 		case waitingForAlloc:
-			c.staged.notifies = append(c.staged.notifies, notifyJob{peer: st.remote.Peer(), reqID: st.remote.RequestID})
+			c.notify(st)
 		case loading:
 			c.staged.cancels = append(c.staged.cancels, r.ID)
 		}

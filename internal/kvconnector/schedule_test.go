@@ -14,6 +14,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/sched"
 	"github.com/tandem-serve/tandem/internal/tensor"
 	"github.com/tandem-serve/tandem/internal/testmodels"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // ownModel loads a stories260K instance of its own for an engine that runs
@@ -92,7 +93,7 @@ func TestBusyDecodeStartsAPullWithinOneStep(t *testing.T) {
 			streams[i] = run(t, d.e, &engine.Request{Prompt: promptOf(uint64(100+i), 8), Params: greedy(200)})
 		}()
 	}
-	waitFor(t, func() bool { st := d.e.Stats(); return st.Running == 16 && st.Waiting == 0 })
+	testutil.WaitFor(t, "16 streams running and none waiting", 10*time.Second, func() bool { st := d.e.Stats(); return st.Running == 16 && st.Waiting == 0 })
 
 	kv := prefill(t, p, prompt, greedy(12))
 	got := decode(t, d, prompt, greedy(12), kv)

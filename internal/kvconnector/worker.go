@@ -101,9 +101,12 @@ func (c *Connector) startPull(j pullJob) {
 	go func() {
 		defer c.wg.Done()
 		var err error
-		if len(j.params.BlockIDs) != len(j.blocks) || len(j.blocks) == 0 {
+		switch {
+		case j.expired != nil:
+			err = j.expired
+		case len(j.params.BlockIDs) != len(j.blocks) || len(j.blocks) == 0:
 			err = fmt.Errorf("kv pull of request %q: %d remote blocks for %d local ones (engine bug)", j.id, len(j.params.BlockIDs), len(j.blocks))
-		} else {
+		default:
 			err = c.cons.Pull(ctx, j.params, dst)
 		}
 		if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -118,7 +121,7 @@ func (c *Connector) startPull(j pullJob) {
 		c.countHistoryPull(j.history, err)
 		if err != nil {
 			c.log.Warn("kv pull failed; the request gets a generic error", "id", j.id, "remote_engine_id", j.params.EngineID,
-				"remote_addr", j.params.Peer().Addr(), "reason", kvxfer.FailureReason(err), "err", logid.Redact(err.Error(), j.params.RequestID))
+				"remote_addr", j.params.Peer().Addr(), "reason", failureReason(err), "err", logid.Redact(err.Error(), j.params.RequestID))
 			c.report(failedLoad(j, err))
 			return
 		}
@@ -137,7 +140,7 @@ func (c *Connector) countHistoryPull(h *historyPull, err error) {
 	if h == nil || m == nil {
 		return
 	}
-	switch reason := kvxfer.FailureReason(err); {
+	switch reason := failureReason(err); {
 	case err == nil:
 		m.HistoryTokensPulled.Add(float64(h.tokens))
 		if h.recompute != "" {
@@ -159,7 +162,10 @@ func (c *Connector) countHistoryPull(h *historyPull, err error) {
 // (logid.Redact). The engine log has the details, under the request's id.
 func failedLoad(j pullJob, err error) engine.KVCompletions {
 	why := "the prompt's KV could not be loaded from the prefill engine; the decode engine's log has the details under this request's X-Request-Id — retry the request"
-	if fromAuthenticatedPeer(err) {
+	switch {
+	case errors.Is(err, kvxfer.ErrSignatureExpired):
+		why = "the kv_transfer_params expired: this leg arrived after the engine that issued them stopped holding their KV (a prefill's --kv-lease, or a decode's --kv-decode-hold-ttl, ended), so that KV is gone — retry the whole request, or run this engine with --kv-load-failure-policy recompute to compute the prompt here instead"
+	case fromAuthenticatedPeer(err):
 		msg := logid.Redact(logid.Redact(err.Error(), j.params.RequestID), j.params.EngineID)
 		why = fmt.Sprintf("pulling the prompt's KV from the prefill engine failed (%s): %s", kvxfer.FailureReason(err), msg)
 	}
@@ -168,6 +174,15 @@ func failedLoad(j pullJob, err error) engine.KVCompletions {
 		InvalidBlocks:   j.blocks,
 		LoadErrors:      map[string]string{j.id: why},
 	}
+}
+
+// failureReason is kvxfer.FailureReason, but expired for params whose
+// signature expired (which kvxfer counts as unauthenticated).
+func failureReason(err error) string {
+	if errors.Is(err, kvxfer.ErrSignatureExpired) {
+		return rejectedExpired
+	}
+	return kvxfer.FailureReason(err)
 }
 
 // fromAuthenticatedPeer reports errors only an authenticated producer's

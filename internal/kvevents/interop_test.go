@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/kvcache"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // These tests check the ZMTP subset against libzmq itself, through pyzmq (the
@@ -237,7 +238,7 @@ func TestTandemSubscriberReadsLibzmqPublisher(t *testing.T) {
 	if l := readLine(t, out); l != "published" {
 		t.Fatalf("python said %q", l)
 	}
-	waitFor(t, "all three batches are applied", func() bool { st, _ := sub.Stats("vllm"); return st.Next == 3 })
+	testutil.WaitFor(t, "all three batches are applied", 10*time.Second, func() bool { st, _ := sub.Stats("vllm"); return st.Next == 3 })
 	if got := idx.Match(hashes[:2], nil); len(got) != 1 || got[0].Blocks != 2 {
 		t.Errorf("Match = %v, want the engine with 2 blocks", got)
 	}

@@ -10,11 +10,9 @@ import (
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/kvcache"
 	"github.com/tandem-serve/tandem/internal/kvevents/zmtp"
-	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/sample"
-	"github.com/tandem-serve/tandem/internal/tensor"
-	"github.com/tandem-serve/tandem/internal/testmodels"
-	"github.com/tandem-serve/tandem/internal/tokenizer"
+	"github.com/tandem-serve/tandem/internal/testutil"
+	"github.com/tandem-serve/tandem/internal/testutil/loaded"
 )
 
 // These tests run publishers and subscribers over real loopback sockets.
@@ -66,27 +64,16 @@ func startSubscriber(t *testing.T, engines ...Engine) (*Index, *Subscriber) {
 	return idx, sub
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func waitSubscribed(t *testing.T, p *Publisher) {
 	t.Helper()
-	waitFor(t, "the subscriber subscribed", func() bool { return p.Stats().Subscribers == 1 })
+	testutil.WaitFor(t, "the subscriber subscribed", 10*time.Second, func() bool { return p.Stats().Subscribers == 1 })
 }
 
 // waitConnected waits until sub follows engine's live messages, its
 // connection's replay done.
 func waitConnected(t *testing.T, sub *Subscriber, engine string) {
 	t.Helper()
-	waitFor(t, engine+" followed live", func() bool { st, _ := sub.Stats(engine); return st.Connected })
+	testutil.WaitFor(t, engine+" followed live", 10*time.Second, func() bool { st, _ := sub.Stats(engine); return st.Connected })
 }
 
 // matched returns how many leading blocks of tokens engine holds.
@@ -134,13 +121,13 @@ func TestStoredAndRemovedBlocksReachTheIndex(t *testing.T) {
 	earlyIDs := cacheTokens(t, blocks, early)
 	pub.Flush()
 	idx, sub := startSubscriber(t, engineOf("e1", pub))
-	waitFor(t, "the early block is indexed", func() bool { return matched(idx, "e1", early) == 1 })
+	testutil.WaitFor(t, "the early block is indexed", 10*time.Second, func() bool { return matched(idx, "e1", early) == 1 })
 	waitSubscribed(t, pub)
 
 	prompt := seqTokens(1, 10) // two full blocks and a partial one
 	ids := cacheTokens(t, blocks, prompt)
 	pub.Flush()
-	waitFor(t, "the prompt's blocks are indexed", func() bool { return matched(idx, "e1", prompt) == 2 })
+	testutil.WaitFor(t, "the prompt's blocks are indexed", 10*time.Second, func() bool { return matched(idx, "e1", prompt) == 2 })
 	if got := matched(idx, "e1", append(seqTokens(1, 4), 99, 98, 97, 96)); got != 1 {
 		t.Errorf("a prompt sharing the first block matches %d blocks, want 1", got)
 	}
@@ -154,7 +141,7 @@ func TestStoredAndRemovedBlocksReachTheIndex(t *testing.T) {
 		t.Fatal("allocate 4")
 	}
 	pub.Flush()
-	waitFor(t, "evicted blocks leave the index", func() bool { return idx.Blocks("e1") == 0 })
+	testutil.WaitFor(t, "evicted blocks leave the index", 10*time.Second, func() bool { return idx.Blocks("e1") == 0 })
 	st, _ := sub.Stats("e1")
 	if st.Gaps != 0 || st.Lost != 0 || st.Restarts != 0 || st.Malformed != 0 {
 		t.Errorf("stats %+v: want no gap, loss, restart or malformed batch", st)
@@ -186,18 +173,29 @@ func TestOneStepsBlocksAreOneEvent(t *testing.T) {
 	blocks.Uncache(ids[0])
 	pub.Flush()
 	pub.Flush() // nothing pending: no batch
-	waitFor(t, "two batches published", func() bool { return pub.Stats().Published == 2 })
-	time.Sleep(10 * time.Millisecond)
-	if got := pub.Stats().Published; got != 2 {
-		t.Fatalf("%d batches published, want 2", got)
+	// A barrier: one more event, flushed. Had the empty Flush published a
+	// batch, the barrier's would be the fourth, not the third.
+	blocks.Uncache(ids[1])
+	pub.Flush()
+	testutil.WaitFor(t, "three batches published", 10*time.Second, func() bool { return pub.Stats().Published >= 3 })
+	batches := pub.ring.from(0)
+	if len(batches) != 3 {
+		t.Fatalf("%d batches published, want 3 (two, then the barrier's)", len(batches))
 	}
-	batch, err := DecodeBatch(pub.ring.from(1)[0].payload)
+	batch, err := DecodeBatch(batches[1].payload)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(batch.Events) != 2 || !batch.Events[0].HasParent || batch.Events[0].Parent != want[2] || len(batch.Events[0].Tokens) != 4 ||
 		batch.Events[1].Kind != BlockRemoved || batch.Events[1].Hashes[0] != want[0] {
 		t.Fatalf("batch %+v: want a store whose parent is block 2, then the removal of block 0", batch.Events)
+	}
+	barrier, err := DecodeBatch(batches[2].payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(barrier.Events) != 1 || barrier.Events[0].Kind != BlockRemoved || barrier.Events[0].Hashes[0] != want[1] {
+		t.Fatalf("third batch %+v: want the barrier's removal of block 1 (an empty Flush published a batch?)", barrier.Events)
 	}
 }
 
@@ -216,7 +214,7 @@ func TestLostMessageIsRecoveredThroughReplay(t *testing.T) {
 		cacheTokens(t, blocks, p)
 		pub.Flush()
 	}
-	waitFor(t, "all three batches are applied", func() bool {
+	testutil.WaitFor(t, "all three batches are applied", 10*time.Second, func() bool {
 		st, _ := sub.Stats("e1")
 		return st.Next == 3
 	})
@@ -246,7 +244,7 @@ func TestLostMessageWithoutReplayClearsTheEngine(t *testing.T) {
 		cacheTokens(t, blocks, p)
 		pub.Flush()
 	}
-	waitFor(t, "the last batch is applied", func() bool {
+	testutil.WaitFor(t, "the last batch is applied", 10*time.Second, func() bool {
 		st, _ := sub.Stats("e1")
 		return st.Next == 3
 	})
@@ -288,7 +286,7 @@ func TestEngineRestartClearsItsEntries(t *testing.T) {
 			other.Flush()
 			cacheTokens(t, blocks, seqTokens(50, 4))
 			first.Flush()
-			waitFor(t, "both engines' blocks are indexed", func() bool {
+			testutil.WaitFor(t, "both engines' blocks are indexed", 10*time.Second, func() bool {
 				return matched(idx, "e1", old) == 2 && matched(idx, "e2", old) == 2
 			})
 
@@ -306,7 +304,7 @@ func TestEngineRestartClearsItsEntries(t *testing.T) {
 			cacheTokens(t, blocks2, fresh)
 			second.Flush()
 
-			waitFor(t, "the new process's block is indexed", func() bool { return matched(idx, "e1", fresh) == 1 })
+			testutil.WaitFor(t, "the new process's block is indexed", 10*time.Second, func() bool { return matched(idx, "e1", fresh) == 1 })
 			if got := matched(idx, "e1", old); got != 0 {
 				t.Errorf("the restarted engine still matches %d blocks of its old cache", got)
 			}
@@ -336,10 +334,10 @@ func TestCloseAndRemoveClearEntries(t *testing.T) {
 	pub.Flush()
 	cacheTokens(t, blocks2, p)
 	pub2.Flush()
-	waitFor(t, "both indexed", func() bool { return len(idx.Match(BlockHashes(testFingerprint, 4, p), nil)) == 2 })
+	testutil.WaitFor(t, "both indexed", 10*time.Second, func() bool { return len(idx.Match(BlockHashes(testFingerprint, 4, p), nil)) == 2 })
 
 	pub.Close(time.Second) // a graceful stop publishes AllBlocksCleared
-	waitFor(t, "e1 cleared", func() bool { return idx.Blocks("e1") == 0 })
+	testutil.WaitFor(t, "e1 cleared", 10*time.Second, func() bool { return idx.Blocks("e1") == 0 })
 	sub.Remove("e2")
 	if idx.Blocks("e2") != 0 || idx.Engines() != 1 {
 		t.Errorf("after removing e2: %d blocks, %d engines", idx.Blocks("e2"), idx.Engines())
@@ -351,7 +349,7 @@ func TestReplaySocketAnswersLikeVLLMs(t *testing.T) {
 	for i := range 3 {
 		pub.enqueue([]Event{{Kind: BlockRemoved, Hashes: []uint64{uint64(i)}}})
 	}
-	waitFor(t, "three batches published", func() bool { return pub.Stats().Published == 3 })
+	testutil.WaitFor(t, "three batches published", 10*time.Second, func() bool { return pub.Stats().Published == 3 })
 	sub := NewSubscriber(NewIndex(), SubscriberOptions{Logger: quiet})
 	var seqs []uint64
 	es := &engineSub{eng: engineOf("e", pub)}
@@ -386,7 +384,7 @@ func TestPublishingNeverBlocksTheEngine(t *testing.T) {
 	if err := z.Subscribe(nil); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "subscribed", func() bool { return p.Stats().Subscribers == 1 })
+	testutil.WaitFor(t, "subscribed", 10*time.Second, func() bool { return p.Stats().Subscribers == 1 })
 	start := time.Now()
 	big := make([]uint64, 1<<14)
 	for range 2000 {
@@ -397,7 +395,7 @@ func TestPublishingNeverBlocksTheEngine(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("2000 flushes took %v", d)
 	}
-	waitFor(t, "drops counted", func() bool { st := p.Stats(); return st.QueueDrops+st.PeerDrops > 0 })
+	testutil.WaitFor(t, "drops counted", 10*time.Second, func() bool { st := p.Stats(); return st.QueueDrops+st.PeerDrops > 0 })
 }
 
 func TestPublisherClosesSubscribersPastMaxSubscribers(t *testing.T) {
@@ -422,21 +420,14 @@ func TestPublisherClosesSubscribersPastMaxSubscribers(t *testing.T) {
 
 	// The first keeps receiving.
 	p.enqueue([]Event{{Kind: BlockStored, Hashes: []uint64{42}, BlockSize: 4}})
-	waitFor(t, "the block is indexed", func() bool { return idx.Blocks("e1") == 1 })
+	testutil.WaitFor(t, "the block is indexed", 10*time.Second, func() bool { return idx.Blocks("e1") == 1 })
 }
 
 // TestRealEngine runs stories260K with a publisher: the blocks of a prompt
 // it computed reach the index under the hashes BlockHashes gives.
 func TestRealEngine(t *testing.T) {
-	dir := testmodels.Stories260K(t)
-	m, err := model.Load(dir, tensor.NewPool(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := loaded.Stories(t)
+	m, tok := st.Model, st.Tokenizer
 	cfg := Config{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@engine@stories260K", BufferSteps: 100, HWM: 1000, MaxQueueSize: 100}
 	pub, err := NewPublisher(cfg, PublisherOptions{BlockSize: 16, Logger: quiet})
 	if err != nil {
@@ -462,7 +453,7 @@ func TestRealEngine(t *testing.T) {
 	}
 	want := len(prompt) / 16
 	hashes := BlockHashes(m.Fingerprint(), 16, prompt)
-	waitFor(t, "the prompt's full blocks are indexed", func() bool {
+	testutil.WaitFor(t, "the prompt's full blocks are indexed", 10*time.Second, func() bool {
 		hits := idx.Match(hashes, nil)
 		return len(hits) == 1 && hits[0].Engine == "engine" && hits[0].Blocks == want
 	})

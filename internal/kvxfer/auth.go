@@ -27,6 +27,11 @@ const MinSecretBytes = 16
 // authentication and of a kv_transfer_params signature check.
 var ErrUnauthenticated = errors.New("not authenticated")
 
+// ErrSignatureExpired: kv_transfer_params whose signature is genuine but
+// whose expiry (plus Signer.Skew) has passed. Signer.Verify wraps it with
+// ErrUnauthenticated, so a late decode leg can be told from a forged one.
+var ErrSignatureExpired = errors.New("kv_transfer_params expired")
+
 // Secret is the cluster's shared KV secret, known to every prefill and
 // decode engine of one deployment and to nobody else. Two keys are derived
 // from it (HMAC-SHA256 with distinct labels), so a signature made for one
@@ -168,8 +173,9 @@ func (s *Signer) Sign(g Grant, expiry time.Time) string {
 
 // Verify checks that sig is a signature of g made with this signer's key
 // and not expired at now (beyond Skew). Every failure wraps
-// ErrUnauthenticated and says which check failed, for the engine's log;
-// clients get a generic message.
+// ErrUnauthenticated (an expired signature ErrSignatureExpired too) and
+// says which check failed, for the engine's log; clients get a generic
+// message.
 func (s *Signer) Verify(g Grant, sig string, now time.Time) error {
 	if sig == "" {
 		return fmt.Errorf("%w: kv_transfer_params carry no %s", ErrUnauthenticated, SignatureParam)
@@ -191,7 +197,7 @@ func (s *Signer) Verify(g Grant, sig string, now time.Time) error {
 		return fmt.Errorf("%w: %s does not match the params (altered, or signed with another secret)", ErrUnauthenticated, SignatureParam)
 	}
 	if exp := time.UnixMilli(ms); now.After(exp.Add(s.Skew)) {
-		return fmt.Errorf("%w: %s expired %s ago", ErrUnauthenticated, SignatureParam, now.Sub(exp).Round(time.Millisecond))
+		return fmt.Errorf("%w: %w %s ago (%s)", ErrUnauthenticated, ErrSignatureExpired, now.Sub(exp).Round(time.Millisecond), SignatureParam)
 	}
 	return nil
 }

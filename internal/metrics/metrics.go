@@ -35,6 +35,12 @@ type Engine struct {
 	KVBlocksHeld       prometheus.Gauge
 	KVLeasesExpired    prometheus.Counter
 	PDFallbacks        *prometheus.CounterVec // reason
+	// KVParamsRejected counts kv_transfer_params naming remote KV that an
+	// engine refused or could not use, by reason: expired (genuine, but
+	// the leg came after the issuer's hold ended; the load-failure policy
+	// then recomputes or fails), bad_signature, peer_not_allowed,
+	// other_prompt.
+	KVParamsRejected *prometheus.CounterVec
 	// HistoryRecomputed counts turn-2 prefills that computed a
 	// conversation's history locally instead of pulling it from the
 	// decode that holds it, by reason (below_threshold, history_mismatch,
@@ -115,6 +121,7 @@ func NewEngine(modelName string) *Engine {
 	e.KVTransferFailures = cv("tandem:kv_transfer_failures_total", "KV transfers that failed, by reason.", "reason")
 	e.KVBlocksHeld = g("tandem:kv_blocks_held", "KV blocks held under a lease for a remote decode (prefill side).")
 	e.KVLeasesExpired = c("tandem:kv_leases_expired_total", "Leases on KV blocks that expired before the decode read them.")
+	e.KVParamsRejected = cv("tandem:kv_params_rejected_total", "kv_transfer_params naming remote KV that this engine refused or could not use, by reason (expired, bad_signature, peer_not_allowed, other_prompt).", "reason")
 	e.PDFallbacks = cv("tandem:pd_fallbacks_total", "Requests meant for the P/D path that did not take it, by reason.", "reason")
 	e.HistoryRecomputed = cv("tandem:kv_history_recomputed_total", "Turn-2 prefills that computed the conversation history locally instead of pulling it, by reason.", "reason")
 	e.HistoryTokensPulled = c("tandem:kv_history_tokens_pulled_total", "Conversation-history tokens turn-2 prefills pulled from a decode engine.")

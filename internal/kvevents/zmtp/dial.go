@@ -3,7 +3,6 @@ package zmtp
 import (
 	"context"
 	"fmt"
-	"net"
 )
 
 // Dial connects a SUB or DEALER socket to addr (host:port) and runs the
@@ -14,8 +13,7 @@ func Dial(ctx context.Context, addr, sockType string, opts Options) (*Conn, erro
 		return nil, fmt.Errorf("zmtp: Dial makes SUB and DEALER sockets, not %q", sockType)
 	}
 	opts = opts.withDefaults()
-	d := net.Dialer{Timeout: opts.HandshakeTimeout}
-	c, err := d.DialContext(ctx, "tcp", addr)
+	c, err := opts.Dial(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}

@@ -1,7 +1,9 @@
 package zmtp
 
 import (
+	"context"
 	"log/slog"
+	"net"
 	"time"
 )
 
@@ -21,6 +23,9 @@ type Options struct {
 	// Logger gets connection failures at debug level (default
 	// slog.Default()).
 	Logger *slog.Logger
+	// Dial opens the TCP connections of Dial and DialPub (default a
+	// net.Dialer bounded by HandshakeTimeout); tests dial in memory.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // DefaultMaxPeers is the default bound on a listening socket's connections.
@@ -44,6 +49,10 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.Dial == nil {
+		d := net.Dialer{Timeout: o.HandshakeTimeout}
+		o.Dial = d.DialContext
 	}
 	return o
 }

@@ -10,11 +10,13 @@ import (
 	"time"
 )
 
-// Redial backoff of DialPub.
-const (
-	redialMin = 100 * time.Millisecond
-	redialMax = 5 * time.Second
-)
+// redialInterval is how soon DialPub dials again after a failed dial or a
+// lost connection: libzmq's ZMQ_RECONNECT_IVL default, with its
+// ZMQ_RECONNECT_IVL_MAX default (0: no backoff), which is what vLLM's
+// pyzmq publisher runs with. A subscriber that binds late thus gets the
+// batches from at most 100 ms after it starts, however long the engine
+// has been dialing; a refused dial costs a round trip.
+const redialInterval = 100 * time.Millisecond
 
 // PubSocket is a ZMQ PUB socket: it sends each message to every peer
 // subscribed to a prefix of the message's first frame, through a queue of
@@ -49,7 +51,8 @@ func ListenPub(addr string, opts Options) (*PubSocket, error) {
 }
 
 // DialPub connects a PUB socket to a subscriber that binds addr, and keeps
-// one connection to it, redialing with backoff until Close.
+// one connection to it, redialing every 100 ms (as libzmq does by default)
+// until Close.
 func DialPub(addr string, opts Options) *PubSocket {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &PubSocket{opts: opts.withDefaults(), peers: make(map[*pubPeer]struct{}), cancelDial: cancel, dialDone: make(chan struct{})}
@@ -67,30 +70,23 @@ func (s *PubSocket) Addr() net.Addr {
 
 func (s *PubSocket) dialLoop(ctx context.Context, addr string) {
 	defer close(s.dialDone)
-	backoff := redialMin
 	for {
-		d := net.Dialer{Timeout: s.opts.HandshakeTimeout}
-		c, err := d.DialContext(ctx, "tcp", addr)
+		c, err := s.opts.Dial(ctx, "tcp", addr)
 		if err == nil {
 			if !s.dialConns.add(c, 0) { // closed
 				c.Close()
 				return
 			}
-			start := time.Now()
 			s.servePeer(c, false)
 			s.dialConns.done(c)
-			if time.Since(start) > redialMax {
-				backoff = redialMin
-			}
 		} else {
 			s.opts.Logger.Debug("zmtp: dial subscriber", "addr", addr, "err", err)
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-time.After(redialInterval):
 		}
-		backoff = min(2*backoff, redialMax)
 	}
 }
 

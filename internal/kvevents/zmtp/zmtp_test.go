@@ -10,21 +10,11 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-// waitFor polls cond until it holds or a 10 s deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
 
 // bytesConn is a Conn that reads in and discards what it writes.
 func bytesConn(in []byte, maxFrame int64) *Conn {
@@ -145,7 +135,7 @@ func TestPubSocketRefusesConnectionsPastMaxPeers(t *testing.T) {
 	}
 	defer s.Close()
 	a, b := subscribe(t, s), subscribe(t, s)
-	waitFor(t, "two subscribers", func() bool { return s.Subscribers() == 2 })
+	testutil.WaitFor(t, "two subscribers", 10*time.Second, func() bool { return s.Subscribers() == 2 })
 
 	// The third connection is closed on accept: its handshake fails.
 	if z, err := Dial(context.Background(), s.Addr().String(), SUB, Options{HandshakeTimeout: 2 * time.Second}); err == nil {
@@ -173,8 +163,8 @@ func TestPubSocketRefusesConnectionsPastMaxPeers(t *testing.T) {
 
 	// A subscriber that leaves frees its slot.
 	a.Close()
-	waitFor(t, "the first subscriber gone", func() bool { return s.Subscribers() == 1 })
-	waitFor(t, "a new subscriber admitted", func() bool {
+	testutil.WaitFor(t, "the first subscriber gone", 10*time.Second, func() bool { return s.Subscribers() == 1 })
+	testutil.WaitFor(t, "a new subscriber admitted", 10*time.Second, func() bool {
 		z, err := Dial(context.Background(), s.Addr().String(), SUB, Options{HandshakeTimeout: 2 * time.Second})
 		if err != nil {
 			return false
@@ -278,7 +268,7 @@ func TestDialPubRedialsASubscriberThatBinds(t *testing.T) {
 		if err := z.Subscribe([]byte("kv@")); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "subscribed", func() bool { return s.Subscribers() == 1 })
+		testutil.WaitFor(t, "subscribed", 10*time.Second, func() bool { return s.Subscribers() == 1 })
 		s.Publish(msg)
 		got, err := z.ReadMsg(nil)
 		if err != nil {
@@ -288,6 +278,6 @@ func TestDialPubRedialsASubscriberThatBinds(t *testing.T) {
 			t.Errorf("connection %d (-want +got):\n%s", i, diff)
 		}
 		z.Close()
-		waitFor(t, "the connection gone", func() bool { return s.Subscribers() == 0 })
+		testutil.WaitFor(t, "the connection gone", 10*time.Second, func() bool { return s.Subscribers() == 0 })
 	}
 }
