@@ -120,7 +120,7 @@ func (c *Connector) startPull(j pullJob) {
 		cancel()
 		c.countHistoryPull(j.history, err)
 		if err != nil {
-			c.log.Warn("kv pull failed; the request gets a generic error", "id", j.id, "remote_engine_id", j.params.EngineID,
+			c.log.Warn("kv pull failed; --kv-load-failure-policy decides: the decode recomputes the prompt, or the client gets a generic error", "id", j.id, "remote_engine_id", j.params.EngineID,
 				"remote_addr", j.params.Peer().Addr(), "reason", failureReason(err), "err", logid.Redact(err.Error(), j.params.RequestID))
 			c.report(failedLoad(j, err))
 			return
