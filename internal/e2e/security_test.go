@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -313,9 +314,26 @@ func TestForgedKVParamsNeverMakeADecodeDial(t *testing.T) {
 			refused(t, decode, fixed(p))
 		})
 		t.Run("signed with the cluster's secret but expired", func(t *testing.T) {
-			refused(t, decode, func(body map[string]any) map[string]any {
-				return signParams(t, forgedParams("127.0.0.1", ln.port, n), body, time.Now().Add(-2*time.Minute))
-			})
+			// Genuine params past their expiry are a timing fault, not a
+			// forgery: the load fails at once, before any dial, and the
+			// load-failure policy answers (this decode's is "fail": a 500
+			// that says the params expired, naming no address).
+			body := fresh()
+			kv := clone(signParams(t, forgedParams("127.0.0.1", ln.port, n), body, time.Now().Add(-2*time.Minute)))
+			if _, ok := kv["tandem_prompt_digest"]; !ok {
+				kv["tandem_prompt_digest"] = promptDigestOf(t, body)
+			}
+			body["kv_transfer_params"] = kv
+			start := time.Now()
+			r := postJSON(t, decode.url+"/v1/completions", body)
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("the answer took %v: did the decode dial first?", d.Round(time.Millisecond))
+			}
+			if r.status != http.StatusInternalServerError || !strings.Contains(errorMessage(r.body), "expired") {
+				t.Errorf("status %d, want 500 saying the params expired: %s", r.status, r.body)
+			}
+			checkErrorBody(t, r, "127.0.0.1:"+strconv.Itoa(ln.port), strconv.Itoa(ln.port))
+			ln.expectNoDial(t)
 		})
 
 		// A real prefill's params, altered one field at a time. Each

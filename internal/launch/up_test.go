@@ -479,7 +479,9 @@ func TestRunWithFakeEngines(t *testing.T) {
 		go func() {
 			defer close(done)
 			runErr = Run(context.Background(), Config{Executable: exe, ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Decode: 2,
-				Restart: RestartPolicy{Limit: 2, Window: time.Minute, Backoff: 10 * time.Millisecond}})
+				// The first backoff (1s) is the test's time to take the
+				// killed engine's port before its first restart does.
+				Restart: RestartPolicy{Limit: 2, Window: time.Minute, Backoff: time.Second}})
 		}()
 		waitEndpoint(t, &stdout, done)
 		pids := childPIDs(stderr.String())
