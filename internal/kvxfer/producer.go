@@ -19,7 +19,7 @@ import (
 // Defaults for ProducerConfig and ConsumerConfig.
 const (
 	DefaultMaxConns          = 256
-	DefaultMaxConnsPerPeer   = 64
+	DefaultMaxConnsPerPeer   = 128
 	DefaultMaxPending        = 128
 	DefaultMaxPendingPerHost = 32
 	DefaultIOTimeout         = 10 * time.Second
