@@ -63,7 +63,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 
 	fs.StringVar((*string)(&c.Role), "role", string(kvconnector.RoleBoth), "prefill (serve do_remote_decode requests and hold their KV for a decode engine), decode (pull a prefill's KV for do_remote_prefill requests) or both; every role also serves plain requests")
 	fs.StringVar(&c.KVHost, "kv-host", "127.0.0.1", "KV side-channel address to listen on and to advertise to decode engines (prefill and both)")
-	fs.IntVar(&c.KVPort, "kv-port", kvxfer.DefaultPort, "KV side-channel port (prefill and both)")
+	fs.IntVar(&c.KVPort, "kv-port", kvxfer.DefaultPort, "KV side-channel port (prefill and both); 0 picks a free one. Unless given, a taken port falls back to a free one (logged), so several engines can share a host; the port bound is what kv_transfer_params advertise")
 	fs.StringVar(&c.EngineID, "engine-id", "", "this engine's id in kv_transfer_params (default: a fresh UUID per process)")
 	fs.DurationVar(&c.KVLease, "kv-lease", kvxfer.DefaultLease, "how long a prefill holds KV that no decode engine has read; heartbeats from a queued decode extend it")
 	fs.StringVar((*string)(&c.KVTransport), "kv-transport", string(kvxfer.TransportAuto), "how a decode pulls KV: auto (shared memory with a prefill on this host, else TCP), tcp or shm")
@@ -93,6 +93,7 @@ func parseServeFlags(args []string) (*serveFlags, error) {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	c := &f.Config
+	c.KVPortFallback = !flagGiven(fs, "kv-port")
 	if c.APIKey == "" { // read after parsing, not as the flag default, so -h never prints it
 		c.APIKey = os.Getenv(openai.APIKeyEnv)
 	}
@@ -116,6 +117,13 @@ func parseServeFlags(args []string) (*serveFlags, error) {
 	c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: f.LogLevel}))
 	c.Version = version()
 	return f, nil
+}
+
+// flagGiven reports whether name was set on the command line.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }
 
 // load reads the files the flags name into the Config.

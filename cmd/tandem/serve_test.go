@@ -28,7 +28,7 @@ func TestParseServeFlags(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if a.Role != "both" || a.KVHost != "127.0.0.1" || a.KVPort != 5600 || a.KVLease != 30*time.Second ||
+		if a.Role != "both" || a.KVHost != "127.0.0.1" || a.KVPort != 5600 || !a.KVPortFallback || a.KVLease != 30*time.Second ||
 			a.KVTransport != "auto" || a.KVLoadFailurePolicy != "fail" || a.EngineID == "" || a.EngineID == b.EngineID {
 			t.Errorf("config %+v (second engine id %q)", a, b.EngineID)
 		}
@@ -39,7 +39,7 @@ func TestParseServeFlags(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c.Role != "decode" || c.KVHost != "0.0.0.0" || c.KVPort != 5601 || c.EngineID != "d0" || c.KVLease != time.Minute ||
+		if c.Role != "decode" || c.KVHost != "0.0.0.0" || c.KVPort != 5601 || c.KVPortFallback || c.EngineID != "d0" || c.KVLease != time.Minute ||
 			c.KVTransport != "tcp" || c.KVLoadFailurePolicy != "recompute" {
 			t.Errorf("config %+v", c)
 		}

@@ -772,8 +772,8 @@ func TestSideChannelAbuse(t *testing.T) {
 			if err != nil || d > closeLimit {
 				t.Errorf("connection closed after %v (err %v), want closed by the producer within %v", d.Round(time.Millisecond), err, closeLimit)
 			}
-			if d < kvxfer.DefaultAuthTimeout/2 {
-				t.Errorf("closed after %v, before the slow loris did anything wrong (the deadline is %v)", d.Round(time.Millisecond), kvxfer.DefaultAuthTimeout)
+			if d < kvxfer.DefaultHelloTimeout/2 {
+				t.Errorf("closed after %v, before the slow loris did anything wrong (its HELLO is due within %v)", d.Round(time.Millisecond), kvxfer.DefaultHelloTimeout)
 			}
 			t.Logf("closed after %v", d.Round(time.Millisecond))
 		})

@@ -118,7 +118,7 @@ func FuzzProducerHandshake(f *testing.F) {
 		}()
 		p := &Producer{cfg: ProducerConfig{Secret: testSecret, AuthTimeout: 20 * time.Millisecond, IOTimeout: 20 * time.Millisecond}, info: tiny}
 		s := &srvConn{p: p, c: a}
-		if err := s.authenticate(func() bool { return true }); err == nil || s.hello {
+		if err := s.authenticate(func(string) string { return "" }); err == nil || s.hello {
 			t.Fatalf("a peer without the secret authenticated with %q", in)
 		}
 	})

@@ -21,8 +21,8 @@ var testSecret = func() Secret {
 // secret s, announcing info: fake producers use it to get past
 // authentication and then misbehave.
 func fakeServerHandshake(c net.Conn, s Secret, info Info) error {
-	p := &Producer{cfg: ProducerConfig{Secret: s, AuthTimeout: 5 * time.Second, IOTimeout: 5 * time.Second}, info: info}
-	return (&srvConn{p: p, c: c}).authenticate(func() bool { return true })
+	p := &Producer{cfg: ProducerConfig{Secret: s, HelloTimeout: 5 * time.Second, AuthTimeout: 5 * time.Second, IOTimeout: 5 * time.Second}, info: info}
+	return (&srvConn{p: p, c: c}).authenticate(func(string) string { return "" })
 }
 
 // rawClientHandshake runs the consumer's side of the handshake on c with

@@ -1,6 +1,7 @@
 package kvxfer
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -29,7 +30,10 @@ import (
 // the network path is not trusted.
 //
 // Until AUTH checked out the producer accepts only these frames, each at
-// most maxPreAuthPayload bytes, all within AuthTimeout.
+// most maxPreAuthPayload bytes, HELLO within HelloTimeout of the accept and
+// all within AuthTimeout; a byte that cannot open a frame ends the
+// connection as soon as it arrives. How many connections may be at this
+// stage, and who gives way to whom, is admission.go's.
 
 const (
 	nonceSize = 32
@@ -64,9 +68,11 @@ func nonce() []byte {
 const errAuthMessage = "authentication failed: the decode and prefill engines must share one KV secret (--kv-secret-file or " + SecretEnv + ")"
 
 // readPreAuth reads one frame of the handshake on the producer side: type
-// want, payload at most maxPreAuthPayload bytes.
+// want, payload at most maxPreAuthPayload bytes. The header is checked as
+// its bytes arrive, so a peer sending anything but a frame, however
+// slowly, is refused at its first wrong byte.
 func readPreAuth(r io.Reader, hb *[headerSize]byte, want msgType) (header, []byte, error) {
-	h, err := readHeader(r, hb)
+	h, err := readHeaderEager(r, hb)
 	if err != nil {
 		return h, nil, err
 	}
@@ -83,17 +89,49 @@ func readPreAuth(r io.Reader, hb *[headerSize]byte, want msgType) (header, []byt
 	return h, p, nil
 }
 
+// readHeaderEager reads a frame header like readHeader, but checks the
+// magic after every read rather than once all of the header is there.
+func readHeaderEager(r io.Reader, buf *[headerSize]byte) (header, error) {
+	n := 0
+	for n < headerSize {
+		m, err := r.Read(buf[n:])
+		n += m
+		if k := min(n, len(magic)); !bytes.Equal(buf[:k], magic[:k]) {
+			return header{}, fmt.Errorf("%w: bad magic %q (is something other than a tandem kv consumer connecting?)", errBadFrame, buf[:k])
+		}
+		if n == headerSize {
+			break
+		}
+		if err != nil {
+			if err == io.EOF && n > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			return header{}, err
+		}
+	}
+	return parseHeader(buf[:])
+}
+
 // errNoSlot ends a connection that authenticated while every connection
 // slot was taken (the peer was told busy).
 var errNoSlot = errors.New("side-channel connection limit reached")
 
 // authenticate runs the producer's side of the handshake. admit is called
-// once the consumer has proved the secret and takes a connection slot;
-// false refuses the connection as busy. On success the connection may send
+// with the consumer's engine id once the consumer has proved the secret,
+// and takes a connection slot; a non-empty answer refuses the connection
+// as busy, with that message. On success the connection may send
 // anything; on failure the caller closes it.
-func (s *srvConn) authenticate(admit func() bool) error {
+func (s *srvConn) authenticate(admit func(engineID string) string) error {
 	p := s.p
-	s.c.SetDeadline(time.Now().Add(p.cfg.AuthTimeout))
+	start := s.start
+	if start.IsZero() {
+		start = time.Now()
+	}
+	helloBy := p.cfg.HelloTimeout
+	if helloBy <= 0 || helloBy > p.cfg.AuthTimeout {
+		helloBy = p.cfg.AuthTimeout
+	}
+	s.c.SetDeadline(start.Add(helloBy))
 	defer s.c.SetDeadline(time.Time{})
 	h, nd, err := readPreAuth(s.c, &s.hb, msgHello)
 	if err != nil {
@@ -102,6 +140,8 @@ func (s *srvConn) authenticate(admit func() bool) error {
 	if len(nd) != nonceSize {
 		return fmt.Errorf("%w: HELLO carries %d bytes, want a %d-byte nonce", errBadFrame, len(nd), nonceSize)
 	}
+	p.helloRead(s.raw)
+	s.c.SetDeadline(start.Add(p.cfg.AuthTimeout))
 	key := p.cfg.Secret.channelKey()
 	np := nonce()
 	if err := s.send(frame(msgChallenge, h.Corr, func(b []byte) []byte {
@@ -126,8 +166,8 @@ func (s *srvConn) authenticate(admit func() bool) error {
 	// Take a connection slot before answering, so a consumer that has its
 	// HELLO_ACK holds a slot, and one refused learns it here, where it
 	// retries with backoff.
-	if !admit() {
-		s.sendError(h.Corr, CodeBusy, fmt.Sprintf("prefill engine %s has %d side-channel connections, its limit: retry later or raise its connection limit", p.info.EngineID, p.cfg.MaxConns))
+	if why := admit(in.EngineID); why != "" {
+		s.sendError(h.Corr, CodeBusy, why)
 		return errNoSlot
 	}
 	now := p.info

@@ -375,17 +375,21 @@ func (c *Consumer) dialHello(ctx context.Context, p *peerState) (*pconn, Info, e
 }
 
 // refusedBusy reports a connection the producer refused for lack of
-// handshake slots: an ERROR busy on accept, or, under TLS (where the
-// refusal is a bare close), a connection closed during the TLS handshake.
+// handshake slots: an ERROR busy (on accept, or when a newer connection
+// displaced it), or a bare close before the handshake ended (under TLS a
+// refusal is one; a displaced connection may see one too).
 func refusedBusy(err error) bool {
 	var re *RemoteError
 	if errors.As(err, &re) {
 		return re.Code == CodeBusy
 	}
-	return errors.Is(err, errTLSClosed)
+	return errors.Is(err, errTLSClosed) || errors.Is(err, errHandshakeClosed)
 }
 
-var errTLSClosed = errors.New("connection closed during the TLS handshake")
+var (
+	errTLSClosed       = errors.New("connection closed during the TLS handshake")
+	errHandshakeClosed = errors.New("connection closed during the side-channel handshake")
+)
 
 func (c *Consumer) dialHelloOnce(ctx context.Context, p *peerState) (*pconn, Info, error) {
 	nc, err := c.cfg.Dial(ctx, "tcp", p.addr)
@@ -417,6 +421,9 @@ func (c *Consumer) dialHelloOnce(ctx context.Context, p *peerState) (*pconn, Inf
 	info, err := c.clientHandshake(ctx, cn)
 	if err != nil {
 		c.closeConn(cn)
+		if isStale(err) && ctx.Err() == nil {
+			return nil, Info{}, fmt.Errorf("handshake with prefill engine %s at %s: %w (%w)", p.id, p.addr, errHandshakeClosed, err)
+		}
 		return nil, Info{}, fmt.Errorf("handshake with prefill engine %s at %s: %w", p.id, p.addr, err)
 	}
 	if cs := cn.clock; cs.ok {

@@ -19,6 +19,7 @@ import (
 // Defaults for ProducerConfig and ConsumerConfig.
 const (
 	DefaultMaxConns          = 256
+	DefaultMaxConnsPerPeer   = 128
 	DefaultMaxPending        = 128
 	DefaultMaxPendingPerHost = 32
 	DefaultIOTimeout         = 10 * time.Second
@@ -57,18 +58,34 @@ type ProducerConfig struct {
 	// refused on accept, before anything is read.
 	Peers *PeerPolicy
 	// TLS, if set, wraps every accepted connection (see TLSConfigs); its
-	// handshake counts against AuthTimeout.
+	// handshake counts against HelloTimeout and AuthTimeout.
 	TLS *tls.Config
-	// AuthTimeout bounds a connection's handshake (DefaultAuthTimeout).
+	// HelloTimeout bounds the time from accept to the consumer's first
+	// frame, HELLO (DefaultHelloTimeout): a consumer sends it at once, so a
+	// connection that stays silent or dribbles bytes gives its handshake
+	// slot back early.
+	HelloTimeout time.Duration
+	// AuthTimeout bounds a connection's whole handshake
+	// (DefaultAuthTimeout).
 	AuthTimeout time.Duration
 	// MaxConns bounds concurrent authenticated side-channel connections
-	// (DefaultMaxConns).
-	MaxConns int
+	// (DefaultMaxConns), and MaxConnsPerPeer those of one consumer
+	// engine (DefaultMaxConnsPerPeer), identified by the engine id it
+	// announced with its proof of the secret, not by its address: decode
+	// engines on one host share an address but not a budget.
+	MaxConns        int
+	MaxConnsPerPeer int
 	// MaxPending bounds connections still in their handshake
 	// (DefaultMaxPending), and MaxPendingPerHost those from one IP
-	// address (DefaultMaxPendingPerHost), so unauthenticated peers can
-	// neither exhaust the slots of authenticated ones nor, from one
-	// address, those of other addresses.
+	// address (DefaultMaxPendingPerHost). These are a budget of their own:
+	// unauthenticated connections never take an authenticated one's slot.
+	// When they are full a new connection is not refused: it displaces
+	// the oldest pending connection (of its address when that address is
+	// full) that has not sent its HELLO yet, else the oldest one. A real
+	// consumer sends HELLO at once and answers the challenge within a
+	// round trip, so a flood of idle or slow connections, even from the
+	// decodes' own address, cannot keep it out; the displaced one is told
+	// busy and, if it was real, retries.
 	MaxPending        int
 	MaxPendingPerHost int
 	// IOTimeout bounds each read or write on a connection once a request is
@@ -112,11 +129,15 @@ type Producer struct {
 	// quiescing: Shutdown began; no connection is accepted and none
 	// starts another request.
 	quiescing bool
-	// authed counts connections past the handshake; pending those in it,
-	// in total and per remote IP.
+	// authed counts connections past the handshake, in total and per
+	// consumer engine id (authedBy); pending holds those still in it, and
+	// pendingBy counts them per remote IP.
 	authed    int
-	pending   int
+	authedBy  map[string]int
+	pending   map[net.Conn]*pendingConn
 	pendingBy map[string]int
+	// pendingSeq orders pending connections by accept, for displacement.
+	pendingSeq uint64
 	// unauthLog rate-limits the lines about connections that never
 	// authenticated, so none of their peers can flood the log.
 	unauthLog *logLimiter
@@ -139,6 +160,9 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
+	if cfg.MaxConnsPerPeer <= 0 {
+		cfg.MaxConnsPerPeer = min(DefaultMaxConnsPerPeer, cfg.MaxConns)
+	}
 	if cfg.MaxPending <= 0 {
 		cfg.MaxPending = DefaultMaxPending
 	}
@@ -148,6 +172,10 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	if cfg.AuthTimeout <= 0 {
 		cfg.AuthTimeout = DefaultAuthTimeout
 	}
+	if cfg.HelloTimeout <= 0 {
+		cfg.HelloTimeout = DefaultHelloTimeout
+	}
+	cfg.HelloTimeout = min(cfg.HelloTimeout, cfg.AuthTimeout)
 	if cfg.IOTimeout <= 0 {
 		cfg.IOTimeout = DefaultIOTimeout
 	}
@@ -186,6 +214,8 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 		leases:    newLeaseTable(info.EngineID, cfg.Lease),
 		conns:     make(map[net.Conn]bool),
 		connGone:  make(chan struct{}, 1),
+		authedBy:  make(map[string]int),
+		pending:   make(map[net.Conn]*pendingConn),
 		pendingBy: make(map[string]int),
 		unauthLog: newLogLimiter(refusalLogInterval, refusalLogAddrs, cfg.Clock),
 	}, nil

@@ -71,44 +71,16 @@ func (p *Producer) Serve(ln net.Listener) error {
 			return fmt.Errorf("kv side channel accept on %s: %w", ln.Addr(), err)
 		}
 		backoff = 0
-		if code, why := p.admit(c); code != 0 {
+		code, why, displaced := p.admit(c)
+		for _, d := range displaced {
+			p.refuse(d, CodeBusy, "displaced by a newer connection while its handshake was pending: retry")
+		}
+		if code != 0 {
 			p.refuse(c, code, why)
 			continue
 		}
 		go p.serveConn(c)
 	}
-}
-
-// admit decides on an accepted connection, without reading from it: it is
-// refused (code and message) when its address is not allowed, the producer
-// is closing, or the pending slots (in total or for its address) are full.
-// An admitted connection counts as pending until its handshake ends.
-func (p *Producer) admit(c net.Conn) (ErrorCode, string) {
-	if p.cfg.Peers != nil && !p.cfg.Peers.AllowsConn(c.RemoteAddr()) {
-		p.unauthLog.warn(p.log, "kv-peers "+remoteIP(c), "kv side channel refused a connection: its address is not in --kv-peers", "remote_addr", c.RemoteAddr().String(), "kv_peers", p.cfg.Peers.String())
-		return CodeUnauthenticated, "this address may not connect to the KV side channel"
-	}
-	host := remoteIP(c)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	switch {
-	case p.closed, p.quiescing:
-		return CodeShuttingDown, "prefill engine is shutting down"
-	case p.pending >= p.cfg.MaxPending, p.pendingBy[host] >= p.cfg.MaxPendingPerHost:
-		return CodeBusy, "too many side-channel connections in their handshake: retry later"
-	}
-	p.pending++
-	p.pendingBy[host]++
-	p.conns[c] = true // idle until its handshake ends: nothing to answer yet
-	p.wg.Add(1)
-	return 0, ""
-}
-
-func remoteIP(c net.Conn) string {
-	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		return a.IP.String()
-	}
-	return c.RemoteAddr().String()
 }
 
 // refuse answers a connection with one ERROR and closes it, on the
@@ -210,26 +182,21 @@ type srvConn struct {
 	raw    net.Conn // c before TLS: the key in Producer.conns
 	hb     [headerSize]byte
 	hello  bool
-	remote string // consumer engine id, for logs
+	remote string    // consumer engine id, for logs
+	start  time.Time // accepted: the handshake's deadlines count from here
 }
 
 func (p *Producer) serveConn(c net.Conn) {
 	defer p.wg.Done()
 	host := remoteIP(c)
-	authed, refused := false, false
-	unpend := func() {
-		p.pending--
-		if p.pendingBy[host]--; p.pendingBy[host] <= 0 {
-			delete(p.pendingBy, host)
-		}
-	}
+	peer := "" // the consumer engine id once it holds an authenticated slot
 	defer func() {
 		p.mu.Lock()
 		delete(p.conns, c)
-		if authed {
-			p.authed--
-		} else if !refused {
-			unpend()
+		if peer != "" {
+			p.releaseAuthedLocked(peer)
+		} else {
+			p.unpendLocked(c) // a no-op when it was displaced
 		}
 		p.mu.Unlock()
 		c.Close()
@@ -240,23 +207,17 @@ func (p *Producer) serveConn(c net.Conn) {
 	}()
 	var conn net.Conn = c
 	if p.cfg.TLS != nil {
-		conn = tls.Server(c, p.cfg.TLS)
+		conn = tls.Server(&tlsFirstByte{Conn: c}, p.cfg.TLS)
 	}
-	s := &srvConn{p: p, c: conn, raw: c}
-	err := s.authenticate(func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		unpend()
-		if p.authed >= p.cfg.MaxConns {
-			// Counted as pending no more, and not as authed: the deferred
-			// release must not undo either.
-			authed, refused = false, true
-			return false
+	s := &srvConn{p: p, c: conn, raw: c, start: time.Now()}
+	err := s.authenticate(func(id string) string {
+		why := p.admitAuthed(c, id)
+		if why == "" {
+			peer = id
 		}
-		p.authed++
-		authed = true
-		return true
+		return why
 	})
+	authed := peer != ""
 	if errors.Is(err, errNoSlot) {
 		return
 	}

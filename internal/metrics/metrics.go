@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -71,6 +72,15 @@ type Engine struct {
 // KVFetchStageSeconds, in the order a fetch goes through them.
 var KVFetchStages = []string{"waiting_to_start", "in_progress", "completed_waiting"}
 
+// RegisterRuntime registers the Go runtime collector (go_goroutines,
+// go_memstats_*, go_gc_*, go_threads, ...) and the process collector
+// (process_resident_memory_bytes, process_open_fds, ...) on r, so a
+// goroutine or memory leak shows in /metrics before it shows as threads or
+// RSS. Engines and the proxy both call it on their registries.
+func RegisterRuntime(r *prometheus.Registry) {
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+}
+
 var latencyBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
 
 // NewEngine creates the collectors, labelled with the served model name.
@@ -98,6 +108,7 @@ func NewEngine(modelName string) *Engine {
 		f(x)
 		return x
 	}
+	RegisterRuntime(r)
 	e := &Engine{Registry: r}
 	e.NumRequestsRunning = g("vllm:num_requests_running", "Number of requests in model execution batches.")
 	e.NumRequestsWaiting = g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")

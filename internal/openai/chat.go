@@ -79,7 +79,10 @@ func (s *Server) chatJob(req *ChatCompletionRequest, extID string) (*job, *Error
 	}
 	// The template supplies the special tokens (BOS included) itself, so
 	// encoding adds none, as vLLM does for chat.
-	ids := s.cfg.Tokenizer.Encode(text, false)
+	ids, err := s.encodePrompt(text, false, "messages")
+	if err != nil {
+		return nil, err
+	}
 	if len(ids) == 0 {
 		return nil, BadRequest("messages", "the rendered chat prompt is empty")
 	}

@@ -109,7 +109,10 @@ func (s *Server) completionJob(req *CompletionRequest, extID string) (*job, *Err
 			}
 		} else {
 			// "" is a prompt too: with a BOS it is [BOS], as in vLLM.
-			ids = s.cfg.Tokenizer.Encode(p.Text, true)
+			var err *Error
+			if ids, err = s.encodePrompt(p.Text, true, param); err != nil {
+				return nil, err
+			}
 		}
 		if len(ids) == 0 {
 			return nil, BadRequest(param, "prompt must not be empty")

@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -57,6 +58,9 @@ var legBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 
 func newMetrics() *metrics {
 	r := prometheus.NewRegistry()
+	// Go runtime and process metrics (go_goroutines, process_*), so a
+	// goroutine leak shows here before it shows as threads.
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := &metrics{
 		registry: r,
 		prefillSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{

@@ -86,6 +86,12 @@ type Config struct {
 	// free one (see KVAddr).
 	KVHost string
 	KVPort int
+	// KVPortFallback makes KVPort a preference (the --kv-port default):
+	// when it is taken — another engine on this host — the side channel
+	// listens on a free port instead, says so in the log, and advertises
+	// that port in kv_transfer_params. Without it a taken KVPort stops the
+	// engine with an error naming --kv-port.
+	KVPortFallback bool
 	// EngineID is this engine's id in kv_transfer_params (--engine-id);
 	// Validate defaults it to a fresh UUID.
 	EngineID string

@@ -187,7 +187,7 @@ func (s *Server) connector(m engine.Forwarder, met *metrics.Engine) (*kvconnecto
 		EngineID:           cfg.EngineID,
 		ModelFingerprint:   m.Fingerprint(),
 		Host:               cfg.KVHost,
-		Port:               cfg.KVPort,
+		Port:               s.kvPort(),
 		Lease:              cfg.KVLease,
 		Transport:          cfg.KVTransport,
 		Bidirectional:      cfg.KVBidirectional,

@@ -11,8 +11,10 @@
 // (leftmost-longest, honouring lstrip, rstrip, single_word and normalized);
 // TemplateProcessing post-processors and add_bos_token/add_eos_token; an
 // incremental detokenizer for streaming (StreamDecoder); Jinja chat
-// templates; and a writer for small self-contained tokenizers used by
-// random-weight test models (WriteFixture).
+// templates; a bounded encoder that refuses a text longer than the model's
+// context after encoding little more than a context's worth of it
+// (EncodeBounded); and a writer for small self-contained tokenizers used
+// by random-weight test models (WriteFixture).
 //
 // Unsupported model types (WordPiece, Unigram, WordLevel) and unknown
 // normalizer, pre-tokenizer, post-processor or decoder types are rejected by

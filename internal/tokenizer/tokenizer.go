@@ -329,11 +329,11 @@ func (t *Tokenizer) Encode(text string, addSpecial bool) []int32 {
 	}
 	ids := make([]int32, 0, len(text)/3+4)
 	if !addSpecial || len(t.template) == 0 {
-		return t.encode(text, ids)
+		return t.encode(text, ids, true)
 	}
 	for _, it := range t.template {
 		if it.seq {
-			ids = t.encode(text, ids)
+			ids = t.encode(text, ids, true)
 		} else {
 			ids = append(ids, it.ids...)
 		}
@@ -341,7 +341,10 @@ func (t *Tokenizer) Encode(text string, addSpecial bool) []int32 {
 	return ids
 }
 
-func (t *Tokenizer) encode(text string, ids []int32) []int32 {
+// encode appends the ids of text. atStart says text begins the input (for
+// pre-tokenizers that treat the input's first piece apart); false only for
+// the later chunks of EncodeBounded's estimate.
+func (t *Tokenizer) encode(text string, ids []int32, atStart bool) []int32 {
 	var segBuf [8]segment
 	var pieces []string
 	for _, seg := range t.rawMatch.split(text, segBuf[:0]) {
@@ -361,7 +364,7 @@ func (t *Tokenizer) encode(text string, ids []int32) []int32 {
 			}
 			pieces = append(pieces[:0], part.text)
 			if t.preTok != nil {
-				pieces = t.preTok(pieces, seg.offset == 0 && part.offset == 0)
+				pieces = t.preTok(pieces, atStart && seg.offset == 0 && part.offset == 0)
 			}
 			for _, p := range pieces {
 				ids = t.model.encode(p, ids)
