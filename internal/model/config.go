@@ -28,7 +28,8 @@ type RopeScaling struct {
 // Config is a validated model configuration, read from a Hugging Face
 // config.json with defaults resolved.
 type Config struct {
-	// ModelType is "llama", "mistral", "qwen2", "qwen3" or "qwen3_moe".
+	// ModelType is "llama", "mistral", "mixtral", "qwen2", "qwen3" or
+	// "qwen3_moe".
 	ModelType         string
 	Hidden            int
 	Layers            int
@@ -53,16 +54,21 @@ type Config struct {
 	// MoE describes the sparse feed-forward layers; its zero value means
 	// every layer is dense.
 	MoE MoEConfig
-	// SlidingWindow is the attention window (0 = none). Positions are
-	// limited to it (see MaxModelLen) so full attention is exact.
+	// SlidingWindow is the attention window W of the sliding-window
+	// layers (0 = none): a query at position p attends to the keys at
+	// positions (p−W, p] only. FullLayers lists the layers that attend to
+	// every earlier position all the same (nil: every layer is windowed);
+	// see LayerWindow.
 	SlidingWindow int
+	FullLayers    []int
 	BOS           []int32
 	EOS           []int32
 	// TorchDType is the torch_dtype the checkpoint declares ("" if absent).
 	TorchDType string
 }
 
-// MoEConfig is the mixture-of-experts part of a configuration (qwen3_moe).
+// MoEConfig is the mixture-of-experts part of a configuration (qwen3_moe,
+// mixtral).
 // A sparse layer routes each token to TopK of Experts feed-forward
 // networks of width Intermediate: softmax over the router logits, the TopK
 // largest probabilities kept and, with NormTopK, divided by their sum.
@@ -86,14 +92,16 @@ func (c *Config) SparseLayer(i int) bool {
 }
 
 // MaxModelLen returns the number of positions a sequence may use: the
-// model's max_position_embeddings, or the sliding window if that is smaller
-// (beyond the window, sliding-window attention and the full attention
-// computed here would differ).
-func (c *Config) MaxModelLen() int {
-	if c.SlidingWindow > 0 && c.SlidingWindow < c.MaxPositions {
-		return c.SlidingWindow
+// model's max_position_embeddings (a sliding window does not limit it).
+func (c *Config) MaxModelLen() int { return c.MaxPositions }
+
+// LayerWindow returns the attention window of layer i: SlidingWindow for a
+// sliding-window layer, 0 for a layer with full attention.
+func (c *Config) LayerWindow(i int) int {
+	if c.SlidingWindow <= 0 || slices.Contains(c.FullLayers, i) {
+		return 0
 	}
-	return c.MaxPositions
+	return c.SlidingWindow
 }
 
 // QDim is the width of the concatenated query heads.
@@ -267,7 +275,7 @@ func (f *fields) config() (*Config, error) {
 		return nil, err
 	}
 	switch c.ModelType {
-	case "llama", "mistral", "qwen2", "qwen3", "qwen3_moe":
+	case "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe":
 	case "":
 		return nil, fmt.Errorf("model: %s: required field \"model_type\" is missing (supported: %s)", f.file, supportedModelTypes)
 	default:
@@ -349,8 +357,13 @@ func (f *fields) config() (*Config, error) {
 	if c.ModelType == "qwen3" || c.ModelType == "qwen3_moe" {
 		c.QKNorm = true
 	}
-	if c.ModelType == "qwen3_moe" {
+	switch c.ModelType {
+	case "qwen3_moe":
 		if c.MoE, err = f.moe(c); err != nil {
+			return nil, err
+		}
+	case "mixtral":
+		if c.MoE, err = f.mixtral(c); err != nil {
 			return nil, err
 		}
 	}
@@ -382,7 +395,7 @@ func (f *fields) config() (*Config, error) {
 
 // supportedModelTypes lists the model_type values Load accepts, for
 // messages.
-const supportedModelTypes = "llama, mistral, qwen2, qwen3, qwen3_moe"
+const supportedModelTypes = "llama, mistral, mixtral, qwen2, qwen3, qwen3_moe"
 
 // architectureOf is the Hugging Face architecture (config.json
 // "architectures") each model type is run as: the causal language model
@@ -390,6 +403,7 @@ const supportedModelTypes = "llama, mistral, qwen2, qwen3, qwen3_moe"
 var architectureOf = map[string]string{
 	"llama":     "LlamaForCausalLM",
 	"mistral":   "MistralForCausalLM",
+	"mixtral":   "MixtralForCausalLM",
 	"qwen2":     "Qwen2ForCausalLM",
 	"qwen3":     "Qwen3ForCausalLM",
 	"qwen3_moe": "Qwen3MoeForCausalLM",
@@ -461,8 +475,33 @@ func (f *fields) moe(c *Config) (MoEConfig, error) {
 	return e, nil
 }
 
+// mixtral reads the mixture-of-experts fields of a mixtral config, with
+// the defaults of transformers' MixtralConfig: every layer is sparse, its
+// experts as wide as intermediate_size, and each token's top-k router
+// probabilities are divided by their sum (MixtralTopKRouter).
+func (f *fields) mixtral(c *Config) (MoEConfig, error) {
+	e := MoEConfig{NormTopK: true, SparseStep: 1, Intermediate: c.Intermediate}
+	var err error
+	if e.Experts, err = f.posInt("num_local_experts", 8, false); err != nil {
+		return e, err
+	}
+	if e.TopK, err = f.posInt("num_experts_per_tok", 2, false); err != nil {
+		return e, err
+	}
+	if e.TopK > e.Experts {
+		return e, fmt.Errorf("model: %s: field \"num_experts_per_tok\": expected at most num_local_experts %d, found %d", f.file, e.Experts, e.TopK)
+	}
+	return e, nil
+}
+
+// slidingWindow reads the attention window as transformers applies it:
+// mistral and mixtral window every layer when sliding_window is set; qwen2,
+// qwen3 and qwen3_moe only with use_sliding_window, qwen3_moe in every
+// layer, qwen2 and qwen3 in the layers layer_types marks
+// "sliding_attention" or, without layer_types, the layers from
+// max_window_layers on (Qwen2Config, Qwen3Config).
 func (f *fields) slidingWindow(c *Config) error {
-	use := c.ModelType == "mistral"
+	use := c.ModelType == "mistral" || c.ModelType == "mixtral"
 	if strings.HasPrefix(c.ModelType, "qwen") {
 		var err error
 		if use, err = f.boolField("use_sliding_window", false); err != nil {
@@ -480,7 +519,44 @@ func (f *fields) slidingWindow(c *Config) error {
 		return f.typeErr("sliding_window", "a positive integer or null")
 	}
 	c.SlidingWindow = w
+	if w == 0 || (c.ModelType != "qwen2" && c.ModelType != "qwen3") {
+		return nil
+	}
+	if f.has("layer_types") {
+		types, err := f.layerTypes(c.Layers)
+		if err != nil {
+			return err
+		}
+		for i, t := range types {
+			if t == "full_attention" {
+				c.FullLayers = append(c.FullLayers, i)
+			}
+		}
+		return nil
+	}
+	first, err := f.intField("max_window_layers", 28, false)
+	if err != nil {
+		return err
+	}
+	for i := range min(max(first, 0), c.Layers) {
+		c.FullLayers = append(c.FullLayers, i)
+	}
 	return nil
+}
+
+// layerTypes reads layer_types: one "full_attention" or
+// "sliding_attention" per layer.
+func (f *fields) layerTypes(layers int) ([]string, error) {
+	var types []string
+	if err := json.Unmarshal(f.m["layer_types"], &types); err != nil || len(types) != layers {
+		return nil, f.typeErr("layer_types", fmt.Sprintf("a list of %d layer types", layers))
+	}
+	for _, t := range types {
+		if t != "full_attention" && t != "sliding_attention" {
+			return nil, fmt.Errorf("model: %s: field \"layer_types\": layer type %q is not supported (supported: full_attention, sliding_attention)", f.file, t)
+		}
+	}
+	return types, nil
 }
 
 // rope reads rope_theta and rope_scaling, or the rope_parameters object

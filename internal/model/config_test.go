@@ -30,8 +30,21 @@ func TestParseConfig(t *testing.T) {
 		{"llama attention_bias adds o bias", `{"model_type": "llama", ` + baseConfig + `, "attention_bias": true}`, func(c *Config) {
 			c.QKVBias, c.OBias = true, true
 		}},
-		{"mistral sliding window limits positions", `{"model_type": "mistral", ` + baseConfig + `, "sliding_window": 1024, "max_position_embeddings": 32768}`, func(c *Config) {
+		{"mistral sliding window in every layer", `{"model_type": "mistral", ` + baseConfig + `, "sliding_window": 1024, "max_position_embeddings": 32768}`, func(c *Config) {
 			c.ModelType, c.SlidingWindow, c.MaxPositions = "mistral", 1024, 32768
+		}},
+		{"qwen2 window from max_window_layers on", `{"model_type": "qwen2", ` + baseConfig + `, "num_hidden_layers": 4, "use_sliding_window": true, "sliding_window": 64, "max_window_layers": 2}`, func(c *Config) {
+			c.ModelType, c.QKVBias, c.Layers, c.SlidingWindow, c.FullLayers = "qwen2", true, 4, 64, []int{0, 1}
+		}},
+		{"qwen3 window where layer_types says", `{"model_type": "qwen3", ` + baseConfig + `, "num_hidden_layers": 3, "use_sliding_window": true, "sliding_window": 64, "max_window_layers": 0, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}`, func(c *Config) {
+			c.ModelType, c.QKNorm, c.Layers, c.SlidingWindow, c.FullLayers = "qwen3", true, 3, 64, []int{1}
+		}},
+		{"qwen2 window unused without use_sliding_window", `{"model_type": "qwen2", ` + baseConfig + `, "use_sliding_window": false, "sliding_window": 64, "max_window_layers": 0}`, func(c *Config) {
+			c.ModelType, c.QKVBias = "qwen2", true
+		}},
+		{"mixtral defaults are transformers'", `{"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], ` + baseConfig + `, "sliding_window": null}`, func(c *Config) {
+			c.ModelType = "mixtral"
+			c.MoE = MoEConfig{Experts: 8, TopK: 2, NormTopK: true, Intermediate: c.Intermediate, SparseStep: 1}
 		}},
 		{"rope_scaling with legacy type key", `{"model_type": "llama", ` + baseConfig + `, "rope_scaling": {"type": "linear", "factor": 2.0}}`, func(c *Config) {
 			c.RopeScaling = RopeScaling{Type: "linear", Factor: 2}
@@ -162,6 +175,10 @@ func TestModelinitShapesParse(t *testing.T) {
 		modelinit.ShapeQwen3MoETiny: {ModelType: "qwen3_moe", Hidden: 64, Layers: 3, Heads: 4, KVHeads: 2, HeadDim: 24, Intermediate: 128,
 			Vocab: 1000, MaxPositions: 2048, RMSNormEps: 1e-6, RopeTheta: 1000000, QKNorm: true,
 			MoE: MoEConfig{Experts: 8, TopK: 2, NormTopK: true, Intermediate: 32, SparseStep: 1, DenseLayers: []int{0}},
+			BOS: []int32{0}, EOS: []int32{0}, TorchDType: "bfloat16"},
+		modelinit.ShapeMixtralTiny: {ModelType: "mixtral", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, Intermediate: 96,
+			Vocab: 1000, MaxPositions: 2048, RMSNormEps: 1e-5, RopeTheta: 1000000,
+			MoE: MoEConfig{Experts: 4, TopK: 2, NormTopK: true, Intermediate: 96, SparseStep: 1},
 			BOS: []int32{0}, EOS: []int32{0}, TorchDType: "bfloat16"},
 		modelinit.ShapeQwen306B: {ModelType: "qwen3", Hidden: 1024, Layers: 28, Heads: 16, KVHeads: 8, HeadDim: 128, Intermediate: 3072,
 			Vocab: 151936, MaxPositions: 40960, RMSNormEps: 1e-6, RopeTheta: 1000000, TieWordEmbeddings: true, QKNorm: true,

@@ -46,6 +46,10 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 	c := &Config{ModelType: arch}
 	switch arch {
 	case "llama", "qwen2":
+		if n, ok, _ := f.Uint(arch + ".expert_count"); ok && n > 0 {
+			// llama.cpp writes Mixtral as llama with stacked experts.
+			return nil, nil, fail("a %s file with %d experts (Mixtral) is not supported as GGUF; serve its Hugging Face safetensors checkpoint instead", arch, n)
+		}
 	case "qwen3":
 		c.QKNorm = true
 	case "qwen3moe":

@@ -72,13 +72,25 @@ type ggufEntry struct {
 	stack []string
 }
 
+// ggufContextLength is the context_length written for c: its positions,
+// or for a model with sliding-window layers the window if smaller. GGUF's
+// llama, qwen2 and qwen3 architectures have no window (llama.cpp attends
+// to every position), so the file is limited to the positions where full
+// and windowed attention agree.
+func ggufContextLength(c *Config) int {
+	if c.SlidingWindow > 0 && c.SlidingWindow < c.MaxPositions {
+		return c.SlidingWindow
+	}
+	return c.MaxPositions
+}
+
 // ConvertToGGUF writes the Hugging Face checkpoint in dir (llama, mistral,
 // qwen2, qwen3 or qwen3_moe; safetensors in f32, bf16 or f16) to w as a
 // GGUF file with the
 // weights in opts.Encoding, the way llama.cpp's convert_hf_to_gguf.py and
 // llama-quantize would: llama.cpp's tensor names and {arch}.* keys
-// (Mistral is written as llama, with context_length limited to its sliding
-// window as Tandem's own limit is), the q and k rows of llama and mistral
+// (Mistral is written as llama; a model with a sliding window gets
+// context_length limited to the window, see ggufContextLength), the q and k rows of llama and mistral
 // permuted to llama.cpp's rotary layout, Llama 3 rope scaling as a
 // rope_freqs tensor, output.weight omitted when the embeddings are tied,
 // the experts of a qwen3_moe layer stacked into ffn_{gate,up,down}_exps
@@ -363,7 +375,7 @@ func ggufModelKV(c *Config, arch, name, enc string, plan []ggufEntry) []gguf.KV 
 		}
 	}
 	kv = append(kv,
-		gguf.KV{Key: arch + ".context_length", Value: u32(c.MaxModelLen())},
+		gguf.KV{Key: arch + ".context_length", Value: u32(ggufContextLength(c))},
 		gguf.KV{Key: arch + ".embedding_length", Value: u32(c.Hidden)},
 		gguf.KV{Key: arch + ".block_count", Value: u32(c.Layers)},
 		gguf.KV{Key: arch + ".feed_forward_length", Value: u32(c.Intermediate)},

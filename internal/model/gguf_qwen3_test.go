@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/tandem-serve/tandem/internal/gguf"
@@ -19,8 +20,11 @@ import (
 // normalisation recovered from the file); as q8_0, close to them.
 func TestGGUFQwen3RoundTrips(t *testing.T) {
 	for _, name := range hfCases {
+		if !strings.HasPrefix(name, "qwen3/") {
+			continue
+		}
 		t.Run(name, func(t *testing.T) {
-			dir := filepath.Join("testdata", "qwen3", name)
+			dir := filepath.Join("testdata", name)
 			want := loadTestModel(t, dir, 2)
 			path := convertGGUF(t, dir, "f32")
 			got := loadTestModel(t, path, 2)

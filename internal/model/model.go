@@ -27,6 +27,8 @@ type layer struct {
 	gateUp linearGroup // gate, up
 	down   tensor.Mat
 	moe    *moeLayer
+	// window is the layer's attention window (0: full attention).
+	window int
 }
 
 // Model is a loaded Llama-family decoder (llama, mistral, qwen2, qwen3,
@@ -123,6 +125,7 @@ func (m *Model) bind() error {
 func (m *Model) bindLayer(b *binder, i int) error {
 	c := &m.cfg
 	l := &m.layers[i]
+	l.window = c.LayerWindow(i)
 	p := fmt.Sprintf("model.layers.%d.", i)
 	var err error
 	mat := func(name string, rows, cols int) tensor.Mat {
@@ -183,6 +186,7 @@ func (m *Model) Config() Config {
 	c.BOS = slices.Clone(c.BOS)
 	c.EOS = slices.Clone(c.EOS)
 	c.MoE.DenseLayers = slices.Clone(c.MoE.DenseLayers)
+	c.FullLayers = slices.Clone(c.FullLayers)
 	return c
 }
 
@@ -277,6 +281,11 @@ func (m *Model) computeFingerprint() string {
 		e := &c.MoE
 		fmt.Fprintf(h, "qknorm=%t experts=%d topk=%d normtopk=%t moeffn=%d step=%d dense=%v\x00",
 			c.QKNorm, e.Experts, e.TopK, e.NormTopK, e.Intermediate, e.SparseStep, e.DenseLayers)
+	}
+	if c.SlidingWindow > 0 {
+		// Which layers the window applies to (only for windowed models,
+		// so that the fingerprints of the others stay what they were).
+		fmt.Fprintf(h, "full_layers=%v\x00", c.FullLayers)
 	}
 	m.src.each(func(name string, w weight) {
 		fmt.Fprintf(h, "%s\x00%s\x00%v\x00", name, w.typeName, w.shape)

@@ -20,9 +20,9 @@ type RopeScaling struct {
 
 // Spec is the architecture and storage of a model to write.
 type Spec struct {
-	// ModelType is "llama" (default), "mistral", "qwen2", "qwen3" or
-	// "qwen3_moe". qwen2 gets q/k/v biases; qwen3 and qwen3_moe get
-	// per-head q/k norms.
+	// ModelType is "llama" (default), "mistral", "mixtral", "qwen2",
+	// "qwen3" or "qwen3_moe". qwen2 gets q/k/v biases; qwen3 and qwen3_moe
+	// get per-head q/k norms; every mixtral layer is sparse.
 	ModelType    string
 	Hidden       int
 	Layers       int
@@ -39,10 +39,15 @@ type Spec struct {
 	// AttentionBias gives a llama, qwen3 or qwen3_moe model q/k/v/o
 	// biases.
 	AttentionBias bool
-	// MoE is the mixture-of-experts part of a qwen3_moe model (ignored
-	// for the other types).
+	// MoE is the mixture-of-experts part of a qwen3_moe or mixtral model
+	// (ignored for the other types; a mixtral reads only Experts and TopK,
+	// its experts are Intermediate wide).
 	MoE      MoE
 	BOS, EOS int32
+	// SlidingWindow, if positive, is the attention window of every layer
+	// (mistral, mixtral; qwen2, qwen3 and qwen3_moe with
+	// use_sliding_window and, for qwen2 and qwen3, max_window_layers 0).
+	SlidingWindow int
 	// DType of every tensor: "bf16", "f16" or "f32".
 	DType string
 	// Std is the scale of the random weights (uniform with this standard
@@ -73,9 +78,12 @@ func (e MoE) sparseStep() int {
 	return e.SparseStep
 }
 
-// sparse reports whether layer i of a qwen3_moe model is sparse, as
-// transformers' Qwen3MoeDecoderLayer decides.
+// sparse reports whether layer i is sparse, as transformers'
+// Qwen3MoeDecoderLayer decides (every mixtral layer is).
 func (s Spec) sparse(i int) bool {
+	if s.ModelType == "mixtral" {
+		return true
+	}
 	if s.ModelType != "qwen3_moe" {
 		return false
 	}
@@ -94,9 +102,9 @@ func (s Spec) headDim() int {
 // Validate reports the first field that cannot make a model.
 func (s Spec) Validate() error {
 	switch s.ModelType {
-	case "", "llama", "mistral", "qwen2", "qwen3", "qwen3_moe":
+	case "", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe":
 	default:
-		return fmt.Errorf("modelinit: model type %q: expected llama, mistral, qwen2, qwen3 or qwen3_moe", s.ModelType)
+		return fmt.Errorf("modelinit: model type %q: expected llama, mistral, mixtral, qwen2, qwen3 or qwen3_moe", s.ModelType)
 	}
 	for _, f := range []struct {
 		name string
@@ -132,6 +140,15 @@ func (s Spec) Validate() error {
 			}
 		}
 	}
+	if s.ModelType == "mixtral" {
+		e := s.MoE
+		if e.Experts <= 0 || e.TopK <= 0 || e.TopK > e.Experts {
+			return fmt.Errorf("modelinit: mixtral needs positive experts and a top-k of at most that many, found %d and %d", e.Experts, e.TopK)
+		}
+	}
+	if s.SlidingWindow < 0 || s.SlidingWindow > 0 && s.modelType() == "llama" {
+		return fmt.Errorf("modelinit: sliding window %d: expected 0, or a positive window for a model type other than llama", s.SlidingWindow)
+	}
 	if s.BOS < 0 || int(s.BOS) >= s.Vocab || s.EOS < 0 || int(s.EOS) >= s.Vocab {
 		return fmt.Errorf("modelinit: bos %d and eos %d must be token ids below vocab %d", s.BOS, s.EOS, s.Vocab)
 	}
@@ -147,6 +164,7 @@ const (
 	ShapeQwen3MoETiny = "qwen3-moe-tiny"
 	ShapeQwen306B     = "qwen3-0.6b"
 	ShapeQwen330BA3B  = "qwen3-30b-a3b"
+	ShapeMixtralTiny  = "mixtral-tiny"
 )
 
 var shapes = map[string]Spec{
@@ -178,6 +196,12 @@ var shapes = map[string]Spec{
 		ModelType: "qwen3_moe", Hidden: 64, Layers: 3, Heads: 4, KVHeads: 2, HeadDim: 24,
 		Intermediate: 128, MaxPositions: 2048, RMSNormEps: 1e-6, RopeTheta: 1000000,
 		MoE: MoE{Experts: 8, TopK: 2, Intermediate: 32, NormTopK: true, SparseStep: 1, DenseLayers: []int{0}},
+	},
+	// Test-sized Mixtral: 4 experts, top-2, every layer sparse.
+	ShapeMixtralTiny: {
+		ModelType: "mixtral", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16,
+		Intermediate: 96, MaxPositions: 2048, RMSNormEps: 1e-5, RopeTheta: 1000000,
+		MoE: MoE{Experts: 4, TopK: 2},
 	},
 	// Qwen3-0.6B.
 	ShapeQwen306B: {

@@ -76,6 +76,16 @@ func (s Spec) plan() []plannedTensor {
 			add(p+"self_attn.k_norm.weight", norm, hd)
 		}
 		add(p+"post_attention_layernorm.weight", norm, s.Hidden)
+		if s.sparse(i) && s.ModelType == "mixtral" {
+			add(p+"block_sparse_moe.gate.weight", weight, s.MoE.Experts, s.Hidden)
+			for x := range s.MoE.Experts {
+				q := fmt.Sprintf("%sblock_sparse_moe.experts.%d.", p, x)
+				add(q+"w1.weight", weight, s.Intermediate, s.Hidden)
+				add(q+"w3.weight", weight, s.Intermediate, s.Hidden)
+				add(q+"w2.weight", weight, s.Hidden, s.Intermediate)
+			}
+			continue
+		}
 		if s.sparse(i) {
 			e := s.MoE
 			add(p+"mlp.gate.weight", weight, e.Experts, s.Hidden)
@@ -125,7 +135,7 @@ func (s Spec) NumParams() int64 {
 
 // configJSON returns the config.json object for s.
 func (s Spec) configJSON() map[string]any {
-	arch := map[string]string{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+	arch := map[string]string{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM",
 		"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[s.modelType()]
 	c := map[string]any{
 		"architectures":           []string{arch},
@@ -150,20 +160,35 @@ func (s Spec) configJSON() map[string]any {
 	if s.HeadDim != 0 {
 		c["head_dim"] = s.HeadDim
 	}
+	var window any // null without a window
+	if s.SlidingWindow > 0 {
+		window = s.SlidingWindow
+	}
 	switch s.modelType() {
 	case "llama":
 		c["attention_bias"] = s.AttentionBias
 		c["mlp_bias"] = false
 	case "mistral":
-		c["sliding_window"] = nil
+		c["sliding_window"] = window
+	case "mixtral":
+		c["sliding_window"] = window
+		c["num_local_experts"] = s.MoE.Experts
+		c["num_experts_per_tok"] = s.MoE.TopK
 	case "qwen2":
-		c["use_sliding_window"] = false
+		c["use_sliding_window"] = s.SlidingWindow > 0
 		c["sliding_window"] = s.MaxPositions
+		if s.SlidingWindow > 0 {
+			c["sliding_window"] = s.SlidingWindow
+			c["max_window_layers"] = 0
+		}
 	case "qwen3", "qwen3_moe":
 		c["attention_bias"] = s.AttentionBias
-		c["use_sliding_window"] = false
-		c["sliding_window"] = nil
+		c["use_sliding_window"] = s.SlidingWindow > 0
+		c["sliding_window"] = window
 		c["max_window_layers"] = s.Layers
+		if s.SlidingWindow > 0 {
+			c["max_window_layers"] = 0
+		}
 		c["head_dim"] = s.headDim()
 	}
 	if s.modelType() == "qwen3_moe" {
