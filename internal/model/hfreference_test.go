@@ -28,6 +28,7 @@ type hfGolden struct {
 var hfCases = []string{
 	"qwen3/qwen3-tied", "qwen3/qwen3-untied", "qwen3/qwen3moe-norm", "qwen3/qwen3moe-nonorm",
 	"mixtral/mixtral-top2", "mixtral/mixtral-window",
+	"mistral/mistral-window67", "mistral/qwen2-maxwindow",
 }
 
 func loadHFGolden(t *testing.T, dir string) hfGolden {
@@ -51,7 +52,8 @@ func loadHFGolden(t *testing.T, dir string) hfGolden {
 // with tied and untied heads and head_dim ≠ hidden/heads, Qwen3-MoE with
 // normalised and unnormalised top-k weights and dense layers among the
 // sparse ones, Mixtral with top-2 and top-3 routing and a sliding window
-// smaller than the prompt), position by position, and the greedy
+// smaller than the prompt, Mistral with a window of 67 over 72 tokens,
+// Qwen2 windowed from max_window_layers on), position by position, and the greedy
 // continuations. The checkpoints are those committed under testdata, or with
 // TANDEM_HF_REFERENCE those scripts/reference/check.sh has just made.
 //

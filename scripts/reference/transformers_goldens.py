@@ -30,7 +30,7 @@ import transformers
 PROMPT = [3, 17, 42, 99, 7, 64, 1, 120, 33, 88, 5, 71]
 # A prompt longer than one 64-key attention chunk, for windows that cross
 # a chunk boundary.
-LONG_PROMPT = [(i * 37 + 11) % 128 for i in range(90)]
+LONG_PROMPT = [(i * 37 + 11) % 128 for i in range(72)]
 GREEDY = 8
 VOCAB = 128
 
@@ -83,6 +83,18 @@ FAMILIES = {
         "mixtral-window": ("MixtralForCausalLM", "MixtralConfig", dict(COMMON,
             num_hidden_layers=3, intermediate_size=16, num_local_experts=4,
             num_experts_per_tok=3, tie_word_embeddings=True, sliding_window=5)),
+    },
+    "mistral": {
+        # A window of 67 over a 72-token prompt: late queries' windows start
+        # inside the first 64-key chunk.
+        "mistral-window67": ("MistralForCausalLM", "MistralConfig", dict(COMMON,
+            num_hidden_layers=2, intermediate_size=40, tie_word_embeddings=False,
+            sliding_window=67), LONG_PROMPT),
+        # Qwen2 with use_sliding_window: only layers from max_window_layers
+        # (1) on are windowed, with a window of 7.
+        "qwen2-maxwindow": ("Qwen2ForCausalLM", "Qwen2Config", dict(COMMON,
+            num_hidden_layers=3, intermediate_size=40, tie_word_embeddings=True,
+            use_sliding_window=True, sliding_window=7, max_window_layers=1), LONG_PROMPT),
     },
 }
 
