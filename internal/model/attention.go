@@ -22,7 +22,7 @@ import (
 // computed by exactly this sequence of operations (FlashAttention's online
 // softmax over fixed key chunks):
 //
-//  1. q̂ = q·(1/√head_dim), rounded to bf16 when the kernels round
+//  1. q̂ = q·(1/√head_dim) (Gemma 3: 1/√query_pre_attn_scalar), rounded to bf16 when the kernels round
 //     activations (tensor.BF16Query; as MatMul would round it).
 //  2. Keys are walked in chunks of attnKeyChunk positions, [0, 64), [64,
 //     128), ..., the last one cut at p+1: chunk boundaries are positions,
@@ -374,14 +374,18 @@ func chunkTokens(c0, c1, first, ntok, win int) (tokLo, tokHi int) {
 }
 
 // scaledQueries writes into w.q the queries of tokens [t0, t0+ntok) of the
-// batch for the query heads of KV heads [kh0, kh1), times 1/√head_dim, in
-// the item's row order (see attendTile).
+// batch for the query heads of KV heads [kh0, kh1), times 1/√head_dim
+// (Gemma 3: 1/√query_pre_attn_scalar), in the item's row order (see
+// attendTile).
 func (m *Model) scaledQueries(w *attnScratch, li, t0, ntok, kh0, kh1 int) {
 	c := &m.cfg
 	hd, group := c.HeadDim, c.Heads/c.KVHeads
 	g := &m.layers[li].qkv
 	perHead := ntok * group
 	scale := float32(1 / math.Sqrt(float64(hd)))
+	if qs := c.Gemma.QueryScalar; qs > 0 {
+		scale = float32(1 / math.Sqrt(qs)) // query_pre_attn_scalar^-½
+	}
 	for kvh := kh0; kvh < kh1; kvh++ {
 		for tok := range ntok {
 			src := m.s.qkv[(t0+tok)*g.width+g.off[0]+kvh*group*hd:][:group*hd]

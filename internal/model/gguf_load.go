@@ -53,7 +53,7 @@ func LoadGGUF(path string, pool *tensor.Pool) (*Model, error) {
 		src.close()
 		return nil, err
 	}
-	m.invFreq = ropeInvFreq(&m.cfg)
+	m.setRope()
 	if cfg.RopeScaling.Type == "freqs" {
 		if err := src.applyRopeFreqs(m.invFreq); err != nil {
 			src.close()

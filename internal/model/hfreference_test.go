@@ -29,6 +29,7 @@ var hfCases = []string{
 	"qwen3/qwen3-tied", "qwen3/qwen3-untied", "qwen3/qwen3moe-norm", "qwen3/qwen3moe-nonorm",
 	"mixtral/mixtral-top2", "mixtral/mixtral-window",
 	"mistral/mistral-window67", "mistral/qwen2-maxwindow",
+	"gemma3/gemma3-tied", "gemma3/gemma3-long",
 }
 
 func loadHFGolden(t *testing.T, dir string) hfGolden {
@@ -53,7 +54,8 @@ func loadHFGolden(t *testing.T, dir string) hfGolden {
 // normalised and unnormalised top-k weights and dense layers among the
 // sparse ones, Mixtral with top-2 and top-3 routing and a sliding window
 // smaller than the prompt, Mistral with a window of 67 over 72 tokens,
-// Qwen2 windowed from max_window_layers on), position by position, and the greedy
+// Qwen2 windowed from max_window_layers on, Gemma 3 with local and global
+// layers, linear RoPE scaling and logit soft-capping), position by position, and the greedy
 // continuations. The checkpoints are those committed under testdata, or with
 // TANDEM_HF_REFERENCE those scripts/reference/check.sh has just made.
 //

@@ -96,6 +96,26 @@ FAMILIES = {
             num_hidden_layers=3, intermediate_size=40, tie_word_embeddings=True,
             use_sliding_window=True, sliding_window=7, max_window_layers=1), LONG_PROMPT),
     },
+    "gemma3": {
+        # Local (window 5, RoPE base 10000) and global layers (base 1e6),
+        # query_pre_attn_scalar 16 != head_dim 12, tied head.
+        "gemma3-tied": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(COMMON,
+            num_hidden_layers=4, intermediate_size=40, tie_word_embeddings=True,
+            sliding_window=5, query_pre_attn_scalar=16,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}})),
+        # A window of 67 over 72 tokens, linear RoPE scaling (factor 8) of
+        # the global layers as Gemma 3 4B and up have, final logit
+        # soft-capping, untied head.
+        "gemma3-long": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(COMMON,
+            num_hidden_layers=3, intermediate_size=40, tie_word_embeddings=False,
+            sliding_window=67, query_pre_attn_scalar=12, final_logit_softcapping=3.0,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}),
+            LONG_PROMPT),
+    },
 }
 
 
