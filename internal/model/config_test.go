@@ -42,6 +42,14 @@ func TestParseConfig(t *testing.T) {
 		{"qwen2 window unused without use_sliding_window", `{"model_type": "qwen2", ` + baseConfig + `, "use_sliding_window": false, "sliding_window": 64, "max_window_layers": 0}`, func(c *Config) {
 			c.ModelType, c.QKVBias = "qwen2", true
 		}},
+		// The configs on the Hub before transformers 5: rope_theta,
+		// rope_local_base_freq, sliding_window_pattern.
+		{"gemma3 legacy fields", `{"model_type": "gemma3_text", ` + baseConfig + `, "num_hidden_layers": 6, "head_dim": 16, "rope_theta": 1000000, "rope_local_base_freq": 10000, "rope_scaling": {"rope_type": "linear", "factor": 8}, "sliding_window": 512, "sliding_window_pattern": 3, "query_pre_attn_scalar": 16, "final_logit_softcapping": null}`, func(c *Config) {
+			c.ModelType, c.Layers, c.HeadDim, c.QKNorm, c.TieWordEmbeddings, c.MaxPositions = "gemma3_text", 6, 16, true, true, 131072
+			c.RopeTheta, c.RopeScaling = 1e6, RopeScaling{Type: "linear", Factor: 8}
+			c.SlidingWindow, c.FullLayers = 512, []int{2, 5}
+			c.Gemma = GemmaConfig{LocalRopeTheta: 1e4, QueryScalar: 16}
+		}},
 		{"mixtral defaults are transformers'", `{"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], ` + baseConfig + `, "sliding_window": null}`, func(c *Config) {
 			c.ModelType = "mixtral"
 			c.MoE = MoEConfig{Experts: 8, TopK: 2, NormTopK: true, Intermediate: c.Intermediate, SparseStep: 1}
@@ -114,6 +122,14 @@ func TestParseConfigErrors(t *testing.T) {
 		{"qwen3 yarn", `{"model_type": "qwen3", ` + baseConfig + `, "rope_scaling": {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 32768}}`, []string{"rope_type", "yarn", "not supported"}},
 		{"more experts per token than experts", `{"model_type": "qwen3_moe", ` + baseConfig + `, "num_experts": 4, "num_experts_per_tok": 8}`, []string{"num_experts_per_tok", "at most", "4"}},
 		{"dense layer out of range", `{"model_type": "qwen3_moe", ` + baseConfig + `, "mlp_only_layers": [2]}`, []string{"mlp_only_layers", "layer 2", "2 layers"}},
+		{"mixtral top-k above experts", `{"model_type": "mixtral", ` + baseConfig + `, "num_local_experts": 2, "num_experts_per_tok": 3}`, []string{"num_experts_per_tok", "at most", "2"}},
+		{"multimodal gemma3", `{"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "text_config": {}}`, []string{"gemma3", "Gemma3ForConditionalGeneration", "not supported", "gemma3_text"}},
+		{"gemma3 attention soft-capping", `{"model_type": "gemma3_text", ` + baseConfig + `, "attn_logit_softcapping": 50.0}`, []string{"attn_logit_softcapping", "not supported"}},
+		{"gemma3 bidirectional", `{"model_type": "gemma3_text", ` + baseConfig + `, "use_bidirectional_attention": true}`, []string{"use_bidirectional_attention", "not supported"}},
+		{"gemma3 silu", `{"model_type": "gemma3_text", ` + baseConfig + `, "hidden_activation": "silu"}`, []string{"hidden_activation", "gelu_pytorch_tanh", "silu"}},
+		{"gemma3 local rope scaling", `{"model_type": "gemma3_text", ` + baseConfig + `, "rope_parameters": {"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "linear", "factor": 2}}}`, []string{"sliding-window layers", "linear"}},
+		{"unknown layer type", `{"model_type": "qwen3", ` + baseConfig + `, "use_sliding_window": true, "sliding_window": 8, "layer_types": ["full_attention", "chunked_attention"]}`, []string{"layer_types", "chunked_attention", "not supported"}},
+		{"layer_types of the wrong length", `{"model_type": "gemma3_text", ` + baseConfig + `, "layer_types": ["full_attention"]}`, []string{"layer_types", "2 layer types"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
