@@ -45,10 +45,14 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 	}
 	c := &Config{ModelType: arch}
 	switch arch {
-	case "llama", "qwen2":
+	case "llama":
 		if n, ok, _ := f.Uint(arch + ".expert_count"); ok && n > 0 {
 			// llama.cpp writes Mixtral as llama with stacked experts.
-			return nil, nil, fail("a %s file with %d experts (Mixtral) is not supported as GGUF; serve its Hugging Face safetensors checkpoint instead", arch, n)
+			c.ModelType = "mixtral"
+		}
+	case "qwen2":
+		if n, ok, _ := f.Uint(arch + ".expert_count"); ok && n > 0 {
+			return nil, nil, fail("a %s file with %d experts (Qwen2-MoE) is not supported; serve a Hugging Face checkpoint of a supported model type instead", arch, n)
 		}
 	case "qwen3":
 		c.QKNorm = true
@@ -125,7 +129,7 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 		return nil, nil, fail("%s.attention.layer_norm_rms_epsilon: expected a positive float, found %v (present %t)", arch, eps, ok)
 	}
 	c.RMSNormEps = eps
-	if arch == "qwen3moe" {
+	if arch == "qwen3moe" || c.ModelType == "mixtral" {
 		if err := ggufMoE(f, c, arch, uintKey, fail); err != nil {
 			return nil, nil, err
 		}
@@ -198,18 +202,24 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 	return c, gen, nil
 }
 
-// ggufMoE reads the mixture-of-experts keys of a qwen3moe file. The top-k
-// weights are normalised unless {arch}.expert_weights_norm says false
-// (llama.cpp always normalises them for qwen3moe, as every released
-// Qwen3-MoE does); a layer is sparse when it has a router (ffn_gate_inp),
-// dense otherwise.
+// ggufMoE reads the mixture-of-experts keys of a qwen3moe or Mixtral
+// (llama with experts) file. The experts are expert_feed_forward_length
+// wide, or for Mixtral (whose llama.cpp files lack the key)
+// feed_forward_length. The top-k weights are normalised unless
+// {arch}.expert_weights_norm says false (llama.cpp always normalises them
+// for qwen3moe, as every released Qwen3-MoE does, and for Mixtral); a
+// layer is sparse when it has a router (ffn_gate_inp), dense otherwise.
 func ggufMoE(f *gguf.File, c *Config, arch string, uintKey func(*int, string, int, int) error, fail func(string, ...any) error) error {
 	e := &c.MoE
 	for _, k := range []struct {
 		dst    *int
 		suffix string
-	}{{&e.Experts, "expert_count"}, {&e.TopK, "expert_used_count"}, {&e.Intermediate, "expert_feed_forward_length"}} {
-		if err := uintKey(k.dst, k.suffix, 0, maxGGUFDim); err != nil {
+		def    int
+	}{{&e.Experts, "expert_count", 0}, {&e.TopK, "expert_used_count", 0}, {&e.Intermediate, "expert_feed_forward_length", 0}} {
+		if k.suffix == "expert_feed_forward_length" && c.ModelType == "mixtral" {
+			k.def = c.Intermediate
+		}
+		if err := uintKey(k.dst, k.suffix, k.def, maxGGUFDim); err != nil {
 			return err
 		}
 	}

@@ -85,7 +85,7 @@ func ggufContextLength(c *Config) int {
 }
 
 // ConvertToGGUF writes the Hugging Face checkpoint in dir (llama, mistral,
-// qwen2, qwen3 or qwen3_moe; safetensors in f32, bf16 or f16) to w as a
+// mixtral, qwen2, qwen3 or qwen3_moe; safetensors in f32, bf16 or f16) to w as a
 // GGUF file with the
 // weights in opts.Encoding, the way llama.cpp's convert_hf_to_gguf.py and
 // llama-quantize would: llama.cpp's tensor names and {arch}.* keys
@@ -93,7 +93,8 @@ func ggufContextLength(c *Config) int {
 // context_length limited to the window, see ggufContextLength), the q and k rows of llama and mistral
 // permuted to llama.cpp's rotary layout, Llama 3 rope scaling as a
 // rope_freqs tensor, output.weight omitted when the embeddings are tied,
-// the experts of a qwen3_moe layer stacked into ffn_{gate,up,down}_exps
+// the experts of a qwen3_moe or mixtral layer (Mixtral is written as llama
+// with experts, as llama.cpp's converter does) stacked into ffn_{gate,up,down}_exps
 // and its router (ffn_gate_inp) kept in F32.
 // The quantized blocks are those of tensor.QuantizeRows (llama.cpp's
 // reference quantizers, without an importance matrix).
@@ -114,7 +115,7 @@ func ConvertToGGUF(dir string, w io.Writer, opts GGUFOptions) (*GGUFSummary, err
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	defer set.Close()
-	arch := map[string]string{"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}[c.ModelType]
+	arch := map[string]string{"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}[c.ModelType]
 	if arch == "" {
 		return nil, fmt.Errorf("model: converting model type %s to GGUF is not supported; serve the safetensors checkpoint instead", c.ModelType)
 	}
@@ -229,10 +230,11 @@ func ggufPlan(c *Config, set *safetensors.Set, enc string, permute bool) ([]gguf
 	}
 	// addExperts stacks one matrix of every expert of a layer into one
 	// [experts, rows, cols] tensor, as llama.cpp's converter does.
+	names := moeNamesOf[c.ModelType]
 	addExperts := func(p, part string, rows, cols int) {
 		stack := make([]string, c.MoE.Experts)
 		for x := range stack {
-			stack[x] = fmt.Sprintf("%smlp.experts.%d.%s", p, x, part)
+			stack[x] = p + fmt.Sprintf(names.expert, x) + part
 			if !check(stack[x], []int{rows, cols}) {
 				return
 			}
@@ -266,10 +268,10 @@ func ggufPlan(c *Config, set *safetensors.Set, enc string, permute bool) ([]gguf
 		}
 		add(p+"post_attention_layernorm.weight", 0, c.Hidden)
 		if c.SparseLayer(i) {
-			add(p+"mlp.gate.weight", 0, c.MoE.Experts, c.Hidden)
-			addExperts(p, "gate_proj.weight", c.MoE.Intermediate, c.Hidden)
-			addExperts(p, "up_proj.weight", c.MoE.Intermediate, c.Hidden)
-			addExperts(p, "down_proj.weight", c.Hidden, c.MoE.Intermediate)
+			add(p+names.router, 0, c.MoE.Experts, c.Hidden)
+			addExperts(p, names.gate, c.MoE.Intermediate, c.Hidden)
+			addExperts(p, names.up, c.MoE.Intermediate, c.Hidden)
+			addExperts(p, names.down, c.Hidden, c.MoE.Intermediate)
 			continue
 		}
 		add(p+"mlp.gate_proj.weight", 0, c.Intermediate, c.Hidden)

@@ -312,7 +312,7 @@ func loadGGUFTensors(f *gguf.File, c *Config) (*ggufSource, error) {
 	if first != nil {
 		return fail(fmt.Errorf("model: %s: %w", f.Path, first))
 	}
-	if c.ModelType == "llama" {
+	if c.ModelType == "llama" || c.ModelType == "mixtral" {
 		if err := src.unpermuteQK(c); err != nil {
 			return fail(err)
 		}

@@ -22,8 +22,8 @@ func ggufDType(t gguf.Type) (tensor.DType, bool) {
 	return d, ok
 }
 
-// The tensor names of llama.cpp's GGUF files for the llama, qwen2, qwen3
-// and qwen3moe architectures, and the Hugging Face names they correspond
+// The tensor names of llama.cpp's GGUF files for the llama (and Mixtral,
+// llama with experts), qwen2, qwen3 and qwen3moe architectures, and the Hugging Face names they correspond
 // to.
 const (
 	ggufEmbed     = "token_embd.weight"
@@ -52,16 +52,22 @@ var ggufLayerNames = map[string]string{
 	"self_attn.q_norm.weight": "attn_q_norm.weight",
 	"self_attn.k_norm.weight": "attn_k_norm.weight",
 	"mlp.gate.weight":         "ffn_gate_inp.weight",
+	// mixtral (GGUF's llama with experts).
+	"block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
 }
 
 // ggufExpertNames maps the Hugging Face name of one expert's matrix (after
-// "model.layers.N.mlp.experts.E.") to the GGUF tensor (after "blk.N.") that
-// stacks that matrix of every expert: [experts, rows, cols] in Hugging Face
-// order.
+// "model.layers.N.mlp.experts.E." for qwen3_moe, after
+// "model.layers.N.block_sparse_moe.experts.E." for mixtral) to the GGUF
+// tensor (after "blk.N.") that stacks that matrix of every expert:
+// [experts, rows, cols] in Hugging Face order.
 var ggufExpertNames = map[string]string{
 	"gate_proj.weight": "ffn_gate_exps.weight",
 	"up_proj.weight":   "ffn_up_exps.weight",
 	"down_proj.weight": "ffn_down_exps.weight",
+	"w1.weight":        "ffn_gate_exps.weight",
+	"w3.weight":        "ffn_up_exps.weight",
+	"w2.weight":        "ffn_down_exps.weight",
 }
 
 // ggufExpert returns the stacked GGUF tensor holding the expert matrix hf
@@ -75,8 +81,11 @@ func ggufExpert(hf string) (string, int, bool) {
 	if !ok {
 		return "", 0, false
 	}
-	rest, ok = strings.CutPrefix(rest, "mlp.experts.")
-	if !ok {
+	if r, ok := strings.CutPrefix(rest, "mlp.experts."); ok {
+		rest = r
+	} else if r, ok := strings.CutPrefix(rest, "block_sparse_moe.experts."); ok {
+		rest = r
+	} else {
 		return "", 0, false
 	}
 	ex, suffix, ok := strings.Cut(rest, ".")
