@@ -76,12 +76,67 @@ type ggufEntry struct {
 // or for a model with sliding-window layers the window if smaller. GGUF's
 // llama, qwen2 and qwen3 architectures have no window (llama.cpp attends
 // to every position), so the file is limited to the positions where full
-// and windowed attention agree.
+// and windowed attention agree; gemma3 files keep their window
+// (attention.sliding_window).
 func ggufContextLength(c *Config) int {
-	if c.SlidingWindow > 0 && c.SlidingWindow < c.MaxPositions {
+	if c.SlidingWindow > 0 && c.SlidingWindow < c.MaxPositions && c.ModelType != "gemma3_text" {
 		return c.SlidingWindow
 	}
 	return c.MaxPositions
+}
+
+// ggufGemmaPattern is the period of llama.cpp's gemma3 layers: every
+// pattern-th layer is global, unless attention.sliding_window_pattern says
+// otherwise.
+const ggufGemmaPattern = 6
+
+// ggufGemmaFits checks that a gemma3_text model is what a gemma3 GGUF file
+// can describe: llama.cpp's gemma3 takes the local layers' RoPE base to be
+// 10000 and the attention scale to be head_dim^-½ (hidden/heads for the
+// 62-layer 27B), as every released Gemma 3 has them, and the global layers
+// to be every pattern-th. Anything else is refused rather than written as
+// a file llama.cpp would run differently.
+func ggufGemmaFits(c *Config) error {
+	if c.ModelType != "gemma3_text" {
+		return nil
+	}
+	g := c.Gemma
+	if g.LocalRopeTheta != 10000 {
+		return fmt.Errorf("model: a Gemma 3 with a local RoPE base of %v cannot be written to GGUF (llama.cpp's gemma3 assumes 10000); serve the safetensors checkpoint instead", g.LocalRopeTheta)
+	}
+	if g.QueryScalar != ggufGemmaQueryScalar(c) {
+		return fmt.Errorf("model: a Gemma 3 with query_pre_attn_scalar %v cannot be written to GGUF (llama.cpp's gemma3 derives %v from its shape); serve the safetensors checkpoint instead", g.QueryScalar, ggufGemmaQueryScalar(c))
+	}
+	if c.SlidingWindow > 0 {
+		if n, ok := ggufGemmaPeriod(c); !ok || (n != ggufGemmaPattern && n <= c.Layers) {
+			return fmt.Errorf("model: a Gemma 3 whose global layers %v are not every %dth layer cannot be written to GGUF (llama.cpp's gemma3 assumes that pattern); serve the safetensors checkpoint instead", c.FullLayers, ggufGemmaPattern)
+		}
+	}
+	return nil
+}
+
+// ggufGemmaQueryScalar is the query_pre_attn_scalar llama.cpp's gemma3
+// derives: hidden/heads for the 62-layer 27B, head_dim otherwise.
+func ggufGemmaQueryScalar(c *Config) float64 {
+	if c.Layers == 62 {
+		return float64(c.Hidden / c.Heads)
+	}
+	return float64(c.HeadDim)
+}
+
+// ggufGemmaPeriod returns n when c's global layers are exactly every n-th
+// layer (n > Layers: none is).
+func ggufGemmaPeriod(c *Config) (int, bool) {
+	n := c.Layers + 1
+	if len(c.FullLayers) > 0 {
+		n = c.FullLayers[0] + 1
+	}
+	for i := range c.Layers {
+		if slices.Contains(c.FullLayers, i) != ((i+1)%n == 0) {
+			return 0, false
+		}
+	}
+	return n, true
 }
 
 // ConvertToGGUF writes the Hugging Face checkpoint in dir (llama, mistral,
@@ -115,9 +170,12 @@ func ConvertToGGUF(dir string, w io.Writer, opts GGUFOptions) (*GGUFSummary, err
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	defer set.Close()
-	arch := map[string]string{"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}[c.ModelType]
+	arch := map[string]string{"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3"}[c.ModelType]
 	if arch == "" {
 		return nil, fmt.Errorf("model: converting model type %s to GGUF is not supported; serve the safetensors checkpoint instead", c.ModelType)
+	}
+	if err := ggufGemmaFits(c); err != nil {
+		return nil, err
 	}
 	if c.RopeScaling.Type != "" && c.RopeScaling.Type != "linear" && c.RopeScaling.Type != "llama3" {
 		return nil, fmt.Errorf("model: rope scaling %q cannot be written to GGUF", c.RopeScaling.Type)
@@ -176,6 +234,13 @@ func ConvertToGGUF(dir string, w io.Writer, opts GGUFOptions) (*GGUFSummary, err
 				return nil, err
 			}
 		}
+		if c.ModelType == "gemma3_text" && len(e.shape) == 1 && strings.HasSuffix(e.hf, "norm.weight") {
+			// llama.cpp's gemma3 files store Gemma's norm factor 1 + w.
+			vals = slices.Clone(vals)
+			for i, v := range vals {
+				vals[i] = 1 + v
+			}
+		}
 		cols := e.shape[len(e.shape)-1]
 		if e.permute > 0 {
 			rowBytes := 4 * cols
@@ -224,7 +289,7 @@ func ggufPlan(c *Config, set *safetensors.Set, enc string, permute bool) ([]gguf
 	}
 	add := func(hf string, perm int, shape ...int) {
 		if check(hf, shape) {
-			name, _ := ggufName(hf)
+			name, _ := ggufName(hf, c.ModelType)
 			plan = append(plan, ggufEntry{hf: hf, name: name, shape: shape, permute: perm})
 		}
 	}
@@ -267,6 +332,10 @@ func ggufPlan(c *Config, set *safetensors.Set, enc string, permute bool) ([]gguf
 			add(p+"self_attn.k_norm.weight", 0, c.HeadDim)
 		}
 		add(p+"post_attention_layernorm.weight", 0, c.Hidden)
+		if c.ModelType == "gemma3_text" {
+			add(p+"pre_feedforward_layernorm.weight", 0, c.Hidden)
+			add(p+"post_feedforward_layernorm.weight", 0, c.Hidden)
+		}
 		if c.SparseLayer(i) {
 			add(p+names.router, 0, c.MoE.Experts, c.Hidden)
 			addExperts(p, names.gate, c.MoE.Intermediate, c.Hidden)
@@ -396,6 +465,17 @@ func ggufModelKV(c *Config, arch, name, enc string, plan []ggufEntry) []gguf.KV 
 			gguf.KV{Key: arch + ".expert_used_count", Value: u32(c.MoE.TopK)},
 			gguf.KV{Key: arch + ".expert_feed_forward_length", Value: u32(c.MoE.Intermediate)},
 			gguf.KV{Key: arch + ".expert_weights_norm", Value: gguf.BoolValue(c.MoE.NormTopK)})
+	}
+	if c.ModelType == "gemma3_text" {
+		if c.SlidingWindow > 0 {
+			period, _ := ggufGemmaPeriod(c)
+			kv = append(kv,
+				gguf.KV{Key: arch + ".attention.sliding_window", Value: u32(c.SlidingWindow)},
+				gguf.KV{Key: arch + ".attention.sliding_window_pattern", Value: u32(period)})
+		}
+		if sc := c.Gemma.FinalLogitSoftcap; sc > 0 {
+			kv = append(kv, gguf.KV{Key: arch + ".final_logit_softcapping", Value: gguf.Float32Value(float32(sc))})
+		}
 	}
 	if c.RopeScaling.Type == "linear" {
 		kv = append(kv,

@@ -106,9 +106,19 @@ func ggufExpert(hf string) (string, int, bool) {
 	return "blk." + num + "." + g, e, true
 }
 
-// ggufName returns the GGUF name of a Hugging Face tensor name, and whether
-// it has one.
-func ggufName(hf string) (string, bool) {
+// ggufGemmaLayerNames are the per-layer names of gemma3 files that differ
+// from ggufLayerNames: Gemma's norm after attention, before the
+// feed-forward block (ffn_norm, as llama's post_attention_layernorm) and
+// after it.
+var ggufGemmaLayerNames = map[string]string{
+	"post_attention_layernorm.weight":   "post_attention_norm.weight",
+	"pre_feedforward_layernorm.weight":  "ffn_norm.weight",
+	"post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+
+// ggufName returns the GGUF name of a Hugging Face tensor name of a model
+// of type modelType, and whether it has one.
+func ggufName(hf, modelType string) (string, bool) {
 	switch hf {
 	case "model.embed_tokens.weight":
 		return ggufEmbed, true
@@ -129,6 +139,11 @@ func ggufName(hf string) (string, bool) {
 		return "", false
 	}
 	g, ok := ggufLayerNames[suffix]
+	if modelType == "gemma3_text" {
+		if gg, gok := ggufGemmaLayerNames[suffix]; gok {
+			g, ok = gg, true
+		}
+	}
 	if !ok {
 		return "", false
 	}

@@ -215,9 +215,10 @@ func (m *Model) bindLayer(b *binder, i int) error {
 // gemmaNorm turns a Gemma RMSNorm weight w into the factor it scales by,
 // 1 + w (in f32, as transformers' Gemma3RMSNorm computes it), so that the
 // Llama family's RMSNorm applies it; other models' weights are left as
-// they are.
+// they are, and so are a GGUF file's (llama.cpp's gemma3 files store
+// 1 + w, which ConvertToGGUF computes the same way).
 func (m *Model) gemmaNorm(w []float32) {
-	if m.cfg.ModelType != "gemma3_text" {
+	if m.cfg.ModelType != "gemma3_text" || m.src.format() == "gguf" {
 		return
 	}
 	for i, v := range w {
