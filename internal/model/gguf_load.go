@@ -70,8 +70,8 @@ type ggufSource struct {
 	path string
 	// modelType picks the tensor names (see ggufName).
 	modelType string
-	mem     []byte
-	tensors map[string]weight // by GGUF name
+	mem       []byte
+	tensors   map[string]weight // by GGUF name
 }
 
 func (s *ggufSource) lookup(hf string) (weight, bool) {

@@ -534,7 +534,7 @@ func TestLoadGGUFReportsWhatIsWrong(t *testing.T) {
 		tensors func([]gguf.TensorInfo) []gguf.TensorInfo
 		want    string
 	}{
-		{"unknown architecture", setKV("general.architecture", gguf.StringValue("gemma3")), nil, `architecture "gemma3" is not supported`},
+		{"unknown architecture", setKV("general.architecture", gguf.StringValue("phi3")), nil, `architecture "phi3" is not supported`},
 		{"no architecture", dropKV("general.architecture"), nil, "general.architecture is missing"},
 		{"missing key", dropKV("llama.embedding_length"), nil, "required key llama.embedding_length is missing"},
 		{"key of the wrong type", setKV("llama.block_count", gguf.StringValue("2")), nil, `key "llama.block_count": expected a non-negative integer`},
