@@ -11,7 +11,8 @@ tokens, a "<bos> $A" post-processor and the decoder Replace("▁", " "),
 ByteFallback, Fuse. The vocabulary is trained on a few sentences (the real
 one has 262144 pieces and is not needed to exercise the pipeline).
 
-Writes OUT/tokenizer.json and OUT/golden.json: for each text, the ids and
+Writes OUT/tokenizer.json, OUT/tokenizer_config.json (Gemma's special
+tokens: <bos> added, <eos> ends generation) and OUT/golden.json: for each text, the ids and
 token strings HF tokenizers gives (without special tokens) and the decoded
 text. internal/tokenizer's TestGoldenGemmaStyle compares Tandem with them.
 
@@ -77,6 +78,10 @@ def main():
     tok = build()
     os.makedirs(args.out, exist_ok=True)
     tok.save(os.path.join(args.out, "tokenizer.json"))
+    with open(os.path.join(args.out, "tokenizer_config.json"), "w") as f:
+        json.dump({"add_bos_token": True, "add_eos_token": False, "bos_token": "<bos>", "eos_token": "<eos>",
+                   "pad_token": "<pad>", "unk_token": "<unk>", "tokenizer_class": "GemmaTokenizer"}, f, indent=1)
+        f.write("\n")
     cases = []
     for text in TEXTS:
         enc = tok.encode(text, add_special_tokens=False)
