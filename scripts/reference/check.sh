@@ -6,7 +6,8 @@
 #   with transformers and runs internal/model's TestMatchesTransformers on
 #   them; then checks that the installed transformers still computes the
 #   goldens committed under internal/model/testdata (which CI checks without
-#   the reference).
+#   the reference); and that Hugging Face tokenizers rebuilds the Gemma-style
+#   tokenizer fixture and its goldens as committed.
 # - llama.cpp: installs node-llama-cpp 3.21.1 (prebuilt llama.cpp) in
 #   scripts/reference/llamacpp and runs TestGGUFQwen3MatchesLlamaCpp, which
 #   compares greedy continuations on GGUF files Tandem writes.
@@ -25,5 +26,9 @@ trap 'rm -rf "$out"' EXIT
 "$venv/bin/python" "$root/scripts/reference/transformers_goldens.py" --out "$out"
 (cd "$root" && TANDEM_HF_REFERENCE="$out" go test -count=1 -run TestMatchesTransformers -v ./internal/model/)
 "$venv/bin/python" "$root/scripts/reference/transformers_goldens.py" --check --out "$root/internal/model/testdata"
+# The Gemma-style tokenizer: Hugging Face tokenizers rebuilds it and its
+# goldens, which must be the committed ones.
+"$venv/bin/python" "$root/scripts/reference/gemma_tokenizer.py" --out "$out/gemma-tokenizer"
+diff -r "$out/gemma-tokenizer" "$root/internal/tokenizer/testdata/gemma"
 (cd "$root/scripts/reference/llamacpp" && npm ci --no-audit --no-fund)
 (cd "$root" && TANDEM_LLAMACPP="$root/scripts/reference/llamacpp" go test -count=1 -run TestGGUFQwen3MatchesLlamaCpp -v ./internal/model/)
