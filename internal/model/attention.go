@@ -14,17 +14,23 @@ import (
 //
 // # One reduction order per query
 //
-// A query (one head of the token at position p) attends to keys [0, p].
+// A query (one head of the token at position p) attends to keys [0, p], or
+// in a sliding-window layer of window W to keys [s, p] with s = max(0,
+// p−W+1) (transformers' mask: key > p−W).
 // Whatever else is in its tile, however its prompt was chunked into Forward
 // calls and whether it is a prefill or a decode token, its output is
 // computed by exactly this sequence of operations (FlashAttention's online
 // softmax over fixed key chunks):
 //
-//  1. q̂ = q·(1/√head_dim), rounded to bf16 when the kernels round
+//  1. q̂ = q·(1/√head_dim) (Gemma 3: 1/√query_pre_attn_scalar), rounded to bf16 when the kernels round
 //     activations (tensor.BF16Query; as MatMul would round it).
 //  2. Keys are walked in chunks of attnKeyChunk positions, [0, 64), [64,
 //     128), ..., the last one cut at p+1: chunk boundaries are positions,
-//     not tiles, Forward calls or KV blocks. For each chunk c:
+//     not tiles, Forward calls or KV blocks. In a sliding-window layer the
+//     walk starts at the chunk holding s and that chunk is cut at s: the
+//     keys before s are never read, and each chunk's keys are a function
+//     of p alone (a tile skips, token by token, the chunks that lie wholly
+//     before a token's window). For each chunk c (its keys j in [s, p]):
 //     s_j = q̂·k_j for every key j of the chunk, each one dot product with
 //     the matmul kernel's fixed reduction order (tensor.DotRowsBF16 /
 //     tensor.DotRows, bit-identical whatever the number of rows or keys per
@@ -63,7 +69,8 @@ import (
 //     (round to nearest even); l += Σ w_j (the widened bf16 weights, summed
 //     in a fixed order that depends on nothing but the weights);
 //     then tensor.AttnPVBF16 over the key pairs (j, j+1), j = c0, c0+2, ...
-//     in order: acc[t] += w_j·v_j[t] + w_{j+1}·v_{j+1}[t] as one VDPBF16PS
+//     in order (c0 the chunk's first key the query sees: its start, or
+//     the window start s): acc[t] += w_j·v_j[t] + w_{j+1}·v_{j+1}[t] as one VDPBF16PS
 //     lane, a trailing odd key paired with a zero weight and a zero value
 //     (the slot after it is never read). One call takes the chunk's value
 //     rows wherever their blocks are, so the pairs do not depend on the
@@ -89,7 +96,8 @@ import (
 // group's query heads, as one block of query rows scored against each key
 // chunk in place in the pool (no gathering), chunks a tile does not need
 // skipped token by token (a token scores only chunks that start at or before
-// its position; above the diagonal nothing is computed). A single new token
+// its position and end after its window start; above the diagonal nothing
+// is computed, nor before a window). A single new token
 // (decode) is one item for all KV heads, so one sweep reads a block's key
 // rows for every head, with the next block prefetched. Items are claimed
 // dynamically by whichever pool thread is free, the costliest first within
@@ -251,11 +259,12 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 	}
 	w.reset(R, hd)
 
+	win := m.layers[li].window
 	end := first + ntok // keys of the tile's last token
-	for c0 := 0; c0 < end; c0 += C {
+	for c0 := windowStart(first, win) / C * C; c0 < end; c0 += C {
 		c1 := min(c0+C, end)
-		tokLo := max(0, c0-first) // tokens whose position is at least c0 need this chunk
-		live := (ntok - tokLo) * group
+		tokLo, tokHi := chunkTokens(c0, c1, first, ntok, win)
+		live := (tokHi - tokLo) * group
 		// Scores: every key of the chunk against the live rows, segment
 		// by segment (a segment is the part of a KV block inside the
 		// chunk).
@@ -284,13 +293,15 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 			}
 			j = je
 		}
-		// Online softmax, row by row.
+		// Online softmax, row by row, over the keys [ks, ke) of the
+		// chunk that the row's token sees.
 		for kvh := kh0; kvh < kh1; kvh++ {
-			for tok := tokLo; tok < ntok; tok++ {
-				cnt := min(c1, first+tok+1) - c0
+			for tok := tokLo; tok < tokHi; tok++ {
+				p := first + tok
+				ks, ke := max(c0, windowStart(p, win)), min(c1, p+1)
 				for gi := range group {
 					r := (kvh-kh0)*perHead + tok*group + gi
-					sc := w.s[r*C:][:cnt]
+					sc := w.s[r*C+(ks-c0):][:ke-ks]
 					_, mc := tensor.ArgMax(sc)
 					if mc > w.mx[r] {
 						if !math.IsInf(float64(w.mx[r]), -1) {
@@ -309,14 +320,15 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 			}
 		}
 		// Weighted values: the group's rows of one token share the
-		// value rows and the key count.
+		// value rows and the key range.
 		for kvh := kh0; kvh < kh1; kvh++ {
-			for tok := tokLo; tok < ntok; tok++ {
+			for tok := tokLo; tok < tokHi; tok++ {
+				p := first + tok
 				r0 := (kvh-kh0)*perHead + tok*group
-				kend := min(c1, first+tok+1)
-				for j := c0; j < kend; {
+				ks, ke := max(c0, windowStart(p, win)), min(c1, p+1)
+				for j := ks; j < ke; {
 					blk, slot := j/bs, j%bs
-					je := min(kend, (blk+1)*bs)
+					je := min(ke, (blk+1)*bs)
 					base := layout.Offset(int(sq.Blocks[blk]), li, 1, slot) + kvh*hd
 					kv.axpyGroup(group, hd, w.acc[r0*hd:], w.s[r0*C+(j-c0):], C, je-j, base, kvd)
 					j = je
@@ -339,15 +351,41 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 	}
 }
 
+// windowStart returns the first key position a query at position p
+// attends to in a layer with window win (0: full attention, from 0): p−win+1,
+// or 0. It depends on nothing but p, so neither does a query's key range.
+func windowStart(p, win int) int {
+	if win <= 0 {
+		return 0
+	}
+	return max(0, p-win+1)
+}
+
+// chunkTokens returns the tokens [tokLo, tokHi) of a tile (ntok consecutive
+// tokens from position first) that attend to some key of the chunk [c0,
+// c1): those at or after c0 whose window starts before c1.
+func chunkTokens(c0, c1, first, ntok, win int) (tokLo, tokHi int) {
+	tokLo, tokHi = max(0, c0-first), ntok
+	if win > 0 {
+		// windowStart(p) < c1 ⇔ p < c1+win−1.
+		tokHi = min(ntok, c1+win-1-first)
+	}
+	return tokLo, tokHi
+}
+
 // scaledQueries writes into w.q the queries of tokens [t0, t0+ntok) of the
-// batch for the query heads of KV heads [kh0, kh1), times 1/√head_dim, in
-// the item's row order (see attendTile).
+// batch for the query heads of KV heads [kh0, kh1), times 1/√head_dim
+// (Gemma 3: 1/√query_pre_attn_scalar), in the item's row order (see
+// attendTile).
 func (m *Model) scaledQueries(w *attnScratch, li, t0, ntok, kh0, kh1 int) {
 	c := &m.cfg
 	hd, group := c.HeadDim, c.Heads/c.KVHeads
 	g := &m.layers[li].qkv
 	perHead := ntok * group
 	scale := float32(1 / math.Sqrt(float64(hd)))
+	if qs := c.Gemma.QueryScalar; qs > 0 {
+		scale = float32(1 / math.Sqrt(qs)) // query_pre_attn_scalar^-½
+	}
 	for kvh := kh0; kvh < kh1; kvh++ {
 		for tok := range ntok {
 			src := m.s.qkv[(t0+tok)*g.width+g.off[0]+kvh*group*hd:][:group*hd]

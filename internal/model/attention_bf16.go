@@ -85,7 +85,10 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout
 	perHead := ntok * group
 	R := (kh1 - kh0) * perHead
 	w.grow(R, hd)
-	w.p = growU16(w.p, R*C)
+	// A row's weights start up to C−1 keys into its C slots (at its
+	// window start) and AttnSoftmaxBF16 zeroes C slots after that start:
+	// one row of slack.
+	w.p = growU16(w.p, (R+1)*C)
 	if w.voffs == nil {
 		w.voffs = make([]int, C)
 	}
@@ -104,12 +107,13 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout
 	}
 	w.reset(R, hd)
 
+	win := m.layers[li].window
 	end := first + ntok // keys of the tile's last token
-	for c0 := 0; c0 < end; c0 += C {
+	for c0 := windowStart(first, win) / C * C; c0 < end; c0 += C {
 		c1 := min(c0+C, end)
-		tokLo := max(0, c0-first) // tokens whose position is at least c0 need this chunk
+		tokLo, tokHi := chunkTokens(c0, c1, first, ntok, win)
 		if keys != nil {
-			r0, live := tokLo*group, (ntok-tokLo)*group
+			r0, live := tokLo*group, (tokHi-tokLo)*group
 			tensor.AttnScoresBF16(w.s[r0*C:], C, w.qp[r0*P2:], P2, live, keys[c0/16*16*(P2/2):], (c1-c0+15)/16, hd)
 		} else {
 			for j := c0; j < c1; {
@@ -140,24 +144,38 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout
 			}
 			j = je
 		}
-		tokFull := max(tokLo, c1-1-first)
 		if ntok == 1 {
-			// A decode token: every KV head's rows see the whole chunk.
-			attnSoftmax(w, 0, R, c1-c0, hd)
+			// A decode token: every KV head's rows see the same keys
+			// [ks, c1) of the chunk.
+			ks := max(c0, windowStart(first, win)) - c0
+			attnSoftmax(w, 0, R, ks, c1-c0-ks, hd)
 			for kvh := kh0; kvh < kh1; kvh++ {
-				attnValues(w, kv, (kvh-kh0)*perHead, perHead, c1-c0, (kvh-kh0)*hd, hd)
+				attnValues(w, kv, (kvh-kh0)*perHead, perHead, ks, c1-c0-ks, (kvh-kh0)*hd, hd)
 			}
 			continue
 		}
-		// Tokens from tokFull on see the whole chunk and share one call;
-		// the ones before it (on the diagonal) see fewer keys each.
-		r0, rows := tokFull*group, (ntok-tokFull)*group
-		attnSoftmax(w, r0, rows, c1-c0, hd)
-		attnValues(w, kv, r0, rows, c1-c0, 0, hd)
-		for tok := tokLo; tok < tokFull; tok++ {
-			r0, n := tok*group, first+tok+1-c0
-			attnSoftmax(w, r0, group, n, hd)
-			attnValues(w, kv, r0, group, n, 0, hd)
+		// Tokens [tokFull, fullHi) see the whole chunk and share one
+		// call; the others (on the diagonal, or whose window starts inside
+		// the chunk) see fewer keys each.
+		tokFull, fullHi := max(tokLo, c1-1-first), tokHi
+		if win > 0 {
+			// windowStart(p) ≤ c0 ⇔ p ≤ c0+win−1.
+			fullHi = min(tokHi, c0+win-first)
+		}
+		if tokFull < fullHi {
+			r0, rows := tokFull*group, (fullHi-tokFull)*group
+			attnSoftmax(w, r0, rows, 0, c1-c0, hd)
+			attnValues(w, kv, r0, rows, 0, c1-c0, 0, hd)
+		}
+		for tok := tokLo; tok < tokHi; tok++ {
+			if tok >= tokFull && tok < fullHi {
+				continue
+			}
+			p := first + tok
+			ks, ke := max(c0, windowStart(p, win)), min(c1, p+1)
+			r0 := tok * group
+			attnSoftmax(w, r0, group, ks-c0, ke-ks, hd)
+			attnValues(w, kv, r0, group, ks-c0, ke-ks, 0, hd)
 		}
 	}
 	for kvh := kh0; kvh < kh1; kvh++ {
@@ -176,22 +194,22 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout
 }
 
 // attnSoftmax runs the online-softmax step of query rows [r0, r0+rows) of
-// the scratch over n keys (their scores in w.s), leaving their bf16
-// weights in w.p.
-func attnSoftmax(w *attnScratch, r0, rows, n, hd int) {
+// the scratch over the n keys of the chunk from key off (their scores in
+// w.s), leaving their bf16 weights in w.p from off on.
+func attnSoftmax(w *attnScratch, r0, rows, off, n, hd int) {
 	const C = attnKeyChunk
-	tensor.AttnSoftmaxBF16(w.s[r0*C:], C, rows, n, w.mx[r0:], w.l[r0:], w.acc[r0*hd:], hd, hd, w.p[r0*C:], C)
+	tensor.AttnSoftmaxBF16(w.s[r0*C+off:], C, rows, n, w.mx[r0:], w.l[r0:], w.acc[r0*hd:], hd, hd, w.p[r0*C+off:], C)
 }
 
-// attnValues adds the values of the first n keys of the chunk (value
-// rows at w.voffs, plus voff for the KV head's columns) weighted by w.p to
-// the accumulators of query rows [r0, r0+rows). One call covers the
-// chunk's keys wherever their blocks are, so the key pairs, and so every
+// attnValues adds the values of the n keys of the chunk from key off
+// (value rows at w.voffs, plus voff for the KV head's columns) weighted by
+// w.p to the accumulators of query rows [r0, r0+rows). One call covers the
+// keys wherever their blocks are, so the key pairs, and so every
 // accumulator's VDPBF16PS steps, are the same whatever the block size.
-func attnValues(w *attnScratch, kv kvView, r0, rows, n, voff, hd int) {
+func attnValues(w *attnScratch, kv kvView, r0, rows, off, n, voff, hd int) {
 	const C = attnKeyChunk
 	u16 := kv.u16[voff:]
-	tensor.AttnPVBF16(w.acc[r0*hd:], hd, w.p[r0*C:], C, rows, u16, w.voffs[:n], n, hd)
+	tensor.AttnPVBF16(w.acc[r0*hd:], hd, w.p[r0*C+off:], C, rows, u16, w.voffs[off:off+n], n, hd)
 }
 
 func growU16(b []uint16, n int) []uint16 {

@@ -28,7 +28,8 @@ type RopeScaling struct {
 // Config is a validated model configuration, read from a Hugging Face
 // config.json with defaults resolved.
 type Config struct {
-	// ModelType is "llama", "mistral", "qwen2", "qwen3" or "qwen3_moe".
+	// ModelType is "llama", "mistral", "mixtral", "qwen2", "qwen3",
+	// "qwen3_moe" or "gemma3_text".
 	ModelType         string
 	Hidden            int
 	Layers            int
@@ -53,16 +54,40 @@ type Config struct {
 	// MoE describes the sparse feed-forward layers; its zero value means
 	// every layer is dense.
 	MoE MoEConfig
-	// SlidingWindow is the attention window (0 = none). Positions are
-	// limited to it (see MaxModelLen) so full attention is exact.
+	// SlidingWindow is the attention window W of the sliding-window
+	// layers (0 = none): a query at position p attends to the keys at
+	// positions (p−W, p] only. FullLayers lists the layers that attend to
+	// every earlier position all the same (nil: every layer is windowed);
+	// see LayerWindow.
 	SlidingWindow int
-	BOS           []int32
-	EOS           []int32
+	FullLayers    []int
+	// Gemma is what Gemma 3 adds (gemma3_text); its zero value otherwise.
+	Gemma GemmaConfig
+	BOS   []int32
+	EOS   []int32
 	// TorchDType is the torch_dtype the checkpoint declares ("" if absent).
 	TorchDType string
 }
 
-// MoEConfig is the mixture-of-experts part of a configuration (qwen3_moe).
+// GemmaConfig is the part of a gemma3_text configuration the Llama family
+// lacks. Besides these, a Gemma 3 model normalises with (1 + weight), has
+// norms after attention and after the feed-forward block as well as before,
+// a GELU-gated (tanh approximation) feed-forward block and embeddings
+// scaled by √hidden.
+type GemmaConfig struct {
+	// LocalRopeTheta is the RoPE base of the sliding-window layers
+	// (rope_local_base_freq); the full-attention layers use RopeTheta and
+	// RopeScaling.
+	LocalRopeTheta float64
+	// QueryScalar is query_pre_attn_scalar: the attention scale is
+	// QueryScalar^-½ rather than head_dim^-½.
+	QueryScalar float64
+	// FinalLogitSoftcap, if positive, caps the logits: cap·tanh(l/cap).
+	FinalLogitSoftcap float64
+}
+
+// MoEConfig is the mixture-of-experts part of a configuration (qwen3_moe,
+// mixtral).
 // A sparse layer routes each token to TopK of Experts feed-forward
 // networks of width Intermediate: softmax over the router logits, the TopK
 // largest probabilities kept and, with NormTopK, divided by their sum.
@@ -86,14 +111,16 @@ func (c *Config) SparseLayer(i int) bool {
 }
 
 // MaxModelLen returns the number of positions a sequence may use: the
-// model's max_position_embeddings, or the sliding window if that is smaller
-// (beyond the window, sliding-window attention and the full attention
-// computed here would differ).
-func (c *Config) MaxModelLen() int {
-	if c.SlidingWindow > 0 && c.SlidingWindow < c.MaxPositions {
-		return c.SlidingWindow
+// model's max_position_embeddings (a sliding window does not limit it).
+func (c *Config) MaxModelLen() int { return c.MaxPositions }
+
+// LayerWindow returns the attention window of layer i: SlidingWindow for a
+// sliding-window layer, 0 for a layer with full attention.
+func (c *Config) LayerWindow(i int) int {
+	if c.SlidingWindow <= 0 || slices.Contains(c.FullLayers, i) {
+		return 0
 	}
-	return c.MaxPositions
+	return c.SlidingWindow
 }
 
 // QDim is the width of the concatenated query heads.
@@ -267,7 +294,9 @@ func (f *fields) config() (*Config, error) {
 		return nil, err
 	}
 	switch c.ModelType {
-	case "llama", "mistral", "qwen2", "qwen3", "qwen3_moe":
+	case "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text":
+	case "gemma3":
+		return nil, fmt.Errorf("model: %s: field \"model_type\": model type \"gemma3\" (Gemma3ForConditionalGeneration, the multimodal Gemma 3 with a vision tower) is not supported; serve a text-only Gemma 3 checkpoint (model_type gemma3_text, Gemma3ForCausalLM, such as gemma-3-1b)", f.file)
 	case "":
 		return nil, fmt.Errorf("model: %s: required field \"model_type\" is missing (supported: %s)", f.file, supportedModelTypes)
 	default:
@@ -289,6 +318,9 @@ func (f *fields) config() (*Config, error) {
 		{&c.Vocab, "vocab_size", 0, true},
 		{&c.MaxPositions, "max_position_embeddings", 2048, false},
 	}
+	if c.ModelType == "gemma3_text" {
+		ints[len(ints)-1].def = 131072
+	}
 	for _, fld := range ints {
 		if *fld.dst, err = f.posInt(fld.name, fld.def, fld.required); err != nil {
 			return nil, err
@@ -304,6 +336,9 @@ func (f *fields) config() (*Config, error) {
 	if c.Hidden%c.Heads == 0 {
 		defHeadDim = c.Hidden / c.Heads
 	}
+	if c.ModelType == "gemma3_text" {
+		defHeadDim = 256 // Gemma3TextConfig's default
+	}
 	if c.HeadDim, err = f.posInt("head_dim", defHeadDim, defHeadDim == 0); err != nil {
 		return nil, err
 	}
@@ -316,18 +351,29 @@ func (f *fields) config() (*Config, error) {
 	if c.RMSNormEps <= 0 {
 		return nil, f.typeErr("rms_norm_eps", "a positive number")
 	}
-	if c.RopeTheta, c.RopeScaling, err = f.rope(); err != nil {
+	if c.ModelType == "gemma3_text" {
+		if err := f.gemma(c); err != nil {
+			return nil, err
+		}
+	} else if c.RopeTheta, c.RopeScaling, err = f.rope(); err != nil {
 		return nil, err
 	}
-	if c.TieWordEmbeddings, err = f.boolField("tie_word_embeddings", false); err != nil {
+	if c.TieWordEmbeddings, err = f.boolField("tie_word_embeddings", c.ModelType == "gemma3_text"); err != nil {
 		return nil, err
 	}
-	act, err := f.stringField("hidden_act", "silu")
+	actField, wantAct := "hidden_act", "silu"
+	if c.ModelType == "gemma3_text" {
+		actField, wantAct = "hidden_activation", "gelu_pytorch_tanh"
+		if !f.has(actField) && f.has("hidden_act") {
+			actField = "hidden_act"
+		}
+	}
+	act, err := f.stringField(actField, wantAct)
 	if err != nil {
 		return nil, err
 	}
-	if act != "silu" {
-		return nil, fmt.Errorf("model: %s: field \"hidden_act\": expected \"silu\", found %q", f.file, act)
+	if act != wantAct {
+		return nil, fmt.Errorf("model: %s: field %q: expected %q, found %q", f.file, actField, wantAct, act)
 	}
 	mlpBias, err := f.boolField("mlp_bias", false)
 	if err != nil {
@@ -340,17 +386,22 @@ func (f *fields) config() (*Config, error) {
 	case "qwen2":
 		// Qwen2 always has q/k/v biases and no o_proj bias.
 		c.QKVBias = true
-	case "llama", "qwen3", "qwen3_moe":
+	case "llama", "qwen3", "qwen3_moe", "gemma3_text":
 		if c.QKVBias, err = f.boolField("attention_bias", false); err != nil {
 			return nil, err
 		}
 		c.OBias = c.QKVBias
 	}
-	if c.ModelType == "qwen3" || c.ModelType == "qwen3_moe" {
+	if c.ModelType == "qwen3" || c.ModelType == "qwen3_moe" || c.ModelType == "gemma3_text" {
 		c.QKNorm = true
 	}
-	if c.ModelType == "qwen3_moe" {
+	switch c.ModelType {
+	case "qwen3_moe":
 		if c.MoE, err = f.moe(c); err != nil {
+			return nil, err
+		}
+	case "mixtral":
+		if c.MoE, err = f.mixtral(c); err != nil {
 			return nil, err
 		}
 	}
@@ -382,17 +433,19 @@ func (f *fields) config() (*Config, error) {
 
 // supportedModelTypes lists the model_type values Load accepts, for
 // messages.
-const supportedModelTypes = "llama, mistral, qwen2, qwen3, qwen3_moe"
+const supportedModelTypes = "llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma3_text"
 
 // architectureOf is the Hugging Face architecture (config.json
 // "architectures") each model type is run as: the causal language model
 // heads only.
 var architectureOf = map[string]string{
-	"llama":     "LlamaForCausalLM",
-	"mistral":   "MistralForCausalLM",
-	"qwen2":     "Qwen2ForCausalLM",
-	"qwen3":     "Qwen3ForCausalLM",
-	"qwen3_moe": "Qwen3MoeForCausalLM",
+	"llama":       "LlamaForCausalLM",
+	"mistral":     "MistralForCausalLM",
+	"mixtral":     "MixtralForCausalLM",
+	"qwen2":       "Qwen2ForCausalLM",
+	"qwen3":       "Qwen3ForCausalLM",
+	"qwen3_moe":   "Qwen3MoeForCausalLM",
+	"gemma3_text": "Gemma3ForCausalLM",
 }
 
 // architectures rejects a config.json whose "architectures" names a model
@@ -461,8 +514,36 @@ func (f *fields) moe(c *Config) (MoEConfig, error) {
 	return e, nil
 }
 
+// mixtral reads the mixture-of-experts fields of a mixtral config, with
+// the defaults of transformers' MixtralConfig: every layer is sparse, its
+// experts as wide as intermediate_size, and each token's top-k router
+// probabilities are divided by their sum (MixtralTopKRouter).
+func (f *fields) mixtral(c *Config) (MoEConfig, error) {
+	e := MoEConfig{NormTopK: true, SparseStep: 1, Intermediate: c.Intermediate}
+	var err error
+	if e.Experts, err = f.posInt("num_local_experts", 8, false); err != nil {
+		return e, err
+	}
+	if e.TopK, err = f.posInt("num_experts_per_tok", 2, false); err != nil {
+		return e, err
+	}
+	if e.TopK > e.Experts {
+		return e, fmt.Errorf("model: %s: field \"num_experts_per_tok\": expected at most num_local_experts %d, found %d", f.file, e.Experts, e.TopK)
+	}
+	return e, nil
+}
+
+// slidingWindow reads the attention window as transformers applies it:
+// mistral and mixtral window every layer when sliding_window is set; qwen2,
+// qwen3 and qwen3_moe only with use_sliding_window, qwen3_moe in every
+// layer, qwen2 and qwen3 in the layers layer_types marks
+// "sliding_attention" or, without layer_types, the layers from
+// max_window_layers on (Qwen2Config, Qwen3Config).
 func (f *fields) slidingWindow(c *Config) error {
-	use := c.ModelType == "mistral"
+	if c.ModelType == "gemma3_text" {
+		return nil // read by gemma
+	}
+	use := c.ModelType == "mistral" || c.ModelType == "mixtral"
 	if strings.HasPrefix(c.ModelType, "qwen") {
 		var err error
 		if use, err = f.boolField("use_sliding_window", false); err != nil {
@@ -480,7 +561,156 @@ func (f *fields) slidingWindow(c *Config) error {
 		return f.typeErr("sliding_window", "a positive integer or null")
 	}
 	c.SlidingWindow = w
+	if w == 0 || (c.ModelType != "qwen2" && c.ModelType != "qwen3") {
+		return nil
+	}
+	if f.has("layer_types") {
+		types, err := f.layerTypes(c.Layers)
+		if err != nil {
+			return err
+		}
+		for i, t := range types {
+			if t == "full_attention" {
+				c.FullLayers = append(c.FullLayers, i)
+			}
+		}
+		return nil
+	}
+	first, err := f.intField("max_window_layers", 28, false)
+	if err != nil {
+		return err
+	}
+	for i := range min(max(first, 0), c.Layers) {
+		c.FullLayers = append(c.FullLayers, i)
+	}
 	return nil
+}
+
+// layerTypes reads layer_types: one "full_attention" or
+// "sliding_attention" per layer.
+func (f *fields) layerTypes(layers int) ([]string, error) {
+	var types []string
+	if err := json.Unmarshal(f.m["layer_types"], &types); err != nil || len(types) != layers {
+		return nil, f.typeErr("layer_types", fmt.Sprintf("a list of %d layer types", layers))
+	}
+	for _, t := range types {
+		if t != "full_attention" && t != "sliding_attention" {
+			return nil, fmt.Errorf("model: %s: field \"layer_types\": layer type %q is not supported (supported: full_attention, sliding_attention)", f.file, t)
+		}
+	}
+	return types, nil
+}
+
+// gemma reads the fields of a gemma3_text config that the Llama family
+// lacks, with the defaults of transformers' Gemma3TextConfig: the two RoPE
+// bases (rope_parameters per layer type, as transformers 5 writes it, or
+// rope_theta, rope_scaling and rope_local_base_freq), the window and which
+// layers use it (layer_types, or every sliding_window_pattern-th layer
+// full), query_pre_attn_scalar and the logit soft-capping. What Tandem
+// cannot compute (attention-score soft-capping, bidirectional attention)
+// is refused.
+func (f *fields) gemma(c *Config) error {
+	g := &c.Gemma
+	var err error
+	if f.has("rope_parameters") {
+		sub, err := parseFields(f.file, f.m["rope_parameters"])
+		if err != nil {
+			return f.typeErr("rope_parameters", "an object or null")
+		}
+		if !sub.has("full_attention") && !sub.has("sliding_attention") {
+			return fmt.Errorf("model: %s: field \"rope_parameters\": expected an object per layer type (full_attention, sliding_attention)", f.file)
+		}
+		if c.RopeTheta, c.RopeScaling, err = sub.ropeOf("full_attention", 1e6); err != nil {
+			return err
+		}
+		var local RopeScaling
+		if g.LocalRopeTheta, local, err = sub.ropeOf("sliding_attention", 1e4); err != nil {
+			return err
+		}
+		if local.Type != "" {
+			return fmt.Errorf("model: %s: field \"rope_parameters\": rope scaling %q of the sliding-window layers is not supported (supported: default)", f.file, local.Type)
+		}
+	} else {
+		if c.RopeTheta, err = f.floatField("rope_theta", 1e6); err != nil {
+			return err
+		}
+		if c.RopeScaling, err = f.ropeScaling(); err != nil {
+			return err
+		}
+		if g.LocalRopeTheta, err = f.floatField("rope_local_base_freq", 1e4); err != nil {
+			return err
+		}
+	}
+	if c.RopeTheta <= 1 || g.LocalRopeTheta <= 1 {
+		return fmt.Errorf("model: %s: expected RoPE bases greater than 1, found %v and %v", f.file, c.RopeTheta, g.LocalRopeTheta)
+	}
+	if g.QueryScalar, err = f.floatField("query_pre_attn_scalar", 256); err != nil {
+		return err
+	}
+	if g.QueryScalar <= 0 {
+		return f.typeErr("query_pre_attn_scalar", "a positive number")
+	}
+	if g.FinalLogitSoftcap, err = f.floatField("final_logit_softcapping", 0); err != nil {
+		return err
+	}
+	if g.FinalLogitSoftcap < 0 {
+		return f.typeErr("final_logit_softcapping", "a positive number or null")
+	}
+	if f.has("attn_logit_softcapping") {
+		return fmt.Errorf("model: %s: field \"attn_logit_softcapping\": soft-capping of attention scores is not supported (Gemma 3 has none; expected null)", f.file)
+	}
+	if bidi, err := f.boolField("use_bidirectional_attention", false); err != nil {
+		return err
+	} else if bidi {
+		return fmt.Errorf("model: %s: field \"use_bidirectional_attention\": bidirectional attention is not supported (expected false)", f.file)
+	}
+	if c.SlidingWindow, err = f.posInt("sliding_window", 4096, false); err != nil {
+		return err
+	}
+	if f.has("layer_types") {
+		types, err := f.layerTypes(c.Layers)
+		if err != nil {
+			return err
+		}
+		for i, t := range types {
+			if t == "full_attention" {
+				c.FullLayers = append(c.FullLayers, i)
+			}
+		}
+		return nil
+	}
+	pattern, err := f.posInt("sliding_window_pattern", 6, false)
+	if err != nil {
+		return err
+	}
+	for i := range c.Layers {
+		if (i+1)%pattern == 0 {
+			c.FullLayers = append(c.FullLayers, i)
+		}
+	}
+	return nil
+}
+
+// ropeOf reads the RoPE base and scaling of one layer type from a
+// rope_parameters object keyed by layer type; def is the base when absent.
+func (f *fields) ropeOf(layerType string, def float64) (float64, RopeScaling, error) {
+	if !f.has(layerType) {
+		return def, RopeScaling{}, nil
+	}
+	sub, err := parseFields(f.file, f.m[layerType])
+	if err != nil {
+		return 0, RopeScaling{}, f.typeErr(layerType, "an object")
+	}
+	sub.file = f.file + " rope_parameters." + layerType
+	theta, err := sub.floatField("rope_theta", def)
+	if err != nil {
+		return 0, RopeScaling{}, err
+	}
+	if !sub.has("rope_type") && !sub.has("type") {
+		return theta, RopeScaling{}, nil
+	}
+	rs, err := sub.scaling()
+	return theta, rs, err
 }
 
 // rope reads rope_theta and rope_scaling, or the rope_parameters object

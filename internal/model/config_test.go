@@ -30,8 +30,29 @@ func TestParseConfig(t *testing.T) {
 		{"llama attention_bias adds o bias", `{"model_type": "llama", ` + baseConfig + `, "attention_bias": true}`, func(c *Config) {
 			c.QKVBias, c.OBias = true, true
 		}},
-		{"mistral sliding window limits positions", `{"model_type": "mistral", ` + baseConfig + `, "sliding_window": 1024, "max_position_embeddings": 32768}`, func(c *Config) {
+		{"mistral sliding window in every layer", `{"model_type": "mistral", ` + baseConfig + `, "sliding_window": 1024, "max_position_embeddings": 32768}`, func(c *Config) {
 			c.ModelType, c.SlidingWindow, c.MaxPositions = "mistral", 1024, 32768
+		}},
+		{"qwen2 window from max_window_layers on", `{"model_type": "qwen2", ` + baseConfig + `, "num_hidden_layers": 4, "use_sliding_window": true, "sliding_window": 64, "max_window_layers": 2}`, func(c *Config) {
+			c.ModelType, c.QKVBias, c.Layers, c.SlidingWindow, c.FullLayers = "qwen2", true, 4, 64, []int{0, 1}
+		}},
+		{"qwen3 window where layer_types says", `{"model_type": "qwen3", ` + baseConfig + `, "num_hidden_layers": 3, "use_sliding_window": true, "sliding_window": 64, "max_window_layers": 0, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}`, func(c *Config) {
+			c.ModelType, c.QKNorm, c.Layers, c.SlidingWindow, c.FullLayers = "qwen3", true, 3, 64, []int{1}
+		}},
+		{"qwen2 window unused without use_sliding_window", `{"model_type": "qwen2", ` + baseConfig + `, "use_sliding_window": false, "sliding_window": 64, "max_window_layers": 0}`, func(c *Config) {
+			c.ModelType, c.QKVBias = "qwen2", true
+		}},
+		// The configs on the Hub before transformers 5: rope_theta,
+		// rope_local_base_freq, sliding_window_pattern.
+		{"gemma3 legacy fields", `{"model_type": "gemma3_text", ` + baseConfig + `, "num_hidden_layers": 6, "head_dim": 16, "rope_theta": 1000000, "rope_local_base_freq": 10000, "rope_scaling": {"rope_type": "linear", "factor": 8}, "sliding_window": 512, "sliding_window_pattern": 3, "query_pre_attn_scalar": 16, "final_logit_softcapping": null}`, func(c *Config) {
+			c.ModelType, c.Layers, c.HeadDim, c.QKNorm, c.TieWordEmbeddings, c.MaxPositions = "gemma3_text", 6, 16, true, true, 131072
+			c.RopeTheta, c.RopeScaling = 1e6, RopeScaling{Type: "linear", Factor: 8}
+			c.SlidingWindow, c.FullLayers = 512, []int{2, 5}
+			c.Gemma = GemmaConfig{LocalRopeTheta: 1e4, QueryScalar: 16}
+		}},
+		{"mixtral defaults are transformers'", `{"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], ` + baseConfig + `, "sliding_window": null}`, func(c *Config) {
+			c.ModelType = "mixtral"
+			c.MoE = MoEConfig{Experts: 8, TopK: 2, NormTopK: true, Intermediate: c.Intermediate, SparseStep: 1}
 		}},
 		{"rope_scaling with legacy type key", `{"model_type": "llama", ` + baseConfig + `, "rope_scaling": {"type": "linear", "factor": 2.0}}`, func(c *Config) {
 			c.RopeScaling = RopeScaling{Type: "linear", Factor: 2}
@@ -101,6 +122,14 @@ func TestParseConfigErrors(t *testing.T) {
 		{"qwen3 yarn", `{"model_type": "qwen3", ` + baseConfig + `, "rope_scaling": {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 32768}}`, []string{"rope_type", "yarn", "not supported"}},
 		{"more experts per token than experts", `{"model_type": "qwen3_moe", ` + baseConfig + `, "num_experts": 4, "num_experts_per_tok": 8}`, []string{"num_experts_per_tok", "at most", "4"}},
 		{"dense layer out of range", `{"model_type": "qwen3_moe", ` + baseConfig + `, "mlp_only_layers": [2]}`, []string{"mlp_only_layers", "layer 2", "2 layers"}},
+		{"mixtral top-k above experts", `{"model_type": "mixtral", ` + baseConfig + `, "num_local_experts": 2, "num_experts_per_tok": 3}`, []string{"num_experts_per_tok", "at most", "2"}},
+		{"multimodal gemma3", `{"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "text_config": {}}`, []string{"gemma3", "Gemma3ForConditionalGeneration", "not supported", "gemma3_text"}},
+		{"gemma3 attention soft-capping", `{"model_type": "gemma3_text", ` + baseConfig + `, "attn_logit_softcapping": 50.0}`, []string{"attn_logit_softcapping", "not supported"}},
+		{"gemma3 bidirectional", `{"model_type": "gemma3_text", ` + baseConfig + `, "use_bidirectional_attention": true}`, []string{"use_bidirectional_attention", "not supported"}},
+		{"gemma3 silu", `{"model_type": "gemma3_text", ` + baseConfig + `, "hidden_activation": "silu"}`, []string{"hidden_activation", "gelu_pytorch_tanh", "silu"}},
+		{"gemma3 local rope scaling", `{"model_type": "gemma3_text", ` + baseConfig + `, "rope_parameters": {"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "linear", "factor": 2}}}`, []string{"sliding-window layers", "linear"}},
+		{"unknown layer type", `{"model_type": "qwen3", ` + baseConfig + `, "use_sliding_window": true, "sliding_window": 8, "layer_types": ["full_attention", "chunked_attention"]}`, []string{"layer_types", "chunked_attention", "not supported"}},
+		{"layer_types of the wrong length", `{"model_type": "gemma3_text", ` + baseConfig + `, "layer_types": ["full_attention"]}`, []string{"layer_types", "2 layer types"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -163,6 +192,18 @@ func TestModelinitShapesParse(t *testing.T) {
 			Vocab: 1000, MaxPositions: 2048, RMSNormEps: 1e-6, RopeTheta: 1000000, QKNorm: true,
 			MoE: MoEConfig{Experts: 8, TopK: 2, NormTopK: true, Intermediate: 32, SparseStep: 1, DenseLayers: []int{0}},
 			BOS: []int32{0}, EOS: []int32{0}, TorchDType: "bfloat16"},
+		modelinit.ShapeMixtralTiny: {ModelType: "mixtral", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, Intermediate: 96,
+			Vocab: 1000, MaxPositions: 2048, RMSNormEps: 1e-5, RopeTheta: 1000000,
+			MoE: MoEConfig{Experts: 4, TopK: 2, NormTopK: true, Intermediate: 96, SparseStep: 1},
+			BOS: []int32{0}, EOS: []int32{0}, TorchDType: "bfloat16"},
+		modelinit.ShapeGemma3Tiny: {ModelType: "gemma3_text", Hidden: 64, Layers: 5, Heads: 4, KVHeads: 2, HeadDim: 24, Intermediate: 128,
+			Vocab: 1000, MaxPositions: 2048, RMSNormEps: 1e-6, RopeTheta: 1000000, TieWordEmbeddings: true, QKNorm: true,
+			SlidingWindow: 19, FullLayers: []int{2}, Gemma: GemmaConfig{LocalRopeTheta: 10000, QueryScalar: 24},
+			BOS: []int32{0}, EOS: []int32{0}, TorchDType: "bfloat16"},
+		modelinit.ShapeGemma31B: {ModelType: "gemma3_text", Hidden: 1152, Layers: 26, Heads: 4, KVHeads: 1, HeadDim: 256, Intermediate: 6912,
+			Vocab: 262144, MaxPositions: 32768, RMSNormEps: 1e-6, RopeTheta: 1000000, TieWordEmbeddings: true, QKNorm: true,
+			SlidingWindow: 512, FullLayers: []int{5, 11, 17, 23}, Gemma: GemmaConfig{LocalRopeTheta: 10000, QueryScalar: 256},
+			BOS: []int32{2}, EOS: []int32{1}, TorchDType: "bfloat16"},
 		modelinit.ShapeQwen306B: {ModelType: "qwen3", Hidden: 1024, Layers: 28, Heads: 16, KVHeads: 8, HeadDim: 128, Intermediate: 3072,
 			Vocab: 151936, MaxPositions: 40960, RMSNormEps: 1e-6, RopeTheta: 1000000, TieWordEmbeddings: true, QKNorm: true,
 			BOS: []int32{151643}, EOS: []int32{151645}, TorchDType: "bfloat16"},

@@ -95,7 +95,7 @@ func TestLoadReportsWhatIsWrong(t *testing.T) {
 		}, []string{"lm_head.weight", "missing", "tie_word_embeddings false"}},
 		{"unsupported model_type", nil, func(t *testing.T, dir string) {
 			editConfig(t, dir, `"model_type": "llama"`, `"model_type": "gemma2"`)
-		}, []string{"model_type", "gemma2", "not supported", "llama, mistral, qwen2, qwen3, qwen3_moe"}},
+		}, []string{"model_type", "gemma2", "not supported", "llama, mistral, mixtral, qwen2, qwen3, qwen3_moe"}},
 		{"unsupported architecture", nil, func(t *testing.T, dir string) {
 			editConfig(t, dir, `"LlamaForCausalLM"`, `"LlamaForSequenceClassification"`)
 		}, []string{"architectures", "LlamaForSequenceClassification", "not supported", "LlamaForCausalLM"}},

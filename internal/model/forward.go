@@ -70,6 +70,7 @@ type scratch struct {
 	qkv, gu, h       []float32 // [T, qkv width], [T, 2·FFN], [T, FFN]
 	part             []float32 // un-fused matmul output before scattering
 	cos, sin         []float32 // [T, HeadDim/2]
+	cosL, sinL       []float32 // [T, HeadDim/2], Gemma 3's local RoPE
 	tokSeq, tokPos   []int32   // per token: its sequence and position
 	rows             []float32 // [R, Hidden] normed rows for the LM head
 	logits           []float32 // [R, Vocab]
@@ -123,6 +124,10 @@ func (m *Model) Forward(seqs []Seq, pool []byte, layout kvlayout.Layout) ([][]fl
 	s.attn = grow(s.attn, T*c.QDim())
 	s.cos = grow(s.cos, T*half)
 	s.sin = grow(s.sin, T*half)
+	if m.invFreqLocal != nil {
+		s.cosL = grow(s.cosL, T*half)
+		s.sinL = grow(s.sinL, T*half)
+	}
 	m.planTokens(seqs, T)
 	eps := float32(c.RMSNormEps)
 	m.rows(T, parallelRows, func(lo, hi int) {
@@ -131,8 +136,14 @@ func (m *Model) Forward(seqs []Seq, pool []byte, layout kvlayout.Layout) ([][]fl
 			id := sq.Tokens[int(s.tokPos[t])-sq.Pos]
 			x := s.x[t*H : (t+1)*H]
 			m.embed.Row(int(id), x)
+			if c.ModelType == "gemma3_text" {
+				scaleEmbedding(x, c.Hidden, m.embed.DType)
+			}
 			tensor.RMSNorm(s.xn[t*H:(t+1)*H], x, m.layers[0].attnNorm, eps)
 			ropeRow(m.invFreq, int(s.tokPos[t]), s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half])
+			if m.invFreqLocal != nil {
+				ropeRow(m.invFreqLocal, int(s.tokPos[t]), s.cosL[t*half:(t+1)*half], s.sinL[t*half:(t+1)*half])
+			}
 		}
 	})
 
@@ -151,6 +162,9 @@ func (m *Model) Forward(seqs []Seq, pool []byte, layout kvlayout.Layout) ([][]fl
 				if l.oBias != nil {
 					addTo(o, l.oBias)
 				}
+				if l.postAttnNorm != nil {
+					tensor.RMSNorm(o, o, l.postAttnNorm, eps)
+				}
 				addTo(x, o)
 				tensor.RMSNorm(s.xn[t*H:(t+1)*H], x, l.ffnNorm, eps)
 			}
@@ -165,10 +179,22 @@ func (m *Model) Forward(seqs []Seq, pool []byte, layout kvlayout.Layout) ([][]fl
 					row := s.gu[t*gu.width : (t+1)*gu.width]
 					h := s.h[t*F : (t+1)*F]
 					copy(h, row[gu.off[0]:gu.off[0]+F])
-					tensor.SiLUMul(h, row[gu.off[1]:gu.off[1]+F])
+					if c.ModelType == "gemma3_text" {
+						geluTanhMul(h, row[gu.off[1]:gu.off[1]+F])
+					} else {
+						tensor.SiLUMul(h, row[gu.off[1]:gu.off[1]+F])
+					}
 				}
 			})
 			m.matmul(s.tmp, s.h, T, &l.down)
+		}
+		if l.postFFNorm != nil {
+			m.rows(T, parallelHotRows, func(lo, hi int) {
+				for t := lo; t < hi; t++ {
+					o := s.tmp[t*H : (t+1)*H]
+					tensor.RMSNorm(o, o, l.postFFNorm, eps)
+				}
+			})
 		}
 		// The residual add and the next layer's input norm share a pass.
 		var next []float32
@@ -281,6 +307,9 @@ func (m *Model) prepareAttention(l *layer, li int, seqs []Seq, kv kvView, layout
 				}
 			}
 			cos, sin := s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half]
+			if l.localRope {
+				cos, sin = s.cosL[t*half:(t+1)*half], s.sinL[t*half:(t+1)*half]
+			}
 			for h := 0; h < c.Heads; h++ {
 				applyRope(q[h*hd:(h+1)*hd], cos, sin)
 			}
@@ -370,6 +399,9 @@ func (m *Model) logits(seqs []Seq, T, R int) [][]float32 {
 	}
 	if R > 0 {
 		m.pool.MatMul(s.logits, s.rows, R, &m.lmHead)
+		if sc := c.Gemma.FinalLogitSoftcap; sc > 0 {
+			softcap(s.logits[:R*V], float32(sc))
+		}
 	}
 	return s.out
 }

@@ -45,13 +45,23 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 	}
 	c := &Config{ModelType: arch}
 	switch arch {
-	case "llama", "qwen2":
+	case "llama":
+		if n, ok, _ := f.Uint(arch + ".expert_count"); ok && n > 0 {
+			// llama.cpp writes Mixtral as llama with stacked experts.
+			c.ModelType = "mixtral"
+		}
+	case "qwen2":
+		if n, ok, _ := f.Uint(arch + ".expert_count"); ok && n > 0 {
+			return nil, nil, fail("a %s file with %d experts (Qwen2-MoE) is not supported; serve a Hugging Face checkpoint of a supported model type instead", arch, n)
+		}
 	case "qwen3":
 		c.QKNorm = true
 	case "qwen3moe":
 		c.ModelType, c.QKNorm = "qwen3_moe", true
+	case "gemma3":
+		c.ModelType, c.QKNorm = "gemma3_text", true
 	default:
-		return nil, nil, fail("architecture %q is not supported (supported: llama, which GGUF also uses for Mistral, qwen2, qwen3 and qwen3moe)", arch)
+		return nil, nil, fail("architecture %q is not supported (supported: llama, which GGUF also uses for Mistral and Mixtral, qwen2, qwen3, qwen3moe and gemma3)", arch)
 	}
 	uintKey := func(dst *int, suffix string, def int, limit int) error {
 		key := arch + "." + suffix
@@ -121,8 +131,13 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 		return nil, nil, fail("%s.attention.layer_norm_rms_epsilon: expected a positive float, found %v (present %t)", arch, eps, ok)
 	}
 	c.RMSNormEps = eps
-	if arch == "qwen3moe" {
+	if arch == "qwen3moe" || c.ModelType == "mixtral" {
 		if err := ggufMoE(f, c, arch, uintKey, fail); err != nil {
+			return nil, nil, err
+		}
+	}
+	if arch == "gemma3" {
+		if err := ggufGemma(f, c, arch, fail); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -194,18 +209,24 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 	return c, gen, nil
 }
 
-// ggufMoE reads the mixture-of-experts keys of a qwen3moe file. The top-k
-// weights are normalised unless {arch}.expert_weights_norm says false
-// (llama.cpp always normalises them for qwen3moe, as every released
-// Qwen3-MoE does); a layer is sparse when it has a router (ffn_gate_inp),
-// dense otherwise.
+// ggufMoE reads the mixture-of-experts keys of a qwen3moe or Mixtral
+// (llama with experts) file. The experts are expert_feed_forward_length
+// wide, or for Mixtral (whose llama.cpp files lack the key)
+// feed_forward_length. The top-k weights are normalised unless
+// {arch}.expert_weights_norm says false (llama.cpp always normalises them
+// for qwen3moe, as every released Qwen3-MoE does, and for Mixtral); a
+// layer is sparse when it has a router (ffn_gate_inp), dense otherwise.
 func ggufMoE(f *gguf.File, c *Config, arch string, uintKey func(*int, string, int, int) error, fail func(string, ...any) error) error {
 	e := &c.MoE
 	for _, k := range []struct {
 		dst    *int
 		suffix string
-	}{{&e.Experts, "expert_count"}, {&e.TopK, "expert_used_count"}, {&e.Intermediate, "expert_feed_forward_length"}} {
-		if err := uintKey(k.dst, k.suffix, 0, maxGGUFDim); err != nil {
+		def    int
+	}{{&e.Experts, "expert_count", 0}, {&e.TopK, "expert_used_count", 0}, {&e.Intermediate, "expert_feed_forward_length", 0}} {
+		if k.suffix == "expert_feed_forward_length" && c.ModelType == "mixtral" {
+			k.def = c.Intermediate
+		}
+		if err := uintKey(k.dst, k.suffix, k.def, maxGGUFDim); err != nil {
 			return err
 		}
 	}
@@ -221,6 +242,65 @@ func ggufMoE(f *gguf.File, c *Config, arch string, uintKey func(*int, string, in
 	for i := range c.Layers {
 		if _, ok := f.Tensor(fmt.Sprintf("blk.%d.ffn_gate_inp.weight", i)); !ok {
 			e.DenseLayers = append(e.DenseLayers, i)
+		}
+	}
+	return nil
+}
+
+// ggufGemma reads what a gemma3 file says, and what llama.cpp's gemma3
+// assumes, beyond the common keys: the window (attention.sliding_window;
+// none: every layer global), every attention.sliding_window_pattern-th
+// layer (6) global, the local layers' RoPE base (rope.freq_base_swa, else
+// 10000), the attention scale (head_dim^-½, or (hidden/heads)^-½ for the
+// 62-layer 27B) and final_logit_softcapping.
+func ggufGemma(f *gguf.File, c *Config, arch string, fail func(string, ...any) error) error {
+	g := &c.Gemma
+	g.LocalRopeTheta = 10000
+	if v, ok, err := f.Float(arch + ".rope.freq_base_swa"); err != nil {
+		return fail("%v", err)
+	} else if ok {
+		if !(v > 1) || math.IsInf(v, 0) {
+			return fail("%s.rope.freq_base_swa %v: expected a number greater than 1", arch, v)
+		}
+		g.LocalRopeTheta = v
+	}
+	g.QueryScalar = ggufGemmaQueryScalar(c)
+	if v, ok, err := f.Float(arch + ".final_logit_softcapping"); err != nil {
+		return fail("%v", err)
+	} else if ok && v != 0 {
+		if !(v > 0) || math.IsInf(v, 0) {
+			return fail("%s.final_logit_softcapping %v: expected a positive number", arch, v)
+		}
+		g.FinalLogitSoftcap = v
+	}
+	if _, ok, err := f.Float(arch + ".attn_logit_softcapping"); err != nil {
+		return fail("%v", err)
+	} else if ok {
+		return fail("%s.attn_logit_softcapping: soft-capping of attention scores is not supported", arch)
+	}
+	w, ok, err := f.Uint(arch + ".attention.sliding_window")
+	if err != nil {
+		return fail("%v", err)
+	}
+	if !ok || w == 0 {
+		return nil
+	}
+	if w > maxGGUFPositions {
+		return fail("%s.attention.sliding_window %d: expected at most %d", arch, w, maxGGUFPositions)
+	}
+	c.SlidingWindow = int(w)
+	period := uint64(ggufGemmaPattern)
+	if v, ok, err := f.Uint(arch + ".attention.sliding_window_pattern"); err != nil {
+		return fail("%s.attention.sliding_window_pattern: expected one period (per-layer patterns are not supported): %v", arch, err)
+	} else if ok {
+		if v == 0 {
+			return fail("%s.attention.sliding_window_pattern: expected a positive period", arch)
+		}
+		period = v
+	}
+	for i := range c.Layers {
+		if uint64(i+1)%period == 0 {
+			c.FullLayers = append(c.FullLayers, i)
 		}
 	}
 	return nil

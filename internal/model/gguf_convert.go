@@ -72,16 +72,84 @@ type ggufEntry struct {
 	stack []string
 }
 
+// ggufContextLength is the context_length written for c: its positions,
+// or for a model with sliding-window layers the window if smaller. GGUF's
+// llama, qwen2 and qwen3 architectures have no window (llama.cpp attends
+// to every position), so the file is limited to the positions where full
+// and windowed attention agree; gemma3 files keep their window
+// (attention.sliding_window).
+func ggufContextLength(c *Config) int {
+	if c.SlidingWindow > 0 && c.SlidingWindow < c.MaxPositions && c.ModelType != "gemma3_text" {
+		return c.SlidingWindow
+	}
+	return c.MaxPositions
+}
+
+// ggufGemmaPattern is the period of llama.cpp's gemma3 layers: every
+// pattern-th layer is global, unless attention.sliding_window_pattern says
+// otherwise.
+const ggufGemmaPattern = 6
+
+// ggufGemmaFits checks that a gemma3_text model is what a gemma3 GGUF file
+// can describe: llama.cpp's gemma3 takes the local layers' RoPE base to be
+// 10000 and the attention scale to be head_dim^-½ (hidden/heads for the
+// 62-layer 27B), as every released Gemma 3 has them, and the global layers
+// to be every pattern-th. Anything else is refused rather than written as
+// a file llama.cpp would run differently.
+func ggufGemmaFits(c *Config) error {
+	if c.ModelType != "gemma3_text" {
+		return nil
+	}
+	g := c.Gemma
+	if g.LocalRopeTheta != 10000 {
+		return fmt.Errorf("model: a Gemma 3 with a local RoPE base of %v cannot be written to GGUF (llama.cpp's gemma3 assumes 10000); serve the safetensors checkpoint instead", g.LocalRopeTheta)
+	}
+	if g.QueryScalar != ggufGemmaQueryScalar(c) {
+		return fmt.Errorf("model: a Gemma 3 with query_pre_attn_scalar %v cannot be written to GGUF (llama.cpp's gemma3 derives %v from its shape); serve the safetensors checkpoint instead", g.QueryScalar, ggufGemmaQueryScalar(c))
+	}
+	if c.SlidingWindow > 0 {
+		if n, ok := ggufGemmaPeriod(c); !ok || (n != ggufGemmaPattern && n <= c.Layers) {
+			return fmt.Errorf("model: a Gemma 3 whose global layers %v are not every %dth layer cannot be written to GGUF (llama.cpp's gemma3 assumes that pattern); serve the safetensors checkpoint instead", c.FullLayers, ggufGemmaPattern)
+		}
+	}
+	return nil
+}
+
+// ggufGemmaQueryScalar is the query_pre_attn_scalar llama.cpp's gemma3
+// derives: hidden/heads for the 62-layer 27B, head_dim otherwise.
+func ggufGemmaQueryScalar(c *Config) float64 {
+	if c.Layers == 62 {
+		return float64(c.Hidden / c.Heads)
+	}
+	return float64(c.HeadDim)
+}
+
+// ggufGemmaPeriod returns n when c's global layers are exactly every n-th
+// layer (n > Layers: none is).
+func ggufGemmaPeriod(c *Config) (int, bool) {
+	n := c.Layers + 1
+	if len(c.FullLayers) > 0 {
+		n = c.FullLayers[0] + 1
+	}
+	for i := range c.Layers {
+		if slices.Contains(c.FullLayers, i) != ((i+1)%n == 0) {
+			return 0, false
+		}
+	}
+	return n, true
+}
+
 // ConvertToGGUF writes the Hugging Face checkpoint in dir (llama, mistral,
-// qwen2, qwen3 or qwen3_moe; safetensors in f32, bf16 or f16) to w as a
+// mixtral, qwen2, qwen3 or qwen3_moe; safetensors in f32, bf16 or f16) to w as a
 // GGUF file with the
 // weights in opts.Encoding, the way llama.cpp's convert_hf_to_gguf.py and
 // llama-quantize would: llama.cpp's tensor names and {arch}.* keys
-// (Mistral is written as llama, with context_length limited to its sliding
-// window as Tandem's own limit is), the q and k rows of llama and mistral
+// (Mistral is written as llama; a model with a sliding window gets
+// context_length limited to the window, see ggufContextLength), the q and k rows of llama and mistral
 // permuted to llama.cpp's rotary layout, Llama 3 rope scaling as a
 // rope_freqs tensor, output.weight omitted when the embeddings are tied,
-// the experts of a qwen3_moe layer stacked into ffn_{gate,up,down}_exps
+// the experts of a qwen3_moe or mixtral layer (Mixtral is written as llama
+// with experts, as llama.cpp's converter does) stacked into ffn_{gate,up,down}_exps
 // and its router (ffn_gate_inp) kept in F32.
 // The quantized blocks are those of tensor.QuantizeRows (llama.cpp's
 // reference quantizers, without an importance matrix).
@@ -102,9 +170,12 @@ func ConvertToGGUF(dir string, w io.Writer, opts GGUFOptions) (*GGUFSummary, err
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	defer set.Close()
-	arch := map[string]string{"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}[c.ModelType]
+	arch := map[string]string{"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3"}[c.ModelType]
 	if arch == "" {
 		return nil, fmt.Errorf("model: converting model type %s to GGUF is not supported; serve the safetensors checkpoint instead", c.ModelType)
+	}
+	if err := ggufGemmaFits(c); err != nil {
+		return nil, err
 	}
 	if c.RopeScaling.Type != "" && c.RopeScaling.Type != "linear" && c.RopeScaling.Type != "llama3" {
 		return nil, fmt.Errorf("model: rope scaling %q cannot be written to GGUF", c.RopeScaling.Type)
@@ -163,6 +234,13 @@ func ConvertToGGUF(dir string, w io.Writer, opts GGUFOptions) (*GGUFSummary, err
 				return nil, err
 			}
 		}
+		if c.ModelType == "gemma3_text" && len(e.shape) == 1 && strings.HasSuffix(e.hf, "norm.weight") {
+			// llama.cpp's gemma3 files store Gemma's norm factor 1 + w.
+			vals = slices.Clone(vals)
+			for i, v := range vals {
+				vals[i] = 1 + v
+			}
+		}
 		cols := e.shape[len(e.shape)-1]
 		if e.permute > 0 {
 			rowBytes := 4 * cols
@@ -211,16 +289,17 @@ func ggufPlan(c *Config, set *safetensors.Set, enc string, permute bool) ([]gguf
 	}
 	add := func(hf string, perm int, shape ...int) {
 		if check(hf, shape) {
-			name, _ := ggufName(hf)
+			name, _ := ggufName(hf, c.ModelType)
 			plan = append(plan, ggufEntry{hf: hf, name: name, shape: shape, permute: perm})
 		}
 	}
 	// addExperts stacks one matrix of every expert of a layer into one
 	// [experts, rows, cols] tensor, as llama.cpp's converter does.
+	names := moeNamesOf[c.ModelType]
 	addExperts := func(p, part string, rows, cols int) {
 		stack := make([]string, c.MoE.Experts)
 		for x := range stack {
-			stack[x] = fmt.Sprintf("%smlp.experts.%d.%s", p, x, part)
+			stack[x] = p + fmt.Sprintf(names.expert, x) + part
 			if !check(stack[x], []int{rows, cols}) {
 				return
 			}
@@ -253,11 +332,15 @@ func ggufPlan(c *Config, set *safetensors.Set, enc string, permute bool) ([]gguf
 			add(p+"self_attn.k_norm.weight", 0, c.HeadDim)
 		}
 		add(p+"post_attention_layernorm.weight", 0, c.Hidden)
+		if c.ModelType == "gemma3_text" {
+			add(p+"pre_feedforward_layernorm.weight", 0, c.Hidden)
+			add(p+"post_feedforward_layernorm.weight", 0, c.Hidden)
+		}
 		if c.SparseLayer(i) {
-			add(p+"mlp.gate.weight", 0, c.MoE.Experts, c.Hidden)
-			addExperts(p, "gate_proj.weight", c.MoE.Intermediate, c.Hidden)
-			addExperts(p, "up_proj.weight", c.MoE.Intermediate, c.Hidden)
-			addExperts(p, "down_proj.weight", c.Hidden, c.MoE.Intermediate)
+			add(p+names.router, 0, c.MoE.Experts, c.Hidden)
+			addExperts(p, names.gate, c.MoE.Intermediate, c.Hidden)
+			addExperts(p, names.up, c.MoE.Intermediate, c.Hidden)
+			addExperts(p, names.down, c.Hidden, c.MoE.Intermediate)
 			continue
 		}
 		add(p+"mlp.gate_proj.weight", 0, c.Intermediate, c.Hidden)
@@ -363,7 +446,7 @@ func ggufModelKV(c *Config, arch, name, enc string, plan []ggufEntry) []gguf.KV 
 		}
 	}
 	kv = append(kv,
-		gguf.KV{Key: arch + ".context_length", Value: u32(c.MaxModelLen())},
+		gguf.KV{Key: arch + ".context_length", Value: u32(ggufContextLength(c))},
 		gguf.KV{Key: arch + ".embedding_length", Value: u32(c.Hidden)},
 		gguf.KV{Key: arch + ".block_count", Value: u32(c.Layers)},
 		gguf.KV{Key: arch + ".feed_forward_length", Value: u32(c.Intermediate)},
@@ -382,6 +465,17 @@ func ggufModelKV(c *Config, arch, name, enc string, plan []ggufEntry) []gguf.KV 
 			gguf.KV{Key: arch + ".expert_used_count", Value: u32(c.MoE.TopK)},
 			gguf.KV{Key: arch + ".expert_feed_forward_length", Value: u32(c.MoE.Intermediate)},
 			gguf.KV{Key: arch + ".expert_weights_norm", Value: gguf.BoolValue(c.MoE.NormTopK)})
+	}
+	if c.ModelType == "gemma3_text" {
+		if c.SlidingWindow > 0 {
+			period, _ := ggufGemmaPeriod(c)
+			kv = append(kv,
+				gguf.KV{Key: arch + ".attention.sliding_window", Value: u32(c.SlidingWindow)},
+				gguf.KV{Key: arch + ".attention.sliding_window_pattern", Value: u32(period)})
+		}
+		if sc := c.Gemma.FinalLogitSoftcap; sc > 0 {
+			kv = append(kv, gguf.KV{Key: arch + ".final_logit_softcapping", Value: gguf.Float32Value(float32(sc))})
+		}
 	}
 	if c.RopeScaling.Type == "linear" {
 		kv = append(kv,

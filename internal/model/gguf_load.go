@@ -53,7 +53,7 @@ func LoadGGUF(path string, pool *tensor.Pool) (*Model, error) {
 		src.close()
 		return nil, err
 	}
-	m.invFreq = ropeInvFreq(&m.cfg)
+	m.setRope()
 	if cfg.RopeScaling.Type == "freqs" {
 		if err := src.applyRopeFreqs(m.invFreq); err != nil {
 			src.close()
@@ -67,16 +67,18 @@ func LoadGGUF(path string, pool *tensor.Pool) (*Model, error) {
 // ggufSource is a weightSource over a GGUF file's tensors, copied into one
 // read-only anonymous mapping.
 type ggufSource struct {
-	path    string
-	mem     []byte
-	tensors map[string]weight // by GGUF name
+	path string
+	// modelType picks the tensor names (see ggufName).
+	modelType string
+	mem       []byte
+	tensors   map[string]weight // by GGUF name
 }
 
 func (s *ggufSource) lookup(hf string) (weight, bool) {
 	if name, e, ok := ggufExpert(hf); ok {
 		return s.expert(name, e)
 	}
-	name, ok := ggufName(hf)
+	name, ok := ggufName(hf, s.modelType)
 	if !ok {
 		return weight{}, false
 	}
@@ -102,7 +104,7 @@ func (s *ggufSource) describe(hf string) string {
 	if name, e, ok := ggufExpert(hf); ok {
 		return fmt.Sprintf("%q expert %d (Hugging Face %s)", name, e, hf)
 	}
-	if name, ok := ggufName(hf); ok {
+	if name, ok := ggufName(hf, s.modelType); ok {
 		return fmt.Sprintf("%q (Hugging Face %s)", name, hf)
 	}
 	return fmt.Sprintf("%q", hf)
@@ -163,6 +165,7 @@ var ggufLayerParts = [][]string{
 // ggufMoEParts the router and stacked experts of qwen3moe.
 var (
 	ggufQKNormParts = [][]string{{"attn_q_norm.weight"}, {"attn_k_norm.weight"}}
+	ggufGemmaParts  = [][]string{{"post_attention_norm.weight"}, {"post_ffw_norm.weight"}}
 	ggufMoEParts    = [][]string{{"ffn_gate_inp.weight"}, {"ffn_gate_exps.weight"}, {"ffn_up_exps.weight"}, {"ffn_down_exps.weight"}}
 )
 
@@ -174,6 +177,9 @@ func layerParts(c *Config) [][]string {
 	}
 	if c.MoE.Experts > 0 {
 		parts = append(slices.Clone(parts), ggufMoEParts...)
+	}
+	if c.ModelType == "gemma3_text" {
+		parts = append(slices.Clone(parts), ggufGemmaParts...)
 	}
 	return parts
 }
@@ -250,7 +256,7 @@ func loadGGUFTensors(f *gguf.File, c *Config) (*ggufSource, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: allocate %d bytes for %s: %w", size, f.Path, err)
 	}
-	src := &ggufSource{path: f.Path, mem: mem, tensors: make(map[string]weight, len(place))}
+	src := &ggufSource{path: f.Path, modelType: c.ModelType, mem: mem, tensors: make(map[string]weight, len(place))}
 	fail := func(err error) (*ggufSource, error) {
 		_ = unix.Munmap(mem)
 		return nil, err
@@ -312,7 +318,7 @@ func loadGGUFTensors(f *gguf.File, c *Config) (*ggufSource, error) {
 	if first != nil {
 		return fail(fmt.Errorf("model: %s: %w", f.Path, first))
 	}
-	if c.ModelType == "llama" {
+	if c.ModelType == "llama" || c.ModelType == "mixtral" {
 		if err := src.unpermuteQK(c); err != nil {
 			return fail(err)
 		}

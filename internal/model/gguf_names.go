@@ -22,8 +22,8 @@ func ggufDType(t gguf.Type) (tensor.DType, bool) {
 	return d, ok
 }
 
-// The tensor names of llama.cpp's GGUF files for the llama, qwen2, qwen3
-// and qwen3moe architectures, and the Hugging Face names they correspond
+// The tensor names of llama.cpp's GGUF files for the llama (and Mixtral,
+// llama with experts), qwen2, qwen3 and qwen3moe architectures, and the Hugging Face names they correspond
 // to.
 const (
 	ggufEmbed     = "token_embd.weight"
@@ -52,16 +52,22 @@ var ggufLayerNames = map[string]string{
 	"self_attn.q_norm.weight": "attn_q_norm.weight",
 	"self_attn.k_norm.weight": "attn_k_norm.weight",
 	"mlp.gate.weight":         "ffn_gate_inp.weight",
+	// mixtral (GGUF's llama with experts).
+	"block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
 }
 
 // ggufExpertNames maps the Hugging Face name of one expert's matrix (after
-// "model.layers.N.mlp.experts.E.") to the GGUF tensor (after "blk.N.") that
-// stacks that matrix of every expert: [experts, rows, cols] in Hugging Face
-// order.
+// "model.layers.N.mlp.experts.E." for qwen3_moe, after
+// "model.layers.N.block_sparse_moe.experts.E." for mixtral) to the GGUF
+// tensor (after "blk.N.") that stacks that matrix of every expert:
+// [experts, rows, cols] in Hugging Face order.
 var ggufExpertNames = map[string]string{
 	"gate_proj.weight": "ffn_gate_exps.weight",
 	"up_proj.weight":   "ffn_up_exps.weight",
 	"down_proj.weight": "ffn_down_exps.weight",
+	"w1.weight":        "ffn_gate_exps.weight",
+	"w3.weight":        "ffn_up_exps.weight",
+	"w2.weight":        "ffn_down_exps.weight",
 }
 
 // ggufExpert returns the stacked GGUF tensor holding the expert matrix hf
@@ -75,8 +81,11 @@ func ggufExpert(hf string) (string, int, bool) {
 	if !ok {
 		return "", 0, false
 	}
-	rest, ok = strings.CutPrefix(rest, "mlp.experts.")
-	if !ok {
+	if r, ok := strings.CutPrefix(rest, "mlp.experts."); ok {
+		rest = r
+	} else if r, ok := strings.CutPrefix(rest, "block_sparse_moe.experts."); ok {
+		rest = r
+	} else {
 		return "", 0, false
 	}
 	ex, suffix, ok := strings.Cut(rest, ".")
@@ -97,9 +106,19 @@ func ggufExpert(hf string) (string, int, bool) {
 	return "blk." + num + "." + g, e, true
 }
 
-// ggufName returns the GGUF name of a Hugging Face tensor name, and whether
-// it has one.
-func ggufName(hf string) (string, bool) {
+// ggufGemmaLayerNames are the per-layer names of gemma3 files that differ
+// from ggufLayerNames: Gemma's norm after attention, before the
+// feed-forward block (ffn_norm, as llama's post_attention_layernorm) and
+// after it.
+var ggufGemmaLayerNames = map[string]string{
+	"post_attention_layernorm.weight":   "post_attention_norm.weight",
+	"pre_feedforward_layernorm.weight":  "ffn_norm.weight",
+	"post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+
+// ggufName returns the GGUF name of a Hugging Face tensor name of a model
+// of type modelType, and whether it has one.
+func ggufName(hf, modelType string) (string, bool) {
 	switch hf {
 	case "model.embed_tokens.weight":
 		return ggufEmbed, true
@@ -120,6 +139,11 @@ func ggufName(hf string) (string, bool) {
 		return "", false
 	}
 	g, ok := ggufLayerNames[suffix]
+	if modelType == "gemma3_text" {
+		if gg, gok := ggufGemmaLayerNames[suffix]; gok {
+			g, ok = gg, true
+		}
+	}
 	if !ok {
 		return "", false
 	}

@@ -144,7 +144,7 @@ func (m *specModel) ggufFile(t *testing.T, quant map[string]bool) string {
 	slices.Sort(names) // name order: q, k and v are not adjacent
 	for _, hf := range names {
 		v, shape := m.w[hf], m.shapes[hf]
-		g, _ := ggufName(hf)
+		g, _ := ggufName(hf, "llama")
 		cols := shape[len(shape)-1]
 		switch {
 		case strings.HasSuffix(hf, "q_proj.weight"):

@@ -11,8 +11,8 @@ import (
 	"github.com/tandem-serve/tandem/internal/kvlayout"
 )
 
-// hfGolden is the golden.json that scripts/reference/qwen3.py writes beside
-// each checkpoint under testdata/qwen3: transformers' logits for every
+// hfGolden is the golden.json that scripts/reference/transformers_goldens.py
+// writes beside each checkpoint under testdata/<family>: transformers' logits for every
 // prompt position and its greedy continuation.
 type hfGolden struct {
 	PromptIDs    []int32   `json:"prompt_ids"`
@@ -22,9 +22,15 @@ type hfGolden struct {
 	Transformers string    `json:"transformers"`
 }
 
-// hfCases are the checkpoints under testdata/qwen3, built by transformers
-// (see scripts/reference/qwen3.py for what each one exercises).
-var hfCases = []string{"qwen3-tied", "qwen3-untied", "qwen3moe-norm", "qwen3moe-nonorm"}
+// hfCases are the checkpoints under testdata, family/case, built by
+// transformers (see scripts/reference/transformers_goldens.py for what each
+// one exercises).
+var hfCases = []string{
+	"qwen3/qwen3-tied", "qwen3/qwen3-untied", "qwen3/qwen3moe-norm", "qwen3/qwen3moe-nonorm",
+	"mixtral/mixtral-top2", "mixtral/mixtral-window",
+	"mistral/mistral-window67", "mistral/qwen2-maxwindow",
+	"gemma3/gemma3-tied", "gemma3/gemma3-long",
+}
 
 func loadHFGolden(t *testing.T, dir string) hfGolden {
 	t.Helper()
@@ -46,8 +52,11 @@ func loadHFGolden(t *testing.T, dir string) hfGolden {
 // Hugging Face transformers computed for the same f32 checkpoints (Qwen3
 // with tied and untied heads and head_dim ≠ hidden/heads, Qwen3-MoE with
 // normalised and unnormalised top-k weights and dense layers among the
-// sparse ones), position by position, and the greedy continuations. The
-// checkpoints are those committed under testdata/qwen3, or with
+// sparse ones, Mixtral with top-2 and top-3 routing and a sliding window
+// smaller than the prompt, Mistral with a window of 67 over 72 tokens,
+// Qwen2 windowed from max_window_layers on, Gemma 3 with local and global
+// layers, linear RoPE scaling and logit soft-capping), position by position, and the greedy
+// continuations. The checkpoints are those committed under testdata, or with
 // TANDEM_HF_REFERENCE those scripts/reference/check.sh has just made.
 //
 // The tolerance: both sides compute in f32 but sum in different orders
@@ -59,7 +68,7 @@ func loadHFGolden(t *testing.T, dir string) hfGolden {
 func TestMatchesTransformers(t *testing.T) {
 	for _, name := range hfCases {
 		t.Run(name, func(t *testing.T) {
-			dir := filepath.Join("testdata", "qwen3", name)
+			dir := filepath.Join("testdata", name)
 			if live := os.Getenv("TANDEM_HF_REFERENCE"); live != "" {
 				// scripts/reference/check.sh: checkpoints and goldens
 				// just made by transformers.

@@ -68,6 +68,18 @@ func TestForwardIsBatchInvariant(t *testing.T) {
 		// matmuls see its tokens in many different groupings.
 		{"qwen3_moe bf16 top-2 of 8", testMoESpec("bf16"), kvlayout.BF16},
 		{"qwen3_moe f32 top-2 of 8", testMoESpec("f32"), kvlayout.F32},
+		{"mixtral bf16 top-2 of 4", testSpec(func(s *modelinit.Spec) {
+			s.ModelType, s.DType = "mixtral", "bf16"
+			s.MoE = modelinit.MoE{Experts: 4, TopK: 2}
+		}), kvlayout.BF16},
+		// Windows shorter than the longer prompts, neither a multiple of
+		// the 64-key chunk nor of the block size: a window start inside
+		// a chunk and inside a block.
+		{"mistral f32 window 37", testSpec(func(s *modelinit.Spec) { s.ModelType, s.SlidingWindow = "mistral", 37 }), kvlayout.F32},
+		{"mistral bf16 window 7 bf16 KV", testSpec(func(s *modelinit.Spec) { s.ModelType, s.DType, s.SlidingWindow = "mistral", "bf16", 7 }), kvlayout.BF16},
+		{"gemma3 bf16 window 19 bf16 KV", testGemmaSpec("bf16"), kvlayout.BF16},
+		{"gemma3 f32 window 19", testGemmaSpec("f32"), kvlayout.F32},
+		{"qwen3 bf16 window 70 bf16 KV", testSpec(func(s *modelinit.Spec) { s.ModelType, s.DType, s.SlidingWindow = "qwen3", "bf16", 70 }), kvlayout.BF16},
 	}
 	chunkings := []struct {
 		name  string
@@ -79,6 +91,10 @@ func TestForwardIsBatchInvariant(t *testing.T) {
 		layout := alone.KVLayoutOf(4, sp.kv)
 		r := rand.New(rand.NewPCG(3, 4))
 		lengths := []int{1, 5, 17, 40, 64}
+		if sp.spec.SlidingWindow > 0 {
+			// Past the window and across a chunk boundary.
+			lengths = append(lengths, 100)
+		}
 		prompts := make([][]int32, len(lengths))
 		want := make([][][]float32, len(lengths))
 		for i, n := range lengths {
@@ -102,6 +118,17 @@ func TestForwardIsBatchInvariant(t *testing.T) {
 			}
 		}
 	}
+}
+
+// testGemmaSpec is a small gemma3_text spec: layers 0, 1, 3 local with a
+// window of 19, layer 2 global, linear RoPE scaling of the global layers.
+func testGemmaSpec(dtype string) modelinit.Spec {
+	return testSpec(func(s *modelinit.Spec) {
+		s.ModelType, s.DType, s.Layers, s.Tied = "gemma3_text", dtype, 4, true
+		s.SlidingWindow = 19
+		s.RopeScaling = modelinit.RopeScaling{Type: "linear", Factor: 8}
+		s.Gemma = modelinit.Gemma{Pattern: 3, LocalRopeTheta: 10000, QueryScalar: 20}
+	})
 }
 
 // testMoESpec is a small qwen3_moe spec: 8 experts, top-2 normalised,

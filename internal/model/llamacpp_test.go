@@ -15,9 +15,9 @@ import (
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
-// TestGGUFQwen3MatchesLlamaCpp checks Tandem's qwen3 and qwen3moe GGUF
-// files against llama.cpp, an implementation Tandem did not write: the
-// converter writes random f32 Qwen3 and Qwen3-MoE checkpoints as GGUF, and
+// TestGGUFQwen3MatchesLlamaCpp checks Tandem's qwen3, qwen3moe, Mixtral and gemma3
+// GGUF files against llama.cpp, an implementation Tandem did not write: the
+// converter writes random f32 Qwen3, Qwen3-MoE, Mixtral and Gemma 3 checkpoints as GGUF, and
 // llama.cpp's greedy continuation of a prompt (token ids) must equal
 // Tandem's on the same file. llama.cpp runs through node-llama-cpp's
 // prebuilt CPU binaries, installed by `npm ci` in
@@ -47,6 +47,18 @@ func TestGGUFQwen3MatchesLlamaCpp(t *testing.T) {
 		"qwen3_moe": testSpec(func(s *modelinit.Spec) {
 			s.ModelType, s.HeadDim, s.Layers, s.Vocab = "qwen3_moe", 24, 3, 512
 			s.MoE = modelinit.MoE{Experts: 8, TopK: 2, Intermediate: 32, NormTopK: true}
+		}),
+		// Gemma 3: six local layers with a window of 9 (shorter than the
+		// 26 positions), a global one with linear RoPE scaling.
+		"gemma3": func() modelinit.Spec {
+			s := testGemmaGGUFSpec("f32")
+			s.Vocab = 512
+			return s
+		}(),
+		// Mixtral, written as llama with experts (q/k permuted).
+		"mixtral": testSpec(func(s *modelinit.Spec) {
+			s.ModelType, s.Layers, s.Vocab = "mixtral", 3, 512
+			s.MoE = modelinit.MoE{Experts: 4, TopK: 2}
 		}),
 	}
 	for name, spec := range cases {

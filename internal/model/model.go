@@ -27,6 +27,14 @@ type layer struct {
 	gateUp linearGroup // gate, up
 	down   tensor.Mat
 	moe    *moeLayer
+	// window is the layer's attention window (0: full attention).
+	window int
+	// Gemma 3 only: the norms of the attention output and of the
+	// feed-forward output (nil otherwise; ffnNorm is then the norm before
+	// the feed-forward block), and whether the layer's RoPE is the local
+	// one (a sliding-window layer).
+	postAttnNorm, postFFNorm []float32
+	localRope                bool
 }
 
 // Model is a loaded Llama-family decoder (llama, mistral, qwen2, qwen3,
@@ -46,6 +54,9 @@ type Model struct {
 	finalNorm []float32
 	layers    []layer
 	invFreq   []float64 // rotary inverse frequencies (with scaling), HeadDim/2
+	// invFreqLocal are those of Gemma 3's sliding-window layers (nil
+	// otherwise).
+	invFreqLocal []float64
 
 	numParams   int64
 	weightBytes int64
@@ -84,9 +95,21 @@ func Load(dir string, pool *tensor.Pool) (*Model, error) {
 		set.Close()
 		return nil, err
 	}
-	m.invFreq = ropeInvFreq(&m.cfg)
+	m.setRope()
 	m.fingerprint = m.computeFingerprint()
 	return m, nil
+}
+
+// setRope computes the rotary inverse frequencies: one table, or for Gemma
+// 3 a second one (its local base, no scaling) for the sliding-window
+// layers.
+func (m *Model) setRope() {
+	m.invFreq = ropeInvFreq(&m.cfg)
+	if m.cfg.Gemma.LocalRopeTheta > 0 {
+		local := m.cfg
+		local.RopeTheta, local.RopeScaling = m.cfg.Gemma.LocalRopeTheta, RopeScaling{}
+		m.invFreqLocal = ropeInvFreq(&local)
+	}
 }
 
 func (m *Model) bind() error {
@@ -104,6 +127,7 @@ func (m *Model) bind() error {
 	if m.finalNorm, err = b.vector("model.norm.weight", c.Hidden); err != nil {
 		return err
 	}
+	m.gemmaNorm(m.finalNorm)
 	m.layers = make([]layer, c.Layers)
 	for i := range m.layers {
 		if err := m.bindLayer(b, i); err != nil {
@@ -123,6 +147,7 @@ func (m *Model) bind() error {
 func (m *Model) bindLayer(b *binder, i int) error {
 	c := &m.cfg
 	l := &m.layers[i]
+	l.window = c.LayerWindow(i)
 	p := fmt.Sprintf("model.layers.%d.", i)
 	var err error
 	mat := func(name string, rows, cols int) tensor.Mat {
@@ -142,7 +167,14 @@ func (m *Model) bindLayer(b *binder, i int) error {
 		return v
 	}
 	l.attnNorm = vec("input_layernorm.weight", c.Hidden)
-	l.ffnNorm = vec("post_attention_layernorm.weight", c.Hidden)
+	if c.ModelType == "gemma3_text" {
+		l.postAttnNorm = vec("post_attention_layernorm.weight", c.Hidden)
+		l.ffnNorm = vec("pre_feedforward_layernorm.weight", c.Hidden)
+		l.postFFNorm = vec("post_feedforward_layernorm.weight", c.Hidden)
+		l.localRope = l.window > 0
+	} else {
+		l.ffnNorm = vec("post_attention_layernorm.weight", c.Hidden)
+	}
 	q := mat("self_attn.q_proj.weight", c.QDim(), c.Hidden)
 	k := mat("self_attn.k_proj.weight", c.KVDim(), c.Hidden)
 	v := mat("self_attn.v_proj.weight", c.KVDim(), c.Hidden)
@@ -162,6 +194,9 @@ func (m *Model) bindLayer(b *binder, i int) error {
 	if err != nil {
 		return err
 	}
+	for _, w := range [][]float32{l.attnNorm, l.ffnNorm, l.postAttnNorm, l.postFFNorm, l.qNorm, l.kNorm} {
+		m.gemmaNorm(w)
+	}
 	l.qkv = b.newLinearGroup(q, k, v)
 	if c.SparseLayer(i) {
 		l.moe, err = bindMoE(b, c, p)
@@ -177,12 +212,27 @@ func (m *Model) bindLayer(b *binder, i int) error {
 	return nil
 }
 
+// gemmaNorm turns a Gemma RMSNorm weight w into the factor it scales by,
+// 1 + w (in f32, as transformers' Gemma3RMSNorm computes it), so that the
+// Llama family's RMSNorm applies it; other models' weights are left as
+// they are, and so are a GGUF file's (llama.cpp's gemma3 files store
+// 1 + w, which ConvertToGGUF computes the same way).
+func (m *Model) gemmaNorm(w []float32) {
+	if m.cfg.ModelType != "gemma3_text" || m.src.format() == "gguf" {
+		return
+	}
+	for i, v := range w {
+		w[i] = 1 + v
+	}
+}
+
 // Config returns a copy of the model's configuration.
 func (m *Model) Config() Config {
 	c := m.cfg
 	c.BOS = slices.Clone(c.BOS)
 	c.EOS = slices.Clone(c.EOS)
 	c.MoE.DenseLayers = slices.Clone(c.MoE.DenseLayers)
+	c.FullLayers = slices.Clone(c.FullLayers)
 	return c
 }
 
@@ -277,6 +327,15 @@ func (m *Model) computeFingerprint() string {
 		e := &c.MoE
 		fmt.Fprintf(h, "qknorm=%t experts=%d topk=%d normtopk=%t moeffn=%d step=%d dense=%v\x00",
 			c.QKNorm, e.Experts, e.TopK, e.NormTopK, e.Intermediate, e.SparseStep, e.DenseLayers)
+	}
+	if g := c.Gemma; g != (GemmaConfig{}) {
+		fmt.Fprintf(h, "gemma local_theta=%x query_scalar=%x softcap=%x\x00",
+			math.Float64bits(g.LocalRopeTheta), math.Float64bits(g.QueryScalar), math.Float64bits(g.FinalLogitSoftcap))
+	}
+	if c.SlidingWindow > 0 {
+		// Which layers the window applies to (only for windowed models,
+		// so that the fingerprints of the others stay what they were).
+		fmt.Fprintf(h, "full_layers=%v\x00", c.FullLayers)
 	}
 	m.src.each(func(name string, w weight) {
 		fmt.Fprintf(h, "%s\x00%s\x00%v\x00", name, w.typeName, w.shape)

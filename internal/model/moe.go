@@ -19,27 +19,46 @@ type expertFFN struct {
 	down   tensor.Mat
 }
 
+// moeNames are the Hugging Face tensor names of one model type's sparse
+// block, relative to the layer's prefix: the router, and the format (of
+// the expert's index) of each expert's prefix with its gate, up and down
+// matrices.
+type moeNames struct {
+	router, expert, gate, up, down string
+}
+
+// moeNamesOf is the name table of each model type with sparse layers.
+var moeNamesOf = map[string]moeNames{
+	"qwen3_moe": {router: "mlp.gate.weight", expert: "mlp.experts.%d.", gate: "gate_proj.weight", up: "up_proj.weight", down: "down_proj.weight"},
+	"mixtral":   {router: "block_sparse_moe.gate.weight", expert: "block_sparse_moe.experts.%d.", gate: "w1.weight", up: "w3.weight", down: "w2.weight"},
+}
+
 // bindMoE binds the router and experts of the layer whose tensor names
-// start with p (Hugging Face Qwen3-MoE names: mlp.gate is the router,
-// mlp.experts.E.{gate,up,down}_proj the experts).
+// start with p, named as moeNamesOf says for the model type (Qwen3-MoE:
+// mlp.gate is the router, mlp.experts.E.{gate,up,down}_proj the experts;
+// Mixtral: block_sparse_moe.gate and block_sparse_moe.experts.E.{w1,w3,w2}).
 func bindMoE(b *binder, c *Config, p string) (*moeLayer, error) {
 	e := &c.MoE
-	router, err := b.matrix(p+"mlp.gate.weight", e.Experts, c.Hidden)
+	names, ok := moeNamesOf[c.ModelType]
+	if !ok {
+		return nil, fmt.Errorf("model: model type %s has no mixture-of-experts tensor names", c.ModelType)
+	}
+	router, err := b.matrix(p+names.router, e.Experts, c.Hidden)
 	if err != nil {
 		return nil, err
 	}
 	ml := &moeLayer{router: router, experts: make([]expertFFN, e.Experts)}
 	for x := range ml.experts {
-		q := fmt.Sprintf("%smlp.experts.%d.", p, x)
-		gate, err := b.matrix(q+"gate_proj.weight", e.Intermediate, c.Hidden)
+		q := p + fmt.Sprintf(names.expert, x)
+		gate, err := b.matrix(q+names.gate, e.Intermediate, c.Hidden)
 		if err != nil {
 			return nil, err
 		}
-		up, err := b.matrix(q+"up_proj.weight", e.Intermediate, c.Hidden)
+		up, err := b.matrix(q+names.up, e.Intermediate, c.Hidden)
 		if err != nil {
 			return nil, err
 		}
-		down, err := b.matrix(q+"down_proj.weight", c.Hidden, e.Intermediate)
+		down, err := b.matrix(q+names.down, c.Hidden, e.Intermediate)
 		if err != nil {
 			return nil, err
 		}
@@ -153,7 +172,7 @@ func (m *Model) moeFFN(l *layer, T int) {
 }
 
 // route turns one token's router logits into its experts and weights, as
-// transformers' Qwen3-MoE router does: softmax over all experts in f32, the
+// transformers' Qwen3-MoE and Mixtral routers do: softmax over all experts in f32, the
 // k largest probabilities (ties to the lower expert id), divided by their
 // sum when normTopK. sel and weight receive the chosen experts sorted by
 // id (the order their outputs are summed in) and their weights. logits is

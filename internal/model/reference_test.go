@@ -211,15 +211,20 @@ func (r *refModel) logits(t *testing.T, tokens []int32) [][]float64 {
 			att := make([]float64, qd)
 			for h := range c.Heads {
 				kvh := h / (c.Heads / c.KVHeads)
-				sc := make([]float64, pos+1)
-				vh := make([][]float64, pos+1)
+				// A sliding-window layer sees keys (pos−W, pos].
+				lo := 0
+				if w := c.LayerWindow(l); w > 0 {
+					lo = max(0, pos-w+1)
+				}
+				sc := make([]float64, pos+1-lo)
+				vh := make([][]float64, pos+1-lo)
 				for j := range sc {
 					var d float64
 					for i := range hd {
-						d += qs[h*hd+i] * ks[j][kvh*hd+i]
+						d += qs[h*hd+i] * ks[lo+j][kvh*hd+i]
 					}
 					sc[j] = d
-					vh[j] = vs[j][kvh*hd : (kvh+1)*hd]
+					vh[j] = vs[lo+j][kvh*hd : (kvh+1)*hd]
 				}
 				// The bf16 attention path rounds the softmax weights to
 				// bf16 (attention.go); so does the reference then.
@@ -322,6 +327,10 @@ var referenceCases = []struct {
 	{"head_dim different from hidden/heads, one kv head", testSpec(func(s *modelinit.Spec) {
 		s.Hidden, s.Heads, s.KVHeads, s.HeadDim = 40, 4, 1, 12
 	})},
+	// Sliding windows (over a 100-token prompt): one that starts inside
+	// the second 64-key chunk's predecessor and one of 9 keys.
+	{"mistral f32 window 67", testSpec(func(s *modelinit.Spec) { s.ModelType, s.SlidingWindow = "mistral", 67 })},
+	{"mistral bf16 window 9", testSpec(func(s *modelinit.Spec) { s.ModelType, s.DType, s.SlidingWindow = "mistral", "bf16", 9 })},
 }
 
 // f32ActivationISA selects, for the rest of the test, the best kernel ISA
@@ -360,7 +369,11 @@ func referenceDiff(t *testing.T, spec modelinit.Spec, kvDType kvlayout.ElemType)
 	ref := newRefModel(t, dir)
 	ref.roundKV = kvDType == kvlayout.BF16
 	r := rand.New(rand.NewPCG(1, 2))
-	tokens := randomTokens(r, 21, spec.Vocab)
+	n := 21
+	if spec.SlidingWindow > 0 {
+		n = 100 // past the window and across a 64-key chunk boundary
+	}
+	tokens := randomTokens(r, n, spec.Vocab)
 	want := ref.logits(t, tokens)
 
 	layout := m.KVLayoutOf(4, kvDType)

@@ -221,8 +221,8 @@ func TestWriteQwen3MoE(t *testing.T) {
 
 func TestQwen3ShapesHaveTheirParameterCounts(t *testing.T) {
 	// The published totals: Qwen3-0.6B 0.6B (0.44B without embeddings),
-	// Qwen3-30B-A3B 30.5B.
-	for name, want := range map[string]int64{ShapeQwen306B: 596049920, ShapeQwen330BA3B: 30532122624} {
+	// Qwen3-30B-A3B 30.5B, Gemma 3 1B 999,885,952 (its safetensors).
+	for name, want := range map[string]int64{ShapeQwen306B: 596049920, ShapeQwen330BA3B: 30532122624, ShapeGemma31B: 999885952} {
 		s, err := Shape(name, "bf16")
 		if err != nil {
 			t.Fatal(err)

@@ -20,9 +20,12 @@ type RopeScaling struct {
 
 // Spec is the architecture and storage of a model to write.
 type Spec struct {
-	// ModelType is "llama" (default), "mistral", "qwen2", "qwen3" or
-	// "qwen3_moe". qwen2 gets q/k/v biases; qwen3 and qwen3_moe get
-	// per-head q/k norms.
+	// ModelType is "llama" (default), "mistral", "mixtral", "qwen2",
+	// "qwen3", "qwen3_moe" or "gemma3_text". qwen2 gets q/k/v biases;
+	// qwen3, qwen3_moe and gemma3_text get per-head q/k norms; every
+	// mixtral layer is sparse; gemma3_text gets Gemma 3's sandwich norms
+	// (weights around 0: the norm scales by 1 + weight), GELU and
+	// interleaved local and global layers (Gemma).
 	ModelType    string
 	Hidden       int
 	Layers       int
@@ -39,10 +42,17 @@ type Spec struct {
 	// AttentionBias gives a llama, qwen3 or qwen3_moe model q/k/v/o
 	// biases.
 	AttentionBias bool
-	// MoE is the mixture-of-experts part of a qwen3_moe model (ignored
-	// for the other types).
+	// MoE is the mixture-of-experts part of a qwen3_moe or mixtral model
+	// (ignored for the other types; a mixtral reads only Experts and TopK,
+	// its experts are Intermediate wide).
 	MoE      MoE
 	BOS, EOS int32
+	// SlidingWindow, if positive, is the attention window of every layer
+	// (mistral, mixtral; qwen2, qwen3 and qwen3_moe with
+	// use_sliding_window and, for qwen2 and qwen3, max_window_layers 0).
+	SlidingWindow int
+	// Gemma is the Gemma 3 part of a gemma3_text model.
+	Gemma Gemma
 	// DType of every tensor: "bf16", "f16" or "f32".
 	DType string
 	// Std is the scale of the random weights (uniform with this standard
@@ -51,6 +61,15 @@ type Spec struct {
 	// NormJitter, if non-zero, draws norm weights from 1 ± NormJitter
 	// instead of exactly 1 (tests use it so a misapplied norm shows).
 	NormJitter float64
+}
+
+// Gemma describes what a gemma3_text model adds: every Pattern-th layer
+// has full attention, the others a window of Spec.SlidingWindow and the
+// RoPE base LocalRopeTheta; the attention scale is QueryScalar^-½.
+type Gemma struct {
+	Pattern        int
+	LocalRopeTheta float64
+	QueryScalar    float64
 }
 
 // MoE describes the sparse layers of a qwen3_moe model: config.json's
@@ -73,16 +92,21 @@ func (e MoE) sparseStep() int {
 	return e.SparseStep
 }
 
-// sparse reports whether layer i of a qwen3_moe model is sparse, as
-// transformers' Qwen3MoeDecoderLayer decides.
+// sparse reports whether layer i is sparse, as transformers'
+// Qwen3MoeDecoderLayer decides (every mixtral layer is).
 func (s Spec) sparse(i int) bool {
+	if s.ModelType == "mixtral" {
+		return true
+	}
 	if s.ModelType != "qwen3_moe" {
 		return false
 	}
 	return (i+1)%s.MoE.sparseStep() == 0 && !slices.Contains(s.MoE.DenseLayers, i)
 }
 
-func (s Spec) qkNorm() bool { return s.ModelType == "qwen3" || s.ModelType == "qwen3_moe" }
+func (s Spec) qkNorm() bool {
+	return s.ModelType == "qwen3" || s.ModelType == "qwen3_moe" || s.ModelType == "gemma3_text"
+}
 
 func (s Spec) headDim() int {
 	if s.HeadDim != 0 {
@@ -94,9 +118,9 @@ func (s Spec) headDim() int {
 // Validate reports the first field that cannot make a model.
 func (s Spec) Validate() error {
 	switch s.ModelType {
-	case "", "llama", "mistral", "qwen2", "qwen3", "qwen3_moe":
+	case "", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text":
 	default:
-		return fmt.Errorf("modelinit: model type %q: expected llama, mistral, qwen2, qwen3 or qwen3_moe", s.ModelType)
+		return fmt.Errorf("modelinit: model type %q: expected llama, mistral, mixtral, qwen2, qwen3, qwen3_moe or gemma3_text", s.ModelType)
 	}
 	for _, f := range []struct {
 		name string
@@ -132,6 +156,18 @@ func (s Spec) Validate() error {
 			}
 		}
 	}
+	if s.ModelType == "mixtral" {
+		e := s.MoE
+		if e.Experts <= 0 || e.TopK <= 0 || e.TopK > e.Experts {
+			return fmt.Errorf("modelinit: mixtral needs positive experts and a top-k of at most that many, found %d and %d", e.Experts, e.TopK)
+		}
+	}
+	if g := s.Gemma; s.ModelType == "gemma3_text" && (g.Pattern <= 0 || g.LocalRopeTheta <= 1 || g.QueryScalar <= 0 || s.SlidingWindow <= 0) {
+		return fmt.Errorf("modelinit: gemma3_text needs a positive layer pattern, query scalar and sliding window and a local RoPE base above 1, found %+v and window %d", g, s.SlidingWindow)
+	}
+	if s.SlidingWindow < 0 || s.SlidingWindow > 0 && s.modelType() == "llama" {
+		return fmt.Errorf("modelinit: sliding window %d: expected 0, or a positive window for a model type other than llama", s.SlidingWindow)
+	}
 	if s.BOS < 0 || int(s.BOS) >= s.Vocab || s.EOS < 0 || int(s.EOS) >= s.Vocab {
 		return fmt.Errorf("modelinit: bos %d and eos %d must be token ids below vocab %d", s.BOS, s.EOS, s.Vocab)
 	}
@@ -147,6 +183,9 @@ const (
 	ShapeQwen3MoETiny = "qwen3-moe-tiny"
 	ShapeQwen306B     = "qwen3-0.6b"
 	ShapeQwen330BA3B  = "qwen3-30b-a3b"
+	ShapeMixtralTiny  = "mixtral-tiny"
+	ShapeGemma3Tiny   = "gemma3-tiny"
+	ShapeGemma31B     = "gemma-3-1b"
 )
 
 var shapes = map[string]Spec{
@@ -178,6 +217,27 @@ var shapes = map[string]Spec{
 		ModelType: "qwen3_moe", Hidden: 64, Layers: 3, Heads: 4, KVHeads: 2, HeadDim: 24,
 		Intermediate: 128, MaxPositions: 2048, RMSNormEps: 1e-6, RopeTheta: 1000000,
 		MoE: MoE{Experts: 8, TopK: 2, Intermediate: 32, NormTopK: true, SparseStep: 1, DenseLayers: []int{0}},
+	},
+	// Test-sized Mixtral: 4 experts, top-2, every layer sparse.
+	ShapeMixtralTiny: {
+		ModelType: "mixtral", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16,
+		Intermediate: 96, MaxPositions: 2048, RMSNormEps: 1e-5, RopeTheta: 1000000,
+		MoE: MoE{Experts: 4, TopK: 2},
+	},
+	// Test-sized Gemma 3: layers 0, 1, 3, 4 local with a window of 19
+	// (shorter than the test prompts, not a multiple of a block or an
+	// attention chunk), layer 2 global; head_dim 24 is not hidden/heads.
+	ShapeGemma3Tiny: {
+		ModelType: "gemma3_text", Hidden: 64, Layers: 5, Heads: 4, KVHeads: 2, HeadDim: 24,
+		Intermediate: 128, MaxPositions: 2048, RMSNormEps: 1e-6, RopeTheta: 1000000, Tied: true,
+		SlidingWindow: 19, Gemma: Gemma{Pattern: 3, LocalRopeTheta: 10000, QueryScalar: 24},
+	},
+	// Gemma 3 1B (gemma-3-1b-pt/-it): 26 layers, every 6th global, window
+	// 512.
+	ShapeGemma31B: {
+		ModelType: "gemma3_text", Hidden: 1152, Layers: 26, Heads: 4, KVHeads: 1, HeadDim: 256,
+		Intermediate: 6912, Vocab: 262144, MaxPositions: 32768, RMSNormEps: 1e-6, RopeTheta: 1000000, Tied: true,
+		BOS: 2, EOS: 1, SlidingWindow: 512, Gemma: Gemma{Pattern: 6, LocalRopeTheta: 10000, QueryScalar: 256},
 	},
 	// Qwen3-0.6B.
 	ShapeQwen306B: {

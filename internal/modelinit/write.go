@@ -76,6 +76,20 @@ func (s Spec) plan() []plannedTensor {
 			add(p+"self_attn.k_norm.weight", norm, hd)
 		}
 		add(p+"post_attention_layernorm.weight", norm, s.Hidden)
+		if s.ModelType == "gemma3_text" {
+			add(p+"pre_feedforward_layernorm.weight", norm, s.Hidden)
+			add(p+"post_feedforward_layernorm.weight", norm, s.Hidden)
+		}
+		if s.sparse(i) && s.ModelType == "mixtral" {
+			add(p+"block_sparse_moe.gate.weight", weight, s.MoE.Experts, s.Hidden)
+			for x := range s.MoE.Experts {
+				q := fmt.Sprintf("%sblock_sparse_moe.experts.%d.", p, x)
+				add(q+"w1.weight", weight, s.Intermediate, s.Hidden)
+				add(q+"w3.weight", weight, s.Intermediate, s.Hidden)
+				add(q+"w2.weight", weight, s.Hidden, s.Intermediate)
+			}
+			continue
+		}
 		if s.sparse(i) {
 			e := s.MoE
 			add(p+"mlp.gate.weight", weight, e.Experts, s.Hidden)
@@ -125,8 +139,8 @@ func (s Spec) NumParams() int64 {
 
 // configJSON returns the config.json object for s.
 func (s Spec) configJSON() map[string]any {
-	arch := map[string]string{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-		"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[s.modelType()]
+	arch := map[string]string{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+		"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}[s.modelType()]
 	c := map[string]any{
 		"architectures":           []string{arch},
 		"model_type":              s.modelType(),
@@ -141,6 +155,7 @@ func (s Spec) configJSON() map[string]any {
 		"rope_theta":              s.RopeTheta,
 		"rope_scaling":            nil,
 		"hidden_act":              "silu",
+		"hidden_activation":       nil,
 		"tie_word_embeddings":     s.Tied,
 		"bos_token_id":            s.BOS,
 		"eos_token_id":            s.EOS,
@@ -150,21 +165,71 @@ func (s Spec) configJSON() map[string]any {
 	if s.HeadDim != 0 {
 		c["head_dim"] = s.HeadDim
 	}
+	var window any // null without a window
+	if s.SlidingWindow > 0 {
+		window = s.SlidingWindow
+	}
 	switch s.modelType() {
 	case "llama":
 		c["attention_bias"] = s.AttentionBias
 		c["mlp_bias"] = false
 	case "mistral":
-		c["sliding_window"] = nil
+		c["sliding_window"] = window
+	case "mixtral":
+		c["sliding_window"] = window
+		c["num_local_experts"] = s.MoE.Experts
+		c["num_experts_per_tok"] = s.MoE.TopK
 	case "qwen2":
-		c["use_sliding_window"] = false
+		c["use_sliding_window"] = s.SlidingWindow > 0
 		c["sliding_window"] = s.MaxPositions
+		if s.SlidingWindow > 0 {
+			c["sliding_window"] = s.SlidingWindow
+			c["max_window_layers"] = 0
+		}
 	case "qwen3", "qwen3_moe":
 		c["attention_bias"] = s.AttentionBias
-		c["use_sliding_window"] = false
-		c["sliding_window"] = nil
+		c["use_sliding_window"] = s.SlidingWindow > 0
+		c["sliding_window"] = window
 		c["max_window_layers"] = s.Layers
+		if s.SlidingWindow > 0 {
+			c["max_window_layers"] = 0
+		}
 		c["head_dim"] = s.headDim()
+	}
+	if s.modelType() == "gemma3_text" {
+		delete(c, "hidden_act")
+		delete(c, "rope_theta")
+		delete(c, "rope_scaling")
+		c["hidden_activation"] = "gelu_pytorch_tanh"
+		c["attention_bias"] = s.AttentionBias
+		c["head_dim"] = s.headDim()
+		c["sliding_window"] = s.SlidingWindow
+		c["query_pre_attn_scalar"] = s.Gemma.QueryScalar
+		c["final_logit_softcapping"] = nil
+		c["attn_logit_softcapping"] = nil
+		types := make([]string, s.Layers)
+		for i := range types {
+			types[i] = "sliding_attention"
+			if (i+1)%s.Gemma.Pattern == 0 {
+				types[i] = "full_attention"
+			}
+		}
+		c["layer_types"] = types
+		full := map[string]any{"rope_type": "default", "rope_theta": s.RopeTheta}
+		if rs := s.RopeScaling; rs.Type != "" {
+			full["rope_type"], full["factor"] = rs.Type, rs.Factor
+			if rs.Type == "llama3" {
+				full["low_freq_factor"] = rs.LowFreqFactor
+				full["high_freq_factor"] = rs.HighFreqFactor
+				full["original_max_position_embeddings"] = rs.OriginalMaxPositionEmbeddings
+			}
+		}
+		c["rope_parameters"] = map[string]any{
+			"full_attention":    full,
+			"sliding_attention": map[string]any{"rope_type": "default", "rope_theta": s.Gemma.LocalRopeTheta},
+		}
+	} else {
+		delete(c, "hidden_activation")
 	}
 	if s.modelType() == "qwen3_moe" {
 		e := s.MoE
@@ -179,7 +244,7 @@ func (s Spec) configJSON() map[string]any {
 		}
 		c["mlp_only_layers"] = dense
 	}
-	if rs := s.RopeScaling; rs.Type != "" {
+	if rs := s.RopeScaling; rs.Type != "" && s.modelType() != "gemma3_text" {
 		m := map[string]any{"rope_type": rs.Type, "factor": rs.Factor}
 		if rs.Type == "llama3" {
 			m["low_freq_factor"] = rs.LowFreqFactor
@@ -276,7 +341,11 @@ func writeWeights(path string, s Spec, seed uint64) (err error) {
 				case weight:
 					v = g.uniform() * s.std()
 				case norm:
-					v = 1 + g.uniform()*s.NormJitter
+					v = g.uniform() * s.NormJitter
+					if s.ModelType != "gemma3_text" {
+						// Gemma's norms scale by 1 + weight.
+						v++
+					}
 				}
 				putValue(buf[i*es:], t.DType, v)
 			}

@@ -133,6 +133,13 @@ func TestGGUFMetadataRoundTrip(t *testing.T) {
 		}
 		dirs[name], cases[name] = dir, f.Files[name]
 	}
+	// Gemma's pipeline: Split on " " after a normalizer that leaves no
+	// spaces, written as GGUF's SentencePiece-style "llama" model.
+	var gemma struct {
+		Cases []goldenCase `json:"cases"`
+	}
+	readGolden(t, filepath.Join("testdata", "gemma", "golden.json"), &gemma)
+	dirs["gemma-style"], cases["gemma-style"] = filepath.Join("testdata", "gemma"), gemma.Cases
 	chat := t.TempDir()
 	fx, err := WriteFixture(chat, FixtureOptions{VocabSize: 1200, ChatTemplate: true})
 	if err != nil {

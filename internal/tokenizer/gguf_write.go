@@ -224,8 +224,12 @@ func spmStyle(f *fileJSON) (bool, error) {
 		return c != nil && c.Type == "Replace" && c.Pattern != nil && c.Pattern.String != nil && *c.Pattern.String == " " && c.Content == "▁"
 	}
 	n, p := f.Normalizer, f.PreTokenizer
+	// Gemma's Split on " " (merged with the previous piece) follows a
+	// normalizer that has replaced every space: it splits nothing.
+	noopSplit := p != nil && p.Type == "Split" && p.Pattern != nil && p.Pattern.String != nil && *p.Pattern.String == " " &&
+		p.Behavior == "MergedWithPrevious" && !p.Invert
 	switch {
-	case p == nil && isReplace(n):
+	case (p == nil || noopSplit) && isReplace(n):
 		return false, nil
 	case p == nil && n != nil && n.Type == "Sequence" && len(n.Normalizers) == 2 &&
 		n.Normalizers[0] != nil && n.Normalizers[0].Type == "Prepend" && n.Normalizers[0].Prepend == "▁" && isReplace(n.Normalizers[1]):

@@ -95,3 +95,31 @@ func TestGoldenStories260K(t *testing.T) {
 		t.Run(c.Text, func(t *testing.T) { checkGolden(t, tok, c) })
 	}
 }
+
+// TestGoldenGemmaStyle checks a tiny tokenizer with the pipeline of Gemma's
+// tokenizer.json (normalizer Replace " " → "▁", Split on " " merged with the
+// previous piece, BPE with byte_fallback and fuse_unk, the ByteFallback
+// decoder, <start_of_turn>/<end_of_turn> special tokens) against what
+// Hugging Face tokenizers produced for it (scripts/reference/gemma_tokenizer.py
+// builds both).
+func TestGoldenGemmaStyle(t *testing.T) {
+	dir := filepath.Join("testdata", "gemma")
+	var g struct {
+		Cases []goldenCase `json:"cases"`
+	}
+	readGolden(t, filepath.Join(dir, "golden.json"), &g)
+	if len(g.Cases) == 0 {
+		t.Fatal("golden.json has no cases")
+	}
+	tok, err := LoadFile(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range g.Cases {
+		t.Run(c.Text, func(t *testing.T) { checkGolden(t, tok, c) })
+	}
+	// The post-processor's "<bos> $A".
+	if ids := tok.Encode("Hello world", true); len(ids) == 0 || ids[0] != 2 {
+		t.Errorf("Encode with special tokens = %v, want <bos> (2) first", ids)
+	}
+}
