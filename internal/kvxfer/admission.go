@@ -14,11 +14,13 @@ import (
 //     MaxPendingPerHost per source address), short-lived (HelloTimeout to
 //     the first frame, AuthTimeout to the end of the handshake), rejected
 //     at their first byte that cannot open a frame, and, when the budget is
-//     full, displaced oldest first rather than allowed to lock newcomers
-//     out: a connection that has not sent its HELLO goes before one that
-//     has. A consumer sends HELLO as soon as it is connected and AUTH one
-//     round trip later, so it leaves this budget long before idle or
-//     dribbling connections would push it out.
+//     full, displaced rather than allowed to lock newcomers out: the least
+//     advanced first (silent, then a valid first TLS record, then a HELLO
+//     read), oldest first among equals. A consumer sends its first bytes
+//     (HELLO, or under TLS its ClientHello) as soon as it is connected, so
+//     idle connections, however fast they are redialed, are always
+//     displaced before it — even when a slow TLS handshake makes it the
+//     oldest.
 //   - authenticated: connections whose consumer proved the secret
 //     (MaxConns), and per consumer engine (MaxConnsPerPeer), keyed by the
 //     engine id it sent with that proof, not by its address, which every
@@ -33,10 +35,18 @@ const DefaultHelloTimeout = time.Second
 
 // pendingConn is a connection in its handshake.
 type pendingConn struct {
-	host  string
-	seq   uint64 // accept order
-	hello bool   // its HELLO was read
+	host     string
+	seq      uint64 // accept order
+	progress int    // how far its handshake got: see the progress constants
 }
+
+// How far a pending connection's handshake got, in the order displacement
+// spares them.
+const (
+	progressSilent   = iota // nothing valid read yet
+	progressTLSStart        // under TLS: its first byte opened a handshake record
+	progressHello           // its HELLO was read
+)
 
 // admit decides on an accepted connection, without reading from it. It is
 // refused (code and message) when its address is not allowed or the
@@ -80,7 +90,7 @@ func (p *Producer) admit(c net.Conn) (ErrorCode, string, []net.Conn) {
 }
 
 // oldestPendingLocked returns the pending connection to displace: from
-// host (any, if empty), the oldest without a HELLO, else the oldest.
+// host (any, if empty), the oldest of the least advanced.
 func (p *Producer) oldestPendingLocked(host string) net.Conn {
 	var best net.Conn
 	var bestState *pendingConn
@@ -88,7 +98,7 @@ func (p *Producer) oldestPendingLocked(host string) net.Conn {
 		if host != "" && st.host != host {
 			continue
 		}
-		if bestState == nil || (st.hello != bestState.hello && !st.hello) || (st.hello == bestState.hello && st.seq < bestState.seq) {
+		if bestState == nil || st.progress < bestState.progress || (st.progress == bestState.progress && st.seq < bestState.seq) {
 			best, bestState = c, st
 		}
 	}
@@ -109,10 +119,13 @@ func (p *Producer) unpendLocked(c net.Conn) {
 
 // helloRead marks c as having sent a well-formed HELLO: it is displaced
 // only after every pending connection that has not.
-func (p *Producer) helloRead(c net.Conn) {
+func (p *Producer) helloRead(c net.Conn) { p.advance(c, progressHello) }
+
+// advance records that pending connection c's handshake got to progress.
+func (p *Producer) advance(c net.Conn, progress int) {
 	p.mu.Lock()
 	if st, ok := p.pending[c]; ok {
-		st.hello = true
+		st.progress = max(st.progress, progress)
 	}
 	p.mu.Unlock()
 }
@@ -164,10 +177,12 @@ var errNotTLS = errors.New("not a TLS client: its first byte is not a TLS handsh
 
 // tlsFirstByte rejects, at its first byte, a connection that does not open
 // with a TLS handshake record, so garbage sent slowly to a TLS side channel
-// is dropped at once rather than at the hello deadline.
+// is dropped at once rather than at the hello deadline; a valid first byte
+// calls started (the connection is then displaced after silent ones).
 type tlsFirstByte struct {
 	net.Conn
 	checked bool
+	started func()
 }
 
 func (c *tlsFirstByte) Read(b []byte) (int, error) {
@@ -176,6 +191,9 @@ func (c *tlsFirstByte) Read(b []byte) (int, error) {
 		c.checked = true
 		if b[0] != tlsRecordHandshake {
 			return 0, fmt.Errorf("%w: %w", errBadFrame, errNotTLS)
+		}
+		if c.started != nil {
+			c.started()
 		}
 	}
 	return n, err

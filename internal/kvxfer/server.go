@@ -207,7 +207,7 @@ func (p *Producer) serveConn(c net.Conn) {
 	}()
 	var conn net.Conn = c
 	if p.cfg.TLS != nil {
-		conn = tls.Server(&tlsFirstByte{Conn: c}, p.cfg.TLS)
+		conn = tls.Server(&tlsFirstByte{Conn: c, started: func() { p.advance(c, progressTLSStart) }}, p.cfg.TLS)
 	}
 	s := &srvConn{p: p, c: conn, raw: c, start: time.Now()}
 	err := s.authenticate(func(id string) string {
