@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// holdWhat says which half of a leg a relay holds when it is armed.
+// holdWhat says which half of a leg a gate holds when it is armed.
 type holdWhat int
 
 const (
@@ -21,86 +21,116 @@ const (
 // (/tandem/...) are no legs and are never held.
 var legMarker = []byte("POST /v1/")
 
-// relay is a TCP relay the test owns between the proxy and one engine's
-// HTTP port: it forwards bytes both ways, and once armed it holds the next
-// leg (its request or its answer) until the test lets it go on or drops it.
-// That is the contract test's hook point for "a leg is in this phase now":
-// no sleep decides where a fault lands.
-type relay struct {
-	ln     net.Listener
-	target string // host:port of the engine
-
-	mu      sync.Mutex
-	armed   holdWhat // 0: forward everything
-	held    chan struct{}
-	decide  chan bool // true: forward the held bytes; false: drop the connection
-	closing chan struct{}
+// gate is the contract test's hook point for "a leg is in this phase
+// now": armed, it makes the first relay that sees a leg of the armed kind
+// hold it until the test lets it go on or drops it. One gate serves the
+// relays of several engines (the decodes), and says which one holds.
+type gate struct {
+	mu     sync.Mutex
+	armed  holdWhat // 0: hold nothing
+	held   chan *relay
+	decide chan bool // true: forward the held bytes; false: drop the connection
+	done   chan struct{}
 }
 
-// startRelay listens on a free loopback port and relays to target
-// (host:port) until the test ends.
-func startRelay(t *testing.T, target string) *relay {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &relay{ln: ln, target: target, held: make(chan struct{}, 1), decide: make(chan bool), closing: make(chan struct{})}
-	go r.serve()
-	t.Cleanup(func() {
-		close(r.closing)
-		ln.Close()
-	})
-	return r
+func newGate(t *testing.T) *gate {
+	g := &gate{held: make(chan *relay, 1), decide: make(chan bool), done: make(chan struct{})}
+	t.Cleanup(func() { close(g.done) })
+	return g
 }
 
-// url is the relay's address as an engine URL for the proxy.
-func (r *relay) url() string { return "http://" + r.ln.Addr().String() }
-
-// arm makes the relay hold the next leg's request or answer.
-func (r *relay) arm(what holdWhat) {
-	r.mu.Lock()
-	r.armed = what
-	r.mu.Unlock()
+// arm makes the gate hold the next leg's request or answer.
+func (g *gate) arm(what holdWhat) {
+	g.mu.Lock()
+	g.armed = what
+	g.mu.Unlock()
 	select { // a stale signal from an earlier arc
-	case <-r.held:
+	case <-g.held:
 	default:
 	}
 }
 
-// disarm forgets an arm that no leg took.
-func (r *relay) disarm() { r.arm(0) }
-
 // take reports whether a hold of kind what is armed, and disarms it.
-func (r *relay) take(what holdWhat) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.armed != what {
+func (g *gate) take(what holdWhat) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.armed != what {
 		return false
 	}
-	r.armed = 0
+	g.armed = 0
 	return true
 }
 
-// waitHeld waits until the armed leg is held, at most limit.
-func (r *relay) waitHeld(t *testing.T, limit time.Duration) {
+// waitHeld waits until the armed leg is held, at most limit, and returns
+// the relay that holds it.
+func (g *gate) waitHeld(t *testing.T, limit time.Duration) *relay {
 	t.Helper()
 	select {
-	case <-r.held:
+	case r := <-g.held:
+		return r
 	case <-time.After(limit):
-		t.Fatalf("no leg reached the relay to %s within %v", r.target, limit)
+		t.Fatalf("no leg reached the gate within %v", limit)
+		return nil
 	}
 }
 
 // let decides the held leg: forward it (true) or drop its connection
 // (false). Only a held leg waits for it; it gives up after 10s.
-func (r *relay) let(forward bool) {
+func (g *gate) let(forward bool) {
 	select {
-	case r.decide <- forward:
-	case <-r.closing:
+	case g.decide <- forward:
+	case <-g.done:
 	case <-time.After(10 * time.Second):
 	}
 }
+
+// hold signals that r holds a leg and waits for the test's decision, or
+// for the proxy's side of the connection to close (peerGone), which drops
+// the leg whatever the test decides: an engine never gets a leg whose
+// proxy went away before sending it.
+func (g *gate) hold(r *relay, peerGone <-chan struct{}) bool {
+	select {
+	case g.held <- r:
+	default:
+	}
+	select {
+	case fwd := <-g.decide:
+		select {
+		case <-peerGone:
+			return false
+		default:
+			return fwd
+		}
+	case <-g.done:
+		return false
+	}
+}
+
+// relay is a TCP relay the test owns between the proxy and one engine's
+// HTTP port: it forwards bytes both ways and lets its gate hold a leg.
+// No sleep decides where a fault lands.
+type relay struct {
+	ln     net.Listener
+	target string // host:port of the engine
+	gate   *gate
+}
+
+// startRelay listens on a free loopback port and relays to target
+// (host:port) until the test ends.
+func startRelay(t *testing.T, target string, g *gate) *relay {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &relay{ln: ln, target: target, gate: g}
+	go r.serve()
+	t.Cleanup(func() { ln.Close() })
+	return r
+}
+
+// url is the relay's address as an engine URL for the proxy.
+func (r *relay) url() string { return "http://" + r.ln.Addr().String() }
 
 func (r *relay) serve() {
 	for {
@@ -110,6 +140,34 @@ func (r *relay) serve() {
 		}
 		go r.pipe(c)
 	}
+}
+
+// chunk is one read from a connection.
+type chunk struct {
+	b   []byte
+	err error
+}
+
+// reads reads c into a channel until an error, which is its last chunk;
+// gone closes then. It stops early when quit closes.
+func reads(c net.Conn, gone chan struct{}, quit <-chan struct{}) <-chan chunk {
+	ch := make(chan chunk, 64)
+	go func() {
+		defer close(gone)
+		for {
+			buf := make([]byte, 64<<10)
+			n, err := c.Read(buf)
+			select {
+			case ch <- chunk{buf[:n], err}:
+			case <-quit:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return ch
 }
 
 // pipe relays one proxy connection. Either side closing closes both: an
@@ -122,62 +180,48 @@ func (r *relay) pipe(c net.Conn) {
 		return
 	}
 	var once sync.Once
-	closeBoth := func() { once.Do(func() { c.Close(); s.Close() }) }
+	quit := make(chan struct{})
+	closeBoth := func() { once.Do(func() { close(quit); c.Close(); s.Close() }) }
 	defer closeBoth()
-	var legPending sync.Mutex // guards leg
-	leg := false
-	setLeg := func(v bool) { legPending.Lock(); leg = v; legPending.Unlock() }
-	isLeg := func() bool { legPending.Lock(); defer legPending.Unlock(); return leg }
+	var mu sync.Mutex
+	leg := false // a leg's request went to the engine, its answer has not come back yet
+	setLeg := func(v bool) { mu.Lock(); leg = v; mu.Unlock() }
+	isLeg := func() bool { mu.Lock(); defer mu.Unlock(); return leg }
 
-	// hold signals the test and waits for its decision; false drops.
-	hold := func() bool {
-		select {
-		case r.held <- struct{}{}:
-		default:
-		}
-		select {
-		case fwd := <-r.decide:
-			return fwd
-		case <-r.closing:
-			return false
-		}
-	}
+	proxyGone, engineGone := make(chan struct{}), make(chan struct{})
+	fromProxy, fromEngine := reads(c, proxyGone, quit), reads(s, engineGone, quit)
 	go func() { // proxy to engine
 		defer closeBoth()
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := c.Read(buf)
-			if n > 0 {
-				if bytes.Contains(buf[:n], legMarker) {
+		for ch := range fromProxy {
+			if len(ch.b) > 0 {
+				if bytes.Contains(ch.b, legMarker) {
 					setLeg(true)
-					if r.take(holdRequest) && !hold() {
+					if r.gate.take(holdRequest) && !r.gate.hold(r, proxyGone) {
 						return
 					}
 				}
-				if _, werr := s.Write(buf[:n]); werr != nil {
+				if _, err := s.Write(ch.b); err != nil {
 					return
 				}
 			}
-			if err != nil {
+			if ch.err != nil {
 				return
 			}
 		}
 	}()
-	buf := make([]byte, 64<<10)
-	for { // engine to proxy
-		n, err := s.Read(buf)
-		if n > 0 {
+	for ch := range fromEngine { // engine to proxy
+		if len(ch.b) > 0 {
 			if isLeg() {
 				setLeg(false)
-				if r.take(holdResponse) && !hold() {
+				if r.gate.take(holdResponse) && !r.gate.hold(r, proxyGone) {
 					return
 				}
 			}
-			if _, werr := c.Write(buf[:n]); werr != nil {
+			if _, err := c.Write(ch.b); err != nil {
 				return
 			}
 		}
-		if err != nil {
+		if ch.err != nil {
 			return
 		}
 	}
