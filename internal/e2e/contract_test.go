@@ -167,7 +167,10 @@ func (c *contractCluster) walk(t *testing.T, a arc) {
 		pStopped = true
 		held.let(true)
 		held = nil
-		waitMetric(t, c.d[di], "the decode leg's request", 10*time.Second, hasRequest)
+		waitMetric(t, c.d[di], "a KV fetch in progress", 10*time.Second, func(m metrics) bool {
+			v, _ := m.get("vllm:num_requests_kv_fetch_by_stage", `stage="in_progress"`)
+			return v > 0
+		})
 	case phAfterPull:
 		held.let(true)
 		held = nil
