@@ -46,7 +46,8 @@ func (p contractPhase) String() string {
 type contractFault int
 
 const (
-	fClientGone contractFault = iota + 1
+	fClientGone     contractFault = iota + 1
+	fClientGoneLate               // the client gone, and the prefill's answer later than the proxy's grace for it
 	fPKill
 	fPStop
 	fDKill
@@ -57,7 +58,7 @@ const (
 )
 
 func (f contractFault) String() string {
-	return [...]string{"", "client gone", "prefill SIGKILL", "prefill SIGSTOP", "decode SIGKILL", "decode SIGSTOP",
+	return [...]string{"", "client gone", "client gone past the grace", "prefill SIGKILL", "prefill SIGSTOP", "decode SIGKILL", "decode SIGSTOP",
 		"pull failed", "lease expired", "proxy restarted"}[f]
 }
 
@@ -83,6 +84,8 @@ const (
 
 var contractArcs = []arc{
 	{phase: phPrefill, fault: fClientGone, want: endGone, short: true},
+	{phase: phPrefill, fault: fClientGoneLate, want: endGone, lease: true,
+		gap: "a prefill forward pass that ends after its client left and after the grace holds its KV until the lease"},
 	{phase: phPrefill, fault: fPKill, want: endAnswer, pd: "fallback; reason=prefill_unreachable", short: true},
 	{phase: phPrefill, fault: fPStop, want: endAnswer, pd: "fallback; reason=prefill_timeout", lease: true,
 		gap: "a prefill forward pass that ends after the proxy gave up on its leg holds its KV until the lease"},
@@ -200,6 +203,15 @@ func (c *contractCluster) walk(t *testing.T, a arc) {
 	switch a.fault {
 	case fClientGone:
 		cancel()
+		if held == c.dg {
+			// The proxy closes the decode leg it holds at once (the
+			// prefill leg it keeps for its grace).
+			held.waitGone(t, 5*time.Second)
+		}
+		let(true)
+	case fClientGoneLate:
+		cancel()
+		held.waitGone(t, 10*time.Second) // the grace (2s) has passed: the proxy cancelled the leg
 		let(true)
 	case fPKill:
 		c.p.kill(t)

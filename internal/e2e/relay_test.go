@@ -29,12 +29,13 @@ type gate struct {
 	mu     sync.Mutex
 	armed  holdWhat // 0: hold nothing
 	held   chan *relay
-	decide chan bool // true: forward the held bytes; false: drop the connection
+	gone   chan struct{} // the proxy closed the held leg's connection
+	decide chan bool     // true: forward the held bytes; false: drop the connection
 	done   chan struct{}
 }
 
 func newGate(t *testing.T) *gate {
-	g := &gate{held: make(chan *relay, 1), decide: make(chan bool), done: make(chan struct{})}
+	g := &gate{held: make(chan *relay, 1), gone: make(chan struct{}, 1), decide: make(chan bool), done: make(chan struct{})}
 	t.Cleanup(func() { close(g.done) })
 	return g
 }
@@ -44,9 +45,18 @@ func (g *gate) arm(what holdWhat) {
 	g.mu.Lock()
 	g.armed = what
 	g.mu.Unlock()
-	select { // a stale signal from an earlier arc
-	case <-g.held:
-	default:
+	drain(g.held) // signals from an earlier arc
+	drain(g.gone)
+}
+
+// drain empties a buffered channel.
+func drain[T any](ch chan T) {
+	for {
+		select {
+		case <-ch:
+		default:
+			return
+		}
 	}
 }
 
@@ -74,6 +84,17 @@ func (g *gate) waitHeld(t *testing.T, limit time.Duration) *relay {
 	}
 }
 
+// waitGone waits until the proxy has closed the connection of the held
+// leg (it gave up on the leg), at most limit.
+func (g *gate) waitGone(t *testing.T, limit time.Duration) {
+	t.Helper()
+	select {
+	case <-g.gone:
+	case <-time.After(limit):
+		t.Fatalf("the proxy did not give up on the held leg within %v", limit)
+	}
+}
+
 // let decides the held leg: forward it (true) or drop its connection
 // (false). Only a held leg waits for it; it gives up after 10s.
 func (g *gate) let(forward bool) {
@@ -93,16 +114,24 @@ func (g *gate) hold(r *relay, peerGone <-chan struct{}) bool {
 	case g.held <- r:
 	default:
 	}
-	select {
-	case fwd := <-g.decide:
+	for {
 		select {
+		case fwd := <-g.decide:
+			select {
+			case <-peerGone:
+				return false
+			default:
+				return fwd
+			}
 		case <-peerGone:
+			peerGone = nil // said once
+			select {
+			case g.gone <- struct{}{}:
+			default:
+			}
+		case <-g.done:
 			return false
-		default:
-			return fwd
 		}
-	case <-g.done:
-		return false
 	}
 }
 
