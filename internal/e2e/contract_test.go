@@ -106,7 +106,7 @@ var contractArcs = []arc{
 		gap: "a proxy crash between the legs leaves P's hold to its lease"},
 
 	{phase: phPull, fault: fClientGone, want: endGone},
-	{phase: phPull, fault: fPKill, want: endAnswer, pd: pdRemote, short: true},
+	{phase: phPull, fault: fPKill, want: endAnswer, pd: pdRemote},
 	{phase: phPull, fault: fPStop, want: endAnswer, pd: pdRemote, patient: true},
 	{phase: phPull, fault: fDKill, want: endAnswer, pd: pdDecodeRetry},
 	{phase: phPull, fault: fDStop, want: endAnswer, pd: pdDecodeRetry},
@@ -114,7 +114,7 @@ var contractArcs = []arc{
 
 	{phase: phAfterPull, fault: fClientGone, want: endGone},
 	{phase: phAfterPull, fault: fPKill, want: endAnswer, pd: pdRemote},
-	{phase: phAfterPull, fault: fPStop, want: endAnswer, pd: pdRemote},
+	{phase: phAfterPull, fault: fPStop, want: endAnswer, pd: pdRemote, short: true},
 	{phase: phAfterPull, fault: fDKill, want: endAnswer, pd: pdDecodeRetry, short: true},
 	{phase: phAfterPull, fault: fDStop, want: endAnswer, pd: pdDecodeRetry},
 	{phase: phAfterPull, fault: fProxyRestart, want: endClosed},
@@ -123,7 +123,7 @@ var contractArcs = []arc{
 	{phase: phStream, fault: fPKill, want: endAnswer, pd: pdRemote},
 	{phase: phStream, fault: fPStop, want: endAnswer, pd: pdRemote},
 	{phase: phStream, fault: fDKill, want: endCut, short: true},
-	{phase: phStream, fault: fDStop, want: endCut},
+	{phase: phStream, fault: fDStop, want: endCut, short: true},
 	{phase: phStream, fault: fProxyRestart, want: endCut | endClosed, short: true},
 }
 

@@ -91,15 +91,19 @@ func newContractCluster(t *testing.T) *contractCluster {
 	// 20ms a token, answers run to max_tokens; the decodes' KV delay is
 	// the window between a pull and the first token.
 	sim := []string{"--simulate", "--sim-ttft", "5ms", "--sim-itl", "20ms", "--sim-mean-output-len", "0", "--log-level", "info"}
-	c.p = startEngine(t, engineSpec{name: "prefill (simulated)", model: c.model, role: "prefill",
-		args: append(append([]string{}, sim...), "--kv-lease", contractLease.String())})
+	specs := []engineSpec{{name: "prefill (simulated)", model: c.model, role: "prefill",
+		args: append(append([]string{}, sim...), "--kv-lease", contractLease.String())}}
+	for i := range c.d {
+		specs = append(specs, engineSpec{name: fmt.Sprintf("decode %d (simulated)", i), model: c.model, role: "decode",
+			args: append(append([]string{}, sim...), "--kv-load-failure-policy", "recompute", "--sim-kv-delay", afterPullDelay.String())})
+	}
+	es := startEngines(t, specs...)
+	c.p, c.d = es[0], [2]*engine{es[1], es[2]}
 	c.pg, c.dg = newGate(t), newGate(t)
 	pr := startRelay(t, strings.TrimPrefix(c.p.url, "http://"), c.pg)
 	var decodes []string
-	for i := range c.d {
-		c.d[i] = startEngine(t, engineSpec{name: fmt.Sprintf("decode %d (simulated)", i), model: c.model, role: "decode",
-			args: append(append([]string{}, sim...), "--kv-load-failure-policy", "recompute", "--sim-kv-delay", afterPullDelay.String())})
-		c.dr[i] = startRelay(t, strings.TrimPrefix(c.d[i].url, "http://"), c.dg)
+	for i, d := range c.d {
+		c.dr[i] = startRelay(t, strings.TrimPrefix(d.url, "http://"), c.dg)
 		decodes = append(decodes, c.dr[i].url())
 	}
 	common := []string{"--prefill", pr.url(), "--decode", strings.Join(decodes, ","), "--health-interval", "200ms",
