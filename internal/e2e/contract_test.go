@@ -177,7 +177,8 @@ func (c *contractCluster) walk(t *testing.T, a arc) {
 	case phAfterPull:
 		held.let(true)
 		held = nil
-		waitMetric(t, c.p, "the pull's DONE (kv_blocks_held 0)", afterPullDelay, func(m metrics) bool { return sumOf(m, "tandem:kv_blocks_held") == 0 })
+		waitMetric(t, c.p, "the pull's DONE (kv_blocks_held 0)", 5*time.Second, func(m metrics) bool { return sumOf(m, "tandem:kv_blocks_held") == 0 })
+		// Still inside D's KV delay: the request has no token yet.
 		waitMetric(t, c.d[di], "the decode's request", afterPullDelay, hasRequest)
 	case phStream:
 		select {
