@@ -5,7 +5,9 @@
 // colocated engine's, the prompt's KV really came over the side channel,
 // every KV block returns to its pool, and failures (a prefill killed or
 // restarted, engines started with different block sizes) end in bounded time
-// with a clear answer.
+// with a clear answer. TestContract walks the arcs of the P/D transfer
+// contract (docs/kv-transfer.md): a fault in each phase of a request, on
+// simulated engines behind relays the test holds legs at.
 //
 // The package has no non-test code. The tests build the binary once per run
 // and skip in -short mode; they need the shared test models (see

@@ -284,16 +284,7 @@ func startEngine(t *testing.T, s engineSpec) *engine {
 		if kvPort == 0 {
 			kvPort = freePort(t)
 		}
-		// Every engine gets a side-channel port of its own: one started
-		// without --role is "both" and listens on the default 5600, which
-		// another test's engine (or anything else) may hold.
-		args := []string{"serve", "--model", s.model, "--served-model-name", servedName,
-			"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--kv-host", "127.0.0.1", "--kv-port", strconv.Itoa(kvPort)}
-		if s.role != "" {
-			args = append(args, "--role", s.role)
-		}
-		args = append(append(args, engineDefaults...), s.args...)
-		p := startProcEnv(t, s.name, s.env, args...)
+		p := startProcEnv(t, s.name, s.env, engineArgs(s, port, kvPort)...)
 		url := "http://127.0.0.1:" + strconv.Itoa(port)
 		err := waitHealthy(p, url)
 		if err == nil {
@@ -305,6 +296,43 @@ func startEngine(t *testing.T, s engineSpec) *engine {
 		}
 		t.Fatalf("start %s: %v\n%s", s.name, err, tail(p.out.String(), 4000))
 	}
+}
+
+// engineArgs are the arguments of `tandem serve` for s on the given ports.
+func engineArgs(s engineSpec, port, kvPort int) []string {
+	// Every engine gets a side-channel port of its own: one started
+	// without --role is "both" and listens on the default 5600, which
+	// another test's engine (or anything else) may hold.
+	args := []string{"serve", "--model", s.model, "--served-model-name", servedName,
+		"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--kv-host", "127.0.0.1", "--kv-port", strconv.Itoa(kvPort)}
+	if s.role != "" {
+		args = append(args, "--role", s.role)
+	}
+	return append(append(args, engineDefaults...), s.args...)
+}
+
+// startEngines starts the engines of specs (free ports each) all at once,
+// so that a cluster takes as long to start as its slowest engine; one that
+// lost a port to another process starts again as startEngine does.
+func startEngines(t *testing.T, specs ...engineSpec) []*engine {
+	t.Helper()
+	out := make([]*engine, len(specs))
+	for i, s := range specs {
+		port, kvPort := freePort(t), freePort(t)
+		out[i] = &engine{proc: startProcEnv(t, s.name, s.env, engineArgs(s, port, kvPort)...), spec: s,
+			url: "http://127.0.0.1:" + strconv.Itoa(port), kvPort: kvPort}
+	}
+	for i, e := range out {
+		err := waitHealthy(e.proc, e.url)
+		switch {
+		case errors.Is(err, errPortClash):
+			t.Logf("%s: port clash, retrying with new ports", e.name)
+			out[i] = startEngine(t, specs[i])
+		case err != nil:
+			t.Fatalf("start %s: %v\n%s", e.name, err, tail(e.out.String(), 4000))
+		}
+	}
+	return out
 }
 
 // restart kills e and starts the same engine on the same ports (a new
