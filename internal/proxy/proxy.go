@@ -276,6 +276,17 @@ func usesPrefix(prof *router.Profile) bool {
 // Policies returns the names accepted by Config.Policy, sorted.
 func Policies() []string { return factory.Policies() }
 
+// DefaultPolicy and DefaultPDDecider are what `tandem proxy` and `tandem up`
+// route with unless told otherwise: prefix- and load-aware picking and a
+// remote prefill only when it pays, the configuration the measurements in
+// docs/usage/routing.md favour for general traffic. Config's own zero
+// values stay round-robin and always (vLLM's toy proxy), for a library user
+// who spells out what the proxy does.
+const (
+	DefaultPolicy    = factory.PolicyPrefix
+	DefaultPDDecider = "conditional"
+)
+
 // Proxy is the disaggregated prefill/decode router. It is an http.Handler
 // serving /v1/completions, /v1/chat/completions, /v1/models, /health and
 // /metrics; Serve runs it with its health checker.
