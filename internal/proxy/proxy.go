@@ -17,6 +17,8 @@ import (
 	"github.com/tandem-serve/tandem/internal/httpguard"
 	"github.com/tandem-serve/tandem/internal/httpleg"
 	"github.com/tandem-serve/tandem/internal/router"
+	"github.com/tandem-serve/tandem/internal/router/decider/conditional"
+	"github.com/tandem-serve/tandem/internal/router/decider/priced"
 	"github.com/tandem-serve/tandem/internal/router/factory"
 	"github.com/tandem-serve/tandem/internal/router/filter/saturated"
 	"github.com/tandem-serve/tandem/internal/router/scorer/prefix"
@@ -38,8 +40,9 @@ type Config struct {
 	// file's profiles).
 	PrefillProfile, DecodeProfile *factory.Spec
 	// PDDecider decides per request between remote and local prefill:
-	// "always" (default) or "conditional" (see package
-	// router/decider/conditional and Router's fields).
+	// "always" (default), "conditional" or "priced" (see packages
+	// router/decider/conditional and router/decider/priced and Router's
+	// fields).
 	PDDecider string
 	// Router holds the plugins' knobs: saturation limits and the
 	// conditional decider's thresholds.
@@ -392,7 +395,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	// Prefix matching costs a lookup per request and memory per block sent:
 	// only when a scorer or the decider uses it.
-	if usesPrefix(dp) || cfg.PDDecider == "conditional" {
+	if usesPrefix(dp) || cfg.PDDecider == conditional.Name || cfg.PDDecider == priced.Name {
 		dpool.prefix = p.matchPrefix
 		p.observePrefix = cfg.PrefixIndex == nil
 	}
