@@ -39,7 +39,14 @@ func (c *costs) observe(s engineSample) {
 		c.prefillAt, c.transferAt, c.queueAt, c.have = s, s, s, true
 		return
 	}
-	if n := s.computed - c.prefillAt.computed; n >= minCostTokens {
+	switch n := s.computed - c.prefillAt.computed; {
+	case s.pulled != c.prefillAt.pulled:
+		// A request whose KV was pulled has a TTFT but computed next to
+		// nothing: a window with one is no measure of the prefill rate, and
+		// is dropped. (A decode that pulls all the time is then priced at
+		// the prefill engines' rate.)
+		c.prefillAt = s
+	case n >= minCostTokens:
 		// TTFT less the queue is the compute from being scheduled to the
 		// first token: the prompt's prefill (a KV pull waits in the queue).
 		if t := (s.ttftSum - c.prefillAt.ttftSum) - (s.queueSum - c.prefillAt.queueSum); t > 0 {

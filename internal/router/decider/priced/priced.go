@@ -10,6 +10,11 @@
 //	local stall = u·s_D, which each of the decode's R running streams waits
 //	              for its next token while the prompt is prefilled beside it
 //
+// R is the requests the router has open on the decode besides this one
+// (Endpoint.InFlight less one: the proxy picks the decode, and counts the
+// request on it, before it decides): its own accounting, exact and current,
+// where the scraped vllm:num_requests_running lags by up to three scrape
+// intervals and would count a stream that has just ended.
 // where s_D and s_P are the decode's and the prefill's measured prefill
 // seconds per token (one stands in for the other while it is unmeasured:
 // the same model), x_D the decode's measured KV transfer seconds per
@@ -159,6 +164,6 @@ func Estimate(in router.DecideInput) (p Price, ok bool) {
 	}
 	p.LocalStall = float64(u) * sD
 	p.LocalTTFT = waitD + p.LocalStall
-	p.LocalCost = p.LocalTTFT + dec.Running*p.LocalStall
+	p.LocalCost = p.LocalTTFT + float64(max(dec.InFlight-1, 0))*p.LocalStall
 	return p, true
 }

@@ -17,7 +17,8 @@ const (
 )
 
 func decodeEP() router.Endpoint {
-	return router.Endpoint{Role: "decode", Scraped: true, PrefillSecondsPerToken: sTok, TransferSecondsPerToken: xTok}
+	// InFlight 1: the request being decided.
+	return router.Endpoint{Role: "decode", Scraped: true, InFlight: 1, PrefillSecondsPerToken: sTok, TransferSecondsPerToken: xTok}
 }
 
 func prefillEP() router.Endpoint {
@@ -33,7 +34,7 @@ func input(prompt int, dec router.Endpoint, pre ...router.Endpoint) router.Decid
 
 func TestDecide(t *testing.T) {
 	type change func(in *router.DecideInput)
-	running := func(n float64) change { return func(in *router.DecideInput) { in.Decode.Running = n } }
+	running := func(n int64) change { return func(in *router.DecideInput) { in.Decode.InFlight = n + 1 } }
 	tests := []struct {
 		name    string
 		prompt  int
