@@ -1,13 +1,18 @@
 package proxy
 
+import "time"
+
 // engineSample is one scrape of an engine's /metrics: its load gauges and
 // the cumulative counters its costs are measured from (each summed over its
 // label sets).
 type engineSample struct {
+	// at is when it was taken.
+	at                        time.Time
 	waiting, running, kvUsage float64
-	// ttftSum, queueSum and queueCount are vllm:time_to_first_token_seconds'
-	// and vllm:request_queue_time_seconds' sums and the latter's count.
-	ttftSum, queueSum, queueCount float64
+	// ttftSum, ttftCount, queueSum and queueCount are
+	// vllm:time_to_first_token_seconds' and
+	// vllm:request_queue_time_seconds' sums and counts.
+	ttftSum, ttftCount, queueSum, queueCount float64
 	// computed and pulled are vllm:prompt_tokens_by_source's local_compute
 	// and external_kv_transfer tokens.
 	computed, pulled float64
@@ -46,9 +51,26 @@ func (c *costs) observe(s engineSample) {
 		// is dropped. (A decode that pulls all the time is then priced at
 		// the prefill engines' rate.)
 		c.prefillAt = s
+	case n >= minCostTokens && s.waiting > 0 && c.prefillAt.waiting > 0:
+		// Requests waited at both ends of the window: the engine computed
+		// prompts all along, and its rate is its throughput.
+		if t := s.at.Sub(c.prefillAt.at).Seconds(); t > 0 {
+			c.prefillPerToken = t / n
+		}
+		c.prefillAt = s
 	case n >= minCostTokens:
 		// TTFT less the queue is the compute from being scheduled to the
 		// first token: the prompt's prefill (a KV pull waits in the queue).
+		// The two are observed at different moments of a request, so the
+		// difference is one only over the same requests: a window whose
+		// counts differ grows until they agree.
+		if s.ttftCount != s.queueCount || s.ttftCount-c.prefillAt.ttftCount < 1 {
+			break
+		}
+		if c.prefillAt.ttftCount != c.prefillAt.queueCount {
+			c.prefillAt = s // a clean start for the next window
+			break
+		}
 		if t := (s.ttftSum - c.prefillAt.ttftSum) - (s.queueSum - c.prefillAt.queueSum); t > 0 {
 			c.prefillPerToken = t / n
 		}

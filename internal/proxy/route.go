@@ -263,7 +263,8 @@ func (p *Proxy) scrape(parent context.Context, b *backend) {
 		return
 	}
 	b.mu.Lock()
-	b.waiting, b.running, b.kvUsage, b.scrapedAt = s.waiting, s.running, s.kvUsage, time.Now()
+	s.at = time.Now()
+	b.waiting, b.running, b.kvUsage, b.scrapedAt = s.waiting, s.running, s.kvUsage, s.at
 	b.costs.observe(s)
 	b.mu.Unlock()
 }
@@ -313,6 +314,8 @@ func (s *engineSample) addCounter(name, labels string, v float64) {
 	switch name {
 	case "vllm:time_to_first_token_seconds_sum":
 		s.ttftSum += v
+	case "vllm:time_to_first_token_seconds_count":
+		s.ttftCount += v
 	case "vllm:request_queue_time_seconds_sum":
 		s.queueSum += v
 	case "vllm:request_queue_time_seconds_count":
