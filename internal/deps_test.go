@@ -62,6 +62,7 @@ var allowed = map[string][]string{
 	"internal/kvevents/zmtp":              {}, // the ZMTP sockets under kvevents: std only
 	"internal/router/decider/always":      {"internal/router"},
 	"internal/router/decider/conditional": {"internal/router"},
+	"internal/router/decider/priced":      {"internal/router", "internal/router/decider/conditional"},
 	"internal/router/filter/healthy":      {"internal/router"},
 	"internal/router/filter/saturated":    {"internal/router"},
 	"internal/router/picker/maxscore":     {"internal/router"},
@@ -74,7 +75,7 @@ var allowed = map[string][]string{
 	"internal/router/scorer/queue":        {"internal/router"},
 	"internal/router/factory": {
 		"internal/router",
-		"internal/router/decider/always", "internal/router/decider/conditional",
+		"internal/router/decider/always", "internal/router/decider/conditional", "internal/router/decider/priced",
 		"internal/router/filter/healthy", "internal/router/filter/saturated",
 		"internal/router/picker/maxscore", "internal/router/picker/p2c", "internal/router/picker/roundrobin",
 		"internal/router/scorer/kvusage", "internal/router/scorer/load", "internal/router/scorer/locality",
@@ -119,7 +120,8 @@ var allowed = map[string][]string{
 	"internal/openai":      {"internal/apierror", "internal/engine", "internal/httpguard", "internal/kvparams", "internal/sample", "internal/tokenizer"},
 	"internal/proxy": {
 		"internal/apierror", "internal/httpguard", "internal/httpleg", "internal/kvparams", "internal/tokenizer",
-		"internal/router", "internal/router/decider/always", "internal/router/factory",
+		"internal/router", "internal/router/decider/always", "internal/router/decider/conditional",
+		"internal/router/decider/priced", "internal/router/factory",
 		"internal/router/filter/saturated", "internal/router/scorer/prefix",
 		"github.com/google/uuid", "github.com/prometheus/client_golang/...",
 	},

@@ -362,7 +362,8 @@ func startProxy(t *testing.T, name string, prefill, decode []*engine, args ...st
 	for attempt := 1; ; attempt++ {
 		port := freePort(t)
 		p := startProc(t, name, append([]string{"proxy", "--prefill", urls(prefill), "--decode", urls(decode),
-			"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--health-interval", "200ms", "--timeout", "30s"}, args...)...)
+			"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--health-interval", "200ms", "--timeout", "30s",
+			"--policy", "round-robin", "--pd-decider", "always"}, args...)...) // the P/D path these tests check; args may override
 		url := "http://127.0.0.1:" + strconv.Itoa(port)
 		err := waitHealthy(p, url)
 		if err == nil {

@@ -44,7 +44,9 @@ func TestTandemUpDefaultModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stdout, stderr syncBuffer
-	cmd := exec.CommandContext(ctx, exe, "up", "--port", strconv.Itoa(ports[0]))
+	// --pd-decider always: the answers below are checked through the P/D
+	// path, which the default decider skips for prompts this short.
+	cmd := exec.CommandContext(ctx, exe, "up", "--port", strconv.Itoa(ports[0]), "--pd-decider", "always")
 	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+cache)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = 10 * time.Second

@@ -43,7 +43,9 @@ func TestTandemUpEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.CommandContext(ctx, exe, "up", "--model", model, "--port", strconv.Itoa(ports[0]), "--served-model-name", "stories")
+	// --pd-decider always: the completion below is checked through the P/D
+	// path, which the default decider skips for a prompt this short.
+	cmd := exec.CommandContext(ctx, exe, "up", "--model", model, "--port", strconv.Itoa(ports[0]), "--served-model-name", "stories", "--pd-decider", "always")
 	cmd.Env = append(os.Environ(), "TANDEM_API_KEY=up-test-key", "TANDEM_KV_SECRET=")
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = 10 * time.Second

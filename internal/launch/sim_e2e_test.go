@@ -48,7 +48,7 @@ func TestSimulatedClusterOf200(t *testing.T) {
 	var stdout, stderr syncBuffer
 	started := time.Now()
 	cmd := exec.CommandContext(ctx, exe, "up", "--simulate", "--prefill", strconv.Itoa(engines/2), "--decode", strconv.Itoa(engines-engines/2),
-		"--port", strconv.Itoa(ports[0]), "--served-model-name", "sim",
+		"--port", strconv.Itoa(ports[0]), "--served-model-name", "sim", "--pd-decider", "always",
 		"--", "--log-level", "warn", "--sim-ttft", "20ms", "--sim-prefill-per-token", "100us", "--sim-itl", "10ms", "--max-num-seqs", "16")
 	cmd.Env = append(os.Environ(), "TANDEM_KV_SECRET=")
 	cmd.Dir = t.TempDir()

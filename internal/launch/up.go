@@ -52,7 +52,8 @@ type Config struct {
 	// ExtraArgs) and the proxy in conversation mode: multi-turn KV reuse.
 	KVBidirectional bool
 	// Policy and PDDecider are the proxy's routing policy and
-	// disaggregation decider (proxy.Config); empty takes its defaults.
+	// disaggregation decider (proxy.Config); empty takes
+	// proxy.DefaultPolicy and proxy.DefaultPDDecider.
 	Policy, PDDecider string
 	// FirstByteTimeout and StallTimeout are the proxy's leg deadlines
 	// (proxy.Config); zero takes its defaults.
@@ -103,6 +104,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.StopTimeout <= 0 {
 		c.StopTimeout = 10 * time.Second
+	}
+	if c.Policy == "" {
+		c.Policy = proxy.DefaultPolicy
+	}
+	if c.PDDecider == "" {
+		c.PDDecider = proxy.DefaultPDDecider
 	}
 	c.Restart.setDefaults()
 	switch c.Simulate {

@@ -19,6 +19,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tandem-serve/tandem/internal/defaultmodel"
+	"github.com/tandem-serve/tandem/internal/proxy"
 )
 
 func TestSplitCores(t *testing.T) {
@@ -285,6 +286,8 @@ func completion(t *testing.T, url, model string, apiKey ...string) (string, stri
 	return resp.Header.Get("X-Tandem-Pd"), string(b)
 }
 
+// The subtests check the P/D path: their proxies run round-robin and
+// always, not up's defaults (TestUpRoutesWithTheProxysDefaults).
 func TestRunWithFakeEngines(t *testing.T) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -301,7 +304,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 		var runErr error
 		go func() {
 			defer close(done)
-			runErr = Run(ctx, Config{Executable: exe, DefaultModelDir: dir, Port: 0, Decode: 2, ExtraArgs: []string{"--extra"}, Stdout: &stdout, Stderr: &stderr})
+			runErr = Run(ctx, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", DefaultModelDir: dir, Port: 0, Decode: 2, ExtraArgs: []string{"--extra"}, Stdout: &stdout, Stderr: &stderr})
 		}()
 		url := waitEndpoint(t, &stdout, done)
 		for range 2 {
@@ -351,7 +354,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			Run(ctx, Config{Executable: exe, ModelDir: model, Port: 0, KVBidirectional: true, Stdout: &stdout, Stderr: &stderr})
+			Run(ctx, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Port: 0, KVBidirectional: true, Stdout: &stdout, Stderr: &stderr})
 		}()
 		defer func() { cancel(); <-done }()
 		url := waitEndpoint(t, &stdout, done)
@@ -380,7 +383,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 		var stdout, stderr syncBuffer
 		model := t.TempDir()
 		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
-		err := Run(context.Background(), Config{Executable: exe, ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0})
+		err := Run(context.Background(), Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0})
 		if err == nil {
 			t.Fatal("Run succeeded with a failing decode engine")
 		}
@@ -400,7 +403,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 		var runErr error
 		go func() {
 			defer close(done)
-			runErr = Run(context.Background(), Config{Executable: exe, ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0,
+			runErr = Run(context.Background(), Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0,
 				Restart: RestartPolicy{Limit: -1}})
 		}()
 		waitEndpoint(t, &stdout, done)
@@ -428,7 +431,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 		go func() {
 			defer close(done)
 			// A backoff long enough to serve a request while prefill-0 is down.
-			runErr = Run(ctx, Config{Executable: exe, ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Decode: 2,
+			runErr = Run(ctx, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Decode: 2,
 				Restart: RestartPolicy{Backoff: 2 * time.Second}})
 		}()
 		url := waitEndpoint(t, &stdout, done)
@@ -478,7 +481,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 		var runErr error
 		go func() {
 			defer close(done)
-			runErr = Run(context.Background(), Config{Executable: exe, ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Decode: 2,
+			runErr = Run(context.Background(), Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Decode: 2,
 				// The first backoff (1s) is the test's time to take the
 				// killed engine's port before its first restart does.
 				Restart: RestartPolicy{Limit: 2, Window: time.Minute, Backoff: time.Second}})
@@ -550,5 +553,19 @@ func TestRunRejectsBadInput(t *testing.T) {
 				t.Errorf("Run: %v, want an error containing %q", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestUpRoutesWithTheProxysDefaults(t *testing.T) {
+	c := Config{Executable: "x"}
+	if err := c.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	if c.Policy != proxy.DefaultPolicy || c.PDDecider != proxy.DefaultPDDecider {
+		t.Errorf("policy %q, decider %q; want %q and %q", c.Policy, c.PDDecider, proxy.DefaultPolicy, proxy.DefaultPDDecider)
+	}
+	c = Config{Executable: "x", Policy: "round-robin", PDDecider: "always"}
+	if err := c.setDefaults(); err != nil || c.Policy != "round-robin" || c.PDDecider != "always" {
+		t.Errorf("given round-robin and always: %q, %q (%v)", c.Policy, c.PDDecider, err)
 	}
 }

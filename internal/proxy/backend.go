@@ -47,6 +47,8 @@ type backend struct {
 	// The engine's load as last scraped from its /metrics.
 	waiting, running, kvUsage float64
 	scrapedAt                 time.Time
+	// costs are the engine's measured costs, from the same scrapes.
+	costs costs
 }
 
 // setHealth records a check's result and reports whether the state changed.
@@ -283,6 +285,7 @@ func (b *backend) endpoint(now time.Time, stale time.Duration, prefixBlocks int)
 	b.mu.Lock()
 	if !b.scrapedAt.IsZero() && now.Sub(b.scrapedAt) <= stale {
 		e.Scraped, e.Waiting, e.Running, e.KVUsage = true, b.waiting, b.running, b.kvUsage
+		e.PrefillSecondsPerToken, e.TransferSecondsPerToken, e.QueueSeconds = b.costs.prefillPerToken, b.costs.transferPerToken, b.costs.queue
 	}
 	b.mu.Unlock()
 	return e

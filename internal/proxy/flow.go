@@ -247,6 +247,7 @@ func (p *Proxy) decide(preq *router.Request, d *backend) router.Decision {
 		e := b.endpoint(now, p.prefill.stale, 0)
 		if !sat.Saturated(&e) {
 			in.PrefillFree++
+			in.Prefill = append(in.Prefill, e)
 		}
 	}
 	return p.decider.Decide(in)

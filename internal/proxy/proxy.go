@@ -17,6 +17,8 @@ import (
 	"github.com/tandem-serve/tandem/internal/httpguard"
 	"github.com/tandem-serve/tandem/internal/httpleg"
 	"github.com/tandem-serve/tandem/internal/router"
+	"github.com/tandem-serve/tandem/internal/router/decider/conditional"
+	"github.com/tandem-serve/tandem/internal/router/decider/priced"
 	"github.com/tandem-serve/tandem/internal/router/factory"
 	"github.com/tandem-serve/tandem/internal/router/filter/saturated"
 	"github.com/tandem-serve/tandem/internal/router/scorer/prefix"
@@ -38,8 +40,9 @@ type Config struct {
 	// file's profiles).
 	PrefillProfile, DecodeProfile *factory.Spec
 	// PDDecider decides per request between remote and local prefill:
-	// "always" (default) or "conditional" (see package
-	// router/decider/conditional and Router's fields).
+	// "always" (default), "conditional" or "priced" (see packages
+	// router/decider/conditional and router/decider/priced and Router's
+	// fields).
 	PDDecider string
 	// Router holds the plugins' knobs: saturation limits and the
 	// conditional decider's thresholds.
@@ -276,6 +279,17 @@ func usesPrefix(prof *router.Profile) bool {
 // Policies returns the names accepted by Config.Policy, sorted.
 func Policies() []string { return factory.Policies() }
 
+// DefaultPolicy and DefaultPDDecider are what `tandem proxy` and `tandem up`
+// route with unless told otherwise: prefix- and load-aware picking and a
+// remote prefill only when it pays, the configuration the measurements in
+// docs/usage/routing.md favour for general traffic. Config's own zero
+// values stay round-robin and always (vLLM's toy proxy), for a library user
+// who spells out what the proxy does.
+const (
+	DefaultPolicy    = factory.PolicyPrefix
+	DefaultPDDecider = "conditional"
+)
+
 // Proxy is the disaggregated prefill/decode router. It is an http.Handler
 // serving /v1/completions, /v1/chat/completions, /v1/models, /health and
 // /metrics; Serve runs it with its health checker.
@@ -381,7 +395,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	// Prefix matching costs a lookup per request and memory per block sent:
 	// only when a scorer or the decider uses it.
-	if usesPrefix(dp) || cfg.PDDecider == "conditional" {
+	if usesPrefix(dp) || cfg.PDDecider == conditional.Name || cfg.PDDecider == priced.Name {
 		dpool.prefix = p.matchPrefix
 		p.observePrefix = cfg.PrefixIndex == nil
 	}

@@ -234,8 +234,9 @@ func (p *Proxy) runScrape(ctx context.Context) {
 	}
 }
 
-// scrape reads b's vllm:num_requests_waiting, vllm:num_requests_running and
-// vllm:kv_cache_usage_perc.
+// scrape reads b's load (vllm:num_requests_waiting,
+// vllm:num_requests_running, vllm:kv_cache_usage_perc) and the counters its
+// costs are measured from (see costs).
 func (p *Proxy) scrape(parent context.Context, b *backend) {
 	ctx, cancel := context.WithTimeout(parent, max(p.cfg.ScrapeInterval, 100*time.Millisecond))
 	defer cancel()
@@ -256,30 +257,34 @@ func (p *Proxy) scrape(parent context.Context, b *backend) {
 		p.metrics.scrapeFailures.WithLabelValues(b.role, b.base).Inc()
 		return
 	}
-	w, r, kv, ok := parseEngineMetrics(bufio.NewScanner(resp.Body))
+	s, ok := parseEngineMetrics(bufio.NewScanner(resp.Body))
 	if !ok {
 		p.metrics.scrapeFailures.WithLabelValues(b.role, b.base).Inc()
 		return
 	}
 	b.mu.Lock()
-	b.waiting, b.running, b.kvUsage, b.scrapedAt = w, r, kv, time.Now()
+	s.at = time.Now()
+	b.waiting, b.running, b.kvUsage, b.scrapedAt = s.waiting, s.running, s.kvUsage, s.at
+	b.costs.observe(s)
 	b.mu.Unlock()
 }
 
-// parseEngineMetrics sums the three load metrics over their label sets in
-// Prometheus text format. ok is false unless at least one was found.
-func parseEngineMetrics(sc *bufio.Scanner) (waiting, running, kv float64, ok bool) {
+// parseEngineMetrics sums the load metrics and the cost counters over their
+// label sets in Prometheus text format. ok is false unless at least one of
+// the three load metrics was found.
+func parseEngineMetrics(sc *bufio.Scanner) (s engineSample, ok bool) {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if line == "" || line[0] == '#' || !strings.HasPrefix(line, "vllm:") {
+		if line == "" || line[0] == '#' || !(strings.HasPrefix(line, "vllm:") || strings.HasPrefix(line, "tandem:")) {
 			continue
 		}
 		name, rest, _ := strings.Cut(line, " ")
+		labels := ""
 		if i := strings.IndexByte(name, '{'); i >= 0 {
 			name = name[:i]
 			if j := strings.LastIndexByte(line, '}'); j >= 0 {
-				rest = strings.TrimSpace(line[j+1:])
+				labels, rest = line[i:j+1], strings.TrimSpace(line[j+1:])
 			}
 		}
 		val, _, _ := strings.Cut(strings.TrimSpace(rest), " ")
@@ -289,15 +294,40 @@ func parseEngineMetrics(sc *bufio.Scanner) (waiting, running, kv float64, ok boo
 		}
 		switch name {
 		case "vllm:num_requests_waiting":
-			waiting += v
+			s.waiting += v
 		case "vllm:num_requests_running":
-			running += v
+			s.running += v
 		case "vllm:kv_cache_usage_perc":
-			kv = max(kv, v)
+			s.kvUsage = max(s.kvUsage, v)
 		default:
+			s.addCounter(name, labels, v)
 			continue
 		}
 		ok = true
 	}
-	return waiting, running, kv, ok
+	return s, ok
+}
+
+// addCounter adds one sample of a cost counter to s; other names are
+// ignored.
+func (s *engineSample) addCounter(name, labels string, v float64) {
+	switch name {
+	case "vllm:time_to_first_token_seconds_sum":
+		s.ttftSum += v
+	case "vllm:time_to_first_token_seconds_count":
+		s.ttftCount += v
+	case "vllm:request_queue_time_seconds_sum":
+		s.queueSum += v
+	case "vllm:request_queue_time_seconds_count":
+		s.queueCount += v
+	case "tandem:kv_transfer_seconds_sum":
+		s.transferSum += v
+	case "vllm:prompt_tokens_by_source":
+		switch {
+		case strings.Contains(labels, `source="local_compute"`):
+			s.computed += v
+		case strings.Contains(labels, `source="external_kv_transfer"`):
+			s.pulled += v
+		}
+	}
 }

@@ -277,11 +277,11 @@ vllm:num_requests_running{model_name="m"} 7 1700000000
 vllm:kv_cache_usage_perc{model_name="a b"} 0.25
 vllm:other 9
 `
-	w, r, kv, ok := parseEngineMetrics(bufio.NewScanner(strings.NewReader(text)))
-	if !ok || w != 5 || r != 7 || kv != 0.25 {
-		t.Errorf("got waiting=%v running=%v kv=%v ok=%v, want 5 7 0.25 true", w, r, kv, ok)
+	s, ok := parseEngineMetrics(bufio.NewScanner(strings.NewReader(text)))
+	if !ok || s.waiting != 5 || s.running != 7 || s.kvUsage != 0.25 {
+		t.Errorf("got waiting=%v running=%v kv=%v ok=%v, want 5 7 0.25 true", s.waiting, s.running, s.kvUsage, ok)
 	}
-	if _, _, _, ok := parseEngineMetrics(bufio.NewScanner(strings.NewReader("up 1\n"))); ok {
+	if _, ok := parseEngineMetrics(bufio.NewScanner(strings.NewReader("up 1\n"))); ok {
 		t.Error("metrics without vllm load gauges parsed as ok")
 	}
 }

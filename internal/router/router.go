@@ -42,6 +42,19 @@ type Endpoint struct {
 	Scraped          bool
 	Waiting, Running float64
 	KVUsage          float64
+	// PrefillSecondsPerToken, TransferSecondsPerToken and QueueSeconds
+	// are the engine's measured costs, as of its last scrapes with enough
+	// traffic to measure them, and like Waiting zero unless Scraped (and
+	// each zero until measured): seconds of prefill compute per prompt token
+	// it computed (vllm:time_to_first_token_seconds less
+	// vllm:request_queue_time_seconds, per
+	// vllm:prompt_tokens_by_source{source="local_compute"}); seconds of KV
+	// transfer per token it pulled from a prefill engine
+	// (tandem:kv_transfer_seconds per
+	// vllm:prompt_tokens_by_source{source="external_kv_transfer"}); and
+	// the mean time its requests waited before being scheduled
+	// (vllm:request_queue_time_seconds).
+	PrefillSecondsPerToken, TransferSecondsPerToken, QueueSeconds float64
 	// PrefixBlocks is how many leading blocks of the request the engine
 	// holds in its prefix cache, as far as the router knows.
 	PrefixBlocks int
@@ -195,6 +208,9 @@ type DecideInput struct {
 	Decode         Endpoint
 	PrefillHealthy int // prefill engines healthy
 	PrefillFree    int // of those, not saturated
+	// Prefill is those PrefillFree engines, for a decider that prices
+	// them.
+	Prefill []Endpoint
 }
 
 // Decider decides between remote and local prefill.

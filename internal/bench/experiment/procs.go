@@ -172,8 +172,11 @@ func (x *procs) startCluster(ctx context.Context, model, servedName, name string
 		}
 	}
 	proxy := launch.EngineSpec{Name: prefix + "proxy", Host: "127.0.0.1", Port: ports[2*n], CPUs: x.cpus}
+	// Round-robin and always unless proxyArgs say otherwise (a later flag
+	// wins): the experiments' baseline P/D and the ratio model's dispatch,
+	// whatever tandem proxy's own defaults are.
 	pc, err := x.start(proxy.Name, proxy.CPUs, proxy.URL(), append([]string{"proxy", "--host", "127.0.0.1", "--port", strconv.Itoa(proxy.Port),
-		"--prefill", strings.Join(prefillURLs, ","), "--decode", strings.Join(decodeURLs, ",")}, proxyArgs...), proxy.Name+".log")
+		"--prefill", strings.Join(prefillURLs, ","), "--decode", strings.Join(decodeURLs, ","), "--policy", "round-robin", "--pd-decider", "always"}, proxyArgs...), proxy.Name+".log")
 	if err != nil {
 		return nil, err
 	}

@@ -560,7 +560,7 @@ func TestDiscoveryScalesPoolsWithoutLosingRequests(t *testing.T) {
 	proxy := startProc(t, "proxy", exec.Command(bin, "proxy", "--discovery", "kubernetes",
 		"--kubeconfig", cp.Kubeconfig, "--kube-namespace", namespace,
 		"--prefill-service", prefillSvc, "--decode-service", decodeSvc,
-		"--port", strconv.Itoa(port), "--api-key", apiKey))
+		"--port", strconv.Itoa(port), "--api-key", apiKey, "--policy", "round-robin", "--pd-decider", "always"))
 	deadline := time.Now().Add(waitTimeout)
 	for {
 		if _, err := c.backends(); err == nil {

@@ -18,10 +18,12 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/tandem-serve/tandem/internal/router"
 	"github.com/tandem-serve/tandem/internal/router/decider/always"
 	"github.com/tandem-serve/tandem/internal/router/decider/conditional"
+	"github.com/tandem-serve/tandem/internal/router/decider/priced"
 	"github.com/tandem-serve/tandem/internal/router/filter/healthy"
 	"github.com/tandem-serve/tandem/internal/router/filter/saturated"
 	"github.com/tandem-serve/tandem/internal/router/picker/maxscore"
@@ -40,10 +42,14 @@ type Options struct {
 	MaxInFlight int64
 	MaxWaiting  float64
 	MaxKVUsage  float64
-	// Conditional decider (see package conditional).
+	// Conditional decider (see package conditional); the priced decider
+	// applies them too.
 	Threshold        int
 	MustRemote       int
 	DecodeKVPressure float64
+	// TTFTObjective is the priced decider's time-to-first-token objective
+	// (see package priced; zero: its default).
+	TTFTObjective time.Duration
 }
 
 // Policy names.
@@ -64,7 +70,7 @@ func Policies() []string {
 }
 
 // Deciders returns the decider names.
-func Deciders() []string { return []string{always.Name, conditional.Name} }
+func Deciders() []string { return []string{always.Name, conditional.Name, priced.Name} }
 
 // Profile makes the pipeline of policy for a pool of role ("prefill" or
 // "decode").
@@ -116,6 +122,9 @@ func Decider(name string, o Options) (router.Decider, error) {
 		return always.Decider{}, nil
 	case conditional.Name:
 		return &conditional.Decider{Threshold: o.Threshold, MustRemote: o.MustRemote, DecodeKVPressure: o.DecodeKVPressure}, nil
+	case priced.Name:
+		return &priced.Decider{TTFTObjective: o.TTFTObjective,
+			Static: conditional.Decider{Threshold: o.Threshold, MustRemote: o.MustRemote, DecodeKVPressure: o.DecodeKVPressure}}, nil
 	}
 	return nil, fmt.Errorf("unknown pd decider %q (known: %v)", name, Deciders())
 }

@@ -1,0 +1,169 @@
+// Package priced is the "priced" disaggregation decider: load or recompute,
+// priced per request from the engines' live measurements instead of a
+// static token threshold.
+//
+// For a request whose prompt has n tokens, u of them not in the chosen
+// decode's prefix cache, it estimates in seconds:
+//
+//	local TTFT  = wait_D + u·s_D
+//	remote TTFT = wait_D + wait_P + n·s_P + u·x_D   (the best prefill engine)
+//	local stall = u·s_D, which each of the decode's R running streams waits
+//	              for its next token while the prompt is prefilled beside it
+//
+// R is the requests the router has open on the decode besides this one
+// (Endpoint.InFlight less one: the proxy picks the decode, and counts the
+// request on it, before it decides): its own accounting, exact and current,
+// where the scraped vllm:num_requests_running lags by up to three scrape
+// intervals and would count a stream that has just ended.
+// where s_D and s_P are the decode's and the prefill's measured prefill
+// seconds per token (one stands in for the other while it is unmeasured:
+// the same model), x_D the decode's measured KV transfer seconds per
+// pulled token (0 until measured), wait_D the decode's mean recent queue
+// time while requests wait there, and wait_P the prefill's queue: the
+// prompt tokens the router has in flight on it times s_P, or its mean
+// recent queue time while requests wait there, whichever is larger.
+//
+// It takes whichever finishes first within the TTFT objective, pricing the
+// local path with the time its running streams lose:
+//
+//  1. both within the objective → the cheaper of local (TTFT + R·stall)
+//     and remote (TTFT), local on a tie; reason=priced_cheaper;
+//  2. one within it → that one, reason=priced_within_slo;
+//  3. neither → the sooner TTFT, reason=priced_sooner.
+//
+// Before it prices, the conditional decider's rules that do not depend on
+// the threshold apply as they are (must_remote, prefill_saturated,
+// decode_kv_pressure). When the decode's or every free prefill's metrics
+// are stale, or no prefill rate has been measured yet, the conditional
+// decider decides by its static threshold, and the reason is its reason
+// prefixed with "unpriced_".
+package priced
+
+import (
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/router"
+	"github.com/tandem-serve/tandem/internal/router/decider/conditional"
+)
+
+// Name is the decider's name in the factory.
+const Name = "priced"
+
+// Reasons.
+const (
+	Cheaper   = "priced_cheaper"
+	WithinSLO = "priced_within_slo"
+	Sooner    = "priced_sooner"
+	// Unpriced prefixes the static decider's reason when the metrics do
+	// not allow a price.
+	Unpriced = "unpriced_"
+)
+
+// DefaultTTFTObjective is the TTFT objective when none is set.
+const DefaultTTFTObjective = 2 * time.Second
+
+// Decider prices remote and local prefill per request.
+type Decider struct {
+	// TTFTObjective is the time to first token a request should meet
+	// (default DefaultTTFTObjective).
+	TTFTObjective time.Duration
+	// Static is the conditional decider whose load rules apply first and
+	// whose threshold decides when there is no price.
+	Static conditional.Decider
+}
+
+// Price is the estimate for one request, in seconds.
+type Price struct {
+	// LocalTTFT and RemoteTTFT are the estimated times to first token.
+	LocalTTFT, RemoteTTFT float64
+	// LocalStall is how long each of the decode's running streams waits
+	// for the local prefill; LocalCost is LocalTTFT plus that wait over all
+	// of them.
+	LocalStall, LocalCost float64
+	// Prefill is the index into DecideInput.Prefill of the prefill engine
+	// priced for the remote path.
+	Prefill int
+}
+
+// Decide implements router.Decider.
+func (d *Decider) Decide(in router.DecideInput) router.Decision {
+	static := d.Static.Decide(in)
+	switch static.Reason {
+	case conditional.MustRemote, conditional.PrefillSaturated, conditional.DecodeKVPressure:
+		return static
+	}
+	p, ok := Estimate(in)
+	if !ok {
+		return router.Decision{Remote: static.Remote, Reason: Unpriced + static.Reason}
+	}
+	slo := d.TTFTObjective
+	if slo <= 0 {
+		slo = DefaultTTFTObjective
+	}
+	return Choose(p, slo.Seconds())
+}
+
+// Choose applies the rules of the package comment to a price, with the
+// TTFT objective slo in seconds.
+func Choose(p Price, slo float64) router.Decision {
+	inLocal, inRemote := p.LocalTTFT <= slo, p.RemoteTTFT <= slo
+	switch {
+	case inLocal && inRemote:
+		return router.Decision{Remote: p.RemoteTTFT < p.LocalCost, Reason: Cheaper}
+	case inLocal != inRemote:
+		return router.Decision{Remote: inRemote, Reason: WithinSLO}
+	}
+	return router.Decision{Remote: p.RemoteTTFT < p.LocalTTFT, Reason: Sooner}
+}
+
+// Estimate prices in's request on its decode and on the cheapest of its
+// free prefill engines. ok is false when the metrics do not allow it: the
+// decode's are stale, every free prefill's are, or no prefill rate has been
+// measured on either side.
+func Estimate(in router.DecideInput) (p Price, ok bool) {
+	dec := in.Decode
+	if !dec.Scraped {
+		return Price{}, false
+	}
+	n := in.Req.PromptTokens
+	u := n
+	if in.Req.BlockSize > 0 {
+		u = max(n-dec.PrefixBlocks*in.Req.BlockSize, 0)
+	}
+	waitD := 0.0
+	if dec.Waiting > 0 {
+		waitD = dec.QueueSeconds
+	}
+	p.Prefill = -1
+	for i, pre := range in.Prefill {
+		if !pre.Scraped {
+			continue
+		}
+		sP, sD := pre.PrefillSecondsPerToken, dec.PrefillSecondsPerToken
+		switch {
+		case sP <= 0 && sD <= 0:
+			continue
+		case sP <= 0:
+			sP = sD
+		}
+		waitP := float64(pre.InFlightTokens) * sP
+		if pre.Waiting > 0 {
+			waitP = max(waitP, pre.QueueSeconds)
+		}
+		remote := waitD + waitP + float64(n)*sP + float64(u)*dec.TransferSecondsPerToken
+		if p.Prefill < 0 || remote < p.RemoteTTFT {
+			p.RemoteTTFT, p.Prefill = remote, i
+		}
+	}
+	if p.Prefill < 0 {
+		return Price{}, false
+	}
+	sD := dec.PrefillSecondsPerToken
+	if sD <= 0 {
+		sD = in.Prefill[p.Prefill].PrefillSecondsPerToken
+	}
+	p.LocalStall = float64(u) * sD
+	p.LocalTTFT = waitD + p.LocalStall
+	p.LocalCost = p.LocalTTFT + float64(max(dec.InFlight-1, 0))*p.LocalStall
+	return p, true
+}

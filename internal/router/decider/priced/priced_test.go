@@ -1,0 +1,146 @@
+package priced
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/router"
+	"github.com/tandem-serve/tandem/internal/router/decider/conditional"
+)
+
+// Both engines prefill 10,000 tokens/s and the decode pulls KV at
+// 100,000 tokens/s, unless a case changes them.
+const (
+	sTok = 1e-4
+	xTok = 1e-5
+)
+
+func decodeEP() router.Endpoint {
+	// InFlight 1: the request being decided.
+	return router.Endpoint{Role: "decode", Scraped: true, InFlight: 1, PrefillSecondsPerToken: sTok, TransferSecondsPerToken: xTok}
+}
+
+func prefillEP() router.Endpoint {
+	return router.Endpoint{Role: "prefill", Scraped: true, PrefillSecondsPerToken: sTok}
+}
+
+func input(prompt int, dec router.Endpoint, pre ...router.Endpoint) router.DecideInput {
+	return router.DecideInput{
+		Req:    &router.Request{PromptTokens: prompt, BlockSize: 16},
+		Decode: dec, PrefillHealthy: len(pre), PrefillFree: len(pre), Prefill: pre,
+	}
+}
+
+func TestDecide(t *testing.T) {
+	type change func(in *router.DecideInput)
+	running := func(n int64) change { return func(in *router.DecideInput) { in.Decode.InFlight = n + 1 } }
+	tests := []struct {
+		name    string
+		prompt  int
+		changes []change
+		remote  bool
+		reason  string
+		local   float64 // want LocalTTFT (s), when priced
+		rem     float64 // want RemoteTTFT (s), when priced
+	}{
+		{"an idle decode prefills itself: no transfer", 1000, nil, false, Cheaper, 0.1, 0.11},
+		{"a decode with running streams sends the prompt away", 1000, []change{running(8)}, true, Cheaper, 0.1, 0.11},
+		{"one running stream: local 0.2 stream-seconds against remote 0.11", 1000, []change{running(1)}, true, Cheaper, 0.1, 0.11},
+		{"the prefill's in-flight prompts push the remote TTFT past the objective", 1000,
+			[]change{running(8), func(in *router.DecideInput) { in.Prefill[0].InFlightTokens = 50_000 }}, false, WithinSLO, 0.1, 5.11},
+		{"the prefill's measured queue does too", 1000,
+			[]change{running(8), func(in *router.DecideInput) { in.Prefill[0].Waiting, in.Prefill[0].QueueSeconds = 3, 4 }}, false, WithinSLO, 0.1, 4.11},
+		{"a queued decode delays both paths alike", 1000,
+			[]change{running(8), func(in *router.DecideInput) { in.Decode.Waiting, in.Decode.QueueSeconds = 2, 0.5 }}, true, Cheaper, 0.6, 0.61},
+		{"a prefix the decode holds leaves little to compute", 1000,
+			[]change{running(8), func(in *router.DecideInput) { in.Decode.PrefixBlocks = 60 }}, false, Cheaper, 0.004, 0.1004},
+		{"a slow side channel makes recomputing cheaper", 1000,
+			[]change{running(1), func(in *router.DecideInput) { in.Decode.TransferSecondsPerToken = 5e-4 }}, false, Cheaper, 0.1, 0.6},
+		{"a decode too slow for the objective sends it away", 1000,
+			[]change{func(in *router.DecideInput) { in.Decode.PrefillSecondsPerToken = 3e-3 }}, true, WithinSLO, 3, 0.11},
+		{"neither within the objective: the sooner", 30_000, []change{running(8)}, false, Sooner, 3, 3.3},
+		{"an unmeasured prefill is priced at the decode's rate", 1000,
+			[]change{running(8), func(in *router.DecideInput) { in.Prefill[0].PrefillSecondsPerToken = 0 }}, true, Cheaper, 0.1, 0.11},
+		{"an unmeasured decode is priced at the prefill's rate", 1000,
+			[]change{running(8), func(in *router.DecideInput) {
+				in.Decode.PrefillSecondsPerToken = 0
+				in.Prefill[0].PrefillSecondsPerToken = 2e-4
+			}},
+			true, Cheaper, 0.2, 0.21},
+		{"the cheaper of two prefill engines is priced", 1000,
+			[]change{running(8), func(in *router.DecideInput) {
+				in.Prefill[0].InFlightTokens = 50_000
+				in.Prefill = append(in.Prefill, prefillEP())
+				in.PrefillHealthy, in.PrefillFree = 2, 2
+			}}, true, Cheaper, 0.1, 0.11},
+
+		{"stale decode metrics: the static threshold, long", 1000,
+			[]change{running(8), func(in *router.DecideInput) { in.Decode.Scraped = false }}, true, Unpriced + conditional.LongUncached, 0, 0},
+		{"stale prefill metrics: the static threshold, short", 100,
+			[]change{running(8), func(in *router.DecideInput) { in.Prefill[0].Scraped = false }}, false, Unpriced + conditional.ShortUncached, 0, 0},
+		{"no rate measured yet: the static threshold", 1000,
+			[]change{func(in *router.DecideInput) {
+				in.Decode.PrefillSecondsPerToken, in.Prefill[0].PrefillSecondsPerToken = 0, 0
+			}},
+			true, Unpriced + conditional.LongUncached, 0, 0},
+		{"every prefill saturated: local, as the static decider says", 1000,
+			[]change{running(8), func(in *router.DecideInput) { in.PrefillFree, in.Prefill = 0, nil }}, false, conditional.PrefillSaturated, 0, 0},
+	}
+	d := &Decider{Static: conditional.Decider{}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := input(tt.prompt, decodeEP(), prefillEP())
+			for _, c := range tt.changes {
+				c(&in)
+			}
+			got := d.Decide(in)
+			if got.Remote != tt.remote || got.Reason != tt.reason {
+				t.Errorf("Decide = %+v, want remote=%v reason=%s", got, tt.remote, tt.reason)
+			}
+			p, ok := Estimate(in)
+			if priced := tt.reason == Cheaper || tt.reason == WithinSLO || tt.reason == Sooner; ok != priced {
+				t.Fatalf("Estimate ok=%v, want %v", ok, priced)
+			}
+			if ok && (!near(p.LocalTTFT, tt.local) || !near(p.RemoteTTFT, tt.rem)) {
+				t.Errorf("Estimate = local %.4fs remote %.4fs, want %.4fs and %.4fs (%+v)", p.LocalTTFT, p.RemoteTTFT, tt.local, tt.rem, p)
+			}
+		})
+	}
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) <= 1e-9+1e-6*math.Abs(b) }
+
+func TestMustRemoteAndKVPressureApplyBeforeThePrice(t *testing.T) {
+	d := &Decider{Static: conditional.Decider{MustRemote: 500, DecodeKVPressure: 0.9}}
+	in := input(1000, decodeEP(), prefillEP())
+	if got := d.Decide(in); !got.Remote || got.Reason != conditional.MustRemote {
+		t.Errorf("a prompt past MustRemote: %+v, want remote must_remote", got)
+	}
+	in = input(100, decodeEP(), prefillEP())
+	in.Decode.KVUsage = 0.95
+	if got := d.Decide(in); !got.Remote || got.Reason != conditional.DecodeKVPressure {
+		t.Errorf("a decode under KV pressure: %+v, want remote decode_kv_pressure", got)
+	}
+}
+
+func TestTheObjectiveDecidesWhatIsWithinIt(t *testing.T) {
+	// Local 1.5 s, remote 1 s, no running streams.
+	in := input(1000, decodeEP(), prefillEP())
+	in.Decode.PrefillSecondsPerToken, in.Prefill[0].PrefillSecondsPerToken, in.Decode.TransferSecondsPerToken = 1.5e-3, 1e-3, 0
+	for _, tt := range []struct {
+		slo    time.Duration
+		remote bool
+		reason string
+	}{
+		{2 * time.Second, true, Cheaper},           // both within: remote is cheaper
+		{1200 * time.Millisecond, true, WithinSLO}, // only remote is within
+		{500 * time.Millisecond, true, Sooner},     // neither: remote is sooner
+		{0, true, Cheaper},                         // the default, 2 s
+	} {
+		got := (&Decider{TTFTObjective: tt.slo}).Decide(in)
+		if got.Remote != tt.remote || got.Reason != tt.reason {
+			t.Errorf("objective %v: %+v, want remote=%v reason=%s", tt.slo, got, tt.remote, tt.reason)
+		}
+	}
+}
