@@ -27,13 +27,16 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, err)
 		return
 	}
+	// api ends where the engine's clock starts (Submit): measured after
+	// start, it would overlap the engine's queue and prefill.
+	api := time.Since(received)
 	run, err := s.start(r.Context(), j)
 	if err != nil {
 		WriteError(w, err)
 		return
 	}
 	defer run.close()
-	run.api = time.Since(received)
+	run.api = api
 	meta := responseMeta{id: "chatcmpl-" + extID, created: s.cfg.Now().Unix(), model: s.cfg.ModelName}
 	if req.Stream {
 		s.streamChat(w, r, run, meta, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, req.Logprobs)
