@@ -3,7 +3,6 @@ package kvxfer
 import (
 	"context"
 	"net"
-	"sync"
 	"testing"
 	"time"
 )
@@ -43,13 +42,3 @@ func rawClientHandshake(t testing.TB, c net.Conn, s Secret) (Info, error) {
 	c.SetDeadline(time.Time{})
 	return info, err
 }
-
-// fakeClock is a settable clock for lease tests outside synctest.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-
-func (c *fakeClock) advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // pipeListener is an in-memory listener: inside a synctest bubble its
@@ -141,7 +143,7 @@ func (m *memPool) Generation(id int) uint64 { return m.gens[id] }
 // to carry every watched id, so past a few thousand queued requests it
 // exceeded MaxControlPayload and every lease expired together.
 func TestHeartbeatOfThousandsOfRequestsFitsTheFrameLimit(t *testing.T) {
-	clk := &fakeClock{t: time.Unix(1000, 0)}
+	clk := testutil.NewFakeClock(time.Unix(1000, 0))
 	r := newRig(t, rigOpts{prodMut: func(pc *ProducerConfig) { pc.Clock = clk; pc.Lease = 30 * time.Second }})
 	const n = 4000
 	ids := make([]string, n)
@@ -156,7 +158,7 @@ func TestHeartbeatOfThousandsOfRequestsFitsTheFrameLimit(t *testing.T) {
 	if total <= MaxControlPayload {
 		t.Fatalf("test ids are %d bytes, not beyond the %d-byte frame limit", total, MaxControlPayload)
 	}
-	clk.advance(25 * time.Second)
+	clk.Advance(25 * time.Second)
 	p, err := r.cons.peerFor(r.peer)
 	if err != nil {
 		t.Fatal(err)

@@ -12,13 +12,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // TestLogLimiter: one line per address per interval, each saying how many
 // were left out before it; addresses past the table's size share one
 // budget, and forgetting an address loses none of its count.
 func TestLogLimiter(t *testing.T) {
-	clk := &fakeClock{t: time.Unix(1000, 0)}
+	clk := testutil.NewFakeClock(time.Unix(1000, 0))
 	l := newLogLimiter(10*time.Second, 2, clk)
 	check := func(addr string, wantOK bool, wantSuppressed int, wantShared bool) {
 		t.Helper()
@@ -32,9 +34,9 @@ func TestLogLimiter(t *testing.T) {
 		check("10.0.0.1", false, 0, false)
 	}
 	check("10.0.0.2", true, 0, false) // another address has its own budget
-	clk.advance(9 * time.Second)
+	clk.Advance(9 * time.Second)
 	check("10.0.0.1", false, 0, false)
-	clk.advance(time.Second)
+	clk.Advance(time.Second)
 	check("10.0.0.1", true, 6, false) // the interval is over: the count comes with the line
 	check("10.0.0.1", false, 0, false)
 	check("10.0.0.2", true, 0, false)
@@ -46,7 +48,7 @@ func TestLogLimiter(t *testing.T) {
 	// An interval later the old entries are forgotten to make room, and
 	// 10.0.0.1's pending count moves to the shared entry rather than
 	// getting lost.
-	clk.advance(10 * time.Second)
+	clk.Advance(10 * time.Second)
 	check("10.0.0.5", true, 0, false)
 	check("10.0.0.6", true, 0, false)
 	check("10.0.0.7", true, 1+2, true) // 10.0.0.1's one and the shared entry's two
@@ -90,7 +92,7 @@ func (b *lockedBuffer) lines(s string) []string {
 // and one about failed handshakes, however many such connections arrive;
 // the next line says how many were left out.
 func TestRefusedConnectionsCannotFloodTheLog(t *testing.T) {
-	clk := &fakeClock{t: time.Now()}
+	clk := testutil.NewFakeClock(time.Now())
 	var logs lockedBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	// waitClosed reads c until the producer closes it.
@@ -135,7 +137,7 @@ func TestRefusedConnectionsCannotFloodTheLog(t *testing.T) {
 			dial()
 		}
 		waitLines(t, msg, 1)
-		clk.advance(refusalLogInterval)
+		clk.Advance(refusalLogInterval)
 		dial()
 		waitLines(t, msg, 2)
 		if last := logs.lines(msg)[1]; !strings.Contains(last, "suppressed=49") {
@@ -158,7 +160,7 @@ func TestRefusedConnectionsCannotFloodTheLog(t *testing.T) {
 			garbage(i)
 		}
 		waitLines(t, msg, 1)
-		clk.advance(refusalLogInterval)
+		clk.Advance(refusalLogInterval)
 		garbage(30)
 		waitLines(t, msg, 2)
 		if last := logs.lines(msg)[1]; !strings.Contains(last, "suppressed=29") {

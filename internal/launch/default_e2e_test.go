@@ -19,6 +19,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/defaultmodel"
 	"github.com/tandem-serve/tandem/internal/testmodels"
+	"github.com/tandem-serve/tandem/internal/testutil"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
@@ -100,7 +101,7 @@ func TestTandemUpDefaultModel(t *testing.T) {
 
 	// The greedy continuation of the golden text's first words is the rest
 	// of the golden text, through the proxy and both engines.
-	g := golden(t, hf)
+	g := testutil.StoriesGolden(t)
 	const prompt = "Once upon a time"
 	tok, err := tokenizer.Load(hf)
 	if err != nil {
@@ -154,24 +155,6 @@ func generate(t *testing.T, url, path, body string) string {
 		t.Fatalf("answer %s: %v, want one choice", b, err)
 	}
 	return out.Choices[0].Text + out.Choices[0].Message.Content
-}
-
-type goldenGreedy struct {
-	GreedyIDs  []int32 `json:"greedy_ids"`
-	GreedyText string  `json:"greedy_text"`
-}
-
-func golden(t *testing.T, dir string) goldenGreedy {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, "golden_greedy.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var g goldenGreedy
-	if err := json.Unmarshal(b, &g); err != nil {
-		t.Fatal(err)
-	}
-	return g
 }
 
 // buildTandem builds the tandem binary into a temporary directory.

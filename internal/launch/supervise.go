@@ -41,18 +41,20 @@ type supervisor struct {
 	startupTimeout time.Duration
 	stopTimeout    time.Duration
 	log            *slog.Logger
-	// changed runs after an engine exited and after a restarted one is
-	// healthy: `tandem up` has the proxy check its backends then, so that
-	// it routes around the engine at once and back to it as soon as it
-	// answers, rather than at its next periodic check.
-	changed func(context.Context)
+	// changed runs after an engine exited (restarted "") and after a
+	// restarted one is healthy (restarted its URL): `tandem up` has the
+	// proxy check its backends then, so that it routes around the engine
+	// at once and back to it as soon as it answers, rather than at its
+	// next periodic check, with the old process's circuit-breaker record
+	// forgotten.
+	changed func(ctx context.Context, restarted string)
 	// exits and restarts count per engine (label "engine").
 	exits, restarts *prometheus.CounterVec
 }
 
 // newSupervisor makes a supervisor whose counters are registered on reg
 // (nil: not registered).
-func newSupervisor(policy RestartPolicy, startupTimeout, stopTimeout time.Duration, log *slog.Logger, changed func(context.Context), reg prometheus.Registerer) (*supervisor, error) {
+func newSupervisor(policy RestartPolicy, startupTimeout, stopTimeout time.Duration, log *slog.Logger, changed func(ctx context.Context, restarted string), reg prometheus.Registerer) (*supervisor, error) {
 	s := &supervisor{
 		policy: policy, startupTimeout: startupTimeout, stopTimeout: stopTimeout, log: log, changed: changed,
 		exits: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -108,7 +110,7 @@ func (s *supervisor) watch(ctx context.Context, e *engine) error {
 		s.log.Warn("engine exited; restarting", "engine", name, "role", e.role, "pid", p.PID(), "exit", exit,
 			"restart", tr.total, "recent_restarts", tr.recent(), "limit", s.policy.Limit, "window", s.policy.Window, "backoff", wait)
 		if s.changed != nil {
-			s.changed(ctx)
+			s.changed(ctx, "")
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -136,7 +138,7 @@ func (s *supervisor) watch(ctx context.Context, e *engine) error {
 		default:
 			s.log.Info("engine healthy again", "engine", name, "pid", np.PID(), "restart", tr.total)
 			if s.changed != nil {
-				s.changed(ctx)
+				s.changed(ctx, e.spec.URL)
 			}
 		}
 	}

@@ -272,7 +272,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	ulog := slog.New(slog.NewTextHandler(newLineRelay("up", out), nil))
-	sup, err := newSupervisor(cfg.Restart, cfg.StartupTimeout, cfg.StopTimeout, ulog, p.CheckHealth, p.MetricsRegisterer())
+	sup, err := newSupervisor(cfg.Restart, cfg.StartupTimeout, cfg.StopTimeout, ulog, p.BackendsChanged, p.MetricsRegisterer())
 	if err != nil {
 		return err
 	}

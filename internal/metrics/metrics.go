@@ -35,7 +35,11 @@ type Engine struct {
 	KVTransferFailures *prometheus.CounterVec // reason
 	KVBlocksHeld       prometheus.Gauge
 	KVLeasesExpired    prometheus.Counter
-	PDFallbacks        *prometheus.CounterVec // reason
+	// KVReleases counts prefill holds released before their lease, by
+	// reason: request (POST /tandem/kv/release), client_gone (the answer
+	// carrying the params could not be delivered).
+	KVReleases  *prometheus.CounterVec
+	PDFallbacks *prometheus.CounterVec // reason
 	// KVParamsRejected counts kv_transfer_params naming remote KV that an
 	// engine refused or could not use, by reason: expired (genuine, but
 	// the leg came after the issuer's hold ended; the load-failure policy
@@ -131,6 +135,7 @@ func NewEngine(modelName string) *Engine {
 	e.KVTransferSeconds = h("tandem:kv_transfer_seconds", "Histogram of the time one request's KV transfer took.", latencyBuckets)
 	e.KVTransferFailures = cv("tandem:kv_transfer_failures_total", "KV transfers that failed, by reason.", "reason")
 	e.KVBlocksHeld = g("tandem:kv_blocks_held", "KV blocks held under a lease for a remote decode (prefill side).")
+	e.KVReleases = cv("tandem:kv_releases_total", "KV holds a prefill released before their lease, by reason (request: POST /tandem/kv/release; client_gone: the answer could not be delivered).", "reason")
 	e.KVLeasesExpired = c("tandem:kv_leases_expired_total", "Leases on KV blocks that expired before the decode read them.")
 	e.KVParamsRejected = cv("tandem:kv_params_rejected_total", "kv_transfer_params naming remote KV that this engine refused or could not use, by reason (expired, bad_signature, peer_not_allowed, other_prompt).", "reason")
 	e.PDFallbacks = cv("tandem:pd_fallbacks_total", "Requests meant for the P/D path that did not take it, by reason.", "reason")

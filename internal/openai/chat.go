@@ -136,7 +136,7 @@ func (s *Server) completeChat(w http.ResponseWriter, r *http.Request, run *run, 
 		resp.Choices = append(resp.Choices, choice)
 		run.addUsage(resp.Usage, i, c.final.Usage)
 	}
-	s.writeJSON(w, http.StatusOK, resp)
+	s.writeAnswer(w, r, run, resp)
 }
 
 // streamChat streams a chat completion. As in vLLM, the first chunks give

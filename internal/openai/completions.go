@@ -227,7 +227,7 @@ func (s *Server) completeCompletion(w http.ResponseWriter, r *http.Request, run 
 	}
 	resp.KVTransferParams = st[0].final.KVTransfer
 	setTiming(w.Header(), st[0].timing, run.api)
-	s.writeJSON(w, http.StatusOK, resp)
+	s.writeAnswer(w, r, run, resp)
 }
 
 func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, includeUsage, logprobs bool) {

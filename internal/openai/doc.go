@@ -74,5 +74,9 @@
 // remote decode, through Config.KVReleaser (the engine's KV connector, which
 // accepts only params it signed). 200 {"released": true}; 400 for params it
 // refuses; 404 when nothing is held or the engine has no connector. The P/D
-// proxy calls it when a decode leg never starts.
+// proxy calls it when a decode leg never starts. A prefill leg whose answer
+// cannot be delivered (its client left before the forward pass finished, or
+// the write failed) is released the same way at once, since nobody else has
+// its params; Config.KVReleased counts both (reasons "request",
+// "client_gone").
 package openai

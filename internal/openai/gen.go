@@ -82,6 +82,18 @@ type run struct {
 	handles []*engine.Handle // by choice; nil until submitted
 
 	finished []bool // by choice; read and written by the handler only
+
+	// heldKV is the kv_transfer_params of a prefill leg's answer
+	// (do_remote_decode): from its final event on, this engine holds the
+	// prompt's KV for a remote decode. delivered is set once the answer
+	// carrying them was written to the client. A run that ends (handler
+	// done, forwarders done) with heldKV undelivered releases the hold at
+	// once: nobody else has the params to pull or release it, and the
+	// lease would keep the blocks for its whole length. Guarded by mu.
+	heldKV         json.RawMessage
+	delivered      bool
+	forwardersDone bool
+	settled        bool
 }
 
 // start submits choice 0 of every prompt of j (and, as they start
@@ -113,6 +125,10 @@ func (s *Server) start(ctx context.Context, j *job) (*run, *Error) {
 	go func() {
 		r.wg.Wait()
 		close(r.out)
+		r.mu.Lock()
+		r.forwardersDone = true
+		r.mu.Unlock()
+		r.settle()
 	}()
 	return r, nil
 }
@@ -141,6 +157,11 @@ func (r *run) forward(p, c int, h *engine.Handle) {
 	k := p*r.j.n + c
 	first := c == 0 && r.j.n > 1
 	for ev := range h.Events {
+		if ev.Finish != engine.FinishNone && len(ev.KVTransfer) > 0 && r.j.kv != nil && r.j.kv.DoRemoteDecode {
+			r.mu.Lock()
+			r.heldKV = ev.KVTransfer
+			r.mu.Unlock()
+		}
 		if first {
 			first = false
 			if !failed(ev) {
@@ -191,6 +212,35 @@ func (r *run) close() {
 		if h != nil && !r.finished[i] {
 			r.s.cfg.Backend.Abort(h.ID)
 		}
+	}
+	r.settle()
+}
+
+// markDelivered records that the answer, with any kv_transfer_params it
+// carries, reached the client.
+func (r *run) markDelivered() {
+	r.mu.Lock()
+	r.delivered = true
+	r.mu.Unlock()
+}
+
+// settle releases a prefill leg's KV hold whose answer never reached the
+// client, once both the handler (close) and every forwarder are done, so
+// that a final event still on its way is seen. It acts once.
+func (r *run) settle() {
+	r.mu.Lock()
+	if !r.closed || !r.forwardersDone || r.settled {
+		r.mu.Unlock()
+		return
+	}
+	r.settled = true
+	kv := r.heldKV
+	if r.delivered {
+		kv = nil
+	}
+	r.mu.Unlock()
+	if kv != nil {
+		r.s.releaseUndelivered(kv)
 	}
 }
 

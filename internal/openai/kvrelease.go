@@ -76,5 +76,6 @@ func (s *Server) handleKVRelease(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, NewError(http.StatusNotFound, "", "no KV is held for these kv_transfer_params (never held, already released or expired)"))
 		return
 	}
+	s.countRelease(KVReleaseByRequest)
 	s.writeJSON(w, http.StatusOK, KVReleaseResponse{Released: true})
 }

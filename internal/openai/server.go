@@ -84,6 +84,10 @@ type Config struct {
 	// KVReleaser frees the KV a prefill holds for a remote decode on
 	// POST /tandem/kv/release; nil answers that route with 404.
 	KVReleaser KVReleaser
+	// KVReleased, when set, is called with the reason (KVReleaseByRequest,
+	// KVReleaseClientGone) of each release that freed KV: the engine
+	// counts them in tandem:kv_releases_total.
+	KVReleased func(reason string)
 }
 
 // DefaultMaxBodyBytes is the default request body limit.
@@ -350,13 +354,14 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *Error {
 	return DecodeBody(r, s.cfg.MaxBodyBytes, v)
 }
 
-// writeJSON writes v with status under the per-write deadline.
-func (s *Server) writeJSON(w http.ResponseWriter, status int, v any) {
+// writeJSON writes v with status under the per-write deadline. It returns
+// the write's error (a client gone, a deadline passed).
+func (s *Server) writeJSON(w http.ResponseWriter, status int, v any) error {
 	body, err := json.Marshal(v)
 	if err != nil {
 		s.cfg.Logger.Error("encode response", "err", err)
 		WriteError(w, NewError(http.StatusInternalServerError, "", "encoding the response failed"))
-		return
+		return fmt.Errorf("encoding the response: %w", err)
 	}
 	rc := http.NewResponseController(w)
 	if err := rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
@@ -366,7 +371,8 @@ func (s *Server) writeJSON(w http.ResponseWriter, status int, v any) {
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
-	_, _ = w.Write(body)
+	_, err = w.Write(body)
+	return err
 }
 
 // requestID returns the client's X-Request-Id or a fresh random id, and

@@ -44,6 +44,10 @@ type backend struct {
 	fails        int
 	ejections    int
 	ejectedUntil time.Time
+	// restarted is set when whoever runs the engine said its process was
+	// replaced (BackendsChanged); the next passing health check then
+	// clears the breaker, whose record is of the old process.
+	restarted bool
 	// The engine's load as last scraped from its /metrics.
 	waiting, running, kvUsage float64
 	scrapedAt                 time.Time
@@ -343,6 +347,13 @@ func checkBackend(parent context.Context, client *http.Client, b *backend, timeo
 	now := time.Now()
 	if errText == "" {
 		b.mu.Lock()
+		if b.restarted {
+			b.restarted = false
+			if b.fails > 0 || b.ejections > 0 {
+				log.Info("circuit breaker reset: the backend's process was restarted", "role", b.role, "backend", b.base)
+			}
+			b.fails, b.ejections, b.ejectedUntil = 0, 0, time.Time{}
+		}
 		if now.Before(b.ejectedUntil) {
 			errText = fmt.Sprintf("ejected by the circuit breaker until %s after %d failed requests in a row", b.ejectedUntil.UTC().Format(time.RFC3339Nano), breakerThreshold)
 		}
@@ -356,6 +367,30 @@ func checkBackend(parent context.Context, client *http.Client, b *backend, timeo
 			log.Warn("backend unhealthy", "role", b.role, "backend", b.base, "err", errText)
 		}
 	}
+}
+
+// BackendsChanged checks every backend once, as CheckHealth does, after
+// an engine exited or came back. restarted is the URL of a backend whose
+// engine process was replaced and is healthy again ("" when none): its
+// circuit breaker counted the failures of the old process, so a passing
+// health check of the new one re-admits it at once and forgets them,
+// rather than keeping it ejected until the cool-down ends. `tandem up`'s
+// supervisor calls it.
+func (p *Proxy) BackendsChanged(ctx context.Context, restarted string) {
+	if restarted != "" {
+		if u, err := normalizeURL(restarted); err == nil {
+			for _, pl := range []*pool{p.prefill, p.decode} {
+				for _, b := range pl.list() {
+					if b.base == u {
+						b.mu.Lock()
+						b.restarted = true
+						b.mu.Unlock()
+					}
+				}
+			}
+		}
+	}
+	p.CheckHealth(ctx)
 }
 
 // markDown records a failed request to b so that it is skipped until the

@@ -227,6 +227,7 @@ func (s *Server) api(tok *tokenizer.Tokenizer, m engine.Forwarder, eng *engine.E
 		Logger:              s.log,
 		APIKey:              cfg.APIKey,
 		KVReleaser:          conn, // POST /tandem/kv/release: frees a prefill's KV for a proxy whose decode leg never started
+		KVReleased:          func(reason string) { met.KVReleases.WithLabelValues(reason).Inc() },
 	})
 }
 
