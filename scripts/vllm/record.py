@@ -263,7 +263,9 @@ def record_live(out, model, vllm_bin):
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
-    sub.connect(f"tcp://127.0.0.1:{ev_port}")
+    # vLLM's publisher connects to a non-wildcard tcp endpoint (it binds only
+    # tcp://*:PORT, ipc:// and inproc://), so the subscriber binds here.
+    sub.bind(f"tcp://127.0.0.1:{ev_port}")
     sub.setsockopt(zmq.SUBSCRIBE, b"kv")
     batches, stop = [], threading.Event()
 

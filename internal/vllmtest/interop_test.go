@@ -1,0 +1,209 @@
+package vllmtest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/modelinit"
+)
+
+// These tests run Tandem against real vLLM engines (vLLM's CPU build, from
+// scripts/vllm/install.sh). Without that environment they skip, or fail
+// under TANDEM_REQUIRE_VLLM=1; CI does not require vLLM.
+
+// smolModel writes a random-weight smollm2-135m-shaped model (vLLM's CPU
+// attention refuses the tiny shape's head size of 16).
+func smolModel(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if _, err := modelinit.Init(dir, "smollm2-135m", "bf16", 1); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func post(t *testing.T, url string, body any) (*http.Response, []byte) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, out
+}
+
+// metric sums the samples of name in a Prometheus text page.
+func metric(t *testing.T, url, name string) (float64, bool) {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sum, found := 0.0, false
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		f := strings.Fields(line[strings.LastIndexByte(line, '}')+1:])
+		if len(f) == 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(f[0], 64); err == nil {
+			sum, found = sum+v, true
+		}
+	}
+	return sum, found
+}
+
+// TestVLLMServesATandemModel starts vllm serve on a model directory Tandem
+// wrote and checks a completion and the load metrics Tandem's proxy reads.
+func TestVLLMServesATandemModel(t *testing.T) {
+	env := Require(t)
+	s := Start(t, env, Options{Model: smolModel(t), BlockSize: 32})
+	resp, body := post(t, s.URL+"/v1/completions", map[string]any{"model": s.Name, "prompt": "hello world", "max_tokens": 4, "temperature": 0})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	var out struct {
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(body, &out); err != nil || out.Usage.CompletionTokens != 4 {
+		t.Fatalf("answer %s (%v): want 4 completion tokens", body, err)
+	}
+	for _, name := range []string{"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"} {
+		if _, ok := metric(t, s.URL, name); !ok {
+			t.Errorf("vLLM exports no %s", name)
+		}
+	}
+}
+
+// buildTandem builds cmd/tandem into a temporary directory.
+func buildTandem(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "tandem")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/tandem-serve/tandem/cmd/tandem")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestProxyColocatedInFrontOfVLLM runs `tandem proxy` with two vLLM engines
+// as its (colocated) decode pool, routing by the load it scrapes from their
+// /metrics: every request is answered, locally on one engine (no prefill
+// pool), both engines serve, and no scrape of vLLM's /metrics fails.
+func TestProxyColocatedInFrontOfVLLM(t *testing.T) {
+	env := Require(t)
+	model := smolModel(t)
+	bin := buildTandem(t)
+	var engines [2]*Server
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i := range engines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			engines[i], errs[i] = start(env, Options{Model: model, BlockSize: 32})
+		}()
+	}
+	wg.Wait()
+	for i, s := range engines {
+		if s != nil {
+			t.Cleanup(s.Stop)
+		}
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+	}
+	// A backends file with decode engines only: the proxy then has an empty
+	// prefill pool, and the conditional decider serves every request on the
+	// chosen decode (colocated).
+	backends := filepath.Join(t.TempDir(), "backends")
+	if err := os.WriteFile(backends, []byte(fmt.Sprintf("decode %s\ndecode %s\n", engines[0].URL, engines[1].URL)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port, err := FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyURL := "http://127.0.0.1:" + strconv.Itoa(port)
+	var plog lockedBuffer
+	proxy := exec.Command(bin, "proxy", "--port", strconv.Itoa(port), "--backends-file", backends,
+		"--policy", "load", "--pd-decider", "conditional", "--scrape-interval", "250ms", "--model", model, "--block-size", "32")
+	proxy.Stdout, proxy.Stderr = &plog, &plog
+	if err := proxy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		proxy.Process.Kill()
+		proxy.Wait()
+		if t.Failed() {
+			t.Logf("proxy output:\n%s", plog.String())
+		}
+	})
+	ps := &Server{URL: proxyURL, done: make(chan struct{})}
+	if err := ps.waitHealthy(30 * time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, plog.String())
+	}
+
+	const n = 8
+	var mu sync.Mutex
+	pd := map[string]int{}
+	var rg sync.WaitGroup
+	for i := range n {
+		rg.Add(1)
+		go func() {
+			defer rg.Done()
+			resp, body := post(t, proxyURL+"/v1/completions", map[string]any{
+				"model": "tiny", "prompt": fmt.Sprintf("request %d: %s", i, strings.Repeat("the quick brown fox ", 20)),
+				"max_tokens": 8, "temperature": 0})
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("request %d: %d %s", i, resp.StatusCode, body)
+				return
+			}
+			mu.Lock()
+			pd[strings.SplitN(resp.Header.Get("X-Tandem-Pd"), ";", 2)[0]]++
+			mu.Unlock()
+		}()
+	}
+	rg.Wait()
+	if pd["local"] != n {
+		t.Errorf("x-tandem-pd %v: want all %d local (colocated)", pd, n)
+	}
+	for i, s := range engines {
+		if v, _ := metric(t, s.URL, "vllm:request_success_total"); v == 0 {
+			t.Errorf("engine %d served no request: the proxy did not spread the load", i)
+		}
+	}
+	if v, _ := metric(t, proxyURL, "tandem:proxy_scrape_failures_total"); v != 0 {
+		t.Errorf("%v failed scrapes of vLLM's /metrics", v)
+	}
+}
