@@ -299,8 +299,12 @@ def record_live(out, model, vllm_bin):
             answers[f"completion-{i}"] = {"status": st, "body": json.loads(body)}
         st, body = http(base + "/reset_prefix_cache", b"", method="POST")
         answers["reset_prefix_cache"] = {"status": st}
+        # The reset queues AllBlocksCleared; the scheduler publishes queued
+        # events in its next step, which this request makes happen.
+        st, body = http(base + "/v1/completions", req)
+        answers["completion-after-reset"] = {"status": st, "body": json.loads(body)}
         write(out, "http/completions.json", jdump({"request": req, "answers": answers}), "recorded",
-              "two greedy completions of the same prompt and a prefix-cache reset (which publishes AllBlocksCleared)")
+              "two greedy completions of the same prompt, a prefix-cache reset (AllBlocksCleared), the prompt again")
 
         errors = {
             "unknown-model": ({"model": "nope", "prompt": "hi", "max_tokens": 1}, "application/json"),
