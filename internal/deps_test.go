@@ -161,6 +161,7 @@ var allowed = map[string][]string{
 	"internal/kubetest":        {},
 	"internal/testhosts":       {},
 	"internal/testmodels":      {},
+	"internal/vllmtest":        {}, // starts a real vllm serve for interop tests: std only
 	"internal/testutil":        {"internal/testmodels"},
 	"internal/testutil/loaded": {"internal/model", "internal/tensor", "internal/testmodels", "internal/testutil", "internal/tokenizer"}, // stories260K loaded once per test binary
 	"internal/gguf/ggufspec":   {},
