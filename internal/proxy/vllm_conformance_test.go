@@ -29,7 +29,8 @@ func TestVLLMRecordedMetricsScrape(t *testing.T) {
 					t.Errorf("vLLM no longer exports %s (the proxy's load signal)", name)
 				}
 			}
-			w, r, kv, ok := parseEngineMetrics(bufio.NewScanner(strings.NewReader(text)))
+			s, ok := parseEngineMetrics(bufio.NewScanner(strings.NewReader(text)))
+			w, r, kv := s.waiting, s.running, s.kvUsage
 			if !ok {
 				t.Fatal("the scraper found none of its metrics in vLLM's /metrics")
 			}
