@@ -107,7 +107,8 @@ func newContractCluster(t *testing.T) *contractCluster {
 		decodes = append(decodes, c.dr[i].url())
 	}
 	common := []string{"--prefill", pr.url(), "--decode", strings.Join(decodes, ","), "--health-interval", "200ms",
-		"--timeout", "20s", "--stall-timeout", contractStall.String()}
+		"--timeout", "20s", "--stall-timeout", contractStall.String(),
+		"--policy", "round-robin", "--pd-decider", "always"} // every request takes the P/D path the arcs walk
 	c.quick = startProxyProc(t, "proxy", 0, append(append([]string{}, common...), "--first-byte-timeout", quickFirstByte.String()))
 	c.patient = startProxyProc(t, "proxy (patient)", 0, append(append([]string{}, common...), "--first-byte-timeout", patientFirstByte.String()))
 	return c

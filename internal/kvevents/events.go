@@ -113,7 +113,7 @@ func appendEvent(dst []byte, e *Event) []byte {
 		dst = appendArrayLen(dst, len(e.Tokens))
 		for _, t := range e.Tokens { // appendInt, unrolled: this loop is most of the encoding's time
 			if t >= 0 {
-				dst = msgp.AppendUint64(dst, uint64(t))
+				dst = appendSmallUint(dst, uint64(t))
 			} else {
 				dst = msgp.AppendInt64(dst, int64(t))
 			}
@@ -137,7 +137,26 @@ func appendEvent(dst []byte, e *Event) []byte {
 func appendHashes(dst []byte, hs []uint64) []byte {
 	dst = appendArrayLen(dst, len(hs))
 	for _, h := range hs {
-		dst = msgp.AppendUint64(dst, h)
+		if h >= 1<<32 { // most hashes: msgpack's uint64, inline
+			dst = append(dst, 0xcf, byte(h>>56), byte(h>>48), byte(h>>40), byte(h>>32), byte(h>>24), byte(h>>16), byte(h>>8), byte(h))
+		} else {
+			dst = msgp.AppendUint64(dst, h)
+		}
 	}
 	return dst
+}
+
+// appendSmallUint appends v in msgpack's smallest unsigned encoding, the
+// bytes msgp.AppendUint64 writes, inline for the sizes token ids take
+// (msgp's call is not inlined and was a fifth of the encoding's time).
+func appendSmallUint(dst []byte, v uint64) []byte {
+	switch {
+	case v < 1<<7:
+		return append(dst, byte(v))
+	case v < 1<<8:
+		return append(dst, 0xcc, byte(v))
+	case v < 1<<16:
+		return append(dst, 0xcd, byte(v>>8), byte(v))
+	}
+	return msgp.AppendUint64(dst, v)
 }
