@@ -15,6 +15,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/httpguard"
+	"github.com/tandem-serve/tandem/internal/tracing"
 )
 
 // Backend is what the server needs from an engine. *engine.Engine satisfies
@@ -189,6 +190,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if generationPaths[r.URL.Path] {
 		s.inFlight.Add(1)
 		defer s.inFlight.Add(-1)
+		if tr := (*runTrace)(nil); tracing.On() {
+			r, tr = startTrace(r)
+			sw := &statusRecorder{ResponseWriter: w}
+			defer func() { tr.end(s, r.URL.Path, sw.status) }()
+			w = sw
+		}
 	}
 	rt.handler(w, r)
 }
