@@ -72,13 +72,21 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 		p.releaseKV(leg.held, id, releaseClientCanceled)
 		return outcomeClientCanceled
 	}
+	sent := time.Now()
 	a, outcome := p.sendDecode(w, r, id, preq, &leg)
 	if a == nil {
 		return outcome
 	}
 	defer a.end()
+	if a.n > 0 {
+		p.metrics.stage[stageFirstByte].Observe(a.firstAt.Sub(sent).Seconds())
+	}
 	p.noteDecodeAnswer(a, preq, leg.held, id)
-	return p.relay(w, r, id, &leg, a)
+	outcome = p.relay(w, r, id, &leg, a)
+	if a.n > 0 {
+		p.metrics.observeStage(stageRelay, a.firstAt)
+	}
+	return outcome
 }
 
 // sendDecode sends the decode leg and returns the attempt whose answer is

@@ -98,7 +98,7 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		writeError(w, http.StatusServiceUnavailable, "no healthy decode backend; see the proxy's /health")
 		return outcomeNoBackend
 	}
-	route := startRoute(r)
+	route, routeStart := startRoute(r), time.Now()
 	d, release, outcome := p.pickDecode(w, r, id, preq, turn)
 	if d == nil {
 		p.endRoute(route, nil, router.Decision{}, outcome)
@@ -119,6 +119,7 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		decision = p.decide(preq, d)
 	}
 	p.endRoute(route, d, decision, "")
+	p.metrics.observeStage(stageRoute, routeStart)
 	if !decision.Remote {
 		p.metrics.pdDecisions.WithLabelValues("local", decision.Reason).Inc()
 		leg.body, leg.pd, leg.success = fallbackBody(body, obj), "local; reason="+decision.Reason, outcomeLocal
@@ -160,6 +161,7 @@ func (p *Proxy) remote(w http.ResponseWriter, r *http.Request, id string, body [
 	prefillStart := time.Now()
 	res := leg.turn.prefill(r, id, obj, preq)
 	leg.prefill = time.Since(prefillStart)
+	p.metrics.observeStage(stagePrefill, prefillStart)
 	switch {
 	case res.canceled:
 		return outcomeClientCanceled
