@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/apierror"
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/kvparams"
 	"github.com/tandem-serve/tandem/internal/tracing"
@@ -45,6 +46,9 @@ func startTrace(r *http.Request) (*http.Request, *runTrace) {
 	rt := &runTrace{received: time.Now()}
 	ctx, span := tracing.Start(tracing.Extract(r.Context(), r.Header), tracing.SpanEngineRequest, trace.SpanKindServer)
 	rt.span = span
+	if id := r.Header.Get("X-Request-Id"); id != "" && apierror.CheckRequestID(id) == nil {
+		span.SetAttributes(tracing.AttrRequestID.String(id))
+	}
 	ctx = context.WithValue(ctx, runTraceKey{}, rt)
 	return r.WithContext(ctx), rt
 }

@@ -12,7 +12,7 @@ const (
 	// the prompt is prefilled remotely, and why.
 	SpanProxyRoute = "proxy.route"
 	// SpanProxyPrefillLeg is one attempt of the prefill leg (a retry is a
-	// span of its own, with AttrRetryReason).
+	// span of its own, with AttrAttempt; a failed one has AttrFailureReason).
 	SpanProxyPrefillLeg = "proxy.prefill_leg"
 	// SpanProxyDecodeLeg is one attempt of the decode leg, until its answer
 	// is relayed whole (a retry is a span of its own).
@@ -46,51 +46,42 @@ const (
 	// prompt's KV is held for a remote decode (until it is pulled, released
 	// or its lease expires).
 	EventKVHeld = "kv_held"
-	// EventKVReleased marks on a prefill engine a hold released by the
-	// proxy (SpanEngineKVRelease).
-	EventKVReleased = "kv_released"
-	// SpanEngineKVRelease is a prefill engine's handling of the proxy's
-	// release of a hold the decode leg will not read.
-	SpanEngineKVRelease = "engine.kv_release"
 )
 
 // Attribute keys: OpenTelemetry's GenAI semantic conventions where they
 // exist, vLLM's (gen_ai.latency.*) where Tandem mirrors vLLM, and Tandem's
 // own under "tandem.".
 const (
-	AttrOperationName   = attribute.Key("gen_ai.operation.name") // "chat" or "text_completion"
-	AttrSystem          = attribute.Key("gen_ai.system")
-	AttrRequestModel    = attribute.Key("gen_ai.request.model")
-	AttrResponseModel   = attribute.Key("gen_ai.response.model")
-	AttrRequestMaxToks  = attribute.Key("gen_ai.request.max_tokens")
-	AttrRequestN        = attribute.Key("gen_ai.request.n")
-	AttrRequestID       = attribute.Key("gen_ai.request.id") // vLLM's
-	AttrInputTokens     = attribute.Key("gen_ai.usage.input_tokens")
-	AttrOutputTokens    = attribute.Key("gen_ai.usage.output_tokens")
-	AttrTimeInQueue     = attribute.Key("gen_ai.latency.time_in_queue")       // vLLM's, seconds
-	AttrTimeToFirstTok  = attribute.Key("gen_ai.latency.time_to_first_token") // vLLM's, seconds
-	AttrTimeInPrefill   = attribute.Key("gen_ai.latency.time_in_model_prefill")
-	AttrTimeInDecode    = attribute.Key("gen_ai.latency.time_in_model_decode")
-	AttrE2E             = attribute.Key("gen_ai.latency.e2e")
-	AttrServerAddress   = attribute.Key("server.address")
-	AttrHTTPStatus      = attribute.Key("http.response.status_code")
-	AttrHTTPRoute       = attribute.Key("http.route")
-	AttrErrorType       = attribute.Key("error.type")
-	AttrRole            = attribute.Key("tandem.role")            // prefill, decode or both
-	AttrPolicy          = attribute.Key("tandem.router.policy")   // the picking pipeline
-	AttrPDDecision      = attribute.Key("tandem.pd.decision")     // remote, local or fallback
-	AttrPDReason        = attribute.Key("tandem.pd.reason")       // the decider's or the fallback's reason
-	AttrPDPath          = attribute.Key("tandem.pd")              // the X-Tandem-Pd answer header
-	AttrOutcome         = attribute.Key("tandem.outcome")         // the request's outcome label
-	AttrDecodeBackend   = attribute.Key("tandem.decode.backend")  // the decode picked
-	AttrAttempt         = attribute.Key("tandem.attempt")         // 0 for a leg's first attempt
-	AttrRetryReason     = attribute.Key("tandem.retry.reason")    // why the previous attempt failed
-	AttrFailureReason   = attribute.Key("tandem.failure.reason")  // why this attempt failed
-	AttrFallbackReason  = attribute.Key("tandem.fallback.reason") // why the prefill leg failed
-	AttrKVRemoteEngine  = attribute.Key("tandem.kv.remote_engine_id")
-	AttrKVRemoteHost    = attribute.Key("tandem.kv.remote_host")
-	AttrKVBlocks        = attribute.Key("tandem.kv.blocks")
-	AttrKVPulledTokens  = attribute.Key("tandem.kv.tokens")
-	AttrKVTransport     = attribute.Key("tandem.kv.transport")
-	AttrKVReleaseResult = attribute.Key("tandem.kv.release_result")
+	AttrOperationName  = attribute.Key("gen_ai.operation.name") // "chat" or "text_completion"
+	AttrRequestModel   = attribute.Key("gen_ai.request.model")
+	AttrResponseModel  = attribute.Key("gen_ai.response.model")
+	AttrRequestMaxToks = attribute.Key("gen_ai.request.max_tokens")
+	AttrRequestN       = attribute.Key("gen_ai.request.n")
+	AttrRequestID      = attribute.Key("gen_ai.request.id") // vLLM's
+	AttrInputTokens    = attribute.Key("gen_ai.usage.input_tokens")
+	AttrOutputTokens   = attribute.Key("gen_ai.usage.output_tokens")
+	AttrTimeInQueue    = attribute.Key("gen_ai.latency.time_in_queue")       // vLLM's, seconds
+	AttrTimeToFirstTok = attribute.Key("gen_ai.latency.time_to_first_token") // vLLM's, seconds
+	AttrTimeInPrefill  = attribute.Key("gen_ai.latency.time_in_model_prefill")
+	AttrTimeInDecode   = attribute.Key("gen_ai.latency.time_in_model_decode")
+	AttrE2E            = attribute.Key("gen_ai.latency.e2e")
+	AttrServerAddress  = attribute.Key("server.address")
+	AttrHTTPStatus     = attribute.Key("http.response.status_code")
+	AttrHTTPRoute      = attribute.Key("http.route")
+	AttrErrorType      = attribute.Key("error.type")
+	AttrRole           = attribute.Key("tandem.role")            // prefill, decode or both
+	AttrPolicy         = attribute.Key("tandem.router.policy")   // the picking pipeline
+	AttrPDDecision     = attribute.Key("tandem.pd.decision")     // remote, local or fallback
+	AttrPDReason       = attribute.Key("tandem.pd.reason")       // the decider's or the fallback's reason
+	AttrPDPath         = attribute.Key("tandem.pd")              // the X-Tandem-Pd answer header
+	AttrOutcome        = attribute.Key("tandem.outcome")         // the request's outcome label
+	AttrDecodeBackend  = attribute.Key("tandem.decode.backend")  // the decode picked
+	AttrAttempt        = attribute.Key("tandem.attempt")         // 0 for a leg's first attempt
+	AttrFailureReason  = attribute.Key("tandem.failure.reason")  // why this attempt failed
+	AttrFallbackReason = attribute.Key("tandem.fallback.reason") // why the prefill leg failed
+	AttrKVRemoteEngine = attribute.Key("tandem.kv.remote_engine_id")
+	AttrKVRemoteHost   = attribute.Key("tandem.kv.remote_host")
+	AttrKVBlocks       = attribute.Key("tandem.kv.blocks")
+	AttrKVPulledTokens = attribute.Key("tandem.kv.tokens")
+	AttrKVTransport    = attribute.Key("tandem.kv.transport")
 )
