@@ -190,11 +190,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if generationPaths[r.URL.Path] {
 		s.inFlight.Add(1)
 		defer s.inFlight.Add(-1)
-		if tr := (*runTrace)(nil); tracing.On() {
+		if tracing.On() {
+			var tr *runTrace
 			r, tr = startTrace(r)
 			sw := &statusRecorder{ResponseWriter: w}
-			defer func() { tr.end(s, r.URL.Path, sw.status) }()
 			w = sw
+			defer func() { tr.end(s, r.URL.Path, sw.status) }()
 		}
 	}
 	rt.handler(w, r)
