@@ -139,7 +139,7 @@ func (st *spanTree) parentIs(child, parent *tracepb.Span) {
 	}
 }
 
-// TestTracesAcrossProxyAndEngines sends a P/D request and a fallback
+// TestTracesAcrossProxyAndEngines sends a P/D request, a retry and a fallback
 // through a real proxy and simulated prefill and decode engines, tracing to
 // an OTLP/HTTP receiver, and checks the span tree of each: one trace id,
 // the client's traceparent as the root's parent, and each engine's span
@@ -178,8 +178,12 @@ func TestTracesAcrossProxyAndEngines(t *testing.T) {
 	}))
 	defer broken.Close()
 	_, fb := startTestProxy(t, proxy.Config{Prefill: []string{broken.URL}, Decode: []string{dec}, PrefillRetries: -1})
+	// Two prefills, one broken: a leg that reaches it is retried on the
+	// other.
+	_, rt := startTestProxy(t, proxy.Config{Prefill: []string{broken.URL, pre}, Decode: []string{dec}, PrefillRetries: 1})
 	waitHealthy(t, pd)
 	waitHealthy(t, fb)
+	waitHealthy(t, rt)
 
 	const (
 		remoteTrace   = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -204,6 +208,12 @@ func TestTracesAcrossProxyAndEngines(t *testing.T) {
 	}
 	send(pd, remoteTrace, "remote")
 	send(fb, fallbackTrace, "fallback")
+	// Round robin: of two requests, one at least reaches the broken
+	// prefill first.
+	retryTraces := []string{"6bf92f3577b34da6a3ce929d0e0e4738", "7bf92f3577b34da6a3ce929d0e0e4739"}
+	for _, id := range retryTraces {
+		send(rt, id, "remote")
+	}
 	flush()
 
 	t.Run("P/D", func(t *testing.T) {
@@ -246,6 +256,30 @@ func TestTracesAcrossProxyAndEngines(t *testing.T) {
 			t.Errorf("the KV pull's span names no blocks or engine: %v", pull.Attributes)
 		}
 		st.childNamed(de, tracing.SpanEngineDecode)
+	})
+
+	t.Run("retry", func(t *testing.T) {
+		retried := 0
+		for _, id := range retryTraces {
+			st := newSpanTree(t, recv.traceOf(id))
+			root := st.one(tracing.SpanProxyRequest, "", "")
+			first := st.one(tracing.SpanProxyPrefillLeg, string(tracing.AttrAttempt), "0")
+			st.parentIs(first, root)
+			if attr(first, string(tracing.AttrFailureReason)) == "" {
+				continue // the first attempt reached the working prefill
+			}
+			retried++
+			if got := attr(first, string(tracing.AttrFailureReason)); got != "prefill_5xx" {
+				t.Errorf("the failed attempt's reason is %q, want prefill_5xx", got)
+			}
+			second := st.one(tracing.SpanProxyPrefillLeg, string(tracing.AttrAttempt), "1")
+			st.parentIs(second, root)
+			st.parentIs(st.one(tracing.SpanEngineRequest, string(tracing.AttrRole), "prefill"), second)
+			st.parentIs(st.one(tracing.SpanEngineRequest, string(tracing.AttrRole), "decode"), st.one(tracing.SpanProxyDecodeLeg, "", ""))
+		}
+		if retried == 0 {
+			t.Error("neither request retried its prefill leg")
+		}
 	})
 
 	t.Run("fallback", func(t *testing.T) {
