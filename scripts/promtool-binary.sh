@@ -12,8 +12,7 @@
 #   export TANDEM_PROMTOOL="$(bash scripts/promtool-binary.sh | tail -n1)"
 # A warm cache returns at once. A cold build (about 30 minutes on 2 busy
 # cores, niced; promtool links every service-discovery SDK) compiles the
-# prometheus module's
-# promtool from the Go module proxy (github.com/prometheus/prometheus, whose
+# prometheus module's promtool from the Go module proxy (github.com/prometheus/prometheus, whose
 # v0.3xx.y versions are Prometheus 3.xx.y) through a scratch module that
 # requires it as a tool; it is built in a temporary directory renamed into
 # place only when done, so an interrupted build never leaves a half cache.
