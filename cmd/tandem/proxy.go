@@ -54,6 +54,7 @@ type proxyFlags struct {
 	kvPattern   string // --kv-events-pattern
 	fingerprint string
 	kube        kubeFlags
+	otlp        string // --otlp-traces-endpoint
 }
 
 // Discovery modes of --discovery.
@@ -112,6 +113,7 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.StringVar(&k.portName, "kube-port-name", kubediscovery.DefaultPortName, "kubernetes discovery: the name of the EndpointSlice port the engines serve HTTP on (\""+kubediscovery.UnnamedPort+"\" for a Service's single unnamed port)")
 	fs.StringVar(&k.kubeconfig, "kubeconfig", "", "kubernetes discovery: kubeconfig file of the API client (default: the pod's in-cluster service account, else $KUBECONFIG, else ~/.kube/config); the identity needs list and watch on endpointslices.discovery.k8s.io in the namespace")
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
+	registerOTLPFlag(fs, &f.otlp)
 	fs.IntVar(&f.port, "port", 8000, "port to listen on")
 	fs.StringVar(&cfg.Policy, "policy", proxy.DefaultPolicy, "backend picking policy for both pools: "+strings.Join(proxy.Policies(), ", ")+" (see docs/usage/routing.md)")
 	fs.StringVar(&cfg.PDDecider, "pd-decider", proxy.DefaultPDDecider, "disaggregation decider: always (every prompt prefilled remotely), conditional (remote only when the uncached prompt is long; see --pd-threshold) or priced (remote or local by the engines' measured queues, prefill rates and KV transfer rate, against --pd-ttft-slo; see docs/usage/routing.md)")
@@ -214,6 +216,11 @@ func runProxy(args []string) error {
 		}
 		defer idx.Close()
 	}
+	stopTracing, err := startTracing(f.otlp, "tandem-proxy")
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	p, err := proxy.New(cfg)
 	if err != nil {
 		return err

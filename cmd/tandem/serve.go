@@ -18,6 +18,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/sched"
 	"github.com/tandem-serve/tandem/internal/server"
+	"github.com/tandem-serve/tandem/internal/tracing"
 )
 
 // serveFlags are the flags of `tandem serve`: the engine's server.Config,
@@ -34,6 +35,7 @@ type serveFlags struct {
 	kvSecretFile, kvPeers        string
 	kvTLSCert, kvTLSKey, kvTLSCA string
 	kvEventsConfig               string
+	otlpEndpoint                 string // --otlp-traces-endpoint
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -76,6 +78,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.kvTLSKey, "kv-tls-key", "", "PEM private key of --kv-tls-cert")
 	fs.StringVar(&f.kvTLSCA, "kv-tls-ca", "", "PEM CA bundle that signs every engine's --kv-tls-cert")
 	f.Sim.register(fs)
+	registerOTLPFlag(fs, &f.otlpEndpoint)
 	fs.StringVar(&f.kvEventsConfig, "kv-events-config", "", `publish KV cache events as vLLM does, for prefix-aware routers (llm-d, Dynamo, tandem proxy): vLLM's JSON, e.g. '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv@host@model"}' (fields publisher zmq|null, endpoint, replay_endpoint, topic, buffer_steps, hwm, max_queue_size); events carry prompt token ids, so bind to a trusted network`)
 	fs.StringVar((*string)(&c.KVLoadFailurePolicy), "kv-load-failure-policy", string(sched.LoadFailureFail), "when pulling KV fails: fail (the request ends with HTTP 500) or recompute (compute the missing prompt KV locally)")
 }
@@ -162,6 +165,11 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
+	stopTracing, err := startTracing(f.otlpEndpoint, "tandem-engine", tracing.AttrRole.String(string(f.Role)))
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	s, err := server.New(f.Config)
 	if err != nil {
 		return err

@@ -48,6 +48,8 @@ func runUp(args []string) error {
 	fs.DurationVar(&cfg.StallTimeout, "stall-timeout", 0, "the proxy's limit on each gap between a decode's chunks, then the stream is cut (tandem proxy --stall-timeout; default 30s)")
 	var simulate simulateFlag
 	fs.Var(&simulate, "simulate", "start simulated engines (tandem serve --simulate): alone, the built-in time model; --simulate PROFILE.json, a profile from tandem profile. Many fit on one machine: tandem up --simulate --prefill 100 --decode 100. More --sim-* flags go after --")
+	var otlp string
+	registerOTLPFlag(fs, &otlp)
 	args = joinSimulateArg(args)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -70,6 +72,16 @@ func runUp(args []string) error {
 		}
 		cfg.ExtraArgs = rest
 	}
+	if otlp != "" {
+		// The engines trace to the same collector (the OTEL_* variables
+		// reach them through the environment).
+		cfg.ExtraArgs = append([]string{"--otlp-traces-endpoint", otlp}, cfg.ExtraArgs...)
+	}
+	stopTracing, err := startTracing(otlp, "tandem-proxy")
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("finding the tandem executable to start engines with: %w", err)

@@ -204,6 +204,10 @@ func (c *Consumer) Close() error {
 // the context's error, and FailureReason classifies them.
 func (c *Consumer) Pull(ctx context.Context, r RemoteParams, dst [][]byte) error {
 	start := time.Now()
+	if m := c.cfg.Metrics; m != nil {
+		m.KVPullsInFlight.Inc()
+		defer m.KVPullsInFlight.Dec()
+	}
 	err := c.pull(ctx, r, dst)
 	if m := c.cfg.Metrics; m != nil {
 		if err == nil {

@@ -34,6 +34,7 @@ type Engine struct {
 	KVTransferSeconds  prometheus.Histogram
 	KVTransferFailures *prometheus.CounterVec // reason
 	KVBlocksHeld       prometheus.Gauge
+	KVPullsInFlight    prometheus.Gauge // decode side: pulls under way
 	KVLeasesExpired    prometheus.Counter
 	// KVReleases counts prefill holds released before their lease, by
 	// reason: request (POST /tandem/kv/release), client_gone (the answer
@@ -136,6 +137,7 @@ func NewEngine(modelName string) *Engine {
 	e.KVTransferFailures = cv("tandem:kv_transfer_failures_total", "KV transfers that failed, by reason.", "reason")
 	e.KVBlocksHeld = g("tandem:kv_blocks_held", "KV blocks held under a lease for a remote decode (prefill side).")
 	e.KVReleases = cv("tandem:kv_releases_total", "KV holds a prefill released before their lease, by reason (request: POST /tandem/kv/release; client_gone: the answer could not be delivered).", "reason")
+	e.KVPullsInFlight = g("tandem:kv_pulls_in_flight", "KV pulls from prefill engines under way (decode side).")
 	e.KVLeasesExpired = c("tandem:kv_leases_expired_total", "Leases on KV blocks that expired before the decode read them.")
 	e.KVParamsRejected = cv("tandem:kv_params_rejected_total", "kv_transfer_params naming remote KV that this engine refused or could not use, by reason (expired, bad_signature, peer_not_allowed, other_prompt).", "reason")
 	e.PDFallbacks = cv("tandem:pd_fallbacks_total", "Requests meant for the P/D path that did not take it, by reason.", "reason")

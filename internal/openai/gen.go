@@ -94,6 +94,8 @@ type run struct {
 	delivered      bool
 	forwardersDone bool
 	settled        bool
+
+	trace *runTrace // nil while tracing is off
 }
 
 // start submits choice 0 of every prompt of j (and, as they start
@@ -111,6 +113,8 @@ func (s *Server) start(ctx context.Context, j *job) (*run, *Error) {
 		handles:  make([]*engine.Handle, total),
 		finished: make([]bool, total),
 	}
+	r.trace = traceOf(ctx)
+	r.trace.started(j)
 	for p := range j.prompts {
 		h, err := s.cfg.Backend.Submit(ctx, j.request(p, 0))
 		if err != nil {
@@ -168,6 +172,7 @@ func (r *run) forward(p, c int, h *engine.Handle) {
 				r.submitRest(p)
 			}
 		}
+		r.trace.observe(k, &ev)
 		r.send(indexedEvent{k, ev})
 	}
 }

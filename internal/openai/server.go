@@ -15,6 +15,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/httpguard"
+	"github.com/tandem-serve/tandem/internal/tracing"
 )
 
 // Backend is what the server needs from an engine. *engine.Engine satisfies
@@ -193,6 +194,13 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if generationPaths[r.URL.Path] {
 		s.inFlight.Add(1)
 		defer s.inFlight.Add(-1)
+		if tracing.On() {
+			var tr *runTrace
+			r, tr = startTrace(r)
+			sw := &statusRecorder{ResponseWriter: w}
+			w = sw
+			defer func() { tr.end(s, r.URL.Path, sw.status) }()
+		}
 	}
 	rt.handler(w, r)
 }

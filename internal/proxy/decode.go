@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/router"
+	"github.com/tandem-serve/tandem/internal/tracing"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // errBackendIdle cancels a decode leg whose backend missed its deadline:
@@ -70,13 +72,21 @@ func (p *Proxy) runDecode(w http.ResponseWriter, r *http.Request, id string, pre
 		p.releaseKV(leg.held, id, releaseClientCanceled)
 		return outcomeClientCanceled
 	}
+	sent := time.Now()
 	a, outcome := p.sendDecode(w, r, id, preq, &leg)
 	if a == nil {
 		return outcome
 	}
 	defer a.end()
+	if a.n > 0 {
+		p.metrics.stage[stageFirstByte].Observe(a.firstAt.Sub(sent).Seconds())
+	}
 	p.noteDecodeAnswer(a, preq, leg.held, id)
-	return p.relay(w, r, id, &leg, a)
+	outcome = p.relay(w, r, id, &leg, a)
+	if a.n > 0 {
+		p.metrics.observeStage(stageRelay, a.firstAt)
+	}
+	return outcome
 }
 
 // sendDecode sends the decode leg and returns the attempt whose answer is
@@ -101,7 +111,7 @@ func (p *Proxy) sendDecode(w http.ResponseWriter, r *http.Request, id string, pr
 	var tried []*backend
 	firstByte := p.firstByteDeadline(leg, preq)
 	for attempt := 0; ; attempt++ {
-		a, err := p.tryDecode(r, id, b, release, leg.body, firstByte)
+		a, err := p.tryDecode(r, id, b, release, leg.body, firstByte, attempt)
 		if err != nil {
 			a.end()
 			p.releaseKV(leg.held, id, releaseDecodeUnreachable)
@@ -112,6 +122,7 @@ func (p *Proxy) sendDecode(w http.ResponseWriter, r *http.Request, id string, pr
 		if label == "" {
 			return a, ""
 		}
+		noteDecodeFailure(a, label)
 		tried = append(tried, b)
 		// With Config.Fallback off a remote leg is never turned local.
 		spent := leg.held != nil && !a.paramsIntact(label)
@@ -288,15 +299,17 @@ type decodeAttempt struct {
 	n       int
 	rerr    error
 	firstAt time.Time
+	span    trace.Span // the attempt's span, ended by end
 }
 
 // tryDecode sends body to b and waits for the answer's headers and its
 // first body byte (or end) within firstByte. The error is one of building
 // the request, when nothing was sent; a failed send is the attempt's err, a
 // failed first read its rerr.
-func (p *Proxy) tryDecode(r *http.Request, id string, b *backend, release func(), body []byte, firstByte time.Duration) (*decodeAttempt, error) {
+func (p *Proxy) tryDecode(r *http.Request, id string, b *backend, release func(), body []byte, firstByte time.Duration, attempt int) (*decodeAttempt, error) {
+	r, span := startLeg(r, tracing.SpanProxyDecodeLeg, b, attempt)
 	ctx, cancel := context.WithCancelCause(r.Context())
-	a := &decodeAttempt{b: b, release: release, ctx: ctx, cancel: cancel, firstByte: firstByte}
+	a := &decodeAttempt{b: b, release: release, ctx: ctx, cancel: cancel, firstByte: firstByte, span: span}
 	// One watchdog bounds the wait for the first byte and then each gap
 	// between body chunks; it is disarmed while writing to the client,
 	// which has its own write deadline.
@@ -310,6 +323,7 @@ func (p *Proxy) tryDecode(r *http.Request, id string, b *backend, release func()
 		return a, err
 	}
 	p.setLegHeaders(req.Header, r.Header, id)
+	tracing.Inject(ctx, req.Header)
 	a.start = time.Now()
 	a.resp, a.err = p.roundTrip(req)
 	if a.err == nil {
@@ -320,6 +334,7 @@ func (p *Proxy) tryDecode(r *http.Request, id string, b *backend, release func()
 		a.firstAt = time.Now()
 	}
 	a.watchdog.Stop()
+	noteDecodeFirstByte(a)
 	return a, nil
 }
 
@@ -376,4 +391,5 @@ func (a *decodeAttempt) end() {
 	if a.release != nil {
 		a.release()
 	}
+	a.span.End()
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/apierror"
 	"github.com/tandem-serve/tandem/internal/router"
 	"github.com/tandem-serve/tandem/internal/router/decider/always"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // HeaderPD is the response header that says which path a request took:
@@ -39,7 +40,10 @@ func (p *Proxy) handleGenerate(w http.ResponseWriter, r *http.Request) {
 			id = uuid.NewString()
 		}
 		w.Header().Set("X-Request-Id", id)
+		var span trace.Span
+		r, span = traceRequest(r)
 		outcome = p.generate(w, r, id)
+		endRequest(span, w.Header(), id, outcome)
 	}
 	p.metrics.requests.WithLabelValues(r.URL.Path, outcome).Inc()
 	if outcome != outcomeStreamBroken && outcome != outcomeClientCanceled {
@@ -87,14 +91,17 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		return outcomeBadRequest
 	}
 	preq := p.routeRequest(r.URL.Path, id, body, obj)
+	noteRequest(r, obj, preq)
 	// Check decode first: prefilling for a request no decode can take would
 	// only pin KV blocks on the prefill until their lease runs out.
 	if !p.decode.anyHealthy() {
 		writeError(w, http.StatusServiceUnavailable, "no healthy decode backend; see the proxy's /health")
 		return outcomeNoBackend
 	}
+	route, routeStart := startRoute(r), time.Now()
 	d, release, outcome := p.pickDecode(w, r, id, preq, turn)
 	if d == nil {
+		p.endRoute(route, nil, router.Decision{}, outcome)
 		return outcome
 	}
 	defer release()
@@ -111,6 +118,8 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 	case !ok:
 		decision = p.decide(preq, d)
 	}
+	p.endRoute(route, d, decision, "")
+	p.metrics.observeStage(stageRoute, routeStart)
 	if !decision.Remote {
 		p.metrics.pdDecisions.WithLabelValues("local", decision.Reason).Inc()
 		leg.body, leg.pd, leg.success = fallbackBody(body, obj), "local; reason="+decision.Reason, outcomeLocal
@@ -152,6 +161,7 @@ func (p *Proxy) remote(w http.ResponseWriter, r *http.Request, id string, body [
 	prefillStart := time.Now()
 	res := leg.turn.prefill(r, id, obj, preq)
 	leg.prefill = time.Since(prefillStart)
+	p.metrics.observeStage(stagePrefill, prefillStart)
 	switch {
 	case res.canceled:
 		return outcomeClientCanceled
@@ -200,6 +210,8 @@ func (p *Proxy) fallback(w http.ResponseWriter, r *http.Request, id string, body
 	}
 	p.metrics.fallbacks.WithLabelValues(res.reason).Inc()
 	p.log.Warn("prefill leg failed; decode does the whole request", "request_id", id, "reason", res.reason, "detail", res.detail)
+	r, span := startFallback(r, res.reason)
+	defer span.End()
 	leg.body, leg.pd, leg.success = body, pd, outcomeFallback
 	return p.runDecode(w, r, id, preq, leg)
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -31,6 +32,8 @@ type metrics struct {
 	prefillSeconds prometheus.Histogram
 	decodeTTFB     prometheus.Histogram
 	requestSeconds prometheus.Histogram
+	stageSeconds   *prometheus.HistogramVec // stage: the stage* constants
+	stage          map[string]prometheus.Observer
 	requests       *prometheus.CounterVec
 	fallbacks      *prometheus.CounterVec
 	kvReleases     *prometheus.CounterVec
@@ -52,6 +55,21 @@ type metrics struct {
 	historyPrefills prometheus.Counter
 	prefillRetries  *prometheus.CounterVec
 	decodeAffinity  *prometheus.CounterVec
+}
+
+// Stages of a request, the stage label of tandem:proxy_stage_seconds.
+const (
+	stageRoute     = "route"
+	stagePrefill   = "prefill_leg"
+	stageFirstByte = "decode_first_byte"
+	stageRelay     = "relay"
+)
+
+var stages = []string{stageRoute, stagePrefill, stageFirstByte, stageRelay}
+
+// observeStage records that stage took from since to now.
+func (m *metrics) observeStage(stage string, since time.Time) {
+	m.stage[stage].Observe(time.Since(since).Seconds())
 }
 
 var legBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320}
@@ -78,6 +96,11 @@ func newMetrics() *metrics {
 			Help:    "Time from receiving a request to relaying the last byte of its answer.",
 			Buckets: legBuckets,
 		}),
+		stageSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tandem:proxy_stage_seconds",
+			Help:    "Time of each stage of a request through the proxy: route (from arrival to the decode picked and the P/D decision, admission queueing included), prefill_leg (the prefill leg, its retries included), decode_first_byte (from sending the decode leg to its first byte, retries included) and relay (from the decode's first byte to the answer's last byte relayed).",
+			Buckets: legBuckets,
+		}, []string{"stage"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tandem:proxy_requests_total",
 			Help: "Requests handled by the proxy, by API path and outcome.",
@@ -147,8 +170,12 @@ func newMetrics() *metrics {
 			Help: "Decode legs of a conversation's later turns: sent to the decode that answered the last turn (same_decode), or picked by the policy because it was unhealthy (decode_unhealthy).",
 		}, []string{"result"}),
 	}
-	r.MustRegister(m.prefillSeconds, m.decodeTTFB, m.requestSeconds, m.requests, m.fallbacks, m.kvReleases, m.inFlight, m.healthy,
+	r.MustRegister(m.prefillSeconds, m.decodeTTFB, m.requestSeconds, m.stageSeconds, m.requests, m.fallbacks, m.kvReleases, m.inFlight, m.healthy,
 		m.pdDecisions, m.legRetries, m.tokenMode, m.admission, m.scrapeFailures)
+	m.stage = map[string]prometheus.Observer{}
+	for _, stage := range stages {
+		m.stage[stage] = m.stageSeconds.WithLabelValues(stage)
+	}
 	for _, reason := range append(fallbackReasons, reasonDecodeRetry) {
 		m.fallbacks.WithLabelValues(reason)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/router"
+	"github.com/tandem-serve/tandem/internal/tracing"
 )
 
 // Reasons for a fallback, the reason label of tandem:proxy_fallbacks_total.
@@ -109,7 +110,9 @@ func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *router
 		return prefillResult{reason: reasonNoPrefill, detail: "no prefill backend passed its last health check"}
 	}
 	defer release()
+	r, span := startLeg(r, tracing.SpanProxyPrefillLeg, b, len(exclude))
 	res := p.sendPrefill(r, id, obj, b, kv, deadline)
+	endPrefillLeg(span, res)
 	res.tried = b
 	switch {
 	case res.kv != nil:
@@ -156,6 +159,7 @@ func (p *Proxy) sendPrefill(r *http.Request, id string, obj *object, b *backend,
 		return prefillResult{reason: reasonBadResponse, detail: err.Error()}
 	}
 	p.setLegHeaders(req.Header, r.Header, id)
+	tracing.Inject(req.Context(), req.Header)
 
 	start := time.Now()
 	resp, err := p.roundTrip(req)

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/router/factory"
+	"github.com/tandem-serve/tandem/internal/tracing"
 )
 
 func TestManyBackends(t *testing.T) {
@@ -286,6 +288,12 @@ func TestBenchProxyProcess(t *testing.T) {
 	if err := json.Unmarshal([]byte(spec), &c); err != nil {
 		t.Fatal(err)
 	}
+	// Traced when the OTEL_* environment says so: the cost of tracing on.
+	stopTracing, err := tracing.Setup(t.Context(), tracing.Config{ServiceName: "tandem-proxy-bench"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopTracing(context.Background())
 	p, err := New(benchProxyConfig(c.Prefill, c.Decode, c.Decider))
 	if err != nil {
 		t.Fatal(err)
