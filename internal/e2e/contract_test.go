@@ -84,15 +84,18 @@ const (
 
 var contractArcs = []arc{
 	{phase: phPrefill, fault: fClientGone, want: endGone, short: true},
-	// The prefill engine releases what it could not deliver (the client,
-	// here the proxy past its grace, was gone).
-	{phase: phPrefill, fault: fClientGoneLate, want: endGone, short: true},
+	{phase: phPrefill, fault: fClientGoneLate, want: endGone, lease: true,
+		// An engine releases an answer it could not deliver, but here the
+		// relay took it (as a TCP peer's buffer can): the hold waits.
+		gap: "a prefill forward pass that ends after its client left and after the grace holds its KV until the lease when its answer was written into a connection nobody reads"},
 	{phase: phPrefill, fault: fPKill, want: endAnswer, pd: "fallback; reason=prefill_unreachable", short: true},
-	{phase: phPrefill, fault: fPStop, want: endAnswer, pd: "fallback; reason=prefill_timeout"},
+	{phase: phPrefill, fault: fPStop, want: endAnswer, pd: "fallback; reason=prefill_timeout", lease: true,
+		gap: "a prefill forward pass that ends after the proxy gave up on its leg holds its KV until the lease"},
 	{phase: phPrefill, fault: fDKill, want: endAnswer},
 	{phase: phPrefill, fault: fDStop, want: endAnswer},
 	{phase: phPrefill, fault: fLease, want: endAnswer, lease: true, patient: true},
-	{phase: phPrefill, fault: fProxyRestart, want: endClosed},
+	{phase: phPrefill, fault: fProxyRestart, want: endClosed, lease: true,
+		gap: "a proxy gone after P's forward pass leaves the hold to its lease"},
 
 	{phase: phBetween, fault: fClientGone, want: endGone, short: true},
 	{phase: phBetween, fault: fPKill, want: endAnswer, pd: pdRemote},
