@@ -48,7 +48,8 @@ func TestTandemUpRestartsAKilledEngine(t *testing.T) {
 	}
 	var stdout, stderr syncBuffer
 	cmd := exec.CommandContext(ctx, exe, "up", "--model", model, "--port", strconv.Itoa(ports[0]), "--served-model-name", "stories",
-		"--restart-backoff", "300ms", "--restart-limit", "2", "--restart-window", "1m")
+		"--restart-backoff", "300ms", "--restart-limit", "2", "--restart-window", "1m",
+		"--pd-decider", "always") // every request takes the P/D path whose recovery the test checks
 	cmd.Env = append(os.Environ(), "TANDEM_API_KEY=", "TANDEM_KV_SECRET=")
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = 10 * time.Second
