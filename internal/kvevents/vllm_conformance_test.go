@@ -289,9 +289,9 @@ func tandemFixture(name string, enc Encoding) string {
 var knownRejected = map[string]string{
 	// vLLM dropped array_like from its event structs (events are msgpack maps
 	// with a "type" key); its decoder refuses the positional events of
-	// "event_encoding": "array". llm-d's and Dynamo's decoders accept both
-	// forms; a consumer using vLLM's own types
-	// (vllm.distributed.kv_events.KVEventBatch) takes only the map form.
+	// "event_encoding": "array". A consumer using vLLM's own types
+	// (vllm.distributed.kv_events.KVEventBatch) takes only the map form, the
+	// default; the array form is for consumers written for older vLLM.
 	"0.32.0/array": "Expected `object`, got `array`",
 }
 
