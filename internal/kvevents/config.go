@@ -40,6 +40,11 @@ type Config struct {
 	// is closed on accept. It is Tandem's: vLLM's libzmq sockets take any
 	// number of peers, and vLLM's KVEventsConfig has no such field.
 	MaxSubscribers int `json:"max_subscribers"`
+	// EventEncoding is the form events are published in: "map" (the
+	// default; vLLM 0.32's, which vLLM's own decoder requires) or "array"
+	// (the positional form older vLLM published). It is Tandem's: vLLM
+	// publishes the one form its version has.
+	EventEncoding Encoding `json:"event_encoding"`
 
 	// Connect is whether Endpoint is dialed rather than bound; ParseConfig
 	// sets it by vLLM's rule.

@@ -7,6 +7,18 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
+// TestParseConfigDefaultsToMapEncoding: without event_encoding, events are
+// published as maps, the form vLLM 0.32's own decoder requires.
+func TestParseConfigDefaultsToMapEncoding(t *testing.T) {
+	cfg, err := ParseConfig(`{"enable_kv_cache_events": true}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.EventEncoding != EncodingMap {
+		t.Errorf("default event encoding %s, want map", cfg.EventEncoding)
+	}
+}
+
 func TestParseConfig(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -43,6 +55,18 @@ func TestParseConfig(t *testing.T) {
 			json: `{"enable_kv_cache_events": true, "max_subscribers": 8}`,
 			want: &Config{EnableKVCacheEvents: true, Publisher: "zmq", Endpoint: DefaultEndpoint, BufferSteps: DefaultBufferSteps, HWM: DefaultHWM, MaxQueueSize: DefaultMaxQueueSize, MaxSubscribers: 8},
 		},
+		{
+			name: "event_encoding array publishes events positionally",
+			json: `{"enable_kv_cache_events": true, "event_encoding": "array"}`,
+			want: &Config{EnableKVCacheEvents: true, Publisher: "zmq", Endpoint: DefaultEndpoint, BufferSteps: DefaultBufferSteps, HWM: DefaultHWM, MaxQueueSize: DefaultMaxQueueSize, EventEncoding: EncodingArray},
+		},
+		{
+			name: "event_encoding map is the default spelled out",
+			json: `{"enable_kv_cache_events": true, "event_encoding": "map"}`,
+			want: &Config{EnableKVCacheEvents: true, Publisher: "zmq", Endpoint: DefaultEndpoint, BufferSteps: DefaultBufferSteps, HWM: DefaultHWM, MaxQueueSize: DefaultMaxQueueSize, EventEncoding: EncodingMap},
+		},
+		{name: "an unknown event_encoding is refused", json: `{"enable_kv_cache_events": true, "event_encoding": "positional"}`, wantErr: `unknown event_encoding "positional"`},
+		{name: "a numeric event_encoding is refused", json: `{"enable_kv_cache_events": true, "event_encoding": 1}`, wantErr: "event_encoding"},
 		{name: "a negative max_subscribers is refused", json: `{"enable_kv_cache_events": true, "max_subscribers": -1}`, wantErr: "max_subscribers"},
 	}
 	for _, tc := range tests {

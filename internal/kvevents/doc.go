@@ -23,10 +23,14 @@
 //     messages [topic, sequence number as 8 bytes big-endian, payload],
 //     sequence numbers counting batches from 0 per process;
 //   - the payload a msgpack KVEventBatch [ts, [event...], data_parallel_rank]
-//     of msgspec's array_like tagged events, laid out field for field in
-//     events.go: ["BlockStored", block_hashes, parent_block_hash, token_ids,
-//     block_size, lora_id, medium, lora_name], ["BlockRemoved",
-//     block_hashes, medium], ["AllBlocksCleared"];
+//     of msgspec's tagged events, laid out field for field in events.go: by
+//     default maps, as vLLM 0.32 writes them ({"type": "BlockStored",
+//     "block_hashes": ..., "parent_block_hash": ..., "token_ids": ...,
+//     "block_size": ..., "lora_id": nil, "medium": ..., "lora_name": nil},
+//     {"type": "BlockRemoved", "block_hashes": ..., "medium": ...},
+//     {"type": "AllBlocksCleared"}), or with event_encoding "array" the
+//     same values positionally, as older vLLM wrote them (["BlockStored",
+//     block_hashes, ...], ["BlockRemoved", ...], ["AllBlocksCleared"]);
 //   - a ZMQ ROUTER socket (replay_endpoint) answering a request ["", start
 //     sequence] with one message ["", seq, payload] per batch it still
 //     keeps from start on, then ["", -1, ""].
@@ -69,7 +73,7 @@
 // restart or its removal from the Subscriber clears its entries.
 //
 // The decoder faces the network: it checks every length against the bytes
-// left, bounds nesting, skips unknown fields and event types, and also
-// accepts the map-encoded events of vLLM after its PR #42892, so the same
-// Subscriber indexes vLLM engines.
+// left, bounds nesting, skips unknown fields and event types, and accepts
+// both event forms (maps, as vLLM writes them since its PR #42892, and
+// arrays), so the same Subscriber indexes vLLM engines of either era.
 package kvevents

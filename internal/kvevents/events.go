@@ -61,28 +61,36 @@ type Batch struct {
 
 // The wire layout, matched field for field to vLLM's msgspec structs in
 // vllm/distributed/kv_events.py (EventBatch, KVCacheEvent and its
-// subclasses). msgspec encodes an array_like struct as a msgpack array of its
-// fields in declaration order, a tagged one (tag=True) with the tag, the
-// class name, as the first element, and with omit_defaults it leaves out the
-// trailing fields still at their defaults; fields without a default (lora_id,
-// medium, lora_name) are always present, as nil when None. So:
+// subclasses). The batch is array_like: a msgpack array of its fields in
+// declaration order. The events are tagged (tag=True, the tag the class
+// name) with omit_defaults, which leaves out fields still at their defaults;
+// fields without a default (lora_id, medium, lora_name) are always present,
+// as nil when None. vLLM 0.32 writes each event as a map (EncodingMap), the
+// tag under "type" first, then the fields in declaration order:
 //
 //	KVEventBatch     [ts float64, [event...], data_parallel_rank]
+//	BlockStored      {"type": "BlockStored", "block_hashes": [hash...], "parent_block_hash": parent|nil, "token_ids": [token...], "block_size": n, "lora_id": nil, "medium": medium, "lora_name": nil}
+//	BlockRemoved     {"type": "BlockRemoved", "block_hashes": [hash...], "medium": medium}
+//	AllBlocksCleared {"type": "AllBlocksCleared"}
+//
+// Earlier vLLM declared the events array_like too (EncodingArray): the same
+// values in the same order, positionally, the tag first and the trailing
+// fields at their defaults left out:
+//
 //	BlockStored      ["BlockStored", [hash...], parent|nil, [token...], block_size, lora_id=nil, medium, lora_name=nil]
 //	BlockRemoved     ["BlockRemoved", [hash...], medium]
 //	AllBlocksCleared ["AllBlocksCleared"]
 //
-// extra_keys, group_idx and kv_cache_spec_* default to None and are left
-// out (one KV cache group, no LoRA, no multimodal keys). msgspec writes
-// floats as float64 and integers, strings and arrays in their smallest
-// msgpack form; the encoder below does the same, so its bytes equal
-// msgspec's. vLLM PR #42892 (2026) dropped array_like from the event structs
-// (events become maps with a "type" key, the batch stays an array); the
-// positional form is what every consumer decodes (llm-d's and Dynamo's
-// accept both), so it is the one published, and DecodeBatch accepts both.
+// extra_keys, group_idx, kv_cache_spec_* and the later fields default to
+// None and are left out (one KV cache group, no LoRA, no multimodal keys).
+// msgspec writes floats as float64 and integers, strings, maps and arrays in
+// their smallest msgpack form; the encoder below does the same, so its bytes
+// equal msgspec's in either form. vLLM PR #42892 (2026) dropped array_like
+// from the event structs; DecodeBatch accepts both forms.
 
-// AppendBatch appends the msgpack encoding of b to dst.
-func AppendBatch(dst []byte, b *Batch) []byte {
+// AppendBatch appends the msgpack encoding of b, its events in form enc, to
+// dst.
+func AppendBatch(dst []byte, b *Batch, enc Encoding) []byte {
 	if b.HasRank {
 		dst = msgp.AppendArrayHeader(dst, 3)
 	} else {
@@ -90,8 +98,9 @@ func AppendBatch(dst []byte, b *Batch) []byte {
 	}
 	dst = msgp.AppendFloat64(dst, b.TS)
 	dst = appendArrayLen(dst, len(b.Events))
+	m := enc == EncodingMap
 	for i := range b.Events {
-		dst = appendEvent(dst, &b.Events[i])
+		dst = appendEvent(dst, &b.Events[i], m)
 	}
 	if b.HasRank {
 		dst = appendInt(dst, int64(b.DataParallelRank))
@@ -99,16 +108,28 @@ func AppendBatch(dst []byte, b *Batch) []byte {
 	return dst
 }
 
-func appendEvent(dst []byte, e *Event) []byte {
+// appendEvent writes e as a map (m) or an array. The keys are msgpack
+// fixstrs, written as constants: a map costs a few appends more per event,
+// nothing per block.
+func appendEvent(dst []byte, e *Event, m bool) []byte {
 	switch e.Kind {
 	case BlockStored:
-		dst = msgp.AppendArrayHeader(dst, 8)
-		dst = msgp.AppendString(dst, "BlockStored")
+		if m {
+			dst = append(dst, "\x88\xa4type\xabBlockStored\xacblock_hashes"...)
+		} else {
+			dst = append(dst, "\x98\xabBlockStored"...)
+		}
 		dst = appendHashes(dst, e.Hashes)
+		if m {
+			dst = append(dst, "\xb1parent_block_hash"...)
+		}
 		if e.HasParent {
 			dst = msgp.AppendUint64(dst, e.Parent)
 		} else {
 			dst = msgp.AppendNil(dst)
+		}
+		if m {
+			dst = append(dst, "\xa9token_ids"...)
 		}
 		dst = appendArrayLen(dst, len(e.Tokens))
 		for _, t := range e.Tokens { // appendInt, unrolled: this loop is most of the encoding's time
@@ -118,18 +139,38 @@ func appendEvent(dst []byte, e *Event) []byte {
 				dst = msgp.AppendInt64(dst, int64(t))
 			}
 		}
+		if m {
+			dst = append(dst, "\xaablock_size"...)
+		}
 		dst = appendInt(dst, int64(e.BlockSize))
-		dst = msgp.AppendNil(dst) // lora_id
+		if m {
+			dst = append(dst, "\xa7lora_id\xc0\xa6medium"...)
+		} else {
+			dst = msgp.AppendNil(dst) // lora_id
+		}
 		dst = appendOptStr(dst, e.Medium)
-		dst = msgp.AppendNil(dst) // lora_name
+		if m {
+			dst = append(dst, "\xa9lora_name\xc0"...)
+		} else {
+			dst = msgp.AppendNil(dst) // lora_name
+		}
 	case BlockRemoved:
-		dst = msgp.AppendArrayHeader(dst, 3)
-		dst = msgp.AppendString(dst, "BlockRemoved")
+		if m {
+			dst = append(dst, "\x83\xa4type\xacBlockRemoved\xacblock_hashes"...)
+		} else {
+			dst = append(dst, "\x93\xacBlockRemoved"...)
+		}
 		dst = appendHashes(dst, e.Hashes)
+		if m {
+			dst = append(dst, "\xa6medium"...)
+		}
 		dst = appendOptStr(dst, e.Medium)
 	default:
-		dst = msgp.AppendArrayHeader(dst, 1)
-		dst = msgp.AppendString(dst, "AllBlocksCleared")
+		if m {
+			dst = append(dst, "\x81\xa4type\xb0AllBlocksCleared"...)
+		} else {
+			dst = append(dst, "\x91\xb0AllBlocksCleared"...)
+		}
 	}
 	return dst
 }

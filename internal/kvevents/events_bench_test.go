@@ -25,19 +25,24 @@ func benchBatch() *Batch {
 // removed blocks): the unit of the ~1 µs per block budget.
 const benchBlocks = 32
 
+// BenchmarkAppendBatch encodes benchBatch in each event encoding.
 func BenchmarkAppendBatch(b *testing.B) {
-	batch := benchBatch()
-	buf := AppendBatch(nil, batch)
-	b.SetBytes(int64(len(buf)))
-	b.ReportAllocs()
-	for b.Loop() {
-		buf = AppendBatch(buf[:0], batch)
+	for _, enc := range []Encoding{EncodingMap, EncodingArray} {
+		b.Run(enc.String(), func(b *testing.B) {
+			batch := benchBatch()
+			buf := AppendBatch(nil, batch, enc)
+			b.SetBytes(int64(len(buf)))
+			b.ReportAllocs()
+			for b.Loop() {
+				buf = AppendBatch(buf[:0], batch, enc)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/benchBlocks, "ns/block")
+		})
 	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/benchBlocks, "ns/block")
 }
 
 func BenchmarkDecodeBatch(b *testing.B) {
-	payload := AppendBatch(nil, benchBatch())
+	payload := AppendBatch(nil, benchBatch(), EncodingMap)
 	b.SetBytes(int64(len(payload)))
 	b.ReportAllocs()
 	for b.Loop() {

@@ -56,9 +56,40 @@ var goldenBytes = strings.Join([]string{
 }, "")
 
 func TestAppendBatchMatchesMsgspecBytes(t *testing.T) {
-	got := hex.EncodeToString(AppendBatch(nil, &goldenBatch))
+	got := hex.EncodeToString(AppendBatch(nil, &goldenBatch, EncodingArray))
 	if got != goldenBytes {
 		t.Fatalf("encoding differs from msgspec's\n got %s\nwant %s", got, goldenBytes)
+	}
+}
+
+// goldenMapBytes: goldenBatch as vLLM 0.32 encodes it, events as maps (the
+// same values as goldenBytes, each after its field name).
+var goldenMapBytes = strings.Join([]string{
+	"93",                 // KVEventBatch: array of 3 (still array_like)
+	"cb41d954fc40200000", // ts
+	"93",                 // events: array of 3
+	"88",                 // BlockStored: map of 8
+	"a474797065" + "ab426c6f636b53746f726564",               // "type": "BlockStored"
+	"ac626c6f636b5f686173686573" + "9201cffedcba9876543210", // "block_hashes": [1, 0xfedcba9876543210]
+	"b1706172656e745f626c6f636b5f68617368" + "c0",           // "parent_block_hash": None
+	"a9746f6b656e5f696473" + "9401ccc8cd9c40ce00011170",     // "token_ids": [1, 200, 40000, 70000]
+	"aa626c6f636b5f73697a65" + "02",                         // "block_size": 2
+	"a76c6f72615f6964" + "c0",                               // "lora_id": None
+	"a66d656469756d" + "a3475055",                           // "medium": "GPU"
+	"a96c6f72615f6e616d65" + "c0",                           // "lora_name": None
+	"83",                                                    // BlockRemoved: map of 3
+	"a474797065" + "ac426c6f636b52656d6f766564",             // "type": "BlockRemoved"
+	"ac626c6f636b5f686173686573" + "91cd012c",               // "block_hashes": [300]
+	"a66d656469756d" + "a3475055",                           // "medium": "GPU"
+	"81",                                                    // AllBlocksCleared: map of 1
+	"a474797065" + "b0416c6c426c6f636b73436c6561726564",     // "type": "AllBlocksCleared"
+	"00", // data_parallel_rank: 0
+}, "")
+
+func TestAppendBatchMapFormMatchesMsgspecBytes(t *testing.T) {
+	got := hex.EncodeToString(AppendBatch(nil, &goldenBatch, EncodingMap))
+	if got != goldenMapBytes {
+		t.Fatalf("encoding differs from msgspec's\n got %s\nwant %s", got, goldenMapBytes)
 	}
 }
 
@@ -72,16 +103,18 @@ func TestDecodeBatchRoundTrips(t *testing.T) {
 		{"a batch without rank or events", Batch{TS: 5, Events: []Event{}}},
 		{"negative token ids", Batch{Events: []Event{{Kind: BlockStored, Hashes: []uint64{7}, Tokens: []int32{-1, -100, -40000, -1 << 31}, BlockSize: 4}}, HasRank: true}},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := DecodeBatch(AppendBatch(nil, &tc.b))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff(&tc.b, got); diff != "" {
-				t.Errorf("round trip (-want +got):\n%s", diff)
-			}
-		})
+	for _, enc := range []Encoding{EncodingMap, EncodingArray} {
+		for _, tc := range tests {
+			t.Run(enc.String()+"/"+tc.name, func(t *testing.T) {
+				got, err := DecodeBatch(AppendBatch(nil, &tc.b, enc))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if diff := cmp.Diff(&tc.b, got); diff != "" {
+					t.Errorf("round trip (-want +got):\n%s", diff)
+				}
+			})
+		}
 	}
 }
 
@@ -175,7 +208,8 @@ func TestDecodeRefusesMalformedPayloads(t *testing.T) {
 // returns a batch or ErrMalformed, and a batch it accepts survives
 // re-encoding.
 func FuzzDecodeBatch(f *testing.F) {
-	f.Add(AppendBatch(nil, &goldenBatch))
+	f.Add(AppendBatch(nil, &goldenBatch, EncodingArray))
+	f.Add(AppendBatch(nil, &goldenBatch, EncodingMap))
 	f.Add([]byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x90})
 	f.Add(mustHexF(f, "93 cb3ff0000000000000 91 82 a474797065 ac426c6f636b52656d6f766564 ac626c6f636b5f686173686573 9105 00"))
 	f.Fuzz(func(t *testing.T, payload []byte) {
@@ -195,12 +229,14 @@ func FuzzDecodeBatch(f *testing.F) {
 				e.Tokens, e.BlockSize, e.Parent, e.HasParent = nil, 0, 0, false
 			}
 		}
-		again, err := DecodeBatch(AppendBatch(nil, b))
-		if err != nil {
-			t.Fatalf("re-encoded batch does not decode: %v", err)
-		}
-		if diff := cmp.Diff(b, again, cmpopts.EquateEmpty(), cmp.Comparer(func(x, y float64) bool { return x == y || x != x && y != y })); diff != "" {
-			t.Fatalf("re-encoding changed the batch (-first +second):\n%s", diff)
+		for _, enc := range []Encoding{EncodingMap, EncodingArray} {
+			again, err := DecodeBatch(AppendBatch(nil, b, enc))
+			if err != nil {
+				t.Fatalf("re-encoded batch (%s form) does not decode: %v", enc, err)
+			}
+			if diff := cmp.Diff(b, again, cmpopts.EquateEmpty(), cmp.Comparer(func(x, y float64) bool { return x == y || x != x && y != y })); diff != "" {
+				t.Fatalf("re-encoding (%s form) changed the batch (-first +second):\n%s", enc, diff)
+			}
 		}
 	})
 }
@@ -237,7 +273,7 @@ func TestAppendBatchBytesAtTheFormatBoundaries(t *testing.T) {
 		"93 ac426c6f636b52656d6f766564 dc0010" + strings.Repeat("00", 16) + "c0",
 		"f9", // data_parallel_rank -7
 	}, "")
-	if got, want := hex.EncodeToString(AppendBatch(nil, &small)), strings.ReplaceAll(want, " ", ""); got != want {
+	if got, want := hex.EncodeToString(AppendBatch(nil, &small, EncodingArray)), strings.ReplaceAll(want, " ", ""); got != want {
 		t.Errorf("small batch: encoding changed\n got %s\nwant %s", got, want)
 	}
 
@@ -247,7 +283,7 @@ func TestAppendBatchBytesAtTheFormatBoundaries(t *testing.T) {
 		{Kind: BlockRemoved, Hashes: []uint64{1}, Medium: strings.Repeat("z", 65535)},
 		{Kind: BlockRemoved, Hashes: []uint64{1}, Medium: strings.Repeat("w", 65536)},
 	}, DataParallelRank: 1 << 40, HasRank: true}
-	enc := AppendBatch(nil, &large)
+	enc := AppendBatch(nil, &large, EncodingArray)
 	if got, want := fmt.Sprintf("%d %x", len(enc), sha256.Sum256(enc)), "262759 e6ed311766ce6a6ab714e50867debbe969bb8e8d08c4ed5ad919694ec25e18ba"; got != want {
 		t.Errorf("large batch: encoding changed: %s, want %s", got, want)
 	}

@@ -279,7 +279,7 @@ func (p *Publisher) run() {
 	defer close(p.stopped)
 	topic := []byte(p.cfg.Topic)
 	send := func(b *Batch) {
-		payload := AppendBatch(nil, b)
+		payload := AppendBatch(nil, b, p.cfg.EventEncoding)
 		var seq [8]byte
 		binary.BigEndian.PutUint64(seq[:], p.seq)
 		p.ring.add(p.seq, payload)

@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -459,5 +460,45 @@ func TestRealEngine(t *testing.T) {
 	})
 	if st := pub.Stats(); st.StoredWithoutTokens != 0 || st.QueueDrops != 0 {
 		t.Errorf("publisher stats %+v: want every block with its tokens, nothing dropped", st)
+	}
+}
+
+// TestPublisherWritesTheConfiguredEventEncoding: events go out as maps
+// unless event_encoding asks for arrays.
+func TestPublisherWritesTheConfiguredEventEncoding(t *testing.T) {
+	for _, tc := range []struct {
+		json      string
+		enc       Encoding
+		eventHead byte // the first event's msgpack header: a map or an array of 3
+	}{
+		{`{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:0"}`, EncodingMap, 0x83},
+		{`{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:0", "event_encoding": "array"}`, EncodingArray, 0x93},
+	} {
+		t.Run(tc.enc.String(), func(t *testing.T) {
+			cfg, err := ParseConfig(tc.json)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := NewPublisher(*cfg, PublisherOptions{BlockSize: 4, Logger: quiet})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.shutdown(false, 0) })
+			p.BlockRemoved(kvcache.BlockHash{1})
+			p.Flush()
+			testutil.WaitFor(t, "a batch published", 10*time.Second, func() bool { return p.Stats().Published >= 1 })
+			payload := p.ring.from(0)[0].payload
+			b, err := DecodeBatch(payload)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := AppendBatch(nil, b, tc.enc); !bytes.Equal(payload, want) {
+				t.Errorf("published %x, want the %s form %x", payload, tc.enc, want)
+			}
+			// [ts, [event], rank]: array header, 9 bytes of ts, events header.
+			if payload[11] != tc.eventHead {
+				t.Errorf("first event starts %#x, want %#x", payload[11], tc.eventHead)
+			}
+		})
 	}
 }

@@ -235,15 +235,64 @@ var tandemBatches = map[string]Batch{
 	}},
 }
 
-// knownRejected are the vLLM versions whose own KVEventBatch decoder refuses
-// Tandem's batches, with why. The test fails when a version's verdict
-// differs from this list either way, so the list stays true.
+// TestMapFormEqualsVLLMsBytes checks Tandem's map-form events byte for byte
+// against what vLLM's own encoder wrote for the same events
+// (kvevents/map-<name>.msgpack, recorded from vLLM's msgspec types). The
+// events array is compared: vLLM writes a None data_parallel_rank as a
+// trailing nil where Tandem leaves it out (both decode to None), and the
+// timestamp and rank before and after it are checked by value.
+func TestMapFormEqualsVLLMsBytes(t *testing.T) {
+	for _, v := range vllmVersions(t) {
+		for name, b := range tandemBatches {
+			t.Run(v+"/"+name, func(t *testing.T) {
+				recorded, err := os.ReadFile(filepath.Join(vllmTestdata, v, "kvevents", "map-"+name+".msgpack"))
+				if err != nil {
+					t.Fatalf("%v: re-create the recording with bash scripts/vllm/record.sh", err)
+				}
+				ours := AppendBatch(nil, &b, EncodingMap)
+				// [ts float64, [event...], rank]: a 1-byte array header, 9
+				// bytes of ts, the events, a rank of one byte (0 or nil).
+				theirEvents := recorded[10 : len(recorded)-1]
+				ourEvents := ours[10:]
+				if b.HasRank {
+					ourEvents = ours[10 : len(ours)-1]
+				}
+				if !bytes.Equal(ourEvents, theirEvents) {
+					t.Errorf("events differ from vLLM %s's\n got %x\nwant %x", v, ourEvents, theirEvents)
+				}
+				got, err := DecodeBatch(recorded)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got.TS != b.TS || got.HasRank != b.HasRank || got.DataParallelRank != b.DataParallelRank {
+					t.Errorf("vLLM's batch has ts %v rank %d (set %v), Tandem's %v %d (%v)", got.TS, got.DataParallelRank, got.HasRank, b.TS, b.DataParallelRank, b.HasRank)
+				}
+			})
+		}
+	}
+}
+
+// tandemFixture is the file under testdata/vllm/tandem holding batch name
+// in form enc: <name>.msgpack for the map form Tandem publishes by default,
+// array-<name>.msgpack for the array form.
+func tandemFixture(name string, enc Encoding) string {
+	if enc == EncodingArray {
+		name = "array-" + name
+	}
+	return filepath.Join(vllmTestdata, "tandem", name+".msgpack")
+}
+
+// knownRejected are the vLLM versions, and the event encodings, whose
+// KVEventBatch decoder refuses Tandem's batches, with why, keyed
+// "version/encoding". The test fails when a verdict differs from this list
+// either way, so the list stays true.
 var knownRejected = map[string]string{
 	// vLLM dropped array_like from its event structs (events are msgpack maps
-	// with a "type" key); its decoder refuses the positional events Tandem
-	// publishes. llm-d's and Dynamo's decoders accept both forms; a consumer
-	// using vLLM's own types (vllm.distributed.kv_events.KVEventBatch) does not.
-	"0.32.0": "Expected `object`, got `array`",
+	// with a "type" key); its decoder refuses the positional events of
+	// "event_encoding": "array". A consumer using vLLM's own types
+	// (vllm.distributed.kv_events.KVEventBatch) takes only the map form, the
+	// default; the array form is for consumers written for older vLLM.
+	"0.32.0/array": "Expected `object`, got `array`",
 }
 
 // verdict is one decoder's judgement of a Tandem batch, from
@@ -254,72 +303,86 @@ type verdict struct {
 	Decoded  json.RawMessage `json:"decoded"`
 }
 
-// TestTandemBatchesAgainstVLLM checks what Tandem publishes against vLLM's
-// recorded schema. scripts/vllm/record.py ran two of vLLM's decoders over
-// Tandem's bytes (testdata/vllm/tandem): its KVEventBatch as it is, and its
-// event types re-declared array_like (the form vLLM published before it
-// switched to maps, and the one Tandem publishes). The array-form decoder
-// must accept every batch and read back exactly the fields Tandem encoded;
-// vLLM's own decoder's verdict must be the one knownRejected expects.
+// TestTandemBatchesAgainstVLLM checks what Tandem publishes, in both event
+// encodings, against vLLM's recorded schema. scripts/vllm/record.py ran two
+// of vLLM's decoders over Tandem's bytes (testdata/vllm/tandem): its
+// KVEventBatch as it is (events as maps), and its event types re-declared
+// array_like (the form vLLM published before it switched to maps). The
+// decoder of a batch's own form must accept it and read back exactly the
+// fields Tandem encoded; vLLM's own decoder's verdict must be the one
+// knownRejected expects.
 func TestTandemBatchesAgainstVLLM(t *testing.T) {
-	for name, b := range tandemBatches {
-		payload := AppendBatch(nil, &b)
-		path := filepath.Join(vllmTestdata, "tandem", name+".msgpack")
-		if *updateTandemFixtures {
-			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(path, payload, 0o644); err != nil {
-				t.Fatal(err)
-			}
+	for _, enc := range []Encoding{EncodingMap, EncodingArray} {
+		for name, b := range tandemBatches {
+			checkTandemBatch(t, name, b, enc)
 		}
-		fixed, err := os.ReadFile(path)
+	}
+}
+
+func checkTandemBatch(t *testing.T, name string, b Batch, enc Encoding) {
+	t.Helper()
+	payload := AppendBatch(nil, &b, enc)
+	path := tandemFixture(name, enc)
+	file := filepath.Base(path)
+	if *updateTandemFixtures {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, payload, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fixed, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v: run go test ./internal/kvevents -run TestTandemBatchesAgainstVLLM -update-vllm-fixtures, then bash scripts/vllm/record.sh", err)
+	}
+	if !bytes.Equal(fixed, payload) {
+		t.Fatalf("%s: Tandem's encoding changed since vLLM judged it: rerun with -update-vllm-fixtures, then bash scripts/vllm/record.sh", file)
+	}
+	sum := sha256.Sum256(payload)
+	for _, v := range vllmVersions(t) {
+		raw, err := os.ReadFile(filepath.Join(vllmTestdata, v, "tandem-decoded.json"))
 		if err != nil {
-			t.Fatalf("%v: run go test ./internal/kvevents -run TestTandemBatchesAgainstVLLM -update-vllm-fixtures, then bash scripts/vllm/record.sh", err)
+			t.Errorf("vLLM %s: no verdict on Tandem's batches (%v): run bash scripts/vllm/record.sh", v, err)
+			continue
 		}
-		if !bytes.Equal(fixed, payload) {
-			t.Fatalf("%s: Tandem's encoding changed since vLLM judged it: rerun with -update-vllm-fixtures, then bash scripts/vllm/record.sh", name)
+		var verdicts map[string]struct {
+			SHA256    string  `json:"sha256"`
+			VLLM      verdict `json:"vllm"`
+			ArrayForm verdict `json:"array_form"`
 		}
-		sum := sha256.Sum256(payload)
-		for _, v := range vllmVersions(t) {
-			raw, err := os.ReadFile(filepath.Join(vllmTestdata, v, "tandem-decoded.json"))
-			if err != nil {
-				t.Errorf("vLLM %s: no verdict on Tandem's batches (%v): run bash scripts/vllm/record.sh", v, err)
-				continue
-			}
-			var verdicts map[string]struct {
-				SHA256    string  `json:"sha256"`
-				VLLM      verdict `json:"vllm"`
-				ArrayForm verdict `json:"array_form"`
-			}
-			if err := json.Unmarshal(raw, &verdicts); err != nil {
+		if err := json.Unmarshal(raw, &verdicts); err != nil {
+			t.Fatal(err)
+		}
+		vd, ok := verdicts[file]
+		if !ok || vd.SHA256 != hex.EncodeToString(sum[:]) {
+			t.Errorf("vLLM %s, %s: the recorded verdict is for other bytes: run bash scripts/vllm/record.sh", v, file)
+			continue
+		}
+		own, ownName := vd.VLLM, "vLLM's KVEventBatch"
+		if enc == EncodingArray {
+			own, ownName = vd.ArrayForm, "vLLM's types in array form"
+		}
+		if !own.Accepted {
+			t.Errorf("vLLM %s, %s: %s refuse Tandem's batch: %s", v, file, ownName, own.Error)
+		} else {
+			f := filepath.Join(t.TempDir(), "decoded.json")
+			if err := os.WriteFile(f, own.Decoded, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			vd, ok := verdicts[name+".msgpack"]
-			if !ok || vd.SHA256 != hex.EncodeToString(sum[:]) {
-				t.Errorf("vLLM %s, %s: the recorded verdict is for other bytes: run bash scripts/vllm/record.sh", v, name)
-				continue
-			}
-			if !vd.ArrayForm.Accepted {
-				t.Errorf("vLLM %s, %s: vLLM's types in array form refuse Tandem's batch: %s", v, name, vd.ArrayForm.Error)
-			} else {
-				f := filepath.Join(t.TempDir(), "decoded.json")
-				if err := os.WriteFile(f, vd.ArrayForm.Decoded, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				t.Run(v+"/"+name+"/read-by-vllm", func(t *testing.T) { checkRecorded(t, &b, readRecorded(t, f)) })
-			}
-			why, known := knownRejected[v]
-			switch {
-			case vd.VLLM.Accepted && known:
-				t.Errorf("vLLM %s now accepts Tandem's %s batch: drop it from knownRejected", v, name)
-			case !vd.VLLM.Accepted && !known:
-				t.Errorf("vLLM %s's decoder refuses Tandem's %s batch: %s", v, name, vd.VLLM.Error)
-			case !vd.VLLM.Accepted && !strings.Contains(vd.VLLM.Error, why):
-				t.Errorf("vLLM %s refuses Tandem's %s batch for another reason than known (%q): %s", v, name, why, vd.VLLM.Error)
-			case !vd.VLLM.Accepted:
-				t.Logf("vLLM %s's own decoder refuses Tandem's %s batch, as known: %s", v, name, vd.VLLM.Error)
-			}
+			t.Run(v+"/"+file+"/read-by-vllm", func(t *testing.T) { checkRecorded(t, &b, readRecorded(t, f)) })
+		}
+		key := v + "/" + enc.String()
+		why, known := knownRejected[key]
+		switch {
+		case vd.VLLM.Accepted && known:
+			t.Errorf("vLLM %s now accepts Tandem's %s: drop %s from knownRejected", v, file, key)
+		case !vd.VLLM.Accepted && !known:
+			t.Errorf("vLLM %s's decoder refuses Tandem's %s: %s", v, file, vd.VLLM.Error)
+		case !vd.VLLM.Accepted && !strings.Contains(vd.VLLM.Error, why):
+			t.Errorf("vLLM %s refuses Tandem's %s for another reason than known (%q): %s", v, file, why, vd.VLLM.Error)
+		case !vd.VLLM.Accepted:
+			t.Logf("vLLM %s's own decoder refuses Tandem's %s, as known: %s", v, file, vd.VLLM.Error)
 		}
 	}
 }
