@@ -16,8 +16,11 @@
 // subscriber misses it). Close publishes AllBlocksCleared.
 //
 // The wire format is vLLM's (vllm/distributed/kv_events.py,
-// ZmqEventPublisher), so llm-d's kv-cache indexer, Dynamo's router and other
-// consumers of vLLM's events index Tandem engines unchanged:
+// ZmqEventPublisher), so consumers of vLLM's events (llm-d's kv-cache
+// indexer, Dynamo's router, vLLM's own KVEventBatch decoder) index Tandem
+// engines unchanged, as long as they read the event form published: maps
+// with a "type" key by default, as vLLM 0.32 writes them, or the positional
+// form older vLLM wrote ("event_encoding": "array"):
 //
 //   - a ZMQ PUB socket (endpoint, default tcp://*:5557) sending three-frame
 //     messages [topic, sequence number as 8 bytes big-endian, payload],
