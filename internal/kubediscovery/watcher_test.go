@@ -256,9 +256,8 @@ func TestAPIServerDownAtStart(t *testing.T) {
 	if cs := rec.of(RoleDecode); len(cs) != 0 || w.Synced() {
 		t.Errorf("with the API server down: calls %v, synced %v; want none (the static list serves)", cs, w.Synced())
 	}
-	if logs.count("cannot list EndpointSlices") == 0 {
-		t.Errorf("the failed list is not logged:\n%s", logs)
-	}
+	// The refused dial returns before the informer logs the failed list.
+	testutil.WaitFor(t, "the failed list to be logged", waitLimit, func() bool { return logs.count("cannot list EndpointSlices") > 0 })
 	f.down.Store(false)
 	rec.wait(t, RoleDecode, urls("198.18.0.1")...)
 	testutil.WaitFor(t, "the watcher to be synced", waitLimit, w.Synced)
