@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/tandem-serve/tandem/internal/kvparams"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // observations returns how many samples a histogram holds.
@@ -34,18 +35,6 @@ func (c *tickClock) Now() time.Time {
 	return c.t
 }
 
-// waitUntil polls cond until it holds, failing after 10 s.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10 s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestFetchStages: a request whose KV loads from elsewhere shows in the
 // fetch-stage gauge while it loads and not after, each stage's time is
 // observed once when it first runs, and its first token's Timing has the
@@ -58,13 +47,13 @@ func TestFetchStages(t *testing.T) {
 		t.Fatal(err)
 	}
 	gauge := func(stage string) float64 { return value(t, m.KVFetchByStage.WithLabelValues(stage)) }
-	waitUntil(t, "the load in progress", func() bool { return gauge("in_progress") == 1 })
+	testutil.WaitFor(t, "the load in progress", 10*time.Second, func() bool { return gauge("in_progress") == 1 })
 	if gauge("waiting_to_start") != 0 || gauge("completed_waiting") != 0 {
 		t.Errorf("gauge waiting_to_start %v completed_waiting %v during the load, want 0", gauge("waiting_to_start"), gauge("completed_waiting"))
 	}
 	e.ReportKV(KVCompletions{FinishedRecving: []string{h.ID}})
 	r := collect(t, h)
-	waitUntil(t, "the gauge back at 0", func() bool { return gauge("in_progress") == 0 })
+	testutil.WaitFor(t, "the gauge back at 0", 10*time.Second, func() bool { return gauge("in_progress") == 0 })
 	for _, st := range []string{"waiting_to_start", "in_progress", "completed_waiting"} {
 		if n := observations(t, m.KVFetchStageSeconds.WithLabelValues(st)); n != 1 {
 			t.Errorf("%s: %d observations, want 1", st, n)

@@ -565,16 +565,9 @@ func (f *fields) slidingWindow(c *Config) error {
 		return nil
 	}
 	if f.has("layer_types") {
-		types, err := f.layerTypes(c.Layers)
-		if err != nil {
-			return err
-		}
-		for i, t := range types {
-			if t == "full_attention" {
-				c.FullLayers = append(c.FullLayers, i)
-			}
-		}
-		return nil
+		full, err := f.fullAttentionLayers(c.Layers)
+		c.FullLayers = append(c.FullLayers, full...)
+		return err
 	}
 	first, err := f.intField("max_window_layers", 28, false)
 	if err != nil {
@@ -584,6 +577,22 @@ func (f *fields) slidingWindow(c *Config) error {
 		c.FullLayers = append(c.FullLayers, i)
 	}
 	return nil
+}
+
+// fullAttentionLayers returns the layers "layer_types" names
+// "full_attention" (the others slide).
+func (f *fields) fullAttentionLayers(layers int) ([]int, error) {
+	types, err := f.layerTypes(layers)
+	if err != nil {
+		return nil, err
+	}
+	var full []int
+	for i, t := range types {
+		if t == "full_attention" {
+			full = append(full, i)
+		}
+	}
+	return full, nil
 }
 
 // layerTypes reads layer_types: one "full_attention" or
@@ -668,16 +677,9 @@ func (f *fields) gemma(c *Config) error {
 		return err
 	}
 	if f.has("layer_types") {
-		types, err := f.layerTypes(c.Layers)
-		if err != nil {
-			return err
-		}
-		for i, t := range types {
-			if t == "full_attention" {
-				c.FullLayers = append(c.FullLayers, i)
-			}
-		}
-		return nil
+		full, err := f.fullAttentionLayers(c.Layers)
+		c.FullLayers = append(c.FullLayers, full...)
+		return err
 	}
 	pattern, err := f.posInt("sliding_window_pattern", 6, false)
 	if err != nil {
