@@ -228,10 +228,16 @@ func (c *Consumer) handshake(p *peerState) error {
 	c.wg.Add(1)
 	c.mu.Unlock()
 	defer c.wg.Done()
-	c.firstHandshakes.Add(1)
 	p.mu.Lock()
+	if p.info != nil && !p.dropped {
+		// A request that saw no handshake done, then joined after the
+		// one in flight had finished: nothing left to do.
+		p.mu.Unlock()
+		return nil
+	}
 	p.handshaking = true
 	p.mu.Unlock()
+	c.firstHandshakes.Add(1)
 	ctx, cancel := context.WithTimeout(c.base, c.cfg.DialTimeout)
 	defer cancel()
 	cn, info, err := c.dialHello(ctx, p)
