@@ -191,8 +191,24 @@ func (c *conn) writeRequest(req *http.Request, body io.Reader) error {
 	}
 	if br, ok := body.(*bytes.Reader); ok && int64(br.Len()) == n {
 		// bytes.Reader hands its slice to Write: no copy.
-		_, err := br.WriteTo(&headWriter{nc: c.nc, head: b})
+		_, err := br.WriteTo(&headWriter{nc: c.nc, head: b, left: n})
 		return err
+	}
+	if wt, ok := body.(io.WriterTo); ok {
+		// What http.NewRequest makes of a *bytes.Reader body (io.NopCloser
+		// keeps its WriteTo): the same one writev, with the length held
+		// to ContentLength since the reader's is not known here.
+		w := &headWriter{nc: c.nc, head: b, left: n}
+		written, err := wt.WriteTo(w)
+		switch {
+		case w.over:
+			return &bodyError{fmt.Errorf("http: ContentLength=%d with a longer Body", n)}
+		case err != nil && w.werr == nil:
+			return bodyErr(err, n, written)
+		case err == nil && written < n:
+			return bodyErr(nil, n, written)
+		}
+		return err // the connection's
 	}
 	if _, err := c.nc.Write(b); err != nil {
 		return err
@@ -256,21 +272,40 @@ func (c *conn) appendHead(b []byte, req *http.Request) []byte {
 }
 
 // headWriter writes a request's head with the first Write of its body, in
-// one writev.
+// one writev, and at most left bytes of body: a Write past them writes
+// nothing and fails (over), so no more than ContentLength bytes reach the
+// wire whatever the body's writer does.
 type headWriter struct {
 	nc   net.Conn
 	head []byte
+	left int64
+	over bool  // a Write went past left
+	werr error // the connection's error, to tell it from the body's
 }
 
+// errBodyTooLong is a body longer than its ContentLength.
+var errBodyTooLong = errors.New("http: request body longer than its ContentLength")
+
 func (w *headWriter) Write(p []byte) (int, error) {
-	if w.head == nil {
-		return w.nc.Write(p)
+	if int64(len(p)) > w.left {
+		w.over = true
+		return 0, errBodyTooLong
 	}
-	head := len(w.head)
-	bufs := net.Buffers{w.head, p}
-	w.head = nil
-	n, err := bufs.WriteTo(w.nc)
-	return max(0, int(n)-head), err
+	var n int
+	var err error
+	if w.head == nil {
+		n, err = w.nc.Write(p)
+	} else {
+		head := len(w.head)
+		bufs := net.Buffers{w.head, p}
+		w.head = nil
+		var m int64
+		m, err = bufs.WriteTo(w.nc)
+		n = max(0, int(m)-head)
+	}
+	w.left -= int64(n)
+	w.werr = err
+	return n, err
 }
 
 // bodyError is a failure of the request's body itself (a read error, a
