@@ -8,7 +8,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/tandem-serve/tandem/internal/engine"
-	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/sim"
 	"github.com/tandem-serve/tandem/internal/tensor"
@@ -48,10 +47,6 @@ func loadForwarder(cfg *Config, tok *tokenizer.Tokenizer, log *slog.Logger) (eng
 	if cfg.MaxModelLen > 0 {
 		maxLen = cfg.MaxModelLen
 	}
-	kvDType := kvlayout.BF16
-	if dt, set, _ := kvlayout.ParseElemType(cfg.KVCacheDType); set {
-		kvDType = dt
-	}
 	eos := tok.EOS()
 	for _, id := range append(gen.EOS, mc.EOS...) {
 		if !slices.Contains(eos, id) {
@@ -60,7 +55,7 @@ func loadForwarder(cfg *Config, tok *tokenizer.Tokenizer, log *slog.Logger) (eng
 	}
 	m, err := sim.New(sim.Config{
 		Vocab: max(mc.Vocab, tok.VocabSize()), Choices: textTokens(tok), MaxModelLen: maxLen, EOS: eos, Generation: *gen,
-		KVDType: kvDType, Seed: c.Seed, MeanOutputLen: c.MeanOutputLen, Time: tm, Speed: c.Speed,
+		KVCacheDType: cfg.KVCacheDType, Seed: c.Seed, MeanOutputLen: c.MeanOutputLen, Time: tm, Speed: c.Speed,
 		Faults: c.Faults, Logger: log,
 	})
 	if err != nil {

@@ -41,10 +41,13 @@ type Config struct {
 	// Generation is returned by GenerationConfig (the served model's
 	// generation_config.json defaults).
 	Generation model.GenerationConfig
-	// Layers, KVHeads, HeadDim and KVDType shape the KV cache (defaults
-	// DefaultLayers, DefaultKVHeads, DefaultHeadDim and bf16).
+	// Layers, KVHeads and HeadDim shape the KV cache (defaults
+	// DefaultLayers, DefaultKVHeads and DefaultHeadDim).
 	Layers, KVHeads, HeadDim int
-	KVDType                  kvlayout.ElemType
+	// KVCacheDType is the KV element type as --kv-cache-dtype spells it:
+	// bfloat16 or float32; "" and auto are bfloat16 (a simulated model has
+	// no weights to take it from).
+	KVCacheDType string
 	// Seed picks the simulated model's outputs; engines that must agree
 	// (colocated and disaggregated runs) need the same one.
 	Seed uint64
@@ -110,6 +113,7 @@ type Stats struct {
 // that sleeps instead of computing. See the package documentation.
 type Model struct {
 	cfg         Config
+	kvDType     kvlayout.ElemType
 	pool        *tensor.Pool
 	fingerprint string
 	base        []float32 // one logits row, rotated per token
@@ -149,11 +153,12 @@ func New(cfg Config) (*Model, error) {
 	cfg.Layers = cmpOr(cfg.Layers, DefaultLayers)
 	cfg.KVHeads = cmpOr(cfg.KVHeads, DefaultKVHeads)
 	cfg.HeadDim = cmpOr(cfg.HeadDim, DefaultHeadDim)
-	if cfg.KVDType == 0 {
-		cfg.KVDType = kvlayout.BF16
+	kvDType, set, err := kvlayout.ParseElemType(cfg.KVCacheDType)
+	if err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
 	}
-	if !cfg.KVDType.Valid() {
-		return nil, fmt.Errorf("sim: KV dtype %v: want bf16 or f32", cfg.KVDType)
+	if !set {
+		kvDType = kvlayout.BF16
 	}
 	if cfg.Speed == 0 {
 		cfg.Speed = 1
@@ -190,10 +195,11 @@ func New(cfg Config) (*Model, error) {
 		}
 	}
 	m := &Model{
-		cfg:  cfg,
-		pool: tensor.NewPool(1),
-		rng:  rand.New(rand.NewPCG(cfg.Seed, 0x73696d)),
-		log:  cfg.Logger.With("component", "sim"),
+		cfg:     cfg,
+		kvDType: kvDType,
+		pool:    tensor.NewPool(1),
+		rng:     rand.New(rand.NewPCG(cfg.Seed, 0x73696d)),
+		log:     cfg.Logger.With("component", "sim"),
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "tandem sim v1 layers=%d kv_heads=%d head_dim=%d vocab=%d", cfg.Layers, cfg.KVHeads, cfg.HeadDim, cfg.Vocab)
@@ -232,7 +238,7 @@ func (m *Model) MaxModelLen() int { return m.cfg.MaxModelLen }
 
 // KVLayout implements engine.Forwarder.
 func (m *Model) KVLayout(blockSize int) kvlayout.Layout {
-	return m.KVLayoutOf(blockSize, m.cfg.KVDType)
+	return m.KVLayoutOf(blockSize, m.kvDType)
 }
 
 // KVLayoutOf implements engine.Forwarder.

@@ -322,3 +322,24 @@ func TestFaults(t *testing.T) {
 		}
 	})
 }
+
+// --kv-cache-dtype reaches a simulated engine's KV layout: float32 was
+// turned into bf16 (F32 is the element type's zero value).
+func TestKVCacheDType(t *testing.T) {
+	for _, tc := range []struct {
+		flag string
+		want kvlayout.ElemType
+	}{{"", kvlayout.BF16}, {"auto", kvlayout.BF16}, {"bfloat16", kvlayout.BF16}, {"float32", kvlayout.F32}} {
+		m, err := New(Config{Vocab: 10, MaxModelLen: 10, KVCacheDType: tc.flag})
+		if err != nil {
+			t.Fatalf("%q: %v", tc.flag, err)
+		}
+		if got := m.KVLayout(16).DType; got != tc.want {
+			t.Errorf("--kv-cache-dtype %q: KV layout %v; want %v", tc.flag, got, tc.want)
+		}
+		m.Close()
+	}
+	if _, err := New(Config{Vocab: 10, MaxModelLen: 10, KVCacheDType: "fp8"}); err == nil || !strings.Contains(err.Error(), "fp8") {
+		t.Errorf("fp8: err %v; want a refusal naming it", err)
+	}
+}
