@@ -58,6 +58,7 @@ var allowed = map[string][]string{
 	"internal/kubediscovery":              {"github.com/go-logr/logr", "github.com/prometheus/client_golang/...", "k8s.io/..."},
 	"internal/kvparams":                   {}, // vLLM's kv_transfer_params, typed: std only
 	"internal/hoststat":                   {}, // procfs CPU, load and RSS: std only
+	"internal/progress":                   {}, // progress on stderr for long commands: std only
 	"internal/httpguard":                  {"internal/apierror"},
 	"internal/httpguard/httpguardtest":    {}, // the raw-TCP framing check the servers' tests share
 	"internal/kvevents/zmtp":              {}, // the ZMTP sockets under kvevents: std only
