@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -371,4 +372,50 @@ func TestFormats(t *testing.T) {
 			t.Errorf("got %q, want %q", tc.got, tc.want)
 		}
 	}
+}
+
+func TestReporterOpensAStageOnTheFirstReport(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var out syncBuffer
+		d := NewWriter(&out, Options{Every: time.Second})
+		r := d.Reporter("loading", Bytes)
+		report := r.Func()
+		time.Sleep(time.Second) // not counted: the stage opens on the first report
+		report(0, 4<<20)
+		for i := range 4 {
+			time.Sleep(400 * time.Millisecond)
+			report(int64(i+1)<<20, 4<<20)
+		}
+		r.Done()
+		r.Report(1, 1) // after Done: ignored
+		want := "loading: 50%, 2.0/4.0 MiB, 2.0 MiB/s, 1.0s elapsed, ETA 1.0s\nloading: 4.0 MiB in 1.6s (2.5 MiB/s)\n"
+		if got := out.String(); got != want {
+			t.Errorf("output:\n%q\nwant\n%q", got, want)
+		}
+	})
+	var off *Display
+	if f := off.Reporter("x", Bytes).Func(); f != nil {
+		t.Error("a nil Display's reporter gave a callback")
+	}
+	if f := NewWriter(io.Discard, Options{Off: true}).Reporter("x", Bytes).Func(); f != nil {
+		t.Error("an Off Display's reporter gave a callback")
+	}
+}
+
+func TestGaugesShowWhileRunningOnly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var out syncBuffer
+		d := NewWriter(&out, Options{Every: time.Second})
+		s := d.Start("bench", 10, Items("requests"))
+		inflight := s.Gauge("in flight")
+		inflight.Add(3)
+		s.Add(1)
+		time.Sleep(1500 * time.Millisecond)
+		inflight.Add(-3)
+		s.Done()
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		if len(lines) != 2 || !strings.Contains(lines[0], "3 in flight") || strings.Contains(lines[1], "in flight") {
+			t.Errorf("want the gauge in the running line only:\n%s", out.String())
+		}
+	})
 }

@@ -57,6 +57,7 @@ type Counter struct {
 	label string
 	total int64
 	warn  bool
+	gauge bool // shown while the stage runs, not in its final line
 	n     atomic.Int64
 }
 
@@ -69,6 +70,13 @@ type sample struct {
 func (s *Stage) Add(n int64) {
 	if s != nil {
 		s.done.Add(n)
+	}
+}
+
+// Set sets the count to n, for a caller that reports running totals.
+func (s *Stage) Set(n int64) {
+	if s != nil {
+		s.done.Store(n)
 	}
 }
 
@@ -91,6 +99,12 @@ func (s *Stage) Warning(label string) *Counter {
 	return s.counter(&Counter{label: label, warn: true})
 }
 
+// Gauge adds a count labelled label ("in flight") shown while the stage
+// runs but not in its final line.
+func (s *Stage) Gauge(label string) *Counter {
+	return s.counter(&Counter{label: label, gauge: true})
+}
+
 func (s *Stage) counter(c *Counter) *Counter {
 	if s == nil {
 		return nil
@@ -101,10 +115,17 @@ func (s *Stage) counter(c *Counter) *Counter {
 	return c
 }
 
-// Add counts n more (n may be negative: a count of requests in flight).
+// Add counts n more (n may be negative: a gauge of requests in flight).
 func (c *Counter) Add(n int64) {
 	if c != nil {
 		c.n.Add(n)
+	}
+}
+
+// Set sets the count to n.
+func (c *Counter) Set(n int64) {
+	if c != nil {
+		c.n.Store(n)
 	}
 }
 
@@ -209,13 +230,13 @@ func (s *Stage) amount(now time.Time) string {
 }
 
 // counterSegments are the counters' pieces: "120/272 tensors", "3 failed"
-// (warnings only when not zero).
-func (s *Stage) counterSegments() []segment {
+// (warnings only when not zero, gauges not in the final line).
+func (s *Stage) counterSegments(final bool) []segment {
 	var out []segment
 	for _, c := range s.counters {
 		n := c.n.Load()
 		switch {
-		case c.warn && n == 0:
+		case c.warn && n == 0, c.gauge && final:
 			continue
 		case c.total > 0:
 			out = append(out, segment{text: fmt.Sprintf("%d/%d %s", n, c.total, c.label)})
@@ -262,7 +283,7 @@ func (s *Stage) terminalSegments(now time.Time) []segment {
 		segs = append(segs, segment{text: fmt.Sprintf(" [%s] %3d%%", bar, pct)})
 	}
 	parts := []segment{{text: s.amount(now)}}
-	parts = append(parts, s.counterSegments()...)
+	parts = append(parts, s.counterSegments(false)...)
 	if r := s.rateText(s.rate(now)); r != "" {
 		parts = append(parts, segment{text: r})
 	}
@@ -284,7 +305,7 @@ func (s *Stage) plainSegments(now time.Time) []segment {
 		parts = append(parts, segment{text: fmt.Sprintf("%d%%", pct)})
 	}
 	parts = append(parts, segment{text: s.amount(now)})
-	parts = append(parts, s.counterSegments()...)
+	parts = append(parts, s.counterSegments(false)...)
 	if r := s.rateText(s.rate(now)); r != "" {
 		parts = append(parts, segment{text: r})
 	}
@@ -302,7 +323,7 @@ func (s *Stage) finalSegments(now time.Time) []segment {
 	if s.unit.kind != timeKind {
 		parts = append(parts, segment{text: s.amount(now)})
 	}
-	parts = append(parts, s.counterSegments()...)
+	parts = append(parts, s.counterSegments(true)...)
 	d := now.Sub(s.start)
 	tail := " in " + formatDuration(d)
 	if d > 0 && s.unit.kind != timeKind {
