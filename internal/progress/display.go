@@ -62,6 +62,9 @@ func NewWriter(w io.Writer, o Options) *Display {
 	return &Display{w: w, opts: o, tick: tick}
 }
 
+// Shows reports whether d shows anything (it is not nil and not off).
+func (d *Display) Shows() bool { return d != nil && !d.opts.Off }
+
 // Start opens a stage named name of total units (0 when not known; for
 // Time, the stage's planned duration in nanoseconds) and shows it until
 // its Done.
