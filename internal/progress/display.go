@@ -158,6 +158,11 @@ func (d *Display) redraw(now time.Time) {
 	if !d.opts.Terminal {
 		return
 	}
+	width := 80
+	if d.opts.Width != nil {
+		width = d.opts.Width()
+	}
+	width-- // a line that fills the last column wraps on some terminals
 	var segs []segment
 	for _, s := range d.stages {
 		if now.Sub(s.start) < d.opts.Delay {
@@ -166,17 +171,13 @@ func (d *Display) redraw(now time.Time) {
 		if len(segs) > 0 {
 			segs = append(segs, segment{text: "  |  "})
 		}
-		segs = append(segs, s.terminalSegments(now)...)
+		segs = append(segs, s.terminalSegments(now, width)...)
 	}
 	if len(segs) == 0 {
 		d.erase()
 		return
 	}
-	width := 80
-	if d.opts.Width != nil {
-		width = d.opts.Width()
-	}
-	line := render(segs, width-1, d.opts.Color)
+	line := render(segs, width, d.opts.Color)
 	if line == d.drawn {
 		return
 	}

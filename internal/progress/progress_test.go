@@ -419,3 +419,32 @@ func TestGaugesShowWhileRunningOnly(t *testing.T) {
 		}
 	})
 }
+
+func TestTerminalLineNarrowsTheBarBeforeCutting(t *testing.T) {
+	for _, tc := range []struct {
+		width int
+		want  string
+	}{
+		{120, "writing smollm2-135m (bf16) [=====>              ]  25%  64.0/256.0 MiB  64.0 MiB/s  1.0s  ETA 3.0s"},
+		{90, "writing smollm2-135m (bf16) [==>       ]  25%  64.0/256.0 MiB  64.0 MiB/s  1.0s  ETA 3.0s"},
+		{80, "writing smollm2-135m (bf16)  25%  64.0/256.0 MiB  64.0 MiB/s  1.0s  ETA 3.0s"},
+		{40, "writing smollm2-135m (bf16)  25%  64.0/"},
+	} {
+		t.Run(fmt.Sprint(tc.width), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var out syncBuffer
+				d := NewWriter(&out, Options{Terminal: true, Width: func() int { return tc.width }})
+				s := d.Start("writing smollm2-135m (bf16)", 256<<20, Bytes)
+				time.Sleep(900 * time.Millisecond)
+				s.Add(64 << 20)
+				time.Sleep(150 * time.Millisecond) // past the redraw at 1s
+				got := out.String()
+				line := strings.TrimSuffix(got[strings.LastIndex(got, "\r")+1:], "\x1b[K")
+				if line != tc.want {
+					t.Errorf("width %d:\n%q\nwant\n%q", tc.width, line, tc.want)
+				}
+				s.Done()
+			})
+		})
+	}
+}

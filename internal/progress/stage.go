@@ -267,21 +267,17 @@ func (s *Stage) percent(now time.Time) int {
 	return int(min(100, max(0, s.value(now)*100/total)))
 }
 
-// barWidth is the characters inside a terminal line's bar.
-const barWidth = 20
+// barWidth is the most characters inside a terminal line's bar; a bar
+// that would have fewer than minBar is left out.
+const (
+	barWidth = 20
+	minBar   = 8
+)
 
-// terminalSegments are s's pieces of the redrawn line:
+// terminalSegments are s's pieces of the redrawn line, width columns at
+// most where it can (the bar narrows, then goes):
 // "name [=====>     ]  35%  1.05/2.50 GiB  120/272 tensors  45.0 MiB/s  23s  ETA 32s".
-func (s *Stage) terminalSegments(now time.Time) []segment {
-	segs := []segment{{text: s.name}}
-	if pct := s.percent(now); pct >= 0 {
-		fill := pct * barWidth / 100
-		bar := strings.Repeat("=", fill)
-		if fill < barWidth {
-			bar += ">" + strings.Repeat(" ", barWidth-fill-1)
-		}
-		segs = append(segs, segment{text: fmt.Sprintf(" [%s] %3d%%", bar, pct)})
-	}
+func (s *Stage) terminalSegments(now time.Time, width int) []segment {
 	parts := []segment{{text: s.amount(now)}}
 	parts = append(parts, s.counterSegments(false)...)
 	if r := s.rateText(s.rate(now)); r != "" {
@@ -291,10 +287,27 @@ func (s *Stage) terminalSegments(now time.Time) []segment {
 	if eta, ok := s.eta(now); ok {
 		parts = append(parts, segment{text: "ETA " + formatDuration(eta)})
 	}
+	var rest []segment
+	used := len([]rune(s.name))
 	for _, p := range parts {
-		segs = append(segs, segment{text: "  "}, p)
+		rest = append(rest, segment{text: "  "}, p)
+		used += 2 + len([]rune(p.text))
 	}
-	return segs
+	segs := []segment{{text: s.name}}
+	if pct := s.percent(now); pct >= 0 {
+		const frame = len(" [] 100%")
+		if w := min(barWidth, width-used-frame); w >= minBar {
+			fill := pct * w / 100
+			bar := strings.Repeat("=", fill)
+			if fill < w {
+				bar += ">" + strings.Repeat(" ", w-fill-1)
+			}
+			segs = append(segs, segment{text: fmt.Sprintf(" [%s] %3d%%", bar, pct)})
+		} else {
+			segs = append(segs, segment{text: fmt.Sprintf("  %d%%", pct)})
+		}
+	}
+	return append(segs, rest...)
 }
 
 // plainSegments are s's plain line:
