@@ -151,3 +151,24 @@ func TestBenchShowsProgressOnStderr(t *testing.T) {
 		t.Errorf("stdout lacks the results table:\n%s", stdout)
 	}
 }
+
+func TestServeReportsTheModelLoadUnlessQuiet(t *testing.T) {
+	dir := testmodels.Stories260K(t)
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{nil, true},
+		{[]string{"--progress", "plain"}, true},
+		{[]string{"--quiet"}, false},
+		{[]string{"--progress=never"}, false},
+	} {
+		f, err := parseServeFlags(append([]string{"--model", dir}, tc.args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := f.LoadProgress != nil; got != tc.want {
+			t.Errorf("serve %v: load progress %v, want %v", tc.args, got, tc.want)
+		}
+	}
+}

@@ -4,7 +4,7 @@ import "sync"
 
 // Reporter turns a lower layer's progress callback, func(done, total
 // int64) with running totals, into a stage: the first report opens it, the
-// later ones move it. Its methods are safe for concurrent use; a nil
+// later ones move it, and the one that reaches the total (or Done) ends it. Its methods are safe for concurrent use; a nil
 // *Reporter (from a Display that shows nothing) does nothing.
 type Reporter struct {
 	d    *Display
@@ -40,6 +40,10 @@ func (r *Reporter) Report(done, total int64) {
 	}
 	r.stage.SetTotal(total)
 	r.stage.Set(done)
+	if total > 0 && done >= total {
+		r.ended = true // the work is complete: its final line now
+		r.stage.Done()
+	}
 }
 
 // Func is Report as a func value, nil for a nil Reporter (so a lower layer
