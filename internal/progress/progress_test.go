@@ -50,8 +50,8 @@ func TestPlainLinesEveryPeriodWithRateAndETA(t *testing.T) {
 		work(s, 100)
 		failed.Add(2)
 		s.Done()
-		want := "work: 50%, 50/100 items, 10 items/s, 5.0s elapsed, ETA 5.0s\n" +
-			"work: 100/100 items, 2 failed in 10s (9.95 items/s)\n"
+		want := "work: 50%, 50/100 items, 5.0s elapsed, ETA 5.0s, 10.0 items/s\n" +
+			"work: 100/100 items, 2 failed in 10s (10.0 items/s)\n"
 		if got := out.String(); got != want {
 			t.Errorf("output:\n%s\nwant:\n%s", got, want)
 		}
@@ -93,7 +93,7 @@ func TestTerminalRedrawsInPlaceAndLeavesTheFinalLine(t *testing.T) {
 					t.Fatalf("a newline before the stage ended: %q", got)
 				}
 				last := got[strings.LastIndex(got, "\r")+1:]
-				want := "quantize [==========>         ]  50%  2.0/4.0 MiB  2/4 tensors  930.9 KiB/s  2.2s  ETA 2.2s\x1b[K"
+				want := "quantize [==========>         ]  50%  2.0/4.0 MiB  2/4 tensors  2.2s  ETA 2.2s  930.9 KiB/s\x1b[K"
 				if last != want {
 					t.Errorf("line on screen:\n%q\nwant\n%q", last, want)
 				}
@@ -388,7 +388,7 @@ func TestReporterOpensAStageOnTheFirstReport(t *testing.T) {
 		}
 		r.Done()
 		r.Report(1, 1) // after Done: ignored
-		want := "loading: 50%, 2.0/4.0 MiB, 2.0 MiB/s, 1.0s elapsed, ETA 1.0s\nloading: 4.0 MiB in 1.6s (2.5 MiB/s)\n"
+		want := "loading: 50%, 2.0/4.0 MiB, 1.0s elapsed, ETA 1.0s, 2.0 MiB/s\nloading: 4.0 MiB in 1.6s (2.5 MiB/s)\n"
 		if got := out.String(); got != want {
 			t.Errorf("output:\n%q\nwant\n%q", got, want)
 		}
@@ -425,9 +425,9 @@ func TestTerminalLineNarrowsTheBarBeforeCutting(t *testing.T) {
 		width int
 		want  string
 	}{
-		{120, "writing smollm2-135m (bf16) [=====>              ]  25%  64.0/256.0 MiB  64.0 MiB/s  1.0s  ETA 3.0s"},
-		{90, "writing smollm2-135m (bf16) [==>       ]  25%  64.0/256.0 MiB  64.0 MiB/s  1.0s  ETA 3.0s"},
-		{80, "writing smollm2-135m (bf16)  25%  64.0/256.0 MiB  64.0 MiB/s  1.0s  ETA 3.0s"},
+		{120, "writing smollm2-135m (bf16) [=====>              ]  25%  64.0/256.0 MiB  1.0s  ETA 3.0s  64.0 MiB/s"},
+		{90, "writing smollm2-135m (bf16) [==>       ]  25%  64.0/256.0 MiB  1.0s  ETA 3.0s  64.0 MiB/s"},
+		{80, "writing smollm2-135m (bf16)  25%  64.0/256.0 MiB  1.0s  ETA 3.0s  64.0 MiB/s"},
 		{40, "writing smollm2-135m (bf16)  25%  64.0/"},
 	} {
 		t.Run(fmt.Sprint(tc.width), func(t *testing.T) {

@@ -247,15 +247,18 @@ func (s *Stage) counterSegments(final bool) []segment {
 	return out
 }
 
-// rateText is the rate with its unit, "" for a Time stage or no rate.
-func (s *Stage) rateText(r float64) string {
+// rateText is the rate with its unit ("45.0 MiB/s", "1.9 requests/s", or
+// short "1.9/s"), "" for a Time stage or no rate.
+func (s *Stage) rateText(r float64, short bool) string {
 	switch {
 	case s.unit.kind == timeKind || r <= 0:
 		return ""
 	case s.unit.kind == bytesKind:
 		return formatBytesOf(int64(r), int64(r)) + "/s"
+	case short:
+		return fmt.Sprintf("%.1f/s", r)
 	}
-	return fmt.Sprintf("%.3g %s/s", r, s.unit.noun)
+	return fmt.Sprintf("%.1f %s/s", r, s.unit.noun)
 }
 
 // percent is the share done, -1 without a total.
@@ -275,17 +278,18 @@ const (
 )
 
 // terminalSegments are s's pieces of the redrawn line, width columns at
-// most where it can (the bar narrows, then goes):
-// "name [=====>     ]  35%  1.05/2.50 GiB  120/272 tensors  45.0 MiB/s  23s  ETA 32s".
+// most where it can (the bar narrows, then goes; the rate is last, the
+// first piece to be cut):
+// "name [=====>     ]  35%  1.05/2.50 GiB  120/272 tensors  23s  ETA 32s  45.0 MiB/s".
 func (s *Stage) terminalSegments(now time.Time, width int) []segment {
 	parts := []segment{{text: s.amount(now)}}
 	parts = append(parts, s.counterSegments(false)...)
-	if r := s.rateText(s.rate(now)); r != "" {
-		parts = append(parts, segment{text: r})
-	}
 	parts = append(parts, segment{text: formatDuration(now.Sub(s.start))})
 	if eta, ok := s.eta(now); ok {
 		parts = append(parts, segment{text: "ETA " + formatDuration(eta)})
+	}
+	if r := s.rateText(s.rate(now), true); r != "" {
+		parts = append(parts, segment{text: r})
 	}
 	var rest []segment
 	used := len([]rune(s.name))
@@ -311,7 +315,7 @@ func (s *Stage) terminalSegments(now time.Time, width int) []segment {
 }
 
 // plainSegments are s's plain line:
-// "name: 35%, 1.05/2.50 GiB, 120/272 tensors, 45.0 MiB/s, 23s elapsed, ETA 32s".
+// "name: 35%, 1.05/2.50 GiB, 120/272 tensors, 23s elapsed, ETA 32s, 45.0 MiB/s".
 func (s *Stage) plainSegments(now time.Time) []segment {
 	var parts []segment
 	if pct := s.percent(now); pct >= 0 {
@@ -319,12 +323,12 @@ func (s *Stage) plainSegments(now time.Time) []segment {
 	}
 	parts = append(parts, segment{text: s.amount(now)})
 	parts = append(parts, s.counterSegments(false)...)
-	if r := s.rateText(s.rate(now)); r != "" {
-		parts = append(parts, segment{text: r})
-	}
 	parts = append(parts, segment{text: formatDuration(now.Sub(s.start)) + " elapsed"})
 	if eta, ok := s.eta(now); ok {
 		parts = append(parts, segment{text: "ETA " + formatDuration(eta)})
+	}
+	if r := s.rateText(s.rate(now), false); r != "" {
+		parts = append(parts, segment{text: r})
 	}
 	return joinSegments(s.name+": ", parts)
 }
@@ -340,7 +344,7 @@ func (s *Stage) finalSegments(now time.Time) []segment {
 	d := now.Sub(s.start)
 	tail := " in " + formatDuration(d)
 	if d > 0 && s.unit.kind != timeKind {
-		if r := s.rateText(float64(s.done.Load()) / d.Seconds()); r != "" {
+		if r := s.rateText(float64(s.done.Load())/d.Seconds(), false); r != "" {
 			tail += " (" + r + ")"
 		}
 	}
