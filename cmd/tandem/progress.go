@@ -31,13 +31,13 @@ type quantizeProgress struct {
 	tensors *progress.Counter
 }
 
-// newQuantizeProgress returns the stages of converting dir to enc, nil
-// when d shows nothing.
-func newQuantizeProgress(d *progress.Display, dir, enc string) *quantizeProgress {
+// newQuantizeProgress returns the stages of converting the checkpoint
+// called name to enc, nil when d shows nothing.
+func newQuantizeProgress(d *progress.Display, name, enc string) *quantizeProgress {
 	if !d.Shows() {
 		return nil
 	}
-	return &quantizeProgress{d: d, name: "quantizing to " + enc, read: d.Reporter("reading "+filepath.Base(filepath.Clean(dir)), progress.Bytes)}
+	return &quantizeProgress{d: d, name: "quantizing to " + enc, read: d.Reporter("reading "+name, progress.Bytes)}
 }
 
 // options sets opts' progress callbacks.

@@ -101,7 +101,7 @@ func TestModelInitShowsProgressOnStderr(t *testing.T) {
 		if !regexp.MustCompile(`^wrote tiny \(q8_0, .*\n$`).MatchString(stdout) {
 			t.Errorf("stdout is not the one result line: %q", stdout)
 		}
-		checkPlain(t, stdout, stderr, `(?m)^writing tiny \(bf16\): `, `(?m)^reading \.tandem-init-[0-9]+: `,
+		checkPlain(t, stdout, stderr, `(?m)^writing tiny \(bf16\): `, `(?m)^reading tiny: `,
 			`(?m)^quantizing to q8_0: [0-9.]+ [KM]iB, ([0-9]+)/[0-9]+ tensors in `)
 	})
 }

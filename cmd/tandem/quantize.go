@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -82,7 +83,7 @@ func quantizeDir(dir, out string, opts model.GGUFOptions, d *progress.Display) (
 		return nil, fmt.Errorf("quantize: %w", err)
 	}
 	defer os.Remove(tmp.Name()) // a no-op after the rename
-	qp := newQuantizeProgress(d, dir, strings.ToLower(opts.Encoding))
+	qp := newQuantizeProgress(d, cmp.Or(opts.Name, filepath.Base(filepath.Clean(dir))), strings.ToLower(opts.Encoding))
 	qp.options(&opts)
 	sum, err := model.ConvertToGGUF(dir, tmp, opts)
 	qp.done()
