@@ -42,9 +42,12 @@ type Display struct {
 	tick time.Duration
 
 	mu     sync.Mutex
-	stages []*Stage      // running, in the order they started
-	drawn  string        // the line on screen (terminal), "" when none
-	stop   chan struct{} // closed to end the render loop; nil when none runs
+	stages []*Stage // running, in the order they started
+	drawn  string   // the line on screen (terminal), "" when none
+	// partial is set while a Writer write has left its line open: no
+	// progress is written until the line ends.
+	partial bool
+	stop    chan struct{} // closed to end the render loop; nil when none runs
 }
 
 // NewWriter returns a Display writing to w as o says.
@@ -107,7 +110,10 @@ func (l logWriter) Write(p []byte) (int, error) {
 	defer d.mu.Unlock()
 	d.erase()
 	n, err := d.w.Write(p)
-	if err == nil && bytes.HasSuffix(p, []byte("\n")) {
+	if len(p) > 0 {
+		d.partial = !bytes.HasSuffix(p, []byte("\n"))
+	}
+	if err == nil {
 		d.redraw(time.Now())
 	}
 	return n, err
@@ -155,7 +161,7 @@ func (d *Display) erase() {
 // redraw writes the running stages' line in place, in one write, when it
 // differs from the one on screen (d.mu held).
 func (d *Display) redraw(now time.Time) {
-	if !d.opts.Terminal {
+	if !d.opts.Terminal || d.partial {
 		return
 	}
 	width := 80
@@ -188,7 +194,7 @@ func (d *Display) redraw(now time.Time) {
 // plainLine writes s's line if its period has passed and its counts moved
 // (or a long while passed without) (d.mu held).
 func (d *Display) plainLine(s *Stage, now time.Time) {
-	if now.Sub(s.start) < d.opts.Delay || now.Sub(s.lastLine) < d.opts.Every {
+	if d.partial || now.Sub(s.start) < d.opts.Delay || now.Sub(s.lastLine) < d.opts.Every {
 		return
 	}
 	if t := s.total.Load(); t > 0 && s.value(now) >= t {
@@ -224,6 +230,10 @@ func (d *Display) finish(s *Stage) {
 		return
 	}
 	d.erase()
+	if d.partial {
+		io.WriteString(d.w, "\n") // the final line starts a line of its own
+		d.partial = false
+	}
 	io.WriteString(d.w, render(s.finalSegments(now), 0, d.opts.Color && d.opts.Terminal)+"\n")
 	if d.opts.Terminal {
 		d.redraw(now)

@@ -448,3 +448,28 @@ func TestTerminalLineNarrowsTheBarBeforeCutting(t *testing.T) {
 		})
 	}
 }
+
+func TestAnOpenLogLineHoldsTheProgressBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var out syncBuffer
+		d := NewWriter(&out, Options{Terminal: true})
+		s := d.Start("load", 10, Items("files"))
+		time.Sleep(250 * time.Millisecond)
+		fmt.Fprint(d.Writer(), "checking...")
+		mark := len(out.String())
+		s.Add(5)
+		time.Sleep(time.Second)
+		if got := out.String()[mark:]; got != "" {
+			t.Errorf("progress written into an open line: %q", got)
+		}
+		fmt.Fprint(d.Writer(), " ok\n")
+		if got := out.String()[mark:]; !strings.HasPrefix(got, " ok\n\rload  50%") && !strings.HasPrefix(got, " ok\n\rload [") {
+			t.Errorf("after the line ended: %q, want it redrawn", got)
+		}
+		fmt.Fprint(d.Writer(), "half")
+		s.Done()
+		if got := out.String(); !strings.HasSuffix(got, "half\nload: 5/10 files in 1.2s (4.0 files/s)\n") {
+			t.Errorf("final line after an open one: %q", got[max(0, len(got)-80):])
+		}
+	})
+}
