@@ -54,7 +54,7 @@ type Flags struct {
 
 // Register defines --progress and --quiet on fs.
 func (f *Flags) Register(fs *flag.FlagSet) {
-	fs.Var((*modeFlag)(f), "progress", "progress on stderr: auto (a line redrawn in place on a terminal, plain lines every few seconds otherwise), always (redrawn in place even off a terminal), plain, or never; a duration sets the period of the plain lines (0: never)")
+	fs.Var((*modeFlag)(f), "progress", "`mode` of the progress on stderr: auto (a line redrawn in place on a terminal, plain lines every few seconds otherwise), always (redrawn in place even off a terminal), plain, or never; a duration sets the period of the plain lines (0: never)")
 	fs.BoolFunc("quiet", "show no progress on stderr (--progress=never)", func(s string) error {
 		if s == "true" {
 			f.Mode = Never
