@@ -420,13 +420,17 @@ func TestGaugesShowWhileRunningOnly(t *testing.T) {
 	})
 }
 
+// TestTerminalLineNarrowsTheBarBeforeCutting: the bar takes what the line
+// leaves at the widest its numbers grow to (so it keeps one width as they
+// change), and goes when that is too little.
 func TestTerminalLineNarrowsTheBarBeforeCutting(t *testing.T) {
 	for _, tc := range []struct {
 		width int
 		want  string
 	}{
 		{120, "writing smollm2-135m (bf16) [=====>              ]  25%  64.0/256.0 MiB  1.0s  ETA 3.0s  64.0 MiB/s"},
-		{90, "writing smollm2-135m (bf16) [==>       ]  25%  64.0/256.0 MiB  1.0s  ETA 3.0s  64.0 MiB/s"},
+		{100, "writing smollm2-135m (bf16) [===>          ]  25%  64.0/256.0 MiB  1.0s  ETA 3.0s  64.0 MiB/s"},
+		{90, "writing smollm2-135m (bf16)  25%  64.0/256.0 MiB  1.0s  ETA 3.0s  64.0 MiB/s"},
 		{80, "writing smollm2-135m (bf16)  25%  64.0/256.0 MiB  1.0s  ETA 3.0s  64.0 MiB/s"},
 		{40, "writing smollm2-135m (bf16)  25%  64.0/"},
 	} {
@@ -470,6 +474,33 @@ func TestAnOpenLogLineHoldsTheProgressBack(t *testing.T) {
 		s.Done()
 		if got := out.String(); !strings.HasSuffix(got, "half\nload: 5/10 files in 1.2s (4.0 files/s)\n") {
 			t.Errorf("final line after an open one: %q", got[max(0, len(got)-80):])
+		}
+	})
+}
+
+func TestTheBarKeepsItsWidthAsTheNumbersGrow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var out syncBuffer
+		d := NewWriter(&out, Options{Terminal: true, Width: func() int { return 120 }})
+		s := d.Start("bench", 1000, Items("requests"))
+		failed, inflight := s.Warning("failed"), s.Gauge("in flight")
+		for i := range 50 {
+			s.Add(int64(i * i / 3))
+			inflight.Set(int64(i % 17))
+			if i == 30 {
+				failed.Add(12)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		s.Done()
+		ends := map[int]int{}
+		for _, l := range strings.Split(out.String(), "\r") {
+			if i := strings.Index(l, "]"); i > 0 {
+				ends[i]++
+			}
+		}
+		if len(ends) != 1 {
+			t.Errorf("the bar ends at columns %v, want one column", ends)
 		}
 	})
 }

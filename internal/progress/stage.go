@@ -292,15 +292,13 @@ func (s *Stage) terminalSegments(now time.Time, width int) []segment {
 		parts = append(parts, segment{text: r})
 	}
 	var rest []segment
-	used := len([]rune(s.name))
 	for _, p := range parts {
 		rest = append(rest, segment{text: "  "}, p)
-		used += 2 + len([]rune(p.text))
 	}
 	segs := []segment{{text: s.name}}
 	if pct := s.percent(now); pct >= 0 {
 		const frame = len(" [] 100%")
-		if w := min(barWidth, width-used-frame); w >= minBar {
+		if w := min(barWidth, width-s.widest()-frame); w >= minBar {
 			fill := pct * w / 100
 			bar := strings.Repeat("=", fill)
 			if fill < w {
@@ -312,6 +310,41 @@ func (s *Stage) terminalSegments(now time.Time, width int) []segment {
 		}
 	}
 	return append(segs, rest...)
+}
+
+// widest is the most columns s's redrawn line takes without its bar: the
+// longest its counts, times and rate grow to, so that the bar's width does
+// not change from one redraw to the next as the numbers do.
+func (s *Stage) widest() int {
+	total := s.total.Load()
+	var amount string
+	switch s.unit.kind {
+	case bytesKind:
+		amount = formatBytesOf(max(total-1, 0), total)
+	case timeKind:
+		amount = formatDuration(time.Duration(total)) + "/" + formatDuration(time.Duration(total))
+	default:
+		amount = fmt.Sprintf("%d/%d %s", total, total, s.unit.noun)
+	}
+	const (
+		times  = len("  59m59s  ETA 59m59s")
+		digits = 5 // of a count without a total
+	)
+	n := len([]rune(s.name)) + 2 + len([]rune(amount)) + times
+	for _, c := range s.counters {
+		if c.total > 0 {
+			n += 2 + len([]rune(fmt.Sprintf("%d/%d %s", c.total, c.total, c.label)))
+		} else {
+			n += 2 + digits + 1 + len([]rune(c.label))
+		}
+	}
+	switch s.unit.kind {
+	case bytesKind:
+		n += len("  999.9 MiB/s")
+	case itemsKind:
+		n += len("  9999.9/s")
+	}
+	return n
 }
 
 // plainSegments are s's plain line:
