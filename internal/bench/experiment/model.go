@@ -15,7 +15,9 @@ import (
 // user cache (…/tandem/models/SHAPE-DTYPE), creating it the first time as
 // `tandem model init` does and saying so on w. It is written beside its
 // final place and renamed, so an interrupted run leaves no half model.
-func Model(w io.Writer, shape, dtype string) (string, error) { return ModelProgress(w, nil, shape, dtype) }
+func Model(w io.Writer, shape, dtype string) (string, error) {
+	return ModelProgress(w, nil, shape, dtype)
+}
 
 // ModelProgress is Model showing the weights written on d.
 func ModelProgress(w io.Writer, d *progress.Display, shape, dtype string) (string, error) {
