@@ -39,6 +39,7 @@ type serveFlags struct {
 	kvEventsConfig               string
 	otlpEndpoint                 string // --otlp-traces-endpoint
 	progress                     progress.Flags
+	loading                      *progress.Reporter // the model load's stage, ended by runServe
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -124,7 +125,8 @@ func parseServeFlags(args []string) (*serveFlags, error) {
 	c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: f.LogLevel}))
 	c.Version = version()
 	f.progress.Delay = loadDelay
-	c.LoadProgress = f.progress.New(os.Stderr).Reporter("loading "+filepath.Base(filepath.Clean(c.Model)), progress.Bytes).Func()
+	f.loading = f.progress.New(os.Stderr).Reporter("loading "+filepath.Base(filepath.Clean(c.Model)), progress.Bytes)
+	c.LoadProgress = f.loading.Func()
 	return f, nil
 }
 
@@ -177,6 +179,7 @@ func runServe(args []string) error {
 	}
 	defer stopTracing()
 	s, err := server.New(f.Config)
+	f.loading.Done() // already done unless the load failed: its line ends before the error
 	if err != nil {
 		return err
 	}
