@@ -58,6 +58,7 @@ var allowed = map[string][]string{
 	"internal/kubediscovery":              {"github.com/go-logr/logr", "github.com/prometheus/client_golang/...", "k8s.io/..."},
 	"internal/kvparams":                   {}, // vLLM's kv_transfer_params, typed: std only
 	"internal/hoststat":                   {}, // procfs CPU, load and RSS: std only
+	"internal/progress":                   {}, // progress on stderr for long commands: std only
 	"internal/httpguard":                  {"internal/apierror"},
 	"internal/httpguard/httpguardtest":    {}, // the raw-TCP framing check the servers' tests share
 	"internal/kvevents/zmtp":              {}, // the ZMTP sockets under kvevents: std only
@@ -140,11 +141,11 @@ var allowed = map[string][]string{
 
 	// Floor 7: process launching and the benchmarks that drive processes.
 	"internal/launch":           {"internal/defaultmodel", "internal/gguf", "internal/kvxfer", "internal/openai", "internal/proxy", "internal/tokenizer", "github.com/prometheus/client_golang/...", "golang.org/x/sys/unix"},
-	"internal/bench":            {"internal/bench/workload", "internal/tokenizer"}, // the client tokenizes workload prompts
-	"internal/bench/benchtest":  {},                                                // fake servers for the benchmark tests
+	"internal/bench":            {"internal/bench/workload", "internal/progress", "internal/tokenizer"}, // the client tokenizes workload prompts
+	"internal/bench/benchtest":  {},                                                                     // fake servers for the benchmark tests
 	"internal/bench/plot":       {"internal/bench", "gonum.org/v1/plot/..."},
-	"internal/bench/soak":       {"internal/bench", "internal/hoststat"},
-	"internal/bench/experiment": {"internal/bench", "internal/bench/plot", "internal/bench/soak", "internal/bench/workload", "internal/defaultmodel", "internal/hoststat", "internal/kvxfer", "internal/launch", "internal/modelinit"},
+	"internal/bench/soak":       {"internal/bench", "internal/hoststat", "internal/progress"},
+	"internal/bench/experiment": {"internal/bench", "internal/bench/plot", "internal/bench/soak", "internal/bench/workload", "internal/defaultmodel", "internal/hoststat", "internal/kvxfer", "internal/launch", "internal/modelinit", "internal/progress"},
 
 	// Floor 8: the command, wiring only.
 	"cmd/tandem": {
@@ -152,7 +153,7 @@ var allowed = map[string][]string{
 		"internal/defaultmodel", "internal/engine", "internal/gguf", "internal/hoststat", "internal/kubediscovery",
 		"internal/kvconnector", "internal/kvevents", "internal/kvlayout", "internal/kvxfer", "internal/launch",
 		"internal/metrics", "internal/model", "internal/modelinit", "internal/openai", "internal/proxy",
-		"internal/router/factory", "internal/router/kvindex", "internal/sched", "internal/server", "internal/sim",
+		"internal/progress", "internal/router/factory", "internal/router/kvindex", "internal/sched", "internal/server", "internal/sim",
 		"internal/tensor", "internal/tokenizer", "internal/tracing",
 		"github.com/google/uuid", "go.opentelemetry.io/otel/attribute", "go.yaml.in/yaml/v3", "golang.org/x/sys/unix", "k8s.io/klog/v2",
 	},

@@ -16,6 +16,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/bench"
 	"github.com/tandem-serve/tandem/internal/bench/plot"
 	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/tandem-serve/tandem/internal/progress"
 )
 
 // repeated is a flag that may be given several times.
@@ -97,11 +98,12 @@ func runBench(args []string) error {
 		searchN    = fs.Int("search-steps", 3, "bisection steps after the bracket is found")
 		jsonF      = fs.String("json", "", "write every result and per-request record as JSON to this file")
 		plots      = fs.String("plots", "", "write PNG and SVG plots into this directory")
-		progress   = fs.Duration("progress", 5*time.Second, "period of progress lines on stderr (0: none)")
 		allowFail  = fs.Bool("allow-failures", false, "exit 0 even when requests failed (they are still reported, and count as SLO misses); without it a failed request makes the command fail after writing its results")
 	)
 	registerWorkloadFlags(fs, &src)
 	fs.Var(&targets, "target", "NAME=URL of a server to compare (repeat for several)")
+	var pf progress.Flags
+	pf.Register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -116,9 +118,7 @@ func runBench(args []string) error {
 
 	p := &bench.Plan{Model: *model, Rounds: *rounds, Seed: src.Spec.Seed, Timeout: *timeout,
 		SLO: bench.SLO{TTFT: *sloTTFT, TPOT: *sloTPOT, ITL: *sloITL}, APIKey: cmp.Or(*apiKey, os.Getenv(openai.APIKeyEnv))}
-	if *progress > 0 {
-		p.Progress, p.ProgressEvery = os.Stderr, *progress
-	}
+	p.Progress = pf.New(os.Stderr)
 	if len(targets) == 0 {
 		targets = repeated{"target=" + *url}
 	}
@@ -137,13 +137,13 @@ func runBench(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := bench.Prepare(ctx, p, &src, os.Stderr); err != nil {
+	if err := bench.Prepare(ctx, p, &src, p.Progress.Writer()); err != nil {
 		return err
 	}
 	var s *bench.Suite
 	if *search {
 		var res []bench.SearchResult
-		res, err = bench.SearchRate(ctx, p, bench.SearchConfig{Target: *searchGoal, Low: *searchLo, High: *searchHi, Steps: *searchN}, os.Stderr)
+		res, err = bench.SearchRate(ctx, p, bench.SearchConfig{Target: *searchGoal, Low: *searchLo, High: *searchHi, Steps: *searchN}, p.Progress.Writer())
 		for _, r := range res {
 			fmt.Printf("%s: highest rate meeting the SLO for %.0f%% of requests: %.3g req/s (tried:", r.Target, 100**searchGoal, r.MaxRate)
 			for _, pt := range r.Points {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/bench"
 	"github.com/tandem-serve/tandem/internal/bench/experiment"
+	"github.com/tandem-serve/tandem/internal/progress"
 )
 
 // runBenchExperiment is `tandem bench experiment pd` (and, for `ratio`,
@@ -91,21 +92,26 @@ func runBenchExperiment(args []string) error {
 
 // experimentFlags are the flags every experiment and the soak share.
 type experimentFlags struct {
-	common *experiment.Common
-	extra  *string
+	common   *experiment.Common
+	extra    *string
+	progress *progress.Flags
 }
 
-// addExperimentFlags defines --model, --out (default out) and
-// --engine-args on fs for c; finish fills in the rest of c after parsing.
+// addExperimentFlags defines --model, --out (default out), --engine-args
+// and the progress flags on fs for c; finish fills in the rest of c after
+// parsing.
 func addExperimentFlags(fs *flag.FlagSet, c *experiment.Common, out, outHelp, modelHelp string) experimentFlags {
 	fs.StringVar(&c.Model, "model", "", modelHelp)
 	fs.StringVar(&c.Out, "out", out, outHelp)
-	return experimentFlags{common: c, extra: fs.String("engine-args", "", "extra `tandem serve` flags for every engine, space-separated")}
+	pf := &progress.Flags{Every: 10 * time.Second}
+	pf.Register(fs)
+	return experimentFlags{common: c, extra: fs.String("engine-args", "", "extra `tandem serve` flags for every engine, space-separated"), progress: pf}
 }
 
 // finish sets the engine arguments and the executable the processes run.
 func (f experimentFlags) finish() error {
 	f.common.EngineArgs = strings.Fields(*f.extra)
+	f.common.Progress = f.progress.New(os.Stderr)
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("finding the tandem executable to start the engines with: %w", err)

@@ -35,11 +35,14 @@ func TestBenchExperimentPDEndToEnd(t *testing.T) {
 	dir := testmodels.Stories260K(t)
 	t.Setenv(actAsTandem, "1")
 	out := t.TempDir()
-	err := runBenchExperiment([]string{"pd", "--model", dir, "--out", out, "--requests", "3", "--rounds", "2", "--configs", "colocated,pd",
-		"--chat-rates", "6", "--long-rates", "4,8", "--mnbt-sweep", "32,256", "--tune-requests", "2", "--max-context", "256"})
+	stdout, stderr, err := captureOutput(t, func() error {
+		return runBenchExperiment([]string{"pd", "--model", dir, "--out", out, "--requests", "3", "--rounds", "2", "--configs", "colocated,pd",
+			"--chat-rates", "6", "--long-rates", "4,8", "--mnbt-sweep", "32,256", "--tune-requests", "2", "--max-context", "256"})
+	})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v\nstderr:\n%s", err, stderr)
 	}
+	checkPlain(t, stdout, stderr, `(?m)^(colocated|pd) rate 6 round 2/2: 3/3 requests in `)
 	b, err := os.ReadFile(filepath.Join(out, "report.txt"))
 	if err != nil {
 		t.Fatal(err)

@@ -32,12 +32,15 @@ func TestBenchExperimentRatioEndToEnd(t *testing.T) {
 	// A TTFT SLO above the longest prompt's prefill (1,024 tokens: 1.8 s
 	// in the built-in profile), so that the splits meet the goal at some
 	// rate and the searches end quickly.
-	err := runBenchRatio([]string{"--out", out, "--engines", "4", "--sim-speed", "10", "--fit-requests", "12", "--fit-chat-rates", "1,2,4",
-		"--min-requests", "8", "--level-seconds", "3", "--search-steps", "0", "--slo-chat-ttft", "4s", "--slo-chat-tpot", "200ms",
-		"--engine-args", "--max-num-seqs 16"})
+	stdout, stderr, err := captureOutput(t, func() error {
+		return runBenchRatio([]string{"--out", out, "--engines", "4", "--sim-speed", "10", "--fit-requests", "12", "--fit-chat-rates", "1,2,4",
+			"--min-requests", "8", "--level-seconds", "3", "--search-steps", "0", "--slo-chat-ttft", "4s", "--slo-chat-tpot", "200ms",
+			"--engine-args", "--max-num-seqs 16"})
+	})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v\nstderr:\n%s", err, stderr)
 	}
+	checkPlain(t, stdout, stderr, levelLine)
 	t.Logf("took %v", time.Since(start))
 	b, err := os.ReadFile(filepath.Join(out, "report.txt"))
 	if err != nil {

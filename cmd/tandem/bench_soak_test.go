@@ -19,13 +19,16 @@ func TestBenchSoakShortForm(t *testing.T) {
 	dir := testmodels.Stories260K(t)
 	t.Setenv(actAsTandem, "1")
 	out := t.TempDir()
-	err := runBenchSoak([]string{"--model", dir, "--out", out, "--duration", "12s", "--fault-every", "4s",
-		"--stall", "2s", "--kv-lease", "2s", "--rate", "6", "--concurrency", "8", "--deadline", "20s",
-		"--rss-every", "500ms", "--drain-timeout", "15s"})
+	stdout, stderr, err := captureOutput(t, func() error {
+		return runBenchSoak([]string{"--model", dir, "--out", out, "--duration", "12s", "--fault-every", "4s",
+			"--stall", "2s", "--kv-lease", "2s", "--rate", "6", "--concurrency", "8", "--deadline", "20s",
+			"--rss-every", "500ms", "--drain-timeout", "15s"})
+	})
 	b, rerr := os.ReadFile(filepath.Join(out, "report.txt"))
 	if err != nil {
-		t.Fatalf("soak failed: %v\n%s", err, b)
+		t.Fatalf("soak failed: %v\n%s\nstderr:\n%s", err, b, stderr)
 	}
+	checkPlain(t, stdout, stderr, `(?m)^soak load: \d+ answered(, \d+ failed)? in 1\ds$`)
 	if rerr != nil {
 		t.Fatal(rerr)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/model"
+	"github.com/tandem-serve/tandem/internal/progress"
 	"github.com/tandem-serve/tandem/internal/tensor"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
@@ -32,6 +33,8 @@ func runGenerate(args []string) error {
 	temperature := fs.Float64("temperature", 0, "sampling temperature; 0 is greedy")
 	seed := fs.Uint64("seed", 0, "sampling seed")
 	threads := fs.Int("threads", runtime.NumCPU(), "compute threads")
+	pf := progress.Flags{Delay: loadDelay}
+	pf.Register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -55,7 +58,7 @@ func runGenerate(args []string) error {
 
 	pool := tensor.NewPool(*threads)
 	defer pool.Close()
-	m, err := model.Load(*dir, pool)
+	m, err := loadModel(*dir, pool, pf.New(os.Stderr))
 	if err != nil {
 		return err
 	}

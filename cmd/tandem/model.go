@@ -14,6 +14,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/gguf"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/modelinit"
+	"github.com/tandem-serve/tandem/internal/progress"
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
@@ -22,6 +23,9 @@ const modelUsage = `usage:
   tandem model init --shape NAME --out FILE.gguf [--dtype %[2]s] [--seed N]
   tandem model quantize DIR --type %[2]s --out FILE.gguf [--name NAME] [--threads N]
   tandem model inspect [DIR | FILE.gguf]   (none: the embedded default model)
+
+Progress goes to stderr: --progress auto|always|plain|never (auto: a line
+redrawn in place on a terminal, plain lines otherwise), --quiet for none.
 
 shapes: %[1]s
 `
@@ -56,6 +60,8 @@ func runModelInit(args []string) error {
 	dtype := fs.String("dtype", "bf16", "weight dtype: bf16, f16 or f32; or, written as GGUF, "+strings.Join(model.GGUFEncodings, ", "))
 	out := fs.String("out", "", "output directory (created if needed), or FILE.gguf to write one GGUF file")
 	seed := fs.Uint64("seed", 0, "random seed; the same seed writes the same files")
+	var pf progress.Flags
+	pf.Register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -64,15 +70,22 @@ func runModelInit(args []string) error {
 		return errors.New("init: --shape and --out are required, and no positional arguments are accepted")
 	}
 	if isGGUFName(*out) || !slices.Contains([]string{"bf16", "f16", "f32"}, *dtype) {
-		return initGGUF(*shape, *dtype, *out, *seed)
+		return initGGUF(*shape, *dtype, *out, *seed, pf.New(os.Stderr))
 	}
-	spec, err := modelinit.Init(*out, *shape, *dtype, *seed)
+	spec, err := initWeights(*out, *shape, *dtype, *seed, pf.New(os.Stderr))
 	if err != nil {
 		return err
 	}
 	fmt.Printf("wrote %s (%s, %s parameters, %s of weights) to %s\n", *shape, *dtype,
 		humanCount(spec.NumParams()), humanBytes(spec.NumParams()*int64(dtypeSize(*dtype))), *out)
 	return nil
+}
+
+// initWeights is modelinit.Init with the weights' bytes written shown on d.
+func initWeights(dir, shape, dtype string, seed uint64, d *progress.Display) (modelinit.Spec, error) {
+	r := d.Reporter("writing "+shape+" ("+dtype+")", progress.Bytes)
+	defer r.Done()
+	return modelinit.InitProgress(dir, shape, dtype, seed, r.Func())
 }
 
 func dtypeSize(dtype string) int {
@@ -84,6 +97,8 @@ func dtypeSize(dtype string) int {
 
 func runModelInspect(args []string) error {
 	fs := flag.NewFlagSet("model inspect", flag.ContinueOnError)
+	pf := progress.Flags{Delay: loadDelay}
+	pf.Register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -99,7 +114,7 @@ func runModelInspect(args []string) error {
 	}
 	pool := tensor.NewPool(1)
 	defer pool.Close()
-	m, err := model.Load(dir, pool)
+	m, err := loadModel(dir, pool, pf.New(os.Stderr))
 	if err != nil {
 		return err
 	}

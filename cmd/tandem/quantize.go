@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,7 +14,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/gguf"
 	"github.com/tandem-serve/tandem/internal/model"
-	"github.com/tandem-serve/tandem/internal/modelinit"
+	"github.com/tandem-serve/tandem/internal/progress"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
@@ -26,6 +27,8 @@ func runModelQuantize(args []string) error {
 	out := fs.String("out", "", "the GGUF file to write")
 	name := fs.String("name", "", "general.name (default: the directory's name)")
 	threads := fs.Int("threads", 0, "quantizing threads (default: all CPUs)")
+	var pf progress.Flags
+	pf.Register(fs)
 	// The directory may come before the flags, as the usage writes it.
 	var dir string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -50,7 +53,7 @@ func runModelQuantize(args []string) error {
 		return fmt.Errorf("quantize: --threads must be at least 1, got %d", *threads)
 	}
 	start := time.Now()
-	sum, err := quantizeDir(dir, *out, model.GGUFOptions{Encoding: *typ, Name: *name, Threads: *threads})
+	sum, err := quantizeDir(dir, *out, model.GGUFOptions{Encoding: *typ, Name: *name, Threads: *threads}, pf.New(os.Stderr))
 	if err != nil {
 		return err
 	}
@@ -59,8 +62,9 @@ func runModelQuantize(args []string) error {
 }
 
 // quantizeDir converts dir to a GGUF file at out with dir's tokenizer,
-// writing a temporary file next to out and renaming it when complete.
-func quantizeDir(dir, out string, opts model.GGUFOptions) (*model.GGUFSummary, error) {
+// writing a temporary file next to out and renaming it when complete, its
+// progress on d.
+func quantizeDir(dir, out string, opts model.GGUFOptions, d *progress.Display) (*model.GGUFSummary, error) {
 	if !slices.Contains(model.GGUFEncodings, strings.ToLower(opts.Encoding)) {
 		return nil, fmt.Errorf("quantize: unknown --type %q (want one of %s)", opts.Encoding, strings.Join(model.GGUFEncodings, ", "))
 	}
@@ -79,7 +83,10 @@ func quantizeDir(dir, out string, opts model.GGUFOptions) (*model.GGUFSummary, e
 		return nil, fmt.Errorf("quantize: %w", err)
 	}
 	defer os.Remove(tmp.Name()) // a no-op after the rename
+	qp := newQuantizeProgress(d, cmp.Or(opts.Name, filepath.Base(filepath.Clean(dir))), strings.ToLower(opts.Encoding))
+	qp.options(&opts)
 	sum, err := model.ConvertToGGUF(dir, tmp, opts)
+	qp.done()
 	if cerr := tmp.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("quantize: %w", cerr)
 	}
@@ -116,8 +123,8 @@ func isGGUFName(path string) bool { return strings.EqualFold(filepath.Ext(path),
 
 // initGGUF writes a random-weight model of a named shape as one GGUF file:
 // the checkpoint modelinit writes (bf16, or the encoding itself for f32 and
-// f16) in a temporary directory, converted.
-func initGGUF(shape, enc, out string, seed uint64) error {
+// f16) in a temporary directory, converted; its progress on d.
+func initGGUF(shape, enc, out string, seed uint64, d *progress.Display) error {
 	enc = strings.ToLower(enc)
 	if !slices.Contains(model.GGUFEncodings, enc) {
 		return fmt.Errorf("init: unknown --dtype %q (want bf16, f16 or f32 for a directory, or one of %s for a GGUF file)", enc, strings.Join(model.GGUFEncodings, ", "))
@@ -134,11 +141,11 @@ func initGGUF(shape, enc, out string, seed uint64) error {
 		return fmt.Errorf("init: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	spec, err := modelinit.Init(tmp, shape, src, seed)
+	spec, err := initWeights(tmp, shape, src, seed, d)
 	if err != nil {
 		return err
 	}
-	sum, err := quantizeDir(tmp, out, model.GGUFOptions{Encoding: enc, Name: shape})
+	sum, err := quantizeDir(tmp, out, model.GGUFOptions{Encoding: enc, Name: shape}, d)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"syscall"
@@ -16,6 +17,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/kvevents"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
 	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/tandem-serve/tandem/internal/progress"
 	"github.com/tandem-serve/tandem/internal/sched"
 	"github.com/tandem-serve/tandem/internal/server"
 	"github.com/tandem-serve/tandem/internal/tracing"
@@ -36,6 +38,8 @@ type serveFlags struct {
 	kvTLSCert, kvTLSKey, kvTLSCA string
 	kvEventsConfig               string
 	otlpEndpoint                 string // --otlp-traces-endpoint
+	progress                     progress.Flags
+	loading                      *progress.Reporter // the model load's stage, ended by runServe
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -79,6 +83,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.kvTLSCA, "kv-tls-ca", "", "PEM CA bundle that signs every engine's --kv-tls-cert")
 	f.Sim.register(fs)
 	registerOTLPFlag(fs, &f.otlpEndpoint)
+	f.progress.Register(fs) // the model load's, on stderr beside the logs
 	fs.StringVar(&f.kvEventsConfig, "kv-events-config", "", `publish KV cache events as vLLM does, for prefix-aware routers (llm-d, Dynamo, tandem proxy): vLLM's JSON, e.g. '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv@host@model"}' (fields publisher zmq|null, endpoint, replay_endpoint, topic, buffer_steps, hwm, max_queue_size); events carry prompt token ids, so bind to a trusted network`)
 	fs.StringVar((*string)(&c.KVLoadFailurePolicy), "kv-load-failure-policy", string(sched.LoadFailureFail), "when pulling KV fails: fail (the request ends with HTTP 500) or recompute (compute the missing prompt KV locally)")
 }
@@ -119,6 +124,9 @@ func parseServeFlags(args []string) (*serveFlags, error) {
 	}
 	c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: f.LogLevel}))
 	c.Version = version()
+	f.progress.Delay = loadDelay
+	f.loading = f.progress.New(os.Stderr).Reporter("loading "+filepath.Base(filepath.Clean(c.Model)), progress.Bytes)
+	c.LoadProgress = f.loading.Func()
 	return f, nil
 }
 
@@ -171,6 +179,7 @@ func runServe(args []string) error {
 	}
 	defer stopTracing()
 	s, err := server.New(f.Config)
+	f.loading.Done() // already done unless the load failed: its line ends before the error
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/bench/workload"
+	"github.com/tandem-serve/tandem/internal/progress"
 )
 
 // Target is one server under test.
@@ -77,10 +78,9 @@ type Plan struct {
 	// measured ones against a server that may keep its cache, the rates of
 	// a search) take disjoint level numbers; see Run.
 	FirstLevel int `json:"first_level,omitempty"`
-	// Progress, when set, gets a line every ProgressEvery while a level
-	// runs.
-	Progress      io.Writer     `json:"-"`
-	ProgressEvery time.Duration `json:"-"`
+	// Progress, when set, shows each level's requests done, failed and
+	// in flight as it runs, and gets the run's warnings.
+	Progress *progress.Display `json:"-"`
 }
 
 // Record is the measurement of one request (one turn).
@@ -204,7 +204,7 @@ func Run(ctx context.Context, p *Plan) (*Suite, error) {
 	}
 	alphabet := p.Workload.Alphabet(p.Pool)
 	if n := p.FirstLevel + p.Levels(); n > len(alphabet) && p.Progress != nil {
-		fmt.Fprintf(p.Progress, "warning: %d levels but only %d distinct token ids: levels %d apart send the same prompts, and a prefix cache serves the later from the earlier\n",
+		fmt.Fprintf(p.Progress.Writer(), "warning: %d levels but only %d distinct token ids: levels %d apart send the same prompts, and a prefix cache serves the later from the earlier\n",
 			n, len(alphabet), len(alphabet))
 	}
 	for li, load := range p.Loads {
@@ -336,31 +336,11 @@ func (p *Plan) runLevel(ctx context.Context, c *Client, t Target, w *workload.Wo
 		arrivals = load.schedule(p.Seed, n)
 	}
 	recs := make([][]Record, n)
-	var done, failed, inflight atomic.Int64
-	total := int64(w.Requests())
 	start := time.Now()
-
-	stopProgress := make(chan struct{})
-	var progressWG sync.WaitGroup
-	if p.Progress != nil {
-		every := cmp.Or(p.ProgressEvery, 5*time.Second)
-		progressWG.Go(func() {
-			tk := time.NewTicker(every)
-			defer tk.Stop()
-			for {
-				select {
-				case <-stopProgress:
-					return
-				case <-tk.C:
-					fmt.Fprintf(p.Progress, "  %s %s round %d/%d: %d/%d done, %d failed, %d in flight, %.0fs\n",
-						t.Name, load, round+1, rounds, done.Load(), total, failed.Load(), inflight.Load(), time.Since(start).Seconds())
-				}
-			}
-		})
-	}
+	lp := newLevelProgress(p.Progress, fmt.Sprintf("%s %s round %d/%d", t.Name, load, round+1, rounds), w.Requests())
 
 	conv := func(i int) {
-		recs[i] = p.runConversation(ctx, c, t, &w.Conversations[i], i, start, round, &inflight, &done, &failed)
+		recs[i] = p.runConversation(ctx, c, t, &w.Conversations[i], i, start, round, lp)
 	}
 	var wg sync.WaitGroup
 	if arrivals == nil { // closed loop
@@ -401,12 +381,7 @@ func (p *Plan) runLevel(ctx context.Context, c *Client, t Target, w *workload.Wo
 	}
 	wg.Wait()
 	d := time.Since(start)
-	close(stopProgress)
-	progressWG.Wait()
-	if p.Progress != nil {
-		fmt.Fprintf(p.Progress, "  %s %s round %d/%d: %d/%d done, %d failed in %.1fs\n",
-			t.Name, load, round+1, rounds, done.Load(), total, failed.Load(), d.Seconds())
-	}
+	lp.stage.Done()
 	var out []Record
 	for _, r := range recs {
 		out = append(out, r...)
@@ -416,7 +391,7 @@ func (p *Plan) runLevel(ctx context.Context, c *Client, t Target, w *workload.Wo
 
 // runConversation sends one conversation's turns in order, each after its
 // think time, each prompt the history so far plus the turn's new tokens.
-func (p *Plan) runConversation(ctx context.Context, c *Client, t Target, cv *workload.Conversation, i int, levelStart time.Time, round int, inflight, done, failed *atomic.Int64) []Record {
+func (p *Plan) runConversation(ctx context.Context, c *Client, t Target, cv *workload.Conversation, i int, levelStart time.Time, round int, lp levelProgress) []Record {
 	var hist []int32
 	var out []Record
 	for j, turn := range cv.Turns {
@@ -426,21 +401,21 @@ func (p *Plan) runConversation(ctx context.Context, c *Client, t Target, cv *wor
 		prompt := append(slices.Clip(hist), turn.Prompt...)
 		rctx, cancel := context.WithTimeout(ctx, p.Timeout)
 		sent := time.Now()
-		inflight.Add(1)
+		lp.inflight.Add(1)
 		o := c.Stream(rctx, CompletionRequest{
 			Model: p.Model, Prompt: prompt, MaxTokens: turn.MaxTokens, IgnoreEOS: true, ConversationID: cv.ID,
 		})
-		inflight.Add(-1)
+		lp.inflight.Add(-1)
 		cancel()
 		rec := Record{
 			Conversation: i, Turn: j, Round: round, Start: sent.Sub(levelStart),
 			TTFT: o.TTFT, E2E: o.E2E, ITL: o.ITL, PromptTokens: cmp.Or(o.PromptTokens, len(prompt)),
 			OutputTokens: o.OutputTokens, PD: o.PD, Timing: o.Timing,
 		}
-		done.Add(1)
+		lp.stage.Add(1)
 		if o.Err != nil {
 			rec.Err = o.Err.Error()
-			failed.Add(1)
+			lp.failed.Add(1)
 			out = append(out, rec)
 			break // a conversation does not go on past a failed turn
 		}
@@ -471,4 +446,16 @@ func (p *Plan) answerTokens(ctx context.Context, t Target, o Outcome, conv, turn
 		ids[k] = pool[r.IntN(len(pool))]
 	}
 	return ids
+}
+
+// levelProgress is a level's stage on the Display: requests done, failed
+// and in flight (all nil, doing nothing, without a Display).
+type levelProgress struct {
+	stage            *progress.Stage
+	failed, inflight *progress.Counter
+}
+
+func newLevelProgress(d *progress.Display, name string, requests int) levelProgress {
+	s := d.Start(name, int64(requests), progress.Items("requests"))
+	return levelProgress{stage: s, failed: s.Warning("failed"), inflight: s.Gauge("in flight")}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/bench/workload"
+	"github.com/tandem-serve/tandem/internal/progress"
 )
 
 func TestSLOArithmeticByHand(t *testing.T) {
@@ -132,11 +133,11 @@ func TestRunTwoTargetsWithConversations(t *testing.T) {
 	defer a.Close()
 	defer b.Close()
 	w := workload.MultiTurn(1, 4, workload.Fixed(3), workload.Fixed(8), workload.Fixed(4), workload.Fixed(5), testPool)
-	var progress strings.Builder
+	var progressOut strings.Builder
 	p := &Plan{
 		Targets: []Target{{"a", a.URL}, {"b", b.URL}}, Model: "m", Workload: w,
 		Loads: []Load{{Concurrency: 2}, {Rate: 50}}, Rounds: 2, Timeout: 10 * time.Second,
-		SLO: SLO{TTFT: time.Second}, Pool: testPool, Progress: &progress, ProgressEvery: time.Hour,
+		SLO: SLO{TTFT: time.Second}, Pool: testPool, Progress: progress.NewWriter(&progressOut, progress.Options{Every: time.Hour}),
 	}
 	s, err := Run(context.Background(), p)
 	if err != nil {
@@ -169,8 +170,8 @@ func TestRunTwoTargetsWithConversations(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"conc 2", "rate 50", "remote 24", "SLO attainment at SLO scale", "round 2/2"} {
-		if !strings.Contains(tbl.String()+progress.String(), want) {
-			t.Errorf("output lacks %q:\n%s\n%s", want, tbl.String(), progress.String())
+		if !strings.Contains(tbl.String()+progressOut.String(), want) {
+			t.Errorf("output lacks %q:\n%s\n%s", want, tbl.String(), progressOut.String())
 		}
 	}
 }

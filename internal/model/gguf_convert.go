@@ -50,6 +50,19 @@ type GGUFOptions struct {
 	Metadata []gguf.KV
 	// Threads quantize in parallel; 0 means GOMAXPROCS.
 	Threads int
+	// ReadProgress, when set, is told the bytes of the checkpoint read so
+	// far and in all while it is read in (as LoadOptions.Progress).
+	ReadProgress func(read, total int64)
+	// Progress, when set, is told how far the conversion has come: once
+	// before the first tensor and after each one is written.
+	Progress func(GGUFProgress)
+}
+
+// GGUFProgress is how far ConvertToGGUF has come: tensors and bytes of
+// tensor data written, so far and in all.
+type GGUFProgress struct {
+	Tensors, TotalTensors int
+	Bytes, TotalBytes     int64
 }
 
 // GGUFSummary describes a converted file.
@@ -165,7 +178,7 @@ func ConvertToGGUF(dir string, w io.Writer, opts GGUFOptions) (*GGUFSummary, err
 	if err != nil {
 		return nil, err
 	}
-	set, err := safetensors.OpenDir(dir)
+	set, err := safetensors.OpenDirProgress(dir, opts.ReadProgress)
 	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
@@ -216,6 +229,13 @@ func ConvertToGGUF(dir string, w io.Writer, opts GGUFOptions) (*GGUFSummary, err
 		threads = runtime.GOMAXPROCS(0)
 	}
 	sum := &GGUFSummary{Tensors: map[gguf.Type]int{}, Bytes: map[gguf.Type]int64{}}
+	prog := GGUFProgress{TotalTensors: len(plan)}
+	for _, t := range gw.Tensors() {
+		prog.TotalBytes += t.Size
+	}
+	if opts.Progress != nil {
+		opts.Progress(prog)
+	}
 	for _, e := range plan {
 		vals := e.data
 		if e.stack != nil {
@@ -261,6 +281,11 @@ func ConvertToGGUF(dir string, w io.Writer, opts GGUFOptions) (*GGUFSummary, err
 		}
 		sum.Tensors[e.typ]++
 		sum.Bytes[e.typ] += int64(len(data))
+		if opts.Progress != nil {
+			prog.Tensors++
+			prog.Bytes += int64(len(data))
+			opts.Progress(prog)
+		}
 	}
 	if err := gw.Close(); err != nil {
 		return nil, fmt.Errorf("model: %w", err)

@@ -31,7 +31,11 @@ import (
 // are read by several threads at once, and laid out so that q, k and v, and
 // gate and up, are adjacent and run as one matmul whatever order the file
 // has them in.
-func LoadGGUF(path string, pool *tensor.Pool) (*Model, error) {
+func LoadGGUF(path string, pool *tensor.Pool) (*Model, error) { return loadGGUF(path, pool, nil) }
+
+// loadGGUF is LoadGGUF telling progress (when set) the bytes of tensors read
+// (LoadOptions.Progress).
+func loadGGUF(path string, pool *tensor.Pool, progress func(read, total int64)) (*Model, error) {
 	if pool == nil {
 		return nil, errors.New("model: LoadGGUF needs a tensor.Pool, got nil")
 	}
@@ -44,7 +48,7 @@ func LoadGGUF(path string, pool *tensor.Pool) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	src, err := loadGGUFTensors(f, cfg)
+	src, err := loadGGUFTensors(f, cfg, progress)
 	if err != nil {
 		return nil, err
 	}
@@ -194,7 +198,7 @@ const ggufReadChunk = 8 << 20
 // loadGGUFTensors checks that f holds only tensors of the architecture,
 // lays them out in one anonymous mapping, reads them in parallel, undoes
 // llama's q/k permutation and makes the mapping read-only.
-func loadGGUFTensors(f *gguf.File, c *Config) (*ggufSource, error) {
+func loadGGUFTensors(f *gguf.File, c *Config, progress func(read, total int64)) (*ggufSource, error) {
 	var groups [][]*gguf.TensorInfo
 	used := map[string]bool{}
 	add := func(names ...string) {
@@ -288,11 +292,19 @@ func loadGGUFTensors(f *gguf.File, c *Config) (*ggufSource, error) {
 		readers = min(4, max(2, runtime.GOMAXPROCS(0)))
 	}
 	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		next  int
-		first error
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		next   int
+		first  error
+		read   int64 // of toRead, for progress
+		toRead int64
 	)
+	for _, p := range place {
+		toRead += p.t.Size
+	}
+	if progress != nil {
+		progress(0, toRead)
+	}
 	for range min(readers, len(jobs)) {
 		wg.Add(1)
 		go func() {
@@ -306,11 +318,13 @@ func loadGGUFTensors(f *gguf.File, c *Config) (*ggufSource, error) {
 				j := jobs[next]
 				next++
 				mu.Unlock()
-				if err := f.ReadData(j.dst, j.off); err != nil {
-					mu.Lock()
-					first = cmpErr(first, err)
-					mu.Unlock()
+				err := f.ReadData(j.dst, j.off)
+				mu.Lock()
+				if first = cmpErr(first, err); err == nil && progress != nil {
+					read += int64(len(j.dst))
+					progress(read, toRead)
 				}
+				mu.Unlock()
 			}
 		}()
 	}

@@ -71,12 +71,23 @@ type Model struct {
 // generation_config.json if present, model.safetensors or shards) and binds
 // its weights. dir may instead be a GGUF file (see LoadGGUF). Kernels run on
 // pool.
-func Load(dir string, pool *tensor.Pool) (*Model, error) {
+func Load(dir string, pool *tensor.Pool) (*Model, error) { return LoadWith(dir, pool, LoadOptions{}) }
+
+// LoadOptions are Load's options.
+type LoadOptions struct {
+	// Progress, when set, is told the bytes of weights read so far and in
+	// all: once before the first read and after each piece, one call at a
+	// time (from the reading goroutines).
+	Progress func(read, total int64)
+}
+
+// LoadWith is Load with options.
+func LoadWith(dir string, pool *tensor.Pool, opts LoadOptions) (*Model, error) {
 	if pool == nil {
 		return nil, errors.New("model: Load needs a tensor.Pool, got nil")
 	}
 	if gguf.IsFile(dir) {
-		return LoadGGUF(dir, pool)
+		return loadGGUF(dir, pool, opts.Progress)
 	}
 	cfg, err := LoadConfig(dir)
 	if err != nil {
@@ -86,7 +97,7 @@ func Load(dir string, pool *tensor.Pool) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	set, err := safetensors.OpenDir(dir)
+	set, err := safetensors.OpenDirProgress(dir, opts.Progress)
 	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}

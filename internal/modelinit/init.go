@@ -17,6 +17,12 @@ const tinyTokenizerVocab = 4096
 // model.safetensors. BOS and EOS come from the tokenizer so that generation
 // stops where the chat template says. It returns the Spec written.
 func Init(dir, shape, dtype string, seed uint64) (Spec, error) {
+	return InitProgress(dir, shape, dtype, seed, nil)
+}
+
+// InitProgress is Init telling progress (when not nil) the bytes of weights
+// written so far and in all (see WriteProgress).
+func InitProgress(dir, shape, dtype string, seed uint64, progress func(written, total int64)) (Spec, error) {
 	spec, err := Shape(shape, dtype)
 	if err != nil {
 		return Spec{}, err
@@ -36,7 +42,7 @@ func Init(dir, shape, dtype string, seed uint64) (Spec, error) {
 		spec.Vocab = fx.VocabSize
 	}
 	spec.BOS, spec.EOS = fx.BOS, fx.EOS
-	if err := Write(dir, spec, seed); err != nil {
+	if err := WriteProgress(dir, spec, seed, progress); err != nil {
 		return Spec{}, err
 	}
 	return spec, nil

@@ -267,7 +267,12 @@ func (s Spec) std() float64 {
 // for s into dir (created if needed). Tensors are generated and streamed
 // one chunk at a time, so memory use stays small for billion-parameter
 // shapes.
-func Write(dir string, s Spec, seed uint64) error {
+func Write(dir string, s Spec, seed uint64) error { return WriteProgress(dir, s, seed, nil) }
+
+// WriteProgress is Write telling progress (when not nil) the bytes of
+// model.safetensors' tensor data written so far and in all: once before the
+// first tensor and after every chunk of about 1 MiB.
+func WriteProgress(dir string, s Spec, seed uint64, progress func(written, total int64)) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
@@ -285,7 +290,7 @@ func Write(dir string, s Spec, seed uint64) error {
 	if err := writeJSON(filepath.Join(dir, "generation_config.json"), gen); err != nil {
 		return err
 	}
-	return writeWeights(filepath.Join(dir, safetensors.SingleFile), s, seed)
+	return writeWeights(filepath.Join(dir, safetensors.SingleFile), s, seed, progress)
 }
 
 // ConfigJSON returns the config.json that Write writes for s.
@@ -308,11 +313,16 @@ func writeJSON(path string, v any) error {
 	return nil
 }
 
-func writeWeights(path string, s Spec, seed uint64) (err error) {
+func writeWeights(path string, s Spec, seed uint64, progress func(written, total int64)) (err error) {
 	plan := s.plan()
 	infos := make([]safetensors.Info, len(plan))
+	var written, total int64
 	for i, t := range plan {
 		infos[i] = t.Info
+		total += t.Elements() * int64(t.DType.Size())
+	}
+	if progress != nil {
+		progress(0, total)
 	}
 	f, err := os.Create(path)
 	if err != nil {
@@ -353,6 +363,9 @@ func writeWeights(path string, s Spec, seed uint64) (err error) {
 				return err
 			}
 			left -= n
+			if written += int64(len(buf)); progress != nil {
+				progress(written, total)
+			}
 		}
 	}
 	if err := w.Close(); err != nil {

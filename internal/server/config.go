@@ -134,6 +134,9 @@ type Config struct {
 
 	// Logger receives the engine's logs; nil discards them.
 	Logger *slog.Logger
+	// LoadProgress, when set, is told the bytes of weights read while the
+	// model loads (model.LoadOptions.Progress; --progress).
+	LoadProgress func(read, total int64)
 	// Version is the build's version, reported by the API.
 	Version string
 }

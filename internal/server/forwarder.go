@@ -21,7 +21,7 @@ import (
 func loadForwarder(cfg *Config, tok *tokenizer.Tokenizer, log *slog.Logger) (engine.Forwarder, func(), error) {
 	if cfg.Simulate == nil {
 		pool := tensor.NewPool(cfg.Threads)
-		m, err := model.Load(cfg.Model, pool)
+		m, err := model.LoadWith(cfg.Model, pool, model.LoadOptions{Progress: cfg.LoadProgress})
 		if err != nil {
 			pool.Close()
 			return nil, nil, err

@@ -14,6 +14,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/bench"
 	"github.com/tandem-serve/tandem/internal/bench/workload"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
+	"github.com/tandem-serve/tandem/internal/progress"
 )
 
 // Common is what every experiment is given.
@@ -28,8 +29,11 @@ type Common struct {
 	// EngineArgs are appended to every engine's `tandem serve` command line.
 	EngineArgs []string
 	// Stdout receives the report as it is written, Log the progress lines.
-	// Default os.Stdout and os.Stderr.
+	// Default os.Stdout, and Progress's writer or else os.Stderr.
 	Stdout, Log io.Writer
+	// Progress, when set, shows each benchmark level's requests as they
+	// run (and the soak's load).
+	Progress *progress.Display
 }
 
 // Workload is one of the experiments' workloads (chat or long, as package
@@ -57,6 +61,8 @@ type experiment struct {
 	nextLevel int
 	// failed lists the levels with failed requests, tuning included.
 	failed []string
+	// progress shows the levels as they run (nil: not at all).
+	progress *progress.Display
 }
 
 // checkGoal says what is wrong with a goal outside (0, 1].
@@ -73,12 +79,15 @@ func newExperiment(c *Common, goal float64) (*experiment, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &experiment{procs: p, model: c.Model, goal: goal}, nil
+	return &experiment{procs: p, model: c.Model, goal: goal, progress: c.Progress}, nil
 }
 
 // defaults fills in c's writers.
 func (c *Common) defaults() {
 	c.Stdout = cmp.Or[io.Writer](c.Stdout, os.Stdout)
+	if c.Log == nil && c.Progress != nil {
+		c.Log = c.Progress.Writer()
+	}
 	c.Log = cmp.Or[io.Writer](c.Log, os.Stderr)
 }
 
@@ -153,7 +162,7 @@ func (x *experiment) runWorkload(ctx context.Context, targets []bench.Target, wl
 // model's tokenizer), its levels numbered after every earlier run's.
 func (x *experiment) plan(ctx context.Context, targets []bench.Target, wl Workload, loads []bench.Load, rounds, requests int) (*bench.Plan, error) {
 	p := &bench.Plan{Targets: targets, Model: filepath.Base(x.model), Loads: loads, Rounds: rounds, Seed: x.seed, Timeout: x.timeout,
-		SLO: wl.SLO, Goal: x.goal, Progress: x.log, ProgressEvery: 10 * time.Second}
+		SLO: wl.SLO, Goal: x.goal, Progress: x.progress}
 	src := &bench.WorkloadSource{Spec: workload.Spec{Kind: wl.Name, Requests: requests, Seed: x.seed, MaxContext: x.maxContext}, Tokenizer: x.model}
 	if err := bench.Prepare(ctx, p, src, x.log); err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/bench"
 	"github.com/tandem-serve/tandem/internal/modelinit"
+	"github.com/tandem-serve/tandem/internal/progress"
 )
 
 // Model returns the directory of a random-weight model of shape in the
@@ -15,6 +16,11 @@ import (
 // `tandem model init` does and saying so on w. It is written beside its
 // final place and renamed, so an interrupted run leaves no half model.
 func Model(w io.Writer, shape, dtype string) (string, error) {
+	return ModelProgress(w, nil, shape, dtype)
+}
+
+// ModelProgress is Model showing the weights written on d.
+func ModelProgress(w io.Writer, d *progress.Display, shape, dtype string) (string, error) {
 	c, err := os.UserCacheDir()
 	if err != nil {
 		return "", fmt.Errorf("finding a cache directory for the model (set XDG_CACHE_HOME or pass --model): %w", err)
@@ -33,7 +39,10 @@ func Model(w io.Writer, shape, dtype string) (string, error) {
 	}
 	defer os.RemoveAll(tmp) // a no-op once renamed
 	fmt.Fprintf(w, "experiment: no --model: creating a random-weight %s (%s) model in %s (once; pass --model DIR for another)\n", shape, dtype, dir)
-	if _, err := modelinit.Init(tmp, shape, dtype, 0); err != nil {
+	r := d.Reporter("writing "+shape+" ("+dtype+")", progress.Bytes)
+	_, err = modelinit.InitProgress(tmp, shape, dtype, 0, r.Func())
+	r.Done()
+	if err != nil {
 		return "", err
 	}
 	if err := os.RemoveAll(dir); err != nil {

@@ -143,7 +143,7 @@ func RunPD(ctx context.Context, cfg PD) error {
 	}
 	if cfg.Model == "" {
 		cfg.defaults()
-		dir, err := Model(cfg.Log, modelinit.ShapeSmolLM2135M, "bf16")
+		dir, err := ModelProgress(cfg.Log, cfg.Progress, modelinit.ShapeSmolLM2135M, "bf16")
 		if err != nil {
 			return err
 		}

@@ -105,6 +105,7 @@ func RunSoak(ctx context.Context, cfg Soak) error {
 		Rate: cfg.Rate, Concurrency: cfg.Concurrency, Seed: cfg.Seed, Duration: cfg.Duration, Deadline: cfg.Deadline,
 		Faults: soak.Schedule(cfg.Duration, cfg.FaultEvery, cfg.Stall, prefill, decode), Inject: sc.inject, PIDs: sc.pids,
 		SampleEvery: cfg.RSSEvery, MetricsURLs: urls, DrainTimeout: cmp.Or(cfg.DrainTimeout, 3*cfg.KVLease+10*time.Second), Log: cfg.Log,
+		Progress: cfg.Progress,
 	}
 	var report strings.Builder
 	w := io.MultiWriter(&report, cfg.Stdout)

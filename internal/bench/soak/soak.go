@@ -15,6 +15,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/bench"
 	"github.com/tandem-serve/tandem/internal/hoststat"
+	"github.com/tandem-serve/tandem/internal/progress"
 )
 
 // Metrics whose value must be 0 on every engine once the load has drained.
@@ -50,6 +51,9 @@ type Config struct {
 	MetricsURLs  map[string]string
 	DrainTimeout time.Duration
 	Log          io.Writer
+	// Progress, when set, shows the load as it runs: its time against
+	// Duration, requests answered, failed and in flight.
+	Progress *progress.Display
 }
 
 // FaultResult is a fault as carried out.
@@ -155,11 +159,15 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 		}
 	}()
 
+	stage := c.Progress.Start("soak load", int64(c.Duration), progress.Time)
+	answered, failed, running := stage.Counter("answered", 0), stage.Warning("failed"), stage.Gauge("in flight")
 	var inflight sync.WaitGroup
 	var pending sync.Map // request ids in flight, for those that never return
 	do := func(i int) {
 		pending.Store(i, true)
 		defer pending.Delete(i)
+		running.Add(1)
+		defer running.Add(-1)
 		rctx, cancel := context.WithTimeout(ctx, c.Deadline)
 		defer cancel()
 		o := c.Client.Stream(rctx, bench.CompletionRequest{Model: c.Model, Prompt: c.Prompts[i%len(c.Prompts)],
@@ -168,6 +176,11 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 			o.Err = fmt.Errorf("%w: %v", context.DeadlineExceeded, o.Err)
 		}
 		k := Classify(o)
+		if strings.HasPrefix(k, "ok:") {
+			answered.Add(1)
+		} else {
+			failed.Add(1)
+		}
 		mu.Lock()
 		res.Tally[k]++
 		if k == KindHung {
@@ -236,6 +249,7 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 		mu.Unlock()
 		logf("%d requests never returned", n)
 	}
+	stage.Done()
 	logf("load stopped after %v: %d requests sent; waiting for the KV to drain", time.Since(start).Round(time.Millisecond), res.Sent)
 
 	drainStart := time.Now()

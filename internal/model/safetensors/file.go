@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -45,7 +46,10 @@ type File struct {
 // anonymous memory never stall (docs/performance.md). The cost is one copy
 // at load time (about 0.1 s per GB) and no sharing of weights through the
 // page cache between engine processes.
-func Open(path string) (*File, error) {
+func Open(path string) (*File, error) { return open(path, nil) }
+
+// open is Open adding the bytes it reads to c (nil: none).
+func open(path string, c *readCounter) (*File, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("safetensors: %w", err)
@@ -69,7 +73,7 @@ func Open(path string) (*File, error) {
 	if size > int64(^uint(0)>>1) {
 		return nil, fmt.Errorf("safetensors: %s: %d bytes cannot be mapped on this platform", path, size)
 	}
-	mapped, err := loadAnonymous(f, path, size)
+	mapped, err := loadAnonymous(f, path, size, c)
 	if err != nil {
 		return nil, err
 	}
@@ -131,16 +135,23 @@ type Set struct {
 
 // OpenDir opens the checkpoint in dir: the shards listed by
 // model.safetensors.index.json if it exists, otherwise model.safetensors.
-func OpenDir(dir string) (*Set, error) {
+func OpenDir(dir string) (*Set, error) { return OpenDirProgress(dir, nil) }
+
+// OpenDirProgress is OpenDir telling progress (when not nil) the bytes read
+// so far and in all, every shard counted, once before the first read and
+// after each piece; the calls come one at a time, from the reading
+// goroutines.
+func OpenDirProgress(dir string, progress func(read, total int64)) (*Set, error) {
 	idxPath := filepath.Join(dir, IndexFile)
 	idx, err := os.ReadFile(idxPath)
 	switch {
 	case err == nil:
-		return openShards(dir, idxPath, idx)
+		return openShards(dir, idxPath, idx, progress)
 	case !errors.Is(err, os.ErrNotExist):
 		return nil, fmt.Errorf("safetensors: %w", err)
 	}
-	f, err := Open(filepath.Join(dir, SingleFile))
+	path := filepath.Join(dir, SingleFile)
+	f, err := open(path, newReadCounter(progress, path))
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("safetensors: %s has neither %s nor %s: %w", dir, SingleFile, IndexFile, err)
@@ -154,7 +165,7 @@ func OpenDir(dir string) (*Set, error) {
 	return s, nil
 }
 
-func openShards(dir, idxPath string, idx []byte) (*Set, error) {
+func openShards(dir, idxPath string, idx []byte, progress func(read, total int64)) (*Set, error) {
 	var index struct {
 		WeightMap map[string]string `json:"weight_map"`
 	}
@@ -171,6 +182,16 @@ func openShards(dir, idxPath string, idx []byte) (*Set, error) {
 		names = append(names, name)
 	}
 	sort.Strings(names)
+	var c *readCounter
+	if progress != nil {
+		var paths []string
+		for _, shard := range index.WeightMap {
+			if p := filepath.Join(dir, filepath.Base(shard)); !slices.Contains(paths, p) {
+				paths = append(paths, p)
+			}
+		}
+		c = newReadCounter(progress, paths...)
+	}
 	for _, name := range names {
 		shard := index.WeightMap[name]
 		if shard == "" || filepath.Base(shard) != shard {
@@ -180,7 +201,7 @@ func openShards(dir, idxPath string, idx []byte) (*Set, error) {
 		f, ok := shards[shard]
 		if !ok {
 			var err error
-			f, err = Open(filepath.Join(dir, shard))
+			f, err = open(filepath.Join(dir, shard), c)
 			if err != nil {
 				s.Close()
 				return nil, err
@@ -243,7 +264,7 @@ const readChunk = 32 << 20
 // huge pages made a 2.47 GB load take 0.8–25 s instead of 1.2–1.6 s, with
 // no decode-speed gain outside the noise (docs/performance.md, "Model
 // load").
-func loadAnonymous(f *os.File, path string, size int64) ([]byte, error) {
+func loadAnonymous(f *os.File, path string, size int64, c *readCounter) ([]byte, error) {
 	if size == 0 {
 		return nil, fmt.Errorf("safetensors: %s is empty", path)
 	}
@@ -251,7 +272,7 @@ func loadAnonymous(f *os.File, path string, size int64) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("safetensors: allocate %d bytes for %s: %w", size, path, err)
 	}
-	if err := readParallel(f, mem, min(4, max(2, runtime.GOMAXPROCS(0)))); err != nil {
+	if err := readParallel(f, mem, min(4, max(2, runtime.GOMAXPROCS(0))), c); err != nil {
 		_ = unix.Munmap(mem)
 		return nil, fmt.Errorf("safetensors: read %s: %w", path, err)
 	}
@@ -263,9 +284,10 @@ func loadAnonymous(f *os.File, path string, size int64) ([]byte, error) {
 }
 
 // readParallel fills dst with the file's first len(dst) bytes, readers
-// threads each taking the next readChunk in turn; it returns the first
-// error, io.ErrUnexpectedEOF if the file is shorter.
-func readParallel(f *os.File, dst []byte, readers int) error {
+// threads each taking the next readChunk in turn, adding each chunk read to
+// rc; it returns the first error, io.ErrUnexpectedEOF if the file is
+// shorter.
+func readParallel(f *os.File, dst []byte, readers int, rc *readCounter) error {
 	var (
 		next  atomic.Int64
 		wg    sync.WaitGroup
@@ -297,9 +319,45 @@ func readParallel(f *os.File, dst []byte, readers int) error {
 					next.Store(chunks) // the others stop at their next chunk
 					return
 				}
+				rc.add(int64(len(part)))
 			}
 		}()
 	}
 	wg.Wait()
 	return first
+}
+
+// readCounter adds up the bytes a load has read for its progress callback,
+// one call at a time, so the counts it reports only grow.
+type readCounter struct {
+	mu          sync.Mutex
+	read, total int64
+	progress    func(read, total int64)
+}
+
+// newReadCounter counts towards the sizes of paths and reports 0 read;
+// nil when progress is nil. A file it cannot stat counts 0 (opening it
+// reports the error).
+func newReadCounter(progress func(read, total int64), paths ...string) *readCounter {
+	if progress == nil {
+		return nil
+	}
+	c := &readCounter{progress: progress}
+	for _, p := range paths {
+		if st, err := os.Stat(p); err == nil {
+			c.total += st.Size()
+		}
+	}
+	progress(0, c.total)
+	return c
+}
+
+func (c *readCounter) add(n int64) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.read += n
+	c.progress(c.read, c.total)
 }
