@@ -110,7 +110,7 @@ var allowed = map[string][]string{
 		"internal/kvparams", // a request's kv_transfer_params, typed; the engine passes them to its connector unread
 		"github.com/google/uuid",
 	},
-	"internal/router/kvindex": {"internal/kvevents", "internal/router/scorer/prefix"},
+	"internal/router/kvindex": {"internal/kvevents", "internal/router/scorer/prefix", "github.com/prometheus/client_golang/..."},
 
 	// Floor 5. The engine does not know P/D: the connector plugs in
 	// through sched.Connector and engine.KVWorker. The proxy (the router
