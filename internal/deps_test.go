@@ -161,6 +161,7 @@ var allowed = map[string][]string{
 	// no production package can import them.
 	"internal":                 {}, // this test
 	"internal/kubetest":        {},
+	"internal/promtest":        {}, // runs a real Prometheus for tests: std only
 	"internal/testhosts":       {},
 	"internal/testmodels":      {},
 	"internal/vllmtest":        {}, // starts a real vllm serve for interop tests: std only
