@@ -162,6 +162,7 @@ var allowed = map[string][]string{
 	"internal":                 {}, // this test
 	"internal/kubetest":        {},
 	"internal/promtest":        {}, // runs a real Prometheus for tests: std only
+	"internal/jaegertest":      {}, // runs a real Jaeger for tests: std only
 	"internal/testhosts":       {},
 	"internal/testmodels":      {},
 	"internal/vllmtest":        {}, // starts a real vllm serve for interop tests: std only
