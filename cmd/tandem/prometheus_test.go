@@ -73,13 +73,16 @@ func TestPrometheusScrapesAndEvaluatesTheRules(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	// Each recording rule and the series it must produce.
+	// Each recording rule and the series it must produce, and the raw
+	// series an alert reads that only Tandem's code exports.
 	wantSeries := map[string]string{
 		`stage:tandem_proxy_stage_seconds:p99_5m{stage="route"}`:                            "the route stage's p99",
 		`stage:tandem_proxy_stage_seconds:p50_5m{stage="decode_first_byte"}`:                "the decode's first byte's p50",
 		`tandem:ttft_slo_errors:ratio_rate5m`:                                               "the TTFT SLO's 5m error ratio",
 		`tandem:ttft_slo_errors:ratio_rate1h`:                                               "the TTFT SLO's 1h error ratio",
 		fmt.Sprintf(`instance:tandem_kv_events_lag:batches{instance=%q}`, hostPort(t, dec)): "the router's KV-event lag behind the decode",
+		// Raw series the alerts read, from the engine that exports them.
+		fmt.Sprintf(`tandem:kv_holds_by_age{instance=%q,kind="decode_leg",older_than="300s"}`, hostPort(t, pre)): "the prefill's holds by age",
 	}
 	var last string
 	testutil.WaitFor(t, "Prometheus to scrape, evaluate every rule and record every series", 90*time.Second, func() bool {
