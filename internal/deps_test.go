@@ -111,7 +111,7 @@ var allowed = map[string][]string{
 		"internal/kvparams", // a request's kv_transfer_params, typed; the engine passes them to its connector unread
 		"github.com/google/uuid",
 	},
-	"internal/router/kvindex": {"internal/kvevents", "internal/router/scorer/prefix"},
+	"internal/router/kvindex": {"internal/kvevents", "internal/router/scorer/prefix", "github.com/prometheus/client_golang/..."},
 
 	// Floor 5. The engine does not know P/D: the connector plugs in
 	// through sched.Connector and engine.KVWorker. The proxy (the router
@@ -162,6 +162,8 @@ var allowed = map[string][]string{
 	// no production package can import them.
 	"internal":                 {}, // this test
 	"internal/kubetest":        {},
+	"internal/promtest":        {}, // runs a real Prometheus for tests: std only
+	"internal/jaegertest":      {}, // runs a real Jaeger for tests: std only
 	"internal/testhosts":       {},
 	"internal/testmodels":      {},
 	"internal/vllmtest":        {}, // starts a real vllm serve for interop tests: std only

@@ -209,12 +209,14 @@ func runProxy(args []string) error {
 		}
 		cfg.Tokenizer = tok
 	}
+	var kvIdx *kvindex.Precise
 	if len(f.kvEvents) > 0 || f.kvPattern != "" {
 		idx, err := followKVEvents(f, &cfg, log)
 		if err != nil {
 			return err
 		}
 		defer idx.Close()
+		kvIdx = idx
 	}
 	stopTracing, err := startTracing(f.otlp, "tandem-proxy")
 	if err != nil {
@@ -224,6 +226,11 @@ func runProxy(args []string) error {
 	p, err := proxy.New(cfg)
 	if err != nil {
 		return err
+	}
+	if kvIdx != nil {
+		if err := p.MetricsRegisterer().Register(kvIdx.Collector()); err != nil {
+			return fmt.Errorf("exporting the KV-event subscriber's metrics: %w", err)
+		}
 	}
 	var watcher *kubediscovery.Watcher
 	if f.kube.discovery == discoveryKubernetes {

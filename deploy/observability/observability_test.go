@@ -23,8 +23,17 @@ var metricRef = regexp.MustCompile(`\b(?:tandem|vllm):[a-z_]+`)
 // exportedName matches a metric name as a string literal in Go source.
 var exportedName = regexp.MustCompile(`"((?:tandem|vllm):[a-z_]+)"`)
 
+// prefixName matches a metric name prefix that Go source completes with a
+// helper's argument ("tandem:kv_events_" + name), and snakeLiteral the
+// string literals that may complete it.
+var (
+	prefixName   = regexp.MustCompile(`"((?:tandem|vllm):[a-z_]+_)" \+ [a-z]`)
+	snakeLiteral = regexp.MustCompile(`"([a-z][a-z_]*[a-z])"`)
+)
+
 // exported returns the metric names Tandem's Go source defines (non-test
-// files under internal/ and cmd/).
+// files under internal/ and cmd/). A file that builds names from a prefix
+// counts the prefix joined to each snake_case string literal in the file.
 func exported(t *testing.T) map[string]bool {
 	t.Helper()
 	names := map[string]bool{}
@@ -39,6 +48,11 @@ func exported(t *testing.T) map[string]bool {
 			}
 			for _, m := range exportedName.FindAllStringSubmatch(string(src), -1) {
 				names[m[1]] = true
+			}
+			for _, p := range prefixName.FindAllStringSubmatch(string(src), -1) {
+				for _, m := range snakeLiteral.FindAllStringSubmatch(string(src), -1) {
+					names[p[1]+m[1]] = true
+				}
 			}
 			return nil
 		})

@@ -206,7 +206,7 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 		}
 		info.Shm = l
 	}
-	return &Producer{
+	p := &Producer{
 		cfg:       cfg,
 		info:      info,
 		log:       cfg.Logger.With("component", "kvxfer.producer", "engine_id", info.EngineID),
@@ -218,7 +218,9 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 		pending:   make(map[net.Conn]*pendingConn),
 		pendingBy: make(map[string]int),
 		unauthLog: newLogLimiter(refusalLogInterval, refusalLogAddrs, cfg.Clock),
-	}, nil
+	}
+	p.exportHoldAges()
+	return p, nil
 }
 
 // Info returns what this producer announces in handshakes.

@@ -71,6 +71,9 @@ type Engine struct {
 	// KVFetchStageSeconds is the time a request's KV fetch spent in each
 	// stage, observed when the request first runs.
 	KVFetchStageSeconds *prometheus.HistogramVec
+	// KVHoldAges exports the KV holds by age (tandem:kv_holds_by_age); the
+	// engine's KV producer sets its source.
+	KVHoldAges *HoldAges
 }
 
 // KVFetchStages are the stage label values of KVFetchByStage and
@@ -150,6 +153,8 @@ func NewEngine(modelName string) *Engine {
 	f(e.KVFetchByStage)
 	e.KVFetchStageSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tandem:kv_fetch_stage_seconds", Help: "Histogram of the time a request's remote KV fetch spent in each stage.", ConstLabels: l, Buckets: latencyBuckets}, []string{"stage"})
 	f(e.KVFetchStageSeconds)
+	e.KVHoldAges = NewHoldAges(l)
+	f(e.KVHoldAges)
 	for _, st := range KVFetchStages {
 		e.KVFetchByStage.WithLabelValues(st)
 		e.KVFetchStageSeconds.WithLabelValues(st)

@@ -1,0 +1,9 @@
+//go:build !linux
+
+package promtest
+
+import "syscall"
+
+// sysProcAttr has no parent-death signal off Linux: the test's cleanup
+// ends the server.
+func sysProcAttr() *syscall.SysProcAttr { return nil }
