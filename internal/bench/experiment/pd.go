@@ -64,7 +64,7 @@ type configuration func(r *pdRun, ctx context.Context, t tuned) (url string, met
 // configurations are the setups PD.Configs may name.
 var configurations = map[string]configuration{
 	"colocated": func(r *pdRun, ctx context.Context, t tuned) (string, []string, error) {
-		url, err := r.startColocated(ctx, r.model, t.mnbt, 1)
+		url, err := r.startColocated(ctx, r.model, t.mnbt, 0)
 		return url, nil, err
 	},
 	// colocated-cadence is the colocated engine with vLLM's answer to the

@@ -86,16 +86,16 @@ func (x *procs) stopAll() {
 }
 
 // startColocated starts one engine on every allowed CPU with mnbt as its
-// --max-num-batched-tokens and, when interval is above 1, interval as its
+// --max-num-batched-tokens and, unless interval is 0, interval as its
 // --prefill-schedule-interval; the engine and its log file are named after
-// both.
+// both, so a cadence engine at interval 1 is not the plain one.
 func (x *procs) startColocated(ctx context.Context, model string, mnbt, interval int) (string, error) {
 	ports, err := launch.FreePorts("127.0.0.1", 2)
 	if err != nil {
 		return "", err
 	}
 	name, flags := fmt.Sprintf("colocated-mnbt%d", mnbt), []string{"--max-num-batched-tokens", strconv.Itoa(mnbt)}
-	if interval > 1 {
+	if interval > 0 {
 		name += fmt.Sprintf("-interval%d", interval)
 		flags = append(flags, "--prefill-schedule-interval", strconv.Itoa(interval))
 	}

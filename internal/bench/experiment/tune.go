@@ -25,7 +25,7 @@ func (r *pdRun) tuneAll(ctx context.Context, w io.Writer) (tuned, error) {
 	var err error
 	if len(cfg.MNBTs) > 1 && (plain || cadence) {
 		t.mnbt, err = r.tune(ctx, w, "--max-num-batched-tokens", "mnbt", "", cfg.MNBTs, func(v int) (string, error) {
-			return r.startColocated(ctx, r.model, v, 1)
+			return r.startColocated(ctx, r.model, v, 0)
 		})
 		if err != nil {
 			return t, err
