@@ -94,11 +94,7 @@ func (x *procs) startColocated(ctx context.Context, model string, mnbt, interval
 	if err != nil {
 		return "", err
 	}
-	name, flags := fmt.Sprintf("colocated-mnbt%d", mnbt), []string{"--max-num-batched-tokens", strconv.Itoa(mnbt)}
-	if interval > 0 {
-		name += fmt.Sprintf("-interval%d", interval)
-		flags = append(flags, "--prefill-schedule-interval", strconv.Itoa(interval))
-	}
+	name, flags := colocatedFlags(mnbt, interval)
 	s := launch.EngineSpec{Name: name, Host: "127.0.0.1", Port: ports[0], KVPort: ports[1], CPUs: x.cpus}
 	args := launch.ServeArgs(s, model, filepath.Base(model), append(flags, x.extra...))
 	// A colocated engine has no role: drop "--role ''".
@@ -113,6 +109,18 @@ func (x *procs) startColocated(ctx context.Context, model string, mnbt, interval
 		return "", err
 	}
 	return s.URL(), x.waitHealthy(ctx, []*launch.Process{p}, engineStartup)
+}
+
+// colocatedFlags are a colocated engine's name and its `tandem serve`
+// flags for chunk budget mnbt and, unless interval is 0, prefill cadence
+// interval.
+func colocatedFlags(mnbt, interval int) (name string, flags []string) {
+	name, flags = fmt.Sprintf("colocated-mnbt%d", mnbt), []string{"--max-num-batched-tokens", strconv.Itoa(mnbt)}
+	if interval > 0 {
+		name += fmt.Sprintf("-interval%d", interval)
+		flags = append(flags, "--prefill-schedule-interval", strconv.Itoa(interval))
+	}
+	return name, flags
 }
 
 // cluster is prefill and decode engines behind a tandem proxy process.
