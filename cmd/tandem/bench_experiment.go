@@ -33,10 +33,11 @@ func runBenchExperiment(args []string) error {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: tandem bench experiment pd [--model DIR] [flags]\n\n"+
 			"Compares, on this machine and model, a colocated engine on all cores (its\n"+
-			"--max-num-batched-tokens chosen by a small sweep on the long workload) with 1 prefill\n"+
-			"+ 1 decode engine (half the cores each) behind tandem proxy, and the same pair behind a\n"+
-			"proxy with the conditional decider (prefill on the decode engine when the uncached\n"+
-			"prompt is short). Each workload runs open loop (Poisson) at each rate against every\n"+
+			"--max-num-batched-tokens chosen by a small sweep on the long workload), the same engine\n"+
+			"with a prefill cadence (its --prefill-schedule-interval chosen by a second sweep at that\n"+
+			"chunk budget), 1 prefill + 1 decode engine (half the cores each) behind tandem proxy,\n"+
+			"and the same pair behind a proxy with the conditional decider (prefill on the decode\n"+
+			"engine when the uncached prompt is short). Each workload runs open loop (Poisson) at each rate against every\n"+
 			"configuration, in alternating rounds, each level with prompts of its own. Writes\n"+
 			"report.txt (tables, each configuration's goodput rate and throughput per rate, the TTFT\n"+
 			"of every configuration split by the answers' Server-Timing spans, and a P:D model fitted\n"+
@@ -54,7 +55,8 @@ func runBenchExperiment(args []string) error {
 		chatRates = fs.String("chat-rates", "1,2,4", "arrival rates (req/s) of the chat workload")
 		longRates = fs.String("long-rates", "0.2,0.4,0.6", "arrival rates (req/s) of the long workload")
 		mnbtSweep = fs.String("mnbt-sweep", "128,256,512,2048", "colocated --max-num-batched-tokens values to tune over (one value: no tuning)")
-		configs   = fs.String("configs", "colocated,pd,conditional", "configurations: colocated (one engine, all cores), pd (1P+1D, --pd-decider always), conditional (1P+1D, --pd-decider conditional --policy prefix)")
+		ivSweep   = fs.String("interval-sweep", "2,4,8", "colocated-cadence --prefill-schedule-interval values to tune over at the tuned --max-num-batched-tokens (one value: no tuning)")
+		configs   = fs.String("configs", "colocated,colocated-cadence,pd,conditional", "configurations: colocated (one engine, all cores), colocated-cadence (the same with --prefill-schedule-interval), pd (1P+1D, --pd-decider always), conditional (1P+1D, --pd-decider conditional --policy prefix)")
 		kvMemory  = fs.String("kv-cache-memory", "1GiB", "every engine's --kv-cache-memory (several engines share this machine's RAM; empty: the engine's default)")
 		slos      = addWorkloadSLOFlags(fs, "")
 	)
@@ -78,6 +80,9 @@ func runBenchExperiment(args []string) error {
 	var err error
 	if cfg.MNBTs, err = parseInts(*mnbtSweep); err != nil {
 		return fmt.Errorf("--mnbt-sweep: %w", err)
+	}
+	if cfg.Intervals, err = parseInts(*ivSweep); err != nil {
+		return fmt.Errorf("--interval-sweep: %w", err)
 	}
 	if cfg.Workloads, err = experimentWorkloads(*workloads, map[string]string{"chat": *chatRates, "long": *longRates}, slos, "--%s-rates"); err != nil {
 		return err

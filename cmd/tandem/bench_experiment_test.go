@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -205,6 +206,76 @@ func TestBenchExperimentConditional(t *testing.T) {
 	}
 	if !strings.Contains(string(b), "means over the conditional configuration's requests") {
 		t.Errorf("no breakdown for the conditional configuration:\n%s", b)
+	}
+}
+
+// TestBenchExperimentColocatedCadence runs the fourth configuration,
+// colocated-cadence, beside colocated: with one chunk budget there is no
+// budget tuning, the prefill cadence is tuned over two intervals at that
+// budget, the chosen one runs (its engine's counters show steps deferred:
+// 8-token chunks of the chat mix's prompts beside other requests'
+// decodes), and both configurations share the SLO grid.
+func TestBenchExperimentColocatedCadence(t *testing.T) {
+	dir := testmodels.Stories260K(t)
+	t.Setenv(actAsTandem, "1")
+	out := t.TempDir()
+	err := runBenchExperiment([]string{"pd", "--model", dir, "--out", out, "--configs", "colocated,colocated-cadence", "--workloads", "chat",
+		"--chat-rates", "8,16", "--requests", "6", "--rounds", "1", "--mnbt-sweep", "8", "--interval-sweep", "2,4", "--tune-requests", "2", "--max-context", "512"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "report.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := string(b)
+	for _, want := range []string{"tuning the colocated engine's --prefill-schedule-interval at --max-num-batched-tokens 8 on the chat workload",
+		"--prefill-schedule-interval     2: SLO met", "--prefill-schedule-interval     4: SLO met", "chosen:", "configurations: colocated, colocated-cadence;",
+		"colocated-cadence (--prefill-schedule-interval ", "steps deferred prefill while requests decoded", "goodput rate under each pair of objectives"} {
+		if !strings.Contains(report, want) {
+			t.Errorf("report lacks %q:\n%s", want, report)
+		}
+	}
+	if !regexp.MustCompile(`colocated-cadence +rate 16 +6 +0 `).MatchString(report) {
+		t.Errorf("report lacks colocated-cadence's row at rate 16 with 6 requests done:\n%s", report)
+	}
+	if strings.Contains(report, "--max-num-batched-tokens     8: SLO met") {
+		t.Errorf("one --mnbt-sweep value was tuned anyway:\n%s", report)
+	}
+	if strings.Contains(report, "FAILED") {
+		t.Errorf("the report names failed requests:\n%s", report)
+	}
+	var sum experiment.PDSummary
+	readJSON(t, filepath.Join(out, "summary.json"), &sum)
+	if sum.MNBT != 8 || (sum.Interval != 2 && sum.Interval != 4) || len(sum.Workloads) != 1 || len(sum.Failed) != 0 {
+		t.Fatalf("summary.json: mnbt %d, interval %d, %d workloads, failed %q; want 8, 2 or 4, 1, none", sum.MNBT, sum.Interval, len(sum.Workloads), sum.Failed)
+	}
+	ws := sum.Workloads[0]
+	if c := ws.Cadence; c == nil || c.Interval != sum.Interval || c.Deferred <= 0 || c.Lifted < 0 {
+		t.Errorf("cadence over the chat mix: %+v, want the chosen interval and steps deferred", c)
+	}
+	if len(ws.Capacity) != 2 || ws.Capacity[1].Target != "colocated-cadence" || len(ws.Grid) != 25 || len(ws.Grid[0].Capacities) != 2 {
+		t.Errorf("capacities %+v and a grid of %d cells, want both configurations in each", ws.Capacity, len(ws.Grid))
+	}
+	// The tuning engines and the chosen one ran with their interval; the
+	// plain colocated engine without one.
+	for _, f := range []string{"colocated-mnbt8-interval2.log", "colocated-mnbt8-interval4.log", "colocated-mnbt8.log"} {
+		if _, err := os.Stat(filepath.Join(out, "logs", f)); err != nil {
+			t.Errorf("no log of an engine: %v", err)
+		}
+	}
+}
+
+// TestBenchExperimentIntervalSweepChecked: a bad --interval-sweep fails
+// before anything starts, and colocated-cadence is a configuration the
+// command knows.
+func TestBenchExperimentIntervalSweepChecked(t *testing.T) {
+	err := runBenchExperiment([]string{"pd", "--model", t.TempDir(), "--out", t.TempDir(), "--interval-sweep", "2,0"})
+	if err == nil || !strings.Contains(err.Error(), "--interval-sweep: bad number") {
+		t.Errorf("err = %v, want --interval-sweep's bad value named", err)
+	}
+	if !slices.Contains(experiment.Configurations(), "colocated-cadence") {
+		t.Errorf("configurations %v lack colocated-cadence", experiment.Configurations())
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -32,6 +31,10 @@ type PD struct {
 	// MNBTs are the colocated engine's --max-num-batched-tokens values to
 	// tune over; with one value there is no tuning.
 	MNBTs []int
+	// Intervals are the colocated-cadence engine's
+	// --prefill-schedule-interval values to tune over, at the tuned
+	// --max-num-batched-tokens; with one value there is no tuning.
+	Intervals []int
 	// TuneRequests is the requests of each tuning run.
 	TuneRequests int
 	// Threshold is the conditional configuration's --pd-threshold.
@@ -49,32 +52,45 @@ type PD struct {
 	Timeout time.Duration
 }
 
+// tuned are the colocated engines' tuned settings: the chunk budget of
+// both and the prefill cadence of colocated-cadence.
+type tuned struct{ mnbt, interval int }
+
 // configuration starts one of the compared setups and returns its URL and,
 // for the disaggregated setups, the proxy's and engines' URLs for the time
-// breakdown. mnbt is the colocated engine's chunk budget.
-type configuration func(r *pdRun, ctx context.Context, mnbt int) (url string, metricsURLs []string, err error)
+// breakdown.
+type configuration func(r *pdRun, ctx context.Context, t tuned) (url string, metricsURLs []string, err error)
 
 // configurations are the setups PD.Configs may name.
 var configurations = map[string]configuration{
-	"colocated": func(r *pdRun, ctx context.Context, mnbt int) (string, []string, error) {
-		url, err := r.startColocated(ctx, r.model, mnbt)
+	"colocated": func(r *pdRun, ctx context.Context, t tuned) (string, []string, error) {
+		url, err := r.startColocated(ctx, r.model, t.mnbt, 0)
 		return url, nil, err
 	},
-	"pd": func(r *pdRun, ctx context.Context, _ int) (string, []string, error) {
+	// colocated-cadence is the colocated engine with vLLM's answer to the
+	// ITL tail on one engine: prefill compute only on every Nth step while
+	// requests decode (--prefill-schedule-interval, tuned).
+	"colocated-cadence": func(r *pdRun, ctx context.Context, t tuned) (string, []string, error) {
+		url, err := r.startColocated(ctx, r.model, t.mnbt, t.interval)
+		return url, nil, err
+	},
+	"pd": func(r *pdRun, ctx context.Context, _ tuned) (string, []string, error) {
 		return r.startPD(ctx, "pd")
 	},
 	// conditional is the router's conditional disaggregation: each request
 	// is prefilled remotely only when its uncached prompt on the chosen
 	// decode engine is at least Threshold tokens, else the decode engine
 	// prefills it itself; the decode is chosen by prefix affinity.
-	"conditional": func(r *pdRun, ctx context.Context, _ int) (string, []string, error) {
+	"conditional": func(r *pdRun, ctx context.Context, _ tuned) (string, []string, error) {
 		return r.startPD(ctx, "conditional", "--pd-decider", "conditional", "--pd-threshold", strconv.Itoa(r.cfg.Threshold),
 			"--policy", "prefix", "--model", r.model)
 	},
 }
 
 // Configurations are the names PD.Configs may use.
-func Configurations() []string { return []string{"colocated", "pd", "conditional"} }
+func Configurations() []string {
+	return []string{"colocated", "colocated-cadence", "pd", "conditional"}
+}
 
 // pdRun is one run of the P/D experiment.
 type pdRun struct {
@@ -86,13 +102,16 @@ type pdRun struct {
 // workload's per-configuration goodput rate and throughput, the load
 // average, and the P:D model.
 type PDSummary struct {
-	Model     string            `json:"model"`
-	CPUs      []int             `json:"cpus"`
-	Configs   []string          `json:"configs"`
-	Requests  int               `json:"requests_per_rate_and_round"`
-	Rounds    int               `json:"rounds"`
-	Started   time.Time         `json:"started"`
-	MNBT      int               `json:"colocated_max_num_batched_tokens"`
+	Model    string    `json:"model"`
+	CPUs     []int     `json:"cpus"`
+	Configs  []string  `json:"configs"`
+	Requests int       `json:"requests_per_rate_and_round"`
+	Rounds   int       `json:"rounds"`
+	Started  time.Time `json:"started"`
+	MNBT     int       `json:"colocated_max_num_batched_tokens"`
+	// Interval is colocated-cadence's --prefill-schedule-interval (0
+	// without that configuration).
+	Interval  int               `json:"colocated_cadence_prefill_schedule_interval,omitempty"`
 	Workloads []WorkloadSummary `json:"workloads"`
 	PDModels  []bench.PDModel   `json:"pd_ratio_model"`
 	// Failed lists the levels with failed requests (empty for a clean
@@ -116,6 +135,9 @@ type WorkloadSummary struct {
 	// Breakdowns split each configuration's TTFT at each rate by the
 	// answers' Server-Timing headers.
 	Breakdowns []LevelBreakdown `json:"ttft_breakdowns,omitempty"`
+	// Cadence is what the colocated-cadence engine's cadence did over the
+	// workload (nil without that configuration).
+	Cadence *CadenceSteps `json:"cadence,omitempty"`
 }
 
 // LevelBreakdown is the TTFT breakdown of one configuration at one rate.
@@ -137,6 +159,9 @@ func RunPD(ctx context.Context, cfg PD) error {
 	}
 	if len(cfg.MNBTs) == 0 {
 		return fmt.Errorf("--mnbt-sweep: no values")
+	}
+	if len(cfg.Intervals) == 0 && slices.Contains(cfg.Configs, "colocated-cadence") {
+		return fmt.Errorf("--interval-sweep: no values (the colocated-cadence configuration needs at least one --prefill-schedule-interval)")
 	}
 	if err := checkGoal(cfg.Goal); err != nil {
 		return err
@@ -179,20 +204,24 @@ func (r *pdRun) run(ctx context.Context) error {
 	fmt.Fprintf(w, "load average (1 min) at the start: %s\n\n", hoststat.LoadAvgText())
 	summary := PDSummary{Model: x.model, CPUs: x.cpus, Configs: cfg.Configs, Requests: x.requests, Rounds: x.rounds, Started: time.Now()}
 
-	mnbt := cfg.MNBTs[len(cfg.MNBTs)-1]
-	var err error
-	if len(cfg.MNBTs) > 1 && slices.Contains(cfg.Configs, "colocated") {
-		if mnbt, err = r.tune(ctx, w); err != nil {
-			return err
-		}
+	t, err := r.tuneAll(ctx, w)
+	if err != nil {
+		return err
 	}
-	summary.MNBT = mnbt
+	summary.MNBT = t.mnbt
+	if slices.Contains(cfg.Configs, "colocated-cadence") {
+		summary.Interval = t.interval
+	}
 	var targets []bench.Target
 	metricsURLs := map[string][]string{}
+	cadenceURL := ""
 	for _, c := range cfg.Configs {
-		url, murls, err := configurations[c](r, ctx, mnbt)
+		url, murls, err := configurations[c](r, ctx, t)
 		if err != nil {
 			return err
+		}
+		if c == "colocated-cadence" {
+			cadenceURL = url
 		}
 		targets = append(targets, bench.Target{Name: c, URL: url})
 		metricsURLs[c] = murls
@@ -206,16 +235,30 @@ func (r *pdRun) run(ctx context.Context) error {
 				before[c] = scrapeAll(ctx, metricsURLs[c])
 			}
 		}
+		cadenceBefore, cadenceOK := CadenceSteps{}, false
+		if cadenceURL != "" {
+			cadenceBefore, cadenceOK = scrapeCadence(ctx, cadenceURL)
+		}
 		sampler := hoststat.StartLoadSampler(5 * time.Second)
 		s, err := x.runWorkload(ctx, targets, wl, loadsOf(wl.Rates), x.rounds, x.requests)
 		load := sampler.Stop()
 		if err != nil {
 			return err
 		}
+		var cadence *CadenceSteps
+		if cadenceOK {
+			if after, ok := scrapeCadence(ctx, cadenceURL); ok {
+				d := cadenceDelta(cadenceBefore, after, t.interval)
+				cadence = &d
+			}
+		}
 		if err := bench.WriteTable(w, s); err != nil {
 			return err
 		}
 		fmt.Fprintf(w, "load average (1 min) during the workload: %s\n", load)
+		if cadence != nil {
+			writeCadence(w, *cadence)
+		}
 		for _, c := range cfg.Configs {
 			if len(metricsURLs[c]) > 0 {
 				writeBreakdown(w, c, before[c], scrapeAll(ctx, metricsURLs[c]))
@@ -230,7 +273,7 @@ func (r *pdRun) run(ctx context.Context) error {
 		}
 		fmt.Fprintf(w, "plots: %s\n\n", strings.Join(files, ", "))
 		suites = append(suites, s)
-		ws := WorkloadSummary{Name: wl.Name, SLO: wl.SLO, Load: load, Capacity: s.Capacity, Grid: s.Grid}
+		ws := WorkloadSummary{Name: wl.Name, SLO: wl.SLO, Load: load, Capacity: s.Capacity, Grid: s.Grid, Cadence: cadence}
 		ws.MeanPrompt, ws.MeanOutput = s.Plan.Workload.Stats()
 		for _, r := range s.Results {
 			if r.Breakdown != nil {
@@ -294,59 +337,4 @@ func writeCapacities(w io.Writer, suites []*bench.Suite) {
 		}
 	}
 	_ = tw.Flush()
-}
-
-// tune runs the long workload at its middle rate against a colocated engine
-// with each chunk budget and keeps the one with the highest SLO attainment,
-// then (on a tie, which a few requests make likely) the larger area under
-// the attainment curve over the SLO scales — the margin left on both TTFT
-// and TPOT — then the lower ITL p99: a 2048-token chunk is a second-long
-// step on a small CPU, and comparing P/D against that would be a straw
-// man. Goodput in requests/s is not a criterion: at equal attainment it
-// differs by the noise in the level's duration.
-func (r *pdRun) tune(ctx context.Context, w io.Writer) (int, error) {
-	x, cfg := r.experiment, r.cfg
-	wl := cfg.Workloads[len(cfg.Workloads)-1]
-	for _, c := range cfg.Workloads {
-		if c.Name == "long" {
-			wl = c
-		}
-	}
-	rate := wl.Rates[len(wl.Rates)/2]
-	fmt.Fprintf(w, "== tuning the colocated engine's --max-num-batched-tokens on the %s workload at %g req/s, %d requests ==\n", wl.Name, rate, cfg.TuneRequests)
-	type score struct{ attained, curve, itl float64 }
-	better := func(a, b score) bool {
-		if a.attained != b.attained {
-			return a.attained > b.attained
-		}
-		if math.Abs(a.curve-b.curve) > 1e-9 {
-			return a.curve > b.curve
-		}
-		return a.itl < b.itl
-	}
-	best, bestScore := 0, score{-1, -1, math.Inf(1)}
-	for _, m := range cfg.MNBTs {
-		url, err := x.startColocated(ctx, x.model, m)
-		if err != nil {
-			return 0, err
-		}
-		s, err := x.runWorkload(ctx, []bench.Target{{Name: fmt.Sprintf("colocated-mnbt%d", m), URL: url}}, wl, loadsOf([]float64{rate}), 1, cfg.TuneRequests)
-		x.stopAll()
-		if err != nil {
-			return 0, err
-		}
-		x.noteFailures(s, "tuning")
-		res := s.Results[0]
-		sc := score{attained: res.Attained, itl: res.ITL.P99}
-		for _, c := range res.Curve {
-			sc.curve += c.Attainment
-		}
-		fmt.Fprintf(w, "  --max-num-batched-tokens %5d: SLO met %3.0f%% (summed over the SLO scales %.2f), goodput %.2f req/s, TTFT p90 %.0f ms, TPOT p99 %.1f ms, ITL p99 %.0f ms\n",
-			m, 100*res.Attained, sc.curve, res.Goodput, res.TTFT.P90, res.TPOT.P99, res.ITL.P99)
-		if better(sc, bestScore) {
-			best, bestScore = m, sc
-		}
-	}
-	fmt.Fprintf(w, "  chosen: %d\n\n", best)
-	return best, nil
 }

@@ -86,14 +86,17 @@ func (x *procs) stopAll() {
 }
 
 // startColocated starts one engine on every allowed CPU with mnbt as its
-// --max-num-batched-tokens.
-func (x *procs) startColocated(ctx context.Context, model string, mnbt int) (string, error) {
+// --max-num-batched-tokens and, unless interval is 0, interval as its
+// --prefill-schedule-interval; the engine and its log file are named after
+// both, so a cadence engine at interval 1 is not the plain one.
+func (x *procs) startColocated(ctx context.Context, model string, mnbt, interval int) (string, error) {
 	ports, err := launch.FreePorts("127.0.0.1", 2)
 	if err != nil {
 		return "", err
 	}
-	s := launch.EngineSpec{Name: fmt.Sprintf("colocated-mnbt%d", mnbt), Host: "127.0.0.1", Port: ports[0], KVPort: ports[1], CPUs: x.cpus}
-	args := launch.ServeArgs(s, model, filepath.Base(model), append([]string{"--max-num-batched-tokens", strconv.Itoa(mnbt)}, x.extra...))
+	name, flags := colocatedFlags(mnbt, interval)
+	s := launch.EngineSpec{Name: name, Host: "127.0.0.1", Port: ports[0], KVPort: ports[1], CPUs: x.cpus}
+	args := launch.ServeArgs(s, model, filepath.Base(model), append(flags, x.extra...))
 	// A colocated engine has no role: drop "--role ''".
 	for i := 0; i+1 < len(args); i++ {
 		if args[i] == "--role" {
@@ -106,6 +109,18 @@ func (x *procs) startColocated(ctx context.Context, model string, mnbt int) (str
 		return "", err
 	}
 	return s.URL(), x.waitHealthy(ctx, []*launch.Process{p}, engineStartup)
+}
+
+// colocatedFlags are a colocated engine's name and its `tandem serve`
+// flags for chunk budget mnbt and, unless interval is 0, prefill cadence
+// interval.
+func colocatedFlags(mnbt, interval int) (name string, flags []string) {
+	name, flags = fmt.Sprintf("colocated-mnbt%d", mnbt), []string{"--max-num-batched-tokens", strconv.Itoa(mnbt)}
+	if interval > 0 {
+		name += fmt.Sprintf("-interval%d", interval)
+		flags = append(flags, "--prefill-schedule-interval", strconv.Itoa(interval))
+	}
+	return name, flags
 }
 
 // cluster is prefill and decode engines behind a tandem proxy process.
