@@ -127,6 +127,7 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.DurationVar(&cfg.QueueTimeout, "queue-timeout", 0, "how long a request waits when every engine is saturated before 429 (default 2s)")
 	fs.IntVar(&cfg.MaxQueue, "max-queue", 0, "requests waiting at most when every engine is saturated (default 1024)")
 	fs.DurationVar(&cfg.ScrapeInterval, "scrape-interval", 0, "period of scraping each engine's /metrics for queue and KV usage (default 250ms; negative: off)")
+	fs.DurationVar(&cfg.ScrapeTimeout, "scrape-timeout", 0, "limit on one scrape of an engine's /metrics, independent of --scrape-interval (default 2s: a busy engine answers late)")
 	fs.IntVar(&cfg.PrefillRetries, "prefill-retries", 0, "other prefill engines a failed prefill leg is retried on before fallback (default 1; negative: none)")
 	fs.IntVar(&cfg.DecodeRetries, "decode-retries", 0, "other decode engines a decode leg failing before its first byte is retried on (default 1; negative: none)")
 	fs.StringVar(&cfg.BackendsFile, "backends-file", "", "file of backends, one \"prefill URL\" or \"decode URL\" per line, watched and applied without a restart (--prefill/--decode may then be omitted); the admin endpoint "+proxy.AdminBackendsPath+" (needs --api-key) changes the set too")
