@@ -40,7 +40,7 @@ func vllmBenchServe(t *testing.T, env Env, url, model string, w benchWorkload, s
 		"--random-input-len", strconv.Itoa(w.input), "--random-output-len", strconv.Itoa(w.output),
 		"--num-prompts", strconv.Itoa(w.requests), "--request-rate", strconv.FormatFloat(w.rate, 'f', -1, 64),
 		"--ignore-eos", "--seed", strconv.Itoa(seed), "--disable-tqdm",
-		"--save-result", "--result-filename", out)
+		"--save-result", "--save-detailed", "--result-filename", out)
 	cmd.Env = append(os.Environ(), CPUEnv(1)...)
 	log, err := cmd.CombinedOutput()
 	if err != nil {
@@ -51,14 +51,20 @@ func vllmBenchServe(t *testing.T, env Env, url, model string, w benchWorkload, s
 		t.Fatalf("vllm bench serve wrote no result: %v\n%s", err, tail(string(log), 4000))
 	}
 	var r struct {
-		Completed         int     `json:"completed"`
-		Failed            int     `json:"failed"`
-		TotalOutputTokens int     `json:"total_output_tokens"`
-		MedianTTFT        float64 `json:"median_ttft_ms"`
-		MedianTPOT        float64 `json:"median_tpot_ms"`
+		Completed         int      `json:"completed"`
+		Failed            int      `json:"failed"`
+		TotalOutputTokens int      `json:"total_output_tokens"`
+		MedianTTFT        float64  `json:"median_ttft_ms"`
+		MedianTPOT        float64  `json:"median_tpot_ms"`
+		Errors            []string `json:"errors"`
 	}
 	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatalf("vllm bench serve's result %s: %v", b, err)
+		t.Fatalf("vllm bench serve's result %s: %v", tail(string(b), 2000), err)
+	}
+	for _, e := range r.Errors {
+		if e != "" {
+			t.Logf("vllm bench serve: a request failed: %s", tail(e, 1000))
+		}
 	}
 	return benchNumbers{r.Completed, r.Failed, r.TotalOutputTokens, r.MedianTTFT, r.MedianTPOT}
 }
@@ -118,7 +124,10 @@ func TestVLLMBenchServeAgainstTandemUp(t *testing.T) {
 	env := Require(t)
 	model := smolModel(t)
 	bin := buildTandem(t)
-	up := startTandem(t, bin, 5*time.Minute, "up", "--model", model, "--served-model-name", "tiny")
+	// A first byte may take minutes on a loaded 2-core host; the proxy's
+	// default limit (1m) would turn that into a 504 the comparison is not
+	// about.
+	up := startTandem(t, bin, 5*time.Minute, "up", "--model", model, "--served-model-name", "tiny", "--first-byte-timeout", "5m")
 	w := benchWorkload{requests: 8, input: 128, output: 16, rate: 1}
 	var vl, td []benchNumbers
 	for i := range 2 {
