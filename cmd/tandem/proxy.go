@@ -127,6 +127,7 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.DurationVar(&cfg.QueueTimeout, "queue-timeout", 0, "how long a request waits when every engine is saturated before 429 (default 2s)")
 	fs.IntVar(&cfg.MaxQueue, "max-queue", 0, "requests waiting at most when every engine is saturated (default 1024)")
 	fs.DurationVar(&cfg.ScrapeInterval, "scrape-interval", 0, "period of scraping each engine's /metrics for queue and KV usage (default 250ms; negative: off)")
+	fs.DurationVar(&cfg.ScrapeTimeout, "scrape-timeout", 0, "limit on one scrape of an engine's /metrics, independent of --scrape-interval (default 2s: a busy engine answers late)")
 	fs.IntVar(&cfg.PrefillRetries, "prefill-retries", 0, "other prefill engines a failed prefill leg is retried on before fallback (default 1; negative: none)")
 	fs.IntVar(&cfg.DecodeRetries, "decode-retries", 0, "other decode engines a decode leg failing before its first byte is retried on (default 1; negative: none)")
 	fs.StringVar(&cfg.BackendsFile, "backends-file", "", "file of backends, one \"prefill URL\" or \"decode URL\" per line, watched and applied without a restart (--prefill/--decode may then be omitted); the admin endpoint "+proxy.AdminBackendsPath+" (needs --api-key) changes the set too")
@@ -146,7 +147,7 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.StringVar(&cfg.BackendAPIKey, "backend-api-key", "", "key the proxy sends to the engines as Authorization: Bearer <key> (default: $"+backendAPIKeyEnv+", else the proxy's own --api-key)")
 	fs.BoolVar(&cfg.Conversations, "conversations", false, "conversation mode, for engines started with --kv-bidirectional: remember the decode's kv_transfer_params per conversation (body field conversation_id or header "+proxy.HeaderConversationID+"; with --model, requests naming none are matched by prompt prefix), send them on the next turn's prefill leg so the prefill pulls the history's KV instead of computing it, and route that turn's decode leg to the same decode")
 	fs.IntVar(&cfg.ConversationMaxEntries, "conversation-max-entries", 0, "conversations remembered at most, least recently used forgotten first (default 10000)")
-	fs.DurationVar(&cfg.ConversationTTL, "conversation-ttl", 0, "how long a conversation is remembered when the decode's params carry no remote_blocks_expiry_time (default 8m, the decodes' default hold)")
+	fs.DurationVar(&cfg.ConversationTTL, "conversation-ttl", 0, "how long a conversation is remembered when the decode's params carry no remote_blocks_expiry_time in Unix seconds (none, or a vLLM decode's perf_counter deadline; set it to vLLM's decoder_kv_blocks_ttl) (default 8m, the decodes' default hold)")
 	fs.IntVar(&cfg.ConversationMinPrefixTokens, "conversation-min-prefix-tokens", 0, "with --conversations and --model, a request naming no conversation continues a remembered history when its prompt starts with at least this many of the history's tokens (whole blocks; longest match first); set it to the engines' --kv-recompute-threshold (default 64)")
 	var configFile string
 	fs.StringVar(&configFile, "config", "", "YAML file of proxy settings: any flag by its name (flags given on the command line win) and per-pool pipelines under profiles: {prefill: ..., decode: ...} (see docs/usage/routing.md)")

@@ -42,8 +42,10 @@ type Params struct {
 	// generation, a decimal string on the wire (Tandem's); 0 is not
 	// written, as it checks nothing.
 	RemoteRegistrationGeneration uint64 `json:"remote_registration_generation,omitempty,string"`
-	// RemoteBlocksExpiryTime is when a decode's conversation hold ends, in
-	// Unix seconds (vLLM's bidirectional mode).
+	// RemoteBlocksExpiryTime is when a decode's conversation hold ends
+	// (vLLM's bidirectional mode): Unix seconds from Tandem's decodes, the
+	// decode host's perf_counter seconds from vLLM's; UnixExpiry tells
+	// them apart.
 	RemoteBlocksExpiryTime float64 `json:"remote_blocks_expiry_time,omitempty"`
 	// History is a decode's hash chain over the tokens of a conversation
 	// hold, one hex hash per block (Tandem's).

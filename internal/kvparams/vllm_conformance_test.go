@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
+	"time"
 )
 
 // The conformance suite against vLLM's recorded kv_transfer_params
@@ -130,5 +131,36 @@ func TestTandemPrefillLegMatchesVLLM(t *testing.T) {
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: Tandem's prefill leg sends %s, vLLM's proxy %s", name, out, r.Request)
 		}
+	}
+}
+
+// TestVLLMBidirectionalExpiryIsNotUnixTime checks how the two clocks of
+// remote_blocks_expiry_time are told apart: vLLM's recorded bidirectional
+// decode answer carries a perf_counter deadline, which UnixExpiry does not
+// take for a Unix time; a Tandem decode's Unix seconds it does.
+func TestVLLMBidirectionalExpiryIsNotUnixTime(t *testing.T) {
+	rec, ok := recordedParams(t)["0.32.0/kvparams/decode-bidirectional.json"]
+	if !ok {
+		t.Fatal("no recorded decode-bidirectional.json for vLLM 0.32.0")
+	}
+	p, err := Parse(rec.Returned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.RemoteBlocksExpiryTime <= 0 || p.RemoteBlocksExpiryTime >= MinUnixExpiry {
+		t.Fatalf("vLLM's recorded expiry %v is not a perf_counter deadline: re-read vLLM's NIXL connector (request_finished) and MinUnixExpiry's comment", p.RemoteBlocksExpiryTime)
+	}
+	if at, ok := p.UnixExpiry(); ok {
+		t.Errorf("vLLM's perf_counter deadline %v read as Unix time %v", p.RemoteBlocksExpiryTime, at)
+	}
+	tandem := Params{RemoteBlocksExpiryTime: 1_800_000_010.25}
+	if at, ok := tandem.UnixExpiry(); !ok || !at.Equal(time.Unix(1_800_000_010, 250_000_000)) {
+		t.Errorf("Tandem's Unix expiry read as %v, %v", at, ok)
+	}
+	if _, ok := (&Params{}).UnixExpiry(); ok {
+		t.Error("no expiry read as a time")
+	}
+	if at, ok := (&Params{RemoteBlocksExpiryTime: 1e300}).UnixExpiry(); !ok || at.Year() < 2200 {
+		t.Errorf("a far expiry read as %v, %v", at, ok)
 	}
 }

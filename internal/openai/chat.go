@@ -38,11 +38,12 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	defer run.close()
 	run.api = api
 	meta := responseMeta{id: "chatcmpl-" + extID, created: s.cfg.Now().Unix(), model: s.cfg.ModelName}
+	lp := logprobsOut{on: req.Logprobs, asIDs: boolOr(req.ReturnTokensAsTokenIDs, false)}
 	if req.Stream {
-		s.streamChat(w, r, run, meta, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, req.Logprobs)
+		s.streamChat(w, r, run, meta, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, lp)
 		return
 	}
-	s.completeChat(w, r, run, meta, req.Logprobs)
+	s.completeChat(w, r, run, meta, lp)
 }
 
 // chatJob validates a chat request and renders and tokenizes its prompt.
@@ -104,8 +105,8 @@ func (s *Server) chatJob(req *ChatCompletionRequest, extID string) (*job, *Error
 	return &job{extID: extID, prompts: [][]int32{ids}, params: []sample.Params{params}, n: choices, kv: kv}, nil
 }
 
-func (s *Server) completeChat(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, logprobs bool) {
-	st, err, ok := s.collect(r, run, false, logprobs)
+func (s *Server) completeChat(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, lp logprobsOut) {
+	st, err, ok := s.collect(r, run, lp, true)
 	if !ok {
 		return
 	}
@@ -127,7 +128,7 @@ func (s *Server) completeChat(w http.ResponseWriter, r *http.Request, run *run, 
 			FinishReason: finishReason(c.final.Finish),
 			StopReason:   stopReason(c.final),
 		}
-		if logprobs {
+		if lp.on {
 			choice.Logprobs = &ChatLogprobs{Content: c.chat}
 			if choice.Logprobs.Content == nil {
 				choice.Logprobs.Content = []ChatTokenLogprob{}
@@ -142,7 +143,7 @@ func (s *Server) completeChat(w http.ResponseWriter, r *http.Request, run *run, 
 // streamChat streams a chat completion. As in vLLM, the first chunks give
 // every choice its role, then each choice's deltas and finish follow in the
 // order the engine produces them, each chunk naming its choice's index.
-func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, includeUsage, logprobs bool) {
+func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, includeUsage bool, lp logprobsOut) {
 	chunk := func(c ChatChunkChoice) ChatCompletionChunk {
 		ch := ChatCompletionChunk{ID: meta.id, Object: "chat.completion.chunk", Created: meta.created, Model: meta.model, Choices: []ChatChunkChoice{c}}
 		if includeUsage {
@@ -176,8 +177,8 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, run *run, me
 		if ev.Text != "" || len(ev.Logprobs) > 0 {
 			text := ev.Text
 			c := ChatChunkChoice{Index: ie.i, Delta: ChatDelta{Content: &text}}
-			if logprobs {
-				c.Logprobs = &ChatLogprobs{Content: s.chatLogprobs(ev.Logprobs)}
+			if lp.on {
+				c.Logprobs = &ChatLogprobs{Content: s.chatLogprobs(ev.Logprobs, lp.asIDs)}
 			}
 			if sw.Data(chunk(c)) != nil {
 				return

@@ -40,11 +40,12 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	defer run.close()
 	run.api = api
 	meta := responseMeta{id: "cmpl-" + extID, created: s.cfg.Now().Unix(), model: s.cfg.ModelName}
+	lp := logprobsOut{on: req.Logprobs != nil, asIDs: boolOr(req.ReturnTokensAsTokenIDs, false)}
 	if req.Stream {
-		s.streamCompletion(w, r, run, meta, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, req.Logprobs != nil)
+		s.streamCompletion(w, r, run, meta, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, lp)
 		return
 	}
-	s.completeCompletion(w, r, run, meta, req.Logprobs != nil)
+	s.completeCompletion(w, r, run, meta, lp)
 }
 
 // errNoFinal reports an engine stream that closed without a final event.
@@ -163,9 +164,10 @@ type choiceState struct {
 	timing   *engine.Timing // the first token's
 }
 
-// collect reads a run to its end. It returns the choices, or an API error
-// when a request failed, or ok=false when the client went away.
-func (s *Server) collect(r *http.Request, run *run, completionLogprobs, chatLogprobs bool) ([]choiceState, *Error, bool) {
+// collect reads a run to its end, gathering logprobs in the completions
+// format or, with chat set, the chat format. It returns the choices, or an
+// API error when a request failed, or ok=false when the client went away.
+func (s *Server) collect(r *http.Request, run *run, lp logprobsOut, chat bool) ([]choiceState, *Error, bool) {
 	st := make([]choiceState, run.j.choices())
 	for {
 		ie, ok := run.next(r.Context())
@@ -177,14 +179,14 @@ func (s *Server) collect(r *http.Request, run *run, completionLogprobs, chatLogp
 		if ie.ev.Timing != nil && c.timing == nil {
 			c.timing = ie.ev.Timing
 		}
-		if completionLogprobs {
+		switch {
+		case lp.on && chat:
+			c.chat = append(c.chat, s.chatLogprobs(ie.ev.Logprobs, lp.asIDs)...)
+		case lp.on:
 			if c.logprobs == nil {
 				c.logprobs = &CompletionLogprobs{}
 			}
-			c.offset = s.completionLogprobs(c.logprobs, ie.ev.Logprobs, c.offset)
-		}
-		if chatLogprobs {
-			c.chat = append(c.chat, s.chatLogprobs(ie.ev.Logprobs)...)
+			c.offset = s.completionLogprobs(c.logprobs, ie.ev.Logprobs, c.offset, lp.asIDs)
 		}
 		if ie.ev.Finish != engine.FinishNone {
 			if failed(ie.ev) {
@@ -204,8 +206,8 @@ func (s *Server) collect(r *http.Request, run *run, completionLogprobs, chatLogp
 	return st, nil, true
 }
 
-func (s *Server) completeCompletion(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, logprobs bool) {
-	st, err, ok := s.collect(r, run, logprobs, false)
+func (s *Server) completeCompletion(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, lp logprobsOut) {
+	st, err, ok := s.collect(r, run, lp, false)
 	if !ok {
 		return
 	}
@@ -230,7 +232,7 @@ func (s *Server) completeCompletion(w http.ResponseWriter, r *http.Request, run 
 	s.writeAnswer(w, r, run, resp)
 }
 
-func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, includeUsage, logprobs bool) {
+func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, includeUsage bool, lp logprobsOut) {
 	chunk := func(choices []CompletionChoice) CompletionChunk {
 		c := CompletionChunk{ID: meta.id, Object: "text_completion", Created: meta.created, Model: meta.model, Choices: choices}
 		if includeUsage {
@@ -265,9 +267,9 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, run *r
 		}
 		if text != "" || len(ev.Logprobs) > 0 {
 			c := CompletionChoice{Index: ie.i, Text: text}
-			if logprobs {
+			if lp.on {
 				c.Logprobs = &CompletionLogprobs{}
-				offsets[ie.i] = s.completionLogprobs(c.Logprobs, ev.Logprobs, offsets[ie.i])
+				offsets[ie.i] = s.completionLogprobs(c.Logprobs, ev.Logprobs, offsets[ie.i], lp.asIDs)
 			}
 			if sw.Data(chunk([]CompletionChoice{c})) != nil {
 				return

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -336,18 +337,43 @@ func finiteLogprob(lp float32) float64 {
 	return f
 }
 
+// logprobsOut says whether a response carries logprobs and how they name
+// tokens.
+type logprobsOut struct {
+	// on is set when the request asked for logprobs.
+	on bool
+	// asIDs is vLLM's return_tokens_as_token_ids: tokens are named
+	// "token_id:N" instead of by their text, so that tokens whose text is
+	// not valid UTF-8 on its own stay distinguishable.
+	asIDs bool
+}
+
+// tokenIDName is how vLLM names a token under return_tokens_as_token_ids.
+func tokenIDName(id int32) string {
+	return "token_id:" + strconv.FormatInt(int64(id), 10)
+}
+
+// tokenName is the name of token id in logprobs: its text, or "token_id:N".
+func (s *Server) tokenName(id int32, asIDs bool) string {
+	if asIDs {
+		return tokenIDName(id)
+	}
+	return s.cfg.Tokenizer.TokenText(id)
+}
+
 // completionLogprobs appends the legacy-format logprobs of lps to dst.
 // offset is the text offset of the first token; the new offset is returned.
-func (s *Server) completionLogprobs(dst *CompletionLogprobs, lps []engine.TokenLogprob, offset int) int {
-	tok := s.cfg.Tokenizer
+// As in vLLM, the offset advances by the length of each token's name, so
+// under asIDs it counts the "token_id:N" names.
+func (s *Server) completionLogprobs(dst *CompletionLogprobs, lps []engine.TokenLogprob, offset int, asIDs bool) int {
 	for _, lp := range lps {
-		text := tok.TokenText(lp.Token)
+		text := s.tokenName(lp.Token, asIDs)
 		dst.Tokens = append(dst.Tokens, text)
 		dst.TokenLogprobs = append(dst.TokenLogprobs, finiteLogprob(lp.Logprob))
 		top := make(map[string]float64, len(lp.Top)+1)
 		top[text] = finiteLogprob(lp.Logprob)
 		for _, t := range lp.Top {
-			top[tok.TokenText(t.Token)] = finiteLogprob(t.Logprob)
+			top[s.tokenName(t.Token, asIDs)] = finiteLogprob(t.Logprob)
 		}
 		dst.TopLogprobs = append(dst.TopLogprobs, top)
 		dst.TextOffset = append(dst.TextOffset, offset)
@@ -356,18 +382,19 @@ func (s *Server) completionLogprobs(dst *CompletionLogprobs, lps []engine.TokenL
 	return offset
 }
 
-// chatLogprobs returns the chat-format logprobs of lps.
-func (s *Server) chatLogprobs(lps []engine.TokenLogprob) []ChatTokenLogprob {
-	tok := s.cfg.Tokenizer
+// chatLogprobs returns the chat-format logprobs of lps. Under asIDs, as in
+// vLLM, a sampled token's "bytes" stay those of its text while each top
+// entry's are those of its "token_id:N" name.
+func (s *Server) chatLogprobs(lps []engine.TokenLogprob, asIDs bool) []ChatTokenLogprob {
 	out := make([]ChatTokenLogprob, len(lps))
 	for i, lp := range lps {
-		text := tok.TokenText(lp.Token)
 		top := make([]ChatTopLogprob, len(lp.Top))
 		for j, t := range lp.Top {
-			tt := tok.TokenText(t.Token)
+			tt := s.tokenName(t.Token, asIDs)
 			top[j] = ChatTopLogprob{Token: tt, Logprob: finiteLogprob(t.Logprob), Bytes: byteList(tt)}
 		}
-		out[i] = ChatTokenLogprob{Token: text, Logprob: finiteLogprob(lp.Logprob), Bytes: byteList(text), TopLogprobs: top}
+		text := s.cfg.Tokenizer.TokenText(lp.Token)
+		out[i] = ChatTokenLogprob{Token: s.tokenName(lp.Token, asIDs), Logprob: finiteLogprob(lp.Logprob), Bytes: byteList(text), TopLogprobs: top}
 	}
 	return out
 }

@@ -34,6 +34,9 @@ type SamplingFields struct {
 	SkipSpecialTokens      *bool           `json:"skip_special_tokens"`
 	IncludeStopStrInOutput bool            `json:"include_stop_str_in_output"`
 	KVTransferParams       json.RawMessage `json:"kv_transfer_params"`
+	// ReturnTokensAsTokenIDs (vLLM extension) names the tokens of logprobs
+	// and top logprobs "token_id:N" instead of by their text.
+	ReturnTokensAsTokenIDs *bool `json:"return_tokens_as_token_ids"`
 }
 
 // StreamOptions are a streaming request's options.

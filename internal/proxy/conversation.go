@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"container/list"
 	"encoding/json"
-	"math"
 	"net/http"
 	"slices"
 	"sync"
@@ -326,19 +325,24 @@ func (c *conversations) remove(e *convEntry) conversation {
 }
 
 // expiry is when a decode's held history ends: the params'
-// remote_blocks_expiry_time (Unix seconds, a float), or now + ttl when it is
-// missing or not a number; never later than now + maxConversationTTL. The
-// prefill engine applies its own safety margin before pulling; the proxy
-// only stops offering params that can no longer work.
+// remote_blocks_expiry_time when it is in Unix seconds (a Tandem decode's),
+// or now + ttl when it is missing, not a number, or a vLLM decode's
+// perf_counter deadline (kvparams.UnixExpiry: the proxy cannot read that
+// clock, and such a decode set its deadline its own TTL after it answered,
+// which is now); never later than now + maxConversationTTL. The prefill
+// engine applies its own safety margin before pulling; the proxy only stops
+// offering params that can no longer work.
 func expiry(params json.RawMessage, now time.Time, ttl time.Duration) time.Time {
 	p, err := kvparams.Parse(params)
-	if err != nil || p.RemoteBlocksExpiryTime == 0 {
+	if err != nil {
 		return now.Add(ttl)
 	}
-	limit := now.Add(maxConversationTTL)
-	if p.RemoteBlocksExpiryTime >= float64(limit.Unix()) {
+	t, ok := p.UnixExpiry()
+	if !ok {
+		return now.Add(ttl)
+	}
+	if limit := now.Add(maxConversationTTL); t.After(limit) {
 		return limit
 	}
-	sec, frac := math.Modf(p.RemoteBlocksExpiryTime)
-	return time.Unix(int64(sec), int64(frac*1e9))
+	return t
 }

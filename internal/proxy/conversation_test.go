@@ -368,6 +368,11 @@ func TestExpiry(t *testing.T) {
 		{"not a number: the default TTL", `{"remote_blocks_expiry_time":"soon"}`, now.Add(480 * time.Second)},
 		{"far in the future: capped", `{"remote_blocks_expiry_time":1e300}`, now.Add(maxConversationTTL)},
 		{"in the past: as given", `{"remote_blocks_expiry_time":1700000000}`, time.Unix(1_700_000_000, 0)},
+		// vLLM's decodes write their perf_counter deadline (recorded from
+		// vLLM 0.32's NIXL connector): not a Unix time, so the hold is
+		// counted from now as vLLM counted it from its answer, not taken as
+		// long expired.
+		{"a vLLM decode's perf_counter deadline: the default TTL", `{"remote_blocks_expiry_time":6365.671987221}`, now.Add(480 * time.Second)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -49,8 +49,14 @@ type Config struct {
 	Router factory.Options
 	// ScrapeInterval is the period of scraping each engine's /metrics for
 	// its queue and KV usage (default 250ms; negative: off). Values older
-	// than three intervals are ignored.
+	// than three intervals, or than one interval plus ScrapeTimeout when
+	// that is longer, are ignored.
 	ScrapeInterval time.Duration
+	// ScrapeTimeout bounds one scrape (default 2s). It is its own bound,
+	// not the interval: an engine busy computing (vLLM's API server on
+	// shared cores) answers /metrics later than a 250ms interval, and a
+	// scrape cut at the interval then fails every time.
+	ScrapeTimeout time.Duration
 	// PrefillRetries is how many other prefill engines a failed prefill leg
 	// is retried on (within Timeout) before falling back. Default 1;
 	// negative: none.
@@ -183,6 +189,9 @@ func (c *Config) setDefaults() {
 	if c.ScrapeInterval == 0 {
 		c.ScrapeInterval = 250 * time.Millisecond
 	}
+	if c.ScrapeTimeout <= 0 {
+		c.ScrapeTimeout = defaultScrapeTimeout
+	}
 	if c.PrefillRetries == 0 {
 		c.PrefillRetries = 1
 	}
@@ -290,6 +299,9 @@ const (
 	DefaultPDDecider = "conditional"
 )
 
+// defaultScrapeTimeout is Config.ScrapeTimeout's default.
+const defaultScrapeTimeout = 2 * time.Second
+
 // Proxy is the disaggregated prefill/decode router. It is an http.Handler
 // serving /v1/completions, /v1/chat/completions, /v1/models, /health and
 // /metrics; Serve runs it with its health checker.
@@ -386,7 +398,9 @@ func New(cfg Config) (*Proxy, error) {
 	})
 	p.mux = mux
 	p.guarded = httpguard.Wrap(p.mux, httpguard.Options{JSONPaths: generationPaths, Authorize: p.key.Check})
-	stale := 3 * cfg.ScrapeInterval
+	// A scrape that takes up to its timeout lands that much after its
+	// tick: values are stale only past the later of the two bounds.
+	stale := max(3*cfg.ScrapeInterval, cfg.ScrapeInterval+cfg.ScrapeTimeout)
 	if cfg.ScrapeInterval < 0 {
 		stale = 0
 	}
@@ -474,9 +488,17 @@ func (p *Proxy) CheckHealth(ctx context.Context) {
 	wg.Wait()
 }
 
-// Ready reports whether at least one prefill and one decode backend are
-// healthy.
-func (p *Proxy) Ready() bool { return p.prefill.anyHealthy() && p.decode.anyHealthy() }
+// Ready reports whether the proxy can serve: a decode backend is healthy,
+// and so is a prefill backend, unless it lists none and Fallback is on
+// (decodes only: every request is served on a decode, as a colocated
+// engine, and was served while /health said 503). With prefills listed but
+// none healthy it is not ready.
+func (p *Proxy) Ready() bool {
+	if !p.decode.anyHealthy() {
+		return false
+	}
+	return p.prefill.anyHealthy() || (p.cfg.Fallback && len(p.prefill.list()) == 0)
+}
 
 // runHealth checks the backends now and then every HealthInterval until ctx
 // is done.

@@ -226,10 +226,17 @@ func TestHealth(t *testing.T) {
 		decodeOK   []bool
 		wantStatus int
 		want       string
+		fallback   bool
 	}{
-		{"one healthy of each role is enough", []bool{false, true}, []bool{true}, http.StatusOK, "ok"},
-		{"no healthy prefill is unavailable", []bool{false}, []bool{true}, http.StatusServiceUnavailable, "unavailable"},
-		{"no healthy decode is unavailable", []bool{true}, []bool{false, false}, http.StatusServiceUnavailable, "unavailable"},
+		{"one healthy of each role is enough", []bool{false, true}, []bool{true}, http.StatusOK, "ok", false},
+		{"no healthy prefill is unavailable", []bool{false}, []bool{true}, http.StatusServiceUnavailable, "unavailable", false},
+		{"no healthy prefill is unavailable, with fallback too", []bool{false}, []bool{true}, http.StatusServiceUnavailable, "unavailable", true},
+		{"no healthy decode is unavailable", []bool{true}, []bool{false, false}, http.StatusServiceUnavailable, "unavailable", false},
+		// Decodes only, with fallback: every request is served on a decode
+		// (the proxy said 503 while it served them).
+		{"no prefill pool, a healthy decode, fallback: ok", nil, []bool{true}, http.StatusOK, "ok", true},
+		{"no prefill pool, no healthy decode: unavailable", nil, []bool{false}, http.StatusServiceUnavailable, "unavailable", true},
+		{"no prefill pool without fallback: unavailable", nil, []bool{true}, http.StatusServiceUnavailable, "unavailable", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -245,7 +252,9 @@ func TestHealth(t *testing.T) {
 				return out
 			}
 			pre, dec := mk(tt.prefillOK, prefillOK), mk(tt.decodeOK, decodeJSON)
-			_, url := startProxy(t, Config{}, pre, dec)
+			// A pool may be empty only when backends come and go at run
+			// time (a backends file, discovery).
+			_, url := startProxy(t, Config{Fallback: tt.fallback, DynamicBackends: tt.prefillOK == nil}, pre, dec)
 			resp, err := http.Get(url + "/health")
 			if err != nil {
 				t.Fatal(err)

@@ -238,7 +238,7 @@ func (p *Proxy) runScrape(ctx context.Context) {
 // vllm:num_requests_running, vllm:kv_cache_usage_perc) and the counters its
 // costs are measured from (see costs).
 func (p *Proxy) scrape(parent context.Context, b *backend) {
-	ctx, cancel := context.WithTimeout(parent, max(p.cfg.ScrapeInterval, 100*time.Millisecond))
+	ctx, cancel := context.WithTimeout(parent, p.cfg.ScrapeTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.base+"/metrics", nil)
 	if err != nil {

@@ -336,3 +336,51 @@ func TestPrefillKilledMidRun(t *testing.T) {
 		t.Errorf("only %d of 320 remote: a dead prefill should cost retries, not remote prefill", pd["remote"])
 	}
 }
+
+// TestScrapeTimeoutIsItsOwnBound checks that a scrape may take longer than
+// the scrape interval: an engine busy computing answers /metrics late (vLLM
+// on shared cores, past a 250ms interval), and a scrape cut at the interval
+// failed every time. Config.ScrapeTimeout bounds it instead.
+func TestScrapeTimeoutIsItsOwnBound(t *testing.T) {
+	const answerAfter = 300 * time.Millisecond
+	slow := func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if r.URL.Path == "/metrics" {
+			time.Sleep(answerAfter) // the engine's own latency, not a settle wait
+			fmt.Fprint(w, "vllm:num_requests_waiting 4\nvllm:num_requests_running 2\nvllm:kv_cache_usage_perc 0.5\n")
+			return
+		}
+		decodeJSON(w, r, body)
+	}
+	for _, tt := range []struct {
+		name    string
+		timeout time.Duration
+		ok      bool
+	}{
+		{"the default timeout outlasts a slow answer longer than the interval", 0, true},
+		{"a shorter timeout cuts it", 50 * time.Millisecond, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p, _ := startProxy(t, Config{Fallback: true, ScrapeInterval: 100 * time.Millisecond, ScrapeTimeout: tt.timeout},
+				[]*fakeEngine{newFake(t, prefillOK)}, []*fakeEngine{newFake(t, slow)})
+			b := p.decode.list()[0]
+			p.scrape(t.Context(), b)
+			b.mu.Lock()
+			waiting, scraped := b.waiting, !b.scrapedAt.IsZero()
+			b.mu.Unlock()
+			failures := metricValue(t, p, "tandem:proxy_scrape_failures_total", map[string]string{"role": "decode"})
+			if tt.ok && (!scraped || waiting != 4 || failures != 0) {
+				t.Errorf("scraped %v waiting %v, %v failures: want the late answer read", scraped, waiting, failures)
+			}
+			if !tt.ok && (scraped || failures != 1) {
+				t.Errorf("scraped %v, %v failures: want the scrape cut and counted", scraped, failures)
+			}
+			timeout := tt.timeout
+			if timeout == 0 {
+				timeout = defaultScrapeTimeout
+			}
+			if want := 100*time.Millisecond + timeout; p.decode.stale < want {
+				t.Errorf("stale after %v: a scrape landing at its timeout would be ignored (want ≥ %v)", p.decode.stale, want)
+			}
+		})
+	}
+}

@@ -70,7 +70,7 @@ func Require(t testing.TB) Env {
 	t.Helper()
 	e, err := Find()
 	if err != nil {
-		if os.Getenv("TANDEM_REQUIRE_VLLM") == "1" {
+		if requireVLLM() {
 			t.Fatalf("%v (TANDEM_REQUIRE_VLLM=1)", err)
 		}
 		t.Skip(err)
@@ -90,3 +90,7 @@ func CPUEnv(kvGiB int) []string {
 		"DO_NOT_TRACK=1",
 	}
 }
+
+// requireVLLM reports TANDEM_REQUIRE_VLLM=1: a missing environment (or a
+// part of it a test needs) fails the test instead of skipping it.
+func requireVLLM() bool { return os.Getenv("TANDEM_REQUIRE_VLLM") == "1" }

