@@ -52,6 +52,7 @@ var allowed = map[string][]string{
 	"internal/model/safetensors":          {"golang.org/x/sys/unix"},
 	"internal/router":                     {},
 	"internal/bench/workload":             {},
+	"internal/planner":                    {}, // the P:D model and the pool planner: pure, std only
 	"internal/metrics":                    {"github.com/prometheus/client_golang/..."},
 	"internal/tracing":                    {"go.opentelemetry.io/otel/..."}, // OpenTelemetry setup, propagation, span names
 	"internal/tensor":                     {"golang.org/x/sys/cpu"},
@@ -140,8 +141,8 @@ var allowed = map[string][]string{
 
 	// Floor 7: process launching and the benchmarks that drive processes.
 	"internal/launch":           {"internal/defaultmodel", "internal/gguf", "internal/kvxfer", "internal/openai", "internal/proxy", "internal/tokenizer", "github.com/prometheus/client_golang/...", "golang.org/x/sys/unix"},
-	"internal/bench":            {"internal/bench/workload", "internal/tokenizer"}, // the client tokenizes workload prompts
-	"internal/bench/benchtest":  {},                                                // fake servers for the benchmark tests
+	"internal/bench":            {"internal/bench/workload", "internal/planner", "internal/tokenizer"}, // the client tokenizes workload prompts; the P:D model is the planner's
+	"internal/bench/benchtest":  {},                                                                    // fake servers for the benchmark tests
 	"internal/bench/plot":       {"internal/bench", "gonum.org/v1/plot/..."},
 	"internal/bench/soak":       {"internal/bench", "internal/hoststat"},
 	"internal/bench/experiment": {"internal/bench", "internal/bench/plot", "internal/bench/soak", "internal/bench/workload", "internal/defaultmodel", "internal/hoststat", "internal/kvxfer", "internal/launch", "internal/modelinit"},
