@@ -121,7 +121,7 @@ var allowed = map[string][]string{
 	"internal/kvconnector": {"internal/clock", "internal/engine", "internal/kvcache", "internal/kvparams", "internal/kvxfer", "internal/logid", "internal/metrics", "internal/sched"},
 	"internal/openai":      {"internal/apierror", "internal/engine", "internal/httpguard", "internal/kvparams", "internal/sample", "internal/tokenizer", "internal/tracing", "go.opentelemetry.io/otel/..."},
 	"internal/proxy": {
-		"internal/apierror", "internal/httpguard", "internal/httpleg", "internal/kvparams", "internal/tokenizer",
+		"internal/apierror", "internal/httpguard", "internal/httpleg", "internal/kvparams", "internal/planner", "internal/tokenizer",
 		"internal/router", "internal/router/decider/always", "internal/router/decider/conditional",
 		"internal/router/decider/priced", "internal/router/factory",
 		"internal/router/filter/saturated", "internal/router/scorer/prefix",
