@@ -140,7 +140,7 @@ var allowed = map[string][]string{
 	"internal/server/servertest": {"internal/server"}, // starts engines in-process for tests
 
 	// Floor 7: process launching and the benchmarks that drive processes.
-	"internal/launch":           {"internal/defaultmodel", "internal/gguf", "internal/kvxfer", "internal/openai", "internal/proxy", "internal/tokenizer", "github.com/prometheus/client_golang/...", "golang.org/x/sys/unix"},
+	"internal/launch":           {"internal/defaultmodel", "internal/gguf", "internal/kvxfer", "internal/openai", "internal/planner", "internal/proxy", "internal/tokenizer", "github.com/prometheus/client_golang/...", "golang.org/x/sys/unix"},
 	"internal/bench":            {"internal/bench/workload", "internal/planner", "internal/tokenizer"}, // the client tokenizes workload prompts; the P:D model is the planner's
 	"internal/bench/benchtest":  {},                                                                    // fake servers for the benchmark tests
 	"internal/bench/plot":       {"internal/bench", "gonum.org/v1/plot/..."},
@@ -152,7 +152,7 @@ var allowed = map[string][]string{
 		"internal/bench", "internal/bench/experiment", "internal/bench/plot", "internal/bench/soak", "internal/bench/workload",
 		"internal/defaultmodel", "internal/engine", "internal/gguf", "internal/hoststat", "internal/kubediscovery",
 		"internal/kvconnector", "internal/kvevents", "internal/kvlayout", "internal/kvxfer", "internal/launch",
-		"internal/metrics", "internal/model", "internal/modelinit", "internal/openai", "internal/proxy",
+		"internal/metrics", "internal/model", "internal/modelinit", "internal/openai", "internal/planner", "internal/proxy",
 		"internal/router/factory", "internal/router/kvindex", "internal/sched", "internal/server", "internal/sim",
 		"internal/tensor", "internal/tokenizer", "internal/tracing",
 		"github.com/google/uuid", "go.opentelemetry.io/otel/attribute", "go.yaml.in/yaml/v3", "golang.org/x/sys/unix", "k8s.io/klog/v2",
