@@ -437,11 +437,19 @@ func (m *capacity) best(cfg Config) Split {
 // returns the one whose best split predicts the most goodput, with its
 // model, when that beats current (the current threshold's) by the
 // hysteresis; nil otherwise. A threshold above what one prompt may take to
-// prefill within the TTFT objective is not tried.
+// prefill within the TTFT objective is not tried, nor one whose local
+// prefill would by itself push a stream it stalls past the TPOT objective:
+// the model spreads local prefills over the decodes' steps as a mean, but
+// one prefill lands on the streams running at that moment at once, and a
+// stream has only (TPOT objective − its step time)·(mean output − 1) of
+// slack.
 func (pl *Planner) bestThreshold(f Fit, current float64) (int, *capacity) {
 	limit := pl.cfg.MaxThreshold
 	if f.PrefillSecondsPerToken > 0 {
 		limit = min(limit, int((pl.cfg.TTFT.Seconds()-f.Overhead)/f.PrefillSecondsPerToken))
+		step := (f.StepA + f.StepB*f.MeanBatch) / 1000
+		slack := (pl.cfg.TPOT.Seconds() - step) * max(f.MeanOutput-1, 1)
+		limit = min(limit, int(max(slack, 0)/f.PrefillSecondsPerToken))
 	}
 	cands := []int{pl.cfg.MinThreshold}
 	for _, r := range pl.reqs {

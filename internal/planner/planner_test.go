@@ -204,3 +204,28 @@ func TestModelOfTheFitMatchesTheFormulas(t *testing.T) {
 		}
 	}
 }
+
+// TestNoLocalPrefillLongerThanAStreamsSlack: a prompt whose prefill would
+// stall the streams it lands on past the TPOT objective by itself stays
+// remote, though the mean-load model would rather prefill it on the decodes
+// (three have room; the one prefill engine, kept to one by MinDecode, does
+// not).
+func TestNoLocalPrefillLongerThanAStreamsSlack(t *testing.T) {
+	// Steps of about 10 ms, a 30 ms objective and 10-token answers: 180 ms
+	// of slack, 900 tokens at 0.2 ms each; the prompts are 1500 tokens.
+	pl := newPlanner(t, Config{TTFT: time.Second, TPOT: 30 * time.Millisecond, Engines: 4, Prefill: 1, MinDecode: 3, Hysteresis: 1e-9})
+	end := t0.Add(20 * time.Second)
+	for at := t0; at.Before(end); at = at.Add(250 * time.Millisecond) {
+		pl.ObserveRequest(Request{At: at, PromptTokens: 1500, UncachedTokens: 1500, OutputTokens: 10})
+	}
+	for at := t0; at.Before(end); at = at.Add(time.Second) {
+		pl.ObserveEngine(EngineSample{At: at, URL: "p", PrefillSecondsPerToken: prefillCost})
+		for i, k := range []float64{1, 2, 3} {
+			pl.ObserveEngine(EngineSample{At: at, URL: fmt.Sprint("d", i), Decode: true, PrefillSecondsPerToken: prefillCost, Running: k, ITLSeconds: (9 + 0.5*k) / 1000})
+		}
+	}
+	d := pl.Decide(end)
+	if d.Threshold > 901 || d.Fit.RemoteFraction != 1 {
+		t.Fatalf("threshold %d, remote fraction %.2f: the 1500-token prompts (300 ms of prefill) would be prefilled beside streams with 180 ms of slack", d.Threshold, d.Fit.RemoteFraction)
+	}
+}
