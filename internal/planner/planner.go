@@ -436,7 +436,8 @@ func (m *capacity) best(cfg Config) Split {
 // differently (every distinct uncached length + 1, and the bounds) and
 // returns the one whose best split predicts the most goodput, with its
 // model, when that beats current (the current threshold's) by the
-// hysteresis; nil otherwise. A threshold above what one prompt may take to
+// hysteresis, or at once when the current threshold breaks the limits
+// below; nil otherwise. A threshold above what one prompt may take to
 // prefill within the TTFT objective is not tried, nor one whose local
 // prefill would by itself push a stream it stalls past the TPOT objective:
 // the model spreads local prefills over the decodes' steps as a mean, but
@@ -468,6 +469,13 @@ func (pl *Planner) bestThreshold(f Fit, current float64) (int, *capacity) {
 		cands = kept
 	}
 	bestTh, bestG := 0, current*(1+pl.cfg.Hysteresis)
+	if pl.threshold > max(limit+1, pl.cfg.MinThreshold) {
+		// The current threshold keeps prompts local that break the
+		// limits: a hard constraint, not a matter of goodput (and the
+		// decodes' step times, measured with those stalls in them, may
+		// make every choice look unattainable).
+		bestG = -1
+	}
 	var bestM *capacity
 	for _, th := range cands {
 		m := pl.model(f, th)
