@@ -364,7 +364,8 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 	m := &capacity{ttft: pl.cfg.TTFT.Seconds(), q: q, over: f.Overhead, prefillPerToken: f.PrefillSecondsPerToken}
 	var lens []float64
 	var local float64
-	for _, r := range pl.reqs {
+	reqs := sample(pl.reqs, maxModelRequests)
+	for _, r := range reqs {
 		sv := f.PrefillSecondsPerToken * float64(r.UncachedTokens)
 		if r.UncachedTokens >= threshold {
 			m.services = append(m.services, sv)
@@ -373,7 +374,7 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 			local += sv
 		}
 	}
-	n := float64(len(pl.reqs))
+	n := float64(len(reqs))
 	m.remoteFraction = float64(len(m.services)) / n
 	if len(m.services) > 0 {
 		m.s = mean(m.services)
@@ -421,11 +422,23 @@ func decodeRateWithLocal(f Fit, local float64, slo time.Duration, q float64, max
 }
 
 // best is the split of cfg.Engines with the most predicted goodput, the
-// fewest prefill engines on a tie.
+// fewest prefill engines on a tie. The prefill side, P·rate at P, grows
+// with P and the decode side, D·rate, falls, so the best is at their
+// crossing: a binary search for the first P whose prefill side reaches the
+// decode side, then that P or the one before.
 func (m *capacity) best(cfg Config) Split {
-	var best Split
-	for p := cfg.MinPrefill; p <= cfg.Engines-cfg.MinDecode; p++ {
-		if s := m.split(p, cfg.Engines-p); best.P == 0 || s.Goodput > best.Goodput*(1+1e-9) {
+	lo, hi := cfg.MinPrefill, cfg.Engines-cfg.MinDecode
+	for lo < hi {
+		mid := (lo + hi) / 2
+		if s := m.split(mid, cfg.Engines-mid); s.Limit == "decode" {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	best := m.split(lo, cfg.Engines-lo)
+	if lo > cfg.MinPrefill {
+		if s := m.split(lo-1, cfg.Engines-lo+1); best.Goodput <= s.Goodput*(1+1e-9) {
 			best = s
 		}
 	}
@@ -453,17 +466,17 @@ func (pl *Planner) bestThreshold(f Fit, current float64) (int, *capacity) {
 		limit = min(limit, int(max(slack, 0)/f.PrefillSecondsPerToken))
 	}
 	cands := []int{pl.cfg.MinThreshold}
-	for _, r := range pl.reqs {
+	for _, r := range sample(pl.reqs, maxModelRequests) {
 		if l := r.UncachedTokens + 1; l > pl.cfg.MinThreshold && l <= limit {
 			cands = append(cands, l)
 		}
 	}
 	slices.Sort(cands)
 	cands = slices.Compact(cands)
-	if len(cands) > 64 { // keep 64 quantiles: each candidate costs a fit
-		step := float64(len(cands)) / 64
+	if len(cands) > maxThresholds { // keep quantiles: each candidate costs a fit
+		step := float64(len(cands)) / maxThresholds
 		var kept []int
-		for i := range 64 {
+		for i := range maxThresholds {
 			kept = append(kept, cands[int(float64(i)*step)])
 		}
 		cands = kept
@@ -535,6 +548,28 @@ func (pl *Planner) chooseCadence(f Fit, m *capacity) int {
 	}
 	slack := pl.cfg.TTFT.Seconds() - f.PrefillSecondsPerToken*float64(pl.threshold)
 	return min(max(int(slack/tpot), 1), pl.cfg.MaxCadence)
+}
+
+// Bounds on a decision's work, whatever the traffic: the model is fitted
+// to at most maxModelRequests of the window's requests (evenly spread over
+// it), and at most maxThresholds thresholds are tried. A decision then
+// costs tens of milliseconds at 32 engines.
+const (
+	maxModelRequests = 256
+	maxThresholds    = 16
+)
+
+// sample is at most n of rs, evenly spread.
+func sample(rs []Request, n int) []Request {
+	if len(rs) <= n {
+		return rs
+	}
+	out := make([]Request, n)
+	step := float64(len(rs)) / float64(n)
+	for i := range out {
+		out[i] = rs[int(float64(i)*step)]
+	}
+	return out
 }
 
 func median(xs []float64) float64 {

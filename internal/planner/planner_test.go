@@ -229,3 +229,29 @@ func TestNoLocalPrefillLongerThanAStreamsSlack(t *testing.T) {
 		t.Fatalf("threshold %d, remote fraction %.2f: the 1500-token prompts (300 ms of prefill) would be prefilled beside streams with 180 ms of slack", d.Threshold, d.Fit.RemoteFraction)
 	}
 }
+
+// BenchmarkDecide is one decision over a busy window: 32 engines, 50,000
+// requests of mixed lengths.
+func BenchmarkDecide(b *testing.B) {
+	pl, err := New(Config{TTFT: 2 * time.Second, TPOT: 100 * time.Millisecond, Engines: 32, Prefill: 16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range 50000 {
+		at := t0.Add(time.Duration(i) * time.Millisecond)
+		l := 64 + (i*7919)%3000
+		pl.ObserveRequest(Request{At: at, PromptTokens: l, UncachedTokens: l, OutputTokens: 16 + i%200})
+	}
+	now := t0.Add(50 * time.Second)
+	for i := range 32 {
+		s := EngineSample{At: now, URL: fmt.Sprint("e", i), PrefillSecondsPerToken: prefillCost}
+		if i >= 16 {
+			k := float64(4 + i - 16)
+			s.Decode, s.Running, s.ITLSeconds = true, k, (10+2*k)/1000
+		}
+		pl.ObserveEngine(s)
+	}
+	for b.Loop() {
+		pl.Decide(now)
+	}
+}
