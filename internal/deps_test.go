@@ -52,6 +52,7 @@ var allowed = map[string][]string{
 	"internal/model/safetensors":          {"golang.org/x/sys/unix"},
 	"internal/router":                     {},
 	"internal/bench/workload":             {},
+	"internal/planner":                    {}, // the P:D model and the pool planner: pure, std only
 	"internal/metrics":                    {"github.com/prometheus/client_golang/..."},
 	"internal/tracing":                    {"go.opentelemetry.io/otel/..."}, // OpenTelemetry setup, propagation, span names
 	"internal/tensor":                     {"golang.org/x/sys/cpu"},
@@ -121,7 +122,7 @@ var allowed = map[string][]string{
 	"internal/kvconnector": {"internal/clock", "internal/engine", "internal/kvcache", "internal/kvparams", "internal/kvxfer", "internal/logid", "internal/metrics", "internal/sched"},
 	"internal/openai":      {"internal/apierror", "internal/engine", "internal/httpguard", "internal/kvparams", "internal/sample", "internal/tokenizer", "internal/tracing", "go.opentelemetry.io/otel/..."},
 	"internal/proxy": {
-		"internal/apierror", "internal/httpguard", "internal/httpleg", "internal/kvparams", "internal/tokenizer",
+		"internal/apierror", "internal/httpguard", "internal/httpleg", "internal/kvparams", "internal/planner", "internal/tokenizer",
 		"internal/router", "internal/router/decider/always", "internal/router/decider/conditional",
 		"internal/router/decider/priced", "internal/router/factory",
 		"internal/router/filter/saturated", "internal/router/scorer/prefix",
@@ -140,9 +141,9 @@ var allowed = map[string][]string{
 	"internal/server/servertest": {"internal/server"}, // starts engines in-process for tests
 
 	// Floor 7: process launching and the benchmarks that drive processes.
-	"internal/launch":           {"internal/defaultmodel", "internal/gguf", "internal/kvxfer", "internal/openai", "internal/proxy", "internal/tokenizer", "github.com/prometheus/client_golang/...", "golang.org/x/sys/unix"},
-	"internal/bench":            {"internal/bench/workload", "internal/progress", "internal/tokenizer"}, // the client tokenizes workload prompts
-	"internal/bench/benchtest":  {},                                                                     // fake servers for the benchmark tests
+	"internal/launch":           {"internal/defaultmodel", "internal/gguf", "internal/kvxfer", "internal/openai", "internal/planner", "internal/proxy", "internal/tokenizer", "github.com/prometheus/client_golang/...", "golang.org/x/sys/unix"},
+	"internal/bench":            {"internal/bench/workload", "internal/planner", "internal/progress", "internal/tokenizer"}, // the client tokenizes workload prompts; the P:D model is the planner's
+	"internal/bench/benchtest":  {},                                                                                         // fake servers for the benchmark tests
 	"internal/bench/plot":       {"internal/bench", "gonum.org/v1/plot/..."},
 	"internal/bench/soak":       {"internal/bench", "internal/hoststat", "internal/progress"},
 	"internal/bench/experiment": {"internal/bench", "internal/bench/plot", "internal/bench/soak", "internal/bench/workload", "internal/defaultmodel", "internal/hoststat", "internal/kvxfer", "internal/launch", "internal/modelinit", "internal/progress"},
@@ -152,7 +153,7 @@ var allowed = map[string][]string{
 		"internal/bench", "internal/bench/experiment", "internal/bench/plot", "internal/bench/soak", "internal/bench/workload",
 		"internal/defaultmodel", "internal/engine", "internal/gguf", "internal/hoststat", "internal/kubediscovery",
 		"internal/kvconnector", "internal/kvevents", "internal/kvlayout", "internal/kvxfer", "internal/launch",
-		"internal/metrics", "internal/model", "internal/modelinit", "internal/openai", "internal/proxy",
+		"internal/metrics", "internal/model", "internal/modelinit", "internal/openai", "internal/planner", "internal/proxy",
 		"internal/progress", "internal/router/factory", "internal/router/kvindex", "internal/sched", "internal/server", "internal/sim",
 		"internal/tensor", "internal/tokenizer", "internal/tracing",
 		"github.com/google/uuid", "go.opentelemetry.io/otel/attribute", "go.yaml.in/yaml/v3", "golang.org/x/sys/unix", "k8s.io/klog/v2",

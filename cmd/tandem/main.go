@@ -23,6 +23,7 @@ var commands = []command{
 	{"up", "run proxy + prefill + decode engines on this machine", runUp},
 	{"serve", "run one engine with an OpenAI-compatible API", runServe},
 	{"proxy", "run the disaggregated prefill/decode proxy", runProxy},
+	{"plan", "the planner's P:D split and the numbers behind it (a proxy's, or a saved run's)", runPlan},
 	{"generate", "generate text from a model in the terminal", runGenerate},
 	{"model", "init (random-weight model) | quantize DIR (to GGUF) | inspect DIR|FILE.gguf", runModel},
 	{"bench", "serving benchmark against an OpenAI endpoint", runBench},

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"go.yaml.in/yaml/v3"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/kubediscovery"
 	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/tandem-serve/tandem/internal/planner"
 	"github.com/tandem-serve/tandem/internal/proxy"
 	"github.com/tandem-serve/tandem/internal/router/factory"
 	"github.com/tandem-serve/tandem/internal/router/kvindex"
@@ -55,6 +57,11 @@ type proxyFlags struct {
 	fingerprint string
 	kube        kubeFlags
 	otlp        string // --otlp-traces-endpoint
+	plan        *plannerFlags
+	// scale turns on the planner's Kubernetes scaling of the two
+	// Deployments, scalePrefill and scaleDecode.
+	scale                     bool
+	scalePrefill, scaleDecode string
 }
 
 // Discovery modes of --discovery.
@@ -149,6 +156,13 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.IntVar(&cfg.ConversationMaxEntries, "conversation-max-entries", 0, "conversations remembered at most, least recently used forgotten first (default 10000)")
 	fs.DurationVar(&cfg.ConversationTTL, "conversation-ttl", 0, "how long a conversation is remembered when the decode's params carry no remote_blocks_expiry_time in Unix seconds (none, or a vLLM decode's perf_counter deadline; set it to vLLM's decoder_kv_blocks_ttl) (default 8m, the decodes' default hold)")
 	fs.IntVar(&cfg.ConversationMinPrefixTokens, "conversation-min-prefix-tokens", 0, "with --conversations and --model, a request naming no conversation continues a remembered history when its prompt starts with at least this many of the history's tokens (whole blocks; longest match first); set it to the engines' --kv-recompute-threshold (default 64)")
+	f.plan = registerPlannerFlags(fs)
+	fs.BoolVar(&cfg.PlannerAct, "planner-act", false, "planner: move engines between the pools as it decides, one at a time, each drained first (its requests finished, the KV it holds read or released); the engines must serve both roles (tandem serve --role both, the default) and be listed with --prefill and --decode")
+	fs.DurationVar(&cfg.PlanInterval, "plan-interval", 0, "planner: the period of its decisions (default 5s)")
+	fs.DurationVar(&cfg.DrainTimeout, "plan-drain-timeout", 0, "planner: the longest an engine drains before it changes pools anyway (default 2m)")
+	fs.BoolVar(&f.scale, "planner-scale", false, "planner, with --discovery kubernetes: set the prefill and decode Deployments' replicas to its split through their scale subresource (the router's account needs get and update on deployments/scale: the planner-scale component of deploy/kubernetes); refused, it logs so and only publishes tandem:planner_desired_replicas")
+	fs.StringVar(&f.scalePrefill, "scale-prefill-deployment", "tandem-prefill", "with --planner-scale: the prefill engines' Deployment")
+	fs.StringVar(&f.scaleDecode, "scale-decode-deployment", "tandem-decode", "with --planner-scale: the decode engines' Deployment")
 	var configFile string
 	fs.StringVar(&configFile, "config", "", "YAML file of proxy settings: any flag by its name (flags given on the command line win) and per-pool pipelines under profiles: {prefill: ..., decode: ...} (see docs/usage/routing.md)")
 	if err := fs.Parse(args); err != nil {
@@ -184,6 +198,18 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 		return nil, fmt.Errorf("--discovery %q: want static or kubernetes", k.discovery)
 	}
 	cfg.Prefill, cfg.Decode = prefill, decode
+	var err error
+	if cfg.Planner, err = f.plan.config(); err != nil {
+		return nil, err
+	}
+	switch {
+	case cfg.Planner == nil && (cfg.PlannerAct || f.scale):
+		return nil, errors.New("--planner-act and --planner-scale act on the planner's decisions: turn it on with --slo-ttft and --slo-tpot")
+	case f.scale && k.discovery != discoveryKubernetes:
+		return nil, errors.New("--planner-scale scales Kubernetes Deployments: it needs --discovery kubernetes")
+	case cfg.PlannerAct && (k.discovery == discoveryKubernetes || cfg.BackendsFile != ""):
+		return nil, errors.New("--planner-act moves listed engines between the pools; with --discovery kubernetes use --planner-scale, with --backends-file the file decides")
+	}
 	// Keys are read from the environment after parsing, never as flag
 	// defaults, so that -h does not print them.
 	if cfg.APIKey == "" {
@@ -224,6 +250,18 @@ func runProxy(args []string) error {
 		return err
 	}
 	defer stopTracing()
+	var scaler atomic.Pointer[kubediscovery.Scaler]
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if f.scale {
+		cfg.OnPlan = func(d planner.Decision) {
+			if s := scaler.Load(); s != nil {
+				if err := s.Scale(ctx, d.Prefill, d.Decode); err != nil {
+					log.Warn("planner: scaling the Deployments failed; retried at the next decision", "err", err)
+				}
+			}
+		}
+	}
 	p, err := proxy.New(cfg)
 	if err != nil {
 		return err
@@ -239,13 +277,18 @@ func runProxy(args []string) error {
 			return err
 		}
 	}
+	if f.scale {
+		s, err := newKubeScaler(f, p, log)
+		if err != nil {
+			return err
+		}
+		scaler.Store(s)
+	}
 	addr := net.JoinHostPort(f.host, strconv.Itoa(f.port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w (is another server using the port? choose one with --port)", addr, err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if watcher != nil {
 		wctx, stopWatch := context.WithCancel(ctx)
 		done := make(chan struct{})
@@ -349,6 +392,25 @@ func newKubeWatcher(k *kubeFlags, p *proxy.Proxy, log *slog.Logger) (*kubediscov
 		Logger:     log.With("component", "discovery"),
 		Registerer: p.MetricsRegisterer(),
 	})
+}
+
+// newKubeScaler returns the planner's scaler of the two Deployments, in
+// the discovery's namespace.
+func newKubeScaler(f *proxyFlags, p *proxy.Proxy, log *slog.Logger) (*kubediscovery.Scaler, error) {
+	rc, err := kubediscovery.RESTConfig(f.kube.kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--planner-scale: %w", err)
+	}
+	client, err := kubediscovery.NewClient(rc, "tandem-proxy")
+	if err != nil {
+		return nil, fmt.Errorf("--planner-scale: %w", err)
+	}
+	ns := f.kube.namespace
+	if ns == "" {
+		ns = kubediscovery.Namespace()
+	}
+	return kubediscovery.NewScaler(kubediscovery.ScalerConfig{Client: client, Namespace: ns, Prefill: f.scalePrefill, Decode: f.scaleDecode,
+		Logger: log.With("component", "planner"), Registerer: p.MetricsRegisterer()})
 }
 
 // proxyConfigFile is the YAML of --config: flags by name, and pipelines.

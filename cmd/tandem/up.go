@@ -25,7 +25,9 @@ func runUp(args []string) error {
 			"with --kv-load-failure-policy recompute, so a decode whose prefill died computes the lost KV. An\n"+
 			"engine that needs more than --restart-limit restarts within --restart-window stops everything:\n"+
 			"tandem up exits 1 naming it. SIGINT or SIGTERM stops the proxy, then the engines (which drain),\n"+
-			"and exits 0. See docs/usage/serve.md.\n\n")
+			"and exits 0. With --slo-ttft and --slo-tpot the planner sizes the pools: every engine serves both roles and\n"+
+			"the proxy moves engines between prefill and decode as the traffic asks, each drained first (tandem plan\n"+
+			"shows why). See docs/usage/serve.md.\n\n")
 		fs.PrintDefaults()
 	}
 	var cfg launch.Config
@@ -46,6 +48,8 @@ func runUp(args []string) error {
 	fs.DurationVar(&cfg.Restart.Backoff, "restart-backoff", launch.DefaultRestartBackoff, "wait before restarting an engine that exited; doubles with each restart within --restart-window, up to 30s")
 	fs.DurationVar(&cfg.FirstByteTimeout, "first-byte-timeout", 0, "the proxy's limit on a leg's first byte, then retried on another engine or answered 504 (tandem proxy --first-byte-timeout; default 1m)")
 	fs.DurationVar(&cfg.StallTimeout, "stall-timeout", 0, "the proxy's limit on each gap between a decode's chunks, then the stream is cut (tandem proxy --stall-timeout; default 30s)")
+	plan := registerPlannerFlags(fs)
+	fs.DurationVar(&cfg.PlanInterval, "plan-interval", 0, "planner: the period of its decisions (default 5s)")
 	var simulate simulateFlag
 	fs.Var(&simulate, "simulate", "start simulated engines (tandem serve --simulate): alone, the built-in time model; --simulate PROFILE.json, a profile from tandem profile. Many fit on one machine: tandem up --simulate --prefill 100 --decode 100. More --sim-* flags go after --")
 	var otlp string
@@ -55,6 +59,10 @@ func runUp(args []string) error {
 		return err
 	}
 	cfg.Simulate = string(simulate)
+	var err error
+	if cfg.Planner, err = plan.config(); err != nil {
+		return err
+	}
 	switch {
 	case cfg.Restart.Limit < 0:
 		return fmt.Errorf("--restart-limit %d: want 0 (never restart) or more", cfg.Restart.Limit)

@@ -6,6 +6,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/planner"
 )
 
 // PDModel is a DistServe-style placement model, simplified, fitted to one
@@ -309,48 +311,10 @@ func (m *PDModel) PrefillRateAt(p int) float64 {
 	return rho / m.PrefillSeconds
 }
 
-// prefillBusy is the utilisation ρ of a GI/G/1 prefill engine (service
-// mean s seconds, squared coefficient of variation cv2; arrivals with
-// squared coefficient of variation ca2, 1 for Poisson) at which a mean of
-// q of the requests, whose own service times are services, wait at most
-// slo − their service − overhead, under the exponential-tail
-// approximation P(W > t) ≈ ρ·exp(−t(1−ρ)/(c·s)), c = (ca2+cv2)/2 (Kingman;
-// the wait is independent of the request's own service under FCFS).
-// tooLong is the fraction of requests with no slack at all; ρ is 0 when
-// even an idle engine misses the goal.
+// prefillBusy is the prefill half of the model, shared with the online
+// planner (planner.PrefillBusy).
 func prefillBusy(services []float64, s, ca2, cv2, overhead, slo, q float64) (rho, tooLong float64) {
-	if len(services) == 0 {
-		return 0, 0
-	}
-	slack := make([]float64, 0, len(services))
-	for _, sv := range services {
-		if t := slo - sv - overhead; t > 0 {
-			slack = append(slack, t)
-		}
-	}
-	n := float64(len(services))
-	tooLong = 1 - float64(len(slack))/n
-	c := (ca2 + cv2) / 2
-	met := func(rho float64) float64 { // mean P(W ≤ slack), the too-long prompts counting 0
-		var sum float64
-		for _, t := range slack {
-			sum += 1 - rho*math.Exp(-t*(1-rho)/(c*s))
-		}
-		return sum / n
-	}
-	if met(0) < q {
-		return 0, tooLong
-	}
-	lo, hi := 0.0, 1.0 // met(0) ≥ q > met(1) = fraction with slack − 1·…, and met falls as ρ grows
-	for range 100 {
-		mid := (lo + hi) / 2
-		if met(mid) >= q {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	return lo, tooLong
+	return planner.PrefillBusy(services, s, ca2, cv2, overhead, slo, q)
 }
 
 func (m *PDModel) fitDecode(results []*Result, slo time.Duration, q float64, maxSeqs int) {
@@ -384,18 +348,13 @@ func (m *PDModel) fitDecode(results []*Result, slo time.Duration, q float64, max
 	a, b, sigma, ok := fitLine(ks, ts)
 	if ok && len(ks) >= 3 && b > 0 {
 		m.DecodeFit, m.StepA, m.StepB, m.StepSigma = "fit", a, b, sigma
-		z := math.Sqrt2 * math.Erfinv(2*q-1)
-		room := sloMS - a - z*sigma
-		k := float64(maxSeqs)
-		if sloMS > 0 {
-			k = min(room/b, float64(maxSeqs))
-		}
+		k := planner.DecodeBatchAtSLO(a, b, sigma, sloMS, q, maxSeqs)
 		if k <= 0 {
 			return // DecodeRate 0: unattainable
 		}
 		m.DecodeBatch, m.DecodeTPOT = k, a+b*k
 		m.Extrapolated = k > 1.25*m.ObservedBatch
-		m.DecodeRate = k / (max(m.MeanOutput-1, 1) * m.DecodeTPOT / 1000)
+		m.DecodeRate = planner.DecodeRate(k, m.DecodeTPOT/1000, m.MeanOutput)
 		return
 	}
 	// A lower bound: the best throughput of a level that met the TPOT SLO.
@@ -417,32 +376,9 @@ func (m *PDModel) fitDecode(results []*Result, slo time.Duration, q float64, max
 	}
 }
 
-// fitLine is the least-squares line y = a + b·x and its residual standard
-// deviation (n−2 degrees of freedom, 0 for two points); ok when the xs
-// differ.
-func fitLine(xs, ys []float64) (a, b, sigma float64, ok bool) {
-	n := float64(len(xs))
-	mx, my := mean(xs), mean(ys)
-	var sxx, sxy float64
-	for i := range xs {
-		sxx += (xs[i] - mx) * (xs[i] - mx)
-		sxy += (xs[i] - mx) * (ys[i] - my)
-	}
-	if len(xs) < 2 || sxx <= 1e-12*max(1, mx*mx)*n {
-		return 0, 0, 0, false
-	}
-	b = sxy / sxx
-	a = my - b*mx
-	if len(xs) > 2 {
-		var ss float64
-		for i := range xs {
-			r := ys[i] - a - b*xs[i]
-			ss += r * r
-		}
-		sigma = math.Sqrt(ss / (n - 2))
-	}
-	return a, b, sigma, true
-}
+// fitLine is planner.FitLine: the least-squares line y = a + b·x and its
+// residual standard deviation; ok when the xs differ.
+func fitLine(xs, ys []float64) (a, b, sigma float64, ok bool) { return planner.FitLine(xs, ys) }
 
 func sum(xs []float64) float64 {
 	var s float64

@@ -38,4 +38,11 @@
 //
 // The proxy's credentials need only list and watch on
 // endpointslices.discovery.k8s.io in the namespace.
+//
+// Scaler (scale.go) is the planner's opt-in hand on the cluster (`tandem
+// proxy --planner-scale`): it sets the prefill and decode Deployments'
+// replicas to the planner's split through their scale subresource, which
+// needs get and update on deployments/scale (deploy/kubernetes,
+// components/planner-scale). Refused, it says so once and from then on
+// only publishes.
 package kubediscovery

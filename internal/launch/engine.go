@@ -10,6 +10,9 @@ import (
 const (
 	RolePrefill = "prefill"
 	RoleDecode  = "decode"
+	// RoleBoth serves either kind per request: what every engine runs
+	// under the planner, which moves engines between the proxy's pools.
+	RoleBoth = "both"
 )
 
 // EngineSpec is one engine process to start.

@@ -17,6 +17,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/defaultmodel"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
 	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/tandem-serve/tandem/internal/planner"
 	"github.com/tandem-serve/tandem/internal/proxy"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
@@ -75,6 +76,14 @@ type Config struct {
 	// APIKey, if set, is required by the proxy from clients and by the
 	// engines from the proxy (Authorization: Bearer).
 	APIKey string
+	// Planner, when set, runs the proxy's pool planner (proxy.Config's
+	// Planner) and lets it act: every engine serves both roles (tandem
+	// serve --role both) and the proxy moves engines between the prefill
+	// and decode pools as the planner decides, each drained first; Prefill
+	// and Decode are the split at start. PlanInterval is the period of its
+	// decisions (zero: the proxy's default).
+	Planner      *planner.Config
+	PlanInterval time.Duration
 	// Stdout receives the endpoint and examples; Stderr the prefixed logs.
 	// Default os.Stdout and os.Stderr.
 	Stdout, Stderr io.Writer
@@ -222,7 +231,11 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	engines := make([]*engine, 0, n)
 	for _, s := range specs {
-		spec := ProcessSpec{Name: s.Name, Path: cfg.Executable, Args: ServeArgs(s, model, name, extra), Env: env,
+		as := s
+		if cfg.Planner != nil {
+			as.Role = RoleBoth // the proxy's pools decide what it does
+		}
+		spec := ProcessSpec{Name: s.Name, Path: cfg.Executable, Args: ServeArgs(as, model, name, extra), Env: env,
 			CPUs: s.CPUs, URL: s.URL(), Output: out}
 		c, err := Start(spec)
 		if err != nil {
@@ -267,6 +280,10 @@ func Run(ctx context.Context, cfg Config) error {
 
 		FirstByteTimeout: cfg.FirstByteTimeout,
 		StallTimeout:     cfg.StallTimeout,
+
+		Planner:      cfg.Planner,
+		PlannerAct:   cfg.Planner != nil,
+		PlanInterval: cfg.PlanInterval,
 	})
 	if err != nil {
 		return err
@@ -297,6 +314,10 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	printEndpoint(cfg.Stdout, "http://"+ln.Addr().String(), name, cfg.Prefill, cfg.Decode, HasChatTemplate(model), cfg.APIKey != "")
+	if cfg.Planner != nil {
+		fmt.Fprintf(cfg.Stdout, "The planner moves engines between prefill and decode as the traffic asks (TTFT %v, TPOT %v): tandem plan --url http://%s\n",
+			cfg.Planner.TTFT, cfg.Planner.TPOT, ln.Addr())
+	}
 
 	var result error
 	select {

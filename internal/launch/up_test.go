@@ -3,6 +3,7 @@ package launch
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tandem-serve/tandem/internal/defaultmodel"
+	"github.com/tandem-serve/tandem/internal/planner"
 	"github.com/tandem-serve/tandem/internal/proxy"
 )
 
@@ -344,6 +346,43 @@ func TestRunWithFakeEngines(t *testing.T) {
 			t.Errorf("the engines' exits on the shutdown's SIGTERM were taken for crashes:\n%s", stderr.String())
 		}
 		checkGone(t, pids)
+	})
+
+	t.Run("with the planner every engine serves both roles and the proxy moves them", func(t *testing.T) {
+		var stdout, stderr syncBuffer
+		model := t.TempDir()
+		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			Run(ctx, Config{Executable: exe, ModelDir: model, Port: 0, Decode: 2, Stdout: &stdout, Stderr: &stderr,
+				Planner: &planner.Config{TTFT: time.Second, TPOT: 50 * time.Millisecond}, PlanInterval: 50 * time.Millisecond})
+		}()
+		defer func() { cancel(); <-done }()
+		url := waitEndpoint(t, &stdout, done)
+		for _, name := range []string{"prefill-0", "decode-0", "decode-1"} {
+			if !strings.Contains(stderr.String(), "["+name+"] fake both engine starting") {
+				t.Errorf("%s not started with --role both:\n%s", name, stderr.String())
+			}
+		}
+		if !strings.Contains(stdout.String(), "tandem plan --url") {
+			t.Errorf("stdout does not say how to see the plan:\n%s", stdout.String())
+		}
+		resp, err := http.Get(url + proxy.PlanPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan struct {
+			Acting  bool     `json:"acting"`
+			Prefill []string `json:"prefill"`
+			Decode  []string `json:"decode"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&plan)
+		resp.Body.Close()
+		if err != nil || !plan.Acting || len(plan.Prefill) != 1 || len(plan.Decode) != 2 {
+			t.Fatalf("GET %s: %+v, %v; want the planner acting on 1 prefill + 2 decode", proxy.PlanPath, plan, err)
+		}
 	})
 
 	t.Run("--kv-bidirectional reaches every engine and the proxy remembers conversations", func(t *testing.T) {

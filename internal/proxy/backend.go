@@ -33,8 +33,13 @@ type backend struct {
 	healthy  atomic.Bool
 	inFlight atomic.Int64
 	inTokens atomic.Int64 // prompt + expected output tokens of the requests in flight
-	inGauge  prometheus.Gauge
-	okGauge  prometheus.Gauge
+	// holds counts the requests whose KV this (prefill) backend holds for
+	// a decode: from its prefill leg's answer until the request ends or
+	// the release reached the engine. The planner drains it before the
+	// engine changes role.
+	holds   atomic.Int64
+	inGauge prometheus.Gauge
+	okGauge prometheus.Gauge
 
 	mu        sync.Mutex
 	lastErr   string

@@ -18,6 +18,9 @@ type engineSample struct {
 	computed, pulled float64
 	// transferSum is tandem:kv_transfer_seconds' sum.
 	transferSum float64
+	// itlSum and itlCount are vllm:inter_token_latency_seconds' sum and
+	// count (the planner's decode step cost).
+	itlSum, itlCount float64
 }
 
 // minCostTokens is how many prompt tokens an engine must have computed (or

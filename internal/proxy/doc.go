@@ -52,6 +52,23 @@
 // Config.DynamicBackends). A backend removed from the set gets no new
 // request; those in flight on it finish.
 //
+// # Planner
+//
+// With Config.Planner (`--slo-ttft` and `--slo-tpot`) the proxy runs the
+// pool planner (package planner, planner.go here): each routed request (its
+// prompt, the part its decode had not cached, its max_tokens) and each
+// scrape (prefill and transfer cost, a decode's inter-token latency and
+// batch) feed it; every Config.PlanInterval it decides the P:D split, the
+// conditional decider's threshold (taken at once) and a prefill cadence,
+// and publishes them: tandem:planner_* metrics, GET /tandem/plan (read-only;
+// `tandem plan` prints it) and Config.OnPlan (Kubernetes scaling, package
+// kubediscovery). With Config.PlannerAct the proxy moves engines between
+// its pools, one at a time: the engine leaves its pool at once (no new leg
+// of its old role), drains (its legs finish, and the KV it holds for
+// decodes is read or released: backend.holds), and only then joins the
+// other pool. The engines serve both roles (tandem serve --role both), so
+// a switch changes nothing on the engine. No client request can move one.
+//
 // # Failures
 //
 // A prefill leg that fails on the engine's side is retried on another

@@ -119,6 +119,7 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		decision = p.decide(preq, d)
 	}
 	p.endRoute(route, d, decision, "")
+	p.observePlan(preq, d, arrived)
 	p.metrics.observeStage(stageRoute, routeStart)
 	if !decision.Remote {
 		p.metrics.pdDecisions.WithLabelValues("local", decision.Reason).Inc()
@@ -175,6 +176,8 @@ func (p *Proxy) remote(w http.ResponseWriter, r *http.Request, id string, body [
 		return outcomePrefillReject
 	case res.kv != nil:
 		leg.held = &heldKV{engine: res.backend, params: res.kv}
+		res.backend.holds.Add(1)
+		defer res.backend.holds.Add(-1)
 		if p.betweenLegs != nil {
 			p.betweenLegs(r.Context())
 		}

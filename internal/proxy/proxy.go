@@ -16,6 +16,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/apierror"
 	"github.com/tandem-serve/tandem/internal/httpguard"
 	"github.com/tandem-serve/tandem/internal/httpleg"
+	"github.com/tandem-serve/tandem/internal/planner"
 	"github.com/tandem-serve/tandem/internal/router"
 	"github.com/tandem-serve/tandem/internal/router/decider/conditional"
 	"github.com/tandem-serve/tandem/internal/router/decider/priced"
@@ -180,6 +181,28 @@ type Config struct {
 	// the longest match wins. Default 64, the engines' default
 	// --kv-recompute-threshold: a shorter history is computed, not pulled.
 	ConversationMinPrefixTokens int
+	// Planner, when set, runs the pool planner (package planner) on the
+	// traffic the proxy routes and the engines' scraped costs: every
+	// PlanInterval it decides the P:D split, the conditional decider's
+	// threshold (used at once when PDDecider is "conditional") and a
+	// prefill cadence, publishes them (tandem:planner_* metrics, GET
+	// /tandem/plan, OnPlan) and, with PlannerAct, acts on the split. Its
+	// Engines and Prefill default to the backends given. It needs the
+	// scrape (ScrapeInterval not negative).
+	Planner *planner.Config
+	// PlannerAct moves engines between the pools as the planner decides,
+	// one at a time, each drained of its old role first (DrainTimeout).
+	// The engines must serve both roles (tandem serve --role both, the
+	// default); the backends must be static (no BackendsFile or
+	// DynamicBackends). Off: the planner only publishes.
+	PlannerAct bool
+	// PlanInterval is the period of the planner's decisions (default 5s);
+	// DrainTimeout bounds an engine's drain before it changes pools
+	// (default 2m).
+	PlanInterval, DrainTimeout time.Duration
+	// OnPlan, when set, is told of each decision (Kubernetes scaling,
+	// package kubediscovery). It runs on the planner's goroutine.
+	OnPlan func(planner.Decision)
 }
 
 func (c *Config) setDefaults() {
@@ -247,6 +270,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.ConversationTTL <= 0 {
 		c.ConversationTTL = defaultConvTTL
+	}
+	if c.PlanInterval <= 0 {
+		c.PlanInterval = defaultPlanInterval
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = defaultDrainTimeout
 	}
 	if c.ConversationMinPrefixTokens <= 0 {
 		c.ConversationMinPrefixTokens = defaultMinPrefixTokens
@@ -317,6 +346,7 @@ type Proxy struct {
 	guarded http.Handler   // serve behind package httpguard's checks
 	bg      sync.WaitGroup // KV releases still running
 	convs   *conversations // conversation mode's memory; nil when off
+	plan    *planState     // the pool planner; nil when off
 	decider router.Decider
 	prefix  *prefix.Approx // the router's own record of where prefixes went
 	// observePrefix says whether answered requests are recorded in prefix.
@@ -383,12 +413,21 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Conversations {
 		p.initConversations()
 	}
+	if cfg.Planner != nil {
+		if cfg.ScrapeInterval < 0 {
+			return nil, errors.New("the planner fits the engines' scraped costs: it needs the scrape on (a --scrape-interval above 0)")
+		}
+		if err := p.initPlanner(); err != nil {
+			return nil, err
+		}
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/completions", p.handleGenerate)
 	mux.HandleFunc("/v1/chat/completions", p.handleGenerate)
 	mux.HandleFunc("/v1/models", p.handleModels)
 	mux.HandleFunc("/health", p.handleHealth)
 	mux.HandleFunc(AdminBackendsPath, p.handleAdminBackends)
+	mux.HandleFunc(PlanPath, p.handlePlan)
 	mux.Handle("GET /metrics", m.handler())
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		// Unknown paths are refused rather than passed to a decode engine:
@@ -539,6 +578,9 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	if p.cfg.ScrapeInterval > 0 {
 		wg.Go(func() { p.runScrape(hctx) })
+	}
+	if p.plan != nil {
+		wg.Go(func() { p.runPlanner(hctx) })
 	}
 	defer func() {
 		stopHealth()

@@ -56,7 +56,9 @@ func (p *Proxy) releaseKV(held *heldKV, id, reason string) {
 	if held == nil {
 		return
 	}
+	held.engine.holds.Add(1)
 	p.bg.Go(func() {
+		defer held.engine.holds.Add(-1)
 		result, err := p.postRelease(held, id)
 		p.metrics.kvReleases.WithLabelValues(reason, result).Inc()
 		attrs := []any{"request_id", id, "backend", held.engine.base, "reason", reason, "result", result}

@@ -266,7 +266,9 @@ func (p *Proxy) scrape(parent context.Context, b *backend) {
 	s.at = time.Now()
 	b.waiting, b.running, b.kvUsage, b.scrapedAt = s.waiting, s.running, s.kvUsage, s.at
 	b.costs.observe(s)
+	c := b.costs
 	b.mu.Unlock()
+	p.observeScrape(b, s, c)
 }
 
 // parseEngineMetrics sums the load metrics and the cost counters over their
@@ -320,6 +322,10 @@ func (s *engineSample) addCounter(name, labels string, v float64) {
 		s.queueSum += v
 	case "vllm:request_queue_time_seconds_count":
 		s.queueCount += v
+	case "vllm:inter_token_latency_seconds_sum":
+		s.itlSum += v
+	case "vllm:inter_token_latency_seconds_count":
+		s.itlCount += v
 	case "tandem:kv_transfer_seconds_sum":
 		s.transferSum += v
 	case "vllm:prompt_tokens_by_source":

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/bench"
+	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/tandem-serve/tandem/internal/planner"
+	"github.com/tandem-serve/tandem/internal/proxy"
+)
+
+// plannerFlags are the planner's flags, shared by tandem proxy and tandem
+// up: the objectives turn it on.
+type plannerFlags struct {
+	cfg planner.Config
+}
+
+func registerPlannerFlags(fs *flag.FlagSet) *plannerFlags {
+	f := &plannerFlags{}
+	fs.DurationVar(&f.cfg.TTFT, "slo-ttft", 0, "planner: the time-to-first-token objective; with --slo-tpot it turns the planner on, which sizes the prefill and decode pools and the conditional threshold from the traffic (GET "+proxy.PlanPath+", tandem plan, tandem:planner_* metrics)")
+	fs.DurationVar(&f.cfg.TPOT, "slo-tpot", 0, "planner: the time-per-output-token objective (with --slo-ttft)")
+	fs.Float64Var(&f.cfg.Goal, "slo-goal", 0.9, "planner: the fraction of requests that must meet both objectives")
+	fs.DurationVar(&f.cfg.MinDwell, "plan-min-dwell", 30*time.Second, "planner: the least time between two changes of the split")
+	fs.Float64Var(&f.cfg.Hysteresis, "plan-hysteresis", 0.1, "planner: how much more goodput (a fraction) a new split must be predicted before the split moves")
+	fs.DurationVar(&f.cfg.MaxAge, "plan-max-age", 10*time.Second, "planner: engine metrics older than this are stale and ignored (a decision without fresh ones holds the split and says so)")
+	fs.DurationVar(&f.cfg.Window, "plan-window", time.Minute, "planner: how far back the traffic and costs are fitted")
+	fs.IntVar(&f.cfg.MaxSeqs, "plan-max-num-seqs", 64, "planner: the decode engines' --max-num-seqs")
+	return f
+}
+
+// config is the planner's configuration, nil when the planner is off.
+func (f *plannerFlags) config() (*planner.Config, error) {
+	switch {
+	case f.cfg.TTFT == 0 && f.cfg.TPOT == 0:
+		return nil, nil
+	case f.cfg.TTFT <= 0 || f.cfg.TPOT <= 0:
+		return nil, errors.New("the planner needs both objectives: give --slo-ttft and --slo-tpot")
+	case f.cfg.Goal <= 0 || f.cfg.Goal >= 1:
+		return nil, fmt.Errorf("--slo-goal %v: want a fraction in (0, 1)", f.cfg.Goal)
+	}
+	c := f.cfg
+	return &c, nil
+}
+
+// runPlan is `tandem plan`: the planner's decision and the numbers behind
+// it, from a running proxy or from a saved bench run.
+func runPlan(args []string) error { return plan(os.Stdout, args) }
+
+func plan(out io.Writer, args []string) error {
+	fs := flag.NewFlagSet("tandem plan", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: tandem plan [--url URL] | tandem plan --run FILE.json --target NAME --engines N [--slo-ttft D --slo-tpot D]\n\n"+
+			"Prints the planner's decision — the P:D split, the conditional threshold, the prefill cadence — and the\n"+
+			"numbers behind it: from a running tandem proxy or tandem up started with --slo-ttft and --slo-tpot (GET\n"+
+			"%s), or, with --run, from a saved run of tandem bench --json (the model tandem bench report\n"+
+			"--pd-model fits, and its best split of --engines).\n\n", proxy.PlanPath)
+		fs.PrintDefaults()
+	}
+	var (
+		url     = fs.String("url", "http://127.0.0.1:8000", "the proxy")
+		run     = fs.String("run", "", "a saved run (tandem bench --json, or an experiment's results-*.json) to plan from instead of a proxy")
+		target  = fs.String("target", "pd", "with --run: the disaggregated target whose requests the model is fitted to")
+		engines = fs.Int("engines", 8, "with --run: the engines to split")
+		ttft    = fs.Duration("slo-ttft", 0, "with --run: the TTFT objective (default: the run's)")
+		tpot    = fs.Duration("slo-tpot", 0, "with --run: the TPOT objective (default: the run's)")
+		seqs    = fs.Int("max-num-seqs", 64, "with --run: the decode engines' --max-num-seqs")
+		asJSON  = fs.Bool("json", false, "print the proxy's answer as JSON")
+	)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *run != "" {
+		return planFromRun(out, *run, *target, *engines, *ttft, *tpot, *seqs)
+	}
+	req, err := http.NewRequest(http.MethodGet, strings.TrimRight(*url, "/")+proxy.PlanPath, nil)
+	if err != nil {
+		return fmt.Errorf("--url %s: %w", *url, err)
+	}
+	if key := os.Getenv(openai.APIKeyEnv); key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("asking the proxy for its plan: %w (is it running? give its address with --url)", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("reading the proxy's plan: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("the proxy answered %s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	if *asJSON {
+		_, err := out.Write(body)
+		return err
+	}
+	var p planAnswer
+	if err := json.Unmarshal(body, &p); err != nil {
+		return fmt.Errorf("the proxy's plan: %w", err)
+	}
+	writePlan(out, p)
+	return nil
+}
+
+// planAnswer is the JSON of proxy.PlanPath, as this command reads it.
+type planAnswer struct {
+	Decision   *planner.Decision `json:"decision"`
+	Acting     bool              `json:"acting"`
+	Moving     string            `json:"moving"`
+	Prefill    []string          `json:"prefill"`
+	Decode     []string          `json:"decode"`
+	Objectives map[string]any    `json:"objectives"`
+}
+
+func writePlan(w io.Writer, p planAnswer) {
+	o := p.Objectives
+	fmt.Fprintf(w, "objectives: TTFT %v, TPOT %v, goal %v; window %v, metrics stale after %v, dwell %v, hysteresis %v\n",
+		o["ttft"], o["tpot"], o["goal"], o["window"], o["max_age"], o["min_dwell"], o["hysteresis"])
+	mode := "publishing only (metrics, Kubernetes scaling)"
+	if p.Acting {
+		mode = "moving engines between the pools"
+	}
+	fmt.Fprintf(w, "pools now: %d prefill, %d decode; %s\n", len(p.Prefill), len(p.Decode), mode)
+	if p.Moving != "" {
+		fmt.Fprintf(w, "moving: %s (draining)\n", p.Moving)
+	}
+	d := p.Decision
+	if d == nil {
+		fmt.Fprintln(w, "no decision yet (the first comes one --plan-interval after the start)")
+		return
+	}
+	fmt.Fprintf(w, "decision at %s: %d prefill + %d decode", d.At.Format(time.RFC3339), d.Prefill, d.Decode)
+	if d.Changed {
+		fmt.Fprint(w, " (changed)")
+	}
+	fmt.Fprintf(w, "; best %dP:%dD; conditional threshold %d uncached tokens; prefill cadence %d\n", d.Best.P, d.Best.D, d.Threshold, d.PrefillScheduleInterval)
+	if d.Held != "" {
+		fmt.Fprintf(w, "held: %s\n", d.Held)
+	}
+	writeFit(w, d)
+}
+
+func writeFit(w io.Writer, d *planner.Decision) {
+	f := d.Fit
+	fmt.Fprintf(w, "traffic: %d requests, %.2f req/s; mean prompt %.0f tokens (%.0f uncached), output %.0f; %.0f%% prefilled remotely at the threshold\n",
+		f.Requests, f.ArrivalRate, f.MeanPrompt, f.MeanUncached, f.MeanOutput, 100*f.RemoteFraction)
+	fmt.Fprintf(w, "engines: %d with fresh metrics (%d stale samples ignored)\n", f.FreshEngines, f.StaleSamples)
+	if f.PrefillSecondsPerToken > 0 {
+		fmt.Fprintf(w, "prefill: %.3f ms/token → s̄ = %.3f s, C² = %.3f, overhead %.3f s", 1000*f.PrefillSecondsPerToken, f.PrefillSeconds, f.PrefillCV2, f.Overhead)
+		if f.PrefillTooLong > 0 {
+			fmt.Fprintf(w, "; %.0f%% of the remote prompts miss the TTFT alone", 100*f.PrefillTooLong)
+		}
+		fmt.Fprintln(w)
+	}
+	if f.DecodeFit != "" {
+		fmt.Fprintf(w, "decode (%s, %d points, mean batch %.1f): TPOT = %.1f + %.2f·k ms (σ %.1f) → batch %.1f at %.1f ms → %.3f req/s per engine\n",
+			f.DecodeFit, f.DecodePoints, f.MeanBatch, f.StepA, f.StepB, f.StepSigma, f.DecodeBatch, f.DecodeTPOT, f.DecodeRate)
+	}
+	if f.Current.P > 0 {
+		fmt.Fprintf(w, "predicted goodput: now %dP:%dD %.2f req/s (%s-bound); best %dP:%dD %.2f req/s (%s-bound)\n",
+			f.Current.P, f.Current.D, f.Current.Goodput, f.Current.Limit, d.Best.P, d.Best.D, d.Best.Goodput, d.Best.Limit)
+	}
+	if f.Unattainable != "" {
+		fmt.Fprintf(w, "unattainable: %s\n", f.Unattainable)
+	}
+}
+
+// planFromRun fits the P:D model to a saved run, as tandem bench report
+// --pd-model does, and prints its best split of engines.
+func planFromRun(out io.Writer, path, target string, engines int, ttft, tpot time.Duration, seqs int) error {
+	if engines < 2 {
+		return fmt.Errorf("--engines %d: want at least 2 (one of each role)", engines)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	s, err := bench.ReadSuite(f)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	slo := s.Plan.SLO
+	if ttft > 0 {
+		slo.TTFT = ttft
+	}
+	if tpot > 0 {
+		slo.TPOT = tpot
+	}
+	s.Rescore(slo, 0)
+	bench.WritePDModelHeader(out)
+	m := bench.ModelPD(s, target, seqs)
+	m.Write(out, s.Plan.SLO)
+	if m.Unattainable != "" {
+		return nil
+	}
+	b := m.BestSplit(engines)
+	fmt.Fprintf(out, "decision: %d prefill + %d decode of %d engines, %.2f req/s predicted (%s-bound)\n", b.P, b.D, engines, b.Goodput, m.SplitLimit(b.P, b.D))
+	return nil
+}

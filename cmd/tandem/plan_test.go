@@ -1,0 +1,69 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/planner"
+	"github.com/tandem-serve/tandem/internal/proxy"
+)
+
+func TestPlanPrintsTheProxysDecision(t *testing.T) {
+	pre, _ := startSimEngine(t, "--kv-port", "0")
+	dec, _ := startSimEngine(t)
+	_, url := startTestProxy(t, proxy.Config{Prefill: []string{pre}, Decode: []string{dec}, PDDecider: "conditional",
+		Planner: &planner.Config{TTFT: time.Second, TPOT: 50 * time.Millisecond}, PlanInterval: 50 * time.Millisecond})
+	waitHealthy(t, url)
+	var out bytes.Buffer
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out.Reset()
+		if err := plan(&out, []string{"--url", url}); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out.String(), "no decision yet") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, want := range []string{"objectives: TTFT 1s, TPOT 50ms", "pools now: 1 prefill, 1 decode; publishing only", "decision at", "held: too few requests"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("tandem plan printed no %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestPlanSaysHowToTurnThePlannerOn(t *testing.T) {
+	pre, _ := startSimEngine(t, "--kv-port", "0")
+	dec, _ := startSimEngine(t)
+	_, url := startTestProxy(t, proxy.Config{Prefill: []string{pre}, Decode: []string{dec}})
+	err := plan(&bytes.Buffer{}, []string{"--url", url})
+	if err == nil || !strings.Contains(err.Error(), "--slo-ttft") {
+		t.Fatalf("err %v, want one naming --slo-ttft", err)
+	}
+}
+
+func TestPlannerFlagsNeedBothObjectives(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"one objective", []string{"--prefill", "http://a:1", "--decode", "http://b:1", "--slo-ttft", "1s"}, "--slo-tpot"},
+		{"acting without the planner", []string{"--prefill", "http://a:1", "--decode", "http://b:1", "--planner-act"}, "--slo-ttft"},
+		{"scaling without kubernetes", []string{"--prefill", "http://a:1", "--decode", "http://b:1", "--slo-ttft", "1s", "--slo-tpot", "50ms", "--planner-scale"}, "--discovery kubernetes"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := parseProxyFlags(c.args)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err %v, want one naming %s", err, c.want)
+			}
+		})
+	}
+	f, err := parseProxyFlags([]string{"--prefill", "http://a:1", "--decode", "http://b:1", "--slo-ttft", "1s", "--slo-tpot", "50ms", "--planner-act"})
+	if err != nil || f.cfg.Planner == nil || f.cfg.Planner.TTFT != time.Second || !f.cfg.PlannerAct {
+		t.Fatalf("planner flags: %+v, %v", f, err)
+	}
+}

@@ -1,0 +1,25 @@
+// Package planner sizes the prefill and decode pools from the objectives.
+// Given TTFT and TPOT SLOs and the traffic a router sees, it chooses the
+// P:D split of the engines, the conditional decider's threshold (the
+// uncached prompt length from which a prompt is prefilled remotely) and a
+// prefill cadence for engines that prefill beside their decodes
+// (`tandem serve --prefill-schedule-interval`).
+//
+// It fits the same capacity model `tandem bench report` fits to a saved
+// run (model.go: DistServe-style, simplified; internal/bench's PDModel
+// calls these functions), but online: from a sliding window of the
+// requests the router routed and the engines' scraped costs, refitted at
+// every decision.
+//
+// Like the scheduler, the planner is a pure state machine in the manner of
+// etcd's raft: it never reads a clock, touches the network or starts a
+// goroutine. The caller feeds it observations (ObserveRequest,
+// ObserveEngine) with their times and asks for a decision (Decide(now));
+// acting on the decision (moving engines between pools, scaling
+// Deployments) is the caller's. Decisions are guarded against flapping: a
+// new split must beat the current one's predicted goodput by a margin
+// (Config.Hysteresis), at least Config.MinDwell must have passed since the
+// last change, and a change moves one engine at a time. Engine samples
+// older than Config.MaxAge are ignored, and a decision with too few fresh
+// samples holds the current split and says why.
+package planner

@@ -1,0 +1,257 @@
+package planner
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 12, 5, 6, 0, 0, 0, time.UTC)
+
+// traffic is one mix of requests: its prompt (all uncached) and output
+// lengths and its arrival rate.
+type traffic struct {
+	prompt, output int
+	rate           float64
+}
+
+var (
+	chat       = traffic{prompt: 64, output: 256, rate: 4}
+	longPrompt = traffic{prompt: 2000, output: 16, rate: 4}
+)
+
+// engines are the fake engines' costs: every engine prefills at
+// prefillCost s/token, and decode i runs a batch of 4+4i at
+// 10 + 2·k ms per step.
+const prefillCost = 0.0002
+
+// feed gives pl dur of tr from start (requests evenly spaced) and a scrape
+// of each of n engines every second, the first p in the prefill pool.
+func feed(pl *Planner, start time.Time, dur time.Duration, tr traffic, n, p int) time.Time {
+	gap := time.Duration(float64(time.Second) / tr.rate)
+	end := start.Add(dur)
+	for at := start; at.Before(end); at = at.Add(gap) {
+		pl.ObserveRequest(Request{At: at, PromptTokens: tr.prompt, UncachedTokens: tr.prompt, OutputTokens: tr.output})
+	}
+	for at := start; at.Before(end); at = at.Add(time.Second) {
+		for i := range n {
+			s := EngineSample{At: at, URL: fmt.Sprintf("http://e%d", i), PrefillSecondsPerToken: prefillCost}
+			if i >= p {
+				k := float64(4 + 4*(i-p))
+				s.Decode, s.Running, s.ITLSeconds = true, k, (10+2*k)/1000
+			}
+			pl.ObserveEngine(s)
+		}
+	}
+	return end
+}
+
+func newPlanner(t *testing.T, cfg Config) *Planner {
+	t.Helper()
+	if cfg.TTFT == 0 {
+		cfg.TTFT, cfg.TPOT = 2*time.Second, 100*time.Millisecond
+	}
+	pl, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pl
+}
+
+func TestNewRefusesAConfigWithoutObjectivesOrEngines(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"no TTFT objective", Config{TPOT: time.Second, Engines: 4}, "--slo-ttft"},
+		{"one engine", Config{TTFT: time.Second, TPOT: time.Second, Engines: 1}, "start more engines"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if _, err := New(c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err %v, want one saying %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestDecideHoldsWithTooFewRequests(t *testing.T) {
+	pl := newPlanner(t, Config{Engines: 4, Prefill: 2})
+	now := feed(pl, t0, 2*time.Second, longPrompt, 4, 2) // 8 requests
+	d := pl.Decide(now)
+	if d.Changed || d.Prefill != 2 || !strings.Contains(d.Held, "too few requests") {
+		t.Fatalf("got %dP:%dD changed=%v held %q, want 2P:2D held for too few requests", d.Prefill, d.Decode, d.Changed, d.Held)
+	}
+}
+
+func TestDecideIgnoresStaleMetricsAndSaysSo(t *testing.T) {
+	pl := newPlanner(t, Config{Engines: 4, Prefill: 2, MaxAge: 5 * time.Second})
+	end := feed(pl, t0, 20*time.Second, longPrompt, 4, 2)
+	// The scrapes stopped: 30s later only requests come.
+	for at := end; at.Before(end.Add(30 * time.Second)); at = at.Add(100 * time.Millisecond) {
+		pl.ObserveRequest(Request{At: at, PromptTokens: 2000, UncachedTokens: 2000, OutputTokens: 16})
+	}
+	d := pl.Decide(end.Add(30 * time.Second))
+	if d.Changed || d.Prefill != 2 || !strings.Contains(d.Held, "stale") || d.Fit.StaleSamples == 0 {
+		t.Fatalf("got %dP changed=%v held %q stale %d, want the split held for stale metrics", d.Prefill, d.Changed, d.Held, d.Fit.StaleSamples)
+	}
+}
+
+// TestSplitFollowsTheTraffic shifts the traffic from chat-heavy to
+// long-prompt-heavy and back and checks that the split follows: one engine
+// per change, never two changes within the dwell, and the best split
+// reached within (engines to move) dwells.
+func TestSplitFollowsTheTraffic(t *testing.T) {
+	const n = 8
+	dwell := 10 * time.Second
+	pl := newPlanner(t, Config{Engines: n, Prefill: 4, MinDwell: dwell, Window: 20 * time.Second})
+	now := t0
+	var last time.Time
+	run := func(tr traffic, phase time.Duration) Decision {
+		var d Decision
+		for end := now.Add(phase); now.Before(end); {
+			p := pl.prefill
+			now = feed(pl, now, time.Second, tr, n, p)
+			d = pl.Decide(now)
+			if d.Changed {
+				if got := d.Prefill - p; got != 1 && got != -1 {
+					t.Fatalf("%v: the split moved by %d engines at once", now.Sub(t0), got)
+				}
+				if !last.IsZero() && now.Sub(last) < dwell {
+					t.Fatalf("%v: two changes %v apart, within the dwell %v", now.Sub(t0), now.Sub(last), dwell)
+				}
+				last = now
+			}
+		}
+		return d
+	}
+	d := run(chat, 60*time.Second)
+	if d.Prefill != 1 || d.Best.P != 1 {
+		t.Fatalf("chat-heavy: %dP:%dD (best %+v), want 1P:7D: the prompts are short and prefilled by the decodes (threshold %d)", d.Prefill, d.Decode, d.Best, d.Threshold)
+	}
+	chatThreshold := d.Threshold
+	d = run(longPrompt, 90*time.Second)
+	if d.Best.P <= 4 || d.Prefill != d.Best.P {
+		t.Fatalf("long-prompt-heavy: %dP:%dD, best %+v (held %q), want the split at a best of more than 4 prefill engines", d.Prefill, d.Decode, d.Best, d.Held)
+	}
+	if d.Threshold > 2000 {
+		t.Fatalf("long-prompt-heavy: threshold %d keeps the 2000-token prompts local", d.Threshold)
+	}
+	t.Logf("chat: threshold %d; long prompts: %dP:%dD, %.2f req/s predicted, threshold %d", chatThreshold, d.Prefill, d.Decode, d.Best.Goodput, d.Threshold)
+	d = run(chat, 90*time.Second)
+	if d.Prefill != 1 {
+		t.Fatalf("back to chat: %dP:%dD (held %q), want 1P:7D", d.Prefill, d.Decode, d.Held)
+	}
+}
+
+func TestHysteresisHoldsASplitNearlyAsGoodAsTheBest(t *testing.T) {
+	pl := newPlanner(t, Config{Engines: 8, Prefill: 4, Hysteresis: 100}) // nothing beats the current split 101-fold
+	now := feed(pl, t0, 30*time.Second, longPrompt, 8, 4)
+	d := pl.Decide(now)
+	if d.Best.P == 4 {
+		t.Fatalf("the best split is the current one (%+v): no hysteresis to test", d.Best)
+	}
+	if d.Changed || d.Prefill != 4 || !strings.Contains(d.Held, "hysteresis") {
+		t.Fatalf("got %dP changed=%v held %q, want 4P held by the hysteresis", d.Prefill, d.Changed, d.Held)
+	}
+}
+
+// TestThresholdIsTheModelsBest checks that the threshold chosen is the one
+// whose best split the model predicts the most goodput for, under a loose
+// and a tight TPOT objective (local prefills stretch the decodes' steps).
+func TestThresholdIsTheModelsBest(t *testing.T) {
+	for _, tpot := range []time.Duration{time.Second, 40 * time.Millisecond} {
+		pl := newPlanner(t, Config{TTFT: 2 * time.Second, TPOT: tpot, Engines: 4, Prefill: 2, Hysteresis: 1e-9})
+		// A mix: 64-, 400- and 1000-token prompts.
+		now := feed(pl, t0, 20*time.Second, traffic{prompt: 64, output: 64, rate: 2}, 4, 2)
+		for at := t0; at.Before(now); at = at.Add(500 * time.Millisecond) {
+			pl.ObserveRequest(Request{At: at, PromptTokens: 1000, UncachedTokens: 1000, OutputTokens: 64})
+			pl.ObserveRequest(Request{At: at, PromptTokens: 400, UncachedTokens: 400, OutputTokens: 64})
+		}
+		d := pl.Decide(now)
+		chosen := pl.model(d.Fit, d.Threshold).best(pl.cfg).Goodput
+		for _, th := range []int{16, 65, 401, 1001} {
+			if g := pl.model(d.Fit, th).best(pl.cfg).Goodput; g > chosen*(1+1e-6) {
+				t.Errorf("TPOT %v: threshold %d predicts %.3f req/s, more than the chosen %d's %.3f", tpot, th, g, d.Threshold, chosen)
+			}
+		}
+		t.Logf("TPOT %v: threshold %d, best %+v", tpot, d.Threshold, d.Best)
+	}
+}
+
+func TestModelOfTheFitMatchesTheFormulas(t *testing.T) {
+	pl := newPlanner(t, Config{Engines: 8, Prefill: 4})
+	now := feed(pl, t0, 30*time.Second, longPrompt, 8, 4)
+	d := pl.Decide(now)
+	f := d.Fit
+	if f.DecodeFit != "fit" || math.Abs(f.StepA-10) > 1e-6 || math.Abs(f.StepB-2) > 1e-6 {
+		t.Fatalf("decode fit %s A=%v B=%v, want the engines' 10 + 2·k ms", f.DecodeFit, f.StepA, f.StepB)
+	}
+	// k* = (100 − 10)/2 = 45 at 100 ms; 45/((16−1)·0.1 s) = 30 req/s.
+	if math.Abs(f.DecodeBatch-45) > 1e-6 || math.Abs(f.DecodeRate-30) > 1e-6 {
+		t.Fatalf("decode batch %v rate %v, want 45 and 30", f.DecodeBatch, f.DecodeRate)
+	}
+	if math.Abs(f.PrefillSeconds-0.4) > 1e-9 || f.RemoteFraction != 1 {
+		t.Fatalf("prefill %v s, remote fraction %v, want 0.4 s and 1", f.PrefillSeconds, f.RemoteFraction)
+	}
+	// The best split is the one with the most goodput of all.
+	m := pl.model(f, d.Threshold)
+	for p := 1; p < 8; p++ {
+		if g := m.split(p, 8-p).Goodput; g > d.Best.Goodput+1e-9 {
+			t.Fatalf("%dP:%dD predicts %.3f, more than the best %+v", p, 8-p, g, d.Best)
+		}
+	}
+}
+
+// TestNoLocalPrefillLongerThanAStreamsSlack: a prompt whose prefill would
+// stall the streams it lands on past the TPOT objective by itself stays
+// remote, though the mean-load model would rather prefill it on the decodes
+// (three have room; the one prefill engine, kept to one by MinDecode, does
+// not).
+func TestNoLocalPrefillLongerThanAStreamsSlack(t *testing.T) {
+	// Steps of about 10 ms, a 30 ms objective and 10-token answers: 180 ms
+	// of slack, 900 tokens at 0.2 ms each; the prompts are 1500 tokens.
+	pl := newPlanner(t, Config{TTFT: time.Second, TPOT: 30 * time.Millisecond, Engines: 4, Prefill: 1, MinDecode: 3, Hysteresis: 1e-9})
+	end := t0.Add(20 * time.Second)
+	for at := t0; at.Before(end); at = at.Add(250 * time.Millisecond) {
+		pl.ObserveRequest(Request{At: at, PromptTokens: 1500, UncachedTokens: 1500, OutputTokens: 10})
+	}
+	for at := t0; at.Before(end); at = at.Add(time.Second) {
+		pl.ObserveEngine(EngineSample{At: at, URL: "p", PrefillSecondsPerToken: prefillCost})
+		for i, k := range []float64{1, 2, 3} {
+			pl.ObserveEngine(EngineSample{At: at, URL: fmt.Sprint("d", i), Decode: true, PrefillSecondsPerToken: prefillCost, Running: k, ITLSeconds: (9 + 0.5*k) / 1000})
+		}
+	}
+	d := pl.Decide(end)
+	if d.Threshold > 901 || d.Fit.RemoteFraction != 1 {
+		t.Fatalf("threshold %d, remote fraction %.2f: the 1500-token prompts (300 ms of prefill) would be prefilled beside streams with 180 ms of slack", d.Threshold, d.Fit.RemoteFraction)
+	}
+}
+
+// BenchmarkDecide is one decision over a busy window: 32 engines, 50,000
+// requests of mixed lengths.
+func BenchmarkDecide(b *testing.B) {
+	pl, err := New(Config{TTFT: 2 * time.Second, TPOT: 100 * time.Millisecond, Engines: 32, Prefill: 16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range 50000 {
+		at := t0.Add(time.Duration(i) * time.Millisecond)
+		l := 64 + (i*7919)%3000
+		pl.ObserveRequest(Request{At: at, PromptTokens: l, UncachedTokens: l, OutputTokens: 16 + i%200})
+	}
+	now := t0.Add(50 * time.Second)
+	for i := range 32 {
+		s := EngineSample{At: now, URL: fmt.Sprint("e", i), PrefillSecondsPerToken: prefillCost}
+		if i >= 16 {
+			k := float64(4 + i - 16)
+			s.Decode, s.Running, s.ITLSeconds = true, k, (10+2*k)/1000
+		}
+		pl.ObserveEngine(s)
+	}
+	for b.Loop() {
+		pl.Decide(now)
+	}
+}

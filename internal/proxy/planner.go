@@ -1,0 +1,353 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tandem-serve/tandem/internal/planner"
+	"github.com/tandem-serve/tandem/internal/router"
+	"github.com/tandem-serve/tandem/internal/router/decider/conditional"
+)
+
+// PlanPath is the route that answers the planner's last decision and the
+// numbers behind it (GET; `tandem plan` reads it). It changes nothing: no
+// request a client sends moves an engine between the pools.
+const PlanPath = "/tandem/plan"
+
+// Defaults of the planner's loop (Config).
+const (
+	defaultPlanInterval = 5 * time.Second
+	defaultDrainTimeout = 2 * time.Minute
+)
+
+// planState is the proxy's side of the planner: the pure planner behind
+// a lock, its last decision, and the engine mover.
+type planState struct {
+	mu   sync.Mutex
+	pl   *planner.Planner
+	last *planner.Decision
+	// prev is each engine's previous scrape (URL → sample), for its ITL
+	// and batch over the scrape interval.
+	prev map[string]engineSample
+
+	// target is the prefill count the mover works toward; kick wakes it.
+	target atomic.Int64
+	kick   chan struct{}
+	// moving names the engine being moved ("URL prefill→decode"), "" when
+	// none.
+	moving atomic.Pointer[string]
+
+	desired   *prometheus.GaugeVec // role
+	threshold prometheus.Gauge
+	cadence   prometheus.Gauge
+	goodput   prometheus.Gauge
+	decisions *prometheus.CounterVec // result: changed, held, steady
+	switches  *prometheus.CounterVec // to: prefill, decode
+	drainOver prometheus.Counter
+}
+
+// plannedConditional is the conditional decider with the threshold the
+// planner chose last.
+type plannedConditional struct {
+	base      conditional.Decider
+	threshold atomic.Int64
+}
+
+// Decide implements router.Decider.
+func (d *plannedConditional) Decide(in router.DecideInput) router.Decision {
+	c := d.base
+	c.Threshold = int(d.threshold.Load())
+	return c.Decide(in)
+}
+
+// initPlanner sets up Config.Planner: it needs static backends when it
+// acts (nothing else may change the pools under the mover).
+func (p *Proxy) initPlanner() error {
+	cfg := *p.cfg.Planner
+	if p.cfg.PlannerAct && (p.cfg.BackendsFile != "" || p.cfg.DynamicBackends) {
+		return errors.New("the planner moves engines between the pools itself: it cannot act on backends a file or discovery keeps (publish only, or list the engines)")
+	}
+	if cfg.Engines == 0 {
+		cfg.Engines = len(p.cfg.Prefill) + len(p.cfg.Decode)
+	}
+	if cfg.Prefill == 0 {
+		cfg.Prefill = len(p.cfg.Prefill)
+	}
+	if cfg.Threshold == 0 {
+		cfg.Threshold = cmpOr(p.cfg.Router.Threshold, 256)
+	}
+	pl, err := planner.New(cfg)
+	if err != nil {
+		return err
+	}
+	s := &planState{pl: pl, prev: map[string]engineSample{}, kick: make(chan struct{}, 1)}
+	s.target.Store(int64(pl.Config().Prefill))
+	if p.cfg.PDDecider == conditional.Name {
+		d := &plannedConditional{base: conditional.Decider{MustRemote: p.cfg.Router.MustRemote, DecodeKVPressure: p.cfg.Router.DecodeKVPressure}}
+		d.threshold.Store(int64(pl.Config().Threshold))
+		p.decider = d
+	}
+	s.desired = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tandem:planner_desired_replicas",
+		Help: "Engines the planner wants in each pool (role: prefill, decode)."}, []string{"role"})
+	s.threshold = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tandem:planner_threshold_tokens",
+		Help: "The conditional decider's threshold the planner chose (uncached prompt tokens from which a prefill is remote)."})
+	s.cadence = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tandem:planner_prefill_schedule_interval",
+		Help: "The prefill cadence the planner advises for engines that prefill beside their decodes (tandem serve --prefill-schedule-interval)."})
+	s.goodput = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tandem:planner_predicted_goodput_rps",
+		Help: "Requests/s the planner's model predicts the desired split serves within the SLOs."})
+	s.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem:planner_decisions_total",
+		Help: "Planner decisions by result: changed (the split moved), held (it did not move toward the best; see /tandem/plan), steady."}, []string{"result"})
+	s.switches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem:planner_role_switches_total",
+		Help: "Engines the planner moved between the pools, by the role they took."}, []string{"to"})
+	s.drainOver = prometheus.NewCounter(prometheus.CounterOpts{Name: "tandem:planner_drain_timeouts_total",
+		Help: "Engines moved before they drained, after Config.DrainTimeout."})
+	p.metrics.registry.MustRegister(s.desired, s.threshold, s.cadence, s.goodput, s.decisions, s.switches, s.drainOver)
+	s.desired.WithLabelValues(rolePrefill).Set(float64(pl.Config().Prefill))
+	s.desired.WithLabelValues(roleDecode).Set(float64(pl.Config().Engines - pl.Config().Prefill))
+	s.threshold.Set(float64(pl.Config().Threshold))
+	s.cadence.Set(1)
+	p.plan = s
+	return nil
+}
+
+func cmpOr(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+// observePlan tells the planner of a routed request whose decode is d.
+func (p *Proxy) observePlan(preq *router.Request, d *backend, arrived time.Time) {
+	if p.plan == nil {
+		return
+	}
+	uncached := preq.PromptTokens
+	if p.decode.prefix != nil && len(preq.BlockHashes) > 0 {
+		uncached = max(uncached-p.matchPrefix(preq)[d.base]*preq.BlockSize, 0)
+	}
+	p.plan.mu.Lock()
+	p.plan.pl.ObserveRequest(planner.Request{At: arrived, PromptTokens: preq.PromptTokens, UncachedTokens: uncached, OutputTokens: preq.MaxTokens})
+	p.plan.mu.Unlock()
+}
+
+// observeScrape tells the planner of an engine's scrape s: its prefill and
+// transfer costs and, for a decode, its mean inter-token latency and batch
+// since its previous scrape.
+func (p *Proxy) observeScrape(b *backend, s engineSample, c costs) {
+	if p.plan == nil {
+		return
+	}
+	es := planner.EngineSample{At: s.at, URL: b.base, Decode: b.role == roleDecode,
+		PrefillSecondsPerToken: c.prefillPerToken, TransferSecondsPerToken: c.transferPerToken}
+	p.plan.mu.Lock()
+	defer p.plan.mu.Unlock()
+	if prev, ok := p.plan.prev[b.base]; ok && s.itlCount > prev.itlCount && s.itlSum >= prev.itlSum {
+		es.ITLSeconds = (s.itlSum - prev.itlSum) / (s.itlCount - prev.itlCount)
+		es.Running = (s.running + prev.running) / 2
+	}
+	p.plan.prev[b.base] = s
+	p.plan.pl.ObserveEngine(es)
+}
+
+// runPlanner decides every Config.PlanInterval until ctx is done, and
+// with Config.PlannerAct moves engines between the pools.
+func (p *Proxy) runPlanner(ctx context.Context) {
+	var wg sync.WaitGroup
+	if p.cfg.PlannerAct {
+		wg.Go(func() { p.moveEngines(ctx) })
+	}
+	defer wg.Wait()
+	t := time.NewTicker(p.cfg.PlanInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		p.planOnce(p.now())
+	}
+}
+
+// planOnce makes one decision at now and publishes it.
+func (p *Proxy) planOnce(now time.Time) planner.Decision {
+	s := p.plan
+	n := len(p.prefill.list()) + len(p.decode.list())
+	if s.moving.Load() != nil {
+		n++ // the engine between the pools
+	}
+	s.mu.Lock()
+	if !p.cfg.PlannerAct || s.moving.Load() == nil {
+		s.pl.SetEngines(n)
+	}
+	d := s.pl.Decide(now)
+	held := s.last == nil || s.last.Held != d.Held
+	s.last = &d
+	s.mu.Unlock()
+
+	s.desired.WithLabelValues(rolePrefill).Set(float64(d.Prefill))
+	s.desired.WithLabelValues(roleDecode).Set(float64(d.Decode))
+	s.threshold.Set(float64(d.Threshold))
+	s.cadence.Set(float64(d.PrefillScheduleInterval))
+	s.goodput.Set(d.Fit.Current.Goodput)
+	if pc, ok := p.decider.(*plannedConditional); ok {
+		pc.threshold.Store(int64(d.Threshold))
+	}
+	switch {
+	case d.Changed:
+		s.decisions.WithLabelValues("changed").Inc()
+		p.log.Info("planner: split changed", "prefill", d.Prefill, "decode", d.Decode, "best_prefill", d.Best.P,
+			"predicted_goodput_rps", d.Best.Goodput, "threshold", d.Threshold, "prefill_schedule_interval", d.PrefillScheduleInterval)
+	case d.Held != "":
+		s.decisions.WithLabelValues("held").Inc()
+		if held {
+			p.log.Info("planner: split held", "prefill", d.Prefill, "decode", d.Decode, "why", d.Held)
+		}
+	default:
+		s.decisions.WithLabelValues("steady").Inc()
+	}
+	if p.cfg.PlannerAct {
+		s.target.Store(int64(d.Prefill))
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+	if p.cfg.OnPlan != nil {
+		p.cfg.OnPlan(d)
+	}
+	return d
+}
+
+// moveEngines moves engines between the pools until the prefill pool has
+// the planner's target, one at a time, until ctx is done.
+func (p *Proxy) moveEngines(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.plan.kick:
+		}
+		for ctx.Err() == nil {
+			target := int(p.plan.target.Load())
+			pre, dec := p.prefill.list(), p.decode.list()
+			var from, to *pool
+			switch {
+			case len(pre) < target && len(dec) > 1:
+				from, to = p.decode, p.prefill
+			case len(pre) > target && len(pre) > 1:
+				from, to = p.prefill, p.decode
+			}
+			if from == nil {
+				break
+			}
+			if err := p.switchRole(ctx, leastBusy(from.list()), from, to); err != nil {
+				p.log.Warn("planner: role switch failed", "err", err)
+				break
+			}
+		}
+	}
+}
+
+// leastBusy is the backend with the fewest requests and held KV on it.
+func leastBusy(bs []*backend) *backend {
+	return slices.MinFunc(bs, func(a, b *backend) int {
+		return int((a.inFlight.Load() + a.holds.Load()) - (b.inFlight.Load() + b.holds.Load()))
+	})
+}
+
+// switchRole moves b from one pool to the other: it takes no new request
+// of its old role at once, then drains (its requests of that role finish,
+// and the KV it holds for decodes is read or released) within
+// Config.DrainTimeout, and only then joins the other pool. The engines
+// serve both roles (tandem serve --role both), so nothing on the engine
+// changes: the pools are the proxy's.
+func (p *Proxy) switchRole(ctx context.Context, b *backend, from, to *pool) error {
+	move := fmt.Sprintf("%s %s→%s", b.base, from.role, to.role)
+	p.plan.moving.Store(&move)
+	defer p.plan.moving.Store(nil)
+	rest := slices.DeleteFunc(urlsOf(from), func(u string) bool { return u == b.base })
+	if err := p.SetBackends(from.role, rest); err != nil {
+		return fmt.Errorf("taking %s out of the %s pool: %w", b.base, from.role, err)
+	}
+	start := time.Now()
+	deadline := start.Add(p.cfg.DrainTimeout)
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for b.inFlight.Load() > 0 || b.holds.Load() > 0 {
+		if time.Now().After(deadline) {
+			p.plan.drainOver.Inc()
+			p.log.Warn("planner: engine not drained in time; moving it anyway", "backend", b.base, "from", from.role,
+				"in_flight", b.inFlight.Load(), "held_kv", b.holds.Load(), "drain_timeout", p.cfg.DrainTimeout)
+			break
+		}
+		select {
+		case <-ctx.Done():
+			// Stopping: put it back where it was.
+			return p.SetBackends(from.role, append(urlsOf(from), b.base))
+		case <-t.C:
+		}
+	}
+	if err := p.SetBackends(to.role, append(urlsOf(to), b.base)); err != nil {
+		return fmt.Errorf("adding %s to the %s pool: %w", b.base, to.role, err)
+	}
+	p.plan.switches.WithLabelValues(to.role).Inc()
+	p.log.Info("planner: engine switched role", "backend", b.base, "from", from.role, "to", to.role, "drained_in", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// planBody is the JSON answer of PlanPath.
+type planBody struct {
+	// Decision is the last decision; nil before the first.
+	Decision *planner.Decision `json:"decision"`
+	// Acting says the proxy moves engines between the pools; otherwise it
+	// only publishes the decision (metrics, Kubernetes scaling).
+	Acting  bool     `json:"acting"`
+	Moving  string   `json:"moving,omitempty"`
+	Prefill []string `json:"prefill"`
+	Decode  []string `json:"decode"`
+	// Objectives are the SLOs and the planner's guards.
+	Objectives planObjectives `json:"objectives"`
+}
+
+type planObjectives struct {
+	TTFT       string  `json:"ttft"`
+	TPOT       string  `json:"tpot"`
+	Goal       float64 `json:"goal"`
+	Window     string  `json:"window"`
+	MaxAge     string  `json:"max_age"`
+	MinDwell   string  `json:"min_dwell"`
+	Hysteresis float64 `json:"hysteresis"`
+}
+
+func (p *Proxy) handlePlan(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		writeError(w, http.StatusMethodNotAllowed, "use GET "+PlanPath)
+		return
+	}
+	if p.plan == nil {
+		writeError(w, http.StatusNotFound, "the planner is off: start the proxy with --slo-ttft and --slo-tpot")
+		return
+	}
+	p.plan.mu.Lock()
+	cfg := p.plan.pl.Config()
+	body := planBody{Decision: p.plan.last, Acting: p.cfg.PlannerAct, Prefill: urlsOf(p.prefill), Decode: urlsOf(p.decode),
+		Objectives: planObjectives{TTFT: cfg.TTFT.String(), TPOT: cfg.TPOT.String(), Goal: cfg.Goal, Window: cfg.Window.String(),
+			MaxAge: cfg.MaxAge.String(), MinDwell: cfg.MinDwell.String(), Hysteresis: cfg.Hysteresis}}
+	p.plan.mu.Unlock()
+	if m := p.plan.moving.Load(); m != nil {
+		body.Moving = *m
+	}
+	b, _ := json.MarshalIndent(body, "", "  ")
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(append(b, '\n'))
+}
