@@ -96,7 +96,7 @@ type scratch struct {
 	packed           [][]uint32 // bf16 attention: packed keys per (sequence, KV head)
 	packItems        []packItem
 	slots            []kvlayout.LayerSlot // per layer: its KV-cache group and slot
-	attnScratch      sync.Pool // *attnScratch, one per busy worker
+	attnScratch      sync.Pool            // *attnScratch, one per busy worker
 	moe              moeScratch
 }
 
