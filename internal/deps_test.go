@@ -97,7 +97,7 @@ var allowed = map[string][]string{
 	// the trust boundary, reviewable alone: the KV pool and small leaves,
 	// nothing of the model, kernels, engine or scheduler. kvevents is
 	// vLLM's event schema and its ZMTP transport on the KV pool alone.
-	"internal/sched":     {"internal/kvcache"},
+	"internal/sched":     {"internal/kvcache", "internal/kvlayout"},
 	"internal/modelinit": {"internal/model/safetensors", "internal/tensor", "internal/tokenizer"},
 	"internal/kvxfer":    {"internal/clock", "internal/kvcache", "internal/kvlayout", "internal/logid", "internal/metrics", "golang.org/x/sync/singleflight", "golang.org/x/sys/unix"},
 	"internal/kvevents":  {"internal/kvcache", "internal/kvevents/zmtp", "github.com/prometheus/client_golang/...", "github.com/tinylib/msgp/msgp"},
