@@ -62,7 +62,14 @@ type Config struct {
 
 	// KVEvents, if set, sees every change of the prefix cache and a Flush
 	// at the end of each step (a kvevents.Publisher: --kv-events-config).
+	// With hybrid KV-cache groups it sees group 0's (the full-attention
+	// group's) changes only.
 	KVEvents KVEventSink
+
+	// DisableHybridKVCache keeps one KV-cache group of every layer even
+	// for a model with sliding-window layers (vLLM's
+	// --disable-hybrid-kv-cache-manager): every layer keeps every block.
+	DisableHybridKVCache bool
 }
 
 // Stats is a snapshot of the engine's load.
@@ -143,6 +150,7 @@ func New(cfg Config) (*Engine, error) {
 	} else if set {
 		layout = cfg.Model.KVLayoutOf(cfg.BlockSize, dt)
 	}
+	windows := kvGroups(cfg, &layout)
 	pool, err := kvcache.New(kvcache.Config{Layout: layout, NumBlocks: cfg.NumBlocks, MemoryBytes: cfg.KVCacheMemory, Dir: cfg.KVDir, ExtraKey: cfg.Model.Fingerprint()})
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
@@ -151,7 +159,7 @@ func New(cfg Config) (*Engine, error) {
 		pool.SetObserver(cfg.KVEvents)
 	}
 	s, err := sched.New(sched.Config{MaxNumSeqs: cfg.MaxNumSeqs, MaxNumBatchedTokens: cfg.MaxNumBatchedTokens, LoadFailurePolicy: cfg.LoadFailurePolicy,
-		PrefillScheduleInterval: cfg.PrefillScheduleInterval}, pool.Blocks, cfg.Connector)
+		PrefillScheduleInterval: cfg.PrefillScheduleInterval, GroupWindows: windows}, pool.Blocks, cfg.Connector)
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("engine: %w", err)
