@@ -122,7 +122,7 @@ func (s *Scheduler) admit(r *Request, budget int, mode admitMode) admission {
 		}
 	}
 
-	need := (s.blocksFor(target) - k) * len(hit)
+	need := s.missing(&Request{tables: hit}, local+ext, target)
 	take := need
 	for _, t := range hit {
 		for _, id := range held(t) {
@@ -159,7 +159,7 @@ func (s *Scheduler) admit(r *Request, budget int, mode admitMode) admission {
 		}
 		return admitShort
 	}
-	r.tables = s.extend(hit, target, fresh)
+	r.tables = s.extend(hit, local+ext, target, fresh)
 	r.numCachedBlocks = k
 	r.numComputed = local
 	if r.numCachedTokens < 0 {
@@ -224,12 +224,12 @@ func (s *Scheduler) reserved() int {
 	n := 0
 	for _, r := range s.running {
 		if !r.decoding() {
-			n += s.missing(r, len(r.tokens))
+			n += s.missing(r, r.numComputed, len(r.tokens))
 		}
 	}
 	for _, r := range s.waiting {
 		if r.hasBlocks() {
-			n += s.missing(r, len(r.tokens))
+			n += s.missing(r, r.numComputed, len(r.tokens))
 		}
 	}
 	return n

@@ -31,29 +31,53 @@ func held(t []int32) []int32 {
 	return t[i:] // null entries are a prefix: those the window passed
 }
 
-// missing is how many blocks r's tables need to cover tokens: every
-// group's table grows by the same number of entries, none of them null
-// (a new entry is past the computed tokens, so inside every window).
-func (s *Scheduler) missing(r *Request, tokens int) int {
-	have := 0
-	if r.tables != nil {
-		have = len(r.tables[0])
-	}
-	return max(s.blocksFor(tokens)-have, 0) * s.numGroups()
+// missing is how many blocks r's tables need to cover tokens when the
+// next token computed is at position from (see grow).
+func (s *Scheduler) missing(r *Request, from, tokens int) int {
+	n, _ := s.grow(r.tables, from, tokens, nil)
+	return n
 }
 
-// extend appends ids to tables (nil: none yet) so that each group's covers
-// tokens, group by group, and returns the tables. len(ids) must be what
-// missing counted.
-func (s *Scheduler) extend(tables [][]int32, tokens int, ids []int32) [][]int32 {
-	if tables == nil {
-		tables = make([][]int32, s.numGroups())
-	}
-	per := len(ids) / len(tables)
-	for g := range tables {
-		tables[g] = append(tables[g], ids[g*per:(g+1)*per]...)
-	}
+// extend appends to tables (nil: none yet) the entries that make each
+// group's cover tokens, taking blocks from ids in order, and returns the
+// tables. len(ids) must be what missing counted.
+func (s *Scheduler) extend(tables [][]int32, from, tokens int, ids []int32) [][]int32 {
+	_, tables = s.grow(tables, from, tokens, ids)
 	return tables
+}
+
+// grow counts the blocks that tables (nil: none yet) need to cover tokens
+// when the next token computed is at position from and, with ids, appends
+// them. A new entry wholly before what a sliding window reads from from on
+// is null: a block a KV load skips (the window of the position after the
+// load never reads it). Every other new entry takes the next id.
+func (s *Scheduler) grow(tables [][]int32, from, tokens int, ids []int32) (int, [][]int32) {
+	n := s.numGroups()
+	have := 0
+	if tables != nil {
+		have = len(tables[0])
+	} else if ids != nil {
+		tables = make([][]int32, n)
+	}
+	want := s.blocksFor(tokens)
+	bs := s.pool.BlockSize()
+	count := 0
+	for g := range n {
+		first := kvlayout.FirstNeeded(s.window(g), from) / bs
+		for i := have; i < want; i++ {
+			id := kvlayout.NullBlock
+			if i >= first {
+				if ids != nil {
+					id = ids[count]
+				}
+				count++
+			}
+			if ids != nil {
+				tables[g] = append(tables[g], id)
+			}
+		}
+	}
+	return count, tables
 }
 
 // match finds the longest prefix of hashes (full blocks) cached in every
@@ -117,10 +141,11 @@ func (s *Scheduler) match(hashes []kvcache.BlockHash) (int, [][]int32) {
 }
 
 // slide frees the blocks of r's sliding-window groups that lie wholly
-// before what the window still reads from r's next token on, and puts
-// kvlayout.NullBlock in their place. A freed full block stays in the
-// prefix cache (cacheFullBlocks ran first), for a later hit whose window
-// ends there.
+// before what the window reads from r's last computed token on (a decode
+// engine that takes this KV recomputes the prompt's last token, so that
+// token's window is kept too), and puts kvlayout.NullBlock in their place.
+// A freed full block stays in the prefix cache (cacheFullBlocks ran
+// first), for a later hit whose window ends there.
 func (s *Scheduler) slide(r *Request) {
 	bs := s.pool.BlockSize()
 	for g, t := range r.tables {
@@ -128,7 +153,7 @@ func (s *Scheduler) slide(r *Request) {
 		if w == 0 {
 			continue
 		}
-		upto := min(kvlayout.FirstNeeded(w, r.numComputed)/bs, len(t))
+		upto := min(kvlayout.FirstNeeded(w, max(r.numComputed-1, 0))/bs, len(t))
 		lo := upto
 		for lo > 0 && t[lo-1] != kvlayout.NullBlock {
 			lo--

@@ -157,14 +157,34 @@ func TestSlidingGroupSizing(t *testing.T) {
 	}
 }
 
-// TestConnectorNeedsFullGroups checks that a scheduler with a KV
-// connector refuses sliding-window groups: P/D moves whole tables.
-func TestConnectorNeedsFullGroups(t *testing.T) {
-	pool, err := kvcache.NewBlocks(kvcache.BlocksConfig{BlockSize: bs, NumBlocks: 8})
-	if err != nil {
-		t.Fatal(err)
+// TestSlidingLoadAllocatesWindowOnly checks that an asynchronous KV load
+// (a decode leg pulling a 140-token prompt but its last token) gets blocks
+// in a sliding-window group only for what the window reads from the first
+// token it computes: the rest of that table is null, and the connector
+// sees every group's table.
+func TestSlidingLoadAllocatesWindowOnly(t *testing.T) {
+	windows := []int{0, 8}
+	conn := newTestConnector()
+	h := newHarness(t, 200, Config{GroupWindows: windows}, conn)
+	h.check = func(out *Output) { checkTables(t, out, windows) }
+	p := prompt(5, 140)
+	conn.offer["d"], conn.async["d"], conn.once["d"] = len(p)-1, true, true
+	r := h.add("d", p, 3)
+	h.step()
+	if r.Status() != WaitingForRemoteKVs {
+		t.Fatalf("d is %v, want loading", r.Status())
 	}
-	if _, err := New(Config{GroupWindows: []int{0, 8}}, pool, newTestConnector()); err == nil {
-		t.Error("New accepted a sliding group with a connector")
+	tbl := r.Tables()
+	first := kvlayout.FirstNeeded(8, len(p)-1) / bs // 128/4 = 32
+	if len(tbl) != 2 || len(held(tbl[0])) != 35 || len(held(tbl[1])) != 35-first || tbl[1][first-1] != kvlayout.NullBlock {
+		t.Fatalf("tables %v: want 35 blocks in the full group and %d (from block %d) in the sliding one", tbl, 35-first, first)
+	}
+	if used := h.pool.NumBlocks() - h.pool.FreeBlocks(); used != 35+35-first {
+		t.Errorf("%d blocks in use, want %d", used, 35+35-first)
+	}
+	h.s.UpdateFromConnector([]string{"d"}, nil, nil)
+	h.runAll(20)
+	if got, w := h.finished["d"].Req.Output(), want(p, 3); !slices.Equal(got, w) {
+		t.Errorf("output %v, want %v", got, w)
 	}
 }

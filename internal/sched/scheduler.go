@@ -37,8 +37,7 @@ type Config struct {
 	// (kvlayout.Windows), one per group, 0 for full attention; nil means
 	// one full-attention group. A request gets one block table per group;
 	// a sliding-window group keeps only the blocks its window can still
-	// see. A KV connector needs one full-attention group: P/D moves whole
-	// block tables.
+	// see. The connector sees every group's table (Request.Tables).
 	GroupWindows []int
 }
 
@@ -193,9 +192,6 @@ func New(cfg Config, pool *kvcache.Blocks, conn Connector) (*Scheduler, error) {
 	}
 	if conn == nil {
 		conn = NoConnector{}
-	}
-	if _, none := conn.(NoConnector); !none && slices.ContainsFunc(cfg.GroupWindows, func(w int) bool { return w != 0 }) {
-		return nil, fmt.Errorf("sched: a KV connector needs full-attention KV-cache groups (windows %v): P/D moves whole block tables", cfg.GroupWindows)
 	}
 	for _, w := range cfg.GroupWindows {
 		if w < 0 {
@@ -471,7 +467,7 @@ func (s *Scheduler) Schedule() *Output {
 // growBlocks makes r's block tables cover tokens, reporting false (and
 // changing nothing) when the pool is short.
 func (s *Scheduler) growBlocks(r *Request, tokens int) bool {
-	need := s.missing(r, tokens)
+	need := s.missing(r, r.numComputed, tokens)
 	if need <= 0 {
 		return true
 	}
@@ -479,7 +475,7 @@ func (s *Scheduler) growBlocks(r *Request, tokens int) bool {
 	if !ok {
 		return false
 	}
-	r.tables = s.extend(r.tables, tokens, ids)
+	r.tables = s.extend(r.tables, r.numComputed, tokens, ids)
 	return true
 }
 
@@ -668,13 +664,18 @@ func (s *Scheduler) markInvalid(ids []int32) {
 	}
 	bs := s.pool.BlockSize()
 	affected := func(r *Request) int {
-		blocks := r.Blocks()
-		for i := r.loadStart / bs; i < s.blocksFor(r.loadEnd) && i < len(blocks); i++ {
-			if bad[blocks[i]] {
-				return i
+		first := -1
+		for _, t := range r.tables {
+			for i := r.loadStart / bs; i < s.blocksFor(r.loadEnd) && i < len(t); i++ {
+				if t[i] != kvlayout.NullBlock && bad[t[i]] {
+					if first < 0 || i < first {
+						first = i
+					}
+					break
+				}
 			}
 		}
-		return -1
+		return first
 	}
 	for _, r := range slices.Clone(s.waiting) {
 		if r.status != WaitingForRemoteKVs {
@@ -722,4 +723,5 @@ func (s *Scheduler) promote(r *Request) {
 	r.numComputed = min(end, len(r.tokens)-1) // recompute the last token for its logits
 	r.firstInvalid, r.loadErr = -1, ""
 	s.cacheFullBlocks(r)
+	s.slide(r)
 }
