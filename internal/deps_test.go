@@ -117,7 +117,7 @@ var allowed = map[string][]string{
 	// process) links neither the engine nor the model nor client-go: it
 	// needs only the error shape (apierror) and the router plugins.
 	"internal/sim":         {"internal/engine", "internal/kvlayout", "internal/model", "internal/tensor"},
-	"internal/kvconnector": {"internal/clock", "internal/engine", "internal/kvcache", "internal/kvparams", "internal/kvxfer", "internal/logid", "internal/metrics", "internal/sched"},
+	"internal/kvconnector": {"internal/clock", "internal/engine", "internal/kvcache", "internal/kvlayout", "internal/kvparams", "internal/kvxfer", "internal/logid", "internal/metrics", "internal/sched"},
 	"internal/openai":      {"internal/apierror", "internal/engine", "internal/httpguard", "internal/kvparams", "internal/sample", "internal/tokenizer", "internal/tracing", "go.opentelemetry.io/otel/..."},
 	"internal/proxy": {
 		"internal/apierror", "internal/httpguard", "internal/httpleg", "internal/kvparams", "internal/tokenizer",

@@ -16,13 +16,13 @@ type KVGrouper interface {
 
 // kvGroups decides the pool's KV-cache groups: hybrid (by attention type)
 // when the model can and has layers of more than one kind or sliding-window
-// layers, no KV connector moves whole block tables, and the configuration
-// does not disable it. It sets *layout to the groups' page layout and
+// layers, unless the configuration disables it (the engines of a P/D pair
+// must agree: the side channel's handshake compares their layouts). It sets *layout to the groups' page layout and
 // returns the groups' windows for the scheduler (nil: one full-attention
 // group, today's layout).
 func kvGroups(cfg Config, layout *kvlayout.Layout) []int {
 	g, ok := cfg.Model.(KVGrouper)
-	if !ok || cfg.Connector != nil || cfg.DisableHybridKVCache {
+	if !ok || cfg.DisableHybridKVCache {
 		return nil
 	}
 	windows := kvlayout.Windows(g.KVGroups(true))
@@ -32,3 +32,9 @@ func kvGroups(cfg Config, layout *kvlayout.Layout) []int {
 	*layout = g.GroupedKVLayout(layout.BlockSize, layout.DType)
 	return windows
 }
+
+// KVGroupWindows returns the attention window of each of the pool's
+// KV-cache groups (0: full attention), nil for one full-attention group: a
+// KV connector sends and pulls one block list per group, a sliding-window
+// group's clipped to its window.
+func (e *Engine) KVGroupWindows() []int { return e.sched.Config().GroupWindows }
