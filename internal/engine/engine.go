@@ -62,8 +62,10 @@ type Config struct {
 
 	// KVEvents, if set, sees every change of the prefix cache and a Flush
 	// at the end of each step (a kvevents.Publisher: --kv-events-config).
-	// With hybrid KV-cache groups it sees group 0's (the full-attention
-	// group's) changes only.
+	// With hybrid KV-cache groups, a sink that implements
+	// kvcache.GroupCacheObserver and SetGroupWindows([]int) is told the
+	// groups' windows and sees every group's changes; any other sees
+	// group 0's (the full-attention group's) only.
 	KVEvents KVEventSink
 
 	// DisableHybridKVCache keeps one KV-cache group of every layer even
@@ -156,6 +158,9 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	if cfg.KVEvents != nil {
+		if gs, ok := cfg.KVEvents.(interface{ SetGroupWindows([]int) }); ok && windows != nil {
+			gs.SetGroupWindows(windows)
+		}
 		pool.SetObserver(cfg.KVEvents)
 	}
 	s, err := sched.New(sched.Config{MaxNumSeqs: cfg.MaxNumSeqs, MaxNumBatchedTokens: cfg.MaxNumBatchedTokens, LoadFailurePolicy: cfg.LoadFailurePolicy,

@@ -77,6 +77,17 @@ type CacheObserver interface {
 	BlockRemoved(hash BlockHash)
 }
 
+// GroupCacheObserver is a CacheObserver that sees the prefix cache of every
+// KV-cache group (a hybrid pool's, see kvlayout.Grouped), each change with
+// its group; a plain CacheObserver sees group 0's only.
+type GroupCacheObserver interface {
+	CacheObserver
+	// GroupBlockStored is BlockStored in KV-cache group g.
+	GroupBlockStored(g int, hash, parent BlockHash, tokens []int32)
+	// GroupBlockRemoved is BlockRemoved in KV-cache group g.
+	GroupBlockRemoved(g int, hash BlockHash)
+}
+
 // hashedBlock is what HashBlock saw of a hash, kept for BlockStored.
 type hashedBlock struct {
 	parent BlockHash
@@ -104,6 +115,7 @@ type Blocks struct {
 	// duplicates, aborted requests) age out when the newer generation
 	// fills. Both are nil without an observer.
 	observer          CacheObserver
+	groupObserver     GroupCacheObserver // observer, when it sees every group
 	hashed, hashedOld map[BlockHash]hashedBlock
 
 	prefixQueries, prefixHits uint64
@@ -141,6 +153,7 @@ const maxBlocks = 1<<31 - 1
 // Blocks registered before stay unreported.
 func (b *Blocks) SetObserver(o CacheObserver) {
 	b.observer = o
+	b.groupObserver, _ = o.(GroupCacheObserver)
 	b.hashed, b.hashedOld = nil, nil
 	if o != nil {
 		b.hashed = make(map[BlockHash]hashedBlock)
@@ -243,17 +256,46 @@ func (b *Blocks) remember(h, parent BlockHash, tokens []int32) {
 	b.hashed[h] = hashedBlock{parent: parent, tokens: append([]int32(nil), tokens...)}
 }
 
-// recall returns and forgets what HashBlock saw of h.
+// recall returns what HashBlock saw of h. With one KV-cache group it
+// forgets it (a hash is cached once); a GroupCacheObserver keeps it for the
+// other groups' stores of the same tokens, until the generations age out.
 func (b *Blocks) recall(h BlockHash) (hashedBlock, bool) {
+	keep := b.groupObserver != nil
 	if hb, ok := b.hashed[h]; ok {
-		delete(b.hashed, h)
+		if !keep {
+			delete(b.hashed, h)
+		}
 		return hb, true
 	}
 	if hb, ok := b.hashedOld[h]; ok {
-		delete(b.hashedOld, h)
+		if !keep {
+			delete(b.hashedOld, h)
+		}
 		return hb, true
 	}
 	return hashedBlock{}, false
+}
+
+// stored reports hash cached in group g to the observer.
+func (b *Blocks) stored(g int32, hash BlockHash) {
+	switch {
+	case b.groupObserver != nil:
+		hb, _ := b.recall(hash)
+		b.groupObserver.GroupBlockStored(int(g), hash, hb.parent, hb.tokens)
+	case b.observer != nil && g == 0:
+		hb, _ := b.recall(hash)
+		b.observer.BlockStored(hash, hb.parent, hb.tokens)
+	}
+}
+
+// removed reports hash no longer cached in group g to the observer.
+func (b *Blocks) removed(g int32, hash BlockHash) {
+	switch {
+	case b.groupObserver != nil:
+		b.groupObserver.GroupBlockRemoved(int(g), hash)
+	case b.observer != nil && g == 0:
+		b.observer.BlockRemoved(hash)
+	}
 }
 
 // Match returns the blocks caching the longest prefix of hashes, without
@@ -325,9 +367,7 @@ func (b *Blocks) Allocate(n int) ([]int32, bool) {
 		if m.hashed {
 			delete(b.cache, cacheKey{m.hash, m.group})
 			m.hashed = false
-			if b.observer != nil && m.group == 0 {
-				b.observer.BlockRemoved(m.hash)
-			}
+			b.removed(m.group, m.hash)
 		}
 		m.ref = 1
 		ids = append(ids, id)
@@ -378,8 +418,8 @@ func (b *Blocks) Cache(id int32, hash BlockHash) bool { return b.CacheGroup(0, i
 // block of tokens is complete, under hash in that group. It returns false
 // and changes nothing when another block of g already caches hash (the
 // duplicate stays private to its holder) or when id is already registered.
-// The observer sees group 0 only (a hybrid pool's full-attention group,
-// kvlayout.Grouped): KV events describe one group, which routers index.
+// A plain CacheObserver sees group 0's changes only, a GroupCacheObserver
+// every group's.
 func (b *Blocks) CacheGroup(g int, id int32, hash BlockHash) bool {
 	m := &b.blocks[id]
 	if m.hashed {
@@ -395,10 +435,7 @@ func (b *Blocks) CacheGroup(g int, id int32, hash BlockHash) bool {
 		b.unlink(id)
 		b.push(&b.cached, id, inCached)
 	}
-	if b.observer != nil && g == 0 {
-		hb, _ := b.recall(hash)
-		b.observer.BlockStored(hash, hb.parent, hb.tokens)
-	}
+	b.stored(int32(g), hash)
 	return true
 }
 
@@ -411,9 +448,7 @@ func (b *Blocks) Uncache(id int32) {
 	}
 	delete(b.cache, cacheKey{m.hash, m.group})
 	m.hashed = false
-	if b.observer != nil && m.group == 0 {
-		b.observer.BlockRemoved(m.hash)
-	}
+	b.removed(m.group, m.hash)
 	if m.list == inCached {
 		b.unlink(id)
 		b.push(&b.free, id, inFree)
