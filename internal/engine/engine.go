@@ -146,13 +146,10 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.System{}
 	}
-	layout := cfg.Model.KVLayout(cfg.BlockSize)
-	if dt, set, err := kvlayout.ParseElemType(cfg.KVCacheDType); err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
-	} else if set {
-		layout = cfg.Model.KVLayoutOf(cfg.BlockSize, dt)
+	layout, windows, err := PoolLayout(cfg.Model, cfg.BlockSize, cfg.KVCacheDType, cfg.DisableHybridKVCache)
+	if err != nil {
+		return nil, err
 	}
-	windows := kvGroups(cfg, &layout)
 	pool, err := kvcache.New(kvcache.Config{Layout: layout, NumBlocks: cfg.NumBlocks, MemoryBytes: cfg.KVCacheMemory, Dir: cfg.KVDir, ExtraKey: cfg.Model.Fingerprint()})
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)

@@ -1,6 +1,11 @@
 package engine
 
-import "github.com/tandem-serve/tandem/internal/kvlayout"
+import (
+	"fmt"
+
+	"github.com/tandem-serve/tandem/internal/kvcache"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
+)
 
 // KVGrouper is implemented by a Forwarder that can lay its KV pool out in
 // hybrid KV-cache groups (*model.Model): layers grouped by attention type,
@@ -14,23 +19,33 @@ type KVGrouper interface {
 	GroupedKVLayout(blockSize int, dt kvlayout.ElemType) kvlayout.Layout
 }
 
-// kvGroups decides the pool's KV-cache groups: hybrid (by attention type)
-// when the model can and has layers of more than one kind or sliding-window
-// layers, unless the configuration disables it (the engines of a P/D pair
-// must agree: the side channel's handshake compares their layouts). It sets *layout to the groups' page layout and
-// returns the groups' windows for the scheduler (nil: one full-attention
-// group, today's layout).
-func kvGroups(cfg Config, layout *kvlayout.Layout) []int {
-	g, ok := cfg.Model.(KVGrouper)
-	if !ok || cfg.DisableHybridKVCache {
-		return nil
+// PoolLayout returns the layout of the KV pool an engine of model m with
+// blockSize-token blocks (0: kvcache.DefaultBlockSize) and KV element type
+// kvDType (--kv-cache-dtype) makes, and the windows of its KV-cache groups
+// (nil: one full-attention group, every layer in every block). The groups
+// are hybrid (by attention type: a sliding-window group keeps only its
+// window's blocks) when m can group them and has sliding-window layers,
+// unless disableHybrid; the engines of a P/D pair must agree (the side
+// channel's handshake compares their layouts).
+func PoolLayout(m Forwarder, blockSize int, kvDType string, disableHybrid bool) (kvlayout.Layout, []int, error) {
+	if blockSize == 0 {
+		blockSize = kvcache.DefaultBlockSize
+	}
+	layout := m.KVLayout(blockSize)
+	if dt, set, err := kvlayout.ParseElemType(kvDType); err != nil {
+		return layout, nil, fmt.Errorf("engine: %w", err)
+	} else if set {
+		layout = m.KVLayoutOf(blockSize, dt)
+	}
+	g, ok := m.(KVGrouper)
+	if !ok || disableHybrid {
+		return layout, nil, nil
 	}
 	windows := kvlayout.Windows(g.KVGroups(true))
 	if windows == nil {
-		return nil
+		return layout, nil, nil
 	}
-	*layout = g.GroupedKVLayout(layout.BlockSize, layout.DType)
-	return windows
+	return g.GroupedKVLayout(layout.BlockSize, layout.DType), windows, nil
 }
 
 // KVGroupWindows returns the attention window of each of the pool's

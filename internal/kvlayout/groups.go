@@ -133,3 +133,25 @@ func Windows(groups []Group) []int {
 // freed (or never allocated) because its window has moved past it: the
 // model never reads it (vLLM's null block).
 const NullBlock int32 = -1
+
+// SeqBlocks is the most blocks one sequence of tokens tokens holds at once
+// in a pool of groups with windows (Windows; nil: one full-attention group)
+// and blockSize-token blocks, computing at most batch tokens a step: a
+// full-attention group's table covers every token, a sliding-window
+// group's at most its window, a key chunk and a step's tokens. It is what
+// sizing and the scheduler count per token instead of every layer's block.
+func SeqBlocks(windows []int, blockSize, tokens, batch int) int {
+	all := (tokens + blockSize - 1) / blockSize
+	if windows == nil {
+		return all
+	}
+	n := 0
+	for _, w := range windows {
+		if w > 0 {
+			n += min(all, (w+KeyChunk+batch+blockSize-1)/blockSize+1)
+		} else {
+			n += all
+		}
+	}
+	return n
+}

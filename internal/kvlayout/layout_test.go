@@ -142,3 +142,21 @@ func TestFirstNeeded(t *testing.T) {
 		}
 	}
 }
+
+// TestSeqBlocks checks the blocks a long sequence holds at once: every
+// block in a full-attention group, a window, a key chunk and a step's
+// tokens in a sliding one.
+func TestSeqBlocks(t *testing.T) {
+	if got := SeqBlocks(nil, 16, 32768, 2048); got != 2048 {
+		t.Errorf("one group: %d blocks, want 2048", got)
+	}
+	// Gemma 3 1B at 32k: one full group of 2048 blocks and six sliding
+	// ones of (512+64+2048)/16+1 = 165 each.
+	w := []int{0, 512, 512, 512, 512, 512, 512}
+	if got := SeqBlocks(w, 16, 32768, 2048); got != 2048+6*165 {
+		t.Errorf("Gemma 3 1B groups: %d blocks, want %d", got, 2048+6*165)
+	}
+	if got := SeqBlocks(w, 16, 100, 2048); got != 7*7 {
+		t.Errorf("a short sequence: %d blocks, want 49 (7 in every group)", got)
+	}
+}

@@ -168,17 +168,8 @@ func (s *Scheduler) slide(r *Request) {
 	}
 }
 
-// peakBlocks is the most blocks a request of tokens tokens holds at once:
-// a full-attention group's table covers them all, a sliding-window group's
-// at most its window, a key chunk and a step's batch of tokens.
+// peakBlocks is the most blocks a request of tokens tokens holds at once
+// (kvlayout.SeqBlocks).
 func (s *Scheduler) peakBlocks(tokens int) int {
-	n := 0
-	for g := range s.numGroups() {
-		full := s.blocksFor(tokens)
-		if w := s.window(g); w > 0 {
-			full = min(full, s.blocksFor(w+kvlayout.KeyChunk+s.cfg.MaxNumBatchedTokens)+1)
-		}
-		n += full
-	}
-	return n
+	return kvlayout.SeqBlocks(s.cfg.GroupWindows, s.pool.BlockSize(), tokens, s.cfg.MaxNumBatchedTokens)
 }

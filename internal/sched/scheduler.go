@@ -41,6 +41,9 @@ type Config struct {
 	GroupWindows []int
 }
 
+// DefaultMaxNumBatchedTokens is Config.MaxNumBatchedTokens's default.
+const DefaultMaxNumBatchedTokens = 2048
+
 // Defaults of Config's load bounds.
 const (
 	DefaultMaxConcurrentLoads = 8
@@ -164,7 +167,7 @@ func New(cfg Config, pool *kvcache.Blocks, conn Connector) (*Scheduler, error) {
 		cfg.MaxNumSeqs = 256
 	}
 	if cfg.MaxNumBatchedTokens == 0 {
-		cfg.MaxNumBatchedTokens = 2048
+		cfg.MaxNumBatchedTokens = DefaultMaxNumBatchedTokens
 	}
 	if cfg.LoadFailurePolicy == "" {
 		cfg.LoadFailurePolicy = LoadFailureFail

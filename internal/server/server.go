@@ -18,6 +18,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/metrics"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/tandem-serve/tandem/internal/sched"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
@@ -93,21 +94,22 @@ func (s *Server) Run(ctx context.Context) error {
 		log.Info("publishing KV cache events", "endpoint", cfg.KVEvents.Endpoint, "replay_endpoint", cfg.KVEvents.ReplayEndpoint, "topic", cfg.KVEvents.Topic)
 	}
 	eng, err := engine.New(engine.Config{
-		Model:               m,
-		Tokenizer:           tok,
-		BlockSize:           cfg.BlockSize,
-		KVCacheDType:        cfg.KVCacheDType,
-		NumBlocks:           numBlocks,
-		KVCacheMemory:       cfg.KVCacheMemory,
-		MaxNumSeqs:          cfg.MaxNumSeqs,
-		MaxNumBatchedTokens: cfg.MaxNumBatchedTokens,
-		MaxModelLen:         maxLen,
-		LoadFailurePolicy:   cfg.KVLoadFailurePolicy,
-		Connector:           conn,
-		KVWorker:            conn,
-		Metrics:             met,
-		Logger:              log,
-		KVEvents:            kvEventSink(kvEvents),
+		Model:                m,
+		Tokenizer:            tok,
+		BlockSize:            cfg.BlockSize,
+		KVCacheDType:         cfg.KVCacheDType,
+		NumBlocks:            numBlocks,
+		DisableHybridKVCache: cfg.DisableHybridKVCache,
+		KVCacheMemory:        cfg.KVCacheMemory,
+		MaxNumSeqs:           cfg.MaxNumSeqs,
+		MaxNumBatchedTokens:  cfg.MaxNumBatchedTokens,
+		MaxModelLen:          maxLen,
+		LoadFailurePolicy:    cfg.KVLoadFailurePolicy,
+		Connector:            conn,
+		KVWorker:             conn,
+		Metrics:              met,
+		Logger:               log,
+		KVEvents:             kvEventSink(kvEvents),
 
 		PrefillScheduleInterval: cfg.PrefillScheduleInterval,
 	})
@@ -169,11 +171,15 @@ func (s *Server) size(m engine.Forwarder) (maxLen, numBlocks int, err error) {
 	}
 	numBlocks = cfg.NumBlocks
 	if numBlocks == 0 && cfg.KVCacheMemory == 0 {
-		layout := m.KVLayout(cfg.BlockSize)
-		if dt, set, _ := kvlayout.ParseElemType(cfg.KVCacheDType); set {
-			layout = m.KVLayoutOf(cfg.BlockSize, dt)
+		layout, windows, err := engine.PoolLayout(m, cfg.BlockSize, cfg.KVCacheDType, cfg.DisableHybridKVCache)
+		if err != nil {
+			return 0, 0, err
 		}
-		numBlocks = defaultNumBlocks(layout.BlockBytes(), cfg.BlockSize, cfg.MaxNumSeqs, maxLen, totalRAM())
+		// With hybrid KV-cache groups a full-length sequence holds
+		// kvlayout.SeqBlocks blocks (of one group's layers each), not one
+		// block of every layer per BlockSize tokens: size for that many.
+		seqTokens := kvlayout.SeqBlocks(windows, layout.BlockSize, maxLen, cmp.Or(cfg.MaxNumBatchedTokens, sched.DefaultMaxNumBatchedTokens)) * layout.BlockSize
+		numBlocks = defaultNumBlocks(layout.BlockBytes(), layout.BlockSize, cfg.MaxNumSeqs, seqTokens, totalRAM())
 	}
 	return maxLen, numBlocks, nil
 }
