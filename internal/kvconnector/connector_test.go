@@ -806,7 +806,7 @@ func discardLogger() *slog.Logger {
 }
 
 // value reads a gauge or counter.
-func value(t *testing.T, c prometheus.Metric) float64 {
+func value(t testing.TB, c prometheus.Metric) float64 {
 	t.Helper()
 	var d dto.Metric
 	if err := c.Write(&d); err != nil {
