@@ -84,7 +84,7 @@ func TestDisaggregatedArchitecturesMatchColocated(t *testing.T) {
 func checkClipped(t *testing.T, pulled float64, n int) {
 	t.Helper()
 	const layerBlock = 2 * blockSize * 2 * 24 * 2 // K and V, 16 slots, 2 KV heads of 24, bf16
-	nb := (n - 1 + blockSize - 1) / blockSize      // the decode computes the last prompt token
+	nb := (n - 1 + blockSize - 1) / blockSize     // the decode computes the last prompt token
 	first := max(n-1-19+1, 0) / 64 * 64 / blockSize
 	want := float64((nb + 4*(nb-first)) * layerBlock)
 	if pulled != want {
