@@ -94,24 +94,24 @@ func (s *Server) Run(ctx context.Context) error {
 		log.Info("publishing KV cache events", "endpoint", cfg.KVEvents.Endpoint, "replay_endpoint", cfg.KVEvents.ReplayEndpoint, "topic", cfg.KVEvents.Topic)
 	}
 	eng, err := engine.New(engine.Config{
-		Model:                m,
-		Tokenizer:            tok,
-		BlockSize:            cfg.BlockSize,
-		KVCacheDType:         cfg.KVCacheDType,
-		NumBlocks:            numBlocks,
-		DisableHybridKVCache: cfg.DisableHybridKVCache,
-		KVCacheMemory:        cfg.KVCacheMemory,
-		MaxNumSeqs:           cfg.MaxNumSeqs,
-		MaxNumBatchedTokens:  cfg.MaxNumBatchedTokens,
-		MaxModelLen:          maxLen,
-		LoadFailurePolicy:    cfg.KVLoadFailurePolicy,
-		Connector:            conn,
-		KVWorker:             conn,
-		Metrics:              met,
-		Logger:               log,
-		KVEvents:             kvEventSink(kvEvents),
+		Model:               m,
+		Tokenizer:           tok,
+		BlockSize:           cfg.BlockSize,
+		KVCacheDType:        cfg.KVCacheDType,
+		NumBlocks:           numBlocks,
+		KVCacheMemory:       cfg.KVCacheMemory,
+		MaxNumSeqs:          cfg.MaxNumSeqs,
+		MaxNumBatchedTokens: cfg.MaxNumBatchedTokens,
+		MaxModelLen:         maxLen,
+		LoadFailurePolicy:   cfg.KVLoadFailurePolicy,
+		Connector:           conn,
+		KVWorker:            conn,
+		Metrics:             met,
+		Logger:              log,
+		KVEvents:            kvEventSink(kvEvents),
 
 		PrefillScheduleInterval: cfg.PrefillScheduleInterval,
+		DisableHybridKVCache:    cfg.DisableHybridKVCache,
 	})
 	if err != nil {
 		return err
