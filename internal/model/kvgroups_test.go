@@ -8,11 +8,12 @@ import (
 	"github.com/tandem-serve/tandem/internal/modelinit"
 )
 
-// TestGroupedKVIsBitIdentical checks that a model run over hybrid KV-cache
-// groups (a block holds one group's layers, one block table per group)
-// gives the bits of the one-group layout, with a sliding-window group's
-// blocks dropped from its table (kvlayout.NullBlock) and their bytes
-// scribbled over as soon as its window has passed them, chunked at random.
+// TestGroupedKVIsBitIdentical checks that sequences run over hybrid
+// KV-cache groups (a block holds one group's layers, one block table per
+// group) give the bits of the one-group layout alone, batched together in
+// random chunks, with a sliding-window group's blocks dropped from its
+// table (kvlayout.NullBlock) and their bytes scribbled over as soon as its
+// window has passed them.
 func TestGroupedKVIsBitIdentical(t *testing.T) {
 	for _, sp := range []struct {
 		name string
@@ -29,47 +30,74 @@ func TestGroupedKVIsBitIdentical(t *testing.T) {
 			layout := m.GroupedKVLayout(4, sp.kv)
 			groups := m.KVGroups(true)
 			r := rand.New(rand.NewPCG(5, 6))
-			const n = 128 // past a window and a 64-key chunk (the models' limit)
-			tokens := randomTokens(r, n, sp.spec.Vocab)
-			want := runAlone(t, m, single, tokens)
-
-			nb := (n + layout.BlockSize - 1) / layout.BlockSize
-			total := nb*len(groups) + 2
-			perm := r.Perm(total)
-			tables := make([][]int32, len(groups))
-			for g := range tables {
-				for i := range nb {
-					tables[g] = append(tables[g], int32(perm[g*nb+i]))
-				}
+			// Past a window and a 64-key chunk (the models' limit is 128).
+			lengths := []int{128, 97, 30}
+			type run struct {
+				tokens []int32
+				want   [][]float32
+				tables [][]int32
+				done   int
 			}
-			kv, _ := contiguous(layout, total*layout.BlockSize)
+			bs := layout.BlockSize
+			total := 2
+			for _, n := range lengths {
+				total += (n + bs - 1) / bs * len(groups)
+			}
+			perm := r.Perm(total)
+			runs := make([]*run, len(lengths))
+			next := 0
+			for i, n := range lengths {
+				rn := &run{tokens: randomTokens(r, n, sp.spec.Vocab), tables: make([][]int32, len(groups))}
+				rn.want = runAlone(t, m, single, rn.tokens)
+				for g := range groups {
+					for range (n + bs - 1) / bs {
+						rn.tables[g] = append(rn.tables[g], int32(perm[next]))
+						next++
+					}
+				}
+				runs[i] = rn
+			}
+			kv, _ := contiguous(layout, total*bs)
 			for i := range kv {
 				kv[i] = byte(r.Uint32())
 			}
 			dropped := 0
 			V := m.VocabSize()
-			for done := 0; done < n; {
-				c := min(1+r.IntN(24), n-done)
-				out, err := m.Forward([]Seq{{Tokens: tokens[done : done+c], Pos: done, Tables: tables, Logits: allIndexes(c)}}, kv, layout)
+			for {
+				var active []*run
+				var seqs []Seq
+				for _, rn := range runs {
+					if rn.done < len(rn.tokens) && (r.IntN(3) > 0 || len(active) == 0) {
+						c := min(1+r.IntN(24), len(rn.tokens)-rn.done)
+						active = append(active, rn)
+						seqs = append(seqs, Seq{Tokens: rn.tokens[rn.done : rn.done+c], Pos: rn.done, Tables: rn.tables, Logits: allIndexes(c)})
+					}
+				}
+				if len(active) == 0 {
+					break
+				}
+				out, err := m.Forward(seqs, kv, layout)
 				if err != nil {
 					t.Fatal(err)
 				}
-				for j := range c {
-					if !sameBits(out[0][j*V:(j+1)*V], want[done+j]) {
-						t.Fatalf("position %d: logits over grouped KV differ from the one-group layout", done+j)
+				for i, rn := range active {
+					for j := range seqs[i].Tokens {
+						if !sameBits(out[i][j*V:(j+1)*V], rn.want[rn.done+j]) {
+							t.Fatalf("length %d position %d: logits over grouped KV differ from the one-group layout alone", len(rn.tokens), rn.done+j)
+						}
 					}
-				}
-				done += c
-				for g, gr := range groups {
-					first := kvlayout.FirstNeeded(gr.Window, done) / layout.BlockSize
-					for i := range first {
-						if id := tables[g][i]; id != kvlayout.NullBlock {
-							bb := layout.BlockBytes()
-							for k := range kv[int(id)*bb : (int(id)+1)*bb] {
-								kv[int(id)*bb+k] = 0xff // NaN in either dtype
+					rn.done += len(seqs[i].Tokens)
+					for g, gr := range groups {
+						first := kvlayout.FirstNeeded(gr.Window, rn.done) / bs
+						for b := range first {
+							if id := rn.tables[g][b]; id != kvlayout.NullBlock {
+								bb := layout.BlockBytes()
+								for k := int(id) * bb; k < (int(id)+1)*bb; k++ {
+									kv[k] = 0xff // NaN in either dtype
+								}
+								rn.tables[g][b] = kvlayout.NullBlock
+								dropped++
 							}
-							tables[g][i] = kvlayout.NullBlock
-							dropped++
 						}
 					}
 				}
