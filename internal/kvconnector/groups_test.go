@@ -1,6 +1,7 @@
 package kvconnector
 
 import (
+	"slices"
 	"strconv"
 	"testing"
 
@@ -19,15 +20,29 @@ import (
 // vocabulary: six layers, five local with a window of 32 and one global,
 // so a hybrid pool has six groups of one layer.
 func gemmaShaped(t *testing.T) *model.Model {
-	t.Helper()
-	tok := loaded.Stories(t).Tokenizer
-	dir := t.TempDir()
-	spec := modelinit.Spec{
+	return shaped(t, modelinit.Spec{
 		ModelType: "gemma3_text", Hidden: 32, Layers: 6, Heads: 2, KVHeads: 1, HeadDim: 16,
-		Intermediate: 48, Vocab: tok.VocabSize(), MaxPositions: 4096, RMSNormEps: 1e-6, RopeTheta: 1e6,
+		Intermediate: 48, MaxPositions: 4096, RMSNormEps: 1e-6, RopeTheta: 1e6,
 		BOS: 1, EOS: 2, DType: "f32", Std: 0.15, Tied: true, SlidingWindow: 32,
 		Gemma: modelinit.Gemma{Pattern: 6, LocalRopeTheta: 10000, QueryScalar: 16},
-	}
+	})
+}
+
+// mistralShaped is a small Mistral whose two layers all have a window of
+// 32: one sliding-window group of every layer.
+func mistralShaped(t *testing.T) *model.Model {
+	return shaped(t, modelinit.Spec{
+		ModelType: "mistral", Hidden: 32, Layers: 2, Heads: 2, KVHeads: 1, HeadDim: 16,
+		Intermediate: 48, MaxPositions: 4096, RMSNormEps: 1e-5, RopeTheta: 1e4,
+		BOS: 1, EOS: 2, DType: "f32", Std: 0.15, SlidingWindow: 32,
+	})
+}
+
+// shaped writes and loads spec with the stories tokenizer's vocabulary.
+func shaped(t *testing.T, spec modelinit.Spec) *model.Model {
+	t.Helper()
+	spec.Vocab = loaded.Stories(t).Tokenizer.VocabSize()
+	dir := t.TempDir()
 	if err := modelinit.Write(dir, spec, 11); err != nil {
 		t.Fatal(err)
 	}
@@ -42,60 +57,67 @@ func gemmaShaped(t *testing.T) *model.Model {
 }
 
 // TestHybridDisaggregatedMatchesColocated runs P/D between engines with
-// hybrid KV-cache groups: remote_block_ids has one list per group, the
-// sliding-window groups' clipped to their window's tail, the decode pulls
-// exactly those blocks (the bytes moved say so) and answers the tokens a
-// colocated engine answers.
+// hybrid KV-cache groups (a Gemma 3's full group and five sliding ones; a
+// Mistral's one sliding group of every layer): remote_block_ids has one
+// list per group, the sliding-window groups' clipped to their window's
+// tail, the decode pulls at most those blocks (the bytes moved say so) and
+// answers the tokens a colocated engine answers.
 func TestHybridDisaggregatedMatchesColocated(t *testing.T) {
-	g := gemmaShaped(t)
-	ref := newPD(t, pdOpts{fwd: g})
-	for _, tr := range []kvxfer.Transport{kvxfer.TransportTCP, kvxfer.TransportShm} {
-		p := newPD(t, pdOpts{role: RolePrefill, fwd: g, numBlocks: 512})
-		d := newPD(t, pdOpts{role: RoleDecode, transport: tr, fwd: g, numBlocks: 512})
-		windows := d.e.KVGroupWindows()
-		if len(windows) != 6 || windows[0] != 0 || windows[1] != 32 {
-			t.Fatalf("KV-cache group windows %v, want a full group then five of window 32", windows)
-		}
-		bb := d.e.KVPool().Layout().BlockBytes()
-		for i, n := range []int{5, 17, 100, 300} {
-			t.Run(string(tr)+"/"+strconv.Itoa(n)+" prompt tokens", func(t *testing.T) {
-				prompt := promptOf(uint64(100*i)+map[kvxfer.Transport]uint64{kvxfer.TransportTCP: 0, kvxfer.TransportShm: 1}[tr]*10000, n)
-				want := run(t, ref.e, &engine.Request{Prompt: prompt, Params: greedy(12)})
-				kv := prefill(t, p, prompt, greedy(12))
-				ids := typed(t, kv).RemoteBlockIDs
-				nb := (n + 15) / 16
-				sent := 0
-				for grp, list := range ids {
-					want := nb
-					if grp > 0 {
-						want = nb - clipStart(32, n, 16)
+	for _, arch := range []struct {
+		name    string
+		model   func(*testing.T) *model.Model
+		windows []int
+	}{
+		{"gemma3", gemmaShaped, []int{0, 32, 32, 32, 32, 32}},
+		{"mistral", mistralShaped, []int{32}},
+	} {
+		g := arch.model(t)
+		ref := newPD(t, pdOpts{fwd: g})
+		for _, tr := range []kvxfer.Transport{kvxfer.TransportTCP, kvxfer.TransportShm} {
+			p := newPD(t, pdOpts{role: RolePrefill, fwd: g, numBlocks: 512})
+			d := newPD(t, pdOpts{role: RoleDecode, transport: tr, fwd: g, numBlocks: 512})
+			if w := d.e.KVGroupWindows(); !slices.Equal(w, arch.windows) {
+				t.Fatalf("%s: KV-cache group windows %v, want %v", arch.name, w, arch.windows)
+			}
+			layers := d.e.KVPool().Layout().Layers
+			bb := d.e.KVPool().Layout().BlockBytes()
+			for i, n := range []int{5, 17, 100, 300} {
+				t.Run(arch.name+"/"+string(tr)+"/"+strconv.Itoa(n)+" prompt tokens", func(t *testing.T) {
+					prompt := promptOf(uint64(100*i)+map[kvxfer.Transport]uint64{kvxfer.TransportTCP: 0, kvxfer.TransportShm: 1}[tr]*10000, n)
+					want := run(t, ref.e, &engine.Request{Prompt: prompt, Params: greedy(12)})
+					kv := prefill(t, p, prompt, greedy(12))
+					ids := typed(t, kv).RemoteBlockIDs
+					if len(ids) != len(arch.windows) {
+						t.Fatalf("remote_block_ids has %d groups, want %d", len(ids), len(arch.windows))
 					}
-					if len(list) != want {
-						t.Errorf("group %d lists %d blocks, want %d", grp, len(list), want)
+					nb := (n + 15) / 16
+					sent := 0
+					for grp, list := range ids {
+						if want := nb - clipStart(arch.windows[grp], n, 16); len(list) != want {
+							t.Errorf("group %d lists %d blocks, want %d", grp, len(list), want)
+						}
+						sent += len(list)
 					}
-					sent += len(list)
-				}
-				if len(ids) != 6 {
-					t.Fatalf("remote_block_ids has %d groups, want 6", len(ids))
-				}
-				before := value(t, d.m.KVTransferBytes)
-				got := decode(t, d, prompt, greedy(12), kv)
-				if diff := gocmp.Diff(want.tokens, got.tokens); diff != "" {
-					t.Errorf("decode tokens differ from the colocated engine's (-colocated +disaggregated):\n%s", diff)
-				}
-				// The decode pulls the blocks of all but the last prompt
-				// token: the last block is skipped when that token
-				// starts it.
-				pulled := value(t, d.m.KVTransferBytes) - before
-				if maxBytes := float64(sent * bb); pulled <= 0 || pulled > maxBytes {
-					t.Errorf("decode pulled %v bytes, want at most the %d listed blocks' %v", pulled, sent, maxBytes)
-				}
-				if n > 100 && pulled > float64(nb*6*bb)/2 {
-					t.Errorf("decode pulled %v bytes of a %d-token prompt, want well under half the unclipped %d", pulled, n, nb*6*bb)
-				}
-				p.waitIdle(t)
-				d.waitIdle(t)
-			})
+					before := value(t, d.m.KVTransferBytes)
+					got := decode(t, d, prompt, greedy(12), kv)
+					if diff := gocmp.Diff(want.tokens, got.tokens); diff != "" {
+						t.Errorf("decode tokens differ from the colocated engine's (-colocated +disaggregated):\n%s", diff)
+					}
+					// The decode pulls the blocks of all but the last prompt
+					// token: the last block is skipped when that token
+					// starts it.
+					pulled := value(t, d.m.KVTransferBytes) - before
+					if maxBytes := float64(sent * bb); pulled <= 0 || pulled > maxBytes {
+						t.Errorf("decode pulled %v bytes, want at most the %d listed blocks' %v", pulled, sent, maxBytes)
+					}
+					// One block of every layer per 16 tokens without groups.
+					if unclipped := float64(nb * bb * len(g.KVGroups(false)[0].Layers) / layers); n > 100 && pulled > unclipped/2 {
+						t.Errorf("decode pulled %v bytes of a %d-token prompt, want well under half the unclipped %v", pulled, n, unclipped)
+					}
+					p.waitIdle(t)
+					d.waitIdle(t)
+				})
+			}
 		}
 	}
 }
