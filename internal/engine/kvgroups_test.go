@@ -5,11 +5,13 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tandem-serve/tandem/internal/kvcache"
 	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/modelinit"
@@ -94,5 +96,59 @@ func TestHybridKVCacheHoldsAFraction(t *testing.T) {
 	}
 	if res := run(t, start(small, true), req()); res.last.Finish != FinishError {
 		t.Errorf("one group, a third of the cache: finish %q, want error (the request cannot fit)", res.last.Finish)
+	}
+}
+
+// groupSink is a KVEventSink that sees every KV-cache group.
+type groupSink struct {
+	mu      sync.Mutex
+	windows []int
+	stored  map[int]int // stores per group
+}
+
+func (s *groupSink) SetGroupWindows(w []int) { s.windows = w }
+func (s *groupSink) BlockStored(hash, parent kvcache.BlockHash, tokens []int32) {
+	s.GroupBlockStored(0, hash, parent, tokens)
+}
+func (s *groupSink) BlockRemoved(hash kvcache.BlockHash) {}
+func (s *groupSink) GroupBlockStored(g int, hash, parent kvcache.BlockHash, tokens []int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stored[g]++
+}
+func (s *groupSink) GroupBlockRemoved(g int, hash kvcache.BlockHash) {}
+func (s *groupSink) Flush()                                          {}
+
+// TestHybridKVEventsSeeEveryGroup checks that a KV-event sink that can
+// tell groups apart is told the groups' windows and sees each group's
+// stores.
+func TestHybridKVEventsSeeEveryGroup(t *testing.T) {
+	m := gemmaShaped(t)
+	_, tok, _ := load(t)
+	sink := &groupSink{stored: map[int]int{}}
+	e, err := New(Config{Model: m, Tokenizer: tok, NumBlocks: 256, KVDir: t.TempDir(), KVEvents: sink,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		e.Shutdown(ctx)
+	})
+	prompt := make([]int32, 40)
+	for i := range prompt {
+		prompt[i] = int32(3 + i)
+	}
+	run(t, e, &Request{ID: "a", Prompt: prompt, Params: greedy(2)})
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	if len(sink.windows) != 6 || sink.windows[1] != 32 {
+		t.Errorf("sink told windows %v, want six groups, the sliding ones of 32", sink.windows)
+	}
+	for g := range 6 {
+		if sink.stored[g] != 2 { // two full blocks of 16 in 40 tokens
+			t.Errorf("group %d: %d blocks stored, want 2", g, sink.stored[g])
+		}
 	}
 }
