@@ -99,7 +99,7 @@ var allowed = map[string][]string{
 	// the trust boundary, reviewable alone: the KV pool and small leaves,
 	// nothing of the model, kernels, engine or scheduler. kvevents is
 	// vLLM's event schema and its ZMTP transport on the KV pool alone.
-	"internal/sched":     {"internal/kvcache"},
+	"internal/sched":     {"internal/kvcache", "internal/kvlayout"},
 	"internal/modelinit": {"internal/model/safetensors", "internal/tensor", "internal/tokenizer"},
 	"internal/kvxfer":    {"internal/clock", "internal/kvcache", "internal/kvlayout", "internal/logid", "internal/metrics", "golang.org/x/sync/singleflight", "golang.org/x/sys/unix"},
 	"internal/kvevents":  {"internal/kvcache", "internal/kvevents/zmtp", "github.com/prometheus/client_golang/...", "github.com/tinylib/msgp/msgp"},
@@ -119,7 +119,7 @@ var allowed = map[string][]string{
 	// process) links neither the engine nor the model nor client-go: it
 	// needs only the error shape (apierror) and the router plugins.
 	"internal/sim":         {"internal/engine", "internal/kvlayout", "internal/model", "internal/tensor"},
-	"internal/kvconnector": {"internal/clock", "internal/engine", "internal/kvcache", "internal/kvparams", "internal/kvxfer", "internal/logid", "internal/metrics", "internal/sched"},
+	"internal/kvconnector": {"internal/clock", "internal/engine", "internal/kvcache", "internal/kvlayout", "internal/kvparams", "internal/kvxfer", "internal/logid", "internal/metrics", "internal/sched"},
 	"internal/openai":      {"internal/apierror", "internal/engine", "internal/httpguard", "internal/kvparams", "internal/sample", "internal/tokenizer", "internal/tracing", "go.opentelemetry.io/otel/..."},
 	"internal/proxy": {
 		"internal/apierror", "internal/httpguard", "internal/httpleg", "internal/kvparams", "internal/planner", "internal/tokenizer",

@@ -47,7 +47,11 @@ func TestDisaggregatedArchitecturesMatchColocated(t *testing.T) {
 								t.Errorf("x-tandem-pd %q, want remote", r.pd())
 							}
 							sameGeneration(t, want, got)
-							checkPulled(t, decodeCounters(t, decode).sub(before), want.PromptTokens, 0)
+							d := decodeCounters(t, decode).sub(before)
+							checkPulled(t, d, want.PromptTokens, 0)
+							if arch.shape == "gemma3-tiny" {
+								checkClipped(t, d.bytes, n)
+							}
 						})
 					}
 				}
@@ -67,5 +71,23 @@ func TestDisaggregatedArchitecturesMatchColocated(t *testing.T) {
 			})
 			waitPoolsIdle(t, ref, prefill, decode)
 		})
+	}
+}
+
+// checkClipped fails t unless a gemma3-tiny decode pulled, for an n-token
+// prompt (blocks of 16, the bf16 KV of 5 layers with 2 KV heads of 24),
+// only the blocks of its hybrid KV cache's groups that the windows still
+// see: every block of the global layer's group and, in each of the four
+// sliding-window groups (window 19), the blocks from the 64-key chunk
+// holding the last prompt token's window on. The one-group layout would
+// pull every layer's block for every token.
+func checkClipped(t *testing.T, pulled float64, n int) {
+	t.Helper()
+	const layerBlock = 2 * blockSize * 2 * 24 * 2 // K and V, 16 slots, 2 KV heads of 24, bf16
+	nb := (n - 1 + blockSize - 1) / blockSize     // the decode computes the last prompt token
+	first := max(n-1-19+1, 0) / 64 * 64 / blockSize
+	want := float64((nb + 4*(nb-first)) * layerBlock)
+	if pulled != want {
+		t.Errorf("decode pulled %v bytes, want %v (clipped; the one-group layout moves %v)", pulled, want, float64(nb*5*layerBlock))
 	}
 }

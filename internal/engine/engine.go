@@ -62,7 +62,16 @@ type Config struct {
 
 	// KVEvents, if set, sees every change of the prefix cache and a Flush
 	// at the end of each step (a kvevents.Publisher: --kv-events-config).
+	// With hybrid KV-cache groups, a sink that implements
+	// kvcache.GroupCacheObserver and SetGroupWindows([]int) is told the
+	// groups' windows and sees every group's changes; any other sees
+	// group 0's (the full-attention group's) only.
 	KVEvents KVEventSink
+
+	// DisableHybridKVCache keeps one KV-cache group of every layer even
+	// for a model with sliding-window layers (vLLM's
+	// --disable-hybrid-kv-cache-manager): every layer keeps every block.
+	DisableHybridKVCache bool
 }
 
 // Stats is a snapshot of the engine's load.
@@ -137,21 +146,22 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.System{}
 	}
-	layout := cfg.Model.KVLayout(cfg.BlockSize)
-	if dt, set, err := kvlayout.ParseElemType(cfg.KVCacheDType); err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
-	} else if set {
-		layout = cfg.Model.KVLayoutOf(cfg.BlockSize, dt)
+	layout, windows, err := PoolLayout(cfg.Model, cfg.BlockSize, cfg.KVCacheDType, cfg.DisableHybridKVCache)
+	if err != nil {
+		return nil, err
 	}
 	pool, err := kvcache.New(kvcache.Config{Layout: layout, NumBlocks: cfg.NumBlocks, MemoryBytes: cfg.KVCacheMemory, Dir: cfg.KVDir, ExtraKey: cfg.Model.Fingerprint()})
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	if cfg.KVEvents != nil {
+		if gs, ok := cfg.KVEvents.(interface{ SetGroupWindows([]int) }); ok && windows != nil {
+			gs.SetGroupWindows(windows)
+		}
 		pool.SetObserver(cfg.KVEvents)
 	}
 	s, err := sched.New(sched.Config{MaxNumSeqs: cfg.MaxNumSeqs, MaxNumBatchedTokens: cfg.MaxNumBatchedTokens, LoadFailurePolicy: cfg.LoadFailurePolicy,
-		PrefillScheduleInterval: cfg.PrefillScheduleInterval}, pool.Blocks, cfg.Connector)
+		PrefillScheduleInterval: cfg.PrefillScheduleInterval, GroupWindows: windows}, pool.Blocks, cfg.Connector)
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("engine: %w", err)

@@ -186,7 +186,7 @@ func (e *Engine) step() {
 				e.m.QueueTime.Observe(now.Sub(rs.arrival).Seconds())
 			}
 		}
-		seq := model.Seq{Tokens: sc.Tokens, Pos: sc.Pos, Blocks: sc.Blocks, Prompt: sc.Req.Prompt, Output: sc.Req.Output()}
+		seq := model.Seq{Tokens: sc.Tokens, Pos: sc.Pos, Blocks: sc.Blocks, Tables: sc.Tables, Prompt: sc.Req.Prompt, Output: sc.Req.Output()}
 		if sc.Sample {
 			seq.Logits = []int{len(sc.Tokens) - 1}
 		}

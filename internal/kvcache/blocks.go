@@ -23,7 +23,16 @@ type blockMeta struct {
 	list       int8
 	hashed     bool
 	hash       BlockHash
+	group      int32 // the KV-cache group whose cache holds hash
 	prev, next int32 // links of the list the block is on, -1 at the ends
+}
+
+// cacheKey is what the prefix cache is keyed by: a block's hash within one
+// KV-cache group (a hybrid pool's groups cache the same tokens in
+// different blocks, each holding its own layers).
+type cacheKey struct {
+	hash  BlockHash
+	group int32
 }
 
 // list is an intrusive doubly-linked list of block ids threaded through
@@ -68,6 +77,17 @@ type CacheObserver interface {
 	BlockRemoved(hash BlockHash)
 }
 
+// GroupCacheObserver is a CacheObserver that sees the prefix cache of every
+// KV-cache group (a hybrid pool's, see kvlayout.Grouped), each change with
+// its group; a plain CacheObserver sees group 0's only.
+type GroupCacheObserver interface {
+	CacheObserver
+	// GroupBlockStored is BlockStored in KV-cache group g.
+	GroupBlockStored(g int, hash, parent BlockHash, tokens []int32)
+	// GroupBlockRemoved is BlockRemoved in KV-cache group g.
+	GroupBlockRemoved(g int, hash BlockHash)
+}
+
 // hashedBlock is what HashBlock saw of a hash, kept for BlockStored.
 type hashedBlock struct {
 	parent BlockHash
@@ -87,7 +107,7 @@ type Blocks struct {
 	free       list // uncached free blocks, handed out first
 	cached     list // cached free blocks, least recently freed at the head
 	numFree    int  // blocks on free and cached
-	cache      map[BlockHash]int32
+	cache      map[cacheKey]int32
 
 	// With an observer, HashBlock remembers the parent and tokens of each
 	// hash until Cache registers it, in two generations of at most
@@ -95,6 +115,7 @@ type Blocks struct {
 	// duplicates, aborted requests) age out when the newer generation
 	// fills. Both are nil without an observer.
 	observer          CacheObserver
+	groupObserver     GroupCacheObserver // observer, when it sees every group
 	hashed, hashedOld map[BlockHash]hashedBlock
 
 	prefixQueries, prefixHits uint64
@@ -115,7 +136,7 @@ func NewBlocks(cfg BlocksConfig) (*Blocks, error) {
 		blocks:     make([]blockMeta, cfg.NumBlocks),
 		free:       list{-1, -1},
 		cached:     list{-1, -1},
-		cache:      make(map[BlockHash]int32),
+		cache:      make(map[cacheKey]int32),
 	}
 	b.SetObserver(cfg.Observer)
 	for i := range b.blocks {
@@ -132,6 +153,7 @@ const maxBlocks = 1<<31 - 1
 // Blocks registered before stay unreported.
 func (b *Blocks) SetObserver(o CacheObserver) {
 	b.observer = o
+	b.groupObserver, _ = o.(GroupCacheObserver)
 	b.hashed, b.hashedOld = nil, nil
 	if o != nil {
 		b.hashed = make(map[BlockHash]hashedBlock)
@@ -234,31 +256,71 @@ func (b *Blocks) remember(h, parent BlockHash, tokens []int32) {
 	b.hashed[h] = hashedBlock{parent: parent, tokens: append([]int32(nil), tokens...)}
 }
 
-// recall returns and forgets what HashBlock saw of h.
+// recall returns what HashBlock saw of h. With one KV-cache group it
+// forgets it (a hash is cached once); a GroupCacheObserver keeps it for the
+// other groups' stores of the same tokens, until the generations age out.
 func (b *Blocks) recall(h BlockHash) (hashedBlock, bool) {
+	keep := b.groupObserver != nil
 	if hb, ok := b.hashed[h]; ok {
-		delete(b.hashed, h)
+		if !keep {
+			delete(b.hashed, h)
+		}
 		return hb, true
 	}
 	if hb, ok := b.hashedOld[h]; ok {
-		delete(b.hashedOld, h)
+		if !keep {
+			delete(b.hashedOld, h)
+		}
 		return hb, true
 	}
 	return hashedBlock{}, false
 }
 
+// stored reports hash cached in group g to the observer.
+func (b *Blocks) stored(g int32, hash BlockHash) {
+	switch {
+	case b.groupObserver != nil:
+		hb, _ := b.recall(hash)
+		b.groupObserver.GroupBlockStored(int(g), hash, hb.parent, hb.tokens)
+	case b.observer != nil && g == 0:
+		hb, _ := b.recall(hash)
+		b.observer.BlockStored(hash, hb.parent, hb.tokens)
+	}
+}
+
+// removed reports hash no longer cached in group g to the observer.
+func (b *Blocks) removed(g int32, hash BlockHash) {
+	switch {
+	case b.groupObserver != nil:
+		b.groupObserver.GroupBlockRemoved(int(g), hash)
+	case b.observer != nil && g == 0:
+		b.observer.BlockRemoved(hash)
+	}
+}
+
 // Match returns the blocks caching the longest prefix of hashes, without
-// taking references (see Touch).
-func (b *Blocks) Match(hashes []BlockHash) []int32 {
+// taking references (see Touch): MatchGroup of group 0.
+func (b *Blocks) Match(hashes []BlockHash) []int32 { return b.MatchGroup(0, hashes) }
+
+// MatchGroup returns the blocks of KV-cache group g caching the longest
+// prefix of hashes, without taking references.
+func (b *Blocks) MatchGroup(g int, hashes []BlockHash) []int32 {
 	var ids []int32
 	for _, h := range hashes {
-		id, ok := b.cache[h]
+		id, ok := b.cache[cacheKey{h, int32(g)}]
 		if !ok {
 			break
 		}
 		ids = append(ids, id)
 	}
 	return ids
+}
+
+// Lookup returns the block of KV-cache group g cached under hash, without
+// taking a reference.
+func (b *Blocks) Lookup(g int, hash BlockHash) (int32, bool) {
+	id, ok := b.cache[cacheKey{hash, int32(g)}]
+	return id, ok
 }
 
 // RecordPrefixQuery counts one prefix-cache lookup of queried tokens of which
@@ -303,11 +365,9 @@ func (b *Blocks) Allocate(n int) ([]int32, bool) {
 		b.unlink(id)
 		m := &b.blocks[id]
 		if m.hashed {
-			delete(b.cache, m.hash)
+			delete(b.cache, cacheKey{m.hash, m.group})
 			m.hashed = false
-			if b.observer != nil {
-				b.observer.BlockRemoved(m.hash)
-			}
+			b.removed(m.group, m.hash)
 		}
 		m.ref = 1
 		ids = append(ids, id)
@@ -351,27 +411,31 @@ func (b *Blocks) Free(ids []int32) error {
 }
 
 // Cache registers block id, whose KV for a full block of tokens is complete,
-// under hash. It returns false and changes nothing when another block already
-// caches hash (the duplicate stays private to its holder) or when id is
-// already registered.
-func (b *Blocks) Cache(id int32, hash BlockHash) bool {
+// under hash: CacheGroup of group 0.
+func (b *Blocks) Cache(id int32, hash BlockHash) bool { return b.CacheGroup(0, id, hash) }
+
+// CacheGroup registers block id of KV-cache group g, whose KV for a full
+// block of tokens is complete, under hash in that group. It returns false
+// and changes nothing when another block of g already caches hash (the
+// duplicate stays private to its holder) or when id is already registered.
+// A plain CacheObserver sees group 0's changes only, a GroupCacheObserver
+// every group's.
+func (b *Blocks) CacheGroup(g int, id int32, hash BlockHash) bool {
 	m := &b.blocks[id]
 	if m.hashed {
 		return false
 	}
-	if _, dup := b.cache[hash]; dup {
+	key := cacheKey{hash, int32(g)}
+	if _, dup := b.cache[key]; dup {
 		return false
 	}
-	m.hashed, m.hash = true, hash
-	b.cache[hash] = id
+	m.hashed, m.hash, m.group = true, hash, int32(g)
+	b.cache[key] = id
 	if m.list == inFree { // freed before being cached: keep the list honest
 		b.unlink(id)
 		b.push(&b.cached, id, inCached)
 	}
-	if b.observer != nil {
-		hb, _ := b.recall(hash)
-		b.observer.BlockStored(hash, hb.parent, hb.tokens)
-	}
+	b.stored(int32(g), hash)
 	return true
 }
 
@@ -382,11 +446,9 @@ func (b *Blocks) Uncache(id int32) {
 	if !m.hashed {
 		return
 	}
-	delete(b.cache, m.hash)
+	delete(b.cache, cacheKey{m.hash, m.group})
 	m.hashed = false
-	if b.observer != nil {
-		b.observer.BlockRemoved(m.hash)
-	}
+	b.removed(m.group, m.hash)
 	if m.list == inCached {
 		b.unlink(id)
 		b.push(&b.free, id, inFree)

@@ -269,3 +269,47 @@ func TestEvictionOrder(t *testing.T) {
 		t.Errorf("FreeBlocks() = %d, want 4", b.FreeBlocks())
 	}
 }
+
+// groupEvents records what a CacheObserver sees.
+type groupEvents struct{ stored, removed int }
+
+func (e *groupEvents) BlockStored(hash, parent BlockHash, tokens []int32) { e.stored++ }
+func (e *groupEvents) BlockRemoved(hash BlockHash)                        { e.removed++ }
+
+// TestPrefixCacheByGroup checks that the prefix cache is keyed by (hash,
+// KV-cache group): the same tokens cached in two groups are two blocks,
+// matched and evicted each in its own group, and only group 0 is reported
+// to the observer.
+func TestPrefixCacheByGroup(t *testing.T) {
+	b := newBlocks(t, 4)
+	ev := &groupEvents{}
+	b.SetObserver(ev)
+	h := b.ExtendHashes(nil, []int32{1, 2, 3, 4})
+	ids := alloc(t, b, 2)
+	if !b.Cache(ids[0], h[0]) || !b.CacheGroup(1, ids[1], h[0]) {
+		t.Fatal("caching one hash in two groups failed")
+	}
+	if b.CacheGroup(1, ids[0], h[0]) {
+		t.Error("a block cached twice")
+	}
+	if got := b.Match(h); len(got) != 1 || got[0] != ids[0] {
+		t.Errorf("Match = %v, want [%d]", got, ids[0])
+	}
+	if got := b.MatchGroup(1, h); len(got) != 1 || got[0] != ids[1] {
+		t.Errorf("MatchGroup(1) = %v, want [%d]", got, ids[1])
+	}
+	if _, ok := b.Lookup(2, h[0]); ok {
+		t.Error("group 2 finds a block it never cached")
+	}
+	free(t, b, ids[1]) // group 1's block is the only cached free one left after the uncached two are taken
+	alloc(t, b, 3)
+	if _, ok := b.Lookup(1, h[0]); ok {
+		t.Error("group 1's evicted block is still cached")
+	}
+	if _, ok := b.Lookup(0, h[0]); !ok {
+		t.Error("group 0's held block was evicted")
+	}
+	if ev.stored != 1 || ev.removed != 0 {
+		t.Errorf("observer saw %d stored, %d removed; want 1, 0 (group 0 only)", ev.stored, ev.removed)
+	}
+}

@@ -49,7 +49,9 @@
 // from the cache, touching it again for a prefix hit takes it back off the
 // free list (its content, and so its generation, unchanged). Uncached free
 // blocks are handed out before cached ones, and cached free blocks in
-// least-recently-freed order.
+// least-recently-freed order. In a pool of hybrid KV-cache groups
+// (kvlayout.Grouped) each group caches its own blocks of the same tokens:
+// the cache is keyed by (hash, group) (CacheGroup, MatchGroup, Lookup).
 //
 // # Reading another engine's pool
 //

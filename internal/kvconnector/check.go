@@ -21,7 +21,7 @@ func (c *Connector) CheckKVTransfer(kv *kvparams.Params, prompt []int32) (int, a
 	if !c.started {
 		return 0, nil, errors.New("kvxfer: connector not started: call Start before submitting requests")
 	}
-	k, err := parseKV(*kv, len(prompt), c.blockSize, c.cfg.Bidirectional)
+	k, err := parseKV(*kv, len(prompt), c.blockSize, c.windows, c.cfg.Bidirectional)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -128,7 +128,7 @@ func (c *Connector) RejectedKVTransfer(kv *kvparams.Params) {
 	if c.cons == nil || kv == nil {
 		return
 	}
-	k, err := parseKV(*kv, kv.RemoteNumTokens, max(c.blockSize, 1), c.cfg.Bidirectional)
+	k, err := parseKV(*kv, kv.RemoteNumTokens, max(c.blockSize, 1), c.windows, c.cfg.Bidirectional)
 	if err != nil || k.remote == nil {
 		return
 	}
@@ -151,7 +151,7 @@ func (c *Connector) ReleaseKV(kv kvparams.Params) error {
 	if kv.RemoteNumTokens == 0 {
 		return invalid("remote_num_tokens is required to release KV: pass the prefill's kv_transfer_params verbatim")
 	}
-	k, err := parseKV(kv, kv.RemoteNumTokens, c.blockSize, true)
+	k, err := parseKV(kv, kv.RemoteNumTokens, c.blockSize, c.windows, true)
 	if err == nil && (k.remote == nil || k.remote.EngineID != c.cfg.EngineID) {
 		err = invalid("these kv_transfer_params do not name KV held by this engine")
 	}

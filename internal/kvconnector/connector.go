@@ -119,6 +119,7 @@ type Connector struct {
 	started    bool
 	pool       *kvcache.Pool
 	blockSize  int
+	windows    []int // the pool's KV-cache groups (engine.Engine.KVGroupWindows)
 	report     func(engine.KVCompletions)
 	prod       *kvxfer.Producer
 	cons       *kvxfer.Consumer
@@ -165,6 +166,10 @@ type connReq struct {
 	history   bool
 	pullable  int
 	recompute string
+	// groups are the remote KV-cache groups' block lists for KV of
+	// remoteTokens tokens (kvRequest.groups).
+	groups       [][]int
+	remoteTokens int
 	// expired: the params are genuine but past their expiry (why, wrapping
 	// kvxfer.ErrSignatureExpired). The issuer's hold has ended: nothing is
 	// dialed (no heartbeat, pull or notification), and a load fails at
@@ -284,6 +289,7 @@ func (c *Connector) Start(e *engine.Engine) error {
 	c.pool = e.KVPool()
 	l := c.pool.Layout()
 	c.blockSize = l.BlockSize
+	c.windows = e.KVGroupWindows()
 	c.report = e.ReportKV
 	local := kvxfer.Info{
 		EngineID:         c.cfg.EngineID,

@@ -29,6 +29,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/kvparams"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
 	"github.com/tandem-serve/tandem/internal/metrics"
+	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/sample"
 	"github.com/tandem-serve/tandem/internal/sched"
@@ -68,6 +69,9 @@ type pdOpts struct {
 	net *memNet
 	// sweep, when set, replaces the 5 ms lease sweep interval
 	sweep time.Duration
+	// fwd, when set, is the model instead of stories260K (with its
+	// tokenizer)
+	fwd *model.Model
 }
 
 type pdEngine struct {
@@ -83,6 +87,9 @@ func newPD(t *testing.T, o pdOpts) *pdEngine {
 	t.Helper()
 	st := loaded.Stories(t)
 	m, tok := st.Model, st.Tokenizer
+	if o.fwd != nil {
+		m = o.fwd
+	}
 	pe := &pdEngine{m: metrics.NewEngine("stories260K")}
 	cfg := engine.Config{
 		Model: m, Tokenizer: tok, BlockSize: o.blockSize, NumBlocks: cmp.Or(o.numBlocks, 128),
@@ -799,7 +806,7 @@ func discardLogger() *slog.Logger {
 }
 
 // value reads a gauge or counter.
-func value(t *testing.T, c prometheus.Metric) float64 {
+func value(t testing.TB, c prometheus.Metric) float64 {
 	t.Helper()
 	var d dto.Metric
 	if err := c.Write(&d); err != nil {

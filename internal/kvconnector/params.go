@@ -47,6 +47,10 @@ type kvRequest struct {
 	// blocks of the conversation a decode holds.
 	remote    *kvxfer.RemoteParams
 	numTokens int
+	// groups are remote_block_ids: one list per KV-cache group, a
+	// sliding-window group's clipped to its window (remote.BlockIDs is
+	// their concatenation).
+	groups    [][]int
 	signature string
 	// history is the decode's hash chain over the held tokens, one entry
 	// per block (the last may cover a partial block); turn-2 prefills only.
@@ -76,12 +80,13 @@ func invalid(format string, args ...any) error {
 }
 
 // parseKV checks parsed kv_transfer_params against a prompt of promptLen
-// tokens on an engine with blockSize-token blocks, and keeps what the
-// connector needs of them. The keys are vLLM's (NIXL connector); unknown
+// tokens on an engine with blockSize-token blocks and KV-cache groups of
+// windows (engine.Engine.KVGroupWindows), and keeps what the connector
+// needs of them. The keys are vLLM's (NIXL connector); unknown
 // keys are ignored, as vLLM does. With history, a do_remote_decode request
 // may also name a decode's conversation hold (vLLM's bidirectional mode);
 // without, those fields are ignored.
-func parseKV(kv kvparams.Params, promptLen, blockSize int, history bool) (kvRequest, error) {
+func parseKV(kv kvparams.Params, promptLen, blockSize int, windows []int, history bool) (kvRequest, error) {
 	var out kvRequest
 	switch {
 	case kv.DoRemoteDecode && kv.DoRemotePrefill:
@@ -95,7 +100,7 @@ func parseKV(kv kvparams.Params, promptLen, blockSize int, history bool) (kvRequ
 		if n < 1 {
 			return out, invalid("remote_num_tokens must be the number of tokens the decode engine holds, got none")
 		}
-		if err := parseRemote(kv, &out, n, blockSize); err != nil {
+		if err := parseRemote(kv, &out, n, blockSize, windows); err != nil {
 			return out, err
 		}
 		if want := (n + blockSize - 1) / blockSize; len(kv.History) != want {
@@ -118,7 +123,7 @@ func parseKV(kv kvparams.Params, promptLen, blockSize int, history bool) (kvRequ
 	if n := kv.RemoteNumTokens; n != 0 && n != promptLen {
 		return out, invalid("remote_num_tokens is %d but the prompt has %d tokens: the decode leg must send the same prompt as the prefill leg", n, promptLen)
 	}
-	if err := parseRemote(kv, &out, promptLen, blockSize); err != nil {
+	if err := parseRemote(kv, &out, promptLen, blockSize, windows); err != nil {
 		return out, err
 	}
 	if d := kv.PromptDigest; d != "" && len(d) != 2*sha256.Size {
@@ -130,7 +135,7 @@ func parseKV(kv kvparams.Params, promptLen, blockSize int, history bool) (kvRequ
 
 // parseRemote checks the remote_* identity, block and signature fields of
 // KV covering numTokens tokens and keeps them in out.
-func parseRemote(kv kvparams.Params, out *kvRequest, numTokens, blockSize int) error {
+func parseRemote(kv kvparams.Params, out *kvRequest, numTokens, blockSize int, windows []int) error {
 	var missing []string
 	for _, f := range []struct {
 		key string
@@ -146,20 +151,27 @@ func parseRemote(kv kvparams.Params, out *kvRequest, numTokens, blockSize int) e
 	if len(missing) > 0 {
 		return invalid("kv_transfer_params name remote KV but %s missing: pass the kv_transfer_params of the engine's response verbatim", plural(missing))
 	}
-	if len(kv.RemoteBlockIDs) != 1 {
-		return invalid("remote_block_ids has %d KV-cache groups; Tandem engines have one, so the prefill engine must serve the same model", len(kv.RemoteBlockIDs))
+	if n := numGroups(windows); len(kv.RemoteBlockIDs) != n {
+		return invalid("remote_block_ids has %d KV-cache groups; this engine has %d, so the prefill engine must serve the same model with the same hybrid KV cache setting", len(kv.RemoteBlockIDs), n)
 	}
 	if kv.TPSize > 1 {
 		return invalid("tp_size %d is not supported: Tandem engines run with tensor parallelism 1, so the prefill engine must too", kv.TPSize)
 	}
-	ids := kv.RemoteBlockIDs[0]
-	if want := (numTokens + blockSize - 1) / blockSize; len(ids) != want {
-		return invalid("remote_block_ids lists %d blocks but the %d-token prompt fills %d blocks of %d tokens on this engine: send the same prompt as the prefill leg, and start both engines with the same --block-size",
-			len(ids), numTokens, want, blockSize)
+	nb := (numTokens + blockSize - 1) / blockSize
+	for g, ids := range kv.RemoteBlockIDs {
+		if want := nb - clipStart(window(windows, g), numTokens, blockSize); len(ids) != want {
+			where := ""
+			if len(kv.RemoteBlockIDs) > 1 {
+				where = fmt.Sprintf(" for KV-cache group %d (window %d)", g, window(windows, g))
+			}
+			return invalid("remote_block_ids lists %d blocks but the %d-token prompt fills %d blocks of %d tokens on this engine%s: send the same prompt as the prefill leg, and start both engines with the same --block-size",
+				len(ids), numTokens, want, blockSize, where)
+		}
 	}
+	out.groups = kv.RemoteBlockIDs
 	out.remote = &kvxfer.RemoteParams{
 		EngineID: kv.RemoteEngineID, RequestID: kv.RemoteRequestID, Host: kv.RemoteHost, Port: kv.RemotePort,
-		BlockIDs: ids, Generation: kv.RemoteRegistrationGeneration,
+		BlockIDs: flatten(kv.RemoteBlockIDs), Generation: kv.RemoteRegistrationGeneration,
 	}
 	out.signature = kv.Signature
 	out.numTokens = numTokens

@@ -25,7 +25,7 @@ func FuzzParseKV(f *testing.F) {
 		if err != nil || blockSize == 0 {
 			return
 		}
-		k, err := parseKV(kv, int(promptLen), int(blockSize), history)
+		k, err := parseKV(kv, int(promptLen), int(blockSize), nil, history)
 		if err != nil {
 			if ire, ok := errors.AsType[*engine.InvalidRequestError](err); !ok || ire.Param != kvParam {
 				t.Fatalf("parseKV(%s) = %v, want a kv_transfer_params 400", data, err)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/kvparams"
 	"github.com/tandem-serve/tandem/internal/kvxfer"
 	"github.com/tandem-serve/tandem/internal/logid"
@@ -28,7 +29,7 @@ func (c *Connector) OnNewRequest(r *sched.Request) {
 		// prefix of this prompt), then hold the prompt for the decode leg.
 		// No heartbeats: the decode's hold is fixed (turn 2 is
 		// client-driven).
-		st := &connReq{remoteDecode: true, remote: k.remote, history: true, expired: k.expired}
+		st := &connReq{remoteDecode: true, remote: k.remote, history: true, expired: k.expired, groups: k.groups, remoteTokens: k.numTokens}
 		st.pullable = min(matchedTokens(c.cfg.ModelFingerprint, r.Prompt, k.numTokens, k.history, c.blockSize), len(r.Prompt)-1)
 		if limit := verifiableTokens(len(r.Prompt), k.numTokens, c.blockSize); st.pullable < limit {
 			st.recompute = reasonMismatch
@@ -36,11 +37,17 @@ func (c *Connector) OnNewRequest(r *sched.Request) {
 			c.log.Info("conversation history differs from the held KV; recomputing from the first difference",
 				append(logid.Attrs(c.log, "id", r.ID), "held_tokens", k.numTokens, "matching_tokens", st.pullable)...)
 		}
+		if !c.windowHeld(k.groups, k.numTokens, st.pullable) {
+			// A sliding-window group held only its window's tail, and
+			// computing on from the first difference needs blocks
+			// before it.
+			st.pullable, st.recompute = 0, reasonOutsideWindow
+		}
 		c.reqs[r.ID] = st
 	case k.remoteDecode && c.prod != nil:
 		c.reqs[r.ID] = &connReq{remoteDecode: true}
 	case k.remote != nil && c.cons != nil:
-		c.reqs[r.ID] = &connReq{remote: k.remote, pullable: len(r.Prompt) - 1, expired: k.expired}
+		c.reqs[r.ID] = &connReq{remote: k.remote, pullable: len(r.Prompt) - 1, expired: k.expired, groups: k.groups, remoteTokens: k.numTokens}
 		if k.expired == nil {
 			c.cons.Watch(k.remote.Peer(), k.remote.RequestID)
 		}
@@ -88,13 +95,17 @@ func (c *Connector) UpdateStateAfterAlloc(r *sched.Request, blocks []int32, numE
 	if st.history {
 		job.history = &historyPull{tokens: numExternal, recompute: st.recompute}
 	}
-	// Both bounds hold by construction (the block count was validated
-	// against the prompt, the scheduler allocated for local+numExternal);
-	// a request that breaks them fails its load instead of reading past
-	// a slice.
-	if last <= len(blocks) && last <= len(st.remote.BlockIDs) {
-		job.params.BlockIDs = st.remote.BlockIDs[first:last]
-		job.blocks = blocks[first:last]
+	// Every group's blocks of the load, a sliding-window group's from its
+	// window on (the scheduler left the entries before it null). The
+	// pairs exist by construction (the lists were validated against the
+	// prompt, the scheduler allocated for local+numExternal); a request
+	// that breaks that fails its load instead of reading past a slice.
+	tables := r.Tables()
+	if tables == nil {
+		tables = [][]int32{blocks}
+	}
+	if remote, dst, ok := pullPairs(st.groups, tables, st.remoteTokens, bs, first, last); ok {
+		job.params.BlockIDs, job.blocks = remote, dst
 	} else {
 		job.params.BlockIDs = nil
 		job.blocks = blocks[min(first, len(blocks)):]
@@ -157,10 +168,11 @@ func (c *Connector) RequestFinished(r *sched.Request, blockIDs []int32) (bool, j
 // holdForDecode holds a finished prefill's prompt blocks under a lease for
 // the decode leg and returns the params the decode needs.
 func (c *Connector) holdForDecode(r *sched.Request, blockIDs []int32) (bool, json.RawMessage) {
-	ids, ok := c.leadingBlocks(r, blockIDs, len(r.Prompt))
+	groups, ok := c.leadingBlocks(r, blockIDs, len(r.Prompt))
 	if !ok {
 		return false, nil
 	}
+	ids := flatten(groups)
 	now := c.cfg.Clock.Now()
 	if err := c.prod.Hold(r.ID, ids, now); err != nil {
 		c.log.Error("cannot hold KV for the remote decode; freeing it", "id", r.ID, "err", err)
@@ -168,7 +180,7 @@ func (c *Connector) holdForDecode(r *sched.Request, blockIDs []int32) (bool, jso
 	}
 	digest := kvparams.PromptDigest(c.cfg.ModelFingerprint, r.Prompt)
 	g := kvxfer.Grant{EngineID: c.cfg.EngineID, RequestID: r.ID, Host: c.advertHost, Port: c.advertPort, BlockIDs: ids, NumTokens: len(r.Prompt), Digest: digest}
-	p := c.params(g, now.Add(c.cfg.Lease))
+	p := c.params(g, groups, now.Add(c.cfg.Lease))
 	p.DoRemotePrefill = true
 	p.PromptDigest = digest
 	return true, p.Raw()
@@ -181,10 +193,11 @@ func (c *Connector) holdForDecode(r *sched.Request, blockIDs []int32) (bool, jso
 // token hash chain the prefill checks its prompt against.
 func (c *Connector) holdConversation(r *sched.Request, blockIDs []int32) (bool, json.RawMessage) {
 	n := r.NumComputedTokens()
-	ids, ok := c.leadingBlocks(r, blockIDs, n)
+	groups, ok := c.leadingBlocks(r, blockIDs, n)
 	if !ok || n == 0 {
 		return false, nil
 	}
+	ids := flatten(groups)
 	now := c.cfg.Clock.Now()
 	deadline := now.Add(c.cfg.DecodeHoldTTL)
 	if err := c.prod.HoldFor(r.ID, ids, now, c.cfg.DecodeHoldTTL, true); err != nil {
@@ -194,7 +207,7 @@ func (c *Connector) holdConversation(r *sched.Request, blockIDs []int32) (bool, 
 	tokens := append(append(make([]int32, 0, len(r.Prompt)+len(r.Output())), r.Prompt...), r.Output()...)[:n]
 	chain := historyChain(c.cfg.ModelFingerprint, tokens, c.blockSize)
 	g := kvxfer.Grant{EngineID: c.cfg.EngineID, RequestID: r.ID, Host: c.advertHost, Port: c.advertPort, BlockIDs: ids, NumTokens: n, Digest: chainDigest(chain)}
-	p := c.params(g, deadline)
+	p := c.params(g, groups, deadline)
 	p.DoRemoteDecode = true
 	p.RemoteBlocksExpiryTime = float64(deadline.UnixNano()) / 1e9
 	p.History = chain
@@ -202,26 +215,45 @@ func (c *Connector) holdConversation(r *sched.Request, blockIDs []int32) (bool, 
 	return true, p.Raw()
 }
 
-// leadingBlocks returns the ids of the blocks holding r's first n tokens.
-func (c *Connector) leadingBlocks(r *sched.Request, blockIDs []int32, n int) ([]int, bool) {
-	nb := (n + c.blockSize - 1) / c.blockSize
-	if len(blockIDs) < nb {
-		c.log.Error("request finished without KV for the tokens to hold; freeing instead of holding", "id", r.ID, "blocks", len(blockIDs), "want", nb)
+// leadingBlocks returns, per KV-cache group, the ids of the blocks holding
+// r's first n tokens that the exchange sends (a sliding-window group's
+// clipped to its window: exchangeBlocks).
+func (c *Connector) leadingBlocks(r *sched.Request, blockIDs []int32, n int) ([][]int, bool) {
+	tables := r.Tables()
+	if tables == nil {
+		tables = [][]int32{blockIDs}
+	}
+	groups, ok := exchangeBlocks(tables, c.windows, n, c.blockSize)
+	if !ok {
+		c.log.Error("request finished without KV for the tokens to hold; freeing instead of holding", "id", r.ID, "blocks", len(blockIDs), "want", (n+c.blockSize-1)/c.blockSize)
 		return nil, false
 	}
-	ids := make([]int, nb)
-	for i, b := range blockIDs[:nb] {
-		ids[i] = int(b)
-	}
-	return ids, true
+	return groups, true
 }
 
-// params are the kv_transfer_params naming g's blocks on this engine,
-// signed until expiry, with every field vLLM's connector returns.
-func (c *Connector) params(g kvxfer.Grant, expiry time.Time) kvparams.Params {
+// windowHeld reports whether a load that ends at position pullable finds,
+// in every sliding-window group of a hold of numTokens tokens whose lists
+// are groups, the blocks its window reads from there on.
+func (c *Connector) windowHeld(groups [][]int, numTokens, pullable int) bool {
+	if pullable <= 0 {
+		return true
+	}
+	nb := (numTokens + c.blockSize - 1) / c.blockSize
+	for g, ids := range groups {
+		if kvlayout.FirstNeeded(window(c.windows, g), pullable)/c.blockSize < nb-len(ids) {
+			return false
+		}
+	}
+	return true
+}
+
+// params are the kv_transfer_params naming g's blocks on this engine (the
+// concatenation of groups, one list per KV-cache group), signed until
+// expiry, with every field vLLM's connector returns.
+func (c *Connector) params(g kvxfer.Grant, groups [][]int, expiry time.Time) kvparams.Params {
 	return kvparams.Params{
 		Signature:      c.signer.Sign(g, expiry),
-		RemoteBlockIDs: [][]int{g.BlockIDs}, RemoteEngineID: g.EngineID, RemoteRequestID: g.RequestID,
+		RemoteBlockIDs: groups, RemoteEngineID: g.EngineID, RemoteRequestID: g.RequestID,
 		RemoteHost: g.Host, RemotePort: g.Port, RemoteNumTokens: g.NumTokens,
 		TPSize: 1, DCPSize: 1, PPSize: 1, TransferMode: "pull",
 		RemoteRegistrationGeneration: c.prod.Info().Generation,
@@ -237,6 +269,7 @@ const (
 	reasonBelowThreshold  = "below_threshold"          // fewer than --kv-recompute-threshold tokens to pull
 	reasonMismatch        = "history_mismatch"         // the prompt's history differs from the held one in its first block
 	reasonMismatchPartial = "history_mismatch_partial" // it differs later: the blocks before the edit were pulled
+	reasonOutsideWindow   = "history_outside_window"   // a sliding-window group's held tail does not reach back to where computing resumes
 )
 
 // verifiableTokens is how many held tokens a prompt of promptLen tokens can

@@ -100,8 +100,8 @@ func (r *reader) events() ([]Event, error) {
 
 // storedFields and removedFields are the positional fields after the tag.
 var (
-	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"}
-	removedFields = []string{"block_hashes", "medium"}
+	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"}
+	removedFields = []string{"block_hashes", "medium", "group_idx"}
 )
 
 // event reads one event; ok is false for an unknown tag (skipped).
@@ -204,6 +204,20 @@ func (r *reader) eventField(e *Event, name string) (err error) {
 		e.BlockSize = int(v)
 	case "medium":
 		e.Medium, err = r.optStr()
+	case "group_idx", "kv_cache_spec_sliding_window":
+		if r.isNil() {
+			break
+		}
+		var v int64
+		v, err = r.int()
+		if err == nil && (v < 0 || v > math.MaxInt32) {
+			err = fmt.Errorf("%s %d out of range", name, v)
+		}
+		if name == "group_idx" {
+			e.Group, e.HasGroup = int(v), true
+		} else {
+			e.Window = int(v)
+		}
 	default:
 		err = r.skip(0)
 	}

@@ -47,6 +47,14 @@ type Event struct {
 	BlockSize int
 	// Medium is the cache tier ("" encodes as None).
 	Medium string
+	// Group is the KV-cache group of the blocks (group_idx), valid when
+	// HasGroup (an engine with hybrid KV-cache groups; none encodes as
+	// None: one group). Window is that group's sliding window
+	// (kv_cache_spec_sliding_window, BlockStored only; 0: full attention,
+	// kv_cache_spec_kind "full_attention").
+	Group    int
+	HasGroup bool
+	Window   int
 }
 
 // Batch is vLLM's KVEventBatch: the events of one engine step.
@@ -82,7 +90,15 @@ type Batch struct {
 //	AllBlocksCleared ["AllBlocksCleared"]
 //
 // extra_keys, group_idx, kv_cache_spec_* and the later fields default to
-// None and are left out (one KV cache group, no LoRA, no multimodal keys).
+// None and are left out (no LoRA, no multimodal keys), except that the
+// events of an engine with hybrid KV-cache groups (Event.HasGroup) carry
+// group_idx, and a BlockStored its kv_cache_spec_kind ("full_attention" or
+// "sliding_window") and kv_cache_spec_sliding_window (sliding only):
+//
+//	BlockStored      {..., "lora_name": nil, "group_idx": g, "kv_cache_spec_kind": kind[, "kv_cache_spec_sliding_window": w]}
+//	BlockStored      [..., lora_name=nil, extra_keys=nil, g, kind[, w]]
+//	BlockRemoved     {"type": "BlockRemoved", "block_hashes": [hash...], "medium": medium, "group_idx": g}
+//	BlockRemoved     ["BlockRemoved", [hash...], medium, g]
 // msgspec writes floats as float64 and integers, strings, maps and arrays in
 // their smallest msgpack form; the encoder below does the same, so its bytes
 // equal msgspec's in either form. vLLM PR #42892 (2026) dropped array_like
@@ -114,9 +130,21 @@ func AppendBatch(dst []byte, b *Batch, enc Encoding) []byte {
 func appendEvent(dst []byte, e *Event, m bool) []byte {
 	switch e.Kind {
 	case BlockStored:
-		if m {
-			dst = append(dst, "\x88\xa4type\xabBlockStored\xacblock_hashes"...)
-		} else {
+		extra := 0 // group fields
+		if e.HasGroup {
+			extra = 2
+			if e.Window > 0 {
+				extra = 3
+			}
+		}
+		switch {
+		case m:
+			dst = append(dst, byte(0x88+extra))
+			dst = append(dst, "\xa4type\xabBlockStored\xacblock_hashes"...)
+		case extra > 0:
+			dst = append(dst, byte(0x99+extra)) // extra_keys too, as nil
+			dst = append(dst, "\xabBlockStored"...)
+		default:
 			dst = append(dst, "\x98\xabBlockStored"...)
 		}
 		dst = appendHashes(dst, e.Hashes)
@@ -154,10 +182,35 @@ func appendEvent(dst []byte, e *Event, m bool) []byte {
 		} else {
 			dst = msgp.AppendNil(dst) // lora_name
 		}
+		if e.HasGroup {
+			if m {
+				dst = append(dst, "\xa9group_idx"...)
+			} else {
+				dst = msgp.AppendNil(dst) // extra_keys
+			}
+			dst = appendInt(dst, int64(e.Group))
+			if m {
+				dst = append(dst, "\xb2kv_cache_spec_kind"...)
+			}
+			if e.Window > 0 {
+				dst = append(dst, "\xaesliding_window"...)
+				if m {
+					dst = append(dst, "\xbckv_cache_spec_sliding_window"...)
+				}
+				dst = appendInt(dst, int64(e.Window))
+			} else {
+				dst = append(dst, "\xaefull_attention"...)
+			}
+		}
 	case BlockRemoved:
-		if m {
+		switch {
+		case m && e.HasGroup:
+			dst = append(dst, "\x84\xa4type\xacBlockRemoved\xacblock_hashes"...)
+		case m:
 			dst = append(dst, "\x83\xa4type\xacBlockRemoved\xacblock_hashes"...)
-		} else {
+		case e.HasGroup:
+			dst = append(dst, "\x94\xacBlockRemoved"...)
+		default:
 			dst = append(dst, "\x93\xacBlockRemoved"...)
 		}
 		dst = appendHashes(dst, e.Hashes)
@@ -165,6 +218,12 @@ func appendEvent(dst []byte, e *Event, m bool) []byte {
 			dst = append(dst, "\xa6medium"...)
 		}
 		dst = appendOptStr(dst, e.Medium)
+		if e.HasGroup {
+			if m {
+				dst = append(dst, "\xa9group_idx"...)
+			}
+			dst = appendInt(dst, int64(e.Group))
+		}
 	default:
 		if m {
 			dst = append(dst, "\x81\xa4type\xb0AllBlocksCleared"...)

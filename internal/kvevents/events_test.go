@@ -135,14 +135,14 @@ func TestDecodeAcceptsWhatOtherPublishersSend(t *testing.T) {
 	}{
 		{
 			// vLLM after PR #42892: events are maps with a "type" key, in any
-			// order, with fields Tandem does not know (group_idx).
+			// order, with group_idx (read) and fields Tandem does not know.
 			name: "map-encoded events",
 			hex: "93 cb3ff0000000000000 92" +
 				"85 a474797065 ab426c6f636b53746f726564 ac626c6f636b5f686173686573 9105 a9746f6b656e5f696473 920102 aa626c6f636b5f73697a65 02 a967726f75705f696478 00" +
 				"82 a474797065 ac426c6f636b52656d6f766564 ac626c6f636b5f686173686573 9105" +
 				" 00",
 			want: &Batch{TS: 1, Events: []Event{
-				{Kind: BlockStored, Hashes: []uint64{5}, Tokens: []int32{1, 2}, BlockSize: 2},
+				{Kind: BlockStored, Hashes: []uint64{5}, Tokens: []int32{1, 2}, BlockSize: 2, HasGroup: true},
 				{Kind: BlockRemoved, Hashes: []uint64{5}},
 			}, HasRank: true},
 		},

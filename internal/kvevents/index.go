@@ -148,6 +148,12 @@ func (x *Index) Apply(name string, b *Batch) {
 	s := x.slot(name)
 	for i := range b.Events {
 		ev := &b.Events[i]
+		if ev.HasGroup && ev.Group != 0 {
+			// An engine with hybrid KV-cache groups: the index keeps
+			// group 0's blocks (Tandem's full-attention group when the
+			// model has one), which a prefix hit needs whole.
+			continue
+		}
 		switch ev.Kind {
 		case BlockStored:
 			x.store(s, ev.Hashes)

@@ -55,6 +55,7 @@ type Publisher struct {
 
 	// Owned by the step loop.
 	pending []Event
+	windows []int // the engine's KV-cache groups (SetGroupWindows)
 
 	queue   chan *Batch
 	stop    chan struct{}
@@ -133,10 +134,26 @@ func (p *Publisher) ReplayAddr() net.Addr {
 	return p.replay.Addr()
 }
 
-// BlockStored records that a block entered the prefix cache. A store that
-// continues the previous one (its parent is that one's last block) joins
-// it, so a request's blocks cached in one step are one event, as in vLLM.
+// SetGroupWindows tells the publisher the engine's KV-cache groups (their
+// sliding windows, 0 for full attention; engine.Engine.KVGroupWindows):
+// with several, every event carries its group_idx and a BlockStored its
+// group's kv_cache_spec. Call it before the first event.
+func (p *Publisher) SetGroupWindows(windows []int) { p.windows = windows }
+
+// BlockStored records that a block entered the prefix cache (of KV-cache
+// group 0). A store that continues the previous one (its parent is that
+// one's last block, in the same group) joins it, so a request's blocks
+// cached in one step are one event per group, as in vLLM.
 func (p *Publisher) BlockStored(hash, parent kvcache.BlockHash, tokens []int32) {
+	p.GroupBlockStored(0, hash, parent, tokens)
+}
+
+// GroupBlockStored is BlockStored in KV-cache group g
+// (kvcache.GroupCacheObserver).
+func (p *Publisher) GroupBlockStored(g int, hash, parent kvcache.BlockHash, tokens []int32) {
+	if g != 0 && len(p.windows) <= 1 {
+		return // groups it was not told of: group 0's events only
+	}
 	h := WireHash(hash)
 	bs := p.opts.BlockSize
 	if tokens == nil {
@@ -146,7 +163,7 @@ func (p *Publisher) BlockStored(hash, parent kvcache.BlockHash, tokens []int32) 
 	}
 	if n := len(p.pending); n > 0 && tokens != nil && parent != (kvcache.BlockHash{}) {
 		last := &p.pending[n-1]
-		if last.Kind == BlockStored && last.Hashes[len(last.Hashes)-1] == WireHash(parent) &&
+		if last.Kind == BlockStored && last.Group == g && last.Hashes[len(last.Hashes)-1] == WireHash(parent) &&
 			len(last.Tokens) == len(last.Hashes)*len(tokens) {
 			last.Hashes = append(last.Hashes, h)
 			last.Tokens = append(last.Tokens, tokens...)
@@ -154,6 +171,12 @@ func (p *Publisher) BlockStored(hash, parent kvcache.BlockHash, tokens []int32) 
 		}
 	}
 	e := Event{Kind: BlockStored, Hashes: []uint64{h}, BlockSize: bs, Medium: MediumGPU}
+	if len(p.windows) > 1 {
+		e.Group, e.HasGroup = g, true
+		if g < len(p.windows) {
+			e.Window = p.windows[g]
+		}
+	}
 	if tokens != nil {
 		e.Tokens = append([]int32(nil), tokens...)
 		if parent != (kvcache.BlockHash{}) {
@@ -163,14 +186,26 @@ func (p *Publisher) BlockStored(hash, parent kvcache.BlockHash, tokens []int32) 
 	p.pending = append(p.pending, e)
 }
 
-// BlockRemoved records that a block left the prefix cache.
-func (p *Publisher) BlockRemoved(hash kvcache.BlockHash) {
+// BlockRemoved records that a block left the prefix cache (of KV-cache
+// group 0).
+func (p *Publisher) BlockRemoved(hash kvcache.BlockHash) { p.GroupBlockRemoved(0, hash) }
+
+// GroupBlockRemoved is BlockRemoved in KV-cache group g
+// (kvcache.GroupCacheObserver).
+func (p *Publisher) GroupBlockRemoved(g int, hash kvcache.BlockHash) {
+	if g != 0 && len(p.windows) <= 1 {
+		return
+	}
 	h := WireHash(hash)
-	if n := len(p.pending); n > 0 && p.pending[n-1].Kind == BlockRemoved {
+	if n := len(p.pending); n > 0 && p.pending[n-1].Kind == BlockRemoved && p.pending[n-1].Group == g {
 		p.pending[n-1].Hashes = append(p.pending[n-1].Hashes, h)
 		return
 	}
-	p.pending = append(p.pending, Event{Kind: BlockRemoved, Hashes: []uint64{h}, Medium: MediumGPU})
+	e := Event{Kind: BlockRemoved, Hashes: []uint64{h}, Medium: MediumGPU}
+	if len(p.windows) > 1 {
+		e.Group, e.HasGroup = g, true
+	}
+	p.pending = append(p.pending, e)
 }
 
 // Flush hands the events recorded since the last Flush to the publishing

@@ -52,6 +52,9 @@ type recordedEvent struct {
 	TokenIDs    []int32       `json:"token_ids"`
 	BlockSize   int           `json:"block_size"`
 	Medium      *string       `json:"medium"`
+	// GroupIdx and Window are group_idx and kv_cache_spec_sliding_window
+	// (nil: None).
+	GroupIdx, Window *int
 }
 
 type recordedBatch struct {
@@ -140,6 +143,12 @@ func readRecorded(t *testing.T, path string) recordedBatch {
 		if md, ok := m["medium"].(string); ok {
 			e.Medium = &md
 		}
+		for key, dst := range map[string]**int{"group_idx": &e.GroupIdx, "kv_cache_spec_sliding_window": &e.Window} {
+			if v, ok := m[key].(json.Number); ok {
+				n, _ := v.Int64()
+				*dst = new(int(n))
+			}
+		}
 		out.Events = append(out.Events, e)
 	}
 	return out
@@ -208,6 +217,12 @@ func checkRecorded(t *testing.T, got *Batch, want recordedBatch) {
 		}
 		if g.Medium != medium {
 			t.Errorf("event %d: medium %q, want %q", i, g.Medium, medium)
+		}
+		if (w.GroupIdx != nil) != g.HasGroup || w.GroupIdx != nil && g.Group != *w.GroupIdx {
+			t.Errorf("event %d: group %d (set %v), want %v", i, g.Group, g.HasGroup, w.GroupIdx)
+		}
+		if want := 0; w.Window != nil && g.Window != *w.Window || w.Window == nil && g.Window != want {
+			t.Errorf("event %d: sliding window %d, want %v", i, g.Window, w.Window)
 		}
 		if g.Kind != BlockStored {
 			continue

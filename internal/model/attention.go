@@ -114,7 +114,7 @@ const attnTileTokens = 16
 // attnKeyChunk is the number of key positions per online-softmax step. It
 // is part of the reduction order (changing it changes results, not their
 // invariance).
-const attnKeyChunk = 64
+const attnKeyChunk = kvlayout.KeyChunk
 
 // attnTile is a run of at most attnTileTokens consecutive new tokens of one
 // sequence.
@@ -246,6 +246,7 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout kvlayout.Layout)
 // tok, r = ((kvh−kh0)·ntok + tok)·group + gi: the rows of one KV head are
 // contiguous, and so are the group's rows of one token.
 func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li int, sq *Seq, t0, ntok, first, kh0, kh1 int) {
+	tbl, ls := m.kvTable(sq, li)
 	c := &m.cfg
 	s := &m.s
 	hd, kvd, group, bs := c.HeadDim, c.KVDim(), c.Heads/c.KVHeads, layout.BlockSize
@@ -271,12 +272,12 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 		for j := c0; j < c1; {
 			blk, slot := j/bs, j%bs
 			je := min(c1, (blk+1)*bs)
-			base := layout.Offset(int(sq.Blocks[blk]), li, 0, slot)
+			base := layout.Offset(int(tbl[blk]), ls, 0, slot)
 			if ntok == 1 && je < end {
 				// Decode: warm the next segment's key rows (blocks are
 				// scattered, the hardware prefetchers cannot guess them).
 				nb, ns := je/bs, je%bs
-				next := layout.Offset(int(sq.Blocks[nb]), li, 0, ns) + kh0*hd
+				next := layout.Offset(int(tbl[nb]), ls, 0, ns) + kh0*hd
 				kv.prefetchRows(next, kvd, min(bs-ns, end-je), (kh1-kh0)*hd)
 			}
 			for kvh := kh0; kvh < kh1; kvh++ {
@@ -329,7 +330,7 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 				for j := ks; j < ke; {
 					blk, slot := j/bs, j%bs
 					je := min(ke, (blk+1)*bs)
-					base := layout.Offset(int(sq.Blocks[blk]), li, 1, slot) + kvh*hd
+					base := layout.Offset(int(tbl[blk]), ls, 1, slot) + kvh*hd
 					kv.axpyGroup(group, hd, w.acc[r0*hd:], w.s[r0*C+(j-c0):], C, je-j, base, kvd)
 					j = je
 				}

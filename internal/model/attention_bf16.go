@@ -23,7 +23,8 @@ func useBF16Attention(kv kvView) bool { return kv.u16 != nil && tensor.AttnBF16(
 
 // packKeys packs, for every sequence with prefill tiles (two or more new
 // tokens), its keys of layer li at positions [0, Pos+len(Tokens)) per KV
-// head into s.packed[seq·KVHeads+kvh] (tensor.PackKeysBF16: whole groups of
+// head (from kvlayout.FirstNeeded(window, Pos) on in a sliding-window
+// layer: its tiles read none before) into s.packed[seq·KVHeads+kvh] (tensor.PackKeysBF16: whole groups of
 // 16, the last one padded with zero keys). The bytes are the pool's, so
 // scoring the packed copy gives the bits scoring the pool gives.
 func (m *Model) packKeys(li int, seqs []Seq, kv kvView, layout kvlayout.Layout) {
@@ -59,11 +60,16 @@ func (m *Model) packKeys(li int, seqs []Seq, kv kvView, layout kvlayout.Layout) 
 			kvh := int(it.kvh)
 			dst := s.packed[int(it.seq)*c.KVHeads+kvh]
 			end := sq.Pos + len(sq.Tokens)
-			j0, j1 := int(it.g0)*16, min(int(it.g1)*16, end)
+			// A sliding-window layer's tiles read no key before the
+			// chunk of their first window start, and its pool may hold
+			// no block there any more: those keys are not packed.
+			tbl, ls := m.kvTable(sq, li)
+			j0 := max(int(it.g0)*16, kvlayout.FirstNeeded(m.layers[li].window, sq.Pos))
+			j1 := min(int(it.g1)*16, end)
 			for j := j0; j < j1; {
 				blk, slot := j/bs, j%bs
 				je := min(j1, (blk+1)*bs)
-				off := layout.Offset(int(sq.Blocks[blk]), li, 0, slot) + kvh*hd
+				off := layout.Offset(int(tbl[blk]), ls, 0, slot) + kvh*hd
 				tensor.PackKeysBF16(dst, j, kv.u16[off:], kvd, je-j, hd)
 				j = je
 			}
@@ -78,6 +84,7 @@ func (m *Model) packKeys(li int, seqs []Seq, kv kvView, layout kvlayout.Layout) 
 // token (all KV heads, scores by tensor.DotRowsBF16 straight from the pool),
 // else the packed keys of KV head kh0 of the tile's sequence (kh1 = kh0+1).
 func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout, li int, sq *Seq, keys []uint32, t0, ntok, first, kh0, kh1 int) {
+	tbl, ls := m.kvTable(sq, li)
 	c := &m.cfg
 	s := &m.s
 	hd, kvd, group, bs := c.HeadDim, c.KVDim(), c.Heads/c.KVHeads, layout.BlockSize
@@ -119,10 +126,10 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout
 			for j := c0; j < c1; {
 				blk, slot := j/bs, j%bs
 				je := min(c1, (blk+1)*bs)
-				base := layout.Offset(int(sq.Blocks[blk]), li, 0, slot)
+				base := layout.Offset(int(tbl[blk]), ls, 0, slot)
 				if je < end {
 					nb, ns := je/bs, je%bs
-					next := layout.Offset(int(sq.Blocks[nb]), li, 0, ns) + kh0*hd
+					next := layout.Offset(int(tbl[nb]), ls, 0, ns) + kh0*hd
 					kv.prefetchRows(next, kvd, min(bs-ns, end-je), (kh1-kh0)*hd)
 				}
 				for kvh := kh0; kvh < kh1; kvh++ {
@@ -137,7 +144,7 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout
 		for j := c0; j < c1; {
 			blk, slot := j/bs, j%bs
 			je := min(c1, (blk+1)*bs)
-			off := layout.Offset(int(sq.Blocks[blk]), li, 1, slot) + kh0*hd
+			off := layout.Offset(int(tbl[blk]), ls, 1, slot) + kh0*hd
 			for k := j; k < je; k++ {
 				w.voffs[k-c0] = off
 				off += kvd

@@ -105,6 +105,7 @@ func (f *attnFixture) run(m *Model, spans [][2]int) [][]float32 {
 		}
 	}
 	m.planTokens(seqs, T)
+	s.slots = kvlayout.LayerSlots(m.KVGroups(false), c.Layers) // what validate sets
 	m.attention(0, seqs, viewKV(f.pool, f.layout), f.layout)
 	out := make([][]float32, T)
 	for t := range out {

@@ -19,8 +19,15 @@ type Seq struct {
 	Pos int
 	// Blocks are the physical block ids covering positions
 	// [0, Pos+len(Tokens)): block i holds positions [i*BlockSize,
-	// (i+1)*BlockSize).
+	// (i+1)*BlockSize). It is the block table of a pool with one KV-cache
+	// group (every layer in every block); with several, Tables replaces it.
 	Blocks []int32
+	// Tables, when set, are the block tables of the pool's KV-cache groups
+	// (Model.KVGroups), one per group, each laid out as Blocks. A table
+	// of a sliding-window group may hold kvlayout.NullBlock for blocks
+	// wholly before kvlayout.FirstNeeded(window, Pos): their KV is never
+	// read.
+	Tables [][]int32
 	// Logits are indexes into Tokens whose next-token logits are wanted.
 	Logits []int
 	// Prompt and Output, when set, are all of the sequence's known tokens:
@@ -30,6 +37,15 @@ type Seq struct {
 	// derives its output from the whole history (internal/sim's simulated
 	// model) does, through TokenAt.
 	Prompt, Output []int32
+}
+
+// Table returns the block table of KV-cache group g: Tables[g], or Blocks
+// when Tables is not set.
+func (s *Seq) Table(g int) []int32 {
+	if s.Tables != nil {
+		return s.Tables[g]
+	}
+	return s.Blocks
 }
 
 // TokenAt returns the token at position p of the sequence, from Prompt and
@@ -79,7 +95,8 @@ type scratch struct {
 	items            []attnItem
 	packed           [][]uint32 // bf16 attention: packed keys per (sequence, KV head)
 	packItems        []packItem
-	attnScratch      sync.Pool // *attnScratch, one per busy worker
+	slots            []kvlayout.LayerSlot // per layer: its KV-cache group and slot
+	attnScratch      sync.Pool            // *attnScratch, one per busy worker
 	moe              moeScratch
 }
 
@@ -318,17 +335,20 @@ func (m *Model) prepareAttention(l *layer, li int, seqs []Seq, kv kvView, layout
 			}
 			sq := &seqs[s.tokSeq[t]]
 			pos := int(s.tokPos[t])
-			block := int(sq.Blocks[pos/layout.BlockSize])
+			tbl, ls := m.kvTable(sq, li)
+			block := int(tbl[pos/layout.BlockSize])
 			slot := pos % layout.BlockSize
-			kv.store(layout.Offset(block, li, 0, slot), k)
-			kv.store(layout.Offset(block, li, 1, slot), v)
+			kv.store(layout.Offset(block, ls, 0, slot), k)
+			kv.store(layout.Offset(block, ls, 1, slot), v)
 			if li+1 < c.Layers && kv.f32 != nil {
 				// The next layer's slots are written a layer from now:
 				// fetch them meanwhile rather than stall on the write.
 				// (bf16 rows are written with non-temporal stores,
 				// which need no fetch.)
-				kv.prefetch(layout.Offset(block, li+1, 0, slot), kvd)
-				kv.prefetch(layout.Offset(block, li+1, 1, slot), kvd)
+				ntbl, nls := m.kvTable(sq, li+1)
+				nb := int(ntbl[pos/layout.BlockSize])
+				kv.prefetch(layout.Offset(nb, nls, 0, slot), kvd)
+				kv.prefetch(layout.Offset(nb, nls, 1, slot), kvd)
 			}
 		}
 	})
@@ -338,6 +358,13 @@ func addTo(dst, src []float32) {
 	for i := range dst {
 		dst[i] += src[i]
 	}
+}
+
+// kvTable returns the block table that addresses layer li's KV for sq and
+// the layer's slot in those blocks (set by validate for this Forward).
+func (m *Model) kvTable(sq *Seq, li int) ([]int32, int) {
+	ls := m.s.slots[li]
+	return sq.Table(ls.Group), ls.Slot
 }
 
 // kvView is the pool as f32 or bf16 elements (exactly one is set).
@@ -410,10 +437,16 @@ func (m *Model) logits(seqs []Seq, T, R int) [][]float32 {
 // is written, returning the number of new tokens and of logits rows.
 func (m *Model) validate(seqs []Seq, pool []byte, layout kvlayout.Layout) (T, R int, err error) {
 	c := &m.cfg
+	groups := m.KVGroups(false)
 	want := m.KVLayoutOf(layout.BlockSize, layout.DType)
-	if layout.BlockSize <= 0 || layout != want || !layout.DType.Valid() {
-		return 0, 0, fmt.Errorf("model: KV layout %+v does not match the model (want %+v with a positive block size and dtype f32 or bf16)", layout, want)
+	if grouped := m.KVGroups(true); layout.Layers != want.Layers {
+		groups = grouped
+		want.Layers = kvlayout.PageLayers(grouped)
 	}
+	if layout.BlockSize <= 0 || layout != want || !layout.DType.Valid() {
+		return 0, 0, fmt.Errorf("model: KV layout %+v does not match the model (want %+v, or %d layers a block with hybrid KV-cache groups, with a positive block size and dtype f32 or bf16)", layout, m.KVLayoutOf(layout.BlockSize, layout.DType), kvlayout.PageLayers(m.KVGroups(true)))
+	}
+	m.s.slots = kvlayout.LayerSlots(groups, c.Layers)
 	blockBytes := layout.BlockBytes()
 	if len(pool)%blockBytes != 0 {
 		return 0, 0, fmt.Errorf("model: KV pool of %d bytes is not a whole number of %d-byte blocks", len(pool), blockBytes)
@@ -433,13 +466,20 @@ func (m *Model) validate(seqs []Seq, pool []byte, layout kvlayout.Layout) (T, R 
 		if sq.Pos < 0 || end > c.MaxModelLen() {
 			return 0, 0, fmt.Errorf("model: seq %d covers positions [%d, %d), outside the model's %d positions", i, sq.Pos, end, c.MaxModelLen())
 		}
-		need := (end + layout.BlockSize - 1) / layout.BlockSize
-		if len(sq.Blocks) < need {
-			return 0, 0, fmt.Errorf("model: seq %d needs %d blocks of %d slots for %d positions, block table has %d", i, need, layout.BlockSize, end, len(sq.Blocks))
+		if sq.Tables != nil && len(sq.Tables) != len(groups) || sq.Tables == nil && len(groups) != 1 {
+			return 0, 0, fmt.Errorf("model: seq %d has %d block tables, the pool has %d KV-cache groups", i, len(sq.Tables), len(groups))
 		}
-		for j, b := range sq.Blocks[:need] {
-			if b < 0 || int(b) >= numBlocks {
-				return 0, 0, fmt.Errorf("model: seq %d block table entry %d is block %d, outside the pool's %d blocks", i, j, b, numBlocks)
+		need := (end + layout.BlockSize - 1) / layout.BlockSize
+		for g, gr := range groups {
+			tbl := sq.Table(g)
+			if len(tbl) < need {
+				return 0, 0, fmt.Errorf("model: seq %d needs %d blocks of %d slots for %d positions, block table %d has %d", i, need, layout.BlockSize, end, g, len(tbl))
+			}
+			first := kvlayout.FirstNeeded(gr.Window, sq.Pos) / layout.BlockSize
+			for j := first; j < need; j++ {
+				if b := tbl[j]; b < 0 || int(b) >= numBlocks {
+					return 0, 0, fmt.Errorf("model: seq %d block table %d entry %d is block %d, outside the pool's %d blocks", i, g, j, b, numBlocks)
+				}
 			}
 		}
 		for j, id := range sq.Tokens {

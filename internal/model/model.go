@@ -279,6 +279,30 @@ func (m *Model) KVLayoutOf(blockSize int, dt kvlayout.ElemType) kvlayout.Layout 
 	return kvlayout.Layout{BlockSize: blockSize, Layers: m.cfg.Layers, KVHeads: m.cfg.KVHeads, HeadDim: m.cfg.HeadDim, DType: dt}
 }
 
+// KVGroups returns the KV-cache groups of the model's layers: with hybrid,
+// grouped by attention type (kvlayout.Grouped: a sliding-window group keeps
+// only its window's blocks); without, one group of every layer
+// (kvlayout.Single). Forward tells them apart by the layout's layers per
+// block: KVLayoutOf's or GroupedKVLayout's.
+func (m *Model) KVGroups(hybrid bool) []kvlayout.Group {
+	windows := make([]int, m.cfg.Layers)
+	for i := range windows {
+		windows[i] = m.cfg.LayerWindow(i)
+	}
+	if hybrid {
+		return kvlayout.Grouped(windows)
+	}
+	return kvlayout.Single(windows)
+}
+
+// GroupedKVLayout is KVLayoutOf for a pool of hybrid KV-cache groups
+// (KVGroups(true)): a block holds the layers of one group.
+func (m *Model) GroupedKVLayout(blockSize int, dt kvlayout.ElemType) kvlayout.Layout {
+	l := m.KVLayoutOf(blockSize, dt)
+	l.Layers = kvlayout.PageLayers(m.KVGroups(true))
+	return l
+}
+
 // KVDType is the model's default KV cache element type, as vLLM's
 // --kv-cache-dtype auto picks it: bf16 for a bf16 model (half the memory
 // and bandwidth of f32) and for a quantized one (whose weights were

@@ -77,7 +77,7 @@ const (
 // chunk of at most budget tokens (or to load its external tokens), looking
 // up the prefix cache and asking the connector first when r has no KV.
 func (s *Scheduler) admit(r *Request, budget int, mode admitMode) admission {
-	if len(r.blocks) > 0 {
+	if r.hasBlocks() {
 		// KV loaded by the connector: only the rest needs blocks. If even
 		// that does not fit, give the blocks back (the loaded full blocks
 		// stay in the prefix cache) rather than sit on them.
@@ -96,8 +96,8 @@ func (s *Scheduler) admit(r *Request, budget int, mode admitMode) admission {
 	bs := s.pool.BlockSize()
 	r.hashes = s.pool.ExtendHashes(r.hashes, r.tokens)
 	maxHit := (len(r.tokens) - 1) / bs // never the whole prompt
-	hit := s.pool.Match(r.hashes[:min(maxHit, len(r.hashes))])
-	local := len(hit) * bs
+	k, hit := s.match(r.hashes[:min(maxHit, len(r.hashes))])
+	local := k * bs
 
 	ext, async, err := s.conn.GetNumNewMatchedTokens(r, local)
 	if errors.Is(err, ErrRetryLater) {
@@ -122,11 +122,13 @@ func (s *Scheduler) admit(r *Request, budget int, mode admitMode) admission {
 		}
 	}
 
-	need := s.blocksFor(target) - len(hit)
+	need := s.missing(&Request{tables: hit}, local+ext, target)
 	take := need
-	for _, id := range hit {
-		if s.pool.RefCount(id) == 0 {
-			take++ // a cached free block leaves the free list too
+	for _, t := range hit {
+		for _, id := range held(t) {
+			if s.pool.RefCount(id) == 0 {
+				take++ // a cached free block leaves the free list too
+			}
 		}
 	}
 	free := s.pool.FreeBlocks()
@@ -147,20 +149,24 @@ func (s *Scheduler) admit(r *Request, budget int, mode admitMode) admission {
 		s.shortOfBlocks = true
 		return admitShort
 	}
-	s.pool.Touch(hit)
+	for _, t := range hit {
+		s.pool.Touch(held(t))
+	}
 	fresh, ok := s.pool.Allocate(need)
 	if !ok { // cannot happen after the check above; keep the pool consistent anyway
-		s.pool.Free(hit)
+		for _, t := range hit {
+			s.pool.Free(held(t))
+		}
 		return admitShort
 	}
-	r.blocks = append(hit, fresh...)
-	r.numCachedBlocks = len(hit)
+	r.tables = s.extend(hit, local+ext, target, fresh)
+	r.numCachedBlocks = k
 	r.numComputed = local
 	if r.numCachedTokens < 0 {
 		r.numCachedTokens = local
 	}
 	s.pool.RecordPrefixQuery(len(r.tokens), local)
-	s.conn.UpdateStateAfterAlloc(r, r.blocks, ext)
+	s.conn.UpdateStateAfterAlloc(r, r.Blocks(), ext)
 	if ext > 0 {
 		r.loadStart, r.loadEnd, r.firstInvalid, r.loadErr = local, local+ext, -1, ""
 		if async {
@@ -181,7 +187,9 @@ func (s *Scheduler) loadsInFlight() (n, blocks int) {
 		if r.status == WaitingForRemoteKVs {
 			n++
 		}
-		blocks += len(r.blocks)
+		for _, t := range r.tables {
+			blocks += len(held(t))
+		}
 	}
 	return n, blocks
 }
@@ -197,7 +205,7 @@ func (s *Scheduler) loadsInFlight() (n, blocks int) {
 func (s *Scheduler) reclaim(head int) bool {
 	for j := len(s.waiting) - 1; j > head; j-- {
 		r := s.waiting[j]
-		if r.status == WaitingForRemoteKVs || len(r.blocks) == 0 {
+		if r.status == WaitingForRemoteKVs || !r.hasBlocks() {
 			continue
 		}
 		s.release(r)
@@ -216,12 +224,12 @@ func (s *Scheduler) reserved() int {
 	n := 0
 	for _, r := range s.running {
 		if !r.decoding() {
-			n += max(s.blocksFor(len(r.tokens))-len(r.blocks), 0)
+			n += s.missing(r, r.numComputed, len(r.tokens))
 		}
 	}
 	for _, r := range s.waiting {
-		if len(r.blocks) > 0 {
-			n += max(s.blocksFor(len(r.tokens))-len(r.blocks), 0)
+		if r.hasBlocks() {
+			n += s.missing(r, r.numComputed, len(r.tokens))
 		}
 	}
 	return n

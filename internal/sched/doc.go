@@ -139,4 +139,19 @@
 // soon as their KV is computed (after each step) or, for blocks loaded by the
 // connector, only once the load has finished: blocks under load are never
 // prefix hits for others.
+//
+// # KV-cache groups
+//
+// With Config.GroupWindows (a model with sliding-window layers, vLLM's
+// hybrid KV cache manager) a request has one block table per KV-cache
+// group, all of one length, and every group's blocks come from the one
+// pool. A full-attention group keeps every block; a sliding-window group
+// frees, after each step, the blocks wholly before what its window reads
+// from the last computed token on (kvlayout.FirstNeeded) and puts
+// kvlayout.NullBlock in their place, so a long sequence holds about a
+// window of blocks there (kvlayout.SeqBlocks sizes requests by it). A KV
+// load allocates a sliding group's blocks from its window on only. The
+// prefix cache is per group, and a hit is the longest prefix that every
+// full-attention group caches whole and every sliding group caches from
+// its window's start at the hit's end (vLLM's find_longest_cache_hit).
 package sched

@@ -19,7 +19,9 @@ type harness struct {
 	s    *Scheduler
 	conn *testConnector
 	// stop, when set, decides whether a sampled token ends a request.
-	stop     func(r *Request, tok int32) Status
+	stop func(r *Request, tok int32) Status
+	// check, when set, sees every schedule before the step's Update.
+	check    func(out *Output)
 	finished map[string]Finished
 }
 
@@ -77,6 +79,9 @@ func (h *harness) step() *Output {
 	h.t.Helper()
 	out := h.s.Schedule()
 	h.record(out.Finished)
+	if h.check != nil {
+		h.check(out)
+	}
 	var res []Result
 	for _, sc := range out.Scheduled {
 		if len(sc.Blocks)*bs < sc.Pos+len(sc.Tokens) {

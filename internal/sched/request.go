@@ -69,9 +69,14 @@ type Request struct {
 
 	status Status
 	tokens []int32 // prompt then output
-	// numComputed tokens of tokens have their KV in blocks.
+	// numComputed tokens of tokens have their KV in tables.
 	numComputed int
-	blocks      []int32
+	// tables are the block tables, one per KV-cache group
+	// (Config.GroupWindows), all of one length: tables[g][i] holds
+	// positions [i·BlockSize, (i+1)·BlockSize) of group g's layers, or
+	// kvlayout.NullBlock in a sliding-window group for a block its window
+	// has passed. nil while the request holds no block.
+	tables [][]int32
 	// hashes of the full blocks of tokens computed so far (grows lazily).
 	hashes []kvcache.BlockHash
 	// numCachedBlocks leading blocks are registered in the prefix cache (or
@@ -86,7 +91,7 @@ type Request struct {
 	// [loadStart, loadEnd) are written by the connector.
 	loadStart, loadEnd int
 	syncLoad           bool
-	// firstInvalid is the index in blocks of the first block reported
+	// firstInvalid is the index in the block table of the first block reported
 	// invalid during the current load, -1 if none.
 	firstInvalid int
 	// loadErr is why the current load failed, as the connector explained
@@ -158,8 +163,23 @@ func (r *Request) NumTokens() int { return len(r.tokens) }
 // blocks.
 func (r *Request) NumComputedTokens() int { return r.numComputed }
 
-// Blocks returns the request's block table. The slice must not be modified.
-func (r *Request) Blocks() []int32 { return r.blocks }
+// Blocks returns the request's block table of KV-cache group 0 (with one
+// group, its only table; nil while it holds no block). The slice must not
+// be modified.
+func (r *Request) Blocks() []int32 {
+	if r.tables == nil {
+		return nil
+	}
+	return r.tables[0]
+}
+
+// Tables returns the request's block tables, one per KV-cache group (nil
+// while it holds no block). The slices must not be modified.
+func (r *Request) Tables() [][]int32 { return r.tables }
+
+// hasBlocks reports whether r holds a block table (possibly of null
+// entries only, in a sliding-window group).
+func (r *Request) hasBlocks() bool { return len(r.tables) > 0 && len(r.tables[0]) > 0 }
 
 // NumCachedTokens returns the prompt tokens found in the local prefix cache
 // when the request was first admitted (0 before).

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/tandem-serve/tandem/internal/kvcache"
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 )
 
 // Config bounds what one step may schedule.
@@ -32,7 +33,16 @@ type Config struct {
 	// may hold together (default DefaultMaxLoadShare). A load that finds
 	// no other in flight may take more, so no request is too large to load.
 	MaxLoadShare float64
+	// GroupWindows are the attention windows of the pool's KV-cache groups
+	// (kvlayout.Windows), one per group, 0 for full attention; nil means
+	// one full-attention group. A request gets one block table per group;
+	// a sliding-window group keeps only the blocks its window can still
+	// see. The connector sees every group's table (Request.Tables).
+	GroupWindows []int
 }
+
+// DefaultMaxNumBatchedTokens is Config.MaxNumBatchedTokens's default.
+const DefaultMaxNumBatchedTokens = 2048
 
 // Defaults of Config's load bounds.
 const (
@@ -47,8 +57,12 @@ type Scheduled struct {
 	Req    *Request
 	Pos    int
 	Tokens []int32
-	// Blocks is the request's block table, covering Pos+len(Tokens) tokens.
+	// Blocks is the request's block table, covering Pos+len(Tokens)
+	// tokens (group 0's, with several KV-cache groups).
 	Blocks []int32
+	// Tables are the block tables of every KV-cache group when the pool
+	// has several (nil with one: Blocks is the table).
+	Tables [][]int32
 	// Sample is true when Tokens ends the request's known tokens, so the
 	// model's logits at the last one give the next token.
 	Sample bool
@@ -153,7 +167,7 @@ func New(cfg Config, pool *kvcache.Blocks, conn Connector) (*Scheduler, error) {
 		cfg.MaxNumSeqs = 256
 	}
 	if cfg.MaxNumBatchedTokens == 0 {
-		cfg.MaxNumBatchedTokens = 2048
+		cfg.MaxNumBatchedTokens = DefaultMaxNumBatchedTokens
 	}
 	if cfg.LoadFailurePolicy == "" {
 		cfg.LoadFailurePolicy = LoadFailureFail
@@ -182,6 +196,11 @@ func New(cfg Config, pool *kvcache.Blocks, conn Connector) (*Scheduler, error) {
 	if conn == nil {
 		conn = NoConnector{}
 	}
+	for _, w := range cfg.GroupWindows {
+		if w < 0 {
+			return nil, fmt.Errorf("sched: KV-cache group window %d must be 0 (full attention) or positive", w)
+		}
+	}
 	return &Scheduler{cfg: cfg, pool: pool, conn: conn, reqs: make(map[string]*Request), sincePrefill: cfg.PrefillScheduleInterval}, nil
 }
 
@@ -206,7 +225,7 @@ func (s *Scheduler) Add(r *Request) error {
 	}
 	r.status = Waiting
 	r.tokens = slices.Clip(slices.Clone(r.Prompt))
-	r.numComputed, r.blocks, r.hashes, r.numCachedBlocks = 0, nil, nil, 0
+	r.numComputed, r.tables, r.hashes, r.numCachedBlocks = 0, nil, nil, 0
 	r.fetch = FetchNone
 	r.numCachedTokens, r.numExternalTokens, r.numPreemptions = -1, 0, 0
 	r.firstInvalid = -1
@@ -215,7 +234,7 @@ func (s *Scheduler) Add(r *Request) error {
 	s.stalled = false
 	s.conn.OnNewRequest(r)
 	// The last sampled token is never fed back, so it needs no KV slot.
-	need := s.blocksFor(len(r.Prompt) + r.MaxTokens - 1)
+	need := s.peakBlocks(len(r.Prompt) + r.MaxTokens - 1)
 	if need > s.pool.NumBlocks() {
 		s.finish(r, FinishedError, fmt.Sprintf("request needs %d KV blocks for %d prompt + %d max tokens, but the whole pool has %d: lower max_tokens or shorten the prompt, or give the engine more KV-cache memory",
 			need, len(r.Prompt), r.MaxTokens, s.pool.NumBlocks()))
@@ -448,10 +467,10 @@ func (s *Scheduler) Schedule() *Output {
 	return out
 }
 
-// growBlocks makes r's block table cover tokens, reporting false (and
+// growBlocks makes r's block tables cover tokens, reporting false (and
 // changing nothing) when the pool is short.
 func (s *Scheduler) growBlocks(r *Request, tokens int) bool {
-	need := s.blocksFor(tokens) - len(r.blocks)
+	need := s.missing(r, r.numComputed, tokens)
 	if need <= 0 {
 		return true
 	}
@@ -459,12 +478,16 @@ func (s *Scheduler) growBlocks(r *Request, tokens int) bool {
 	if !ok {
 		return false
 	}
-	r.blocks = append(r.blocks, ids...)
+	r.tables = s.extend(r.tables, r.numComputed, tokens, ids)
 	return true
 }
 
 func (s *Scheduler) scheduled(r *Request, pos, n int) Scheduled {
-	return Scheduled{Req: r, Pos: pos, Tokens: r.tokens[pos : pos+n : pos+n], Blocks: r.blocks, Sample: pos+n == len(r.tokens)}
+	sc := Scheduled{Req: r, Pos: pos, Tokens: r.tokens[pos : pos+n : pos+n], Blocks: r.Blocks(), Sample: pos+n == len(r.tokens)}
+	if len(r.tables) > 1 {
+		sc.Tables = r.tables
+	}
+	return sc
 }
 
 // preempt evicts running request r: blocks freed (full ones stay in the
@@ -481,9 +504,12 @@ func (s *Scheduler) preempt(r *Request) {
 
 func (s *Scheduler) release(r *Request) {
 	// The pool only reports blocks freed without a reference, which the
-	// scheduler never does: each id in r.blocks holds exactly one.
-	_ = s.pool.Free(r.blocks)
-	r.blocks = nil
+	// scheduler never does: each id in r.tables (null entries aside)
+	// holds exactly one.
+	for _, t := range r.tables {
+		_ = s.pool.Free(held(t))
+	}
+	r.tables = nil
 }
 
 // finish moves r to a final status, tells the connector, and frees or holds
@@ -497,8 +523,8 @@ func (s *Scheduler) finish(r *Request, st Status, msg string) {
 		s.waiting = slices.DeleteFunc(s.waiting, func(x *Request) bool { return x == r })
 	}
 	r.status, r.errMsg, r.syncLoad = st, msg, false
-	delay, params := s.conn.RequestFinished(r, r.blocks)
-	r.holdSend = delay && len(r.blocks) > 0
+	delay, params := s.conn.RequestFinished(r, r.Blocks())
+	r.holdSend = delay && r.hasBlocks()
 	r.holdRecv = loading
 	s.finished = append(s.finished, Finished{Req: r, Status: st, Err: msg, KVTransfer: params})
 	s.maybeRelease(r)
@@ -534,6 +560,7 @@ func (s *Scheduler) Update(out *Output, results []Result) []Finished {
 		}
 		r.numComputed = sc.Pos + len(sc.Tokens)
 		s.cacheFullBlocks(r)
+		s.slide(r)
 		if !sc.Sample {
 			continue
 		}
@@ -555,15 +582,20 @@ func (s *Scheduler) Update(out *Output, results []Result) []Finished {
 	return fin
 }
 
-// cacheFullBlocks registers r's full computed blocks in the prefix cache.
+// cacheFullBlocks registers r's full computed blocks in the prefix cache,
+// each group's in its own.
 func (s *Scheduler) cacheFullBlocks(r *Request) {
 	full := r.numComputed / s.pool.BlockSize()
 	if full <= r.numCachedBlocks {
 		return
 	}
 	r.hashes = s.pool.ExtendHashes(r.hashes, r.tokens[:full*s.pool.BlockSize()])
-	for i := r.numCachedBlocks; i < full; i++ {
-		s.pool.Cache(r.blocks[i], r.hashes[i])
+	for g, t := range r.tables {
+		for i := r.numCachedBlocks; i < full; i++ {
+			if t[i] != kvlayout.NullBlock {
+				s.pool.CacheGroup(g, t[i], r.hashes[i])
+			}
+		}
 	}
 	r.numCachedBlocks = full
 }
@@ -635,12 +667,18 @@ func (s *Scheduler) markInvalid(ids []int32) {
 	}
 	bs := s.pool.BlockSize()
 	affected := func(r *Request) int {
-		for i := r.loadStart / bs; i < s.blocksFor(r.loadEnd) && i < len(r.blocks); i++ {
-			if bad[r.blocks[i]] {
-				return i
+		first := -1
+		for _, t := range r.tables {
+			for i := r.loadStart / bs; i < s.blocksFor(r.loadEnd) && i < len(t); i++ {
+				if t[i] != kvlayout.NullBlock && bad[t[i]] {
+					if first < 0 || i < first {
+						first = i
+					}
+					break
+				}
 			}
 		}
-		return -1
+		return first
 	}
 	for _, r := range slices.Clone(s.waiting) {
 		if r.status != WaitingForRemoteKVs {
@@ -688,4 +726,5 @@ func (s *Scheduler) promote(r *Request) {
 	r.numComputed = min(end, len(r.tokens)-1) // recompute the last token for its logits
 	r.firstInvalid, r.loadErr = -1, ""
 	s.cacheFullBlocks(r)
+	s.slide(r)
 }

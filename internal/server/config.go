@@ -40,6 +40,10 @@ type Config struct {
 	// KVCacheDType is the KV-cache element type: auto, bfloat16 or float32
 	// (--kv-cache-dtype).
 	KVCacheDType string
+	// DisableHybridKVCache keeps every layer in every KV block for a model
+	// with sliding-window layers (--disable-hybrid-kv-cache-manager; see
+	// engine.Config).
+	DisableHybridKVCache bool
 	// NumBlocks and KVCacheMemory size the KV cache in blocks or bytes
 	// (--num-blocks, --kv-cache-memory), at most one of them set. With
 	// neither, the cache has room for MaxNumSeqs full-length sequences,

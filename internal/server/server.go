@@ -18,6 +18,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/metrics"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/tandem-serve/tandem/internal/sched"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
@@ -110,6 +111,7 @@ func (s *Server) Run(ctx context.Context) error {
 		KVEvents:            kvEventSink(kvEvents),
 
 		PrefillScheduleInterval: cfg.PrefillScheduleInterval,
+		DisableHybridKVCache:    cfg.DisableHybridKVCache,
 	})
 	if err != nil {
 		return err
@@ -169,11 +171,15 @@ func (s *Server) size(m engine.Forwarder) (maxLen, numBlocks int, err error) {
 	}
 	numBlocks = cfg.NumBlocks
 	if numBlocks == 0 && cfg.KVCacheMemory == 0 {
-		layout := m.KVLayout(cfg.BlockSize)
-		if dt, set, _ := kvlayout.ParseElemType(cfg.KVCacheDType); set {
-			layout = m.KVLayoutOf(cfg.BlockSize, dt)
+		layout, windows, err := engine.PoolLayout(m, cfg.BlockSize, cfg.KVCacheDType, cfg.DisableHybridKVCache)
+		if err != nil {
+			return 0, 0, err
 		}
-		numBlocks = defaultNumBlocks(layout.BlockBytes(), cfg.BlockSize, cfg.MaxNumSeqs, maxLen, totalRAM())
+		// With hybrid KV-cache groups a full-length sequence holds
+		// kvlayout.SeqBlocks blocks (of one group's layers each), not one
+		// block of every layer per BlockSize tokens: size for that many.
+		seqTokens := kvlayout.SeqBlocks(windows, layout.BlockSize, maxLen, cmp.Or(cfg.MaxNumBatchedTokens, sched.DefaultMaxNumBatchedTokens)) * layout.BlockSize
+		numBlocks = defaultNumBlocks(layout.BlockBytes(), layout.BlockSize, cfg.MaxNumSeqs, seqTokens, totalRAM())
 	}
 	return maxLen, numBlocks, nil
 }
