@@ -13,7 +13,7 @@ import (
 // config.json with defaults resolved.
 type Config struct {
 	// ModelType is "llama", "mistral", "mixtral", "qwen2", "qwen3",
-	// "qwen3_moe" or "gemma3_text".
+	// "qwen3_moe", "gemma3_text" or "smollm3".
 	ModelType         string
 	Hidden            int
 	Layers            int
@@ -45,6 +45,9 @@ type Config struct {
 	// see LayerWindow.
 	SlidingWindow int
 	FullLayers    []int
+	// NoRopeLayers lists the layers whose queries and keys get no rotary
+	// embedding (SmolLM3's NoPE layers); nil: every layer has RoPE.
+	NoRopeLayers []int
 	// Gemma is what Gemma 3 adds (gemma3_text); its zero value otherwise.
 	Gemma GemmaConfig
 	BOS   []int32

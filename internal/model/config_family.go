@@ -45,7 +45,7 @@ const (
 
 // familyOrder lists the model types Load accepts, in the order messages
 // name them.
-var familyOrder = []string{"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text"}
+var familyOrder = []string{"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "smollm3"}
 
 // families maps each model_type to how its config.json is read.
 var families = map[string]*family{
@@ -56,6 +56,7 @@ var families = map[string]*family{
 	"qwen3":       &qwen3Family,
 	"qwen3_moe":   &qwen3MoEFamily,
 	"gemma3_text": &gemma3Family,
+	"smollm3":     &smolLM3Family,
 }
 
 // supportedModelTypes lists the model_type values Load accepts, for
@@ -63,9 +64,9 @@ var families = map[string]*family{
 func supportedModelTypes() string { return strings.Join(familyOrder, ", ") }
 
 // readRope is the rope reader of the families with one RoPE for every
-// layer.
+// layer and a default base of 10000.
 func readRope(f *fields, c *Config) error {
 	var err error
-	c.RopeTheta, c.RopeScaling, err = f.rope()
+	c.RopeTheta, c.RopeScaling, err = f.rope(10000)
 	return err
 }

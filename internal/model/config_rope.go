@@ -41,8 +41,9 @@ func (f *fields) ropeOf(layerType string, def float64) (float64, RopeScaling, er
 
 // rope reads rope_theta and rope_scaling, or the rope_parameters object
 // that transformers 5 writes in their place (rope_theta and the scaling
-// fields in one object, rope_type "default" for none).
-func (f *fields) rope() (float64, RopeScaling, error) {
+// fields in one object, rope_type "default" for none); def is the base
+// when neither names one.
+func (f *fields) rope(def float64) (float64, RopeScaling, error) {
 	src, name := f, "rope_theta"
 	if f.has("rope_parameters") {
 		sub, err := parseFields(f.file, f.m["rope_parameters"])
@@ -53,7 +54,7 @@ func (f *fields) rope() (float64, RopeScaling, error) {
 		if sub.has("rope_theta") || !f.has("rope_theta") {
 			src = sub
 		}
-		theta, err := src.floatField(name, 10000)
+		theta, err := src.floatField(name, def)
 		if err != nil {
 			return 0, RopeScaling{}, err
 		}
@@ -66,7 +67,7 @@ func (f *fields) rope() (float64, RopeScaling, error) {
 		rs, err := sub.scaling()
 		return theta, rs, err
 	}
-	theta, err := f.floatField(name, 10000)
+	theta, err := f.floatField(name, def)
 	if err != nil {
 		return 0, RopeScaling{}, err
 	}

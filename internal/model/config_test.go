@@ -84,6 +84,14 @@ func TestParseConfig(t *testing.T) {
 			c.ModelType, c.QKNorm = "qwen3_moe", true
 			c.MoE = MoEConfig{Experts: 8, TopK: 2, Intermediate: 16, NormTopK: true, SparseStep: 2, DenseLayers: []int{1}}
 		}},
+		{"smollm3 defaults are transformers'", `{"model_type": "smollm3", "architectures": ["SmolLM3ForCausalLM"], ` + baseConfig + `, "num_hidden_layers": 8}`, func(c *Config) {
+			c.ModelType, c.Layers, c.MaxPositions, c.RopeTheta, c.TieWordEmbeddings = "smollm3", 8, 32768, 2e6, true
+			c.NoRopeLayers = []int{3, 7}
+		}},
+		{"smollm3 no_rope_layers windows its NoPE layers", `{"model_type": "smollm3", ` + baseConfig + `, "num_hidden_layers": 3, "no_rope_layers": [1, 0, 0, 1], "use_sliding_window": true, "sliding_window": 16}`, func(c *Config) {
+			c.ModelType, c.Layers, c.MaxPositions, c.RopeTheta, c.TieWordEmbeddings = "smollm3", 3, 32768, 2e6, true
+			c.NoRopeLayers, c.SlidingWindow, c.FullLayers = []int{1, 2}, 16, []int{0}
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -129,6 +137,9 @@ func TestParseConfigErrors(t *testing.T) {
 		{"gemma3 silu", `{"model_type": "gemma3_text", ` + baseConfig + `, "hidden_activation": "silu"}`, []string{"hidden_activation", "gelu_pytorch_tanh", "silu"}},
 		{"gemma3 local rope scaling", `{"model_type": "gemma3_text", ` + baseConfig + `, "rope_parameters": {"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "linear", "factor": 2}}}`, []string{"sliding-window layers", "linear"}},
 		{"unknown layer type", `{"model_type": "qwen3", ` + baseConfig + `, "use_sliding_window": true, "sliding_window": 8, "layer_types": ["full_attention", "chunked_attention"]}`, []string{"layer_types", "chunked_attention", "not supported"}},
+		{"smollm3 no_rope_layers too short", `{"model_type": "smollm3", ` + baseConfig + `, "no_rope_layers": [1]}`, []string{"no_rope_layers", "at least 2 flags"}},
+		{"smollm3 no_rope_layers flag", `{"model_type": "smollm3", ` + baseConfig + `, "no_rope_layers": [1, 2]}`, []string{"no_rope_layers", "layer 1", "flag 2"}},
+		{"smollm3 sliding layers without use_sliding_window", `{"model_type": "smollm3", ` + baseConfig + `, "sliding_window": 8, "layer_types": ["full_attention", "sliding_attention"]}`, []string{"layer_types", "use_sliding_window"}},
 		{"layer_types of the wrong length", `{"model_type": "gemma3_text", ` + baseConfig + `, "layer_types": ["full_attention"]}`, []string{"layer_types", "2 layer types"}},
 	}
 	for _, tc := range cases {
@@ -211,6 +222,9 @@ func TestModelinitShapesParse(t *testing.T) {
 			Vocab: 151936, MaxPositions: 40960, RMSNormEps: 1e-6, RopeTheta: 1000000, QKNorm: true,
 			MoE: MoEConfig{Experts: 128, TopK: 8, NormTopK: true, Intermediate: 768, SparseStep: 1, DenseLayers: []int{}},
 			BOS: []int32{151643}, EOS: []int32{151645}, TorchDType: "bfloat16"},
+		modelinit.ShapeSmolLM3Tiny: {ModelType: "smollm3", Hidden: 64, Layers: 4, Heads: 4, KVHeads: 2, HeadDim: 16, Intermediate: 128,
+			Vocab: 1000, MaxPositions: 2048, RMSNormEps: 1e-6, RopeTheta: 2000000, NoRopeLayers: []int{1, 3}, SlidingWindow: 13, FullLayers: []int{0, 2},
+			BOS: []int32{0}, EOS: []int32{0}, TorchDType: "bfloat16"},
 	}
 	for _, name := range modelinit.Shapes() {
 		t.Run(name, func(t *testing.T) {

@@ -310,10 +310,10 @@ func (m *Model) prepareAttention(l *layer, li int, seqs []Seq, kv kvView, layout
 			if l.localRope {
 				cos, sin = s.cosL[t*half:(t+1)*half], s.sinL[t*half:(t+1)*half]
 			}
-			for h := 0; h < c.Heads; h++ {
+			for h := 0; h < c.Heads && !l.noRope; h++ {
 				applyRope(q[h*hd:(h+1)*hd], cos, sin)
 			}
-			for h := 0; h < c.KVHeads; h++ {
+			for h := 0; h < c.KVHeads && !l.noRope; h++ {
 				applyRope(k[h*hd:(h+1)*hd], cos, sin)
 			}
 			sq := &seqs[s.tokSeq[t]]

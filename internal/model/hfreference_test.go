@@ -30,6 +30,7 @@ var hfCases = []string{
 	"mixtral/mixtral-top2", "mixtral/mixtral-window",
 	"mistral/mistral-window67", "mistral/qwen2-maxwindow",
 	"gemma3/gemma3-tied", "gemma3/gemma3-long",
+	"smollm3/smollm3-nope", "smollm3/smollm3-window",
 }
 
 func loadHFGolden(t *testing.T, dir string) hfGolden {
@@ -55,7 +56,8 @@ func loadHFGolden(t *testing.T, dir string) hfGolden {
 // sparse ones, Mixtral with top-2 and top-3 routing and a sliding window
 // smaller than the prompt, Mistral with a window of 67 over 72 tokens,
 // Qwen2 windowed from max_window_layers on, Gemma 3 with local and global
-// layers, linear RoPE scaling and logit soft-capping), position by position, and the greedy
+// layers, linear RoPE scaling and logit soft-capping, SmolLM3 with layers
+// without RoPE, one of them windowed), position by position, and the greedy
 // continuations. The checkpoints are those committed under testdata, or with
 // TANDEM_HF_REFERENCE those scripts/reference/check.sh has just made.
 //

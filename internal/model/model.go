@@ -35,10 +35,13 @@ type layer struct {
 	// one (a sliding-window layer).
 	postAttnNorm, postFFNorm []float32
 	localRope                bool
+	// noRope: the layer applies no rotary embedding (SmolLM3's NoPE
+	// layers).
+	noRope bool
 }
 
-// Model is a loaded Llama-family decoder (llama, mistral, qwen2, qwen3,
-// qwen3_moe) whose
+// Model is a loaded Llama-family decoder (llama, mistral, mixtral, qwen2,
+// qwen3, qwen3_moe, gemma3_text, smollm3) whose
 // weights alias read-only memory holding a safetensors checkpoint or a GGUF
 // file.
 //
@@ -148,6 +151,7 @@ func (m *Model) bindLayer(b *binder, i int) error {
 	c := &m.cfg
 	l := &m.layers[i]
 	l.window = c.LayerWindow(i)
+	l.noRope = !c.LayerRope(i)
 	p := fmt.Sprintf("model.layers.%d.", i)
 	var err error
 	mat := func(name string, rows, cols int) tensor.Mat {
@@ -233,6 +237,7 @@ func (m *Model) Config() Config {
 	c.EOS = slices.Clone(c.EOS)
 	c.MoE.DenseLayers = slices.Clone(c.MoE.DenseLayers)
 	c.FullLayers = slices.Clone(c.FullLayers)
+	c.NoRopeLayers = slices.Clone(c.NoRopeLayers)
 	return c
 }
 
@@ -336,6 +341,9 @@ func (m *Model) computeFingerprint() string {
 		// Which layers the window applies to (only for windowed models,
 		// so that the fingerprints of the others stay what they were).
 		fmt.Fprintf(h, "full_layers=%v\x00", c.FullLayers)
+	}
+	if len(c.NoRopeLayers) > 0 {
+		fmt.Fprintf(h, "no_rope_layers=%v\x00", c.NoRopeLayers)
 	}
 	m.src.each(func(name string, w weight) {
 		fmt.Fprintf(h, "%s\x00%s\x00%v\x00", name, w.typeName, w.shape)

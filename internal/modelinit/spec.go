@@ -21,11 +21,12 @@ type RopeScaling struct {
 // Spec is the architecture and storage of a model to write.
 type Spec struct {
 	// ModelType is "llama" (default), "mistral", "mixtral", "qwen2",
-	// "qwen3", "qwen3_moe" or "gemma3_text". qwen2 gets q/k/v biases;
+	// "qwen3", "qwen3_moe", "gemma3_text" or "smollm3". qwen2 gets q/k/v biases;
 	// qwen3, qwen3_moe and gemma3_text get per-head q/k norms; every
 	// mixtral layer is sparse; gemma3_text gets Gemma 3's sandwich norms
 	// (weights around 0: the norm scales by 1 + weight), GELU and
-	// interleaved local and global layers (Gemma).
+	// interleaved local and global layers (Gemma); smollm3 gets layers
+	// without RoPE (NoRopeInterval).
 	ModelType    string
 	Hidden       int
 	Layers       int
@@ -39,7 +40,7 @@ type Spec struct {
 	RopeTheta    float64
 	RopeScaling  RopeScaling
 	Tied         bool
-	// AttentionBias gives a llama, qwen3 or qwen3_moe model q/k/v/o
+	// AttentionBias gives a llama, qwen3, qwen3_moe or smollm3 model q/k/v/o
 	// biases.
 	AttentionBias bool
 	// MoE is the mixture-of-experts part of a qwen3_moe or mixtral model
@@ -53,6 +54,11 @@ type Spec struct {
 	SlidingWindow int
 	// Gemma is the Gemma 3 part of a gemma3_text model.
 	Gemma Gemma
+	// NoRopeInterval makes every NoRopeInterval-th layer of a smollm3
+	// model one without RoPE (config.json's no_rope_layer_interval; 0
+	// means 4, SmolLM3's). A smollm3 SlidingWindow windows those layers
+	// (use_sliding_window).
+	NoRopeInterval int
 	// DType of every tensor: "bf16", "f16" or "f32".
 	DType string
 	// Std is the scale of the random weights (uniform with this standard
@@ -118,9 +124,12 @@ func (s Spec) headDim() int {
 // Validate reports the first field that cannot make a model.
 func (s Spec) Validate() error {
 	switch s.ModelType {
-	case "", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text":
+	case "", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "smollm3":
 	default:
-		return fmt.Errorf("modelinit: model type %q: expected llama, mistral, mixtral, qwen2, qwen3, qwen3_moe or gemma3_text", s.ModelType)
+		return fmt.Errorf("modelinit: model type %q: expected llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma3_text or smollm3", s.ModelType)
+	}
+	if s.NoRopeInterval < 0 {
+		return fmt.Errorf("modelinit: no-RoPE interval %d: expected 0 (SmolLM3's 4) or a positive interval", s.NoRopeInterval)
 	}
 	for _, f := range []struct {
 		name string
@@ -186,6 +195,7 @@ const (
 	ShapeMixtralTiny  = "mixtral-tiny"
 	ShapeGemma3Tiny   = "gemma3-tiny"
 	ShapeGemma31B     = "gemma-3-1b"
+	ShapeSmolLM3Tiny  = "smollm3-tiny"
 )
 
 var shapes = map[string]Spec{
@@ -238,6 +248,13 @@ var shapes = map[string]Spec{
 		ModelType: "gemma3_text", Hidden: 1152, Layers: 26, Heads: 4, KVHeads: 1, HeadDim: 256,
 		Intermediate: 6912, Vocab: 262144, MaxPositions: 32768, RMSNormEps: 1e-6, RopeTheta: 1000000, Tied: true,
 		BOS: 2, EOS: 1, SlidingWindow: 512, Gemma: Gemma{Pattern: 6, LocalRopeTheta: 10000, QueryScalar: 256},
+	},
+	// Test-sized SmolLM3: layers 1 and 3 without RoPE (every 2nd), each
+	// with a window of 13 (shorter than the test prompts); untied head.
+	ShapeSmolLM3Tiny: {
+		ModelType: "smollm3", Hidden: 64, Layers: 4, Heads: 4, KVHeads: 2, HeadDim: 16,
+		Intermediate: 128, MaxPositions: 2048, RMSNormEps: 1e-6, RopeTheta: 2000000,
+		NoRopeInterval: 2, SlidingWindow: 13,
 	},
 	// Qwen3-0.6B.
 	ShapeQwen306B: {

@@ -115,10 +115,18 @@ func (s Spec) plan() []plannedTensor {
 // hasAttentionBias reports whether the model type reads attention_bias.
 func (s Spec) hasAttentionBias() bool {
 	switch s.modelType() {
-	case "llama", "qwen3", "qwen3_moe":
+	case "llama", "qwen3", "qwen3_moe", "smollm3":
 		return true
 	}
 	return false
+}
+
+// noRopeInterval is the no_rope_layer_interval of a smollm3 model.
+func (s Spec) noRopeInterval() int {
+	if s.NoRopeInterval == 0 {
+		return 4
+	}
+	return s.NoRopeInterval
 }
 
 func (s Spec) modelType() string {
@@ -140,7 +148,7 @@ func (s Spec) NumParams() int64 {
 // configJSON returns the config.json object for s.
 func (s Spec) configJSON() map[string]any {
 	arch := map[string]string{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-		"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}[s.modelType()]
+		"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}[s.modelType()]
 	c := map[string]any{
 		"architectures":           []string{arch},
 		"model_type":              s.modelType(),
@@ -195,6 +203,12 @@ func (s Spec) configJSON() map[string]any {
 			c["max_window_layers"] = 0
 		}
 		c["head_dim"] = s.headDim()
+	case "smollm3":
+		c["attention_bias"] = s.AttentionBias
+		c["mlp_bias"] = false
+		c["no_rope_layer_interval"] = s.noRopeInterval()
+		c["use_sliding_window"] = s.SlidingWindow > 0
+		c["sliding_window"] = window
 	}
 	if s.modelType() == "gemma3_text" {
 		delete(c, "hidden_act")

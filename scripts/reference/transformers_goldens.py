@@ -3,7 +3,7 @@
 transformers' own logits for them.
 
 Families (each a directory under --out): qwen3 (Qwen3, Qwen3-MoE), mixtral,
-mistral (sliding-window attention), gemma3. For each case it writes, under
+mistral (sliding-window attention), gemma3, smollm3 (layers without RoPE). For each case it writes, under
 OUT/<family>/<case>/:
   config.json, generation_config.json, model.safetensors  (save_pretrained, f32)
   golden.json: prompt_ids, the logits of every prompt position (row-major,
@@ -115,6 +115,20 @@ FAMILIES = {
             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                              "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}),
             LONG_PROMPT),
+    },
+    "smollm3": {
+        # Every 2nd layer without RoPE (no_rope_layer_interval), RoPE base
+        # 2e6, tied head.
+        "smollm3-nope": ("SmolLM3ForCausalLM", "SmolLM3Config", dict(COMMON,
+            num_hidden_layers=4, intermediate_size=40, tie_word_embeddings=True,
+            rope_theta=2000000.0, no_rope_layer_interval=2, pad_token_id=0)),
+        # An explicit no_rope_layers (layer 1 without RoPE), whose NoPE layer
+        # has a window of 5 (use_sliding_window), attention biases, untied
+        # head.
+        "smollm3-window": ("SmolLM3ForCausalLM", "SmolLM3Config", dict(COMMON,
+            num_hidden_layers=3, intermediate_size=40, tie_word_embeddings=False,
+            no_rope_layers=[1, 0, 1], use_sliding_window=True, sliding_window=5,
+            attention_bias=True, pad_token_id=0)),
     },
 }
 
