@@ -60,8 +60,9 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 		c.ModelType, c.QKNorm = "qwen3_moe", true
 	case "gemma3":
 		c.ModelType, c.QKNorm = "gemma3_text", true
+	case "smollm3":
 	default:
-		return nil, nil, fail("architecture %q is not supported (supported: llama, which GGUF also uses for Mistral and Mixtral, qwen2, qwen3, qwen3moe and gemma3)", arch)
+		return nil, nil, fail("architecture %q is not supported (supported: llama, which GGUF also uses for Mistral and Mixtral, qwen2, qwen3, qwen3moe, gemma3 and smollm3)", arch)
 	}
 	uintKey := func(dst *int, suffix string, def int, limit int) error {
 		key := arch + "." + suffix
@@ -140,6 +141,10 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 		if err := ggufGemma(f, c, arch, fail); err != nil {
 			return nil, nil, err
 		}
+	}
+	if arch == "smollm3" {
+		// llama.cpp's smollm3: every 4th layer without RoPE, no window.
+		c.NoRopeLayers = ggufSmolLM3NoRopeLayers(c.Layers)
 	}
 	c.RopeTheta = 10000
 	if theta, ok, err := f.Float(arch + ".rope.freq_base"); err != nil {

@@ -115,6 +115,36 @@ func ggufGemmaFits(c *Config) error {
 	return nil
 }
 
+// ggufSmolLM3NoRope is the period of llama.cpp's smollm3 layers without
+// RoPE: every 4th (fixed in llama.cpp; the file has no key for it).
+const ggufSmolLM3NoRope = 4
+
+// ggufSmolLM3Fits checks that a smollm3 model's layers without RoPE are
+// every ggufSmolLM3NoRope-th, the only pattern a smollm3 GGUF file can
+// describe; anything else is refused rather than written as a file
+// llama.cpp (and Tandem) would run with RoPE in the wrong layers.
+func ggufSmolLM3Fits(c *Config) error {
+	if c.ModelType != "smollm3" {
+		return nil
+	}
+	if !slices.Equal(c.NoRopeLayers, ggufSmolLM3NoRopeLayers(c.Layers)) {
+		return fmt.Errorf("model: a SmolLM3 whose layers without RoPE are %v (not every %dth) cannot be written to GGUF (llama.cpp's smollm3 assumes that pattern); serve the safetensors checkpoint instead", c.NoRopeLayers, ggufSmolLM3NoRope)
+	}
+	return nil
+}
+
+// ggufSmolLM3NoRopeLayers are the layers without RoPE of a smollm3 GGUF
+// file of n layers.
+func ggufSmolLM3NoRopeLayers(n int) []int {
+	var layers []int
+	for i := range n {
+		if (i+1)%ggufSmolLM3NoRope == 0 {
+			layers = append(layers, i)
+		}
+	}
+	return layers
+}
+
 // ggufGemmaQueryScalar is the query_pre_attn_scalar llama.cpp's gemma3
 // derives: hidden/heads for the 62-layer 27B, head_dim otherwise.
 func ggufGemmaQueryScalar(c *Config) float64 {
@@ -140,13 +170,15 @@ func ggufGemmaPeriod(c *Config) (int, bool) {
 }
 
 // ConvertToGGUF writes the Hugging Face checkpoint in dir (llama, mistral,
-// mixtral, qwen2, qwen3 or qwen3_moe; safetensors in f32, bf16 or f16) to w as a
+// mixtral, qwen2, qwen3, qwen3_moe, gemma3_text or smollm3; safetensors in
+// f32, bf16 or f16) to w as a
 // GGUF file with the
 // weights in opts.Encoding, the way llama.cpp's convert_hf_to_gguf.py and
 // llama-quantize would: llama.cpp's tensor names and {arch}.* keys
 // (Mistral is written as llama; a model with a sliding window gets
 // context_length limited to the window, see ggufContextLength), the q and k rows of llama and mistral
-// permuted to llama.cpp's rotary layout, Llama 3 rope scaling as a
+// permuted to llama.cpp's rotary layout (smollm3's too, as llama.cpp's
+// converter does), Llama 3 rope scaling as a
 // rope_freqs tensor, output.weight omitted when the embeddings are tied,
 // the experts of a qwen3_moe or mixtral layer (Mixtral is written as llama
 // with experts, as llama.cpp's converter does) stacked into ffn_{gate,up,down}_exps
@@ -170,17 +202,20 @@ func ConvertToGGUF(dir string, w io.Writer, opts GGUFOptions) (*GGUFSummary, err
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	defer set.Close()
-	arch := map[string]string{"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3"}[c.ModelType]
+	arch := map[string]string{"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3", "smollm3": "smollm3"}[c.ModelType]
 	if arch == "" {
 		return nil, fmt.Errorf("model: converting model type %s to GGUF is not supported; serve the safetensors checkpoint instead", c.ModelType)
 	}
 	if err := ggufGemmaFits(c); err != nil {
 		return nil, err
 	}
+	if err := ggufSmolLM3Fits(c); err != nil {
+		return nil, err
+	}
 	if c.RopeScaling.Type != "" && c.RopeScaling.Type != "linear" && c.RopeScaling.Type != "llama3" {
 		return nil, fmt.Errorf("model: rope scaling %q cannot be written to GGUF", c.RopeScaling.Type)
 	}
-	plan, err := ggufPlan(c, set, enc, arch == "llama")
+	plan, err := ggufPlan(c, set, enc, arch == "llama" || arch == "smollm3")
 	if err != nil {
 		return nil, err
 	}

@@ -15,12 +15,13 @@ import (
 )
 
 // LoadGGUF loads the GGUF file at path: architecture llama (which llama.cpp
-// also uses for Mistral), qwen2, qwen3 or qwen3moe (whose stacked
-// ffn_*_exps tensors are bound one expert at a time, as slices),
+// also uses for Mistral and Mixtral), qwen2, qwen3, qwen3moe (whose stacked
+// ffn_*_exps tensors are bound one expert at a time, as slices), gemma3 or
+// smollm3,
 // hyperparameters from the {arch}.* keys, tensors of the types package gguf
 // supports. Quantized matrices stay
 // quantized in memory; norms and biases are widened to f32. The q and k
-// projections of llama files, which llama.cpp's converter permutes for its
+// projections of llama and smollm3 files, which llama.cpp's converter permutes for its
 // rotary layout, are permuted back to Hugging Face's, so the model computes
 // exactly what the checkpoint it came from computes. A rope_freqs tensor
 // (Llama 3 scaling) divides the rotary frequencies. Without output.weight
@@ -318,7 +319,7 @@ func loadGGUFTensors(f *gguf.File, c *Config) (*ggufSource, error) {
 	if first != nil {
 		return fail(fmt.Errorf("model: %s: %w", f.Path, first))
 	}
-	if c.ModelType == "llama" || c.ModelType == "mixtral" {
+	if c.ModelType == "llama" || c.ModelType == "mixtral" || c.ModelType == "smollm3" {
 		if err := src.unpermuteQK(c); err != nil {
 			return fail(err)
 		}

@@ -15,9 +15,9 @@ import (
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
-// TestGGUFQwen3MatchesLlamaCpp checks Tandem's qwen3, qwen3moe, Mixtral and gemma3
-// GGUF files against llama.cpp, an implementation Tandem did not write: the
-// converter writes random f32 Qwen3, Qwen3-MoE, Mixtral and Gemma 3 checkpoints as GGUF, and
+// TestGGUFQwen3MatchesLlamaCpp checks Tandem's qwen3, qwen3moe, Mixtral, gemma3
+// and smollm3 GGUF files against llama.cpp, an implementation Tandem did not write: the
+// converter writes random f32 Qwen3, Qwen3-MoE, Mixtral, Gemma 3 and SmolLM3 checkpoints as GGUF, and
 // llama.cpp's greedy continuation of a prompt (token ids) must equal
 // Tandem's on the same file. llama.cpp runs through node-llama-cpp's
 // prebuilt CPU binaries, installed by `npm ci` in
@@ -59,6 +59,11 @@ func TestGGUFQwen3MatchesLlamaCpp(t *testing.T) {
 		"mixtral": testSpec(func(s *modelinit.Spec) {
 			s.ModelType, s.Layers, s.Vocab = "mixtral", 3, 512
 			s.MoE = modelinit.MoE{Experts: 4, TopK: 2}
+		}),
+		// SmolLM3: layer 3 of 5 without RoPE (llama.cpp's every 4th),
+		// q/k permuted as llama's, untied head.
+		"smollm3": testSpec(func(s *modelinit.Spec) {
+			s.ModelType, s.Layers, s.Vocab, s.RopeTheta = "smollm3", 5, 512, 2e6
 		}),
 	}
 	for name, spec := range cases {

@@ -117,11 +117,12 @@ FAMILIES = {
             LONG_PROMPT),
     },
     "smollm3": {
-        # Every 2nd layer without RoPE (no_rope_layer_interval), RoPE base
+        # Every 4th layer without RoPE (no_rope_layer_interval's default,
+        # the pattern llama.cpp's smollm3 assumes: layer 3 of 5), RoPE base
         # 2e6, tied head.
         "smollm3-nope": ("SmolLM3ForCausalLM", "SmolLM3Config", dict(COMMON,
-            num_hidden_layers=4, intermediate_size=40, tie_word_embeddings=True,
-            rope_theta=2000000.0, no_rope_layer_interval=2, pad_token_id=0)),
+            num_hidden_layers=5, intermediate_size=40, tie_word_embeddings=True,
+            rope_theta=2000000.0, pad_token_id=0)),
         # An explicit no_rope_layers (layer 1 without RoPE), whose NoPE layer
         # has a window of 5 (use_sliding_window), attention biases, untied
         # head.
