@@ -13,7 +13,7 @@ import (
 // config.json with defaults resolved.
 type Config struct {
 	// ModelType is "llama", "mistral", "mixtral", "qwen2", "qwen3",
-	// "qwen3_moe", "gemma3_text" or "smollm3".
+	// "qwen3_moe", "gemma3_text", "smollm3" or "phi3".
 	ModelType         string
 	Hidden            int
 	Layers            int
@@ -45,6 +45,10 @@ type Config struct {
 	// see LayerWindow.
 	SlidingWindow int
 	FullLayers    []int
+	// RotaryDim, if positive, is how many leading dimensions of each head
+	// RoPE rotates (phi3's partial_rotary_factor); 0: all of them. See
+	// RotaryDims.
+	RotaryDim int
 	// NoRopeLayers lists the layers whose queries and keys get no rotary
 	// embedding (SmolLM3's NoPE layers); nil: every layer has RoPE.
 	NoRopeLayers []int

@@ -45,7 +45,7 @@ const (
 
 // familyOrder lists the model types Load accepts, in the order messages
 // name them.
-var familyOrder = []string{"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "smollm3"}
+var familyOrder = []string{"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "smollm3", "phi3"}
 
 // families maps each model_type to how its config.json is read.
 var families = map[string]*family{
@@ -57,6 +57,7 @@ var families = map[string]*family{
 	"qwen3_moe":   &qwen3MoEFamily,
 	"gemma3_text": &gemma3Family,
 	"smollm3":     &smolLM3Family,
+	"phi3":        &phi3Family,
 }
 
 // supportedModelTypes lists the model_type values Load accepts, for

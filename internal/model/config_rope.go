@@ -5,16 +5,21 @@ import (
 )
 
 // RopeScaling describes how rotary frequencies are rescaled for long
-// contexts. Type is "" (none), "linear" or "llama3"; or, for a GGUF file
+// contexts. Type is "" (none), "linear", "llama3" or "longrope"; or, for a GGUF file
 // with a rope_freqs tensor (how llama.cpp stores Llama 3 scaling), "freqs":
 // each frequency is divided by that tensor's factor.
 type RopeScaling struct {
 	Type   string
 	Factor float64
 	// llama3 only.
-	LowFreqFactor                 float64
-	HighFreqFactor                float64
+	LowFreqFactor  float64
+	HighFreqFactor float64
+	// llama3 and longrope.
 	OriginalMaxPositionEmbeddings int
+	// longrope only (phi3): each rotary frequency is divided by its
+	// ShortFactor, and cos and sin are multiplied by AttentionFactor.
+	ShortFactor     []float64
+	AttentionFactor float64
 }
 
 // ropeOf reads the RoPE base and scaling of one layer type from a

@@ -10,23 +10,27 @@ import (
 // RopeScaling is the rope_scaling entry of config.json; the zero value
 // writes null.
 type RopeScaling struct {
-	// Type is "linear" or "llama3".
+	// Type is "linear", "llama3" or (phi3) "longrope".
 	Type                          string
 	Factor                        float64
 	LowFreqFactor                 float64
 	HighFreqFactor                float64
 	OriginalMaxPositionEmbeddings int
+	// ShortFactor and LongFactor are longrope's, one per rotary frequency
+	// (Factor is left for max/original to give).
+	ShortFactor, LongFactor []float64
 }
 
 // Spec is the architecture and storage of a model to write.
 type Spec struct {
 	// ModelType is "llama" (default), "mistral", "mixtral", "qwen2",
-	// "qwen3", "qwen3_moe", "gemma3_text" or "smollm3". qwen2 gets q/k/v biases;
+	// "qwen3", "qwen3_moe", "gemma3_text", "smollm3" or "phi3". qwen2 gets q/k/v biases;
 	// qwen3, qwen3_moe and gemma3_text get per-head q/k norms; every
 	// mixtral layer is sparse; gemma3_text gets Gemma 3's sandwich norms
 	// (weights around 0: the norm scales by 1 + weight), GELU and
 	// interleaved local and global layers (Gemma); smollm3 gets layers
-	// without RoPE (NoRopeInterval).
+	// without RoPE (NoRopeInterval); phi3 gets fused qkv_proj and
+	// gate_up_proj and RoPE on PartialRotary of each head.
 	ModelType    string
 	Hidden       int
 	Layers       int
@@ -59,6 +63,8 @@ type Spec struct {
 	// means 4, SmolLM3's). A smollm3 SlidingWindow windows those layers
 	// (use_sliding_window).
 	NoRopeInterval int
+	// PartialRotary is a phi3 model's partial_rotary_factor (0 means 1).
+	PartialRotary float64
 	// DType of every tensor: "bf16", "f16" or "f32".
 	DType string
 	// Std is the scale of the random weights (uniform with this standard
@@ -124,9 +130,12 @@ func (s Spec) headDim() int {
 // Validate reports the first field that cannot make a model.
 func (s Spec) Validate() error {
 	switch s.ModelType {
-	case "", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "smollm3":
+	case "", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "smollm3", "phi3":
 	default:
-		return fmt.Errorf("modelinit: model type %q: expected llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma3_text or smollm3", s.ModelType)
+		return fmt.Errorf("modelinit: model type %q: expected llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma3_text, smollm3 or phi3", s.ModelType)
+	}
+	if s.PartialRotary < 0 || s.PartialRotary > 1 {
+		return fmt.Errorf("modelinit: partial rotary factor %v: expected 0 (all) or a number in (0, 1]", s.PartialRotary)
 	}
 	if s.NoRopeInterval < 0 {
 		return fmt.Errorf("modelinit: no-RoPE interval %d: expected 0 (SmolLM3's 4) or a positive interval", s.NoRopeInterval)
@@ -196,6 +205,7 @@ const (
 	ShapeGemma3Tiny   = "gemma3-tiny"
 	ShapeGemma31B     = "gemma-3-1b"
 	ShapeSmolLM3Tiny  = "smollm3-tiny"
+	ShapePhi3Tiny     = "phi3-tiny"
 )
 
 var shapes = map[string]Spec{
@@ -256,6 +266,14 @@ var shapes = map[string]Spec{
 		Intermediate: 128, MaxPositions: 2048, RMSNormEps: 1e-6, RopeTheta: 2000000,
 		NoRopeInterval: 2, SlidingWindow: 13,
 	},
+	// Test-sized Phi-4-mini: RoPE on 12 of 16 dimensions, longrope up to
+	// 1024 positions (of 4096), tied head.
+	ShapePhi3Tiny: {
+		ModelType: "phi3", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2,
+		Intermediate: 128, MaxPositions: 4096, RMSNormEps: 1e-5, RopeTheta: 10000, Tied: true, PartialRotary: 0.75,
+		RopeScaling: RopeScaling{Type: "longrope", OriginalMaxPositionEmbeddings: 1024,
+			ShortFactor: []float64{1, 1.05, 1.2, 1.5, 2, 3}, LongFactor: []float64{1, 2, 4, 8, 16, 32}},
+	},
 	// Qwen3-0.6B.
 	ShapeQwen306B: {
 		ModelType: "qwen3", Hidden: 1024, Layers: 28, Heads: 16, KVHeads: 8, HeadDim: 128,
@@ -293,5 +311,7 @@ func Shape(name, dtype string) (Spec, error) {
 	}
 	s.DType = dtype
 	s.MoE.DenseLayers = slices.Clone(s.MoE.DenseLayers)
+	s.RopeScaling.ShortFactor = slices.Clone(s.RopeScaling.ShortFactor)
+	s.RopeScaling.LongFactor = slices.Clone(s.RopeScaling.LongFactor)
 	return s, nil
 }

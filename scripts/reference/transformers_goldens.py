@@ -3,7 +3,8 @@
 transformers' own logits for them.
 
 Families (each a directory under --out): qwen3 (Qwen3, Qwen3-MoE), mixtral,
-mistral (sliding-window attention), gemma3, smollm3 (layers without RoPE). For each case it writes, under
+mistral (sliding-window attention), gemma3, smollm3 (layers without RoPE),
+phi3 (fused projections, partial rotary, longrope). For each case it writes, under
 OUT/<family>/<case>/:
   config.json, generation_config.json, model.safetensors  (save_pretrained, f32)
   golden.json: prompt_ids, the logits of every prompt position (row-major,
@@ -130,6 +131,26 @@ FAMILIES = {
             num_hidden_layers=3, intermediate_size=40, tie_word_embeddings=False,
             no_rope_layers=[1, 0, 1], use_sliding_window=True, sliding_window=5,
             attention_bias=True, pad_token_id=0)),
+    },
+    "phi3": {
+        # Fused qkv_proj and gate_up_proj, RoPE on half of each head
+        # (partial_rotary_factor 0.5: 6 of 12 dimensions), untied head.
+        "phi3-partial": ("Phi3ForCausalLM", "Phi3Config", dict(COMMON,
+            num_hidden_layers=2, intermediate_size=40, tie_word_embeddings=False,
+            partial_rotary_factor=0.5, pad_token_id=0, sliding_window=None)),
+        # Phi-4-mini's features: partial_rotary_factor 0.75 (12 of 16
+        # dimensions, head_dim = hidden/heads as Phi3Config checks), longrope
+        # (short factors used up to
+        # original_max_position_embeddings 64; max_position_embeddings 256
+        # makes the attention factor √(1 + ln 4 / ln 64)), tied head, a
+        # window longer than the positions.
+        "phi4mini-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(COMMON,
+            num_hidden_layers=3, intermediate_size=40, tie_word_embeddings=True,
+            hidden_size=64, head_dim=16, partial_rotary_factor=0.75, pad_token_id=0,
+            original_max_position_embeddings=64, sliding_window=1024,
+            rope_scaling={"rope_type": "longrope", "rope_theta": 10000.0,
+                          "short_factor": [1.0, 1.1, 1.3, 1.7, 2.3, 3.1],
+                          "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]})),
     },
 }
 

@@ -41,3 +41,14 @@ func TestGGUFSmolLM3RefusesOtherNoRopePatterns(t *testing.T) {
 		t.Fatalf("ConvertToGGUF = %v, want an error naming the layers without RoPE and llama.cpp's every-4th pattern", err)
 	}
 }
+
+// TestGGUFPhi3IsRefused checks that converting a phi3 checkpoint to GGUF
+// (whose fused tensors and longrope factors Tandem's writer does not lay
+// out) fails with an error naming the model type, rather than writing a
+// file that would run differently.
+func TestGGUFPhi3IsRefused(t *testing.T) {
+	_, err := ConvertToGGUF(filepath.Join("testdata", "phi3", "phi3-partial"), io.Discard, GGUFOptions{Encoding: "f32"})
+	if err == nil || !strings.Contains(err.Error(), "phi3") || !strings.Contains(err.Error(), "safetensors") {
+		t.Fatalf("ConvertToGGUF = %v, want an error naming phi3 and the safetensors way", err)
+	}
+}
