@@ -113,6 +113,8 @@ func (f *fields) config() (*Config, error) {
 	case ok:
 	case c.ModelType == "gemma3":
 		return nil, fmt.Errorf("model: %s: field \"model_type\": model type \"gemma3\" (Gemma3ForConditionalGeneration, the multimodal Gemma 3 with a vision tower) is not supported; serve a text-only Gemma 3 checkpoint (model_type gemma3_text, Gemma3ForCausalLM, such as gemma-3-1b)", f.file)
+	case missingFor[c.ModelType] != "":
+		return nil, fmt.Errorf("model: %s: field \"model_type\": model type %q is not supported: %s (supported: %s)", f.file, c.ModelType, missingFor[c.ModelType], supportedModelTypes())
 	case c.ModelType == "":
 		return nil, fmt.Errorf("model: %s: required field \"model_type\" is missing (supported: %s)", f.file, supportedModelTypes())
 	default:

@@ -60,6 +60,18 @@ var families = map[string]*family{
 	"phi3":        &phi3Family,
 }
 
+// missingFor names, for model types Tandem knows of but cannot run, what it
+// lacks (config.json's model_type and GGUF's general.architecture).
+var missingFor = map[string]string{
+	"gpt_oss": "gpt-oss (GptOssForCausalLM) needs attention sinks (a learned per-head logit in every softmax), " +
+		"alternating sliding-window and full-attention layers with its YaRN RoPE, and mixture-of-experts layers " +
+		"with MXFP4-quantized experts, biases and a clamped SwiGLU, which Tandem does not implement",
+	"gpt-oss": "gpt-oss needs attention sinks, alternating sliding-window layers with YaRN RoPE and MXFP4-quantized " +
+		"experts with biases, which Tandem does not implement",
+	"phi3": "Tandem reads phi3 (Phi-3, Phi-4-mini) from Hugging Face safetensors only: its GGUF files' fused attn_qkv " +
+		"and rope_factors tensors are not supported; serve the safetensors checkpoint",
+}
+
 // supportedModelTypes lists the model_type values Load accepts, for
 // messages.
 func supportedModelTypes() string { return strings.Join(familyOrder, ", ") }

@@ -158,6 +158,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"phi3 longrope short_factor length", `{"model_type": "phi3", ` + baseConfig + `, "original_max_position_embeddings": 64, "rope_scaling": {"rope_type": "longrope", "short_factor": [1], "long_factor": [1]}}`, []string{"short_factor", "1 entries", "(4)"}},
 		{"phi3 longrope without original length", `{"model_type": "phi3", ` + baseConfig + `, "rope_scaling": {"rope_type": "longrope", "short_factor": [1, 1, 1, 1], "long_factor": [1, 1, 1, 1]}}`, []string{"original_max_position_embeddings", "missing"}},
 		{"phi3 odd rotary width", `{"model_type": "phi3", ` + baseConfig + `, "partial_rotary_factor": 0.375}`, []string{"partial_rotary_factor", "3 rotary dimensions"}},
+		{"gpt-oss", `{"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], ` + baseConfig + `}`, []string{"gpt_oss", "not supported", "attention sinks", "MXFP4", "supported: llama"}},
 		{"layer_types of the wrong length", `{"model_type": "gemma3_text", ` + baseConfig + `, "layer_types": ["full_attention"]}`, []string{"layer_types", "2 layer types"}},
 	}
 	for _, tc := range cases {

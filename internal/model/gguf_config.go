@@ -61,6 +61,8 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 	case "gemma3":
 		c.ModelType, c.QKNorm = "gemma3_text", true
 	case "smollm3":
+	case "gpt-oss", "phi3":
+		return nil, nil, fail("architecture %q is not supported: %s", arch, missingFor[arch])
 	default:
 		return nil, nil, fail("architecture %q is not supported (supported: llama, which GGUF also uses for Mistral and Mixtral, qwen2, qwen3, qwen3moe, gemma3 and smollm3)", arch)
 	}
