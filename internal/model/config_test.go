@@ -249,6 +249,10 @@ func TestModelinitShapesParse(t *testing.T) {
 			RopeScaling: RopeScaling{Type: "longrope", Factor: 4, OriginalMaxPositionEmbeddings: 1024, ShortFactor: []float64{1, 1.05, 1.2, 1.5, 2, 3},
 				AttentionFactor: math.Sqrt(1 + math.Log(4)/math.Log(1024))},
 			BOS: []int32{0}, EOS: []int32{0}, TorchDType: "bfloat16"},
+		modelinit.ShapeQwen3MoE7B: {ModelType: "qwen3_moe", Hidden: 2048, Layers: 16, Heads: 16, KVHeads: 16, HeadDim: 128, Intermediate: 1024,
+			Vocab: 50304, MaxPositions: 4096, RMSNormEps: 1e-5, RopeTheta: 10000, QKNorm: true,
+			MoE: MoEConfig{Experts: 64, TopK: 8, Intermediate: 1024, SparseStep: 1, DenseLayers: []int{}},
+			BOS: []int32{50279}, EOS: []int32{50279}, TorchDType: "bfloat16"},
 	}
 	for _, name := range modelinit.Shapes() {
 		t.Run(name, func(t *testing.T) {

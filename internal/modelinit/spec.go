@@ -206,6 +206,7 @@ const (
 	ShapeGemma31B     = "gemma-3-1b"
 	ShapeSmolLM3Tiny  = "smollm3-tiny"
 	ShapePhi3Tiny     = "phi3-tiny"
+	ShapeQwen3MoE7B   = "qwen3-moe-7b-a1b"
 )
 
 var shapes = map[string]Spec{
@@ -279,6 +280,16 @@ var shapes = map[string]Spec{
 		ModelType: "qwen3", Hidden: 1024, Layers: 28, Heads: 16, KVHeads: 8, HeadDim: 128,
 		Intermediate: 3072, Vocab: 151936, MaxPositions: 40960, RMSNormEps: 1e-6, RopeTheta: 1000000, Tied: true,
 		BOS: 151643, EOS: 151645,
+	},
+	// OLMoE-1B-7B's dimensions as a Qwen3-MoE (per-head q/k norms rather
+	// than OLMoE's whole-projection ones): 64 experts of width 1024, 8
+	// active per token; 6.9B parameters, 1.3B active. A mixture of experts
+	// that fits a small host at Q4_K_M (about 4 GB) for measurements.
+	ShapeQwen3MoE7B: {
+		ModelType: "qwen3_moe", Hidden: 2048, Layers: 16, Heads: 16, KVHeads: 16, HeadDim: 128,
+		Intermediate: 1024, Vocab: 50304, MaxPositions: 4096, RMSNormEps: 1e-5, RopeTheta: 10000,
+		BOS: 50279, EOS: 50279,
+		MoE: MoE{Experts: 64, TopK: 8, Intermediate: 1024, NormTopK: false, SparseStep: 1},
 	},
 	// Qwen3-30B-A3B: 128 experts, 8 active per token.
 	ShapeQwen330BA3B: {
