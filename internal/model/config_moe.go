@@ -26,7 +26,7 @@ type MoEConfig struct {
 // The mixture-of-experts model types (mixtral's window is read by
 // slidingWindow).
 var (
-	mixtralFamily = family{arch: "MixtralForCausalLM", maxPositions: 2048, eps: 1e-6, rope: readRope,
+	mixtralFamily = family{arch: "MixtralForCausalLM", maxPositions: 2048, eps: 1e-6, bias: noBias, rope: readRope,
 		extra: func(f *fields, c *Config) (err error) {
 			c.MoE, err = f.mixtral(c)
 			return err

@@ -11,7 +11,7 @@ import (
 // qkv_proj, gate and up in one gate_up_proj, RoPE on the first
 // partial_rotary_factor of each head, longrope scaling, every layer
 // windowed when sliding_window is set.
-var phi3Family = family{arch: "Phi3ForCausalLM", maxPositions: 4096, eps: 1e-5, rope: (*fields).phi3Rope, extra: (*fields).phi3Window}
+var phi3Family = family{arch: "Phi3ForCausalLM", maxPositions: 4096, eps: 1e-5, bias: noBias, rope: (*fields).phi3Rope, extra: (*fields).phi3Window}
 
 // phi3Rope reads the RoPE base, scaling and rotary width of a phi3 config
 // (rope_theta and rope_scaling, or transformers 5's rope_parameters;
