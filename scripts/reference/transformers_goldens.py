@@ -4,7 +4,8 @@ transformers' own logits for them.
 
 Families (each a directory under --out): qwen3 (Qwen3, Qwen3-MoE), mixtral,
 mistral (sliding-window attention), gemma3, smollm3 (layers without RoPE),
-phi3 (fused projections, partial rotary, longrope). For each case it writes, under
+phi3 (fused projections, partial rotary, longrope), llama (Llama 3.x RoPE
+scaling). For each case it writes, under
 OUT/<family>/<case>/:
   config.json, generation_config.json, model.safetensors  (save_pretrained, f32)
   golden.json: prompt_ids, the logits of every prompt position (row-major,
@@ -131,6 +132,15 @@ FAMILIES = {
             num_hidden_layers=3, intermediate_size=40, tie_word_embeddings=False,
             no_rope_layers=[1, 0, 1], use_sliding_window=True, sliding_window=5,
             attention_bias=True, pad_token_id=0)),
+    },
+    "llama": {
+        # Llama 3.1/3.2's rope_scaling (rope_type llama3): with head_dim 12,
+        # base 1e6 and original_max_position_embeddings 64 the frequencies
+        # fall in all three bands (kept, smoothed, divided by factor 8).
+        "llama3-rope": ("LlamaForCausalLM", "LlamaConfig", dict(COMMON,
+            num_hidden_layers=2, intermediate_size=40, tie_word_embeddings=True,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
     },
     "phi3": {
         # Fused qkv_proj and gate_up_proj, RoPE on half of each head
