@@ -41,7 +41,7 @@ type layer struct {
 }
 
 // Model is a loaded Llama-family decoder (llama, mistral, mixtral, qwen2,
-// qwen3, qwen3_moe, gemma3_text, smollm3) whose
+// qwen3, qwen3_moe, gemma3_text, smollm3, phi3) whose
 // weights alias read-only memory holding a safetensors checkpoint or a GGUF
 // file.
 //
