@@ -68,8 +68,6 @@ var missingFor = map[string]string{
 		"with MXFP4-quantized experts, biases and a clamped SwiGLU, which Tandem does not implement",
 	"gpt-oss": "gpt-oss needs attention sinks, alternating sliding-window layers with YaRN RoPE and MXFP4-quantized " +
 		"experts with biases, which Tandem does not implement",
-	"phi3": "Tandem reads phi3 (Phi-3, Phi-4-mini) from Hugging Face safetensors only: its GGUF files' fused attn_qkv " +
-		"and rope_factors tensors are not supported; serve the safetensors checkpoint",
 }
 
 // supportedModelTypes lists the model_type values Load accepts, for

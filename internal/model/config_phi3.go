@@ -120,6 +120,9 @@ func (f *fields) longrope(c *Config, sub *fields) error {
 	if err := json.Unmarshal(sub.m["short_factor"], &rs.ShortFactor); err != nil {
 		return sub.typeErr("short_factor", "a list of numbers")
 	}
+	if err := json.Unmarshal(sub.m["long_factor"], &rs.LongFactor); err != nil {
+		return sub.typeErr("long_factor", "a list of numbers")
+	}
 	if rs.Factor, err = sub.floatField("factor", 0); err != nil {
 		return err
 	}
@@ -138,20 +141,26 @@ func (f *fields) longrope(c *Config, sub *fields) error {
 	if !(rs.AttentionFactor > 0) {
 		return sub.typeErr("attention_factor", "a positive number")
 	}
+	// transformers holds the factors as float32 tensors and scales float32
+	// cos and sin by the attention factor; GGUF files store them as f32.
+	for i, v := range rs.ShortFactor {
+		rs.ShortFactor[i] = float64(float32(v))
+	}
+	rs.AttentionFactor = float64(float32(rs.AttentionFactor))
 	c.RopeScaling = rs
 	c.MaxPositions = min(c.MaxPositions, rs.OriginalMaxPositionEmbeddings)
 	return nil
 }
 
-// checkLongrope checks that a longrope scaling has one short factor per
-// rotary frequency, each positive.
+// checkLongrope checks that a longrope scaling has one short and one long
+// factor per rotary frequency, the short ones positive.
 func (c *Config) checkLongrope(file string) error {
 	rs := &c.RopeScaling
 	if rs.Type != "longrope" {
 		return nil
 	}
-	if len(rs.ShortFactor) != c.RotaryDims()/2 {
-		return fmt.Errorf("model: %s: longrope short_factor has %d entries, expected one per rotary frequency (%d)", file, len(rs.ShortFactor), c.RotaryDims()/2)
+	if len(rs.ShortFactor) != c.RotaryDims()/2 || len(rs.LongFactor) != c.RotaryDims()/2 {
+		return fmt.Errorf("model: %s: longrope short_factor and long_factor have %d and %d entries, expected one per rotary frequency (%d)", file, len(rs.ShortFactor), len(rs.LongFactor), c.RotaryDims()/2)
 	}
 	for i, v := range rs.ShortFactor {
 		if !(v > 0) || math.IsInf(v, 0) {

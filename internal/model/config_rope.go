@@ -20,6 +20,9 @@ type RopeScaling struct {
 	// ShortFactor, and cos and sin are multiplied by AttentionFactor.
 	ShortFactor     []float64
 	AttentionFactor float64
+	// LongFactor are longrope's factors past the original length; Tandem
+	// does not compute with them but writes them to GGUF files.
+	LongFactor []float64
 }
 
 // ropeOf reads the RoPE base and scaling of one layer type from a

@@ -103,7 +103,7 @@ func TestParseConfig(t *testing.T) {
 			"rope_theta": 10000.0, "rope_scaling": {"type": "longrope", "short_factor": [1, 1.5, 2], "long_factor": [4, 5, 6]}, "sliding_window": 262144, "tie_word_embeddings": true}`, func(c *Config) {
 			c.ModelType, c.MaxPositions, c.RMSNormEps, c.RotaryDim, c.TieWordEmbeddings = "phi3", 4096, 1e-5, 6, true
 			c.RopeScaling = RopeScaling{Type: "longrope", Factor: 32, OriginalMaxPositionEmbeddings: 4096, ShortFactor: []float64{1, 1.5, 2},
-				AttentionFactor: math.Sqrt(1 + math.Log(32)/math.Log(4096))}
+				LongFactor: []float64{4, 5, 6}, AttentionFactor: float64(float32(math.Sqrt(1 + math.Log(32)/math.Log(4096))))}
 		}},
 	}
 	for _, tc := range cases {
@@ -155,7 +155,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"smollm3 sliding layers without use_sliding_window", `{"model_type": "smollm3", ` + baseConfig + `, "sliding_window": 8, "layer_types": ["full_attention", "sliding_attention"]}`, []string{"layer_types", "use_sliding_window"}},
 		{"phi3 linear rope", `{"model_type": "phi3", ` + baseConfig + `, "rope_scaling": {"rope_type": "linear", "factor": 2}}`, []string{"rope_type", "linear", "phi3", "longrope"}},
 		{"phi3 longrope without factors", `{"model_type": "phi3", ` + baseConfig + `, "original_max_position_embeddings": 64, "rope_scaling": {"rope_type": "longrope"}}`, []string{"short_factor", "long_factor"}},
-		{"phi3 longrope short_factor length", `{"model_type": "phi3", ` + baseConfig + `, "original_max_position_embeddings": 64, "rope_scaling": {"rope_type": "longrope", "short_factor": [1], "long_factor": [1]}}`, []string{"short_factor", "1 entries", "(4)"}},
+		{"phi3 longrope short_factor length", `{"model_type": "phi3", ` + baseConfig + `, "original_max_position_embeddings": 64, "rope_scaling": {"rope_type": "longrope", "short_factor": [1], "long_factor": [1]}}`, []string{"short_factor", "1 and 1 entries", "(4)"}},
 		{"phi3 longrope without original length", `{"model_type": "phi3", ` + baseConfig + `, "rope_scaling": {"rope_type": "longrope", "short_factor": [1, 1, 1, 1], "long_factor": [1, 1, 1, 1]}}`, []string{"original_max_position_embeddings", "missing"}},
 		{"phi3 odd rotary width", `{"model_type": "phi3", ` + baseConfig + `, "partial_rotary_factor": 0.375}`, []string{"partial_rotary_factor", "3 rotary dimensions"}},
 		{"gpt-oss", `{"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], ` + baseConfig + `}`, []string{"gpt_oss", "not supported", "attention sinks", "MXFP4", "supported: llama"}},
@@ -246,8 +246,9 @@ func TestModelinitShapesParse(t *testing.T) {
 			BOS: []int32{0}, EOS: []int32{0}, TorchDType: "bfloat16"},
 		modelinit.ShapePhi3Tiny: {ModelType: "phi3", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, Intermediate: 128,
 			Vocab: 1000, MaxPositions: 1024, RMSNormEps: 1e-5, RopeTheta: 10000, TieWordEmbeddings: true, RotaryDim: 12,
-			RopeScaling: RopeScaling{Type: "longrope", Factor: 4, OriginalMaxPositionEmbeddings: 1024, ShortFactor: []float64{1, 1.05, 1.2, 1.5, 2, 3},
-				AttentionFactor: math.Sqrt(1 + math.Log(4)/math.Log(1024))},
+			RopeScaling: RopeScaling{Type: "longrope", Factor: 4, OriginalMaxPositionEmbeddings: 1024,
+				ShortFactor: []float64{1, float64(float32(1.05)), float64(float32(1.2)), 1.5, 2, 3}, LongFactor: []float64{1, 2, 4, 8, 16, 32},
+				AttentionFactor: float64(float32(math.Sqrt(1 + math.Log(4)/math.Log(1024))))},
 			BOS: []int32{0}, EOS: []int32{0}, TorchDType: "bfloat16"},
 		modelinit.ShapeQwen3MoE7B: {ModelType: "qwen3_moe", Hidden: 2048, Layers: 16, Heads: 16, KVHeads: 16, HeadDim: 128, Intermediate: 1024,
 			Vocab: 50304, MaxPositions: 4096, RMSNormEps: 1e-5, RopeTheta: 10000, QKNorm: true,

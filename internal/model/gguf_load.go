@@ -16,8 +16,8 @@ import (
 
 // LoadGGUF loads the GGUF file at path: architecture llama (which llama.cpp
 // also uses for Mistral and Mixtral), qwen2, qwen3, qwen3moe (whose stacked
-// ffn_*_exps tensors are bound one expert at a time, as slices), gemma3 or
-// smollm3,
+// ffn_*_exps tensors are bound one expert at a time, as slices), gemma3,
+// smollm3 or phi3,
 // hyperparameters from the {arch}.* keys, tensors of the types package gguf
 // supports. Quantized matrices stay
 // quantized in memory; norms and biases are widened to f32. The q and k
@@ -170,8 +170,18 @@ var (
 	ggufMoEParts    = [][]string{{"ffn_gate_inp.weight"}, {"ffn_gate_exps.weight"}, {"ffn_up_exps.weight"}, {"ffn_down_exps.weight"}}
 )
 
+// ggufPhi3Parts are the per-layer tensors of phi3, whose q, k and v, and
+// gate and up, are fused in the file.
+var ggufPhi3Parts = [][]string{
+	{"attn_qkv.weight"}, {"ffn_up.weight"},
+	{"attn_norm.weight"}, {"attn_output.weight"}, {"ffn_norm.weight"}, {"ffn_down.weight"},
+}
+
 // layerParts returns the per-layer tensors of c's architecture.
 func layerParts(c *Config) [][]string {
+	if c.ModelType == "phi3" {
+		return ggufPhi3Parts
+	}
 	parts := ggufLayerParts
 	if c.QKNorm {
 		parts = append(slices.Clone(parts), ggufQKNormParts...)
@@ -221,6 +231,10 @@ func loadGGUFTensors(f *gguf.File, c *Config) (*ggufSource, error) {
 	add(ggufNorm)
 	add(ggufOutput)
 	add(ggufRopeFreqs)
+	if c.ModelType == "phi3" {
+		add(ggufRopeShort)
+		add(ggufRopeLong)
+	}
 	parts := layerParts(c)
 	for i := range c.Layers {
 		for _, part := range parts {

@@ -4,6 +4,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -42,13 +43,30 @@ func TestGGUFSmolLM3RefusesOtherNoRopePatterns(t *testing.T) {
 	}
 }
 
-// TestGGUFPhi3IsRefused checks that converting a phi3 checkpoint to GGUF
-// (whose fused tensors and longrope factors Tandem's writer does not lay
-// out) fails with an error naming the model type, rather than writing a
-// file that would run differently.
-func TestGGUFPhi3IsRefused(t *testing.T) {
-	_, err := ConvertToGGUF(filepath.Join("testdata", "phi3", "phi3-partial"), io.Discard, GGUFOptions{Encoding: "f32"})
-	if err == nil || !strings.Contains(err.Error(), "phi3") || !strings.Contains(err.Error(), "safetensors") {
-		t.Fatalf("ConvertToGGUF = %v, want an error naming phi3 and the safetensors way", err)
+// TestGGUFPhi3RoundTrips converts the transformers-built Phi-3 checkpoints
+// (fused projections, partial rotary; Phi-4-mini's longrope) to phi3 GGUF
+// files and loads them back: the fused attn_qkv and ffn_up, the rotary
+// width (rope.dimension_count), the longrope factors (rope_factors_short,
+// rope_factors_long) and attention factor come back, and the f32 logits
+// are the checkpoint's bit for bit.
+func TestGGUFPhi3RoundTrips(t *testing.T) {
+	for _, name := range []string{"phi3/phi3-partial", "phi3/phi4mini-longrope"} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join("testdata", name)
+			want := loadTestModel(t, dir, 2)
+			got := loadTestModel(t, convertGGUF(t, dir, "f32"), 2)
+			wc, gc := want.Config(), got.Config()
+			if gc.ModelType != "phi3" || gc.RotaryDim != wc.RotaryDim || !reflect.DeepEqual(gc.RopeScaling, wc.RopeScaling) || gc.MaxModelLen() != wc.MaxModelLen() {
+				t.Errorf("GGUF config %+v, checkpoint's %+v", gc, wc)
+			}
+			r := rand.New(rand.NewPCG(8, 9))
+			tokens := randomTokens(r, 30, wc.Vocab)
+			a, b := logitsOf(t, got, tokens), logitsOf(t, want, tokens)
+			for p := range b {
+				if !sameBits(a[p], b[p]) {
+					t.Fatalf("position %d: f32 GGUF logits differ from the checkpoint's (max rel diff %g)", p, relDiff(a, b))
+				}
+			}
+		})
 	}
 }

@@ -535,7 +535,6 @@ func TestLoadGGUFReportsWhatIsWrong(t *testing.T) {
 		want    string
 	}{
 		{"unknown architecture", setKV("general.architecture", gguf.StringValue("phi2")), nil, `architecture "phi2" is not supported`},
-		{"phi3", setKV("general.architecture", gguf.StringValue("phi3")), nil, `architecture "phi3" is not supported: Tandem reads phi3 (Phi-3, Phi-4-mini) from Hugging Face safetensors only`},
 		{"gpt-oss", setKV("general.architecture", gguf.StringValue("gpt-oss")), nil, `architecture "gpt-oss" is not supported: gpt-oss needs attention sinks, alternating sliding-window layers with YaRN RoPE and MXFP4-quantized experts`},
 		{"no architecture", dropKV("general.architecture"), nil, "general.architecture is missing"},
 		{"missing key", dropKV("llama.embedding_length"), nil, "required key llama.embedding_length is missing"},

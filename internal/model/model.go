@@ -253,6 +253,7 @@ func (m *Model) Config() Config {
 	c.FullLayers = slices.Clone(c.FullLayers)
 	c.NoRopeLayers = slices.Clone(c.NoRopeLayers)
 	c.RopeScaling.ShortFactor = slices.Clone(c.RopeScaling.ShortFactor)
+	c.RopeScaling.LongFactor = slices.Clone(c.RopeScaling.LongFactor)
 	return c
 }
 
