@@ -31,7 +31,7 @@ var hfCases = []string{
 	"mistral/mistral-window67", "mistral/qwen2-maxwindow",
 	"gemma3/gemma3-tied", "gemma3/gemma3-long",
 	"smollm3/smollm3-nope", "smollm3/smollm3-window",
-	"phi3/phi3-partial", "phi3/phi4mini-longrope",
+	"phi3/phi3-partial", "phi3/phi4mini-longrope", "phi3/phi3-window",
 	"llama/llama3-rope",
 }
 
@@ -60,7 +60,8 @@ func loadHFGolden(t *testing.T, dir string) hfGolden {
 // Qwen2 windowed from max_window_layers on, Gemma 3 with local and global
 // layers, linear RoPE scaling and logit soft-capping, SmolLM3 with layers
 // without RoPE, one of them windowed, Phi-3 with fused projections and
-// partial rotary embeddings and Phi-4-mini's longrope, Llama with Llama 3.x
+// partial rotary embeddings, a window in every layer and Phi-4-mini's
+// longrope, Llama with Llama 3.x
 // RoPE scaling), position by
 // position, and the greedy
 // continuations. The checkpoints are those committed under testdata, or with

@@ -161,6 +161,11 @@ FAMILIES = {
             rope_scaling={"rope_type": "longrope", "rope_theta": 10000.0,
                           "short_factor": [1.0, 1.1, 1.3, 1.7, 2.3, 3.1],
                           "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]})),
+        # Phi-3-mini-4k's window in every layer (2047 there), here 5: shorter
+        # than the prompt.
+        "phi3-window": ("Phi3ForCausalLM", "Phi3Config", dict(COMMON,
+            num_hidden_layers=2, intermediate_size=40, tie_word_embeddings=False,
+            pad_token_id=0, sliding_window=5)),
     },
 }
 
