@@ -290,7 +290,7 @@ func BenchmarkQuantizeActs(b *testing.B) {
 				x := randVec(rand.New(rand.NewPCG(4, 4)), s.m*s.k)
 				var a qAct
 				for b.Loop() {
-					pool.quantizeActs(&a, d, x, s.m, s.k)
+					pool.quantizeActs(active.Load(), &a, d, x, s.m, s.k)
 				}
 				b.ReportMetric(float64(s.m*s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
 			})
