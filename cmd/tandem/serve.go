@@ -170,6 +170,11 @@ func runServe(args []string) error {
 		return err
 	}
 	defer stopTracing()
+	if f.Config.Simulate == nil {
+		if _, err := calibrateKernels(f.Logger); err != nil {
+			return err
+		}
+	}
 	s, err := server.New(f.Config)
 	if err != nil {
 		return err
