@@ -117,6 +117,7 @@ func Calibrate(cfg CalibrateConfig) (Calibration, error) {
 	}
 	key := cacheKey(cfg.BuildID)
 	if cfg.CacheDir != "" {
+		defer lockCalibration(cfg.CacheDir)()
 		if cached, ok := loadCalibration(cfg.CacheDir, key); ok {
 			if err := apply(cached.Set, cached.Quant); err == nil {
 				cached.Source = "cache"

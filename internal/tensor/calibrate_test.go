@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -252,5 +253,44 @@ func TestFormatHintSpeaksOnlyWhenQ8IsMuchFaster(t *testing.T) {
 	c.QuantTimes[0].Times[0] = 3 * time.Millisecond
 	if h := c.FormatHint(); h != "" {
 		t.Fatalf("hint %q at 1.3x, want none", h)
+	}
+}
+
+// TestConcurrentCalibrationsShareOneMeasurement: engines starting together
+// on one machine with one cache measure once and agree.
+func TestConcurrentCalibrationsShareOneMeasurement(t *testing.T) {
+	restoreKernels(t)
+	dir := t.TempDir()
+	var mu sync.Mutex // the fake timer's call counter is not concurrency safe
+	calls := 0
+	timer := fakeTimer(nil, &calls)
+	measure := func(cand string, w Workload, run func()) time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		return timer(cand, w, run)
+	}
+	first := make(chan Calibration, 4)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := Calibrate(CalibrateConfig{CacheDir: dir, BuildID: "b", Measure: measure})
+			if err != nil {
+				t.Error(err)
+			}
+			first <- c
+		}()
+	}
+	wg.Wait()
+	close(first)
+	measured := 0
+	for c := range first {
+		if c.Source == "measured" {
+			measured++
+		}
+	}
+	if measured != 1 {
+		t.Fatalf("%d of 4 concurrent calibrations measured, want 1 (the others read its cache)", measured)
 	}
 }
