@@ -3,10 +3,12 @@ package tensor
 import "unsafe"
 
 // SumWords adds x's bits as 64-bit words in eight independent chains and
-// returns the sum. It is the reference scan for a machine's read limit
-// (tandem bench model, BenchmarkStreamRead): two loads and adds per 16
-// bytes in eight independent chains, whereas ArgMax is a Go
-// loop without AVX-512 and bound by its arithmetic (~5.8 GB/s on a Zen 2).
+// returns the sum: a plain read of x with one add per 8 bytes, the scan
+// that measures a machine's read limit (tandem bench model,
+// BenchmarkStreamRead). ArgMax, the scan used before, is a Go loop without
+// AVX-512 and bound by its arithmetic (~5.8 GB/s on a Zen 2). Like any scan
+// without software prefetch it reads less than the prefetching matrix
+// kernels reach on some cores (see docs/performance.md).
 func SumWords(x []float32) uint64 {
 	w := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(x))), len(x)/2)
 	// Eight scalars, not an array: Go keeps only scalars in registers.
