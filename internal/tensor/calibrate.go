@@ -129,11 +129,19 @@ func Calibrate(cfg CalibrateConfig) (Calibration, error) {
 	if measure == nil {
 		measure = wallClock
 	}
-	c.SetTimes = timeSets(measure)
-	c.QuantTimes = timeQuants(measure)
-	var setWhy, quantWhy string
-	c.Set, setWhy = chooseSet(def.name, c.SetTimes)
-	c.Quant, quantWhy = chooseQuant(c.QuantTimes)
+	// A family with one candidate needs no measurement (the pure-Go
+	// kernels where there is no assembly).
+	c.Set, c.Quant = def.name, def.qmmName
+	setWhy := fmt.Sprintf("kernel set %s (the only one)", def.name)
+	quantWhy := fmt.Sprintf("quantized kernels %s (the only ones)", def.qmmName)
+	if len(ISAs()) > 1 {
+		c.SetTimes = timeSets(measure)
+		c.Set, setWhy = chooseSet(def.name, c.SetTimes)
+	}
+	if len(availQuantNames()) > 1 {
+		c.QuantTimes = timeQuants(measure)
+		c.Quant, quantWhy = chooseQuant(c.QuantTimes)
+	}
 	c.Source = "measured"
 	c.Reason = setWhy + "; " + quantWhy
 	if err := apply(c.Set, c.Quant); err != nil {
@@ -257,9 +265,6 @@ func chooseQuant(times []Timing) (string, string) {
 		if total < bestTotal {
 			best, bestTotal = t.Name, total
 		}
-	}
-	if len(times) < 2 {
-		return best, fmt.Sprintf("quantized kernels %s (the only ones)", best)
 	}
 	return best, fmt.Sprintf("quantized kernels %s (fastest of %d, same results as the others)", best, len(times))
 }

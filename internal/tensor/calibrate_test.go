@@ -294,3 +294,18 @@ func TestConcurrentCalibrationsShareOneMeasurement(t *testing.T) {
 		t.Fatalf("%d of 4 concurrent calibrations measured, want 1 (the others read its cache)", measured)
 	}
 }
+
+// TestCalibrateMeasuresNothingWithOneCandidate: where only the pure-Go
+// kernels run (no assembly for the architecture), there is nothing to
+// choose and nothing is timed.
+func TestCalibrateMeasuresNothingWithOneCandidate(t *testing.T) {
+	restoreKernels(t)
+	sets, quants := kernelSets, quantKernels
+	t.Cleanup(func() { kernelSets, quantKernels = sets, quants })
+	kernelSets, quantKernels = []*kernelSet{genericSet()}, []quantKernel{{name: "go", avail: true}}
+	never := func(string, Workload, func()) time.Duration { t.Fatal("a single candidate was timed"); return 0 }
+	c, err := Calibrate(CalibrateConfig{Measure: never})
+	if err != nil || c.Set != "go" || c.Quant != "go" || ISA() != "go" {
+		t.Fatalf("Calibrate = %+v, %v; want go and go", c, err)
+	}
+}
