@@ -60,7 +60,8 @@ var quantWorkloads = []Workload{
 }
 
 // Timing is one candidate's best time on each workload of its family, in
-// the family's workload order.
+// the family's workload order; fewer times than workloads when it was
+// pruned as far slower than the preferred candidate (see timeCandidate).
 type Timing struct {
 	Name  string
 	Times []time.Duration
@@ -276,15 +277,12 @@ func timeSets(measure Measure) []Timing {
 	data := newWorkloadData(setWorkloads)
 	var out []Timing
 	for _, ks := range kernelSets {
-		if !ks.avail {
-			continue
+		if ks.avail {
+			out = timeCandidate(out, measure, ks.name, setWorkloads, func(i int) {
+				d := data[i]
+				p.matMul(ks, d.out, d.x, setWorkloads[i].M, d.w)
+			})
 		}
-		t := Timing{Name: ks.name}
-		for i, w := range setWorkloads {
-			d := data[i]
-			t.Times = append(t.Times, measure(ks.name, w, func() { p.matMul(ks, d.out, d.x, w.M, d.w) }))
-		}
-		out = append(out, t)
 	}
 	return out
 }
@@ -304,15 +302,35 @@ func timeQuants(measure Measure) []Timing {
 		if err != nil {
 			continue
 		}
-		t := Timing{Name: q.name}
-		for i, w := range quantWorkloads {
+		out = timeCandidate(out, measure, q.name, quantWorkloads, func(i int) {
 			d := data[i]
-			t.Times = append(t.Times, measure(q.name, w, func() { p.matMul(ks, d.out, d.x, w.M, d.w) }))
-		}
-		out = append(out, t)
+			p.matMul(ks, d.out, d.x, quantWorkloads[i].M, d.w)
+		})
 	}
 	return out
 }
+
+// timeCandidate times candidate name on each workload (run(i) computes
+// workload i) and appends its Timing to out. The first candidate, the
+// preferred one, is the yardstick: a later one more than pruneFactor times
+// slower on a workload is not timed on the rest (its Times stay short, so
+// it cannot be chosen), which keeps the pure-Go kernels from taking most
+// of the calibration.
+func timeCandidate(out []Timing, measure Measure, name string, ws []Workload, run func(i int)) []Timing {
+	t := Timing{Name: name}
+	for i, w := range ws {
+		d := measure(name, w, func() { run(i) })
+		t.Times = append(t.Times, d)
+		if len(out) > 0 && i < len(out[0].Times) && d > pruneFactor*out[0].Times[i] {
+			break
+		}
+	}
+	return append(out, t)
+}
+
+// pruneFactor is how much slower than the preferred candidate on one
+// workload a candidate may be and still be timed on the others.
+const pruneFactor = 4
 
 // workloadData is one workload's operands.
 type workloadData struct {

@@ -309,3 +309,32 @@ func TestCalibrateMeasuresNothingWithOneCandidate(t *testing.T) {
 		t.Fatalf("Calibrate = %+v, %v; want go and go", c, err)
 	}
 }
+
+// TestCalibratePrunesFarSlowerCandidates: a candidate ten times slower than
+// the preferred one on the first workload is not timed on the others, and
+// is not chosen.
+func TestCalibratePrunesFarSlowerCandidates(t *testing.T) {
+	restoreKernels(t)
+	if len(ISAs()) < 2 {
+		t.Skip("one kernel set on this CPU")
+	}
+	slow := ISAs()[1]
+	perCand := map[string]int{}
+	measure := func(cand string, w Workload, run func()) time.Duration {
+		if w.DType.Quantized() {
+			return time.Millisecond // the quantized family: not under test
+		}
+		perCand[cand]++
+		if cand == slow {
+			return 10 * time.Millisecond
+		}
+		return time.Millisecond
+	}
+	c, err := Calibrate(CalibrateConfig{Measure: measure})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Set != ISAs()[0] || perCand[slow] != 1 || perCand[ISAs()[0]] != len(setWorkloads) {
+		t.Fatalf("chose %s; timed %v; want %s chosen, %s timed once", c.Set, perCand, ISAs()[0], slow)
+	}
+}
