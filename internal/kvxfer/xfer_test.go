@@ -452,3 +452,17 @@ func TestProducerCloseEndsAllGoroutines(t *testing.T) {
 	r.close(t)
 	checkNoLeak(t, base)
 }
+
+func TestHandshakeNamesDifferentKernelSets(t *testing.T) {
+	local, remote := tiny, tiny
+	local.ModelFingerprint, remote.ModelFingerprint = "abc/kernels=avx2", "abc/kernels=avx512bf16"
+	remote.EngineID = "prefill-1"
+	err := checkCompat(local, remote)
+	wantErr(t, err, ErrIncompatible, `same model, different CPU kernel sets (their results differ in rounding): prefill engine prefill-1 uses "avx512bf16", this decode engine "avx2" — set TANDEM_KERNELS`)
+	remote.ModelFingerprint = "def/kernels=avx2"
+	wantErr(t, checkCompat(local, remote), ErrIncompatible, "different models or weights")
+	remote.ModelFingerprint = local.ModelFingerprint
+	if err := checkCompat(local, remote); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -221,8 +221,8 @@ func TestFingerprintIdentifiesWeights(t *testing.T) {
 	a := writeTestModel(t, spec)
 	fp := func(dir string) string { return loadTestModel(t, dir, 1).Fingerprint() }
 	base := fp(a)
-	if len(base) != 64 {
-		t.Fatalf("Fingerprint %q is not a hex SHA-256", base)
+	if w, k, ok := strings.Cut(base, KernelsSuffix); !ok || len(w) != 64 || k != tensor.ISA() {
+		t.Fatalf("Fingerprint %q is not a hex SHA-256, %q and the kernel set %s", base, KernelsSuffix, tensor.ISA())
 	}
 	if again := fp(writeTestModel(t, spec)); again != base {
 		t.Errorf("same spec and seed: fingerprints %s and %s differ", base, again)
@@ -238,5 +238,18 @@ func TestFingerprintIdentifiesWeights(t *testing.T) {
 	editConfig(t, eps, `"rms_norm_eps": 0.00001`, `"rms_norm_eps": 0.000001`)
 	if fp(eps) == base {
 		t.Error("different rms_norm_eps gave the same fingerprint")
+	}
+	// Kernel sets round differently: the same weights under another set
+	// are another fingerprint, so such engines do not exchange KV.
+	def := tensor.ISA()
+	t.Cleanup(func() { _ = tensor.SetISA(def) })
+	m := loadTestModel(t, a, 1)
+	for _, isa := range tensor.ISAs() {
+		if err := tensor.SetISA(isa); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Fingerprint(); (got == base) != (isa == def) {
+			t.Errorf("under kernels %s the fingerprint is %s (under %s: %s)", isa, got, def, base)
+		}
 	}
 }

@@ -358,7 +358,14 @@ func (m *Model) VocabSize() int { return m.cfg.Vocab }
 // differently from the checkpoint they came from). Two
 // engines that agree on it compute the same KV for the same tokens, which
 // is what prefix-cache hashing and the prefill/decode handshake rely on.
-func (m *Model) Fingerprint() string { return m.fingerprint }
+// It ends in "/kernels=" and the kernel set in use (tensor.ISA): sets
+// differ in their rounding, so engines that chose different sets (by CPU
+// or calibration) must not exchange KV.
+func (m *Model) Fingerprint() string { return m.fingerprint + KernelsSuffix + tensor.ISA() }
+
+// KernelsSuffix separates the weights' part of a Fingerprint from the
+// kernel set's name.
+const KernelsSuffix = "/kernels="
 
 // fingerprintSample is the number of bytes hashed at each of the start,
 // middle and end of every tensor: enough to tell different checkpoints
