@@ -47,7 +47,8 @@ func TestMain(m *testing.M) {
 	workDir = dir
 	if os.Getenv("TANDEM_KERNELS") == "" {
 		// The engines' kernels as this process's (CPUID's choice, no
-		// timing): the tests compute fingerprints the engines must match.
+		// timing): the tests compare the engines' outputs bit for bit
+		// with what this process computes.
 		os.Setenv("TANDEM_KERNELS", "cpuid")
 	}
 	code := m.Run()

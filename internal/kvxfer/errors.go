@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 )
 
 // Errors a Pull or Notify can wrap; test with errors.Is. FailureReason maps
@@ -87,20 +86,10 @@ func FailureReason(err error) string {
 	return "io"
 }
 
-// kernelsSuffix separates a model fingerprint's weights part from the
-// kernel set that computes it (model.KernelsSuffix; kvxfer does not import
-// the model).
-const kernelsSuffix = "/kernels="
-
 // checkCompat compares the consumer's Info with the producer's and says
 // exactly what differs and what to change.
 func checkCompat(local, remote Info) error {
 	pe := remote.EngineID
-	if lw, lk, ok := strings.Cut(local.ModelFingerprint, kernelsSuffix); ok && local.ModelFingerprint != remote.ModelFingerprint {
-		if rw, rk, ok := strings.Cut(remote.ModelFingerprint, kernelsSuffix); ok && lw == rw {
-			return fmt.Errorf("%w: same model, different CPU kernel sets (their results differ in rounding): prefill engine %s uses %q, this decode engine %q — set TANDEM_KERNELS to one set both CPUs run (e.g. avx2) on both engines", ErrIncompatible, pe, rk, lk)
-		}
-	}
 	if local.ModelFingerprint != remote.ModelFingerprint {
 		return fmt.Errorf("%w: different models or weights: prefill engine %s serves model fingerprint %q, this decode engine serves %q — start both with the same --model (same weights and config)", ErrIncompatible, pe, remote.ModelFingerprint, local.ModelFingerprint)
 	}

@@ -453,16 +453,24 @@ func TestProducerCloseEndsAllGoroutines(t *testing.T) {
 	checkNoLeak(t, base)
 }
 
-func TestHandshakeNamesDifferentKernelSets(t *testing.T) {
+// Engines on CPUs that chose different kernel sets serve the same model:
+// they exchange KV (valid, not bit-identical), and the handshake carries
+// each one's set, so the decode can say so. A peer from before the field
+// was appended decodes with no set.
+func TestHandshakeCarriesKernelSets(t *testing.T) {
 	local, remote := tiny, tiny
-	local.ModelFingerprint, remote.ModelFingerprint = "abc/kernels=avx2", "abc/kernels=avx512bf16"
-	remote.EngineID = "prefill-1"
-	err := checkCompat(local, remote)
-	wantErr(t, err, ErrIncompatible, `same model, different CPU kernel sets (their results differ in rounding): prefill engine prefill-1 uses "avx512bf16", this decode engine "avx2" — set TANDEM_KERNELS`)
-	remote.ModelFingerprint = "def/kernels=avx2"
-	wantErr(t, checkCompat(local, remote), ErrIncompatible, "different models or weights")
-	remote.ModelFingerprint = local.ModelFingerprint
+	local.Kernels, remote.Kernels = "avx2", "avx512bf16"
 	if err := checkCompat(local, remote); err != nil {
-		t.Fatal(err)
+		t.Fatalf("different kernel sets refused: %v", err)
+	}
+	got, err := decodeInfo(appendInfo(nil, &remote))
+	if err != nil || got.Kernels != "avx512bf16" {
+		t.Fatalf("round trip: kernels %q, err %v", got.Kernels, err)
+	}
+	remote.Kernels = ""
+	old := appendInfo(nil, &remote)
+	old = old[:len(old)-2] // an empty string's length prefix: the field absent
+	if got, err := decodeInfo(old); err != nil || got.Kernels != "" || got.EngineID != remote.EngineID {
+		t.Fatalf("a payload without the field: %+v, %v", got, err)
 	}
 }

@@ -356,16 +356,13 @@ func (m *Model) VocabSize() int { return m.cfg.Vocab }
 // shape, and a sample of each tensor's bytes (start, middle, end); for a
 // GGUF file, also the format (its tensors are named, typed and laid out
 // differently from the checkpoint they came from). Two
-// engines that agree on it compute the same KV for the same tokens, which
-// is what prefix-cache hashing and the prefill/decode handshake rely on.
-// It ends in "/kernels=" and the kernel set in use (tensor.ISA): sets
-// differ in their rounding, so engines that chose different sets (by CPU
-// or calibration) must not exchange KV.
-func (m *Model) Fingerprint() string { return m.fingerprint + KernelsSuffix + tensor.ISA() }
-
-// KernelsSuffix separates the weights' part of a Fingerprint from the
-// kernel set's name.
-const KernelsSuffix = "/kernels="
+// engines that agree on it compute the same KV for the same tokens, up to
+// the rounding of their CPU kernel sets (tensor.ISA), which it does not
+// name: prefix-cache hashing and the prefill/decode handshake rely on it,
+// and engines whose sets differ still exchange KV — valid, but not
+// bit-identical to a colocated run (the handshake's kvxfer.Info.Kernels
+// says so in the decode's log).
+func (m *Model) Fingerprint() string { return m.fingerprint }
 
 // fingerprintSample is the number of bytes hashed at each of the start,
 // middle and end of every tensor: enough to tell different checkpoints

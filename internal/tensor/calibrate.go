@@ -18,10 +18,12 @@ import (
 //
 //   - the kernel set (ISA): f32, f16 and bf16 weights, attention and the
 //     element-wise kernels. Sets differ in their results (each is batch
-//     invariant on its own), so the set is part of Model.Fingerprint and
-//     two engines that chose differently refuse to exchange KV instead of
-//     diverging. To keep identical machines choosing alike, a set replaces
-//     CPUID's choice only when it is clearly faster (setMargin).
+//     invariant on its own): two engines that chose differently still
+//     exchange KV (the same model's, rounded otherwise), and the decode's
+//     log says that its outputs are not bit-identical to a colocated run
+//     (kvxfer.Info.Kernels; TANDEM_KERNELS pins one set). To keep
+//     identical machines choosing alike, a set replaces CPUID's choice
+//     only when it is clearly faster (setMargin).
 //   - the quantized kernels (QuantKernels): their results are the same bit
 //     for bit, so the fastest wins outright and nothing else depends on it.
 
