@@ -59,13 +59,17 @@ func runBench(args []string) error {
 	if len(args) > 0 && args[0] == "report" {
 		return runBenchReport(args[1:])
 	}
+	if len(args) > 0 && args[0] == "model" {
+		return runBenchModel(args[1:])
+	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: tandem bench [--url URL | --target NAME=URL ...] [flags]\n"+
 			"       tandem bench experiment pd [flags]   (see tandem bench experiment pd -h)\n"+
 			"       tandem bench experiment ratio [flags] (see tandem bench experiment ratio -h)\n"+
 			"       tandem bench soak [flags]            (see tandem bench soak -h)\n"+
-			"       tandem bench report [flags] FILE.json (a saved run, re-read under other SLOs)\n\n"+
+			"       tandem bench report [flags] FILE.json (a saved run, re-read under other SLOs)\n"+
+			"       tandem bench model [flags]           (this CPU's kernels per weight format, see -h)\n\n"+
 			"Streams /v1/completions requests whose prompts are token ids and whose outputs are exact\n"+
 			"lengths (ignore_eos) and reports TTFT, TPOT, ITL and E2E percentiles, throughput, SLO\n"+
 			"attainment and goodput, and the P/D path (x-tandem-pd) per target and load level.\n"+

@@ -128,6 +128,8 @@ func runModelInspect(args []string) error {
 		rope = fmt.Sprintf("llama3 ×%g (low %g, high %g, original %d)", rs.Factor, rs.LowFreqFactor, rs.HighFreqFactor, rs.OriginalMaxPositionEmbeddings)
 	case "freqs":
 		rope = "per-frequency factors (GGUF rope_freqs, Llama 3 scaling)"
+	case "longrope":
+		rope = fmt.Sprintf("longrope, short factors (served up to original %d positions)", rs.OriginalMaxPositionEmbeddings)
 	}
 	kv := m.KVLayout(1)
 	where := "directory"

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -59,6 +60,10 @@ func runProfile(args []string) error {
 		if *dir, err = useDefaultModel(os.Stderr); err != nil {
 			return err
 		}
+	}
+	// The kernels serve would choose, so that the profile times them.
+	if _, err := calibrateKernels(slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
+		return err
 	}
 	pool := tensor.NewPool(*threads)
 	defer pool.Close()

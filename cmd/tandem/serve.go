@@ -179,6 +179,11 @@ func runServe(args []string) error {
 		return err
 	}
 	defer stopTracing()
+	if f.Config.Simulate == nil {
+		if _, err := calibrateKernels(f.Logger); err != nil {
+			return err
+		}
+	}
 	s, err := server.New(f.Config)
 	f.loading.Done() // already done unless the load failed: its line ends before the error
 	if err != nil {

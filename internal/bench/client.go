@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -24,6 +25,9 @@ type Client struct {
 	CallTimeout time.Duration
 	// APIKey, when set, is sent as Authorization: Bearer.
 	APIKey string
+
+	freshOnce sync.Once
+	fresh     *http.Client
 }
 
 // NewClient returns a Client for baseURL whose connection pool keeps up to
@@ -150,6 +154,10 @@ type Outcome struct {
 	Text string
 	// Err is nil for a complete, successful stream.
 	Err error
+	// Resent reports that the request was sent a second time, on a fresh
+	// connection, because the kept-alive connection it first went out on
+	// turned out closed before any byte of an answer (Client.Stream).
+	Resent bool
 }
 
 // TPOT is the mean time per output token after the first,
@@ -202,25 +210,28 @@ func (c *Client) Stream(ctx context.Context, req CompletionRequest) Outcome {
 	if err != nil {
 		return Outcome{Err: err}
 	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+"/v1/completions", bytes.NewReader(body))
-	if err != nil {
-		return Outcome{Err: err}
-	}
-	hr.Header.Set("Content-Type", "application/json")
-	hr.Header.Set("Accept", "text/event-stream")
-	if c.APIKey != "" {
-		hr.Header.Set("Authorization", "Bearer "+c.APIKey)
-	}
 	start := time.Now()
-	resp, err := c.HTTP.Do(hr)
+	resp, reusedClosed, err := c.post(ctx, c.HTTP, body)
+	resent := false
+	if reusedClosed && ctx.Err() == nil {
+		// The server had closed the kept-alive connection (an idle
+		// timeout racing with this request) before answering anything:
+		// the request never reached it, so it is sent again, once, on a
+		// fresh connection. The clock restarts: the lost attempt measures
+		// this client's connection pool, not the server.
+		resent = true
+		start = time.Now()
+		resp, _, err = c.post(ctx, c.freshClient(), body)
+	}
 	if err != nil {
-		return Outcome{Err: err, E2E: time.Since(start)}
+		return Outcome{Err: err, E2E: time.Since(start), Resent: resent}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return Outcome{Err: statusError(resp), E2E: time.Since(start)}
+		return Outcome{Err: statusError(resp), E2E: time.Since(start), Resent: resent}
 	}
 	o := measureStream(resp.Body, start, time.Now)
+	o.Resent = resent
 	o.PD = resp.Header.Get("X-Tandem-Pd")
 	o.Timing = ParseServerTiming(resp.Header.Values("Server-Timing"))
 	if o.Err != nil && ctx.Err() != nil {

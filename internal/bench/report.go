@@ -19,6 +19,11 @@ type Report struct {
 	Requests  int     `json:"requests"`
 	Completed int     `json:"completed"`
 	Failed    int     `json:"failed"`
+	// Resent counts the requests sent again on a fresh connection because
+	// the server had closed their kept-alive one before answering
+	// (Outcome.Resent): its keep-alive policy, not failures. Those that
+	// then failed are in Failed too.
+	Resent int `json:"resent,omitempty"`
 	// Duration is from the first request to the end of the last, seconds.
 	Duration          float64 `json:"duration_s"`
 	TotalInputTokens  int     `json:"total_input_tokens"`
@@ -52,6 +57,9 @@ func NewReport(model string, load Load, duration time.Duration, outcomes []Outco
 	errs := map[string]int{}
 	for i := range outcomes {
 		o := &outcomes[i]
+		if o.Resent {
+			r.Resent++
+		}
 		if o.Err != nil {
 			r.Failed++
 			errs[o.Err.Error()]++

@@ -42,6 +42,11 @@ func WriteTable(w io.Writer, s *Suite) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	for _, r := range s.Results {
+		if r.Resent > 0 {
+			fmt.Fprintf(w, "%s at %s: %d request(s) resent on a fresh connection (the server had closed the kept-alive one before answering; not failures unless counted in fail)\n", r.Target, r.Load, r.Resent)
+		}
+	}
 	if p.SLO.Set() {
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprint(tw, "SLO attainment at SLO scale\t\t")

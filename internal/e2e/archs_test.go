@@ -11,7 +11,9 @@ import (
 // bf16 KV cache, a Qwen3-MoE (8 experts, top-2, a dense layer) in f32 and
 // a Mixtral (4 experts, top-2, every layer sparse) in bf16 and a Gemma 3
 // (local layers with a window of 19, shorter than most prompts here, and a
-// global layer) in bf16.
+// global layer) in bf16 and a SmolLM3 (every 2nd layer without RoPE, those
+// with a window of 13) and a Phi-4-mini-like Phi-3 (fused projections,
+// partial rotary, longrope) in bf16.
 // Through the proxy (prefill engine, KV pulled by a decode engine) every
 // request must answer bit-identically to a colocated engine and take the
 // P/D path.
@@ -19,7 +21,7 @@ func TestDisaggregatedArchitecturesMatchColocated(t *testing.T) {
 	bin := tandem(t)
 	requirePD(t, bin)
 	const vocab = 1000 // below the tokenizer fixture's size
-	for _, arch := range []struct{ shape, dtype string }{{"qwen3-tiny", "bf16"}, {"qwen3-moe-tiny", "f32"}, {"mixtral-tiny", "bf16"}, {"gemma3-tiny", "bf16"}} {
+	for _, arch := range []struct{ shape, dtype string }{{"qwen3-tiny", "bf16"}, {"qwen3-moe-tiny", "f32"}, {"mixtral-tiny", "bf16"}, {"gemma3-tiny", "bf16"}, {"smollm3-tiny", "bf16"}, {"phi3-tiny", "bf16"}} {
 		t.Run(arch.shape+" "+arch.dtype, func(t *testing.T) {
 			model := t.TempDir()
 			initModel := startProc(t, "model init", "model", "init", "--shape", arch.shape, "--dtype", arch.dtype, "--out", model)

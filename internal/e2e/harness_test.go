@@ -45,6 +45,12 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	workDir = dir
+	if os.Getenv("TANDEM_KERNELS") == "" {
+		// The engines' kernels as this process's (CPUID's choice, no
+		// timing): the tests compare the engines' outputs bit for bit
+		// with what this process computes.
+		os.Setenv("TANDEM_KERNELS", "cpuid")
+	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

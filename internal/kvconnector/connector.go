@@ -31,6 +31,9 @@ type ConnectorConfig struct {
 	// ModelFingerprint identifies the model and weights (model.Model's
 	// Fingerprint); engines with different fingerprints refuse each other.
 	ModelFingerprint string
+	// Kernels is the CPU kernel set the engine computes with (tensor.ISA),
+	// told to peers in the handshake (kvxfer.Info.Kernels).
+	Kernels string
 	// Host and Port are where the side channel listens (prefill and both)
 	// and what the prefill advertises in remote_host and remote_port. Port
 	// 0 picks a free port. An unspecified host (0.0.0.0, ::) binds every
@@ -294,6 +297,7 @@ func (c *Connector) Start(e *engine.Engine) error {
 	local := kvxfer.Info{
 		EngineID:         c.cfg.EngineID,
 		ModelFingerprint: c.cfg.ModelFingerprint,
+		Kernels:          c.cfg.Kernels,
 		KVDType:          l.DType.String(),
 		Layers:           l.Layers,
 		KVHeads:          l.KVHeads,

@@ -273,6 +273,10 @@ func (c *Consumer) admit(p *peerState, info Info) error {
 	if err := checkCompat(c.cfg.Local, info); err != nil {
 		return err
 	}
+	if lk := c.cfg.Local.Kernels; lk != "" && info.Kernels != "" && lk != info.Kernels {
+		c.log.Warn("the prefill engine computes with another CPU kernel set: its KV is valid but differs in rounding, so outputs are not bit-identical to a colocated run; set TANDEM_KERNELS to one set both CPUs run, on both engines, where that matters",
+			"remote_engine_id", p.id, "remote_kernels", info.Kernels, "kernels", lk)
+	}
 	c.mu.Lock()
 	var stale *peerState
 	if old, ok := c.byAddr[p.addr]; ok && old != p.id {

@@ -307,6 +307,11 @@ type Info struct {
 	// estimates the clock offset from it, to judge deadlines stated in the
 	// producer's clock.
 	Clock time.Time
+	// Kernels is the CPU kernel set the engine computes with (tensor.ISA;
+	// "" from a peer that predates the field). Sets differ in rounding: KV
+	// from a peer of another set is valid but not bit-identical to what
+	// this engine would compute, so a consumer says so and goes on.
+	Kernels string
 }
 
 // HostIdentity identifies a machine. Two engines are on the same host when
@@ -358,6 +363,7 @@ func appendInfo(b []byte, in *Info) []byte {
 		clk = uint64(in.Clock.UnixNano())
 	}
 	b = appendU64(b, clk)
+	b = appendString(b, in.Kernels)
 	return b
 }
 
@@ -388,6 +394,9 @@ func decodeInfo(p []byte) (Info, error) {
 	in.Generation = d.u64("generation")
 	if clk := d.u64("clock"); clk != 0 && clk <= math.MaxInt64 {
 		in.Clock = time.Unix(0, int64(clk))
+	}
+	if d.err == nil && len(d.b) > 0 { // appended in a later revision
+		in.Kernels = d.str("kernels")
 	}
 	if d.err != nil {
 		return Info{}, d.err

@@ -452,3 +452,25 @@ func TestProducerCloseEndsAllGoroutines(t *testing.T) {
 	r.close(t)
 	checkNoLeak(t, base)
 }
+
+// Engines on CPUs that chose different kernel sets serve the same model:
+// they exchange KV (valid, not bit-identical), and the handshake carries
+// each one's set, so the decode can say so. A peer from before the field
+// was appended decodes with no set.
+func TestHandshakeCarriesKernelSets(t *testing.T) {
+	local, remote := tiny, tiny
+	local.Kernels, remote.Kernels = "avx2", "avx512bf16"
+	if err := checkCompat(local, remote); err != nil {
+		t.Fatalf("different kernel sets refused: %v", err)
+	}
+	got, err := decodeInfo(appendInfo(nil, &remote))
+	if err != nil || got.Kernels != "avx512bf16" {
+		t.Fatalf("round trip: kernels %q, err %v", got.Kernels, err)
+	}
+	remote.Kernels = ""
+	old := appendInfo(nil, &remote)
+	old = old[:len(old)-2] // an empty string's length prefix: the field absent
+	if got, err := decodeInfo(old); err != nil || got.Kernels != "" || got.EngineID != remote.EngineID {
+		t.Fatalf("a payload without the field: %+v, %v", got, err)
+	}
+}

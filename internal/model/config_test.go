@@ -1,6 +1,7 @@
 package model
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -84,6 +85,26 @@ func TestParseConfig(t *testing.T) {
 			c.ModelType, c.QKNorm = "qwen3_moe", true
 			c.MoE = MoEConfig{Experts: 8, TopK: 2, Intermediate: 16, NormTopK: true, SparseStep: 2, DenseLayers: []int{1}}
 		}},
+		{"smollm3 defaults are transformers'", `{"model_type": "smollm3", "architectures": ["SmolLM3ForCausalLM"], ` + baseConfig + `, "num_hidden_layers": 8}`, func(c *Config) {
+			c.ModelType, c.Layers, c.MaxPositions, c.RopeTheta, c.TieWordEmbeddings = "smollm3", 8, 32768, 2e6, true
+			c.NoRopeLayers = []int{3, 7}
+		}},
+		{"smollm3 no_rope_layers windows its NoPE layers", `{"model_type": "smollm3", ` + baseConfig + `, "num_hidden_layers": 3, "no_rope_layers": [1, 0, 0, 1], "use_sliding_window": true, "sliding_window": 16}`, func(c *Config) {
+			c.ModelType, c.Layers, c.MaxPositions, c.RopeTheta, c.TieWordEmbeddings = "smollm3", 3, 32768, 2e6, true
+			c.NoRopeLayers, c.SlidingWindow, c.FullLayers = []int{1, 2}, 16, []int{0}
+		}},
+		{"phi3 defaults are transformers'", `{"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], ` + baseConfig + `, "sliding_window": 2047}`, func(c *Config) {
+			c.ModelType, c.MaxPositions, c.RMSNormEps, c.SlidingWindow = "phi3", 4096, 1e-5, 2047
+		}},
+		// Phi-4-mini's config.json: rope_scaling with the legacy "type",
+		// original_max_position_embeddings at the top, a window beyond
+		// the positions.
+		{"phi4-mini longrope", `{"model_type": "phi3", ` + baseConfig + `, "max_position_embeddings": 131072, "original_max_position_embeddings": 4096, "partial_rotary_factor": 0.75,
+			"rope_theta": 10000.0, "rope_scaling": {"type": "longrope", "short_factor": [1, 1.5, 2], "long_factor": [4, 5, 6]}, "sliding_window": 262144, "tie_word_embeddings": true}`, func(c *Config) {
+			c.ModelType, c.MaxPositions, c.RMSNormEps, c.RotaryDim, c.TieWordEmbeddings = "phi3", 4096, 1e-5, 6, true
+			c.RopeScaling = RopeScaling{Type: "longrope", Factor: 32, OriginalMaxPositionEmbeddings: 4096, ShortFactor: []float64{1, 1.5, 2},
+				LongFactor: []float64{4, 5, 6}, AttentionFactor: float64(float32(math.Sqrt(1 + math.Log(32)/math.Log(4096))))}
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -129,6 +150,15 @@ func TestParseConfigErrors(t *testing.T) {
 		{"gemma3 silu", `{"model_type": "gemma3_text", ` + baseConfig + `, "hidden_activation": "silu"}`, []string{"hidden_activation", "gelu_pytorch_tanh", "silu"}},
 		{"gemma3 local rope scaling", `{"model_type": "gemma3_text", ` + baseConfig + `, "rope_parameters": {"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "linear", "factor": 2}}}`, []string{"sliding-window layers", "linear"}},
 		{"unknown layer type", `{"model_type": "qwen3", ` + baseConfig + `, "use_sliding_window": true, "sliding_window": 8, "layer_types": ["full_attention", "chunked_attention"]}`, []string{"layer_types", "chunked_attention", "not supported"}},
+		{"smollm3 no_rope_layers too short", `{"model_type": "smollm3", ` + baseConfig + `, "no_rope_layers": [1]}`, []string{"no_rope_layers", "at least 2 flags"}},
+		{"smollm3 no_rope_layers flag", `{"model_type": "smollm3", ` + baseConfig + `, "no_rope_layers": [1, 2]}`, []string{"no_rope_layers", "layer 1", "flag 2"}},
+		{"smollm3 sliding layers without use_sliding_window", `{"model_type": "smollm3", ` + baseConfig + `, "sliding_window": 8, "layer_types": ["full_attention", "sliding_attention"]}`, []string{"layer_types", "use_sliding_window"}},
+		{"phi3 linear rope", `{"model_type": "phi3", ` + baseConfig + `, "rope_scaling": {"rope_type": "linear", "factor": 2}}`, []string{"rope_type", "linear", "phi3", "longrope"}},
+		{"phi3 longrope without factors", `{"model_type": "phi3", ` + baseConfig + `, "original_max_position_embeddings": 64, "rope_scaling": {"rope_type": "longrope"}}`, []string{"short_factor", "long_factor"}},
+		{"phi3 longrope short_factor length", `{"model_type": "phi3", ` + baseConfig + `, "original_max_position_embeddings": 64, "rope_scaling": {"rope_type": "longrope", "short_factor": [1], "long_factor": [1]}}`, []string{"short_factor", "1 and 1 entries", "(4)"}},
+		{"phi3 longrope without original length", `{"model_type": "phi3", ` + baseConfig + `, "rope_scaling": {"rope_type": "longrope", "short_factor": [1, 1, 1, 1], "long_factor": [1, 1, 1, 1]}}`, []string{"original_max_position_embeddings", "missing"}},
+		{"phi3 odd rotary width", `{"model_type": "phi3", ` + baseConfig + `, "partial_rotary_factor": 0.375}`, []string{"partial_rotary_factor", "3 rotary dimensions"}},
+		{"gpt-oss", `{"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], ` + baseConfig + `}`, []string{"gpt_oss", "not supported", "attention sinks", "MXFP4", "supported: llama"}},
 		{"layer_types of the wrong length", `{"model_type": "gemma3_text", ` + baseConfig + `, "layer_types": ["full_attention"]}`, []string{"layer_types", "2 layer types"}},
 	}
 	for _, tc := range cases {
@@ -211,6 +241,19 @@ func TestModelinitShapesParse(t *testing.T) {
 			Vocab: 151936, MaxPositions: 40960, RMSNormEps: 1e-6, RopeTheta: 1000000, QKNorm: true,
 			MoE: MoEConfig{Experts: 128, TopK: 8, NormTopK: true, Intermediate: 768, SparseStep: 1, DenseLayers: []int{}},
 			BOS: []int32{151643}, EOS: []int32{151645}, TorchDType: "bfloat16"},
+		modelinit.ShapeSmolLM3Tiny: {ModelType: "smollm3", Hidden: 64, Layers: 4, Heads: 4, KVHeads: 2, HeadDim: 16, Intermediate: 128,
+			Vocab: 1000, MaxPositions: 2048, RMSNormEps: 1e-6, RopeTheta: 2000000, NoRopeLayers: []int{1, 3}, SlidingWindow: 13, FullLayers: []int{0, 2},
+			BOS: []int32{0}, EOS: []int32{0}, TorchDType: "bfloat16"},
+		modelinit.ShapePhi3Tiny: {ModelType: "phi3", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, Intermediate: 128,
+			Vocab: 1000, MaxPositions: 1024, RMSNormEps: 1e-5, RopeTheta: 10000, TieWordEmbeddings: true, RotaryDim: 12,
+			RopeScaling: RopeScaling{Type: "longrope", Factor: 4, OriginalMaxPositionEmbeddings: 1024,
+				ShortFactor: []float64{1, float64(float32(1.05)), float64(float32(1.2)), 1.5, 2, 3}, LongFactor: []float64{1, 2, 4, 8, 16, 32},
+				AttentionFactor: float64(float32(math.Sqrt(1 + math.Log(4)/math.Log(1024))))},
+			BOS: []int32{0}, EOS: []int32{0}, TorchDType: "bfloat16"},
+		modelinit.ShapeQwen3MoE7B: {ModelType: "qwen3_moe", Hidden: 2048, Layers: 16, Heads: 16, KVHeads: 16, HeadDim: 128, Intermediate: 1024,
+			Vocab: 50304, MaxPositions: 4096, RMSNormEps: 1e-5, RopeTheta: 10000, QKNorm: true,
+			MoE: MoEConfig{Experts: 64, TopK: 8, Intermediate: 1024, SparseStep: 1, DenseLayers: []int{}},
+			BOS: []int32{50279}, EOS: []int32{50279}, TorchDType: "bfloat16"},
 	}
 	for _, name := range modelinit.Shapes() {
 		t.Run(name, func(t *testing.T) {

@@ -1,6 +1,9 @@
 // Package model loads Llama-family decoders (model_type llama, mistral,
-// qwen2, qwen3 and the mixture-of-experts qwen3_moe) from Hugging Face
-// checkpoints and runs them on the CPU.
+// qwen2, qwen3, gemma3_text, smollm3, phi3 and the mixture-of-experts
+// qwen3_moe and mixtral) from Hugging Face checkpoints and runs them on the
+// CPU. Each family's config.json is read by its own file (config_llama.go,
+// config_moe.go, config_gemma.go, config_smollm3.go, config_phi3.go) over
+// the shared field reading of config_fields.go.
 //
 // Load reads config.json and generation_config.json, loads the safetensors
 // weights into read-only anonymous memory (see safetensors.Open for why not a
@@ -12,7 +15,7 @@
 // The package computes; it never allocates KV blocks or schedules requests.
 //
 // Load also takes a GGUF file (LoadGGUF, package gguf): the llama, qwen2,
-// qwen3 and qwen3moe architectures with F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K or Q6_K tensors,
+// qwen3, qwen3moe, gemma3, smollm3 and phi3 architectures with F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K or Q6_K tensors,
 // quantized matrices kept as their blocks (tensor.Mat.Q). ConvertToGGUF
 // writes a checkpoint as a GGUF file in any of GGUFEncodings.
 //

@@ -239,4 +239,17 @@ func TestFingerprintIdentifiesWeights(t *testing.T) {
 	if fp(eps) == base {
 		t.Error("different rms_norm_eps gave the same fingerprint")
 	}
+	// The kernel set is not part of it: engines on different CPUs serve
+	// the same model and exchange KV.
+	def := tensor.ISA()
+	t.Cleanup(func() { _ = tensor.SetISA(def) })
+	m := loadTestModel(t, a, 1)
+	for _, isa := range tensor.ISAs() {
+		if err := tensor.SetISA(isa); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Fingerprint(); got != base {
+			t.Errorf("under kernels %s the fingerprint is %s (under %s: %s)", isa, got, def, base)
+		}
+	}
 }

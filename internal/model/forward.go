@@ -134,7 +134,7 @@ func (m *Model) Forward(seqs []Seq, pool []byte, layout kvlayout.Layout) ([][]fl
 	kv := viewKV(pool, layout)
 	c := &m.cfg
 	s := &m.s
-	H, half := c.Hidden, c.HeadDim/2
+	H, half := c.Hidden, len(m.invFreq)
 	s.x = grow(s.x, T*H)
 	s.xn = grow(s.xn, T*H)
 	s.tmp = grow(s.tmp, T*H)
@@ -157,9 +157,9 @@ func (m *Model) Forward(seqs []Seq, pool []byte, layout kvlayout.Layout) ([][]fl
 				scaleEmbedding(x, c.Hidden, m.embed.DType)
 			}
 			tensor.RMSNorm(s.xn[t*H:(t+1)*H], x, m.layers[0].attnNorm, eps)
-			ropeRow(m.invFreq, int(s.tokPos[t]), s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half])
+			ropeRow(m.invFreq, m.ropeScale, int(s.tokPos[t]), s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half])
 			if m.invFreqLocal != nil {
-				ropeRow(m.invFreqLocal, int(s.tokPos[t]), s.cosL[t*half:(t+1)*half], s.sinL[t*half:(t+1)*half])
+				ropeRow(m.invFreqLocal, 1, int(s.tokPos[t]), s.cosL[t*half:(t+1)*half], s.sinL[t*half:(t+1)*half])
 			}
 		}
 	})
@@ -302,7 +302,7 @@ func (m *Model) prepareAttention(l *layer, li int, seqs []Seq, kv kvView, layout
 	c := &m.cfg
 	s := &m.s
 	g := &l.qkv
-	hd, half, kvd := c.HeadDim, c.HeadDim/2, c.KVDim()
+	hd, half, kvd := c.HeadDim, len(m.invFreq), c.KVDim()
 	eps := float32(c.RMSNormEps)
 	m.rows(T, parallelRows, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
@@ -327,10 +327,10 @@ func (m *Model) prepareAttention(l *layer, li int, seqs []Seq, kv kvView, layout
 			if l.localRope {
 				cos, sin = s.cosL[t*half:(t+1)*half], s.sinL[t*half:(t+1)*half]
 			}
-			for h := 0; h < c.Heads; h++ {
+			for h := 0; h < c.Heads && !l.noRope; h++ {
 				applyRope(q[h*hd:(h+1)*hd], cos, sin)
 			}
-			for h := 0; h < c.KVHeads; h++ {
+			for h := 0; h < c.KVHeads && !l.noRope; h++ {
 				applyRope(k[h*hd:(h+1)*hd], cos, sin)
 			}
 			sq := &seqs[s.tokSeq[t]]

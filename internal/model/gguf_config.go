@@ -60,8 +60,12 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 		c.ModelType, c.QKNorm = "qwen3_moe", true
 	case "gemma3":
 		c.ModelType, c.QKNorm = "gemma3_text", true
+	case "smollm3":
+	case "phi3":
+	case "gpt-oss":
+		return nil, nil, fail("architecture %q is not supported: %s", arch, missingFor[arch])
 	default:
-		return nil, nil, fail("architecture %q is not supported (supported: llama, which GGUF also uses for Mistral and Mixtral, qwen2, qwen3, qwen3moe and gemma3)", arch)
+		return nil, nil, fail("architecture %q is not supported (supported: llama, which GGUF also uses for Mistral and Mixtral, qwen2, qwen3, qwen3moe, gemma3, smollm3 and phi3)", arch)
 	}
 	uintKey := func(dst *int, suffix string, def int, limit int) error {
 		key := arch + "." + suffix
@@ -114,11 +118,16 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 	if err := uintKey(&valueLen, "attention.value_length", keyLen, maxGGUFDim); err != nil {
 		return nil, nil, err
 	}
-	if err := uintKey(&c.HeadDim, "rope.dimension_count", keyLen, maxGGUFDim); err != nil {
+	var rot int
+	if err := uintKey(&rot, "rope.dimension_count", keyLen, maxGGUFDim); err != nil {
 		return nil, nil, err
 	}
-	if keyLen != valueLen || c.HeadDim != keyLen || c.HeadDim%2 != 0 {
-		return nil, nil, fail("head sizes key %d, value %d, rotary %d: expected one even size (partial rotary embeddings are not supported)", keyLen, valueLen, c.HeadDim)
+	c.HeadDim = keyLen
+	if arch == "phi3" && rot < keyLen && rot%2 == 0 {
+		// Phi-3's partial rotary embeddings.
+		c.RotaryDim = rot
+	} else if keyLen != valueLen || rot != keyLen || c.HeadDim%2 != 0 {
+		return nil, nil, fail("head sizes key %d, value %d, rotary %d: expected one even size (partial rotary embeddings are supported for phi3 only)", keyLen, valueLen, rot)
 	}
 	if c.Layers > len(f.Tensors) {
 		return nil, nil, fail("%s.block_count %d is more than the file's %d tensors allow", arch, c.Layers, len(f.Tensors))
@@ -141,6 +150,10 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 			return nil, nil, err
 		}
 	}
+	if arch == "smollm3" {
+		// llama.cpp's smollm3: every 4th layer without RoPE, no window.
+		c.NoRopeLayers = ggufSmolLM3NoRopeLayers(c.Layers)
+	}
 	c.RopeTheta = 10000
 	if theta, ok, err := f.Float(arch + ".rope.freq_base"); err != nil {
 		return nil, nil, fmt.Errorf("model: %s: %w", where, err)
@@ -158,6 +171,11 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 			return nil, nil, fail("has both %s scaling and a %s tensor", c.RopeScaling.Type, ggufRopeFreqs)
 		}
 		c.RopeScaling = RopeScaling{Type: "freqs"}
+	}
+	if arch == "phi3" {
+		if err := ggufPhi3(f, c, arch, fail); err != nil {
+			return nil, nil, err
+		}
 	}
 
 	embd, ok := f.Tensor(ggufEmbed)
@@ -304,6 +322,74 @@ func ggufGemma(f *gguf.File, c *Config, arch string, fail func(string, ...any) e
 		}
 	}
 	return nil
+}
+
+// ggufPhi3 reads what a phi3 file adds: longrope as the
+// rope_factors_short and rope_factors_long tensors with
+// rope.scaling.attn_factor and rope.scaling.original_context_length (the
+// short factors are used, and the positions limited to the original
+// length, as for a config.json: see fields.longrope), and the window of
+// every layer (attention.sliding_window, if shorter than the positions).
+func ggufPhi3(f *gguf.File, c *Config, arch string, fail func(string, ...any) error) error {
+	if w, ok, err := f.Uint(arch + ".attention.sliding_window"); err != nil {
+		return fail("%v", err)
+	} else if ok && w > 0 && w < uint64(c.MaxPositions) {
+		c.SlidingWindow = int(w)
+	}
+	short, hasShort := f.Tensor(ggufRopeShort)
+	long, hasLong := f.Tensor(ggufRopeLong)
+	if !hasShort && !hasLong {
+		return nil
+	}
+	half := c.RotaryDims() / 2
+	read := func(t *gguf.TensorInfo) ([]float64, error) {
+		if t.Type != gguf.F32 || len(t.Dims) != 1 || t.Dims[0] != int64(half) {
+			return nil, fail("tensor %s: expected %d F32 factors, found %s %v", t.Name, half, t.Type, t.Dims)
+		}
+		b := make([]byte, t.Size)
+		if err := f.ReadTensor(t, b); err != nil {
+			return nil, fail("%v", err)
+		}
+		out := make([]float64, half)
+		for i := range out {
+			out[i] = float64(f32At(b, i))
+		}
+		return out, nil
+	}
+	if !hasShort || !hasLong {
+		return fail("longrope needs both %s and %s", ggufRopeShort, ggufRopeLong)
+	}
+	if c.RopeScaling.Type != "" {
+		return fail("has both %s scaling and longrope factors", c.RopeScaling.Type)
+	}
+	rs := RopeScaling{Type: "longrope", AttentionFactor: 1}
+	var err error
+	if rs.ShortFactor, err = read(short); err != nil {
+		return err
+	}
+	if rs.LongFactor, err = read(long); err != nil {
+		return err
+	}
+	if v, ok, err := f.Float(arch + ".rope.scaling.attn_factor"); err != nil {
+		return fail("%v", err)
+	} else if ok {
+		if !(v > 0) || math.IsInf(v, 0) {
+			return fail("%s.rope.scaling.attn_factor %v: expected a positive number", arch, v)
+		}
+		rs.AttentionFactor = v
+	}
+	orig, ok, err := f.Uint(arch + ".rope.scaling.original_context_length")
+	if err != nil {
+		return fail("%v", err)
+	}
+	if !ok || orig == 0 || orig > maxGGUFPositions {
+		return fail("longrope needs %s.rope.scaling.original_context_length", arch)
+	}
+	rs.OriginalMaxPositionEmbeddings = int(orig)
+	rs.Factor = float64(c.MaxPositions) / float64(orig)
+	c.RopeScaling = rs
+	c.MaxPositions = min(c.MaxPositions, int(orig))
+	return c.checkLongrope(f.Path)
 }
 
 func containsID(ids []int32, id int32) bool {

@@ -128,6 +128,36 @@ func ggufGemmaFits(c *Config) error {
 	return nil
 }
 
+// ggufSmolLM3NoRope is the period of llama.cpp's smollm3 layers without
+// RoPE: every 4th (fixed in llama.cpp; the file has no key for it).
+const ggufSmolLM3NoRope = 4
+
+// ggufSmolLM3Fits checks that a smollm3 model's layers without RoPE are
+// every ggufSmolLM3NoRope-th, the only pattern a smollm3 GGUF file can
+// describe; anything else is refused rather than written as a file
+// llama.cpp (and Tandem) would run with RoPE in the wrong layers.
+func ggufSmolLM3Fits(c *Config) error {
+	if c.ModelType != "smollm3" {
+		return nil
+	}
+	if !slices.Equal(c.NoRopeLayers, ggufSmolLM3NoRopeLayers(c.Layers)) {
+		return fmt.Errorf("model: a SmolLM3 whose layers without RoPE are %v (not every %dth) cannot be written to GGUF (llama.cpp's smollm3 assumes that pattern); serve the safetensors checkpoint instead", c.NoRopeLayers, ggufSmolLM3NoRope)
+	}
+	return nil
+}
+
+// ggufSmolLM3NoRopeLayers are the layers without RoPE of a smollm3 GGUF
+// file of n layers.
+func ggufSmolLM3NoRopeLayers(n int) []int {
+	var layers []int
+	for i := range n {
+		if (i+1)%ggufSmolLM3NoRope == 0 {
+			layers = append(layers, i)
+		}
+	}
+	return layers
+}
+
 // ggufGemmaQueryScalar is the query_pre_attn_scalar llama.cpp's gemma3
 // derives: hidden/heads for the 62-layer 27B, head_dim otherwise.
 func ggufGemmaQueryScalar(c *Config) float64 {
@@ -153,13 +183,16 @@ func ggufGemmaPeriod(c *Config) (int, bool) {
 }
 
 // ConvertToGGUF writes the Hugging Face checkpoint in dir (llama, mistral,
-// mixtral, qwen2, qwen3 or qwen3_moe; safetensors in f32, bf16 or f16) to w as a
+// mixtral, qwen2, qwen3, qwen3_moe, gemma3_text, smollm3 or phi3; safetensors in
+// f32, bf16 or f16) to w as a
 // GGUF file with the
 // weights in opts.Encoding, the way llama.cpp's convert_hf_to_gguf.py and
 // llama-quantize would: llama.cpp's tensor names and {arch}.* keys
 // (Mistral is written as llama; a model with a sliding window gets
 // context_length limited to the window, see ggufContextLength), the q and k rows of llama and mistral
-// permuted to llama.cpp's rotary layout, Llama 3 rope scaling as a
+// permuted to llama.cpp's rotary layout (smollm3's too, as llama.cpp's
+// converter does), phi3's fused attn_qkv and ffn_up kept fused with its
+// longrope factors as rope_factors_short/long tensors, Llama 3 rope scaling as a
 // rope_freqs tensor, output.weight omitted when the embeddings are tied,
 // the experts of a qwen3_moe or mixtral layer (Mixtral is written as llama
 // with experts, as llama.cpp's converter does) stacked into ffn_{gate,up,down}_exps
@@ -183,17 +216,20 @@ func ConvertToGGUF(dir string, w io.Writer, opts GGUFOptions) (*GGUFSummary, err
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	defer set.Close()
-	arch := map[string]string{"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3"}[c.ModelType]
+	arch := map[string]string{"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3", "smollm3": "smollm3", "phi3": "phi3"}[c.ModelType]
 	if arch == "" {
 		return nil, fmt.Errorf("model: converting model type %s to GGUF is not supported; serve the safetensors checkpoint instead", c.ModelType)
 	}
 	if err := ggufGemmaFits(c); err != nil {
 		return nil, err
 	}
-	if c.RopeScaling.Type != "" && c.RopeScaling.Type != "linear" && c.RopeScaling.Type != "llama3" {
+	if err := ggufSmolLM3Fits(c); err != nil {
+		return nil, err
+	}
+	if c.RopeScaling.Type != "" && c.RopeScaling.Type != "linear" && c.RopeScaling.Type != "llama3" && (c.RopeScaling.Type != "longrope" || arch != "phi3") {
 		return nil, fmt.Errorf("model: rope scaling %q cannot be written to GGUF", c.RopeScaling.Type)
 	}
-	plan, err := ggufPlan(c, set, enc, arch == "llama")
+	plan, err := ggufPlan(c, set, enc, arch == "llama" || arch == "smollm3")
 	if err != nil {
 		return nil, err
 	}
@@ -340,6 +376,15 @@ func ggufPlan(c *Config, set *safetensors.Set, enc string, permute bool) ([]gguf
 	for i := range c.Layers {
 		p := fmt.Sprintf("model.layers.%d.", i)
 		add(p+"input_layernorm.weight", 0, c.Hidden)
+		if c.ModelType == "phi3" {
+			// Fused in the checkpoint and in llama.cpp's phi3 alike.
+			add(p+"self_attn.qkv_proj.weight", 0, c.QDim()+2*c.KVDim(), c.Hidden)
+			add(p+"self_attn.o_proj.weight", 0, c.Hidden, c.QDim())
+			add(p+"post_attention_layernorm.weight", 0, c.Hidden)
+			add(p+"mlp.gate_up_proj.weight", 0, 2*c.Intermediate, c.Hidden)
+			add(p+"mlp.down_proj.weight", 0, c.Hidden, c.Intermediate)
+			continue
+		}
 		add(p+"self_attn.q_proj.weight", qPerm, c.QDim(), c.Hidden)
 		add(p+"self_attn.k_proj.weight", kPerm, c.KVDim(), c.Hidden)
 		add(p+"self_attn.v_proj.weight", 0, c.KVDim(), c.Hidden)
@@ -381,6 +426,11 @@ func ggufPlan(c *Config, set *safetensors.Set, enc string, permute bool) ([]gguf
 	}
 	if c.RopeScaling.Type == "llama3" {
 		plan = append(plan, ggufEntry{name: ggufRopeFreqs, shape: []int{c.HeadDim / 2}, data: llama3RopeFactors(c)})
+	}
+	if rs := c.RopeScaling; rs.Type == "longrope" {
+		plan = append(plan,
+			ggufEntry{name: ggufRopeLong, shape: []int{len(rs.LongFactor)}, data: f32s(rs.LongFactor)},
+			ggufEntry{name: ggufRopeShort, shape: []int{len(rs.ShortFactor)}, data: f32s(rs.ShortFactor)})
 	}
 	for i := range plan {
 		e := &plan[i]
@@ -472,6 +522,7 @@ func ggufModelKV(c *Config, arch, name, enc string, plan []ggufEntry) []gguf.KV 
 	}
 	kv = append(kv,
 		gguf.KV{Key: arch + ".context_length", Value: u32(ggufContextLength(c))},
+		gguf.KV{Key: arch + ".rope.dimension_count", Value: u32(c.RotaryDims())},
 		gguf.KV{Key: arch + ".embedding_length", Value: u32(c.Hidden)},
 		gguf.KV{Key: arch + ".block_count", Value: u32(c.Layers)},
 		gguf.KV{Key: arch + ".feed_forward_length", Value: u32(c.Intermediate)},
@@ -479,7 +530,6 @@ func ggufModelKV(c *Config, arch, name, enc string, plan []ggufEntry) []gguf.KV 
 		gguf.KV{Key: arch + ".attention.head_count_kv", Value: u32(c.KVHeads)},
 		gguf.KV{Key: arch + ".attention.key_length", Value: u32(c.HeadDim)},
 		gguf.KV{Key: arch + ".attention.value_length", Value: u32(c.HeadDim)},
-		gguf.KV{Key: arch + ".rope.dimension_count", Value: u32(c.HeadDim)},
 		gguf.KV{Key: arch + ".rope.freq_base", Value: gguf.Float32Value(float32(c.RopeTheta))},
 		gguf.KV{Key: arch + ".attention.layer_norm_rms_epsilon", Value: gguf.Float32Value(float32(c.RMSNormEps))},
 		gguf.KV{Key: arch + ".vocab_size", Value: u32(c.Vocab)},
@@ -502,12 +552,33 @@ func ggufModelKV(c *Config, arch, name, enc string, plan []ggufEntry) []gguf.KV 
 			kv = append(kv, gguf.KV{Key: arch + ".final_logit_softcapping", Value: gguf.Float32Value(float32(sc))})
 		}
 	}
+	if rs := c.RopeScaling; rs.Type == "longrope" {
+		// As llama.cpp's converter writes Phi-3: the length the model
+		// was extended to, the original one and the attention factor.
+		for i := range kv {
+			if kv[i].Key == arch+".context_length" {
+				kv[i].Value = u32(int(math.Round(rs.Factor * float64(rs.OriginalMaxPositionEmbeddings))))
+			}
+		}
+		kv = append(kv,
+			gguf.KV{Key: arch + ".rope.scaling.attn_factor", Value: gguf.Float32Value(float32(rs.AttentionFactor))},
+			gguf.KV{Key: arch + ".rope.scaling.original_context_length", Value: u32(rs.OriginalMaxPositionEmbeddings)})
+	}
 	if c.RopeScaling.Type == "linear" {
 		kv = append(kv,
 			gguf.KV{Key: arch + ".rope.scaling.type", Value: gguf.StringValue("linear")},
 			gguf.KV{Key: arch + ".rope.scaling.factor", Value: gguf.Float32Value(float32(c.RopeScaling.Factor))})
 	}
 	return kv
+}
+
+// f32s narrows xs to float32.
+func f32s(xs []float64) []float32 {
+	out := make([]float32, len(xs))
+	for i, x := range xs {
+		out[i] = float32(x)
+	}
+	return out
 }
 
 func shapeElems(shape []int) int {

@@ -3,6 +3,7 @@ package model
 import (
 	"io"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -34,7 +35,7 @@ func TestGGUFGemma3RoundTrips(t *testing.T) {
 	got := loadTestModel(t, path, 2)
 	wc, gc := want.Config(), got.Config()
 	if gc.ModelType != "gemma3_text" || gc.SlidingWindow != wc.SlidingWindow || gc.Gemma != wc.Gemma ||
-		gc.RopeScaling != wc.RopeScaling || gc.RopeTheta != wc.RopeTheta || len(gc.FullLayers) != 1 || gc.FullLayers[0] != 5 || gc.MaxModelLen() != wc.MaxModelLen() {
+		!reflect.DeepEqual(gc.RopeScaling, wc.RopeScaling) || gc.RopeTheta != wc.RopeTheta || len(gc.FullLayers) != 1 || gc.FullLayers[0] != 5 || gc.MaxModelLen() != wc.MaxModelLen() {
 		t.Errorf("GGUF config %+v, checkpoint's %+v", gc, wc)
 	}
 	if got.NumParams() != want.NumParams() {

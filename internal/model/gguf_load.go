@@ -15,12 +15,13 @@ import (
 )
 
 // LoadGGUF loads the GGUF file at path: architecture llama (which llama.cpp
-// also uses for Mistral), qwen2, qwen3 or qwen3moe (whose stacked
-// ffn_*_exps tensors are bound one expert at a time, as slices),
+// also uses for Mistral and Mixtral), qwen2, qwen3, qwen3moe (whose stacked
+// ffn_*_exps tensors are bound one expert at a time, as slices), gemma3,
+// smollm3 or phi3,
 // hyperparameters from the {arch}.* keys, tensors of the types package gguf
 // supports. Quantized matrices stay
 // quantized in memory; norms and biases are widened to f32. The q and k
-// projections of llama files, which llama.cpp's converter permutes for its
+// projections of llama and smollm3 files, which llama.cpp's converter permutes for its
 // rotary layout, are permuted back to Hugging Face's, so the model computes
 // exactly what the checkpoint it came from computes. A rope_freqs tensor
 // (Llama 3 scaling) divides the rotary frequencies. Without output.weight
@@ -173,8 +174,18 @@ var (
 	ggufMoEParts    = [][]string{{"ffn_gate_inp.weight"}, {"ffn_gate_exps.weight"}, {"ffn_up_exps.weight"}, {"ffn_down_exps.weight"}}
 )
 
+// ggufPhi3Parts are the per-layer tensors of phi3, whose q, k and v, and
+// gate and up, are fused in the file.
+var ggufPhi3Parts = [][]string{
+	{"attn_qkv.weight"}, {"ffn_up.weight"},
+	{"attn_norm.weight"}, {"attn_output.weight"}, {"ffn_norm.weight"}, {"ffn_down.weight"},
+}
+
 // layerParts returns the per-layer tensors of c's architecture.
 func layerParts(c *Config) [][]string {
+	if c.ModelType == "phi3" {
+		return ggufPhi3Parts
+	}
 	parts := ggufLayerParts
 	if c.QKNorm {
 		parts = append(slices.Clone(parts), ggufQKNormParts...)
@@ -224,6 +235,10 @@ func loadGGUFTensors(f *gguf.File, c *Config, progress func(read, total int64)) 
 	add(ggufNorm)
 	add(ggufOutput)
 	add(ggufRopeFreqs)
+	if c.ModelType == "phi3" {
+		add(ggufRopeShort)
+		add(ggufRopeLong)
+	}
 	parts := layerParts(c)
 	for i := range c.Layers {
 		for _, part := range parts {
@@ -332,7 +347,7 @@ func loadGGUFTensors(f *gguf.File, c *Config, progress func(read, total int64)) 
 	if first != nil {
 		return fail(fmt.Errorf("model: %s: %w", f.Path, first))
 	}
-	if c.ModelType == "llama" || c.ModelType == "mixtral" {
+	if c.ModelType == "llama" || c.ModelType == "mixtral" || c.ModelType == "smollm3" {
 		if err := src.unpermuteQK(c); err != nil {
 			return fail(err)
 		}

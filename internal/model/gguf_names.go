@@ -30,7 +30,17 @@ const (
 	ggufOutput    = "output.weight"
 	ggufNorm      = "output_norm.weight"
 	ggufRopeFreqs = "rope_freqs.weight"
+	// phi3's longrope factors, one per rotary frequency.
+	ggufRopeShort = "rope_factors_short.weight"
+	ggufRopeLong  = "rope_factors_long.weight"
 )
+
+// ggufPhi3LayerNames are the per-layer names of phi3 files beyond
+// ggufLayerNames: the fused projections (ffn_up holds gate then up).
+var ggufPhi3LayerNames = map[string]string{
+	"self_attn.qkv_proj.weight": "attn_qkv.weight",
+	"mlp.gate_up_proj.weight":   "ffn_up.weight",
+}
 
 // ggufLayerNames maps the per-layer Hugging Face tensor names (after
 // "model.layers.N.") to GGUF's (after "blk.N.").
@@ -141,6 +151,11 @@ func ggufName(hf, modelType string) (string, bool) {
 	g, ok := ggufLayerNames[suffix]
 	if modelType == "gemma3_text" {
 		if gg, gok := ggufGemmaLayerNames[suffix]; gok {
+			g, ok = gg, true
+		}
+	}
+	if modelType == "phi3" {
+		if gg, gok := ggufPhi3LayerNames[suffix]; gok {
 			g, ok = gg, true
 		}
 	}

@@ -534,7 +534,8 @@ func TestLoadGGUFReportsWhatIsWrong(t *testing.T) {
 		tensors func([]gguf.TensorInfo) []gguf.TensorInfo
 		want    string
 	}{
-		{"unknown architecture", setKV("general.architecture", gguf.StringValue("phi3")), nil, `architecture "phi3" is not supported`},
+		{"unknown architecture", setKV("general.architecture", gguf.StringValue("phi2")), nil, `architecture "phi2" is not supported`},
+		{"gpt-oss", setKV("general.architecture", gguf.StringValue("gpt-oss")), nil, `architecture "gpt-oss" is not supported: gpt-oss needs attention sinks, alternating sliding-window layers with YaRN RoPE and MXFP4-quantized experts`},
 		{"no architecture", dropKV("general.architecture"), nil, "general.architecture is missing"},
 		{"missing key", dropKV("llama.embedding_length"), nil, "required key llama.embedding_length is missing"},
 		{"key of the wrong type", setKV("llama.block_count", gguf.StringValue("2")), nil, `key "llama.block_count": expected a non-negative integer`},

@@ -30,6 +30,9 @@ var hfCases = []string{
 	"mixtral/mixtral-top2", "mixtral/mixtral-window",
 	"mistral/mistral-window67", "mistral/qwen2-maxwindow",
 	"gemma3/gemma3-tied", "gemma3/gemma3-long",
+	"smollm3/smollm3-nope", "smollm3/smollm3-window",
+	"phi3/phi3-partial", "phi3/phi4mini-longrope", "phi3/phi3-window",
+	"llama/llama3-rope",
 }
 
 func loadHFGolden(t *testing.T, dir string) hfGolden {
@@ -53,9 +56,12 @@ func loadHFGolden(t *testing.T, dir string) hfGolden {
 // with tied and untied heads and head_dim ≠ hidden/heads, Qwen3-MoE with
 // normalised and unnormalised top-k weights and dense layers among the
 // sparse ones, Mixtral with top-2 and top-3 routing and a sliding window
-// smaller than the prompt, Mistral with a window of 67 over 72 tokens,
-// Qwen2 windowed from max_window_layers on, Gemma 3 with local and global
-// layers, linear RoPE scaling and logit soft-capping), position by position, and the greedy
+// smaller than the prompt, Mistral with a window of 67 over 72 tokens, Qwen2
+// windowed from max_window_layers on, Gemma 3 with local and global layers,
+// linear RoPE scaling and logit soft-capping, SmolLM3 with layers without
+// RoPE, one of them windowed, Phi-3 with fused projections and partial
+// rotary embeddings, a window in every layer and Phi-4-mini's longrope,
+// Llama with Llama 3.x RoPE scaling), position by position, and the greedy
 // continuations. The checkpoints are those committed under testdata, or with
 // TANDEM_HF_REFERENCE those scripts/reference/check.sh has just made.
 //

@@ -15,9 +15,9 @@ import (
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
-// TestGGUFQwen3MatchesLlamaCpp checks Tandem's qwen3, qwen3moe, Mixtral and gemma3
-// GGUF files against llama.cpp, an implementation Tandem did not write: the
-// converter writes random f32 Qwen3, Qwen3-MoE, Mixtral and Gemma 3 checkpoints as GGUF, and
+// TestGGUFQwen3MatchesLlamaCpp checks Tandem's qwen3, qwen3moe, Mixtral, gemma3
+// smollm3 and phi3 GGUF files against llama.cpp, an implementation Tandem did not write: the
+// converter writes random f32 Qwen3, Qwen3-MoE, Mixtral, Gemma 3, SmolLM3 and Phi-3 checkpoints as GGUF, and
 // llama.cpp's greedy continuation of a prompt (token ids) must equal
 // Tandem's on the same file. llama.cpp runs through node-llama-cpp's
 // prebuilt CPU binaries, installed by `npm ci` in
@@ -60,6 +60,19 @@ func TestGGUFQwen3MatchesLlamaCpp(t *testing.T) {
 			s.ModelType, s.Layers, s.Vocab = "mixtral", 3, 512
 			s.MoE = modelinit.MoE{Experts: 4, TopK: 2}
 		}),
+		// SmolLM3: layer 3 of 5 without RoPE (llama.cpp's every 4th),
+		// q/k permuted as llama's, untied head.
+		"smollm3": testSpec(func(s *modelinit.Spec) {
+			s.ModelType, s.Layers, s.Vocab, s.RopeTheta = "smollm3", 5, 512, 2e6
+		}),
+		// Phi-4-mini's features: fused projections, RoPE on 12 of 16
+		// dimensions, longrope (short factors within the original 1024
+		// positions, the attention factor), tied head.
+		"phi3": func() modelinit.Spec {
+			s, _ := modelinit.Shape(modelinit.ShapePhi3Tiny, "f32")
+			s.Vocab, s.Std, s.NormJitter, s.BOS, s.EOS = 512, 0.15, 0.3, 1, 2
+			return s
+		}(),
 	}
 	for name, spec := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -92,7 +105,7 @@ func TestGGUFQwen3MatchesLlamaCpp(t *testing.T) {
 			prompt := []int32{17, 300, 42, 99, 256, 7, 180, 400, 3, 64}
 			want := greedy(t, m, prompt, n)[len(prompt):]
 
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute) // node starts slowly on a loaded host
 			defer cancel()
 			ids, _ := json.Marshal(prompt)
 			cmd := exec.CommandContext(ctx, "node", script, path, string(ids), strconv.Itoa(n))

@@ -35,10 +35,13 @@ type layer struct {
 	// one (a sliding-window layer).
 	postAttnNorm, postFFNorm []float32
 	localRope                bool
+	// noRope: the layer applies no rotary embedding (SmolLM3's NoPE
+	// layers).
+	noRope bool
 }
 
-// Model is a loaded Llama-family decoder (llama, mistral, qwen2, qwen3,
-// qwen3_moe) whose
+// Model is a loaded Llama-family decoder (llama, mistral, mixtral, qwen2,
+// qwen3, qwen3_moe, gemma3_text, smollm3, phi3) whose
 // weights alias read-only memory holding a safetensors checkpoint or a GGUF
 // file.
 //
@@ -53,7 +56,8 @@ type Model struct {
 	lmHead    tensor.Mat // aliases embed when tied
 	finalNorm []float32
 	layers    []layer
-	invFreq   []float64 // rotary inverse frequencies (with scaling), HeadDim/2
+	invFreq   []float64 // rotary inverse frequencies (with scaling), RotaryDims/2
+	ropeScale float64   // cos and sin are multiplied by it (see ropeScale)
 	// invFreqLocal are those of Gemma 3's sliding-window layers (nil
 	// otherwise).
 	invFreqLocal []float64
@@ -116,6 +120,7 @@ func LoadWith(dir string, pool *tensor.Pool, opts LoadOptions) (*Model, error) {
 // layers.
 func (m *Model) setRope() {
 	m.invFreq = ropeInvFreq(&m.cfg)
+	m.ropeScale = ropeScale(&m.cfg)
 	if m.cfg.Gemma.LocalRopeTheta > 0 {
 		local := m.cfg
 		local.RopeTheta, local.RopeScaling = m.cfg.Gemma.LocalRopeTheta, RopeScaling{}
@@ -159,6 +164,7 @@ func (m *Model) bindLayer(b *binder, i int) error {
 	c := &m.cfg
 	l := &m.layers[i]
 	l.window = c.LayerWindow(i)
+	l.noRope = !c.LayerRope(i)
 	p := fmt.Sprintf("model.layers.%d.", i)
 	var err error
 	mat := func(name string, rows, cols int) tensor.Mat {
@@ -186,9 +192,14 @@ func (m *Model) bindLayer(b *binder, i int) error {
 	} else {
 		l.ffnNorm = vec("post_attention_layernorm.weight", c.Hidden)
 	}
-	q := mat("self_attn.q_proj.weight", c.QDim(), c.Hidden)
-	k := mat("self_attn.k_proj.weight", c.KVDim(), c.Hidden)
-	v := mat("self_attn.v_proj.weight", c.KVDim(), c.Hidden)
+	var q, k, v, qkv tensor.Mat
+	if c.ModelType == "phi3" {
+		qkv = mat("self_attn.qkv_proj.weight", c.QDim()+2*c.KVDim(), c.Hidden)
+	} else {
+		q = mat("self_attn.q_proj.weight", c.QDim(), c.Hidden)
+		k = mat("self_attn.k_proj.weight", c.KVDim(), c.Hidden)
+		v = mat("self_attn.v_proj.weight", c.KVDim(), c.Hidden)
+	}
 	l.o = mat("self_attn.o_proj.weight", c.Hidden, c.QDim())
 	if c.QKVBias {
 		l.qBias = vec("self_attn.q_proj.bias", c.QDim())
@@ -207,6 +218,13 @@ func (m *Model) bindLayer(b *binder, i int) error {
 	}
 	for _, w := range [][]float32{l.attnNorm, l.ffnNorm, l.postAttnNorm, l.postFFNorm, l.qNorm, l.kNorm} {
 		m.gemmaNorm(w)
+	}
+	if c.ModelType == "phi3" {
+		l.qkv = fusedGroup(qkv, c.QDim(), c.KVDim(), c.KVDim())
+		gateUp := mat("mlp.gate_up_proj.weight", 2*c.Intermediate, c.Hidden)
+		l.down = mat("mlp.down_proj.weight", c.Hidden, c.Intermediate)
+		l.gateUp = fusedGroup(gateUp, c.Intermediate, c.Intermediate)
+		return err
 	}
 	l.qkv = b.newLinearGroup(q, k, v)
 	if c.SparseLayer(i) {
@@ -244,6 +262,9 @@ func (m *Model) Config() Config {
 	c.EOS = slices.Clone(c.EOS)
 	c.MoE.DenseLayers = slices.Clone(c.MoE.DenseLayers)
 	c.FullLayers = slices.Clone(c.FullLayers)
+	c.NoRopeLayers = slices.Clone(c.NoRopeLayers)
+	c.RopeScaling.ShortFactor = slices.Clone(c.RopeScaling.ShortFactor)
+	c.RopeScaling.LongFactor = slices.Clone(c.RopeScaling.LongFactor)
 	return c
 }
 
@@ -335,8 +356,12 @@ func (m *Model) VocabSize() int { return m.cfg.Vocab }
 // shape, and a sample of each tensor's bytes (start, middle, end); for a
 // GGUF file, also the format (its tensors are named, typed and laid out
 // differently from the checkpoint they came from). Two
-// engines that agree on it compute the same KV for the same tokens, which
-// is what prefix-cache hashing and the prefill/decode handshake rely on.
+// engines that agree on it compute the same KV for the same tokens, up to
+// the rounding of their CPU kernel sets (tensor.ISA), which it does not
+// name: prefix-cache hashing and the prefill/decode handshake rely on it,
+// and engines whose sets differ still exchange KV — valid, but not
+// bit-identical to a colocated run (the handshake's kvxfer.Info.Kernels
+// says so in the decode's log).
 func (m *Model) Fingerprint() string { return m.fingerprint }
 
 // fingerprintSample is the number of bytes hashed at each of the start,
@@ -371,6 +396,13 @@ func (m *Model) computeFingerprint() string {
 		// Which layers the window applies to (only for windowed models,
 		// so that the fingerprints of the others stay what they were).
 		fmt.Fprintf(h, "full_layers=%v\x00", c.FullLayers)
+	}
+	if len(c.NoRopeLayers) > 0 {
+		fmt.Fprintf(h, "no_rope_layers=%v\x00", c.NoRopeLayers)
+	}
+	if c.RotaryDim > 0 || c.RopeScaling.Type == "longrope" {
+		fmt.Fprintf(h, "rotary_dim=%d attention_factor=%x short_factor=%v\x00", c.RotaryDim,
+			math.Float64bits(c.RopeScaling.AttentionFactor), c.RopeScaling.ShortFactor)
 	}
 	m.src.each(func(name string, w weight) {
 		fmt.Fprintf(h, "%s\x00%s\x00%v\x00", name, w.typeName, w.shape)

@@ -246,6 +246,18 @@ type linearGroup struct {
 	width int
 }
 
+// fusedGroup is a linear group stored as one matrix, its maps' outputs the
+// consecutive row ranges of the given sizes (phi3's qkv_proj and
+// gate_up_proj).
+func fusedGroup(m tensor.Mat, rows ...int) linearGroup {
+	g := linearGroup{mats: []tensor.Mat{m}, fused: true, off: make([]int, len(rows)), rows: rows}
+	for i, r := range rows {
+		g.off[i] = g.width
+		g.width += r
+	}
+	return g
+}
+
 func (b *binder) newLinearGroup(mats ...tensor.Mat) linearGroup {
 	g := linearGroup{off: make([]int, len(mats)), rows: make([]int, len(mats))}
 	for i, m := range mats {

@@ -10,22 +10,27 @@ import (
 // RopeScaling is the rope_scaling entry of config.json; the zero value
 // writes null.
 type RopeScaling struct {
-	// Type is "linear" or "llama3".
+	// Type is "linear", "llama3" or (phi3) "longrope".
 	Type                          string
 	Factor                        float64
 	LowFreqFactor                 float64
 	HighFreqFactor                float64
 	OriginalMaxPositionEmbeddings int
+	// ShortFactor and LongFactor are longrope's, one per rotary frequency
+	// (Factor is left for max/original to give).
+	ShortFactor, LongFactor []float64
 }
 
 // Spec is the architecture and storage of a model to write.
 type Spec struct {
 	// ModelType is "llama" (default), "mistral", "mixtral", "qwen2",
-	// "qwen3", "qwen3_moe" or "gemma3_text". qwen2 gets q/k/v biases;
+	// "qwen3", "qwen3_moe", "gemma3_text", "smollm3" or "phi3". qwen2 gets q/k/v biases;
 	// qwen3, qwen3_moe and gemma3_text get per-head q/k norms; every
 	// mixtral layer is sparse; gemma3_text gets Gemma 3's sandwich norms
 	// (weights around 0: the norm scales by 1 + weight), GELU and
-	// interleaved local and global layers (Gemma).
+	// interleaved local and global layers (Gemma); smollm3 gets layers
+	// without RoPE (NoRopeInterval); phi3 gets fused qkv_proj and
+	// gate_up_proj and RoPE on PartialRotary of each head.
 	ModelType    string
 	Hidden       int
 	Layers       int
@@ -39,7 +44,7 @@ type Spec struct {
 	RopeTheta    float64
 	RopeScaling  RopeScaling
 	Tied         bool
-	// AttentionBias gives a llama, qwen3 or qwen3_moe model q/k/v/o
+	// AttentionBias gives a llama, qwen3, qwen3_moe or smollm3 model q/k/v/o
 	// biases.
 	AttentionBias bool
 	// MoE is the mixture-of-experts part of a qwen3_moe or mixtral model
@@ -53,6 +58,13 @@ type Spec struct {
 	SlidingWindow int
 	// Gemma is the Gemma 3 part of a gemma3_text model.
 	Gemma Gemma
+	// NoRopeInterval makes every NoRopeInterval-th layer of a smollm3
+	// model one without RoPE (config.json's no_rope_layer_interval; 0
+	// means 4, SmolLM3's). A smollm3 SlidingWindow windows those layers
+	// (use_sliding_window).
+	NoRopeInterval int
+	// PartialRotary is a phi3 model's partial_rotary_factor (0 means 1).
+	PartialRotary float64
 	// DType of every tensor: "bf16", "f16" or "f32".
 	DType string
 	// Std is the scale of the random weights (uniform with this standard
@@ -118,9 +130,15 @@ func (s Spec) headDim() int {
 // Validate reports the first field that cannot make a model.
 func (s Spec) Validate() error {
 	switch s.ModelType {
-	case "", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text":
+	case "", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "smollm3", "phi3":
 	default:
-		return fmt.Errorf("modelinit: model type %q: expected llama, mistral, mixtral, qwen2, qwen3, qwen3_moe or gemma3_text", s.ModelType)
+		return fmt.Errorf("modelinit: model type %q: expected llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma3_text, smollm3 or phi3", s.ModelType)
+	}
+	if s.PartialRotary < 0 || s.PartialRotary > 1 {
+		return fmt.Errorf("modelinit: partial rotary factor %v: expected 0 (all) or a number in (0, 1]", s.PartialRotary)
+	}
+	if s.NoRopeInterval < 0 {
+		return fmt.Errorf("modelinit: no-RoPE interval %d: expected 0 (SmolLM3's 4) or a positive interval", s.NoRopeInterval)
 	}
 	for _, f := range []struct {
 		name string
@@ -186,6 +204,9 @@ const (
 	ShapeMixtralTiny  = "mixtral-tiny"
 	ShapeGemma3Tiny   = "gemma3-tiny"
 	ShapeGemma31B     = "gemma-3-1b"
+	ShapeSmolLM3Tiny  = "smollm3-tiny"
+	ShapePhi3Tiny     = "phi3-tiny"
+	ShapeQwen3MoE7B   = "qwen3-moe-7b-a1b"
 )
 
 var shapes = map[string]Spec{
@@ -239,11 +260,36 @@ var shapes = map[string]Spec{
 		Intermediate: 6912, Vocab: 262144, MaxPositions: 32768, RMSNormEps: 1e-6, RopeTheta: 1000000, Tied: true,
 		BOS: 2, EOS: 1, SlidingWindow: 512, Gemma: Gemma{Pattern: 6, LocalRopeTheta: 10000, QueryScalar: 256},
 	},
+	// Test-sized SmolLM3: layers 1 and 3 without RoPE (every 2nd), each
+	// with a window of 13 (shorter than the test prompts); untied head.
+	ShapeSmolLM3Tiny: {
+		ModelType: "smollm3", Hidden: 64, Layers: 4, Heads: 4, KVHeads: 2, HeadDim: 16,
+		Intermediate: 128, MaxPositions: 2048, RMSNormEps: 1e-6, RopeTheta: 2000000,
+		NoRopeInterval: 2, SlidingWindow: 13,
+	},
+	// Test-sized Phi-4-mini: RoPE on 12 of 16 dimensions, longrope up to
+	// 1024 positions (of 4096), tied head.
+	ShapePhi3Tiny: {
+		ModelType: "phi3", Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2,
+		Intermediate: 128, MaxPositions: 4096, RMSNormEps: 1e-5, RopeTheta: 10000, Tied: true, PartialRotary: 0.75,
+		RopeScaling: RopeScaling{Type: "longrope", OriginalMaxPositionEmbeddings: 1024,
+			ShortFactor: []float64{1, 1.05, 1.2, 1.5, 2, 3}, LongFactor: []float64{1, 2, 4, 8, 16, 32}},
+	},
 	// Qwen3-0.6B.
 	ShapeQwen306B: {
 		ModelType: "qwen3", Hidden: 1024, Layers: 28, Heads: 16, KVHeads: 8, HeadDim: 128,
 		Intermediate: 3072, Vocab: 151936, MaxPositions: 40960, RMSNormEps: 1e-6, RopeTheta: 1000000, Tied: true,
 		BOS: 151643, EOS: 151645,
+	},
+	// OLMoE-1B-7B's dimensions as a Qwen3-MoE (per-head q/k norms rather
+	// than OLMoE's whole-projection ones): 64 experts of width 1024, 8
+	// active per token; 6.9B parameters, 1.3B active. A mixture of experts
+	// that fits a small host at Q4_K_M (about 4 GB) for measurements.
+	ShapeQwen3MoE7B: {
+		ModelType: "qwen3_moe", Hidden: 2048, Layers: 16, Heads: 16, KVHeads: 16, HeadDim: 128,
+		Intermediate: 1024, Vocab: 50304, MaxPositions: 4096, RMSNormEps: 1e-5, RopeTheta: 10000,
+		BOS: 50279, EOS: 50279,
+		MoE: MoE{Experts: 64, TopK: 8, Intermediate: 1024, NormTopK: false, SparseStep: 1},
 	},
 	// Qwen3-30B-A3B: 128 experts, 8 active per token.
 	ShapeQwen330BA3B: {
@@ -276,5 +322,7 @@ func Shape(name, dtype string) (Spec, error) {
 	}
 	s.DType = dtype
 	s.MoE.DenseLayers = slices.Clone(s.MoE.DenseLayers)
+	s.RopeScaling.ShortFactor = slices.Clone(s.RopeScaling.ShortFactor)
+	s.RopeScaling.LongFactor = slices.Clone(s.RopeScaling.LongFactor)
 	return s, nil
 }

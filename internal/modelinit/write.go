@@ -59,9 +59,13 @@ func (s Spec) plan() []plannedTensor {
 	for i := range s.Layers {
 		p := fmt.Sprintf("model.layers.%d.", i)
 		add(p+"input_layernorm.weight", norm, s.Hidden)
-		add(p+"self_attn.q_proj.weight", weight, qd, s.Hidden)
-		add(p+"self_attn.k_proj.weight", weight, kvd, s.Hidden)
-		add(p+"self_attn.v_proj.weight", weight, kvd, s.Hidden)
+		if s.ModelType == "phi3" {
+			add(p+"self_attn.qkv_proj.weight", weight, qd+2*kvd, s.Hidden)
+		} else {
+			add(p+"self_attn.q_proj.weight", weight, qd, s.Hidden)
+			add(p+"self_attn.k_proj.weight", weight, kvd, s.Hidden)
+			add(p+"self_attn.v_proj.weight", weight, kvd, s.Hidden)
+		}
 		if qkvBias {
 			add(p+"self_attn.q_proj.bias", weight, qd)
 			add(p+"self_attn.k_proj.bias", weight, kvd)
@@ -101,8 +105,12 @@ func (s Spec) plan() []plannedTensor {
 			}
 			continue
 		}
-		add(p+"mlp.gate_proj.weight", weight, s.Intermediate, s.Hidden)
-		add(p+"mlp.up_proj.weight", weight, s.Intermediate, s.Hidden)
+		if s.ModelType == "phi3" {
+			add(p+"mlp.gate_up_proj.weight", weight, 2*s.Intermediate, s.Hidden)
+		} else {
+			add(p+"mlp.gate_proj.weight", weight, s.Intermediate, s.Hidden)
+			add(p+"mlp.up_proj.weight", weight, s.Intermediate, s.Hidden)
+		}
 		add(p+"mlp.down_proj.weight", weight, s.Hidden, s.Intermediate)
 	}
 	add("model.norm.weight", norm, s.Hidden)
@@ -115,10 +123,18 @@ func (s Spec) plan() []plannedTensor {
 // hasAttentionBias reports whether the model type reads attention_bias.
 func (s Spec) hasAttentionBias() bool {
 	switch s.modelType() {
-	case "llama", "qwen3", "qwen3_moe":
+	case "llama", "qwen3", "qwen3_moe", "smollm3":
 		return true
 	}
 	return false
+}
+
+// noRopeInterval is the no_rope_layer_interval of a smollm3 model.
+func (s Spec) noRopeInterval() int {
+	if s.NoRopeInterval == 0 {
+		return 4
+	}
+	return s.NoRopeInterval
 }
 
 func (s Spec) modelType() string {
@@ -140,7 +156,7 @@ func (s Spec) NumParams() int64 {
 // configJSON returns the config.json object for s.
 func (s Spec) configJSON() map[string]any {
 	arch := map[string]string{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-		"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}[s.modelType()]
+		"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "phi3": "Phi3ForCausalLM"}[s.modelType()]
 	c := map[string]any{
 		"architectures":           []string{arch},
 		"model_type":              s.modelType(),
@@ -195,6 +211,17 @@ func (s Spec) configJSON() map[string]any {
 			c["max_window_layers"] = 0
 		}
 		c["head_dim"] = s.headDim()
+	case "smollm3":
+		c["attention_bias"] = s.AttentionBias
+		c["mlp_bias"] = false
+		c["no_rope_layer_interval"] = s.noRopeInterval()
+		c["use_sliding_window"] = s.SlidingWindow > 0
+		c["sliding_window"] = window
+	case "phi3":
+		c["sliding_window"] = window
+		if s.PartialRotary > 0 {
+			c["partial_rotary_factor"] = s.PartialRotary
+		}
 	}
 	if s.modelType() == "gemma3_text" {
 		delete(c, "hidden_act")
@@ -250,6 +277,12 @@ func (s Spec) configJSON() map[string]any {
 			m["low_freq_factor"] = rs.LowFreqFactor
 			m["high_freq_factor"] = rs.HighFreqFactor
 			m["original_max_position_embeddings"] = rs.OriginalMaxPositionEmbeddings
+		}
+		if rs.Type == "longrope" {
+			// Phi-3's layout: factor from the two lengths.
+			delete(m, "factor")
+			m["short_factor"], m["long_factor"] = rs.ShortFactor, rs.LongFactor
+			c["original_max_position_embeddings"] = rs.OriginalMaxPositionEmbeddings
 		}
 		c["rope_scaling"] = m
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/sched"
+	"github.com/tandem-serve/tandem/internal/tensor"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
@@ -192,6 +193,7 @@ func (s *Server) connector(m engine.Forwarder, met *metrics.Engine) (*kvconnecto
 		Role:               cfg.Role,
 		EngineID:           cfg.EngineID,
 		ModelFingerprint:   m.Fingerprint(),
+		Kernels:            tensor.ISA(),
 		Host:               cfg.KVHost,
 		Port:               s.kvPort(),
 		Lease:              cfg.KVLease,

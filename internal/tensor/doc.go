@@ -11,8 +11,10 @@
 // avx512bf16, is AVX-512 with bf16 weights multiplied by activations
 // rounded to bf16 (VDPBF16PS, as llama.cpp does): about 1.3–1.9× the
 // throughput of widening the weights, for a relative error of at most 2⁻⁹
-// per activation; BF16Activations reports whether it is in use. The best variant the CPU
-// supports is picked at start-up; ISA reports it and SetISA overrides it.
+// per activation; BF16Activations reports whether it is in use. The first variant the CPU
+// supports is active at start-up; Calibrate (run by tandem serve) times every variant the
+// CPU supports and keeps the fastest, cached per CPU model and build, TANDEM_KERNELS
+// overriding it; ISA reports the variant in use and SetISA overrides it.
 //
 // Quantized weights (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K: ggml's block layouts,
 // so GGUF tensor data is used as it is) stay quantized in memory. MatMul

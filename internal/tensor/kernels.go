@@ -62,6 +62,8 @@ type kernelSet struct {
 	// qmm, if set, computes the quantized matrix product for weight rows
 	// [lo,hi) (see qmmGo, its definition); nil means qmmGo.
 	qmm func(a *qAct, w *Mat, lo, hi int, out []float32)
+	// qmmName names qmm among quantKernels ("go" when qmm is nil).
+	qmmName string
 	// qactQ8_0 and qactQ8K, if set, quantize nb blocks of activations
 	// exactly as quantizeActQ8_0 and quantizeActQ8K do (for finite
 	// values); nil means the Go loops.
@@ -126,7 +128,7 @@ func SetISA(name string) error {
 // genericSet returns the pure-Go kernels. Every dot product is dotGo over
 // widened weights, whatever the kernel, so they are batch invariant.
 func genericSet() *kernelSet {
-	ks := &kernelSet{name: "go", cols: 1, avail: true, dot: dotGoPtr, axpy: axpyGoPtr, silu: siluGoPtr, expSum: expSumGoPtr}
+	ks := &kernelSet{name: "go", qmmName: "go", cols: 1, avail: true, dot: dotGoPtr, axpy: axpyGoPtr, silu: siluGoPtr, expSum: expSumGoPtr}
 	for r := range maxTileRows {
 		rows := r + 1
 		ks.f32[r] = func(x *float32, ldx int, w *float32, ldw, k, n int, out *float32, ldo int, _ uintptr) {

@@ -30,9 +30,9 @@ func archKernelSets() []*kernelSet {
 	}
 	// Quantized weights: VPDPBUSD where there is AVX512-VNNI, the AVX2
 	// kernels otherwise (the results are the same either way).
-	avx512Set.qmm = qmmAVX2
+	avx512Set.qmm, avx512Set.qmmName = qmmAVX2, "avx2"
 	if x.HasAVX512VNNI {
-		avx512Set.qmm = qmmAVX512
+		avx512Set.qmm, avx512Set.qmmName = qmmAVX512, "avx512vnni"
 	}
 	avx512Set.qactQ8_0 = qactQ8_0AVX512
 	avx512Set.qactQ8K = qactQ8KAVX512
@@ -52,18 +52,32 @@ func archKernelSets() []*kernelSet {
 		&bf16,
 		avx512Set,
 		{
-			name:   "avx2",
-			f32:    [maxTileRows]gemmF32{gemmAVX2F32R1, gemmAVX2F32R2, gemmAVX2F32R3, gemmAVX2F32R4},
-			bf16:   [maxTileRows]gemmU16{gemmAVX2BF16R1, gemmAVX2BF16R2, gemmAVX2BF16R3, gemmAVX2BF16R4},
-			f16:    [maxTileRows]gemmU16{gemmAVX2F16R1, gemmAVX2F16R2, gemmAVX2F16R3, gemmAVX2F16R4},
-			cols:   4,
-			dot:    dotAVX2,
-			axpy:   axpyAVX2,
-			silu:   siluMulAVX2,
-			expSum: expSumAVX2,
-			qmm:    qmmAVX2,
-			avail:  avx2,
+			name:    "avx2",
+			f32:     [maxTileRows]gemmF32{gemmAVX2F32R1, gemmAVX2F32R2, gemmAVX2F32R3, gemmAVX2F32R4},
+			bf16:    [maxTileRows]gemmU16{gemmAVX2BF16R1, gemmAVX2BF16R2, gemmAVX2BF16R3, gemmAVX2BF16R4},
+			f16:     [maxTileRows]gemmU16{gemmAVX2F16R1, gemmAVX2F16R2, gemmAVX2F16R3, gemmAVX2F16R4},
+			cols:    4,
+			dot:     dotAVX2,
+			axpy:    axpyAVX2,
+			silu:    siluMulAVX2,
+			expSum:  expSumAVX2,
+			qmm:     qmmAVX2,
+			qmmName: "avx2",
+			avail:   avx2,
 		},
+	}
+}
+
+// archQuantKernels returns the assembly quantized matrix kernels, best
+// first, marking those this CPU cannot run. They give the same results bit
+// for bit (see qmm.go), so any of them may serve any kernel set.
+func archQuantKernels() []quantKernel {
+	x := cpu.X86
+	avx2 := x.HasAVX2 && x.HasFMA && x.HasF16C && x.HasOSXSAVE
+	avx512 := avx2 && x.HasAVX512F && x.HasAVX512BW && x.HasAVX512DQ && x.HasAVX512VL && x.HasBMI2
+	return []quantKernel{
+		{name: "avx512vnni", fn: qmmAVX512, avail: avx512 && x.HasAVX512VNNI},
+		{name: "avx2", fn: qmmAVX2, avail: avx2},
 	}
 }
 

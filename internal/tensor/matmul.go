@@ -47,7 +47,11 @@ const (
 // given ISA. out must not overlap x. MatMul panics if x, out or w are
 // shorter than the shapes require (a programming error, like an index out
 // of range).
-func (p *Pool) MatMul(out, x []float32, m int, w *Mat) {
+func (p *Pool) MatMul(out, x []float32, m int, w *Mat) { p.matMul(active.Load(), out, x, m, w) }
+
+// matMul is MatMul with the kernel set ks (calibration times candidate
+// sets with it without making them active).
+func (p *Pool) matMul(ks *kernelSet, out, x []float32, m int, w *Mat) {
 	n, k := w.Rows, w.Cols
 	checkMatMul(out, x, m, w)
 	if m == 0 || n == 0 {
@@ -58,10 +62,9 @@ func (p *Pool) MatMul(out, x []float32, m int, w *Mat) {
 		return
 	}
 	if w.DType.Quantized() {
-		p.matmulQuant(out, x, m, w)
+		p.matmulQuant(ks, out, x, m, w)
 		return
 	}
-	ks := active.Load()
 	chunk := n
 	if p.threads > 1 && m*n*k >= serialFMAs {
 		per := chunksPerThread

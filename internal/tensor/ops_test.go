@@ -492,3 +492,17 @@ func TestToBF16MatchesF32ToBF16(t *testing.T) {
 		}
 	})
 }
+
+func TestSumWordsAddsEveryWholeGroupOfWords(t *testing.T) {
+	x := make([]float32, 2*8*3+5) // three groups of eight words, and a tail it skips
+	for i := range x {
+		x[i] = math.Float32frombits(uint32(i + 1))
+	}
+	var want uint64
+	for i := 0; i < 2*8*3; i += 2 {
+		want += uint64(i+1) | uint64(i+2)<<32
+	}
+	if got := SumWords(x); got != want {
+		t.Fatalf("SumWords = %d, want %d", got, want)
+	}
+}

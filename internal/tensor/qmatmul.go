@@ -118,7 +118,7 @@ var qActs = sync.Pool{New: func() any { return new(qAct) }}
 
 // quantizeActs quantizes the m×k activations x for weights of dtype dt
 // into a, sized to fit, splitting rows across the pool.
-func (p *Pool) quantizeActs(a *qAct, dt DType, x []float32, m, k int) {
+func (p *Pool) quantizeActs(ks *kernelSet, a *qAct, dt DType, x []float32, m, k int) {
 	words, elems := metaWords(dt)
 	nb := k / elems
 	a.dt, a.m, a.k = dt, m, k
@@ -130,7 +130,6 @@ func (p *Pool) quantizeActs(a *qAct, dt DType, x []float32, m, k int) {
 		a.meta = make([]uint32, m*nb*words)
 	}
 	a.meta = a.meta[:m*nb*words]
-	ks := active.Load()
 	rows := func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			xs, q, meta := x[r*k:(r+1)*k], a.xq[r*k:(r+1)*k], a.meta[r*nb*words:(r+1)*nb*words]
@@ -234,15 +233,14 @@ func setHalf(w []uint32, i int, v int32) {
 func half(w []uint32, i int) int32 { return int32(int16(w[i/2] >> (16 * (i % 2)))) }
 
 // matmulQuant is MatMul for quantized weights.
-func (p *Pool) matmulQuant(out, x []float32, m int, w *Mat) {
+func (p *Pool) matmulQuant(ks *kernelSet, out, x []float32, m int, w *Mat) {
 	n, k := w.Rows, w.Cols
 	a := qActs.Get().(*qAct)
 	defer qActs.Put(a)
-	p.quantizeActs(a, w.DType, x, m, k)
+	p.quantizeActs(ks, a, w.DType, x, m, k)
 	if m == 1 {
 		a.setRowAux()
 	}
-	ks := active.Load()
 	chunk := n
 	if p.threads > 1 && m*n*k >= serialFMAs {
 		chunk = (n + p.threads*chunksPerThread - 1) / (p.threads * chunksPerThread)

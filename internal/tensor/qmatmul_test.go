@@ -381,7 +381,7 @@ func TestQuantizeActsMatchesGo(t *testing.T) {
 		defer pool.Close()
 		for _, d := range []DType{Q8_0, Q4_0, Q5_0, Q4_K} {
 			var a qAct
-			pool.quantizeActs(&a, d, x, m, k)
+			pool.quantizeActs(active.Load(), &a, d, x, m, k)
 			words, elems := metaWords(d)
 			nb := k / elems
 			q := make([]int8, m*k)

@@ -28,7 +28,7 @@ func BenchmarkQuantRowKernel(b *testing.B) {
 				pool := NewPool(1)
 				defer pool.Close()
 				a := new(qAct)
-				pool.quantizeActs(a, d, randVec(rng, k), 1, k)
+				pool.quantizeActs(active.Load(), a, d, randVec(rng, k), 1, k)
 				a.setRowAux()
 				out := make([]float32, n)
 				rk := qKernelsAVX512.row[d]

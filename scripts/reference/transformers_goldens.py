@@ -3,7 +3,9 @@
 transformers' own logits for them.
 
 Families (each a directory under --out): qwen3 (Qwen3, Qwen3-MoE), mixtral,
-mistral (sliding-window attention), gemma3. For each case it writes, under
+mistral (sliding-window attention), gemma3, smollm3 (layers without RoPE),
+phi3 (fused projections, partial rotary, longrope), llama (Llama 3.x RoPE
+scaling). For each case it writes, under
 OUT/<family>/<case>/:
   config.json, generation_config.json, model.safetensors  (save_pretrained, f32)
   golden.json: prompt_ids, the logits of every prompt position (row-major,
@@ -115,6 +117,55 @@ FAMILIES = {
             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                              "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}),
             LONG_PROMPT),
+    },
+    "smollm3": {
+        # Every 4th layer without RoPE (no_rope_layer_interval's default,
+        # the pattern llama.cpp's smollm3 assumes: layer 3 of 5), RoPE base
+        # 2e6, tied head.
+        "smollm3-nope": ("SmolLM3ForCausalLM", "SmolLM3Config", dict(COMMON,
+            num_hidden_layers=5, intermediate_size=40, tie_word_embeddings=True,
+            rope_theta=2000000.0, pad_token_id=0)),
+        # An explicit no_rope_layers (layer 1 without RoPE), whose NoPE layer
+        # has a window of 5 (use_sliding_window), attention biases, untied
+        # head.
+        "smollm3-window": ("SmolLM3ForCausalLM", "SmolLM3Config", dict(COMMON,
+            num_hidden_layers=3, intermediate_size=40, tie_word_embeddings=False,
+            no_rope_layers=[1, 0, 1], use_sliding_window=True, sliding_window=5,
+            attention_bias=True, pad_token_id=0)),
+    },
+    "llama": {
+        # Llama 3.1/3.2's rope_scaling (rope_type llama3): with head_dim 12,
+        # base 1e6 and original_max_position_embeddings 64 the frequencies
+        # fall in all three bands (kept, smoothed, divided by factor 8).
+        "llama3-rope": ("LlamaForCausalLM", "LlamaConfig", dict(COMMON,
+            num_hidden_layers=2, intermediate_size=40, tie_word_embeddings=True,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    },
+    "phi3": {
+        # Fused qkv_proj and gate_up_proj, RoPE on half of each head
+        # (partial_rotary_factor 0.5: 6 of 12 dimensions), untied head.
+        "phi3-partial": ("Phi3ForCausalLM", "Phi3Config", dict(COMMON,
+            num_hidden_layers=2, intermediate_size=40, tie_word_embeddings=False,
+            partial_rotary_factor=0.5, pad_token_id=0, sliding_window=None)),
+        # Phi-4-mini's features: partial_rotary_factor 0.75 (12 of 16
+        # dimensions, head_dim = hidden/heads as Phi3Config checks), longrope
+        # (short factors used up to
+        # original_max_position_embeddings 64; max_position_embeddings 256
+        # makes the attention factor √(1 + ln 4 / ln 64)), tied head, a
+        # window longer than the positions.
+        "phi4mini-longrope": ("Phi3ForCausalLM", "Phi3Config", dict(COMMON,
+            num_hidden_layers=3, intermediate_size=40, tie_word_embeddings=True,
+            hidden_size=64, head_dim=16, partial_rotary_factor=0.75, pad_token_id=0,
+            original_max_position_embeddings=64, sliding_window=1024,
+            rope_scaling={"rope_type": "longrope", "rope_theta": 10000.0,
+                          "short_factor": [1.0, 1.1, 1.3, 1.7, 2.3, 3.1],
+                          "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]})),
+        # Phi-3-mini-4k's window in every layer (2047 there), here 5: shorter
+        # than the prompt.
+        "phi3-window": ("Phi3ForCausalLM", "Phi3Config", dict(COMMON,
+            num_hidden_layers=2, intermediate_size=40, tie_word_embeddings=False,
+            pad_token_id=0, sliding_window=5)),
     },
 }
 

@@ -1,0 +1,300 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/tensor"
+)
+
+// benchModelFlags are `tandem bench model`'s flags: the shape of the
+// decoder layers whose linear layers are timed, the formats and the load.
+type benchModelFlags struct {
+	threads, layers, hidden, kv, ffn, vocab, tokens, reps, readMiB int
+	formats                                                        string
+}
+
+// runBenchModel is `tandem bench model`: what this machine's CPU gets from
+// Tandem's kernels per weight format, beside its measured limits.
+func runBenchModel(args []string) error {
+	fs := flag.NewFlagSet("bench model", flag.ContinueOnError)
+	var f benchModelFlags
+	fs.IntVar(&f.threads, "threads", runtime.NumCPU(), "compute threads")
+	fs.IntVar(&f.layers, "layers", 2, "decoder layers timed by decode (their weights must not fit in the caches)")
+	fs.IntVar(&f.hidden, "hidden", 2048, "hidden size (llama-1b: 2048)")
+	fs.IntVar(&f.kv, "kv", 512, "K and V projection rows (llama-1b: 512)")
+	fs.IntVar(&f.ffn, "ffn", 8192, "MLP intermediate size (llama-1b: 8192)")
+	fs.IntVar(&f.vocab, "vocab", 128256, "vocabulary, for the model-equivalent token rates (llama-1b: 128256)")
+	fs.IntVar(&f.tokens, "tokens", 128, "prompt tokens of the prefill")
+	fs.IntVar(&f.reps, "reps", 5, "timed repetitions of each measurement (the median is shown)")
+	fs.IntVar(&f.readMiB, "read-mib", 256, "MiB scanned by the stream read that measures the read limit")
+	fs.StringVar(&f.formats, "formats", "bf16,f32,q8_0,q4_k,q6_k", "weight formats, comma-separated (f32, bf16, f16, q8_0, q4_0, q5_0, q4_k, q5_k, q6_k)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: tandem bench model [flags]\n\n"+
+			"Times Tandem's CPU kernels on this machine for each weight format, on the linear layers\n"+
+			"of a decoder (llama-1b's by default, random weights): decode (one token; its weights\n"+
+			"streamed from memory) as GB/s and %% of the read limit a plain stream read measures, and\n"+
+			"prefill (--tokens rows) as GFLOP/s and %% of the f32 FMA peak measured in cache, with\n"+
+			"the token rates they give a whole model of that shape. The kernels are chosen as\n"+
+			"`tandem serve` chooses them (calibration; %s overrides).\n\n", tensor.KernelsEnv)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if f.threads < 1 || f.layers < 1 || f.hidden < 256 || f.hidden%256 != 0 || f.kv%256 != 0 || f.kv < 256 || f.ffn%256 != 0 || f.ffn < 256 || f.tokens < 1 || f.reps < 1 || f.readMiB < 1 {
+		return fmt.Errorf("--threads, --layers, --tokens, --reps and --read-mib must be positive and --hidden, --kv and --ffn positive multiples of 256 (the K-quants' block)")
+	}
+	var dts []tensor.DType
+	for _, s := range strings.Split(f.formats, ",") {
+		dt, err := tensor.ParseDType(strings.TrimSpace(s))
+		if err != nil {
+			return fmt.Errorf("--formats: %w", err)
+		}
+		dts = append(dts, dt)
+	}
+	cal, err := tensor.Calibrate(tensor.EnvCalibrateConfig())
+	if err != nil {
+		return fmt.Errorf("choosing the CPU kernels: %w", err)
+	}
+	return benchModel(os.Stdout, f, dts, cal)
+}
+
+// benchModel measures and prints the table.
+func benchModel(w io.Writer, f benchModelFlags, dts []tensor.DType, cal tensor.Calibration) error {
+	p := tensor.NewPool(f.threads)
+	defer p.Close()
+	clock := "wall clock"
+	if f.threads == 1 && useThreadCPU() {
+		defer func() { benchClock = wallClock }()
+		clock = "this thread's CPU time (one thread: the kernels' speed on a shared machine)"
+	}
+	fmt.Fprintf(w, "CPU: %s\nkernels: %s, quantized %s (%s); %s; timed by %s\n", machine(), cal.Set, cal.Quant, cal.Source, tensor.DetectAMX(), clock)
+	read := streamRead(p, f.readMiB, f.reps)
+	peak := fmaPeak(p, f.reps)
+	fmt.Fprintf(w, "read limit (stream read of %d MiB, %d threads): %.1f GB/s; f32 FMA peak (in cache, %d threads): %.0f GFLOP/s\n",
+		f.readMiB, f.threads, read/1e9, f.threads, peak/1e9)
+	fmt.Fprintf(w, "shape: hidden %d, kv %d, ffn %d; decode over %d layers' weights, prefill %d tokens over one layer; median of %d\n\n",
+		f.hidden, f.kv, f.ffn, f.layers, f.tokens, f.reps)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "format\tdecode GB/s\t% of read limit\tdecode tok/s (model)\tprefill GFLOP/s\t% of FMA peak\tprefill tok/s (model)\t")
+	for _, dt := range dts {
+		r, err := benchFormat(p, f, dt)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%.0f%%\t%.1f\t%.0f\t%.0f%%\t%.0f\t\n", dt, r.decodeBps/1e9, 100*r.decodeBps/read,
+			r.decodeBps/r.modelBytes, r.prefillFlops/1e9, 100*r.prefillFlops/peak, r.prefillFlops/r.modelFlopsPerToken)
+	}
+	fmt.Fprintf(tw, "(model: %d layers of this shape plus a %d-entry tied embedding read whole by the logits; attention not counted)\n", benchModelLayers, f.vocab)
+	return tw.Flush()
+}
+
+// benchModelLayers is the layer count of the model the token rates are
+// given for (llama-1b's).
+const benchModelLayers = 16
+
+// formatResult is one format's measurements.
+type formatResult struct {
+	decodeBps, prefillFlops float64
+	// modelBytes and modelFlopsPerToken are what a token of the whole
+	// model reads and computes in this format.
+	modelBytes, modelFlopsPerToken float64
+}
+
+// layerShapes are the rows×cols of a decoder layer's linear layers: q, k,
+// v, o, gate, up and down.
+func layerShapes(f benchModelFlags) [][2]int {
+	h := f.hidden
+	return [][2]int{{h, h}, {f.kv, h}, {f.kv, h}, {h, h}, {f.ffn, h}, {f.ffn, h}, {h, f.ffn}}
+}
+
+// benchFormat builds f.layers layers of dt weights (one layer quantized,
+// copied into the others) and times decode over all of them and prefill
+// over the first.
+func benchFormat(p *tensor.Pool, f benchModelFlags, dt tensor.DType) (formatResult, error) {
+	rng := rand.New(rand.NewPCG(7, uint64(dt)))
+	shapes := layerShapes(f)
+	proto := make([]*tensor.Mat, len(shapes))
+	var layerParams float64
+	for i, s := range shapes {
+		m, err := randomWeights(rng, dt, s[0], s[1])
+		if err != nil {
+			return formatResult{}, err
+		}
+		proto[i] = m
+		layerParams += float64(s[0]) * float64(s[1])
+	}
+	layers := [][]*tensor.Mat{proto}
+	for range f.layers - 1 {
+		l := make([]*tensor.Mat, len(proto))
+		for i, m := range proto {
+			c := *m
+			c.F32, c.U16, c.Q = slices.Clone(m.F32), slices.Clone(m.U16), slices.Clone(m.Q)
+			l[i] = &c
+		}
+		layers = append(layers, l)
+	}
+	bytesPerParam := float64(matBytes(proto[0])) / (float64(shapes[0][0]) * float64(shapes[0][1]))
+	maxRows := slices.MaxFunc(shapes, func(a, b [2]int) int { return a[0] - b[0] })[0]
+	x := randomActs(rng, f.tokens*f.ffn)
+	out := make([]float32, f.tokens*maxRows)
+	decode := func() {
+		for _, l := range layers {
+			for _, m := range l {
+				p.MatMul(out, x, 1, m)
+			}
+		}
+	}
+	prefill := func() {
+		for _, m := range layers[0] {
+			p.MatMul(out, x, f.tokens, m)
+		}
+	}
+	decodeBytes := bytesPerParam * layerParams * float64(f.layers)
+	r := formatResult{
+		decodeBps:    decodeBytes / median(f.reps, decode).Seconds(),
+		prefillFlops: 2 * layerParams * float64(f.tokens) / median(f.reps, prefill).Seconds(),
+	}
+	modelParams := layerParams*benchModelLayers + float64(f.vocab)*float64(f.hidden)
+	r.modelBytes = bytesPerParam * modelParams
+	r.modelFlopsPerToken = 2 * modelParams
+	return r, nil
+}
+
+// matBytes is the bytes m's weights occupy.
+func matBytes(m *tensor.Mat) int { return 4*len(m.F32) + 2*len(m.U16) + len(m.Q) }
+
+// randomWeights returns an n×k matrix of dtype dt with values in ±0.1.
+func randomWeights(rng *rand.Rand, dt tensor.DType, n, k int) (*tensor.Mat, error) {
+	src := make([]float32, n*k)
+	for i := range src {
+		src[i] = (rng.Float32()*2 - 1) / 10
+	}
+	m := &tensor.Mat{DType: dt, Rows: n, Cols: k}
+	switch dt {
+	case tensor.F32:
+		m.F32 = src
+	case tensor.BF16, tensor.F16:
+		conv := tensor.F32ToBF16
+		if dt == tensor.F16 {
+			conv = tensor.F32ToF16
+		}
+		m.U16 = make([]uint16, len(src))
+		for i, v := range src {
+			m.U16[i] = conv(v)
+		}
+	default:
+		q, err := tensor.QuantizeRows(dt, src, n, k)
+		if err != nil {
+			return nil, fmt.Errorf("quantizing the %s benchmark weights: %w", dt, err)
+		}
+		m.Q = q
+	}
+	return m, nil
+}
+
+// randomActs returns n activations in ±1.
+func randomActs(rng *rand.Rand, n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = rng.Float32()*2 - 1
+	}
+	return x
+}
+
+// median runs fn once to warm up, then reps times, and returns the median
+// duration: of this thread's CPU time when the benchmark runs on one
+// thread and the OS can say (on a machine shared with other work, the
+// kernel's speed rather than the scheduler's), of the wall clock otherwise.
+func median(reps int, fn func()) time.Duration {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	clock := benchClock
+	fn()
+	ds := make([]time.Duration, reps)
+	for i := range ds {
+		t := clock()
+		fn()
+		ds[i] = clock() - t
+	}
+	slices.Sort(ds)
+	return ds[reps/2]
+}
+
+// benchClock is median's clock (see useThreadCPU).
+var benchClock = wallClock
+
+// wallClock is the time since an arbitrary fixed point.
+func wallClock() time.Duration { return time.Since(benchEpoch) }
+
+var benchEpoch = time.Now()
+
+// useThreadCPU makes median measure thread CPU time if this OS can and
+// reports whether it does.
+func useThreadCPU() bool {
+	if _, ok := threadCPU(); !ok {
+		return false
+	}
+	benchClock = func() time.Duration { d, _ := threadCPU(); return d }
+	return true
+}
+
+// streamRead measures the read limit: a scan of mib MiB split over the
+// pool's threads, the faster of tensor.SumWords (memory-bound on every
+// CPU) and Dot of the data with itself; bytes per second, median of reps
+// passes. (docs/performance.md's first numbers scanned with ArgMax, which
+// without AVX-512 is bound by its arithmetic, not by memory.)
+func streamRead(p *tensor.Pool, mib, reps int) float64 {
+	big := randomActs(rand.New(rand.NewPCG(5, 5)), mib<<20/4)
+	n := p.Threads()
+	per := len(big) / n
+	best := 0.0
+	for _, scan := range []func([]float32){
+		func(x []float32) { tensor.SumWords(x) },
+		func(x []float32) { tensor.Dot(x, x) },
+	} {
+		d := median(reps, func() {
+			p.Parallel(n, func(lo, hi int) { scan(big[lo*per : hi*per]) })
+		})
+		best = max(best, float64(per*n*4)/d.Seconds())
+	}
+	return best
+}
+
+// fmaPeak measures the f32 multiply-add rate of the matrix kernels on
+// operands that stay in the core's caches (32 activation rows times 128×256
+// weights, 128 KiB), on every thread at once: the arithmetic ceiling
+// prefill works under. FLOP per second, median of reps.
+func fmaPeak(p *tensor.Pool, reps int) float64 {
+	const m, n, k, iters = 32, 128, 256, 100
+	rng := rand.New(rand.NewPCG(9, 9))
+	threads := p.Threads()
+	ws := make([]*tensor.Mat, threads)
+	xs := make([][]float32, threads)
+	outs := make([][]float32, threads)
+	for i := range threads {
+		ws[i] = &tensor.Mat{DType: tensor.F32, Rows: n, Cols: k, F32: randomActs(rng, n*k)}
+		xs[i], outs[i] = randomActs(rng, m*k), make([]float32, m*n)
+	}
+	serial := tensor.NewPool(1)
+	defer serial.Close()
+	d := median(reps, func() {
+		p.Parallel(threads, func(lo, hi int) {
+			for t := lo; t < hi; t++ {
+				for range iters {
+					serial.MatMul(outs[t], xs[t], m, ws[t])
+				}
+			}
+		})
+	})
+	return 2 * float64(m*n*k) * iters * float64(threads) / d.Seconds()
+}

@@ -1,0 +1,42 @@
+package tensor
+
+import "fmt"
+
+// AMXSupport is what this CPU and OS offer of Intel's Advanced Matrix
+// Extensions (Sapphire Rapids and later). Tandem has no AMX kernels yet:
+// they cannot be written and tested on a machine without AMX, and every
+// kernel here is tested bit for bit. AMX is detected so that the log says
+// what such a CPU could gain.
+type AMXSupport struct {
+	// Tile, BF16 and Int8 are CPUID leaf 7's AMX-TILE, AMX-BF16 and
+	// AMX-INT8 bits.
+	Tile, BF16, Int8 bool
+	// Permitted reports whether Linux granted this process the tile data
+	// state (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), without
+	// which the first tile instruction faults; PermErr says why not.
+	Permitted bool
+	PermErr   error
+}
+
+// DetectAMX returns this CPU's AMX support, asking Linux for the tile data
+// permission when the CPU has AMX-TILE.
+func DetectAMX() AMXSupport {
+	s := amxCPUID()
+	if s.Tile {
+		s.PermErr = requestAMXPermission()
+		s.Permitted = s.PermErr == nil
+	}
+	return s
+}
+
+// String describes the support for the log.
+func (s AMXSupport) String() string {
+	switch {
+	case !s.Tile:
+		return "no AMX"
+	case !s.Permitted:
+		return fmt.Sprintf("AMX-TILE (bf16=%t int8=%t) present but not permitted: %v", s.BF16, s.Int8, s.PermErr)
+	default:
+		return fmt.Sprintf("AMX-TILE (bf16=%t int8=%t), permitted; Tandem has no AMX kernels yet", s.BF16, s.Int8)
+	}
+}

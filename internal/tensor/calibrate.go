@@ -1,0 +1,406 @@
+package tensor
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"time"
+)
+
+// Kernel choice by measurement. CPUID says which kernel sets a CPU can run,
+// not which is fastest on it: on one Intel Xeon the plain avx512 set
+// prefilled bf16 17–29% faster than avx512bf16, on a Zen 5 the other way
+// round. Calibrate times every set the CPU can run on a few representative
+// products (a few milliseconds each) and keeps the fastest.
+//
+// Two families are chosen, independently:
+//
+//   - the kernel set (ISA): f32, f16 and bf16 weights, attention and the
+//     element-wise kernels. Sets differ in their results (each is batch
+//     invariant on its own): two engines that chose differently still
+//     exchange KV (the same model's, rounded otherwise), and the decode's
+//     log says that its outputs are not bit-identical to a colocated run
+//     (kvxfer.Info.Kernels; TANDEM_KERNELS pins one set). To keep
+//     identical machines choosing alike, a set replaces CPUID's choice
+//     only when it is clearly faster (setMargin).
+//   - the quantized kernels (QuantKernels): their results are the same bit
+//     for bit, so the fastest wins outright and nothing else depends on it.
+
+// setMargin is how much faster (geometric mean of the time ratios) a kernel
+// set must be than CPUID's choice to replace it: timing noise between two
+// runs on one machine is a few percent, so a choice within it could differ
+// between identical machines.
+const setMargin = 0.08
+
+// Workload is one timed product of the calibration: m activation rows times
+// an n×k weight matrix of one dtype.
+type Workload struct {
+	Name    string
+	DType   DType
+	M, N, K int
+}
+
+// FLOPs is the workload's arithmetic: two per multiply-add.
+func (w Workload) FLOPs() float64 { return 2 * float64(w.M) * float64(w.N) * float64(w.K) }
+
+// setWorkloads time the kernel sets: bf16 prefill and decode (the two
+// paths the issue found ordered differently by CPU) and f32 decode (the
+// attention and norm kernels' family), at llama-1b's width. The decode
+// matrices (8 MB) are larger than a core's L2, so they time the stream
+// through the outer caches rather than the arithmetic.
+var setWorkloads = []Workload{
+	{Name: "bf16 prefill", DType: BF16, M: 32, N: 256, K: 2048},
+	{Name: "bf16 decode", DType: BF16, M: 1, N: 2048, K: 2048},
+	{Name: "f32 decode", DType: F32, M: 1, N: 1024, K: 2048},
+}
+
+// quantWorkloads time the quantized kernels.
+var quantWorkloads = []Workload{
+	{Name: "q8_0 prefill", DType: Q8_0, M: 32, N: 256, K: 2048},
+	{Name: "q8_0 decode", DType: Q8_0, M: 1, N: 4096, K: 2048},
+}
+
+// Timing is one candidate's best time on each workload of its family, in
+// the family's workload order; fewer times than workloads when it was
+// pruned as far slower than the preferred candidate (see timeCandidate).
+type Timing struct {
+	Name  string
+	Times []time.Duration
+}
+
+// Calibration is what Calibrate chose and why.
+type Calibration struct {
+	// Set is the kernel set chosen (ISA's value afterwards), Default the
+	// one CPUID picks, Quant the quantized kernels chosen.
+	Set, Default, Quant string
+	// Source is "measured", "cache" (an earlier measurement on this CPU
+	// model and build) or "override" (TANDEM_KERNELS).
+	Source string
+	// Reason says in one sentence why Set and Quant were chosen.
+	Reason string
+	// SetTimes and QuantTimes are the measurements behind the choice, in
+	// the order of SetWorkloads and QuantWorkloads (empty for an override).
+	SetTimes, QuantTimes []Timing
+	// SetWorkloads and QuantWorkloads are the workloads timed.
+	SetWorkloads, QuantWorkloads []Workload
+}
+
+// Measure times run, a product of workload w with candidate cand, and
+// returns its duration. The default (wallClock) runs it a few times and
+// returns the fastest; tests pass fake timers to check the decisions.
+type Measure func(cand string, w Workload, run func()) time.Duration
+
+// CalibrateConfig configures Calibrate.
+type CalibrateConfig struct {
+	// Override is TANDEM_KERNELS: "" to calibrate, "cpuid" for CPUID's
+	// choice without measuring, or "SET" or "SET/QUANT" (e.g.
+	// "avx512/avx2") to force a kernel set and optionally the quantized
+	// kernels.
+	Override string
+	// CacheDir, if set, holds the result per CPU model and build, so
+	// that later starts reuse it (see cacheKey).
+	CacheDir string
+	// BuildID identifies the Tandem build: a new build calibrates again.
+	BuildID string
+	// Measure times the candidates; nil means wallClock.
+	Measure Measure
+}
+
+// Calibrate chooses the kernel set and quantized kernels (see the comment
+// at the top of this file), makes them active and returns the choice. Call
+// it at start-up, before any kernel runs and before a model computes its
+// fingerprint (which names the set). A cache that cannot be read or written
+// is not an error: Calibrate measures and goes on.
+func Calibrate(cfg CalibrateConfig) (Calibration, error) {
+	def := defaultSet()
+	c := Calibration{Default: def.name, SetWorkloads: setWorkloads, QuantWorkloads: quantWorkloads}
+	if cfg.Override != "" {
+		return c, applyOverride(&c, def, cfg.Override)
+	}
+	key := cacheKey(cfg.BuildID)
+	if cfg.CacheDir != "" {
+		defer lockCalibration(cfg.CacheDir)()
+		if cached, ok := loadCalibration(cfg.CacheDir, key); ok {
+			if err := apply(cached.Set, cached.Quant); err == nil {
+				cached.Source = "cache"
+				return cached, nil
+			}
+		}
+	}
+	measure := cfg.Measure
+	if measure == nil {
+		measure = wallClock
+	}
+	// A family with one candidate needs no measurement (the pure-Go
+	// kernels where there is no assembly).
+	c.Set, c.Quant = def.name, def.qmmName
+	setWhy := fmt.Sprintf("kernel set %s (the only one)", def.name)
+	quantWhy := fmt.Sprintf("quantized kernels %s (the only ones)", def.qmmName)
+	if len(ISAs()) > 1 {
+		c.SetTimes = timeSets(measure)
+		c.Set, setWhy = chooseSet(def.name, c.SetTimes)
+	}
+	if len(availQuantNames()) > 1 {
+		c.QuantTimes = timeQuants(measure)
+		c.Quant, quantWhy = chooseQuant(c.QuantTimes)
+	}
+	c.Source = "measured"
+	c.Reason = setWhy + "; " + quantWhy
+	if err := apply(c.Set, c.Quant); err != nil {
+		return c, err
+	}
+	if cfg.CacheDir != "" {
+		storeCalibration(cfg.CacheDir, key, c)
+	}
+	return c, nil
+}
+
+// applyOverride applies TANDEM_KERNELS.
+func applyOverride(c *Calibration, def *kernelSet, v string) error {
+	c.Source = "override"
+	set, quant, hasQuant := strings.Cut(v, "/")
+	if set == "cpuid" {
+		set = def.name
+	}
+	if !hasQuant {
+		ks, err := findSet(set)
+		if err != nil {
+			return fmt.Errorf("TANDEM_KERNELS=%q: %w; unset it to calibrate, or set it to \"cpuid\"", v, err)
+		}
+		quant = ks.qmmName
+	}
+	if err := apply(set, quant); err != nil {
+		return fmt.Errorf("TANDEM_KERNELS=%q: %w; unset it to calibrate, or set it to \"cpuid\"", v, err)
+	}
+	c.Set, c.Quant = set, quant
+	c.Reason = fmt.Sprintf("TANDEM_KERNELS=%s", v)
+	return nil
+}
+
+// defaultSet is CPUID's choice: the first set this CPU can run.
+func defaultSet() *kernelSet {
+	for _, ks := range kernelSets {
+		if ks.avail {
+			return ks
+		}
+	}
+	panic("tensor: no kernel set available") // the go set always is
+}
+
+// findSet returns the set named name if this CPU can run it.
+func findSet(name string) (*kernelSet, error) {
+	for _, ks := range kernelSets {
+		if ks.name == name {
+			if !ks.avail {
+				return nil, fmt.Errorf("tensor: ISA %q is not supported by this CPU (supported: %v)", name, ISAs())
+			}
+			return ks, nil
+		}
+	}
+	return nil, fmt.Errorf("tensor: unknown ISA %q (supported: %v)", name, ISAs())
+}
+
+// apply makes the set named set with the quantized kernels named quant
+// active.
+func apply(set, quant string) error {
+	ks, err := findSet(set)
+	if err != nil {
+		return err
+	}
+	if ks, err = withQuant(ks, quant); err != nil {
+		return err
+	}
+	active.Store(ks)
+	return nil
+}
+
+// chooseSet returns the fastest set by the geometric mean of its time
+// ratios to def's, keeping def unless the fastest beats it by setMargin,
+// and says why.
+func chooseSet(def string, times []Timing) (string, string) {
+	var base []time.Duration
+	for _, t := range times {
+		if t.Name == def {
+			base = t.Times
+		}
+	}
+	best, bestScore := def, 1.0
+	for _, t := range times {
+		if s := ratioScore(t.Times, base); s < bestScore {
+			best, bestScore = t.Name, s
+		}
+	}
+	if best == def {
+		return def, fmt.Sprintf("kernel set %s (CPUID's choice) is the fastest", def)
+	}
+	if bestScore > 1/(1+setMargin) {
+		return def, fmt.Sprintf("kernel set %s kept (CPUID's choice): %s is only %.0f%% faster, under the %.0f%% margin", def, best, 100*(1/bestScore-1), 100*setMargin)
+	}
+	return best, fmt.Sprintf("kernel set %s: %.0f%% faster than CPUID's choice %s", best, 100*(1/bestScore-1), def)
+}
+
+// ratioScore is the geometric mean of ts[i]/base[i]; +Inf when they do not
+// pair up or a time is not positive.
+func ratioScore(ts, base []time.Duration) float64 {
+	if len(ts) == 0 || len(ts) != len(base) {
+		return math.Inf(1)
+	}
+	var sum float64
+	for i := range ts {
+		if ts[i] <= 0 || base[i] <= 0 {
+			return math.Inf(1)
+		}
+		sum += math.Log(float64(ts[i]) / float64(base[i]))
+	}
+	return math.Exp(sum / float64(len(ts)))
+}
+
+// chooseQuant returns the quantized kernels with the least total time (the
+// first listed, the preferred, on a tie) and says why.
+func chooseQuant(times []Timing) (string, string) {
+	best, bestTotal := "", time.Duration(math.MaxInt64)
+	for _, t := range times {
+		var total time.Duration
+		for _, d := range t.Times {
+			total += d
+		}
+		if total < bestTotal {
+			best, bestTotal = t.Name, total
+		}
+	}
+	return best, fmt.Sprintf("quantized kernels %s (fastest of %d, same results as the others)", best, len(times))
+}
+
+// timeSets times every available kernel set on setWorkloads.
+func timeSets(measure Measure) []Timing {
+	p := NewPool(1)
+	defer p.Close()
+	data := newWorkloadData(setWorkloads)
+	var out []Timing
+	for _, ks := range kernelSets {
+		if ks.avail {
+			out = timeCandidate(out, measure, ks.name, setWorkloads, func(i int) {
+				d := data[i]
+				p.matMul(ks, d.out, d.x, setWorkloads[i].M, d.w)
+			})
+		}
+	}
+	return out
+}
+
+// timeQuants times every available quantized kernel on quantWorkloads,
+// under CPUID's kernel set (the activations' quantizer is the same for all).
+func timeQuants(measure Measure) []Timing {
+	p := NewPool(1)
+	defer p.Close()
+	data := newWorkloadData(quantWorkloads)
+	var out []Timing
+	for _, q := range quantKernels {
+		if !q.avail {
+			continue
+		}
+		ks, err := withQuant(defaultSet(), q.name)
+		if err != nil {
+			continue
+		}
+		out = timeCandidate(out, measure, q.name, quantWorkloads, func(i int) {
+			d := data[i]
+			p.matMul(ks, d.out, d.x, quantWorkloads[i].M, d.w)
+		})
+	}
+	return out
+}
+
+// timeCandidate times candidate name on each workload (run(i) computes
+// workload i) and appends its Timing to out. The first candidate, the
+// preferred one, is the yardstick: a later one more than pruneFactor times
+// slower on a workload is not timed on the rest (its Times stay short, so
+// it cannot be chosen), which keeps the pure-Go kernels from taking most
+// of the calibration.
+func timeCandidate(out []Timing, measure Measure, name string, ws []Workload, run func(i int)) []Timing {
+	t := Timing{Name: name}
+	for i, w := range ws {
+		d := measure(name, w, func() { run(i) })
+		t.Times = append(t.Times, d)
+		if len(out) > 0 && i < len(out[0].Times) && d > pruneFactor*out[0].Times[i] {
+			break
+		}
+	}
+	return append(out, t)
+}
+
+// pruneFactor is how much slower than the preferred candidate on one
+// workload a candidate may be and still be timed on the others.
+const pruneFactor = 4
+
+// workloadData is one workload's operands.
+type workloadData struct {
+	x, out []float32
+	w      *Mat
+}
+
+// newWorkloadData makes random operands for each workload.
+func newWorkloadData(ws []Workload) []workloadData {
+	rng := rand.New(rand.NewPCG(1, 2))
+	out := make([]workloadData, len(ws))
+	for i, w := range ws {
+		x := make([]float32, w.M*w.K)
+		for j := range x {
+			x[j] = rng.Float32()*2 - 1
+		}
+		out[i] = workloadData{x: x, out: make([]float32, w.M*w.N), w: randomMat(rng, w.DType, w.N, w.K)}
+	}
+	return out
+}
+
+// randomMat returns an n×k matrix of dtype d with values in [-0.1, 0.1).
+func randomMat(rng *rand.Rand, d DType, n, k int) *Mat {
+	m := &Mat{DType: d, Rows: n, Cols: k}
+	src := make([]float32, n*k)
+	for i := range src {
+		src[i] = (rng.Float32()*2 - 1) / 10
+	}
+	switch {
+	case d == F32:
+		m.F32 = src
+	case d == BF16 || d == F16:
+		m.U16 = make([]uint16, n*k)
+		conv := F32ToBF16
+		if d == F16 {
+			conv = F32ToF16
+		}
+		for i, v := range src {
+			m.U16[i] = conv(v)
+		}
+	default:
+		q, err := QuantizeRows(d, src, n, k)
+		if err != nil {
+			panic(fmt.Sprintf("tensor: calibration matrix: %v", err)) // shapes are ours and valid
+		}
+		m.Q = q
+	}
+	return m
+}
+
+// wallClock runs run up to calibrationReps times, stopping early once
+// calibrationBudget has passed after at least two runs, and returns the
+// fastest (the first run warms the caches and the scratch buffers).
+func wallClock(_ string, _ Workload, run func()) time.Duration {
+	best := time.Duration(math.MaxInt64)
+	start := time.Now()
+	for i := 0; i < calibrationReps && (i < 2 || time.Since(start) < calibrationBudget); i++ {
+		t := time.Now()
+		run()
+		best = min(best, time.Since(t))
+	}
+	return best
+}
+
+// calibrationReps and calibrationBudget bound wallClock: the fastest of a
+// few runs, a few milliseconds per workload on the assembly kernels (the
+// pure-Go set, far slower, stops after two).
+const (
+	calibrationReps   = 5
+	calibrationBudget = 5 * time.Millisecond
+)

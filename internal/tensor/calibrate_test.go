@@ -1,0 +1,340 @@
+package tensor
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// restoreKernels puts the active kernels back after a test that calibrates.
+func restoreKernels(t *testing.T) {
+	prev := active.Load()
+	t.Cleanup(func() { active.Store(prev) })
+}
+
+// fakeTimer returns a Measure that runs nothing and answers base scaled by
+// the candidate's factor (1 when it has none), counting its calls.
+func fakeTimer(factors map[string]float64, calls *int) Measure {
+	return func(cand string, w Workload, _ func()) time.Duration {
+		*calls++
+		f, ok := factors[cand]
+		if !ok {
+			f = 1
+		}
+		return time.Duration(f * float64(time.Millisecond) * (1 + float64(w.M)/32))
+	}
+}
+
+func TestChooseSetKeepsCPUIDChoiceWithinMargin(t *testing.T) {
+	ms := func(v ...float64) []time.Duration {
+		var d []time.Duration
+		for _, x := range v {
+			d = append(d, time.Duration(x*float64(time.Millisecond)))
+		}
+		return d
+	}
+	for _, tc := range []struct {
+		name  string
+		times []Timing
+		want  string
+	}{
+		{"default fastest", []Timing{{"a", ms(1, 1, 1)}, {"b", ms(2, 1.1, 1.5)}}, "a"},
+		{"other 5% faster: kept", []Timing{{"a", ms(1, 1, 1)}, {"b", ms(0.95, 0.95, 0.95)}}, "a"},
+		{"other 25% faster: chosen", []Timing{{"a", ms(1, 1, 1)}, {"b", ms(0.8, 0.8, 0.8)}}, "b"},
+		// The geometric mean: much faster on one workload, a little slower
+		// on the others still wins overall.
+		{"mixed", []Timing{{"a", ms(1, 1, 1)}, {"b", ms(0.5, 1.05, 1.05)}}, "b"},
+		{"best of three", []Timing{{"a", ms(1, 1, 1)}, {"b", ms(0.8, 0.8, 0.8)}, {"c", ms(0.6, 0.6, 0.6)}}, "c"},
+		{"a missing time never wins", []Timing{{"a", ms(1, 1, 1)}, {"b", ms(0.1, 0)}}, "a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, why := chooseSet("a", tc.times)
+			if got != tc.want {
+				t.Fatalf("chooseSet = %s (%s), want %s", got, why, tc.want)
+			}
+		})
+	}
+}
+
+func TestChooseQuantTakesFastestAndPrefersFirstOnTie(t *testing.T) {
+	d := time.Millisecond
+	if got, _ := chooseQuant([]Timing{{"x", []time.Duration{2 * d, d}}, {"y", []time.Duration{d, d}}}); got != "y" {
+		t.Fatalf("chooseQuant = %s, want y", got)
+	}
+	if got, _ := chooseQuant([]Timing{{"x", []time.Duration{d}}, {"y", []time.Duration{d}}}); got != "x" {
+		t.Fatalf("chooseQuant on a tie = %s, want x", got)
+	}
+}
+
+// TestCalibrateFollowsTheTimer runs Calibrate with fake timers on the sets
+// this CPU has: the set the timer makes clearly fastest becomes active.
+func TestCalibrateFollowsTheTimer(t *testing.T) {
+	restoreKernels(t)
+	sets := ISAs()
+	for _, want := range sets {
+		factors := map[string]float64{want: 0.5}
+		calls := 0
+		c, err := Calibrate(CalibrateConfig{Measure: fakeTimer(factors, &calls)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Set != want || ISA() != want || c.Source != "measured" {
+			t.Fatalf("timer favouring %s: Calibrate chose %s (%s), ISA %s", want, c.Set, c.Source, ISA())
+		}
+		if wantCalls := len(sets)*len(setWorkloads) + len(availQuantNames())*len(quantWorkloads); calls != wantCalls {
+			t.Fatalf("the timer was called %d times, want %d (every available candidate on every workload)", calls, wantCalls)
+		}
+	}
+	// A set only a little faster does not displace CPUID's choice.
+	if len(sets) > 1 {
+		calls := 0
+		c, err := Calibrate(CalibrateConfig{Measure: fakeTimer(map[string]float64{sets[1]: 0.97}, &calls)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Set != sets[0] {
+			t.Fatalf("a 3%% faster %s displaced %s: %s", sets[1], sets[0], c.Reason)
+		}
+	}
+	// The quantized kernels: the fastest wins whatever the margin.
+	qs := availQuantNames()
+	last := qs[len(qs)-1]
+	calls := 0
+	c, err := Calibrate(CalibrateConfig{Measure: fakeTimer(map[string]float64{last: 0.99}, &calls)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Quant != last || QuantKernels() != last {
+		t.Fatalf("quantized kernels %s (active %s), want %s", c.Quant, QuantKernels(), last)
+	}
+}
+
+func TestCalibrateCachesPerBuild(t *testing.T) {
+	restoreKernels(t)
+	dir := t.TempDir()
+	want := ISAs()[len(ISAs())-1]
+	calls := 0
+	first, err := Calibrate(CalibrateConfig{CacheDir: dir, BuildID: "b1", Measure: fakeTimer(map[string]float64{want: 0.5}, &calls)})
+	if err != nil || first.Set != want {
+		t.Fatalf("first calibration: %+v, %v; want set %s", first, err, want)
+	}
+	// Same build: the cache answers, the timer is not consulted, even if
+	// it would now choose otherwise.
+	if err := SetISA(ISAs()[0]); err != nil {
+		t.Fatal(err)
+	}
+	calls = 0
+	second, err := Calibrate(CalibrateConfig{CacheDir: dir, BuildID: "b1", Measure: fakeTimer(nil, &calls)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls != 0 || second.Source != "cache" || second.Set != want || ISA() != want {
+		t.Fatalf("second calibration: %d timer calls, source %s, set %s, ISA %s; want 0, cache, %s", calls, second.Source, second.Set, ISA(), want)
+	}
+	// A new build measures again.
+	third, err := Calibrate(CalibrateConfig{CacheDir: dir, BuildID: "b2", Measure: fakeTimer(nil, &calls)})
+	if err != nil || third.Source != "measured" || calls == 0 {
+		t.Fatalf("new build: source %s, %d calls, %v; want a measurement", third.Source, calls, err)
+	}
+	// A corrupt cache file is ignored, not an error.
+	files, _ := filepath.Glob(filepath.Join(dir, "kernels-*.json"))
+	if len(files) != 2 {
+		t.Fatalf("cache files %v, want one per build", files)
+	}
+	for _, f := range files {
+		if err := os.WriteFile(f, []byte("{not json"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls = 0
+	if c, err := Calibrate(CalibrateConfig{CacheDir: dir, BuildID: "b1", Measure: fakeTimer(nil, &calls)}); err != nil || c.Source != "measured" {
+		t.Fatalf("corrupt cache: %+v, %v; want a measurement", c, err)
+	}
+}
+
+func TestCalibrateOverride(t *testing.T) {
+	restoreKernels(t)
+	never := func(string, Workload, func()) time.Duration { t.Fatal("an override measured"); return 0 }
+	last := ISAs()[len(ISAs())-1]
+	c, err := Calibrate(CalibrateConfig{Override: last, Measure: never})
+	if err != nil || c.Set != last || ISA() != last || c.Source != "override" {
+		t.Fatalf("override %s: %+v, %v, ISA %s", last, c, err, ISA())
+	}
+	if _, err := Calibrate(CalibrateConfig{Override: "cpuid", Measure: never}); err != nil || ISA() != ISAs()[0] {
+		t.Fatalf("override cpuid: %v, ISA %s, want %s", err, ISA(), ISAs()[0])
+	}
+	if _, err := Calibrate(CalibrateConfig{Override: ISAs()[0] + "/go", Measure: never}); err != nil || QuantKernels() != "go" {
+		t.Fatalf("override %s/go: %v, quantized %s", ISAs()[0], err, QuantKernels())
+	}
+	for _, bad := range []string{"sse9", ISAs()[0] + "/sse9"} {
+		_, err := Calibrate(CalibrateConfig{Override: bad, Measure: never})
+		if err == nil || !strings.Contains(err.Error(), "TANDEM_KERNELS") {
+			t.Fatalf("override %q: error %v, want one naming TANDEM_KERNELS", bad, err)
+		}
+	}
+}
+
+// TestCalibrateMeasures runs the real measurement: it must choose a set
+// this CPU runs, time every candidate and stay quick.
+func TestCalibrateMeasures(t *testing.T) {
+	if testing.Short() {
+		t.Skip("times every kernel set")
+	}
+	restoreKernels(t)
+	start := time.Now()
+	c, err := Calibrate(CalibrateConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(ISAs(), c.Set) || len(c.SetTimes) != len(ISAs()) || len(c.QuantTimes) != len(availQuantNames()) {
+		t.Fatalf("calibration %+v: want a set of %v and a time per candidate", c, ISAs())
+	}
+	for _, tm := range append(c.SetTimes, c.QuantTimes...) {
+		for _, d := range tm.Times {
+			if d <= 0 {
+				t.Fatalf("%s: time %v", tm.Name, d)
+			}
+		}
+	}
+	t.Logf("%v: %s", time.Since(start), c.Summary())
+}
+
+// TestQuantKernelsAgreeBitForBit is what lets the calibration pick the
+// quantized kernels freely: every one this CPU runs gives the same output.
+func TestQuantKernelsAgreeBitForBit(t *testing.T) {
+	p := NewPool(1)
+	defer p.Close()
+	for _, d := range []DType{Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K} {
+		for _, m := range []int{1, 3, 7} {
+			data := newWorkloadData([]Workload{{DType: d, M: m, N: 24, K: 512}})[0]
+			var want []float32
+			for _, name := range availQuantNames() {
+				ks, err := withQuant(active.Load(), name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out := make([]float32, len(data.out))
+				p.matMul(ks, out, data.x, m, data.w)
+				if want == nil {
+					want = out
+					continue
+				}
+				for i := range out {
+					if math.Float32bits(out[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("%s m=%d: %s gives %v at %d, %s gives %v", d, m, name, out[i], i, availQuantNames()[0], want[i])
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestCPUIdentityFromFirstProcessor(t *testing.T) {
+	info := "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 23\nmodel\t\t: 49\nmodel name\t: AMD EPYC 7B12\nstepping\t: 0\nmicrocode\t: 0x1000065\n\nprocessor\t: 1\nvendor_id\t: Other\n"
+	got := cpuIdentityFrom(info)
+	want := "vendor_id=AuthenticAMD,cpu family=23,model=49,stepping=0,microcode=0x1000065,model name=AMD EPYC 7B12"
+	if got != want {
+		t.Fatalf("cpuIdentityFrom = %q, want %q", got, want)
+	}
+}
+
+func TestFormatHintSpeaksOnlyWhenQ8IsMuchFaster(t *testing.T) {
+	c := Calibration{Set: "s", Quant: "q", SetWorkloads: setWorkloads, QuantWorkloads: quantWorkloads,
+		SetTimes:   []Timing{{"s", []time.Duration{4 * time.Millisecond, time.Millisecond, time.Millisecond}}},
+		QuantTimes: []Timing{{"q", []time.Duration{time.Millisecond, time.Millisecond}}}}
+	if h := c.FormatHint(); !strings.Contains(h, "4.0x") {
+		t.Fatalf("hint %q, want one saying 4.0x", h)
+	}
+	c.QuantTimes[0].Times[0] = 3 * time.Millisecond
+	if h := c.FormatHint(); h != "" {
+		t.Fatalf("hint %q at 1.3x, want none", h)
+	}
+}
+
+// TestConcurrentCalibrationsShareOneMeasurement: engines starting together
+// on one machine with one cache measure once and agree.
+func TestConcurrentCalibrationsShareOneMeasurement(t *testing.T) {
+	restoreKernels(t)
+	dir := t.TempDir()
+	var mu sync.Mutex // the fake timer's call counter is not concurrency safe
+	calls := 0
+	timer := fakeTimer(nil, &calls)
+	measure := func(cand string, w Workload, run func()) time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		return timer(cand, w, run)
+	}
+	first := make(chan Calibration, 4)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := Calibrate(CalibrateConfig{CacheDir: dir, BuildID: "b", Measure: measure})
+			if err != nil {
+				t.Error(err)
+			}
+			first <- c
+		}()
+	}
+	wg.Wait()
+	close(first)
+	measured := 0
+	for c := range first {
+		if c.Source == "measured" {
+			measured++
+		}
+	}
+	if measured != 1 {
+		t.Fatalf("%d of 4 concurrent calibrations measured, want 1 (the others read its cache)", measured)
+	}
+}
+
+// TestCalibrateMeasuresNothingWithOneCandidate: where only the pure-Go
+// kernels run (no assembly for the architecture), there is nothing to
+// choose and nothing is timed.
+func TestCalibrateMeasuresNothingWithOneCandidate(t *testing.T) {
+	restoreKernels(t)
+	sets, quants := kernelSets, quantKernels
+	t.Cleanup(func() { kernelSets, quantKernels = sets, quants })
+	kernelSets, quantKernels = []*kernelSet{genericSet()}, []quantKernel{{name: "go", avail: true}}
+	never := func(string, Workload, func()) time.Duration { t.Fatal("a single candidate was timed"); return 0 }
+	c, err := Calibrate(CalibrateConfig{Measure: never})
+	if err != nil || c.Set != "go" || c.Quant != "go" || ISA() != "go" {
+		t.Fatalf("Calibrate = %+v, %v; want go and go", c, err)
+	}
+}
+
+// TestCalibratePrunesFarSlowerCandidates: a candidate ten times slower than
+// the preferred one on the first workload is not timed on the others, and
+// is not chosen.
+func TestCalibratePrunesFarSlowerCandidates(t *testing.T) {
+	restoreKernels(t)
+	if len(ISAs()) < 2 {
+		t.Skip("one kernel set on this CPU")
+	}
+	slow := ISAs()[1]
+	perCand := map[string]int{}
+	measure := func(cand string, w Workload, run func()) time.Duration {
+		if w.DType.Quantized() {
+			return time.Millisecond // the quantized family: not under test
+		}
+		perCand[cand]++
+		if cand == slow {
+			return 10 * time.Millisecond
+		}
+		return time.Millisecond
+	}
+	c, err := Calibrate(CalibrateConfig{Measure: measure})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Set != ISAs()[0] || perCand[slow] != 1 || perCand[ISAs()[0]] != len(setWorkloads) {
+		t.Fatalf("chose %s; timed %v; want %s chosen, %s timed once", c.Set, perCand, ISAs()[0], slow)
+	}
+}
