@@ -5,9 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -24,42 +22,6 @@ import (
 // pinned scripts/requirements-test.txt. Without one they are skipped, or
 // fail under TANDEM_REQUIRE_TESTDATA=1 (CI), since they are the only
 // evidence that the hand-written ZMTP speaks libzmq's language.
-
-// pythonCandidates are the Pythons tried for pyzmq, in order: TANDEM_PYTHON
-// (set by .ci/run), the environment scripts/python-test-env.sh builds, then
-// python3 on PATH.
-func pythonCandidates() []string {
-	var c []string
-	if py := os.Getenv("TANDEM_PYTHON"); py != "" {
-		c = append(c, py)
-	}
-	cache := os.Getenv("XDG_CACHE_HOME")
-	if cache == "" {
-		if home, err := os.UserHomeDir(); err == nil {
-			cache = filepath.Join(home, ".cache")
-		}
-	}
-	if cache != "" {
-		c = append(c, filepath.Join(cache, "tandem", "pyenv", "bin", "python"))
-	}
-	return append(c, "python3")
-}
-
-func pyzmq(t *testing.T) string {
-	t.Helper()
-	tried := pythonCandidates()
-	for _, py := range tried {
-		if err := exec.Command(py, "-c", "import zmq, msgpack").Run(); err == nil {
-			return py
-		}
-	}
-	msg := fmt.Sprintf("no Python with pyzmq and msgpack (tried %s): run bash scripts/python-test-env.sh, or set TANDEM_PYTHON", strings.Join(tried, ", "))
-	if os.Getenv("TANDEM_REQUIRE_TESTDATA") == "1" {
-		t.Fatalf("test data missing: %s (TANDEM_REQUIRE_TESTDATA=1)", msg)
-	}
-	t.Skip(msg)
-	return ""
-}
 
 // startPython runs script with args and returns its stdin and stdout lines.
 func startPython(t *testing.T, py, script string, args ...string) (io.WriteCloser, *bufio.Scanner) {
@@ -144,7 +106,7 @@ while True:
 `
 
 func TestLibzmqSubscriberReadsTandemPublisher(t *testing.T) {
-	py := pyzmq(t)
+	py := testutil.PyZMQ(t)
 	pub := startPublisher(t, true)
 	blocks, err := kvcache.NewBlocks(kvcache.BlocksConfig{BlockSize: 4, NumBlocks: 8, ExtraKey: testFingerprint, Observer: pub})
 	if err != nil {
@@ -224,7 +186,7 @@ while True:
 `
 
 func TestTandemSubscriberReadsLibzmqPublisher(t *testing.T) {
-	py := pyzmq(t)
+	py := testutil.PyZMQ(t)
 	stdin, out := startPython(t, py, libzmqPublisher)
 	var pport, rport int
 	if _, err := fmt.Sscan(readLine(t, out), &pport, &rport); err != nil {

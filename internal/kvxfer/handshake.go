@@ -1,7 +1,6 @@
 package kvxfer
 
 import (
-	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -89,27 +88,12 @@ func readPreAuth(r io.Reader, hb *[headerSize]byte, want msgType) (header, []byt
 	return h, p, nil
 }
 
-// readHeaderEager reads a frame header like readHeader, but checks the
-// magic after every read rather than once all of the header is there.
+// readHeaderEager reads a frame header from a consumer like readHeader,
+// the magic checked as its bytes arrive.
 func readHeaderEager(r io.Reader, buf *[headerSize]byte) (header, error) {
-	n := 0
-	for n < headerSize {
-		m, err := r.Read(buf[n:])
-		n += m
-		if k := min(n, len(magic)); !bytes.Equal(buf[:k], magic[:k]) {
-			return header{}, fmt.Errorf("%w: bad magic %q (is something other than a tandem kv consumer connecting?)", errBadFrame, buf[:k])
-		}
-		if n == headerSize {
-			break
-		}
-		if err != nil {
-			if err == io.EOF && n > 0 {
-				err = io.ErrUnexpectedEOF
-			}
-			return header{}, err
-		}
-	}
-	return parseHeader(buf[:])
+	return readHeaderChecked(r, buf, func(b []byte) error {
+		return fmt.Errorf("%w: bad magic %q (is something other than a tandem kv consumer connecting?)", errBadFrame, b[:min(len(b), len(magic))])
+	})
 }
 
 // errNoSlot ends a connection that authenticated while every connection

@@ -1,6 +1,7 @@
 package kvxfer
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -144,12 +145,45 @@ func (e *versionError) Error() string {
 	return fmt.Sprintf("peer speaks kv side-channel protocol version %d, this engine speaks %d: run the same tandem release on prefill and decode engines", e.theirs, ProtocolVersion)
 }
 
-// readHeader reads and validates one frame header.
+// readHeader reads and validates one frame header from a producer. The
+// magic is checked as its first bytes arrive, so a peer speaking another
+// protocol that waits for ours (ZeroMQ sends its 10-byte signature and
+// waits) is named at once rather than after the read's deadline.
 func readHeader(r io.Reader, buf *[headerSize]byte) (header, error) {
-	if _, err := io.ReadFull(r, buf[:]); err != nil {
-		return header{}, err
+	return readHeaderChecked(r, buf, foreignPeer)
+}
+
+// readHeaderChecked reads a frame header, calling foreign with the bytes
+// read so far as soon as they cannot start a frame.
+func readHeaderChecked(r io.Reader, buf *[headerSize]byte, foreign func([]byte) error) (header, error) {
+	n := 0
+	for n < headerSize {
+		m, err := r.Read(buf[n:])
+		n += m
+		if k := min(n, len(magic)); !bytes.Equal(buf[:k], magic[:k]) {
+			return header{}, foreign(buf[:n])
+		}
+		if n == headerSize {
+			break
+		}
+		if err != nil {
+			if err == io.EOF && n > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			return header{}, err
+		}
 	}
 	return parseHeader(buf[:])
+}
+
+// foreignPeer is the error for a peer whose first bytes b are not a
+// frame's: it names the protocol where the bytes tell (ZeroMQ's signature
+// is what vLLM's NIXL side channel answers with).
+func foreignPeer(b []byte) error {
+	if len(b) > 0 && b[0] == 0xFF {
+		return fmt.Errorf("%w: the peer speaks ZeroMQ (ZMTP), not Tandem's KV side channel — vLLM's NIXL connector listens like this: a Tandem engine exchanges KV only with Tandem engines, so kv_transfer_params from a vLLM prefill must go to a vLLM decode", errBadFrame)
+	}
+	return fmt.Errorf("%w: bad magic %q (is something other than a tandem kv side channel listening on this port?)", errBadFrame, b[:min(len(b), len(magic))])
 }
 
 // readControl reads one control frame (any type but DATA) with its payload.
