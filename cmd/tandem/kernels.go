@@ -11,7 +11,7 @@ import (
 // per CPU model and build (tensor.Calibrate; TANDEM_KERNELS overrides it),
 // and logs the choice, AMX's presence and, when the measurement shows it,
 // how much faster a Q8_0 model would prefill. It runs before the model
-// loads: the model's fingerprint names the kernel set.
+// loads, so that no kernel has run under another set.
 func calibrateKernels(log *slog.Logger) (tensor.Calibration, error) {
 	c, err := tensor.Calibrate(tensor.EnvCalibrateConfig())
 	if err != nil {

@@ -33,7 +33,7 @@ type ScalerConfig struct {
 
 // Scaler sets the replicas of the prefill and decode Deployments through
 // their scale subresource, as the planner decides. It needs get and update
-// on deployments/scale in the namespace (deploy/kubernetes/rbac.yaml); an
+// on deployments/scale in the namespace (deploy/kubernetes/components/planner-scale); an
 // identity without them is said once in the log, and from then on the
 // Scaler only publishes (the planner's metrics stay the desired counts).
 type Scaler struct {
@@ -153,7 +153,7 @@ func (s *Scaler) refused(err error, verb, name string) error {
 	s.mu.Unlock()
 	if first {
 		s.setMode("publish")
-		s.cfg.Logger.Warn("planner: not allowed to scale the Deployments; only publishing the desired replicas (tandem:planner_desired_replicas). Grant get and update on deployments/scale (deploy/kubernetes/rbac.yaml) to scale them",
+		s.cfg.Logger.Warn("planner: not allowed to scale the Deployments; only publishing the desired replicas (tandem:planner_desired_replicas). Grant get and update on deployments/scale (deploy/kubernetes/components/planner-scale) to scale them",
 			"verb", verb, "deployment", name, "namespace", s.cfg.Namespace, "err", err)
 	}
 	return nil

@@ -106,6 +106,10 @@ func (p *Proxy) handleAdminBackends(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusForbidden, "the admin endpoint needs the proxy to be started with --api-key")
 		return
 	}
+	if r.Method != http.MethodGet && p.cfg.PlannerAct {
+		writeError(w, http.StatusConflict, "the planner moves engines between the pools (--planner-act): it owns them, so "+AdminBackendsPath+" only lists them; restart the proxy without --planner-act to edit them")
+		return
+	}
 	var err error
 	switch r.Method {
 	case http.MethodGet:

@@ -69,7 +69,8 @@ func (d *plannedConditional) Decide(in router.DecideInput) router.Decision {
 }
 
 // initPlanner sets up Config.Planner: it needs static backends when it
-// acts (nothing else may change the pools under the mover).
+// acts (nothing else may change the pools under the mover; the admin
+// route refuses changes then).
 func (p *Proxy) initPlanner() error {
 	cfg := *p.cfg.Planner
 	if p.cfg.PlannerAct && (p.cfg.BackendsFile != "" || p.cfg.DynamicBackends) {

@@ -172,3 +172,28 @@ func TestPlannerActingRefusesBackendsItDoesNotOwn(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 }
+
+// While the planner acts it owns the pools: the admin route lists them but
+// refuses to change them (an edit would race the mover's drain).
+func TestPlannerActingOwnsTheAdminRoute(t *testing.T) {
+	pre, dec := []*fakeEngine{newFake(t, prefillOK)}, []*fakeEngine{newFake(t, decodeJSON)}
+	_, url := startProxy(t, Config{Planner: plannerConfig(), PlannerAct: true, Fallback: true, APIKey: "k"}, pre, dec)
+	do := func(method, body string) (int, string) {
+		req, _ := http.NewRequest(method, url+AdminBackendsPath, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer k")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := do(http.MethodPost, `{"role":"decode","url":"http://127.0.0.1:1"}`); code != http.StatusConflict || !strings.Contains(body, "--planner-act") {
+		t.Errorf("adding a decode while the planner acts: %d %s; want 409 naming --planner-act", code, body)
+	}
+	if code, body := do(http.MethodGet, ""); code != http.StatusOK || strings.Contains(body, "127.0.0.1:1") {
+		t.Errorf("listing: %d %s", code, body)
+	}
+}

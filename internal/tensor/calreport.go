@@ -45,7 +45,7 @@ func (c Calibration) FormatHint() string {
 	if bf16 <= 0 || q8 < hintRatio*bf16 {
 		return ""
 	}
-	return fmt.Sprintf("bf16 prefill products on this CPU run at %.0f GFLOP/s per thread, Q8_0 at %.0f GFLOP/s (%.1fx): a Q8_0 GGUF of the model (tandem quantize) prefills about that much faster",
+	return fmt.Sprintf("bf16 prefill products on this CPU run at %.0f GFLOP/s per thread, Q8_0 at %.0f GFLOP/s (%.1fx): a Q8_0 GGUF of the model (tandem model quantize) prefills about that much faster",
 		bf16/1e9, q8/1e9, q8/bf16)
 }
 
