@@ -1,0 +1,53 @@
+package experiment
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-serve/tandem/internal/bench"
+)
+
+// TestAdaptiveProxyArgs: the adaptive proxy runs the router's defaults
+// with the planner acting on the workload's own objectives and the
+// experiment's goal, the user's extra flags last (a later flag wins).
+func TestAdaptiveProxyArgs(t *testing.T) {
+	r := &pdRun{experiment: &experiment{procs: &procs{}, model: "/m/tiny", goal: 0.8},
+		cfg: PD{Threshold: 128, AdaptiveArgs: []string{"--plan-min-dwell", "5s"}}}
+	got := r.adaptiveProxyArgs(Workload{Name: "long", SLO: bench.SLO{TTFT: 5 * time.Second, TPOT: 100 * time.Millisecond}})
+	want := []string{"--policy", "prefix", "--pd-decider", "conditional", "--pd-threshold", "128", "--model", "/m/tiny",
+		"--slo-ttft", "5s", "--slo-tpot", "100ms", "--planner-act", "--plan-max-num-seqs", "64", "--slo-goal", "0.8", "--plan-min-dwell", "5s"}
+	if !slices.Equal(got, want) {
+		t.Errorf("adaptiveProxyArgs = %q\nwant %q", got, want)
+	}
+	// A goal of 1 is the experiment's, not the planner's (it wants < 1).
+	r.goal = 1
+	if got := r.adaptiveProxyArgs(Workload{SLO: bench.SLO{TTFT: time.Second, TPOT: time.Second}}); slices.Contains(got, "--slo-goal") {
+		t.Errorf("goal 1 passed to the planner: %q", got)
+	}
+}
+
+// TestParsePlanner reads the planner's gauges and counters from a
+// Prometheus text page and says when a page has none.
+func TestParsePlanner(t *testing.T) {
+	page := `# HELP tandem:planner_desired_replicas ...
+tandem:planner_desired_replicas{role="decode"} 3
+tandem:planner_desired_replicas{role="prefill"} 1
+tandem:planner_threshold_tokens 1068
+tandem:planner_prefill_schedule_interval 4
+tandem:planner_predicted_goodput_rps 2.5
+tandem:planner_decisions_total{result="changed"} 2
+tandem:planner_decisions_total{result="held"} 7
+tandem:planner_role_switches_total{to="decode"} 2
+tandem:proxy_requests_total 9
+`
+	p, ok := parsePlanner(strings.NewReader(page))
+	if !ok || p.Prefill != 1 || p.Decode != 3 || p.Threshold != 1068 || p.Interval != 4 || p.Goodput != 2.5 ||
+		p.Decisions["changed"] != 2 || p.Decisions["held"] != 7 || p.Switches["decode"] != 2 {
+		t.Errorf("parsePlanner = %+v, %v", p, ok)
+	}
+	if _, ok := parsePlanner(strings.NewReader("tandem:proxy_requests_total 9\n")); ok {
+		t.Error("a page without the planner's metrics parsed as a planner state")
+	}
+}
