@@ -51,3 +51,45 @@ tandem:proxy_requests_total 9
 		t.Error("a page without the planner's metrics parsed as a planner state")
 	}
 }
+
+// TestAdaptiveCells compares adaptive with the best static configuration
+// per grid cell: the ratio of the estimates, a win, a cell no
+// configuration met, one only adaptive missed, and a tie of the static
+// configurations named together; the report counts them.
+func TestAdaptiveCells(t *testing.T) {
+	cap := func(target, bound string, rate float64) bench.Capacity {
+		return bench.Capacity{Target: target, Bound: bound, Interpolated: rate}
+	}
+	grid := []bench.GridCell{
+		{TTFTScale: 1, TPOTScale: 1, Capacities: []bench.Capacity{cap("pd", "between", 2), cap("conditional", "between", 4), cap(Adaptive, "between", 3.8)}},
+		{TTFTScale: 1, TPOTScale: 2, Capacities: []bench.Capacity{cap("pd", "between", 2), cap("conditional", "between", 2), cap(Adaptive, "at least", 4)}},
+		{TTFTScale: 2, TPOTScale: 1, Capacities: []bench.Capacity{cap("pd", "below", 1), cap("conditional", "below", 1), cap(Adaptive, "below", 1)}},
+		{TTFTScale: 2, TPOTScale: 2, Capacities: []bench.Capacity{cap("pd", "between", 1.5), cap("conditional", "below", 1), cap(Adaptive, "below", 1)}},
+	}
+	cells := adaptiveCells(grid)
+	if len(cells) != 4 {
+		t.Fatalf("%d cells, want 4", len(cells))
+	}
+	if c := cells[0]; c.BestStatic != 4 || !slices.Equal(c.Static, []string{"conditional"}) || c.Ratio < 0.949 || c.Ratio > 0.951 || c.AtLeast {
+		t.Errorf("cell 0: %+v, want conditional best at 4, ratio 0.95", c)
+	}
+	if c := cells[1]; c.BestStatic != 2 || !slices.Equal(c.Static, []string{"pd", "conditional"}) || c.Ratio != 2 || !c.AtLeast {
+		t.Errorf("cell 1: %+v, want pd and conditional tied at 2, ratio 2, a lower bound", c)
+	}
+	if c := cells[2]; c.BestStatic != 0 || c.Adaptive != 0 || c.Ratio != 0 || c.Static != nil {
+		t.Errorf("cell 2: %+v, want nothing met", c)
+	}
+	if c := cells[3]; c.BestStatic != 1.5 || c.Adaptive != 0 || c.Ratio != 0 {
+		t.Errorf("cell 3: %+v, want only adaptive missing", c)
+	}
+	var b strings.Builder
+	writeAdaptiveCells(&b, cells)
+	for _, want := range []string{"0.95", "≥2.00*", "none", "0.00", "in 2 of the 3 cells some static configuration met, and above every static one in 1"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, b.String())
+		}
+	}
+	if adaptiveCells(grid[:1][:1]) == nil || adaptiveCells([]bench.GridCell{{Capacities: []bench.Capacity{cap("pd", "between", 1)}}}) != nil {
+		t.Error("a grid without the adaptive configuration compared")
+	}
+}

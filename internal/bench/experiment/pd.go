@@ -146,6 +146,9 @@ type WorkloadSummary struct {
 	// Planner is where the adaptive configuration's planner stood at the
 	// end of the workload (nil without that configuration).
 	Planner *PlannerState `json:"planner,omitempty"`
+	// Adaptive compares the adaptive configuration with the best static
+	// one in every cell of Grid (nil without that configuration).
+	Adaptive []AdaptiveCell `json:"adaptive_against_static,omitempty"`
 }
 
 // LevelBreakdown is the TTFT breakdown of one configuration at one rate.
@@ -289,6 +292,8 @@ func (r *pdRun) run(ctx context.Context) error {
 		if plan != nil {
 			writePlanner(w, *plan)
 		}
+		cells := adaptiveCells(s.Grid)
+		writeAdaptiveCells(w, cells)
 		for _, c := range cfg.Configs {
 			if len(metricsURLs[c]) > 0 {
 				writeBreakdown(w, c, before[c], scrapeAll(ctx, metricsURLs[c]))
@@ -306,7 +311,7 @@ func (r *pdRun) run(ctx context.Context) error {
 		}
 		fmt.Fprintf(w, "plots: %s\n\n", strings.Join(files, ", "))
 		suites = append(suites, s)
-		ws := WorkloadSummary{Name: wl.Name, SLO: wl.SLO, Load: load, Capacity: s.Capacity, Grid: s.Grid, Cadence: cadence, Planner: plan}
+		ws := WorkloadSummary{Name: wl.Name, SLO: wl.SLO, Load: load, Capacity: s.Capacity, Grid: s.Grid, Cadence: cadence, Planner: plan, Adaptive: cells}
 		ws.MeanPrompt, ws.MeanOutput = s.Plan.Workload.Stats()
 		for _, r := range s.Results {
 			if r.Breakdown != nil {
