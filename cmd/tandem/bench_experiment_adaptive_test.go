@@ -31,7 +31,8 @@ func TestBenchExperimentAdaptive(t *testing.T) {
 	}
 	report := string(b)
 	for _, want := range []string{"configurations: conditional, adaptive;", "adaptive: the planner at the end: 1P:1D, threshold ",
-		"means over the adaptive configuration's requests", "goodput rate under each pair of objectives"} {
+		"means over the adaptive configuration's requests", "goodput rate under each pair of objectives",
+		"adaptive against the best static configuration per cell", "adaptive is at least 0.9× the best static configuration in "} {
 		if !strings.Contains(report, want) {
 			t.Errorf("report lacks %q:\n%s", want, report)
 		}

@@ -57,14 +57,14 @@ tandem:proxy_requests_total 9
 // configuration met, one only adaptive missed, and a tie of the static
 // configurations named together; the report counts them.
 func TestAdaptiveCells(t *testing.T) {
-	cap := func(target, bound string, rate float64) bench.Capacity {
+	capOf := func(target, bound string, rate float64) bench.Capacity {
 		return bench.Capacity{Target: target, Bound: bound, Interpolated: rate}
 	}
 	grid := []bench.GridCell{
-		{TTFTScale: 1, TPOTScale: 1, Capacities: []bench.Capacity{cap("pd", "between", 2), cap("conditional", "between", 4), cap(Adaptive, "between", 3.8)}},
-		{TTFTScale: 1, TPOTScale: 2, Capacities: []bench.Capacity{cap("pd", "between", 2), cap("conditional", "between", 2), cap(Adaptive, "at least", 4)}},
-		{TTFTScale: 2, TPOTScale: 1, Capacities: []bench.Capacity{cap("pd", "below", 1), cap("conditional", "below", 1), cap(Adaptive, "below", 1)}},
-		{TTFTScale: 2, TPOTScale: 2, Capacities: []bench.Capacity{cap("pd", "between", 1.5), cap("conditional", "below", 1), cap(Adaptive, "below", 1)}},
+		{TTFTScale: 1, TPOTScale: 1, Capacities: []bench.Capacity{capOf("pd", "between", 2), capOf("conditional", "between", 4), capOf(Adaptive, "between", 3.8)}},
+		{TTFTScale: 1, TPOTScale: 2, Capacities: []bench.Capacity{capOf("pd", "between", 2), capOf("conditional", "between", 2), capOf(Adaptive, "at least", 4)}},
+		{TTFTScale: 2, TPOTScale: 1, Capacities: []bench.Capacity{capOf("pd", "below", 1), capOf("conditional", "below", 1), capOf(Adaptive, "below", 1)}},
+		{TTFTScale: 2, TPOTScale: 2, Capacities: []bench.Capacity{capOf("pd", "between", 1.5), capOf("conditional", "below", 1), capOf(Adaptive, "below", 1)}},
 	}
 	cells := adaptiveCells(grid)
 	if len(cells) != 4 {
@@ -89,7 +89,7 @@ func TestAdaptiveCells(t *testing.T) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())
 		}
 	}
-	if adaptiveCells(grid[:1][:1]) == nil || adaptiveCells([]bench.GridCell{{Capacities: []bench.Capacity{cap("pd", "between", 1)}}}) != nil {
+	if adaptiveCells(grid[:1][:1]) == nil || adaptiveCells([]bench.GridCell{{Capacities: []bench.Capacity{capOf("pd", "between", 1)}}}) != nil {
 		t.Error("a grid without the adaptive configuration compared")
 	}
 }
