@@ -65,15 +65,17 @@ func TestAdaptiveCells(t *testing.T) {
 		{TTFTScale: 1, TPOTScale: 2, Capacities: []bench.Capacity{capOf("pd", "between", 2), capOf("conditional", "between", 2), capOf(Adaptive, "at least", 4)}},
 		{TTFTScale: 2, TPOTScale: 1, Capacities: []bench.Capacity{capOf("pd", "below", 1), capOf("conditional", "below", 1), capOf(Adaptive, "below", 1)}},
 		{TTFTScale: 2, TPOTScale: 2, Capacities: []bench.Capacity{capOf("pd", "between", 1.5), capOf("conditional", "below", 1), capOf(Adaptive, "below", 1)}},
+		{TTFTScale: 4, TPOTScale: 1, Capacities: []bench.Capacity{capOf("pd", "at least", 8), capOf(Adaptive, "between", 6)}},
+		{TTFTScale: 4, TPOTScale: 2, Capacities: []bench.Capacity{capOf("pd", "at least", 8), capOf(Adaptive, "at least", 8)}},
 	}
 	cells := adaptiveCells(grid)
-	if len(cells) != 4 {
-		t.Fatalf("%d cells, want 4", len(cells))
+	if len(cells) != 6 {
+		t.Fatalf("%d cells, want 6", len(cells))
 	}
-	if c := cells[0]; c.BestStatic != 4 || !slices.Equal(c.Static, []string{"conditional"}) || c.Ratio < 0.949 || c.Ratio > 0.951 || c.AtLeast {
+	if c := cells[0]; c.BestStatic != 4 || !slices.Equal(c.Static, []string{"conditional"}) || c.Ratio < 0.949 || c.Ratio > 0.951 || c.AdaptiveAtLeast || c.StaticAtLeast {
 		t.Errorf("cell 0: %+v, want conditional best at 4, ratio 0.95", c)
 	}
-	if c := cells[1]; c.BestStatic != 2 || !slices.Equal(c.Static, []string{"pd", "conditional"}) || c.Ratio != 2 || !c.AtLeast {
+	if c := cells[1]; c.BestStatic != 2 || !slices.Equal(c.Static, []string{"pd", "conditional"}) || c.Ratio != 2 || !c.AdaptiveAtLeast || c.StaticAtLeast {
 		t.Errorf("cell 1: %+v, want pd and conditional tied at 2, ratio 2, a lower bound", c)
 	}
 	if c := cells[2]; c.BestStatic != 0 || c.Adaptive != 0 || c.Ratio != 0 || c.Static != nil {
@@ -84,7 +86,7 @@ func TestAdaptiveCells(t *testing.T) {
 	}
 	var b strings.Builder
 	writeAdaptiveCells(&b, cells)
-	for _, want := range []string{"0.95", "≥2.00*", "none", "0.00", "in 2 of the 3 cells some static configuration met, and above every static one in 1"} {
+	for _, want := range []string{"0.95", "≥2.00*", "none", "0.00", "≤0.75", "top", "in 3 of the 5 cells some static configuration met, and above every static one in 1"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())
 		}

@@ -24,9 +24,11 @@ type AdaptiveCell struct {
 	// Ratio is Adaptive / BestStatic (0 when no static configuration met
 	// the goal at any tested rate).
 	Ratio float64 `json:"ratio"`
-	// AtLeast says a rate of the comparison is a lower bound: every tested
-	// rate met the goal.
-	AtLeast bool `json:"at_least,omitempty"`
+	// AdaptiveAtLeast and StaticAtLeast say that adaptive's rate, or the
+	// best static one's, is a lower bound: every tested rate met the goal.
+	// Ratio is then a lower bound, an upper bound, or (both) unknown.
+	AdaptiveAtLeast bool `json:"adaptive_at_least,omitempty"`
+	StaticAtLeast   bool `json:"best_static_at_least,omitempty"`
 }
 
 // adaptiveCells compares the adaptive configuration with the best static
@@ -37,16 +39,15 @@ func adaptiveCells(grid []bench.GridCell) []AdaptiveCell {
 		c := AdaptiveCell{TTFTScale: g.TTFTScale, TPOTScale: g.TPOTScale}
 		found := false
 		for _, k := range g.Capacities {
-			v := gridRate(k)
-			if k.Target == Adaptive {
-				c.Adaptive, found = v, true
-			} else if v > c.BestStatic*(1+1e-9) {
-				c.BestStatic, c.Static = v, []string{k.Target}
-			} else if v > 0 && v >= c.BestStatic*(1-1e-9) {
+			v, atLeast := gridRate(k), k.Bound == "at least"
+			switch {
+			case k.Target == Adaptive:
+				c.Adaptive, c.AdaptiveAtLeast, found = v, atLeast && v > 0, true
+			case v > c.BestStatic*(1+1e-9):
+				c.BestStatic, c.Static, c.StaticAtLeast = v, []string{k.Target}, atLeast
+			case v > 0 && v >= c.BestStatic*(1-1e-9):
 				c.Static = append(c.Static, k.Target)
-			}
-			if v > 0 && k.Bound == "at least" {
-				c.AtLeast = true
+				c.StaticAtLeast = c.StaticAtLeast || atLeast
 			}
 		}
 		if !found {
@@ -77,8 +78,8 @@ func writeAdaptiveCells(w io.Writer, cells []AdaptiveCell) {
 	if len(cells) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "adaptive against the best static configuration per cell (its goodput rate ÷ the best other's; \"*\": above every static one,")
-	fmt.Fprintln(w, "\"≥\": a rate in the cell is a lower bound, every tested rate met the goal; \"none\": no configuration met it; \"0\": only adaptive missed):")
+	fmt.Fprintln(w, "adaptive against the best static configuration per cell (its goodput rate ÷ the best other's; \"*\": above every static one;")
+	fmt.Fprintln(w, "\"≥x\" or \"≤x\": a bound, one side met the goal at every tested rate; \"top\": both did; \"none\": no configuration met it at the lowest rate):")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	var tpots []float64
 	for _, c := range cells {
@@ -103,6 +104,14 @@ func writeAdaptiveCells(w io.Writer, cells []AdaptiveCell) {
 		case c.BestStatic > 0:
 			compared++
 			text = fmt.Sprintf("%.2f", c.Ratio)
+			switch {
+			case c.AdaptiveAtLeast && c.StaticAtLeast:
+				text = "top"
+			case c.AdaptiveAtLeast:
+				text = "≥" + text
+			case c.StaticAtLeast && c.Adaptive > 0:
+				text = "≤" + text
+			}
 			if c.Ratio >= 0.9 {
 				near++
 			}
@@ -113,9 +122,6 @@ func writeAdaptiveCells(w io.Writer, cells []AdaptiveCell) {
 		case c.Adaptive > 0:
 			text = "only adaptive"
 			above++
-		}
-		if c.AtLeast && c.BestStatic > 0 {
-			text = "≥" + text
 		}
 		row = append(row, text)
 		if len(row) == len(tpots)+1 {
