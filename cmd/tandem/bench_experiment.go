@@ -59,7 +59,7 @@ func runBenchExperiment(args []string) error {
 		mnbtSweep = fs.String("mnbt-sweep", "128,256,512,2048", "colocated --max-num-batched-tokens values to tune over (one value: no tuning)")
 		ivSweep   = fs.String("interval-sweep", "2,4,8", "colocated-cadence --prefill-schedule-interval values to tune over at the tuned --max-num-batched-tokens (one value: no tuning)")
 		configs   = fs.String("configs", "colocated,colocated-cadence,pd,conditional", "configurations: colocated (one engine, all cores), colocated-cadence (the same with --prefill-schedule-interval), pd (1P+1D, --pd-decider always), conditional (1P+1D, --pd-decider conditional --policy prefix); opt-in: adaptive (1P+1D, every engine --role both, the proxy's planner acting on the workload's SLOs)")
-		adaptive  = fs.String("adaptive-proxy-args", "", "adaptive: extra `tandem proxy` flags, space-separated (e.g. \"--plan-min-dwell 5s --plan-window 20s --plan-interval 1s\" for runs shorter than the planner's default 30s dwell and 1m window)")
+		adaptive  = fs.String("adaptive-proxy-args", "", "adaptive: extra `tandem proxy` flags, space-separated (e.g. \"--plan-window 5m --plan-max-age 1m\": the configurations take turns, so the planner sees only its share of the traffic and its engines' metrics age between its turns)")
 		kvMemory  = fs.String("kv-cache-memory", "1GiB", "every engine's --kv-cache-memory (several engines share this machine's RAM; empty: the engine's default)")
 		slos      = addWorkloadSLOFlags(fs, "")
 	)
