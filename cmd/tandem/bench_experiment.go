@@ -37,7 +37,9 @@ func runBenchExperiment(args []string) error {
 			"with a prefill cadence (its --prefill-schedule-interval chosen by a second sweep at that\n"+
 			"chunk budget), 1 prefill + 1 decode engine (half the cores each) behind tandem proxy,\n"+
 			"and the same pair behind a proxy with the conditional decider (prefill on the decode\n"+
-			"engine when the uncached prompt is short). Each workload runs open loop (Poisson) at each rate against every\n"+
+			"engine when the uncached prompt is short). Opt-in (--configs ...,adaptive): the same pair, both engines\n"+
+			"--role both, behind a proxy whose planner acts on the workload's SLOs (tandem up with --slo-ttft and\n"+
+			"--slo-tpot), started afresh for each workload. Each workload runs open loop (Poisson) at each rate against every\n"+
 			"configuration, in alternating rounds, each level with prompts of its own. Writes\n"+
 			"report.txt (tables, each configuration's goodput rate and throughput per rate, the TTFT\n"+
 			"of every configuration split by the answers' Server-Timing spans, and a P:D model fitted\n"+
@@ -56,7 +58,8 @@ func runBenchExperiment(args []string) error {
 		longRates = fs.String("long-rates", "0.2,0.4,0.6", "arrival rates (req/s) of the long workload")
 		mnbtSweep = fs.String("mnbt-sweep", "128,256,512,2048", "colocated --max-num-batched-tokens values to tune over (one value: no tuning)")
 		ivSweep   = fs.String("interval-sweep", "2,4,8", "colocated-cadence --prefill-schedule-interval values to tune over at the tuned --max-num-batched-tokens (one value: no tuning)")
-		configs   = fs.String("configs", "colocated,colocated-cadence,pd,conditional", "configurations: colocated (one engine, all cores), colocated-cadence (the same with --prefill-schedule-interval), pd (1P+1D, --pd-decider always), conditional (1P+1D, --pd-decider conditional --policy prefix)")
+		configs   = fs.String("configs", "colocated,colocated-cadence,pd,conditional", "configurations: colocated (one engine, all cores), colocated-cadence (the same with --prefill-schedule-interval), pd (1P+1D, --pd-decider always), conditional (1P+1D, --pd-decider conditional --policy prefix); opt-in: adaptive (1P+1D, every engine --role both, the proxy's planner acting on the workload's SLOs)")
+		adaptive  = fs.String("adaptive-proxy-args", "", "adaptive: extra `tandem proxy` flags, space-separated (e.g. \"--plan-window 5m --plan-max-age 1m\": the configurations take turns, so the planner sees only its share of the traffic and its engines' metrics age between its turns)")
 		kvMemory  = fs.String("kv-cache-memory", "1GiB", "every engine's --kv-cache-memory (several engines share this machine's RAM; empty: the engine's default)")
 		slos      = addWorkloadSLOFlags(fs, "")
 	)
@@ -87,6 +90,7 @@ func runBenchExperiment(args []string) error {
 	if cfg.Workloads, err = experimentWorkloads(*workloads, map[string]string{"chat": *chatRates, "long": *longRates}, slos, "--%s-rates"); err != nil {
 		return err
 	}
+	cfg.AdaptiveArgs = strings.Fields(*adaptive)
 	for _, c := range strings.Split(*configs, ",") {
 		cfg.Configs = append(cfg.Configs, strings.TrimSpace(c))
 	}

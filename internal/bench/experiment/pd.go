@@ -39,6 +39,9 @@ type PD struct {
 	TuneRequests int
 	// Threshold is the conditional configuration's --pd-threshold.
 	Threshold int
+	// AdaptiveArgs are extra `tandem proxy` flags of the adaptive
+	// configuration (the planner's, such as --plan-min-dwell).
+	AdaptiveArgs []string
 	// Requests and Rounds are per rate; the configurations alternate order
 	// each round.
 	Requests, Rounds int
@@ -87,9 +90,11 @@ var configurations = map[string]configuration{
 	},
 }
 
-// Configurations are the names PD.Configs may use.
+// Configurations are the names PD.Configs may use: those of the
+// configurations map and adaptive, which is started per workload (its
+// planner's objectives are the workload's).
 func Configurations() []string {
-	return []string{"colocated", "colocated-cadence", "pd", "conditional"}
+	return []string{"colocated", "colocated-cadence", "pd", "conditional", Adaptive}
 }
 
 // pdRun is one run of the P/D experiment.
@@ -138,6 +143,12 @@ type WorkloadSummary struct {
 	// Cadence is what the colocated-cadence engine's cadence did over the
 	// workload (nil without that configuration).
 	Cadence *CadenceSteps `json:"cadence,omitempty"`
+	// Planner is where the adaptive configuration's planner stood at the
+	// end of the workload (nil without that configuration).
+	Planner *PlannerState `json:"planner,omitempty"`
+	// Adaptive compares the adaptive configuration with the best static
+	// one in every cell of Grid (nil without that configuration).
+	Adaptive []AdaptiveCell `json:"adaptive_against_static,omitempty"`
 }
 
 // LevelBreakdown is the TTFT breakdown of one configuration at one rate.
@@ -216,6 +227,11 @@ func (r *pdRun) run(ctx context.Context) error {
 	metricsURLs := map[string][]string{}
 	cadenceURL := ""
 	for _, c := range cfg.Configs {
+		if c == Adaptive {
+			// Started per workload, below.
+			targets = append(targets, bench.Target{Name: c})
+			continue
+		}
 		url, murls, err := configurations[c](r, ctx, t)
 		if err != nil {
 			return err
@@ -229,6 +245,14 @@ func (r *pdRun) run(ctx context.Context) error {
 	var suites []*bench.Suite
 	for _, wl := range cfg.Workloads {
 		fmt.Fprintf(w, "== workload %s, SLO TTFT ≤ %v and TPOT ≤ %v ==\n", wl.Name, wl.SLO.TTFT, wl.SLO.TPOT)
+		var adaptive *cluster
+		if i := slices.Index(cfg.Configs, Adaptive); i >= 0 {
+			if adaptive, err = r.startAdaptive(ctx, wl); err != nil {
+				return err
+			}
+			targets[i].URL = adaptive.url
+			metricsURLs[Adaptive] = adaptive.metricsURLs
+		}
 		before := map[string]map[string]float64{}
 		for _, c := range cfg.Configs {
 			if len(metricsURLs[c]) > 0 {
@@ -245,6 +269,12 @@ func (r *pdRun) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		var plan *PlannerState
+		if adaptive != nil {
+			if p, ok := scrapePlanner(ctx, adaptive.url); ok {
+				plan = &p
+			}
+		}
 		var cadence *CadenceSteps
 		if cadenceOK {
 			if after, ok := scrapeCadence(ctx, cadenceURL); ok {
@@ -259,10 +289,18 @@ func (r *pdRun) run(ctx context.Context) error {
 		if cadence != nil {
 			writeCadence(w, *cadence)
 		}
+		if plan != nil {
+			writePlanner(w, *plan)
+		}
+		cells := adaptiveCells(s.Grid)
+		writeAdaptiveCells(w, cells)
 		for _, c := range cfg.Configs {
 			if len(metricsURLs[c]) > 0 {
 				writeBreakdown(w, c, before[c], scrapeAll(ctx, metricsURLs[c]))
 			}
+		}
+		if adaptive != nil {
+			r.stopCluster(adaptive)
 		}
 		if err := bench.WriteJSONFile(filepath.Join(x.out, "results-"+wl.Name+".json"), s); err != nil {
 			return err
@@ -273,7 +311,7 @@ func (r *pdRun) run(ctx context.Context) error {
 		}
 		fmt.Fprintf(w, "plots: %s\n\n", strings.Join(files, ", "))
 		suites = append(suites, s)
-		ws := WorkloadSummary{Name: wl.Name, SLO: wl.SLO, Load: load, Capacity: s.Capacity, Grid: s.Grid, Cadence: cadence}
+		ws := WorkloadSummary{Name: wl.Name, SLO: wl.SLO, Load: load, Capacity: s.Capacity, Grid: s.Grid, Cadence: cadence, Planner: plan, Adaptive: cells}
 		ws.MeanPrompt, ws.MeanOutput = s.Plan.Workload.Stats()
 		for _, r := range s.Results {
 			if r.Breakdown != nil {

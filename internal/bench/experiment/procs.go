@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -146,6 +147,16 @@ type clusterEngine struct {
 // in front of them with proxyArgs. name, when set, prefixes their names
 // and log files.
 func (x *procs) startCluster(ctx context.Context, model, servedName, name string, prefill, decode int, proxyArgs ...string) (*cluster, error) {
+	return x.startClusterAs(ctx, model, servedName, name, prefill, decode, "", proxyArgs...)
+}
+
+// startClusterAs is startCluster with every engine started as role
+// (`tandem serve --role ROLE`) instead of its pool's, unless role is "":
+// launch.RoleBoth for a proxy whose planner moves engines between the
+// pools, as tandem up starts them with the SLO flags. The proxy still
+// lists the first prefill engines under --prefill and the rest under
+// --decode.
+func (x *procs) startClusterAs(ctx context.Context, model, servedName, name string, prefill, decode int, role string, proxyArgs ...string) (*cluster, error) {
 	n := prefill + decode
 	cores, err := launch.SplitCores(x.cpus, n, 0)
 	if err != nil {
@@ -167,7 +178,11 @@ func (x *procs) startCluster(ctx context.Context, model, servedName, name string
 	var engines []*launch.Process
 	for _, s := range specs {
 		s.Name = prefix + s.Name
-		args := launch.ServeArgs(s, model, servedName, x.extra)
+		as := s
+		if role != "" {
+			as.Role = role
+		}
+		args := launch.ServeArgs(as, model, servedName, x.extra)
 		p, err := x.start(s.Name, s.CPUs, s.URL(), args, s.Name+".log")
 		if err != nil {
 			return nil, err
@@ -201,4 +216,15 @@ func (x *procs) startCluster(ctx context.Context, model, servedName, name string
 	c.url, c.proxy = proxy.URL(), pc
 	c.metricsURLs = append([]string{proxy.URL()}, append(prefillURLs, decodeURLs...)...)
 	return c, nil
+}
+
+// stopCluster stops c's proxy and engines (SIGTERM, then SIGKILL after
+// stopGrace) and forgets them, leaving x's other processes running.
+func (x *procs) stopCluster(c *cluster) {
+	ps := []*launch.Process{c.proxy}
+	for _, e := range c.engines {
+		ps = append(ps, e.proc)
+	}
+	launch.Stop(ps, stopGrace)
+	x.running = slices.DeleteFunc(x.running, func(p *launch.Process) bool { return slices.Contains(ps, p) })
 }
