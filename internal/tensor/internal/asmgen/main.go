@@ -85,6 +85,9 @@ func main() {
 		if s.lanes == 8 {
 			quantKernelsAVX2()
 			rowKernels(false)
+			for g := 1; g <= 4; g++ {
+				axpyRowsBF16AVX2(g)
+			}
 		}
 		if s.lanes == 16 {
 			gemmDPR1()
