@@ -40853,3 +40853,114 @@ tstore:
 done:
 	VZEROUPPER
 	RET
+
+// func argMaxAVX2(x *float32, n int) int
+// Requires: AVX, AVX2
+TEXT ·argMaxAVX2(SB), NOSPLIT, $0-24
+	MOVQ         x+0(FP), AX
+	MOVQ         n+8(FP), CX
+	MOVL         $0xff800000, DX
+	VMOVD        DX, X0
+	VPBROADCASTD X0, Y0
+	VPXOR        Y1, Y1, Y1
+	VMOVDQU      iota16<>+0(SB), Y2
+	VMOVD        DX, X3
+	VPBROADCASTD X3, Y3
+	VPXOR        Y4, Y4, Y4
+	VMOVDQU      iota16<>+0(SB), Y5
+	MOVL         $0x00000008, DX
+	VMOVD        DX, X6
+	VPBROADCASTD X6, Y6
+	VPADDD       Y6, Y5, Y5
+	MOVL         $0x00000010, DX
+	VMOVD        DX, X6
+	VPBROADCASTD X6, Y6
+	XORQ         DX, DX
+	MOVQ         CX, BX
+	ANDQ         $-16, BX
+	TESTQ        BX, BX
+	JE           argmax_rest
+
+argmax_loop:
+	VMOVUPS   (AX)(DX*4), Y7
+	VCMPPS    $0x1e, Y0, Y7, Y8
+	VBLENDVPS Y8, Y7, Y0, Y0
+	VBLENDVPS Y8, Y2, Y1, Y1
+	VPADDD    Y6, Y2, Y2
+	VMOVUPS   32(AX)(DX*4), Y7
+	VCMPPS    $0x1e, Y3, Y7, Y8
+	VBLENDVPS Y8, Y7, Y3, Y3
+	VBLENDVPS Y8, Y5, Y4, Y4
+	VPADDD    Y6, Y5, Y5
+	ADDQ      $0x00000010, DX
+	CMPQ      DX, BX
+	JL        argmax_loop
+
+argmax_rest:
+	MOVQ         CX, BX
+	SUBQ         DX, BX
+	CMPQ         BX, $0x00000008
+	JL           argmax_merge
+	VMOVD        DX, X2
+	VPBROADCASTD X2, Y2
+	VPADDD       iota16<>+0(SB), Y2, Y2
+	VMOVUPS      (AX)(DX*4), Y5
+	VCMPPS       $0x1e, Y0, Y5, Y6
+	VBLENDVPS    Y6, Y5, Y0, Y0
+	VBLENDVPS    Y6, Y2, Y1, Y1
+	ADDQ         $0x00000008, DX
+
+argmax_merge:
+	VCMPPS     $0x1e, Y0, Y3, Y2
+	VCMPPS     $0x00, Y0, Y3, Y5
+	VPCMPGTD   Y4, Y1, Y6
+	VPAND      Y6, Y5, Y5
+	VPOR       Y2, Y5, Y2
+	VBLENDVPS  Y2, Y3, Y0, Y0
+	VBLENDVPS  Y2, Y4, Y1, Y1
+	VPERM2F128 $0x01, Y0, Y0, Y3
+	VPERM2F128 $0x01, Y1, Y1, Y4
+	VCMPPS     $0x1e, Y0, Y3, Y2
+	VCMPPS     $0x00, Y0, Y3, Y5
+	VPCMPGTD   Y4, Y1, Y6
+	VPAND      Y6, Y5, Y5
+	VPOR       Y2, Y5, Y2
+	VBLENDVPS  Y2, Y3, Y0, Y0
+	VBLENDVPS  Y2, Y4, Y1, Y1
+	VPSHUFD    $0x4e, Y0, Y3
+	VPSHUFD    $0x4e, Y1, Y4
+	VCMPPS     $0x1e, Y0, Y3, Y2
+	VCMPPS     $0x00, Y0, Y3, Y5
+	VPCMPGTD   Y4, Y1, Y6
+	VPAND      Y6, Y5, Y5
+	VPOR       Y2, Y5, Y2
+	VBLENDVPS  Y2, Y3, Y0, Y0
+	VBLENDVPS  Y2, Y4, Y1, Y1
+	VPSHUFD    $0xb1, Y0, Y3
+	VPSHUFD    $0xb1, Y1, Y4
+	VCMPPS     $0x1e, Y0, Y3, Y2
+	VCMPPS     $0x00, Y0, Y3, Y5
+	VPCMPGTD   Y4, Y1, Y6
+	VPAND      Y6, Y5, Y5
+	VPOR       Y2, Y5, Y2
+	VBLENDVPS  Y2, Y3, Y0, Y0
+	VBLENDVPS  Y2, Y4, Y1, Y1
+	VMOVD      X1, BX
+
+argmax_tail:
+	CMPQ     DX, CX
+	JE       argmax_done
+	VMOVSS   (AX)(DX*4), X1
+	VUCOMISS X0, X1
+	JBE      argmax_next
+	VMOVAPS  X1, X0
+	MOVL     DX, BX
+
+argmax_next:
+	INCQ DX
+	JMP  argmax_tail
+
+argmax_done:
+	MOVQ BX, ret+16(FP)
+	VZEROUPPER
+	RET

@@ -88,6 +88,7 @@ func main() {
 			for g := 1; g <= 4; g++ {
 				axpyRowsBF16AVX2(g)
 			}
+			argMaxAVX2(iotaTable())
 		}
 		if s.lanes == 16 {
 			gemmDPR1()
