@@ -344,3 +344,23 @@ func BenchmarkAttnKernels(b *testing.B) {
 		report(b, flops)
 	})
 }
+
+// TestAssemblySetsHaveAttentionScanKernels guards the attention kernels
+// that every assembly ISA needs at long context: without them the value
+// sums widen each bf16 row in Go and the row maxima scan in Go (on AVX2
+// that made a 2,048-token attention 5× slower).
+func TestAssemblySetsHaveAttentionScanKernels(t *testing.T) {
+	for _, ks := range kernelSets {
+		if ks.name == "go" {
+			continue
+		}
+		if ks.axpyRowsBF16 == nil || ks.argMax == nil {
+			t.Errorf("%s: no axpyRowsBF16 or argMax kernel", ks.name)
+		}
+		for g, f := range ks.axpyRowsBF16G {
+			if f == nil {
+				t.Errorf("%s: no axpyRowsBF16G kernel for %d outputs", ks.name, g+2)
+			}
+		}
+	}
+}

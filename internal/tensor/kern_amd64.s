@@ -40242,3 +40242,725 @@ DATA q6scspread<>+253(SB)/1, $0x0f
 DATA q6scspread<>+254(SB)/1, $0x0e
 DATA q6scspread<>+255(SB)/1, $0x0f
 GLOBL q6scspread<>(SB), RODATA|NOPTR, $256
+
+// func axpyRowsBF16AVX2(alpha *float32, v *uint16, ldv int, rows int, y *float32, n int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·axpyRowsBF16AVX2(SB), NOSPLIT, $0-48
+	MOVQ alpha+0(FP), AX
+	MOVQ v+8(FP), CX
+	MOVQ ldv+16(FP), DX
+	MOVQ rows+24(FP), BX
+	MOVQ y+32(FP), SI
+	MOVQ n+40(FP), DI
+	SHLQ $0x01, DX
+
+cw:
+	CMPQ    DI, $0x00000040
+	JL      c8
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VMOVUPS 128(SI), Y4
+	VMOVUPS 160(SI), Y5
+	VMOVUPS 192(SI), Y6
+	VMOVUPS 224(SI), Y7
+	MOVQ    CX, R8
+	MOVQ    AX, R9
+	MOVQ    BX, R10
+	TESTQ   R10, R10
+	JE      wstore
+
+wrow:
+	VBROADCASTSS (R9), Y8
+	VPMOVZXWD    (R8), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y0
+	VPMOVZXWD    16(R8), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y1
+	VPMOVZXWD    32(R8), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y2
+	VPMOVZXWD    48(R8), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y3
+	VPMOVZXWD    64(R8), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y4
+	VPMOVZXWD    80(R8), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y5
+	VPMOVZXWD    96(R8), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y6
+	VPMOVZXWD    112(R8), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VFMADD231PS  Y9, Y8, Y7
+	ADDQ         DX, R8
+	ADDQ         $0x04, R9
+	DECQ         R10
+	JNE          wrow
+
+wstore:
+	VMOVUPS Y0, (SI)
+	VMOVUPS Y1, 32(SI)
+	VMOVUPS Y2, 64(SI)
+	VMOVUPS Y3, 96(SI)
+	VMOVUPS Y4, 128(SI)
+	VMOVUPS Y5, 160(SI)
+	VMOVUPS Y6, 192(SI)
+	VMOVUPS Y7, 224(SI)
+	ADDQ    $0x00000100, SI
+	ADDQ    $0x00000080, CX
+	SUBQ    $0x00000040, DI
+	JMP     cw
+
+c8:
+	CMPQ    DI, $0x00000008
+	JL      ctail
+	VMOVUPS (SI), Y0
+	MOVQ    CX, R8
+	MOVQ    AX, R9
+	MOVQ    BX, R10
+	TESTQ   R10, R10
+	JE      nstore
+
+nrow:
+	VBROADCASTSS (R9), Y1
+	VPMOVZXWD    (R8), Y2
+	VPSLLD       $0x10, Y2, Y2
+	VFMADD231PS  Y2, Y1, Y0
+	ADDQ         DX, R8
+	ADDQ         $0x04, R9
+	DECQ         R10
+	JNE          nrow
+
+nstore:
+	VMOVUPS Y0, (SI)
+	ADDQ    $0x00000020, SI
+	ADDQ    $0x00000010, CX
+	SUBQ    $0x00000008, DI
+	JMP     c8
+
+ctail:
+	TESTQ  DI, DI
+	JE     done
+	VMOVSS (SI), X0
+	MOVQ   CX, R8
+	MOVQ   AX, R9
+	MOVQ   BX, R10
+	TESTQ  R10, R10
+	JE     tstore
+
+trow:
+	VBROADCASTSS (R9), Y1
+	MOVWLZX      (R8), R11
+	SHLL         $0x10, R11
+	VMOVD        R11, X2
+	VFMADD231SS  X2, X1, X0
+	ADDQ         DX, R8
+	ADDQ         $0x04, R9
+	DECQ         R10
+	JNE          trow
+
+tstore:
+	VMOVSS X0, (SI)
+	ADDQ   $0x00000004, SI
+	ADDQ   $0x00000002, CX
+	SUBQ   $0x00000001, DI
+	JMP    ctail
+
+done:
+	VZEROUPPER
+	RET
+
+// func axpyRowsBF16G2AVX2(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·axpyRowsBF16G2AVX2(SB), NOSPLIT, $0-64
+	MOVQ alpha+0(FP), AX
+	MOVQ lda+8(FP), CX
+	SHLQ $0x02, CX
+	MOVQ v+16(FP), DX
+	MOVQ ldv+24(FP), BX
+	MOVQ rows+32(FP), SI
+	MOVQ y+40(FP), DI
+	MOVQ ldy+48(FP), R8
+	SHLQ $0x02, R8
+	MOVQ n+56(FP), R9
+	SHLQ $0x01, BX
+
+cw:
+	CMPQ    R9, $0x00000020
+	JL      c8
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS (DI)(R8*1), Y4
+	VMOVUPS 32(DI)(R8*1), Y5
+	VMOVUPS 64(DI)(R8*1), Y6
+	VMOVUPS 96(DI)(R8*1), Y7
+	MOVQ    DX, R10
+	MOVQ    AX, R11
+	MOVQ    SI, R12
+	TESTQ   R12, R12
+	JE      wstore
+
+wrow:
+	MOVQ         R11, R13
+	VBROADCASTSS (R11), Y8
+	ADDQ         CX, R13
+	VBROADCASTSS (R13), Y9
+	VPMOVZXWD    (R10), Y10
+	VPSLLD       $0x10, Y10, Y10
+	VFMADD231PS  Y10, Y8, Y0
+	VFMADD231PS  Y10, Y9, Y4
+	VPMOVZXWD    16(R10), Y10
+	VPSLLD       $0x10, Y10, Y10
+	VFMADD231PS  Y10, Y8, Y1
+	VFMADD231PS  Y10, Y9, Y5
+	VPMOVZXWD    32(R10), Y10
+	VPSLLD       $0x10, Y10, Y10
+	VFMADD231PS  Y10, Y8, Y2
+	VFMADD231PS  Y10, Y9, Y6
+	VPMOVZXWD    48(R10), Y10
+	VPSLLD       $0x10, Y10, Y10
+	VFMADD231PS  Y10, Y8, Y3
+	VFMADD231PS  Y10, Y9, Y7
+	ADDQ         BX, R10
+	ADDQ         $0x04, R11
+	DECQ         R12
+	JNE          wrow
+
+wstore:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, (DI)(R8*1)
+	VMOVUPS Y5, 32(DI)(R8*1)
+	VMOVUPS Y6, 64(DI)(R8*1)
+	VMOVUPS Y7, 96(DI)(R8*1)
+	ADDQ    $0x00000080, DI
+	ADDQ    $0x00000040, DX
+	SUBQ    $0x00000020, R9
+	JMP     cw
+
+c8:
+	CMPQ    R9, $0x00000008
+	JL      ctail
+	VMOVUPS (DI), Y0
+	VMOVUPS (DI)(R8*1), Y1
+	MOVQ    DX, R10
+	MOVQ    AX, R11
+	MOVQ    SI, R12
+	TESTQ   R12, R12
+	JE      nstore
+
+nrow:
+	MOVQ         R11, R13
+	VBROADCASTSS (R11), Y2
+	ADDQ         CX, R13
+	VBROADCASTSS (R13), Y3
+	VPMOVZXWD    (R10), Y4
+	VPSLLD       $0x10, Y4, Y4
+	VFMADD231PS  Y4, Y2, Y0
+	VFMADD231PS  Y4, Y3, Y1
+	ADDQ         BX, R10
+	ADDQ         $0x04, R11
+	DECQ         R12
+	JNE          nrow
+
+nstore:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, (DI)(R8*1)
+	ADDQ    $0x00000020, DI
+	ADDQ    $0x00000010, DX
+	SUBQ    $0x00000008, R9
+	JMP     c8
+
+ctail:
+	TESTQ  R9, R9
+	JE     done
+	VMOVSS (DI), X0
+	VMOVSS (DI)(R8*1), X1
+	MOVQ   DX, R10
+	MOVQ   AX, R11
+	MOVQ   SI, R12
+	TESTQ  R12, R12
+	JE     tstore
+
+trow:
+	MOVQ         R11, R13
+	VBROADCASTSS (R11), Y2
+	ADDQ         CX, R13
+	VBROADCASTSS (R13), Y3
+	MOVWLZX      (R10), R13
+	SHLL         $0x10, R13
+	VMOVD        R13, X4
+	VFMADD231SS  X4, X2, X0
+	VFMADD231SS  X4, X3, X1
+	ADDQ         BX, R10
+	ADDQ         $0x04, R11
+	DECQ         R12
+	JNE          trow
+
+tstore:
+	VMOVSS X0, (DI)
+	VMOVSS X1, (DI)(R8*1)
+	ADDQ   $0x00000004, DI
+	ADDQ   $0x00000002, DX
+	SUBQ   $0x00000001, R9
+	JMP    ctail
+
+done:
+	VZEROUPPER
+	RET
+
+// func axpyRowsBF16G3AVX2(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·axpyRowsBF16G3AVX2(SB), NOSPLIT, $0-64
+	MOVQ alpha+0(FP), AX
+	MOVQ lda+8(FP), CX
+	SHLQ $0x02, CX
+	MOVQ v+16(FP), DX
+	MOVQ ldv+24(FP), BX
+	MOVQ rows+32(FP), SI
+	MOVQ y+40(FP), DI
+	MOVQ ldy+48(FP), R8
+	SHLQ $0x02, R8
+	MOVQ n+56(FP), R9
+	SHLQ $0x01, BX
+
+cw:
+	CMPQ    R9, $0x00000020
+	JL      c8
+	LEAQ    (DI)(R8*2), R10
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS (DI)(R8*1), Y4
+	VMOVUPS 32(DI)(R8*1), Y5
+	VMOVUPS 64(DI)(R8*1), Y6
+	VMOVUPS 96(DI)(R8*1), Y7
+	VMOVUPS (R10), Y8
+	VMOVUPS 32(R10), Y9
+	VMOVUPS 64(R10), Y10
+	VMOVUPS 96(R10), Y11
+	MOVQ    DX, R11
+	MOVQ    AX, R12
+	MOVQ    SI, R13
+	TESTQ   R13, R13
+	JE      wstore
+
+wrow:
+	MOVQ         R12, R14
+	VBROADCASTSS (R12), Y12
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y13
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y14
+	VPMOVZXWD    (R11), Y15
+	VPSLLD       $0x10, Y15, Y15
+	VFMADD231PS  Y15, Y12, Y0
+	VFMADD231PS  Y15, Y13, Y4
+	VFMADD231PS  Y15, Y14, Y8
+	VPMOVZXWD    16(R11), Y15
+	VPSLLD       $0x10, Y15, Y15
+	VFMADD231PS  Y15, Y12, Y1
+	VFMADD231PS  Y15, Y13, Y5
+	VFMADD231PS  Y15, Y14, Y9
+	VPMOVZXWD    32(R11), Y15
+	VPSLLD       $0x10, Y15, Y15
+	VFMADD231PS  Y15, Y12, Y2
+	VFMADD231PS  Y15, Y13, Y6
+	VFMADD231PS  Y15, Y14, Y10
+	VPMOVZXWD    48(R11), Y15
+	VPSLLD       $0x10, Y15, Y15
+	VFMADD231PS  Y15, Y12, Y3
+	VFMADD231PS  Y15, Y13, Y7
+	VFMADD231PS  Y15, Y14, Y11
+	ADDQ         BX, R11
+	ADDQ         $0x04, R12
+	DECQ         R13
+	JNE          wrow
+
+wstore:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, (DI)(R8*1)
+	VMOVUPS Y5, 32(DI)(R8*1)
+	VMOVUPS Y6, 64(DI)(R8*1)
+	VMOVUPS Y7, 96(DI)(R8*1)
+	VMOVUPS Y8, (R10)
+	VMOVUPS Y9, 32(R10)
+	VMOVUPS Y10, 64(R10)
+	VMOVUPS Y11, 96(R10)
+	ADDQ    $0x00000080, DI
+	ADDQ    $0x00000040, DX
+	SUBQ    $0x00000020, R9
+	JMP     cw
+
+c8:
+	CMPQ    R9, $0x00000008
+	JL      ctail
+	LEAQ    (DI)(R8*2), R10
+	VMOVUPS (DI), Y0
+	VMOVUPS (DI)(R8*1), Y1
+	VMOVUPS (R10), Y2
+	MOVQ    DX, R11
+	MOVQ    AX, R12
+	MOVQ    SI, R13
+	TESTQ   R13, R13
+	JE      nstore
+
+nrow:
+	MOVQ         R12, R14
+	VBROADCASTSS (R12), Y3
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y4
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y5
+	VPMOVZXWD    (R11), Y6
+	VPSLLD       $0x10, Y6, Y6
+	VFMADD231PS  Y6, Y3, Y0
+	VFMADD231PS  Y6, Y4, Y1
+	VFMADD231PS  Y6, Y5, Y2
+	ADDQ         BX, R11
+	ADDQ         $0x04, R12
+	DECQ         R13
+	JNE          nrow
+
+nstore:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, (DI)(R8*1)
+	VMOVUPS Y2, (R10)
+	ADDQ    $0x00000020, DI
+	ADDQ    $0x00000010, DX
+	SUBQ    $0x00000008, R9
+	JMP     c8
+
+ctail:
+	TESTQ  R9, R9
+	JE     done
+	LEAQ   (DI)(R8*2), R10
+	VMOVSS (DI), X0
+	VMOVSS (DI)(R8*1), X1
+	VMOVSS (R10), X2
+	MOVQ   DX, R11
+	MOVQ   AX, R12
+	MOVQ   SI, R13
+	TESTQ  R13, R13
+	JE     tstore
+
+trow:
+	MOVQ         R12, R14
+	VBROADCASTSS (R12), Y3
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y4
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y5
+	MOVWLZX      (R11), R14
+	SHLL         $0x10, R14
+	VMOVD        R14, X6
+	VFMADD231SS  X6, X3, X0
+	VFMADD231SS  X6, X4, X1
+	VFMADD231SS  X6, X5, X2
+	ADDQ         BX, R11
+	ADDQ         $0x04, R12
+	DECQ         R13
+	JNE          trow
+
+tstore:
+	VMOVSS X0, (DI)
+	VMOVSS X1, (DI)(R8*1)
+	VMOVSS X2, (R10)
+	ADDQ   $0x00000004, DI
+	ADDQ   $0x00000002, DX
+	SUBQ   $0x00000001, R9
+	JMP    ctail
+
+done:
+	VZEROUPPER
+	RET
+
+// func axpyRowsBF16G4AVX2(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·axpyRowsBF16G4AVX2(SB), NOSPLIT, $0-64
+	MOVQ alpha+0(FP), AX
+	MOVQ lda+8(FP), CX
+	SHLQ $0x02, CX
+	MOVQ v+16(FP), DX
+	MOVQ ldv+24(FP), BX
+	MOVQ rows+32(FP), SI
+	MOVQ y+40(FP), DI
+	MOVQ ldy+48(FP), R8
+	SHLQ $0x02, R8
+	MOVQ n+56(FP), R9
+	SHLQ $0x01, BX
+
+cw:
+	CMPQ    R9, $0x00000010
+	JL      c8
+	LEAQ    (DI)(R8*2), R10
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS (DI)(R8*1), Y2
+	VMOVUPS 32(DI)(R8*1), Y3
+	VMOVUPS (R10), Y4
+	VMOVUPS 32(R10), Y5
+	VMOVUPS (R10)(R8*1), Y6
+	VMOVUPS 32(R10)(R8*1), Y7
+	MOVQ    DX, R11
+	MOVQ    AX, R12
+	MOVQ    SI, R13
+	TESTQ   R13, R13
+	JE      wstore
+
+wrow:
+	MOVQ         R12, R14
+	VBROADCASTSS (R12), Y8
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y9
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y10
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y11
+	VPMOVZXWD    (R11), Y12
+	VPSLLD       $0x10, Y12, Y12
+	VFMADD231PS  Y12, Y8, Y0
+	VFMADD231PS  Y12, Y9, Y2
+	VFMADD231PS  Y12, Y10, Y4
+	VFMADD231PS  Y12, Y11, Y6
+	VPMOVZXWD    16(R11), Y12
+	VPSLLD       $0x10, Y12, Y12
+	VFMADD231PS  Y12, Y8, Y1
+	VFMADD231PS  Y12, Y9, Y3
+	VFMADD231PS  Y12, Y10, Y5
+	VFMADD231PS  Y12, Y11, Y7
+	ADDQ         BX, R11
+	ADDQ         $0x04, R12
+	DECQ         R13
+	JNE          wrow
+
+wstore:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, (DI)(R8*1)
+	VMOVUPS Y3, 32(DI)(R8*1)
+	VMOVUPS Y4, (R10)
+	VMOVUPS Y5, 32(R10)
+	VMOVUPS Y6, (R10)(R8*1)
+	VMOVUPS Y7, 32(R10)(R8*1)
+	ADDQ    $0x00000040, DI
+	ADDQ    $0x00000020, DX
+	SUBQ    $0x00000010, R9
+	JMP     cw
+
+c8:
+	CMPQ    R9, $0x00000008
+	JL      ctail
+	LEAQ    (DI)(R8*2), R10
+	VMOVUPS (DI), Y0
+	VMOVUPS (DI)(R8*1), Y1
+	VMOVUPS (R10), Y2
+	VMOVUPS (R10)(R8*1), Y3
+	MOVQ    DX, R11
+	MOVQ    AX, R12
+	MOVQ    SI, R13
+	TESTQ   R13, R13
+	JE      nstore
+
+nrow:
+	MOVQ         R12, R14
+	VBROADCASTSS (R12), Y4
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y5
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y6
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y7
+	VPMOVZXWD    (R11), Y8
+	VPSLLD       $0x10, Y8, Y8
+	VFMADD231PS  Y8, Y4, Y0
+	VFMADD231PS  Y8, Y5, Y1
+	VFMADD231PS  Y8, Y6, Y2
+	VFMADD231PS  Y8, Y7, Y3
+	ADDQ         BX, R11
+	ADDQ         $0x04, R12
+	DECQ         R13
+	JNE          nrow
+
+nstore:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, (DI)(R8*1)
+	VMOVUPS Y2, (R10)
+	VMOVUPS Y3, (R10)(R8*1)
+	ADDQ    $0x00000020, DI
+	ADDQ    $0x00000010, DX
+	SUBQ    $0x00000008, R9
+	JMP     c8
+
+ctail:
+	TESTQ  R9, R9
+	JE     done
+	LEAQ   (DI)(R8*2), R10
+	VMOVSS (DI), X0
+	VMOVSS (DI)(R8*1), X1
+	VMOVSS (R10), X2
+	VMOVSS (R10)(R8*1), X3
+	MOVQ   DX, R11
+	MOVQ   AX, R12
+	MOVQ   SI, R13
+	TESTQ  R13, R13
+	JE     tstore
+
+trow:
+	MOVQ         R12, R14
+	VBROADCASTSS (R12), Y4
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y5
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y6
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y7
+	MOVWLZX      (R11), R14
+	SHLL         $0x10, R14
+	VMOVD        R14, X8
+	VFMADD231SS  X8, X4, X0
+	VFMADD231SS  X8, X5, X1
+	VFMADD231SS  X8, X6, X2
+	VFMADD231SS  X8, X7, X3
+	ADDQ         BX, R11
+	ADDQ         $0x04, R12
+	DECQ         R13
+	JNE          trow
+
+tstore:
+	VMOVSS X0, (DI)
+	VMOVSS X1, (DI)(R8*1)
+	VMOVSS X2, (R10)
+	VMOVSS X3, (R10)(R8*1)
+	ADDQ   $0x00000004, DI
+	ADDQ   $0x00000002, DX
+	SUBQ   $0x00000001, R9
+	JMP    ctail
+
+done:
+	VZEROUPPER
+	RET
+
+// func argMaxAVX2(x *float32, n int) int
+// Requires: AVX, AVX2
+TEXT ·argMaxAVX2(SB), NOSPLIT, $0-24
+	MOVQ         x+0(FP), AX
+	MOVQ         n+8(FP), CX
+	MOVL         $0xff800000, DX
+	VMOVD        DX, X0
+	VPBROADCASTD X0, Y0
+	VPXOR        Y1, Y1, Y1
+	VMOVDQU      iota16<>+0(SB), Y2
+	VMOVD        DX, X3
+	VPBROADCASTD X3, Y3
+	VPXOR        Y4, Y4, Y4
+	VMOVDQU      iota16<>+0(SB), Y5
+	MOVL         $0x00000008, DX
+	VMOVD        DX, X6
+	VPBROADCASTD X6, Y6
+	VPADDD       Y6, Y5, Y5
+	MOVL         $0x00000010, DX
+	VMOVD        DX, X6
+	VPBROADCASTD X6, Y6
+	XORQ         DX, DX
+	MOVQ         CX, BX
+	ANDQ         $-16, BX
+	TESTQ        BX, BX
+	JE           argmax_rest
+
+argmax_loop:
+	VMOVUPS   (AX)(DX*4), Y7
+	VCMPPS    $0x1e, Y0, Y7, Y8
+	VBLENDVPS Y8, Y7, Y0, Y0
+	VBLENDVPS Y8, Y2, Y1, Y1
+	VPADDD    Y6, Y2, Y2
+	VMOVUPS   32(AX)(DX*4), Y7
+	VCMPPS    $0x1e, Y3, Y7, Y8
+	VBLENDVPS Y8, Y7, Y3, Y3
+	VBLENDVPS Y8, Y5, Y4, Y4
+	VPADDD    Y6, Y5, Y5
+	ADDQ      $0x00000010, DX
+	CMPQ      DX, BX
+	JL        argmax_loop
+
+argmax_rest:
+	MOVQ         CX, BX
+	SUBQ         DX, BX
+	CMPQ         BX, $0x00000008
+	JL           argmax_merge
+	VMOVD        DX, X2
+	VPBROADCASTD X2, Y2
+	VPADDD       iota16<>+0(SB), Y2, Y2
+	VMOVUPS      (AX)(DX*4), Y5
+	VCMPPS       $0x1e, Y0, Y5, Y6
+	VBLENDVPS    Y6, Y5, Y0, Y0
+	VBLENDVPS    Y6, Y2, Y1, Y1
+	ADDQ         $0x00000008, DX
+
+argmax_merge:
+	VCMPPS     $0x1e, Y0, Y3, Y2
+	VCMPPS     $0x00, Y0, Y3, Y5
+	VPCMPGTD   Y4, Y1, Y6
+	VPAND      Y6, Y5, Y5
+	VPOR       Y2, Y5, Y2
+	VBLENDVPS  Y2, Y3, Y0, Y0
+	VBLENDVPS  Y2, Y4, Y1, Y1
+	VPERM2F128 $0x01, Y0, Y0, Y3
+	VPERM2F128 $0x01, Y1, Y1, Y4
+	VCMPPS     $0x1e, Y0, Y3, Y2
+	VCMPPS     $0x00, Y0, Y3, Y5
+	VPCMPGTD   Y4, Y1, Y6
+	VPAND      Y6, Y5, Y5
+	VPOR       Y2, Y5, Y2
+	VBLENDVPS  Y2, Y3, Y0, Y0
+	VBLENDVPS  Y2, Y4, Y1, Y1
+	VPSHUFD    $0x4e, Y0, Y3
+	VPSHUFD    $0x4e, Y1, Y4
+	VCMPPS     $0x1e, Y0, Y3, Y2
+	VCMPPS     $0x00, Y0, Y3, Y5
+	VPCMPGTD   Y4, Y1, Y6
+	VPAND      Y6, Y5, Y5
+	VPOR       Y2, Y5, Y2
+	VBLENDVPS  Y2, Y3, Y0, Y0
+	VBLENDVPS  Y2, Y4, Y1, Y1
+	VPSHUFD    $0xb1, Y0, Y3
+	VPSHUFD    $0xb1, Y1, Y4
+	VCMPPS     $0x1e, Y0, Y3, Y2
+	VCMPPS     $0x00, Y0, Y3, Y5
+	VPCMPGTD   Y4, Y1, Y6
+	VPAND      Y6, Y5, Y5
+	VPOR       Y2, Y5, Y2
+	VBLENDVPS  Y2, Y3, Y0, Y0
+	VBLENDVPS  Y2, Y4, Y1, Y1
+	VMOVD      X1, BX
+
+argmax_tail:
+	CMPQ     DX, CX
+	JE       argmax_done
+	VMOVSS   (AX)(DX*4), X1
+	VUCOMISS X0, X1
+	JBE      argmax_next
+	VMOVAPS  X1, X0
+	MOVL     DX, BX
+
+argmax_next:
+	INCQ DX
+	JMP  argmax_tail
+
+argmax_done:
+	MOVQ BX, ret+16(FP)
+	VZEROUPPER
+	RET

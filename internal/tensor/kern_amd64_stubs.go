@@ -333,3 +333,18 @@ func qrowQ5_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux
 
 // qrowQ6_KAVX2 computes up to 8 Q6_K weight rows times one activation row (see asmgen's rowquant.go).
 func qrowQ6_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+
+// axpyRowsBF16AVX2 computes y[t] = fma(alpha[r], v[r*ldv+t], y[t]) for r < rows in order, t < n.
+func axpyRowsBF16AVX2(alpha *float32, v *uint16, ldv int, rows int, y *float32, n int)
+
+// axpyRowsBF16G2AVX2 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 2, r < rows in order, t < n.
+func axpyRowsBF16G2AVX2(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
+
+// axpyRowsBF16G3AVX2 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 3, r < rows in order, t < n.
+func axpyRowsBF16G3AVX2(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
+
+// axpyRowsBF16G4AVX2 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 4, r < rows in order, t < n.
+func axpyRowsBF16G4AVX2(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
+
+// argMaxAVX2 returns the index of the largest entry of x[:n], the lowest on ties; NaN never wins; 0 if nothing is above -Inf.
+func argMaxAVX2(x *float32, n int) int

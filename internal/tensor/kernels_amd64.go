@@ -64,6 +64,13 @@ func archKernelSets() []*kernelSet {
 			qmm:     qmmAVX2,
 			qmmName: "avx2",
 			avail:   avx2,
+
+			// Attention's value sums (bit-identical to axpy per row) and
+			// row maxima.
+			axpyRowsBF16: axpyRowsBF16AVX2,
+			axpyRowsBF16G: [maxTileRows - 1]func(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int){
+				axpyRowsBF16G2AVX2, axpyRowsBF16G3AVX2, axpyRowsBF16G4AVX2},
+			argMax: argMaxAVX2,
 		},
 	}
 }

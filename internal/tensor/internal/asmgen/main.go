@@ -85,6 +85,10 @@ func main() {
 		if s.lanes == 8 {
 			quantKernelsAVX2()
 			rowKernels(false)
+			for g := 1; g <= 4; g++ {
+				axpyRowsBF16AVX2(g)
+			}
+			argMaxAVX2(iotaTable())
 		}
 		if s.lanes == 16 {
 			gemmDPR1()

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// axpyRowsBF16AVX2 emits attention's weighted sum of bf16 value rows on
+// AVX2 for g = 1..4 outputs sharing the value rows (the query heads of one
+// GQA group): y[h·ldy+t] = fma(alpha[h·lda+r], v[r·ldv+t], y[h·ldy+t]) for
+// h < g, r < rows in order, t < n, each value widened exactly to f32. Every
+// output element sees the same single-rounding FMAs, in the same row order,
+// as rows calls of axpyAVX2 over the widened rows (the fallback it
+// replaces), so results are bit-identical; y stays in registers across the
+// rows and each value vector is loaded and widened once for the g outputs.
+// The n%8 tail runs one element at a time with scalar FMAs.
+//
+// g = 1 is axpyRowsBF16AVX2 with the signature of axpyRowsBF16AVX512;
+// g ≥ 2 is axpyRowsBF16G<g>AVX2 with that of axpyRowsBF16G<g>AVX512.
+func axpyRowsBF16AVX2(g int) {
+	var name string
+	var a, lda, v, ldv, rows, y, ldy, n Register
+	if g == 1 {
+		name = "axpyRowsBF16AVX2"
+		TEXT(name, NOSPLIT, "func(alpha *float32, v *uint16, ldv int, rows int, y *float32, n int)")
+		Doc(name + " computes y[t] = fma(alpha[r], v[r*ldv+t], y[t]) for r < rows in order, t < n.")
+		a = Load(Param("alpha"), GP64())
+		v = Load(Param("v"), GP64())
+		ldv = Load(Param("ldv"), GP64())
+		rows = Load(Param("rows"), GP64())
+		y = Load(Param("y"), GP64())
+		n = Load(Param("n"), GP64())
+	} else {
+		name = fmt.Sprintf("axpyRowsBF16G%dAVX2", g)
+		TEXT(name, NOSPLIT, "func(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)")
+		Doc(fmt.Sprintf("%s computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < %d, r < rows in order, t < n.", name, g))
+		a = Load(Param("alpha"), GP64())
+		lda = Load(Param("lda"), GP64())
+		SHLQ(U8(2), lda)
+		v = Load(Param("v"), GP64())
+		ldv = Load(Param("ldv"), GP64())
+		rows = Load(Param("rows"), GP64())
+		y = Load(Param("y"), GP64())
+		ldy = Load(Param("ldy"), GP64())
+		SHLQ(U8(2), ldy)
+		n = Load(Param("n"), GP64())
+	}
+	SHLQ(U8(1), ldv)
+	left := GP64()
+	MOVQ(n, left)
+	// block emits one pass over vecs vectors of 8 outputs per head (or, with
+	// scalar, over one element): g·vecs accumulators, g broadcast weights
+	// and one widened value vector live at a time (at most 16 registers).
+	block := func(lbl string, vecs int, scalar bool) {
+		var y2 GPVirtual
+		if g > 2 {
+			y2 = GP64()
+			LEAQ(Mem{Base: y, Index: ldy, Scale: 2}, y2)
+		}
+		// Output h's row is at y + h·ldy: y or y2 = y + 2·ldy, plus ldy for odd h.
+		ym := func(h, disp int) Mem {
+			m := Mem{Base: y, Disp: disp}
+			if h >= 2 {
+				m.Base = y2
+			}
+			if h%2 == 1 {
+				m.Index, m.Scale = ldy, 1
+			}
+			return m
+		}
+		acc := make([][]VecVirtual, g)
+		for h := range g {
+			acc[h] = make([]VecVirtual, vecs)
+			for i := range vecs {
+				acc[h][i] = YMM()
+				if scalar {
+					VMOVSS(ym(h, 0), acc[h][i].AsX())
+				} else {
+					VMOVUPS(ym(h, 32*i), acc[h][i])
+				}
+			}
+		}
+		vr, ar, cnt := GP64(), GP64(), GP64()
+		MOVQ(v, vr)
+		MOVQ(a, ar)
+		MOVQ(rows, cnt)
+		TESTQ(cnt, cnt)
+		JE(LabelRef(lbl + "store"))
+		Label(lbl + "row")
+		b := make([]VecVirtual, g)
+		var ah GPVirtual
+		if g > 1 {
+			ah = GP64()
+			MOVQ(ar, ah)
+		}
+		for h := range g {
+			b[h] = YMM()
+			if h == 0 {
+				VBROADCASTSS(Mem{Base: ar}, b[h])
+				continue
+			}
+			ADDQ(lda, ah)
+			VBROADCASTSS(Mem{Base: ah}, b[h])
+		}
+		for i := range vecs {
+			if scalar {
+				val := XMM()
+				loadScalarW(dtBF16, Mem{Base: vr}, val)
+				for h := range g {
+					VFMADD231SS(val, b[h].AsX(), acc[h][i].AsX())
+				}
+				continue
+			}
+			val := YMM()
+			loadW(avx2, dtBF16, Mem{Base: vr, Disp: 16 * i}, val, nil)
+			for h := range g {
+				VFMADD231PS(val, b[h], acc[h][i])
+			}
+		}
+		ADDQ(ldv, vr)
+		ADDQ(U8(4), ar)
+		DECQ(cnt)
+		JNE(LabelRef(lbl + "row"))
+		Label(lbl + "store")
+		for h := range g {
+			for i := range vecs {
+				if scalar {
+					VMOVSS(acc[h][i].AsX(), ym(h, 0))
+				} else {
+					VMOVUPS(acc[h][i], ym(h, 32*i))
+				}
+			}
+		}
+		step := 8 * vecs
+		if scalar {
+			step = 1
+		}
+		ADDQ(U32(4*step), y)
+		ADDQ(U32(2*step), v)
+		SUBQ(U32(step), left)
+	}
+	wide := map[int]int{1: 8, 2: 4, 3: 4, 4: 2}[g]
+	Label("cw")
+	CMPQ(left, U32(8*wide))
+	JL(LabelRef("c8"))
+	block("w", wide, false)
+	JMP(LabelRef("cw"))
+	Label("c8")
+	CMPQ(left, U32(8))
+	JL(LabelRef("ctail"))
+	block("n", 1, false)
+	JMP(LabelRef("c8"))
+	Label("ctail")
+	TESTQ(left, left)
+	JE(LabelRef("done"))
+	block("t", 1, true)
+	JMP(LabelRef("ctail"))
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
