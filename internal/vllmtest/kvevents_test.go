@@ -17,7 +17,7 @@ import (
 // The shared-prefix workload against two vLLM engines, as the router tests
 // run it against simulated ones (cmd/tandem's TestDefaultRoutingHitsThePrefixCache),
 // smaller for vLLM on two cores: kvGroups groups of kvRequests requests, each
-// group's prompts sharing a long system prompt (about 270 of their 300
+// group's prompts sharing a long system prompt (their first 254 of 279
 // tokens), sent one at a time with the groups interleaved. kvGroups is odd so
 // that round-robin over two engines sends each group to both.
 const (
@@ -120,9 +120,10 @@ func TestProxyRoutesOnVLLMsKVEvents(t *testing.T) {
 	if rr.queries == 0 || pr.queries == 0 {
 		t.Fatalf("no prefix-cache queries counted (precise %v, round-robin %v)", pr.queries, rr.queries)
 	}
-	// Ideal, with 8 of each prompt's 9 full blocks shared: precise misses
-	// a group's system prompt once (3 of 4 requests hit, about 0.65 of the
-	// tokens), round-robin once per engine (2 of 4, about 0.43).
+	// Ideal, with 7 of each prompt's 8 full blocks of 32 tokens shared
+	// (224 of 279 tokens): precise misses a group's system prompt once
+	// (3 of 4 requests hit: 0.60 of the tokens), round-robin once per
+	// engine (2 of 4: 0.40).
 	if pr.hitRate() < rr.hitRate()+0.1 {
 		t.Errorf("precise hit ratio %.2f, round-robin %.2f: want precise at least 0.1 higher", pr.hitRate(), rr.hitRate())
 	}
