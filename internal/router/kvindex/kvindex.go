@@ -4,7 +4,8 @@
 // engine's prefix hit is then the blocks it reported storing and has not
 // reported removing, not the router's guess. Block hashes are the engines'
 // own (kvevents.BlockHashes over the prompt's token ids, keyed by the model
-// fingerprint), so the router needs the model's tokenizer.
+// fingerprint; for vLLM engines, a "vllm:sha256_cbor" fingerprint and
+// kvevents.VLLMBlockHashes), so the router needs the model's tokenizer.
 //
 // The package is wired by cmd/tandem, not imported by package proxy:
 // kvevents computes hashes with the KV cache's code, which links the model
