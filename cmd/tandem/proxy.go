@@ -141,7 +141,7 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.StringVar(&f.model, "model", "", "directory with the model's tokenizer (tokenizer.json, tokenizer_config.json; the weights are not read): prompt tokens are then counted exactly and chat templates rendered; without it counts are approximate")
 	fs.Var(&f.kvEvents, "kv-events", "follow a decode engine's KV cache events for precise prefix matching: DECODE_URL=tcp://HOST:PUB_PORT[;tcp://HOST:REPLAY_PORT] (the engine's --kv-events-config endpoints), repeated per decode; needs --model and --model-fingerprint")
 	fs.StringVar(&f.kvPattern, "kv-events-pattern", "", "follow the KV cache events of every decode, those added at run time too (--backends-file, the admin endpoint, --discovery kubernetes), at endpoints derived from its URL: tcp://{host}:PUB_PORT[;tcp://{host}:REPLAY_PORT], where {host} is the decode's host, {port} its HTTP port and {port+N} that port plus N; --kv-events entries take precedence; needs --model and --model-fingerprint")
-	fs.StringVar(&f.fingerprint, "model-fingerprint", "", "the engines' model fingerprint (the prefix cache's hash key), for --kv-events and --kv-events-pattern")
+	fs.StringVar(&f.fingerprint, "model-fingerprint", "", "the engines' model fingerprint (the prefix cache's hash key), for --kv-events and --kv-events-pattern; for vLLM engines started with --prefix-caching-hash-algo sha256_cbor: vllm:sha256_cbor, or vllm:sha256_cbor:SEED with their PYTHONHASHSEED")
 	fs.IntVar(&cfg.BlockSize, "block-size", 0, "the engines' KV block size in tokens, for prefix matching (default 16)")
 	fs.BoolVar(&cfg.Fallback, "fallback", true, "when the prefill leg fails, let decode do the whole request (said in the x-tandem-pd header); false fails such requests instead")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "limit on the prefill leg (its retries included); caps --first-byte-timeout and --stall-timeout (default 5m)")
@@ -333,6 +333,9 @@ func followKVEvents(f *proxyFlags, cfg *proxy.Config, log *slog.Logger) (*kvinde
 		if pattern, err = kvindex.ParsePattern(f.kvPattern); err != nil {
 			return nil, fmt.Errorf("--kv-events-pattern: %w", err)
 		}
+	}
+	if err := kvindex.CheckFingerprint(f.fingerprint); err != nil {
+		return nil, fmt.Errorf("--model-fingerprint: %w", err)
 	}
 	bs := cfg.BlockSize
 	if bs <= 0 {

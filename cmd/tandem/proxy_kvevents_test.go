@@ -32,6 +32,8 @@ func TestFollowKVEventsFlags(t *testing.T) {
 		{"a bad pattern", []string{"--kv-events-pattern", "udp://{host}:5557", "--model-fingerprint", "fp"}, tok, "--kv-events-pattern"},
 		{"a bad explicit entry", []string{"--kv-events", "tcp://10.0.0.7:5557", "--model-fingerprint", "fp"}, tok, "want DECODE_URL="},
 		{"a pattern", []string{"--kv-events-pattern", "tcp://{host}:{port+1000};tcp://{host}:{port+1001}", "--model-fingerprint", "fp"}, tok, ""},
+		{"vLLM's pickle hashes", []string{"--kv-events-pattern", "tcp://{host}:5557", "--model-fingerprint", "vllm:sha256"}, tok, "sha256_cbor"},
+		{"vLLM's CBOR hashes", []string{"--kv-events-pattern", "tcp://{host}:5557", "--model-fingerprint", "vllm:sha256_cbor:42"}, tok, ""},
 		{"explicit and a pattern", []string{"--kv-events", "http://127.0.0.1:8101=tcp://127.0.0.1:5557", "--kv-events-pattern", "tcp://{host}:{port+1000}", "--model-fingerprint", "fp"}, tok, ""},
 	}
 	for _, tt := range tests {

@@ -59,7 +59,9 @@
 // BlockHashes does exactly that, from the prompt's token ids, the engine's
 // block size and the model fingerprint (engine.Forwarder.Fingerprint). The
 // token ids travel in BlockStored as well, for indexers (llm-d's) that hash
-// tokens themselves.
+// tokens themselves. For vLLM engines VLLMBlockHashes computes what vLLM
+// publishes when started with --prefix-caching-hash-algo sha256_cbor (its
+// default, sha256, hashes Python pickles, which only Python reproduces).
 //
 // # Subscribing and the index (the router)
 //

@@ -4,7 +4,8 @@
 // engine's prefix hit is then the blocks it reported storing and has not
 // reported removing, not the router's guess. Block hashes are the engines'
 // own (kvevents.BlockHashes over the prompt's token ids, keyed by the model
-// fingerprint), so the router needs the model's tokenizer.
+// fingerprint; for vLLM engines, a "vllm:sha256_cbor" fingerprint and
+// kvevents.VLLMBlockHashes), so the router needs the model's tokenizer.
 //
 // The package is wired by cmd/tandem, not imported by package proxy:
 // kvevents computes hashes with the KV cache's code, which links the model
@@ -31,15 +32,51 @@ type Precise struct {
 	sub         *kvevents.Subscriber
 	fingerprint string
 	blockSize   int
+	// vllmSeed is set when the engines are vLLM's (fingerprint
+	// "vllm:sha256_cbor[:SEED]"): the seed of their first parent hash.
+	vllmSeed *string
+}
+
+// VLLMFingerprint is the prefix of a fingerprint naming vLLM engines'
+// block hashes instead of Tandem's: "vllm:sha256_cbor" for engines started
+// with `--prefix-caching-hash-algo sha256_cbor` and no PYTHONHASHSEED,
+// "vllm:sha256_cbor:SEED" for engines with PYTHONHASHSEED=SEED.
+const VLLMFingerprint = "vllm:"
+
+// CheckFingerprint reports whether fingerprint can key the index: a Tandem
+// engine's fingerprint, or a vLLM hash scheme this package reproduces.
+func CheckFingerprint(fingerprint string) error {
+	_, err := vllmSeed(fingerprint)
+	return err
+}
+
+// vllmSeed returns the NONE_HASH seed of a "vllm:" fingerprint, nil for a
+// Tandem fingerprint.
+func vllmSeed(fingerprint string) (*string, error) {
+	rest, ok := strings.CutPrefix(fingerprint, VLLMFingerprint)
+	if !ok {
+		return nil, nil
+	}
+	algo, seed, hasSeed := strings.Cut(rest, ":")
+	if algo != "sha256_cbor" {
+		return nil, fmt.Errorf("model fingerprint %q: vLLM's %q block hashes cannot be reproduced outside Python; start the vLLM engines with --prefix-caching-hash-algo sha256_cbor and give vllm:sha256_cbor (or vllm:sha256_cbor:SEED with their PYTHONHASHSEED)", fingerprint, algo)
+	}
+	if !hasSeed {
+		seed = kvevents.VLLMDefaultHashSeed
+	}
+	return &seed, nil
 }
 
 var _ prefix.Index = (*Precise)(nil)
 
 // New returns an index for engines serving the model with fingerprint, in
-// blocks of blockSize tokens, following no engine yet.
+// blocks of blockSize tokens, following no engine yet. A fingerprint
+// starting with VLLMFingerprint names vLLM engines' hash scheme (check it
+// first with CheckFingerprint; an unknown scheme hashes as Tandem does).
 func New(fingerprint string, blockSize int, log *slog.Logger) *Precise {
 	idx := kvevents.NewIndex()
-	return &Precise{idx: idx, sub: kvevents.NewSubscriber(idx, kvevents.SubscriberOptions{Logger: log}), fingerprint: fingerprint, blockSize: blockSize}
+	seed, _ := vllmSeed(fingerprint)
+	return &Precise{idx: idx, sub: kvevents.NewSubscriber(idx, kvevents.SubscriberOptions{Logger: log}), fingerprint: fingerprint, blockSize: blockSize, vllmSeed: seed}
 }
 
 // Follow subscribes to the KV events of the engine whose proxy backend URL
@@ -60,8 +97,13 @@ func (p *Precise) Match(hashes []uint64, f func(engine string, blocks int)) {
 // Observe implements prefix.Index: the engines' events say what they hold.
 func (p *Precise) Observe(string, []uint64) {}
 
-// Hash returns the engines' chained block hashes of a prompt's token ids.
+// Hash returns the engines' chained block hashes of a prompt's token ids:
+// Tandem's (kvevents.BlockHashes), or vLLM's for a "vllm:" fingerprint
+// (kvevents.VLLMBlockHashes).
 func (p *Precise) Hash(ids []int32) []uint64 {
+	if p.vllmSeed != nil {
+		return kvevents.VLLMBlockHashes(*p.vllmSeed, p.blockSize, ids)
+	}
 	return kvevents.BlockHashes(p.fingerprint, p.blockSize, ids)
 }
 
