@@ -8,7 +8,7 @@
 # the end.
 #
 #   tandem model init --shape qwen3-0.6b --dtype q4_k_m --out /tmp/q.gguf   # and so on
-#   flock /work/wt/bench.lock scripts/reference/realshape_bench.sh ROUNDS FILE.gguf...
+#   flock /tmp/tandem-bench.lock scripts/reference/realshape_bench.sh ROUNDS FILE.gguf...
 #
 # TANDEM_LLAMACPP names a directory with node-llama-cpp installed and
 # bench.mjs beside it (default scripts/reference/llamacpp after `npm ci`).

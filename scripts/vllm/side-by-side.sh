@@ -7,7 +7,7 @@
 # order Tandem, vLLM, Tandem, vLLM. Prints a Markdown table; the raw results
 # stay in the output directory.
 #
-#   usage: flock /work/wt/bench.lock bash scripts/vllm/side-by-side.sh [SHAPE] [THREADS] [OUTDIR]
+#   usage: flock /tmp/tandem-bench.lock bash scripts/vllm/side-by-side.sh [SHAPE] [THREADS] [OUTDIR]
 #
 # SHAPE is a `tandem model init --shape` (default smollm2-135m; vLLM's CPU
 # attention needs a head size of 32 or more), THREADS the compute threads of
