@@ -157,7 +157,7 @@ func ModelPD(s *Suite, target string, maxSeqs int) PDModel {
 		m.Unattainable = "no completed request of " + target + " to model from"
 		return m
 	}
-	m.MeanPrompt, m.MeanOutput = mean(prompts), outTok/float64(len(prompts))
+	m.MeanPrompt, m.MeanOutput = planner.Mean(prompts), outTok/float64(len(prompts))
 
 	m.fitPrefill(results, prompts, p.SLO.TTFT, q)
 	m.fitDecode(results, p.SLO.TPOT, q, maxSeqs)
@@ -254,7 +254,7 @@ func (m *PDModel) fitPrefill(results []*Result, prompts []float64, slo time.Dura
 		m.PrefillSource = "alone"
 		a, b, _, ok := fitLine(xs, ys)
 		if !ok || b <= 0 || a < 0 {
-			a, b = 0, sum(ys)/sum(xs) // one length, or noise: proportional to the prompt
+			a, b = 0, planner.Sum(ys)/planner.Sum(xs) // one length, or noise: proportional to the prompt
 		}
 		m.PrefillA, m.PrefillB = a, b
 		slices.Sort(rest)
@@ -277,7 +277,7 @@ func (m *PDModel) fitPrefill(results []*Result, prompts []float64, slo time.Dura
 		m.PrefillSeconds, m.PrefillRate = 0, 0
 		return
 	}
-	sd := m.PrefillB * stddev(prompts) / 1000
+	sd := m.PrefillB * planner.StdDev(prompts) / 1000
 	m.PrefillCV2 = sd * sd / (s * s)
 	m.services = make([]float64, len(prompts))
 	for i, l := range prompts {
@@ -379,33 +379,6 @@ func (m *PDModel) fitDecode(results []*Result, slo time.Duration, q float64, max
 // fitLine is planner.FitLine: the least-squares line y = a + b·x and its
 // residual standard deviation; ok when the xs differ.
 func fitLine(xs, ys []float64) (a, b, sigma float64, ok bool) { return planner.FitLine(xs, ys) }
-
-func sum(xs []float64) float64 {
-	var s float64
-	for _, x := range xs {
-		s += x
-	}
-	return s
-}
-
-func mean(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	return sum(xs) / float64(len(xs))
-}
-
-func stddev(xs []float64) float64 {
-	m := mean(xs)
-	var ss float64
-	for _, x := range xs {
-		ss += (x - m) * (x - m)
-	}
-	if len(xs) == 0 {
-		return 0
-	}
-	return math.Sqrt(ss / float64(len(xs)))
-}
 
 // WritePDModelHeader writes the model's formulas, as PDModel's doc says
 // them, for a report.

@@ -27,11 +27,11 @@ func PrefillBusy(services []float64, s, ca2, cv2, overhead, slo, q float64) (rho
 	tooLong = 1 - float64(len(slack))/n
 	c := (ca2 + cv2) / 2
 	met := func(rho float64) float64 { // mean P(W ≤ slack), the too-long prompts counting 0
-		var sum float64
+		var total float64
 		for _, t := range slack {
-			sum += 1 - rho*math.Exp(-t*(1-rho)/(c*s))
+			total += 1 - rho*math.Exp(-t*(1-rho)/(c*s))
 		}
-		return sum / n
+		return total / n
 	}
 	if met(0) < q {
 		return 0, tooLong
@@ -53,7 +53,7 @@ func PrefillBusy(services []float64, s, ca2, cv2, overhead, slo, q float64) (rho
 // differ.
 func FitLine(xs, ys []float64) (a, b, sigma float64, ok bool) {
 	n := float64(len(xs))
-	mx, my := mean(xs), mean(ys)
+	mx, my := Mean(xs), Mean(ys)
 	var sxx, sxy float64
 	for i := range xs {
 		sxx += (xs[i] - mx) * (xs[i] - mx)
@@ -97,7 +97,8 @@ func DecodeRate(k, tpot, meanOutput float64) float64 {
 	return k / (max(meanOutput-1, 1) * tpot)
 }
 
-func sum(xs []float64) float64 {
+// Sum is the sum of xs.
+func Sum(xs []float64) float64 {
 	var s float64
 	for _, x := range xs {
 		s += x
@@ -105,15 +106,17 @@ func sum(xs []float64) float64 {
 	return s
 }
 
-func mean(xs []float64) float64 {
+// Mean is the mean of xs; 0 for none.
+func Mean(xs []float64) float64 {
 	if len(xs) == 0 {
 		return 0
 	}
-	return sum(xs) / float64(len(xs))
+	return Sum(xs) / float64(len(xs))
 }
 
-func stddev(xs []float64) float64 {
-	m := mean(xs)
+// StdDev is the population standard deviation of xs; 0 for none.
+func StdDev(xs []float64) float64 {
+	m := Mean(xs)
 	var ss float64
 	for _, x := range xs {
 		ss += (x - m) * (x - m)

@@ -327,7 +327,7 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 		return f, fmt.Sprintf("stale or missing metrics: no decode engine measured its inter-token latency in the last %v (%d older samples ignored)", pl.cfg.MaxAge, f.StaleSamples)
 	}
 	f.PrefillSecondsPerToken = median(prefillCosts)
-	f.DecodePoints, f.MeanBatch = len(ks), mean(ks)
+	f.DecodePoints, f.MeanBatch = len(ks), Mean(ks)
 	if a, b, sigma, ok := FitLine(ks, tpots); ok && len(ks) >= 3 && b > 0 && a >= 0 {
 		f.DecodeFit, f.StepA, f.StepB, f.StepSigma = "fit", a, b, sigma
 	} else {
@@ -377,9 +377,9 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 	n := float64(len(reqs))
 	m.remoteFraction = float64(len(m.services)) / n
 	if len(m.services) > 0 {
-		m.s = mean(m.services)
+		m.s = Mean(m.services)
 		if m.s > 0 {
-			sd := f.PrefillSecondsPerToken * stddev(lens)
+			sd := f.PrefillSecondsPerToken * StdDev(lens)
 			m.cv2 = sd * sd / (m.s * m.s)
 		}
 	}
