@@ -163,8 +163,8 @@ var allowed = map[string][]string{
 	// no production package can import them.
 	"internal":                 {}, // this test
 	"internal/kubetest":        {},
-	"internal/promtest":        {}, // runs a real Prometheus for tests: std only
-	"internal/jaegertest":      {}, // runs a real Jaeger for tests: std only
+	"internal/promtest":        {"internal/testutil"}, // runs a real Prometheus for tests
+	"internal/jaegertest":      {"internal/testutil"}, // runs a real Jaeger for tests
 	"internal/testhosts":       {},
 	"internal/testmodels":      {},
 	"internal/vllmtest":        {}, // starts a real vllm serve for interop tests: std only

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // Script is the repository-relative path of the script that builds the
@@ -70,7 +72,7 @@ func Start(t testing.TB) *Jaeger {
 		}
 		t.Skip(err)
 	}
-	ports, err := freePorts(3)
+	ports, err := testutil.FreePorts(3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,24 +85,8 @@ func Start(t testing.TB) *Jaeger {
 		t.Fatal(err)
 	}
 	j := &Jaeger{OTLP: "http://" + otlp, Query: "http://" + query, Log: filepath.Join(dir, "jaeger.log")}
-	logf, err := os.Create(j.Log)
-	if err != nil {
-		t.Fatal(err)
-	}
 	cmd := exec.Command(bin, "--config", "file:"+conf)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		t.Fatalf("jaegertest: starting %s: %v", bin, err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		logf.Close()
-	})
+	exited := testutil.StartLogged(t, cmd, j.Log)
 	deadline := time.Now().Add(60 * time.Second)
 	for !j.ready() {
 		select {
@@ -306,24 +292,4 @@ func (j *Jaeger) Trace(ctx context.Context, id string) ([]Span, error) {
 		return nil, fmt.Errorf("trace %s: %w", id, ErrNoTrace)
 	}
 	return spans, nil
-}
-
-// freePorts returns n distinct loopback ports that were free a moment ago.
-func freePorts(n int) ([]int, error) {
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // Config says what the server scrapes and evaluates.
@@ -71,34 +73,18 @@ func Start(t testing.TB, cfg Config) *Server {
 	if err := os.WriteFile(conf, configYAML(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	port, err := freePort()
+	ports, err := testutil.FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
 	logPath := filepath.Join(dir, "prometheus.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
 	cmd := exec.Command(bin,
 		"--config.file="+conf,
 		"--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr,
 	)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		t.Fatalf("promtest: starting %s: %v", bin, err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		logf.Close()
-	})
+	exited := testutil.StartLogged(t, cmd, logPath)
 	s := &Server{URL: "http://" + addr, Log: logPath}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -269,14 +255,4 @@ func (s *Server) get(ctx context.Context, path string, out any) error {
 		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(env.Error))
 	}
 	return json.Unmarshal(env.Data, out)
-}
-
-// freePort returns a loopback port that was free a moment ago.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }

@@ -1,8 +1,8 @@
-package promtest
+package testutil
 
 import "syscall"
 
-// sysProcAttr makes the server die with the test binary.
+// sysProcAttr makes a server a test starts die with the test binary.
 func sysProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }

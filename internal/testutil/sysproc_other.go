@@ -1,9 +1,9 @@
 //go:build !linux
 
-package jaegertest
+package testutil
 
 import "syscall"
 
 // sysProcAttr has no parent-death signal off Linux: the test's cleanup
-// ends Jaeger.
+// ends the server.
 func sysProcAttr() *syscall.SysProcAttr { return nil }

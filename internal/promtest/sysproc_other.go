@@ -1,9 +1,0 @@
-//go:build !linux
-
-package promtest
-
-import "syscall"
-
-// sysProcAttr has no parent-death signal off Linux: the test's cleanup
-// ends the server.
-func sysProcAttr() *syscall.SysProcAttr { return nil }
