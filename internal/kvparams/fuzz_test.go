@@ -15,13 +15,24 @@ func FuzzParse(f *testing.F) {
 		`{"remote_block_ids":[1,2,3],"remote_port":5600.0,"x":{"y":[null]}}`,
 		`{"remote_block_ids":[[1],[2,3]],"tandem_history":["a","b"],"remote_blocks_expiry_time":1e9}`,
 		`{}`, `null`, `[]`, `{"a":1,"a":2}`,
+		string(typical().Raw()),
+		`{"remote_block_ids":[ [ 1 , 2 ] , [] ],"remote_port":"5600","tandem_history":[],"tp_size":0}`,
+		`{"remote_block_ids":[1,[2]],"remote_host":"h\u00e9","tandem_signature":"","remote_num_tokens":2147483648}`,
+		`{"remote_block_ids":[],"tandem_history":["a\"b"],"remote_registration_generation":"18446744073709551616"}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := Parse(data)
+		general, gerr := parse(data, false)
+		if (err == nil) != (gerr == nil) {
+			t.Fatalf("fast and general paths disagree on %q: %v / %v", data, err, gerr)
+		}
 		if err != nil {
 			return
+		}
+		if !reflect.DeepEqual(p, general) {
+			t.Fatalf("fast and general paths disagree on %q:\n%+v\n%+v", data, p, general)
 		}
 		once, err := p.MarshalJSON()
 		if err != nil {
