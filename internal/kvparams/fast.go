@@ -380,3 +380,82 @@ func (s *scanner) skipValue() {
 		s.i++
 	}
 }
+
+func blockCount(ids [][]int) int {
+	n := 0
+	for _, g := range ids {
+		n += len(g)
+	}
+	return n
+}
+
+// appendFast appends the JSON of the common values MarshalJSON writes
+// (bools, ints, strings that need no escaping, block-id lists, string
+// lists) as json.Marshal writes them; nil for any other value, which the
+// caller marshals with encoding/json.
+func appendFast(dst []byte, v any) []byte {
+	switch v := v.(type) {
+	case nil:
+		return append(dst, "null"...)
+	case bool:
+		return strconv.AppendBool(dst, v)
+	case int:
+		return strconv.AppendInt(dst, int64(v), 10)
+	case string:
+		if !plain(v) {
+			return nil
+		}
+		return append(append(append(dst, '"'), v...), '"')
+	case [][]int:
+		if v == nil {
+			return append(dst, "null"...)
+		}
+		dst = append(dst, '[')
+		for g, ids := range v {
+			if g > 0 {
+				dst = append(dst, ',')
+			}
+			if ids == nil {
+				dst = append(dst, "null"...)
+				continue
+			}
+			dst = append(dst, '[')
+			for i, id := range ids {
+				if i > 0 {
+					dst = append(dst, ',')
+				}
+				dst = strconv.AppendInt(dst, int64(id), 10)
+			}
+			dst = append(dst, ']')
+		}
+		return append(dst, ']')
+	case []string:
+		if v == nil {
+			return append(dst, "null"...)
+		}
+		dst = append(dst, '[')
+		for i, s := range v {
+			if !plain(s) {
+				return nil
+			}
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = append(append(append(dst, '"'), s...), '"')
+		}
+		return append(dst, ']')
+	}
+	return nil
+}
+
+// plain: s is printable ASCII that encoding/json writes unescaped (it
+// escapes quotes, backslashes and, for HTML, <, > and &).
+func plain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
+}

@@ -18,6 +18,7 @@ func FuzzParse(f *testing.F) {
 		string(typical().Raw()),
 		`{"remote_block_ids":[ [ 1 , 2 ] , [] ],"remote_port":"5600","tandem_history":[],"tp_size":0}`,
 		`{"remote_block_ids":[1,[2]],"remote_host":"h\u00e9","tandem_signature":"","remote_num_tokens":2147483648}`,
+		`{"remote_engine_id":"a<b&c>","tandem_history":["\u00e9","x"],"remote_host":"caf\u00e9"}`,
 		`{"remote_block_ids":[],"tandem_history":["a\"b"],"remote_registration_generation":"18446744073709551616"}`,
 	} {
 		f.Add([]byte(s))
@@ -37,6 +38,9 @@ func FuzzParse(f *testing.F) {
 		once, err := p.MarshalJSON()
 		if err != nil {
 			t.Fatalf("Marshal of parsed %q: %v", data, err)
+		}
+		if ref, err := p.marshal(false); err != nil || !bytes.Equal(once, ref) {
+			t.Fatalf("fast and general marshalling disagree on %q:\n%s\n%s (%v)", data, once, ref, err)
 		}
 		q, err := Parse(once)
 		if err != nil {
