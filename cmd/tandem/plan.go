@@ -168,7 +168,7 @@ func writeFit(w io.Writer, d *planner.Decision) {
 		fmt.Fprintf(w, "decode (%s, %d points, mean batch %.1f): TPOT = %.1f + %.2f·k ms (σ %.1f) → batch %.1f at %.1f ms → %.3f req/s per engine\n",
 			f.DecodeFit, f.DecodePoints, f.MeanBatch, f.StepA, f.StepB, f.StepSigma, f.DecodeBatch, f.DecodeTPOT, f.DecodeRate)
 	}
-	if f.Current.P > 0 {
+	if f.Current.P+f.Current.D > 0 {
 		fmt.Fprintf(w, "predicted goodput: now %dP:%dD %.2f req/s (%s-bound); best %dP:%dD %.2f req/s (%s-bound)\n",
 			f.Current.P, f.Current.D, f.Current.Goodput, f.Current.Limit, d.Best.P, d.Best.D, d.Best.Goodput, d.Best.Limit)
 	}
