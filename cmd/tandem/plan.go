@@ -33,6 +33,7 @@ func registerPlannerFlags(fs *flag.FlagSet) *plannerFlags {
 	fs.DurationVar(&f.cfg.MaxAge, "plan-max-age", 10*time.Second, "planner: engine metrics older than this are stale and ignored (a decision without fresh ones holds the split and says so)")
 	fs.DurationVar(&f.cfg.Window, "plan-window", time.Minute, "planner: how far back the traffic and costs are fitted")
 	fs.IntVar(&f.cfg.MaxSeqs, "plan-max-num-seqs", 64, "planner: the decode engines' --max-num-seqs")
+	fs.IntVar(&f.cfg.MaxBatchedTokens, "plan-max-num-batched-tokens", 2048, "planner: the decode engines' --max-num-batched-tokens, the chunk their local prefills stall their streams by")
 	return f
 }
 

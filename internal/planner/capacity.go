@@ -34,6 +34,8 @@ type capacity struct {
 	decodes map[int]decodeCapacity
 	// stalls is what the local prefills cost the decodes' streams.
 	stalls *stalls
+	// tpotRate is the rate a decode's TPOT side allows (-1 until found).
+	tpotRate float64
 }
 
 // decodeCapacity is what one of d decode engines serves within the
@@ -52,7 +54,7 @@ type decodeCapacity struct {
 // colocatedThreshold every prompt is local: the colocated split.
 func (pl *Planner) model(f Fit, threshold int) *capacity {
 	m := &capacity{f: f, cfg: &pl.cfg, ttft: pl.cfg.TTFT.Seconds(), q: math.Sqrt(pl.cfg.Goal), over: f.Overhead,
-		decodes: map[int]decodeCapacity{}}
+		decodes: map[int]decodeCapacity{}, tpotRate: -1}
 	var lens, prefills []float64
 	reqs := sample(pl.reqs, maxModelRequests)
 	step := f.stepSeconds()
@@ -166,10 +168,20 @@ func (m *capacity) decodeRateWithLocal(maxRate float64) (rate, batch, tpot float
 		r, k, t := at(0)
 		return min(r, maxRate), k, t
 	}
-	lo, hi := 0.0, min(1/local, maxRate) // 1/local: local prefills take all its time
-	if r, _, _ := at(hi); r >= hi {
-		lo = hi
+	// The rate the TPOT side allows does not depend on maxRate: found
+	// once per model, then capped.
+	if m.tpotRate < 0 {
+		m.tpotRate = m.searchRate(at)
 	}
+	lo := min(m.tpotRate, maxRate)
+	_, batch, tpot = at(lo)
+	return lo, batch, tpot
+}
+
+// searchRate is the largest λ with at(λ)'s rate ≥ λ, below 1/local (where
+// local prefills take all the engine's time).
+func (m *capacity) searchRate(at func(float64) (r, k, t float64)) float64 {
+	lo, hi := 0.0, 1/m.localPerRequest
 	for range 40 {
 		if lo == hi {
 			break
@@ -181,8 +193,7 @@ func (m *capacity) decodeRateWithLocal(maxRate float64) (rate, batch, tpot float
 			hi = mid
 		}
 	}
-	_, batch, tpot = at(lo)
-	return lo, batch, tpot
+	return lo
 }
 
 // best is the split of cfg.Engines with at least one prefill engine with
@@ -220,17 +231,18 @@ func (m *capacity) best(cfg Config) Split {
 // hysteresis, or at once when the current threshold breaks the limits
 // below; nil otherwise. A threshold above what one prompt may take to
 // prefill within the TTFT objective is not tried, nor one whose local
-// prefill would by itself push a stream it stalls past the TPOT objective:
-// the model spreads local prefills over the decodes' steps as a mean, but
-// one prefill lands on the streams running at that moment at once, and a
-// stream has only (TPOT objective − its step time)·(mean output − 1) of
-// slack.
+// prefill would by itself push more than 1 − q of the streams it stalls
+// past the TPOT objective (stalls.longest: the streams' own slack, the
+// short answers' as well as the long ones', not the mean stream's).
 func (pl *Planner) bestThreshold(f Fit, current float64) (int, *capacity) {
 	limit := pl.cfg.MaxThreshold
 	if f.PrefillSecondsPerToken > 0 {
 		limit = min(limit, int((pl.cfg.TTFT.Seconds()-f.Overhead)/f.PrefillSecondsPerToken))
-		slack := (pl.cfg.TPOT.Seconds() - f.stepSeconds()) * max(f.MeanOutput-1, 1)
-		limit = min(limit, int(max(slack, 0)/f.PrefillSecondsPerToken))
+		chunk := f.PrefillSecondsPerToken * float64(max(f.MaxBatchedTokens, 1))
+		st := newStalls(nil, pl.reqs, chunk)
+		if l := st.longest(f.stepSeconds(), pl.cfg.TPOT.Seconds(), 1-math.Sqrt(pl.cfg.Goal)); !math.IsInf(l, 1) {
+			limit = min(limit, int(l/f.PrefillSecondsPerToken))
+		}
 	}
 	cands := []int{pl.cfg.MinThreshold}
 	for _, r := range sample(pl.reqs, maxModelRequests) {
