@@ -138,7 +138,7 @@ var allowed = map[string][]string{
 		"internal/tokenizer",
 		"github.com/google/uuid",
 	},
-	"internal/server/servertest": {"internal/server"}, // starts engines in-process for tests
+	"internal/server/servertest": {"internal/defaultmodel", "internal/kvconnector", "internal/kvxfer", "internal/openai", "internal/sched", "internal/server", "internal/sim"}, // starts engines in-process for tests
 
 	// Floor 7: process launching and the benchmarks that drive processes.
 	"internal/launch":           {"internal/defaultmodel", "internal/gguf", "internal/kvxfer", "internal/openai", "internal/planner", "internal/proxy", "internal/tokenizer", "github.com/prometheus/client_golang/...", "golang.org/x/sys/unix"},

@@ -52,6 +52,8 @@ type planState struct {
 	decisions *prometheus.CounterVec // result: changed, held, steady
 	switches  *prometheus.CounterVec // to: prefill, decode
 	drainOver prometheus.Counter
+
+	cad cadenceState // the prefill cadence set on the engines (planner_cadence.go)
 }
 
 // plannedConditional is the conditional decider with the threshold the
@@ -115,6 +117,7 @@ func (p *Proxy) initPlanner() error {
 	s.desired.WithLabelValues(roleDecode).Set(float64(pl.Config().Engines - pl.Config().Prefill))
 	s.threshold.Set(float64(pl.Config().Threshold))
 	s.cadence.Set(1)
+	s.initCadence(p.metrics.registry)
 	p.plan = s
 	return nil
 }
@@ -217,6 +220,7 @@ func (p *Proxy) planOnce(now time.Time) planner.Decision {
 		s.decisions.WithLabelValues("steady").Inc()
 	}
 	if p.cfg.PlannerAct {
+		p.applyCadence(d)
 		s.target.Store(int64(d.Prefill))
 		select {
 		case s.kick <- struct{}{}:
@@ -316,6 +320,8 @@ type planBody struct {
 	Moving  string   `json:"moving,omitempty"`
 	Prefill []string `json:"prefill"`
 	Decode  []string `json:"decode"`
+	// Cadence is the prefill cadence set on the decode pool, when acting.
+	Cadence *cadenceReport `json:"cadence,omitempty"`
 	// Objectives are the SLOs and the planner's guards.
 	Objectives planObjectives `json:"objectives"`
 }
@@ -348,6 +354,7 @@ func (p *Proxy) handlePlan(w http.ResponseWriter, r *http.Request) {
 	if m := p.plan.moving.Load(); m != nil {
 		body.Moving = *m
 	}
+	body.Cadence = p.cadenceReport()
 	b, _ := json.MarshalIndent(body, "", "  ")
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(append(b, '\n'))
