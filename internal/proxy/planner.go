@@ -79,7 +79,9 @@ func (p *Proxy) initPlanner() error {
 		return errors.New("the planner moves engines between the pools itself: it cannot act on backends a file or discovery keeps (publish only, or list the engines)")
 	}
 	if cfg.Engines == 0 {
-		cfg.Engines = len(p.cfg.Prefill) + len(p.cfg.Decode)
+		// Discovery may not have delivered the pools yet: each decision
+		// counts them (SetEngines); until then the smallest split.
+		cfg.Engines = max(len(p.cfg.Prefill)+len(p.cfg.Decode), max(cfg.MinPrefill, 1)+max(cfg.MinDecode, 1))
 	}
 	if cfg.Prefill == 0 {
 		cfg.Prefill = len(p.cfg.Prefill)
