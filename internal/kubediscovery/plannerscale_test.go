@@ -47,11 +47,12 @@ func (b *syncBuffer) String() string {
 // TestPlannerScalesTheDeploymentsOnRealTraffic is the chain end to end, as
 // `tandem proxy --discovery kubernetes --slo-ttft ... --planner-scale`
 // wires it: the Watcher feeds a real proxy the engines of two
-// EndpointSlices (simulated engines, one prefill and three decodes, whose
+// EndpointSlices (simulated engines, two prefill and two decodes, whose
 // prefills cost far more than their decode steps), a load of long prompts
 // runs through it, the planner fits its model to the scraped engines and
 // moves the split toward prefill, and each decision scales the two
-// Deployments through the real API server. The same decisions drive a
+// Deployments through the real API server. Its first decisions, held for
+// want of samples, keep the split discovery delivered. The same decisions drive a
 // second Scaler whose account has no RBAC: it says so once, leaves its
 // Deployments alone and only publishes (tandem:planner_desired_replicas
 // and tandem:planner_scale_mode on the proxy's /metrics).
@@ -59,7 +60,7 @@ func TestPlannerScalesTheDeploymentsOnRealTraffic(t *testing.T) {
 	granted, refused := newKube(t), newKube(t)
 	ctx := t.Context()
 	for _, k := range []*kube{granted, refused} {
-		for _, d := range []*appsv1.Deployment{deployment("tandem-prefill", 1), deployment("tandem-decode", 3)} {
+		for _, d := range []*appsv1.Deployment{deployment("tandem-prefill", 2), deployment("tandem-decode", 2)} {
 			if _, err := k.client.AppsV1().Deployments(k.ns).Create(ctx, d, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
@@ -89,6 +90,9 @@ func TestPlannerScalesTheDeploymentsOnRealTraffic(t *testing.T) {
 	var logs syncBuffer
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(&logs, testWriter{t}), nil))
 	var scalers atomic.Pointer[[]*Scaler]
+	var decisions atomic.Int64
+	lowest := atomic.Int64{} // the fewest prefill engines a decision published
+	lowest.Store(1 << 20)
 	plan := &planner.Config{TTFT: 150 * time.Millisecond, TPOT: 50 * time.Millisecond, MinRequests: 10,
 		MinDwell: 300 * time.Millisecond, Hysteresis: 0.05, MaxAge: 2 * time.Second,
 		MinThreshold: 16, MaxThreshold: 16} // every prompt is prefilled remotely, as PDDecider always does
@@ -97,6 +101,10 @@ func TestPlannerScalesTheDeploymentsOnRealTraffic(t *testing.T) {
 		HealthInterval: 100 * time.Millisecond, Timeout: 10 * time.Second, Logger: log,
 		// What `tandem proxy --planner-scale` wires (cmd/tandem).
 		OnPlan: func(d planner.Decision) {
+			decisions.Add(1)
+			if int64(d.Prefill) < lowest.Load() {
+				lowest.Store(int64(d.Prefill))
+			}
 			for _, s := range *scalers.Load() {
 				if err := s.Scale(ctx, d.Prefill, d.Decode); err != nil {
 					log.Warn("planner: scaling the Deployments failed; retried at the next decision", "err", err)
@@ -130,8 +138,8 @@ func TestPlannerScalesTheDeploymentsOnRealTraffic(t *testing.T) {
 	defer func() { cancel(); <-served }()
 	url := "http://" + ln.Addr().String()
 
-	granted.create(t, slice("prefill", "tandem-prefill", nil, ready(ips[0])))
-	granted.create(t, slice("decode", "tandem-decode", nil, ready(ips[1]), ready(ips[2]), ready(ips[3])))
+	granted.create(t, slice("prefill", "tandem-prefill", nil, ready(ips[0]), ready(ips[1])))
+	granted.create(t, slice("decode", "tandem-decode", nil, ready(ips[2]), ready(ips[3])))
 	w, _, _ := granted.run(t, Config{Backends: mapped{p, to}, Registerer: p.MetricsRegisterer(), Pools: []Pool{
 		{Role: RolePrefill, Selector: ServiceSelector("tandem-prefill")},
 		{Role: RoleDecode, Selector: ServiceSelector("tandem-decode")},
@@ -177,7 +185,7 @@ func TestPlannerScalesTheDeploymentsOnRealTraffic(t *testing.T) {
 	// The granted Deployments follow the planner toward prefill, one
 	// engine per change, the total kept.
 	testutil.WaitFor(t, "the prefill Deployment scaled up by the planner", 20*time.Second, func() bool {
-		return granted.replicas(t, "tandem-prefill") >= 2
+		return granted.replicas(t, "tandem-prefill") >= 3
 	})
 	if pre, dec := granted.replicas(t, "tandem-prefill"), granted.replicas(t, "tandem-decode"); pre+dec != 4 {
 		t.Errorf("replicas %d prefill + %d decode: the total moved from 4", pre, dec)
@@ -187,6 +195,9 @@ func TestPlannerScalesTheDeploymentsOnRealTraffic(t *testing.T) {
 	stop = make(chan struct{}) // for the deferred close
 	if failed.Load() != 0 {
 		t.Fatalf("%d of %d requests failed", failed.Load(), sent.Load())
+	}
+	if n := lowest.Load(); n < 2 {
+		t.Errorf("a decision published %d prefill engines, below the 2 discovery delivered: the planner scaled down before it knew the traffic", n)
 	}
 
 	var decision struct {
@@ -213,7 +224,7 @@ func TestPlannerScalesTheDeploymentsOnRealTraffic(t *testing.T) {
 	if n := strings.Count(logs.String(), "not allowed to scale"); n != 1 {
 		t.Errorf("the refusal was said %d times, want once", n)
 	}
-	if pre, dec := refused.replicas(t, "tandem-prefill"), refused.replicas(t, "tandem-decode"); pre != 1 || dec != 3 {
+	if pre, dec := refused.replicas(t, "tandem-prefill"), refused.replicas(t, "tandem-decode"); pre != 2 || dec != 2 {
 		t.Errorf("without RBAC the Deployments changed to %d + %d", pre, dec)
 	}
 	resp, err = http.Get(url + "/metrics")
@@ -230,5 +241,5 @@ func TestPlannerScalesTheDeploymentsOnRealTraffic(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
-	t.Logf("%d requests; split %dP:%dD (best %dP:%dD, %.1f req/s predicted)", sent.Load(), d.Prefill, d.Decode, d.Best.P, d.Best.D, d.Best.Goodput)
+	t.Logf("%d requests, %d decisions; split %dP:%dD (best %dP:%dD, %.1f req/s predicted)", sent.Load(), decisions.Load(), d.Prefill, d.Decode, d.Best.P, d.Best.D, d.Best.Goodput)
 }

@@ -53,7 +53,8 @@ type planState struct {
 	switches  *prometheus.CounterVec // to: prefill, decode
 	drainOver prometheus.Counter
 
-	cad cadenceState // the prefill cadence set on the engines (planner_cadence.go)
+	cad     cadenceState // the prefill cadence set on the engines (planner_cadence.go)
+	changed bool         // a decision has changed the split
 }
 
 // plannedConditional is the conditional decider with the threshold the
@@ -192,10 +193,17 @@ func (p *Proxy) planOnce(now time.Time) planner.Decision {
 		n++ // the engine between the pools
 	}
 	s.mu.Lock()
-	if !p.cfg.PlannerAct || s.moving.Load() == nil {
+	switch {
+	case !p.cfg.PlannerAct && !s.changed:
+		// Publishing, until its first change its split is the pools' (as
+		// discovery delivered them), not its start guess: a held decision
+		// must not scale the Deployments to that guess.
+		s.pl.SetSplit(len(p.prefill.list()), n)
+	case !p.cfg.PlannerAct || s.moving.Load() == nil:
 		s.pl.SetEngines(n)
 	}
 	d := s.pl.Decide(now)
+	s.changed = s.changed || d.Changed
 	held := s.last == nil || s.last.Held != d.Held
 	s.last = &d
 	s.mu.Unlock()

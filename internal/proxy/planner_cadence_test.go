@@ -172,24 +172,3 @@ func TestPlannerCadenceRefusedSaysWhy(t *testing.T) {
 		t.Errorf("%v failed sets, want 1", got)
 	}
 }
-
-// TestPlannerStartsBeforeDiscoveryDeliversThePools: with discovery
-// (Kubernetes, a backends file) the pools are empty when the proxy starts;
-// the planner must start all the same and count them at each decision.
-func TestPlannerStartsBeforeDiscoveryDeliversThePools(t *testing.T) {
-	p, err := New(Config{DynamicBackends: true, Planner: &planner.Config{TTFT: time.Second, TPOT: 50 * time.Millisecond}})
-	if err != nil {
-		t.Fatalf("New with discovery and the planner: %v", err)
-	}
-	pre, dec := newFake(t, prefillOK), newFake(t, decodeJSON)
-	dec2 := newFake(t, decodeJSON)
-	if err := p.SetBackends(rolePrefill, []string{pre.URL()}); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.SetBackends(roleDecode, []string{dec.URL(), dec2.URL()}); err != nil {
-		t.Fatal(err)
-	}
-	if d := p.planOnce(time.Now()); d.Prefill+d.Decode != 3 {
-		t.Errorf("decision %dP:%dD, want the 3 engines discovery delivered", d.Prefill, d.Decode)
-	}
-}
