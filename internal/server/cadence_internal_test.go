@@ -89,7 +89,9 @@ func FuzzCadenceRoute(f *testing.F) {
 				t.Fatalf("200 for %q, interval now %d", body, fc.n)
 			}
 		case rec.Code >= 400 && rec.Code < 500:
-			var e struct{ Error struct{ Message, Type string } }
+			var e struct {
+				Error struct{ Message, Type string }
+			}
 			if json.Unmarshal(rec.Body.Bytes(), &e) != nil || e.Error.Message == "" || fc.n != 2 {
 				t.Fatalf("%d %s for %q (interval now %d): want an OpenAI-shaped error and the interval unchanged", rec.Code, rec.Body, body, fc.n)
 			}
