@@ -22,10 +22,10 @@ import (
 // conditional decider keeps local beside their decodes, so they run the
 // cadence the planner chose (planner.Decision's PrefillScheduleInterval).
 // After each decision that fitted the model, every decode-pool engine
-// whose cadence differs from the chosen one is set through its admin route
-// (cadencePath, with BackendAPIKey), in the background and one round at a
-// time. An engine that joins the decode pool later, or whose call failed,
-// is set at the next decision. The prefill pool is left alone: with
+// whose cadence differs from the chosen one (each is asked) is set through
+// its admin route (cadencePath, with BackendAPIKey), in the background and
+// one round at a time. An engine that joins the decode pool later, was
+// restarted, or whose call failed, is set at the next decision. The prefill pool is left alone: with
 // nothing decoding there the cadence is inert.
 
 // cadencePath is the engines' admin route for the prefill cadence,
@@ -43,7 +43,7 @@ type cadenceState struct {
 	again   atomic.Bool  // a decision came during the round: run another
 
 	mu      sync.Mutex
-	applied map[string]int    // engine URL → the cadence it answered it runs
+	applied map[string]int    // engine URL → the cadence it runs, as it last answered
 	failed  map[string]string // engine URL → why its last call failed
 
 	sets *prometheus.CounterVec // result: ok, failed
@@ -65,7 +65,7 @@ type cadenceReport struct {
 func (s *planState) initCadence(reg prometheus.Registerer) {
 	s.cad.applied, s.cad.failed = map[string]int{}, map[string]string{}
 	s.cad.sets = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem:planner_cadence_sets_total",
-		Help: "Calls that set the planner's prefill cadence on a decode-pool engine, by result (ok, failed)."}, []string{"result"})
+		Help: "The planner's prefill cadence set on decode-pool engines (ok), and calls to their cadence route that failed (failed)."}, []string{"result"})
 	reg.MustRegister(s.cad.sets)
 }
 
@@ -102,7 +102,9 @@ func (p *Proxy) applyCadence(d planner.Decision) {
 }
 
 // cadenceRound sets n on every decode-pool engine that does not run it,
-// concurrently, and forgets engines no longer in either pool.
+// concurrently, and forgets engines no longer in either pool. It asks each
+// engine what it runs first (a GET), so that one restarted with its flag's
+// cadence, or set by hand, is set again.
 func (p *Proxy) cadenceRound(n int) {
 	c := &p.plan.cad
 	decode := p.decode.list()
@@ -121,17 +123,15 @@ func (p *Proxy) cadenceRound(n int) {
 			delete(c.failed, u)
 		}
 	}
-	var todo []*backend
-	for _, b := range decode {
-		if got, ok := c.applied[b.base]; !ok || got != n {
-			todo = append(todo, b)
-		}
-	}
 	c.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, b := range todo {
+	for _, b := range decode {
 		wg.Go(func() {
-			prev, err := p.postCadence(b.base, n)
+			cur, err := p.callCadence(b.base, 0)
+			set := err == nil && cur != n
+			if set {
+				_, err = p.callCadence(b.base, n)
+			}
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			if err != nil {
@@ -143,38 +143,44 @@ func (p *Proxy) cadenceRound(n int) {
 				c.failed[b.base] = err.Error()
 				return
 			}
-			c.sets.WithLabelValues("ok").Inc()
 			c.applied[b.base] = n
 			delete(c.failed, b.base)
-			if prev != n {
-				p.log.Info("planner: prefill cadence set", "backend", b.base, "prefill_schedule_interval", n, "previous", prev)
+			if set {
+				c.sets.WithLabelValues("ok").Inc()
+				p.log.Info("planner: prefill cadence set", "backend", b.base, "prefill_schedule_interval", n, "previous", cur)
 			}
 		})
 	}
 	wg.Wait()
 }
 
-// postCadence calls base's cadence route and returns the cadence it
+// callCadence calls base's cadence route: with n 0 it reads the cadence
+// the engine runs (GET), else sets n (POST) and returns the cadence it
 // replaced.
-func (p *Proxy) postCadence(base string, n int) (int, error) {
+func (p *Proxy) callCadence(base string, n int) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cadenceCallTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+cadencePath,
-		strings.NewReader(`{"prefill_schedule_interval":`+strconv.Itoa(n)+`}`))
+	method, body := http.MethodGet, ""
+	if n > 0 {
+		method, body = http.MethodPost, `{"prefill_schedule_interval":`+strconv.Itoa(n)+`}`
+	}
+	req, err := http.NewRequestWithContext(ctx, method, base+cadencePath, strings.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if n > 0 {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	setAuth(req.Header, p.cfg.BackendAPIKey)
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return 0, err
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode != http.StatusOK {
-		msg := strings.TrimSpace(string(body))
-		if m := errorMessage(body); m != "" {
+		msg := strings.TrimSpace(string(raw))
+		if m := errorMessage(raw); m != "" {
 			msg = m
 		}
 		hint := ""
@@ -184,13 +190,19 @@ func (p *Proxy) postCadence(base string, n int) (int, error) {
 		case http.StatusNotFound:
 			hint = " (an engine older than the cadence route: upgrade it to follow the planner's cadence)"
 		}
-		return 0, fmt.Errorf("%s answered %s: %s%s", base+cadencePath, resp.Status, msg, hint)
+		return 0, fmt.Errorf("%s %s answered %s: %s%s", method, base+cadencePath, resp.Status, msg, hint)
 	}
 	var ans struct {
+		Interval int `json:"prefill_schedule_interval"`
 		Previous int `json:"previous"`
 	}
-	_ = json.Unmarshal(body, &ans)
-	return ans.Previous, nil
+	if err := json.Unmarshal(raw, &ans); err != nil || ans.Interval < 1 {
+		return 0, fmt.Errorf("%s %s: an answer that is not the engine's cadence (%q): is it a Tandem engine?", method, base+cadencePath, raw)
+	}
+	if n > 0 {
+		return ans.Previous, nil
+	}
+	return ans.Interval, nil
 }
 
 // cadenceReport is the cadence part of GET /tandem/plan, nil unless the

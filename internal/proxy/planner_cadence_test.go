@@ -62,8 +62,9 @@ func feedTightTPOT(p *Proxy, now time.Time, prefill, decode []string) {
 // real (simulated) engines started with --prefill-schedule-interval 2: a
 // decision held for want of samples changes nothing; a fitted one sets its
 // cadence on the decode pool's engines (not the prefill pool's) through
-// their authenticated route, once; an engine that joins the decode pool is
-// set at the next decision; GET /tandem/plan reports it all.
+// their authenticated route, once; an engine whose cadence changed behind
+// the planner's back, or that joins the decode pool, is set at the next
+// decision; GET /tandem/plan reports it all.
 func TestPlannerSetsTheCadenceOnTheDecodePool(t *testing.T) {
 	const key = "sesame"
 	var engines []string
@@ -115,6 +116,22 @@ func TestPlannerSetsTheCadenceOnTheDecodePool(t *testing.T) {
 		t.Errorf("%v cadence sets after an unchanged decision, want still 2", got)
 	}
 
+	// An engine whose cadence changed behind the planner's back (set by
+	// hand here; a restart with its flag's does the same) is set again.
+	req, _ := http.NewRequest(http.MethodPost, engines[2]+cadencePath, strings.NewReader(`{"prefill_schedule_interval":2}`))
+	req.Header.Set("Content-Type", "application/json")
+	setAuth(req.Header, key)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("setting %s by hand: %v %v", engines[2], resp, err)
+	}
+	p.planOnce(now)
+	testutil.WaitFor(t, "the engine set by hand back at the planner's cadence", 10*time.Second, func() bool {
+		return idle() && engineCadence(t, engines[2], key) == want
+	})
+	if got := sets(); got != 3 {
+		t.Errorf("%v cadence sets, want 3: the engine set by hand again, no other", got)
+	}
+
 	// An engine moved to the decode pool gets it at the next decision.
 	if err := p.switchRole(context.Background(), p.prefill.list()[0], p.prefill, p.decode); err != nil {
 		t.Fatal(err)
@@ -125,7 +142,7 @@ func TestPlannerSetsTheCadenceOnTheDecodePool(t *testing.T) {
 		return idle() && engineCadence(t, moved, key) == want
 	})
 
-	req, _ := http.NewRequest(http.MethodGet, url+PlanPath, nil)
+	req, _ = http.NewRequest(http.MethodGet, url+PlanPath, nil)
 	setAuth(req.Header, key)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
