@@ -3,8 +3,14 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -188,4 +194,84 @@ func TestPlannerCadenceRefusedSaysWhy(t *testing.T) {
 	if got := metricValue(t, p, "tandem:planner_cadence_sets_total", map[string]string{"result": "failed"}); got != 1 {
 		t.Errorf("%v failed sets, want 1", got)
 	}
+}
+
+// TestPlannerCadenceFollowsRealTraffic serves real traffic through an
+// acting planner over simulated engines whose decode steps take about the
+// TPOT objective: the planner measures it from their scrapes, chooses a
+// cadence above 1 for the prompts the decode engine prefills itself, and
+// the decode engine runs it.
+func TestPlannerCadenceFollowsRealTraffic(t *testing.T) {
+	var engines []string
+	for range 2 {
+		cfg := servertest.SimConfig(t, sim.Knobs{TTFT: time.Millisecond, ITL: 5 * time.Millisecond, PrefillPerToken: 20 * time.Microsecond})
+		engines = append(engines, "http://"+servertest.Start(t, cfg).Addr())
+	}
+	plan := &planner.Config{TTFT: 2 * time.Second, TPOT: 5 * time.Millisecond, MinRequests: 10, MaxAge: 5 * time.Second,
+		MinThreshold: 256, MaxThreshold: 256} // the short prompts below are prefilled on the decode engine
+	p, err := New(Config{Prefill: engines[:1], Decode: engines[1:], PDDecider: "conditional", Planner: plan, PlannerAct: true,
+		PlanInterval: 200 * time.Millisecond, ScrapeInterval: 100 * time.Millisecond, Timeout: 10 * time.Second,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- p.Serve(ctx, ln) }()
+	defer func() { cancel(); <-served }()
+	url := "http://" + ln.Addr().String()
+	testutil.WaitFor(t, "the proxy ready", 10*time.Second, p.Ready)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range 6 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := http.Post(url+"/v1/completions", "application/json",
+					strings.NewReader(`{"model":"hf","prompt":[1,20,30,40,50,60,70,80],"max_tokens":24,"ignore_eos":true}`))
+				if err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("status %s", resp.Status)
+					}
+				}
+				if err != nil && failed.Add(1) == 1 {
+					t.Errorf("a request failed: %v", err)
+				}
+			}
+		})
+	}
+	defer func() { close(stop); wg.Wait() }()
+
+	deadline := time.Now().Add(20 * time.Second)
+	for engineCadence(t, engines[1], "") <= 1 {
+		if time.Now().After(deadline) {
+			p.plan.mu.Lock()
+			last := p.plan.last
+			p.plan.mu.Unlock()
+			t.Fatalf("the decode engine still runs cadence 1 after 20 s of traffic; the planner's last decision: %+v", last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	p.plan.mu.Lock()
+	d := *p.plan.last
+	p.plan.mu.Unlock()
+	if got := engineCadence(t, engines[1], ""); got != int(p.plan.cad.want.Load()) {
+		t.Errorf("the decode engine runs cadence %d, the planner chose %d", got, p.plan.cad.want.Load())
+	}
+	if got := engineCadence(t, engines[0], ""); got != 1 {
+		t.Errorf("the prefill engine runs cadence %d, want 1 as it started", got)
+	}
+	t.Logf("cadence %d from TPOT %.1f + %.2f·k ms at mean batch %.1f", d.PrefillScheduleInterval, d.Fit.StepA, d.Fit.StepB, d.Fit.MeanBatch)
 }
