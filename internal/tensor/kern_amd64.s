@@ -40964,3 +40964,340 @@ argmax_done:
 	MOVQ BX, ret+16(FP)
 	VZEROUPPER
 	RET
+
+// func readScan1AVX2(x *byte, ld int, n int, pf int) uint64
+// Requires: AVX, AVX2, MMX+
+TEXT ·readScan1AVX2(SB), NOSPLIT, $0-40
+	MOVQ  x+0(FP), AX
+	MOVQ  ld+8(FP), CX
+	MOVQ  n+16(FP), CX
+	MOVQ  pf+24(FP), DX
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	VPXOR Y4, Y4, Y4
+	VPXOR Y5, Y5, Y5
+	VPXOR Y6, Y6, Y6
+	VPXOR Y7, Y7, Y7
+	XORQ  BX, BX
+	TESTQ CX, CX
+	JE    rs_done
+	TESTQ DX, DX
+	JE    rs_plain
+
+rs_pf:
+	PREFETCHT0 (AX)(DX*1)
+	PREFETCHT0 64(AX)(DX*1)
+	PREFETCHT0 128(AX)(DX*1)
+	PREFETCHT0 192(AX)(DX*1)
+	VPADDQ     (AX), Y0, Y0
+	VPADDQ     32(AX), Y1, Y1
+	VPADDQ     64(AX), Y2, Y2
+	VPADDQ     96(AX), Y3, Y3
+	VPADDQ     128(AX), Y4, Y4
+	VPADDQ     160(AX), Y5, Y5
+	VPADDQ     192(AX), Y6, Y6
+	VPADDQ     224(AX), Y7, Y7
+	ADDQ       $0x00000100, AX
+	ADDQ       $0x00000100, BX
+	CMPQ       BX, CX
+	JB         rs_pf
+	JMP        rs_done
+
+rs_plain:
+	VPADDQ (AX), Y0, Y0
+	VPADDQ 32(AX), Y1, Y1
+	VPADDQ 64(AX), Y2, Y2
+	VPADDQ 96(AX), Y3, Y3
+	VPADDQ 128(AX), Y4, Y4
+	VPADDQ 160(AX), Y5, Y5
+	VPADDQ 192(AX), Y6, Y6
+	VPADDQ 224(AX), Y7, Y7
+	ADDQ   $0x00000100, AX
+	ADDQ   $0x00000100, BX
+	CMPQ   BX, CX
+	JB     rs_plain
+
+rs_done:
+	VPADDQ       Y4, Y0, Y0
+	VPADDQ       Y5, Y1, Y1
+	VPADDQ       Y6, Y2, Y2
+	VPADDQ       Y7, Y3, Y3
+	VPADDQ       Y2, Y0, Y0
+	VPADDQ       Y3, Y1, Y1
+	VPADDQ       Y1, Y0, Y0
+	VEXTRACTI128 $0x01, Y0, X1
+	VPADDQ       X1, X0, X1
+	VPUNPCKHQDQ  X1, X1, X0
+	VPADDQ       X0, X1, X1
+	VMOVQ        X1, AX
+	MOVQ         AX, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func readScan2AVX2(x *byte, ld int, n int, pf int) uint64
+// Requires: AVX, AVX2, MMX+
+TEXT ·readScan2AVX2(SB), NOSPLIT, $0-40
+	MOVQ  x+0(FP), AX
+	MOVQ  ld+8(FP), CX
+	MOVQ  n+16(FP), DX
+	MOVQ  pf+24(FP), BX
+	LEAQ  (AX)(CX*1), CX
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	VPXOR Y4, Y4, Y4
+	VPXOR Y5, Y5, Y5
+	VPXOR Y6, Y6, Y6
+	VPXOR Y7, Y7, Y7
+	XORQ  SI, SI
+	TESTQ DX, DX
+	JE    rs_done
+	TESTQ BX, BX
+	JE    rs_plain
+
+rs_pf:
+	PREFETCHT0 (AX)(BX*1)
+	PREFETCHT0 64(AX)(BX*1)
+	VPADDQ     (AX), Y0, Y0
+	VPADDQ     32(AX), Y1, Y1
+	VPADDQ     64(AX), Y2, Y2
+	VPADDQ     96(AX), Y3, Y3
+	ADDQ       $0x00000080, AX
+	PREFETCHT0 (CX)(BX*1)
+	PREFETCHT0 64(CX)(BX*1)
+	VPADDQ     (CX), Y4, Y4
+	VPADDQ     32(CX), Y5, Y5
+	VPADDQ     64(CX), Y6, Y6
+	VPADDQ     96(CX), Y7, Y7
+	ADDQ       $0x00000080, CX
+	ADDQ       $0x00000080, SI
+	CMPQ       SI, DX
+	JB         rs_pf
+	JMP        rs_done
+
+rs_plain:
+	VPADDQ (AX), Y0, Y0
+	VPADDQ 32(AX), Y1, Y1
+	VPADDQ 64(AX), Y2, Y2
+	VPADDQ 96(AX), Y3, Y3
+	ADDQ   $0x00000080, AX
+	VPADDQ (CX), Y4, Y4
+	VPADDQ 32(CX), Y5, Y5
+	VPADDQ 64(CX), Y6, Y6
+	VPADDQ 96(CX), Y7, Y7
+	ADDQ   $0x00000080, CX
+	ADDQ   $0x00000080, SI
+	CMPQ   SI, DX
+	JB     rs_plain
+
+rs_done:
+	VPADDQ       Y4, Y0, Y0
+	VPADDQ       Y5, Y1, Y1
+	VPADDQ       Y6, Y2, Y2
+	VPADDQ       Y7, Y3, Y3
+	VPADDQ       Y2, Y0, Y0
+	VPADDQ       Y3, Y1, Y1
+	VPADDQ       Y1, Y0, Y0
+	VEXTRACTI128 $0x01, Y0, X1
+	VPADDQ       X1, X0, X1
+	VPUNPCKHQDQ  X1, X1, X0
+	VPADDQ       X0, X1, X1
+	VMOVQ        X1, AX
+	MOVQ         AX, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func readScan4AVX2(x *byte, ld int, n int, pf int) uint64
+// Requires: AVX, AVX2, MMX+
+TEXT ·readScan4AVX2(SB), NOSPLIT, $0-40
+	MOVQ  x+0(FP), AX
+	MOVQ  ld+8(FP), CX
+	MOVQ  n+16(FP), DX
+	MOVQ  pf+24(FP), BX
+	LEAQ  (AX)(CX*1), SI
+	LEAQ  (SI)(CX*1), DI
+	LEAQ  (DI)(CX*1), CX
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	VPXOR Y4, Y4, Y4
+	VPXOR Y5, Y5, Y5
+	VPXOR Y6, Y6, Y6
+	VPXOR Y7, Y7, Y7
+	XORQ  R8, R8
+	TESTQ DX, DX
+	JE    rs_done
+	TESTQ BX, BX
+	JE    rs_plain
+
+rs_pf:
+	PREFETCHT0 (AX)(BX*1)
+	VPADDQ     (AX), Y0, Y0
+	VPADDQ     32(AX), Y1, Y1
+	ADDQ       $0x00000040, AX
+	PREFETCHT0 (SI)(BX*1)
+	VPADDQ     (SI), Y2, Y2
+	VPADDQ     32(SI), Y3, Y3
+	ADDQ       $0x00000040, SI
+	PREFETCHT0 (DI)(BX*1)
+	VPADDQ     (DI), Y4, Y4
+	VPADDQ     32(DI), Y5, Y5
+	ADDQ       $0x00000040, DI
+	PREFETCHT0 (CX)(BX*1)
+	VPADDQ     (CX), Y6, Y6
+	VPADDQ     32(CX), Y7, Y7
+	ADDQ       $0x00000040, CX
+	ADDQ       $0x00000040, R8
+	CMPQ       R8, DX
+	JB         rs_pf
+	JMP        rs_done
+
+rs_plain:
+	VPADDQ (AX), Y0, Y0
+	VPADDQ 32(AX), Y1, Y1
+	ADDQ   $0x00000040, AX
+	VPADDQ (SI), Y2, Y2
+	VPADDQ 32(SI), Y3, Y3
+	ADDQ   $0x00000040, SI
+	VPADDQ (DI), Y4, Y4
+	VPADDQ 32(DI), Y5, Y5
+	ADDQ   $0x00000040, DI
+	VPADDQ (CX), Y6, Y6
+	VPADDQ 32(CX), Y7, Y7
+	ADDQ   $0x00000040, CX
+	ADDQ   $0x00000040, R8
+	CMPQ   R8, DX
+	JB     rs_plain
+
+rs_done:
+	VPADDQ       Y4, Y0, Y0
+	VPADDQ       Y5, Y1, Y1
+	VPADDQ       Y6, Y2, Y2
+	VPADDQ       Y7, Y3, Y3
+	VPADDQ       Y2, Y0, Y0
+	VPADDQ       Y3, Y1, Y1
+	VPADDQ       Y1, Y0, Y0
+	VEXTRACTI128 $0x01, Y0, X1
+	VPADDQ       X1, X0, X1
+	VPUNPCKHQDQ  X1, X1, X0
+	VPADDQ       X0, X1, X1
+	VMOVQ        X1, AX
+	MOVQ         AX, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func readScan8AVX2(x *byte, ld int, n int, pf int) uint64
+// Requires: AVX, AVX2, MMX+
+TEXT ·readScan8AVX2(SB), NOSPLIT, $0-40
+	MOVQ  x+0(FP), AX
+	MOVQ  ld+8(FP), CX
+	MOVQ  n+16(FP), DX
+	MOVQ  pf+24(FP), BX
+	LEAQ  (AX)(CX*1), SI
+	LEAQ  (SI)(CX*1), DI
+	LEAQ  (DI)(CX*1), R8
+	LEAQ  (R8)(CX*1), R9
+	LEAQ  (R9)(CX*1), R10
+	LEAQ  (R10)(CX*1), R11
+	LEAQ  (R11)(CX*1), CX
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	VPXOR Y4, Y4, Y4
+	VPXOR Y5, Y5, Y5
+	VPXOR Y6, Y6, Y6
+	VPXOR Y7, Y7, Y7
+	XORQ  R12, R12
+	TESTQ DX, DX
+	JE    rs_done
+	TESTQ BX, BX
+	JE    rs_plain
+
+rs_pf:
+	PREFETCHT0 (AX)(BX*1)
+	VPADDQ     (AX), Y0, Y0
+	VPADDQ     32(AX), Y1, Y1
+	ADDQ       $0x00000040, AX
+	PREFETCHT0 (SI)(BX*1)
+	VPADDQ     (SI), Y2, Y2
+	VPADDQ     32(SI), Y3, Y3
+	ADDQ       $0x00000040, SI
+	PREFETCHT0 (DI)(BX*1)
+	VPADDQ     (DI), Y4, Y4
+	VPADDQ     32(DI), Y5, Y5
+	ADDQ       $0x00000040, DI
+	PREFETCHT0 (R8)(BX*1)
+	VPADDQ     (R8), Y6, Y6
+	VPADDQ     32(R8), Y7, Y7
+	ADDQ       $0x00000040, R8
+	PREFETCHT0 (R9)(BX*1)
+	VPADDQ     (R9), Y0, Y0
+	VPADDQ     32(R9), Y1, Y1
+	ADDQ       $0x00000040, R9
+	PREFETCHT0 (R10)(BX*1)
+	VPADDQ     (R10), Y2, Y2
+	VPADDQ     32(R10), Y3, Y3
+	ADDQ       $0x00000040, R10
+	PREFETCHT0 (R11)(BX*1)
+	VPADDQ     (R11), Y4, Y4
+	VPADDQ     32(R11), Y5, Y5
+	ADDQ       $0x00000040, R11
+	PREFETCHT0 (CX)(BX*1)
+	VPADDQ     (CX), Y6, Y6
+	VPADDQ     32(CX), Y7, Y7
+	ADDQ       $0x00000040, CX
+	ADDQ       $0x00000040, R12
+	CMPQ       R12, DX
+	JB         rs_pf
+	JMP        rs_done
+
+rs_plain:
+	VPADDQ (AX), Y0, Y0
+	VPADDQ 32(AX), Y1, Y1
+	ADDQ   $0x00000040, AX
+	VPADDQ (SI), Y2, Y2
+	VPADDQ 32(SI), Y3, Y3
+	ADDQ   $0x00000040, SI
+	VPADDQ (DI), Y4, Y4
+	VPADDQ 32(DI), Y5, Y5
+	ADDQ   $0x00000040, DI
+	VPADDQ (R8), Y6, Y6
+	VPADDQ 32(R8), Y7, Y7
+	ADDQ   $0x00000040, R8
+	VPADDQ (R9), Y0, Y0
+	VPADDQ 32(R9), Y1, Y1
+	ADDQ   $0x00000040, R9
+	VPADDQ (R10), Y2, Y2
+	VPADDQ 32(R10), Y3, Y3
+	ADDQ   $0x00000040, R10
+	VPADDQ (R11), Y4, Y4
+	VPADDQ 32(R11), Y5, Y5
+	ADDQ   $0x00000040, R11
+	VPADDQ (CX), Y6, Y6
+	VPADDQ 32(CX), Y7, Y7
+	ADDQ   $0x00000040, CX
+	ADDQ   $0x00000040, R12
+	CMPQ   R12, DX
+	JB     rs_plain
+
+rs_done:
+	VPADDQ       Y4, Y0, Y0
+	VPADDQ       Y5, Y1, Y1
+	VPADDQ       Y6, Y2, Y2
+	VPADDQ       Y7, Y3, Y3
+	VPADDQ       Y2, Y0, Y0
+	VPADDQ       Y3, Y1, Y1
+	VPADDQ       Y1, Y0, Y0
+	VEXTRACTI128 $0x01, Y0, X1
+	VPADDQ       X1, X0, X1
+	VPUNPCKHQDQ  X1, X1, X0
+	VPADDQ       X0, X1, X1
+	VMOVQ        X1, AX
+	MOVQ         AX, ret+32(FP)
+	VZEROUPPER
+	RET
