@@ -89,6 +89,9 @@ func main() {
 				axpyRowsBF16AVX2(g)
 			}
 			argMaxAVX2(iotaTable())
+			for _, st := range readScanStreams {
+				readScanAVX2(st)
+			}
 		}
 		if s.lanes == 16 {
 			gemmDPR1()
