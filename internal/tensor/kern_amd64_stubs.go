@@ -348,3 +348,12 @@ func axpyRowsBF16G4AVX2(alpha *float32, lda int, v *uint16, ldv int, rows int, y
 
 // argMaxAVX2 returns the index of the largest entry of x[:n], the lowest on ties; NaN never wins; 0 if nothing is above -Inf.
 func argMaxAVX2(x *float32, n int) int
+
+// attnScoresAVX2R1 computes the scores of 1 f32 query rows against groups of 8 transposed keys, 16 keys per pair (see asmgen).
+func attnScoresAVX2R1(q *float32, ldq int, k *float32, pairs int, hd int, out *float32, ldo int)
+
+// attnScoresAVX2R2 computes the scores of 2 f32 query rows against groups of 8 transposed keys, 16 keys per pair (see asmgen).
+func attnScoresAVX2R2(q *float32, ldq int, k *float32, pairs int, hd int, out *float32, ldo int)
+
+// attnScoresAVX2R3 computes the scores of 3 f32 query rows against groups of 8 transposed keys, 16 keys per pair (see asmgen).
+func attnScoresAVX2R3(q *float32, ldq int, k *float32, pairs int, hd int, out *float32, ldo int)

@@ -89,6 +89,9 @@ func main() {
 				axpyRowsBF16AVX2(g)
 			}
 			argMaxAVX2(iotaTable())
+			for r := 1; r <= 3; r++ {
+				attnScoresAVX2(r)
+			}
 		}
 		if s.lanes == 16 {
 			gemmDPR1()
