@@ -78,7 +78,7 @@ type kernelSet struct {
 	// transposed in f32 (AttnScoresF32), bit-identical to this set's
 	// DotRowsBF16 and DotRows.
 	attnScoresF32 [attnF32Rows]func(q *float32, ldq int, k *float32, pairs, hd int, out *float32, ldo int)
-	avail       bool
+	avail         bool
 }
 
 // kernelSets lists the implementations in order of preference: the
