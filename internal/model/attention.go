@@ -208,9 +208,12 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout kvlayout.Layout)
 	c := &m.cfg
 	s := &m.s
 	items, tiles := s.items, s.tiles
-	bf16 := useBF16Attention(kv)
-	if bf16 {
+	bf16, packed := useBF16Attention(kv), usePackedF32(kv)
+	switch {
+	case bf16:
 		m.packKeys(li, seqs, kv, layout)
+	case packed:
+		m.packKeysF32(li, seqs, kv, layout)
 	}
 	m.pool.ParallelChunks(len(items), 1, func(lo, hi int) {
 		w, _ := s.attnScratch.Get().(*attnScratch)
@@ -233,7 +236,11 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout kvlayout.Layout)
 				m.attendTileBF16(w, kv, layout, li, sq, keys, tile.t0, tile.n, first, kh0, kh1)
 				continue
 			}
-			m.attendTile(w, kv, layout, li, sq, tile.t0, tile.n, first, kh0, kh1)
+			var keys []float32
+			if packed && it.kvh >= 0 {
+				keys = s.packedF32[int(s.tokSeq[tile.t0])*c.KVHeads+int(it.kvh)]
+			}
+			m.attendTile(w, kv, layout, li, sq, keys, tile.t0, tile.n, first, kh0, kh1)
 		}
 		s.attnScratch.Put(w)
 	})
@@ -245,7 +252,7 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout kvlayout.Layout)
 // top of this file. Query row r of the item is head kvh·group+gi of token
 // tok, r = ((kvh−kh0)·ntok + tok)·group + gi: the rows of one KV head are
 // contiguous, and so are the group's rows of one token.
-func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li int, sq *Seq, t0, ntok, first, kh0, kh1 int) {
+func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li int, sq *Seq, keys []float32, t0, ntok, first, kh0, kh1 int) {
 	tbl, ls := m.kvTable(sq, li)
 	c := &m.cfg
 	s := &m.s
@@ -266,10 +273,15 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 		c1 := min(c0+C, end)
 		tokLo, tokHi := chunkTokens(c0, c1, first, ntok, win)
 		live := (tokHi - tokLo) * group
-		// Scores: every key of the chunk against the live rows, segment
-		// by segment (a segment is the part of a KV block inside the
-		// chunk).
-		for j := c0; j < c1; {
+		// Scores: every key of the chunk against the live rows, from the
+		// packed keys (KV head kh0, the only one of a prefill item) or
+		// segment by segment (a segment is the part of a KV block inside
+		// the chunk).
+		if keys != nil {
+			r0 := tokLo * group
+			tensor.AttnScoresF32(w.s[r0*C:], C, w.q[r0*hd:], hd, live, keys[c0*hd:], (c1-c0+15)/16, hd)
+		}
+		for j := c0; j < c1 && keys == nil; {
 			blk, slot := j/bs, j%bs
 			je := min(c1, (blk+1)*bs)
 			base := layout.Offset(int(tbl[blk]), ls, 0, slot)
