@@ -34,8 +34,13 @@ import (
 //     s_j = q̂·k_j for every key j of the chunk, each one dot product with
 //     the matmul kernel's fixed reduction order (tensor.DotRowsBF16 /
 //     tensor.DotRows, bit-identical whatever the number of rows or keys per
-//     call); mc = the largest s_j (tensor.ArgMax); if mc > m (the running
-//     maximum, -Inf before the first chunk) and m > -Inf, the running sum l
+//     call; where tensor.AttnPackedF32 holds (avx2), prefill tiles score a
+//     packed, transposed f32 copy of the keys with tensor.AttnScoresF32,
+//     8 keys per vector, whose every score is those kernels' bits — see
+//     asmgen's attnavx2.go and TestAttnScoresF32MatchDotRows — while decode
+//     tokens score the pool); mc = the largest s_j (tensor.ArgMax); if
+//     mc > m (the running maximum, -Inf before the first chunk) and m >
+//     -Inf, the running sum l
 //     and every accumulator element are multiplied by e^(m−mc) (one
 //     tensor.ExpSum of one element); m = max(m, mc); s_j = e^(s_j−m) and
 //     l += their sum (one tensor.ExpSum over the chunk's keys, its order
@@ -101,9 +106,10 @@ import (
 // (decode) is one item for all KV heads, so one sweep reads a block's key
 // rows for every head, with the next block prefetched. Items are claimed
 // dynamically by whichever pool thread is free, the costliest first within
-// each KV head. On the bf16 path a first parallel pass packs, per
-// sequence with prefill tiles and KV head, the keys its tiles score (see
-// packKeys): O(keys) work that the O(keys × tokens) scoring then reads
+// each KV head. On the bf16 path, and on the f32 one where
+// tensor.AttnPackedF32 holds, a first parallel pass packs, per sequence
+// with prefill tiles and KV head, the keys its tiles score (see packKeys,
+// packKeysF32): O(keys) work that the O(keys × tokens) scoring then reads
 // contiguously.
 
 // attnTileTokens is the number of consecutive tokens of one sequence in a
