@@ -360,3 +360,12 @@ func readScan4AVX2(x *byte, ld int, n int, pf int) uint64
 
 // readScan8AVX2 returns the sum of the 64-bit words of x[s·ld:s·ld+n] for s < 8 (n a multiple of 256), prefetching pf bytes ahead unless pf is 0.
 func readScan8AVX2(x *byte, ld int, n int, pf int) uint64
+
+// attnScoresAVX2R1 computes the scores of 1 f32 query rows against groups of 8 transposed keys, 16 keys per pair (see asmgen).
+func attnScoresAVX2R1(q *float32, ldq int, k *float32, pairs int, hd int, out *float32, ldo int)
+
+// attnScoresAVX2R2 computes the scores of 2 f32 query rows against groups of 8 transposed keys, 16 keys per pair (see asmgen).
+func attnScoresAVX2R2(q *float32, ldq int, k *float32, pairs int, hd int, out *float32, ldo int)
+
+// attnScoresAVX2R3 computes the scores of 3 f32 query rows against groups of 8 transposed keys, 16 keys per pair (see asmgen).
+func attnScoresAVX2R3(q *float32, ldq int, k *float32, pairs int, hd int, out *float32, ldo int)

@@ -92,6 +92,9 @@ func main() {
 			for _, st := range readScanStreams {
 				readScanAVX2(st)
 			}
+			for r := 1; r <= 3; r++ {
+				attnScoresAVX2(r)
+			}
 		}
 		if s.lanes == 16 {
 			gemmDPR1()
