@@ -185,12 +185,28 @@ func (p *Proxy) observeScrape(b *backend, s engineSample, c costs) {
 		PrefillSecondsPerToken: c.prefillPerToken, TransferSecondsPerToken: c.transferPerToken}
 	p.plan.mu.Lock()
 	defer p.plan.mu.Unlock()
-	if prev, ok := p.plan.prev[b.base]; ok && s.itlCount > prev.itlCount && s.itlSum >= prev.itlSum {
-		es.ITLSeconds = (s.itlSum - prev.itlSum) / (s.itlCount - prev.itlCount)
-		es.Running = (s.running + prev.running) / 2
+	if prev, ok := p.plan.prev[b.base]; ok {
+		es.ITLSeconds, es.Running = decodeStep(prev, s, c.prefillPerToken)
 	}
 	p.plan.prev[b.base] = s
 	p.plan.pl.ObserveEngine(es)
+}
+
+// decodeStep is an engine's mean decode step (s) and batch between two
+// scrapes, 0 when it decoded nothing. The prompts it computed meanwhile
+// (at prefillPerToken s/token) stretched its inter-token latencies by
+// 1/(1−ρ), ρ their share of the interval: the step's own cost is the rest,
+// so that the planner's model, which adds the stalls back for the prompts
+// it keeps local, does not count them twice.
+func decodeStep(prev, s engineSample, prefillPerToken float64) (itl, running float64) {
+	if s.itlCount <= prev.itlCount || s.itlSum < prev.itlSum {
+		return 0, 0
+	}
+	itl = (s.itlSum - prev.itlSum) / (s.itlCount - prev.itlCount)
+	if dt := s.at.Sub(prev.at).Seconds(); dt > 0 && prefillPerToken > 0 && s.computed > prev.computed {
+		itl *= 1 - min((s.computed-prev.computed)*prefillPerToken/dt, 0.9)
+	}
+	return itl, (s.running + prev.running) / 2
 }
 
 // runPlanner decides every Config.PlanInterval until ctx is done, and

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -108,5 +109,21 @@ func TestPlannerColocatedSplit(t *testing.T) {
 	r, body := post(t, url, "/v1/completions", `{"model":"m","prompt":"`+strings.Repeat("long prompt ", 400)+`","max_tokens":4}`, nil)
 	if r.StatusCode != http.StatusOK || r.Header.Get(HeaderPD) != "remote" {
 		t.Fatalf("a long prompt with a prefill engine back: %d, x-tandem-pd %q: %s", r.StatusCode, r.Header.Get(HeaderPD), body)
+	}
+}
+
+// TestDecodeStepLeavesOutTheEnginesOwnPrefills: an engine that spent 40%
+// of a second computing prompts shows inter-token latencies stretched by
+// 1/(1−0.4); the decode step the planner fits is the rest.
+func TestDecodeStepLeavesOutTheEnginesOwnPrefills(t *testing.T) {
+	at := time.Date(2026, 12, 5, 7, 0, 0, 0, time.UTC)
+	prev := engineSample{at: at, itlSum: 1, itlCount: 100, running: 4, computed: 1000}
+	s := engineSample{at: at.Add(time.Second), itlSum: 1 + 40*0.025, itlCount: 140, running: 6, computed: 3000}
+	itl, running := decodeStep(prev, s, 0.0002) // 2000 tokens: 0.4 s
+	if math.Abs(itl-0.015) > 1e-12 || running != 5 {
+		t.Fatalf("step %v s at batch %v, want 0.015 s (25 ms stretched by 1/0.6) at 5", itl, running)
+	}
+	if itl, _ := decodeStep(prev, engineSample{at: at.Add(time.Second), itlSum: 1, itlCount: 100}, 0.0002); itl != 0 {
+		t.Fatalf("no token decoded: step %v, want 0", itl)
 	}
 }
