@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -37,9 +38,10 @@ type Config struct {
 	// MaxAge is the age beyond which an engine's scraped costs are stale
 	// and ignored. Default 10s.
 	MaxAge time.Duration
-	// MinDwell is the least time between two changes of the split.
-	// Default 30s.
-	MinDwell time.Duration
+	// MinDwell is the least time between two changes of the split, and
+	// StepDwell between two in the same direction (the split still moving
+	// toward one best: no flapping). Defaults 30s and MinDwell/4.
+	MinDwell, StepDwell time.Duration
 	// Hysteresis is how much more goodput (a fraction) the model must
 	// predict for a new split than for the current one before it moves.
 	// Default 0.1.
@@ -76,6 +78,7 @@ func (c *Config) setDefaults() error {
 	def(&c.Window, time.Minute)
 	def(&c.MaxAge, 10*time.Second)
 	def(&c.MinDwell, 30*time.Second)
+	def(&c.StepDwell, c.MinDwell/4)
 	defInt := func(v *int, d int) {
 		if *v <= 0 {
 			*v = d
@@ -123,8 +126,14 @@ type EngineSample struct {
 // Planner is the pure decision logic: observations in, a Decision out.
 // It is not safe for concurrent use; the caller serialises its calls.
 type Planner struct {
-	cfg        Config
-	reqs       []Request
+	cfg  Config
+	reqs []Request
+	// win is the part of reqs the model is fitted to (view); mixFrom is
+	// when the last shift of the traffic mix was seen, and mixWhy how.
+	win        []Request
+	mixFrom    time.Time
+	mixWhy     string
+	lastDir    int // the last change's direction: +1 toward prefill, -1 toward decode
 	samples    []EngineSample
 	prefill    int
 	threshold  int
@@ -200,7 +209,10 @@ type Split struct {
 // Fit is the model refitted to the window: the traffic and the engines'
 // costs.
 type Fit struct {
-	Requests       int     `json:"requests"`
+	Requests int `json:"requests"`
+	// Shift says why the model is fitted to the requests since a shift
+	// of the traffic mix only ("" when it is fitted to the whole window).
+	Shift          string  `json:"shift,omitempty"`
 	ArrivalRate    float64 `json:"arrival_rps"`
 	MeanPrompt     float64 `json:"mean_prompt_tokens"`
 	MeanUncached   float64 `json:"mean_uncached_tokens"`
@@ -318,9 +330,10 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	case target.Goodput < cur*(1+pl.cfg.Hysteresis):
 		d.Held = fmt.Sprintf("hysteresis: %dP:%dD is predicted %.2f req/s against %.2f now, less than %.0f%% more",
 			target.P, target.D, target.Goodput, cur, 100*pl.cfg.Hysteresis)
-	case !pl.lastChange.IsZero() && now.Sub(pl.lastChange) < pl.cfg.MinDwell:
-		d.Held = fmt.Sprintf("dwell: the split changed %v ago, less than %v", now.Sub(pl.lastChange).Round(time.Second), pl.cfg.MinDwell)
+	case !pl.lastChange.IsZero() && now.Sub(pl.lastChange) < pl.dwell(next):
+		d.Held = fmt.Sprintf("dwell: the split changed %v ago, less than %v", now.Sub(pl.lastChange).Round(100*time.Millisecond), pl.dwell(next))
 	default:
+		pl.lastDir = cmp.Compare(next, pl.prefill)
 		pl.prefill = next
 		pl.lastChange, d.Changed = now, true
 	}
@@ -328,6 +341,16 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 		d.Crossed = false
 	}
 	return d
+}
+
+// dwell is the least time since the last change before the split moves to
+// next prefill engines: Config.StepDwell when that goes on in the last
+// change's direction, Config.MinDwell when it turns back.
+func (pl *Planner) dwell(next int) time.Duration {
+	if cmp.Compare(next, pl.prefill) == pl.lastDir {
+		return pl.cfg.StepDwell
+	}
+	return pl.cfg.MinDwell
 }
 
 // trim drops what fell out of the window.
@@ -340,12 +363,14 @@ func (pl *Planner) trim(now time.Time) {
 // fit measures the traffic and the engines' costs over the window; why
 // says what is missing when a decision cannot be made.
 func (pl *Planner) fit(now time.Time) (f Fit, why string) {
-	f.Requests = len(pl.reqs)
+	win, from, shift := pl.view(now)
+	pl.win, f.Shift = win, shift
+	f.Requests = len(win)
 	if f.Requests < pl.cfg.MinRequests {
 		return f, fmt.Sprintf("too few requests: %d in the last %v, need %d", f.Requests, pl.cfg.Window, pl.cfg.MinRequests)
 	}
 	var prompt, uncached, output float64
-	for _, r := range pl.reqs {
+	for _, r := range win {
 		prompt += float64(r.PromptTokens)
 		uncached += float64(r.UncachedTokens)
 		output += float64(r.OutputTokens)
@@ -353,7 +378,10 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 	n := float64(f.Requests)
 	f.MeanPrompt, f.MeanUncached, f.MeanOutput = prompt/n, uncached/n, output/n
 	f.MaxBatchedTokens = pl.cfg.MaxBatchedTokens
-	span := max(now.Sub(pl.reqs[0].At).Seconds(), 1)
+	span := now.Sub(from).Seconds()
+	if shift == "" {
+		span = max(span, 1)
+	}
 	f.ArrivalRate = n / span
 
 	var prefillCosts, transferCosts []float64
