@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 )
@@ -121,7 +122,15 @@ type EngineSample struct {
 	// ITLSeconds is its mean inter-token latency since its previous
 	// sample, and Running its mean number of requests running then.
 	ITLSeconds, Running float64
+	// Idle says it had no request running or waiting when scraped: its
+	// last decode points stay usable, however old (an idle engine's step
+	// costs have not changed), where a busy engine's must be fresh.
+	Idle bool
 }
+
+// idlePoints is how many of an engine's last decode points are kept for
+// when it is idle.
+const idlePoints = 8
 
 // Planner is the pure decision logic: observations in, a Decision out.
 // It is not safe for concurrent use; the caller serialises its calls.
@@ -130,10 +139,13 @@ type Planner struct {
 	reqs []Request
 	// win is the part of reqs the model is fitted to (view); mixFrom is
 	// when the last shift of the traffic mix was seen, and mixWhy how.
-	win        []Request
-	mixFrom    time.Time
-	mixWhy     string
-	lastDir    int // the last change's direction: +1 toward prefill, -1 toward decode
+	win     []Request
+	mixFrom time.Time
+	mixWhy  string
+	lastDir int // the last change's direction: +1 toward prefill, -1 toward decode
+	// lastPoints are each engine's last decode points (samples with an
+	// ITL), kept beyond the window for when it is idle.
+	lastPoints map[string][]EngineSample
 	samples    []EngineSample
 	prefill    int
 	threshold  int
@@ -155,7 +167,16 @@ func (pl *Planner) Config() Config { return pl.cfg }
 func (pl *Planner) ObserveRequest(r Request) { pl.reqs = append(pl.reqs, r) }
 
 // ObserveEngine records a scrape of an engine's costs.
-func (pl *Planner) ObserveEngine(s EngineSample) { pl.samples = append(pl.samples, s) }
+func (pl *Planner) ObserveEngine(s EngineSample) {
+	pl.samples = append(pl.samples, s)
+	if s.Decode && s.Running > 0 && s.ITLSeconds > 0 {
+		if pl.lastPoints == nil {
+			pl.lastPoints = map[string][]EngineSample{}
+		}
+		pts := append(pl.lastPoints[s.URL], s)
+		pl.lastPoints[s.URL] = pts[max(len(pts)-idlePoints, 0):]
+	}
+}
 
 // SetEngines changes how many engines the split divides (an engine came or
 // went); the split keeps its prefill count within the bounds.
@@ -224,6 +245,9 @@ type Fit struct {
 	// MaxAge and the samples of the window ignored as older.
 	FreshEngines int `json:"fresh_engines"`
 	StaleSamples int `json:"stale_samples"`
+	// IdlePoints counts the decode points of engines idle now, from their
+	// last busy scrapes however old.
+	IdlePoints int `json:"idle_points,omitempty"`
 
 	PrefillSecondsPerToken float64 `json:"prefill_seconds_per_token"`
 	PrefillSeconds         float64 `json:"prefill_seconds"`
@@ -387,12 +411,17 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 	var prefillCosts, transferCosts []float64
 	var ks, tpots []float64
 	fresh := map[string]bool{}
+	latest := map[string]EngineSample{} // each engine's last fresh sample
+	freshPoints := map[string]bool{}
 	for _, s := range pl.samples {
 		if now.Sub(s.At) > pl.cfg.MaxAge {
 			f.StaleSamples++
 			continue
 		}
 		fresh[s.URL] = true
+		if l, ok := latest[s.URL]; !ok || !s.At.Before(l.At) {
+			latest[s.URL] = s
+		}
 		if s.PrefillSecondsPerToken > 0 {
 			prefillCosts = append(prefillCosts, s.PrefillSecondsPerToken)
 		}
@@ -402,6 +431,18 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 		if s.Decode && s.Running > 0 && s.ITLSeconds > 0 {
 			ks = append(ks, s.Running)
 			tpots = append(tpots, 1000*s.ITLSeconds)
+			freshPoints[s.URL] = true
+		}
+	}
+	// An idle decode engine decoded nothing to measure: its last points
+	// stand (a busy one with none fresh is stale and left out).
+	for _, url := range slices.Sorted(maps.Keys(latest)) {
+		if s := latest[url]; s.Decode && s.Idle && !freshPoints[url] {
+			for _, p := range pl.lastPoints[url] {
+				ks = append(ks, p.Running)
+				tpots = append(tpots, 1000*p.ITLSeconds)
+				f.IdlePoints++
+			}
 		}
 	}
 	f.FreshEngines = len(fresh)
@@ -409,7 +450,7 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 		return f, fmt.Sprintf("stale or missing metrics: no engine measured a prefill cost in the last %v (%d older samples ignored)", pl.cfg.MaxAge, f.StaleSamples)
 	}
 	if len(ks) == 0 {
-		return f, fmt.Sprintf("stale or missing metrics: no decode engine measured its inter-token latency in the last %v (%d older samples ignored)", pl.cfg.MaxAge, f.StaleSamples)
+		return f, fmt.Sprintf("stale or missing metrics: no busy decode engine measured its inter-token latency in the last %v, and no idle one ever did (%d older samples ignored)", pl.cfg.MaxAge, f.StaleSamples)
 	}
 	f.PrefillSecondsPerToken = median(prefillCosts)
 	f.DecodePoints, f.MeanBatch = len(ks), Mean(ks)

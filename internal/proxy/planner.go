@@ -182,7 +182,8 @@ func (p *Proxy) observeScrape(b *backend, s engineSample, c costs) {
 		return
 	}
 	es := planner.EngineSample{At: s.at, URL: b.base, Decode: b.role == roleDecode,
-		PrefillSecondsPerToken: c.prefillPerToken, TransferSecondsPerToken: c.transferPerToken}
+		PrefillSecondsPerToken: c.prefillPerToken, TransferSecondsPerToken: c.transferPerToken,
+		Idle: s.running == 0 && s.waiting == 0}
 	p.plan.mu.Lock()
 	defer p.plan.mu.Unlock()
 	if prev, ok := p.plan.prev[b.base]; ok {
