@@ -100,12 +100,18 @@ func (c *Config) setDefaults() error {
 
 // Request is one routed request as the router saw it.
 type Request struct {
-	// At is when it arrived.
+	// At is when it arrived, ID its request id (for ObserveOutput; "" when
+	// its output will not be told).
 	At time.Time
+	ID string
 	// PromptTokens is its prompt's length, UncachedTokens the part its
-	// decode did not hold cached, OutputTokens its expected output
-	// (max_tokens).
+	// decode did not hold cached, OutputTokens its output: max_tokens
+	// until it finished, then what it produced (ObserveOutput).
 	PromptTokens, UncachedTokens, OutputTokens int
+	// Finished says OutputTokens is what it produced.
+	Finished bool
+
+	seq uint64 // its place in the order of ObserveRequest
 }
 
 // EngineSample is one scrape of an engine's costs. Zero costs are unknown.
@@ -143,6 +149,10 @@ type Planner struct {
 	mixFrom time.Time
 	mixWhy  string
 	lastDir int // the last change's direction: +1 toward prefill, -1 toward decode
+	// seq numbers the requests observed; ids maps the window's request ids
+	// still running to theirs.
+	seq uint64
+	ids map[string]uint64
 	// lastPoints are each engine's last decode points (samples with an
 	// ITL), kept beyond the window for when it is idle.
 	lastPoints map[string][]EngineSample
@@ -164,7 +174,33 @@ func New(cfg Config) (*Planner, error) {
 func (pl *Planner) Config() Config { return pl.cfg }
 
 // ObserveRequest records a routed request.
-func (pl *Planner) ObserveRequest(r Request) { pl.reqs = append(pl.reqs, r) }
+func (pl *Planner) ObserveRequest(r Request) {
+	pl.seq++
+	r.seq = pl.seq
+	if r.ID != "" {
+		if pl.ids == nil {
+			pl.ids = map[string]uint64{}
+		}
+		pl.ids[r.ID] = r.seq
+	}
+	pl.reqs = append(pl.reqs, r)
+}
+
+// ObserveOutput records that the request id (its Request.ID) finished
+// with tokens output tokens: the model counts those rather than its
+// max_tokens. A request no longer in the window, or never observed, is
+// ignored.
+func (pl *Planner) ObserveOutput(id string, tokens int) {
+	seq, ok := pl.ids[id]
+	if !ok {
+		return
+	}
+	delete(pl.ids, id)
+	i, found := slices.BinarySearchFunc(pl.reqs, seq, func(r Request, seq uint64) int { return cmp.Compare(r.seq, seq) })
+	if found {
+		pl.reqs[i].OutputTokens, pl.reqs[i].Finished = tokens, true
+	}
+}
 
 // ObserveEngine records a scrape of an engine's costs.
 func (pl *Planner) ObserveEngine(s EngineSample) {
@@ -233,12 +269,15 @@ type Fit struct {
 	Requests int `json:"requests"`
 	// Shift says why the model is fitted to the requests since a shift
 	// of the traffic mix only ("" when it is fitted to the whole window).
-	Shift          string  `json:"shift,omitempty"`
-	ArrivalRate    float64 `json:"arrival_rps"`
-	MeanPrompt     float64 `json:"mean_prompt_tokens"`
-	MeanUncached   float64 `json:"mean_uncached_tokens"`
-	MeanOutput     float64 `json:"mean_output_tokens"`
-	RemoteFraction float64 `json:"remote_fraction"`
+	Shift        string  `json:"shift,omitempty"`
+	ArrivalRate  float64 `json:"arrival_rps"`
+	MeanPrompt   float64 `json:"mean_prompt_tokens"`
+	MeanUncached float64 `json:"mean_uncached_tokens"`
+	MeanOutput   float64 `json:"mean_output_tokens"`
+	// FinishedOutputs counts the requests whose output is what they
+	// produced (the others' is their max_tokens).
+	FinishedOutputs int     `json:"finished_outputs"`
+	RemoteFraction  float64 `json:"remote_fraction"`
 	// MaxBatchedTokens is the decodes' prefill chunk (Config's).
 	MaxBatchedTokens int `json:"max_batched_tokens"`
 	// FreshEngines and StaleSamples count the engines with a sample within
@@ -380,7 +419,13 @@ func (pl *Planner) dwell(next int) time.Duration {
 // trim drops what fell out of the window.
 func (pl *Planner) trim(now time.Time) {
 	from := now.Add(-pl.cfg.Window)
-	pl.reqs = slices.DeleteFunc(pl.reqs, func(r Request) bool { return r.At.Before(from) })
+	pl.reqs = slices.DeleteFunc(pl.reqs, func(r Request) bool {
+		if r.At.Before(from) {
+			delete(pl.ids, r.ID)
+			return true
+		}
+		return false
+	})
 	pl.samples = slices.DeleteFunc(pl.samples, func(s EngineSample) bool { return s.At.Before(from) })
 }
 
@@ -398,6 +443,9 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 		prompt += float64(r.PromptTokens)
 		uncached += float64(r.UncachedTokens)
 		output += float64(r.OutputTokens)
+		if r.Finished {
+			f.FinishedOutputs++
+		}
 	}
 	n := float64(f.Requests)
 	f.MeanPrompt, f.MeanUncached, f.MeanOutput = prompt/n, uncached/n, output/n

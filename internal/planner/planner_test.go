@@ -396,3 +396,23 @@ func TestColocatedCapacityCountsLocalPrefillQueueing(t *testing.T) {
 		t.Fatalf("decode rate %v, want ρ/s = %v", c.rate, rho/service)
 	}
 }
+
+// TestObservedOutputsReplaceMaxTokens: a request's output is its
+// max_tokens until it finished, then what it produced.
+func TestObservedOutputsReplaceMaxTokens(t *testing.T) {
+	pl := newPlanner(t, Config{Engines: 4, Prefill: 2})
+	end := feed(pl, t0, 10*time.Second, traffic{prompt: 64, output: 1, rate: 1}, 4, 2) // the scrapes
+	for i := range 40 {
+		pl.ObserveRequest(Request{At: t0.Add(time.Duration(i) * 250 * time.Millisecond), ID: fmt.Sprint("r", i), PromptTokens: 64, UncachedTokens: 64, OutputTokens: 1000})
+	}
+	for i := range 30 {
+		pl.ObserveOutput(fmt.Sprint("r", i), 10)
+	}
+	pl.ObserveOutput("never seen", 5)
+	d := pl.Decide(end)
+	// 10 of the scrapes' requests (output 1), 30 finished at 10, 10
+	// running at their max_tokens.
+	if want := (10*1 + 30*10 + 10*1000) / 50.0; d.Fit.MeanOutput != want || d.Fit.FinishedOutputs != 30 {
+		t.Fatalf("mean output %v from %d finished requests, want %v from 30", d.Fit.MeanOutput, d.Fit.FinishedOutputs, want)
+	}
+}

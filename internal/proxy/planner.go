@@ -170,7 +170,7 @@ func (p *Proxy) observePlan(preq *router.Request, d *backend, arrived time.Time)
 		uncached = max(uncached-p.matchPrefix(preq)[d.base]*preq.BlockSize, 0)
 	}
 	p.plan.mu.Lock()
-	p.plan.pl.ObserveRequest(planner.Request{At: arrived, PromptTokens: preq.PromptTokens, UncachedTokens: uncached, OutputTokens: preq.MaxTokens})
+	p.plan.pl.ObserveRequest(planner.Request{At: arrived, ID: preq.ID, PromptTokens: preq.PromptTokens, UncachedTokens: uncached, OutputTokens: preq.MaxTokens})
 	p.plan.mu.Unlock()
 }
 
