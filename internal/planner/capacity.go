@@ -271,7 +271,7 @@ func (pl *Planner) bestThreshold(f Fit, current float64) (int, *capacity) {
 	var bestM *capacity
 	for _, th := range cands {
 		m := pl.model(f, th)
-		if g := m.best(pl.cfg).Goodput; g > bestG {
+		if g := m.best(pl.bounded()).Goodput; g > bestG {
 			bestTh, bestG, bestM = th, g, m
 		}
 	}

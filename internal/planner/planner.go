@@ -128,6 +128,9 @@ type EngineSample struct {
 	// ITLSeconds is its mean inter-token latency since its previous
 	// sample, and Running its mean number of requests running then.
 	ITLSeconds, Running float64
+	// MaxBatchedTokens is its --max-num-batched-tokens when it says so
+	// (0: unknown; Config.MaxBatchedTokens stands for it).
+	MaxBatchedTokens int
 	// Idle says it had no request running or waiting when scraped: its
 	// last decode points stay usable, however old (an idle engine's step
 	// costs have not changed), where a busy engine's must be fresh.
@@ -149,6 +152,9 @@ type Planner struct {
 	mixFrom time.Time
 	mixWhy  string
 	lastDir int // the last change's direction: +1 toward prefill, -1 toward decode
+	// pinPrefill and pinDecode are the engines of each pool that cannot
+	// move (SetPinned).
+	pinPrefill, pinDecode int
 	// seq numbers the requests observed; ids maps the window's request ids
 	// still running to theirs.
 	seq uint64
@@ -218,7 +224,30 @@ func (pl *Planner) ObserveEngine(s EngineSample) {
 // went); the split keeps its prefill count within the bounds.
 func (pl *Planner) SetEngines(n int) {
 	pl.cfg.Engines = max(n, pl.cfg.MinPrefill+pl.cfg.MinDecode, 2)
-	pl.prefill = min(max(pl.prefill, pl.cfg.MinPrefill), pl.cfg.Engines-pl.cfg.MinDecode)
+	pl.clamp()
+}
+
+// SetPinned says how many engines of the prefill and of the decode pool
+// cannot move to the other (they serve one role only): the split keeps at
+// least that many in each.
+func (pl *Planner) SetPinned(prefill, decode int) {
+	pl.pinPrefill, pl.pinDecode = prefill, decode
+	pl.clamp()
+}
+
+// bounded is the configuration with the split's bounds raised to the
+// pinned engines.
+func (pl *Planner) bounded() Config {
+	c := pl.cfg
+	c.MinPrefill, c.MinDecode = max(c.MinPrefill, pl.pinPrefill), max(c.MinDecode, pl.pinDecode)
+	c.MinPrefill = min(c.MinPrefill, c.Engines-c.MinDecode)
+	return c
+}
+
+// clamp keeps the split within its bounds.
+func (pl *Planner) clamp() {
+	c := pl.bounded()
+	pl.prefill = max(min(pl.prefill, c.Engines-c.MinDecode), c.MinPrefill)
 }
 
 // Decision is what Decide chose and the numbers behind it.
@@ -340,13 +369,14 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	// within the hysteresis. The colocated split (no prefill engine) has
 	// no threshold: it is weighed against that best.
 	m := pl.model(f, pl.threshold)
-	if th, mt := pl.bestThreshold(f, m.best(pl.cfg).Goodput); mt != nil {
+	bounds := pl.bounded()
+	if th, mt := pl.bestThreshold(f, m.best(bounds).Goodput); mt != nil {
 		pl.threshold, m = th, mt
 	}
 	d.Threshold = pl.threshold
-	d.Best = m.best(pl.cfg)
+	d.Best = m.best(bounds)
 	var colo *capacity
-	if pl.cfg.MinPrefill == 0 {
+	if bounds.MinPrefill == 0 {
 		colo = pl.model(f, colocatedThreshold)
 		if c := colo.split(0, pl.cfg.Engines); c.Goodput >= d.Best.Goodput*(1-1e-9) {
 			d.Best = c
@@ -457,7 +487,7 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 	f.ArrivalRate = n / span
 
 	var prefillCosts, transferCosts []float64
-	var ks, tpots []float64
+	var ks, tpots, chunks []float64
 	fresh := map[string]bool{}
 	latest := map[string]EngineSample{} // each engine's last fresh sample
 	freshPoints := map[string]bool{}
@@ -481,6 +511,12 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 			tpots = append(tpots, 1000*s.ITLSeconds)
 			freshPoints[s.URL] = true
 		}
+		if s.Decode && s.MaxBatchedTokens > 0 {
+			chunks = append(chunks, float64(s.MaxBatchedTokens))
+		}
+	}
+	if len(chunks) > 0 { // the decodes say theirs
+		f.MaxBatchedTokens = int(median(chunks))
 	}
 	// An idle decode engine decoded nothing to measure: its last points
 	// stand (a busy one with none fresh is stale and left out).

@@ -416,3 +416,20 @@ func TestObservedOutputsReplaceMaxTokens(t *testing.T) {
 		t.Fatalf("mean output %v from %d finished requests, want %v from 30", d.Fit.MeanOutput, d.Fit.FinishedOutputs, want)
 	}
 }
+
+// TestPinnedEnginesBoundTheSplit: with one prefill engine that cannot
+// move, chat traffic does not empty the prefill pool.
+func TestPinnedEnginesBoundTheSplit(t *testing.T) {
+	pl := newPlanner(t, Config{Engines: 4, Prefill: 2, MinDwell: time.Second})
+	pl.SetPinned(1, 0)
+	now := t0
+	var d Decision
+	for range 30 {
+		p := pl.prefill
+		now = feed(pl, now, time.Second, chat, 4, p)
+		d = pl.Decide(now)
+	}
+	if d.Prefill != 1 || d.Best.P != 1 {
+		t.Fatalf("%dP:%dD (best %+v, held %q), want 1P: the pinned prefill engine stays", d.Prefill, d.Decode, d.Best, d.Held)
+	}
+}

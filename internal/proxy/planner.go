@@ -36,8 +36,13 @@ type planState struct {
 	pl   *planner.Planner
 	last *planner.Decision
 	// prev is each engine's previous scrape (URL → sample), for its ITL
-	// and batch over the scrape interval.
-	prev map[string]engineSample
+	// and batch over the scrape interval; roles each engine's role as its
+	// tandem:engine_info says ("" when it says none).
+	prev  map[string]engineSample
+	roles map[string]string
+	// pinned is each engine the mover may not move and why, as of the
+	// last decision.
+	pinned map[string]string
 
 	// target is the prefill count the mover works toward; kick wakes it.
 	target atomic.Int64
@@ -109,7 +114,7 @@ func (p *Proxy) initPlanner() error {
 	if err != nil {
 		return err
 	}
-	s := &planState{pl: pl, prev: map[string]engineSample{}, kick: make(chan struct{}, 1),
+	s := &planState{pl: pl, prev: map[string]engineSample{}, roles: map[string]string{}, kick: make(chan struct{}, 1),
 		minPrefill: pl.Config().MinPrefill, minDecode: pl.Config().MinDecode}
 	s.target.Store(int64(pl.Config().Prefill))
 	if p.cfg.PDDecider == conditional.Name {
@@ -183,9 +188,10 @@ func (p *Proxy) observeScrape(b *backend, s engineSample, c costs) {
 	}
 	es := planner.EngineSample{At: s.at, URL: b.base, Decode: b.role == roleDecode,
 		PrefillSecondsPerToken: c.prefillPerToken, TransferSecondsPerToken: c.transferPerToken,
-		Idle: s.running == 0 && s.waiting == 0}
+		Idle: s.running == 0 && s.waiting == 0, MaxBatchedTokens: s.info.maxBatched}
 	p.plan.mu.Lock()
 	defer p.plan.mu.Unlock()
+	p.plan.roles[b.base] = s.info.role
 	if prev, ok := p.plan.prev[b.base]; ok {
 		es.ITLSeconds, es.Running = decodeStep(prev, s, c.prefillPerToken)
 	}
@@ -237,10 +243,17 @@ func (p *Proxy) planOnce(now time.Time) planner.Decision {
 	if s.moving.Load() != nil {
 		n++ // the engine between the pools
 	}
+	var pinnedP, pinnedD int
+	pinned := map[string]string{}
+	if p.cfg.PlannerAct {
+		pinned, pinnedP, pinnedD = p.pinned()
+	}
 	s.mu.Lock()
 	if !p.cfg.PlannerAct || s.moving.Load() == nil {
 		s.pl.SetEngines(n)
+		s.pl.SetPinned(pinnedP, pinnedD)
 	}
+	s.pinned = pinned
 	d := s.pl.Decide(now)
 	held := s.last == nil || s.last.Held != d.Held
 	s.last = &d
@@ -302,7 +315,15 @@ func (p *Proxy) moveEngines(ctx context.Context) {
 			if from == nil {
 				break
 			}
-			if err := p.switchRole(ctx, leastBusy(from.list()), from, to); err != nil {
+			movable := slices.DeleteFunc(slices.Clone(from.list()), func(b *backend) bool {
+				p.plan.mu.Lock()
+				defer p.plan.mu.Unlock()
+				return pinnedWhy(p.plan.roles[b.base]) != ""
+			})
+			if len(movable) == 0 {
+				break // the planner's bounds count the pinned: a decision to come
+			}
+			if err := p.switchRole(ctx, leastBusy(movable), from, to); err != nil {
 				p.log.Warn("planner: role switch failed", "err", err)
 				break
 			}
@@ -367,6 +388,8 @@ type planBody struct {
 	Moving  string   `json:"moving,omitempty"`
 	Prefill []string `json:"prefill"`
 	Decode  []string `json:"decode"`
+	// Pinned are the engines the planner may not move, and why.
+	Pinned map[string]string `json:"pinned,omitempty"`
 	// Objectives are the SLOs and the planner's guards.
 	Objectives planObjectives `json:"objectives"`
 }
@@ -392,7 +415,7 @@ func (p *Proxy) handlePlan(w http.ResponseWriter, r *http.Request) {
 	}
 	p.plan.mu.Lock()
 	cfg := p.plan.pl.Config()
-	body := planBody{Decision: p.plan.last, Acting: p.cfg.PlannerAct, Prefill: urlsOf(p.prefill), Decode: urlsOf(p.decode),
+	body := planBody{Decision: p.plan.last, Acting: p.cfg.PlannerAct, Prefill: urlsOf(p.prefill), Decode: urlsOf(p.decode), Pinned: p.plan.pinned,
 		Objectives: planObjectives{TTFT: cfg.TTFT.String(), TPOT: cfg.TPOT.String(), Goal: cfg.Goal, Window: cfg.Window.String(),
 			MaxAge: cfg.MaxAge.String(), MinDwell: cfg.MinDwell.String(), Hysteresis: cfg.Hysteresis}}
 	p.plan.mu.Unlock()
