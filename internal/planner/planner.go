@@ -412,7 +412,7 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 		next = pl.prefill - 1
 	}
 	sm := m
-	if next == 0 {
+	if next == 0 && colo != nil {
 		sm = colo
 	}
 	if target.P != pl.prefill && cur > 0 && sm.split(next, pl.cfg.Engines-next).Goodput < cur*(1-1e-9) {
