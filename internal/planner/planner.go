@@ -465,7 +465,11 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 	win, from, shift := pl.view(now)
 	pl.win, f.Shift = win, shift
 	f.Requests = len(win)
-	if f.Requests < pl.cfg.MinRequests {
+	switch need := shiftSample(pl.cfg); {
+	case shift != "" && f.Requests < need:
+		// The shift was judged on as many: the new mix is known enough.
+		return f, fmt.Sprintf("too few requests: %d since the traffic mix changed, need %d", f.Requests, need)
+	case shift == "" && f.Requests < pl.cfg.MinRequests:
 		return f, fmt.Sprintf("too few requests: %d in the last %v, need %d", f.Requests, pl.cfg.Window, pl.cfg.MinRequests)
 	}
 	var prompt, uncached, output float64

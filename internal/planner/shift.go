@@ -56,7 +56,7 @@ func (pl *Planner) view(now time.Time) (reqs []Request, from time.Time, why stri
 	if why == "" && len(reqs) > 0 {
 		from = reqs[0].At
 	}
-	if len(older) < minShiftSample || len(recent) < max(minShiftSample, pl.cfg.MinRequests/2) {
+	if len(older) < minShiftSample || len(recent) < shiftSample(pl.cfg) {
 		return reqs, from, why
 	}
 	for _, c := range []struct {
@@ -77,6 +77,11 @@ func (pl *Planner) view(now time.Time) (reqs []Request, from time.Time, why stri
 	}
 	return reqs, from, why
 }
+
+// shiftSample is the fewest requests of a new mix a shift is judged on,
+// and a decision made from once it is seen (Config.MinRequests for the
+// whole window).
+func shiftSample(c Config) int { return max(minShiftSample, c.MinRequests/2) }
 
 func values(rs []Request, of func(Request) float64) []float64 {
 	out := make([]float64, len(rs))

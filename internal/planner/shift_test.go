@@ -25,3 +25,16 @@ func TestShiftFitsTheRecentPart(t *testing.T) {
 		t.Fatalf("arrival rate %v over the recent part, want %v", d.Fit.ArrivalRate, chat.rate)
 	}
 }
+
+// TestShiftDecidesOnTheNewMixAlone: the requests since a shift are fewer
+// than MinRequests; the decision is made from them (as many as the shift
+// was judged on) rather than held until MinRequests of the new mix came.
+func TestShiftDecidesOnTheNewMixAlone(t *testing.T) {
+	pl := newPlanner(t, Config{Engines: 4, Prefill: 2, Window: 20 * time.Second, MinRequests: 40})
+	end := feed(pl, t0, 15*time.Second, chat, 4, 2)
+	end = feed(pl, end, 5*time.Second, longPrompt, 4, 2) // the window's last quarter
+	d := pl.Decide(end)
+	if d.Fit.Shift == "" || d.Fit.Requests != 20 || strings.Contains(d.Held, "too few") {
+		t.Fatalf("shift %q, %d requests fitted, held %q: want a decision from the 20 requests since the shift", d.Fit.Shift, d.Fit.Requests, d.Held)
+	}
+}
