@@ -56,7 +56,7 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 	m := &capacity{f: f, cfg: &pl.cfg, ttft: pl.cfg.TTFT.Seconds(), q: math.Sqrt(pl.cfg.Goal), over: f.Overhead,
 		decodes: map[int]decodeCapacity{}, tpotRate: -1}
 	var lens, prefills []float64
-	reqs := sample(pl.reqs, maxModelRequests)
+	reqs := sample(pl.win, maxModelRequests)
 	step := f.stepSeconds()
 	chunk := float64(max(f.MaxBatchedTokens, 1))
 	for _, r := range reqs {
@@ -148,7 +148,7 @@ func (m *capacity) decodeRateWithLocal(maxRate float64) (rate, batch, tpot float
 			if lo >= hi || missed(lo) {
 				return 0, 0, 0
 			}
-			for range 20 {
+			for range 12 {
 				if mid := (lo + hi) / 2; missed(mid) {
 					hi = mid
 				} else {
@@ -239,13 +239,13 @@ func (pl *Planner) bestThreshold(f Fit, current float64) (int, *capacity) {
 	if f.PrefillSecondsPerToken > 0 {
 		limit = min(limit, int((pl.cfg.TTFT.Seconds()-f.Overhead)/f.PrefillSecondsPerToken))
 		chunk := f.PrefillSecondsPerToken * float64(max(f.MaxBatchedTokens, 1))
-		st := newStalls(nil, pl.reqs, chunk)
+		st := newStalls(nil, pl.win, chunk)
 		if l := st.longest(f.stepSeconds(), pl.cfg.TPOT.Seconds(), 1-math.Sqrt(pl.cfg.Goal)); !math.IsInf(l, 1) {
 			limit = min(limit, int(l/f.PrefillSecondsPerToken))
 		}
 	}
 	cands := []int{pl.cfg.MinThreshold}
-	for _, r := range sample(pl.reqs, maxModelRequests) {
+	for _, r := range sample(pl.win, maxModelRequests) {
 		if l := r.UncachedTokens + 1; l > pl.cfg.MinThreshold && l <= limit {
 			cands = append(cands, l)
 		}
@@ -271,7 +271,7 @@ func (pl *Planner) bestThreshold(f Fit, current float64) (int, *capacity) {
 	var bestM *capacity
 	for _, th := range cands {
 		m := pl.model(f, th)
-		if g := m.best(pl.cfg).Goodput; g > bestG {
+		if g := m.best(pl.bounded()).Goodput; g > bestG {
 			bestTh, bestG, bestM = th, g, m
 		}
 	}

@@ -1,8 +1,10 @@
 package planner
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 )
@@ -37,9 +39,10 @@ type Config struct {
 	// MaxAge is the age beyond which an engine's scraped costs are stale
 	// and ignored. Default 10s.
 	MaxAge time.Duration
-	// MinDwell is the least time between two changes of the split.
-	// Default 30s.
-	MinDwell time.Duration
+	// MinDwell is the least time between two changes of the split, and
+	// StepDwell between two in the same direction (the split still moving
+	// toward one best: no flapping). Defaults 30s and MinDwell/4.
+	MinDwell, StepDwell time.Duration
 	// Hysteresis is how much more goodput (a fraction) the model must
 	// predict for a new split than for the current one before it moves.
 	// Default 0.1.
@@ -76,6 +79,7 @@ func (c *Config) setDefaults() error {
 	def(&c.Window, time.Minute)
 	def(&c.MaxAge, 10*time.Second)
 	def(&c.MinDwell, 30*time.Second)
+	def(&c.StepDwell, c.MinDwell/4)
 	defInt := func(v *int, d int) {
 		if *v <= 0 {
 			*v = d
@@ -96,12 +100,18 @@ func (c *Config) setDefaults() error {
 
 // Request is one routed request as the router saw it.
 type Request struct {
-	// At is when it arrived.
+	// At is when it arrived, ID its request id (for ObserveOutput; "" when
+	// its output will not be told).
 	At time.Time
+	ID string
 	// PromptTokens is its prompt's length, UncachedTokens the part its
-	// decode did not hold cached, OutputTokens its expected output
-	// (max_tokens).
+	// decode did not hold cached, OutputTokens its output: max_tokens
+	// until it finished, then what it produced (ObserveOutput).
 	PromptTokens, UncachedTokens, OutputTokens int
+	// Finished says OutputTokens is what it produced.
+	Finished bool
+
+	seq uint64 // its place in the order of ObserveRequest
 }
 
 // EngineSample is one scrape of an engine's costs. Zero costs are unknown.
@@ -118,13 +128,40 @@ type EngineSample struct {
 	// ITLSeconds is its mean inter-token latency since its previous
 	// sample, and Running its mean number of requests running then.
 	ITLSeconds, Running float64
+	// MaxBatchedTokens is its --max-num-batched-tokens when it says so
+	// (0: unknown; Config.MaxBatchedTokens stands for it).
+	MaxBatchedTokens int
+	// Idle says it had no request running or waiting when scraped: its
+	// last decode points stay usable, however old (an idle engine's step
+	// costs have not changed), where a busy engine's must be fresh.
+	Idle bool
 }
+
+// idlePoints is how many of an engine's last decode points are kept for
+// when it is idle.
+const idlePoints = 8
 
 // Planner is the pure decision logic: observations in, a Decision out.
 // It is not safe for concurrent use; the caller serialises its calls.
 type Planner struct {
-	cfg        Config
-	reqs       []Request
+	cfg  Config
+	reqs []Request
+	// win is the part of reqs the model is fitted to (view); mixFrom is
+	// when the last shift of the traffic mix was seen, and mixWhy how.
+	win     []Request
+	mixFrom time.Time
+	mixWhy  string
+	lastDir int // the last change's direction: +1 toward prefill, -1 toward decode
+	// pinPrefill and pinDecode are the engines of each pool that cannot
+	// move (SetPinned).
+	pinPrefill, pinDecode int
+	// seq numbers the requests observed; ids maps the window's request ids
+	// still running to theirs.
+	seq uint64
+	ids map[string]uint64
+	// lastPoints are each engine's last decode points (samples with an
+	// ITL), kept beyond the window for when it is idle.
+	lastPoints map[string][]EngineSample
 	samples    []EngineSample
 	prefill    int
 	threshold  int
@@ -143,16 +180,74 @@ func New(cfg Config) (*Planner, error) {
 func (pl *Planner) Config() Config { return pl.cfg }
 
 // ObserveRequest records a routed request.
-func (pl *Planner) ObserveRequest(r Request) { pl.reqs = append(pl.reqs, r) }
+func (pl *Planner) ObserveRequest(r Request) {
+	pl.seq++
+	r.seq = pl.seq
+	if r.ID != "" {
+		if pl.ids == nil {
+			pl.ids = map[string]uint64{}
+		}
+		pl.ids[r.ID] = r.seq
+	}
+	pl.reqs = append(pl.reqs, r)
+}
+
+// ObserveOutput records that the request id (its Request.ID) finished
+// with tokens output tokens: the model counts those rather than its
+// max_tokens. A request no longer in the window, or never observed, is
+// ignored.
+func (pl *Planner) ObserveOutput(id string, tokens int) {
+	seq, ok := pl.ids[id]
+	if !ok {
+		return
+	}
+	delete(pl.ids, id)
+	i, found := slices.BinarySearchFunc(pl.reqs, seq, func(r Request, seq uint64) int { return cmp.Compare(r.seq, seq) })
+	if found {
+		pl.reqs[i].OutputTokens, pl.reqs[i].Finished = tokens, true
+	}
+}
 
 // ObserveEngine records a scrape of an engine's costs.
-func (pl *Planner) ObserveEngine(s EngineSample) { pl.samples = append(pl.samples, s) }
+func (pl *Planner) ObserveEngine(s EngineSample) {
+	pl.samples = append(pl.samples, s)
+	if s.Decode && s.Running > 0 && s.ITLSeconds > 0 {
+		if pl.lastPoints == nil {
+			pl.lastPoints = map[string][]EngineSample{}
+		}
+		pts := append(pl.lastPoints[s.URL], s)
+		pl.lastPoints[s.URL] = pts[max(len(pts)-idlePoints, 0):]
+	}
+}
 
 // SetEngines changes how many engines the split divides (an engine came or
 // went); the split keeps its prefill count within the bounds.
 func (pl *Planner) SetEngines(n int) {
 	pl.cfg.Engines = max(n, pl.cfg.MinPrefill+pl.cfg.MinDecode, 2)
-	pl.prefill = min(max(pl.prefill, pl.cfg.MinPrefill), pl.cfg.Engines-pl.cfg.MinDecode)
+	pl.clamp()
+}
+
+// SetPinned says how many engines of the prefill and of the decode pool
+// cannot move to the other (they serve one role only): the split keeps at
+// least that many in each.
+func (pl *Planner) SetPinned(prefill, decode int) {
+	pl.pinPrefill, pl.pinDecode = prefill, decode
+	pl.clamp()
+}
+
+// bounded is the configuration with the split's bounds raised to the
+// pinned engines.
+func (pl *Planner) bounded() Config {
+	c := pl.cfg
+	c.MinPrefill, c.MinDecode = max(c.MinPrefill, pl.pinPrefill), max(c.MinDecode, pl.pinDecode)
+	c.MinPrefill = min(c.MinPrefill, c.Engines-c.MinDecode)
+	return c
+}
+
+// clamp keeps the split within its bounds.
+func (pl *Planner) clamp() {
+	c := pl.bounded()
+	pl.prefill = max(min(pl.prefill, c.Engines-c.MinDecode), c.MinPrefill)
 }
 
 // Decision is what Decide chose and the numbers behind it.
@@ -200,18 +295,27 @@ type Split struct {
 // Fit is the model refitted to the window: the traffic and the engines'
 // costs.
 type Fit struct {
-	Requests       int     `json:"requests"`
-	ArrivalRate    float64 `json:"arrival_rps"`
-	MeanPrompt     float64 `json:"mean_prompt_tokens"`
-	MeanUncached   float64 `json:"mean_uncached_tokens"`
-	MeanOutput     float64 `json:"mean_output_tokens"`
-	RemoteFraction float64 `json:"remote_fraction"`
+	Requests int `json:"requests"`
+	// Shift says why the model is fitted to the requests since a shift
+	// of the traffic mix only ("" when it is fitted to the whole window).
+	Shift        string  `json:"shift,omitempty"`
+	ArrivalRate  float64 `json:"arrival_rps"`
+	MeanPrompt   float64 `json:"mean_prompt_tokens"`
+	MeanUncached float64 `json:"mean_uncached_tokens"`
+	MeanOutput   float64 `json:"mean_output_tokens"`
+	// FinishedOutputs counts the requests whose output is what they
+	// produced (the others' is their max_tokens).
+	FinishedOutputs int     `json:"finished_outputs"`
+	RemoteFraction  float64 `json:"remote_fraction"`
 	// MaxBatchedTokens is the decodes' prefill chunk (Config's).
 	MaxBatchedTokens int `json:"max_batched_tokens"`
 	// FreshEngines and StaleSamples count the engines with a sample within
 	// MaxAge and the samples of the window ignored as older.
 	FreshEngines int `json:"fresh_engines"`
 	StaleSamples int `json:"stale_samples"`
+	// IdlePoints counts the decode points of engines idle now, from their
+	// last busy scrapes however old.
+	IdlePoints int `json:"idle_points,omitempty"`
 
 	PrefillSecondsPerToken float64 `json:"prefill_seconds_per_token"`
 	PrefillSeconds         float64 `json:"prefill_seconds"`
@@ -265,13 +369,14 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	// within the hysteresis. The colocated split (no prefill engine) has
 	// no threshold: it is weighed against that best.
 	m := pl.model(f, pl.threshold)
-	if th, mt := pl.bestThreshold(f, m.best(pl.cfg).Goodput); mt != nil {
+	bounds := pl.bounded()
+	if th, mt := pl.bestThreshold(f, m.best(bounds).Goodput); mt != nil {
 		pl.threshold, m = th, mt
 	}
 	d.Threshold = pl.threshold
-	d.Best = m.best(pl.cfg)
+	d.Best = m.best(bounds)
 	var colo *capacity
-	if pl.cfg.MinPrefill == 0 {
+	if bounds.MinPrefill == 0 {
 		colo = pl.model(f, colocatedThreshold)
 		if c := colo.split(0, pl.cfg.Engines); c.Goodput >= d.Best.Goodput*(1-1e-9) {
 			d.Best = c
@@ -307,7 +412,7 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 		next = pl.prefill - 1
 	}
 	sm := m
-	if next == 0 {
+	if next == 0 && colo != nil {
 		sm = colo
 	}
 	if target.P != pl.prefill && cur > 0 && sm.split(next, pl.cfg.Engines-next).Goodput < cur*(1-1e-9) {
@@ -318,9 +423,10 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	case target.Goodput < cur*(1+pl.cfg.Hysteresis):
 		d.Held = fmt.Sprintf("hysteresis: %dP:%dD is predicted %.2f req/s against %.2f now, less than %.0f%% more",
 			target.P, target.D, target.Goodput, cur, 100*pl.cfg.Hysteresis)
-	case !pl.lastChange.IsZero() && now.Sub(pl.lastChange) < pl.cfg.MinDwell:
-		d.Held = fmt.Sprintf("dwell: the split changed %v ago, less than %v", now.Sub(pl.lastChange).Round(time.Second), pl.cfg.MinDwell)
+	case !pl.lastChange.IsZero() && now.Sub(pl.lastChange) < pl.dwell(next):
+		d.Held = fmt.Sprintf("dwell: the split changed %v ago, less than %v", now.Sub(pl.lastChange).Round(100*time.Millisecond), pl.dwell(next))
 	default:
+		pl.lastDir = cmp.Compare(next, pl.prefill)
 		pl.prefill = next
 		pl.lastChange, d.Changed = now, true
 	}
@@ -330,41 +436,74 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	return d
 }
 
+// dwell is the least time since the last change before the split moves to
+// next prefill engines: Config.StepDwell when that goes on in the last
+// change's direction, Config.MinDwell when it turns back.
+func (pl *Planner) dwell(next int) time.Duration {
+	if cmp.Compare(next, pl.prefill) == pl.lastDir {
+		return pl.cfg.StepDwell
+	}
+	return pl.cfg.MinDwell
+}
+
 // trim drops what fell out of the window.
 func (pl *Planner) trim(now time.Time) {
 	from := now.Add(-pl.cfg.Window)
-	pl.reqs = slices.DeleteFunc(pl.reqs, func(r Request) bool { return r.At.Before(from) })
+	pl.reqs = slices.DeleteFunc(pl.reqs, func(r Request) bool {
+		if r.At.Before(from) {
+			delete(pl.ids, r.ID)
+			return true
+		}
+		return false
+	})
 	pl.samples = slices.DeleteFunc(pl.samples, func(s EngineSample) bool { return s.At.Before(from) })
 }
 
 // fit measures the traffic and the engines' costs over the window; why
 // says what is missing when a decision cannot be made.
 func (pl *Planner) fit(now time.Time) (f Fit, why string) {
-	f.Requests = len(pl.reqs)
-	if f.Requests < pl.cfg.MinRequests {
+	win, from, shift := pl.view(now)
+	pl.win, f.Shift = win, shift
+	f.Requests = len(win)
+	switch need := shiftSample(pl.cfg); {
+	case shift != "" && f.Requests < need:
+		// The shift was judged on as many: the new mix is known enough.
+		return f, fmt.Sprintf("too few requests: %d since the traffic mix changed, need %d", f.Requests, need)
+	case shift == "" && f.Requests < pl.cfg.MinRequests:
 		return f, fmt.Sprintf("too few requests: %d in the last %v, need %d", f.Requests, pl.cfg.Window, pl.cfg.MinRequests)
 	}
 	var prompt, uncached, output float64
-	for _, r := range pl.reqs {
+	for _, r := range win {
 		prompt += float64(r.PromptTokens)
 		uncached += float64(r.UncachedTokens)
 		output += float64(r.OutputTokens)
+		if r.Finished {
+			f.FinishedOutputs++
+		}
 	}
 	n := float64(f.Requests)
 	f.MeanPrompt, f.MeanUncached, f.MeanOutput = prompt/n, uncached/n, output/n
 	f.MaxBatchedTokens = pl.cfg.MaxBatchedTokens
-	span := max(now.Sub(pl.reqs[0].At).Seconds(), 1)
+	span := now.Sub(from).Seconds()
+	if shift == "" {
+		span = max(span, 1)
+	}
 	f.ArrivalRate = n / span
 
 	var prefillCosts, transferCosts []float64
-	var ks, tpots []float64
+	var ks, tpots, chunks []float64
 	fresh := map[string]bool{}
+	latest := map[string]EngineSample{} // each engine's last fresh sample
+	freshPoints := map[string]bool{}
 	for _, s := range pl.samples {
 		if now.Sub(s.At) > pl.cfg.MaxAge {
 			f.StaleSamples++
 			continue
 		}
 		fresh[s.URL] = true
+		if l, ok := latest[s.URL]; !ok || !s.At.Before(l.At) {
+			latest[s.URL] = s
+		}
 		if s.PrefillSecondsPerToken > 0 {
 			prefillCosts = append(prefillCosts, s.PrefillSecondsPerToken)
 		}
@@ -374,6 +513,24 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 		if s.Decode && s.Running > 0 && s.ITLSeconds > 0 {
 			ks = append(ks, s.Running)
 			tpots = append(tpots, 1000*s.ITLSeconds)
+			freshPoints[s.URL] = true
+		}
+		if s.Decode && s.MaxBatchedTokens > 0 {
+			chunks = append(chunks, float64(s.MaxBatchedTokens))
+		}
+	}
+	if len(chunks) > 0 { // the decodes say theirs
+		f.MaxBatchedTokens = int(median(chunks))
+	}
+	// An idle decode engine decoded nothing to measure: its last points
+	// stand (a busy one with none fresh is stale and left out).
+	for _, url := range slices.Sorted(maps.Keys(latest)) {
+		if s := latest[url]; s.Decode && s.Idle && !freshPoints[url] {
+			for _, p := range pl.lastPoints[url] {
+				ks = append(ks, p.Running)
+				tpots = append(tpots, 1000*p.ITLSeconds)
+				f.IdlePoints++
+			}
 		}
 	}
 	f.FreshEngines = len(fresh)
@@ -381,7 +538,7 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 		return f, fmt.Sprintf("stale or missing metrics: no engine measured a prefill cost in the last %v (%d older samples ignored)", pl.cfg.MaxAge, f.StaleSamples)
 	}
 	if len(ks) == 0 {
-		return f, fmt.Sprintf("stale or missing metrics: no decode engine measured its inter-token latency in the last %v (%d older samples ignored)", pl.cfg.MaxAge, f.StaleSamples)
+		return f, fmt.Sprintf("stale or missing metrics: no busy decode engine measured its inter-token latency in the last %v, and no idle one ever did (%d older samples ignored)", pl.cfg.MaxAge, f.StaleSamples)
 	}
 	f.PrefillSecondsPerToken = median(prefillCosts)
 	f.DecodePoints, f.MeanBatch = len(ks), Mean(ks)

@@ -47,8 +47,13 @@ type stream struct {
 	mean, meanSq float64
 }
 
-// maxStreams bounds the streams the stall model counts per decision.
-const maxStreams = 64
+// maxStreams bounds the requests the stall model takes as streams, and
+// streamGroups the groups it counts them in (by their steps, each group
+// as its shortest stream: the least slack).
+const (
+	maxStreams   = 64
+	streamGroups = 12
+)
 
 // newStalls is the stall model of the local prompts' prefill times
 // (seconds) for the streams of reqs, at chunk seconds of prefill per step.
@@ -60,11 +65,17 @@ func newStalls(local []float64, reqs []Request, chunk float64) *stalls {
 	}
 	reqs = sample(reqs, maxStreams)
 	st.n = float64(len(reqs))
-	weight := map[int]float64{}
+	var steps []int
 	for _, r := range reqs {
 		if r.OutputTokens > 1 { // else no TPOT to miss
-			weight[r.OutputTokens-1]++
+			steps = append(steps, r.OutputTokens-1)
 		}
+	}
+	slices.Sort(steps)
+	weight := map[int]float64{}
+	per := max(len(steps)/streamGroups, 1)
+	for i := 0; i < len(steps); i += per {
+		weight[steps[i]] += float64(min(per, len(steps)-i))
 	}
 	for _, steps := range slices.Sorted(maps.Keys(weight)) {
 		s := stream{steps: float64(steps), weight: weight[steps]}

@@ -70,3 +70,32 @@ func TestStallsCountTheStreamsALocalPrefillBreaks(t *testing.T) {
 		t.Errorf("chunked: longest %.4f s, want no bound", got)
 	}
 }
+
+// TestDecodesChunkFromTheirScrapes: decode engines that say they prefill
+// in chunks of 64 tokens (13 ms at 0.2 ms a token, within the short
+// answers' 20 ms of slack a step) may take the 1,500-token prompts the
+// test above keeps remote: the chunk the model uses is theirs, not
+// Config's.
+func TestDecodesChunkFromTheirScrapes(t *testing.T) {
+	pl := newPlanner(t, Config{TTFT: time.Second, TPOT: 30 * time.Millisecond, Engines: 4, Prefill: 1, MinPrefill: 1, MinDecode: 3, Hysteresis: 1e-9})
+	end := t0.Add(20 * time.Second)
+	i := 0
+	for at := t0; at.Before(end); at = at.Add(250 * time.Millisecond) {
+		out := 4
+		if i%2 == 1 {
+			out = 400
+		}
+		i++
+		pl.ObserveRequest(Request{At: at, PromptTokens: 1500, UncachedTokens: 1500, OutputTokens: out})
+	}
+	for at := t0; at.Before(end); at = at.Add(time.Second) {
+		pl.ObserveEngine(EngineSample{At: at, URL: "p", PrefillSecondsPerToken: prefillCost})
+		for i, k := range []float64{1, 2, 3} {
+			pl.ObserveEngine(EngineSample{At: at, URL: fmt.Sprint("d", i), Decode: true, PrefillSecondsPerToken: prefillCost, Running: k, ITLSeconds: (9 + 0.5*k) / 1000, MaxBatchedTokens: 64})
+		}
+	}
+	d := pl.Decide(end)
+	if d.Fit.MaxBatchedTokens != 64 || d.Threshold <= 1500 {
+		t.Fatalf("chunk %d tokens, threshold %d (remote fraction %.2f): want the decodes' 64 and the prompts local", d.Fit.MaxBatchedTokens, d.Threshold, d.Fit.RemoteFraction)
+	}
+}

@@ -36,8 +36,13 @@ type planState struct {
 	pl   *planner.Planner
 	last *planner.Decision
 	// prev is each engine's previous scrape (URL → sample), for its ITL
-	// and batch over the scrape interval.
-	prev map[string]engineSample
+	// and batch over the scrape interval; roles each engine's role as its
+	// tandem:engine_info says ("" when it says none).
+	prev  map[string]engineSample
+	roles map[string]string
+	// pinned is each engine the mover may not move and why, as of the
+	// last decision.
+	pinned map[string]string
 
 	// target is the prefill count the mover works toward; kick wakes it.
 	target atomic.Int64
@@ -114,7 +119,7 @@ func (p *Proxy) initPlanner() error {
 	if err != nil {
 		return err
 	}
-	s := &planState{pl: pl, prev: map[string]engineSample{}, kick: make(chan struct{}, 1),
+	s := &planState{pl: pl, prev: map[string]engineSample{}, roles: map[string]string{}, kick: make(chan struct{}, 1),
 		minPrefill: pl.Config().MinPrefill, minDecode: pl.Config().MinDecode}
 	s.target.Store(int64(pl.Config().Prefill))
 	if p.cfg.PDDecider == conditional.Name {
@@ -176,7 +181,7 @@ func (p *Proxy) observePlan(preq *router.Request, d *backend, arrived time.Time)
 		uncached = max(uncached-p.matchPrefix(preq)[d.base]*preq.BlockSize, 0)
 	}
 	p.plan.mu.Lock()
-	p.plan.pl.ObserveRequest(planner.Request{At: arrived, PromptTokens: preq.PromptTokens, UncachedTokens: uncached, OutputTokens: preq.MaxTokens})
+	p.plan.pl.ObserveRequest(planner.Request{At: arrived, ID: preq.ID, PromptTokens: preq.PromptTokens, UncachedTokens: uncached, OutputTokens: preq.MaxTokens})
 	p.plan.mu.Unlock()
 }
 
@@ -188,15 +193,33 @@ func (p *Proxy) observeScrape(b *backend, s engineSample, c costs) {
 		return
 	}
 	es := planner.EngineSample{At: s.at, URL: b.base, Decode: b.role == roleDecode,
-		PrefillSecondsPerToken: c.prefillPerToken, TransferSecondsPerToken: c.transferPerToken}
+		PrefillSecondsPerToken: c.prefillPerToken, TransferSecondsPerToken: c.transferPerToken,
+		Idle: s.running == 0 && s.waiting == 0, MaxBatchedTokens: s.info.maxBatched}
 	p.plan.mu.Lock()
 	defer p.plan.mu.Unlock()
-	if prev, ok := p.plan.prev[b.base]; ok && s.itlCount > prev.itlCount && s.itlSum >= prev.itlSum {
-		es.ITLSeconds = (s.itlSum - prev.itlSum) / (s.itlCount - prev.itlCount)
-		es.Running = (s.running + prev.running) / 2
+	p.plan.roles[b.base] = s.info.role
+	if prev, ok := p.plan.prev[b.base]; ok {
+		es.ITLSeconds, es.Running = decodeStep(prev, s, c.prefillPerToken)
 	}
 	p.plan.prev[b.base] = s
 	p.plan.pl.ObserveEngine(es)
+}
+
+// decodeStep is an engine's mean decode step (s) and batch between two
+// scrapes, 0 when it decoded nothing. The prompts it computed meanwhile
+// (at prefillPerToken s/token) stretched its inter-token latencies by
+// 1/(1−ρ), ρ their share of the interval: the step's own cost is the rest,
+// so that the planner's model, which adds the stalls back for the prompts
+// it keeps local, does not count them twice.
+func decodeStep(prev, s engineSample, prefillPerToken float64) (itl, running float64) {
+	if s.itlCount <= prev.itlCount || s.itlSum < prev.itlSum {
+		return 0, 0
+	}
+	itl = (s.itlSum - prev.itlSum) / (s.itlCount - prev.itlCount)
+	if dt := s.at.Sub(prev.at).Seconds(); dt > 0 && prefillPerToken > 0 && s.computed > prev.computed {
+		itl *= 1 - min((s.computed-prev.computed)*prefillPerToken/dt, 0.9)
+	}
+	return itl, (s.running + prev.running) / 2
 }
 
 // runPlanner decides every Config.PlanInterval until ctx is done, and
@@ -226,6 +249,11 @@ func (p *Proxy) planOnce(now time.Time) planner.Decision {
 	if s.moving.Load() != nil {
 		n++ // the engine between the pools
 	}
+	var pinnedP, pinnedD int
+	pinned := map[string]string{}
+	if p.cfg.PlannerAct {
+		pinned, pinnedP, pinnedD = p.pinned()
+	}
 	s.mu.Lock()
 	switch {
 	case !p.cfg.PlannerAct && !s.changed:
@@ -235,7 +263,9 @@ func (p *Proxy) planOnce(now time.Time) planner.Decision {
 		s.pl.SetSplit(len(p.prefill.list()), n)
 	case !p.cfg.PlannerAct || s.moving.Load() == nil:
 		s.pl.SetEngines(n)
+		s.pl.SetPinned(pinnedP, pinnedD)
 	}
+	s.pinned = pinned
 	d := s.pl.Decide(now)
 	s.changed = s.changed || d.Changed
 	held := s.last == nil || s.last.Held != d.Held
@@ -299,7 +329,15 @@ func (p *Proxy) moveEngines(ctx context.Context) {
 			if from == nil {
 				break
 			}
-			if err := p.switchRole(ctx, leastBusy(from.list()), from, to); err != nil {
+			movable := slices.DeleteFunc(slices.Clone(from.list()), func(b *backend) bool {
+				p.plan.mu.Lock()
+				defer p.plan.mu.Unlock()
+				return pinnedWhy(p.plan.roles[b.base]) != ""
+			})
+			if len(movable) == 0 {
+				break // the planner's bounds count the pinned: a decision to come
+			}
+			if err := p.switchRole(ctx, leastBusy(movable), from, to); err != nil {
 				p.log.Warn("planner: role switch failed", "err", err)
 				break
 			}
@@ -366,6 +404,8 @@ type planBody struct {
 	Decode  []string `json:"decode"`
 	// Cadence is the prefill cadence set on the decode pool, when acting.
 	Cadence *cadenceReport `json:"cadence,omitempty"`
+	// Pinned are the engines the planner may not move, and why.
+	Pinned map[string]string `json:"pinned,omitempty"`
 	// Objectives are the SLOs and the planner's guards.
 	Objectives planObjectives `json:"objectives"`
 }
@@ -391,7 +431,7 @@ func (p *Proxy) handlePlan(w http.ResponseWriter, r *http.Request) {
 	}
 	p.plan.mu.Lock()
 	cfg := p.plan.pl.Config()
-	body := planBody{Decision: p.plan.last, Acting: p.cfg.PlannerAct, Prefill: urlsOf(p.prefill), Decode: urlsOf(p.decode),
+	body := planBody{Decision: p.plan.last, Acting: p.cfg.PlannerAct, Prefill: urlsOf(p.prefill), Decode: urlsOf(p.decode), Pinned: p.plan.pinned,
 		Objectives: planObjectives{TTFT: cfg.TTFT.String(), TPOT: cfg.TPOT.String(), Goal: cfg.Goal, Window: cfg.Window.String(),
 			MaxAge: cfg.MaxAge.String(), MinDwell: cfg.MinDwell.String(), Hysteresis: cfg.Hysteresis}}
 	p.plan.mu.Unlock()

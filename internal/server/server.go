@@ -81,6 +81,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return err
 	}
 	met := metrics.NewEngine(cfg.ServedModelName)
+	met.SetInfo(cmp.Or(string(cfg.Role), string(kvconnector.RoleBoth)), cfg.MaxNumSeqs, cmp.Or(cfg.MaxNumBatchedTokens, sched.DefaultMaxNumBatchedTokens))
 	conn, err := s.connector(m, met)
 	if err != nil {
 		return err
