@@ -134,16 +134,16 @@ type pdRun struct {
 // workload's per-configuration goodput rate and throughput, the load
 // average, and the P:D model.
 type PDSummary struct {
-	Model    string    `json:"model"`
-	CPUs     []int     `json:"cpus"`
-	Configs  []string  `json:"configs"`
-	Requests int       `json:"requests_per_rate_and_round"`
+	Model    string   `json:"model"`
+	CPUs     []int    `json:"cpus"`
+	Configs  []string `json:"configs"`
+	Requests int      `json:"requests_per_rate_and_round"`
 	// Engines is every configuration's engines in a phased run (0: the
 	// 1P+1D comparison).
-	Engines int `json:"engines,omitempty"`
-	Rounds   int       `json:"rounds"`
-	Started  time.Time `json:"started"`
-	MNBT     int       `json:"colocated_max_num_batched_tokens"`
+	Engines int       `json:"engines,omitempty"`
+	Rounds  int       `json:"rounds"`
+	Started time.Time `json:"started"`
+	MNBT    int       `json:"colocated_max_num_batched_tokens"`
 	// Interval is colocated-cadence's --prefill-schedule-interval (0
 	// without that configuration).
 	Interval  int               `json:"colocated_cadence_prefill_schedule_interval,omitempty"`
