@@ -41,23 +41,26 @@ type PlanStep struct {
 
 // planAnswer is the part of GET /tandem/plan a PlanStep is read from.
 type planAnswer struct {
-	Decision *struct {
-		At      time.Time `json:"at"`
-		Prefill int       `json:"prefill"`
-		Decode  int       `json:"decode"`
-		Best    struct {
-			P       int     `json:"p"`
-			D       int     `json:"d"`
-			Goodput float64 `json:"goodput_rps"`
-		} `json:"best"`
-		Threshold int    `json:"threshold_tokens"`
-		Changed   bool   `json:"changed"`
-		Held      string `json:"held"`
-		Fit       struct {
-			Requests int     `json:"requests"`
-			Arrival  float64 `json:"arrival_rps"`
-		} `json:"fit"`
-	} `json:"decision"`
+	Decision *planDecision `json:"decision"`
+}
+
+// planDecision is the part of the planner's decision a PlanStep keeps.
+type planDecision struct {
+	At      time.Time `json:"at"`
+	Prefill int       `json:"prefill"`
+	Decode  int       `json:"decode"`
+	Best    struct {
+		P       int     `json:"p"`
+		D       int     `json:"d"`
+		Goodput float64 `json:"goodput_rps"`
+	} `json:"best"`
+	Threshold int    `json:"threshold_tokens"`
+	Changed   bool   `json:"changed"`
+	Held      string `json:"held"`
+	Fit       struct {
+		Requests int     `json:"requests"`
+		Arrival  float64 `json:"arrival_rps"`
+	} `json:"fit"`
 }
 
 // planWatch polls a proxy's GET /tandem/plan and keeps every distinct
