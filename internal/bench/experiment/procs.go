@@ -150,16 +150,6 @@ func (x *procs) startCluster(ctx context.Context, model, servedName, name string
 	return x.startClusterWith(ctx, model, servedName, clusterOpts{name: name, prefill: prefill, decode: decode, proxyArgs: proxyArgs})
 }
 
-// startClusterAs is startCluster with every engine started as role
-// (`tandem serve --role ROLE`) instead of its pool's, unless role is "":
-// launch.RoleBoth for a proxy whose planner moves engines between the
-// pools, as tandem up starts them with the SLO flags. The proxy still
-// lists the first prefill engines under --prefill and the rest under
-// --decode.
-func (x *procs) startClusterAs(ctx context.Context, model, servedName, name string, prefill, decode int, role string, proxyArgs ...string) (*cluster, error) {
-	return x.startClusterWith(ctx, model, servedName, clusterOpts{name: name, prefill: prefill, decode: decode, role: role, proxyArgs: proxyArgs})
-}
-
 // clusterOpts say what startClusterWith starts.
 type clusterOpts struct {
 	// name, when set, prefixes the processes' names and log files.
@@ -168,7 +158,11 @@ type clusterOpts struct {
 	// proxy is given the decodes in a backends file (its --prefill flag
 	// wants at least one URL): colocated engines behind a router.
 	prefill, decode int
-	// role, unless "", is every engine's --role instead of its pool's.
+	// role, unless "", is every engine's --role instead of its pool's:
+	// launch.RoleBoth for a proxy whose planner moves engines between the
+	// pools, as tandem up starts them with the SLO flags (the proxy still
+	// lists the first prefill engines under --prefill and the rest under
+	// --decode).
 	role string
 	// engineArgs go on every engine's command line before the
 	// experiment's own extra flags (which win).
