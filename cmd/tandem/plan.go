@@ -33,6 +33,7 @@ func registerPlannerFlags(fs *flag.FlagSet) *plannerFlags {
 	fs.DurationVar(&f.cfg.MaxAge, "plan-max-age", 10*time.Second, "planner: engine metrics older than this are stale and ignored (a decision without fresh ones holds the split and says so)")
 	fs.DurationVar(&f.cfg.Window, "plan-window", time.Minute, "planner: how far back the traffic and costs are fitted")
 	fs.IntVar(&f.cfg.MaxSeqs, "plan-max-num-seqs", 64, "planner: the decode engines' --max-num-seqs")
+	fs.IntVar(&f.cfg.MaxBatchedTokens, "plan-max-num-batched-tokens", 2048, "planner: the decode engines' --max-num-batched-tokens, the chunk their local prefills stall their streams by")
 	return f
 }
 
@@ -168,7 +169,7 @@ func writeFit(w io.Writer, d *planner.Decision) {
 		fmt.Fprintf(w, "decode (%s, %d points, mean batch %.1f): TPOT = %.1f + %.2f·k ms (σ %.1f) → batch %.1f at %.1f ms → %.3f req/s per engine\n",
 			f.DecodeFit, f.DecodePoints, f.MeanBatch, f.StepA, f.StepB, f.StepSigma, f.DecodeBatch, f.DecodeTPOT, f.DecodeRate)
 	}
-	if f.Current.P > 0 {
+	if f.Current.P+f.Current.D > 0 {
 		fmt.Fprintf(w, "predicted goodput: now %dP:%dD %.2f req/s (%s-bound); best %dP:%dD %.2f req/s (%s-bound)\n",
 			f.Current.P, f.Current.D, f.Current.Goodput, f.Current.Limit, d.Best.P, d.Best.D, d.Best.Goodput, d.Best.Limit)
 	}

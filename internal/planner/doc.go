@@ -1,6 +1,8 @@
 // Package planner sizes the prefill and decode pools from the objectives.
 // Given TTFT and TPOT SLOs and the traffic a router sees, it chooses the
-// P:D split of the engines, the conditional decider's threshold (the
+// P:D split of the engines (none prefill only: the colocated split, where
+// every engine prefills its own prompts, is one of them), the conditional
+// decider's threshold (the
 // uncached prompt length from which a prompt is prefilled remotely) and a
 // prefill cadence for engines that prefill beside their decodes
 // (`tandem serve --prefill-schedule-interval`).
@@ -19,7 +21,12 @@
 // Deployments) is the caller's. Decisions are guarded against flapping: a
 // new split must beat the current one's predicted goodput by a margin
 // (Config.Hysteresis), at least Config.MinDwell must have passed since the
-// last change, and a change moves one engine at a time. Engine samples
+// last change, and a change moves one engine at a time (or, where that
+// step is predicted worse than now, straight to the best). A decode's
+// capacity counts what its local prefills cost: their share of its time
+// stretches its steps, they queue for their first token, and the streams
+// they stall miss the TPOT objective when a stall exceeds their slack
+// (capacity.go, stalls.go). Engine samples
 // older than Config.MaxAge are ignored, and a decision with too few fresh
 // samples holds the current split and says why.
 package planner

@@ -15,6 +15,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/planner"
 	"github.com/tandem-serve/tandem/internal/router"
 	"github.com/tandem-serve/tandem/internal/router/decider/conditional"
+	"github.com/tandem-serve/tandem/internal/router/decider/priced"
 )
 
 // PlanPath is the route that answers the planner's last decision and the
@@ -44,6 +45,10 @@ type planState struct {
 	// moving names the engine being moved ("URL prefill→decode"), "" when
 	// none.
 	moving atomic.Pointer[string]
+	// minPrefill and minDecode bound the pools the mover leaves (the
+	// planner's bounds): minPrefill is 0 when the decider keeps every
+	// prompt local with no prefill engine, so the split may be colocated.
+	minPrefill, minDecode int
 
 	desired   *prometheus.GaugeVec // role
 	threshold prometheus.Gauge
@@ -59,10 +64,20 @@ type planState struct {
 type plannedConditional struct {
 	base      conditional.Decider
 	threshold atomic.Int64
+	// noPrefill says the prefill pool is empty: the planner chose the
+	// colocated split.
+	noPrefill func() bool
 }
+
+// reasonColocated is the decision's reason when the planner emptied the
+// prefill pool: every engine prefills its own prompts.
+const reasonColocated = "colocated"
 
 // Decide implements router.Decider.
 func (d *plannedConditional) Decide(in router.DecideInput) router.Decision {
+	if in.PrefillHealthy == 0 && d.noPrefill() {
+		return router.Decision{Reason: reasonColocated}
+	}
 	c := d.base
 	c.Threshold = int(d.threshold.Load())
 	return c.Decide(in)
@@ -85,14 +100,21 @@ func (p *Proxy) initPlanner() error {
 	if cfg.Threshold == 0 {
 		cfg.Threshold = cmpOr(p.cfg.Router.Threshold, 256)
 	}
+	if !keepsLocalWithoutPrefill(p.cfg.PDDecider) {
+		// The decider sends prompts to a prefill engine whatever the
+		// load: the split keeps one.
+		cfg.MinPrefill = max(cfg.MinPrefill, 1)
+	}
 	pl, err := planner.New(cfg)
 	if err != nil {
 		return err
 	}
-	s := &planState{pl: pl, prev: map[string]engineSample{}, kick: make(chan struct{}, 1)}
+	s := &planState{pl: pl, prev: map[string]engineSample{}, kick: make(chan struct{}, 1),
+		minPrefill: pl.Config().MinPrefill, minDecode: pl.Config().MinDecode}
 	s.target.Store(int64(pl.Config().Prefill))
 	if p.cfg.PDDecider == conditional.Name {
-		d := &plannedConditional{base: conditional.Decider{MustRemote: p.cfg.Router.MustRemote, DecodeKVPressure: p.cfg.Router.DecodeKVPressure}}
+		d := &plannedConditional{base: conditional.Decider{MustRemote: p.cfg.Router.MustRemote, DecodeKVPressure: p.cfg.Router.DecodeKVPressure},
+			noPrefill: func() bool { return len(p.prefill.list()) == 0 }}
 		d.threshold.Store(int64(pl.Config().Threshold))
 		p.decider = d
 	}
@@ -118,6 +140,18 @@ func (p *Proxy) initPlanner() error {
 	p.plan = s
 	return nil
 }
+
+// keepsLocalWithoutPrefill says the decider named prefills every prompt
+// on its decode when the prefill pool is empty (no prefill engine free):
+// the conditional and priced deciders do, always does not.
+func keepsLocalWithoutPrefill(decider string) bool {
+	return decider == conditional.Name || decider == priced.Name
+}
+
+// colocated says the planner may have emptied the prefill pool: every
+// request is then served on a decode, and the proxy is ready without a
+// prefill engine.
+func (p *Proxy) colocated() bool { return p.plan != nil && p.plan.minPrefill == 0 }
 
 func cmpOr(v, def int) int {
 	if v > 0 {
@@ -243,9 +277,9 @@ func (p *Proxy) moveEngines(ctx context.Context) {
 			pre, dec := p.prefill.list(), p.decode.list()
 			var from, to *pool
 			switch {
-			case len(pre) < target && len(dec) > 1:
+			case len(pre) < target && len(dec) > p.plan.minDecode:
 				from, to = p.decode, p.prefill
-			case len(pre) > target && len(pre) > 1:
+			case len(pre) > target && len(pre) > p.plan.minPrefill:
 				from, to = p.prefill, p.decode
 			}
 			if from == nil {
