@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -123,6 +125,15 @@ type planAnswer struct {
 	Prefill    []string          `json:"prefill"`
 	Decode     []string          `json:"decode"`
 	Objectives map[string]any    `json:"objectives"`
+	Cadence    *planCadence      `json:"cadence"`
+}
+
+// planCadence is the prefill cadence an acting planner set on the decode
+// pool's engines.
+type planCadence struct {
+	PrefillScheduleInterval int               `json:"prefill_schedule_interval"`
+	Applied                 map[string]int    `json:"applied"`
+	Failed                  map[string]string `json:"failed"`
 }
 
 func writePlan(w io.Writer, p planAnswer) {
@@ -149,6 +160,18 @@ func writePlan(w io.Writer, p planAnswer) {
 	fmt.Fprintf(w, "; best %dP:%dD; conditional threshold %d uncached tokens; prefill cadence %d\n", d.Best.P, d.Best.D, d.Threshold, d.PrefillScheduleInterval)
 	if d.Held != "" {
 		fmt.Fprintf(w, "held: %s\n", d.Held)
+	}
+	if c := p.Cadence; c != nil && c.PrefillScheduleInterval > 0 {
+		set := 0
+		for _, u := range p.Decode {
+			if c.Applied[u] == c.PrefillScheduleInterval {
+				set++
+			}
+		}
+		fmt.Fprintf(w, "prefill cadence %d set on %d of the %d decode engines\n", c.PrefillScheduleInterval, set, len(p.Decode))
+		for _, u := range slices.Sorted(maps.Keys(c.Failed)) {
+			fmt.Fprintf(w, "  not set on %s: %s\n", u, c.Failed[u])
+		}
 	}
 	writeFit(w, d)
 }

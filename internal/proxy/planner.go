@@ -57,6 +57,9 @@ type planState struct {
 	decisions *prometheus.CounterVec // result: changed, held, steady
 	switches  *prometheus.CounterVec // to: prefill, decode
 	drainOver prometheus.Counter
+
+	cad     cadenceState // the prefill cadence set on the engines (planner_cadence.go)
+	changed bool         // a decision has changed the split
 }
 
 // plannedConditional is the conditional decider with the threshold the
@@ -92,7 +95,9 @@ func (p *Proxy) initPlanner() error {
 		return errors.New("the planner moves engines between the pools itself: it cannot act on backends a file or discovery keeps (publish only, or list the engines)")
 	}
 	if cfg.Engines == 0 {
-		cfg.Engines = len(p.cfg.Prefill) + len(p.cfg.Decode)
+		// Discovery may not have delivered the pools yet: each decision
+		// counts them (SetEngines); until then the smallest split.
+		cfg.Engines = max(len(p.cfg.Prefill)+len(p.cfg.Decode), max(cfg.MinPrefill, 1)+max(cfg.MinDecode, 1))
 	}
 	if cfg.Prefill == 0 {
 		cfg.Prefill = len(p.cfg.Prefill)
@@ -137,6 +142,7 @@ func (p *Proxy) initPlanner() error {
 	s.desired.WithLabelValues(roleDecode).Set(float64(pl.Config().Engines - pl.Config().Prefill))
 	s.threshold.Set(float64(pl.Config().Threshold))
 	s.cadence.Set(1)
+	s.initCadence(p.metrics.registry)
 	p.plan = s
 	return nil
 }
@@ -221,10 +227,17 @@ func (p *Proxy) planOnce(now time.Time) planner.Decision {
 		n++ // the engine between the pools
 	}
 	s.mu.Lock()
-	if !p.cfg.PlannerAct || s.moving.Load() == nil {
+	switch {
+	case !p.cfg.PlannerAct && !s.changed:
+		// Publishing, until its first change its split is the pools' (as
+		// discovery delivered them), not its start guess: a held decision
+		// must not scale the Deployments to that guess.
+		s.pl.SetSplit(len(p.prefill.list()), n)
+	case !p.cfg.PlannerAct || s.moving.Load() == nil:
 		s.pl.SetEngines(n)
 	}
 	d := s.pl.Decide(now)
+	s.changed = s.changed || d.Changed
 	held := s.last == nil || s.last.Held != d.Held
 	s.last = &d
 	s.mu.Unlock()
@@ -251,6 +264,7 @@ func (p *Proxy) planOnce(now time.Time) planner.Decision {
 		s.decisions.WithLabelValues("steady").Inc()
 	}
 	if p.cfg.PlannerAct {
+		p.applyCadence(d)
 		s.target.Store(int64(d.Prefill))
 		select {
 		case s.kick <- struct{}{}:
@@ -350,6 +364,8 @@ type planBody struct {
 	Moving  string   `json:"moving,omitempty"`
 	Prefill []string `json:"prefill"`
 	Decode  []string `json:"decode"`
+	// Cadence is the prefill cadence set on the decode pool, when acting.
+	Cadence *cadenceReport `json:"cadence,omitempty"`
 	// Objectives are the SLOs and the planner's guards.
 	Objectives planObjectives `json:"objectives"`
 }
@@ -382,6 +398,7 @@ func (p *Proxy) handlePlan(w http.ResponseWriter, r *http.Request) {
 	if m := p.plan.moving.Load(); m != nil {
 		body.Moving = *m
 	}
+	body.Cadence = p.cadenceReport()
 	b, _ := json.MarshalIndent(body, "", "  ")
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(append(b, '\n'))

@@ -133,7 +133,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return errors.Join(fmt.Errorf("listen on %s: %w", addr, err), eng.Shutdown(context.Background()))
 	}
 	srv := &http.Server{
-		Handler:           api,
+		Handler:           withCadenceRoute(api, eng, cfg.APIKey),
 		ReadHeaderTimeout: 10 * time.Second,
 		// No ReadTimeout or WriteTimeout: either would cut long generations.
 		// The API bounds each body read and each write itself.
