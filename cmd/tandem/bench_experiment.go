@@ -40,7 +40,14 @@ func runBenchExperiment(args []string) error {
 			"engine when the uncached prompt is short). Opt-in (--configs ...,adaptive): the same pair, both engines\n"+
 			"--role both, behind a proxy whose planner acts on the workload's SLOs (tandem up with --slo-ttft and\n"+
 			"--slo-tpot), started afresh for each workload. Each workload runs open loop (Poisson) at each rate against every\n"+
-			"configuration, in alternating rounds, each level with prompts of its own. Writes\n"+
+			"configuration, in alternating rounds, each level with prompts of its own. Every engine gets the tuned\n"+
+			"--max-num-batched-tokens.\n\n"+
+			"With --engines N every configuration has N engines: colocated is N colocated engines behind the router's\n"+
+			"defaults, pd and conditional run at each of --splits, adaptive is N engines --role both (started N/2:N/2)\n"+
+			"with the planner acting. The configurations then run one after the other (phases): per workload each on a\n"+
+			"cluster of its own, after a warm-up, its rates back to back from the lowest; adaptive once per cell of\n"+
+			"--adaptive-ttft-scales × --adaptive-tpot-scales with that cell's objectives, compared there with the best\n"+
+			"static configuration (whose cells come from its one run). Writes\n"+
 			"report.txt (tables, each configuration's goodput rate and throughput per rate, the TTFT\n"+
 			"of every configuration split by the answers' Server-Timing spans, and a P:D model fitted\n"+
 			"to the pd configuration's prefill service and decode step times), summary.json,\n"+
@@ -63,6 +70,15 @@ func runBenchExperiment(args []string) error {
 		kvMemory  = fs.String("kv-cache-memory", "1GiB", "every engine's --kv-cache-memory (several engines share this machine's RAM; empty: the engine's default)")
 		slos      = addWorkloadSLOFlags(fs, "")
 	)
+	var (
+		splits     = fs.String("splits", "", "with --engines: the pd and conditional configurations' P:D splits, e.g. 1:3,2:2,3:1 (default: every split of --engines)")
+		adaptTTFT  = fs.String("adaptive-ttft-scales", "1", "with --engines: the adaptive configuration runs once per cell, its planner given the workload's TTFT objective times each of these")
+		adaptTPOT  = fs.String("adaptive-tpot-scales", "1", "with --engines: ... and its TPOT objective times each of these (e.g. 0.5,1,2 by 0.5,1,2: nine runs)")
+		planWindow = fs.Duration("plan-window", 0, "with --engines: the adaptive planner's --plan-window (default: one level's length at the workload's middle rate)")
+		planDwell  = fs.Duration("plan-min-dwell", 0, "with --engines: the adaptive planner's --plan-min-dwell (default: half the window)")
+	)
+	fs.IntVar(&cfg.Engines, "engines", 0, "engines in every configuration, run one configuration after the other (see above; 0: the 1P+1D comparison, configurations alternating)")
+	fs.IntVar(&cfg.Warmup, "warmup", 0, "with --engines: requests sent to every configuration at the lowest rate before its measured ones, not counted (0: one level's; negative: none)")
 	fs.IntVar(&cfg.Requests, "requests", 24, "requests per rate and round")
 	fs.IntVar(&cfg.Rounds, "rounds", 2, "rounds per rate; the configurations alternate order")
 	fs.IntVar(&cfg.TuneRequests, "tune-requests", 12, "requests per tuning run (long workload at its middle rate)")
@@ -91,6 +107,20 @@ func runBenchExperiment(args []string) error {
 		return err
 	}
 	cfg.AdaptiveArgs = strings.Fields(*adaptive)
+	if cfg.Engines > 0 {
+		if cfg.Splits, err = experiment.ParseSplits(*splits, cfg.Engines); err != nil {
+			return fmt.Errorf("--splits: %w", err)
+		}
+		if cfg.AdaptiveTTFTScales, err = parseFloats(*adaptTTFT); err != nil {
+			return fmt.Errorf("--adaptive-ttft-scales: %w", err)
+		}
+		if cfg.AdaptiveTPOTScales, err = parseFloats(*adaptTPOT); err != nil {
+			return fmt.Errorf("--adaptive-tpot-scales: %w", err)
+		}
+		cfg.PlanWindow, cfg.PlanMinDwell = *planWindow, *planDwell
+	} else if *splits != "" || *adaptTTFT != "1" || *adaptTPOT != "1" || *planWindow != 0 || *planDwell != 0 || cfg.Warmup != 0 {
+		return errors.New("--splits, --adaptive-ttft-scales, --adaptive-tpot-scales, --plan-window, --plan-min-dwell and --warmup need --engines N")
+	}
 	for _, c := range strings.Split(*configs, ",") {
 		cfg.Configs = append(cfg.Configs, strings.TrimSpace(c))
 	}

@@ -36,10 +36,11 @@ func (r *pdRun) adaptiveProxyArgs(wl Workload) []string {
 }
 
 // startAdaptive starts the adaptive configuration for workload wl: one
-// prefill and one decode engine, both --role both, behind a proxy whose
-// planner has wl's objectives.
-func (r *pdRun) startAdaptive(ctx context.Context, wl Workload) (*cluster, error) {
-	return r.startClusterAs(ctx, r.model, filepath.Base(r.model), Adaptive+"-"+wl.Name, 1, 1, launch.RoleBoth, r.adaptiveProxyArgs(wl)...)
+// prefill and one decode engine, both --role both and with the tuned chunk
+// budget, behind a proxy whose planner has wl's objectives.
+func (r *pdRun) startAdaptive(ctx context.Context, wl Workload, t tuned) (*cluster, error) {
+	return r.startClusterWith(ctx, r.model, filepath.Base(r.model), clusterOpts{name: Adaptive + "-" + wl.Name, prefill: 1, decode: 1,
+		role: launch.RoleBoth, engineArgs: mnbtFlags(t.mnbt), proxyArgs: r.adaptiveProxyArgs(wl)})
 }
 
 // PlannerState is where the adaptive configuration's planner stood at the

@@ -42,8 +42,30 @@ type PD struct {
 	// AdaptiveArgs are extra `tandem proxy` flags of the adaptive
 	// configuration (the planner's, such as --plan-min-dwell).
 	AdaptiveArgs []string
-	// Requests and Rounds are per rate; the configurations alternate order
-	// each round.
+	// Engines, when positive, runs the phased comparison (runPhased):
+	// Engines engines in every configuration, one configuration after the
+	// other, the adaptive one per cell of its own grid. 0 is the 1P+1D
+	// comparison, the configurations alternating level by level.
+	Engines int
+	// Splits are the pd and conditional configurations' P:D splits with
+	// Engines (ParseSplits; every P+D is Engines).
+	Splits []Split
+	// AdaptiveTTFTScales and AdaptiveTPOTScales are the cells the
+	// adaptive configuration runs in with Engines: one run per pair, its
+	// planner given the workload's objectives scaled by the pair (default
+	// 1 and 1: the workload's own).
+	AdaptiveTTFTScales, AdaptiveTPOTScales []float64
+	// Warmup is the requests every configuration is sent at the lowest
+	// rate before its measured ones, not counted, with Engines (0: one
+	// level's, requests × rounds; negative: none): the adaptive planner's
+	// first window, and the same start for the static configurations.
+	Warmup int
+	// PlanWindow and PlanMinDwell are the adaptive planner's --plan-window
+	// and --plan-min-dwell with Engines (0: a level's length at the
+	// workload's middle rate, and half the window).
+	PlanWindow, PlanMinDwell time.Duration
+	// Requests and Rounds are per rate; without Engines the configurations
+	// alternate order each round.
 	Requests, Rounds int
 	// Goal is the fraction of requests that must meet both SLOs for a rate
 	// to count.
@@ -56,8 +78,13 @@ type PD struct {
 }
 
 // tuned are the colocated engines' tuned settings: the chunk budget of
-// both and the prefill cadence of colocated-cadence.
+// both and the prefill cadence of colocated-cadence. Every other
+// configuration's engines get the same chunk budget, so that none is
+// compared at a budget the others were not given.
 type tuned struct{ mnbt, interval int }
+
+// mnbtFlags are the `tandem serve` flags of chunk budget mnbt.
+func mnbtFlags(mnbt int) []string { return []string{"--max-num-batched-tokens", strconv.Itoa(mnbt)} }
 
 // configuration starts one of the compared setups and returns its URL and,
 // for the disaggregated setups, the proxy's and engines' URLs for the time
@@ -77,15 +104,15 @@ var configurations = map[string]configuration{
 		url, err := r.startColocated(ctx, r.model, t.mnbt, t.interval)
 		return url, nil, err
 	},
-	"pd": func(r *pdRun, ctx context.Context, _ tuned) (string, []string, error) {
-		return r.startPD(ctx, "pd")
+	"pd": func(r *pdRun, ctx context.Context, t tuned) (string, []string, error) {
+		return r.startPD(ctx, "pd", t)
 	},
 	// conditional is the router's conditional disaggregation: each request
 	// is prefilled remotely only when its uncached prompt on the chosen
 	// decode engine is at least Threshold tokens, else the decode engine
 	// prefills it itself; the decode is chosen by prefix affinity.
-	"conditional": func(r *pdRun, ctx context.Context, _ tuned) (string, []string, error) {
-		return r.startPD(ctx, "conditional", "--pd-decider", "conditional", "--pd-threshold", strconv.Itoa(r.cfg.Threshold),
+	"conditional": func(r *pdRun, ctx context.Context, t tuned) (string, []string, error) {
+		return r.startPD(ctx, "conditional", t, "--pd-decider", "conditional", "--pd-threshold", strconv.Itoa(r.cfg.Threshold),
 			"--policy", "prefix", "--model", r.model)
 	},
 }
@@ -107,13 +134,16 @@ type pdRun struct {
 // workload's per-configuration goodput rate and throughput, the load
 // average, and the P:D model.
 type PDSummary struct {
-	Model    string    `json:"model"`
-	CPUs     []int     `json:"cpus"`
-	Configs  []string  `json:"configs"`
-	Requests int       `json:"requests_per_rate_and_round"`
-	Rounds   int       `json:"rounds"`
-	Started  time.Time `json:"started"`
-	MNBT     int       `json:"colocated_max_num_batched_tokens"`
+	Model    string   `json:"model"`
+	CPUs     []int    `json:"cpus"`
+	Configs  []string `json:"configs"`
+	Requests int      `json:"requests_per_rate_and_round"`
+	// Engines is every configuration's engines in a phased run (0: the
+	// 1P+1D comparison).
+	Engines int       `json:"engines,omitempty"`
+	Rounds  int       `json:"rounds"`
+	Started time.Time `json:"started"`
+	MNBT    int       `json:"colocated_max_num_batched_tokens"`
 	// Interval is colocated-cadence's --prefill-schedule-interval (0
 	// without that configuration).
 	Interval  int               `json:"colocated_cadence_prefill_schedule_interval,omitempty"`
@@ -149,6 +179,9 @@ type WorkloadSummary struct {
 	// Adaptive compares the adaptive configuration with the best static
 	// one in every cell of Grid (nil without that configuration).
 	Adaptive []AdaptiveCell `json:"adaptive_against_static,omitempty"`
+	// AdaptiveRuns are the adaptive configuration's runs of a phased
+	// comparison, one per cell it planned for.
+	AdaptiveRuns []AdaptiveRun `json:"adaptive_runs,omitempty"`
 }
 
 // LevelBreakdown is the TTFT breakdown of one configuration at one rate.
@@ -177,6 +210,9 @@ func RunPD(ctx context.Context, cfg PD) error {
 	if err := checkGoal(cfg.Goal); err != nil {
 		return err
 	}
+	if err := cfg.checkPhased(); err != nil {
+		return err
+	}
 	if cfg.Model == "" {
 		cfg.defaults()
 		dir, err := ModelProgress(cfg.Log, cfg.Progress, modelinit.ShapeSmolLM2135M, "bf16")
@@ -192,14 +228,52 @@ func RunPD(ctx context.Context, cfg PD) error {
 	x.requests, x.rounds, x.seed, x.maxContext, x.timeout = cfg.Requests, cfg.Rounds, cfg.Seed, cfg.MaxContext, cfg.Timeout
 	defer x.stopAll()
 	r := &pdRun{experiment: x, cfg: cfg}
+	if cfg.Engines > 0 {
+		return r.runPhased(ctx)
+	}
 	return r.run(ctx)
 }
 
-// startPD starts a prefill and a decode engine on half the CPUs each and a
-// tandem proxy in front of them with proxyArgs; name prefixes their log
-// files.
-func (r *pdRun) startPD(ctx context.Context, name string, proxyArgs ...string) (string, []string, error) {
-	c, err := r.startCluster(ctx, r.model, filepath.Base(r.model), name, 1, 1, proxyArgs...)
+// checkPhased checks the phased comparison's settings and fills in the
+// adaptive cells' default (the workload's own objectives).
+func (cfg *PD) checkPhased() error {
+	if cfg.Engines == 0 {
+		return nil
+	}
+	if cfg.Engines < 2 {
+		return fmt.Errorf("--engines %d: want at least 2 (a prefill and a decode engine)", cfg.Engines)
+	}
+	if len(cfg.Splits) == 0 && (slices.Contains(cfg.Configs, "pd") || slices.Contains(cfg.Configs, "conditional")) {
+		return fmt.Errorf("--splits: no split for the pd and conditional configurations")
+	}
+	for _, s := range cfg.Splits {
+		if s.P < 1 || s.D < 1 || s.P+s.D != cfg.Engines {
+			return fmt.Errorf("--splits: %d:%d is not a split of --engines %d", s.P, s.D, cfg.Engines)
+		}
+	}
+	if len(cfg.AdaptiveTTFTScales) == 0 {
+		cfg.AdaptiveTTFTScales = []float64{1}
+	}
+	if len(cfg.AdaptiveTPOTScales) == 0 {
+		cfg.AdaptiveTPOTScales = []float64{1}
+	}
+	for _, f := range append(slices.Clone(cfg.AdaptiveTTFTScales), cfg.AdaptiveTPOTScales...) {
+		if !(f > 0) {
+			return fmt.Errorf("--adaptive-ttft-scales, --adaptive-tpot-scales: %v is not a positive factor", f)
+		}
+	}
+	if cfg.PlanWindow < 0 || cfg.PlanMinDwell < 0 {
+		return fmt.Errorf("--plan-window %v, --plan-min-dwell %v: want positive durations (0: scaled to the level length)", cfg.PlanWindow, cfg.PlanMinDwell)
+	}
+	return nil
+}
+
+// startPD starts a prefill and a decode engine on half the CPUs each, with
+// the colocated engine's tuned chunk budget, and a tandem proxy in front of
+// them with proxyArgs; name prefixes their log files.
+func (r *pdRun) startPD(ctx context.Context, name string, t tuned, proxyArgs ...string) (string, []string, error) {
+	c, err := r.startClusterWith(ctx, r.model, filepath.Base(r.model), clusterOpts{name: name, prefill: 1, decode: 1,
+		engineArgs: mnbtFlags(t.mnbt), proxyArgs: proxyArgs})
 	if err != nil {
 		return "", nil, err
 	}
@@ -247,7 +321,7 @@ func (r *pdRun) run(ctx context.Context) error {
 		fmt.Fprintf(w, "== workload %s, SLO TTFT ≤ %v and TPOT ≤ %v ==\n", wl.Name, wl.SLO.TTFT, wl.SLO.TPOT)
 		var adaptive *cluster
 		if i := slices.Index(cfg.Configs, Adaptive); i >= 0 {
-			if adaptive, err = r.startAdaptive(ctx, wl); err != nil {
+			if adaptive, err = r.startAdaptive(ctx, wl, t); err != nil {
 				return err
 			}
 			targets[i].URL = adaptive.url

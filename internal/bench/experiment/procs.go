@@ -147,17 +147,35 @@ type clusterEngine struct {
 // in front of them with proxyArgs. name, when set, prefixes their names
 // and log files.
 func (x *procs) startCluster(ctx context.Context, model, servedName, name string, prefill, decode int, proxyArgs ...string) (*cluster, error) {
-	return x.startClusterAs(ctx, model, servedName, name, prefill, decode, "", proxyArgs...)
+	return x.startClusterWith(ctx, model, servedName, clusterOpts{name: name, prefill: prefill, decode: decode, proxyArgs: proxyArgs})
 }
 
-// startClusterAs is startCluster with every engine started as role
-// (`tandem serve --role ROLE`) instead of its pool's, unless role is "":
-// launch.RoleBoth for a proxy whose planner moves engines between the
-// pools, as tandem up starts them with the SLO flags. The proxy still
-// lists the first prefill engines under --prefill and the rest under
-// --decode.
-func (x *procs) startClusterAs(ctx context.Context, model, servedName, name string, prefill, decode int, role string, proxyArgs ...string) (*cluster, error) {
-	n := prefill + decode
+// clusterOpts say what startClusterWith starts.
+type clusterOpts struct {
+	// name, when set, prefixes the processes' names and log files.
+	name string
+	// prefill and decode are the pools' sizes. With no prefill engine the
+	// proxy is given the decodes in a backends file (its --prefill flag
+	// wants at least one URL): colocated engines behind a router.
+	prefill, decode int
+	// role, unless "", is every engine's --role instead of its pool's:
+	// launch.RoleBoth for a proxy whose planner moves engines between the
+	// pools, as tandem up starts them with the SLO flags (the proxy still
+	// lists the first prefill engines under --prefill and the rest under
+	// --decode).
+	role string
+	// engineArgs go on every engine's command line before the
+	// experiment's own extra flags (which win).
+	engineArgs []string
+	// proxyArgs go on the proxy's command line after its defaults.
+	proxyArgs []string
+}
+
+// startClusterWith starts the engines and the proxy o describes: the
+// cores split among the engines as tandem up splits them (more engines
+// than cores: one core each, shared round-robin), the proxy on every core.
+func (x *procs) startClusterWith(ctx context.Context, model, servedName string, o clusterOpts) (*cluster, error) {
+	n := o.prefill + o.decode
 	cores, err := launch.SplitCores(x.cpus, n, 0)
 	if err != nil {
 		return nil, err
@@ -166,23 +184,24 @@ func (x *procs) startClusterAs(ctx context.Context, model, servedName, name stri
 	if err != nil {
 		return nil, err
 	}
-	specs, err := launch.PlanEngines("127.0.0.1", prefill, decode, cores, ports[:2*n])
+	specs, err := launch.PlanEngines("127.0.0.1", o.prefill, o.decode, cores, ports[:2*n])
 	if err != nil {
 		return nil, err
 	}
 	prefix := ""
-	if name != "" {
-		prefix = name + "-"
+	if o.name != "" {
+		prefix = o.name + "-"
 	}
 	c := &cluster{}
 	var engines []*launch.Process
+	extra := append(slices.Clip(o.engineArgs), x.extra...)
 	for _, s := range specs {
 		s.Name = prefix + s.Name
 		as := s
-		if role != "" {
-			as.Role = role
+		if o.role != "" {
+			as.Role = o.role
 		}
-		args := launch.ServeArgs(as, model, servedName, x.extra)
+		args := launch.ServeArgs(as, model, servedName, extra)
 		p, err := x.start(s.Name, s.CPUs, s.URL(), args, s.Name+".log")
 		if err != nil {
 			return nil, err
@@ -202,11 +221,24 @@ func (x *procs) startClusterAs(ctx context.Context, model, servedName, name stri
 		}
 	}
 	proxy := launch.EngineSpec{Name: prefix + "proxy", Host: "127.0.0.1", Port: ports[2*n], CPUs: x.cpus}
+	backends := []string{"--prefill", strings.Join(prefillURLs, ","), "--decode", strings.Join(decodeURLs, ",")}
+	if len(prefillURLs) == 0 {
+		file := filepath.Join(x.logDir(), proxy.Name+"-backends.txt")
+		var lines strings.Builder
+		for _, u := range decodeURLs {
+			fmt.Fprintf(&lines, "decode %s\n", u)
+		}
+		if err := os.WriteFile(file, []byte(lines.String()), 0o644); err != nil {
+			return nil, fmt.Errorf("writing the proxy's backends file: %w", err)
+		}
+		backends = []string{"--backends-file", file}
+	}
 	// Round-robin and always unless proxyArgs say otherwise (a later flag
 	// wins): the experiments' baseline P/D and the ratio model's dispatch,
 	// whatever tandem proxy's own defaults are.
-	pc, err := x.start(proxy.Name, proxy.CPUs, proxy.URL(), append([]string{"proxy", "--host", "127.0.0.1", "--port", strconv.Itoa(proxy.Port),
-		"--prefill", strings.Join(prefillURLs, ","), "--decode", strings.Join(decodeURLs, ","), "--policy", "round-robin", "--pd-decider", "always"}, proxyArgs...), proxy.Name+".log")
+	args := append([]string{"proxy", "--host", "127.0.0.1", "--port", strconv.Itoa(proxy.Port)}, backends...)
+	args = append(append(args, "--policy", "round-robin", "--pd-decider", "always"), o.proxyArgs...)
+	pc, err := x.start(proxy.Name, proxy.CPUs, proxy.URL(), args, proxy.Name+".log")
 	if err != nil {
 		return nil, err
 	}
