@@ -12,17 +12,18 @@ import (
 // the 32-blocks (Q8_0, Q4_0, Q5_0) read side by side in phase 1, and
 // rowStreamsKAVX2 that of the K-quant ones. On the Zen 2 they were tuned
 // on (EPYC, family 23 model 49) one core reads one sequential stream at
-// only ~13–14 GB/s, software prefetch or not, but several streams a few
-// kilobytes apart at ~18–20 GB/s (tensor.ReadScan at 1, 2, 4 and 8
+// only ~15 GB/s, software prefetch or not, but several streams a few
+// kilobytes apart at ~20–24 GB/s (tensor.ReadScan at 1, 2, 4 and 8
 // streams: the L2's stream prefetchers run ahead in each at once), the
 // opposite of the Zen 4 the one-row-at-a-time order was chosen on (see
-// rowquant.go), which the AVX-512 kernels keep. Two streams took the cold
-// Q8_0 decode kernel from 9.5–9.8 to 11.3 GB/s of thread CPU time here;
-// four and eight were slower (7.5–11), the K-quants most
-// (docs/performance.md).
+// rowquant.go), which the AVX-512 kernels keep. Two rows took the cold
+// Q8_0 decode kernel from 11.7–12.7 to 13.5–13.8 GB/s on one thread here;
+// four were no faster, eight slower; the K-quant kernels, bound by their
+// arithmetic, lost with two rows in cache and cold on two threads
+// (docs/performance.md), so they read one row at a time.
 const (
 	rowStreamsAVX2  = 2
-	rowStreamsKAVX2 = 2
+	rowStreamsKAVX2 = 1
 )
 
 // setStreams sets the rows phase 1 reads side by side: n with AVX2, one
