@@ -74,8 +74,11 @@ var _ prefix.Index = (*Precise)(nil)
 // starting with VLLMFingerprint names vLLM engines' hash scheme (check it
 // first with CheckFingerprint; an unknown scheme hashes as Tandem does).
 func New(fingerprint string, blockSize int, log *slog.Logger) *Precise {
-	idx := kvevents.NewIndex()
 	seed, _ := vllmSeed(fingerprint)
+	idx := kvevents.NewIndex()
+	if seed != nil {
+		idx = kvevents.NewIndexWithRule(kvevents.VLLMWindows)
+	}
 	return &Precise{idx: idx, sub: kvevents.NewSubscriber(idx, kvevents.SubscriberOptions{Logger: log}), fingerprint: fingerprint, blockSize: blockSize, vllmSeed: seed}
 }
 
