@@ -8,32 +8,46 @@ import (
 	"github.com/tandem-serve/tandem/internal/kvcache"
 )
 
-// With the seats spent, a step admits only asynchronous loads: the
-// requests queued behind them that would compute are passed without a
-// prefix-cache lookup, and a load among them still starts.
+// With the token budget or the seats spent, a step admits only
+// asynchronous loads: the requests queued behind them that would compute
+// are passed without a prefix-cache lookup, and a load among them still
+// starts.
 func TestASpentStepLooksUpOnlyWhatItCanAdmit(t *testing.T) {
-	c := newTestConnector()
-	h := newHarness(t, 256, Config{MaxNumSeqs: 1}, c)
-	h.add("a", prompt(1, 4), 12)
-	h.step()
-	for i := range 20 {
-		h.add(fmt.Sprint("w", i), prompt(10+i, 16), 1)
+	for _, c := range []struct {
+		name    string
+		cfg     Config
+		running int
+	}{
+		{"the budget spent by two decodes", Config{MaxNumBatchedTokens: 2}, 2},
+		{"the only seat taken", Config{MaxNumSeqs: 1}, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conn := newTestConnector()
+			h := newHarness(t, 256, c.cfg, conn)
+			for i := range c.running {
+				h.add(fmt.Sprint("a", i), prompt(1+i, 1), 12)
+			}
+			h.step()
+			for i := range 20 {
+				h.add(fmt.Sprint("w", i), prompt(10+i, 16), 1)
+			}
+			before := h.s.prefixLookups
+			for range 3 {
+				h.step()
+			}
+			if n := h.s.prefixLookups - before; n != 0 {
+				t.Errorf("3 steps looked up %d prefixes of 20 requests that cannot be admitted, want 0", n)
+			}
+			r := h.remote("r", prompt(3, 12), 2)
+			before = h.s.prefixLookups
+			h.step()
+			if n := h.s.prefixLookups - before; n != 1 || r.Status() != WaitingForRemoteKVs {
+				t.Errorf("a load queued behind them: %d lookups, r %v; want 1 and its load started", n, r.Status())
+			}
+			h.s.UpdateFromConnector([]string{"r"}, nil, nil)
+			h.runAll(300)
+		})
 	}
-	before := h.s.prefixLookups
-	for range 3 {
-		h.step()
-	}
-	if n := h.s.prefixLookups - before; n != 0 {
-		t.Errorf("3 steps with the only seat taken looked up %d prefixes of 20 requests that cannot be admitted, want 0", n)
-	}
-	r := h.remote("r", prompt(3, 12), 2)
-	before = h.s.prefixLookups
-	h.step()
-	if n := h.s.prefixLookups - before; n != 1 || r.Status() != WaitingForRemoteKVs {
-		t.Errorf("a load queued behind them: %d lookups, r %v; want 1 and its load started", n, r.Status())
-	}
-	h.s.UpdateFromConnector([]string{"r"}, nil, nil)
-	h.runAll(200)
 }
 
 // remoteConnector loads, asynchronously, the prompts of the requests it
