@@ -102,7 +102,7 @@ var allowed = map[string][]string{
 	"internal/sched":     {"internal/kvcache", "internal/kvlayout"},
 	"internal/modelinit": {"internal/model/safetensors", "internal/tensor", "internal/tokenizer"},
 	"internal/kvxfer":    {"internal/clock", "internal/kvcache", "internal/kvlayout", "internal/logid", "internal/metrics", "golang.org/x/sync/singleflight", "golang.org/x/sys/unix"},
-	"internal/kvevents":  {"internal/kvcache", "internal/kvevents/zmtp", "github.com/prometheus/client_golang/...", "github.com/tinylib/msgp/msgp"},
+	"internal/kvevents":  {"internal/kvcache", "internal/kvlayout", "internal/kvevents/zmtp", "github.com/prometheus/client_golang/...", "github.com/tinylib/msgp/msgp"},
 
 	// Floor 4: the engine's step loop, and the router's KV index (the
 	// router side of kv-events).

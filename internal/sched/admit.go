@@ -93,7 +93,26 @@ func (s *Scheduler) admit(r *Request, budget int, mode admitMode) admission {
 		return admitReleased
 	}
 
+	if mode == admitLoads {
+		// Only an asynchronous load can start with the budget or the seats
+		// spent. A connector that offers none after no local hit offers
+		// none after any (Connector), so a request it would not load is
+		// passed without the prefix-cache lookup: a step costs a connector
+		// question per waiting request, not a lookup of its prompt.
+		_, async, err := s.conn.GetNumNewMatchedTokens(r, 0)
+		switch {
+		case errors.Is(err, ErrRetryLater):
+			return admitSkip
+		case err != nil:
+			s.finish(r, FinishedError, fmt.Sprintf("kv connector: %v", err))
+			return admitSkip
+		case !async:
+			return admitPass
+		}
+	}
+
 	bs := s.pool.BlockSize()
+	s.prefixLookups++
 	r.hashes = s.pool.ExtendHashes(r.hashes, r.tokens)
 	maxHit := (len(r.tokens) - 1) / bs // never the whole prompt
 	k, hit := s.match(r.hashes[:min(maxHit, len(r.hashes))])

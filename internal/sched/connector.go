@@ -29,7 +29,11 @@ type Connector interface {
 	// be called several times for one request (each time the request is
 	// admitted with no KV) and must not change state. ErrRetryLater skips
 	// the request for this step; any other error finishes it with
-	// FINISHED_ERROR.
+	// FINISHED_ERROR. A larger local hit must never turn "no asynchronous
+	// load" into one (a connector loads at most what the hit does not
+	// cover): with the step's token budget or seats spent, the scheduler
+	// asks with numLocalComputed 0 first and passes a request offered no
+	// asynchronous load there without looking up its prefix.
 	GetNumNewMatchedTokens(r *Request, numLocalComputed int) (n int, async bool, err error)
 
 	// UpdateStateAfterAlloc is called after blocks were allocated for a

@@ -63,7 +63,10 @@
 // requests whose KV the connector loads asynchronously: they are admitted
 // into WAITING_FOR_REMOTE_KVS with zero tokens scheduled, so their loads
 // overlap the running requests' steps instead of waiting for budget (vLLM
-// #41784, #55724).
+// #41784, #55724). That scan asks the connector about each request with no
+// local hit first and looks up the prefix cache only for those it would
+// load, so a long queue of requests that compute costs each step a map
+// lookup per request, not a hash walk of every prompt.
 //
 // # Prefill cadence
 //

@@ -146,6 +146,9 @@ type Scheduler struct {
 	shortOfBlocks bool
 
 	preemptions uint64
+	// prefixLookups counts admit's prefix-cache lookups of waiting
+	// requests.
+	prefixLookups uint64
 
 	// The prefill cadence: sincePrefill steps (that scheduled something)
 	// since the last one that carried prefill compute, saturating at the

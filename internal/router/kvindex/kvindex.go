@@ -2,10 +2,13 @@
 // wire format over ZMQ, a Subscriber keeping an Index of block hash →
 // engines) into the router's prefix scorer, as a precise prefix.Index: an
 // engine's prefix hit is then the blocks it reported storing and has not
-// reported removing, not the router's guess. Block hashes are the engines'
-// own (kvevents.BlockHashes over the prompt's token ids, keyed by the model
-// fingerprint; for vLLM engines, a "vllm:sha256_cbor" fingerprint and
-// kvevents.VLLMBlockHashes), so the router needs the model's tokenizer.
+// reported removing, not the router's guess (for an engine with hybrid
+// KV-cache groups, the prefix its own rule would use: every full group's
+// blocks and each sliding group's window, see kvevents.Index). Block
+// hashes are the engines' own (kvevents.BlockHashes over the prompt's
+// token ids, keyed by the model fingerprint; for vLLM engines, a
+// "vllm:sha256_cbor" fingerprint and kvevents.VLLMBlockHashes), so the
+// router needs the model's tokenizer.
 //
 // The package is wired by cmd/tandem, not imported by package proxy:
 // kvevents computes hashes with the KV cache's code, which links the model
@@ -74,8 +77,11 @@ var _ prefix.Index = (*Precise)(nil)
 // starting with VLLMFingerprint names vLLM engines' hash scheme (check it
 // first with CheckFingerprint; an unknown scheme hashes as Tandem does).
 func New(fingerprint string, blockSize int, log *slog.Logger) *Precise {
-	idx := kvevents.NewIndex()
 	seed, _ := vllmSeed(fingerprint)
+	idx := kvevents.NewIndex()
+	if seed != nil {
+		idx = kvevents.NewIndexWithRule(kvevents.VLLMWindows)
+	}
 	return &Precise{idx: idx, sub: kvevents.NewSubscriber(idx, kvevents.SubscriberOptions{Logger: log}), fingerprint: fingerprint, blockSize: blockSize, vllmSeed: seed}
 }
 
