@@ -36,7 +36,7 @@ usage() {
 
 # table prints RESULTS.tsv as one Markdown row per file and thread count:
 # tok/s of each engine per test, the best of the rounds, Tandem's ratio to
-# llama.cpp, and decode's read rate (tok/s times the file's bytes: every
+# the next engine (llama.cpp), and decode's read rate (tok/s times the file's bytes: every
 # model here ties its head to the embedding, so a token reads every byte).
 table() {
 	python3 - "$1" <<'EOF'
@@ -54,25 +54,29 @@ for line in open(sys.argv[1]):
     sizes[label] = int(size)
     best[key + (engine, test)] = max(best[key + (engine, test)], float(rate))
 engines = sorted({k[2] for k in best}, key=lambda e: ("tandem", "llama.cpp", "prebuilt").index(e) if e in ("tandem", "llama.cpp", "prebuilt") else 9)
-others = [e for e in engines if e != "tandem"]
 tests = [t for t in ("prefill128", "prefill2048", "decode") if any(k[3] == t for k in best)]
-head = ["model", "format", "threads"]
-for t in tests:
-    head += [f"{t} {e}" for e in engines] + [f"{t} T/{e}" for e in others]
-    if t == "decode":
-        head += [f"decode GB/s {e}" for e in engines]
+head = ["model", "format", "threads"] + [f"{t}: {' / '.join(engines)}" for t in tests]
+if "decode" in tests:
+    head.append(f"decode GB/s: {' / '.join(engines)}")
 print("| " + " | ".join(head) + " |")
 print("|" + "---|" * 3 + "---:|" * (len(head) - 3))
 fmt = lambda v: "–" if v == 0 else (f"{v:.0f}" if v >= 100 else f"{v:.1f}")
-for label, threads in sorted(order, key=lambda k: (k[0].split(".")[0], ["f32", "bf16", "q8_0", "q4_k_m"].index(k[0].split(".", 1)[1]) if k[0].split(".", 1)[1] in ["f32", "bf16", "q8_0", "q4_k_m"] else 9, k[1])):
-    model, _, form = label.partition(".")
+forms = ["f32", "bf16", "q8_0", "q4_k_m"]
+def rank(key):
+    model, _, form = key[0].rpartition(".")
+    return (model, forms.index(form) if form in forms else 9, form, key[1])
+for label, threads in sorted(order, key=rank):
+    model, _, form = label.rpartition(".")
     row = [model, form, str(threads)]
     for t in tests:
-        v = {e: best[(label, threads, e, t)] for e in engines}
-        row += [fmt(v[e]) for e in engines]
-        row += [f"**{v['tandem'] / v[e]:.2f}×**" if v.get("tandem") and v[e] else "–" for e in others]
-        if t == "decode":
-            row += [f"{v[e] * sizes[label] / 1e9:.1f}" if v[e] else "–" for e in engines]
+        v = [best[(label, threads, e, t)] for e in engines]
+        cell = " / ".join(fmt(x) for x in v)
+        # Tandem's ratio to the first other engine, when both ran.
+        if len(v) > 1 and engines[0] == "tandem" and v[0] and v[1]:
+            cell += f" (**{v[0] / v[1]:.2f}×**)"
+        row.append(cell)
+    if "decode" in tests:
+        row.append(" / ".join(f"{best[(label, threads, e, 'decode')] * sizes[label] / 1e9:.1f}" if best[(label, threads, e, 'decode')] else "–" for e in engines))
     print("| " + " | ".join(row) + " |")
 EOF
 }
