@@ -19,7 +19,10 @@
 # Environment: LLAMA_BENCH, the llama-bench binary (required for the
 # llama.cpp engine; build it natively, docs/performance.md says how);
 # THREADS (default "1 2"); ROUNDS (default 1); ENGINES (default
-# "tandem llama.cpp"; "prebuilt" adds node-llama-cpp's prebuilt llama.cpp
+# "tandem llama.cpp"; "tandem:LABEL" adds a Tandem built elsewhere, from the
+# test binaries model.test and tensor.test in $FORMAT_BENCH_BIN/LABEL, e.g. a
+# build before a change, `go test -c -o DIR/before/model.test ./internal/model/`,
+# so that before and after alternate in one window; "prebuilt" adds node-llama-cpp's prebuilt llama.cpp
 # through bench.mjs in TANDEM_LLAMACPP, a directory with node-llama-cpp
 # installed and bench.mjs beside it, default scripts/reference/llamacpp
 # after `npm ci`; its prefill is the better of two runs, the first a
@@ -35,8 +38,8 @@ usage() {
 }
 
 # table prints RESULTS.tsv as one Markdown row per file and thread count:
-# tok/s of each engine per test, the best of the rounds, Tandem's ratio to
-# the next engine (llama.cpp), and decode's read rate (tok/s times the file's bytes: every
+# tok/s of each engine per test, the best of the rounds, each Tandem's ratio
+# to the first other engine (llama.cpp), and decode's read rate (tok/s times the file's bytes: every
 # model here ties its head to the embedding, so a token reads every byte).
 table() {
 	python3 - "$1" <<'EOF'
@@ -53,7 +56,13 @@ for line in open(sys.argv[1]):
         order.append(key)
     sizes[label] = int(size)
     best[key + (engine, test)] = max(best[key + (engine, test)], float(rate))
-engines = sorted({k[2] for k in best}, key=lambda e: ("tandem", "llama.cpp", "prebuilt").index(e) if e in ("tandem", "llama.cpp", "prebuilt") else 9)
+def erank(e):
+    if e.startswith("tandem:"):
+        return (0, e)
+    return ({"tandem": 1, "llama.cpp": 2, "prebuilt": 3}.get(e, 9), e)
+engines = sorted({k[2] for k in best}, key=erank)
+mine = [i for i, e in enumerate(engines) if e.split(":")[0] == "tandem"]
+ref = next((i for i, e in enumerate(engines) if e.split(":")[0] != "tandem"), None)
 tests = [t for t in ("prefill128", "prefill2048", "decode") if any(k[3] == t for k in best)]
 head = ["model", "format", "threads"] + [f"{t}: {' / '.join(engines)}" for t in tests]
 if "decode" in tests:
@@ -71,9 +80,10 @@ for label, threads in sorted(order, key=rank):
     for t in tests:
         v = [best[(label, threads, e, t)] for e in engines]
         cell = " / ".join(fmt(x) for x in v)
-        # Tandem's ratio to the first other engine, when both ran.
-        if len(v) > 1 and engines[0] == "tandem" and v[0] and v[1]:
-            cell += f" (**{v[0] / v[1]:.2f}×**)"
+        # each Tandem's ratio to the first other engine (llama.cpp), when both ran.
+        ratios = [f"**{v[i] / v[ref]:.2f}×**" for i in mine if ref is not None and v[i] and v[ref]]
+        if ratios:
+            cell += " (" + ", ".join(ratios) + ")"
         row.append(cell)
     if "decode" in tests:
         row.append(" / ".join(f"{best[(label, threads, e, 'decode')] * sizes[label] / 1e9:.1f}" if best[(label, threads, e, 'decode')] else "–" for e in engines))
@@ -121,15 +131,15 @@ record() {
 # tokps pulls the tok/s figure out of `go test -bench` output.
 tokps() { awk '/^Benchmark/ { for (i = 2; i <= NF; i++) if ($i == "tok/s") print $(i - 1) }' | tail -1; }
 
-tandem() { # FILE THREADS
-	local f=$1 t=$2 r
+tandem() { # FILE THREADS BINDIR ENGINE
+	local f=$1 t=$2 b=$3 r
 	for test in $tests; do
 		case $test in
-		prefill128) r=$(TANDEM_BENCH_MODEL=$f TANDEM_BENCH_TOKENS=128 "$bin/model.test" -test.run '^$' -test.bench "PrefillLong/tokens=128/threads=$t\$" -test.benchtime 3x | tokps) ;;
-		prefill2048) r=$(TANDEM_BENCH_MODEL=$f TANDEM_BENCH_TOKENS=2048 "$bin/model.test" -test.run '^$' -test.bench "PrefillLong/tokens=2048/threads=$t\$" -test.benchtime 1x | tokps) ;;
-		decode) r=$(TANDEM_BENCH_MODEL=$f "$bin/model.test" -test.run '^$' -test.bench "^BenchmarkDecode\$/threads=$t\$" -test.benchtime 32x | tokps) ;;
+		prefill128) r=$(TANDEM_BENCH_MODEL=$f TANDEM_BENCH_TOKENS=128 "$b/model.test" -test.run '^$' -test.bench "PrefillLong/tokens=128/threads=$t\$" -test.benchtime 3x | tokps) ;;
+		prefill2048) r=$(TANDEM_BENCH_MODEL=$f TANDEM_BENCH_TOKENS=2048 "$b/model.test" -test.run '^$' -test.bench "PrefillLong/tokens=2048/threads=$t\$" -test.benchtime 1x | tokps) ;;
+		decode) r=$(TANDEM_BENCH_MODEL=$f "$b/model.test" -test.run '^$' -test.bench "^BenchmarkDecode\$/threads=$t\$" -test.benchtime 32x | tokps) ;;
 		esac
-		record "$f" tandem "$t" "$test" "${r:-0}"
+		record "$f" "$4" "$t" "$test" "${r:-0}"
 	done
 }
 
@@ -167,7 +177,8 @@ for r in $(seq "$rounds"); do
 			for e in $engines; do
 				echo "== $(now) round $r $e $(basename "$f") threads=$t"
 				case $e in
-				tandem) tandem "$f" "$t" ;;
+				tandem) tandem "$f" "$t" "$bin" tandem ;;
+				tandem:*) tandem "$f" "$t" "$bin/${e#tandem:}" "$e" ;;
 				llama.cpp) llamacpp "$f" "$t" ;;
 				prebuilt) prebuilt "$f" "$t" ;;
 				*) echo "$0: unknown engine $e" >&2 && exit 2 ;;
