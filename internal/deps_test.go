@@ -133,12 +133,12 @@ var allowed = map[string][]string{
 	// Floor 6: the engine process assembled (serve, drain, RAM sizing, the
 	// kv-events sink; another branch moves it out of cmd/tandem).
 	"internal/server": {
-		"internal/engine", "internal/kvconnector", "internal/kvevents", "internal/kvlayout", "internal/kvxfer",
+		"internal/apierror", "internal/engine", "internal/httpguard", "internal/kvconnector", "internal/kvevents", "internal/kvlayout", "internal/kvxfer",
 		"internal/metrics", "internal/model", "internal/openai", "internal/sched", "internal/sim", "internal/tensor",
 		"internal/tokenizer",
 		"github.com/google/uuid",
 	},
-	"internal/server/servertest": {"internal/server"}, // starts engines in-process for tests
+	"internal/server/servertest": {"internal/defaultmodel", "internal/kvconnector", "internal/kvxfer", "internal/openai", "internal/sched", "internal/server", "internal/sim"}, // starts engines in-process for tests
 
 	// Floor 7: process launching and the benchmarks that drive processes.
 	"internal/launch":           {"internal/defaultmodel", "internal/gguf", "internal/kvxfer", "internal/openai", "internal/planner", "internal/proxy", "internal/tokenizer", "github.com/prometheus/client_golang/...", "golang.org/x/sys/unix"},

@@ -41,7 +41,8 @@ func runBenchModel(args []string) error {
 		fmt.Fprintf(fs.Output(), "usage: tandem bench model [flags]\n\n"+
 			"Times Tandem's CPU kernels on this machine for each weight format, on the linear layers\n"+
 			"of a decoder (llama-1b's by default, random weights): decode (one token; its weights\n"+
-			"streamed from memory) as GB/s and %% of the read limit a plain stream read measures, and\n"+
+			"streamed from memory) as GB/s and %% of the read limit (the fastest stream read of\n"+
+			"several stream counts and prefetch distances; the plain Go scans shown beside it), and\n"+
 			"prefill (--tokens rows) as GFLOP/s and %% of the f32 FMA peak measured in cache, with\n"+
 			"the token rates they give a whole model of that shape. The kernels are chosen as\n"+
 			"`tandem serve` chooses them (calibration; %s overrides).\n\n", tensor.KernelsEnv)
@@ -80,8 +81,8 @@ func benchModel(w io.Writer, f benchModelFlags, dts []tensor.DType, cal tensor.C
 	fmt.Fprintf(w, "CPU: %s\nkernels: %s, quantized %s (%s); %s; timed by %s\n", machine(), cal.Set, cal.Quant, cal.Source, tensor.DetectAMX(), clock)
 	read := streamRead(p, f.readMiB, f.reps)
 	peak := fmaPeak(p, f.reps)
-	fmt.Fprintf(w, "read limit (stream read of %d MiB, %d threads): %.1f GB/s; f32 FMA peak (in cache, %d threads): %.0f GFLOP/s\n",
-		f.readMiB, f.threads, read/1e9, f.threads, peak/1e9)
+	fmt.Fprintf(w, "read limit (stream read of %d MiB, %d threads): %s\nf32 FMA peak (in cache, %d threads): %.0f GFLOP/s\n",
+		f.readMiB, f.threads, read, f.threads, peak/1e9)
 	fmt.Fprintf(w, "shape: hidden %d, kv %d, ffn %d; decode over %d layers' weights, prefill %d tokens over one layer; median of %d\n\n",
 		f.hidden, f.kv, f.ffn, f.layers, f.tokens, f.reps)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -91,7 +92,7 @@ func benchModel(w io.Writer, f benchModelFlags, dts []tensor.DType, cal tensor.C
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%.0f%%\t%.1f\t%.0f\t%.0f%%\t%.0f\t\n", dt, r.decodeBps/1e9, 100*r.decodeBps/read,
+		fmt.Fprintf(tw, "%s\t%.1f\t%.0f%%\t%.1f\t%.0f\t%.0f%%\t%.0f\t\n", dt, r.decodeBps/1e9, 100*r.decodeBps/read.bps,
 			r.decodeBps/r.modelBytes, r.prefillFlops/1e9, 100*r.prefillFlops/peak, r.prefillFlops/r.modelFlopsPerToken)
 	}
 	fmt.Fprintf(tw, "(model: %d layers of this shape plus a %d-entry tied embedding read whole by the logits; attention not counted)\n", benchModelLayers, f.vocab)
@@ -248,26 +249,59 @@ func useThreadCPU() bool {
 	return true
 }
 
+// readLimit is the measured read limit and what it was measured beside.
+type readLimit struct {
+	// bps is the read limit: the fastest tensor.ReadScan, bytes per
+	// second, at streams streams side by side and prefetch distance pf.
+	bps         float64
+	streams, pf int
+	// words and dot are the plain Go scans' rates (tensor.SumWords, and
+	// Dot of the data with itself), the limit before ReadScan.
+	words, dot float64
+}
+
 // streamRead measures the read limit: a scan of mib MiB split over the
-// pool's threads, the faster of tensor.SumWords (memory-bound on every
-// CPU) and Dot of the data with itself; bytes per second, median of reps
-// passes. (docs/performance.md's first numbers scanned with ArgMax, which
-// without AVX-512 is bound by its arithmetic, not by memory.)
-func streamRead(p *tensor.Pool, mib, reps int) float64 {
+// pool's threads by tensor.ReadScan at each of its stream counts and
+// prefetch distances, the fastest kept, and the plain scans beside it;
+// bytes per second, median of reps passes each. (docs/performance.md's
+// first numbers scanned with ArgMax, which without AVX-512 is bound by its
+// arithmetic; the next with SumWords and Dot, below what the prefetching
+// matrix kernels read.)
+func streamRead(p *tensor.Pool, mib, reps int) readLimit {
 	big := randomActs(rand.New(rand.NewPCG(5, 5)), mib<<20/4)
 	n := p.Threads()
 	per := len(big) / n
-	best := 0.0
-	for _, scan := range []func([]float32){
-		func(x []float32) { tensor.SumWords(x) },
-		func(x []float32) { tensor.Dot(x, x) },
-	} {
+	rate := func(scan func([]float32)) float64 {
 		d := median(reps, func() {
 			p.Parallel(n, func(lo, hi int) { scan(big[lo*per : hi*per]) })
 		})
-		best = max(best, float64(per*n*4)/d.Seconds())
+		return float64(per*n*4) / d.Seconds()
 	}
-	return best
+	var r readLimit
+	for _, st := range tensor.ReadScanStreams {
+		for _, pf := range tensor.ReadScanDistances {
+			if bps := rate(func(x []float32) { tensor.ReadScan(x, st, pf) }); bps > r.bps {
+				r.bps, r.streams, r.pf = bps, st, pf
+			}
+		}
+	}
+	r.words = rate(func(x []float32) { tensor.SumWords(x) })
+	r.dot = rate(func(x []float32) { tensor.Dot(x, x) })
+	return r
+}
+
+// String describes how the limit was measured.
+func (r readLimit) String() string {
+	how := "Go scan"
+	if tensor.ReadScanIsAssembly() {
+		how = fmt.Sprintf("assembly scan, %d streams side by side, ", r.streams)
+		if r.pf == 0 {
+			how += "no software prefetch"
+		} else {
+			how += fmt.Sprintf("prefetching %d KiB ahead", r.pf>>10)
+		}
+	}
+	return fmt.Sprintf("%.1f GB/s (%s; plain Go scans: words %.1f, dot %.1f GB/s)", r.bps/1e9, how, r.words/1e9, r.dot/1e9)
 }
 
 // fmaPeak measures the f32 multiply-add rate of the matrix kernels on

@@ -19,7 +19,7 @@ func TestBenchModelPrintsEveryFormatBesideTheLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := out.String()
-	for _, want := range []string{"read limit (stream read of 1 MiB, 1 threads):", "f32 FMA peak", "% of read limit", "% of FMA peak"} {
+	for _, want := range []string{"read limit (stream read of 1 MiB, 1 threads):", "plain Go scans: words", "f32 FMA peak", "% of read limit", "% of FMA peak"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("output lacks %q:\n%s", want, s)
 		}

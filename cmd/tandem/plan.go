@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,6 +35,7 @@ func registerPlannerFlags(fs *flag.FlagSet) *plannerFlags {
 	fs.DurationVar(&f.cfg.MaxAge, "plan-max-age", 10*time.Second, "planner: engine metrics older than this are stale and ignored (a decision without fresh ones holds the split and says so)")
 	fs.DurationVar(&f.cfg.Window, "plan-window", time.Minute, "planner: how far back the traffic and costs are fitted")
 	fs.IntVar(&f.cfg.MaxSeqs, "plan-max-num-seqs", 64, "planner: the decode engines' --max-num-seqs")
+	fs.IntVar(&f.cfg.MaxBatchedTokens, "plan-max-num-batched-tokens", 2048, "planner: the decode engines' --max-num-batched-tokens, the chunk their local prefills stall their streams by (engines that publish tandem:engine_info tell the planner theirs)")
 	return f
 }
 
@@ -121,7 +124,17 @@ type planAnswer struct {
 	Moving     string            `json:"moving"`
 	Prefill    []string          `json:"prefill"`
 	Decode     []string          `json:"decode"`
+	Pinned     map[string]string `json:"pinned"`
 	Objectives map[string]any    `json:"objectives"`
+	Cadence    *planCadence      `json:"cadence"`
+}
+
+// planCadence is the prefill cadence an acting planner set on the decode
+// pool's engines.
+type planCadence struct {
+	PrefillScheduleInterval int               `json:"prefill_schedule_interval"`
+	Applied                 map[string]int    `json:"applied"`
+	Failed                  map[string]string `json:"failed"`
 }
 
 func writePlan(w io.Writer, p planAnswer) {
@@ -136,6 +149,9 @@ func writePlan(w io.Writer, p planAnswer) {
 	if p.Moving != "" {
 		fmt.Fprintf(w, "moving: %s (draining)\n", p.Moving)
 	}
+	for _, u := range slices.Sorted(maps.Keys(p.Pinned)) {
+		fmt.Fprintf(w, "pinned: %s: %s\n", u, p.Pinned[u])
+	}
 	d := p.Decision
 	if d == nil {
 		fmt.Fprintln(w, "no decision yet (the first comes one --plan-interval after the start)")
@@ -145,17 +161,35 @@ func writePlan(w io.Writer, p planAnswer) {
 	if d.Changed {
 		fmt.Fprint(w, " (changed)")
 	}
+	if d.Crossed {
+		fmt.Fprint(w, " (straight to the best: the step toward it predicts less than now)")
+	}
 	fmt.Fprintf(w, "; best %dP:%dD; conditional threshold %d uncached tokens; prefill cadence %d\n", d.Best.P, d.Best.D, d.Threshold, d.PrefillScheduleInterval)
 	if d.Held != "" {
 		fmt.Fprintf(w, "held: %s\n", d.Held)
+	}
+	if c := p.Cadence; c != nil && c.PrefillScheduleInterval > 0 {
+		set := 0
+		for _, u := range p.Decode {
+			if c.Applied[u] == c.PrefillScheduleInterval {
+				set++
+			}
+		}
+		fmt.Fprintf(w, "prefill cadence %d set on %d of the %d decode engines\n", c.PrefillScheduleInterval, set, len(p.Decode))
+		for _, u := range slices.Sorted(maps.Keys(c.Failed)) {
+			fmt.Fprintf(w, "  not set on %s: %s\n", u, c.Failed[u])
+		}
+	}
+	if d.Fit.Shift != "" {
+		fmt.Fprintf(w, "shift: %s\n", d.Fit.Shift)
 	}
 	writeFit(w, d)
 }
 
 func writeFit(w io.Writer, d *planner.Decision) {
 	f := d.Fit
-	fmt.Fprintf(w, "traffic: %d requests, %.2f req/s; mean prompt %.0f tokens (%.0f uncached), output %.0f; %.0f%% prefilled remotely at the threshold\n",
-		f.Requests, f.ArrivalRate, f.MeanPrompt, f.MeanUncached, f.MeanOutput, 100*f.RemoteFraction)
+	fmt.Fprintf(w, "traffic: %d requests, %.2f req/s; mean prompt %.0f tokens (%.0f uncached), output %.0f (%d finished); %.0f%% prefilled remotely at the threshold\n",
+		f.Requests, f.ArrivalRate, f.MeanPrompt, f.MeanUncached, f.MeanOutput, f.FinishedOutputs, 100*f.RemoteFraction)
 	fmt.Fprintf(w, "engines: %d with fresh metrics (%d stale samples ignored)\n", f.FreshEngines, f.StaleSamples)
 	if f.PrefillSecondsPerToken > 0 {
 		fmt.Fprintf(w, "prefill: %.3f ms/token → s̄ = %.3f s, C² = %.3f, overhead %.3f s", 1000*f.PrefillSecondsPerToken, f.PrefillSeconds, f.PrefillCV2, f.Overhead)
@@ -168,7 +202,7 @@ func writeFit(w io.Writer, d *planner.Decision) {
 		fmt.Fprintf(w, "decode (%s, %d points, mean batch %.1f): TPOT = %.1f + %.2f·k ms (σ %.1f) → batch %.1f at %.1f ms → %.3f req/s per engine\n",
 			f.DecodeFit, f.DecodePoints, f.MeanBatch, f.StepA, f.StepB, f.StepSigma, f.DecodeBatch, f.DecodeTPOT, f.DecodeRate)
 	}
-	if f.Current.P > 0 {
+	if f.Current.P+f.Current.D > 0 {
 		fmt.Fprintf(w, "predicted goodput: now %dP:%dD %.2f req/s (%s-bound); best %dP:%dD %.2f req/s (%s-bound)\n",
 			f.Current.P, f.Current.D, f.Current.Goodput, f.Current.Limit, d.Best.P, d.Best.D, d.Best.Goodput, d.Best.Limit)
 	}

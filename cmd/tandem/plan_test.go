@@ -67,3 +67,16 @@ func TestPlannerFlagsNeedBothObjectives(t *testing.T) {
 		t.Fatalf("planner flags: %+v, %v", f, err)
 	}
 }
+
+func TestPlanPrintsTheCadenceSetOnTheDecodePool(t *testing.T) {
+	var out bytes.Buffer
+	writePlan(&out, planAnswer{Acting: true, Prefill: []string{"http://p"}, Decode: []string{"http://d1", "http://d2"},
+		Decision: &planner.Decision{Prefill: 1, Decode: 2, PrefillScheduleInterval: 4},
+		Cadence: &planCadence{PrefillScheduleInterval: 4, Applied: map[string]int{"http://d1": 4},
+			Failed: map[string]string{"http://d2": "answered 401 Unauthorized: invalid API key"}}})
+	for _, want := range []string{"prefill cadence 4 set on 1 of the 2 decode engines", "not set on http://d2: answered 401"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("tandem plan printed no %q:\n%s", want, out.String())
+		}
+	}
+}

@@ -2,7 +2,8 @@
 // Submit, a single step-loop goroutine owns the scheduler (package sched) and
 // the KV pool (package kvcache), and each step it
 //
-//  1. drains incoming messages (submits, aborts, KV connector completions),
+//  1. drains incoming messages (submits, aborts, KV connector completions,
+//     a new prefill cadence from SetPrefillScheduleInterval),
 //  2. asks the scheduler what to compute (decodes first, then prefill chunks),
 //  3. lets the KV connector's worker half start this step's loads,
 //  4. runs model.Forward over the whole batch,

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/tandem-serve/tandem/internal/clock"
 	"github.com/tandem-serve/tandem/internal/kvcache"
@@ -114,7 +115,8 @@ type Engine struct {
 	quit, abortAll          bool
 	dropHolds               bool
 	prefixQ, prefixH        uint64
-	deferred, lifted        uint64 // the scheduler's cadence counters, as last published
+	deferred, lifted        uint64       // the scheduler's cadence counters, as last published
+	cadence                 atomic.Int64 // the prefill cadence in use, as the loop last set it
 	seqs                    []model.Seq
 	draws                   []draw
 	drainedClosed, stopping bool
@@ -176,6 +178,7 @@ func New(cfg Config) (*Engine, error) {
 		e.eos = mergeIDs(e.eos, gen.EOS)
 	}
 	e.publishStats()
+	e.publishCadence()
 	go e.run()
 	return e, nil
 }

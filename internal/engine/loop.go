@@ -118,6 +118,8 @@ func (e *Engine) handle(m any) {
 	case dropHoldsMsg:
 		e.dropHolds = true
 		m.held <- e.sched.Stats().Held
+	case setCadenceMsg:
+		e.setCadence(m)
 	case quitMsg:
 		e.quit = true
 	}

@@ -12,22 +12,37 @@ import (
 // fields that are set, in Params' order, then Extra's keys in sorted order.
 // Keys in Extra that name a field of Params are not written: the field
 // wins.
-func (p Params) MarshalJSON() ([]byte, error) {
+func (p Params) MarshalJSON() ([]byte, error) { return p.marshal(true) }
+
+// marshal is MarshalJSON; with fast false every value goes through
+// json.Marshal (the fuzz test checks both write the same bytes).
+func (p Params) marshal(fast bool) ([]byte, error) {
 	var b bytes.Buffer
+	b.Grow(256 + 8*blockCount(p.RemoteBlockIDs))
 	b.WriteByte('{')
 	n := 0
 	put := func(key string, v any) error {
-		enc, err := json.Marshal(v)
-		if err != nil {
-			return err
-		}
-		name, _ := json.Marshal(key) // a string always marshals
 		if n > 0 {
 			b.WriteByte(',')
 		}
 		n++
-		b.Write(name)
-		b.WriteByte(':')
+		if fast && plain(key) {
+			b.Write(append(append(append(b.AvailableBuffer(), '"'), key...), '"', ':'))
+		} else {
+			name, _ := json.Marshal(key) // a string always marshals
+			b.Write(name)
+			b.WriteByte(':')
+		}
+		if fast {
+			if enc := appendFast(b.AvailableBuffer(), v); enc != nil {
+				b.Write(enc)
+				return nil
+			}
+		}
+		enc, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
 		b.Write(enc)
 		return nil
 	}

@@ -64,6 +64,9 @@ type Engine struct {
 	// queue did not drain at the last admitting step).
 	PrefillStepsDeferred prometheus.Counter
 	PrefillCadenceLifted prometheus.Counter
+	// PrefillScheduleInterval is the prefill cadence in use: the flag's at
+	// start, then whatever the admin route last set.
+	PrefillScheduleInterval prometheus.Gauge
 	// KVFetchByStage counts the requests whose KV comes from a remote
 	// engine by fetch stage (stage=waiting_to_start|in_progress|
 	// completed_waiting), under the name third-party vLLM scrapers read.
@@ -148,6 +151,7 @@ func NewEngine(modelName string) *Engine {
 	e.HistoryTokensPulled = c("tandem:kv_history_tokens_pulled_total", "Conversation-history tokens turn-2 prefills pulled from a decode engine.")
 	e.ConversationHolds = g("tandem:kv_conversation_holds", "Conversations whose KV this decode engine holds for the next turn.")
 	e.PrefillStepsDeferred = c("tandem:prefill_steps_deferred_total", "Steps in which the prefill cadence deferred prefill compute while requests decoded.")
+	e.PrefillScheduleInterval = g("tandem:prefill_schedule_interval", "The prefill cadence in use: prefill compute runs on every Nth step while requests decode (1: every step).")
 	e.PrefillCadenceLifted = c("tandem:prefill_cadence_lifted_total", "Off-cadence steps that ran prefill because the waiting queue did not drain (capacity-bound guard).")
 	e.KVFetchByStage = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vllm:num_requests_kv_fetch_by_stage", Help: "Requests whose KV is fetched from a remote engine, by fetch stage.", ConstLabels: l}, []string{"stage"})
 	f(e.KVFetchByStage)

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -18,5 +19,16 @@ func TestEngineExportsGoRuntime(t *testing.T) {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("/metrics lacks %q", strings.TrimSpace(want))
 		}
+	}
+}
+
+func TestSetInfoPublishesTheEnginesConfiguration(t *testing.T) {
+	e := NewEngine("m")
+	e.SetInfo("both", 64, 512)
+	rec := httptest.NewRecorder()
+	e.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	want := `tandem:engine_info{max_num_batched_tokens="512",max_num_seqs="64",role="both"} 1`
+	if !strings.Contains(rec.Body.String(), want) {
+		t.Fatalf("/metrics lacks %s", want)
 	}
 }

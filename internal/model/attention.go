@@ -34,8 +34,13 @@ import (
 //     s_j = q̂·k_j for every key j of the chunk, each one dot product with
 //     the matmul kernel's fixed reduction order (tensor.DotRowsBF16 /
 //     tensor.DotRows, bit-identical whatever the number of rows or keys per
-//     call); mc = the largest s_j (tensor.ArgMax); if mc > m (the running
-//     maximum, -Inf before the first chunk) and m > -Inf, the running sum l
+//     call; where tensor.AttnPackedF32 holds (avx2), prefill tiles score a
+//     packed, transposed f32 copy of the keys with tensor.AttnScoresF32,
+//     8 keys per vector, whose every score is those kernels' bits — see
+//     asmgen's attnavx2.go and TestAttnScoresF32MatchDotRows — while decode
+//     tokens score the pool); mc = the largest s_j (tensor.ArgMax); if
+//     mc > m (the running maximum, -Inf before the first chunk) and m >
+//     -Inf, the running sum l
 //     and every accumulator element are multiplied by e^(m−mc) (one
 //     tensor.ExpSum of one element); m = max(m, mc); s_j = e^(s_j−m) and
 //     l += their sum (one tensor.ExpSum over the chunk's keys, its order
@@ -101,9 +106,10 @@ import (
 // (decode) is one item for all KV heads, so one sweep reads a block's key
 // rows for every head, with the next block prefetched. Items are claimed
 // dynamically by whichever pool thread is free, the costliest first within
-// each KV head. On the bf16 path a first parallel pass packs, per
-// sequence with prefill tiles and KV head, the keys its tiles score (see
-// packKeys): O(keys) work that the O(keys × tokens) scoring then reads
+// each KV head. On the bf16 path, and on the f32 one where
+// tensor.AttnPackedF32 holds, a first parallel pass packs, per sequence
+// with prefill tiles and KV head, the keys its tiles score (see packKeys,
+// packKeysF32): O(keys) work that the O(keys × tokens) scoring then reads
 // contiguously.
 
 // attnTileTokens is the number of consecutive tokens of one sequence in a
@@ -208,9 +214,12 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout kvlayout.Layout)
 	c := &m.cfg
 	s := &m.s
 	items, tiles := s.items, s.tiles
-	bf16 := useBF16Attention(kv)
-	if bf16 {
+	bf16, packed := useBF16Attention(kv), usePackedF32(kv)
+	switch {
+	case bf16:
 		m.packKeys(li, seqs, kv, layout)
+	case packed:
+		m.packKeysF32(li, seqs, kv, layout)
 	}
 	m.pool.ParallelChunks(len(items), 1, func(lo, hi int) {
 		w, _ := s.attnScratch.Get().(*attnScratch)
@@ -233,7 +242,11 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout kvlayout.Layout)
 				m.attendTileBF16(w, kv, layout, li, sq, keys, tile.t0, tile.n, first, kh0, kh1)
 				continue
 			}
-			m.attendTile(w, kv, layout, li, sq, tile.t0, tile.n, first, kh0, kh1)
+			var keys []float32
+			if packed && it.kvh >= 0 {
+				keys = s.packedF32[int(s.tokSeq[tile.t0])*c.KVHeads+int(it.kvh)]
+			}
+			m.attendTile(w, kv, layout, li, sq, keys, tile.t0, tile.n, first, kh0, kh1)
 		}
 		s.attnScratch.Put(w)
 	})
@@ -245,7 +258,7 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout kvlayout.Layout)
 // top of this file. Query row r of the item is head kvh·group+gi of token
 // tok, r = ((kvh−kh0)·ntok + tok)·group + gi: the rows of one KV head are
 // contiguous, and so are the group's rows of one token.
-func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li int, sq *Seq, t0, ntok, first, kh0, kh1 int) {
+func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li int, sq *Seq, keys []float32, t0, ntok, first, kh0, kh1 int) {
 	tbl, ls := m.kvTable(sq, li)
 	c := &m.cfg
 	s := &m.s
@@ -266,10 +279,15 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 		c1 := min(c0+C, end)
 		tokLo, tokHi := chunkTokens(c0, c1, first, ntok, win)
 		live := (tokHi - tokLo) * group
-		// Scores: every key of the chunk against the live rows, segment
-		// by segment (a segment is the part of a KV block inside the
-		// chunk).
-		for j := c0; j < c1; {
+		// Scores: every key of the chunk against the live rows, from the
+		// packed keys (KV head kh0, the only one of a prefill item) or
+		// segment by segment (a segment is the part of a KV block inside
+		// the chunk).
+		if keys != nil {
+			r0 := tokLo * group
+			tensor.AttnScoresF32(w.s[r0*C:], C, w.q[r0*hd:], hd, live, keys[c0*hd:], (c1-c0+15)/16, hd)
+		}
+		for j := c0; j < c1 && keys == nil; {
 			blk, slot := j/bs, j%bs
 			je := min(c1, (blk+1)*bs)
 			base := layout.Offset(int(tbl[blk]), ls, 0, slot)

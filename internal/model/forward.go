@@ -93,7 +93,8 @@ type scratch struct {
 	out              [][]float32
 	tiles            []attnTile
 	items            []attnItem
-	packed           [][]uint32 // bf16 attention: packed keys per (sequence, KV head)
+	packed           [][]uint32  // bf16 attention: packed keys per (sequence, KV head)
+	packedF32        [][]float32 // f32-activation attention: packed keys per (sequence, KV head)
 	packItems        []packItem
 	slots            []kvlayout.LayerSlot // per layer: its KV-cache group and slot
 	attnScratch      sync.Pool            // *attnScratch, one per busy worker

@@ -3,46 +3,28 @@ package openai
 import (
 	"encoding/json"
 	"net/http"
-	"time"
 
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/sample"
 )
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
-	received := time.Now()
-	extID, aerr := requestID(w, r)
-	if aerr != nil {
-		WriteError(w, aerr)
-		return
-	}
-	var req ChatCompletionRequest
-	if err := s.decode(w, r, &req); err != nil {
-		WriteError(w, err)
-		return
-	}
-	j, err := s.chatJob(&req, extID)
-	if err != nil {
-		s.rejectKV(req.KVTransferParams)
-		WriteError(w, err)
-		return
-	}
-	// api ends where the engine's clock starts (Submit): measured after
-	// start, it would overlap the engine's queue and prefill.
-	api := time.Since(received)
-	run, err := s.start(r.Context(), j)
-	if err != nil {
-		WriteError(w, err)
-		return
-	}
-	defer run.close()
-	run.api = api
-	meta := responseMeta{id: "chatcmpl-" + extID, created: s.cfg.Now().Unix(), model: s.cfg.ModelName}
-	lp := logprobsOut{on: req.Logprobs, asIDs: boolOr(req.ReturnTokensAsTokenIDs, false)}
-	if req.Stream {
-		s.streamChat(w, r, run, meta, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, lp)
-		return
-	}
+	s.serveGeneration(w, r, &ChatCompletionRequest{})
+}
+
+// The chat route's parts of serveGeneration.
+func (req *ChatCompletionRequest) sampling() *SamplingFields { return &req.SamplingFields }
+func (req *ChatCompletionRequest) job(s *Server, extID string) (*job, *Error) {
+	return s.chatJob(req, extID)
+}
+func (req *ChatCompletionRequest) idPrefix() string { return "chatcmpl-" }
+func (req *ChatCompletionRequest) logprobsOut() logprobsOut {
+	return logprobsOut{on: req.Logprobs, asIDs: boolOr(req.ReturnTokensAsTokenIDs, false)}
+}
+func (req *ChatCompletionRequest) stream(s *Server, w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, includeUsage bool, lp logprobsOut) {
+	s.streamChat(w, r, run, meta, includeUsage, lp)
+}
+func (req *ChatCompletionRequest) complete(s *Server, w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, lp logprobsOut) {
 	s.completeChat(w, r, run, meta, lp)
 }
 

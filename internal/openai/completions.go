@@ -5,46 +5,28 @@ import (
 	"errors"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/tandem-serve/tandem/internal/engine"
 	"github.com/tandem-serve/tandem/internal/kvparams"
 )
 
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
-	received := time.Now()
-	extID, aerr := requestID(w, r)
-	if aerr != nil {
-		WriteError(w, aerr)
-		return
-	}
-	var req CompletionRequest
-	if err := s.decode(w, r, &req); err != nil {
-		WriteError(w, err)
-		return
-	}
-	j, err := s.completionJob(&req, extID)
-	if err != nil {
-		s.rejectKV(req.KVTransferParams)
-		WriteError(w, err)
-		return
-	}
-	// api ends where the engine's clock starts (Submit): measured after
-	// start, it would overlap the engine's queue and prefill.
-	api := time.Since(received)
-	run, err := s.start(r.Context(), j)
-	if err != nil {
-		WriteError(w, err)
-		return
-	}
-	defer run.close()
-	run.api = api
-	meta := responseMeta{id: "cmpl-" + extID, created: s.cfg.Now().Unix(), model: s.cfg.ModelName}
-	lp := logprobsOut{on: req.Logprobs != nil, asIDs: boolOr(req.ReturnTokensAsTokenIDs, false)}
-	if req.Stream {
-		s.streamCompletion(w, r, run, meta, req.StreamOptions != nil && req.StreamOptions.IncludeUsage, lp)
-		return
-	}
+	s.serveGeneration(w, r, &CompletionRequest{})
+}
+
+// The completions route's parts of serveGeneration.
+func (req *CompletionRequest) sampling() *SamplingFields { return &req.SamplingFields }
+func (req *CompletionRequest) job(s *Server, extID string) (*job, *Error) {
+	return s.completionJob(req, extID)
+}
+func (req *CompletionRequest) idPrefix() string { return "cmpl-" }
+func (req *CompletionRequest) logprobsOut() logprobsOut {
+	return logprobsOut{on: req.Logprobs != nil, asIDs: boolOr(req.ReturnTokensAsTokenIDs, false)}
+}
+func (req *CompletionRequest) stream(s *Server, w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, includeUsage bool, lp logprobsOut) {
+	s.streamCompletion(w, r, run, meta, includeUsage, lp)
+}
+func (req *CompletionRequest) complete(s *Server, w http.ResponseWriter, r *http.Request, run *run, meta responseMeta, lp logprobsOut) {
 	s.completeCompletion(w, r, run, meta, lp)
 }
 

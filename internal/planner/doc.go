@@ -1,15 +1,22 @@
 // Package planner sizes the prefill and decode pools from the objectives.
 // Given TTFT and TPOT SLOs and the traffic a router sees, it chooses the
-// P:D split of the engines, the conditional decider's threshold (the
-// uncached prompt length from which a prompt is prefilled remotely) and a
-// prefill cadence for engines that prefill beside their decodes
-// (`tandem serve --prefill-schedule-interval`).
+// P:D split of the engines (the colocated split, no prefill engine and
+// every engine prefilling its own prompts, among them), the conditional
+// decider's threshold (the uncached prompt length from which a prompt is
+// prefilled remotely) and a prefill cadence for engines that prefill
+// beside their decodes (`tandem serve --prefill-schedule-interval`).
 //
 // It fits the same capacity model `tandem bench report` fits to a saved
 // run (model.go: DistServe-style, simplified; internal/bench's PDModel
 // calls these functions), but online: from a sliding window of the
 // requests the router routed and the engines' scraped costs, refitted at
-// every decision.
+// every decision. A decode's capacity counts what its own prefills cost
+// it (capacity.go, stalls.go): their share of its time stretches its
+// steps, they queue for their first token, and the streams running beside
+// them miss the TPOT objective when the stalls they wait through exceed
+// their slack. When the traffic mix shifts (shift.go), the model is fitted
+// to the requests since the shift rather than to a window that still holds
+// the old mix.
 //
 // Like the scheduler, the planner is a pure state machine in the manner of
 // etcd's raft: it never reads a clock, touches the network or starts a
@@ -19,7 +26,9 @@
 // Deployments) is the caller's. Decisions are guarded against flapping: a
 // new split must beat the current one's predicted goodput by a margin
 // (Config.Hysteresis), at least Config.MinDwell must have passed since the
-// last change, and a change moves one engine at a time. Engine samples
-// older than Config.MaxAge are ignored, and a decision with too few fresh
-// samples holds the current split and says why.
+// last change when the split turns back (Config.StepDwell when it goes on
+// in the same direction), and a change moves one engine at a time (or,
+// where that step is predicted worse than now, straight to the best).
+// Engine samples older than Config.MaxAge are ignored, and a decision with
+// too few fresh samples holds the current split and says why.
 package planner

@@ -1,9 +1,10 @@
 package planner
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
-	"math"
+	"maps"
 	"slices"
 	"time"
 )
@@ -15,24 +16,33 @@ type Config struct {
 	// Goal is the fraction of requests that must meet both. Default 0.9.
 	Goal float64
 	// Engines is how many engines the split divides. Required, at least
-	// MinPrefill + MinDecode.
+	// MinPrefill + MinDecode and 2.
 	Engines int
 	// Prefill is the split's prefill engines at start (the rest decode).
 	// Default MinPrefill.
 	Prefill int
-	// MinPrefill and MinDecode bound the split. Default 1 each.
+	// MinPrefill and MinDecode bound the split. MinPrefill defaults to 0:
+	// the split may be colocated, every engine a decode prefilling its own
+	// prompts (the router must then keep every prompt local with no
+	// prefill engine, as the conditional decider does); set 1 to keep a
+	// prefill pool. MinDecode defaults to 1.
 	MinPrefill, MinDecode int
 	// MaxSeqs is the decode engines' --max-num-seqs. Default 64.
 	MaxSeqs int
+	// MaxBatchedTokens is the decode engines' --max-num-batched-tokens,
+	// the chunk their local prefills are computed in. Default 2048 (tandem
+	// serve's).
+	MaxBatchedTokens int
 	// Window is how far back requests and engine samples are fitted.
 	// Default 60s.
 	Window time.Duration
 	// MaxAge is the age beyond which an engine's scraped costs are stale
 	// and ignored. Default 10s.
 	MaxAge time.Duration
-	// MinDwell is the least time between two changes of the split.
-	// Default 30s.
-	MinDwell time.Duration
+	// MinDwell is the least time between two changes of the split, and
+	// StepDwell between two in the same direction (the split still moving
+	// toward one best: no flapping). Defaults 30s and MinDwell/4.
+	MinDwell, StepDwell time.Duration
 	// Hysteresis is how much more goodput (a fraction) the model must
 	// predict for a new split than for the current one before it moves.
 	// Default 0.1.
@@ -56,8 +66,8 @@ func (c *Config) setDefaults() error {
 	if c.Goal <= 0 || c.Goal >= 1 {
 		c.Goal = 0.9
 	}
-	c.MinPrefill, c.MinDecode = max(c.MinPrefill, 1), max(c.MinDecode, 1)
-	if c.Engines < c.MinPrefill+c.MinDecode {
+	c.MinPrefill, c.MinDecode = max(c.MinPrefill, 0), max(c.MinDecode, 1)
+	if c.Engines < max(c.MinPrefill+c.MinDecode, 2) {
 		return fmt.Errorf("planner: %d engines cannot be split into at least %d prefill and %d decode: start more engines", c.Engines, c.MinPrefill, c.MinDecode)
 	}
 	c.Prefill = min(max(c.Prefill, c.MinPrefill), c.Engines-c.MinDecode)
@@ -69,12 +79,14 @@ func (c *Config) setDefaults() error {
 	def(&c.Window, time.Minute)
 	def(&c.MaxAge, 10*time.Second)
 	def(&c.MinDwell, 30*time.Second)
+	def(&c.StepDwell, c.MinDwell/4)
 	defInt := func(v *int, d int) {
 		if *v <= 0 {
 			*v = d
 		}
 	}
 	defInt(&c.MaxSeqs, 64)
+	defInt(&c.MaxBatchedTokens, 2048)
 	defInt(&c.MinRequests, 20)
 	defInt(&c.Threshold, 256)
 	defInt(&c.MinThreshold, 16)
@@ -88,12 +100,18 @@ func (c *Config) setDefaults() error {
 
 // Request is one routed request as the router saw it.
 type Request struct {
-	// At is when it arrived.
+	// At is when it arrived, ID its request id (for ObserveOutput; "" when
+	// its output will not be told).
 	At time.Time
+	ID string
 	// PromptTokens is its prompt's length, UncachedTokens the part its
-	// decode did not hold cached, OutputTokens its expected output
-	// (max_tokens).
+	// decode did not hold cached, OutputTokens its output: max_tokens
+	// until it finished, then what it produced (ObserveOutput).
 	PromptTokens, UncachedTokens, OutputTokens int
+	// Finished says OutputTokens is what it produced.
+	Finished bool
+
+	seq uint64 // its place in the order of ObserveRequest
 }
 
 // EngineSample is one scrape of an engine's costs. Zero costs are unknown.
@@ -110,13 +128,40 @@ type EngineSample struct {
 	// ITLSeconds is its mean inter-token latency since its previous
 	// sample, and Running its mean number of requests running then.
 	ITLSeconds, Running float64
+	// MaxBatchedTokens is its --max-num-batched-tokens when it says so
+	// (0: unknown; Config.MaxBatchedTokens stands for it).
+	MaxBatchedTokens int
+	// Idle says it had no request running or waiting when scraped: its
+	// last decode points stay usable, however old (an idle engine's step
+	// costs have not changed), where a busy engine's must be fresh.
+	Idle bool
 }
+
+// idlePoints is how many of an engine's last decode points are kept for
+// when it is idle.
+const idlePoints = 8
 
 // Planner is the pure decision logic: observations in, a Decision out.
 // It is not safe for concurrent use; the caller serialises its calls.
 type Planner struct {
-	cfg        Config
-	reqs       []Request
+	cfg  Config
+	reqs []Request
+	// win is the part of reqs the model is fitted to (view); mixFrom is
+	// when the last shift of the traffic mix was seen, and mixWhy how.
+	win     []Request
+	mixFrom time.Time
+	mixWhy  string
+	lastDir int // the last change's direction: +1 toward prefill, -1 toward decode
+	// pinPrefill and pinDecode are the engines of each pool that cannot
+	// move (SetPinned).
+	pinPrefill, pinDecode int
+	// seq numbers the requests observed; ids maps the window's request ids
+	// still running to theirs.
+	seq uint64
+	ids map[string]uint64
+	// lastPoints are each engine's last decode points (samples with an
+	// ITL), kept beyond the window for when it is idle.
+	lastPoints map[string][]EngineSample
 	samples    []EngineSample
 	prefill    int
 	threshold  int
@@ -135,16 +180,74 @@ func New(cfg Config) (*Planner, error) {
 func (pl *Planner) Config() Config { return pl.cfg }
 
 // ObserveRequest records a routed request.
-func (pl *Planner) ObserveRequest(r Request) { pl.reqs = append(pl.reqs, r) }
+func (pl *Planner) ObserveRequest(r Request) {
+	pl.seq++
+	r.seq = pl.seq
+	if r.ID != "" {
+		if pl.ids == nil {
+			pl.ids = map[string]uint64{}
+		}
+		pl.ids[r.ID] = r.seq
+	}
+	pl.reqs = append(pl.reqs, r)
+}
+
+// ObserveOutput records that the request id (its Request.ID) finished
+// with tokens output tokens: the model counts those rather than its
+// max_tokens. A request no longer in the window, or never observed, is
+// ignored.
+func (pl *Planner) ObserveOutput(id string, tokens int) {
+	seq, ok := pl.ids[id]
+	if !ok {
+		return
+	}
+	delete(pl.ids, id)
+	i, found := slices.BinarySearchFunc(pl.reqs, seq, func(r Request, seq uint64) int { return cmp.Compare(r.seq, seq) })
+	if found {
+		pl.reqs[i].OutputTokens, pl.reqs[i].Finished = tokens, true
+	}
+}
 
 // ObserveEngine records a scrape of an engine's costs.
-func (pl *Planner) ObserveEngine(s EngineSample) { pl.samples = append(pl.samples, s) }
+func (pl *Planner) ObserveEngine(s EngineSample) {
+	pl.samples = append(pl.samples, s)
+	if s.Decode && s.Running > 0 && s.ITLSeconds > 0 {
+		if pl.lastPoints == nil {
+			pl.lastPoints = map[string][]EngineSample{}
+		}
+		pts := append(pl.lastPoints[s.URL], s)
+		pl.lastPoints[s.URL] = pts[max(len(pts)-idlePoints, 0):]
+	}
+}
 
 // SetEngines changes how many engines the split divides (an engine came or
 // went); the split keeps its prefill count within the bounds.
 func (pl *Planner) SetEngines(n int) {
-	pl.cfg.Engines = max(n, pl.cfg.MinPrefill+pl.cfg.MinDecode)
-	pl.prefill = min(max(pl.prefill, pl.cfg.MinPrefill), pl.cfg.Engines-pl.cfg.MinDecode)
+	pl.cfg.Engines = max(n, pl.cfg.MinPrefill+pl.cfg.MinDecode, 2)
+	pl.clamp()
+}
+
+// SetPinned says how many engines of the prefill and of the decode pool
+// cannot move to the other (they serve one role only): the split keeps at
+// least that many in each.
+func (pl *Planner) SetPinned(prefill, decode int) {
+	pl.pinPrefill, pl.pinDecode = prefill, decode
+	pl.clamp()
+}
+
+// bounded is the configuration with the split's bounds raised to the
+// pinned engines.
+func (pl *Planner) bounded() Config {
+	c := pl.cfg
+	c.MinPrefill, c.MinDecode = max(c.MinPrefill, pl.pinPrefill), max(c.MinDecode, pl.pinDecode)
+	c.MinPrefill = min(c.MinPrefill, c.Engines-c.MinDecode)
+	return c
+}
+
+// clamp keeps the split within its bounds.
+func (pl *Planner) clamp() {
+	c := pl.bounded()
+	pl.prefill = max(min(pl.prefill, c.Engines-c.MinDecode), c.MinPrefill)
 }
 
 // Decision is what Decide chose and the numbers behind it.
@@ -154,10 +257,12 @@ type Decision struct {
 	Prefill int `json:"prefill"`
 	Decode  int `json:"decode"`
 	// Best is the split the model predicts the most goodput for; the
-	// current split moves toward it one engine per change.
+	// current split moves toward it one engine per change. Best.P 0 is the
+	// colocated split: every engine a decode prefilling its own prompts.
 	Best Split `json:"best"`
 	// Threshold is the conditional decider's threshold to use (uncached
-	// prompt tokens).
+	// prompt tokens) while there is a prefill pool; with none every
+	// prompt is local.
 	Threshold int `json:"threshold_tokens"`
 	// PrefillScheduleInterval is the prefill cadence advised for engines
 	// that prefill beside their decodes (tandem serve
@@ -165,6 +270,10 @@ type Decision struct {
 	PrefillScheduleInterval int `json:"prefill_schedule_interval"`
 	// Changed says the split changed at this decision.
 	Changed bool `json:"changed"`
+	// Crossed says the split goes to Best at once, more than one engine,
+	// because the step toward it is predicted worse than now (a valley
+	// between the colocated split and one with a prefill pool).
+	Crossed bool `json:"crossed,omitempty"`
 	// Held says why the split did not move to Best ("" when it is Best
 	// or moved toward it): too few or stale samples, the dwell, or the
 	// hysteresis.
@@ -178,23 +287,35 @@ type Split struct {
 	P       int     `json:"p"`
 	D       int     `json:"d"`
 	Goodput float64 `json:"goodput_rps"`
-	// Limit is the side that bounds it: "prefill" or "decode".
+	// Limit is the side that bounds it: "prefill" or "decode" (see
+	// Fit.DecodeLimit for the decode's objective).
 	Limit string `json:"limit,omitempty"`
 }
 
 // Fit is the model refitted to the window: the traffic and the engines'
 // costs.
 type Fit struct {
-	Requests       int     `json:"requests"`
-	ArrivalRate    float64 `json:"arrival_rps"`
-	MeanPrompt     float64 `json:"mean_prompt_tokens"`
-	MeanUncached   float64 `json:"mean_uncached_tokens"`
-	MeanOutput     float64 `json:"mean_output_tokens"`
-	RemoteFraction float64 `json:"remote_fraction"`
+	Requests int `json:"requests"`
+	// Shift says why the model is fitted to the requests since a shift
+	// of the traffic mix only ("" when it is fitted to the whole window).
+	Shift        string  `json:"shift,omitempty"`
+	ArrivalRate  float64 `json:"arrival_rps"`
+	MeanPrompt   float64 `json:"mean_prompt_tokens"`
+	MeanUncached float64 `json:"mean_uncached_tokens"`
+	MeanOutput   float64 `json:"mean_output_tokens"`
+	// FinishedOutputs counts the requests whose output is what they
+	// produced (the others' is their max_tokens).
+	FinishedOutputs int     `json:"finished_outputs"`
+	RemoteFraction  float64 `json:"remote_fraction"`
+	// MaxBatchedTokens is the decodes' prefill chunk (Config's).
+	MaxBatchedTokens int `json:"max_batched_tokens"`
 	// FreshEngines and StaleSamples count the engines with a sample within
 	// MaxAge and the samples of the window ignored as older.
 	FreshEngines int `json:"fresh_engines"`
 	StaleSamples int `json:"stale_samples"`
+	// IdlePoints counts the decode points of engines idle now, from their
+	// last busy scrapes however old.
+	IdlePoints int `json:"idle_points,omitempty"`
 
 	PrefillSecondsPerToken float64 `json:"prefill_seconds_per_token"`
 	PrefillSeconds         float64 `json:"prefill_seconds"`
@@ -213,6 +334,10 @@ type Fit struct {
 	DecodeBatch  float64 `json:"decode_batch_at_slo"`
 	DecodeTPOT   float64 `json:"decode_tpot_ms_at_batch"`
 	DecodeRate   float64 `json:"decode_rate_rps"`
+	// DecodeLimit is the objective that bounds a decode engine of the
+	// current split: "tpot" (its batch and its local prefills' stalls), or
+	// "ttft" (its local prefills would queue past it).
+	DecodeLimit string `json:"decode_limit,omitempty"`
 
 	// Current is the current split's predicted goodput.
 	Current Split `json:"current"`
@@ -221,10 +346,13 @@ type Fit struct {
 }
 
 // Decide refits the model to the window ending at now and returns the
-// split, threshold and cadence to run. The split changes at most one
-// engine per call, only when the best split's predicted goodput beats the
-// current one's by Config.Hysteresis and Config.MinDwell has passed since
-// the last change; with too few fresh samples it holds.
+// split, threshold and cadence to run. The split changes only when the
+// best split's predicted goodput beats the current one's by
+// Config.Hysteresis and Config.MinDwell has passed since the last change,
+// by one engine per call (or straight to the best across a valley, see
+// Decision.Crossed); with too few fresh samples it holds. The best split
+// may have no prefill engine (the colocated split) unless
+// Config.MinPrefill keeps one.
 func (pl *Planner) Decide(now time.Time) (d Decision) {
 	pl.trim(now)
 	d = Decision{At: now, Threshold: pl.threshold, PrefillScheduleInterval: 1}
@@ -236,78 +364,146 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 		return d
 	}
 	// The threshold and the split together: for each candidate threshold
-	// the best split, and the threshold whose best split predicts the most
-	// goodput, unless the current threshold's is within the hysteresis.
+	// the best split with a prefill pool, and the threshold whose best
+	// split predicts the most goodput, unless the current threshold's is
+	// within the hysteresis. The colocated split (no prefill engine) has
+	// no threshold: it is weighed against that best.
 	m := pl.model(f, pl.threshold)
-	cur := m.best(pl.cfg)
-	if th, mt := pl.bestThreshold(f, cur.Goodput); mt != nil {
+	bounds := pl.bounded()
+	if th, mt := pl.bestThreshold(f, m.best(bounds).Goodput); mt != nil {
 		pl.threshold, m = th, mt
 	}
 	d.Threshold = pl.threshold
-	d.Fit.RemoteFraction = m.remoteFraction
-	d.Fit.Current = m.split(pl.prefill, pl.cfg.Engines-pl.prefill)
-	d.Best = m.best(pl.cfg)
+	d.Best = m.best(bounds)
+	var colo *capacity
+	if bounds.MinPrefill == 0 {
+		colo = pl.model(f, colocatedThreshold)
+		if c := colo.split(0, pl.cfg.Engines); c.Goodput >= d.Best.Goodput*(1-1e-9) {
+			d.Best = c
+		}
+	}
+	running := m // the model of the split running now
+	if pl.prefill == 0 && colo != nil {
+		running = colo
+	}
+	d.Fit.Current = running.split(pl.prefill, pl.cfg.Engines-pl.prefill)
 	if d.Best.Goodput <= d.Fit.Current.Goodput*(1+1e-9) {
 		d.Best = d.Fit.Current
 	}
+	d.Fit.RemoteFraction = running.remoteFraction
 	d.Fit.PrefillSeconds, d.Fit.PrefillCV2, d.Fit.PrefillTooLong = m.s, m.cv2, m.prefillTooLong
-	d.Fit.DecodeBatch, d.Fit.DecodeTPOT, d.Fit.DecodeRate = m.decodeBatch, m.decodeTPOT, m.decodeRate
+	dc := running.decode(max(pl.cfg.Engines-pl.prefill, 1))
+	d.Fit.DecodeBatch, d.Fit.DecodeTPOT, d.Fit.DecodeRate, d.Fit.DecodeLimit = dc.batch, dc.tpot, dc.rate, dc.limit
 	if d.Best.Goodput <= 0 {
-		d.Fit.Unattainable = m.unattainable()
+		d.Fit.Unattainable = m.unattainable(pl.cfg.Engines - pl.prefill)
 	}
-	d.PrefillScheduleInterval = pl.chooseCadence(f, m)
-	switch cur := d.Fit.Current.Goodput; {
-	case d.Best.P == pl.prefill:
-	case d.Best.Goodput < cur*(1+pl.cfg.Hysteresis):
+	d.PrefillScheduleInterval = pl.chooseCadence(f, running)
+	// The split moves one engine toward Best per change, but not where
+	// that step is predicted worse than now: the colocated split and the
+	// best with a prefill pool may lie on either side of a valley (both
+	// better than the splits between), and crossing it engine by engine
+	// would lose goodput at every step and hold the split in the valley
+	// for a dwell each. Across a valley the split goes to Best at once
+	// (the proxy still moves engines one at a time).
+	cur := d.Fit.Current.Goodput
+	target := d.Best
+	next := pl.prefill + 1
+	if target.P < pl.prefill {
+		next = pl.prefill - 1
+	}
+	sm := m
+	if next == 0 && colo != nil {
+		sm = colo
+	}
+	if target.P != pl.prefill && cur > 0 && sm.split(next, pl.cfg.Engines-next).Goodput < cur*(1-1e-9) {
+		next, d.Crossed = target.P, true
+	}
+	switch {
+	case target.P == pl.prefill:
+	case target.Goodput < cur*(1+pl.cfg.Hysteresis):
 		d.Held = fmt.Sprintf("hysteresis: %dP:%dD is predicted %.2f req/s against %.2f now, less than %.0f%% more",
-			d.Best.P, d.Best.D, d.Best.Goodput, cur, 100*pl.cfg.Hysteresis)
-	case !pl.lastChange.IsZero() && now.Sub(pl.lastChange) < pl.cfg.MinDwell:
-		d.Held = fmt.Sprintf("dwell: the split changed %v ago, less than %v", now.Sub(pl.lastChange).Round(time.Second), pl.cfg.MinDwell)
+			target.P, target.D, target.Goodput, cur, 100*pl.cfg.Hysteresis)
+	case !pl.lastChange.IsZero() && now.Sub(pl.lastChange) < pl.dwell(next):
+		d.Held = fmt.Sprintf("dwell: the split changed %v ago, less than %v", now.Sub(pl.lastChange).Round(100*time.Millisecond), pl.dwell(next))
 	default:
-		if d.Best.P > pl.prefill {
-			pl.prefill++
-		} else {
-			pl.prefill--
-		}
+		pl.lastDir = cmp.Compare(next, pl.prefill)
+		pl.prefill = next
 		pl.lastChange, d.Changed = now, true
 	}
+	if !d.Changed {
+		d.Crossed = false
+	}
 	return d
+}
+
+// dwell is the least time since the last change before the split moves to
+// next prefill engines: Config.StepDwell when that goes on in the last
+// change's direction, Config.MinDwell when it turns back.
+func (pl *Planner) dwell(next int) time.Duration {
+	if cmp.Compare(next, pl.prefill) == pl.lastDir {
+		return pl.cfg.StepDwell
+	}
+	return pl.cfg.MinDwell
 }
 
 // trim drops what fell out of the window.
 func (pl *Planner) trim(now time.Time) {
 	from := now.Add(-pl.cfg.Window)
-	pl.reqs = slices.DeleteFunc(pl.reqs, func(r Request) bool { return r.At.Before(from) })
+	pl.reqs = slices.DeleteFunc(pl.reqs, func(r Request) bool {
+		if r.At.Before(from) {
+			delete(pl.ids, r.ID)
+			return true
+		}
+		return false
+	})
 	pl.samples = slices.DeleteFunc(pl.samples, func(s EngineSample) bool { return s.At.Before(from) })
 }
 
 // fit measures the traffic and the engines' costs over the window; why
 // says what is missing when a decision cannot be made.
 func (pl *Planner) fit(now time.Time) (f Fit, why string) {
-	f.Requests = len(pl.reqs)
-	if f.Requests < pl.cfg.MinRequests {
+	win, from, shift := pl.view(now)
+	pl.win, f.Shift = win, shift
+	f.Requests = len(win)
+	switch need := shiftSample(pl.cfg); {
+	case shift != "" && f.Requests < need:
+		// The shift was judged on as many: the new mix is known enough.
+		return f, fmt.Sprintf("too few requests: %d since the traffic mix changed, need %d", f.Requests, need)
+	case shift == "" && f.Requests < pl.cfg.MinRequests:
 		return f, fmt.Sprintf("too few requests: %d in the last %v, need %d", f.Requests, pl.cfg.Window, pl.cfg.MinRequests)
 	}
 	var prompt, uncached, output float64
-	for _, r := range pl.reqs {
+	for _, r := range win {
 		prompt += float64(r.PromptTokens)
 		uncached += float64(r.UncachedTokens)
 		output += float64(r.OutputTokens)
+		if r.Finished {
+			f.FinishedOutputs++
+		}
 	}
 	n := float64(f.Requests)
 	f.MeanPrompt, f.MeanUncached, f.MeanOutput = prompt/n, uncached/n, output/n
-	span := max(now.Sub(pl.reqs[0].At).Seconds(), 1)
+	f.MaxBatchedTokens = pl.cfg.MaxBatchedTokens
+	span := now.Sub(from).Seconds()
+	if shift == "" {
+		span = max(span, 1)
+	}
 	f.ArrivalRate = n / span
 
 	var prefillCosts, transferCosts []float64
-	var ks, tpots []float64
+	var ks, tpots, chunks []float64
 	fresh := map[string]bool{}
+	latest := map[string]EngineSample{} // each engine's last fresh sample
+	freshPoints := map[string]bool{}
 	for _, s := range pl.samples {
 		if now.Sub(s.At) > pl.cfg.MaxAge {
 			f.StaleSamples++
 			continue
 		}
 		fresh[s.URL] = true
+		if l, ok := latest[s.URL]; !ok || !s.At.Before(l.At) {
+			latest[s.URL] = s
+		}
 		if s.PrefillSecondsPerToken > 0 {
 			prefillCosts = append(prefillCosts, s.PrefillSecondsPerToken)
 		}
@@ -317,6 +513,24 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 		if s.Decode && s.Running > 0 && s.ITLSeconds > 0 {
 			ks = append(ks, s.Running)
 			tpots = append(tpots, 1000*s.ITLSeconds)
+			freshPoints[s.URL] = true
+		}
+		if s.Decode && s.MaxBatchedTokens > 0 {
+			chunks = append(chunks, float64(s.MaxBatchedTokens))
+		}
+	}
+	if len(chunks) > 0 { // the decodes say theirs
+		f.MaxBatchedTokens = int(median(chunks))
+	}
+	// An idle decode engine decoded nothing to measure: its last points
+	// stand (a busy one with none fresh is stale and left out).
+	for _, url := range slices.Sorted(maps.Keys(latest)) {
+		if s := latest[url]; s.Decode && s.Idle && !freshPoints[url] {
+			for _, p := range pl.lastPoints[url] {
+				ks = append(ks, p.Running)
+				tpots = append(tpots, 1000*p.ITLSeconds)
+				f.IdlePoints++
+			}
 		}
 	}
 	f.FreshEngines = len(fresh)
@@ -324,7 +538,7 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 		return f, fmt.Sprintf("stale or missing metrics: no engine measured a prefill cost in the last %v (%d older samples ignored)", pl.cfg.MaxAge, f.StaleSamples)
 	}
 	if len(ks) == 0 {
-		return f, fmt.Sprintf("stale or missing metrics: no decode engine measured its inter-token latency in the last %v (%d older samples ignored)", pl.cfg.MaxAge, f.StaleSamples)
+		return f, fmt.Sprintf("stale or missing metrics: no busy decode engine measured its inter-token latency in the last %v, and no idle one ever did (%d older samples ignored)", pl.cfg.MaxAge, f.StaleSamples)
 	}
 	f.PrefillSecondsPerToken = median(prefillCosts)
 	f.DecodePoints, f.MeanBatch = len(ks), Mean(ks)
@@ -341,199 +555,6 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 		f.Overhead = median(transferCosts) * f.MeanUncached
 	}
 	return f, ""
-}
-
-// capacity is the model fitted to a window.
-type capacity struct {
-	services        []float64 // the remote prompts' prefill times (s)
-	s, cv2, over    float64
-	ttft, q         float64
-	remoteFraction  float64
-	decodeRate      float64
-	decodeBatch     float64
-	decodeTPOT      float64 // ms
-	prefillTooLong  float64
-	prefillPerToken float64
-}
-
-// model turns a fit into rates at a threshold: the prefill pool's per
-// engine at P (only the prompts of at least threshold uncached tokens reach
-// it) and a decode engine's, which prefills the others itself.
-func (pl *Planner) model(f Fit, threshold int) *capacity {
-	q := math.Sqrt(pl.cfg.Goal)
-	m := &capacity{ttft: pl.cfg.TTFT.Seconds(), q: q, over: f.Overhead, prefillPerToken: f.PrefillSecondsPerToken}
-	var lens []float64
-	var local float64
-	reqs := sample(pl.reqs, maxModelRequests)
-	for _, r := range reqs {
-		sv := f.PrefillSecondsPerToken * float64(r.UncachedTokens)
-		if r.UncachedTokens >= threshold {
-			m.services = append(m.services, sv)
-			lens = append(lens, float64(r.UncachedTokens))
-		} else {
-			local += sv
-		}
-	}
-	n := float64(len(reqs))
-	m.remoteFraction = float64(len(m.services)) / n
-	if len(m.services) > 0 {
-		m.s = Mean(m.services)
-		if m.s > 0 {
-			sd := f.PrefillSecondsPerToken * StdDev(lens)
-			m.cv2 = sd * sd / (m.s * m.s)
-		}
-	}
-	m.decodeRate, m.decodeBatch, m.decodeTPOT = decodeRateWithLocal(f, local/n, pl.cfg.TPOT, q, pl.cfg.MaxSeqs)
-	return m
-}
-
-// decodeRateWithLocal is the requests/s a decode engine serves when each
-// request also costs it local seconds of prefill on average (the prompts
-// under the threshold): at λ requests/s it spends ρ = λ·local of its time
-// prefilling, which stretches its steps to tpot/(1−ρ), so its batch is the
-// one whose step time meets the TPOT objective·(1−ρ), and λ is the largest
-// rate with λ ≤ that batch's rate (Little's law at the stretched step).
-// batch and tpot (ms, stretched) are at that rate.
-func decodeRateWithLocal(f Fit, local float64, slo time.Duration, q float64, maxSeqs int) (rate, batch, tpot float64) {
-	sloMS := float64(slo) / float64(time.Millisecond)
-	at := func(lambda float64) (r, k, t float64) {
-		rho := lambda * local
-		if rho >= 1 {
-			return 0, 0, 0
-		}
-		k = DecodeBatchAtSLO(f.StepA, f.StepB, f.StepSigma, sloMS*(1-rho), q, maxSeqs)
-		t = (f.StepA + f.StepB*k) / (1 - rho)
-		return DecodeRate(k, t/1000, f.MeanOutput), k, t
-	}
-	if local <= 0 {
-		return at(0)
-	}
-	lo, hi := 0.0, 1/local // the rate at which local prefills take all its time
-	for range 60 {
-		mid := (lo + hi) / 2
-		if r, _, _ := at(mid); r >= mid {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	_, batch, tpot = at(lo)
-	return lo, batch, tpot
-}
-
-// best is the split of cfg.Engines with the most predicted goodput, the
-// fewest prefill engines on a tie. The prefill side, P·rate at P, grows
-// with P and the decode side, D·rate, falls, so the best is at their
-// crossing: a binary search for the first P whose prefill side reaches the
-// decode side, then that P or the one before.
-func (m *capacity) best(cfg Config) Split {
-	lo, hi := cfg.MinPrefill, cfg.Engines-cfg.MinDecode
-	for lo < hi {
-		mid := (lo + hi) / 2
-		if s := m.split(mid, cfg.Engines-mid); s.Limit == "decode" {
-			hi = mid
-		} else {
-			lo = mid + 1
-		}
-	}
-	best := m.split(lo, cfg.Engines-lo)
-	if lo > cfg.MinPrefill {
-		if s := m.split(lo-1, cfg.Engines-lo+1); best.Goodput <= s.Goodput*(1+1e-9) {
-			best = s
-		}
-	}
-	return best
-}
-
-// bestThreshold tries the thresholds that split the window's prompts
-// differently (every distinct uncached length + 1, and the bounds) and
-// returns the one whose best split predicts the most goodput, with its
-// model, when that beats current (the current threshold's) by the
-// hysteresis, or at once when the current threshold breaks the limits
-// below; nil otherwise. A threshold above what one prompt may take to
-// prefill within the TTFT objective is not tried, nor one whose local
-// prefill would by itself push a stream it stalls past the TPOT objective:
-// the model spreads local prefills over the decodes' steps as a mean, but
-// one prefill lands on the streams running at that moment at once, and a
-// stream has only (TPOT objective − its step time)·(mean output − 1) of
-// slack.
-func (pl *Planner) bestThreshold(f Fit, current float64) (int, *capacity) {
-	limit := pl.cfg.MaxThreshold
-	if f.PrefillSecondsPerToken > 0 {
-		limit = min(limit, int((pl.cfg.TTFT.Seconds()-f.Overhead)/f.PrefillSecondsPerToken))
-		step := (f.StepA + f.StepB*f.MeanBatch) / 1000
-		slack := (pl.cfg.TPOT.Seconds() - step) * max(f.MeanOutput-1, 1)
-		limit = min(limit, int(max(slack, 0)/f.PrefillSecondsPerToken))
-	}
-	cands := []int{pl.cfg.MinThreshold}
-	for _, r := range sample(pl.reqs, maxModelRequests) {
-		if l := r.UncachedTokens + 1; l > pl.cfg.MinThreshold && l <= limit {
-			cands = append(cands, l)
-		}
-	}
-	slices.Sort(cands)
-	cands = slices.Compact(cands)
-	if len(cands) > maxThresholds { // keep quantiles: each candidate costs a fit
-		step := float64(len(cands)) / maxThresholds
-		var kept []int
-		for i := range maxThresholds {
-			kept = append(kept, cands[int(float64(i)*step)])
-		}
-		cands = kept
-	}
-	bestTh, bestG := 0, current*(1+pl.cfg.Hysteresis)
-	if pl.threshold > max(limit+1, pl.cfg.MinThreshold) {
-		// The current threshold keeps prompts local that break the
-		// limits: a hard constraint, not a matter of goodput (and the
-		// decodes' step times, measured with those stalls in them, may
-		// make every choice look unattainable).
-		bestG = -1
-	}
-	var bestM *capacity
-	for _, th := range cands {
-		m := pl.model(f, th)
-		if g := m.best(pl.cfg).Goodput; g > bestG {
-			bestTh, bestG, bestM = th, g, m
-		}
-	}
-	return bestTh, bestM
-}
-
-// prefillRate is what one of p prefill engines serves within the TTFT
-// SLO's share of the goal (requests/s of the remote prompts).
-func (m *capacity) prefillRate(p int) float64 {
-	if m.s <= 0 {
-		return math.Inf(1)
-	}
-	rho, tooLong := PrefillBusy(m.services, m.s, 1/float64(max(p, 1)), m.cv2, m.over, m.ttft, m.q)
-	m.prefillTooLong = tooLong
-	return rho / m.s
-}
-
-// split is p prefill and d decode engines' predicted goodput: the
-// requests/s both pools sustain, the prefill pool seeing only the remote
-// fraction of them.
-func (m *capacity) split(p, d int) Split {
-	pre := math.Inf(1)
-	if m.remoteFraction > 0 {
-		pre = float64(p) * m.prefillRate(p) / m.remoteFraction
-	}
-	dec := float64(d) * m.decodeRate
-	s := Split{P: p, D: d, Goodput: min(pre, dec), Limit: "decode"}
-	if pre < dec {
-		s.Limit = "prefill"
-	}
-	return s
-}
-
-func (m *capacity) unattainable() string {
-	switch {
-	case m.decodeRate <= 0:
-		return "the decode engines miss the TPOT objective at every batch"
-	case m.prefillTooLong > 0:
-		return fmt.Sprintf("%.0f%% of the remote prompts take longer than the TTFT objective to prefill alone", 100*m.prefillTooLong)
-	}
-	return "the prefill engines miss the TTFT objective at any load"
 }
 
 // chooseCadence is the prefill cadence advised for engines that prefill

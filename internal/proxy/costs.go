@@ -21,6 +21,9 @@ type engineSample struct {
 	// itlSum and itlCount are vllm:inter_token_latency_seconds' sum and
 	// count (the planner's decode step cost).
 	itlSum, itlCount float64
+	// info is the engine's tandem:engine_info (zero when it publishes
+	// none).
+	info engineInfo
 }
 
 // minCostTokens is how many prompt tokens an engine must have computed (or

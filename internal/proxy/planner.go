@@ -15,6 +15,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/planner"
 	"github.com/tandem-serve/tandem/internal/router"
 	"github.com/tandem-serve/tandem/internal/router/decider/conditional"
+	"github.com/tandem-serve/tandem/internal/router/decider/priced"
 )
 
 // PlanPath is the route that answers the planner's last decision and the
@@ -35,8 +36,13 @@ type planState struct {
 	pl   *planner.Planner
 	last *planner.Decision
 	// prev is each engine's previous scrape (URL → sample), for its ITL
-	// and batch over the scrape interval.
-	prev map[string]engineSample
+	// and batch over the scrape interval; roles each engine's role as its
+	// tandem:engine_info says ("" when it says none).
+	prev  map[string]engineSample
+	roles map[string]string
+	// pinned is each engine the mover may not move and why, as of the
+	// last decision.
+	pinned map[string]string
 
 	// target is the prefill count the mover works toward; kick wakes it.
 	target atomic.Int64
@@ -44,6 +50,10 @@ type planState struct {
 	// moving names the engine being moved ("URL prefill→decode"), "" when
 	// none.
 	moving atomic.Pointer[string]
+	// minPrefill and minDecode bound the pools the mover leaves (the
+	// planner's bounds): minPrefill is 0 when the decider keeps every
+	// prompt local with no prefill engine, so the split may be colocated.
+	minPrefill, minDecode int
 
 	desired   *prometheus.GaugeVec // role
 	threshold prometheus.Gauge
@@ -52,6 +62,9 @@ type planState struct {
 	decisions *prometheus.CounterVec // result: changed, held, steady
 	switches  *prometheus.CounterVec // to: prefill, decode
 	drainOver prometheus.Counter
+
+	cad     cadenceState // the prefill cadence set on the engines (planner_cadence.go)
+	changed bool         // a decision has changed the split
 }
 
 // plannedConditional is the conditional decider with the threshold the
@@ -59,10 +72,20 @@ type planState struct {
 type plannedConditional struct {
 	base      conditional.Decider
 	threshold atomic.Int64
+	// noPrefill says the prefill pool is empty: the planner chose the
+	// colocated split.
+	noPrefill func() bool
 }
+
+// reasonColocated is the decision's reason when the planner emptied the
+// prefill pool: every engine prefills its own prompts.
+const reasonColocated = "colocated"
 
 // Decide implements router.Decider.
 func (d *plannedConditional) Decide(in router.DecideInput) router.Decision {
+	if in.PrefillHealthy == 0 && d.noPrefill() {
+		return router.Decision{Reason: reasonColocated}
+	}
 	c := d.base
 	c.Threshold = int(d.threshold.Load())
 	return c.Decide(in)
@@ -77,7 +100,9 @@ func (p *Proxy) initPlanner() error {
 		return errors.New("the planner moves engines between the pools itself: it cannot act on backends a file or discovery keeps (publish only, or list the engines)")
 	}
 	if cfg.Engines == 0 {
-		cfg.Engines = len(p.cfg.Prefill) + len(p.cfg.Decode)
+		// Discovery may not have delivered the pools yet: each decision
+		// counts them (SetEngines); until then the smallest split.
+		cfg.Engines = max(len(p.cfg.Prefill)+len(p.cfg.Decode), max(cfg.MinPrefill, 1)+max(cfg.MinDecode, 1))
 	}
 	if cfg.Prefill == 0 {
 		cfg.Prefill = len(p.cfg.Prefill)
@@ -85,14 +110,21 @@ func (p *Proxy) initPlanner() error {
 	if cfg.Threshold == 0 {
 		cfg.Threshold = cmpOr(p.cfg.Router.Threshold, 256)
 	}
+	if !keepsLocalWithoutPrefill(p.cfg.PDDecider) {
+		// The decider sends prompts to a prefill engine whatever the
+		// load: the split keeps one.
+		cfg.MinPrefill = max(cfg.MinPrefill, 1)
+	}
 	pl, err := planner.New(cfg)
 	if err != nil {
 		return err
 	}
-	s := &planState{pl: pl, prev: map[string]engineSample{}, kick: make(chan struct{}, 1)}
+	s := &planState{pl: pl, prev: map[string]engineSample{}, roles: map[string]string{}, kick: make(chan struct{}, 1),
+		minPrefill: pl.Config().MinPrefill, minDecode: pl.Config().MinDecode}
 	s.target.Store(int64(pl.Config().Prefill))
 	if p.cfg.PDDecider == conditional.Name {
-		d := &plannedConditional{base: conditional.Decider{MustRemote: p.cfg.Router.MustRemote, DecodeKVPressure: p.cfg.Router.DecodeKVPressure}}
+		d := &plannedConditional{base: conditional.Decider{MustRemote: p.cfg.Router.MustRemote, DecodeKVPressure: p.cfg.Router.DecodeKVPressure},
+			noPrefill: func() bool { return len(p.prefill.list()) == 0 }}
 		d.threshold.Store(int64(pl.Config().Threshold))
 		p.decider = d
 	}
@@ -115,9 +147,22 @@ func (p *Proxy) initPlanner() error {
 	s.desired.WithLabelValues(roleDecode).Set(float64(pl.Config().Engines - pl.Config().Prefill))
 	s.threshold.Set(float64(pl.Config().Threshold))
 	s.cadence.Set(1)
+	s.initCadence(p.metrics.registry)
 	p.plan = s
 	return nil
 }
+
+// keepsLocalWithoutPrefill says the decider named prefills every prompt
+// on its decode when the prefill pool is empty (no prefill engine free):
+// the conditional and priced deciders do, always does not.
+func keepsLocalWithoutPrefill(decider string) bool {
+	return decider == conditional.Name || decider == priced.Name
+}
+
+// colocated says the planner may have emptied the prefill pool: every
+// request is then served on a decode, and the proxy is ready without a
+// prefill engine.
+func (p *Proxy) colocated() bool { return p.plan != nil && p.plan.minPrefill == 0 }
 
 func cmpOr(v, def int) int {
 	if v > 0 {
@@ -136,7 +181,7 @@ func (p *Proxy) observePlan(preq *router.Request, d *backend, arrived time.Time)
 		uncached = max(uncached-p.matchPrefix(preq)[d.base]*preq.BlockSize, 0)
 	}
 	p.plan.mu.Lock()
-	p.plan.pl.ObserveRequest(planner.Request{At: arrived, PromptTokens: preq.PromptTokens, UncachedTokens: uncached, OutputTokens: preq.MaxTokens})
+	p.plan.pl.ObserveRequest(planner.Request{At: arrived, ID: preq.ID, PromptTokens: preq.PromptTokens, UncachedTokens: uncached, OutputTokens: preq.MaxTokens})
 	p.plan.mu.Unlock()
 }
 
@@ -148,15 +193,33 @@ func (p *Proxy) observeScrape(b *backend, s engineSample, c costs) {
 		return
 	}
 	es := planner.EngineSample{At: s.at, URL: b.base, Decode: b.role == roleDecode,
-		PrefillSecondsPerToken: c.prefillPerToken, TransferSecondsPerToken: c.transferPerToken}
+		PrefillSecondsPerToken: c.prefillPerToken, TransferSecondsPerToken: c.transferPerToken,
+		Idle: s.running == 0 && s.waiting == 0, MaxBatchedTokens: s.info.maxBatched}
 	p.plan.mu.Lock()
 	defer p.plan.mu.Unlock()
-	if prev, ok := p.plan.prev[b.base]; ok && s.itlCount > prev.itlCount && s.itlSum >= prev.itlSum {
-		es.ITLSeconds = (s.itlSum - prev.itlSum) / (s.itlCount - prev.itlCount)
-		es.Running = (s.running + prev.running) / 2
+	p.plan.roles[b.base] = s.info.role
+	if prev, ok := p.plan.prev[b.base]; ok {
+		es.ITLSeconds, es.Running = decodeStep(prev, s, c.prefillPerToken)
 	}
 	p.plan.prev[b.base] = s
 	p.plan.pl.ObserveEngine(es)
+}
+
+// decodeStep is an engine's mean decode step (s) and batch between two
+// scrapes, 0 when it decoded nothing. The prompts it computed meanwhile
+// (at prefillPerToken s/token) stretched its inter-token latencies by
+// 1/(1−ρ), ρ their share of the interval: the step's own cost is the rest,
+// so that the planner's model, which adds the stalls back for the prompts
+// it keeps local, does not count them twice.
+func decodeStep(prev, s engineSample, prefillPerToken float64) (itl, running float64) {
+	if s.itlCount <= prev.itlCount || s.itlSum < prev.itlSum {
+		return 0, 0
+	}
+	itl = (s.itlSum - prev.itlSum) / (s.itlCount - prev.itlCount)
+	if dt := s.at.Sub(prev.at).Seconds(); dt > 0 && prefillPerToken > 0 && s.computed > prev.computed {
+		itl *= 1 - min((s.computed-prev.computed)*prefillPerToken/dt, 0.9)
+	}
+	return itl, (s.running + prev.running) / 2
 }
 
 // runPlanner decides every Config.PlanInterval until ctx is done, and
@@ -186,11 +249,25 @@ func (p *Proxy) planOnce(now time.Time) planner.Decision {
 	if s.moving.Load() != nil {
 		n++ // the engine between the pools
 	}
-	s.mu.Lock()
-	if !p.cfg.PlannerAct || s.moving.Load() == nil {
-		s.pl.SetEngines(n)
+	var pinnedP, pinnedD int
+	pinned := map[string]string{}
+	if p.cfg.PlannerAct {
+		pinned, pinnedP, pinnedD = p.pinned()
 	}
+	s.mu.Lock()
+	switch {
+	case !p.cfg.PlannerAct && !s.changed:
+		// Publishing, until its first change its split is the pools' (as
+		// discovery delivered them), not its start guess: a held decision
+		// must not scale the Deployments to that guess.
+		s.pl.SetSplit(len(p.prefill.list()), n)
+	case !p.cfg.PlannerAct || s.moving.Load() == nil:
+		s.pl.SetEngines(n)
+		s.pl.SetPinned(pinnedP, pinnedD)
+	}
+	s.pinned = pinned
 	d := s.pl.Decide(now)
+	s.changed = s.changed || d.Changed
 	held := s.last == nil || s.last.Held != d.Held
 	s.last = &d
 	s.mu.Unlock()
@@ -217,6 +294,7 @@ func (p *Proxy) planOnce(now time.Time) planner.Decision {
 		s.decisions.WithLabelValues("steady").Inc()
 	}
 	if p.cfg.PlannerAct {
+		p.applyCadence(d)
 		s.target.Store(int64(d.Prefill))
 		select {
 		case s.kick <- struct{}{}:
@@ -243,15 +321,23 @@ func (p *Proxy) moveEngines(ctx context.Context) {
 			pre, dec := p.prefill.list(), p.decode.list()
 			var from, to *pool
 			switch {
-			case len(pre) < target && len(dec) > 1:
+			case len(pre) < target && len(dec) > p.plan.minDecode:
 				from, to = p.decode, p.prefill
-			case len(pre) > target && len(pre) > 1:
+			case len(pre) > target && len(pre) > p.plan.minPrefill:
 				from, to = p.prefill, p.decode
 			}
 			if from == nil {
 				break
 			}
-			if err := p.switchRole(ctx, leastBusy(from.list()), from, to); err != nil {
+			movable := slices.DeleteFunc(slices.Clone(from.list()), func(b *backend) bool {
+				p.plan.mu.Lock()
+				defer p.plan.mu.Unlock()
+				return pinnedWhy(p.plan.roles[b.base]) != ""
+			})
+			if len(movable) == 0 {
+				break // the planner's bounds count the pinned: a decision to come
+			}
+			if err := p.switchRole(ctx, leastBusy(movable), from, to); err != nil {
 				p.log.Warn("planner: role switch failed", "err", err)
 				break
 			}
@@ -316,6 +402,10 @@ type planBody struct {
 	Moving  string   `json:"moving,omitempty"`
 	Prefill []string `json:"prefill"`
 	Decode  []string `json:"decode"`
+	// Cadence is the prefill cadence set on the decode pool, when acting.
+	Cadence *cadenceReport `json:"cadence,omitempty"`
+	// Pinned are the engines the planner may not move, and why.
+	Pinned map[string]string `json:"pinned,omitempty"`
 	// Objectives are the SLOs and the planner's guards.
 	Objectives planObjectives `json:"objectives"`
 }
@@ -341,13 +431,14 @@ func (p *Proxy) handlePlan(w http.ResponseWriter, r *http.Request) {
 	}
 	p.plan.mu.Lock()
 	cfg := p.plan.pl.Config()
-	body := planBody{Decision: p.plan.last, Acting: p.cfg.PlannerAct, Prefill: urlsOf(p.prefill), Decode: urlsOf(p.decode),
+	body := planBody{Decision: p.plan.last, Acting: p.cfg.PlannerAct, Prefill: urlsOf(p.prefill), Decode: urlsOf(p.decode), Pinned: p.plan.pinned,
 		Objectives: planObjectives{TTFT: cfg.TTFT.String(), TPOT: cfg.TPOT.String(), Goal: cfg.Goal, Window: cfg.Window.String(),
 			MaxAge: cfg.MaxAge.String(), MinDwell: cfg.MinDwell.String(), Hysteresis: cfg.Hysteresis}}
 	p.plan.mu.Unlock()
 	if m := p.plan.moving.Load(); m != nil {
 		body.Moving = *m
 	}
+	body.Cadence = p.cadenceReport()
 	b, _ := json.MarshalIndent(body, "", "  ")
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(append(b, '\n'))

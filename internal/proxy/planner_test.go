@@ -106,6 +106,10 @@ func TestPlanEndpointAndMetricsPublishTheDecision(t *testing.T) {
 	cfg := plannerConfig()
 	cfg.Hysteresis = 0.01
 	cfg.MaxThreshold = 1024 // prompts over 1024 tokens are prefilled remotely
+	// A TPOT objective a local 3000-token prefill would break for the
+	// streams it stalls: the decodes cannot take the long prompts (the
+	// colocated split) and the prefill pool grows.
+	cfg.TPOT = 30 * time.Millisecond
 	p, url := startProxy(t, Config{PDDecider: "conditional", Planner: cfg}, pre, dec)
 
 	now := time.Date(2026, 12, 5, 7, 0, 0, 0, time.UTC)

@@ -45,6 +45,9 @@ type relay struct {
 	// has read an SSE stream's "data: [DONE]", before the decode's EOF
 	// reaches the proxy; such a stream was delivered whole.
 	tail []byte
+	// out counts the answer's output tokens for the planner (nil when it
+	// is off).
+	out *outputCount
 }
 
 // relay writes the decode's status and headers, then its body as it
@@ -56,7 +59,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, id string, leg *de
 	h.Set(HeaderPD, leg.pd)
 	addTiming(h, leg, a.start)
 
-	rl := &relay{p: p, w: w, rc: http.NewResponseController(w), r: r, id: id, leg: leg, a: a}
+	rl := &relay{p: p, w: w, rc: http.NewResponseController(w), r: r, id: id, leg: leg, a: a, out: p.newOutputCount()}
 	rl.capture = leg.turn.newCapture(a.resp)
 	defer p.releaseUnkept(rl.capture, a.b, id)
 	// A stream (SSE, or any answer of unknown length) is flushed chunk by
@@ -115,6 +118,7 @@ func (rl *relay) send(out []byte) error {
 			return err
 		}
 	}
+	rl.out.feed(out)
 	rl.tail = append(rl.tail, out...)
 	if len(rl.tail) > 64 {
 		rl.tail = append(rl.tail[:0], rl.tail[len(rl.tail)-64:]...)
@@ -129,6 +133,7 @@ func (rl *relay) done() string {
 	if !rl.leg.turn.afterDecode(rl.capture, rl.a.b, rl.id, rl.send) {
 		return outcomeClientCanceled
 	}
+	rl.p.observeOutput(rl.id, rl.out, isEventStream(rl.a.resp.Header.Get("Content-Type")))
 	return rl.leg.success
 }
 

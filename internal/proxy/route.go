@@ -335,5 +335,7 @@ func (s *engineSample) addCounter(name, labels string, v float64) {
 		case strings.Contains(labels, `source="external_kv_transfer"`):
 			s.pulled += v
 		}
+	case "tandem:engine_info": // the engine's internal/metrics.EngineInfoName
+		s.info = parseEngineInfo(labels)
 	}
 }

@@ -94,6 +94,11 @@
 // and plain requests. Stats counts the steps it deferred and those the
 // guard lifted.
 //
+// SetPrefillScheduleInterval changes the interval between two steps (the
+// engine's admin route, the proxy's planner): the step count is kept and
+// clamped to the new interval, so a change neither restarts the clock nor
+// holds a prefill back longer than the new interval asks.
+//
 // # KV loads
 //
 // An async load allocates blocks for all the tokens it loads when it

@@ -9,7 +9,8 @@
 // (a cgroup's limit when it is below the machine's), the engine
 // (internal/engine), its KV connector and side channel for disaggregated
 // prefill/decode (internal/kvconnector), the KV cache events publisher
-// (internal/kvevents), the metrics, and the HTTP server (internal/openai).
+// (internal/kvevents), the metrics, and the HTTP server (internal/openai,
+// plus the engine's admin route for its prefill cadence, cadence.go).
 // When Run's context ends, the engine drains as drain.go describes, for
 // Kubernetes and any other orchestrator that stops a pod with a signal and
 // a grace period.

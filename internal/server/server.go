@@ -81,6 +81,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return err
 	}
 	met := metrics.NewEngine(cfg.ServedModelName)
+	met.SetInfo(cmp.Or(string(cfg.Role), string(kvconnector.RoleBoth)), cfg.MaxNumSeqs, cmp.Or(cfg.MaxNumBatchedTokens, sched.DefaultMaxNumBatchedTokens))
 	conn, err := s.connector(m, met)
 	if err != nil {
 		return err
@@ -133,7 +134,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return errors.Join(fmt.Errorf("listen on %s: %w", addr, err), eng.Shutdown(context.Background()))
 	}
 	srv := &http.Server{
-		Handler:           api,
+		Handler:           withCadenceRoute(api, eng, cfg.APIKey),
 		ReadHeaderTimeout: 10 * time.Second,
 		// No ReadTimeout or WriteTimeout: either would cut long generations.
 		// The API bounds each body read and each write itself.

@@ -40,7 +40,10 @@
 // the real forward pass and interpolated (piecewise linear in prompt
 // tokens; in context then batch size for decodes; mixed steps costed as
 // all their tokens through the prefill curve plus the decodes' extra
-// attention), or Knobs (--sim-ttft, --sim-itl, --sim-prefill-per-token).
+// attention; a prompt chunk after position 0 adds its attention over the
+// earlier context, read off the prefill curve, so that a chunked prompt
+// costs at least its one-shot prefill), or Knobs (--sim-ttft, --sim-itl,
+// --sim-prefill-per-token).
 // Config.Speed divides every simulated duration. The step loop sleeps in
 // Forward, so it is busy exactly as long as a real one would be and
 // everything around it (queueing, batching, transfers) is real.

@@ -14,16 +14,29 @@ import (
 	"github.com/tandem-serve/tandem/internal/model"
 )
 
-// Batch is the shape of one step, as a time model sees it: the tokens of
-// prompt chunks and the single-token sequences (decodes, and a decode
-// engine's recomputed last prompt token) with their total context.
+// Batch is the shape of one step, as a time model sees it: the prompt
+// chunks (where each starts and how long it is) and the single-token
+// sequences (decodes, and a decode engine's recomputed last prompt token)
+// with their total context.
 type Batch struct {
 	// PrefillTokens counts the new tokens of sequences that run more than
 	// one token.
 	PrefillTokens int
+	// Chunks are those sequences, one each: Len new tokens from position
+	// Pos. A chunk after position 0 (the second chunk of a chunked prompt,
+	// or a prompt after a prefix-cache hit or pulled blocks) also attends
+	// to the Pos tokens before it. A Batch without Chunks costs its prompt
+	// tokens as chunks from position 0.
+	Chunks []Chunk
 	// Decodes counts sequences that run one token; DecodeContext sums
 	// their context lengths (position + 1).
 	Decodes, DecodeContext int
+}
+
+// Chunk is one sequence's new tokens in a step: Len of them from position
+// Pos.
+type Chunk struct {
+	Pos, Len int
 }
 
 // BatchOf classifies the sequences of a forward pass.
@@ -32,6 +45,7 @@ func BatchOf(seqs []model.Seq) Batch {
 	for i := range seqs {
 		if n := len(seqs[i].Tokens); n > 1 {
 			b.PrefillTokens += n
+			b.Chunks = append(b.Chunks, Chunk{Pos: seqs[i].Pos, Len: n})
 		} else {
 			b.Decodes++
 			b.DecodeContext += seqs[i].Pos + 1
@@ -264,9 +278,9 @@ func (p *Profile) DecodeSeconds(batch int, ctx float64) float64 {
 // token count, a decode step the decode grid at its batch size and mean
 // context. A mixed step runs all its tokens through the weights at once,
 // so it costs the prefill curve at prompt tokens plus decodes, plus what
-// the decodes' attention costs beyond the smallest measured context.
-// Prompt chunks that start after position 0 are costed as if they did
-// (their attention over the earlier context is not modelled).
+// the decodes' attention costs beyond the smallest measured context. A
+// prompt chunk that starts after position 0 adds what its attention over
+// the earlier context costs (LaterChunkSeconds).
 func (p *Profile) StepTime(b Batch) time.Duration {
 	var s float64
 	switch {
@@ -282,5 +296,33 @@ func (p *Profile) StepTime(b Batch) time.Duration {
 			s = p.PrefillSeconds(b.PrefillTokens+b.Decodes) + max(attn, 0)
 		}
 	}
+	for _, c := range b.Chunks {
+		s += p.LaterChunkSeconds(c)
+	}
 	return time.Duration(s * float64(time.Second))
+}
+
+// LaterChunkSeconds is what a prompt chunk costs beyond the same number of
+// tokens from position 0: the attention of its tokens over the c.Pos
+// tokens before it, which the profile's prefill rows (prompts from
+// position 0) do not contain. It reads it off the prefill curve P: a chunk
+// [p, p+c) costs the curve's increment P(p+c) − P(p) plus the curve's
+// fixed per-step cost P(0), so
+//
+//	extra = P(p+c) − P(p) − P(c) + P(0),
+//
+// never below 0. Split P into a per-step, a linear and a quadratic part,
+// α + βn + γn² (weights, and attention over n²/2 query-key pairs): the
+// extra is then 2γ·p·c, exactly the attention of c queries over p earlier
+// keys, and the chunks of one prompt sum to the one-shot P(n) plus α per
+// extra step. That sum holds for any measured curve, smooth or not (the
+// increments telescope, and the floor at 0 only adds), so chunking a
+// prompt never costs less than prefilling it in one step, as on a real
+// engine; a fit of γ from noisy rows would not guarantee it.
+func (p *Profile) LaterChunkSeconds(c Chunk) float64 {
+	if c.Pos <= 0 || c.Len <= 0 {
+		return 0
+	}
+	extra := p.PrefillSeconds(c.Pos+c.Len) - p.PrefillSeconds(c.Pos) - p.PrefillSeconds(c.Len) + p.PrefillSeconds(0)
+	return max(extra, 0)
 }

@@ -299,23 +299,32 @@ func BenchmarkQuantizeActs(b *testing.B) {
 }
 
 // BenchmarkStreamRead is the reference for the cold benchmarks: the bytes
-// per second a plain vector scan reads from DRAM over ~320 MiB, on 1 and 2
-// threads: the read limit the decode kernels are measured against. Three
-// scans: words (SumWords, the reference), dot (Dot of the data with
-// itself) and argmax (ArgMax, the scan this benchmark used first: assembly
-// with AVX-512, but a Go loop in the avx2 set, where it is bound by its
-// arithmetic, ~5.8 GB/s on a Zen 2, not by memory).
+// per second a scan reads from DRAM over ~320 MiB of rotating 32 MiB
+// chunks, on 1 and 2 threads: the read limit the decode kernels are
+// measured against. The limit is the fastest of the read/s=S/pf=N scans
+// (ReadScan: generated assembly that only loads and adds, S streams side
+// by side, prefetching N bytes ahead, N = 0 for none); the older scans are kept for comparison:
+// words (SumWords, eight 64-bit chains in Go), dot (Dot of the data with
+// itself) and argmax (ArgMax: assembly with AVX-512, but a Go loop in the
+// avx2 set, where it is bound by its arithmetic, ~5.8 GB/s on a Zen 2).
 func BenchmarkStreamRead(b *testing.B) {
 	const chunk = 8 << 20 // floats per call: 32 MiB
 	big := randVec(rand.New(rand.NewPCG(5, 5)), 10*chunk)
-	scans := []struct {
+	type scan struct {
 		name string
 		fn   func([]float32)
-	}{
-		{"dot", func(x []float32) { Dot(x, x) }},
-		{"words", func(x []float32) { SumWords(x) }},
-		{"argmax", func(x []float32) { ArgMax(x) }},
 	}
+	var scans []scan
+	for _, st := range ReadScanStreams {
+		for _, pf := range ReadScanDistances {
+			scans = append(scans, scan{fmt.Sprintf("read/s=%d/pf=%d", st, pf), func(x []float32) { ReadScan(x, st, pf) }})
+		}
+	}
+	scans = append(scans,
+		scan{"dot", func(x []float32) { Dot(x, x) }},
+		scan{"words", func(x []float32) { SumWords(x) }},
+		scan{"argmax", func(x []float32) { ArgMax(x) }},
+	)
 	for _, scan := range scans {
 		for _, threads := range []int{1, 2} {
 			b.Run(fmt.Sprintf("%s/T=%d", scan.name, threads), func(b *testing.B) {

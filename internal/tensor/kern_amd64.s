@@ -36637,26 +36637,37 @@ store:
 
 // func qrowQ8_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 // Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
-TEXT ·qrowQ8_0AVX2(SB), NOSPLIT, $8-72
+TEXT ·qrowQ8_0AVX2(SB), NOSPLIT, $32-72
 	MOVL         $0x00010001, AX
 	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
-	MOVQ         DX, (SP)
-	MOVQ         scratch+56(FP), DX
+	SHRQ         $0x01, DX
 	MOVQ         DX, BX
+	IMULQ        ldw+8(FP), BX
+	MOVQ         BX, 8(SP)
+	MOVQ         DX, BX
+	SHLQ         $0x06, BX
+	MOVQ         BX, 16(SP)
+	IMUL3Q       $0x00000001, BX, BX
+	MOVQ         BX, 24(SP)
+	MOVQ         scratch+56(FP), BX
+	MOVQ         BX, SI
+	TESTQ        DX, DX
+	JE           singles
+	MOVQ         DX, (SP)
 
-row:
-	MOVQ BX, DX
-	XORQ SI, SI
+srow:
+	MOVQ SI, BX
+	XORQ DX, DX
 
-group:
+sgroup:
 	MOVQ        CX, DI
 	SUBQ        $0x00000008, DI
-	CMPQ        SI, DI
-	CMOVQLT     SI, DI
+	CMPQ        DX, DI
+	CMOVQLT     DX, DI
 	IMUL3Q      $0x00000022, DI, R8
 	ADDQ        AX, R8
 	MOVQ        DI, R9
@@ -36668,54 +36679,54 @@ group:
 	PREFETCHT0  8384(R8)
 	PREFETCHT0  8448(R8)
 	PREFETCHT0  8512(R8)
-	VXORPS      Y1, Y1, Y1
-	VPABSB      2(R8), Y1
-	VMOVDQU     (R9), Y2
-	VPSIGNB     2(R8), Y2, Y2
-	VPMADDUBSW  Y2, Y1, Y2
-	VPMADDWD    Y0, Y2, Y1
-	VXORPS      Y2, Y2, Y2
-	VPABSB      36(R8), Y2
-	VMOVDQU     32(R9), Y3
-	VPSIGNB     36(R8), Y3, Y3
+	VMOVDQU     2(R8), Y1
+	VPABSB      Y1, Y2
+	VMOVDQU     (R9), Y3
+	VPSIGNB     Y1, Y3, Y3
 	VPMADDUBSW  Y3, Y2, Y3
-	VPMADDWD    Y0, Y3, Y2
-	VXORPS      Y3, Y3, Y3
-	VPABSB      70(R8), Y3
-	VMOVDQU     64(R9), Y4
-	VPSIGNB     70(R8), Y4, Y4
+	VPMADDWD    Y0, Y3, Y1
+	VMOVDQU     36(R8), Y2
+	VPABSB      Y2, Y3
+	VMOVDQU     32(R9), Y4
+	VPSIGNB     Y2, Y4, Y4
 	VPMADDUBSW  Y4, Y3, Y4
-	VPMADDWD    Y0, Y4, Y3
-	VXORPS      Y4, Y4, Y4
-	VPABSB      104(R8), Y4
-	VMOVDQU     96(R9), Y5
-	VPSIGNB     104(R8), Y5, Y5
+	VPMADDWD    Y0, Y4, Y2
+	VMOVDQU     70(R8), Y3
+	VPABSB      Y3, Y4
+	VMOVDQU     64(R9), Y5
+	VPSIGNB     Y3, Y5, Y5
 	VPMADDUBSW  Y5, Y4, Y5
-	VPMADDWD    Y0, Y5, Y4
-	VXORPS      Y5, Y5, Y5
-	VPABSB      138(R8), Y5
-	VMOVDQU     128(R9), Y6
-	VPSIGNB     138(R8), Y6, Y6
+	VPMADDWD    Y0, Y5, Y3
+	VMOVDQU     104(R8), Y4
+	VPABSB      Y4, Y5
+	VMOVDQU     96(R9), Y6
+	VPSIGNB     Y4, Y6, Y6
 	VPMADDUBSW  Y6, Y5, Y6
-	VPMADDWD    Y0, Y6, Y5
-	VXORPS      Y6, Y6, Y6
-	VPABSB      172(R8), Y6
-	VMOVDQU     160(R9), Y7
-	VPSIGNB     172(R8), Y7, Y7
+	VPMADDWD    Y0, Y6, Y4
+	VMOVDQU     138(R8), Y5
+	VPABSB      Y5, Y6
+	VMOVDQU     128(R9), Y7
+	VPSIGNB     Y5, Y7, Y7
 	VPMADDUBSW  Y7, Y6, Y7
-	VPMADDWD    Y0, Y7, Y6
-	VXORPS      Y7, Y7, Y7
-	VPABSB      206(R8), Y7
-	VMOVDQU     192(R9), Y8
-	VPSIGNB     206(R8), Y8, Y8
+	VPMADDWD    Y0, Y7, Y5
+	VMOVDQU     172(R8), Y6
+	VPABSB      Y6, Y7
+	VMOVDQU     160(R9), Y8
+	VPSIGNB     Y6, Y8, Y8
 	VPMADDUBSW  Y8, Y7, Y8
-	VPMADDWD    Y0, Y8, Y7
-	VXORPS      Y8, Y8, Y8
-	VPABSB      240(R8), Y8
-	VMOVDQU     224(R9), Y9
-	VPSIGNB     240(R8), Y9, Y9
+	VPMADDWD    Y0, Y8, Y6
+	VMOVDQU     206(R8), Y7
+	VPABSB      Y7, Y8
+	VMOVDQU     192(R9), Y9
+	VPSIGNB     Y7, Y9, Y9
 	VPMADDUBSW  Y9, Y8, Y9
-	VPMADDWD    Y0, Y9, Y8
+	VPMADDWD    Y0, Y9, Y7
+	VMOVDQU     240(R8), Y8
+	VPABSB      Y8, Y9
+	VMOVDQU     224(R9), Y10
+	VPSIGNB     Y8, Y10, Y10
+	VPMADDUBSW  Y10, Y9, Y10
+	VPMADDWD    Y0, Y10, Y8
 	VPUNPCKLDQ  Y2, Y1, Y9
 	VPUNPCKHDQ  Y2, Y1, Y1
 	VPADDD      Y1, Y9, Y9
@@ -36738,7 +36749,106 @@ group:
 	VPERM2I128  $0x31, Y4, Y2, Y2
 	VPADDD      Y2, Y1, Y1
 	VCVTDQ2PS   Y1, Y1
-	VMOVUPS     Y1, (DX)
+	VMOVUPS     Y1, (BX)
+	MOVWQZX     102(R8), R10
+	SHLQ        $0x10, R10
+	MOVW        68(R8), R10
+	SHLQ        $0x10, R10
+	MOVW        34(R8), R10
+	SHLQ        $0x10, R10
+	MOVW        (R8), R10
+	MOVWQZX     238(R8), R11
+	SHLQ        $0x10, R11
+	MOVW        204(R8), R11
+	SHLQ        $0x10, R11
+	MOVW        170(R8), R11
+	SHLQ        $0x10, R11
+	MOVW        136(R8), R11
+	VMOVQ       R10, X1
+	VPINSRQ     $0x01, R11, X1, X1
+	VCVTPH2PS   X1, Y1
+	MOVQ        aux+48(FP), R10
+	VMULPS      (R10)(DI*4), Y1, Y1
+	VMOVUPS     Y1, 32(BX)
+	ADDQ        8(SP), R8
+	ADDQ        16(SP), BX
+	PREFETCHT0  8192(R8)
+	PREFETCHT0  8256(R8)
+	PREFETCHT0  8320(R8)
+	PREFETCHT0  8384(R8)
+	PREFETCHT0  8448(R8)
+	PREFETCHT0  8512(R8)
+	VMOVDQU     2(R8), Y1
+	VPABSB      Y1, Y2
+	VMOVDQU     (R9), Y3
+	VPSIGNB     Y1, Y3, Y3
+	VPMADDUBSW  Y3, Y2, Y3
+	VPMADDWD    Y0, Y3, Y1
+	VMOVDQU     36(R8), Y2
+	VPABSB      Y2, Y3
+	VMOVDQU     32(R9), Y4
+	VPSIGNB     Y2, Y4, Y4
+	VPMADDUBSW  Y4, Y3, Y4
+	VPMADDWD    Y0, Y4, Y2
+	VMOVDQU     70(R8), Y3
+	VPABSB      Y3, Y4
+	VMOVDQU     64(R9), Y5
+	VPSIGNB     Y3, Y5, Y5
+	VPMADDUBSW  Y5, Y4, Y5
+	VPMADDWD    Y0, Y5, Y3
+	VMOVDQU     104(R8), Y4
+	VPABSB      Y4, Y5
+	VMOVDQU     96(R9), Y6
+	VPSIGNB     Y4, Y6, Y6
+	VPMADDUBSW  Y6, Y5, Y6
+	VPMADDWD    Y0, Y6, Y4
+	VMOVDQU     138(R8), Y5
+	VPABSB      Y5, Y6
+	VMOVDQU     128(R9), Y7
+	VPSIGNB     Y5, Y7, Y7
+	VPMADDUBSW  Y7, Y6, Y7
+	VPMADDWD    Y0, Y7, Y5
+	VMOVDQU     172(R8), Y6
+	VPABSB      Y6, Y7
+	VMOVDQU     160(R9), Y8
+	VPSIGNB     Y6, Y8, Y8
+	VPMADDUBSW  Y8, Y7, Y8
+	VPMADDWD    Y0, Y8, Y6
+	VMOVDQU     206(R8), Y7
+	VPABSB      Y7, Y8
+	VMOVDQU     192(R9), Y9
+	VPSIGNB     Y7, Y9, Y9
+	VPMADDUBSW  Y9, Y8, Y9
+	VPMADDWD    Y0, Y9, Y7
+	VMOVDQU     240(R8), Y8
+	VPABSB      Y8, Y9
+	VMOVDQU     224(R9), Y10
+	VPSIGNB     Y8, Y10, Y10
+	VPMADDUBSW  Y10, Y9, Y10
+	VPMADDWD    Y0, Y10, Y8
+	VPUNPCKLDQ  Y2, Y1, Y9
+	VPUNPCKHDQ  Y2, Y1, Y1
+	VPADDD      Y1, Y9, Y9
+	VPUNPCKLDQ  Y4, Y3, Y1
+	VPUNPCKHDQ  Y4, Y3, Y2
+	VPADDD      Y2, Y1, Y1
+	VPUNPCKLQDQ Y1, Y9, Y2
+	VPUNPCKHQDQ Y1, Y9, Y1
+	VPADDD      Y1, Y2, Y2
+	VPUNPCKLDQ  Y6, Y5, Y1
+	VPUNPCKHDQ  Y6, Y5, Y3
+	VPADDD      Y3, Y1, Y1
+	VPUNPCKLDQ  Y8, Y7, Y3
+	VPUNPCKHDQ  Y8, Y7, Y4
+	VPADDD      Y4, Y3, Y3
+	VPUNPCKLQDQ Y3, Y1, Y4
+	VPUNPCKHQDQ Y3, Y1, Y1
+	VPADDD      Y1, Y4, Y4
+	VPERM2I128  $0x20, Y4, Y2, Y1
+	VPERM2I128  $0x31, Y4, Y2, Y2
+	VPADDD      Y2, Y1, Y1
+	VCVTDQ2PS   Y1, Y1
+	VMOVUPS     Y1, (BX)
 	MOVWQZX     102(R8), R9
 	SHLQ        $0x10, R9
 	MOVW        68(R8), R9
@@ -36758,22 +36868,155 @@ group:
 	VCVTPH2PS   X1, Y1
 	MOVQ        aux+48(FP), R8
 	VMULPS      (R8)(DI*4), Y1, Y1
-	VMOVUPS     Y1, 32(DX)
-	ADDQ        $0x00000200, DX
-	ADDQ        $0x00000008, SI
-	CMPQ        SI, CX
+	VMOVUPS     Y1, 32(BX)
+	SUBQ        24(SP), BX
+	ADDQ        $0x00000200, BX
+	ADDQ        $0x00000008, DX
+	CMPQ        DX, CX
+	JB          sgroup
+	ADDQ        ldw+8(FP), AX
+	ADDQ        $0x00000040, SI
+	DECQ        (SP)
+	JNE         srow
+	ADDQ        24(SP), SI
+	MOVQ        8(SP), BX
+	IMUL3Q      $0x00000001, BX, BX
+	ADDQ        BX, AX
+
+singles:
+	MOVQ rows+16(FP), DX
+	ANDQ $0x00000001, DX
+	JE   phase1done
+	MOVQ DX, (SP)
+
+row:
+	MOVQ SI, BX
+	XORQ DX, DX
+
+group:
+	MOVQ        CX, DI
+	SUBQ        $0x00000008, DI
+	CMPQ        DX, DI
+	CMOVQLT     DX, DI
+	IMUL3Q      $0x00000022, DI, R8
+	ADDQ        AX, R8
+	MOVQ        DI, R9
+	SHLQ        $0x05, R9
+	ADDQ        x+32(FP), R9
+	PREFETCHT0  8192(R8)
+	PREFETCHT0  8256(R8)
+	PREFETCHT0  8320(R8)
+	PREFETCHT0  8384(R8)
+	PREFETCHT0  8448(R8)
+	PREFETCHT0  8512(R8)
+	VMOVDQU     2(R8), Y1
+	VPABSB      Y1, Y2
+	VMOVDQU     (R9), Y3
+	VPSIGNB     Y1, Y3, Y3
+	VPMADDUBSW  Y3, Y2, Y3
+	VPMADDWD    Y0, Y3, Y1
+	VMOVDQU     36(R8), Y2
+	VPABSB      Y2, Y3
+	VMOVDQU     32(R9), Y4
+	VPSIGNB     Y2, Y4, Y4
+	VPMADDUBSW  Y4, Y3, Y4
+	VPMADDWD    Y0, Y4, Y2
+	VMOVDQU     70(R8), Y3
+	VPABSB      Y3, Y4
+	VMOVDQU     64(R9), Y5
+	VPSIGNB     Y3, Y5, Y5
+	VPMADDUBSW  Y5, Y4, Y5
+	VPMADDWD    Y0, Y5, Y3
+	VMOVDQU     104(R8), Y4
+	VPABSB      Y4, Y5
+	VMOVDQU     96(R9), Y6
+	VPSIGNB     Y4, Y6, Y6
+	VPMADDUBSW  Y6, Y5, Y6
+	VPMADDWD    Y0, Y6, Y4
+	VMOVDQU     138(R8), Y5
+	VPABSB      Y5, Y6
+	VMOVDQU     128(R9), Y7
+	VPSIGNB     Y5, Y7, Y7
+	VPMADDUBSW  Y7, Y6, Y7
+	VPMADDWD    Y0, Y7, Y5
+	VMOVDQU     172(R8), Y6
+	VPABSB      Y6, Y7
+	VMOVDQU     160(R9), Y8
+	VPSIGNB     Y6, Y8, Y8
+	VPMADDUBSW  Y8, Y7, Y8
+	VPMADDWD    Y0, Y8, Y6
+	VMOVDQU     206(R8), Y7
+	VPABSB      Y7, Y8
+	VMOVDQU     192(R9), Y9
+	VPSIGNB     Y7, Y9, Y9
+	VPMADDUBSW  Y9, Y8, Y9
+	VPMADDWD    Y0, Y9, Y7
+	VMOVDQU     240(R8), Y8
+	VPABSB      Y8, Y9
+	VMOVDQU     224(R9), Y10
+	VPSIGNB     Y8, Y10, Y10
+	VPMADDUBSW  Y10, Y9, Y10
+	VPMADDWD    Y0, Y10, Y8
+	VPUNPCKLDQ  Y2, Y1, Y9
+	VPUNPCKHDQ  Y2, Y1, Y1
+	VPADDD      Y1, Y9, Y9
+	VPUNPCKLDQ  Y4, Y3, Y1
+	VPUNPCKHDQ  Y4, Y3, Y2
+	VPADDD      Y2, Y1, Y1
+	VPUNPCKLQDQ Y1, Y9, Y2
+	VPUNPCKHQDQ Y1, Y9, Y1
+	VPADDD      Y1, Y2, Y2
+	VPUNPCKLDQ  Y6, Y5, Y1
+	VPUNPCKHDQ  Y6, Y5, Y3
+	VPADDD      Y3, Y1, Y1
+	VPUNPCKLDQ  Y8, Y7, Y3
+	VPUNPCKHDQ  Y8, Y7, Y4
+	VPADDD      Y4, Y3, Y3
+	VPUNPCKLQDQ Y3, Y1, Y4
+	VPUNPCKHQDQ Y3, Y1, Y1
+	VPADDD      Y1, Y4, Y4
+	VPERM2I128  $0x20, Y4, Y2, Y1
+	VPERM2I128  $0x31, Y4, Y2, Y2
+	VPADDD      Y2, Y1, Y1
+	VCVTDQ2PS   Y1, Y1
+	VMOVUPS     Y1, (BX)
+	MOVWQZX     102(R8), R9
+	SHLQ        $0x10, R9
+	MOVW        68(R8), R9
+	SHLQ        $0x10, R9
+	MOVW        34(R8), R9
+	SHLQ        $0x10, R9
+	MOVW        (R8), R9
+	MOVWQZX     238(R8), R10
+	SHLQ        $0x10, R10
+	MOVW        204(R8), R10
+	SHLQ        $0x10, R10
+	MOVW        170(R8), R10
+	SHLQ        $0x10, R10
+	MOVW        136(R8), R10
+	VMOVQ       R9, X1
+	VPINSRQ     $0x01, R10, X1, X1
+	VCVTPH2PS   X1, Y1
+	MOVQ        aux+48(FP), R8
+	VMULPS      (R8)(DI*4), Y1, Y1
+	VMOVUPS     Y1, 32(BX)
+	ADDQ        $0x00000200, BX
+	ADDQ        $0x00000008, DX
+	CMPQ        DX, CX
 	JB          group
 	ADDQ        ldw+8(FP), AX
-	ADDQ        $0x00000040, BX
+	ADDQ        $0x00000040, SI
 	DECQ        (SP)
 	JNE         row
-	MOVQ        scratch+56(FP), AX
-	MOVQ        CX, DX
-	ADDQ        $0x00000007, DX
-	SHRQ        $0x03, DX
-	VXORPS      Y0, Y0, Y0
-	DECQ        DX
-	JE          lastgroup
+
+phase1done:
+	MOVQ   scratch+56(FP), AX
+	MOVQ   CX, DX
+	ADDQ   $0x00000007, DX
+	SHRQ   $0x03, DX
+	VXORPS Y0, Y0, Y0
+	DECQ   DX
+	JE     lastgroup
 
 chain:
 	VMOVUPS     (AX), Y1
@@ -36982,7 +37225,7 @@ skip7:
 
 // func qrowQ4_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 // Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
-TEXT ·qrowQ4_0AVX2(SB), NOSPLIT, $8-72
+TEXT ·qrowQ4_0AVX2(SB), NOSPLIT, $32-72
 	MOVL         $0x00010001, AX
 	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
@@ -36993,19 +37236,30 @@ TEXT ·qrowQ4_0AVX2(SB), NOSPLIT, $8-72
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
-	MOVQ         DX, (SP)
-	MOVQ         scratch+56(FP), DX
+	SHRQ         $0x01, DX
 	MOVQ         DX, BX
+	IMULQ        ldw+8(FP), BX
+	MOVQ         BX, 8(SP)
+	MOVQ         DX, BX
+	SHLQ         $0x06, BX
+	MOVQ         BX, 16(SP)
+	IMUL3Q       $0x00000001, BX, BX
+	MOVQ         BX, 24(SP)
+	MOVQ         scratch+56(FP), BX
+	MOVQ         BX, SI
+	TESTQ        DX, DX
+	JE           singles
+	MOVQ         DX, (SP)
 
-row:
-	MOVQ BX, DX
-	XORQ SI, SI
+srow:
+	MOVQ SI, BX
+	XORQ DX, DX
 
-group:
+sgroup:
 	MOVQ           CX, DI
 	SUBQ           $0x00000008, DI
-	CMPQ           SI, DI
-	CMOVQLT        SI, DI
+	CMPQ           DX, DI
+	CMOVQLT        DX, DI
 	IMUL3Q         $0x00000012, DI, R8
 	ADDQ           AX, R8
 	MOVQ           DI, R9
@@ -37015,49 +37269,133 @@ group:
 	PREFETCHT0     8256(R8)
 	PREFETCHT0     8320(R8)
 	PREFETCHT0     8384(R8)
-	VXORPS         Y3, Y3, Y3
 	VBROADCASTI128 2(R8), Y3
 	VPSRLVD        Y2, Y3, Y3
 	VPAND          Y1, Y3, Y3
 	VPMADDUBSW     (R9), Y3, Y3
 	VPMADDWD       Y0, Y3, Y3
-	VXORPS         Y4, Y4, Y4
 	VBROADCASTI128 20(R8), Y4
 	VPSRLVD        Y2, Y4, Y4
 	VPAND          Y1, Y4, Y4
 	VPMADDUBSW     32(R9), Y4, Y4
 	VPMADDWD       Y0, Y4, Y4
-	VXORPS         Y5, Y5, Y5
 	VBROADCASTI128 38(R8), Y5
 	VPSRLVD        Y2, Y5, Y5
 	VPAND          Y1, Y5, Y5
 	VPMADDUBSW     64(R9), Y5, Y5
 	VPMADDWD       Y0, Y5, Y5
-	VXORPS         Y6, Y6, Y6
 	VBROADCASTI128 56(R8), Y6
 	VPSRLVD        Y2, Y6, Y6
 	VPAND          Y1, Y6, Y6
 	VPMADDUBSW     96(R9), Y6, Y6
 	VPMADDWD       Y0, Y6, Y6
-	VXORPS         Y7, Y7, Y7
 	VBROADCASTI128 74(R8), Y7
 	VPSRLVD        Y2, Y7, Y7
 	VPAND          Y1, Y7, Y7
 	VPMADDUBSW     128(R9), Y7, Y7
 	VPMADDWD       Y0, Y7, Y7
-	VXORPS         Y8, Y8, Y8
 	VBROADCASTI128 92(R8), Y8
 	VPSRLVD        Y2, Y8, Y8
 	VPAND          Y1, Y8, Y8
 	VPMADDUBSW     160(R9), Y8, Y8
 	VPMADDWD       Y0, Y8, Y8
-	VXORPS         Y9, Y9, Y9
 	VBROADCASTI128 110(R8), Y9
 	VPSRLVD        Y2, Y9, Y9
 	VPAND          Y1, Y9, Y9
 	VPMADDUBSW     192(R9), Y9, Y9
 	VPMADDWD       Y0, Y9, Y9
-	VXORPS         Y10, Y10, Y10
+	VBROADCASTI128 128(R8), Y10
+	VPSRLVD        Y2, Y10, Y10
+	VPAND          Y1, Y10, Y10
+	VPMADDUBSW     224(R9), Y10, Y10
+	VPMADDWD       Y0, Y10, Y10
+	VPUNPCKLDQ     Y4, Y3, Y11
+	VPUNPCKHDQ     Y4, Y3, Y3
+	VPADDD         Y3, Y11, Y11
+	VPUNPCKLDQ     Y6, Y5, Y3
+	VPUNPCKHDQ     Y6, Y5, Y4
+	VPADDD         Y4, Y3, Y3
+	VPUNPCKLQDQ    Y3, Y11, Y4
+	VPUNPCKHQDQ    Y3, Y11, Y3
+	VPADDD         Y3, Y4, Y4
+	VPUNPCKLDQ     Y8, Y7, Y3
+	VPUNPCKHDQ     Y8, Y7, Y5
+	VPADDD         Y5, Y3, Y3
+	VPUNPCKLDQ     Y10, Y9, Y5
+	VPUNPCKHDQ     Y10, Y9, Y6
+	VPADDD         Y6, Y5, Y5
+	VPUNPCKLQDQ    Y5, Y3, Y6
+	VPUNPCKHQDQ    Y5, Y3, Y3
+	VPADDD         Y3, Y6, Y6
+	VPERM2I128     $0x20, Y6, Y4, Y3
+	VPERM2I128     $0x31, Y6, Y4, Y4
+	VPADDD         Y4, Y3, Y3
+	MOVQ           aux+48(FP), R10
+	LEAQ           (R10)(CX*4), R10
+	VPADDD         (R10)(DI*4), Y3, Y3
+	VCVTDQ2PS      Y3, Y3
+	VMOVUPS        Y3, (BX)
+	MOVWQZX        54(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           36(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           18(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           (R8), R10
+	MOVWQZX        126(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           108(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           90(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           72(R8), R11
+	VMOVQ          R10, X3
+	VPINSRQ        $0x01, R11, X3, X3
+	VCVTPH2PS      X3, Y3
+	MOVQ           aux+48(FP), R10
+	VMULPS         (R10)(DI*4), Y3, Y3
+	VMOVUPS        Y3, 32(BX)
+	ADDQ           8(SP), R8
+	ADDQ           16(SP), BX
+	PREFETCHT0     8192(R8)
+	PREFETCHT0     8256(R8)
+	PREFETCHT0     8320(R8)
+	PREFETCHT0     8384(R8)
+	VBROADCASTI128 2(R8), Y3
+	VPSRLVD        Y2, Y3, Y3
+	VPAND          Y1, Y3, Y3
+	VPMADDUBSW     (R9), Y3, Y3
+	VPMADDWD       Y0, Y3, Y3
+	VBROADCASTI128 20(R8), Y4
+	VPSRLVD        Y2, Y4, Y4
+	VPAND          Y1, Y4, Y4
+	VPMADDUBSW     32(R9), Y4, Y4
+	VPMADDWD       Y0, Y4, Y4
+	VBROADCASTI128 38(R8), Y5
+	VPSRLVD        Y2, Y5, Y5
+	VPAND          Y1, Y5, Y5
+	VPMADDUBSW     64(R9), Y5, Y5
+	VPMADDWD       Y0, Y5, Y5
+	VBROADCASTI128 56(R8), Y6
+	VPSRLVD        Y2, Y6, Y6
+	VPAND          Y1, Y6, Y6
+	VPMADDUBSW     96(R9), Y6, Y6
+	VPMADDWD       Y0, Y6, Y6
+	VBROADCASTI128 74(R8), Y7
+	VPSRLVD        Y2, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPMADDUBSW     128(R9), Y7, Y7
+	VPMADDWD       Y0, Y7, Y7
+	VBROADCASTI128 92(R8), Y8
+	VPSRLVD        Y2, Y8, Y8
+	VPAND          Y1, Y8, Y8
+	VPMADDUBSW     160(R9), Y8, Y8
+	VPMADDWD       Y0, Y8, Y8
+	VBROADCASTI128 110(R8), Y9
+	VPSRLVD        Y2, Y9, Y9
+	VPAND          Y1, Y9, Y9
+	VPMADDUBSW     192(R9), Y9, Y9
+	VPMADDWD       Y0, Y9, Y9
 	VBROADCASTI128 128(R8), Y10
 	VPSRLVD        Y2, Y10, Y10
 	VPAND          Y1, Y10, Y10
@@ -37088,7 +37426,7 @@ group:
 	LEAQ           (R9)(CX*4), R9
 	VPADDD         (R9)(DI*4), Y3, Y3
 	VCVTDQ2PS      Y3, Y3
-	VMOVUPS        Y3, (DX)
+	VMOVUPS        Y3, (BX)
 	MOVWQZX        54(R8), R9
 	SHLQ           $0x10, R9
 	MOVW           36(R8), R9
@@ -37108,22 +37446,148 @@ group:
 	VCVTPH2PS      X3, Y3
 	MOVQ           aux+48(FP), R8
 	VMULPS         (R8)(DI*4), Y3, Y3
-	VMOVUPS        Y3, 32(DX)
-	ADDQ           $0x00000200, DX
-	ADDQ           $0x00000008, SI
-	CMPQ           SI, CX
+	VMOVUPS        Y3, 32(BX)
+	SUBQ           24(SP), BX
+	ADDQ           $0x00000200, BX
+	ADDQ           $0x00000008, DX
+	CMPQ           DX, CX
+	JB             sgroup
+	ADDQ           ldw+8(FP), AX
+	ADDQ           $0x00000040, SI
+	DECQ           (SP)
+	JNE            srow
+	ADDQ           24(SP), SI
+	MOVQ           8(SP), BX
+	IMUL3Q         $0x00000001, BX, BX
+	ADDQ           BX, AX
+
+singles:
+	MOVQ rows+16(FP), DX
+	ANDQ $0x00000001, DX
+	JE   phase1done
+	MOVQ DX, (SP)
+
+row:
+	MOVQ SI, BX
+	XORQ DX, DX
+
+group:
+	MOVQ           CX, DI
+	SUBQ           $0x00000008, DI
+	CMPQ           DX, DI
+	CMOVQLT        DX, DI
+	IMUL3Q         $0x00000012, DI, R8
+	ADDQ           AX, R8
+	MOVQ           DI, R9
+	SHLQ           $0x05, R9
+	ADDQ           x+32(FP), R9
+	PREFETCHT0     8192(R8)
+	PREFETCHT0     8256(R8)
+	PREFETCHT0     8320(R8)
+	PREFETCHT0     8384(R8)
+	VBROADCASTI128 2(R8), Y3
+	VPSRLVD        Y2, Y3, Y3
+	VPAND          Y1, Y3, Y3
+	VPMADDUBSW     (R9), Y3, Y3
+	VPMADDWD       Y0, Y3, Y3
+	VBROADCASTI128 20(R8), Y4
+	VPSRLVD        Y2, Y4, Y4
+	VPAND          Y1, Y4, Y4
+	VPMADDUBSW     32(R9), Y4, Y4
+	VPMADDWD       Y0, Y4, Y4
+	VBROADCASTI128 38(R8), Y5
+	VPSRLVD        Y2, Y5, Y5
+	VPAND          Y1, Y5, Y5
+	VPMADDUBSW     64(R9), Y5, Y5
+	VPMADDWD       Y0, Y5, Y5
+	VBROADCASTI128 56(R8), Y6
+	VPSRLVD        Y2, Y6, Y6
+	VPAND          Y1, Y6, Y6
+	VPMADDUBSW     96(R9), Y6, Y6
+	VPMADDWD       Y0, Y6, Y6
+	VBROADCASTI128 74(R8), Y7
+	VPSRLVD        Y2, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPMADDUBSW     128(R9), Y7, Y7
+	VPMADDWD       Y0, Y7, Y7
+	VBROADCASTI128 92(R8), Y8
+	VPSRLVD        Y2, Y8, Y8
+	VPAND          Y1, Y8, Y8
+	VPMADDUBSW     160(R9), Y8, Y8
+	VPMADDWD       Y0, Y8, Y8
+	VBROADCASTI128 110(R8), Y9
+	VPSRLVD        Y2, Y9, Y9
+	VPAND          Y1, Y9, Y9
+	VPMADDUBSW     192(R9), Y9, Y9
+	VPMADDWD       Y0, Y9, Y9
+	VBROADCASTI128 128(R8), Y10
+	VPSRLVD        Y2, Y10, Y10
+	VPAND          Y1, Y10, Y10
+	VPMADDUBSW     224(R9), Y10, Y10
+	VPMADDWD       Y0, Y10, Y10
+	VPUNPCKLDQ     Y4, Y3, Y11
+	VPUNPCKHDQ     Y4, Y3, Y3
+	VPADDD         Y3, Y11, Y11
+	VPUNPCKLDQ     Y6, Y5, Y3
+	VPUNPCKHDQ     Y6, Y5, Y4
+	VPADDD         Y4, Y3, Y3
+	VPUNPCKLQDQ    Y3, Y11, Y4
+	VPUNPCKHQDQ    Y3, Y11, Y3
+	VPADDD         Y3, Y4, Y4
+	VPUNPCKLDQ     Y8, Y7, Y3
+	VPUNPCKHDQ     Y8, Y7, Y5
+	VPADDD         Y5, Y3, Y3
+	VPUNPCKLDQ     Y10, Y9, Y5
+	VPUNPCKHDQ     Y10, Y9, Y6
+	VPADDD         Y6, Y5, Y5
+	VPUNPCKLQDQ    Y5, Y3, Y6
+	VPUNPCKHQDQ    Y5, Y3, Y3
+	VPADDD         Y3, Y6, Y6
+	VPERM2I128     $0x20, Y6, Y4, Y3
+	VPERM2I128     $0x31, Y6, Y4, Y4
+	VPADDD         Y4, Y3, Y3
+	MOVQ           aux+48(FP), R9
+	LEAQ           (R9)(CX*4), R9
+	VPADDD         (R9)(DI*4), Y3, Y3
+	VCVTDQ2PS      Y3, Y3
+	VMOVUPS        Y3, (BX)
+	MOVWQZX        54(R8), R9
+	SHLQ           $0x10, R9
+	MOVW           36(R8), R9
+	SHLQ           $0x10, R9
+	MOVW           18(R8), R9
+	SHLQ           $0x10, R9
+	MOVW           (R8), R9
+	MOVWQZX        126(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           108(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           90(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           72(R8), R10
+	VMOVQ          R9, X3
+	VPINSRQ        $0x01, R10, X3, X3
+	VCVTPH2PS      X3, Y3
+	MOVQ           aux+48(FP), R8
+	VMULPS         (R8)(DI*4), Y3, Y3
+	VMOVUPS        Y3, 32(BX)
+	ADDQ           $0x00000200, BX
+	ADDQ           $0x00000008, DX
+	CMPQ           DX, CX
 	JB             group
 	ADDQ           ldw+8(FP), AX
-	ADDQ           $0x00000040, BX
+	ADDQ           $0x00000040, SI
 	DECQ           (SP)
 	JNE            row
-	MOVQ           scratch+56(FP), AX
-	MOVQ           CX, DX
-	ADDQ           $0x00000007, DX
-	SHRQ           $0x03, DX
-	VXORPS         Y0, Y0, Y0
-	DECQ           DX
-	JE             lastgroup
+
+phase1done:
+	MOVQ   scratch+56(FP), AX
+	MOVQ   CX, DX
+	ADDQ   $0x00000007, DX
+	SHRQ   $0x03, DX
+	VXORPS Y0, Y0, Y0
+	DECQ   DX
+	JE     lastgroup
 
 chain:
 	VMOVUPS     (AX), Y1
@@ -37332,7 +37796,7 @@ skip7:
 
 // func qrowQ5_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 // Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
-TEXT ·qrowQ5_0AVX2(SB), NOSPLIT, $8-72
+TEXT ·qrowQ5_0AVX2(SB), NOSPLIT, $32-72
 	MOVL         $0x00010001, AX
 	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
@@ -37348,19 +37812,30 @@ TEXT ·qrowQ5_0AVX2(SB), NOSPLIT, $8-72
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
-	MOVQ         DX, (SP)
-	MOVQ         scratch+56(FP), DX
+	SHRQ         $0x01, DX
 	MOVQ         DX, BX
+	IMULQ        ldw+8(FP), BX
+	MOVQ         BX, 8(SP)
+	MOVQ         DX, BX
+	SHLQ         $0x06, BX
+	MOVQ         BX, 16(SP)
+	IMUL3Q       $0x00000001, BX, BX
+	MOVQ         BX, 24(SP)
+	MOVQ         scratch+56(FP), BX
+	MOVQ         BX, SI
+	TESTQ        DX, DX
+	JE           singles
+	MOVQ         DX, (SP)
 
-row:
-	MOVQ BX, DX
-	XORQ SI, SI
+srow:
+	MOVQ SI, BX
+	XORQ DX, DX
 
-group:
+sgroup:
 	MOVQ           CX, DI
 	SUBQ           $0x00000008, DI
-	CMPQ           SI, DI
-	CMOVQLT        SI, DI
+	CMPQ           DX, DI
+	CMOVQLT        DX, DI
 	IMUL3Q         $0x00000016, DI, R8
 	ADDQ           AX, R8
 	MOVQ           DI, R9
@@ -37370,7 +37845,6 @@ group:
 	PREFETCHT0     8256(R8)
 	PREFETCHT0     8320(R8)
 	PREFETCHT0     8384(R8)
-	VXORPS         Y6, Y6, Y6
 	VBROADCASTI128 6(R8), Y6
 	VPSRLVD        Y2, Y6, Y6
 	VPAND          Y1, Y6, Y6
@@ -37382,7 +37856,6 @@ group:
 	VPOR           Y7, Y6, Y6
 	VPMADDUBSW     (R9), Y6, Y6
 	VPMADDWD       Y0, Y6, Y6
-	VXORPS         Y7, Y7, Y7
 	VBROADCASTI128 28(R8), Y7
 	VPSRLVD        Y2, Y7, Y7
 	VPAND          Y1, Y7, Y7
@@ -37394,7 +37867,6 @@ group:
 	VPOR           Y8, Y7, Y7
 	VPMADDUBSW     32(R9), Y7, Y7
 	VPMADDWD       Y0, Y7, Y7
-	VXORPS         Y8, Y8, Y8
 	VBROADCASTI128 50(R8), Y8
 	VPSRLVD        Y2, Y8, Y8
 	VPAND          Y1, Y8, Y8
@@ -37406,7 +37878,6 @@ group:
 	VPOR           Y9, Y8, Y8
 	VPMADDUBSW     64(R9), Y8, Y8
 	VPMADDWD       Y0, Y8, Y8
-	VXORPS         Y9, Y9, Y9
 	VBROADCASTI128 72(R8), Y9
 	VPSRLVD        Y2, Y9, Y9
 	VPAND          Y1, Y9, Y9
@@ -37418,7 +37889,6 @@ group:
 	VPOR           Y10, Y9, Y9
 	VPMADDUBSW     96(R9), Y9, Y9
 	VPMADDWD       Y0, Y9, Y9
-	VXORPS         Y10, Y10, Y10
 	VBROADCASTI128 94(R8), Y10
 	VPSRLVD        Y2, Y10, Y10
 	VPAND          Y1, Y10, Y10
@@ -37430,7 +37900,6 @@ group:
 	VPOR           Y11, Y10, Y10
 	VPMADDUBSW     128(R9), Y10, Y10
 	VPMADDWD       Y0, Y10, Y10
-	VXORPS         Y11, Y11, Y11
 	VBROADCASTI128 116(R8), Y11
 	VPSRLVD        Y2, Y11, Y11
 	VPAND          Y1, Y11, Y11
@@ -37442,7 +37911,6 @@ group:
 	VPOR           Y12, Y11, Y11
 	VPMADDUBSW     160(R9), Y11, Y11
 	VPMADDWD       Y0, Y11, Y11
-	VXORPS         Y12, Y12, Y12
 	VBROADCASTI128 138(R8), Y12
 	VPSRLVD        Y2, Y12, Y12
 	VPAND          Y1, Y12, Y12
@@ -37454,7 +37922,146 @@ group:
 	VPOR           Y13, Y12, Y12
 	VPMADDUBSW     192(R9), Y12, Y12
 	VPMADDWD       Y0, Y12, Y12
-	VXORPS         Y13, Y13, Y13
+	VBROADCASTI128 160(R8), Y13
+	VPSRLVD        Y2, Y13, Y13
+	VPAND          Y1, Y13, Y13
+	VPBROADCASTD   156(R8), Y14
+	VPSHUFB        Y3, Y14, Y14
+	VPAND          Y4, Y14, Y14
+	VPCMPEQB       Y4, Y14, Y14
+	VPAND          Y5, Y14, Y14
+	VPOR           Y14, Y13, Y13
+	VPMADDUBSW     224(R9), Y13, Y13
+	VPMADDWD       Y0, Y13, Y13
+	VPUNPCKLDQ     Y7, Y6, Y14
+	VPUNPCKHDQ     Y7, Y6, Y6
+	VPADDD         Y6, Y14, Y14
+	VPUNPCKLDQ     Y9, Y8, Y6
+	VPUNPCKHDQ     Y9, Y8, Y7
+	VPADDD         Y7, Y6, Y6
+	VPUNPCKLQDQ    Y6, Y14, Y7
+	VPUNPCKHQDQ    Y6, Y14, Y6
+	VPADDD         Y6, Y7, Y7
+	VPUNPCKLDQ     Y11, Y10, Y6
+	VPUNPCKHDQ     Y11, Y10, Y8
+	VPADDD         Y8, Y6, Y6
+	VPUNPCKLDQ     Y13, Y12, Y8
+	VPUNPCKHDQ     Y13, Y12, Y9
+	VPADDD         Y9, Y8, Y8
+	VPUNPCKLQDQ    Y8, Y6, Y9
+	VPUNPCKHQDQ    Y8, Y6, Y6
+	VPADDD         Y6, Y9, Y9
+	VPERM2I128     $0x20, Y9, Y7, Y6
+	VPERM2I128     $0x31, Y9, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	MOVQ           aux+48(FP), R10
+	LEAQ           (R10)(CX*4), R10
+	VPADDD         (R10)(DI*4), Y6, Y6
+	VCVTDQ2PS      Y6, Y6
+	VMOVUPS        Y6, (BX)
+	MOVWQZX        66(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           44(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           22(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           (R8), R10
+	MOVWQZX        154(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           132(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           110(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           88(R8), R11
+	VMOVQ          R10, X6
+	VPINSRQ        $0x01, R11, X6, X6
+	VCVTPH2PS      X6, Y6
+	MOVQ           aux+48(FP), R10
+	VMULPS         (R10)(DI*4), Y6, Y6
+	VMOVUPS        Y6, 32(BX)
+	ADDQ           8(SP), R8
+	ADDQ           16(SP), BX
+	PREFETCHT0     8192(R8)
+	PREFETCHT0     8256(R8)
+	PREFETCHT0     8320(R8)
+	PREFETCHT0     8384(R8)
+	VBROADCASTI128 6(R8), Y6
+	VPSRLVD        Y2, Y6, Y6
+	VPAND          Y1, Y6, Y6
+	VPBROADCASTD   2(R8), Y7
+	VPSHUFB        Y3, Y7, Y7
+	VPAND          Y4, Y7, Y7
+	VPCMPEQB       Y4, Y7, Y7
+	VPAND          Y5, Y7, Y7
+	VPOR           Y7, Y6, Y6
+	VPMADDUBSW     (R9), Y6, Y6
+	VPMADDWD       Y0, Y6, Y6
+	VBROADCASTI128 28(R8), Y7
+	VPSRLVD        Y2, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPBROADCASTD   24(R8), Y8
+	VPSHUFB        Y3, Y8, Y8
+	VPAND          Y4, Y8, Y8
+	VPCMPEQB       Y4, Y8, Y8
+	VPAND          Y5, Y8, Y8
+	VPOR           Y8, Y7, Y7
+	VPMADDUBSW     32(R9), Y7, Y7
+	VPMADDWD       Y0, Y7, Y7
+	VBROADCASTI128 50(R8), Y8
+	VPSRLVD        Y2, Y8, Y8
+	VPAND          Y1, Y8, Y8
+	VPBROADCASTD   46(R8), Y9
+	VPSHUFB        Y3, Y9, Y9
+	VPAND          Y4, Y9, Y9
+	VPCMPEQB       Y4, Y9, Y9
+	VPAND          Y5, Y9, Y9
+	VPOR           Y9, Y8, Y8
+	VPMADDUBSW     64(R9), Y8, Y8
+	VPMADDWD       Y0, Y8, Y8
+	VBROADCASTI128 72(R8), Y9
+	VPSRLVD        Y2, Y9, Y9
+	VPAND          Y1, Y9, Y9
+	VPBROADCASTD   68(R8), Y10
+	VPSHUFB        Y3, Y10, Y10
+	VPAND          Y4, Y10, Y10
+	VPCMPEQB       Y4, Y10, Y10
+	VPAND          Y5, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     96(R9), Y9, Y9
+	VPMADDWD       Y0, Y9, Y9
+	VBROADCASTI128 94(R8), Y10
+	VPSRLVD        Y2, Y10, Y10
+	VPAND          Y1, Y10, Y10
+	VPBROADCASTD   90(R8), Y11
+	VPSHUFB        Y3, Y11, Y11
+	VPAND          Y4, Y11, Y11
+	VPCMPEQB       Y4, Y11, Y11
+	VPAND          Y5, Y11, Y11
+	VPOR           Y11, Y10, Y10
+	VPMADDUBSW     128(R9), Y10, Y10
+	VPMADDWD       Y0, Y10, Y10
+	VBROADCASTI128 116(R8), Y11
+	VPSRLVD        Y2, Y11, Y11
+	VPAND          Y1, Y11, Y11
+	VPBROADCASTD   112(R8), Y12
+	VPSHUFB        Y3, Y12, Y12
+	VPAND          Y4, Y12, Y12
+	VPCMPEQB       Y4, Y12, Y12
+	VPAND          Y5, Y12, Y12
+	VPOR           Y12, Y11, Y11
+	VPMADDUBSW     160(R9), Y11, Y11
+	VPMADDWD       Y0, Y11, Y11
+	VBROADCASTI128 138(R8), Y12
+	VPSRLVD        Y2, Y12, Y12
+	VPAND          Y1, Y12, Y12
+	VPBROADCASTD   134(R8), Y13
+	VPSHUFB        Y3, Y13, Y13
+	VPAND          Y4, Y13, Y13
+	VPCMPEQB       Y4, Y13, Y13
+	VPAND          Y5, Y13, Y13
+	VPOR           Y13, Y12, Y12
+	VPMADDUBSW     192(R9), Y12, Y12
+	VPMADDWD       Y0, Y12, Y12
 	VBROADCASTI128 160(R8), Y13
 	VPSRLVD        Y2, Y13, Y13
 	VPAND          Y1, Y13, Y13
@@ -37491,7 +38098,7 @@ group:
 	LEAQ           (R9)(CX*4), R9
 	VPADDD         (R9)(DI*4), Y6, Y6
 	VCVTDQ2PS      Y6, Y6
-	VMOVUPS        Y6, (DX)
+	VMOVUPS        Y6, (BX)
 	MOVWQZX        66(R8), R9
 	SHLQ           $0x10, R9
 	MOVW           44(R8), R9
@@ -37511,22 +38118,196 @@ group:
 	VCVTPH2PS      X6, Y6
 	MOVQ           aux+48(FP), R8
 	VMULPS         (R8)(DI*4), Y6, Y6
-	VMOVUPS        Y6, 32(DX)
-	ADDQ           $0x00000200, DX
-	ADDQ           $0x00000008, SI
-	CMPQ           SI, CX
+	VMOVUPS        Y6, 32(BX)
+	SUBQ           24(SP), BX
+	ADDQ           $0x00000200, BX
+	ADDQ           $0x00000008, DX
+	CMPQ           DX, CX
+	JB             sgroup
+	ADDQ           ldw+8(FP), AX
+	ADDQ           $0x00000040, SI
+	DECQ           (SP)
+	JNE            srow
+	ADDQ           24(SP), SI
+	MOVQ           8(SP), BX
+	IMUL3Q         $0x00000001, BX, BX
+	ADDQ           BX, AX
+
+singles:
+	MOVQ rows+16(FP), DX
+	ANDQ $0x00000001, DX
+	JE   phase1done
+	MOVQ DX, (SP)
+
+row:
+	MOVQ SI, BX
+	XORQ DX, DX
+
+group:
+	MOVQ           CX, DI
+	SUBQ           $0x00000008, DI
+	CMPQ           DX, DI
+	CMOVQLT        DX, DI
+	IMUL3Q         $0x00000016, DI, R8
+	ADDQ           AX, R8
+	MOVQ           DI, R9
+	SHLQ           $0x05, R9
+	ADDQ           x+32(FP), R9
+	PREFETCHT0     8192(R8)
+	PREFETCHT0     8256(R8)
+	PREFETCHT0     8320(R8)
+	PREFETCHT0     8384(R8)
+	VBROADCASTI128 6(R8), Y6
+	VPSRLVD        Y2, Y6, Y6
+	VPAND          Y1, Y6, Y6
+	VPBROADCASTD   2(R8), Y7
+	VPSHUFB        Y3, Y7, Y7
+	VPAND          Y4, Y7, Y7
+	VPCMPEQB       Y4, Y7, Y7
+	VPAND          Y5, Y7, Y7
+	VPOR           Y7, Y6, Y6
+	VPMADDUBSW     (R9), Y6, Y6
+	VPMADDWD       Y0, Y6, Y6
+	VBROADCASTI128 28(R8), Y7
+	VPSRLVD        Y2, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPBROADCASTD   24(R8), Y8
+	VPSHUFB        Y3, Y8, Y8
+	VPAND          Y4, Y8, Y8
+	VPCMPEQB       Y4, Y8, Y8
+	VPAND          Y5, Y8, Y8
+	VPOR           Y8, Y7, Y7
+	VPMADDUBSW     32(R9), Y7, Y7
+	VPMADDWD       Y0, Y7, Y7
+	VBROADCASTI128 50(R8), Y8
+	VPSRLVD        Y2, Y8, Y8
+	VPAND          Y1, Y8, Y8
+	VPBROADCASTD   46(R8), Y9
+	VPSHUFB        Y3, Y9, Y9
+	VPAND          Y4, Y9, Y9
+	VPCMPEQB       Y4, Y9, Y9
+	VPAND          Y5, Y9, Y9
+	VPOR           Y9, Y8, Y8
+	VPMADDUBSW     64(R9), Y8, Y8
+	VPMADDWD       Y0, Y8, Y8
+	VBROADCASTI128 72(R8), Y9
+	VPSRLVD        Y2, Y9, Y9
+	VPAND          Y1, Y9, Y9
+	VPBROADCASTD   68(R8), Y10
+	VPSHUFB        Y3, Y10, Y10
+	VPAND          Y4, Y10, Y10
+	VPCMPEQB       Y4, Y10, Y10
+	VPAND          Y5, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     96(R9), Y9, Y9
+	VPMADDWD       Y0, Y9, Y9
+	VBROADCASTI128 94(R8), Y10
+	VPSRLVD        Y2, Y10, Y10
+	VPAND          Y1, Y10, Y10
+	VPBROADCASTD   90(R8), Y11
+	VPSHUFB        Y3, Y11, Y11
+	VPAND          Y4, Y11, Y11
+	VPCMPEQB       Y4, Y11, Y11
+	VPAND          Y5, Y11, Y11
+	VPOR           Y11, Y10, Y10
+	VPMADDUBSW     128(R9), Y10, Y10
+	VPMADDWD       Y0, Y10, Y10
+	VBROADCASTI128 116(R8), Y11
+	VPSRLVD        Y2, Y11, Y11
+	VPAND          Y1, Y11, Y11
+	VPBROADCASTD   112(R8), Y12
+	VPSHUFB        Y3, Y12, Y12
+	VPAND          Y4, Y12, Y12
+	VPCMPEQB       Y4, Y12, Y12
+	VPAND          Y5, Y12, Y12
+	VPOR           Y12, Y11, Y11
+	VPMADDUBSW     160(R9), Y11, Y11
+	VPMADDWD       Y0, Y11, Y11
+	VBROADCASTI128 138(R8), Y12
+	VPSRLVD        Y2, Y12, Y12
+	VPAND          Y1, Y12, Y12
+	VPBROADCASTD   134(R8), Y13
+	VPSHUFB        Y3, Y13, Y13
+	VPAND          Y4, Y13, Y13
+	VPCMPEQB       Y4, Y13, Y13
+	VPAND          Y5, Y13, Y13
+	VPOR           Y13, Y12, Y12
+	VPMADDUBSW     192(R9), Y12, Y12
+	VPMADDWD       Y0, Y12, Y12
+	VBROADCASTI128 160(R8), Y13
+	VPSRLVD        Y2, Y13, Y13
+	VPAND          Y1, Y13, Y13
+	VPBROADCASTD   156(R8), Y14
+	VPSHUFB        Y3, Y14, Y14
+	VPAND          Y4, Y14, Y14
+	VPCMPEQB       Y4, Y14, Y14
+	VPAND          Y5, Y14, Y14
+	VPOR           Y14, Y13, Y13
+	VPMADDUBSW     224(R9), Y13, Y13
+	VPMADDWD       Y0, Y13, Y13
+	VPUNPCKLDQ     Y7, Y6, Y14
+	VPUNPCKHDQ     Y7, Y6, Y6
+	VPADDD         Y6, Y14, Y14
+	VPUNPCKLDQ     Y9, Y8, Y6
+	VPUNPCKHDQ     Y9, Y8, Y7
+	VPADDD         Y7, Y6, Y6
+	VPUNPCKLQDQ    Y6, Y14, Y7
+	VPUNPCKHQDQ    Y6, Y14, Y6
+	VPADDD         Y6, Y7, Y7
+	VPUNPCKLDQ     Y11, Y10, Y6
+	VPUNPCKHDQ     Y11, Y10, Y8
+	VPADDD         Y8, Y6, Y6
+	VPUNPCKLDQ     Y13, Y12, Y8
+	VPUNPCKHDQ     Y13, Y12, Y9
+	VPADDD         Y9, Y8, Y8
+	VPUNPCKLQDQ    Y8, Y6, Y9
+	VPUNPCKHQDQ    Y8, Y6, Y6
+	VPADDD         Y6, Y9, Y9
+	VPERM2I128     $0x20, Y9, Y7, Y6
+	VPERM2I128     $0x31, Y9, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	MOVQ           aux+48(FP), R9
+	LEAQ           (R9)(CX*4), R9
+	VPADDD         (R9)(DI*4), Y6, Y6
+	VCVTDQ2PS      Y6, Y6
+	VMOVUPS        Y6, (BX)
+	MOVWQZX        66(R8), R9
+	SHLQ           $0x10, R9
+	MOVW           44(R8), R9
+	SHLQ           $0x10, R9
+	MOVW           22(R8), R9
+	SHLQ           $0x10, R9
+	MOVW           (R8), R9
+	MOVWQZX        154(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           132(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           110(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           88(R8), R10
+	VMOVQ          R9, X6
+	VPINSRQ        $0x01, R10, X6, X6
+	VCVTPH2PS      X6, Y6
+	MOVQ           aux+48(FP), R8
+	VMULPS         (R8)(DI*4), Y6, Y6
+	VMOVUPS        Y6, 32(BX)
+	ADDQ           $0x00000200, BX
+	ADDQ           $0x00000008, DX
+	CMPQ           DX, CX
 	JB             group
 	ADDQ           ldw+8(FP), AX
-	ADDQ           $0x00000040, BX
+	ADDQ           $0x00000040, SI
 	DECQ           (SP)
 	JNE            row
-	MOVQ           scratch+56(FP), AX
-	MOVQ           CX, DX
-	ADDQ           $0x00000007, DX
-	SHRQ           $0x03, DX
-	VXORPS         Y0, Y0, Y0
-	DECQ           DX
-	JE             lastgroup
+
+phase1done:
+	MOVQ   scratch+56(FP), AX
+	MOVQ   CX, DX
+	ADDQ   $0x00000007, DX
+	SHRQ   $0x03, DX
+	VXORPS Y0, Y0, Y0
+	DECQ   DX
+	JE     lastgroup
 
 chain:
 	VMOVUPS     (AX), Y1
@@ -37735,27 +38516,42 @@ skip7:
 
 // func qrowQ4_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 // Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
-TEXT ·qrowQ4_KAVX2(SB), NOSPLIT, $136-72
+TEXT ·qrowQ4_KAVX2(SB), NOSPLIT, $160-72
 	MOVL         $0x0f0f0f0f, AX
 	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
+	SHRQ         $0x01, DX
+	MOVQ         DX, BX
+	IMULQ        ldw+8(FP), BX
+	MOVQ         BX, 136(SP)
+	MOVQ         DX, BX
+	MOVQ         CX, SI
+	ADDQ         $0x00000003, SI
+	SHRQ         $0x02, SI
+	IMULQ        SI, BX
+	SHLQ         $0x06, BX
+	MOVQ         BX, 144(SP)
+	IMUL3Q       $0x00000001, BX, BX
+	MOVQ         BX, 152(SP)
+	MOVQ         scratch+56(FP), SI
+	TESTQ        DX, DX
+	JE           singles
 	MOVQ         DX, 128(SP)
-	MOVQ         scratch+56(FP), DX
 
-row:
-	XORQ BX, BX
+srow:
+	XORQ DX, DX
 
-group:
-	MOVQ           CX, SI
-	SUBQ           $0x00000004, SI
-	CMPQ           BX, SI
-	CMOVQLT        BX, SI
-	IMUL3Q         $0x00000090, SI, DI
+sgroup:
+	MOVQ           CX, BX
+	SUBQ           $0x00000004, BX
+	CMPQ           DX, BX
+	CMOVQLT        DX, BX
+	IMUL3Q         $0x00000090, BX, DI
 	ADDQ           AX, DI
-	MOVQ           SI, R8
+	MOVQ           BX, R8
 	SHLQ           $0x08, R8
 	ADDQ           x+32(FP), R8
 	PREFETCHT0     8192(DI)
@@ -37768,7 +38564,7 @@ group:
 	PREFETCHT0     8640(DI)
 	PREFETCHT0     8704(DI)
 	PREFETCHT0     8768(DI)
-	MOVQ           SI, R9
+	MOVQ           BX, R9
 	SHLQ           $0x06, R9
 	ADDQ           meta+40(FP), R9
 	MOVL           4(DI), R10
@@ -37891,20 +38687,16 @@ group:
 	VMOVQ          R11, X5
 	VPMOVZXBW      X5, X5
 	VPMADDWD       208(R9), X5, X5
-	VXORPS         Y6, Y6, Y6
-	VXORPS         Y7, Y7, Y7
-	VMOVDQU        16(DI), Y9
-	VPAND          Y0, Y9, Y8
-	VPSRLW         $0x04, Y9, Y9
-	VPAND          Y0, Y9, Y9
-	VPMADDUBSW     (R8), Y8, Y8
-	VPBROADCASTD   (SP), Y10
-	VPMADDWD       Y10, Y8, Y8
-	VPADDD         Y8, Y6, Y6
-	VPMADDUBSW     32(R8), Y9, Y8
-	VPBROADCASTD   4(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
-	VPADDD         Y8, Y7, Y7
+	VMOVDQU        16(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     (R8), Y6, Y6
+	VPBROADCASTD   (SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     32(R8), Y7, Y7
+	VPBROADCASTD   4(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
 	VMOVDQU        48(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
@@ -37945,20 +38737,16 @@ group:
 	VEXTRACTI128   $0x01, Y6, X2
 	VPADDD         X6, X2, X2
 	VINSERTI128    $0x01, X1, Y2, Y1
-	VXORPS         Y6, Y6, Y6
-	VXORPS         Y7, Y7, Y7
-	VMOVDQU        160(DI), Y9
-	VPAND          Y0, Y9, Y8
-	VPSRLW         $0x04, Y9, Y9
-	VPAND          Y0, Y9, Y9
-	VPMADDUBSW     256(R8), Y8, Y8
-	VPBROADCASTD   32(SP), Y10
-	VPMADDWD       Y10, Y8, Y8
-	VPADDD         Y8, Y6, Y6
-	VPMADDUBSW     288(R8), Y9, Y8
-	VPBROADCASTD   36(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
-	VPADDD         Y8, Y7, Y7
+	VMOVDQU        160(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     256(R8), Y6, Y6
+	VPBROADCASTD   32(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     288(R8), Y7, Y7
+	VPBROADCASTD   36(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
 	VMOVDQU        192(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
@@ -37999,20 +38787,16 @@ group:
 	VEXTRACTI128   $0x01, Y6, X2
 	VPADDD         X6, X2, X2
 	VINSERTI128    $0x01, X3, Y2, Y3
-	VXORPS         Y6, Y6, Y6
-	VXORPS         Y7, Y7, Y7
-	VMOVDQU        304(DI), Y9
-	VPAND          Y0, Y9, Y8
-	VPSRLW         $0x04, Y9, Y9
-	VPAND          Y0, Y9, Y9
-	VPMADDUBSW     512(R8), Y8, Y8
-	VPBROADCASTD   64(SP), Y10
-	VPMADDWD       Y10, Y8, Y8
-	VPADDD         Y8, Y6, Y6
-	VPMADDUBSW     544(R8), Y9, Y8
-	VPBROADCASTD   68(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
-	VPADDD         Y8, Y7, Y7
+	VMOVDQU        304(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     512(R8), Y6, Y6
+	VPBROADCASTD   64(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     544(R8), Y7, Y7
+	VPBROADCASTD   68(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
 	VMOVDQU        336(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
@@ -38053,20 +38837,16 @@ group:
 	VEXTRACTI128   $0x01, Y6, X2
 	VPADDD         X6, X2, X2
 	VINSERTI128    $0x01, X4, Y2, Y4
-	VXORPS         Y6, Y6, Y6
-	VXORPS         Y7, Y7, Y7
-	VMOVDQU        448(DI), Y9
-	VPAND          Y0, Y9, Y8
-	VPSRLW         $0x04, Y9, Y9
-	VPAND          Y0, Y9, Y9
-	VPMADDUBSW     768(R8), Y8, Y8
-	VPBROADCASTD   96(SP), Y10
-	VPMADDWD       Y10, Y8, Y8
-	VPADDD         Y8, Y6, Y6
-	VPMADDUBSW     800(R8), Y9, Y8
-	VPBROADCASTD   100(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
-	VPADDD         Y8, Y7, Y7
+	VMOVDQU        448(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     768(R8), Y6, Y6
+	VPBROADCASTD   96(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     800(R8), Y7, Y7
+	VPBROADCASTD   100(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
 	VMOVDQU        480(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
@@ -38118,7 +38898,370 @@ group:
 	VPADDD         Y1, Y3, Y3
 	VCVTDQ2PS      Y3, Y1
 	VXORPS         negmhalf<>+0(SB), Y1, Y1
-	VMOVUPS        Y1, (DX)
+	VMOVUPS        Y1, (SI)
+	MOVL           (DI), R9
+	MOVL           144(DI), R10
+	SHLQ           $0x20, R10
+	ORQ            R10, R9
+	MOVL           288(DI), R10
+	MOVL           432(DI), R11
+	SHLQ           $0x20, R11
+	ORQ            R11, R10
+	VMOVQ          R9, X1
+	VPINSRQ        $0x01, R10, X1, X1
+	VPSHUFB        q4kdsplit<>+0(SB), X1, X1
+	VCVTPH2PS      X1, Y1
+	MOVQ           aux+48(FP), R9
+	VBROADCASTF128 (R9)(BX*4), Y3
+	VMULPS         Y3, Y1, Y1
+	VMOVUPS        Y1, 32(SI)
+	ADDQ           136(SP), DI
+	ADDQ           144(SP), SI
+	PREFETCHT0     8192(DI)
+	PREFETCHT0     8256(DI)
+	PREFETCHT0     8320(DI)
+	PREFETCHT0     8384(DI)
+	PREFETCHT0     8448(DI)
+	PREFETCHT0     8512(DI)
+	PREFETCHT0     8576(DI)
+	PREFETCHT0     8640(DI)
+	PREFETCHT0     8704(DI)
+	PREFETCHT0     8768(DI)
+	MOVQ           BX, R9
+	SHLQ           $0x06, R9
+	ADDQ           meta+40(FP), R9
+	MOVL           4(DI), R10
+	MOVL           8(DI), R11
+	MOVL           12(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X1
+	VPBROADCASTQ   X1, Y1
+	VPSHUFB        q4kscpairs<>+0(SB), Y1, Y1
+	VMOVDQU        Y1, (SP)
+	VMOVQ          R11, X1
+	VPMOVZXBW      X1, X1
+	VPMADDWD       16(R9), X1, X1
+	MOVL           148(DI), R10
+	MOVL           152(DI), R11
+	MOVL           156(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X2
+	VPBROADCASTQ   X2, Y3
+	VPSHUFB        q4kscpairs<>+0(SB), Y3, Y3
+	VMOVDQU        Y3, 32(SP)
+	VMOVQ          R11, X3
+	VPMOVZXBW      X3, X3
+	VPMADDWD       80(R9), X3, X3
+	MOVL           292(DI), R10
+	MOVL           296(DI), R11
+	MOVL           300(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X2
+	VPBROADCASTQ   X2, Y4
+	VPSHUFB        q4kscpairs<>+0(SB), Y4, Y4
+	VMOVDQU        Y4, 64(SP)
+	VMOVQ          R11, X4
+	VPMOVZXBW      X4, X4
+	VPMADDWD       144(R9), X4, X4
+	MOVL           436(DI), R10
+	MOVL           440(DI), R11
+	MOVL           444(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X2
+	VPBROADCASTQ   X2, Y5
+	VPSHUFB        q4kscpairs<>+0(SB), Y5, Y5
+	VMOVDQU        Y5, 96(SP)
+	VMOVQ          R11, X5
+	VPMOVZXBW      X5, X5
+	VPMADDWD       208(R9), X5, X5
+	VMOVDQU        16(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     (R8), Y6, Y6
+	VPBROADCASTD   (SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     32(R8), Y7, Y7
+	VPBROADCASTD   4(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        48(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     64(R8), Y8, Y8
+	VPBROADCASTD   8(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     96(R8), Y9, Y8
+	VPBROADCASTD   12(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        80(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     128(R8), Y8, Y8
+	VPBROADCASTD   16(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     160(R8), Y9, Y8
+	VPBROADCASTD   20(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        112(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     192(R8), Y8, Y8
+	VPBROADCASTD   24(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     224(R8), Y9, Y8
+	VPBROADCASTD   28(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	VEXTRACTI128   $0x01, Y6, X2
+	VPADDD         X6, X2, X2
+	VINSERTI128    $0x01, X1, Y2, Y1
+	VMOVDQU        160(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     256(R8), Y6, Y6
+	VPBROADCASTD   32(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     288(R8), Y7, Y7
+	VPBROADCASTD   36(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        192(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     320(R8), Y8, Y8
+	VPBROADCASTD   40(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     352(R8), Y9, Y8
+	VPBROADCASTD   44(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        224(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     384(R8), Y8, Y8
+	VPBROADCASTD   48(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     416(R8), Y9, Y8
+	VPBROADCASTD   52(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        256(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     448(R8), Y8, Y8
+	VPBROADCASTD   56(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     480(R8), Y9, Y8
+	VPBROADCASTD   60(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	VEXTRACTI128   $0x01, Y6, X2
+	VPADDD         X6, X2, X2
+	VINSERTI128    $0x01, X3, Y2, Y3
+	VMOVDQU        304(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     512(R8), Y6, Y6
+	VPBROADCASTD   64(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     544(R8), Y7, Y7
+	VPBROADCASTD   68(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        336(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     576(R8), Y8, Y8
+	VPBROADCASTD   72(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     608(R8), Y9, Y8
+	VPBROADCASTD   76(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        368(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     640(R8), Y8, Y8
+	VPBROADCASTD   80(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     672(R8), Y9, Y8
+	VPBROADCASTD   84(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        400(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     704(R8), Y8, Y8
+	VPBROADCASTD   88(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     736(R8), Y9, Y8
+	VPBROADCASTD   92(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	VEXTRACTI128   $0x01, Y6, X2
+	VPADDD         X6, X2, X2
+	VINSERTI128    $0x01, X4, Y2, Y4
+	VMOVDQU        448(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     768(R8), Y6, Y6
+	VPBROADCASTD   96(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     800(R8), Y7, Y7
+	VPBROADCASTD   100(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        480(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     832(R8), Y8, Y8
+	VPBROADCASTD   104(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     864(R8), Y9, Y8
+	VPBROADCASTD   108(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        512(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     896(R8), Y8, Y8
+	VPBROADCASTD   112(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     928(R8), Y9, Y8
+	VPBROADCASTD   116(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        544(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     960(R8), Y8, Y8
+	VPBROADCASTD   120(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     992(R8), Y9, Y8
+	VPBROADCASTD   124(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	VEXTRACTI128   $0x01, Y6, X2
+	VPADDD         X6, X2, X2
+	VINSERTI128    $0x01, X5, Y2, Y5
+	VPUNPCKLDQ     Y3, Y1, Y6
+	VPUNPCKHDQ     Y3, Y1, Y1
+	VPADDD         Y1, Y6, Y6
+	VPUNPCKLDQ     Y5, Y4, Y1
+	VPUNPCKHDQ     Y5, Y4, Y3
+	VPADDD         Y3, Y1, Y1
+	VPUNPCKLQDQ    Y1, Y6, Y3
+	VPUNPCKHQDQ    Y1, Y6, Y1
+	VPADDD         Y1, Y3, Y3
+	VCVTDQ2PS      Y3, Y1
+	VXORPS         negmhalf<>+0(SB), Y1, Y1
+	VMOVUPS        Y1, (SI)
 	MOVL           (DI), R8
 	MOVL           144(DI), R9
 	SHLQ           $0x20, R9
@@ -38132,36 +39275,431 @@ group:
 	VPSHUFB        q4kdsplit<>+0(SB), X1, X1
 	VCVTPH2PS      X1, Y1
 	MOVQ           aux+48(FP), DI
-	VBROADCASTF128 (DI)(SI*4), Y3
+	VBROADCASTF128 (DI)(BX*4), Y3
 	VMULPS         Y3, Y1, Y1
-	VMOVUPS        Y1, 32(DX)
-	ADDQ           $0x00000040, DX
-	ADDQ           $0x00000004, BX
-	CMPQ           BX, CX
+	VMOVUPS        Y1, 32(SI)
+	SUBQ           152(SP), SI
+	ADDQ           $0x00000040, SI
+	ADDQ           $0x00000004, DX
+	CMPQ           DX, CX
+	JB             sgroup
+	ADDQ           ldw+8(FP), AX
+	DECQ           128(SP)
+	JNE            srow
+	ADDQ           152(SP), SI
+	MOVQ           136(SP), BX
+	IMUL3Q         $0x00000001, BX, BX
+	ADDQ           BX, AX
+
+singles:
+	MOVQ rows+16(FP), DX
+	ANDQ $0x00000001, DX
+	JE   phase1done
+	MOVQ DX, 128(SP)
+
+row:
+	XORQ DX, DX
+
+group:
+	MOVQ           CX, BX
+	SUBQ           $0x00000004, BX
+	CMPQ           DX, BX
+	CMOVQLT        DX, BX
+	IMUL3Q         $0x00000090, BX, DI
+	ADDQ           AX, DI
+	MOVQ           BX, R8
+	SHLQ           $0x08, R8
+	ADDQ           x+32(FP), R8
+	PREFETCHT0     8192(DI)
+	PREFETCHT0     8256(DI)
+	PREFETCHT0     8320(DI)
+	PREFETCHT0     8384(DI)
+	PREFETCHT0     8448(DI)
+	PREFETCHT0     8512(DI)
+	PREFETCHT0     8576(DI)
+	PREFETCHT0     8640(DI)
+	PREFETCHT0     8704(DI)
+	PREFETCHT0     8768(DI)
+	MOVQ           BX, R9
+	SHLQ           $0x06, R9
+	ADDQ           meta+40(FP), R9
+	MOVL           4(DI), R10
+	MOVL           8(DI), R11
+	MOVL           12(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X1
+	VPBROADCASTQ   X1, Y1
+	VPSHUFB        q4kscpairs<>+0(SB), Y1, Y1
+	VMOVDQU        Y1, (SP)
+	VMOVQ          R11, X1
+	VPMOVZXBW      X1, X1
+	VPMADDWD       16(R9), X1, X1
+	MOVL           148(DI), R10
+	MOVL           152(DI), R11
+	MOVL           156(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X2
+	VPBROADCASTQ   X2, Y3
+	VPSHUFB        q4kscpairs<>+0(SB), Y3, Y3
+	VMOVDQU        Y3, 32(SP)
+	VMOVQ          R11, X3
+	VPMOVZXBW      X3, X3
+	VPMADDWD       80(R9), X3, X3
+	MOVL           292(DI), R10
+	MOVL           296(DI), R11
+	MOVL           300(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X2
+	VPBROADCASTQ   X2, Y4
+	VPSHUFB        q4kscpairs<>+0(SB), Y4, Y4
+	VMOVDQU        Y4, 64(SP)
+	VMOVQ          R11, X4
+	VPMOVZXBW      X4, X4
+	VPMADDWD       144(R9), X4, X4
+	MOVL           436(DI), R10
+	MOVL           440(DI), R11
+	MOVL           444(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X2
+	VPBROADCASTQ   X2, Y5
+	VPSHUFB        q4kscpairs<>+0(SB), Y5, Y5
+	VMOVDQU        Y5, 96(SP)
+	VMOVQ          R11, X5
+	VPMOVZXBW      X5, X5
+	VPMADDWD       208(R9), X5, X5
+	VMOVDQU        16(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     (R8), Y6, Y6
+	VPBROADCASTD   (SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     32(R8), Y7, Y7
+	VPBROADCASTD   4(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        48(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     64(R8), Y8, Y8
+	VPBROADCASTD   8(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     96(R8), Y9, Y8
+	VPBROADCASTD   12(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        80(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     128(R8), Y8, Y8
+	VPBROADCASTD   16(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     160(R8), Y9, Y8
+	VPBROADCASTD   20(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        112(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     192(R8), Y8, Y8
+	VPBROADCASTD   24(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     224(R8), Y9, Y8
+	VPBROADCASTD   28(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	VEXTRACTI128   $0x01, Y6, X2
+	VPADDD         X6, X2, X2
+	VINSERTI128    $0x01, X1, Y2, Y1
+	VMOVDQU        160(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     256(R8), Y6, Y6
+	VPBROADCASTD   32(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     288(R8), Y7, Y7
+	VPBROADCASTD   36(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        192(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     320(R8), Y8, Y8
+	VPBROADCASTD   40(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     352(R8), Y9, Y8
+	VPBROADCASTD   44(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        224(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     384(R8), Y8, Y8
+	VPBROADCASTD   48(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     416(R8), Y9, Y8
+	VPBROADCASTD   52(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        256(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     448(R8), Y8, Y8
+	VPBROADCASTD   56(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     480(R8), Y9, Y8
+	VPBROADCASTD   60(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	VEXTRACTI128   $0x01, Y6, X2
+	VPADDD         X6, X2, X2
+	VINSERTI128    $0x01, X3, Y2, Y3
+	VMOVDQU        304(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     512(R8), Y6, Y6
+	VPBROADCASTD   64(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     544(R8), Y7, Y7
+	VPBROADCASTD   68(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        336(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     576(R8), Y8, Y8
+	VPBROADCASTD   72(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     608(R8), Y9, Y8
+	VPBROADCASTD   76(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        368(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     640(R8), Y8, Y8
+	VPBROADCASTD   80(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     672(R8), Y9, Y8
+	VPBROADCASTD   84(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        400(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     704(R8), Y8, Y8
+	VPBROADCASTD   88(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     736(R8), Y9, Y8
+	VPBROADCASTD   92(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	VEXTRACTI128   $0x01, Y6, X2
+	VPADDD         X6, X2, X2
+	VINSERTI128    $0x01, X4, Y2, Y4
+	VMOVDQU        448(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     768(R8), Y6, Y6
+	VPBROADCASTD   96(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     800(R8), Y7, Y7
+	VPBROADCASTD   100(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        480(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     832(R8), Y8, Y8
+	VPBROADCASTD   104(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     864(R8), Y9, Y8
+	VPBROADCASTD   108(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        512(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     896(R8), Y8, Y8
+	VPBROADCASTD   112(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     928(R8), Y9, Y8
+	VPBROADCASTD   116(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        544(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     960(R8), Y8, Y8
+	VPBROADCASTD   120(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     992(R8), Y9, Y8
+	VPBROADCASTD   124(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	VEXTRACTI128   $0x01, Y6, X2
+	VPADDD         X6, X2, X2
+	VINSERTI128    $0x01, X5, Y2, Y5
+	VPUNPCKLDQ     Y3, Y1, Y6
+	VPUNPCKHDQ     Y3, Y1, Y1
+	VPADDD         Y1, Y6, Y6
+	VPUNPCKLDQ     Y5, Y4, Y1
+	VPUNPCKHDQ     Y5, Y4, Y3
+	VPADDD         Y3, Y1, Y1
+	VPUNPCKLQDQ    Y1, Y6, Y3
+	VPUNPCKHQDQ    Y1, Y6, Y1
+	VPADDD         Y1, Y3, Y3
+	VCVTDQ2PS      Y3, Y1
+	VXORPS         negmhalf<>+0(SB), Y1, Y1
+	VMOVUPS        Y1, (SI)
+	MOVL           (DI), R8
+	MOVL           144(DI), R9
+	SHLQ           $0x20, R9
+	ORQ            R9, R8
+	MOVL           288(DI), R9
+	MOVL           432(DI), DI
+	SHLQ           $0x20, DI
+	ORQ            DI, R9
+	VMOVQ          R8, X1
+	VPINSRQ        $0x01, R9, X1, X1
+	VPSHUFB        q4kdsplit<>+0(SB), X1, X1
+	VCVTPH2PS      X1, Y1
+	MOVQ           aux+48(FP), DI
+	VBROADCASTF128 (DI)(BX*4), Y3
+	VMULPS         Y3, Y1, Y1
+	VMOVUPS        Y1, 32(SI)
+	ADDQ           $0x00000040, SI
+	ADDQ           $0x00000004, DX
+	CMPQ           DX, CX
 	JB             group
 	ADDQ           ldw+8(FP), AX
 	DECQ           128(SP)
 	JNE            row
-	MOVQ           scratch+56(FP), AX
-	MOVQ           out+64(FP), DX
-	MOVQ           CX, BX
-	ADDQ           $0x00000003, BX
-	SHRQ           $0x02, BX
-	MOVQ           BX, SI
-	SHLQ           $0x06, SI
-	LEAQ           (SI)(SI*2), DI
-	LEAQ           (AX)(SI*4), R8
-	VXORPS         X0, X0, X0
-	VXORPS         X1, X1, X1
-	VXORPS         X2, X2, X2
-	VXORPS         X3, X3, X3
-	VXORPS         X4, X4, X4
-	VXORPS         X5, X5, X5
-	VXORPS         X6, X6, X6
-	VXORPS         X7, X7, X7
-	MOVQ           BX, R9
-	DECQ           R9
-	JE             lastgroup
+
+phase1done:
+	MOVQ   scratch+56(FP), AX
+	MOVQ   out+64(FP), DX
+	MOVQ   CX, BX
+	ADDQ   $0x00000003, BX
+	SHRQ   $0x02, BX
+	MOVQ   BX, SI
+	SHLQ   $0x06, SI
+	LEAQ   (SI)(SI*2), DI
+	LEAQ   (AX)(SI*4), R8
+	VXORPS X0, X0, X0
+	VXORPS X1, X1, X1
+	VXORPS X2, X2, X2
+	VXORPS X3, X3, X3
+	VXORPS X4, X4, X4
+	VXORPS X5, X5, X5
+	VXORPS X6, X6, X6
+	VXORPS X7, X7, X7
+	MOVQ   BX, R9
+	DECQ   R9
+	JE     lastgroup
 
 chain:
 	VMOVSS      (AX), X8
@@ -38543,7 +40081,7 @@ GLOBL negmhalf<>(SB), RODATA|NOPTR, $32
 
 // func qrowQ5_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 // Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
-TEXT ·qrowQ5_KAVX2(SB), NOSPLIT, $136-72
+TEXT ·qrowQ5_KAVX2(SB), NOSPLIT, $160-72
 	MOVL         $0x0f0f0f0f, AX
 	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
@@ -38553,20 +40091,35 @@ TEXT ·qrowQ5_KAVX2(SB), NOSPLIT, $136-72
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
+	SHRQ         $0x01, DX
+	MOVQ         DX, BX
+	IMULQ        ldw+8(FP), BX
+	MOVQ         BX, 136(SP)
+	MOVQ         DX, BX
+	MOVQ         CX, SI
+	ADDQ         $0x00000003, SI
+	SHRQ         $0x02, SI
+	IMULQ        SI, BX
+	SHLQ         $0x06, BX
+	MOVQ         BX, 144(SP)
+	IMUL3Q       $0x00000001, BX, BX
+	MOVQ         BX, 152(SP)
+	MOVQ         scratch+56(FP), SI
+	TESTQ        DX, DX
+	JE           singles
 	MOVQ         DX, 128(SP)
-	MOVQ         scratch+56(FP), DX
 
-row:
-	XORQ BX, BX
+srow:
+	XORQ DX, DX
 
-group:
-	MOVQ           CX, SI
-	SUBQ           $0x00000004, SI
-	CMPQ           BX, SI
-	CMOVQLT        BX, SI
-	IMUL3Q         $0x000000b0, SI, DI
+sgroup:
+	MOVQ           CX, BX
+	SUBQ           $0x00000004, BX
+	CMPQ           DX, BX
+	CMOVQLT        DX, BX
+	IMUL3Q         $0x000000b0, BX, DI
 	ADDQ           AX, DI
-	MOVQ           SI, R8
+	MOVQ           BX, R8
 	SHLQ           $0x08, R8
 	ADDQ           x+32(FP), R8
 	PREFETCHT0     8192(DI)
@@ -38581,7 +40134,7 @@ group:
 	PREFETCHT0     8768(DI)
 	PREFETCHT0     8832(DI)
 	PREFETCHT0     8896(DI)
-	MOVQ           SI, R9
+	MOVQ           BX, R9
 	SHLQ           $0x06, R9
 	ADDQ           meta+40(FP), R9
 	MOVL           4(DI), R10
@@ -38705,26 +40258,22 @@ group:
 	VPMOVZXBW      X6, X6
 	VPMADDWD       208(R9), X6, X6
 	VMOVDQU        16(DI), Y7
-	VXORPS         Y8, Y8, Y8
-	VXORPS         Y9, Y9, Y9
-	VMOVDQU        48(DI), Y11
-	VPAND          Y0, Y11, Y10
-	VPSRLW         $0x04, Y11, Y11
-	VPAND          Y0, Y11, Y11
-	VPSLLW         $0x04, Y7, Y12
-	VPAND          Y1, Y12, Y12
-	VPOR           Y12, Y10, Y10
-	VPMADDUBSW     (R8), Y10, Y10
-	VPBROADCASTD   (SP), Y12
-	VPMADDWD       Y12, Y10, Y10
-	VPADDD         Y10, Y8, Y8
+	VMOVDQU        48(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     (R8), Y8, Y8
+	VPBROADCASTD   (SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPSLLW         $0x03, Y7, Y10
 	VPAND          Y1, Y10, Y10
-	VPOR           Y10, Y11, Y11
-	VPMADDUBSW     32(R8), Y11, Y10
-	VPBROADCASTD   4(SP), Y11
-	VPMADDWD       Y11, Y10, Y10
-	VPADDD         Y10, Y9, Y9
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     32(R8), Y9, Y9
+	VPBROADCASTD   4(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
 	VMOVDQU        80(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -38784,26 +40333,22 @@ group:
 	VPADDD         X8, X3, X3
 	VINSERTI128    $0x01, X2, Y3, Y2
 	VMOVDQU        192(DI), Y7
-	VXORPS         Y8, Y8, Y8
-	VXORPS         Y9, Y9, Y9
-	VMOVDQU        224(DI), Y11
-	VPAND          Y0, Y11, Y10
-	VPSRLW         $0x04, Y11, Y11
-	VPAND          Y0, Y11, Y11
-	VPSLLW         $0x04, Y7, Y12
-	VPAND          Y1, Y12, Y12
-	VPOR           Y12, Y10, Y10
-	VPMADDUBSW     256(R8), Y10, Y10
-	VPBROADCASTD   32(SP), Y12
-	VPMADDWD       Y12, Y10, Y10
-	VPADDD         Y10, Y8, Y8
+	VMOVDQU        224(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     256(R8), Y8, Y8
+	VPBROADCASTD   32(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPSLLW         $0x03, Y7, Y10
 	VPAND          Y1, Y10, Y10
-	VPOR           Y10, Y11, Y11
-	VPMADDUBSW     288(R8), Y11, Y10
-	VPBROADCASTD   36(SP), Y11
-	VPMADDWD       Y11, Y10, Y10
-	VPADDD         Y10, Y9, Y9
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     288(R8), Y9, Y9
+	VPBROADCASTD   36(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
 	VMOVDQU        256(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -38863,26 +40408,22 @@ group:
 	VPADDD         X8, X3, X3
 	VINSERTI128    $0x01, X4, Y3, Y4
 	VMOVDQU        368(DI), Y7
-	VXORPS         Y8, Y8, Y8
-	VXORPS         Y9, Y9, Y9
-	VMOVDQU        400(DI), Y11
-	VPAND          Y0, Y11, Y10
-	VPSRLW         $0x04, Y11, Y11
-	VPAND          Y0, Y11, Y11
-	VPSLLW         $0x04, Y7, Y12
-	VPAND          Y1, Y12, Y12
-	VPOR           Y12, Y10, Y10
-	VPMADDUBSW     512(R8), Y10, Y10
-	VPBROADCASTD   64(SP), Y12
-	VPMADDWD       Y12, Y10, Y10
-	VPADDD         Y10, Y8, Y8
+	VMOVDQU        400(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     512(R8), Y8, Y8
+	VPBROADCASTD   64(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPSLLW         $0x03, Y7, Y10
 	VPAND          Y1, Y10, Y10
-	VPOR           Y10, Y11, Y11
-	VPMADDUBSW     544(R8), Y11, Y10
-	VPBROADCASTD   68(SP), Y11
-	VPMADDWD       Y11, Y10, Y10
-	VPADDD         Y10, Y9, Y9
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     544(R8), Y9, Y9
+	VPBROADCASTD   68(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
 	VMOVDQU        432(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -38942,26 +40483,22 @@ group:
 	VPADDD         X8, X3, X3
 	VINSERTI128    $0x01, X5, Y3, Y5
 	VMOVDQU        544(DI), Y7
-	VXORPS         Y8, Y8, Y8
-	VXORPS         Y9, Y9, Y9
-	VMOVDQU        576(DI), Y11
-	VPAND          Y0, Y11, Y10
-	VPSRLW         $0x04, Y11, Y11
-	VPAND          Y0, Y11, Y11
-	VPSLLW         $0x04, Y7, Y12
-	VPAND          Y1, Y12, Y12
-	VPOR           Y12, Y10, Y10
-	VPMADDUBSW     768(R8), Y10, Y10
-	VPBROADCASTD   96(SP), Y12
-	VPMADDWD       Y12, Y10, Y10
-	VPADDD         Y10, Y8, Y8
+	VMOVDQU        576(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     768(R8), Y8, Y8
+	VPBROADCASTD   96(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPSLLW         $0x03, Y7, Y10
 	VPAND          Y1, Y10, Y10
-	VPOR           Y10, Y11, Y11
-	VPMADDUBSW     800(R8), Y11, Y10
-	VPBROADCASTD   100(SP), Y11
-	VPMADDWD       Y11, Y10, Y10
-	VPADDD         Y10, Y9, Y9
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     800(R8), Y9, Y9
+	VPBROADCASTD   100(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
 	VMOVDQU        608(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -39031,7 +40568,472 @@ group:
 	VPADDD         Y2, Y4, Y4
 	VCVTDQ2PS      Y4, Y2
 	VXORPS         negmhalf<>+0(SB), Y2, Y2
-	VMOVUPS        Y2, (DX)
+	VMOVUPS        Y2, (SI)
+	MOVL           (DI), R9
+	MOVL           176(DI), R10
+	SHLQ           $0x20, R10
+	ORQ            R10, R9
+	MOVL           352(DI), R10
+	MOVL           528(DI), R11
+	SHLQ           $0x20, R11
+	ORQ            R11, R10
+	VMOVQ          R9, X2
+	VPINSRQ        $0x01, R10, X2, X2
+	VPSHUFB        q4kdsplit<>+0(SB), X2, X2
+	VCVTPH2PS      X2, Y2
+	MOVQ           aux+48(FP), R9
+	VBROADCASTF128 (R9)(BX*4), Y4
+	VMULPS         Y4, Y2, Y2
+	VMOVUPS        Y2, 32(SI)
+	ADDQ           136(SP), DI
+	ADDQ           144(SP), SI
+	PREFETCHT0     8192(DI)
+	PREFETCHT0     8256(DI)
+	PREFETCHT0     8320(DI)
+	PREFETCHT0     8384(DI)
+	PREFETCHT0     8448(DI)
+	PREFETCHT0     8512(DI)
+	PREFETCHT0     8576(DI)
+	PREFETCHT0     8640(DI)
+	PREFETCHT0     8704(DI)
+	PREFETCHT0     8768(DI)
+	PREFETCHT0     8832(DI)
+	PREFETCHT0     8896(DI)
+	MOVQ           BX, R9
+	SHLQ           $0x06, R9
+	ADDQ           meta+40(FP), R9
+	MOVL           4(DI), R10
+	MOVL           8(DI), R11
+	MOVL           12(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X2
+	VPBROADCASTQ   X2, Y2
+	VPSHUFB        q4kscpairs<>+0(SB), Y2, Y2
+	VMOVDQU        Y2, (SP)
+	VMOVQ          R11, X2
+	VPMOVZXBW      X2, X2
+	VPMADDWD       16(R9), X2, X2
+	MOVL           180(DI), R10
+	MOVL           184(DI), R11
+	MOVL           188(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X3
+	VPBROADCASTQ   X3, Y4
+	VPSHUFB        q4kscpairs<>+0(SB), Y4, Y4
+	VMOVDQU        Y4, 32(SP)
+	VMOVQ          R11, X4
+	VPMOVZXBW      X4, X4
+	VPMADDWD       80(R9), X4, X4
+	MOVL           356(DI), R10
+	MOVL           360(DI), R11
+	MOVL           364(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X3
+	VPBROADCASTQ   X3, Y5
+	VPSHUFB        q4kscpairs<>+0(SB), Y5, Y5
+	VMOVDQU        Y5, 64(SP)
+	VMOVQ          R11, X5
+	VPMOVZXBW      X5, X5
+	VPMADDWD       144(R9), X5, X5
+	MOVL           532(DI), R10
+	MOVL           536(DI), R11
+	MOVL           540(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X3
+	VPBROADCASTQ   X3, Y6
+	VPSHUFB        q4kscpairs<>+0(SB), Y6, Y6
+	VMOVDQU        Y6, 96(SP)
+	VMOVQ          R11, X6
+	VPMOVZXBW      X6, X6
+	VPMADDWD       208(R9), X6, X6
+	VMOVDQU        16(DI), Y7
+	VMOVDQU        48(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     (R8), Y8, Y8
+	VPBROADCASTD   (SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPSLLW         $0x03, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     32(R8), Y9, Y9
+	VPBROADCASTD   4(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        80(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     64(R8), Y10, Y10
+	VPBROADCASTD   8(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     96(R8), Y11, Y10
+	VPBROADCASTD   12(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        112(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     128(R8), Y10, Y10
+	VPBROADCASTD   16(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     160(R8), Y11, Y10
+	VPBROADCASTD   20(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        144(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     192(R8), Y10, Y10
+	VPBROADCASTD   24(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x03, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y11, Y11
+	VPMADDUBSW     224(R8), Y11, Y7
+	VPBROADCASTD   28(SP), Y10
+	VPMADDWD       Y10, Y7, Y7
+	VPADDD         Y7, Y9, Y9
+	VPADDD         Y9, Y8, Y8
+	VEXTRACTI128   $0x01, Y8, X3
+	VPADDD         X8, X3, X3
+	VINSERTI128    $0x01, X2, Y3, Y2
+	VMOVDQU        192(DI), Y7
+	VMOVDQU        224(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     256(R8), Y8, Y8
+	VPBROADCASTD   32(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPSLLW         $0x03, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     288(R8), Y9, Y9
+	VPBROADCASTD   36(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        256(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     320(R8), Y10, Y10
+	VPBROADCASTD   40(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     352(R8), Y11, Y10
+	VPBROADCASTD   44(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        288(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     384(R8), Y10, Y10
+	VPBROADCASTD   48(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     416(R8), Y11, Y10
+	VPBROADCASTD   52(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        320(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     448(R8), Y10, Y10
+	VPBROADCASTD   56(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x03, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y11, Y11
+	VPMADDUBSW     480(R8), Y11, Y7
+	VPBROADCASTD   60(SP), Y10
+	VPMADDWD       Y10, Y7, Y7
+	VPADDD         Y7, Y9, Y9
+	VPADDD         Y9, Y8, Y8
+	VEXTRACTI128   $0x01, Y8, X3
+	VPADDD         X8, X3, X3
+	VINSERTI128    $0x01, X4, Y3, Y4
+	VMOVDQU        368(DI), Y7
+	VMOVDQU        400(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     512(R8), Y8, Y8
+	VPBROADCASTD   64(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPSLLW         $0x03, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     544(R8), Y9, Y9
+	VPBROADCASTD   68(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        432(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     576(R8), Y10, Y10
+	VPBROADCASTD   72(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     608(R8), Y11, Y10
+	VPBROADCASTD   76(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        464(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     640(R8), Y10, Y10
+	VPBROADCASTD   80(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     672(R8), Y11, Y10
+	VPBROADCASTD   84(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        496(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     704(R8), Y10, Y10
+	VPBROADCASTD   88(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x03, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y11, Y11
+	VPMADDUBSW     736(R8), Y11, Y7
+	VPBROADCASTD   92(SP), Y10
+	VPMADDWD       Y10, Y7, Y7
+	VPADDD         Y7, Y9, Y9
+	VPADDD         Y9, Y8, Y8
+	VEXTRACTI128   $0x01, Y8, X3
+	VPADDD         X8, X3, X3
+	VINSERTI128    $0x01, X5, Y3, Y5
+	VMOVDQU        544(DI), Y7
+	VMOVDQU        576(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     768(R8), Y8, Y8
+	VPBROADCASTD   96(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPSLLW         $0x03, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     800(R8), Y9, Y9
+	VPBROADCASTD   100(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        608(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     832(R8), Y10, Y10
+	VPBROADCASTD   104(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     864(R8), Y11, Y10
+	VPBROADCASTD   108(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        640(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     896(R8), Y10, Y10
+	VPBROADCASTD   112(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     928(R8), Y11, Y10
+	VPBROADCASTD   116(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        672(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     960(R8), Y10, Y10
+	VPBROADCASTD   120(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x03, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y11, Y11
+	VPMADDUBSW     992(R8), Y11, Y7
+	VPBROADCASTD   124(SP), Y10
+	VPMADDWD       Y10, Y7, Y7
+	VPADDD         Y7, Y9, Y9
+	VPADDD         Y9, Y8, Y8
+	VEXTRACTI128   $0x01, Y8, X3
+	VPADDD         X8, X3, X3
+	VINSERTI128    $0x01, X6, Y3, Y6
+	VPUNPCKLDQ     Y4, Y2, Y7
+	VPUNPCKHDQ     Y4, Y2, Y2
+	VPADDD         Y2, Y7, Y7
+	VPUNPCKLDQ     Y6, Y5, Y2
+	VPUNPCKHDQ     Y6, Y5, Y4
+	VPADDD         Y4, Y2, Y2
+	VPUNPCKLQDQ    Y2, Y7, Y4
+	VPUNPCKHQDQ    Y2, Y7, Y2
+	VPADDD         Y2, Y4, Y4
+	VCVTDQ2PS      Y4, Y2
+	VXORPS         negmhalf<>+0(SB), Y2, Y2
+	VMOVUPS        Y2, (SI)
 	MOVL           (DI), R8
 	MOVL           176(DI), R9
 	SHLQ           $0x20, R9
@@ -39045,36 +41047,533 @@ group:
 	VPSHUFB        q4kdsplit<>+0(SB), X2, X2
 	VCVTPH2PS      X2, Y2
 	MOVQ           aux+48(FP), DI
-	VBROADCASTF128 (DI)(SI*4), Y4
+	VBROADCASTF128 (DI)(BX*4), Y4
 	VMULPS         Y4, Y2, Y2
-	VMOVUPS        Y2, 32(DX)
-	ADDQ           $0x00000040, DX
-	ADDQ           $0x00000004, BX
-	CMPQ           BX, CX
+	VMOVUPS        Y2, 32(SI)
+	SUBQ           152(SP), SI
+	ADDQ           $0x00000040, SI
+	ADDQ           $0x00000004, DX
+	CMPQ           DX, CX
+	JB             sgroup
+	ADDQ           ldw+8(FP), AX
+	DECQ           128(SP)
+	JNE            srow
+	ADDQ           152(SP), SI
+	MOVQ           136(SP), BX
+	IMUL3Q         $0x00000001, BX, BX
+	ADDQ           BX, AX
+
+singles:
+	MOVQ rows+16(FP), DX
+	ANDQ $0x00000001, DX
+	JE   phase1done
+	MOVQ DX, 128(SP)
+
+row:
+	XORQ DX, DX
+
+group:
+	MOVQ           CX, BX
+	SUBQ           $0x00000004, BX
+	CMPQ           DX, BX
+	CMOVQLT        DX, BX
+	IMUL3Q         $0x000000b0, BX, DI
+	ADDQ           AX, DI
+	MOVQ           BX, R8
+	SHLQ           $0x08, R8
+	ADDQ           x+32(FP), R8
+	PREFETCHT0     8192(DI)
+	PREFETCHT0     8256(DI)
+	PREFETCHT0     8320(DI)
+	PREFETCHT0     8384(DI)
+	PREFETCHT0     8448(DI)
+	PREFETCHT0     8512(DI)
+	PREFETCHT0     8576(DI)
+	PREFETCHT0     8640(DI)
+	PREFETCHT0     8704(DI)
+	PREFETCHT0     8768(DI)
+	PREFETCHT0     8832(DI)
+	PREFETCHT0     8896(DI)
+	MOVQ           BX, R9
+	SHLQ           $0x06, R9
+	ADDQ           meta+40(FP), R9
+	MOVL           4(DI), R10
+	MOVL           8(DI), R11
+	MOVL           12(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X2
+	VPBROADCASTQ   X2, Y2
+	VPSHUFB        q4kscpairs<>+0(SB), Y2, Y2
+	VMOVDQU        Y2, (SP)
+	VMOVQ          R11, X2
+	VPMOVZXBW      X2, X2
+	VPMADDWD       16(R9), X2, X2
+	MOVL           180(DI), R10
+	MOVL           184(DI), R11
+	MOVL           188(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X3
+	VPBROADCASTQ   X3, Y4
+	VPSHUFB        q4kscpairs<>+0(SB), Y4, Y4
+	VMOVDQU        Y4, 32(SP)
+	VMOVQ          R11, X4
+	VPMOVZXBW      X4, X4
+	VPMADDWD       80(R9), X4, X4
+	MOVL           356(DI), R10
+	MOVL           360(DI), R11
+	MOVL           364(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X3
+	VPBROADCASTQ   X3, Y5
+	VPSHUFB        q4kscpairs<>+0(SB), Y5, Y5
+	VMOVDQU        Y5, 64(SP)
+	VMOVQ          R11, X5
+	VPMOVZXBW      X5, X5
+	VPMADDWD       144(R9), X5, X5
+	MOVL           532(DI), R10
+	MOVL           536(DI), R11
+	MOVL           540(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X3
+	VPBROADCASTQ   X3, Y6
+	VPSHUFB        q4kscpairs<>+0(SB), Y6, Y6
+	VMOVDQU        Y6, 96(SP)
+	VMOVQ          R11, X6
+	VPMOVZXBW      X6, X6
+	VPMADDWD       208(R9), X6, X6
+	VMOVDQU        16(DI), Y7
+	VMOVDQU        48(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     (R8), Y8, Y8
+	VPBROADCASTD   (SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPSLLW         $0x03, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     32(R8), Y9, Y9
+	VPBROADCASTD   4(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        80(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     64(R8), Y10, Y10
+	VPBROADCASTD   8(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     96(R8), Y11, Y10
+	VPBROADCASTD   12(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        112(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     128(R8), Y10, Y10
+	VPBROADCASTD   16(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     160(R8), Y11, Y10
+	VPBROADCASTD   20(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        144(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     192(R8), Y10, Y10
+	VPBROADCASTD   24(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x03, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y11, Y11
+	VPMADDUBSW     224(R8), Y11, Y7
+	VPBROADCASTD   28(SP), Y10
+	VPMADDWD       Y10, Y7, Y7
+	VPADDD         Y7, Y9, Y9
+	VPADDD         Y9, Y8, Y8
+	VEXTRACTI128   $0x01, Y8, X3
+	VPADDD         X8, X3, X3
+	VINSERTI128    $0x01, X2, Y3, Y2
+	VMOVDQU        192(DI), Y7
+	VMOVDQU        224(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     256(R8), Y8, Y8
+	VPBROADCASTD   32(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPSLLW         $0x03, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     288(R8), Y9, Y9
+	VPBROADCASTD   36(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        256(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     320(R8), Y10, Y10
+	VPBROADCASTD   40(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     352(R8), Y11, Y10
+	VPBROADCASTD   44(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        288(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     384(R8), Y10, Y10
+	VPBROADCASTD   48(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     416(R8), Y11, Y10
+	VPBROADCASTD   52(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        320(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     448(R8), Y10, Y10
+	VPBROADCASTD   56(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x03, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y11, Y11
+	VPMADDUBSW     480(R8), Y11, Y7
+	VPBROADCASTD   60(SP), Y10
+	VPMADDWD       Y10, Y7, Y7
+	VPADDD         Y7, Y9, Y9
+	VPADDD         Y9, Y8, Y8
+	VEXTRACTI128   $0x01, Y8, X3
+	VPADDD         X8, X3, X3
+	VINSERTI128    $0x01, X4, Y3, Y4
+	VMOVDQU        368(DI), Y7
+	VMOVDQU        400(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     512(R8), Y8, Y8
+	VPBROADCASTD   64(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPSLLW         $0x03, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     544(R8), Y9, Y9
+	VPBROADCASTD   68(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        432(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     576(R8), Y10, Y10
+	VPBROADCASTD   72(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     608(R8), Y11, Y10
+	VPBROADCASTD   76(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        464(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     640(R8), Y10, Y10
+	VPBROADCASTD   80(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     672(R8), Y11, Y10
+	VPBROADCASTD   84(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        496(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     704(R8), Y10, Y10
+	VPBROADCASTD   88(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x03, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y11, Y11
+	VPMADDUBSW     736(R8), Y11, Y7
+	VPBROADCASTD   92(SP), Y10
+	VPMADDWD       Y10, Y7, Y7
+	VPADDD         Y7, Y9, Y9
+	VPADDD         Y9, Y8, Y8
+	VEXTRACTI128   $0x01, Y8, X3
+	VPADDD         X8, X3, X3
+	VINSERTI128    $0x01, X5, Y3, Y5
+	VMOVDQU        544(DI), Y7
+	VMOVDQU        576(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     768(R8), Y8, Y8
+	VPBROADCASTD   96(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPSLLW         $0x03, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     800(R8), Y9, Y9
+	VPBROADCASTD   100(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        608(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     832(R8), Y10, Y10
+	VPBROADCASTD   104(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     864(R8), Y11, Y10
+	VPBROADCASTD   108(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        640(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     896(R8), Y10, Y10
+	VPBROADCASTD   112(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     928(R8), Y11, Y10
+	VPBROADCASTD   116(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        672(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     960(R8), Y10, Y10
+	VPBROADCASTD   120(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x03, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y11, Y11
+	VPMADDUBSW     992(R8), Y11, Y7
+	VPBROADCASTD   124(SP), Y10
+	VPMADDWD       Y10, Y7, Y7
+	VPADDD         Y7, Y9, Y9
+	VPADDD         Y9, Y8, Y8
+	VEXTRACTI128   $0x01, Y8, X3
+	VPADDD         X8, X3, X3
+	VINSERTI128    $0x01, X6, Y3, Y6
+	VPUNPCKLDQ     Y4, Y2, Y7
+	VPUNPCKHDQ     Y4, Y2, Y2
+	VPADDD         Y2, Y7, Y7
+	VPUNPCKLDQ     Y6, Y5, Y2
+	VPUNPCKHDQ     Y6, Y5, Y4
+	VPADDD         Y4, Y2, Y2
+	VPUNPCKLQDQ    Y2, Y7, Y4
+	VPUNPCKHQDQ    Y2, Y7, Y2
+	VPADDD         Y2, Y4, Y4
+	VCVTDQ2PS      Y4, Y2
+	VXORPS         negmhalf<>+0(SB), Y2, Y2
+	VMOVUPS        Y2, (SI)
+	MOVL           (DI), R8
+	MOVL           176(DI), R9
+	SHLQ           $0x20, R9
+	ORQ            R9, R8
+	MOVL           352(DI), R9
+	MOVL           528(DI), DI
+	SHLQ           $0x20, DI
+	ORQ            DI, R9
+	VMOVQ          R8, X2
+	VPINSRQ        $0x01, R9, X2, X2
+	VPSHUFB        q4kdsplit<>+0(SB), X2, X2
+	VCVTPH2PS      X2, Y2
+	MOVQ           aux+48(FP), DI
+	VBROADCASTF128 (DI)(BX*4), Y4
+	VMULPS         Y4, Y2, Y2
+	VMOVUPS        Y2, 32(SI)
+	ADDQ           $0x00000040, SI
+	ADDQ           $0x00000004, DX
+	CMPQ           DX, CX
 	JB             group
 	ADDQ           ldw+8(FP), AX
 	DECQ           128(SP)
 	JNE            row
-	MOVQ           scratch+56(FP), AX
-	MOVQ           out+64(FP), DX
-	MOVQ           CX, BX
-	ADDQ           $0x00000003, BX
-	SHRQ           $0x02, BX
-	MOVQ           BX, SI
-	SHLQ           $0x06, SI
-	LEAQ           (SI)(SI*2), DI
-	LEAQ           (AX)(SI*4), R8
-	VXORPS         X0, X0, X0
-	VXORPS         X1, X1, X1
-	VXORPS         X2, X2, X2
-	VXORPS         X3, X3, X3
-	VXORPS         X4, X4, X4
-	VXORPS         X5, X5, X5
-	VXORPS         X6, X6, X6
-	VXORPS         X7, X7, X7
-	MOVQ           BX, R9
-	DECQ           R9
-	JE             lastgroup
+
+phase1done:
+	MOVQ   scratch+56(FP), AX
+	MOVQ   out+64(FP), DX
+	MOVQ   CX, BX
+	ADDQ   $0x00000003, BX
+	SHRQ   $0x02, BX
+	MOVQ   BX, SI
+	SHLQ   $0x06, SI
+	LEAQ   (SI)(SI*2), DI
+	LEAQ   (AX)(SI*4), R8
+	VXORPS X0, X0, X0
+	VXORPS X1, X1, X1
+	VXORPS X2, X2, X2
+	VXORPS X3, X3, X3
+	VXORPS X4, X4, X4
+	VXORPS X5, X5, X5
+	VXORPS X6, X6, X6
+	VXORPS X7, X7, X7
+	MOVQ   BX, R9
+	DECQ   R9
+	JE     lastgroup
 
 chain:
 	VMOVSS      (AX), X8
@@ -39370,7 +41869,7 @@ tail3:
 
 // func qrowQ6_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 // Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
-TEXT ·qrowQ6_KAVX2(SB), NOSPLIT, $8-72
+TEXT ·qrowQ6_KAVX2(SB), NOSPLIT, $32-72
 	MOVL         $0x0f0f0f0f, AX
 	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
@@ -39380,20 +41879,35 @@ TEXT ·qrowQ6_KAVX2(SB), NOSPLIT, $8-72
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
-	MOVQ         DX, (SP)
-	MOVQ         scratch+56(FP), DX
-
-row:
-	XORQ BX, BX
-
-group:
+	SHRQ         $0x01, DX
+	MOVQ         DX, BX
+	IMULQ        ldw+8(FP), BX
+	MOVQ         BX, 8(SP)
+	MOVQ         DX, BX
 	MOVQ         CX, SI
-	SUBQ         $0x00000004, SI
-	CMPQ         BX, SI
-	CMOVQLT      BX, SI
-	IMUL3Q       $0x000000d2, SI, DI
+	ADDQ         $0x00000003, SI
+	SHRQ         $0x02, SI
+	IMULQ        SI, BX
+	SHLQ         $0x05, BX
+	MOVQ         BX, 16(SP)
+	IMUL3Q       $0x00000001, BX, BX
+	MOVQ         BX, 24(SP)
+	MOVQ         scratch+56(FP), SI
+	TESTQ        DX, DX
+	JE           singles
+	MOVQ         DX, (SP)
+
+srow:
+	XORQ DX, DX
+
+sgroup:
+	MOVQ         CX, BX
+	SUBQ         $0x00000004, BX
+	CMPQ         DX, BX
+	CMOVQLT      DX, BX
+	IMUL3Q       $0x000000d2, BX, DI
 	ADDQ         AX, DI
-	MOVQ         SI, R8
+	MOVQ         BX, R8
 	SHLQ         $0x08, R8
 	ADDQ         x+32(FP), R8
 	PREFETCHT0   8192(DI)
@@ -39411,7 +41925,7 @@ group:
 	PREFETCHT0   8960(DI)
 	PREFETCHT0   9024(DI)
 	PREFETCHT0   9088(DI)
-	MOVQ         SI, R9
+	MOVQ         BX, R9
 	SHLQ         $0x06, R9
 	ADDQ         meta+40(FP), R9
 	VMOVDQU      192(DI), X2
@@ -39419,342 +41933,318 @@ group:
 	VPMADDWD     32(R9), Y3, Y3
 	VPSHUFB      q6evenodd<>+0(SB), X2, X2
 	VPMOVSXBW    X2, Y2
-	VXORPS       Y4, Y4, Y4
-	VXORPS       Y5, Y5, Y5
-	VMOVDQU      (DI), Y6
-	VMOVDQU      32(DI), Y7
-	VMOVDQU      128(DI), Y8
-	VPSLLW       $0x04, Y8, Y9
-	VPAND        Y1, Y9, Y9
-	VPAND        Y0, Y6, Y10
-	VPOR         Y9, Y10, Y10
-	VPMADDUBSW   (R8), Y10, Y9
-	VPSHUFB      q6scspread<>+0(SB), Y2, Y10
-	VPMADDWD     Y10, Y9, Y9
-	VPADDD       Y9, Y4, Y4
-	VPSLLW       $0x02, Y8, Y9
-	VPAND        Y1, Y9, Y9
-	VPAND        Y0, Y7, Y10
-	VPOR         Y9, Y10, Y10
-	VPMADDUBSW   32(R8), Y10, Y9
-	VPSHUFB      q6scspread<>+32(SB), Y2, Y10
-	VPMADDWD     Y10, Y9, Y9
-	VPADDD       Y9, Y5, Y5
-	VMOVDQU      Y8, Y9
-	VPAND        Y1, Y9, Y9
-	VPSRLW       $0x04, Y6, Y6
-	VPAND        Y0, Y6, Y6
-	VPOR         Y9, Y6, Y6
-	VPMADDUBSW   64(R8), Y6, Y6
+	VMOVDQU      (DI), Y4
+	VMOVDQU      32(DI), Y5
+	VMOVDQU      128(DI), Y6
+	VPSLLW       $0x04, Y6, Y7
+	VPAND        Y1, Y7, Y7
+	VPAND        Y0, Y4, Y8
+	VPOR         Y7, Y8, Y8
+	VPMADDUBSW   (R8), Y8, Y7
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y8
+	VPMADDWD     Y8, Y7, Y7
+	VPSLLW       $0x02, Y6, Y8
+	VPAND        Y1, Y8, Y8
+	VPAND        Y0, Y5, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   32(R8), Y9, Y8
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPAND        Y1, Y6, Y9
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y9, Y4, Y4
+	VPMADDUBSW   64(R8), Y4, Y4
 	VPSHUFB      q6scspread<>+64(SB), Y2, Y9
-	VPMADDWD     Y9, Y6, Y6
-	VPADDD       Y6, Y4, Y4
-	VPSRLW       $0x02, Y8, Y6
-	VPAND        Y1, Y6, Y6
-	VPSRLW       $0x04, Y7, Y7
-	VPAND        Y0, Y7, Y7
-	VPOR         Y6, Y7, Y7
-	VPMADDUBSW   96(R8), Y7, Y6
-	VPSHUFB      q6scspread<>+96(SB), Y2, Y7
-	VPMADDWD     Y7, Y6, Y6
-	VPADDD       Y6, Y5, Y5
-	VMOVDQU      64(DI), Y6
-	VMOVDQU      96(DI), Y7
-	VMOVDQU      160(DI), Y8
-	VPSLLW       $0x04, Y8, Y9
+	VPMADDWD     Y9, Y4, Y4
+	VPADDD       Y4, Y7, Y7
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   96(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VMOVDQU      64(DI), Y4
+	VMOVDQU      96(DI), Y5
+	VMOVDQU      160(DI), Y6
+	VPSLLW       $0x04, Y6, Y9
 	VPAND        Y1, Y9, Y9
-	VPAND        Y0, Y6, Y10
+	VPAND        Y0, Y4, Y10
 	VPOR         Y9, Y10, Y10
 	VPMADDUBSW   128(R8), Y10, Y9
 	VPSHUFB      q6scspread<>+128(SB), Y2, Y10
 	VPMADDWD     Y10, Y9, Y9
-	VPADDD       Y9, Y4, Y4
-	VPSLLW       $0x02, Y8, Y9
+	VPADDD       Y9, Y7, Y7
+	VPSLLW       $0x02, Y6, Y9
 	VPAND        Y1, Y9, Y9
-	VPAND        Y0, Y7, Y10
+	VPAND        Y0, Y5, Y10
 	VPOR         Y9, Y10, Y10
 	VPMADDUBSW   160(R8), Y10, Y9
 	VPSHUFB      q6scspread<>+160(SB), Y2, Y10
 	VPMADDWD     Y10, Y9, Y9
-	VPADDD       Y9, Y5, Y5
-	VMOVDQU      Y8, Y9
-	VPAND        Y1, Y9, Y9
-	VPSRLW       $0x04, Y6, Y6
-	VPAND        Y0, Y6, Y6
-	VPOR         Y9, Y6, Y6
-	VPMADDUBSW   192(R8), Y6, Y6
+	VPADDD       Y9, Y8, Y8
+	VPAND        Y1, Y6, Y9
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y9, Y4, Y4
+	VPMADDUBSW   192(R8), Y4, Y4
 	VPSHUFB      q6scspread<>+192(SB), Y2, Y9
-	VPMADDWD     Y9, Y6, Y6
-	VPADDD       Y6, Y4, Y4
-	VPSRLW       $0x02, Y8, Y6
-	VPAND        Y1, Y6, Y6
-	VPSRLW       $0x04, Y7, Y7
-	VPAND        Y0, Y7, Y7
-	VPOR         Y6, Y7, Y7
-	VPMADDUBSW   224(R8), Y7, Y6
+	VPMADDWD     Y9, Y4, Y4
+	VPADDD       Y4, Y7, Y7
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   224(R8), Y5, Y4
 	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
-	VPMADDWD     Y2, Y6, Y6
-	VPADDD       Y6, Y5, Y5
-	VPADDD       Y5, Y4, Y4
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPADDD       Y8, Y7, Y7
 	VPSLLD       $0x05, Y3, Y3
-	VPSUBD       Y3, Y4, Y4
+	VPSUBD       Y3, Y7, Y7
 	VMOVDQU      402(DI), X2
 	VPMOVSXBW    X2, Y3
 	VPMADDWD     96(R9), Y3, Y3
 	VPSHUFB      q6evenodd<>+0(SB), X2, X2
 	VPMOVSXBW    X2, Y2
-	VXORPS       Y5, Y5, Y5
-	VXORPS       Y6, Y6, Y6
-	VMOVDQU      210(DI), Y7
-	VMOVDQU      242(DI), Y8
-	VMOVDQU      338(DI), Y9
-	VPSLLW       $0x04, Y9, Y10
-	VPAND        Y1, Y10, Y10
-	VPAND        Y0, Y7, Y11
-	VPOR         Y10, Y11, Y11
-	VPMADDUBSW   256(R8), Y11, Y10
-	VPSHUFB      q6scspread<>+0(SB), Y2, Y11
-	VPMADDWD     Y11, Y10, Y10
-	VPADDD       Y10, Y5, Y5
-	VPSLLW       $0x02, Y9, Y10
-	VPAND        Y1, Y10, Y10
-	VPAND        Y0, Y8, Y11
-	VPOR         Y10, Y11, Y11
-	VPMADDUBSW   288(R8), Y11, Y10
-	VPSHUFB      q6scspread<>+32(SB), Y2, Y11
-	VPMADDWD     Y11, Y10, Y10
-	VPADDD       Y10, Y6, Y6
-	VMOVDQU      Y9, Y10
-	VPAND        Y1, Y10, Y10
-	VPSRLW       $0x04, Y7, Y7
-	VPAND        Y0, Y7, Y7
-	VPOR         Y10, Y7, Y7
-	VPMADDUBSW   320(R8), Y7, Y7
+	VMOVDQU      210(DI), Y4
+	VMOVDQU      242(DI), Y5
+	VMOVDQU      338(DI), Y6
+	VPSLLW       $0x04, Y6, Y8
+	VPAND        Y1, Y8, Y8
+	VPAND        Y0, Y4, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   256(R8), Y9, Y8
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPSLLW       $0x02, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y5, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   288(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPAND        Y1, Y6, Y10
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y10, Y4, Y4
+	VPMADDUBSW   320(R8), Y4, Y4
 	VPSHUFB      q6scspread<>+64(SB), Y2, Y10
-	VPMADDWD     Y10, Y7, Y7
-	VPADDD       Y7, Y5, Y5
-	VPSRLW       $0x02, Y9, Y7
-	VPAND        Y1, Y7, Y7
-	VPSRLW       $0x04, Y8, Y8
-	VPAND        Y0, Y8, Y8
-	VPOR         Y7, Y8, Y8
-	VPMADDUBSW   352(R8), Y8, Y7
-	VPSHUFB      q6scspread<>+96(SB), Y2, Y8
-	VPMADDWD     Y8, Y7, Y7
-	VPADDD       Y7, Y6, Y6
-	VMOVDQU      274(DI), Y7
-	VMOVDQU      306(DI), Y8
-	VMOVDQU      370(DI), Y9
-	VPSLLW       $0x04, Y9, Y10
+	VPMADDWD     Y10, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   352(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VMOVDQU      274(DI), Y4
+	VMOVDQU      306(DI), Y5
+	VMOVDQU      370(DI), Y6
+	VPSLLW       $0x04, Y6, Y10
 	VPAND        Y1, Y10, Y10
-	VPAND        Y0, Y7, Y11
+	VPAND        Y0, Y4, Y11
 	VPOR         Y10, Y11, Y11
 	VPMADDUBSW   384(R8), Y11, Y10
 	VPSHUFB      q6scspread<>+128(SB), Y2, Y11
 	VPMADDWD     Y11, Y10, Y10
-	VPADDD       Y10, Y5, Y5
-	VPSLLW       $0x02, Y9, Y10
+	VPADDD       Y10, Y8, Y8
+	VPSLLW       $0x02, Y6, Y10
 	VPAND        Y1, Y10, Y10
-	VPAND        Y0, Y8, Y11
+	VPAND        Y0, Y5, Y11
 	VPOR         Y10, Y11, Y11
 	VPMADDUBSW   416(R8), Y11, Y10
 	VPSHUFB      q6scspread<>+160(SB), Y2, Y11
 	VPMADDWD     Y11, Y10, Y10
-	VPADDD       Y10, Y6, Y6
-	VMOVDQU      Y9, Y10
-	VPAND        Y1, Y10, Y10
-	VPSRLW       $0x04, Y7, Y7
-	VPAND        Y0, Y7, Y7
-	VPOR         Y10, Y7, Y7
-	VPMADDUBSW   448(R8), Y7, Y7
+	VPADDD       Y10, Y9, Y9
+	VPAND        Y1, Y6, Y10
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y10, Y4, Y4
+	VPMADDUBSW   448(R8), Y4, Y4
 	VPSHUFB      q6scspread<>+192(SB), Y2, Y10
-	VPMADDWD     Y10, Y7, Y7
-	VPADDD       Y7, Y5, Y5
-	VPSRLW       $0x02, Y9, Y7
-	VPAND        Y1, Y7, Y7
-	VPSRLW       $0x04, Y8, Y8
-	VPAND        Y0, Y8, Y8
-	VPOR         Y7, Y8, Y8
-	VPMADDUBSW   480(R8), Y8, Y7
+	VPMADDWD     Y10, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   480(R8), Y5, Y4
 	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
-	VPMADDWD     Y2, Y7, Y7
-	VPADDD       Y7, Y6, Y6
-	VPADDD       Y6, Y5, Y5
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPADDD       Y9, Y8, Y8
 	VPSLLD       $0x05, Y3, Y3
-	VPSUBD       Y3, Y5, Y5
+	VPSUBD       Y3, Y8, Y8
 	VMOVDQU      612(DI), X2
 	VPMOVSXBW    X2, Y3
 	VPMADDWD     160(R9), Y3, Y3
 	VPSHUFB      q6evenodd<>+0(SB), X2, X2
 	VPMOVSXBW    X2, Y2
-	VXORPS       Y6, Y6, Y6
-	VXORPS       Y7, Y7, Y7
-	VMOVDQU      420(DI), Y8
-	VMOVDQU      452(DI), Y9
-	VMOVDQU      548(DI), Y10
-	VPSLLW       $0x04, Y10, Y11
-	VPAND        Y1, Y11, Y11
-	VPAND        Y0, Y8, Y12
-	VPOR         Y11, Y12, Y12
-	VPMADDUBSW   512(R8), Y12, Y11
-	VPSHUFB      q6scspread<>+0(SB), Y2, Y12
-	VPMADDWD     Y12, Y11, Y11
-	VPADDD       Y11, Y6, Y6
-	VPSLLW       $0x02, Y10, Y11
-	VPAND        Y1, Y11, Y11
-	VPAND        Y0, Y9, Y12
-	VPOR         Y11, Y12, Y12
-	VPMADDUBSW   544(R8), Y12, Y11
-	VPSHUFB      q6scspread<>+32(SB), Y2, Y12
-	VPMADDWD     Y12, Y11, Y11
-	VPADDD       Y11, Y7, Y7
-	VMOVDQU      Y10, Y11
-	VPAND        Y1, Y11, Y11
-	VPSRLW       $0x04, Y8, Y8
-	VPAND        Y0, Y8, Y8
-	VPOR         Y11, Y8, Y8
-	VPMADDUBSW   576(R8), Y8, Y8
+	VMOVDQU      420(DI), Y4
+	VMOVDQU      452(DI), Y5
+	VMOVDQU      548(DI), Y6
+	VPSLLW       $0x04, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   512(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPSLLW       $0x02, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y5, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   544(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPAND        Y1, Y6, Y11
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y11, Y4, Y4
+	VPMADDUBSW   576(R8), Y4, Y4
 	VPSHUFB      q6scspread<>+64(SB), Y2, Y11
-	VPMADDWD     Y11, Y8, Y8
-	VPADDD       Y8, Y6, Y6
-	VPSRLW       $0x02, Y10, Y8
-	VPAND        Y1, Y8, Y8
-	VPSRLW       $0x04, Y9, Y9
-	VPAND        Y0, Y9, Y9
-	VPOR         Y8, Y9, Y9
-	VPMADDUBSW   608(R8), Y9, Y8
-	VPSHUFB      q6scspread<>+96(SB), Y2, Y9
-	VPMADDWD     Y9, Y8, Y8
-	VPADDD       Y8, Y7, Y7
-	VMOVDQU      484(DI), Y8
-	VMOVDQU      516(DI), Y9
-	VMOVDQU      580(DI), Y10
-	VPSLLW       $0x04, Y10, Y11
+	VPMADDWD     Y11, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   608(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VMOVDQU      484(DI), Y4
+	VMOVDQU      516(DI), Y5
+	VMOVDQU      580(DI), Y6
+	VPSLLW       $0x04, Y6, Y11
 	VPAND        Y1, Y11, Y11
-	VPAND        Y0, Y8, Y12
+	VPAND        Y0, Y4, Y12
 	VPOR         Y11, Y12, Y12
 	VPMADDUBSW   640(R8), Y12, Y11
 	VPSHUFB      q6scspread<>+128(SB), Y2, Y12
 	VPMADDWD     Y12, Y11, Y11
-	VPADDD       Y11, Y6, Y6
-	VPSLLW       $0x02, Y10, Y11
+	VPADDD       Y11, Y9, Y9
+	VPSLLW       $0x02, Y6, Y11
 	VPAND        Y1, Y11, Y11
-	VPAND        Y0, Y9, Y12
+	VPAND        Y0, Y5, Y12
 	VPOR         Y11, Y12, Y12
 	VPMADDUBSW   672(R8), Y12, Y11
 	VPSHUFB      q6scspread<>+160(SB), Y2, Y12
 	VPMADDWD     Y12, Y11, Y11
-	VPADDD       Y11, Y7, Y7
-	VMOVDQU      Y10, Y11
-	VPAND        Y1, Y11, Y11
-	VPSRLW       $0x04, Y8, Y8
-	VPAND        Y0, Y8, Y8
-	VPOR         Y11, Y8, Y8
-	VPMADDUBSW   704(R8), Y8, Y8
+	VPADDD       Y11, Y10, Y10
+	VPAND        Y1, Y6, Y11
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y11, Y4, Y4
+	VPMADDUBSW   704(R8), Y4, Y4
 	VPSHUFB      q6scspread<>+192(SB), Y2, Y11
-	VPMADDWD     Y11, Y8, Y8
-	VPADDD       Y8, Y6, Y6
-	VPSRLW       $0x02, Y10, Y8
-	VPAND        Y1, Y8, Y8
-	VPSRLW       $0x04, Y9, Y9
-	VPAND        Y0, Y9, Y9
-	VPOR         Y8, Y9, Y9
-	VPMADDUBSW   736(R8), Y9, Y8
+	VPMADDWD     Y11, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   736(R8), Y5, Y4
 	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
-	VPMADDWD     Y2, Y8, Y8
-	VPADDD       Y8, Y7, Y7
-	VPADDD       Y7, Y6, Y6
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPADDD       Y10, Y9, Y9
 	VPSLLD       $0x05, Y3, Y3
-	VPSUBD       Y3, Y6, Y6
+	VPSUBD       Y3, Y9, Y9
 	VMOVDQU      822(DI), X2
 	VPMOVSXBW    X2, Y3
 	VPMADDWD     224(R9), Y3, Y3
 	VPSHUFB      q6evenodd<>+0(SB), X2, X2
 	VPMOVSXBW    X2, Y2
-	VXORPS       Y7, Y7, Y7
-	VXORPS       Y8, Y8, Y8
-	VMOVDQU      630(DI), Y9
-	VMOVDQU      662(DI), Y10
-	VMOVDQU      758(DI), Y11
-	VPSLLW       $0x04, Y11, Y12
-	VPAND        Y1, Y12, Y12
-	VPAND        Y0, Y9, Y13
-	VPOR         Y12, Y13, Y13
-	VPMADDUBSW   768(R8), Y13, Y12
-	VPSHUFB      q6scspread<>+0(SB), Y2, Y13
-	VPMADDWD     Y13, Y12, Y12
-	VPADDD       Y12, Y7, Y7
-	VPSLLW       $0x02, Y11, Y12
-	VPAND        Y1, Y12, Y12
-	VPAND        Y0, Y10, Y13
-	VPOR         Y12, Y13, Y13
-	VPMADDUBSW   800(R8), Y13, Y12
-	VPSHUFB      q6scspread<>+32(SB), Y2, Y13
-	VPMADDWD     Y13, Y12, Y12
-	VPADDD       Y12, Y8, Y8
-	VMOVDQU      Y11, Y12
-	VPAND        Y1, Y12, Y12
-	VPSRLW       $0x04, Y9, Y9
-	VPAND        Y0, Y9, Y9
-	VPOR         Y12, Y9, Y9
-	VPMADDUBSW   832(R8), Y9, Y9
+	VMOVDQU      630(DI), Y4
+	VMOVDQU      662(DI), Y5
+	VMOVDQU      758(DI), Y6
+	VPSLLW       $0x04, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   768(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPSLLW       $0x02, Y6, Y11
+	VPAND        Y1, Y11, Y11
+	VPAND        Y0, Y5, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   800(R8), Y12, Y11
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPAND        Y1, Y6, Y12
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y12, Y4, Y4
+	VPMADDUBSW   832(R8), Y4, Y4
 	VPSHUFB      q6scspread<>+64(SB), Y2, Y12
-	VPMADDWD     Y12, Y9, Y9
-	VPADDD       Y9, Y7, Y7
-	VPSRLW       $0x02, Y11, Y9
-	VPAND        Y1, Y9, Y9
-	VPSRLW       $0x04, Y10, Y10
-	VPAND        Y0, Y10, Y10
-	VPOR         Y9, Y10, Y10
-	VPMADDUBSW   864(R8), Y10, Y9
-	VPSHUFB      q6scspread<>+96(SB), Y2, Y10
-	VPMADDWD     Y10, Y9, Y9
-	VPADDD       Y9, Y8, Y8
-	VMOVDQU      694(DI), Y9
-	VMOVDQU      726(DI), Y10
-	VMOVDQU      790(DI), Y11
-	VPSLLW       $0x04, Y11, Y12
+	VPMADDWD     Y12, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   864(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y11, Y11
+	VMOVDQU      694(DI), Y4
+	VMOVDQU      726(DI), Y5
+	VMOVDQU      790(DI), Y6
+	VPSLLW       $0x04, Y6, Y12
 	VPAND        Y1, Y12, Y12
-	VPAND        Y0, Y9, Y13
+	VPAND        Y0, Y4, Y13
 	VPOR         Y12, Y13, Y13
 	VPMADDUBSW   896(R8), Y13, Y12
 	VPSHUFB      q6scspread<>+128(SB), Y2, Y13
 	VPMADDWD     Y13, Y12, Y12
-	VPADDD       Y12, Y7, Y7
-	VPSLLW       $0x02, Y11, Y12
+	VPADDD       Y12, Y10, Y10
+	VPSLLW       $0x02, Y6, Y12
 	VPAND        Y1, Y12, Y12
-	VPAND        Y0, Y10, Y13
+	VPAND        Y0, Y5, Y13
 	VPOR         Y12, Y13, Y13
 	VPMADDUBSW   928(R8), Y13, Y12
 	VPSHUFB      q6scspread<>+160(SB), Y2, Y13
 	VPMADDWD     Y13, Y12, Y12
-	VPADDD       Y12, Y8, Y8
-	VMOVDQU      Y11, Y12
-	VPAND        Y1, Y12, Y12
-	VPSRLW       $0x04, Y9, Y9
-	VPAND        Y0, Y9, Y9
-	VPOR         Y12, Y9, Y9
-	VPMADDUBSW   960(R8), Y9, Y9
+	VPADDD       Y12, Y11, Y11
+	VPAND        Y1, Y6, Y12
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y12, Y4, Y4
+	VPMADDUBSW   960(R8), Y4, Y4
 	VPSHUFB      q6scspread<>+192(SB), Y2, Y12
-	VPMADDWD     Y12, Y9, Y9
-	VPADDD       Y9, Y7, Y7
-	VPSRLW       $0x02, Y11, Y9
-	VPAND        Y1, Y9, Y9
-	VPSRLW       $0x04, Y10, Y10
-	VPAND        Y0, Y10, Y10
-	VPOR         Y9, Y10, Y10
-	VPMADDUBSW   992(R8), Y10, Y9
+	VPMADDWD     Y12, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   992(R8), Y5, Y4
 	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
-	VPMADDWD     Y2, Y9, Y9
-	VPADDD       Y9, Y8, Y8
-	VPADDD       Y8, Y7, Y7
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y11, Y11
+	VPADDD       Y11, Y10, Y10
 	VPSLLD       $0x05, Y3, Y3
-	VPSUBD       Y3, Y7, Y7
-	VPUNPCKLDQ   Y5, Y4, Y2
-	VPUNPCKHDQ   Y5, Y4, Y3
+	VPSUBD       Y3, Y10, Y10
+	VPUNPCKLDQ   Y8, Y7, Y2
+	VPUNPCKHDQ   Y8, Y7, Y3
 	VPADDD       Y3, Y2, Y2
-	VPUNPCKLDQ   Y7, Y6, Y3
-	VPUNPCKHDQ   Y7, Y6, Y4
+	VPUNPCKLDQ   Y10, Y9, Y3
+	VPUNPCKHDQ   Y10, Y9, Y4
 	VPADDD       Y4, Y3, Y3
 	VPUNPCKLQDQ  Y3, Y2, Y4
 	VPUNPCKHQDQ  Y3, Y2, Y2
@@ -39762,7 +42252,364 @@ group:
 	VEXTRACTI128 $0x01, Y4, X2
 	VPADDD       X4, X2, X2
 	VCVTDQ2PS    X2, X2
-	VMOVUPS      X2, (DX)
+	VMOVUPS      X2, (SI)
+	MOVWQZX      838(DI), R9
+	SHLQ         $0x10, R9
+	MOVW         628(DI), R9
+	SHLQ         $0x10, R9
+	MOVW         418(DI), R9
+	SHLQ         $0x10, R9
+	MOVW         208(DI), R9
+	VMOVQ        R9, X2
+	VCVTPH2PS    X2, X2
+	MOVQ         aux+48(FP), R9
+	VMULPS       (R9)(BX*4), X2, X2
+	VMOVUPS      X2, 16(SI)
+	ADDQ         8(SP), DI
+	ADDQ         16(SP), SI
+	PREFETCHT0   8192(DI)
+	PREFETCHT0   8256(DI)
+	PREFETCHT0   8320(DI)
+	PREFETCHT0   8384(DI)
+	PREFETCHT0   8448(DI)
+	PREFETCHT0   8512(DI)
+	PREFETCHT0   8576(DI)
+	PREFETCHT0   8640(DI)
+	PREFETCHT0   8704(DI)
+	PREFETCHT0   8768(DI)
+	PREFETCHT0   8832(DI)
+	PREFETCHT0   8896(DI)
+	PREFETCHT0   8960(DI)
+	PREFETCHT0   9024(DI)
+	PREFETCHT0   9088(DI)
+	MOVQ         BX, R9
+	SHLQ         $0x06, R9
+	ADDQ         meta+40(FP), R9
+	VMOVDQU      192(DI), X2
+	VPMOVSXBW    X2, Y3
+	VPMADDWD     32(R9), Y3, Y3
+	VPSHUFB      q6evenodd<>+0(SB), X2, X2
+	VPMOVSXBW    X2, Y2
+	VMOVDQU      (DI), Y4
+	VMOVDQU      32(DI), Y5
+	VMOVDQU      128(DI), Y6
+	VPSLLW       $0x04, Y6, Y7
+	VPAND        Y1, Y7, Y7
+	VPAND        Y0, Y4, Y8
+	VPOR         Y7, Y8, Y8
+	VPMADDUBSW   (R8), Y8, Y7
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y8
+	VPMADDWD     Y8, Y7, Y7
+	VPSLLW       $0x02, Y6, Y8
+	VPAND        Y1, Y8, Y8
+	VPAND        Y0, Y5, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   32(R8), Y9, Y8
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPAND        Y1, Y6, Y9
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y9, Y4, Y4
+	VPMADDUBSW   64(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y2, Y9
+	VPMADDWD     Y9, Y4, Y4
+	VPADDD       Y4, Y7, Y7
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   96(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VMOVDQU      64(DI), Y4
+	VMOVDQU      96(DI), Y5
+	VMOVDQU      160(DI), Y6
+	VPSLLW       $0x04, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   128(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+128(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPADDD       Y9, Y7, Y7
+	VPSLLW       $0x02, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y5, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   160(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+160(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPAND        Y1, Y6, Y9
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y9, Y4, Y4
+	VPMADDUBSW   192(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y2, Y9
+	VPMADDWD     Y9, Y4, Y4
+	VPADDD       Y4, Y7, Y7
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   224(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPADDD       Y8, Y7, Y7
+	VPSLLD       $0x05, Y3, Y3
+	VPSUBD       Y3, Y7, Y7
+	VMOVDQU      402(DI), X2
+	VPMOVSXBW    X2, Y3
+	VPMADDWD     96(R9), Y3, Y3
+	VPSHUFB      q6evenodd<>+0(SB), X2, X2
+	VPMOVSXBW    X2, Y2
+	VMOVDQU      210(DI), Y4
+	VMOVDQU      242(DI), Y5
+	VMOVDQU      338(DI), Y6
+	VPSLLW       $0x04, Y6, Y8
+	VPAND        Y1, Y8, Y8
+	VPAND        Y0, Y4, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   256(R8), Y9, Y8
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPSLLW       $0x02, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y5, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   288(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPAND        Y1, Y6, Y10
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y10, Y4, Y4
+	VPMADDUBSW   320(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y2, Y10
+	VPMADDWD     Y10, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   352(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VMOVDQU      274(DI), Y4
+	VMOVDQU      306(DI), Y5
+	VMOVDQU      370(DI), Y6
+	VPSLLW       $0x04, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   384(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+128(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPADDD       Y10, Y8, Y8
+	VPSLLW       $0x02, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y5, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   416(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+160(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	VPAND        Y1, Y6, Y10
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y10, Y4, Y4
+	VPMADDUBSW   448(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y2, Y10
+	VPMADDWD     Y10, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   480(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPSLLD       $0x05, Y3, Y3
+	VPSUBD       Y3, Y8, Y8
+	VMOVDQU      612(DI), X2
+	VPMOVSXBW    X2, Y3
+	VPMADDWD     160(R9), Y3, Y3
+	VPSHUFB      q6evenodd<>+0(SB), X2, X2
+	VPMOVSXBW    X2, Y2
+	VMOVDQU      420(DI), Y4
+	VMOVDQU      452(DI), Y5
+	VMOVDQU      548(DI), Y6
+	VPSLLW       $0x04, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   512(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPSLLW       $0x02, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y5, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   544(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPAND        Y1, Y6, Y11
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y11, Y4, Y4
+	VPMADDUBSW   576(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y2, Y11
+	VPMADDWD     Y11, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   608(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VMOVDQU      484(DI), Y4
+	VMOVDQU      516(DI), Y5
+	VMOVDQU      580(DI), Y6
+	VPSLLW       $0x04, Y6, Y11
+	VPAND        Y1, Y11, Y11
+	VPAND        Y0, Y4, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   640(R8), Y12, Y11
+	VPSHUFB      q6scspread<>+128(SB), Y2, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPADDD       Y11, Y9, Y9
+	VPSLLW       $0x02, Y6, Y11
+	VPAND        Y1, Y11, Y11
+	VPAND        Y0, Y5, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   672(R8), Y12, Y11
+	VPSHUFB      q6scspread<>+160(SB), Y2, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPADDD       Y11, Y10, Y10
+	VPAND        Y1, Y6, Y11
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y11, Y4, Y4
+	VPMADDUBSW   704(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y2, Y11
+	VPMADDWD     Y11, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   736(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	VPSLLD       $0x05, Y3, Y3
+	VPSUBD       Y3, Y9, Y9
+	VMOVDQU      822(DI), X2
+	VPMOVSXBW    X2, Y3
+	VPMADDWD     224(R9), Y3, Y3
+	VPSHUFB      q6evenodd<>+0(SB), X2, X2
+	VPMOVSXBW    X2, Y2
+	VMOVDQU      630(DI), Y4
+	VMOVDQU      662(DI), Y5
+	VMOVDQU      758(DI), Y6
+	VPSLLW       $0x04, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   768(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPSLLW       $0x02, Y6, Y11
+	VPAND        Y1, Y11, Y11
+	VPAND        Y0, Y5, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   800(R8), Y12, Y11
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPAND        Y1, Y6, Y12
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y12, Y4, Y4
+	VPMADDUBSW   832(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y2, Y12
+	VPMADDWD     Y12, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   864(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y11, Y11
+	VMOVDQU      694(DI), Y4
+	VMOVDQU      726(DI), Y5
+	VMOVDQU      790(DI), Y6
+	VPSLLW       $0x04, Y6, Y12
+	VPAND        Y1, Y12, Y12
+	VPAND        Y0, Y4, Y13
+	VPOR         Y12, Y13, Y13
+	VPMADDUBSW   896(R8), Y13, Y12
+	VPSHUFB      q6scspread<>+128(SB), Y2, Y13
+	VPMADDWD     Y13, Y12, Y12
+	VPADDD       Y12, Y10, Y10
+	VPSLLW       $0x02, Y6, Y12
+	VPAND        Y1, Y12, Y12
+	VPAND        Y0, Y5, Y13
+	VPOR         Y12, Y13, Y13
+	VPMADDUBSW   928(R8), Y13, Y12
+	VPSHUFB      q6scspread<>+160(SB), Y2, Y13
+	VPMADDWD     Y13, Y12, Y12
+	VPADDD       Y12, Y11, Y11
+	VPAND        Y1, Y6, Y12
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y12, Y4, Y4
+	VPMADDUBSW   960(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y2, Y12
+	VPMADDWD     Y12, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   992(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y11, Y11
+	VPADDD       Y11, Y10, Y10
+	VPSLLD       $0x05, Y3, Y3
+	VPSUBD       Y3, Y10, Y10
+	VPUNPCKLDQ   Y8, Y7, Y2
+	VPUNPCKHDQ   Y8, Y7, Y3
+	VPADDD       Y3, Y2, Y2
+	VPUNPCKLDQ   Y10, Y9, Y3
+	VPUNPCKHDQ   Y10, Y9, Y4
+	VPADDD       Y4, Y3, Y3
+	VPUNPCKLQDQ  Y3, Y2, Y4
+	VPUNPCKHQDQ  Y3, Y2, Y2
+	VPADDD       Y2, Y4, Y4
+	VEXTRACTI128 $0x01, Y4, X2
+	VPADDD       X4, X2, X2
+	VCVTDQ2PS    X2, X2
+	VMOVUPS      X2, (SI)
 	MOVWQZX      838(DI), R8
 	SHLQ         $0x10, R8
 	MOVW         628(DI), R8
@@ -39773,35 +42620,424 @@ group:
 	VMOVQ        R8, X2
 	VCVTPH2PS    X2, X2
 	MOVQ         aux+48(FP), DI
-	VMULPS       (DI)(SI*4), X2, X2
-	VMOVUPS      X2, 16(DX)
-	ADDQ         $0x00000020, DX
-	ADDQ         $0x00000004, BX
-	CMPQ         BX, CX
+	VMULPS       (DI)(BX*4), X2, X2
+	VMOVUPS      X2, 16(SI)
+	SUBQ         24(SP), SI
+	ADDQ         $0x00000020, SI
+	ADDQ         $0x00000004, DX
+	CMPQ         DX, CX
+	JB           sgroup
+	ADDQ         ldw+8(FP), AX
+	DECQ         (SP)
+	JNE          srow
+	ADDQ         24(SP), SI
+	MOVQ         8(SP), BX
+	IMUL3Q       $0x00000001, BX, BX
+	ADDQ         BX, AX
+
+singles:
+	MOVQ rows+16(FP), DX
+	ANDQ $0x00000001, DX
+	JE   phase1done
+	MOVQ DX, (SP)
+
+row:
+	XORQ DX, DX
+
+group:
+	MOVQ         CX, BX
+	SUBQ         $0x00000004, BX
+	CMPQ         DX, BX
+	CMOVQLT      DX, BX
+	IMUL3Q       $0x000000d2, BX, DI
+	ADDQ         AX, DI
+	MOVQ         BX, R8
+	SHLQ         $0x08, R8
+	ADDQ         x+32(FP), R8
+	PREFETCHT0   8192(DI)
+	PREFETCHT0   8256(DI)
+	PREFETCHT0   8320(DI)
+	PREFETCHT0   8384(DI)
+	PREFETCHT0   8448(DI)
+	PREFETCHT0   8512(DI)
+	PREFETCHT0   8576(DI)
+	PREFETCHT0   8640(DI)
+	PREFETCHT0   8704(DI)
+	PREFETCHT0   8768(DI)
+	PREFETCHT0   8832(DI)
+	PREFETCHT0   8896(DI)
+	PREFETCHT0   8960(DI)
+	PREFETCHT0   9024(DI)
+	PREFETCHT0   9088(DI)
+	MOVQ         BX, R9
+	SHLQ         $0x06, R9
+	ADDQ         meta+40(FP), R9
+	VMOVDQU      192(DI), X2
+	VPMOVSXBW    X2, Y3
+	VPMADDWD     32(R9), Y3, Y3
+	VPSHUFB      q6evenodd<>+0(SB), X2, X2
+	VPMOVSXBW    X2, Y2
+	VMOVDQU      (DI), Y4
+	VMOVDQU      32(DI), Y5
+	VMOVDQU      128(DI), Y6
+	VPSLLW       $0x04, Y6, Y7
+	VPAND        Y1, Y7, Y7
+	VPAND        Y0, Y4, Y8
+	VPOR         Y7, Y8, Y8
+	VPMADDUBSW   (R8), Y8, Y7
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y8
+	VPMADDWD     Y8, Y7, Y7
+	VPSLLW       $0x02, Y6, Y8
+	VPAND        Y1, Y8, Y8
+	VPAND        Y0, Y5, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   32(R8), Y9, Y8
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPAND        Y1, Y6, Y9
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y9, Y4, Y4
+	VPMADDUBSW   64(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y2, Y9
+	VPMADDWD     Y9, Y4, Y4
+	VPADDD       Y4, Y7, Y7
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   96(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VMOVDQU      64(DI), Y4
+	VMOVDQU      96(DI), Y5
+	VMOVDQU      160(DI), Y6
+	VPSLLW       $0x04, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   128(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+128(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPADDD       Y9, Y7, Y7
+	VPSLLW       $0x02, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y5, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   160(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+160(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPAND        Y1, Y6, Y9
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y9, Y4, Y4
+	VPMADDUBSW   192(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y2, Y9
+	VPMADDWD     Y9, Y4, Y4
+	VPADDD       Y4, Y7, Y7
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   224(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPADDD       Y8, Y7, Y7
+	VPSLLD       $0x05, Y3, Y3
+	VPSUBD       Y3, Y7, Y7
+	VMOVDQU      402(DI), X2
+	VPMOVSXBW    X2, Y3
+	VPMADDWD     96(R9), Y3, Y3
+	VPSHUFB      q6evenodd<>+0(SB), X2, X2
+	VPMOVSXBW    X2, Y2
+	VMOVDQU      210(DI), Y4
+	VMOVDQU      242(DI), Y5
+	VMOVDQU      338(DI), Y6
+	VPSLLW       $0x04, Y6, Y8
+	VPAND        Y1, Y8, Y8
+	VPAND        Y0, Y4, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   256(R8), Y9, Y8
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPSLLW       $0x02, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y5, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   288(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPAND        Y1, Y6, Y10
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y10, Y4, Y4
+	VPMADDUBSW   320(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y2, Y10
+	VPMADDWD     Y10, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   352(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VMOVDQU      274(DI), Y4
+	VMOVDQU      306(DI), Y5
+	VMOVDQU      370(DI), Y6
+	VPSLLW       $0x04, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   384(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+128(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPADDD       Y10, Y8, Y8
+	VPSLLW       $0x02, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y5, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   416(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+160(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	VPAND        Y1, Y6, Y10
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y10, Y4, Y4
+	VPMADDUBSW   448(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y2, Y10
+	VPMADDWD     Y10, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   480(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPSLLD       $0x05, Y3, Y3
+	VPSUBD       Y3, Y8, Y8
+	VMOVDQU      612(DI), X2
+	VPMOVSXBW    X2, Y3
+	VPMADDWD     160(R9), Y3, Y3
+	VPSHUFB      q6evenodd<>+0(SB), X2, X2
+	VPMOVSXBW    X2, Y2
+	VMOVDQU      420(DI), Y4
+	VMOVDQU      452(DI), Y5
+	VMOVDQU      548(DI), Y6
+	VPSLLW       $0x04, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   512(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPSLLW       $0x02, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y5, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   544(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPAND        Y1, Y6, Y11
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y11, Y4, Y4
+	VPMADDUBSW   576(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y2, Y11
+	VPMADDWD     Y11, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   608(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VMOVDQU      484(DI), Y4
+	VMOVDQU      516(DI), Y5
+	VMOVDQU      580(DI), Y6
+	VPSLLW       $0x04, Y6, Y11
+	VPAND        Y1, Y11, Y11
+	VPAND        Y0, Y4, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   640(R8), Y12, Y11
+	VPSHUFB      q6scspread<>+128(SB), Y2, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPADDD       Y11, Y9, Y9
+	VPSLLW       $0x02, Y6, Y11
+	VPAND        Y1, Y11, Y11
+	VPAND        Y0, Y5, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   672(R8), Y12, Y11
+	VPSHUFB      q6scspread<>+160(SB), Y2, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPADDD       Y11, Y10, Y10
+	VPAND        Y1, Y6, Y11
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y11, Y4, Y4
+	VPMADDUBSW   704(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y2, Y11
+	VPMADDWD     Y11, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   736(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	VPSLLD       $0x05, Y3, Y3
+	VPSUBD       Y3, Y9, Y9
+	VMOVDQU      822(DI), X2
+	VPMOVSXBW    X2, Y3
+	VPMADDWD     224(R9), Y3, Y3
+	VPSHUFB      q6evenodd<>+0(SB), X2, X2
+	VPMOVSXBW    X2, Y2
+	VMOVDQU      630(DI), Y4
+	VMOVDQU      662(DI), Y5
+	VMOVDQU      758(DI), Y6
+	VPSLLW       $0x04, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   768(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPSLLW       $0x02, Y6, Y11
+	VPAND        Y1, Y11, Y11
+	VPAND        Y0, Y5, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   800(R8), Y12, Y11
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPAND        Y1, Y6, Y12
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y12, Y4, Y4
+	VPMADDUBSW   832(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y2, Y12
+	VPMADDWD     Y12, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   864(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y11, Y11
+	VMOVDQU      694(DI), Y4
+	VMOVDQU      726(DI), Y5
+	VMOVDQU      790(DI), Y6
+	VPSLLW       $0x04, Y6, Y12
+	VPAND        Y1, Y12, Y12
+	VPAND        Y0, Y4, Y13
+	VPOR         Y12, Y13, Y13
+	VPMADDUBSW   896(R8), Y13, Y12
+	VPSHUFB      q6scspread<>+128(SB), Y2, Y13
+	VPMADDWD     Y13, Y12, Y12
+	VPADDD       Y12, Y10, Y10
+	VPSLLW       $0x02, Y6, Y12
+	VPAND        Y1, Y12, Y12
+	VPAND        Y0, Y5, Y13
+	VPOR         Y12, Y13, Y13
+	VPMADDUBSW   928(R8), Y13, Y12
+	VPSHUFB      q6scspread<>+160(SB), Y2, Y13
+	VPMADDWD     Y13, Y12, Y12
+	VPADDD       Y12, Y11, Y11
+	VPAND        Y1, Y6, Y12
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y12, Y4, Y4
+	VPMADDUBSW   960(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y2, Y12
+	VPMADDWD     Y12, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   992(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y11, Y11
+	VPADDD       Y11, Y10, Y10
+	VPSLLD       $0x05, Y3, Y3
+	VPSUBD       Y3, Y10, Y10
+	VPUNPCKLDQ   Y8, Y7, Y2
+	VPUNPCKHDQ   Y8, Y7, Y3
+	VPADDD       Y3, Y2, Y2
+	VPUNPCKLDQ   Y10, Y9, Y3
+	VPUNPCKHDQ   Y10, Y9, Y4
+	VPADDD       Y4, Y3, Y3
+	VPUNPCKLQDQ  Y3, Y2, Y4
+	VPUNPCKHQDQ  Y3, Y2, Y2
+	VPADDD       Y2, Y4, Y4
+	VEXTRACTI128 $0x01, Y4, X2
+	VPADDD       X4, X2, X2
+	VCVTDQ2PS    X2, X2
+	VMOVUPS      X2, (SI)
+	MOVWQZX      838(DI), R8
+	SHLQ         $0x10, R8
+	MOVW         628(DI), R8
+	SHLQ         $0x10, R8
+	MOVW         418(DI), R8
+	SHLQ         $0x10, R8
+	MOVW         208(DI), R8
+	VMOVQ        R8, X2
+	VCVTPH2PS    X2, X2
+	MOVQ         aux+48(FP), DI
+	VMULPS       (DI)(BX*4), X2, X2
+	VMOVUPS      X2, 16(SI)
+	ADDQ         $0x00000020, SI
+	ADDQ         $0x00000004, DX
+	CMPQ         DX, CX
 	JB           group
 	ADDQ         ldw+8(FP), AX
 	DECQ         (SP)
 	JNE          row
-	MOVQ         scratch+56(FP), AX
-	MOVQ         out+64(FP), DX
-	MOVQ         CX, BX
-	ADDQ         $0x00000003, BX
-	SHRQ         $0x02, BX
-	MOVQ         BX, SI
-	SHLQ         $0x05, SI
-	LEAQ         (SI)(SI*2), DI
-	LEAQ         (AX)(SI*4), R8
-	VXORPS       X0, X0, X0
-	VXORPS       X1, X1, X1
-	VXORPS       X2, X2, X2
-	VXORPS       X3, X3, X3
-	VXORPS       X4, X4, X4
-	VXORPS       X5, X5, X5
-	VXORPS       X6, X6, X6
-	VXORPS       X7, X7, X7
-	MOVQ         BX, R9
-	DECQ         R9
-	JE           lastgroup
+
+phase1done:
+	MOVQ   scratch+56(FP), AX
+	MOVQ   out+64(FP), DX
+	MOVQ   CX, BX
+	ADDQ   $0x00000003, BX
+	SHRQ   $0x02, BX
+	MOVQ   BX, SI
+	SHLQ   $0x05, SI
+	LEAQ   (SI)(SI*2), DI
+	LEAQ   (AX)(SI*4), R8
+	VXORPS X0, X0, X0
+	VXORPS X1, X1, X1
+	VXORPS X2, X2, X2
+	VXORPS X3, X3, X3
+	VXORPS X4, X4, X4
+	VXORPS X5, X5, X5
+	VXORPS X6, X6, X6
+	VXORPS X7, X7, X7
+	MOVQ   BX, R9
+	DECQ   R9
+	JE     lastgroup
 
 chain:
 	VMOVSS      (AX), X8
@@ -40962,5 +44198,1092 @@ argmax_next:
 
 argmax_done:
 	MOVQ BX, ret+16(FP)
+	VZEROUPPER
+	RET
+
+// func readScan1AVX2(x *byte, ld int, n int, pf int) uint64
+// Requires: AVX, AVX2, MMX+
+TEXT ·readScan1AVX2(SB), NOSPLIT, $0-40
+	MOVQ  x+0(FP), AX
+	MOVQ  ld+8(FP), CX
+	MOVQ  n+16(FP), CX
+	MOVQ  pf+24(FP), DX
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	VPXOR Y4, Y4, Y4
+	VPXOR Y5, Y5, Y5
+	VPXOR Y6, Y6, Y6
+	VPXOR Y7, Y7, Y7
+	XORQ  BX, BX
+	TESTQ CX, CX
+	JE    rs_done
+	TESTQ DX, DX
+	JE    rs_plain
+
+rs_pf:
+	PREFETCHT0 (AX)(DX*1)
+	PREFETCHT0 64(AX)(DX*1)
+	PREFETCHT0 128(AX)(DX*1)
+	PREFETCHT0 192(AX)(DX*1)
+	VPADDQ     (AX), Y0, Y0
+	VPADDQ     32(AX), Y1, Y1
+	VPADDQ     64(AX), Y2, Y2
+	VPADDQ     96(AX), Y3, Y3
+	VPADDQ     128(AX), Y4, Y4
+	VPADDQ     160(AX), Y5, Y5
+	VPADDQ     192(AX), Y6, Y6
+	VPADDQ     224(AX), Y7, Y7
+	ADDQ       $0x00000100, AX
+	ADDQ       $0x00000100, BX
+	CMPQ       BX, CX
+	JB         rs_pf
+	JMP        rs_done
+
+rs_plain:
+	VPADDQ (AX), Y0, Y0
+	VPADDQ 32(AX), Y1, Y1
+	VPADDQ 64(AX), Y2, Y2
+	VPADDQ 96(AX), Y3, Y3
+	VPADDQ 128(AX), Y4, Y4
+	VPADDQ 160(AX), Y5, Y5
+	VPADDQ 192(AX), Y6, Y6
+	VPADDQ 224(AX), Y7, Y7
+	ADDQ   $0x00000100, AX
+	ADDQ   $0x00000100, BX
+	CMPQ   BX, CX
+	JB     rs_plain
+
+rs_done:
+	VPADDQ       Y4, Y0, Y0
+	VPADDQ       Y5, Y1, Y1
+	VPADDQ       Y6, Y2, Y2
+	VPADDQ       Y7, Y3, Y3
+	VPADDQ       Y2, Y0, Y0
+	VPADDQ       Y3, Y1, Y1
+	VPADDQ       Y1, Y0, Y0
+	VEXTRACTI128 $0x01, Y0, X1
+	VPADDQ       X1, X0, X1
+	VPUNPCKHQDQ  X1, X1, X0
+	VPADDQ       X0, X1, X1
+	VMOVQ        X1, AX
+	MOVQ         AX, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func readScan2AVX2(x *byte, ld int, n int, pf int) uint64
+// Requires: AVX, AVX2, MMX+
+TEXT ·readScan2AVX2(SB), NOSPLIT, $0-40
+	MOVQ  x+0(FP), AX
+	MOVQ  ld+8(FP), CX
+	MOVQ  n+16(FP), DX
+	MOVQ  pf+24(FP), BX
+	LEAQ  (AX)(CX*1), CX
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	VPXOR Y4, Y4, Y4
+	VPXOR Y5, Y5, Y5
+	VPXOR Y6, Y6, Y6
+	VPXOR Y7, Y7, Y7
+	XORQ  SI, SI
+	TESTQ DX, DX
+	JE    rs_done
+	TESTQ BX, BX
+	JE    rs_plain
+
+rs_pf:
+	PREFETCHT0 (AX)(BX*1)
+	PREFETCHT0 64(AX)(BX*1)
+	VPADDQ     (AX), Y0, Y0
+	VPADDQ     32(AX), Y1, Y1
+	VPADDQ     64(AX), Y2, Y2
+	VPADDQ     96(AX), Y3, Y3
+	ADDQ       $0x00000080, AX
+	PREFETCHT0 (CX)(BX*1)
+	PREFETCHT0 64(CX)(BX*1)
+	VPADDQ     (CX), Y4, Y4
+	VPADDQ     32(CX), Y5, Y5
+	VPADDQ     64(CX), Y6, Y6
+	VPADDQ     96(CX), Y7, Y7
+	ADDQ       $0x00000080, CX
+	ADDQ       $0x00000080, SI
+	CMPQ       SI, DX
+	JB         rs_pf
+	JMP        rs_done
+
+rs_plain:
+	VPADDQ (AX), Y0, Y0
+	VPADDQ 32(AX), Y1, Y1
+	VPADDQ 64(AX), Y2, Y2
+	VPADDQ 96(AX), Y3, Y3
+	ADDQ   $0x00000080, AX
+	VPADDQ (CX), Y4, Y4
+	VPADDQ 32(CX), Y5, Y5
+	VPADDQ 64(CX), Y6, Y6
+	VPADDQ 96(CX), Y7, Y7
+	ADDQ   $0x00000080, CX
+	ADDQ   $0x00000080, SI
+	CMPQ   SI, DX
+	JB     rs_plain
+
+rs_done:
+	VPADDQ       Y4, Y0, Y0
+	VPADDQ       Y5, Y1, Y1
+	VPADDQ       Y6, Y2, Y2
+	VPADDQ       Y7, Y3, Y3
+	VPADDQ       Y2, Y0, Y0
+	VPADDQ       Y3, Y1, Y1
+	VPADDQ       Y1, Y0, Y0
+	VEXTRACTI128 $0x01, Y0, X1
+	VPADDQ       X1, X0, X1
+	VPUNPCKHQDQ  X1, X1, X0
+	VPADDQ       X0, X1, X1
+	VMOVQ        X1, AX
+	MOVQ         AX, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func readScan4AVX2(x *byte, ld int, n int, pf int) uint64
+// Requires: AVX, AVX2, MMX+
+TEXT ·readScan4AVX2(SB), NOSPLIT, $0-40
+	MOVQ  x+0(FP), AX
+	MOVQ  ld+8(FP), CX
+	MOVQ  n+16(FP), DX
+	MOVQ  pf+24(FP), BX
+	LEAQ  (AX)(CX*1), SI
+	LEAQ  (SI)(CX*1), DI
+	LEAQ  (DI)(CX*1), CX
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	VPXOR Y4, Y4, Y4
+	VPXOR Y5, Y5, Y5
+	VPXOR Y6, Y6, Y6
+	VPXOR Y7, Y7, Y7
+	XORQ  R8, R8
+	TESTQ DX, DX
+	JE    rs_done
+	TESTQ BX, BX
+	JE    rs_plain
+
+rs_pf:
+	PREFETCHT0 (AX)(BX*1)
+	VPADDQ     (AX), Y0, Y0
+	VPADDQ     32(AX), Y1, Y1
+	ADDQ       $0x00000040, AX
+	PREFETCHT0 (SI)(BX*1)
+	VPADDQ     (SI), Y2, Y2
+	VPADDQ     32(SI), Y3, Y3
+	ADDQ       $0x00000040, SI
+	PREFETCHT0 (DI)(BX*1)
+	VPADDQ     (DI), Y4, Y4
+	VPADDQ     32(DI), Y5, Y5
+	ADDQ       $0x00000040, DI
+	PREFETCHT0 (CX)(BX*1)
+	VPADDQ     (CX), Y6, Y6
+	VPADDQ     32(CX), Y7, Y7
+	ADDQ       $0x00000040, CX
+	ADDQ       $0x00000040, R8
+	CMPQ       R8, DX
+	JB         rs_pf
+	JMP        rs_done
+
+rs_plain:
+	VPADDQ (AX), Y0, Y0
+	VPADDQ 32(AX), Y1, Y1
+	ADDQ   $0x00000040, AX
+	VPADDQ (SI), Y2, Y2
+	VPADDQ 32(SI), Y3, Y3
+	ADDQ   $0x00000040, SI
+	VPADDQ (DI), Y4, Y4
+	VPADDQ 32(DI), Y5, Y5
+	ADDQ   $0x00000040, DI
+	VPADDQ (CX), Y6, Y6
+	VPADDQ 32(CX), Y7, Y7
+	ADDQ   $0x00000040, CX
+	ADDQ   $0x00000040, R8
+	CMPQ   R8, DX
+	JB     rs_plain
+
+rs_done:
+	VPADDQ       Y4, Y0, Y0
+	VPADDQ       Y5, Y1, Y1
+	VPADDQ       Y6, Y2, Y2
+	VPADDQ       Y7, Y3, Y3
+	VPADDQ       Y2, Y0, Y0
+	VPADDQ       Y3, Y1, Y1
+	VPADDQ       Y1, Y0, Y0
+	VEXTRACTI128 $0x01, Y0, X1
+	VPADDQ       X1, X0, X1
+	VPUNPCKHQDQ  X1, X1, X0
+	VPADDQ       X0, X1, X1
+	VMOVQ        X1, AX
+	MOVQ         AX, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func readScan8AVX2(x *byte, ld int, n int, pf int) uint64
+// Requires: AVX, AVX2, MMX+
+TEXT ·readScan8AVX2(SB), NOSPLIT, $0-40
+	MOVQ  x+0(FP), AX
+	MOVQ  ld+8(FP), CX
+	MOVQ  n+16(FP), DX
+	MOVQ  pf+24(FP), BX
+	LEAQ  (AX)(CX*1), SI
+	LEAQ  (SI)(CX*1), DI
+	LEAQ  (DI)(CX*1), R8
+	LEAQ  (R8)(CX*1), R9
+	LEAQ  (R9)(CX*1), R10
+	LEAQ  (R10)(CX*1), R11
+	LEAQ  (R11)(CX*1), CX
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	VPXOR Y4, Y4, Y4
+	VPXOR Y5, Y5, Y5
+	VPXOR Y6, Y6, Y6
+	VPXOR Y7, Y7, Y7
+	XORQ  R12, R12
+	TESTQ DX, DX
+	JE    rs_done
+	TESTQ BX, BX
+	JE    rs_plain
+
+rs_pf:
+	PREFETCHT0 (AX)(BX*1)
+	VPADDQ     (AX), Y0, Y0
+	VPADDQ     32(AX), Y1, Y1
+	ADDQ       $0x00000040, AX
+	PREFETCHT0 (SI)(BX*1)
+	VPADDQ     (SI), Y2, Y2
+	VPADDQ     32(SI), Y3, Y3
+	ADDQ       $0x00000040, SI
+	PREFETCHT0 (DI)(BX*1)
+	VPADDQ     (DI), Y4, Y4
+	VPADDQ     32(DI), Y5, Y5
+	ADDQ       $0x00000040, DI
+	PREFETCHT0 (R8)(BX*1)
+	VPADDQ     (R8), Y6, Y6
+	VPADDQ     32(R8), Y7, Y7
+	ADDQ       $0x00000040, R8
+	PREFETCHT0 (R9)(BX*1)
+	VPADDQ     (R9), Y0, Y0
+	VPADDQ     32(R9), Y1, Y1
+	ADDQ       $0x00000040, R9
+	PREFETCHT0 (R10)(BX*1)
+	VPADDQ     (R10), Y2, Y2
+	VPADDQ     32(R10), Y3, Y3
+	ADDQ       $0x00000040, R10
+	PREFETCHT0 (R11)(BX*1)
+	VPADDQ     (R11), Y4, Y4
+	VPADDQ     32(R11), Y5, Y5
+	ADDQ       $0x00000040, R11
+	PREFETCHT0 (CX)(BX*1)
+	VPADDQ     (CX), Y6, Y6
+	VPADDQ     32(CX), Y7, Y7
+	ADDQ       $0x00000040, CX
+	ADDQ       $0x00000040, R12
+	CMPQ       R12, DX
+	JB         rs_pf
+	JMP        rs_done
+
+rs_plain:
+	VPADDQ (AX), Y0, Y0
+	VPADDQ 32(AX), Y1, Y1
+	ADDQ   $0x00000040, AX
+	VPADDQ (SI), Y2, Y2
+	VPADDQ 32(SI), Y3, Y3
+	ADDQ   $0x00000040, SI
+	VPADDQ (DI), Y4, Y4
+	VPADDQ 32(DI), Y5, Y5
+	ADDQ   $0x00000040, DI
+	VPADDQ (R8), Y6, Y6
+	VPADDQ 32(R8), Y7, Y7
+	ADDQ   $0x00000040, R8
+	VPADDQ (R9), Y0, Y0
+	VPADDQ 32(R9), Y1, Y1
+	ADDQ   $0x00000040, R9
+	VPADDQ (R10), Y2, Y2
+	VPADDQ 32(R10), Y3, Y3
+	ADDQ   $0x00000040, R10
+	VPADDQ (R11), Y4, Y4
+	VPADDQ 32(R11), Y5, Y5
+	ADDQ   $0x00000040, R11
+	VPADDQ (CX), Y6, Y6
+	VPADDQ 32(CX), Y7, Y7
+	ADDQ   $0x00000040, CX
+	ADDQ   $0x00000040, R12
+	CMPQ   R12, DX
+	JB     rs_plain
+
+rs_done:
+	VPADDQ       Y4, Y0, Y0
+	VPADDQ       Y5, Y1, Y1
+	VPADDQ       Y6, Y2, Y2
+	VPADDQ       Y7, Y3, Y3
+	VPADDQ       Y2, Y0, Y0
+	VPADDQ       Y3, Y1, Y1
+	VPADDQ       Y1, Y0, Y0
+	VEXTRACTI128 $0x01, Y0, X1
+	VPADDQ       X1, X0, X1
+	VPUNPCKHQDQ  X1, X1, X0
+	VPADDQ       X0, X1, X1
+	VMOVQ        X1, AX
+	MOVQ         AX, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func attnScoresAVX2R1(q *float32, ldq int, k *float32, pairs int, hd int, out *float32, ldo int)
+// Requires: AVX, FMA3
+TEXT ·attnScoresAVX2R1(SB), NOSPLIT, $64-56
+	MOVQ  q+0(FP), AX
+	MOVQ  ldq+8(FP), CX
+	SHLQ  $0x02, CX
+	MOVQ  k+16(FP), CX
+	MOVQ  pairs+24(FP), DX
+	MOVQ  hd+32(FP), BX
+	MOVQ  BX, SI
+	SHLQ  $0x05, SI
+	MOVQ  BX, DI
+	SHRQ  $0x03, DI
+	MOVQ  out+40(FP), R8
+	MOVQ  ldo+48(FP), R9
+	SHLQ  $0x02, R9
+	TESTQ DX, DX
+	JE    done
+
+pair:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	MOVQ   CX, R9
+	ADDQ   $0x00000000, R9
+	LEAQ   (AX), R10
+	MOVQ   DI, R11
+	TESTQ  R11, R11
+	JE     leaf0end
+
+leaf0:
+	VMOVUPS      (R9), Y4
+	VMOVUPS      (R9)(SI*1), Y5
+	VBROADCASTSS (R10), Y6
+	VFMADD231PS  Y4, Y6, Y0
+	VFMADD231PS  Y5, Y6, Y1
+	VMOVUPS      128(R9), Y4
+	VMOVUPS      128(R9)(SI*1), Y5
+	VBROADCASTSS 16(R10), Y6
+	VFMADD231PS  Y4, Y6, Y2
+	VFMADD231PS  Y5, Y6, Y3
+	ADDQ         $0x00000100, R9
+	ADDQ         $0x00000020, R10
+	DECQ         R11
+	JNE          leaf0
+
+leaf0end:
+	VADDPS  Y2, Y0, Y0
+	VADDPS  Y3, Y1, Y1
+	VMOVUPS Y0, (SP)
+	VMOVUPS Y1, 32(SP)
+	VXORPS  Y0, Y0, Y0
+	VXORPS  Y1, Y1, Y1
+	VXORPS  Y2, Y2, Y2
+	VXORPS  Y3, Y3, Y3
+	MOVQ    CX, R9
+	ADDQ    $0x00000040, R9
+	LEAQ    8(AX), R10
+	MOVQ    DI, R11
+	TESTQ   R11, R11
+	JE      leaf2end
+
+leaf2:
+	VMOVUPS      (R9), Y4
+	VMOVUPS      (R9)(SI*1), Y5
+	VBROADCASTSS (R10), Y6
+	VFMADD231PS  Y4, Y6, Y0
+	VFMADD231PS  Y5, Y6, Y1
+	VMOVUPS      128(R9), Y4
+	VMOVUPS      128(R9)(SI*1), Y5
+	VBROADCASTSS 16(R10), Y6
+	VFMADD231PS  Y4, Y6, Y2
+	VFMADD231PS  Y5, Y6, Y3
+	ADDQ         $0x00000100, R9
+	ADDQ         $0x00000020, R10
+	DECQ         R11
+	JNE          leaf2
+
+leaf2end:
+	VADDPS  Y2, Y0, Y0
+	VADDPS  Y3, Y1, Y1
+	VADDPS  (SP), Y0, Y0
+	VMOVUPS Y0, (R8)
+	VADDPS  32(SP), Y1, Y1
+	VMOVUPS Y1, 32(R8)
+	VXORPS  Y0, Y0, Y0
+	VXORPS  Y1, Y1, Y1
+	VXORPS  Y2, Y2, Y2
+	VXORPS  Y3, Y3, Y3
+	MOVQ    CX, R9
+	ADDQ    $0x00000020, R9
+	LEAQ    4(AX), R10
+	MOVQ    DI, R11
+	TESTQ   R11, R11
+	JE      leaf1end
+
+leaf1:
+	VMOVUPS      (R9), Y4
+	VMOVUPS      (R9)(SI*1), Y5
+	VBROADCASTSS (R10), Y6
+	VFMADD231PS  Y4, Y6, Y0
+	VFMADD231PS  Y5, Y6, Y1
+	VMOVUPS      128(R9), Y4
+	VMOVUPS      128(R9)(SI*1), Y5
+	VBROADCASTSS 16(R10), Y6
+	VFMADD231PS  Y4, Y6, Y2
+	VFMADD231PS  Y5, Y6, Y3
+	ADDQ         $0x00000100, R9
+	ADDQ         $0x00000020, R10
+	DECQ         R11
+	JNE          leaf1
+
+leaf1end:
+	VADDPS  Y2, Y0, Y0
+	VADDPS  Y3, Y1, Y1
+	VMOVUPS Y0, (SP)
+	VMOVUPS Y1, 32(SP)
+	VXORPS  Y0, Y0, Y0
+	VXORPS  Y1, Y1, Y1
+	VXORPS  Y2, Y2, Y2
+	VXORPS  Y3, Y3, Y3
+	MOVQ    CX, R9
+	ADDQ    $0x00000060, R9
+	LEAQ    12(AX), R10
+	MOVQ    DI, R11
+	TESTQ   R11, R11
+	JE      leaf3end
+
+leaf3:
+	VMOVUPS      (R9), Y4
+	VMOVUPS      (R9)(SI*1), Y5
+	VBROADCASTSS (R10), Y6
+	VFMADD231PS  Y4, Y6, Y0
+	VFMADD231PS  Y5, Y6, Y1
+	VMOVUPS      128(R9), Y4
+	VMOVUPS      128(R9)(SI*1), Y5
+	VBROADCASTSS 16(R10), Y6
+	VFMADD231PS  Y4, Y6, Y2
+	VFMADD231PS  Y5, Y6, Y3
+	ADDQ         $0x00000100, R9
+	ADDQ         $0x00000020, R10
+	DECQ         R11
+	JNE          leaf3
+
+leaf3end:
+	VADDPS Y2, Y0, Y0
+	VADDPS Y3, Y1, Y1
+	VADDPS (SP), Y0, Y0
+	VADDPS (R8), Y0, Y0
+	VADDPS 32(SP), Y1, Y1
+	VADDPS 32(R8), Y1, Y1
+	MOVQ   DI, R9
+	SHLQ   $0x08, R9
+	ADDQ   CX, R9
+	MOVQ   DI, R10
+	SHLQ   $0x05, R10
+	ADDQ   AX, R10
+	MOVQ   BX, R11
+	ANDQ   $0x00000007, R11
+	JE     store
+
+tail:
+	VMOVUPS      (R9), Y2
+	VMOVUPS      (R9)(SI*1), Y3
+	VBROADCASTSS (R10), Y4
+	VFMADD231PS  Y2, Y4, Y0
+	VFMADD231PS  Y3, Y4, Y1
+	ADDQ         $0x00000020, R9
+	ADDQ         $0x00000004, R10
+	DECQ         R11
+	JNE          tail
+
+store:
+	VMOVUPS Y0, (R8)
+	VMOVUPS Y1, 32(R8)
+	LEAQ    (CX)(SI*2), CX
+	ADDQ    $0x00000040, R8
+	DECQ    DX
+	JNE     pair
+
+done:
+	VZEROUPPER
+	RET
+
+// func attnScoresAVX2R2(q *float32, ldq int, k *float32, pairs int, hd int, out *float32, ldo int)
+// Requires: AVX, FMA3
+TEXT ·attnScoresAVX2R2(SB), NOSPLIT, $128-56
+	MOVQ  q+0(FP), AX
+	MOVQ  ldq+8(FP), CX
+	SHLQ  $0x02, CX
+	MOVQ  k+16(FP), DX
+	MOVQ  pairs+24(FP), BX
+	MOVQ  hd+32(FP), SI
+	MOVQ  SI, DI
+	SHLQ  $0x05, DI
+	MOVQ  SI, R8
+	SHRQ  $0x03, R8
+	MOVQ  out+40(FP), R9
+	MOVQ  ldo+48(FP), R10
+	SHLQ  $0x02, R10
+	TESTQ BX, BX
+	JE    done
+
+pair:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	MOVQ   DX, R11
+	ADDQ   $0x00000000, R11
+	LEAQ   (AX), R12
+	MOVQ   R8, R13
+	TESTQ  R13, R13
+	JE     leaf0end
+
+leaf0:
+	VMOVUPS      (R11), Y8
+	VMOVUPS      (R11)(DI*1), Y9
+	VBROADCASTSS (R12), Y10
+	VFMADD231PS  Y8, Y10, Y0
+	VFMADD231PS  Y9, Y10, Y2
+	VBROADCASTSS (R12)(CX*1), Y10
+	VFMADD231PS  Y8, Y10, Y1
+	VFMADD231PS  Y9, Y10, Y3
+	VMOVUPS      128(R11), Y8
+	VMOVUPS      128(R11)(DI*1), Y9
+	VBROADCASTSS 16(R12), Y10
+	VFMADD231PS  Y8, Y10, Y4
+	VFMADD231PS  Y9, Y10, Y6
+	VBROADCASTSS 16(R12)(CX*1), Y10
+	VFMADD231PS  Y8, Y10, Y5
+	VFMADD231PS  Y9, Y10, Y7
+	ADDQ         $0x00000100, R11
+	ADDQ         $0x00000020, R12
+	DECQ         R13
+	JNE          leaf0
+
+leaf0end:
+	VADDPS  Y4, Y0, Y0
+	VADDPS  Y5, Y1, Y1
+	VADDPS  Y6, Y2, Y2
+	VADDPS  Y7, Y3, Y3
+	VMOVUPS Y0, (SP)
+	VMOVUPS Y1, 32(SP)
+	VMOVUPS Y2, 64(SP)
+	VMOVUPS Y3, 96(SP)
+	VXORPS  Y0, Y0, Y0
+	VXORPS  Y1, Y1, Y1
+	VXORPS  Y2, Y2, Y2
+	VXORPS  Y3, Y3, Y3
+	VXORPS  Y4, Y4, Y4
+	VXORPS  Y5, Y5, Y5
+	VXORPS  Y6, Y6, Y6
+	VXORPS  Y7, Y7, Y7
+	MOVQ    DX, R11
+	ADDQ    $0x00000040, R11
+	LEAQ    8(AX), R12
+	MOVQ    R8, R13
+	TESTQ   R13, R13
+	JE      leaf2end
+
+leaf2:
+	VMOVUPS      (R11), Y8
+	VMOVUPS      (R11)(DI*1), Y9
+	VBROADCASTSS (R12), Y10
+	VFMADD231PS  Y8, Y10, Y0
+	VFMADD231PS  Y9, Y10, Y2
+	VBROADCASTSS (R12)(CX*1), Y10
+	VFMADD231PS  Y8, Y10, Y1
+	VFMADD231PS  Y9, Y10, Y3
+	VMOVUPS      128(R11), Y8
+	VMOVUPS      128(R11)(DI*1), Y9
+	VBROADCASTSS 16(R12), Y10
+	VFMADD231PS  Y8, Y10, Y4
+	VFMADD231PS  Y9, Y10, Y6
+	VBROADCASTSS 16(R12)(CX*1), Y10
+	VFMADD231PS  Y8, Y10, Y5
+	VFMADD231PS  Y9, Y10, Y7
+	ADDQ         $0x00000100, R11
+	ADDQ         $0x00000020, R12
+	DECQ         R13
+	JNE          leaf2
+
+leaf2end:
+	VADDPS  Y4, Y0, Y0
+	VADDPS  Y5, Y1, Y1
+	VADDPS  Y6, Y2, Y2
+	VADDPS  Y7, Y3, Y3
+	VADDPS  (SP), Y0, Y0
+	VMOVUPS Y0, (R9)
+	VADDPS  32(SP), Y1, Y1
+	VMOVUPS Y1, (R9)(R10*1)
+	VADDPS  64(SP), Y2, Y2
+	VMOVUPS Y2, 32(R9)
+	VADDPS  96(SP), Y3, Y3
+	VMOVUPS Y3, 32(R9)(R10*1)
+	VXORPS  Y0, Y0, Y0
+	VXORPS  Y1, Y1, Y1
+	VXORPS  Y2, Y2, Y2
+	VXORPS  Y3, Y3, Y3
+	VXORPS  Y4, Y4, Y4
+	VXORPS  Y5, Y5, Y5
+	VXORPS  Y6, Y6, Y6
+	VXORPS  Y7, Y7, Y7
+	MOVQ    DX, R11
+	ADDQ    $0x00000020, R11
+	LEAQ    4(AX), R12
+	MOVQ    R8, R13
+	TESTQ   R13, R13
+	JE      leaf1end
+
+leaf1:
+	VMOVUPS      (R11), Y8
+	VMOVUPS      (R11)(DI*1), Y9
+	VBROADCASTSS (R12), Y10
+	VFMADD231PS  Y8, Y10, Y0
+	VFMADD231PS  Y9, Y10, Y2
+	VBROADCASTSS (R12)(CX*1), Y10
+	VFMADD231PS  Y8, Y10, Y1
+	VFMADD231PS  Y9, Y10, Y3
+	VMOVUPS      128(R11), Y8
+	VMOVUPS      128(R11)(DI*1), Y9
+	VBROADCASTSS 16(R12), Y10
+	VFMADD231PS  Y8, Y10, Y4
+	VFMADD231PS  Y9, Y10, Y6
+	VBROADCASTSS 16(R12)(CX*1), Y10
+	VFMADD231PS  Y8, Y10, Y5
+	VFMADD231PS  Y9, Y10, Y7
+	ADDQ         $0x00000100, R11
+	ADDQ         $0x00000020, R12
+	DECQ         R13
+	JNE          leaf1
+
+leaf1end:
+	VADDPS  Y4, Y0, Y0
+	VADDPS  Y5, Y1, Y1
+	VADDPS  Y6, Y2, Y2
+	VADDPS  Y7, Y3, Y3
+	VMOVUPS Y0, (SP)
+	VMOVUPS Y1, 32(SP)
+	VMOVUPS Y2, 64(SP)
+	VMOVUPS Y3, 96(SP)
+	VXORPS  Y0, Y0, Y0
+	VXORPS  Y1, Y1, Y1
+	VXORPS  Y2, Y2, Y2
+	VXORPS  Y3, Y3, Y3
+	VXORPS  Y4, Y4, Y4
+	VXORPS  Y5, Y5, Y5
+	VXORPS  Y6, Y6, Y6
+	VXORPS  Y7, Y7, Y7
+	MOVQ    DX, R11
+	ADDQ    $0x00000060, R11
+	LEAQ    12(AX), R12
+	MOVQ    R8, R13
+	TESTQ   R13, R13
+	JE      leaf3end
+
+leaf3:
+	VMOVUPS      (R11), Y8
+	VMOVUPS      (R11)(DI*1), Y9
+	VBROADCASTSS (R12), Y10
+	VFMADD231PS  Y8, Y10, Y0
+	VFMADD231PS  Y9, Y10, Y2
+	VBROADCASTSS (R12)(CX*1), Y10
+	VFMADD231PS  Y8, Y10, Y1
+	VFMADD231PS  Y9, Y10, Y3
+	VMOVUPS      128(R11), Y8
+	VMOVUPS      128(R11)(DI*1), Y9
+	VBROADCASTSS 16(R12), Y10
+	VFMADD231PS  Y8, Y10, Y4
+	VFMADD231PS  Y9, Y10, Y6
+	VBROADCASTSS 16(R12)(CX*1), Y10
+	VFMADD231PS  Y8, Y10, Y5
+	VFMADD231PS  Y9, Y10, Y7
+	ADDQ         $0x00000100, R11
+	ADDQ         $0x00000020, R12
+	DECQ         R13
+	JNE          leaf3
+
+leaf3end:
+	VADDPS Y4, Y0, Y0
+	VADDPS Y5, Y1, Y1
+	VADDPS Y6, Y2, Y2
+	VADDPS Y7, Y3, Y3
+	VADDPS (SP), Y0, Y0
+	VADDPS (R9), Y0, Y0
+	VADDPS 32(SP), Y1, Y1
+	VADDPS (R9)(R10*1), Y1, Y1
+	VADDPS 64(SP), Y2, Y2
+	VADDPS 32(R9), Y2, Y2
+	VADDPS 96(SP), Y3, Y3
+	VADDPS 32(R9)(R10*1), Y3, Y3
+	MOVQ   R8, R11
+	SHLQ   $0x08, R11
+	ADDQ   DX, R11
+	MOVQ   R8, R12
+	SHLQ   $0x05, R12
+	ADDQ   AX, R12
+	MOVQ   SI, R13
+	ANDQ   $0x00000007, R13
+	JE     store
+
+tail:
+	VMOVUPS      (R11), Y4
+	VMOVUPS      (R11)(DI*1), Y5
+	VBROADCASTSS (R12), Y6
+	VFMADD231PS  Y4, Y6, Y0
+	VFMADD231PS  Y5, Y6, Y2
+	VBROADCASTSS (R12)(CX*1), Y6
+	VFMADD231PS  Y4, Y6, Y1
+	VFMADD231PS  Y5, Y6, Y3
+	ADDQ         $0x00000020, R11
+	ADDQ         $0x00000004, R12
+	DECQ         R13
+	JNE          tail
+
+store:
+	VMOVUPS Y0, (R9)
+	VMOVUPS Y1, (R9)(R10*1)
+	VMOVUPS Y2, 32(R9)
+	VMOVUPS Y3, 32(R9)(R10*1)
+	LEAQ    (DX)(DI*2), DX
+	ADDQ    $0x00000040, R9
+	DECQ    BX
+	JNE     pair
+
+done:
+	VZEROUPPER
+	RET
+
+// func attnScoresAVX2R3(q *float32, ldq int, k *float32, pairs int, hd int, out *float32, ldo int)
+// Requires: AVX, FMA3
+TEXT ·attnScoresAVX2R3(SB), NOSPLIT, $192-56
+	MOVQ  q+0(FP), AX
+	MOVQ  ldq+8(FP), CX
+	SHLQ  $0x02, CX
+	MOVQ  k+16(FP), DX
+	MOVQ  pairs+24(FP), BX
+	MOVQ  hd+32(FP), SI
+	MOVQ  SI, DI
+	SHLQ  $0x05, DI
+	MOVQ  SI, R8
+	SHRQ  $0x03, R8
+	MOVQ  out+40(FP), R9
+	MOVQ  ldo+48(FP), R10
+	SHLQ  $0x02, R10
+	TESTQ BX, BX
+	JE    done
+
+pair:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	MOVQ   DX, R11
+	ADDQ   $0x00000000, R11
+	LEAQ   (AX), R12
+	MOVQ   R8, R13
+	TESTQ  R13, R13
+	JE     leaf0end
+
+leaf0:
+	VMOVUPS      (R11), Y12
+	VMOVUPS      (R11)(DI*1), Y13
+	VBROADCASTSS (R12), Y14
+	VFMADD231PS  Y12, Y14, Y0
+	VFMADD231PS  Y13, Y14, Y3
+	VBROADCASTSS (R12)(CX*1), Y14
+	VFMADD231PS  Y12, Y14, Y1
+	VFMADD231PS  Y13, Y14, Y4
+	VBROADCASTSS (R12)(CX*2), Y14
+	VFMADD231PS  Y12, Y14, Y2
+	VFMADD231PS  Y13, Y14, Y5
+	VMOVUPS      128(R11), Y12
+	VMOVUPS      128(R11)(DI*1), Y13
+	VBROADCASTSS 16(R12), Y14
+	VFMADD231PS  Y12, Y14, Y6
+	VFMADD231PS  Y13, Y14, Y9
+	VBROADCASTSS 16(R12)(CX*1), Y14
+	VFMADD231PS  Y12, Y14, Y7
+	VFMADD231PS  Y13, Y14, Y10
+	VBROADCASTSS 16(R12)(CX*2), Y14
+	VFMADD231PS  Y12, Y14, Y8
+	VFMADD231PS  Y13, Y14, Y11
+	ADDQ         $0x00000100, R11
+	ADDQ         $0x00000020, R12
+	DECQ         R13
+	JNE          leaf0
+
+leaf0end:
+	VADDPS  Y6, Y0, Y0
+	VADDPS  Y7, Y1, Y1
+	VADDPS  Y8, Y2, Y2
+	VADDPS  Y9, Y3, Y3
+	VADDPS  Y10, Y4, Y4
+	VADDPS  Y11, Y5, Y5
+	VMOVUPS Y0, (SP)
+	VMOVUPS Y1, 32(SP)
+	VMOVUPS Y2, 64(SP)
+	VMOVUPS Y3, 96(SP)
+	VMOVUPS Y4, 128(SP)
+	VMOVUPS Y5, 160(SP)
+	VXORPS  Y0, Y0, Y0
+	VXORPS  Y1, Y1, Y1
+	VXORPS  Y2, Y2, Y2
+	VXORPS  Y3, Y3, Y3
+	VXORPS  Y4, Y4, Y4
+	VXORPS  Y5, Y5, Y5
+	VXORPS  Y6, Y6, Y6
+	VXORPS  Y7, Y7, Y7
+	VXORPS  Y8, Y8, Y8
+	VXORPS  Y9, Y9, Y9
+	VXORPS  Y10, Y10, Y10
+	VXORPS  Y11, Y11, Y11
+	MOVQ    DX, R11
+	ADDQ    $0x00000040, R11
+	LEAQ    8(AX), R12
+	MOVQ    R8, R13
+	TESTQ   R13, R13
+	JE      leaf2end
+
+leaf2:
+	VMOVUPS      (R11), Y12
+	VMOVUPS      (R11)(DI*1), Y13
+	VBROADCASTSS (R12), Y14
+	VFMADD231PS  Y12, Y14, Y0
+	VFMADD231PS  Y13, Y14, Y3
+	VBROADCASTSS (R12)(CX*1), Y14
+	VFMADD231PS  Y12, Y14, Y1
+	VFMADD231PS  Y13, Y14, Y4
+	VBROADCASTSS (R12)(CX*2), Y14
+	VFMADD231PS  Y12, Y14, Y2
+	VFMADD231PS  Y13, Y14, Y5
+	VMOVUPS      128(R11), Y12
+	VMOVUPS      128(R11)(DI*1), Y13
+	VBROADCASTSS 16(R12), Y14
+	VFMADD231PS  Y12, Y14, Y6
+	VFMADD231PS  Y13, Y14, Y9
+	VBROADCASTSS 16(R12)(CX*1), Y14
+	VFMADD231PS  Y12, Y14, Y7
+	VFMADD231PS  Y13, Y14, Y10
+	VBROADCASTSS 16(R12)(CX*2), Y14
+	VFMADD231PS  Y12, Y14, Y8
+	VFMADD231PS  Y13, Y14, Y11
+	ADDQ         $0x00000100, R11
+	ADDQ         $0x00000020, R12
+	DECQ         R13
+	JNE          leaf2
+
+leaf2end:
+	VADDPS  Y6, Y0, Y0
+	VADDPS  Y7, Y1, Y1
+	VADDPS  Y8, Y2, Y2
+	VADDPS  Y9, Y3, Y3
+	VADDPS  Y10, Y4, Y4
+	VADDPS  Y11, Y5, Y5
+	VADDPS  (SP), Y0, Y0
+	VMOVUPS Y0, (R9)
+	VADDPS  32(SP), Y1, Y1
+	VMOVUPS Y1, (R9)(R10*1)
+	VADDPS  64(SP), Y2, Y2
+	VMOVUPS Y2, (R9)(R10*2)
+	VADDPS  96(SP), Y3, Y3
+	VMOVUPS Y3, 32(R9)
+	VADDPS  128(SP), Y4, Y4
+	VMOVUPS Y4, 32(R9)(R10*1)
+	VADDPS  160(SP), Y5, Y5
+	VMOVUPS Y5, 32(R9)(R10*2)
+	VXORPS  Y0, Y0, Y0
+	VXORPS  Y1, Y1, Y1
+	VXORPS  Y2, Y2, Y2
+	VXORPS  Y3, Y3, Y3
+	VXORPS  Y4, Y4, Y4
+	VXORPS  Y5, Y5, Y5
+	VXORPS  Y6, Y6, Y6
+	VXORPS  Y7, Y7, Y7
+	VXORPS  Y8, Y8, Y8
+	VXORPS  Y9, Y9, Y9
+	VXORPS  Y10, Y10, Y10
+	VXORPS  Y11, Y11, Y11
+	MOVQ    DX, R11
+	ADDQ    $0x00000020, R11
+	LEAQ    4(AX), R12
+	MOVQ    R8, R13
+	TESTQ   R13, R13
+	JE      leaf1end
+
+leaf1:
+	VMOVUPS      (R11), Y12
+	VMOVUPS      (R11)(DI*1), Y13
+	VBROADCASTSS (R12), Y14
+	VFMADD231PS  Y12, Y14, Y0
+	VFMADD231PS  Y13, Y14, Y3
+	VBROADCASTSS (R12)(CX*1), Y14
+	VFMADD231PS  Y12, Y14, Y1
+	VFMADD231PS  Y13, Y14, Y4
+	VBROADCASTSS (R12)(CX*2), Y14
+	VFMADD231PS  Y12, Y14, Y2
+	VFMADD231PS  Y13, Y14, Y5
+	VMOVUPS      128(R11), Y12
+	VMOVUPS      128(R11)(DI*1), Y13
+	VBROADCASTSS 16(R12), Y14
+	VFMADD231PS  Y12, Y14, Y6
+	VFMADD231PS  Y13, Y14, Y9
+	VBROADCASTSS 16(R12)(CX*1), Y14
+	VFMADD231PS  Y12, Y14, Y7
+	VFMADD231PS  Y13, Y14, Y10
+	VBROADCASTSS 16(R12)(CX*2), Y14
+	VFMADD231PS  Y12, Y14, Y8
+	VFMADD231PS  Y13, Y14, Y11
+	ADDQ         $0x00000100, R11
+	ADDQ         $0x00000020, R12
+	DECQ         R13
+	JNE          leaf1
+
+leaf1end:
+	VADDPS  Y6, Y0, Y0
+	VADDPS  Y7, Y1, Y1
+	VADDPS  Y8, Y2, Y2
+	VADDPS  Y9, Y3, Y3
+	VADDPS  Y10, Y4, Y4
+	VADDPS  Y11, Y5, Y5
+	VMOVUPS Y0, (SP)
+	VMOVUPS Y1, 32(SP)
+	VMOVUPS Y2, 64(SP)
+	VMOVUPS Y3, 96(SP)
+	VMOVUPS Y4, 128(SP)
+	VMOVUPS Y5, 160(SP)
+	VXORPS  Y0, Y0, Y0
+	VXORPS  Y1, Y1, Y1
+	VXORPS  Y2, Y2, Y2
+	VXORPS  Y3, Y3, Y3
+	VXORPS  Y4, Y4, Y4
+	VXORPS  Y5, Y5, Y5
+	VXORPS  Y6, Y6, Y6
+	VXORPS  Y7, Y7, Y7
+	VXORPS  Y8, Y8, Y8
+	VXORPS  Y9, Y9, Y9
+	VXORPS  Y10, Y10, Y10
+	VXORPS  Y11, Y11, Y11
+	MOVQ    DX, R11
+	ADDQ    $0x00000060, R11
+	LEAQ    12(AX), R12
+	MOVQ    R8, R13
+	TESTQ   R13, R13
+	JE      leaf3end
+
+leaf3:
+	VMOVUPS      (R11), Y12
+	VMOVUPS      (R11)(DI*1), Y13
+	VBROADCASTSS (R12), Y14
+	VFMADD231PS  Y12, Y14, Y0
+	VFMADD231PS  Y13, Y14, Y3
+	VBROADCASTSS (R12)(CX*1), Y14
+	VFMADD231PS  Y12, Y14, Y1
+	VFMADD231PS  Y13, Y14, Y4
+	VBROADCASTSS (R12)(CX*2), Y14
+	VFMADD231PS  Y12, Y14, Y2
+	VFMADD231PS  Y13, Y14, Y5
+	VMOVUPS      128(R11), Y12
+	VMOVUPS      128(R11)(DI*1), Y13
+	VBROADCASTSS 16(R12), Y14
+	VFMADD231PS  Y12, Y14, Y6
+	VFMADD231PS  Y13, Y14, Y9
+	VBROADCASTSS 16(R12)(CX*1), Y14
+	VFMADD231PS  Y12, Y14, Y7
+	VFMADD231PS  Y13, Y14, Y10
+	VBROADCASTSS 16(R12)(CX*2), Y14
+	VFMADD231PS  Y12, Y14, Y8
+	VFMADD231PS  Y13, Y14, Y11
+	ADDQ         $0x00000100, R11
+	ADDQ         $0x00000020, R12
+	DECQ         R13
+	JNE          leaf3
+
+leaf3end:
+	VADDPS Y6, Y0, Y0
+	VADDPS Y7, Y1, Y1
+	VADDPS Y8, Y2, Y2
+	VADDPS Y9, Y3, Y3
+	VADDPS Y10, Y4, Y4
+	VADDPS Y11, Y5, Y5
+	VADDPS (SP), Y0, Y0
+	VADDPS (R9), Y0, Y0
+	VADDPS 32(SP), Y1, Y1
+	VADDPS (R9)(R10*1), Y1, Y1
+	VADDPS 64(SP), Y2, Y2
+	VADDPS (R9)(R10*2), Y2, Y2
+	VADDPS 96(SP), Y3, Y3
+	VADDPS 32(R9), Y3, Y3
+	VADDPS 128(SP), Y4, Y4
+	VADDPS 32(R9)(R10*1), Y4, Y4
+	VADDPS 160(SP), Y5, Y5
+	VADDPS 32(R9)(R10*2), Y5, Y5
+	MOVQ   R8, R11
+	SHLQ   $0x08, R11
+	ADDQ   DX, R11
+	MOVQ   R8, R12
+	SHLQ   $0x05, R12
+	ADDQ   AX, R12
+	MOVQ   SI, R13
+	ANDQ   $0x00000007, R13
+	JE     store
+
+tail:
+	VMOVUPS      (R11), Y6
+	VMOVUPS      (R11)(DI*1), Y7
+	VBROADCASTSS (R12), Y8
+	VFMADD231PS  Y6, Y8, Y0
+	VFMADD231PS  Y7, Y8, Y3
+	VBROADCASTSS (R12)(CX*1), Y8
+	VFMADD231PS  Y6, Y8, Y1
+	VFMADD231PS  Y7, Y8, Y4
+	VBROADCASTSS (R12)(CX*2), Y8
+	VFMADD231PS  Y6, Y8, Y2
+	VFMADD231PS  Y7, Y8, Y5
+	ADDQ         $0x00000020, R11
+	ADDQ         $0x00000004, R12
+	DECQ         R13
+	JNE          tail
+
+store:
+	VMOVUPS Y0, (R9)
+	VMOVUPS Y1, (R9)(R10*1)
+	VMOVUPS Y2, (R9)(R10*2)
+	VMOVUPS Y3, 32(R9)
+	VMOVUPS Y4, 32(R9)(R10*1)
+	VMOVUPS Y5, 32(R9)(R10*2)
+	LEAQ    (DX)(DI*2), DX
+	ADDQ    $0x00000040, R9
+	DECQ    BX
+	JNE     pair
+
+done:
 	VZEROUPPER
 	RET

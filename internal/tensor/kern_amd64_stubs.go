@@ -348,3 +348,24 @@ func axpyRowsBF16G4AVX2(alpha *float32, lda int, v *uint16, ldv int, rows int, y
 
 // argMaxAVX2 returns the index of the largest entry of x[:n], the lowest on ties; NaN never wins; 0 if nothing is above -Inf.
 func argMaxAVX2(x *float32, n int) int
+
+// readScan1AVX2 returns the sum of the 64-bit words of x[s·ld:s·ld+n] for s < 1 (n a multiple of 256), prefetching pf bytes ahead unless pf is 0.
+func readScan1AVX2(x *byte, ld int, n int, pf int) uint64
+
+// readScan2AVX2 returns the sum of the 64-bit words of x[s·ld:s·ld+n] for s < 2 (n a multiple of 256), prefetching pf bytes ahead unless pf is 0.
+func readScan2AVX2(x *byte, ld int, n int, pf int) uint64
+
+// readScan4AVX2 returns the sum of the 64-bit words of x[s·ld:s·ld+n] for s < 4 (n a multiple of 256), prefetching pf bytes ahead unless pf is 0.
+func readScan4AVX2(x *byte, ld int, n int, pf int) uint64
+
+// readScan8AVX2 returns the sum of the 64-bit words of x[s·ld:s·ld+n] for s < 8 (n a multiple of 256), prefetching pf bytes ahead unless pf is 0.
+func readScan8AVX2(x *byte, ld int, n int, pf int) uint64
+
+// attnScoresAVX2R1 computes the scores of 1 f32 query rows against groups of 8 transposed keys, 16 keys per pair (see asmgen).
+func attnScoresAVX2R1(q *float32, ldq int, k *float32, pairs int, hd int, out *float32, ldo int)
+
+// attnScoresAVX2R2 computes the scores of 2 f32 query rows against groups of 8 transposed keys, 16 keys per pair (see asmgen).
+func attnScoresAVX2R2(q *float32, ldq int, k *float32, pairs int, hd int, out *float32, ldo int)
+
+// attnScoresAVX2R3 computes the scores of 3 f32 query rows against groups of 8 transposed keys, 16 keys per pair (see asmgen).
+func attnScoresAVX2R3(q *float32, ldq int, k *float32, pairs int, hd int, out *float32, ldo int)

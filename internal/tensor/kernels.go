@@ -74,7 +74,11 @@ type kernelSet struct {
 	attnScores  [maxTileRows]func(q *uint16, ldq int, k *uint32, groups, steps int, out *float32, ldo int)
 	attnSoftmax func(s *float32, lds, rows, n int, m, l, acc *float32, lda, hd int, w *uint16, ldw int)
 	attnPV      func(acc *float32, lda int, w *uint16, ldw, rows int, v *uint16, offs *int, n, hd int)
-	avail       bool
+	// attnScoresF32[r-1], if set, scores r query rows against keys packed
+	// transposed in f32 (AttnScoresF32), bit-identical to this set's
+	// DotRowsBF16 and DotRows.
+	attnScoresF32 [attnF32Rows]func(q *float32, ldq int, k *float32, pairs, hd int, out *float32, ldo int)
+	avail         bool
 }
 
 // kernelSets lists the implementations in order of preference: the

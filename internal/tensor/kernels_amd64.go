@@ -71,6 +71,9 @@ func archKernelSets() []*kernelSet {
 			axpyRowsBF16G: [maxTileRows - 1]func(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int){
 				axpyRowsBF16G2AVX2, axpyRowsBF16G3AVX2, axpyRowsBF16G4AVX2},
 			argMax: argMaxAVX2,
+			// Attention's prefill scores from transposed keys.
+			attnScoresF32: [attnF32Rows]func(q *float32, ldq int, k *float32, pairs, hd int, out *float32, ldo int){
+				attnScoresAVX2R1, attnScoresAVX2R2, attnScoresAVX2R3},
 		},
 	}
 }

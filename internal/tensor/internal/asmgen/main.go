@@ -89,6 +89,12 @@ func main() {
 				axpyRowsBF16AVX2(g)
 			}
 			argMaxAVX2(iotaTable())
+			for _, st := range readScanStreams {
+				readScanAVX2(st)
+			}
+			for r := 1; r <= 3; r++ {
+				attnScoresAVX2(r)
+			}
 		}
 		if s.lanes == 16 {
 			gemmDPR1()

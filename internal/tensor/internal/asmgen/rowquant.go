@@ -7,8 +7,9 @@ package main
 // 4–16 rows of a matrix side by side, a few kilobytes apart, as the panel
 // kernels (and the fused single-row kernels they replace) do, and software
 // prefetching recovers only part of that. So a row kernel reads its weight
-// rows one after the other, each from start to end, and works in two
-// phases:
+// rows one after the other, each from start to end (the AVX2 kernels, tuned
+// on a Zen 2 where one stream is the slower, two rows side by side: see
+// rowstreams.go), and works in two phases:
 //
 //   - phase 1, per weight row and group of blocks (8 blocks of 32, or 4
 //     super-blocks): the exact integer dot product of every block with the
@@ -79,6 +80,9 @@ type rowKern struct {
 	// pos, where set, maps pair p of block t of a group to its lane of
 	// the group's f (and s) vector in the scratch; otherwise p·group + t.
 	pos func(p, t int) int
+	// streams is the number of rows phase 1 reads side by side (see
+	// rowStreamsAVX2); 0 or 1: one after the other.
+	streams int
 }
 
 // paramMem returns the stack address of the parameter name.
@@ -191,6 +195,7 @@ func tree4(p []VecVirtual, vec func() VecVirtual) VecVirtual {
 // from aux) added after the tree.
 func row32(avx512 bool, q quant32) {
 	k := &rowKern{avx512: avx512, group: 8, pairs: 1, transposed: true}
+	k.setStreams(rowStreamsAVX2)
 	name := "qrow" + q.name + k.isaName()
 	TEXT(name, NOSPLIT, rowSig)
 	Doc(fmt.Sprintf("%s computes up to 8 %s weight rows times one activation row (see asmgen's rowquant.go).", name, q.name))
@@ -228,13 +233,20 @@ func row32(avx512 bool, q quant32) {
 		for t := range 8 {
 			blk := func(d int) Mem { return Mem{Base: wq, Disp: q.bytes*t + d} }
 			xm := Mem{Base: xq, Disp: 32 * t}
-			p[t] = ymmZero()
+			if avx512 {
+				p[t] = ymmZero() // VPDPBUSD adds to it
+			} else {
+				p[t] = YMM() // VPMADDWD writes it whole
+			}
 			if signed {
-				// The sign trick: |w|·(x·sign w), pairs exact in int16.
-				av, xs := YMM(), YMM()
-				VPABSB(blk(2), av)
+				// The sign trick: |w|·(x·sign w), pairs exact in int16
+				// (at most 2·128·127). The weights are loaded once: a
+				// block is 34 bytes, so half its loads cross a line.
+				wv, av, xs := YMM(), YMM(), YMM()
+				VMOVDQU(blk(2), wv)
+				VPABSB(wv, av)
 				VMOVDQU(xm, xs)
-				VPSIGNB(blk(2), xs, xs)
+				VPSIGNB(wv, xs, xs)
 				VPMADDUBSW(xs, av, xs)
 				VPMADDWD(ones, xs, p[t])
 				continue
@@ -314,6 +326,10 @@ func (k rowKern) halves8(base GPVirtual, disp, stride int) VecVirtual {
 // the one before; phase 2 skips the repeated blocks). Only the loop
 // variables live in registers across groups, for the bodies' GP work.
 func (k *rowKern) phase1(elems, bytes int, body func(wq, xq, b, slot GPVirtual)) {
+	if k.streams > 1 {
+		k.phase1Streams(elems, bytes, body)
+		return
+	}
 	w := Load(Param("w"), GP64()).(GPVirtual)
 	nb := Load(Param("nb"), GP64()).(GPVirtual)
 	k.nb = nb
@@ -679,6 +695,7 @@ func pack2x32(base GPVirtual, disp, stride int) GPVirtual {
 // tree: its result is I₀..I₃, M₀..M₃.
 func rowQ4K(avx512, five bool) {
 	k := &rowKern{avx512: avx512, group: 4, pairs: 2}
+	k.setStreams(rowStreamsKAVX2)
 	nm, bytes, qs := "Q4_K", 144, 16
 	if five {
 		nm, bytes, qs = "Q5_K", 176, 48
@@ -738,24 +755,18 @@ func rowQ4K(avx512, five bool) {
 				qh = YMM()
 				VMOVDQU(blk(16), qh)
 			}
+			// Two chains of sums, each started by its first product
+			// (no zeroing, no first add).
 			const nacc = 2
 			acc := make([]VecVirtual, nacc)
-			for i := range acc {
-				acc[i] = ymmZero()
-			}
 			for c := range 4 {
 				m := blk(qs + 32*c)
 				lo, hi := YMM(), YMM()
-				if avx512 {
-					VPANDD(m, c0f, lo)
-					VPSRLW(U8(4), m, hi)
-					VPANDD(c0f, hi, hi)
-				} else {
-					VMOVDQU(m, hi)
-					VPAND(c0f, hi, lo)
-					VPSRLW(U8(4), hi, hi)
-					VPAND(c0f, hi, hi)
-				}
+				// (VEX has no VPSRLW from memory: one load, two ANDs.)
+				VMOVDQU(m, hi)
+				VPAND(c0f, hi, lo)
+				VPSRLW(U8(4), hi, hi)
+				VPAND(c0f, hi, hi)
 				for h, v := range []VecVirtual{lo, hi} {
 					if five {
 						// Bit 2c (2c+1) of each qh byte to bit 4.
@@ -777,7 +788,14 @@ func rowQ4K(avx512, five bool) {
 					}
 					p := YMM()
 					VPMADDUBSW(Mem{Base: xq, Disp: 256*t + 64*c + 32*h}, v, p)
-					k.pairDot(stash.Offset(32*t+4*(2*c+h)), true, p, acc[(2*c+h)%nacc])
+					if j := 2*c + h; j < nacc {
+						s := YMM()
+						VPBROADCASTD(stash.Offset(32*t+4*j), s)
+						acc[j] = YMM()
+						VPMADDWD(s, p, acc[j])
+					} else {
+						k.pairDot(stash.Offset(32*t+4*j), true, p, acc[j%nacc])
+					}
 				}
 			}
 			for i := 1; i < nacc; i++ {
@@ -857,6 +875,7 @@ func unpackScalesK4(blk func(int) Mem) (sc, mn GPVirtual) {
 // is taken off as 32·Σ scale·(Σx per 16) by VPMADDWD.
 func rowQ6K(avx512 bool) {
 	k := &rowKern{avx512: avx512, group: 4, pairs: 1}
+	k.setStreams(rowStreamsKAVX2)
 	const bytes = 210
 	name := "qrowQ6_K" + k.isaName()
 	TEXT(name, NOSPLIT, rowSig)
@@ -898,7 +917,8 @@ func rowQ6K(avx512 bool) {
 			VPSHUFB(evenOdd, sx, sx)
 			d := YMM()
 			VPMOVSXBW(sx, d)
-			acc := [2]VecVirtual{ymmZero(), ymmZero()}
+			// Two chains of sums, each started by its first product.
+			var acc [2]VecVirtual
 			for h := range 2 {
 				ql := [2]VecVirtual{YMM(), YMM()}
 				VMOVDQU(blk(64*h), ql[0])
@@ -912,12 +932,13 @@ func rowQ6K(avx512 bool) {
 					switch n := 4 - 2*q; {
 					case n > 0:
 						VPSLLW(U8(n), qh, hb)
+						k.and(c30, hb, hb)
 					case n < 0:
 						VPSRLW(U8(-n), qh, hb)
+						k.and(c30, hb, hb)
 					default:
-						VMOVDQU(qh, hb)
+						k.and(c30, qh, hb)
 					}
-					k.and(c30, hb, hb)
 					lv := YMM()
 					if q < 2 {
 						k.and(c0f, ql[q], lv)
@@ -934,7 +955,12 @@ func rowQ6K(avx512 bool) {
 					VPMADDUBSW(Mem{Base: xq, Disp: 256*t + 128*h + 32*q}, lv, p)
 					sq := YMM()
 					VPSHUFB(scCtrl.Offset(32*(4*h+q)), d, sq)
-					k.pairDot(sq, false, p, acc[q%2])
+					if h == 0 && q < 2 {
+						acc[q] = YMM()
+						VPMADDWD(sq, p, acc[q])
+					} else {
+						k.pairDot(sq, false, p, acc[q%2])
+					}
 				}
 			}
 			VPADDD(acc[1], acc[0], acc[0])
