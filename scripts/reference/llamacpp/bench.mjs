@@ -5,7 +5,8 @@
 // the KV cache cleared before each run (best of runs);
 // decode1: one sequence generating 32 tokens after a 128-token prompt;
 // decode16: 16 sequences (64-token prompts) generating 16 tokens each at
-// once, node-llama-cpp batching their steps into one llama_decode.
+// once, node-llama-cpp batching their steps into one llama_decode
+// (left out when BENCH_DECODE16=0).
 // The prompts are fixed token ids below every vocabulary used.
 import {getLlama} from "node-llama-cpp";
 
@@ -42,7 +43,7 @@ const out = {threads};
 	out.decode1 = got / (now() - t0);
 	await ctx.dispose();
 }
-{
+if (process.env.BENCH_DECODE16 !== "0") {
 	const ctx = await model.createContext({contextSize: 16 * 128, batchSize: 1024, sequences: 16, threads, flashAttention: false});
 	const seqs = Array.from({length: 16}, () => ctx.getSequence());
 	await Promise.all(seqs.map((s, i) => s.evaluateWithoutGeneratingNewTokens(tokens(64, 100 + i))));
