@@ -125,6 +125,7 @@ type planAnswer struct {
 	Prefill    []string          `json:"prefill"`
 	Decode     []string          `json:"decode"`
 	Pinned     map[string]string `json:"pinned"`
+	Finishing  map[string]string `json:"finishing"`
 	Objectives map[string]any    `json:"objectives"`
 	Cadence    *planCadence      `json:"cadence"`
 }
@@ -147,7 +148,10 @@ func writePlan(w io.Writer, p planAnswer) {
 	}
 	fmt.Fprintf(w, "pools now: %d prefill, %d decode; %s\n", len(p.Prefill), len(p.Decode), mode)
 	if p.Moving != "" {
-		fmt.Fprintf(w, "moving: %s (draining)\n", p.Moving)
+		fmt.Fprintf(w, "moving: %s\n", p.Moving)
+	}
+	for _, u := range slices.Sorted(maps.Keys(p.Finishing)) {
+		fmt.Fprintf(w, "finishing: %s: moved %s, its old role's work still running\n", u, p.Finishing[u])
 	}
 	for _, u := range slices.Sorted(maps.Keys(p.Pinned)) {
 		fmt.Fprintf(w, "pinned: %s: %s\n", u, p.Pinned[u])

@@ -80,3 +80,12 @@ func TestPlanPrintsTheCadenceSetOnTheDecodePool(t *testing.T) {
 		}
 	}
 }
+
+func TestPlanPrintsTheEnginesFinishingTheirOldWork(t *testing.T) {
+	var out bytes.Buffer
+	writePlan(&out, planAnswer{Acting: true, Decode: []string{"http://d1", "http://d2"},
+		Finishing: map[string]string{"http://d2": "prefill→decode"}, Decision: &planner.Decision{Decode: 2}})
+	if want := "finishing: http://d2: moved prefill→decode, its old role's work still running"; !strings.Contains(out.String(), want) {
+		t.Errorf("tandem plan printed no %q:\n%s", want, out.String())
+	}
+}

@@ -1,20 +1,43 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/planner"
 	"github.com/tandem-serve/tandem/internal/proxy"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
+
+// plannerLists is the proxy's pools as GET /tandem/plan lists them.
+func plannerLists(t *testing.T, url string) (prefill, decode []string) {
+	t.Helper()
+	resp, err := http.Get(url + proxy.PlanPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Prefill []string `json:"prefill"`
+		Decode  []string `json:"decode"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	return body.Prefill, body.Decode
+}
 
 // TestPlannerRoleSwitchUnderLoadOnRealEngines moves a real engine from the
 // prefill pool to the decode pool while requests flow through the P/D path:
-// every request is answered, each answer equals a colocated engine's for
-// the same prompt (greedy), and no engine is left holding KV.
+// it joins the decode pool at once and serves decode legs (it pulls their
+// KV), every request is answered, each answer equals a colocated engine's
+// for the same prompt (greedy), its old work ends (the planner lists no
+// engine as finishing it) and no engine is left holding KV.
 //
 // The switch is forced through the planner's bounds: it starts at 2
 // prefill + 1 decode with at least 2 decode engines required, so its first
@@ -76,6 +99,22 @@ func TestPlannerRoleSwitchUnderLoadOnRealEngines(t *testing.T) {
 		pre, dec, d := plannerPools(t, url)
 		t.Fatalf("no switch: %d prefill, %d decode, decision %+v", pre, dec, d)
 	}
+	_, dec := plannerLists(t, url)
+	moved := dec[slices.IndexFunc(dec, func(u string) bool { return u != engines[2] })]
+	if pulls := engineGauge(t, moved, "tandem:kv_transfer_seconds_count"); pulls == 0 {
+		t.Errorf("the engine moved to the decode pool (%s) pulled no KV: it served no decode leg", moved)
+	}
+	testutil.WaitFor(t, "the moved engine's old work ended", 30*time.Second, func() bool {
+		resp, err := http.Get(url + proxy.PlanPath)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var body struct {
+			Finishing map[string]string `json:"finishing"`
+		}
+		return json.NewDecoder(resp.Body).Decode(&body) == nil && len(body.Finishing) == 0
+	})
 	for i, a := range got {
 		if a.status != http.StatusOK {
 			t.Fatalf("request %d: %d, x-tandem-pd %q: %s", i, a.status, a.pd, a.text)

@@ -26,8 +26,8 @@ func runUp(args []string) error {
 			"engine that needs more than --restart-limit restarts within --restart-window stops everything:\n"+
 			"tandem up exits 1 naming it. SIGINT or SIGTERM stops the proxy, then the engines (which drain),\n"+
 			"and exits 0. With --slo-ttft and --slo-tpot the planner sizes the pools: every engine serves both roles and\n"+
-			"the proxy moves engines between prefill and decode as the traffic asks, each drained first (tandem plan\n"+
-			"shows why). See docs/usage/serve.md.\n\n")
+			"the proxy moves engines between prefill and decode as the traffic asks, each finishing its old work\n"+
+			"in the background (tandem plan shows why). See docs/usage/serve.md.\n\n")
 		fs.PrintDefaults()
 	}
 	var cfg launch.Config

@@ -27,8 +27,9 @@
 // new split must beat the current one's predicted goodput by a margin
 // (Config.Hysteresis), at least Config.MinDwell must have passed since the
 // last change when the split turns back (Config.StepDwell when it goes on
-// in the same direction), and a change moves one engine at a time (or,
-// where that step is predicted worse than now, straight to the best).
+// in the same direction), and a change moves one engine at a time (half
+// the way to the best right after a shift of the traffic mix, or, where
+// the step is predicted worse than now, straight to the best).
 // Engine samples older than Config.MaxAge are ignored, and a decision with
 // too few fresh samples holds the current split and says why.
 package planner

@@ -257,7 +257,8 @@ type Decision struct {
 	Prefill int `json:"prefill"`
 	Decode  int `json:"decode"`
 	// Best is the split the model predicts the most goodput for; the
-	// current split moves toward it one engine per change. Best.P 0 is the
+	// current split moves toward it one engine per change (half the way
+	// after a shift of the traffic mix). Best.P 0 is the
 	// colocated split: every engine a decode prefilling its own prompts.
 	Best Split `json:"best"`
 	// Threshold is the conditional decider's threshold to use (uncached
@@ -349,8 +350,8 @@ type Fit struct {
 // split, threshold and cadence to run. The split changes only when the
 // best split's predicted goodput beats the current one's by
 // Config.Hysteresis and Config.MinDwell has passed since the last change,
-// by one engine per call (or straight to the best across a valley, see
-// Decision.Crossed); with too few fresh samples it holds. The best split
+// by one engine per call, half the way after a shift of the traffic mix
+// (or straight to the best across a valley, see Decision.Crossed); with too few fresh samples it holds. The best split
 // may have no prefill engine (the colocated split) unless
 // Config.MinPrefill keeps one.
 func (pl *Planner) Decide(now time.Time) (d Decision) {
@@ -398,8 +399,9 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 		d.Fit.Unattainable = m.unattainable(pl.cfg.Engines - pl.prefill)
 	}
 	d.PrefillScheduleInterval = pl.chooseCadence(f, running)
-	// The split moves one engine toward Best per change, but not where
-	// that step is predicted worse than now: the colocated split and the
+	// The split moves one engine toward Best per change (half the way
+	// after a shift of the mix: step), but not where that step is
+	// predicted worse than now: the colocated split and the
 	// best with a prefill pool may lie on either side of a valley (both
 	// better than the splits between), and crossing it engine by engine
 	// would lose goodput at every step and hold the split in the valley
@@ -407,10 +409,7 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	// (the proxy still moves engines one at a time).
 	cur := d.Fit.Current.Goodput
 	target := d.Best
-	next := pl.prefill + 1
-	if target.P < pl.prefill {
-		next = pl.prefill - 1
-	}
+	next := pl.prefill + pl.step(target.P, f.Shift != "")
 	sm := m
 	if next == 0 && colo != nil {
 		sm = colo
@@ -434,6 +433,27 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 		d.Crossed = false
 	}
 	return d
+}
+
+// step is how many engines the split moves toward best prefill engines
+// at one change, signed: one, or after a shift of the traffic mix (the
+// split is then far from the new mix's best at once, not drifting toward
+// it) half the distance rounded up, so that a split several engines away
+// gets there in a few changes rather than one dwell per engine.
+func (pl *Planner) step(best int, shifted bool) int {
+	dist := best - pl.prefill
+	n := 1
+	if shifted {
+		n = (abs(dist) + 1) / 2
+	}
+	return min(n, abs(dist)) * cmp.Compare(dist, 0)
+}
+
+func abs(v int) int {
+	if v < 0 {
+		return -v
+	}
+	return v
 }
 
 // dwell is the least time since the last change before the split moves to

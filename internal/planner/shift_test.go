@@ -38,3 +38,50 @@ func TestShiftDecidesOnTheNewMixAlone(t *testing.T) {
 		t.Fatalf("shift %q, %d requests fitted, held %q: want a decision from the 20 requests since the shift", d.Fit.Shift, d.Fit.Requests, d.Held)
 	}
 }
+
+// TestShiftMovesSeveralEnginesAtOnce: after a shift the best split is
+// several engines away; a change then moves half the way (rounded up), not
+// one engine, still never past the best and never twice within the step
+// dwell; without a shift the split moves one engine per change.
+func TestShiftMovesSeveralEnginesAtOnce(t *testing.T) {
+	const n = 8
+	cfg := Config{TTFT: 2 * time.Second, TPOT: 40 * time.Millisecond, Engines: n, Prefill: 1, MinPrefill: 1, MinDwell: 8 * time.Second, Window: 20 * time.Second}
+	pl := newPlanner(t, cfg)
+	now := feed(pl, t0, 30*time.Second, chat, n, 1)
+	if d := pl.Decide(now); d.Prefill != 1 {
+		t.Fatalf("chat: %dP, want the one prefill engine MinPrefill keeps", d.Prefill)
+	}
+	var moves []int
+	var last time.Time
+	for range 30 {
+		p := pl.prefill
+		now = feed(pl, now, time.Second, longPrompt, n, p)
+		d := pl.Decide(now)
+		if !d.Changed {
+			continue
+		}
+		got, dist := d.Prefill-p, d.Best.P-p
+		if d.Crossed || got <= 0 || got > dist {
+			t.Fatalf("%dP → %dP with the best at %dP (crossed %v): want a move toward the best, not past it", p, d.Prefill, d.Best.P, d.Crossed)
+		}
+		want := 1
+		if d.Fit.Shift != "" {
+			want = (dist + 1) / 2
+		}
+		if got != want {
+			t.Fatalf("%dP → %dP with the best at %dP (shift %q): moved %d engines, want %d", p, d.Prefill, d.Best.P, d.Fit.Shift, got, want)
+		}
+		if !last.IsZero() && now.Sub(last) < pl.Config().StepDwell {
+			t.Fatalf("two changes %v apart, within the step dwell %v", now.Sub(last), pl.Config().StepDwell)
+		}
+		last = now
+		moves = append(moves, got)
+	}
+	if len(moves) == 0 || moves[0] < 2 {
+		t.Fatalf("moves %v: want the first move after the shift to take several engines", moves)
+	}
+	if pl.prefill <= 4 {
+		t.Fatalf("long prompts: %dP after 30 s, want more than 4", pl.prefill)
+	}
+	t.Logf("moves after the shift: %v, at %dP", moves, pl.prefill)
+}

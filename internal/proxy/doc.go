@@ -63,11 +63,13 @@
 // and publishes them: tandem:planner_* metrics, GET /tandem/plan (read-only;
 // `tandem plan` prints it) and Config.OnPlan (Kubernetes scaling, package
 // kubediscovery). With Config.PlannerAct the proxy moves engines between
-// its pools, one at a time: the engine leaves its pool at once (no new leg
-// of its old role), drains (its legs finish, and the KV it holds for
-// decodes is read or released: backend.holds), and only then joins the
-// other pool. The engines serve both roles (tandem serve --role both), so
-// a switch changes nothing on the engine. No client request can move one.
+// its pools (planner_move.go): the engine leaves its pool and joins the
+// other at once (no new leg of its old role), while its old role's work
+// (its legs in flight, and the KV it holds for decodes already sent, read
+// or released when they end: backend.holds) goes on to the end; until it
+// has, the engine is not moved again nor counted as switched. The engines
+// serve both roles (tandem serve --role both), so a switch changes nothing
+// on the engine. No client request can move one.
 //
 // # Failures
 //

@@ -4,9 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
+	"maps"
 	"net/http"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,8 +47,14 @@ type planState struct {
 	target atomic.Int64
 	kick   chan struct{}
 	// moving names the engine being moved ("URL prefill→decode"), "" when
-	// none.
+	// none: set while it changes pools, not while its old work finishes.
 	moving atomic.Pointer[string]
+	// finishing is each engine that joined its new pool while its work of
+	// the old role goes on (URL → "prefill→decode"), under mu: the mover
+	// leaves it where it is until that work has ended (planner_move.go).
+	finishing map[string]string
+	// bg counts the watchers of that old work.
+	bg sync.WaitGroup
 	// minPrefill and minDecode bound the pools the mover leaves (the
 	// planner's bounds): minPrefill is 0 when the decider keeps every
 	// prompt local with no prefill engine, so the split may be colocated.
@@ -119,7 +124,7 @@ func (p *Proxy) initPlanner() error {
 	if err != nil {
 		return err
 	}
-	s := &planState{pl: pl, prev: map[string]engineSample{}, roles: map[string]string{}, kick: make(chan struct{}, 1),
+	s := &planState{pl: pl, prev: map[string]engineSample{}, roles: map[string]string{}, finishing: map[string]string{}, kick: make(chan struct{}, 1),
 		minPrefill: pl.Config().MinPrefill, minDecode: pl.Config().MinDecode}
 	s.target.Store(int64(pl.Config().Prefill))
 	if p.cfg.PDDecider == conditional.Name {
@@ -141,7 +146,7 @@ func (p *Proxy) initPlanner() error {
 	s.switches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem:planner_role_switches_total",
 		Help: "Engines the planner moved between the pools, by the role they took."}, []string{"to"})
 	s.drainOver = prometheus.NewCounter(prometheus.CounterOpts{Name: "tandem:planner_drain_timeouts_total",
-		Help: "Engines moved before they drained, after Config.DrainTimeout."})
+		Help: "Engines the planner may move again before their old role's work was seen to end, after Config.DrainTimeout."})
 	p.metrics.registry.MustRegister(s.desired, s.threshold, s.cadence, s.goodput, s.decisions, s.switches, s.drainOver)
 	s.desired.WithLabelValues(rolePrefill).Set(float64(pl.Config().Prefill))
 	s.desired.WithLabelValues(roleDecode).Set(float64(pl.Config().Engines - pl.Config().Prefill))
@@ -229,6 +234,7 @@ func (p *Proxy) runPlanner(ctx context.Context) {
 	if p.cfg.PlannerAct {
 		wg.Go(func() { p.moveEngines(ctx) })
 	}
+	defer p.plan.bg.Wait()
 	defer wg.Wait()
 	t := time.NewTicker(p.cfg.PlanInterval)
 	defer t.Stop()
@@ -307,101 +313,21 @@ func (p *Proxy) planOnce(now time.Time) planner.Decision {
 	return d
 }
 
-// moveEngines moves engines between the pools until the prefill pool has
-// the planner's target, one at a time, until ctx is done.
-func (p *Proxy) moveEngines(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-p.plan.kick:
-		}
-		for ctx.Err() == nil {
-			target := int(p.plan.target.Load())
-			pre, dec := p.prefill.list(), p.decode.list()
-			var from, to *pool
-			switch {
-			case len(pre) < target && len(dec) > p.plan.minDecode:
-				from, to = p.decode, p.prefill
-			case len(pre) > target && len(pre) > p.plan.minPrefill:
-				from, to = p.prefill, p.decode
-			}
-			if from == nil {
-				break
-			}
-			movable := slices.DeleteFunc(slices.Clone(from.list()), func(b *backend) bool {
-				p.plan.mu.Lock()
-				defer p.plan.mu.Unlock()
-				return pinnedWhy(p.plan.roles[b.base]) != ""
-			})
-			if len(movable) == 0 {
-				break // the planner's bounds count the pinned: a decision to come
-			}
-			if err := p.switchRole(ctx, leastBusy(movable), from, to); err != nil {
-				p.log.Warn("planner: role switch failed", "err", err)
-				break
-			}
-		}
-	}
-}
-
-// leastBusy is the backend with the fewest requests and held KV on it.
-func leastBusy(bs []*backend) *backend {
-	return slices.MinFunc(bs, func(a, b *backend) int {
-		return int((a.inFlight.Load() + a.holds.Load()) - (b.inFlight.Load() + b.holds.Load()))
-	})
-}
-
-// switchRole moves b from one pool to the other: it takes no new request
-// of its old role at once, then drains (its requests of that role finish,
-// and the KV it holds for decodes is read or released) within
-// Config.DrainTimeout, and only then joins the other pool. The engines
-// serve both roles (tandem serve --role both), so nothing on the engine
-// changes: the pools are the proxy's.
-func (p *Proxy) switchRole(ctx context.Context, b *backend, from, to *pool) error {
-	move := fmt.Sprintf("%s %s→%s", b.base, from.role, to.role)
-	p.plan.moving.Store(&move)
-	defer p.plan.moving.Store(nil)
-	rest := slices.DeleteFunc(urlsOf(from), func(u string) bool { return u == b.base })
-	if err := p.SetBackends(from.role, rest); err != nil {
-		return fmt.Errorf("taking %s out of the %s pool: %w", b.base, from.role, err)
-	}
-	start := time.Now()
-	deadline := start.Add(p.cfg.DrainTimeout)
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for b.inFlight.Load() > 0 || b.holds.Load() > 0 {
-		if time.Now().After(deadline) {
-			p.plan.drainOver.Inc()
-			p.log.Warn("planner: engine not drained in time; moving it anyway", "backend", b.base, "from", from.role,
-				"in_flight", b.inFlight.Load(), "held_kv", b.holds.Load(), "drain_timeout", p.cfg.DrainTimeout)
-			break
-		}
-		select {
-		case <-ctx.Done():
-			// Stopping: put it back where it was.
-			return p.SetBackends(from.role, append(urlsOf(from), b.base))
-		case <-t.C:
-		}
-	}
-	if err := p.SetBackends(to.role, append(urlsOf(to), b.base)); err != nil {
-		return fmt.Errorf("adding %s to the %s pool: %w", b.base, to.role, err)
-	}
-	p.plan.switches.WithLabelValues(to.role).Inc()
-	p.log.Info("planner: engine switched role", "backend", b.base, "from", from.role, "to", to.role, "drained_in", time.Since(start).Round(time.Millisecond))
-	return nil
-}
-
 // planBody is the JSON answer of PlanPath.
 type planBody struct {
 	// Decision is the last decision; nil before the first.
 	Decision *planner.Decision `json:"decision"`
 	// Acting says the proxy moves engines between the pools; otherwise it
 	// only publishes the decision (metrics, Kubernetes scaling).
-	Acting  bool     `json:"acting"`
-	Moving  string   `json:"moving,omitempty"`
-	Prefill []string `json:"prefill"`
-	Decode  []string `json:"decode"`
+	Acting bool   `json:"acting"`
+	Moving string `json:"moving,omitempty"`
+	// Finishing are the engines that joined their new pool while their
+	// old role's work (legs in flight, KV held for decodes) goes on, and
+	// the move ("prefill→decode"): the planner moves them again only
+	// once it has ended.
+	Finishing map[string]string `json:"finishing,omitempty"`
+	Prefill   []string          `json:"prefill"`
+	Decode    []string          `json:"decode"`
 	// Cadence is the prefill cadence set on the decode pool, when acting.
 	Cadence *cadenceReport `json:"cadence,omitempty"`
 	// Pinned are the engines the planner may not move, and why.
@@ -432,6 +358,7 @@ func (p *Proxy) handlePlan(w http.ResponseWriter, r *http.Request) {
 	p.plan.mu.Lock()
 	cfg := p.plan.pl.Config()
 	body := planBody{Decision: p.plan.last, Acting: p.cfg.PlannerAct, Prefill: urlsOf(p.prefill), Decode: urlsOf(p.decode), Pinned: p.plan.pinned,
+		Finishing: maps.Clone(p.plan.finishing),
 		Objectives: planObjectives{TTFT: cfg.TTFT.String(), TPOT: cfg.TPOT.String(), Goal: cfg.Goal, Window: cfg.Window.String(),
 			MaxAge: cfg.MaxAge.String(), MinDwell: cfg.MinDwell.String(), Hysteresis: cfg.Hysteresis}}
 	p.plan.mu.Unlock()

@@ -140,9 +140,11 @@ func TestPlannerSetsTheCadenceOnTheDecodePool(t *testing.T) {
 	}
 
 	// An engine moved to the decode pool gets it at the next decision.
-	if err := p.switchRole(context.Background(), p.prefill.list()[0], p.prefill, p.decode); err != nil {
+	done, err := p.switchRole(context.Background(), p.prefill.list()[0], p.prefill, p.decode)
+	if err != nil {
 		t.Fatal(err)
 	}
+	<-done
 	moved := p.decode.list()[len(p.decode.list())-1].base
 	p.planOnce(now)
 	testutil.WaitFor(t, "the moved engine at the planner's cadence", 10*time.Second, func() bool {

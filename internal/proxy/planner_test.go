@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,18 +19,22 @@ func plannerConfig() *planner.Config {
 	return &planner.Config{TTFT: 2 * time.Second, TPOT: 100 * time.Millisecond, MinRequests: 5}
 }
 
-// TestRoleSwitchDrainsHeldKVFirst moves a prefill engine that holds a
-// request's KV to the decode pool: it takes no new prefill at once, joins
-// the decode pool only once the decode leg that reads its KV has ended, and
-// the request is answered.
-func TestRoleSwitchDrainsHeldKVFirst(t *testing.T) {
+// TestRoleSwitchJoinsAtOnceAndFinishesHeldKV moves a prefill engine that
+// holds a request's KV to the decode pool: it takes no new prefill and
+// joins the decode pool at once, takes new decode legs while the KV it
+// holds is still waiting for its decode, and is counted as switched (and
+// movable again) only once that decode has read it; the request is
+// answered, nothing is released early, and no KV is left held.
+func TestRoleSwitchJoinsAtOnceAndFinishesHeldKV(t *testing.T) {
 	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
 	blockingDecode := func(w http.ResponseWriter, r *http.Request, body []byte) {
 		<-release
 		decodeJSON(w, r, body)
 	}
 	both := func(w http.ResponseWriter, r *http.Request, body []byte) {
-		if strings.Contains(string(body), `"do_remote_decode"`) {
+		if strings.Contains(string(body), `"do_remote_decode":true`) {
 			prefillOK(w, r, body)
 			return
 		}
@@ -37,10 +42,10 @@ func TestRoleSwitchDrainsHeldKVFirst(t *testing.T) {
 	}
 	pre := []*fakeEngine{newFake(t, both), newFake(t, both)}
 	dec := []*fakeEngine{newFake(t, blockingDecode)}
-	p, url := startProxy(t, Config{PDDecider: "always", Planner: plannerConfig(), PlannerAct: true, Fallback: true}, pre, dec)
+	t.Cleanup(unblock) // before the engines close: a failed check leaves no handler blocked
+	p, url := startProxy(t, Config{PDDecider: "always", Policy: "round-robin", Planner: plannerConfig(), PlannerAct: true, Fallback: true}, pre, dec)
 
-	answered := make(chan int, 1)
-	go func() {
+	send := func(answered chan<- int) {
 		req, _ := http.NewRequest(http.MethodPost, url+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"hello there","max_tokens":4}`))
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
@@ -51,7 +56,9 @@ func TestRoleSwitchDrainsHeldKVFirst(t *testing.T) {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		answered <- resp.StatusCode
-	}()
+	}
+	answered := make(chan int, 16)
+	go send(answered)
 	// The request's KV is held on whichever prefill answered it.
 	var holder *backend
 	testutil.WaitFor(t, "a prefill holding the request's KV", 5*time.Second, func() bool {
@@ -63,36 +70,95 @@ func TestRoleSwitchDrainsHeldKVFirst(t *testing.T) {
 		}
 		return false
 	})
-	switched := make(chan error, 1)
-	go func() { switched <- p.switchRole(context.Background(), holder, p.prefill, p.decode) }()
-	testutil.WaitFor(t, "the engine out of the prefill pool", 5*time.Second, func() bool {
-		return !slices.Contains(urlsOf(p.prefill), holder.base)
-	})
-	// It holds KV a decode has not read: it must not have joined the
-	// decode pool yet.
-	select {
-	case err := <-switched:
-		t.Fatalf("the switch finished (err %v) while the engine held KV", err)
-	default:
+	fake := pre[slices.IndexFunc(pre, func(f *fakeEngine) bool { return f.URL() == holder.base })]
+	legs := func(prefill bool) (n int) {
+		for _, r := range fake.requests() {
+			if r.Path == "/v1/completions" && strings.Contains(r.Body, `"do_remote_decode":true`) == prefill {
+				n++
+			}
+		}
+		return n
 	}
-	if slices.Contains(urlsOf(p.decode), holder.base) {
-		t.Fatal("the engine joined the decode pool while it held KV")
-	}
-	if m := p.plan.moving.Load(); m == nil || !strings.Contains(*m, "prefill→decode") {
-		t.Fatalf("moving = %v, want the switch named", m)
-	}
-	close(release)
-	if code := <-answered; code != http.StatusOK {
-		t.Fatalf("the request in flight during the switch got %d", code)
-	}
-	if err := <-switched; err != nil {
+	done, err := p.switchRole(context.Background(), holder, p.prefill, p.decode)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(urlsOf(p.decode), holder.base) || slices.Contains(urlsOf(p.prefill), holder.base) {
-		t.Fatalf("after the switch: prefill %v, decode %v", urlsOf(p.prefill), urlsOf(p.decode))
+	// At once: out of the prefill pool, in the decode pool, while it still
+	// holds the KV a decode has not read.
+	if slices.Contains(urlsOf(p.prefill), holder.base) || !slices.Contains(urlsOf(p.decode), holder.base) {
+		t.Fatalf("after the switch: prefill %v, decode %v; want the engine in the decode pool at once", urlsOf(p.prefill), urlsOf(p.decode))
+	}
+	if holder.holds.Load() != 1 {
+		t.Fatalf("the engine's old role holds %d KV, want the request's 1 still held", holder.holds.Load())
+	}
+	p.plan.mu.Lock()
+	finishing := p.plan.finishing[holder.base]
+	p.plan.mu.Unlock()
+	if finishing != "prefill→decode" {
+		t.Fatalf("finishing[%s] = %q, want prefill→decode while its old work goes on", holder.base, finishing)
+	}
+	// New requests: their prefill goes to the other engine, and the moved
+	// engine takes decode legs while its held KV still waits.
+	for i := 0; legs(false) == 0 && i < 8; i++ {
+		go send(answered)
+		testutil.WaitFor(t, "the request's prefill leg", 5*time.Second, func() bool {
+			n := 0
+			for _, f := range pre {
+				for _, r := range f.requests() {
+					if strings.Contains(r.Body, `"do_remote_decode":true`) {
+						n++
+					}
+				}
+			}
+			return n == i+2
+		})
+		testutil.WaitFor(t, "the request's decode leg started", 5*time.Second, func() bool {
+			return len(fake.requests())+len(dec[0].requests()) >= i+2
+		})
+	}
+	if legs(false) == 0 {
+		t.Fatal("the moved engine took no decode leg while its old work went on")
+	}
+	if n := legs(true); n != 1 {
+		t.Fatalf("the moved engine got %d prefill legs, want only the one before the switch", n)
+	}
+	for _, r := range fake.requests() {
+		if r.Path == kvReleasePath {
+			t.Fatal("the KV the moved engine held was released before its decode read it")
+		}
+	}
+	select {
+	case <-done:
+		t.Fatal("the switch counted as done while the engine still held KV")
+	default:
+	}
+	if got := metricValue(t, p, "tandem:planner_role_switches_total", map[string]string{"to": "decode"}); got != 0 {
+		t.Fatalf("role switches to decode = %v before the old work ended, want 0", got)
+	}
+	if m := p.plan.moving.Load(); m != nil {
+		t.Fatalf("moving = %q after the engine joined its pool", *m)
+	}
+
+	unblock()
+	<-done
+	for range len(dec[0].requests()) + legs(false) {
+		if code := <-answered; code != http.StatusOK {
+			t.Fatalf("a request during the switch got %d", code)
+		}
 	}
 	if got := metricValue(t, p, "tandem:planner_role_switches_total", map[string]string{"to": "decode"}); got != 1 {
 		t.Fatalf("role switches to decode = %v, want 1", got)
+	}
+	p.plan.mu.Lock()
+	left := len(p.plan.finishing)
+	p.plan.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d engines still finishing old work", left)
+	}
+	for _, b := range append(append([]*backend{holder}, p.prefill.list()...), p.decode.list()...) {
+		if b.holds.Load() != 0 || b.inFlight.Load() != 0 {
+			t.Errorf("%s (%s): %d held KV, %d in flight after every request ended", b.base, b.role, b.holds.Load(), b.inFlight.Load())
+		}
 	}
 }
 

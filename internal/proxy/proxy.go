@@ -190,15 +190,16 @@ type Config struct {
 	// Engines and Prefill default to the backends given. It needs the
 	// scrape (ScrapeInterval not negative).
 	Planner *planner.Config
-	// PlannerAct moves engines between the pools as the planner decides,
-	// one at a time, each drained of its old role first (DrainTimeout).
+	// PlannerAct moves engines between the pools as the planner decides:
+	// each joins its new pool at once and is not moved again until its old
+	// role's work has ended (at most DrainTimeout).
 	// The engines must serve both roles (tandem serve --role both, the
 	// default); the backends must be static (no BackendsFile or
 	// DynamicBackends). Off: the planner only publishes.
 	PlannerAct bool
 	// PlanInterval is the period of the planner's decisions (default 5s);
-	// DrainTimeout bounds an engine's drain before it changes pools
-	// (default 2m).
+	// DrainTimeout bounds how long a moved engine's old role's work is
+	// waited for before it may be moved again (default 2m).
 	PlanInterval, DrainTimeout time.Duration
 	// OnPlan, when set, is told of each decision (Kubernetes scaling,
 	// package kubediscovery). It runs on the planner's goroutine.
