@@ -29,6 +29,9 @@
 // last change when the split turns back (Config.StepDwell when it goes on
 // in the same direction), and a change moves one engine at a time (or,
 // where that step is predicted worse than now, straight to the best).
-// Engine samples older than Config.MaxAge are ignored, and a decision with
+// The threshold is chosen for the split that runs after the decision (the
+// split moving one engine at a time, a threshold fitted to the best split
+// would not suit the one running) and has a hysteresis and dwell of its own
+// (threshold.go). Engine samples older than Config.MaxAge are ignored, and a decision with
 // too few fresh samples holds the current split and says why.
 package planner
