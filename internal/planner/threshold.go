@@ -46,11 +46,14 @@ func (pl *Planner) thresholds(f Fit) *thresholds {
 	}
 	slices.Sort(cands)
 	cands = slices.Compact(cands)
-	if len(cands) > maxThresholds { // keep quantiles: each candidate costs a fit
-		step := float64(len(cands)) / maxThresholds
+	if len(cands) > maxThresholds {
+		// Keep quantiles (each candidate costs a fit), the lowest and the
+		// highest among them: the highest keeps every prompt of the window
+		// local.
+		step := float64(len(cands)-1) / (maxThresholds - 1)
 		var kept []int
 		for i := range maxThresholds {
-			kept = append(kept, cands[int(float64(i)*step)])
+			kept = append(kept, cands[int(math.Round(float64(i)*step))])
 		}
 		cands = kept
 	}
