@@ -41,11 +41,13 @@ type Config struct {
 	MaxAge time.Duration
 	// MinDwell is the least time between two changes of the split, and
 	// StepDwell between two in the same direction (the split still moving
-	// toward one best: no flapping). Defaults 30s and MinDwell/4.
+	// toward one best: no flapping). Defaults 30s and MinDwell/4. The
+	// conditional threshold has the same dwells of its own at one split.
 	MinDwell, StepDwell time.Duration
 	// Hysteresis is how much more goodput (a fraction) the model must
-	// predict for a new split than for the current one before it moves.
-	// Default 0.1.
+	// predict for a new split than for the current one before it moves,
+	// and for a new threshold than for the current one at the split that
+	// runs. Default 0.1.
 	Hysteresis float64
 	// MinRequests is the fewest requests in the window a decision is made
 	// from. Default 20.
