@@ -3,7 +3,6 @@ package planner
 import (
 	"fmt"
 	"math"
-	"slices"
 )
 
 // colocatedThreshold is the threshold of the colocated split (no prefill
@@ -222,60 +221,6 @@ func (m *capacity) best(cfg Config) Split {
 		}
 	}
 	return best
-}
-
-// bestThreshold tries the thresholds that split the window's prompts
-// differently (every distinct uncached length + 1, and the bounds) and
-// returns the one whose best split predicts the most goodput, with its
-// model, when that beats current (the current threshold's) by the
-// hysteresis, or at once when the current threshold breaks the limits
-// below; nil otherwise. A threshold above what one prompt may take to
-// prefill within the TTFT objective is not tried, nor one whose local
-// prefill would by itself push more than 1 − q of the streams it stalls
-// past the TPOT objective (stalls.longest: the streams' own slack, the
-// short answers' as well as the long ones', not the mean stream's).
-func (pl *Planner) bestThreshold(f Fit, current float64) (int, *capacity) {
-	limit := pl.cfg.MaxThreshold
-	if f.PrefillSecondsPerToken > 0 {
-		limit = min(limit, int((pl.cfg.TTFT.Seconds()-f.Overhead)/f.PrefillSecondsPerToken))
-		chunk := f.PrefillSecondsPerToken * float64(max(f.MaxBatchedTokens, 1))
-		st := newStalls(nil, pl.win, chunk)
-		if l := st.longest(f.stepSeconds(), pl.cfg.TPOT.Seconds(), 1-math.Sqrt(pl.cfg.Goal)); !math.IsInf(l, 1) {
-			limit = min(limit, int(l/f.PrefillSecondsPerToken))
-		}
-	}
-	cands := []int{pl.cfg.MinThreshold}
-	for _, r := range sample(pl.win, maxModelRequests) {
-		if l := r.UncachedTokens + 1; l > pl.cfg.MinThreshold && l <= limit {
-			cands = append(cands, l)
-		}
-	}
-	slices.Sort(cands)
-	cands = slices.Compact(cands)
-	if len(cands) > maxThresholds { // keep quantiles: each candidate costs a fit
-		step := float64(len(cands)) / maxThresholds
-		var kept []int
-		for i := range maxThresholds {
-			kept = append(kept, cands[int(float64(i)*step)])
-		}
-		cands = kept
-	}
-	bestTh, bestG := 0, current*(1+pl.cfg.Hysteresis)
-	if pl.threshold > max(limit+1, pl.cfg.MinThreshold) {
-		// The current threshold keeps prompts local that break the
-		// limits: a hard constraint, not a matter of goodput (and the
-		// decodes' step times, measured with those stalls in them, may
-		// make every choice look unattainable).
-		bestG = -1
-	}
-	var bestM *capacity
-	for _, th := range cands {
-		m := pl.model(f, th)
-		if g := m.best(pl.bounded()).Goodput; g > bestG {
-			bestTh, bestG, bestM = th, g, m
-		}
-	}
-	return bestTh, bestM
 }
 
 // prefillRate is what one of p prefill engines serves within the TTFT

@@ -30,6 +30,9 @@
 // in the same direction), and a change moves one engine at a time (half
 // the way to the best right after a shift of the traffic mix, or, where
 // the step is predicted worse than now, straight to the best).
-// Engine samples older than Config.MaxAge are ignored, and a decision with
+// The threshold is chosen for the split that runs after the decision (a
+// threshold fitted to the best split would not suit the one running) and
+// has a hysteresis and dwell of its own (threshold.go). Engine samples
+// older than Config.MaxAge are ignored, and a decision with
 // too few fresh samples holds the current split and says why.
 package planner

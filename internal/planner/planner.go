@@ -41,11 +41,13 @@ type Config struct {
 	MaxAge time.Duration
 	// MinDwell is the least time between two changes of the split, and
 	// StepDwell between two in the same direction (the split still moving
-	// toward one best: no flapping). Defaults 30s and MinDwell/4.
+	// toward one best: no flapping). Defaults 30s and MinDwell/4. The
+	// conditional threshold has the same dwells of its own at one split.
 	MinDwell, StepDwell time.Duration
 	// Hysteresis is how much more goodput (a fraction) the model must
-	// predict for a new split than for the current one before it moves.
-	// Default 0.1.
+	// predict for a new split than for the current one before it moves,
+	// and for a new threshold than for the current one at the split that
+	// runs. Default 0.1.
 	Hysteresis float64
 	// MinRequests is the fewest requests in the window a decision is made
 	// from. Default 20.
@@ -166,6 +168,10 @@ type Planner struct {
 	prefill    int
 	threshold  int
 	lastChange time.Time
+	// thChange is when the threshold last changed, thDir which way (+1
+	// up) and thSplit the prefill engines it was chosen for.
+	thChange       time.Time
+	thDir, thSplit int
 }
 
 // New returns a Planner whose split starts at cfg.Prefill prefill engines.
@@ -269,6 +275,10 @@ type Decision struct {
 	// that prefill beside their decodes (tandem serve
 	// --prefill-schedule-interval).
 	PrefillScheduleInterval int `json:"prefill_schedule_interval"`
+	// ThresholdHeld says why Threshold stayed where another predicts more
+	// goodput at the split that runs ("" when it did not): the threshold's
+	// own hysteresis or dwell.
+	ThresholdHeld string `json:"threshold_held,omitempty"`
 	// Changed says the split changed at this decision.
 	Changed bool `json:"changed"`
 	// Crossed says the split goes to Best at once, more than one engine,
@@ -364,18 +374,18 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 		d.Held, d.Best = why, Split{P: pl.prefill, D: pl.cfg.Engines - pl.prefill}
 		return d
 	}
-	// The threshold and the split together: for each candidate threshold
-	// the best split with a prefill pool, and the threshold whose best
-	// split predicts the most goodput, unless the current threshold's is
-	// within the hysteresis. The colocated split (no prefill engine) has
-	// no threshold: it is weighed against that best.
-	m := pl.model(f, pl.threshold)
+	// Where the split is headed: the split with a prefill pool and the
+	// threshold that together predict the most goodput (the colocated
+	// split, no prefill engine and no threshold, is weighed against it).
+	// Each split is valued at the threshold it would run with
+	// (threshold.go).
+	ths := pl.thresholds(f)
 	bounds := pl.bounded()
-	if th, mt := pl.bestThreshold(f, m.best(bounds).Goodput); mt != nil {
-		pl.threshold, m = th, mt
+	_, m, best := ths.best(bounds)
+	d.Best = best
+	if pl.prefill > 0 {
+		_, m, _ = ths.forSplit(pl.prefill, pl.cfg.Engines-pl.prefill, now)
 	}
-	d.Threshold = pl.threshold
-	d.Best = m.best(bounds)
 	var colo *capacity
 	if bounds.MinPrefill == 0 {
 		colo = pl.model(f, colocatedThreshold)
@@ -398,7 +408,6 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	if d.Best.Goodput <= 0 {
 		d.Fit.Unattainable = m.unattainable(pl.cfg.Engines - pl.prefill)
 	}
-	d.PrefillScheduleInterval = pl.chooseCadence(f, running)
 	// The split moves one engine toward Best per change (half the way
 	// after a shift of the mix: step), but not where that step is
 	// predicted worse than now: the colocated split and the
@@ -410,9 +419,9 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	cur := d.Fit.Current.Goodput
 	target := d.Best
 	next := pl.prefill + pl.step(target.P, f.Shift != "")
-	sm := m
-	if next == 0 && colo != nil {
-		sm = colo
+	sm := colo
+	if next > 0 || colo == nil {
+		_, sm, _ = ths.forSplit(next, pl.cfg.Engines-next, now)
 	}
 	if target.P != pl.prefill && cur > 0 && sm.split(next, pl.cfg.Engines-next).Goodput < cur*(1-1e-9) {
 		next, d.Crossed = target.P, true
@@ -432,6 +441,17 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	if !d.Changed {
 		d.Crossed = false
 	}
+	// The threshold for the split that runs from now (with none, every
+	// prompt is local and the threshold stays as it is).
+	if pl.prefill > 0 {
+		th, mt, held := ths.forSplit(pl.prefill, pl.cfg.Engines-pl.prefill, now)
+		pl.setThreshold(th, pl.prefill, now)
+		running, d.ThresholdHeld = mt, held
+	} else if colo != nil {
+		running = colo
+	}
+	d.Threshold = pl.threshold
+	d.PrefillScheduleInterval = pl.chooseCadence(f, running)
 	return d
 }
 

@@ -248,11 +248,12 @@ func TestHysteresisHoldsASplitNearlyAsGoodAsTheBest(t *testing.T) {
 }
 
 // TestThresholdIsTheModelsBest checks that the threshold chosen is the one
-// whose best split the model predicts the most goodput for, under a loose
-// and a tight TPOT objective (local prefills stretch the decodes' steps).
+// the model predicts the most goodput for at the split that runs after the
+// decision, under a loose and a tight TPOT objective (local prefills
+// stretch the decodes' steps).
 func TestThresholdIsTheModelsBest(t *testing.T) {
 	for _, tpot := range []time.Duration{time.Second, 40 * time.Millisecond} {
-		pl := newPlanner(t, Config{TTFT: 2 * time.Second, TPOT: tpot, Engines: 4, Prefill: 2, Hysteresis: 1e-9})
+		pl := newPlanner(t, Config{TTFT: 2 * time.Second, TPOT: tpot, Engines: 4, Prefill: 2, MinPrefill: 1, Hysteresis: 1e-9})
 		// A mix: 64-, 400- and 1000-token prompts.
 		now := feed(pl, t0, 20*time.Second, traffic{prompt: 64, output: 64, rate: 2}, 4, 2)
 		for at := t0; at.Before(now); at = at.Add(500 * time.Millisecond) {
@@ -260,13 +261,13 @@ func TestThresholdIsTheModelsBest(t *testing.T) {
 			pl.ObserveRequest(Request{At: at, PromptTokens: 400, UncachedTokens: 400, OutputTokens: 64})
 		}
 		d := pl.Decide(now)
-		chosen := pl.model(d.Fit, d.Threshold).best(pl.cfg).Goodput
+		chosen := pl.model(d.Fit, d.Threshold).split(d.Prefill, d.Decode).Goodput
 		for _, th := range []int{16, 65, 401, 1001} {
-			if g := pl.model(d.Fit, th).best(pl.cfg).Goodput; g > chosen*(1+1e-6) {
-				t.Errorf("TPOT %v: threshold %d predicts %.3f req/s, more than the chosen %d's %.3f", tpot, th, g, d.Threshold, chosen)
+			if g := pl.model(d.Fit, th).split(d.Prefill, d.Decode).Goodput; g > chosen*(1+1e-6) {
+				t.Errorf("TPOT %v: at %dP:%dD threshold %d predicts %.3f req/s, more than the chosen %d's %.3f", tpot, d.Prefill, d.Decode, th, g, d.Threshold, chosen)
 			}
 		}
-		t.Logf("TPOT %v: threshold %d, best %+v", tpot, d.Threshold, d.Best)
+		t.Logf("TPOT %v: %dP:%dD threshold %d, best %+v", tpot, d.Prefill, d.Decode, d.Threshold, d.Best)
 	}
 }
 
