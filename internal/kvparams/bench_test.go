@@ -42,13 +42,18 @@ func BenchmarkParse(b *testing.B) {
 	}
 }
 
-// BenchmarkMarshal is a prefill engine writing its params.
+// BenchmarkMarshal is a prefill engine writing its params: MarshalJSON,
+// and every value through json.Marshal (what it did before the fast path).
 func BenchmarkMarshal(b *testing.B) {
 	p := typical()
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := p.MarshalJSON(); err != nil {
-			b.Fatal(err)
-		}
+	for _, fast := range []bool{true, false} {
+		b.Run(map[bool]string{true: "fast", false: "general"}[fast], func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := p.marshal(fast); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
