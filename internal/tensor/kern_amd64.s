@@ -28183,16 +28183,207 @@ done:
 
 // func gemmAVX2BF16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 // Requires: AVX, AVX2, FMA3
-TEXT ·gemmAVX2BF16R1(SB), NOSPLIT, $0-72
-	MOVQ k+32(FP), AX
-	MOVQ AX, CX
-	ANDQ $-8, CX
-	MOVQ x+0(FP), DX
-	MOVQ w+16(FP), BX
-	MOVQ out+48(FP), SI
-	MOVQ n+40(FP), DI
+TEXT ·gemmAVX2BF16R1(SB), NOSPLIT, $24-72
+	MOVQ w+16(FP), AX
+	MOVQ AX, (SP)
+	MOVQ out+48(FP), AX
+	MOVQ AX, 8(SP)
+	MOVQ n+40(FP), AX
+	MOVQ AX, 16(SP)
+
+wide:
+	CMPQ     16(SP), $0x00000008
+	JL       group
+	MOVQ     x+0(FP), AX
+	MOVQ     k+32(FP), CX
+	ANDQ     $-8, CX
+	MOVQ     ldw+24(FP), DX
+	SHLQ     $0x01, DX
+	MOVQ     (SP), BX
+	LEAQ     (BX)(DX*1), SI
+	LEAQ     (SI)(DX*1), DI
+	LEAQ     (DI)(DX*1), R8
+	LEAQ     (R8)(DX*1), R9
+	LEAQ     (R9)(DX*1), R10
+	LEAQ     (R10)(DX*1), R11
+	LEAQ     (R11)(DX*1), R12
+	LEAQ     (R12)(DX*1), DX
+	MOVQ     DX, (SP)
+	VXORPS   Y0, Y0, Y0
+	VXORPS   Y1, Y1, Y1
+	VXORPS   Y2, Y2, Y2
+	VXORPS   Y3, Y3, Y3
+	VXORPS   Y4, Y4, Y4
+	VXORPS   Y5, Y5, Y5
+	VXORPS   Y6, Y6, Y6
+	VXORPS   Y7, Y7, Y7
+	VPCMPEQD Y8, Y8, Y8
+	VPSLLD   $0x10, Y8, Y8
+	XORQ     DX, DX
+	TESTQ    CX, CX
+	JE       wtail
+
+wloop:
+	VBROADCASTF128 (AX)(DX*4), Y9
+	VBROADCASTF128 16(AX)(DX*4), Y10
+	VSHUFPS        $0x88, Y10, Y9, Y11
+	VSHUFPS        $0xdd, Y10, Y9, Y9
+	VMOVDQU        (BX)(DX*2), X12
+	VINSERTI128    $0x01, (SI)(DX*2), Y12, Y12
+	VPSLLD         $0x10, Y12, Y10
+	VPAND          Y8, Y12, Y12
+	VFMADD231PS    Y11, Y10, Y0
+	VFMADD231PS    Y9, Y12, Y1
+	VMOVDQU        (DI)(DX*2), X13
+	VINSERTI128    $0x01, (R8)(DX*2), Y13, Y13
+	VPSLLD         $0x10, Y13, Y10
+	VPAND          Y8, Y13, Y13
+	VFMADD231PS    Y11, Y10, Y2
+	VFMADD231PS    Y9, Y13, Y3
+	VMOVDQU        (R9)(DX*2), X14
+	VINSERTI128    $0x01, (R10)(DX*2), Y14, Y14
+	VPSLLD         $0x10, Y14, Y10
+	VPAND          Y8, Y14, Y14
+	VFMADD231PS    Y11, Y10, Y4
+	VFMADD231PS    Y9, Y14, Y5
+	VMOVDQU        (R11)(DX*2), X15
+	VINSERTI128    $0x01, (R12)(DX*2), Y15, Y15
+	VPSLLD         $0x10, Y15, Y10
+	VPAND          Y8, Y15, Y15
+	VFMADD231PS    Y11, Y10, Y6
+	VFMADD231PS    Y9, Y15, Y7
+	ADDQ           $0x00000008, DX
+	CMPQ           DX, CX
+	JL             wloop
+
+wtail:
+	VUNPCKLPS    Y1, Y0, Y8
+	VUNPCKHPS    Y1, Y0, Y0
+	VPERM2F128   $0x20, Y0, Y8, Y1
+	VPERM2F128   $0x31, Y0, Y8, Y0
+	VEXTRACTF128 $0x01, Y1, X8
+	VADDPS       X8, X1, X8
+	VMOVHLPS     X8, X8, X1
+	VADDPS       X1, X8, X1
+	VMOVSHDUP    X1, X8
+	VADDSS       X8, X1, X8
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X1
+	VMOVHLPS     X1, X1, X0
+	VADDPS       X0, X1, X0
+	VMOVSHDUP    X0, X9
+	VADDSS       X9, X0, X9
+	VUNPCKLPS    Y3, Y2, Y0
+	VUNPCKHPS    Y3, Y2, Y1
+	VPERM2F128   $0x20, Y1, Y0, Y2
+	VPERM2F128   $0x31, Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y2, X1
+	VADDPS       X1, X2, X1
+	VMOVHLPS     X1, X1, X2
+	VADDPS       X2, X1, X2
+	VMOVSHDUP    X2, X3
+	VADDSS       X3, X2, X3
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X1
+	VMOVHLPS     X1, X1, X0
+	VADDPS       X0, X1, X0
+	VMOVSHDUP    X0, X10
+	VADDSS       X10, X0, X10
+	VUNPCKLPS    Y5, Y4, Y0
+	VUNPCKHPS    Y5, Y4, Y1
+	VPERM2F128   $0x20, Y1, Y0, Y2
+	VPERM2F128   $0x31, Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y2, X1
+	VADDPS       X1, X2, X1
+	VMOVHLPS     X1, X1, X2
+	VADDPS       X2, X1, X2
+	VMOVSHDUP    X2, X4
+	VADDSS       X4, X2, X4
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X1
+	VMOVHLPS     X1, X1, X0
+	VADDPS       X0, X1, X0
+	VMOVSHDUP    X0, X5
+	VADDSS       X5, X0, X5
+	VUNPCKLPS    Y7, Y6, Y0
+	VUNPCKHPS    Y7, Y6, Y1
+	VPERM2F128   $0x20, Y1, Y0, Y2
+	VPERM2F128   $0x31, Y1, Y0, Y0
+	VEXTRACTF128 $0x01, Y2, X1
+	VADDPS       X1, X2, X1
+	VMOVHLPS     X1, X1, X2
+	VADDPS       X2, X1, X2
+	VMOVSHDUP    X2, X1
+	VADDSS       X1, X2, X1
+	VEXTRACTF128 $0x01, Y0, X2
+	VADDPS       X2, X0, X2
+	VMOVHLPS     X2, X2, X0
+	VADDPS       X0, X2, X0
+	VMOVSHDUP    X0, X2
+	VADDSS       X2, X0, X2
+	MOVQ         k+32(FP), CX
+
+wscalar:
+	CMPQ        DX, CX
+	JE          wstore
+	VMOVSS      (AX)(DX*4), X0
+	MOVWLZX     (BX)(DX*2), R13
+	SHLL        $0x10, R13
+	VMOVD       R13, X6
+	VFMADD231SS X6, X0, X8
+	MOVWLZX     (SI)(DX*2), R13
+	SHLL        $0x10, R13
+	VMOVD       R13, X6
+	VFMADD231SS X6, X0, X9
+	MOVWLZX     (DI)(DX*2), R13
+	SHLL        $0x10, R13
+	VMOVD       R13, X6
+	VFMADD231SS X6, X0, X3
+	MOVWLZX     (R8)(DX*2), R13
+	SHLL        $0x10, R13
+	VMOVD       R13, X6
+	VFMADD231SS X6, X0, X10
+	MOVWLZX     (R9)(DX*2), R13
+	SHLL        $0x10, R13
+	VMOVD       R13, X6
+	VFMADD231SS X6, X0, X4
+	MOVWLZX     (R10)(DX*2), R13
+	SHLL        $0x10, R13
+	VMOVD       R13, X6
+	VFMADD231SS X6, X0, X5
+	MOVWLZX     (R11)(DX*2), R13
+	SHLL        $0x10, R13
+	VMOVD       R13, X6
+	VFMADD231SS X6, X0, X1
+	MOVWLZX     (R12)(DX*2), R13
+	SHLL        $0x10, R13
+	VMOVD       R13, X6
+	VFMADD231SS X6, X0, X2
+	INCQ        DX
+	JMP         wscalar
+
+wstore:
+	MOVQ   8(SP), AX
+	VMOVSS X8, (AX)
+	VMOVSS X9, 4(AX)
+	VMOVSS X3, 8(AX)
+	VMOVSS X10, 12(AX)
+	VMOVSS X4, 16(AX)
+	VMOVSS X5, 20(AX)
+	VMOVSS X1, 24(AX)
+	VMOVSS X2, 28(AX)
+	ADDQ   $0x00000020, 8(SP)
+	SUBQ   $0x00000008, 16(SP)
+	JMP    wide
 
 group:
+	MOVQ   k+32(FP), AX
+	MOVQ   AX, CX
+	ANDQ   $-8, CX
+	MOVQ   x+0(FP), DX
+	MOVQ   (SP), BX
+	MOVQ   8(SP), SI
+	MOVQ   16(SP), DI
 	CMPQ   DI, $0x00000004
 	JL     single
 	MOVQ   ldw+24(FP), R8
@@ -28285,7 +28476,6 @@ gstore:
 	VMOVSS X2, 12(R8)
 	ADDQ   $0x00000010, SI
 	SUBQ   $0x00000004, DI
-	JMP    group
 
 single:
 	TESTQ  DI, DI
@@ -29022,16 +29212,178 @@ done:
 
 // func gemmAVX2F16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 // Requires: AVX, F16C, FMA3
-TEXT ·gemmAVX2F16R1(SB), NOSPLIT, $0-72
-	MOVQ k+32(FP), AX
-	MOVQ AX, CX
-	ANDQ $-8, CX
-	MOVQ x+0(FP), DX
-	MOVQ w+16(FP), BX
-	MOVQ out+48(FP), SI
-	MOVQ n+40(FP), DI
+TEXT ·gemmAVX2F16R1(SB), NOSPLIT, $24-72
+	MOVQ w+16(FP), AX
+	MOVQ AX, (SP)
+	MOVQ out+48(FP), AX
+	MOVQ AX, 8(SP)
+	MOVQ n+40(FP), AX
+	MOVQ AX, 16(SP)
+
+wide:
+	CMPQ   16(SP), $0x00000008
+	JL     group
+	MOVQ   x+0(FP), AX
+	MOVQ   k+32(FP), CX
+	ANDQ   $-8, CX
+	MOVQ   ldw+24(FP), DX
+	SHLQ   $0x01, DX
+	MOVQ   (SP), BX
+	LEAQ   (BX)(DX*1), SI
+	LEAQ   (SI)(DX*1), DI
+	LEAQ   (DI)(DX*1), R8
+	LEAQ   (R8)(DX*1), R9
+	LEAQ   (R9)(DX*1), R10
+	LEAQ   (R10)(DX*1), R11
+	LEAQ   (R11)(DX*1), R12
+	LEAQ   (R12)(DX*1), DX
+	MOVQ   DX, (SP)
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   DX, DX
+	TESTQ  CX, CX
+	JE     wtail
+
+wloop:
+	VMOVUPS     (AX)(DX*4), Y8
+	VCVTPH2PS   (BX)(DX*2), Y9
+	VFMADD231PS Y9, Y8, Y0
+	VCVTPH2PS   (SI)(DX*2), Y9
+	VFMADD231PS Y9, Y8, Y1
+	VCVTPH2PS   (DI)(DX*2), Y9
+	VFMADD231PS Y9, Y8, Y2
+	VCVTPH2PS   (R8)(DX*2), Y9
+	VFMADD231PS Y9, Y8, Y3
+	VCVTPH2PS   (R9)(DX*2), Y9
+	VFMADD231PS Y9, Y8, Y4
+	VCVTPH2PS   (R10)(DX*2), Y9
+	VFMADD231PS Y9, Y8, Y5
+	VCVTPH2PS   (R11)(DX*2), Y9
+	VFMADD231PS Y9, Y8, Y6
+	VCVTPH2PS   (R12)(DX*2), Y9
+	VFMADD231PS Y9, Y8, Y7
+	ADDQ        $0x00000008, DX
+	CMPQ        DX, CX
+	JL          wloop
+
+wtail:
+	VEXTRACTF128 $0x01, Y0, X8
+	VADDPS       X8, X0, X8
+	VMOVHLPS     X8, X8, X0
+	VADDPS       X0, X8, X0
+	VMOVSHDUP    X0, X8
+	VADDSS       X8, X0, X8
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VMOVHLPS     X0, X0, X1
+	VADDPS       X1, X0, X1
+	VMOVSHDUP    X1, X0
+	VADDSS       X0, X1, X0
+	VEXTRACTF128 $0x01, Y2, X1
+	VADDPS       X1, X2, X1
+	VMOVHLPS     X1, X1, X2
+	VADDPS       X2, X1, X2
+	VMOVSHDUP    X2, X1
+	VADDSS       X1, X2, X1
+	VEXTRACTF128 $0x01, Y3, X2
+	VADDPS       X2, X3, X2
+	VMOVHLPS     X2, X2, X3
+	VADDPS       X3, X2, X3
+	VMOVSHDUP    X3, X2
+	VADDSS       X2, X3, X2
+	VEXTRACTF128 $0x01, Y4, X3
+	VADDPS       X3, X4, X3
+	VMOVHLPS     X3, X3, X4
+	VADDPS       X4, X3, X4
+	VMOVSHDUP    X4, X3
+	VADDSS       X3, X4, X3
+	VEXTRACTF128 $0x01, Y5, X4
+	VADDPS       X4, X5, X4
+	VMOVHLPS     X4, X4, X5
+	VADDPS       X5, X4, X5
+	VMOVSHDUP    X5, X4
+	VADDSS       X4, X5, X4
+	VEXTRACTF128 $0x01, Y6, X5
+	VADDPS       X5, X6, X5
+	VMOVHLPS     X5, X5, X6
+	VADDPS       X6, X5, X6
+	VMOVSHDUP    X6, X5
+	VADDSS       X5, X6, X5
+	VEXTRACTF128 $0x01, Y7, X6
+	VADDPS       X6, X7, X6
+	VMOVHLPS     X6, X6, X7
+	VADDPS       X7, X6, X7
+	VMOVSHDUP    X7, X6
+	VADDSS       X6, X7, X6
+	MOVQ         k+32(FP), CX
+
+wscalar:
+	CMPQ        DX, CX
+	JE          wstore
+	VMOVSS      (AX)(DX*4), X7
+	MOVWLZX     (BX)(DX*2), R13
+	VMOVD       R13, X9
+	VCVTPH2PS   X9, X9
+	VFMADD231SS X9, X7, X8
+	MOVWLZX     (SI)(DX*2), R13
+	VMOVD       R13, X9
+	VCVTPH2PS   X9, X9
+	VFMADD231SS X9, X7, X0
+	MOVWLZX     (DI)(DX*2), R13
+	VMOVD       R13, X9
+	VCVTPH2PS   X9, X9
+	VFMADD231SS X9, X7, X1
+	MOVWLZX     (R8)(DX*2), R13
+	VMOVD       R13, X9
+	VCVTPH2PS   X9, X9
+	VFMADD231SS X9, X7, X2
+	MOVWLZX     (R9)(DX*2), R13
+	VMOVD       R13, X9
+	VCVTPH2PS   X9, X9
+	VFMADD231SS X9, X7, X3
+	MOVWLZX     (R10)(DX*2), R13
+	VMOVD       R13, X9
+	VCVTPH2PS   X9, X9
+	VFMADD231SS X9, X7, X4
+	MOVWLZX     (R11)(DX*2), R13
+	VMOVD       R13, X9
+	VCVTPH2PS   X9, X9
+	VFMADD231SS X9, X7, X5
+	MOVWLZX     (R12)(DX*2), R13
+	VMOVD       R13, X9
+	VCVTPH2PS   X9, X9
+	VFMADD231SS X9, X7, X6
+	INCQ        DX
+	JMP         wscalar
+
+wstore:
+	MOVQ   8(SP), AX
+	VMOVSS X8, (AX)
+	VMOVSS X0, 4(AX)
+	VMOVSS X1, 8(AX)
+	VMOVSS X2, 12(AX)
+	VMOVSS X3, 16(AX)
+	VMOVSS X4, 20(AX)
+	VMOVSS X5, 24(AX)
+	VMOVSS X6, 28(AX)
+	ADDQ   $0x00000020, 8(SP)
+	SUBQ   $0x00000008, 16(SP)
+	JMP    wide
 
 group:
+	MOVQ   k+32(FP), AX
+	MOVQ   AX, CX
+	ANDQ   $-8, CX
+	MOVQ   x+0(FP), DX
+	MOVQ   (SP), BX
+	MOVQ   8(SP), SI
+	MOVQ   16(SP), DI
 	CMPQ   DI, $0x00000004
 	JL     single
 	MOVQ   ldw+24(FP), R8
@@ -29120,7 +29472,6 @@ gstore:
 	VMOVSS X2, 12(R8)
 	ADDQ   $0x00000010, SI
 	SUBQ   $0x00000004, DI
-	JMP    group
 
 single:
 	TESTQ  DI, DI

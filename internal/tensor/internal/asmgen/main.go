@@ -71,6 +71,10 @@ func main() {
 					gemmWideR1(s, dt)
 					continue
 				}
+				if r == 1 && s.lanes == 8 && dt != dtF32 {
+					gemvAVX2(dt)
+					continue
+				}
 				gemm(s, dt, r)
 			}
 		}

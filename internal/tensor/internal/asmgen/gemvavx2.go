@@ -1,0 +1,200 @@
+package main
+
+import (
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// gemvRowsAVX2 is the number of weight rows the AVX2 single-row (M = 1)
+// bf16 and f16 kernels read side by side. With four, as gemm does, each
+// row's accumulator takes one FMA per 8 elements, a chain of the FMA
+// latency (5 cycles on a Zen 2) per 64 bytes of weights: that, not the
+// memory, bounded bf16 decode in cache at ~35 GB/s. Eight rows give
+// eight independent chains and eight streams, which one Zen 2 core reads
+// faster than four (tensor.ReadScan).
+const gemvRowsAVX2 = 8
+
+// gemvAVX2 emits gemmAVX2<dt>R1, the AVX2 kernel for one row of x (M = 1,
+// single-stream decode) over n rows of bf16 or f16 weights. It has gemm's
+// signature and each output's reduction order: one 8-lane chain per
+// weight row marching over K in steps of 8 (lane l takes elements
+// 8s + l, in order of s), the tree (l+l⁴)(l+l²)(l+l¹), then the K%8 tail
+// with scalar FMAs in order, so its results are gemm's bit for bit. It
+// differs in how many rows it reads at once: gemvRowsAVX2 per pass, then
+// 4 (gemm's pass), then one at a time.
+//
+// For bf16 the eight rows are taken as four pairs: 8 elements of row a in
+// the low half of a register and 8 of row b in the high half, so each
+// 32-bit word holds two neighbouring elements; a shift left by 16 widens
+// the even ones to f32 and a mask of the high 16 bits the odd ones, with
+// no shuffle. Lane l of a row's chain then lives in one lane of the pair's
+// even or odd accumulator (l/2, or 4 + l/2 for row b), and takes the same
+// FMAs in the same order as in gemm; x is split the same way (its even and
+// odd elements of each step, in both halves). After the loop, unpacking
+// and a 128-bit permute rebuild each row's 8-lane accumulator exactly.
+func gemvAVX2(dt dtype) {
+	s := avx2
+	name := fmt.Sprintf("gemm%s%sR1", s.name, dt.name)
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(x *float32, ldx int, w %s, ldw int, k int, n int, out *float32, ldo int, pf uintptr)", dt.goType))
+	Doc(fmt.Sprintf("%s computes 1 rows of x times n rows of %s weights (see asmgen).", name, dt.name))
+
+	// The row cursor, the output cursor and the rows left live on the stack
+	// during the wide passes, whose loop needs the registers.
+	wcurM, ocurM, nremM := AllocLocal(8), AllocLocal(8), AllocLocal(8)
+	MOVQ(Load(Param("w"), GP64()), wcurM)
+	MOVQ(Load(Param("out"), GP64()), ocurM)
+	MOVQ(Load(Param("n"), GP64()), nremM)
+	pfcur = nil
+
+	Label("wide")
+	CMPQ(nremM, U32(gemvRowsAVX2))
+	JL(LabelRef("group"))
+	gemvWidePass(dt, wcurM, ocurM)
+	SUBQ(U32(gemvRowsAVX2), nremM)
+	JMP(LabelRef("wide"))
+
+	Label("group")
+	k := Load(Param("k"), GP64())
+	kv := GP64()
+	MOVQ(k, kv)
+	ANDQ(I32(-s.lanes), kv)
+	xr := []GPVirtual{Load(Param("x"), GP64()).(GPVirtual)}
+	wcur, ocur, nrem := GP64(), GP64(), GP64()
+	MOVQ(wcurM, wcur)
+	MOVQ(ocurM, ocur)
+	MOVQ(nremM, nrem)
+	CMPQ(nrem, U32(4))
+	JL(LabelRef("single"))
+	gemmPass(s, dt, 1, 4, xr, wcur, ocur, k, kv, nil, "g")
+	SUBQ(U32(4), nrem)
+
+	Label("single")
+	TESTQ(nrem, nrem)
+	JE(LabelRef("done"))
+	gemmPass(s, dt, 1, 1, xr, wcur, ocur, k, kv, nil, "s")
+	DECQ(nrem)
+	JMP(LabelRef("single"))
+
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
+// gemvWidePass emits one pass of gemvAVX2 over gemvRowsAVX2 weight rows
+// and the whole K, and advances wcur by those rows and ocur by their
+// outputs (both kept on the stack, at wcurM and ocurM).
+func gemvWidePass(dt dtype, wcurM, ocurM Mem) {
+	const cols = gemvRowsAVX2
+	x := Load(Param("x"), GP64()).(GPVirtual)
+	kv := Load(Param("k"), GP64())
+	ANDQ(I32(-8), kv)
+	ldw := Load(Param("ldw"), GP64())
+	SHLQ(U8(dt.shift), ldw)
+	wr := make([]GPVirtual, cols)
+	for c := range wr {
+		wr[c] = GP64()
+		if c == 0 {
+			MOVQ(wcurM, wr[c])
+		} else {
+			LEAQ(Mem{Base: wr[c-1], Index: ldw, Scale: 1}, wr[c])
+		}
+	}
+	next := GP64()
+	LEAQ(Mem{Base: wr[cols-1], Index: ldw, Scale: 1}, next)
+	MOVQ(next, wcurM)
+
+	acc := make([]VecVirtual, cols)
+	for c := range acc {
+		acc[c] = YMM()
+		VXORPS(acc[c], acc[c], acc[c])
+	}
+	var hiMask VecVirtual
+	if dt == dtBF16 {
+		// 0xffff0000 in every 32-bit lane: the odd bf16 element of a word.
+		hiMask = YMM()
+		VPCMPEQD(hiMask, hiMask, hiMask)
+		VPSLLD(U8(16), hiMask, hiMask)
+	}
+
+	idx = GP64()
+	XORQ(idx, idx)
+	TESTQ(kv, kv)
+	JE(LabelRef("wtail"))
+	Label("wloop")
+	wm := func(c int) Mem { return Mem{Base: wr[c], Index: idx, Scale: 1 << dt.shift} }
+	xm := Mem{Base: x, Index: idx, Scale: 4}
+	if dt == dtBF16 {
+		// acc[2p] is the even accumulator of pair p (rows 2p, 2p+1), acc[2p+1]
+		// the odd one.
+		xlo, xhi := YMM(), YMM()
+		VBROADCASTF128(xm, xlo)
+		VBROADCASTF128(xm.Offset(16), xhi)
+		xe, xo := YMM(), YMM()
+		VSHUFPS(U8(0x88), xhi, xlo, xe) // x0 x2 x4 x6 | x0 x2 x4 x6
+		VSHUFPS(U8(0xdd), xhi, xlo, xo) // x1 x3 x5 x7 | x1 x3 x5 x7
+		for p := range cols / 2 {
+			v := YMM()
+			VMOVDQU(wm(2*p), v.AsX())
+			VINSERTI128(U8(1), wm(2*p+1), v, v)
+			e := YMM()
+			VPSLLD(U8(16), v, e)
+			VPAND(hiMask, v, v)
+			VFMADD231PS(xe, e, acc[2*p])
+			VFMADD231PS(xo, v, acc[2*p+1])
+		}
+	} else {
+		xv := YMM()
+		VMOVUPS(xm, xv)
+		for c := range cols {
+			wv := YMM()
+			loadW(avx2, dt, wm(c), wv, nil)
+			VFMADD231PS(wv, xv, acc[c])
+		}
+	}
+	ADDQ(U32(8), idx)
+	CMPQ(idx, kv)
+	JL(LabelRef("wloop"))
+	Label("wtail")
+
+	sums := make([]VecVirtual, cols)
+	if dt == dtBF16 {
+		for p := range cols / 2 {
+			e, o := acc[2*p], acc[2*p+1]
+			lo, hi := YMM(), YMM()
+			VUNPCKLPS(o, e, lo) // a l0 l1 l2 l3 | b l0 l1 l2 l3
+			VUNPCKHPS(o, e, hi) // a l4 l5 l6 l7 | b l4 l5 l6 l7
+			ra, rb := YMM(), YMM()
+			VPERM2F128(U8(0x20), hi, lo, ra)
+			VPERM2F128(U8(0x31), hi, lo, rb)
+			sums[2*p] = reduce(avx2, ra)
+			sums[2*p+1] = reduce(avx2, rb)
+		}
+	} else {
+		for c := range cols {
+			sums[c] = reduce(avx2, acc[c])
+		}
+	}
+	k := Load(Param("k"), GP64())
+	Label("wscalar")
+	CMPQ(idx, k)
+	JE(LabelRef("wstore"))
+	xv := XMM()
+	VMOVSS(Mem{Base: x, Index: idx, Scale: 4}, xv)
+	for c := range cols {
+		wv := XMM()
+		loadScalarW(dt, Mem{Base: wr[c], Index: idx, Scale: 1 << dt.shift}, wv)
+		VFMADD231SS(wv, xv, sums[c])
+	}
+	INCQ(idx)
+	JMP(LabelRef("wscalar"))
+	Label("wstore")
+	ocur := GP64()
+	MOVQ(ocurM, ocur)
+	for c := range cols {
+		VMOVSS(sums[c], Mem{Base: ocur, Disp: 4 * c})
+	}
+	ADDQ(U32(4*cols), ocurM)
+}
