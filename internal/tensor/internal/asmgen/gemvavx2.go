@@ -9,12 +9,12 @@ import (
 )
 
 // gemvRowsAVX2 is the number of weight rows the AVX2 single-row (M = 1)
-// bf16 and f16 kernels read side by side. With four, as gemm does, each
-// row's accumulator takes one FMA per 8 elements, a chain of the FMA
-// latency (5 cycles on a Zen 2) per 64 bytes of weights: that, not the
-// memory, bounded bf16 decode in cache at ~35 GB/s. Eight rows give
-// eight independent chains and eight streams, which one Zen 2 core reads
-// faster than four (tensor.ReadScan).
+// bf16 and f16 kernels read side by side: gemm reads 4. On the Zen 2 they
+// were tuned on (EPYC, family 23 model 49) one core reads several streams
+// faster than one (tensor.ReadScan), and gemm's bf16 widening (VPMOVZXWD
+// and VPSLLD per 8 elements) bounded it at ~35 GB/s in L2 whether it read
+// 4 rows or 8; with 8 rows in the pairs below it does 37–42 and cold
+// decode gained 15–25% (docs/performance.md).
 const gemvRowsAVX2 = 8
 
 // gemvAVX2 emits gemmAVX2<dt>R1, the AVX2 kernel for one row of x (M = 1,
@@ -26,15 +26,16 @@ const gemvRowsAVX2 = 8
 // differs in how many rows it reads at once: gemvRowsAVX2 per pass, then
 // 4 (gemm's pass), then one at a time.
 //
-// For bf16 the eight rows are taken as four pairs: 8 elements of row a in
-// the low half of a register and 8 of row b in the high half, so each
-// 32-bit word holds two neighbouring elements; a shift left by 16 widens
-// the even ones to f32 and a mask of the high 16 bits the odd ones, with
-// no shuffle. Lane l of a row's chain then lives in one lane of the pair's
-// even or odd accumulator (l/2, or 4 + l/2 for row b), and takes the same
-// FMAs in the same order as in gemm; x is split the same way (its even and
-// odd elements of each step, in both halves). After the loop, unpacking
-// and a 128-bit permute rebuild each row's 8-lane accumulator exactly.
+// For bf16 the eight rows are taken as four pairs: 8 elements (one step)
+// of row a in the low half of a register and the same 8 of row b in the
+// high half. Interleaving the 16-bit words with zeros (VPUNPCKLWD and
+// VPUNPCKHWD, which work within each half) widens them to f32 as
+// [a₀…a₃ | b₀…b₃] and [a₄…a₇ | b₄…b₇]: two unpacks per 16 elements where
+// VPMOVZXWD and VPSLLD took four operations, and each lane of a row's
+// chain stays in one lane of one of the pair's two accumulators, taking
+// the same FMAs in the same order as in gemm (x is broadcast as
+// [x₀…x₃ | x₀…x₃] and [x₄…x₇ | x₄…x₇]). After the loop a 128-bit permute
+// of the two accumulators rebuilds each row's 8-lane one exactly.
 func gemvAVX2(dt dtype) {
 	s := avx2
 	name := fmt.Sprintf("gemm%s%sR1", s.name, dt.name)
@@ -111,12 +112,10 @@ func gemvWidePass(dt dtype, wcurM, ocurM Mem) {
 		acc[c] = YMM()
 		VXORPS(acc[c], acc[c], acc[c])
 	}
-	var hiMask VecVirtual
+	var zero VecVirtual
 	if dt == dtBF16 {
-		// 0xffff0000 in every 32-bit lane: the odd bf16 element of a word.
-		hiMask = YMM()
-		VPCMPEQD(hiMask, hiMask, hiMask)
-		VPSLLD(U8(16), hiMask, hiMask)
+		zero = YMM()
+		VPXOR(zero, zero, zero)
 	}
 
 	idx = GP64()
@@ -127,23 +126,20 @@ func gemvWidePass(dt dtype, wcurM, ocurM Mem) {
 	wm := func(c int) Mem { return Mem{Base: wr[c], Index: idx, Scale: 1 << dt.shift} }
 	xm := Mem{Base: x, Index: idx, Scale: 4}
 	if dt == dtBF16 {
-		// acc[2p] is the even accumulator of pair p (rows 2p, 2p+1), acc[2p+1]
-		// the odd one.
+		// acc[2p] holds lanes 0–3 of rows 2p (low half) and 2p+1 (high
+		// half), acc[2p+1] their lanes 4–7.
 		xlo, xhi := YMM(), YMM()
 		VBROADCASTF128(xm, xlo)
 		VBROADCASTF128(xm.Offset(16), xhi)
-		xe, xo := YMM(), YMM()
-		VSHUFPS(U8(0x88), xhi, xlo, xe) // x0 x2 x4 x6 | x0 x2 x4 x6
-		VSHUFPS(U8(0xdd), xhi, xlo, xo) // x1 x3 x5 x7 | x1 x3 x5 x7
 		for p := range cols / 2 {
 			v := YMM()
 			VMOVDQU(wm(2*p), v.AsX())
 			VINSERTI128(U8(1), wm(2*p+1), v, v)
 			e := YMM()
-			VPSLLD(U8(16), v, e)
-			VPAND(hiMask, v, v)
-			VFMADD231PS(xe, e, acc[2*p])
-			VFMADD231PS(xo, v, acc[2*p+1])
+			VPUNPCKLWD(v, zero, e) // a₀…a₃ | b₀…b₃ (each word << 16)
+			VPUNPCKHWD(v, zero, v) // a₄…a₇ | b₄…b₇
+			VFMADD231PS(xlo, e, acc[2*p])
+			VFMADD231PS(xhi, v, acc[2*p+1])
 		}
 	} else {
 		xv := YMM()
@@ -162,10 +158,7 @@ func gemvWidePass(dt dtype, wcurM, ocurM Mem) {
 	sums := make([]VecVirtual, cols)
 	if dt == dtBF16 {
 		for p := range cols / 2 {
-			e, o := acc[2*p], acc[2*p+1]
-			lo, hi := YMM(), YMM()
-			VUNPCKLPS(o, e, lo) // a l0 l1 l2 l3 | b l0 l1 l2 l3
-			VUNPCKHPS(o, e, hi) // a l4 l5 l6 l7 | b l4 l5 l6 l7
+			lo, hi := acc[2*p], acc[2*p+1] // a₀…a₃ | b₀…b₃, a₄…a₇ | b₄…b₇
 			ra, rb := YMM(), YMM()
 			VPERM2F128(U8(0x20), hi, lo, ra)
 			VPERM2F128(U8(0x31), hi, lo, rb)
