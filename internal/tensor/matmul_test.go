@@ -245,9 +245,9 @@ func TestMatMulColumnsDoNotDependOnTheirWeightRowGroup(t *testing.T) {
 }
 
 func TestMatMulSingleRowDoesNotDependOnItsWeightRowGroup(t *testing.T) {
-	// The M = 1 kernels read 8 weight rows side by side (AVX2 bf16 and
-	// f16), then 4, then one at a time, with other register layouts than
-	// the multi-row kernels: every column of a single-row product must
+	// The M = 1 kernels read several weight rows side by side (AVX2 bf16:
+	// 8, then 4, then one at a time), with other register layouts than the
+	// multi-row kernels: every column of a single-row product must
 	// equal the product by its weight row alone, for every count of rows
 	// (each split into the passes) and K with and without a tail.
 	forEachISA(t, func(t *testing.T) {

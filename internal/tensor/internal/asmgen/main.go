@@ -71,8 +71,8 @@ func main() {
 					gemmWideR1(s, dt)
 					continue
 				}
-				if r == 1 && s.lanes == 8 && dt != dtF32 {
-					gemvAVX2(dt)
+				if r == 1 && s.lanes == 8 && dt == dtBF16 {
+					gemvAVX2BF16()
 					continue
 				}
 				gemm(s, dt, r)
