@@ -243,3 +243,48 @@ func TestMatMulColumnsDoNotDependOnTheirWeightRowGroup(t *testing.T) {
 		}
 	})
 }
+
+func TestMatMulSingleRowDoesNotDependOnItsWeightRowGroup(t *testing.T) {
+	// The M = 1 kernels read several weight rows side by side (AVX2 bf16:
+	// 8, then 4, then one at a time), with other register layouts than the
+	// multi-row kernels: every column of a single-row product must
+	// equal the product by its weight row alone, for every count of rows
+	// (each split into the passes) and K with and without a tail.
+	forEachISA(t, func(t *testing.T) {
+		pool := NewPool(1)
+		defer pool.Close()
+		for _, dt := range dtypes {
+			for _, k := range []int{8, 15, 64, 203} {
+				rng := rand.New(rand.NewPCG(uint64(k), 29))
+				const maxN = 27
+				w, _ := randMat(rng, dt, maxN, k)
+				x := randVec(rng, k)
+				alone := make([]float32, maxN)
+				for j := range maxN {
+					row := &Mat{DType: dt, Rows: 1, Cols: k}
+					if dt == F32 {
+						row.F32 = w.F32[j*k : (j+1)*k]
+					} else {
+						row.U16 = w.U16[j*k : (j+1)*k]
+					}
+					pool.MatMul(alone[j:j+1], x, 1, row)
+				}
+				for n := 1; n <= maxN; n++ {
+					sub := &Mat{DType: dt, Rows: n, Cols: k}
+					if dt == F32 {
+						sub.F32 = w.F32[:n*k]
+					} else {
+						sub.U16 = w.U16[:n*k]
+					}
+					out := make([]float32, n)
+					pool.MatMul(out, x, 1, sub)
+					for j := range n {
+						if math.Float32bits(out[j]) != math.Float32bits(alone[j]) {
+							t.Fatalf("%s k=%d n=%d: out[%d] = %g, %g with its row alone", dt, k, n, j, out[j], alone[j])
+						}
+					}
+				}
+			}
+		}
+	})
+}

@@ -71,6 +71,10 @@ func main() {
 					gemmWideR1(s, dt)
 					continue
 				}
+				if r == 1 && s.lanes == 8 && dt == dtBF16 {
+					gemvAVX2BF16()
+					continue
+				}
 				gemm(s, dt, r)
 			}
 		}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// gemvRowsAVX2 is the number of weight rows the AVX2 single-row (M = 1)
+// bf16 kernel reads side by side: gemm reads 4. On the Zen 2 it was
+// were tuned on (EPYC, family 23 model 49) one core reads several streams
+// faster than one (tensor.ReadScan), and gemm's bf16 widening (VPMOVZXWD
+// and VPSLLD per 8 elements) bounded it at ~35 GB/s in L2 whether it read
+// 4 rows or 8; with 8 rows in the pairs below it does 37–42 and cold
+// decode gained 15–25% (docs/performance.md). f16 keeps gemm's kernel:
+// with 8 rows (VCVTPH2PS per row) it fell from ~37 to ~31 GB/s in L2.
+const gemvRowsAVX2 = 8
+
+// gemvAVX2BF16 emits gemmAVX2BF16R1, the AVX2 kernel for one row of x (M = 1,
+// single-stream decode) over n rows of bf16 weights. It has gemm's
+// signature and each output's reduction order: one 8-lane chain per
+// weight row marching over K in steps of 8 (lane l takes elements
+// 8s + l, in order of s), the tree (l+l⁴)(l+l²)(l+l¹), then the K%8 tail
+// with scalar FMAs in order, so its results are gemm's bit for bit. It
+// differs in how many rows it reads at once: gemvRowsAVX2 per pass, then
+// 4 (gemm's pass), then one at a time.
+//
+// For bf16 the eight rows are taken as four pairs: 8 elements (one step)
+// of row a in the low half of a register and the same 8 of row b in the
+// high half. Interleaving the 16-bit words with zeros (VPUNPCKLWD and
+// VPUNPCKHWD, which work within each half) widens them to f32 as
+// [a₀…a₃ | b₀…b₃] and [a₄…a₇ | b₄…b₇]: two unpacks per 16 elements where
+// VPMOVZXWD and VPSLLD took four operations, and each lane of a row's
+// chain stays in one lane of one of the pair's two accumulators, taking
+// the same FMAs in the same order as in gemm (x is broadcast as
+// [x₀…x₃ | x₀…x₃] and [x₄…x₇ | x₄…x₇]). After the loop a 128-bit permute
+// of the two accumulators rebuilds each row's 8-lane one exactly.
+func gemvAVX2BF16() {
+	s, dt := avx2, dtBF16
+	name := fmt.Sprintf("gemm%s%sR1", s.name, dt.name)
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(x *float32, ldx int, w %s, ldw int, k int, n int, out *float32, ldo int, pf uintptr)", dt.goType))
+	Doc(fmt.Sprintf("%s computes 1 rows of x times n rows of %s weights (see asmgen).", name, dt.name))
+
+	// The row cursor, the output cursor and the rows left live on the stack
+	// during the wide passes, whose loop needs the registers.
+	wcurM, ocurM, nremM := AllocLocal(8), AllocLocal(8), AllocLocal(8)
+	MOVQ(Load(Param("w"), GP64()), wcurM)
+	MOVQ(Load(Param("out"), GP64()), ocurM)
+	MOVQ(Load(Param("n"), GP64()), nremM)
+	pfcur = nil
+
+	Label("wide")
+	CMPQ(nremM, U32(gemvRowsAVX2))
+	JL(LabelRef("group"))
+	gemvWidePass(wcurM, ocurM)
+	SUBQ(U32(gemvRowsAVX2), nremM)
+	JMP(LabelRef("wide"))
+
+	Label("group")
+	k := Load(Param("k"), GP64())
+	kv := GP64()
+	MOVQ(k, kv)
+	ANDQ(I32(-s.lanes), kv)
+	xr := []GPVirtual{Load(Param("x"), GP64()).(GPVirtual)}
+	wcur, ocur, nrem := GP64(), GP64(), GP64()
+	MOVQ(wcurM, wcur)
+	MOVQ(ocurM, ocur)
+	MOVQ(nremM, nrem)
+	CMPQ(nrem, U32(4))
+	JL(LabelRef("single"))
+	gemmPass(s, dt, 1, 4, xr, wcur, ocur, k, kv, nil, "g")
+	SUBQ(U32(4), nrem)
+
+	Label("single")
+	TESTQ(nrem, nrem)
+	JE(LabelRef("done"))
+	gemmPass(s, dt, 1, 1, xr, wcur, ocur, k, kv, nil, "s")
+	DECQ(nrem)
+	JMP(LabelRef("single"))
+
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
+// gemvWidePass emits one pass of gemvAVX2BF16 over gemvRowsAVX2 weight rows
+// and the whole K, and advances wcur by those rows and ocur by their
+// outputs (both kept on the stack, at wcurM and ocurM).
+func gemvWidePass(wcurM, ocurM Mem) {
+	const cols = gemvRowsAVX2
+	dt := dtBF16
+	x := Load(Param("x"), GP64()).(GPVirtual)
+	kv := Load(Param("k"), GP64())
+	ANDQ(I32(-8), kv)
+	ldw := Load(Param("ldw"), GP64())
+	SHLQ(U8(dt.shift), ldw)
+	wr := make([]GPVirtual, cols)
+	for c := range wr {
+		wr[c] = GP64()
+		if c == 0 {
+			MOVQ(wcurM, wr[c])
+		} else {
+			LEAQ(Mem{Base: wr[c-1], Index: ldw, Scale: 1}, wr[c])
+		}
+	}
+	next := GP64()
+	LEAQ(Mem{Base: wr[cols-1], Index: ldw, Scale: 1}, next)
+	MOVQ(next, wcurM)
+
+	acc := make([]VecVirtual, cols)
+	for c := range acc {
+		acc[c] = YMM()
+		VXORPS(acc[c], acc[c], acc[c])
+	}
+	zero := YMM()
+	VPXOR(zero, zero, zero)
+
+	idx = GP64()
+	XORQ(idx, idx)
+	TESTQ(kv, kv)
+	JE(LabelRef("wtail"))
+	Label("wloop")
+	wm := func(c int) Mem { return Mem{Base: wr[c], Index: idx, Scale: 1 << dt.shift} }
+	xm := Mem{Base: x, Index: idx, Scale: 4}
+	// acc[2p] holds lanes 0–3 of rows 2p (low half) and 2p+1 (high
+	// half), acc[2p+1] their lanes 4–7.
+	xlo, xhi := YMM(), YMM()
+	VBROADCASTF128(xm, xlo)
+	VBROADCASTF128(xm.Offset(16), xhi)
+	for p := range cols / 2 {
+		v := YMM()
+		VMOVDQU(wm(2*p), v.AsX())
+		VINSERTI128(U8(1), wm(2*p+1), v, v)
+		e := YMM()
+		VPUNPCKLWD(v, zero, e) // a₀…a₃ | b₀…b₃ (each word << 16)
+		VPUNPCKHWD(v, zero, v) // a₄…a₇ | b₄…b₇
+		VFMADD231PS(xlo, e, acc[2*p])
+		VFMADD231PS(xhi, v, acc[2*p+1])
+	}
+	ADDQ(U32(8), idx)
+	CMPQ(idx, kv)
+	JL(LabelRef("wloop"))
+	Label("wtail")
+
+	sums := make([]VecVirtual, cols)
+	for p := range cols / 2 {
+		lo, hi := acc[2*p], acc[2*p+1] // a₀…a₃ | b₀…b₃, a₄…a₇ | b₄…b₇
+		ra, rb := YMM(), YMM()
+		VPERM2F128(U8(0x20), hi, lo, ra)
+		VPERM2F128(U8(0x31), hi, lo, rb)
+		sums[2*p] = reduce(avx2, ra)
+		sums[2*p+1] = reduce(avx2, rb)
+	}
+	k := Load(Param("k"), GP64())
+	Label("wscalar")
+	CMPQ(idx, k)
+	JE(LabelRef("wstore"))
+	xv := XMM()
+	VMOVSS(Mem{Base: x, Index: idx, Scale: 4}, xv)
+	for c := range cols {
+		wv := XMM()
+		loadScalarW(dt, Mem{Base: wr[c], Index: idx, Scale: 1 << dt.shift}, wv)
+		VFMADD231SS(wv, xv, sums[c])
+	}
+	INCQ(idx)
+	JMP(LabelRef("wscalar"))
+	Label("wstore")
+	ocur := GP64()
+	MOVQ(ocurM, ocur)
+	for c := range cols {
+		VMOVSS(sums[c], Mem{Base: ocur, Disp: 4 * c})
+	}
+	ADDQ(U32(4*cols), ocurM)
+}
