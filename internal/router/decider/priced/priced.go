@@ -18,10 +18,14 @@
 // where s_D and s_P are the decode's and the prefill's measured prefill
 // seconds per token (one stands in for the other while it is unmeasured:
 // the same model), x_D the decode's measured KV transfer seconds per
-// pulled token (0 until measured), wait_D the decode's mean recent queue
-// time while requests wait there, and wait_P the prefill's queue: the
-// prompt tokens the router has in flight on it times s_P, or its mean
-// recent queue time while requests wait there, whichever is larger.
+// pulled token (0 until measured), wait_D the decode's queue: the uncached
+// prompt tokens of the local prefills the router has sent it and not yet
+// seen answered (Endpoint.LocalPrefillTokens) times s_D, or its mean recent
+// queue time while requests wait there, whichever is larger; and wait_P the
+// prefill's queue: the prompt tokens the router has in flight on it times
+// s_P, or its mean recent queue time while requests wait there, whichever
+// is larger. The router's own counts are current where a scrape is a
+// window late, and include the requests routed since.
 //
 // Each estimate is a point; the router acts on it a scrape window late and
 // every request it routes meanwhile joins the same queues, so a path counts
@@ -204,10 +208,14 @@ func Estimate(in router.DecideInput) (p Price, ok bool) {
 	if in.Req.BlockSize > 0 {
 		u = max(n-dec.PrefixBlocks*in.Req.BlockSize, 0)
 	}
-	waitD := 0.0
+	scrapedD := 0.0
 	if dec.Waiting > 0 {
-		waitD = dec.QueueSeconds
+		scrapedD = dec.QueueSeconds
 	}
+	// waitD is the decode's queue at prefill rate s: its measured queue
+	// time, or the local prefills the router has sent it and not yet seen
+	// answered, whichever is larger.
+	waitD := func(s float64) float64 { return max(scrapedD, float64(dec.LocalPrefillTokens)*s) }
 	p.Prefill = -1
 	for i, pre := range in.Prefill {
 		if !pre.Scraped {
@@ -219,14 +227,17 @@ func Estimate(in router.DecideInput) (p Price, ok bool) {
 			continue
 		case sP <= 0:
 			sP = sD
+		case sD <= 0:
+			sD = sP
 		}
 		waitP := float64(pre.InFlightTokens) * sP
 		if pre.Waiting > 0 {
 			waitP = max(waitP, pre.QueueSeconds)
 		}
-		remote := waitD + waitP + float64(n)*sP + float64(u)*dec.TransferSecondsPerToken
+		wD := waitD(sD)
+		remote := wD + waitP + float64(n)*sP + float64(u)*dec.TransferSecondsPerToken
 		if p.Prefill < 0 || remote < p.RemoteTTFT {
-			p.RemoteTTFT, p.RemoteQueue, p.Prefill = remote, waitD+waitP, i
+			p.RemoteTTFT, p.RemoteQueue, p.Prefill = remote, wD+waitP, i
 		}
 	}
 	if p.Prefill < 0 {
@@ -237,7 +248,8 @@ func Estimate(in router.DecideInput) (p Price, ok bool) {
 		sD = in.Prefill[p.Prefill].PrefillSecondsPerToken
 	}
 	p.LocalStall = float64(u) * sD
-	p.LocalTTFT, p.LocalQueue = waitD+p.LocalStall, waitD
+	wD := waitD(sD)
+	p.LocalTTFT, p.LocalQueue = wD+p.LocalStall, wD
 	p.Streams, p.Output = int(max(dec.InFlight-1, 0)), in.Req.MaxTokens
 	p.LocalCost = p.LocalTTFT + float64(p.Streams)*p.LocalStall
 	return p, true
