@@ -5,7 +5,7 @@
 // For a request whose prompt has n tokens, u of them not in the chosen
 // decode's prefix cache, it estimates in seconds:
 //
-//	local TTFT  = wait_D + u·s_D
+//	local TTFT  = wait_L + u·s_D
 //	remote TTFT = wait_D + wait_P + n·s_P + u·x_D   (the best prefill engine)
 //	local stall = u·s_D, which each of the decode's R running streams waits
 //	              for its next token while the prompt is prefilled beside it
@@ -18,10 +18,12 @@
 // where s_D and s_P are the decode's and the prefill's measured prefill
 // seconds per token (one stands in for the other while it is unmeasured:
 // the same model), x_D the decode's measured KV transfer seconds per
-// pulled token (0 until measured), wait_D the decode's queue: the uncached
-// prompt tokens of the local prefills the router has sent it and not yet
-// seen answered (Endpoint.LocalPrefillTokens) times s_D, or its mean recent
-// queue time while requests wait there, whichever is larger; and wait_P the
+// pulled token (0 until measured), wait_D the decode's mean recent queue
+// time while requests wait there, wait_L the local path's queue on the
+// decode: the uncached prompt tokens of the local prefills the router has
+// sent it and not yet seen answered (Endpoint.LocalPrefillTokens) times
+// s_D, or wait_D, whichever is larger (a remote request's KV is pulled, not
+// computed behind them); and wait_P the
 // prefill's queue: the prompt tokens the router has in flight on it times
 // s_P, or its mean recent queue time while requests wait there, whichever
 // is larger. The router's own counts are current where a scrape is a
@@ -212,9 +214,12 @@ func Estimate(in router.DecideInput) (p Price, ok bool) {
 	if dec.Waiting > 0 {
 		scrapedD = dec.QueueSeconds
 	}
-	// waitD is the decode's queue at prefill rate s: its measured queue
-	// time, or the local prefills the router has sent it and not yet seen
-	// answered, whichever is larger.
+	// waitD is the decode's queue for a local prefill at prefill rate s:
+	// its measured queue time, or the local prefills the router has sent it
+	// and not yet seen answered, whichever is larger. A remote request waits
+	// for the measured queue only: its KV is pulled, not computed behind
+	// them (counting them on both paths would price the remote path up with
+	// every local prefill, and send the next prompt local too).
 	waitD := func(s float64) float64 { return max(scrapedD, float64(dec.LocalPrefillTokens)*s) }
 	p.Prefill = -1
 	for i, pre := range in.Prefill {
@@ -227,17 +232,14 @@ func Estimate(in router.DecideInput) (p Price, ok bool) {
 			continue
 		case sP <= 0:
 			sP = sD
-		case sD <= 0:
-			sD = sP
 		}
 		waitP := float64(pre.InFlightTokens) * sP
 		if pre.Waiting > 0 {
 			waitP = max(waitP, pre.QueueSeconds)
 		}
-		wD := waitD(sD)
-		remote := wD + waitP + float64(n)*sP + float64(u)*dec.TransferSecondsPerToken
+		remote := scrapedD + waitP + float64(n)*sP + float64(u)*dec.TransferSecondsPerToken
 		if p.Prefill < 0 || remote < p.RemoteTTFT {
-			p.RemoteTTFT, p.RemoteQueue, p.Prefill = remote, wD+waitP, i
+			p.RemoteTTFT, p.RemoteQueue, p.Prefill = remote, scrapedD+waitP, i
 		}
 	}
 	if p.Prefill < 0 {
