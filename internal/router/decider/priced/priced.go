@@ -10,11 +10,6 @@
 //	local stall = u·s_D, which each of the decode's R running streams waits
 //	              for its next token while the prompt is prefilled beside it
 //
-// R is the requests the router has open on the decode besides this one
-// (Endpoint.InFlight less one: the proxy picks the decode, and counts the
-// request on it, before it decides): its own accounting, exact and current,
-// where the scraped vllm:num_requests_running lags by up to three scrape
-// intervals and would count a stream that has just ended.
 // where s_D and s_P are the decode's and the prefill's measured prefill
 // seconds per token (one stands in for the other while it is unmeasured:
 // the same model), x_D the decode's measured KV transfer seconds per
@@ -23,11 +18,17 @@
 // decode: the uncached prompt tokens of the local prefills the router has
 // sent it and not yet seen answered (Endpoint.LocalPrefillTokens) times
 // s_D, or wait_D, whichever is larger (a remote request's KV is pulled, not
-// computed behind them); and wait_P the
-// prefill's queue: the prompt tokens the router has in flight on it times
-// s_P, or its mean recent queue time while requests wait there, whichever
-// is larger. The router's own counts are current where a scrape is a
-// window late, and include the requests routed since.
+// computed behind them), and wait_P the prefill's queue: the prompt tokens
+// the router has in flight on it times s_P, or its mean recent queue time
+// while requests wait there, whichever is larger. The router's own counts
+// are current where a scrape is a window late, and include the requests
+// routed since.
+//
+// R is the requests the router has open on the decode besides this one
+// (Endpoint.InFlight less one: the proxy picks the decode, and counts the
+// request on it, before it decides): its own accounting, exact and current,
+// where the scraped vllm:num_requests_running lags by up to three scrape
+// intervals and would count a stream that has just ended.
 //
 // Each estimate is a point; the router acts on it a scrape window late and
 // every request it routes meanwhile joins the same queues, so a path counts
