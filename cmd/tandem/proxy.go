@@ -126,6 +126,7 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	fs.StringVar(&cfg.PDDecider, "pd-decider", proxy.DefaultPDDecider, "disaggregation decider: always (every prompt prefilled remotely), conditional (remote only when the uncached prompt is long; see --pd-threshold) or priced (remote or local by the engines' measured queues, prefill rates and KV transfer rate, against --pd-ttft-slo; see docs/usage/routing.md)")
 	fs.IntVar(&cfg.Router.Threshold, "pd-threshold", 256, "conditional decider: uncached prompt tokens on the chosen decode from which the prefill goes remote")
 	fs.DurationVar(&cfg.Router.TTFTObjective, "pd-ttft-slo", 0, "priced decider: the time to first token a request should meet; of remote and local prefill it takes the one estimated within it, the cheaper when both are (default 2s)")
+	fs.DurationVar(&cfg.Router.TPOTObjective, "pd-tpot-slo", 0, "priced decider: the time per output token the decodes' streams should meet; a local prefill that would stall them past it is not taken (default 100ms)")
 	fs.IntVar(&cfg.Router.MustRemote, "pd-must-remote", 0, "conditional decider: prompt tokens from which the prefill always goes remote (0: off)")
 	fs.Float64Var(&cfg.Router.DecodeKVPressure, "pd-decode-kv-pressure", 0, "conditional decider: decode KV usage (0..1) from which the prefill goes remote (0: off)")
 	fs.Int64Var(&cfg.Router.MaxInFlight, "max-in-flight", 0, "requests the proxy sends one engine at most; beyond, requests queue (--queue-timeout) then get 429 (0: no limit)")

@@ -42,6 +42,8 @@ func runUp(args []string) error {
 	fs.StringVar(&cfg.APIKey, "api-key", "", "require Authorization: Bearer <key> from clients of the proxy, and from the proxy at the engines (default: $"+openai.APIKeyEnv+")")
 	fs.StringVar(&cfg.Policy, "policy", proxy.DefaultPolicy, "the proxy's routing policy: "+strings.Join(proxy.Policies(), ", ")+" (see docs/usage/routing.md)")
 	fs.StringVar(&cfg.PDDecider, "pd-decider", proxy.DefaultPDDecider, "the proxy's disaggregation decider: always, conditional (remote prefill only for long uncached prompts) or priced (remote or local by the engines' measured costs; see tandem proxy --pd-decider)")
+	fs.DurationVar(&cfg.PDTTFTObjective, "pd-ttft-slo", 0, "priced decider: the time to first token a request should meet (tandem proxy --pd-ttft-slo; default 2s)")
+	fs.DurationVar(&cfg.PDTPOTObjective, "pd-tpot-slo", 0, "priced decider: the time per output token the decodes' streams should meet (tandem proxy --pd-tpot-slo; default 100ms)")
 	fs.BoolVar(&cfg.KVBidirectional, "kv-bidirectional", false, "multi-turn KV reuse: start every engine with --kv-bidirectional and the proxy in conversation mode (requests name a conversation with a conversation_id body field or an X-Conversation-Id header)")
 	fs.IntVar(&cfg.Restart.Limit, "restart-limit", launch.DefaultRestartLimit, "restarts of one engine allowed within --restart-window; the next exit stops everything (0: never restart, the first exit stops everything)")
 	fs.DurationVar(&cfg.Restart.Window, "restart-window", launch.DefaultRestartWindow, "the sliding window --restart-limit counts an engine's restarts in")

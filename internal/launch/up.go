@@ -56,6 +56,9 @@ type Config struct {
 	// disaggregation decider (proxy.Config); empty takes
 	// proxy.DefaultPolicy and proxy.DefaultPDDecider.
 	Policy, PDDecider string
+	// PDTTFTObjective and PDTPOTObjective are the priced decider's
+	// objectives (factory.Options); zero takes its defaults.
+	PDTTFTObjective, PDTPOTObjective time.Duration
 	// FirstByteTimeout and StallTimeout are the proxy's leg deadlines
 	// (proxy.Config); zero takes its defaults.
 	FirstByteTimeout, StallTimeout time.Duration
@@ -267,7 +270,7 @@ func Run(ctx context.Context, cfg Config) error {
 		plog.Warn("router counts tokens approximately: the model's tokenizer did not load", "err", terr)
 		tok = nil
 	}
-	p, err := proxy.New(proxy.Config{
+	pcfg := proxy.Config{
 		Prefill:       prefillURLs,
 		Decode:        decodeURLs,
 		Fallback:      true,
@@ -284,7 +287,9 @@ func Run(ctx context.Context, cfg Config) error {
 		Planner:      cfg.Planner,
 		PlannerAct:   cfg.Planner != nil,
 		PlanInterval: cfg.PlanInterval,
-	})
+	}
+	pcfg.Router.TTFTObjective, pcfg.Router.TPOTObjective = cfg.PDTTFTObjective, cfg.PDTPOTObjective
+	p, err := proxy.New(pcfg)
 	if err != nil {
 		return err
 	}

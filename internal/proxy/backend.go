@@ -33,6 +33,9 @@ type backend struct {
 	healthy  atomic.Bool
 	inFlight atomic.Int64
 	inTokens atomic.Int64 // prompt + expected output tokens of the requests in flight
+	// inLocal is the uncached prompt tokens of the local prefills sent to
+	// the engine and not yet answered (their first byte).
+	inLocal atomic.Int64
 	// holds counts the requests whose KV this (prefill) backend holds for
 	// a decode: from its prefill leg's answer until the request ends or
 	// the release reached the engine. The planner drains it before the
@@ -289,7 +292,7 @@ func (b *backend) endpoint(now time.Time, stale time.Duration, prefixBlocks int)
 	e := router.Endpoint{
 		Index: b.index, URL: b.base, Host: b.host, Role: b.role,
 		Healthy: b.healthy.Load(), InFlight: b.inFlight.Load(), InFlightTokens: b.inTokens.Load(),
-		PrefixBlocks: prefixBlocks,
+		LocalPrefillTokens: b.inLocal.Load(), PrefixBlocks: prefixBlocks,
 	}
 	b.mu.Lock()
 	if !b.scrapedAt.IsZero() && now.Sub(b.scrapedAt) <= stale {

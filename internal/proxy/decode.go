@@ -111,7 +111,13 @@ func (p *Proxy) sendDecode(w http.ResponseWriter, r *http.Request, id string, pr
 	var tried []*backend
 	firstByte := p.firstByteDeadline(leg, preq)
 	for attempt := 0; ; attempt++ {
+		var local int64 // a local prefill's tokens, counted on b until its first byte
+		if leg.held == nil {
+			local = int64(max(preq.PromptTokens-preq.PrefixHits[b.base]*preq.BlockSize, 0))
+		}
+		b.inLocal.Add(local)
 		a, err := p.tryDecode(r, id, b, release, leg.body, firstByte, attempt)
+		b.inLocal.Add(-local)
 		if err != nil {
 			a.end()
 			p.releaseKV(leg.held, id, releaseDecodeUnreachable)

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/router/factory"
 )
 
 // firstRefused is two decode engines: whichever gets the first decode leg
@@ -143,5 +145,43 @@ func TestFailedDecodeAttemptStopsCountingOnItsBackend(t *testing.T) {
 	rest, err := io.ReadAll(rd)
 	if err != nil || !strings.Contains(string(rest), "[DONE]") {
 		t.Errorf("rest of the stream %q, %v; want it through [DONE]", rest, err)
+	}
+}
+
+// TestLocalPrefillTokensCountUntilTheFirstByte: a local prefill's prompt
+// counts on its decode (Endpoint.LocalPrefillTokens, the priced decider's
+// view of the decode's queue) from when it is sent until the decode's first
+// byte; a remote leg's does not.
+func TestLocalPrefillTokensCountUntilTheFirstByte(t *testing.T) {
+	for _, tt := range []struct {
+		decider string
+		local   bool
+	}{{"conditional", true}, {"always", false}} {
+		t.Run(tt.decider, func(t *testing.T) {
+			started, release := make(chan struct{}, 1), make(chan struct{})
+			pre := []*fakeEngine{newFake(t, prefillOK)}
+			dec := []*fakeEngine{newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				started <- struct{}{}
+				<-release
+				decodeJSON(w, r, body)
+			})}
+			p, url := startProxy(t, Config{Fallback: true, ScrapeInterval: -1, PDDecider: tt.decider,
+				Router: factory.Options{Threshold: 1 << 20}}, pre, dec)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				post(t, url, "/v1/completions", `{"prompt":"a prompt of a few tokens, prefilled where the decider says"}`, nil)
+			}()
+			<-started
+			b := p.decode.list()[0]
+			if got := b.endpoint(time.Now(), 0, 0).LocalPrefillTokens; (got > 0) != tt.local {
+				t.Errorf("while the decode computes: LocalPrefillTokens = %d, want > 0: %v", got, tt.local)
+			}
+			close(release)
+			<-done
+			if got := b.inLocal.Load(); got != 0 {
+				t.Errorf("after the answer: %d local prefill tokens counted, want 0", got)
+			}
+		})
 	}
 }

@@ -36,6 +36,10 @@ type Endpoint struct {
 	// it has open on the engine and their tokens (prompt + expected output),
 	// updated when a request is dispatched and when it finishes.
 	InFlight, InFlightTokens int64
+	// LocalPrefillTokens is the router's count of the prompt tokens a
+	// decode engine has still to prefill itself: the uncached tokens of the
+	// local prefills sent to it and not yet answered (their first byte).
+	LocalPrefillTokens int64
 	// Scraped says whether Waiting, Running and KVUsage are fresh values of
 	// the engine's vllm:num_requests_waiting, vllm:num_requests_running and
 	// vllm:kv_cache_usage_perc (0..1); false when never scraped or stale.

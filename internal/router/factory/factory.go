@@ -50,6 +50,10 @@ type Options struct {
 	// TTFTObjective is the priced decider's time-to-first-token objective
 	// (see package priced; zero: its default).
 	TTFTObjective time.Duration
+	// TPOTObjective is the priced decider's time-per-output-token
+	// objective, which bounds what a local prefill may stall the decode's
+	// streams (zero: its default).
+	TPOTObjective time.Duration
 }
 
 // Policy names.
@@ -123,7 +127,7 @@ func Decider(name string, o Options) (router.Decider, error) {
 	case conditional.Name:
 		return &conditional.Decider{Threshold: o.Threshold, MustRemote: o.MustRemote, DecodeKVPressure: o.DecodeKVPressure}, nil
 	case priced.Name:
-		return &priced.Decider{TTFTObjective: o.TTFTObjective,
+		return &priced.Decider{TTFTObjective: o.TTFTObjective, TPOTObjective: o.TPOTObjective,
 			Static: conditional.Decider{Threshold: o.Threshold, MustRemote: o.MustRemote, DecodeKVPressure: o.DecodeKVPressure}}, nil
 	}
 	return nil, fmt.Errorf("unknown pd decider %q (known: %v)", name, Deciders())

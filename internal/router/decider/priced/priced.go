@@ -5,30 +5,53 @@
 // For a request whose prompt has n tokens, u of them not in the chosen
 // decode's prefix cache, it estimates in seconds:
 //
-//	local TTFT  = wait_D + u·s_D
+//	local TTFT  = wait_L + u·s_D
 //	remote TTFT = wait_D + wait_P + n·s_P + u·x_D   (the best prefill engine)
 //	local stall = u·s_D, which each of the decode's R running streams waits
 //	              for its next token while the prompt is prefilled beside it
+//
+// where s_D and s_P are the decode's and the prefill's measured prefill
+// seconds per token (one stands in for the other while it is unmeasured:
+// the same model), x_D the decode's measured KV transfer seconds per
+// pulled token (0 until measured), wait_D the decode's mean recent queue
+// time while requests wait there, wait_L the local path's queue on the
+// decode: the uncached prompt tokens of the local prefills the router has
+// sent it and not yet seen answered (Endpoint.LocalPrefillTokens) times
+// s_D, or wait_D, whichever is larger (a remote request's KV is pulled, not
+// computed behind them), and wait_P the prefill's queue: the prompt tokens
+// the router has in flight on it times s_P, or its mean recent queue time
+// while requests wait there, whichever is larger. The router's own counts
+// are current where a scrape is a window late, and include the requests
+// routed since.
 //
 // R is the requests the router has open on the decode besides this one
 // (Endpoint.InFlight less one: the proxy picks the decode, and counts the
 // request on it, before it decides): its own accounting, exact and current,
 // where the scraped vllm:num_requests_running lags by up to three scrape
 // intervals and would count a stream that has just ended.
-// where s_D and s_P are the decode's and the prefill's measured prefill
-// seconds per token (one stands in for the other while it is unmeasured:
-// the same model), x_D the decode's measured KV transfer seconds per
-// pulled token (0 until measured), wait_D the decode's mean recent queue
-// time while requests wait there, and wait_P the prefill's queue: the
-// prompt tokens the router has in flight on it times s_P, or its mean
-// recent queue time while requests wait there, whichever is larger.
 //
-// It takes whichever finishes first within the TTFT objective, pricing the
+// Each estimate is a point; the router acts on it a scrape window late and
+// every request it routes meanwhile joins the same queues, so a path counts
+// as within the TTFT objective only with a margin that grows with what is
+// uncertain in it: its upper bound, TTFT + QueueError·queue +
+// RateError·compute (queue the waits in it, compute the rest), must be
+// within the objective. Without the margin the prefill queue fills up to
+// the objective and the estimate's lag puts the tail past it.
+//
+// A local prefill is within the TPOT objective when the stall it costs each
+// running stream, spread over a stream as long as this request's expected
+// output (MaxTokens), takes at most StallShare of the objective:
+// stall ≤ StallShare·TPOT·(MaxTokens − 1). No running stream, no stall.
+//
+// It takes whichever finishes first within the objectives, pricing the
 // local path with the time its running streams lose:
 //
-//  1. both within the objective → the cheaper of local (TTFT + R·stall)
-//     and remote (TTFT), local on a tie; reason=priced_cheaper;
-//  2. one within it → that one, reason=priced_within_slo;
+//  1. both within them → the cheaper of local (TTFT + R·stall) and remote
+//     (TTFT), local on a tie; reason=priced_cheaper;
+//  2. one within them → that one: reason=priced_margin when the remote
+//     estimate itself is within the TTFT objective but not its margin,
+//     priced_stall when the local TTFT is within but its stall is not
+//     within the TPOT objective, else priced_within_slo;
 //  3. neither → the sooner TTFT, reason=priced_sooner.
 //
 // Before it prices, the conditional decider's rules that do not depend on
@@ -53,20 +76,46 @@ const Name = "priced"
 const (
 	Cheaper   = "priced_cheaper"
 	WithinSLO = "priced_within_slo"
-	Sooner    = "priced_sooner"
+	// Margin: the remote estimate is within the TTFT objective but not
+	// with its margin, and the local path is taken.
+	Margin = "priced_margin"
+	// Stall: a local prefill would be within the TTFT objective but stall
+	// the decode's running streams past the TPOT objective, and the remote
+	// path is taken.
+	Stall  = "priced_stall"
+	Sooner = "priced_sooner"
 	// Unpriced prefixes the static decider's reason when the metrics do
 	// not allow a price.
 	Unpriced = "unpriced_"
 )
 
-// DefaultTTFTObjective is the TTFT objective when none is set.
-const DefaultTTFTObjective = 2 * time.Second
+// The objectives when none are set.
+const (
+	DefaultTTFTObjective = 2 * time.Second
+	DefaultTPOTObjective = 100 * time.Millisecond
+)
+
+// The margins (see the package comment).
+const (
+	// QueueError is the relative error allowed for a queue estimate: it is
+	// a scrape window late, and the requests routed since join it.
+	QueueError = 0.5
+	// RateError is the relative error allowed for a compute estimate: the
+	// measured seconds per token of a past window.
+	RateError = 0.2
+	// StallShare is the share of a stream's TPOT budget one local prefill
+	// may take.
+	StallShare = 0.5
+)
 
 // Decider prices remote and local prefill per request.
 type Decider struct {
 	// TTFTObjective is the time to first token a request should meet
 	// (default DefaultTTFTObjective).
 	TTFTObjective time.Duration
+	// TPOTObjective is the time per output token the decode's running
+	// streams should meet (default DefaultTPOTObjective).
+	TPOTObjective time.Duration
 	// Static is the conditional decider whose load rules apply first and
 	// whose threshold decides when there is no price.
 	Static conditional.Decider
@@ -80,6 +129,12 @@ type Price struct {
 	// for the local prefill; LocalCost is LocalTTFT plus that wait over all
 	// of them.
 	LocalStall, LocalCost float64
+	// LocalQueue and RemoteQueue are the waits in LocalTTFT and
+	// RemoteTTFT: the part of each that is a queue.
+	LocalQueue, RemoteQueue float64
+	// Streams is how many streams the decode runs besides this request,
+	// and Output this request's expected output tokens.
+	Streams, Output int
 	// Prefill is the index into DecideInput.Prefill of the prefill engine
 	// priced for the remote path.
 	Prefill int
@@ -96,22 +151,48 @@ func (d *Decider) Decide(in router.DecideInput) router.Decision {
 	if !ok {
 		return router.Decision{Remote: static.Remote, Reason: Unpriced + static.Reason}
 	}
-	slo := d.TTFTObjective
-	if slo <= 0 {
-		slo = DefaultTTFTObjective
+	ttft, tpot := d.TTFTObjective, d.TPOTObjective
+	if ttft <= 0 {
+		ttft = DefaultTTFTObjective
 	}
-	return Choose(p, slo.Seconds())
+	if tpot <= 0 {
+		tpot = DefaultTPOTObjective
+	}
+	return Choose(p, ttft.Seconds(), tpot.Seconds())
+}
+
+// Upper is the upper bound of a TTFT estimate of which queue seconds are
+// waits: the estimate with its margin.
+func Upper(ttft, queue float64) float64 {
+	return ttft + QueueError*queue + RateError*max(ttft-queue, 0)
+}
+
+// StallBudget is the most a local prefill may stall each running stream
+// when a stream has output tokens and the TPOT objective is tpot seconds.
+func StallBudget(output int, tpot float64) float64 {
+	return StallShare * tpot * float64(max(output-1, 1))
 }
 
 // Choose applies the rules of the package comment to a price, with the
-// TTFT objective slo in seconds.
-func Choose(p Price, slo float64) router.Decision {
-	inLocal, inRemote := p.LocalTTFT <= slo, p.RemoteTTFT <= slo
+// TTFT and TPOT objectives ttft and tpot in seconds.
+func Choose(p Price, ttft, tpot float64) router.Decision {
+	inRemote := Upper(p.RemoteTTFT, p.RemoteQueue) <= ttft
+	localTTFT := Upper(p.LocalTTFT, p.LocalQueue) <= ttft
+	localTPOT := p.Streams == 0 || p.LocalStall <= StallBudget(p.Output, tpot)
+	inLocal := localTTFT && localTPOT
 	switch {
 	case inLocal && inRemote:
 		return router.Decision{Remote: p.RemoteTTFT < p.LocalCost, Reason: Cheaper}
-	case inLocal != inRemote:
-		return router.Decision{Remote: inRemote, Reason: WithinSLO}
+	case inRemote:
+		if localTTFT {
+			return router.Decision{Remote: true, Reason: Stall}
+		}
+		return router.Decision{Remote: true, Reason: WithinSLO}
+	case inLocal:
+		if p.RemoteTTFT <= ttft {
+			return router.Decision{Remote: false, Reason: Margin}
+		}
+		return router.Decision{Remote: false, Reason: WithinSLO}
 	}
 	return router.Decision{Remote: p.RemoteTTFT < p.LocalTTFT, Reason: Sooner}
 }
@@ -130,10 +211,17 @@ func Estimate(in router.DecideInput) (p Price, ok bool) {
 	if in.Req.BlockSize > 0 {
 		u = max(n-dec.PrefixBlocks*in.Req.BlockSize, 0)
 	}
-	waitD := 0.0
+	scrapedD := 0.0
 	if dec.Waiting > 0 {
-		waitD = dec.QueueSeconds
+		scrapedD = dec.QueueSeconds
 	}
+	// waitD is the decode's queue for a local prefill at prefill rate s:
+	// its measured queue time, or the local prefills the router has sent it
+	// and not yet seen answered, whichever is larger. A remote request waits
+	// for the measured queue only: its KV is pulled, not computed behind
+	// them (counting them on both paths would price the remote path up with
+	// every local prefill, and send the next prompt local too).
+	waitD := func(s float64) float64 { return max(scrapedD, float64(dec.LocalPrefillTokens)*s) }
 	p.Prefill = -1
 	for i, pre := range in.Prefill {
 		if !pre.Scraped {
@@ -150,9 +238,9 @@ func Estimate(in router.DecideInput) (p Price, ok bool) {
 		if pre.Waiting > 0 {
 			waitP = max(waitP, pre.QueueSeconds)
 		}
-		remote := waitD + waitP + float64(n)*sP + float64(u)*dec.TransferSecondsPerToken
+		remote := scrapedD + waitP + float64(n)*sP + float64(u)*dec.TransferSecondsPerToken
 		if p.Prefill < 0 || remote < p.RemoteTTFT {
-			p.RemoteTTFT, p.Prefill = remote, i
+			p.RemoteTTFT, p.RemoteQueue, p.Prefill = remote, scrapedD+waitP, i
 		}
 	}
 	if p.Prefill < 0 {
@@ -163,7 +251,9 @@ func Estimate(in router.DecideInput) (p Price, ok bool) {
 		sD = in.Prefill[p.Prefill].PrefillSecondsPerToken
 	}
 	p.LocalStall = float64(u) * sD
-	p.LocalTTFT = waitD + p.LocalStall
-	p.LocalCost = p.LocalTTFT + float64(max(dec.InFlight-1, 0))*p.LocalStall
+	wD := waitD(sD)
+	p.LocalTTFT, p.LocalQueue = wD+p.LocalStall, wD
+	p.Streams, p.Output = int(max(dec.InFlight-1, 0)), in.Req.MaxTokens
+	p.LocalCost = p.LocalTTFT + float64(p.Streams)*p.LocalStall
 	return p, true
 }

@@ -27,7 +27,7 @@ func prefillEP() router.Endpoint {
 
 func input(prompt int, dec router.Endpoint, pre ...router.Endpoint) router.DecideInput {
 	return router.DecideInput{
-		Req:    &router.Request{PromptTokens: prompt, BlockSize: 16},
+		Req:    &router.Request{PromptTokens: prompt, BlockSize: 16, MaxTokens: 64},
 		Decode: dec, PrefillHealthy: len(pre), PrefillFree: len(pre), Prefill: pre,
 	}
 }
@@ -51,6 +51,10 @@ func TestDecide(t *testing.T) {
 			[]change{running(8), func(in *router.DecideInput) { in.Prefill[0].InFlightTokens = 50_000 }}, false, WithinSLO, 0.1, 5.11},
 		{"the prefill's measured queue does too", 1000,
 			[]change{running(8), func(in *router.DecideInput) { in.Prefill[0].Waiting, in.Prefill[0].QueueSeconds = 3, 4 }}, false, WithinSLO, 0.1, 4.11},
+		{"local prefills the decode has not answered yet delay the local path only", 1000,
+			[]change{running(8), func(in *router.DecideInput) { in.Decode.LocalPrefillTokens = 5000 }}, true, Cheaper, 0.6, 0.11},
+		{"an idle decode's unanswered local prefills push the local path past the objective", 1000,
+			[]change{func(in *router.DecideInput) { in.Decode.LocalPrefillTokens = 20_000 }}, true, WithinSLO, 2.1, 0.11},
 		{"a queued decode delays both paths alike", 1000,
 			[]change{running(8), func(in *router.DecideInput) { in.Decode.Waiting, in.Decode.QueueSeconds = 2, 0.5 }}, true, Cheaper, 0.6, 0.61},
 		{"a prefix the decode holds leaves little to compute", 1000,
@@ -74,6 +78,19 @@ func TestDecide(t *testing.T) {
 				in.Prefill = append(in.Prefill, prefillEP())
 				in.PrefillHealthy, in.PrefillFree = 2, 2
 			}}, true, Cheaper, 0.1, 0.11},
+
+		{"the prefill's queue within the objective but not its margin: local", 1000,
+			[]change{running(8), func(in *router.DecideInput) { in.Prefill[0].InFlightTokens = 15_000 }}, false, Margin, 0.1, 1.61},
+		{"a local prefill would stall the streams past the TPOT objective: remote", 2000,
+			[]change{running(1), func(in *router.DecideInput) {
+				in.Req.MaxTokens = 4
+				in.Decode.TransferSecondsPerToken = 5e-4
+			}}, true, Stall, 0.2, 1.2},
+		{"no stream to stall: local", 2000,
+			[]change{func(in *router.DecideInput) {
+				in.Req.MaxTokens = 4
+				in.Decode.TransferSecondsPerToken = 5e-4
+			}}, false, Cheaper, 0.2, 1.2},
 
 		{"stale decode metrics: the static threshold, long", 1000,
 			[]change{running(8), func(in *router.DecideInput) { in.Decode.Scraped = false }}, true, Unpriced + conditional.LongUncached, 0, 0},
@@ -99,7 +116,7 @@ func TestDecide(t *testing.T) {
 				t.Errorf("Decide = %+v, want remote=%v reason=%s", got, tt.remote, tt.reason)
 			}
 			p, ok := Estimate(in)
-			if priced := tt.reason == Cheaper || tt.reason == WithinSLO || tt.reason == Sooner; ok != priced {
+			if priced := tt.reason == Cheaper || tt.reason == WithinSLO || tt.reason == Sooner || tt.reason == Margin || tt.reason == Stall; ok != priced {
 				t.Fatalf("Estimate ok=%v, want %v", ok, priced)
 			}
 			if ok && (!near(p.LocalTTFT, tt.local) || !near(p.RemoteTTFT, tt.rem)) {
@@ -141,6 +158,52 @@ func TestTheObjectiveDecidesWhatIsWithinIt(t *testing.T) {
 		got := (&Decider{TTFTObjective: tt.slo}).Decide(in)
 		if got.Remote != tt.remote || got.Reason != tt.reason {
 			t.Errorf("objective %v: %+v, want remote=%v reason=%s", tt.slo, got, tt.remote, tt.reason)
+		}
+	}
+}
+
+func TestTheMarginGrowsWithTheQueue(t *testing.T) {
+	for _, tt := range []struct {
+		ttft, queue, want float64
+	}{
+		{1, 0, 1.2},         // compute alone: its rate error
+		{1, 1, 1.5},         // a queue alone: its error
+		{2, 1, 2.7},         // both
+		{0.5, 1, 1.0},       // a queue estimate above the TTFT: no negative compute
+		{0, 0, 0},           // nothing
+		{3, 2.5, 4.35},      // a long queue: the margin is mostly its error
+		{0.1, 0, 0.12},      // short compute, short margin
+		{10, 0, 12},         // long compute, long margin
+		{1.61, 1.5, 2.3820}, // the table's margin case
+	} {
+		if got := Upper(tt.ttft, tt.queue); !near(got, tt.want) {
+			t.Errorf("Upper(%v, %v) = %v, want %v", tt.ttft, tt.queue, got, tt.want)
+		}
+	}
+}
+
+func TestTheTPOTObjectiveBoundsTheStall(t *testing.T) {
+	if got := StallBudget(64, 0.1); !near(got, 3.15) {
+		t.Errorf("StallBudget(64, 100ms) = %v, want 3.15", got)
+	}
+	if got := StallBudget(0, 0.1); !near(got, 0.05) {
+		t.Errorf("StallBudget(0, 100ms) = %v, want 0.05 (one step's)", got)
+	}
+	// Local 0.2 s stalling one stream of 4 tokens; remote 1.2 s.
+	in := input(2000, decodeEP(), prefillEP())
+	in.Decode.InFlight, in.Req.MaxTokens, in.Decode.TransferSecondsPerToken = 2, 4, 5e-4
+	for _, tt := range []struct {
+		tpot   time.Duration
+		remote bool
+		reason string
+	}{
+		{0, true, Stall},                         // the default, 100 ms: 0.15 s a stall
+		{100 * time.Millisecond, true, Stall},    // the same
+		{200 * time.Millisecond, false, Cheaper}, // 0.3 s a stall: local costs 0.4 s, remote 1.2 s
+	} {
+		got := (&Decider{TPOTObjective: tt.tpot}).Decide(in)
+		if got.Remote != tt.remote || got.Reason != tt.reason {
+			t.Errorf("TPOT objective %v: %+v, want remote=%v reason=%s", tt.tpot, got, tt.remote, tt.reason)
 		}
 	}
 }
