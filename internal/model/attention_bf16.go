@@ -9,15 +9,6 @@ import (
 // attention kernels (tensor.AttnBF16). Its order of operations is the
 // second contract at the top of attention.go.
 
-// packGroups is the number of 16-key groups per key-packing work item.
-const packGroups = 64
-
-// packItem is one piece of key packing: groups [g0, g1) of sequence seq's
-// keys for KV head kvh.
-type packItem struct {
-	seq, kvh, g0, g1 int32
-}
-
 // useBF16Attention reports whether attention over kv takes the bf16 path.
 func useBF16Attention(kv kvView) bool { return kv.u16 != nil && tensor.AttnBF16() }
 
@@ -28,54 +19,12 @@ func useBF16Attention(kv kvView) bool { return kv.u16 != nil && tensor.AttnBF16(
 // 16, the last one padded with zero keys). The bytes are the pool's, so
 // scoring the packed copy gives the bits scoring the pool gives.
 func (m *Model) packKeys(li int, seqs []Seq, kv kvView, layout kvlayout.Layout) {
-	c := &m.cfg
-	s := &m.s
-	hd, kvd, bs := c.HeadDim, c.KVDim(), layout.BlockSize
-	if n := len(seqs) * c.KVHeads; len(s.packed) < n {
-		s.packed = append(s.packed, make([][]uint32, n-len(s.packed))...)
-	}
-	s.packItems = s.packItems[:0]
-	for i, sq := range seqs {
-		if len(sq.Tokens) < 2 {
-			continue
-		}
-		end := sq.Pos + len(sq.Tokens)
-		groups := (end + 15) / 16
-		for kvh := range c.KVHeads {
-			b := &s.packed[i*c.KVHeads+kvh]
-			if n := tensor.PackedKeysLen(end, hd); cap(*b) < n {
-				*b = make([]uint32, n)
-			} else {
-				*b = (*b)[:n]
-			}
-			for g0 := 0; g0 < groups; g0 += packGroups {
-				s.packItems = append(s.packItems, packItem{int32(i), int32(kvh), int32(g0), int32(min(groups, g0+packGroups))})
-			}
-		}
-	}
-	items := s.packItems
-	m.pool.ParallelChunks(len(items), 1, func(lo, hi int) {
-		for _, it := range items[lo:hi] {
-			sq := &seqs[it.seq]
-			kvh := int(it.kvh)
-			dst := s.packed[int(it.seq)*c.KVHeads+kvh]
-			end := sq.Pos + len(sq.Tokens)
-			// A sliding-window layer's tiles read no key before the
-			// chunk of their first window start, and its pool may hold
-			// no block there any more: those keys are not packed.
-			tbl, ls := m.kvTable(sq, li)
-			j0 := max(int(it.g0)*16, kvlayout.FirstNeeded(m.layers[li].window, sq.Pos))
-			j1 := min(int(it.g1)*16, end)
-			for j := j0; j < j1; {
-				blk, slot := j/bs, j%bs
-				je := min(j1, (blk+1)*bs)
-				off := layout.Offset(int(tbl[blk]), ls, 0, slot) + kvh*hd
-				tensor.PackKeysBF16(dst, j, kv.u16[off:], kvd, je-j, hd)
-				j = je
-			}
-			if pad := int(it.g1)*16 - end; pad > 0 {
-				tensor.PackKeysBF16(dst, end, nil, 0, pad, hd)
-			}
+	hd, kvd := m.cfg.HeadDim, m.cfg.KVDim()
+	packSeqKeys(m, li, seqs, layout, &m.s.packed, tensor.PackedKeysLen, func(dst []uint32, j, off, n int) {
+		if off < 0 {
+			tensor.PackKeysBF16(dst, j, nil, 0, n, hd)
+		} else {
+			tensor.PackKeysBF16(dst, j, kv.u16[off:], kvd, n, hd)
 		}
 	})
 }

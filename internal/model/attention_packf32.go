@@ -24,55 +24,15 @@ func usePackedF32(kv kvView) bool { return !useBF16Attention(kv) && tensor.AttnP
 // pool's, widened exactly, so scoring the packed copy gives the bits
 // scoring the pool gives.
 func (m *Model) packKeysF32(li int, seqs []Seq, kv kvView, layout kvlayout.Layout) {
-	c := &m.cfg
-	s := &m.s
-	hd, kvd, bs := c.HeadDim, c.KVDim(), layout.BlockSize
-	if n := len(seqs) * c.KVHeads; len(s.packedF32) < n {
-		s.packedF32 = append(s.packedF32, make([][]float32, n-len(s.packedF32))...)
-	}
-	s.packItems = s.packItems[:0]
-	for i, sq := range seqs {
-		if len(sq.Tokens) < 2 {
-			continue
-		}
-		end := sq.Pos + len(sq.Tokens)
-		groups := (end + 15) / 16
-		for kvh := range c.KVHeads {
-			b := &s.packedF32[i*c.KVHeads+kvh]
-			if n := tensor.PackedKeysF32Len(end, hd); cap(*b) < n {
-				*b = make([]float32, n)
-			} else {
-				*b = (*b)[:n]
-			}
-			for g0 := 0; g0 < groups; g0 += packGroups {
-				s.packItems = append(s.packItems, packItem{int32(i), int32(kvh), int32(g0), int32(min(groups, g0+packGroups))})
-			}
-		}
-	}
-	items := s.packItems
-	m.pool.ParallelChunks(len(items), 1, func(lo, hi int) {
-		for _, it := range items[lo:hi] {
-			sq := &seqs[it.seq]
-			kvh := int(it.kvh)
-			dst := s.packedF32[int(it.seq)*c.KVHeads+kvh]
-			end := sq.Pos + len(sq.Tokens)
-			tbl, ls := m.kvTable(sq, li)
-			j0 := max(int(it.g0)*16, kvlayout.FirstNeeded(m.layers[li].window, sq.Pos))
-			j1 := min(int(it.g1)*16, end)
-			for j := j0; j < j1; {
-				blk, slot := j/bs, j%bs
-				je := min(j1, (blk+1)*bs)
-				off := layout.Offset(int(tbl[blk]), ls, 0, slot) + kvh*hd
-				if kv.f32 != nil {
-					tensor.PackKeysF32(dst, j, kv.f32[off:], kvd, je-j, hd)
-				} else {
-					tensor.PackKeysF32FromBF16(dst, j, kv.u16[off:], kvd, je-j, hd)
-				}
-				j = je
-			}
-			if pad := int(it.g1)*16 - end; pad > 0 {
-				tensor.PackKeysF32(dst, end, nil, 0, pad, hd)
-			}
+	hd, kvd := m.cfg.HeadDim, m.cfg.KVDim()
+	packSeqKeys(m, li, seqs, layout, &m.s.packedF32, tensor.PackedKeysF32Len, func(dst []float32, j, off, n int) {
+		switch {
+		case off < 0:
+			tensor.PackKeysF32(dst, j, nil, 0, n, hd)
+		case kv.f32 != nil:
+			tensor.PackKeysF32(dst, j, kv.f32[off:], kvd, n, hd)
+		default:
+			tensor.PackKeysF32FromBF16(dst, j, kv.u16[off:], kvd, n, hd)
 		}
 	})
 }
