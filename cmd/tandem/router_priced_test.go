@@ -30,8 +30,10 @@ import (
 //     prompt is prefilled remotely (a local prefill would stall the four
 //     streams 0.6 s each), reason priced_cheaper;
 //   - while one such prompt is prefilling on the prefill engine, the next
-//     would wait for it (1.2 s, past the objective) and is prefilled on the
-//     decode, reason priced_within_slo.
+//     would wait for it (1.2 s, past the TTFT objective) while a local
+//     prefill would stall the streams past the TPOT rule: neither path is
+//     within the objectives, and the sooner one, the decode, prefills it,
+//     reason priced_sooner.
 func TestSimPricedDeciderWeighsLoadAgainstRecompute(t *testing.T) {
 	timing := []string{"--sim-ttft", "5ms", "--sim-prefill-per-token", "2ms", "--sim-itl", "20ms"}
 	pre, _ := startSimEngine(t, append([]string{"--role", "prefill", "--kv-port", "0"}, timing...)...)
@@ -127,8 +129,8 @@ func TestSimPricedDeciderWeighsLoadAgainstRecompute(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if a := send(prompt(300)); a.pd != "local; reason="+priced.WithinSLO {
-		t.Errorf("a prompt behind a queued prefill: x-tandem-pd %q, want local; reason=%s (decisions %v)", a.pd, priced.WithinSLO, pdCounts(t, url))
+	if a := send(prompt(300)); a.pd != "local; reason="+priced.Sooner {
+		t.Errorf("a prompt behind a queued prefill: x-tandem-pd %q, want local; reason=%s (decisions %v)", a.pd, priced.Sooner, pdCounts(t, url))
 	}
 	if a := <-first; a.status != http.StatusOK || a.pd != "remote" {
 		t.Errorf("the prompt before it: status %d, x-tandem-pd %q (%s), want 200 remote", a.status, a.pd, a.body)
