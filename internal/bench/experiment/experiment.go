@@ -175,3 +175,20 @@ func (x *experiment) plan(ctx context.Context, targets []bench.Target, wl Worklo
 // secret is the KV secret the engines share: the environment's, else a
 // fresh one.
 func secret() string { return cmp.Or(os.Getenv(kvxfer.SecretEnv), kvxfer.GenerateSecret()) }
+
+// finish ends a P/D experiment: stops every process, reports the failed
+// requests, and writes the summary (with them) and the report into the
+// output directory (report is read after w's last lines, which it
+// receives too); the error is the experiment's failure, if any.
+func (x *experiment) finish(w io.Writer, summary *PDSummary, report *strings.Builder) error {
+	x.stopAll()
+	x.writeFailures(w)
+	summary.Failed = x.failed
+	if err := bench.WriteJSONFile(filepath.Join(x.out, "summary.json"), summary); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(x.out, "report.txt"), []byte(report.String()), 0o644); err != nil {
+		return err
+	}
+	return x.failure()
+}

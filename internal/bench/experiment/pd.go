@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -397,16 +396,7 @@ func (r *pdRun) run(ctx context.Context) error {
 	}
 	writeCapacities(w, suites)
 	summary.PDModels = r.writePDModels(w, suites)
-	x.stopAll()
-	x.writeFailures(w)
-	summary.Failed = x.failed
-	if err := bench.WriteJSONFile(filepath.Join(x.out, "summary.json"), summary); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(x.out, "report.txt"), []byte(report.String()), 0o644); err != nil {
-		return err
-	}
-	return x.failure()
+	return x.finish(w, &summary, &report)
 }
 
 // writePDModels prints the P:D model of every workload, fitted to the pd

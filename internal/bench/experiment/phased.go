@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -225,16 +224,7 @@ func (r *pdRun) runPhased(ctx context.Context) error {
 	}
 	writeCapacities(w, suites)
 	fmt.Fprintln(w, "\nP:D ratio model: not fitted with --engines (it is fitted to the 1P+1D pd configuration's requests)")
-	x.stopAll()
-	x.writeFailures(w)
-	summary.Failed = x.failed
-	if err := bench.WriteJSONFile(filepath.Join(x.out, "summary.json"), summary); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(x.out, "report.txt"), []byte(report.String()), 0o644); err != nil {
-		return err
-	}
-	return x.failure()
+	return x.finish(w, &summary, &report)
 }
 
 // runPhasedWorkload runs every phase of workload wl and reports it.
