@@ -307,14 +307,38 @@ func qpackQ6_KAVX2(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 // qdotKAVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb super-blocks of a panel (see asmgen).
 func qdotKAVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
-// qdot6KAVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb super-blocks of a panel (see asmgen).
-func qdot6KAVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
-
 // qdotKAVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb super-blocks of a panel (see asmgen).
 func qdotKAVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qdotKAVX2R3 continues the 8-lane f32 chains of 3 activation rows over nb super-blocks of a panel (see asmgen).
+func qdotKAVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotKAVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb super-blocks of a panel (see asmgen).
+func qdotKAVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot5KAVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb super-blocks of a panel (see asmgen).
+func qdot5KAVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot5KAVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb super-blocks of a panel (see asmgen).
+func qdot5KAVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot5KAVX2R3 continues the 8-lane f32 chains of 3 activation rows over nb super-blocks of a panel (see asmgen).
+func qdot5KAVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot5KAVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb super-blocks of a panel (see asmgen).
+func qdot5KAVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6KAVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb super-blocks of a panel (see asmgen).
+func qdot6KAVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qdot6KAVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb super-blocks of a panel (see asmgen).
 func qdot6KAVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6KAVX2R3 continues the 8-lane f32 chains of 3 activation rows over nb super-blocks of a panel (see asmgen).
+func qdot6KAVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6KAVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb super-blocks of a panel (see asmgen).
+func qdot6KAVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qrowQ8_0AVX2 computes up to 8 Q8_0 weight rows times one activation row (see asmgen's rowquant.go).
 func qrowQ8_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
