@@ -42769,6 +42769,323 @@ done:
 	VZEROUPPER
 	RET
 
+// func qactQ8KAVX2(x *float32, nb int, q *int8, meta *uint32)
+// Requires: AVX, AVX2
+TEXT ·qactQ8KAVX2(SB), NOSPLIT, $0-32
+	MOVQ         x+0(FP), AX
+	MOVQ         nb+8(FP), CX
+	MOVQ         q+16(FP), DX
+	MOVQ         meta+24(FP), BX
+	MOVL         $0x7fffffff, SI
+	VMOVD        SI, X0
+	VPBROADCASTD X0, Y0
+	TESTQ        CX, CX
+	JE           done
+
+block:
+	VXORPS       Y1, Y1, Y1
+	VANDPS       (AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       32(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       64(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       96(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       128(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       160(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       192(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       224(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       256(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       288(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       320(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       352(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       384(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       416(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       448(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       480(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       512(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       544(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       576(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       608(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       640(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       672(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       704(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       736(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       768(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       800(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       832(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       864(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       896(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       928(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       960(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VANDPS       992(AX), Y0, Y2
+	VMAXPS       Y1, Y2, Y1
+	VEXTRACTF128 $0x01, Y1, X2
+	VMAXPS       X2, X1, X2
+	VMOVHLPS     X2, X2, X1
+	VMAXPS       X1, X2, X1
+	VMOVSHDUP    X1, X2
+	VMAXSS       X2, X1, X2
+	VXORPS       X1, X1, X1
+	VXORPS       Y3, Y3, Y3
+	VUCOMISS     X1, X2
+	JNE          nonzero
+	VMOVDQU      Y3, (DX)
+	VMOVDQU      Y3, 32(DX)
+	VMOVDQU      Y3, 64(DX)
+	VMOVDQU      Y3, 96(DX)
+	VMOVDQU      Y3, 128(DX)
+	VMOVDQU      Y3, 160(DX)
+	VMOVDQU      Y3, 192(DX)
+	VMOVDQU      Y3, 224(DX)
+	VMOVDQU      Y3, (BX)
+	VMOVDQU      Y3, 32(BX)
+	JMP          next
+
+nonzero:
+	VBROADCASTSS X2, Y1
+	XORQ         SI, SI
+
+find:
+	VANDPS    (AX)(SI*4), Y0, Y2
+	VCMPPS    $0x00, Y1, Y2, Y2
+	VMOVMSKPS Y2, R8
+	TESTL     R8, R8
+	JNE       found
+	ADDQ      $0x08, SI
+	JMP       find
+
+found:
+	BSFL         R8, DI
+	ADDL         SI, DI
+	VMOVSS       (AX)(DI*4), X1
+	MOVL         $0xc2fe0000, SI
+	VMOVD        SI, X2
+	VPBROADCASTD X2, Y2
+	VDIVSS       X1, X2, X1
+	VBROADCASTSS X1, Y2
+	MOVL         $0x0000007f, SI
+	VMOVD        SI, X4
+	VPBROADCASTD X4, Y4
+	VMOVDQU      qactpackorder<>+0(SB), Y5
+	MOVL         $0x01010101, SI
+	VMOVD        SI, X6
+	VPBROADCASTD X6, Y6
+	VMULPS       (AX), Y2, Y7
+	VCVTPS2DQ    Y7, Y7
+	VPMINSD      Y4, Y7, Y7
+	VMULPS       32(AX), Y2, Y8
+	VCVTPS2DQ    Y8, Y8
+	VPMINSD      Y4, Y8, Y8
+	VMULPS       64(AX), Y2, Y9
+	VCVTPS2DQ    Y9, Y9
+	VPMINSD      Y4, Y9, Y9
+	VMULPS       96(AX), Y2, Y10
+	VCVTPS2DQ    Y10, Y10
+	VPMINSD      Y4, Y10, Y10
+	VPACKSSDW    Y8, Y7, Y7
+	VPACKSSDW    Y10, Y9, Y8
+	VPACKSSWB    Y8, Y7, Y7
+	VPERMD       Y7, Y5, Y7
+	VMOVDQU      Y7, (DX)
+	VPMADDUBSW   Y7, Y6, Y7
+	VMULPS       128(AX), Y2, Y8
+	VCVTPS2DQ    Y8, Y8
+	VPMINSD      Y4, Y8, Y8
+	VMULPS       160(AX), Y2, Y9
+	VCVTPS2DQ    Y9, Y9
+	VPMINSD      Y4, Y9, Y9
+	VMULPS       192(AX), Y2, Y10
+	VCVTPS2DQ    Y10, Y10
+	VPMINSD      Y4, Y10, Y10
+	VMULPS       224(AX), Y2, Y11
+	VCVTPS2DQ    Y11, Y11
+	VPMINSD      Y4, Y11, Y11
+	VPACKSSDW    Y9, Y8, Y8
+	VPACKSSDW    Y11, Y10, Y9
+	VPACKSSWB    Y9, Y8, Y8
+	VPERMD       Y8, Y5, Y8
+	VMOVDQU      Y8, 32(DX)
+	VPMADDUBSW   Y8, Y6, Y8
+	VPHADDW      Y8, Y7, Y7
+	VMULPS       256(AX), Y2, Y8
+	VCVTPS2DQ    Y8, Y8
+	VPMINSD      Y4, Y8, Y8
+	VMULPS       288(AX), Y2, Y9
+	VCVTPS2DQ    Y9, Y9
+	VPMINSD      Y4, Y9, Y9
+	VMULPS       320(AX), Y2, Y10
+	VCVTPS2DQ    Y10, Y10
+	VPMINSD      Y4, Y10, Y10
+	VMULPS       352(AX), Y2, Y11
+	VCVTPS2DQ    Y11, Y11
+	VPMINSD      Y4, Y11, Y11
+	VPACKSSDW    Y9, Y8, Y8
+	VPACKSSDW    Y11, Y10, Y9
+	VPACKSSWB    Y9, Y8, Y8
+	VPERMD       Y8, Y5, Y8
+	VMOVDQU      Y8, 64(DX)
+	VPMADDUBSW   Y8, Y6, Y8
+	VMULPS       384(AX), Y2, Y9
+	VCVTPS2DQ    Y9, Y9
+	VPMINSD      Y4, Y9, Y9
+	VMULPS       416(AX), Y2, Y10
+	VCVTPS2DQ    Y10, Y10
+	VPMINSD      Y4, Y10, Y10
+	VMULPS       448(AX), Y2, Y11
+	VCVTPS2DQ    Y11, Y11
+	VPMINSD      Y4, Y11, Y11
+	VMULPS       480(AX), Y2, Y12
+	VCVTPS2DQ    Y12, Y12
+	VPMINSD      Y4, Y12, Y12
+	VPACKSSDW    Y10, Y9, Y9
+	VPACKSSDW    Y12, Y11, Y10
+	VPACKSSWB    Y10, Y9, Y9
+	VPERMD       Y9, Y5, Y9
+	VMOVDQU      Y9, 96(DX)
+	VPMADDUBSW   Y9, Y6, Y9
+	VPHADDW      Y9, Y8, Y8
+	VPHADDW      Y8, Y7, Y7
+	VMULPS       512(AX), Y2, Y8
+	VCVTPS2DQ    Y8, Y8
+	VPMINSD      Y4, Y8, Y8
+	VMULPS       544(AX), Y2, Y9
+	VCVTPS2DQ    Y9, Y9
+	VPMINSD      Y4, Y9, Y9
+	VMULPS       576(AX), Y2, Y10
+	VCVTPS2DQ    Y10, Y10
+	VPMINSD      Y4, Y10, Y10
+	VMULPS       608(AX), Y2, Y11
+	VCVTPS2DQ    Y11, Y11
+	VPMINSD      Y4, Y11, Y11
+	VPACKSSDW    Y9, Y8, Y8
+	VPACKSSDW    Y11, Y10, Y9
+	VPACKSSWB    Y9, Y8, Y8
+	VPERMD       Y8, Y5, Y8
+	VMOVDQU      Y8, 128(DX)
+	VPMADDUBSW   Y8, Y6, Y8
+	VMULPS       640(AX), Y2, Y9
+	VCVTPS2DQ    Y9, Y9
+	VPMINSD      Y4, Y9, Y9
+	VMULPS       672(AX), Y2, Y10
+	VCVTPS2DQ    Y10, Y10
+	VPMINSD      Y4, Y10, Y10
+	VMULPS       704(AX), Y2, Y11
+	VCVTPS2DQ    Y11, Y11
+	VPMINSD      Y4, Y11, Y11
+	VMULPS       736(AX), Y2, Y12
+	VCVTPS2DQ    Y12, Y12
+	VPMINSD      Y4, Y12, Y12
+	VPACKSSDW    Y10, Y9, Y9
+	VPACKSSDW    Y12, Y11, Y10
+	VPACKSSWB    Y10, Y9, Y9
+	VPERMD       Y9, Y5, Y9
+	VMOVDQU      Y9, 160(DX)
+	VPMADDUBSW   Y9, Y6, Y9
+	VPHADDW      Y9, Y8, Y8
+	VMULPS       768(AX), Y2, Y9
+	VCVTPS2DQ    Y9, Y9
+	VPMINSD      Y4, Y9, Y9
+	VMULPS       800(AX), Y2, Y10
+	VCVTPS2DQ    Y10, Y10
+	VPMINSD      Y4, Y10, Y10
+	VMULPS       832(AX), Y2, Y11
+	VCVTPS2DQ    Y11, Y11
+	VPMINSD      Y4, Y11, Y11
+	VMULPS       864(AX), Y2, Y12
+	VCVTPS2DQ    Y12, Y12
+	VPMINSD      Y4, Y12, Y12
+	VPACKSSDW    Y10, Y9, Y9
+	VPACKSSDW    Y12, Y11, Y10
+	VPACKSSWB    Y10, Y9, Y9
+	VPERMD       Y9, Y5, Y9
+	VMOVDQU      Y9, 192(DX)
+	VPMADDUBSW   Y9, Y6, Y9
+	VMULPS       896(AX), Y2, Y10
+	VCVTPS2DQ    Y10, Y10
+	VPMINSD      Y4, Y10, Y10
+	VMULPS       928(AX), Y2, Y11
+	VCVTPS2DQ    Y11, Y11
+	VPMINSD      Y4, Y11, Y11
+	VMULPS       960(AX), Y2, Y12
+	VCVTPS2DQ    Y12, Y12
+	VPMINSD      Y4, Y12, Y12
+	VMULPS       992(AX), Y2, Y2
+	VCVTPS2DQ    Y2, Y2
+	VPMINSD      Y4, Y2, Y2
+	VPACKSSDW    Y11, Y10, Y4
+	VPACKSSDW    Y2, Y12, Y2
+	VPACKSSWB    Y2, Y4, Y2
+	VPERMD       Y2, Y5, Y2
+	VMOVDQU      Y2, 224(DX)
+	VPMADDUBSW   Y2, Y6, Y2
+	VPHADDW      Y2, Y9, Y2
+	VPHADDW      Y2, Y8, Y2
+	MOVL         $0x3f800000, SI
+	VMOVD        SI, X4
+	VPBROADCASTD X4, Y4
+	VDIVSS       X1, X4, X1
+	VMOVDQU      Y3, (BX)
+	VMOVDQU      Y3, 32(BX)
+	VMOVSS       X1, (BX)
+	VPHADDW      Y2, Y7, Y1
+	VEXTRACTI128 $0x01, Y1, X2
+	VPUNPCKLWD   X2, X1, X3
+	VPUNPCKHWD   X2, X1, X1
+	VMOVDQU      X3, 32(BX)
+	VMOVDQU      X1, 48(BX)
+	VPHADDW      X1, X3, X1
+	VMOVDQU      X1, 16(BX)
+
+next:
+	ADDQ $0x00000400, AX
+	ADDQ $0x00000100, DX
+	ADDQ $0x00000040, BX
+	DECQ CX
+	JNE  block
+
+done:
+	VZEROUPPER
+	RET
+
+DATA qactpackorder<>+0(SB)/4, $0x00000000
+DATA qactpackorder<>+4(SB)/4, $0x00000004
+DATA qactpackorder<>+8(SB)/4, $0x00000001
+DATA qactpackorder<>+12(SB)/4, $0x00000005
+DATA qactpackorder<>+16(SB)/4, $0x00000002
+DATA qactpackorder<>+20(SB)/4, $0x00000006
+DATA qactpackorder<>+24(SB)/4, $0x00000003
+DATA qactpackorder<>+28(SB)/4, $0x00000007
+GLOBL qactpackorder<>(SB), RODATA|NOPTR, $32
+
 // func qrowQ8_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 // Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
 TEXT ·qrowQ8_0AVX2(SB), NOSPLIT, $32-72

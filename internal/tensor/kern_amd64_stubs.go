@@ -340,6 +340,9 @@ func qdot6KAVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, 
 // qdot6KAVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb super-blocks of a panel (see asmgen).
 func qdot6KAVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qactQ8KAVX2 quantizes nb blocks of 256 activations to q8_K levels, scale and sums (see quantizeActQ8K).
+func qactQ8KAVX2(x *float32, nb int, q *int8, meta *uint32)
+
 // qrowQ8_0AVX2 computes up to 8 Q8_0 weight rows times one activation row (see asmgen's rowquant.go).
 func qrowQ8_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 

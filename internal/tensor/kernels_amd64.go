@@ -63,6 +63,7 @@ func archKernelSets() []*kernelSet {
 			expSum:  expSumAVX2,
 			qmm:     qmmAVX2,
 			qmmName: "avx2",
+			qactQ8K: qactQ8KAVX2,
 			avail:   avx2,
 
 			// Attention's value sums (bit-identical to axpy per row) and
