@@ -177,8 +177,27 @@ func (s *qKernelSet) runPanels(ks qTypeKernels, sc *qScratch, a *qAct, w *Mat, l
 				ks.dot[r-1](&a.xq[i*k+b0*elems], k, &a.meta[(i*nb+b0)*words], nb*words*4, &panel[0], c, &acc[i*lanes])
 			}
 		}
+		storeAcc(out[j0:], n, acc, lanes, rows, m)
+	}
+}
+
+// storeAcc copies the first rows chains of each of the m activation rows'
+// lanes chains in acc to out (row i at out[i*ldo:]). A full group of 8 or 16
+// is one fixed-size copy, not a call of memmove: a prefill makes one per
+// activation row and group of weight rows.
+func storeAcc(out []float32, ldo int, acc []float32, lanes, rows, m int) {
+	switch {
+	case rows == 8 && lanes == 8:
 		for i := range m {
-			copy(out[i*n+j0:i*n+j0+rows], acc[i*lanes:i*lanes+rows])
+			*(*[8]float32)(out[i*ldo:]) = *(*[8]float32)(acc[i*8:])
+		}
+	case rows == 16 && lanes == 16:
+		for i := range m {
+			*(*[16]float32)(out[i*ldo:]) = *(*[16]float32)(acc[i*16:])
+		}
+	default:
+		for i := range m {
+			copy(out[i*ldo:i*ldo+rows], acc[i*lanes:i*lanes+rows])
 		}
 	}
 }
