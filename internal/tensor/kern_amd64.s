@@ -42769,6 +42769,133 @@ done:
 	VZEROUPPER
 	RET
 
+// func qactQ8_0AVX2(x *float32, nb int, q *int8, meta *uint32, corrMul int)
+// Requires: AVX, AVX2, F16C
+TEXT ·qactQ8_0AVX2(SB), NOSPLIT, $0-40
+	MOVQ         x+0(FP), AX
+	MOVQ         nb+8(FP), CX
+	MOVQ         q+16(FP), DX
+	MOVQ         meta+24(FP), BX
+	MOVQ         corrMul+32(FP), SI
+	MOVL         $0x7fffffff, DI
+	VMOVD        DI, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x80000000, DI
+	VMOVD        DI, X1
+	VPBROADCASTD X1, Y1
+	MOVL         $0x3f800000, DI
+	VMOVD        DI, X2
+	VPBROADCASTD X2, Y2
+	MOVL         $0x3f000000, DI
+	VMOVD        DI, X3
+	VPBROADCASTD X3, Y3
+	VMOVDQU      qactpackorder<>+0(SB), Y4
+	TESTQ        CX, CX
+	JE           done
+
+block:
+	VANDPS       (AX), Y0, Y5
+	VANDPS       32(AX), Y0, Y6
+	VMAXPS       Y6, Y5, Y5
+	VANDPS       64(AX), Y0, Y6
+	VMAXPS       Y6, Y5, Y5
+	VANDPS       96(AX), Y0, Y6
+	VMAXPS       Y6, Y5, Y5
+	VEXTRACTF128 $0x01, Y5, X6
+	VMAXPS       X6, X5, X6
+	VMOVHLPS     X6, X6, X5
+	VMAXPS       X5, X6, X5
+	VMOVSHDUP    X5, X6
+	VMAXSS       X6, X5, X6
+	MOVL         $0x42fe0000, DI
+	VMOVD        DI, X5
+	VPBROADCASTD X5, Y5
+	VDIVSS       X5, X6, X5
+	VDIVSS       X5, X2, X6
+	VXORPS       X7, X7, X7
+	VCMPSS       $0x00, X7, X5, X7
+	VANDNPS      X6, X7, X6
+	VCVTPS2PH    $0x00, X5, X5
+	VCVTPH2PS    X5, X5
+	VMOVSS       X5, (BX)
+	VBROADCASTSS X6, Y5
+	VMULPS       (AX), Y5, Y6
+	VROUNDPS     $0x03, Y6, Y7
+	VSUBPS       Y7, Y6, Y8
+	VANDPS       Y0, Y8, Y8
+	VCMPPS       $0x1d, Y3, Y8, Y8
+	VANDPS       Y1, Y6, Y6
+	VORPS        Y2, Y6, Y6
+	VANDPS       Y8, Y6, Y6
+	VADDPS       Y6, Y7, Y7
+	VCVTTPS2DQ   Y7, Y6
+	VMULPS       32(AX), Y5, Y7
+	VROUNDPS     $0x03, Y7, Y8
+	VSUBPS       Y8, Y7, Y9
+	VANDPS       Y0, Y9, Y9
+	VCMPPS       $0x1d, Y3, Y9, Y9
+	VANDPS       Y1, Y7, Y7
+	VORPS        Y2, Y7, Y7
+	VANDPS       Y9, Y7, Y7
+	VADDPS       Y7, Y8, Y8
+	VCVTTPS2DQ   Y8, Y7
+	VMULPS       64(AX), Y5, Y8
+	VROUNDPS     $0x03, Y8, Y9
+	VSUBPS       Y9, Y8, Y10
+	VANDPS       Y0, Y10, Y10
+	VCMPPS       $0x1d, Y3, Y10, Y10
+	VANDPS       Y1, Y8, Y8
+	VORPS        Y2, Y8, Y8
+	VANDPS       Y10, Y8, Y8
+	VADDPS       Y8, Y9, Y9
+	VCVTTPS2DQ   Y9, Y8
+	VMULPS       96(AX), Y5, Y5
+	VROUNDPS     $0x03, Y5, Y9
+	VSUBPS       Y9, Y5, Y10
+	VANDPS       Y0, Y10, Y10
+	VCMPPS       $0x1d, Y3, Y10, Y10
+	VANDPS       Y1, Y5, Y5
+	VORPS        Y2, Y5, Y5
+	VANDPS       Y10, Y5, Y5
+	VADDPS       Y5, Y9, Y9
+	VCVTTPS2DQ   Y9, Y5
+	VPACKSSDW    Y7, Y6, Y9
+	VPACKSSDW    Y5, Y8, Y10
+	VPACKSSWB    Y10, Y9, Y9
+	VPERMD       Y9, Y4, Y9
+	VMOVDQU      Y9, (DX)
+	VPADDD       Y7, Y6, Y6
+	VPADDD       Y5, Y8, Y8
+	VPADDD       Y8, Y6, Y6
+	VEXTRACTI128 $0x01, Y6, X5
+	VPADDD       X5, X6, X5
+	VPSHUFD      $0x4e, X5, X6
+	VPADDD       X6, X5, X6
+	VPSHUFD      $0xb1, X6, X5
+	VPADDD       X5, X6, X5
+	VMOVD        X5, DI
+	IMULL        SI, DI
+	MOVL         DI, 4(BX)
+	ADDQ         $0x00000080, AX
+	ADDQ         $0x00000020, DX
+	ADDQ         $0x00000008, BX
+	DECQ         CX
+	JNE          block
+
+done:
+	VZEROUPPER
+	RET
+
+DATA qactpackorder<>+0(SB)/4, $0x00000000
+DATA qactpackorder<>+4(SB)/4, $0x00000004
+DATA qactpackorder<>+8(SB)/4, $0x00000001
+DATA qactpackorder<>+12(SB)/4, $0x00000005
+DATA qactpackorder<>+16(SB)/4, $0x00000002
+DATA qactpackorder<>+20(SB)/4, $0x00000006
+DATA qactpackorder<>+24(SB)/4, $0x00000003
+DATA qactpackorder<>+28(SB)/4, $0x00000007
+GLOBL qactpackorder<>(SB), RODATA|NOPTR, $32
+
 // func qactQ8KAVX2(x *float32, nb int, q *int8, meta *uint32)
 // Requires: AVX, AVX2
 TEXT ·qactQ8KAVX2(SB), NOSPLIT, $0-32
@@ -43075,16 +43202,6 @@ next:
 done:
 	VZEROUPPER
 	RET
-
-DATA qactpackorder<>+0(SB)/4, $0x00000000
-DATA qactpackorder<>+4(SB)/4, $0x00000004
-DATA qactpackorder<>+8(SB)/4, $0x00000001
-DATA qactpackorder<>+12(SB)/4, $0x00000005
-DATA qactpackorder<>+16(SB)/4, $0x00000002
-DATA qactpackorder<>+20(SB)/4, $0x00000006
-DATA qactpackorder<>+24(SB)/4, $0x00000003
-DATA qactpackorder<>+28(SB)/4, $0x00000007
-GLOBL qactpackorder<>(SB), RODATA|NOPTR, $32
 
 // func qrowQ8_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 // Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+

@@ -340,6 +340,9 @@ func qdot6KAVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, 
 // qdot6KAVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb super-blocks of a panel (see asmgen).
 func qdot6KAVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qactQ8_0AVX2 quantizes nb blocks of 32 activations to q8_0 levels and their scale and correction (see quantizeActQ8_0).
+func qactQ8_0AVX2(x *float32, nb int, q *int8, meta *uint32, corrMul int)
+
 // qactQ8KAVX2 quantizes nb blocks of 256 activations to q8_K levels, scale and sums (see quantizeActQ8K).
 func qactQ8KAVX2(x *float32, nb int, q *int8, meta *uint32)
 

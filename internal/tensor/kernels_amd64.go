@@ -63,8 +63,11 @@ func archKernelSets() []*kernelSet {
 			expSum:  expSumAVX2,
 			qmm:     qmmAVX2,
 			qmmName: "avx2",
-			qactQ8K: qactQ8KAVX2,
 			avail:   avx2,
+
+			// The quantized product's activation quantizers.
+			qactQ8_0: qactQ8_0AVX2,
+			qactQ8K:  qactQ8KAVX2,
 
 			// Attention's value sums (bit-identical to axpy per row) and
 			// row maxima.

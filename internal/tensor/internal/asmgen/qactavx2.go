@@ -1,9 +1,9 @@
 package main
 
-// The AVX2 activation quantizer of the K-quants (qact.go has the AVX-512
-// ones): rows of f32 activations to q8_K super-blocks with the metadata the
-// dot kernels need, bit-identical to package tensor's quantizeActQ8K for
-// finite inputs.
+// The AVX2 activation quantizers (qact.go has the AVX-512 ones): rows of
+// f32 activations to q8_0 blocks or q8_K super-blocks with the metadata the
+// dot kernels need, bit-identical to package tensor's quantizeActQ8_0 and
+// quantizeActQ8K for finite inputs.
 
 import (
 	"math"
@@ -30,9 +30,7 @@ func hmaxPS8(v VecVirtual) VecVirtual {
 
 // qact8KAVX2 emits the AVX2 activation quantizer for the K-quants: ggml's
 // q8_K per 256 values, exactly as quantizeActQ8K does it for finite inputs
-// (what qact8K does with AVX-512). The levels are packed from int32 with
-// saturating packs (they lie in [−127, 127]) and put back in order by a
-// dword permutation.
+// (what qact8K does with AVX-512).
 func qact8KAVX2() {
 	TEXT("qactQ8KAVX2", NOSPLIT, "func(x *float32, nb int, q *int8, meta *uint32)")
 	Doc("qactQ8KAVX2 quantizes nb blocks of 256 activations to q8_K levels, scale and sums (see quantizeActQ8K).")
@@ -108,12 +106,7 @@ func qact8KAVX2() {
 			VCVTPS2DQ(p, iv[u]) // nearest, ties to even
 			VPMINSD(c127, iv[u], iv[u])
 		}
-		ab, cd := YMM(), YMM()
-		VPACKSSDW(iv[1], iv[0], ab)
-		VPACKSSDW(iv[3], iv[2], cd)
-		b := YMM()
-		VPACKSSWB(cd, ab, b)
-		VPERMD(b, order, b)
+		b := packLevels32(iv, order)
 		VMOVDQU(b, Mem{Base: q, Disp: 32 * c})
 		pairs[c%2] = YMM()
 		VPMADDUBSW(b, ones8, pairs[c%2])
@@ -155,14 +148,117 @@ func qact8KAVX2() {
 	RET()
 }
 
+// packLevels32 packs four vectors of 8 int32 levels in [−127, 127] (32
+// consecutive values) to 32 int8 in order: saturating packs, then the dword
+// permutation order (packOrder) undoes their lane interleaving.
+func packLevels32(iv [4]VecVirtual, order VecVirtual) VecVirtual {
+	ab, cd := YMM(), YMM()
+	VPACKSSDW(iv[1], iv[0], ab)
+	VPACKSSDW(iv[3], iv[2], cd)
+	b := YMM()
+	VPACKSSWB(cd, ab, b)
+	VPERMD(b, order, b)
+	return b
+}
+
+// qact8_0AVX2 emits the AVX2 activation quantizer for Q8_0/Q4_0/Q5_0
+// weights: ggml's q8_0 per 32 values, exactly as quantizeActQ8_0 does it
+// for finite inputs (what qact8_0 does with AVX-512: round half away from
+// zero as a truncation plus a correction, so it matches math.Round).
+func qact8_0AVX2() {
+	TEXT("qactQ8_0AVX2", NOSPLIT, "func(x *float32, nb int, q *int8, meta *uint32, corrMul int)")
+	Doc("qactQ8_0AVX2 quantizes nb blocks of 32 activations to q8_0 levels and their scale and correction (see quantizeActQ8_0).")
+	x := Load(Param("x"), GP64())
+	nb := Load(Param("nb"), GP64())
+	q := Load(Param("q"), GP64())
+	meta := Load(Param("meta"), GP64())
+	cm := Load(Param("corrMul"), GP64())
+	absMask := splat8(0x7fffffff)
+	signMask := splat8(0x80000000)
+	one := splatF8(1)
+	half := splatF8(0.5)
+	order := YMM()
+	VMOVDQU(packOrder(), order)
+	TESTQ(nb, nb)
+	JE(LabelRef("done"))
+	Label("block")
+	m := YMM()
+	VANDPS(Mem{Base: x}, absMask, m)
+	for v := 1; v < 4; v++ {
+		a := YMM()
+		VANDPS(Mem{Base: x, Disp: 32 * v}, absMask, a)
+		VMAXPS(a, m, m)
+	}
+	amax := hmaxPS8(m)
+	d := XMM()
+	VDIVSS(splatF8(127).AsX(), amax, d)
+	id := XMM()
+	VDIVSS(d, one.AsX(), id)
+	z := XMM()
+	VXORPS(z, z, z)
+	isZero := XMM()
+	VCMPSS(U8(0), z, d, isZero) // d == 0
+	VANDNPS(id, isZero, id)
+	h := XMM()
+	VCVTPS2PH(U8(0), d, h)
+	VCVTPH2PS(h, d)
+	VMOVSS(d, Mem{Base: meta})
+	ib := YMM()
+	VBROADCASTSS(id, ib)
+	var iv [4]VecVirtual
+	for i := range 4 {
+		p := YMM()
+		VMULPS(Mem{Base: x, Disp: 32 * i}, ib, p)
+		t := YMM()
+		VROUNDPS(U8(3), p, t) // truncate
+		f := YMM()
+		VSUBPS(t, p, f)
+		VANDPS(absMask, f, f)
+		VCMPPS(U8(0x1d), half, f, f) // |p − t| ≥ 0.5
+		s := YMM()
+		VANDPS(signMask, p, s)
+		VORPS(one, s, s) // ±1 with p's sign
+		VANDPS(f, s, s)
+		VADDPS(s, t, t)
+		iv[i] = YMM()
+		VCVTTPS2DQ(t, iv[i])
+	}
+	VMOVDQU(packLevels32(iv, order), Mem{Base: q})
+	VPADDD(iv[1], iv[0], iv[0])
+	VPADDD(iv[3], iv[2], iv[2])
+	VPADDD(iv[2], iv[0], iv[0])
+	x1 := XMM()
+	VEXTRACTI128(U8(1), iv[0], x1)
+	VPADDD(x1, iv[0].AsX(), x1)
+	x2 := XMM()
+	VPSHUFD(U8(0x4e), x1, x2)
+	VPADDD(x2, x1, x2)
+	x3 := XMM()
+	VPSHUFD(U8(0xb1), x2, x3)
+	VPADDD(x3, x2, x3)
+	sum := GP32()
+	VMOVD(x3, sum)
+	IMULL(cm.(GPVirtual).As32(), sum)
+	MOVL(sum, Mem{Base: meta, Disp: 4})
+	ADDQ(U32(128), x)
+	ADDQ(U32(32), q)
+	ADDQ(U32(8), meta)
+	DECQ(nb)
+	JNE(LabelRef("block"))
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
 // splatF8 returns a YMM holding f in every lane.
 func splatF8(f float32) VecVirtual { return splat8(math.Float32bits(f)) }
 
-// packOrderMem is the dword permutation table of qact8KAVX2, once emitted.
+// packOrderMem is the dword permutation table of packLevels32, once
+// emitted.
 var packOrderMem *Mem
 
 // packOrder emits (once) the VPERMD indices that put the levels of
-// qact8KAVX2's packs in order: after VPACKSSDW and VPACKSSWB of four
+// packLevels32's packs in order: after VPACKSSDW and VPACKSSWB of four
 // vectors a, b, c, d of 8 int32, the dwords hold a0-3 b0-3 c0-3 d0-3
 // a4-7 b4-7 c4-7 d4-7.
 func packOrder() Mem {
