@@ -277,11 +277,17 @@ func qdotQ8_0AVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int
 // qdotQ4_0AVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb blocks of a panel (see asmgen).
 func qdotQ4_0AVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qdotQ5_0AVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb blocks of a panel (see asmgen).
+func qdotQ5_0AVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qdotQ8_0AVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb blocks of a panel (see asmgen).
 func qdotQ8_0AVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdotQ4_0AVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb blocks of a panel (see asmgen).
 func qdotQ4_0AVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotQ5_0AVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb blocks of a panel (see asmgen).
+func qdotQ5_0AVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdotQ8_0AVX2R3 continues the 8-lane f32 chains of 3 activation rows over nb blocks of a panel (see asmgen).
 func qdotQ8_0AVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
@@ -289,11 +295,17 @@ func qdotQ8_0AVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int
 // qdotQ4_0AVX2R3 continues the 8-lane f32 chains of 3 activation rows over nb blocks of a panel (see asmgen).
 func qdotQ4_0AVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qdotQ5_0AVX2R3 continues the 8-lane f32 chains of 3 activation rows over nb blocks of a panel (see asmgen).
+func qdotQ5_0AVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qdotQ8_0AVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb blocks of a panel (see asmgen).
 func qdotQ8_0AVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdotQ4_0AVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb blocks of a panel (see asmgen).
 func qdotQ4_0AVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotQ5_0AVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb blocks of a panel (see asmgen).
+func qdotQ5_0AVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qpackQ4_KAVX2 packs nb Q4_K super-blocks of 8 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ4_KAVX2(w *byte, ldw int, nb int, dst *byte, pf uintptr)

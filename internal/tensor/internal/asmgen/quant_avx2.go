@@ -257,12 +257,23 @@ const (
 )
 
 // dot32AVX2 emits the AVX2 dot kernel of 32-weight blocks: Q8_0 panels
-// (signed levels, sign trick, no correction) or, with unsigned, Q4_0 ones
-// (nibbles, the correction from the metadata).
-func dot32AVX2(rows int, unsigned bool) {
+// (signed levels, sign trick, no correction) for group 0, or Q4_0/Q5_0 ones
+// (unsigned levels, the correction from the metadata) for group 8/4: the
+// group's VPMADDUBSW results are summed in int16 (VPADDW) before one
+// VPMADDWD by ones widens them, exact as in kDotAVX2 (pair sums of Q4_0's
+// levels ≤ 15 at most 3,810, so 8 of them; Q5_0's ≤ 31, 7,874, so 4). Q8_0's
+// pair sums reach 32,512, so each is widened alone.
+func dot32AVX2(rows, group int) {
 	name := fmt.Sprintf("qdotQ8_0AVX2R%d", rows)
-	if unsigned {
+	switch group {
+	case 8:
 		name = fmt.Sprintf("qdotQ4_0AVX2R%d", rows)
+	case 4:
+		name = fmt.Sprintf("qdotQ5_0AVX2R%d", rows)
+	}
+	unsigned := group > 0
+	if !unsigned {
+		group = 1
 	}
 	TEXT(name, NOSPLIT, dotSig)
 	Doc(fmt.Sprintf("%s continues the 8-lane f32 chains of %d activation rows over nb blocks of a panel (see asmgen).", name, rows))
@@ -289,26 +300,35 @@ func dot32AVX2(rows int, unsigned bool) {
 			VXORPS(is[r], is[r], is[r])
 		}
 	}
-	for t := range 8 {
-		v := YMM()
-		VMOVDQU(Mem{Base: panel, Disp: 32 * t}, v)
-		var av VecVirtual
-		if !unsigned {
-			av = YMM()
-			VPABSB(v, av)
+	for g0 := 0; g0 < 8; g0 += group {
+		s16 := make([]VecVirtual, rows)
+		for t := g0; t < g0+group; t++ {
+			v := YMM()
+			VMOVDQU(Mem{Base: panel, Disp: 32 * t}, v)
+			var av VecVirtual
+			if !unsigned {
+				av = YMM()
+				VPABSB(v, av)
+			}
+			for r := range rows {
+				xb := YMM()
+				VPBROADCASTD(x.at(r, 4*t), xb)
+				if unsigned {
+					VPMADDUBSW(xb, v, xb)
+				} else {
+					VPSIGNB(v, xb, xb)
+					VPMADDUBSW(xb, av, xb)
+				}
+				if t == g0 {
+					s16[r] = xb
+					continue
+				}
+				VPADDW(xb, s16[r], s16[r])
+			}
 		}
 		for r := range rows {
-			xb := YMM()
-			VPBROADCASTD(x.at(r, 4*t), xb)
-			p := YMM()
-			if unsigned {
-				VPMADDUBSW(xb, v, p)
-			} else {
-				VPSIGNB(v, xb, xb)
-				VPMADDUBSW(xb, av, p)
-			}
-			VPMADDWD(ones16, p, p)
-			VPADDD(p, is[r], is[r])
+			VPMADDWD(ones16, s16[r], s16[r])
+			VPADDD(s16[r], is[r], is[r])
 		}
 	}
 	dw := YMM()
@@ -671,8 +691,9 @@ func quantKernelsAVX2() {
 	pack32AVX2(quant32{"Q4_0", 18})
 	pack32AVX2(quant32{"Q5_0", 22})
 	for r := 1; r <= maxDot32RowsAVX2; r++ {
-		dot32AVX2(r, false)
-		dot32AVX2(r, true)
+		for _, group := range []int{0, 8, 4} {
+			dot32AVX2(r, group)
+		}
 	}
 	packQ4KAVX2(false)
 	packQ4KAVX2(true)
