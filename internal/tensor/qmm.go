@@ -183,17 +183,21 @@ func (s *qKernelSet) runPanels(ks qTypeKernels, sc *qScratch, a *qAct, w *Mat, l
 
 // storeAcc copies the first rows chains of each of the m activation rows'
 // lanes chains in acc to out (row i at out[i*ldo:]). A full group of 8 or 16
-// is one fixed-size copy, not a call of memmove: a prefill makes one per
-// activation row and group of weight rows.
+// goes through a local array, which the compiler copies with vector moves
+// (a direct array assignment between two slices calls memmove, since they
+// might overlap): a prefill makes one copy per activation row and group of
+// weight rows.
 func storeAcc(out []float32, ldo int, acc []float32, lanes, rows, m int) {
 	switch {
 	case rows == 8 && lanes == 8:
 		for i := range m {
-			*(*[8]float32)(out[i*ldo:]) = *(*[8]float32)(acc[i*8:])
+			v := *(*[8]float32)(acc[i*8:])
+			*(*[8]float32)(out[i*ldo:]) = v
 		}
 	case rows == 16 && lanes == 16:
 		for i := range m {
-			*(*[16]float32)(out[i*ldo:]) = *(*[16]float32)(acc[i*16:])
+			v := *(*[16]float32)(acc[i*16:])
+			*(*[16]float32)(out[i*ldo:]) = v
 		}
 	default:
 		for i := range m {
