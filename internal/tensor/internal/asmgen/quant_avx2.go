@@ -12,6 +12,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"regexp"
 	"strings"
@@ -257,23 +258,23 @@ const (
 )
 
 // dot32AVX2 emits the AVX2 dot kernel of 32-weight blocks: Q8_0 panels
-// (signed levels, sign trick, no correction) for group 0, or Q4_0/Q5_0 ones
-// (unsigned levels, the correction from the metadata) for group 8/4: the
-// group's VPMADDUBSW results are summed in int16 (VPADDW) before one
-// VPMADDWD by ones widens them, exact as in kDotAVX2 (pair sums of Q4_0's
-// levels ≤ 15 at most 3,810, so 8 of them; Q5_0's ≤ 31, 7,874, so 4). Q8_0's
-// pair sums reach 32,512, so each is widened alone.
-func dot32AVX2(rows, group int) {
+// (signed levels, sign trick, no correction) for maxLevel 0, or Q4_0/Q5_0
+// ones (unsigned levels ≤ maxLevel, 15 or 31, the correction from the
+// metadata): a group of VPMADDUBSW results (see int16Group) is summed in
+// int16 (VPADDW) before one VPMADDWD by ones widens it. Q8_0's pair sums
+// reach 32,512, so each is widened alone.
+func dot32AVX2(rows, maxLevel int) {
 	name := fmt.Sprintf("qdotQ8_0AVX2R%d", rows)
-	switch group {
-	case 8:
+	switch maxLevel {
+	case 15:
 		name = fmt.Sprintf("qdotQ4_0AVX2R%d", rows)
-	case 4:
+	case 31:
 		name = fmt.Sprintf("qdotQ5_0AVX2R%d", rows)
 	}
-	unsigned := group > 0
-	if !unsigned {
-		group = 1
+	unsigned := maxLevel > 0
+	group := 1
+	if unsigned {
+		group = int16Group(maxLevel, 8)
 	}
 	TEXT(name, NOSPLIT, dotSig)
 	Doc(fmt.Sprintf("%s continues the 8-lane f32 chains of %d activation rows over nb blocks of a panel (see asmgen).", name, rows))
@@ -567,25 +568,34 @@ type kDotAVX2 struct {
 	// sub is the sub-block's weights, subs the sub-blocks of a
 	// super-block.
 	sub, subs int
-	// group is how many VPMADDUBSW results (pair sums of level ×
-	// activation) are summed in int16 before VPMADDWD multiplies the sum
-	// by the sub-block's scale: as many as stay within int16 for every
-	// input. A pair sum is at most 2·127·maxLevel in magnitude: Q4_K
-	// (levels ≤ 15) 3,810, so 8 (30,480); Q5_K (≤ 31) 7,874, so 4
-	// (31,496); Q6_K (≤ 63) 16,002, so 2 (32,004).
-	group int
-	six   bool
+	// maxLevel is the largest unsigned weight level.
+	maxLevel int
+	six      bool
 }
 
 var (
-	kDotQ4K = kDotAVX2{"qdotKAVX2", 32, 8, 8, false}
-	kDotQ5K = kDotAVX2{"qdot5KAVX2", 32, 8, 4, false}
-	kDotQ6K = kDotAVX2{"qdot6KAVX2", 16, 16, 2, true}
+	kDotQ4K = kDotAVX2{"qdotKAVX2", 32, 8, 15, false}
+	kDotQ5K = kDotAVX2{"qdot5KAVX2", 32, 8, 31, false}
+	kDotQ6K = kDotAVX2{"qdot6KAVX2", 16, 16, 63, true}
 )
 
+// int16Group returns how many VPMADDUBSW results (pair sums of an unsigned
+// level ≤ maxLevel times an activation in [−127, 127]) a kernel sums in
+// int16 before widening them: the most, dividing the steps of a block or
+// sub-block, whose total stays within int16 for every input. A pair sum is
+// at most 2·127·maxLevel in magnitude: Q4_K/Q4_0 (15) 3,810, so 8 (30,480);
+// Q5_K/Q5_0 (31) 7,874, so 4 (31,496); Q6_K (63) 16,002, so 2 (32,004).
+func int16Group(maxLevel, steps int) int {
+	g := steps
+	for g > 1 && (steps%g != 0 || g*2*127*maxLevel > math.MaxInt16) {
+		g--
+	}
+	return g
+}
+
 // dotKAVX2 emits the AVX2 dot kernel of Q4_K/Q5_K panels (or Q6_K ones),
-// computing what dotK does: per sub-block and activation row, group
-// VPMADDUBSW results summed with VPADDW (exact, see kDotAVX2.group), then
+// computing what dotK does: per sub-block and activation row, a group of
+// VPMADDUBSW results summed with VPADDW (exact, see int16Group), then
 // one VPMADDWD by the scales (the two int16 of a lane: scale·(sum of its
 // 16 or 8 products), pairs summed to int32) into the row's int32 total.
 // That is one multiply instruction per 32 weight × activation products
@@ -612,10 +622,11 @@ func dotKAVX2(kd kDotAVX2, rows int) {
 	Label("block")
 	is := make([]VecVirtual, rows)
 	steps := kd.sub / 4
+	group := int16Group(kd.maxLevel, steps)
 	for j := range kd.subs {
-		for g0 := 0; g0 < steps; g0 += kd.group {
+		for g0 := 0; g0 < steps; g0 += group {
 			s16 := make([]VecVirtual, rows)
-			for t := g0; t < g0+kd.group; t++ {
+			for t := g0; t < g0+group; t++ {
 				v := YMM()
 				VMOVDQU(Mem{Base: panel, Disp: 32 * (steps*j + t)}, v)
 				for r := range rows {
@@ -691,8 +702,8 @@ func quantKernelsAVX2() {
 	pack32AVX2(quant32{"Q4_0", 18})
 	pack32AVX2(quant32{"Q5_0", 22})
 	for r := 1; r <= maxDot32RowsAVX2; r++ {
-		for _, group := range []int{0, 8, 4} {
-			dot32AVX2(r, group)
+		for _, maxLevel := range []int{0, 15, 31} {
+			dot32AVX2(r, maxLevel)
 		}
 	}
 	packQ4KAVX2(false)
