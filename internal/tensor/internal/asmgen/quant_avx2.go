@@ -596,12 +596,13 @@ func int16Group(maxLevel, steps int) int {
 // dotKAVX2 emits the AVX2 dot kernel of Q4_K/Q5_K panels (or Q6_K ones),
 // computing what dotK does: per sub-block and activation row, a group of
 // VPMADDUBSW results summed with VPADDW (exact, see int16Group), then
-// one VPMADDWD by the scales (the two int16 of a lane: scale·(sum of its
-// 16 or 8 products), pairs summed to int32) into the row's int32 total.
-// That is one multiply instruction per 32 weight × activation products
-// plus one per group, where widening each VPMADDUBSW result by ones and
-// scaling with VPMULLD took two plus two per sub-block; Zen 2 runs
-// integer multiplies on one pipe, which bounds this kernel. The chains
+// one VPMADDWD by the scales (each of a lane's two int16 sums times the
+// scale, the two added in int32) into the row's int32 total. That is one
+// multiply instruction per 32 weight × activation products plus one per
+// group, where widening each VPMADDUBSW result by its own VPMADDWD and
+// scaling with VPMULLD (two uops) took two per 32 products plus two per
+// sub-block; Zen 2 runs integer multiplies on one pipe, which bounds this
+// kernel. The chains
 // acc live in memory (a load and a store per super-block) so that four
 // activation rows fit the 16 registers.
 func dotKAVX2(kd kDotAVX2, rows int) {
