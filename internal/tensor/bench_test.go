@@ -192,13 +192,13 @@ func benchQuantMat(b *testing.B, rng *rand.Rand, d DType, n, k int) *Mat {
 }
 
 // BenchmarkQuantMatMul reports GFLOP/s (2·M·N·K per call) and the weight
-// bytes read per second for Q8_0 and Q4_K weights that stay cache-resident
+// bytes read per second for Q8_0, Q4_0, Q4_K and Q6_K weights that stay cache-resident
 // when they fit (see BenchmarkQuantMatMulCold for DRAM-bound decode), on
 // every assembly ISA.
 //
 //	go test -run '^$' -bench 'QuantMatMul/q8_0/llama-1b/2048x2048/M=(1|16)/' ./internal/tensor/
 func BenchmarkQuantMatMul(b *testing.B) {
-	for _, d := range []DType{Q8_0, Q4_K, Q6_K} {
+	for _, d := range []DType{Q8_0, Q4_0, Q4_K, Q6_K} {
 		for _, s := range quantBenchShapes {
 			if _, err := d.RowBytes(s.k); err != nil {
 				continue // smollm2's 576 columns are no multiple of 256

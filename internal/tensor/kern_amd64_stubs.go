@@ -277,11 +277,17 @@ func qdotQ8_0AVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int
 // qdotQ4_0AVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb blocks of a panel (see asmgen).
 func qdotQ4_0AVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qdotQ5_0AVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb blocks of a panel (see asmgen).
+func qdotQ5_0AVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qdotQ8_0AVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb blocks of a panel (see asmgen).
 func qdotQ8_0AVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdotQ4_0AVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb blocks of a panel (see asmgen).
 func qdotQ4_0AVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotQ5_0AVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb blocks of a panel (see asmgen).
+func qdotQ5_0AVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdotQ8_0AVX2R3 continues the 8-lane f32 chains of 3 activation rows over nb blocks of a panel (see asmgen).
 func qdotQ8_0AVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
@@ -289,11 +295,17 @@ func qdotQ8_0AVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int
 // qdotQ4_0AVX2R3 continues the 8-lane f32 chains of 3 activation rows over nb blocks of a panel (see asmgen).
 func qdotQ4_0AVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qdotQ5_0AVX2R3 continues the 8-lane f32 chains of 3 activation rows over nb blocks of a panel (see asmgen).
+func qdotQ5_0AVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qdotQ8_0AVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb blocks of a panel (see asmgen).
 func qdotQ8_0AVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdotQ4_0AVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb blocks of a panel (see asmgen).
 func qdotQ4_0AVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotQ5_0AVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb blocks of a panel (see asmgen).
+func qdotQ5_0AVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qpackQ4_KAVX2 packs nb Q4_K super-blocks of 8 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ4_KAVX2(w *byte, ldw int, nb int, dst *byte, pf uintptr)
@@ -307,14 +319,44 @@ func qpackQ6_KAVX2(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 // qdotKAVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb super-blocks of a panel (see asmgen).
 func qdotKAVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
-// qdot6KAVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb super-blocks of a panel (see asmgen).
-func qdot6KAVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
-
 // qdotKAVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb super-blocks of a panel (see asmgen).
 func qdotKAVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qdotKAVX2R3 continues the 8-lane f32 chains of 3 activation rows over nb super-blocks of a panel (see asmgen).
+func qdotKAVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotKAVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb super-blocks of a panel (see asmgen).
+func qdotKAVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot5KAVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb super-blocks of a panel (see asmgen).
+func qdot5KAVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot5KAVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb super-blocks of a panel (see asmgen).
+func qdot5KAVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot5KAVX2R3 continues the 8-lane f32 chains of 3 activation rows over nb super-blocks of a panel (see asmgen).
+func qdot5KAVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot5KAVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb super-blocks of a panel (see asmgen).
+func qdot5KAVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6KAVX2R1 continues the 8-lane f32 chains of 1 activation rows over nb super-blocks of a panel (see asmgen).
+func qdot6KAVX2R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qdot6KAVX2R2 continues the 8-lane f32 chains of 2 activation rows over nb super-blocks of a panel (see asmgen).
 func qdot6KAVX2R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6KAVX2R3 continues the 8-lane f32 chains of 3 activation rows over nb super-blocks of a panel (see asmgen).
+func qdot6KAVX2R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6KAVX2R4 continues the 8-lane f32 chains of 4 activation rows over nb super-blocks of a panel (see asmgen).
+func qdot6KAVX2R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qactQ8_0AVX2 quantizes nb blocks of 32 activations to q8_0 levels and their scale and correction (see quantizeActQ8_0).
+func qactQ8_0AVX2(x *float32, nb int, q *int8, meta *uint32, corrMul int)
+
+// qactQ8KAVX2 quantizes nb blocks of 256 activations to q8_K levels, scale and sums (see quantizeActQ8K).
+func qactQ8KAVX2(x *float32, nb int, q *int8, meta *uint32)
 
 // qrowQ8_0AVX2 computes up to 8 Q8_0 weight rows times one activation row (see asmgen's rowquant.go).
 func qrowQ8_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)

@@ -65,6 +65,10 @@ func archKernelSets() []*kernelSet {
 			qmmName: "avx2",
 			avail:   avx2,
 
+			// The quantized product's activation quantizers.
+			qactQ8_0: qactQ8_0AVX2,
+			qactQ8K:  qactQ8KAVX2,
+
 			// Attention's value sums (bit-identical to axpy per row) and
 			// row maxima.
 			axpyRowsBF16: axpyRowsBF16AVX2,

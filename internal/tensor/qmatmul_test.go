@@ -482,18 +482,23 @@ func f16Offsets(d DType) []int {
 	return []int{0}
 }
 
-// TestQuantMatVecExtremes checks the one-row kernels where their exact
-// integer sums are largest: every level at its maximum (all weight bytes
-// 0xff but the f16 scales) times activations all at ±127 (the AVX-512
-// Q4_K/Q5_K kernel adds pairs of its sums in int16).
+// TestQuantMatVecExtremes checks the one-row kernels, and the panel kernels
+// of several activation rows, where their exact integer sums are largest:
+// every level at its maximum (all weight bytes 0xff but the f16 scales)
+// times activations all at ±127 (the AVX-512 Q4_K/Q5_K row kernel adds
+// pairs of its sums in int16, the AVX2 K-quant panel kernels up to 8).
 func TestQuantMatVecExtremes(t *testing.T) {
 	forEachISA(t, func(t *testing.T) {
 		pool := NewPool(1)
 		defer pool.Close()
 		for _, d := range quantTypes {
 			elems, bytes := d.BlockSize()
-			for _, sign := range []float32{1, -1} {
-				t.Run(fmt.Sprintf("%s x=%g", d, sign), func(t *testing.T) {
+			for _, c := range []struct {
+				sign float32
+				m    int
+			}{{1, 1}, {-1, 1}, {1, 7}, {-1, 7}} {
+				sign := c.sign
+				t.Run(fmt.Sprintf("%s x=%g m=%d", d, sign, c.m), func(t *testing.T) {
 					const nb, n = 9, 9
 					k := nb * elems
 					rb, _ := d.RowBytes(k)
@@ -506,17 +511,19 @@ func TestQuantMatVecExtremes(t *testing.T) {
 							binary.LittleEndian.PutUint16(w.Q[b*bytes+off:], F32ToF16(0.5))
 						}
 					}
-					x := make([]float32, k)
+					x := make([]float32, c.m*k)
 					for i := range x {
 						x[i] = sign
 					}
-					out := make([]float32, n)
-					pool.MatMul(out, x, 1, w)
-					xq, xs := refActs(d, x)
-					for j := range n {
-						def, _, _ := refQuantDot(w, xq, xs, j)
-						if math.Float32bits(out[j]) != math.Float32bits(def) {
-							t.Fatalf("out[%d] = %g, the definition gives %g", j, out[j], def)
+					out := make([]float32, c.m*n)
+					pool.MatMul(out, x, c.m, w)
+					xq, xs := refActs(d, x[:k])
+					for i := range c.m {
+						for j := range n {
+							def, _, _ := refQuantDot(w, xq, xs, j)
+							if math.Float32bits(out[i*n+j]) != math.Float32bits(def) {
+								t.Fatalf("out[%d][%d] = %g, the definition gives %g", i, j, out[i*n+j], def)
+							}
 						}
 					}
 				})

@@ -177,8 +177,31 @@ func (s *qKernelSet) runPanels(ks qTypeKernels, sc *qScratch, a *qAct, w *Mat, l
 				ks.dot[r-1](&a.xq[i*k+b0*elems], k, &a.meta[(i*nb+b0)*words], nb*words*4, &panel[0], c, &acc[i*lanes])
 			}
 		}
+		storeAcc(out[j0:], n, acc, lanes, rows, m)
+	}
+}
+
+// storeAcc copies the first rows chains of each of the m activation rows'
+// lanes chains in acc to out (row i at out[i*ldo:]). A full group of 8 or 16
+// goes through a local array, which the compiler copies with vector moves
+// (a direct array assignment between two slices calls memmove, since they
+// might overlap): a prefill makes one copy per activation row and group of
+// weight rows.
+func storeAcc(out []float32, ldo int, acc []float32, lanes, rows, m int) {
+	switch {
+	case rows == 8 && lanes == 8:
 		for i := range m {
-			copy(out[i*n+j0:i*n+j0+rows], acc[i*lanes:i*lanes+rows])
+			v := *(*[8]float32)(acc[i*8:])
+			*(*[8]float32)(out[i*ldo:]) = v
+		}
+	case rows == 16 && lanes == 16:
+		for i := range m {
+			v := *(*[16]float32)(acc[i*16:])
+			*(*[16]float32)(out[i*ldo:]) = v
+		}
+	default:
+		for i := range m {
+			copy(out[i*ldo:i*ldo+rows], acc[i*lanes:i*lanes+rows])
 		}
 	}
 }

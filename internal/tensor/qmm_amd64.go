@@ -31,10 +31,10 @@ var (
 var qKernelsAVX2 = &qKernelSet{lanes: 8, types: map[DType]qTypeKernels{
 	Q8_0: {qpackQ8_0AVX2, []qdot{qdotQ8_0AVX2R1, qdotQ8_0AVX2R2, qdotQ8_0AVX2R3, qdotQ8_0AVX2R4}, 9 * 32},
 	Q4_0: {qpackQ4_0AVX2, []qdot{qdotQ4_0AVX2R1, qdotQ4_0AVX2R2, qdotQ4_0AVX2R3, qdotQ4_0AVX2R4}, 9 * 32},
-	Q5_0: {qpackQ5_0AVX2, []qdot{qdotQ4_0AVX2R1, qdotQ4_0AVX2R2, qdotQ4_0AVX2R3, qdotQ4_0AVX2R4}, 9 * 32},
-	Q4_K: {qpackQ4_KAVX2, []qdot{qdotKAVX2R1, qdotKAVX2R2}, 78 * 32},
-	Q5_K: {qpackQ5_KAVX2, []qdot{qdotKAVX2R1, qdotKAVX2R2}, 78 * 32},
-	Q6_K: {qpackQ6_KAVX2, []qdot{qdot6KAVX2R1, qdot6KAVX2R2}, 89 * 32},
+	Q5_0: {qpackQ5_0AVX2, []qdot{qdotQ5_0AVX2R1, qdotQ5_0AVX2R2, qdotQ5_0AVX2R3, qdotQ5_0AVX2R4}, 9 * 32},
+	Q4_K: {qpackQ4_KAVX2, []qdot{qdotKAVX2R1, qdotKAVX2R2, qdotKAVX2R3, qdotKAVX2R4}, 78 * 32},
+	Q5_K: {qpackQ5_KAVX2, []qdot{qdot5KAVX2R1, qdot5KAVX2R2, qdot5KAVX2R3, qdot5KAVX2R4}, 78 * 32},
+	Q6_K: {qpackQ6_KAVX2, []qdot{qdot6KAVX2R1, qdot6KAVX2R2, qdot6KAVX2R3, qdot6KAVX2R4}, 89 * 32},
 }, row: map[DType]qRowKernel{
 	Q8_0: {fn: qrowQ8_0AVX2, group: 8, slot: 64},
 	Q4_0: {fn: qrowQ4_0AVX2, group: 8, slot: 64},

@@ -88,6 +88,8 @@ func main() {
 		expSum(s)
 		if s.lanes == 8 {
 			quantKernelsAVX2()
+			qact8_0AVX2()
+			qact8KAVX2()
 			rowKernels(false)
 			for g := 1; g <= 4; g++ {
 				axpyRowsBF16AVX2(g)

@@ -12,6 +12,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"regexp"
 	"strings"
@@ -163,7 +164,9 @@ func rowIndex8(L GPVirtual) VecVirtual {
 	return idx
 }
 
-// AVX2 panel layouts: those of quant.go with 32-byte vectors.
+// AVX2 panel layouts: those of quant.go with 32-byte vectors, except that
+// the K-quants' sub-block scales hold the scale in both int16 halves of
+// each lane (the factors of the dot kernels' VPMADDWD).
 const (
 	panel32Bytes8 = 32 * panel32Vecs
 	pk8Scales     = 64 * 32
@@ -251,16 +254,27 @@ func pack32AVX2(q quant32) {
 // AVX2 dot kernel (16 registers).
 const (
 	maxDot32RowsAVX2 = 4
-	maxDotKRowsAVX2  = 2
+	maxDotKRowsAVX2  = 4
 )
 
 // dot32AVX2 emits the AVX2 dot kernel of 32-weight blocks: Q8_0 panels
-// (signed levels, sign trick, no correction) or, with unsigned, Q4_0 ones
-// (nibbles, the correction from the metadata).
-func dot32AVX2(rows int, unsigned bool) {
+// (signed levels, sign trick, no correction) for maxLevel 0, or Q4_0/Q5_0
+// ones (unsigned levels ≤ maxLevel, 15 or 31, the correction from the
+// metadata): a group of VPMADDUBSW results (see int16Group) is summed in
+// int16 (VPADDW) before one VPMADDWD by ones widens it. Q8_0's pair sums
+// reach 32,512, so each is widened alone.
+func dot32AVX2(rows, maxLevel int) {
 	name := fmt.Sprintf("qdotQ8_0AVX2R%d", rows)
-	if unsigned {
+	switch maxLevel {
+	case 15:
 		name = fmt.Sprintf("qdotQ4_0AVX2R%d", rows)
+	case 31:
+		name = fmt.Sprintf("qdotQ5_0AVX2R%d", rows)
+	}
+	unsigned := maxLevel > 0
+	group := 1
+	if unsigned {
+		group = int16Group(maxLevel, 8)
 	}
 	TEXT(name, NOSPLIT, dotSig)
 	Doc(fmt.Sprintf("%s continues the 8-lane f32 chains of %d activation rows over nb blocks of a panel (see asmgen).", name, rows))
@@ -287,26 +301,35 @@ func dot32AVX2(rows int, unsigned bool) {
 			VXORPS(is[r], is[r], is[r])
 		}
 	}
-	for t := range 8 {
-		v := YMM()
-		VMOVDQU(Mem{Base: panel, Disp: 32 * t}, v)
-		var av VecVirtual
-		if !unsigned {
-			av = YMM()
-			VPABSB(v, av)
+	for g0 := 0; g0 < 8; g0 += group {
+		s16 := make([]VecVirtual, rows)
+		for t := g0; t < g0+group; t++ {
+			v := YMM()
+			VMOVDQU(Mem{Base: panel, Disp: 32 * t}, v)
+			var av VecVirtual
+			if !unsigned {
+				av = YMM()
+				VPABSB(v, av)
+			}
+			for r := range rows {
+				xb := YMM()
+				VPBROADCASTD(x.at(r, 4*t), xb)
+				if unsigned {
+					VPMADDUBSW(xb, v, xb)
+				} else {
+					VPSIGNB(v, xb, xb)
+					VPMADDUBSW(xb, av, xb)
+				}
+				if t == g0 {
+					s16[r] = xb
+					continue
+				}
+				VPADDW(xb, s16[r], s16[r])
+			}
 		}
 		for r := range rows {
-			xb := YMM()
-			VPBROADCASTD(x.at(r, 4*t), xb)
-			p := YMM()
-			if unsigned {
-				VPMADDUBSW(xb, v, p)
-			} else {
-				VPSIGNB(v, xb, xb)
-				VPMADDUBSW(xb, av, p)
-			}
-			VPMADDWD(ones16, p, p)
-			VPADDD(p, is[r], is[r])
+			VPMADDWD(ones16, s16[r], s16[r])
+			VPADDD(s16[r], is[r], is[r])
 		}
 	}
 	dw := YMM()
@@ -409,8 +432,14 @@ func packQ4KAVX2(five bool) {
 		VPOR(b, a, a)
 		return a
 	}
+	// The scales as two equal int16 per lane: VPMADDWD's factors for the
+	// dot kernel's int16 sums.
 	for j := range 8 {
-		VMOVDQU(six(j, false), Mem{Base: dst, Disp: pk8Scales + 32*j})
+		v := six(j, false)
+		hi := YMM()
+		VPSLLD(U8(16), v, hi)
+		VPOR(hi, v, v)
+		VMOVDQU(v, Mem{Base: dst, Disp: pk8Scales + 32*j})
 	}
 	for i := range 4 {
 		lo, hi := six(2*i, true), six(2*i+1, true)
@@ -480,7 +509,13 @@ func packQ6KAVX2() {
 			VPSLLD(U8(24-8*k), v, v)
 		}
 		VPSRAD(U8(24), v, v)
-		VMOVDQU(v, Mem{Base: dst, Disp: p68Scales + 32*s})
+		// The scale as two equal int16 per lane (VPMADDWD's factors).
+		dup := YMM()
+		VPSLLD(U8(16), v, dup)
+		lo := YMM()
+		VPAND(splat8(0xffff), v, lo)
+		VPOR(lo, dup, dup)
+		VMOVDQU(dup, Mem{Base: dst, Disp: p68Scales + 32*s})
 		if s%2 == 0 {
 			pairLo = v
 			VPAND(splat8(0xffff), pairLo, pairLo)
@@ -527,14 +562,54 @@ func packQ6KAVX2() {
 	RET()
 }
 
-// dotKAVX2 emits the AVX2 dot kernel of Q4_K/Q5_K panels (or Q6_K ones
-// with six), computing what dotK does.
-func dotKAVX2(rows int, six bool) {
-	name := fmt.Sprintf("qdotKAVX2R%d", rows)
-	sub, subs, pb, scOff, pairs, pairOff, sumOff := 32, 8, pk8Bytes, pk8Scales, 4, pk8Mins, metaSums32
-	if six {
-		name = fmt.Sprintf("qdot6KAVX2R%d", rows)
-		sub, subs, pb, scOff, pairs, pairOff, sumOff = 16, 16, p68Bytes, p68Scales, 8, p68Pairs, metaSums16
+// kDotAVX2 describes one AVX2 K-quant dot kernel family.
+type kDotAVX2 struct {
+	name string
+	// sub is the sub-block's weights, subs the sub-blocks of a
+	// super-block.
+	sub, subs int
+	// maxLevel is the largest unsigned weight level.
+	maxLevel int
+	six      bool
+}
+
+var (
+	kDotQ4K = kDotAVX2{"qdotKAVX2", 32, 8, 15, false}
+	kDotQ5K = kDotAVX2{"qdot5KAVX2", 32, 8, 31, false}
+	kDotQ6K = kDotAVX2{"qdot6KAVX2", 16, 16, 63, true}
+)
+
+// int16Group returns how many VPMADDUBSW results (pair sums of an unsigned
+// level ≤ maxLevel times an activation in [−127, 127]) a kernel sums in
+// int16 before widening them: the most, dividing the steps of a block or
+// sub-block, whose total stays within int16 for every input. A pair sum is
+// at most 2·127·maxLevel in magnitude: Q4_K/Q4_0 (15) 3,810, so 8 (30,480);
+// Q5_K/Q5_0 (31) 7,874, so 4 (31,496); Q6_K (63) 16,002, so 2 (32,004).
+func int16Group(maxLevel, steps int) int {
+	g := steps
+	for g > 1 && (steps%g != 0 || g*2*127*maxLevel > math.MaxInt16) {
+		g--
+	}
+	return g
+}
+
+// dotKAVX2 emits the AVX2 dot kernel of Q4_K/Q5_K panels (or Q6_K ones),
+// computing what dotK does: per sub-block and activation row, a group of
+// VPMADDUBSW results summed with VPADDW (exact, see int16Group), then
+// one VPMADDWD by the scales (each of a lane's two int16 sums times the
+// scale, the two added in int32) into the row's int32 total. That is one
+// multiply instruction per 32 weight × activation products plus one per
+// group, where widening each VPMADDUBSW result by its own VPMADDWD and
+// scaling with VPMULLD (two uops) took two per 32 products plus two per
+// sub-block; Zen 2 runs integer multiplies on one pipe, which bounds this
+// kernel. The chains
+// acc live in memory (a load and a store per super-block) so that four
+// activation rows fit the 16 registers.
+func dotKAVX2(kd kDotAVX2, rows int) {
+	name := fmt.Sprintf("%sR%d", kd.name, rows)
+	pb, scOff, pairs, pairOff, sumOff, dOff := pk8Bytes, pk8Scales, 4, pk8Mins, metaSums32, pk8D
+	if kd.six {
+		pb, scOff, pairs, pairOff, sumOff, dOff = p68Bytes, p68Scales, 8, p68Pairs, metaSums16, p68D
 	}
 	TEXT(name, NOSPLIT, dotSig)
 	Doc(fmt.Sprintf("%s continues the 8-lane f32 chains of %d activation rows over nb super-blocks of a panel (see asmgen).", name, rows))
@@ -543,47 +618,40 @@ func dotKAVX2(rows int, six bool) {
 	panel := Load(Param("panel"), GP64())
 	nb := Load(Param("nb"), GP64())
 	accp := Load(Param("acc"), GP64())
-	ones16 := splat8(0x00010001)
-	acc := make([]VecVirtual, rows)
-	for r := range acc {
-		acc[r] = YMM()
-		VMOVUPS(Mem{Base: accp, Disp: 32 * r}, acc[r])
-	}
 	TESTQ(nb, nb)
-	JE(LabelRef("store"))
+	JE(LabelRef("done"))
 	Label("block")
 	is := make([]VecVirtual, rows)
-	for j := range subs {
-		ds := make([]VecVirtual, rows)
-		for r := range rows {
-			ds[r] = YMM()
-			VXORPS(ds[r], ds[r], ds[r])
-		}
-		for t := range sub / 4 {
-			v := YMM()
-			VMOVDQU(Mem{Base: panel, Disp: 32 * (sub/4*j + t)}, v)
+	steps := kd.sub / 4
+	group := int16Group(kd.maxLevel, steps)
+	for j := range kd.subs {
+		for g0 := 0; g0 < steps; g0 += group {
+			s16 := make([]VecVirtual, rows)
+			for t := g0; t < g0+group; t++ {
+				v := YMM()
+				VMOVDQU(Mem{Base: panel, Disp: 32 * (steps*j + t)}, v)
+				for r := range rows {
+					xb := YMM()
+					VPBROADCASTD(x.at(r, kd.sub*j+4*t), xb)
+					VPMADDUBSW(xb, v, xb)
+					if t == g0 {
+						s16[r] = xb
+						continue
+					}
+					VPADDW(xb, s16[r], s16[r])
+				}
+			}
 			for r := range rows {
-				xb := YMM()
-				VPBROADCASTD(x.at(r, sub*j+4*t), xb)
-				VPMADDUBSW(xb, v, xb)
-				VPMADDWD(ones16, xb, xb)
-				VPADDD(xb, ds[r], ds[r])
+				VPMADDWD(Mem{Base: panel, Disp: scOff + 32*j}, s16[r], s16[r])
+				if j == 0 && g0 == 0 {
+					is[r] = s16[r]
+					continue
+				}
+				VPADDD(s16[r], is[r], is[r])
 			}
-		}
-		for r := range rows {
-			VPMULLD(Mem{Base: panel, Disp: scOff + 32*j}, ds[r], ds[r])
-			if j == 0 {
-				is[r] = ds[r]
-				continue
-			}
-			VPADDD(ds[r], is[r], is[r])
 		}
 	}
 	ms := make([]VecVirtual, rows)
-	for r := range rows {
-		ms[r] = YMM()
-		VXORPS(ms[r], ms[r], ms[r])
-	}
 	for i := range pairs {
 		v := YMM()
 		VMOVDQU(Mem{Base: panel, Disp: pairOff + 32*i}, v)
@@ -591,40 +659,40 @@ func dotKAVX2(rows int, six bool) {
 			b := YMM()
 			VPBROADCASTD(m.at(r, sumOff+4*i), b)
 			VPMADDWD(v, b, b)
+			if i == 0 {
+				ms[r] = b
+				continue
+			}
 			VPADDD(b, ms[r], ms[r])
 		}
 	}
 	for r := range rows {
-		if six {
+		if kd.six {
 			VPSLLD(U8(5), ms[r], ms[r])
 			VPSUBD(ms[r], is[r], is[r])
 		}
+		acc := YMM()
+		VMOVUPS(Mem{Base: accp, Disp: 32 * r}, acc)
 		s := YMM()
 		VBROADCASTSS(m.at(r, 0), s)
-		dOff := pk8D
-		if six {
-			dOff = p68D
-		}
 		d := YMM()
 		VMULPS(Mem{Base: panel, Disp: dOff}, s, d)
 		f := YMM()
 		VCVTDQ2PS(is[r], f)
-		VFMADD231PS(d, f, acc[r])
-		if !six {
+		VFMADD231PS(d, f, acc)
+		if !kd.six {
 			VMULPS(Mem{Base: panel, Disp: pk8Dmin}, s, d)
 			VCVTDQ2PS(ms[r], f)
-			VFNMADD231PS(d, f, acc[r])
+			VFNMADD231PS(d, f, acc)
 		}
+		VMOVUPS(acc, Mem{Base: accp, Disp: 32 * r})
 	}
 	x.advance(256)
 	m.advance(metaKBytes)
 	ADDQ(U32(pb), panel)
 	DECQ(nb)
 	JNE(LabelRef("block"))
-	Label("store")
-	for r := range acc {
-		VMOVUPS(acc[r], Mem{Base: accp, Disp: 32 * r})
-	}
+	Label("done")
 	VZEROUPPER()
 	RET()
 }
@@ -635,15 +703,17 @@ func quantKernelsAVX2() {
 	pack32AVX2(quant32{"Q4_0", 18})
 	pack32AVX2(quant32{"Q5_0", 22})
 	for r := 1; r <= maxDot32RowsAVX2; r++ {
-		dot32AVX2(r, false)
-		dot32AVX2(r, true)
+		for _, maxLevel := range []int{0, 15, 31} {
+			dot32AVX2(r, maxLevel)
+		}
 	}
 	packQ4KAVX2(false)
 	packQ4KAVX2(true)
 	packQ6KAVX2()
-	for r := 1; r <= maxDotKRowsAVX2; r++ {
-		dotKAVX2(r, false)
-		dotKAVX2(r, true)
+	for _, kd := range []kDotAVX2{kDotQ4K, kDotQ5K, kDotQ6K} {
+		for r := 1; r <= maxDotKRowsAVX2; r++ {
+			dotKAVX2(kd, r)
+		}
 	}
 }
 
