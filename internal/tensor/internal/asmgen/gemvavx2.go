@@ -43,19 +43,45 @@ func gemvAVX2BF16() {
 	TEXT(name, NOSPLIT, fmt.Sprintf("func(x *float32, ldx int, w %s, ldw int, k int, n int, out *float32, ldo int, pf uintptr)", dt.goType))
 	Doc(fmt.Sprintf("%s computes 1 rows of x times n rows of %s weights (see asmgen).", name, dt.name))
 
-	// The row cursor, the output cursor and the rows left live on the stack
-	// during the wide passes, whose loop needs the registers.
-	wcurM, ocurM, nremM := AllocLocal(8), AllocLocal(8), AllocLocal(8)
-	MOVQ(Load(Param("w"), GP64()), wcurM)
-	MOVQ(Load(Param("out"), GP64()), ocurM)
-	MOVQ(Load(Param("n"), GP64()), nremM)
+	// A call's n rows are split into the 8 streams of gemvRowsAVX2: with
+	// q = n/8, stream c is rows c·q … c·q+q-1, and pass j reads row j of
+	// every stream, so each stream runs through q·ldw contiguous elements
+	// (the Zen 2 reads 8 long streams side by side near its read limit;
+	// 8 adjacent short rows, 1,152 bytes each in SmolLM2, read at half
+	// that). Rows 8q … n-1 follow with gemm's 4-row and single passes.
+	// The cursors, strides and passes left live on the stack during the
+	// wide passes, whose loop needs the registers.
+	wcurM, ocurM, passM := AllocLocal(8), AllocLocal(8), AllocLocal(8)
+	wstrM, ostrM, wendM, oendM := AllocLocal(8), AllocLocal(8), AllocLocal(8), AllocLocal(8)
+	{
+		w := Load(Param("w"), GP64())
+		o := Load(Param("out"), GP64())
+		MOVQ(w, wcurM)
+		MOVQ(o, ocurM)
+		q := Load(Param("n"), GP64())
+		SHRQ(U8(3), q)
+		MOVQ(q, passM)
+		wstr := Load(Param("ldw"), GP64())
+		IMULQ(q, wstr)
+		SHLQ(U8(dtBF16.shift), wstr)
+		MOVQ(wstr, wstrM)
+		SHLQ(U8(2), q)
+		MOVQ(q, ostrM)
+		// The rows after the wide passes start 8 strides in.
+		SHLQ(U8(3), wstr)
+		ADDQ(wstr, w)
+		MOVQ(w, wendM)
+		SHLQ(U8(3), q)
+		ADDQ(q, o)
+		MOVQ(o, oendM)
+	}
 	pfcur = nil
 
 	Label("wide")
-	CMPQ(nremM, U32(gemvRowsAVX2))
-	JL(LabelRef("group"))
-	gemvWidePass(wcurM, ocurM)
-	SUBQ(U32(gemvRowsAVX2), nremM)
+	CMPQ(passM, U8(0))
+	JE(LabelRef("group"))
+	gemvWidePass(wcurM, ocurM, wstrM, ostrM)
+	DECQ(passM)
 	JMP(LabelRef("wide"))
 
 	Label("group")
@@ -65,9 +91,10 @@ func gemvAVX2BF16() {
 	ANDQ(I32(-s.lanes), kv)
 	xr := []GPVirtual{Load(Param("x"), GP64()).(GPVirtual)}
 	wcur, ocur, nrem := GP64(), GP64(), GP64()
-	MOVQ(wcurM, wcur)
-	MOVQ(ocurM, ocur)
-	MOVQ(nremM, nrem)
+	MOVQ(wendM, wcur)
+	MOVQ(oendM, ocur)
+	Load(Param("n"), nrem)
+	ANDQ(U8(gemvRowsAVX2-1), nrem)
 	CMPQ(nrem, U32(4))
 	JL(LabelRef("single"))
 	gemmPass(s, dt, 1, 4, xr, wcur, ocur, k, kv, nil, "g")
@@ -85,29 +112,30 @@ func gemvAVX2BF16() {
 	RET()
 }
 
-// gemvWidePass emits one pass of gemvAVX2BF16 over gemvRowsAVX2 weight rows
-// and the whole K, and advances wcur by those rows and ocur by their
-// outputs (both kept on the stack, at wcurM and ocurM).
-func gemvWidePass(wcurM, ocurM Mem) {
+// gemvWidePass emits one pass of gemvAVX2BF16 over gemvRowsAVX2 weight rows,
+// one per stream (wstrM bytes apart, their outputs ostrM bytes apart), and
+// the whole K, and advances wcur and ocur (kept on the stack, at wcurM and
+// ocurM) by one row and one output.
+func gemvWidePass(wcurM, ocurM, wstrM, ostrM Mem) {
 	const cols = gemvRowsAVX2
 	dt := dtBF16
 	x := Load(Param("x"), GP64()).(GPVirtual)
 	kv := Load(Param("k"), GP64())
 	ANDQ(I32(-8), kv)
-	ldw := Load(Param("ldw"), GP64())
-	SHLQ(U8(dt.shift), ldw)
+	wstr := GP64()
+	MOVQ(wstrM, wstr)
 	wr := make([]GPVirtual, cols)
 	for c := range wr {
 		wr[c] = GP64()
 		if c == 0 {
 			MOVQ(wcurM, wr[c])
 		} else {
-			LEAQ(Mem{Base: wr[c-1], Index: ldw, Scale: 1}, wr[c])
+			LEAQ(Mem{Base: wr[c-1], Index: wstr, Scale: 1}, wr[c])
 		}
 	}
-	next := GP64()
-	LEAQ(Mem{Base: wr[cols-1], Index: ldw, Scale: 1}, next)
-	MOVQ(next, wcurM)
+	ldw := Load(Param("ldw"), GP64())
+	SHLQ(U8(dt.shift), ldw)
+	ADDQ(ldw, wcurM)
 
 	acc := make([]VecVirtual, cols)
 	for c := range acc {
@@ -167,10 +195,14 @@ func gemvWidePass(wcurM, ocurM Mem) {
 	INCQ(idx)
 	JMP(LabelRef("wscalar"))
 	Label("wstore")
-	ocur := GP64()
+	ocur, ostr := GP64(), GP64()
 	MOVQ(ocurM, ocur)
+	MOVQ(ostrM, ostr)
 	for c := range cols {
-		VMOVSS(sums[c], Mem{Base: ocur, Disp: 4 * c})
+		VMOVSS(sums[c], Mem{Base: ocur})
+		if c+1 < cols {
+			ADDQ(ostr, ocur)
+		}
 	}
-	ADDQ(U32(4*cols), ocurM)
+	ADDQ(U8(4), ocurM)
 }
