@@ -9,17 +9,18 @@ import (
 )
 
 // gemvRowsAVX2 is the number of weight rows the AVX2 single-row (M = 1)
-// bf16 kernel reads side by side: gemm reads 4. On the Zen 2 it was
-// were tuned on (EPYC, family 23 model 49) one core reads several streams
-// faster than one (tensor.ReadScan), and gemm's bf16 widening (VPMOVZXWD
-// and VPSLLD per 8 elements) bounded it at ~35 GB/s in L2 whether it read
-// 4 rows or 8; with 8 rows in the pairs below it does 37–42 and cold
-// decode gained 15–25% (docs/performance.md). f16 keeps gemm's kernel:
-// with 8 rows (VCVTPH2PS per row) it fell from ~37 to ~31 GB/s in L2.
+// bf16 and f32 kernels read side by side: gemm reads 4. On the Zen 2 they
+// were tuned on (EPYC, family 23 model 49) one core reads 8 streams side
+// by side faster than fewer (tensor.ReadScan), and gemm's bf16 widening
+// (VPMOVZXWD and VPSLLD per 8 elements) bounded it at ~35 GB/s in L2
+// whether it read 4 rows or 8; with 8 rows in the pairs below it does
+// 37–42 and cold decode gained 15–25% (docs/performance.md). f16 keeps
+// gemm's kernel: with 8 rows (VCVTPH2PS per row) it fell from ~37 to ~31
+// GB/s in L2.
 const gemvRowsAVX2 = 8
 
-// gemvAVX2BF16 emits gemmAVX2BF16R1, the AVX2 kernel for one row of x (M = 1,
-// single-stream decode) over n rows of bf16 weights. It has gemm's
+// gemvAVX2 emits gemmAVX2BF16R1 or gemmAVX2F32R1, the AVX2 kernel for one
+// row of x (M = 1, single-stream decode) over n rows of bf16 or f32 weights. It has gemm's
 // signature and each output's reduction order: one 8-lane chain per
 // weight row marching over K in steps of 8 (lane l takes elements
 // 8s + l, in order of s), the tree (l+l⁴)(l+l²)(l+l¹), then the K%8 tail
@@ -36,9 +37,10 @@ const gemvRowsAVX2 = 8
 // chain stays in one lane of one of the pair's two accumulators, taking
 // the same FMAs in the same order as in gemm (x is broadcast as
 // [x₀…x₃ | x₀…x₃] and [x₄…x₇ | x₄…x₇]). After the loop a 128-bit permute
-// of the two accumulators rebuilds each row's 8-lane one exactly.
-func gemvAVX2BF16() {
-	s, dt := avx2, dtBF16
+// of the two accumulators rebuilds each row's 8-lane one exactly. f32
+// rows need no widening: one FMA from memory per row and step.
+func gemvAVX2(dt dtype) {
+	s := avx2
 	name := fmt.Sprintf("gemm%s%sR1", s.name, dt.name)
 	TEXT(name, NOSPLIT, fmt.Sprintf("func(x *float32, ldx int, w %s, ldw int, k int, n int, out *float32, ldo int, pf uintptr)", dt.goType))
 	Doc(fmt.Sprintf("%s computes 1 rows of x times n rows of %s weights (see asmgen).", name, dt.name))
@@ -63,7 +65,7 @@ func gemvAVX2BF16() {
 		MOVQ(q, passM)
 		wstr := Load(Param("ldw"), GP64())
 		IMULQ(q, wstr)
-		SHLQ(U8(dtBF16.shift), wstr)
+		SHLQ(U8(dt.shift), wstr)
 		MOVQ(wstr, wstrM)
 		SHLQ(U8(2), q)
 		MOVQ(q, ostrM)
@@ -80,7 +82,7 @@ func gemvAVX2BF16() {
 	Label("wide")
 	CMPQ(passM, U8(0))
 	JE(LabelRef("group"))
-	gemvWidePass(wcurM, ocurM, wstrM, ostrM)
+	gemvWidePass(dt, wcurM, ocurM, wstrM, ostrM)
 	DECQ(passM)
 	JMP(LabelRef("wide"))
 
@@ -116,9 +118,8 @@ func gemvAVX2BF16() {
 // one per stream (wstrM bytes apart, their outputs ostrM bytes apart), and
 // the whole K, and advances wcur and ocur (kept on the stack, at wcurM and
 // ocurM) by one row and one output.
-func gemvWidePass(wcurM, ocurM, wstrM, ostrM Mem) {
+func gemvWidePass(dt dtype, wcurM, ocurM, wstrM, ostrM Mem) {
 	const cols = gemvRowsAVX2
-	dt := dtBF16
 	x := Load(Param("x"), GP64()).(GPVirtual)
 	kv := Load(Param("k"), GP64())
 	ANDQ(I32(-8), kv)
@@ -142,8 +143,11 @@ func gemvWidePass(wcurM, ocurM, wstrM, ostrM Mem) {
 		acc[c] = YMM()
 		VXORPS(acc[c], acc[c], acc[c])
 	}
-	zero := YMM()
-	VPXOR(zero, zero, zero)
+	var zero VecVirtual
+	if dt == dtBF16 {
+		zero = YMM()
+		VPXOR(zero, zero, zero)
+	}
 
 	idx = GP64()
 	XORQ(idx, idx)
@@ -152,20 +156,28 @@ func gemvWidePass(wcurM, ocurM, wstrM, ostrM Mem) {
 	Label("wloop")
 	wm := func(c int) Mem { return Mem{Base: wr[c], Index: idx, Scale: 1 << dt.shift} }
 	xm := Mem{Base: x, Index: idx, Scale: 4}
-	// acc[2p] holds lanes 0–3 of rows 2p (low half) and 2p+1 (high
-	// half), acc[2p+1] their lanes 4–7.
-	xlo, xhi := YMM(), YMM()
-	VBROADCASTF128(xm, xlo)
-	VBROADCASTF128(xm.Offset(16), xhi)
-	for p := range cols / 2 {
-		v := YMM()
-		VMOVDQU(wm(2*p), v.AsX())
-		VINSERTI128(U8(1), wm(2*p+1), v, v)
-		e := YMM()
-		VPUNPCKLWD(v, zero, e) // a₀…a₃ | b₀…b₃ (each word << 16)
-		VPUNPCKHWD(v, zero, v) // a₄…a₇ | b₄…b₇
-		VFMADD231PS(xlo, e, acc[2*p])
-		VFMADD231PS(xhi, v, acc[2*p+1])
+	if dt == dtF32 {
+		xv := YMM()
+		VMOVUPS(xm, xv)
+		for c := range cols {
+			VFMADD231PS(wm(c), xv, acc[c])
+		}
+	} else {
+		// acc[2p] holds lanes 0–3 of rows 2p (low half) and 2p+1 (high
+		// half), acc[2p+1] their lanes 4–7.
+		xlo, xhi := YMM(), YMM()
+		VBROADCASTF128(xm, xlo)
+		VBROADCASTF128(xm.Offset(16), xhi)
+		for p := range cols / 2 {
+			v := YMM()
+			VMOVDQU(wm(2*p), v.AsX())
+			VINSERTI128(U8(1), wm(2*p+1), v, v)
+			e := YMM()
+			VPUNPCKLWD(v, zero, e) // a₀…a₃ | b₀…b₃ (each word << 16)
+			VPUNPCKHWD(v, zero, v) // a₄…a₇ | b₄…b₇
+			VFMADD231PS(xlo, e, acc[2*p])
+			VFMADD231PS(xhi, v, acc[2*p+1])
+		}
 	}
 	ADDQ(U32(8), idx)
 	CMPQ(idx, kv)
@@ -174,7 +186,13 @@ func gemvWidePass(wcurM, ocurM, wstrM, ostrM Mem) {
 
 	sums := make([]VecVirtual, cols)
 	for p := range cols / 2 {
-		lo, hi := acc[2*p], acc[2*p+1] // a₀…a₃ | b₀…b₃, a₄…a₇ | b₄…b₇
+		lo, hi := acc[2*p], acc[2*p+1]
+		if dt == dtF32 {
+			sums[2*p] = reduce(avx2, lo)
+			sums[2*p+1] = reduce(avx2, hi)
+			continue
+		}
+		// a₀…a₃ | b₀…b₃, a₄…a₇ | b₄…b₇
 		ra, rb := YMM(), YMM()
 		VPERM2F128(U8(0x20), hi, lo, ra)
 		VPERM2F128(U8(0x31), hi, lo, rb)
