@@ -60,13 +60,33 @@ func BenchmarkMatMul(b *testing.B) {
 // ones, and 3072×576 ones with the short (1152-byte) rows of the
 // SmolLM2-135M projections; M=1 is single-stream decode, M=16 a batched
 // decode step.
-func BenchmarkMatMulColdBF16(b *testing.B) {
+func BenchmarkMatMulColdBF16(b *testing.B) { benchMatMulCold(b, BF16) }
+
+// BenchmarkMatMulColdF32 is BenchmarkMatMulColdBF16 with f32 weights (the
+// short rows are 2,304 bytes).
+func BenchmarkMatMulColdF32(b *testing.B) { benchMatMulCold(b, F32) }
+
+// benchMatMulCold runs the cold MatMul benchmarks for weights of type dt
+// (F32 or BF16).
+func benchMatMulCold(b *testing.B, dt DType) {
+	esize := 2
+	if dt == F32 {
+		esize = 4
+	}
 	for _, s := range []struct{ n, k int }{{2048, 2048}, {3072, 576}} {
-		mats := (320 << 20) / (s.n * s.k * 2)
+		mats := (320 << 20) / (s.n * s.k * esize)
 		rng := rand.New(rand.NewPCG(2, 2))
 		ws := make([]*Mat, mats)
 		for i := range ws {
-			ws[i] = &Mat{DType: BF16, Rows: s.n, Cols: s.k, U16: make([]uint16, s.n*s.k)}
+			ws[i] = &Mat{DType: dt, Rows: s.n, Cols: s.k}
+			if dt == F32 {
+				ws[i].F32 = make([]float32, s.n*s.k)
+				for j := range ws[i].F32 {
+					ws[i].F32[j] = rng.Float32()*2 - 1
+				}
+				continue
+			}
+			ws[i].U16 = make([]uint16, s.n*s.k)
 			for j := range ws[i].U16 {
 				ws[i].U16[j] = uint16(rng.Uint32())&0x3fff | 0x3000 // finite values
 			}
@@ -88,10 +108,11 @@ func BenchmarkMatMulColdBF16(b *testing.B) {
 						pool.MatMul(out, x, m, ws[i%mats])
 						i++
 					}
+					bytes := float64(s.n*s.k*esize) * float64(b.N)
 					if cpu1, ok := threadCPU(); threads == 1 && cpuOK && ok && cpu1 > cpu0 {
-						b.ReportMetric(float64(s.n*s.k*2)*float64(b.N)/(cpu1-cpu0).Seconds()/1e9, "cpuGB/s")
+						b.ReportMetric(bytes/(cpu1-cpu0).Seconds()/1e9, "cpuGB/s")
 					}
-					b.ReportMetric(float64(s.n*s.k*2)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+					b.ReportMetric(bytes/b.Elapsed().Seconds()/1e9, "GB/s")
 					b.ReportMetric(2*float64(m*s.n*s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 				})
 			}

@@ -27392,16 +27392,176 @@ GLOBL q6qhshift1<>(SB), RODATA|NOPTR, $64
 
 // func gemmAVX2F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 // Requires: AVX, FMA3
-TEXT ·gemmAVX2F32R1(SB), NOSPLIT, $0-72
-	MOVQ k+32(FP), AX
-	MOVQ AX, CX
-	ANDQ $-8, CX
-	MOVQ x+0(FP), DX
-	MOVQ w+16(FP), BX
-	MOVQ out+48(FP), SI
-	MOVQ n+40(FP), DI
+TEXT ·gemmAVX2F32R1(SB), NOSPLIT, $56-72
+	MOVQ  w+16(FP), AX
+	MOVQ  out+48(FP), CX
+	MOVQ  AX, (SP)
+	MOVQ  CX, 8(SP)
+	MOVQ  n+40(FP), DX
+	SHRQ  $0x03, DX
+	MOVQ  DX, 16(SP)
+	MOVQ  ldw+24(FP), BX
+	IMULQ DX, BX
+	SHLQ  $0x02, BX
+	MOVQ  BX, 24(SP)
+	SHLQ  $0x02, DX
+	MOVQ  DX, 32(SP)
+	SHLQ  $0x03, BX
+	ADDQ  BX, AX
+	MOVQ  AX, 40(SP)
+	SHLQ  $0x03, DX
+	ADDQ  DX, CX
+	MOVQ  CX, 48(SP)
+
+wide:
+	CMPQ   16(SP), $0x00
+	JE     group
+	MOVQ   x+0(FP), AX
+	MOVQ   k+32(FP), CX
+	ANDQ   $-8, CX
+	MOVQ   24(SP), DX
+	MOVQ   (SP), BX
+	LEAQ   (BX)(DX*1), SI
+	LEAQ   (SI)(DX*1), DI
+	LEAQ   (DI)(DX*1), R8
+	LEAQ   (R8)(DX*1), R9
+	LEAQ   (R9)(DX*1), R10
+	LEAQ   (R10)(DX*1), R11
+	LEAQ   (R11)(DX*1), DX
+	MOVQ   ldw+24(FP), R12
+	SHLQ   $0x02, R12
+	ADDQ   R12, (SP)
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   R12, R12
+	TESTQ  CX, CX
+	JE     wtail
+
+wloop:
+	VMOVUPS     (AX)(R12*4), Y8
+	VFMADD231PS (BX)(R12*4), Y8, Y0
+	VFMADD231PS (SI)(R12*4), Y8, Y1
+	VFMADD231PS (DI)(R12*4), Y8, Y2
+	VFMADD231PS (R8)(R12*4), Y8, Y3
+	VFMADD231PS (R9)(R12*4), Y8, Y4
+	VFMADD231PS (R10)(R12*4), Y8, Y5
+	VFMADD231PS (R11)(R12*4), Y8, Y6
+	VFMADD231PS (DX)(R12*4), Y8, Y7
+	ADDQ        $0x00000008, R12
+	CMPQ        R12, CX
+	JL          wloop
+
+wtail:
+	VEXTRACTF128 $0x01, Y0, X8
+	VADDPS       X8, X0, X8
+	VMOVHLPS     X8, X8, X0
+	VADDPS       X0, X8, X0
+	VMOVSHDUP    X0, X8
+	VADDSS       X8, X0, X8
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VMOVHLPS     X0, X0, X1
+	VADDPS       X1, X0, X1
+	VMOVSHDUP    X1, X0
+	VADDSS       X0, X1, X0
+	VEXTRACTF128 $0x01, Y2, X1
+	VADDPS       X1, X2, X1
+	VMOVHLPS     X1, X1, X2
+	VADDPS       X2, X1, X2
+	VMOVSHDUP    X2, X1
+	VADDSS       X1, X2, X1
+	VEXTRACTF128 $0x01, Y3, X2
+	VADDPS       X2, X3, X2
+	VMOVHLPS     X2, X2, X3
+	VADDPS       X3, X2, X3
+	VMOVSHDUP    X3, X2
+	VADDSS       X2, X3, X2
+	VEXTRACTF128 $0x01, Y4, X3
+	VADDPS       X3, X4, X3
+	VMOVHLPS     X3, X3, X4
+	VADDPS       X4, X3, X4
+	VMOVSHDUP    X4, X3
+	VADDSS       X3, X4, X3
+	VEXTRACTF128 $0x01, Y5, X4
+	VADDPS       X4, X5, X4
+	VMOVHLPS     X4, X4, X5
+	VADDPS       X5, X4, X5
+	VMOVSHDUP    X5, X4
+	VADDSS       X4, X5, X4
+	VEXTRACTF128 $0x01, Y6, X5
+	VADDPS       X5, X6, X5
+	VMOVHLPS     X5, X5, X6
+	VADDPS       X6, X5, X6
+	VMOVSHDUP    X6, X5
+	VADDSS       X5, X6, X5
+	VEXTRACTF128 $0x01, Y7, X6
+	VADDPS       X6, X7, X6
+	VMOVHLPS     X6, X6, X7
+	VADDPS       X7, X6, X7
+	VMOVSHDUP    X7, X6
+	VADDSS       X6, X7, X6
+	MOVQ         k+32(FP), CX
+
+wscalar:
+	CMPQ        R12, CX
+	JE          wstore
+	VMOVSS      (AX)(R12*4), X7
+	VMOVSS      (BX)(R12*4), X9
+	VFMADD231SS X9, X7, X8
+	VMOVSS      (SI)(R12*4), X9
+	VFMADD231SS X9, X7, X0
+	VMOVSS      (DI)(R12*4), X9
+	VFMADD231SS X9, X7, X1
+	VMOVSS      (R8)(R12*4), X9
+	VFMADD231SS X9, X7, X2
+	VMOVSS      (R9)(R12*4), X9
+	VFMADD231SS X9, X7, X3
+	VMOVSS      (R10)(R12*4), X9
+	VFMADD231SS X9, X7, X4
+	VMOVSS      (R11)(R12*4), X9
+	VFMADD231SS X9, X7, X5
+	VMOVSS      (DX)(R12*4), X9
+	VFMADD231SS X9, X7, X6
+	INCQ        R12
+	JMP         wscalar
+
+wstore:
+	MOVQ   8(SP), AX
+	MOVQ   32(SP), CX
+	VMOVSS X8, (AX)
+	ADDQ   CX, AX
+	VMOVSS X0, (AX)
+	ADDQ   CX, AX
+	VMOVSS X1, (AX)
+	ADDQ   CX, AX
+	VMOVSS X2, (AX)
+	ADDQ   CX, AX
+	VMOVSS X3, (AX)
+	ADDQ   CX, AX
+	VMOVSS X4, (AX)
+	ADDQ   CX, AX
+	VMOVSS X5, (AX)
+	ADDQ   CX, AX
+	VMOVSS X6, (AX)
+	ADDQ   $0x04, 8(SP)
+	DECQ   16(SP)
+	JMP    wide
 
 group:
+	MOVQ   k+32(FP), AX
+	MOVQ   AX, CX
+	ANDQ   $-8, CX
+	MOVQ   x+0(FP), DX
+	MOVQ   40(SP), BX
+	MOVQ   48(SP), SI
+	MOVQ   n+40(FP), DI
+	ANDQ   $0x07, DI
 	CMPQ   DI, $0x00000004
 	JL     single
 	MOVQ   ldw+24(FP), R8
@@ -27482,7 +27642,6 @@ gstore:
 	VMOVSS X2, 12(R8)
 	ADDQ   $0x00000010, SI
 	SUBQ   $0x00000004, DI
-	JMP    group
 
 single:
 	TESTQ  DI, DI
@@ -28183,22 +28342,34 @@ done:
 
 // func gemmAVX2BF16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 // Requires: AVX, AVX2, FMA3
-TEXT ·gemmAVX2BF16R1(SB), NOSPLIT, $24-72
-	MOVQ w+16(FP), AX
-	MOVQ AX, (SP)
-	MOVQ out+48(FP), AX
-	MOVQ AX, 8(SP)
-	MOVQ n+40(FP), AX
-	MOVQ AX, 16(SP)
+TEXT ·gemmAVX2BF16R1(SB), NOSPLIT, $56-72
+	MOVQ  w+16(FP), AX
+	MOVQ  out+48(FP), CX
+	MOVQ  AX, (SP)
+	MOVQ  CX, 8(SP)
+	MOVQ  n+40(FP), DX
+	SHRQ  $0x03, DX
+	MOVQ  DX, 16(SP)
+	MOVQ  ldw+24(FP), BX
+	IMULQ DX, BX
+	SHLQ  $0x01, BX
+	MOVQ  BX, 24(SP)
+	SHLQ  $0x02, DX
+	MOVQ  DX, 32(SP)
+	SHLQ  $0x03, BX
+	ADDQ  BX, AX
+	MOVQ  AX, 40(SP)
+	SHLQ  $0x03, DX
+	ADDQ  DX, CX
+	MOVQ  CX, 48(SP)
 
 wide:
-	CMPQ   16(SP), $0x00000008
-	JL     group
+	CMPQ   16(SP), $0x00
+	JE     group
 	MOVQ   x+0(FP), AX
 	MOVQ   k+32(FP), CX
 	ANDQ   $-8, CX
-	MOVQ   ldw+24(FP), DX
-	SHLQ   $0x01, DX
+	MOVQ   24(SP), DX
 	MOVQ   (SP), BX
 	LEAQ   (BX)(DX*1), SI
 	LEAQ   (SI)(DX*1), DI
@@ -28206,9 +28377,10 @@ wide:
 	LEAQ   (R8)(DX*1), R9
 	LEAQ   (R9)(DX*1), R10
 	LEAQ   (R10)(DX*1), R11
-	LEAQ   (R11)(DX*1), R12
-	LEAQ   (R12)(DX*1), DX
-	MOVQ   DX, (SP)
+	LEAQ   (R11)(DX*1), DX
+	MOVQ   ldw+24(FP), R12
+	SHLQ   $0x01, R12
+	ADDQ   R12, (SP)
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -28218,39 +28390,39 @@ wide:
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
 	VPXOR  Y8, Y8, Y8
-	XORQ   DX, DX
+	XORQ   R12, R12
 	TESTQ  CX, CX
 	JE     wtail
 
 wloop:
-	VBROADCASTF128 (AX)(DX*4), Y9
-	VBROADCASTF128 16(AX)(DX*4), Y10
-	VMOVDQU        (BX)(DX*2), X11
-	VINSERTI128    $0x01, (SI)(DX*2), Y11, Y11
+	VBROADCASTF128 (AX)(R12*4), Y9
+	VBROADCASTF128 16(AX)(R12*4), Y10
+	VMOVDQU        (BX)(R12*2), X11
+	VINSERTI128    $0x01, (SI)(R12*2), Y11, Y11
 	VPUNPCKLWD     Y11, Y8, Y12
 	VPUNPCKHWD     Y11, Y8, Y11
 	VFMADD231PS    Y9, Y12, Y0
 	VFMADD231PS    Y10, Y11, Y1
-	VMOVDQU        (DI)(DX*2), X13
-	VINSERTI128    $0x01, (R8)(DX*2), Y13, Y13
+	VMOVDQU        (DI)(R12*2), X13
+	VINSERTI128    $0x01, (R8)(R12*2), Y13, Y13
 	VPUNPCKLWD     Y13, Y8, Y12
 	VPUNPCKHWD     Y13, Y8, Y13
 	VFMADD231PS    Y9, Y12, Y2
 	VFMADD231PS    Y10, Y13, Y3
-	VMOVDQU        (R9)(DX*2), X14
-	VINSERTI128    $0x01, (R10)(DX*2), Y14, Y14
+	VMOVDQU        (R9)(R12*2), X14
+	VINSERTI128    $0x01, (R10)(R12*2), Y14, Y14
 	VPUNPCKLWD     Y14, Y8, Y12
 	VPUNPCKHWD     Y14, Y8, Y14
 	VFMADD231PS    Y9, Y12, Y4
 	VFMADD231PS    Y10, Y14, Y5
-	VMOVDQU        (R11)(DX*2), X15
-	VINSERTI128    $0x01, (R12)(DX*2), Y15, Y15
+	VMOVDQU        (R11)(R12*2), X15
+	VINSERTI128    $0x01, (DX)(R12*2), Y15, Y15
 	VPUNPCKLWD     Y15, Y8, Y12
 	VPUNPCKHWD     Y15, Y8, Y15
 	VFMADD231PS    Y9, Y12, Y6
 	VFMADD231PS    Y10, Y15, Y7
-	ADDQ           $0x00000008, DX
-	CMPQ           DX, CX
+	ADDQ           $0x00000008, R12
+	CMPQ           R12, CX
 	JL             wloop
 
 wtail:
@@ -28313,56 +28485,64 @@ wtail:
 	MOVQ         k+32(FP), CX
 
 wscalar:
-	CMPQ        DX, CX
+	CMPQ        R12, CX
 	JE          wstore
-	VMOVSS      (AX)(DX*4), X1
-	MOVWLZX     (BX)(DX*2), R13
+	VMOVSS      (AX)(R12*4), X1
+	MOVWLZX     (BX)(R12*2), R13
 	SHLL        $0x10, R13
 	VMOVD       R13, X7
 	VFMADD231SS X7, X1, X9
-	MOVWLZX     (SI)(DX*2), R13
+	MOVWLZX     (SI)(R12*2), R13
 	SHLL        $0x10, R13
 	VMOVD       R13, X7
 	VFMADD231SS X7, X1, X8
-	MOVWLZX     (DI)(DX*2), R13
+	MOVWLZX     (DI)(R12*2), R13
 	SHLL        $0x10, R13
 	VMOVD       R13, X7
 	VFMADD231SS X7, X1, X2
-	MOVWLZX     (R8)(DX*2), R13
+	MOVWLZX     (R8)(R12*2), R13
 	SHLL        $0x10, R13
 	VMOVD       R13, X7
 	VFMADD231SS X7, X1, X3
-	MOVWLZX     (R9)(DX*2), R13
+	MOVWLZX     (R9)(R12*2), R13
 	SHLL        $0x10, R13
 	VMOVD       R13, X7
 	VFMADD231SS X7, X1, X4
-	MOVWLZX     (R10)(DX*2), R13
+	MOVWLZX     (R10)(R12*2), R13
 	SHLL        $0x10, R13
 	VMOVD       R13, X7
 	VFMADD231SS X7, X1, X5
-	MOVWLZX     (R11)(DX*2), R13
+	MOVWLZX     (R11)(R12*2), R13
 	SHLL        $0x10, R13
 	VMOVD       R13, X7
 	VFMADD231SS X7, X1, X6
-	MOVWLZX     (R12)(DX*2), R13
+	MOVWLZX     (DX)(R12*2), R13
 	SHLL        $0x10, R13
 	VMOVD       R13, X7
 	VFMADD231SS X7, X1, X0
-	INCQ        DX
+	INCQ        R12
 	JMP         wscalar
 
 wstore:
 	MOVQ   8(SP), AX
+	MOVQ   32(SP), CX
 	VMOVSS X9, (AX)
-	VMOVSS X8, 4(AX)
-	VMOVSS X2, 8(AX)
-	VMOVSS X3, 12(AX)
-	VMOVSS X4, 16(AX)
-	VMOVSS X5, 20(AX)
-	VMOVSS X6, 24(AX)
-	VMOVSS X0, 28(AX)
-	ADDQ   $0x00000020, 8(SP)
-	SUBQ   $0x00000008, 16(SP)
+	ADDQ   CX, AX
+	VMOVSS X8, (AX)
+	ADDQ   CX, AX
+	VMOVSS X2, (AX)
+	ADDQ   CX, AX
+	VMOVSS X3, (AX)
+	ADDQ   CX, AX
+	VMOVSS X4, (AX)
+	ADDQ   CX, AX
+	VMOVSS X5, (AX)
+	ADDQ   CX, AX
+	VMOVSS X6, (AX)
+	ADDQ   CX, AX
+	VMOVSS X0, (AX)
+	ADDQ   $0x04, 8(SP)
+	DECQ   16(SP)
 	JMP    wide
 
 group:
@@ -28370,9 +28550,10 @@ group:
 	MOVQ   AX, CX
 	ANDQ   $-8, CX
 	MOVQ   x+0(FP), DX
-	MOVQ   (SP), BX
-	MOVQ   8(SP), SI
-	MOVQ   16(SP), DI
+	MOVQ   40(SP), BX
+	MOVQ   48(SP), SI
+	MOVQ   n+40(FP), DI
+	ANDQ   $0x07, DI
 	CMPQ   DI, $0x00000004
 	JL     single
 	MOVQ   ldw+24(FP), R8

@@ -245,18 +245,19 @@ func TestMatMulColumnsDoNotDependOnTheirWeightRowGroup(t *testing.T) {
 }
 
 func TestMatMulSingleRowDoesNotDependOnItsWeightRowGroup(t *testing.T) {
-	// The M = 1 kernels read several weight rows side by side (AVX2 bf16:
-	// 8, then 4, then one at a time), with other register layouts than the
-	// multi-row kernels: every column of a single-row product must
-	// equal the product by its weight row alone, for every count of rows
-	// (each split into the passes) and K with and without a tail.
+	// The M = 1 kernels read several weight rows side by side (AVX2 bf16
+	// and f32: 8 streams of n/8 rows each, then 4 rows, then one at a
+	// time), with other register layouts than the multi-row kernels: every
+	// column of a single-row product must equal the product by its weight
+	// row alone, for every count of rows (each split into the passes, up
+	// to 5 rows a stream) and K with and without a tail.
 	forEachISA(t, func(t *testing.T) {
 		pool := NewPool(1)
 		defer pool.Close()
 		for _, dt := range dtypes {
 			for _, k := range []int{8, 15, 64, 203} {
 				rng := rand.New(rand.NewPCG(uint64(k), 29))
-				const maxN = 27
+				const maxN = 47
 				w, _ := randMat(rng, dt, maxN, k)
 				x := randVec(rng, k)
 				alone := make([]float32, maxN)

@@ -71,8 +71,8 @@ func main() {
 					gemmWideR1(s, dt)
 					continue
 				}
-				if r == 1 && s.lanes == 8 && dt == dtBF16 {
-					gemvAVX2BF16()
+				if r == 1 && s.lanes == 8 && dt != dtF16 {
+					gemvAVX2(dt)
 					continue
 				}
 				gemm(s, dt, r)
