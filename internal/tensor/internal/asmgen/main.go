@@ -52,11 +52,15 @@ type isa struct {
 
 var (
 	avx512 = isa{name: "AVX512", lanes: 16, vec: ZMM, cols: func(r int) int { return 4 }}
-	avx2   = isa{name: "AVX2", lanes: 8, vec: YMM, cols: func(r int) int {
+	// AVX2's 16 vector registers hold a 4×3 tile (12 accumulators, the
+	// 3 weight vectors and one activation vector): with the FMA's latency
+	// of 5 cycles and two FMA pipes, 10 or more independent chains keep
+	// both busy, where the 4×2 tile's 8 could not.
+	avx2 = isa{name: "AVX2", lanes: 8, vec: YMM, cols: func(r int) int {
 		if r <= 2 {
 			return 4
 		}
-		return 2
+		return 3
 	}}
 )
 
@@ -265,6 +269,14 @@ func gemm(s isa, dt dtype, rows int) {
 	SUBQ(U32(cols), nrem)
 	JMP(LabelRef("group"))
 
+	if s.lanes == 8 && cols == 3 {
+		// Two rows left: one 2-column pass (the former 4×2 tile) rather
+		// than two single ones.
+		CMPQ(nrem, U32(2))
+		JL(LabelRef("single"))
+		gemmPass(s, dt, rows, 2, xr, wcur, ocur, k, kv, mask, "p")
+		SUBQ(U32(2), nrem)
+	}
 	Label("single")
 	if cols > 1 {
 		TESTQ(nrem, nrem)
