@@ -29,10 +29,8 @@ const (
 	panelBytes = 9 << 10
 	// panelBytesF32 is panelBytes for the f32-activation kernels, whose x
 	// rows take twice the cache: 64 KiB (in L2) measured 3–13% faster
-	// than 9 KiB for them, and with the AVX2 4×3 tile 128 KiB measured
-	// 5–15% faster than 64 for f32 weights with long rows (K = 1,536 and
-	// 2,048; the same at K = 576; docs/performance.md).
-	panelBytesF32 = 128 << 10
+	// than 9 KiB for them.
+	panelBytesF32 = 64 << 10
 )
 
 // MatMul computes out[i*w.Rows+j] = Σ_k x[i*w.Cols+k]·W[j][k] for i < m and
