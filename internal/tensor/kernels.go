@@ -40,8 +40,10 @@ type kernelSet struct {
 	// cols is the number of weight rows the widest kernel processes per
 	// pass; the matrix driver aligns its work split to it.
 	cols int
-	dot  func(a, b *float32, n int) float32
-	axpy func(alpha float32, x, y *float32, n int)
+	// panelF32, if set, replaces panelBytesF32 for f32 weights.
+	panelF32 int
+	dot      func(a, b *float32, n int) float32
+	axpy     func(alpha float32, x, y *float32, n int)
 	// axpyRows, if set, is rows calls of axpy with y kept in registers
 	// (bit-identical to them); nil means call axpy per row.
 	axpyRows func(alpha, v *float32, ldv, rows int, y *float32, n int)

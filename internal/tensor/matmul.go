@@ -144,6 +144,9 @@ func matmulRange(ks *kernelSet, out, x []float32, xb []uint16, m int, w *Mat, lo
 		if xb == nil {
 			pb = panelBytesF32
 		}
+		if w.DType == F32 && ks.panelF32 > 0 {
+			pb = ks.panelF32
+		}
 		panel = max(ks.cols, pb/(k*esize)/ks.cols*ks.cols)
 	}
 	var wbase uintptr // only an address to prefetch, never dereferenced
