@@ -42709,6 +42709,587 @@ done:
 	VZEROUPPER
 	RET
 
+// func axpyRowsF32AVX2(alpha *float32, v *float32, ldv int, rows int, y *float32, n int)
+// Requires: AVX, FMA3
+TEXT ·axpyRowsF32AVX2(SB), NOSPLIT, $0-48
+	MOVQ alpha+0(FP), AX
+	MOVQ v+8(FP), CX
+	MOVQ ldv+16(FP), DX
+	MOVQ rows+24(FP), BX
+	MOVQ y+32(FP), SI
+	MOVQ n+40(FP), DI
+	SHLQ $0x02, DX
+
+cw:
+	CMPQ    DI, $0x00000040
+	JL      c8
+	VMOVUPS (SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VMOVUPS 128(SI), Y4
+	VMOVUPS 160(SI), Y5
+	VMOVUPS 192(SI), Y6
+	VMOVUPS 224(SI), Y7
+	MOVQ    CX, R8
+	MOVQ    AX, R9
+	MOVQ    BX, R10
+	TESTQ   R10, R10
+	JE      wstore
+
+wrow:
+	VBROADCASTSS (R9), Y8
+	VMOVUPS      (R8), Y9
+	VFMADD231PS  Y9, Y8, Y0
+	VMOVUPS      32(R8), Y9
+	VFMADD231PS  Y9, Y8, Y1
+	VMOVUPS      64(R8), Y9
+	VFMADD231PS  Y9, Y8, Y2
+	VMOVUPS      96(R8), Y9
+	VFMADD231PS  Y9, Y8, Y3
+	VMOVUPS      128(R8), Y9
+	VFMADD231PS  Y9, Y8, Y4
+	VMOVUPS      160(R8), Y9
+	VFMADD231PS  Y9, Y8, Y5
+	VMOVUPS      192(R8), Y9
+	VFMADD231PS  Y9, Y8, Y6
+	VMOVUPS      224(R8), Y9
+	VFMADD231PS  Y9, Y8, Y7
+	ADDQ         DX, R8
+	ADDQ         $0x04, R9
+	DECQ         R10
+	JNE          wrow
+
+wstore:
+	VMOVUPS Y0, (SI)
+	VMOVUPS Y1, 32(SI)
+	VMOVUPS Y2, 64(SI)
+	VMOVUPS Y3, 96(SI)
+	VMOVUPS Y4, 128(SI)
+	VMOVUPS Y5, 160(SI)
+	VMOVUPS Y6, 192(SI)
+	VMOVUPS Y7, 224(SI)
+	ADDQ    $0x00000100, SI
+	ADDQ    $0x00000100, CX
+	SUBQ    $0x00000040, DI
+	JMP     cw
+
+c8:
+	CMPQ    DI, $0x00000008
+	JL      ctail
+	VMOVUPS (SI), Y0
+	MOVQ    CX, R8
+	MOVQ    AX, R9
+	MOVQ    BX, R10
+	TESTQ   R10, R10
+	JE      nstore
+
+nrow:
+	VBROADCASTSS (R9), Y1
+	VMOVUPS      (R8), Y2
+	VFMADD231PS  Y2, Y1, Y0
+	ADDQ         DX, R8
+	ADDQ         $0x04, R9
+	DECQ         R10
+	JNE          nrow
+
+nstore:
+	VMOVUPS Y0, (SI)
+	ADDQ    $0x00000020, SI
+	ADDQ    $0x00000020, CX
+	SUBQ    $0x00000008, DI
+	JMP     c8
+
+ctail:
+	TESTQ  DI, DI
+	JE     done
+	VMOVSS (SI), X0
+	MOVQ   CX, R8
+	MOVQ   AX, R9
+	MOVQ   BX, R10
+	TESTQ  R10, R10
+	JE     tstore
+
+trow:
+	VBROADCASTSS (R9), Y1
+	VMOVSS       (R8), X2
+	VFMADD231SS  X2, X1, X0
+	ADDQ         DX, R8
+	ADDQ         $0x04, R9
+	DECQ         R10
+	JNE          trow
+
+tstore:
+	VMOVSS X0, (SI)
+	ADDQ   $0x00000004, SI
+	ADDQ   $0x00000004, CX
+	SUBQ   $0x00000001, DI
+	JMP    ctail
+
+done:
+	VZEROUPPER
+	RET
+
+// func axpyRowsF32G2AVX2(alpha *float32, lda int, v *float32, ldv int, rows int, y *float32, ldy int, n int)
+// Requires: AVX, FMA3
+TEXT ·axpyRowsF32G2AVX2(SB), NOSPLIT, $0-64
+	MOVQ alpha+0(FP), AX
+	MOVQ lda+8(FP), CX
+	SHLQ $0x02, CX
+	MOVQ v+16(FP), DX
+	MOVQ ldv+24(FP), BX
+	MOVQ rows+32(FP), SI
+	MOVQ y+40(FP), DI
+	MOVQ ldy+48(FP), R8
+	SHLQ $0x02, R8
+	MOVQ n+56(FP), R9
+	SHLQ $0x02, BX
+
+cw:
+	CMPQ    R9, $0x00000020
+	JL      c8
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS (DI)(R8*1), Y4
+	VMOVUPS 32(DI)(R8*1), Y5
+	VMOVUPS 64(DI)(R8*1), Y6
+	VMOVUPS 96(DI)(R8*1), Y7
+	MOVQ    DX, R10
+	MOVQ    AX, R11
+	MOVQ    SI, R12
+	TESTQ   R12, R12
+	JE      wstore
+
+wrow:
+	MOVQ         R11, R13
+	VBROADCASTSS (R11), Y8
+	ADDQ         CX, R13
+	VBROADCASTSS (R13), Y9
+	VMOVUPS      (R10), Y10
+	VFMADD231PS  Y10, Y8, Y0
+	VFMADD231PS  Y10, Y9, Y4
+	VMOVUPS      32(R10), Y10
+	VFMADD231PS  Y10, Y8, Y1
+	VFMADD231PS  Y10, Y9, Y5
+	VMOVUPS      64(R10), Y10
+	VFMADD231PS  Y10, Y8, Y2
+	VFMADD231PS  Y10, Y9, Y6
+	VMOVUPS      96(R10), Y10
+	VFMADD231PS  Y10, Y8, Y3
+	VFMADD231PS  Y10, Y9, Y7
+	ADDQ         BX, R10
+	ADDQ         $0x04, R11
+	DECQ         R12
+	JNE          wrow
+
+wstore:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, (DI)(R8*1)
+	VMOVUPS Y5, 32(DI)(R8*1)
+	VMOVUPS Y6, 64(DI)(R8*1)
+	VMOVUPS Y7, 96(DI)(R8*1)
+	ADDQ    $0x00000080, DI
+	ADDQ    $0x00000080, DX
+	SUBQ    $0x00000020, R9
+	JMP     cw
+
+c8:
+	CMPQ    R9, $0x00000008
+	JL      ctail
+	VMOVUPS (DI), Y0
+	VMOVUPS (DI)(R8*1), Y1
+	MOVQ    DX, R10
+	MOVQ    AX, R11
+	MOVQ    SI, R12
+	TESTQ   R12, R12
+	JE      nstore
+
+nrow:
+	MOVQ         R11, R13
+	VBROADCASTSS (R11), Y2
+	ADDQ         CX, R13
+	VBROADCASTSS (R13), Y3
+	VMOVUPS      (R10), Y4
+	VFMADD231PS  Y4, Y2, Y0
+	VFMADD231PS  Y4, Y3, Y1
+	ADDQ         BX, R10
+	ADDQ         $0x04, R11
+	DECQ         R12
+	JNE          nrow
+
+nstore:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, (DI)(R8*1)
+	ADDQ    $0x00000020, DI
+	ADDQ    $0x00000020, DX
+	SUBQ    $0x00000008, R9
+	JMP     c8
+
+ctail:
+	TESTQ  R9, R9
+	JE     done
+	VMOVSS (DI), X0
+	VMOVSS (DI)(R8*1), X1
+	MOVQ   DX, R10
+	MOVQ   AX, R11
+	MOVQ   SI, R12
+	TESTQ  R12, R12
+	JE     tstore
+
+trow:
+	MOVQ         R11, R13
+	VBROADCASTSS (R11), Y2
+	ADDQ         CX, R13
+	VBROADCASTSS (R13), Y3
+	VMOVSS       (R10), X4
+	VFMADD231SS  X4, X2, X0
+	VFMADD231SS  X4, X3, X1
+	ADDQ         BX, R10
+	ADDQ         $0x04, R11
+	DECQ         R12
+	JNE          trow
+
+tstore:
+	VMOVSS X0, (DI)
+	VMOVSS X1, (DI)(R8*1)
+	ADDQ   $0x00000004, DI
+	ADDQ   $0x00000004, DX
+	SUBQ   $0x00000001, R9
+	JMP    ctail
+
+done:
+	VZEROUPPER
+	RET
+
+// func axpyRowsF32G3AVX2(alpha *float32, lda int, v *float32, ldv int, rows int, y *float32, ldy int, n int)
+// Requires: AVX, FMA3
+TEXT ·axpyRowsF32G3AVX2(SB), NOSPLIT, $0-64
+	MOVQ alpha+0(FP), AX
+	MOVQ lda+8(FP), CX
+	SHLQ $0x02, CX
+	MOVQ v+16(FP), DX
+	MOVQ ldv+24(FP), BX
+	MOVQ rows+32(FP), SI
+	MOVQ y+40(FP), DI
+	MOVQ ldy+48(FP), R8
+	SHLQ $0x02, R8
+	MOVQ n+56(FP), R9
+	SHLQ $0x02, BX
+
+cw:
+	CMPQ    R9, $0x00000020
+	JL      c8
+	LEAQ    (DI)(R8*2), R10
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VMOVUPS (DI)(R8*1), Y4
+	VMOVUPS 32(DI)(R8*1), Y5
+	VMOVUPS 64(DI)(R8*1), Y6
+	VMOVUPS 96(DI)(R8*1), Y7
+	VMOVUPS (R10), Y8
+	VMOVUPS 32(R10), Y9
+	VMOVUPS 64(R10), Y10
+	VMOVUPS 96(R10), Y11
+	MOVQ    DX, R11
+	MOVQ    AX, R12
+	MOVQ    SI, R13
+	TESTQ   R13, R13
+	JE      wstore
+
+wrow:
+	MOVQ         R12, R14
+	VBROADCASTSS (R12), Y12
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y13
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y14
+	VMOVUPS      (R11), Y15
+	VFMADD231PS  Y15, Y12, Y0
+	VFMADD231PS  Y15, Y13, Y4
+	VFMADD231PS  Y15, Y14, Y8
+	VMOVUPS      32(R11), Y15
+	VFMADD231PS  Y15, Y12, Y1
+	VFMADD231PS  Y15, Y13, Y5
+	VFMADD231PS  Y15, Y14, Y9
+	VMOVUPS      64(R11), Y15
+	VFMADD231PS  Y15, Y12, Y2
+	VFMADD231PS  Y15, Y13, Y6
+	VFMADD231PS  Y15, Y14, Y10
+	VMOVUPS      96(R11), Y15
+	VFMADD231PS  Y15, Y12, Y3
+	VFMADD231PS  Y15, Y13, Y7
+	VFMADD231PS  Y15, Y14, Y11
+	ADDQ         BX, R11
+	ADDQ         $0x04, R12
+	DECQ         R13
+	JNE          wrow
+
+wstore:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, (DI)(R8*1)
+	VMOVUPS Y5, 32(DI)(R8*1)
+	VMOVUPS Y6, 64(DI)(R8*1)
+	VMOVUPS Y7, 96(DI)(R8*1)
+	VMOVUPS Y8, (R10)
+	VMOVUPS Y9, 32(R10)
+	VMOVUPS Y10, 64(R10)
+	VMOVUPS Y11, 96(R10)
+	ADDQ    $0x00000080, DI
+	ADDQ    $0x00000080, DX
+	SUBQ    $0x00000020, R9
+	JMP     cw
+
+c8:
+	CMPQ    R9, $0x00000008
+	JL      ctail
+	LEAQ    (DI)(R8*2), R10
+	VMOVUPS (DI), Y0
+	VMOVUPS (DI)(R8*1), Y1
+	VMOVUPS (R10), Y2
+	MOVQ    DX, R11
+	MOVQ    AX, R12
+	MOVQ    SI, R13
+	TESTQ   R13, R13
+	JE      nstore
+
+nrow:
+	MOVQ         R12, R14
+	VBROADCASTSS (R12), Y3
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y4
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y5
+	VMOVUPS      (R11), Y6
+	VFMADD231PS  Y6, Y3, Y0
+	VFMADD231PS  Y6, Y4, Y1
+	VFMADD231PS  Y6, Y5, Y2
+	ADDQ         BX, R11
+	ADDQ         $0x04, R12
+	DECQ         R13
+	JNE          nrow
+
+nstore:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, (DI)(R8*1)
+	VMOVUPS Y2, (R10)
+	ADDQ    $0x00000020, DI
+	ADDQ    $0x00000020, DX
+	SUBQ    $0x00000008, R9
+	JMP     c8
+
+ctail:
+	TESTQ  R9, R9
+	JE     done
+	LEAQ   (DI)(R8*2), R10
+	VMOVSS (DI), X0
+	VMOVSS (DI)(R8*1), X1
+	VMOVSS (R10), X2
+	MOVQ   DX, R11
+	MOVQ   AX, R12
+	MOVQ   SI, R13
+	TESTQ  R13, R13
+	JE     tstore
+
+trow:
+	MOVQ         R12, R14
+	VBROADCASTSS (R12), Y3
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y4
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y5
+	VMOVSS       (R11), X6
+	VFMADD231SS  X6, X3, X0
+	VFMADD231SS  X6, X4, X1
+	VFMADD231SS  X6, X5, X2
+	ADDQ         BX, R11
+	ADDQ         $0x04, R12
+	DECQ         R13
+	JNE          trow
+
+tstore:
+	VMOVSS X0, (DI)
+	VMOVSS X1, (DI)(R8*1)
+	VMOVSS X2, (R10)
+	ADDQ   $0x00000004, DI
+	ADDQ   $0x00000004, DX
+	SUBQ   $0x00000001, R9
+	JMP    ctail
+
+done:
+	VZEROUPPER
+	RET
+
+// func axpyRowsF32G4AVX2(alpha *float32, lda int, v *float32, ldv int, rows int, y *float32, ldy int, n int)
+// Requires: AVX, FMA3
+TEXT ·axpyRowsF32G4AVX2(SB), NOSPLIT, $0-64
+	MOVQ alpha+0(FP), AX
+	MOVQ lda+8(FP), CX
+	SHLQ $0x02, CX
+	MOVQ v+16(FP), DX
+	MOVQ ldv+24(FP), BX
+	MOVQ rows+32(FP), SI
+	MOVQ y+40(FP), DI
+	MOVQ ldy+48(FP), R8
+	SHLQ $0x02, R8
+	MOVQ n+56(FP), R9
+	SHLQ $0x02, BX
+
+cw:
+	CMPQ    R9, $0x00000010
+	JL      c8
+	LEAQ    (DI)(R8*2), R10
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS (DI)(R8*1), Y2
+	VMOVUPS 32(DI)(R8*1), Y3
+	VMOVUPS (R10), Y4
+	VMOVUPS 32(R10), Y5
+	VMOVUPS (R10)(R8*1), Y6
+	VMOVUPS 32(R10)(R8*1), Y7
+	MOVQ    DX, R11
+	MOVQ    AX, R12
+	MOVQ    SI, R13
+	TESTQ   R13, R13
+	JE      wstore
+
+wrow:
+	MOVQ         R12, R14
+	VBROADCASTSS (R12), Y8
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y9
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y10
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y11
+	VMOVUPS      (R11), Y12
+	VFMADD231PS  Y12, Y8, Y0
+	VFMADD231PS  Y12, Y9, Y2
+	VFMADD231PS  Y12, Y10, Y4
+	VFMADD231PS  Y12, Y11, Y6
+	VMOVUPS      32(R11), Y12
+	VFMADD231PS  Y12, Y8, Y1
+	VFMADD231PS  Y12, Y9, Y3
+	VFMADD231PS  Y12, Y10, Y5
+	VFMADD231PS  Y12, Y11, Y7
+	ADDQ         BX, R11
+	ADDQ         $0x04, R12
+	DECQ         R13
+	JNE          wrow
+
+wstore:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, (DI)(R8*1)
+	VMOVUPS Y3, 32(DI)(R8*1)
+	VMOVUPS Y4, (R10)
+	VMOVUPS Y5, 32(R10)
+	VMOVUPS Y6, (R10)(R8*1)
+	VMOVUPS Y7, 32(R10)(R8*1)
+	ADDQ    $0x00000040, DI
+	ADDQ    $0x00000040, DX
+	SUBQ    $0x00000010, R9
+	JMP     cw
+
+c8:
+	CMPQ    R9, $0x00000008
+	JL      ctail
+	LEAQ    (DI)(R8*2), R10
+	VMOVUPS (DI), Y0
+	VMOVUPS (DI)(R8*1), Y1
+	VMOVUPS (R10), Y2
+	VMOVUPS (R10)(R8*1), Y3
+	MOVQ    DX, R11
+	MOVQ    AX, R12
+	MOVQ    SI, R13
+	TESTQ   R13, R13
+	JE      nstore
+
+nrow:
+	MOVQ         R12, R14
+	VBROADCASTSS (R12), Y4
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y5
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y6
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y7
+	VMOVUPS      (R11), Y8
+	VFMADD231PS  Y8, Y4, Y0
+	VFMADD231PS  Y8, Y5, Y1
+	VFMADD231PS  Y8, Y6, Y2
+	VFMADD231PS  Y8, Y7, Y3
+	ADDQ         BX, R11
+	ADDQ         $0x04, R12
+	DECQ         R13
+	JNE          nrow
+
+nstore:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, (DI)(R8*1)
+	VMOVUPS Y2, (R10)
+	VMOVUPS Y3, (R10)(R8*1)
+	ADDQ    $0x00000020, DI
+	ADDQ    $0x00000020, DX
+	SUBQ    $0x00000008, R9
+	JMP     c8
+
+ctail:
+	TESTQ  R9, R9
+	JE     done
+	LEAQ   (DI)(R8*2), R10
+	VMOVSS (DI), X0
+	VMOVSS (DI)(R8*1), X1
+	VMOVSS (R10), X2
+	VMOVSS (R10)(R8*1), X3
+	MOVQ   DX, R11
+	MOVQ   AX, R12
+	MOVQ   SI, R13
+	TESTQ  R13, R13
+	JE     tstore
+
+trow:
+	MOVQ         R12, R14
+	VBROADCASTSS (R12), Y4
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y5
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y6
+	ADDQ         CX, R14
+	VBROADCASTSS (R14), Y7
+	VMOVSS       (R11), X8
+	VFMADD231SS  X8, X4, X0
+	VFMADD231SS  X8, X5, X1
+	VFMADD231SS  X8, X6, X2
+	VFMADD231SS  X8, X7, X3
+	ADDQ         BX, R11
+	ADDQ         $0x04, R12
+	DECQ         R13
+	JNE          trow
+
+tstore:
+	VMOVSS X0, (DI)
+	VMOVSS X1, (DI)(R8*1)
+	VMOVSS X2, (R10)
+	VMOVSS X3, (R10)(R8*1)
+	ADDQ   $0x00000004, DI
+	ADDQ   $0x00000004, DX
+	SUBQ   $0x00000001, R9
+	JMP    ctail
+
+done:
+	VZEROUPPER
+	RET
+
 // func argMaxAVX2(x *float32, n int) int
 // Requires: AVX, AVX2
 TEXT ·argMaxAVX2(SB), NOSPLIT, $0-24

@@ -346,6 +346,18 @@ func axpyRowsBF16G3AVX2(alpha *float32, lda int, v *uint16, ldv int, rows int, y
 // axpyRowsBF16G4AVX2 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 4, r < rows in order, t < n.
 func axpyRowsBF16G4AVX2(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
 
+// axpyRowsF32AVX2 computes y[t] = fma(alpha[r], v[r*ldv+t], y[t]) for r < rows in order, t < n.
+func axpyRowsF32AVX2(alpha *float32, v *float32, ldv int, rows int, y *float32, n int)
+
+// axpyRowsF32G2AVX2 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 2, r < rows in order, t < n.
+func axpyRowsF32G2AVX2(alpha *float32, lda int, v *float32, ldv int, rows int, y *float32, ldy int, n int)
+
+// axpyRowsF32G3AVX2 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 3, r < rows in order, t < n.
+func axpyRowsF32G3AVX2(alpha *float32, lda int, v *float32, ldv int, rows int, y *float32, ldy int, n int)
+
+// axpyRowsF32G4AVX2 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 4, r < rows in order, t < n.
+func axpyRowsF32G4AVX2(alpha *float32, lda int, v *float32, ldv int, rows int, y *float32, ldy int, n int)
+
 // argMaxAVX2 returns the index of the largest entry of x[:n], the lowest on ties; NaN never wins; 0 if nothing is above -Inf.
 func argMaxAVX2(x *float32, n int) int
 

@@ -53,6 +53,9 @@ type kernelSet struct {
 	// axpyRowsBF16G[g-2], if set, is axpyRowsBF16 for g = 2..4 outputs
 	// sharing the value rows (AxpyRowsBF16Group).
 	axpyRowsBF16G [maxTileRows - 1]func(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int)
+	// axpyRowsG[g-2], if set, is axpyRows for g = 2..4 outputs sharing the
+	// value rows (AxpyRowsGroup).
+	axpyRowsG [maxTileRows - 1]func(alpha *float32, lda int, v *float32, ldv, rows int, y *float32, ldy, n int)
 	// silu computes gate[t] = silu(gate[t])·up[t]; expSum computes
 	// x[t] = e^(x[t]-mx) and returns the sum.
 	silu   func(gate, up *float32, n int)

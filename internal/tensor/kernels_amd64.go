@@ -71,6 +71,9 @@ func archKernelSets() []*kernelSet {
 
 			// Attention's value sums (bit-identical to axpy per row) and
 			// row maxima.
+			axpyRows: axpyRowsF32AVX2,
+			axpyRowsG: [maxTileRows - 1]func(alpha *float32, lda int, v *float32, ldv, rows int, y *float32, ldy, n int){
+				axpyRowsF32G2AVX2, axpyRowsF32G3AVX2, axpyRowsF32G4AVX2},
 			axpyRowsBF16: axpyRowsBF16AVX2,
 			axpyRowsBF16G: [maxTileRows - 1]func(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int){
 				axpyRowsBF16G2AVX2, axpyRowsBF16G3AVX2, axpyRowsBF16G4AVX2},

@@ -94,7 +94,10 @@ func main() {
 			quantKernelsAVX2()
 			rowKernels(false)
 			for g := 1; g <= 4; g++ {
-				axpyRowsBF16AVX2(g)
+				axpyRowsAVX2(dtBF16, g)
+			}
+			for g := 1; g <= 4; g++ {
+				axpyRowsAVX2(dtF32, g)
 			}
 			argMaxAVX2(iotaTable())
 			for _, st := range readScanStreams {
