@@ -250,6 +250,24 @@ func gemmAVX2F16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *f
 // gemmAVX2F16R4 computes 4 rows of x times n rows of F16 weights (see asmgen).
 func gemmAVX2F16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
+// gemmAVX2F32R3KB is gemmAVX2F32R3 over elements [k0,k1) of K, its accumulators kept in acc between blocks (see asmgen).
+func gemmAVX2F32R3KB(x *float32, ldx int, w *float32, ldw int, k0 int, k1 int, k int, n int, out *float32, ldo int, acc *float32)
+
+// gemmAVX2F32R4KB is gemmAVX2F32R4 over elements [k0,k1) of K, its accumulators kept in acc between blocks (see asmgen).
+func gemmAVX2F32R4KB(x *float32, ldx int, w *float32, ldw int, k0 int, k1 int, k int, n int, out *float32, ldo int, acc *float32)
+
+// gemmAVX2BF16R3KB is gemmAVX2BF16R3 over elements [k0,k1) of K, its accumulators kept in acc between blocks (see asmgen).
+func gemmAVX2BF16R3KB(x *float32, ldx int, w *uint16, ldw int, k0 int, k1 int, k int, n int, out *float32, ldo int, acc *float32)
+
+// gemmAVX2BF16R4KB is gemmAVX2BF16R4 over elements [k0,k1) of K, its accumulators kept in acc between blocks (see asmgen).
+func gemmAVX2BF16R4KB(x *float32, ldx int, w *uint16, ldw int, k0 int, k1 int, k int, n int, out *float32, ldo int, acc *float32)
+
+// gemmAVX2F16R3KB is gemmAVX2F16R3 over elements [k0,k1) of K, its accumulators kept in acc between blocks (see asmgen).
+func gemmAVX2F16R3KB(x *float32, ldx int, w *uint16, ldw int, k0 int, k1 int, k int, n int, out *float32, ldo int, acc *float32)
+
+// gemmAVX2F16R4KB is gemmAVX2F16R4 over elements [k0,k1) of K, its accumulators kept in acc between blocks (see asmgen).
+func gemmAVX2F16R4KB(x *float32, ldx int, w *uint16, ldw int, k0 int, k1 int, k int, n int, out *float32, ldo int, acc *float32)
+
 // dotAVX2 returns Σ a[t]·b[t] for t < n.
 func dotAVX2(a *float32, b *float32, n int) float32
 

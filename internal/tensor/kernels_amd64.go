@@ -61,13 +61,17 @@ func archKernelSets() []*kernelSet {
 			// overflow L1 from K ≈ 1,000: 128 KiB panels measured 5–15%
 			// faster than 64 for K = 1,536 and 2,048, the same for 576.
 			panelF32: 128 << 10,
-			dot:      dotAVX2,
-			axpy:     axpyAVX2,
-			silu:     siluMulAVX2,
-			expSum:   expSumAVX2,
-			qmm:      qmmAVX2,
-			qmmName:  "avx2",
-			avail:    avx2,
+			f32KB:    [2]gemmF32KB{gemmAVX2F32R3KB, gemmAVX2F32R4KB},
+			u16KB: [2][2]gemmU16KB{{gemmAVX2BF16R3KB, gemmAVX2BF16R4KB},
+				{gemmAVX2F16R3KB, gemmAVX2F16R4KB}},
+			kBlockMin: kBlockMinAVX2,
+			dot:       dotAVX2,
+			axpy:      axpyAVX2,
+			silu:      siluMulAVX2,
+			expSum:    expSumAVX2,
+			qmm:       qmmAVX2,
+			qmmName:   "avx2",
+			avail:     avx2,
 
 			// Attention's value sums (bit-identical to axpy per row) and
 			// row maxima.
@@ -84,6 +88,11 @@ func archKernelSets() []*kernelSet {
 		},
 	}
 }
+
+// kBlockMinAVX2 is the K above which the AVX2 set's 3- and 4-row kernels
+// run over blocks of K: 4 f32 x rows of K = 1,024 with a tile's 3 weight
+// rows still fit L1 (bf16 weights), at 1,536 they do not.
+const kBlockMinAVX2 = 1024
 
 // archQuantKernels returns the assembly quantized matrix kernels, best
 // first, marking those this CPU cannot run. They give the same results bit

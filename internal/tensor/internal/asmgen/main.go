@@ -82,6 +82,13 @@ func main() {
 				gemm(s, dt, r)
 			}
 		}
+		if s.lanes == 8 {
+			for _, dt := range []dtype{dtF32, dtBF16, dtF16} {
+				for r := 3; r <= 4; r++ {
+					gemmKB(dt, r)
+				}
+			}
+		}
 		dot(s)
 		axpy(s)
 		if s.lanes == 16 {
