@@ -131,7 +131,8 @@ func checkMatMul(out, x []float32, m int, w *Mat) {
 // of x (of xb, x rounded to bf16, when the kernel set multiplies bf16 by
 // bf16 and the weights are bf16). For m above one tile it walks the weights
 // in panels small enough to stay in cache while every group of x rows
-// passes over them.
+// passes over them, a group of 3 or 4 x rows over blocks of K where K is
+// above the kernel set's kBlockMin (matmulBlocked).
 func matmulRange(ks *kernelSet, out, x []float32, xb []uint16, m int, w *Mat, lo, hi int) {
 	n, k := w.Rows, w.Cols
 	esize := 4
