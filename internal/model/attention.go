@@ -46,7 +46,7 @@ import (
 //     l += their sum (one tensor.ExpSum over the chunk's keys, its order
 //     fixed by the chunk's length); acc[t] = fma(s_j, v_j[t], acc[t]) for
 //     the chunk's keys j in position order (tensor.AxpyRowsBF16Group /
-//     AxpyRows; splitting the rows across calls does not change the fused
+//     AxpyRowsGroup; splitting the rows across calls does not change the fused
 //     chain).
 //  3. out[t] = acc[t]·(1/l).
 //
@@ -429,13 +429,11 @@ func (w *attnScratch) reset(R, hd int) {
 // axpyGroup adds to the g output rows y[h·n:][:n] (h < g) the rows value
 // rows from element off of the pool, ldv apart, weighted by
 // alpha[h·lda:][:rows], in row order: tensor.AxpyRowsBF16Group (or
-// AxpyRows per output over an f32 pool), whose every output element is one
+// AxpyRowsGroup over an f32 pool), whose every output element is one
 // fused multiply-add chain over the rows.
 func (kv kvView) axpyGroup(g, n int, y, alpha []float32, lda, rows, off, ldv int) {
 	if kv.f32 != nil {
-		for h := range g {
-			tensor.AxpyRows(y[h*n:][:n], alpha[h*lda:][:rows], kv.f32[off:], ldv)
-		}
+		tensor.AxpyRowsGroup(g, n, y, n, alpha, lda, rows, kv.f32[off:], ldv)
 		return
 	}
 	tensor.AxpyRowsBF16Group(g, n, y, n, alpha, lda, rows, kv.u16[off:], ldv)

@@ -16,7 +16,7 @@ func BenchmarkDecodeLong(b *testing.B) {
 			if ctx+span > m.cfg.MaxModelLen() {
 				b.Skipf("model has %d positions", m.cfg.MaxModelLen())
 			}
-			layout := m.KVLayout(16)
+			layout := benchLayout(b, m)
 			kv, blocks := contiguous(layout, ctx+span)
 			prompt := make([]int32, ctx)
 			for i := range prompt {

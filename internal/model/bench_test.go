@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/modelinit"
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
@@ -98,6 +99,22 @@ func runBench(b *testing.B, threads int, f func(b *testing.B)) {
 	}
 }
 
+// benchLayout is m's KV layout for the benchmarks, 16 slots a block: the
+// model's default element type (--kv-cache-dtype auto), or the one
+// TANDEM_BENCH_KV names as `tandem serve --kv-cache-dtype` takes it
+// ("bfloat16", "float32").
+func benchLayout(b *testing.B, m *Model) kvlayout.Layout {
+	b.Helper()
+	dt, set, err := kvlayout.ParseElemType(os.Getenv("TANDEM_BENCH_KV"))
+	if err != nil {
+		b.Fatalf("TANDEM_BENCH_KV: %v", err)
+	}
+	if !set {
+		return m.KVLayout(16)
+	}
+	return m.KVLayoutOf(16, dt)
+}
+
 func loadBench(b *testing.B, threads int) *Model {
 	b.Helper()
 	pool := tensor.NewPool(threads)
@@ -117,7 +134,7 @@ func BenchmarkPrefill(b *testing.B) {
 	for _, threads := range []int{1, 2} {
 		runBench(b, threads, func(b *testing.B) {
 			m := loadBench(b, threads)
-			layout := m.KVLayout(16)
+			layout := benchLayout(b, m)
 			kv, blocks := contiguous(layout, n)
 			tokens := make([]int32, n)
 			for i := range tokens {
@@ -173,7 +190,7 @@ func BenchmarkPrefillLong(b *testing.B) {
 					if n > m.cfg.MaxModelLen() {
 						b.Skipf("model has %d positions", m.cfg.MaxModelLen())
 					}
-					layout := m.KVLayout(16)
+					layout := benchLayout(b, m)
 					kv, blocks := contiguous(layout, n)
 					tokens := make([]int32, n)
 					for i := range tokens {
@@ -208,7 +225,7 @@ func BenchmarkDecode(b *testing.B) {
 	for _, threads := range []int{1, 2} {
 		runBench(b, threads, func(b *testing.B) {
 			m := loadBench(b, threads)
-			layout := m.KVLayout(16)
+			layout := benchLayout(b, m)
 			kv, blocks := contiguous(layout, 2*ctx)
 			prompt := make([]int32, ctx)
 			for i := range prompt {
@@ -244,7 +261,7 @@ func BenchmarkDecodeBatch16(b *testing.B) {
 	for _, threads := range []int{1, 2} {
 		runBench(b, threads, func(b *testing.B) {
 			m := loadBench(b, threads)
-			layout := m.KVLayout(16)
+			layout := benchLayout(b, m)
 			kv, blocks := contiguous(layout, nseq*2*ctx)
 			per := len(blocks) / nseq
 			seqs := make([]Seq, nseq)

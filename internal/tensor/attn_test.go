@@ -362,5 +362,8 @@ func TestAssemblySetsHaveAttentionScanKernels(t *testing.T) {
 				t.Errorf("%s: no axpyRowsBF16G kernel for %d outputs", ks.name, g+2)
 			}
 		}
+		if ks.axpyRows == nil {
+			t.Errorf("%s: no axpyRows kernel (f32 value rows)", ks.name)
+		}
 	}
 }

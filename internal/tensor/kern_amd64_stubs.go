@@ -250,6 +250,24 @@ func gemmAVX2F16R3(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *f
 // gemmAVX2F16R4 computes 4 rows of x times n rows of F16 weights (see asmgen).
 func gemmAVX2F16R4(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 
+// gemmAVX2F32R3KB is gemmAVX2F32R3 over elements [k0,k1) of K, its accumulators kept in acc between blocks (see asmgen).
+func gemmAVX2F32R3KB(x *float32, ldx int, w *float32, ldw int, k0 int, k1 int, k int, n int, out *float32, ldo int, acc *float32)
+
+// gemmAVX2F32R4KB is gemmAVX2F32R4 over elements [k0,k1) of K, its accumulators kept in acc between blocks (see asmgen).
+func gemmAVX2F32R4KB(x *float32, ldx int, w *float32, ldw int, k0 int, k1 int, k int, n int, out *float32, ldo int, acc *float32)
+
+// gemmAVX2BF16R3KB is gemmAVX2BF16R3 over elements [k0,k1) of K, its accumulators kept in acc between blocks (see asmgen).
+func gemmAVX2BF16R3KB(x *float32, ldx int, w *uint16, ldw int, k0 int, k1 int, k int, n int, out *float32, ldo int, acc *float32)
+
+// gemmAVX2BF16R4KB is gemmAVX2BF16R4 over elements [k0,k1) of K, its accumulators kept in acc between blocks (see asmgen).
+func gemmAVX2BF16R4KB(x *float32, ldx int, w *uint16, ldw int, k0 int, k1 int, k int, n int, out *float32, ldo int, acc *float32)
+
+// gemmAVX2F16R3KB is gemmAVX2F16R3 over elements [k0,k1) of K, its accumulators kept in acc between blocks (see asmgen).
+func gemmAVX2F16R3KB(x *float32, ldx int, w *uint16, ldw int, k0 int, k1 int, k int, n int, out *float32, ldo int, acc *float32)
+
+// gemmAVX2F16R4KB is gemmAVX2F16R4 over elements [k0,k1) of K, its accumulators kept in acc between blocks (see asmgen).
+func gemmAVX2F16R4KB(x *float32, ldx int, w *uint16, ldw int, k0 int, k1 int, k int, n int, out *float32, ldo int, acc *float32)
+
 // dotAVX2 returns Σ a[t]·b[t] for t < n.
 func dotAVX2(a *float32, b *float32, n int) float32
 
@@ -387,6 +405,18 @@ func axpyRowsBF16G3AVX2(alpha *float32, lda int, v *uint16, ldv int, rows int, y
 
 // axpyRowsBF16G4AVX2 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 4, r < rows in order, t < n.
 func axpyRowsBF16G4AVX2(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)
+
+// axpyRowsF32AVX2 computes y[t] = fma(alpha[r], v[r*ldv+t], y[t]) for r < rows in order, t < n.
+func axpyRowsF32AVX2(alpha *float32, v *float32, ldv int, rows int, y *float32, n int)
+
+// axpyRowsF32G2AVX2 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 2, r < rows in order, t < n.
+func axpyRowsF32G2AVX2(alpha *float32, lda int, v *float32, ldv int, rows int, y *float32, ldy int, n int)
+
+// axpyRowsF32G3AVX2 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 3, r < rows in order, t < n.
+func axpyRowsF32G3AVX2(alpha *float32, lda int, v *float32, ldv int, rows int, y *float32, ldy int, n int)
+
+// axpyRowsF32G4AVX2 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 4, r < rows in order, t < n.
+func axpyRowsF32G4AVX2(alpha *float32, lda int, v *float32, ldv int, rows int, y *float32, ldy int, n int)
 
 // argMaxAVX2 returns the index of the largest entry of x[:n], the lowest on ties; NaN never wins; 0 if nothing is above -Inf.
 func argMaxAVX2(x *float32, n int) int

@@ -13,6 +13,14 @@ import (
 type (
 	gemmF32 func(x *float32, ldx int, w *float32, ldw, k, n int, out *float32, ldo int, pf uintptr)
 	gemmU16 func(x *float32, ldx int, w *uint16, ldw, k, n int, out *float32, ldo int, pf uintptr)
+	// gemmF32KB and gemmU16KB are gemmF32 and gemmU16 over elements
+	// [k0,k1) of K (k0 < k1, multiples of 8, k1 ≤ k&^7), each output's
+	// 8-lane accumulator starting from zero when k0 = 0 and from acc
+	// otherwise, and going back to acc after the block, or, when k1 is
+	// k&^7, through the kernel's tree and K%8 tail to out: acc holds 8
+	// floats per output, weight row j and x row r at acc[(j·rows+r)·8:].
+	gemmF32KB func(x *float32, ldx int, w *float32, ldw, k0, k1, k, n int, out *float32, ldo int, acc *float32)
+	gemmU16KB func(x *float32, ldx int, w *uint16, ldw, k0, k1, k, n int, out *float32, ldo int, acc *float32)
 	// gemmBF16x is gemmU16 with the activations already rounded to bf16.
 	gemmBF16x func(x *uint16, ldx int, w *uint16, ldw, k, n int, out *float32, ldo int, pf uintptr)
 )
@@ -30,6 +38,12 @@ type kernelSet struct {
 	f32  [maxTileRows]gemmF32
 	bf16 [maxTileRows]gemmU16
 	f16  [maxTileRows]gemmU16
+	// f32KB and u16KB[0] (bf16) and u16KB[1] (f16), when set, are the
+	// 3- and 4-row kernels (index rows-3) over one block of K, for K above
+	// kBlockMin (see matmulBlocked).
+	f32KB     [2]gemmF32KB
+	u16KB     [2][2]gemmU16KB
+	kBlockMin int
 	// bf16x, when set, replaces bf16: MatMul rounds the activations to
 	// bf16 with toBF16 (nearest even) and multiplies bf16 by bf16.
 	bf16x  [maxTileRows]gemmBF16x
@@ -40,8 +54,10 @@ type kernelSet struct {
 	// cols is the number of weight rows the widest kernel processes per
 	// pass; the matrix driver aligns its work split to it.
 	cols int
-	dot  func(a, b *float32, n int) float32
-	axpy func(alpha float32, x, y *float32, n int)
+	// panelF32, if set, replaces panelBytesF32 for f32 weights.
+	panelF32 int
+	dot      func(a, b *float32, n int) float32
+	axpy     func(alpha float32, x, y *float32, n int)
 	// axpyRows, if set, is rows calls of axpy with y kept in registers
 	// (bit-identical to them); nil means call axpy per row.
 	axpyRows func(alpha, v *float32, ldv, rows int, y *float32, n int)
@@ -51,6 +67,9 @@ type kernelSet struct {
 	// axpyRowsBF16G[g-2], if set, is axpyRowsBF16 for g = 2..4 outputs
 	// sharing the value rows (AxpyRowsBF16Group).
 	axpyRowsBF16G [maxTileRows - 1]func(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int)
+	// axpyRowsG[g-2], if set, is axpyRows for g = 2..4 outputs sharing the
+	// value rows (AxpyRowsGroup).
+	axpyRowsG [maxTileRows - 1]func(alpha *float32, lda int, v *float32, ldv, rows int, y *float32, ldy, n int)
 	// silu computes gate[t] = silu(gate[t])·up[t]; expSum computes
 	// x[t] = e^(x[t]-mx) and returns the sum.
 	silu   func(gate, up *float32, n int)

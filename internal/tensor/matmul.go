@@ -131,7 +131,8 @@ func checkMatMul(out, x []float32, m int, w *Mat) {
 // of x (of xb, x rounded to bf16, when the kernel set multiplies bf16 by
 // bf16 and the weights are bf16). For m above one tile it walks the weights
 // in panels small enough to stay in cache while every group of x rows
-// passes over them.
+// passes over them, a group of 3 or 4 x rows over blocks of K where K is
+// above the kernel set's kBlockMin (matmulBlocked).
 func matmulRange(ks *kernelSet, out, x []float32, xb []uint16, m int, w *Mat, lo, hi int) {
 	n, k := w.Rows, w.Cols
 	esize := 4
@@ -143,6 +144,9 @@ func matmulRange(ks *kernelSet, out, x []float32, xb []uint16, m int, w *Mat, lo
 		pb := panelBytes
 		if xb == nil {
 			pb = panelBytesF32
+		}
+		if w.DType == F32 && ks.panelF32 > 0 {
+			pb = ks.panelF32
 		}
 		panel = max(ks.cols, pb/(k*esize)/ks.cols*ks.cols)
 	}
@@ -165,6 +169,10 @@ func matmulRange(ks *kernelSet, out, x []float32, xb []uint16, m int, w *Mat, lo
 		}
 		for i := 0; i < m; i += maxTileRows {
 			r := min(maxTileRows, m-i)
+			if xb == nil && r >= 3 && ks.kBlockMin > 0 && k > ks.kBlockMin {
+				matmulBlocked(ks, out[i*n+plo:], x[i*k:], r, w, plo, rows)
+				continue
+			}
 			pf := next + uintptr(i/maxTileRows*rows*k)
 			if pf >= nextEnd {
 				pf = cur
@@ -183,6 +191,44 @@ func matmulRange(ks *kernelSet, out, x []float32, xb []uint16, m int, w *Mat, lo
 			case F16:
 				ks.f16[r-1](xp, k, &w.U16[plo*k], k, k, rows, op, n, pf)
 			}
+		}
+	}
+}
+
+// kBlock is the number of K elements one call of a blocked kernel covers
+// (a multiple of 8): 4 f32 x rows of it take 8 KiB of L1, the 3 weight
+// rows of a tile 6 KiB (f32) or 3 KiB (bf16).
+const kBlock = 512
+
+// accScratch holds the accumulators of matmulBlocked between K blocks.
+var accScratch = sync.Pool{New: func() any { return new([]float32) }}
+
+// matmulBlocked computes the r (3 or 4) x rows at x (row stride w.Cols)
+// times weight rows [lo,lo+rows) into out (row stride w.Rows), with the
+// kernels over blocks of K (kernelSet.f32KB, u16KB) in order: the x rows
+// of a block stay in L1 while a tile's weight rows stream past them, where
+// whole rows of K above kBlockMin would not fit. Each output gets the same
+// FMAs in the same order as from the whole-K kernels.
+func matmulBlocked(ks *kernelSet, out, x []float32, r int, w *Mat, lo, rows int) {
+	n, k := w.Rows, w.Cols
+	buf := accScratch.Get().(*[]float32)
+	defer accScratch.Put(buf)
+	if cap(*buf) < rows*r*8 {
+		*buf = make([]float32, rows*r*8)
+	}
+	acc := &(*buf)[0]
+	kv := k &^ 7
+	nb := (kv + kBlock - 1) / kBlock
+	step := (kv/nb + 7) &^ 7
+	for k0 := 0; k0 < kv; k0 += step {
+		k1 := min(k0+step, kv)
+		switch w.DType {
+		case F32:
+			ks.f32KB[r-3](&x[0], k, &w.F32[lo*k], k, k0, k1, k, rows, &out[0], n, acc)
+		case BF16:
+			ks.u16KB[0][r-3](&x[0], k, &w.U16[lo*k], k, k0, k1, k, rows, &out[0], n, acc)
+		case F16:
+			ks.u16KB[1][r-3](&x[0], k, &w.U16[lo*k], k, k0, k1, k, rows, &out[0], n, acc)
 		}
 	}
 }

@@ -115,7 +115,7 @@ func TestMatMulMatchesFloat64Reference(t *testing.T) {
 
 func TestMatMulIsBatchInvariant(t *testing.T) {
 	ms := []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 64}
-	shapes := []struct{ n, k int }{{37, 64}, {64, 172}, {21, 8}, {50, 33}, {9, 100}, {40, 576}, {29, 48}, {23, 60}, {13, 16}, {31, 1536}}
+	shapes := []struct{ n, k int }{{37, 64}, {64, 172}, {21, 8}, {50, 33}, {9, 100}, {40, 576}, {29, 48}, {23, 60}, {13, 16}, {31, 1536}, {20, 1103}}
 	forEachISA(t, func(t *testing.T) {
 		for _, threads := range []int{1, 2} {
 			pool := NewPool(threads)
@@ -217,9 +217,12 @@ func TestMatMulColumnsDoNotDependOnTheirWeightRowGroup(t *testing.T) {
 		pool := NewPool(1)
 		defer pool.Close()
 		for _, dt := range dtypes {
-			for _, k := range []int{8, 33, 172, 576} {
+			// n = 19 and 20 end the 4×3 tiles of the AVX2 kernels with one
+			// and two rows left; m = 6 and 7 run the 4-row kernel, then the
+			// 2- and 3-row ones.
+			for _, c := range []struct{ k, n, m int }{{8, 19, 6}, {33, 19, 6}, {172, 19, 6}, {576, 19, 6}, {33, 20, 7}, {172, 20, 7}, {576, 20, 7}} {
+				k, n, m := c.k, c.n, c.m
 				rng := rand.New(rand.NewPCG(uint64(k), 11))
-				const n, m = 19, 6
 				w, _ := randMat(rng, dt, n, k)
 				x := randVec(rng, m*k)
 				full := make([]float32, m*n)

@@ -273,6 +273,33 @@ func AxpyRowsBF16Group(g, n int, y []float32, ldy int, alpha []float32, lda, row
 	}
 }
 
+// AxpyRowsGroup is AxpyRows for g outputs that share the value rows (the
+// query heads of one GQA group over an f32 KV cache): for h < g,
+// y[h*ldy:][:n] gets the rows of v weighted by alpha[h*lda:][:rows],
+// bit-identical to g calls of AxpyRows but loading each value row once. It
+// panics if a slice is too short.
+func AxpyRowsGroup(g, n int, y []float32, ldy int, alpha []float32, lda, rows int, v []float32, ldv int) {
+	if g <= 0 || n <= 0 || rows <= 0 {
+		return
+	}
+	if len(y) < (g-1)*ldy+n || len(alpha) < (g-1)*lda+rows || (g > 1 && (ldy < n || lda < rows)) ||
+		len(v) < (rows-1)*ldv+n || (rows > 1 && ldv < n) {
+		panic(fmt.Sprintf("tensor: AxpyRowsGroup with short operands (g=%d n=%d rows=%d; len y=%d alpha=%d v=%d; ldy=%d lda=%d ldv=%d)",
+			g, n, rows, len(y), len(alpha), len(v), ldy, lda, ldv))
+	}
+	ks := active.Load()
+	for h0 := 0; h0 < g; h0 += maxTileRows {
+		gg := min(maxTileRows, g-h0)
+		if gg > 1 && ks.axpyRowsG[gg-2] != nil {
+			ks.axpyRowsG[gg-2](&alpha[h0*lda], lda, &v[0], ldv, rows, &y[h0*ldy], ldy, n)
+			continue
+		}
+		for h := h0; h < h0+gg; h++ {
+			AxpyRows(y[h*ldy:h*ldy+n], alpha[h*lda:h*lda+rows], v, ldv)
+		}
+	}
+}
+
 // StoreBF16 is ToBF16 for a destination that will not be read again soon
 // (a KV cache row): where the CPU allows, whole aligned groups are written
 // with non-temporal stores, which skip the read for ownership of cold lines

@@ -457,6 +457,35 @@ func TestAxpyRowsBF16GroupMatchesSeparateCalls(t *testing.T) {
 	})
 }
 
+func TestAxpyRowsGroupMatchesSeparateCalls(t *testing.T) {
+	forEachISA(t, func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(13, 13))
+		for _, g := range []int{1, 2, 3, 4, 5, 7} {
+			for _, n := range []int{1, 16, 17, 48, 64, 65, 130} {
+				for _, rows := range []int{1, 2, 16} {
+					ldv, ldy, lda := n+3, n+1, rows+2
+					v := randVec(rng, rows*ldv)
+					alpha := randVec(rng, g*lda)
+					y0 := randVec(rng, g*ldy)
+					want := append([]float32(nil), y0...)
+					for h := range g {
+						for r := range rows {
+							Axpy(alpha[h*lda+r], v[r*ldv:r*ldv+n], want[h*ldy:h*ldy+n])
+						}
+					}
+					got := append([]float32(nil), y0...)
+					AxpyRowsGroup(g, n, got, ldy, alpha, lda, rows, v, ldv)
+					for i := range want {
+						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+							t.Fatalf("g=%d n=%d rows=%d: y[%d] = %g, Axpy calls give %g", g, n, rows, i, got[i], want[i])
+						}
+					}
+				}
+			}
+		}
+	})
+}
+
 func TestStoreBF16MatchesF32ToBF16(t *testing.T) {
 	forEachISA(t, func(t *testing.T) {
 		rng := rand.New(rand.NewPCG(12, 12))

@@ -22,7 +22,11 @@
 # "tandem llama.cpp"; "tandem:LABEL" adds a Tandem built elsewhere, from the
 # test binaries model.test and tensor.test in $FORMAT_BENCH_BIN/LABEL, e.g. a
 # build before a change, `go test -c -o DIR/before/model.test ./internal/model/`,
-# so that before and after alternate in one window; "prebuilt" adds node-llama-cpp's prebuilt llama.cpp
+# so that before and after alternate in one window; a Tandem engine may end in
+# "@KV", a `tandem serve --kv-cache-dtype` value, e.g. "tandem@bfloat16" or
+# "tandem:before@bfloat16", to run with that KV-cache element type instead of
+# the model's default (bf16 for bf16 and quantized models, f32 for f32 ones;
+# llama.cpp's is f16); "prebuilt" adds node-llama-cpp's prebuilt llama.cpp
 # through bench.mjs in TANDEM_LLAMACPP, a directory with node-llama-cpp
 # installed and bench.mjs beside it, default scripts/reference/llamacpp
 # after `npm ci`; its prefill is the better of two runs, the first a
@@ -56,13 +60,15 @@ for line in open(sys.argv[1]):
         order.append(key)
     sizes[label] = int(size)
     best[key + (engine, test)] = max(best[key + (engine, test)], float(rate))
+# base strips a Tandem engine's build label (":LABEL") and KV type ("@KV").
+base = lambda e: e.split("@")[0].split(":")[0]
 def erank(e):
-    if e.startswith("tandem:"):
-        return (0, e)
-    return ({"tandem": 1, "llama.cpp": 2, "prebuilt": 3}.get(e, 9), e)
+    if base(e) == "tandem":
+        return (0 if ":" in e.split("@")[0] else 1, "@" in e, e)
+    return ({"llama.cpp": 2, "prebuilt": 3}.get(e, 9), False, e)
 engines = sorted({k[2] for k in best}, key=erank)
-mine = [i for i, e in enumerate(engines) if e.split(":")[0] == "tandem"]
-ref = next((i for i, e in enumerate(engines) if e.split(":")[0] != "tandem"), None)
+mine = [i for i, e in enumerate(engines) if base(e) == "tandem"]
+ref = next((i for i, e in enumerate(engines) if base(e) != "tandem"), None)
 tests = [t for t in ("prefill128", "prefill2048", "decode") if any(k[3] == t for k in best)]
 head = ["model", "format", "threads"] + [f"{t}: {' / '.join(engines)}" for t in tests]
 if "decode" in tests:
@@ -131,8 +137,9 @@ record() {
 # tokps pulls the tok/s figure out of `go test -bench` output.
 tokps() { awk '/^Benchmark/ { for (i = 2; i <= NF; i++) if ($i == "tok/s") print $(i - 1) }' | tail -1; }
 
-tandem() { # FILE THREADS BINDIR ENGINE
+tandem() { # FILE THREADS BINDIR ENGINE [KV]
 	local f=$1 t=$2 b=$3 r
+	export TANDEM_BENCH_KV=${5:-}
 	for test in $tests; do
 		case $test in
 		prefill128) r=$(TANDEM_BENCH_MODEL=$f TANDEM_BENCH_TOKENS=128 "$b/model.test" -test.run '^$' -test.bench "PrefillLong/tokens=128/threads=$t\$" -test.benchtime 3x | tokps) ;;
@@ -176,9 +183,11 @@ for r in $(seq "$rounds"); do
 		for t in $threads; do
 			for e in $engines; do
 				echo "== $(now) round $r $e $(basename "$f") threads=$t"
-				case $e in
-				tandem) tandem "$f" "$t" "$bin" tandem ;;
-				tandem:*) tandem "$f" "$t" "$bin/${e#tandem:}" "$e" ;;
+				kv=
+				[[ $e == tandem*@* ]] && kv=${e#*@}
+				case ${e%@*} in
+				tandem) tandem "$f" "$t" "$bin" "$e" "$kv" ;;
+				tandem:*) e0=${e%@*} && tandem "$f" "$t" "$bin/${e0#tandem:}" "$e" "$kv" ;;
 				llama.cpp) llamacpp "$f" "$t" ;;
 				prebuilt) prebuilt "$f" "$t" ;;
 				*) echo "$0: unknown engine $e" >&2 && exit 2 ;;

@@ -8,24 +8,26 @@ import (
 	. "github.com/mmcloughlin/avo/reg"
 )
 
-// axpyRowsBF16AVX2 emits attention's weighted sum of bf16 value rows on
-// AVX2 for g = 1..4 outputs sharing the value rows (the query heads of one
-// GQA group): y[h·ldy+t] = fma(alpha[h·lda+r], v[r·ldv+t], y[h·ldy+t]) for
-// h < g, r < rows in order, t < n, each value widened exactly to f32. Every
-// output element sees the same single-rounding FMAs, in the same row order,
-// as rows calls of axpyAVX2 over the widened rows (the fallback it
-// replaces), so results are bit-identical; y stays in registers across the
-// rows and each value vector is loaded and widened once for the g outputs.
-// The n%8 tail runs one element at a time with scalar FMAs.
+// axpyRowsAVX2 emits attention's weighted sum of bf16 or f32 (dt) value
+// rows on AVX2 for g = 1..4 outputs sharing the value rows (the query heads
+// of one GQA group): y[h·ldy+t] = fma(alpha[h·lda+r], v[r·ldv+t], y[h·ldy+t])
+// for h < g, r < rows in order, t < n, each bf16 value widened exactly to
+// f32. Every output element sees the same single-rounding FMAs, in the same
+// row order, as rows calls of axpyAVX2 over the (widened) rows (the fallback
+// it replaces), so results are bit-identical; y stays in registers across
+// the rows and each value vector is loaded (and widened) once for the g
+// outputs. The n%8 tail runs one element at a time with scalar FMAs.
 //
-// g = 1 is axpyRowsBF16AVX2 with the signature of axpyRowsBF16AVX512;
-// g ≥ 2 is axpyRowsBF16G<g>AVX2 with that of axpyRowsBF16G<g>AVX512.
-func axpyRowsBF16AVX2(g int) {
+// g = 1 is axpyRows<dt>AVX2 (bf16: the signature of axpyRowsBF16AVX512;
+// f32: that of axpyRowsAVX512); g ≥ 2 is axpyRows<dt>G<g>AVX2 (bf16: the
+// signature of axpyRowsBF16G<g>AVX512).
+func axpyRowsAVX2(dt dtype, g int) {
 	var name string
 	var a, lda, v, ldv, rows, y, ldy, n Register
+	esize := 1 << dt.shift
 	if g == 1 {
-		name = "axpyRowsBF16AVX2"
-		TEXT(name, NOSPLIT, "func(alpha *float32, v *uint16, ldv int, rows int, y *float32, n int)")
+		name = "axpyRows" + dt.name + "AVX2"
+		TEXT(name, NOSPLIT, fmt.Sprintf("func(alpha *float32, v %s, ldv int, rows int, y *float32, n int)", dt.goType))
 		Doc(name + " computes y[t] = fma(alpha[r], v[r*ldv+t], y[t]) for r < rows in order, t < n.")
 		a = Load(Param("alpha"), GP64())
 		v = Load(Param("v"), GP64())
@@ -34,8 +36,8 @@ func axpyRowsBF16AVX2(g int) {
 		y = Load(Param("y"), GP64())
 		n = Load(Param("n"), GP64())
 	} else {
-		name = fmt.Sprintf("axpyRowsBF16G%dAVX2", g)
-		TEXT(name, NOSPLIT, "func(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int)")
+		name = fmt.Sprintf("axpyRows%sG%dAVX2", dt.name, g)
+		TEXT(name, NOSPLIT, fmt.Sprintf("func(alpha *float32, lda int, v %s, ldv int, rows int, y *float32, ldy int, n int)", dt.goType))
 		Doc(fmt.Sprintf("%s computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < %d, r < rows in order, t < n.", name, g))
 		a = Load(Param("alpha"), GP64())
 		lda = Load(Param("lda"), GP64())
@@ -48,7 +50,7 @@ func axpyRowsBF16AVX2(g int) {
 		SHLQ(U8(2), ldy)
 		n = Load(Param("n"), GP64())
 	}
-	SHLQ(U8(1), ldv)
+	SHLQ(U8(dt.shift), ldv)
 	left := GP64()
 	MOVQ(n, left)
 	// block emits one pass over vecs vectors of 8 outputs per head (or, with
@@ -108,14 +110,14 @@ func axpyRowsBF16AVX2(g int) {
 		for i := range vecs {
 			if scalar {
 				val := XMM()
-				loadScalarW(dtBF16, Mem{Base: vr}, val)
+				loadScalarW(dt, Mem{Base: vr}, val)
 				for h := range g {
 					VFMADD231SS(val, b[h].AsX(), acc[h][i].AsX())
 				}
 				continue
 			}
 			val := YMM()
-			loadW(avx2, dtBF16, Mem{Base: vr, Disp: 16 * i}, val, nil)
+			loadW(avx2, dt, Mem{Base: vr, Disp: 8 * esize * i}, val, nil)
 			for h := range g {
 				VFMADD231PS(val, b[h], acc[h][i])
 			}
@@ -139,7 +141,7 @@ func axpyRowsBF16AVX2(g int) {
 			step = 1
 		}
 		ADDQ(U32(4*step), y)
-		ADDQ(U32(2*step), v)
+		ADDQ(U32(esize*step), v)
 		SUBQ(U32(step), left)
 	}
 	wide := map[int]int{1: 8, 2: 4, 3: 4, 4: 2}[g]

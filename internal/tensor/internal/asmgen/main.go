@@ -52,11 +52,15 @@ type isa struct {
 
 var (
 	avx512 = isa{name: "AVX512", lanes: 16, vec: ZMM, cols: func(r int) int { return 4 }}
-	avx2   = isa{name: "AVX2", lanes: 8, vec: YMM, cols: func(r int) int {
+	// AVX2's 16 vector registers hold a 4×3 tile (12 accumulators, the
+	// 3 weight vectors and one activation vector): with the FMA's latency
+	// of 5 cycles and two FMA pipes, 10 or more independent chains keep
+	// both busy, where the 4×2 tile's 8 could not.
+	avx2 = isa{name: "AVX2", lanes: 8, vec: YMM, cols: func(r int) int {
 		if r <= 2 {
 			return 4
 		}
-		return 2
+		return 3
 	}}
 )
 
@@ -78,6 +82,13 @@ func main() {
 				gemm(s, dt, r)
 			}
 		}
+		if s.lanes == 8 {
+			for _, dt := range []dtype{dtF32, dtBF16, dtF16} {
+				for r := 3; r <= 4; r++ {
+					gemmKB(dt, r)
+				}
+			}
+		}
 		dot(s)
 		axpy(s)
 		if s.lanes == 16 {
@@ -92,7 +103,10 @@ func main() {
 			qact8KAVX2()
 			rowKernels(false)
 			for g := 1; g <= 4; g++ {
-				axpyRowsBF16AVX2(g)
+				axpyRowsAVX2(dtBF16, g)
+			}
+			for g := 1; g <= 4; g++ {
+				axpyRowsAVX2(dtF32, g)
 			}
 			argMaxAVX2(iotaTable())
 			for _, st := range readScanStreams {
@@ -267,6 +281,14 @@ func gemm(s isa, dt dtype, rows int) {
 	SUBQ(U32(cols), nrem)
 	JMP(LabelRef("group"))
 
+	if s.lanes == 8 && cols == 3 {
+		// Two rows left: one 2-column pass (the former 4×2 tile) rather
+		// than two single ones.
+		CMPQ(nrem, U32(2))
+		JL(LabelRef("single"))
+		gemmPass(s, dt, rows, 2, xr, wcur, ocur, k, kv, mask, "p")
+		SUBQ(U32(2), nrem)
+	}
 	Label("single")
 	if cols > 1 {
 		TESTQ(nrem, nrem)
