@@ -166,7 +166,7 @@ type Planner struct {
 	lastPoints map[string][]EngineSample
 	samples    []EngineSample
 	// prefills are the measured prefills (ObservePrefill), oldest first.
-	prefills []PrefillSample
+	prefills   []PrefillSample
 	prefill    int
 	threshold  int
 	lastChange time.Time
@@ -337,9 +337,9 @@ type Fit struct {
 	PrefillSecondsPerToken float64      `json:"prefill_seconds_per_token"`
 	Prefill                PrefillCurve `json:"prefill_curve"`
 	PrefillSeconds         float64      `json:"prefill_seconds"`
-	PrefillCV2             float64 `json:"prefill_cv2"`
-	Overhead               float64 `json:"overhead_seconds"`
-	PrefillTooLong         float64 `json:"prefill_too_long,omitempty"`
+	PrefillCV2             float64      `json:"prefill_cv2"`
+	Overhead               float64      `json:"overhead_seconds"`
+	PrefillTooLong         float64      `json:"prefill_too_long,omitempty"`
 
 	// DecodeFit is how the decode step curve TPOT = A + B·k^P ms was
 	// fitted (decodecurve.go): "fit" (A, B and P by least squares, the
@@ -354,11 +354,11 @@ type Fit struct {
 	// DecodeLeg is what a remote prompt's decode leg adds to its TTFT at
 	// the current split's predicted load (s): the wait for the decode's
 	// step under way, then its first step.
-	DecodeLeg float64 `json:"decode_leg_seconds"`
-	MeanBatch    float64 `json:"mean_batch"`
-	DecodeBatch  float64 `json:"decode_batch_at_slo"`
-	DecodeTPOT   float64 `json:"decode_tpot_ms_at_batch"`
-	DecodeRate   float64 `json:"decode_rate_rps"`
+	DecodeLeg   float64 `json:"decode_leg_seconds"`
+	MeanBatch   float64 `json:"mean_batch"`
+	DecodeBatch float64 `json:"decode_batch_at_slo"`
+	DecodeTPOT  float64 `json:"decode_tpot_ms_at_batch"`
+	DecodeRate  float64 `json:"decode_rate_rps"`
 	// DecodeLimit is the objective that bounds a decode engine of the
 	// current split: "tpot" (its batch and its local prefills' stalls), or
 	// "ttft" (its local prefills would queue past it).
