@@ -27,49 +27,23 @@ JAEGER_VERSION=v1.75.0
 
 log() { echo "jaeger-binary: $*" >&2; }
 
-cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/tandem/jaeger"
-dest="$cache_root/$JAEGER_VERSION"
+# shellcheck source=scripts/lib/cached-build.sh
+. "$(dirname "$0")/lib/cached-build.sh"
 
-if [ -x "$dest/bin/jaeger" ]; then
-  echo "$dest/bin/jaeger"
-  exit 0
-fi
+build_jaeger() {
+  moddir="$(cd "$work" && go mod download -json "github.com/jaegertracing/jaeger@$JAEGER_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
+  [ -n "$moddir" ] && [ -f "$moddir/go.mod" ] || { log "go mod download gave no source for github.com/jaegertracing/jaeger@$JAEGER_VERSION"; exit 1; }
+  src="$work/jaeger"
+  cp -R "$moddir" "$src"
+  chmod -R u+w "$src"
 
-command -v go >/dev/null || { log "go is not on PATH"; exit 1; }
-mkdir -p "$cache_root"
+  pkg="github.com/jaegertracing/jaeger/internal/version"
+  ldflags="-s -w -X $pkg.latestVersion=$JAEGER_VERSION -X $pkg.commitSHA=module-proxy -X $pkg.date=1970-01-01T00:00:00Z"
+  log "building cmd/jaeger $JAEGER_VERSION ($((SECONDS - build_start)) s so far)"
+  (cd "$src" && nice -n 10 go build -trimpath -ldflags="$ldflags" -o "$work/out/bin/jaeger" ./cmd/jaeger)
+  "$work/out/bin/jaeger" version >&2
+}
 
-# One build at a time per cache: a second caller waits, then finds it.
-if command -v flock >/dev/null; then
-  exec 9>"$cache_root/.lock"
-  flock 9
-  if [ -x "$dest/bin/jaeger" ]; then
-    echo "$dest/bin/jaeger"
-    exit 0
-  fi
-fi
-
-work="$(mktemp -d "$cache_root/.build.XXXXXX")"
-trap 'chmod -R u+w "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
-export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0
-export GOFLAGS="-mod=mod -buildvcs=false"
-start=$SECONDS
-log "cold build of jaeger $JAEGER_VERSION with $(go env GOVERSION) into $dest/bin"
-mkdir -p "$work/out/bin"
-
-moddir="$(cd "$work" && go mod download -json "github.com/jaegertracing/jaeger@$JAEGER_VERSION" |
-  sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
-[ -n "$moddir" ] && [ -f "$moddir/go.mod" ] || { log "go mod download gave no source for github.com/jaegertracing/jaeger@$JAEGER_VERSION"; exit 1; }
-src="$work/jaeger"
-cp -R "$moddir" "$src"
-chmod -R u+w "$src"
-
-pkg="github.com/jaegertracing/jaeger/internal/version"
-ldflags="-s -w -X $pkg.latestVersion=$JAEGER_VERSION -X $pkg.commitSHA=module-proxy -X $pkg.date=1970-01-01T00:00:00Z"
-log "building cmd/jaeger ($((SECONDS - start)) s so far)"
-(cd "$src" && nice -n 10 go build -trimpath -ldflags="$ldflags" -o "$work/out/bin/jaeger" ./cmd/jaeger)
-
-"$work/out/bin/jaeger" version >&2
-rm -rf "$dest"
-mv -T "$work/out" "$dest"
-log "built in $((SECONDS - start)) s: $(du -h "$dest/bin/jaeger" | cut -f1)"
-echo "$dest/bin/jaeger"
+cached_build jaeger "$JAEGER_VERSION" build_jaeger jaeger
+echo "$cached_bin/jaeger"

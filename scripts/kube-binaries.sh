@@ -28,106 +28,66 @@ ETCD_VERSION=v3.7.3
 
 log() { echo "kube-binaries: $*" >&2; }
 
-cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/tandem/kube"
-key="k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}"
-dest="$cache_root/$key"
-bins=(kube-apiserver kubectl etcd)
+# shellcheck source=scripts/lib/cached-build.sh
+. "$(dirname "$0")/lib/cached-build.sh"
 
-have_all() {
-  local b
-  for b in "${bins[@]}"; do
-    [ -x "$dest/bin/$b" ] || return 1
+build_kube() {
+  # --- kube-apiserver and kubectl -------------------------------------------
+  log "downloading k8s.io/kubernetes@$K8S_VERSION"
+  moddir="$(cd "$work" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
+  [ -n "$moddir" ] && [ -f "$moddir/go.mod" ] || { log "go mod download gave no source for k8s.io/kubernetes@$K8S_VERSION"; exit 1; }
+
+  src="$work/kubernetes"
+  cp -R "$moddir" "$src"
+  chmod -R u+w "$src"
+  # The zip carries go.work and a vendor/ that only holds OWNERS; neither applies.
+  rm -rf "$src/go.work" "$src/go.work.sum" "$src/vendor"
+
+  # Staging modules are published as k8s.io/<name> v0.<minor>.<patch>; the
+  # module requires them at v0.0.0 and replaces them with ./staging/src/...
+  staging_version="v0.${K8S_VERSION#v1.}"
+  edits=()
+  while read -r mod; do
+    edits+=("-dropreplace=$mod")
+  done < <(cd "$src" && go mod edit -json |
+    awk '/"Replace": \[/{r=1} r && /"Old":/{o=1} r && o && /"Path":/{gsub(/[",]/,""); print $2; o=0}')
+  nrepl=${#edits[@]}
+  while read -r mod; do
+    edits+=("-require=$mod@$staging_version")
+  done < <(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$src/go.mod")
+  [ "$nrepl" -gt 0 ] && [ "${#edits[@]}" -gt "$nrepl" ] || { log "unexpected k8s.io/kubernetes go.mod: no staging replace block"; exit 1; }
+  (cd "$src" && go mod edit "${edits[@]}")
+  if grep -q '=> \./staging' "$src/go.mod"; then log "a ./staging replace is left in go.mod"; exit 1; fi
+  log "dropped $nrepl staging replaces; required $((${#edits[@]} - nrepl)) staging modules at $staging_version"
+
+  minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+  ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   done
+
+  for cmd in kube-apiserver kubectl; do
+    log "building $cmd ($((SECONDS - build_start)) s so far)"
+    (cd "$src" && go build -trimpath -ldflags="$ldflags" -o "$work/out/bin/$cmd" "./cmd/$cmd")
+  done
+
+  # --- etcd -------------------------------------------------------------------
+  log "building etcd $ETCD_VERSION ($((SECONDS - build_start)) s so far)"
+  etcdmod="$work/etcd"
+  mkdir -p "$etcdmod"
+  (
+    cd "$etcdmod"
+    go mod init tandem.invalid/etcdbuild >/dev/null 2>&1
+    go get -tool "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2
+    go build -trimpath -ldflags="-s -w" -o "$work/out/bin/etcd" go.etcd.io/etcd/server/v3
+  )
+
+  "$work/out/bin/kubectl" version --client >&2
+  "$work/out/bin/kube-apiserver" --version >&2
+  "$work/out/bin/etcd" --version >&2
 }
 
-if have_all; then
-  echo "$dest/bin"
-  exit 0
-fi
-
-command -v go >/dev/null || { log "go is not on PATH"; exit 1; }
-mkdir -p "$cache_root"
-
-# One build at a time per cache: a second caller waits, then finds the cache.
-if command -v flock >/dev/null; then
-  exec 9>"$cache_root/.lock"
-  flock 9
-  if have_all; then
-    echo "$dest/bin"
-    exit 0
-  fi
-fi
-
-work="$(mktemp -d "$cache_root/.build-$key.XXXXXX")"
-trap 'chmod -R u+w "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
-mkdir -p "$work/out/bin"
-
-export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0
-export GOFLAGS="-mod=mod -buildvcs=false"
-start=$SECONDS
-log "cold build of kube-apiserver and kubectl $K8S_VERSION and etcd $ETCD_VERSION with $(go env GOVERSION) into $dest/bin"
-
-# --- kube-apiserver and kubectl -------------------------------------------
-log "downloading k8s.io/kubernetes@$K8S_VERSION"
-moddir="$(cd "$work" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
-  sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
-[ -n "$moddir" ] && [ -f "$moddir/go.mod" ] || { log "go mod download gave no source for k8s.io/kubernetes@$K8S_VERSION"; exit 1; }
-
-src="$work/kubernetes"
-cp -R "$moddir" "$src"
-chmod -R u+w "$src"
-# The zip carries go.work and a vendor/ that only holds OWNERS; neither applies.
-rm -rf "$src/go.work" "$src/go.work.sum" "$src/vendor"
-
-# Staging modules are published as k8s.io/<name> v0.<minor>.<patch>; the
-# module requires them at v0.0.0 and replaces them with ./staging/src/...
-staging_version="v0.${K8S_VERSION#v1.}"
-edits=()
-while read -r mod; do
-  edits+=("-dropreplace=$mod")
-done < <(cd "$src" && go mod edit -json |
-  awk '/"Replace": \[/{r=1} r && /"Old":/{o=1} r && o && /"Path":/{gsub(/[",]/,""); print $2; o=0}')
-nrepl=${#edits[@]}
-while read -r mod; do
-  edits+=("-require=$mod@$staging_version")
-done < <(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$src/go.mod")
-[ "$nrepl" -gt 0 ] && [ "${#edits[@]}" -gt "$nrepl" ] || { log "unexpected k8s.io/kubernetes go.mod: no staging replace block"; exit 1; }
-(cd "$src" && go mod edit "${edits[@]}")
-if grep -q '=> \./staging' "$src/go.mod"; then log "a ./staging replace is left in go.mod"; exit 1; fi
-log "dropped $nrepl staging replaces; required $((${#edits[@]} - nrepl)) staging modules at $staging_version"
-
-minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-done
-
-for cmd in kube-apiserver kubectl; do
-  log "building $cmd ($((SECONDS - start)) s so far)"
-  (cd "$src" && go build -trimpath -ldflags="$ldflags" -o "$work/out/bin/$cmd" "./cmd/$cmd")
-done
-
-# --- etcd -------------------------------------------------------------------
-log "building etcd $ETCD_VERSION ($((SECONDS - start)) s so far)"
-etcdmod="$work/etcd"
-mkdir -p "$etcdmod"
-(
-  cd "$etcdmod"
-  go mod init tandem.invalid/etcdbuild >/dev/null 2>&1
-  go get -tool "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2
-  go build -trimpath -ldflags="-s -w" -o "$work/out/bin/etcd" go.etcd.io/etcd/server/v3
-)
-
-# --- check and publish ------------------------------------------------------
-"$work/out/bin/kubectl" version --client >&2
-"$work/out/bin/kube-apiserver" --version >&2
-"$work/out/bin/etcd" --version >&2
-for b in "${bins[@]}"; do
-  [ -x "$work/out/bin/$b" ] || { log "$b was not built"; exit 1; }
-done
-
-rm -rf "$dest"
-mv -T "$work/out" "$dest"
-log "done in $((SECONDS - start)) s: $(cd "$dest/bin" && du -h "${bins[@]}" | tr '\t\n' '  ')"
-echo "$dest/bin"
+cached_build kube "k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}" build_kube kube-apiserver kubectl etcd
+echo "$cached_bin"

@@ -22,41 +22,20 @@ PROMETHEUS_VERSION=v0.316.0
 
 log() { echo "promtool-binary: $*" >&2; }
 
-cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/tandem/promtool"
-dest="$cache_root/$PROMETHEUS_VERSION"
+# shellcheck source=scripts/lib/cached-build.sh
+. "$(dirname "$0")/lib/cached-build.sh"
 
-if [ -x "$dest/bin/promtool" ]; then
-  echo "$dest/bin/promtool"
-  exit 0
-fi
+build_promtool() {
+  log "building promtool $PROMETHEUS_VERSION"
+  mkdir -p "$work/mod"
+  (
+    cd "$work/mod"
+    go mod init tandem.invalid/promtoolbuild >/dev/null 2>&1
+    go get -tool "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION" >&2
+    go build -trimpath -ldflags="-s -w" -o "$work/out/bin/promtool" github.com/prometheus/prometheus/cmd/promtool
+  )
+  "$work/out/bin/promtool" --version >&2
+}
 
-command -v go >/dev/null || { log "go is not on PATH"; exit 1; }
-mkdir -p "$cache_root"
-
-# One build at a time per cache: a second caller waits, then finds it.
-if command -v flock >/dev/null; then
-  exec 9>"$cache_root/.lock"
-  flock 9
-  if [ -x "$dest/bin/promtool" ]; then
-    echo "$dest/bin/promtool"
-    exit 0
-  fi
-fi
-
-work="$(mktemp -d "$cache_root/.build.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
-export GOFLAGS="-mod=mod -buildvcs=false"
-start=$SECONDS
-log "cold build of promtool $PROMETHEUS_VERSION with $(go env GOVERSION) into $dest/bin"
-mkdir -p "$work/mod" "$work/out/bin"
-(
-  cd "$work/mod"
-  go mod init tandem.invalid/promtoolbuild >/dev/null 2>&1
-  go get -tool "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION" >&2
-  go build -trimpath -ldflags="-s -w" -o "$work/out/bin/promtool" github.com/prometheus/prometheus/cmd/promtool
-)
-"$work/out/bin/promtool" --version >&2
-rm -rf "$dest"
-mv "$work/out" "$dest"
-log "built in $((SECONDS - start)) s"
-echo "$dest/bin/promtool"
+cached_build promtool "$PROMETHEUS_VERSION" build_promtool promtool
+echo "$cached_bin/promtool"

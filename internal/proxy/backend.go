@@ -109,13 +109,15 @@ type pool struct {
 	stale time.Duration
 	// prefix, when set, fills each endpoint's prefix hit before scoring.
 	prefix func(req *router.Request) map[string]int
+	// legs are the engines' leg-measured costs (every pool's: shared).
+	legs *legBook
 }
 
-func newPool(role string, urls []string, prof *router.Profile, m *metrics, allowEmpty bool) (*pool, error) {
+func newPool(role string, urls []string, prof *router.Profile, m *metrics, legs *legBook, allowEmpty bool) (*pool, error) {
 	if len(urls) == 0 && !allowEmpty {
 		return nil, fmt.Errorf("no %s backends: give at least one URL with --%s", role, role)
 	}
-	pl := &pool{role: role, profile: prof, metrics: m}
+	pl := &pool{role: role, profile: prof, metrics: m, legs: legs}
 	pl.set.Store(&[]*backend{})
 	if _, _, err := pl.update(urls); err != nil {
 		return nil, err

@@ -112,12 +112,15 @@ func (p *Proxy) sendDecode(w http.ResponseWriter, r *http.Request, id string, pr
 	firstByte := p.firstByteDeadline(leg, preq)
 	for attempt := 0; ; attempt++ {
 		var local int64 // a local prefill's tokens, counted on b until its first byte
+		endLocal := func() {}
 		if leg.held == nil {
-			local = int64(max(preq.PromptTokens-preq.PrefixHits[b.base]*preq.BlockSize, 0))
+			local = int64(uncachedTokens(preq, b.base))
+			endLocal = p.legs.engine(b.base).begin(int(local))
 		}
 		b.inLocal.Add(local)
 		a, err := p.tryDecode(r, id, b, release, leg.body, firstByte, attempt)
 		b.inLocal.Add(-local)
+		endLocal()
 		if err != nil {
 			a.end()
 			p.releaseKV(leg.held, id, releaseDecodeUnreachable)
@@ -126,6 +129,7 @@ func (p *Proxy) sendDecode(w http.ResponseWriter, r *http.Request, id string, pr
 		}
 		label := a.failure()
 		if label == "" {
+			p.observeDecodeAnswer(a, leg.held != nil, int(local))
 			return a, ""
 		}
 		noteDecodeFailure(a, label)

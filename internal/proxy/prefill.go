@@ -110,8 +110,10 @@ func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *router
 		return prefillResult{reason: reasonNoPrefill, detail: "no prefill backend passed its last health check"}
 	}
 	defer release()
+	computed := uncachedTokens(preq, b.base)
+	defer p.legs.engine(b.base).begin(computed)()
 	r, span := startLeg(r, tracing.SpanProxyPrefillLeg, b, len(exclude))
-	res := p.sendPrefill(r, id, obj, b, kv, deadline)
+	res := p.sendPrefill(r, id, obj, b, kv, deadline, computed)
 	endPrefillLeg(span, res)
 	res.tried = b
 	switch {
@@ -125,7 +127,9 @@ func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *router
 
 // sendPrefill sends the prefill leg to b and interprets its answer, which
 // must be complete by deadline and within Config.FirstByteTimeout (the
-// prefill answers whole, so its first byte is its answer).
+// prefill answers whole, so its first byte is its answer). A 2xx answer's
+// timing feeds b's leg costs (computed is the proxy's estimate of the
+// prompt tokens b computes, for an answer without usage).
 //
 // The leg outlives its client by Config.CanceledPrefillGrace: a prefill
 // engine cannot stop a forward pass it has begun, and one that finishes
@@ -133,7 +137,7 @@ func (p *Proxy) runPrefill(r *http.Request, id string, obj *object, preq *router
 // answer within the grace gives the proxy the params to release that hold
 // at once (runDecode does, seeing the client gone); past it, the leg is
 // cancelled and the engine aborts what it has not finished.
-func (p *Proxy) sendPrefill(r *http.Request, id string, obj *object, b *backend, kv json.RawMessage, deadline time.Time) prefillResult {
+func (p *Proxy) sendPrefill(r *http.Request, id string, obj *object, b *backend, kv json.RawMessage, deadline time.Time, computed int) prefillResult {
 	budget := time.Until(deadline)
 	if fb := time.Now().Add(p.cfg.FirstByteTimeout); fb.Before(deadline) {
 		deadline = fb
@@ -183,6 +187,7 @@ func (p *Proxy) sendPrefill(r *http.Request, id string, obj *object, b *backend,
 		}
 	}
 	p.metrics.prefillSeconds.Observe(time.Since(start).Seconds())
+	p.observePrefillAnswer(b, resp, data, computed)
 	res := p.prefillAnswer(b, resp, data)
 	if res.kv == nil && r.Context().Err() != nil {
 		// Nothing held to release, and no one to answer.

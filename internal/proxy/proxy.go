@@ -342,6 +342,9 @@ type Proxy struct {
 	prefill *pool
 	decode  *pool
 	metrics *metrics
+	// legs are the engines' costs as measured from the proxy's own legs
+	// (observePrefillLeg), shared with the pools.
+	legs    *legBook
 	client  *http.Client // backend calls; deadlines come from contexts
 	mux     *http.ServeMux
 	guarded http.Handler   // serve behind package httpguard's checks
@@ -389,11 +392,12 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	dynamic := cfg.BackendsFile != "" || cfg.DynamicBackends
-	pre, err := newPool(rolePrefill, cfg.Prefill, pp, m, dynamic)
+	legs := newLegBook()
+	pre, err := newPool(rolePrefill, cfg.Prefill, pp, m, legs, dynamic)
 	if err != nil {
 		return nil, err
 	}
-	dpool, err := newPool(roleDecode, cfg.Decode, dp, m, dynamic)
+	dpool, err := newPool(roleDecode, cfg.Decode, dp, m, legs, dynamic)
 	if err != nil {
 		return nil, err
 	}
@@ -403,6 +407,7 @@ func New(cfg Config) (*Proxy, error) {
 		log:        cfg.Logger,
 		prefill:    pre,
 		decode:     dpool,
+		legs:       legs,
 		decider:    dec,
 		prefix:     prefix.NewApprox(approxBlocksPerEngine),
 		saturation: factory.Saturation(cfg.Router),

@@ -42,3 +42,51 @@ func addTiming(h http.Header, leg *decodeLeg, decodeSent time.Time) {
 	entries = append(entries, timingEntry("proxy", max(decodeSent.Sub(leg.arrived)-leg.prefill, 0)))
 	h.Set(headerServerTiming, strings.Join(entries, ", "))
 }
+
+// engineTiming is what an engine's answer says in Server-Timing of where its
+// part of the time to first token went (see package openai's
+// HeaderServerTiming): queue, the KV pull and the wait after it (kv_pull,
+// kv_ready, zero when nothing was pulled), and prefill, the compute from
+// then to the first token. ok is false when the answer carries no prefill
+// entry (an engine that sends no Server-Timing, or another server's).
+type engineTiming struct {
+	queue, pull, ready, prefill time.Duration
+	ok                          bool
+}
+
+// parseEngineTiming reads an engine answer's Server-Timing entries. Entries
+// it does not know, and malformed ones, are skipped.
+func parseEngineTiming(h http.Header) (t engineTiming) {
+	for _, line := range h.Values(headerServerTiming) {
+		for entry := range strings.SplitSeq(line, ",") {
+			name, params, _ := strings.Cut(strings.TrimSpace(entry), ";")
+			var dur time.Duration
+			found := false
+			for p := range strings.SplitSeq(params, ";") {
+				k, v, _ := strings.Cut(strings.TrimSpace(p), "=")
+				if k != "dur" {
+					continue
+				}
+				ms, err := strconv.ParseFloat(strings.Trim(v, `"`), 64)
+				if err != nil || ms < 0 {
+					break
+				}
+				dur, found = time.Duration(ms*float64(time.Millisecond)), true
+			}
+			if !found {
+				continue
+			}
+			switch name {
+			case "queue":
+				t.queue = dur
+			case "kv_pull":
+				t.pull = dur
+			case "kv_ready":
+				t.ready = dur
+			case "prefill":
+				t.prefill, t.ok = dur, true
+			}
+		}
+	}
+	return t
+}

@@ -443,6 +443,11 @@ func utf8SeqLen(b byte) int {
 	return 1
 }
 
+// pushBigram and popBigram are bpe.go's pushCandidate and popCandidate for
+// the SentencePiece queue. The two pairs stay copies: each inlines into its
+// merge loop, where one generic pair (its less called through the
+// instantiation's dictionary) did not inline and made BPE merges slower
+// (BenchmarkBPEWordCache/uncached, 2026-12-05).
 func pushBigram(h []spmBigram, b spmBigram) []spmBigram {
 	h = append(h, b)
 	for i := len(h) - 1; i > 0; {
