@@ -221,6 +221,17 @@ func writeFit(w io.Writer, d *planner.Decision) {
 		fmt.Fprintf(w, "predicted goodput: now %dP:%dD %.2f req/s (%s-bound); best %dP:%dD %.2f req/s (%s-bound)\n",
 			f.Current.P, f.Current.D, f.Current.Goodput, f.Current.Limit, d.Best.P, d.Best.D, d.Best.Goodput, d.Best.Limit)
 	}
+	if len(d.Splits) > 0 {
+		fmt.Fprint(w, "splits (predicted goodput at each one's best threshold):")
+		for _, s := range d.Splits {
+			th := "every prompt local"
+			if s.P > 0 {
+				th = fmt.Sprintf("threshold %d", s.Threshold)
+			}
+			fmt.Fprintf(w, " %dP:%dD %.2f req/s (%s, %s-bound);", s.P, s.D, s.Goodput, th, s.Limit)
+		}
+		fmt.Fprintln(w)
+	}
 	if f.Unattainable != "" {
 		fmt.Fprintf(w, "unattainable: %s\n", f.Unattainable)
 	}

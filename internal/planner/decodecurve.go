@@ -36,8 +36,28 @@ var stepExponents = func() []float64 {
 // TPOTs ms): kind "fit" when the batches span minStepSpan× and more (the
 // exponent with the least squared error whose a ≥ 0 and b > 0), else
 // "prior" (the prior's shape through the points by least squares). sigma
-// is the residual standard deviation.
+// is the points' spread about it (robustSigma). Points more than three
+// spreads above or below it (scrape windows with long local prefills in
+// their steps) are left out and the curve fitted again, once, unless that
+// would leave out half of them.
 func fitDecodeCurve(ks, tpots []float64) (kind string, a, b, p, sigma float64) {
+	kind, a, b, p, sigma = fitDecodeOnce(ks, tpots)
+	if kind == "" || sigma <= 0 {
+		return kind, a, b, p, sigma
+	}
+	var keptK, keptT []float64
+	for i, k := range ks {
+		if math.Abs(tpots[i]-a-b*math.Pow(k, p)) <= 3*sigma {
+			keptK, keptT = append(keptK, k), append(keptT, tpots[i])
+		}
+	}
+	if len(keptK) == len(ks) || 2*len(keptK) <= len(ks) {
+		return kind, a, b, p, sigma
+	}
+	return fitDecodeOnce(keptK, keptT)
+}
+
+func fitDecodeOnce(ks, tpots []float64) (kind string, a, b, p, sigma float64) {
 	lo, hi := math.Inf(1), 0.0
 	for _, k := range ks {
 		lo, hi = min(lo, k), max(hi, k)
@@ -54,11 +74,11 @@ func fitDecodeCurve(ks, tpots []float64) (kind string, a, b, p, sigma float64) {
 				continue
 			}
 			if sse := fs * fs; sse < bestErr {
-				kind, a, b, p, sigma, bestErr = "fit", fa, fb, pp, fs, sse
+				kind, a, b, p, bestErr = "fit", fa, fb, pp, sse
 			}
 		}
 		if kind != "" {
-			return kind, a, b, p, sigma
+			return kind, a, b, p, robustSigma(ks, tpots, a, b, p)
 		}
 	}
 	// b·(priorStepRatio + k^P) through the points: b = Σ g·y / Σ g².
@@ -73,15 +93,25 @@ func fitDecodeCurve(ks, tpots []float64) (kind string, a, b, p, sigma float64) {
 	}
 	b = gy / gg
 	a, p = priorStepRatio*b, priorStepExponent
-	if len(ks) > 2 {
-		var ss float64
-		for i, k := range ks {
-			r := tpots[i] - a - b*math.Pow(k, p)
-			ss += r * r
-		}
-		sigma = math.Sqrt(ss / float64(len(ks)-1))
+	return "prior", a, b, p, robustSigma(ks, tpots, a, b, p)
+}
+
+// robustSigma is the spread of the points about a + b·k^p: the median
+// absolute residual scaled to a normal's standard deviation (×1.4826), 0
+// for fewer than three points. A scrape window whose steps carried long
+// local prefills sits far above the curve; the stall model counts those
+// stalls (stalls.go), and a standard deviation would count them again as
+// step noise, enough at a loaded colocated engine to predict no batch
+// within the TPOT objective.
+func robustSigma(ks, tpots []float64, a, b, p float64) float64 {
+	if len(ks) < 3 {
+		return 0
 	}
-	return "prior", a, b, p, sigma
+	res := make([]float64, len(ks))
+	for i, k := range ks {
+		res[i] = math.Abs(tpots[i] - a - b*math.Pow(k, p))
+	}
+	return 1.4826 * median(res)
 }
 
 // stepMs is the fit's decode step (ms) at batch k.

@@ -40,3 +40,25 @@ func TestDecodeStepRefitsFromWideBatches(t *testing.T) {
 		t.Fatalf("%s fit %v + %v·k^%v, want 2 + 3·k^0.5", kind, a, b, p)
 	}
 }
+
+// TestDecodeStepSpreadIgnoresStalledWindows: a few scrape windows whose
+// steps carried long local prefills sit far above the curve. The stall
+// model counts those; as step noise they would leave no batch within the
+// TPOT objective.
+func TestDecodeStepSpreadIgnoresStalledWindows(t *testing.T) {
+	var ks, tpots []float64
+	for i := range 20 {
+		k := float64(1 + i%8)
+		ks = append(ks, k)
+		tpot := 2 + 0.5*k + 0.1*float64(i%3-1)
+		if i%7 == 3 {
+			tpot += 40 // a window with a 512-token prefill in it
+		}
+		tpots = append(tpots, tpot)
+	}
+	_, a, b, p, sigma := fitDecodeCurve(ks, tpots)
+	f := Fit{StepA: a, StepB: b, StepP: p, StepSigma: sigma}
+	if sigma > 1 || f.batchAtSLO(25, 0.95, 64) < 8 {
+		t.Fatalf("fit %.2f + %.2f·k^%.2f σ %.2f: batch %.1f at 25 ms, want σ under 1 ms and a batch of 8 or more", a, b, p, sigma, f.batchAtSLO(25, 0.95, 64))
+	}
+}

@@ -291,7 +291,10 @@ type Decision struct {
 	// or moved toward it): too few or stale samples, the dwell, or the
 	// hysteresis.
 	Held string `json:"held,omitempty"`
-	Fit  Fit    `json:"fit"`
+	// Splits is every split within the bounds, each at the threshold
+	// that predicts it the most goodput: what Best was chosen from.
+	Splits []Split `json:"splits,omitempty"`
+	Fit    Fit     `json:"fit"`
 }
 
 // Split is P prefill and D decode engines and the goodput the model
@@ -303,6 +306,9 @@ type Split struct {
 	// Limit is the side that bounds it: "prefill" or "decode" (see
 	// Fit.DecodeLimit for the decode's objective).
 	Limit string `json:"limit,omitempty"`
+	// Threshold is the conditional threshold it is valued at, in
+	// Decision.Splits (0 for the colocated split, every prompt local).
+	Threshold int `json:"threshold_tokens,omitempty"`
 }
 
 // Fit is the model refitted to the window: the traffic and the engines'
@@ -406,6 +412,19 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 		if c := colo.split(0, pl.cfg.Engines); c.Goodput >= d.Best.Goodput*(1-1e-9) {
 			d.Best = c
 		}
+	}
+	for p := bounds.MinPrefill; p <= pl.cfg.Engines-bounds.MinDecode; p++ {
+		if p == 0 {
+			d.Splits = append(d.Splits, colo.split(0, pl.cfg.Engines))
+			continue
+		}
+		s := Split{Goodput: -1}
+		for _, th := range ths.cands {
+			if c := ths.model(th).split(p, pl.cfg.Engines-p); c.Goodput > s.Goodput {
+				s, s.Threshold = c, th
+			}
+		}
+		d.Splits = append(d.Splits, s)
 	}
 	running := m // the model of the split running now
 	if pl.prefill == 0 && colo != nil {
