@@ -116,10 +116,7 @@ func (pl *Planner) prefillCurve(since time.Time, perToken float64) PrefillCurve 
 	if len(use) < minPrefillSamples {
 		return PrefillCurve{B: perToken, Source: "scraped"}
 	}
-	xs, ys := make([]float64, len(use)), make([]float64, len(use))
-	for i, s := range use {
-		xs[i], ys[i] = float64(s.Tokens), s.Seconds
-	}
+	xs, ys := lowerEnvelope(use)
 	if c, ok := fitPrefillCurve(xs, ys); ok {
 		c.Source, c.Samples = "measured", len(use)
 		return c
@@ -127,10 +124,40 @@ func (pl *Planner) prefillCurve(since time.Time, perToken float64) PrefillCurve 
 	return PrefillCurve{B: Sum(ys) / Sum(xs), Source: "measured per-token", Samples: len(use)}
 }
 
+// lowerEnvelope is the samples' lengths and times with the contended ones
+// left out: per band of lengths (half an octave), those at most the band's
+// lower quartile of time. A prefill measured on a busy engine shares its
+// steps with other prompts and decodes and takes longer than the same
+// prompt alone; the model wants the latter, its service time, and adds
+// the queueing itself.
+func lowerEnvelope(samples []PrefillSample) (xs, ys []float64) {
+	bands := map[int][]PrefillSample{}
+	for _, s := range samples {
+		b := int(math.Floor(2 * math.Log2(float64(s.Tokens))))
+		bands[b] = append(bands[b], s)
+	}
+	for _, band := range bands {
+		secs := make([]float64, len(band))
+		for i, s := range band {
+			secs[i] = s.Seconds
+		}
+		slices.Sort(secs)
+		q := secs[(len(secs)-1)/4]
+		for _, s := range band {
+			if s.Seconds <= q {
+				xs, ys = append(xs, float64(s.Tokens)), append(ys, s.Seconds)
+			}
+		}
+	}
+	return xs, ys
+}
+
 // fitPrefillCurve is the least-squares curve a + b·x + c·x² through the
 // points with no coefficient negative: of the fits on every subset of the
 // three terms whose coefficients are all non-negative, the one with the
-// least squared error. ok is false when the xs span too little to tell a
+// least squared error. The errors are relative (each point weighted by
+// 1/y²): the short prompts, most of a chat mix, are priced as well as
+// the long ones rather than left to the long ones' absolute residuals. ok is false when the xs span too little to tell a
 // curve from a constant (the longest under twice the shortest, or fewer
 // than three distinct lengths).
 func fitPrefillCurve(xs, ys []float64) (PrefillCurve, bool) {
@@ -160,7 +187,7 @@ func fitPrefillCurve(xs, ys []float64) (PrefillCurve, bool) {
 		c := PrefillCurve{A: full[0], B: full[1], C: full[2]}
 		var sse float64
 		for i := range xs {
-			r := ys[i] - c.Seconds(xs[i])
+			r := (ys[i] - c.Seconds(xs[i])) / ys[i]
 			sse += r * r
 		}
 		if sse < bestErr*(1-1e-9) {
@@ -171,7 +198,7 @@ func fitPrefillCurve(xs, ys []float64) (PrefillCurve, bool) {
 }
 
 // leastSquares solves for the coefficients of the powers terms of x/scale
-// that best fit ys (normal equations, Gaussian elimination with partial
+// that best fit ys in relative error (weighted normal equations, Gaussian elimination with partial
 // pivoting); ok is false when they are singular.
 func leastSquares(xs, ys []float64, scale float64, terms []int) ([]float64, bool) {
 	n := len(terms)
@@ -181,12 +208,13 @@ func leastSquares(xs, ys []float64, scale float64, terms []int) ([]float64, bool
 	}
 	for k := range xs {
 		u := xs[k] / scale
+		w := 1 / (ys[k] * ys[k]) // relative errors
 		for i, ti := range terms {
 			pi := math.Pow(u, float64(ti))
 			for j, tj := range terms {
-				m[i][j] += pi * math.Pow(u, float64(tj))
+				m[i][j] += w * pi * math.Pow(u, float64(tj))
 			}
-			m[i][n] += pi * ys[k]
+			m[i][n] += w * pi * ys[k]
 		}
 	}
 	for c := range n {

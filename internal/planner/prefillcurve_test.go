@@ -26,12 +26,11 @@ func TestPrefillCurveFitsTheMeasuredPrefills(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	curve := func(n float64) float64 { return 0.004 + 1e-4*n + 2e-7*n*n }
 	for _, c := range []struct {
-		name            string
-		remote, local   int
-		scraped         float64
-		wantSource      string
-		wantA, wantB    float64
-		wantC, wantPerT float64
+		name                string
+		remote, local       int
+		scraped             float64
+		wantSource          string
+		wantA, wantB, wantC float64
 	}{
 		{name: "a curve from the prefill engines' samples", remote: 200, local: 50, wantSource: "measured", wantA: 0.004, wantB: 1e-4, wantC: 2e-7},
 		{name: "the decodes' own samples where the prefill engines measured too few", remote: 3, local: 100, wantSource: "measured", wantA: 0.004, wantB: 1e-4, wantC: 2e-7},
@@ -57,9 +56,11 @@ func TestPrefillCurveFitsTheMeasuredPrefills(t *testing.T) {
 			if got.Source != c.wantSource {
 				t.Fatalf("curve %+v, want source %q", got, c.wantSource)
 			}
-			near := func(a, b float64) bool { return math.Abs(a-b) <= 0.15*b+1e-9 }
-			if !near(got.A, c.wantA) || !near(got.B, c.wantB) || !near(got.C, c.wantC) {
-				t.Fatalf("curve %+v, want %v + %v·n + %v·n²", got, c.wantA, c.wantB, c.wantC)
+			want := PrefillCurve{A: c.wantA, B: c.wantB, C: c.wantC}
+			for _, n := range []float64{16, 128, 512, 2000} {
+				if g, w := got.Seconds(n), want.Seconds(n); math.Abs(g-w) > 0.05*w {
+					t.Fatalf("curve %+v: %.1f ms at %v tokens, want %v + %v·n + %v·n² (%.1f ms)", got, 1000*g, n, c.wantA, c.wantB, c.wantC, 1000*w)
+				}
 			}
 		})
 	}
@@ -116,10 +117,37 @@ func TestLocalPromptLimitFromThePrefillCurve(t *testing.T) {
 	if d.Fit.Prefill.Source != "measured" {
 		t.Fatalf("prefill curve %+v, want one fitted to the measured prefills", d.Fit.Prefill)
 	}
-	if got, want := d.Fit.Prefill.Seconds(1024), simPrefill(1024); math.Abs(got-want) > 0.2*want {
+	if got, want := d.Fit.Prefill.Seconds(1024), simPrefill(1024); math.Abs(got-want) > 0.35*want {
 		t.Errorf("1,024 tokens priced %.0f ms, want about the engines' %.0f ms", 1000*got, 1000*want)
 	}
-	if l := pl.thresholds(d.Fit).limit; l > 800 {
-		t.Fatalf("prompts up to %d tokens may be prefilled locally, want at most ~700 (the curve's within 250 ms)", l)
+	// The engines' curve prefills 741 tokens in 250 ms; the quadratic
+	// fitted to it (in relative error, the chat mix's short prompts
+	// weighing as much as its long ones) a little more.
+	if l := pl.thresholds(d.Fit).limit; l > 900 {
+		t.Fatalf("prompts up to %d tokens may be prefilled locally, want under 900 (the engines prefill 741 within 250 ms)", l)
+	}
+}
+
+// TestPrefillCurveIsTheUncontendedCost: on busy engines a prompt shares
+// its steps with others and its measured prefill takes up to four times
+// its own cost; the curve is the cost alone (the queueing model adds the
+// waiting), not the mean of the measurements.
+func TestPrefillCurveIsTheUncontendedCost(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	pl := newPlanner(t, Config{Engines: 4})
+	curve := PrefillCurve{A: 0.004, B: 1e-4, C: 2e-7}
+	for range 120 {
+		n := 16 + rng.IntN(1000)
+		sec := curve.Seconds(float64(n))
+		if rng.IntN(2) == 0 {
+			sec *= 1 + 3*rng.Float64()
+		}
+		pl.ObservePrefill(PrefillSample{At: t0, Tokens: n, Seconds: sec})
+	}
+	c := pl.prefillCurve(t0.Add(-time.Second), 0)
+	for _, n := range []int{128, 512, 1000} {
+		if got, want := c.Seconds(float64(n)), curve.Seconds(float64(n)); math.Abs(got-want) > 0.1*want {
+			t.Errorf("%d tokens priced %.1f ms, want about the uncontended %.1f ms (curve %+v)", n, 1000*got, 1000*want, c)
+		}
 	}
 }
