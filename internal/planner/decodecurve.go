@@ -12,7 +12,11 @@ import "math"
 // engine (6.9 and 9.3 ms) predicts 43 ms at 16, where it takes 15.8–18.6.
 // There the planner takes the prior's shape, A/B = priorStepRatio and P =
 // priorStepExponent, scaled to the points; from batches spanning
-// minStepSpan and more it fits all three.
+// minStepSpan× and more it fits A and B at the prior's P, and from
+// freeStepSpan× and more (or where another P fits the points with a
+// quarter of the squared error) all three. Fitted freely to a few noisy points
+// from batches 1–4, P swung between 0.25 and 1 decision by decision, and
+// with it the decodes' predicted capacity by half.
 //
 // The prior is the decode grid of the simulated engines' built-in profile
 // (a 135M-parameter Llama measured with `tandem profile` on a 2-core
@@ -21,6 +25,7 @@ const (
 	priorStepRatio    = 5.6
 	priorStepExponent = 0.8
 	minStepSpan       = 3
+	freeStepSpan      = 8
 )
 
 // stepExponents are the exponents P a free fit tries.
@@ -33,9 +38,11 @@ var stepExponents = func() []float64 {
 }()
 
 // fitDecodeCurve fits TPOT = a + b·k^p ms to the points (batch ks,
-// TPOTs ms): kind "fit" when the batches span minStepSpan× and more (the
-// exponent with the least squared error whose a ≥ 0 and b > 0), else
-// "prior" (the prior's shape through the points by least squares). sigma
+// TPOTs ms): kind "fit" when the batches span minStepSpan× and more (a
+// and b by least squares at the prior's exponent, or at the exponent with
+// the least squared error from freeStepSpan× or where it has a quarter of
+// the prior exponent's, with a ≥ 0 and b > 0),
+// else "prior" (the prior's shape through the points by least squares). sigma
 // is the points' spread about it (robustSigma). Points more than three
 // spreads above or below it (scrape windows with long local prefills in
 // their steps) are left out and the curve fitted again, once, unless that
@@ -63,17 +70,24 @@ func fitDecodeOnce(ks, tpots []float64) (kind string, a, b, p, sigma float64) {
 		lo, hi = min(lo, k), max(hi, k)
 	}
 	if len(ks) >= 3 && hi >= minStepSpan*lo {
-		bestErr := math.Inf(1)
-		for _, pp := range stepExponents {
+		line := func(pp float64) (a, b, sse float64, ok bool) {
 			xs := make([]float64, len(ks))
 			for i, k := range ks {
 				xs[i] = math.Pow(k, pp)
 			}
-			fa, fb, fs, ok := FitLine(xs, tpots)
-			if !ok || fa < 0 || fb <= 0 {
-				continue
-			}
-			if sse := fs * fs; sse < bestErr {
+			a, b, s, ok := FitLine(xs, tpots)
+			return a, b, s * s, ok && a >= 0 && b > 0
+		}
+		priorErr := math.Inf(1)
+		if fa, fb, sse, ok := line(priorStepExponent); ok {
+			kind, a, b, p, priorErr = "fit", fa, fb, priorStepExponent, sse
+		}
+		// Another exponent where the batches span enough, or where it
+		// explains the points far better than the prior's.
+		bestErr := priorErr
+		for _, pp := range stepExponents {
+			fa, fb, sse, ok := line(pp)
+			if ok && sse < bestErr && (hi >= freeStepSpan*lo || sse <= priorErr/4) {
 				kind, a, b, p, bestErr = "fit", fa, fb, pp, sse
 			}
 		}

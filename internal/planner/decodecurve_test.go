@@ -62,3 +62,20 @@ func TestDecodeStepSpreadIgnoresStalledWindows(t *testing.T) {
 		t.Fatalf("fit %.2f + %.2f·k^%.2f σ %.2f: batch %.1f at 25 ms, want σ under 1 ms and a batch of 8 or more", a, b, p, sigma, f.batchAtSLO(25, 0.95, 64))
 	}
 }
+
+// TestDecodeStepExponentNeedsAWideRange: points from batches 1–4 with a
+// little noise. Their exponent is not known from them (fitted freely it
+// swung between 0.25 and 1 from one window to the next); the prior's is
+// kept and A and B fitted.
+func TestDecodeStepExponentNeedsAWideRange(t *testing.T) {
+	ks := []float64{1, 1.5, 2, 3, 4, 2.5, 1.2, 3.5}
+	noise := []float64{0.3, -0.2, 0.4, -0.3, 0.1, -0.4, 0.2, 0}
+	var tpots []float64
+	for i, k := range ks {
+		tpots = append(tpots, 2+0.6*k+noise[i])
+	}
+	kind, _, _, p, _ := fitDecodeCurve(ks, tpots)
+	if kind != "fit" || p != priorStepExponent {
+		t.Fatalf("%s fit at exponent %v, want A and B fitted at the prior's %v", kind, p, priorStepExponent)
+	}
+}
