@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net/http"
 	"os"
 	"slices"
@@ -195,20 +196,41 @@ func writeFit(w io.Writer, d *planner.Decision) {
 	fmt.Fprintf(w, "traffic: %d requests, %.2f req/s; mean prompt %.0f tokens (%.0f uncached), output %.0f (%d finished); %.0f%% prefilled remotely at the threshold\n",
 		f.Requests, f.ArrivalRate, f.MeanPrompt, f.MeanUncached, f.MeanOutput, f.FinishedOutputs, 100*f.RemoteFraction)
 	fmt.Fprintf(w, "engines: %d with fresh metrics (%d stale samples ignored)\n", f.FreshEngines, f.StaleSamples)
-	if f.PrefillSecondsPerToken > 0 {
-		fmt.Fprintf(w, "prefill: %.3f ms/token → s̄ = %.3f s, C² = %.3f, overhead %.3f s", 1000*f.PrefillSecondsPerToken, f.PrefillSeconds, f.PrefillCV2, f.Overhead)
+	if c := f.Prefill; c.B > 0 || c.C > 0 || c.A > 0 {
+		fmt.Fprintf(w, "prefill (%s", c.Source)
+		if c.Samples > 0 {
+			fmt.Fprintf(w, ", %d samples", c.Samples)
+		}
+		fmt.Fprintf(w, "): %.2f ms + %.4f ms/token + %.3g ms/token² (%.0f ms at 128 tokens, %.0f at 1024; scraped %.3f ms/token) → s̄ = %.3f s, C² = %.3f, overhead %.3f s",
+			1000*c.A, 1000*c.B, 1000*c.C, 1000*c.Seconds(128), 1000*c.Seconds(1024), 1000*f.PrefillSecondsPerToken, f.PrefillSeconds, f.PrefillCV2, f.Overhead)
 		if f.PrefillTooLong > 0 {
 			fmt.Fprintf(w, "; %.0f%% of the remote prompts miss the TTFT alone", 100*f.PrefillTooLong)
 		}
 		fmt.Fprintln(w)
 	}
 	if f.DecodeFit != "" {
-		fmt.Fprintf(w, "decode (%s, %d points, mean batch %.1f): TPOT = %.1f + %.2f·k ms (σ %.1f) → batch %.1f at %.1f ms → %.3f req/s per engine\n",
-			f.DecodeFit, f.DecodePoints, f.MeanBatch, f.StepA, f.StepB, f.StepSigma, f.DecodeBatch, f.DecodeTPOT, f.DecodeRate)
+		p := f.StepP
+		if p <= 0 {
+			p = 1
+		}
+		fmt.Fprintf(w, "decode (%s, %d points, mean batch %.1f): TPOT = %.2f + %.2f·k^%.2f ms (σ %.1f; %.1f ms at batch 1, %.1f at 16) → batch %.1f at %.1f ms → %.3f req/s per engine within the TPOT; decode leg %.1f ms\n",
+			f.DecodeFit, f.DecodePoints, f.MeanBatch, f.StepA, f.StepB, p, f.StepSigma, f.StepA+f.StepB, f.StepA+f.StepB*math.Pow(16, p),
+			f.DecodeBatch, f.DecodeTPOT, f.DecodeRate, 1000*f.DecodeLeg)
 	}
 	if f.Current.P+f.Current.D > 0 {
 		fmt.Fprintf(w, "predicted goodput: now %dP:%dD %.2f req/s (%s-bound); best %dP:%dD %.2f req/s (%s-bound)\n",
 			f.Current.P, f.Current.D, f.Current.Goodput, f.Current.Limit, d.Best.P, d.Best.D, d.Best.Goodput, d.Best.Limit)
+	}
+	if len(d.Splits) > 0 {
+		fmt.Fprint(w, "splits (predicted goodput at each one's best threshold):")
+		for _, s := range d.Splits {
+			th := "every prompt local"
+			if s.P > 0 {
+				th = fmt.Sprintf("threshold %d", s.Threshold)
+			}
+			fmt.Fprintf(w, " %dP:%dD %.2f req/s (%s, %s-bound);", s.P, s.D, s.Goodput, th, s.Limit)
+		}
+		fmt.Fprintln(w)
 	}
 	if f.Unattainable != "" {
 		fmt.Fprintf(w, "unattainable: %s\n", f.Unattainable)

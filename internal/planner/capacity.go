@@ -25,23 +25,36 @@ type capacity struct {
 	local           []float64
 	localFraction   float64
 	localPerRequest float64
-	ttft, q         float64
-	remoteFraction  float64
-	prefillTooLong  float64
-	// decodes is a decode engine's capacity by the decode pool's size (its
-	// arrivals are smoother the more engines share them).
-	decodes map[int]decodeCapacity
+	// localMean and localCV2 are the local times' mean and squared
+	// coefficient of variation; residualChunk is the mean residual of a
+	// local prefill chunk found under way (E[c²]/2E[c], s).
+	localMean, localCV2, residualChunk float64
+	// n is how many requests the model stands for, cached how many of them
+	// have no uncached token (their first token is a decode step).
+	n, cached      float64
+	ttft, goal     float64
+	remoteFraction float64
+	prefillTooLong float64
 	// stalls is what the local prefills cost the decodes' streams.
 	stalls *stalls
-	// tpotRate is the rate a decode's TPOT side allows (-1 until found).
-	tpotRate float64
+	// splits are the splits valued so far (P, D → their valuation), and
+	// tpotCap a decode's capacity within the TPOT objective (nil until
+	// found).
+	splits  map[[2]int]valued
+	tpotCap *decodeCapacity
 }
 
-// decodeCapacity is what one of d decode engines serves within the
-// objectives: rate requests/s at batch and tpot (ms, stretched by its
-// local prefills); limit is the objective that bounds it: "tpot", or
-// "ttft" when its local prefills would queue past the TTFT objective at a
-// higher rate.
+// valued is a split's valuation: its Split, and one of its decode
+// engines at that goodput.
+type valued struct {
+	s   Split
+	dec decodeCapacity
+}
+
+// decodeCapacity is one of a split's decode engines: rate requests/s
+// within the TPOT objective alone, at batch and tpot (ms, stretched by its
+// local prefills); limit is the objective whose misses bound the split's
+// goodput on it, "tpot" or "ttft".
 type decodeCapacity struct {
 	rate, batch, tpot float64
 	limit             string
@@ -50,154 +63,86 @@ type decodeCapacity struct {
 // model turns a fit into rates at a threshold: the prefill pool's per
 // engine at P (only the prompts of at least threshold uncached tokens reach
 // it) and a decode engine's, which prefills the others itself. At
-// colocatedThreshold every prompt is local: the colocated split.
+// colocatedThreshold every prompt is local: the colocated split. A
+// prompt's prefill is priced by the fitted curve (Fit.Prefill), a local
+// one's in chunks of the decodes' --max-num-batched-tokens, each chunk a
+// step of its own (the curve's fixed cost again) shared with the decodes.
 func (pl *Planner) model(f Fit, threshold int) *capacity {
-	m := &capacity{f: f, cfg: &pl.cfg, ttft: pl.cfg.TTFT.Seconds(), q: math.Sqrt(pl.cfg.Goal), over: f.Overhead,
-		decodes: map[int]decodeCapacity{}, tpotRate: -1}
-	var lens, prefills []float64
+	m := &capacity{f: f, cfg: &pl.cfg, ttft: pl.cfg.TTFT.Seconds(), goal: pl.cfg.Goal, over: f.Overhead,
+		splits: map[[2]int]valued{}}
+	var prefills []float64
+	var chunkSum, chunkSq float64
+	cv := f.prefill()
 	reqs := sample(pl.win, maxModelRequests)
 	step := f.stepSeconds()
 	chunk := float64(max(f.MaxBatchedTokens, 1))
 	for _, r := range reqs {
-		sv := f.PrefillSecondsPerToken * float64(r.UncachedTokens)
+		n := float64(r.UncachedTokens)
 		switch {
 		case r.UncachedTokens >= threshold:
-			m.services = append(m.services, sv)
-			lens = append(lens, float64(r.UncachedTokens))
+			m.services = append(m.services, cv.Seconds(n))
 		case r.UncachedTokens > 0:
-			m.local = append(m.local, sv+math.Ceil(float64(r.UncachedTokens)/chunk)*step)
+			chunks := math.Ceil(n / chunk)
+			sv := cv.Seconds(n) + (chunks-1)*cv.A
+			m.local = append(m.local, sv+chunks*step)
 			prefills = append(prefills, sv)
 			m.localPerRequest += sv
+			c := sv / chunks
+			chunkSum += sv
+			chunkSq += chunks * c * c
+		default:
+			m.cached++
 		}
 	}
 	n := float64(len(reqs))
+	m.n = n
 	m.remoteFraction = float64(len(m.services)) / n
 	m.localFraction = float64(len(m.local)) / n
 	m.localPerRequest /= n
+	if chunkSum > 0 {
+		m.residualChunk = chunkSq / (2 * chunkSum)
+	}
 	if len(prefills) > 0 {
-		m.stalls = newStalls(prefills, reqs, f.PrefillSecondsPerToken*chunk)
+		m.stalls = newStalls(prefills, reqs, cv.Seconds(chunk))
+	}
+	for _, sv := range m.services {
+		if m.ttft-sv-m.over <= 0 {
+			m.prefillTooLong++
+		}
 	}
 	if len(m.services) > 0 {
+		m.prefillTooLong /= float64(len(m.services))
 		m.s = Mean(m.services)
 		if m.s > 0 {
-			sd := f.PrefillSecondsPerToken * StdDev(lens)
+			sd := StdDev(m.services)
 			m.cv2 = sd * sd / (m.s * m.s)
+		}
+	}
+	if len(m.local) > 0 {
+		m.localMean = Mean(m.local)
+		if m.localMean > 0 {
+			sd := StdDev(m.local)
+			m.localCV2 = sd * sd / (m.localMean * m.localMean)
 		}
 	}
 	return m
 }
 
+// prefill is the curve a prefill is priced by: Fit.Prefill, or the
+// scraped per-token cost for a Fit made without one.
+func (f Fit) prefill() PrefillCurve {
+	if f.Prefill.Source == "" {
+		return PrefillCurve{B: f.PrefillSecondsPerToken, Source: "scraped"}
+	}
+	return f.Prefill
+}
+
 // stepSeconds is a decode step's time at the window's mean batch.
-func (f Fit) stepSeconds() float64 { return (f.StepA + f.StepB*f.MeanBatch) / 1000 }
-
-// decode is one of d decode engines' capacity. Its local prefills bound
-// it twice: their time stretches its steps (decodeRateWithLocal), and they
-// queue on it for their first token like prompts on a prefill engine
-// (PrefillBusy, its arrivals one d-th of the pool's).
-func (m *capacity) decode(d int) decodeCapacity {
-	if c, ok := m.decodes[d]; ok {
-		return c
-	}
-	maxRate := math.Inf(1)
-	if len(m.local) > 0 && m.localFraction > 0 {
-		mean := Mean(m.local)
-		var cv2 float64
-		if mean > 0 {
-			sd := StdDev(m.local)
-			cv2 = sd * sd / (mean * mean)
-		}
-		rho, _ := PrefillBusy(m.local, mean, 1/float64(max(d, 1)), cv2, 0, m.ttft, m.q)
-		maxRate = 0
-		if mean > 0 {
-			maxRate = rho / (mean * m.localFraction)
-		}
-	}
-	c := decodeCapacity{limit: "tpot"}
-	c.rate, c.batch, c.tpot = m.decodeRateWithLocal(maxRate)
-	if c.rate >= maxRate*(1-1e-6) {
-		c.limit = "ttft"
-	}
-	m.decodes[d] = c
-	return c
-}
-
-// decodeRateWithLocal is the requests/s a decode engine serves when each
-// request also costs it localPerRequest seconds of prefill on average (the
-// prompts under the threshold): at λ requests/s it spends ρ =
-// λ·localPerRequest of its time prefilling, which stretches its steps to
-// step/(1−ρ). Its step (its batch) is the largest that meets the TPOT
-// objective·(1−ρ) and leaves no more than 1 − q of its streams missing the
-// objective through the local prefills they wait (stalls.missed); λ is the
-// largest rate with λ ≤ that batch's rate (Little's law at the stretched
-// step), and at most maxRate. batch and tpot (ms, stretched) are at that
-// rate.
-func (m *capacity) decodeRateWithLocal(maxRate float64) (rate, batch, tpot float64) {
-	f, local := m.f, m.localPerRequest
-	slo := m.cfg.TPOT.Seconds()
-	at := func(lambda float64) (r, k, t float64) {
-		rho := lambda * local
-		if rho >= 1 {
-			return 0, 0, 0
-		}
-		step := slo * (1 - rho) // s
-		missed := func(step float64) bool { return m.stalls.missed(lambda*m.localFraction, rho, step, slo) > 1-m.q }
-		if missed(step) {
-			// A stream's step is at least a batch of one's.
-			lo, hi := (f.StepA+f.StepB)/1000, step
-			if lo >= hi || missed(lo) {
-				return 0, 0, 0
-			}
-			for range 12 {
-				if mid := (lo + hi) / 2; missed(mid) {
-					hi = mid
-				} else {
-					lo = mid
-				}
-			}
-			step = lo
-		}
-		k = DecodeBatchAtSLO(f.StepA, f.StepB, f.StepSigma, 1000*step, m.q, m.cfg.MaxSeqs)
-		if k <= 0 {
-			return 0, 0, 0
-		}
-		t = (f.StepA + f.StepB*k) / (1 - rho)
-		return DecodeRate(k, t/1000, f.MeanOutput), k, t
-	}
-	if local <= 0 {
-		r, k, t := at(0)
-		return min(r, maxRate), k, t
-	}
-	// The rate the TPOT side allows does not depend on maxRate: found
-	// once per model, then capped.
-	if m.tpotRate < 0 {
-		m.tpotRate = m.searchRate(at)
-	}
-	lo := min(m.tpotRate, maxRate)
-	_, batch, tpot = at(lo)
-	return lo, batch, tpot
-}
-
-// searchRate is the largest λ with at(λ)'s rate ≥ λ, below 1/local (where
-// local prefills take all the engine's time).
-func (m *capacity) searchRate(at func(float64) (r, k, t float64)) float64 {
-	lo, hi := 0.0, 1/m.localPerRequest
-	for range 40 {
-		if lo == hi {
-			break
-		}
-		mid := (lo + hi) / 2
-		if r, _, _ := at(mid); r >= mid {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	return lo
-}
+func (f Fit) stepSeconds() float64 { return f.stepMs(f.MeanBatch) / 1000 }
 
 // best is the split of cfg.Engines with at least one prefill engine with
 // the most predicted goodput, the fewest prefill engines on a tie (the
-// colocated split, none, is colocatedBest's). The prefill side, P·rate at
+// colocated split, none, is Decide's). The prefill side, P·rate at
 // P, grows with P and the decode side, D·rate, falls, so the best is at
 // their crossing: a binary search for the first P whose prefill side
 // reaches the decode side, then that P or the one before.
@@ -223,48 +168,280 @@ func (m *capacity) best(cfg Config) Split {
 	return best
 }
 
-// prefillRate is what one of p prefill engines serves within the TTFT
-// SLO's share of the goal (requests/s of the remote prompts).
-func (m *capacity) prefillRate(p int) float64 {
-	if m.s <= 0 {
+// split is p prefill and d decode engines' predicted goodput: the largest
+// arrival rate λ at which Config.Goal of the requests meet both objectives
+// (attainment). The target is the requests', not each pool's nor each
+// objective's: a threshold that sends only the long prompts remote may
+// leave some of them late where the short ones kept local meet the TTFT
+// objective, and one that sends every prompt is not credited for the short
+// ones twice. Limit is the side whose misses bound it: "prefill" when the
+// remote prompts are the most of those missing (or the prefill engines
+// are saturated), "decode" otherwise.
+func (m *capacity) split(p, d int) Split { return m.value(p, d).s }
+
+// decode is one of the d decode engines of p prefill and d decode.
+func (m *capacity) decode(p, d int) decodeCapacity { return m.value(p, d).dec }
+
+func (m *capacity) value(p, d int) valued {
+	if v, ok := m.splits[[2]int{p, d}]; ok {
+		return v
+	}
+	v := m.valueSplit(p, d)
+	m.splits[[2]int{p, d}] = v
+	return v
+}
+
+func (m *capacity) valueSplit(p, d int) valued {
+	v := valued{s: Split{P: p, D: d, Limit: "decode"}, dec: decodeCapacity{limit: "tpot"}}
+	if d <= 0 {
+		return v
+	}
+	if m.remoteFraction > 0 && p == 0 {
+		v.s.Limit = "prefill"
+		return v
+	}
+	// Beyond hi a pool is saturated: the prefill engines, the decodes'
+	// own prefills, or their seats.
+	hi := math.Inf(1)
+	preCap := math.Inf(1)
+	if m.remoteFraction > 0 && m.s > 0 {
+		preCap = float64(p) / (m.remoteFraction * m.s)
+	}
+	if m.localPerRequest > 0 {
+		hi = float64(d) / m.localPerRequest
+	}
+	if m.localFraction > 0 && m.localMean > 0 {
+		hi = min(hi, float64(d)/(m.localFraction*m.localMean))
+	}
+	hi = min(hi, preCap)
+	if math.IsInf(hi, 1) {
+		hi = float64(d) * float64(m.cfg.MaxSeqs) / (max(m.f.MeanOutput-1, 1) * m.f.stepMs(1) / 1000)
+	}
+	hi *= 1 - 1e-9
+	at := func(lambda float64) attained { return m.attainment(p, d, lambda) }
+	lo := 0.0
+	if a := at(0); a.met < m.goal {
+		v.s.Limit, v.dec.limit = a.limit()
+		return v
+	}
+	if at(hi).met >= m.goal {
+		lo = hi
+	} else {
+		top := hi
+		for range 50 {
+			mid := (lo + top) / 2
+			if at(mid).met >= m.goal {
+				lo = mid
+			} else {
+				top = mid
+			}
+		}
+	}
+	v.s.Goodput = lo
+	a := at(min(lo*1.001+1e-9, hi))
+	v.s.Limit, v.dec.limit = a.limit()
+	if lo >= hi*(1-1e-6) && hi >= preCap*(1-1e-6) {
+		v.s.Limit = "prefill"
+	}
+	objective := v.dec.limit
+	v.dec = m.tpotCapacity()
+	v.dec.limit = objective
+	return v
+}
+
+// tpotCapacity is a decode engine's most within the TPOT objective alone:
+// the largest rate at which Config.Goal of its streams meet it, and its
+// batch and step (ms, stretched) there. limit is left to the caller.
+func (m *capacity) tpotCapacity() decodeCapacity {
+	if m.tpotCap != nil {
+		return *m.tpotCap
+	}
+	ok := func(r float64) bool {
+		var a attained
+		a.batch, a.step, a.rho = m.decodeAt(r)
+		return 1-m.tpotMiss(r, a) >= m.goal
+	}
+	hi := float64(m.cfg.MaxSeqs) / (max(m.f.MeanOutput-1, 1) * m.f.stepMs(1) / 1000)
+	if m.localPerRequest > 0 {
+		hi = min(hi, 1/m.localPerRequest)
+	}
+	lo := 0.0
+	for range 50 {
+		mid := (lo + hi) / 2
+		if ok(mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	c := decodeCapacity{rate: lo}
+	batch, step, rho := m.decodeAt(lo)
+	if batch <= float64(m.cfg.MaxSeqs) && rho < 1 {
+		c.batch, c.tpot = batch, 1000*step/(1-rho)
+	}
+	m.tpotCap = &c
+	return c
+}
+
+// attained is what attainment found at one arrival rate.
+type attained struct {
+	// met is the fraction of the requests that meet both objectives;
+	// remoteMiss and localMiss the fractions of all the requests that
+	// miss the TTFT objective among the remote and the local prompts, and
+	// tpotMiss the fraction of the streams that miss the TPOT objective.
+	met, remoteMiss, localMiss, tpotMiss float64
+	// batch, step (s, unstretched) and rho are a decode engine's.
+	batch, step, rho float64
+}
+
+// limit is the side and the decodes' objective whose misses are the most.
+func (a attained) limit() (side, objective string) {
+	side, objective = "decode", "tpot"
+	if a.remoteMiss > a.localMiss+a.tpotMiss {
+		side = "prefill"
+	}
+	if a.localMiss > a.tpotMiss {
+		objective = "ttft"
+	}
+	return side, objective
+}
+
+// attainment is how the requests fare at p prefill and d decode engines
+// when λ requests/s arrive. TTFT: the prefill engines and the decodes' own
+// prefills are GI/G/1 queues (one of P or D engines sharing the
+// arrivals), PrefillBusy's tail approximation; a remote prompt's TTFT also
+// counts its KV transfer and its decode leg (decodeLeg). TPOT: a decode
+// carries the batch Little's law gives at its share of the rate, its step
+// at that batch stretched by its local prefills' share ρ of its time; a
+// stream misses when its steps' noise (the fit's residual) puts its mean
+// past the objective or when the local prefills it waits through do
+// (stalls.missed). The two are taken as independent.
+func (m *capacity) attainment(p, d int, lambda float64) attained {
+	perDecode := lambda / float64(d)
+	var a attained
+	a.batch, a.step, a.rho = m.decodeAt(perDecode)
+	var remoteMet, localMet float64
+	if len(m.services) > 0 && p > 0 {
+		rho := lambda * m.remoteFraction * m.s / float64(p)
+		leg := m.legAt(a.batch, a.step, a.rho)
+		remoteMet = queueMet(m.services, m.s, 1/float64(p), m.cv2, m.over+leg, m.ttft, rho)
+	}
+	if len(m.local) > 0 {
+		rho := perDecode * m.localFraction * m.localMean
+		localMet = queueMet(m.local, m.localMean, 1/float64(d), m.localCV2, 0, m.ttft, rho)
+	}
+	a.remoteMiss = (float64(len(m.services)) - remoteMet) / m.n
+	a.localMiss = (float64(len(m.local)) - localMet) / m.n
+	ttftMet := (remoteMet + localMet + m.cached) / m.n
+	a.tpotMiss = m.tpotMiss(perDecode, a)
+	a.met = ttftMet * (1 - a.tpotMiss)
+	return a
+}
+
+// decodeAt is a decode engine serving perDecode requests/s: its batch
+// (Little's law at its stretched step, which grows with the batch: a fixed
+// point), its step (s, unstretched) and its local prefills' share ρ of its
+// time. A rate its seats (Config.MaxSeqs) cannot carry gives a batch of
+// MaxSeqs + 1.
+func (m *capacity) decodeAt(perDecode float64) (batch, step, rho float64) {
+	f := m.f
+	rho = perDecode * m.localPerRequest
+	if rho >= 1 {
+		return float64(m.cfg.MaxSeqs + 1), f.stepMs(float64(m.cfg.MaxSeqs)) / 1000, 1
+	}
+	life := max(f.MeanOutput-1, 1) / (1 - rho) // steps a stream lives, stretched
+	// The batch k is where Little's law k = rate·life·step(k) holds: the
+	// least root of g(k) = rate·life·step(k) − k from k = 1, where g
+	// falls (the step grows no faster than the batch).
+	g := func(k float64) float64 { return perDecode*life*f.stepMs(k)/1000 - k }
+	seats := float64(m.cfg.MaxSeqs)
+	switch {
+	case g(1) <= 0:
+		batch = 1
+	case g(seats) > 0:
+		return seats + 1, f.stepMs(seats) / 1000, rho
+	default:
+		lo, hi := 1.0, seats
+		for range 50 {
+			if mid := (lo + hi) / 2; g(mid) > 0 {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+		batch = hi
+	}
+	return batch, f.stepMs(batch) / 1000, rho
+}
+
+// tpotMiss is the fraction of a decode's streams that miss the TPOT
+// objective at a.
+func (m *capacity) tpotMiss(perDecode float64, a attained) float64 {
+	slo := m.cfg.TPOT.Seconds()
+	if a.batch > float64(m.cfg.MaxSeqs) || a.rho >= 1 {
+		return 1
+	}
+	var noise float64
+	if sigma := m.f.StepSigma / 1000; sigma > 0 {
+		noise = 0.5 * math.Erfc((slo-a.step)/(sigma*math.Sqrt2))
+	} else if a.step > slo {
+		noise = 1
+	}
+	stall := m.stalls.missed(perDecode*m.localFraction, a.rho, a.step, slo)
+	return min(noise+stall, 1)
+}
+
+// decodeLeg is what a remote prompt's decode leg adds to its TTFT on a
+// decode engine serving perDecode requests/s (s).
+func (m *capacity) decodeLeg(perDecode float64) float64 {
+	return m.legAt(m.decodeAt(perDecode))
+}
+
+// legAt is the decode leg on a decode engine at batch, step (s) and local
+// prefill share ρ: the KV arrives while the engine is in a step, which the
+// prompt waits out (the residual of a decode step, or of a local prefill
+// chunk for the share ρ of the time the engine prefills), then its own
+// first step, stretched by ρ.
+func (m *capacity) legAt(batch, step, rho float64) float64 {
+	if rho >= 1 || batch > float64(m.cfg.MaxSeqs) {
 		return math.Inf(1)
 	}
-	rho, tooLong := PrefillBusy(m.services, m.s, 1/float64(max(p, 1)), m.cv2, m.over, m.ttft, m.q)
-	m.prefillTooLong = tooLong
-	return rho / m.s
+	return (1-rho)*step/2 + rho*m.residualChunk + step/(1-rho)
 }
 
-// split is p prefill and d decode engines' predicted goodput: the
-// requests/s both pools sustain, the prefill pool seeing only the remote
-// fraction of them (none with no prefill engine: then every prompt must be
-// local, or the split serves nothing).
-func (m *capacity) split(p, d int) Split {
-	pre := math.Inf(1)
+// queueMet is how many of the requests whose service times are services
+// (mean s, squared coefficient of variation cv2; arrivals' ca2) wait at
+// most slo − their service − overhead on a GI/G/1 server busy ρ of its
+// time (PrefillBusy's tail approximation): a count, not a fraction.
+func queueMet(services []float64, s, ca2, cv2, overhead, slo, rho float64) float64 {
+	if rho >= 1 {
+		return 0
+	}
+	c := (ca2 + cv2) / 2
+	var total float64
+	for _, sv := range services {
+		if t := slo - sv - overhead; t > 0 {
+			if s <= 0 || c <= 0 {
+				total++
+				continue
+			}
+			total += 1 - rho*math.Exp(-t*(1-rho)/(c*s))
+		}
+	}
+	return total
+}
+
+// unattainable says why no split of p prefill and d decode engines meets
+// the objectives even at no load.
+func (m *capacity) unattainable(p, d int) string {
+	a := m.attainment(max(p, 0), max(d, 1), 0)
 	switch {
-	case m.remoteFraction > 0 && p == 0:
-		pre = 0
-	case m.remoteFraction > 0:
-		pre = float64(p) * m.prefillRate(p) / m.remoteFraction
-	}
-	dec := 0.0
-	if d > 0 {
-		dec = float64(d) * m.decode(d).rate
-	}
-	s := Split{P: p, D: d, Goodput: min(pre, dec), Limit: "decode"}
-	if pre < dec {
-		s.Limit = "prefill"
-	}
-	return s
-}
-
-func (m *capacity) unattainable(d int) string {
-	switch c := m.decode(max(d, 1)); {
-	case c.rate <= 0 && c.limit == "ttft":
-		return "the decode engines' own prefills miss the TTFT objective at any load"
-	case c.rate <= 0:
+	case a.tpotMiss >= 1-m.goal:
 		return "the decode engines miss the TPOT objective at every batch"
-	case m.prefillTooLong > 0:
+	case m.prefillTooLong > 0 && a.remoteMiss > a.localMiss:
 		return fmt.Sprintf("%.0f%% of the remote prompts take longer than the TTFT objective to prefill alone", 100*m.prefillTooLong)
+	case a.localMiss > 0:
+		return "the decode engines' own prefills miss the TTFT objective at any load"
 	}
 	return "the prefill engines miss the TTFT objective at any load"
 }

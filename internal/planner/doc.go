@@ -10,7 +10,14 @@
 // run (model.go: DistServe-style, simplified; internal/bench's PDModel
 // calls these functions), but online: from a sliding window of the
 // requests the router routed and the engines' scraped costs, refitted at
-// every decision. A decode's capacity counts what its own prefills cost
+// every decision. A prefill is priced by a curve, a + b·n + c·n² seconds
+// for n tokens, fitted to the measured prefills (ObservePrefill;
+// prefillcurve.go), a decode step by a concave curve in its batch with a
+// prior for when the batches seen span too little (decodecurve.go). A
+// split is valued by the requests' attainment of both objectives
+// together, a remote prompt's TTFT counting its decode leg (the wait for
+// the decode's step under way and its first step). A decode's capacity
+// counts what its own prefills cost
 // it (capacity.go, stalls.go): their share of its time stretches its
 // steps, they queue for their first token, and the streams running beside
 // them miss the TPOT objective when the stalls they wait through exceed

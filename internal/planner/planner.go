@@ -165,6 +165,8 @@ type Planner struct {
 	// ITL), kept beyond the window for when it is idle.
 	lastPoints map[string][]EngineSample
 	samples    []EngineSample
+	// prefills are the measured prefills (ObservePrefill), oldest first.
+	prefills   []PrefillSample
 	prefill    int
 	threshold  int
 	lastChange time.Time
@@ -289,7 +291,10 @@ type Decision struct {
 	// or moved toward it): too few or stale samples, the dwell, or the
 	// hysteresis.
 	Held string `json:"held,omitempty"`
-	Fit  Fit    `json:"fit"`
+	// Splits is every split within the bounds, each at the threshold
+	// that predicts it the most goodput: what Best was chosen from.
+	Splits []Split `json:"splits,omitempty"`
+	Fit    Fit     `json:"fit"`
 }
 
 // Split is P prefill and D decode engines and the goodput the model
@@ -301,6 +306,9 @@ type Split struct {
 	// Limit is the side that bounds it: "prefill" or "decode" (see
 	// Fit.DecodeLimit for the decode's objective).
 	Limit string `json:"limit,omitempty"`
+	// Threshold is the conditional threshold it is valued at, in
+	// Decision.Splits (0 for the colocated split, every prompt local).
+	Threshold int `json:"threshold_tokens,omitempty"`
 }
 
 // Fit is the model refitted to the window: the traffic and the engines'
@@ -328,23 +336,35 @@ type Fit struct {
 	// last busy scrapes however old.
 	IdlePoints int `json:"idle_points,omitempty"`
 
-	PrefillSecondsPerToken float64 `json:"prefill_seconds_per_token"`
-	PrefillSeconds         float64 `json:"prefill_seconds"`
-	PrefillCV2             float64 `json:"prefill_cv2"`
-	Overhead               float64 `json:"overhead_seconds"`
-	PrefillTooLong         float64 `json:"prefill_too_long,omitempty"`
+	// PrefillSecondsPerToken is the engines' scraped prefill cost (the
+	// median), Prefill the curve the model prices a prefill by: fitted
+	// to the measured prefills (ObservePrefill) or, with too few, that
+	// per-token cost.
+	PrefillSecondsPerToken float64      `json:"prefill_seconds_per_token"`
+	Prefill                PrefillCurve `json:"prefill_curve"`
+	PrefillSeconds         float64      `json:"prefill_seconds"`
+	PrefillCV2             float64      `json:"prefill_cv2"`
+	Overhead               float64      `json:"overhead_seconds"`
+	PrefillTooLong         float64      `json:"prefill_too_long,omitempty"`
 
-	// DecodeFit is "fit" (TPOT = A + B·k by least squares), "proportional"
-	// (too few distinct batches: TPOT = B·k through the origin) or "".
+	// DecodeFit is how the decode step curve TPOT = A + B·k^P ms was
+	// fitted (decodecurve.go): "fit" (A, B and P by least squares, the
+	// batches spanning enough), "prior" (the prior's shape scaled to
+	// points from too narrow a range of batches) or "".
 	DecodeFit    string  `json:"decode_fit"`
 	DecodePoints int     `json:"decode_points"`
 	StepA        float64 `json:"tpot_ms_at_batch_0"`
 	StepB        float64 `json:"tpot_ms_per_sequence"`
+	StepP        float64 `json:"tpot_batch_exponent"`
 	StepSigma    float64 `json:"tpot_residual_ms"`
-	MeanBatch    float64 `json:"mean_batch"`
-	DecodeBatch  float64 `json:"decode_batch_at_slo"`
-	DecodeTPOT   float64 `json:"decode_tpot_ms_at_batch"`
-	DecodeRate   float64 `json:"decode_rate_rps"`
+	// DecodeLeg is what a remote prompt's decode leg adds to its TTFT at
+	// the current split's predicted load (s): the wait for the decode's
+	// step under way, then its first step.
+	DecodeLeg   float64 `json:"decode_leg_seconds"`
+	MeanBatch   float64 `json:"mean_batch"`
+	DecodeBatch float64 `json:"decode_batch_at_slo"`
+	DecodeTPOT  float64 `json:"decode_tpot_ms_at_batch"`
+	DecodeRate  float64 `json:"decode_rate_rps"`
 	// DecodeLimit is the objective that bounds a decode engine of the
 	// current split: "tpot" (its batch and its local prefills' stalls), or
 	// "ttft" (its local prefills would queue past it).
@@ -393,6 +413,19 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 			d.Best = c
 		}
 	}
+	for p := bounds.MinPrefill; p <= pl.cfg.Engines-bounds.MinDecode; p++ {
+		if p == 0 {
+			d.Splits = append(d.Splits, colo.split(0, pl.cfg.Engines))
+			continue
+		}
+		s := Split{Goodput: -1}
+		for _, th := range ths.cands {
+			if c := ths.model(th).split(p, pl.cfg.Engines-p); c.Goodput > s.Goodput {
+				s, s.Threshold = c, th
+			}
+		}
+		d.Splits = append(d.Splits, s)
+	}
 	running := m // the model of the split running now
 	if pl.prefill == 0 && colo != nil {
 		running = colo
@@ -403,10 +436,11 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	}
 	d.Fit.RemoteFraction = running.remoteFraction
 	d.Fit.PrefillSeconds, d.Fit.PrefillCV2, d.Fit.PrefillTooLong = m.s, m.cv2, m.prefillTooLong
-	dc := running.decode(max(pl.cfg.Engines-pl.prefill, 1))
+	dc := running.decode(pl.prefill, pl.cfg.Engines-pl.prefill)
 	d.Fit.DecodeBatch, d.Fit.DecodeTPOT, d.Fit.DecodeRate, d.Fit.DecodeLimit = dc.batch, dc.tpot, dc.rate, dc.limit
+	d.Fit.DecodeLeg = running.decodeLeg(d.Fit.Current.Goodput / float64(max(pl.cfg.Engines-pl.prefill, 1)))
 	if d.Best.Goodput <= 0 {
-		d.Fit.Unattainable = m.unattainable(pl.cfg.Engines - pl.prefill)
+		d.Fit.Unattainable = running.unattainable(pl.prefill, pl.cfg.Engines-pl.prefill)
 	}
 	// The split moves one engine toward Best per change (half the way
 	// after a shift of the mix: step), but not where that step is
@@ -497,6 +531,7 @@ func (pl *Planner) trim(now time.Time) {
 		return false
 	})
 	pl.samples = slices.DeleteFunc(pl.samples, func(s EngineSample) bool { return s.At.Before(from) })
+	pl.prefills = slices.DeleteFunc(pl.prefills, func(s PrefillSample) bool { return s.At.Before(from) })
 }
 
 // fit measures the traffic and the engines' costs over the window; why
@@ -574,23 +609,17 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 		}
 	}
 	f.FreshEngines = len(fresh)
-	if len(prefillCosts) == 0 {
-		return f, fmt.Sprintf("stale or missing metrics: no engine measured a prefill cost in the last %v (%d older samples ignored)", pl.cfg.MaxAge, f.StaleSamples)
+	f.PrefillSecondsPerToken = median(prefillCosts)
+	f.Prefill = pl.prefillCurve(from, f.PrefillSecondsPerToken)
+	if f.Prefill.Source == "scraped" && len(prefillCosts) == 0 {
+		return f, fmt.Sprintf("stale or missing metrics: no engine measured a prefill cost in the last %v (%d older samples ignored), and too few prefills were measured (%d, need %d)",
+			pl.cfg.MaxAge, f.StaleSamples, f.Prefill.Samples, minPrefillSamples)
 	}
 	if len(ks) == 0 {
 		return f, fmt.Sprintf("stale or missing metrics: no busy decode engine measured its inter-token latency in the last %v, and no idle one ever did (%d older samples ignored)", pl.cfg.MaxAge, f.StaleSamples)
 	}
-	f.PrefillSecondsPerToken = median(prefillCosts)
 	f.DecodePoints, f.MeanBatch = len(ks), Mean(ks)
-	if a, b, sigma, ok := FitLine(ks, tpots); ok && len(ks) >= 3 && b > 0 && a >= 0 {
-		f.DecodeFit, f.StepA, f.StepB, f.StepSigma = "fit", a, b, sigma
-	} else {
-		var per []float64
-		for i := range ks {
-			per = append(per, tpots[i]/ks[i])
-		}
-		f.DecodeFit, f.StepB = "proportional", median(per)
-	}
+	f.DecodeFit, f.StepA, f.StepB, f.StepP, f.StepSigma = fitDecodeCurve(ks, tpots)
 	if len(transferCosts) > 0 {
 		f.Overhead = median(transferCosts) * f.MeanUncached
 	}
@@ -603,11 +632,11 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 // objective less its own prefill at the threshold), so that prefills are
 // gathered into fewer steps and fewer inter-token gaps carry one.
 func (pl *Planner) chooseCadence(f Fit, m *capacity) int {
-	tpot := (f.StepA + f.StepB*f.MeanBatch) / 1000
+	tpot := f.stepSeconds()
 	if m.remoteFraction >= 1 || tpot <= 0 || tpot < 0.8*pl.cfg.TPOT.Seconds() {
 		return 1
 	}
-	slack := pl.cfg.TTFT.Seconds() - f.PrefillSecondsPerToken*float64(pl.threshold)
+	slack := pl.cfg.TTFT.Seconds() - f.prefill().Seconds(float64(pl.threshold))
 	return min(max(int(slack/tpot), 1), pl.cfg.MaxCadence)
 }
 

@@ -30,12 +30,12 @@ type thresholds struct {
 // thresholds are the candidate thresholds of the fit f.
 func (pl *Planner) thresholds(f Fit) *thresholds {
 	t := &thresholds{pl: pl, f: f, limit: pl.cfg.MaxThreshold, models: map[int]*capacity{}}
-	if f.PrefillSecondsPerToken > 0 {
-		t.limit = min(t.limit, int((pl.cfg.TTFT.Seconds()-f.Overhead)/f.PrefillSecondsPerToken))
-		chunk := f.PrefillSecondsPerToken * float64(max(f.MaxBatchedTokens, 1))
+	if cv := f.prefill(); cv.B > 0 || cv.C > 0 {
+		t.limit = min(t.limit, cv.Tokens(pl.cfg.TTFT.Seconds()-f.Overhead))
+		chunk := cv.Seconds(float64(max(f.MaxBatchedTokens, 1)))
 		st := newStalls(nil, pl.win, chunk)
 		if l := st.longest(f.stepSeconds(), pl.cfg.TPOT.Seconds(), 1-math.Sqrt(pl.cfg.Goal)); !math.IsInf(l, 1) {
-			t.limit = min(t.limit, int(l/f.PrefillSecondsPerToken))
+			t.limit = min(t.limit, cv.Tokens(l))
 		}
 	}
 	cands := []int{pl.cfg.MinThreshold}

@@ -213,4 +213,5 @@ func (p *Proxy) observePrefillLeg(url string, tokens int, prefill, queue time.Du
 		return
 	}
 	p.legs.engine(url).observe(prefillLeg{at: time.Now(), tokens: tokens, prefill: prefill.Seconds(), queue: queue.Seconds(), local: local})
+	p.observePlanPrefill(url, tokens, prefill, local)
 }

@@ -190,6 +190,20 @@ func (p *Proxy) observePlan(preq *router.Request, d *backend, arrived time.Time)
 	p.plan.mu.Unlock()
 }
 
+// observePlanPrefill tells the planner of a prefill measured on the engine
+// at url (observePrefillLeg): tokens computed in prefill seconds, local
+// when a decode prefilled its own prompt. The planner prices prefills by
+// the curve it fits to these.
+func (p *Proxy) observePlanPrefill(url string, tokens int, prefill time.Duration, local bool) {
+	if p.plan == nil {
+		return
+	}
+	s := planner.PrefillSample{At: p.now(), URL: url, Tokens: tokens, Seconds: prefill.Seconds(), Local: local}
+	p.plan.mu.Lock()
+	p.plan.pl.ObservePrefill(s)
+	p.plan.mu.Unlock()
+}
+
 // observeScrape tells the planner of an engine's scrape s: its prefill and
 // transfer costs and, for a decode, its mean inter-token latency and batch
 // since its previous scrape.

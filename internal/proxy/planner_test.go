@@ -267,3 +267,27 @@ func TestPlannerActingOwnsTheAdminRoute(t *testing.T) {
 		t.Errorf("listing: %d %s", code, body)
 	}
 }
+
+// TestPlannerPricesPrefillsFromTheLegs: the prefills the proxy measures
+// per leg (observePrefillLeg) reach the planner, which fits its prefill
+// curve to them rather than pricing every token at the scraped mean.
+func TestPlannerPricesPrefillsFromTheLegs(t *testing.T) {
+	p, _ := startProxy(t, Config{PDDecider: "conditional", Planner: plannerConfig()},
+		[]*fakeEngine{newFake(t, prefillOK)}, []*fakeEngine{newFake(t, decodeJSON)})
+	pre := p.prefill.list()[0].base
+	now := p.now()
+	for i := range 12 {
+		n := 64 << (i % 4) // 64 to 512 tokens
+		sec := 0.004 + 1e-4*float64(n) + 4e-7*float64(n*n)
+		p.observePrefillLeg(pre, n, time.Duration(sec*float64(time.Second)), time.Millisecond, false)
+	}
+	p.plan.mu.Lock()
+	for i := range 10 {
+		p.plan.pl.ObserveRequest(planner.Request{At: now.Add(-time.Duration(i) * 100 * time.Millisecond), PromptTokens: 300, UncachedTokens: 300, OutputTokens: 16})
+	}
+	p.plan.mu.Unlock()
+	d := p.planOnce(p.now())
+	if c := d.Fit.Prefill; c.Source != "measured" || c.Samples != 12 || c.C <= 0 {
+		t.Fatalf("prefill curve %+v (held %q), want one fitted to the 12 legs, growing with the square of the length", c, d.Held)
+	}
+}
