@@ -4,6 +4,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/router"
 )
 
 // Leg-measured costs. Every engine answer carries Server-Timing (queue,
@@ -65,6 +67,67 @@ type legCost struct {
 	pendN, pendTokens, pendSquares float64
 	// last is when the last leg was recorded.
 	last time.Time
+	// remote is a decode engine's latest remote legs (remoteWindow), in a
+	// ring at remoteNext.
+	remote      [remoteWindow]remoteLeg
+	remoteCount int
+	remoteNext  int
+}
+
+// remoteWindow is how many of a decode's latest remote legs its decode-leg
+// costs are the mean of.
+const remoteWindow = 32
+
+// remoteLeg is one remote decode leg's measurement: tokens pulled, its
+// queue, its pull, and from the pull's end to the first token (kv_ready +
+// prefill: the first step), in seconds.
+type remoteLeg struct {
+	at                 time.Time
+	tokens             int
+	queue, pull, first float64
+}
+
+// observeRemote records a remote decode leg.
+func (lc *legCost) observeRemote(l remoteLeg) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	lc.remote[lc.remoteNext] = l
+	lc.remoteNext = (lc.remoteNext + 1) % remoteWindow
+	lc.remoteCount = min(lc.remoteCount+1, remoteWindow)
+	lc.last = l.at
+}
+
+// remoteCosts is a decode engine's decode-leg costs: the mean queue and
+// first step of its remote legs within legMaxAge of the newest, and their
+// pull seconds per pulled token; all zero with none.
+func (lc *legCost) remoteCosts() (queue, pullPerToken, first float64) {
+	newest := time.Time{}
+	for i := range lc.remoteCount {
+		if lc.remote[i].at.After(newest) {
+			newest = lc.remote[i].at
+		}
+	}
+	n, tokens, pull := 0.0, 0.0, 0.0
+	for i := range lc.remoteCount {
+		l := lc.remote[i]
+		if newest.Sub(l.at) > legMaxAge {
+			continue
+		}
+		n++
+		queue += l.queue
+		first += l.first
+		if l.tokens > 0 {
+			tokens += float64(l.tokens)
+			pull += l.pull
+		}
+	}
+	if n == 0 {
+		return 0, 0, 0
+	}
+	if tokens > 0 {
+		pullPerToken = pull / tokens
+	}
+	return queue / n, pullPerToken, first / n
 }
 
 // observe records a leg and refits.
@@ -144,23 +207,39 @@ func (lc *legCost) begin(tokens int) (end func()) {
 }
 
 // legEstimate is what an engine's legs say of it now: its prefill curve
-// (zero when unmeasured) and the engine's work on the prefills the proxy
-// has sent it and not yet seen answered (its prefill queue), in seconds.
+// (zero when unmeasured), the engine's work on the prefills the proxy has
+// sent it and not yet seen answered (its prefill queue), and its remote
+// decode legs' costs (remoteCosts), in seconds.
 type legEstimate struct {
-	curve   prefillCurve
-	pending float64
+	curve                      prefillCurve
+	pending                    float64
+	queue, pullPerToken, first float64
 }
 
 // estimate is the engine's legEstimate.
-func (lc *legCost) estimate() legEstimate {
+func (lc *legCost) estimate() (e legEstimate) {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
+	e.queue, e.pullPerToken, e.first = lc.remoteCosts()
 	c := lc.curve
 	if !c.measured() {
-		return legEstimate{}
+		return e
 	}
 	work := c.A*lc.pendN + c.B*lc.pendTokens + c.C*lc.pendSquares
-	return legEstimate{curve: c, pending: max(work*lc.overlap, 0)}
+	e.curve, e.pending = c, max(work*lc.overlap, 0)
+	return e
+}
+
+// fill sets e's leg-measured costs from base's legs (nothing when lb is
+// nil: a backend made outside a pool).
+func (lb *legBook) fill(e *router.Endpoint, base string) {
+	if lb == nil {
+		return
+	}
+	est := lb.engine(base).estimate()
+	e.PrefillCurve = router.PrefillCurve{A: est.curve.A, B: est.curve.B, C: est.curve.C}
+	e.PrefillQueueSeconds = est.pending
+	e.DecodeQueueSeconds, e.PullSecondsPerToken, e.FirstStepSeconds = est.queue, est.pullPerToken, est.first
 }
 
 // legBook is every engine's legCost by base URL, shared by the pools: an
@@ -213,4 +292,12 @@ func (p *Proxy) observePrefillLeg(url string, tokens int, prefill, queue time.Du
 		return
 	}
 	p.legs.engine(url).observe(prefillLeg{at: time.Now(), tokens: tokens, prefill: prefill.Seconds(), queue: queue.Seconds(), local: local})
+}
+
+// observeDecodeLeg records a remote decode leg's costs on the decode at url:
+// tokens pulled (the proxy's estimate), its wait for a seat (queue), the KV
+// pull, and from the pull's end to its first token (first), from the
+// answer's Server-Timing.
+func (p *Proxy) observeDecodeLeg(url string, tokens int, queue, pull, first time.Duration) {
+	p.legs.engine(url).observeRemote(remoteLeg{at: time.Now(), tokens: tokens, queue: queue.Seconds(), pull: pull.Seconds(), first: first.Seconds()})
 }
