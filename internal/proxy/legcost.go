@@ -28,7 +28,8 @@ const (
 	legMaxAge = 2 * time.Minute
 	// minCurveLegs and minCurveLengths are how many legs, and of how many
 	// distinct lengths, the curve needs; with fewer it is per-token only
-	// (B = the legs' seconds over their tokens).
+	// (B = the seconds over the tokens of the legs of at least
+	// minCostTokens; unmeasured while there are none).
 	minCurveLegs    = 8
 	minCurveLengths = 3
 	// legBookIdle is how long an engine's entry may see no leg and nothing
@@ -97,17 +98,23 @@ func (lc *legCost) observeRemote(l remoteLeg) {
 	lc.last = l.at
 }
 
-// remoteCosts is a decode engine's decode-leg costs: the mean queue and
-// first step of its remote legs within legMaxAge of the newest, and their
-// pull seconds per pulled token; all zero with none.
-func (lc *legCost) remoteCosts() (queue, pullPerToken, first float64) {
+// remoteCosts is a decode engine's decode-leg costs from its remote legs
+// within legMaxAge of the newest: their mean queue and first step, and the
+// pull's seconds by pulled tokens, fitted like the prefill curve (a pull
+// has a fixed part: a ratio of sums would price a long pull at a short
+// one's overhead per token). With too few legs or lengths for a fit, the
+// pull is per token over the legs of at least minCostTokens, else their
+// mean, fixed. All zero with no leg.
+func (lc *legCost) remoteCosts() (queue float64, pull prefillCurve, first float64) {
 	newest := time.Time{}
 	for i := range lc.remoteCount {
 		if lc.remote[i].at.After(newest) {
 			newest = lc.remote[i].at
 		}
 	}
-	n, tokens, pull := 0.0, 0.0, 0.0
+	var ns, ss []float64
+	lengths := map[int]bool{}
+	n, sum, longTokens, longPull := 0.0, 0.0, 0.0, 0.0
 	for i := range lc.remoteCount {
 		l := lc.remote[i]
 		if newest.Sub(l.at) > legMaxAge {
@@ -116,18 +123,32 @@ func (lc *legCost) remoteCosts() (queue, pullPerToken, first float64) {
 		n++
 		queue += l.queue
 		first += l.first
+		sum += l.pull
 		if l.tokens > 0 {
-			tokens += float64(l.tokens)
-			pull += l.pull
+			ns, ss = append(ns, float64(l.tokens)), append(ss, l.pull)
+			lengths[l.tokens] = true
+		}
+		if l.tokens >= minCostTokens {
+			longTokens += float64(l.tokens)
+			longPull += l.pull
 		}
 	}
 	if n == 0 {
-		return 0, 0, 0
+		return 0, prefillCurve{}, 0
 	}
-	if tokens > 0 {
-		pullPerToken = pull / tokens
+	switch {
+	case len(ns) >= minCurveLegs && len(lengths) >= minCurveLengths:
+		if c, ok := fitCurve(ns, ss); ok {
+			pull = c
+			break
+		}
+		fallthrough
+	case longTokens > 0:
+		pull = prefillCurve{B: longPull / longTokens}
+	default:
+		pull = prefillCurve{A: sum / n}
 	}
-	return queue / n, pullPerToken, first / n
+	return queue / n, pull, first / n
 }
 
 // observe records a leg and refits.
@@ -148,7 +169,7 @@ func (lc *legCost) refit(now time.Time) {
 	type span struct{ from, to float64 }
 	var spans []span
 	lengths := map[int]bool{}
-	tokens, secs := 0.0, 0.0
+	secs, longTokens, longSecs := 0.0, 0.0, 0.0
 	for i := range lc.count {
 		l := lc.legs[i]
 		if now.Sub(l.at) > legMaxAge || l.tokens <= 0 {
@@ -156,16 +177,24 @@ func (lc *legCost) refit(now time.Time) {
 		}
 		ns, ss = append(ns, float64(l.tokens)), append(ss, l.prefill)
 		lengths[l.tokens] = true
-		tokens += float64(l.tokens)
 		secs += l.prefill
+		if l.tokens >= minCostTokens {
+			longTokens += float64(l.tokens)
+			longSecs += l.prefill
+		}
 		end := l.at.Sub(now).Seconds()
 		spans = append(spans, span{end - l.prefill, end})
 	}
 	if len(ns) == 0 || secs <= 0 {
 		return
 	}
-	lc.perTokenOnly = true
-	lc.curve = prefillCurve{B: secs / tokens}
+	if longSecs > 0 {
+		// Per token over the legs of at least minCostTokens: a short
+		// prompt's fixed costs (a step's overhead) are most of its time,
+		// and would price a long one at its per-token rate.
+		lc.perTokenOnly = true
+		lc.curve = prefillCurve{B: longSecs / longTokens}
+	}
 	if len(ns) >= minCurveLegs && len(lengths) >= minCurveLengths {
 		if c, ok := fitCurve(ns, ss); ok && c.measured() {
 			lc.curve, lc.perTokenOnly = c, false
@@ -211,16 +240,17 @@ func (lc *legCost) begin(tokens int) (end func()) {
 // sent it and not yet seen answered (its prefill queue), and its remote
 // decode legs' costs (remoteCosts), in seconds.
 type legEstimate struct {
-	curve                      prefillCurve
-	pending                    float64
-	queue, pullPerToken, first float64
+	curve        prefillCurve
+	pending      float64
+	queue, first float64
+	pull         prefillCurve
 }
 
 // estimate is the engine's legEstimate.
 func (lc *legCost) estimate() (e legEstimate) {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
-	e.queue, e.pullPerToken, e.first = lc.remoteCosts()
+	e.queue, e.pull, e.first = lc.remoteCosts()
 	c := lc.curve
 	if !c.measured() {
 		return e
@@ -237,9 +267,10 @@ func (lb *legBook) fill(e *router.Endpoint, base string) {
 		return
 	}
 	est := lb.engine(base).estimate()
-	e.PrefillCurve = router.PrefillCurve{A: est.curve.A, B: est.curve.B, C: est.curve.C}
+	e.PrefillCurve = router.Curve{A: est.curve.A, B: est.curve.B, C: est.curve.C}
+	e.PullCurve = router.Curve{A: est.pull.A, B: est.pull.B, C: est.pull.C}
 	e.PrefillQueueSeconds = est.pending
-	e.DecodeQueueSeconds, e.PullSecondsPerToken, e.FirstStepSeconds = est.queue, est.pullPerToken, est.first
+	e.DecodeQueueSeconds, e.FirstStepSeconds = est.queue, est.first
 }
 
 // legBook is every engine's legCost by base URL, shared by the pools: an

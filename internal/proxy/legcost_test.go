@@ -142,10 +142,10 @@ func TestNeverIdlePrefillEngineGetsALegCost(t *testing.T) {
 	}
 	testutil.WaitFor(t, "the decode legs measured", 10*time.Second, func() bool {
 		e := p.decode.list()[0].endpoint(time.Now(), p.decode.stale, 0)
-		return e.FirstStepSeconds > 0 && e.PullSecondsPerToken > 0
+		return e.FirstStepSeconds > 0 && e.PullCurve.Measured()
 	})
 	e := p.decode.list()[0].endpoint(now, p.decode.stale, 0)
-	t.Logf("decode leg: queue %.2f ms, pull %.2f µs/token, first step %.2f ms", e.DecodeQueueSeconds*1e3, e.PullSecondsPerToken*1e6, e.FirstStepSeconds*1e3)
+	t.Logf("decode leg: queue %.2f ms, pull %+v (256 tokens: %.2f ms), first step %.2f ms", e.DecodeQueueSeconds*1e3, e.PullCurve, e.PullCurve.Seconds(256)*1e3, e.FirstStepSeconds*1e3)
 }
 
 // TestLocalPrefillsPriceTheDecode: prompts below the conditional threshold
@@ -250,5 +250,42 @@ func checkLegCurve(t *testing.T, p *Proxy, base string, work bool) {
 	}
 	if w := latency * overlap; work && (w < alone/2 || w > 2*alone) {
 		t.Errorf("a 256-token prompt's work by the legs %.1f ms, simulated %.1f ms (curve %+v, overlap %.2f)", w*1e3, alone*1e3, e.curve, overlap)
+	}
+}
+
+// TestRemoteCostsFitThePull: a pull's fixed part is fitted, not spread over
+// its tokens; with few legs, short pulls are priced at their mean, fixed.
+func TestRemoteCostsFitThePull(t *testing.T) {
+	lc := &legCost{overlap: 1}
+	t0 := time.Unix(1000, 0)
+	lc.observeRemote(remoteLeg{at: t0, tokens: 7, queue: 0.002, pull: 0.04, first: 0.02})
+	lc.observeRemote(remoteLeg{at: t0, tokens: 9, queue: 0.004, pull: 0.04, first: 0.03})
+	q, pull, first := lc.remoteCosts()
+	if !near(q, 0.003, 1e-9) || !near(first, 0.025, 1e-9) || pull != (prefillCurve{A: 0.04}) {
+		t.Errorf("two short legs: queue %v, pull %+v, first %v; want 0.003, a fixed 0.04, 0.025", q, pull, first)
+	}
+	for i := range 12 {
+		n := 64 * (i + 1)
+		lc.observeRemote(remoteLeg{at: t0, tokens: n, pull: 0.03 + 1e-5*float64(n)})
+	}
+	if _, pull, _ := lc.remoteCosts(); !near(pull.seconds(1000), 0.04, 0.05) || pull.A < 0.02 {
+		t.Errorf("pull %+v: want about 0.03 + 1e-5·n (0.04 at 1,000 tokens)", pull)
+	}
+}
+
+// TestShortLegsAloneMeasureNothing: a 7-token prompt's time is mostly its
+// step's fixed cost; per token it would price a long prompt at 2.75 ms a
+// token where it costs 2. Until a leg of minCostTokens comes, the engine is
+// unmeasured by its legs (the scrape's rate prices it).
+func TestShortLegsAloneMeasureNothing(t *testing.T) {
+	lc := &legCost{overlap: 1}
+	t0 := time.Unix(1000, 0)
+	lc.observe(prefillLeg{at: t0, tokens: 7, prefill: 0.019})
+	if e := lc.estimate(); e.curve.measured() {
+		t.Errorf("one 7-token leg: curve %+v, want unmeasured", e.curve)
+	}
+	lc.observe(prefillLeg{at: t0.Add(time.Second), tokens: 300, prefill: 0.605})
+	if e := lc.estimate(); !near(e.curve.B, 0.605/300, 1e-9) || e.curve.A != 0 {
+		t.Errorf("with a 300-token leg: curve %+v, want its per-token cost", e.curve)
 	}
 }

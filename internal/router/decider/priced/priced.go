@@ -6,7 +6,7 @@
 // decode's prefix cache, it estimates in seconds:
 //
 //	local TTFT  = wait_L + P_D(u)
-//	remote TTFT = seat_D + wait_P + P_P(n) + u·x_D + first_D   (the best prefill engine)
+//	remote TTFT = seat_D + wait_P + P_P(n) + X_D(u) + first_D   (the best prefill engine)
 //	local stall = P_D(u), which each of the decode's R running streams waits
 //	              for its next token while the prompt is prefilled beside it
 //
@@ -18,9 +18,10 @@
 // model). The remote path includes its decode leg: seat_D, the decode's wait
 // before it runs a request (its remote legs' recent Server-Timing queue,
 // Endpoint.DecodeQueueSeconds, or its scraped mean queue time while
-// requests wait there, whichever is larger), x_D its KV pull seconds per
-// pulled token (the legs' kv_pull, else the scraped transfer rate; 0 until
-// measured) and first_D the first step after the pull (the legs' kv_ready
+// requests wait there, whichever is larger), X_D its KV pull's seconds for
+// u tokens (a curve fitted to the legs' kv_pull, Endpoint.PullCurve, else u
+// times the scraped transfer seconds per token; 0 until measured) and
+// first_D the first step after the pull (the legs' kv_ready
 // and prefill, else the scraped inter-token latency). wait_P is the
 // prefill's queue: the proxy's prefill legs in flight on it priced by its
 // curve (Endpoint.PrefillQueueSeconds; without a curve the prompt tokens
@@ -54,8 +55,11 @@
 // It takes whichever finishes first within the objectives, pricing the
 // local path with the time its running streams lose:
 //
-//  1. both within them → the cheaper of local (TTFT + R·stall) and remote
-//     (TTFT), local on a tie; reason=priced_cheaper;
+//  1. both within them → the cheaper of local and remote (TTFT), local on
+//     a tie, the local price its TTFT plus each running stream's stall
+//     weighed as the share of the stream's TPOT budget it spends, at the
+//     TTFT objective's worth: TTFT + R·stall·TTFT_obj/(TPOT_obj·(MaxTokens
+//     − 1)) (LocalCost); reason=priced_cheaper;
 //  2. one within them → that one: reason=priced_margin when the remote
 //     estimate itself is within the TTFT objective but not its margin,
 //     priced_stall when the local TTFT is within but its stall is not
@@ -135,9 +139,8 @@ type Price struct {
 	// LocalTTFT and RemoteTTFT are the estimated times to first token.
 	LocalTTFT, RemoteTTFT float64
 	// LocalStall is how long each of the decode's running streams waits
-	// for the local prefill; LocalCost is LocalTTFT plus that wait over all
-	// of them.
-	LocalStall, LocalCost float64
+	// for the local prefill.
+	LocalStall float64
 	// LocalQueue and RemoteQueue are the waits in LocalTTFT and
 	// RemoteTTFT: the part of each that is a queue.
 	LocalQueue, RemoteQueue float64
@@ -182,6 +185,18 @@ func StallBudget(output int, tpot float64) float64 {
 	return StallShare * tpot * float64(max(output-1, 1))
 }
 
+// LocalCost is the local path's price in seconds of TTFT, with the TTFT
+// and TPOT objectives ttft and tpot in seconds: LocalTTFT plus the stall
+// of every running stream, each weighed as the share of its TPOT budget it
+// takes (the stall over TPOT·(Output − 1)) at the TTFT objective's worth:
+// LocalTTFT + R·stall·ttft / (tpot·(Output − 1)). A stall is priced by how
+// much of the streams' objective it spends, as a TTFT is by its own: a
+// second of stall spread over a long answer costs its streams little, while
+// a second of queue costs the request its objective.
+func LocalCost(p Price, ttft, tpot float64) float64 {
+	return p.LocalTTFT + float64(p.Streams)*p.LocalStall*ttft/(tpot*float64(max(p.Output-1, 1)))
+}
+
 // Choose applies the rules of the package comment to a price, with the
 // TTFT and TPOT objectives ttft and tpot in seconds.
 func Choose(p Price, ttft, tpot float64) router.Decision {
@@ -191,7 +206,7 @@ func Choose(p Price, ttft, tpot float64) router.Decision {
 	inLocal := localTTFT && localTPOT
 	switch {
 	case inLocal && inRemote:
-		return router.Decision{Remote: p.RemoteTTFT < p.LocalCost, Reason: Cheaper}
+		return router.Decision{Remote: p.RemoteTTFT < LocalCost(p, ttft, tpot), Reason: Cheaper}
 	case inRemote:
 		if localTTFT {
 			return router.Decision{Remote: true, Reason: Stall}
@@ -229,15 +244,15 @@ func Estimate(in router.DecideInput) (p Price, ok bool) {
 	}
 	// leg is the remote path's decode leg after the seat: the KV pull and
 	// the first step after it.
-	pull := dec.PullSecondsPerToken
-	if pull <= 0 {
-		pull = dec.TransferSecondsPerToken
+	pull := float64(u) * dec.TransferSecondsPerToken
+	if dec.PullCurve.Measured() {
+		pull = dec.PullCurve.Seconds(u)
 	}
 	first := dec.FirstStepSeconds
 	if first <= 0 {
 		first = dec.ITLSeconds
 	}
-	leg := float64(u)*pull + first
+	leg := pull + first
 	p.Prefill = -1
 	var best cost
 	for i, pre := range in.Prefill {
@@ -270,14 +285,13 @@ func Estimate(in router.DecideInput) (p Price, ok bool) {
 	wD := max(seat, cD.queue(dec))
 	p.LocalTTFT, p.LocalQueue = wD+p.LocalStall, wD
 	p.Streams, p.Output = int(max(dec.InFlight-1, 0)), in.Req.MaxTokens
-	p.LocalCost = p.LocalTTFT + float64(p.Streams)*p.LocalStall
 	return p, true
 }
 
 // cost is an engine's prefill cost: its curve fitted to the proxy's legs,
 // else a per-token cost (perToken).
 type cost struct {
-	curve    router.PrefillCurve
+	curve    router.Curve
 	perToken float64
 }
 

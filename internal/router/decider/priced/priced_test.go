@@ -79,6 +79,11 @@ func TestDecide(t *testing.T) {
 				in.PrefillHealthy, in.PrefillFree = 2, 2
 			}}, true, Cheaper, 0.1, 0.11},
 
+		{"long answers: eight streams' stall is a small share of their TPOT budget, the prefill's queue is not", 1000,
+			[]change{running(8), func(in *router.DecideInput) {
+				in.Req.MaxTokens = 256
+				in.Prefill[0].InFlightTokens = 2000
+			}}, false, Cheaper, 0.1, 0.31},
 		{"the prefill's queue within the objective but not its margin: local", 1000,
 			[]change{running(8), func(in *router.DecideInput) { in.Prefill[0].InFlightTokens = 15_000 }}, false, Margin, 0.1, 1.61},
 		{"a local prefill would stall the streams past the TPOT objective: remote", 2000,
@@ -213,7 +218,7 @@ func TestTheTPOTObjectiveBoundsTheStall(t *testing.T) {
 // prefill work in flight as the queues, and the remote path's decode leg
 // (its seat, the pull, the first step after it).
 func TestLegMeasuredCosts(t *testing.T) {
-	curve := router.PrefillCurve{A: 0.01, B: 1e-4, C: 1e-7} // 1,000 tokens: 0.21 s
+	curve := router.Curve{A: 0.01, B: 1e-4, C: 1e-7} // 1,000 tokens: 0.21 s
 	for _, tt := range []struct {
 		name                  string
 		change                func(in *router.DecideInput)
@@ -228,7 +233,7 @@ func TestLegMeasuredCosts(t *testing.T) {
 			in.Prefill[0].InFlightTokens = 100 // the per-token queue would be 0.01
 		}, 0.1, 0.72, 0, 0.5},
 		{"the decode leg: seat, pull, first step", func(in *router.DecideInput) {
-			in.Decode.DecodeQueueSeconds, in.Decode.PullSecondsPerToken, in.Decode.FirstStepSeconds = 0.05, 2e-5, 0.02
+			in.Decode.DecodeQueueSeconds, in.Decode.PullCurve, in.Decode.FirstStepSeconds = 0.05, router.Curve{B: 2e-5}, 0.02
 		}, 0.15, 0.19, 0.05, 0.05},
 		{"no first step measured: the decode's ITL", func(in *router.DecideInput) {
 			in.Decode.ITLSeconds = 0.03
@@ -250,5 +255,17 @@ func TestLegMeasuredCosts(t *testing.T) {
 				t.Errorf("Estimate = %+v ok=%v, want local %.4f (queue %.4f), remote %.4f (queue %.4f)", p, ok, tt.local, tt.lq, tt.remote, tt.rq)
 			}
 		})
+	}
+}
+
+func TestLocalCostWeighsTheStallByTheTPOTBudget(t *testing.T) {
+	p := Price{LocalTTFT: 0.1, LocalStall: 0.1, Streams: 8, Output: 64}
+	// 8 streams × 0.1 s, each 0.1/6.3 of its TPOT budget, at 2 s a budget.
+	if got := LocalCost(p, 2, 0.1); !near(got, 0.1+8*0.1*2/6.3) {
+		t.Errorf("LocalCost = %v, want %v", got, 0.1+8*0.1*2/6.3)
+	}
+	p.Streams = 0
+	if got := LocalCost(p, 2, 0.1); !near(got, 0.1) {
+		t.Errorf("no streams: LocalCost = %v, want the TTFT 0.1", got)
 	}
 }
