@@ -73,6 +73,10 @@ type legCost struct {
 	remote      [remoteWindow]remoteLeg
 	remoteCount int
 	remoteNext  int
+	// remoteQueue, remotePull and remoteFirst are remoteCosts at the last
+	// remote leg.
+	remoteQueue, remoteFirst float64
+	remotePull               prefillCurve
 }
 
 // remoteWindow is how many of a decode's latest remote legs its decode-leg
@@ -96,6 +100,7 @@ func (lc *legCost) observeRemote(l remoteLeg) {
 	lc.remoteNext = (lc.remoteNext + 1) % remoteWindow
 	lc.remoteCount = min(lc.remoteCount+1, remoteWindow)
 	lc.last = l.at
+	lc.remoteQueue, lc.remotePull, lc.remoteFirst = lc.remoteCosts()
 }
 
 // remoteCosts is a decode engine's decode-leg costs from its remote legs
@@ -250,7 +255,7 @@ type legEstimate struct {
 func (lc *legCost) estimate() (e legEstimate) {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
-	e.queue, e.pull, e.first = lc.remoteCosts()
+	e.queue, e.pull, e.first = lc.remoteQueue, lc.remotePull, lc.remoteFirst
 	c := lc.curve
 	if !c.measured() {
 		return e
