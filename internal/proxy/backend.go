@@ -61,6 +61,9 @@ type backend struct {
 	scrapedAt                 time.Time
 	// costs are the engine's measured costs, from the same scrapes.
 	costs costs
+	// legs are every engine's costs measured from the proxy's legs (the
+	// pools' legBook; nil for a backend made outside a pool).
+	legs *legBook
 }
 
 // setHealth records a check's result and reports whether the state changed.
@@ -165,6 +168,7 @@ func (pl *pool) update(urls []string) (added, removed []*backend, err error) {
 			base:    base,
 			host:    u.Hostname(),
 			index:   pl.nextIdx,
+			legs:    pl.legs,
 			inGauge: pl.metrics.inFlight.WithLabelValues(pl.role, base),
 			okGauge: pl.metrics.healthy.WithLabelValues(pl.role, base),
 		}
@@ -300,8 +304,10 @@ func (b *backend) endpoint(now time.Time, stale time.Duration, prefixBlocks int)
 	if !b.scrapedAt.IsZero() && now.Sub(b.scrapedAt) <= stale {
 		e.Scraped, e.Waiting, e.Running, e.KVUsage = true, b.waiting, b.running, b.kvUsage
 		e.PrefillSecondsPerToken, e.TransferSecondsPerToken, e.QueueSeconds = b.costs.prefillPerToken, b.costs.transferPerToken, b.costs.queue
+		e.ITLSeconds = b.costs.itl
 	}
 	b.mu.Unlock()
+	b.legs.fill(&e, b.base)
 	return e
 }
 

@@ -37,8 +37,11 @@ const minCostTokens = 64
 // its last measurement, so it follows the engine's load.
 type costs struct {
 	have                                     bool
-	prefillAt, transferAt, queueAt           engineSample
+	prefillAt, transferAt, queueAt, itlAt    engineSample
 	prefillPerToken, transferPerToken, queue float64
+	// itl is the mean inter-token latency over the last window with tokens
+	// in it (router.Endpoint.ITLSeconds).
+	itl float64
 }
 
 // observe measures the costs anew from s where enough happened since the
@@ -46,8 +49,9 @@ type costs struct {
 // every window again from s.
 func (c *costs) observe(s engineSample) {
 	if !c.have || s.ttftSum < c.prefillAt.ttftSum || s.queueSum < c.queueAt.queueSum ||
-		s.computed < c.prefillAt.computed || s.pulled < c.transferAt.pulled || s.transferSum < c.transferAt.transferSum {
-		c.prefillAt, c.transferAt, c.queueAt, c.have = s, s, s, true
+		s.computed < c.prefillAt.computed || s.pulled < c.transferAt.pulled || s.transferSum < c.transferAt.transferSum ||
+		s.itlCount < c.itlAt.itlCount {
+		c.prefillAt, c.transferAt, c.queueAt, c.itlAt, c.have = s, s, s, s, true
 		return
 	}
 	switch n := s.computed - c.prefillAt.computed; {
@@ -87,6 +91,10 @@ func (c *costs) observe(s engineSample) {
 			c.transferPerToken = t / n
 		}
 		c.transferAt = s
+	}
+	if n := s.itlCount - c.itlAt.itlCount; n >= 1 {
+		c.itl = max(s.itlSum-c.itlAt.itlSum, 0) / n
+		c.itlAt = s
 	}
 	if n := s.queueCount - c.queueAt.queueCount; n >= 1 {
 		c.queue = max(s.queueSum-c.queueAt.queueSum, 0) / n

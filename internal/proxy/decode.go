@@ -112,10 +112,11 @@ func (p *Proxy) sendDecode(w http.ResponseWriter, r *http.Request, id string, pr
 	firstByte := p.firstByteDeadline(leg, preq)
 	for attempt := 0; ; attempt++ {
 		var local int64 // a local prefill's tokens, counted on b until its first byte
+		uncached := uncachedTokens(preq, b.base)
 		endLocal := func() {}
 		if leg.held == nil {
-			local = int64(uncachedTokens(preq, b.base))
-			endLocal = p.legs.engine(b.base).begin(int(local))
+			local = int64(uncached)
+			endLocal = p.legs.engine(b.base).begin(uncached)
 		}
 		b.inLocal.Add(local)
 		a, err := p.tryDecode(r, id, b, release, leg.body, firstByte, attempt)
@@ -129,7 +130,7 @@ func (p *Proxy) sendDecode(w http.ResponseWriter, r *http.Request, id string, pr
 		}
 		label := a.failure()
 		if label == "" {
-			p.observeDecodeAnswer(a, leg.held != nil, int(local))
+			p.observeDecodeAnswer(a, leg.held != nil, uncached)
 			return a, ""
 		}
 		noteDecodeFailure(a, label)

@@ -4,6 +4,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/router"
 )
 
 // Leg-measured costs. Every engine answer carries Server-Timing (queue,
@@ -26,7 +28,8 @@ const (
 	legMaxAge = 2 * time.Minute
 	// minCurveLegs and minCurveLengths are how many legs, and of how many
 	// distinct lengths, the curve needs; with fewer it is per-token only
-	// (B = the legs' seconds over their tokens).
+	// (B = the seconds over the tokens of the legs of at least
+	// minCostTokens; unmeasured while there are none).
 	minCurveLegs    = 8
 	minCurveLengths = 3
 	// legBookIdle is how long an engine's entry may see no leg and nothing
@@ -65,6 +68,92 @@ type legCost struct {
 	pendN, pendTokens, pendSquares float64
 	// last is when the last leg was recorded.
 	last time.Time
+	// remote is a decode engine's latest remote legs (remoteWindow), in a
+	// ring at remoteNext.
+	remote      [remoteWindow]remoteLeg
+	remoteCount int
+	remoteNext  int
+	// remoteQueue, remotePull and remoteFirst are remoteCosts at the last
+	// remote leg.
+	remoteQueue, remoteFirst float64
+	remotePull               prefillCurve
+}
+
+// remoteWindow is how many of a decode's latest remote legs its decode-leg
+// costs are the mean of.
+const remoteWindow = 32
+
+// remoteLeg is one remote decode leg's measurement: tokens pulled, its
+// queue, its pull, and from the pull's end to the first token (kv_ready +
+// prefill: the first step), in seconds.
+type remoteLeg struct {
+	at                 time.Time
+	tokens             int
+	queue, pull, first float64
+}
+
+// observeRemote records a remote decode leg.
+func (lc *legCost) observeRemote(l remoteLeg) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	lc.remote[lc.remoteNext] = l
+	lc.remoteNext = (lc.remoteNext + 1) % remoteWindow
+	lc.remoteCount = min(lc.remoteCount+1, remoteWindow)
+	lc.last = l.at
+	lc.remoteQueue, lc.remotePull, lc.remoteFirst = lc.remoteCosts()
+}
+
+// remoteCosts is a decode engine's decode-leg costs from its remote legs
+// within legMaxAge of the newest: their mean queue and first step, and the
+// pull's seconds by pulled tokens, fitted like the prefill curve (a pull
+// has a fixed part: a ratio of sums would price a long pull at a short
+// one's overhead per token). With too few legs or lengths for a fit, the
+// pull is per token over the legs of at least minCostTokens, else their
+// mean, fixed. All zero with no leg.
+func (lc *legCost) remoteCosts() (queue float64, pull prefillCurve, first float64) {
+	newest := time.Time{}
+	for i := range lc.remoteCount {
+		if lc.remote[i].at.After(newest) {
+			newest = lc.remote[i].at
+		}
+	}
+	var ns, ss []float64
+	lengths := map[int]bool{}
+	n, sum, longTokens, longPull := 0.0, 0.0, 0.0, 0.0
+	for i := range lc.remoteCount {
+		l := lc.remote[i]
+		if newest.Sub(l.at) > legMaxAge {
+			continue
+		}
+		n++
+		queue += l.queue
+		first += l.first
+		sum += l.pull
+		if l.tokens > 0 {
+			ns, ss = append(ns, float64(l.tokens)), append(ss, l.pull)
+			lengths[l.tokens] = true
+		}
+		if l.tokens >= minCostTokens {
+			longTokens += float64(l.tokens)
+			longPull += l.pull
+		}
+	}
+	if n == 0 {
+		return 0, prefillCurve{}, 0
+	}
+	switch {
+	case len(ns) >= minCurveLegs && len(lengths) >= minCurveLengths:
+		if c, ok := fitCurve(ns, ss); ok {
+			pull = c
+			break
+		}
+		fallthrough
+	case longTokens > 0:
+		pull = prefillCurve{B: longPull / longTokens}
+	default:
+		pull = prefillCurve{A: sum / n}
+	}
+	return queue / n, pull, first / n
 }
 
 // observe records a leg and refits.
@@ -85,7 +174,7 @@ func (lc *legCost) refit(now time.Time) {
 	type span struct{ from, to float64 }
 	var spans []span
 	lengths := map[int]bool{}
-	tokens, secs := 0.0, 0.0
+	secs, longTokens, longSecs := 0.0, 0.0, 0.0
 	for i := range lc.count {
 		l := lc.legs[i]
 		if now.Sub(l.at) > legMaxAge || l.tokens <= 0 {
@@ -93,16 +182,24 @@ func (lc *legCost) refit(now time.Time) {
 		}
 		ns, ss = append(ns, float64(l.tokens)), append(ss, l.prefill)
 		lengths[l.tokens] = true
-		tokens += float64(l.tokens)
 		secs += l.prefill
+		if l.tokens >= minCostTokens {
+			longTokens += float64(l.tokens)
+			longSecs += l.prefill
+		}
 		end := l.at.Sub(now).Seconds()
 		spans = append(spans, span{end - l.prefill, end})
 	}
 	if len(ns) == 0 || secs <= 0 {
 		return
 	}
-	lc.perTokenOnly = true
-	lc.curve = prefillCurve{B: secs / tokens}
+	if longSecs > 0 {
+		// Per token over the legs of at least minCostTokens: a short
+		// prompt's fixed costs (a step's overhead) are most of its time,
+		// and would price a long one at its per-token rate.
+		lc.perTokenOnly = true
+		lc.curve = prefillCurve{B: longSecs / longTokens}
+	}
 	if len(ns) >= minCurveLegs && len(lengths) >= minCurveLengths {
 		if c, ok := fitCurve(ns, ss); ok && c.measured() {
 			lc.curve, lc.perTokenOnly = c, false
@@ -144,23 +241,41 @@ func (lc *legCost) begin(tokens int) (end func()) {
 }
 
 // legEstimate is what an engine's legs say of it now: its prefill curve
-// (zero when unmeasured) and the engine's work on the prefills the proxy
-// has sent it and not yet seen answered (its prefill queue), in seconds.
+// (zero when unmeasured), the engine's work on the prefills the proxy has
+// sent it and not yet seen answered (its prefill queue), and its remote
+// decode legs' costs (remoteCosts), in seconds.
 type legEstimate struct {
-	curve   prefillCurve
-	pending float64
+	curve        prefillCurve
+	pending      float64
+	queue, first float64
+	pull         prefillCurve
 }
 
 // estimate is the engine's legEstimate.
-func (lc *legCost) estimate() legEstimate {
+func (lc *legCost) estimate() (e legEstimate) {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
+	e.queue, e.pull, e.first = lc.remoteQueue, lc.remotePull, lc.remoteFirst
 	c := lc.curve
 	if !c.measured() {
-		return legEstimate{}
+		return e
 	}
 	work := c.A*lc.pendN + c.B*lc.pendTokens + c.C*lc.pendSquares
-	return legEstimate{curve: c, pending: max(work*lc.overlap, 0)}
+	e.curve, e.pending = c, max(work*lc.overlap, 0)
+	return e
+}
+
+// fill sets e's leg-measured costs from base's legs (nothing when lb is
+// nil: a backend made outside a pool).
+func (lb *legBook) fill(e *router.Endpoint, base string) {
+	if lb == nil {
+		return
+	}
+	est := lb.engine(base).estimate()
+	e.PrefillCurve = router.Curve{A: est.curve.A, B: est.curve.B, C: est.curve.C}
+	e.PullCurve = router.Curve{A: est.pull.A, B: est.pull.B, C: est.pull.C}
+	e.PrefillQueueSeconds = est.pending
+	e.DecodeQueueSeconds, e.FirstStepSeconds = est.queue, est.first
 }
 
 // legBook is every engine's legCost by base URL, shared by the pools: an
@@ -214,4 +329,12 @@ func (p *Proxy) observePrefillLeg(url string, tokens int, prefill, queue time.Du
 	}
 	p.legs.engine(url).observe(prefillLeg{at: time.Now(), tokens: tokens, prefill: prefill.Seconds(), queue: queue.Seconds(), local: local})
 	p.observePlanPrefill(url, tokens, prefill, local)
+}
+
+// observeDecodeLeg records a remote decode leg's costs on the decode at url:
+// tokens pulled (the proxy's estimate), its wait for a seat (queue), the KV
+// pull, and from the pull's end to its first token (first), from the
+// answer's Server-Timing.
+func (p *Proxy) observeDecodeLeg(url string, tokens int, queue, pull, first time.Duration) {
+	p.legs.engine(url).observeRemote(remoteLeg{at: time.Now(), tokens: tokens, queue: queue.Seconds(), pull: pull.Seconds(), first: first.Seconds()})
 }

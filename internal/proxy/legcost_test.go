@@ -129,11 +129,23 @@ func TestLegCostPendingIsTheWorkInFlight(t *testing.T) {
 func TestNeverIdlePrefillEngineGetsALegCost(t *testing.T) {
 	p, engines, stop := legTraffic(t, "always", 32, 400)
 	defer stop()
-	checkLegCurve(t, p, engines[0])
+	checkLegCurve(t, p, engines[0], true)
 	// The decode's remote legs prefilled nothing: no curve there.
 	if d := p.legs.engine(engines[1]).estimate(); d.curve.measured() {
 		t.Errorf("the decode engine, which pulled every prompt, has a prefill curve %+v", d.curve)
 	}
+	// What the decider sees: the prefill engine's curve, and the decode
+	// leg's costs on the decode.
+	now := time.Now()
+	if e := p.prefill.list()[0].endpoint(now, p.prefill.stale, 0); !e.PrefillCurve.Measured() {
+		t.Errorf("the prefill endpoint %+v has no curve", e)
+	}
+	testutil.WaitFor(t, "the decode legs measured", 10*time.Second, func() bool {
+		e := p.decode.list()[0].endpoint(time.Now(), p.decode.stale, 0)
+		return e.FirstStepSeconds > 0 && e.PullCurve.Measured()
+	})
+	e := p.decode.list()[0].endpoint(now, p.decode.stale, 0)
+	t.Logf("decode leg: queue %.2f ms, pull %+v (256 tokens: %.2f ms), first step %.2f ms", e.DecodeQueueSeconds*1e3, e.PullCurve, e.PullCurve.Seconds(256)*1e3, e.FirstStepSeconds*1e3)
 }
 
 // TestLocalPrefillsPriceTheDecode: prompts below the conditional threshold
@@ -141,7 +153,7 @@ func TestNeverIdlePrefillEngineGetsALegCost(t *testing.T) {
 func TestLocalPrefillsPriceTheDecode(t *testing.T) {
 	p, engines, stop := legTraffic(t, "conditional", 32, 240)
 	defer stop()
-	checkLegCurve(t, p, engines[1])
+	checkLegCurve(t, p, engines[1], false)
 	if e := p.legs.engine(engines[0]).estimate(); e.curve.measured() {
 		t.Errorf("the prefill engine, sent nothing, has a prefill curve %+v", e.curve)
 	}
@@ -213,9 +225,12 @@ func legTraffic(t *testing.T, decider string, lo, hi int) (p *Proxy, engines []s
 
 // checkLegCurve waits for a curve fitted to base's legs and checks it
 // against the simulated cost: one prompt alone costs legTTFT + n·legPerToken;
-// computed beside others it reports their steps too, so the work (latency ×
-// overlap) of a 256-token prompt is near its cost alone.
-func checkLegCurve(t *testing.T, p *Proxy, base string) {
+// computed beside at most three others it reports their steps too, so a
+// 256-token prompt's latency by the curve is within [alone, 4·alone] (half
+// that range's ends for the fit's error). With work, its work (latency ×
+// overlap) must also be near its cost alone: on a prefill engine, whose
+// steps compute only the legs' prompts.
+func checkLegCurve(t *testing.T, p *Proxy, base string, work bool) {
 	t.Helper()
 	lc := p.legs.engine(base)
 	testutil.WaitFor(t, "a prefill curve fitted to "+base+"'s legs", 20*time.Second, func() bool {
@@ -226,11 +241,51 @@ func checkLegCurve(t *testing.T, p *Proxy, base string) {
 	e := lc.estimate()
 	alone := (legTTFT + 256*legPerToken).Seconds()
 	lc.mu.Lock()
-	work := e.curve.seconds(256) * lc.overlap
+	latency := e.curve.seconds(256)
 	overlap := lc.overlap
 	lc.mu.Unlock()
-	t.Logf("curve %+v, overlap %.2f: a 256-token prompt's work %.1f ms, simulated %.1f ms", e.curve, overlap, work*1e3, alone*1e3)
-	if work < alone/2 || work > 2*alone {
-		t.Errorf("a 256-token prompt's work by the legs %.1f ms, simulated %.1f ms (curve %+v)", work*1e3, alone*1e3, e.curve)
+	t.Logf("curve %+v, overlap %.2f: a 256-token prompt's latency %.1f ms, work %.1f ms, simulated alone %.1f ms", e.curve, overlap, latency*1e3, latency*overlap*1e3, alone*1e3)
+	if latency < alone/2 || latency > 8*alone {
+		t.Errorf("a 256-token prompt's latency by the legs %.1f ms, simulated alone %.1f ms (curve %+v)", latency*1e3, alone*1e3, e.curve)
+	}
+	if w := latency * overlap; work && (w < alone/2 || w > 2*alone) {
+		t.Errorf("a 256-token prompt's work by the legs %.1f ms, simulated %.1f ms (curve %+v, overlap %.2f)", w*1e3, alone*1e3, e.curve, overlap)
+	}
+}
+
+// TestRemoteCostsFitThePull: a pull's fixed part is fitted, not spread over
+// its tokens; with few legs, short pulls are priced at their mean, fixed.
+func TestRemoteCostsFitThePull(t *testing.T) {
+	lc := &legCost{overlap: 1}
+	t0 := time.Unix(1000, 0)
+	lc.observeRemote(remoteLeg{at: t0, tokens: 7, queue: 0.002, pull: 0.04, first: 0.02})
+	lc.observeRemote(remoteLeg{at: t0, tokens: 9, queue: 0.004, pull: 0.04, first: 0.03})
+	q, pull, first := lc.remoteCosts()
+	if !near(q, 0.003, 1e-9) || !near(first, 0.025, 1e-9) || pull != (prefillCurve{A: 0.04}) {
+		t.Errorf("two short legs: queue %v, pull %+v, first %v; want 0.003, a fixed 0.04, 0.025", q, pull, first)
+	}
+	for i := range 12 {
+		n := 64 * (i + 1)
+		lc.observeRemote(remoteLeg{at: t0, tokens: n, pull: 0.03 + 1e-5*float64(n)})
+	}
+	if _, pull, _ := lc.remoteCosts(); !near(pull.seconds(1000), 0.04, 0.05) || pull.A < 0.02 {
+		t.Errorf("pull %+v: want about 0.03 + 1e-5·n (0.04 at 1,000 tokens)", pull)
+	}
+}
+
+// TestShortLegsAloneMeasureNothing: a 7-token prompt's time is mostly its
+// step's fixed cost; per token it would price a long prompt at 2.75 ms a
+// token where it costs 2. Until a leg of minCostTokens comes, the engine is
+// unmeasured by its legs (the scrape's rate prices it).
+func TestShortLegsAloneMeasureNothing(t *testing.T) {
+	lc := &legCost{overlap: 1}
+	t0 := time.Unix(1000, 0)
+	lc.observe(prefillLeg{at: t0, tokens: 7, prefill: 0.019})
+	if e := lc.estimate(); e.curve.measured() {
+		t.Errorf("one 7-token leg: curve %+v, want unmeasured", e.curve)
+	}
+	lc.observe(prefillLeg{at: t0.Add(time.Second), tokens: 300, prefill: 0.605})
+	if e := lc.estimate(); !near(e.curve.B, 0.605/300, 1e-9) || e.curve.A != 0 {
+		t.Errorf("with a 300-token leg: curve %+v, want its per-token cost", e.curve)
 	}
 }

@@ -70,12 +70,12 @@ func (p *Proxy) observePrefillAnswer(b *backend, resp *http.Response, data []byt
 	p.observePrefillLeg(b.base, n, t.prefill, t.queue, false)
 }
 
-// observeDecodeAnswer records a decode attempt's 200 answer: for a local
-// prefill (remote false) the prefill it computed, of local tokens by the
-// proxy's estimate unless the answer came whole in its first read and its
-// usage says. A remote leg's timing is the decode leg's own cost
-// (observeDecodeLeg).
-func (p *Proxy) observeDecodeAnswer(a *decodeAttempt, remote bool, local int) {
+// observeDecodeAnswer records a decode attempt's 200 answer, whose prompt
+// has uncached tokens not in the decode's cache by the proxy's estimate:
+// for a local prefill (remote false) the prefill it computed, of uncached
+// tokens unless the answer came whole in its first read and its usage
+// says; for a remote leg the decode leg's own costs (observeDecodeLeg).
+func (p *Proxy) observeDecodeAnswer(a *decodeAttempt, remote bool, uncached int) {
 	if a.resp == nil || a.resp.StatusCode != http.StatusOK {
 		return
 	}
@@ -84,8 +84,10 @@ func (p *Proxy) observeDecodeAnswer(a *decodeAttempt, remote bool, local int) {
 		return
 	}
 	if remote {
+		p.observeDecodeLeg(a.b.base, uncached, t.queue, t.pull, t.ready+t.prefill)
 		return
 	}
+	local := uncached
 	if a.buf != nil && a.n > 0 {
 		if n, ok := computedTokens((*a.buf)[:a.n]); ok {
 			local = n

@@ -59,6 +59,32 @@ type Endpoint struct {
 	// the mean time its requests waited before being scheduled
 	// (vllm:request_queue_time_seconds).
 	PrefillSecondsPerToken, TransferSecondsPerToken, QueueSeconds float64
+	// ITLSeconds is a decode engine's mean inter-token latency over its
+	// last scrape window with tokens in it
+	// (vllm:inter_token_latency_seconds), like the costs above zero unless
+	// Scraped.
+	ITLSeconds float64
+	// PrefillCurve is the engine's prefill seconds by computed prompt
+	// tokens, fitted to the proxy's own legs to it: each prefill leg's, and
+	// each local decode leg's, Server-Timing prefill against the tokens its
+	// usage says it computed (zero until measured; per-token only while
+	// few legs are known). Current however busy the engine is.
+	PrefillCurve Curve
+	// PrefillQueueSeconds is the engine's work on the prefills the proxy
+	// has sent it and not yet seen answered (prefill legs, or a decode's
+	// local prefills): PrefillCurve over each one's tokens, times the share
+	// of its legs' time the engine was busy (prompts computed side by side
+	// each report the batch's time). Zero while PrefillCurve is.
+	PrefillQueueSeconds float64
+	// DecodeQueueSeconds, PullCurve and FirstStepSeconds are a decode
+	// engine's remote legs, from their Server-Timing over the latest ones:
+	// the mean wait for a seat (queue), the KV pull's seconds by pulled
+	// tokens (kv_pull, fitted like PrefillCurve: a pull has a fixed part),
+	// and the mean time from the pull's end to the first token (kv_ready +
+	// prefill: its first step). Zero until measured.
+	DecodeQueueSeconds float64
+	PullCurve          Curve
+	FirstStepSeconds   float64
 	// PrefixBlocks is how many leading blocks of the request the engine
 	// holds in its prefix cache, as far as the router knows.
 	PrefixBlocks int

@@ -5,24 +5,33 @@
 // For a request whose prompt has n tokens, u of them not in the chosen
 // decode's prefix cache, it estimates in seconds:
 //
-//	local TTFT  = wait_L + u·s_D
-//	remote TTFT = wait_D + wait_P + n·s_P + u·x_D   (the best prefill engine)
-//	local stall = u·s_D, which each of the decode's R running streams waits
+//	local TTFT  = wait_L + P_D(u)
+//	remote TTFT = seat_D + wait_P + P_P(n) + X_D(u) + first_D   (the best prefill engine)
+//	local stall = P_D(u), which each of the decode's R running streams waits
 //	              for its next token while the prompt is prefilled beside it
 //
-// where s_D and s_P are the decode's and the prefill's measured prefill
-// seconds per token (one stands in for the other while it is unmeasured:
-// the same model), x_D the decode's measured KV transfer seconds per
-// pulled token (0 until measured), wait_D the decode's mean recent queue
-// time while requests wait there, wait_L the local path's queue on the
-// decode: the uncached prompt tokens of the local prefills the router has
-// sent it and not yet seen answered (Endpoint.LocalPrefillTokens) times
-// s_D, or wait_D, whichever is larger (a remote request's KV is pulled, not
-// computed behind them), and wait_P the prefill's queue: the prompt tokens
-// the router has in flight on it times s_P, or its mean recent queue time
-// while requests wait there, whichever is larger. The router's own counts
-// are current where a scrape is a window late, and include the requests
-// routed since.
+// P_D and P_P are the decode's and the prefill's prefill seconds for a
+// prompt: the curve A + B·n + C·n² the proxy fits to each engine's own legs
+// (Endpoint.PrefillCurve: every answer's Server-Timing prefill against the
+// tokens it computed), else the engine's scraped seconds per token times
+// the tokens; one stands in for the other while it is unmeasured (the same
+// model). The remote path includes its decode leg: seat_D, the decode's wait
+// before it runs a request (its remote legs' recent Server-Timing queue,
+// Endpoint.DecodeQueueSeconds, or its scraped mean queue time while
+// requests wait there, whichever is larger), X_D its KV pull's seconds for
+// u tokens (a curve fitted to the legs' kv_pull, Endpoint.PullCurve, else u
+// times the scraped transfer seconds per token; 0 until measured) and
+// first_D the first step after the pull (the legs' kv_ready
+// and prefill, else the scraped inter-token latency). wait_P is the
+// prefill's queue: the proxy's prefill legs in flight on it priced by its
+// curve (Endpoint.PrefillQueueSeconds; without a curve the prompt tokens
+// in flight at its per-token cost), or its mean recent queue time while
+// requests wait there, whichever is larger. wait_L is the local path's
+// queue on the decode: seat_D, or the local prefills the router has sent it
+// and not yet seen answered priced the same way, whichever is larger (a
+// remote request's KV is pulled, not computed behind them). The router's
+// own counts are current where a scrape is a window late, and include the
+// requests routed since.
 //
 // R is the requests the router has open on the decode besides this one
 // (Endpoint.InFlight less one: the proxy picks the decode, and counts the
@@ -46,8 +55,11 @@
 // It takes whichever finishes first within the objectives, pricing the
 // local path with the time its running streams lose:
 //
-//  1. both within them → the cheaper of local (TTFT + R·stall) and remote
-//     (TTFT), local on a tie; reason=priced_cheaper;
+//  1. both within them → the cheaper of local and remote (TTFT), local on
+//     a tie, the local price its TTFT plus each running stream's stall
+//     weighed as the share of the stream's TPOT budget it spends, at the
+//     TTFT objective's worth: TTFT + R·stall·TTFT_obj/(TPOT_obj·(MaxTokens
+//     − 1)) (LocalCost); reason=priced_cheaper;
 //  2. one within them → that one: reason=priced_margin when the remote
 //     estimate itself is within the TTFT objective but not its margin,
 //     priced_stall when the local TTFT is within but its stall is not
@@ -59,7 +71,8 @@
 // decode_kv_pressure). When the decode's or every free prefill's metrics
 // are stale, or no prefill rate has been measured yet, the conditional
 // decider decides by its static threshold, and the reason is its reason
-// prefixed with "unpriced_".
+// prefixed with "unpriced_". (A prefill cost is measured once either side
+// has a curve from its legs or a scraped per-token rate.)
 package priced
 
 import (
@@ -126,9 +139,8 @@ type Price struct {
 	// LocalTTFT and RemoteTTFT are the estimated times to first token.
 	LocalTTFT, RemoteTTFT float64
 	// LocalStall is how long each of the decode's running streams waits
-	// for the local prefill; LocalCost is LocalTTFT plus that wait over all
-	// of them.
-	LocalStall, LocalCost float64
+	// for the local prefill.
+	LocalStall float64
 	// LocalQueue and RemoteQueue are the waits in LocalTTFT and
 	// RemoteTTFT: the part of each that is a queue.
 	LocalQueue, RemoteQueue float64
@@ -173,6 +185,18 @@ func StallBudget(output int, tpot float64) float64 {
 	return StallShare * tpot * float64(max(output-1, 1))
 }
 
+// LocalCost is the local path's price in seconds of TTFT, with the TTFT
+// and TPOT objectives ttft and tpot in seconds: LocalTTFT plus the stall
+// of every running stream, each weighed as the share of its TPOT budget it
+// takes (the stall over TPOT·(Output − 1)) at the TTFT objective's worth:
+// LocalTTFT + R·stall·ttft / (tpot·(Output − 1)). A stall is priced by how
+// much of the streams' objective it spends, as a TTFT is by its own: a
+// second of stall spread over a long answer costs its streams little, while
+// a second of queue costs the request its objective.
+func LocalCost(p Price, ttft, tpot float64) float64 {
+	return p.LocalTTFT + float64(p.Streams)*p.LocalStall*ttft/(tpot*float64(max(p.Output-1, 1)))
+}
+
 // Choose applies the rules of the package comment to a price, with the
 // TTFT and TPOT objectives ttft and tpot in seconds.
 func Choose(p Price, ttft, tpot float64) router.Decision {
@@ -182,7 +206,7 @@ func Choose(p Price, ttft, tpot float64) router.Decision {
 	inLocal := localTTFT && localTPOT
 	switch {
 	case inLocal && inRemote:
-		return router.Decision{Remote: p.RemoteTTFT < p.LocalCost, Reason: Cheaper}
+		return router.Decision{Remote: p.RemoteTTFT < LocalCost(p, ttft, tpot), Reason: Cheaper}
 	case inRemote:
 		if localTTFT {
 			return router.Decision{Remote: true, Reason: Stall}
@@ -199,7 +223,7 @@ func Choose(p Price, ttft, tpot float64) router.Decision {
 
 // Estimate prices in's request on its decode and on the cheapest of its
 // free prefill engines. ok is false when the metrics do not allow it: the
-// decode's are stale, every free prefill's are, or no prefill rate has been
+// decode's are stale, every free prefill's are, or no prefill cost has been
 // measured on either side.
 func Estimate(in router.DecideInput) (p Price, ok bool) {
 	dec := in.Decode
@@ -211,49 +235,98 @@ func Estimate(in router.DecideInput) (p Price, ok bool) {
 	if in.Req.BlockSize > 0 {
 		u = max(n-dec.PrefixBlocks*in.Req.BlockSize, 0)
 	}
-	scrapedD := 0.0
+	// seat is the decode's wait before it runs a request: its measured
+	// queue while requests wait there, or its remote legs' recent wait,
+	// whichever is larger.
+	seat := dec.DecodeQueueSeconds
 	if dec.Waiting > 0 {
-		scrapedD = dec.QueueSeconds
+		seat = max(seat, dec.QueueSeconds)
 	}
-	// waitD is the decode's queue for a local prefill at prefill rate s:
-	// its measured queue time, or the local prefills the router has sent it
-	// and not yet seen answered, whichever is larger. A remote request waits
-	// for the measured queue only: its KV is pulled, not computed behind
-	// them (counting them on both paths would price the remote path up with
-	// every local prefill, and send the next prompt local too).
-	waitD := func(s float64) float64 { return max(scrapedD, float64(dec.LocalPrefillTokens)*s) }
+	// leg is the remote path's decode leg after the seat: the KV pull and
+	// the first step after it.
+	pull := float64(u) * dec.TransferSecondsPerToken
+	if dec.PullCurve.Measured() {
+		pull = dec.PullCurve.Seconds(u)
+	}
+	first := dec.FirstStepSeconds
+	if first <= 0 {
+		first = dec.ITLSeconds
+	}
+	leg := pull + first
 	p.Prefill = -1
+	var best cost
 	for i, pre := range in.Prefill {
 		if !pre.Scraped {
 			continue
 		}
-		sP, sD := pre.PrefillSecondsPerToken, dec.PrefillSecondsPerToken
-		switch {
-		case sP <= 0 && sD <= 0:
-			continue
-		case sP <= 0:
-			sP = sD
+		c, measured := costOf(pre)
+		if !measured {
+			if c, measured = costOf(dec); !measured {
+				continue
+			}
 		}
-		waitP := float64(pre.InFlightTokens) * sP
+		waitP := c.queue(pre)
 		if pre.Waiting > 0 {
 			waitP = max(waitP, pre.QueueSeconds)
 		}
-		remote := scrapedD + waitP + float64(n)*sP + float64(u)*dec.TransferSecondsPerToken
+		remote := seat + waitP + c.seconds(n) + leg
 		if p.Prefill < 0 || remote < p.RemoteTTFT {
-			p.RemoteTTFT, p.RemoteQueue, p.Prefill = remote, scrapedD+waitP, i
+			p.RemoteTTFT, p.RemoteQueue, p.Prefill, best = remote, seat+waitP, i, c
 		}
 	}
 	if p.Prefill < 0 {
 		return Price{}, false
 	}
-	sD := dec.PrefillSecondsPerToken
-	if sD <= 0 {
-		sD = in.Prefill[p.Prefill].PrefillSecondsPerToken
+	cD, measured := costOf(dec)
+	if !measured {
+		cD = best
 	}
-	p.LocalStall = float64(u) * sD
-	wD := waitD(sD)
+	p.LocalStall = cD.seconds(u)
+	wD := max(seat, cD.queue(dec))
 	p.LocalTTFT, p.LocalQueue = wD+p.LocalStall, wD
 	p.Streams, p.Output = int(max(dec.InFlight-1, 0)), in.Req.MaxTokens
-	p.LocalCost = p.LocalTTFT + float64(p.Streams)*p.LocalStall
 	return p, true
+}
+
+// cost is an engine's prefill cost: its curve fitted to the proxy's legs,
+// else a per-token cost (perToken).
+type cost struct {
+	curve    router.Curve
+	perToken float64
+}
+
+// costOf is e's prefill cost: its leg-measured curve, else its scraped
+// seconds per token; measured is false with neither.
+func costOf(e router.Endpoint) (c cost, measured bool) {
+	if e.PrefillCurve.Measured() {
+		return cost{curve: e.PrefillCurve}, true
+	}
+	return cost{perToken: e.PrefillSecondsPerToken}, e.PrefillSecondsPerToken > 0
+}
+
+// seconds is the cost of prefilling n tokens.
+func (c cost) seconds(n int) float64 {
+	if c.curve.Measured() {
+		return c.curve.Seconds(n)
+	}
+	return float64(n) * c.perToken
+}
+
+// queue is e's prefill queue priced at c: when both are e's leg-measured
+// curve, the proxy's leg-measured work in flight on e
+// (Endpoint.PrefillQueueSeconds); else the prompt tokens in flight there (a
+// prefill engine's InFlightTokens, a decode's LocalPrefillTokens) at c, as
+// one prompt.
+func (c cost) queue(e router.Endpoint) float64 {
+	if c.curve.Measured() && c.curve == e.PrefillCurve {
+		return e.PrefillQueueSeconds
+	}
+	tokens := e.InFlightTokens
+	if e.Role == "decode" {
+		tokens = e.LocalPrefillTokens
+	}
+	if tokens <= 0 {
+		return 0
+	}
+	return c.seconds(int(tokens))
 }

@@ -79,6 +79,11 @@ func TestDecide(t *testing.T) {
 				in.PrefillHealthy, in.PrefillFree = 2, 2
 			}}, true, Cheaper, 0.1, 0.11},
 
+		{"long answers: eight streams' stall is a small share of their TPOT budget, the prefill's queue is not", 1000,
+			[]change{running(8), func(in *router.DecideInput) {
+				in.Req.MaxTokens = 256
+				in.Prefill[0].InFlightTokens = 2000
+			}}, false, Cheaper, 0.1, 0.31},
 		{"the prefill's queue within the objective but not its margin: local", 1000,
 			[]change{running(8), func(in *router.DecideInput) { in.Prefill[0].InFlightTokens = 15_000 }}, false, Margin, 0.1, 1.61},
 		{"a local prefill would stall the streams past the TPOT objective: remote", 2000,
@@ -205,5 +210,62 @@ func TestTheTPOTObjectiveBoundsTheStall(t *testing.T) {
 		if got.Remote != tt.remote || got.Reason != tt.reason {
 			t.Errorf("TPOT objective %v: %+v, want remote=%v reason=%s", tt.tpot, got, tt.remote, tt.reason)
 		}
+	}
+}
+
+// TestLegMeasuredCosts: the proxy's leg measurements, where it has them,
+// price both paths: the engines' prefill curves (not per token), the
+// prefill work in flight as the queues, and the remote path's decode leg
+// (its seat, the pull, the first step after it).
+func TestLegMeasuredCosts(t *testing.T) {
+	curve := router.Curve{A: 0.01, B: 1e-4, C: 1e-7} // 1,000 tokens: 0.21 s
+	for _, tt := range []struct {
+		name                  string
+		change                func(in *router.DecideInput)
+		local, remote, lq, rq float64
+	}{
+		{"per token, nothing from the legs", func(in *router.DecideInput) {}, 0.1, 0.11, 0, 0},
+		{"the prefill's curve prices the remote prefill", func(in *router.DecideInput) {
+			in.Prefill[0].PrefillCurve = curve
+		}, 0.1, 0.22, 0, 0},
+		{"the prefill's leg work in flight is its queue", func(in *router.DecideInput) {
+			in.Prefill[0].PrefillCurve, in.Prefill[0].PrefillQueueSeconds = curve, 0.5
+			in.Prefill[0].InFlightTokens = 100 // the per-token queue would be 0.01
+		}, 0.1, 0.72, 0, 0.5},
+		{"the decode leg: seat, pull, first step", func(in *router.DecideInput) {
+			in.Decode.DecodeQueueSeconds, in.Decode.PullCurve, in.Decode.FirstStepSeconds = 0.05, router.Curve{B: 2e-5}, 0.02
+		}, 0.15, 0.19, 0.05, 0.05},
+		{"no first step measured: the decode's ITL", func(in *router.DecideInput) {
+			in.Decode.ITLSeconds = 0.03
+		}, 0.1, 0.14, 0, 0},
+		{"the decode's curve prices the local prefill, its local work in flight its queue", func(in *router.DecideInput) {
+			in.Decode.PrefillCurve, in.Decode.PrefillQueueSeconds = curve, 0.3
+			in.Decode.LocalPrefillTokens = 100
+		}, 0.51, 0.11, 0.3, 0},
+		{"an unmeasured decode is priced at the prefill's curve", func(in *router.DecideInput) {
+			in.Decode.PrefillSecondsPerToken, in.Prefill[0].PrefillCurve = 0, curve
+			in.Decode.LocalPrefillTokens = 100 // one prompt of 100 tokens at the curve
+		}, 0.21 + 0.021, 0.22, 0.021, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			in := input(1000, decodeEP(), prefillEP())
+			tt.change(&in)
+			p, ok := Estimate(in)
+			if !ok || !near(p.LocalTTFT, tt.local) || !near(p.RemoteTTFT, tt.remote) || !near(p.LocalQueue, tt.lq) || !near(p.RemoteQueue, tt.rq) {
+				t.Errorf("Estimate = %+v ok=%v, want local %.4f (queue %.4f), remote %.4f (queue %.4f)", p, ok, tt.local, tt.lq, tt.remote, tt.rq)
+			}
+		})
+	}
+}
+
+func TestLocalCostWeighsTheStallByTheTPOTBudget(t *testing.T) {
+	p := Price{LocalTTFT: 0.1, LocalStall: 0.1, Streams: 8, Output: 64}
+	// 8 streams × 0.1 s, each 0.1/6.3 of its TPOT budget, at 2 s a budget.
+	if got := LocalCost(p, 2, 0.1); !near(got, 0.1+8*0.1*2/6.3) {
+		t.Errorf("LocalCost = %v, want %v", got, 0.1+8*0.1*2/6.3)
+	}
+	p.Streams = 0
+	if got := LocalCost(p, 2, 0.1); !near(got, 0.1) {
+		t.Errorf("no streams: LocalCost = %v, want the TTFT 0.1", got)
 	}
 }
