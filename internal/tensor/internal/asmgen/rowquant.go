@@ -65,6 +65,19 @@ import (
 // qRowMax·ceil(nb/group)·slotBytes bytes.
 const rowSig = "func(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)"
 
+// rowSigAVX2 is the Go signature of the AVX2 row kernels: rowSig's, and
+// lds, the bytes from the first row of one of phase 1's streams to that of
+// the next (see phase1Streams).
+const rowSigAVX2 = "func(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)"
+
+// sig is the kernel's Go signature.
+func (k rowKern) sig() string {
+	if k.avx512 {
+		return rowSig
+	}
+	return rowSigAVX2
+}
+
 // rowKern holds what the code of one row kernel shares.
 type rowKern struct {
 	avx512 bool
@@ -197,7 +210,7 @@ func row32(avx512 bool, q quant32) {
 	k := &rowKern{avx512: avx512, group: 8, pairs: 1, transposed: true}
 	k.setStreams(rowStreamsAVX2)
 	name := "qrow" + q.name + k.isaName()
-	TEXT(name, NOSPLIT, rowSig)
+	TEXT(name, NOSPLIT, k.sig())
 	Doc(fmt.Sprintf("%s computes up to 8 %s weight rows times one activation row (see asmgen's rowquant.go).", name, q.name))
 	var c80, ones, c0f, shift, qhSpread, bits, c10 VecVirtual
 	signed := q.bytes == 34 && !avx512
@@ -701,7 +714,7 @@ func rowQ4K(avx512, five bool) {
 		nm, bytes, qs = "Q5_K", 176, 48
 	}
 	name := "qrow" + nm + k.isaName()
-	TEXT(name, NOSPLIT, rowSig)
+	TEXT(name, NOSPLIT, k.sig())
 	Doc(fmt.Sprintf("%s computes up to 8 %s weight rows times one activation row (see asmgen's rowquant.go).", name, nm))
 	c0f := k.splatY(0x0f0f0f0f)
 	var c10 VecVirtual
@@ -878,7 +891,7 @@ func rowQ6K(avx512 bool) {
 	k.setStreams(rowStreamsKAVX2)
 	const bytes = 210
 	name := "qrowQ6_K" + k.isaName()
-	TEXT(name, NOSPLIT, rowSig)
+	TEXT(name, NOSPLIT, k.sig())
 	Doc(fmt.Sprintf("%s computes up to 8 Q6_K weight rows times one activation row (see asmgen's rowquant.go).", name))
 	c0f := k.splatY(0x0f0f0f0f)
 	c30 := k.splatY(0x30303030)
@@ -1048,7 +1061,7 @@ func rowQ4K512(five bool) {
 		nm, bytes, qs = "Q5_K", 176, 48
 	}
 	name := "qrow" + nm + "AVX512"
-	TEXT(name, NOSPLIT, rowSig)
+	TEXT(name, NOSPLIT, k.sig())
 	Doc(fmt.Sprintf("%s computes up to 8 %s weight rows times one activation row (activation sub-blocks in q4kPerm order; see asmgen's rowquant.go).", name, nm))
 	c0f := splat(0x0f0f0f0f)
 	ones := splat(0x00010001)
@@ -1276,7 +1289,7 @@ func rowQ6K512() {
 	k := &rowKern{avx512: true, group: 4, pairs: 1}
 	const bytes = 210
 	name := "qrowQ6_KAVX512"
-	TEXT(name, NOSPLIT, rowSig)
+	TEXT(name, NOSPLIT, k.sig())
 	Doc(fmt.Sprintf("%s computes up to 8 Q6_K weight rows times one activation row (see asmgen's rowquant.go).", name))
 	c0f := splat(0x0f0f0f0f)
 	c30 := splat(0x30303030)

@@ -16,14 +16,21 @@ import (
 // kilobytes apart at ~20–24 GB/s (tensor.ReadScan at 1, 2, 4 and 8
 // streams: the L2's stream prefetchers run ahead in each at once), the
 // opposite of the Zen 4 the one-row-at-a-time order was chosen on (see
-// rowquant.go), which the AVX-512 kernels keep. Two rows took the cold
-// Q8_0 decode kernel from 11.7–12.7 to 13.5–13.8 GB/s on one thread here;
-// four were no faster, eight slower; the K-quant kernels, bound by their
-// arithmetic, lost with two rows in cache and cold on two threads
-// (docs/performance.md), so they read one row at a time.
+// rowquant.go), which the AVX-512 kernels keep.
+//
+// The streams are lds bytes apart, a kernel parameter: package tensor's
+// driver splits a thread's rows into that many regions and gives each
+// call the next rows of every region, so that each stream runs on
+// sequentially from one call to the next (it was the rows r and
+// r + rows/2 of one call, 8 rows, whose streams jumped ahead at every
+// call). With the regions, four streams took the cold Q8_0 decode kernel
+// on one thread from 12.3–12.6 to 14.7–17.2 GB/s (two: 14.5–15.8, eight:
+// 12.3–12.6), and two the K-quants' from 10.2–11.8 to 11.9–12.7 (one
+// region of rows at a time before; four and eight were slower:
+// docs/performance.md).
 const (
-	rowStreamsAVX2  = 2
-	rowStreamsKAVX2 = 1
+	rowStreamsAVX2  = 4
+	rowStreamsKAVX2 = 2
 )
 
 // setStreams sets the rows phase 1 reads side by side: n with AVX2, one
@@ -34,11 +41,12 @@ func (k *rowKern) setStreams(n int) {
 	}
 }
 
-// phase1Streams is phase1 for k.streams > 1: the call's rows r, r + q,
-// r + 2q, … (q = rows / k.streams) are read side by side, a group of
-// blocks of each in turn, for r < q; the rows past streams·q (a call of
-// fewer rows than usual) follow one at a time. The groups, bodies and
-// scratch slots are phase1's, so the results are the same bit for bit.
+// phase1Streams is phase1 for k.streams > 1: with q = rows / k.streams,
+// the call's rows s·q + i (s < k.streams, i < q), at w + s·lds + i·ldw,
+// are read side by side, a group of blocks of each stream in turn, for
+// i < q; the rows past streams·q (a call of fewer rows than usual) follow
+// one at a time after the last stream's. The groups, bodies and scratch
+// slots are phase1's, so the results are the same bit for bit.
 func (k *rowKern) phase1Streams(elems, bytes int, body func(wq, xq, b, slot GPVirtual)) {
 	ways := k.streams
 	w := Load(Param("w"), GP64()).(GPVirtual)
@@ -53,8 +61,7 @@ func (k *rowKern) phase1Streams(elems, bytes int, body func(wq, xq, b, slot GPVi
 	MOVQ(rows, q)
 	SHRQ(U8(log2(ways)), q)
 	t := GP64()
-	MOVQ(q, t)
-	IMULQ(paramMem("ldw"), t)
+	MOVQ(paramMem("lds"), t)
 	MOVQ(t, wStride)
 	// A row's scratch: slotBytes apart in the transposed layout, a
 	// slot per group apart otherwise.
