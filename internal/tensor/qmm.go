@@ -16,7 +16,10 @@ import (
 //
 // Rows (one activation row, decode): a row kernel takes up to qRowMax
 // weight rows and reads each from start to end, the one access pattern
-// that streams from DRAM at full speed (see asmgen's rowquant.go).
+// that streams from DRAM at full speed (see asmgen's rowquant.go); the
+// AVX2 ones read a few rows side by side, from as many regions of the
+// rows a thread was given (runRows), so that each region is one sequential
+// stream across calls (see asmgen's rowstreams.go).
 //
 // Either way the chains are those of the definition in qmatmul.go, so
 // every kernel gives its results bit for bit.

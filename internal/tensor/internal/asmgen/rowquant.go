@@ -7,9 +7,10 @@ package main
 // 4–16 rows of a matrix side by side, a few kilobytes apart, as the panel
 // kernels (and the fused single-row kernels they replace) do, and software
 // prefetching recovers only part of that. So a row kernel reads its weight
-// rows one after the other, each from start to end (the AVX2 Q8_0, Q4_0 and
-// Q5_0 kernels, tuned on a Zen 2 where one stream is the slower, two rows
-// side by side: see rowstreams.go), and works in two phases:
+// rows one after the other, each from start to end (the AVX2 kernels, tuned
+// on a Zen 2 where one stream is the slower, read rows from two or four
+// distant regions of the matrix side by side: see rowstreams.go), and
+// works in two phases:
 //
 //   - phase 1, per weight row and group of blocks (8 blocks of 32, or 4
 //     super-blocks): the exact integer dot product of every block with the
