@@ -44314,6 +44314,116 @@ DATA q6scspread<>+254(SB)/1, $0x0e
 DATA q6scspread<>+255(SB)/1, $0x0f
 GLOBL q6scspread<>(SB), RODATA|NOPTR, $256
 
+// func qrow8Q8_0AVX2(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qrow8Q8_0AVX2(SB), NOSPLIT, $0-48
+	MOVL         $0x00010001, AX
+	VMOVD        AX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         w+0(FP), AX
+	MOVQ         lds+8(FP), CX
+	LEAQ         (CX)(CX*2), DX
+	LEAQ         (AX)(CX*4), BX
+	MOVQ         nb+16(FP), SI
+	MOVQ         x+24(FP), DI
+	MOVQ         aux+32(FP), R8
+	VXORPS       Y1, Y1, Y1
+
+block:
+	VMOVDQU      (DI), Y2
+	VMOVDQU      2(AX), Y3
+	VPABSB       Y3, Y4
+	VPSIGNB      Y3, Y2, Y3
+	VPMADDUBSW   Y3, Y4, Y3
+	VPMADDWD     Y0, Y3, Y3
+	VMOVDQU      2(AX)(CX*1), Y4
+	VPABSB       Y4, Y5
+	VPSIGNB      Y4, Y2, Y4
+	VPMADDUBSW   Y4, Y5, Y4
+	VPMADDWD     Y0, Y4, Y4
+	VMOVDQU      2(AX)(CX*2), Y5
+	VPABSB       Y5, Y6
+	VPSIGNB      Y5, Y2, Y5
+	VPMADDUBSW   Y5, Y6, Y5
+	VPMADDWD     Y0, Y5, Y5
+	VMOVDQU      2(AX)(DX*1), Y6
+	VPABSB       Y6, Y7
+	VPSIGNB      Y6, Y2, Y6
+	VPMADDUBSW   Y6, Y7, Y6
+	VPMADDWD     Y0, Y6, Y6
+	VPUNPCKLDQ   Y4, Y3, Y7
+	VPUNPCKHDQ   Y4, Y3, Y3
+	VPADDD       Y3, Y7, Y7
+	VPUNPCKLDQ   Y6, Y5, Y3
+	VPUNPCKHDQ   Y6, Y5, Y4
+	VPADDD       Y4, Y3, Y3
+	VPUNPCKLQDQ  Y3, Y7, Y4
+	VPUNPCKHQDQ  Y3, Y7, Y3
+	VPADDD       Y3, Y4, Y4
+	VMOVDQU      2(BX), Y3
+	VPABSB       Y3, Y5
+	VPSIGNB      Y3, Y2, Y3
+	VPMADDUBSW   Y3, Y5, Y3
+	VPMADDWD     Y0, Y3, Y3
+	VMOVDQU      2(BX)(CX*1), Y5
+	VPABSB       Y5, Y6
+	VPSIGNB      Y5, Y2, Y5
+	VPMADDUBSW   Y5, Y6, Y5
+	VPMADDWD     Y0, Y5, Y5
+	VMOVDQU      2(BX)(CX*2), Y6
+	VPABSB       Y6, Y7
+	VPSIGNB      Y6, Y2, Y6
+	VPMADDUBSW   Y6, Y7, Y6
+	VPMADDWD     Y0, Y6, Y6
+	VMOVDQU      2(BX)(DX*1), Y7
+	VPABSB       Y7, Y8
+	VPSIGNB      Y7, Y2, Y2
+	VPMADDUBSW   Y2, Y8, Y2
+	VPMADDWD     Y0, Y2, Y2
+	VPUNPCKLDQ   Y5, Y3, Y7
+	VPUNPCKHDQ   Y5, Y3, Y3
+	VPADDD       Y3, Y7, Y7
+	VPUNPCKLDQ   Y2, Y6, Y3
+	VPUNPCKHDQ   Y2, Y6, Y2
+	VPADDD       Y2, Y3, Y3
+	VPUNPCKLQDQ  Y3, Y7, Y2
+	VPUNPCKHQDQ  Y3, Y7, Y3
+	VPADDD       Y3, Y2, Y2
+	VPERM2I128   $0x20, Y2, Y4, Y3
+	VPERM2I128   $0x31, Y2, Y4, Y2
+	VPADDD       Y2, Y3, Y3
+	VCVTDQ2PS    Y3, Y2
+	MOVWQZX      (AX)(DX*1), R9
+	SHLQ         $0x10, R9
+	MOVW         (AX)(CX*2), R9
+	SHLQ         $0x10, R9
+	MOVW         (AX)(CX*1), R9
+	SHLQ         $0x10, R9
+	MOVW         (AX), R9
+	MOVWQZX      (BX)(DX*1), R10
+	SHLQ         $0x10, R10
+	MOVW         (BX)(CX*2), R10
+	SHLQ         $0x10, R10
+	MOVW         (BX)(CX*1), R10
+	SHLQ         $0x10, R10
+	MOVW         (BX), R10
+	VMOVQ        R9, X3
+	VPINSRQ      $0x01, R10, X3, X3
+	VCVTPH2PS    X3, Y3
+	VBROADCASTSS (R8), Y4
+	VMULPS       Y4, Y3, Y3
+	VFMADD231PS  Y2, Y3, Y1
+	ADDQ         $0x00000022, AX
+	ADDQ         $0x00000022, BX
+	ADDQ         $0x20, DI
+	ADDQ         $0x04, R8
+	DECQ         SI
+	JNE          block
+	MOVQ         out+40(FP), AX
+	VMOVUPS      Y1, (AX)
+	VZEROUPPER
+	RET
+
 // func axpyRowsBF16AVX2(alpha *float32, v *uint16, ldv int, rows int, y *float32, n int)
 // Requires: AVX, AVX2, FMA3
 TEXT ·axpyRowsBF16AVX2(SB), NOSPLIT, $0-48

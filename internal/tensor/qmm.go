@@ -44,6 +44,10 @@ type (
 	// (s < streams, i < q) is at w + s·lds + i·ldw, and the rows past
 	// streams·q follow the last stream's (see asmgen's rowstreams.go).
 	qrowStreams func(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)
+	// qrow8 computes the 8 weight rows w + s·lds (s < 8) times one
+	// activation row into out[0:8], all 8 a block at a time, the chains in
+	// the lanes of one vector (see asmgen's rowstreams.go).
+	qrow8 func(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)
 )
 
 // qRowMax is the most weight rows one qrow call takes.
@@ -54,9 +58,12 @@ const qRowMax = 8
 type qRowKernel struct {
 	// fn, or fnStreams with streams (a power of 2 up to qRowMax) rows
 	// read side by side.
-	fn          qrow
-	fnStreams   qrowStreams
-	streams     int
+	fn        qrow
+	fnStreams qrowStreams
+	streams   int
+	// fn8, where set, takes the rows of 8 regions, one of each a call;
+	// fn or fnStreams the rows past them.
+	fn8         qrow8
 	group, slot int
 	// perm: the kernel takes the activations of Q4_K/Q5_K super-blocks
 	// with their 32-byte sub-blocks in qAct.rowX's order.
@@ -145,6 +152,17 @@ func (s *qKernelSet) runRows(rk qRowKernel, sc *qScratch, a *qAct, w *Mat, lo, h
 		} else {
 			rk.fn(&w.Q[j0*rb], rb, rows, nb, x, &a.meta[0], &a.rowAux[0], &scratch[0], &sc.rowOut[0])
 		}
+	}
+	if rk.fn8 != nil && hi-lo >= qRowMax {
+		// The rows in 8 regions of r rows each, a row of each a call.
+		r := (hi - lo) / qRowMax
+		for c := range r {
+			rk.fn8(&w.Q[(lo+c)*rb], r*rb, nb, x, &a.rowAux[0], &sc.rowOut[0])
+			for s := range qRowMax {
+				out[lo+s*r+c] = sc.rowOut[s]
+			}
+		}
+		lo += qRowMax * r
 	}
 	if st := rk.streams; rk.fnStreams != nil && st > 1 {
 		// The rows in st regions of r rows each, read side by side, q

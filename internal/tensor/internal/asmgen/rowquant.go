@@ -613,6 +613,7 @@ func rowKernels(avx512 bool) {
 	rowQ4K(false, false)
 	rowQ4K(false, true)
 	rowQ6K(false)
+	row8Q8_0AVX2()
 }
 
 // isaName is the kernel name suffix of the instruction set.

@@ -159,3 +159,77 @@ func (k *rowKern) phase1Streams(elems, bytes int, body func(wq, xq, b, slot GPVi
 		panic(fmt.Sprintf("%d row streams: not a power of 2 up to %d", ways, qRowMax))
 	}
 }
+
+// row8Q8_0AVX2 emits the AVX2 Q8_0 row kernel of 8 streams, one row each:
+// rows s (s < 8) at w + s·lds, every block b of all 8 rows in one step. The
+// 8 rows' block-b vectors reduce by one tree8 to a vector whose lane s is
+// row s's exact integer, so the chains of the definition (one FMA per
+// block, in block order) run in the lanes of one accumulator inside the
+// loop: no scratch, no transposes, no second phase, and one load of the
+// activation block for the 8 rows.
+func row8Q8_0AVX2() {
+	k := &rowKern{group: 8}
+	TEXT("qrow8Q8_0AVX2", NOSPLIT, "func(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)")
+	Doc("qrow8Q8_0AVX2 computes 8 Q8_0 weight rows lds bytes apart times one activation row (see asmgen's rowstreams.go).")
+	ones := k.splatY(0x00010001)
+	w := Load(Param("w"), GP64()).(GPVirtual)
+	lds := Load(Param("lds"), GP64()).(GPVirtual)
+	rows := newRows8(w, lds)
+	n := Load(Param("nb"), GP64()).(GPVirtual)
+	x := Load(Param("x"), GP64()).(GPVirtual)
+	aux := Load(Param("aux"), GP64()).(GPVirtual)
+	acc := ymmZero()
+	Label("block")
+	xv := YMM()
+	VMOVDQU(Mem{Base: x}, xv)
+	dot := func(r int) VecVirtual {
+		wv, av, xs, p := YMM(), YMM(), YMM(), YMM()
+		VMOVDQU(rows.at(r, 2), wv)
+		VPABSB(wv, av)
+		VPSIGNB(wv, xv, xs)
+		VPMADDUBSW(xs, av, xs)
+		VPMADDWD(ones, xs, p)
+		return p
+	}
+	var p [8]VecVirtual
+	for r := range 4 {
+		p[r] = dot(r)
+	}
+	lo := k.tree4x2(p[:4])
+	for r := 4; r < 8; r++ {
+		p[r] = dot(r)
+	}
+	hi := k.tree4x2(p[4:])
+	c, d := YMM(), YMM()
+	VPERM2I128(U8(0x20), hi, lo, c)
+	VPERM2I128(U8(0x31), hi, lo, d)
+	VPADDD(d, c, c)
+	f := YMM()
+	VCVTDQ2PS(c, f)
+	// The 8 rows' f16 scales of block b, widened, times the activation's.
+	s0, s1 := GP64(), GP64()
+	for h, q := range []GPVirtual{s0, s1} {
+		MOVWQZX(rows.at(4*h+3, 0), q)
+		for r := 2; r >= 0; r-- {
+			SHLQ(U8(16), q)
+			MOVW(rows.at(4*h+r, 0), q.As16())
+		}
+	}
+	hx := XMM()
+	VMOVQ(s0, hx)
+	VPINSRQ(U8(1), s1, hx, hx)
+	g, dx := YMM(), YMM()
+	VCVTPH2PS(hx, g)
+	VBROADCASTSS(Mem{Base: aux}, dx)
+	VMULPS(dx, g, g)
+	VFMADD231PS(f, g, acc)
+	rows.advance(34)
+	ADDQ(U8(32), x)
+	ADDQ(U8(4), aux)
+	DECQ(n)
+	JNE(LabelRef("block"))
+	out := Load(Param("out"), GP64()).(GPVirtual)
+	VMOVUPS(acc, Mem{Base: out})
+	VZEROUPPER()
+	RET()
+}
