@@ -44424,6 +44424,295 @@ block:
 	VZEROUPPER
 	RET
 
+// func qrow8Q4_0AVX2(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qrow8Q4_0AVX2(SB), NOSPLIT, $0-48
+	MOVL         $0x00010001, AX
+	VMOVD        AX, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X1
+	VPBROADCASTD X1, Y1
+	VMOVDQU      shr0x4x4<>+0(SB), Y2
+	MOVQ         w+0(FP), AX
+	MOVQ         lds+8(FP), CX
+	LEAQ         (CX)(CX*2), DX
+	LEAQ         (AX)(CX*4), BX
+	MOVQ         nb+16(FP), SI
+	MOVQ         x+24(FP), DI
+	MOVQ         aux+32(FP), R8
+	LEAQ         (R8)(SI*4), R9
+	VXORPS       Y3, Y3, Y3
+
+block:
+	VMOVDQU        (DI), Y4
+	VBROADCASTI128 2(AX), Y5
+	VPSRLVD        Y2, Y5, Y5
+	VPAND          Y1, Y5, Y5
+	VPMADDUBSW     Y4, Y5, Y5
+	VPMADDWD       Y0, Y5, Y5
+	VBROADCASTI128 2(AX)(CX*1), Y6
+	VPSRLVD        Y2, Y6, Y6
+	VPAND          Y1, Y6, Y6
+	VPMADDUBSW     Y4, Y6, Y6
+	VPMADDWD       Y0, Y6, Y6
+	VBROADCASTI128 2(AX)(CX*2), Y7
+	VPSRLVD        Y2, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPMADDUBSW     Y4, Y7, Y7
+	VPMADDWD       Y0, Y7, Y7
+	VBROADCASTI128 2(AX)(DX*1), Y8
+	VPSRLVD        Y2, Y8, Y8
+	VPAND          Y1, Y8, Y8
+	VPMADDUBSW     Y4, Y8, Y8
+	VPMADDWD       Y0, Y8, Y8
+	VPUNPCKLDQ     Y6, Y5, Y9
+	VPUNPCKHDQ     Y6, Y5, Y5
+	VPADDD         Y5, Y9, Y9
+	VPUNPCKLDQ     Y8, Y7, Y5
+	VPUNPCKHDQ     Y8, Y7, Y6
+	VPADDD         Y6, Y5, Y5
+	VPUNPCKLQDQ    Y5, Y9, Y6
+	VPUNPCKHQDQ    Y5, Y9, Y5
+	VPADDD         Y5, Y6, Y6
+	VBROADCASTI128 2(BX), Y5
+	VPSRLVD        Y2, Y5, Y5
+	VPAND          Y1, Y5, Y5
+	VPMADDUBSW     Y4, Y5, Y5
+	VPMADDWD       Y0, Y5, Y5
+	VBROADCASTI128 2(BX)(CX*1), Y7
+	VPSRLVD        Y2, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPMADDUBSW     Y4, Y7, Y7
+	VPMADDWD       Y0, Y7, Y7
+	VBROADCASTI128 2(BX)(CX*2), Y8
+	VPSRLVD        Y2, Y8, Y8
+	VPAND          Y1, Y8, Y8
+	VPMADDUBSW     Y4, Y8, Y8
+	VPMADDWD       Y0, Y8, Y8
+	VBROADCASTI128 2(BX)(DX*1), Y9
+	VPSRLVD        Y2, Y9, Y9
+	VPAND          Y1, Y9, Y9
+	VPMADDUBSW     Y4, Y9, Y9
+	VPMADDWD       Y0, Y9, Y4
+	VPUNPCKLDQ     Y7, Y5, Y9
+	VPUNPCKHDQ     Y7, Y5, Y5
+	VPADDD         Y5, Y9, Y9
+	VPUNPCKLDQ     Y4, Y8, Y5
+	VPUNPCKHDQ     Y4, Y8, Y4
+	VPADDD         Y4, Y5, Y5
+	VPUNPCKLQDQ    Y5, Y9, Y4
+	VPUNPCKHQDQ    Y5, Y9, Y5
+	VPADDD         Y5, Y4, Y4
+	VPERM2I128     $0x20, Y4, Y6, Y5
+	VPERM2I128     $0x31, Y4, Y6, Y4
+	VPADDD         Y4, Y5, Y5
+	VPBROADCASTD   (R9), Y4
+	VPADDD         Y4, Y5, Y5
+	VCVTDQ2PS      Y5, Y4
+	MOVWQZX        (AX)(DX*1), R10
+	SHLQ           $0x10, R10
+	MOVW           (AX)(CX*2), R10
+	SHLQ           $0x10, R10
+	MOVW           (AX)(CX*1), R10
+	SHLQ           $0x10, R10
+	MOVW           (AX), R10
+	MOVWQZX        (BX)(DX*1), R11
+	SHLQ           $0x10, R11
+	MOVW           (BX)(CX*2), R11
+	SHLQ           $0x10, R11
+	MOVW           (BX)(CX*1), R11
+	SHLQ           $0x10, R11
+	MOVW           (BX), R11
+	VMOVQ          R10, X5
+	VPINSRQ        $0x01, R11, X5, X5
+	VCVTPH2PS      X5, Y5
+	VBROADCASTSS   (R8), Y6
+	VMULPS         Y6, Y5, Y5
+	VFMADD231PS    Y4, Y5, Y3
+	ADDQ           $0x00000012, AX
+	ADDQ           $0x00000012, BX
+	ADDQ           $0x20, DI
+	ADDQ           $0x04, R8
+	ADDQ           $0x04, R9
+	DECQ           SI
+	JNE            block
+	MOVQ           out+40(FP), AX
+	VMOVUPS        Y3, (AX)
+	VZEROUPPER
+	RET
+
+// func qrow8Q5_0AVX2(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qrow8Q5_0AVX2(SB), NOSPLIT, $0-48
+	MOVL         $0x00010001, AX
+	VMOVD        AX, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X1
+	VPBROADCASTD X1, Y1
+	VMOVDQU      shr0x4x4<>+0(SB), Y2
+	VMOVDQU      q5spreadb<>+0(SB), Y3
+	VMOVDQU      q5bits<>+0(SB), Y4
+	MOVL         $0x10101010, AX
+	VMOVD        AX, X5
+	VPBROADCASTD X5, Y5
+	MOVQ         w+0(FP), AX
+	MOVQ         lds+8(FP), CX
+	LEAQ         (CX)(CX*2), DX
+	LEAQ         (AX)(CX*4), BX
+	MOVQ         nb+16(FP), SI
+	MOVQ         x+24(FP), DI
+	MOVQ         aux+32(FP), R8
+	LEAQ         (R8)(SI*4), R9
+	VXORPS       Y6, Y6, Y6
+
+block:
+	VMOVDQU        (DI), Y7
+	VBROADCASTI128 6(AX), Y8
+	VPSRLVD        Y2, Y8, Y8
+	VPAND          Y1, Y8, Y8
+	VPBROADCASTD   2(AX), Y9
+	VPSHUFB        Y3, Y9, Y9
+	VPAND          Y4, Y9, Y9
+	VPCMPEQB       Y4, Y9, Y9
+	VPAND          Y5, Y9, Y9
+	VPOR           Y9, Y8, Y8
+	VPMADDUBSW     Y7, Y8, Y8
+	VPMADDWD       Y0, Y8, Y8
+	VBROADCASTI128 6(AX)(CX*1), Y9
+	VPSRLVD        Y2, Y9, Y9
+	VPAND          Y1, Y9, Y9
+	VPBROADCASTD   2(AX)(CX*1), Y10
+	VPSHUFB        Y3, Y10, Y10
+	VPAND          Y4, Y10, Y10
+	VPCMPEQB       Y4, Y10, Y10
+	VPAND          Y5, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     Y7, Y9, Y9
+	VPMADDWD       Y0, Y9, Y9
+	VBROADCASTI128 6(AX)(CX*2), Y10
+	VPSRLVD        Y2, Y10, Y10
+	VPAND          Y1, Y10, Y10
+	VPBROADCASTD   2(AX)(CX*2), Y11
+	VPSHUFB        Y3, Y11, Y11
+	VPAND          Y4, Y11, Y11
+	VPCMPEQB       Y4, Y11, Y11
+	VPAND          Y5, Y11, Y11
+	VPOR           Y11, Y10, Y10
+	VPMADDUBSW     Y7, Y10, Y10
+	VPMADDWD       Y0, Y10, Y10
+	VBROADCASTI128 6(AX)(DX*1), Y11
+	VPSRLVD        Y2, Y11, Y11
+	VPAND          Y1, Y11, Y11
+	VPBROADCASTD   2(AX)(DX*1), Y12
+	VPSHUFB        Y3, Y12, Y12
+	VPAND          Y4, Y12, Y12
+	VPCMPEQB       Y4, Y12, Y12
+	VPAND          Y5, Y12, Y12
+	VPOR           Y12, Y11, Y11
+	VPMADDUBSW     Y7, Y11, Y11
+	VPMADDWD       Y0, Y11, Y11
+	VPUNPCKLDQ     Y9, Y8, Y12
+	VPUNPCKHDQ     Y9, Y8, Y8
+	VPADDD         Y8, Y12, Y12
+	VPUNPCKLDQ     Y11, Y10, Y8
+	VPUNPCKHDQ     Y11, Y10, Y9
+	VPADDD         Y9, Y8, Y8
+	VPUNPCKLQDQ    Y8, Y12, Y9
+	VPUNPCKHQDQ    Y8, Y12, Y8
+	VPADDD         Y8, Y9, Y9
+	VBROADCASTI128 6(BX), Y8
+	VPSRLVD        Y2, Y8, Y8
+	VPAND          Y1, Y8, Y8
+	VPBROADCASTD   2(BX), Y10
+	VPSHUFB        Y3, Y10, Y10
+	VPAND          Y4, Y10, Y10
+	VPCMPEQB       Y4, Y10, Y10
+	VPAND          Y5, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     Y7, Y8, Y8
+	VPMADDWD       Y0, Y8, Y8
+	VBROADCASTI128 6(BX)(CX*1), Y10
+	VPSRLVD        Y2, Y10, Y10
+	VPAND          Y1, Y10, Y10
+	VPBROADCASTD   2(BX)(CX*1), Y11
+	VPSHUFB        Y3, Y11, Y11
+	VPAND          Y4, Y11, Y11
+	VPCMPEQB       Y4, Y11, Y11
+	VPAND          Y5, Y11, Y11
+	VPOR           Y11, Y10, Y10
+	VPMADDUBSW     Y7, Y10, Y10
+	VPMADDWD       Y0, Y10, Y10
+	VBROADCASTI128 6(BX)(CX*2), Y11
+	VPSRLVD        Y2, Y11, Y11
+	VPAND          Y1, Y11, Y11
+	VPBROADCASTD   2(BX)(CX*2), Y12
+	VPSHUFB        Y3, Y12, Y12
+	VPAND          Y4, Y12, Y12
+	VPCMPEQB       Y4, Y12, Y12
+	VPAND          Y5, Y12, Y12
+	VPOR           Y12, Y11, Y11
+	VPMADDUBSW     Y7, Y11, Y11
+	VPMADDWD       Y0, Y11, Y11
+	VBROADCASTI128 6(BX)(DX*1), Y12
+	VPSRLVD        Y2, Y12, Y12
+	VPAND          Y1, Y12, Y12
+	VPBROADCASTD   2(BX)(DX*1), Y13
+	VPSHUFB        Y3, Y13, Y13
+	VPAND          Y4, Y13, Y13
+	VPCMPEQB       Y4, Y13, Y13
+	VPAND          Y5, Y13, Y13
+	VPOR           Y13, Y12, Y12
+	VPMADDUBSW     Y7, Y12, Y12
+	VPMADDWD       Y0, Y12, Y7
+	VPUNPCKLDQ     Y10, Y8, Y12
+	VPUNPCKHDQ     Y10, Y8, Y8
+	VPADDD         Y8, Y12, Y12
+	VPUNPCKLDQ     Y7, Y11, Y8
+	VPUNPCKHDQ     Y7, Y11, Y7
+	VPADDD         Y7, Y8, Y8
+	VPUNPCKLQDQ    Y8, Y12, Y7
+	VPUNPCKHQDQ    Y8, Y12, Y8
+	VPADDD         Y8, Y7, Y7
+	VPERM2I128     $0x20, Y7, Y9, Y8
+	VPERM2I128     $0x31, Y7, Y9, Y7
+	VPADDD         Y7, Y8, Y8
+	VPBROADCASTD   (R9), Y7
+	VPADDD         Y7, Y8, Y8
+	VCVTDQ2PS      Y8, Y7
+	MOVWQZX        (AX)(DX*1), R10
+	SHLQ           $0x10, R10
+	MOVW           (AX)(CX*2), R10
+	SHLQ           $0x10, R10
+	MOVW           (AX)(CX*1), R10
+	SHLQ           $0x10, R10
+	MOVW           (AX), R10
+	MOVWQZX        (BX)(DX*1), R11
+	SHLQ           $0x10, R11
+	MOVW           (BX)(CX*2), R11
+	SHLQ           $0x10, R11
+	MOVW           (BX)(CX*1), R11
+	SHLQ           $0x10, R11
+	MOVW           (BX), R11
+	VMOVQ          R10, X8
+	VPINSRQ        $0x01, R11, X8, X8
+	VCVTPH2PS      X8, Y8
+	VBROADCASTSS   (R8), Y9
+	VMULPS         Y9, Y8, Y8
+	VFMADD231PS    Y7, Y8, Y6
+	ADDQ           $0x00000016, AX
+	ADDQ           $0x00000016, BX
+	ADDQ           $0x20, DI
+	ADDQ           $0x04, R8
+	ADDQ           $0x04, R9
+	DECQ           SI
+	JNE            block
+	MOVQ           out+40(FP), AX
+	VMOVUPS        Y6, (AX)
+	VZEROUPPER
+	RET
+
 // func axpyRowsBF16AVX2(alpha *float32, v *uint16, ldv int, rows int, y *float32, n int)
 // Requires: AVX, AVX2, FMA3
 TEXT ·axpyRowsBF16AVX2(SB), NOSPLIT, $0-48

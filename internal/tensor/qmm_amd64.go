@@ -37,8 +37,8 @@ var qKernelsAVX2 = &qKernelSet{lanes: 8, types: map[DType]qTypeKernels{
 	Q6_K: {qpackQ6_KAVX2, []qdot{qdot6KAVX2R1, qdot6KAVX2R2}, 89 * 32},
 }, row: map[DType]qRowKernel{
 	Q8_0: {fn8: qrow8Q8_0AVX2, fnStreams: qrowQ8_0AVX2, streams: qRowStreamsAVX2, group: 8, slot: 64},
-	Q4_0: {fnStreams: qrowQ4_0AVX2, streams: qRowStreamsAVX2, group: 8, slot: 64},
-	Q5_0: {fnStreams: qrowQ5_0AVX2, streams: qRowStreamsAVX2, group: 8, slot: 64},
+	Q4_0: {fn8: qrow8Q4_0AVX2, fnStreams: qrowQ4_0AVX2, streams: qRowStreamsAVX2, group: 8, slot: 64},
+	Q5_0: {fn8: qrow8Q5_0AVX2, fnStreams: qrowQ5_0AVX2, streams: qRowStreamsAVX2, group: 8, slot: 64},
 	Q4_K: {fnStreams: qrowQ4_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 64},
 	Q5_K: {fnStreams: qrowQ5_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 64},
 	Q6_K: {fnStreams: qrowQ6_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 32},

@@ -613,7 +613,9 @@ func rowKernels(avx512 bool) {
 	rowQ4K(false, false)
 	rowQ4K(false, true)
 	rowQ6K(false)
-	row8Q8_0AVX2()
+	for _, q := range []quant32{{"Q8_0", 34}, {"Q4_0", 18}, {"Q5_0", 22}} {
+		row8AVX2(q)
+	}
 }
 
 // isaName is the kernel name suffix of the instruction set.

@@ -160,35 +160,88 @@ func (k *rowKern) phase1Streams(elems, bytes int, body func(wq, xq, b, slot GPVi
 	}
 }
 
-// row8Q8_0AVX2 emits the AVX2 Q8_0 row kernel of 8 streams, one row each:
-// rows s (s < 8) at w + s·lds, every block b of all 8 rows in one step. The
-// 8 rows' block-b vectors reduce by one tree8 to a vector whose lane s is
-// row s's exact integer, so the chains of the definition (one FMA per
-// block, in block order) run in the lanes of one accumulator inside the
-// loop: no scratch, no transposes, no second phase, and one load of the
-// activation block for the 8 rows.
-func row8Q8_0AVX2() {
+// row8AVX2 emits the AVX2 row kernel of Q8_0, Q4_0 or Q5_0 (q.bytes 34,
+// 18, 22) that reads 8 streams, one row each: rows s (s < 8) at
+// w + s·lds, block b of all 8 rows in one step. The 8 rows' block-b
+// vectors (row32's per-block work: the sign trick for Q8_0, the nibbles,
+// with their fifth bits for Q5_0) reduce by one tree to a vector whose
+// lane s is row s's exact integer (plus the correction of the unsigned
+// levels, the same for every row), so the chains of the definition (one
+// FMA per block, in block order) run in the lanes of one accumulator
+// inside the loop: no scratch, no transposes, no second phase, and one
+// load of the activation block for the 8 rows.
+func row8AVX2(q quant32) {
 	k := &rowKern{group: 8}
-	TEXT("qrow8Q8_0AVX2", NOSPLIT, "func(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)")
-	Doc("qrow8Q8_0AVX2 computes 8 Q8_0 weight rows lds bytes apart times one activation row (see asmgen's rowstreams.go).")
+	name := "qrow8" + q.name + "AVX2"
+	TEXT(name, NOSPLIT, "func(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)")
+	Doc(fmt.Sprintf("%s computes 8 %s weight rows lds bytes apart times one activation row (see asmgen's rowstreams.go).", name, q.name))
+	signed := q.bytes == 34
 	ones := k.splatY(0x00010001)
+	var c0f, shift, qhSpread, bits, c10 VecVirtual
+	if !signed {
+		c0f = k.splatY(0x0f0f0f0f)
+		shift = YMM()
+		k.movdqu(table("shr0x4x4", []byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+			4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0}), shift)
+	}
+	if q.bytes == 22 {
+		var sp, bt []byte
+		for t := range 32 {
+			sp = append(sp, byte(t/8))
+			bt = append(bt, byte(1<<(t%8)))
+		}
+		qhSpread = YMM()
+		k.movdqu(table("q5spreadb", sp), qhSpread)
+		bits = YMM()
+		k.movdqu(table("q5bits", bt), bits)
+		c10 = k.splatY(0x10101010)
+	}
 	w := Load(Param("w"), GP64()).(GPVirtual)
 	lds := Load(Param("lds"), GP64()).(GPVirtual)
 	rows := newRows8(w, lds)
 	n := Load(Param("nb"), GP64()).(GPVirtual)
 	x := Load(Param("x"), GP64()).(GPVirtual)
 	aux := Load(Param("aux"), GP64()).(GPVirtual)
+	var corr GPVirtual
+	if !signed {
+		// The corrections follow the nb activation scales in aux.
+		corr = GP64()
+		LEAQ(Mem{Base: aux, Index: n, Scale: 4}, corr)
+	}
 	acc := ymmZero()
 	Label("block")
 	xv := YMM()
 	VMOVDQU(Mem{Base: x}, xv)
 	dot := func(r int) VecVirtual {
-		wv, av, xs, p := YMM(), YMM(), YMM(), YMM()
-		VMOVDQU(rows.at(r, 2), wv)
-		VPABSB(wv, av)
-		VPSIGNB(wv, xv, xs)
-		VPMADDUBSW(xs, av, xs)
-		VPMADDWD(ones, xs, p)
+		p := YMM()
+		if signed {
+			wv, av, xs := YMM(), YMM(), YMM()
+			VMOVDQU(rows.at(r, 2), wv)
+			VPABSB(wv, av)
+			VPSIGNB(wv, xv, xs)
+			VPMADDUBSW(xs, av, xs)
+			VPMADDWD(ones, xs, p)
+			return p
+		}
+		qs := 2
+		if q.bytes == 22 {
+			qs = 6
+		}
+		v := YMM()
+		VBROADCASTI128(rows.at(r, qs), v)
+		VPSRLVD(shift, v, v)
+		VPAND(c0f, v, v)
+		if q.bytes == 22 {
+			h := YMM()
+			VPBROADCASTD(rows.at(r, 2), h)
+			VPSHUFB(qhSpread, h, h)
+			VPAND(bits, h, h)
+			VPCMPEQB(bits, h, h)
+			VPAND(c10, h, h)
+			VPOR(h, v, v)
+		}
+		VPMADDUBSW(xv, v, v)
+		VPMADDWD(ones, v, p)
 		return p
 	}
 	var p [8]VecVirtual
@@ -204,6 +257,11 @@ func row8Q8_0AVX2() {
 	VPERM2I128(U8(0x20), hi, lo, c)
 	VPERM2I128(U8(0x31), hi, lo, d)
 	VPADDD(d, c, c)
+	if !signed {
+		cv := YMM()
+		VPBROADCASTD(Mem{Base: corr}, cv)
+		VPADDD(cv, c, c)
+	}
 	f := YMM()
 	VCVTDQ2PS(c, f)
 	// The 8 rows' f16 scales of block b, widened, times the activation's.
@@ -223,9 +281,12 @@ func row8Q8_0AVX2() {
 	VBROADCASTSS(Mem{Base: aux}, dx)
 	VMULPS(dx, g, g)
 	VFMADD231PS(f, g, acc)
-	rows.advance(34)
+	rows.advance(q.bytes)
 	ADDQ(U8(32), x)
 	ADDQ(U8(4), aux)
+	if !signed {
+		ADDQ(U8(4), corr)
+	}
 	DECQ(n)
 	JNE(LabelRef("block"))
 	out := Load(Param("out"), GP64()).(GPVirtual)
