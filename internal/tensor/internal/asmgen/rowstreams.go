@@ -27,7 +27,9 @@ import (
 // on one thread from 12.3–12.6 to 14.7–17.2 GB/s (two: 14.5–15.8, eight:
 // 12.3–12.6), and two the K-quants' from 10.2–11.8 to 11.9–12.7 (one
 // region of rows at a time before; four and eight were slower:
-// docs/performance.md).
+// docs/performance.md). The 32-blocks now read most rows with row8AVX2
+// (8 regions, below), whose loop has none of phase 2's work; these kernels
+// take the rows left over (fewer than 8 per thread's share).
 const (
 	rowStreamsAVX2  = 4
 	rowStreamsKAVX2 = 2
@@ -169,7 +171,12 @@ func (k *rowKern) phase1Streams(elems, bytes int, body func(wq, xq, b, slot GPVi
 // levels, the same for every row), so the chains of the definition (one
 // FMA per block, in block order) run in the lanes of one accumulator
 // inside the loop: no scratch, no transposes, no second phase, and one
-// load of the activation block for the 8 rows.
+// load of the activation block for the 8 rows. On the Zen 2 this took the
+// Q8_0 kernel from 23–26 to 33–35 GB/s in cache and, cold, from 15–17 to
+// 17–19 GB/s on one thread; a software prefetch of each row 1, 4 or 8 KiB
+// ahead made it slower (4 and 8 KiB: 11–12 GB/s), so it has none: the 8
+// sequential streams are what the L2's prefetchers follow best
+// (docs/performance.md).
 func row8AVX2(q quant32) {
 	k := &rowKern{group: 8}
 	name := "qrow8" + q.name + "AVX2"
