@@ -172,8 +172,8 @@ func (k *rowKern) phase1Streams(elems, bytes int, body func(wq, xq, b, slot GPVi
 // FMA per block, in block order) run in the lanes of one accumulator
 // inside the loop: no scratch, no transposes, no second phase, and one
 // load of the activation block for the 8 rows. On the Zen 2 this took the
-// Q8_0 kernel from 23–26 to 33–35 GB/s in cache and, cold, from 15–17 to
-// 17–19 GB/s on one thread; a software prefetch of each row 1, 4 or 8 KiB
+// Q8_0 kernel from 23–26 to 32–35 GB/s in cache and, cold, from 15–17 to
+// 16–18 GB/s on one thread (two threads: 28–32 of a 32 GB/s limit); a software prefetch of each row 1, 4 or 8 KiB
 // ahead made it slower (4 and 8 KiB: 11–12 GB/s), so it has none: the 8
 // sequential streams are what the L2's prefetchers follow best
 // (docs/performance.md).
