@@ -44713,6 +44713,766 @@ block:
 	VZEROUPPER
 	RET
 
+// func qrow8Q6_KAVX2(w *byte, lds int, nb int, x *int8, meta *uint32, aux *uint32, out *float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qrow8Q6_KAVX2(SB), NOSPLIT, $0-56
+	MOVQ   w+0(FP), AX
+	MOVQ   lds+8(FP), CX
+	LEAQ   (CX)(CX*2), DX
+	LEAQ   (AX)(CX*4), BX
+	MOVQ   nb+16(FP), SI
+	MOVQ   x+24(FP), DI
+	MOVQ   meta+32(FP), R8
+	MOVQ   aux+40(FP), R9
+	VXORPS Y0, Y0, Y0
+
+super:
+	VMOVDQU      192(AX), X1
+	VPMOVSXBW    X1, Y2
+	VPMADDWD     32(R8), Y2, Y2
+	VPSHUFB      q6evenodd<>+0(SB), X1, X1
+	VPMOVSXBW    X1, Y1
+	VMOVDQU      (AX), Y3
+	VMOVDQU      32(AX), Y4
+	VMOVDQU      128(AX), Y5
+	VPSLLW       $0x04, Y5, Y6
+	VPAND        rowc30<>+0(SB), Y6, Y6
+	VPAND        rowc0f<>+0(SB), Y3, Y7
+	VPOR         Y6, Y7, Y7
+	VPMADDUBSW   (DI), Y7, Y6
+	VPSHUFB      q6scspread<>+0(SB), Y1, Y7
+	VPMADDWD     Y7, Y6, Y6
+	VPSLLW       $0x02, Y5, Y7
+	VPAND        rowc30<>+0(SB), Y7, Y7
+	VPAND        rowc0f<>+0(SB), Y4, Y8
+	VPOR         Y7, Y8, Y8
+	VPMADDUBSW   32(DI), Y8, Y7
+	VPSHUFB      q6scspread<>+32(SB), Y1, Y8
+	VPMADDWD     Y8, Y7, Y7
+	VPAND        rowc30<>+0(SB), Y5, Y8
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        rowc0f<>+0(SB), Y3, Y3
+	VPOR         Y8, Y3, Y3
+	VPMADDUBSW   64(DI), Y3, Y3
+	VPSHUFB      q6scspread<>+64(SB), Y1, Y8
+	VPMADDWD     Y8, Y3, Y3
+	VPADDD       Y3, Y6, Y6
+	VPSRLW       $0x02, Y5, Y3
+	VPAND        rowc30<>+0(SB), Y3, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y3, Y4, Y4
+	VPMADDUBSW   96(DI), Y4, Y3
+	VPSHUFB      q6scspread<>+96(SB), Y1, Y4
+	VPMADDWD     Y4, Y3, Y3
+	VPADDD       Y3, Y7, Y7
+	VMOVDQU      64(AX), Y3
+	VMOVDQU      96(AX), Y4
+	VMOVDQU      160(AX), Y5
+	VPSLLW       $0x04, Y5, Y8
+	VPAND        rowc30<>+0(SB), Y8, Y8
+	VPAND        rowc0f<>+0(SB), Y3, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   128(DI), Y9, Y8
+	VPSHUFB      q6scspread<>+128(SB), Y1, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPADDD       Y8, Y6, Y6
+	VPSLLW       $0x02, Y5, Y8
+	VPAND        rowc30<>+0(SB), Y8, Y8
+	VPAND        rowc0f<>+0(SB), Y4, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   160(DI), Y9, Y8
+	VPSHUFB      q6scspread<>+160(SB), Y1, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPADDD       Y8, Y7, Y7
+	VPAND        rowc30<>+0(SB), Y5, Y8
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        rowc0f<>+0(SB), Y3, Y3
+	VPOR         Y8, Y3, Y3
+	VPMADDUBSW   192(DI), Y3, Y3
+	VPSHUFB      q6scspread<>+192(SB), Y1, Y8
+	VPMADDWD     Y8, Y3, Y3
+	VPADDD       Y3, Y6, Y6
+	VPSRLW       $0x02, Y5, Y3
+	VPAND        rowc30<>+0(SB), Y3, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y3, Y4, Y4
+	VPMADDUBSW   224(DI), Y4, Y3
+	VPSHUFB      q6scspread<>+224(SB), Y1, Y1
+	VPMADDWD     Y1, Y3, Y3
+	VPADDD       Y3, Y7, Y7
+	VPADDD       Y7, Y6, Y6
+	VPSLLD       $0x05, Y2, Y2
+	VPSUBD       Y2, Y6, Y6
+	VMOVDQU      192(AX)(CX*1), X1
+	VPMOVSXBW    X1, Y2
+	VPMADDWD     32(R8), Y2, Y2
+	VPSHUFB      q6evenodd<>+0(SB), X1, X1
+	VPMOVSXBW    X1, Y1
+	VMOVDQU      (AX)(CX*1), Y3
+	VMOVDQU      32(AX)(CX*1), Y4
+	VMOVDQU      128(AX)(CX*1), Y5
+	VPSLLW       $0x04, Y5, Y7
+	VPAND        rowc30<>+0(SB), Y7, Y7
+	VPAND        rowc0f<>+0(SB), Y3, Y8
+	VPOR         Y7, Y8, Y8
+	VPMADDUBSW   (DI), Y8, Y7
+	VPSHUFB      q6scspread<>+0(SB), Y1, Y8
+	VPMADDWD     Y8, Y7, Y7
+	VPSLLW       $0x02, Y5, Y8
+	VPAND        rowc30<>+0(SB), Y8, Y8
+	VPAND        rowc0f<>+0(SB), Y4, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   32(DI), Y9, Y8
+	VPSHUFB      q6scspread<>+32(SB), Y1, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPAND        rowc30<>+0(SB), Y5, Y9
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        rowc0f<>+0(SB), Y3, Y3
+	VPOR         Y9, Y3, Y3
+	VPMADDUBSW   64(DI), Y3, Y3
+	VPSHUFB      q6scspread<>+64(SB), Y1, Y9
+	VPMADDWD     Y9, Y3, Y3
+	VPADDD       Y3, Y7, Y7
+	VPSRLW       $0x02, Y5, Y3
+	VPAND        rowc30<>+0(SB), Y3, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y3, Y4, Y4
+	VPMADDUBSW   96(DI), Y4, Y3
+	VPSHUFB      q6scspread<>+96(SB), Y1, Y4
+	VPMADDWD     Y4, Y3, Y3
+	VPADDD       Y3, Y8, Y8
+	VMOVDQU      64(AX)(CX*1), Y3
+	VMOVDQU      96(AX)(CX*1), Y4
+	VMOVDQU      160(AX)(CX*1), Y5
+	VPSLLW       $0x04, Y5, Y9
+	VPAND        rowc30<>+0(SB), Y9, Y9
+	VPAND        rowc0f<>+0(SB), Y3, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   128(DI), Y10, Y9
+	VPSHUFB      q6scspread<>+128(SB), Y1, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPADDD       Y9, Y7, Y7
+	VPSLLW       $0x02, Y5, Y9
+	VPAND        rowc30<>+0(SB), Y9, Y9
+	VPAND        rowc0f<>+0(SB), Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   160(DI), Y10, Y9
+	VPSHUFB      q6scspread<>+160(SB), Y1, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPAND        rowc30<>+0(SB), Y5, Y9
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        rowc0f<>+0(SB), Y3, Y3
+	VPOR         Y9, Y3, Y3
+	VPMADDUBSW   192(DI), Y3, Y3
+	VPSHUFB      q6scspread<>+192(SB), Y1, Y9
+	VPMADDWD     Y9, Y3, Y3
+	VPADDD       Y3, Y7, Y7
+	VPSRLW       $0x02, Y5, Y3
+	VPAND        rowc30<>+0(SB), Y3, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y3, Y4, Y4
+	VPMADDUBSW   224(DI), Y4, Y3
+	VPSHUFB      q6scspread<>+224(SB), Y1, Y1
+	VPMADDWD     Y1, Y3, Y3
+	VPADDD       Y3, Y8, Y8
+	VPADDD       Y8, Y7, Y7
+	VPSLLD       $0x05, Y2, Y2
+	VPSUBD       Y2, Y7, Y7
+	VMOVDQU      192(AX)(CX*2), X1
+	VPMOVSXBW    X1, Y2
+	VPMADDWD     32(R8), Y2, Y2
+	VPSHUFB      q6evenodd<>+0(SB), X1, X1
+	VPMOVSXBW    X1, Y1
+	VMOVDQU      (AX)(CX*2), Y3
+	VMOVDQU      32(AX)(CX*2), Y4
+	VMOVDQU      128(AX)(CX*2), Y5
+	VPSLLW       $0x04, Y5, Y8
+	VPAND        rowc30<>+0(SB), Y8, Y8
+	VPAND        rowc0f<>+0(SB), Y3, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   (DI), Y9, Y8
+	VPSHUFB      q6scspread<>+0(SB), Y1, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPSLLW       $0x02, Y5, Y9
+	VPAND        rowc30<>+0(SB), Y9, Y9
+	VPAND        rowc0f<>+0(SB), Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   32(DI), Y10, Y9
+	VPSHUFB      q6scspread<>+32(SB), Y1, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPAND        rowc30<>+0(SB), Y5, Y10
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        rowc0f<>+0(SB), Y3, Y3
+	VPOR         Y10, Y3, Y3
+	VPMADDUBSW   64(DI), Y3, Y3
+	VPSHUFB      q6scspread<>+64(SB), Y1, Y10
+	VPMADDWD     Y10, Y3, Y3
+	VPADDD       Y3, Y8, Y8
+	VPSRLW       $0x02, Y5, Y3
+	VPAND        rowc30<>+0(SB), Y3, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y3, Y4, Y4
+	VPMADDUBSW   96(DI), Y4, Y3
+	VPSHUFB      q6scspread<>+96(SB), Y1, Y4
+	VPMADDWD     Y4, Y3, Y3
+	VPADDD       Y3, Y9, Y9
+	VMOVDQU      64(AX)(CX*2), Y3
+	VMOVDQU      96(AX)(CX*2), Y4
+	VMOVDQU      160(AX)(CX*2), Y5
+	VPSLLW       $0x04, Y5, Y10
+	VPAND        rowc30<>+0(SB), Y10, Y10
+	VPAND        rowc0f<>+0(SB), Y3, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   128(DI), Y11, Y10
+	VPSHUFB      q6scspread<>+128(SB), Y1, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPADDD       Y10, Y8, Y8
+	VPSLLW       $0x02, Y5, Y10
+	VPAND        rowc30<>+0(SB), Y10, Y10
+	VPAND        rowc0f<>+0(SB), Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   160(DI), Y11, Y10
+	VPSHUFB      q6scspread<>+160(SB), Y1, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	VPAND        rowc30<>+0(SB), Y5, Y10
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        rowc0f<>+0(SB), Y3, Y3
+	VPOR         Y10, Y3, Y3
+	VPMADDUBSW   192(DI), Y3, Y3
+	VPSHUFB      q6scspread<>+192(SB), Y1, Y10
+	VPMADDWD     Y10, Y3, Y3
+	VPADDD       Y3, Y8, Y8
+	VPSRLW       $0x02, Y5, Y3
+	VPAND        rowc30<>+0(SB), Y3, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y3, Y4, Y4
+	VPMADDUBSW   224(DI), Y4, Y3
+	VPSHUFB      q6scspread<>+224(SB), Y1, Y1
+	VPMADDWD     Y1, Y3, Y3
+	VPADDD       Y3, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPSLLD       $0x05, Y2, Y2
+	VPSUBD       Y2, Y8, Y8
+	VMOVDQU      192(AX)(DX*1), X1
+	VPMOVSXBW    X1, Y2
+	VPMADDWD     32(R8), Y2, Y2
+	VPSHUFB      q6evenodd<>+0(SB), X1, X1
+	VPMOVSXBW    X1, Y1
+	VMOVDQU      (AX)(DX*1), Y3
+	VMOVDQU      32(AX)(DX*1), Y4
+	VMOVDQU      128(AX)(DX*1), Y5
+	VPSLLW       $0x04, Y5, Y9
+	VPAND        rowc30<>+0(SB), Y9, Y9
+	VPAND        rowc0f<>+0(SB), Y3, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   (DI), Y10, Y9
+	VPSHUFB      q6scspread<>+0(SB), Y1, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPSLLW       $0x02, Y5, Y10
+	VPAND        rowc30<>+0(SB), Y10, Y10
+	VPAND        rowc0f<>+0(SB), Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   32(DI), Y11, Y10
+	VPSHUFB      q6scspread<>+32(SB), Y1, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPAND        rowc30<>+0(SB), Y5, Y11
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        rowc0f<>+0(SB), Y3, Y3
+	VPOR         Y11, Y3, Y3
+	VPMADDUBSW   64(DI), Y3, Y3
+	VPSHUFB      q6scspread<>+64(SB), Y1, Y11
+	VPMADDWD     Y11, Y3, Y3
+	VPADDD       Y3, Y9, Y9
+	VPSRLW       $0x02, Y5, Y3
+	VPAND        rowc30<>+0(SB), Y3, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y3, Y4, Y4
+	VPMADDUBSW   96(DI), Y4, Y3
+	VPSHUFB      q6scspread<>+96(SB), Y1, Y4
+	VPMADDWD     Y4, Y3, Y3
+	VPADDD       Y3, Y10, Y10
+	VMOVDQU      64(AX)(DX*1), Y3
+	VMOVDQU      96(AX)(DX*1), Y4
+	VMOVDQU      160(AX)(DX*1), Y5
+	VPSLLW       $0x04, Y5, Y11
+	VPAND        rowc30<>+0(SB), Y11, Y11
+	VPAND        rowc0f<>+0(SB), Y3, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   128(DI), Y12, Y11
+	VPSHUFB      q6scspread<>+128(SB), Y1, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPADDD       Y11, Y9, Y9
+	VPSLLW       $0x02, Y5, Y11
+	VPAND        rowc30<>+0(SB), Y11, Y11
+	VPAND        rowc0f<>+0(SB), Y4, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   160(DI), Y12, Y11
+	VPSHUFB      q6scspread<>+160(SB), Y1, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPADDD       Y11, Y10, Y10
+	VPAND        rowc30<>+0(SB), Y5, Y11
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        rowc0f<>+0(SB), Y3, Y3
+	VPOR         Y11, Y3, Y3
+	VPMADDUBSW   192(DI), Y3, Y3
+	VPSHUFB      q6scspread<>+192(SB), Y1, Y11
+	VPMADDWD     Y11, Y3, Y3
+	VPADDD       Y3, Y9, Y9
+	VPSRLW       $0x02, Y5, Y3
+	VPAND        rowc30<>+0(SB), Y3, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y3, Y4, Y4
+	VPMADDUBSW   224(DI), Y4, Y3
+	VPSHUFB      q6scspread<>+224(SB), Y1, Y1
+	VPMADDWD     Y1, Y3, Y3
+	VPADDD       Y3, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	VPSLLD       $0x05, Y2, Y2
+	VPSUBD       Y2, Y9, Y9
+	VPUNPCKLDQ   Y7, Y6, Y1
+	VPUNPCKHDQ   Y7, Y6, Y2
+	VPADDD       Y2, Y1, Y1
+	VPUNPCKLDQ   Y9, Y8, Y2
+	VPUNPCKHDQ   Y9, Y8, Y3
+	VPADDD       Y3, Y2, Y2
+	VPUNPCKLQDQ  Y2, Y1, Y3
+	VPUNPCKHQDQ  Y2, Y1, Y1
+	VPADDD       Y1, Y3, Y3
+	VMOVDQU      192(BX), X1
+	VPMOVSXBW    X1, Y2
+	VPMADDWD     32(R8), Y2, Y2
+	VPSHUFB      q6evenodd<>+0(SB), X1, X1
+	VPMOVSXBW    X1, Y1
+	VMOVDQU      (BX), Y4
+	VMOVDQU      32(BX), Y5
+	VMOVDQU      128(BX), Y6
+	VPSLLW       $0x04, Y6, Y7
+	VPAND        rowc30<>+0(SB), Y7, Y7
+	VPAND        rowc0f<>+0(SB), Y4, Y8
+	VPOR         Y7, Y8, Y8
+	VPMADDUBSW   (DI), Y8, Y7
+	VPSHUFB      q6scspread<>+0(SB), Y1, Y8
+	VPMADDWD     Y8, Y7, Y7
+	VPSLLW       $0x02, Y6, Y8
+	VPAND        rowc30<>+0(SB), Y8, Y8
+	VPAND        rowc0f<>+0(SB), Y5, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   32(DI), Y9, Y8
+	VPSHUFB      q6scspread<>+32(SB), Y1, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPAND        rowc30<>+0(SB), Y6, Y9
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y9, Y4, Y4
+	VPMADDUBSW   64(DI), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y1, Y9
+	VPMADDWD     Y9, Y4, Y4
+	VPADDD       Y4, Y7, Y7
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        rowc30<>+0(SB), Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        rowc0f<>+0(SB), Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   96(DI), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y1, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VMOVDQU      64(BX), Y4
+	VMOVDQU      96(BX), Y5
+	VMOVDQU      160(BX), Y6
+	VPSLLW       $0x04, Y6, Y9
+	VPAND        rowc30<>+0(SB), Y9, Y9
+	VPAND        rowc0f<>+0(SB), Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   128(DI), Y10, Y9
+	VPSHUFB      q6scspread<>+128(SB), Y1, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPADDD       Y9, Y7, Y7
+	VPSLLW       $0x02, Y6, Y9
+	VPAND        rowc30<>+0(SB), Y9, Y9
+	VPAND        rowc0f<>+0(SB), Y5, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   160(DI), Y10, Y9
+	VPSHUFB      q6scspread<>+160(SB), Y1, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPAND        rowc30<>+0(SB), Y6, Y9
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y9, Y4, Y4
+	VPMADDUBSW   192(DI), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y1, Y9
+	VPMADDWD     Y9, Y4, Y4
+	VPADDD       Y4, Y7, Y7
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        rowc30<>+0(SB), Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        rowc0f<>+0(SB), Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   224(DI), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y1, Y1
+	VPMADDWD     Y1, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPADDD       Y8, Y7, Y7
+	VPSLLD       $0x05, Y2, Y2
+	VPSUBD       Y2, Y7, Y7
+	VMOVDQU      192(BX)(CX*1), X1
+	VPMOVSXBW    X1, Y2
+	VPMADDWD     32(R8), Y2, Y2
+	VPSHUFB      q6evenodd<>+0(SB), X1, X1
+	VPMOVSXBW    X1, Y1
+	VMOVDQU      (BX)(CX*1), Y4
+	VMOVDQU      32(BX)(CX*1), Y5
+	VMOVDQU      128(BX)(CX*1), Y6
+	VPSLLW       $0x04, Y6, Y8
+	VPAND        rowc30<>+0(SB), Y8, Y8
+	VPAND        rowc0f<>+0(SB), Y4, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   (DI), Y9, Y8
+	VPSHUFB      q6scspread<>+0(SB), Y1, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPSLLW       $0x02, Y6, Y9
+	VPAND        rowc30<>+0(SB), Y9, Y9
+	VPAND        rowc0f<>+0(SB), Y5, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   32(DI), Y10, Y9
+	VPSHUFB      q6scspread<>+32(SB), Y1, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPAND        rowc30<>+0(SB), Y6, Y10
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y10, Y4, Y4
+	VPMADDUBSW   64(DI), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y1, Y10
+	VPMADDWD     Y10, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        rowc30<>+0(SB), Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        rowc0f<>+0(SB), Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   96(DI), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y1, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VMOVDQU      64(BX)(CX*1), Y4
+	VMOVDQU      96(BX)(CX*1), Y5
+	VMOVDQU      160(BX)(CX*1), Y6
+	VPSLLW       $0x04, Y6, Y10
+	VPAND        rowc30<>+0(SB), Y10, Y10
+	VPAND        rowc0f<>+0(SB), Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   128(DI), Y11, Y10
+	VPSHUFB      q6scspread<>+128(SB), Y1, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPADDD       Y10, Y8, Y8
+	VPSLLW       $0x02, Y6, Y10
+	VPAND        rowc30<>+0(SB), Y10, Y10
+	VPAND        rowc0f<>+0(SB), Y5, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   160(DI), Y11, Y10
+	VPSHUFB      q6scspread<>+160(SB), Y1, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	VPAND        rowc30<>+0(SB), Y6, Y10
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y10, Y4, Y4
+	VPMADDUBSW   192(DI), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y1, Y10
+	VPMADDWD     Y10, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        rowc30<>+0(SB), Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        rowc0f<>+0(SB), Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   224(DI), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y1, Y1
+	VPMADDWD     Y1, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPSLLD       $0x05, Y2, Y2
+	VPSUBD       Y2, Y8, Y8
+	VMOVDQU      192(BX)(CX*2), X1
+	VPMOVSXBW    X1, Y2
+	VPMADDWD     32(R8), Y2, Y2
+	VPSHUFB      q6evenodd<>+0(SB), X1, X1
+	VPMOVSXBW    X1, Y1
+	VMOVDQU      (BX)(CX*2), Y4
+	VMOVDQU      32(BX)(CX*2), Y5
+	VMOVDQU      128(BX)(CX*2), Y6
+	VPSLLW       $0x04, Y6, Y9
+	VPAND        rowc30<>+0(SB), Y9, Y9
+	VPAND        rowc0f<>+0(SB), Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   (DI), Y10, Y9
+	VPSHUFB      q6scspread<>+0(SB), Y1, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPSLLW       $0x02, Y6, Y10
+	VPAND        rowc30<>+0(SB), Y10, Y10
+	VPAND        rowc0f<>+0(SB), Y5, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   32(DI), Y11, Y10
+	VPSHUFB      q6scspread<>+32(SB), Y1, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPAND        rowc30<>+0(SB), Y6, Y11
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y11, Y4, Y4
+	VPMADDUBSW   64(DI), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y1, Y11
+	VPMADDWD     Y11, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        rowc30<>+0(SB), Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        rowc0f<>+0(SB), Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   96(DI), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y1, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VMOVDQU      64(BX)(CX*2), Y4
+	VMOVDQU      96(BX)(CX*2), Y5
+	VMOVDQU      160(BX)(CX*2), Y6
+	VPSLLW       $0x04, Y6, Y11
+	VPAND        rowc30<>+0(SB), Y11, Y11
+	VPAND        rowc0f<>+0(SB), Y4, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   128(DI), Y12, Y11
+	VPSHUFB      q6scspread<>+128(SB), Y1, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPADDD       Y11, Y9, Y9
+	VPSLLW       $0x02, Y6, Y11
+	VPAND        rowc30<>+0(SB), Y11, Y11
+	VPAND        rowc0f<>+0(SB), Y5, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   160(DI), Y12, Y11
+	VPSHUFB      q6scspread<>+160(SB), Y1, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPADDD       Y11, Y10, Y10
+	VPAND        rowc30<>+0(SB), Y6, Y11
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y11, Y4, Y4
+	VPMADDUBSW   192(DI), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y1, Y11
+	VPMADDWD     Y11, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        rowc30<>+0(SB), Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        rowc0f<>+0(SB), Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   224(DI), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y1, Y1
+	VPMADDWD     Y1, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	VPSLLD       $0x05, Y2, Y2
+	VPSUBD       Y2, Y9, Y9
+	VMOVDQU      192(BX)(DX*1), X1
+	VPMOVSXBW    X1, Y2
+	VPMADDWD     32(R8), Y2, Y2
+	VPSHUFB      q6evenodd<>+0(SB), X1, X1
+	VPMOVSXBW    X1, Y1
+	VMOVDQU      (BX)(DX*1), Y4
+	VMOVDQU      32(BX)(DX*1), Y5
+	VMOVDQU      128(BX)(DX*1), Y6
+	VPSLLW       $0x04, Y6, Y10
+	VPAND        rowc30<>+0(SB), Y10, Y10
+	VPAND        rowc0f<>+0(SB), Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   (DI), Y11, Y10
+	VPSHUFB      q6scspread<>+0(SB), Y1, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPSLLW       $0x02, Y6, Y11
+	VPAND        rowc30<>+0(SB), Y11, Y11
+	VPAND        rowc0f<>+0(SB), Y5, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   32(DI), Y12, Y11
+	VPSHUFB      q6scspread<>+32(SB), Y1, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPAND        rowc30<>+0(SB), Y6, Y12
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y12, Y4, Y4
+	VPMADDUBSW   64(DI), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y1, Y12
+	VPMADDWD     Y12, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        rowc30<>+0(SB), Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        rowc0f<>+0(SB), Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   96(DI), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y1, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y11, Y11
+	VMOVDQU      64(BX)(DX*1), Y4
+	VMOVDQU      96(BX)(DX*1), Y5
+	VMOVDQU      160(BX)(DX*1), Y6
+	VPSLLW       $0x04, Y6, Y12
+	VPAND        rowc30<>+0(SB), Y12, Y12
+	VPAND        rowc0f<>+0(SB), Y4, Y13
+	VPOR         Y12, Y13, Y13
+	VPMADDUBSW   128(DI), Y13, Y12
+	VPSHUFB      q6scspread<>+128(SB), Y1, Y13
+	VPMADDWD     Y13, Y12, Y12
+	VPADDD       Y12, Y10, Y10
+	VPSLLW       $0x02, Y6, Y12
+	VPAND        rowc30<>+0(SB), Y12, Y12
+	VPAND        rowc0f<>+0(SB), Y5, Y13
+	VPOR         Y12, Y13, Y13
+	VPMADDUBSW   160(DI), Y13, Y12
+	VPSHUFB      q6scspread<>+160(SB), Y1, Y13
+	VPMADDWD     Y13, Y12, Y12
+	VPADDD       Y12, Y11, Y11
+	VPAND        rowc30<>+0(SB), Y6, Y12
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y12, Y4, Y4
+	VPMADDUBSW   192(DI), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y1, Y12
+	VPMADDWD     Y12, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        rowc30<>+0(SB), Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        rowc0f<>+0(SB), Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   224(DI), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y1, Y1
+	VPMADDWD     Y1, Y4, Y4
+	VPADDD       Y4, Y11, Y11
+	VPADDD       Y11, Y10, Y10
+	VPSLLD       $0x05, Y2, Y2
+	VPSUBD       Y2, Y10, Y10
+	VPUNPCKLDQ   Y8, Y7, Y1
+	VPUNPCKHDQ   Y8, Y7, Y2
+	VPADDD       Y2, Y1, Y1
+	VPUNPCKLDQ   Y10, Y9, Y2
+	VPUNPCKHDQ   Y10, Y9, Y4
+	VPADDD       Y4, Y2, Y2
+	VPUNPCKLQDQ  Y2, Y1, Y4
+	VPUNPCKHQDQ  Y2, Y1, Y1
+	VPADDD       Y1, Y4, Y4
+	VPERM2I128   $0x20, Y4, Y3, Y1
+	VPERM2I128   $0x31, Y4, Y3, Y2
+	VPADDD       Y2, Y1, Y1
+	VCVTDQ2PS    Y1, Y1
+	MOVWQZX      208(AX)(DX*1), R10
+	SHLQ         $0x10, R10
+	MOVW         208(AX)(CX*2), R10
+	SHLQ         $0x10, R10
+	MOVW         208(AX)(CX*1), R10
+	SHLQ         $0x10, R10
+	MOVW         208(AX), R10
+	MOVWQZX      208(BX)(DX*1), R11
+	SHLQ         $0x10, R11
+	MOVW         208(BX)(CX*2), R11
+	SHLQ         $0x10, R11
+	MOVW         208(BX)(CX*1), R11
+	SHLQ         $0x10, R11
+	MOVW         208(BX), R11
+	VMOVQ        R10, X2
+	VPINSRQ      $0x01, R11, X2, X2
+	VCVTPH2PS    X2, Y2
+	VBROADCASTSS (R9), Y3
+	VMULPS       Y3, Y2, Y2
+	VFMADD231PS  Y1, Y2, Y0
+	ADDQ         $0x000000d2, AX
+	ADDQ         $0x000000d2, BX
+	ADDQ         $0x00000100, DI
+	ADDQ         $0x40, R8
+	ADDQ         $0x04, R9
+	DECQ         SI
+	JNE          super
+	MOVQ         out+48(FP), AX
+	VMOVUPS      Y0, (AX)
+	VZEROUPPER
+	RET
+
+DATA rowc0f<>+0(SB)/1, $0x0f
+DATA rowc0f<>+1(SB)/1, $0x0f
+DATA rowc0f<>+2(SB)/1, $0x0f
+DATA rowc0f<>+3(SB)/1, $0x0f
+DATA rowc0f<>+4(SB)/1, $0x0f
+DATA rowc0f<>+5(SB)/1, $0x0f
+DATA rowc0f<>+6(SB)/1, $0x0f
+DATA rowc0f<>+7(SB)/1, $0x0f
+DATA rowc0f<>+8(SB)/1, $0x0f
+DATA rowc0f<>+9(SB)/1, $0x0f
+DATA rowc0f<>+10(SB)/1, $0x0f
+DATA rowc0f<>+11(SB)/1, $0x0f
+DATA rowc0f<>+12(SB)/1, $0x0f
+DATA rowc0f<>+13(SB)/1, $0x0f
+DATA rowc0f<>+14(SB)/1, $0x0f
+DATA rowc0f<>+15(SB)/1, $0x0f
+DATA rowc0f<>+16(SB)/1, $0x0f
+DATA rowc0f<>+17(SB)/1, $0x0f
+DATA rowc0f<>+18(SB)/1, $0x0f
+DATA rowc0f<>+19(SB)/1, $0x0f
+DATA rowc0f<>+20(SB)/1, $0x0f
+DATA rowc0f<>+21(SB)/1, $0x0f
+DATA rowc0f<>+22(SB)/1, $0x0f
+DATA rowc0f<>+23(SB)/1, $0x0f
+DATA rowc0f<>+24(SB)/1, $0x0f
+DATA rowc0f<>+25(SB)/1, $0x0f
+DATA rowc0f<>+26(SB)/1, $0x0f
+DATA rowc0f<>+27(SB)/1, $0x0f
+DATA rowc0f<>+28(SB)/1, $0x0f
+DATA rowc0f<>+29(SB)/1, $0x0f
+DATA rowc0f<>+30(SB)/1, $0x0f
+DATA rowc0f<>+31(SB)/1, $0x0f
+GLOBL rowc0f<>(SB), RODATA|NOPTR, $32
+
+DATA rowc30<>+0(SB)/1, $0x30
+DATA rowc30<>+1(SB)/1, $0x30
+DATA rowc30<>+2(SB)/1, $0x30
+DATA rowc30<>+3(SB)/1, $0x30
+DATA rowc30<>+4(SB)/1, $0x30
+DATA rowc30<>+5(SB)/1, $0x30
+DATA rowc30<>+6(SB)/1, $0x30
+DATA rowc30<>+7(SB)/1, $0x30
+DATA rowc30<>+8(SB)/1, $0x30
+DATA rowc30<>+9(SB)/1, $0x30
+DATA rowc30<>+10(SB)/1, $0x30
+DATA rowc30<>+11(SB)/1, $0x30
+DATA rowc30<>+12(SB)/1, $0x30
+DATA rowc30<>+13(SB)/1, $0x30
+DATA rowc30<>+14(SB)/1, $0x30
+DATA rowc30<>+15(SB)/1, $0x30
+DATA rowc30<>+16(SB)/1, $0x30
+DATA rowc30<>+17(SB)/1, $0x30
+DATA rowc30<>+18(SB)/1, $0x30
+DATA rowc30<>+19(SB)/1, $0x30
+DATA rowc30<>+20(SB)/1, $0x30
+DATA rowc30<>+21(SB)/1, $0x30
+DATA rowc30<>+22(SB)/1, $0x30
+DATA rowc30<>+23(SB)/1, $0x30
+DATA rowc30<>+24(SB)/1, $0x30
+DATA rowc30<>+25(SB)/1, $0x30
+DATA rowc30<>+26(SB)/1, $0x30
+DATA rowc30<>+27(SB)/1, $0x30
+DATA rowc30<>+28(SB)/1, $0x30
+DATA rowc30<>+29(SB)/1, $0x30
+DATA rowc30<>+30(SB)/1, $0x30
+DATA rowc30<>+31(SB)/1, $0x30
+GLOBL rowc30<>(SB), RODATA|NOPTR, $32
+
 // func axpyRowsBF16AVX2(alpha *float32, v *uint16, ldv int, rows int, y *float32, n int)
 // Requires: AVX, AVX2, FMA3
 TEXT ·axpyRowsBF16AVX2(SB), NOSPLIT, $0-48

@@ -48,6 +48,9 @@ type (
 	// activation row into out[0:8], all 8 a block at a time, the chains in
 	// the lanes of one vector (see asmgen's rowstreams.go).
 	qrow8 func(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)
+	// qrow8K is qrow8 for the K-quants, which also read the activation
+	// metadata.
+	qrow8K func(w *byte, lds int, nb int, x *int8, meta *uint32, aux *uint32, out *float32)
 )
 
 // qRowMax is the most weight rows one qrow call takes.
@@ -61,9 +64,10 @@ type qRowKernel struct {
 	fn        qrow
 	fnStreams qrowStreams
 	streams   int
-	// fn8, where set, takes the rows of 8 regions, one of each a call;
-	// fn or fnStreams the rows past them.
+	// fn8 or fn8K, where set, takes the rows of 8 regions, one of each
+	// a call; fn or fnStreams the rows past them.
 	fn8         qrow8
+	fn8K        qrow8K
 	group, slot int
 	// perm: the kernel takes the activations of Q4_K/Q5_K super-blocks
 	// with their 32-byte sub-blocks in qAct.rowX's order.
@@ -153,11 +157,15 @@ func (s *qKernelSet) runRows(rk qRowKernel, sc *qScratch, a *qAct, w *Mat, lo, h
 			rk.fn(&w.Q[j0*rb], rb, rows, nb, x, &a.meta[0], &a.rowAux[0], &scratch[0], &sc.rowOut[0])
 		}
 	}
-	if rk.fn8 != nil && hi-lo >= qRowMax {
+	if (rk.fn8 != nil || rk.fn8K != nil) && hi-lo >= qRowMax {
 		// The rows in 8 regions of r rows each, a row of each a call.
 		r := (hi - lo) / qRowMax
 		for c := range r {
-			rk.fn8(&w.Q[(lo+c)*rb], r*rb, nb, x, &a.rowAux[0], &sc.rowOut[0])
+			if rk.fn8 != nil {
+				rk.fn8(&w.Q[(lo+c)*rb], r*rb, nb, x, &a.rowAux[0], &sc.rowOut[0])
+			} else {
+				rk.fn8K(&w.Q[(lo+c)*rb], r*rb, nb, x, &a.meta[0], &a.rowAux[0], &sc.rowOut[0])
+			}
 			for s := range qRowMax {
 				out[lo+s*r+c] = sc.rowOut[s]
 			}

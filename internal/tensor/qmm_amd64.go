@@ -41,7 +41,7 @@ var qKernelsAVX2 = &qKernelSet{lanes: 8, types: map[DType]qTypeKernels{
 	Q5_0: {fn8: qrow8Q5_0AVX2, fnStreams: qrowQ5_0AVX2, streams: qRowStreamsAVX2, group: 8, slot: 64},
 	Q4_K: {fnStreams: qrowQ4_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 64},
 	Q5_K: {fnStreams: qrowQ5_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 64},
-	Q6_K: {fnStreams: qrowQ6_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 32},
+	Q6_K: {fn8K: qrow8Q6_KAVX2, fnStreams: qrowQ6_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 32},
 }}
 
 func qmmAVX512(a *qAct, w *Mat, lo, hi int, out []float32) { qKernelsAVX512.run(a, w, lo, hi, out) }

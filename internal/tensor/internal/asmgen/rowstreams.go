@@ -301,3 +301,68 @@ func row8AVX2(q quant32) {
 	VZEROUPPER()
 	RET()
 }
+
+// row8Q6KAVX2 emits the AVX2 Q6_K row kernel of 8 streams, one row each
+// (rows s < 8 at w + s·lds), a super-block of all 8 rows a step, as
+// row8AVX2 does the 32-blocks: the 8 rows' partial sums (q6kSuper) reduce
+// to a vector whose lane s is row s's exact integer, and the chains (one
+// FMA per super-block) run in the lanes of one accumulator. Its masks are
+// memory operands: the super-block's work needs the registers.
+func row8Q6KAVX2() {
+	k := &rowKern{group: 4}
+	const bytes = 210
+	TEXT("qrow8Q6_KAVX2", NOSPLIT, "func(w *byte, lds int, nb int, x *int8, meta *uint32, aux *uint32, out *float32)")
+	Doc("qrow8Q6_KAVX2 computes 8 Q6_K weight rows lds bytes apart times one activation row (see asmgen's rowstreams.go).")
+	c := k.q6kConsts8()
+	w := Load(Param("w"), GP64()).(GPVirtual)
+	lds := Load(Param("lds"), GP64()).(GPVirtual)
+	rows := newRows8(w, lds)
+	n := Load(Param("nb"), GP64()).(GPVirtual)
+	x := Load(Param("x"), GP64()).(GPVirtual)
+	meta := Load(Param("meta"), GP64()).(GPVirtual)
+	aux := Load(Param("aux"), GP64()).(GPVirtual)
+	acc := ymmZero()
+	Label("super")
+	half := func(r0 int) VecVirtual {
+		var z [4]VecVirtual
+		for r := range 4 {
+			z[r] = k.q6kSuper(c, func(d int) Mem { return rows.at(r0+r, d) },
+				func(d int) Mem { return Mem{Base: x, Disp: d} }, Mem{Base: meta, Disp: metaSums16})
+		}
+		return k.tree4x2(z[:])
+	}
+	lo := half(0)
+	hi := half(4)
+	s, t := YMM(), YMM()
+	VPERM2I128(U8(0x20), hi, lo, s)
+	VPERM2I128(U8(0x31), hi, lo, t)
+	VPADDD(t, s, s)
+	f := YMM()
+	VCVTDQ2PS(s, f)
+	s0, s1 := GP64(), GP64()
+	for h, q := range []GPVirtual{s0, s1} {
+		MOVWQZX(rows.at(4*h+3, 208), q)
+		for r := 2; r >= 0; r-- {
+			SHLQ(U8(16), q)
+			MOVW(rows.at(4*h+r, 208), q.As16())
+		}
+	}
+	hx := XMM()
+	VMOVQ(s0, hx)
+	VPINSRQ(U8(1), s1, hx, hx)
+	g, dx := YMM(), YMM()
+	VCVTPH2PS(hx, g)
+	VBROADCASTSS(Mem{Base: aux}, dx)
+	VMULPS(dx, g, g)
+	VFMADD231PS(f, g, acc)
+	rows.advance(bytes)
+	ADDQ(U32(256), x)
+	ADDQ(U8(64), meta)
+	ADDQ(U8(4), aux)
+	DECQ(n)
+	JNE(LabelRef("super"))
+	out := Load(Param("out"), GP64()).(GPVirtual)
+	VMOVUPS(acc, Mem{Base: out})
+	VZEROUPPER()
+	RET()
+}
