@@ -47447,23 +47447,22 @@ done:
 	VZEROUPPER
 	RET
 
-// func qrowQ8_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+// func qrowQ8_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)
 // Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
-TEXT ·qrowQ8_0AVX2(SB), NOSPLIT, $32-72
+TEXT ·qrowQ8_0AVX2(SB), NOSPLIT, $32-80
 	MOVL         $0x00010001, AX
 	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
-	SHRQ         $0x01, DX
-	MOVQ         DX, BX
-	IMULQ        ldw+8(FP), BX
+	SHRQ         $0x02, DX
+	MOVQ         lds+72(FP), BX
 	MOVQ         BX, 8(SP)
 	MOVQ         DX, BX
 	SHLQ         $0x06, BX
 	MOVQ         BX, 16(SP)
-	IMUL3Q       $0x00000001, BX, BX
+	IMUL3Q       $0x00000003, BX, BX
 	MOVQ         BX, 24(SP)
 	MOVQ         scratch+56(FP), BX
 	MOVQ         BX, SI
@@ -47485,6 +47484,204 @@ sgroup:
 	MOVQ        DI, R9
 	SHLQ        $0x05, R9
 	ADDQ        x+32(FP), R9
+	PREFETCHT0  8192(R8)
+	PREFETCHT0  8256(R8)
+	PREFETCHT0  8320(R8)
+	PREFETCHT0  8384(R8)
+	PREFETCHT0  8448(R8)
+	PREFETCHT0  8512(R8)
+	VMOVDQU     2(R8), Y1
+	VPABSB      Y1, Y2
+	VMOVDQU     (R9), Y3
+	VPSIGNB     Y1, Y3, Y3
+	VPMADDUBSW  Y3, Y2, Y3
+	VPMADDWD    Y0, Y3, Y1
+	VMOVDQU     36(R8), Y2
+	VPABSB      Y2, Y3
+	VMOVDQU     32(R9), Y4
+	VPSIGNB     Y2, Y4, Y4
+	VPMADDUBSW  Y4, Y3, Y4
+	VPMADDWD    Y0, Y4, Y2
+	VMOVDQU     70(R8), Y3
+	VPABSB      Y3, Y4
+	VMOVDQU     64(R9), Y5
+	VPSIGNB     Y3, Y5, Y5
+	VPMADDUBSW  Y5, Y4, Y5
+	VPMADDWD    Y0, Y5, Y3
+	VMOVDQU     104(R8), Y4
+	VPABSB      Y4, Y5
+	VMOVDQU     96(R9), Y6
+	VPSIGNB     Y4, Y6, Y6
+	VPMADDUBSW  Y6, Y5, Y6
+	VPMADDWD    Y0, Y6, Y4
+	VMOVDQU     138(R8), Y5
+	VPABSB      Y5, Y6
+	VMOVDQU     128(R9), Y7
+	VPSIGNB     Y5, Y7, Y7
+	VPMADDUBSW  Y7, Y6, Y7
+	VPMADDWD    Y0, Y7, Y5
+	VMOVDQU     172(R8), Y6
+	VPABSB      Y6, Y7
+	VMOVDQU     160(R9), Y8
+	VPSIGNB     Y6, Y8, Y8
+	VPMADDUBSW  Y8, Y7, Y8
+	VPMADDWD    Y0, Y8, Y6
+	VMOVDQU     206(R8), Y7
+	VPABSB      Y7, Y8
+	VMOVDQU     192(R9), Y9
+	VPSIGNB     Y7, Y9, Y9
+	VPMADDUBSW  Y9, Y8, Y9
+	VPMADDWD    Y0, Y9, Y7
+	VMOVDQU     240(R8), Y8
+	VPABSB      Y8, Y9
+	VMOVDQU     224(R9), Y10
+	VPSIGNB     Y8, Y10, Y10
+	VPMADDUBSW  Y10, Y9, Y10
+	VPMADDWD    Y0, Y10, Y8
+	VPUNPCKLDQ  Y2, Y1, Y9
+	VPUNPCKHDQ  Y2, Y1, Y1
+	VPADDD      Y1, Y9, Y9
+	VPUNPCKLDQ  Y4, Y3, Y1
+	VPUNPCKHDQ  Y4, Y3, Y2
+	VPADDD      Y2, Y1, Y1
+	VPUNPCKLQDQ Y1, Y9, Y2
+	VPUNPCKHQDQ Y1, Y9, Y1
+	VPADDD      Y1, Y2, Y2
+	VPUNPCKLDQ  Y6, Y5, Y1
+	VPUNPCKHDQ  Y6, Y5, Y3
+	VPADDD      Y3, Y1, Y1
+	VPUNPCKLDQ  Y8, Y7, Y3
+	VPUNPCKHDQ  Y8, Y7, Y4
+	VPADDD      Y4, Y3, Y3
+	VPUNPCKLQDQ Y3, Y1, Y4
+	VPUNPCKHQDQ Y3, Y1, Y1
+	VPADDD      Y1, Y4, Y4
+	VPERM2I128  $0x20, Y4, Y2, Y1
+	VPERM2I128  $0x31, Y4, Y2, Y2
+	VPADDD      Y2, Y1, Y1
+	VCVTDQ2PS   Y1, Y1
+	VMOVUPS     Y1, (BX)
+	MOVWQZX     102(R8), R10
+	SHLQ        $0x10, R10
+	MOVW        68(R8), R10
+	SHLQ        $0x10, R10
+	MOVW        34(R8), R10
+	SHLQ        $0x10, R10
+	MOVW        (R8), R10
+	MOVWQZX     238(R8), R11
+	SHLQ        $0x10, R11
+	MOVW        204(R8), R11
+	SHLQ        $0x10, R11
+	MOVW        170(R8), R11
+	SHLQ        $0x10, R11
+	MOVW        136(R8), R11
+	VMOVQ       R10, X1
+	VPINSRQ     $0x01, R11, X1, X1
+	VCVTPH2PS   X1, Y1
+	MOVQ        aux+48(FP), R10
+	VMULPS      (R10)(DI*4), Y1, Y1
+	VMOVUPS     Y1, 32(BX)
+	ADDQ        8(SP), R8
+	ADDQ        16(SP), BX
+	PREFETCHT0  8192(R8)
+	PREFETCHT0  8256(R8)
+	PREFETCHT0  8320(R8)
+	PREFETCHT0  8384(R8)
+	PREFETCHT0  8448(R8)
+	PREFETCHT0  8512(R8)
+	VMOVDQU     2(R8), Y1
+	VPABSB      Y1, Y2
+	VMOVDQU     (R9), Y3
+	VPSIGNB     Y1, Y3, Y3
+	VPMADDUBSW  Y3, Y2, Y3
+	VPMADDWD    Y0, Y3, Y1
+	VMOVDQU     36(R8), Y2
+	VPABSB      Y2, Y3
+	VMOVDQU     32(R9), Y4
+	VPSIGNB     Y2, Y4, Y4
+	VPMADDUBSW  Y4, Y3, Y4
+	VPMADDWD    Y0, Y4, Y2
+	VMOVDQU     70(R8), Y3
+	VPABSB      Y3, Y4
+	VMOVDQU     64(R9), Y5
+	VPSIGNB     Y3, Y5, Y5
+	VPMADDUBSW  Y5, Y4, Y5
+	VPMADDWD    Y0, Y5, Y3
+	VMOVDQU     104(R8), Y4
+	VPABSB      Y4, Y5
+	VMOVDQU     96(R9), Y6
+	VPSIGNB     Y4, Y6, Y6
+	VPMADDUBSW  Y6, Y5, Y6
+	VPMADDWD    Y0, Y6, Y4
+	VMOVDQU     138(R8), Y5
+	VPABSB      Y5, Y6
+	VMOVDQU     128(R9), Y7
+	VPSIGNB     Y5, Y7, Y7
+	VPMADDUBSW  Y7, Y6, Y7
+	VPMADDWD    Y0, Y7, Y5
+	VMOVDQU     172(R8), Y6
+	VPABSB      Y6, Y7
+	VMOVDQU     160(R9), Y8
+	VPSIGNB     Y6, Y8, Y8
+	VPMADDUBSW  Y8, Y7, Y8
+	VPMADDWD    Y0, Y8, Y6
+	VMOVDQU     206(R8), Y7
+	VPABSB      Y7, Y8
+	VMOVDQU     192(R9), Y9
+	VPSIGNB     Y7, Y9, Y9
+	VPMADDUBSW  Y9, Y8, Y9
+	VPMADDWD    Y0, Y9, Y7
+	VMOVDQU     240(R8), Y8
+	VPABSB      Y8, Y9
+	VMOVDQU     224(R9), Y10
+	VPSIGNB     Y8, Y10, Y10
+	VPMADDUBSW  Y10, Y9, Y10
+	VPMADDWD    Y0, Y10, Y8
+	VPUNPCKLDQ  Y2, Y1, Y9
+	VPUNPCKHDQ  Y2, Y1, Y1
+	VPADDD      Y1, Y9, Y9
+	VPUNPCKLDQ  Y4, Y3, Y1
+	VPUNPCKHDQ  Y4, Y3, Y2
+	VPADDD      Y2, Y1, Y1
+	VPUNPCKLQDQ Y1, Y9, Y2
+	VPUNPCKHQDQ Y1, Y9, Y1
+	VPADDD      Y1, Y2, Y2
+	VPUNPCKLDQ  Y6, Y5, Y1
+	VPUNPCKHDQ  Y6, Y5, Y3
+	VPADDD      Y3, Y1, Y1
+	VPUNPCKLDQ  Y8, Y7, Y3
+	VPUNPCKHDQ  Y8, Y7, Y4
+	VPADDD      Y4, Y3, Y3
+	VPUNPCKLQDQ Y3, Y1, Y4
+	VPUNPCKHQDQ Y3, Y1, Y1
+	VPADDD      Y1, Y4, Y4
+	VPERM2I128  $0x20, Y4, Y2, Y1
+	VPERM2I128  $0x31, Y4, Y2, Y2
+	VPADDD      Y2, Y1, Y1
+	VCVTDQ2PS   Y1, Y1
+	VMOVUPS     Y1, (BX)
+	MOVWQZX     102(R8), R10
+	SHLQ        $0x10, R10
+	MOVW        68(R8), R10
+	SHLQ        $0x10, R10
+	MOVW        34(R8), R10
+	SHLQ        $0x10, R10
+	MOVW        (R8), R10
+	MOVWQZX     238(R8), R11
+	SHLQ        $0x10, R11
+	MOVW        204(R8), R11
+	SHLQ        $0x10, R11
+	MOVW        170(R8), R11
+	SHLQ        $0x10, R11
+	MOVW        136(R8), R11
+	VMOVQ       R10, X1
+	VPINSRQ     $0x01, R11, X1, X1
+	VCVTPH2PS   X1, Y1
+	MOVQ        aux+48(FP), R10
+	VMULPS      (R10)(DI*4), Y1, Y1
+	VMOVUPS     Y1, 32(BX)
+	ADDQ        8(SP), R8
+	ADDQ        16(SP), BX
 	PREFETCHT0  8192(R8)
 	PREFETCHT0  8256(R8)
 	PREFETCHT0  8320(R8)
@@ -47692,12 +47889,12 @@ sgroup:
 	JNE         srow
 	ADDQ        24(SP), SI
 	MOVQ        8(SP), BX
-	IMUL3Q      $0x00000001, BX, BX
+	IMUL3Q      $0x00000003, BX, BX
 	ADDQ        BX, AX
 
 singles:
 	MOVQ rows+16(FP), DX
-	ANDQ $0x00000001, DX
+	ANDQ $0x00000003, DX
 	JE   phase1done
 	MOVQ DX, (SP)
 
@@ -48035,9 +48232,9 @@ skip7:
 	VZEROUPPER
 	RET
 
-// func qrowQ4_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+// func qrowQ4_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)
 // Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
-TEXT ·qrowQ4_0AVX2(SB), NOSPLIT, $32-72
+TEXT ·qrowQ4_0AVX2(SB), NOSPLIT, $32-80
 	MOVL         $0x00010001, AX
 	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
@@ -48048,14 +48245,13 @@ TEXT ·qrowQ4_0AVX2(SB), NOSPLIT, $32-72
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
-	SHRQ         $0x01, DX
-	MOVQ         DX, BX
-	IMULQ        ldw+8(FP), BX
+	SHRQ         $0x02, DX
+	MOVQ         lds+72(FP), BX
 	MOVQ         BX, 8(SP)
 	MOVQ         DX, BX
 	SHLQ         $0x06, BX
 	MOVQ         BX, 16(SP)
-	IMUL3Q       $0x00000001, BX, BX
+	IMUL3Q       $0x00000003, BX, BX
 	MOVQ         BX, 24(SP)
 	MOVQ         scratch+56(FP), BX
 	MOVQ         BX, SI
@@ -48077,6 +48273,190 @@ sgroup:
 	MOVQ           DI, R9
 	SHLQ           $0x05, R9
 	ADDQ           x+32(FP), R9
+	PREFETCHT0     8192(R8)
+	PREFETCHT0     8256(R8)
+	PREFETCHT0     8320(R8)
+	PREFETCHT0     8384(R8)
+	VBROADCASTI128 2(R8), Y3
+	VPSRLVD        Y2, Y3, Y3
+	VPAND          Y1, Y3, Y3
+	VPMADDUBSW     (R9), Y3, Y3
+	VPMADDWD       Y0, Y3, Y3
+	VBROADCASTI128 20(R8), Y4
+	VPSRLVD        Y2, Y4, Y4
+	VPAND          Y1, Y4, Y4
+	VPMADDUBSW     32(R9), Y4, Y4
+	VPMADDWD       Y0, Y4, Y4
+	VBROADCASTI128 38(R8), Y5
+	VPSRLVD        Y2, Y5, Y5
+	VPAND          Y1, Y5, Y5
+	VPMADDUBSW     64(R9), Y5, Y5
+	VPMADDWD       Y0, Y5, Y5
+	VBROADCASTI128 56(R8), Y6
+	VPSRLVD        Y2, Y6, Y6
+	VPAND          Y1, Y6, Y6
+	VPMADDUBSW     96(R9), Y6, Y6
+	VPMADDWD       Y0, Y6, Y6
+	VBROADCASTI128 74(R8), Y7
+	VPSRLVD        Y2, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPMADDUBSW     128(R9), Y7, Y7
+	VPMADDWD       Y0, Y7, Y7
+	VBROADCASTI128 92(R8), Y8
+	VPSRLVD        Y2, Y8, Y8
+	VPAND          Y1, Y8, Y8
+	VPMADDUBSW     160(R9), Y8, Y8
+	VPMADDWD       Y0, Y8, Y8
+	VBROADCASTI128 110(R8), Y9
+	VPSRLVD        Y2, Y9, Y9
+	VPAND          Y1, Y9, Y9
+	VPMADDUBSW     192(R9), Y9, Y9
+	VPMADDWD       Y0, Y9, Y9
+	VBROADCASTI128 128(R8), Y10
+	VPSRLVD        Y2, Y10, Y10
+	VPAND          Y1, Y10, Y10
+	VPMADDUBSW     224(R9), Y10, Y10
+	VPMADDWD       Y0, Y10, Y10
+	VPUNPCKLDQ     Y4, Y3, Y11
+	VPUNPCKHDQ     Y4, Y3, Y3
+	VPADDD         Y3, Y11, Y11
+	VPUNPCKLDQ     Y6, Y5, Y3
+	VPUNPCKHDQ     Y6, Y5, Y4
+	VPADDD         Y4, Y3, Y3
+	VPUNPCKLQDQ    Y3, Y11, Y4
+	VPUNPCKHQDQ    Y3, Y11, Y3
+	VPADDD         Y3, Y4, Y4
+	VPUNPCKLDQ     Y8, Y7, Y3
+	VPUNPCKHDQ     Y8, Y7, Y5
+	VPADDD         Y5, Y3, Y3
+	VPUNPCKLDQ     Y10, Y9, Y5
+	VPUNPCKHDQ     Y10, Y9, Y6
+	VPADDD         Y6, Y5, Y5
+	VPUNPCKLQDQ    Y5, Y3, Y6
+	VPUNPCKHQDQ    Y5, Y3, Y3
+	VPADDD         Y3, Y6, Y6
+	VPERM2I128     $0x20, Y6, Y4, Y3
+	VPERM2I128     $0x31, Y6, Y4, Y4
+	VPADDD         Y4, Y3, Y3
+	MOVQ           aux+48(FP), R10
+	LEAQ           (R10)(CX*4), R10
+	VPADDD         (R10)(DI*4), Y3, Y3
+	VCVTDQ2PS      Y3, Y3
+	VMOVUPS        Y3, (BX)
+	MOVWQZX        54(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           36(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           18(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           (R8), R10
+	MOVWQZX        126(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           108(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           90(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           72(R8), R11
+	VMOVQ          R10, X3
+	VPINSRQ        $0x01, R11, X3, X3
+	VCVTPH2PS      X3, Y3
+	MOVQ           aux+48(FP), R10
+	VMULPS         (R10)(DI*4), Y3, Y3
+	VMOVUPS        Y3, 32(BX)
+	ADDQ           8(SP), R8
+	ADDQ           16(SP), BX
+	PREFETCHT0     8192(R8)
+	PREFETCHT0     8256(R8)
+	PREFETCHT0     8320(R8)
+	PREFETCHT0     8384(R8)
+	VBROADCASTI128 2(R8), Y3
+	VPSRLVD        Y2, Y3, Y3
+	VPAND          Y1, Y3, Y3
+	VPMADDUBSW     (R9), Y3, Y3
+	VPMADDWD       Y0, Y3, Y3
+	VBROADCASTI128 20(R8), Y4
+	VPSRLVD        Y2, Y4, Y4
+	VPAND          Y1, Y4, Y4
+	VPMADDUBSW     32(R9), Y4, Y4
+	VPMADDWD       Y0, Y4, Y4
+	VBROADCASTI128 38(R8), Y5
+	VPSRLVD        Y2, Y5, Y5
+	VPAND          Y1, Y5, Y5
+	VPMADDUBSW     64(R9), Y5, Y5
+	VPMADDWD       Y0, Y5, Y5
+	VBROADCASTI128 56(R8), Y6
+	VPSRLVD        Y2, Y6, Y6
+	VPAND          Y1, Y6, Y6
+	VPMADDUBSW     96(R9), Y6, Y6
+	VPMADDWD       Y0, Y6, Y6
+	VBROADCASTI128 74(R8), Y7
+	VPSRLVD        Y2, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPMADDUBSW     128(R9), Y7, Y7
+	VPMADDWD       Y0, Y7, Y7
+	VBROADCASTI128 92(R8), Y8
+	VPSRLVD        Y2, Y8, Y8
+	VPAND          Y1, Y8, Y8
+	VPMADDUBSW     160(R9), Y8, Y8
+	VPMADDWD       Y0, Y8, Y8
+	VBROADCASTI128 110(R8), Y9
+	VPSRLVD        Y2, Y9, Y9
+	VPAND          Y1, Y9, Y9
+	VPMADDUBSW     192(R9), Y9, Y9
+	VPMADDWD       Y0, Y9, Y9
+	VBROADCASTI128 128(R8), Y10
+	VPSRLVD        Y2, Y10, Y10
+	VPAND          Y1, Y10, Y10
+	VPMADDUBSW     224(R9), Y10, Y10
+	VPMADDWD       Y0, Y10, Y10
+	VPUNPCKLDQ     Y4, Y3, Y11
+	VPUNPCKHDQ     Y4, Y3, Y3
+	VPADDD         Y3, Y11, Y11
+	VPUNPCKLDQ     Y6, Y5, Y3
+	VPUNPCKHDQ     Y6, Y5, Y4
+	VPADDD         Y4, Y3, Y3
+	VPUNPCKLQDQ    Y3, Y11, Y4
+	VPUNPCKHQDQ    Y3, Y11, Y3
+	VPADDD         Y3, Y4, Y4
+	VPUNPCKLDQ     Y8, Y7, Y3
+	VPUNPCKHDQ     Y8, Y7, Y5
+	VPADDD         Y5, Y3, Y3
+	VPUNPCKLDQ     Y10, Y9, Y5
+	VPUNPCKHDQ     Y10, Y9, Y6
+	VPADDD         Y6, Y5, Y5
+	VPUNPCKLQDQ    Y5, Y3, Y6
+	VPUNPCKHQDQ    Y5, Y3, Y3
+	VPADDD         Y3, Y6, Y6
+	VPERM2I128     $0x20, Y6, Y4, Y3
+	VPERM2I128     $0x31, Y6, Y4, Y4
+	VPADDD         Y4, Y3, Y3
+	MOVQ           aux+48(FP), R10
+	LEAQ           (R10)(CX*4), R10
+	VPADDD         (R10)(DI*4), Y3, Y3
+	VCVTDQ2PS      Y3, Y3
+	VMOVUPS        Y3, (BX)
+	MOVWQZX        54(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           36(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           18(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           (R8), R10
+	MOVWQZX        126(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           108(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           90(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           72(R8), R11
+	VMOVQ          R10, X3
+	VPINSRQ        $0x01, R11, X3, X3
+	VCVTPH2PS      X3, Y3
+	MOVQ           aux+48(FP), R10
+	VMULPS         (R10)(DI*4), Y3, Y3
+	VMOVUPS        Y3, 32(BX)
+	ADDQ           8(SP), R8
+	ADDQ           16(SP), BX
 	PREFETCHT0     8192(R8)
 	PREFETCHT0     8256(R8)
 	PREFETCHT0     8320(R8)
@@ -48270,12 +48650,12 @@ sgroup:
 	JNE            srow
 	ADDQ           24(SP), SI
 	MOVQ           8(SP), BX
-	IMUL3Q         $0x00000001, BX, BX
+	IMUL3Q         $0x00000003, BX, BX
 	ADDQ           BX, AX
 
 singles:
 	MOVQ rows+16(FP), DX
-	ANDQ $0x00000001, DX
+	ANDQ $0x00000003, DX
 	JE   phase1done
 	MOVQ DX, (SP)
 
@@ -48606,9 +48986,9 @@ skip7:
 	VZEROUPPER
 	RET
 
-// func qrowQ5_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+// func qrowQ5_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)
 // Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
-TEXT ·qrowQ5_0AVX2(SB), NOSPLIT, $32-72
+TEXT ·qrowQ5_0AVX2(SB), NOSPLIT, $32-80
 	MOVL         $0x00010001, AX
 	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
@@ -48624,14 +49004,13 @@ TEXT ·qrowQ5_0AVX2(SB), NOSPLIT, $32-72
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
-	SHRQ         $0x01, DX
-	MOVQ         DX, BX
-	IMULQ        ldw+8(FP), BX
+	SHRQ         $0x02, DX
+	MOVQ         lds+72(FP), BX
 	MOVQ         BX, 8(SP)
 	MOVQ         DX, BX
 	SHLQ         $0x06, BX
 	MOVQ         BX, 16(SP)
-	IMUL3Q       $0x00000001, BX, BX
+	IMUL3Q       $0x00000003, BX, BX
 	MOVQ         BX, 24(SP)
 	MOVQ         scratch+56(FP), BX
 	MOVQ         BX, SI
@@ -48653,6 +49032,286 @@ sgroup:
 	MOVQ           DI, R9
 	SHLQ           $0x05, R9
 	ADDQ           x+32(FP), R9
+	PREFETCHT0     8192(R8)
+	PREFETCHT0     8256(R8)
+	PREFETCHT0     8320(R8)
+	PREFETCHT0     8384(R8)
+	VBROADCASTI128 6(R8), Y6
+	VPSRLVD        Y2, Y6, Y6
+	VPAND          Y1, Y6, Y6
+	VPBROADCASTD   2(R8), Y7
+	VPSHUFB        Y3, Y7, Y7
+	VPAND          Y4, Y7, Y7
+	VPCMPEQB       Y4, Y7, Y7
+	VPAND          Y5, Y7, Y7
+	VPOR           Y7, Y6, Y6
+	VPMADDUBSW     (R9), Y6, Y6
+	VPMADDWD       Y0, Y6, Y6
+	VBROADCASTI128 28(R8), Y7
+	VPSRLVD        Y2, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPBROADCASTD   24(R8), Y8
+	VPSHUFB        Y3, Y8, Y8
+	VPAND          Y4, Y8, Y8
+	VPCMPEQB       Y4, Y8, Y8
+	VPAND          Y5, Y8, Y8
+	VPOR           Y8, Y7, Y7
+	VPMADDUBSW     32(R9), Y7, Y7
+	VPMADDWD       Y0, Y7, Y7
+	VBROADCASTI128 50(R8), Y8
+	VPSRLVD        Y2, Y8, Y8
+	VPAND          Y1, Y8, Y8
+	VPBROADCASTD   46(R8), Y9
+	VPSHUFB        Y3, Y9, Y9
+	VPAND          Y4, Y9, Y9
+	VPCMPEQB       Y4, Y9, Y9
+	VPAND          Y5, Y9, Y9
+	VPOR           Y9, Y8, Y8
+	VPMADDUBSW     64(R9), Y8, Y8
+	VPMADDWD       Y0, Y8, Y8
+	VBROADCASTI128 72(R8), Y9
+	VPSRLVD        Y2, Y9, Y9
+	VPAND          Y1, Y9, Y9
+	VPBROADCASTD   68(R8), Y10
+	VPSHUFB        Y3, Y10, Y10
+	VPAND          Y4, Y10, Y10
+	VPCMPEQB       Y4, Y10, Y10
+	VPAND          Y5, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     96(R9), Y9, Y9
+	VPMADDWD       Y0, Y9, Y9
+	VBROADCASTI128 94(R8), Y10
+	VPSRLVD        Y2, Y10, Y10
+	VPAND          Y1, Y10, Y10
+	VPBROADCASTD   90(R8), Y11
+	VPSHUFB        Y3, Y11, Y11
+	VPAND          Y4, Y11, Y11
+	VPCMPEQB       Y4, Y11, Y11
+	VPAND          Y5, Y11, Y11
+	VPOR           Y11, Y10, Y10
+	VPMADDUBSW     128(R9), Y10, Y10
+	VPMADDWD       Y0, Y10, Y10
+	VBROADCASTI128 116(R8), Y11
+	VPSRLVD        Y2, Y11, Y11
+	VPAND          Y1, Y11, Y11
+	VPBROADCASTD   112(R8), Y12
+	VPSHUFB        Y3, Y12, Y12
+	VPAND          Y4, Y12, Y12
+	VPCMPEQB       Y4, Y12, Y12
+	VPAND          Y5, Y12, Y12
+	VPOR           Y12, Y11, Y11
+	VPMADDUBSW     160(R9), Y11, Y11
+	VPMADDWD       Y0, Y11, Y11
+	VBROADCASTI128 138(R8), Y12
+	VPSRLVD        Y2, Y12, Y12
+	VPAND          Y1, Y12, Y12
+	VPBROADCASTD   134(R8), Y13
+	VPSHUFB        Y3, Y13, Y13
+	VPAND          Y4, Y13, Y13
+	VPCMPEQB       Y4, Y13, Y13
+	VPAND          Y5, Y13, Y13
+	VPOR           Y13, Y12, Y12
+	VPMADDUBSW     192(R9), Y12, Y12
+	VPMADDWD       Y0, Y12, Y12
+	VBROADCASTI128 160(R8), Y13
+	VPSRLVD        Y2, Y13, Y13
+	VPAND          Y1, Y13, Y13
+	VPBROADCASTD   156(R8), Y14
+	VPSHUFB        Y3, Y14, Y14
+	VPAND          Y4, Y14, Y14
+	VPCMPEQB       Y4, Y14, Y14
+	VPAND          Y5, Y14, Y14
+	VPOR           Y14, Y13, Y13
+	VPMADDUBSW     224(R9), Y13, Y13
+	VPMADDWD       Y0, Y13, Y13
+	VPUNPCKLDQ     Y7, Y6, Y14
+	VPUNPCKHDQ     Y7, Y6, Y6
+	VPADDD         Y6, Y14, Y14
+	VPUNPCKLDQ     Y9, Y8, Y6
+	VPUNPCKHDQ     Y9, Y8, Y7
+	VPADDD         Y7, Y6, Y6
+	VPUNPCKLQDQ    Y6, Y14, Y7
+	VPUNPCKHQDQ    Y6, Y14, Y6
+	VPADDD         Y6, Y7, Y7
+	VPUNPCKLDQ     Y11, Y10, Y6
+	VPUNPCKHDQ     Y11, Y10, Y8
+	VPADDD         Y8, Y6, Y6
+	VPUNPCKLDQ     Y13, Y12, Y8
+	VPUNPCKHDQ     Y13, Y12, Y9
+	VPADDD         Y9, Y8, Y8
+	VPUNPCKLQDQ    Y8, Y6, Y9
+	VPUNPCKHQDQ    Y8, Y6, Y6
+	VPADDD         Y6, Y9, Y9
+	VPERM2I128     $0x20, Y9, Y7, Y6
+	VPERM2I128     $0x31, Y9, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	MOVQ           aux+48(FP), R10
+	LEAQ           (R10)(CX*4), R10
+	VPADDD         (R10)(DI*4), Y6, Y6
+	VCVTDQ2PS      Y6, Y6
+	VMOVUPS        Y6, (BX)
+	MOVWQZX        66(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           44(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           22(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           (R8), R10
+	MOVWQZX        154(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           132(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           110(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           88(R8), R11
+	VMOVQ          R10, X6
+	VPINSRQ        $0x01, R11, X6, X6
+	VCVTPH2PS      X6, Y6
+	MOVQ           aux+48(FP), R10
+	VMULPS         (R10)(DI*4), Y6, Y6
+	VMOVUPS        Y6, 32(BX)
+	ADDQ           8(SP), R8
+	ADDQ           16(SP), BX
+	PREFETCHT0     8192(R8)
+	PREFETCHT0     8256(R8)
+	PREFETCHT0     8320(R8)
+	PREFETCHT0     8384(R8)
+	VBROADCASTI128 6(R8), Y6
+	VPSRLVD        Y2, Y6, Y6
+	VPAND          Y1, Y6, Y6
+	VPBROADCASTD   2(R8), Y7
+	VPSHUFB        Y3, Y7, Y7
+	VPAND          Y4, Y7, Y7
+	VPCMPEQB       Y4, Y7, Y7
+	VPAND          Y5, Y7, Y7
+	VPOR           Y7, Y6, Y6
+	VPMADDUBSW     (R9), Y6, Y6
+	VPMADDWD       Y0, Y6, Y6
+	VBROADCASTI128 28(R8), Y7
+	VPSRLVD        Y2, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPBROADCASTD   24(R8), Y8
+	VPSHUFB        Y3, Y8, Y8
+	VPAND          Y4, Y8, Y8
+	VPCMPEQB       Y4, Y8, Y8
+	VPAND          Y5, Y8, Y8
+	VPOR           Y8, Y7, Y7
+	VPMADDUBSW     32(R9), Y7, Y7
+	VPMADDWD       Y0, Y7, Y7
+	VBROADCASTI128 50(R8), Y8
+	VPSRLVD        Y2, Y8, Y8
+	VPAND          Y1, Y8, Y8
+	VPBROADCASTD   46(R8), Y9
+	VPSHUFB        Y3, Y9, Y9
+	VPAND          Y4, Y9, Y9
+	VPCMPEQB       Y4, Y9, Y9
+	VPAND          Y5, Y9, Y9
+	VPOR           Y9, Y8, Y8
+	VPMADDUBSW     64(R9), Y8, Y8
+	VPMADDWD       Y0, Y8, Y8
+	VBROADCASTI128 72(R8), Y9
+	VPSRLVD        Y2, Y9, Y9
+	VPAND          Y1, Y9, Y9
+	VPBROADCASTD   68(R8), Y10
+	VPSHUFB        Y3, Y10, Y10
+	VPAND          Y4, Y10, Y10
+	VPCMPEQB       Y4, Y10, Y10
+	VPAND          Y5, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     96(R9), Y9, Y9
+	VPMADDWD       Y0, Y9, Y9
+	VBROADCASTI128 94(R8), Y10
+	VPSRLVD        Y2, Y10, Y10
+	VPAND          Y1, Y10, Y10
+	VPBROADCASTD   90(R8), Y11
+	VPSHUFB        Y3, Y11, Y11
+	VPAND          Y4, Y11, Y11
+	VPCMPEQB       Y4, Y11, Y11
+	VPAND          Y5, Y11, Y11
+	VPOR           Y11, Y10, Y10
+	VPMADDUBSW     128(R9), Y10, Y10
+	VPMADDWD       Y0, Y10, Y10
+	VBROADCASTI128 116(R8), Y11
+	VPSRLVD        Y2, Y11, Y11
+	VPAND          Y1, Y11, Y11
+	VPBROADCASTD   112(R8), Y12
+	VPSHUFB        Y3, Y12, Y12
+	VPAND          Y4, Y12, Y12
+	VPCMPEQB       Y4, Y12, Y12
+	VPAND          Y5, Y12, Y12
+	VPOR           Y12, Y11, Y11
+	VPMADDUBSW     160(R9), Y11, Y11
+	VPMADDWD       Y0, Y11, Y11
+	VBROADCASTI128 138(R8), Y12
+	VPSRLVD        Y2, Y12, Y12
+	VPAND          Y1, Y12, Y12
+	VPBROADCASTD   134(R8), Y13
+	VPSHUFB        Y3, Y13, Y13
+	VPAND          Y4, Y13, Y13
+	VPCMPEQB       Y4, Y13, Y13
+	VPAND          Y5, Y13, Y13
+	VPOR           Y13, Y12, Y12
+	VPMADDUBSW     192(R9), Y12, Y12
+	VPMADDWD       Y0, Y12, Y12
+	VBROADCASTI128 160(R8), Y13
+	VPSRLVD        Y2, Y13, Y13
+	VPAND          Y1, Y13, Y13
+	VPBROADCASTD   156(R8), Y14
+	VPSHUFB        Y3, Y14, Y14
+	VPAND          Y4, Y14, Y14
+	VPCMPEQB       Y4, Y14, Y14
+	VPAND          Y5, Y14, Y14
+	VPOR           Y14, Y13, Y13
+	VPMADDUBSW     224(R9), Y13, Y13
+	VPMADDWD       Y0, Y13, Y13
+	VPUNPCKLDQ     Y7, Y6, Y14
+	VPUNPCKHDQ     Y7, Y6, Y6
+	VPADDD         Y6, Y14, Y14
+	VPUNPCKLDQ     Y9, Y8, Y6
+	VPUNPCKHDQ     Y9, Y8, Y7
+	VPADDD         Y7, Y6, Y6
+	VPUNPCKLQDQ    Y6, Y14, Y7
+	VPUNPCKHQDQ    Y6, Y14, Y6
+	VPADDD         Y6, Y7, Y7
+	VPUNPCKLDQ     Y11, Y10, Y6
+	VPUNPCKHDQ     Y11, Y10, Y8
+	VPADDD         Y8, Y6, Y6
+	VPUNPCKLDQ     Y13, Y12, Y8
+	VPUNPCKHDQ     Y13, Y12, Y9
+	VPADDD         Y9, Y8, Y8
+	VPUNPCKLQDQ    Y8, Y6, Y9
+	VPUNPCKHQDQ    Y8, Y6, Y6
+	VPADDD         Y6, Y9, Y9
+	VPERM2I128     $0x20, Y9, Y7, Y6
+	VPERM2I128     $0x31, Y9, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	MOVQ           aux+48(FP), R10
+	LEAQ           (R10)(CX*4), R10
+	VPADDD         (R10)(DI*4), Y6, Y6
+	VCVTDQ2PS      Y6, Y6
+	VMOVUPS        Y6, (BX)
+	MOVWQZX        66(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           44(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           22(R8), R10
+	SHLQ           $0x10, R10
+	MOVW           (R8), R10
+	MOVWQZX        154(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           132(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           110(R8), R11
+	SHLQ           $0x10, R11
+	MOVW           88(R8), R11
+	VMOVQ          R10, X6
+	VPINSRQ        $0x01, R11, X6, X6
+	VCVTPH2PS      X6, Y6
+	MOVQ           aux+48(FP), R10
+	VMULPS         (R10)(DI*4), Y6, Y6
+	VMOVUPS        Y6, 32(BX)
+	ADDQ           8(SP), R8
+	ADDQ           16(SP), BX
 	PREFETCHT0     8192(R8)
 	PREFETCHT0     8256(R8)
 	PREFETCHT0     8320(R8)
@@ -48942,12 +49601,12 @@ sgroup:
 	JNE            srow
 	ADDQ           24(SP), SI
 	MOVQ           8(SP), BX
-	IMUL3Q         $0x00000001, BX, BX
+	IMUL3Q         $0x00000003, BX, BX
 	ADDQ           BX, AX
 
 singles:
 	MOVQ rows+16(FP), DX
-	ANDQ $0x00000001, DX
+	ANDQ $0x00000003, DX
 	JE   phase1done
 	MOVQ DX, (SP)
 
@@ -49326,29 +49985,43 @@ skip7:
 	VZEROUPPER
 	RET
 
-// func qrowQ4_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+// func qrowQ4_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)
 // Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
-TEXT ·qrowQ4_KAVX2(SB), NOSPLIT, $136-72
+TEXT ·qrowQ4_KAVX2(SB), NOSPLIT, $160-80
 	MOVL         $0x0f0f0f0f, AX
 	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
+	SHRQ         $0x01, DX
+	MOVQ         lds+72(FP), BX
+	MOVQ         BX, 136(SP)
+	MOVQ         DX, BX
+	MOVQ         CX, SI
+	ADDQ         $0x00000003, SI
+	SHRQ         $0x02, SI
+	IMULQ        SI, BX
+	SHLQ         $0x06, BX
+	MOVQ         BX, 144(SP)
+	IMUL3Q       $0x00000001, BX, BX
+	MOVQ         BX, 152(SP)
+	MOVQ         scratch+56(FP), SI
+	TESTQ        DX, DX
+	JE           singles
 	MOVQ         DX, 128(SP)
-	MOVQ         scratch+56(FP), DX
 
-row:
-	XORQ BX, BX
+srow:
+	XORQ DX, DX
 
-group:
-	MOVQ           CX, SI
-	SUBQ           $0x00000004, SI
-	CMPQ           BX, SI
-	CMOVQLT        BX, SI
-	IMUL3Q         $0x00000090, SI, DI
+sgroup:
+	MOVQ           CX, BX
+	SUBQ           $0x00000004, BX
+	CMPQ           DX, BX
+	CMOVQLT        DX, BX
+	IMUL3Q         $0x00000090, BX, DI
 	ADDQ           AX, DI
-	MOVQ           SI, R8
+	MOVQ           BX, R8
 	SHLQ           $0x08, R8
 	ADDQ           x+32(FP), R8
 	PREFETCHT0     8192(DI)
@@ -49361,7 +50034,7 @@ group:
 	PREFETCHT0     8640(DI)
 	PREFETCHT0     8704(DI)
 	PREFETCHT0     8768(DI)
-	MOVQ           SI, R9
+	MOVQ           BX, R9
 	SHLQ           $0x06, R9
 	ADDQ           meta+40(FP), R9
 	MOVL           4(DI), R10
@@ -49695,7 +50368,370 @@ group:
 	VPADDD         Y1, Y3, Y3
 	VCVTDQ2PS      Y3, Y1
 	VXORPS         negmhalf<>+0(SB), Y1, Y1
-	VMOVUPS        Y1, (DX)
+	VMOVUPS        Y1, (SI)
+	MOVL           (DI), R9
+	MOVL           144(DI), R10
+	SHLQ           $0x20, R10
+	ORQ            R10, R9
+	MOVL           288(DI), R10
+	MOVL           432(DI), R11
+	SHLQ           $0x20, R11
+	ORQ            R11, R10
+	VMOVQ          R9, X1
+	VPINSRQ        $0x01, R10, X1, X1
+	VPSHUFB        q4kdsplit<>+0(SB), X1, X1
+	VCVTPH2PS      X1, Y1
+	MOVQ           aux+48(FP), R9
+	VBROADCASTF128 (R9)(BX*4), Y3
+	VMULPS         Y3, Y1, Y1
+	VMOVUPS        Y1, 32(SI)
+	ADDQ           136(SP), DI
+	ADDQ           144(SP), SI
+	PREFETCHT0     8192(DI)
+	PREFETCHT0     8256(DI)
+	PREFETCHT0     8320(DI)
+	PREFETCHT0     8384(DI)
+	PREFETCHT0     8448(DI)
+	PREFETCHT0     8512(DI)
+	PREFETCHT0     8576(DI)
+	PREFETCHT0     8640(DI)
+	PREFETCHT0     8704(DI)
+	PREFETCHT0     8768(DI)
+	MOVQ           BX, R9
+	SHLQ           $0x06, R9
+	ADDQ           meta+40(FP), R9
+	MOVL           4(DI), R10
+	MOVL           8(DI), R11
+	MOVL           12(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X1
+	VPBROADCASTQ   X1, Y1
+	VPSHUFB        q4kscpairs<>+0(SB), Y1, Y1
+	VMOVDQU        Y1, (SP)
+	VMOVQ          R11, X1
+	VPMOVZXBW      X1, X1
+	VPMADDWD       16(R9), X1, X1
+	MOVL           148(DI), R10
+	MOVL           152(DI), R11
+	MOVL           156(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X2
+	VPBROADCASTQ   X2, Y3
+	VPSHUFB        q4kscpairs<>+0(SB), Y3, Y3
+	VMOVDQU        Y3, 32(SP)
+	VMOVQ          R11, X3
+	VPMOVZXBW      X3, X3
+	VPMADDWD       80(R9), X3, X3
+	MOVL           292(DI), R10
+	MOVL           296(DI), R11
+	MOVL           300(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X2
+	VPBROADCASTQ   X2, Y4
+	VPSHUFB        q4kscpairs<>+0(SB), Y4, Y4
+	VMOVDQU        Y4, 64(SP)
+	VMOVQ          R11, X4
+	VPMOVZXBW      X4, X4
+	VPMADDWD       144(R9), X4, X4
+	MOVL           436(DI), R10
+	MOVL           440(DI), R11
+	MOVL           444(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X2
+	VPBROADCASTQ   X2, Y5
+	VPSHUFB        q4kscpairs<>+0(SB), Y5, Y5
+	VMOVDQU        Y5, 96(SP)
+	VMOVQ          R11, X5
+	VPMOVZXBW      X5, X5
+	VPMADDWD       208(R9), X5, X5
+	VMOVDQU        16(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     (R8), Y6, Y6
+	VPBROADCASTD   (SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     32(R8), Y7, Y7
+	VPBROADCASTD   4(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        48(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     64(R8), Y8, Y8
+	VPBROADCASTD   8(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     96(R8), Y9, Y8
+	VPBROADCASTD   12(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        80(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     128(R8), Y8, Y8
+	VPBROADCASTD   16(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     160(R8), Y9, Y8
+	VPBROADCASTD   20(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        112(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     192(R8), Y8, Y8
+	VPBROADCASTD   24(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     224(R8), Y9, Y8
+	VPBROADCASTD   28(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	VEXTRACTI128   $0x01, Y6, X2
+	VPADDD         X6, X2, X2
+	VINSERTI128    $0x01, X1, Y2, Y1
+	VMOVDQU        160(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     256(R8), Y6, Y6
+	VPBROADCASTD   32(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     288(R8), Y7, Y7
+	VPBROADCASTD   36(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        192(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     320(R8), Y8, Y8
+	VPBROADCASTD   40(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     352(R8), Y9, Y8
+	VPBROADCASTD   44(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        224(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     384(R8), Y8, Y8
+	VPBROADCASTD   48(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     416(R8), Y9, Y8
+	VPBROADCASTD   52(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        256(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     448(R8), Y8, Y8
+	VPBROADCASTD   56(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     480(R8), Y9, Y8
+	VPBROADCASTD   60(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	VEXTRACTI128   $0x01, Y6, X2
+	VPADDD         X6, X2, X2
+	VINSERTI128    $0x01, X3, Y2, Y3
+	VMOVDQU        304(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     512(R8), Y6, Y6
+	VPBROADCASTD   64(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     544(R8), Y7, Y7
+	VPBROADCASTD   68(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        336(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     576(R8), Y8, Y8
+	VPBROADCASTD   72(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     608(R8), Y9, Y8
+	VPBROADCASTD   76(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        368(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     640(R8), Y8, Y8
+	VPBROADCASTD   80(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     672(R8), Y9, Y8
+	VPBROADCASTD   84(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        400(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     704(R8), Y8, Y8
+	VPBROADCASTD   88(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     736(R8), Y9, Y8
+	VPBROADCASTD   92(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	VEXTRACTI128   $0x01, Y6, X2
+	VPADDD         X6, X2, X2
+	VINSERTI128    $0x01, X4, Y2, Y4
+	VMOVDQU        448(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     768(R8), Y6, Y6
+	VPBROADCASTD   96(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     800(R8), Y7, Y7
+	VPBROADCASTD   100(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        480(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     832(R8), Y8, Y8
+	VPBROADCASTD   104(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     864(R8), Y9, Y8
+	VPBROADCASTD   108(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        512(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     896(R8), Y8, Y8
+	VPBROADCASTD   112(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     928(R8), Y9, Y8
+	VPBROADCASTD   116(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        544(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     960(R8), Y8, Y8
+	VPBROADCASTD   120(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     992(R8), Y9, Y8
+	VPBROADCASTD   124(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	VEXTRACTI128   $0x01, Y6, X2
+	VPADDD         X6, X2, X2
+	VINSERTI128    $0x01, X5, Y2, Y5
+	VPUNPCKLDQ     Y3, Y1, Y6
+	VPUNPCKHDQ     Y3, Y1, Y1
+	VPADDD         Y1, Y6, Y6
+	VPUNPCKLDQ     Y5, Y4, Y1
+	VPUNPCKHDQ     Y5, Y4, Y3
+	VPADDD         Y3, Y1, Y1
+	VPUNPCKLQDQ    Y1, Y6, Y3
+	VPUNPCKHQDQ    Y1, Y6, Y1
+	VPADDD         Y1, Y3, Y3
+	VCVTDQ2PS      Y3, Y1
+	VXORPS         negmhalf<>+0(SB), Y1, Y1
+	VMOVUPS        Y1, (SI)
 	MOVL           (DI), R8
 	MOVL           144(DI), R9
 	SHLQ           $0x20, R9
@@ -49709,36 +50745,431 @@ group:
 	VPSHUFB        q4kdsplit<>+0(SB), X1, X1
 	VCVTPH2PS      X1, Y1
 	MOVQ           aux+48(FP), DI
-	VBROADCASTF128 (DI)(SI*4), Y3
+	VBROADCASTF128 (DI)(BX*4), Y3
 	VMULPS         Y3, Y1, Y1
-	VMOVUPS        Y1, 32(DX)
-	ADDQ           $0x00000040, DX
-	ADDQ           $0x00000004, BX
-	CMPQ           BX, CX
+	VMOVUPS        Y1, 32(SI)
+	SUBQ           152(SP), SI
+	ADDQ           $0x00000040, SI
+	ADDQ           $0x00000004, DX
+	CMPQ           DX, CX
+	JB             sgroup
+	ADDQ           ldw+8(FP), AX
+	DECQ           128(SP)
+	JNE            srow
+	ADDQ           152(SP), SI
+	MOVQ           136(SP), BX
+	IMUL3Q         $0x00000001, BX, BX
+	ADDQ           BX, AX
+
+singles:
+	MOVQ rows+16(FP), DX
+	ANDQ $0x00000001, DX
+	JE   phase1done
+	MOVQ DX, 128(SP)
+
+row:
+	XORQ DX, DX
+
+group:
+	MOVQ           CX, BX
+	SUBQ           $0x00000004, BX
+	CMPQ           DX, BX
+	CMOVQLT        DX, BX
+	IMUL3Q         $0x00000090, BX, DI
+	ADDQ           AX, DI
+	MOVQ           BX, R8
+	SHLQ           $0x08, R8
+	ADDQ           x+32(FP), R8
+	PREFETCHT0     8192(DI)
+	PREFETCHT0     8256(DI)
+	PREFETCHT0     8320(DI)
+	PREFETCHT0     8384(DI)
+	PREFETCHT0     8448(DI)
+	PREFETCHT0     8512(DI)
+	PREFETCHT0     8576(DI)
+	PREFETCHT0     8640(DI)
+	PREFETCHT0     8704(DI)
+	PREFETCHT0     8768(DI)
+	MOVQ           BX, R9
+	SHLQ           $0x06, R9
+	ADDQ           meta+40(FP), R9
+	MOVL           4(DI), R10
+	MOVL           8(DI), R11
+	MOVL           12(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X1
+	VPBROADCASTQ   X1, Y1
+	VPSHUFB        q4kscpairs<>+0(SB), Y1, Y1
+	VMOVDQU        Y1, (SP)
+	VMOVQ          R11, X1
+	VPMOVZXBW      X1, X1
+	VPMADDWD       16(R9), X1, X1
+	MOVL           148(DI), R10
+	MOVL           152(DI), R11
+	MOVL           156(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X2
+	VPBROADCASTQ   X2, Y3
+	VPSHUFB        q4kscpairs<>+0(SB), Y3, Y3
+	VMOVDQU        Y3, 32(SP)
+	VMOVQ          R11, X3
+	VPMOVZXBW      X3, X3
+	VPMADDWD       80(R9), X3, X3
+	MOVL           292(DI), R10
+	MOVL           296(DI), R11
+	MOVL           300(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X2
+	VPBROADCASTQ   X2, Y4
+	VPSHUFB        q4kscpairs<>+0(SB), Y4, Y4
+	VMOVDQU        Y4, 64(SP)
+	VMOVQ          R11, X4
+	VPMOVZXBW      X4, X4
+	VPMADDWD       144(R9), X4, X4
+	MOVL           436(DI), R10
+	MOVL           440(DI), R11
+	MOVL           444(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X2
+	VPBROADCASTQ   X2, Y5
+	VPSHUFB        q4kscpairs<>+0(SB), Y5, Y5
+	VMOVDQU        Y5, 96(SP)
+	VMOVQ          R11, X5
+	VPMOVZXBW      X5, X5
+	VPMADDWD       208(R9), X5, X5
+	VMOVDQU        16(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     (R8), Y6, Y6
+	VPBROADCASTD   (SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     32(R8), Y7, Y7
+	VPBROADCASTD   4(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        48(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     64(R8), Y8, Y8
+	VPBROADCASTD   8(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     96(R8), Y9, Y8
+	VPBROADCASTD   12(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        80(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     128(R8), Y8, Y8
+	VPBROADCASTD   16(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     160(R8), Y9, Y8
+	VPBROADCASTD   20(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        112(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     192(R8), Y8, Y8
+	VPBROADCASTD   24(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     224(R8), Y9, Y8
+	VPBROADCASTD   28(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	VEXTRACTI128   $0x01, Y6, X2
+	VPADDD         X6, X2, X2
+	VINSERTI128    $0x01, X1, Y2, Y1
+	VMOVDQU        160(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     256(R8), Y6, Y6
+	VPBROADCASTD   32(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     288(R8), Y7, Y7
+	VPBROADCASTD   36(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        192(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     320(R8), Y8, Y8
+	VPBROADCASTD   40(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     352(R8), Y9, Y8
+	VPBROADCASTD   44(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        224(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     384(R8), Y8, Y8
+	VPBROADCASTD   48(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     416(R8), Y9, Y8
+	VPBROADCASTD   52(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        256(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     448(R8), Y8, Y8
+	VPBROADCASTD   56(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     480(R8), Y9, Y8
+	VPBROADCASTD   60(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	VEXTRACTI128   $0x01, Y6, X2
+	VPADDD         X6, X2, X2
+	VINSERTI128    $0x01, X3, Y2, Y3
+	VMOVDQU        304(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     512(R8), Y6, Y6
+	VPBROADCASTD   64(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     544(R8), Y7, Y7
+	VPBROADCASTD   68(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        336(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     576(R8), Y8, Y8
+	VPBROADCASTD   72(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     608(R8), Y9, Y8
+	VPBROADCASTD   76(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        368(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     640(R8), Y8, Y8
+	VPBROADCASTD   80(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     672(R8), Y9, Y8
+	VPBROADCASTD   84(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        400(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     704(R8), Y8, Y8
+	VPBROADCASTD   88(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     736(R8), Y9, Y8
+	VPBROADCASTD   92(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	VEXTRACTI128   $0x01, Y6, X2
+	VPADDD         X6, X2, X2
+	VINSERTI128    $0x01, X4, Y2, Y4
+	VMOVDQU        448(DI), Y7
+	VPAND          Y0, Y7, Y6
+	VPSRLW         $0x04, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPMADDUBSW     768(R8), Y6, Y6
+	VPBROADCASTD   96(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
+	VPMADDUBSW     800(R8), Y7, Y7
+	VPBROADCASTD   100(SP), Y8
+	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        480(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     832(R8), Y8, Y8
+	VPBROADCASTD   104(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     864(R8), Y9, Y8
+	VPBROADCASTD   108(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        512(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     896(R8), Y8, Y8
+	VPBROADCASTD   112(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     928(R8), Y9, Y8
+	VPBROADCASTD   116(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VMOVDQU        544(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     960(R8), Y8, Y8
+	VPBROADCASTD   120(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     992(R8), Y9, Y8
+	VPBROADCASTD   124(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
+	VPADDD         Y7, Y6, Y6
+	VEXTRACTI128   $0x01, Y6, X2
+	VPADDD         X6, X2, X2
+	VINSERTI128    $0x01, X5, Y2, Y5
+	VPUNPCKLDQ     Y3, Y1, Y6
+	VPUNPCKHDQ     Y3, Y1, Y1
+	VPADDD         Y1, Y6, Y6
+	VPUNPCKLDQ     Y5, Y4, Y1
+	VPUNPCKHDQ     Y5, Y4, Y3
+	VPADDD         Y3, Y1, Y1
+	VPUNPCKLQDQ    Y1, Y6, Y3
+	VPUNPCKHQDQ    Y1, Y6, Y1
+	VPADDD         Y1, Y3, Y3
+	VCVTDQ2PS      Y3, Y1
+	VXORPS         negmhalf<>+0(SB), Y1, Y1
+	VMOVUPS        Y1, (SI)
+	MOVL           (DI), R8
+	MOVL           144(DI), R9
+	SHLQ           $0x20, R9
+	ORQ            R9, R8
+	MOVL           288(DI), R9
+	MOVL           432(DI), DI
+	SHLQ           $0x20, DI
+	ORQ            DI, R9
+	VMOVQ          R8, X1
+	VPINSRQ        $0x01, R9, X1, X1
+	VPSHUFB        q4kdsplit<>+0(SB), X1, X1
+	VCVTPH2PS      X1, Y1
+	MOVQ           aux+48(FP), DI
+	VBROADCASTF128 (DI)(BX*4), Y3
+	VMULPS         Y3, Y1, Y1
+	VMOVUPS        Y1, 32(SI)
+	ADDQ           $0x00000040, SI
+	ADDQ           $0x00000004, DX
+	CMPQ           DX, CX
 	JB             group
 	ADDQ           ldw+8(FP), AX
 	DECQ           128(SP)
 	JNE            row
-	MOVQ           scratch+56(FP), AX
-	MOVQ           out+64(FP), DX
-	MOVQ           CX, BX
-	ADDQ           $0x00000003, BX
-	SHRQ           $0x02, BX
-	MOVQ           BX, SI
-	SHLQ           $0x06, SI
-	LEAQ           (SI)(SI*2), DI
-	LEAQ           (AX)(SI*4), R8
-	VXORPS         X0, X0, X0
-	VXORPS         X1, X1, X1
-	VXORPS         X2, X2, X2
-	VXORPS         X3, X3, X3
-	VXORPS         X4, X4, X4
-	VXORPS         X5, X5, X5
-	VXORPS         X6, X6, X6
-	VXORPS         X7, X7, X7
-	MOVQ           BX, R9
-	DECQ           R9
-	JE             lastgroup
+
+phase1done:
+	MOVQ   scratch+56(FP), AX
+	MOVQ   out+64(FP), DX
+	MOVQ   CX, BX
+	ADDQ   $0x00000003, BX
+	SHRQ   $0x02, BX
+	MOVQ   BX, SI
+	SHLQ   $0x06, SI
+	LEAQ   (SI)(SI*2), DI
+	LEAQ   (AX)(SI*4), R8
+	VXORPS X0, X0, X0
+	VXORPS X1, X1, X1
+	VXORPS X2, X2, X2
+	VXORPS X3, X3, X3
+	VXORPS X4, X4, X4
+	VXORPS X5, X5, X5
+	VXORPS X6, X6, X6
+	VXORPS X7, X7, X7
+	MOVQ   BX, R9
+	DECQ   R9
+	JE     lastgroup
 
 chain:
 	VMOVSS      (AX), X8
@@ -50118,9 +51549,9 @@ DATA negmhalf<>+30(SB)/1, $0x00
 DATA negmhalf<>+31(SB)/1, $0x80
 GLOBL negmhalf<>(SB), RODATA|NOPTR, $32
 
-// func qrowQ5_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+// func qrowQ5_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)
 // Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
-TEXT ·qrowQ5_KAVX2(SB), NOSPLIT, $136-72
+TEXT ·qrowQ5_KAVX2(SB), NOSPLIT, $160-80
 	MOVL         $0x0f0f0f0f, AX
 	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
@@ -50130,20 +51561,34 @@ TEXT ·qrowQ5_KAVX2(SB), NOSPLIT, $136-72
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
+	SHRQ         $0x01, DX
+	MOVQ         lds+72(FP), BX
+	MOVQ         BX, 136(SP)
+	MOVQ         DX, BX
+	MOVQ         CX, SI
+	ADDQ         $0x00000003, SI
+	SHRQ         $0x02, SI
+	IMULQ        SI, BX
+	SHLQ         $0x06, BX
+	MOVQ         BX, 144(SP)
+	IMUL3Q       $0x00000001, BX, BX
+	MOVQ         BX, 152(SP)
+	MOVQ         scratch+56(FP), SI
+	TESTQ        DX, DX
+	JE           singles
 	MOVQ         DX, 128(SP)
-	MOVQ         scratch+56(FP), DX
 
-row:
-	XORQ BX, BX
+srow:
+	XORQ DX, DX
 
-group:
-	MOVQ           CX, SI
-	SUBQ           $0x00000004, SI
-	CMPQ           BX, SI
-	CMOVQLT        BX, SI
-	IMUL3Q         $0x000000b0, SI, DI
+sgroup:
+	MOVQ           CX, BX
+	SUBQ           $0x00000004, BX
+	CMPQ           DX, BX
+	CMOVQLT        DX, BX
+	IMUL3Q         $0x000000b0, BX, DI
 	ADDQ           AX, DI
-	MOVQ           SI, R8
+	MOVQ           BX, R8
 	SHLQ           $0x08, R8
 	ADDQ           x+32(FP), R8
 	PREFETCHT0     8192(DI)
@@ -50158,7 +51603,7 @@ group:
 	PREFETCHT0     8768(DI)
 	PREFETCHT0     8832(DI)
 	PREFETCHT0     8896(DI)
-	MOVQ           SI, R9
+	MOVQ           BX, R9
 	SHLQ           $0x06, R9
 	ADDQ           meta+40(FP), R9
 	MOVL           4(DI), R10
@@ -50592,7 +52037,472 @@ group:
 	VPADDD         Y2, Y4, Y4
 	VCVTDQ2PS      Y4, Y2
 	VXORPS         negmhalf<>+0(SB), Y2, Y2
-	VMOVUPS        Y2, (DX)
+	VMOVUPS        Y2, (SI)
+	MOVL           (DI), R9
+	MOVL           176(DI), R10
+	SHLQ           $0x20, R10
+	ORQ            R10, R9
+	MOVL           352(DI), R10
+	MOVL           528(DI), R11
+	SHLQ           $0x20, R11
+	ORQ            R11, R10
+	VMOVQ          R9, X2
+	VPINSRQ        $0x01, R10, X2, X2
+	VPSHUFB        q4kdsplit<>+0(SB), X2, X2
+	VCVTPH2PS      X2, Y2
+	MOVQ           aux+48(FP), R9
+	VBROADCASTF128 (R9)(BX*4), Y4
+	VMULPS         Y4, Y2, Y2
+	VMOVUPS        Y2, 32(SI)
+	ADDQ           136(SP), DI
+	ADDQ           144(SP), SI
+	PREFETCHT0     8192(DI)
+	PREFETCHT0     8256(DI)
+	PREFETCHT0     8320(DI)
+	PREFETCHT0     8384(DI)
+	PREFETCHT0     8448(DI)
+	PREFETCHT0     8512(DI)
+	PREFETCHT0     8576(DI)
+	PREFETCHT0     8640(DI)
+	PREFETCHT0     8704(DI)
+	PREFETCHT0     8768(DI)
+	PREFETCHT0     8832(DI)
+	PREFETCHT0     8896(DI)
+	MOVQ           BX, R9
+	SHLQ           $0x06, R9
+	ADDQ           meta+40(FP), R9
+	MOVL           4(DI), R10
+	MOVL           8(DI), R11
+	MOVL           12(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X2
+	VPBROADCASTQ   X2, Y2
+	VPSHUFB        q4kscpairs<>+0(SB), Y2, Y2
+	VMOVDQU        Y2, (SP)
+	VMOVQ          R11, X2
+	VPMOVZXBW      X2, X2
+	VPMADDWD       16(R9), X2, X2
+	MOVL           180(DI), R10
+	MOVL           184(DI), R11
+	MOVL           188(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X3
+	VPBROADCASTQ   X3, Y4
+	VPSHUFB        q4kscpairs<>+0(SB), Y4, Y4
+	VMOVDQU        Y4, 32(SP)
+	VMOVQ          R11, X4
+	VPMOVZXBW      X4, X4
+	VPMADDWD       80(R9), X4, X4
+	MOVL           356(DI), R10
+	MOVL           360(DI), R11
+	MOVL           364(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X3
+	VPBROADCASTQ   X3, Y5
+	VPSHUFB        q4kscpairs<>+0(SB), Y5, Y5
+	VMOVDQU        Y5, 64(SP)
+	VMOVQ          R11, X5
+	VPMOVZXBW      X5, X5
+	VPMADDWD       144(R9), X5, X5
+	MOVL           532(DI), R10
+	MOVL           536(DI), R11
+	MOVL           540(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X3
+	VPBROADCASTQ   X3, Y6
+	VPSHUFB        q4kscpairs<>+0(SB), Y6, Y6
+	VMOVDQU        Y6, 96(SP)
+	VMOVQ          R11, X6
+	VPMOVZXBW      X6, X6
+	VPMADDWD       208(R9), X6, X6
+	VMOVDQU        16(DI), Y7
+	VMOVDQU        48(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     (R8), Y8, Y8
+	VPBROADCASTD   (SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPSLLW         $0x03, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     32(R8), Y9, Y9
+	VPBROADCASTD   4(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        80(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     64(R8), Y10, Y10
+	VPBROADCASTD   8(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     96(R8), Y11, Y10
+	VPBROADCASTD   12(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        112(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     128(R8), Y10, Y10
+	VPBROADCASTD   16(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     160(R8), Y11, Y10
+	VPBROADCASTD   20(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        144(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     192(R8), Y10, Y10
+	VPBROADCASTD   24(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x03, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y11, Y11
+	VPMADDUBSW     224(R8), Y11, Y7
+	VPBROADCASTD   28(SP), Y10
+	VPMADDWD       Y10, Y7, Y7
+	VPADDD         Y7, Y9, Y9
+	VPADDD         Y9, Y8, Y8
+	VEXTRACTI128   $0x01, Y8, X3
+	VPADDD         X8, X3, X3
+	VINSERTI128    $0x01, X2, Y3, Y2
+	VMOVDQU        192(DI), Y7
+	VMOVDQU        224(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     256(R8), Y8, Y8
+	VPBROADCASTD   32(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPSLLW         $0x03, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     288(R8), Y9, Y9
+	VPBROADCASTD   36(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        256(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     320(R8), Y10, Y10
+	VPBROADCASTD   40(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     352(R8), Y11, Y10
+	VPBROADCASTD   44(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        288(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     384(R8), Y10, Y10
+	VPBROADCASTD   48(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     416(R8), Y11, Y10
+	VPBROADCASTD   52(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        320(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     448(R8), Y10, Y10
+	VPBROADCASTD   56(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x03, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y11, Y11
+	VPMADDUBSW     480(R8), Y11, Y7
+	VPBROADCASTD   60(SP), Y10
+	VPMADDWD       Y10, Y7, Y7
+	VPADDD         Y7, Y9, Y9
+	VPADDD         Y9, Y8, Y8
+	VEXTRACTI128   $0x01, Y8, X3
+	VPADDD         X8, X3, X3
+	VINSERTI128    $0x01, X4, Y3, Y4
+	VMOVDQU        368(DI), Y7
+	VMOVDQU        400(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     512(R8), Y8, Y8
+	VPBROADCASTD   64(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPSLLW         $0x03, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     544(R8), Y9, Y9
+	VPBROADCASTD   68(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        432(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     576(R8), Y10, Y10
+	VPBROADCASTD   72(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     608(R8), Y11, Y10
+	VPBROADCASTD   76(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        464(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     640(R8), Y10, Y10
+	VPBROADCASTD   80(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     672(R8), Y11, Y10
+	VPBROADCASTD   84(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        496(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     704(R8), Y10, Y10
+	VPBROADCASTD   88(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x03, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y11, Y11
+	VPMADDUBSW     736(R8), Y11, Y7
+	VPBROADCASTD   92(SP), Y10
+	VPMADDWD       Y10, Y7, Y7
+	VPADDD         Y7, Y9, Y9
+	VPADDD         Y9, Y8, Y8
+	VEXTRACTI128   $0x01, Y8, X3
+	VPADDD         X8, X3, X3
+	VINSERTI128    $0x01, X5, Y3, Y5
+	VMOVDQU        544(DI), Y7
+	VMOVDQU        576(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     768(R8), Y8, Y8
+	VPBROADCASTD   96(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPSLLW         $0x03, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     800(R8), Y9, Y9
+	VPBROADCASTD   100(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        608(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     832(R8), Y10, Y10
+	VPBROADCASTD   104(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     864(R8), Y11, Y10
+	VPBROADCASTD   108(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        640(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     896(R8), Y10, Y10
+	VPBROADCASTD   112(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     928(R8), Y11, Y10
+	VPBROADCASTD   116(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        672(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     960(R8), Y10, Y10
+	VPBROADCASTD   120(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x03, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y11, Y11
+	VPMADDUBSW     992(R8), Y11, Y7
+	VPBROADCASTD   124(SP), Y10
+	VPMADDWD       Y10, Y7, Y7
+	VPADDD         Y7, Y9, Y9
+	VPADDD         Y9, Y8, Y8
+	VEXTRACTI128   $0x01, Y8, X3
+	VPADDD         X8, X3, X3
+	VINSERTI128    $0x01, X6, Y3, Y6
+	VPUNPCKLDQ     Y4, Y2, Y7
+	VPUNPCKHDQ     Y4, Y2, Y2
+	VPADDD         Y2, Y7, Y7
+	VPUNPCKLDQ     Y6, Y5, Y2
+	VPUNPCKHDQ     Y6, Y5, Y4
+	VPADDD         Y4, Y2, Y2
+	VPUNPCKLQDQ    Y2, Y7, Y4
+	VPUNPCKHQDQ    Y2, Y7, Y2
+	VPADDD         Y2, Y4, Y4
+	VCVTDQ2PS      Y4, Y2
+	VXORPS         negmhalf<>+0(SB), Y2, Y2
+	VMOVUPS        Y2, (SI)
 	MOVL           (DI), R8
 	MOVL           176(DI), R9
 	SHLQ           $0x20, R9
@@ -50606,36 +52516,533 @@ group:
 	VPSHUFB        q4kdsplit<>+0(SB), X2, X2
 	VCVTPH2PS      X2, Y2
 	MOVQ           aux+48(FP), DI
-	VBROADCASTF128 (DI)(SI*4), Y4
+	VBROADCASTF128 (DI)(BX*4), Y4
 	VMULPS         Y4, Y2, Y2
-	VMOVUPS        Y2, 32(DX)
-	ADDQ           $0x00000040, DX
-	ADDQ           $0x00000004, BX
-	CMPQ           BX, CX
+	VMOVUPS        Y2, 32(SI)
+	SUBQ           152(SP), SI
+	ADDQ           $0x00000040, SI
+	ADDQ           $0x00000004, DX
+	CMPQ           DX, CX
+	JB             sgroup
+	ADDQ           ldw+8(FP), AX
+	DECQ           128(SP)
+	JNE            srow
+	ADDQ           152(SP), SI
+	MOVQ           136(SP), BX
+	IMUL3Q         $0x00000001, BX, BX
+	ADDQ           BX, AX
+
+singles:
+	MOVQ rows+16(FP), DX
+	ANDQ $0x00000001, DX
+	JE   phase1done
+	MOVQ DX, 128(SP)
+
+row:
+	XORQ DX, DX
+
+group:
+	MOVQ           CX, BX
+	SUBQ           $0x00000004, BX
+	CMPQ           DX, BX
+	CMOVQLT        DX, BX
+	IMUL3Q         $0x000000b0, BX, DI
+	ADDQ           AX, DI
+	MOVQ           BX, R8
+	SHLQ           $0x08, R8
+	ADDQ           x+32(FP), R8
+	PREFETCHT0     8192(DI)
+	PREFETCHT0     8256(DI)
+	PREFETCHT0     8320(DI)
+	PREFETCHT0     8384(DI)
+	PREFETCHT0     8448(DI)
+	PREFETCHT0     8512(DI)
+	PREFETCHT0     8576(DI)
+	PREFETCHT0     8640(DI)
+	PREFETCHT0     8704(DI)
+	PREFETCHT0     8768(DI)
+	PREFETCHT0     8832(DI)
+	PREFETCHT0     8896(DI)
+	MOVQ           BX, R9
+	SHLQ           $0x06, R9
+	ADDQ           meta+40(FP), R9
+	MOVL           4(DI), R10
+	MOVL           8(DI), R11
+	MOVL           12(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X2
+	VPBROADCASTQ   X2, Y2
+	VPSHUFB        q4kscpairs<>+0(SB), Y2, Y2
+	VMOVDQU        Y2, (SP)
+	VMOVQ          R11, X2
+	VPMOVZXBW      X2, X2
+	VPMADDWD       16(R9), X2, X2
+	MOVL           180(DI), R10
+	MOVL           184(DI), R11
+	MOVL           188(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X3
+	VPBROADCASTQ   X3, Y4
+	VPSHUFB        q4kscpairs<>+0(SB), Y4, Y4
+	VMOVDQU        Y4, 32(SP)
+	VMOVQ          R11, X4
+	VPMOVZXBW      X4, X4
+	VPMADDWD       80(R9), X4, X4
+	MOVL           356(DI), R10
+	MOVL           360(DI), R11
+	MOVL           364(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X3
+	VPBROADCASTQ   X3, Y5
+	VPSHUFB        q4kscpairs<>+0(SB), Y5, Y5
+	VMOVDQU        Y5, 64(SP)
+	VMOVQ          R11, X5
+	VPMOVZXBW      X5, X5
+	VPMADDWD       144(R9), X5, X5
+	MOVL           532(DI), R10
+	MOVL           536(DI), R11
+	MOVL           540(DI), R12
+	MOVL           R10, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	MOVL           R12, R14
+	ANDL           $0x0f0f0f0f, R14
+	ORL            R13, R14
+	ANDL           $0x3f3f3f3f, R10
+	SHLQ           $0x20, R14
+	ORQ            R14, R10
+	MOVL           R11, R13
+	SHRL           $0x06, R13
+	ANDL           $0x03030303, R13
+	SHLL           $0x04, R13
+	SHRL           $0x04, R12
+	ANDL           $0x0f0f0f0f, R12
+	ORL            R13, R12
+	ANDL           $0x3f3f3f3f, R11
+	SHLQ           $0x20, R12
+	ORQ            R12, R11
+	VMOVQ          R10, X3
+	VPBROADCASTQ   X3, Y6
+	VPSHUFB        q4kscpairs<>+0(SB), Y6, Y6
+	VMOVDQU        Y6, 96(SP)
+	VMOVQ          R11, X6
+	VPMOVZXBW      X6, X6
+	VPMADDWD       208(R9), X6, X6
+	VMOVDQU        16(DI), Y7
+	VMOVDQU        48(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     (R8), Y8, Y8
+	VPBROADCASTD   (SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPSLLW         $0x03, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     32(R8), Y9, Y9
+	VPBROADCASTD   4(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        80(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     64(R8), Y10, Y10
+	VPBROADCASTD   8(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     96(R8), Y11, Y10
+	VPBROADCASTD   12(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        112(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     128(R8), Y10, Y10
+	VPBROADCASTD   16(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     160(R8), Y11, Y10
+	VPBROADCASTD   20(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        144(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     192(R8), Y10, Y10
+	VPBROADCASTD   24(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x03, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y11, Y11
+	VPMADDUBSW     224(R8), Y11, Y7
+	VPBROADCASTD   28(SP), Y10
+	VPMADDWD       Y10, Y7, Y7
+	VPADDD         Y7, Y9, Y9
+	VPADDD         Y9, Y8, Y8
+	VEXTRACTI128   $0x01, Y8, X3
+	VPADDD         X8, X3, X3
+	VINSERTI128    $0x01, X2, Y3, Y2
+	VMOVDQU        192(DI), Y7
+	VMOVDQU        224(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     256(R8), Y8, Y8
+	VPBROADCASTD   32(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPSLLW         $0x03, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     288(R8), Y9, Y9
+	VPBROADCASTD   36(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        256(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     320(R8), Y10, Y10
+	VPBROADCASTD   40(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     352(R8), Y11, Y10
+	VPBROADCASTD   44(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        288(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     384(R8), Y10, Y10
+	VPBROADCASTD   48(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     416(R8), Y11, Y10
+	VPBROADCASTD   52(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        320(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     448(R8), Y10, Y10
+	VPBROADCASTD   56(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x03, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y11, Y11
+	VPMADDUBSW     480(R8), Y11, Y7
+	VPBROADCASTD   60(SP), Y10
+	VPMADDWD       Y10, Y7, Y7
+	VPADDD         Y7, Y9, Y9
+	VPADDD         Y9, Y8, Y8
+	VEXTRACTI128   $0x01, Y8, X3
+	VPADDD         X8, X3, X3
+	VINSERTI128    $0x01, X4, Y3, Y4
+	VMOVDQU        368(DI), Y7
+	VMOVDQU        400(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     512(R8), Y8, Y8
+	VPBROADCASTD   64(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPSLLW         $0x03, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     544(R8), Y9, Y9
+	VPBROADCASTD   68(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        432(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     576(R8), Y10, Y10
+	VPBROADCASTD   72(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     608(R8), Y11, Y10
+	VPBROADCASTD   76(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        464(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     640(R8), Y10, Y10
+	VPBROADCASTD   80(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     672(R8), Y11, Y10
+	VPBROADCASTD   84(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        496(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     704(R8), Y10, Y10
+	VPBROADCASTD   88(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x03, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y11, Y11
+	VPMADDUBSW     736(R8), Y11, Y7
+	VPBROADCASTD   92(SP), Y10
+	VPMADDWD       Y10, Y7, Y7
+	VPADDD         Y7, Y9, Y9
+	VPADDD         Y9, Y8, Y8
+	VEXTRACTI128   $0x01, Y8, X3
+	VPADDD         X8, X3, X3
+	VINSERTI128    $0x01, X5, Y3, Y5
+	VMOVDQU        544(DI), Y7
+	VMOVDQU        576(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     768(R8), Y8, Y8
+	VPBROADCASTD   96(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPSLLW         $0x03, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     800(R8), Y9, Y9
+	VPBROADCASTD   100(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        608(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     832(R8), Y10, Y10
+	VPBROADCASTD   104(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     864(R8), Y11, Y10
+	VPBROADCASTD   108(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        640(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     896(R8), Y10, Y10
+	VPBROADCASTD   112(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     928(R8), Y11, Y10
+	VPBROADCASTD   116(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        672(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     960(R8), Y10, Y10
+	VPBROADCASTD   120(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x03, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPOR           Y7, Y11, Y11
+	VPMADDUBSW     992(R8), Y11, Y7
+	VPBROADCASTD   124(SP), Y10
+	VPMADDWD       Y10, Y7, Y7
+	VPADDD         Y7, Y9, Y9
+	VPADDD         Y9, Y8, Y8
+	VEXTRACTI128   $0x01, Y8, X3
+	VPADDD         X8, X3, X3
+	VINSERTI128    $0x01, X6, Y3, Y6
+	VPUNPCKLDQ     Y4, Y2, Y7
+	VPUNPCKHDQ     Y4, Y2, Y2
+	VPADDD         Y2, Y7, Y7
+	VPUNPCKLDQ     Y6, Y5, Y2
+	VPUNPCKHDQ     Y6, Y5, Y4
+	VPADDD         Y4, Y2, Y2
+	VPUNPCKLQDQ    Y2, Y7, Y4
+	VPUNPCKHQDQ    Y2, Y7, Y2
+	VPADDD         Y2, Y4, Y4
+	VCVTDQ2PS      Y4, Y2
+	VXORPS         negmhalf<>+0(SB), Y2, Y2
+	VMOVUPS        Y2, (SI)
+	MOVL           (DI), R8
+	MOVL           176(DI), R9
+	SHLQ           $0x20, R9
+	ORQ            R9, R8
+	MOVL           352(DI), R9
+	MOVL           528(DI), DI
+	SHLQ           $0x20, DI
+	ORQ            DI, R9
+	VMOVQ          R8, X2
+	VPINSRQ        $0x01, R9, X2, X2
+	VPSHUFB        q4kdsplit<>+0(SB), X2, X2
+	VCVTPH2PS      X2, Y2
+	MOVQ           aux+48(FP), DI
+	VBROADCASTF128 (DI)(BX*4), Y4
+	VMULPS         Y4, Y2, Y2
+	VMOVUPS        Y2, 32(SI)
+	ADDQ           $0x00000040, SI
+	ADDQ           $0x00000004, DX
+	CMPQ           DX, CX
 	JB             group
 	ADDQ           ldw+8(FP), AX
 	DECQ           128(SP)
 	JNE            row
-	MOVQ           scratch+56(FP), AX
-	MOVQ           out+64(FP), DX
-	MOVQ           CX, BX
-	ADDQ           $0x00000003, BX
-	SHRQ           $0x02, BX
-	MOVQ           BX, SI
-	SHLQ           $0x06, SI
-	LEAQ           (SI)(SI*2), DI
-	LEAQ           (AX)(SI*4), R8
-	VXORPS         X0, X0, X0
-	VXORPS         X1, X1, X1
-	VXORPS         X2, X2, X2
-	VXORPS         X3, X3, X3
-	VXORPS         X4, X4, X4
-	VXORPS         X5, X5, X5
-	VXORPS         X6, X6, X6
-	VXORPS         X7, X7, X7
-	MOVQ           BX, R9
-	DECQ           R9
-	JE             lastgroup
+
+phase1done:
+	MOVQ   scratch+56(FP), AX
+	MOVQ   out+64(FP), DX
+	MOVQ   CX, BX
+	ADDQ   $0x00000003, BX
+	SHRQ   $0x02, BX
+	MOVQ   BX, SI
+	SHLQ   $0x06, SI
+	LEAQ   (SI)(SI*2), DI
+	LEAQ   (AX)(SI*4), R8
+	VXORPS X0, X0, X0
+	VXORPS X1, X1, X1
+	VXORPS X2, X2, X2
+	VXORPS X3, X3, X3
+	VXORPS X4, X4, X4
+	VXORPS X5, X5, X5
+	VXORPS X6, X6, X6
+	VXORPS X7, X7, X7
+	MOVQ   BX, R9
+	DECQ   R9
+	JE     lastgroup
 
 chain:
 	VMOVSS      (AX), X8
@@ -50929,9 +53336,9 @@ tail3:
 	VZEROUPPER
 	RET
 
-// func qrowQ6_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+// func qrowQ6_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)
 // Requires: AVX, AVX2, CMOV, F16C, FMA3, MMX+
-TEXT ·qrowQ6_KAVX2(SB), NOSPLIT, $8-72
+TEXT ·qrowQ6_KAVX2(SB), NOSPLIT, $32-80
 	MOVL         $0x0f0f0f0f, AX
 	VMOVD        AX, X0
 	VPBROADCASTD X0, Y0
@@ -50941,20 +53348,34 @@ TEXT ·qrowQ6_KAVX2(SB), NOSPLIT, $8-72
 	MOVQ         w+0(FP), AX
 	MOVQ         nb+24(FP), CX
 	MOVQ         rows+16(FP), DX
-	MOVQ         DX, (SP)
-	MOVQ         scratch+56(FP), DX
-
-row:
-	XORQ BX, BX
-
-group:
+	SHRQ         $0x01, DX
+	MOVQ         lds+72(FP), BX
+	MOVQ         BX, 8(SP)
+	MOVQ         DX, BX
 	MOVQ         CX, SI
-	SUBQ         $0x00000004, SI
-	CMPQ         BX, SI
-	CMOVQLT      BX, SI
-	IMUL3Q       $0x000000d2, SI, DI
+	ADDQ         $0x00000003, SI
+	SHRQ         $0x02, SI
+	IMULQ        SI, BX
+	SHLQ         $0x05, BX
+	MOVQ         BX, 16(SP)
+	IMUL3Q       $0x00000001, BX, BX
+	MOVQ         BX, 24(SP)
+	MOVQ         scratch+56(FP), SI
+	TESTQ        DX, DX
+	JE           singles
+	MOVQ         DX, (SP)
+
+srow:
+	XORQ DX, DX
+
+sgroup:
+	MOVQ         CX, BX
+	SUBQ         $0x00000004, BX
+	CMPQ         DX, BX
+	CMOVQLT      DX, BX
+	IMUL3Q       $0x000000d2, BX, DI
 	ADDQ         AX, DI
-	MOVQ         SI, R8
+	MOVQ         BX, R8
 	SHLQ         $0x08, R8
 	ADDQ         x+32(FP), R8
 	PREFETCHT0   8192(DI)
@@ -50972,7 +53393,7 @@ group:
 	PREFETCHT0   8960(DI)
 	PREFETCHT0   9024(DI)
 	PREFETCHT0   9088(DI)
-	MOVQ         SI, R9
+	MOVQ         BX, R9
 	SHLQ         $0x06, R9
 	ADDQ         meta+40(FP), R9
 	VMOVDQU      192(DI), X2
@@ -51299,7 +53720,364 @@ group:
 	VEXTRACTI128 $0x01, Y4, X2
 	VPADDD       X4, X2, X2
 	VCVTDQ2PS    X2, X2
-	VMOVUPS      X2, (DX)
+	VMOVUPS      X2, (SI)
+	MOVWQZX      838(DI), R9
+	SHLQ         $0x10, R9
+	MOVW         628(DI), R9
+	SHLQ         $0x10, R9
+	MOVW         418(DI), R9
+	SHLQ         $0x10, R9
+	MOVW         208(DI), R9
+	VMOVQ        R9, X2
+	VCVTPH2PS    X2, X2
+	MOVQ         aux+48(FP), R9
+	VMULPS       (R9)(BX*4), X2, X2
+	VMOVUPS      X2, 16(SI)
+	ADDQ         8(SP), DI
+	ADDQ         16(SP), SI
+	PREFETCHT0   8192(DI)
+	PREFETCHT0   8256(DI)
+	PREFETCHT0   8320(DI)
+	PREFETCHT0   8384(DI)
+	PREFETCHT0   8448(DI)
+	PREFETCHT0   8512(DI)
+	PREFETCHT0   8576(DI)
+	PREFETCHT0   8640(DI)
+	PREFETCHT0   8704(DI)
+	PREFETCHT0   8768(DI)
+	PREFETCHT0   8832(DI)
+	PREFETCHT0   8896(DI)
+	PREFETCHT0   8960(DI)
+	PREFETCHT0   9024(DI)
+	PREFETCHT0   9088(DI)
+	MOVQ         BX, R9
+	SHLQ         $0x06, R9
+	ADDQ         meta+40(FP), R9
+	VMOVDQU      192(DI), X2
+	VPMOVSXBW    X2, Y3
+	VPMADDWD     32(R9), Y3, Y3
+	VPSHUFB      q6evenodd<>+0(SB), X2, X2
+	VPMOVSXBW    X2, Y2
+	VMOVDQU      (DI), Y4
+	VMOVDQU      32(DI), Y5
+	VMOVDQU      128(DI), Y6
+	VPSLLW       $0x04, Y6, Y7
+	VPAND        Y1, Y7, Y7
+	VPAND        Y0, Y4, Y8
+	VPOR         Y7, Y8, Y8
+	VPMADDUBSW   (R8), Y8, Y7
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y8
+	VPMADDWD     Y8, Y7, Y7
+	VPSLLW       $0x02, Y6, Y8
+	VPAND        Y1, Y8, Y8
+	VPAND        Y0, Y5, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   32(R8), Y9, Y8
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPAND        Y1, Y6, Y9
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y9, Y4, Y4
+	VPMADDUBSW   64(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y2, Y9
+	VPMADDWD     Y9, Y4, Y4
+	VPADDD       Y4, Y7, Y7
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   96(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VMOVDQU      64(DI), Y4
+	VMOVDQU      96(DI), Y5
+	VMOVDQU      160(DI), Y6
+	VPSLLW       $0x04, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   128(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+128(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPADDD       Y9, Y7, Y7
+	VPSLLW       $0x02, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y5, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   160(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+160(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPAND        Y1, Y6, Y9
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y9, Y4, Y4
+	VPMADDUBSW   192(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y2, Y9
+	VPMADDWD     Y9, Y4, Y4
+	VPADDD       Y4, Y7, Y7
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   224(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPADDD       Y8, Y7, Y7
+	VPSLLD       $0x05, Y3, Y3
+	VPSUBD       Y3, Y7, Y7
+	VMOVDQU      402(DI), X2
+	VPMOVSXBW    X2, Y3
+	VPMADDWD     96(R9), Y3, Y3
+	VPSHUFB      q6evenodd<>+0(SB), X2, X2
+	VPMOVSXBW    X2, Y2
+	VMOVDQU      210(DI), Y4
+	VMOVDQU      242(DI), Y5
+	VMOVDQU      338(DI), Y6
+	VPSLLW       $0x04, Y6, Y8
+	VPAND        Y1, Y8, Y8
+	VPAND        Y0, Y4, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   256(R8), Y9, Y8
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPSLLW       $0x02, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y5, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   288(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPAND        Y1, Y6, Y10
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y10, Y4, Y4
+	VPMADDUBSW   320(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y2, Y10
+	VPMADDWD     Y10, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   352(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VMOVDQU      274(DI), Y4
+	VMOVDQU      306(DI), Y5
+	VMOVDQU      370(DI), Y6
+	VPSLLW       $0x04, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   384(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+128(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPADDD       Y10, Y8, Y8
+	VPSLLW       $0x02, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y5, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   416(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+160(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	VPAND        Y1, Y6, Y10
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y10, Y4, Y4
+	VPMADDUBSW   448(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y2, Y10
+	VPMADDWD     Y10, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   480(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPSLLD       $0x05, Y3, Y3
+	VPSUBD       Y3, Y8, Y8
+	VMOVDQU      612(DI), X2
+	VPMOVSXBW    X2, Y3
+	VPMADDWD     160(R9), Y3, Y3
+	VPSHUFB      q6evenodd<>+0(SB), X2, X2
+	VPMOVSXBW    X2, Y2
+	VMOVDQU      420(DI), Y4
+	VMOVDQU      452(DI), Y5
+	VMOVDQU      548(DI), Y6
+	VPSLLW       $0x04, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   512(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPSLLW       $0x02, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y5, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   544(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPAND        Y1, Y6, Y11
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y11, Y4, Y4
+	VPMADDUBSW   576(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y2, Y11
+	VPMADDWD     Y11, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   608(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VMOVDQU      484(DI), Y4
+	VMOVDQU      516(DI), Y5
+	VMOVDQU      580(DI), Y6
+	VPSLLW       $0x04, Y6, Y11
+	VPAND        Y1, Y11, Y11
+	VPAND        Y0, Y4, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   640(R8), Y12, Y11
+	VPSHUFB      q6scspread<>+128(SB), Y2, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPADDD       Y11, Y9, Y9
+	VPSLLW       $0x02, Y6, Y11
+	VPAND        Y1, Y11, Y11
+	VPAND        Y0, Y5, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   672(R8), Y12, Y11
+	VPSHUFB      q6scspread<>+160(SB), Y2, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPADDD       Y11, Y10, Y10
+	VPAND        Y1, Y6, Y11
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y11, Y4, Y4
+	VPMADDUBSW   704(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y2, Y11
+	VPMADDWD     Y11, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   736(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	VPSLLD       $0x05, Y3, Y3
+	VPSUBD       Y3, Y9, Y9
+	VMOVDQU      822(DI), X2
+	VPMOVSXBW    X2, Y3
+	VPMADDWD     224(R9), Y3, Y3
+	VPSHUFB      q6evenodd<>+0(SB), X2, X2
+	VPMOVSXBW    X2, Y2
+	VMOVDQU      630(DI), Y4
+	VMOVDQU      662(DI), Y5
+	VMOVDQU      758(DI), Y6
+	VPSLLW       $0x04, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   768(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPSLLW       $0x02, Y6, Y11
+	VPAND        Y1, Y11, Y11
+	VPAND        Y0, Y5, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   800(R8), Y12, Y11
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPAND        Y1, Y6, Y12
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y12, Y4, Y4
+	VPMADDUBSW   832(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y2, Y12
+	VPMADDWD     Y12, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   864(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y11, Y11
+	VMOVDQU      694(DI), Y4
+	VMOVDQU      726(DI), Y5
+	VMOVDQU      790(DI), Y6
+	VPSLLW       $0x04, Y6, Y12
+	VPAND        Y1, Y12, Y12
+	VPAND        Y0, Y4, Y13
+	VPOR         Y12, Y13, Y13
+	VPMADDUBSW   896(R8), Y13, Y12
+	VPSHUFB      q6scspread<>+128(SB), Y2, Y13
+	VPMADDWD     Y13, Y12, Y12
+	VPADDD       Y12, Y10, Y10
+	VPSLLW       $0x02, Y6, Y12
+	VPAND        Y1, Y12, Y12
+	VPAND        Y0, Y5, Y13
+	VPOR         Y12, Y13, Y13
+	VPMADDUBSW   928(R8), Y13, Y12
+	VPSHUFB      q6scspread<>+160(SB), Y2, Y13
+	VPMADDWD     Y13, Y12, Y12
+	VPADDD       Y12, Y11, Y11
+	VPAND        Y1, Y6, Y12
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y12, Y4, Y4
+	VPMADDUBSW   960(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y2, Y12
+	VPMADDWD     Y12, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   992(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y11, Y11
+	VPADDD       Y11, Y10, Y10
+	VPSLLD       $0x05, Y3, Y3
+	VPSUBD       Y3, Y10, Y10
+	VPUNPCKLDQ   Y8, Y7, Y2
+	VPUNPCKHDQ   Y8, Y7, Y3
+	VPADDD       Y3, Y2, Y2
+	VPUNPCKLDQ   Y10, Y9, Y3
+	VPUNPCKHDQ   Y10, Y9, Y4
+	VPADDD       Y4, Y3, Y3
+	VPUNPCKLQDQ  Y3, Y2, Y4
+	VPUNPCKHQDQ  Y3, Y2, Y2
+	VPADDD       Y2, Y4, Y4
+	VEXTRACTI128 $0x01, Y4, X2
+	VPADDD       X4, X2, X2
+	VCVTDQ2PS    X2, X2
+	VMOVUPS      X2, (SI)
 	MOVWQZX      838(DI), R8
 	SHLQ         $0x10, R8
 	MOVW         628(DI), R8
@@ -51310,35 +54088,424 @@ group:
 	VMOVQ        R8, X2
 	VCVTPH2PS    X2, X2
 	MOVQ         aux+48(FP), DI
-	VMULPS       (DI)(SI*4), X2, X2
-	VMOVUPS      X2, 16(DX)
-	ADDQ         $0x00000020, DX
-	ADDQ         $0x00000004, BX
-	CMPQ         BX, CX
+	VMULPS       (DI)(BX*4), X2, X2
+	VMOVUPS      X2, 16(SI)
+	SUBQ         24(SP), SI
+	ADDQ         $0x00000020, SI
+	ADDQ         $0x00000004, DX
+	CMPQ         DX, CX
+	JB           sgroup
+	ADDQ         ldw+8(FP), AX
+	DECQ         (SP)
+	JNE          srow
+	ADDQ         24(SP), SI
+	MOVQ         8(SP), BX
+	IMUL3Q       $0x00000001, BX, BX
+	ADDQ         BX, AX
+
+singles:
+	MOVQ rows+16(FP), DX
+	ANDQ $0x00000001, DX
+	JE   phase1done
+	MOVQ DX, (SP)
+
+row:
+	XORQ DX, DX
+
+group:
+	MOVQ         CX, BX
+	SUBQ         $0x00000004, BX
+	CMPQ         DX, BX
+	CMOVQLT      DX, BX
+	IMUL3Q       $0x000000d2, BX, DI
+	ADDQ         AX, DI
+	MOVQ         BX, R8
+	SHLQ         $0x08, R8
+	ADDQ         x+32(FP), R8
+	PREFETCHT0   8192(DI)
+	PREFETCHT0   8256(DI)
+	PREFETCHT0   8320(DI)
+	PREFETCHT0   8384(DI)
+	PREFETCHT0   8448(DI)
+	PREFETCHT0   8512(DI)
+	PREFETCHT0   8576(DI)
+	PREFETCHT0   8640(DI)
+	PREFETCHT0   8704(DI)
+	PREFETCHT0   8768(DI)
+	PREFETCHT0   8832(DI)
+	PREFETCHT0   8896(DI)
+	PREFETCHT0   8960(DI)
+	PREFETCHT0   9024(DI)
+	PREFETCHT0   9088(DI)
+	MOVQ         BX, R9
+	SHLQ         $0x06, R9
+	ADDQ         meta+40(FP), R9
+	VMOVDQU      192(DI), X2
+	VPMOVSXBW    X2, Y3
+	VPMADDWD     32(R9), Y3, Y3
+	VPSHUFB      q6evenodd<>+0(SB), X2, X2
+	VPMOVSXBW    X2, Y2
+	VMOVDQU      (DI), Y4
+	VMOVDQU      32(DI), Y5
+	VMOVDQU      128(DI), Y6
+	VPSLLW       $0x04, Y6, Y7
+	VPAND        Y1, Y7, Y7
+	VPAND        Y0, Y4, Y8
+	VPOR         Y7, Y8, Y8
+	VPMADDUBSW   (R8), Y8, Y7
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y8
+	VPMADDWD     Y8, Y7, Y7
+	VPSLLW       $0x02, Y6, Y8
+	VPAND        Y1, Y8, Y8
+	VPAND        Y0, Y5, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   32(R8), Y9, Y8
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPAND        Y1, Y6, Y9
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y9, Y4, Y4
+	VPMADDUBSW   64(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y2, Y9
+	VPMADDWD     Y9, Y4, Y4
+	VPADDD       Y4, Y7, Y7
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   96(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VMOVDQU      64(DI), Y4
+	VMOVDQU      96(DI), Y5
+	VMOVDQU      160(DI), Y6
+	VPSLLW       $0x04, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   128(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+128(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPADDD       Y9, Y7, Y7
+	VPSLLW       $0x02, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y5, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   160(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+160(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPAND        Y1, Y6, Y9
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y9, Y4, Y4
+	VPMADDUBSW   192(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y2, Y9
+	VPMADDWD     Y9, Y4, Y4
+	VPADDD       Y4, Y7, Y7
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   224(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPADDD       Y8, Y7, Y7
+	VPSLLD       $0x05, Y3, Y3
+	VPSUBD       Y3, Y7, Y7
+	VMOVDQU      402(DI), X2
+	VPMOVSXBW    X2, Y3
+	VPMADDWD     96(R9), Y3, Y3
+	VPSHUFB      q6evenodd<>+0(SB), X2, X2
+	VPMOVSXBW    X2, Y2
+	VMOVDQU      210(DI), Y4
+	VMOVDQU      242(DI), Y5
+	VMOVDQU      338(DI), Y6
+	VPSLLW       $0x04, Y6, Y8
+	VPAND        Y1, Y8, Y8
+	VPAND        Y0, Y4, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   256(R8), Y9, Y8
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPSLLW       $0x02, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y5, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   288(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPAND        Y1, Y6, Y10
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y10, Y4, Y4
+	VPMADDUBSW   320(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y2, Y10
+	VPMADDWD     Y10, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   352(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VMOVDQU      274(DI), Y4
+	VMOVDQU      306(DI), Y5
+	VMOVDQU      370(DI), Y6
+	VPSLLW       $0x04, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   384(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+128(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPADDD       Y10, Y8, Y8
+	VPSLLW       $0x02, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y5, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   416(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+160(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	VPAND        Y1, Y6, Y10
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y10, Y4, Y4
+	VPMADDUBSW   448(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y2, Y10
+	VPMADDWD     Y10, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   480(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPSLLD       $0x05, Y3, Y3
+	VPSUBD       Y3, Y8, Y8
+	VMOVDQU      612(DI), X2
+	VPMOVSXBW    X2, Y3
+	VPMADDWD     160(R9), Y3, Y3
+	VPSHUFB      q6evenodd<>+0(SB), X2, X2
+	VPMOVSXBW    X2, Y2
+	VMOVDQU      420(DI), Y4
+	VMOVDQU      452(DI), Y5
+	VMOVDQU      548(DI), Y6
+	VPSLLW       $0x04, Y6, Y9
+	VPAND        Y1, Y9, Y9
+	VPAND        Y0, Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   512(R8), Y10, Y9
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPSLLW       $0x02, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y5, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   544(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPAND        Y1, Y6, Y11
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y11, Y4, Y4
+	VPMADDUBSW   576(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y2, Y11
+	VPMADDWD     Y11, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   608(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VMOVDQU      484(DI), Y4
+	VMOVDQU      516(DI), Y5
+	VMOVDQU      580(DI), Y6
+	VPSLLW       $0x04, Y6, Y11
+	VPAND        Y1, Y11, Y11
+	VPAND        Y0, Y4, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   640(R8), Y12, Y11
+	VPSHUFB      q6scspread<>+128(SB), Y2, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPADDD       Y11, Y9, Y9
+	VPSLLW       $0x02, Y6, Y11
+	VPAND        Y1, Y11, Y11
+	VPAND        Y0, Y5, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   672(R8), Y12, Y11
+	VPSHUFB      q6scspread<>+160(SB), Y2, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPADDD       Y11, Y10, Y10
+	VPAND        Y1, Y6, Y11
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y11, Y4, Y4
+	VPMADDUBSW   704(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y2, Y11
+	VPMADDWD     Y11, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   736(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	VPSLLD       $0x05, Y3, Y3
+	VPSUBD       Y3, Y9, Y9
+	VMOVDQU      822(DI), X2
+	VPMOVSXBW    X2, Y3
+	VPMADDWD     224(R9), Y3, Y3
+	VPSHUFB      q6evenodd<>+0(SB), X2, X2
+	VPMOVSXBW    X2, Y2
+	VMOVDQU      630(DI), Y4
+	VMOVDQU      662(DI), Y5
+	VMOVDQU      758(DI), Y6
+	VPSLLW       $0x04, Y6, Y10
+	VPAND        Y1, Y10, Y10
+	VPAND        Y0, Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   768(R8), Y11, Y10
+	VPSHUFB      q6scspread<>+0(SB), Y2, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPSLLW       $0x02, Y6, Y11
+	VPAND        Y1, Y11, Y11
+	VPAND        Y0, Y5, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   800(R8), Y12, Y11
+	VPSHUFB      q6scspread<>+32(SB), Y2, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPAND        Y1, Y6, Y12
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y12, Y4, Y4
+	VPMADDUBSW   832(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y2, Y12
+	VPMADDWD     Y12, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   864(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y2, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y11, Y11
+	VMOVDQU      694(DI), Y4
+	VMOVDQU      726(DI), Y5
+	VMOVDQU      790(DI), Y6
+	VPSLLW       $0x04, Y6, Y12
+	VPAND        Y1, Y12, Y12
+	VPAND        Y0, Y4, Y13
+	VPOR         Y12, Y13, Y13
+	VPMADDUBSW   896(R8), Y13, Y12
+	VPSHUFB      q6scspread<>+128(SB), Y2, Y13
+	VPMADDWD     Y13, Y12, Y12
+	VPADDD       Y12, Y10, Y10
+	VPSLLW       $0x02, Y6, Y12
+	VPAND        Y1, Y12, Y12
+	VPAND        Y0, Y5, Y13
+	VPOR         Y12, Y13, Y13
+	VPMADDUBSW   928(R8), Y13, Y12
+	VPSHUFB      q6scspread<>+160(SB), Y2, Y13
+	VPMADDWD     Y13, Y12, Y12
+	VPADDD       Y12, Y11, Y11
+	VPAND        Y1, Y6, Y12
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPOR         Y12, Y4, Y4
+	VPMADDUBSW   960(R8), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y2, Y12
+	VPMADDWD     Y12, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        Y1, Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   992(R8), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y2, Y2
+	VPMADDWD     Y2, Y4, Y4
+	VPADDD       Y4, Y11, Y11
+	VPADDD       Y11, Y10, Y10
+	VPSLLD       $0x05, Y3, Y3
+	VPSUBD       Y3, Y10, Y10
+	VPUNPCKLDQ   Y8, Y7, Y2
+	VPUNPCKHDQ   Y8, Y7, Y3
+	VPADDD       Y3, Y2, Y2
+	VPUNPCKLDQ   Y10, Y9, Y3
+	VPUNPCKHDQ   Y10, Y9, Y4
+	VPADDD       Y4, Y3, Y3
+	VPUNPCKLQDQ  Y3, Y2, Y4
+	VPUNPCKHQDQ  Y3, Y2, Y2
+	VPADDD       Y2, Y4, Y4
+	VEXTRACTI128 $0x01, Y4, X2
+	VPADDD       X4, X2, X2
+	VCVTDQ2PS    X2, X2
+	VMOVUPS      X2, (SI)
+	MOVWQZX      838(DI), R8
+	SHLQ         $0x10, R8
+	MOVW         628(DI), R8
+	SHLQ         $0x10, R8
+	MOVW         418(DI), R8
+	SHLQ         $0x10, R8
+	MOVW         208(DI), R8
+	VMOVQ        R8, X2
+	VCVTPH2PS    X2, X2
+	MOVQ         aux+48(FP), DI
+	VMULPS       (DI)(BX*4), X2, X2
+	VMOVUPS      X2, 16(SI)
+	ADDQ         $0x00000020, SI
+	ADDQ         $0x00000004, DX
+	CMPQ         DX, CX
 	JB           group
 	ADDQ         ldw+8(FP), AX
 	DECQ         (SP)
 	JNE          row
-	MOVQ         scratch+56(FP), AX
-	MOVQ         out+64(FP), DX
-	MOVQ         CX, BX
-	ADDQ         $0x00000003, BX
-	SHRQ         $0x02, BX
-	MOVQ         BX, SI
-	SHLQ         $0x05, SI
-	LEAQ         (SI)(SI*2), DI
-	LEAQ         (AX)(SI*4), R8
-	VXORPS       X0, X0, X0
-	VXORPS       X1, X1, X1
-	VXORPS       X2, X2, X2
-	VXORPS       X3, X3, X3
-	VXORPS       X4, X4, X4
-	VXORPS       X5, X5, X5
-	VXORPS       X6, X6, X6
-	VXORPS       X7, X7, X7
-	MOVQ         BX, R9
-	DECQ         R9
-	JE           lastgroup
+
+phase1done:
+	MOVQ   scratch+56(FP), AX
+	MOVQ   out+64(FP), DX
+	MOVQ   CX, BX
+	ADDQ   $0x00000003, BX
+	SHRQ   $0x02, BX
+	MOVQ   BX, SI
+	SHLQ   $0x05, SI
+	LEAQ   (SI)(SI*2), DI
+	LEAQ   (AX)(SI*4), R8
+	VXORPS X0, X0, X0
+	VXORPS X1, X1, X1
+	VXORPS X2, X2, X2
+	VXORPS X3, X3, X3
+	VXORPS X4, X4, X4
+	VXORPS X5, X5, X5
+	VXORPS X6, X6, X6
+	VXORPS X7, X7, X7
+	MOVQ   BX, R9
+	DECQ   R9
+	JE     lastgroup
 
 chain:
 	VMOVSS      (AX), X8
@@ -51779,6 +54946,1165 @@ DATA q6scspread<>+253(SB)/1, $0x0f
 DATA q6scspread<>+254(SB)/1, $0x0e
 DATA q6scspread<>+255(SB)/1, $0x0f
 GLOBL q6scspread<>(SB), RODATA|NOPTR, $256
+
+// func qrow8Q8_0AVX2(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qrow8Q8_0AVX2(SB), NOSPLIT, $0-48
+	MOVL         $0x00010001, AX
+	VMOVD        AX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         w+0(FP), AX
+	MOVQ         lds+8(FP), CX
+	LEAQ         (CX)(CX*2), DX
+	LEAQ         (AX)(CX*4), BX
+	MOVQ         nb+16(FP), SI
+	MOVQ         x+24(FP), DI
+	MOVQ         aux+32(FP), R8
+	VXORPS       Y1, Y1, Y1
+
+block:
+	VMOVDQU      (DI), Y2
+	VMOVDQU      2(AX), Y3
+	VPABSB       Y3, Y4
+	VPSIGNB      Y3, Y2, Y3
+	VPMADDUBSW   Y3, Y4, Y3
+	VPMADDWD     Y0, Y3, Y3
+	VMOVDQU      2(AX)(CX*1), Y4
+	VPABSB       Y4, Y5
+	VPSIGNB      Y4, Y2, Y4
+	VPMADDUBSW   Y4, Y5, Y4
+	VPMADDWD     Y0, Y4, Y4
+	VMOVDQU      2(AX)(CX*2), Y5
+	VPABSB       Y5, Y6
+	VPSIGNB      Y5, Y2, Y5
+	VPMADDUBSW   Y5, Y6, Y5
+	VPMADDWD     Y0, Y5, Y5
+	VMOVDQU      2(AX)(DX*1), Y6
+	VPABSB       Y6, Y7
+	VPSIGNB      Y6, Y2, Y6
+	VPMADDUBSW   Y6, Y7, Y6
+	VPMADDWD     Y0, Y6, Y6
+	VPUNPCKLDQ   Y4, Y3, Y7
+	VPUNPCKHDQ   Y4, Y3, Y3
+	VPADDD       Y3, Y7, Y7
+	VPUNPCKLDQ   Y6, Y5, Y3
+	VPUNPCKHDQ   Y6, Y5, Y4
+	VPADDD       Y4, Y3, Y3
+	VPUNPCKLQDQ  Y3, Y7, Y4
+	VPUNPCKHQDQ  Y3, Y7, Y3
+	VPADDD       Y3, Y4, Y4
+	VMOVDQU      2(BX), Y3
+	VPABSB       Y3, Y5
+	VPSIGNB      Y3, Y2, Y3
+	VPMADDUBSW   Y3, Y5, Y3
+	VPMADDWD     Y0, Y3, Y3
+	VMOVDQU      2(BX)(CX*1), Y5
+	VPABSB       Y5, Y6
+	VPSIGNB      Y5, Y2, Y5
+	VPMADDUBSW   Y5, Y6, Y5
+	VPMADDWD     Y0, Y5, Y5
+	VMOVDQU      2(BX)(CX*2), Y6
+	VPABSB       Y6, Y7
+	VPSIGNB      Y6, Y2, Y6
+	VPMADDUBSW   Y6, Y7, Y6
+	VPMADDWD     Y0, Y6, Y6
+	VMOVDQU      2(BX)(DX*1), Y7
+	VPABSB       Y7, Y8
+	VPSIGNB      Y7, Y2, Y2
+	VPMADDUBSW   Y2, Y8, Y2
+	VPMADDWD     Y0, Y2, Y2
+	VPUNPCKLDQ   Y5, Y3, Y7
+	VPUNPCKHDQ   Y5, Y3, Y3
+	VPADDD       Y3, Y7, Y7
+	VPUNPCKLDQ   Y2, Y6, Y3
+	VPUNPCKHDQ   Y2, Y6, Y2
+	VPADDD       Y2, Y3, Y3
+	VPUNPCKLQDQ  Y3, Y7, Y2
+	VPUNPCKHQDQ  Y3, Y7, Y3
+	VPADDD       Y3, Y2, Y2
+	VPERM2I128   $0x20, Y2, Y4, Y3
+	VPERM2I128   $0x31, Y2, Y4, Y2
+	VPADDD       Y2, Y3, Y3
+	VCVTDQ2PS    Y3, Y2
+	MOVWQZX      (AX)(DX*1), R9
+	SHLQ         $0x10, R9
+	MOVW         (AX)(CX*2), R9
+	SHLQ         $0x10, R9
+	MOVW         (AX)(CX*1), R9
+	SHLQ         $0x10, R9
+	MOVW         (AX), R9
+	MOVWQZX      (BX)(DX*1), R10
+	SHLQ         $0x10, R10
+	MOVW         (BX)(CX*2), R10
+	SHLQ         $0x10, R10
+	MOVW         (BX)(CX*1), R10
+	SHLQ         $0x10, R10
+	MOVW         (BX), R10
+	VMOVQ        R9, X3
+	VPINSRQ      $0x01, R10, X3, X3
+	VCVTPH2PS    X3, Y3
+	VBROADCASTSS (R8), Y4
+	VMULPS       Y4, Y3, Y3
+	VFMADD231PS  Y2, Y3, Y1
+	ADDQ         $0x00000022, AX
+	ADDQ         $0x00000022, BX
+	ADDQ         $0x20, DI
+	ADDQ         $0x04, R8
+	DECQ         SI
+	JNE          block
+	MOVQ         out+40(FP), AX
+	VMOVUPS      Y1, (AX)
+	VZEROUPPER
+	RET
+
+// func qrow8Q4_0AVX2(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qrow8Q4_0AVX2(SB), NOSPLIT, $0-48
+	MOVL         $0x00010001, AX
+	VMOVD        AX, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X1
+	VPBROADCASTD X1, Y1
+	VMOVDQU      shr0x4x4<>+0(SB), Y2
+	MOVQ         w+0(FP), AX
+	MOVQ         lds+8(FP), CX
+	LEAQ         (CX)(CX*2), DX
+	LEAQ         (AX)(CX*4), BX
+	MOVQ         nb+16(FP), SI
+	MOVQ         x+24(FP), DI
+	MOVQ         aux+32(FP), R8
+	LEAQ         (R8)(SI*4), R9
+	VXORPS       Y3, Y3, Y3
+
+block:
+	VMOVDQU        (DI), Y4
+	VBROADCASTI128 2(AX), Y5
+	VPSRLVD        Y2, Y5, Y5
+	VPAND          Y1, Y5, Y5
+	VPMADDUBSW     Y4, Y5, Y5
+	VPMADDWD       Y0, Y5, Y5
+	VBROADCASTI128 2(AX)(CX*1), Y6
+	VPSRLVD        Y2, Y6, Y6
+	VPAND          Y1, Y6, Y6
+	VPMADDUBSW     Y4, Y6, Y6
+	VPMADDWD       Y0, Y6, Y6
+	VBROADCASTI128 2(AX)(CX*2), Y7
+	VPSRLVD        Y2, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPMADDUBSW     Y4, Y7, Y7
+	VPMADDWD       Y0, Y7, Y7
+	VBROADCASTI128 2(AX)(DX*1), Y8
+	VPSRLVD        Y2, Y8, Y8
+	VPAND          Y1, Y8, Y8
+	VPMADDUBSW     Y4, Y8, Y8
+	VPMADDWD       Y0, Y8, Y8
+	VPUNPCKLDQ     Y6, Y5, Y9
+	VPUNPCKHDQ     Y6, Y5, Y5
+	VPADDD         Y5, Y9, Y9
+	VPUNPCKLDQ     Y8, Y7, Y5
+	VPUNPCKHDQ     Y8, Y7, Y6
+	VPADDD         Y6, Y5, Y5
+	VPUNPCKLQDQ    Y5, Y9, Y6
+	VPUNPCKHQDQ    Y5, Y9, Y5
+	VPADDD         Y5, Y6, Y6
+	VBROADCASTI128 2(BX), Y5
+	VPSRLVD        Y2, Y5, Y5
+	VPAND          Y1, Y5, Y5
+	VPMADDUBSW     Y4, Y5, Y5
+	VPMADDWD       Y0, Y5, Y5
+	VBROADCASTI128 2(BX)(CX*1), Y7
+	VPSRLVD        Y2, Y7, Y7
+	VPAND          Y1, Y7, Y7
+	VPMADDUBSW     Y4, Y7, Y7
+	VPMADDWD       Y0, Y7, Y7
+	VBROADCASTI128 2(BX)(CX*2), Y8
+	VPSRLVD        Y2, Y8, Y8
+	VPAND          Y1, Y8, Y8
+	VPMADDUBSW     Y4, Y8, Y8
+	VPMADDWD       Y0, Y8, Y8
+	VBROADCASTI128 2(BX)(DX*1), Y9
+	VPSRLVD        Y2, Y9, Y9
+	VPAND          Y1, Y9, Y9
+	VPMADDUBSW     Y4, Y9, Y9
+	VPMADDWD       Y0, Y9, Y4
+	VPUNPCKLDQ     Y7, Y5, Y9
+	VPUNPCKHDQ     Y7, Y5, Y5
+	VPADDD         Y5, Y9, Y9
+	VPUNPCKLDQ     Y4, Y8, Y5
+	VPUNPCKHDQ     Y4, Y8, Y4
+	VPADDD         Y4, Y5, Y5
+	VPUNPCKLQDQ    Y5, Y9, Y4
+	VPUNPCKHQDQ    Y5, Y9, Y5
+	VPADDD         Y5, Y4, Y4
+	VPERM2I128     $0x20, Y4, Y6, Y5
+	VPERM2I128     $0x31, Y4, Y6, Y4
+	VPADDD         Y4, Y5, Y5
+	VPBROADCASTD   (R9), Y4
+	VPADDD         Y4, Y5, Y5
+	VCVTDQ2PS      Y5, Y4
+	MOVWQZX        (AX)(DX*1), R10
+	SHLQ           $0x10, R10
+	MOVW           (AX)(CX*2), R10
+	SHLQ           $0x10, R10
+	MOVW           (AX)(CX*1), R10
+	SHLQ           $0x10, R10
+	MOVW           (AX), R10
+	MOVWQZX        (BX)(DX*1), R11
+	SHLQ           $0x10, R11
+	MOVW           (BX)(CX*2), R11
+	SHLQ           $0x10, R11
+	MOVW           (BX)(CX*1), R11
+	SHLQ           $0x10, R11
+	MOVW           (BX), R11
+	VMOVQ          R10, X5
+	VPINSRQ        $0x01, R11, X5, X5
+	VCVTPH2PS      X5, Y5
+	VBROADCASTSS   (R8), Y6
+	VMULPS         Y6, Y5, Y5
+	VFMADD231PS    Y4, Y5, Y3
+	ADDQ           $0x00000012, AX
+	ADDQ           $0x00000012, BX
+	ADDQ           $0x20, DI
+	ADDQ           $0x04, R8
+	ADDQ           $0x04, R9
+	DECQ           SI
+	JNE            block
+	MOVQ           out+40(FP), AX
+	VMOVUPS        Y3, (AX)
+	VZEROUPPER
+	RET
+
+// func qrow8Q5_0AVX2(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qrow8Q5_0AVX2(SB), NOSPLIT, $0-48
+	MOVL         $0x00010001, AX
+	VMOVD        AX, X0
+	VPBROADCASTD X0, Y0
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X1
+	VPBROADCASTD X1, Y1
+	VMOVDQU      shr0x4x4<>+0(SB), Y2
+	VMOVDQU      q5spreadb<>+0(SB), Y3
+	VMOVDQU      q5bits<>+0(SB), Y4
+	MOVL         $0x10101010, AX
+	VMOVD        AX, X5
+	VPBROADCASTD X5, Y5
+	MOVQ         w+0(FP), AX
+	MOVQ         lds+8(FP), CX
+	LEAQ         (CX)(CX*2), DX
+	LEAQ         (AX)(CX*4), BX
+	MOVQ         nb+16(FP), SI
+	MOVQ         x+24(FP), DI
+	MOVQ         aux+32(FP), R8
+	LEAQ         (R8)(SI*4), R9
+	VXORPS       Y6, Y6, Y6
+
+block:
+	VMOVDQU        (DI), Y7
+	VBROADCASTI128 6(AX), Y8
+	VPSRLVD        Y2, Y8, Y8
+	VPAND          Y1, Y8, Y8
+	VPBROADCASTD   2(AX), Y9
+	VPSHUFB        Y3, Y9, Y9
+	VPAND          Y4, Y9, Y9
+	VPCMPEQB       Y4, Y9, Y9
+	VPAND          Y5, Y9, Y9
+	VPOR           Y9, Y8, Y8
+	VPMADDUBSW     Y7, Y8, Y8
+	VPMADDWD       Y0, Y8, Y8
+	VBROADCASTI128 6(AX)(CX*1), Y9
+	VPSRLVD        Y2, Y9, Y9
+	VPAND          Y1, Y9, Y9
+	VPBROADCASTD   2(AX)(CX*1), Y10
+	VPSHUFB        Y3, Y10, Y10
+	VPAND          Y4, Y10, Y10
+	VPCMPEQB       Y4, Y10, Y10
+	VPAND          Y5, Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     Y7, Y9, Y9
+	VPMADDWD       Y0, Y9, Y9
+	VBROADCASTI128 6(AX)(CX*2), Y10
+	VPSRLVD        Y2, Y10, Y10
+	VPAND          Y1, Y10, Y10
+	VPBROADCASTD   2(AX)(CX*2), Y11
+	VPSHUFB        Y3, Y11, Y11
+	VPAND          Y4, Y11, Y11
+	VPCMPEQB       Y4, Y11, Y11
+	VPAND          Y5, Y11, Y11
+	VPOR           Y11, Y10, Y10
+	VPMADDUBSW     Y7, Y10, Y10
+	VPMADDWD       Y0, Y10, Y10
+	VBROADCASTI128 6(AX)(DX*1), Y11
+	VPSRLVD        Y2, Y11, Y11
+	VPAND          Y1, Y11, Y11
+	VPBROADCASTD   2(AX)(DX*1), Y12
+	VPSHUFB        Y3, Y12, Y12
+	VPAND          Y4, Y12, Y12
+	VPCMPEQB       Y4, Y12, Y12
+	VPAND          Y5, Y12, Y12
+	VPOR           Y12, Y11, Y11
+	VPMADDUBSW     Y7, Y11, Y11
+	VPMADDWD       Y0, Y11, Y11
+	VPUNPCKLDQ     Y9, Y8, Y12
+	VPUNPCKHDQ     Y9, Y8, Y8
+	VPADDD         Y8, Y12, Y12
+	VPUNPCKLDQ     Y11, Y10, Y8
+	VPUNPCKHDQ     Y11, Y10, Y9
+	VPADDD         Y9, Y8, Y8
+	VPUNPCKLQDQ    Y8, Y12, Y9
+	VPUNPCKHQDQ    Y8, Y12, Y8
+	VPADDD         Y8, Y9, Y9
+	VBROADCASTI128 6(BX), Y8
+	VPSRLVD        Y2, Y8, Y8
+	VPAND          Y1, Y8, Y8
+	VPBROADCASTD   2(BX), Y10
+	VPSHUFB        Y3, Y10, Y10
+	VPAND          Y4, Y10, Y10
+	VPCMPEQB       Y4, Y10, Y10
+	VPAND          Y5, Y10, Y10
+	VPOR           Y10, Y8, Y8
+	VPMADDUBSW     Y7, Y8, Y8
+	VPMADDWD       Y0, Y8, Y8
+	VBROADCASTI128 6(BX)(CX*1), Y10
+	VPSRLVD        Y2, Y10, Y10
+	VPAND          Y1, Y10, Y10
+	VPBROADCASTD   2(BX)(CX*1), Y11
+	VPSHUFB        Y3, Y11, Y11
+	VPAND          Y4, Y11, Y11
+	VPCMPEQB       Y4, Y11, Y11
+	VPAND          Y5, Y11, Y11
+	VPOR           Y11, Y10, Y10
+	VPMADDUBSW     Y7, Y10, Y10
+	VPMADDWD       Y0, Y10, Y10
+	VBROADCASTI128 6(BX)(CX*2), Y11
+	VPSRLVD        Y2, Y11, Y11
+	VPAND          Y1, Y11, Y11
+	VPBROADCASTD   2(BX)(CX*2), Y12
+	VPSHUFB        Y3, Y12, Y12
+	VPAND          Y4, Y12, Y12
+	VPCMPEQB       Y4, Y12, Y12
+	VPAND          Y5, Y12, Y12
+	VPOR           Y12, Y11, Y11
+	VPMADDUBSW     Y7, Y11, Y11
+	VPMADDWD       Y0, Y11, Y11
+	VBROADCASTI128 6(BX)(DX*1), Y12
+	VPSRLVD        Y2, Y12, Y12
+	VPAND          Y1, Y12, Y12
+	VPBROADCASTD   2(BX)(DX*1), Y13
+	VPSHUFB        Y3, Y13, Y13
+	VPAND          Y4, Y13, Y13
+	VPCMPEQB       Y4, Y13, Y13
+	VPAND          Y5, Y13, Y13
+	VPOR           Y13, Y12, Y12
+	VPMADDUBSW     Y7, Y12, Y12
+	VPMADDWD       Y0, Y12, Y7
+	VPUNPCKLDQ     Y10, Y8, Y12
+	VPUNPCKHDQ     Y10, Y8, Y8
+	VPADDD         Y8, Y12, Y12
+	VPUNPCKLDQ     Y7, Y11, Y8
+	VPUNPCKHDQ     Y7, Y11, Y7
+	VPADDD         Y7, Y8, Y8
+	VPUNPCKLQDQ    Y8, Y12, Y7
+	VPUNPCKHQDQ    Y8, Y12, Y8
+	VPADDD         Y8, Y7, Y7
+	VPERM2I128     $0x20, Y7, Y9, Y8
+	VPERM2I128     $0x31, Y7, Y9, Y7
+	VPADDD         Y7, Y8, Y8
+	VPBROADCASTD   (R9), Y7
+	VPADDD         Y7, Y8, Y8
+	VCVTDQ2PS      Y8, Y7
+	MOVWQZX        (AX)(DX*1), R10
+	SHLQ           $0x10, R10
+	MOVW           (AX)(CX*2), R10
+	SHLQ           $0x10, R10
+	MOVW           (AX)(CX*1), R10
+	SHLQ           $0x10, R10
+	MOVW           (AX), R10
+	MOVWQZX        (BX)(DX*1), R11
+	SHLQ           $0x10, R11
+	MOVW           (BX)(CX*2), R11
+	SHLQ           $0x10, R11
+	MOVW           (BX)(CX*1), R11
+	SHLQ           $0x10, R11
+	MOVW           (BX), R11
+	VMOVQ          R10, X8
+	VPINSRQ        $0x01, R11, X8, X8
+	VCVTPH2PS      X8, Y8
+	VBROADCASTSS   (R8), Y9
+	VMULPS         Y9, Y8, Y8
+	VFMADD231PS    Y7, Y8, Y6
+	ADDQ           $0x00000016, AX
+	ADDQ           $0x00000016, BX
+	ADDQ           $0x20, DI
+	ADDQ           $0x04, R8
+	ADDQ           $0x04, R9
+	DECQ           SI
+	JNE            block
+	MOVQ           out+40(FP), AX
+	VMOVUPS        Y6, (AX)
+	VZEROUPPER
+	RET
+
+// func qrow8Q6_KAVX2(w *byte, lds int, nb int, x *int8, meta *uint32, aux *uint32, out *float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qrow8Q6_KAVX2(SB), NOSPLIT, $0-56
+	MOVQ   w+0(FP), AX
+	MOVQ   lds+8(FP), CX
+	LEAQ   (CX)(CX*2), DX
+	LEAQ   (AX)(CX*4), BX
+	MOVQ   nb+16(FP), SI
+	MOVQ   x+24(FP), DI
+	MOVQ   meta+32(FP), R8
+	MOVQ   aux+40(FP), R9
+	VXORPS Y0, Y0, Y0
+
+super:
+	VMOVDQU      192(AX), X1
+	VPMOVSXBW    X1, Y2
+	VPMADDWD     32(R8), Y2, Y2
+	VPSHUFB      q6evenodd<>+0(SB), X1, X1
+	VPMOVSXBW    X1, Y1
+	VMOVDQU      (AX), Y3
+	VMOVDQU      32(AX), Y4
+	VMOVDQU      128(AX), Y5
+	VPSLLW       $0x04, Y5, Y6
+	VPAND        rowc30<>+0(SB), Y6, Y6
+	VPAND        rowc0f<>+0(SB), Y3, Y7
+	VPOR         Y6, Y7, Y7
+	VPMADDUBSW   (DI), Y7, Y6
+	VPSHUFB      q6scspread<>+0(SB), Y1, Y7
+	VPMADDWD     Y7, Y6, Y6
+	VPSLLW       $0x02, Y5, Y7
+	VPAND        rowc30<>+0(SB), Y7, Y7
+	VPAND        rowc0f<>+0(SB), Y4, Y8
+	VPOR         Y7, Y8, Y8
+	VPMADDUBSW   32(DI), Y8, Y7
+	VPSHUFB      q6scspread<>+32(SB), Y1, Y8
+	VPMADDWD     Y8, Y7, Y7
+	VPAND        rowc30<>+0(SB), Y5, Y8
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        rowc0f<>+0(SB), Y3, Y3
+	VPOR         Y8, Y3, Y3
+	VPMADDUBSW   64(DI), Y3, Y3
+	VPSHUFB      q6scspread<>+64(SB), Y1, Y8
+	VPMADDWD     Y8, Y3, Y3
+	VPADDD       Y3, Y6, Y6
+	VPSRLW       $0x02, Y5, Y3
+	VPAND        rowc30<>+0(SB), Y3, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y3, Y4, Y4
+	VPMADDUBSW   96(DI), Y4, Y3
+	VPSHUFB      q6scspread<>+96(SB), Y1, Y4
+	VPMADDWD     Y4, Y3, Y3
+	VPADDD       Y3, Y7, Y7
+	VMOVDQU      64(AX), Y3
+	VMOVDQU      96(AX), Y4
+	VMOVDQU      160(AX), Y5
+	VPSLLW       $0x04, Y5, Y8
+	VPAND        rowc30<>+0(SB), Y8, Y8
+	VPAND        rowc0f<>+0(SB), Y3, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   128(DI), Y9, Y8
+	VPSHUFB      q6scspread<>+128(SB), Y1, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPADDD       Y8, Y6, Y6
+	VPSLLW       $0x02, Y5, Y8
+	VPAND        rowc30<>+0(SB), Y8, Y8
+	VPAND        rowc0f<>+0(SB), Y4, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   160(DI), Y9, Y8
+	VPSHUFB      q6scspread<>+160(SB), Y1, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPADDD       Y8, Y7, Y7
+	VPAND        rowc30<>+0(SB), Y5, Y8
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        rowc0f<>+0(SB), Y3, Y3
+	VPOR         Y8, Y3, Y3
+	VPMADDUBSW   192(DI), Y3, Y3
+	VPSHUFB      q6scspread<>+192(SB), Y1, Y8
+	VPMADDWD     Y8, Y3, Y3
+	VPADDD       Y3, Y6, Y6
+	VPSRLW       $0x02, Y5, Y3
+	VPAND        rowc30<>+0(SB), Y3, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y3, Y4, Y4
+	VPMADDUBSW   224(DI), Y4, Y3
+	VPSHUFB      q6scspread<>+224(SB), Y1, Y1
+	VPMADDWD     Y1, Y3, Y3
+	VPADDD       Y3, Y7, Y7
+	VPADDD       Y7, Y6, Y6
+	VPSLLD       $0x05, Y2, Y2
+	VPSUBD       Y2, Y6, Y6
+	VMOVDQU      192(AX)(CX*1), X1
+	VPMOVSXBW    X1, Y2
+	VPMADDWD     32(R8), Y2, Y2
+	VPSHUFB      q6evenodd<>+0(SB), X1, X1
+	VPMOVSXBW    X1, Y1
+	VMOVDQU      (AX)(CX*1), Y3
+	VMOVDQU      32(AX)(CX*1), Y4
+	VMOVDQU      128(AX)(CX*1), Y5
+	VPSLLW       $0x04, Y5, Y7
+	VPAND        rowc30<>+0(SB), Y7, Y7
+	VPAND        rowc0f<>+0(SB), Y3, Y8
+	VPOR         Y7, Y8, Y8
+	VPMADDUBSW   (DI), Y8, Y7
+	VPSHUFB      q6scspread<>+0(SB), Y1, Y8
+	VPMADDWD     Y8, Y7, Y7
+	VPSLLW       $0x02, Y5, Y8
+	VPAND        rowc30<>+0(SB), Y8, Y8
+	VPAND        rowc0f<>+0(SB), Y4, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   32(DI), Y9, Y8
+	VPSHUFB      q6scspread<>+32(SB), Y1, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPAND        rowc30<>+0(SB), Y5, Y9
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        rowc0f<>+0(SB), Y3, Y3
+	VPOR         Y9, Y3, Y3
+	VPMADDUBSW   64(DI), Y3, Y3
+	VPSHUFB      q6scspread<>+64(SB), Y1, Y9
+	VPMADDWD     Y9, Y3, Y3
+	VPADDD       Y3, Y7, Y7
+	VPSRLW       $0x02, Y5, Y3
+	VPAND        rowc30<>+0(SB), Y3, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y3, Y4, Y4
+	VPMADDUBSW   96(DI), Y4, Y3
+	VPSHUFB      q6scspread<>+96(SB), Y1, Y4
+	VPMADDWD     Y4, Y3, Y3
+	VPADDD       Y3, Y8, Y8
+	VMOVDQU      64(AX)(CX*1), Y3
+	VMOVDQU      96(AX)(CX*1), Y4
+	VMOVDQU      160(AX)(CX*1), Y5
+	VPSLLW       $0x04, Y5, Y9
+	VPAND        rowc30<>+0(SB), Y9, Y9
+	VPAND        rowc0f<>+0(SB), Y3, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   128(DI), Y10, Y9
+	VPSHUFB      q6scspread<>+128(SB), Y1, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPADDD       Y9, Y7, Y7
+	VPSLLW       $0x02, Y5, Y9
+	VPAND        rowc30<>+0(SB), Y9, Y9
+	VPAND        rowc0f<>+0(SB), Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   160(DI), Y10, Y9
+	VPSHUFB      q6scspread<>+160(SB), Y1, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPAND        rowc30<>+0(SB), Y5, Y9
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        rowc0f<>+0(SB), Y3, Y3
+	VPOR         Y9, Y3, Y3
+	VPMADDUBSW   192(DI), Y3, Y3
+	VPSHUFB      q6scspread<>+192(SB), Y1, Y9
+	VPMADDWD     Y9, Y3, Y3
+	VPADDD       Y3, Y7, Y7
+	VPSRLW       $0x02, Y5, Y3
+	VPAND        rowc30<>+0(SB), Y3, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y3, Y4, Y4
+	VPMADDUBSW   224(DI), Y4, Y3
+	VPSHUFB      q6scspread<>+224(SB), Y1, Y1
+	VPMADDWD     Y1, Y3, Y3
+	VPADDD       Y3, Y8, Y8
+	VPADDD       Y8, Y7, Y7
+	VPSLLD       $0x05, Y2, Y2
+	VPSUBD       Y2, Y7, Y7
+	VMOVDQU      192(AX)(CX*2), X1
+	VPMOVSXBW    X1, Y2
+	VPMADDWD     32(R8), Y2, Y2
+	VPSHUFB      q6evenodd<>+0(SB), X1, X1
+	VPMOVSXBW    X1, Y1
+	VMOVDQU      (AX)(CX*2), Y3
+	VMOVDQU      32(AX)(CX*2), Y4
+	VMOVDQU      128(AX)(CX*2), Y5
+	VPSLLW       $0x04, Y5, Y8
+	VPAND        rowc30<>+0(SB), Y8, Y8
+	VPAND        rowc0f<>+0(SB), Y3, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   (DI), Y9, Y8
+	VPSHUFB      q6scspread<>+0(SB), Y1, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPSLLW       $0x02, Y5, Y9
+	VPAND        rowc30<>+0(SB), Y9, Y9
+	VPAND        rowc0f<>+0(SB), Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   32(DI), Y10, Y9
+	VPSHUFB      q6scspread<>+32(SB), Y1, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPAND        rowc30<>+0(SB), Y5, Y10
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        rowc0f<>+0(SB), Y3, Y3
+	VPOR         Y10, Y3, Y3
+	VPMADDUBSW   64(DI), Y3, Y3
+	VPSHUFB      q6scspread<>+64(SB), Y1, Y10
+	VPMADDWD     Y10, Y3, Y3
+	VPADDD       Y3, Y8, Y8
+	VPSRLW       $0x02, Y5, Y3
+	VPAND        rowc30<>+0(SB), Y3, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y3, Y4, Y4
+	VPMADDUBSW   96(DI), Y4, Y3
+	VPSHUFB      q6scspread<>+96(SB), Y1, Y4
+	VPMADDWD     Y4, Y3, Y3
+	VPADDD       Y3, Y9, Y9
+	VMOVDQU      64(AX)(CX*2), Y3
+	VMOVDQU      96(AX)(CX*2), Y4
+	VMOVDQU      160(AX)(CX*2), Y5
+	VPSLLW       $0x04, Y5, Y10
+	VPAND        rowc30<>+0(SB), Y10, Y10
+	VPAND        rowc0f<>+0(SB), Y3, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   128(DI), Y11, Y10
+	VPSHUFB      q6scspread<>+128(SB), Y1, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPADDD       Y10, Y8, Y8
+	VPSLLW       $0x02, Y5, Y10
+	VPAND        rowc30<>+0(SB), Y10, Y10
+	VPAND        rowc0f<>+0(SB), Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   160(DI), Y11, Y10
+	VPSHUFB      q6scspread<>+160(SB), Y1, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	VPAND        rowc30<>+0(SB), Y5, Y10
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        rowc0f<>+0(SB), Y3, Y3
+	VPOR         Y10, Y3, Y3
+	VPMADDUBSW   192(DI), Y3, Y3
+	VPSHUFB      q6scspread<>+192(SB), Y1, Y10
+	VPMADDWD     Y10, Y3, Y3
+	VPADDD       Y3, Y8, Y8
+	VPSRLW       $0x02, Y5, Y3
+	VPAND        rowc30<>+0(SB), Y3, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y3, Y4, Y4
+	VPMADDUBSW   224(DI), Y4, Y3
+	VPSHUFB      q6scspread<>+224(SB), Y1, Y1
+	VPMADDWD     Y1, Y3, Y3
+	VPADDD       Y3, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPSLLD       $0x05, Y2, Y2
+	VPSUBD       Y2, Y8, Y8
+	VMOVDQU      192(AX)(DX*1), X1
+	VPMOVSXBW    X1, Y2
+	VPMADDWD     32(R8), Y2, Y2
+	VPSHUFB      q6evenodd<>+0(SB), X1, X1
+	VPMOVSXBW    X1, Y1
+	VMOVDQU      (AX)(DX*1), Y3
+	VMOVDQU      32(AX)(DX*1), Y4
+	VMOVDQU      128(AX)(DX*1), Y5
+	VPSLLW       $0x04, Y5, Y9
+	VPAND        rowc30<>+0(SB), Y9, Y9
+	VPAND        rowc0f<>+0(SB), Y3, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   (DI), Y10, Y9
+	VPSHUFB      q6scspread<>+0(SB), Y1, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPSLLW       $0x02, Y5, Y10
+	VPAND        rowc30<>+0(SB), Y10, Y10
+	VPAND        rowc0f<>+0(SB), Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   32(DI), Y11, Y10
+	VPSHUFB      q6scspread<>+32(SB), Y1, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPAND        rowc30<>+0(SB), Y5, Y11
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        rowc0f<>+0(SB), Y3, Y3
+	VPOR         Y11, Y3, Y3
+	VPMADDUBSW   64(DI), Y3, Y3
+	VPSHUFB      q6scspread<>+64(SB), Y1, Y11
+	VPMADDWD     Y11, Y3, Y3
+	VPADDD       Y3, Y9, Y9
+	VPSRLW       $0x02, Y5, Y3
+	VPAND        rowc30<>+0(SB), Y3, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y3, Y4, Y4
+	VPMADDUBSW   96(DI), Y4, Y3
+	VPSHUFB      q6scspread<>+96(SB), Y1, Y4
+	VPMADDWD     Y4, Y3, Y3
+	VPADDD       Y3, Y10, Y10
+	VMOVDQU      64(AX)(DX*1), Y3
+	VMOVDQU      96(AX)(DX*1), Y4
+	VMOVDQU      160(AX)(DX*1), Y5
+	VPSLLW       $0x04, Y5, Y11
+	VPAND        rowc30<>+0(SB), Y11, Y11
+	VPAND        rowc0f<>+0(SB), Y3, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   128(DI), Y12, Y11
+	VPSHUFB      q6scspread<>+128(SB), Y1, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPADDD       Y11, Y9, Y9
+	VPSLLW       $0x02, Y5, Y11
+	VPAND        rowc30<>+0(SB), Y11, Y11
+	VPAND        rowc0f<>+0(SB), Y4, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   160(DI), Y12, Y11
+	VPSHUFB      q6scspread<>+160(SB), Y1, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPADDD       Y11, Y10, Y10
+	VPAND        rowc30<>+0(SB), Y5, Y11
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        rowc0f<>+0(SB), Y3, Y3
+	VPOR         Y11, Y3, Y3
+	VPMADDUBSW   192(DI), Y3, Y3
+	VPSHUFB      q6scspread<>+192(SB), Y1, Y11
+	VPMADDWD     Y11, Y3, Y3
+	VPADDD       Y3, Y9, Y9
+	VPSRLW       $0x02, Y5, Y3
+	VPAND        rowc30<>+0(SB), Y3, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y3, Y4, Y4
+	VPMADDUBSW   224(DI), Y4, Y3
+	VPSHUFB      q6scspread<>+224(SB), Y1, Y1
+	VPMADDWD     Y1, Y3, Y3
+	VPADDD       Y3, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	VPSLLD       $0x05, Y2, Y2
+	VPSUBD       Y2, Y9, Y9
+	VPUNPCKLDQ   Y7, Y6, Y1
+	VPUNPCKHDQ   Y7, Y6, Y2
+	VPADDD       Y2, Y1, Y1
+	VPUNPCKLDQ   Y9, Y8, Y2
+	VPUNPCKHDQ   Y9, Y8, Y3
+	VPADDD       Y3, Y2, Y2
+	VPUNPCKLQDQ  Y2, Y1, Y3
+	VPUNPCKHQDQ  Y2, Y1, Y1
+	VPADDD       Y1, Y3, Y3
+	VMOVDQU      192(BX), X1
+	VPMOVSXBW    X1, Y2
+	VPMADDWD     32(R8), Y2, Y2
+	VPSHUFB      q6evenodd<>+0(SB), X1, X1
+	VPMOVSXBW    X1, Y1
+	VMOVDQU      (BX), Y4
+	VMOVDQU      32(BX), Y5
+	VMOVDQU      128(BX), Y6
+	VPSLLW       $0x04, Y6, Y7
+	VPAND        rowc30<>+0(SB), Y7, Y7
+	VPAND        rowc0f<>+0(SB), Y4, Y8
+	VPOR         Y7, Y8, Y8
+	VPMADDUBSW   (DI), Y8, Y7
+	VPSHUFB      q6scspread<>+0(SB), Y1, Y8
+	VPMADDWD     Y8, Y7, Y7
+	VPSLLW       $0x02, Y6, Y8
+	VPAND        rowc30<>+0(SB), Y8, Y8
+	VPAND        rowc0f<>+0(SB), Y5, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   32(DI), Y9, Y8
+	VPSHUFB      q6scspread<>+32(SB), Y1, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPAND        rowc30<>+0(SB), Y6, Y9
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y9, Y4, Y4
+	VPMADDUBSW   64(DI), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y1, Y9
+	VPMADDWD     Y9, Y4, Y4
+	VPADDD       Y4, Y7, Y7
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        rowc30<>+0(SB), Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        rowc0f<>+0(SB), Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   96(DI), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y1, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VMOVDQU      64(BX), Y4
+	VMOVDQU      96(BX), Y5
+	VMOVDQU      160(BX), Y6
+	VPSLLW       $0x04, Y6, Y9
+	VPAND        rowc30<>+0(SB), Y9, Y9
+	VPAND        rowc0f<>+0(SB), Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   128(DI), Y10, Y9
+	VPSHUFB      q6scspread<>+128(SB), Y1, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPADDD       Y9, Y7, Y7
+	VPSLLW       $0x02, Y6, Y9
+	VPAND        rowc30<>+0(SB), Y9, Y9
+	VPAND        rowc0f<>+0(SB), Y5, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   160(DI), Y10, Y9
+	VPSHUFB      q6scspread<>+160(SB), Y1, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPAND        rowc30<>+0(SB), Y6, Y9
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y9, Y4, Y4
+	VPMADDUBSW   192(DI), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y1, Y9
+	VPMADDWD     Y9, Y4, Y4
+	VPADDD       Y4, Y7, Y7
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        rowc30<>+0(SB), Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        rowc0f<>+0(SB), Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   224(DI), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y1, Y1
+	VPMADDWD     Y1, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPADDD       Y8, Y7, Y7
+	VPSLLD       $0x05, Y2, Y2
+	VPSUBD       Y2, Y7, Y7
+	VMOVDQU      192(BX)(CX*1), X1
+	VPMOVSXBW    X1, Y2
+	VPMADDWD     32(R8), Y2, Y2
+	VPSHUFB      q6evenodd<>+0(SB), X1, X1
+	VPMOVSXBW    X1, Y1
+	VMOVDQU      (BX)(CX*1), Y4
+	VMOVDQU      32(BX)(CX*1), Y5
+	VMOVDQU      128(BX)(CX*1), Y6
+	VPSLLW       $0x04, Y6, Y8
+	VPAND        rowc30<>+0(SB), Y8, Y8
+	VPAND        rowc0f<>+0(SB), Y4, Y9
+	VPOR         Y8, Y9, Y9
+	VPMADDUBSW   (DI), Y9, Y8
+	VPSHUFB      q6scspread<>+0(SB), Y1, Y9
+	VPMADDWD     Y9, Y8, Y8
+	VPSLLW       $0x02, Y6, Y9
+	VPAND        rowc30<>+0(SB), Y9, Y9
+	VPAND        rowc0f<>+0(SB), Y5, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   32(DI), Y10, Y9
+	VPSHUFB      q6scspread<>+32(SB), Y1, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPAND        rowc30<>+0(SB), Y6, Y10
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y10, Y4, Y4
+	VPMADDUBSW   64(DI), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y1, Y10
+	VPMADDWD     Y10, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        rowc30<>+0(SB), Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        rowc0f<>+0(SB), Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   96(DI), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y1, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VMOVDQU      64(BX)(CX*1), Y4
+	VMOVDQU      96(BX)(CX*1), Y5
+	VMOVDQU      160(BX)(CX*1), Y6
+	VPSLLW       $0x04, Y6, Y10
+	VPAND        rowc30<>+0(SB), Y10, Y10
+	VPAND        rowc0f<>+0(SB), Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   128(DI), Y11, Y10
+	VPSHUFB      q6scspread<>+128(SB), Y1, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPADDD       Y10, Y8, Y8
+	VPSLLW       $0x02, Y6, Y10
+	VPAND        rowc30<>+0(SB), Y10, Y10
+	VPAND        rowc0f<>+0(SB), Y5, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   160(DI), Y11, Y10
+	VPSHUFB      q6scspread<>+160(SB), Y1, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	VPAND        rowc30<>+0(SB), Y6, Y10
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y10, Y4, Y4
+	VPMADDUBSW   192(DI), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y1, Y10
+	VPMADDWD     Y10, Y4, Y4
+	VPADDD       Y4, Y8, Y8
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        rowc30<>+0(SB), Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        rowc0f<>+0(SB), Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   224(DI), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y1, Y1
+	VPMADDWD     Y1, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPADDD       Y9, Y8, Y8
+	VPSLLD       $0x05, Y2, Y2
+	VPSUBD       Y2, Y8, Y8
+	VMOVDQU      192(BX)(CX*2), X1
+	VPMOVSXBW    X1, Y2
+	VPMADDWD     32(R8), Y2, Y2
+	VPSHUFB      q6evenodd<>+0(SB), X1, X1
+	VPMOVSXBW    X1, Y1
+	VMOVDQU      (BX)(CX*2), Y4
+	VMOVDQU      32(BX)(CX*2), Y5
+	VMOVDQU      128(BX)(CX*2), Y6
+	VPSLLW       $0x04, Y6, Y9
+	VPAND        rowc30<>+0(SB), Y9, Y9
+	VPAND        rowc0f<>+0(SB), Y4, Y10
+	VPOR         Y9, Y10, Y10
+	VPMADDUBSW   (DI), Y10, Y9
+	VPSHUFB      q6scspread<>+0(SB), Y1, Y10
+	VPMADDWD     Y10, Y9, Y9
+	VPSLLW       $0x02, Y6, Y10
+	VPAND        rowc30<>+0(SB), Y10, Y10
+	VPAND        rowc0f<>+0(SB), Y5, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   32(DI), Y11, Y10
+	VPSHUFB      q6scspread<>+32(SB), Y1, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPAND        rowc30<>+0(SB), Y6, Y11
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y11, Y4, Y4
+	VPMADDUBSW   64(DI), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y1, Y11
+	VPMADDWD     Y11, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        rowc30<>+0(SB), Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        rowc0f<>+0(SB), Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   96(DI), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y1, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VMOVDQU      64(BX)(CX*2), Y4
+	VMOVDQU      96(BX)(CX*2), Y5
+	VMOVDQU      160(BX)(CX*2), Y6
+	VPSLLW       $0x04, Y6, Y11
+	VPAND        rowc30<>+0(SB), Y11, Y11
+	VPAND        rowc0f<>+0(SB), Y4, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   128(DI), Y12, Y11
+	VPSHUFB      q6scspread<>+128(SB), Y1, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPADDD       Y11, Y9, Y9
+	VPSLLW       $0x02, Y6, Y11
+	VPAND        rowc30<>+0(SB), Y11, Y11
+	VPAND        rowc0f<>+0(SB), Y5, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   160(DI), Y12, Y11
+	VPSHUFB      q6scspread<>+160(SB), Y1, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPADDD       Y11, Y10, Y10
+	VPAND        rowc30<>+0(SB), Y6, Y11
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y11, Y4, Y4
+	VPMADDUBSW   192(DI), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y1, Y11
+	VPMADDWD     Y11, Y4, Y4
+	VPADDD       Y4, Y9, Y9
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        rowc30<>+0(SB), Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        rowc0f<>+0(SB), Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   224(DI), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y1, Y1
+	VPMADDWD     Y1, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPADDD       Y10, Y9, Y9
+	VPSLLD       $0x05, Y2, Y2
+	VPSUBD       Y2, Y9, Y9
+	VMOVDQU      192(BX)(DX*1), X1
+	VPMOVSXBW    X1, Y2
+	VPMADDWD     32(R8), Y2, Y2
+	VPSHUFB      q6evenodd<>+0(SB), X1, X1
+	VPMOVSXBW    X1, Y1
+	VMOVDQU      (BX)(DX*1), Y4
+	VMOVDQU      32(BX)(DX*1), Y5
+	VMOVDQU      128(BX)(DX*1), Y6
+	VPSLLW       $0x04, Y6, Y10
+	VPAND        rowc30<>+0(SB), Y10, Y10
+	VPAND        rowc0f<>+0(SB), Y4, Y11
+	VPOR         Y10, Y11, Y11
+	VPMADDUBSW   (DI), Y11, Y10
+	VPSHUFB      q6scspread<>+0(SB), Y1, Y11
+	VPMADDWD     Y11, Y10, Y10
+	VPSLLW       $0x02, Y6, Y11
+	VPAND        rowc30<>+0(SB), Y11, Y11
+	VPAND        rowc0f<>+0(SB), Y5, Y12
+	VPOR         Y11, Y12, Y12
+	VPMADDUBSW   32(DI), Y12, Y11
+	VPSHUFB      q6scspread<>+32(SB), Y1, Y12
+	VPMADDWD     Y12, Y11, Y11
+	VPAND        rowc30<>+0(SB), Y6, Y12
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y12, Y4, Y4
+	VPMADDUBSW   64(DI), Y4, Y4
+	VPSHUFB      q6scspread<>+64(SB), Y1, Y12
+	VPMADDWD     Y12, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        rowc30<>+0(SB), Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        rowc0f<>+0(SB), Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   96(DI), Y5, Y4
+	VPSHUFB      q6scspread<>+96(SB), Y1, Y5
+	VPMADDWD     Y5, Y4, Y4
+	VPADDD       Y4, Y11, Y11
+	VMOVDQU      64(BX)(DX*1), Y4
+	VMOVDQU      96(BX)(DX*1), Y5
+	VMOVDQU      160(BX)(DX*1), Y6
+	VPSLLW       $0x04, Y6, Y12
+	VPAND        rowc30<>+0(SB), Y12, Y12
+	VPAND        rowc0f<>+0(SB), Y4, Y13
+	VPOR         Y12, Y13, Y13
+	VPMADDUBSW   128(DI), Y13, Y12
+	VPSHUFB      q6scspread<>+128(SB), Y1, Y13
+	VPMADDWD     Y13, Y12, Y12
+	VPADDD       Y12, Y10, Y10
+	VPSLLW       $0x02, Y6, Y12
+	VPAND        rowc30<>+0(SB), Y12, Y12
+	VPAND        rowc0f<>+0(SB), Y5, Y13
+	VPOR         Y12, Y13, Y13
+	VPMADDUBSW   160(DI), Y13, Y12
+	VPSHUFB      q6scspread<>+160(SB), Y1, Y13
+	VPMADDWD     Y13, Y12, Y12
+	VPADDD       Y12, Y11, Y11
+	VPAND        rowc30<>+0(SB), Y6, Y12
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        rowc0f<>+0(SB), Y4, Y4
+	VPOR         Y12, Y4, Y4
+	VPMADDUBSW   192(DI), Y4, Y4
+	VPSHUFB      q6scspread<>+192(SB), Y1, Y12
+	VPMADDWD     Y12, Y4, Y4
+	VPADDD       Y4, Y10, Y10
+	VPSRLW       $0x02, Y6, Y4
+	VPAND        rowc30<>+0(SB), Y4, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        rowc0f<>+0(SB), Y5, Y5
+	VPOR         Y4, Y5, Y5
+	VPMADDUBSW   224(DI), Y5, Y4
+	VPSHUFB      q6scspread<>+224(SB), Y1, Y1
+	VPMADDWD     Y1, Y4, Y4
+	VPADDD       Y4, Y11, Y11
+	VPADDD       Y11, Y10, Y10
+	VPSLLD       $0x05, Y2, Y2
+	VPSUBD       Y2, Y10, Y10
+	VPUNPCKLDQ   Y8, Y7, Y1
+	VPUNPCKHDQ   Y8, Y7, Y2
+	VPADDD       Y2, Y1, Y1
+	VPUNPCKLDQ   Y10, Y9, Y2
+	VPUNPCKHDQ   Y10, Y9, Y4
+	VPADDD       Y4, Y2, Y2
+	VPUNPCKLQDQ  Y2, Y1, Y4
+	VPUNPCKHQDQ  Y2, Y1, Y1
+	VPADDD       Y1, Y4, Y4
+	VPERM2I128   $0x20, Y4, Y3, Y1
+	VPERM2I128   $0x31, Y4, Y3, Y2
+	VPADDD       Y2, Y1, Y1
+	VCVTDQ2PS    Y1, Y1
+	MOVWQZX      208(AX)(DX*1), R10
+	SHLQ         $0x10, R10
+	MOVW         208(AX)(CX*2), R10
+	SHLQ         $0x10, R10
+	MOVW         208(AX)(CX*1), R10
+	SHLQ         $0x10, R10
+	MOVW         208(AX), R10
+	MOVWQZX      208(BX)(DX*1), R11
+	SHLQ         $0x10, R11
+	MOVW         208(BX)(CX*2), R11
+	SHLQ         $0x10, R11
+	MOVW         208(BX)(CX*1), R11
+	SHLQ         $0x10, R11
+	MOVW         208(BX), R11
+	VMOVQ        R10, X2
+	VPINSRQ      $0x01, R11, X2, X2
+	VCVTPH2PS    X2, Y2
+	VBROADCASTSS (R9), Y3
+	VMULPS       Y3, Y2, Y2
+	VFMADD231PS  Y1, Y2, Y0
+	ADDQ         $0x000000d2, AX
+	ADDQ         $0x000000d2, BX
+	ADDQ         $0x00000100, DI
+	ADDQ         $0x40, R8
+	ADDQ         $0x04, R9
+	DECQ         SI
+	JNE          super
+	MOVQ         out+48(FP), AX
+	VMOVUPS      Y0, (AX)
+	VZEROUPPER
+	RET
+
+DATA rowc0f<>+0(SB)/1, $0x0f
+DATA rowc0f<>+1(SB)/1, $0x0f
+DATA rowc0f<>+2(SB)/1, $0x0f
+DATA rowc0f<>+3(SB)/1, $0x0f
+DATA rowc0f<>+4(SB)/1, $0x0f
+DATA rowc0f<>+5(SB)/1, $0x0f
+DATA rowc0f<>+6(SB)/1, $0x0f
+DATA rowc0f<>+7(SB)/1, $0x0f
+DATA rowc0f<>+8(SB)/1, $0x0f
+DATA rowc0f<>+9(SB)/1, $0x0f
+DATA rowc0f<>+10(SB)/1, $0x0f
+DATA rowc0f<>+11(SB)/1, $0x0f
+DATA rowc0f<>+12(SB)/1, $0x0f
+DATA rowc0f<>+13(SB)/1, $0x0f
+DATA rowc0f<>+14(SB)/1, $0x0f
+DATA rowc0f<>+15(SB)/1, $0x0f
+DATA rowc0f<>+16(SB)/1, $0x0f
+DATA rowc0f<>+17(SB)/1, $0x0f
+DATA rowc0f<>+18(SB)/1, $0x0f
+DATA rowc0f<>+19(SB)/1, $0x0f
+DATA rowc0f<>+20(SB)/1, $0x0f
+DATA rowc0f<>+21(SB)/1, $0x0f
+DATA rowc0f<>+22(SB)/1, $0x0f
+DATA rowc0f<>+23(SB)/1, $0x0f
+DATA rowc0f<>+24(SB)/1, $0x0f
+DATA rowc0f<>+25(SB)/1, $0x0f
+DATA rowc0f<>+26(SB)/1, $0x0f
+DATA rowc0f<>+27(SB)/1, $0x0f
+DATA rowc0f<>+28(SB)/1, $0x0f
+DATA rowc0f<>+29(SB)/1, $0x0f
+DATA rowc0f<>+30(SB)/1, $0x0f
+DATA rowc0f<>+31(SB)/1, $0x0f
+GLOBL rowc0f<>(SB), RODATA|NOPTR, $32
+
+DATA rowc30<>+0(SB)/1, $0x30
+DATA rowc30<>+1(SB)/1, $0x30
+DATA rowc30<>+2(SB)/1, $0x30
+DATA rowc30<>+3(SB)/1, $0x30
+DATA rowc30<>+4(SB)/1, $0x30
+DATA rowc30<>+5(SB)/1, $0x30
+DATA rowc30<>+6(SB)/1, $0x30
+DATA rowc30<>+7(SB)/1, $0x30
+DATA rowc30<>+8(SB)/1, $0x30
+DATA rowc30<>+9(SB)/1, $0x30
+DATA rowc30<>+10(SB)/1, $0x30
+DATA rowc30<>+11(SB)/1, $0x30
+DATA rowc30<>+12(SB)/1, $0x30
+DATA rowc30<>+13(SB)/1, $0x30
+DATA rowc30<>+14(SB)/1, $0x30
+DATA rowc30<>+15(SB)/1, $0x30
+DATA rowc30<>+16(SB)/1, $0x30
+DATA rowc30<>+17(SB)/1, $0x30
+DATA rowc30<>+18(SB)/1, $0x30
+DATA rowc30<>+19(SB)/1, $0x30
+DATA rowc30<>+20(SB)/1, $0x30
+DATA rowc30<>+21(SB)/1, $0x30
+DATA rowc30<>+22(SB)/1, $0x30
+DATA rowc30<>+23(SB)/1, $0x30
+DATA rowc30<>+24(SB)/1, $0x30
+DATA rowc30<>+25(SB)/1, $0x30
+DATA rowc30<>+26(SB)/1, $0x30
+DATA rowc30<>+27(SB)/1, $0x30
+DATA rowc30<>+28(SB)/1, $0x30
+DATA rowc30<>+29(SB)/1, $0x30
+DATA rowc30<>+30(SB)/1, $0x30
+DATA rowc30<>+31(SB)/1, $0x30
+GLOBL rowc30<>(SB), RODATA|NOPTR, $32
 
 // func axpyRowsBF16AVX2(alpha *float32, v *uint16, ldv int, rows int, y *float32, n int)
 // Requires: AVX, AVX2, FMA3

@@ -377,22 +377,34 @@ func qactQ8_0AVX2(x *float32, nb int, q *int8, meta *uint32, corrMul int)
 func qactQ8KAVX2(x *float32, nb int, q *int8, meta *uint32)
 
 // qrowQ8_0AVX2 computes up to 8 Q8_0 weight rows times one activation row (see asmgen's rowquant.go).
-func qrowQ8_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+func qrowQ8_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)
 
 // qrowQ4_0AVX2 computes up to 8 Q4_0 weight rows times one activation row (see asmgen's rowquant.go).
-func qrowQ4_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+func qrowQ4_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)
 
 // qrowQ5_0AVX2 computes up to 8 Q5_0 weight rows times one activation row (see asmgen's rowquant.go).
-func qrowQ5_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+func qrowQ5_0AVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)
 
 // qrowQ4_KAVX2 computes up to 8 Q4_K weight rows times one activation row (see asmgen's rowquant.go).
-func qrowQ4_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+func qrowQ4_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)
 
 // qrowQ5_KAVX2 computes up to 8 Q5_K weight rows times one activation row (see asmgen's rowquant.go).
-func qrowQ5_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+func qrowQ5_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)
 
 // qrowQ6_KAVX2 computes up to 8 Q6_K weight rows times one activation row (see asmgen's rowquant.go).
-func qrowQ6_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+func qrowQ6_KAVX2(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)
+
+// qrow8Q8_0AVX2 computes 8 Q8_0 weight rows lds bytes apart times one activation row (see asmgen's rowstreams.go).
+func qrow8Q8_0AVX2(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)
+
+// qrow8Q4_0AVX2 computes 8 Q4_0 weight rows lds bytes apart times one activation row (see asmgen's rowstreams.go).
+func qrow8Q4_0AVX2(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)
+
+// qrow8Q5_0AVX2 computes 8 Q5_0 weight rows lds bytes apart times one activation row (see asmgen's rowstreams.go).
+func qrow8Q5_0AVX2(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)
+
+// qrow8Q6_KAVX2 computes 8 Q6_K weight rows lds bytes apart times one activation row (see asmgen's rowstreams.go).
+func qrow8Q6_KAVX2(w *byte, lds int, nb int, x *int8, meta *uint32, aux *uint32, out *float32)
 
 // axpyRowsBF16AVX2 computes y[t] = fma(alpha[r], v[r*ldv+t], y[t]) for r < rows in order, t < n.
 func axpyRowsBF16AVX2(alpha *float32, v *uint16, ldv int, rows int, y *float32, n int)

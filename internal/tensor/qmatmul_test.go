@@ -531,3 +531,39 @@ func TestQuantMatVecExtremes(t *testing.T) {
 		}
 	})
 }
+
+// TestQuantMatVecRegions checks one activation row against the definition
+// for row counts where the AVX2 row kernels' driver splits a thread's rows
+// into regions read side by side (many calls per region, rows left over
+// after the regions, one and two threads).
+func TestQuantMatVecRegions(t *testing.T) {
+	forEachISA(t, func(t *testing.T) {
+		for _, threads := range []int{1, 2} {
+			pool := NewPool(threads)
+			defer pool.Close()
+			for _, d := range quantTypes {
+				elems, _ := d.BlockSize()
+				k := 2 * max(8*elems, 1024)
+				for _, n := range []int{64, 67, 131, 301} {
+					t.Run(fmt.Sprintf("%s n=%d T=%d", d, n, threads), func(t *testing.T) {
+						rng := rand.New(rand.NewPCG(uint64(n), uint64(d)))
+						w := randQuantMat(t, rng, d, n, k)
+						x := make([]float32, k)
+						for i := range x {
+							x[i] = float32(rng.NormFloat64())
+						}
+						out := make([]float32, n)
+						pool.MatMul(out, x, 1, w)
+						xq, xs := refActs(d, x)
+						for j := range n {
+							def, _, _ := refQuantDot(w, xq, xs, j)
+							if math.Float32bits(out[j]) != math.Float32bits(def) {
+								t.Fatalf("out[%d] = %g (%#x), the definition gives %g (%#x)", j, out[j], math.Float32bits(out[j]), def, math.Float32bits(def))
+							}
+						}
+					})
+				}
+			}
+		}
+	})
+}

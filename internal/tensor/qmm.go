@@ -16,7 +16,10 @@ import (
 //
 // Rows (one activation row, decode): a row kernel takes up to qRowMax
 // weight rows and reads each from start to end, the one access pattern
-// that streams from DRAM at full speed (see asmgen's rowquant.go).
+// that streams from DRAM at full speed (see asmgen's rowquant.go); the
+// AVX2 ones read a few rows side by side, from as many regions of the
+// rows a thread was given (runRows), so that each region is one sequential
+// stream across calls (see asmgen's rowstreams.go).
 //
 // Either way the chains are those of the definition in qmatmul.go, so
 // every kernel gives its results bit for bit.
@@ -36,6 +39,18 @@ type (
 	// row from start to end (see asmgen's rowquant.go); scratch holds
 	// qRowKernel.scratchBytes(nb) bytes.
 	qrow func(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+	// qrowStreams is qrow for a kernel that reads streams weight rows
+	// side by side: with q = rows / streams, row s·q + i of the call
+	// (s < streams, i < q) is at w + s·lds + i·ldw, and the rows past
+	// streams·q follow the last stream's (see asmgen's rowstreams.go).
+	qrowStreams func(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)
+	// qrow8 computes the 8 weight rows w + s·lds (s < 8) times one
+	// activation row into out[0:8], all 8 a block at a time, the chains in
+	// the lanes of one vector (see asmgen's rowstreams.go).
+	qrow8 func(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)
+	// qrow8K is qrow8 for the K-quants, which also read the activation
+	// metadata.
+	qrow8K func(w *byte, lds int, nb int, x *int8, meta *uint32, aux *uint32, out *float32)
 )
 
 // qRowMax is the most weight rows one qrow call takes.
@@ -44,7 +59,15 @@ const qRowMax = 8
 // qRowKernel is a dtype's row kernel: it needs at least group blocks per
 // row and slot bytes of scratch per group of blocks and row.
 type qRowKernel struct {
-	fn          qrow
+	// fn, or fnStreams with streams (a power of 2 up to qRowMax) rows
+	// read side by side.
+	fn        qrow
+	fnStreams qrowStreams
+	streams   int
+	// fn8 or fn8K, where set, takes the rows of 8 regions, one of each
+	// a call; fn or fnStreams the rows past them.
+	fn8         qrow8
+	fn8K        qrow8K
 	group, slot int
 	// perm: the kernel takes the activations of Q4_K/Q5_K super-blocks
 	// with their 32-byte sub-blocks in qAct.rowX's order.
@@ -127,9 +150,47 @@ func (s *qKernelSet) runRows(rk qRowKernel, sc *qScratch, a *qAct, w *Mat, lo, h
 	if rk.perm {
 		x = &a.rowX[0]
 	}
+	call := func(j0, rows, lds int) {
+		if rk.fnStreams != nil {
+			rk.fnStreams(&w.Q[j0*rb], rb, rows, nb, x, &a.meta[0], &a.rowAux[0], &scratch[0], &sc.rowOut[0], lds)
+		} else {
+			rk.fn(&w.Q[j0*rb], rb, rows, nb, x, &a.meta[0], &a.rowAux[0], &scratch[0], &sc.rowOut[0])
+		}
+	}
+	if (rk.fn8 != nil || rk.fn8K != nil) && hi-lo >= qRowMax {
+		// The rows in 8 regions of r rows each, a row of each a call.
+		r := (hi - lo) / qRowMax
+		for c := range r {
+			if rk.fn8 != nil {
+				rk.fn8(&w.Q[(lo+c)*rb], r*rb, nb, x, &a.rowAux[0], &sc.rowOut[0])
+			} else {
+				rk.fn8K(&w.Q[(lo+c)*rb], r*rb, nb, x, &a.meta[0], &a.rowAux[0], &sc.rowOut[0])
+			}
+			for s := range qRowMax {
+				out[lo+s*r+c] = sc.rowOut[s]
+			}
+		}
+		lo += qRowMax * r
+	}
+	if st := rk.streams; rk.fnStreams != nil && st > 1 {
+		// The rows in st regions of r rows each, read side by side, q
+		// rows of each a call: every stream stays sequential from one
+		// call to the next.
+		q := qRowMax / st
+		r := (hi - lo) / qRowMax * q
+		for c := 0; c < r; c += q {
+			call(lo+c, qRowMax, r*rb)
+			for s := range st {
+				j := lo + s*r + c
+				copy(out[j:j+q], sc.rowOut[s*q:(s+1)*q])
+			}
+		}
+		lo += st * r
+	}
 	for j0 := lo; j0 < hi; j0 += qRowMax {
 		rows := min(qRowMax, hi-j0)
-		rk.fn(&w.Q[j0*rb], rb, rows, nb, x, &a.meta[0], &a.rowAux[0], &scratch[0], &sc.rowOut[0])
+		q := rows / max(rk.streams, 1)
+		call(j0, rows, q*rb)
 		copy(out[j0:j0+rows], sc.rowOut[:rows])
 	}
 }

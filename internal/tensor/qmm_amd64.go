@@ -36,14 +36,23 @@ var qKernelsAVX2 = &qKernelSet{lanes: 8, types: map[DType]qTypeKernels{
 	Q5_K: {qpackQ5_KAVX2, []qdot{qdot5KAVX2R1, qdot5KAVX2R2, qdot5KAVX2R3, qdot5KAVX2R4}, 78 * 32},
 	Q6_K: {qpackQ6_KAVX2, []qdot{qdot6KAVX2R1, qdot6KAVX2R2, qdot6KAVX2R3, qdot6KAVX2R4}, 89 * 32},
 }, row: map[DType]qRowKernel{
-	Q8_0: {fn: qrowQ8_0AVX2, group: 8, slot: 64},
-	Q4_0: {fn: qrowQ4_0AVX2, group: 8, slot: 64},
-	Q5_0: {fn: qrowQ5_0AVX2, group: 8, slot: 64},
-	Q4_K: {fn: qrowQ4_KAVX2, group: 4, slot: 64},
-	Q5_K: {fn: qrowQ5_KAVX2, group: 4, slot: 64},
-	Q6_K: {fn: qrowQ6_KAVX2, group: 4, slot: 32},
+	Q8_0: {fn8: qrow8Q8_0AVX2, fnStreams: qrowQ8_0AVX2, streams: qRowStreamsAVX2, group: 8, slot: 64},
+	Q4_0: {fn8: qrow8Q4_0AVX2, fnStreams: qrowQ4_0AVX2, streams: qRowStreamsAVX2, group: 8, slot: 64},
+	Q5_0: {fn8: qrow8Q5_0AVX2, fnStreams: qrowQ5_0AVX2, streams: qRowStreamsAVX2, group: 8, slot: 64},
+	Q4_K: {fnStreams: qrowQ4_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 64},
+	Q5_K: {fnStreams: qrowQ5_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 64},
+	Q6_K: {fn8K: qrow8Q6_KAVX2, fnStreams: qrowQ6_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 32},
 }}
 
 func qmmAVX512(a *qAct, w *Mat, lo, hi int, out []float32) { qKernelsAVX512.run(a, w, lo, hi, out) }
 
 func qmmAVX2(a *qAct, w *Mat, lo, hi int, out []float32) { qKernelsAVX2.run(a, w, lo, hi, out) }
+
+// qRowStreamsAVX2 and qRowStreamsKAVX2 are the weight rows the AVX2 row
+// kernels of the 32-blocks and of the K-quants read side by side, as
+// asmgen's rowStreamsAVX2 and rowStreamsKAVX2 (a kernel and its driver
+// that disagree give wrong rows, which the tests catch).
+const (
+	qRowStreamsAVX2  = 4
+	qRowStreamsKAVX2 = 2
+)

@@ -7,9 +7,10 @@ package main
 // 4–16 rows of a matrix side by side, a few kilobytes apart, as the panel
 // kernels (and the fused single-row kernels they replace) do, and software
 // prefetching recovers only part of that. So a row kernel reads its weight
-// rows one after the other, each from start to end (the AVX2 Q8_0, Q4_0 and
-// Q5_0 kernels, tuned on a Zen 2 where one stream is the slower, two rows
-// side by side: see rowstreams.go), and works in two phases:
+// rows one after the other, each from start to end (the AVX2 kernels, tuned
+// on a Zen 2 where one stream is the slower, read rows from two or four
+// distant regions of the matrix side by side: see rowstreams.go), and
+// works in two phases:
 //
 //   - phase 1, per weight row and group of blocks (8 blocks of 32, or 4
 //     super-blocks): the exact integer dot product of every block with the
@@ -64,6 +65,19 @@ import (
 // out[0:8) (lanes beyond rows are garbage); scratch holds
 // qRowMax·ceil(nb/group)·slotBytes bytes.
 const rowSig = "func(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)"
+
+// rowSigAVX2 is the Go signature of the AVX2 row kernels: rowSig's, and
+// lds, the bytes from the first row of one of phase 1's streams to that of
+// the next (see phase1Streams).
+const rowSigAVX2 = "func(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)"
+
+// sig is the kernel's Go signature.
+func (k rowKern) sig() string {
+	if k.avx512 {
+		return rowSig
+	}
+	return rowSigAVX2
+}
 
 // rowKern holds what the code of one row kernel shares.
 type rowKern struct {
@@ -197,7 +211,7 @@ func row32(avx512 bool, q quant32) {
 	k := &rowKern{avx512: avx512, group: 8, pairs: 1, transposed: true}
 	k.setStreams(rowStreamsAVX2)
 	name := "qrow" + q.name + k.isaName()
-	TEXT(name, NOSPLIT, rowSig)
+	TEXT(name, NOSPLIT, k.sig())
 	Doc(fmt.Sprintf("%s computes up to 8 %s weight rows times one activation row (see asmgen's rowquant.go).", name, q.name))
 	var c80, ones, c0f, shift, qhSpread, bits, c10 VecVirtual
 	signed := q.bytes == 34 && !avx512
@@ -599,6 +613,25 @@ func rowKernels(avx512 bool) {
 	rowQ4K(false, false)
 	rowQ4K(false, true)
 	rowQ6K(false)
+	for _, q := range []quant32{{"Q8_0", 34}, {"Q4_0", 18}, {"Q5_0", 22}} {
+		row8AVX2(q)
+	}
+	row8Q6KAVX2()
+}
+
+// q6kConsts8 is q6kConsts with the masks in memory.
+func (k rowKern) q6kConsts8() q6kConst {
+	var m []byte
+	for range 32 {
+		m = append(m, 0x0f)
+	}
+	var h []byte
+	for range 32 {
+		h = append(h, 0x30)
+	}
+	c := q6kConst{c0f: table("rowc0f", m), c30: table("rowc30", h)}
+	c.evenOdd, c.scCtrl = k.q6kTables()
+	return c
 }
 
 // isaName is the kernel name suffix of the instruction set.
@@ -701,7 +734,7 @@ func rowQ4K(avx512, five bool) {
 		nm, bytes, qs = "Q5_K", 176, 48
 	}
 	name := "qrow" + nm + k.isaName()
-	TEXT(name, NOSPLIT, rowSig)
+	TEXT(name, NOSPLIT, k.sig())
 	Doc(fmt.Sprintf("%s computes up to 8 %s weight rows times one activation row (see asmgen's rowquant.go).", name, nm))
 	c0f := k.splatY(0x0f0f0f0f)
 	var c10 VecVirtual
@@ -878,27 +911,9 @@ func rowQ6K(avx512 bool) {
 	k.setStreams(rowStreamsKAVX2)
 	const bytes = 210
 	name := "qrowQ6_K" + k.isaName()
-	TEXT(name, NOSPLIT, rowSig)
+	TEXT(name, NOSPLIT, k.sig())
 	Doc(fmt.Sprintf("%s computes up to 8 Q6_K weight rows times one activation row (see asmgen's rowquant.go).", name))
-	c0f := k.splatY(0x0f0f0f0f)
-	c30 := k.splatY(0x30303030)
-	var eo []byte
-	for i := range 8 {
-		eo = append(eo, byte(2*i))
-	}
-	for i := range 8 {
-		eo = append(eo, byte(2*i+1))
-	}
-	evenOdd := table("q6evenodd", eo)
-	var ctrl []byte
-	for w := range 8 {
-		for range 2 {
-			for range 8 {
-				ctrl = append(ctrl, byte(2*w), byte(2*w+1))
-			}
-		}
-	}
-	scCtrl := table("q6scspread", ctrl)
+	c := k.q6kConsts()
 	k.phase1(256, bytes, func(wq, xq, b, slot GPVirtual) {
 		mq := GP64()
 		MOVQ(b, mq)
@@ -907,70 +922,12 @@ func rowQ6K(avx512 bool) {
 		z := make([]VecVirtual, 4)
 		for t := range 4 {
 			blk := func(d int) Mem { return Mem{Base: wq, Disp: bytes*t + d} }
-			sx := XMM()
-			VMOVDQU(blk(192), sx)
-			// The offset: 32·Σ scale·(Σx per 16).
-			sn := YMM()
-			VPMOVSXBW(sx, sn)
-			off := YMM()
-			VPMADDWD(Mem{Base: mq, Disp: 64*t + metaSums16}, sn, off)
-			VPSHUFB(evenOdd, sx, sx)
-			d := YMM()
-			VPMOVSXBW(sx, d)
-			// Two chains of sums, each started by its first product.
-			var acc [2]VecVirtual
-			for h := range 2 {
-				ql := [2]VecVirtual{YMM(), YMM()}
-				VMOVDQU(blk(64*h), ql[0])
-				VMOVDQU(blk(64*h+32), ql[1])
-				qh := YMM()
-				VMOVDQU(blk(128+32*h), qh)
-				for q := range 4 {
-					// Quarter q: low nibbles of ql[q%2] (q < 2) or high
-					// ones, bits 2q, 2q+1 of qh at 4, 5.
-					hb := YMM()
-					switch n := 4 - 2*q; {
-					case n > 0:
-						VPSLLW(U8(n), qh, hb)
-						k.and(c30, hb, hb)
-					case n < 0:
-						VPSRLW(U8(-n), qh, hb)
-						k.and(c30, hb, hb)
-					default:
-						k.and(c30, qh, hb)
-					}
-					lv := YMM()
-					if q < 2 {
-						k.and(c0f, ql[q], lv)
-					} else {
-						VPSRLW(U8(4), ql[q-2], lv)
-						k.and(c0f, lv, lv)
-					}
-					if avx512 {
-						VPORD(hb, lv, lv)
-					} else {
-						VPOR(hb, lv, lv)
-					}
-					p := YMM()
-					VPMADDUBSW(Mem{Base: xq, Disp: 256*t + 128*h + 32*q}, lv, p)
-					sq := YMM()
-					VPSHUFB(scCtrl.Offset(32*(4*h+q)), d, sq)
-					if h == 0 && q < 2 {
-						acc[q] = YMM()
-						VPMADDWD(sq, p, acc[q])
-					} else {
-						k.pairDot(sq, false, p, acc[q%2])
-					}
-				}
-			}
-			VPADDD(acc[1], acc[0], acc[0])
-			VPSLLD(U8(5), off, off)
-			VPSUBD(off, acc[0], acc[0])
-			z[t] = acc[0]
+			xm := func(d int) Mem { return Mem{Base: xq, Disp: 256*t + d} }
+			z[t] = k.q6kSuper(c, blk, xm, Mem{Base: mq, Disp: 64*t + metaSums16})
 		}
-		c := k.tree4x2(z)
-		ix := k.extractHi(c)
-		VPADDD(c.AsX(), ix, ix)
+		r := k.tree4x2(z)
+		ix := k.extractHi(r)
+		VPADDD(r.AsX(), ix, ix)
 		f := XMM()
 		VCVTDQ2PS(ix, f)
 		VMOVUPS(f, Mem{Base: slot})
@@ -984,6 +941,110 @@ func rowQ6K(avx512 bool) {
 	k.phase2()
 	VZEROUPPER()
 	RET()
+}
+
+// q6kConst holds the constants of the Q6_K row kernels' super-block.
+type q6kConst struct {
+	// c0f and c30: the masks, in registers or memory.
+	c0f, c30        Op
+	evenOdd, scCtrl Mem
+}
+
+// q6kConsts emits the constants of q6kSuper.
+func (k rowKern) q6kConsts() q6kConst {
+	var c q6kConst
+	c.c0f = k.splatY(0x0f0f0f0f)
+	c.c30 = k.splatY(0x30303030)
+	c.evenOdd, c.scCtrl = k.q6kTables()
+	return c
+}
+
+// q6kTables returns the byte tables of q6kSuper: the even then the odd
+// bytes of 16, and the spread of the 16 scales over the quarters.
+func (k rowKern) q6kTables() (evenOdd, scCtrl Mem) {
+	var eo []byte
+	for i := range 8 {
+		eo = append(eo, byte(2*i))
+	}
+	for i := range 8 {
+		eo = append(eo, byte(2*i+1))
+	}
+	var ctrl []byte
+	for w := range 8 {
+		for range 2 {
+			for range 8 {
+				ctrl = append(ctrl, byte(2*w), byte(2*w+1))
+			}
+		}
+	}
+	return table("q6evenodd", eo), table("q6scspread", ctrl)
+}
+
+// q6kSuper emits one Q6_K super-block's dot product with the activations
+// (blk: the block's bytes, xm: its 256 activation levels, sums16: their
+// sums per 16 in the metadata) as 8 dword partial sums: their total is
+// the exact integer Σ scale·(Σ level·x) − 32·Σ scale·(Σx per 16).
+func (k rowKern) q6kSuper(c q6kConst, blk, xm func(int) Mem, sums16 Mem) VecVirtual {
+	sx := XMM()
+	VMOVDQU(blk(192), sx)
+	// The offset: 32·Σ scale·(Σx per 16).
+	sn := YMM()
+	VPMOVSXBW(sx, sn)
+	off := YMM()
+	VPMADDWD(sums16, sn, off)
+	VPSHUFB(c.evenOdd, sx, sx)
+	d := YMM()
+	VPMOVSXBW(sx, d)
+	// Two chains of sums, each started by its first product.
+	var acc [2]VecVirtual
+	for h := range 2 {
+		ql := [2]VecVirtual{YMM(), YMM()}
+		VMOVDQU(blk(64*h), ql[0])
+		VMOVDQU(blk(64*h+32), ql[1])
+		qh := YMM()
+		VMOVDQU(blk(128+32*h), qh)
+		for q := range 4 {
+			// Quarter q: low nibbles of ql[q%2] (q < 2) or high
+			// ones, bits 2q, 2q+1 of qh at 4, 5.
+			hb := YMM()
+			switch n := 4 - 2*q; {
+			case n > 0:
+				VPSLLW(U8(n), qh, hb)
+				k.and(c.c30, hb, hb)
+			case n < 0:
+				VPSRLW(U8(-n), qh, hb)
+				k.and(c.c30, hb, hb)
+			default:
+				k.and(c.c30, qh, hb)
+			}
+			lv := YMM()
+			if q < 2 {
+				k.and(c.c0f, ql[q], lv)
+			} else {
+				VPSRLW(U8(4), ql[q-2], lv)
+				k.and(c.c0f, lv, lv)
+			}
+			if k.avx512 {
+				VPORD(hb, lv, lv)
+			} else {
+				VPOR(hb, lv, lv)
+			}
+			p := YMM()
+			VPMADDUBSW(xm(128*h+32*q), lv, p)
+			sq := YMM()
+			VPSHUFB(c.scCtrl.Offset(32*(4*h+q)), d, sq)
+			if h == 0 && q < 2 {
+				acc[q] = YMM()
+				VPMADDWD(sq, p, acc[q])
+			} else {
+				k.pairDot(sq, false, p, acc[q%2])
+			}
+		}
+	}
+	VPADDD(acc[1], acc[0], acc[0])
+	VPSLLD(U8(5), off, off)
+	VPSUBD(off, acc[0], acc[0])
+	return acc[0]
 }
 
 // zmmZero returns a zeroed ZMM.
@@ -1048,7 +1109,7 @@ func rowQ4K512(five bool) {
 		nm, bytes, qs = "Q5_K", 176, 48
 	}
 	name := "qrow" + nm + "AVX512"
-	TEXT(name, NOSPLIT, rowSig)
+	TEXT(name, NOSPLIT, k.sig())
 	Doc(fmt.Sprintf("%s computes up to 8 %s weight rows times one activation row (activation sub-blocks in q4kPerm order; see asmgen's rowquant.go).", name, nm))
 	c0f := splat(0x0f0f0f0f)
 	ones := splat(0x00010001)
@@ -1276,7 +1337,7 @@ func rowQ6K512() {
 	k := &rowKern{avx512: true, group: 4, pairs: 1}
 	const bytes = 210
 	name := "qrowQ6_KAVX512"
-	TEXT(name, NOSPLIT, rowSig)
+	TEXT(name, NOSPLIT, k.sig())
 	Doc(fmt.Sprintf("%s computes up to 8 Q6_K weight rows times one activation row (see asmgen's rowquant.go).", name))
 	c0f := splat(0x0f0f0f0f)
 	c30 := splat(0x30303030)

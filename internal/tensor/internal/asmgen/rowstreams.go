@@ -16,14 +16,24 @@ import (
 // kilobytes apart at ~20–24 GB/s (tensor.ReadScan at 1, 2, 4 and 8
 // streams: the L2's stream prefetchers run ahead in each at once), the
 // opposite of the Zen 4 the one-row-at-a-time order was chosen on (see
-// rowquant.go), which the AVX-512 kernels keep. Two rows took the cold
-// Q8_0 decode kernel from 11.7–12.7 to 13.5–13.8 GB/s on one thread here;
-// four were no faster, eight slower; the K-quant kernels, bound by their
-// arithmetic, lost with two rows in cache and cold on two threads
-// (docs/performance.md), so they read one row at a time.
+// rowquant.go), which the AVX-512 kernels keep.
+//
+// The streams are lds bytes apart, a kernel parameter: package tensor's
+// driver splits a thread's rows into that many regions and gives each
+// call the next rows of every region, so that each stream runs on
+// sequentially from one call to the next (it was the rows r and
+// r + rows/2 of one call, 8 rows, whose streams jumped ahead at every
+// call). With the regions, four streams took the cold Q8_0 decode kernel
+// on one thread from 12.3–12.6 to 14.7–17.2 GB/s (two: 14.5–15.8, eight:
+// 12.3–12.6), and two the K-quants' from 10.2–11.8 to 11.9–12.7 (one
+// region of rows at a time before; four and eight were slower:
+// docs/performance.md). The 32-blocks and Q6_K now read most rows with
+// row8AVX2 and row8Q6KAVX2 (8 regions, below), whose loops have none of
+// phase 2's work; these kernels take the rows left over (fewer than 8 per
+// thread's share), and all of Q4_K's and Q5_K's.
 const (
-	rowStreamsAVX2  = 2
-	rowStreamsKAVX2 = 1
+	rowStreamsAVX2  = 4
+	rowStreamsKAVX2 = 2
 )
 
 // setStreams sets the rows phase 1 reads side by side: n with AVX2, one
@@ -34,11 +44,12 @@ func (k *rowKern) setStreams(n int) {
 	}
 }
 
-// phase1Streams is phase1 for k.streams > 1: the call's rows r, r + q,
-// r + 2q, … (q = rows / k.streams) are read side by side, a group of
-// blocks of each in turn, for r < q; the rows past streams·q (a call of
-// fewer rows than usual) follow one at a time. The groups, bodies and
-// scratch slots are phase1's, so the results are the same bit for bit.
+// phase1Streams is phase1 for k.streams > 1: with q = rows / k.streams,
+// the call's rows s·q + i (s < k.streams, i < q), at w + s·lds + i·ldw,
+// are read side by side, a group of blocks of each stream in turn, for
+// i < q; the rows past streams·q (a call of fewer rows than usual) follow
+// one at a time after the last stream's. The groups, bodies and scratch
+// slots are phase1's, so the results are the same bit for bit.
 func (k *rowKern) phase1Streams(elems, bytes int, body func(wq, xq, b, slot GPVirtual)) {
 	ways := k.streams
 	w := Load(Param("w"), GP64()).(GPVirtual)
@@ -53,8 +64,7 @@ func (k *rowKern) phase1Streams(elems, bytes int, body func(wq, xq, b, slot GPVi
 	MOVQ(rows, q)
 	SHRQ(U8(log2(ways)), q)
 	t := GP64()
-	MOVQ(q, t)
-	IMULQ(paramMem("ldw"), t)
+	MOVQ(paramMem("lds"), t)
 	MOVQ(t, wStride)
 	// A row's scratch: slotBytes apart in the transposed layout, a
 	// slot per group apart otherwise.
@@ -151,4 +161,211 @@ func (k *rowKern) phase1Streams(elems, bytes int, body func(wq, xq, b, slot GPVi
 	if ways&(ways-1) != 0 || ways > qRowMax {
 		panic(fmt.Sprintf("%d row streams: not a power of 2 up to %d", ways, qRowMax))
 	}
+}
+
+// row8AVX2 emits the AVX2 row kernel of Q8_0, Q4_0 or Q5_0 (q.bytes 34,
+// 18, 22) that reads 8 streams, one row each: rows s (s < 8) at
+// w + s·lds, block b of all 8 rows in one step. The 8 rows' block-b
+// vectors (row32's per-block work: the sign trick for Q8_0, the nibbles,
+// with their fifth bits for Q5_0) reduce by one tree to a vector whose
+// lane s is row s's exact integer (plus the correction of the unsigned
+// levels, the same for every row), so the chains of the definition (one
+// FMA per block, in block order) run in the lanes of one accumulator
+// inside the loop: no scratch, no transposes, no second phase, and one
+// load of the activation block for the 8 rows. On the Zen 2 this took the
+// Q8_0 kernel from 23–26 to 32–35 GB/s in cache and, cold, from 15–17 to
+// 16–18 GB/s on one thread (two threads: 28–32 of a 32 GB/s limit); a software prefetch of each row 1, 4 or 8 KiB
+// ahead made it slower (4 and 8 KiB: 11–12 GB/s), so it has none: the 8
+// sequential streams are what the L2's prefetchers follow best
+// (docs/performance.md).
+func row8AVX2(q quant32) {
+	k := &rowKern{group: 8}
+	name := "qrow8" + q.name + "AVX2"
+	TEXT(name, NOSPLIT, "func(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)")
+	Doc(fmt.Sprintf("%s computes 8 %s weight rows lds bytes apart times one activation row (see asmgen's rowstreams.go).", name, q.name))
+	signed := q.bytes == 34
+	ones := k.splatY(0x00010001)
+	var c0f, shift, qhSpread, bits, c10 VecVirtual
+	if !signed {
+		c0f = k.splatY(0x0f0f0f0f)
+		shift = YMM()
+		k.movdqu(table("shr0x4x4", []byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+			4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0}), shift)
+	}
+	if q.bytes == 22 {
+		var sp, bt []byte
+		for t := range 32 {
+			sp = append(sp, byte(t/8))
+			bt = append(bt, byte(1<<(t%8)))
+		}
+		qhSpread = YMM()
+		k.movdqu(table("q5spreadb", sp), qhSpread)
+		bits = YMM()
+		k.movdqu(table("q5bits", bt), bits)
+		c10 = k.splatY(0x10101010)
+	}
+	w := Load(Param("w"), GP64()).(GPVirtual)
+	lds := Load(Param("lds"), GP64()).(GPVirtual)
+	rows := newRows8(w, lds)
+	n := Load(Param("nb"), GP64()).(GPVirtual)
+	x := Load(Param("x"), GP64()).(GPVirtual)
+	aux := Load(Param("aux"), GP64()).(GPVirtual)
+	var corr GPVirtual
+	if !signed {
+		// The corrections follow the nb activation scales in aux.
+		corr = GP64()
+		LEAQ(Mem{Base: aux, Index: n, Scale: 4}, corr)
+	}
+	acc := ymmZero()
+	Label("block")
+	xv := YMM()
+	VMOVDQU(Mem{Base: x}, xv)
+	dot := func(r int) VecVirtual {
+		p := YMM()
+		if signed {
+			wv, av, xs := YMM(), YMM(), YMM()
+			VMOVDQU(rows.at(r, 2), wv)
+			VPABSB(wv, av)
+			VPSIGNB(wv, xv, xs)
+			VPMADDUBSW(xs, av, xs)
+			VPMADDWD(ones, xs, p)
+			return p
+		}
+		qs := 2
+		if q.bytes == 22 {
+			qs = 6
+		}
+		v := YMM()
+		VBROADCASTI128(rows.at(r, qs), v)
+		VPSRLVD(shift, v, v)
+		VPAND(c0f, v, v)
+		if q.bytes == 22 {
+			h := YMM()
+			VPBROADCASTD(rows.at(r, 2), h)
+			VPSHUFB(qhSpread, h, h)
+			VPAND(bits, h, h)
+			VPCMPEQB(bits, h, h)
+			VPAND(c10, h, h)
+			VPOR(h, v, v)
+		}
+		VPMADDUBSW(xv, v, v)
+		VPMADDWD(ones, v, p)
+		return p
+	}
+	var p [8]VecVirtual
+	for r := range 4 {
+		p[r] = dot(r)
+	}
+	lo := k.tree4x2(p[:4])
+	for r := 4; r < 8; r++ {
+		p[r] = dot(r)
+	}
+	hi := k.tree4x2(p[4:])
+	c, d := YMM(), YMM()
+	VPERM2I128(U8(0x20), hi, lo, c)
+	VPERM2I128(U8(0x31), hi, lo, d)
+	VPADDD(d, c, c)
+	if !signed {
+		cv := YMM()
+		VPBROADCASTD(Mem{Base: corr}, cv)
+		VPADDD(cv, c, c)
+	}
+	f := YMM()
+	VCVTDQ2PS(c, f)
+	// The 8 rows' f16 scales of block b, widened, times the activation's.
+	s0, s1 := GP64(), GP64()
+	for h, q := range []GPVirtual{s0, s1} {
+		MOVWQZX(rows.at(4*h+3, 0), q)
+		for r := 2; r >= 0; r-- {
+			SHLQ(U8(16), q)
+			MOVW(rows.at(4*h+r, 0), q.As16())
+		}
+	}
+	hx := XMM()
+	VMOVQ(s0, hx)
+	VPINSRQ(U8(1), s1, hx, hx)
+	g, dx := YMM(), YMM()
+	VCVTPH2PS(hx, g)
+	VBROADCASTSS(Mem{Base: aux}, dx)
+	VMULPS(dx, g, g)
+	VFMADD231PS(f, g, acc)
+	rows.advance(q.bytes)
+	ADDQ(U8(32), x)
+	ADDQ(U8(4), aux)
+	if !signed {
+		ADDQ(U8(4), corr)
+	}
+	DECQ(n)
+	JNE(LabelRef("block"))
+	out := Load(Param("out"), GP64()).(GPVirtual)
+	VMOVUPS(acc, Mem{Base: out})
+	VZEROUPPER()
+	RET()
+}
+
+// row8Q6KAVX2 emits the AVX2 Q6_K row kernel of 8 streams, one row each
+// (rows s < 8 at w + s·lds), a super-block of all 8 rows a step, as
+// row8AVX2 does the 32-blocks: the 8 rows' partial sums (q6kSuper) reduce
+// to a vector whose lane s is row s's exact integer, and the chains (one
+// FMA per super-block) run in the lanes of one accumulator. Its masks are
+// memory operands: the super-block's work needs the registers. On the Zen 2
+// it took Q6_K from 20–23 to 25 GB/s in cache and, cold, from 12.4–13.5 to
+// 14.0–16.4 GB/s on one thread (CPU time) and 15–18 to 21–29 on two.
+func row8Q6KAVX2() {
+	k := &rowKern{group: 4}
+	const bytes = 210
+	TEXT("qrow8Q6_KAVX2", NOSPLIT, "func(w *byte, lds int, nb int, x *int8, meta *uint32, aux *uint32, out *float32)")
+	Doc("qrow8Q6_KAVX2 computes 8 Q6_K weight rows lds bytes apart times one activation row (see asmgen's rowstreams.go).")
+	c := k.q6kConsts8()
+	w := Load(Param("w"), GP64()).(GPVirtual)
+	lds := Load(Param("lds"), GP64()).(GPVirtual)
+	rows := newRows8(w, lds)
+	n := Load(Param("nb"), GP64()).(GPVirtual)
+	x := Load(Param("x"), GP64()).(GPVirtual)
+	meta := Load(Param("meta"), GP64()).(GPVirtual)
+	aux := Load(Param("aux"), GP64()).(GPVirtual)
+	acc := ymmZero()
+	Label("super")
+	half := func(r0 int) VecVirtual {
+		var z [4]VecVirtual
+		for r := range 4 {
+			z[r] = k.q6kSuper(c, func(d int) Mem { return rows.at(r0+r, d) },
+				func(d int) Mem { return Mem{Base: x, Disp: d} }, Mem{Base: meta, Disp: metaSums16})
+		}
+		return k.tree4x2(z[:])
+	}
+	lo := half(0)
+	hi := half(4)
+	s, t := YMM(), YMM()
+	VPERM2I128(U8(0x20), hi, lo, s)
+	VPERM2I128(U8(0x31), hi, lo, t)
+	VPADDD(t, s, s)
+	f := YMM()
+	VCVTDQ2PS(s, f)
+	s0, s1 := GP64(), GP64()
+	for h, q := range []GPVirtual{s0, s1} {
+		MOVWQZX(rows.at(4*h+3, 208), q)
+		for r := 2; r >= 0; r-- {
+			SHLQ(U8(16), q)
+			MOVW(rows.at(4*h+r, 208), q.As16())
+		}
+	}
+	hx := XMM()
+	VMOVQ(s0, hx)
+	VPINSRQ(U8(1), s1, hx, hx)
+	g, dx := YMM(), YMM()
+	VCVTPH2PS(hx, g)
+	VBROADCASTSS(Mem{Base: aux}, dx)
+	VMULPS(dx, g, g)
+	VFMADD231PS(f, g, acc)
+	rows.advance(bytes)
+	ADDQ(U32(256), x)
+	ADDQ(U8(64), meta)
+	ADDQ(U8(4), aux)
+	DECQ(n)
+	JNE(LabelRef("super"))
+	out := Load(Param("out"), GP64()).(GPVirtual)
+	VMOVUPS(acc, Mem{Base: out})
+	VZEROUPPER()
+	RET()
 }
