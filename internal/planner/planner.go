@@ -453,11 +453,23 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	cur := d.Fit.Current.Goodput
 	target := d.Best
 	next := pl.prefill + pl.step(target.P, f.Shift != "")
-	sm := colo
-	if next > 0 || colo == nil {
-		_, sm, _ = ths.forSplit(next, pl.cfg.Engines-next, now)
+	// The step is valued at its own best threshold, as Splits and Best
+	// are: the threshold it would run with may be held near the running
+	// one by the threshold's hysteresis, and that dip is no valley.
+	stepG := -1.0
+	for _, s := range d.Splits {
+		if s.P == next {
+			stepG = s.Goodput
+		}
 	}
-	if target.P != pl.prefill && cur > 0 && sm.split(next, pl.cfg.Engines-next).Goodput < cur*(1-1e-9) {
+	if stepG < 0 {
+		sm := colo
+		if next > 0 || colo == nil {
+			_, sm, _ = ths.forSplit(next, pl.cfg.Engines-next, now)
+		}
+		stepG = sm.split(next, pl.cfg.Engines-next).Goodput
+	}
+	if target.P != pl.prefill && cur > 0 && stepG < cur*(1-1e-9) {
 		next, d.Crossed = target.P, true
 	}
 	switch {
