@@ -128,6 +128,14 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 	return m
 }
 
+// arrivalCA2 is the squared coefficient of variation of the arrivals
+// the queueing terms take: the measured index of dispersion, at least a
+// Poisson stream's 1 (arrivals smoother than Poisson are taken as
+// Poisson: a window's few bins say little below it). One of P engines
+// sharing them sees 1/P of it (round-robin smoothing of a Poisson stream;
+// a burst is shared by the P).
+func (f Fit) arrivalCA2() float64 { return max(f.ArrivalDispersion, 1) }
+
 // prefill is the curve a prefill is priced by: Fit.Prefill, or the
 // scraped per-token cost for a Fit made without one.
 func (f Fit) prefill() PrefillCurve {
@@ -309,7 +317,8 @@ func (a attained) limit() (side, objective string) {
 // attainment is how the requests fare at p prefill and d decode engines
 // when λ requests/s arrive. TTFT: the prefill engines and the decodes' own
 // prefills are GI/G/1 queues (one of P or D engines sharing the
-// arrivals), PrefillBusy's tail approximation; a remote prompt's TTFT also
+// arrivals, whose burstiness is the window's: Fit.arrivalCA2),
+// PrefillBusy's tail approximation; a remote prompt's TTFT also
 // counts its KV transfer and its decode leg (decodeLeg). TPOT: a decode
 // carries the batch Little's law gives at its share of the rate, its step
 // at that batch stretched by its local prefills' share ρ of its time; a
@@ -324,11 +333,11 @@ func (m *capacity) attainment(p, d int, lambda float64) attained {
 	if len(m.services) > 0 && p > 0 {
 		rho := lambda * m.remoteFraction * m.s / float64(p)
 		leg := m.legAt(a.batch, a.step, a.rho)
-		remoteMet = queueMet(m.services, m.s, 1/float64(p), m.cv2, m.over+leg, m.ttft, rho)
+		remoteMet = queueMet(m.services, m.s, m.f.arrivalCA2()/float64(p), m.cv2, m.over+leg, m.ttft, rho)
 	}
 	if len(m.local) > 0 {
 		rho := perDecode * m.localFraction * m.localMean
-		localMet = queueMet(m.local, m.localMean, 1/float64(d), m.localCV2, 0, m.ttft, rho)
+		localMet = queueMet(m.local, m.localMean, m.f.arrivalCA2()/float64(d), m.localCV2, 0, m.ttft, rho)
 	}
 	a.remoteMiss = (float64(len(m.services)) - remoteMet) / m.n
 	a.localMiss = (float64(len(m.local)) - localMet) / m.n

@@ -319,6 +319,11 @@ type Fit struct {
 	// of the traffic mix only ("" when it is fitted to the whole window).
 	Shift        string  `json:"shift,omitempty"`
 	ArrivalRate  float64 `json:"arrival_rps"`
+	// ArrivalDispersion is the index of dispersion of the arrivals'
+	// counts in bins of the TTFT objective (arrivalDispersion): 1 for
+	// Poisson arrivals, more for bursts. The queueing terms take it (at
+	// least 1) as the arrivals' squared coefficient of variation.
+	ArrivalDispersion float64 `json:"arrival_dispersion"`
 	MeanPrompt   float64 `json:"mean_prompt_tokens"`
 	MeanUncached float64 `json:"mean_uncached_tokens"`
 	MeanOutput   float64 `json:"mean_output_tokens"`
@@ -564,6 +569,7 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 		span = max(span, 1)
 	}
 	f.ArrivalRate = n / span
+	f.ArrivalDispersion = arrivalDispersion(win, from, now, pl.cfg.TTFT)
 
 	var prefillCosts, transferCosts []float64
 	var ks, tpots, chunks []float64
