@@ -317,16 +317,16 @@ type Fit struct {
 	Requests int `json:"requests"`
 	// Shift says why the model is fitted to the requests since a shift
 	// of the traffic mix only ("" when it is fitted to the whole window).
-	Shift        string  `json:"shift,omitempty"`
-	ArrivalRate  float64 `json:"arrival_rps"`
+	Shift       string  `json:"shift,omitempty"`
+	ArrivalRate float64 `json:"arrival_rps"`
 	// ArrivalDispersion is the index of dispersion of the arrivals'
 	// counts in bins of the TTFT objective (arrivalDispersion): 1 for
 	// Poisson arrivals, more for bursts. The queueing terms take it (at
 	// least 1) as the arrivals' squared coefficient of variation.
 	ArrivalDispersion float64 `json:"arrival_dispersion"`
-	MeanPrompt   float64 `json:"mean_prompt_tokens"`
-	MeanUncached float64 `json:"mean_uncached_tokens"`
-	MeanOutput   float64 `json:"mean_output_tokens"`
+	MeanPrompt        float64 `json:"mean_prompt_tokens"`
+	MeanUncached      float64 `json:"mean_uncached_tokens"`
+	MeanOutput        float64 `json:"mean_output_tokens"`
 	// FinishedOutputs counts the requests whose output is what they
 	// produced (the others' is their max_tokens).
 	FinishedOutputs int     `json:"finished_outputs"`
