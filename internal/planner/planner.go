@@ -406,16 +406,17 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	// (threshold.go).
 	ths := pl.thresholds(f)
 	bounds := pl.bounded()
-	_, m, best := ths.best(bounds)
+	bestTh, m, best := ths.best(bounds)
 	d.Best = best
+	curTh := colocatedThreshold // the threshold the current split is valued at
 	if pl.prefill > 0 {
-		_, m, _ = ths.forSplit(pl.prefill, pl.cfg.Engines-pl.prefill, now)
+		curTh, m, _ = ths.forSplit(pl.prefill, pl.cfg.Engines-pl.prefill, now)
 	}
 	var colo *capacity
 	if bounds.MinPrefill == 0 {
 		colo = pl.model(f, colocatedThreshold)
 		if c := colo.split(0, pl.cfg.Engines); c.Goodput >= d.Best.Goodput*(1-1e-9) {
-			d.Best = c
+			d.Best, bestTh = c, colocatedThreshold
 		}
 	}
 	for p := bounds.MinPrefill; p <= pl.cfg.Engines-bounds.MinDecode; p++ {
@@ -465,11 +466,17 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	if target.P != pl.prefill && cur > 0 && sm.split(next, pl.cfg.Engines-next).Goodput < cur*(1-1e-9) {
 		next, d.Crossed = target.P, true
 	}
+	var noise string // why the move is within the window's noise
+	if target.P != pl.prefill && target.Goodput >= cur*(1+pl.cfg.Hysteresis) {
+		noise = pl.withinNoise(f, d.Fit.Current, curTh, target, bestTh)
+	}
 	switch {
 	case target.P == pl.prefill:
 	case target.Goodput < cur*(1+pl.cfg.Hysteresis):
 		d.Held = fmt.Sprintf("hysteresis: %dP:%dD is predicted %.2f req/s against %.2f now, less than %.0f%% more",
 			target.P, target.D, target.Goodput, cur, 100*pl.cfg.Hysteresis)
+	case noise != "":
+		d.Held = noise
 	case !pl.lastChange.IsZero() && now.Sub(pl.lastChange) < pl.dwell(next):
 		d.Held = fmt.Sprintf("dwell: the split changed %v ago, less than %v", now.Sub(pl.lastChange).Round(100*time.Millisecond), pl.dwell(next))
 	default:
