@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"slices"
 	"time"
 )
 
@@ -38,4 +39,36 @@ func arrivalDispersion(reqs []Request, from, now time.Time, bin time.Duration) f
 	}
 	sd := StdDev(counts)
 	return sd * sd / m
+}
+
+// largestBurst is the most requests of one burst among reqs: arrivals
+// with no gap longer than gap between them. It is 0 when there is no
+// such gap, between two arrivals or after the last one before now: the
+// window then shows no burst's end, and the traffic is taken as
+// sustained. A burst cut by the window's start counts what the window
+// holds of it.
+func largestBurst(reqs []Request, now time.Time, gap time.Duration) int {
+	if len(reqs) == 0 || gap <= 0 {
+		return 0
+	}
+	at := make([]time.Time, len(reqs))
+	for i, r := range reqs {
+		at[i] = r.At
+	}
+	slices.SortFunc(at, time.Time.Compare)
+	most, n, gaps := 0, 0, 0
+	for i, t := range at {
+		if i > 0 && t.Sub(at[i-1]) > gap {
+			most, n = max(most, n), 0
+			gaps++
+		}
+		n++
+	}
+	if now.Sub(at[len(at)-1]) > gap {
+		gaps++
+	}
+	if gaps == 0 {
+		return 0
+	}
+	return max(most, n)
 }

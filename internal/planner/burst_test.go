@@ -101,3 +101,73 @@ func TestBurstsLowerTheQueuesGoodput(t *testing.T) {
 			burst.pool/poisson.pool, burst.colo/poisson.colo)
 	}
 }
+
+// TestLargestBurst: the P/D experiment's rounds (60 requests in 0.75 s,
+// then nothing until they finish) are bursts of 60; a sustained stream
+// shows no burst's end.
+func TestLargestBurst(t *testing.T) {
+	var rounds, steady []Request
+	for _, b := range []time.Duration{0, 2500 * time.Millisecond} {
+		for i := range 60 {
+			rounds = append(rounds, Request{At: t0.Add(b + time.Duration(i)*750*time.Millisecond/60)})
+		}
+	}
+	for i := range 60 {
+		steady = append(steady, Request{At: t0.Add(time.Duration(i) * 50 * time.Millisecond)})
+	}
+	life := time.Second
+	if got := largestBurst(rounds, t0.Add(3250*time.Millisecond), life); got != 60 {
+		t.Errorf("two rounds of 60: largest burst %d, want 60", got)
+	}
+	if got := largestBurst(rounds[:90], t0.Add(3*time.Second), life); got != 60 {
+		t.Errorf("a round and half the next, still arriving: largest burst %d, want 60", got)
+	}
+	if got := largestBurst(steady, t0.Add(3*time.Second), life); got != 0 {
+		t.Errorf("a steady stream: largest burst %d, want 0 (no burst's end seen)", got)
+	}
+	if got := largestBurst(steady, t0.Add(5*time.Second), life); got != 60 {
+		t.Errorf("a stream that stopped two seconds ago: largest burst %d, want 60", got)
+	}
+}
+
+// TestBurstBoundsTheDecodeBatch: a window of the P/D experiment's rounds
+// at 80 req/s (60 requests in 0.75 s, the next 1.75 s later). A sustained
+// 30 req/s would hold more streams on each of two decodes than their 64
+// seats (the chat mix's outputs of ~230 tokens at a step of 10–18 ms):
+// the model priced 2P:2D by that and ranked it below the splits with more
+// decodes. A round's 60 requests hold a decode of two at 30 streams
+// however fast they arrive, and 2P:2D is valued by that.
+func TestBurstBoundsTheDecodeBatch(t *testing.T) {
+	pl := newPlanner(t, Config{TTFT: 250 * time.Millisecond, TPOT: 25 * time.Millisecond, Engines: 4, Prefill: 2,
+		MaxBatchedTokens: 512, Window: 3 * time.Second, MinDwell: time.Minute})
+	rng := rand.New(rand.NewPCG(5, 6))
+	now := t0.Add(3 * time.Second)
+	chatMix(pl, rng, t0, now, 40)
+	pl.reqs = pl.reqs[:min(len(pl.reqs), 120)]
+	for i := range pl.reqs { // two rounds of 60 at 80 req/s
+		pl.reqs[i].At = t0.Add(time.Duration(i/60)*2500*time.Millisecond + time.Duration(i%60)*750*time.Millisecond/60)
+	}
+	for i := range 6 {
+		chatEngines(pl, rng, t0.Add(time.Duration(i+1)*500*time.Millisecond), 4, 2, i)
+	}
+	for _, r := range pl.reqs {
+		pl.ObservePrefill(PrefillSample{At: r.At, URL: "e0", Tokens: r.UncachedTokens, Seconds: simPrefill(r.UncachedTokens)})
+	}
+	pl.lastChange = now
+	d := pl.Decide(now.Add(250 * time.Millisecond))
+	if d.Fit.BurstRequests != 60 {
+		t.Fatalf("burst of %d requests, want 60", d.Fit.BurstRequests)
+	}
+	m := pl.model(d.Fit, 256)
+	if a := m.attainment(2, 2, 80); a.batch > 30 {
+		t.Errorf("2P:2D at 80 req/s: a decode's batch %.1f, want at most the round's 30", a.batch)
+	}
+	burst := m.split(2, 2).Goodput
+	f := d.Fit
+	f.BurstRequests = 0
+	steady := pl.model(f, 256).split(2, 2).Goodput
+	t.Logf("2P:2D at 256 tokens: %.1f req/s in rounds of 60, %.1f sustained", burst, steady)
+	if burst < 1.1*steady {
+		t.Errorf("2P:2D at 256 tokens: %.1f req/s in rounds of 60, %.1f sustained: want the rounds' at least 10%% more", burst, steady)
+	}
+}

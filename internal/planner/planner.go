@@ -324,9 +324,15 @@ type Fit struct {
 	// Poisson arrivals, more for bursts. The queueing terms take it (at
 	// least 1) as the arrivals' squared coefficient of variation.
 	ArrivalDispersion float64 `json:"arrival_dispersion"`
-	MeanPrompt        float64 `json:"mean_prompt_tokens"`
-	MeanUncached      float64 `json:"mean_uncached_tokens"`
-	MeanOutput        float64 `json:"mean_output_tokens"`
+	// BurstRequests is the most requests of one burst in the window:
+	// arrivals with no gap longer than a stream's life between them (the
+	// decodes drain in such a gap), 0 when the window shows no such gap
+	// (the traffic is taken as sustained). A decode's batch is at most its
+	// share of a burst (capacity.decodeAt).
+	BurstRequests int     `json:"burst_requests,omitempty"`
+	MeanPrompt    float64 `json:"mean_prompt_tokens"`
+	MeanUncached  float64 `json:"mean_uncached_tokens"`
+	MeanOutput    float64 `json:"mean_output_tokens"`
 	// FinishedOutputs counts the requests whose output is what they
 	// produced (the others' is their max_tokens).
 	FinishedOutputs int     `json:"finished_outputs"`
@@ -444,7 +450,7 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	d.Fit.PrefillSeconds, d.Fit.PrefillCV2, d.Fit.PrefillTooLong = m.s, m.cv2, m.prefillTooLong
 	dc := running.decode(pl.prefill, pl.cfg.Engines-pl.prefill)
 	d.Fit.DecodeBatch, d.Fit.DecodeTPOT, d.Fit.DecodeRate, d.Fit.DecodeLimit = dc.batch, dc.tpot, dc.rate, dc.limit
-	d.Fit.DecodeLeg = running.decodeLeg(d.Fit.Current.Goodput / float64(max(pl.cfg.Engines-pl.prefill, 1)))
+	d.Fit.DecodeLeg = running.decodeLeg(d.Fit.Current.Goodput/float64(max(pl.cfg.Engines-pl.prefill, 1)), pl.cfg.Engines-pl.prefill)
 	if d.Best.Goodput <= 0 {
 		d.Fit.Unattainable = running.unattainable(pl.prefill, pl.cfg.Engines-pl.prefill)
 	}
@@ -636,6 +642,8 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 	if len(transferCosts) > 0 {
 		f.Overhead = median(transferCosts) * f.MeanUncached
 	}
+	life := time.Duration(max(f.MeanOutput-1, 1) * f.stepSeconds() * float64(time.Second))
+	f.BurstRequests = largestBurst(win, now, life)
 	return f, ""
 }
 
