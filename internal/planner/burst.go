@@ -5,6 +5,14 @@ import (
 	"time"
 )
 
+// burstyDispersion is the index of dispersion from which the arrivals are
+// taken as bursts whose size bounds the decodes' batches (Fit.BurstRequests).
+// A Poisson stream's, measured over the dozen bins of a short window,
+// passes it about one window in a hundred; sparse Poisson arrivals have
+// gaps too, but their "bursts" would merge at the higher rates the model
+// weighs, where a burst of fixed size (the P/D experiment's rounds) would not.
+const burstyDispersion = 2
+
 // minDispersionBins is the fewest bins the arrivals' index of dispersion
 // is measured over; with fewer it is taken as a Poisson stream's, 1.
 const minDispersionBins = 4

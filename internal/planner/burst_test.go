@@ -171,3 +171,22 @@ func TestBurstBoundsTheDecodeBatch(t *testing.T) {
 		t.Errorf("2P:2D at 256 tokens: %.1f req/s in rounds of 60, %.1f sustained: want the rounds' at least 10%% more", burst, steady)
 	}
 }
+
+// TestSparseArrivalsAreNotBursts: Poisson arrivals at 2 req/s leave gaps
+// longer than a stream's life, but they are not bursts of a fixed size:
+// at the rates the model weighs they would merge. The window's largest
+// burst is not measured for them.
+func TestSparseArrivalsAreNotBursts(t *testing.T) {
+	pl := newPlanner(t, Config{TTFT: 250 * time.Millisecond, TPOT: 25 * time.Millisecond, Engines: 4, Prefill: 2,
+		MaxBatchedTokens: 512, Window: 30 * time.Second})
+	rng := rand.New(rand.NewPCG(3, 4))
+	now := t0.Add(30 * time.Second)
+	chatMix(pl, rng, t0, now, 2)
+	for i := range 6 {
+		chatEngines(pl, rng, now.Add(-time.Duration(i)*time.Second), 4, 2, i)
+	}
+	d := pl.Decide(now)
+	if d.Fit.ArrivalDispersion >= burstyDispersion || d.Fit.BurstRequests != 0 {
+		t.Errorf("Poisson at 2 req/s: index of dispersion %.2f, largest burst %d; want under %g and 0", d.Fit.ArrivalDispersion, d.Fit.BurstRequests, float64(burstyDispersion))
+	}
+}

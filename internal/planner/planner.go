@@ -326,8 +326,9 @@ type Fit struct {
 	ArrivalDispersion float64 `json:"arrival_dispersion"`
 	// BurstRequests is the most requests of one burst in the window:
 	// arrivals with no gap longer than a stream's life between them (the
-	// decodes drain in such a gap), 0 when the window shows no such gap
-	// (the traffic is taken as sustained). A decode's batch is at most its
+	// decodes drain in such a gap), 0 when the window shows no such gap or
+	// the arrivals are not bursty (ArrivalDispersion under
+	// burstyDispersion): the traffic is then taken as sustained. A decode's batch is at most its
 	// share of a burst (capacity.decodeAt).
 	BurstRequests int     `json:"burst_requests,omitempty"`
 	MeanPrompt    float64 `json:"mean_prompt_tokens"`
@@ -642,8 +643,10 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 	if len(transferCosts) > 0 {
 		f.Overhead = median(transferCosts) * f.MeanUncached
 	}
-	life := time.Duration(max(f.MeanOutput-1, 1) * f.stepSeconds() * float64(time.Second))
-	f.BurstRequests = largestBurst(win, now, life)
+	if f.ArrivalDispersion >= burstyDispersion {
+		life := time.Duration(max(f.MeanOutput-1, 1) * f.stepSeconds() * float64(time.Second))
+		f.BurstRequests = largestBurst(win, now, life)
+	}
 	return f, ""
 }
 
