@@ -5,6 +5,14 @@ import (
 	"slices"
 )
 
+// noiseLeads is the lead, in hystereses, from which a move is not
+// weighed against the window's noise (withinNoise): a split predicted
+// twice the hysteresis ahead moves on the whole window's word. A bursty
+// window's halves differ by more than noise (one holds a burst, the other
+// its tail), and a colocated split the bursts' queues leave at half the
+// goodput of one with a prefill pool was held there by one half's sample.
+const noiseLeads = 2
+
 // minHalfRequests is the fewest requests each half of the window must hold
 // for withinNoise to weigh it; with fewer the halves are not compared.
 const minHalfRequests = 10
@@ -19,7 +27,10 @@ const minHalfRequests = 10
 // from one window to the next where the two are close: a move on one such
 // swing is undone on the next (the planner moved 9–11 times a run between
 // 0P:4D and 1P:3D, each within noise of the other). A lead that both
-// halves show is one the traffic has held for the whole window.
+// halves show is one the traffic has held for the whole window (halves
+// of every other request, each spanning the window, agree with the whole
+// as often as it agrees with itself: they held none of the swings back). Decide
+// asks only for a lead under noiseLeads hystereses.
 func (pl *Planner) withinNoise(f Fit, cur Split, curTh int, target Split, targetTh int) string {
 	win := pl.win
 	defer func() { pl.win = win }()

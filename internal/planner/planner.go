@@ -474,7 +474,7 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 		next, d.Crossed = target.P, true
 	}
 	var noise string // why the move is within the window's noise
-	if target.P != pl.prefill && target.Goodput >= cur*(1+pl.cfg.Hysteresis) {
+	if target.P != pl.prefill && target.Goodput >= cur*(1+pl.cfg.Hysteresis) && target.Goodput < cur*(1+noiseLeads*pl.cfg.Hysteresis) {
 		noise = pl.withinNoise(f, d.Fit.Current, curTh, target, bestTh)
 	}
 	switch {
