@@ -39,3 +39,48 @@ func TestCloseSplitsDoNotFlap(t *testing.T) {
 		t.Errorf("%d split changes in %d decisions of a steady mix, want at most 6", changes, decisions)
 	}
 }
+
+// TestClearLeadMovesThroughBursts: the cell's rounds at 80 req/s (60
+// requests in 0.75 s, then 1.5 s of none), from the colocated split. A
+// window's halves are a burst and its tail, which rank the splits apart
+// whatever the traffic; a split predicted more than twice the hysteresis
+// ahead on the whole window moves without their agreement (the first
+// withinNoise held the engines' runs at colocated through the 40 and 80
+// req/s levels, where its predicted goodput was half 1P:3D's).
+func TestClearLeadMovesThroughBursts(t *testing.T) {
+	pl := newPlanner(t, Config{TTFT: 250 * time.Millisecond, TPOT: 25 * time.Millisecond, Engines: 4, Prefill: 0,
+		MaxBatchedTokens: 512, Window: 3 * time.Second, MinDwell: 1500 * time.Millisecond})
+	rng := rand.New(rand.NewPCG(9, 10))
+	var clear int
+	for i := range 40 {
+		end := t0.Add(time.Duration(i+1) * 750 * time.Millisecond)
+		if i%3 == 0 { // a round every 2.25 s
+			from := len(pl.reqs)
+			chatMix(pl, rng, end.Add(-750*time.Millisecond), end, 1000)
+			pl.reqs = pl.reqs[:min(len(pl.reqs), from+60)]
+			for j := range pl.reqs[from:] {
+				pl.reqs[from+j].At = end.Add(-750*time.Millisecond + time.Duration(j)*750*time.Millisecond/60)
+			}
+			for _, r := range pl.reqs[from:] {
+				pl.ObservePrefill(PrefillSample{At: r.At, URL: "e0", Tokens: r.UncachedTokens, Seconds: simPrefill(r.UncachedTokens)})
+			}
+		}
+		chatEngines(pl, rng, end, 4, pl.prefill, i)
+		before, last := pl.prefill, pl.lastChange
+		d := pl.Decide(end)
+		cur := d.Fit.Current.Goodput
+		if d.Best.P == before || d.Best.Goodput < cur*(1+noiseLeads*pl.cfg.Hysteresis) || d.Fit.Shift != "" ||
+			!last.IsZero() && end.Sub(last) < pl.cfg.MinDwell {
+			continue
+		}
+		clear++
+		if !d.Changed {
+			t.Errorf("%v: %dP:%dD leads %.2f against %.2f now (more than %g hystereses) but the split held: %s",
+				end.Sub(t0), d.Best.P, d.Best.D, d.Best.Goodput, cur, float64(noiseLeads), d.Held)
+		}
+	}
+	t.Logf("%d clear leads", clear)
+	if clear == 0 {
+		t.Fatal("no decision with a clear lead: the test shows nothing")
+	}
+}
