@@ -5,6 +5,16 @@ import (
 	"time"
 )
 
+// dispersionWindows is how many windows (Config.Window) of arrivals the
+// index of dispersion is measured over. One window may hold a burst whole
+// or fall within one: the P/D experiment's window is one level (3 s, a
+// round or two of 60 requests), and measured over it alone the dispersion
+// swung between 1 and 15 from one decision to the next, the colocated
+// split's predicted goodput with it, and the split followed (11–13
+// changes a run). Burstiness is the arrival process's, seen over several
+// of its bursts.
+const dispersionWindows = 4
+
 // burstyDispersion is the index of dispersion from which the arrivals are
 // taken as bursts whose size bounds the decodes' batches (Fit.BurstRequests).
 // A Poisson stream's, measured over the dozen bins of a short window,

@@ -67,6 +67,7 @@ func TestBurstsLowerTheQueuesGoodput(t *testing.T) {
 				b := t0.Add(time.Duration(i/(n/2+1)) * 1500 * time.Millisecond)
 				pl.reqs[i].At = b.Add(time.Duration(i%(n/2+1)) * 750 * time.Millisecond / time.Duration(n/2+1))
 			}
+			retimeArrivals(pl)
 		}
 		for i := range 6 {
 			chatEngines(pl, rng, t0.Add(time.Duration(i+1)*500*time.Millisecond), 4, 1, i)
@@ -147,6 +148,7 @@ func TestBurstBoundsTheDecodeBatch(t *testing.T) {
 	for i := range pl.reqs { // two rounds of 60 at 80 req/s
 		pl.reqs[i].At = t0.Add(time.Duration(i/60)*2500*time.Millisecond + time.Duration(i%60)*750*time.Millisecond/60)
 	}
+	retimeArrivals(pl)
 	for i := range 6 {
 		chatEngines(pl, rng, t0.Add(time.Duration(i+1)*500*time.Millisecond), 4, 2, i)
 	}
@@ -188,5 +190,14 @@ func TestSparseArrivalsAreNotBursts(t *testing.T) {
 	d := pl.Decide(now)
 	if d.Fit.ArrivalDispersion >= burstyDispersion || d.Fit.BurstRequests != 0 {
 		t.Errorf("Poisson at 2 req/s: index of dispersion %.2f, largest burst %d; want under %g and 0", d.Fit.ArrivalDispersion, d.Fit.BurstRequests, float64(burstyDispersion))
+	}
+}
+
+// retimeArrivals makes pl's arrival times those of its requests, after a
+// test moved them.
+func retimeArrivals(pl *Planner) {
+	pl.arrivals = pl.arrivals[:0]
+	for _, r := range pl.reqs {
+		pl.arrivals = append(pl.arrivals, Request{At: r.At})
 	}
 }

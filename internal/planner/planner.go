@@ -157,6 +157,10 @@ type Planner struct {
 	// pinPrefill and pinDecode are the engines of each pool that cannot
 	// move (SetPinned).
 	pinPrefill, pinDecode int
+	// arrivals are the arrival times (Request.At only) of the last
+	// dispersionWindows windows, which the arrivals' burstiness is
+	// measured over.
+	arrivals []Request
 	// seq numbers the requests observed; ids maps the window's request ids
 	// still running to theirs.
 	seq uint64
@@ -198,6 +202,7 @@ func (pl *Planner) ObserveRequest(r Request) {
 		pl.ids[r.ID] = r.seq
 	}
 	pl.reqs = append(pl.reqs, r)
+	pl.arrivals = append(pl.arrivals, Request{At: r.At})
 }
 
 // ObserveOutput records that the request id (its Request.ID) finished
@@ -320,7 +325,8 @@ type Fit struct {
 	Shift       string  `json:"shift,omitempty"`
 	ArrivalRate float64 `json:"arrival_rps"`
 	// ArrivalDispersion is the index of dispersion of the arrivals'
-	// counts in bins of the TTFT objective (arrivalDispersion): 1 for
+	// counts in bins of the TTFT objective over the last
+	// dispersionWindows windows (arrivalDispersion): 1 for
 	// Poisson arrivals, more for bursts. The queueing terms take it (at
 	// least 1) as the arrivals' squared coefficient of variation.
 	ArrivalDispersion float64 `json:"arrival_dispersion"`
@@ -550,6 +556,8 @@ func (pl *Planner) trim(now time.Time) {
 		return false
 	})
 	pl.samples = slices.DeleteFunc(pl.samples, func(s EngineSample) bool { return s.At.Before(from) })
+	longer := now.Add(-dispersionWindows * pl.cfg.Window)
+	pl.arrivals = slices.DeleteFunc(pl.arrivals, func(r Request) bool { return r.At.Before(longer) })
 	pl.prefills = slices.DeleteFunc(pl.prefills, func(s PrefillSample) bool { return s.At.Before(from) })
 }
 
@@ -583,7 +591,9 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 		span = max(span, 1)
 	}
 	f.ArrivalRate = n / span
-	f.ArrivalDispersion = arrivalDispersion(win, from, now, pl.cfg.TTFT)
+	if len(pl.arrivals) > 0 {
+		f.ArrivalDispersion = arrivalDispersion(pl.arrivals, pl.arrivals[0].At, now, pl.cfg.TTFT)
+	}
 
 	var prefillCosts, transferCosts []float64
 	var ks, tpots, chunks []float64
