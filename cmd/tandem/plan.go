@@ -193,8 +193,8 @@ func writePlan(w io.Writer, p planAnswer) {
 
 func writeFit(w io.Writer, d *planner.Decision) {
 	f := d.Fit
-	fmt.Fprintf(w, "traffic: %d requests, %.2f req/s; mean prompt %.0f tokens (%.0f uncached), output %.0f (%d finished); %.0f%% prefilled remotely at the threshold\n",
-		f.Requests, f.ArrivalRate, f.MeanPrompt, f.MeanUncached, f.MeanOutput, f.FinishedOutputs, 100*f.RemoteFraction)
+	fmt.Fprintf(w, "traffic: %d requests, %.2f req/s (index of dispersion %.2f, largest burst %d); mean prompt %.0f tokens (%.0f uncached), output %.0f (%d finished); %.0f%% prefilled remotely at the threshold\n",
+		f.Requests, f.ArrivalRate, f.ArrivalDispersion, f.BurstRequests, f.MeanPrompt, f.MeanUncached, f.MeanOutput, f.FinishedOutputs, 100*f.RemoteFraction)
 	fmt.Fprintf(w, "engines: %d with fresh metrics (%d stale samples ignored)\n", f.FreshEngines, f.StaleSamples)
 	if c := f.Prefill; c.B > 0 || c.C > 0 || c.A > 0 {
 		fmt.Fprintf(w, "prefill (%s", c.Source)

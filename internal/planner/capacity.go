@@ -128,6 +128,14 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 	return m
 }
 
+// arrivalCA2 is the squared coefficient of variation of the arrivals
+// the queueing terms take: the measured index of dispersion, at least a
+// Poisson stream's 1 (arrivals smoother than Poisson are taken as
+// Poisson: a window's few bins say little below it). One of P engines
+// sharing them sees 1/P of it (round-robin smoothing of a Poisson stream;
+// a burst is shared by the P).
+func (f Fit) arrivalCA2() float64 { return max(f.ArrivalDispersion, 1) }
+
 // prefill is the curve a prefill is priced by: Fit.Prefill, or the
 // scraped per-token cost for a Fit made without one.
 func (f Fit) prefill() PrefillCurve {
@@ -258,7 +266,7 @@ func (m *capacity) tpotCapacity() decodeCapacity {
 	}
 	ok := func(r float64) bool {
 		var a attained
-		a.batch, a.step, a.rho = m.decodeAt(r)
+		a.batch, a.step, a.rho = m.steadyDecodeAt(r)
 		return 1-m.tpotMiss(r, a) >= m.goal
 	}
 	hi := float64(m.cfg.MaxSeqs) / (max(m.f.MeanOutput-1, 1) * m.f.stepMs(1) / 1000)
@@ -275,7 +283,7 @@ func (m *capacity) tpotCapacity() decodeCapacity {
 		}
 	}
 	c := decodeCapacity{rate: lo}
-	batch, step, rho := m.decodeAt(lo)
+	batch, step, rho := m.steadyDecodeAt(lo)
 	if batch <= float64(m.cfg.MaxSeqs) && rho < 1 {
 		c.batch, c.tpot = batch, 1000*step/(1-rho)
 	}
@@ -309,7 +317,8 @@ func (a attained) limit() (side, objective string) {
 // attainment is how the requests fare at p prefill and d decode engines
 // when λ requests/s arrive. TTFT: the prefill engines and the decodes' own
 // prefills are GI/G/1 queues (one of P or D engines sharing the
-// arrivals), PrefillBusy's tail approximation; a remote prompt's TTFT also
+// arrivals, whose burstiness is the window's: Fit.arrivalCA2),
+// PrefillBusy's tail approximation; a remote prompt's TTFT also
 // counts its KV transfer and its decode leg (decodeLeg). TPOT: a decode
 // carries the batch Little's law gives at its share of the rate, its step
 // at that batch stretched by its local prefills' share ρ of its time; a
@@ -319,16 +328,16 @@ func (a attained) limit() (side, objective string) {
 func (m *capacity) attainment(p, d int, lambda float64) attained {
 	perDecode := lambda / float64(d)
 	var a attained
-	a.batch, a.step, a.rho = m.decodeAt(perDecode)
+	a.batch, a.step, a.rho = m.decodeAt(perDecode, m.burstShare(d))
 	var remoteMet, localMet float64
 	if len(m.services) > 0 && p > 0 {
 		rho := lambda * m.remoteFraction * m.s / float64(p)
 		leg := m.legAt(a.batch, a.step, a.rho)
-		remoteMet = queueMet(m.services, m.s, 1/float64(p), m.cv2, m.over+leg, m.ttft, rho)
+		remoteMet = queueMet(m.services, m.s, m.f.arrivalCA2()/float64(p), m.cv2, m.over+leg, m.ttft, rho)
 	}
 	if len(m.local) > 0 {
 		rho := perDecode * m.localFraction * m.localMean
-		localMet = queueMet(m.local, m.localMean, 1/float64(d), m.localCV2, 0, m.ttft, rho)
+		localMet = queueMet(m.local, m.localMean, m.f.arrivalCA2()/float64(d), m.localCV2, 0, m.ttft, rho)
 	}
 	a.remoteMiss = (float64(len(m.services)) - remoteMet) / m.n
 	a.localMiss = (float64(len(m.local)) - localMet) / m.n
@@ -338,12 +347,39 @@ func (m *capacity) attainment(p, d int, lambda float64) attained {
 	return a
 }
 
-// decodeAt is a decode engine serving perDecode requests/s: its batch
+// decodeAt is a decode engine serving perDecode requests/s, at most most
+// of them at once (its share of a burst, burstShare): its batch, step (s,
+// unstretched) and its local prefills' share ρ of its time. A burst of
+// the window's size fills the decode no further than its share of the
+// burst, however fast it arrives: a level of the P/D experiment (60
+// requests) never holds a decode of 2P:2D at more than 30 streams, where
+// the sustained rate's batch (steadyDecodeAt) may pass its seats.
+func (m *capacity) decodeAt(perDecode, most float64) (batch, step, rho float64) {
+	batch, step, rho = m.steadyDecodeAt(perDecode)
+	if rho < 1 && batch > most {
+		batch = max(most, 1)
+		step = m.f.stepMs(batch) / 1000
+	}
+	return batch, step, rho
+}
+
+// burstShare is the most requests one of d decode engines holds at once
+// from one burst of the window's arrivals (Fit.BurstRequests over d);
+// +Inf when the arrivals were not seen in bursts.
+func (m *capacity) burstShare(d int) float64 {
+	if m.f.BurstRequests <= 0 || d <= 0 {
+		return math.Inf(1)
+	}
+	return float64(m.f.BurstRequests) / float64(d)
+}
+
+// steadyDecodeAt is a decode engine serving perDecode requests/s
+// sustained: its batch
 // (Little's law at its stretched step, which grows with the batch: a fixed
 // point), its step (s, unstretched) and its local prefills' share ρ of its
 // time. A rate its seats (Config.MaxSeqs) cannot carry gives a batch of
 // MaxSeqs + 1.
-func (m *capacity) decodeAt(perDecode float64) (batch, step, rho float64) {
+func (m *capacity) steadyDecodeAt(perDecode float64) (batch, step, rho float64) {
 	f := m.f
 	rho = perDecode * m.localPerRequest
 	if rho >= 1 {
@@ -391,10 +427,10 @@ func (m *capacity) tpotMiss(perDecode float64, a attained) float64 {
 	return min(noise+stall, 1)
 }
 
-// decodeLeg is what a remote prompt's decode leg adds to its TTFT on a
-// decode engine serving perDecode requests/s (s).
-func (m *capacity) decodeLeg(perDecode float64) float64 {
-	return m.legAt(m.decodeAt(perDecode))
+// decodeLeg is what a remote prompt's decode leg adds to its TTFT on one
+// of d decode engines serving perDecode requests/s each (s).
+func (m *capacity) decodeLeg(perDecode float64, d int) float64 {
+	return m.legAt(m.decodeAt(perDecode, m.burstShare(d)))
 }
 
 // legAt is the decode leg on a decode engine at batch, step (s) and local

@@ -32,7 +32,7 @@ func TestRemoteTTFTCountsTheDecodeLeg(t *testing.T) {
 	pl := newPlanner(t, Config{TTFT: 110 * time.Millisecond, TPOT: time.Second, Engines: 4})
 	f := Fit{PrefillSecondsPerToken: 0.0002, StepA: 20, StepB: 2, MeanBatch: 1, MeanOutput: 32, MaxBatchedTokens: 2048}
 	m := modelOf(pl, f, 16, steady(100, 400, 32))
-	if leg := m.decodeLeg(0); math.Abs(leg-0.033) > 1e-9 {
+	if leg := m.decodeLeg(0, 1); math.Abs(leg-0.033) > 1e-9 {
 		t.Fatalf("decode leg at no load %.4f s, want 1.5 steps of 22 ms", leg)
 	}
 	if s := m.split(2, 2); s.Goodput != 0 {
@@ -61,7 +61,7 @@ func TestAttainmentIsTheRequests(t *testing.T) {
 	// The per-pool target: the prefill engine's utilisation at which
 	// √0.9 of the long prompts (all remote) meet the TTFT objective.
 	services := []float64{0.1}
-	rho, _ := PrefillBusy(services, 0.1, 1, 0, 0, 0.15-m.decodeLeg(0), math.Sqrt(0.9))
+	rho, _ := PrefillBusy(services, 0.1, 1, 0, 0, 0.15-m.decodeLeg(0, 1), math.Sqrt(0.9))
 	perPool := rho / 0.1 / 0.1 // long prompts/s over their share of the requests
 	s := m.split(1, 3)
 	if s.Goodput < 3*perPool {

@@ -157,6 +157,10 @@ type Planner struct {
 	// pinPrefill and pinDecode are the engines of each pool that cannot
 	// move (SetPinned).
 	pinPrefill, pinDecode int
+	// arrivals are the arrival times (Request.At only) of the last
+	// dispersionWindows windows, which the arrivals' burstiness is
+	// measured over.
+	arrivals []Request
 	// seq numbers the requests observed; ids maps the window's request ids
 	// still running to theirs.
 	seq uint64
@@ -198,6 +202,7 @@ func (pl *Planner) ObserveRequest(r Request) {
 		pl.ids[r.ID] = r.seq
 	}
 	pl.reqs = append(pl.reqs, r)
+	pl.arrivals = append(pl.arrivals, Request{At: r.At})
 }
 
 // ObserveOutput records that the request id (its Request.ID) finished
@@ -317,11 +322,24 @@ type Fit struct {
 	Requests int `json:"requests"`
 	// Shift says why the model is fitted to the requests since a shift
 	// of the traffic mix only ("" when it is fitted to the whole window).
-	Shift        string  `json:"shift,omitempty"`
-	ArrivalRate  float64 `json:"arrival_rps"`
-	MeanPrompt   float64 `json:"mean_prompt_tokens"`
-	MeanUncached float64 `json:"mean_uncached_tokens"`
-	MeanOutput   float64 `json:"mean_output_tokens"`
+	Shift       string  `json:"shift,omitempty"`
+	ArrivalRate float64 `json:"arrival_rps"`
+	// ArrivalDispersion is the index of dispersion of the arrivals'
+	// counts in bins of the TTFT objective over the last
+	// dispersionWindows windows (arrivalDispersion): 1 for
+	// Poisson arrivals, more for bursts. The queueing terms take it (at
+	// least 1) as the arrivals' squared coefficient of variation.
+	ArrivalDispersion float64 `json:"arrival_dispersion"`
+	// BurstRequests is the most requests of one burst in the window:
+	// arrivals with no gap longer than a stream's life between them (the
+	// decodes drain in such a gap), 0 when the window shows no such gap or
+	// the arrivals are not bursty (ArrivalDispersion under
+	// burstyDispersion): the traffic is then taken as sustained. A decode's batch is at most its
+	// share of a burst (capacity.decodeAt).
+	BurstRequests int     `json:"burst_requests,omitempty"`
+	MeanPrompt    float64 `json:"mean_prompt_tokens"`
+	MeanUncached  float64 `json:"mean_uncached_tokens"`
+	MeanOutput    float64 `json:"mean_output_tokens"`
 	// FinishedOutputs counts the requests whose output is what they
 	// produced (the others' is their max_tokens).
 	FinishedOutputs int     `json:"finished_outputs"`
@@ -401,16 +419,17 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	// (threshold.go).
 	ths := pl.thresholds(f)
 	bounds := pl.bounded()
-	_, m, best := ths.best(bounds)
+	bestTh, m, best := ths.best(bounds)
 	d.Best = best
+	curTh := colocatedThreshold // the threshold the current split is valued at
 	if pl.prefill > 0 {
-		_, m, _ = ths.forSplit(pl.prefill, pl.cfg.Engines-pl.prefill, now)
+		curTh, m, _ = ths.forSplit(pl.prefill, pl.cfg.Engines-pl.prefill, now)
 	}
 	var colo *capacity
 	if bounds.MinPrefill == 0 {
 		colo = pl.model(f, colocatedThreshold)
 		if c := colo.split(0, pl.cfg.Engines); c.Goodput >= d.Best.Goodput*(1-1e-9) {
-			d.Best = c
+			d.Best, bestTh = c, colocatedThreshold
 		}
 	}
 	for p := bounds.MinPrefill; p <= pl.cfg.Engines-bounds.MinDecode; p++ {
@@ -438,7 +457,7 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	d.Fit.PrefillSeconds, d.Fit.PrefillCV2, d.Fit.PrefillTooLong = m.s, m.cv2, m.prefillTooLong
 	dc := running.decode(pl.prefill, pl.cfg.Engines-pl.prefill)
 	d.Fit.DecodeBatch, d.Fit.DecodeTPOT, d.Fit.DecodeRate, d.Fit.DecodeLimit = dc.batch, dc.tpot, dc.rate, dc.limit
-	d.Fit.DecodeLeg = running.decodeLeg(d.Fit.Current.Goodput / float64(max(pl.cfg.Engines-pl.prefill, 1)))
+	d.Fit.DecodeLeg = running.decodeLeg(d.Fit.Current.Goodput/float64(max(pl.cfg.Engines-pl.prefill, 1)), pl.cfg.Engines-pl.prefill)
 	if d.Best.Goodput <= 0 {
 		d.Fit.Unattainable = running.unattainable(pl.prefill, pl.cfg.Engines-pl.prefill)
 	}
@@ -472,11 +491,17 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	if target.P != pl.prefill && cur > 0 && stepG < cur*(1-1e-9) {
 		next, d.Crossed = target.P, true
 	}
+	var noise string // why the move is within the window's noise
+	if target.P != pl.prefill && target.Goodput >= cur*(1+pl.cfg.Hysteresis) && target.Goodput < cur*(1+noiseLeads*pl.cfg.Hysteresis) {
+		noise = pl.withinNoise(f, d.Fit.Current, curTh, target, bestTh)
+	}
 	switch {
 	case target.P == pl.prefill:
 	case target.Goodput < cur*(1+pl.cfg.Hysteresis):
 		d.Held = fmt.Sprintf("hysteresis: %dP:%dD is predicted %.2f req/s against %.2f now, less than %.0f%% more",
 			target.P, target.D, target.Goodput, cur, 100*pl.cfg.Hysteresis)
+	case noise != "":
+		d.Held = noise
 	case !pl.lastChange.IsZero() && now.Sub(pl.lastChange) < pl.dwell(next):
 		d.Held = fmt.Sprintf("dwell: the split changed %v ago, less than %v", now.Sub(pl.lastChange).Round(100*time.Millisecond), pl.dwell(next))
 	default:
@@ -543,6 +568,8 @@ func (pl *Planner) trim(now time.Time) {
 		return false
 	})
 	pl.samples = slices.DeleteFunc(pl.samples, func(s EngineSample) bool { return s.At.Before(from) })
+	longer := now.Add(-dispersionWindows * pl.cfg.Window)
+	pl.arrivals = slices.DeleteFunc(pl.arrivals, func(r Request) bool { return r.At.Before(longer) })
 	pl.prefills = slices.DeleteFunc(pl.prefills, func(s PrefillSample) bool { return s.At.Before(from) })
 }
 
@@ -576,6 +603,9 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 		span = max(span, 1)
 	}
 	f.ArrivalRate = n / span
+	if len(pl.arrivals) > 0 {
+		f.ArrivalDispersion = arrivalDispersion(pl.arrivals, pl.arrivals[0].At, now, pl.cfg.TTFT)
+	}
 
 	var prefillCosts, transferCosts []float64
 	var ks, tpots, chunks []float64
@@ -634,6 +664,10 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 	f.DecodeFit, f.StepA, f.StepB, f.StepP, f.StepSigma = fitDecodeCurve(ks, tpots)
 	if len(transferCosts) > 0 {
 		f.Overhead = median(transferCosts) * f.MeanUncached
+	}
+	if f.ArrivalDispersion >= burstyDispersion {
+		life := time.Duration(max(f.MeanOutput-1, 1) * f.stepSeconds() * float64(time.Second))
+		f.BurstRequests = largestBurst(win, now, life)
 	}
 	return f, ""
 }

@@ -1,0 +1,92 @@
+package planner
+
+import (
+	"slices"
+	"time"
+)
+
+// dispersionWindows is how many windows (Config.Window) of arrivals the
+// index of dispersion is measured over. One window may hold a burst whole
+// or fall within one: the P/D experiment's window is one level (3 s, a
+// round or two of 60 requests), and measured over it alone the dispersion
+// swung between 1 and 15 from one decision to the next, the colocated
+// split's predicted goodput with it, and the split followed (11–13
+// changes a run). Burstiness is the arrival process's, seen over several
+// of its bursts.
+const dispersionWindows = 4
+
+// burstyDispersion is the index of dispersion from which the arrivals are
+// taken as bursts whose size bounds the decodes' batches (Fit.BurstRequests).
+// A Poisson stream's, measured over the dozen bins of a short window,
+// passes it about one window in a hundred; sparse Poisson arrivals have
+// gaps too, but their "bursts" would merge at the higher rates the model
+// weighs, where a burst of fixed size (the P/D experiment's rounds) would not.
+const burstyDispersion = 2
+
+// minDispersionBins is the fewest bins the arrivals' index of dispersion
+// is measured over; with fewer it is taken as a Poisson stream's, 1.
+const minDispersionBins = 4
+
+// arrivalDispersion is the index of dispersion of the requests' arrival
+// counts (their variance over their mean) in bins of width bin from from
+// to now (whole bins, the last ending at now): 1 for Poisson arrivals, below 1 for evenly paced ones, and
+// above for bursts (a level's requests sent in a second or two, then
+// none): about 1 + (1 − f)·λ·bin for bursts at rate λ a fraction f of the
+// time. It is what the queueing terms take as the arrivals' squared
+// coefficient of variation (for a renewal stream the two agree as the
+// bins grow; bursts are correlated arrivals that inter-arrival times
+// alone would not show). Bins of the TTFT objective's width see the
+// bursts a queue must clear within it. 1 when the span holds fewer than
+// minDispersionBins bins or no request.
+func arrivalDispersion(reqs []Request, from, now time.Time, bin time.Duration) float64 {
+	span := now.Sub(from)
+	if bin <= 0 || span < minDispersionBins*bin || len(reqs) == 0 {
+		return 1
+	}
+	counts := make([]float64, int(span/bin))
+	start := now.Add(-time.Duration(len(counts)) * bin)
+	for _, r := range reqs {
+		if r.At.Before(start) || r.At.After(now) {
+			continue
+		}
+		counts[min(int(r.At.Sub(start)/bin), len(counts)-1)]++
+	}
+	m := Mean(counts)
+	if m <= 0 {
+		return 1
+	}
+	sd := StdDev(counts)
+	return sd * sd / m
+}
+
+// largestBurst is the most requests of one burst among reqs: arrivals
+// with no gap longer than gap between them. It is 0 when there is no
+// such gap, between two arrivals or after the last one before now: the
+// window then shows no burst's end, and the traffic is taken as
+// sustained. A burst cut by the window's start counts what the window
+// holds of it.
+func largestBurst(reqs []Request, now time.Time, gap time.Duration) int {
+	if len(reqs) == 0 || gap <= 0 {
+		return 0
+	}
+	at := make([]time.Time, len(reqs))
+	for i, r := range reqs {
+		at[i] = r.At
+	}
+	slices.SortFunc(at, time.Time.Compare)
+	most, n, gaps := 0, 0, 0
+	for i, t := range at {
+		if i > 0 && t.Sub(at[i-1]) > gap {
+			most, n = max(most, n), 0
+			gaps++
+		}
+		n++
+	}
+	if now.Sub(at[len(at)-1]) > gap {
+		gaps++
+	}
+	if gaps == 0 {
+		return 0
+	}
+	return max(most, n)
+}
