@@ -30,6 +30,11 @@ func TestParseEngineTiming(t *testing.T) {
 	if parseEngineTiming(http.Header{"Server-Timing": {"api;dur=1"}}).ok {
 		t.Error("ok without a prefill entry")
 	}
+	for _, bad := range []string{"NaN", "Inf", "-Inf", "1e300", "3600001", "-1"} {
+		if got := parseEngineTiming(http.Header{"Server-Timing": {"prefill;dur=" + bad}}); got.ok {
+			t.Errorf("prefill;dur=%s taken as %v", bad, got.prefill)
+		}
+	}
 }
 
 func TestComputedTokensFromUsage(t *testing.T) {

@@ -54,6 +54,11 @@ type engineTiming struct {
 	ok                          bool
 }
 
+// maxTimingMillis is the longest Server-Timing duration taken from an
+// engine (an hour): a longer one, or one that is not a number, is skipped
+// rather than let one answer skew the engine's measured costs.
+const maxTimingMillis = 3.6e6
+
 // parseEngineTiming reads an engine answer's Server-Timing entries. Entries
 // it does not know, and malformed ones, are skipped.
 func parseEngineTiming(h http.Header) (t engineTiming) {
@@ -68,7 +73,7 @@ func parseEngineTiming(h http.Header) (t engineTiming) {
 					continue
 				}
 				ms, err := strconv.ParseFloat(strings.Trim(v, `"`), 64)
-				if err != nil || ms < 0 {
+				if err != nil || !(ms >= 0 && ms <= maxTimingMillis) { // NaN, ±Inf and absurd values too
 					break
 				}
 				dur, found = time.Duration(ms*float64(time.Millisecond)), true
