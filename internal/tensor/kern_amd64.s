@@ -50062,7 +50062,7 @@ sgroup:
 	ORQ            R12, R11
 	VMOVQ          R10, X1
 	VPBROADCASTQ   X1, Y1
-	VPSHUFB        q4kscchunk<>+0(SB), Y1, Y1
+	VPSHUFB        q4kscpairs<>+0(SB), Y1, Y1
 	VMOVDQU        Y1, (SP)
 	VMOVQ          R11, X1
 	VPMOVZXBW      X1, X1
@@ -50092,7 +50092,7 @@ sgroup:
 	ORQ            R12, R11
 	VMOVQ          R10, X2
 	VPBROADCASTQ   X2, Y3
-	VPSHUFB        q4kscchunk<>+0(SB), Y3, Y3
+	VPSHUFB        q4kscpairs<>+0(SB), Y3, Y3
 	VMOVDQU        Y3, 32(SP)
 	VMOVQ          R11, X3
 	VPMOVZXBW      X3, X3
@@ -50122,7 +50122,7 @@ sgroup:
 	ORQ            R12, R11
 	VMOVQ          R10, X2
 	VPBROADCASTQ   X2, Y4
-	VPSHUFB        q4kscchunk<>+0(SB), Y4, Y4
+	VPSHUFB        q4kscpairs<>+0(SB), Y4, Y4
 	VMOVDQU        Y4, 64(SP)
 	VMOVQ          R11, X4
 	VPMOVZXBW      X4, X4
@@ -50152,7 +50152,7 @@ sgroup:
 	ORQ            R12, R11
 	VMOVQ          R10, X2
 	VPBROADCASTQ   X2, Y5
-	VPSHUFB        q4kscchunk<>+0(SB), Y5, Y5
+	VPSHUFB        q4kscpairs<>+0(SB), Y5, Y5
 	VMOVDQU        Y5, 96(SP)
 	VMOVQ          R11, X5
 	VPMOVZXBW      X5, X5
@@ -50162,53 +50162,45 @@ sgroup:
 	VPSRLW         $0x04, Y7, Y7
 	VPAND          Y0, Y7, Y7
 	VPMADDUBSW     (R8), Y6, Y6
+	VPBROADCASTD   (SP), Y8
+	VPMADDWD       Y8, Y6, Y6
 	VPMADDUBSW     32(R8), Y7, Y7
-	VPSRLD         $0x10, Y6, Y8
-	VPADDW         Y8, Y6, Y6
-	VPSLLD         $0x10, Y7, Y8
-	VPADDW         Y8, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y6, Y6
-	VPBROADCASTD   (SP), Y7
-	VPMADDWD       Y7, Y6, Y6
-	VMOVDQU        48(DI), Y8
-	VPAND          Y0, Y8, Y7
-	VPSRLW         $0x04, Y8, Y8
-	VPAND          Y0, Y8, Y8
-	VPMADDUBSW     64(R8), Y7, Y7
-	VPMADDUBSW     96(R8), Y8, Y8
-	VPSRLD         $0x10, Y7, Y9
-	VPADDW         Y9, Y7, Y7
-	VPSLLD         $0x10, Y8, Y9
-	VPADDW         Y9, Y8, Y8
-	VPBLENDW       $0xaa, Y8, Y7, Y7
 	VPBROADCASTD   4(SP), Y8
 	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        48(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     64(R8), Y8, Y8
+	VPBROADCASTD   8(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     96(R8), Y9, Y8
+	VPBROADCASTD   12(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        80(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     128(R8), Y8, Y8
-	VPMADDUBSW     160(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   8(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
+	VPBROADCASTD   16(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     160(R8), Y9, Y8
+	VPBROADCASTD   20(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        112(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     192(R8), Y8, Y8
-	VPMADDUBSW     224(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   12(SP), Y9
+	VPBROADCASTD   24(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     224(R8), Y9, Y8
+	VPBROADCASTD   28(SP), Y9
 	VPMADDWD       Y9, Y8, Y8
 	VPADDD         Y8, Y7, Y7
 	VPADDD         Y7, Y6, Y6
@@ -50220,53 +50212,45 @@ sgroup:
 	VPSRLW         $0x04, Y7, Y7
 	VPAND          Y0, Y7, Y7
 	VPMADDUBSW     256(R8), Y6, Y6
+	VPBROADCASTD   32(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
 	VPMADDUBSW     288(R8), Y7, Y7
-	VPSRLD         $0x10, Y6, Y8
-	VPADDW         Y8, Y6, Y6
-	VPSLLD         $0x10, Y7, Y8
-	VPADDW         Y8, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y6, Y6
-	VPBROADCASTD   32(SP), Y7
-	VPMADDWD       Y7, Y6, Y6
-	VMOVDQU        192(DI), Y8
-	VPAND          Y0, Y8, Y7
-	VPSRLW         $0x04, Y8, Y8
-	VPAND          Y0, Y8, Y8
-	VPMADDUBSW     320(R8), Y7, Y7
-	VPMADDUBSW     352(R8), Y8, Y8
-	VPSRLD         $0x10, Y7, Y9
-	VPADDW         Y9, Y7, Y7
-	VPSLLD         $0x10, Y8, Y9
-	VPADDW         Y9, Y8, Y8
-	VPBLENDW       $0xaa, Y8, Y7, Y7
 	VPBROADCASTD   36(SP), Y8
 	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        192(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     320(R8), Y8, Y8
+	VPBROADCASTD   40(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     352(R8), Y9, Y8
+	VPBROADCASTD   44(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        224(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     384(R8), Y8, Y8
-	VPMADDUBSW     416(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   40(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
+	VPBROADCASTD   48(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     416(R8), Y9, Y8
+	VPBROADCASTD   52(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        256(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     448(R8), Y8, Y8
-	VPMADDUBSW     480(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   44(SP), Y9
+	VPBROADCASTD   56(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     480(R8), Y9, Y8
+	VPBROADCASTD   60(SP), Y9
 	VPMADDWD       Y9, Y8, Y8
 	VPADDD         Y8, Y7, Y7
 	VPADDD         Y7, Y6, Y6
@@ -50278,53 +50262,45 @@ sgroup:
 	VPSRLW         $0x04, Y7, Y7
 	VPAND          Y0, Y7, Y7
 	VPMADDUBSW     512(R8), Y6, Y6
+	VPBROADCASTD   64(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
 	VPMADDUBSW     544(R8), Y7, Y7
-	VPSRLD         $0x10, Y6, Y8
-	VPADDW         Y8, Y6, Y6
-	VPSLLD         $0x10, Y7, Y8
-	VPADDW         Y8, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y6, Y6
-	VPBROADCASTD   64(SP), Y7
-	VPMADDWD       Y7, Y6, Y6
-	VMOVDQU        336(DI), Y8
-	VPAND          Y0, Y8, Y7
-	VPSRLW         $0x04, Y8, Y8
-	VPAND          Y0, Y8, Y8
-	VPMADDUBSW     576(R8), Y7, Y7
-	VPMADDUBSW     608(R8), Y8, Y8
-	VPSRLD         $0x10, Y7, Y9
-	VPADDW         Y9, Y7, Y7
-	VPSLLD         $0x10, Y8, Y9
-	VPADDW         Y9, Y8, Y8
-	VPBLENDW       $0xaa, Y8, Y7, Y7
 	VPBROADCASTD   68(SP), Y8
 	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        336(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     576(R8), Y8, Y8
+	VPBROADCASTD   72(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     608(R8), Y9, Y8
+	VPBROADCASTD   76(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        368(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     640(R8), Y8, Y8
-	VPMADDUBSW     672(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   72(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
+	VPBROADCASTD   80(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     672(R8), Y9, Y8
+	VPBROADCASTD   84(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        400(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     704(R8), Y8, Y8
-	VPMADDUBSW     736(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   76(SP), Y9
+	VPBROADCASTD   88(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     736(R8), Y9, Y8
+	VPBROADCASTD   92(SP), Y9
 	VPMADDWD       Y9, Y8, Y8
 	VPADDD         Y8, Y7, Y7
 	VPADDD         Y7, Y6, Y6
@@ -50336,53 +50312,45 @@ sgroup:
 	VPSRLW         $0x04, Y7, Y7
 	VPAND          Y0, Y7, Y7
 	VPMADDUBSW     768(R8), Y6, Y6
+	VPBROADCASTD   96(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
 	VPMADDUBSW     800(R8), Y7, Y7
-	VPSRLD         $0x10, Y6, Y8
-	VPADDW         Y8, Y6, Y6
-	VPSLLD         $0x10, Y7, Y8
-	VPADDW         Y8, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y6, Y6
-	VPBROADCASTD   96(SP), Y7
-	VPMADDWD       Y7, Y6, Y6
-	VMOVDQU        480(DI), Y8
-	VPAND          Y0, Y8, Y7
-	VPSRLW         $0x04, Y8, Y8
-	VPAND          Y0, Y8, Y8
-	VPMADDUBSW     832(R8), Y7, Y7
-	VPMADDUBSW     864(R8), Y8, Y8
-	VPSRLD         $0x10, Y7, Y9
-	VPADDW         Y9, Y7, Y7
-	VPSLLD         $0x10, Y8, Y9
-	VPADDW         Y9, Y8, Y8
-	VPBLENDW       $0xaa, Y8, Y7, Y7
 	VPBROADCASTD   100(SP), Y8
 	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        480(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     832(R8), Y8, Y8
+	VPBROADCASTD   104(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     864(R8), Y9, Y8
+	VPBROADCASTD   108(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        512(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     896(R8), Y8, Y8
-	VPMADDUBSW     928(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   104(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
+	VPBROADCASTD   112(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     928(R8), Y9, Y8
+	VPBROADCASTD   116(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        544(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     960(R8), Y8, Y8
-	VPMADDUBSW     992(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   108(SP), Y9
+	VPBROADCASTD   120(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     992(R8), Y9, Y8
+	VPBROADCASTD   124(SP), Y9
 	VPMADDWD       Y9, Y8, Y8
 	VPADDD         Y8, Y7, Y7
 	VPADDD         Y7, Y6, Y6
@@ -50457,7 +50425,7 @@ sgroup:
 	ORQ            R12, R11
 	VMOVQ          R10, X1
 	VPBROADCASTQ   X1, Y1
-	VPSHUFB        q4kscchunk<>+0(SB), Y1, Y1
+	VPSHUFB        q4kscpairs<>+0(SB), Y1, Y1
 	VMOVDQU        Y1, (SP)
 	VMOVQ          R11, X1
 	VPMOVZXBW      X1, X1
@@ -50487,7 +50455,7 @@ sgroup:
 	ORQ            R12, R11
 	VMOVQ          R10, X2
 	VPBROADCASTQ   X2, Y3
-	VPSHUFB        q4kscchunk<>+0(SB), Y3, Y3
+	VPSHUFB        q4kscpairs<>+0(SB), Y3, Y3
 	VMOVDQU        Y3, 32(SP)
 	VMOVQ          R11, X3
 	VPMOVZXBW      X3, X3
@@ -50517,7 +50485,7 @@ sgroup:
 	ORQ            R12, R11
 	VMOVQ          R10, X2
 	VPBROADCASTQ   X2, Y4
-	VPSHUFB        q4kscchunk<>+0(SB), Y4, Y4
+	VPSHUFB        q4kscpairs<>+0(SB), Y4, Y4
 	VMOVDQU        Y4, 64(SP)
 	VMOVQ          R11, X4
 	VPMOVZXBW      X4, X4
@@ -50547,7 +50515,7 @@ sgroup:
 	ORQ            R12, R11
 	VMOVQ          R10, X2
 	VPBROADCASTQ   X2, Y5
-	VPSHUFB        q4kscchunk<>+0(SB), Y5, Y5
+	VPSHUFB        q4kscpairs<>+0(SB), Y5, Y5
 	VMOVDQU        Y5, 96(SP)
 	VMOVQ          R11, X5
 	VPMOVZXBW      X5, X5
@@ -50557,53 +50525,45 @@ sgroup:
 	VPSRLW         $0x04, Y7, Y7
 	VPAND          Y0, Y7, Y7
 	VPMADDUBSW     (R8), Y6, Y6
+	VPBROADCASTD   (SP), Y8
+	VPMADDWD       Y8, Y6, Y6
 	VPMADDUBSW     32(R8), Y7, Y7
-	VPSRLD         $0x10, Y6, Y8
-	VPADDW         Y8, Y6, Y6
-	VPSLLD         $0x10, Y7, Y8
-	VPADDW         Y8, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y6, Y6
-	VPBROADCASTD   (SP), Y7
-	VPMADDWD       Y7, Y6, Y6
-	VMOVDQU        48(DI), Y8
-	VPAND          Y0, Y8, Y7
-	VPSRLW         $0x04, Y8, Y8
-	VPAND          Y0, Y8, Y8
-	VPMADDUBSW     64(R8), Y7, Y7
-	VPMADDUBSW     96(R8), Y8, Y8
-	VPSRLD         $0x10, Y7, Y9
-	VPADDW         Y9, Y7, Y7
-	VPSLLD         $0x10, Y8, Y9
-	VPADDW         Y9, Y8, Y8
-	VPBLENDW       $0xaa, Y8, Y7, Y7
 	VPBROADCASTD   4(SP), Y8
 	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        48(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     64(R8), Y8, Y8
+	VPBROADCASTD   8(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     96(R8), Y9, Y8
+	VPBROADCASTD   12(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        80(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     128(R8), Y8, Y8
-	VPMADDUBSW     160(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   8(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
+	VPBROADCASTD   16(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     160(R8), Y9, Y8
+	VPBROADCASTD   20(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        112(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     192(R8), Y8, Y8
-	VPMADDUBSW     224(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   12(SP), Y9
+	VPBROADCASTD   24(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     224(R8), Y9, Y8
+	VPBROADCASTD   28(SP), Y9
 	VPMADDWD       Y9, Y8, Y8
 	VPADDD         Y8, Y7, Y7
 	VPADDD         Y7, Y6, Y6
@@ -50615,53 +50575,45 @@ sgroup:
 	VPSRLW         $0x04, Y7, Y7
 	VPAND          Y0, Y7, Y7
 	VPMADDUBSW     256(R8), Y6, Y6
+	VPBROADCASTD   32(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
 	VPMADDUBSW     288(R8), Y7, Y7
-	VPSRLD         $0x10, Y6, Y8
-	VPADDW         Y8, Y6, Y6
-	VPSLLD         $0x10, Y7, Y8
-	VPADDW         Y8, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y6, Y6
-	VPBROADCASTD   32(SP), Y7
-	VPMADDWD       Y7, Y6, Y6
-	VMOVDQU        192(DI), Y8
-	VPAND          Y0, Y8, Y7
-	VPSRLW         $0x04, Y8, Y8
-	VPAND          Y0, Y8, Y8
-	VPMADDUBSW     320(R8), Y7, Y7
-	VPMADDUBSW     352(R8), Y8, Y8
-	VPSRLD         $0x10, Y7, Y9
-	VPADDW         Y9, Y7, Y7
-	VPSLLD         $0x10, Y8, Y9
-	VPADDW         Y9, Y8, Y8
-	VPBLENDW       $0xaa, Y8, Y7, Y7
 	VPBROADCASTD   36(SP), Y8
 	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        192(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     320(R8), Y8, Y8
+	VPBROADCASTD   40(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     352(R8), Y9, Y8
+	VPBROADCASTD   44(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        224(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     384(R8), Y8, Y8
-	VPMADDUBSW     416(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   40(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
+	VPBROADCASTD   48(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     416(R8), Y9, Y8
+	VPBROADCASTD   52(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        256(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     448(R8), Y8, Y8
-	VPMADDUBSW     480(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   44(SP), Y9
+	VPBROADCASTD   56(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     480(R8), Y9, Y8
+	VPBROADCASTD   60(SP), Y9
 	VPMADDWD       Y9, Y8, Y8
 	VPADDD         Y8, Y7, Y7
 	VPADDD         Y7, Y6, Y6
@@ -50673,53 +50625,45 @@ sgroup:
 	VPSRLW         $0x04, Y7, Y7
 	VPAND          Y0, Y7, Y7
 	VPMADDUBSW     512(R8), Y6, Y6
+	VPBROADCASTD   64(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
 	VPMADDUBSW     544(R8), Y7, Y7
-	VPSRLD         $0x10, Y6, Y8
-	VPADDW         Y8, Y6, Y6
-	VPSLLD         $0x10, Y7, Y8
-	VPADDW         Y8, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y6, Y6
-	VPBROADCASTD   64(SP), Y7
-	VPMADDWD       Y7, Y6, Y6
-	VMOVDQU        336(DI), Y8
-	VPAND          Y0, Y8, Y7
-	VPSRLW         $0x04, Y8, Y8
-	VPAND          Y0, Y8, Y8
-	VPMADDUBSW     576(R8), Y7, Y7
-	VPMADDUBSW     608(R8), Y8, Y8
-	VPSRLD         $0x10, Y7, Y9
-	VPADDW         Y9, Y7, Y7
-	VPSLLD         $0x10, Y8, Y9
-	VPADDW         Y9, Y8, Y8
-	VPBLENDW       $0xaa, Y8, Y7, Y7
 	VPBROADCASTD   68(SP), Y8
 	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        336(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     576(R8), Y8, Y8
+	VPBROADCASTD   72(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     608(R8), Y9, Y8
+	VPBROADCASTD   76(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        368(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     640(R8), Y8, Y8
-	VPMADDUBSW     672(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   72(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
+	VPBROADCASTD   80(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     672(R8), Y9, Y8
+	VPBROADCASTD   84(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        400(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     704(R8), Y8, Y8
-	VPMADDUBSW     736(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   76(SP), Y9
+	VPBROADCASTD   88(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     736(R8), Y9, Y8
+	VPBROADCASTD   92(SP), Y9
 	VPMADDWD       Y9, Y8, Y8
 	VPADDD         Y8, Y7, Y7
 	VPADDD         Y7, Y6, Y6
@@ -50731,53 +50675,45 @@ sgroup:
 	VPSRLW         $0x04, Y7, Y7
 	VPAND          Y0, Y7, Y7
 	VPMADDUBSW     768(R8), Y6, Y6
+	VPBROADCASTD   96(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
 	VPMADDUBSW     800(R8), Y7, Y7
-	VPSRLD         $0x10, Y6, Y8
-	VPADDW         Y8, Y6, Y6
-	VPSLLD         $0x10, Y7, Y8
-	VPADDW         Y8, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y6, Y6
-	VPBROADCASTD   96(SP), Y7
-	VPMADDWD       Y7, Y6, Y6
-	VMOVDQU        480(DI), Y8
-	VPAND          Y0, Y8, Y7
-	VPSRLW         $0x04, Y8, Y8
-	VPAND          Y0, Y8, Y8
-	VPMADDUBSW     832(R8), Y7, Y7
-	VPMADDUBSW     864(R8), Y8, Y8
-	VPSRLD         $0x10, Y7, Y9
-	VPADDW         Y9, Y7, Y7
-	VPSLLD         $0x10, Y8, Y9
-	VPADDW         Y9, Y8, Y8
-	VPBLENDW       $0xaa, Y8, Y7, Y7
 	VPBROADCASTD   100(SP), Y8
 	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        480(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     832(R8), Y8, Y8
+	VPBROADCASTD   104(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     864(R8), Y9, Y8
+	VPBROADCASTD   108(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        512(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     896(R8), Y8, Y8
-	VPMADDUBSW     928(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   104(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
+	VPBROADCASTD   112(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     928(R8), Y9, Y8
+	VPBROADCASTD   116(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        544(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     960(R8), Y8, Y8
-	VPMADDUBSW     992(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   108(SP), Y9
+	VPBROADCASTD   120(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     992(R8), Y9, Y8
+	VPBROADCASTD   124(SP), Y9
 	VPMADDWD       Y9, Y8, Y8
 	VPADDD         Y8, Y7, Y7
 	VPADDD         Y7, Y6, Y6
@@ -50882,7 +50818,7 @@ group:
 	ORQ            R12, R11
 	VMOVQ          R10, X1
 	VPBROADCASTQ   X1, Y1
-	VPSHUFB        q4kscchunk<>+0(SB), Y1, Y1
+	VPSHUFB        q4kscpairs<>+0(SB), Y1, Y1
 	VMOVDQU        Y1, (SP)
 	VMOVQ          R11, X1
 	VPMOVZXBW      X1, X1
@@ -50912,7 +50848,7 @@ group:
 	ORQ            R12, R11
 	VMOVQ          R10, X2
 	VPBROADCASTQ   X2, Y3
-	VPSHUFB        q4kscchunk<>+0(SB), Y3, Y3
+	VPSHUFB        q4kscpairs<>+0(SB), Y3, Y3
 	VMOVDQU        Y3, 32(SP)
 	VMOVQ          R11, X3
 	VPMOVZXBW      X3, X3
@@ -50942,7 +50878,7 @@ group:
 	ORQ            R12, R11
 	VMOVQ          R10, X2
 	VPBROADCASTQ   X2, Y4
-	VPSHUFB        q4kscchunk<>+0(SB), Y4, Y4
+	VPSHUFB        q4kscpairs<>+0(SB), Y4, Y4
 	VMOVDQU        Y4, 64(SP)
 	VMOVQ          R11, X4
 	VPMOVZXBW      X4, X4
@@ -50972,7 +50908,7 @@ group:
 	ORQ            R12, R11
 	VMOVQ          R10, X2
 	VPBROADCASTQ   X2, Y5
-	VPSHUFB        q4kscchunk<>+0(SB), Y5, Y5
+	VPSHUFB        q4kscpairs<>+0(SB), Y5, Y5
 	VMOVDQU        Y5, 96(SP)
 	VMOVQ          R11, X5
 	VPMOVZXBW      X5, X5
@@ -50982,53 +50918,45 @@ group:
 	VPSRLW         $0x04, Y7, Y7
 	VPAND          Y0, Y7, Y7
 	VPMADDUBSW     (R8), Y6, Y6
+	VPBROADCASTD   (SP), Y8
+	VPMADDWD       Y8, Y6, Y6
 	VPMADDUBSW     32(R8), Y7, Y7
-	VPSRLD         $0x10, Y6, Y8
-	VPADDW         Y8, Y6, Y6
-	VPSLLD         $0x10, Y7, Y8
-	VPADDW         Y8, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y6, Y6
-	VPBROADCASTD   (SP), Y7
-	VPMADDWD       Y7, Y6, Y6
-	VMOVDQU        48(DI), Y8
-	VPAND          Y0, Y8, Y7
-	VPSRLW         $0x04, Y8, Y8
-	VPAND          Y0, Y8, Y8
-	VPMADDUBSW     64(R8), Y7, Y7
-	VPMADDUBSW     96(R8), Y8, Y8
-	VPSRLD         $0x10, Y7, Y9
-	VPADDW         Y9, Y7, Y7
-	VPSLLD         $0x10, Y8, Y9
-	VPADDW         Y9, Y8, Y8
-	VPBLENDW       $0xaa, Y8, Y7, Y7
 	VPBROADCASTD   4(SP), Y8
 	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        48(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     64(R8), Y8, Y8
+	VPBROADCASTD   8(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     96(R8), Y9, Y8
+	VPBROADCASTD   12(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        80(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     128(R8), Y8, Y8
-	VPMADDUBSW     160(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   8(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
+	VPBROADCASTD   16(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     160(R8), Y9, Y8
+	VPBROADCASTD   20(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        112(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     192(R8), Y8, Y8
-	VPMADDUBSW     224(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   12(SP), Y9
+	VPBROADCASTD   24(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     224(R8), Y9, Y8
+	VPBROADCASTD   28(SP), Y9
 	VPMADDWD       Y9, Y8, Y8
 	VPADDD         Y8, Y7, Y7
 	VPADDD         Y7, Y6, Y6
@@ -51040,53 +50968,45 @@ group:
 	VPSRLW         $0x04, Y7, Y7
 	VPAND          Y0, Y7, Y7
 	VPMADDUBSW     256(R8), Y6, Y6
+	VPBROADCASTD   32(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
 	VPMADDUBSW     288(R8), Y7, Y7
-	VPSRLD         $0x10, Y6, Y8
-	VPADDW         Y8, Y6, Y6
-	VPSLLD         $0x10, Y7, Y8
-	VPADDW         Y8, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y6, Y6
-	VPBROADCASTD   32(SP), Y7
-	VPMADDWD       Y7, Y6, Y6
-	VMOVDQU        192(DI), Y8
-	VPAND          Y0, Y8, Y7
-	VPSRLW         $0x04, Y8, Y8
-	VPAND          Y0, Y8, Y8
-	VPMADDUBSW     320(R8), Y7, Y7
-	VPMADDUBSW     352(R8), Y8, Y8
-	VPSRLD         $0x10, Y7, Y9
-	VPADDW         Y9, Y7, Y7
-	VPSLLD         $0x10, Y8, Y9
-	VPADDW         Y9, Y8, Y8
-	VPBLENDW       $0xaa, Y8, Y7, Y7
 	VPBROADCASTD   36(SP), Y8
 	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        192(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     320(R8), Y8, Y8
+	VPBROADCASTD   40(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     352(R8), Y9, Y8
+	VPBROADCASTD   44(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        224(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     384(R8), Y8, Y8
-	VPMADDUBSW     416(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   40(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
+	VPBROADCASTD   48(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     416(R8), Y9, Y8
+	VPBROADCASTD   52(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        256(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     448(R8), Y8, Y8
-	VPMADDUBSW     480(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   44(SP), Y9
+	VPBROADCASTD   56(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     480(R8), Y9, Y8
+	VPBROADCASTD   60(SP), Y9
 	VPMADDWD       Y9, Y8, Y8
 	VPADDD         Y8, Y7, Y7
 	VPADDD         Y7, Y6, Y6
@@ -51098,53 +51018,45 @@ group:
 	VPSRLW         $0x04, Y7, Y7
 	VPAND          Y0, Y7, Y7
 	VPMADDUBSW     512(R8), Y6, Y6
+	VPBROADCASTD   64(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
 	VPMADDUBSW     544(R8), Y7, Y7
-	VPSRLD         $0x10, Y6, Y8
-	VPADDW         Y8, Y6, Y6
-	VPSLLD         $0x10, Y7, Y8
-	VPADDW         Y8, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y6, Y6
-	VPBROADCASTD   64(SP), Y7
-	VPMADDWD       Y7, Y6, Y6
-	VMOVDQU        336(DI), Y8
-	VPAND          Y0, Y8, Y7
-	VPSRLW         $0x04, Y8, Y8
-	VPAND          Y0, Y8, Y8
-	VPMADDUBSW     576(R8), Y7, Y7
-	VPMADDUBSW     608(R8), Y8, Y8
-	VPSRLD         $0x10, Y7, Y9
-	VPADDW         Y9, Y7, Y7
-	VPSLLD         $0x10, Y8, Y9
-	VPADDW         Y9, Y8, Y8
-	VPBLENDW       $0xaa, Y8, Y7, Y7
 	VPBROADCASTD   68(SP), Y8
 	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        336(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     576(R8), Y8, Y8
+	VPBROADCASTD   72(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     608(R8), Y9, Y8
+	VPBROADCASTD   76(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        368(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     640(R8), Y8, Y8
-	VPMADDUBSW     672(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   72(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
+	VPBROADCASTD   80(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     672(R8), Y9, Y8
+	VPBROADCASTD   84(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        400(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     704(R8), Y8, Y8
-	VPMADDUBSW     736(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   76(SP), Y9
+	VPBROADCASTD   88(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     736(R8), Y9, Y8
+	VPBROADCASTD   92(SP), Y9
 	VPMADDWD       Y9, Y8, Y8
 	VPADDD         Y8, Y7, Y7
 	VPADDD         Y7, Y6, Y6
@@ -51156,53 +51068,45 @@ group:
 	VPSRLW         $0x04, Y7, Y7
 	VPAND          Y0, Y7, Y7
 	VPMADDUBSW     768(R8), Y6, Y6
+	VPBROADCASTD   96(SP), Y8
+	VPMADDWD       Y8, Y6, Y6
 	VPMADDUBSW     800(R8), Y7, Y7
-	VPSRLD         $0x10, Y6, Y8
-	VPADDW         Y8, Y6, Y6
-	VPSLLD         $0x10, Y7, Y8
-	VPADDW         Y8, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y6, Y6
-	VPBROADCASTD   96(SP), Y7
-	VPMADDWD       Y7, Y6, Y6
-	VMOVDQU        480(DI), Y8
-	VPAND          Y0, Y8, Y7
-	VPSRLW         $0x04, Y8, Y8
-	VPAND          Y0, Y8, Y8
-	VPMADDUBSW     832(R8), Y7, Y7
-	VPMADDUBSW     864(R8), Y8, Y8
-	VPSRLD         $0x10, Y7, Y9
-	VPADDW         Y9, Y7, Y7
-	VPSLLD         $0x10, Y8, Y9
-	VPADDW         Y9, Y8, Y8
-	VPBLENDW       $0xaa, Y8, Y7, Y7
 	VPBROADCASTD   100(SP), Y8
 	VPMADDWD       Y8, Y7, Y7
+	VMOVDQU        480(DI), Y9
+	VPAND          Y0, Y9, Y8
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     832(R8), Y8, Y8
+	VPBROADCASTD   104(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     864(R8), Y9, Y8
+	VPBROADCASTD   108(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        512(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     896(R8), Y8, Y8
-	VPMADDUBSW     928(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   104(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
+	VPBROADCASTD   112(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     928(R8), Y9, Y8
+	VPBROADCASTD   116(SP), Y9
+	VPMADDWD       Y9, Y8, Y8
+	VPADDD         Y8, Y7, Y7
 	VMOVDQU        544(DI), Y9
 	VPAND          Y0, Y9, Y8
 	VPSRLW         $0x04, Y9, Y9
 	VPAND          Y0, Y9, Y9
 	VPMADDUBSW     960(R8), Y8, Y8
-	VPMADDUBSW     992(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   108(SP), Y9
+	VPBROADCASTD   120(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
+	VPADDD         Y8, Y6, Y6
+	VPMADDUBSW     992(R8), Y9, Y8
+	VPBROADCASTD   124(SP), Y9
 	VPMADDWD       Y9, Y8, Y8
 	VPADDD         Y8, Y7, Y7
 	VPADDD         Y7, Y6, Y6
@@ -51559,39 +51463,39 @@ tail3:
 	VZEROUPPER
 	RET
 
-DATA q4kscchunk<>+0(SB)/1, $0x00
-DATA q4kscchunk<>+1(SB)/1, $0x80
-DATA q4kscchunk<>+2(SB)/1, $0x01
-DATA q4kscchunk<>+3(SB)/1, $0x80
-DATA q4kscchunk<>+4(SB)/1, $0x02
-DATA q4kscchunk<>+5(SB)/1, $0x80
-DATA q4kscchunk<>+6(SB)/1, $0x03
-DATA q4kscchunk<>+7(SB)/1, $0x80
-DATA q4kscchunk<>+8(SB)/1, $0x04
-DATA q4kscchunk<>+9(SB)/1, $0x80
-DATA q4kscchunk<>+10(SB)/1, $0x05
-DATA q4kscchunk<>+11(SB)/1, $0x80
-DATA q4kscchunk<>+12(SB)/1, $0x06
-DATA q4kscchunk<>+13(SB)/1, $0x80
-DATA q4kscchunk<>+14(SB)/1, $0x07
-DATA q4kscchunk<>+15(SB)/1, $0x80
-DATA q4kscchunk<>+16(SB)/1, $0x00
-DATA q4kscchunk<>+17(SB)/1, $0x80
-DATA q4kscchunk<>+18(SB)/1, $0x01
-DATA q4kscchunk<>+19(SB)/1, $0x80
-DATA q4kscchunk<>+20(SB)/1, $0x02
-DATA q4kscchunk<>+21(SB)/1, $0x80
-DATA q4kscchunk<>+22(SB)/1, $0x03
-DATA q4kscchunk<>+23(SB)/1, $0x80
-DATA q4kscchunk<>+24(SB)/1, $0x04
-DATA q4kscchunk<>+25(SB)/1, $0x80
-DATA q4kscchunk<>+26(SB)/1, $0x05
-DATA q4kscchunk<>+27(SB)/1, $0x80
-DATA q4kscchunk<>+28(SB)/1, $0x06
-DATA q4kscchunk<>+29(SB)/1, $0x80
-DATA q4kscchunk<>+30(SB)/1, $0x07
-DATA q4kscchunk<>+31(SB)/1, $0x80
-GLOBL q4kscchunk<>(SB), RODATA|NOPTR, $32
+DATA q4kscpairs<>+0(SB)/1, $0x00
+DATA q4kscpairs<>+1(SB)/1, $0x80
+DATA q4kscpairs<>+2(SB)/1, $0x00
+DATA q4kscpairs<>+3(SB)/1, $0x80
+DATA q4kscpairs<>+4(SB)/1, $0x01
+DATA q4kscpairs<>+5(SB)/1, $0x80
+DATA q4kscpairs<>+6(SB)/1, $0x01
+DATA q4kscpairs<>+7(SB)/1, $0x80
+DATA q4kscpairs<>+8(SB)/1, $0x02
+DATA q4kscpairs<>+9(SB)/1, $0x80
+DATA q4kscpairs<>+10(SB)/1, $0x02
+DATA q4kscpairs<>+11(SB)/1, $0x80
+DATA q4kscpairs<>+12(SB)/1, $0x03
+DATA q4kscpairs<>+13(SB)/1, $0x80
+DATA q4kscpairs<>+14(SB)/1, $0x03
+DATA q4kscpairs<>+15(SB)/1, $0x80
+DATA q4kscpairs<>+16(SB)/1, $0x04
+DATA q4kscpairs<>+17(SB)/1, $0x80
+DATA q4kscpairs<>+18(SB)/1, $0x04
+DATA q4kscpairs<>+19(SB)/1, $0x80
+DATA q4kscpairs<>+20(SB)/1, $0x05
+DATA q4kscpairs<>+21(SB)/1, $0x80
+DATA q4kscpairs<>+22(SB)/1, $0x05
+DATA q4kscpairs<>+23(SB)/1, $0x80
+DATA q4kscpairs<>+24(SB)/1, $0x06
+DATA q4kscpairs<>+25(SB)/1, $0x80
+DATA q4kscpairs<>+26(SB)/1, $0x06
+DATA q4kscpairs<>+27(SB)/1, $0x80
+DATA q4kscpairs<>+28(SB)/1, $0x07
+DATA q4kscpairs<>+29(SB)/1, $0x80
+DATA q4kscpairs<>+30(SB)/1, $0x07
+DATA q4kscpairs<>+31(SB)/1, $0x80
+GLOBL q4kscpairs<>(SB), RODATA|NOPTR, $32
 
 DATA q4kdsplit<>+0(SB)/1, $0x00
 DATA q4kdsplit<>+1(SB)/1, $0x01
@@ -51727,7 +51631,7 @@ sgroup:
 	ORQ            R12, R11
 	VMOVQ          R10, X2
 	VPBROADCASTQ   X2, Y2
-	VPSHUFB        q4kscchunk<>+0(SB), Y2, Y2
+	VPSHUFB        q4kscpairs<>+0(SB), Y2, Y2
 	VMOVDQU        Y2, (SP)
 	VMOVQ          R11, X2
 	VPMOVZXBW      X2, X2
@@ -51757,7 +51661,7 @@ sgroup:
 	ORQ            R12, R11
 	VMOVQ          R10, X3
 	VPBROADCASTQ   X3, Y4
-	VPSHUFB        q4kscchunk<>+0(SB), Y4, Y4
+	VPSHUFB        q4kscpairs<>+0(SB), Y4, Y4
 	VMOVDQU        Y4, 32(SP)
 	VMOVQ          R11, X4
 	VPMOVZXBW      X4, X4
@@ -51787,7 +51691,7 @@ sgroup:
 	ORQ            R12, R11
 	VMOVQ          R10, X3
 	VPBROADCASTQ   X3, Y5
-	VPSHUFB        q4kscchunk<>+0(SB), Y5, Y5
+	VPSHUFB        q4kscpairs<>+0(SB), Y5, Y5
 	VMOVDQU        Y5, 64(SP)
 	VMOVQ          R11, X5
 	VPMOVZXBW      X5, X5
@@ -51817,7 +51721,7 @@ sgroup:
 	ORQ            R12, R11
 	VMOVQ          R10, X3
 	VPBROADCASTQ   X3, Y6
-	VPSHUFB        q4kscchunk<>+0(SB), Y6, Y6
+	VPSHUFB        q4kscpairs<>+0(SB), Y6, Y6
 	VMOVDQU        Y6, 96(SP)
 	VMOVQ          R11, X6
 	VPMOVZXBW      X6, X6
@@ -51831,36 +51735,32 @@ sgroup:
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y8, Y8
 	VPMADDUBSW     (R8), Y8, Y8
+	VPBROADCASTD   (SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPSLLW         $0x03, Y7, Y10
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y9, Y9
 	VPMADDUBSW     32(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   (SP), Y9
-	VPMADDWD       Y9, Y8, Y8
-	VMOVDQU        80(DI), Y10
-	VPAND          Y0, Y10, Y9
-	VPSRLW         $0x04, Y10, Y10
-	VPAND          Y0, Y10, Y10
-	VPSLLW         $0x02, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y9, Y9
-	VPMADDUBSW     64(R8), Y9, Y9
-	VPSLLW         $0x01, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y10, Y10
-	VPMADDUBSW     96(R8), Y10, Y10
-	VPSRLD         $0x10, Y9, Y11
-	VPADDW         Y11, Y9, Y9
-	VPSLLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPBLENDW       $0xaa, Y10, Y9, Y9
 	VPBROADCASTD   4(SP), Y10
 	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        80(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     64(R8), Y10, Y10
+	VPBROADCASTD   8(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     96(R8), Y11, Y10
+	VPBROADCASTD   12(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        112(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -51869,18 +51769,16 @@ sgroup:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     128(R8), Y10, Y10
-	VPSRLW         $0x01, Y7, Y12
-	VPAND          Y1, Y12, Y12
-	VPOR           Y12, Y11, Y11
-	VPMADDUBSW     160(R8), Y11, Y11
-	VPSRLD         $0x10, Y10, Y12
-	VPADDW         Y12, Y10, Y10
-	VPSLLD         $0x10, Y11, Y12
-	VPADDW         Y12, Y11, Y11
-	VPBLENDW       $0xaa, Y11, Y10, Y10
-	VPBROADCASTD   8(SP), Y11
-	VPMADDWD       Y11, Y10, Y10
+	VPBROADCASTD   16(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
 	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     160(R8), Y11, Y10
+	VPBROADCASTD   20(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        144(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -51889,16 +51787,14 @@ sgroup:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     192(R8), Y10, Y10
+	VPBROADCASTD   24(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
 	VPSRLW         $0x03, Y7, Y7
 	VPAND          Y1, Y7, Y7
 	VPOR           Y7, Y11, Y11
 	VPMADDUBSW     224(R8), Y11, Y7
-	VPSRLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPSLLD         $0x10, Y7, Y11
-	VPADDW         Y11, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y10, Y7
-	VPBROADCASTD   12(SP), Y10
+	VPBROADCASTD   28(SP), Y10
 	VPMADDWD       Y10, Y7, Y7
 	VPADDD         Y7, Y9, Y9
 	VPADDD         Y9, Y8, Y8
@@ -51914,36 +51810,32 @@ sgroup:
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y8, Y8
 	VPMADDUBSW     256(R8), Y8, Y8
+	VPBROADCASTD   32(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPSLLW         $0x03, Y7, Y10
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y9, Y9
 	VPMADDUBSW     288(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   32(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
-	VMOVDQU        256(DI), Y10
-	VPAND          Y0, Y10, Y9
-	VPSRLW         $0x04, Y10, Y10
-	VPAND          Y0, Y10, Y10
-	VPSLLW         $0x02, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y9, Y9
-	VPMADDUBSW     320(R8), Y9, Y9
-	VPSLLW         $0x01, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y10, Y10
-	VPMADDUBSW     352(R8), Y10, Y10
-	VPSRLD         $0x10, Y9, Y11
-	VPADDW         Y11, Y9, Y9
-	VPSLLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPBLENDW       $0xaa, Y10, Y9, Y9
 	VPBROADCASTD   36(SP), Y10
 	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        256(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     320(R8), Y10, Y10
+	VPBROADCASTD   40(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     352(R8), Y11, Y10
+	VPBROADCASTD   44(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        288(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -51952,18 +51844,16 @@ sgroup:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     384(R8), Y10, Y10
-	VPSRLW         $0x01, Y7, Y12
-	VPAND          Y1, Y12, Y12
-	VPOR           Y12, Y11, Y11
-	VPMADDUBSW     416(R8), Y11, Y11
-	VPSRLD         $0x10, Y10, Y12
-	VPADDW         Y12, Y10, Y10
-	VPSLLD         $0x10, Y11, Y12
-	VPADDW         Y12, Y11, Y11
-	VPBLENDW       $0xaa, Y11, Y10, Y10
-	VPBROADCASTD   40(SP), Y11
-	VPMADDWD       Y11, Y10, Y10
+	VPBROADCASTD   48(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
 	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     416(R8), Y11, Y10
+	VPBROADCASTD   52(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        320(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -51972,16 +51862,14 @@ sgroup:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     448(R8), Y10, Y10
+	VPBROADCASTD   56(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
 	VPSRLW         $0x03, Y7, Y7
 	VPAND          Y1, Y7, Y7
 	VPOR           Y7, Y11, Y11
 	VPMADDUBSW     480(R8), Y11, Y7
-	VPSRLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPSLLD         $0x10, Y7, Y11
-	VPADDW         Y11, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y10, Y7
-	VPBROADCASTD   44(SP), Y10
+	VPBROADCASTD   60(SP), Y10
 	VPMADDWD       Y10, Y7, Y7
 	VPADDD         Y7, Y9, Y9
 	VPADDD         Y9, Y8, Y8
@@ -51997,36 +51885,32 @@ sgroup:
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y8, Y8
 	VPMADDUBSW     512(R8), Y8, Y8
+	VPBROADCASTD   64(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPSLLW         $0x03, Y7, Y10
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y9, Y9
 	VPMADDUBSW     544(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   64(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
-	VMOVDQU        432(DI), Y10
-	VPAND          Y0, Y10, Y9
-	VPSRLW         $0x04, Y10, Y10
-	VPAND          Y0, Y10, Y10
-	VPSLLW         $0x02, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y9, Y9
-	VPMADDUBSW     576(R8), Y9, Y9
-	VPSLLW         $0x01, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y10, Y10
-	VPMADDUBSW     608(R8), Y10, Y10
-	VPSRLD         $0x10, Y9, Y11
-	VPADDW         Y11, Y9, Y9
-	VPSLLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPBLENDW       $0xaa, Y10, Y9, Y9
 	VPBROADCASTD   68(SP), Y10
 	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        432(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     576(R8), Y10, Y10
+	VPBROADCASTD   72(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     608(R8), Y11, Y10
+	VPBROADCASTD   76(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        464(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -52035,18 +51919,16 @@ sgroup:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     640(R8), Y10, Y10
-	VPSRLW         $0x01, Y7, Y12
-	VPAND          Y1, Y12, Y12
-	VPOR           Y12, Y11, Y11
-	VPMADDUBSW     672(R8), Y11, Y11
-	VPSRLD         $0x10, Y10, Y12
-	VPADDW         Y12, Y10, Y10
-	VPSLLD         $0x10, Y11, Y12
-	VPADDW         Y12, Y11, Y11
-	VPBLENDW       $0xaa, Y11, Y10, Y10
-	VPBROADCASTD   72(SP), Y11
-	VPMADDWD       Y11, Y10, Y10
+	VPBROADCASTD   80(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
 	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     672(R8), Y11, Y10
+	VPBROADCASTD   84(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        496(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -52055,16 +51937,14 @@ sgroup:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     704(R8), Y10, Y10
+	VPBROADCASTD   88(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
 	VPSRLW         $0x03, Y7, Y7
 	VPAND          Y1, Y7, Y7
 	VPOR           Y7, Y11, Y11
 	VPMADDUBSW     736(R8), Y11, Y7
-	VPSRLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPSLLD         $0x10, Y7, Y11
-	VPADDW         Y11, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y10, Y7
-	VPBROADCASTD   76(SP), Y10
+	VPBROADCASTD   92(SP), Y10
 	VPMADDWD       Y10, Y7, Y7
 	VPADDD         Y7, Y9, Y9
 	VPADDD         Y9, Y8, Y8
@@ -52080,36 +51960,32 @@ sgroup:
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y8, Y8
 	VPMADDUBSW     768(R8), Y8, Y8
+	VPBROADCASTD   96(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPSLLW         $0x03, Y7, Y10
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y9, Y9
 	VPMADDUBSW     800(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   96(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
-	VMOVDQU        608(DI), Y10
-	VPAND          Y0, Y10, Y9
-	VPSRLW         $0x04, Y10, Y10
-	VPAND          Y0, Y10, Y10
-	VPSLLW         $0x02, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y9, Y9
-	VPMADDUBSW     832(R8), Y9, Y9
-	VPSLLW         $0x01, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y10, Y10
-	VPMADDUBSW     864(R8), Y10, Y10
-	VPSRLD         $0x10, Y9, Y11
-	VPADDW         Y11, Y9, Y9
-	VPSLLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPBLENDW       $0xaa, Y10, Y9, Y9
 	VPBROADCASTD   100(SP), Y10
 	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        608(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     832(R8), Y10, Y10
+	VPBROADCASTD   104(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     864(R8), Y11, Y10
+	VPBROADCASTD   108(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        640(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -52118,18 +51994,16 @@ sgroup:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     896(R8), Y10, Y10
-	VPSRLW         $0x01, Y7, Y12
-	VPAND          Y1, Y12, Y12
-	VPOR           Y12, Y11, Y11
-	VPMADDUBSW     928(R8), Y11, Y11
-	VPSRLD         $0x10, Y10, Y12
-	VPADDW         Y12, Y10, Y10
-	VPSLLD         $0x10, Y11, Y12
-	VPADDW         Y12, Y11, Y11
-	VPBLENDW       $0xaa, Y11, Y10, Y10
-	VPBROADCASTD   104(SP), Y11
-	VPMADDWD       Y11, Y10, Y10
+	VPBROADCASTD   112(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
 	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     928(R8), Y11, Y10
+	VPBROADCASTD   116(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        672(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -52138,16 +52012,14 @@ sgroup:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     960(R8), Y10, Y10
+	VPBROADCASTD   120(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
 	VPSRLW         $0x03, Y7, Y7
 	VPAND          Y1, Y7, Y7
 	VPOR           Y7, Y11, Y11
 	VPMADDUBSW     992(R8), Y11, Y7
-	VPSRLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPSLLD         $0x10, Y7, Y11
-	VPADDW         Y11, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y10, Y7
-	VPBROADCASTD   108(SP), Y10
+	VPBROADCASTD   124(SP), Y10
 	VPMADDWD       Y10, Y7, Y7
 	VPADDD         Y7, Y9, Y9
 	VPADDD         Y9, Y8, Y8
@@ -52224,7 +52096,7 @@ sgroup:
 	ORQ            R12, R11
 	VMOVQ          R10, X2
 	VPBROADCASTQ   X2, Y2
-	VPSHUFB        q4kscchunk<>+0(SB), Y2, Y2
+	VPSHUFB        q4kscpairs<>+0(SB), Y2, Y2
 	VMOVDQU        Y2, (SP)
 	VMOVQ          R11, X2
 	VPMOVZXBW      X2, X2
@@ -52254,7 +52126,7 @@ sgroup:
 	ORQ            R12, R11
 	VMOVQ          R10, X3
 	VPBROADCASTQ   X3, Y4
-	VPSHUFB        q4kscchunk<>+0(SB), Y4, Y4
+	VPSHUFB        q4kscpairs<>+0(SB), Y4, Y4
 	VMOVDQU        Y4, 32(SP)
 	VMOVQ          R11, X4
 	VPMOVZXBW      X4, X4
@@ -52284,7 +52156,7 @@ sgroup:
 	ORQ            R12, R11
 	VMOVQ          R10, X3
 	VPBROADCASTQ   X3, Y5
-	VPSHUFB        q4kscchunk<>+0(SB), Y5, Y5
+	VPSHUFB        q4kscpairs<>+0(SB), Y5, Y5
 	VMOVDQU        Y5, 64(SP)
 	VMOVQ          R11, X5
 	VPMOVZXBW      X5, X5
@@ -52314,7 +52186,7 @@ sgroup:
 	ORQ            R12, R11
 	VMOVQ          R10, X3
 	VPBROADCASTQ   X3, Y6
-	VPSHUFB        q4kscchunk<>+0(SB), Y6, Y6
+	VPSHUFB        q4kscpairs<>+0(SB), Y6, Y6
 	VMOVDQU        Y6, 96(SP)
 	VMOVQ          R11, X6
 	VPMOVZXBW      X6, X6
@@ -52328,36 +52200,32 @@ sgroup:
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y8, Y8
 	VPMADDUBSW     (R8), Y8, Y8
+	VPBROADCASTD   (SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPSLLW         $0x03, Y7, Y10
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y9, Y9
 	VPMADDUBSW     32(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   (SP), Y9
-	VPMADDWD       Y9, Y8, Y8
-	VMOVDQU        80(DI), Y10
-	VPAND          Y0, Y10, Y9
-	VPSRLW         $0x04, Y10, Y10
-	VPAND          Y0, Y10, Y10
-	VPSLLW         $0x02, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y9, Y9
-	VPMADDUBSW     64(R8), Y9, Y9
-	VPSLLW         $0x01, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y10, Y10
-	VPMADDUBSW     96(R8), Y10, Y10
-	VPSRLD         $0x10, Y9, Y11
-	VPADDW         Y11, Y9, Y9
-	VPSLLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPBLENDW       $0xaa, Y10, Y9, Y9
 	VPBROADCASTD   4(SP), Y10
 	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        80(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     64(R8), Y10, Y10
+	VPBROADCASTD   8(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     96(R8), Y11, Y10
+	VPBROADCASTD   12(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        112(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -52366,18 +52234,16 @@ sgroup:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     128(R8), Y10, Y10
-	VPSRLW         $0x01, Y7, Y12
-	VPAND          Y1, Y12, Y12
-	VPOR           Y12, Y11, Y11
-	VPMADDUBSW     160(R8), Y11, Y11
-	VPSRLD         $0x10, Y10, Y12
-	VPADDW         Y12, Y10, Y10
-	VPSLLD         $0x10, Y11, Y12
-	VPADDW         Y12, Y11, Y11
-	VPBLENDW       $0xaa, Y11, Y10, Y10
-	VPBROADCASTD   8(SP), Y11
-	VPMADDWD       Y11, Y10, Y10
+	VPBROADCASTD   16(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
 	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     160(R8), Y11, Y10
+	VPBROADCASTD   20(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        144(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -52386,16 +52252,14 @@ sgroup:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     192(R8), Y10, Y10
+	VPBROADCASTD   24(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
 	VPSRLW         $0x03, Y7, Y7
 	VPAND          Y1, Y7, Y7
 	VPOR           Y7, Y11, Y11
 	VPMADDUBSW     224(R8), Y11, Y7
-	VPSRLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPSLLD         $0x10, Y7, Y11
-	VPADDW         Y11, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y10, Y7
-	VPBROADCASTD   12(SP), Y10
+	VPBROADCASTD   28(SP), Y10
 	VPMADDWD       Y10, Y7, Y7
 	VPADDD         Y7, Y9, Y9
 	VPADDD         Y9, Y8, Y8
@@ -52411,36 +52275,32 @@ sgroup:
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y8, Y8
 	VPMADDUBSW     256(R8), Y8, Y8
+	VPBROADCASTD   32(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPSLLW         $0x03, Y7, Y10
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y9, Y9
 	VPMADDUBSW     288(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   32(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
-	VMOVDQU        256(DI), Y10
-	VPAND          Y0, Y10, Y9
-	VPSRLW         $0x04, Y10, Y10
-	VPAND          Y0, Y10, Y10
-	VPSLLW         $0x02, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y9, Y9
-	VPMADDUBSW     320(R8), Y9, Y9
-	VPSLLW         $0x01, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y10, Y10
-	VPMADDUBSW     352(R8), Y10, Y10
-	VPSRLD         $0x10, Y9, Y11
-	VPADDW         Y11, Y9, Y9
-	VPSLLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPBLENDW       $0xaa, Y10, Y9, Y9
 	VPBROADCASTD   36(SP), Y10
 	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        256(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     320(R8), Y10, Y10
+	VPBROADCASTD   40(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     352(R8), Y11, Y10
+	VPBROADCASTD   44(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        288(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -52449,18 +52309,16 @@ sgroup:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     384(R8), Y10, Y10
-	VPSRLW         $0x01, Y7, Y12
-	VPAND          Y1, Y12, Y12
-	VPOR           Y12, Y11, Y11
-	VPMADDUBSW     416(R8), Y11, Y11
-	VPSRLD         $0x10, Y10, Y12
-	VPADDW         Y12, Y10, Y10
-	VPSLLD         $0x10, Y11, Y12
-	VPADDW         Y12, Y11, Y11
-	VPBLENDW       $0xaa, Y11, Y10, Y10
-	VPBROADCASTD   40(SP), Y11
-	VPMADDWD       Y11, Y10, Y10
+	VPBROADCASTD   48(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
 	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     416(R8), Y11, Y10
+	VPBROADCASTD   52(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        320(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -52469,16 +52327,14 @@ sgroup:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     448(R8), Y10, Y10
+	VPBROADCASTD   56(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
 	VPSRLW         $0x03, Y7, Y7
 	VPAND          Y1, Y7, Y7
 	VPOR           Y7, Y11, Y11
 	VPMADDUBSW     480(R8), Y11, Y7
-	VPSRLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPSLLD         $0x10, Y7, Y11
-	VPADDW         Y11, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y10, Y7
-	VPBROADCASTD   44(SP), Y10
+	VPBROADCASTD   60(SP), Y10
 	VPMADDWD       Y10, Y7, Y7
 	VPADDD         Y7, Y9, Y9
 	VPADDD         Y9, Y8, Y8
@@ -52494,36 +52350,32 @@ sgroup:
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y8, Y8
 	VPMADDUBSW     512(R8), Y8, Y8
+	VPBROADCASTD   64(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPSLLW         $0x03, Y7, Y10
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y9, Y9
 	VPMADDUBSW     544(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   64(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
-	VMOVDQU        432(DI), Y10
-	VPAND          Y0, Y10, Y9
-	VPSRLW         $0x04, Y10, Y10
-	VPAND          Y0, Y10, Y10
-	VPSLLW         $0x02, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y9, Y9
-	VPMADDUBSW     576(R8), Y9, Y9
-	VPSLLW         $0x01, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y10, Y10
-	VPMADDUBSW     608(R8), Y10, Y10
-	VPSRLD         $0x10, Y9, Y11
-	VPADDW         Y11, Y9, Y9
-	VPSLLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPBLENDW       $0xaa, Y10, Y9, Y9
 	VPBROADCASTD   68(SP), Y10
 	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        432(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     576(R8), Y10, Y10
+	VPBROADCASTD   72(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     608(R8), Y11, Y10
+	VPBROADCASTD   76(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        464(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -52532,18 +52384,16 @@ sgroup:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     640(R8), Y10, Y10
-	VPSRLW         $0x01, Y7, Y12
-	VPAND          Y1, Y12, Y12
-	VPOR           Y12, Y11, Y11
-	VPMADDUBSW     672(R8), Y11, Y11
-	VPSRLD         $0x10, Y10, Y12
-	VPADDW         Y12, Y10, Y10
-	VPSLLD         $0x10, Y11, Y12
-	VPADDW         Y12, Y11, Y11
-	VPBLENDW       $0xaa, Y11, Y10, Y10
-	VPBROADCASTD   72(SP), Y11
-	VPMADDWD       Y11, Y10, Y10
+	VPBROADCASTD   80(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
 	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     672(R8), Y11, Y10
+	VPBROADCASTD   84(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        496(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -52552,16 +52402,14 @@ sgroup:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     704(R8), Y10, Y10
+	VPBROADCASTD   88(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
 	VPSRLW         $0x03, Y7, Y7
 	VPAND          Y1, Y7, Y7
 	VPOR           Y7, Y11, Y11
 	VPMADDUBSW     736(R8), Y11, Y7
-	VPSRLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPSLLD         $0x10, Y7, Y11
-	VPADDW         Y11, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y10, Y7
-	VPBROADCASTD   76(SP), Y10
+	VPBROADCASTD   92(SP), Y10
 	VPMADDWD       Y10, Y7, Y7
 	VPADDD         Y7, Y9, Y9
 	VPADDD         Y9, Y8, Y8
@@ -52577,36 +52425,32 @@ sgroup:
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y8, Y8
 	VPMADDUBSW     768(R8), Y8, Y8
+	VPBROADCASTD   96(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPSLLW         $0x03, Y7, Y10
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y9, Y9
 	VPMADDUBSW     800(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   96(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
-	VMOVDQU        608(DI), Y10
-	VPAND          Y0, Y10, Y9
-	VPSRLW         $0x04, Y10, Y10
-	VPAND          Y0, Y10, Y10
-	VPSLLW         $0x02, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y9, Y9
-	VPMADDUBSW     832(R8), Y9, Y9
-	VPSLLW         $0x01, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y10, Y10
-	VPMADDUBSW     864(R8), Y10, Y10
-	VPSRLD         $0x10, Y9, Y11
-	VPADDW         Y11, Y9, Y9
-	VPSLLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPBLENDW       $0xaa, Y10, Y9, Y9
 	VPBROADCASTD   100(SP), Y10
 	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        608(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     832(R8), Y10, Y10
+	VPBROADCASTD   104(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     864(R8), Y11, Y10
+	VPBROADCASTD   108(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        640(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -52615,18 +52459,16 @@ sgroup:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     896(R8), Y10, Y10
-	VPSRLW         $0x01, Y7, Y12
-	VPAND          Y1, Y12, Y12
-	VPOR           Y12, Y11, Y11
-	VPMADDUBSW     928(R8), Y11, Y11
-	VPSRLD         $0x10, Y10, Y12
-	VPADDW         Y12, Y10, Y10
-	VPSLLD         $0x10, Y11, Y12
-	VPADDW         Y12, Y11, Y11
-	VPBLENDW       $0xaa, Y11, Y10, Y10
-	VPBROADCASTD   104(SP), Y11
-	VPMADDWD       Y11, Y10, Y10
+	VPBROADCASTD   112(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
 	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     928(R8), Y11, Y10
+	VPBROADCASTD   116(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        672(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -52635,16 +52477,14 @@ sgroup:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     960(R8), Y10, Y10
+	VPBROADCASTD   120(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
 	VPSRLW         $0x03, Y7, Y7
 	VPAND          Y1, Y7, Y7
 	VPOR           Y7, Y11, Y11
 	VPMADDUBSW     992(R8), Y11, Y7
-	VPSRLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPSLLD         $0x10, Y7, Y11
-	VPADDW         Y11, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y10, Y7
-	VPBROADCASTD   108(SP), Y10
+	VPBROADCASTD   124(SP), Y10
 	VPMADDWD       Y10, Y7, Y7
 	VPADDD         Y7, Y9, Y9
 	VPADDD         Y9, Y8, Y8
@@ -52751,7 +52591,7 @@ group:
 	ORQ            R12, R11
 	VMOVQ          R10, X2
 	VPBROADCASTQ   X2, Y2
-	VPSHUFB        q4kscchunk<>+0(SB), Y2, Y2
+	VPSHUFB        q4kscpairs<>+0(SB), Y2, Y2
 	VMOVDQU        Y2, (SP)
 	VMOVQ          R11, X2
 	VPMOVZXBW      X2, X2
@@ -52781,7 +52621,7 @@ group:
 	ORQ            R12, R11
 	VMOVQ          R10, X3
 	VPBROADCASTQ   X3, Y4
-	VPSHUFB        q4kscchunk<>+0(SB), Y4, Y4
+	VPSHUFB        q4kscpairs<>+0(SB), Y4, Y4
 	VMOVDQU        Y4, 32(SP)
 	VMOVQ          R11, X4
 	VPMOVZXBW      X4, X4
@@ -52811,7 +52651,7 @@ group:
 	ORQ            R12, R11
 	VMOVQ          R10, X3
 	VPBROADCASTQ   X3, Y5
-	VPSHUFB        q4kscchunk<>+0(SB), Y5, Y5
+	VPSHUFB        q4kscpairs<>+0(SB), Y5, Y5
 	VMOVDQU        Y5, 64(SP)
 	VMOVQ          R11, X5
 	VPMOVZXBW      X5, X5
@@ -52841,7 +52681,7 @@ group:
 	ORQ            R12, R11
 	VMOVQ          R10, X3
 	VPBROADCASTQ   X3, Y6
-	VPSHUFB        q4kscchunk<>+0(SB), Y6, Y6
+	VPSHUFB        q4kscpairs<>+0(SB), Y6, Y6
 	VMOVDQU        Y6, 96(SP)
 	VMOVQ          R11, X6
 	VPMOVZXBW      X6, X6
@@ -52855,36 +52695,32 @@ group:
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y8, Y8
 	VPMADDUBSW     (R8), Y8, Y8
+	VPBROADCASTD   (SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPSLLW         $0x03, Y7, Y10
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y9, Y9
 	VPMADDUBSW     32(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   (SP), Y9
-	VPMADDWD       Y9, Y8, Y8
-	VMOVDQU        80(DI), Y10
-	VPAND          Y0, Y10, Y9
-	VPSRLW         $0x04, Y10, Y10
-	VPAND          Y0, Y10, Y10
-	VPSLLW         $0x02, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y9, Y9
-	VPMADDUBSW     64(R8), Y9, Y9
-	VPSLLW         $0x01, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y10, Y10
-	VPMADDUBSW     96(R8), Y10, Y10
-	VPSRLD         $0x10, Y9, Y11
-	VPADDW         Y11, Y9, Y9
-	VPSLLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPBLENDW       $0xaa, Y10, Y9, Y9
 	VPBROADCASTD   4(SP), Y10
 	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        80(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     64(R8), Y10, Y10
+	VPBROADCASTD   8(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     96(R8), Y11, Y10
+	VPBROADCASTD   12(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        112(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -52893,18 +52729,16 @@ group:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     128(R8), Y10, Y10
-	VPSRLW         $0x01, Y7, Y12
-	VPAND          Y1, Y12, Y12
-	VPOR           Y12, Y11, Y11
-	VPMADDUBSW     160(R8), Y11, Y11
-	VPSRLD         $0x10, Y10, Y12
-	VPADDW         Y12, Y10, Y10
-	VPSLLD         $0x10, Y11, Y12
-	VPADDW         Y12, Y11, Y11
-	VPBLENDW       $0xaa, Y11, Y10, Y10
-	VPBROADCASTD   8(SP), Y11
-	VPMADDWD       Y11, Y10, Y10
+	VPBROADCASTD   16(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
 	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     160(R8), Y11, Y10
+	VPBROADCASTD   20(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        144(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -52913,16 +52747,14 @@ group:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     192(R8), Y10, Y10
+	VPBROADCASTD   24(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
 	VPSRLW         $0x03, Y7, Y7
 	VPAND          Y1, Y7, Y7
 	VPOR           Y7, Y11, Y11
 	VPMADDUBSW     224(R8), Y11, Y7
-	VPSRLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPSLLD         $0x10, Y7, Y11
-	VPADDW         Y11, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y10, Y7
-	VPBROADCASTD   12(SP), Y10
+	VPBROADCASTD   28(SP), Y10
 	VPMADDWD       Y10, Y7, Y7
 	VPADDD         Y7, Y9, Y9
 	VPADDD         Y9, Y8, Y8
@@ -52938,36 +52770,32 @@ group:
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y8, Y8
 	VPMADDUBSW     256(R8), Y8, Y8
+	VPBROADCASTD   32(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPSLLW         $0x03, Y7, Y10
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y9, Y9
 	VPMADDUBSW     288(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   32(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
-	VMOVDQU        256(DI), Y10
-	VPAND          Y0, Y10, Y9
-	VPSRLW         $0x04, Y10, Y10
-	VPAND          Y0, Y10, Y10
-	VPSLLW         $0x02, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y9, Y9
-	VPMADDUBSW     320(R8), Y9, Y9
-	VPSLLW         $0x01, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y10, Y10
-	VPMADDUBSW     352(R8), Y10, Y10
-	VPSRLD         $0x10, Y9, Y11
-	VPADDW         Y11, Y9, Y9
-	VPSLLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPBLENDW       $0xaa, Y10, Y9, Y9
 	VPBROADCASTD   36(SP), Y10
 	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        256(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     320(R8), Y10, Y10
+	VPBROADCASTD   40(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     352(R8), Y11, Y10
+	VPBROADCASTD   44(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        288(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -52976,18 +52804,16 @@ group:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     384(R8), Y10, Y10
-	VPSRLW         $0x01, Y7, Y12
-	VPAND          Y1, Y12, Y12
-	VPOR           Y12, Y11, Y11
-	VPMADDUBSW     416(R8), Y11, Y11
-	VPSRLD         $0x10, Y10, Y12
-	VPADDW         Y12, Y10, Y10
-	VPSLLD         $0x10, Y11, Y12
-	VPADDW         Y12, Y11, Y11
-	VPBLENDW       $0xaa, Y11, Y10, Y10
-	VPBROADCASTD   40(SP), Y11
-	VPMADDWD       Y11, Y10, Y10
+	VPBROADCASTD   48(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
 	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     416(R8), Y11, Y10
+	VPBROADCASTD   52(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        320(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -52996,16 +52822,14 @@ group:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     448(R8), Y10, Y10
+	VPBROADCASTD   56(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
 	VPSRLW         $0x03, Y7, Y7
 	VPAND          Y1, Y7, Y7
 	VPOR           Y7, Y11, Y11
 	VPMADDUBSW     480(R8), Y11, Y7
-	VPSRLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPSLLD         $0x10, Y7, Y11
-	VPADDW         Y11, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y10, Y7
-	VPBROADCASTD   44(SP), Y10
+	VPBROADCASTD   60(SP), Y10
 	VPMADDWD       Y10, Y7, Y7
 	VPADDD         Y7, Y9, Y9
 	VPADDD         Y9, Y8, Y8
@@ -53021,36 +52845,32 @@ group:
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y8, Y8
 	VPMADDUBSW     512(R8), Y8, Y8
+	VPBROADCASTD   64(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPSLLW         $0x03, Y7, Y10
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y9, Y9
 	VPMADDUBSW     544(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   64(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
-	VMOVDQU        432(DI), Y10
-	VPAND          Y0, Y10, Y9
-	VPSRLW         $0x04, Y10, Y10
-	VPAND          Y0, Y10, Y10
-	VPSLLW         $0x02, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y9, Y9
-	VPMADDUBSW     576(R8), Y9, Y9
-	VPSLLW         $0x01, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y10, Y10
-	VPMADDUBSW     608(R8), Y10, Y10
-	VPSRLD         $0x10, Y9, Y11
-	VPADDW         Y11, Y9, Y9
-	VPSLLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPBLENDW       $0xaa, Y10, Y9, Y9
 	VPBROADCASTD   68(SP), Y10
 	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        432(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     576(R8), Y10, Y10
+	VPBROADCASTD   72(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     608(R8), Y11, Y10
+	VPBROADCASTD   76(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        464(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -53059,18 +52879,16 @@ group:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     640(R8), Y10, Y10
-	VPSRLW         $0x01, Y7, Y12
-	VPAND          Y1, Y12, Y12
-	VPOR           Y12, Y11, Y11
-	VPMADDUBSW     672(R8), Y11, Y11
-	VPSRLD         $0x10, Y10, Y12
-	VPADDW         Y12, Y10, Y10
-	VPSLLD         $0x10, Y11, Y12
-	VPADDW         Y12, Y11, Y11
-	VPBLENDW       $0xaa, Y11, Y10, Y10
-	VPBROADCASTD   72(SP), Y11
-	VPMADDWD       Y11, Y10, Y10
+	VPBROADCASTD   80(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
 	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     672(R8), Y11, Y10
+	VPBROADCASTD   84(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        496(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -53079,16 +52897,14 @@ group:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     704(R8), Y10, Y10
+	VPBROADCASTD   88(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
 	VPSRLW         $0x03, Y7, Y7
 	VPAND          Y1, Y7, Y7
 	VPOR           Y7, Y11, Y11
 	VPMADDUBSW     736(R8), Y11, Y7
-	VPSRLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPSLLD         $0x10, Y7, Y11
-	VPADDW         Y11, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y10, Y7
-	VPBROADCASTD   76(SP), Y10
+	VPBROADCASTD   92(SP), Y10
 	VPMADDWD       Y10, Y7, Y7
 	VPADDD         Y7, Y9, Y9
 	VPADDD         Y9, Y8, Y8
@@ -53104,36 +52920,32 @@ group:
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y8, Y8
 	VPMADDUBSW     768(R8), Y8, Y8
+	VPBROADCASTD   96(SP), Y10
+	VPMADDWD       Y10, Y8, Y8
 	VPSLLW         $0x03, Y7, Y10
 	VPAND          Y1, Y10, Y10
 	VPOR           Y10, Y9, Y9
 	VPMADDUBSW     800(R8), Y9, Y9
-	VPSRLD         $0x10, Y8, Y10
-	VPADDW         Y10, Y8, Y8
-	VPSLLD         $0x10, Y9, Y10
-	VPADDW         Y10, Y9, Y9
-	VPBLENDW       $0xaa, Y9, Y8, Y8
-	VPBROADCASTD   96(SP), Y9
-	VPMADDWD       Y9, Y8, Y8
-	VMOVDQU        608(DI), Y10
-	VPAND          Y0, Y10, Y9
-	VPSRLW         $0x04, Y10, Y10
-	VPAND          Y0, Y10, Y10
-	VPSLLW         $0x02, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y9, Y9
-	VPMADDUBSW     832(R8), Y9, Y9
-	VPSLLW         $0x01, Y7, Y11
-	VPAND          Y1, Y11, Y11
-	VPOR           Y11, Y10, Y10
-	VPMADDUBSW     864(R8), Y10, Y10
-	VPSRLD         $0x10, Y9, Y11
-	VPADDW         Y11, Y9, Y9
-	VPSLLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPBLENDW       $0xaa, Y10, Y9, Y9
 	VPBROADCASTD   100(SP), Y10
 	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        608(DI), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y7, Y12
+	VPAND          Y1, Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     832(R8), Y10, Y10
+	VPBROADCASTD   104(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
+	VPSLLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     864(R8), Y11, Y10
+	VPBROADCASTD   108(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        640(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -53142,18 +52954,16 @@ group:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     896(R8), Y10, Y10
-	VPSRLW         $0x01, Y7, Y12
-	VPAND          Y1, Y12, Y12
-	VPOR           Y12, Y11, Y11
-	VPMADDUBSW     928(R8), Y11, Y11
-	VPSRLD         $0x10, Y10, Y12
-	VPADDW         Y12, Y10, Y10
-	VPSLLD         $0x10, Y11, Y12
-	VPADDW         Y12, Y11, Y11
-	VPBLENDW       $0xaa, Y11, Y10, Y10
-	VPBROADCASTD   104(SP), Y11
-	VPMADDWD       Y11, Y10, Y10
+	VPBROADCASTD   112(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
 	VPADDD         Y10, Y8, Y8
+	VPSRLW         $0x01, Y7, Y10
+	VPAND          Y1, Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     928(R8), Y11, Y10
+	VPBROADCASTD   116(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
 	VMOVDQU        672(DI), Y11
 	VPAND          Y0, Y11, Y10
 	VPSRLW         $0x04, Y11, Y11
@@ -53162,16 +52972,14 @@ group:
 	VPAND          Y1, Y12, Y12
 	VPOR           Y12, Y10, Y10
 	VPMADDUBSW     960(R8), Y10, Y10
+	VPBROADCASTD   120(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y8, Y8
 	VPSRLW         $0x03, Y7, Y7
 	VPAND          Y1, Y7, Y7
 	VPOR           Y7, Y11, Y11
 	VPMADDUBSW     992(R8), Y11, Y7
-	VPSRLD         $0x10, Y10, Y11
-	VPADDW         Y11, Y10, Y10
-	VPSLLD         $0x10, Y7, Y11
-	VPADDW         Y11, Y7, Y7
-	VPBLENDW       $0xaa, Y7, Y10, Y7
-	VPBROADCASTD   108(SP), Y10
+	VPBROADCASTD   124(SP), Y10
 	VPMADDWD       Y10, Y7, Y7
 	VPADDD         Y7, Y9, Y9
 	VPADDD         Y9, Y8, Y8

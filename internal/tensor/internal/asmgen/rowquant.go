@@ -722,10 +722,8 @@ func pack2x32(base GPVirtual, disp, stride int) GPVirtual {
 // the 6-bit scales and mins are unpacked in GP registers, the scales
 // spread to int16 pairs in a stack slot; the levels (nibbles, with Q5_K
 // the fifth bits from qh) times the activations by VPMADDUBSW (exact: at
-// most 31·128·2 per pair); each sub-block's word pairs summed in int16
-// (exact), two sub-blocks' sums interleaved in the words of one vector
-// and times their two scales by one VPMADDWD (4 per super-block, not 8);
-// the mins times the activation sums per 32 by VPMADDWD.
+// most 31·127·2 per pair), times the scales by VPDPWSSD (VPMADDWD and
+// VPADDD on AVX2); the mins times the activation sums per 32 by VPMADDWD.
 // I (8 lanes folded to 4) and M (4 lanes) of 4 super-blocks share one
 // tree: its result is I₀..I₃, M₀..M₃.
 func rowQ4K(avx512, five bool) {
@@ -743,15 +741,14 @@ func rowQ4K(avx512, five bool) {
 	if five {
 		c10 = k.splatY(0x10101010)
 	}
-	// (sc_2c, sc_2c+1) word pairs (the two sub-blocks of chunk c) from
-	// the 8 scale bytes, in both halves.
+	// (sc_j, sc_j) word pairs from the 8 scale bytes in both halves.
 	var scb []byte
-	for range 2 {
-		for c := range 4 {
-			scb = append(scb, byte(2*c), 0x80, byte(2*c+1), 0x80)
+	for h := range 2 {
+		for j := range 4 {
+			scb = append(scb, byte(4*h+j), 0x80, byte(4*h+j), 0x80)
 		}
 	}
-	scShuf := table("q4kscchunk", scb)
+	scShuf := table("q4kscpairs", scb)
 	// d|dmin dwords to d₀..d₃, dmin₀..dmin₃ words.
 	dShuf := table("q4kdsplit", []byte{0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15})
 	negHi := table("negmhalf", []byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
@@ -803,7 +800,6 @@ func rowQ4K(avx512, five bool) {
 				VPAND(c0f, hi, lo)
 				VPSRLW(U8(4), hi, hi)
 				VPAND(c0f, hi, hi)
-				var ps [2]VecVirtual
 				for h, v := range []VecVirtual{lo, hi} {
 					if five {
 						// Bit 2c (2c+1) of each qh byte to bit 4.
@@ -823,26 +819,16 @@ func rowQ4K(avx512, five bool) {
 							VPOR(f, v, v)
 						}
 					}
-					ps[h] = YMM()
-					VPMADDUBSW(Mem{Base: xq, Disp: 256*t + 64*c + 32*h}, v, ps[h])
-				}
-				// The word pairs of each sub-block summed in int16
-				// (exact: at most 2·2·31·128), sub-block 2c's in the
-				// low word of each dword, 2c+1's in the high one, so
-				// one VPMADDWD applies both scales.
-				a, bh, p := YMM(), YMM(), YMM()
-				VPSRLD(U8(16), ps[0], a)
-				VPADDW(a, ps[0], ps[0])
-				VPSLLD(U8(16), ps[1], bh)
-				VPADDW(bh, ps[1], ps[1])
-				VPBLENDW(U8(0xaa), ps[1], ps[0], p)
-				if c < nacc {
-					s := YMM()
-					VPBROADCASTD(stash.Offset(32*t+4*c), s)
-					acc[c] = YMM()
-					VPMADDWD(s, p, acc[c])
-				} else {
-					k.pairDot(stash.Offset(32*t+4*c), true, p, acc[c%nacc])
+					p := YMM()
+					VPMADDUBSW(Mem{Base: xq, Disp: 256*t + 64*c + 32*h}, v, p)
+					if j := 2*c + h; j < nacc {
+						s := YMM()
+						VPBROADCASTD(stash.Offset(32*t+4*j), s)
+						acc[j] = YMM()
+						VPMADDWD(s, p, acc[j])
+					} else {
+						k.pairDot(stash.Offset(32*t+4*j), true, p, acc[j%nacc])
+					}
 				}
 			}
 			for i := 1; i < nacc; i++ {
