@@ -316,16 +316,19 @@ func TestEveryLevelGetsFreshPromptsAndTheTargetsTheSame(t *testing.T) {
 }
 
 func TestSearchRateFindsTheKneeOfAFakeTarget(t *testing.T) {
-	// One prefill at a time, 10 ms each: capacity 100 req/s. With TTFT ≤ 40
-	// ms for 90% of requests, the M/D/1 queue allows roughly 60–75 req/s;
-	// the search must land between 25 and 100.
-	f := &latencyServer{prefill: 10 * time.Millisecond, tpot: time.Millisecond}
+	// One prefill at a time, 20 ms each: capacity 50 req/s. With TTFT ≤
+	// 100 ms for 90% of requests, the M/D/1 queue allows roughly 30–45
+	// req/s; the search must land between 10 and 50. The objective leaves
+	// 80 ms for the host's scheduling delays at low rates: CI's two cores
+	// run other test packages beside this one (with 10 ms and 40 ms it
+	// found no rate at all under a load average of 14).
+	f := &latencyServer{prefill: 20 * time.Millisecond, tpot: time.Millisecond}
 	srv := httptest.NewServer(f)
 	defer srv.Close()
 	p := &Plan{
 		Targets: []Target{{"fake", srv.URL}}, Model: "m", Loads: []Load{{Rate: 1}},
 		Workload: workload.Lengths("fixed", 1, 50, workload.Fixed(4), workload.Fixed(3), testPool),
-		Timeout:  10 * time.Second, SLO: SLO{TTFT: 40 * time.Millisecond},
+		Timeout:  10 * time.Second, SLO: SLO{TTFT: 100 * time.Millisecond},
 	}
 	var observed []float64
 	observe := func(target string, rate float64) func(*Result) {
@@ -336,7 +339,7 @@ func TestSearchRateFindsTheKneeOfAFakeTarget(t *testing.T) {
 			observed = append(observed, rate)
 		}
 	}
-	res, err := SearchRate(context.Background(), p, SearchConfig{Target: 0.9, Low: 25, High: 400, Steps: 2, Observe: observe}, nil)
+	res, err := SearchRate(context.Background(), p, SearchConfig{Target: 0.9, Low: 10, High: 200, Steps: 2, Observe: observe}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,8 +352,8 @@ func TestSearchRateFindsTheKneeOfAFakeTarget(t *testing.T) {
 		t.Errorf("Observe saw rates %v, the search tried %v", observed, tried)
 	}
 	t.Logf("max rate %.1f, points %+v", got.MaxRate, got.Points)
-	if got.MaxRate < 25 || got.MaxRate > 100 {
-		t.Errorf("max rate %.1f req/s, want 25–100 for a 100 req/s server", got.MaxRate)
+	if got.MaxRate < 10 || got.MaxRate > 50 {
+		t.Errorf("max rate %.1f req/s, want 10–50 for a 50 req/s server", got.MaxRate)
 	}
 	if last := got.Points[len(got.Points)-1]; len(got.Points) < 4 || last.Rate <= 0 {
 		t.Errorf("points %+v", got.Points)
