@@ -378,18 +378,22 @@ func row8Q6KAVX2() {
 //     per 128-bit half) unpacked by vector ops from the 16 bytes d, dmin,
 //     scales: two VPSHUFBs gather the bytes each scale and min is made of,
 //     a VPSRLVD, a VPSRLW, two ANDs and an OR put the bits in place (see
-//     k4Unpack); the scales spread to (sc, sc) word pairs in a stack slot,
-//     the mins times the activation's sums per 32 by VPMADDWD, reduced by
-//     one tree to the 8 rows' M in the lanes of one vector; the d|dmin
-//     dwords of the 8 rows gathered by unpacks into one vector;
-//   - per row, rowQ4K's dot products (the levels times the activations by
-//     VPMADDUBSW, times the scale pairs by VPMADDWD), the 8 rows' partial
-//     sums reduced to the 8 rows' I in the lanes of one vector;
+//     k4Unpack); the scales widened to words (Q4_K) or spread to (sc, sc)
+//     word pairs (Q5_K) in a stack slot, the mins times the activation's
+//     sums per 32 by VPMADDWD, reduced by one tree to the 8 rows' M in the
+//     lanes of one vector; the d|dmin dwords of the 8 rows gathered by
+//     unpacks into one vector;
+//   - per row, the dot products (the levels times the activations by
+//     VPMADDUBSW, times the scales by VPMADDWD: see dot), the 8 rows'
+//     partial sums reduced to the 8 rows' I in the lanes of one vector;
 //   - the definition's two chains per super-block, fma(I, d·dy) then
 //     fma(−M, dmin·dy), in the lanes of one accumulator.
 //
 // No scratch, no phase 2, no GP work per row but the addresses. Like
-// row8Q6KAVX2 it has no software prefetch.
+// row8Q6KAVX2 it has no software prefetch. On the Zen 2, with the weights
+// in L1, it runs at 22–24 GB/s against the two-phase kernel's 16 (Q4_K:
+// 22 cycles a row's super-block, of which the dot products' 12 multiplies
+// and ~35 other vector ops take most; unpacking the scales and mins ~12%).
 func row8Q4KAVX2(five bool) {
 	k := &rowKern{group: 4}
 	nm, bytes, qs := "Q4_K", 144, 16
@@ -416,14 +420,20 @@ func row8Q4KAVX2(five bool) {
 	x := Load(Param("x"), GP64()).(GPVirtual)
 	meta := Load(Param("meta"), GP64()).(GPVirtual)
 	aux := Load(Param("aux"), GP64()).(GPVirtual)
-	// Stack: the scale pairs of the 8 rows (64 bytes per two rows: rows
-	// i and i + 4's pairs of scales 0..3, then of 4..7), then −M as f32
+	// Stack: Q4_K's scale words (32 bytes per two rows: rows i and i + 4's
+	// sc₀..sc₇) or Q5_K's scale pairs (64 bytes per two rows: rows i and
+	// i + 4's (sc, sc) pairs of scales 0..3, then of 4..7), then −M as f32
 	// and the products dmin·dy and d·dy of the super-block.
-	stash := AllocLocal(256 + 96)
+	sb := 128
+	if five {
+		sb = 256
+	}
+	stash := AllocLocal(sb + 96)
+	wordAt := func(r, c int) Mem { return stash.Offset(32*(r%4) + 16*(r/4) + 4*c) }
 	pairAt := func(r, j int) Mem {
 		return stash.Offset(64*(r%4) + 32*(j/4) + 16*(r/4) + 4*(j%4))
 	}
-	negM, sM, sD := stash.Offset(256), stash.Offset(288), stash.Offset(320)
+	negM, sM, sD := stash.Offset(sb), stash.Offset(sb+32), stash.Offset(sb+64)
 	acc := ymmZero()
 	Label("super")
 	// The scales and mins of rows i and i + 4, and the 8 rows' d|dmin.
@@ -439,11 +449,17 @@ func row8Q4KAVX2(five bool) {
 			VMOVDQU(rows.at(i, 0), hv[h].AsX())
 			VINSERTI128(U8(1), rows.at(i+4, 0), hv[h], hv[h])
 			sc := k4Unpack(u, hv[h])
-			lo, hi := YMM(), YMM()
-			VPSHUFB(u.pairLo, sc, lo)
-			VPSHUFB(u.pairHi, sc, hi)
-			VMOVDQU(lo, stash.Offset(64*i))
-			VMOVDQU(hi, stash.Offset(64*i+32))
+			if five {
+				lo, hi := YMM(), YMM()
+				VPSHUFB(u.pairLo, sc, lo)
+				VPSHUFB(u.pairHi, sc, hi)
+				VMOVDQU(lo, stash.Offset(64*i))
+				VMOVDQU(hi, stash.Offset(64*i+32))
+			} else {
+				sw := YMM()
+				VPSHUFB(u.scWords, sc, sw)
+				VMOVDQU(sw, stash.Offset(32*i))
+			}
 			VPSHUFB(u.minWords, sc, sc)
 			mv[i] = YMM()
 			VPMADDWD(bs, sc, mv[i])
@@ -473,7 +489,15 @@ func row8Q4KAVX2(five bool) {
 	VMULPS(dy, sd, sd)
 	VMOVUPS(sd, sD)
 	// The levels of row r times the activations and the scales: 8 dword
-	// partial sums of I.
+	// partial sums of I. Each sub-block's 16 int16 pair sums by
+	// VPMADDUBSW; Q5_K's times their scale pair by VPMADDWD, one per
+	// sub-block as rowQ4K does; Q4_K's of sub-blocks 2c and 2c + 1 first
+	// summed two pairs to a word (at most 4·15·127 = 7,620: exact), the
+	// first sub-block's in the low word of each dword, the other's in the
+	// high (an unpack each way and a VPADDW), then one VPMADDWD by
+	// (sc₂c, sc₂c₊₁) for both: 12 multiplies a row instead of 16, for 8
+	// more shuffles; Q5_K, with 7 more shifts a row for its fifth bits,
+	// ran 3% slower so, Q4_K 11% faster (docs/performance.md).
 	dot := func(r int) VecVirtual {
 		blk := func(d int) Mem { return rows.at(r, d) }
 		var qh VecVirtual
@@ -488,6 +512,7 @@ func row8Q4KAVX2(five bool) {
 			VPAND(c0f, hi, lo)
 			VPSRLW(U8(4), hi, hi)
 			VPAND(c0f, hi, hi)
+			var p [2]VecVirtual
 			for h, v := range []VecVirtual{lo, hi} {
 				if five {
 					// Bit 2c + h of each qh byte to bit 4.
@@ -503,17 +528,36 @@ func row8Q4KAVX2(five bool) {
 					VPAND(c10, f, f)
 					VPOR(f, v, v)
 				}
-				p := YMM()
-				VPMADDUBSW(Mem{Base: x, Disp: 64*c + 32*h}, v, p)
+				p[h] = YMM()
+				VPMADDUBSW(Mem{Base: x, Disp: 64*c + 32*h}, v, p[h])
+				if !five {
+					continue
+				}
 				s := YMM()
 				VPBROADCASTD(pairAt(r, 2*c+h), s)
 				if c == 0 {
 					ac[h] = YMM()
-					VPMADDWD(s, p, ac[h])
+					VPMADDWD(s, p[h], ac[h])
 				} else {
-					VPMADDWD(s, p, p)
-					VPADDD(p, ac[h], ac[h])
+					VPMADDWD(s, p[h], p[h])
+					VPADDD(p[h], ac[h], ac[h])
 				}
+			}
+			if five {
+				continue
+			}
+			l, hw := YMM(), YMM()
+			VPUNPCKLWD(p[1], p[0], l)
+			VPUNPCKHWD(p[1], p[0], hw)
+			VPADDW(hw, l, l)
+			s := YMM()
+			VPBROADCASTD(wordAt(r, c), s)
+			if c < 2 {
+				ac[c] = YMM()
+				VPMADDWD(s, l, ac[c])
+			} else {
+				VPMADDWD(s, l, l)
+				VPADDD(l, ac[c%2], ac[c%2])
 			}
 		}
 		VPADDD(ac[1], ac[0], ac[0])
@@ -567,9 +611,9 @@ type k4Tables struct {
 	// idxL, idxH, shr, maskL, mask30: k4Unpack's (per 128-bit half).
 	idxL, idxH, shr, maskL, mask30 Mem
 	// pairLo and pairHi spread scales 0..3 and 4..7 to (sc, sc) word
-	// pairs, minWords the mins to words; dSplit splits 4 d|dmin dwords
+	// pairs, scWords widens the scales to words, minWords the mins; dSplit splits 4 d|dmin dwords
 	// into d₀..d₃, dmin₀..dmin₃; sign is the f32 sign bit.
-	pairLo, pairHi, minWords, dSplit, sign Mem
+	pairLo, pairHi, scWords, minWords, dSplit, sign Mem
 }
 
 // k4UnpackTables emits the tables of k4Unpack and row8Q4KAVX2.
@@ -583,7 +627,7 @@ func k4UnpackTables() k4Tables {
 	l := []byte{4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15}
 	h := []byte{z, z, z, z, 4, 5, 6, 7, z, z, z, z, 8, 9, 10, 11}
 	shr := []byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0}
-	var maskL, mask30, pairLo, pairHi, minWords []byte
+	var maskL, mask30, pairLo, pairHi, scWords, minWords []byte
 	for k := range 16 {
 		if k/4%2 == 0 {
 			maskL = append(maskL, 0x3f)
@@ -597,6 +641,7 @@ func k4UnpackTables() k4Tables {
 		pairHi = append(pairHi, byte(4+j), z, byte(4+j), z)
 	}
 	for j := range 8 {
+		scWords = append(scWords, byte(j), z)
 		minWords = append(minWords, byte(8+j), z)
 	}
 	var sign []byte
@@ -611,6 +656,7 @@ func k4UnpackTables() k4Tables {
 		mask30:   table("k4unpack30", dup(mask30)),
 		pairLo:   table("k4pairlo", dup(pairLo)),
 		pairHi:   table("k4pairhi", dup(pairHi)),
+		scWords:  table("k4scwords", dup(scWords)),
 		minWords: table("k4minwords", dup(minWords)),
 		dSplit:   table("k4dsplit", dup([]byte{0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15})),
 		sign:     table("f32sign8", sign),
