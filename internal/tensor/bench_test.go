@@ -258,7 +258,7 @@ func BenchmarkQuantMatMul(b *testing.B) {
 // over rotating quantized matrices of ~320 MiB in all, so that the weights
 // come from DRAM as in decode (compare BenchmarkMatMulColdBF16).
 func BenchmarkQuantMatMulCold(b *testing.B) {
-	for _, d := range []DType{Q8_0, Q4_K, Q6_K} {
+	for _, d := range []DType{Q8_0, Q4_K, Q5_K, Q6_K} {
 		for _, s := range []struct{ n, k int }{{2048, 2048}, {8192, 2048}, {576, 1536}} {
 			rng := rand.New(rand.NewPCG(2, 2))
 			rb, _ := d.RowBytes(s.k)

@@ -56106,6 +56106,1638 @@ DATA rowc30<>+30(SB)/1, $0x30
 DATA rowc30<>+31(SB)/1, $0x30
 GLOBL rowc30<>(SB), RODATA|NOPTR, $32
 
+// func qrow8Q4_KAVX2(w *byte, lds int, nb int, x *int8, meta *uint32, aux *uint32, out *float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qrow8Q4_KAVX2(SB), NOSPLIT, $224-56
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         w+0(FP), AX
+	MOVQ         lds+8(FP), CX
+	LEAQ         (CX)(CX*2), DX
+	LEAQ         (AX)(CX*4), BX
+	MOVQ         nb+16(FP), SI
+	MOVQ         x+24(FP), DI
+	MOVQ         meta+32(FP), R8
+	MOVQ         aux+40(FP), R9
+	VXORPS       Y1, Y1, Y1
+
+super:
+	VBROADCASTI128 16(R8), Y2
+	VMOVDQU        (AX), X3
+	VINSERTI128    $0x01, (BX), Y3, Y3
+	VPSHUFB        k4unpackl<>+0(SB), Y3, Y4
+	VPSHUFB        k4unpackh<>+0(SB), Y3, Y5
+	VPSRLVD        k4unpackshr<>+0(SB), Y4, Y4
+	VPAND          k4unpackmask<>+0(SB), Y4, Y4
+	VPSRLW         $0x02, Y5, Y5
+	VPAND          k4unpack30<>+0(SB), Y5, Y5
+	VPOR           Y5, Y4, Y4
+	VPSHUFB        k4scwords<>+0(SB), Y4, Y5
+	VMOVDQU        Y5, (SP)
+	VPSHUFB        k4minwords<>+0(SB), Y4, Y4
+	VPMADDWD       Y2, Y4, Y4
+	VMOVDQU        (AX)(CX*1), X6
+	VINSERTI128    $0x01, (BX)(CX*1), Y6, Y6
+	VPSHUFB        k4unpackl<>+0(SB), Y6, Y5
+	VPSHUFB        k4unpackh<>+0(SB), Y6, Y9
+	VPSRLVD        k4unpackshr<>+0(SB), Y5, Y5
+	VPAND          k4unpackmask<>+0(SB), Y5, Y5
+	VPSRLW         $0x02, Y9, Y9
+	VPAND          k4unpack30<>+0(SB), Y9, Y9
+	VPOR           Y9, Y5, Y5
+	VPSHUFB        k4scwords<>+0(SB), Y5, Y9
+	VMOVDQU        Y9, 32(SP)
+	VPSHUFB        k4minwords<>+0(SB), Y5, Y5
+	VPMADDWD       Y2, Y5, Y5
+	VPUNPCKLDQ     Y6, Y3, Y9
+	VMOVDQU        (AX)(CX*2), X7
+	VINSERTI128    $0x01, (BX)(CX*2), Y7, Y7
+	VPSHUFB        k4unpackl<>+0(SB), Y7, Y10
+	VPSHUFB        k4unpackh<>+0(SB), Y7, Y11
+	VPSRLVD        k4unpackshr<>+0(SB), Y10, Y10
+	VPAND          k4unpackmask<>+0(SB), Y10, Y10
+	VPSRLW         $0x02, Y11, Y11
+	VPAND          k4unpack30<>+0(SB), Y11, Y11
+	VPOR           Y11, Y10, Y10
+	VPSHUFB        k4scwords<>+0(SB), Y10, Y11
+	VMOVDQU        Y11, 64(SP)
+	VPSHUFB        k4minwords<>+0(SB), Y10, Y10
+	VPMADDWD       Y2, Y10, Y10
+	VMOVDQU        (AX)(DX*1), X8
+	VINSERTI128    $0x01, (BX)(DX*1), Y8, Y8
+	VPSHUFB        k4unpackl<>+0(SB), Y8, Y11
+	VPSHUFB        k4unpackh<>+0(SB), Y8, Y12
+	VPSRLVD        k4unpackshr<>+0(SB), Y11, Y11
+	VPAND          k4unpackmask<>+0(SB), Y11, Y11
+	VPSRLW         $0x02, Y12, Y12
+	VPAND          k4unpack30<>+0(SB), Y12, Y12
+	VPOR           Y12, Y11, Y11
+	VPSHUFB        k4scwords<>+0(SB), Y11, Y12
+	VMOVDQU        Y12, 96(SP)
+	VPSHUFB        k4minwords<>+0(SB), Y11, Y11
+	VPMADDWD       Y2, Y11, Y2
+	VPUNPCKLDQ     Y8, Y7, Y11
+	VPUNPCKLQDQ    Y11, Y9, Y9
+	VPUNPCKLDQ     Y5, Y4, Y11
+	VPUNPCKHDQ     Y5, Y4, Y4
+	VPADDD         Y4, Y11, Y11
+	VPUNPCKLDQ     Y2, Y10, Y4
+	VPUNPCKHDQ     Y2, Y10, Y2
+	VPADDD         Y2, Y4, Y4
+	VPUNPCKLQDQ    Y4, Y11, Y2
+	VPUNPCKHQDQ    Y4, Y11, Y4
+	VPADDD         Y4, Y2, Y2
+	VCVTDQ2PS      Y2, Y2
+	VXORPS         f32sign8<>+0(SB), Y2, Y2
+	VMOVUPS        Y2, 128(SP)
+	VPSHUFB        k4dsplit<>+0(SB), Y9, Y9
+	VPERMQ         $0xd8, Y9, Y9
+	VBROADCASTSS   (R9), Y2
+	VEXTRACTI128   $0x01, Y9, X3
+	VCVTPH2PS      X3, Y4
+	VMULPS         Y2, Y4, Y4
+	VMOVUPS        Y4, 160(SP)
+	VCVTPH2PS      X9, Y4
+	VMULPS         Y2, Y4, Y4
+	VMOVUPS        Y4, 192(SP)
+	VMOVDQU        16(AX), Y4
+	VPAND          Y0, Y4, Y2
+	VPSRLW         $0x04, Y4, Y4
+	VPAND          Y0, Y4, Y4
+	VPMADDUBSW     (DI), Y2, Y2
+	VPMADDUBSW     32(DI), Y4, Y4
+	VPUNPCKLWD     Y4, Y2, Y5
+	VPUNPCKHWD     Y4, Y2, Y2
+	VPADDW         Y2, Y5, Y5
+	VPBROADCASTD   (SP), Y2
+	VPMADDWD       Y2, Y5, Y2
+	VMOVDQU        48(AX), Y5
+	VPAND          Y0, Y5, Y4
+	VPSRLW         $0x04, Y5, Y5
+	VPAND          Y0, Y5, Y5
+	VPMADDUBSW     64(DI), Y4, Y4
+	VPMADDUBSW     96(DI), Y5, Y5
+	VPUNPCKLWD     Y5, Y4, Y9
+	VPUNPCKHWD     Y5, Y4, Y4
+	VPADDW         Y4, Y9, Y9
+	VPBROADCASTD   4(SP), Y4
+	VPMADDWD       Y4, Y9, Y4
+	VMOVDQU        80(AX), Y9
+	VPAND          Y0, Y9, Y5
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     128(DI), Y5, Y5
+	VPMADDUBSW     160(DI), Y9, Y9
+	VPUNPCKLWD     Y9, Y5, Y10
+	VPUNPCKHWD     Y9, Y5, Y5
+	VPADDW         Y5, Y10, Y10
+	VPBROADCASTD   8(SP), Y5
+	VPMADDWD       Y5, Y10, Y10
+	VPADDD         Y10, Y2, Y2
+	VMOVDQU        112(AX), Y9
+	VPAND          Y0, Y9, Y5
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     192(DI), Y5, Y5
+	VPMADDUBSW     224(DI), Y9, Y9
+	VPUNPCKLWD     Y9, Y5, Y10
+	VPUNPCKHWD     Y9, Y5, Y5
+	VPADDW         Y5, Y10, Y10
+	VPBROADCASTD   12(SP), Y5
+	VPMADDWD       Y5, Y10, Y10
+	VPADDD         Y10, Y4, Y4
+	VPADDD         Y4, Y2, Y2
+	VMOVDQU        16(AX)(CX*1), Y5
+	VPAND          Y0, Y5, Y4
+	VPSRLW         $0x04, Y5, Y5
+	VPAND          Y0, Y5, Y5
+	VPMADDUBSW     (DI), Y4, Y4
+	VPMADDUBSW     32(DI), Y5, Y5
+	VPUNPCKLWD     Y5, Y4, Y9
+	VPUNPCKHWD     Y5, Y4, Y4
+	VPADDW         Y4, Y9, Y9
+	VPBROADCASTD   32(SP), Y4
+	VPMADDWD       Y4, Y9, Y4
+	VMOVDQU        48(AX)(CX*1), Y9
+	VPAND          Y0, Y9, Y5
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     64(DI), Y5, Y5
+	VPMADDUBSW     96(DI), Y9, Y9
+	VPUNPCKLWD     Y9, Y5, Y10
+	VPUNPCKHWD     Y9, Y5, Y5
+	VPADDW         Y5, Y10, Y10
+	VPBROADCASTD   36(SP), Y5
+	VPMADDWD       Y5, Y10, Y5
+	VMOVDQU        80(AX)(CX*1), Y10
+	VPAND          Y0, Y10, Y9
+	VPSRLW         $0x04, Y10, Y10
+	VPAND          Y0, Y10, Y10
+	VPMADDUBSW     128(DI), Y9, Y9
+	VPMADDUBSW     160(DI), Y10, Y10
+	VPUNPCKLWD     Y10, Y9, Y11
+	VPUNPCKHWD     Y10, Y9, Y9
+	VPADDW         Y9, Y11, Y11
+	VPBROADCASTD   40(SP), Y9
+	VPMADDWD       Y9, Y11, Y11
+	VPADDD         Y11, Y4, Y4
+	VMOVDQU        112(AX)(CX*1), Y10
+	VPAND          Y0, Y10, Y9
+	VPSRLW         $0x04, Y10, Y10
+	VPAND          Y0, Y10, Y10
+	VPMADDUBSW     192(DI), Y9, Y9
+	VPMADDUBSW     224(DI), Y10, Y10
+	VPUNPCKLWD     Y10, Y9, Y11
+	VPUNPCKHWD     Y10, Y9, Y9
+	VPADDW         Y9, Y11, Y11
+	VPBROADCASTD   44(SP), Y9
+	VPMADDWD       Y9, Y11, Y11
+	VPADDD         Y11, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VPUNPCKLDQ     Y4, Y2, Y5
+	VPUNPCKHDQ     Y4, Y2, Y2
+	VPADDD         Y2, Y5, Y5
+	VMOVDQU        16(AX)(CX*2), Y4
+	VPAND          Y0, Y4, Y2
+	VPSRLW         $0x04, Y4, Y4
+	VPAND          Y0, Y4, Y4
+	VPMADDUBSW     (DI), Y2, Y2
+	VPMADDUBSW     32(DI), Y4, Y4
+	VPUNPCKLWD     Y4, Y2, Y9
+	VPUNPCKHWD     Y4, Y2, Y2
+	VPADDW         Y2, Y9, Y9
+	VPBROADCASTD   64(SP), Y2
+	VPMADDWD       Y2, Y9, Y2
+	VMOVDQU        48(AX)(CX*2), Y9
+	VPAND          Y0, Y9, Y4
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     64(DI), Y4, Y4
+	VPMADDUBSW     96(DI), Y9, Y9
+	VPUNPCKLWD     Y9, Y4, Y10
+	VPUNPCKHWD     Y9, Y4, Y4
+	VPADDW         Y4, Y10, Y10
+	VPBROADCASTD   68(SP), Y4
+	VPMADDWD       Y4, Y10, Y4
+	VMOVDQU        80(AX)(CX*2), Y10
+	VPAND          Y0, Y10, Y9
+	VPSRLW         $0x04, Y10, Y10
+	VPAND          Y0, Y10, Y10
+	VPMADDUBSW     128(DI), Y9, Y9
+	VPMADDUBSW     160(DI), Y10, Y10
+	VPUNPCKLWD     Y10, Y9, Y11
+	VPUNPCKHWD     Y10, Y9, Y9
+	VPADDW         Y9, Y11, Y11
+	VPBROADCASTD   72(SP), Y9
+	VPMADDWD       Y9, Y11, Y11
+	VPADDD         Y11, Y2, Y2
+	VMOVDQU        112(AX)(CX*2), Y10
+	VPAND          Y0, Y10, Y9
+	VPSRLW         $0x04, Y10, Y10
+	VPAND          Y0, Y10, Y10
+	VPMADDUBSW     192(DI), Y9, Y9
+	VPMADDUBSW     224(DI), Y10, Y10
+	VPUNPCKLWD     Y10, Y9, Y11
+	VPUNPCKHWD     Y10, Y9, Y9
+	VPADDW         Y9, Y11, Y11
+	VPBROADCASTD   76(SP), Y9
+	VPMADDWD       Y9, Y11, Y11
+	VPADDD         Y11, Y4, Y4
+	VPADDD         Y4, Y2, Y2
+	VMOVDQU        16(AX)(DX*1), Y9
+	VPAND          Y0, Y9, Y4
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     (DI), Y4, Y4
+	VPMADDUBSW     32(DI), Y9, Y9
+	VPUNPCKLWD     Y9, Y4, Y10
+	VPUNPCKHWD     Y9, Y4, Y4
+	VPADDW         Y4, Y10, Y10
+	VPBROADCASTD   96(SP), Y4
+	VPMADDWD       Y4, Y10, Y4
+	VMOVDQU        48(AX)(DX*1), Y10
+	VPAND          Y0, Y10, Y9
+	VPSRLW         $0x04, Y10, Y10
+	VPAND          Y0, Y10, Y10
+	VPMADDUBSW     64(DI), Y9, Y9
+	VPMADDUBSW     96(DI), Y10, Y10
+	VPUNPCKLWD     Y10, Y9, Y11
+	VPUNPCKHWD     Y10, Y9, Y9
+	VPADDW         Y9, Y11, Y11
+	VPBROADCASTD   100(SP), Y9
+	VPMADDWD       Y9, Y11, Y9
+	VMOVDQU        80(AX)(DX*1), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPMADDUBSW     128(DI), Y10, Y10
+	VPMADDUBSW     160(DI), Y11, Y11
+	VPUNPCKLWD     Y11, Y10, Y12
+	VPUNPCKHWD     Y11, Y10, Y10
+	VPADDW         Y10, Y12, Y12
+	VPBROADCASTD   104(SP), Y10
+	VPMADDWD       Y10, Y12, Y12
+	VPADDD         Y12, Y4, Y4
+	VMOVDQU        112(AX)(DX*1), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPMADDUBSW     192(DI), Y10, Y10
+	VPMADDUBSW     224(DI), Y11, Y11
+	VPUNPCKLWD     Y11, Y10, Y12
+	VPUNPCKHWD     Y11, Y10, Y10
+	VPADDW         Y10, Y12, Y12
+	VPBROADCASTD   108(SP), Y10
+	VPMADDWD       Y10, Y12, Y12
+	VPADDD         Y12, Y9, Y9
+	VPADDD         Y9, Y4, Y4
+	VPUNPCKLDQ     Y4, Y2, Y9
+	VPUNPCKHDQ     Y4, Y2, Y2
+	VPADDD         Y2, Y9, Y9
+	VPUNPCKLQDQ    Y9, Y5, Y2
+	VPUNPCKHQDQ    Y9, Y5, Y4
+	VPADDD         Y4, Y2, Y2
+	VMOVDQU        16(BX), Y5
+	VPAND          Y0, Y5, Y4
+	VPSRLW         $0x04, Y5, Y5
+	VPAND          Y0, Y5, Y5
+	VPMADDUBSW     (DI), Y4, Y4
+	VPMADDUBSW     32(DI), Y5, Y5
+	VPUNPCKLWD     Y5, Y4, Y9
+	VPUNPCKHWD     Y5, Y4, Y4
+	VPADDW         Y4, Y9, Y9
+	VPBROADCASTD   16(SP), Y4
+	VPMADDWD       Y4, Y9, Y4
+	VMOVDQU        48(BX), Y9
+	VPAND          Y0, Y9, Y5
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     64(DI), Y5, Y5
+	VPMADDUBSW     96(DI), Y9, Y9
+	VPUNPCKLWD     Y9, Y5, Y10
+	VPUNPCKHWD     Y9, Y5, Y5
+	VPADDW         Y5, Y10, Y10
+	VPBROADCASTD   20(SP), Y5
+	VPMADDWD       Y5, Y10, Y5
+	VMOVDQU        80(BX), Y10
+	VPAND          Y0, Y10, Y9
+	VPSRLW         $0x04, Y10, Y10
+	VPAND          Y0, Y10, Y10
+	VPMADDUBSW     128(DI), Y9, Y9
+	VPMADDUBSW     160(DI), Y10, Y10
+	VPUNPCKLWD     Y10, Y9, Y11
+	VPUNPCKHWD     Y10, Y9, Y9
+	VPADDW         Y9, Y11, Y11
+	VPBROADCASTD   24(SP), Y9
+	VPMADDWD       Y9, Y11, Y11
+	VPADDD         Y11, Y4, Y4
+	VMOVDQU        112(BX), Y10
+	VPAND          Y0, Y10, Y9
+	VPSRLW         $0x04, Y10, Y10
+	VPAND          Y0, Y10, Y10
+	VPMADDUBSW     192(DI), Y9, Y9
+	VPMADDUBSW     224(DI), Y10, Y10
+	VPUNPCKLWD     Y10, Y9, Y11
+	VPUNPCKHWD     Y10, Y9, Y9
+	VPADDW         Y9, Y11, Y11
+	VPBROADCASTD   28(SP), Y9
+	VPMADDWD       Y9, Y11, Y11
+	VPADDD         Y11, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VMOVDQU        16(BX)(CX*1), Y9
+	VPAND          Y0, Y9, Y5
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPMADDUBSW     (DI), Y5, Y5
+	VPMADDUBSW     32(DI), Y9, Y9
+	VPUNPCKLWD     Y9, Y5, Y10
+	VPUNPCKHWD     Y9, Y5, Y5
+	VPADDW         Y5, Y10, Y10
+	VPBROADCASTD   48(SP), Y5
+	VPMADDWD       Y5, Y10, Y5
+	VMOVDQU        48(BX)(CX*1), Y10
+	VPAND          Y0, Y10, Y9
+	VPSRLW         $0x04, Y10, Y10
+	VPAND          Y0, Y10, Y10
+	VPMADDUBSW     64(DI), Y9, Y9
+	VPMADDUBSW     96(DI), Y10, Y10
+	VPUNPCKLWD     Y10, Y9, Y11
+	VPUNPCKHWD     Y10, Y9, Y9
+	VPADDW         Y9, Y11, Y11
+	VPBROADCASTD   52(SP), Y9
+	VPMADDWD       Y9, Y11, Y9
+	VMOVDQU        80(BX)(CX*1), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPMADDUBSW     128(DI), Y10, Y10
+	VPMADDUBSW     160(DI), Y11, Y11
+	VPUNPCKLWD     Y11, Y10, Y12
+	VPUNPCKHWD     Y11, Y10, Y10
+	VPADDW         Y10, Y12, Y12
+	VPBROADCASTD   56(SP), Y10
+	VPMADDWD       Y10, Y12, Y12
+	VPADDD         Y12, Y5, Y5
+	VMOVDQU        112(BX)(CX*1), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPMADDUBSW     192(DI), Y10, Y10
+	VPMADDUBSW     224(DI), Y11, Y11
+	VPUNPCKLWD     Y11, Y10, Y12
+	VPUNPCKHWD     Y11, Y10, Y10
+	VPADDW         Y10, Y12, Y12
+	VPBROADCASTD   60(SP), Y10
+	VPMADDWD       Y10, Y12, Y12
+	VPADDD         Y12, Y9, Y9
+	VPADDD         Y9, Y5, Y5
+	VPUNPCKLDQ     Y5, Y4, Y9
+	VPUNPCKHDQ     Y5, Y4, Y4
+	VPADDD         Y4, Y9, Y9
+	VMOVDQU        16(BX)(CX*2), Y5
+	VPAND          Y0, Y5, Y4
+	VPSRLW         $0x04, Y5, Y5
+	VPAND          Y0, Y5, Y5
+	VPMADDUBSW     (DI), Y4, Y4
+	VPMADDUBSW     32(DI), Y5, Y5
+	VPUNPCKLWD     Y5, Y4, Y10
+	VPUNPCKHWD     Y5, Y4, Y4
+	VPADDW         Y4, Y10, Y10
+	VPBROADCASTD   80(SP), Y4
+	VPMADDWD       Y4, Y10, Y4
+	VMOVDQU        48(BX)(CX*2), Y10
+	VPAND          Y0, Y10, Y5
+	VPSRLW         $0x04, Y10, Y10
+	VPAND          Y0, Y10, Y10
+	VPMADDUBSW     64(DI), Y5, Y5
+	VPMADDUBSW     96(DI), Y10, Y10
+	VPUNPCKLWD     Y10, Y5, Y11
+	VPUNPCKHWD     Y10, Y5, Y5
+	VPADDW         Y5, Y11, Y11
+	VPBROADCASTD   84(SP), Y5
+	VPMADDWD       Y5, Y11, Y5
+	VMOVDQU        80(BX)(CX*2), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPMADDUBSW     128(DI), Y10, Y10
+	VPMADDUBSW     160(DI), Y11, Y11
+	VPUNPCKLWD     Y11, Y10, Y12
+	VPUNPCKHWD     Y11, Y10, Y10
+	VPADDW         Y10, Y12, Y12
+	VPBROADCASTD   88(SP), Y10
+	VPMADDWD       Y10, Y12, Y12
+	VPADDD         Y12, Y4, Y4
+	VMOVDQU        112(BX)(CX*2), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPMADDUBSW     192(DI), Y10, Y10
+	VPMADDUBSW     224(DI), Y11, Y11
+	VPUNPCKLWD     Y11, Y10, Y12
+	VPUNPCKHWD     Y11, Y10, Y10
+	VPADDW         Y10, Y12, Y12
+	VPBROADCASTD   92(SP), Y10
+	VPMADDWD       Y10, Y12, Y12
+	VPADDD         Y12, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VMOVDQU        16(BX)(DX*1), Y10
+	VPAND          Y0, Y10, Y5
+	VPSRLW         $0x04, Y10, Y10
+	VPAND          Y0, Y10, Y10
+	VPMADDUBSW     (DI), Y5, Y5
+	VPMADDUBSW     32(DI), Y10, Y10
+	VPUNPCKLWD     Y10, Y5, Y11
+	VPUNPCKHWD     Y10, Y5, Y5
+	VPADDW         Y5, Y11, Y11
+	VPBROADCASTD   112(SP), Y5
+	VPMADDWD       Y5, Y11, Y5
+	VMOVDQU        48(BX)(DX*1), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPMADDUBSW     64(DI), Y10, Y10
+	VPMADDUBSW     96(DI), Y11, Y11
+	VPUNPCKLWD     Y11, Y10, Y12
+	VPUNPCKHWD     Y11, Y10, Y10
+	VPADDW         Y10, Y12, Y12
+	VPBROADCASTD   116(SP), Y10
+	VPMADDWD       Y10, Y12, Y10
+	VMOVDQU        80(BX)(DX*1), Y12
+	VPAND          Y0, Y12, Y11
+	VPSRLW         $0x04, Y12, Y12
+	VPAND          Y0, Y12, Y12
+	VPMADDUBSW     128(DI), Y11, Y11
+	VPMADDUBSW     160(DI), Y12, Y12
+	VPUNPCKLWD     Y12, Y11, Y13
+	VPUNPCKHWD     Y12, Y11, Y11
+	VPADDW         Y11, Y13, Y13
+	VPBROADCASTD   120(SP), Y11
+	VPMADDWD       Y11, Y13, Y13
+	VPADDD         Y13, Y5, Y5
+	VMOVDQU        112(BX)(DX*1), Y12
+	VPAND          Y0, Y12, Y11
+	VPSRLW         $0x04, Y12, Y12
+	VPAND          Y0, Y12, Y12
+	VPMADDUBSW     192(DI), Y11, Y11
+	VPMADDUBSW     224(DI), Y12, Y12
+	VPUNPCKLWD     Y12, Y11, Y13
+	VPUNPCKHWD     Y12, Y11, Y11
+	VPADDW         Y11, Y13, Y13
+	VPBROADCASTD   124(SP), Y11
+	VPMADDWD       Y11, Y13, Y13
+	VPADDD         Y13, Y10, Y10
+	VPADDD         Y10, Y5, Y5
+	VPUNPCKLDQ     Y5, Y4, Y10
+	VPUNPCKHDQ     Y5, Y4, Y4
+	VPADDD         Y4, Y10, Y10
+	VPUNPCKLQDQ    Y10, Y9, Y4
+	VPUNPCKHQDQ    Y10, Y9, Y5
+	VPADDD         Y5, Y4, Y4
+	VPERM2I128     $0x20, Y4, Y2, Y5
+	VPERM2I128     $0x31, Y4, Y2, Y2
+	VPADDD         Y2, Y5, Y5
+	VCVTDQ2PS      Y5, Y2
+	VFMADD231PS    192(SP), Y2, Y1
+	VMOVUPS        128(SP), Y2
+	VFMADD231PS    160(SP), Y2, Y1
+	ADDQ           $0x00000090, AX
+	ADDQ           $0x00000090, BX
+	ADDQ           $0x00000100, DI
+	ADDQ           $0x40, R8
+	ADDQ           $0x04, R9
+	DECQ           SI
+	JNE            super
+	MOVQ           out+48(FP), AX
+	VMOVUPS        Y1, (AX)
+	VZEROUPPER
+	RET
+
+DATA k4unpackl<>+0(SB)/1, $0x04
+DATA k4unpackl<>+1(SB)/1, $0x05
+DATA k4unpackl<>+2(SB)/1, $0x06
+DATA k4unpackl<>+3(SB)/1, $0x07
+DATA k4unpackl<>+4(SB)/1, $0x0c
+DATA k4unpackl<>+5(SB)/1, $0x0d
+DATA k4unpackl<>+6(SB)/1, $0x0e
+DATA k4unpackl<>+7(SB)/1, $0x0f
+DATA k4unpackl<>+8(SB)/1, $0x08
+DATA k4unpackl<>+9(SB)/1, $0x09
+DATA k4unpackl<>+10(SB)/1, $0x0a
+DATA k4unpackl<>+11(SB)/1, $0x0b
+DATA k4unpackl<>+12(SB)/1, $0x0c
+DATA k4unpackl<>+13(SB)/1, $0x0d
+DATA k4unpackl<>+14(SB)/1, $0x0e
+DATA k4unpackl<>+15(SB)/1, $0x0f
+DATA k4unpackl<>+16(SB)/1, $0x04
+DATA k4unpackl<>+17(SB)/1, $0x05
+DATA k4unpackl<>+18(SB)/1, $0x06
+DATA k4unpackl<>+19(SB)/1, $0x07
+DATA k4unpackl<>+20(SB)/1, $0x0c
+DATA k4unpackl<>+21(SB)/1, $0x0d
+DATA k4unpackl<>+22(SB)/1, $0x0e
+DATA k4unpackl<>+23(SB)/1, $0x0f
+DATA k4unpackl<>+24(SB)/1, $0x08
+DATA k4unpackl<>+25(SB)/1, $0x09
+DATA k4unpackl<>+26(SB)/1, $0x0a
+DATA k4unpackl<>+27(SB)/1, $0x0b
+DATA k4unpackl<>+28(SB)/1, $0x0c
+DATA k4unpackl<>+29(SB)/1, $0x0d
+DATA k4unpackl<>+30(SB)/1, $0x0e
+DATA k4unpackl<>+31(SB)/1, $0x0f
+GLOBL k4unpackl<>(SB), RODATA|NOPTR, $32
+
+DATA k4unpackh<>+0(SB)/1, $0x80
+DATA k4unpackh<>+1(SB)/1, $0x80
+DATA k4unpackh<>+2(SB)/1, $0x80
+DATA k4unpackh<>+3(SB)/1, $0x80
+DATA k4unpackh<>+4(SB)/1, $0x04
+DATA k4unpackh<>+5(SB)/1, $0x05
+DATA k4unpackh<>+6(SB)/1, $0x06
+DATA k4unpackh<>+7(SB)/1, $0x07
+DATA k4unpackh<>+8(SB)/1, $0x80
+DATA k4unpackh<>+9(SB)/1, $0x80
+DATA k4unpackh<>+10(SB)/1, $0x80
+DATA k4unpackh<>+11(SB)/1, $0x80
+DATA k4unpackh<>+12(SB)/1, $0x08
+DATA k4unpackh<>+13(SB)/1, $0x09
+DATA k4unpackh<>+14(SB)/1, $0x0a
+DATA k4unpackh<>+15(SB)/1, $0x0b
+DATA k4unpackh<>+16(SB)/1, $0x80
+DATA k4unpackh<>+17(SB)/1, $0x80
+DATA k4unpackh<>+18(SB)/1, $0x80
+DATA k4unpackh<>+19(SB)/1, $0x80
+DATA k4unpackh<>+20(SB)/1, $0x04
+DATA k4unpackh<>+21(SB)/1, $0x05
+DATA k4unpackh<>+22(SB)/1, $0x06
+DATA k4unpackh<>+23(SB)/1, $0x07
+DATA k4unpackh<>+24(SB)/1, $0x80
+DATA k4unpackh<>+25(SB)/1, $0x80
+DATA k4unpackh<>+26(SB)/1, $0x80
+DATA k4unpackh<>+27(SB)/1, $0x80
+DATA k4unpackh<>+28(SB)/1, $0x08
+DATA k4unpackh<>+29(SB)/1, $0x09
+DATA k4unpackh<>+30(SB)/1, $0x0a
+DATA k4unpackh<>+31(SB)/1, $0x0b
+GLOBL k4unpackh<>(SB), RODATA|NOPTR, $32
+
+DATA k4unpackshr<>+0(SB)/1, $0x00
+DATA k4unpackshr<>+1(SB)/1, $0x00
+DATA k4unpackshr<>+2(SB)/1, $0x00
+DATA k4unpackshr<>+3(SB)/1, $0x00
+DATA k4unpackshr<>+4(SB)/1, $0x00
+DATA k4unpackshr<>+5(SB)/1, $0x00
+DATA k4unpackshr<>+6(SB)/1, $0x00
+DATA k4unpackshr<>+7(SB)/1, $0x00
+DATA k4unpackshr<>+8(SB)/1, $0x00
+DATA k4unpackshr<>+9(SB)/1, $0x00
+DATA k4unpackshr<>+10(SB)/1, $0x00
+DATA k4unpackshr<>+11(SB)/1, $0x00
+DATA k4unpackshr<>+12(SB)/1, $0x04
+DATA k4unpackshr<>+13(SB)/1, $0x00
+DATA k4unpackshr<>+14(SB)/1, $0x00
+DATA k4unpackshr<>+15(SB)/1, $0x00
+DATA k4unpackshr<>+16(SB)/1, $0x00
+DATA k4unpackshr<>+17(SB)/1, $0x00
+DATA k4unpackshr<>+18(SB)/1, $0x00
+DATA k4unpackshr<>+19(SB)/1, $0x00
+DATA k4unpackshr<>+20(SB)/1, $0x00
+DATA k4unpackshr<>+21(SB)/1, $0x00
+DATA k4unpackshr<>+22(SB)/1, $0x00
+DATA k4unpackshr<>+23(SB)/1, $0x00
+DATA k4unpackshr<>+24(SB)/1, $0x00
+DATA k4unpackshr<>+25(SB)/1, $0x00
+DATA k4unpackshr<>+26(SB)/1, $0x00
+DATA k4unpackshr<>+27(SB)/1, $0x00
+DATA k4unpackshr<>+28(SB)/1, $0x04
+DATA k4unpackshr<>+29(SB)/1, $0x00
+DATA k4unpackshr<>+30(SB)/1, $0x00
+DATA k4unpackshr<>+31(SB)/1, $0x00
+GLOBL k4unpackshr<>(SB), RODATA|NOPTR, $32
+
+DATA k4unpackmask<>+0(SB)/1, $0x3f
+DATA k4unpackmask<>+1(SB)/1, $0x3f
+DATA k4unpackmask<>+2(SB)/1, $0x3f
+DATA k4unpackmask<>+3(SB)/1, $0x3f
+DATA k4unpackmask<>+4(SB)/1, $0x0f
+DATA k4unpackmask<>+5(SB)/1, $0x0f
+DATA k4unpackmask<>+6(SB)/1, $0x0f
+DATA k4unpackmask<>+7(SB)/1, $0x0f
+DATA k4unpackmask<>+8(SB)/1, $0x3f
+DATA k4unpackmask<>+9(SB)/1, $0x3f
+DATA k4unpackmask<>+10(SB)/1, $0x3f
+DATA k4unpackmask<>+11(SB)/1, $0x3f
+DATA k4unpackmask<>+12(SB)/1, $0x0f
+DATA k4unpackmask<>+13(SB)/1, $0x0f
+DATA k4unpackmask<>+14(SB)/1, $0x0f
+DATA k4unpackmask<>+15(SB)/1, $0x0f
+DATA k4unpackmask<>+16(SB)/1, $0x3f
+DATA k4unpackmask<>+17(SB)/1, $0x3f
+DATA k4unpackmask<>+18(SB)/1, $0x3f
+DATA k4unpackmask<>+19(SB)/1, $0x3f
+DATA k4unpackmask<>+20(SB)/1, $0x0f
+DATA k4unpackmask<>+21(SB)/1, $0x0f
+DATA k4unpackmask<>+22(SB)/1, $0x0f
+DATA k4unpackmask<>+23(SB)/1, $0x0f
+DATA k4unpackmask<>+24(SB)/1, $0x3f
+DATA k4unpackmask<>+25(SB)/1, $0x3f
+DATA k4unpackmask<>+26(SB)/1, $0x3f
+DATA k4unpackmask<>+27(SB)/1, $0x3f
+DATA k4unpackmask<>+28(SB)/1, $0x0f
+DATA k4unpackmask<>+29(SB)/1, $0x0f
+DATA k4unpackmask<>+30(SB)/1, $0x0f
+DATA k4unpackmask<>+31(SB)/1, $0x0f
+GLOBL k4unpackmask<>(SB), RODATA|NOPTR, $32
+
+DATA k4unpack30<>+0(SB)/1, $0x30
+DATA k4unpack30<>+1(SB)/1, $0x30
+DATA k4unpack30<>+2(SB)/1, $0x30
+DATA k4unpack30<>+3(SB)/1, $0x30
+DATA k4unpack30<>+4(SB)/1, $0x30
+DATA k4unpack30<>+5(SB)/1, $0x30
+DATA k4unpack30<>+6(SB)/1, $0x30
+DATA k4unpack30<>+7(SB)/1, $0x30
+DATA k4unpack30<>+8(SB)/1, $0x30
+DATA k4unpack30<>+9(SB)/1, $0x30
+DATA k4unpack30<>+10(SB)/1, $0x30
+DATA k4unpack30<>+11(SB)/1, $0x30
+DATA k4unpack30<>+12(SB)/1, $0x30
+DATA k4unpack30<>+13(SB)/1, $0x30
+DATA k4unpack30<>+14(SB)/1, $0x30
+DATA k4unpack30<>+15(SB)/1, $0x30
+DATA k4unpack30<>+16(SB)/1, $0x30
+DATA k4unpack30<>+17(SB)/1, $0x30
+DATA k4unpack30<>+18(SB)/1, $0x30
+DATA k4unpack30<>+19(SB)/1, $0x30
+DATA k4unpack30<>+20(SB)/1, $0x30
+DATA k4unpack30<>+21(SB)/1, $0x30
+DATA k4unpack30<>+22(SB)/1, $0x30
+DATA k4unpack30<>+23(SB)/1, $0x30
+DATA k4unpack30<>+24(SB)/1, $0x30
+DATA k4unpack30<>+25(SB)/1, $0x30
+DATA k4unpack30<>+26(SB)/1, $0x30
+DATA k4unpack30<>+27(SB)/1, $0x30
+DATA k4unpack30<>+28(SB)/1, $0x30
+DATA k4unpack30<>+29(SB)/1, $0x30
+DATA k4unpack30<>+30(SB)/1, $0x30
+DATA k4unpack30<>+31(SB)/1, $0x30
+GLOBL k4unpack30<>(SB), RODATA|NOPTR, $32
+
+DATA k4pairlo<>+0(SB)/1, $0x00
+DATA k4pairlo<>+1(SB)/1, $0x80
+DATA k4pairlo<>+2(SB)/1, $0x00
+DATA k4pairlo<>+3(SB)/1, $0x80
+DATA k4pairlo<>+4(SB)/1, $0x01
+DATA k4pairlo<>+5(SB)/1, $0x80
+DATA k4pairlo<>+6(SB)/1, $0x01
+DATA k4pairlo<>+7(SB)/1, $0x80
+DATA k4pairlo<>+8(SB)/1, $0x02
+DATA k4pairlo<>+9(SB)/1, $0x80
+DATA k4pairlo<>+10(SB)/1, $0x02
+DATA k4pairlo<>+11(SB)/1, $0x80
+DATA k4pairlo<>+12(SB)/1, $0x03
+DATA k4pairlo<>+13(SB)/1, $0x80
+DATA k4pairlo<>+14(SB)/1, $0x03
+DATA k4pairlo<>+15(SB)/1, $0x80
+DATA k4pairlo<>+16(SB)/1, $0x00
+DATA k4pairlo<>+17(SB)/1, $0x80
+DATA k4pairlo<>+18(SB)/1, $0x00
+DATA k4pairlo<>+19(SB)/1, $0x80
+DATA k4pairlo<>+20(SB)/1, $0x01
+DATA k4pairlo<>+21(SB)/1, $0x80
+DATA k4pairlo<>+22(SB)/1, $0x01
+DATA k4pairlo<>+23(SB)/1, $0x80
+DATA k4pairlo<>+24(SB)/1, $0x02
+DATA k4pairlo<>+25(SB)/1, $0x80
+DATA k4pairlo<>+26(SB)/1, $0x02
+DATA k4pairlo<>+27(SB)/1, $0x80
+DATA k4pairlo<>+28(SB)/1, $0x03
+DATA k4pairlo<>+29(SB)/1, $0x80
+DATA k4pairlo<>+30(SB)/1, $0x03
+DATA k4pairlo<>+31(SB)/1, $0x80
+GLOBL k4pairlo<>(SB), RODATA|NOPTR, $32
+
+DATA k4pairhi<>+0(SB)/1, $0x04
+DATA k4pairhi<>+1(SB)/1, $0x80
+DATA k4pairhi<>+2(SB)/1, $0x04
+DATA k4pairhi<>+3(SB)/1, $0x80
+DATA k4pairhi<>+4(SB)/1, $0x05
+DATA k4pairhi<>+5(SB)/1, $0x80
+DATA k4pairhi<>+6(SB)/1, $0x05
+DATA k4pairhi<>+7(SB)/1, $0x80
+DATA k4pairhi<>+8(SB)/1, $0x06
+DATA k4pairhi<>+9(SB)/1, $0x80
+DATA k4pairhi<>+10(SB)/1, $0x06
+DATA k4pairhi<>+11(SB)/1, $0x80
+DATA k4pairhi<>+12(SB)/1, $0x07
+DATA k4pairhi<>+13(SB)/1, $0x80
+DATA k4pairhi<>+14(SB)/1, $0x07
+DATA k4pairhi<>+15(SB)/1, $0x80
+DATA k4pairhi<>+16(SB)/1, $0x04
+DATA k4pairhi<>+17(SB)/1, $0x80
+DATA k4pairhi<>+18(SB)/1, $0x04
+DATA k4pairhi<>+19(SB)/1, $0x80
+DATA k4pairhi<>+20(SB)/1, $0x05
+DATA k4pairhi<>+21(SB)/1, $0x80
+DATA k4pairhi<>+22(SB)/1, $0x05
+DATA k4pairhi<>+23(SB)/1, $0x80
+DATA k4pairhi<>+24(SB)/1, $0x06
+DATA k4pairhi<>+25(SB)/1, $0x80
+DATA k4pairhi<>+26(SB)/1, $0x06
+DATA k4pairhi<>+27(SB)/1, $0x80
+DATA k4pairhi<>+28(SB)/1, $0x07
+DATA k4pairhi<>+29(SB)/1, $0x80
+DATA k4pairhi<>+30(SB)/1, $0x07
+DATA k4pairhi<>+31(SB)/1, $0x80
+GLOBL k4pairhi<>(SB), RODATA|NOPTR, $32
+
+DATA k4scwords<>+0(SB)/1, $0x00
+DATA k4scwords<>+1(SB)/1, $0x80
+DATA k4scwords<>+2(SB)/1, $0x01
+DATA k4scwords<>+3(SB)/1, $0x80
+DATA k4scwords<>+4(SB)/1, $0x02
+DATA k4scwords<>+5(SB)/1, $0x80
+DATA k4scwords<>+6(SB)/1, $0x03
+DATA k4scwords<>+7(SB)/1, $0x80
+DATA k4scwords<>+8(SB)/1, $0x04
+DATA k4scwords<>+9(SB)/1, $0x80
+DATA k4scwords<>+10(SB)/1, $0x05
+DATA k4scwords<>+11(SB)/1, $0x80
+DATA k4scwords<>+12(SB)/1, $0x06
+DATA k4scwords<>+13(SB)/1, $0x80
+DATA k4scwords<>+14(SB)/1, $0x07
+DATA k4scwords<>+15(SB)/1, $0x80
+DATA k4scwords<>+16(SB)/1, $0x00
+DATA k4scwords<>+17(SB)/1, $0x80
+DATA k4scwords<>+18(SB)/1, $0x01
+DATA k4scwords<>+19(SB)/1, $0x80
+DATA k4scwords<>+20(SB)/1, $0x02
+DATA k4scwords<>+21(SB)/1, $0x80
+DATA k4scwords<>+22(SB)/1, $0x03
+DATA k4scwords<>+23(SB)/1, $0x80
+DATA k4scwords<>+24(SB)/1, $0x04
+DATA k4scwords<>+25(SB)/1, $0x80
+DATA k4scwords<>+26(SB)/1, $0x05
+DATA k4scwords<>+27(SB)/1, $0x80
+DATA k4scwords<>+28(SB)/1, $0x06
+DATA k4scwords<>+29(SB)/1, $0x80
+DATA k4scwords<>+30(SB)/1, $0x07
+DATA k4scwords<>+31(SB)/1, $0x80
+GLOBL k4scwords<>(SB), RODATA|NOPTR, $32
+
+DATA k4minwords<>+0(SB)/1, $0x08
+DATA k4minwords<>+1(SB)/1, $0x80
+DATA k4minwords<>+2(SB)/1, $0x09
+DATA k4minwords<>+3(SB)/1, $0x80
+DATA k4minwords<>+4(SB)/1, $0x0a
+DATA k4minwords<>+5(SB)/1, $0x80
+DATA k4minwords<>+6(SB)/1, $0x0b
+DATA k4minwords<>+7(SB)/1, $0x80
+DATA k4minwords<>+8(SB)/1, $0x0c
+DATA k4minwords<>+9(SB)/1, $0x80
+DATA k4minwords<>+10(SB)/1, $0x0d
+DATA k4minwords<>+11(SB)/1, $0x80
+DATA k4minwords<>+12(SB)/1, $0x0e
+DATA k4minwords<>+13(SB)/1, $0x80
+DATA k4minwords<>+14(SB)/1, $0x0f
+DATA k4minwords<>+15(SB)/1, $0x80
+DATA k4minwords<>+16(SB)/1, $0x08
+DATA k4minwords<>+17(SB)/1, $0x80
+DATA k4minwords<>+18(SB)/1, $0x09
+DATA k4minwords<>+19(SB)/1, $0x80
+DATA k4minwords<>+20(SB)/1, $0x0a
+DATA k4minwords<>+21(SB)/1, $0x80
+DATA k4minwords<>+22(SB)/1, $0x0b
+DATA k4minwords<>+23(SB)/1, $0x80
+DATA k4minwords<>+24(SB)/1, $0x0c
+DATA k4minwords<>+25(SB)/1, $0x80
+DATA k4minwords<>+26(SB)/1, $0x0d
+DATA k4minwords<>+27(SB)/1, $0x80
+DATA k4minwords<>+28(SB)/1, $0x0e
+DATA k4minwords<>+29(SB)/1, $0x80
+DATA k4minwords<>+30(SB)/1, $0x0f
+DATA k4minwords<>+31(SB)/1, $0x80
+GLOBL k4minwords<>(SB), RODATA|NOPTR, $32
+
+DATA k4dsplit<>+0(SB)/1, $0x00
+DATA k4dsplit<>+1(SB)/1, $0x01
+DATA k4dsplit<>+2(SB)/1, $0x04
+DATA k4dsplit<>+3(SB)/1, $0x05
+DATA k4dsplit<>+4(SB)/1, $0x08
+DATA k4dsplit<>+5(SB)/1, $0x09
+DATA k4dsplit<>+6(SB)/1, $0x0c
+DATA k4dsplit<>+7(SB)/1, $0x0d
+DATA k4dsplit<>+8(SB)/1, $0x02
+DATA k4dsplit<>+9(SB)/1, $0x03
+DATA k4dsplit<>+10(SB)/1, $0x06
+DATA k4dsplit<>+11(SB)/1, $0x07
+DATA k4dsplit<>+12(SB)/1, $0x0a
+DATA k4dsplit<>+13(SB)/1, $0x0b
+DATA k4dsplit<>+14(SB)/1, $0x0e
+DATA k4dsplit<>+15(SB)/1, $0x0f
+DATA k4dsplit<>+16(SB)/1, $0x00
+DATA k4dsplit<>+17(SB)/1, $0x01
+DATA k4dsplit<>+18(SB)/1, $0x04
+DATA k4dsplit<>+19(SB)/1, $0x05
+DATA k4dsplit<>+20(SB)/1, $0x08
+DATA k4dsplit<>+21(SB)/1, $0x09
+DATA k4dsplit<>+22(SB)/1, $0x0c
+DATA k4dsplit<>+23(SB)/1, $0x0d
+DATA k4dsplit<>+24(SB)/1, $0x02
+DATA k4dsplit<>+25(SB)/1, $0x03
+DATA k4dsplit<>+26(SB)/1, $0x06
+DATA k4dsplit<>+27(SB)/1, $0x07
+DATA k4dsplit<>+28(SB)/1, $0x0a
+DATA k4dsplit<>+29(SB)/1, $0x0b
+DATA k4dsplit<>+30(SB)/1, $0x0e
+DATA k4dsplit<>+31(SB)/1, $0x0f
+GLOBL k4dsplit<>(SB), RODATA|NOPTR, $32
+
+DATA f32sign8<>+0(SB)/1, $0x00
+DATA f32sign8<>+1(SB)/1, $0x00
+DATA f32sign8<>+2(SB)/1, $0x00
+DATA f32sign8<>+3(SB)/1, $0x80
+DATA f32sign8<>+4(SB)/1, $0x00
+DATA f32sign8<>+5(SB)/1, $0x00
+DATA f32sign8<>+6(SB)/1, $0x00
+DATA f32sign8<>+7(SB)/1, $0x80
+DATA f32sign8<>+8(SB)/1, $0x00
+DATA f32sign8<>+9(SB)/1, $0x00
+DATA f32sign8<>+10(SB)/1, $0x00
+DATA f32sign8<>+11(SB)/1, $0x80
+DATA f32sign8<>+12(SB)/1, $0x00
+DATA f32sign8<>+13(SB)/1, $0x00
+DATA f32sign8<>+14(SB)/1, $0x00
+DATA f32sign8<>+15(SB)/1, $0x80
+DATA f32sign8<>+16(SB)/1, $0x00
+DATA f32sign8<>+17(SB)/1, $0x00
+DATA f32sign8<>+18(SB)/1, $0x00
+DATA f32sign8<>+19(SB)/1, $0x80
+DATA f32sign8<>+20(SB)/1, $0x00
+DATA f32sign8<>+21(SB)/1, $0x00
+DATA f32sign8<>+22(SB)/1, $0x00
+DATA f32sign8<>+23(SB)/1, $0x80
+DATA f32sign8<>+24(SB)/1, $0x00
+DATA f32sign8<>+25(SB)/1, $0x00
+DATA f32sign8<>+26(SB)/1, $0x00
+DATA f32sign8<>+27(SB)/1, $0x80
+DATA f32sign8<>+28(SB)/1, $0x00
+DATA f32sign8<>+29(SB)/1, $0x00
+DATA f32sign8<>+30(SB)/1, $0x00
+DATA f32sign8<>+31(SB)/1, $0x80
+GLOBL f32sign8<>(SB), RODATA|NOPTR, $32
+
+// func qrow8Q5_KAVX2(w *byte, lds int, nb int, x *int8, meta *uint32, aux *uint32, out *float32)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·qrow8Q5_KAVX2(SB), NOSPLIT, $352-56
+	MOVL         $0x0f0f0f0f, AX
+	VMOVD        AX, X0
+	VPBROADCASTD X0, Y0
+	MOVQ         w+0(FP), AX
+	MOVQ         lds+8(FP), CX
+	LEAQ         (CX)(CX*2), DX
+	LEAQ         (AX)(CX*4), BX
+	MOVQ         nb+16(FP), SI
+	MOVQ         x+24(FP), DI
+	MOVQ         meta+32(FP), R8
+	MOVQ         aux+40(FP), R9
+	VXORPS       Y1, Y1, Y1
+
+super:
+	VBROADCASTI128 16(R8), Y2
+	VMOVDQU        (AX), X3
+	VINSERTI128    $0x01, (BX), Y3, Y3
+	VPSHUFB        k4unpackl<>+0(SB), Y3, Y4
+	VPSHUFB        k4unpackh<>+0(SB), Y3, Y5
+	VPSRLVD        k4unpackshr<>+0(SB), Y4, Y4
+	VPAND          k4unpackmask<>+0(SB), Y4, Y4
+	VPSRLW         $0x02, Y5, Y5
+	VPAND          k4unpack30<>+0(SB), Y5, Y5
+	VPOR           Y5, Y4, Y4
+	VPSHUFB        k4pairlo<>+0(SB), Y4, Y5
+	VPSHUFB        k4pairhi<>+0(SB), Y4, Y9
+	VMOVDQU        Y5, (SP)
+	VMOVDQU        Y9, 32(SP)
+	VPSHUFB        k4minwords<>+0(SB), Y4, Y4
+	VPMADDWD       Y2, Y4, Y4
+	VMOVDQU        (AX)(CX*1), X6
+	VINSERTI128    $0x01, (BX)(CX*1), Y6, Y6
+	VPSHUFB        k4unpackl<>+0(SB), Y6, Y5
+	VPSHUFB        k4unpackh<>+0(SB), Y6, Y9
+	VPSRLVD        k4unpackshr<>+0(SB), Y5, Y5
+	VPAND          k4unpackmask<>+0(SB), Y5, Y5
+	VPSRLW         $0x02, Y9, Y9
+	VPAND          k4unpack30<>+0(SB), Y9, Y9
+	VPOR           Y9, Y5, Y5
+	VPSHUFB        k4pairlo<>+0(SB), Y5, Y9
+	VPSHUFB        k4pairhi<>+0(SB), Y5, Y10
+	VMOVDQU        Y9, 64(SP)
+	VMOVDQU        Y10, 96(SP)
+	VPSHUFB        k4minwords<>+0(SB), Y5, Y5
+	VPMADDWD       Y2, Y5, Y5
+	VPUNPCKLDQ     Y6, Y3, Y9
+	VMOVDQU        (AX)(CX*2), X7
+	VINSERTI128    $0x01, (BX)(CX*2), Y7, Y7
+	VPSHUFB        k4unpackl<>+0(SB), Y7, Y10
+	VPSHUFB        k4unpackh<>+0(SB), Y7, Y11
+	VPSRLVD        k4unpackshr<>+0(SB), Y10, Y10
+	VPAND          k4unpackmask<>+0(SB), Y10, Y10
+	VPSRLW         $0x02, Y11, Y11
+	VPAND          k4unpack30<>+0(SB), Y11, Y11
+	VPOR           Y11, Y10, Y10
+	VPSHUFB        k4pairlo<>+0(SB), Y10, Y11
+	VPSHUFB        k4pairhi<>+0(SB), Y10, Y12
+	VMOVDQU        Y11, 128(SP)
+	VMOVDQU        Y12, 160(SP)
+	VPSHUFB        k4minwords<>+0(SB), Y10, Y10
+	VPMADDWD       Y2, Y10, Y10
+	VMOVDQU        (AX)(DX*1), X8
+	VINSERTI128    $0x01, (BX)(DX*1), Y8, Y8
+	VPSHUFB        k4unpackl<>+0(SB), Y8, Y11
+	VPSHUFB        k4unpackh<>+0(SB), Y8, Y12
+	VPSRLVD        k4unpackshr<>+0(SB), Y11, Y11
+	VPAND          k4unpackmask<>+0(SB), Y11, Y11
+	VPSRLW         $0x02, Y12, Y12
+	VPAND          k4unpack30<>+0(SB), Y12, Y12
+	VPOR           Y12, Y11, Y11
+	VPSHUFB        k4pairlo<>+0(SB), Y11, Y12
+	VPSHUFB        k4pairhi<>+0(SB), Y11, Y13
+	VMOVDQU        Y12, 192(SP)
+	VMOVDQU        Y13, 224(SP)
+	VPSHUFB        k4minwords<>+0(SB), Y11, Y11
+	VPMADDWD       Y2, Y11, Y2
+	VPUNPCKLDQ     Y8, Y7, Y11
+	VPUNPCKLQDQ    Y11, Y9, Y9
+	VPUNPCKLDQ     Y5, Y4, Y11
+	VPUNPCKHDQ     Y5, Y4, Y4
+	VPADDD         Y4, Y11, Y11
+	VPUNPCKLDQ     Y2, Y10, Y4
+	VPUNPCKHDQ     Y2, Y10, Y2
+	VPADDD         Y2, Y4, Y4
+	VPUNPCKLQDQ    Y4, Y11, Y2
+	VPUNPCKHQDQ    Y4, Y11, Y4
+	VPADDD         Y4, Y2, Y2
+	VCVTDQ2PS      Y2, Y2
+	VXORPS         f32sign8<>+0(SB), Y2, Y2
+	VMOVUPS        Y2, 256(SP)
+	VPSHUFB        k4dsplit<>+0(SB), Y9, Y9
+	VPERMQ         $0xd8, Y9, Y9
+	VBROADCASTSS   (R9), Y2
+	VEXTRACTI128   $0x01, Y9, X3
+	VCVTPH2PS      X3, Y4
+	VMULPS         Y2, Y4, Y4
+	VMOVUPS        Y4, 288(SP)
+	VCVTPH2PS      X9, Y4
+	VMULPS         Y2, Y4, Y4
+	VMOVUPS        Y4, 320(SP)
+	VMOVDQU        16(AX), Y2
+	VMOVDQU        48(AX), Y5
+	VPAND          Y0, Y5, Y4
+	VPSRLW         $0x04, Y5, Y5
+	VPAND          Y0, Y5, Y5
+	VPSLLW         $0x04, Y2, Y9
+	VPAND          rowc10<>+0(SB), Y9, Y9
+	VPOR           Y9, Y4, Y4
+	VPMADDUBSW     (DI), Y4, Y4
+	VPBROADCASTD   (SP), Y9
+	VPMADDWD       Y9, Y4, Y4
+	VPSLLW         $0x03, Y2, Y9
+	VPAND          rowc10<>+0(SB), Y9, Y9
+	VPOR           Y9, Y5, Y5
+	VPMADDUBSW     32(DI), Y5, Y5
+	VPBROADCASTD   4(SP), Y9
+	VPMADDWD       Y9, Y5, Y5
+	VMOVDQU        80(AX), Y10
+	VPAND          Y0, Y10, Y9
+	VPSRLW         $0x04, Y10, Y10
+	VPAND          Y0, Y10, Y10
+	VPSLLW         $0x02, Y2, Y11
+	VPAND          rowc10<>+0(SB), Y11, Y11
+	VPOR           Y11, Y9, Y9
+	VPMADDUBSW     64(DI), Y9, Y9
+	VPBROADCASTD   8(SP), Y11
+	VPMADDWD       Y11, Y9, Y9
+	VPADDD         Y9, Y4, Y4
+	VPSLLW         $0x01, Y2, Y9
+	VPAND          rowc10<>+0(SB), Y9, Y9
+	VPOR           Y9, Y10, Y10
+	VPMADDUBSW     96(DI), Y10, Y9
+	VPBROADCASTD   12(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VPADDD         Y9, Y5, Y5
+	VMOVDQU        112(AX), Y10
+	VPAND          Y0, Y10, Y9
+	VPSRLW         $0x04, Y10, Y10
+	VPAND          Y0, Y10, Y10
+	VMOVDQU        Y2, Y11
+	VPAND          rowc10<>+0(SB), Y11, Y11
+	VPOR           Y11, Y9, Y9
+	VPMADDUBSW     128(DI), Y9, Y9
+	VPBROADCASTD   32(SP), Y11
+	VPMADDWD       Y11, Y9, Y9
+	VPADDD         Y9, Y4, Y4
+	VPSRLW         $0x01, Y2, Y9
+	VPAND          rowc10<>+0(SB), Y9, Y9
+	VPOR           Y9, Y10, Y10
+	VPMADDUBSW     160(DI), Y10, Y9
+	VPBROADCASTD   36(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VPADDD         Y9, Y5, Y5
+	VMOVDQU        144(AX), Y10
+	VPAND          Y0, Y10, Y9
+	VPSRLW         $0x04, Y10, Y10
+	VPAND          Y0, Y10, Y10
+	VPSRLW         $0x02, Y2, Y11
+	VPAND          rowc10<>+0(SB), Y11, Y11
+	VPOR           Y11, Y9, Y9
+	VPMADDUBSW     192(DI), Y9, Y9
+	VPBROADCASTD   40(SP), Y11
+	VPMADDWD       Y11, Y9, Y9
+	VPADDD         Y9, Y4, Y4
+	VPSRLW         $0x03, Y2, Y2
+	VPAND          rowc10<>+0(SB), Y2, Y2
+	VPOR           Y2, Y10, Y10
+	VPMADDUBSW     224(DI), Y10, Y2
+	VPBROADCASTD   44(SP), Y9
+	VPMADDWD       Y9, Y2, Y2
+	VPADDD         Y2, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VMOVDQU        16(AX)(CX*1), Y2
+	VMOVDQU        48(AX)(CX*1), Y9
+	VPAND          Y0, Y9, Y5
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y2, Y10
+	VPAND          rowc10<>+0(SB), Y10, Y10
+	VPOR           Y10, Y5, Y5
+	VPMADDUBSW     (DI), Y5, Y5
+	VPBROADCASTD   64(SP), Y10
+	VPMADDWD       Y10, Y5, Y5
+	VPSLLW         $0x03, Y2, Y10
+	VPAND          rowc10<>+0(SB), Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     32(DI), Y9, Y9
+	VPBROADCASTD   68(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        80(AX)(CX*1), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y2, Y12
+	VPAND          rowc10<>+0(SB), Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     64(DI), Y10, Y10
+	VPBROADCASTD   72(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y5, Y5
+	VPSLLW         $0x01, Y2, Y10
+	VPAND          rowc10<>+0(SB), Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     96(DI), Y11, Y10
+	VPBROADCASTD   76(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        112(AX)(CX*1), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y2, Y12
+	VPAND          rowc10<>+0(SB), Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     128(DI), Y10, Y10
+	VPBROADCASTD   96(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y5, Y5
+	VPSRLW         $0x01, Y2, Y10
+	VPAND          rowc10<>+0(SB), Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     160(DI), Y11, Y10
+	VPBROADCASTD   100(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        144(AX)(CX*1), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y2, Y12
+	VPAND          rowc10<>+0(SB), Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     192(DI), Y10, Y10
+	VPBROADCASTD   104(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y5, Y5
+	VPSRLW         $0x03, Y2, Y2
+	VPAND          rowc10<>+0(SB), Y2, Y2
+	VPOR           Y2, Y11, Y11
+	VPMADDUBSW     224(DI), Y11, Y2
+	VPBROADCASTD   108(SP), Y10
+	VPMADDWD       Y10, Y2, Y2
+	VPADDD         Y2, Y9, Y9
+	VPADDD         Y9, Y5, Y5
+	VPUNPCKLDQ     Y5, Y4, Y2
+	VPUNPCKHDQ     Y5, Y4, Y4
+	VPADDD         Y4, Y2, Y2
+	VMOVDQU        16(AX)(CX*2), Y4
+	VMOVDQU        48(AX)(CX*2), Y9
+	VPAND          Y0, Y9, Y5
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y4, Y10
+	VPAND          rowc10<>+0(SB), Y10, Y10
+	VPOR           Y10, Y5, Y5
+	VPMADDUBSW     (DI), Y5, Y5
+	VPBROADCASTD   128(SP), Y10
+	VPMADDWD       Y10, Y5, Y5
+	VPSLLW         $0x03, Y4, Y10
+	VPAND          rowc10<>+0(SB), Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     32(DI), Y9, Y9
+	VPBROADCASTD   132(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        80(AX)(CX*2), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y4, Y12
+	VPAND          rowc10<>+0(SB), Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     64(DI), Y10, Y10
+	VPBROADCASTD   136(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y5, Y5
+	VPSLLW         $0x01, Y4, Y10
+	VPAND          rowc10<>+0(SB), Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     96(DI), Y11, Y10
+	VPBROADCASTD   140(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        112(AX)(CX*2), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y4, Y12
+	VPAND          rowc10<>+0(SB), Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     128(DI), Y10, Y10
+	VPBROADCASTD   160(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y5, Y5
+	VPSRLW         $0x01, Y4, Y10
+	VPAND          rowc10<>+0(SB), Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     160(DI), Y11, Y10
+	VPBROADCASTD   164(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        144(AX)(CX*2), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y4, Y12
+	VPAND          rowc10<>+0(SB), Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     192(DI), Y10, Y10
+	VPBROADCASTD   168(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y5, Y5
+	VPSRLW         $0x03, Y4, Y4
+	VPAND          rowc10<>+0(SB), Y4, Y4
+	VPOR           Y4, Y11, Y11
+	VPMADDUBSW     224(DI), Y11, Y4
+	VPBROADCASTD   172(SP), Y10
+	VPMADDWD       Y10, Y4, Y4
+	VPADDD         Y4, Y9, Y9
+	VPADDD         Y9, Y5, Y5
+	VMOVDQU        16(AX)(DX*1), Y4
+	VMOVDQU        48(AX)(DX*1), Y10
+	VPAND          Y0, Y10, Y9
+	VPSRLW         $0x04, Y10, Y10
+	VPAND          Y0, Y10, Y10
+	VPSLLW         $0x04, Y4, Y11
+	VPAND          rowc10<>+0(SB), Y11, Y11
+	VPOR           Y11, Y9, Y9
+	VPMADDUBSW     (DI), Y9, Y9
+	VPBROADCASTD   192(SP), Y11
+	VPMADDWD       Y11, Y9, Y9
+	VPSLLW         $0x03, Y4, Y11
+	VPAND          rowc10<>+0(SB), Y11, Y11
+	VPOR           Y11, Y10, Y10
+	VPMADDUBSW     32(DI), Y10, Y10
+	VPBROADCASTD   196(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VMOVDQU        80(AX)(DX*1), Y12
+	VPAND          Y0, Y12, Y11
+	VPSRLW         $0x04, Y12, Y12
+	VPAND          Y0, Y12, Y12
+	VPSLLW         $0x02, Y4, Y13
+	VPAND          rowc10<>+0(SB), Y13, Y13
+	VPOR           Y13, Y11, Y11
+	VPMADDUBSW     64(DI), Y11, Y11
+	VPBROADCASTD   200(SP), Y13
+	VPMADDWD       Y13, Y11, Y11
+	VPADDD         Y11, Y9, Y9
+	VPSLLW         $0x01, Y4, Y11
+	VPAND          rowc10<>+0(SB), Y11, Y11
+	VPOR           Y11, Y12, Y12
+	VPMADDUBSW     96(DI), Y12, Y11
+	VPBROADCASTD   204(SP), Y12
+	VPMADDWD       Y12, Y11, Y11
+	VPADDD         Y11, Y10, Y10
+	VMOVDQU        112(AX)(DX*1), Y12
+	VPAND          Y0, Y12, Y11
+	VPSRLW         $0x04, Y12, Y12
+	VPAND          Y0, Y12, Y12
+	VMOVDQU        Y4, Y13
+	VPAND          rowc10<>+0(SB), Y13, Y13
+	VPOR           Y13, Y11, Y11
+	VPMADDUBSW     128(DI), Y11, Y11
+	VPBROADCASTD   224(SP), Y13
+	VPMADDWD       Y13, Y11, Y11
+	VPADDD         Y11, Y9, Y9
+	VPSRLW         $0x01, Y4, Y11
+	VPAND          rowc10<>+0(SB), Y11, Y11
+	VPOR           Y11, Y12, Y12
+	VPMADDUBSW     160(DI), Y12, Y11
+	VPBROADCASTD   228(SP), Y12
+	VPMADDWD       Y12, Y11, Y11
+	VPADDD         Y11, Y10, Y10
+	VMOVDQU        144(AX)(DX*1), Y12
+	VPAND          Y0, Y12, Y11
+	VPSRLW         $0x04, Y12, Y12
+	VPAND          Y0, Y12, Y12
+	VPSRLW         $0x02, Y4, Y13
+	VPAND          rowc10<>+0(SB), Y13, Y13
+	VPOR           Y13, Y11, Y11
+	VPMADDUBSW     192(DI), Y11, Y11
+	VPBROADCASTD   232(SP), Y13
+	VPMADDWD       Y13, Y11, Y11
+	VPADDD         Y11, Y9, Y9
+	VPSRLW         $0x03, Y4, Y4
+	VPAND          rowc10<>+0(SB), Y4, Y4
+	VPOR           Y4, Y12, Y12
+	VPMADDUBSW     224(DI), Y12, Y4
+	VPBROADCASTD   236(SP), Y11
+	VPMADDWD       Y11, Y4, Y4
+	VPADDD         Y4, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VPUNPCKLDQ     Y9, Y5, Y4
+	VPUNPCKHDQ     Y9, Y5, Y5
+	VPADDD         Y5, Y4, Y4
+	VPUNPCKLQDQ    Y4, Y2, Y5
+	VPUNPCKHQDQ    Y4, Y2, Y2
+	VPADDD         Y2, Y5, Y5
+	VMOVDQU        16(BX), Y2
+	VMOVDQU        48(BX), Y9
+	VPAND          Y0, Y9, Y4
+	VPSRLW         $0x04, Y9, Y9
+	VPAND          Y0, Y9, Y9
+	VPSLLW         $0x04, Y2, Y10
+	VPAND          rowc10<>+0(SB), Y10, Y10
+	VPOR           Y10, Y4, Y4
+	VPMADDUBSW     (DI), Y4, Y4
+	VPBROADCASTD   16(SP), Y10
+	VPMADDWD       Y10, Y4, Y4
+	VPSLLW         $0x03, Y2, Y10
+	VPAND          rowc10<>+0(SB), Y10, Y10
+	VPOR           Y10, Y9, Y9
+	VPMADDUBSW     32(DI), Y9, Y9
+	VPBROADCASTD   20(SP), Y10
+	VPMADDWD       Y10, Y9, Y9
+	VMOVDQU        80(BX), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x02, Y2, Y12
+	VPAND          rowc10<>+0(SB), Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     64(DI), Y10, Y10
+	VPBROADCASTD   24(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y4, Y4
+	VPSLLW         $0x01, Y2, Y10
+	VPAND          rowc10<>+0(SB), Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     96(DI), Y11, Y10
+	VPBROADCASTD   28(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        112(BX), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VMOVDQU        Y2, Y12
+	VPAND          rowc10<>+0(SB), Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     128(DI), Y10, Y10
+	VPBROADCASTD   48(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y4, Y4
+	VPSRLW         $0x01, Y2, Y10
+	VPAND          rowc10<>+0(SB), Y10, Y10
+	VPOR           Y10, Y11, Y11
+	VPMADDUBSW     160(DI), Y11, Y10
+	VPBROADCASTD   52(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        144(BX), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSRLW         $0x02, Y2, Y12
+	VPAND          rowc10<>+0(SB), Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     192(DI), Y10, Y10
+	VPBROADCASTD   56(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPADDD         Y10, Y4, Y4
+	VPSRLW         $0x03, Y2, Y2
+	VPAND          rowc10<>+0(SB), Y2, Y2
+	VPOR           Y2, Y11, Y11
+	VPMADDUBSW     224(DI), Y11, Y2
+	VPBROADCASTD   60(SP), Y10
+	VPMADDWD       Y10, Y2, Y2
+	VPADDD         Y2, Y9, Y9
+	VPADDD         Y9, Y4, Y4
+	VMOVDQU        16(BX)(CX*1), Y2
+	VMOVDQU        48(BX)(CX*1), Y10
+	VPAND          Y0, Y10, Y9
+	VPSRLW         $0x04, Y10, Y10
+	VPAND          Y0, Y10, Y10
+	VPSLLW         $0x04, Y2, Y11
+	VPAND          rowc10<>+0(SB), Y11, Y11
+	VPOR           Y11, Y9, Y9
+	VPMADDUBSW     (DI), Y9, Y9
+	VPBROADCASTD   80(SP), Y11
+	VPMADDWD       Y11, Y9, Y9
+	VPSLLW         $0x03, Y2, Y11
+	VPAND          rowc10<>+0(SB), Y11, Y11
+	VPOR           Y11, Y10, Y10
+	VPMADDUBSW     32(DI), Y10, Y10
+	VPBROADCASTD   84(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VMOVDQU        80(BX)(CX*1), Y12
+	VPAND          Y0, Y12, Y11
+	VPSRLW         $0x04, Y12, Y12
+	VPAND          Y0, Y12, Y12
+	VPSLLW         $0x02, Y2, Y13
+	VPAND          rowc10<>+0(SB), Y13, Y13
+	VPOR           Y13, Y11, Y11
+	VPMADDUBSW     64(DI), Y11, Y11
+	VPBROADCASTD   88(SP), Y13
+	VPMADDWD       Y13, Y11, Y11
+	VPADDD         Y11, Y9, Y9
+	VPSLLW         $0x01, Y2, Y11
+	VPAND          rowc10<>+0(SB), Y11, Y11
+	VPOR           Y11, Y12, Y12
+	VPMADDUBSW     96(DI), Y12, Y11
+	VPBROADCASTD   92(SP), Y12
+	VPMADDWD       Y12, Y11, Y11
+	VPADDD         Y11, Y10, Y10
+	VMOVDQU        112(BX)(CX*1), Y12
+	VPAND          Y0, Y12, Y11
+	VPSRLW         $0x04, Y12, Y12
+	VPAND          Y0, Y12, Y12
+	VMOVDQU        Y2, Y13
+	VPAND          rowc10<>+0(SB), Y13, Y13
+	VPOR           Y13, Y11, Y11
+	VPMADDUBSW     128(DI), Y11, Y11
+	VPBROADCASTD   112(SP), Y13
+	VPMADDWD       Y13, Y11, Y11
+	VPADDD         Y11, Y9, Y9
+	VPSRLW         $0x01, Y2, Y11
+	VPAND          rowc10<>+0(SB), Y11, Y11
+	VPOR           Y11, Y12, Y12
+	VPMADDUBSW     160(DI), Y12, Y11
+	VPBROADCASTD   116(SP), Y12
+	VPMADDWD       Y12, Y11, Y11
+	VPADDD         Y11, Y10, Y10
+	VMOVDQU        144(BX)(CX*1), Y12
+	VPAND          Y0, Y12, Y11
+	VPSRLW         $0x04, Y12, Y12
+	VPAND          Y0, Y12, Y12
+	VPSRLW         $0x02, Y2, Y13
+	VPAND          rowc10<>+0(SB), Y13, Y13
+	VPOR           Y13, Y11, Y11
+	VPMADDUBSW     192(DI), Y11, Y11
+	VPBROADCASTD   120(SP), Y13
+	VPMADDWD       Y13, Y11, Y11
+	VPADDD         Y11, Y9, Y9
+	VPSRLW         $0x03, Y2, Y2
+	VPAND          rowc10<>+0(SB), Y2, Y2
+	VPOR           Y2, Y12, Y12
+	VPMADDUBSW     224(DI), Y12, Y2
+	VPBROADCASTD   124(SP), Y11
+	VPMADDWD       Y11, Y2, Y2
+	VPADDD         Y2, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VPUNPCKLDQ     Y9, Y4, Y2
+	VPUNPCKHDQ     Y9, Y4, Y4
+	VPADDD         Y4, Y2, Y2
+	VMOVDQU        16(BX)(CX*2), Y4
+	VMOVDQU        48(BX)(CX*2), Y10
+	VPAND          Y0, Y10, Y9
+	VPSRLW         $0x04, Y10, Y10
+	VPAND          Y0, Y10, Y10
+	VPSLLW         $0x04, Y4, Y11
+	VPAND          rowc10<>+0(SB), Y11, Y11
+	VPOR           Y11, Y9, Y9
+	VPMADDUBSW     (DI), Y9, Y9
+	VPBROADCASTD   144(SP), Y11
+	VPMADDWD       Y11, Y9, Y9
+	VPSLLW         $0x03, Y4, Y11
+	VPAND          rowc10<>+0(SB), Y11, Y11
+	VPOR           Y11, Y10, Y10
+	VPMADDUBSW     32(DI), Y10, Y10
+	VPBROADCASTD   148(SP), Y11
+	VPMADDWD       Y11, Y10, Y10
+	VMOVDQU        80(BX)(CX*2), Y12
+	VPAND          Y0, Y12, Y11
+	VPSRLW         $0x04, Y12, Y12
+	VPAND          Y0, Y12, Y12
+	VPSLLW         $0x02, Y4, Y13
+	VPAND          rowc10<>+0(SB), Y13, Y13
+	VPOR           Y13, Y11, Y11
+	VPMADDUBSW     64(DI), Y11, Y11
+	VPBROADCASTD   152(SP), Y13
+	VPMADDWD       Y13, Y11, Y11
+	VPADDD         Y11, Y9, Y9
+	VPSLLW         $0x01, Y4, Y11
+	VPAND          rowc10<>+0(SB), Y11, Y11
+	VPOR           Y11, Y12, Y12
+	VPMADDUBSW     96(DI), Y12, Y11
+	VPBROADCASTD   156(SP), Y12
+	VPMADDWD       Y12, Y11, Y11
+	VPADDD         Y11, Y10, Y10
+	VMOVDQU        112(BX)(CX*2), Y12
+	VPAND          Y0, Y12, Y11
+	VPSRLW         $0x04, Y12, Y12
+	VPAND          Y0, Y12, Y12
+	VMOVDQU        Y4, Y13
+	VPAND          rowc10<>+0(SB), Y13, Y13
+	VPOR           Y13, Y11, Y11
+	VPMADDUBSW     128(DI), Y11, Y11
+	VPBROADCASTD   176(SP), Y13
+	VPMADDWD       Y13, Y11, Y11
+	VPADDD         Y11, Y9, Y9
+	VPSRLW         $0x01, Y4, Y11
+	VPAND          rowc10<>+0(SB), Y11, Y11
+	VPOR           Y11, Y12, Y12
+	VPMADDUBSW     160(DI), Y12, Y11
+	VPBROADCASTD   180(SP), Y12
+	VPMADDWD       Y12, Y11, Y11
+	VPADDD         Y11, Y10, Y10
+	VMOVDQU        144(BX)(CX*2), Y12
+	VPAND          Y0, Y12, Y11
+	VPSRLW         $0x04, Y12, Y12
+	VPAND          Y0, Y12, Y12
+	VPSRLW         $0x02, Y4, Y13
+	VPAND          rowc10<>+0(SB), Y13, Y13
+	VPOR           Y13, Y11, Y11
+	VPMADDUBSW     192(DI), Y11, Y11
+	VPBROADCASTD   184(SP), Y13
+	VPMADDWD       Y13, Y11, Y11
+	VPADDD         Y11, Y9, Y9
+	VPSRLW         $0x03, Y4, Y4
+	VPAND          rowc10<>+0(SB), Y4, Y4
+	VPOR           Y4, Y12, Y12
+	VPMADDUBSW     224(DI), Y12, Y4
+	VPBROADCASTD   188(SP), Y11
+	VPMADDWD       Y11, Y4, Y4
+	VPADDD         Y4, Y10, Y10
+	VPADDD         Y10, Y9, Y9
+	VMOVDQU        16(BX)(DX*1), Y4
+	VMOVDQU        48(BX)(DX*1), Y11
+	VPAND          Y0, Y11, Y10
+	VPSRLW         $0x04, Y11, Y11
+	VPAND          Y0, Y11, Y11
+	VPSLLW         $0x04, Y4, Y12
+	VPAND          rowc10<>+0(SB), Y12, Y12
+	VPOR           Y12, Y10, Y10
+	VPMADDUBSW     (DI), Y10, Y10
+	VPBROADCASTD   208(SP), Y12
+	VPMADDWD       Y12, Y10, Y10
+	VPSLLW         $0x03, Y4, Y12
+	VPAND          rowc10<>+0(SB), Y12, Y12
+	VPOR           Y12, Y11, Y11
+	VPMADDUBSW     32(DI), Y11, Y11
+	VPBROADCASTD   212(SP), Y12
+	VPMADDWD       Y12, Y11, Y11
+	VMOVDQU        80(BX)(DX*1), Y13
+	VPAND          Y0, Y13, Y12
+	VPSRLW         $0x04, Y13, Y13
+	VPAND          Y0, Y13, Y13
+	VPSLLW         $0x02, Y4, Y14
+	VPAND          rowc10<>+0(SB), Y14, Y14
+	VPOR           Y14, Y12, Y12
+	VPMADDUBSW     64(DI), Y12, Y12
+	VPBROADCASTD   216(SP), Y14
+	VPMADDWD       Y14, Y12, Y12
+	VPADDD         Y12, Y10, Y10
+	VPSLLW         $0x01, Y4, Y12
+	VPAND          rowc10<>+0(SB), Y12, Y12
+	VPOR           Y12, Y13, Y13
+	VPMADDUBSW     96(DI), Y13, Y12
+	VPBROADCASTD   220(SP), Y13
+	VPMADDWD       Y13, Y12, Y12
+	VPADDD         Y12, Y11, Y11
+	VMOVDQU        112(BX)(DX*1), Y13
+	VPAND          Y0, Y13, Y12
+	VPSRLW         $0x04, Y13, Y13
+	VPAND          Y0, Y13, Y13
+	VMOVDQU        Y4, Y14
+	VPAND          rowc10<>+0(SB), Y14, Y14
+	VPOR           Y14, Y12, Y12
+	VPMADDUBSW     128(DI), Y12, Y12
+	VPBROADCASTD   240(SP), Y14
+	VPMADDWD       Y14, Y12, Y12
+	VPADDD         Y12, Y10, Y10
+	VPSRLW         $0x01, Y4, Y12
+	VPAND          rowc10<>+0(SB), Y12, Y12
+	VPOR           Y12, Y13, Y13
+	VPMADDUBSW     160(DI), Y13, Y12
+	VPBROADCASTD   244(SP), Y13
+	VPMADDWD       Y13, Y12, Y12
+	VPADDD         Y12, Y11, Y11
+	VMOVDQU        144(BX)(DX*1), Y13
+	VPAND          Y0, Y13, Y12
+	VPSRLW         $0x04, Y13, Y13
+	VPAND          Y0, Y13, Y13
+	VPSRLW         $0x02, Y4, Y14
+	VPAND          rowc10<>+0(SB), Y14, Y14
+	VPOR           Y14, Y12, Y12
+	VPMADDUBSW     192(DI), Y12, Y12
+	VPBROADCASTD   248(SP), Y14
+	VPMADDWD       Y14, Y12, Y12
+	VPADDD         Y12, Y10, Y10
+	VPSRLW         $0x03, Y4, Y4
+	VPAND          rowc10<>+0(SB), Y4, Y4
+	VPOR           Y4, Y13, Y13
+	VPMADDUBSW     224(DI), Y13, Y4
+	VPBROADCASTD   252(SP), Y12
+	VPMADDWD       Y12, Y4, Y4
+	VPADDD         Y4, Y11, Y11
+	VPADDD         Y11, Y10, Y10
+	VPUNPCKLDQ     Y10, Y9, Y4
+	VPUNPCKHDQ     Y10, Y9, Y9
+	VPADDD         Y9, Y4, Y4
+	VPUNPCKLQDQ    Y4, Y2, Y9
+	VPUNPCKHQDQ    Y4, Y2, Y2
+	VPADDD         Y2, Y9, Y9
+	VPERM2I128     $0x20, Y9, Y5, Y2
+	VPERM2I128     $0x31, Y9, Y5, Y4
+	VPADDD         Y4, Y2, Y2
+	VCVTDQ2PS      Y2, Y2
+	VFMADD231PS    320(SP), Y2, Y1
+	VMOVUPS        256(SP), Y2
+	VFMADD231PS    288(SP), Y2, Y1
+	ADDQ           $0x000000b0, AX
+	ADDQ           $0x000000b0, BX
+	ADDQ           $0x00000100, DI
+	ADDQ           $0x40, R8
+	ADDQ           $0x04, R9
+	DECQ           SI
+	JNE            super
+	MOVQ           out+48(FP), AX
+	VMOVUPS        Y1, (AX)
+	VZEROUPPER
+	RET
+
+DATA rowc10<>+0(SB)/1, $0x10
+DATA rowc10<>+1(SB)/1, $0x10
+DATA rowc10<>+2(SB)/1, $0x10
+DATA rowc10<>+3(SB)/1, $0x10
+DATA rowc10<>+4(SB)/1, $0x10
+DATA rowc10<>+5(SB)/1, $0x10
+DATA rowc10<>+6(SB)/1, $0x10
+DATA rowc10<>+7(SB)/1, $0x10
+DATA rowc10<>+8(SB)/1, $0x10
+DATA rowc10<>+9(SB)/1, $0x10
+DATA rowc10<>+10(SB)/1, $0x10
+DATA rowc10<>+11(SB)/1, $0x10
+DATA rowc10<>+12(SB)/1, $0x10
+DATA rowc10<>+13(SB)/1, $0x10
+DATA rowc10<>+14(SB)/1, $0x10
+DATA rowc10<>+15(SB)/1, $0x10
+DATA rowc10<>+16(SB)/1, $0x10
+DATA rowc10<>+17(SB)/1, $0x10
+DATA rowc10<>+18(SB)/1, $0x10
+DATA rowc10<>+19(SB)/1, $0x10
+DATA rowc10<>+20(SB)/1, $0x10
+DATA rowc10<>+21(SB)/1, $0x10
+DATA rowc10<>+22(SB)/1, $0x10
+DATA rowc10<>+23(SB)/1, $0x10
+DATA rowc10<>+24(SB)/1, $0x10
+DATA rowc10<>+25(SB)/1, $0x10
+DATA rowc10<>+26(SB)/1, $0x10
+DATA rowc10<>+27(SB)/1, $0x10
+DATA rowc10<>+28(SB)/1, $0x10
+DATA rowc10<>+29(SB)/1, $0x10
+DATA rowc10<>+30(SB)/1, $0x10
+DATA rowc10<>+31(SB)/1, $0x10
+GLOBL rowc10<>(SB), RODATA|NOPTR, $32
+
 // func axpyRowsBF16AVX2(alpha *float32, v *uint16, ldv int, rows int, y *float32, n int)
 // Requires: AVX, AVX2, FMA3
 TEXT ·axpyRowsBF16AVX2(SB), NOSPLIT, $0-48

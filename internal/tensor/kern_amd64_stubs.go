@@ -406,6 +406,12 @@ func qrow8Q5_0AVX2(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)
 // qrow8Q6_KAVX2 computes 8 Q6_K weight rows lds bytes apart times one activation row (see asmgen's rowstreams.go).
 func qrow8Q6_KAVX2(w *byte, lds int, nb int, x *int8, meta *uint32, aux *uint32, out *float32)
 
+// qrow8Q4_KAVX2 computes 8 Q4_K weight rows lds bytes apart times one activation row (see asmgen's rowstreams.go).
+func qrow8Q4_KAVX2(w *byte, lds int, nb int, x *int8, meta *uint32, aux *uint32, out *float32)
+
+// qrow8Q5_KAVX2 computes 8 Q5_K weight rows lds bytes apart times one activation row (see asmgen's rowstreams.go).
+func qrow8Q5_KAVX2(w *byte, lds int, nb int, x *int8, meta *uint32, aux *uint32, out *float32)
+
 // axpyRowsBF16AVX2 computes y[t] = fma(alpha[r], v[r*ldv+t], y[t]) for r < rows in order, t < n.
 func axpyRowsBF16AVX2(alpha *float32, v *uint16, ldv int, rows int, y *float32, n int)
 

@@ -39,8 +39,8 @@ var qKernelsAVX2 = &qKernelSet{lanes: 8, types: map[DType]qTypeKernels{
 	Q8_0: {fn8: qrow8Q8_0AVX2, fnStreams: qrowQ8_0AVX2, streams: qRowStreamsAVX2, group: 8, slot: 64},
 	Q4_0: {fn8: qrow8Q4_0AVX2, fnStreams: qrowQ4_0AVX2, streams: qRowStreamsAVX2, group: 8, slot: 64},
 	Q5_0: {fn8: qrow8Q5_0AVX2, fnStreams: qrowQ5_0AVX2, streams: qRowStreamsAVX2, group: 8, slot: 64},
-	Q4_K: {fnStreams: qrowQ4_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 64},
-	Q5_K: {fnStreams: qrowQ5_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 64},
+	Q4_K: {fn8K: qrow8Q4_KAVX2, fnStreams: qrowQ4_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 64},
+	Q5_K: {fn8K: qrow8Q5_KAVX2, fnStreams: qrowQ5_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 64},
 	Q6_K: {fn8K: qrow8Q6_KAVX2, fnStreams: qrowQ6_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 32},
 }}
 

@@ -617,6 +617,8 @@ func rowKernels(avx512 bool) {
 		row8AVX2(q)
 	}
 	row8Q6KAVX2()
+	row8Q4KAVX2(false)
+	row8Q4KAVX2(true)
 }
 
 // q6kConsts8 is q6kConsts with the masks in memory.
