@@ -135,11 +135,11 @@ type planAnswer struct {
 // planDecider is what the proxy's disaggregation decider did with the
 // planner's window of requests.
 type planDecider struct {
-	Name      string `json:"name"`
-	Threshold string `json:"threshold"`
-	Requests  int    `json:"requests"`
-	Remote    int    `json:"remote"`
-	Unpriced  int    `json:"unpriced"`
+	Name        string `json:"name"`
+	Threshold   string `json:"threshold"`
+	Requests    int    `json:"requests"`
+	Remote      int    `json:"remote"`
+	ByThreshold int    `json:"by_threshold"`
 }
 
 // planCadence is the prefill cadence an acting planner set on the decode
@@ -212,7 +212,7 @@ func writeDecider(w io.Writer, dec *planDecider, d *planner.Decision) {
 	}
 	switch dec.Threshold {
 	case "fallback":
-		fmt.Fprintf(w, "decider %s: each request by its price from the engines' measured costs; the threshold is informational (the split is valued at it) and decides only the requests it cannot price yet", dec.Name)
+		fmt.Fprintf(w, "decider %s: each request by its price from the engines' measured costs; the threshold is informational (the split is valued at it) and decides only the requests it cannot price yet or serve within the objectives either way", dec.Name)
 	case "decides":
 		fmt.Fprintf(w, "decider %s: every request by the threshold", dec.Name)
 	default:
@@ -222,7 +222,7 @@ func writeDecider(w io.Writer, dec *planDecider, d *planner.Decision) {
 		fmt.Fprintf(w, "; in the window %d requests, %.0f%% prefilled remotely (the model: %.0f%% at the threshold)",
 			dec.Requests, 100*float64(dec.Remote)/float64(dec.Requests), 100*d.Fit.RemoteFraction)
 		if dec.Threshold == "fallback" {
-			fmt.Fprintf(w, ", %d unpriced", dec.Unpriced)
+			fmt.Fprintf(w, ", %d by the threshold", dec.ByThreshold)
 		}
 	}
 	fmt.Fprintln(w)

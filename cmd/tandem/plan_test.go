@@ -99,8 +99,8 @@ func TestPlanSaysWhatTheThresholdIsToTheDecider(t *testing.T) {
 		dec  planDecider
 		want []string
 	}{
-		{planDecider{Name: "priced", Threshold: "fallback", Requests: 40, Remote: 18, Unpriced: 3},
-			[]string{"decider priced: each request by its price", "the threshold is informational", "40 requests, 45% prefilled remotely (the model: 25% at the threshold), 3 unpriced"}},
+		{planDecider{Name: "priced", Threshold: "fallback", Requests: 40, Remote: 18, ByThreshold: 3},
+			[]string{"decider priced: each request by its price", "the threshold is informational", "40 requests, 45% prefilled remotely (the model: 25% at the threshold), 3 by the threshold"}},
 		{planDecider{Name: "conditional", Threshold: "decides", Requests: 40, Remote: 10},
 			[]string{"decider conditional: every request by the threshold; in the window 40 requests, 25% prefilled remotely (the model: 25% at the threshold)\n"}},
 		{planDecider{Name: "always", Threshold: "unused"}, []string{"decider always: the threshold is informational, the decider does not use it\n"}},

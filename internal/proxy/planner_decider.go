@@ -20,9 +20,11 @@ import (
 // and the planner's best threshold per split stands for what such a
 // per-request decider sends remote (both keep the prompts a decode can
 // prefill within the objectives local); the threshold is then the
-// decider's fallback only, for the requests it cannot price yet (no
-// prefill cost measured, stale metrics: its unpriced_* reasons), in place
-// of the static --pd-threshold (plannedPriced). The proxy counts what the
+// decider's fallback only, in place of the static --pd-threshold
+// (plannedPriced): for the requests it cannot price yet (no prefill cost
+// measured, stale metrics: its unpriced_* reasons), and for those neither
+// path serves within the objectives (planned_*: placed where the split
+// expects them, priced.Decider.Planned). The proxy counts what the
 // decider did with the window's requests (decisionWindow) and /tandem/plan
 // reports it beside the model's remote share at the threshold.
 
@@ -61,7 +63,8 @@ func (d *plannedConditional) setThreshold(tokens int) { d.threshold.Store(int64(
 
 // plannedPriced is the priced decider with the planner's view where its
 // own is missing: the planner's objectives where the decider's are not
-// set, and the planner's threshold for the requests it cannot price.
+// set, and the planner's threshold for the requests it cannot price or
+// serve within the objectives either way.
 type plannedPriced struct {
 	base      priced.Decider
 	threshold atomic.Int64
@@ -96,7 +99,7 @@ func (p *Proxy) steerDecider(cfg planner.Config) {
 		d = &plannedConditional{base: static, noPrefill: noPrefill}
 	case priced.Name:
 		d = &plannedPriced{base: priced.Decider{TTFTObjective: cmpOrDuration(r.TTFTObjective, cfg.TTFT),
-			TPOTObjective: cmpOrDuration(r.TPOTObjective, cfg.TPOT), Static: static}, noPrefill: noPrefill}
+			TPOTObjective: cmpOrDuration(r.TPOTObjective, cfg.TPOT), Static: static, Planned: true}, noPrefill: noPrefill}
 	default:
 		return
 	}
@@ -126,8 +129,10 @@ func thresholdRole(decider string) string {
 
 // decided is one request's decision, as the planner's window keeps it.
 type decided struct {
-	at             time.Time
-	remote, static bool
+	at time.Time
+	// remote says it was prefilled remotely, byThreshold that the
+	// planner's threshold decided it under the priced decider.
+	remote, byThreshold bool
 }
 
 // decisionWindow is the decider's decisions over the planner's window.
@@ -138,7 +143,8 @@ type decisionWindow struct {
 
 // add records a decision at at and forgets those older than the window.
 func (w *decisionWindow) add(at time.Time, d router.Decision) {
-	w.list = append(w.list, decided{at: at, remote: d.Remote, static: strings.HasPrefix(d.Reason, priced.Unpriced)})
+	by := strings.HasPrefix(d.Reason, priced.Unpriced) || strings.HasPrefix(d.Reason, priced.Planned)
+	w.list = append(w.list, decided{at: at, remote: d.Remote, byThreshold: by})
 	w.trim(at)
 }
 
@@ -163,11 +169,12 @@ type deciderReport struct {
 	// price yet) or "unused".
 	Threshold string `json:"threshold"`
 	// Requests are the window's decided requests, Remote those prefilled
-	// remotely, and Unpriced those the priced decider decided by the
-	// threshold for want of a price.
-	Requests int `json:"requests"`
-	Remote   int `json:"remote"`
-	Unpriced int `json:"unpriced,omitempty"`
+	// remotely, and ByThreshold those the priced decider left to the
+	// threshold: for want of a price (unpriced_*) or with neither path
+	// within the objectives (planned_*).
+	Requests    int `json:"requests"`
+	Remote      int `json:"remote"`
+	ByThreshold int `json:"by_threshold,omitempty"`
 }
 
 // report counts the window's decisions as of now for the decider named.
@@ -178,8 +185,8 @@ func (w *decisionWindow) report(name string, now time.Time) deciderReport {
 		if d.remote {
 			r.Remote++
 		}
-		if d.static {
-			r.Unpriced++
+		if d.byThreshold {
+			r.ByThreshold++
 		}
 	}
 	return r

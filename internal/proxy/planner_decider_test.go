@@ -75,7 +75,7 @@ func TestPricedDeciderTakesThePlannersView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := deciderReport{Name: priced.Name, Threshold: "fallback", Requests: 2, Remote: 1, Unpriced: 2}
+	want := deciderReport{Name: priced.Name, Threshold: "fallback", Requests: 2, Remote: 1, ByThreshold: 2}
 	if body.Decider != want {
 		t.Fatalf("GET %s: decider %+v, want %+v", PlanPath, body.Decider, want)
 	}
@@ -100,11 +100,11 @@ func TestDecisionWindowForgetsWhatLeftIt(t *testing.T) {
 	t0 := time.Date(2026, 12, 5, 7, 0, 0, 0, time.UTC)
 	w.add(t0, router.Decision{Remote: true, Reason: priced.Cheaper})
 	w.add(t0.Add(5*time.Second), router.Decision{Reason: priced.Unpriced + conditional.ShortUncached})
-	w.add(t0.Add(9*time.Second), router.Decision{Remote: true, Reason: priced.Unpriced + conditional.LongUncached})
-	if got, want := w.report(priced.Name, t0.Add(9*time.Second)), (deciderReport{Name: priced.Name, Threshold: "fallback", Requests: 3, Remote: 2, Unpriced: 2}); got != want {
+	w.add(t0.Add(9*time.Second), router.Decision{Remote: true, Reason: priced.Planned + conditional.LongUncached})
+	if got, want := w.report(priced.Name, t0.Add(9*time.Second)), (deciderReport{Name: priced.Name, Threshold: "fallback", Requests: 3, Remote: 2, ByThreshold: 2}); got != want {
 		t.Fatalf("within the window: %+v, want %+v", got, want)
 	}
-	if got, want := w.report(conditional.Name, t0.Add(16*time.Second)), (deciderReport{Name: conditional.Name, Threshold: "decides", Requests: 1, Remote: 1, Unpriced: 1}); got != want {
+	if got, want := w.report(conditional.Name, t0.Add(16*time.Second)), (deciderReport{Name: conditional.Name, Threshold: "decides", Requests: 1, Remote: 1, ByThreshold: 1}); got != want {
 		t.Fatalf("16 s on: %+v, want %+v", got, want)
 	}
 }

@@ -312,3 +312,33 @@ func TestColdStartDecidesAsConditional(t *testing.T) {
 		}
 	}
 }
+
+// TestPlannedThresholdPlacesWhatMissesEitherWay: with a planner's threshold
+// (Planned), a request neither path serves within the objectives is placed
+// by the threshold, as the planner sized the split for it (a long prompt
+// sent to the prefill pool, not kept on the decode because it is sooner);
+// a request priced within the objectives is decided by its price as
+// without it.
+func TestPlannedThresholdPlacesWhatMissesEitherWay(t *testing.T) {
+	neither := input(30_000, decodeEP(), prefillEP()) // local 3 s, remote 3.3 s: both past 2 s
+	neither.Decode.InFlight = 9
+	within := input(1000, decodeEP(), prefillEP()) // an idle decode: local 0.1 s, cheaper
+	for _, c := range []struct {
+		name      string
+		in        router.DecideInput
+		threshold int
+		planned   bool
+		remote    bool
+		reason    string
+	}{
+		{"neither within, no planner: the sooner", neither, 256, false, false, Sooner},
+		{"neither within, the planner's threshold below the prompt: remote", neither, 256, true, true, Planned + conditional.LongUncached},
+		{"neither within, the planner's threshold above the prompt: local", neither, 40_000, true, false, Planned + conditional.ShortUncached},
+		{"within the objectives: the price, whatever the threshold", within, 16, true, false, Cheaper},
+	} {
+		d := Decider{Static: conditional.Decider{Threshold: c.threshold}, Planned: c.planned}
+		if got := d.Decide(c.in); got.Remote != c.remote || got.Reason != c.reason {
+			t.Errorf("%s: %+v, want remote=%v reason=%s", c.name, got, c.remote, c.reason)
+		}
+	}
+}
