@@ -113,7 +113,7 @@ func (p *Proxy) initPlanner() error {
 	thHelp := "The conditional decider's threshold the planner chose (uncached prompt tokens from which a prefill is remote)."
 	switch thresholdRole(p.cfg.PDDecider) {
 	case "fallback":
-		thHelp = "The threshold the planner values its split at (uncached prompt tokens from which a prefill is remote): informational under the priced decider, which decides each request by its price and uses the threshold only for requests it cannot price yet (reason unpriced_*)."
+		thHelp = "The threshold the planner values its split at (uncached prompt tokens from which a prefill is remote): informational under the priced decider, which decides each request by its price and uses the threshold only for requests it cannot price yet (reason unpriced_*) or serve within the objectives either way (planned_*)."
 	case "unused":
 		thHelp = "The threshold the planner values its split at (uncached prompt tokens from which a prefill is remote): informational, the " + p.cfg.PDDecider + " decider does not use it."
 	}
