@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,6 +16,8 @@ import (
 	"github.com/tandem-serve/tandem/internal/bench"
 	"github.com/tandem-serve/tandem/internal/bench/experiment"
 	"github.com/tandem-serve/tandem/internal/progress"
+	"github.com/tandem-serve/tandem/internal/proxy"
+	"github.com/tandem-serve/tandem/internal/router/factory"
 )
 
 // runBenchExperiment is `tandem bench experiment pd` (and, for `ratio`,
@@ -67,6 +70,7 @@ func runBenchExperiment(args []string) error {
 		ivSweep   = fs.String("interval-sweep", "2,4,8", "colocated-cadence --prefill-schedule-interval values to tune over at the tuned --max-num-batched-tokens (one value: no tuning)")
 		configs   = fs.String("configs", "colocated,colocated-cadence,pd,conditional", "configurations: colocated (one engine, all cores), colocated-cadence (the same with --prefill-schedule-interval), pd (1P+1D, --pd-decider always), conditional (1P+1D, --pd-decider conditional --policy prefix); opt-in: adaptive (1P+1D, every engine --role both, the proxy's planner acting on the workload's SLOs)")
 		adaptive  = fs.String("adaptive-proxy-args", "", "adaptive: extra `tandem proxy` flags, space-separated (e.g. \"--plan-window 5m --plan-max-age 1m\": the configurations take turns, so the planner sees only its share of the traffic and its engines' metrics age between its turns)")
+		adaptDec  = fs.String("adaptive-decider", proxy.DefaultPDDecider, "adaptive: the proxy's --pd-decider (conditional: the planner's threshold decides every request; priced: each request by its price, the planner's threshold only where it has none)")
 		kvMemory  = fs.String("kv-cache-memory", "1GiB", "every engine's --kv-cache-memory (several engines share this machine's RAM; empty: the engine's default)")
 		slos      = addWorkloadSLOFlags(fs, "")
 	)
@@ -106,7 +110,11 @@ func runBenchExperiment(args []string) error {
 	if cfg.Workloads, err = experimentWorkloads(*workloads, map[string]string{"chat": *chatRates, "long": *longRates}, slos, "--%s-rates"); err != nil {
 		return err
 	}
-	cfg.AdaptiveArgs = strings.Fields(*adaptive)
+	if !slices.Contains(factory.Deciders(), *adaptDec) {
+		return fmt.Errorf("--adaptive-decider %q: want one of %v", *adaptDec, factory.Deciders())
+	}
+	// Before the user's flags, which still win.
+	cfg.AdaptiveArgs = append([]string{"--pd-decider", *adaptDec}, strings.Fields(*adaptive)...)
 	if cfg.Engines > 0 {
 		if cfg.Splits, err = experiment.ParseSplits(*splits, cfg.Engines); err != nil {
 			return fmt.Errorf("--splits: %w", err)

@@ -129,6 +129,17 @@ type planAnswer struct {
 	Finishing  map[string]string `json:"finishing"`
 	Objectives map[string]any    `json:"objectives"`
 	Cadence    *planCadence      `json:"cadence"`
+	Decider    *planDecider      `json:"decider"`
+}
+
+// planDecider is what the proxy's disaggregation decider did with the
+// planner's window of requests.
+type planDecider struct {
+	Name        string `json:"name"`
+	Threshold   string `json:"threshold"`
+	Requests    int    `json:"requests"`
+	Remote      int    `json:"remote"`
+	ByThreshold int    `json:"by_threshold"`
 }
 
 // planCadence is the prefill cadence an acting planner set on the decode
@@ -170,6 +181,7 @@ func writePlan(w io.Writer, p planAnswer) {
 		fmt.Fprint(w, " (straight to the best: the step toward it predicts less than now)")
 	}
 	fmt.Fprintf(w, "; best %dP:%dD; conditional threshold %d uncached tokens; prefill cadence %d\n", d.Best.P, d.Best.D, d.Threshold, d.PrefillScheduleInterval)
+	writeDecider(w, p.Decider, d)
 	if d.Held != "" {
 		fmt.Fprintf(w, "held: %s\n", d.Held)
 	}
@@ -189,6 +201,31 @@ func writePlan(w io.Writer, p planAnswer) {
 		fmt.Fprintf(w, "shift: %s\n", d.Fit.Shift)
 	}
 	writeFit(w, d)
+}
+
+// writeDecider says what the threshold is to the proxy's decider and what
+// the decider did with the window's requests, beside the model's remote
+// share at the threshold.
+func writeDecider(w io.Writer, dec *planDecider, d *planner.Decision) {
+	if dec == nil || dec.Name == "" {
+		return
+	}
+	switch dec.Threshold {
+	case "fallback":
+		fmt.Fprintf(w, "decider %s: each request by its price from the engines' measured costs; the threshold is informational (the split is valued at it) and decides only the requests it cannot price yet or serve within the objectives either way", dec.Name)
+	case "decides":
+		fmt.Fprintf(w, "decider %s: every request by the threshold", dec.Name)
+	default:
+		fmt.Fprintf(w, "decider %s: the threshold is informational, the decider does not use it", dec.Name)
+	}
+	if dec.Requests > 0 {
+		fmt.Fprintf(w, "; in the window %d requests, %.0f%% prefilled remotely (the model: %.0f%% at the threshold)",
+			dec.Requests, 100*float64(dec.Remote)/float64(dec.Requests), 100*d.Fit.RemoteFraction)
+		if dec.Threshold == "fallback" {
+			fmt.Fprintf(w, ", %d by the threshold", dec.ByThreshold)
+		}
+	}
+	fmt.Fprintln(w)
 }
 
 func writeFit(w io.Writer, d *planner.Decision) {

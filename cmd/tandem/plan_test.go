@@ -89,3 +89,28 @@ func TestPlanPrintsTheEnginesFinishingTheirOldWork(t *testing.T) {
 		t.Errorf("tandem plan printed no %q:\n%s", want, out.String())
 	}
 }
+
+// TestPlanSaysWhatTheThresholdIsToTheDecider: under the priced decider the
+// planner's threshold is informational and only the unpriced requests'
+// fallback; the window's remote share is printed beside the model's.
+func TestPlanSaysWhatTheThresholdIsToTheDecider(t *testing.T) {
+	d := &planner.Decision{Prefill: 1, Decode: 2, Threshold: 480, Fit: planner.Fit{RemoteFraction: 0.25}}
+	for _, c := range []struct {
+		dec  planDecider
+		want []string
+	}{
+		{planDecider{Name: "priced", Threshold: "fallback", Requests: 40, Remote: 18, ByThreshold: 3},
+			[]string{"decider priced: each request by its price", "the threshold is informational", "40 requests, 45% prefilled remotely (the model: 25% at the threshold), 3 by the threshold"}},
+		{planDecider{Name: "conditional", Threshold: "decides", Requests: 40, Remote: 10},
+			[]string{"decider conditional: every request by the threshold; in the window 40 requests, 25% prefilled remotely (the model: 25% at the threshold)\n"}},
+		{planDecider{Name: "always", Threshold: "unused"}, []string{"decider always: the threshold is informational, the decider does not use it\n"}},
+	} {
+		var out bytes.Buffer
+		writePlan(&out, planAnswer{Prefill: []string{"http://p"}, Decode: []string{"http://d1", "http://d2"}, Decision: d, Decider: &c.dec})
+		for _, want := range c.want {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%s: tandem plan printed no %q:\n%s", c.dec.Name, want, out.String())
+			}
+		}
+	}
+}

@@ -59,8 +59,10 @@
 // prompt, the part its decode had not cached, its max_tokens) and each
 // scrape (prefill and transfer cost, a decode's inter-token latency and
 // batch) feed it; every Config.PlanInterval it decides the P:D split, the
-// conditional decider's threshold (taken at once) and a prefill cadence,
-// and publishes them: tandem:planner_* metrics, GET /tandem/plan (read-only;
+// threshold it values the split at (the conditional decider's, taken at
+// once; the priced decider's fallback for what it cannot price or serve
+// within the objectives: planner_decider.go) and a prefill cadence, and
+// publishes them: tandem:planner_* metrics, GET /tandem/plan (read-only;
 // `tandem plan` prints it) and Config.OnPlan (Kubernetes scaling, package
 // kubediscovery). With Config.PlannerAct the proxy moves engines between
 // its pools (planner_move.go): the engine leaves its pool and joins the

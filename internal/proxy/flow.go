@@ -119,7 +119,7 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		decision = p.decide(preq, d)
 	}
 	p.endRoute(route, d, decision, "")
-	p.observePlan(preq, d, arrived)
+	p.observePlan(preq, d, arrived, decision)
 	p.metrics.observeStage(stageRoute, routeStart)
 	if !decision.Remote {
 		p.metrics.pdDecisions.WithLabelValues("local", decision.Reason).Inc()

@@ -68,32 +68,12 @@ type planState struct {
 	switches  *prometheus.CounterVec // to: prefill, decode
 	drainOver prometheus.Counter
 
+	// decided is the decider's decisions over the planner's window, under
+	// mu (planner_decider.go).
+	decided decisionWindow
+
 	cad     cadenceState // the prefill cadence set on the engines (planner_cadence.go)
 	changed bool         // a decision has changed the split
-}
-
-// plannedConditional is the conditional decider with the threshold the
-// planner chose last.
-type plannedConditional struct {
-	base      conditional.Decider
-	threshold atomic.Int64
-	// noPrefill says the prefill pool is empty: the planner chose the
-	// colocated split.
-	noPrefill func() bool
-}
-
-// reasonColocated is the decision's reason when the planner emptied the
-// prefill pool: every engine prefills its own prompts.
-const reasonColocated = "colocated"
-
-// Decide implements router.Decider.
-func (d *plannedConditional) Decide(in router.DecideInput) router.Decision {
-	if in.PrefillHealthy == 0 && d.noPrefill() {
-		return router.Decision{Reason: reasonColocated}
-	}
-	c := d.base
-	c.Threshold = int(d.threshold.Load())
-	return c.Decide(in)
 }
 
 // initPlanner sets up Config.Planner: it needs static backends when it
@@ -125,18 +105,19 @@ func (p *Proxy) initPlanner() error {
 		return err
 	}
 	s := &planState{pl: pl, prev: map[string]engineSample{}, roles: map[string]string{}, finishing: map[string]string{}, kick: make(chan struct{}, 1),
-		minPrefill: pl.Config().MinPrefill, minDecode: pl.Config().MinDecode}
+		minPrefill: pl.Config().MinPrefill, minDecode: pl.Config().MinDecode, decided: decisionWindow{window: pl.Config().Window}}
 	s.target.Store(int64(pl.Config().Prefill))
-	if p.cfg.PDDecider == conditional.Name {
-		d := &plannedConditional{base: conditional.Decider{MustRemote: p.cfg.Router.MustRemote, DecodeKVPressure: p.cfg.Router.DecodeKVPressure},
-			noPrefill: func() bool { return len(p.prefill.list()) == 0 }}
-		d.threshold.Store(int64(pl.Config().Threshold))
-		p.decider = d
-	}
+	p.steerDecider(pl.Config())
 	s.desired = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tandem:planner_desired_replicas",
 		Help: "Engines the planner wants in each pool (role: prefill, decode)."}, []string{"role"})
-	s.threshold = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tandem:planner_threshold_tokens",
-		Help: "The conditional decider's threshold the planner chose (uncached prompt tokens from which a prefill is remote)."})
+	thHelp := "The conditional decider's threshold the planner chose (uncached prompt tokens from which a prefill is remote)."
+	switch thresholdRole(p.cfg.PDDecider) {
+	case "fallback":
+		thHelp = "The threshold the planner values its split at (uncached prompt tokens from which a prefill is remote): informational under the priced decider, which decides each request by its price and uses the threshold only for requests it cannot price yet (reason unpriced_*) or serve within the objectives either way (planned_*)."
+	case "unused":
+		thHelp = "The threshold the planner values its split at (uncached prompt tokens from which a prefill is remote): informational, the " + p.cfg.PDDecider + " decider does not use it."
+	}
+	s.threshold = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tandem:planner_threshold_tokens", Help: thHelp})
 	s.cadence = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tandem:planner_prefill_schedule_interval",
 		Help: "The prefill cadence the planner advises for engines that prefill beside their decodes (tandem serve --prefill-schedule-interval)."})
 	s.goodput = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tandem:planner_predicted_goodput_rps",
@@ -176,8 +157,9 @@ func cmpOr(v, def int) int {
 	return def
 }
 
-// observePlan tells the planner of a routed request whose decode is d.
-func (p *Proxy) observePlan(preq *router.Request, d *backend, arrived time.Time) {
+// observePlan tells the planner of a routed request whose decode is d,
+// and counts the decider's decision in its window.
+func (p *Proxy) observePlan(preq *router.Request, d *backend, arrived time.Time, decision router.Decision) {
 	if p.plan == nil {
 		return
 	}
@@ -187,6 +169,7 @@ func (p *Proxy) observePlan(preq *router.Request, d *backend, arrived time.Time)
 	}
 	p.plan.mu.Lock()
 	p.plan.pl.ObserveRequest(planner.Request{At: arrived, ID: preq.ID, PromptTokens: preq.PromptTokens, UncachedTokens: uncached, OutputTokens: preq.MaxTokens})
+	p.plan.decided.add(arrived, decision)
 	p.plan.mu.Unlock()
 }
 
@@ -297,8 +280,8 @@ func (p *Proxy) planOnce(now time.Time) planner.Decision {
 	s.threshold.Set(float64(d.Threshold))
 	s.cadence.Set(float64(d.PrefillScheduleInterval))
 	s.goodput.Set(d.Fit.Current.Goodput)
-	if pc, ok := p.decider.(*plannedConditional); ok {
-		pc.threshold.Store(int64(d.Threshold))
+	if sd, ok := p.decider.(steeredDecider); ok {
+		sd.setThreshold(d.Threshold)
 	}
 	switch {
 	case d.Changed:
@@ -348,6 +331,9 @@ type planBody struct {
 	Pinned map[string]string `json:"pinned,omitempty"`
 	// Objectives are the SLOs and the planner's guards.
 	Objectives planObjectives `json:"objectives"`
+	// Decider is what the disaggregation decider did with the window's
+	// requests, and what the decision's threshold is to it.
+	Decider deciderReport `json:"decider"`
 }
 
 type planObjectives struct {
@@ -372,7 +358,7 @@ func (p *Proxy) handlePlan(w http.ResponseWriter, r *http.Request) {
 	p.plan.mu.Lock()
 	cfg := p.plan.pl.Config()
 	body := planBody{Decision: p.plan.last, Acting: p.cfg.PlannerAct, Prefill: urlsOf(p.prefill), Decode: urlsOf(p.decode), Pinned: p.plan.pinned,
-		Finishing: maps.Clone(p.plan.finishing),
+		Finishing: maps.Clone(p.plan.finishing), Decider: p.plan.decided.report(p.cfg.PDDecider, p.now()),
 		Objectives: planObjectives{TTFT: cfg.TTFT.String(), TPOT: cfg.TPOT.String(), Goal: cfg.Goal, Window: cfg.Window.String(),
 			MaxAge: cfg.MaxAge.String(), MinDwell: cfg.MinDwell.String(), Hysteresis: cfg.Hysteresis}}
 	p.plan.mu.Unlock()

@@ -320,13 +320,15 @@ func Policies() []string { return factory.Policies() }
 
 // DefaultPolicy and DefaultPDDecider are what `tandem proxy` and `tandem up`
 // route with unless told otherwise: prefix- and load-aware picking and a
-// remote prefill only when it pays, the configuration the measurements in
-// docs/usage/routing.md favour for general traffic. Config's own zero
-// values stay round-robin and always (vLLM's toy proxy), for a library user
-// who spells out what the proxy does.
+// remote prefill only when it pays, priced per request from the engines'
+// measured costs (the conditional decider's threshold until a cost is
+// measured), the configuration the measurements in docs/usage/routing.md
+// favour for general traffic, with and without the planner. Config's own
+// zero values stay round-robin and always (vLLM's toy proxy), for a library
+// user who spells out what the proxy does.
 const (
 	DefaultPolicy    = factory.PolicyPrefix
-	DefaultPDDecider = "conditional"
+	DefaultPDDecider = priced.Name
 )
 
 // defaultScrapeTimeout is Config.ScrapeTimeout's default.

@@ -17,8 +17,9 @@ import (
 // Adaptive is the configuration of the P/D experiment that decides for
 // itself: the pd configuration's engines, each serving both roles (tandem
 // serve --role both), behind a proxy with the router's defaults (--policy
-// prefix --pd-decider conditional) and the planner acting on the
-// workload's objectives (--slo-ttft, --slo-tpot, --planner-act), as
+// prefix; the decider the command passes in PD.AdaptiveArgs, tandem bench
+// experiment --adaptive-decider, else conditional) and the planner acting
+// on the workload's objectives (--slo-ttft, --slo-tpot, --planner-act), as
 // `tandem up` with the SLO flags runs them. It is started afresh for each
 // workload, so the planner learns each from nothing.
 const Adaptive = "adaptive"

@@ -64,7 +64,14 @@
 //     estimate itself is within the TTFT objective but not its margin,
 //     priced_stall when the local TTFT is within but its stall is not
 //     within the TPOT objective, else priced_within_slo;
-//  3. neither → the sooner TTFT, reason=priced_sooner.
+//  3. neither → the sooner TTFT, reason=priced_sooner; or, when the
+//     threshold is a planner's (Planned), the conditional decider at that
+//     threshold, reason=planned_ + its reason: the planner sized the split
+//     for the prompts from its threshold up to be prefilled remotely, and a
+//     request that misses the objectives either way is best placed where
+//     the split expects it (a long prompt kept local because it is sooner
+//     stalls the decode's streams and queues the short prompts behind it,
+//     which the planner's model kept local and counted as served).
 //
 // Before it prices, the conditional decider's rules that do not depend on
 // the threshold apply as they are (must_remote, prefill_saturated,
@@ -100,6 +107,9 @@ const (
 	// Unpriced prefixes the static decider's reason when the metrics do
 	// not allow a price.
 	Unpriced = "unpriced_"
+	// Planned prefixes the static decider's reason when neither path is
+	// within the objectives and the threshold is a planner's (Planned).
+	Planned = "planned_"
 )
 
 // The objectives when none are set.
@@ -132,6 +142,10 @@ type Decider struct {
 	// Static is the conditional decider whose load rules apply first and
 	// whose threshold decides when there is no price.
 	Static conditional.Decider
+	// Planned says Static's threshold is a planner's, fitted to the
+	// traffic the split is sized for: it then also decides the requests
+	// neither path serves within the objectives (rule 3).
+	Planned bool
 }
 
 // Price is the estimate for one request, in seconds.
@@ -170,7 +184,11 @@ func (d *Decider) Decide(in router.DecideInput) router.Decision {
 	if tpot <= 0 {
 		tpot = DefaultTPOTObjective
 	}
-	return Choose(p, ttft.Seconds(), tpot.Seconds())
+	dec := Choose(p, ttft.Seconds(), tpot.Seconds())
+	if dec.Reason == Sooner && d.Planned {
+		return router.Decision{Remote: static.Remote, Reason: Planned + static.Reason}
+	}
+	return dec
 }
 
 // Upper is the upper bound of a TTFT estimate of which queue seconds are

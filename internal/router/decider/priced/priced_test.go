@@ -269,3 +269,76 @@ func TestLocalCostWeighsTheStallByTheTPOTBudget(t *testing.T) {
 		t.Errorf("no streams: LocalCost = %v, want the TTFT 0.1", got)
 	}
 }
+
+// TestColdStartDecidesAsConditional: before any cost is measured (a new
+// cluster: no leg answered, no scrape with a rate) or while the metrics are
+// stale, the priced decider decides every request as the conditional
+// decider at its threshold does, whatever the load, and says so in its
+// reason (unpriced_*): a cluster started with the priced default is at
+// least the conditional default until it has a price.
+func TestColdStartDecidesAsConditional(t *testing.T) {
+	cold := func(in *router.DecideInput) {
+		in.Decode.PrefillSecondsPerToken, in.Decode.TransferSecondsPerToken = 0, 0
+		for i := range in.Prefill {
+			in.Prefill[i].PrefillSecondsPerToken = 0
+		}
+	}
+	states := map[string]func(in *router.DecideInput){
+		"nothing measured":           cold,
+		"the decode's metrics stale": func(in *router.DecideInput) { in.Decode.Scraped = false },
+		"every prefill's metrics stale": func(in *router.DecideInput) {
+			for i := range in.Prefill {
+				in.Prefill[i].Scraped = false
+			}
+		},
+		"nothing measured, a loaded decode": func(in *router.DecideInput) {
+			cold(in)
+			in.Decode.InFlight, in.Decode.Waiting, in.Decode.QueueSeconds = 9, 3, 0.5
+		},
+		"nothing measured, a prefix cached": func(in *router.DecideInput) { cold(in); in.Decode.PrefixBlocks = 10 },
+	}
+	for _, th := range []int{0, 64, 256, 1000} {
+		for name, state := range states {
+			for _, prompt := range []int{1, 63, 64, 255, 256, 257, 400, 999, 1000, 4096} {
+				in := input(prompt, decodeEP(), prefillEP())
+				state(&in)
+				d := Decider{Static: conditional.Decider{Threshold: th}}
+				want := d.Static.Decide(in)
+				got := d.Decide(in)
+				if got.Remote != want.Remote || got.Reason != Unpriced+want.Reason {
+					t.Errorf("%s, threshold %d, prompt %d: %+v, want conditional's %+v as %s", name, th, prompt, got, want, Unpriced+want.Reason)
+				}
+			}
+		}
+	}
+}
+
+// TestPlannedThresholdPlacesWhatMissesEitherWay: with a planner's threshold
+// (Planned), a request neither path serves within the objectives is placed
+// by the threshold, as the planner sized the split for it (a long prompt
+// sent to the prefill pool, not kept on the decode because it is sooner);
+// a request priced within the objectives is decided by its price as
+// without it.
+func TestPlannedThresholdPlacesWhatMissesEitherWay(t *testing.T) {
+	neither := input(30_000, decodeEP(), prefillEP()) // local 3 s, remote 3.3 s: both past 2 s
+	neither.Decode.InFlight = 9
+	within := input(1000, decodeEP(), prefillEP()) // an idle decode: local 0.1 s, cheaper
+	for _, c := range []struct {
+		name      string
+		in        router.DecideInput
+		threshold int
+		planned   bool
+		remote    bool
+		reason    string
+	}{
+		{"neither within, no planner: the sooner", neither, 256, false, false, Sooner},
+		{"neither within, the planner's threshold below the prompt: remote", neither, 256, true, true, Planned + conditional.LongUncached},
+		{"neither within, the planner's threshold above the prompt: local", neither, 40_000, true, false, Planned + conditional.ShortUncached},
+		{"within the objectives: the price, whatever the threshold", within, 16, true, false, Cheaper},
+	} {
+		d := Decider{Static: conditional.Decider{Threshold: c.threshold}, Planned: c.planned}
+		if got := d.Decide(c.in); got.Remote != c.remote || got.Reason != c.reason {
+			t.Errorf("%s: %+v, want remote=%v reason=%s", c.name, got, c.remote, c.reason)
+		}
+	}
+}
