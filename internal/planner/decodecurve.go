@@ -130,25 +130,36 @@ func robustSigma(ks, tpots []float64, a, b, p float64) float64 {
 
 // stepMs is the fit's decode step (ms) at batch k: the fitted curve
 // within the batches observed, and past the largest of them
-// (Fit.StepBatchMax, when known) the step there grown by the more of two
-// extrapolations: the prior's shape (priorShape) scaled to it, and a line
-// at the curve's slope over the upper half of the batches observed. The
-// fitted curve alone extrapolates whatever shaped it: a concave fit over
-// batches 1–16 dominated by the step's jump from 1 to 2 (the simulated
-// engine at long contexts) comes out with an exponent of 0.3, a step
-// nearly flat past 16, and rated a decode at twice the batch it carries
-// within the TPOT objective. A decode step is the weights read once and
-// each sequence's own work, which grows with the batch at least as the
-// prior's does and, once the matrix products are compute-bound, linearly.
+// (Fit.StepBatchMax, when known) the step there grown as the prior's
+// shape grows (priorShape) or, where the batches seen reach
+// freeStepSpan, along the curve's slope over their upper half if that
+// grows more. The fitted curve past its points extrapolates whatever
+// shaped it, either way: a concave fit over batches 1–16 dominated by the
+// step's jump from 1 to 2 (the simulated engine at long contexts) comes
+// out with an exponent of 0.3, a step nearly flat past 16, and rated a
+// decode at twice the batch it carries within the TPOT objective; a line
+// through batches 1–3 and the same jump rises past 16 three times too
+// steeply, and rated a decode at a fifth. A decode step is the weights
+// read once and each sequence's own work: the prior's shape, and no less
+// than the per-sequence cost measured across the larger batches seen
+// (below freeStepSpan a slope is the small-batch regime's, or the jump's).
 func (f Fit) stepMs(k float64) float64 {
 	top := f.StepBatchMax
 	if top <= 0 || k <= top {
 		return f.curveMs(k)
 	}
 	at := f.curveMs(top)
-	slope := (at - f.curveMs(top/2)) / (top / 2)
-	return max(at*priorShape(k)/priorShape(top), at+slope*(k-top))
+	step := at * priorShape(k) / priorShape(top)
+	if top >= freeStepSpan {
+		slope := (at - f.curveMs(top/2)) / (top / 2)
+		step = max(step, at+slope*(k-top))
+	}
+	return step
 }
+
+// StepMs is the decode step (ms) the model prices at batch k: the fitted
+// curve within the batches observed, extrapolated past them (stepMs).
+func (f Fit) StepMs(k float64) float64 { return f.stepMs(k) }
 
 // curveMs is the fitted curve A + B·k^P (ms) at batch k.
 func (f Fit) curveMs(k float64) float64 {

@@ -68,7 +68,8 @@ type Fit struct {
 	StepSigma    float64 `json:"tpot_residual_ms"`
 	// StepBatchMin and StepBatchMax are the range of batches the decode
 	// points span. Past StepBatchMax the step is not the fitted curve's but
-	// the step there grown as the prior's shape grows (stepMs).
+	// the step there grown as the prior's shape grows, or along the
+	// curve's upper slope where that grows more (stepMs).
 	StepBatchMin float64 `json:"observed_batch_min"`
 	StepBatchMax float64 `json:"observed_batch_max"`
 	// DecodeLeg is what a remote prompt's decode leg adds to its TTFT at
