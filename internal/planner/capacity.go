@@ -44,8 +44,9 @@ type capacity struct {
 	tpotCap *decodeCapacity
 	// spread is the variance of a stream's mean batch over its life per
 	// unit of mean batch, for streams at the outputs' quantiles
-	// (lifeSpread).
-	spread []float64
+	// (lifeSpread); spreadMean their mean.
+	spread     []float64
+	spreadMean float64
 }
 
 // valued is a split's valuation: its Split, and one of its decode
@@ -103,6 +104,7 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 		outputs[i] = float64(r.OutputTokens)
 	}
 	m.spread = lifeSpread(outputs)
+	m.spreadMean = Mean(m.spread)
 	n := float64(len(reqs))
 	m.n = n
 	m.remoteFraction = float64(len(m.services)) / n

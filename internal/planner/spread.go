@@ -75,8 +75,8 @@ func lifeSpread(outputs []float64) []float64 {
 // at most most (a burst's share, capacity.burstShare; a decode held there
 // by a burst is taken as full for every stream's life): each stream of
 // lifeSpread's at a mean batch normal about batch with variance h·batch,
-// its step (stepMs, linearised over ±1 standard deviation) with the fit's
-// residual σ beside it.
+// its step (stepMs, linearised over ±1 standard deviation of them all)
+// with the fit's residual σ beside it.
 func (m *capacity) stepMiss(batch, most, slo float64) float64 {
 	f := m.f
 	sigma := f.StepSigma / 1000
@@ -94,15 +94,18 @@ func (m *capacity) stepMiss(batch, most, slo float64) float64 {
 		return tail(sigma)
 	}
 	hi := min(most, float64(m.cfg.MaxSeqs))
+	// The step's slope over ±1 standard deviation of the streams' mean
+	// batch taken together (one secant: a decision weighs this thousands
+	// of times), then each stream's spread along it.
+	var slope float64
+	if sd := math.Sqrt(m.spreadMean * batch); batch < hi {
+		if up, down := min(batch+sd, hi), max(batch-sd, 1); up > down {
+			slope = (f.stepMs(up) - f.stepMs(down)) / 1000 / (up - down)
+		}
+	}
 	var miss float64
 	for _, h := range m.spread {
-		sdK := math.Sqrt(h * batch)
-		var sdStep float64
-		if up, down := min(batch+sdK, hi), max(batch-sdK, 1); batch < hi && up > down {
-			slope := (f.stepMs(up) - f.stepMs(down)) / 1000 / (up - down)
-			sdStep = slope * sdK
-		}
-		miss += tail(math.Hypot(sigma, sdStep))
+		miss += tail(math.Hypot(sigma, slope*math.Sqrt(h*batch)))
 	}
 	return miss / float64(len(m.spread))
 }
