@@ -42,6 +42,11 @@ type capacity struct {
 	// found).
 	splits  map[[2]int]valued
 	tpotCap *decodeCapacity
+	// spread is the variance of a stream's mean batch over its life per
+	// unit of mean batch, for streams at the outputs' quantiles
+	// (lifeSpread); spreadMean their mean.
+	spread     []float64
+	spreadMean float64
 }
 
 // valued is a split's valuation: its Split, and one of its decode
@@ -94,6 +99,12 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 			m.cached++
 		}
 	}
+	outputs := make([]float64, len(reqs))
+	for i, r := range reqs {
+		outputs[i] = float64(r.OutputTokens)
+	}
+	m.spread = lifeSpread(outputs)
+	m.spreadMean = Mean(m.spread)
 	n := float64(len(reqs))
 	m.n = n
 	m.remoteFraction = float64(len(m.services)) / n
@@ -267,7 +278,7 @@ func (m *capacity) tpotCapacity() decodeCapacity {
 	ok := func(r float64) bool {
 		var a attained
 		a.batch, a.step, a.rho = m.steadyDecodeAt(r)
-		return 1-m.tpotMiss(r, a) >= m.goal
+		return 1-m.tpotMiss(r, math.Inf(1), a) >= m.goal
 	}
 	hi := float64(m.cfg.MaxSeqs) / (max(m.f.MeanOutput-1, 1) * m.f.stepMs(1) / 1000)
 	if m.localPerRequest > 0 {
@@ -342,7 +353,7 @@ func (m *capacity) attainment(p, d int, lambda float64) attained {
 	a.remoteMiss = (float64(len(m.services)) - remoteMet) / m.n
 	a.localMiss = (float64(len(m.local)) - localMet) / m.n
 	ttftMet := (remoteMet + localMet + m.cached) / m.n
-	a.tpotMiss = m.tpotMiss(perDecode, a)
+	a.tpotMiss = m.tpotMiss(perDecode, m.burstShare(d), a)
 	a.met = ttftMet * (1 - a.tpotMiss)
 	return a
 }
@@ -411,18 +422,15 @@ func (m *capacity) steadyDecodeAt(perDecode float64) (batch, step, rho float64) 
 }
 
 // tpotMiss is the fraction of a decode's streams that miss the TPOT
-// objective at a.
-func (m *capacity) tpotMiss(perDecode float64, a attained) float64 {
+// objective at a, its batch at most most: those whose mean batch over
+// their lives puts their mean step past it (stepMiss) and those the local
+// prefills they wait through do (stalls.missed).
+func (m *capacity) tpotMiss(perDecode, most float64, a attained) float64 {
 	slo := m.cfg.TPOT.Seconds()
 	if a.batch > float64(m.cfg.MaxSeqs) || a.rho >= 1 {
 		return 1
 	}
-	var noise float64
-	if sigma := m.f.StepSigma / 1000; sigma > 0 {
-		noise = 0.5 * math.Erfc((slo-a.step)/(sigma*math.Sqrt2))
-	} else if a.step > slo {
-		noise = 1
-	}
+	noise := m.stepMiss(a.batch, most, slo)
 	stall := m.stalls.missed(perDecode*m.localFraction, a.rho, a.step, slo)
 	return min(noise+stall, 1)
 }

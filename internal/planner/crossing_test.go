@@ -17,9 +17,12 @@ import (
 // run with, held at 256 by the threshold's hysteresis (within 10% of its
 // best), and that dip below the current split's value at its own best
 // threshold was taken for a valley: the split went straight from 8P:8D to
-// 11P:5D, on the engines from 9P:7D to 13P:3D in one decision.
+// 11P:5D, on the engines from 9P:7D to 13P:3D in one decision. (Since a
+// decode's capacity counts its streams' spread and the step's growth past
+// the batches seen, this window's best is 10P:6D, the measured best, and
+// 8P:8D is within the hysteresis of it: the case starts from 7P:9D.)
 func TestNoCrossingWithoutAValley(t *testing.T) {
-	const n, p0 = 16, 8
+	const n, p0 = 16, 7
 	pl := newPlanner(t, Config{TTFT: 1250 * time.Millisecond, TPOT: 25 * time.Millisecond, Engines: n, Prefill: p0,
 		Window: time.Minute, MinDwell: 10 * time.Second})
 	rng := rand.New(rand.NewPCG(0, 9))

@@ -128,8 +128,41 @@ func robustSigma(ks, tpots []float64, a, b, p float64) float64 {
 	return 1.4826 * median(res)
 }
 
-// stepMs is the fit's decode step (ms) at batch k.
+// stepMs is the fit's decode step (ms) at batch k: the fitted curve
+// within the batches observed, and past the largest of them
+// (Fit.StepBatchMax, when known) the step there grown as the prior's
+// shape grows (priorShape) or, where the batches seen reach
+// freeStepSpan, along the curve's slope over their upper half if that
+// grows more. The fitted curve past its points extrapolates whatever
+// shaped it, either way: a concave fit over batches 1–16 dominated by the
+// step's jump from 1 to 2 (the simulated engine at long contexts) comes
+// out with an exponent of 0.3, a step nearly flat past 16, and rated a
+// decode at twice the batch it carries within the TPOT objective; a line
+// through batches 1–3 and the same jump rises past 16 three times too
+// steeply, and rated a decode at a fifth. A decode step is the weights
+// read once and each sequence's own work: the prior's shape, and no less
+// than the per-sequence cost measured across the larger batches seen
+// (below freeStepSpan a slope is the small-batch regime's, or the jump's).
 func (f Fit) stepMs(k float64) float64 {
+	top := f.StepBatchMax
+	if top <= 0 || k <= top {
+		return f.curveMs(k)
+	}
+	at := f.curveMs(top)
+	step := at * priorShape(k) / priorShape(top)
+	if top >= freeStepSpan {
+		slope := (at - f.curveMs(top/2)) / (top / 2)
+		step = max(step, at+slope*(k-top))
+	}
+	return step
+}
+
+// StepMs is the decode step (ms) the model prices at batch k: the fitted
+// curve within the batches observed, extrapolated past them (stepMs).
+func (f Fit) StepMs(k float64) float64 { return f.stepMs(k) }
+
+// curveMs is the fitted curve A + B·k^P (ms) at batch k.
+func (f Fit) curveMs(k float64) float64 {
 	p := f.StepP
 	if p <= 0 {
 		p = 1
@@ -137,21 +170,35 @@ func (f Fit) stepMs(k float64) float64 {
 	return f.StepA + f.StepB*math.Pow(max(k, 0), p)
 }
 
+// priorShape is the prior's step at batch k, to scale: priorStepRatio +
+// k^priorStepExponent.
+func priorShape(k float64) float64 {
+	return priorStepRatio + math.Pow(max(k, 0), priorStepExponent)
+}
+
 // batchAtSLO is the batch k* whose step meets slo ms for q of the steps:
-// the fitted curve solved for k at slo − z·σ (DecodeBatchAtSLO for a
-// line), at most maxSeqs, 0 when no batch does.
+// stepMs solved for k at slo − z·σ (DecodeBatchAtSLO for a line), at
+// most maxSeqs, 0 when no batch does.
 func (f Fit) batchAtSLO(slo, q float64, maxSeqs int) float64 {
-	p := f.StepP
-	if p <= 0 {
-		p = 1
-	}
 	if slo <= 0 || f.StepB <= 0 {
 		return float64(maxSeqs)
 	}
 	z := math.Sqrt2 * math.Erfinv(2*q-1)
-	room := slo - f.StepA - z*f.StepSigma
-	if room <= 0 {
+	target := slo - z*f.StepSigma
+	if target <= f.StepA {
 		return 0
 	}
-	return min(math.Pow(room/f.StepB, 1/p), float64(maxSeqs))
+	seats := float64(maxSeqs)
+	if f.stepMs(seats) <= target {
+		return seats
+	}
+	lo, hi := 0.0, seats // stepMs grows with k
+	for range 60 {
+		if mid := (lo + hi) / 2; f.stepMs(mid) <= target {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
 }

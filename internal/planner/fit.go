@@ -66,6 +66,12 @@ type Fit struct {
 	StepB        float64 `json:"tpot_ms_per_sequence"`
 	StepP        float64 `json:"tpot_batch_exponent"`
 	StepSigma    float64 `json:"tpot_residual_ms"`
+	// StepBatchMin and StepBatchMax are the range of batches the decode
+	// points span. Past StepBatchMax the step is not the fitted curve's but
+	// the step there grown as the prior's shape grows, or along the
+	// curve's upper slope where that grows more (stepMs).
+	StepBatchMin float64 `json:"observed_batch_min"`
+	StepBatchMax float64 `json:"observed_batch_max"`
 	// DecodeLeg is what a remote prompt's decode leg adds to its TTFT at
 	// the current split's predicted load (s): the wait for the decode's
 	// step under way, then its first step.
@@ -174,6 +180,7 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 	}
 	f.DecodePoints, f.MeanBatch = len(ks), Mean(ks)
 	f.DecodeFit, f.StepA, f.StepB, f.StepP, f.StepSigma = fitDecodeCurve(ks, tpots)
+	f.StepBatchMin, f.StepBatchMax = slices.Min(ks), slices.Max(ks)
 	if len(transferCosts) > 0 {
 		f.Overhead = median(transferCosts) * f.MeanUncached
 	}

@@ -23,14 +23,17 @@ func mixed(pl *Planner, start time.Time, dur time.Duration, n, p int) time.Time 
 }
 
 // TestThresholdFitsTheSplitThatRuns: the best split is three prefill
-// engines with every prompt remote (threshold 16), but the split moves one
-// engine at a time, from one prefill engine to two. At two, threshold 16
-// sends both engines every prompt and predicts a third less than keeping
-// the short prompts local: the threshold is chosen for the split that runs
-// after the decision, not for the one the split is headed to.
+// engines with every prompt but the shortest remote (threshold 65), but
+// the split moves one engine at a time, from one prefill engine to two. At
+// two, threshold 16 sends both engines every prompt and predicts a third
+// less than keeping the short prompts local: the threshold is chosen for
+// the split that runs after the decision, not for the one the split is
+// headed to. (Nine engines: at eight, since a decode's capacity counts the
+// spread of its streams' batches, the best is two prefill engines, no
+// longer a split away.)
 func TestThresholdFitsTheSplitThatRuns(t *testing.T) {
-	pl := newPlanner(t, Config{TTFT: 2 * time.Second, TPOT: 100 * time.Millisecond, Engines: 8, Prefill: 1, MinPrefill: 1})
-	now := mixed(pl, t0, 20*time.Second, 8, 1)
+	pl := newPlanner(t, Config{TTFT: 2 * time.Second, TPOT: 100 * time.Millisecond, Engines: 9, Prefill: 1, MinPrefill: 1})
+	now := mixed(pl, t0, 20*time.Second, 9, 1)
 	d := pl.Decide(now)
 	if !d.Changed || d.Prefill != 2 || d.Best.P != 3 {
 		t.Fatalf("got %dP:%dD (changed %v, best %+v), want a step from 1P toward 3P", d.Prefill, d.Decode, d.Changed, d.Best)
