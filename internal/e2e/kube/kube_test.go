@@ -551,6 +551,14 @@ func TestDiscoveryScalesPoolsWithoutLosingRequests(t *testing.T) {
 	if _, err := cp.Kubectl(context.Background(), nil, "create", "namespace", namespace); err != nil && !strings.Contains(err.Error(), "AlreadyExists") {
 		t.Fatal(err)
 	}
+	// The control plane is shared by every run in this test binary
+	// (-count=N): a slice left behind would name an engine of an earlier
+	// run, gone, as a backend of this one.
+	t.Cleanup(func() {
+		if err := kc.DiscoveryV1().EndpointSlices(namespace).DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			t.Errorf("deleting the test's EndpointSlices: %v", err)
+		}
+	})
 	c := &cluster{kc: kc}
 	c.apply(t, c.slice("prefill-a", prefillSvc, ep(p0.host, true, false)))
 	c.apply(t, c.slice("decode-a", decodeSvc, ep(d0.host, true, false)))
