@@ -581,6 +581,18 @@ func TestDiscoveryScalesPoolsWithoutLosingRequests(t *testing.T) {
 	}
 	var acted []time.Duration
 	acted = append(acted, c.waitBackends(t, time.Now(), []*engine{p0}, []*engine{d0}))
+	// A backend is listed as soon as discovery adds it and serves once its
+	// first health check passed: the proxy is ready then (a first request
+	// sent on the listing alone got 503, no healthy decode, on a loaded
+	// machine).
+	testutil.WaitFor(t, "the proxy ready (its /health 200)", waitTimeout, func() bool {
+		resp, err := client.Get(c.proxyURL + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 
 	r := complete(context.Background(), c.proxyURL, prompts[0], maxTokens, false)
 	if r.err != nil || r.pd != "remote" || r.text != want[prompts[0]] {
