@@ -52,7 +52,9 @@ func TestControlPlane(t *testing.T) {
 		t.Errorf("kubectl auth whoami: not admin")
 	}
 
-	kubectl(nil, "create", "namespace", "kubetest")
+	// apply, not create: the control plane is shared by every run in the
+	// test binary (-count=N), and a second create fails AlreadyExists.
+	kubectl([]byte("apiVersion: v1\nkind: Namespace\nmetadata: {name: kubetest}\n"), "apply", "-f", "-")
 	kubectl(endpointSlice("decode-a", "198.18.0.10"), "apply", "-f", "-")
 	got := kubectl(nil, "-n", "kubetest", "get", "endpointslice", "decode-a",
 		"-o", "jsonpath={.endpoints[0].addresses[0]} {.endpoints[0].conditions.ready} {.metadata.labels.kubernetes\\.io/service-name}")

@@ -537,9 +537,14 @@ func TestRunWithFakeEngines(t *testing.T) {
 			return err == nil
 		})
 		defer ln.Close()
+		// Giving up takes about 7 s by design: backoffs of 1 s and 2 s,
+		// and each restart's first health check waits out its 2 s timeout
+		// on the test's listener, which never answers. 30 s was not
+		// enough with the cores busy (it failed once beside two other test
+		// packages); the limit is for a Run that never returns.
 		select {
 		case <-done:
-		case <-time.After(30 * time.Second):
+		case <-time.After(2 * time.Minute):
 			t.Fatal("Run did not return for an engine that keeps exiting")
 		}
 		want := "decode-1 keeps exiting: it exited with status 1 after 2 restarts within 1m0s, at most 2 restarts within 1m0s (--restart-limit, --restart-window); stopping the others"

@@ -166,33 +166,54 @@ func TestDecodeFailingBeforeFirstByteIsRetried(t *testing.T) {
 }
 
 func TestAllSaturatedQueuesThen429(t *testing.T) {
-	release := make(chan struct{})
-	pre := []*fakeEngine{newFake(t, prefillOK)}
-	dec := []*fakeEngine{newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-		<-release
-		decodeJSON(w, r, body)
-	})}
-	p, url := startProxy(t, Config{Fallback: true, ScrapeInterval: -1, QueueTimeout: 50 * time.Millisecond,
-		Router: factory.Options{MaxInFlight: 1}}, pre, dec)
-	var wg sync.WaitGroup
-	wg.Go(func() { post(t, url, "/v1/completions", `{"prompt":"x"}`, nil) })
-	waitFor(t, func() bool { return p.decode.list()[0].inFlight.Load() == 1 })
-	resp, body := post(t, url, "/v1/completions", `{"prompt":"x"}`, nil)
-	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
-		t.Errorf("saturated: %d Retry-After=%q %s, want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	// saturated starts a proxy whose one decode slot (MaxInFlight 1) is
+	// held by a request until free is called (at the latest when t ends).
+	saturated := func(t *testing.T, queueTimeout time.Duration) (p *Proxy, url string, free func()) {
+		release := make(chan struct{})
+		free = sync.OnceFunc(func() { close(release) })
+		pre := []*fakeEngine{newFake(t, prefillOK)}
+		dec := []*fakeEngine{newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+			<-release
+			decodeJSON(w, r, body)
+		})}
+		p, url = startProxy(t, Config{Fallback: true, ScrapeInterval: -1, QueueTimeout: queueTimeout,
+			Router: factory.Options{MaxInFlight: 1}}, pre, dec)
+		var wg sync.WaitGroup
+		wg.Go(func() { post(t, url, "/v1/completions", `{"prompt":"x"}`, nil) })
+		t.Cleanup(func() { free(); wg.Wait() })
+		waitFor(t, func() bool { return p.decode.list()[0].inFlight.Load() == 1 })
+		return p, url, free
 	}
-	// A request that waits less than the queue timeout is admitted.
-	done := make(chan int)
-	go func() {
-		resp, _ := post(t, url, "/v1/completions", `{"prompt":"x"}`, nil)
-		done <- resp.StatusCode
-	}()
-	time.Sleep(10 * time.Millisecond)
-	close(release)
-	if got := <-done; got != http.StatusOK {
-		t.Errorf("queued request: %d, want 200", got)
-	}
-	wg.Wait()
+
+	t.Run("a request that waits out the queue timeout gets 429", func(t *testing.T) {
+		p, url, _ := saturated(t, 50*time.Millisecond)
+		resp, body := post(t, url, "/v1/completions", `{"prompt":"x"}`, nil)
+		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("saturated: %d Retry-After=%q %s, want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		}
+		if got := metricValue(t, p, "tandem:proxy_admission_total", map[string]string{"result": "rejected"}); got != 1 {
+			t.Errorf("admission_total{result=rejected} = %v, want 1", got)
+		}
+	})
+	t.Run("a queued request is admitted when a slot frees before its timeout", func(t *testing.T) {
+		// The timeout is far longer than any scheduling delay: the
+		// request is admitted because the slot freed, never by luck (a
+		// 50ms timeout here failed under -race on a loaded machine).
+		p, url, free := saturated(t, time.Minute)
+		done := make(chan int, 1)
+		go func() {
+			resp, _ := post(t, url, "/v1/completions", `{"prompt":"x"}`, nil)
+			done <- resp.StatusCode
+		}()
+		waitFor(t, func() bool { return len(p.queued) == 1 })
+		free()
+		if got := <-done; got != http.StatusOK {
+			t.Errorf("queued request: %d, want 200", got)
+		}
+		if got := metricValue(t, p, "tandem:proxy_admission_total", map[string]string{"result": "admitted"}); got != 1 {
+			t.Errorf("admission_total{result=admitted} = %v, want 1: the request waited in the queue", got)
+		}
+	})
 }
 
 // TestPrefixAwareRoutingHitsTheCache: groups of requests sharing a long

@@ -32,10 +32,13 @@ func TestManyBackends(t *testing.T) {
 	for range 16 {
 		pre = append(pre, newFake(t, prefillOK))
 	}
-	// Every decode leg waits until all 512 have arrived (or 10 s), so none
-	// finishes and frees its slot before the last is dispatched, however
-	// slow the machine (the race detector): the spread then shows the
-	// dispatch-time accounting alone.
+	// Every decode leg waits until all 512 have arrived (or a minute), so
+	// none finishes and frees its slot before the last is dispatched,
+	// however slow the machine (the race detector): the spread then shows
+	// the dispatch-time accounting alone. The proxy's Timeout is longer
+	// than that wait: with startProxy's 5 s, legs that waited for a slow
+	// dispatch (8.7 s under -race on a loaded machine) timed out and were
+	// retried (decode_retry) instead of answering remote.
 	const n = 512
 	var arrived atomic.Int32
 	all := make(chan struct{})
@@ -45,7 +48,7 @@ func TestManyBackends(t *testing.T) {
 		}
 		select {
 		case <-all:
-		case <-time.After(10 * time.Second):
+		case <-time.After(time.Minute):
 		}
 		decodeJSON(w, r, body)
 	}
@@ -53,7 +56,7 @@ func TestManyBackends(t *testing.T) {
 		dec = append(dec, newFake(t, barrier))
 	}
 	_, url := startProxy(t, Config{Fallback: true, Policy: factory.PolicyPrefix, PDDecider: "conditional", ScrapeInterval: -1,
-		Router: factory.Options{Threshold: 8}}, pre, dec)
+		Timeout: 2 * time.Minute, Router: factory.Options{Threshold: 8}}, pre, dec)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	pd := map[string]int{}

@@ -551,6 +551,14 @@ func TestDiscoveryScalesPoolsWithoutLosingRequests(t *testing.T) {
 	if _, err := cp.Kubectl(context.Background(), nil, "create", "namespace", namespace); err != nil && !strings.Contains(err.Error(), "AlreadyExists") {
 		t.Fatal(err)
 	}
+	// The control plane is shared by every run in this test binary
+	// (-count=N): a slice left behind would name an engine of an earlier
+	// run, gone, as a backend of this one.
+	t.Cleanup(func() {
+		if err := kc.DiscoveryV1().EndpointSlices(namespace).DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			t.Errorf("deleting the test's EndpointSlices: %v", err)
+		}
+	})
 	c := &cluster{kc: kc}
 	c.apply(t, c.slice("prefill-a", prefillSvc, ep(p0.host, true, false)))
 	c.apply(t, c.slice("decode-a", decodeSvc, ep(d0.host, true, false)))
@@ -573,6 +581,18 @@ func TestDiscoveryScalesPoolsWithoutLosingRequests(t *testing.T) {
 	}
 	var acted []time.Duration
 	acted = append(acted, c.waitBackends(t, time.Now(), []*engine{p0}, []*engine{d0}))
+	// A backend is listed as soon as discovery adds it and serves once its
+	// first health check passed: the proxy is ready then (a first request
+	// sent on the listing alone got 503, no healthy decode, on a loaded
+	// machine).
+	testutil.WaitFor(t, "the proxy ready (its /health 200)", waitTimeout, func() bool {
+		resp, err := client.Get(c.proxyURL + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 
 	r := complete(context.Background(), c.proxyURL, prompts[0], maxTokens, false)
 	if r.err != nil || r.pd != "remote" || r.text != want[prompts[0]] {
