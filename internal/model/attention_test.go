@@ -337,7 +337,9 @@ func TestAttentionMatchesFloat64(t *testing.T) {
 // TestAttentionTilingIsInvariant checks that a query's attention output is
 // bit-identical whatever tile, chunk of the prompt and batch it is computed
 // in: one call for the whole prompt, chunks of 16, 17 and 64 positions,
-// each position alone (decode), and mixed batches of several chunks.
+// each position alone (decode, split across the two threads by KV head),
+// two decode tokens in one batch (an item each) and mixed batches of
+// several chunks.
 func TestAttentionTilingIsInvariant(t *testing.T) {
 	for _, dt := range []kvlayout.ElemType{kvlayout.BF16, kvlayout.F32} {
 		for _, sh := range []attnShape{{9, 3, 64}, {4, 1, 128}, {4, 4, 64}} {
@@ -368,6 +370,9 @@ func TestAttentionTilingIsInvariant(t *testing.T) {
 				// Several pieces of the prompt in one batch, as if they
 				// were different sequences sharing the KV.
 				check("mixed batch", [][2]int{{300, 33}, {5, 1}, {64, 70}, {332, 1}, {0, 3}, {200, 17}})
+				// Two decode tokens: one item each for all KV heads, where
+				// one token alone is split into an item per KV head.
+				check("two decode tokens", [][2]int{{100, 1}, {332, 1}})
 			})
 		}
 	}
