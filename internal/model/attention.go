@@ -104,10 +104,9 @@ import (
 // its position and end after its window start; above the diagonal nothing
 // is computed, nor before a window). A single new token
 // (decode) is one item for all KV heads, so one sweep reads a block's key
-// rows for every head, with the next block's keys and the block's values
-// prefetched; when the batch has fewer items than the pool has threads (a
-// single sequence's decode), it is one item per KV head instead, so the
-// threads share it. Items are claimed
+// rows for every head, with the next block prefetched; when the batch has
+// fewer items than the pool has threads (a single sequence's decode), it is
+// one item per KV head instead, so the threads share it. Items are claimed
 // dynamically by whichever pool thread is free, the costliest first within
 // each KV head. On the bf16 path, and on the f32 one where
 // tensor.AttnPackedF32 holds, a first parallel pass packs, per sequence
@@ -287,15 +286,6 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 	const C = attnKeyChunk
 	perHead := ntok * group // rows per KV head
 	R := (kh1 - kh0) * perHead
-	win := m.layers[li].window
-	end := first + ntok // keys of the tile's last token
-	if ntok == 1 && keys == nil {
-		// Decode: the first segment's key rows, before the queries are
-		// scaled (later segments are fetched one ahead, below).
-		j := windowStart(first, win) / C * C
-		blk, slot := j/bs, j%bs
-		kv.prefetchRows(layout.Offset(int(tbl[blk]), ls, 0, slot)+kh0*hd, kvd, min(bs-slot, end-j), (kh1-kh0)*hd)
-	}
 	w.grow(R, hd)
 	m.scaledQueries(w, li, t0, ntok, kh0, kh1)
 	if kv.u16 != nil {
@@ -303,6 +293,8 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 	}
 	w.reset(R, hd)
 
+	win := m.layers[li].window
+	end := first + ntok // keys of the tile's last token
 	for c0 := windowStart(first, win) / C * C; c0 < end; c0 += C {
 		c1 := min(c0+C, end)
 		tokLo, tokHi := chunkTokens(c0, c1, first, ntok, win)
@@ -319,20 +311,12 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 			blk, slot := j/bs, j%bs
 			je := min(c1, (blk+1)*bs)
 			base := layout.Offset(int(tbl[blk]), ls, 0, slot)
-			if ntok == 1 {
+			if ntok == 1 && je < end {
 				// Decode: warm the next segment's key rows (blocks are
-				// scattered, the hardware prefetchers cannot guess them)
-				// and this segment's value rows, which the chunk's
-				// weighted sum reads after the chunk's scores and softmax.
-				// The decode's weights have streamed through the cache
-				// since the previous token: without this, the value
-				// rows' misses made up most of its attention time.
-				if je < end {
-					nb, ns := je/bs, je%bs
-					next := layout.Offset(int(tbl[nb]), ls, 0, ns) + kh0*hd
-					kv.prefetchRows(next, kvd, min(bs-ns, end-je), (kh1-kh0)*hd)
-				}
-				kv.prefetchRows(layout.Offset(int(tbl[blk]), ls, 1, slot)+kh0*hd, kvd, je-j, (kh1-kh0)*hd)
+				// scattered, the hardware prefetchers cannot guess them).
+				nb, ns := je/bs, je%bs
+				next := layout.Offset(int(tbl[nb]), ls, 0, ns) + kh0*hd
+				kv.prefetchRows(next, kvd, min(bs-ns, end-je), (kh1-kh0)*hd)
 			}
 			for kvh := kh0; kvh < kh1; kvh++ {
 				r0 := (kvh-kh0)*perHead + tokLo*group

@@ -82,8 +82,6 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout
 					next := layout.Offset(int(tbl[nb]), ls, 0, ns) + kh0*hd
 					kv.prefetchRows(next, kvd, min(bs-ns, end-je), (kh1-kh0)*hd)
 				}
-				// This segment's value rows, read after the chunk's softmax.
-				kv.prefetchRows(layout.Offset(int(tbl[blk]), ls, 1, slot)+kh0*hd, kvd, je-j, (kh1-kh0)*hd)
 				for kvh := kh0; kvh < kh1; kvh++ {
 					r0 := (kvh - kh0) * perHead
 					q := w.qb.Rows(r0, perHead)
