@@ -104,7 +104,9 @@ import (
 // its position and end after its window start; above the diagonal nothing
 // is computed, nor before a window). A single new token
 // (decode) is one item for all KV heads, so one sweep reads a block's key
-// rows for every head, with the next block prefetched. Items are claimed
+// rows for every head, with the next block prefetched; when the batch has
+// fewer items than the pool has threads (a single sequence's decode), it is
+// one item per KV head instead, so the threads share it. Items are claimed
 // dynamically by whichever pool thread is free, the costliest first within
 // each KV head. On the bf16 path, and on the f32 one where
 // tensor.AttnPackedF32 holds, a first parallel pass packs, per sequence
@@ -129,7 +131,8 @@ type attnTile struct {
 }
 
 // attnItem is one unit of attention work: a tile for one KV head, or for
-// all of them (kvh < 0: a single decode token).
+// all of them (kvh < 0: a single decode token, which may also be split into
+// one item per KV head).
 type attnItem struct {
 	tile, kvh int32
 	cost      int64 // query rows × keys, for ordering
@@ -199,10 +202,27 @@ func (m *Model) planAttention() {
 		slices.SortStableFunc(s.items[start:], func(a, b attnItem) int { return cmp.Compare(b.cost, a.cost) })
 	}
 	start := len(s.items)
-	for i, tile := range s.tiles {
+	decode := 0
+	for _, tile := range s.tiles {
 		if tile.n == 1 {
-			keys := int64(s.tokPos[tile.t0]) + 1
+			decode++
+		}
+	}
+	// Fewer items than threads (a single sequence's decode): one item per
+	// KV head, so the threads share the token's attention rather than one
+	// of them doing it while the others wait.
+	split := c.KVHeads > 1 && start+decode < m.pool.Threads()
+	for i, tile := range s.tiles {
+		if tile.n != 1 {
+			continue
+		}
+		keys := int64(s.tokPos[tile.t0]) + 1
+		if !split {
 			s.items = append(s.items, attnItem{tile: int32(i), kvh: -1, cost: keys * int64(c.Heads)})
+			continue
+		}
+		for kvh := range c.KVHeads {
+			s.items = append(s.items, attnItem{tile: int32(i), kvh: int32(kvh), cost: keys * group})
 		}
 	}
 	slices.SortStableFunc(s.items[start:], func(a, b attnItem) int { return cmp.Compare(b.cost, a.cost) })
@@ -236,14 +256,14 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout kvlayout.Layout)
 			}
 			if bf16 {
 				var keys []uint32
-				if it.kvh >= 0 {
+				if tile.n > 1 {
 					keys = s.packed[int(s.tokSeq[tile.t0])*c.KVHeads+int(it.kvh)]
 				}
 				m.attendTileBF16(w, kv, layout, li, sq, keys, tile.t0, tile.n, first, kh0, kh1)
 				continue
 			}
 			var keys []float32
-			if packed && it.kvh >= 0 {
+			if packed && tile.n > 1 {
 				keys = s.packedF32[int(s.tokSeq[tile.t0])*c.KVHeads+int(it.kvh)]
 			}
 			m.attendTile(w, kv, layout, li, sq, keys, tile.t0, tile.n, first, kh0, kh1)

@@ -30,8 +30,9 @@ func (m *Model) packKeys(li int, seqs []Seq, kv kvView, layout kvlayout.Layout) 
 }
 
 // attendTileBF16 is attendTile on the bf16 path: keys nil for a decode
-// token (all KV heads, scores by tensor.DotRowsBF16 straight from the pool),
-// else the packed keys of KV head kh0 of the tile's sequence (kh1 = kh0+1).
+// token (KV heads [kh0, kh1), scores by tensor.DotRowsBF16 straight from
+// the pool), else the packed keys of KV head kh0 of the tile's sequence
+// (kh1 = kh0+1).
 func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout, li int, sq *Seq, keys []uint32, t0, ntok, first, kh0, kh1 int) {
 	tbl, ls := m.kvTable(sq, li)
 	c := &m.cfg

@@ -337,7 +337,9 @@ func TestAttentionMatchesFloat64(t *testing.T) {
 // TestAttentionTilingIsInvariant checks that a query's attention output is
 // bit-identical whatever tile, chunk of the prompt and batch it is computed
 // in: one call for the whole prompt, chunks of 16, 17 and 64 positions,
-// each position alone (decode), and mixed batches of several chunks.
+// each position alone (decode, split across the two threads by KV head),
+// two decode tokens in one batch (an item each) and mixed batches of
+// several chunks.
 func TestAttentionTilingIsInvariant(t *testing.T) {
 	for _, dt := range []kvlayout.ElemType{kvlayout.BF16, kvlayout.F32} {
 		for _, sh := range []attnShape{{9, 3, 64}, {4, 1, 128}, {4, 4, 64}} {
@@ -368,6 +370,9 @@ func TestAttentionTilingIsInvariant(t *testing.T) {
 				// Several pieces of the prompt in one batch, as if they
 				// were different sequences sharing the KV.
 				check("mixed batch", [][2]int{{300, 33}, {5, 1}, {64, 70}, {332, 1}, {0, 3}, {200, 17}})
+				// Two decode tokens: one item each for all KV heads, where
+				// one token alone is split into an item per KV head.
+				check("two decode tokens", [][2]int{{100, 1}, {332, 1}})
 			})
 		}
 	}
@@ -449,5 +454,43 @@ func BenchmarkAttention(b *testing.B) {
 				})
 			}
 		}
+	}
+}
+
+// TestPlanAttentionSplitsALoneDecodeToken checks the decode work items: a
+// single sequence's decode token is one item per KV head when the pool has
+// more threads than the batch has items, and one item for all KV heads
+// otherwise (one thread, several decode tokens, or prefill tiles beside it).
+func TestPlanAttentionSplitsALoneDecodeToken(t *testing.T) {
+	sh := attnShape{9, 3, 64}
+	cases := []struct {
+		name    string
+		threads int
+		spans   [][2]int // (position, tokens) per sequence
+		want    []int32  // the items' KV heads, in order
+	}{
+		{"one token, 2 threads", 2, [][2]int{{100, 1}}, []int32{0, 1, 2}},
+		{"one token, 1 thread", 1, [][2]int{{100, 1}}, []int32{-1}},
+		{"two tokens, 2 threads", 2, [][2]int{{100, 1}, {40, 1}}, []int32{-1, -1}},
+		{"a prefill tile beside", 2, [][2]int{{0, 16}, {100, 1}}, []int32{0, 1, 2, -1}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := newAttnModel(t, sh, c.threads)
+			seqs := make([]Seq, len(c.spans))
+			T := 0
+			for i, sp := range c.spans {
+				seqs[i] = Seq{Tokens: make([]int32, sp[1]), Pos: sp[0]}
+				T += sp[1]
+			}
+			m.planTokens(seqs, T)
+			var got []int32
+			for _, it := range m.s.items {
+				got = append(got, it.kvh)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(c.want) {
+				t.Fatalf("items' KV heads %v, want %v", got, c.want)
+			}
+		})
 	}
 }

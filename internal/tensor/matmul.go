@@ -16,6 +16,15 @@ const (
 	// panelChunksPerThread replaces chunksPerThread when m is larger than
 	// one tile and the weights are walked in prefetched panels.
 	panelChunksPerThread = 2
+	// rowChunksPerThread replaces chunksPerThread for one activation row
+	// (single-stream decode): the M = 1 kernels read several weight rows
+	// side by side from as many regions of their range, each region one
+	// sequential stream the L2's prefetchers follow, and every range
+	// starts its streams cold. A small model's matrices (576 rows of 612
+	// bytes in SmolLM2-135M's Q8_0) cut in 4 ranges per thread left
+	// streams of 5–10 KiB; in 2, twice as long, with dynamic claiming
+	// kept for a descheduled thread.
+	rowChunksPerThread = 2
 	// chunkAlign is the granularity (in weight rows) of MatMul's work
 	// split, a multiple of every kernel set's cols.
 	chunkAlign = 16
@@ -68,6 +77,9 @@ func (p *Pool) matMul(ks *kernelSet, out, x []float32, m int, w *Mat) {
 	chunk := n
 	if p.threads > 1 && m*n*k >= serialFMAs {
 		per := chunksPerThread
+		if m == 1 {
+			per = rowChunksPerThread
+		}
 		if m > maxTileRows {
 			// Fewer, longer ranges: each range's first panel of weights
 			// is read cold, the later ones are prefetched.

@@ -167,6 +167,14 @@ func TestMatMulWorkSplitDoesNotChangeResults(t *testing.T) {
 					t.Fatalf("%s: element %d differs: 1 thread %g, 2 threads %g", dt, i, a[i], b[i])
 				}
 			}
+			// One activation row (decode), split into fewer ranges.
+			one := make([]float32, 300)
+			p2.MatMul(one, x[:260], 1, w)
+			for j := range one {
+				if math.Float32bits(one[j]) != math.Float32bits(a[j]) {
+					t.Fatalf("%s: one row on 2 threads, element %d: %g, 1 thread %g", dt, j, one[j], a[j])
+				}
+			}
 		}
 	})
 }

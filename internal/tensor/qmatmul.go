@@ -243,7 +243,11 @@ func (p *Pool) matmulQuant(ks *kernelSet, out, x []float32, m int, w *Mat) {
 	}
 	chunk := n
 	if p.threads > 1 && m*n*k >= serialFMAs {
-		chunk = (n + p.threads*chunksPerThread - 1) / (p.threads * chunksPerThread)
+		per := chunksPerThread
+		if m == 1 {
+			per = rowChunksPerThread
+		}
+		chunk = (n + p.threads*per - 1) / (p.threads * per)
 		chunk = (chunk + chunkAlign - 1) / chunkAlign * chunkAlign
 	}
 	qmm := ks.qmm

@@ -308,6 +308,18 @@ func TestQuantMatMulWorkSplitAndRowGroups(t *testing.T) {
 					}
 				}
 			}
+			// One activation row (decode) is split into fewer, longer
+			// ranges per thread than several rows are; each activation row
+			// must still match its column of the 1-thread product.
+			for i := range m {
+				one := make([]float32, n)
+				p2.MatMul(one, x[i*k:(i+1)*k], 1, w)
+				for j := range n {
+					if math.Float32bits(one[j]) != math.Float32bits(a[i*n+j]) {
+						t.Fatalf("%s row %d alone on 2 threads: out[%d] = %g, 1 thread %g", d, i, j, one[j], a[i*n+j])
+					}
+				}
+			}
 		}
 	})
 }
