@@ -292,8 +292,9 @@ type Decision struct {
 	// between the colocated split and one with a prefill pool).
 	Crossed bool `json:"crossed,omitempty"`
 	// Held says why the split did not move to Best ("" when it is Best
-	// or moved toward it): too few or stale samples, the dwell, or the
-	// hysteresis.
+	// or moved toward it): too few or stale samples, the dwell, the
+	// hysteresis, the window's noise, or an uncertain decode fit (the
+	// lead the decode step's residual makes, not its curve: uncertainFit).
 	Held string `json:"held,omitempty"`
 	// Splits is every split within the bounds, each at the threshold
 	// that predicts it the most goodput: what Best was chosen from.
@@ -423,6 +424,8 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 			target.P, target.D, target.Goodput, cur, 100*pl.cfg.Hysteresis)
 	case noise != "":
 		d.Held = noise
+	case pl.uncertainFit(f, d.Fit.Current, curTh, target, bestTh) != "":
+		d.Held = pl.uncertainFit(f, d.Fit.Current, curTh, target, bestTh)
 	case !pl.lastChange.IsZero() && now.Sub(pl.lastChange) < pl.dwell(next):
 		d.Held = fmt.Sprintf("dwell: the split changed %v ago, less than %v", now.Sub(pl.lastChange).Round(100*time.Millisecond), pl.dwell(next))
 	default:
