@@ -31,8 +31,8 @@ import (
 // 3–9, the simulated engine's step (about 12 + 0.5·k ms there) came out
 // 1.6 + 3.4·k^0.8, a step cheap at the colocated split's small batches and
 // dear at the pool's, and colocated led with none of the residual too. So
-// the move must also lead with the slope StepB two standard errors
-// (StepBSE) either side, the curve turned about the points' centre (where
+// the move must also lead with the slope StepB uncertainSlopeErrors
+// standard errors (StepBSE) either side, the curve turned about the points' centre (where
 // the points pin it), both without the residual. A clean fit's slope is
 // known to a few percent and its bounds agree.
 func (pl *Planner) uncertainFit(f Fit, cur Split, curTh int, target Split, targetTh int) string {
@@ -61,9 +61,14 @@ func (pl *Planner) uncertainFit(f Fit, cur Split, curTh int, target Split, targe
 }
 
 // uncertainSlopeErrors is how many standard errors either side of the
-// fitted slope a move's lead must hold at (uncertainFit): about the 95%
-// interval.
-const uncertainSlopeErrors = 2
+// fitted slope a move's lead must hold at (uncertainFit): about the 87%
+// interval. At two (95%) the bound also held a right move of a run whose
+// fit was clean enough (σ 1.6 ms over batches 0.5–5: 6P:2D predicted
+// 7.35 req/s against 6.27, 6.19 against 6.26 at the steeper bound), and
+// over windows with 2–5 ms of scrape noise half the right moves waited;
+// at one and a half none did, and no move toward the decodes passed at
+// 7–10 ms of noise.
+const uncertainSlopeErrors = 1.5
 
 // slopeError is the standard error of the slope b of tpot = a + b·k^p
 // fitted by least squares to the batches ks with residual sigma (ms),

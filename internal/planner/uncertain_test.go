@@ -24,8 +24,8 @@ func noisyStep(sigma float64) func(*rand.Rand, float64) float64 {
 // met 96%). In the first window 5P:3D leads with none of the residual the
 // steps' own; in the second the noise also tilted the curve (1.6 +
 // 3.4·k^0.8 where the step is about 12 + 0.5·k), and colocated still leads
-// without the residual but not with the slope two standard errors
-// flatter. Either way the move is the fit's noise, and the split holds.
+// without the residual but not with the slope one and a half standard
+// errors flatter. Either way the move is the fit's noise, and the split holds.
 func TestNoisyDecodeFitDoesNotGoColocated(t *testing.T) {
 	const n = 8
 	for _, c := range []struct {
