@@ -249,8 +249,8 @@ func writeFit(w io.Writer, d *planner.Decision) {
 		if p <= 0 {
 			p = 1
 		}
-		fmt.Fprintf(w, "decode (%s, %d points, batches %.1f–%.1f, mean %.1f): TPOT = %.2f + %.2f·k^%.2f ms (σ %.1f; %.1f ms at batch 1, %.1f at 16, %.1f at 32; past batch %.1f the prior's shape or the upper slope) → batch %.1f at %.1f ms → %.3f req/s per engine within the TPOT; decode leg %.1f ms\n",
-			f.DecodeFit, f.DecodePoints, f.StepBatchMin, f.StepBatchMax, f.MeanBatch, f.StepA, f.StepB, p, f.StepSigma, f.StepMs(1), f.StepMs(16), f.StepMs(32), f.StepBatchMax,
+		fmt.Fprintf(w, "decode (%s, %d points, batches %.1f–%.1f, mean %.1f): TPOT = %.2f + %.2f·k^%.2f ms (σ %.1f, slope ± %.2f s.e.; %.1f ms at batch 1, %.1f at 16, %.1f at 32; past batch %.1f the prior's shape or the upper slope) → batch %.1f at %.1f ms → %.3f req/s per engine within the TPOT; decode leg %.1f ms\n",
+			f.DecodeFit, f.DecodePoints, f.StepBatchMin, f.StepBatchMax, f.MeanBatch, f.StepA, f.StepB, p, f.StepSigma, f.StepBSE, f.StepMs(1), f.StepMs(16), f.StepMs(32), f.StepBatchMax,
 			f.DecodeBatch, f.DecodeTPOT, f.DecodeRate, 1000*f.DecodeLeg)
 	}
 	if f.Current.P+f.Current.D > 0 {

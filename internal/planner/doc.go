@@ -36,7 +36,11 @@
 // last change when the split turns back (Config.StepDwell when it goes on
 // in the same direction), and a change moves one engine at a time (half
 // the way to the best right after a shift of the traffic mix, or, where
-// the step is predicted worse than now, straight to the best).
+// the step is predicted worse than now, straight to the best). A move
+// must also lead where the decode fit's residual is taken as the scrapes'
+// noise rather than the steps' spread, and with the fit's slope turned
+// within its standard error (uncertain.go): a noisy early fit does not
+// send the split toward the most decodes.
 // The threshold is chosen for the split that runs after the decision (a
 // threshold fitted to the best split would not suit the one running) and
 // has a hysteresis and dwell of its own (threshold.go). Engine samples

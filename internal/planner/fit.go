@@ -72,6 +72,12 @@ type Fit struct {
 	// curve's upper slope where that grows more (stepMs).
 	StepBatchMin float64 `json:"observed_batch_min"`
 	StepBatchMax float64 `json:"observed_batch_max"`
+	// StepBSE is the standard error of StepB (ms) where A, B and P were
+	// fitted ("fit"): StepSigma over the spread of the points' k^P, large
+	// for a noisy fit over few batches; stepPivot is the points' mean k^P,
+	// about which the curve turns within it (uncertainFit).
+	StepBSE   float64 `json:"tpot_ms_per_sequence_se,omitempty"`
+	stepPivot float64
 	// DecodeLeg is what a remote prompt's decode leg adds to its TTFT at
 	// the current split's predicted load (s): the wait for the decode's
 	// step under way, then its first step.
@@ -181,6 +187,9 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 	f.DecodePoints, f.MeanBatch = len(ks), Mean(ks)
 	f.DecodeFit, f.StepA, f.StepB, f.StepP, f.StepSigma = fitDecodeCurve(ks, tpots)
 	f.StepBatchMin, f.StepBatchMax = slices.Min(ks), slices.Max(ks)
+	if f.DecodeFit == "fit" {
+		f.StepBSE, f.stepPivot = slopeError(ks, f.StepP, f.StepSigma)
+	}
 	if len(transferCosts) > 0 {
 		f.Overhead = median(transferCosts) * f.MeanUncached
 	}

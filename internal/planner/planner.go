@@ -292,8 +292,9 @@ type Decision struct {
 	// between the colocated split and one with a prefill pool).
 	Crossed bool `json:"crossed,omitempty"`
 	// Held says why the split did not move to Best ("" when it is Best
-	// or moved toward it): too few or stale samples, the dwell, or the
-	// hysteresis.
+	// or moved toward it): too few or stale samples, the dwell, the
+	// hysteresis, the window's noise, or an uncertain decode fit (the
+	// lead the decode step's residual makes, not its curve: uncertainFit).
 	Held string `json:"held,omitempty"`
 	// Splits is every split within the bounds, each at the threshold
 	// that predicts it the most goodput: what Best was chosen from.
@@ -416,6 +417,10 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	if target.P != pl.prefill && target.Goodput >= cur*(1+pl.cfg.Hysteresis) && target.Goodput < cur*(1+noiseLeads*pl.cfg.Hysteresis) {
 		noise = pl.withinNoise(f, d.Fit.Current, curTh, target, bestTh)
 	}
+	var uncertain string // why the move's lead is the decode fit's noise
+	if noise == "" && target.P != pl.prefill && target.Goodput >= cur*(1+pl.cfg.Hysteresis) {
+		uncertain = pl.uncertainFit(f, d.Fit.Current, curTh, target, bestTh)
+	}
 	switch {
 	case target.P == pl.prefill:
 	case target.Goodput < cur*(1+pl.cfg.Hysteresis):
@@ -423,6 +428,8 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 			target.P, target.D, target.Goodput, cur, 100*pl.cfg.Hysteresis)
 	case noise != "":
 		d.Held = noise
+	case uncertain != "":
+		d.Held = uncertain
 	case !pl.lastChange.IsZero() && now.Sub(pl.lastChange) < pl.dwell(next):
 		d.Held = fmt.Sprintf("dwell: the split changed %v ago, less than %v", now.Sub(pl.lastChange).Round(100*time.Millisecond), pl.dwell(next))
 	default:
