@@ -269,19 +269,24 @@ func storeAcc(out []float32, ldo int, acc []float32, lanes, rows, m int) {
 	}
 }
 
-// row8Regions is the rows per region, at most r and at least r − 7, of the
-// 8-row kernels' 8 regions (r·rb bytes apart), where rb is the bytes of a
-// row: the one whose 8 streams lie farthest apart modulo 4096 (the largest
-// among equals: the fewest rows left to the kernels past the regions). Streams at one offset in a page (r·rb a
-// multiple of 4096, as for 2048 rows of any K-quant: r = 256) map to the
-// same set of the level-1 data cache, which then holds one line of each
-// and no more; with the 8-row kernels on the Zen 2 this kept the cold
-// rates at 55–75% of the read limit, and spreading the streams raised
-// them by 20–40% (docs/performance.md, "cold rates: streams spread over
-// the cache sets").
+// row8Regions is the rows per region of the 8-row kernels' 8 regions
+// (r·rb bytes apart, rb the bytes of a row), at most r: r where its 8
+// streams lie at least 256 bytes apart modulo 4096, else the one among r,
+// r − 1, … that puts them farthest apart, going down at most r/32 rows (7
+// at the most: the rows past the regions, at most 3% more, go to the
+// slower kernels; at r < 32, none). Streams at one offset in a page (r·rb
+// a multiple of 4096, as for 2048 rows of any K-quant or Q8_0: r = 256)
+// map to the same set of the level-1 data cache, which then holds one
+// line of each and no more; with the 8-row kernels on the Zen 2 this held
+// the cold rates at 55–75% of the read limit, and spreading the streams
+// raised them by 15–45% (docs/performance.md, "cold rates: the 8-row
+// kernels' streams spread over the cache sets").
 func row8Regions(r, rb int) int {
+	if streamsApart(r*rb) >= 256 {
+		return r
+	}
 	best, far := r, -1
-	for c := r; c > 0 && c > r-qRowMax; c-- {
+	for c := r; c >= r-min(qRowMax-1, r/32); c-- {
 		if d := streamsApart(c * rb); d > far {
 			best, far = c, d
 		}
