@@ -278,9 +278,9 @@ func storeAcc(out []float32, ldo int, acc []float32, lanes, rows, m int) {
 // a multiple of 4096, as for 2048 rows of any K-quant or Q8_0: r = 256)
 // map to the same set of the level-1 data cache, which then holds one
 // line of each and no more; with the 8-row kernels on the Zen 2 this held
-// the cold rates at 55–75% of the read limit, and spreading the streams
-// raised them by 15–45% (docs/performance.md, "cold rates: the 8-row
-// kernels' streams spread over the cache sets").
+// the cold rates at 53–78% of the read limit, and spreading the streams
+// raised them by 9–49% (docs/performance.md, "K-quant decode cold rates:
+// the 8-row kernels' streams spread over the cache sets").
 func row8Regions(r, rb int) int {
 	if streamsApart(r*rb) >= 256 {
 		return r
