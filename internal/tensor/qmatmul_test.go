@@ -579,3 +579,48 @@ func TestQuantMatVecRegions(t *testing.T) {
 		}
 	})
 }
+
+// TestRow8RegionsSpreadsStreams checks that the 8-row kernels' regions,
+// for the matrix shapes of the models and benchmarks (where r·rb is
+// mostly a multiple of 4096: all 8 streams at one offset in a page), take
+// at most r/32 rows (7 at the most) fewer per region, never put the
+// streams closer than r does, keep r where its streams are 256 bytes
+// apart, and where 7 rows may go, put them at least 256 bytes apart
+// modulo 4096; and streamsApart against the distance of every pair.
+func TestRow8RegionsSpreadsStreams(t *testing.T) {
+	for _, d := range []DType{Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K} {
+		for _, s := range []struct{ n, k int }{
+			{64, 4096}, {96, 576}, {192, 576}, {576, 576}, {576, 1536}, {1024, 1024}, {1024, 3072},
+			{1536, 576}, {2048, 2048}, {2048, 4096}, {3072, 1024}, {8192, 2048}, {151936, 1024},
+		} {
+			rb, err := d.RowBytes(s.k)
+			if err != nil {
+				continue // K not a multiple of the dtype's block
+			}
+			r := s.n / qRowMax
+			c := row8Regions(r, rb)
+			if c > r || c < r-min(qRowMax-1, r/32) {
+				t.Errorf("%s %dx%d: row8Regions(%d, %d) = %d, want %d..%d", d, s.n, s.k, r, rb, c, r-min(qRowMax-1, r/32), r)
+			}
+			got, at := streamsApart(c*rb), streamsApart(r*rb)
+			if got < at || (at >= 256 && c != r) {
+				t.Errorf("%s %dx%d: %d rows a region put the streams %d bytes apart, %d at %d rows", d, s.n, s.k, c, got, at, r)
+			}
+			if r >= 32*(qRowMax-1) && got < 256 {
+				t.Errorf("%s %dx%d: %d rows a region put two streams %d bytes apart modulo 4096, want ≥ 256", d, s.n, s.k, c, got)
+			}
+			for _, lds := range []int{r * rb, c * rb} {
+				near := 4096
+				for i := range qRowMax {
+					for j := i + 1; j < qRowMax; j++ {
+						e := (j*lds - i*lds) % 4096
+						near = min(near, e, 4096-e)
+					}
+				}
+				if got := streamsApart(lds); got != near {
+					t.Errorf("streamsApart(%d) = %d, pairwise %d", lds, got, near)
+				}
+			}
+		}
+	}
+}

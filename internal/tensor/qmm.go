@@ -158,8 +158,10 @@ func (s *qKernelSet) runRows(rk qRowKernel, sc *qScratch, a *qAct, w *Mat, lo, h
 		}
 	}
 	if (rk.fn8 != nil || rk.fn8K != nil) && hi-lo >= qRowMax {
-		// The rows in 8 regions of r rows each, a row of each a call.
-		r := (hi - lo) / qRowMax
+		// The rows in 8 regions of r rows each, a row of each a call;
+		// r is chosen so that the regions do not start at the same
+		// offset in a page (see row8Regions).
+		r := row8Regions((hi-lo)/qRowMax, rb)
 		for c := range r {
 			if rk.fn8 != nil {
 				rk.fn8(&w.Q[(lo+c)*rb], r*rb, nb, x, &a.rowAux[0], &sc.rowOut[0])
@@ -265,4 +267,41 @@ func storeAcc(out []float32, ldo int, acc []float32, lanes, rows, m int) {
 			copy(out[i*ldo:i*ldo+rows], acc[i*lanes:i*lanes+rows])
 		}
 	}
+}
+
+// row8Regions is the rows per region of the 8-row kernels' 8 regions
+// (r·rb bytes apart, rb the bytes of a row), at most r: r where its 8
+// streams lie at least 256 bytes apart modulo 4096, else the one among r,
+// r − 1, … that puts them farthest apart, going down at most r/32 rows (7
+// at the most: the rows past the regions, at most 3% more, go to the
+// slower kernels; at r < 32, none). Streams at one offset in a page (r·rb
+// a multiple of 4096, as for 2048 rows of any K-quant or Q8_0: r = 256)
+// map to the same set of the level-1 data cache, which then holds one
+// line of each and no more; with the 8-row kernels on the Zen 2 this held
+// the cold rates at 53–78% of the read limit, and spreading the streams
+// raised them by 9–49% (docs/performance.md, "K-quant decode cold rates:
+// the 8-row kernels' streams spread over the cache sets").
+func row8Regions(r, rb int) int {
+	if streamsApart(r*rb) >= 256 {
+		return r
+	}
+	best, far := r, -1
+	for c := r; c >= r-min(qRowMax-1, r/32); c-- {
+		if d := streamsApart(c * rb); d > far {
+			best, far = c, d
+		}
+	}
+	return best
+}
+
+// streamsApart is the smallest distance modulo 4096 between two of 8
+// streams lds bytes apart.
+func streamsApart(lds int) int {
+	near := 4096
+	for s := 1; s < qRowMax; s++ {
+		// Streams i and i + s are s·lds apart.
+		d := s * lds % 4096
+		near = min(near, d, 4096-d)
+	}
+	return near
 }
