@@ -261,10 +261,7 @@ func row8AVX2(q quant32) {
 		p[r] = dot(r)
 	}
 	hi := k.tree4x2(p[4:])
-	c, d := YMM(), YMM()
-	VPERM2I128(U8(0x20), hi, lo, c)
-	VPERM2I128(U8(0x31), hi, lo, d)
-	VPADDD(d, c, c)
+	c := joinHalves(lo, hi)
 	if !signed {
 		cv := YMM()
 		VPBROADCASTD(Mem{Base: corr}, cv)
@@ -273,22 +270,7 @@ func row8AVX2(q quant32) {
 	f := YMM()
 	VCVTDQ2PS(c, f)
 	// The 8 rows' f16 scales of block b, widened, times the activation's.
-	s0, s1 := GP64(), GP64()
-	for h, q := range []GPVirtual{s0, s1} {
-		MOVWQZX(rows.at(4*h+3, 0), q)
-		for r := 2; r >= 0; r-- {
-			SHLQ(U8(16), q)
-			MOVW(rows.at(4*h+r, 0), q.As16())
-		}
-	}
-	hx := XMM()
-	VMOVQ(s0, hx)
-	VPINSRQ(U8(1), s1, hx, hx)
-	g, dx := YMM(), YMM()
-	VCVTPH2PS(hx, g)
-	VBROADCASTSS(Mem{Base: aux}, dx)
-	VMULPS(dx, g, g)
-	VFMADD231PS(f, g, acc)
+	rows.fmaScales(0, aux, f, acc)
 	rows.advance(q.bytes)
 	ADDQ(U8(32), x)
 	ADDQ(U8(4), aux)
@@ -301,6 +283,38 @@ func row8AVX2(q quant32) {
 	VMOVUPS(acc, Mem{Base: out})
 	VZEROUPPER()
 	RET()
+}
+
+// joinHalves adds the 128-bit halves of lo (rows 0–3's integers in each
+// half) and hi (rows 4–7's) into one vector whose lane s is row s's.
+func joinHalves(lo, hi VecVirtual) VecVirtual {
+	s, t := YMM(), YMM()
+	VPERM2I128(U8(0x20), hi, lo, s)
+	VPERM2I128(U8(0x31), hi, lo, t)
+	VPADDD(t, s, s)
+	return s
+}
+
+// fmaScales adds f times the 8 rows' f16 scales at disp (widened, lane s
+// row s's) times the activation's scale at aux to acc: one FMA of each
+// row's chain.
+func (r rows8) fmaScales(disp int, aux GPVirtual, f, acc VecVirtual) {
+	s0, s1 := GP64(), GP64()
+	for h, q := range []GPVirtual{s0, s1} {
+		MOVWQZX(r.at(4*h+3, disp), q)
+		for i := 2; i >= 0; i-- {
+			SHLQ(U8(16), q)
+			MOVW(r.at(4*h+i, disp), q.As16())
+		}
+	}
+	hx := XMM()
+	VMOVQ(s0, hx)
+	VPINSRQ(U8(1), s1, hx, hx)
+	g, dx := YMM(), YMM()
+	VCVTPH2PS(hx, g)
+	VBROADCASTSS(Mem{Base: aux}, dx)
+	VMULPS(dx, g, g)
+	VFMADD231PS(f, g, acc)
 }
 
 // row8Q6KAVX2 emits the AVX2 Q6_K row kernel of 8 streams, one row each
@@ -336,28 +350,10 @@ func row8Q6KAVX2() {
 	}
 	lo := half(0)
 	hi := half(4)
-	s, t := YMM(), YMM()
-	VPERM2I128(U8(0x20), hi, lo, s)
-	VPERM2I128(U8(0x31), hi, lo, t)
-	VPADDD(t, s, s)
+	s := joinHalves(lo, hi)
 	f := YMM()
 	VCVTDQ2PS(s, f)
-	s0, s1 := GP64(), GP64()
-	for h, q := range []GPVirtual{s0, s1} {
-		MOVWQZX(rows.at(4*h+3, 208), q)
-		for r := 2; r >= 0; r-- {
-			SHLQ(U8(16), q)
-			MOVW(rows.at(4*h+r, 208), q.As16())
-		}
-	}
-	hx := XMM()
-	VMOVQ(s0, hx)
-	VPINSRQ(U8(1), s1, hx, hx)
-	g, dx := YMM(), YMM()
-	VCVTPH2PS(hx, g)
-	VBROADCASTSS(Mem{Base: aux}, dx)
-	VMULPS(dx, g, g)
-	VFMADD231PS(f, g, acc)
+	rows.fmaScales(208, aux, f, acc)
 	rows.advance(bytes)
 	ADDQ(U32(256), x)
 	ADDQ(U8(64), meta)
@@ -584,10 +580,7 @@ func row8Q4KAVX2(five bool) {
 	}
 	lo := half(0)
 	hi := half(4)
-	s, t := YMM(), YMM()
-	VPERM2I128(U8(0x20), hi, lo, s)
-	VPERM2I128(U8(0x31), hi, lo, t)
-	VPADDD(t, s, s)
+	s := joinHalves(lo, hi)
 	f := YMM()
 	VCVTDQ2PS(s, f)
 	VFMADD231PS(sD, f, acc)
