@@ -27,8 +27,13 @@ import (
 
 // Suite writes the figures of s into dir, each file name starting with
 // prefix, and returns the files written. The rate figure needs at least two
-// rate levels and is skipped otherwise.
+// rate levels and is skipped otherwise; a suite with no target or no
+// result (a phased experiment that ran only adaptive's cells of other
+// objectives) has nothing to draw and writes nothing.
 func Suite(dir, prefix string, s *bench.Suite) ([]string, error) {
+	if len(s.Plan.Targets) == 0 || len(s.Results) == 0 {
+		return nil, nil
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -241,6 +246,9 @@ func dashesOf(s *bench.Suite, l bench.Load) []vg.Length {
 
 // save draws rows of plots tiled on one page as base.png and base.svg.
 func save(base string, rows [][]*plot.Plot, w, h vg.Length) ([]string, error) {
+	if len(rows) == 0 || len(rows[0]) == 0 {
+		return nil, fmt.Errorf("drawing %s: no plots to tile", base)
+	}
 	tiles := draw.Tiles{Rows: len(rows), Cols: len(rows[0]), PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4,
 		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
 	png := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(96))

@@ -53,6 +53,22 @@ func TestSuiteWritesEveryFigureAsPNGAndSVG(t *testing.T) {
 	}
 }
 
+// A phased experiment run with only adaptive's cells of other objectives
+// leaves the workload's suite without targets or results: nothing to draw,
+// and no panic (save tiled rows[0] of an empty figure).
+func TestSuiteWithoutTargetsWritesNothing(t *testing.T) {
+	w := workload.Lengths("fixed", 0, 3, workload.Fixed(4), workload.Fixed(3), []int32{10})
+	for _, s := range []*bench.Suite{
+		{Plan: &bench.Plan{Workload: w, Loads: []bench.Load{{Rate: 1}}}},
+		{Plan: &bench.Plan{Workload: w, Targets: []bench.Target{{Name: "pd"}}, Loads: []bench.Load{{Rate: 1}}}},
+	} {
+		files, err := Suite(t.TempDir(), "x-", s)
+		if err != nil || len(files) != 0 {
+			t.Errorf("targets %v: wrote %v (%v), want nothing", s.Plan.Targets, files, err)
+		}
+	}
+}
+
 func TestRatioDrawsAPanelPerCheck(t *testing.T) {
 	m := &bench.PDModel{Workload: "chat", PrefillRate: 1, DecodeRate: 2}
 	var checks []bench.RatioCheck
