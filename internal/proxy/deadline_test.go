@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/router"
@@ -30,16 +29,6 @@ const (
 	// cut short: far above it, far below Timeout.
 	wellBefore = 3 * time.Second
 )
-
-// inBubble runs body in a testing/synctest bubble with an in-memory
-// network and a client on it.
-func inBubble(t *testing.T, body func(t *testing.T, mem *testutil.MemNet, client *http.Client)) {
-	t.Helper()
-	synctest.Test(t, func(t *testing.T) {
-		mem := testutil.NewMemNet()
-		body(t, mem, memClient(t, mem))
-	})
-}
 
 // checkCutAt fails t unless took is at least deadline (the deadline was
 // waited out) and well before the proxy's Timeout.

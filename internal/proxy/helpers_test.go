@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -135,6 +136,18 @@ func newServerOn(mem *testutil.MemNet, h http.Handler) *httptest.Server {
 	srv := &httptest.Server{Listener: mem.Listen(), Config: &http.Server{Handler: h}}
 	srv.Start()
 	return srv
+}
+
+// inBubble runs body in a testing/synctest bubble with an in-memory
+// network and a client on it: fake time advances only while the proxy,
+// its engines and the client all wait, so timing is the test's alone,
+// however loaded the machine.
+func inBubble(t *testing.T, body func(t *testing.T, mem *testutil.MemNet, client *http.Client)) {
+	t.Helper()
+	synctest.Test(t, func(t *testing.T) {
+		mem := testutil.NewMemNet()
+		body(t, mem, memClient(t, mem))
+	})
 }
 
 // memClient is a client whose connections go through mem.
