@@ -132,7 +132,7 @@ func runSkewed(t *testing.T, mem *testutil.MemNet, client *http.Client, policy s
 // three times slower than the others, the load policy keeps every decode's
 // in-flight tokens near an equal share — the slow one is sent fewer tokens
 // instead of piling up. Round-robin, counting requests, is run for
-// contrast (logged): the slow decode holds well above its share.
+// contrast: the slow decode holds well above its share.
 func TestSkewedLoadIsBalancedByTokens(t *testing.T) {
 	var load, rr skewRun
 	inBubble(t, func(t *testing.T, mem *testutil.MemNet, client *http.Client) {
@@ -143,8 +143,16 @@ func TestSkewedLoadIsBalancedByTokens(t *testing.T) {
 	})
 	t.Logf("time-averaged in-flight tokens per decode (slow first): load %.0f (worst %.2f× the mean; tokens sent %v), round-robin %.0f (worst %.2f×; sent %v)",
 		load.inFlight, load.worst(), load.dispatched, rr.inFlight, rr.worst(), rr.dispatched)
-	if load.worst() > 1.4 {
-		t.Errorf("load policy: a decode held %.2f× the mean in-flight tokens (%.0f), want ≤ 1.4×", load.worst(), load.inFlight)
+	// The picker breaks ties between equal decodes at random, so even in
+	// fake time the load policy's worst is a distribution, not a number:
+	// 1.15-1.41× over 208 runs (1.41× in 1 of 200 without the race
+	// detector, 1 of 8 with it), round-robin's 2.0× every time. 1.5×
+	// admits every outcome seen and still fails round-robin's.
+	if load.worst() > 1.5 {
+		t.Errorf("load policy: a decode held %.2f× the mean in-flight tokens (%.0f), want ≤ 1.5×", load.worst(), load.inFlight)
+	}
+	if load.worst() >= rr.worst() {
+		t.Errorf("load policy's worst decode at %.2f× the mean, round-robin's at %.2f×: want the load policy better balanced", load.worst(), rr.worst())
 	}
 	if load.dispatched[0] >= load.dispatched[1] || load.dispatched[0] >= load.dispatched[2] {
 		t.Errorf("load policy sent the slow decode %d tokens, the fast ones %v: want fewer", load.dispatched[0], load.dispatched[1:])
