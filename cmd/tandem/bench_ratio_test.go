@@ -37,10 +37,16 @@ func TestBenchExperimentRatioEndToEnd(t *testing.T) {
 	// busy machine was more than the 5% the goal lets miss, so the model
 	// called the workload unattainable and there was nothing to check.
 	// 10 s leaves 0.82 s.
+	//
+	// The proxies' hung-engine deadlines and the prefills' KV lease are
+	// raised to the requests' own limit (the bench's --timeout, 10m): on
+	// a loaded machine an engine starved of CPU for 30 s (the default
+	// --stall-timeout, and --kv-lease) had its streams cut or its KV
+	// freed, and the run failed on requests that were only slow.
 	stdout, stderr, err := captureOutput(t, func() error {
 		return runBenchRatio([]string{"--out", out, "--engines", "4", "--sim-speed", "10", "--fit-requests", "12", "--fit-chat-rates", "1,2,4",
 			"--min-requests", "8", "--level-seconds", "3", "--search-steps", "0", "--slo-chat-ttft", "10s", "--slo-chat-tpot", "200ms",
-			"--engine-args", "--max-num-seqs 16"})
+			"--engine-args", "--max-num-seqs 16 --kv-lease 10m", "--proxy-args", "--timeout 10m --first-byte-timeout 10m --stall-timeout 10m"})
 	})
 	if err != nil {
 		t.Fatalf("%v\nstderr:\n%s", err, stderr)

@@ -66,7 +66,7 @@ type pdOpts struct {
 	tuneConn   func(*ConnectorConfig)
 	// net, when set, carries the side channel in memory instead of over
 	// loopback TCP (for tests under testing/synctest)
-	net *memNet
+	net *testutil.MemNet
 	// sweep, when set, replaces the 5 ms lease sweep interval
 	sweep time.Duration
 	// fwd, when set, is the model instead of stories260K (with its
@@ -103,7 +103,7 @@ func newPD(t *testing.T, o pdOpts) *pdEngine {
 			HeartbeatInterval: 10 * time.Millisecond, SweepInterval: cmp.Or(o.sweep, 5*time.Millisecond), Clock: o.clock, Metrics: pe.m, Logger: discardLogger(),
 		}
 		if o.net != nil {
-			cc.Listener, cc.Dial = o.net.listen(), o.net.dial
+			cc.Listener, cc.Dial = o.net.Listen(), o.net.Dial
 			cc.Transport = kvxfer.TransportTCP // no shared memory between in-memory engines
 		}
 		if o.tuneConn != nil {
@@ -429,10 +429,10 @@ func TestLeases(t *testing.T) {
 	}
 	// leased runs body in a bubble of its own with a prefill (30 s lease,
 	// swept every 100 ms) and a decode.
-	leased := func(name string, body func(t *testing.T, mem *memNet, p, d *pdEngine)) {
+	leased := func(name string, body func(t *testing.T, mem *testutil.MemNet, p, d *pdEngine)) {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				mem := newMemNet()
+				mem := testutil.NewMemNet()
 				p := newPD(t, pdOpts{role: RolePrefill, lease: 30 * time.Second, net: mem, sweep: 100 * time.Millisecond})
 				d := newPD(t, pdOpts{role: RoleDecode, net: mem})
 				body(t, mem, p, d)
@@ -440,7 +440,7 @@ func TestLeases(t *testing.T) {
 		})
 	}
 
-	leased("expiry frees the prefill's blocks and a later pull fails clearly", func(t *testing.T, _ *memNet, p, d *pdEngine) {
+	leased("expiry frees the prefill's blocks and a later pull fails clearly", func(t *testing.T, _ *testutil.MemNet, p, d *pdEngine) {
 		kv := prefill(t, p, prompt, greedy(4))
 		if got := p.usedBlocks(t); got != 3 {
 			t.Fatalf("%d blocks in use after the prefill, want the 3 held", got)
@@ -467,7 +467,7 @@ func TestLeases(t *testing.T) {
 		}
 	})
 
-	leased("DONE frees at once and a read after release fails clearly", func(t *testing.T, _ *memNet, p, d *pdEngine) {
+	leased("DONE frees at once and a read after release fails clearly", func(t *testing.T, _ *testutil.MemNet, p, d *pdEngine) {
 		kv := prefill(t, p, prompt, greedy(4))
 		if got := decode(t, d, prompt, greedy(4), kv); got.final.Finish != engine.FinishLength {
 			t.Fatalf("decode: finish %q, err %v", got.final.Finish, got.final.Err)
@@ -483,9 +483,9 @@ func TestLeases(t *testing.T) {
 		}
 	})
 
-	leased("heartbeats keep the blocks past the lease", func(t *testing.T, mem *memNet, p, _ *pdEngine) {
+	leased("heartbeats keep the blocks past the lease", func(t *testing.T, mem *testutil.MemNet, p, _ *pdEngine) {
 		kv := prefill(t, p, prompt, greedy(4))
-		hb, err := kvxfer.NewConsumer(kvxfer.ConsumerConfig{Local: peerOf(p, "heartbeater"), HeartbeatInterval: time.Second, Dial: mem.dial, Logger: discardLogger()})
+		hb, err := kvxfer.NewConsumer(kvxfer.ConsumerConfig{Local: peerOf(p, "heartbeater"), HeartbeatInterval: time.Second, Dial: mem.Dial, Logger: discardLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -21,13 +21,13 @@ import (
 // lease's expiry. Each case runs in fake time (testing/synctest, the side
 // channel in memory), so deadlines and leases pass exactly.
 func TestPrefillDrainServesHeldKV(t *testing.T) {
-	inBubble := func(name string, body func(t *testing.T, mem *memNet)) {
+	inBubble := func(name string, body func(t *testing.T, mem *testutil.MemNet)) {
 		t.Run(name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) { body(t, newMemNet()) })
+			synctest.Test(t, func(t *testing.T) { body(t, testutil.NewMemNet()) })
 		})
 	}
 
-	inBubble("held KV is pulled after the request deadline passed; the drain ends at the DONE", func(t *testing.T, mem *memNet) {
+	inBubble("held KV is pulled after the request deadline passed; the drain ends at the DONE", func(t *testing.T, mem *testutil.MemNet) {
 		ref := newPD(t, pdOpts{})
 		d := newPD(t, pdOpts{role: RoleDecode, net: mem})
 		p := newPD(t, pdOpts{role: RolePrefill, lease: 20 * time.Second, net: mem, sweep: 100 * time.Millisecond})
@@ -69,7 +69,7 @@ func TestPrefillDrainServesHeldKV(t *testing.T) {
 		d.waitIdle(t)
 	})
 
-	inBubble("a hold nobody reads ends the drain at its lease's expiry", func(t *testing.T, mem *memNet) {
+	inBubble("a hold nobody reads ends the drain at its lease's expiry", func(t *testing.T, mem *testutil.MemNet) {
 		const lease, sweep = 3 * time.Second, 100 * time.Millisecond
 		p := newPD(t, pdOpts{role: RolePrefill, lease: lease, net: mem, sweep: sweep})
 		prefill(t, p, promptOf(902, 20), greedy(4))
@@ -84,7 +84,7 @@ func TestPrefillDrainServesHeldKV(t *testing.T) {
 		}
 	})
 
-	inBubble("the hold deadline gives up what is still held, and says so", func(t *testing.T, mem *memNet) {
+	inBubble("the hold deadline gives up what is still held, and says so", func(t *testing.T, mem *testutil.MemNet) {
 		d := newPD(t, pdOpts{role: RoleDecode, net: mem})
 		p := newPD(t, pdOpts{role: RolePrefill, lease: 20 * time.Second, abandoned: true, net: mem})
 		prompt := promptOf(903, 20)

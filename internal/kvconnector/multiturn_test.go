@@ -444,7 +444,7 @@ func TestMultiTurnDecodeAbortHoldsNothing(t *testing.T) {
 // looks.
 func TestMultiTurnHoldExpiryFreesTheDecodesBlocks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := newMemNet()
+		mem := testutil.NewMemNet()
 		p := newPD(t, pdOpts{role: RolePrefill, bidirectional: true, net: mem, sweep: time.Second})
 		d := newPD(t, pdOpts{role: RoleDecode, bidirectional: true, holdTTL: 480 * time.Second, net: mem, sweep: time.Second})
 		prompt := promptOf(1401, 80)

@@ -86,7 +86,7 @@ sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
 sub.connect(sys.argv[1])
 dealer = ctx.socket(zmq.DEALER)
 dealer.connect(sys.argv[2])
-for _ in range(50):  # until the subscription has reached the publisher
+while True:  # until the subscription has reached the publisher (the test bounds the wait)
     print("ready", flush=True)
     if sys.stdin.readline().strip() == "subscribed":
         break
@@ -115,12 +115,18 @@ func TestLibzmqSubscriberReadsTandemPublisher(t *testing.T) {
 	cacheTokens(t, blocks, seqTokens(0, 4))
 	pub.Flush() // batch 0: before the subscriber, replay only
 	stdin, out := startPython(t, py, libzmqSubscriber, "tcp://"+pub.Addr().String(), "tcp://"+pub.ReplayAddr().String())
-	for readLine(t, out) == "ready" {
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if l := readLine(t, out); l != "ready" {
+			t.Fatalf("python said %q, want ready", l)
+		}
 		if pub.Stats().Subscribers == 1 {
 			fmt.Fprintln(stdin, "subscribed")
 			break
 		}
-		time.Sleep(50 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatal("the libzmq SUB's subscription did not reach the publisher in 10s")
+		}
+		time.Sleep(20 * time.Millisecond) // a poll interval: the loop ends on the subscription or the deadline
 		fmt.Fprintln(stdin, "not yet")
 	}
 	cacheTokens(t, blocks, seqTokens(100, 8))
@@ -147,7 +153,11 @@ func TestLibzmqSubscriberReadsTandemPublisher(t *testing.T) {
 
 // libzmqPublisher publishes and replays as vLLM's ZmqEventPublisher does
 // (its _publisher_thread and _service_replay), with the batch layout of
-// vLLM before PR #42892, and holds batch 1 back from the PUB socket.
+// vLLM before PR #42892. "probe HASHES" publishes batch 0, again on every
+// probe: libzmq applies a subscription asynchronously and drops what it
+// publishes before, so the test probes until the subscriber has batch 0.
+// "publish HASHES" then makes batches 1 and 2 and holds batch 1 back from
+// the PUB socket.
 const libzmqPublisher = `
 import sys, time, zmq, msgpack
 ctx = zmq.Context()
@@ -160,6 +170,13 @@ buf, seq = [], 0
 poller = zmq.Poller()
 poller.register(router, zmq.POLLIN)
 poller.register(sys.stdin, zmq.POLLIN)
+
+def batch(hashes):
+    h = hashes[seq*2:seq*2+2]
+    parent = h[0] - 1 if seq else None
+    ev = ["BlockStored", h, parent, list(range(8)), 4, None, "GPU", None]
+    return msgpack.packb([time.time(), [ev], 0])
+
 while True:
     events = dict(poller.poll(100))
     if router in events:
@@ -170,19 +187,23 @@ while True:
                 router.send_multipart((client, b"", s.to_bytes(8, "big"), b))
         router.send_multipart((client, b"", (-1).to_bytes(8, "big", signed=True), b""))
     if sys.stdin.fileno() in events:
-        line = sys.stdin.readline().strip()
-        if line in ("", "quit"):
+        line = sys.stdin.readline().split()
+        if not line or line[0] == "quit":
             break
-        for _ in range(3):
-            hashes = [int(h) for h in line.split()][seq*2:seq*2+2]
-            parent = hashes[0] - 1 if seq else None
-            ev = ["BlockStored", hashes, parent, list(range(8)), 4, None, "GPU", None]
-            b = msgpack.packb([time.time(), [ev], 0])
-            buf.append((seq, b))
-            if seq != 1:
-                pub.send_multipart((b"kv@py@model", seq.to_bytes(8, "big"), b))
-            seq += 1
-        print("published", flush=True)
+        cmd, hashes = line[0], [int(h) for h in line[1:]]
+        if cmd == "probe":
+            if not buf:
+                buf.append((0, batch(hashes)))
+                seq = 1
+            pub.send_multipart((b"kv@py@model", (0).to_bytes(8, "big"), buf[0][1]))
+        else:
+            for _ in range(2):
+                b = batch(hashes)
+                buf.append((seq, b))
+                if seq != 1:
+                    pub.send_multipart((b"kv@py@model", seq.to_bytes(8, "big"), b))
+                seq += 1
+        print(cmd, flush=True)
 `
 
 func TestTandemSubscriberReadsLibzmqPublisher(t *testing.T) {
@@ -194,12 +215,28 @@ func TestTandemSubscriberReadsLibzmqPublisher(t *testing.T) {
 	}
 	idx, sub := startSubscriber(t, Engine{Name: "vllm", Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", pport), ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", rport), Topic: "kv@"})
 	waitConnected(t, sub, "vllm")
-	time.Sleep(200 * time.Millisecond) // libzmq applies the subscription asynchronously
 	hashes := []uint64{1 << 63, 1<<63 + 1, 1<<63 + 2, 1<<63 + 3, 1<<63 + 4, 1<<63 + 5}
-	fmt.Fprintln(stdin, strings.Trim(fmt.Sprint(hashes), "[]"))
-	if l := readLine(t, out); l != "published" {
-		t.Fatalf("python said %q", l)
+	send := func(cmd string) {
+		t.Helper()
+		fmt.Fprintln(stdin, cmd, strings.Trim(fmt.Sprint(hashes), "[]"))
+		if l := readLine(t, out); l != cmd {
+			t.Fatalf("python said %q, want %q", l, cmd)
+		}
 	}
+	// Batch 0 again until it arrives live: what libzmq publishes before it
+	// has applied the subscription is dropped. A probe that arrives twice
+	// is a duplicate, skipped.
+	applied := func() bool { st, _ := sub.Stats("vllm"); return st.Next >= 1 }
+	for deadline := time.Now().Add(10 * time.Second); !applied(); {
+		if time.Now().After(deadline) {
+			t.Fatal("batch 0 never arrived from the libzmq PUB in 10s")
+		}
+		send("probe")
+		for poll := time.Now().Add(100 * time.Millisecond); !applied() && time.Now().Before(poll); {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	send("publish")
 	testutil.WaitFor(t, "all three batches are applied", 10*time.Second, func() bool { st, _ := sub.Stats("vllm"); return st.Next == 3 })
 	if got := idx.Match(hashes[:2], nil); len(got) != 1 || got[0].Blocks != 2 {
 		t.Errorf("Match = %v, want the engine with 2 blocks", got)

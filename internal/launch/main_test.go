@@ -2,11 +2,13 @@ package launch
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -28,7 +30,10 @@ func TestMain(m *testing.M) {
 
 // fakeTandem implements just enough of `tandem serve --role` for the
 // supervisor tests. TANDEM_UP_FAKE_DIE=<role> makes that role's engines fail
-// at startup.
+// at startup. TANDEM_UP_FAKE_HOLD=<dir> holds an engine back from binding
+// its port while the file <dir>/<port> exists (for at most a minute): a
+// test acts between an engine's exit and its restart (takes its port,
+// serves while it is down) without racing the restart's backoff.
 func fakeTandem(args []string) int {
 	if len(args) == 0 || args[0] != "serve" {
 		fmt.Fprintln(os.Stderr, "fake tandem: unsupported", args)
@@ -51,6 +56,14 @@ func fakeTandem(args []string) int {
 	if os.Getenv("TANDEM_UP_FAKE_DIE") == *role {
 		fmt.Fprintln(os.Stderr, "fatal: fake failure to load the model")
 		return 3
+	}
+	if dir := os.Getenv("TANDEM_UP_FAKE_HOLD"); dir != "" {
+		gate := filepath.Join(dir, strconv.Itoa(*port))
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if _, err := os.Stat(gate); errors.Is(err, os.ErrNotExist) {
+				break
+			}
+		}
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {})

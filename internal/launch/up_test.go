@@ -461,20 +461,25 @@ func TestRunWithFakeEngines(t *testing.T) {
 
 	t.Run("engines killed while serving are restarted on their ports and the proxy routes around them meanwhile", func(t *testing.T) {
 		var stdout, stderr syncBuffer
-		model := t.TempDir()
+		model, hold := t.TempDir(), t.TempDir()
 		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
+		t.Setenv("TANDEM_UP_FAKE_HOLD", hold)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		done := make(chan struct{})
 		var runErr error
 		go func() {
 			defer close(done)
-			// A backoff long enough to serve a request while prefill-0 is down.
-			runErr = Run(ctx, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Decode: 2,
-				Restart: RestartPolicy{Backoff: 2 * time.Second}})
+			runErr = Run(ctx, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Decode: 2})
 		}()
 		url := waitEndpoint(t, &stdout, done)
 		old, urls := childPIDs(stderr.String()), engineURLs(stderr.String())
+		// Their restarts are held back from their ports until the requests
+		// below were served while they were down, whatever the backoff.
+		gates := map[string]string{}
+		for _, e := range []string{"prefill-0", "decode-0"} {
+			gates[e] = holdPort(t, hold, urls[e])
+		}
 		for _, e := range []string{"prefill-0", "decode-0"} {
 			syscall.Kill(old[e], syscall.SIGKILL)
 			waitFor(t, 10*time.Second, done, "log line of "+e+"'s exit", func() bool {
@@ -487,6 +492,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 			}
 		}
 		for _, e := range []string{"prefill-0", "decode-0"} {
+			os.Remove(gates[e])
 			waitFor(t, 10*time.Second, done, e+" restarted and healthy", func() bool {
 				return strings.Contains(stderr.String(), `msg="engine healthy again" engine=`+e) && healthOK(urls[e])
 			})
@@ -514,29 +520,32 @@ func TestRunWithFakeEngines(t *testing.T) {
 
 	t.Run("an engine that keeps exiting stops everything, named", func(t *testing.T) {
 		var stdout, stderr syncBuffer
-		model := t.TempDir()
+		model, hold := t.TempDir(), t.TempDir()
 		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
+		t.Setenv("TANDEM_UP_FAKE_HOLD", hold)
 		done := make(chan struct{})
 		var runErr error
 		go func() {
 			defer close(done)
 			runErr = Run(context.Background(), Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Decode: 2,
-				// The first backoff (1s) is the test's time to take the
-				// killed engine's port before its first restart does.
 				Restart: RestartPolicy{Limit: 2, Window: time.Minute, Backoff: time.Second}})
 		}()
 		waitEndpoint(t, &stdout, done)
 		pids := childPIDs(stderr.String())
-		// Its port taken, every restart of decode-1 exits at once.
-		port := strings.TrimPrefix(engineURLs(stderr.String())["decode-1"], "http://")
+		// Its port taken, every restart of decode-1 exits at once. Its first
+		// restart is held back from the port until the test has it, however
+		// long the test takes to get there.
+		url := engineURLs(stderr.String())["decode-1"]
+		gate := holdPort(t, hold, url)
 		syscall.Kill(pids["decode-1"], syscall.SIGKILL)
 		var ln net.Listener
 		waitFor(t, 10*time.Second, done, "decode-1's port free", func() bool {
 			var err error
-			ln, err = net.Listen("tcp", port)
+			ln, err = net.Listen("tcp", strings.TrimPrefix(url, "http://"))
 			return err == nil
 		})
 		defer ln.Close()
+		os.Remove(gate)
 		// Giving up takes about 7 s by design: backoffs of 1 s and 2 s,
 		// and each restart's first health check waits out its 2 s timeout
 		// on the test's listener, which never answers. 30 s was not
@@ -560,6 +569,21 @@ func TestRunWithFakeEngines(t *testing.T) {
 		checkGone(t, childPIDs(stderr.String()))
 		checkGone(t, pids)
 	})
+}
+
+// holdPort holds the fake engines that would serve url back from binding
+// its port (TANDEM_UP_FAKE_HOLD=dir) until the returned file is removed.
+func holdPort(t *testing.T, dir, url string) string {
+	t.Helper()
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := filepath.Join(dir, port)
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return gate
 }
 
 // get returns url's body.

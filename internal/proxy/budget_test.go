@@ -117,11 +117,19 @@ func TestCircuitBreakerReadmitsAfterTheCoolDown(t *testing.T) {
 	b.mu.Unlock()
 	broken.Store(false) // fixed, but still cooling down
 	time.Sleep(time.Until(until) - 200*time.Millisecond)
-	if b.healthy.Load() {
-		t.Fatalf("re-admitted %v before the cool-down's end", time.Until(until))
-	}
-	if st := p.prefill.states()[0]; !strings.Contains(st.LastError, "circuit breaker") {
-		t.Errorf("/health says %q while ejected, want the circuit breaker named", st.LastError)
+	// Both read before the clock: a loaded machine may wake the test past
+	// the cool-down's end, when re-admission is right; the checks hold for
+	// what was read while it still lasted.
+	healthy, st := b.healthy.Load(), p.prefill.states()[0]
+	if left := time.Until(until); left > 0 {
+		if healthy {
+			t.Fatalf("re-admitted %v before the cool-down's end", left)
+		}
+		if !strings.Contains(st.LastError, "circuit breaker") {
+			t.Errorf("/health says %q while ejected, want the circuit breaker named", st.LastError)
+		}
+	} else {
+		t.Logf("woke %v past the cool-down's end: its checks while ejected skipped", -left)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for !b.healthy.Load() && time.Now().Before(deadline) {

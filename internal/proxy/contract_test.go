@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // The proxy's half of the transfer contract (docs/kv-transfer.md, "The
@@ -56,10 +58,15 @@ func spentParams(w http.ResponseWriter, r *http.Request, body []byte) {
 // firstThen is two decode engines: whichever gets the first decode leg
 // serves it with first, every later leg is served by next.
 func firstThen(t *testing.T, first, next func(w http.ResponseWriter, r *http.Request, body []byte)) ([]*fakeEngine, *atomic.Int32) {
+	return firstThenOn(t, nil, first, next)
+}
+
+// firstThenOn is firstThen on the in-memory network mem (nil: loopback).
+func firstThenOn(t *testing.T, mem *testutil.MemNet, first, next func(w http.ResponseWriter, r *http.Request, body []byte)) ([]*fakeEngine, *atomic.Int32) {
 	var calls, firstIdx atomic.Int32
 	engines := make([]*fakeEngine, 2)
 	for i := range engines {
-		engines[i] = newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		engines[i] = newFakeOn(t, mem, func(w http.ResponseWriter, r *http.Request, body []byte) {
 			if calls.Add(1) == 1 {
 				firstIdx.Store(int32(i))
 				first(w, r, body)

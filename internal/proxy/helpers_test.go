@@ -10,9 +10,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/tandem-serve/tandem/internal/httpleg"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // received is one request a fake engine got on an API path.
@@ -36,9 +40,16 @@ type fakeEngine struct {
 // after the request has been recorded, with its body already read).
 func newFake(t *testing.T, handle func(w http.ResponseWriter, r *http.Request, body []byte)) *fakeEngine {
 	t.Helper()
+	return newFakeOn(t, nil, handle)
+}
+
+// newFakeOn is newFake on the in-memory network mem (nil: a loopback
+// server), for a test in a testing/synctest bubble.
+func newFakeOn(t *testing.T, mem *testutil.MemNet, handle func(w http.ResponseWriter, r *http.Request, body []byte)) *fakeEngine {
+	t.Helper()
 	f := &fakeEngine{t: t}
 	f.health.Store(http.StatusOK)
-	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	f.srv = newServerOn(mem, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/health" {
 			w.WriteHeader(int(f.health.Load()))
 			return
@@ -82,6 +93,13 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, body []byte) {
 // and the URL of a loopback server running it.
 func startProxy(t *testing.T, cfg Config, prefill, decode []*fakeEngine) (*Proxy, string) {
 	t.Helper()
+	return startProxyOn(t, nil, cfg, prefill, decode)
+}
+
+// startProxyOn is startProxy on the in-memory network mem (nil: loopback),
+// the proxy's backend calls dialled through it too.
+func startProxyOn(t *testing.T, mem *testutil.MemNet, cfg Config, prefill, decode []*fakeEngine) (*Proxy, string) {
+	t.Helper()
 	for _, f := range prefill {
 		cfg.Prefill = append(cfg.Prefill, f.URL())
 	}
@@ -98,8 +116,11 @@ func startProxy(t *testing.T, cfg Config, prefill, decode []*fakeEngine) (*Proxy
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	if mem != nil {
+		p.client.Transport.(*httpleg.Transport).DialContext = mem.Dial
+	}
 	p.CheckHealth(context.Background())
-	srv := httptest.NewServer(p)
+	srv := newServerOn(mem, p)
 	t.Cleanup(func() {
 		srv.Close()
 		p.client.CloseIdleConnections()
@@ -107,8 +128,43 @@ func startProxy(t *testing.T, cfg Config, prefill, decode []*fakeEngine) (*Proxy
 	return p, srv.URL
 }
 
+// newServerOn starts a server for h on mem, or on loopback when mem is nil.
+func newServerOn(mem *testutil.MemNet, h http.Handler) *httptest.Server {
+	if mem == nil {
+		return httptest.NewServer(h)
+	}
+	srv := &httptest.Server{Listener: mem.Listen(), Config: &http.Server{Handler: h}}
+	srv.Start()
+	return srv
+}
+
+// inBubble runs body in a testing/synctest bubble with an in-memory
+// network and a client on it: fake time advances only while the proxy,
+// its engines and the client all wait, so timing is the test's alone,
+// however loaded the machine.
+func inBubble(t *testing.T, body func(t *testing.T, mem *testutil.MemNet, client *http.Client)) {
+	t.Helper()
+	synctest.Test(t, func(t *testing.T) {
+		mem := testutil.NewMemNet()
+		body(t, mem, memClient(t, mem))
+	})
+}
+
+// memClient is a client whose connections go through mem.
+func memClient(t *testing.T, mem *testutil.MemNet) *http.Client {
+	c := &http.Client{Transport: &http.Transport{DialContext: mem.Dial}}
+	t.Cleanup(c.CloseIdleConnections)
+	return c
+}
+
 // post sends body to the proxy and returns the response with its body read.
 func post(t *testing.T, url, path, body string, header http.Header) (*http.Response, string) {
+	t.Helper()
+	return postWith(t, http.DefaultClient, url, path, body, header)
+}
+
+// postWith is post through client.
+func postWith(t *testing.T, client *http.Client, url, path, body string, header http.Header) (*http.Response, string) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
 	if err != nil {
@@ -118,7 +174,7 @@ func post(t *testing.T, url, path, body string, header http.Header) (*http.Respo
 	for k, vs := range header {
 		req.Header[k] = vs
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatalf("POST %s: %v", path, err)
 	}

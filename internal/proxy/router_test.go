@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/router/factory"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // counts returns how many generation legs each engine received.
@@ -381,27 +382,32 @@ func TestScrapeTimeoutIsItsOwnBound(t *testing.T) {
 		{"a shorter timeout cuts it", 50 * time.Millisecond, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			p, _ := startProxy(t, Config{Fallback: true, ScrapeInterval: 100 * time.Millisecond, ScrapeTimeout: tt.timeout},
-				[]*fakeEngine{newFake(t, prefillOK)}, []*fakeEngine{newFake(t, slow)})
-			b := p.decode.list()[0]
-			p.scrape(t.Context(), b)
-			b.mu.Lock()
-			waiting, scraped := b.waiting, !b.scrapedAt.IsZero()
-			b.mu.Unlock()
-			failures := metricValue(t, p, "tandem:proxy_scrape_failures_total", map[string]string{"role": "decode"})
-			if tt.ok && (!scraped || waiting != 4 || failures != 0) {
-				t.Errorf("scraped %v waiting %v, %v failures: want the late answer read", scraped, waiting, failures)
-			}
-			if !tt.ok && (scraped || failures != 1) {
-				t.Errorf("scraped %v, %v failures: want the scrape cut and counted", scraped, failures)
-			}
-			timeout := tt.timeout
-			if timeout == 0 {
-				timeout = defaultScrapeTimeout
-			}
-			if want := 100*time.Millisecond + timeout; p.decode.stale < want {
-				t.Errorf("stale after %v: a scrape landing at its timeout would be ignored (want ≥ %v)", p.decode.stale, want)
-			}
+			// In a synctest bubble: the answer's 300 ms and the timeout are
+			// fake time, so neither a loaded machine nor the race detector
+			// can reorder them.
+			inBubble(t, func(t *testing.T, mem *testutil.MemNet, _ *http.Client) {
+				p, _ := startProxyOn(t, mem, Config{Fallback: true, ScrapeInterval: 100 * time.Millisecond, ScrapeTimeout: tt.timeout},
+					[]*fakeEngine{newFakeOn(t, mem, prefillOK)}, []*fakeEngine{newFakeOn(t, mem, slow)})
+				b := p.decode.list()[0]
+				p.scrape(t.Context(), b)
+				b.mu.Lock()
+				waiting, scraped := b.waiting, !b.scrapedAt.IsZero()
+				b.mu.Unlock()
+				failures := metricValue(t, p, "tandem:proxy_scrape_failures_total", map[string]string{"role": "decode"})
+				if tt.ok && (!scraped || waiting != 4 || failures != 0) {
+					t.Errorf("scraped %v waiting %v, %v failures: want the late answer read", scraped, waiting, failures)
+				}
+				if !tt.ok && (scraped || failures != 1) {
+					t.Errorf("scraped %v, %v failures: want the scrape cut and counted", scraped, failures)
+				}
+				timeout := tt.timeout
+				if timeout == 0 {
+					timeout = defaultScrapeTimeout
+				}
+				if want := 100*time.Millisecond + timeout; p.decode.stale < want {
+					t.Errorf("stale after %v: a scrape landing at its timeout would be ignored (want ≥ %v)", p.decode.stale, want)
+				}
+			})
 		})
 	}
 }

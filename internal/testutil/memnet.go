@@ -1,4 +1,4 @@
-package kvconnector
+package testutil
 
 import (
 	"context"
@@ -7,20 +7,22 @@ import (
 	"sync"
 )
 
-// memNet is an in-memory network for side channels: each listen gets a
-// port of its own on 127.0.0.1, and dial connects to it through a
-// net.Pipe whose ends have loopback addresses. Inside a testing/synctest bubble its connections block
-// durably, so fake time advances while engines wait on each other.
-type memNet struct {
+// MemNet is an in-memory network: each Listen gets a port of its own on
+// 127.0.0.1, and Dial connects to it through a net.Pipe whose ends have
+// loopback addresses. Inside a testing/synctest bubble its connections
+// block durably, so fake time advances while the two ends wait on each
+// other (a real socket never lets it).
+type MemNet struct {
 	mu    sync.Mutex
 	next  int
 	ports map[string]*memListener
 }
 
-func newMemNet() *memNet { return &memNet{next: 5600, ports: make(map[string]*memListener)} }
+// NewMemNet returns an empty in-memory network.
+func NewMemNet() *MemNet { return &MemNet{next: 5600, ports: make(map[string]*memListener)} }
 
-// listen returns a listener on the next free port.
-func (n *memNet) listen() *memListener {
+// Listen returns a listener on the next free port.
+func (n *MemNet) Listen() net.Listener {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	l := &memListener{addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: n.next}, conns: make(chan net.Conn), done: make(chan struct{})}
@@ -29,8 +31,9 @@ func (n *memNet) listen() *memListener {
 	return l
 }
 
-// dial connects to the listener at addr, as kvxfer.ConsumerConfig.Dial.
-func (n *memNet) dial(ctx context.Context, _, addr string) (net.Conn, error) {
+// Dial connects to the listener at addr; it has the signature of
+// net.Dialer.DialContext, for transports' and side channels' dial hooks.
+func (n *MemNet) Dial(ctx context.Context, _, addr string) (net.Conn, error) {
 	n.mu.Lock()
 	l := n.ports[addr]
 	n.mu.Unlock()
@@ -52,8 +55,8 @@ func (n *memNet) dial(ctx context.Context, _, addr string) (net.Conn, error) {
 	}
 }
 
-// memConn is one end of a net.Pipe with loopback addresses, which the
-// side channel's --kv-peers check accepts.
+// memConn is one end of a net.Pipe with loopback addresses (which, for
+// one, the KV side channel's --kv-peers check accepts).
 type memConn struct {
 	net.Conn
 	local, remote net.Addr
