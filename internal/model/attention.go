@@ -323,7 +323,7 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 				out := w.s[r0*C+(j-c0):]
 				if kv.u16 != nil {
 					q := w.qb.Rows(r0, live)
-					tensor.DotRowsBF16(out, C, &q, kv.u16[base+kvh*hd:], kvd, je-j)
+					tensor.AttnKeyScoresBF16(out, C, &q, kv.u16[base+kvh*hd:], kvd, je-j)
 					continue
 				}
 				for r := range live {
