@@ -38,7 +38,10 @@ import (
 //     packed, transposed f32 copy of the keys with tensor.AttnScoresF32,
 //     8 keys per vector, whose every score is those kernels' bits — see
 //     asmgen's attnavx2.go and TestAttnScoresF32MatchDotRows — while decode
-//     tokens score the pool); mc = the largest s_j (tensor.ArgMax); if
+//     tokens score the pool's key rows, over a bf16 pool with
+//     tensor.AttnKeyScoresBF16, which reduces 8 keys' lane sums together
+//     and gives DotRowsBF16's bits, see TestAttnKeyScoresMatchDotRowsBF16);
+//     mc = the largest s_j (tensor.ArgMax); if
 //     mc > m (the running maximum, -Inf before the first chunk) and m >
 //     -Inf, the running sum l
 //     and every accumulator element are multiplied by e^(m−mc) (one
