@@ -38,7 +38,10 @@ import (
 //     packed, transposed f32 copy of the keys with tensor.AttnScoresF32,
 //     8 keys per vector, whose every score is those kernels' bits — see
 //     asmgen's attnavx2.go and TestAttnScoresF32MatchDotRows — while decode
-//     tokens score the pool); mc = the largest s_j (tensor.ArgMax); if
+//     tokens score the pool's key rows, over a bf16 pool with
+//     tensor.AttnKeyScoresBF16, which reduces 8 keys' lane sums together
+//     and gives DotRowsBF16's bits, see TestAttnKeyScoresMatchDotRowsBF16);
+//     mc = the largest s_j (tensor.ArgMax); if
 //     mc > m (the running maximum, -Inf before the first chunk) and m >
 //     -Inf, the running sum l
 //     and every accumulator element are multiplied by e^(m−mc) (one
@@ -323,7 +326,7 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 				out := w.s[r0*C+(j-c0):]
 				if kv.u16 != nil {
 					q := w.qb.Rows(r0, live)
-					tensor.DotRowsBF16(out, C, &q, kv.u16[base+kvh*hd:], kvd, je-j)
+					tensor.AttnKeyScoresBF16(out, C, &q, kv.u16[base+kvh*hd:], kvd, je-j)
 					continue
 				}
 				for r := range live {

@@ -97,7 +97,11 @@ type kernelSet struct {
 	// transposed in f32 (AttnScoresF32), bit-identical to this set's
 	// DotRowsBF16 and DotRows.
 	attnScoresF32 [attnF32Rows]func(q *float32, ldq int, k *float32, pairs, hd int, out *float32, ldo int)
-	avail         bool
+	// attnKeys[r-1], if set, scores r f32 query rows against groups of 8
+	// bf16 key rows in place (AttnKeyScoresBF16), bit-identical to this
+	// set's DotRowsBF16.
+	attnKeys [attnF32Rows]func(q *float32, ldq int, k *uint16, ldk, groups, hd int, out *float32, ldo int)
+	avail    bool
 }
 
 // kernelSets lists the implementations in order of preference: the

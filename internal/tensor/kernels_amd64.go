@@ -89,6 +89,10 @@ func archKernelSets() []*kernelSet {
 			// Attention's prefill scores from transposed keys.
 			attnScoresF32: [attnF32Rows]func(q *float32, ldq int, k *float32, pairs, hd int, out *float32, ldo int){
 				attnScoresAVX2R1, attnScoresAVX2R2, attnScoresAVX2R3},
+			// Attention's decode scores from the pool's key rows, 8 keys a
+			// vector.
+			attnKeys: [attnF32Rows]func(q *float32, ldq int, k *uint16, ldk, groups, hd int, out *float32, ldo int){
+				attnKeysAVX2R1, attnKeysAVX2R2, attnKeysAVX2R3},
 		},
 	}
 }

@@ -117,7 +117,13 @@ func axpyRowsAVX2(dt dtype, g int) {
 				continue
 			}
 			val := YMM()
-			loadW(avx2, dt, Mem{Base: vr, Disp: 8 * esize * i}, val, nil)
+			if dt == dtBF16 {
+				// Widened by one byte shuffle (attnWidenTable).
+				VBROADCASTI128(Mem{Base: vr, Disp: 8 * esize * i}, val)
+				VPSHUFB(attnWidenTable(), val, val)
+			} else {
+				loadW(avx2, dt, Mem{Base: vr, Disp: 8 * esize * i}, val, nil)
+			}
 			for h := range g {
 				VFMADD231PS(val, b[h], acc[h][i])
 			}

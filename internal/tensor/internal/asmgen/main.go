@@ -115,6 +115,9 @@ func main() {
 			for r := 1; r <= 3; r++ {
 				attnScoresAVX2(r)
 			}
+			for r := 1; r <= 3; r++ {
+				attnKeysAVX2(r)
+			}
 		}
 		if s.lanes == 16 {
 			gemmDPR1()
