@@ -459,7 +459,11 @@ func (m *capacity) tpotMiss(perDecode, most float64, a attained) float64 {
 		return 1
 	}
 	noise := m.stepMiss(a.batch, most, slo)
-	stall := m.stalls.missed(perDecode*m.localFraction, a.rho, a.step, slo, most*m.localFraction)
+	local := math.Inf(1) // the local prefills a stream may meet
+	if !math.IsInf(most, 1) {
+		local = most * m.localFraction
+	}
+	stall := m.stalls.missed(perDecode*m.localFraction, a.rho, a.step, slo, local)
 	return min(noise+stall, 1)
 }
 
