@@ -459,11 +459,16 @@ func (m *capacity) tpotMiss(perDecode, most float64, a attained) float64 {
 		return 1
 	}
 	noise := m.stepMiss(a.batch, most, slo)
-	local := math.Inf(1) // the local prefills a stream may meet
+	local, step := math.Inf(1), a.step // the local prefills a stream may meet, its steps
 	if !math.IsInf(most, 1) {
 		local = most * m.localFraction
+		if len(m.held) > 0 && a.batch > 1 && a.batch >= most*(1-1e-9) {
+			// Held by a burst, the batch falls as its streams finish
+			// (stepMiss): a stream's slack is at the mean step it sees.
+			step = m.f.stepMs(max(a.batch*Mean(m.held), 1)) / 1000
+		}
 	}
-	stall := m.stalls.missed(perDecode*m.localFraction, a.rho, a.step, slo, local)
+	stall := m.stalls.missed(perDecode*m.localFraction, a.rho, step, slo, local)
 	return min(noise+stall, 1)
 }
 
