@@ -47,6 +47,10 @@ type capacity struct {
 	// (lifeSpread); spreadMean their mean.
 	spread     []float64
 	spreadMean float64
+	// held is, for the same streams, the share of a burst's streams beside
+	// each over its life when a burst fills the decode at once
+	// (burstHeld).
+	held []float64
 }
 
 // valued is a split's valuation: its Split, and one of its decode
@@ -90,7 +94,10 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 			chunks := math.Ceil(n / chunk)
 			sv := cv.Seconds(n) + (chunks-1)*cv.A
 			m.local = append(m.local, sv+chunks*step)
-			prefills = append(prefills, sv)
+			// The running streams' tokens ride in the chunks' steps:
+			// they wait through what the chunks add to the steps they
+			// would have run anyway.
+			prefills = append(prefills, max(sv-chunks*step, 0))
 			m.localPerRequest += sv
 			c := sv / chunks
 			chunkSum += sv
@@ -104,6 +111,7 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 		outputs[i] = float64(r.OutputTokens)
 	}
 	m.spread = lifeSpread(outputs)
+	m.held = burstHeld(outputs)
 	m.spreadMean = Mean(m.spread)
 	n := float64(len(reqs))
 	m.n = n
@@ -364,14 +372,34 @@ func (m *capacity) attainment(p, d int, lambda float64) attained {
 // the window's size fills the decode no further than its share of the
 // burst, however fast it arrives: a level of the P/D experiment (60
 // requests) never holds a decode of 2P:2D at more than 30 streams, where
-// the sustained rate's batch (steadyDecodeAt) may pass its seats.
+// the sustained rate's batch (steadyDecodeAt) may pass its seats. Nor
+// do its streams wait through more local prefills than the burst brings:
+// the sustained rate's share ρ (its prefills arriving for as long as the
+// streams live) is bounded by burstRho.
 func (m *capacity) decodeAt(perDecode, most float64) (batch, step, rho float64) {
 	batch, step, rho = m.steadyDecodeAt(perDecode)
-	if rho < 1 && batch > most {
+	if batch > most {
 		batch = max(most, 1)
 		step = m.f.stepMs(batch) / 1000
+		rho = min(rho, m.burstRho(most, step))
 	}
 	return batch, step, rho
+}
+
+// burstRho is the share of a decode's time its local prefills take over
+// the life of a stream of one burst, when the decode serves most of the
+// burst's requests at step seconds a step: the burst's local prefill work
+// (most requests at localPerRequest seconds each, the remote ones 0)
+// against that work and the stream's own steps. The sustained ρ takes the
+// prefills as arriving for the whole of the streams' lives; a burst's
+// arrive while they start (the P/D experiment's 60 requests in under two
+// seconds, whose streams then decode for several more).
+func (m *capacity) burstRho(most, step float64) float64 {
+	work := most * m.localPerRequest
+	if work <= 0 {
+		return 0
+	}
+	return work / (work + max(m.f.MeanOutput-1, 1)*step)
 }
 
 // burstShare is the most requests one of d decode engines holds at once
@@ -431,7 +459,16 @@ func (m *capacity) tpotMiss(perDecode, most float64, a attained) float64 {
 		return 1
 	}
 	noise := m.stepMiss(a.batch, most, slo)
-	stall := m.stalls.missed(perDecode*m.localFraction, a.rho, a.step, slo)
+	local, step := math.Inf(1), a.step // the local prefills a stream may meet, its steps
+	if !math.IsInf(most, 1) {
+		local = most * m.localFraction
+		if len(m.held) > 0 && a.batch > 1 && a.batch >= most*(1-1e-9) {
+			// Held by a burst, the batch falls as its streams finish
+			// (stepMiss): a stream's slack is at the mean step it sees.
+			step = m.f.stepMs(max(a.batch*Mean(m.held), 1)) / 1000
+		}
+	}
+	stall := m.stalls.missed(perDecode*m.localFraction, a.rho, step, slo, local)
 	return min(noise+stall, 1)
 }
 

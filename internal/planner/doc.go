@@ -21,7 +21,10 @@
 // it (capacity.go, stalls.go): their share of its time stretches its
 // steps, they queue for their first token, and the streams running beside
 // them miss the TPOT objective when the stalls they wait through exceed
-// their slack. When the traffic mix shifts (shift.go), the model is fitted
+// their slack. Arrivals seen in bursts (burst.go) bound a decode's batch
+// and the local prefills its streams wait through by its share of a
+// burst: a burst's requests do not arrive for as long as its streams
+// live. When the traffic mix shifts (shift.go), the model is fitted
 // to the requests since the shift rather than to a window that still holds
 // the old mix.
 //

@@ -21,12 +21,16 @@ type Fit struct {
 	// Poisson arrivals, more for bursts. The queueing terms take it (at
 	// least 1) as the arrivals' squared coefficient of variation.
 	ArrivalDispersion float64 `json:"arrival_dispersion"`
-	// BurstRequests is the most requests of one burst in the window:
-	// arrivals with no gap longer than a stream's life between them (the
-	// decodes drain in such a gap), 0 when the window shows no such gap or
-	// the arrivals are not bursty (ArrivalDispersion under
-	// burstyDispersion): the traffic is then taken as sustained. A decode's batch is at most its
-	// share of a burst (capacity.decodeAt).
+	// BurstRequests is the most requests of one burst in the arrivals of
+	// the last dispersionWindows windows (those ArrivalDispersion is
+	// measured over): arrivals with no gap longer than a stream's life
+	// between them (the decodes drain in such a gap), 0 when they show no
+	// such gap or are not bursty (ArrivalDispersion under
+	// burstyDispersion): the traffic is then taken as sustained. The
+	// window alone (a level of the P/D experiment while it arrives) shows
+	// no burst's end. A decode's batch is at most its share of a burst, and
+	// its streams wait through at most the burst's local prefills
+	// (capacity.decodeAt).
 	BurstRequests int     `json:"burst_requests,omitempty"`
 	MeanPrompt    float64 `json:"mean_prompt_tokens"`
 	MeanUncached  float64 `json:"mean_uncached_tokens"`
@@ -195,7 +199,7 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 	}
 	if f.ArrivalDispersion >= burstyDispersion {
 		life := time.Duration(max(f.MeanOutput-1, 1) * f.stepSeconds() * float64(time.Second))
-		f.BurstRequests = largestBurst(win, now, life)
+		f.BurstRequests = largestBurst(pl.arrivals, now, life)
 	}
 	return f, ""
 }

@@ -70,18 +70,47 @@ func lifeSpread(outputs []float64) []float64 {
 	return hs
 }
 
+// burstHeld is, for spreadStreams streams at the quantiles of outputs
+// (as lifeSpread's), the mean share of a burst's streams still decoding
+// over each one's life when the burst's streams start together: a stream
+// of t steps sees the batch fall as the shorter ones finish, its mean
+// batch the burst's times E[min(S, t)]/t (S the streams' lives). Nil for
+// no outputs.
+func burstHeld(outputs []float64) []float64 {
+	if len(outputs) == 0 {
+		return nil
+	}
+	lives := make([]float64, len(outputs))
+	for i, o := range outputs {
+		lives[i] = max(o-1, 1)
+	}
+	slices.Sort(lives)
+	n := float64(len(lives))
+	held := make([]float64, spreadStreams)
+	for q := range held {
+		t := lives[min(int((float64(q)+0.5)/spreadStreams*n), len(lives)-1)]
+		var sum float64
+		for _, l := range lives {
+			sum += min(l, t)
+		}
+		held[q] = sum / (n * t)
+	}
+	return held
+}
+
 // stepMiss is the fraction of a decode's streams whose mean step over
 // their lives exceeds slo (s) at a mean batch of batch, the batch held
-// at most most (a burst's share, capacity.burstShare; a decode held there
-// by a burst is taken as full for every stream's life): each stream of
+// at most most (a burst's share, capacity.burstShare): each stream of
 // lifeSpread's at a mean batch normal about batch with variance h·batch,
 // its step (stepMs, linearised over ±1 standard deviation of them all)
-// with the fit's residual σ beside it.
+// with the fit's residual σ beside it. A decode held at most by a burst
+// holds it only while the burst's streams start: each stream lives
+// through the burst's streams finishing, at a mean batch of burstHeld's
+// share of it.
 func (m *capacity) stepMiss(batch, most, slo float64) float64 {
 	f := m.f
 	sigma := f.StepSigma / 1000
-	step := f.stepMs(batch) / 1000
-	tail := func(sd float64) float64 {
+	tailAt := func(step, sd float64) float64 {
 		if sd <= 0 {
 			if step > slo {
 				return 1
@@ -89,6 +118,15 @@ func (m *capacity) stepMiss(batch, most, slo float64) float64 {
 			return 0
 		}
 		return 0.5 * math.Erfc((slo-step)/(sd*math.Sqrt2))
+	}
+	step := f.stepMs(batch) / 1000
+	tail := func(sd float64) float64 { return tailAt(step, sd) }
+	if len(m.held) > 0 && batch > 1 && batch >= most*(1-1e-9) {
+		var miss float64
+		for _, h := range m.held {
+			miss += tailAt(f.stepMs(max(batch*h, 1))/1000, sigma)
+		}
+		return miss / float64(len(m.held))
 	}
 	if len(m.spread) == 0 || batch <= 0 {
 		return tail(sigma)

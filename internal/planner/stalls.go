@@ -8,8 +8,10 @@ import (
 )
 
 // stalls is what local prefills cost the streams of a decode engine. A
-// local prefill of L tokens takes s·L seconds of the engine's steps, which
-// every stream running then waits through: in one step when L fits the
+// local prefill of L tokens takes s·L seconds of the engine's steps, and
+// every stream running then waits through what those steps take beyond
+// the decode steps they stand in for (the streams' tokens ride in them;
+// capacity.model): in one step when L fits the
 // engine's chunk (--max-num-batched-tokens), else one chunk per step, so a
 // stream of O output tokens waits at most one chunk's time in each of its
 // O − 1 steps. A stream meets the TPOT objective when its step time plus
@@ -102,8 +104,9 @@ func newStalls(local []float64, reqs []Request, chunk float64) *stalls {
 // engine being in one a share rate·E[(X − slack)⁺] of its time, or one
 // arriving that is longer than the slack), and enough stalls of the mean
 // size to fill it (a Poisson count, its mean the arrivals and ρ for the
-// work found).
-func (st *stalls) missed(rate, rho, step, slo float64) float64 {
+// work found). At most most local prefills arrive over a stream's life
+// (+Inf: no bound; a burst's local prompts on the decode).
+func (st *stalls) missed(rate, rho, step, slo, most float64) float64 {
 	if st == nil || len(st.prefill) == 0 || rate <= 0 || st.n == 0 {
 		return 0
 	}
@@ -120,7 +123,7 @@ func (st *stalls) missed(rate, rho, step, slo float64) float64 {
 		if slack >= st.chunk*s.steps {
 			continue // a chunk in every one of its steps still meets it
 		}
-		arrivals := rate * s.steps * step / (1 - rho)
+		arrivals := min(rate*s.steps*step/(1-rho), most)
 		n := float64(len(st.prefill))
 		var p float64
 		if i := atMost(st.prefill, slack); i < len(st.prefill) {

@@ -52,12 +52,12 @@ func TestStallsCountTheStreamsALocalPrefillBreaks(t *testing.T) {
 	// Poisson count of mean 0.4 + 0.067 (the work found, the arrivals).
 	single := 1 - (1-rate*0.24)*math.Exp(-rate*3*step/0.6)
 	want := max(single, 1-math.Exp(-(0.4+rate*3*step/0.6)))
-	if got := st.missed(rate, 0.4, step, slo); math.Abs(got-want) > 1e-9 {
+	if got := st.missed(rate, 0.4, step, slo, math.Inf(1)); math.Abs(got-want) > 1e-9 {
 		t.Errorf("missed %.4f, want %.4f", got, want)
 	}
 	// In chunks of 19 ms (95 tokens) a stream waits at most 19 ms a
 	// step: 57 ms over its 3 steps, within its slack.
-	if got := newStalls([]float64{0.3, 0.3}, reqs, 0.019).missed(rate, 0.4, step, slo); got != 0 {
+	if got := newStalls([]float64{0.3, 0.3}, reqs, 0.019).missed(rate, 0.4, step, slo, math.Inf(1)); got != 0 {
 		t.Errorf("chunked: missed %.4f, want 0", got)
 	}
 	// Half the streams long: the longest prefill that leaves no more than
