@@ -625,43 +625,13 @@ func TestRow8RegionsSpreadsStreams(t *testing.T) {
 	}
 }
 
-// TestRow8RoundsLeaveFewerThan8Rows checks that the 8-row kernels' rounds
-// tile the rows from the first on, each 8 regions of at least one row,
-// and leave fewer than 8 rows to the two-phase kernels, for the model and
-// benchmark shapes and the ranges of their rows one or two threads take
-// (a single round left up to 8·7: 32 of 2048 Q4_K rows of 2048 columns).
-func TestRow8RoundsLeaveFewerThan8Rows(t *testing.T) {
-	for _, d := range []DType{Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K} {
-		for _, s := range []struct{ n, k int }{
-			{64, 4096}, {96, 576}, {144, 1536}, {256, 1024}, {576, 1536}, {1024, 1024}, {1024, 3072},
-			{1536, 1024}, {2048, 2048}, {3072, 1024}, {4096, 1024}, {6144, 1024}, {8192, 2048},
-			{37984, 1024}, {151936, 1024}, {100, 4096}, {2047, 2048},
-		} {
-			rb, err := d.RowBytes(s.k)
-			if err != nil {
-				continue // K not a multiple of the dtype's block
-			}
-			next := 0
-			got := row8Rounds(s.n, rb, func(lo, r int) {
-				if lo != next || r < 1 {
-					t.Errorf("%s %dx%d: round (%d, %d), want it from row %d with r ≥ 1", d, s.n, s.k, lo, r, next)
-				}
-				next = lo + qRowMax*r
-			})
-			if got != next || got > s.n || s.n-got >= qRowMax {
-				t.Errorf("%s %dx%d: rounds cover %d rows (to %d), want %d − %d … %d", d, s.n, s.k, got, next, s.n, s.n%qRowMax, s.n)
-			}
-		}
-	}
-}
-
-// TestQuantMatMulRow8RoundsMatchRowsAlone checks one activation row
-// against a matrix whose rows take several rounds of the 8-row kernels
-// (2053 rows of 1024 columns: 8 regions of 256 rows put the streams of
-// every dtype at one offset in a page, so the first round takes fewer and
-// leaves rows for more) and the few rows left to the two-phase kernels:
-// each output must be what that weight row alone gives.
-func TestQuantMatMulRow8RoundsMatchRowsAlone(t *testing.T) {
+// TestQuantMatMulRowsPastTheRegionsMatchRowsAlone checks one activation
+// row against a matrix whose 8-row kernels' regions leave rows to the
+// two-phase kernels (2053 rows of 1024 columns: 8 regions of 256 rows put
+// the streams of every dtype at one offset in a page, so row8Regions takes
+// fewer, and 5 more rows are past any multiple of 8): each output must be
+// what that weight row alone gives.
+func TestQuantMatMulRowsPastTheRegionsMatchRowsAlone(t *testing.T) {
 	forEachISA(t, func(t *testing.T) {
 		pool := NewPool(1)
 		defer pool.Close()

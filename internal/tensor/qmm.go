@@ -157,22 +157,22 @@ func (s *qKernelSet) runRows(rk qRowKernel, sc *qScratch, a *qAct, w *Mat, lo, h
 			rk.fn(&w.Q[j0*rb], rb, rows, nb, x, &a.meta[0], &a.rowAux[0], &scratch[0], &sc.rowOut[0])
 		}
 	}
-	if rk.fn8 != nil || rk.fn8K != nil {
-		// The rows in rounds of 8 regions of r rows each, a row of each
-		// a call (see row8Rounds).
-		lo += row8Rounds(hi-lo, rb, func(l, r int) {
-			l += lo
-			for c := range r {
-				if rk.fn8 != nil {
-					rk.fn8(&w.Q[(l+c)*rb], r*rb, nb, x, &a.rowAux[0], &sc.rowOut[0])
-				} else {
-					rk.fn8K(&w.Q[(l+c)*rb], r*rb, nb, x, &a.meta[0], &a.rowAux[0], &sc.rowOut[0])
-				}
-				for s := range qRowMax {
-					out[l+s*r+c] = sc.rowOut[s]
-				}
+	if (rk.fn8 != nil || rk.fn8K != nil) && hi-lo >= qRowMax {
+		// The rows in 8 regions of r rows each, a row of each a call;
+		// r is chosen so that the regions do not start at the same
+		// offset in a page (see row8Regions).
+		r := row8Regions((hi-lo)/qRowMax, rb)
+		for c := range r {
+			if rk.fn8 != nil {
+				rk.fn8(&w.Q[(lo+c)*rb], r*rb, nb, x, &a.rowAux[0], &sc.rowOut[0])
+			} else {
+				rk.fn8K(&w.Q[(lo+c)*rb], r*rb, nb, x, &a.meta[0], &a.rowAux[0], &sc.rowOut[0])
 			}
-		})
+			for s := range qRowMax {
+				out[lo+s*r+c] = sc.rowOut[s]
+			}
+		}
+		lo += qRowMax * r
 	}
 	if st := rk.streams; rk.fnStreams != nil && st > 1 {
 		// The rows in st regions of r rows each, read side by side, q
@@ -269,33 +269,14 @@ func storeAcc(out []float32, ldo int, acc []float32, lanes, rows, m int) {
 	}
 }
 
-// row8Rounds splits n rows of rb bytes among the 8-row kernels: f(lo, r)
-// is a round of 8 regions of r rows from row lo (region s the rows lo +
-// s·r … lo + s·r + r − 1, read one row of each a call), r chosen by
-// row8Regions, so that a round can leave up to 8·7 rows past its regions;
-// those take further rounds of their own while 8 are left, rather than the
-// two-phase kernels (qRowKernel.fn, fnStreams), which run the 8-row
-// kernels' rows ~1.6× slower (a CPU profile of qwen3-0.6b's Q4_K_M decode
-// on one thread: 1.6% of the samples in qrowQ4_KAVX2 for ~1% of the rows
-// before). It returns the rows the rounds cover: all but n mod 8 at most.
-func row8Rounds(n, rb int, f func(lo, r int)) int {
-	lo := 0
-	for n-lo >= qRowMax {
-		r := row8Regions((n-lo)/qRowMax, rb)
-		f(lo, r)
-		lo += qRowMax * r
-	}
-	return lo
-}
-
 // row8Regions is the rows per region of the 8-row kernels' 8 regions
 // (r·rb bytes apart, rb the bytes of a row), at most r: r where its 8
 // streams lie at least 256 bytes apart modulo 4096, else the one among r,
 // r − 1, … that puts them farthest apart, going down at most r/32 rows (7
-// at the most: the rows past the regions, at most 3% more, take another
-// round, see row8Rounds; at r < 32, none). Streams at one offset in a page
-// (r·rb a multiple of 4096, as for 2048 rows of any K-quant or Q8_0: r =
-// 256) map to the same set of the level-1 data cache, which then holds one
+// at the most: the rows past the regions, at most 3% more, go to the
+// slower kernels; at r < 32, none). Streams at one offset in a page (r·rb
+// a multiple of 4096, as for 2048 rows of any K-quant or Q8_0: r = 256)
+// map to the same set of the level-1 data cache, which then holds one
 // line of each and no more; with the 8-row kernels on the Zen 2 this held
 // the cold rates at 53–78% of the read limit, and spreading the streams
 // raised them by 9–49% (docs/performance.md, "K-quant decode cold rates:
