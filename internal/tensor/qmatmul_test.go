@@ -624,3 +624,35 @@ func TestRow8RegionsSpreadsStreams(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantMatMulRowsPastTheRegionsMatchRowsAlone checks one activation
+// row against a matrix whose 8-row kernels' regions leave rows to the
+// two-phase kernels (2053 rows of 1024 columns: 8 regions of 256 rows put
+// the streams of every dtype at one offset in a page, so row8Regions takes
+// fewer, and 5 more rows are past any multiple of 8): each output must be
+// what that weight row alone gives.
+func TestQuantMatMulRowsPastTheRegionsMatchRowsAlone(t *testing.T) {
+	forEachISA(t, func(t *testing.T) {
+		pool := NewPool(1)
+		defer pool.Close()
+		for _, d := range quantTypes {
+			const n, k = 2053, 1024
+			rng := rand.New(rand.NewPCG(11, uint64(d)))
+			w := randQuantMat(t, rng, d, n, k)
+			x := make([]float32, k)
+			for i := range x {
+				x[i] = float32(rng.NormFloat64())
+			}
+			out := make([]float32, n)
+			pool.MatMul(out, x, 1, w)
+			rb, _ := d.RowBytes(k)
+			one := make([]float32, 1)
+			for j := range n {
+				pool.MatMul(one, x, 1, &Mat{DType: d, Rows: 1, Cols: k, Q: w.Q[j*rb : (j+1)*rb]})
+				if math.Float32bits(out[j]) != math.Float32bits(one[0]) {
+					t.Fatalf("%s out[%d] = %x, the row alone %x", d, j, math.Float32bits(out[j]), math.Float32bits(one[0]))
+				}
+			}
+		}
+	})
+}

@@ -386,7 +386,13 @@ func row8Q6KAVX2() {
 //     fma(−M, dmin·dy), in the lanes of one accumulator.
 //
 // No scratch, no phase 2, no GP work per row but the addresses. Like
-// row8Q6KAVX2 it has no software prefetch. On the Zen 2, with the weights
+// row8Q6KAVX2 it has no software prefetch: with the 8 streams spread over
+// the cache sets (package tensor's row8Regions), prefetching every line of
+// each row's super-block 512 bytes, 1 KiB or 2 KiB ahead made Q4_K, Q5_K
+// and Q6_K 0–10%, 10–20% and 15–30% slower cold on one thread, and 4
+// regions read two adjacent rows abreast (rows 4–7 the rows after 0–3)
+// halved the rate (docs/performance.md, "K-quant single-stream decode:
+// stream count and prefetch re-measured"). On the Zen 2, with the weights
 // in L1, it runs at 22–24 GB/s against the two-phase kernel's 16 (Q4_K:
 // 22 cycles a row's super-block, of which the dot products' 12 multiplies
 // and ~35 other vector ops take most; unpacking the scales and mins ~12%).
