@@ -184,6 +184,10 @@ func writePlan(w io.Writer, p planAnswer) {
 	if d.Held != "" {
 		fmt.Fprintf(w, "held: %s\n", d.Held)
 	}
+	if d.Settling != "" && d.Settling != d.Held {
+		// The split is at the best, but the last move is not measured yet.
+		fmt.Fprintf(w, "%s\n", d.Settling)
+	}
 	if c := p.Cadence; c != nil && c.PrefillScheduleInterval > 0 {
 		set := 0
 		for _, u := range p.Decode {

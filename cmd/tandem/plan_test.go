@@ -90,6 +90,23 @@ func TestPlanPrintsTheEnginesFinishingTheirOldWork(t *testing.T) {
 	}
 }
 
+// TestPlanSaysTheLastMoveIsNotMeasuredYet: a decision held while the last
+// move is being measured says so, and so does one that did not want to
+// move.
+func TestPlanSaysTheLastMoveIsNotMeasuredYet(t *testing.T) {
+	const settling = "settling after the move to 1P:3D at 16:05:11.400: 4 of 13 requests measured on it (of the 25 fitted)"
+	for _, d := range []*planner.Decision{
+		{Prefill: 1, Decode: 3, Best: planner.Split{P: 2, D: 2}, Held: settling, Settling: settling},
+		{Prefill: 1, Decode: 3, Best: planner.Split{P: 1, D: 3}, Settling: settling},
+	} {
+		var out bytes.Buffer
+		writePlan(&out, planAnswer{Acting: true, Prefill: []string{"http://p"}, Decode: []string{"http://d1", "http://d2", "http://d3"}, Decision: d})
+		if got := strings.Count(out.String(), settling); got != 1 {
+			t.Errorf("tandem plan printed %q %d times, want once:\n%s", settling, got, out.String())
+		}
+	}
+}
+
 // TestPlanSaysWhatTheThresholdIsToTheDecider: under the priced decider the
 // planner's threshold is informational and only the unpriced requests'
 // fallback; the window's remote share is printed beside the model's.

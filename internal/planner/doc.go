@@ -39,7 +39,12 @@
 // last change when the split turns back (Config.StepDwell when it goes on
 // in the same direction), and a change moves one engine at a time (half
 // the way to the best right after a shift of the traffic mix, or, where
-// the step is predicted worse than now, straight to the best). A move
+// the step is predicted worse than now, straight to the best). Nor does
+// it move again before the last change is measured (settle.go): most of
+// the requests a decision is fitted to must have been routed since that
+// change took effect (the caller may say when: Applied), and every engine
+// scraped since; only after a shift of the traffic mix does a move the
+// model predicts far ahead go at once. A move
 // must also lead where the decode fit's residual is taken as the scrapes'
 // noise rather than the steps' spread, and with the fit's slope turned
 // within its standard error (uncertain.go): a noisy early fit does not

@@ -51,7 +51,7 @@ func TestClearLeadMovesThroughBursts(t *testing.T) {
 	pl := newPlanner(t, Config{TTFT: 250 * time.Millisecond, TPOT: 25 * time.Millisecond, Engines: 4, Prefill: 0,
 		MaxBatchedTokens: 512, Window: 3 * time.Second, MinDwell: 1500 * time.Millisecond})
 	rng := rand.New(rand.NewPCG(9, 10))
-	var clear int
+	var clear, settling int
 	for i := range 40 {
 		end := t0.Add(time.Duration(i+1) * 750 * time.Millisecond)
 		if i%3 == 0 { // a round every 2.25 s
@@ -74,13 +74,19 @@ func TestClearLeadMovesThroughBursts(t *testing.T) {
 			!last.IsZero() && end.Sub(last) < pl.cfg.MinDwell {
 			continue
 		}
+		if d.Settling != "" {
+			// The last move is not measured yet (settle.go): a window of
+			// no request since it holds no news of it.
+			settling++
+			continue
+		}
 		clear++
 		if !d.Changed {
 			t.Errorf("%v: %dP:%dD leads %.2f against %.2f now (more than %g hystereses) but the split held: %s",
 				end.Sub(t0), d.Best.P, d.Best.D, d.Best.Goodput, cur, float64(noiseLeads), d.Held)
 		}
 	}
-	t.Logf("%d clear leads", clear)
+	t.Logf("%d clear leads; %d more held while the last move was not measured", clear, settling)
 	if clear == 0 {
 		t.Fatal("no decision with a clear lead: the test shows nothing")
 	}

@@ -43,6 +43,12 @@ type Config struct {
 	// toward one best: no flapping). Defaults 30s and MinDwell/4. The
 	// conditional threshold has the same dwells of its own at one split.
 	MinDwell, StepDwell time.Duration
+	// ReportsApplied says the caller tells when a change of the split took
+	// effect (Planner.Applied: the engines switched pools): the split then
+	// moves again only once the requests since then are most of a window
+	// (settle.go), and not before it is told. Without it a change counts
+	// from its decision.
+	ReportsApplied bool
 	// Hysteresis is how much more goodput (a fraction) the model must
 	// predict for a new split than for the current one before it moves,
 	// and for a new threshold than for the current one at the split that
@@ -173,6 +179,9 @@ type Planner struct {
 	prefill    int
 	threshold  int
 	lastChange time.Time
+	// applied is when the caller said the last change took effect
+	// (Applied; Config.ReportsApplied).
+	applied time.Time
 	// thChange is when the threshold last changed, thDir which way (+1
 	// up) and thSplit the prefill engines it was chosen for.
 	thChange       time.Time
@@ -294,8 +303,13 @@ type Decision struct {
 	// Held says why the split did not move to Best ("" when it is Best
 	// or moved toward it): too few or stale samples, the dwell, the
 	// hysteresis, the window's noise, or an uncertain decode fit (the
-	// lead the decode step's residual makes, not its curve: uncertainFit).
+	// lead the decode step's residual makes, not its curve: uncertainFit),
+	// or the last change not yet measured (settling).
 	Held string `json:"held,omitempty"`
+	// Settling says why the last change of the split is not yet measured
+	// ("" when it is, or a move would go regardless: settle.go): until it
+	// is, the split does not move again.
+	Settling string `json:"settling,omitempty"`
 	// Splits is every split within the bounds, each at the threshold
 	// that predicts it the most goodput: what Best was chosen from.
 	Splits []Split `json:"splits,omitempty"`
@@ -319,9 +333,11 @@ type Split struct {
 // Decide refits the model to the window ending at now and returns the
 // split, threshold and cadence to run. The split changes only when the
 // best split's predicted goodput beats the current one's by
-// Config.Hysteresis and Config.MinDwell has passed since the last change,
-// by one engine per call, half the way after a shift of the traffic mix
-// (or straight to the best across a valley, see Decision.Crossed); with too few fresh samples it holds. The best split
+// Config.Hysteresis, Config.MinDwell has passed since the last change
+// and that change has been measured (settle.go), by one engine per call,
+// half the way after a shift of the traffic mix (or straight to the best
+// across a valley, see Decision.Crossed); with too few fresh samples it
+// holds. The best split
 // may have no prefill engine (the colocated split) unless
 // Config.MinPrefill keeps one.
 func (pl *Planner) Decide(now time.Time) (d Decision) {
@@ -421,6 +437,7 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	if noise == "" && target.P != pl.prefill && target.Goodput >= cur*(1+pl.cfg.Hysteresis) {
 		uncertain = pl.uncertainFit(f, d.Fit.Current, curTh, target, bestTh)
 	}
+	d.Settling = pl.settling(now, f, d.Fit.Current, target)
 	switch {
 	case target.P == pl.prefill:
 	case target.Goodput < cur*(1+pl.cfg.Hysteresis):
@@ -430,6 +447,8 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 		d.Held = noise
 	case uncertain != "":
 		d.Held = uncertain
+	case d.Settling != "":
+		d.Held = d.Settling
 	case !pl.lastChange.IsZero() && now.Sub(pl.lastChange) < pl.dwell(next):
 		d.Held = fmt.Sprintf("dwell: the split changed %v ago, less than %v", now.Sub(pl.lastChange).Round(100*time.Millisecond), pl.dwell(next))
 	default:

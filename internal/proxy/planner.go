@@ -95,6 +95,9 @@ func (p *Proxy) initPlanner() error {
 	if cfg.Threshold == 0 {
 		cfg.Threshold = cmpOr(p.cfg.Router.Threshold, 256)
 	}
+	// Acting, the mover says when the engines of a change have switched
+	// pools (planApplied): the planner measures the new split from then.
+	cfg.ReportsApplied = p.cfg.PlannerAct
 	if !keepsLocalWithoutPrefill(p.cfg.PDDecider) {
 		// The decider sends prompts to a prefill engine whatever the
 		// load: the split keeps one.
@@ -267,6 +270,10 @@ func (p *Proxy) planOnce(now time.Time) planner.Decision {
 	case !p.cfg.PlannerAct || s.moving.Load() == nil:
 		s.pl.SetEngines(n)
 		s.pl.SetPinned(pinnedP, pinnedD)
+		if p.cfg.PlannerAct {
+			// The pools may be the split already (the bounds moved it).
+			s.pl.Applied(now, len(p.prefill.list()))
+		}
 	}
 	s.pinned = pinned
 	d := s.pl.Decide(now)

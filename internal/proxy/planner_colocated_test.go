@@ -82,7 +82,9 @@ func TestPlannerColocatedSplit(t *testing.T) {
 	wg.Go(func() { p.moveEngines(ctx) })
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
-	now := time.Date(2026, 12, 5, 7, 0, 0, 0, time.UTC)
+	// On the proxy's clock: the mover says when the engines switched
+	// (planApplied), and the planner counts the requests since then.
+	now := p.now()
 	observeWindow(p, now, 64, 256)
 	if d := p.planOnce(now); d.Prefill != 0 || d.Best.P != 0 {
 		t.Fatalf("chat-like traffic: decision %dP:%dD, best %+v (held %q), want the colocated split", d.Prefill, d.Decode, d.Best, d.Held)

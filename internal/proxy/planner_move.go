@@ -29,6 +29,7 @@ func (p *Proxy) moveEngines(ctx context.Context) {
 				from, to = p.prefill, p.decode
 			}
 			if from == nil {
+				p.planApplied(len(pre))
 				break
 			}
 			movable := slices.DeleteFunc(slices.Clone(from.list()), func(b *backend) bool {
@@ -49,6 +50,15 @@ func (p *Proxy) moveEngines(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// planApplied tells the planner that the pools run prefill prefill
+// engines from now: the engines of its last change have switched, and it
+// measures the new split from here (it ignores a report of another split).
+func (p *Proxy) planApplied(prefill int) {
+	p.plan.mu.Lock()
+	p.plan.pl.Applied(p.now(), prefill)
+	p.plan.mu.Unlock()
 }
 
 // leastBusy is the backend with the fewest requests and held KV on it.
