@@ -72,7 +72,8 @@ func chatLevels(t *testing.T, pl *Planner, seed uint64, rates []float64, noise f
 // wait until the requests since the last one are most of those it is
 // decided on, and the decisions in between say so.
 func TestMovesInsideALevelWaitForTheNewSplit(t *testing.T) {
-	for _, seed := range []uint64{4, 5} {
+	shown := 0 // seeds whose run moved twice and held a move while settling
+	for _, seed := range []uint64{1, 2, 3, 4, 5, 6} {
 		pl := newPlanner(t, Config{TTFT: 500 * time.Millisecond, TPOT: 12500 * time.Microsecond, Engines: 4, Prefill: 0,
 			MaxBatchedTokens: 512, Window: 3 * time.Second, MinDwell: 1500 * time.Millisecond})
 		ds, arrivals := chatLevels(t, pl, seed, []float64{10, 20, 40, 80}, float64(seed%4))
@@ -101,9 +102,17 @@ func TestMovesInsideALevelWaitForTheNewSplit(t *testing.T) {
 			}
 			last = d.At
 		}
-		if changes < 2 || settling == 0 {
-			t.Errorf("seed %d: %d changes, %d decisions held while settling: the case shows nothing", seed, changes, settling)
+		t.Logf("seed %d: %d changes, %d decisions held while settling", seed, changes, settling)
+		if changes >= 2 && settling > 0 {
+			shown++
 		}
+	}
+	// The model moves on some seeds' noise and not on others' (the burst
+	// bound keeps most runs at one split; seed 5 moves three times, twice held
+	// while settling): the rule must hold on every seed,
+	// and the case must show on some.
+	if shown == 0 {
+		t.Errorf("%d seeds moved twice with a move held while settling: the case shows nothing", shown)
 	}
 }
 
