@@ -59,6 +59,9 @@ type backend struct {
 	// The engine's load as last scraped from its /metrics.
 	waiting, running, kvUsage float64
 	scrapedAt                 time.Time
+	// inFlightAtScrape is inFlight when that scrape's answer arrived:
+	// endpoint reports the change since (router.Endpoint.SinceScrape).
+	inFlightAtScrape int64
 	// costs are the engine's measured costs, from the same scrapes.
 	costs costs
 	// legs are every engine's costs measured from the proxy's legs (the
@@ -303,6 +306,7 @@ func (b *backend) endpoint(now time.Time, stale time.Duration, prefixBlocks int)
 	b.mu.Lock()
 	if !b.scrapedAt.IsZero() && now.Sub(b.scrapedAt) <= stale {
 		e.Scraped, e.Waiting, e.Running, e.KVUsage = true, b.waiting, b.running, b.kvUsage
+		e.SinceScrape = e.InFlight - b.inFlightAtScrape
 		e.PrefillSecondsPerToken, e.TransferSecondsPerToken, e.QueueSeconds = b.costs.prefillPerToken, b.costs.transferPerToken, b.costs.queue
 		e.ITLSeconds = b.costs.itl
 	}

@@ -265,6 +265,7 @@ func (p *Proxy) scrape(parent context.Context, b *backend) {
 	b.mu.Lock()
 	s.at = time.Now()
 	b.waiting, b.running, b.kvUsage, b.scrapedAt = s.waiting, s.running, s.kvUsage, s.at
+	b.inFlightAtScrape = b.inFlight.Load()
 	b.costs.observe(s)
 	c := b.costs
 	b.mu.Unlock()

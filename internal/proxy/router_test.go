@@ -290,6 +290,33 @@ func TestScrapedQueueSteersAway(t *testing.T) {
 	}
 }
 
+// An engine's endpoint carries the change in the requests the router has
+// open on it since its last scrape: the queue scorer adds it to the
+// scraped queue, so a burst does not go to the engine whose scrape, up to
+// a scrape interval old, showed it idle.
+func TestEndpointCountsTheRequestsSinceTheScrape(t *testing.T) {
+	eng := newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if r.URL.Path == "/metrics" {
+			fmt.Fprint(w, "vllm:num_requests_waiting 0\nvllm:num_requests_running 1\nvllm:kv_cache_usage_perc 0.1\n")
+			return
+		}
+		decodeJSON(w, r, body)
+	})
+	p, _ := startProxy(t, Config{Policy: factory.PolicyLoad, ScrapeInterval: time.Hour}, []*fakeEngine{newFake(t, prefillOK)}, []*fakeEngine{eng})
+	b := p.decode.list()[0]
+	first := b.acquire(10) // running when the engine is scraped
+	p.scrape(t.Context(), b)
+	if e := b.endpoint(time.Now(), time.Hour, 0); !e.Scraped || e.Running != 1 || e.SinceScrape != 0 {
+		t.Fatalf("after the scrape: scraped %v running %v since %d, want true 1 0", e.Scraped, e.Running, e.SinceScrape)
+	}
+	b.acquire(10)
+	b.acquire(10)
+	first()
+	if e := b.endpoint(time.Now(), time.Hour, 0); e.SinceScrape != 1 {
+		t.Errorf("two sent and one finished since the scrape: SinceScrape %d, want 1", e.SinceScrape)
+	}
+}
+
 func TestParseEngineMetrics(t *testing.T) {
 	text := `# HELP vllm:num_requests_waiting x
 # TYPE vllm:num_requests_waiting gauge

@@ -46,6 +46,13 @@ type Endpoint struct {
 	Scraped          bool
 	Waiting, Running float64
 	KVUsage          float64
+	// SinceScrape is, while Scraped, the change in the router's own count
+	// of requests open on the engine since the scrape Waiting and Running
+	// come from (those dispatched since, less those finished): a score read
+	// from a scrape a few hundred milliseconds old still counts a burst's
+	// requests sent since, instead of sending the burst to the engine that
+	// last looked idle.
+	SinceScrape int64
 	// PrefillSecondsPerToken, TransferSecondsPerToken and QueueSeconds
 	// are the engine's measured costs, as of its last scrapes with enough
 	// traffic to measure them, and like Waiting zero unless Scraped (and
