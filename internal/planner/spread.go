@@ -36,11 +36,7 @@ func lifeSpread(outputs []float64) []float64 {
 	if len(outputs) == 0 {
 		return nil
 	}
-	lives := make([]float64, len(outputs))
-	for i, o := range outputs {
-		lives[i] = max(o-1, 1)
-	}
-	slices.Sort(lives)
+	lives := sortedLives(outputs)
 	n := float64(len(lives))
 	suffix := make([]float64, len(lives)+1) // suffix[i] = Σ lives[i:]
 	for i := len(lives) - 1; i >= 0; i-- {
@@ -80,11 +76,7 @@ func burstHeld(outputs []float64) []float64 {
 	if len(outputs) == 0 {
 		return nil
 	}
-	lives := make([]float64, len(outputs))
-	for i, o := range outputs {
-		lives[i] = max(o-1, 1)
-	}
-	slices.Sort(lives)
+	lives := sortedLives(outputs)
 	n := float64(len(lives))
 	held := make([]float64, spreadStreams)
 	for q := range held {
@@ -146,4 +138,16 @@ func (m *capacity) stepMiss(batch, most, slo float64) float64 {
 		miss += tail(math.Hypot(sigma, slope*math.Sqrt(h*batch)))
 	}
 	return miss / float64(len(m.spread))
+}
+
+// sortedLives is the streams' lives in steps for outputs (tokens; a stream
+// lives one step per token after its first, at least one), in ascending
+// order.
+func sortedLives(outputs []float64) []float64 {
+	lives := make([]float64, len(outputs))
+	for i, o := range outputs {
+		lives[i] = max(o-1, 1)
+	}
+	slices.Sort(lives)
+	return lives
 }

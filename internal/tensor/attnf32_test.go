@@ -9,7 +9,11 @@ import (
 
 // packedF32ISA selects an ISA with the packed-key f32 scores kernel for the
 // rest of the test, or skips it.
-func packedF32ISA(t testing.TB) {
+func packedF32ISA(t testing.TB) { isaWith(t, AttnPackedF32, "the packed-key f32 scores kernel") }
+
+// isaWith selects the first ISA on which has reports true for the rest of
+// the test (restoring the default after), or skips the test naming what.
+func isaWith(t testing.TB, has func() bool, what string) {
 	t.Helper()
 	def := ISA()
 	t.Cleanup(func() { _ = SetISA(def) })
@@ -17,11 +21,11 @@ func packedF32ISA(t testing.TB) {
 		if err := SetISA(isa); err != nil {
 			t.Fatal(err)
 		}
-		if AttnPackedF32() {
+		if has() {
 			return
 		}
 	}
-	t.Skip("no ISA with the packed-key f32 scores kernel on this CPU")
+	t.Skipf("no ISA with %s on this CPU", what)
 }
 
 // TestAttnScoresF32MatchDotRows checks that scoring keys packed transposed

@@ -9,20 +9,7 @@ import (
 
 // keyScoresISA selects an ISA with the 8-keys-a-vector decode scores
 // kernels (AttnKeyScores) for the test, or skips it.
-func keyScoresISA(t testing.TB) {
-	t.Helper()
-	def := ISA()
-	t.Cleanup(func() { _ = SetISA(def) })
-	for _, isa := range ISAs() {
-		if err := SetISA(isa); err != nil {
-			t.Fatal(err)
-		}
-		if AttnKeyScores() {
-			return
-		}
-	}
-	t.Skip("no ISA with the decode key-scores kernels on this CPU")
-}
+func keyScoresISA(t testing.TB) { isaWith(t, AttnKeyScores, "the decode key-scores kernels") }
 
 // TestAttnKeyScoresMatchDotRowsBF16 checks that scoring key rows 8 at a
 // time gives the bits DotRowsBF16 (the matmul kernels, one reduction per
