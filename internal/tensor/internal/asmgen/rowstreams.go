@@ -279,10 +279,27 @@ func row8AVX2(q quant32) {
 	}
 	DECQ(n)
 	JNE(LabelRef("block"))
+	storeRows8(acc)
+}
+
+// storeRows8 stores the 8 rows' sums (acc's lanes) to out and returns.
+func storeRows8(acc VecVirtual) {
 	out := Load(Param("out"), GP64()).(GPVirtual)
 	VMOVUPS(acc, Mem{Base: out})
 	VZEROUPPER()
 	RET()
+}
+
+// nextSuperBlock moves the K-quant 8-row kernels on by one super-block:
+// the 8 rows' pointers by bytes, the activation by its 256 values (x),
+// their sums per 32 (meta) and scale (aux), and loops while n counts.
+func nextSuperBlock(rows rows8, bytes int, x, meta, aux, n GPVirtual) {
+	rows.advance(bytes)
+	ADDQ(U32(256), x)
+	ADDQ(U8(64), meta)
+	ADDQ(U8(4), aux)
+	DECQ(n)
+	JNE(LabelRef("super"))
 }
 
 // joinHalves adds the 128-bit halves of lo (rows 0–3's integers in each
@@ -354,16 +371,8 @@ func row8Q6KAVX2() {
 	f := YMM()
 	VCVTDQ2PS(s, f)
 	rows.fmaScales(208, aux, f, acc)
-	rows.advance(bytes)
-	ADDQ(U32(256), x)
-	ADDQ(U8(64), meta)
-	ADDQ(U8(4), aux)
-	DECQ(n)
-	JNE(LabelRef("super"))
-	out := Load(Param("out"), GP64()).(GPVirtual)
-	VMOVUPS(acc, Mem{Base: out})
-	VZEROUPPER()
-	RET()
+	nextSuperBlock(rows, bytes, x, meta, aux, n)
+	storeRows8(acc)
 }
 
 // row8Q4KAVX2 emits the AVX2 Q4_K (with five, Q5_K) row kernel of 8
@@ -593,16 +602,8 @@ func row8Q4KAVX2(five bool) {
 	m := YMM()
 	VMOVUPS(negM, m)
 	VFMADD231PS(sM, m, acc)
-	rows.advance(bytes)
-	ADDQ(U32(256), x)
-	ADDQ(U8(64), meta)
-	ADDQ(U8(4), aux)
-	DECQ(n)
-	JNE(LabelRef("super"))
-	out := Load(Param("out"), GP64()).(GPVirtual)
-	VMOVUPS(acc, Mem{Base: out})
-	VZEROUPPER()
-	RET()
+	nextSuperBlock(rows, bytes, x, meta, aux, n)
+	storeRows8(acc)
 }
 
 // k4Tables holds the tables of k4Unpack and row8Q4KAVX2.
