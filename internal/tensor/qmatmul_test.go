@@ -639,10 +639,7 @@ func TestQuantMatMulRowsPastTheRegionsMatchRowsAlone(t *testing.T) {
 			const n, k = 2053, 1024
 			rng := rand.New(rand.NewPCG(11, uint64(d)))
 			w := randQuantMat(t, rng, d, n, k)
-			x := make([]float32, k)
-			for i := range x {
-				x[i] = float32(rng.NormFloat64())
-			}
+			x := randVec(rng, k)
 			out := make([]float32, n)
 			pool.MatMul(out, x, 1, w)
 			rb, _ := d.RowBytes(k)
