@@ -98,7 +98,7 @@ func prefetchNext(pf GPVirtual, step int) {
 	ADDQ(U32(step), pf)
 }
 
-// dot32Sig is the Go signature of the dot kernels.
+// dotSig is the Go signature of the dot kernels.
 const dotSig = "func(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)"
 
 // quantKernels emits the quantized matrix kernels.
