@@ -1,9 +1,10 @@
 package tensor
 
-// This file keeps the quantizers of quant.go as they were before they were
-// restructured for speed (commit 11a4973), copied verbatim with the names
-// suffixed Ref, so that TestQuantizeMatchesReference can hold the fast
-// ones to bit-identical output. Do not edit these: they are the
+// This file keeps the quantizers of quant.go (since split into its dtype
+// files) as they were before they were restructured for speed (commit
+// 11a4973), copied verbatim with the names suffixed Ref, so that
+// TestQuantizeMatchesReference can hold the fast ones to bit-identical
+// output. Do not edit these: they are the
 // specification.
 
 import (
