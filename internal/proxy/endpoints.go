@@ -10,7 +10,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/router"
 )
 
-// The proxy's own GET endpoints besides /metrics: /health (the backends'
+// Two endpoints the proxy answers without routing: /health (the backends'
 // states and readiness) and /v1/models (relayed from a healthy decode
 // backend).
 
