@@ -46,7 +46,7 @@ type (
 	qrowStreams func(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32, lds int)
 	// qrow8 computes the 8 weight rows w + s·lds (s < 8) times one
 	// activation row into out[0:8], all 8 a block at a time, the chains in
-	// the lanes of one vector (see asmgen's rowstreams.go).
+	// the lanes of one vector (see asmgen's row8.go).
 	qrow8 func(w *byte, lds int, nb int, x *int8, aux *uint32, out *float32)
 	// qrow8K is qrow8 for the K-quants, which also read the activation
 	// metadata.

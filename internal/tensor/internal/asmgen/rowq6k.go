@@ -2,7 +2,7 @@ package main
 
 // The Q6_K row kernel rowQ6K (emitted for AVX2; the AVX-512 one is
 // rowQ6K512, in rowk512.go) and its super-block dot product q6kSuper with
-// the constants it needs, which row8Q6KAVX2 (rowstreams.go) shares.
+// the constants it needs, which row8Q6KAVX2 (row8.go) shares.
 
 import (
 	"fmt"
