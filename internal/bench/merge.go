@@ -161,7 +161,7 @@ func MergeSuites(suites []*Suite) (*Suite, error) {
 		if s.Prompts == nil {
 			s.Prompts = in.Prompts
 		}
-		for _, t := range targetNames(in) {
+		for _, t := range resultTargets(in) {
 			mine := resultsOf(in, t)
 			if i := slices.IndexFunc(p.Targets, func(x Target) bool { return x.Name == t }); i >= 0 {
 				if !sameRecords(resultsOf(s, t), mine) {
@@ -177,6 +177,17 @@ func MergeSuites(suites []*Suite) (*Suite, error) {
 		}
 	}
 	return s, nil
+}
+
+// resultTargets names the targets with results in s, in their order.
+func resultTargets(s *Suite) []string {
+	var out []string
+	for _, r := range s.Results {
+		if !slices.Contains(out, r.Target) {
+			out = append(out, r.Target)
+		}
+	}
+	return out
 }
 
 func resultsOf(s *Suite, target string) []*Result {
