@@ -1,10 +1,12 @@
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	"github.com/tandem-serve/tandem/internal/bench"
 	"github.com/tandem-serve/tandem/internal/bench/experiment"
@@ -68,7 +70,17 @@ func benchReport(out io.Writer, args []string) error {
 			if err != nil {
 				return err
 			}
-			files = append(files, experiment.RunFile{Path: path, Suite: s})
+			rf := experiment.RunFile{Path: path, Suite: s}
+			// The experiment's summary.json beside it, if any, says its
+			// engines and chunk budget.
+			if b, err := os.ReadFile(filepath.Join(filepath.Dir(path), "summary.json")); err == nil {
+				var sum experiment.PDSummary
+				if err := json.Unmarshal(b, &sum); err != nil {
+					return fmt.Errorf("%s: %w (move it away to merge without it)", filepath.Join(filepath.Dir(path), "summary.json"), err)
+				}
+				rf.Summary = &sum
+			}
+			files = append(files, rf)
 		}
 		m, err := experiment.MergeRuns(files, bench.SLO{TTFT: *ttft, TPOT: *tpot, ITL: *itl}, *goal)
 		if err != nil {

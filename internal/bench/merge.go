@@ -58,6 +58,7 @@ type Warmup struct {
 	Rate     float64 `json:"rate"`
 }
 
+// String is "none" or "N requests at R req/s".
 func (w *Warmup) String() string {
 	if w.Requests == 0 {
 		return "none"

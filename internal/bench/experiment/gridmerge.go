@@ -15,6 +15,9 @@ import (
 type RunFile struct {
 	Path  string
 	Suite *bench.Suite
+	// Summary, when not nil, is the summary.json of the experiment that
+	// saved it: its engines and chunk budget are compared too.
+	Summary *PDSummary
 }
 
 // MergedRun is several saved runs of one workload reported as one (tandem
@@ -92,6 +95,14 @@ func MergeRuns(files []RunFile, slo bench.SLO, goal float64) (*MergedRun, error)
 			}
 			ft, fp, _ := ParseAdaptiveCell(names[0])
 			want, what = scaleSLO(own, ft, fp), fmt.Sprintf("the cell's (TTFT ×%g, TPOT ×%g of %s's)", ft, fp, base.Path)
+		}
+		if a, b := base.Summary, f.Summary; a != nil && b != nil {
+			if a.Engines != b.Engines {
+				diffs = append(diffs, fmt.Sprintf("engines per configuration (summary.json): %d against %d", a.Engines, b.Engines))
+			}
+			if a.MNBT != b.MNBT {
+				diffs = append(diffs, fmt.Sprintf("--max-num-batched-tokens (summary.json): %d against %d", a.MNBT, b.MNBT))
+			}
 		}
 		if f.Suite.Plan.SLO != want {
 			diffs = append(diffs, fmt.Sprintf("SLO: %s, want %s: %s", describe(f.Suite.Plan.SLO), what, describe(want)))

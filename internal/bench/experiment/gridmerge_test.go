@@ -197,6 +197,22 @@ func TestMergeRunsRefusesMismatchedRuns(t *testing.T) {
 			t.Errorf("err = %v, want the cell's SLO named", err)
 		}
 	})
+	t.Run("engines", func(t *testing.T) {
+		statics, adaptive := readRuns(t, "statics"), readRuns(t, "adaptive")
+		statics[0].Summary = &PDSummary{Engines: 2, MNBT: 256}
+		for i := range adaptive {
+			adaptive[i].Summary = &PDSummary{Engines: 4, MNBT: 512}
+		}
+		_, err := MergeRuns(append(statics, adaptive...), bench.SLO{}, 0)
+		if err == nil || !strings.Contains(err.Error(), "engines per configuration (summary.json): 2 against 4") ||
+			!strings.Contains(err.Error(), "--max-num-batched-tokens (summary.json): 256 against 512") {
+			t.Errorf("err = %v, want the engines and chunk budgets named", err)
+		}
+		adaptive = readRuns(t, "adaptive")
+		if _, err := MergeRuns(append(statics, adaptive...), bench.SLO{}, 0); err != nil {
+			t.Errorf("a part without summary.json refused: %v", err)
+		}
+	})
 	t.Run("same target twice", func(t *testing.T) {
 		// The combined run's adaptive beside the adaptive part's: the same
 		// name, other requests.
