@@ -117,6 +117,9 @@ func MergeRuns(files []RunFile, slo bench.SLO, goal float64) (*MergedRun, error)
 		if base.Suite.Plan.Warmup == nil || f.Suite.Plan.Warmup == nil {
 			m.Notes = appendOnce(m.Notes, "warm-up not compared: a file saved before runs recorded it")
 		}
+		if base.Suite.Prompts == nil || f.Suite.Prompts == nil {
+			m.Notes = appendOnce(m.Notes, "prompts compared by workload, seed and requests only: a file saved before runs recorded their digest")
+		}
 	}
 	slo = bench.SLO{TTFT: cmp.Or(slo.TTFT, own.TTFT), TPOT: cmp.Or(slo.TPOT, own.TPOT), ITL: cmp.Or(slo.ITL, own.ITL)}
 
@@ -280,8 +283,13 @@ func loadNames(ls []bench.Load) []string {
 	return out
 }
 
+// describe is "TTFT ≤ 1s, TPOT ≤ 100ms" (and ", every ITL ≤ D" with one).
 func describe(s bench.SLO) string {
-	return fmt.Sprintf("TTFT ≤ %v, TPOT ≤ %v, ITL ≤ %v", s.TTFT, s.TPOT, s.ITL)
+	out := fmt.Sprintf("TTFT ≤ %v, TPOT ≤ %v", s.TTFT, s.TPOT)
+	if s.ITL > 0 {
+		out += fmt.Sprintf(", every ITL ≤ %v", s.ITL)
+	}
+	return out
 }
 
 func appendOnce(list []string, s string) []string {
