@@ -33,8 +33,9 @@ func benchReport(out io.Writer, args []string) error {
 			"the SLO grid's static configurations from one --out and the adaptive one's cells from another:\n"+
 			"  tandem bench report --merge statics/results-chat.json adaptive/results-chat*.json\n"+
 			"It checks that they are comparable (workload and prompts, seed, requests, rates, rounds,\n"+
-			"warm-up, goal, SLO), then prints them as one run: the table, the SLO grid and, with static\n"+
-			"and adaptive configurations, adaptive against the best static one in each cell it ran for.\n\n")
+			"warm-up, goal, SLO; engines and chunk budget where a summary.json sits beside the files),\n"+
+			"then prints them as one run: the table, the SLO grid and, with static and adaptive\n"+
+			"configurations, adaptive against the best static one in each cell it ran for.\n\n")
 		fs.PrintDefaults()
 	}
 	var (
