@@ -51,6 +51,16 @@ func TestSavedRunKeepsItsPrompts(t *testing.T) {
 	if !strings.Contains(tbl.String(), "workload multiturn: 12 requests, mean prompt 20 ") {
 		t.Errorf("re-read table does not say the requests:\n%s", tbl.String())
 	}
+	// A run saved before runs recorded their prompts counts its requests
+	// from the records.
+	back.Prompts = nil
+	tbl.Reset()
+	if err := WriteTable(&tbl, back); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(tbl.String(), "workload multiturn: 12 requests (counted from the records; ") || RequestsPerLevel(back) != 12 {
+		t.Errorf("re-read table without the prompts:\n%s", tbl.String())
+	}
 	if got := PooledNote(back); got != "24 requests per target (2 rounds of 12)" {
 		t.Errorf("PooledNote = %q", got)
 	}

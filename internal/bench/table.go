@@ -19,7 +19,11 @@ func WriteTable(w io.Writer, s *Suite) error {
 	if n == 0 && s.Prompts != nil { // a saved run: its conversations are not in the JSON
 		n, mp, mo = s.Prompts.Requests, s.Prompts.MeanPrompt, s.Prompts.MeanOutput
 	}
-	fmt.Fprintf(w, "workload %s: %d requests, mean prompt %.0f and output %.0f tokens", p.Workload.Name, n, mp, mo)
+	if n == 0 && s.Prompts == nil && len(s.Results) > 0 { // saved before runs recorded their prompts
+		fmt.Fprintf(w, "workload %s: %d requests (counted from the records; the saved run has no prompt lengths)", p.Workload.Name, RequestsPerLevel(s))
+	} else {
+		fmt.Fprintf(w, "workload %s: %d requests, mean prompt %.0f and output %.0f tokens", p.Workload.Name, n, mp, mo)
+	}
 	if p.Workload.Clipped > 0 {
 		fmt.Fprintf(w, " (%d clipped to the context)", p.Workload.Clipped)
 	}
