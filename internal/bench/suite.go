@@ -78,6 +78,10 @@ type Plan struct {
 	// measured ones against a server that may keep its cache, the rates of
 	// a search) take disjoint level numbers; see Run.
 	FirstLevel int `json:"first_level,omitempty"`
+	// Warmup, when set, records the requests sent to every target before
+	// the measured ones (not by Run: by the driver that sets it), so that
+	// a saved run says what it was.
+	Warmup *Warmup `json:"warmup,omitempty"`
 	// Progress, when set, shows each level's requests done, failed and
 	// in flight as it runs, and gets the run's warnings.
 	Progress *progress.Display `json:"-"`
@@ -137,7 +141,10 @@ type Result struct {
 type Suite struct {
 	Plan    *Plan     `json:"plan"`
 	Started time.Time `json:"started"`
-	Results []*Result `json:"results"`
+	// Prompts describes the prompts of every level (the plan's workload
+	// keeps its conversations out of the JSON).
+	Prompts *PromptSet `json:"prompts,omitempty"`
+	Results []*Result  `json:"results"`
 	// Capacity is each target's goodput rate and peak throughput over the
 	// run's rates (Capacities), when the plan has an SLO.
 	Capacity []Capacity `json:"capacity,omitempty"`
@@ -196,7 +203,7 @@ func Run(ctx context.Context, p *Plan) (*Suite, error) {
 		return nil, err
 	}
 	rounds := max(p.Rounds, 1)
-	s := &Suite{Plan: p, Started: time.Now()}
+	s := &Suite{Plan: p, Started: time.Now(), Prompts: DescribePrompts(p.Workload)}
 	clients := make([]*Client, len(p.Targets))
 	for i, t := range p.Targets {
 		clients[i] = NewClient(t.URL, min(p.Workload.Requests(), 256))

@@ -14,8 +14,16 @@ import (
 // an SLO was given, then the failures.
 func WriteTable(w io.Writer, s *Suite) error {
 	p := s.Plan
-	mp, mo := p.Workload.Stats()
-	fmt.Fprintf(w, "workload %s: %d requests, mean prompt %.0f and output %.0f tokens", p.Workload.Name, p.Workload.Requests(), mp, mo)
+	n, mp, mo := p.Workload.Requests(), 0.0, 0.0
+	mp, mo = p.Workload.Stats()
+	if n == 0 && s.Prompts != nil { // a saved run: its conversations are not in the JSON
+		n, mp, mo = s.Prompts.Requests, s.Prompts.MeanPrompt, s.Prompts.MeanOutput
+	}
+	if n == 0 && s.Prompts == nil && len(s.Results) > 0 { // saved before runs recorded their prompts
+		fmt.Fprintf(w, "workload %s: %d requests (counted from the records; the saved run has no prompt lengths)", p.Workload.Name, RequestsPerLevel(s))
+	} else {
+		fmt.Fprintf(w, "workload %s: %d requests, mean prompt %.0f and output %.0f tokens", p.Workload.Name, n, mp, mo)
+	}
 	if p.Workload.Clipped > 0 {
 		fmt.Fprintf(w, " (%d clipped to the context)", p.Workload.Clipped)
 	}
@@ -85,7 +93,8 @@ func WriteTable(w io.Writer, s *Suite) error {
 		for i, c := range s.Grid[0].Capacities {
 			names[i] = c.Target
 		}
-		fmt.Fprintf(w, "goodput rate under each pair of objectives (TTFT SLO scaled down the rows, TPOT SLO across; each cell: the best target, then the goodput rates of %s):\n", strings.Join(names, "/"))
+		fmt.Fprintf(w, "goodput rate under each pair of objectives (TTFT SLO scaled down the rows, TPOT SLO across; each cell: the best target, then the goodput rates of %s;\n"+
+			"each rate's attainment pools %s):\n", strings.Join(names, "/"), PooledNote(s))
 		WriteSLOGrid(w, s.Grid)
 	}
 	for _, r := range s.Results {

@@ -85,7 +85,7 @@ func TestAdaptiveCells(t *testing.T) {
 		t.Errorf("cell 3: %+v, want only adaptive missing", c)
 	}
 	var b strings.Builder
-	writeAdaptiveCells(&b, cells)
+	writeAdaptiveCells(&b, cells, "")
 	for _, want := range []string{"0.95", "≥2.00*", "none", "0.00", "≤0.75", "top", "in 3 of the 5 cells some static configuration met, and above every static one in 1"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())

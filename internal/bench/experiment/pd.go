@@ -366,7 +366,7 @@ func (r *pdRun) run(ctx context.Context) error {
 			writePlanner(w, *plan)
 		}
 		cells := adaptiveCells(s.Grid)
-		writeAdaptiveCells(w, cells)
+		writeAdaptiveCells(w, cells, bench.PooledNote(s))
 		for _, c := range cfg.Configs {
 			if len(metricsURLs[c]) > 0 {
 				writeBreakdown(w, c, before[c], scrapeAll(ctx, metricsURLs[c]))

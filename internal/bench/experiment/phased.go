@@ -113,10 +113,7 @@ func (r *pdRun) adaptivePhases(wl Workload, t tuned, timing planTiming) []phase 
 	var out []phase
 	for _, ft := range cfg.AdaptiveTTFTScales {
 		for _, fp := range cfg.AdaptiveTPOTScales {
-			name := Adaptive
-			if ft != 1 || fp != 1 {
-				name = fmt.Sprintf("%s-ttft%g-tpot%g", Adaptive, ft, fp)
-			}
+			name := AdaptiveCellName(ft, fp)
 			cell := wl
 			cell.SLO.TTFT, cell.SLO.TPOT = scaleDuration(wl.SLO.TTFT, ft), scaleDuration(wl.SLO.TPOT, fp)
 			args := append(r.adaptiveProxyArgs(cell), "--plan-window", timing.window.String(), "--plan-min-dwell", timing.dwell.String(),
@@ -237,6 +234,10 @@ func (r *pdRun) runPhasedWorkload(ctx context.Context, w io.Writer, wl Workload,
 		return WorkloadSummary{}, nil, err
 	}
 	timing := r.timing(wl)
+	base.Warmup = &bench.Warmup{Requests: timing.warmup}
+	if timing.warmup > 0 {
+		base.Warmup.Rate = timing.warmupRate
+	}
 	var warm *bench.Plan
 	if timing.warmup > 0 {
 		fmt.Fprintf(w, "warm-up: every configuration is sent %d requests at %g req/s before its measured ones (not counted; the same prompts for all)\n", timing.warmup, timing.warmupRate)
@@ -281,14 +282,11 @@ func (r *pdRun) runPhasedWorkload(ctx context.Context, w io.Writer, wl Workload,
 			continue
 		}
 		one := joinSuites(base, scaleSLO(wl.SLO, res.ttft, res.tpot), x.goal, []phaseResult{res}, nil)
-		c := one.Capacity[0]
-		c.Target = Adaptive
-		cell := bench.SLOGrid(staticOnly, []float64{res.ttft}, []float64{res.tpot})
-		if len(cell) == 1 {
-			cell[0].Capacities = append(cell[0].Capacities, c)
-			cells = append(cells, cell[0])
+		c, cell, ok := adaptiveCell(staticOnly, one, res.ttft, res.tpot)
+		if ok {
+			cells = append(cells, cell)
 		}
-		fmt.Fprintf(w, "  %s (TTFT ≤ %v, TPOT ≤ %v): goodput rate %s; %s\n", res.name, one.Plan.SLO.TTFT, one.Plan.SLO.TPOT, rateText(c.Bound, c.GoodputRate, c.FirstMiss, fmt.Sprintf("%.3g", c.Interpolated)), c.Levels())
+		writeAdaptiveRun(w, res.name, one.Plan.SLO, c)
 		if res.planner != nil {
 			fmt.Fprint(w, "  ")
 			writePlanner(w, *res.planner)
@@ -302,7 +300,7 @@ func (r *pdRun) runPhasedWorkload(ctx context.Context, w io.Writer, wl Workload,
 	adaptive := adaptiveCells(cells)
 	if len(adaptive) > 0 {
 		fmt.Fprintln(w, "(in the grid above \"adaptive\" is the run planning for the workload's own objectives, scored after the fact; below, each cell's own run)")
-		writeAdaptiveCells(w, adaptive)
+		writeAdaptiveCells(w, adaptive, bench.PooledNote(s))
 	}
 	if err := bench.WriteJSONFile(filepath.Join(x.out, "results-"+wl.Name+".json"), s); err != nil {
 		return WorkloadSummary{}, nil, err
@@ -387,7 +385,7 @@ func (r *pdRun) runPhase(ctx context.Context, w io.Writer, wl Workload, ph phase
 func joinSuites(base *bench.Plan, slo bench.SLO, goal float64, results []phaseResult, keep func(phaseResult) bool) *bench.Suite {
 	p := *base
 	p.Targets = nil
-	s := &bench.Suite{Plan: &p}
+	s := &bench.Suite{Plan: &p, Prompts: bench.DescribePrompts(base.Workload)}
 	for _, res := range results {
 		if keep != nil && !keep(res) {
 			continue
