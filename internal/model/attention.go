@@ -324,7 +324,7 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 			for kvh := kh0; kvh < kh1; kvh++ {
 				r0 := (kvh-kh0)*perHead + tokLo*group
 				out := w.s[r0*C+(j-c0):]
-				if decode {
+				if decode && w.pf.keyStep(kvh, kh0) {
 					w.pf.step(kv)
 				}
 				if kv.u16 != nil {
