@@ -21,9 +21,11 @@ import "github.com/tandem-serve/tandem/internal/kvlayout"
 // Where the item's part of a pool row is long (more than wholeKeyRows:
 // qwen3-0.6b's 8 KV heads of 128 in bf16, 2 KiB), a block's key rows are
 // one segment for all the item's KV heads, prefetched whole: head by head,
-// 256-byte pieces of 2 KiB rows, qwen3's decode attention was 5–7% slower
+// 256-byte pieces of 2 KiB rows, qwen3's decode attention was 3–12% slower
 // than with whole rows, where SmolLM2's (384-byte rows) was ~10% faster
-// head by head. Prefetches are hints: they change no result.
+// head by head. On two threads (an item per KV head) the schedule gained
+// nothing and llama-1b's attention was 5–24% slower (at most 0.8% of its
+// token). Prefetches are hints: they change no result.
 
 // kvPrefetchBytes is how far ahead of the kernels, in bytes of KV rows, a
 // decode token's prefetches run (4 of SmolLM2's 16 × 64 bf16 segments):
