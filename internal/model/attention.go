@@ -107,7 +107,8 @@ import (
 // its position and end after its window start; above the diagonal nothing
 // is computed, nor before a window). A single new token
 // (decode) is one item for all KV heads, so one sweep reads a block's key
-// rows for every head, with the next block prefetched; when the batch has
+// rows for every head, its KV rows prefetched a fixed distance ahead of
+// the kernels (attention_prefetch.go); when the batch has
 // fewer items than the pool has threads (a single sequence's decode), it is
 // one item per KV head instead, so the threads share it. Items are claimed
 // dynamically by whichever pool thread is free, the costliest first within
@@ -154,6 +155,8 @@ type attnScratch struct {
 	// chunk's value rows are in the pool.
 	qp, p []uint16
 	voffs []int
+	// A decode token's prefetch schedule (attention_prefetch.go).
+	pf kvPrefetch
 }
 
 func (w *attnScratch) grow(rows, hd int) {
@@ -298,6 +301,10 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 
 	win := m.layers[li].window
 	end := first + ntok // keys of the tile's last token
+	decode := ntok == 1 && keys == nil
+	if decode {
+		w.pf.plan(layout, tbl, ls, windowStart(first, win), end, kh0, kh1)
+	}
 	for c0 := windowStart(first, win) / C * C; c0 < end; c0 += C {
 		c1 := min(c0+C, end)
 		tokLo, tokHi := chunkTokens(c0, c1, first, ntok, win)
@@ -314,16 +321,12 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 			blk, slot := j/bs, j%bs
 			je := min(c1, (blk+1)*bs)
 			base := layout.Offset(int(tbl[blk]), ls, 0, slot)
-			if ntok == 1 && je < end {
-				// Decode: warm the next segment's key rows (blocks are
-				// scattered, the hardware prefetchers cannot guess them).
-				nb, ns := je/bs, je%bs
-				next := layout.Offset(int(tbl[nb]), ls, 0, ns) + kh0*hd
-				kv.prefetchRows(next, kvd, min(bs-ns, end-je), (kh1-kh0)*hd)
-			}
 			for kvh := kh0; kvh < kh1; kvh++ {
 				r0 := (kvh-kh0)*perHead + tokLo*group
 				out := w.s[r0*C+(j-c0):]
+				if decode && w.pf.keyStep(kvh, kh0) {
+					w.pf.step(kv)
+				}
 				if kv.u16 != nil {
 					q := w.qb.Rows(r0, live)
 					tensor.AttnKeyScoresBF16(out, C, &q, kv.u16[base+kvh*hd:], kvd, je-j)
@@ -371,6 +374,9 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 				for j := ks; j < ke; {
 					blk, slot := j/bs, j%bs
 					je := min(ke, (blk+1)*bs)
+					if decode {
+						w.pf.step(kv)
+					}
 					base := layout.Offset(int(tbl[blk]), ls, 1, slot) + kvh*hd
 					kv.axpyGroup(group, hd, w.acc[r0*hd:], w.s[r0*C+(j-c0):], C, je-j, base, kvd)
 					j = je

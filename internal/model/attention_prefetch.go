@@ -1,0 +1,118 @@
+package model
+
+import "github.com/tandem-serve/tandem/internal/kvlayout"
+
+// Prefetching a decode token's KV rows.
+//
+// A decode token's attention reads every key and value row of its
+// sequence once, from blocks scattered over the pool that the hardware
+// prefetchers cannot follow from one to the next, and between two tokens
+// the weights streamed through the caches have evicted them. kvPrefetch
+// lists the item's rows in the order the kernels read them — per key
+// chunk, the key segments (a block's rows inside the chunk) block by block
+// and KV head by KV head, then the value segments KV head by KV head — and
+// before each kernel call prefetches the segments that start less than
+// kvPrefetchBytes past the end of the one the call reads. The prefetches
+// go out a call's worth at a time beside the calls, the value rows included,
+// rather than a block's key rows in one burst that stalls the core until
+// its misses drain and leaves the value rows to demand misses (the scheme
+// before, docs/performance.md "Decode attention's KV reads").
+//
+// Where the item's part of a pool row is long (more than wholeKeyRows:
+// qwen3-0.6b's 8 KV heads of 128 in bf16, 2 KiB), a block's key rows are
+// one segment for all the item's KV heads, prefetched whole: head by head,
+// 256-byte pieces of 2 KiB rows, qwen3's decode attention was 3–12% slower
+// than with whole rows, where SmolLM2's (384-byte rows) was ~10% faster
+// head by head. On two threads (an item per KV head) the schedule gained
+// nothing and llama-1b's attention was 5–24% slower (at most 0.8% of its
+// token). Prefetches are hints: they change no result.
+
+// kvPrefetchBytes is how far ahead of the kernels, in bytes of KV rows, a
+// decode token's prefetches run (4 of SmolLM2's 16 × 64 bf16 segments):
+// 16 KiB was no better on the AMD Zen 2 it was measured on.
+const kvPrefetchBytes = 8 << 10
+
+// wholeKeyRows is the longest part of a pool row, in bytes, whose key
+// segments are prefetched KV head by KV head (see above).
+const wholeKeyRows = 1 << 10
+
+// kvSegment is one piece of a decode item's KV rows: rows rows of n
+// elements from element off, a pool row (KVDim elements) apart; pos is the
+// bytes of the pieces before it.
+type kvSegment struct{ off, rows, n, pos int }
+
+// kvPrefetch is the prefetch schedule of one decode item (see above).
+type kvPrefetch struct {
+	segs  []kvSegment
+	next  int  // the first segment not yet prefetched
+	cur   int  // the segment the kernels read next
+	whole bool // key segments span the item's KV heads (wholeKeyRows)
+	ld    int
+	esize int
+}
+
+// add appends the segment of rows rows of n elements from element off.
+func (p *kvPrefetch) add(off, rows, n int) {
+	pos := 0
+	if k := len(p.segs); k > 0 {
+		l := p.segs[k-1]
+		pos = l.pos + l.rows*l.n*p.esize
+	}
+	p.segs = append(p.segs, kvSegment{off, rows, n, pos})
+}
+
+// plan lists the key and value segments of keys [ws, end) of layer slot ls
+// for KV heads [kh0, kh1), in the order attendTile's decode path reads them.
+func (p *kvPrefetch) plan(layout kvlayout.Layout, tbl []int32, ls, ws, end, kh0, kh1 int) {
+	const C = attnKeyChunk
+	hd, bs := layout.HeadDim, layout.BlockSize
+	p.segs = p.segs[:0]
+	p.esize = layout.ElemBytes()
+	p.whole = (kh1-kh0)*hd*p.esize > wholeKeyRows
+	for c0 := ws / C * C; c0 < end; c0 += C {
+		c1 := min(c0+C, end)
+		for j := c0; j < c1; {
+			blk, slot := j/bs, j%bs
+			je := min(c1, (blk+1)*bs)
+			if p.whole {
+				p.add(layout.Offset(int(tbl[blk]), ls, 0, slot)+kh0*hd, je-j, (kh1-kh0)*hd)
+			} else {
+				for kvh := kh0; kvh < kh1; kvh++ {
+					p.add(layout.Offset(int(tbl[blk]), ls, 0, slot)+kvh*hd, je-j, hd)
+				}
+			}
+			j = je
+		}
+		ks := max(c0, ws)
+		for kvh := kh0; kvh < kh1; kvh++ {
+			for j := ks; j < c1; {
+				blk, slot := j/bs, j%bs
+				je := min(c1, (blk+1)*bs)
+				p.add(layout.Offset(int(tbl[blk]), ls, 1, slot)+kvh*hd, je-j, hd)
+				j = je
+			}
+		}
+	}
+	p.next, p.cur = 0, 0
+	p.ld = layout.TokenElems()
+}
+
+// keyStep reports whether the kernels' key scores for KV head kvh of a
+// block segment read a segment of the schedule of its own: every KV head
+// does, unless the segments span the item's heads (then the first one).
+func (p *kvPrefetch) keyStep(kvh, kh0 int) bool { return !p.whole || kvh == kh0 }
+
+// step is called before the kernels read segment cur: it prefetches the
+// segments that start less than kvPrefetchBytes past cur's end and are not
+// yet asked for, and moves cur on.
+func (p *kvPrefetch) step(kv kvView) {
+	if p.cur < len(p.segs) {
+		c := p.segs[p.cur]
+		lim := c.pos + c.rows*c.n*p.esize + kvPrefetchBytes
+		for ; p.next < len(p.segs) && p.segs[p.next].pos < lim; p.next++ {
+			s := p.segs[p.next]
+			kv.prefetchRows(s.off, p.ld, s.rows, s.n)
+		}
+	}
+	p.cur++
+}

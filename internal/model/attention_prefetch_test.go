@@ -1,0 +1,124 @@
+package model
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/tandem-serve/tandem/internal/kvlayout"
+)
+
+// TestDecodePrefetchFollowsTheKernels checks a decode token's prefetch
+// schedule against attendTile's loops: the kernels step it once per
+// segment they read (so the prefetches stay the planned distance ahead),
+// and the segments cover every key row of the chunks read and every value
+// row of the window once, per KV head, a chunk's keys before its values
+// and every chunk before the next. Shuffled blocks, block sizes that do and
+// do not divide the key chunk, full and sliding-window attention, one item
+// for all KV heads and one per KV head, rows short enough to be prefetched
+// head by head and long enough to be prefetched whole.
+func TestDecodePrefetchFollowsTheKernels(t *testing.T) {
+	// Rows of 3·16 and 8·128 bf16 elements: key segments head by head, and
+	// for all 8 heads (2 KiB rows) whole.
+	for _, sh := range []attnShape{{6, 3, 16}, {16, 8, 128}} {
+		for _, bs := range []int{16, 5} {
+			for _, win := range []int{0, 40, 100} {
+				for _, p := range []int{0, 15, 63, 64, 130, 199} {
+					for _, heads := range [][2]int{{0, sh.kvHeads}, {1, 2}} {
+						testDecodePrefetch(t, sh, bs, win, p, heads)
+					}
+				}
+			}
+		}
+	}
+}
+
+func testDecodePrefetch(t *testing.T, sh attnShape, bs, win, p int, heads [2]int) {
+	const C = attnKeyChunk
+	name := fmt.Sprintf("%v/bs=%d/win=%d/p=%d/kvh=%d-%d", sh, bs, win, p, heads[0], heads[1])
+	t.Run(name, func(t *testing.T) {
+		m := newAttnModel(t, sh, 1)
+		m.layers[0].window = win
+		r := rand.New(rand.NewPCG(uint64(bs), uint64(p)))
+		f := newAttnFixture(r, m, bs, p+1, kvlayout.BF16)
+		g := &m.layers[0].qkv
+		s := &m.s
+		s.qkv = grow(s.qkv, g.width)
+		copy(s.qkv, f.q[p])
+		s.attn = grow(s.attn, m.cfg.QDim())
+		seqs := []Seq{{Tokens: make([]int32, 1), Pos: p, Blocks: f.blocks}}
+		m.planTokens(seqs, 1)
+		s.slots = kvlayout.LayerSlots(m.KVGroups(false), 1)
+		w := new(attnScratch)
+		m.attendTile(w, viewKV(f.pool, f.layout), f.layout, 0, &seqs[0], nil, 0, 1, p, heads[0], heads[1])
+
+		pf := &w.pf
+		if pf.cur != len(pf.segs) {
+			t.Fatalf("the kernels stepped %d times over %d segments", pf.cur, len(pf.segs))
+		}
+		if pf.next != len(pf.segs) {
+			t.Fatalf("%d of %d segments prefetched", pf.next, len(pf.segs))
+		}
+		// Every row the schedule names, as (kv, key, KV head), in order.
+		type row struct{ kv, key, kvh int }
+		where := map[int]row{}
+		hd, ws := sh.headDim, windowStart(p, win)
+		for kvi := range 2 {
+			for j := 0; j <= p; j++ {
+				for kvh := range sh.kvHeads {
+					off := f.layout.Offset(int(f.blocks[j/bs]), 0, kvi, j%bs) + kvh*hd
+					where[off] = row{kvi, j, kvh}
+				}
+			}
+		}
+		seen := map[row]bool{}
+		lastChunk, lastKV := -1, 0
+		for _, sg := range pf.segs {
+			first, ok := where[sg.off]
+			if !ok {
+				t.Fatalf("segment at %d is no KV row of the sequence", sg.off)
+			}
+			c := first.key / C
+			if c < lastChunk || (c == lastChunk && first.kv < lastKV) {
+				t.Fatalf("segment %+v out of order (after chunk %d, kv %d)", first, lastChunk, lastKV)
+			}
+			lastChunk, lastKV = c, first.kv
+			if sg.n%hd != 0 || (first.kv == 1 && sg.n != hd) {
+				t.Fatalf("segment %+v of %d elements a row", first, sg.n)
+			}
+			if whole := first.kv == 0 && heads[1]-heads[0] > 1 && sh.kvHeads*hd*2 > wholeKeyRows; whole != (sg.n > hd) {
+				t.Fatalf("key segment %+v of %d elements a row", first, sg.n)
+			}
+			for i := range sg.rows {
+				for h := range sg.n / hd {
+					rw := row{first.kv, first.key + i, first.kvh + h}
+					if rw.key/C != c || rw.key > p || rw.kvh >= heads[1] || seen[rw] {
+						t.Fatalf("segment %+v row %d: %+v outside its chunk or twice", first, i, rw)
+					}
+					seen[rw] = true
+				}
+			}
+		}
+		for kvh := heads[0]; kvh < heads[1]; kvh++ {
+			for j := ws / C * C; j <= p; j++ {
+				if !seen[row{0, j, kvh}] {
+					t.Fatalf("key %d of KV head %d not prefetched", j, kvh)
+				}
+				if j >= ws && !seen[row{1, j, kvh}] {
+					t.Fatalf("value %d of KV head %d not prefetched", j, kvh)
+				}
+			}
+		}
+		if want := countRows(heads, ws, p); len(seen) != want {
+			t.Fatalf("%d rows prefetched, want %d", len(seen), want)
+		}
+	})
+}
+
+// countRows is the number of key and value rows a decode token at position
+// p with window start ws reads for KV heads [heads[0], heads[1]): keys
+// from the start of ws's chunk, values from ws.
+func countRows(heads [2]int, ws, p int) int {
+	n := heads[1] - heads[0]
+	return n * ((p + 1 - ws/attnKeyChunk*attnKeyChunk) + (p + 1 - ws))
+}
