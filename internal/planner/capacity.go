@@ -3,7 +3,6 @@ package planner
 import (
 	"fmt"
 	"math"
-	"slices"
 )
 
 // colocatedThreshold is the threshold of the colocated split (no prefill
@@ -26,13 +25,10 @@ type capacity struct {
 	local           []float64
 	localFraction   float64
 	localPerRequest float64
-	// residualChunk is the mean residual of a local prefill chunk found
-	// under way (E[c²]/2E[c], s).
-	residualChunk float64
-	// queue is the local prompts' queue on a decode, served in batches
-	// of its chunk (localQueue); curve the prefill curve it prices by.
-	queue localQueue
-	curve PrefillCurve
+	// localMean and localCV2 are the local times' mean and squared
+	// coefficient of variation; residualChunk is the mean residual of a
+	// local prefill chunk found under way (E[c²]/2E[c], s).
+	localMean, localCV2, residualChunk float64
 	// n is how many requests the model stands for, cached how many of them
 	// have no uncached token (their first token is a decode step).
 	n, cached      float64
@@ -85,9 +81,7 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 		splits: map[[2]int]valued{}}
 	var prefills []float64
 	var chunkSum, chunkSq float64
-	var localTokens []float64
 	cv := f.prefill()
-	m.curve = cv
 	reqs := sample(pl.win, maxModelRequests)
 	step := f.stepSeconds()
 	chunk := float64(max(f.MaxBatchedTokens, 1))
@@ -100,7 +94,6 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 			chunks := math.Ceil(n / chunk)
 			sv := cv.Seconds(n) + (chunks-1)*cv.A
 			m.local = append(m.local, sv+chunks*step)
-			localTokens = append(localTokens, n)
 			// The running streams' tokens ride in the chunks' steps:
 			// they wait through what the chunks add to the steps they
 			// would have run anyway.
@@ -124,9 +117,7 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 	m.n = n
 	m.remoteFraction = float64(len(m.services)) / n
 	m.localFraction = float64(len(m.local)) / n
-	slices.Sort(m.local) // burstQueueMet takes them shortest first
 	m.localPerRequest /= n
-	m.queue = newLocalQueue(localTokens, chunk)
 	if chunkSum > 0 {
 		m.residualChunk = chunkSq / (2 * chunkSum)
 	}
@@ -144,6 +135,13 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 		if m.s > 0 {
 			sd := StdDev(m.services)
 			m.cv2 = sd * sd / (m.s * m.s)
+		}
+	}
+	if len(m.local) > 0 {
+		m.localMean = Mean(m.local)
+		if m.localMean > 0 {
+			sd := StdDev(m.local)
+			m.localCV2 = sd * sd / (m.localMean * m.localMean)
 		}
 	}
 	return m
@@ -239,12 +237,8 @@ func (m *capacity) valueSplit(p, d int) valued {
 	if m.localPerRequest > 0 {
 		hi = float64(d) / m.localPerRequest
 	}
-	if m.localFraction > 0 {
-		// The local prompts' queue saturates no earlier than with its
-		// steps at their cheapest (one stream).
-		if s := m.queue.service(m.curve, 1, m.f.stepMs(1)/1000); s > 0 {
-			hi = min(hi, float64(d)/(m.localFraction*s))
-		}
+	if m.localFraction > 0 && m.localMean > 0 {
+		hi = min(hi, float64(d)/(m.localFraction*m.localMean))
 	}
 	hi = min(hi, preCap)
 	if math.IsInf(hi, 1) {
@@ -340,12 +334,11 @@ func (a attained) limit() (side, objective string) {
 }
 
 // attainment is how the requests fare at p prefill and d decode engines
-// when λ requests/s arrive. TTFT: the prefill engines are GI/G/1 queues
-// (one of P engines sharing the arrivals, whose burstiness is the
-// window's: Fit.arrivalCA2), PrefillBusy's tail approximation; a remote
-// prompt's TTFT also counts its KV transfer and its decode leg
-// (decodeLeg). A decode's own prompts queue for its steps' chunks, a
-// burst's no longer than the burst (localMet). TPOT: a decode
+// when λ requests/s arrive. TTFT: the prefill engines and the decodes' own
+// prefills are GI/G/1 queues (one of P or D engines sharing the
+// arrivals, whose burstiness is the window's: Fit.arrivalCA2),
+// PrefillBusy's tail approximation; a remote prompt's TTFT also
+// counts its KV transfer and its decode leg (decodeLeg). TPOT: a decode
 // carries the batch Little's law gives at its share of the rate, its step
 // at that batch stretched by its local prefills' share ρ of its time; a
 // stream misses when its steps' noise (the fit's residual) puts its mean
@@ -362,7 +355,8 @@ func (m *capacity) attainment(p, d int, lambda float64) attained {
 		remoteMet = queueMet(m.services, m.s, m.f.arrivalCA2()/float64(p), m.cv2, m.over+leg, m.ttft, rho)
 	}
 	if len(m.local) > 0 {
-		localMet = m.localMet(d, perDecode, a.batch, a.step)
+		rho := perDecode * m.localFraction * m.localMean
+		localMet = queueMet(m.local, m.localMean, m.f.arrivalCA2()/float64(d), m.localCV2, 0, m.ttft, rho)
 	}
 	a.remoteMiss = (float64(len(m.services)) - remoteMet) / m.n
 	a.localMiss = (float64(len(m.local)) - localMet) / m.n
