@@ -203,3 +203,18 @@ func (pl *Planner) fit(now time.Time) (f Fit, why string) {
 	}
 	return f, ""
 }
+
+// median is the middle of xs, the mean of the two middle ones when their
+// number is even, 0 when there are none.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
