@@ -33,8 +33,8 @@ func runUp(args []string) error {
 	var cfg launch.Config
 	fs.StringVar(&cfg.ModelDir, "model", "", "Hugging Face Llama/Mistral/Qwen2 model directory (default: the embedded stories260K story model, written once to the user cache)")
 	fs.StringVar(&cfg.ServedModelName, "served-model-name", "", "model name in the API (default: the model directory's name)")
-	fs.IntVar(&cfg.Prefill, "prefill", 1, "number of prefill engines")
-	fs.IntVar(&cfg.Decode, "decode", 1, "number of decode engines")
+	fs.IntVar(&cfg.Prefill, "prefill", 1, "number of prefill engines (at least 1; with the planner, the split at start)")
+	fs.IntVar(&cfg.Decode, "decode", 1, "number of decode engines (at least 1; with the planner, the split at start)")
 	fs.StringVar(&cfg.Host, "host", "127.0.0.1", "address of the proxy and the engines")
 	fs.IntVar(&cfg.Port, "port", 8000, "proxy port")
 	fs.IntVar(&cfg.ThreadsPerEngine, "threads-per-engine", 0, "cores per engine (default: this process's cores split evenly)")
@@ -59,6 +59,13 @@ func runUp(args []string) error {
 	args = joinSimulateArg(args)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if cfg.Prefill < 1 || cfg.Decode < 1 {
+		// launch.Config reads 0 as its default (one), so a 0 given here
+		// would start an engine the user asked not to.
+		return fmt.Errorf("--prefill %d --decode %d: tandem up starts at least one engine of each role; with --slo-ttft and --slo-tpot "+
+			"the planner moves them between the roles, down to no prefill engine (every engine prefilling its own prompts); "+
+			"for one engine that does both, use tandem serve", cfg.Prefill, cfg.Decode)
 	}
 	cfg.Simulate = string(simulate)
 	var err error
