@@ -242,6 +242,10 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) 
 
 // decide runs the disaggregation decider for a request whose decode is d.
 func (p *Proxy) decide(preq *router.Request, d *backend) router.Decision {
+	if p.colocated() && len(p.prefill.list()) == 0 {
+		// The colocated split: no prefill engine to weigh.
+		return router.Decision{Reason: reasonColocated}
+	}
 	if _, ok := p.decider.(always.Decider); ok {
 		// It looks at nothing: skip the snapshot of the prefill pool.
 		return p.decider.Decide(router.DecideInput{Req: preq})

@@ -71,8 +71,11 @@ type Proxy struct {
 	bg      sync.WaitGroup // KV releases still running
 	convs   *conversations // conversation mode's memory; nil when off
 	plan    *planState     // the pool planner; nil when off
-	decider router.Decider
-	prefix  *prefix.Approx // the router's own record of where prefixes went
+	// startedColocated says the proxy was started with no prefill engine
+	// (Config.Prefill): every decode prefills its own prompts.
+	startedColocated bool
+	decider          router.Decider
+	prefix           *prefix.Approx // the router's own record of where prefixes went
 	// observePrefix says whether answered requests are recorded in prefix.
 	observePrefix bool
 	// matchHistories says whether conversation mode matches requests
@@ -113,7 +116,10 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	dynamic := cfg.BackendsFile != "" || cfg.DynamicBackends
 	legs := newLegBook()
-	pre, err := newPool(rolePrefill, cfg.Prefill, pp, m, legs, dynamic)
+	// No prefill engine listed, with static pools, is the colocated split
+	// where the decider can keep every prompt local.
+	colocated := len(cfg.Prefill) == 0 && !dynamic && keepsLocalWithoutPrefill(cfg.PDDecider)
+	pre, err := newPool(rolePrefill, cfg.Prefill, pp, m, legs, dynamic || colocated)
 	if err != nil {
 		return nil, err
 	}
@@ -122,19 +128,20 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{
-		key:        apierror.NewAPIKey(cfg.APIKey),
-		cfg:        cfg,
-		log:        cfg.Logger,
-		prefill:    pre,
-		decode:     dpool,
-		legs:       legs,
-		decider:    dec,
-		prefix:     prefix.NewApprox(approxBlocksPerEngine),
-		saturation: factory.Saturation(cfg.Router),
-		queued:     make(chan struct{}, cfg.MaxQueue),
-		metrics:    m,
-		client:     &http.Client{Transport: newLegTransport(cfg.ConnectTimeout)},
-		now:        time.Now,
+		key:              apierror.NewAPIKey(cfg.APIKey),
+		cfg:              cfg,
+		log:              cfg.Logger,
+		prefill:          pre,
+		decode:           dpool,
+		legs:             legs,
+		decider:          dec,
+		prefix:           prefix.NewApprox(approxBlocksPerEngine),
+		saturation:       factory.Saturation(cfg.Router),
+		queued:           make(chan struct{}, cfg.MaxQueue),
+		metrics:          m,
+		client:           &http.Client{Transport: newLegTransport(cfg.ConnectTimeout)},
+		now:              time.Now,
+		startedColocated: colocated,
 	}
 	if cfg.Conversations {
 		p.initConversations()
