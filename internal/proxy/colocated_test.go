@@ -98,14 +98,43 @@ func TestPlannerStartsColocated(t *testing.T) {
 	}
 }
 
-// noRemoteLegs fails if any engine got a P/D leg.
+// noRemoteLegs fails if any engine got a P/D leg (KV releases aside).
 func noRemoteLegs(t *testing.T, engines []*fakeEngine) {
 	t.Helper()
 	for _, e := range engines {
-		for _, got := range e.requests() {
+		for _, got := range legs(e) {
 			if got.Path != "/metrics" && strings.Contains(got.Body, "do_remote") {
 				t.Fatalf("engine %s got a P/D leg with no prefill pool: %s", e.URL(), got.Body)
 			}
 		}
+	}
+}
+
+// TestColocatedConversationTurn: in conversation mode with no prefill
+// engine, a turn that continues a history (which only a prefill leg could
+// pull) is prefilled on the history's decode (reason colocated), not sent
+// toward a prefill engine that does not exist, and the history's hold is
+// released.
+func TestColocatedConversationTurn(t *testing.T) {
+	expires := float64(time.Now().Add(time.Hour).Unix())
+	decs := []*fakeEngine{newFake(t, bidiDecode("0", expires)), newFake(t, bidiDecode("1", expires))}
+	p, url := startProxy(t, Config{PDDecider: "conditional", Policy: "round-robin", Conversations: true}, nil, decs)
+	var on []int
+	for n := range 2 {
+		r, body := post(t, url, "/v1/completions", `{"model":"m","prompt":"Once upon","max_tokens":4,"conversation_id":"c"}`, nil)
+		if r.StatusCode != http.StatusOK || r.Header.Get(HeaderPD) != "local; reason="+reasonColocated {
+			t.Fatalf("turn %d: %d, x-tandem-pd %q: %s; want it prefilled on its decode (reason colocated)", n+1, r.StatusCode, r.Header.Get(HeaderPD), body)
+		}
+		on = append(on, whichGot(decs, r.Header.Get("X-Request-Id")))
+	}
+	if on[0] != on[1] {
+		t.Errorf("turns on decodes %v, want turn 2 on turn 1's", on)
+	}
+	noRemoteLegs(t, decs)
+	waitFor(t, func() bool {
+		return metricValue(t, p, "tandem:proxy_kv_releases_total", map[string]string{"reason": releaseHistoryUnused, "result": "released"}) == 1
+	})
+	if got := metricValue(t, p, "tandem:proxy_fallbacks_total", map[string]string{"reason": reasonNoPrefill}); got != 0 {
+		t.Errorf("%v fallbacks for want of a prefill engine, want 0", got)
 	}
 }

@@ -115,6 +115,11 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		// on a batch, so its decode prefills every prompt itself.
 		turn.drop(id)
 		decision = router.Decision{Reason: reasonBatchPrompt}
+	case ok && p.colocated() && len(p.prefill.list()) == 0:
+		// A history only a prefill leg could pull, and no prefill engine:
+		// the history's decode prefills the turn itself.
+		turn.drop(id)
+		decision = router.Decision{Reason: reasonColocated}
 	case !ok:
 		decision = p.decide(preq, d)
 	}
