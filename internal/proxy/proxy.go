@@ -71,13 +71,13 @@ type Proxy struct {
 	bg      sync.WaitGroup // KV releases still running
 	convs   *conversations // conversation mode's memory; nil when off
 	plan    *planState     // the pool planner; nil when off
+	decider router.Decider
+	prefix  *prefix.Approx // the router's own record of where prefixes went
+	// observePrefix says whether answered requests are recorded in prefix.
+	observePrefix bool
 	// startedColocated says the proxy was started with no prefill engine
 	// (Config.Prefill): every decode prefills its own prompts.
 	startedColocated bool
-	decider          router.Decider
-	prefix           *prefix.Approx // the router's own record of where prefixes went
-	// observePrefix says whether answered requests are recorded in prefix.
-	observePrefix bool
 	// matchHistories says whether conversation mode matches requests
 	// naming no conversation by prompt prefix (it needs the tokenizer).
 	matchHistories bool
@@ -128,21 +128,21 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{
-		key:              apierror.NewAPIKey(cfg.APIKey),
-		cfg:              cfg,
-		log:              cfg.Logger,
-		prefill:          pre,
-		decode:           dpool,
-		legs:             legs,
-		decider:          dec,
-		prefix:           prefix.NewApprox(approxBlocksPerEngine),
-		saturation:       factory.Saturation(cfg.Router),
-		queued:           make(chan struct{}, cfg.MaxQueue),
-		metrics:          m,
-		client:           &http.Client{Transport: newLegTransport(cfg.ConnectTimeout)},
-		now:              time.Now,
-		startedColocated: colocated,
+		key:        apierror.NewAPIKey(cfg.APIKey),
+		cfg:        cfg,
+		log:        cfg.Logger,
+		prefill:    pre,
+		decode:     dpool,
+		legs:       legs,
+		decider:    dec,
+		prefix:     prefix.NewApprox(approxBlocksPerEngine),
+		saturation: factory.Saturation(cfg.Router),
+		queued:     make(chan struct{}, cfg.MaxQueue),
+		metrics:    m,
+		client:     &http.Client{Transport: newLegTransport(cfg.ConnectTimeout)},
+		now:        time.Now,
 	}
+	p.startedColocated = colocated
 	if cfg.Conversations {
 		p.initConversations()
 	}
