@@ -34040,11 +34040,80 @@ TEXT ·expSumAVX2(SB), NOSPLIT, $0-28
 	MOVQ         n+8(FP), CX
 	VBROADCASTSS mx+16(FP), Y0
 	VXORPS       Y1, Y1, Y1
-	MOVQ         CX, DX
-	ANDQ         $-8, DX
-	XORQ         BX, BX
-	TESTQ        DX, DX
-	JE           tail
+
+pairs:
+	CMPQ         CX, $0x00000010
+	JL           pairsdone
+	VMOVUPS      (AX), Y2
+	VMOVUPS      32(AX), Y3
+	VSUBPS       Y0, Y2, Y2
+	VSUBPS       Y0, Y3, Y3
+	VMOVUPS      expconst<>+0(SB), Y4
+	VMOVUPS      expconst<>+0(SB), Y5
+	VMAXPS       Y2, Y4, Y2
+	VMAXPS       Y3, Y5, Y3
+	VMOVUPS      expconst<>+64(SB), Y4
+	VMOVUPS      expconst<>+64(SB), Y5
+	VMINPS       Y2, Y4, Y2
+	VMINPS       Y3, Y5, Y3
+	VMULPS       expconst<>+128(SB), Y2, Y4
+	VMULPS       expconst<>+128(SB), Y3, Y5
+	VROUNDPS     $0x00, Y4, Y4
+	VROUNDPS     $0x00, Y5, Y5
+	VFNMADD231PS expconst<>+192(SB), Y4, Y2
+	VFNMADD231PS expconst<>+192(SB), Y5, Y3
+	VFNMADD231PS expconst<>+256(SB), Y4, Y2
+	VFNMADD231PS expconst<>+256(SB), Y5, Y3
+	VMOVUPS      expconst<>+320(SB), Y6
+	VMOVUPS      expconst<>+320(SB), Y7
+	VFMADD213PS  expconst<>+384(SB), Y2, Y6
+	VFMADD213PS  expconst<>+384(SB), Y3, Y7
+	VFMADD213PS  expconst<>+448(SB), Y2, Y6
+	VFMADD213PS  expconst<>+448(SB), Y3, Y7
+	VFMADD213PS  expconst<>+512(SB), Y2, Y6
+	VFMADD213PS  expconst<>+512(SB), Y3, Y7
+	VFMADD213PS  expconst<>+576(SB), Y2, Y6
+	VFMADD213PS  expconst<>+576(SB), Y3, Y7
+	VFMADD213PS  expconst<>+640(SB), Y2, Y6
+	VFMADD213PS  expconst<>+640(SB), Y3, Y7
+	VMULPS       Y2, Y2, Y8
+	VMULPS       Y3, Y3, Y9
+	VFMADD213PS  Y2, Y8, Y6
+	VFMADD213PS  Y3, Y9, Y7
+	VADDPS       expconst<>+704(SB), Y6, Y6
+	VADDPS       expconst<>+704(SB), Y7, Y7
+	VCVTPS2DQ    Y4, Y2
+	VCVTPS2DQ    Y5, Y3
+	VPSRAD       $0x01, Y2, Y4
+	VPSRAD       $0x01, Y3, Y5
+	VPSUBD       Y4, Y2, Y2
+	VPSUBD       Y5, Y3, Y3
+	VPADDD       expconst<>+768(SB), Y4, Y4
+	VPADDD       expconst<>+768(SB), Y5, Y5
+	VPADDD       expconst<>+768(SB), Y2, Y2
+	VPADDD       expconst<>+768(SB), Y3, Y3
+	VPSLLD       $0x17, Y4, Y4
+	VPSLLD       $0x17, Y5, Y5
+	VPSLLD       $0x17, Y2, Y2
+	VPSLLD       $0x17, Y3, Y3
+	VMULPS       Y4, Y6, Y6
+	VMULPS       Y5, Y7, Y7
+	VMULPS       Y2, Y6, Y2
+	VMULPS       Y3, Y7, Y3
+	VMOVUPS      Y2, (AX)
+	VADDPS       Y2, Y1, Y1
+	VMOVUPS      Y3, 32(AX)
+	VADDPS       Y3, Y1, Y1
+	ADDQ         $0x00000040, AX
+	SUBQ         $0x00000010, CX
+	JMP          pairs
+
+pairsdone:
+	MOVQ  CX, DX
+	ANDQ  $-8, DX
+	XORQ  BX, BX
+	TESTQ DX, DX
+	JE    tail
 
 loop:
 	VMOVUPS      (AX)(BX*4), Y2

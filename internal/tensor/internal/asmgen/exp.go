@@ -205,6 +205,9 @@ func expSum(s isa) {
 	VBROADCASTSS(NewParamAddr("mx", 16), m)
 	acc := s.vec()
 	VXORPS(acc, acc, acc)
+	if s.lanes == 8 {
+		expSumPairsAVX2(x, n, m, acc)
+	}
 	elementwise(s, n, func(idx GPVirtual, op lanesOp) {
 		v := s.vec()
 		op.load(Mem{Base: x, Index: idx, Scale: 4}, v)
@@ -220,4 +223,75 @@ func expSum(s isa) {
 	Store(sum, ReturnIndex(0))
 	VZEROUPPER()
 	RET()
+}
+
+// expPairWidth is how many vectors expSumPairsAVX2 computes side by side:
+// 2 took a 64-element ExpSum from 74.5 to 63.4 ns on the AMD Zen 2 it was
+// measured on, 3 to 67 ns; 4 needs more than AVX2's 16 vector registers
+// (the allocator then picks Y16 and up, which only EVEX encodes).
+const expPairWidth = 2
+
+// expSumPairsAVX2 emits, ahead of expSum's loop on AVX2, a loop over
+// expPairWidth whole vectors at a time whose exponentials are computed
+// side by side, instruction by instruction (each vector's lanes see
+// exactly exp's operations), and added to acc in element order, as the
+// one-vector loop adds them: the results and the sum are bit-identical.
+// One vector's exponential is a chain of ~25 dependent instructions; one
+// chain at a time filled the core's FP scheduler with operations waiting
+// on each other, so few vectors overlapped. It advances x and lowers n by
+// the elements done, leaving the rest to expSum's loop.
+func expSumPairsAVX2(x, n Register, m, acc VecVirtual) {
+	const w = expPairWidth
+	Label("pairs")
+	CMPQ(n, U32(8*w))
+	JL(LabelRef("pairsdone"))
+	vs := make([]VecVirtual, w)
+	for i := range vs {
+		vs[i] = YMM()
+		VMOVUPS(Mem{Base: x, Disp: 32 * i}, vs[i])
+	}
+	each := func(f func(i int)) {
+		for i := range w {
+			f(i)
+		}
+	}
+	each(func(i int) { VSUBPS(m, vs[i], vs[i]) })
+	ts := make([]VecVirtual, w)
+	each(func(i int) { ts[i] = YMM(); VMOVUPS(cnst(cExpLo), ts[i]) })
+	each(func(i int) { VMAXPS(vs[i], ts[i], vs[i]) }) // Intel order max(t, v): returns v when v is NaN
+	each(func(i int) { VMOVUPS(cnst(cExpHi), ts[i]) })
+	each(func(i int) { VMINPS(vs[i], ts[i], vs[i]) })
+	ns := make([]VecVirtual, w)
+	each(func(i int) { ns[i] = YMM(); VMULPS(cnst(cLog2e), vs[i], ns[i]) })
+	each(func(i int) { VROUNDPS(U8(0), ns[i], ns[i]) })
+	each(func(i int) { VFNMADD231PS(cnst(cLn2Hi), ns[i], vs[i]) })
+	each(func(i int) { VFNMADD231PS(cnst(cLn2Lo), ns[i], vs[i]) })
+	ps := make([]VecVirtual, w)
+	each(func(i int) { ps[i] = YMM(); VMOVUPS(cnst(cP0), ps[i]) })
+	for _, c := range []int{cP1, cP2, cP3, cP4, cP5} {
+		each(func(i int) { VFMADD213PS(cnst(c), vs[i], ps[i]) })
+	}
+	r2 := make([]VecVirtual, w)
+	each(func(i int) { r2[i] = YMM(); VMULPS(vs[i], vs[i], r2[i]) })
+	each(func(i int) { VFMADD213PS(vs[i], r2[i], ps[i]) })
+	each(func(i int) { VADDPS(cnst(cOne), ps[i], ps[i]) })
+	nis := make([]VecVirtual, w)
+	each(func(i int) { nis[i] = YMM(); VCVTPS2DQ(ns[i], nis[i]) })
+	hs := make([]VecVirtual, w)
+	each(func(i int) { hs[i] = YMM(); VPSRAD(U8(1), nis[i], hs[i]) })
+	each(func(i int) { VPSUBD(hs[i], nis[i], nis[i]) })
+	each(func(i int) { VPADDD(cnst(cBias), hs[i], hs[i]) })
+	each(func(i int) { VPADDD(cnst(cBias), nis[i], nis[i]) })
+	each(func(i int) { VPSLLD(U8(23), hs[i], hs[i]) })
+	each(func(i int) { VPSLLD(U8(23), nis[i], nis[i]) })
+	each(func(i int) { VMULPS(hs[i], ps[i], ps[i]) })
+	each(func(i int) { VMULPS(nis[i], ps[i], vs[i]) })
+	each(func(i int) {
+		VMOVUPS(vs[i], Mem{Base: x, Disp: 32 * i})
+		VADDPS(vs[i], acc, acc)
+	})
+	ADDQ(U32(32*w), x)
+	SUBQ(U32(8*w), n)
+	JMP(LabelRef("pairs"))
+	Label("pairsdone")
 }
