@@ -26,9 +26,9 @@ type FinishReason string
 const (
 	// FinishNone marks an Event of a request still running.
 	FinishNone FinishReason = ""
-	// FinishStop: the model produced a stop token or a stop string.
+	// FinishStop: EOS, a stop token or a stop string.
 	FinishStop FinishReason = "stop"
-	// FinishLength: the request reached max_tokens or the context window.
+	// FinishLength: the output reached its maximum length.
 	FinishLength FinishReason = "length"
 	// FinishAbort: the request was aborted (Abort, or the engine shut
 	// down before it finished).
