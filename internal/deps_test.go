@@ -161,8 +161,8 @@ var allowed = map[string][]string{
 
 	// Test support and test-only packages. No row above lists them, so
 	// no production package can import them.
-	"internal":                 {}, // this test
-	"internal/kubetest":        {},
+	"internal":                 {},                    // this test
+	"internal/kubetest":        {"internal/testutil"}, // runs a real etcd and kube-apiserver for tests
 	"internal/promtest":        {"internal/testutil"}, // runs a real Prometheus for tests
 	"internal/jaegertest":      {"internal/testutil"}, // runs a real Jaeger for tests
 	"internal/testhosts":       {},

@@ -11,7 +11,6 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,6 +27,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/tandem-serve/tandem/internal/kubetest"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -1013,7 +1013,7 @@ current-context: test
 			if err := os.WriteFile(kubeconfig, []byte(kc), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			port := freePort(t)
+			port := testutil.FreePort(t)
 			var args []string
 			for _, a := range c.Args {
 				args = append(args, r.resolve(t, c, a))
@@ -1102,7 +1102,7 @@ func TestProbesAgainstTheEngine(t *testing.T) {
 		t.Run(role, func(t *testing.T) {
 			d := r.deployment(t, "tandem-"+role)
 			c := d.Template.Spec.Containers[0]
-			port, kvPort := freePort(t), freePort(t)
+			port, kvPort := testutil.FreePort(t), testutil.FreePort(t)
 			var args []string
 			for _, a := range c.Args {
 				args = append(args, r.resolve(t, c, a))
@@ -1180,17 +1180,6 @@ func hasPrefix(m map[string]float64, prefix string) bool {
 		}
 	}
 	return false
-}
-
-// freePort returns a TCP port free on 127.0.0.1 a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // scrape reads a Prometheus text page into series → value (nil on error).

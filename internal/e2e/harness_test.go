@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // Limits on waiting. Every wait in this package is a poll with a deadline;
@@ -206,7 +207,7 @@ func (p *proc) exited() bool {
 }
 
 // errPortClash marks a process that could not bind the port it was given
-// (another process took it between freePort and the bind).
+// (another process took it between testutil.FreePort and the bind).
 var errPortClash = errors.New("port clash")
 
 // waitHealthy polls url+"/health" until it answers 200, p exits or
@@ -241,20 +242,6 @@ func waitHealthy(p *proc, url string) error {
 	}
 }
 
-// freePort asks the kernel for a free TCP port on the loopback interface.
-// The port is free when freePort returns; a process that loses it to
-// someone else before binding exits with "address already in use", and the
-// starters below retry with new ports.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // engine is one `tandem serve` process.
 type engine struct {
 	*proc
@@ -285,10 +272,10 @@ func startEngine(t *testing.T, s engineSpec) *engine {
 	for attempt := 1; ; attempt++ {
 		port, kvPort := s.port, s.kvPort
 		if port == 0 {
-			port = freePort(t)
+			port = testutil.FreePort(t)
 		}
 		if kvPort == 0 {
-			kvPort = freePort(t)
+			kvPort = testutil.FreePort(t)
 		}
 		p := startProcEnv(t, s.name, s.env, engineArgs(s, port, kvPort)...)
 		url := "http://127.0.0.1:" + strconv.Itoa(port)
@@ -324,7 +311,7 @@ func startEngines(t *testing.T, specs ...engineSpec) []*engine {
 	t.Helper()
 	out := make([]*engine, len(specs))
 	for i, s := range specs {
-		port, kvPort := freePort(t), freePort(t)
+		port, kvPort := testutil.FreePort(t), testutil.FreePort(t)
 		out[i] = &engine{proc: startProcEnv(t, s.name, s.env, engineArgs(s, port, kvPort)...), spec: s,
 			url: "http://127.0.0.1:" + strconv.Itoa(port), kvPort: kvPort}
 	}
@@ -366,7 +353,7 @@ func startProxy(t *testing.T, name string, prefill, decode []*engine, args ...st
 		return strings.Join(s, ",")
 	}
 	for attempt := 1; ; attempt++ {
-		port := freePort(t)
+		port := testutil.FreePort(t)
 		p := startProc(t, name, append([]string{"proxy", "--prefill", urls(prefill), "--decode", urls(decode),
 			"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--health-interval", "200ms", "--timeout", "30s",
 			"--policy", "round-robin", "--pd-decider", "always"}, args...)...) // the P/D path these tests check; args may override

@@ -10,7 +10,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +18,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // Script is the repository-relative path of the script that builds the
@@ -135,7 +136,7 @@ func Start(ctx context.Context, binDir, workDir string) (*ControlPlane, error) {
 var errPortInUse = errors.New("a port was taken")
 
 func start(ctx context.Context, binDir, workDir string, pki *pkiFiles, attempt int) (_ *ControlPlane, err error) {
-	ports, err := freePorts(3)
+	ports, err := testutil.FreePorts(3)
 	if err != nil {
 		return nil, fmt.Errorf("kubetest: picking ports: %w", err)
 	}
@@ -347,26 +348,6 @@ func lastLines(s string, n int) string {
 		}
 	}
 	return strings.Join(lines, "\n")
-}
-
-// freePorts returns n distinct ports that were free on 127.0.0.1 a moment ago.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 func kubeconfig(server string, caPEM []byte, token string) string {

@@ -1,7 +1,10 @@
 // Package testutil holds the helpers that tests across Tandem share instead
 // of copying: WaitFor (poll a condition under a deadline), FakeClock (a
 // settable clock.Clock), StoriesGolden (the greedy golden output of the
-// stories260K test model), PyZMQ (a Python with the real libzmq), and FreePorts and StartLogged for the real servers tests run, and MemNet (an in-memory network for synctest bubbles).
+// stories260K test model), PyZMQ (a Python with the real libzmq), FreePort,
+// FreePorts and StartLogged for the real servers tests run, SyncBuffer (a
+// log destination several goroutines write), and MemNet (an in-memory
+// network for synctest bubbles).
 //
 // It imports only the standard library and package testmodels, so that the
 // tests of any package, the model and the tensor kernels included, can use

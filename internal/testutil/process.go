@@ -28,6 +28,18 @@ func FreePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
+// FreePort returns a loopback port that was free a moment ago. A server
+// that loses it to another process before binding fails with "address
+// already in use"; tests that start processes retry with a new port.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ports, err := FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ports[0]
+}
+
 // StartLogged starts cmd, a server a test runs, with its output in the
 // file log, and kills it when the test ends; on Linux it also dies with
 // the test binary. Exited receives the process's end, once.
