@@ -28,8 +28,8 @@ import (
 // ejected backend (a prefill nobody listens on) goes pending, and the
 // KV-events alert stays quiet while the router keeps up.
 func TestPrometheusScrapesAndEvaluatesTheRules(t *testing.T) {
-	if _, err := promtest.Binary(); err != nil && os.Getenv("TANDEM_REQUIRE_TESTDATA") == "" {
-		t.Skip(err)
+	if _, err := promtest.Binary(); err != nil {
+		testutil.Missing(t, err.Error())
 	}
 	pub, replay := testutil.FreePort(t), testutil.FreePort(t)
 	pre, _ := startSimEngine(t, "--role", "prefill", "--kv-port", "0")

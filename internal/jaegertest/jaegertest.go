@@ -67,10 +67,7 @@ func Start(t testing.TB) *Jaeger {
 	t.Helper()
 	bin, err := Binary()
 	if err != nil {
-		if os.Getenv("TANDEM_REQUIRE_TESTDATA") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
+		testutil.Missing(t, err.Error())
 	}
 	ports, err := testutil.FreePorts(3)
 	if err != nil {

@@ -60,10 +60,7 @@ func Start(t testing.TB, cfg Config) *Server {
 	t.Helper()
 	bin, err := Binary()
 	if err != nil {
-		if os.Getenv("TANDEM_REQUIRE_TESTDATA") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
+		testutil.Missing(t, err.Error())
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = time.Second

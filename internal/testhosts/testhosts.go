@@ -25,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // prefix starts the name of every namespace and link this package makes.
@@ -59,10 +61,7 @@ func New(t testing.TB, n int) *Net {
 		t.Fatalf("testhosts.New: %d hosts: want 1..200", n)
 	}
 	if err := usable(); err != nil {
-		if os.Getenv("TANDEM_REQUIRE_TESTDATA") == "1" {
-			t.Fatalf("network namespaces: %v (TANDEM_REQUIRE_TESTDATA=1)", err)
-		}
-		t.Skipf("network namespaces: %v", err)
+		testutil.Missing(t, "network namespaces: "+err.Error())
 	}
 	removeStale()
 	pid := os.Getpid()

@@ -1,7 +1,8 @@
 // Package testutil holds the helpers that tests across Tandem share instead
 // of copying: WaitFor (poll a condition under a deadline), FakeClock (a
 // settable clock.Clock), StoriesGolden (the greedy golden output of the
-// stories260K test model), PyZMQ (a Python with the real libzmq), FreePort,
+// stories260K test model), PyZMQ (a Python with the real libzmq), Missing
+// (skip, or fail under TANDEM_REQUIRE_TESTDATA=1), FreePort,
 // FreePorts and StartLogged for the real servers tests run, SyncBuffer (a
 // log destination several goroutines write), and MemNet (an in-memory
 // network for synctest bubbles).
