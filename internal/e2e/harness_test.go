@@ -101,24 +101,6 @@ func requirePD(t *testing.T, bin string, more ...string) {
 	}
 }
 
-// logBuffer collects a process's output for printing when a test fails.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // tail is the last max bytes of s, cut at a line start.
 func tail(s string, max int) string {
 	if len(s) <= max {
@@ -135,7 +117,7 @@ func tail(s string, max int) string {
 type proc struct {
 	name string
 	cmd  *exec.Cmd
-	out  *logBuffer // stdout and stderr
+	out  *testutil.SyncBuffer // stdout and stderr
 	done chan struct{}
 	err  error // Wait's result, set before done closes
 }
@@ -155,7 +137,7 @@ func startProc(t *testing.T, name string, args ...string) *proc {
 // secret into another's.
 func startProcEnv(t *testing.T, name string, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, out: &logBuffer{}, done: make(chan struct{})}
+	p := &proc{name: name, out: &testutil.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(tandem(t), args...)
 	if len(env) > 0 {
 		// exec uses the last value of a duplicated key.

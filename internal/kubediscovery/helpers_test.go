@@ -1,7 +1,6 @@
 package kubediscovery
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -28,6 +27,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tandem-serve/tandem/internal/kubetest"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
@@ -267,28 +267,10 @@ func urls(ips ...string) []string {
 }
 
 // logBuffer is a slog handler's output that tests read.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
+type logBuffer struct{ testutil.SyncBuffer }
 
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.buf.String(), s)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
+// count is how many times s occurs in the log.
+func (l *logBuffer) count(s string) int { return strings.Count(l.String(), s) }
 
 // run starts a Watcher over cfg (Client, Namespace and Logger defaulted
 // from k) and stops it at the test's end; stop stops it earlier.
