@@ -19,6 +19,7 @@ func Metric(t testing.TB, url, name, label string) float64 {
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
 		if (strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ")) && strings.Contains(line, label) {
