@@ -39,7 +39,7 @@ func Binary() (string, error) {
 	}
 	cache, err := os.UserCacheDir()
 	if err != nil {
-		return "", fmt.Errorf("jaegertest: no cache directory (%v); run bash %s and set TANDEM_JAEGER to the path it prints", err, Script)
+		return "", fmt.Errorf("jaegertest: no cache directory (%w); run bash %s and set TANDEM_JAEGER to the path it prints", err, Script)
 	}
 	p := filepath.Join(cache, "tandem", "jaeger", Version, "bin", "jaeger")
 	if fi, err := os.Stat(p); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {

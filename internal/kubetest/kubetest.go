@@ -53,7 +53,7 @@ func BinDir() (string, error) {
 	if dir == "" {
 		cache, err := os.UserCacheDir()
 		if err != nil {
-			return "", fmt.Errorf("kubetest: no cache directory (%v); run bash %s and set TANDEM_KUBE_BIN to the directory it prints", err, Script)
+			return "", fmt.Errorf("kubetest: no cache directory (%w); run bash %s and set TANDEM_KUBE_BIN to the directory it prints", err, Script)
 		}
 		dir = filepath.Join(cache, "tandem", "kube", "k8s-"+KubernetesVersion+"-etcd-"+EtcdVersion, "bin")
 		from = "the cache"
@@ -262,9 +262,9 @@ func (cp *ControlPlane) waitReady(ctx context.Context) error {
 		}
 		select {
 		case <-cp.etcd.done:
-			return fmt.Errorf("etcd exited: %v", cp.etcd.err)
+			return fmt.Errorf("etcd exited: %w", cp.etcd.err)
 		case <-cp.apiserver.done:
-			return fmt.Errorf("kube-apiserver exited: %v", cp.apiserver.err)
+			return fmt.Errorf("kube-apiserver exited: %w", cp.apiserver.err)
 		case <-ctx.Done():
 			return fmt.Errorf("kube-apiserver not ready (%v); last /readyz: %s", context.Cause(ctx), last)
 		case <-tick.C:
