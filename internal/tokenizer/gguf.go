@@ -113,122 +113,165 @@ func FromGGUF(f *gguf.File) (*Tokenizer, error) {
 		}
 		copy(types, tt)
 	}
-	id := func(key string, def int32) (int32, error) {
-		v, ok, err := f.Uint(key)
-		if err != nil {
-			return 0, fmt.Errorf("tokenizer: %w", err)
-		}
-		if !ok {
-			return def, nil
-		}
-		if v >= uint64(n) {
-			// llama.cpp files mark "none" with an id past the end (e.g.
-			// a pad id of -1 written as uint32).
-			return -1, nil
-		}
-		return int32(v), nil
-	}
-	boolKey := func(key string, def bool) (bool, error) {
-		b, ok, err := f.Bool(key)
-		if err != nil {
-			return false, fmt.Errorf("tokenizer: %w", err)
-		}
-		if !ok {
-			return def, nil
-		}
-		return b, nil
-	}
+	k := ggufKeys{f: f, n: n}
 
 	t := &Tokenizer{tokens: append([]string(nil), tokens...), special: make([]bool, n), bos: -1,
 		vocab: make(map[string]int32, n), added: map[string]int32{}}
 	for i, s := range tokens {
 		t.vocab[s] = int32(i) // the last of duplicates wins, as in llama.cpp
 	}
-	var defBOS, defEOS, defUnk int32 = -1, -1, -1
-	addBOS := false
+	var defBOS, defEOS int32 = -1, -1
+	var addBOS bool
 	var decoder *componentJSON
 	switch kind {
 	case "llama":
-		defBOS, defEOS, defUnk, addBOS = 1, 2, 0, true
-		prefix, err := boolKey("tokenizer.ggml.add_space_prefix", true)
-		if err != nil {
-			return nil, err
-		}
-		space := " "
-		norms := []*componentJSON{{Type: "Replace", Pattern: &patternJSON{String: &space}, Content: "▁"}}
-		decoders := []*componentJSON{{Type: "Replace", Pattern: &patternJSON{String: ptr("▁")}, Content: " "}, {Type: "ByteFallback"}, {Type: "Fuse"}}
-		if prefix {
-			norms = append([]*componentJSON{{Type: "Prepend", Prepend: "▁"}}, norms...)
-			decoders = append(decoders, &componentJSON{Type: "Strip", Content: " ", Start: 1})
-		}
-		if t.normalize, err = newNormalizer(&componentJSON{Type: "Sequence", Normalizers: norms}); err != nil {
-			return nil, fmt.Errorf("tokenizer: %w", err)
-		}
-		decoder = &componentJSON{Type: "Sequence", Decoders: decoders}
-		unk, err := id("tokenizer.ggml.unknown_token_id", defUnk)
-		if err != nil {
-			return nil, err
-		}
-		scores := make([]float32, n)
-		if v, ok := f.Get("tokenizer.ggml.scores"); ok {
-			sc, isF32 := gguf.ArrayOf[float32](v)
-			if !isF32 || len(sc) != n {
-				return nil, fmt.Errorf("tokenizer: tokenizer.ggml.scores must be %d float32s, found %s", n, v)
-			}
-			copy(scores, sc)
-		}
-		t.model = newSPM(t.vocab, scores, unk)
+		defBOS, defEOS, addBOS = 1, 2, true
+		decoder, err = t.ggufSPM(k)
 	case "gpt2":
-		name, _, err := f.Str("tokenizer.ggml.pre")
-		if err != nil {
-			return nil, fmt.Errorf("tokenizer: %w", err)
-		}
-		if name == "" {
-			name = "default" // as llama.cpp, which warns that quality suffers
-		}
-		pre, known := ggufPres[name]
-		if !known {
-			return nil, fmt.Errorf("tokenizer: tokenizer.ggml.pre %q is not a pre-tokenizer Tandem knows (known: default, gpt-2, gpt2, llama-bpe, llama-v3, llama3, qwen2, smollm)", name)
-		}
-		addBOS = pre.addBOS
-		seq := &componentJSON{Type: "Sequence"}
-		for _, re := range pre.regexes {
-			seq.Pretokenizers = append(seq.Pretokenizers, &componentJSON{Type: "Split", Pattern: &patternJSON{Regex: ptr(re)}, Behavior: "Isolated"})
-		}
-		seq.Pretokenizers = append(seq.Pretokenizers, &componentJSON{Type: "ByteLevel", AddPrefixSpace: ptr(false), UseRegex: ptr(false)})
-		if t.preTok, err = newPreTokenizer(seq); err != nil {
-			return nil, fmt.Errorf("tokenizer: %w", err)
-		}
-		if pre.nfc {
-			t.normalize, _ = newNormalizer(&componentJSON{Type: "NFC"})
-		}
-		decoder = &componentJSON{Type: "ByteLevel"}
-		t.byteLevel = true
-		mv, ok := f.Get("tokenizer.ggml.merges")
-		merges, isStrings := gguf.ArrayOf[string](mv)
-		if !ok || !isStrings {
-			return nil, fmt.Errorf("tokenizer: a gpt2 tokenizer needs tokenizer.ggml.merges (an array of strings), found %s", mv)
-		}
-		ignore, err := boolKey(ignoreMergesKey, pre.ignoreMerges)
-		if err != nil {
-			return nil, err
-		}
-		b := &bpe{vocab: t.vocab, merges: make(map[uint64]merge, len(merges)), unk: -1, ignoreMerges: ignore}
-		for i := range b.byteTokens {
-			b.byteTokens[i] = -1
-		}
-		if err := b.addMerges(merges); err != nil {
-			return nil, err
-		}
-		t.model = b
+		decoder, addBOS, err = t.ggufBPE(k)
 	default:
 		return nil, fmt.Errorf("tokenizer: tokenizer.ggml.model %q is not supported (supported: llama, gpt2)", kind)
+	}
+	if err != nil {
+		return nil, err
 	}
 	if t.decoder, err = newDecoder(decoder); err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
+	t.ggufLiterals(tokens, types)
+	if err := t.ggufSpecials(k, defBOS, defEOS, addBOS); err != nil {
+		return nil, err
+	}
+	tmpl, _, err := f.Str("tokenizer.chat_template")
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	if tmpl != "" {
+		t.chat = newChatTemplate(tmpl)
+	}
+	return t, nil
+}
 
-	// Tokens matched literally in the text.
+// ggufKeys reads the scalar tokenizer keys of a GGUF file whose vocabulary
+// has n tokens.
+type ggufKeys struct {
+	f *gguf.File
+	n int
+}
+
+// id reads a token id, def when the key is absent, -1 when it is past the
+// end of the vocabulary.
+func (k ggufKeys) id(key string, def int32) (int32, error) {
+	v, ok, err := k.f.Uint(key)
+	if err != nil {
+		return 0, fmt.Errorf("tokenizer: %w", err)
+	}
+	if !ok {
+		return def, nil
+	}
+	if v >= uint64(k.n) {
+		// llama.cpp files mark "none" with an id past the end (e.g.
+		// a pad id of -1 written as uint32).
+		return -1, nil
+	}
+	return int32(v), nil
+}
+
+// bool reads a boolean, def when the key is absent.
+func (k ggufKeys) bool(key string, def bool) (bool, error) {
+	b, ok, err := k.f.Bool(key)
+	if err != nil {
+		return false, fmt.Errorf("tokenizer: %w", err)
+	}
+	if !ok {
+		return def, nil
+	}
+	return b, nil
+}
+
+// ggufSPM sets up a "llama" (SentencePiece) tokenizer: its normalizer and
+// merge model; it returns the decoder's description.
+func (t *Tokenizer) ggufSPM(k ggufKeys) (*componentJSON, error) {
+	prefix, err := k.bool("tokenizer.ggml.add_space_prefix", true)
+	if err != nil {
+		return nil, err
+	}
+	space := " "
+	norms := []*componentJSON{{Type: "Replace", Pattern: &patternJSON{String: &space}, Content: "▁"}}
+	decoders := []*componentJSON{{Type: "Replace", Pattern: &patternJSON{String: ptr("▁")}, Content: " "}, {Type: "ByteFallback"}, {Type: "Fuse"}}
+	if prefix {
+		norms = append([]*componentJSON{{Type: "Prepend", Prepend: "▁"}}, norms...)
+		decoders = append(decoders, &componentJSON{Type: "Strip", Content: " ", Start: 1})
+	}
+	if t.normalize, err = newNormalizer(&componentJSON{Type: "Sequence", Normalizers: norms}); err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	unk, err := k.id("tokenizer.ggml.unknown_token_id", 0)
+	if err != nil {
+		return nil, err
+	}
+	scores := make([]float32, k.n)
+	if v, ok := k.f.Get("tokenizer.ggml.scores"); ok {
+		sc, isF32 := gguf.ArrayOf[float32](v)
+		if !isF32 || len(sc) != k.n {
+			return nil, fmt.Errorf("tokenizer: tokenizer.ggml.scores must be %d float32s, found %s", k.n, v)
+		}
+		copy(scores, sc)
+	}
+	t.model = newSPM(t.vocab, scores, unk)
+	return &componentJSON{Type: "Sequence", Decoders: decoders}, nil
+}
+
+// ggufBPE sets up a "gpt2" (byte-level BPE) tokenizer: its pre-tokenizer,
+// normalizer and merges; it returns the decoder's description and whether
+// the pre-tokenizer's models add BOS by default.
+func (t *Tokenizer) ggufBPE(k ggufKeys) (decoder *componentJSON, addBOS bool, err error) {
+	name, _, err := k.f.Str("tokenizer.ggml.pre")
+	if err != nil {
+		return nil, false, fmt.Errorf("tokenizer: %w", err)
+	}
+	if name == "" {
+		name = "default" // as llama.cpp, which warns that quality suffers
+	}
+	pre, known := ggufPres[name]
+	if !known {
+		return nil, false, fmt.Errorf("tokenizer: tokenizer.ggml.pre %q is not a pre-tokenizer Tandem knows (known: default, gpt-2, gpt2, llama-bpe, llama-v3, llama3, qwen2, smollm)", name)
+	}
+	seq := &componentJSON{Type: "Sequence"}
+	for _, re := range pre.regexes {
+		seq.Pretokenizers = append(seq.Pretokenizers, &componentJSON{Type: "Split", Pattern: &patternJSON{Regex: ptr(re)}, Behavior: "Isolated"})
+	}
+	seq.Pretokenizers = append(seq.Pretokenizers, &componentJSON{Type: "ByteLevel", AddPrefixSpace: ptr(false), UseRegex: ptr(false)})
+	if t.preTok, err = newPreTokenizer(seq); err != nil {
+		return nil, false, fmt.Errorf("tokenizer: %w", err)
+	}
+	if pre.nfc {
+		t.normalize, _ = newNormalizer(&componentJSON{Type: "NFC"})
+	}
+	t.byteLevel = true
+	mv, ok := k.f.Get("tokenizer.ggml.merges")
+	merges, isStrings := gguf.ArrayOf[string](mv)
+	if !ok || !isStrings {
+		return nil, false, fmt.Errorf("tokenizer: a gpt2 tokenizer needs tokenizer.ggml.merges (an array of strings), found %s", mv)
+	}
+	ignore, err := k.bool(ignoreMergesKey, pre.ignoreMerges)
+	if err != nil {
+		return nil, false, err
+	}
+	b := &bpe{vocab: t.vocab, merges: make(map[uint64]merge, len(merges)), unk: -1, ignoreMerges: ignore}
+	for i := range b.byteTokens {
+		b.byteTokens[i] = -1
+	}
+	if err := b.addMerges(merges); err != nil {
+		return nil, false, err
+	}
+	t.model = b
+	return &componentJSON{Type: "ByteLevel"}, pre.addBOS, nil
+}
+
+// ggufLiterals registers the tokens matched literally in the text: those of
+// type control, unknown (both special) and user-defined.
+func (t *Tokenizer) ggufLiterals(tokens []string, types []int32) {
 	var literal []*addedToken
 	for i, s := range tokens {
 		switch types[i] {
@@ -243,61 +286,59 @@ func FromGGUF(f *gguf.File) (*Tokenizer, error) {
 		}
 	}
 	t.rawMatch = newMatcher(literal)
+}
 
-	bos, err := id("tokenizer.ggml.bos_token_id", defBOS)
+// ggufSpecials reads the BOS, EOS and end-of-generation ids (defBOS and
+// defEOS where the file names none) and what Encode adds around a text
+// (addBOS by default).
+func (t *Tokenizer) ggufSpecials(k ggufKeys, defBOS, defEOS int32, addBOS bool) error {
+	bos, err := k.id("tokenizer.ggml.bos_token_id", defBOS)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if bos >= 0 {
-		t.bos, t.hasBOS, t.bosToken = bos, true, tokens[bos]
+		t.bos, t.hasBOS, t.bosToken = bos, true, t.tokens[bos]
 		t.special[bos] = true
 	}
-	eos, err := id("tokenizer.ggml.eos_token_id", defEOS)
+	eos, err := k.id("tokenizer.ggml.eos_token_id", defEOS)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if eos >= 0 {
-		t.eosToken = tokens[eos]
+		t.eosToken = t.tokens[eos]
 		t.special[eos] = true
 		t.addEOS(eos)
 	}
 	for _, key := range []string{"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"} {
-		x, err := id(key, -1)
+		x, err := k.id(key, -1)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if x >= 0 {
 			t.addEOS(x)
 		}
 	}
-	if addBOS, err = boolKey("tokenizer.ggml.add_bos_token", addBOS); err != nil {
-		return nil, err
+	if addBOS, err = k.bool("tokenizer.ggml.add_bos_token", addBOS); err != nil {
+		return err
 	}
-	addEOS, err := boolKey("tokenizer.ggml.add_eos_token", false)
+	addEOS, err := k.bool("tokenizer.ggml.add_eos_token", false)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if addBOS {
 		if !t.hasBOS {
-			return nil, fmt.Errorf("tokenizer: add_bos_token is true but the file has no bos_token_id")
+			return fmt.Errorf("tokenizer: add_bos_token is true but the file has no bos_token_id")
 		}
 		t.template = append(t.template, templateItem{ids: []int32{t.bos}})
 	}
 	t.template = append(t.template, templateItem{seq: true})
 	if addEOS {
 		if eos < 0 {
-			return nil, fmt.Errorf("tokenizer: add_eos_token is true but the file has no eos_token_id")
+			return fmt.Errorf("tokenizer: add_eos_token is true but the file has no eos_token_id")
 		}
 		t.template = append(t.template, templateItem{ids: []int32{eos}})
 	}
-	tmpl, _, err := f.Str("tokenizer.chat_template")
-	if err != nil {
-		return nil, fmt.Errorf("tokenizer: %w", err)
-	}
-	if tmpl != "" {
-		t.chat = newChatTemplate(tmpl)
-	}
-	return t, nil
+	return nil
 }
 
 func ptr[T any](v T) *T { return &v }
