@@ -90,8 +90,7 @@ func TestSimPricedDeciderWeighsLoadAgainstRecompute(t *testing.T) {
 	}
 
 	// Four streams on the decode.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := t.Context()
 	for i := range 4 {
 		go stream(ctx, url, fmt.Sprintf(`{"model":"hf","prompt":"Once upon a time %d","max_tokens":450,"ignore_eos":true,"stream":true}`, i))
 	}

@@ -112,7 +112,7 @@ func TestOverlaysPassServerDryRun(t *testing.T) {
 			if n, want := strings.Count(string(out), "(server dry run)"), len(r.objects); n != want {
 				t.Errorf("%d objects accepted, want %d", n, want)
 			}
-			for _, line := range strings.Split(string(out), "\n") {
+			for line := range strings.SplitSeq(string(out), "\n") {
 				if strings.HasPrefix(line, "Warning:") {
 					t.Errorf("API server warning: %s", line)
 				}
@@ -160,7 +160,7 @@ func TestBrokenOverlaysAreRefused(t *testing.T) {
 }
 
 func firstLineWith(s, sub string) string {
-	for _, l := range strings.Split(s, "\n") {
+	for l := range strings.SplitSeq(s, "\n") {
 		if strings.Contains(l, sub) {
 			return l
 		}
@@ -1194,7 +1194,7 @@ func scrape(url string) map[string]float64 {
 		return nil
 	}
 	m := map[string]float64{}
-	for _, line := range strings.Split(string(b), "\n") {
+	for line := range strings.SplitSeq(string(b), "\n") {
 		if line == "" || line[0] == '#' {
 			continue
 		}
@@ -1269,7 +1269,7 @@ func TestSecretsStayOutOfGit(t *testing.T) {
 					t.Errorf("%s: no %s.example saying how to make %s: %v", overlay, f, f, err)
 					continue
 				}
-				for _, line := range strings.Split(string(ex), "\n") {
+				for line := range strings.SplitSeq(string(ex), "\n") {
 					if v, ok := strings.CutPrefix(line, "kv-secret="); ok && len(strings.TrimSpace(v)) >= 16 {
 						t.Errorf("%s: the example's kv-secret %q would be accepted (≥ 16 bytes): an unedited copy would run with a known secret", overlay, v)
 					}

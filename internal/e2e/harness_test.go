@@ -414,7 +414,7 @@ func tryScrape(url string) (metrics, error) {
 		return nil, fmt.Errorf("GET %s/metrics: %s", url, resp.Status)
 	}
 	m := metrics{}
-	for _, line := range strings.Split(string(b), "\n") {
+	for line := range strings.SplitSeq(string(b), "\n") {
 		if line == "" || line[0] == '#' {
 			continue
 		}

@@ -311,7 +311,7 @@ func deltaOf(before, after metrics) prefillDelta {
 			if n != name {
 				continue
 			}
-			for _, l := range strings.Split(strings.TrimSuffix(ls, "}"), ",") {
+			for l := range strings.SplitSeq(strings.TrimSuffix(ls, "}"), ",") {
 				if v, ok := strings.CutPrefix(l, label+`="`); ok {
 					v = strings.TrimSuffix(v, `"`)
 					out[v] = diff(name, label+`="`+v+`"`)

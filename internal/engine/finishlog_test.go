@@ -37,7 +37,7 @@ func TestFinishLogNamesTheInternalIDByTagAtInfo(t *testing.T) {
 				t.Fatal(err)
 			}
 			var line string
-			for _, l := range strings.Split(out.String(), "\n") {
+			for l := range strings.SplitSeq(out.String(), "\n") {
 				if strings.Contains(l, `msg="request finished"`) {
 					line = l
 				}

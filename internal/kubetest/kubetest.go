@@ -120,7 +120,7 @@ func Start(ctx context.Context, binDir, workDir string) (*ControlPlane, error) {
 	// between makes a process fail to bind, and then start-up is retried on
 	// fresh ports.
 	var lastErr error
-	for attempt := 0; attempt < 3; attempt++ {
+	for attempt := range 3 {
 		cp, err := start(ctx, binDir, workDir, pki, attempt)
 		if err == nil {
 			return cp, nil

@@ -263,9 +263,7 @@ func (f *fakeProducer) serve() {
 		if err != nil {
 			return
 		}
-		f.wg.Add(1)
-		go func() {
-			defer f.wg.Done()
+		f.wg.Go(func() {
 			defer c.Close()
 			if err := fakeServerHandshake(c, testSecret, f.info); err != nil {
 				return
@@ -280,7 +278,7 @@ func (f *fakeProducer) serve() {
 					return
 				}
 			}
-		}()
+		})
 	}
 }
 

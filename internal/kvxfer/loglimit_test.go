@@ -64,7 +64,7 @@ func (b *lockedBuffer) count(s string) int { return strings.Count(b.String(), s)
 // lines are the log's lines that contain s.
 func (b *lockedBuffer) lines(s string) []string {
 	var out []string
-	for _, l := range strings.Split(b.String(), "\n") {
+	for l := range strings.SplitSeq(b.String(), "\n") {
 		if strings.Contains(l, s) {
 			out = append(out, l)
 		}

@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/tandem-serve/tandem/internal/gguf"
 )
@@ -393,12 +394,7 @@ func ggufPhi3(f *gguf.File, c *Config, arch string, fail func(string, ...any) er
 }
 
 func containsID(ids []int32, id int32) bool {
-	for _, x := range ids {
-		if x == id {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(ids, id)
 }
 
 func ggufRopeScaling(f *gguf.File, arch string, fail func(string, ...any) error) (RopeScaling, error) {

@@ -478,7 +478,7 @@ func TestTheBarKeepsItsWidthAsTheNumbersGrow(t *testing.T) {
 		}
 		s.Done()
 		ends := map[int]int{}
-		for _, l := range strings.Split(out.String(), "\r") {
+		for l := range strings.SplitSeq(out.String(), "\r") {
 			if i := strings.Index(l, "]"); i > 0 {
 				ends[i]++
 			}

@@ -180,7 +180,7 @@ func removeStale() {
 	if err != nil {
 		return
 	}
-	for _, line := range strings.Split(string(out), "\n") {
+	for line := range strings.SplitSeq(string(out), "\n") {
 		name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
 		if pid, ok := ownerPID(name); ok && !alive(pid) {
 			killIn(name)
@@ -191,7 +191,7 @@ func removeStale() {
 	if err != nil {
 		return
 	}
-	for _, line := range strings.Split(string(out), "\n") {
+	for line := range strings.SplitSeq(string(out), "\n") {
 		f := strings.Fields(line)
 		if len(f) < 2 {
 			continue
@@ -229,7 +229,7 @@ func killIn(name string) {
 	if err != nil {
 		return
 	}
-	for _, f := range strings.Fields(string(out)) {
+	for f := range strings.FieldsSeq(string(out)) {
 		if pid, err := strconv.Atoi(f); err == nil {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}

@@ -196,9 +196,8 @@ func (t *Tokenizer) ggufSPM(k ggufKeys) (*componentJSON, error) {
 	if err != nil {
 		return nil, err
 	}
-	space := " "
-	norms := []*componentJSON{{Type: "Replace", Pattern: &patternJSON{String: &space}, Content: "▁"}}
-	decoders := []*componentJSON{{Type: "Replace", Pattern: &patternJSON{String: ptr("▁")}, Content: " "}, {Type: "ByteFallback"}, {Type: "Fuse"}}
+	norms := []*componentJSON{{Type: "Replace", Pattern: &patternJSON{String: new(" ")}, Content: "▁"}}
+	decoders := []*componentJSON{{Type: "Replace", Pattern: &patternJSON{String: new("▁")}, Content: " "}, {Type: "ByteFallback"}, {Type: "Fuse"}}
 	if prefix {
 		norms = append([]*componentJSON{{Type: "Prepend", Prepend: "▁"}}, norms...)
 		decoders = append(decoders, &componentJSON{Type: "Strip", Content: " ", Start: 1})
@@ -239,9 +238,9 @@ func (t *Tokenizer) ggufBPE(k ggufKeys) (decoder *componentJSON, addBOS bool, er
 	}
 	seq := &componentJSON{Type: "Sequence"}
 	for _, re := range pre.regexes {
-		seq.Pretokenizers = append(seq.Pretokenizers, &componentJSON{Type: "Split", Pattern: &patternJSON{Regex: ptr(re)}, Behavior: "Isolated"})
+		seq.Pretokenizers = append(seq.Pretokenizers, &componentJSON{Type: "Split", Pattern: &patternJSON{Regex: new(re)}, Behavior: "Isolated"})
 	}
-	seq.Pretokenizers = append(seq.Pretokenizers, &componentJSON{Type: "ByteLevel", AddPrefixSpace: ptr(false), UseRegex: ptr(false)})
+	seq.Pretokenizers = append(seq.Pretokenizers, &componentJSON{Type: "ByteLevel", AddPrefixSpace: new(false), UseRegex: new(false)})
 	if t.preTok, err = newPreTokenizer(seq); err != nil {
 		return nil, false, fmt.Errorf("tokenizer: %w", err)
 	}
@@ -340,8 +339,6 @@ func (t *Tokenizer) ggufSpecials(k ggufKeys, defBOS, defEOS int32, addBOS bool) 
 	}
 	return nil
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // addMerges adds GGUF merges ("left right", split at the first space after
 // the first byte, as llama.cpp does) in priority order.
