@@ -161,11 +161,11 @@ var allowed = map[string][]string{
 
 	// Test support and test-only packages. No row above lists them, so
 	// no production package can import them.
-	"internal":                 {}, // this test
-	"internal/kubetest":        {},
+	"internal":                 {},                    // this test
+	"internal/kubetest":        {"internal/testutil"}, // runs a real etcd and kube-apiserver for tests
 	"internal/promtest":        {"internal/testutil"}, // runs a real Prometheus for tests
 	"internal/jaegertest":      {"internal/testutil"}, // runs a real Jaeger for tests
-	"internal/testhosts":       {},
+	"internal/testhosts":       {"internal/testutil"}, // network namespaces for tests
 	"internal/testmodels":      {},
 	"internal/vllmtest":        {}, // starts a real vllm serve for interop tests: std only
 	"internal/testutil":        {"internal/testmodels"},

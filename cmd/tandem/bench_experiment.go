@@ -129,7 +129,7 @@ func runBenchExperiment(args []string) error {
 	} else if *splits != "" || *adaptTTFT != "1" || *adaptTPOT != "1" || *planWindow != 0 || *planDwell != 0 || cfg.Warmup != 0 {
 		return errors.New("--splits, --adaptive-ttft-scales, --adaptive-tpot-scales, --plan-window, --plan-min-dwell and --warmup need --engines N")
 	}
-	for _, c := range strings.Split(*configs, ",") {
+	for c := range strings.SplitSeq(*configs, ",") {
 		cfg.Configs = append(cfg.Configs, strings.TrimSpace(c))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -173,7 +173,7 @@ func (f experimentFlags) finish() error {
 func experimentWorkloads(list string, rates map[string]string, slos workloadSLOs, rateFlag string) ([]experiment.Workload, error) {
 	sloOf := map[string]bench.SLO{"chat": slos.chat(), "long": slos.long()}
 	var out []experiment.Workload
-	for _, w := range strings.Split(list, ",") {
+	for w := range strings.SplitSeq(list, ",") {
 		name := strings.TrimSpace(w)
 		slo, ok := sloOf[name]
 		if !ok {

@@ -55,7 +55,7 @@ func runBenchModel(args []string) error {
 		return fmt.Errorf("--threads, --layers, --tokens, --reps and --read-mib must be positive and --hidden, --kv and --ffn positive multiples of 256 (the K-quants' block)")
 	}
 	var dts []tensor.DType
-	for _, s := range strings.Split(f.formats, ",") {
+	for s := range strings.SplitSeq(f.formats, ",") {
 		dt, err := tensor.ParseDType(strings.TrimSpace(s))
 		if err != nil {
 			return fmt.Errorf("--formats: %w", err)

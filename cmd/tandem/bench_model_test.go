@@ -25,7 +25,7 @@ func TestBenchModelPrintsEveryFormatBesideTheLimits(t *testing.T) {
 		}
 	}
 	rows := map[string]bool{}
-	for _, line := range strings.Split(s, "\n") {
+	for line := range strings.SplitSeq(s, "\n") {
 		if fields := strings.Fields(line); len(fields) == 7 {
 			rows[fields[0]] = true
 		}

@@ -34,8 +34,8 @@ func (b *byteSize) Set(s string) error {
 	mult := int64(1)
 	num := s
 	for _, u := range byteUnits {
-		if strings.HasSuffix(s, u.suffix) {
-			mult, num = u.mult, strings.TrimSpace(strings.TrimSuffix(s, u.suffix))
+		if before, ok := strings.CutSuffix(s, u.suffix); ok {
+			mult, num = u.mult, strings.TrimSpace(before)
 			break
 		}
 	}

@@ -1,18 +1,17 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/openai"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // storiesChatTemplate is the plain story template of the embedded default
@@ -146,7 +145,7 @@ func TestNChoicesThroughPrefillAndDecode(t *testing.T) {
 		t.Errorf("the prefill leg answered %d choices; with do_remote_decode it runs one", len(leg1.Choices))
 	}
 
-	hitsBefore := scrape(t, dec, "vllm:prefix_cache_hits")
+	hitsBefore := testutil.Metric(t, dec, "vllm:prefix_cache_hits", "")
 	status, raw = postJSON(t, dec+"/v1/completions", body(`,"n":3,"kv_transfer_params":`+string(leg1.KV)), nil)
 	if status != http.StatusOK {
 		t.Fatalf("decode leg: %d %s", status, raw)
@@ -181,34 +180,11 @@ func TestNChoicesThroughPrefillAndDecode(t *testing.T) {
 	// not a count of polls).
 	var hits float64
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if hits = scrape(t, dec, "vllm:prefix_cache_hits") - hitsBefore; hits >= float64(2*full) || time.Now().After(deadline) {
+		if hits = testutil.Metric(t, dec, "vllm:prefix_cache_hits", "") - hitsBefore; hits >= float64(2*full) || time.Now().After(deadline) {
 			break
 		}
 	}
 	if full == 0 || hits < float64(2*full) {
 		t.Errorf("decode prefix cache hits %v, want the two extra choices to hit %d tokens each", hits, full)
 	}
-}
-
-// scrape reads one metric of an engine's /metrics.
-func scrape(t *testing.T, url, name string) float64 {
-	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if line := sc.Text(); strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
-			f := strings.Fields(line)
-			v, err := strconv.ParseFloat(f[len(f)-1], 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return v
-		}
-	}
-	t.Fatalf("%s has no metric %s", url, name)
-	return 0
 }

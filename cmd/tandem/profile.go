@@ -107,7 +107,7 @@ func machine() string {
 	b, err := os.ReadFile("/proc/cpuinfo")
 	cpu := runtime.GOARCH
 	if err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
+		for line := range strings.SplitSeq(string(b), "\n") {
 			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
 				cpu = strings.TrimSpace(v)
 				break
@@ -127,7 +127,7 @@ func intList(v []int) string {
 
 func parseIntList(s string) ([]int, error) {
 	var out []int
-	for _, f := range strings.Split(s, ",") {
+	for f := range strings.SplitSeq(s, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
 			return nil, fmt.Errorf("%q is not a list of positive integers", s)

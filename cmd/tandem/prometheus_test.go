@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -29,14 +28,14 @@ import (
 // ejected backend (a prefill nobody listens on) goes pending, and the
 // KV-events alert stays quiet while the router keeps up.
 func TestPrometheusScrapesAndEvaluatesTheRules(t *testing.T) {
-	if _, err := promtest.Binary(); err != nil && os.Getenv("TANDEM_REQUIRE_TESTDATA") == "" {
-		t.Skip(err)
+	if _, err := promtest.Binary(); err != nil {
+		testutil.Missing(t, err.Error())
 	}
-	pub, replay := freeLoopbackPort(t), freeLoopbackPort(t)
+	pub, replay := testutil.FreePort(t), testutil.FreePort(t)
 	pre, _ := startSimEngine(t, "--role", "prefill", "--kv-port", "0")
 	dec, _ := startSimEngine(t, "--role", "decode", "--kv-events-config",
 		fmt.Sprintf(`{"enable_kv_cache_events":true,"endpoint":"tcp://*:%d","replay_endpoint":"tcp://*:%d"}`, pub, replay))
-	dead := fmt.Sprintf("http://127.0.0.1:%d", freeLoopbackPort(t))
+	dead := fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t))
 	p, pu := startTestProxy(t, proxy.Config{Prefill: []string{pre, dead}, Decode: []string{dec}, PDDecider: "always", PrefillRetries: 1})
 	// The router follows the decode's KV events, as --kv-events makes it.
 	idx := kvindex.New("tandem-test", 16, slog.New(slog.DiscardHandler))
@@ -192,15 +191,4 @@ func hostPort(t *testing.T, rawURL string) string {
 		t.Fatalf("not a URL: %q", rawURL)
 	}
 	return u.Host
-}
-
-// freeLoopbackPort returns a loopback port that was free a moment ago.
-func freeLoopbackPort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -34,7 +34,7 @@ type urlList []string
 func (l *urlList) String() string { return strings.Join(*l, ",") }
 
 func (l *urlList) Set(v string) error {
-	for _, s := range strings.Split(v, ",") {
+	for s := range strings.SplitSeq(v, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			*l = append(*l, s)
 		}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -11,7 +10,6 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -19,36 +17,8 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/openai"
 	"github.com/tandem-serve/tandem/internal/proxy"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
-
-// engineGauge reads a gauge from an engine's /metrics (its one series: the
-// engine's metrics carry only the model_name label).
-func engineGauge(t *testing.T, base, name string) float64 {
-	t.Helper()
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
-			continue
-		}
-		if i := strings.LastIndexByte(line, ' '); i > 0 {
-			v := line[i+1:]
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("%s: %q: %v", name, v, err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("%s/metrics has no %s", base, name)
-	return 0
-}
 
 // TestProxyReleasesTheHoldOfAClientGoneDuringThePrefill runs real engines:
 // a client leaves while its prefill leg computes, and the prefill engine,
@@ -122,9 +92,9 @@ func TestProxyReleasesTheHoldOfAClientGoneDuringThePrefill(t *testing.T) {
 	// The engine held the prompt's KV when it answered; the proxy's release
 	// is all that frees it before the lease.
 	deadline := time.Now().Add(5 * time.Second)
-	for engineGauge(t, pre, "tandem:kv_blocks_held") != 0 {
+	for testutil.Metric(t, pre, "tandem:kv_blocks_held", "") != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("the prefill still holds %v KV blocks 5s after its answer to a client that had left (lease 60s)", engineGauge(t, pre, "tandem:kv_blocks_held"))
+			t.Fatalf("the prefill still holds %v KV blocks 5s after its answer to a client that had left (lease 60s)", testutil.Metric(t, pre, "tandem:kv_blocks_held", ""))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -101,7 +101,7 @@ func TestPlannerRoleSwitchUnderLoadOnRealEngines(t *testing.T) {
 	}
 	_, dec := plannerLists(t, url)
 	moved := dec[slices.IndexFunc(dec, func(u string) bool { return u != engines[2] })]
-	if pulls := engineGauge(t, moved, "tandem:kv_transfer_seconds_count"); pulls == 0 {
+	if pulls := testutil.Metric(t, moved, "tandem:kv_transfer_seconds_count", ""); pulls == 0 {
 		t.Errorf("the engine moved to the decode pool (%s) pulled no KV: it served no decode leg", moved)
 	}
 	testutil.WaitFor(t, "the moved engine's old work ended", 30*time.Second, func() bool {
@@ -125,10 +125,10 @@ func TestPlannerRoleSwitchUnderLoadOnRealEngines(t *testing.T) {
 		}
 	}
 	for _, e := range engines {
-		if held := engineGauge(t, e, "tandem:kv_blocks_held"); held != 0 {
+		if held := testutil.Metric(t, e, "tandem:kv_blocks_held", ""); held != 0 {
 			t.Errorf("engine %s still holds %v KV blocks", e, held)
 		}
-		if exp := engineGauge(t, e, "tandem:kv_leases_expired_total"); exp != 0 {
+		if exp := testutil.Metric(t, e, "tandem:kv_leases_expired_total", ""); exp != 0 {
 			t.Errorf("engine %s let %v leases expire", e, exp)
 		}
 	}

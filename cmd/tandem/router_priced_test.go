@@ -14,6 +14,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/proxy"
 	"github.com/tandem-serve/tandem/internal/router/decider/priced"
 	"github.com/tandem-serve/tandem/internal/router/factory"
+	"github.com/tandem-serve/tandem/internal/testutil"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
@@ -89,8 +90,7 @@ func TestSimPricedDeciderWeighsLoadAgainstRecompute(t *testing.T) {
 	}
 
 	// Four streams on the decode.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := t.Context()
 	for i := range 4 {
 		go stream(ctx, url, fmt.Sprintf(`{"model":"hf","prompt":"Once upon a time %d","max_tokens":450,"ignore_eos":true,"stream":true}`, i))
 	}
@@ -125,7 +125,7 @@ func TestSimPricedDeciderWeighsLoadAgainstRecompute(t *testing.T) {
 	post()
 	// The proxy's own count of the prompts it has open on the prefill,
 	// which the decider prices the prefill's queue by.
-	for metric(t, url, "tandem:proxy_backend_in_flight", `role="prefill"`) < 1 {
+	for testutil.Metric(t, url, "tandem:proxy_backend_in_flight", `role="prefill"`) < 1 {
 		select {
 		case a := <-first:
 			if a.status != http.StatusOK || a.pd == "remote" {
@@ -167,7 +167,7 @@ func stream(ctx context.Context, url, body string) {
 func waitMetric(t *testing.T, url, name string, want float64) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for metric(t, url, name, "") < want {
+	for testutil.Metric(t, url, name, "") < want {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s never reported %s ≥ %v", url, name, want)
 		}

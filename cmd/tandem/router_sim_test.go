@@ -9,6 +9,7 @@ import (
 
 	"github.com/tandem-serve/tandem/internal/proxy"
 	"github.com/tandem-serve/tandem/internal/router/factory"
+	"github.com/tandem-serve/tandem/internal/testutil"
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
@@ -83,7 +84,7 @@ func runSharedPrefix(t *testing.T, policy, decider string, decodes int) sharedPr
 	// they stop moving.
 	read := func() (h, q float64, each []string) {
 		for _, d := range decs {
-			dh, dq := metric(t, d, "vllm:prefix_cache_hits", ""), metric(t, d, "vllm:prefix_cache_queries", "")
+			dh, dq := testutil.Metric(t, d, "vllm:prefix_cache_hits", ""), testutil.Metric(t, d, "vllm:prefix_cache_queries", "")
 			h, q = h+dh, q+dq
 			each = append(each, fmt.Sprintf("%.0f/%.0f", dh, dq))
 		}

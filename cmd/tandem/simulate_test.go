@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +18,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/proxy"
 	"github.com/tandem-serve/tandem/internal/server/servertest"
 	"github.com/tandem-serve/tandem/internal/sim"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // simArgs are the flags of the simulated engines in these tests: fast
@@ -120,33 +120,8 @@ func ask(t *testing.T, url, path, body string) simAnswer {
 	return a
 }
 
-// metric reads the first sample of name whose line contains label from an
-// engine's /metrics.
-func metric(t *testing.T, url, name, label string) float64 {
-	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if (strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ")) && strings.Contains(line, label) {
-			f := strings.Fields(line)
-			v, err := strconv.ParseFloat(f[len(f)-1], 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return v
-		}
-	}
-	t.Fatalf("%s has no metric %s{%s}", url, name, label)
-	return 0
-}
-
 func external(t *testing.T, dec string) float64 {
-	return metric(t, dec, "vllm:prompt_tokens_by_source", `source="external_kv_transfer"`)
+	return testutil.Metric(t, dec, "vllm:prompt_tokens_by_source", `source="external_kv_transfer"`)
 }
 
 // idPrompt is n token ids of the stories260K vocabulary, from a stream
@@ -273,7 +248,7 @@ func TestSimulatedCorruptBlock(t *testing.T) {
 				if got.status != http.StatusOK || got.text != want.text {
 					t.Errorf("answer %d %q %s, want the colocated %q", got.status, got.text, got.body, want.text)
 				}
-				if local := metric(t, dec, "vllm:prompt_tokens_by_source", `source="local_compute"`); local < 2 {
+				if local := testutil.Metric(t, dec, "vllm:prompt_tokens_by_source", `source="local_compute"`); local < 2 {
 					t.Errorf("the decode computed %v prompt tokens, want the corrupted block's recomputed", local)
 				}
 			}

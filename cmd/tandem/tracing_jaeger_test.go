@@ -4,10 +4,10 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
-	"os"
 	"testing"
 
 	"github.com/tandem-serve/tandem/internal/jaegertest"
+	"github.com/tandem-serve/tandem/internal/testutil"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 )
@@ -19,8 +19,8 @@ import (
 // bash scripts/jaeger-binary.sh (or $TANDEM_JAEGER); without it the test
 // skips, and fails under TANDEM_REQUIRE_TESTDATA.
 func TestTracesInJaeger(t *testing.T) {
-	if _, err := jaegertest.Binary(); err != nil && os.Getenv("TANDEM_REQUIRE_TESTDATA") == "" {
-		t.Skip(err)
+	if _, err := jaegertest.Binary(); err != nil {
+		testutil.Missing(t, err.Error())
 	}
 	j := jaegertest.Start(t)
 	traceOf := func(id string) []*tracepb.Span {

@@ -11,7 +11,6 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,6 +27,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/tandem-serve/tandem/internal/kubetest"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -112,7 +112,7 @@ func TestOverlaysPassServerDryRun(t *testing.T) {
 			if n, want := strings.Count(string(out), "(server dry run)"), len(r.objects); n != want {
 				t.Errorf("%d objects accepted, want %d", n, want)
 			}
-			for _, line := range strings.Split(string(out), "\n") {
+			for line := range strings.SplitSeq(string(out), "\n") {
 				if strings.HasPrefix(line, "Warning:") {
 					t.Errorf("API server warning: %s", line)
 				}
@@ -160,7 +160,7 @@ func TestBrokenOverlaysAreRefused(t *testing.T) {
 }
 
 func firstLineWith(s, sub string) string {
-	for _, l := range strings.Split(s, "\n") {
+	for l := range strings.SplitSeq(s, "\n") {
 		if strings.Contains(l, sub) {
 			return l
 		}
@@ -1013,7 +1013,7 @@ current-context: test
 			if err := os.WriteFile(kubeconfig, []byte(kc), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			port := freePort(t)
+			port := testutil.FreePort(t)
 			var args []string
 			for _, a := range c.Args {
 				args = append(args, r.resolve(t, c, a))
@@ -1102,7 +1102,7 @@ func TestProbesAgainstTheEngine(t *testing.T) {
 		t.Run(role, func(t *testing.T) {
 			d := r.deployment(t, "tandem-"+role)
 			c := d.Template.Spec.Containers[0]
-			port, kvPort := freePort(t), freePort(t)
+			port, kvPort := testutil.FreePort(t), testutil.FreePort(t)
 			var args []string
 			for _, a := range c.Args {
 				args = append(args, r.resolve(t, c, a))
@@ -1182,17 +1182,6 @@ func hasPrefix(m map[string]float64, prefix string) bool {
 	return false
 }
 
-// freePort returns a TCP port free on 127.0.0.1 a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // scrape reads a Prometheus text page into series → value (nil on error).
 func scrape(url string) map[string]float64 {
 	resp, err := http.Get(url)
@@ -1205,7 +1194,7 @@ func scrape(url string) map[string]float64 {
 		return nil
 	}
 	m := map[string]float64{}
-	for _, line := range strings.Split(string(b), "\n") {
+	for line := range strings.SplitSeq(string(b), "\n") {
 		if line == "" || line[0] == '#' {
 			continue
 		}
@@ -1280,7 +1269,7 @@ func TestSecretsStayOutOfGit(t *testing.T) {
 					t.Errorf("%s: no %s.example saying how to make %s: %v", overlay, f, f, err)
 					continue
 				}
-				for _, line := range strings.Split(string(ex), "\n") {
+				for line := range strings.SplitSeq(string(ex), "\n") {
 					if v, ok := strings.CutPrefix(line, "kv-secret="); ok && len(strings.TrimSpace(v)) >= 16 {
 						t.Errorf("%s: the example's kv-secret %q would be accepted (≥ 16 bytes): an unedited copy would run with a known secret", overlay, v)
 					}

@@ -11,6 +11,25 @@ import (
 // to count as sustained: DistServe's 90%.
 const DefaultGoal = 0.9
 
+// Bound says where a measured goodput rate's true value lies, relative to
+// the rates tried (Capacity.GoodputRate and FirstMiss).
+type Bound string
+
+const (
+	// BoundBetween: in [GoodputRate, FirstMiss).
+	BoundBetween Bound = "between"
+	// BoundAtLeast: every rate met the goal; the true one is GoodputRate
+	// or higher.
+	BoundAtLeast Bound = "at least"
+	// BoundBelow: even the lowest rate, FirstMiss, missed the goal.
+	BoundBelow Bound = "below"
+	// BoundSearch: a rate search's bisection bracketed it in
+	// [GoodputRate, FirstMiss).
+	BoundSearch Bound = "search"
+	// BoundNone: no rate levels (closed loops only).
+	BoundNone Bound = "none"
+)
+
 // Capacity is what one target sustained over a run's arrival rates: its
 // goodput rate (the highest rate at which Goal of the requests met the SLO)
 // and the throughput of every level.
@@ -27,15 +46,8 @@ type Capacity struct {
 	// It equals GoodputRate when no rate missed, and is the lowest rate
 	// when even that one missed.
 	Interpolated float64 `json:"goodput_rate_interpolated"`
-	// Bound says where the true goodput rate lies:
-	//   "between": in [GoodputRate, FirstMiss);
-	//   "at least": every rate met the goal, the true one is GoodputRate
-	//     or higher;
-	//   "below": even the lowest rate, FirstMiss, missed the goal;
-	//   "search": a rate search's bisection bracketed it in
-	//     [GoodputRate, FirstMiss);
-	//   "none": no rate levels (closed loops only).
-	Bound string `json:"bound"`
+	// Bound says where the true goodput rate lies.
+	Bound Bound `json:"bound"`
 	// FirstMiss is the lowest tested rate that missed the goal, 0 if none.
 	FirstMiss float64 `json:"first_miss,omitempty"`
 	// NonMonotone says that a rate above the first miss met the goal again
@@ -59,13 +71,13 @@ func (c Capacity) String() string {
 	goal := fmt.Sprintf("%.0f%%", 100*c.Goal)
 	var rate string
 	switch c.Bound {
-	case "none":
+	case BoundNone:
 		rate = "goodput rate: no rate levels"
-	case "below":
+	case BoundBelow:
 		rate = fmt.Sprintf("goodput rate < %.3g req/s (the lowest tested rate missed %s)", c.FirstMiss, goal)
-	case "at least":
+	case BoundAtLeast:
 		rate = fmt.Sprintf("goodput rate ≥ %.3g req/s (every tested rate met %s)", c.GoodputRate, goal)
-	case "search":
+	case BoundSearch:
 		rate = fmt.Sprintf("goodput rate %.3g req/s (rate search for %s; %.3g missed)", c.GoodputRate, goal, c.FirstMiss)
 	default:
 		rate = fmt.Sprintf("goodput rate %.3g req/s (the highest tested rate meeting %s; %.3g missed; linear estimate %.3g)", c.GoodputRate, goal, c.FirstMiss, c.Interpolated)
@@ -136,7 +148,7 @@ func (r *Result) point() SearchPoint {
 
 // fill sets the goodput rate fields from points sorted by rate.
 func (c *Capacity) fill(points []SearchPoint, goal float64) {
-	c.Bound = "none"
+	c.Bound = BoundNone
 	if len(points) == 0 {
 		return
 	}
@@ -144,12 +156,12 @@ func (c *Capacity) fill(points []SearchPoint, goal float64) {
 	switch miss {
 	case -1:
 		last := points[len(points)-1].Rate
-		c.GoodputRate, c.Interpolated, c.Bound = last, last, "at least"
+		c.GoodputRate, c.Interpolated, c.Bound = last, last, BoundAtLeast
 	case 0:
-		c.Interpolated, c.FirstMiss, c.Bound = points[0].Rate, points[0].Rate, "below"
+		c.Interpolated, c.FirstMiss, c.Bound = points[0].Rate, points[0].Rate, BoundBelow
 	default:
 		a, b := points[miss-1], points[miss]
-		c.GoodputRate, c.FirstMiss, c.Bound = a.Rate, b.Rate, "between"
+		c.GoodputRate, c.FirstMiss, c.Bound = a.Rate, b.Rate, BoundBetween
 		c.Interpolated = a.Rate + (a.Attainment-goal)/(a.Attainment-b.Attainment)*(b.Rate-a.Rate)
 	}
 	if miss >= 0 {
@@ -160,7 +172,7 @@ func (c *Capacity) fill(points []SearchPoint, goal float64) {
 // GoodputRate reads the goodput rate off measured points sorted by rate:
 // the highest rate meeting goal below the first that misses, and the
 // linear estimate between the two. See Capacity.Bound for the bounds.
-func GoodputRate(points []SearchPoint, goal float64) (rate, interpolated float64, bound string, nonMonotone bool) {
+func GoodputRate(points []SearchPoint, goal float64) (rate, interpolated float64, bound Bound, nonMonotone bool) {
 	var c Capacity
 	c.fill(points, goal)
 	return c.GoodputRate, c.Interpolated, c.Bound, c.NonMonotone

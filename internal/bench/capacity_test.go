@@ -21,7 +21,7 @@ func TestGoodputRateByHand(t *testing.T) {
 		name         string
 		points       []SearchPoint
 		rate, interp float64
-		bound        string
+		bound        Bound
 		nonMonotone  bool
 	}{
 		// 1.0 at 100%, 2.0 at 80%: 1.0 is the highest that met; 90% is half way, 1.5 req/s.

@@ -76,10 +76,9 @@ type RatioPoint struct {
 	// in [Measured, FirstMiss).
 	Measured  float64 `json:"measured_rps"`
 	FirstMiss float64 `json:"first_miss_rps,omitempty"`
-	// Bound is how Measured bounds the goodput rate, as Capacity.Bound
-	// says it: "search", "at least" (every rate up to the search's top met
-	// the goal) or "below" (even the lowest rate missed).
-	Bound  string        `json:"bound"`
+	// Bound is how Measured bounds the goodput rate
+	// (SearchResult.Bound).
+	Bound  Bound         `json:"bound"`
 	Points []SearchPoint `json:"points"`
 	// Misses splits the requests of the first rate that missed by why:
 	// the SLO each missed, or failure.
@@ -238,9 +237,9 @@ func WriteRatioChecks(w io.Writer, checks []RatioCheck, scale float64) {
 			}
 			var meas string
 			switch s.Bound {
-			case "below":
+			case BoundBelow:
 				meas = "< " + r(s.FirstMiss)
-			case "at least":
+			case BoundAtLeast:
 				meas = "≥ " + r(s.Measured)
 			default:
 				meas = fmt.Sprintf("%s (%s missed)", r(s.Measured), r(s.FirstMiss))

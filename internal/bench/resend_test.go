@@ -33,19 +33,16 @@ func newIdleClosingServer(t *testing.T, partial bool) *idleClosingServer {
 		t.Fatal(err)
 	}
 	s := &idleClosingServer{ln: ln, partial: partial}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
+	s.wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
 			s.conns.Add(1)
-			s.wg.Add(1)
-			go func() { defer s.wg.Done(); s.serve(c) }()
+			s.wg.Go(func() { s.serve(c) })
 		}
-	}()
+	})
 	t.Cleanup(func() { _ = ln.Close(); s.wg.Wait() })
 	return s
 }

@@ -62,6 +62,19 @@ type SearchResult struct {
 	Results   []*Result     `json:"-"`
 }
 
+// Bound is how MaxRate bounds the goodput rate: BoundBelow when even the
+// lowest rate tried missed, BoundAtLeast when every rate up to the search's
+// top met the goal, else BoundSearch.
+func (sr SearchResult) Bound() Bound {
+	switch {
+	case sr.MaxRate == 0:
+		return BoundBelow
+	case sr.FirstMiss == 0:
+		return BoundAtLeast
+	}
+	return BoundSearch
+}
+
 // SearchRate finds, for each target of p, the highest Poisson rate at which
 // at least cfg.Target of the requests meet p.SLO. Each rate tried runs p's
 // workload once (all rounds), so a search costs a few full runs. Rates are
@@ -162,7 +175,7 @@ func burstinessOf(p *Plan) float64 {
 // SearchSuite is a rate search for goal (SearchConfig.Target) as a Suite,
 // for the table and the JSON of a plain run: every rate tried is a result (by target, in rate order), and
 // each target's Capacity has the search's answer as its goodput rate
-// (Bound "search", or "below" / "at least" when the search ran off its
+// (BoundSearch, or BoundBelow / BoundAtLeast when the search ran off its
 // range), with the throughput of every rate tried.
 func SearchSuite(p *Plan, goal float64, res []SearchResult) *Suite {
 	s := &Suite{Plan: p, Search: res}
@@ -178,15 +191,7 @@ func SearchSuite(p *Plan, goal float64, res []SearchResult) *Suite {
 			if sr.Target != c.Target {
 				continue
 			}
-			c.GoodputRate, c.FirstMiss = sr.MaxRate, sr.FirstMiss
-			switch {
-			case sr.MaxRate == 0:
-				c.Bound = "below"
-			case sr.FirstMiss == 0:
-				c.Bound = "at least"
-			default:
-				c.Bound = "search"
-			}
+			c.GoodputRate, c.FirstMiss, c.Bound = sr.MaxRate, sr.FirstMiss, sr.Bound()
 		}
 	}
 	return s

@@ -92,7 +92,7 @@ func capacitiesUnder(s *Suite, slo SLO, goal float64) []Capacity {
 // when even the lowest tested rate missed the goal.
 func goodputEstimate(c Capacity) float64 {
 	switch c.Bound {
-	case "between", "at least", "search":
+	case BoundBetween, BoundAtLeast, BoundSearch:
 		return c.Interpolated
 	}
 	return 0
@@ -120,11 +120,11 @@ func bestTargets(cs []Capacity) []string {
 // "≥0.3" (every tested rate met the goal) or "<0.1" (none did).
 func shortRate(c Capacity) string {
 	switch c.Bound {
-	case "below":
+	case BoundBelow:
 		return fmt.Sprintf("<%.3g", c.FirstMiss)
-	case "at least":
+	case BoundAtLeast:
 		return fmt.Sprintf("≥%.3g", c.GoodputRate)
-	case "none":
+	case BoundNone:
 		return "-"
 	}
 	return fmt.Sprintf("%.3g", c.Interpolated)

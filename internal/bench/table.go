@@ -78,7 +78,7 @@ func WriteTable(w io.Writer, s *Suite) error {
 	}
 	header := false
 	for _, c := range s.Capacity {
-		if c.Bound == "none" {
+		if c.Bound == BoundNone {
 			continue
 		}
 		if !header {

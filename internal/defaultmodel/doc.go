@@ -8,8 +8,8 @@
 // correctly.
 //
 // The files are those of the Hugging Face layout in the shared test models
-// (../shared/models/stories260K/hf), byte for byte, plus one of ours,
-// chat_template.jinja. The engines load models from a directory, so Install
+// (stories260K/hf, where package testmodels finds it), byte for byte, plus
+// one of ours, chat_template.jinja. The engines load models from a directory, so Install
 // writes the files once into the user's cache (beside where `tandem up` used
 // to make its random-weight model) and returns that directory.
 //

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/testmodels"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // Timings of the contract cluster. The lease is long enough that a
@@ -62,7 +63,7 @@ func startProxyProc(t *testing.T, name string, port int, args []string) *proxyPr
 	for attempt := 1; ; attempt++ {
 		p := port
 		if p == 0 {
-			p = freePort(t)
+			p = testutil.FreePort(t)
 		}
 		pp := &proxyProc{name: name, port: p, args: args}
 		pp.proc = startProc(t, name, append([]string{"proxy", "--host", "127.0.0.1", "--port", strconv.Itoa(p)}, args...)...)

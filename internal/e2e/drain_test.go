@@ -92,7 +92,7 @@ func drainLine(t *testing.T, e *engine) string {
 }
 
 func findDrainLine(e *engine) string {
-	for _, l := range strings.Split(e.out.String(), "\n") {
+	for l := range strings.SplitSeq(e.out.String(), "\n") {
 		if strings.Contains(l, "msg=\"draining") {
 			return l
 		}

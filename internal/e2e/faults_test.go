@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
@@ -87,9 +88,7 @@ func TestPrefillFailures(t *testing.T) {
 		want, _ := generate(t, ref.url, "/v1/completions", body)
 		// The proxy's prefill leg, by hand, so the kill falls between legs.
 		leg := map[string]any{}
-		for k, v := range body {
-			leg[k] = v
-		}
+		maps.Copy(leg, body)
 		leg["max_tokens"] = 1
 		leg["kv_transfer_params"] = map[string]any{"do_remote_decode": true}
 		r := postJSON(t, prefill.url+"/v1/completions", leg)
@@ -102,9 +101,7 @@ func TestPrefillFailures(t *testing.T) {
 		prefill.kill(t)
 
 		decodeBody := map[string]any{}
-		for k, v := range body {
-			decodeBody[k] = v
-		}
+		maps.Copy(decodeBody, body)
 		decodeBody["kv_transfer_params"] = pr.KVTransferParams
 
 		before := failures(t, decode)

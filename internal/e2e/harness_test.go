@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // Limits on waiting. Every wait in this package is a poll with a deadline;
@@ -100,24 +101,6 @@ func requirePD(t *testing.T, bin string, more ...string) {
 	}
 }
 
-// logBuffer collects a process's output for printing when a test fails.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // tail is the last max bytes of s, cut at a line start.
 func tail(s string, max int) string {
 	if len(s) <= max {
@@ -134,7 +117,7 @@ func tail(s string, max int) string {
 type proc struct {
 	name string
 	cmd  *exec.Cmd
-	out  *logBuffer // stdout and stderr
+	out  *testutil.SyncBuffer // stdout and stderr
 	done chan struct{}
 	err  error // Wait's result, set before done closes
 }
@@ -154,7 +137,7 @@ func startProc(t *testing.T, name string, args ...string) *proc {
 // secret into another's.
 func startProcEnv(t *testing.T, name string, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, out: &logBuffer{}, done: make(chan struct{})}
+	p := &proc{name: name, out: &testutil.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(tandem(t), args...)
 	if len(env) > 0 {
 		// exec uses the last value of a duplicated key.
@@ -206,7 +189,7 @@ func (p *proc) exited() bool {
 }
 
 // errPortClash marks a process that could not bind the port it was given
-// (another process took it between freePort and the bind).
+// (another process took it between testutil.FreePort and the bind).
 var errPortClash = errors.New("port clash")
 
 // waitHealthy polls url+"/health" until it answers 200, p exits or
@@ -241,20 +224,6 @@ func waitHealthy(p *proc, url string) error {
 	}
 }
 
-// freePort asks the kernel for a free TCP port on the loopback interface.
-// The port is free when freePort returns; a process that loses it to
-// someone else before binding exits with "address already in use", and the
-// starters below retry with new ports.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // engine is one `tandem serve` process.
 type engine struct {
 	*proc
@@ -285,10 +254,10 @@ func startEngine(t *testing.T, s engineSpec) *engine {
 	for attempt := 1; ; attempt++ {
 		port, kvPort := s.port, s.kvPort
 		if port == 0 {
-			port = freePort(t)
+			port = testutil.FreePort(t)
 		}
 		if kvPort == 0 {
-			kvPort = freePort(t)
+			kvPort = testutil.FreePort(t)
 		}
 		p := startProcEnv(t, s.name, s.env, engineArgs(s, port, kvPort)...)
 		url := "http://127.0.0.1:" + strconv.Itoa(port)
@@ -324,7 +293,7 @@ func startEngines(t *testing.T, specs ...engineSpec) []*engine {
 	t.Helper()
 	out := make([]*engine, len(specs))
 	for i, s := range specs {
-		port, kvPort := freePort(t), freePort(t)
+		port, kvPort := testutil.FreePort(t), testutil.FreePort(t)
 		out[i] = &engine{proc: startProcEnv(t, s.name, s.env, engineArgs(s, port, kvPort)...), spec: s,
 			url: "http://127.0.0.1:" + strconv.Itoa(port), kvPort: kvPort}
 	}
@@ -366,7 +335,7 @@ func startProxy(t *testing.T, name string, prefill, decode []*engine, args ...st
 		return strings.Join(s, ",")
 	}
 	for attempt := 1; ; attempt++ {
-		port := freePort(t)
+		port := testutil.FreePort(t)
 		p := startProc(t, name, append([]string{"proxy", "--prefill", urls(prefill), "--decode", urls(decode),
 			"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--health-interval", "200ms", "--timeout", "30s",
 			"--policy", "round-robin", "--pd-decider", "always"}, args...)...) // the P/D path these tests check; args may override
@@ -445,7 +414,7 @@ func tryScrape(url string) (metrics, error) {
 		return nil, fmt.Errorf("GET %s/metrics: %s", url, resp.Status)
 	}
 	m := metrics{}
-	for _, line := range strings.Split(string(b), "\n") {
+	for line := range strings.SplitSeq(string(b), "\n") {
 		if line == "" || line[0] == '#' {
 			continue
 		}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"sort"
 	"strings"
@@ -304,9 +305,7 @@ func completionBody(prompt any, s sampling, stream bool) map[string]any {
 	if stream {
 		body["stream_options"] = map[string]any{"include_usage": true}
 	}
-	for k, v := range s.fields {
-		body[k] = v
-	}
+	maps.Copy(body, s.fields)
 	return body
 }
 
@@ -317,9 +316,7 @@ func chatBody(messages []map[string]any, s sampling, stream bool) map[string]any
 	if stream {
 		body["stream_options"] = map[string]any{"include_usage": true}
 	}
-	for k, v := range s.fields {
-		body[k] = v
-	}
+	maps.Copy(body, s.fields)
 	return body
 }
 

@@ -311,7 +311,7 @@ func deltaOf(before, after metrics) prefillDelta {
 			if n != name {
 				continue
 			}
-			for _, l := range strings.Split(strings.TrimSuffix(ls, "}"), ",") {
+			for l := range strings.SplitSeq(strings.TrimSuffix(ls, "}"), ",") {
 				if v, ok := strings.CutPrefix(l, label+`="`); ok {
 					v = strings.TrimSuffix(v, `"`)
 					out[v] = diff(name, label+`="`+v+`"`)
@@ -363,7 +363,7 @@ func startConvProxy(t *testing.T, name string, prefill, decode []*engine, args .
 		return strings.Join(s, ",")
 	}
 	for attempt := 1; ; attempt++ {
-		port := freePort(t)
+		port := testutil.FreePort(t)
 		p := startProc(t, name, append([]string{"proxy", "--prefill", urls(prefill), "--decode", urls(decode),
 			"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--health-interval", "200ms", "--timeout", "30s",
 			"--policy", "round-robin", "--pd-decider", "always"}, args...)...) // the P/D path these tests check; args may override

@@ -149,7 +149,7 @@ func parseResponse(body []byte) (generation, error) {
 func parseStream(body []byte) (generation, error) {
 	var g generation
 	done := false
-	for _, line := range strings.Split(string(body), "\n") {
+	for line := range strings.SplitSeq(string(body), "\n") {
 		line = strings.TrimRight(line, "\r")
 		data, ok := strings.CutPrefix(line, "data: ")
 		if !ok {

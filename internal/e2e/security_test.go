@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"regexp"
@@ -143,9 +144,7 @@ func prefillLeg(t *testing.T, prefill *engine, body map[string]any) map[string]a
 // they do not edit nested values).
 func clone(m map[string]any) map[string]any {
 	c := make(map[string]any, len(m))
-	for k, v := range m {
-		c[k] = v
-	}
+	maps.Copy(c, m)
 	return c
 }
 
@@ -653,9 +652,7 @@ func TestSideChannelAbuse(t *testing.T) {
 	)
 	next.Store(1)
 	for range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for {
 				select {
 				case <-stop:
@@ -694,7 +691,7 @@ func TestSideChannelAbuse(t *testing.T) {
 					served.Add(1)
 				}
 			}
-		}()
+		})
 	}
 	abuseStart := time.Now()
 

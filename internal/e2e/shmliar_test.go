@@ -336,20 +336,20 @@ func fileID(path string) (dev, ino uint64, err error) {
 
 // poolFor makes a real, sealed pool memfd in the test process with the
 // decode's KV geometry (what an honest prefill of the same model has).
-func (lr *liar) poolFor(consumer wireInfo, blocks int) (*kvcache.Memory, error) {
+func (l *liar) poolFor(consumer wireInfo, blocks int) (*kvcache.Memory, error) {
 	dt, _, err := kvlayout.ParseElemType(consumer.KVDType)
 	if err != nil {
 		return nil, err
 	}
-	l := kvlayout.Layout{BlockSize: int(consumer.BlockSize), Layers: int(consumer.Layers), KVHeads: int(consumer.KVHeads), HeadDim: int(consumer.HeadDim), DType: dt}
-	if l.BlockBytes() != int(consumer.BlockBytes) {
-		return nil, fmt.Errorf("layout %+v has %d-byte blocks, the decode announces %d", l, l.BlockBytes(), consumer.BlockBytes)
+	layout := kvlayout.Layout{BlockSize: int(consumer.BlockSize), Layers: int(consumer.Layers), KVHeads: int(consumer.KVHeads), HeadDim: int(consumer.HeadDim), DType: dt}
+	if layout.BlockBytes() != int(consumer.BlockBytes) {
+		return nil, fmt.Errorf("layout %+v has %d-byte blocks, the decode announces %d", layout, layout.BlockBytes(), consumer.BlockBytes)
 	}
-	m, err := kvcache.NewMemory("", l, blocks)
+	m, err := kvcache.NewMemory("", layout, blocks)
 	if err != nil {
 		return nil, err
 	}
-	lr.keep(m)
+	l.keep(m)
 	return m, nil
 }
 

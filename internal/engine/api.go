@@ -24,11 +24,17 @@ type Request struct {
 type FinishReason string
 
 const (
-	FinishNone   FinishReason = ""
-	FinishStop   FinishReason = "stop"
+	// FinishNone marks an Event of a request still running.
+	FinishNone FinishReason = ""
+	// FinishStop: EOS, a stop token or a stop string.
+	FinishStop FinishReason = "stop"
+	// FinishLength: the output reached its maximum length.
 	FinishLength FinishReason = "length"
-	FinishAbort  FinishReason = "abort"
-	FinishError  FinishReason = "error"
+	// FinishAbort: the request was aborted (Abort, or the engine shut
+	// down before it finished).
+	FinishAbort FinishReason = "abort"
+	// FinishError: the request failed; Event.Err says why.
+	FinishError FinishReason = "error"
 )
 
 // TopLogprob is one alternative token and its log-probability.

@@ -106,9 +106,7 @@ func benchStreams(b *testing.B, m *model.Model, tok *tokenizer.Tokenizer, n int,
 			if err != nil {
 				b.Fatal(err)
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				got, first, cpu := 0, time.Time{}, time.Duration(0)
 				for ev := range h.Events {
 					if got == 0 && len(ev.Tokens) > 0 {
@@ -122,7 +120,7 @@ func benchStreams(b *testing.B, m *model.Model, tok *tokenizer.Tokenizer, n int,
 					firstAll, firstCPU = first, cpu
 				}
 				mu.Unlock()
-			}()
+			})
 		}
 		wg.Wait()
 		// Decode time: from the moment every stream has its first

@@ -1,33 +1,14 @@
 package engine
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/tandem-serve/tandem/internal/logid"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
-
-// syncBuffer is a log destination safe for the engine loop's goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestFinishLogNamesTheInternalIDByTagAtInfo: the internal id (what a KV
 // hold is keyed by) appears in the "request finished" line only as a tag
@@ -40,7 +21,7 @@ func TestFinishLogNamesTheInternalIDByTagAtInfo(t *testing.T) {
 	}{{slog.LevelInfo, false}, {slog.LevelDebug, true}} {
 		t.Run(tc.level.String(), func(t *testing.T) {
 			m, tok, _ := load(t)
-			var out syncBuffer
+			var out testutil.SyncBuffer
 			e, err := New(Config{Model: m, Tokenizer: tok, NumBlocks: 64, KVDir: t.TempDir(),
 				Logger: slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: tc.level}))})
 			if err != nil {
@@ -56,7 +37,7 @@ func TestFinishLogNamesTheInternalIDByTagAtInfo(t *testing.T) {
 				t.Fatal(err)
 			}
 			var line string
-			for _, l := range strings.Split(out.String(), "\n") {
+			for l := range strings.SplitSeq(out.String(), "\n") {
 				if strings.Contains(l, `msg="request finished"`) {
 					line = l
 				}

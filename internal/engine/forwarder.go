@@ -20,11 +20,20 @@ type Forwarder interface {
 	// Forward is model.Model.Forward. An error that is a model.SeqErrors
 	// fails only the sequences it names; any other error fails the batch.
 	Forward(seqs []model.Seq, pool []byte, layout kvlayout.Layout) ([][]float32, error)
+	// VocabSize is the number of logits per token.
 	VocabSize() int
+	// MaxModelLen is the number of positions a sequence may use.
 	MaxModelLen() int
+	// KVLayout is the KV pool's layout with blockSize slots a block and
+	// the model's default element type.
 	KVLayout(blockSize int) kvlayout.Layout
+	// KVLayoutOf is KVLayout with the element type dt.
 	KVLayoutOf(blockSize int, dt kvlayout.ElemType) kvlayout.Layout
+	// Fingerprint names the weights: engines that agree on it compute
+	// the same KV for the same tokens (prefix-cache keys, the P/D
+	// handshake).
 	Fingerprint() string
+	// GenerationConfig is the model's sampling defaults.
 	GenerationConfig() model.GenerationConfig
 	// Pool runs the step's sampling in parallel.
 	Pool() *tensor.Pool

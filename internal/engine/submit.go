@@ -188,8 +188,7 @@ func (e *Engine) validate(r *Request) (int, error) {
 	p := r.Params
 	p.MaxTokens = maxTokens
 	if err := sample.Validate(&p, vocab); err != nil {
-		var pe *sample.ParamError
-		if errors.As(err, &pe) {
+		if pe, ok := errors.AsType[*sample.ParamError](err); ok {
 			return 0, &InvalidRequestError{Message: pe.Message, Param: pe.Param}
 		}
 		return 0, &InvalidRequestError{Message: err.Error()}

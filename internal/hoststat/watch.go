@@ -86,9 +86,7 @@ type Watch struct {
 func StartWatch(period time.Duration, selfName string) *Watch {
 	h := &Watch{selfName: selfName, done: make(chan struct{})}
 	h.prev = h.read()
-	h.wg.Add(1)
-	go func() {
-		defer h.wg.Done()
+	h.wg.Go(func() {
 		tk := time.NewTicker(period)
 		defer tk.Stop()
 		for {
@@ -101,7 +99,7 @@ func StartWatch(period time.Duration, selfName string) *Watch {
 				return
 			}
 		}
-	}()
+	})
 	return h
 }
 

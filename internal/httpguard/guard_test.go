@@ -41,8 +41,7 @@ func guarded(t *testing.T) *httptest.Server {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, err := io.ReadAll(r.Body)
 		if err != nil {
-			var bad *InvalidUTF8Error
-			if !errors.As(err, &bad) {
+			if _, ok := errors.AsType[*InvalidUTF8Error](err); !ok {
 				t.Errorf("read error %T %v, want *InvalidUTF8Error", err, err)
 			}
 			apierror.WriteError(w, apierror.BadRequest("", "reading request body: %v", err))

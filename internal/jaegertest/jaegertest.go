@@ -39,7 +39,7 @@ func Binary() (string, error) {
 	}
 	cache, err := os.UserCacheDir()
 	if err != nil {
-		return "", fmt.Errorf("jaegertest: no cache directory (%v); run bash %s and set TANDEM_JAEGER to the path it prints", err, Script)
+		return "", fmt.Errorf("jaegertest: no cache directory (%w); run bash %s and set TANDEM_JAEGER to the path it prints", err, Script)
 	}
 	p := filepath.Join(cache, "tandem", "jaeger", Version, "bin", "jaeger")
 	if fi, err := os.Stat(p); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
@@ -67,10 +67,7 @@ func Start(t testing.TB) *Jaeger {
 	t.Helper()
 	bin, err := Binary()
 	if err != nil {
-		if os.Getenv("TANDEM_REQUIRE_TESTDATA") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
+		testutil.Missing(t, err.Error())
 	}
 	ports, err := testutil.FreePorts(3)
 	if err != nil {
@@ -87,17 +84,7 @@ func Start(t testing.TB) *Jaeger {
 	j := &Jaeger{OTLP: "http://" + otlp, Query: "http://" + query, Log: filepath.Join(dir, "jaeger.log")}
 	cmd := exec.Command(bin, "--config", "file:"+conf)
 	exited := testutil.StartLogged(t, cmd, j.Log)
-	deadline := time.Now().Add(60 * time.Second)
-	for !j.ready() {
-		select {
-		case err := <-exited:
-			t.Fatalf("jaegertest: jaeger exited before it was ready (%v):\n%s", err, j.tail())
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("jaegertest: jaeger not ready after 60 s:\n%s", j.tail())
-		}
-	}
+	testutil.WaitStarted(t, "jaegertest: jaeger", exited, j.Log, 60*time.Second, j.ready)
 	return j
 }
 
@@ -157,15 +144,6 @@ func (j *Jaeger) ready() bool {
 	}
 	resp.Body.Close()
 	return resp.StatusCode < 500
-}
-
-// tail is the end of Jaeger's log.
-func (j *Jaeger) tail() string {
-	b, _ := os.ReadFile(j.Log)
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
 }
 
 // Span is one span as Jaeger's query API returns it.

@@ -7,7 +7,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 )
 
 // ep is an endpoint with the given conditions (nil: unset).
@@ -16,15 +15,15 @@ func ep(ready, terminating *bool, addrs ...string) discoveryv1.Endpoint {
 }
 
 func port(name string, n int32) discoveryv1.EndpointPort {
-	p := discoveryv1.EndpointPort{Port: ptr.To(n), Protocol: ptr.To(corev1.ProtocolTCP)}
+	p := discoveryv1.EndpointPort{Port: new(n), Protocol: new(corev1.ProtocolTCP)}
 	if name != "" {
-		p.Name = ptr.To(name)
+		p.Name = new(name)
 	}
 	return p
 }
 
 func TestEndpointURLs(t *testing.T) {
-	yes, no := ptr.To(true), ptr.To(false)
+	yes, no := new(true), new(false)
 	v4 := discoveryv1.AddressTypeIPv4
 	tests := []struct {
 		name     string
@@ -95,14 +94,14 @@ func TestEndpointURLs(t *testing.T) {
 		{
 			name:     "a UDP port of the name is not it",
 			typ:      v4,
-			ports:    []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(int32(8000)), Protocol: ptr.To(corev1.ProtocolUDP)}},
+			ports:    []discoveryv1.EndpointPort{{Name: new("http"), Port: new(int32(8000)), Protocol: new(corev1.ProtocolUDP)}},
 			eps:      []discoveryv1.Endpoint{ep(nil, nil, "198.18.0.1")},
 			portName: "http",
 		},
 		{
 			name:     "a port without a number (all ports) cannot be dialled",
 			typ:      v4,
-			ports:    []discoveryv1.EndpointPort{{Name: ptr.To("http")}},
+			ports:    []discoveryv1.EndpointPort{{Name: new("http")}},
 			eps:      []discoveryv1.Endpoint{ep(nil, nil, "198.18.0.1")},
 			portName: "http",
 		},

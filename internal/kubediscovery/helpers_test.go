@@ -1,7 +1,6 @@
 package kubediscovery
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -9,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"slices"
@@ -25,9 +25,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/utils/ptr"
 
 	"github.com/tandem-serve/tandem/internal/kubetest"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
@@ -188,9 +188,9 @@ type addr struct {
 }
 
 func ready(ip string) addr   { return addr{ip: ip} }
-func unready(ip string) addr { return addr{ip: ip, ready: ptr.To(false)} }
+func unready(ip string) addr { return addr{ip: ip, ready: new(false)} }
 func terminating(ip string) addr {
-	return addr{ip: ip, ready: ptr.To(true), terminating: ptr.To(true)}
+	return addr{ip: ip, ready: new(true), terminating: new(true)}
 }
 
 // slice is an EndpointSlice of service with port "http" 8000 (and
@@ -204,16 +204,14 @@ func slice(name, service string, extra map[string]string, addrs ...addr) *discov
 		ObjectMeta:  metav1.ObjectMeta{Name: name, Labels: map[string]string{}},
 		AddressType: typ,
 		Ports: []discoveryv1.EndpointPort{
-			{Name: ptr.To("metrics"), Port: ptr.To(int32(9000)), Protocol: ptr.To(corev1.ProtocolTCP)},
-			{Name: ptr.To("http"), Port: ptr.To(int32(8000)), Protocol: ptr.To(corev1.ProtocolTCP)},
+			{Name: new("metrics"), Port: new(int32(9000)), Protocol: new(corev1.ProtocolTCP)},
+			{Name: new("http"), Port: new(int32(8000)), Protocol: new(corev1.ProtocolTCP)},
 		},
 	}
 	if service != "" {
 		s.Labels[ServiceNameLabel] = service
 	}
-	for k, v := range extra {
-		s.Labels[k] = v
-	}
+	maps.Copy(s.Labels, extra)
 	for _, a := range addrs {
 		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
 			Addresses:  []string{a.ip},
@@ -267,28 +265,10 @@ func urls(ips ...string) []string {
 }
 
 // logBuffer is a slog handler's output that tests read.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
+type logBuffer struct{ testutil.SyncBuffer }
 
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.buf.String(), s)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
+// count is how many times s occurs in the log.
+func (l *logBuffer) count(s string) int { return strings.Count(l.String(), s) }
 
 // run starts a Watcher over cfg (Client, Namespace and Logger defaulted
 // from k) and stops it at the test's end; stop stops it earlier.

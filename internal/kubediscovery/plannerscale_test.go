@@ -26,24 +26,6 @@ import (
 	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
-// syncBuffer is a log sink the scalers and the test share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestPlannerScalesTheDeploymentsOnRealTraffic is the chain end to end, as
 // `tandem proxy --discovery kubernetes --slo-ttft ... --planner-scale`
 // wires it: the Watcher feeds a real proxy the engines of two
@@ -88,7 +70,7 @@ func TestPlannerScalesTheDeploymentsOnRealTraffic(t *testing.T) {
 		ips = append(ips, ip)
 	}
 
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(&logs, testWriter{t}), nil))
 	var scalers atomic.Pointer[[]*Scaler]
 	var decisions atomic.Int64

@@ -10,7 +10,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +18,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // Script is the repository-relative path of the script that builds the
@@ -52,7 +53,7 @@ func BinDir() (string, error) {
 	if dir == "" {
 		cache, err := os.UserCacheDir()
 		if err != nil {
-			return "", fmt.Errorf("kubetest: no cache directory (%v); run bash %s and set TANDEM_KUBE_BIN to the directory it prints", err, Script)
+			return "", fmt.Errorf("kubetest: no cache directory (%w); run bash %s and set TANDEM_KUBE_BIN to the directory it prints", err, Script)
 		}
 		dir = filepath.Join(cache, "tandem", "kube", "k8s-"+KubernetesVersion+"-etcd-"+EtcdVersion, "bin")
 		from = "the cache"
@@ -119,7 +120,7 @@ func Start(ctx context.Context, binDir, workDir string) (*ControlPlane, error) {
 	// between makes a process fail to bind, and then start-up is retried on
 	// fresh ports.
 	var lastErr error
-	for attempt := 0; attempt < 3; attempt++ {
+	for attempt := range 3 {
 		cp, err := start(ctx, binDir, workDir, pki, attempt)
 		if err == nil {
 			return cp, nil
@@ -135,7 +136,7 @@ func Start(ctx context.Context, binDir, workDir string) (*ControlPlane, error) {
 var errPortInUse = errors.New("a port was taken")
 
 func start(ctx context.Context, binDir, workDir string, pki *pkiFiles, attempt int) (_ *ControlPlane, err error) {
-	ports, err := freePorts(3)
+	ports, err := testutil.FreePorts(3)
 	if err != nil {
 		return nil, fmt.Errorf("kubetest: picking ports: %w", err)
 	}
@@ -261,9 +262,9 @@ func (cp *ControlPlane) waitReady(ctx context.Context) error {
 		}
 		select {
 		case <-cp.etcd.done:
-			return fmt.Errorf("etcd exited: %v", cp.etcd.err)
+			return fmt.Errorf("etcd exited: %w", cp.etcd.err)
 		case <-cp.apiserver.done:
-			return fmt.Errorf("kube-apiserver exited: %v", cp.apiserver.err)
+			return fmt.Errorf("kube-apiserver exited: %w", cp.apiserver.err)
 		case <-ctx.Done():
 			return fmt.Errorf("kube-apiserver not ready (%v); last /readyz: %s", context.Cause(ctx), last)
 		case <-tick.C:
@@ -347,26 +348,6 @@ func lastLines(s string, n int) string {
 		}
 	}
 	return strings.Join(lines, "\n")
-}
-
-// freePorts returns n distinct ports that were free on 127.0.0.1 a moment ago.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 func kubeconfig(server string, caPEM []byte, token string) string {

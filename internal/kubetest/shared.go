@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // startTimeout bounds the start of the shared control plane.
@@ -73,10 +75,7 @@ func Shared(t testing.TB) *ControlPlane {
 		}
 	})
 	if shared.missing != nil {
-		if os.Getenv("TANDEM_REQUIRE_TESTDATA") == "1" {
-			t.Fatalf("test data missing: %v (TANDEM_REQUIRE_TESTDATA=1)", shared.missing)
-		}
-		t.Skipf("test data missing: %v", shared.missing)
+		testutil.Missing(t, shared.missing.Error())
 	}
 	if shared.err != nil {
 		t.Fatalf("shared control plane: %v", shared.err)

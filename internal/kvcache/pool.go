@@ -54,10 +54,7 @@ func New(cfg Config) (*Pool, error) {
 	}
 	n := cfg.NumBlocks
 	if n == 0 && cfg.MemoryBytes > 0 {
-		n64 := cfg.MemoryBytes / int64(one.BlockBytes)
-		if n64 > maxBlocks {
-			n64 = maxBlocks
-		}
+		n64 := min(cfg.MemoryBytes/int64(one.BlockBytes), maxBlocks)
 		n = int(n64)
 		if n == 0 {
 			return nil, fmt.Errorf("kvcache: %d bytes of KV-cache memory hold no block of %d bytes: raise --kv-cache-memory or lower --block-size", cfg.MemoryBytes, one.BlockBytes)

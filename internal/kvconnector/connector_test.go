@@ -723,8 +723,7 @@ func TestRejectedDecodeLegFreesThePrefill(t *testing.T) {
 	kv := prefill(t, p, prompt, greedy(4))
 	// max_tokens beyond the context window: refused before admission.
 	_, err := d.e.Submit(t.Context(), &engine.Request{Prompt: prompt, Params: greedy(100000), KVTransfer: typed(t, kv)})
-	var ire *engine.InvalidRequestError
-	if !errors.As(err, &ire) {
+	if _, ok := errors.AsType[*engine.InvalidRequestError](err); !ok {
 		t.Fatalf("Submit = %v, want an InvalidRequestError", err)
 	}
 	p.waitIdle(t) // notified, not left to the lease

@@ -3,7 +3,6 @@ package kvconnector
 import (
 	"context"
 	"fmt"
-	"net"
 	"slices"
 	"testing"
 	"testing/synctest"
@@ -203,7 +202,7 @@ func TestMultiTurnRecomputesWhatItMustNotPull(t *testing.T) {
 		}
 	})
 	t.Run("a decode restarted with the same engine id and port: the stale peer is dropped", func(t *testing.T) {
-		port := freeLoopbackPort(t)
+		port := testutil.FreePort(t)
 		const id = "decode-restarted"
 		old := newPD(t, pdOpts{role: RoleDecode, bidirectional: true, engineID: id, port: port})
 		prompt1 := promptOf(943, 80)
@@ -250,17 +249,6 @@ func TestMultiTurnRecomputesWhatItMustNotPull(t *testing.T) {
 			t.Errorf("pulled %v history tokens from the restarted decode, want %d", got, len(prompt4)+len(out4)-1)
 		}
 	})
-}
-
-// freeLoopbackPort returns a TCP port free on 127.0.0.1 when it returns.
-func freeLoopbackPort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // TestMultiTurnExpiryGate ports vLLM's test_turn2_deadline_gate and

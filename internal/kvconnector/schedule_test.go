@@ -87,11 +87,9 @@ func TestBusyDecodeStartsAPullWithinOneStep(t *testing.T) {
 	var wg sync.WaitGroup
 	streams := make([]outcome, 16)
 	for i := range streams {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			streams[i] = run(t, d.e, &engine.Request{Prompt: promptOf(uint64(100+i), 8), Params: greedy(200)})
-		}()
+		})
 	}
 	testutil.WaitFor(t, "16 streams running and none waiting", 10*time.Second, func() bool { st := d.e.Stats(); return st.Running == 16 && st.Waiting == 0 })
 
@@ -134,9 +132,7 @@ func TestCadenceKeepsOutputsBitIdentical(t *testing.T) {
 	first := make(chan struct{})
 	var wg sync.WaitGroup
 	var long outcome
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		h, err := c.e.Submit(t.Context(), &engine.Request{Prompt: promptOf(1, 10), Params: greedy(150)})
 		if err != nil {
 			t.Error(err)
@@ -149,7 +145,7 @@ func TestCadenceKeepsOutputsBitIdentical(t *testing.T) {
 			}
 			long.tokens = append(long.tokens, ev.Tokens...)
 		}
-	}()
+	})
 	<-first // a request decodes: the cadence has something to protect
 	type job struct {
 		prompt []int32
@@ -165,11 +161,9 @@ func TestCadenceKeepsOutputsBitIdentical(t *testing.T) {
 	}
 	outs := make([]outcome, len(jobs))
 	for i, j := range jobs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			outs[i] = run(t, c.e, &engine.Request{Prompt: j.prompt, Params: j.params})
-		}()
+		})
 	}
 	wg.Wait()
 	if w := run(t, ref.e, &engine.Request{Prompt: promptOf(1, 10), Params: greedy(150)}); !gocmp.Equal(w.tokens, long.tokens) {

@@ -18,6 +18,7 @@ const (
 
 var kindTags = [...]string{BlockStored: "BlockStored", BlockRemoved: "BlockRemoved", AllBlocksCleared: "AllBlocksCleared"}
 
+// String is the event's vLLM tag (BlockStored, ...).
 func (k Kind) String() string {
 	if int(k) < len(kindTags) && kindTags[k] != "" {
 		return kindTags[k]

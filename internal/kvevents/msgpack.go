@@ -104,8 +104,7 @@ func (r *reader) int() (int64, error) {
 		r.to(rest)
 		return v, nil
 	}
-	var overflow msgp.UintOverflow
-	if !errors.As(err, &overflow) {
+	if _, ok := errors.AsType[msgp.UintOverflow](err); !ok {
 		return 0, err
 	}
 	u, err := r.uint()

@@ -99,9 +99,9 @@ func readRecorded(t *testing.T, path string) recordedBatch {
 		t.Fatal(err)
 	}
 	var generic struct {
-		TS     float64                  `json:"ts"`
-		Rank   *int                     `json:"data_parallel_rank"`
-		Events []map[string]interface{} `json:"events"`
+		TS     float64          `json:"ts"`
+		Rank   *int             `json:"data_parallel_rank"`
+		Events []map[string]any `json:"events"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()

@@ -67,6 +67,7 @@ type FieldError struct {
 	Message string
 }
 
+// Error returns the Message.
 func (e *FieldError) Error() string { return e.Message }
 
 func fieldErr(field, format string, args ...any) error {

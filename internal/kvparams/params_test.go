@@ -22,8 +22,8 @@ func full() Params {
 func TestEveryTaggedFieldIsParsedAndWritten(t *testing.T) {
 	var tags []string
 	ty := reflect.TypeFor[Params]()
-	for i := range ty.NumField() {
-		name, _, _ := strings.Cut(ty.Field(i).Tag.Get("json"), ",")
+	for field := range ty.Fields() {
+		name, _, _ := strings.Cut(field.Tag.Get("json"), ",")
 		if name != "-" {
 			tags = append(tags, name)
 		}

@@ -43,7 +43,7 @@ func ParsePeers(spec string) (*PeerPolicy, error) {
 		spec = DefaultPeers
 	}
 	p := &PeerPolicy{spec: spec, hostPort: map[string]bool{}, names: map[string]bool{}}
-	for _, e := range strings.Split(spec, ",") {
+	for e := range strings.SplitSeq(spec, ",") {
 		e = strings.TrimSpace(e)
 		switch {
 		case e == "":

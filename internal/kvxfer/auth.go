@@ -27,8 +27,8 @@ const MinSecretBytes = 16
 // authentication and of a kv_transfer_params signature check.
 var ErrUnauthenticated = errors.New("not authenticated")
 
-// ErrSignatureExpired: kv_transfer_params whose signature is genuine but
-// whose expiry (plus Signer.Skew) has passed. Signer.Verify wraps it with
+// ErrSignatureExpired marks kv_transfer_params whose signature is genuine
+// but whose expiry (plus Signer.Skew) has passed. Signer.Verify wraps it with
 // ErrUnauthenticated, so a late decode leg can be told from a forged one.
 var ErrSignatureExpired = errors.New("kv_transfer_params expired")
 

@@ -24,6 +24,7 @@ const (
 	CodeUnauthenticated   ErrorCode = 10 // the handshake's proof did not match the secret
 )
 
+// String is the code's snake_case name.
 func (c ErrorCode) String() string {
 	switch c {
 	case CodeBadFrame:
@@ -56,6 +57,7 @@ type RemoteError struct {
 	Message string
 }
 
+// Error returns the peer's message.
 func (e *RemoteError) Error() string { return e.Message }
 
 func appendError(b []byte, code ErrorCode, msg string) []byte {

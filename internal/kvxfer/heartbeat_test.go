@@ -1,52 +1,14 @@
 package kvxfer
 
 import (
-	"context"
 	"fmt"
 	"net"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/tandem-serve/tandem/internal/testutil"
 )
-
-// pipeListener is an in-memory listener: inside a synctest bubble its
-// connections block durably, so fake time advances while they wait.
-type pipeListener struct {
-	conns chan net.Conn
-	done  chan struct{}
-	once  sync.Once
-}
-
-func newPipeListener() *pipeListener {
-	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
-}
-
-func (l *pipeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *pipeListener) Close() error   { l.once.Do(func() { close(l.done) }); return nil }
-func (l *pipeListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5600} }
-
-func (l *pipeListener) dial(ctx context.Context, _, _ string) (net.Conn, error) {
-	a, b := net.Pipe()
-	select {
-	case l.conns <- b:
-		return a, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
 
 // TestHeartbeatsKeepLeasesAlive runs a producer, a consumer and a fake
 // step loop in fake time: a watched request outlives its 30 s lease for as
@@ -60,16 +22,17 @@ func TestHeartbeatsKeepLeasesAlive(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ln := newPipeListener()
+		memNet := testutil.NewMemNet()
+		ln := memNet.Listen()
 		served := make(chan error, 1)
 		go func() { served <- prod.Serve(ln) }()
 		ci := tiny
 		ci.EngineID = "d"
-		cons, err := NewConsumer(ConsumerConfig{Local: ci, Dial: ln.dial, Logger: discardLogger()})
+		cons, err := NewConsumer(ConsumerConfig{Local: ci, Dial: memNet.Dial, Logger: discardLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}
-		peer := Peer{EngineID: "p", Host: "127.0.0.1", Port: 5600}
+		peer := Peer{EngineID: "p", Host: "127.0.0.1", Port: ln.Addr().(*net.TCPAddr).Port}
 
 		start := time.Now()
 		if err := prod.Hold("watched", []int{0, 1}, start); err != nil {

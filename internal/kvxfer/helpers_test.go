@@ -240,6 +240,12 @@ func newFakeProducer(t *testing.T, info Info, onRequest func(net.Conn, header, [
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveFakeProducer(t, ln, info, onRequest)
+}
+
+// serveFakeProducer is newFakeProducer on ln (a testutil.MemNet listener
+// for a test in a synctest bubble).
+func serveFakeProducer(t *testing.T, ln net.Listener, info Info, onRequest func(net.Conn, header, []byte) bool) (*fakeProducer, Peer) {
 	f := &fakeProducer{ln: ln, info: info, onRequest: onRequest}
 	f.wg.Add(1)
 	go f.serve()
@@ -257,9 +263,7 @@ func (f *fakeProducer) serve() {
 		if err != nil {
 			return
 		}
-		f.wg.Add(1)
-		go func() {
-			defer f.wg.Done()
+		f.wg.Go(func() {
 			defer c.Close()
 			if err := fakeServerHandshake(c, testSecret, f.info); err != nil {
 				return
@@ -274,7 +278,7 @@ func (f *fakeProducer) serve() {
 					return
 				}
 			}
-		}()
+		})
 	}
 }
 

@@ -32,6 +32,7 @@ const (
 	ReleasedEvicted
 )
 
+// String is the reason's lower-case name (done, expired, evicted).
 func (r ReleaseReason) String() string {
 	switch r {
 	case ReleasedDone:

@@ -1,14 +1,12 @@
 package kvxfer
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -58,28 +56,15 @@ func TestLogLimiter(t *testing.T) {
 }
 
 // lockedBuffer is a log destination for several goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
+type lockedBuffer struct{ testutil.SyncBuffer }
 
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
+// count is how many times s occurs in the log.
+func (b *lockedBuffer) count(s string) int { return strings.Count(b.String(), s) }
 
-func (b *lockedBuffer) count(s string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Count(b.b.String(), s)
-}
-
+// lines are the log's lines that contain s.
 func (b *lockedBuffer) lines(s string) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	var out []string
-	for _, l := range strings.Split(b.b.String(), "\n") {
+	for l := range strings.SplitSeq(b.String(), "\n") {
 		if strings.Contains(l, s) {
 			out = append(out, l)
 		}

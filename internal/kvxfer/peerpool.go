@@ -389,8 +389,7 @@ func (c *Consumer) dialHello(ctx context.Context, p *peerState) (*pconn, Info, e
 // displaced it), or a bare close before the handshake ended (under TLS a
 // refusal is one; a displaced connection may see one too).
 func refusedBusy(err error) bool {
-	var re *RemoteError
-	if errors.As(err, &re) {
+	if re, ok := errors.AsType[*RemoteError](err); ok {
 		return re.Code == CodeBusy
 	}
 	return errors.Is(err, errTLSClosed) || errors.Is(err, errHandshakeClosed)

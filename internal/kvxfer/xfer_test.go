@@ -8,7 +8,10 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 func checkBlocks(t *testing.T, pool *testPool, ids []int, dst [][]byte) {
@@ -208,6 +211,9 @@ func TestShmOnAnotherHostIsRefusedWhenForced(t *testing.T) {
 	}
 }
 
+// TestPeerDeathMidTransferFailsPromptly runs each case in fake time
+// (testing/synctest, the side channel in memory), so "promptly" is exact:
+// the pull fails within the consumer's IOTimeout, however loaded the host.
 func TestPeerDeathMidTransferFailsPromptly(t *testing.T) {
 	info := tiny
 	info.EngineID = "dying"
@@ -230,32 +236,36 @@ func TestPeerDeathMidTransferFailsPromptly(t *testing.T) {
 			time.Sleep(time.Second)
 		}},
 	}
+	const ioTimeout = 300 * time.Millisecond
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			base := runtime.NumGoroutine()
-			f, peer := newFakeProducer(t, info, func(c net.Conn, h header, _ []byte) bool {
-				if h.Type == msgRead {
-					tc.respond(c, h)
+			synctest.Test(t, func(t *testing.T) {
+				base := runtime.NumGoroutine()
+				mem := testutil.NewMemNet()
+				f, peer := serveFakeProducer(t, mem.Listen(), info, func(c net.Conn, h header, _ []byte) bool {
+					if h.Type == msgRead {
+						tc.respond(c, h)
+					}
+					return false
+				})
+				ci := tiny
+				ci.EngineID = "d"
+				c, err := NewConsumer(ConsumerConfig{Local: ci, Transport: TransportTCP, IOTimeout: ioTimeout, DialTimeout: ioTimeout, Dial: mem.Dial, Secret: testSecret, Logger: discardLogger()})
+				if err != nil {
+					t.Fatal(err)
 				}
-				return false
+				start := time.Now()
+				err = c.Pull(ctxT(t), RemoteParams{EngineID: "dying", RequestID: "r", Host: peer.Host, Port: peer.Port, BlockIDs: []int{0, 1}}, newLocalBlocks(2, tiny.BlockBytes))
+				if err == nil {
+					t.Fatal("pull from a dying producer succeeded")
+				}
+				if d := time.Since(start); d > ioTimeout {
+					t.Fatalf("pull took %v to fail, more than its IOTimeout %v: %v", d, ioTimeout, err)
+				}
+				c.Close()
+				f.close()
+				checkNoLeak(t, base)
 			})
-			ci := tiny
-			ci.EngineID = "d"
-			c, err := NewConsumer(ConsumerConfig{Local: ci, Transport: TransportTCP, IOTimeout: 300 * time.Millisecond, DialTimeout: 300 * time.Millisecond, Secret: testSecret, Logger: discardLogger()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			start := time.Now()
-			err = c.Pull(ctxT(t), RemoteParams{EngineID: "dying", RequestID: "r", Host: peer.Host, Port: peer.Port, BlockIDs: []int{0, 1}}, newLocalBlocks(2, tiny.BlockBytes))
-			if err == nil {
-				t.Fatal("pull from a dying producer succeeded")
-			}
-			if d := time.Since(start); d > 1500*time.Millisecond {
-				t.Fatalf("pull took %v to fail: %v", d, err)
-			}
-			c.Close()
-			f.close()
-			checkNoLeak(t, base)
 		})
 	}
 }

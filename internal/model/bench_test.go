@@ -90,7 +90,7 @@ func runBench(b *testing.B, threads int, f func(b *testing.B)) {
 	}
 	def := tensor.ISA()
 	defer func() { _ = tensor.SetISA(def) }()
-	for _, isa := range strings.Split(isas, ",") {
+	for isa := range strings.SplitSeq(isas, ",") {
 		b.Run(name+"/isa="+isa, func(b *testing.B) {
 			if err := tensor.SetISA(isa); err != nil {
 				b.Fatal(err)
@@ -175,7 +175,7 @@ func BenchmarkPrefillLong(b *testing.B) {
 	lengths := []int{512, 1024, 2048, 4096, 8192}
 	if env := os.Getenv("TANDEM_BENCH_TOKENS"); env != "" {
 		lengths = lengths[:0]
-		for _, f := range strings.Split(env, ",") {
+		for f := range strings.SplitSeq(env, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(f))
 			if err != nil || n <= 0 {
 				b.Fatalf("TANDEM_BENCH_TOKENS: bad length %q", f)

@@ -100,14 +100,14 @@ func (f *fields) ropeScaling() (RopeScaling, error) {
 
 // scaling reads the rope_type (or type) and scaling fields of a
 // rope_scaling or rope_parameters object.
-func (sub *fields) scaling() (RopeScaling, error) {
+func (f *fields) scaling() (RopeScaling, error) {
 	var err error
 	var rs RopeScaling
-	if rs.Type, err = sub.stringField("rope_type", ""); err != nil {
+	if rs.Type, err = f.stringField("rope_type", ""); err != nil {
 		return rs, err
 	}
 	if rs.Type == "" {
-		if rs.Type, err = sub.stringField("type", ""); err != nil {
+		if rs.Type, err = f.stringField("type", ""); err != nil {
 			return rs, err
 		}
 	}
@@ -116,28 +116,28 @@ func (sub *fields) scaling() (RopeScaling, error) {
 		return RopeScaling{}, nil
 	case "linear", "llama3":
 	case "":
-		return rs, fmt.Errorf("model: %s: field \"rope_type\" (or \"type\") is missing", sub.file)
+		return rs, fmt.Errorf("model: %s: field \"rope_type\" (or \"type\") is missing", f.file)
 	default:
-		return rs, fmt.Errorf("model: %s: field \"rope_type\": rope scaling %q is not supported (supported: default, linear, llama3)", sub.file, rs.Type)
+		return rs, fmt.Errorf("model: %s: field \"rope_type\": rope scaling %q is not supported (supported: default, linear, llama3)", f.file, rs.Type)
 	}
-	if rs.Factor, err = sub.floatField("factor", 0); err != nil {
+	if rs.Factor, err = f.floatField("factor", 0); err != nil {
 		return rs, err
 	}
 	if rs.Factor <= 0 {
-		return rs, fmt.Errorf("model: %s: field \"factor\": expected a positive number, found %v", sub.file, rs.Factor)
+		return rs, fmt.Errorf("model: %s: field \"factor\": expected a positive number, found %v", f.file, rs.Factor)
 	}
 	if rs.Type == "llama3" {
-		if rs.LowFreqFactor, err = sub.floatField("low_freq_factor", 0); err != nil {
+		if rs.LowFreqFactor, err = f.floatField("low_freq_factor", 0); err != nil {
 			return rs, err
 		}
-		if rs.HighFreqFactor, err = sub.floatField("high_freq_factor", 0); err != nil {
+		if rs.HighFreqFactor, err = f.floatField("high_freq_factor", 0); err != nil {
 			return rs, err
 		}
-		if rs.OriginalMaxPositionEmbeddings, err = sub.posInt("original_max_position_embeddings", 0, true); err != nil {
+		if rs.OriginalMaxPositionEmbeddings, err = f.posInt("original_max_position_embeddings", 0, true); err != nil {
 			return rs, err
 		}
 		if rs.LowFreqFactor <= 0 || rs.HighFreqFactor <= rs.LowFreqFactor {
-			return rs, fmt.Errorf("model: %s: expected 0 < low_freq_factor < high_freq_factor, found %v and %v", sub.file, rs.LowFreqFactor, rs.HighFreqFactor)
+			return rs, fmt.Errorf("model: %s: expected 0 < low_freq_factor < high_freq_factor, found %v and %v", f.file, rs.LowFreqFactor, rs.HighFreqFactor)
 		}
 	}
 	return rs, nil

@@ -63,6 +63,7 @@ func (s *Seq) TokenAt(p int) int32 {
 // rest.
 type SeqErrors map[int]error
 
+// Error names how many sequences failed and the error of the lowest index.
 func (e SeqErrors) Error() string {
 	first := -1
 	for i := range e {

@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/tandem-serve/tandem/internal/gguf"
 )
@@ -44,28 +45,8 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 		return nil, nil, fail("general.architecture is missing")
 	}
 	c := &Config{ModelType: arch}
-	switch arch {
-	case "llama":
-		if n, ok, _ := f.Uint(arch + ".expert_count"); ok && n > 0 {
-			// llama.cpp writes Mixtral as llama with stacked experts.
-			c.ModelType = "mixtral"
-		}
-	case "qwen2":
-		if n, ok, _ := f.Uint(arch + ".expert_count"); ok && n > 0 {
-			return nil, nil, fail("a %s file with %d experts (Qwen2-MoE) is not supported; serve a Hugging Face checkpoint of a supported model type instead", arch, n)
-		}
-	case "qwen3":
-		c.QKNorm = true
-	case "qwen3moe":
-		c.ModelType, c.QKNorm = "qwen3_moe", true
-	case "gemma3":
-		c.ModelType, c.QKNorm = "gemma3_text", true
-	case "smollm3":
-	case "phi3":
-	case "gpt-oss":
-		return nil, nil, fail("architecture %q is not supported: %s", arch, missingFor[arch])
-	default:
-		return nil, nil, fail("architecture %q is not supported (supported: llama, which GGUF also uses for Mistral and Mixtral, qwen2, qwen3, qwen3moe, gemma3, smollm3 and phi3)", arch)
+	if err := ggufModelType(f, c, arch, fail); err != nil {
+		return nil, nil, err
 	}
 	uintKey := func(dst *int, suffix string, def int, limit int) error {
 		key := arch + "." + suffix
@@ -178,24 +159,72 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 		}
 	}
 
+	if err := ggufTensorFacts(f, c, fail); err != nil {
+		return nil, nil, err
+	}
+	gen, err := ggufSpecialIDs(f, c, fail)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, gen, nil
+}
+
+// ggufModelType sets c's model type (and QK norm) from the GGUF
+// architecture, or refuses the architectures Tandem does not serve.
+func ggufModelType(f *gguf.File, c *Config, arch string, fail func(string, ...any) error) error {
+	switch arch {
+	case "llama":
+		if n, ok, _ := f.Uint(arch + ".expert_count"); ok && n > 0 {
+			// llama.cpp writes Mixtral as llama with stacked experts.
+			c.ModelType = "mixtral"
+		}
+	case "qwen2":
+		if n, ok, _ := f.Uint(arch + ".expert_count"); ok && n > 0 {
+			return fail("a %s file with %d experts (Qwen2-MoE) is not supported; serve a Hugging Face checkpoint of a supported model type instead", arch, n)
+		}
+	case "qwen3":
+		c.QKNorm = true
+	case "qwen3moe":
+		c.ModelType, c.QKNorm = "qwen3_moe", true
+	case "gemma3":
+		c.ModelType, c.QKNorm = "gemma3_text", true
+	case "smollm3":
+	case "phi3":
+	case "gpt-oss":
+		return fail("architecture %q is not supported: %s", arch, missingFor[arch])
+	default:
+		return fail("architecture %q is not supported (supported: llama, which GGUF also uses for Mistral and Mixtral, qwen2, qwen3, qwen3moe, gemma3, smollm3 and phi3)", arch)
+	}
+	return nil
+}
+
+// ggufTensorFacts reads what the tensors present say: the vocabulary size
+// (the embedding's rows, which the tokenizer's token list must match), tied
+// embeddings (no output tensor) and the attention biases.
+func ggufTensorFacts(f *gguf.File, c *Config, fail func(string, ...any) error) error {
 	embd, ok := f.Tensor(ggufEmbed)
 	if !ok {
-		return nil, nil, fail("tensor %s is missing", ggufEmbed)
+		return fail("tensor %s is missing", ggufEmbed)
 	}
 	if len(embd.Dims) != 2 || embd.Dims[1] > math.MaxInt32 {
-		return nil, nil, fail("tensor %s has dimensions %v, expected [hidden, vocab]", ggufEmbed, embd.Dims)
+		return fail("tensor %s has dimensions %v, expected [hidden, vocab]", ggufEmbed, embd.Dims)
 	}
 	c.Vocab = int(embd.Dims[1])
 	if v, ok := f.Get("tokenizer.ggml.tokens"); ok {
 		if n := v.Len(); n != c.Vocab {
-			return nil, nil, fail("tokenizer.ggml.tokens has %d tokens but %s has %d rows", n, ggufEmbed, c.Vocab)
+			return fail("tokenizer.ggml.tokens has %d tokens but %s has %d rows", n, ggufEmbed, c.Vocab)
 		}
 	}
 	_, hasOutput := f.Tensor(ggufOutput)
 	c.TieWordEmbeddings = !hasOutput
 	_, c.QKVBias = f.Tensor("blk.0.attn_q.bias")
 	_, c.OBias = f.Tensor("blk.0.attn_output.bias")
+	return nil
+}
 
+// ggufSpecialIDs reads the tokenizer's BOS into c and its end-of-generation
+// ids (eos, eot, eom) into the generation defaults, the first also into c.
+func ggufSpecialIDs(f *gguf.File, c *Config, fail func(string, ...any) error) (*GenerationConfig, error) {
 	gen := &GenerationConfig{}
 	ids := func(key string) (int32, bool, error) {
 		v, ok, err := f.Uint(key)
@@ -208,14 +237,14 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 		return int32(v), true, nil
 	}
 	if id, ok, err := ids("tokenizer.ggml.bos_token_id"); err != nil {
-		return nil, nil, err
+		return nil, err
 	} else if ok {
 		c.BOS = []int32{id}
 	}
 	for _, key := range []string{"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"} {
 		id, ok, err := ids(key)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		if ok && !containsID(gen.EOS, id) {
 			gen.EOS = append(gen.EOS, id)
@@ -224,7 +253,7 @@ func ggufConfig(f *gguf.File) (*Config, *GenerationConfig, error) {
 	if len(gen.EOS) > 0 {
 		c.EOS = []int32{gen.EOS[0]}
 	}
-	return c, gen, nil
+	return gen, nil
 }
 
 // ggufMoE reads the mixture-of-experts keys of a qwen3moe or Mixtral
@@ -393,12 +422,7 @@ func ggufPhi3(f *gguf.File, c *Config, arch string, fail func(string, ...any) er
 }
 
 func containsID(ids []int32, id int32) bool {
-	for _, x := range ids {
-		if x == id {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(ids, id)
 }
 
 func ggufRopeScaling(f *gguf.File, arch string, fail func(string, ...any) error) (RopeScaling, error) {

@@ -95,16 +95,14 @@ func encodeTensor(typ gguf.Type, vals []float32, rows, cols, threads int) ([]byt
 		if lo >= hi {
 			break
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			q, err := tensor.QuantizeRows(dt, vals[lo*cols:hi*cols], hi-lo, cols)
 			if err != nil {
 				errs[k] = err
 				return
 			}
 			copy(out[lo*rb:], q)
-		}()
+		})
 	}
 	wg.Wait()
 	return out, errors.Join(errs...)

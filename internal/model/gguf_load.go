@@ -321,9 +321,7 @@ func loadGGUFTensors(f *gguf.File, c *Config, progress func(read, total int64)) 
 		progress(0, toRead)
 	}
 	for range min(readers, len(jobs)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for {
 				mu.Lock()
 				if next >= len(jobs) || first != nil {
@@ -341,7 +339,7 @@ func loadGGUFTensors(f *gguf.File, c *Config, progress func(read, total int64)) 
 				}
 				mu.Unlock()
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if first != nil {

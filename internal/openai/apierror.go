@@ -4,14 +4,12 @@ import "github.com/tandem-serve/tandem/internal/apierror"
 
 // The error shape, API keys and the request-id check live in the leaf
 // package apierror so that the router can use them without linking the
-// engine; these names keep this package's API as it was.
+// engine; the aliases below are the names this package's code uses.
 type (
 	// Error is apierror.Error.
 	Error = apierror.Error
 	// ErrorBody is apierror.ErrorBody.
 	ErrorBody = apierror.ErrorBody
-	// ErrorDetail is apierror.ErrorDetail.
-	ErrorDetail = apierror.ErrorDetail
 	// APIKey is apierror.APIKey.
 	APIKey = apierror.APIKey
 )
@@ -23,7 +21,6 @@ const (
 	TypeNotFound         = apierror.TypeNotFound
 	TypeMethodNotAllowed = apierror.TypeMethodNotAllowed
 	TypeTooLarge         = apierror.TypeTooLarge
-	TypeInternal         = apierror.TypeInternal
 	TypeUnavailable      = apierror.TypeUnavailable
 	// APIKeyEnv is apierror.APIKeyEnv.
 	APIKeyEnv = apierror.APIKeyEnv
@@ -46,8 +43,7 @@ func BadRequest(param, format string, args ...any) *Error {
 
 // Functions re-exported from apierror.
 var (
-	WriteError        = apierror.WriteError
-	NewAPIKey         = apierror.NewAPIKey
-	WriteUnauthorized = apierror.WriteUnauthorized
-	CheckRequestID    = apierror.CheckRequestID
+	WriteError     = apierror.WriteError
+	NewAPIKey      = apierror.NewAPIKey
+	CheckRequestID = apierror.CheckRequestID
 )

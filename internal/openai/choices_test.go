@@ -47,30 +47,6 @@ func choiceTexts(r CompletionResponse) []string {
 	return out
 }
 
-// metricValue scrapes one unlabelled-by-request counter from /metrics.
-func metricValue(t *testing.T, url, name string) float64 {
-	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
-			f := strings.Fields(line)
-			v, err := strconv.ParseFloat(f[len(f)-1], 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return v
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
-}
-
 // streamTexts reads an SSE completion or chat stream and reassembles each
 // choice's text by index; it returns them and the usage chunk, if any.
 func streamTexts(t *testing.T, body []byte, chat bool) (map[int]string, map[int]string, *Usage) {
@@ -165,8 +141,8 @@ func TestNChoicesWithStories260K(t *testing.T) {
 	})
 
 	t.Run("the extra choices hit the prefix cache", func(t *testing.T) {
-		queriesBefore := metricValue(t, s.url, "vllm:prefix_cache_queries")
-		hitsBefore := metricValue(t, s.url, "vllm:prefix_cache_hits")
+		queriesBefore := testutil.Metric(t, s.url, "vllm:prefix_cache_queries", "")
+		hitsBefore := testutil.Metric(t, s.url, "vllm:prefix_cache_hits", "")
 		// A prompt no other subtest sent, so only this request's own
 		// choices can hit.
 		r := completionOK(t, s.url, fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":8,"temperature":0,"n":4}`, "The sun was hot and the dog ran to the big red barn to find his friend the cat, who was asleep."))
@@ -179,8 +155,8 @@ func TestNChoicesWithStories260K(t *testing.T) {
 		// lot: the wait is bounded by a deadline, not a count of polls).
 		var hits, queries float64
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			hits = metricValue(t, s.url, "vllm:prefix_cache_hits") - hitsBefore
-			queries = metricValue(t, s.url, "vllm:prefix_cache_queries") - queriesBefore
+			hits = testutil.Metric(t, s.url, "vllm:prefix_cache_hits", "") - hitsBefore
+			queries = testutil.Metric(t, s.url, "vllm:prefix_cache_queries", "") - queriesBefore
 			if hits == float64(3*full) && queries == float64(4*r.Usage.PromptTokens) || time.Now().After(deadline) {
 				break
 			}

@@ -17,8 +17,7 @@ import (
 func DecodeBody(r *http.Request, limit int64, v any) *Error {
 	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, limit))
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		if mbe, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return NewError(http.StatusRequestEntityTooLarge, "", "request body is larger than the limit of %d bytes", mbe.Limit)
 		}
 		return BadRequest("", "reading request body: %v", err)
@@ -34,8 +33,7 @@ func decodeJSON(body []byte, v any) *Error {
 	if err == nil {
 		return nil
 	}
-	var typeErr *json.UnmarshalTypeError
-	if errors.As(err, &typeErr) {
+	if typeErr, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
 		if typeErr.Field == "" {
 			return BadRequest("", "request body must be a JSON object, not %s", typeErr.Value)
 		}

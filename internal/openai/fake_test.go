@@ -136,7 +136,7 @@ func echoScript(text string) func(r *engine.Request) []engine.Event {
 	return func(r *engine.Request) []engine.Event {
 		var evs []engine.Event
 		n := min(r.Params.MaxTokens, len(text))
-		for i := 0; i < n; i++ {
+		for i := range n {
 			ev := engine.Event{Tokens: []int32{int32(text[i]) + 3}, Text: text[i : i+1]}
 			if r.Params.Logprobs >= 0 {
 				ev.Logprobs = []engine.TokenLogprob{{Token: int32(text[i]) + 3, Logprob: -0.5, Top: topN(r.Params.Logprobs)}}
@@ -154,7 +154,7 @@ func echoScript(text string) func(r *engine.Request) []engine.Event {
 
 func topN(n int) []engine.TopLogprob {
 	var top []engine.TopLogprob
-	for i := 0; i < n; i++ {
+	for i := range n {
 		top = append(top, engine.TopLogprob{Token: int32('a'+i) + 3, Logprob: -float32(i + 1)})
 	}
 	return top

@@ -63,8 +63,7 @@ func (s *Server) handleKVRelease(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.cfg.KVReleaser.ReleaseKV(*kv); err != nil {
-		var ire *engine.InvalidRequestError
-		if errors.As(err, &ire) {
+		if ire, ok := errors.AsType[*engine.InvalidRequestError](err); ok {
 			param := ire.Param
 			if param == "" {
 				param = "kv_transfer_params"

@@ -168,8 +168,7 @@ func validateParams(p *sample.Params, vocab int) *Error {
 	if err == nil {
 		return nil
 	}
-	var pe *sample.ParamError
-	if errors.As(err, &pe) {
+	if pe, ok := errors.AsType[*sample.ParamError](err); ok {
 		return BadRequest(pe.Param, "%s %s", pe.Param, pe.Message)
 	}
 	return BadRequest("", "%v", err)

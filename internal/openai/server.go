@@ -34,10 +34,15 @@ type Backend interface {
 
 // Tokenizer is what the server needs from a tokenizer.
 type Tokenizer interface {
+	// Encode returns the ids of text, with the special tokens (BOS) when
+	// addSpecial is set.
 	Encode(text string, addSpecial bool) []int32
+	// Decode returns the text of ids, without the special tokens when
+	// skipSpecial is set.
 	Decode(ids []int32, skipSpecial bool) string
 	// TokenText is the text of one token as shown in logprobs.
 	TokenText(id int32) string
+	// VocabSize is the number of token ids; a request's ids must be below it.
 	VocabSize() int
 }
 

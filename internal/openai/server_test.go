@@ -173,7 +173,7 @@ func sseEvents(t *testing.T, body []byte) []string {
 		t.Errorf("stream does not end with [DONE]: %q", body)
 	}
 	var out []string
-	for _, ev := range strings.Split(strings.TrimSuffix(string(body), "\n\n"), "\n\n") {
+	for ev := range strings.SplitSeq(strings.TrimSuffix(string(body), "\n\n"), "\n\n") {
 		if !strings.HasPrefix(ev, "data: ") || strings.Contains(ev, "\n") {
 			t.Fatalf("malformed event %q", ev)
 		}
@@ -372,7 +372,7 @@ func TestKVTransferParams(t *testing.T) {
 		}
 		// A bidirectional decode returns its conversation hold with the
 		// final event; the stream carries it where the finish_reason is.
-		for _, line := range strings.Split(string(raw), "\n") {
+		for line := range strings.SplitSeq(string(raw), "\n") {
 			has := strings.Contains(line, "kv_transfer_params")
 			final := strings.Contains(line, `"finish_reason":"length"`)
 			if has != final {

@@ -13,12 +13,10 @@ import (
 // engine's InvalidRequestError is a 400, ErrShuttingDown a 503, anything else
 // a 500.
 func submitError(err error) *Error {
-	var e *Error
-	if errors.As(err, &e) {
+	if e, ok := errors.AsType[*Error](err); ok {
 		return e
 	}
-	var ire *engine.InvalidRequestError
-	if errors.As(err, &ire) {
+	if ire, ok := errors.AsType[*engine.InvalidRequestError](err); ok {
 		return BadRequest(ire.Param, "%s", ire.Message)
 	}
 	if errors.Is(err, engine.ErrShuttingDown) {

@@ -122,9 +122,9 @@ func TestClientGoneDuringPrefillReleasesTheHold(t *testing.T) {
 	// Well before the lease: the hold must not wait for it.
 	testutil.WaitFor(t, "the engine to hold no KV for the gone client", 5*time.Second, func() bool {
 		s := eng.Stats()
-		return s.Running == 0 && s.Waiting == 0 && s.FreeBlocks == s.TotalBlocks && metricValue(t, ts.URL, "tandem:kv_blocks_held") == 0
+		return s.Running == 0 && s.Waiting == 0 && s.FreeBlocks == s.TotalBlocks && testutil.Metric(t, ts.URL, "tandem:kv_blocks_held", "") == 0
 	})
-	if got := metricValue(t, ts.URL, "tandem:kv_releases_total"); got != 1 {
+	if got := testutil.Metric(t, ts.URL, "tandem:kv_releases_total", ""); got != 1 {
 		t.Errorf("tandem:kv_releases_total = %v, want 1 (reason client_gone)", got)
 	}
 }

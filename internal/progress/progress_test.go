@@ -12,25 +12,9 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
-
-// syncBuffer is a bytes.Buffer safe to read while the Display writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // work adds one item every 100ms, 50ms off the tick, n times.
 func work(s *Stage, n int) {
@@ -43,7 +27,7 @@ func work(s *Stage, n int) {
 
 func TestPlainLinesEveryPeriodWithRateAndETA(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var out syncBuffer
+		var out testutil.SyncBuffer
 		d := NewWriter(&out, Options{Every: 5 * time.Second})
 		s := d.Start("work", 100, Items("items"))
 		failed := s.Warning("failed")
@@ -60,7 +44,7 @@ func TestPlainLinesEveryPeriodWithRateAndETA(t *testing.T) {
 
 func TestPlainStageWithoutMovementIsQuietButAlive(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var out syncBuffer
+		var out testutil.SyncBuffer
 		d := NewWriter(&out, Options{Every: time.Second})
 		s := d.Start("stuck", 10, Items("items"))
 		s.Add(1)
@@ -77,7 +61,7 @@ func TestPlainStageWithoutMovementIsQuietButAlive(t *testing.T) {
 
 func TestTerminalRedrawsInPlaceAndLeavesTheFinalLine(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var out syncBuffer
+		var out testutil.SyncBuffer
 		d := NewWriter(&out, Options{Terminal: true, Width: func() int { return 120 }})
 		s := d.Start("quantize", 4<<20, Bytes)
 		tensors := s.Counter("tensors", 4)
@@ -112,7 +96,7 @@ func TestTerminalRedrawsInPlaceAndLeavesTheFinalLine(t *testing.T) {
 
 func TestTerminalLineIsCutToTheWidth(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var out syncBuffer
+		var out testutil.SyncBuffer
 		d := NewWriter(&out, Options{Terminal: true, Width: func() int { return 30 }})
 		s := d.Start("a-long-stage-name", 100, Items("requests"))
 		s.Add(10)
@@ -128,7 +112,7 @@ func TestTerminalLineIsCutToTheWidth(t *testing.T) {
 
 func TestWriterLiftsTheLineOffTheScreen(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var out syncBuffer
+		var out testutil.SyncBuffer
 		d := NewWriter(&out, Options{Terminal: true})
 		s := d.Start("load", 10, Items("files"))
 		s.Add(3)
@@ -147,7 +131,7 @@ func TestColourOnlyForWarningsAndOnlyWhenAsked(t *testing.T) {
 	for _, color := range []bool{false, true} {
 		t.Run(fmt.Sprintf("color=%v", color), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				var out syncBuffer
+				var out testutil.SyncBuffer
 				d := NewWriter(&out, Options{Terminal: true, Color: color})
 				s := d.Start("bench", 10, Items("requests"))
 				s.Warning("failed").Add(1)
@@ -164,7 +148,7 @@ func TestStagesShorterThanTheDelayShowNothing(t *testing.T) {
 	for _, terminal := range []bool{false, true} {
 		t.Run(fmt.Sprintf("terminal=%v", terminal), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				var out syncBuffer
+				var out testutil.SyncBuffer
 				d := NewWriter(&out, Options{Terminal: terminal, Delay: 2 * time.Second})
 				s := d.Start("quick", 10, Bytes)
 				time.Sleep(time.Second)
@@ -186,7 +170,7 @@ func TestStagesShorterThanTheDelayShowNothing(t *testing.T) {
 
 func TestETAFollowsTheMovingWindow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var out syncBuffer
+		var out testutil.SyncBuffer
 		d := NewWriter(&out, Options{Window: 10 * time.Second})
 		s := d.Start("work", 1000, Items("items"))
 		// 50/s for 10s, then 5/s: the window forgets the fast start.
@@ -216,7 +200,7 @@ func TestETAFollowsTheMovingWindow(t *testing.T) {
 
 func TestTimeStagesCountTheirOwnRunningTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var out syncBuffer
+		var out testutil.SyncBuffer
 		d := NewWriter(&out, Options{Every: 10 * time.Second})
 		s := d.Start("soak", int64(time.Minute), Time)
 		done := s.Counter("done", 0)
@@ -240,7 +224,7 @@ func TestTimeStagesCountTheirOwnRunningTime(t *testing.T) {
 }
 
 func TestConcurrentAddsAllCount(t *testing.T) {
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	d := NewWriter(&out, Options{Terminal: true})
 	s := d.Start("requests", 8000, Items("requests"))
 	failed := s.Warning("failed")
@@ -376,7 +360,7 @@ func TestFormats(t *testing.T) {
 
 func TestReporterOpensAStageOnTheFirstReport(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var out syncBuffer
+		var out testutil.SyncBuffer
 		d := NewWriter(&out, Options{Every: time.Second})
 		r := d.Reporter("loading", Bytes)
 		report := r.Func()
@@ -404,7 +388,7 @@ func TestReporterOpensAStageOnTheFirstReport(t *testing.T) {
 
 func TestGaugesShowWhileRunningOnly(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var out syncBuffer
+		var out testutil.SyncBuffer
 		d := NewWriter(&out, Options{Every: time.Second})
 		s := d.Start("bench", 10, Items("requests"))
 		inflight := s.Gauge("in flight")
@@ -436,7 +420,7 @@ func TestTerminalLineNarrowsTheBarBeforeCutting(t *testing.T) {
 	} {
 		t.Run(fmt.Sprint(tc.width), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				var out syncBuffer
+				var out testutil.SyncBuffer
 				d := NewWriter(&out, Options{Terminal: true, Width: func() int { return tc.width }})
 				s := d.Start("writing smollm2-135m (bf16)", 256<<20, Bytes)
 				time.Sleep(900 * time.Millisecond)
@@ -455,7 +439,7 @@ func TestTerminalLineNarrowsTheBarBeforeCutting(t *testing.T) {
 
 func TestAnOpenLogLineHoldsTheProgressBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var out syncBuffer
+		var out testutil.SyncBuffer
 		d := NewWriter(&out, Options{Terminal: true})
 		s := d.Start("load", 10, Items("files"))
 		time.Sleep(250 * time.Millisecond)
@@ -480,7 +464,7 @@ func TestAnOpenLogLineHoldsTheProgressBack(t *testing.T) {
 
 func TestTheBarKeepsItsWidthAsTheNumbersGrow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var out syncBuffer
+		var out testutil.SyncBuffer
 		d := NewWriter(&out, Options{Terminal: true, Width: func() int { return 120 }})
 		s := d.Start("bench", 1000, Items("requests"))
 		failed, inflight := s.Warning("failed"), s.Gauge("in flight")
@@ -494,7 +478,7 @@ func TestTheBarKeepsItsWidthAsTheNumbersGrow(t *testing.T) {
 		}
 		s.Done()
 		ends := map[int]int{}
-		for _, l := range strings.Split(out.String(), "\r") {
+		for l := range strings.SplitSeq(out.String(), "\r") {
 			if i := strings.Index(l, "]"); i > 0 {
 				ends[i]++
 			}

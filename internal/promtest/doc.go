@@ -5,7 +5,7 @@
 // The binary is $TANDEM_PROMETHEUS, else prometheus on PATH (Debian's and
 // Ubuntu's prometheus package installs /usr/bin/prometheus; CI installs it).
 // Where there is none, Start skips the test, or fails it when
-// TANDEM_REQUIRE_TESTDATA is set (as CI sets).
+// TANDEM_REQUIRE_TESTDATA=1 (as CI sets).
 //
 //	srv := promtest.Start(t, promtest.Config{
 //		Targets:   map[string][]string{"tandem-proxy": {"127.0.0.1:8000"}},

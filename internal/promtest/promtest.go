@@ -60,10 +60,7 @@ func Start(t testing.TB, cfg Config) *Server {
 	t.Helper()
 	bin, err := Binary()
 	if err != nil {
-		if os.Getenv("TANDEM_REQUIRE_TESTDATA") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
+		testutil.Missing(t, err.Error())
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = time.Second
@@ -86,24 +83,18 @@ func Start(t testing.TB, cfg Config) *Server {
 	)
 	exited := testutil.StartLogged(t, cmd, logPath)
 	s := &Server{URL: "http://" + addr, Log: logPath}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := http.Get(s.URL + "/-/ready")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return s
-			}
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("promtest: prometheus exited before it was ready (%v):\n%s", err, s.tail())
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("promtest: prometheus not ready after 60 s:\n%s", s.tail())
-		}
+	testutil.WaitStarted(t, "promtest: prometheus", exited, logPath, 60*time.Second, s.ready)
+	return s
+}
+
+// ready reports whether the server answers /-/ready.
+func (s *Server) ready() bool {
+	resp, err := http.Get(s.URL + "/-/ready")
+	if err != nil {
+		return false
 	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // configYAML renders prometheus.yml (JSON is YAML).
@@ -132,15 +123,6 @@ func configYAML(cfg Config) []byte {
 	}
 	out, _ := json.MarshalIndent(doc, "", "  ")
 	return out
-}
-
-// tail is the end of the server's log.
-func (s *Server) tail() string {
-	b, _ := os.ReadFile(s.Log)
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
 }
 
 // Sample is one series of a query's answer.

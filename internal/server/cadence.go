@@ -98,8 +98,7 @@ func (h *cadenceHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (h *cadenceHandler) set(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, cadenceBodyLimit))
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			apierror.WriteError(w, apierror.NewError(http.StatusRequestEntityTooLarge, "", "the body is over %d bytes: send {\"prefill_schedule_interval\": N}", cadenceBodyLimit))
 			return
 		}

@@ -114,7 +114,7 @@ func TestCadenceRouteWithoutAPIKeyServesLoopback(t *testing.T) {
 }
 
 func metricLine(body, name, value string) bool {
-	for _, l := range strings.Split(body, "\n") {
+	for l := range strings.SplitSeq(body, "\n") {
 		if strings.HasPrefix(l, name+"{") && strings.HasSuffix(l, " "+value) {
 			return true
 		}
@@ -124,7 +124,7 @@ func metricLine(body, name, value string) bool {
 
 func grepLines(body, s string) string {
 	var out []string
-	for _, l := range strings.Split(body, "\n") {
+	for l := range strings.SplitSeq(body, "\n") {
 		if strings.Contains(l, s) {
 			out = append(out, l)
 		}

@@ -14,18 +14,8 @@ import (
 	"github.com/tandem-serve/tandem/internal/server"
 	"github.com/tandem-serve/tandem/internal/server/servertest"
 	"github.com/tandem-serve/tandem/internal/sim"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
-
-// freePort returns a TCP port nothing listens on right now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // TestTwoPrefillsOnOneHostWithTheDefaultKVPort: two engines started with
 // the same default side-channel port (as two `tandem serve` without
@@ -33,7 +23,7 @@ func freePort(t *testing.T) int {
 // that one in the kv_transfer_params it returns. An explicit --kv-port that
 // is taken still stops the engine, with an error naming the flag.
 func TestTwoPrefillsOnOneHostWithTheDefaultKVPort(t *testing.T) {
-	port := freePort(t)
+	port := testutil.FreePort(t)
 	knobs := sim.Knobs{TTFT: 2 * time.Millisecond, ITL: time.Millisecond}
 	cfg := simConfig(t, knobs)
 	cfg.Role, cfg.KVPort, cfg.KVPortFallback = kvconnector.RolePrefill, port, true

@@ -38,7 +38,7 @@ func physicalRAM() uint64 {
 	if err != nil {
 		return 0
 	}
-	for _, line := range strings.Split(string(b), "\n") {
+	for line := range strings.SplitSeq(string(b), "\n") {
 		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
 			kb, err := strconv.ParseUint(f[1], 10, 64)
 			if err != nil {
@@ -59,7 +59,7 @@ func cgroupMemoryLimit(selfCgroup, root string) uint64 {
 	if err != nil {
 		return 0
 	}
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
 		// hierarchy-ID:controllers:path
 		f := strings.SplitN(line, ":", 3)
 		if len(f) != 3 {

@@ -99,6 +99,7 @@ type PatternError struct {
 	Token          int32
 }
 
+// Error names the bad blocks and the first wrong row.
 func (e *PatternError) Error() string {
 	kv := "K"
 	if e.KV == 1 {

@@ -49,7 +49,7 @@ func cpuIdentity() string {
 func cpuIdentityFrom(cpuinfo string) string {
 	want := []string{"vendor_id", "cpu family", "model", "stepping", "microcode", "model name"}
 	got := map[string]string{}
-	for _, line := range strings.Split(cpuinfo, "\n") {
+	for line := range strings.SplitSeq(cpuinfo, "\n") {
 		if strings.TrimSpace(line) == "" && len(got) > 0 {
 			break // the end of the first processor
 		}

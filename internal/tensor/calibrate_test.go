@@ -272,15 +272,13 @@ func TestConcurrentCalibrationsShareOneMeasurement(t *testing.T) {
 	first := make(chan Calibration, 4)
 	var wg sync.WaitGroup
 	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			c, err := Calibrate(CalibrateConfig{CacheDir: dir, BuildID: "b", Measure: measure})
 			if err != nil {
 				t.Error(err)
 			}
 			first <- c
-		}()
+		})
 	}
 	wg.Wait()
 	close(first)

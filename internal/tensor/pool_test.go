@@ -42,15 +42,13 @@ func TestParallelSurvivesNestedAndConcurrentCalls(t *testing.T) {
 	var total atomic.Int64
 	var wg sync.WaitGroup
 	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for range 200 {
 				p.Parallel(10, func(lo, hi int) {
 					p.Parallel(hi-lo, func(a, b int) { total.Add(int64(b - a)) })
 				})
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if got := total.Load(); got != 4*200*10 {
@@ -137,9 +135,7 @@ func TestPoolStress(t *testing.T) {
 		var users sync.WaitGroup
 		for ci := range callers {
 			users.Add(1)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				defer users.Done()
 				for i := range calls {
 					n := 1 + (i*7+ci)%9
@@ -160,11 +156,9 @@ func TestPoolStress(t *testing.T) {
 						time.Sleep(2 * spinFor)
 					}
 				}
-			}()
+			})
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if pi%2 == 0 {
 				users.Wait() // close when idle ...
 			} else {
@@ -172,7 +166,7 @@ func TestPoolStress(t *testing.T) {
 			}
 			p.Close()
 			p.Close()
-		}()
+		})
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()

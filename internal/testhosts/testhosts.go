@@ -25,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // prefix starts the name of every namespace and link this package makes.
@@ -59,10 +61,7 @@ func New(t testing.TB, n int) *Net {
 		t.Fatalf("testhosts.New: %d hosts: want 1..200", n)
 	}
 	if err := usable(); err != nil {
-		if os.Getenv("TANDEM_REQUIRE_TESTDATA") == "1" {
-			t.Fatalf("network namespaces: %v (TANDEM_REQUIRE_TESTDATA=1)", err)
-		}
-		t.Skipf("network namespaces: %v", err)
+		testutil.Missing(t, "network namespaces: "+err.Error())
 	}
 	removeStale()
 	pid := os.Getpid()
@@ -181,7 +180,7 @@ func removeStale() {
 	if err != nil {
 		return
 	}
-	for _, line := range strings.Split(string(out), "\n") {
+	for line := range strings.SplitSeq(string(out), "\n") {
 		name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
 		if pid, ok := ownerPID(name); ok && !alive(pid) {
 			killIn(name)
@@ -192,7 +191,7 @@ func removeStale() {
 	if err != nil {
 		return
 	}
-	for _, line := range strings.Split(string(out), "\n") {
+	for line := range strings.SplitSeq(string(out), "\n") {
 		f := strings.Fields(line)
 		if len(f) < 2 {
 			continue
@@ -230,7 +229,7 @@ func killIn(name string) {
 	if err != nil {
 		return
 	}
-	for _, f := range strings.Fields(string(out)) {
+	for f := range strings.FieldsSeq(string(out)) {
 		if pid, err := strconv.Atoi(f); err == nil {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
@@ -242,7 +241,7 @@ func run(args ...string) error {
 	cmd := exec.Command("ip", args...)
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return nil
 }

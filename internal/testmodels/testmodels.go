@@ -57,6 +57,8 @@ func Stories260K(t testing.TB) string { return Dir(t, "stories260K/hf") }
 // TokenizerFixtures returns the tokenizer fixtures directory.
 func TokenizerFixtures(t testing.TB) string { return Dir(t, "tokenizer-fixtures") }
 
+// missing is testutil.Missing for the test models: testutil imports this
+// package, so it cannot be used here.
 func missing(t testing.TB, what string) {
 	t.Helper()
 	if os.Getenv("TANDEM_REQUIRE_TESTDATA") == "1" {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 )
 
 // FreePorts returns n distinct loopback ports that were free a moment ago.
@@ -26,6 +27,18 @@ func FreePorts(n int) ([]int, error) {
 		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// FreePort returns a loopback port that was free a moment ago. A server
+// that loses it to another process before binding fails with "address
+// already in use"; tests that start processes retry with a new port.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ports, err := FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ports[0]
 }
 
 // StartLogged starts cmd, a server a test runs, with its output in the
@@ -56,4 +69,34 @@ func StartLogged(t testing.TB, cmd *exec.Cmd, log string) (exited <-chan error) 
 		logf.Close()
 	})
 	return ended
+}
+
+// WaitStarted polls ready every 100 ms until it reports true, for a server
+// StartLogged started with its output in log. It fails the test when the
+// server exits first (exited, StartLogged's channel) or is still not ready
+// after limit, with the end of the log; name says which server, as in
+// "promtest: prometheus".
+func WaitStarted(t testing.TB, name string, exited <-chan error, log string, limit time.Duration, ready func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !ready() {
+		select {
+		case err := <-exited:
+			t.Fatalf("%s exited before it was ready (%v):\n%s", name, err, LogTail(log))
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not ready after %v:\n%s", name, limit, LogTail(log))
+		}
+	}
+}
+
+// LogTail returns the last 4,000 bytes of the file at path, for a failing
+// test's message.
+func LogTail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
 }

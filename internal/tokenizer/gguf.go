@@ -113,122 +113,164 @@ func FromGGUF(f *gguf.File) (*Tokenizer, error) {
 		}
 		copy(types, tt)
 	}
-	id := func(key string, def int32) (int32, error) {
-		v, ok, err := f.Uint(key)
-		if err != nil {
-			return 0, fmt.Errorf("tokenizer: %w", err)
-		}
-		if !ok {
-			return def, nil
-		}
-		if v >= uint64(n) {
-			// llama.cpp files mark "none" with an id past the end (e.g.
-			// a pad id of -1 written as uint32).
-			return -1, nil
-		}
-		return int32(v), nil
-	}
-	boolKey := func(key string, def bool) (bool, error) {
-		b, ok, err := f.Bool(key)
-		if err != nil {
-			return false, fmt.Errorf("tokenizer: %w", err)
-		}
-		if !ok {
-			return def, nil
-		}
-		return b, nil
-	}
+	k := ggufKeys{f: f, n: n}
 
 	t := &Tokenizer{tokens: append([]string(nil), tokens...), special: make([]bool, n), bos: -1,
 		vocab: make(map[string]int32, n), added: map[string]int32{}}
 	for i, s := range tokens {
 		t.vocab[s] = int32(i) // the last of duplicates wins, as in llama.cpp
 	}
-	var defBOS, defEOS, defUnk int32 = -1, -1, -1
-	addBOS := false
+	var defBOS, defEOS int32 = -1, -1
+	var addBOS bool
 	var decoder *componentJSON
 	switch kind {
 	case "llama":
-		defBOS, defEOS, defUnk, addBOS = 1, 2, 0, true
-		prefix, err := boolKey("tokenizer.ggml.add_space_prefix", true)
-		if err != nil {
-			return nil, err
-		}
-		space := " "
-		norms := []*componentJSON{{Type: "Replace", Pattern: &patternJSON{String: &space}, Content: "▁"}}
-		decoders := []*componentJSON{{Type: "Replace", Pattern: &patternJSON{String: ptr("▁")}, Content: " "}, {Type: "ByteFallback"}, {Type: "Fuse"}}
-		if prefix {
-			norms = append([]*componentJSON{{Type: "Prepend", Prepend: "▁"}}, norms...)
-			decoders = append(decoders, &componentJSON{Type: "Strip", Content: " ", Start: 1})
-		}
-		if t.normalize, err = newNormalizer(&componentJSON{Type: "Sequence", Normalizers: norms}); err != nil {
-			return nil, fmt.Errorf("tokenizer: %w", err)
-		}
-		decoder = &componentJSON{Type: "Sequence", Decoders: decoders}
-		unk, err := id("tokenizer.ggml.unknown_token_id", defUnk)
-		if err != nil {
-			return nil, err
-		}
-		scores := make([]float32, n)
-		if v, ok := f.Get("tokenizer.ggml.scores"); ok {
-			sc, isF32 := gguf.ArrayOf[float32](v)
-			if !isF32 || len(sc) != n {
-				return nil, fmt.Errorf("tokenizer: tokenizer.ggml.scores must be %d float32s, found %s", n, v)
-			}
-			copy(scores, sc)
-		}
-		t.model = newSPM(t.vocab, scores, unk)
+		defBOS, defEOS, addBOS = 1, 2, true
+		decoder, err = t.ggufSPM(k)
 	case "gpt2":
-		name, _, err := f.Str("tokenizer.ggml.pre")
-		if err != nil {
-			return nil, fmt.Errorf("tokenizer: %w", err)
-		}
-		if name == "" {
-			name = "default" // as llama.cpp, which warns that quality suffers
-		}
-		pre, known := ggufPres[name]
-		if !known {
-			return nil, fmt.Errorf("tokenizer: tokenizer.ggml.pre %q is not a pre-tokenizer Tandem knows (known: default, gpt-2, gpt2, llama-bpe, llama-v3, llama3, qwen2, smollm)", name)
-		}
-		addBOS = pre.addBOS
-		seq := &componentJSON{Type: "Sequence"}
-		for _, re := range pre.regexes {
-			seq.Pretokenizers = append(seq.Pretokenizers, &componentJSON{Type: "Split", Pattern: &patternJSON{Regex: ptr(re)}, Behavior: "Isolated"})
-		}
-		seq.Pretokenizers = append(seq.Pretokenizers, &componentJSON{Type: "ByteLevel", AddPrefixSpace: ptr(false), UseRegex: ptr(false)})
-		if t.preTok, err = newPreTokenizer(seq); err != nil {
-			return nil, fmt.Errorf("tokenizer: %w", err)
-		}
-		if pre.nfc {
-			t.normalize, _ = newNormalizer(&componentJSON{Type: "NFC"})
-		}
-		decoder = &componentJSON{Type: "ByteLevel"}
-		t.byteLevel = true
-		mv, ok := f.Get("tokenizer.ggml.merges")
-		merges, isStrings := gguf.ArrayOf[string](mv)
-		if !ok || !isStrings {
-			return nil, fmt.Errorf("tokenizer: a gpt2 tokenizer needs tokenizer.ggml.merges (an array of strings), found %s", mv)
-		}
-		ignore, err := boolKey(ignoreMergesKey, pre.ignoreMerges)
-		if err != nil {
-			return nil, err
-		}
-		b := &bpe{vocab: t.vocab, merges: make(map[uint64]merge, len(merges)), unk: -1, ignoreMerges: ignore}
-		for i := range b.byteTokens {
-			b.byteTokens[i] = -1
-		}
-		if err := b.addMerges(merges); err != nil {
-			return nil, err
-		}
-		t.model = b
+		decoder, addBOS, err = t.ggufBPE(k)
 	default:
 		return nil, fmt.Errorf("tokenizer: tokenizer.ggml.model %q is not supported (supported: llama, gpt2)", kind)
+	}
+	if err != nil {
+		return nil, err
 	}
 	if t.decoder, err = newDecoder(decoder); err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
+	t.ggufLiterals(tokens, types)
+	if err := t.ggufSpecials(k, defBOS, defEOS, addBOS); err != nil {
+		return nil, err
+	}
+	tmpl, _, err := f.Str("tokenizer.chat_template")
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	if tmpl != "" {
+		t.chat = newChatTemplate(tmpl)
+	}
+	return t, nil
+}
 
-	// Tokens matched literally in the text.
+// ggufKeys reads the scalar tokenizer keys of a GGUF file whose vocabulary
+// has n tokens.
+type ggufKeys struct {
+	f *gguf.File
+	n int
+}
+
+// id reads a token id, def when the key is absent, -1 when it is past the
+// end of the vocabulary.
+func (k ggufKeys) id(key string, def int32) (int32, error) {
+	v, ok, err := k.f.Uint(key)
+	if err != nil {
+		return 0, fmt.Errorf("tokenizer: %w", err)
+	}
+	if !ok {
+		return def, nil
+	}
+	if v >= uint64(k.n) {
+		// llama.cpp files mark "none" with an id past the end (e.g.
+		// a pad id of -1 written as uint32).
+		return -1, nil
+	}
+	return int32(v), nil
+}
+
+// bool reads a boolean, def when the key is absent.
+func (k ggufKeys) bool(key string, def bool) (bool, error) {
+	b, ok, err := k.f.Bool(key)
+	if err != nil {
+		return false, fmt.Errorf("tokenizer: %w", err)
+	}
+	if !ok {
+		return def, nil
+	}
+	return b, nil
+}
+
+// ggufSPM sets up a "llama" (SentencePiece) tokenizer: its normalizer and
+// merge model; it returns the decoder's description.
+func (t *Tokenizer) ggufSPM(k ggufKeys) (*componentJSON, error) {
+	prefix, err := k.bool("tokenizer.ggml.add_space_prefix", true)
+	if err != nil {
+		return nil, err
+	}
+	norms := []*componentJSON{{Type: "Replace", Pattern: &patternJSON{String: new(" ")}, Content: "▁"}}
+	decoders := []*componentJSON{{Type: "Replace", Pattern: &patternJSON{String: new("▁")}, Content: " "}, {Type: "ByteFallback"}, {Type: "Fuse"}}
+	if prefix {
+		norms = append([]*componentJSON{{Type: "Prepend", Prepend: "▁"}}, norms...)
+		decoders = append(decoders, &componentJSON{Type: "Strip", Content: " ", Start: 1})
+	}
+	if t.normalize, err = newNormalizer(&componentJSON{Type: "Sequence", Normalizers: norms}); err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	unk, err := k.id("tokenizer.ggml.unknown_token_id", 0)
+	if err != nil {
+		return nil, err
+	}
+	scores := make([]float32, k.n)
+	if v, ok := k.f.Get("tokenizer.ggml.scores"); ok {
+		sc, isF32 := gguf.ArrayOf[float32](v)
+		if !isF32 || len(sc) != k.n {
+			return nil, fmt.Errorf("tokenizer: tokenizer.ggml.scores must be %d float32s, found %s", k.n, v)
+		}
+		copy(scores, sc)
+	}
+	t.model = newSPM(t.vocab, scores, unk)
+	return &componentJSON{Type: "Sequence", Decoders: decoders}, nil
+}
+
+// ggufBPE sets up a "gpt2" (byte-level BPE) tokenizer: its pre-tokenizer,
+// normalizer and merges; it returns the decoder's description and whether
+// the pre-tokenizer's models add BOS by default.
+func (t *Tokenizer) ggufBPE(k ggufKeys) (decoder *componentJSON, addBOS bool, err error) {
+	name, _, err := k.f.Str("tokenizer.ggml.pre")
+	if err != nil {
+		return nil, false, fmt.Errorf("tokenizer: %w", err)
+	}
+	if name == "" {
+		name = "default" // as llama.cpp, which warns that quality suffers
+	}
+	pre, known := ggufPres[name]
+	if !known {
+		return nil, false, fmt.Errorf("tokenizer: tokenizer.ggml.pre %q is not a pre-tokenizer Tandem knows (known: default, gpt-2, gpt2, llama-bpe, llama-v3, llama3, qwen2, smollm)", name)
+	}
+	seq := &componentJSON{Type: "Sequence"}
+	for _, re := range pre.regexes {
+		seq.Pretokenizers = append(seq.Pretokenizers, &componentJSON{Type: "Split", Pattern: &patternJSON{Regex: new(re)}, Behavior: "Isolated"})
+	}
+	seq.Pretokenizers = append(seq.Pretokenizers, &componentJSON{Type: "ByteLevel", AddPrefixSpace: new(false), UseRegex: new(false)})
+	if t.preTok, err = newPreTokenizer(seq); err != nil {
+		return nil, false, fmt.Errorf("tokenizer: %w", err)
+	}
+	if pre.nfc {
+		t.normalize, _ = newNormalizer(&componentJSON{Type: "NFC"})
+	}
+	t.byteLevel = true
+	mv, ok := k.f.Get("tokenizer.ggml.merges")
+	merges, isStrings := gguf.ArrayOf[string](mv)
+	if !ok || !isStrings {
+		return nil, false, fmt.Errorf("tokenizer: a gpt2 tokenizer needs tokenizer.ggml.merges (an array of strings), found %s", mv)
+	}
+	ignore, err := k.bool(ignoreMergesKey, pre.ignoreMerges)
+	if err != nil {
+		return nil, false, err
+	}
+	b := &bpe{vocab: t.vocab, merges: make(map[uint64]merge, len(merges)), unk: -1, ignoreMerges: ignore}
+	for i := range b.byteTokens {
+		b.byteTokens[i] = -1
+	}
+	if err := b.addMerges(merges); err != nil {
+		return nil, false, err
+	}
+	t.model = b
+	return &componentJSON{Type: "ByteLevel"}, pre.addBOS, nil
+}
+
+// ggufLiterals registers the tokens matched literally in the text: those of
+// type control, unknown (both special) and user-defined.
+func (t *Tokenizer) ggufLiterals(tokens []string, types []int32) {
 	var literal []*addedToken
 	for i, s := range tokens {
 		switch types[i] {
@@ -243,64 +285,60 @@ func FromGGUF(f *gguf.File) (*Tokenizer, error) {
 		}
 	}
 	t.rawMatch = newMatcher(literal)
+}
 
-	bos, err := id("tokenizer.ggml.bos_token_id", defBOS)
+// ggufSpecials reads the BOS, EOS and end-of-generation ids (defBOS and
+// defEOS where the file names none) and what Encode adds around a text
+// (addBOS by default).
+func (t *Tokenizer) ggufSpecials(k ggufKeys, defBOS, defEOS int32, addBOS bool) error {
+	bos, err := k.id("tokenizer.ggml.bos_token_id", defBOS)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if bos >= 0 {
-		t.bos, t.hasBOS, t.bosToken = bos, true, tokens[bos]
+		t.bos, t.hasBOS, t.bosToken = bos, true, t.tokens[bos]
 		t.special[bos] = true
 	}
-	eos, err := id("tokenizer.ggml.eos_token_id", defEOS)
+	eos, err := k.id("tokenizer.ggml.eos_token_id", defEOS)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if eos >= 0 {
-		t.eosToken = tokens[eos]
+		t.eosToken = t.tokens[eos]
 		t.special[eos] = true
 		t.addEOS(eos)
 	}
 	for _, key := range []string{"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"} {
-		x, err := id(key, -1)
+		x, err := k.id(key, -1)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if x >= 0 {
 			t.addEOS(x)
 		}
 	}
-	if addBOS, err = boolKey("tokenizer.ggml.add_bos_token", addBOS); err != nil {
-		return nil, err
+	if addBOS, err = k.bool("tokenizer.ggml.add_bos_token", addBOS); err != nil {
+		return err
 	}
-	addEOS, err := boolKey("tokenizer.ggml.add_eos_token", false)
+	addEOS, err := k.bool("tokenizer.ggml.add_eos_token", false)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if addBOS {
 		if !t.hasBOS {
-			return nil, fmt.Errorf("tokenizer: add_bos_token is true but the file has no bos_token_id")
+			return fmt.Errorf("tokenizer: add_bos_token is true but the file has no bos_token_id")
 		}
 		t.template = append(t.template, templateItem{ids: []int32{t.bos}})
 	}
 	t.template = append(t.template, templateItem{seq: true})
 	if addEOS {
 		if eos < 0 {
-			return nil, fmt.Errorf("tokenizer: add_eos_token is true but the file has no eos_token_id")
+			return fmt.Errorf("tokenizer: add_eos_token is true but the file has no eos_token_id")
 		}
 		t.template = append(t.template, templateItem{ids: []int32{eos}})
 	}
-	tmpl, _, err := f.Str("tokenizer.chat_template")
-	if err != nil {
-		return nil, fmt.Errorf("tokenizer: %w", err)
-	}
-	if tmpl != "" {
-		t.chat = newChatTemplate(tmpl)
-	}
-	return t, nil
+	return nil
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // addMerges adds GGUF merges ("left right", split at the first space after
 // the first byte, as llama.cpp does) in priority order.
@@ -325,160 +363,4 @@ func (b *bpe) addMerges(merges []string) error {
 		}
 	}
 	return nil
-}
-
-// spm is a SentencePiece vocabulary merged the way llama.cpp's SPM
-// tokenizer does (llm_tokenizer_spm_session): starting from the UTF-8
-// characters of the text, the adjacent pair whose concatenation is a token
-// with the highest score is merged first (the leftmost on equal scores),
-// until no adjacent pair forms a token; a piece that is not a token becomes
-// its bytes' <0xXX> tokens.
-type spm struct {
-	vocab  map[string]int32
-	scores []float32
-	bytes  [256]int32
-}
-
-func newSPM(vocab map[string]int32, scores []float32, unk int32) *spm {
-	s := &spm{vocab: vocab, scores: scores}
-	for b := range s.bytes {
-		id, ok := vocab[fmt.Sprintf("<0x%02X>", b)]
-		if !ok {
-			id, ok = vocab[string([]byte{byte(b)})]
-		}
-		if !ok {
-			id = unk
-		}
-		s.bytes[b] = id
-	}
-	return s
-}
-
-type spmSymbol struct {
-	start, n   int
-	prev, next int
-}
-
-type spmBigram struct {
-	left, right int
-	score       float32
-	size        int
-}
-
-// before orders the merge queue: higher score first, then leftmost.
-func (a spmBigram) before(b spmBigram) bool {
-	return a.score > b.score || a.score == b.score && a.left < b.left
-}
-
-func (s *spm) encode(text string, dst []int32) []int32 {
-	if text == "" {
-		return dst
-	}
-	syms := make([]spmSymbol, 0, len(text))
-	for off := 0; off < len(text); {
-		n := utf8SeqLen(text[off])
-		n = min(n, len(text)-off)
-		syms = append(syms, spmSymbol{start: off, n: n, prev: len(syms) - 1, next: len(syms) + 1})
-		off += n
-	}
-	syms[len(syms)-1].next = -1
-	var queue []spmBigram
-	try := func(l, r int) {
-		if l < 0 || r < 0 {
-			return
-		}
-		piece := text[syms[l].start : syms[l].start+syms[l].n+syms[r].n]
-		id, ok := s.vocab[piece]
-		if !ok || int(id) >= len(s.scores) {
-			return
-		}
-		queue = pushBigram(queue, spmBigram{left: l, right: r, score: s.scores[id], size: len(piece)})
-	}
-	for i := 1; i < len(syms); i++ {
-		try(i-1, i)
-	}
-	for len(queue) > 0 {
-		var b spmBigram
-		b, queue = popBigram(queue)
-		l, r := &syms[b.left], &syms[b.right]
-		if l.n == 0 || r.n == 0 || l.n+r.n != b.size {
-			continue
-		}
-		l.n += r.n
-		r.n = 0
-		l.next = r.next
-		if r.next >= 0 {
-			syms[r.next].prev = b.left
-		}
-		try(l.prev, b.left)
-		try(b.left, l.next)
-	}
-	for i := 0; i != -1; i = syms[i].next {
-		piece := text[syms[i].start : syms[i].start+syms[i].n]
-		if id, ok := s.vocab[piece]; ok {
-			dst = append(dst, id)
-			continue
-		}
-		for j := 0; j < len(piece); j++ {
-			if id := s.bytes[piece[j]]; id >= 0 {
-				dst = append(dst, id)
-			}
-		}
-	}
-	return dst
-}
-
-// utf8SeqLen is the length of the UTF-8 sequence a lead byte starts, by
-// its top four bits, as llama.cpp's unicode_len_utf8 (1 for continuation
-// bytes).
-func utf8SeqLen(b byte) int {
-	switch b >> 4 {
-	case 12, 13:
-		return 2
-	case 14:
-		return 3
-	case 15:
-		return 4
-	}
-	return 1
-}
-
-// pushBigram and popBigram are bpe.go's pushCandidate and popCandidate for
-// the SentencePiece queue. The two pairs stay copies: each inlines into its
-// merge loop, where one generic pair (its less called through the
-// instantiation's dictionary) did not inline and made BPE merges slower
-// (BenchmarkBPEWordCache/uncached, 2026-12-05).
-func pushBigram(h []spmBigram, b spmBigram) []spmBigram {
-	h = append(h, b)
-	for i := len(h) - 1; i > 0; {
-		p := (i - 1) / 2
-		if !h[i].before(h[p]) {
-			break
-		}
-		h[i], h[p] = h[p], h[i]
-		i = p
-	}
-	return h
-}
-
-func popBigram(h []spmBigram) (spmBigram, []spmBigram) {
-	top := h[0]
-	last := len(h) - 1
-	h[0] = h[last]
-	h = h[:last]
-	for i := 0; ; {
-		l, r, m := 2*i+1, 2*i+2, i
-		if l < len(h) && h[l].before(h[m]) {
-			m = l
-		}
-		if r < len(h) && h[r].before(h[m]) {
-			m = r
-		}
-		if m == i {
-			break
-		}
-		h[i], h[m] = h[m], h[i]
-		i = m
-	}
-	return top, h
 }

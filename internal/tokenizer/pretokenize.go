@@ -269,7 +269,7 @@ var byteToRune, runeToByte = func() ([256]rune, map[rune]byte) {
 	var b2r [256]rune
 	r2b := make(map[rune]byte, 256)
 	n := rune(0)
-	for b := 0; b < 256; b++ {
+	for b := range 256 {
 		if b >= '!' && b <= '~' || b >= 0xA1 && b <= 0xAC || b >= 0xAE && b <= 0xFF {
 			b2r[b] = rune(b)
 		} else {

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -229,10 +230,8 @@ func (t *Tokenizer) applyConfig(c *configJSON) error {
 }
 
 func (t *Tokenizer) addEOS(id int32) {
-	for _, e := range t.eos {
-		if e == id {
-			return
-		}
+	if slices.Contains(t.eos, id) {
+		return
 	}
 	t.eos = append(t.eos, id)
 }

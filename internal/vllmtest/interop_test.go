@@ -135,11 +135,9 @@ func TestProxyColocatedInFrontOfVLLM(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	for i := range engines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			engines[i], errs[i] = start(env, Options{Model: model, BlockSize: 32})
-		}()
+		})
 	}
 	wg.Wait()
 	for i, s := range engines {
@@ -190,9 +188,7 @@ func TestProxyColocatedInFrontOfVLLM(t *testing.T) {
 	pd := map[string]int{}
 	var rg sync.WaitGroup
 	for i := range n {
-		rg.Add(1)
-		go func() {
-			defer rg.Done()
+		rg.Go(func() {
 			resp, body, err := postE(proxyURL+"/v1/completions", map[string]any{
 				"model": "tiny", "prompt": fmt.Sprintf("request %d: %s", i, strings.Repeat("the quick brown fox ", 8)),
 				"max_tokens": 4, "temperature": 0})
@@ -207,7 +203,7 @@ func TestProxyColocatedInFrontOfVLLM(t *testing.T) {
 			mu.Lock()
 			pd[strings.SplitN(resp.Header.Get("X-Tandem-Pd"), ";", 2)[0]]++
 			mu.Unlock()
-		}()
+		})
 	}
 	rg.Wait()
 	if pd["local"] != n {

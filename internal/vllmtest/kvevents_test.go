@@ -69,13 +69,11 @@ func TestProxyRoutesOnVLLMsKVEvents(t *testing.T) {
 		// Tandem's subscriber dials: tcp://*:PORT.
 		cfg, _ := json.Marshal(map[string]any{"enable_kv_cache_events": true, "publisher": "zmq",
 			"endpoint": fmt.Sprintf("tcp://*:%d", pubs[i]), "replay_endpoint": fmt.Sprintf("tcp://*:%d", replays[i]), "topic": "kv"})
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			engines[i], errs[i] = start(env, Options{Model: model, BlockSize: 32,
 				Args: []string{"--enable-prefix-caching", "--prefix-caching-hash-algo", "sha256_cbor", "--kv-events-config", string(cfg)},
 				Env:  []string{"PYTHONHASHSEED=" + kvHashSeed}})
-		}()
+		})
 	}
 	wg.Wait()
 	for i, s := range engines {

@@ -52,13 +52,11 @@ func TestProxyDrivesVLLMPrefillAndDecode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			engines[i], errs[i] = start(env, Options{Model: model, BlockSize: 32,
 				Args: []string{"--kv-transfer-config", nixlKVConfig},
 				Env:  []string{"VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT=" + strconv.Itoa(port)}})
-		}()
+		})
 	}
 	wg.Wait()
 	for i, s := range engines {

@@ -137,7 +137,7 @@ func (s *Server) waitHealthy(timeout time.Duration) error {
 		}
 		select {
 		case <-s.done:
-			return fmt.Errorf("vllmtest: vllm serve exited before it was healthy: %v", s.err)
+			return fmt.Errorf("vllmtest: vllm serve exited before it was healthy: %w", s.err)
 		case <-ctx.Done():
 			return fmt.Errorf("vllmtest: vllm serve not healthy at %s after %v", s.URL, timeout)
 		case <-tick.C:

@@ -2,6 +2,7 @@ package vllmtest
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"regexp"
 	"strings"
@@ -72,7 +73,7 @@ func names(t *testing.T, body []byte, stream bool) tokenNames {
 		out.add(t, body)
 		return out
 	}
-	for _, line := range strings.Split(string(body), "\n") {
+	for line := range strings.SplitSeq(string(body), "\n") {
 		data, ok := strings.CutPrefix(strings.TrimSpace(line), "data: ")
 		if ok && data != "[DONE]" {
 			out.add(t, []byte(data))
@@ -101,9 +102,7 @@ func TestReturnTokensAsTokenIDsLikeVLLM(t *testing.T) {
 	for _, r := range reqs {
 		for _, stream := range []bool{false, true} {
 			body := map[string]any{"model": "tiny", "max_tokens": 4, "temperature": 0, "return_tokens_as_token_ids": true, "stream": stream}
-			for k, val := range r.body {
-				body[k] = val
-			}
+			maps.Copy(body, r.body)
 			for _, server := range []struct{ name, url string }{{"vllm", v.URL}, {"tandem", tp.url}} {
 				resp, out := post(t, server.url+r.path, body)
 				if resp.StatusCode != http.StatusOK {

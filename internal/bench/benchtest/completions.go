@@ -5,6 +5,7 @@ package benchtest
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -64,9 +65,7 @@ func (f *CompletionsOnly) Models() map[string]int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := make(map[string]int, len(f.models))
-	for k, v := range f.models {
-		out[k] = v
-	}
+	maps.Copy(out, f.models)
 	return out
 }
 

@@ -57,7 +57,7 @@ tandem:proxy_requests_total 9
 // configuration met, one only adaptive missed, and a tie of the static
 // configurations named together; the report counts them.
 func TestAdaptiveCells(t *testing.T) {
-	capOf := func(target, bound string, rate float64) bench.Capacity {
+	capOf := func(target string, bound bench.Bound, rate float64) bench.Capacity {
 		return bench.Capacity{Target: target, Bound: bound, Interpolated: rate}
 	}
 	grid := []bench.GridCell{

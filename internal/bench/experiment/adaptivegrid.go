@@ -41,7 +41,7 @@ func adaptiveCells(grid []bench.GridCell) []AdaptiveCell {
 		c := AdaptiveCell{TTFTScale: g.TTFTScale, TPOTScale: g.TPOTScale}
 		found := false
 		for _, k := range g.Capacities {
-			v, atLeast := gridRate(k), k.Bound == "at least"
+			v, atLeast := gridRate(k), k.Bound == bench.BoundAtLeast
 			switch {
 			case k.Target == Adaptive:
 				c.Adaptive, c.AdaptiveAtLeast, found = v, atLeast && v > 0, true
@@ -127,7 +127,7 @@ func writeAdaptiveRun(w io.Writer, name string, slo bench.SLO, c bench.Capacity)
 // interpolated rate, or 0 when even the lowest tested rate missed.
 func gridRate(c bench.Capacity) float64 {
 	switch c.Bound {
-	case "between", "at least", "search":
+	case bench.BoundBetween, bench.BoundAtLeast, bench.BoundSearch:
 		return c.Interpolated
 	}
 	return 0

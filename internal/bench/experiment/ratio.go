@@ -375,15 +375,7 @@ func (r *ratioRun) measureSplit(ctx context.Context, wl Workload, m *bench.PDMod
 		}
 		sr = lo
 	}
-	pt.Measured, pt.FirstMiss, pt.Points = sr.MaxRate, sr.FirstMiss, sr.Points
-	switch {
-	case sr.MaxRate == 0:
-		pt.Bound = "below"
-	case sr.FirstMiss == 0:
-		pt.Bound = "at least"
-	default:
-		pt.Bound = "search"
-	}
+	pt.Measured, pt.FirstMiss, pt.Points, pt.Bound = sr.MaxRate, sr.FirstMiss, sr.Points, sr.Bound()
 	for _, res := range sr.Results {
 		x.noteFailures(&bench.Suite{Results: []*bench.Result{res}}, wl.Name+" "+name)
 		if res.Load.Rate == sr.FirstMiss {

@@ -10,22 +10,22 @@ import (
 // rateText is a measured goodput rate as the reports print it: "-" without
 // rate levels, "< FIRSTMISS" when even the lowest rate tried missed the
 // goal, "≥ RATE" when every rate tried met it, else "RATE (DETAIL)".
-func rateText(bound string, rate, firstMiss float64, detail string) string {
+func rateText(bound bench.Bound, rate, firstMiss float64, detail string) string {
 	switch bound {
-	case "none":
+	case bench.BoundNone:
 		return "-"
-	case "below":
+	case bench.BoundBelow:
 		return fmt.Sprintf("< %.3g", firstMiss)
-	case "at least":
+	case bench.BoundAtLeast:
 		return fmt.Sprintf("≥ %.3g", rate)
 	}
 	return fmt.Sprintf("%.3g (%s)", rate, detail)
 }
 
 // boundNotes explain the one-sided bounds in the ratio experiment's lines.
-var boundNotes = map[string]string{
-	"below":    " (the lowest rate tried missed)",
-	"at least": " (every rate tried met the goal)",
+var boundNotes = map[bench.Bound]string{
+	bench.BoundBelow:   " (the lowest rate tried missed)",
+	bench.BoundAtLeast: " (every rate tried met the goal)",
 }
 
 // measuredText is a split's measured goodput rate, e.g. "1.2 (1.5

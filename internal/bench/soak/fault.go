@@ -24,6 +24,8 @@ type Fault struct {
 	Stall  time.Duration // for Stall: how long the engine stays stopped
 }
 
+// String is the fault's line in the schedule: its offset, kind and engine
+// (and a stall's length).
 func (f Fault) String() string {
 	if f.Kind == Stall {
 		return fmt.Sprintf("%6.1fs %s %s for %v", f.At.Seconds(), f.Kind, f.Engine, f.Stall)

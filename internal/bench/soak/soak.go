@@ -103,9 +103,7 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	var sampler sync.WaitGroup
 	if c.PIDs != nil && c.SampleEvery > 0 {
-		sampler.Add(1)
-		go func() {
-			defer sampler.Done()
+		sampler.Go(func() {
 			lives := map[[2]any]*Life{}
 			t := time.NewTicker(c.SampleEvery)
 			defer t.Stop()
@@ -131,15 +129,13 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 				case <-t.C:
 				}
 			}
-		}()
+		})
 	}
 
 	loadCtx, stopLoad := context.WithTimeout(ctx, c.Duration)
 	defer stopLoad()
 	var faults sync.WaitGroup
-	faults.Add(1)
-	go func() {
-		defer faults.Done()
+	faults.Go(func() {
 		for _, f := range c.Faults {
 			if !sleepUntil(loadCtx, start.Add(f.At)) {
 				return
@@ -157,7 +153,7 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 			res.Faults = append(res.Faults, fr)
 			mu.Unlock()
 		}
-	}()
+	})
 
 	stage := c.Progress.Start("soak load", int64(c.Duration), progress.Time)
 	answered, failed, running := stage.Counter("answered", 0), stage.Warning("failed"), stage.Gauge("in flight")
@@ -207,22 +203,18 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 				}
 			}
 			res.Sent++
-			inflight.Add(1)
-			go func() {
-				defer inflight.Done()
+			inflight.Go(func() {
 				do(i)
 				if sem != nil {
 					<-sem
 				}
-			}()
+			})
 		}
 	} else {
 		var next sync.Mutex
 		i := 0
 		for range max(c.Concurrency, 1) {
-			inflight.Add(1)
-			go func() {
-				defer inflight.Done()
+			inflight.Go(func() {
 				for loadCtx.Err() == nil {
 					next.Lock()
 					id := i
@@ -231,7 +223,7 @@ func Run(ctx context.Context, c Config) (*Result, error) {
 					next.Unlock()
 					do(id)
 				}
-			}()
+			})
 		}
 	}
 	<-loadCtx.Done()

@@ -103,4 +103,5 @@ func (t Tally) Failed() int {
 	return n
 }
 
+// String prints the counts by outcome, in key order.
 func (t Tally) String() string { return fmt.Sprint(map[string]int(t)) }

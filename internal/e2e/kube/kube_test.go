@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -563,7 +562,7 @@ func TestDiscoveryScalesPoolsWithoutLosingRequests(t *testing.T) {
 	c.apply(t, c.slice("prefill-a", prefillSvc, ep(p0.host, true, false)))
 	c.apply(t, c.slice("decode-a", decodeSvc, ep(d0.host, true, false)))
 
-	port := freePort(t)
+	port := testutil.FreePort(t)
 	c.proxyURL = fmt.Sprintf("http://127.0.0.1:%d", port)
 	proxy := startProc(t, "proxy", exec.Command(bin, "proxy", "--discovery", "kubernetes",
 		"--kubeconfig", cp.Kubeconfig, "--kube-namespace", namespace,
@@ -686,16 +685,6 @@ func TestDiscoveryScalesPoolsWithoutLosingRequests(t *testing.T) {
 	}
 	t.Logf("EndpointSlice update → proxy backend set changed: p50 %.1f ms, p99 %.1f ms, max %.1f ms over %d changes",
 		ms(percentile(flips, 0.5)), ms(percentile(flips, 0.99)), ms(slices.Max(flips)), len(flips))
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -65,8 +65,7 @@ func open(path string, c *readCounter) (*File, error) {
 		return nil, fmt.Errorf("safetensors: %s: file too short: need at least 8 bytes for the header length, found %d", path, size)
 	}
 	if _, err := ParseHeader(prefix[:], size); err != nil {
-		var need *NeedError
-		if !errors.As(err, &need) {
+		if _, ok := errors.AsType[*NeedError](err); !ok {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 	}
@@ -296,9 +295,7 @@ func readParallel(f *os.File, dst []byte, readers int, rc *readCounter) error {
 	)
 	chunks := (int64(len(dst)) + readChunk - 1) / readChunk
 	for range min(int64(readers), chunks) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for {
 				c := next.Add(1) - 1
 				if c >= chunks {
@@ -321,7 +318,7 @@ func readParallel(f *os.File, dst []byte, readers int, rc *readCounter) error {
 				}
 				rc.add(int64(len(part)))
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	return first

@@ -198,6 +198,7 @@ type NeedError struct {
 	Bytes int64
 }
 
+// Error says how many leading bytes the header needs.
 func (e *NeedError) Error() string {
 	return fmt.Sprintf("safetensors: need the first %d bytes to parse the header", e.Bytes)
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -56,12 +57,7 @@ func newEngine(t *testing.T, prefill bool) *fakeEngine {
 func (e *fakeEngine) got(id string) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for _, x := range e.ids {
-		if x == id {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(e.ids, id)
 }
 
 // TestKVEventsSteerTheRouter: decode d1 publishes that it cached a prompt's
