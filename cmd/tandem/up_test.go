@@ -118,7 +118,7 @@ func TestUpColocated(t *testing.T) {
 			case planner && (err != nil || !plan.Acting || len(plan.Prefill) != 0 || len(plan.Decode) != 2):
 				t.Errorf("GET %s: %+v (%v), want the planner acting on 0 prefill + 2 decode", proxy.PlanPath, plan, err)
 			}
-			if got := metric(t, url, "tandem:proxy_pd_decisions_total", `decision="local",reason="colocated"`); got != 1 {
+			if got := testutil.Metric(t, url, "tandem:proxy_pd_decisions_total", `decision="local",reason="colocated"`); got != 1 {
 				t.Errorf("colocated decisions counted %v, want 1", got)
 			}
 			stop()
