@@ -108,7 +108,7 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 	f := &proxyFlags{}
 	cfg := &f.cfg
 	var prefill, decode urlList
-	fs.Var(&prefill, "prefill", "prefill engine URL(s), comma-separated or repeated (required with --discovery static and no --backends-file; with --discovery kubernetes they serve until the first EndpointSlice list)")
+	fs.Var(&prefill, "prefill", "prefill engine URL(s), comma-separated or repeated (with --discovery static and no --backends-file, none runs colocated: every decode prefills its own prompts, under --pd-decider conditional or priced; with --discovery kubernetes they serve until the first EndpointSlice list)")
 	fs.Var(&decode, "decode", "decode engine URL(s), comma-separated or repeated (as --prefill)")
 	k := &f.kube
 	fs.StringVar(&k.discovery, "discovery", discoveryStatic, "where the engines come from: static (--prefill/--decode, --backends-file, the admin endpoint) or kubernetes (the ready endpoints of EndpointSlices, watched: pods that come, go or turn unready are added and removed without a restart)")
@@ -184,8 +184,12 @@ func parseProxyFlags(args []string) (*proxyFlags, error) {
 				return nil, fmt.Errorf("--%s needs --discovery kubernetes", name)
 			}
 		}
-		if (len(prefill) == 0 || len(decode) == 0) && cfg.BackendsFile == "" {
+		switch {
+		case cfg.BackendsFile != "":
+		case len(decode) == 0:
 			return nil, errors.New("give the engines with --prefill URL[,URL...] and --decode URL[,URL...], or --backends-file FILE, or find them with --discovery kubernetes")
+		case len(prefill) == 0 && !proxy.KeepsLocalWithoutPrefill(cfg.PDDecider):
+			return nil, fmt.Errorf("no --prefill engine and --pd-decider %s, which sends every prompt to one: give --prefill URL[,URL...], or run colocated (every decode prefilling its own prompts) with --pd-decider conditional or priced", cfg.PDDecider)
 		}
 	case discoveryKubernetes:
 		if cfg.BackendsFile != "" {

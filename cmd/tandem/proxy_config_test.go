@@ -72,3 +72,26 @@ profiles:
 		}
 	})
 }
+
+// TestProxyWithoutPrefillRunsColocated: `tandem proxy --decode URL` with no
+// --prefill is the colocated split under the default decider (every
+// decode prefills its own prompts); under --pd-decider always, which sends
+// every prompt to a prefill engine, it is refused naming --prefill, and no
+// --decode is refused as before.
+func TestProxyWithoutPrefillRunsColocated(t *testing.T) {
+	f, err := parseProxyFlags([]string{"--decode", "http://b:1,http://c:1"})
+	if err != nil || len(f.cfg.Prefill) != 0 || len(f.cfg.Decode) != 2 {
+		t.Fatalf("--decode alone: %+v, %v; want two decodes and no prefill engine", f, err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--decode", "http://b:1", "--pd-decider", "always"}, "--prefill"},
+		{[]string{"--prefill", "http://a:1"}, "--decode"},
+	} {
+		if _, err := parseProxyFlags(c.args); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: err %v, want one naming %s", c.args, err, c.want)
+		}
+	}
+}
