@@ -255,7 +255,10 @@ func (m *capacity) valueSplit(p, d int) valued {
 		lo = hi
 	} else {
 		top := hi
-		for range 50 {
+		// To a part in 10⁵ of the rate: far below any lead a move needs
+		// (Config.Hysteresis), and a third of the valuations of a fixed
+		// 50 halvings.
+		for i := 0; i < 50 && top-lo > 1e-5*top; i++ {
 			mid := (lo + top) / 2
 			if at(mid).met >= m.goal {
 				lo = mid
