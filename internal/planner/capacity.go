@@ -461,7 +461,10 @@ func (m *capacity) tpotMiss(perDecode, most float64, a attained) float64 {
 	noise := m.stepMiss(a.batch, most, slo)
 	local, step := math.Inf(1), a.step // the local prefills a stream may meet, its steps
 	if !math.IsInf(most, 1) {
-		local = most * m.localFraction
+		// Of its share of a burst, a stream waits through the local
+		// prompts that come after it: with the burst's order at random,
+		// half the others on average.
+		local = max(most-1, 0) / 2 * m.localFraction
 		if len(m.held) > 0 && a.batch > 1 && a.batch >= most*(1-1e-9) {
 			// Held by a burst, the batch falls as its streams finish
 			// (stepMiss): a stream's slack is at the mean step it sees.
