@@ -7,6 +7,15 @@ import (
 	"time"
 )
 
+// longPrompts and longOutputs are the P/D experiment's long workload at
+// seed 2 (`tandem bench experiment pd --workloads long --requests 16 --seed
+// 2`): its 16 prompts' tokens and their answers' in the order sent, each
+// level and round the same.
+var (
+	longPrompts = []int{1335, 1730, 1555, 1400, 1798, 1639, 1466, 1445, 1116, 1267, 1636, 1312, 1186, 1081, 1424, 1113}
+	longOutputs = []int{275, 229, 218, 212, 199, 140, 181, 229, 243, 128, 257, 124, 177, 287, 231, 107}
+)
+
 // longLevelsPlanner is the long workload's balanced cell at four engines
 // (TTFT 1.25 s, TPOT 25 ms, window 15 s, --max-num-batched-tokens 512) a
 // second into its 8 req/s level, the split at p prefill engines: levels of
@@ -23,8 +32,8 @@ func longLevelsPlanner(t *testing.T, p int) (*Planner, time.Time) {
 	level := func(start time.Time, rate float64, n int) time.Time {
 		for i := range n {
 			at := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
-			l := 1024 + rng.IntN(1025)
-			pl.ObserveRequest(Request{At: at, PromptTokens: l, UncachedTokens: l, OutputTokens: 100 + rng.IntN(201)})
+			l := longPrompts[i%len(longPrompts)]
+			pl.ObserveRequest(Request{At: at, PromptTokens: l, UncachedTokens: l, OutputTokens: longOutputs[i%len(longOutputs)]})
 			pl.ObservePrefill(PrefillSample{At: at, URL: "e0", Tokens: l, Seconds: simPrefill(l)})
 		}
 		return start.Add(time.Duration(float64(n) / rate * float64(time.Second)))
