@@ -88,7 +88,7 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 	reqs := sample(pl.win, maxModelRequests)
 	step := f.stepSeconds()
 	chunk := float64(max(f.MaxBatchedTokens, 1))
-	kinds, times := make([]burstKind, len(reqs)), make([]float64, len(reqs))
+	kinds, times, tokens := make([]burstKind, len(reqs)), make([]float64, len(reqs)), make([]float64, len(reqs))
 	for i, r := range reqs {
 		n := float64(r.UncachedTokens)
 		switch {
@@ -99,7 +99,7 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 			chunks := math.Ceil(n / chunk)
 			sv := cv.Seconds(n) + (chunks-1)*cv.A
 			m.local = append(m.local, sv+chunks*step)
-			kinds[i], times[i] = burstLocal, sv+chunks*step
+			kinds[i], tokens[i] = burstLocal, n
 			// The running streams' tokens ride in the chunks' steps:
 			// they wait through what the chunks add to the steps they
 			// would have run anyway.
@@ -116,7 +116,7 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 	for i, r := range reqs {
 		outputs[i] = float64(r.OutputTokens)
 	}
-	m.burst = newBurstQueue(f.BurstRequests, kinds, times)
+	m.burst = newBurstQueue(f.BurstRequests, kinds, times, tokens, cv, chunk)
 	m.spread = lifeSpread(outputs)
 	m.held = burstHeld(outputs)
 	m.spreadMean = Mean(m.spread)
@@ -269,7 +269,10 @@ func (m *capacity) valueSplit(p, d int) valued {
 		lo = hi
 	} else {
 		top := hi
-		for range 50 {
+		// To a part in 10⁵ of the rate: far below any lead a move needs
+		// (Config.Hysteresis), and a third of the valuations of a fixed
+		// 50 halvings.
+		for i := 0; i < 50 && top-lo > 1e-5*top; i++ {
 			mid := (lo + top) / 2
 			if at(mid).met >= m.goal {
 				lo = mid
@@ -365,7 +368,7 @@ func (m *capacity) attainment(p, d int, lambda float64) attained {
 	if m.burst != nil {
 		leg := m.legAt(a.batch, a.step, a.rho)
 		var ttftMet float64
-		ttftMet, a.remoteMiss, a.localMiss = m.burst.met(p, d, lambda, m.ttft, m.over, leg)
+		ttftMet, a.remoteMiss, a.localMiss = m.burst.met(p, d, lambda, a.batch, m.ttft, m.over, leg)
 		a.tpotMiss = m.tpotMiss(perDecode, m.burstShare(d), a)
 		a.met = ttftMet * (1 - a.tpotMiss)
 		return a
