@@ -67,29 +67,43 @@ func arrivalDispersion(reqs []Request, from, now time.Time, bin time.Duration) f
 }
 
 // largestBurst is the most requests of one burst among reqs: arrivals
-// with no gap longer than gap between them. It is 0 when there is no
-// such gap, between two arrivals or after the last one before now: the
-// window then shows no burst's end, and the traffic is taken as
+// that each came while a request before them was still being answered. A
+// burst ends where every request before a gap had finished: each at its
+// answer's end where the planner was told it (ObserveOutput), else life
+// after it arrived (a stream's life: requests then arrive further apart
+// than that). It is 0 when no burst ended, between two arrivals or before
+// now: the window then shows no gap, and the traffic is taken as
 // sustained. A burst cut by the window's start counts what the window
-// holds of it.
-func largestBurst(reqs []Request, now time.Time, gap time.Duration) int {
-	if len(reqs) == 0 || gap <= 0 {
+// holds of it. Bursts that the engines drain before the next (the P/D
+// experiment's rounds, each run to its last answer) are told apart
+// however their answers' lengths fall; by arrival gaps alone, rounds whose
+// last answers were short merged (two or three rounds of 16 seen as one
+// burst of 32–48, their streams priced as stalled by twice the prompts).
+func largestBurst(reqs []Request, now time.Time, life time.Duration) int {
+	if len(reqs) == 0 || life <= 0 {
 		return 0
 	}
-	at := make([]time.Time, len(reqs))
-	for i, r := range reqs {
-		at[i] = r.At
+	rs := slices.Clone(reqs)
+	slices.SortFunc(rs, func(a, b Request) int { return a.At.Compare(b.At) })
+	end := func(r Request) time.Time {
+		if !r.done.IsZero() {
+			return r.done
+		}
+		return r.At.Add(life)
 	}
-	slices.SortFunc(at, time.Time.Compare)
 	most, n, gaps := 0, 0, 0
-	for i, t := range at {
-		if i > 0 && t.Sub(at[i-1]) > gap {
+	var busy time.Time // when every request of the burst so far has ended
+	for i, r := range rs {
+		if i > 0 && r.At.After(busy) {
 			most, n = max(most, n), 0
 			gaps++
 		}
 		n++
+		if e := end(r); e.After(busy) {
+			busy = e
+		}
 	}
-	if now.Sub(at[len(at)-1]) > gap {
+	if now.After(busy) {
 		gaps++
 	}
 	if gaps == 0 {

@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -129,6 +130,59 @@ func TestLargestBurst(t *testing.T) {
 	if got := largestBurst(steady, t0.Add(5*time.Second), life); got != 60 {
 		t.Errorf("a stream that stopped two seconds ago: largest burst %d, want 60", got)
 	}
+}
+
+// TestBurstsEndWhereTheAnswersDid: the long workload's rounds (16
+// requests over 1.26 s at 16 req/s, the next round when the last answer
+// of this one has ended) are told apart by their answers' ends wherever
+// those fall. Arrival gaps alone (a stream's life, 2.4 s) merged rounds
+// whose gap was shorter than a life and took them as one burst of 32–48;
+// and a request still being answered holds its burst open past a gap.
+func TestBurstsEndWhereTheAnswersDid(t *testing.T) {
+	pl := newPlanner(t, Config{TTFT: 1250 * time.Millisecond, TPOT: 25 * time.Millisecond, Engines: 4, Prefill: 0, Window: 15 * time.Second})
+	at := t0
+	var last time.Time
+	for round := range 3 {
+		var ends time.Time
+		for i := range 16 {
+			a := at.Add(time.Duration(i) * 80 * time.Millisecond)
+			id := fmt.Sprint(round, "-", i)
+			pl.ObserveRequest(Request{At: a, ID: id, PromptTokens: 1400, UncachedTokens: 1400, OutputTokens: 200})
+			end := a.Add(time.Duration(1500+100*(i%5)) * time.Millisecond)
+			pl.ObserveOutput(id, 200, end)
+			ends = later(ends, end)
+		}
+		last = at.Add(15 * 80 * time.Millisecond)
+		at = ends.Add(100 * time.Millisecond) // the next round starts when this one has ended
+	}
+	life := 2400 * time.Millisecond
+	if gap := at.Add(-100 * time.Millisecond).Sub(last); gap >= life {
+		t.Fatalf("the rounds' gap %v is not shorter than a life: the case shows nothing", gap)
+	}
+	if got := largestBurst(pl.arrivals, at, life); got != 16 {
+		t.Errorf("three rounds of 16 each ended before the next: largest burst %d, want 16", got)
+	}
+	// Without their answers' ends the rounds merge, as before.
+	bare := make([]Request, len(pl.arrivals))
+	for i, r := range pl.arrivals {
+		bare[i] = Request{At: r.At}
+	}
+	if got := largestBurst(bare, at.Add(10*time.Second), life); got != 48 {
+		t.Errorf("the rounds without their answers' ends: largest burst %d, want 48 (merged by arrival gaps)", got)
+	}
+	// A request still being answered (no end told) past its life keeps
+	// its round's burst open only for a life.
+	pl.ObserveRequest(Request{At: at, ID: "open", PromptTokens: 1400, UncachedTokens: 1400, OutputTokens: 200})
+	if got := largestBurst(pl.arrivals, at.Add(time.Second), life); got != 16 {
+		t.Errorf("a fourth round begun: largest burst %d, want 16", got)
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // TestBurstBoundsTheDecodeBatch: a window of the P/D experiment's rounds

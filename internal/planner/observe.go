@@ -24,7 +24,8 @@ type Request struct {
 	// Finished says OutputTokens is what it produced.
 	Finished bool
 
-	seq uint64 // its place in the order of ObserveRequest
+	seq  uint64    // its place in the order of ObserveRequest
+	done time.Time // when its answer ended (ObserveOutput), zero until then
 }
 
 // EngineSample is one scrape of an engine's costs. Zero costs are unknown.
@@ -65,22 +66,26 @@ func (pl *Planner) ObserveRequest(r Request) {
 		pl.ids[r.ID] = r.seq
 	}
 	pl.reqs = append(pl.reqs, r)
-	pl.arrivals = append(pl.arrivals, Request{At: r.At})
+	pl.arrivals = append(pl.arrivals, Request{At: r.At, seq: r.seq})
 }
 
-// ObserveOutput records that the request id (its Request.ID) finished
-// with tokens output tokens: the model counts those rather than its
-// max_tokens. A request no longer in the window, or never observed, is
-// ignored.
-func (pl *Planner) ObserveOutput(id string, tokens int) {
+// ObserveOutput records that the request id (its Request.ID) finished at
+// at with tokens output tokens: the model counts those rather than its
+// max_tokens, and the arrivals' bursts end where every request before a
+// gap had finished (largestBurst). A request no longer in the window, or
+// never observed, is ignored.
+func (pl *Planner) ObserveOutput(id string, tokens int, at time.Time) {
 	seq, ok := pl.ids[id]
 	if !ok {
 		return
 	}
 	delete(pl.ids, id)
-	i, found := slices.BinarySearchFunc(pl.reqs, seq, func(r Request, seq uint64) int { return cmp.Compare(r.seq, seq) })
-	if found {
+	bySeq := func(r Request, seq uint64) int { return cmp.Compare(r.seq, seq) }
+	if i, found := slices.BinarySearchFunc(pl.reqs, seq, bySeq); found {
 		pl.reqs[i].OutputTokens, pl.reqs[i].Finished = tokens, true
+	}
+	if i, found := slices.BinarySearchFunc(pl.arrivals, seq, bySeq); found {
+		pl.arrivals[i].done = at
 	}
 }
 

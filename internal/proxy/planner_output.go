@@ -100,6 +100,6 @@ func (p *Proxy) observeOutput(id string, c *outputCount, stream bool) {
 		return
 	}
 	p.plan.mu.Lock()
-	p.plan.pl.ObserveOutput(id, n)
+	p.plan.pl.ObserveOutput(id, n, p.now())
 	p.plan.mu.Unlock()
 }
