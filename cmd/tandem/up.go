@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -15,7 +16,16 @@ import (
 )
 
 func runUp(args []string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return up(ctx, args, os.Stdout, os.Stderr)
+}
+
+// up is tandem up with args until ctx is done, its endpoint and examples
+// on stdout, the engines' and the proxy's logs on stderr.
+func up(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("tandem up", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: tandem up [flags] [-- extra flags for every engine's tandem serve]\n\n"+
 			"Starts prefill and decode engines (tandem serve) and the proxy in front of them, and supervises the\n"+
@@ -27,13 +37,15 @@ func runUp(args []string) error {
 			"tandem up exits 1 naming it. SIGINT or SIGTERM stops the proxy, then the engines (which drain),\n"+
 			"and exits 0. With --slo-ttft and --slo-tpot the planner sizes the pools: every engine serves both roles and\n"+
 			"the proxy moves engines between prefill and decode as the traffic asks, each finishing its old work\n"+
-			"in the background (tandem plan shows why). See docs/usage/serve.md.\n\n")
+			"in the background (tandem plan shows why). --prefill 0 starts the colocated split: every engine a decode\n"+
+			"that prefills its own prompts, the planner (when on) free to move engines into a prefill pool from there.\n"+
+			"See docs/usage/serve.md.\n\n")
 		fs.PrintDefaults()
 	}
-	var cfg launch.Config
+	cfg := launch.Config{Stdout: stdout, Stderr: stderr}
 	fs.StringVar(&cfg.ModelDir, "model", "", "Hugging Face Llama/Mistral/Qwen2 model directory (default: the embedded stories260K story model, written once to the user cache)")
 	fs.StringVar(&cfg.ServedModelName, "served-model-name", "", "model name in the API (default: the model directory's name)")
-	fs.IntVar(&cfg.Prefill, "prefill", 1, "number of prefill engines (at least 1; with the planner, the split at start)")
+	fs.IntVar(&cfg.Prefill, "prefill", 1, "number of prefill engines; 0 is the colocated split, every engine a decode that prefills its own prompts (not with --pd-decider always); with the planner, the split at start, which it may move engines into a prefill pool from")
 	fs.IntVar(&cfg.Decode, "decode", 1, "number of decode engines (at least 1; with the planner, the split at start)")
 	fs.StringVar(&cfg.Host, "host", "127.0.0.1", "address of the proxy and the engines")
 	fs.IntVar(&cfg.Port, "port", 8000, "proxy port")
@@ -59,13 +71,6 @@ func runUp(args []string) error {
 	args = joinSimulateArg(args)
 	if err := fs.Parse(args); err != nil {
 		return err
-	}
-	if cfg.Prefill < 1 || cfg.Decode < 1 {
-		// launch.Config reads 0 as its default (one), so a 0 given here
-		// would start an engine the user asked not to.
-		return fmt.Errorf("--prefill %d --decode %d: tandem up starts at least one engine of each role; with --slo-ttft and --slo-tpot "+
-			"the planner moves them between the roles, down to no prefill engine (every engine prefilling its own prompts); "+
-			"for one engine that does both, use tandem serve", cfg.Prefill, cfg.Decode)
 	}
 	cfg.Simulate = string(simulate)
 	var err error
@@ -104,7 +109,5 @@ func runUp(args []string) error {
 		return fmt.Errorf("finding the tandem executable to start engines with: %w", err)
 	}
 	cfg.Executable = exe
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	return launch.Run(ctx, cfg)
 }

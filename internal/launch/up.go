@@ -22,7 +22,8 @@ import (
 	"github.com/tandem-serve/tandem/internal/tokenizer"
 )
 
-// Config configures Run. Zero values take the defaults on each field.
+// Config configures Run. Zero values take the defaults on each field, but
+// for Prefill and Decode, which are taken as given.
 type Config struct {
 	// Executable is the tandem binary that runs the engines. Required; the
 	// command passes os.Executable().
@@ -36,7 +37,13 @@ type Config struct {
 	// ServedModelName is the model's name in the API. Default: the base name
 	// of the model directory, or defaultmodel.Name for the default model.
 	ServedModelName string
-	// Prefill and Decode are the numbers of engines. Default 1 each.
+	// Prefill and Decode are the numbers of engines, taken as given (the
+	// command's flags hold the defaults). Decode is at least 1. Prefill 0
+	// is the colocated split: every engine a decode that prefills its own
+	// prompts, which needs a decider that keeps prompts local when no
+	// prefill engine is listed (conditional or priced, not always). With
+	// the planner they are the split at start, and it may move engines
+	// into a prefill pool from there.
 	Prefill, Decode int
 	// Host is the address of the proxy and the engines. Default 127.0.0.1.
 	Host string
@@ -96,14 +103,11 @@ func (c *Config) setDefaults() error {
 	if c.Executable == "" {
 		return errors.New("up: no tandem executable to start the engines with")
 	}
-	if c.Prefill == 0 {
-		c.Prefill = 1
+	if c.PDDecider == "" {
+		c.PDDecider = proxy.DefaultPDDecider
 	}
-	if c.Decode == 0 {
-		c.Decode = 1
-	}
-	if c.Prefill < 0 || c.Decode < 0 {
-		return fmt.Errorf("--prefill %d --decode %d: want at least one of each", c.Prefill, c.Decode)
+	if err := c.checkSplit(); err != nil {
+		return err
 	}
 	if c.Host == "" {
 		c.Host = "127.0.0.1"
@@ -119,9 +123,6 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Policy == "" {
 		c.Policy = proxy.DefaultPolicy
-	}
-	if c.PDDecider == "" {
-		c.PDDecider = proxy.DefaultPDDecider
 	}
 	c.Restart.setDefaults()
 	switch c.Simulate {
@@ -147,6 +148,25 @@ func (c *Config) setDefaults() error {
 			return err
 		}
 		c.CPUs = cpus
+	}
+	return nil
+}
+
+// checkSplit refuses engine counts tandem up cannot serve with, naming
+// the flags: no decode engine, a negative count, no prefill engine under a
+// decider that sends every prompt to one, or the planner with a single
+// engine to split.
+func (c *Config) checkSplit() error {
+	switch {
+	case c.Decode < 1 || c.Prefill < 0:
+		return fmt.Errorf("--prefill %d --decode %d: tandem up needs at least one decode engine and no negative count "+
+			"(--prefill 0 makes every engine a decode that prefills its own prompts); for one engine alone, use tandem serve", c.Prefill, c.Decode)
+	case c.Prefill == 0 && !proxy.KeepsLocalWithoutPrefill(c.PDDecider):
+		return fmt.Errorf("--prefill 0 with --pd-decider %s: that decider sends every prompt to a prefill engine; "+
+			"use --pd-decider conditional or priced, which prefill on the decode when no prefill engine is listed, or start one with --prefill 1", c.PDDecider)
+	case c.Planner != nil && c.Prefill+c.Decode < 2:
+		return fmt.Errorf("--prefill %d --decode %d: the planner splits at least two engines between prefill and decode; "+
+			"start more (e.g. --decode 2), or leave out --slo-ttft and --slo-tpot", c.Prefill, c.Decode)
 	}
 	return nil
 }
@@ -354,7 +374,11 @@ func printEndpoint(w io.Writer, url, name string, prefill, decode int, chat, api
 	if apiKey {
 		auth = " -H \"Authorization: Bearer $" + openai.APIKeyEnv + "\""
 	}
-	fmt.Fprintf(w, "%s%s (%d prefill + %d decode, model %q)\n", EndpointPrefix, url, prefill, decode, name)
+	split := fmt.Sprintf("%d prefill + %d decode", prefill, decode)
+	if prefill == 0 {
+		split = fmt.Sprintf("%d decode, colocated: each prefills its own prompts", decode)
+	}
+	fmt.Fprintf(w, "%s%s (%s, model %q)\n", EndpointPrefix, url, split, name)
 	fmt.Fprintf(w, "Try:\n  curl -si %s/v1/completions -H 'Content-Type: application/json'%s \\\n"+
 		"    -d '{\"model\":%q,\"prompt\":\"Once upon a time\",\"max_tokens\":32}'\n", url, auth, name)
 	if chat {

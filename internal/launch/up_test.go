@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -306,7 +307,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 		var runErr error
 		go func() {
 			defer close(done)
-			runErr = Run(ctx, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", DefaultModelDir: dir, Port: 0, Decode: 2, ExtraArgs: []string{"--extra"}, Stdout: &stdout, Stderr: &stderr})
+			runErr = Run(ctx, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", DefaultModelDir: dir, Port: 0, Prefill: 1, Decode: 2, ExtraArgs: []string{"--extra"}, Stdout: &stdout, Stderr: &stderr})
 		}()
 		url := waitEndpoint(t, &stdout, done)
 		for range 2 {
@@ -356,7 +357,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			Run(ctx, Config{Executable: exe, ModelDir: model, Port: 0, Decode: 2, Stdout: &stdout, Stderr: &stderr,
+			Run(ctx, Config{Executable: exe, ModelDir: model, Port: 0, Prefill: 1, Decode: 2, Stdout: &stdout, Stderr: &stderr,
 				Planner: &planner.Config{TTFT: time.Second, TPOT: 50 * time.Millisecond}, PlanInterval: 50 * time.Millisecond})
 		}()
 		defer func() { cancel(); <-done }()
@@ -385,6 +386,82 @@ func TestRunWithFakeEngines(t *testing.T) {
 		}
 	})
 
+	// --prefill 0: decodes only, each prefilling its own prompts, with and
+	// without the planner (which starts at 0P:2D, every engine serving
+	// both roles).
+	for _, withPlanner := range []bool{false, true} {
+		t.Run(fmt.Sprintf("no prefill engine is the colocated split (planner %t)", withPlanner), func(t *testing.T) {
+			var stdout, stderr syncBuffer
+			model := t.TempDir()
+			os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
+			cfg := Config{Executable: exe, ModelDir: model, Port: 0, Prefill: 0, Decode: 2, Stdout: &stdout, Stderr: &stderr}
+			role := RoleDecode
+			if withPlanner {
+				cfg.Planner, cfg.PlanInterval, role = &planner.Config{TTFT: time.Second, TPOT: 50 * time.Millisecond}, 50*time.Millisecond, RoleBoth
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			var runErr error
+			go func() {
+				defer close(done)
+				runErr = Run(ctx, cfg)
+			}()
+			url := waitEndpoint(t, &stdout, done)
+			pids := childPIDs(stderr.String())
+			if len(pids) != 2 || pids["decode-0"] == 0 || pids["decode-1"] == 0 {
+				t.Errorf("started %v, want decode-0 and decode-1 only", pids)
+			}
+			for _, name := range []string{"decode-0", "decode-1"} {
+				if !strings.Contains(stderr.String(), "["+name+"] fake "+role+" engine starting") {
+					t.Errorf("%s not started with --role %s:\n%s", name, role, stderr.String())
+				}
+			}
+			if !strings.Contains(stdout.String(), "(2 decode, colocated: each prefills its own prompts, model") {
+				t.Errorf("the endpoint line does not say the split is colocated:\n%s", stdout.String())
+			}
+			for range 3 {
+				if pd, body := completion(t, url, "m"); pd != "local; reason=colocated" || !strings.Contains(body, `"got_kv":false`) {
+					t.Errorf("x-tandem-pd %q, body %s: want every prompt prefilled on its decode (reason colocated)", pd, body)
+				}
+			}
+			m := get(t, url+"/metrics")
+			if !strings.Contains(m, `tandem:proxy_pd_decisions_total{decision="local",reason="colocated"} 3`) {
+				t.Errorf("/metrics does not count 3 colocated decisions:\n%s", m)
+			}
+			for line := range strings.Lines(m) {
+				if strings.HasPrefix(line, "tandem:proxy_backend_healthy{") && strings.Contains(line, `role="prefill"`) {
+					t.Errorf("/metrics lists a prefill engine: %s", line)
+				}
+			}
+			if withPlanner && !strings.Contains(m, `tandem:planner_desired_replicas{role="prefill"} 0`) {
+				t.Errorf("/metrics does not say the planner wants 0 prefill engines:\n%s", m)
+			}
+			resp, err := http.Get(url + proxy.PlanPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var plan struct {
+				Acting  bool     `json:"acting"`
+				Prefill []string `json:"prefill"`
+				Decode  []string `json:"decode"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&plan)
+			resp.Body.Close()
+			switch {
+			case !withPlanner && resp.StatusCode != http.StatusNotFound:
+				t.Errorf("GET %s without the planner: %s, want 404", proxy.PlanPath, resp.Status)
+			case withPlanner && (err != nil || !plan.Acting || len(plan.Prefill) != 0 || len(plan.Decode) != 2):
+				t.Errorf("GET %s: %+v, %v; want the planner acting on 0 prefill + 2 decode", proxy.PlanPath, plan, err)
+			}
+			cancel()
+			<-done
+			if runErr != nil {
+				t.Errorf("Run: %v", runErr)
+			}
+			checkGone(t, pids)
+		})
+	}
+
 	t.Run("--kv-bidirectional reaches every engine and the proxy remembers conversations", func(t *testing.T) {
 		var stdout, stderr syncBuffer
 		model := t.TempDir()
@@ -393,7 +470,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			Run(ctx, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Port: 0, KVBidirectional: true, Stdout: &stdout, Stderr: &stderr})
+			Run(ctx, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Port: 0, Prefill: 1, Decode: 1, KVBidirectional: true, Stdout: &stdout, Stderr: &stderr})
 		}()
 		defer func() { cancel(); <-done }()
 		url := waitEndpoint(t, &stdout, done)
@@ -422,7 +499,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 		var stdout, stderr syncBuffer
 		model := t.TempDir()
 		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
-		err := Run(context.Background(), Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0})
+		err := Run(context.Background(), Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Prefill: 1, Decode: 1})
 		if err == nil {
 			t.Fatal("Run succeeded with a failing decode engine")
 		}
@@ -442,7 +519,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 		var runErr error
 		go func() {
 			defer close(done)
-			runErr = Run(context.Background(), Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0,
+			runErr = Run(context.Background(), Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Prefill: 1, Decode: 1,
 				Restart: RestartPolicy{Limit: -1}})
 		}()
 		waitEndpoint(t, &stdout, done)
@@ -470,7 +547,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 		var runErr error
 		go func() {
 			defer close(done)
-			runErr = Run(ctx, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Decode: 2})
+			runErr = Run(ctx, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Prefill: 1, Decode: 2})
 		}()
 		url := waitEndpoint(t, &stdout, done)
 		old, urls := childPIDs(stderr.String()), engineURLs(stderr.String())
@@ -527,7 +604,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 		var runErr error
 		go func() {
 			defer close(done)
-			runErr = Run(context.Background(), Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Decode: 2,
+			runErr = Run(context.Background(), Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Prefill: 1, Decode: 2,
 				Restart: RestartPolicy{Limit: 2, Window: time.Minute, Backoff: time.Second}})
 		}()
 		waitEndpoint(t, &stdout, done)
@@ -605,8 +682,12 @@ func TestRunRejectsBadInput(t *testing.T) {
 		want string
 	}{
 		{"no executable", Config{}, "no tandem executable"},
-		{"a model directory without config.json", Config{Executable: "x", ModelDir: "/nonexistent"}, "has no config.json"},
-		{"more threads than cores", Config{Executable: "x", ModelDir: ".", ThreadsPerEngine: 4, CPUs: []int{0, 1}}, "need 8 cores"},
+		{"a model directory without config.json", Config{Executable: "x", ModelDir: "/nonexistent", Prefill: 1, Decode: 1}, "has no config.json"},
+		{"more threads than cores", Config{Executable: "x", ModelDir: ".", Prefill: 1, Decode: 1, ThreadsPerEngine: 4, CPUs: []int{0, 1}}, "need 8 cores"},
+		{"no decode engine", Config{Executable: "x", ModelDir: ".", Prefill: 1}, "--prefill 1 --decode 0: tandem up needs at least one decode engine"},
+		{"a negative count", Config{Executable: "x", ModelDir: ".", Prefill: -1, Decode: 1}, "--prefill -1 --decode 1: tandem up needs at least one decode engine and no negative count"},
+		{"no prefill engine under the always decider", Config{Executable: "x", ModelDir: ".", Decode: 2, PDDecider: "always"}, "--prefill 0 with --pd-decider always"},
+		{"the planner with one engine", Config{Executable: "x", ModelDir: ".", Decode: 1, Planner: &planner.Config{TTFT: time.Second, TPOT: 50 * time.Millisecond}}, "the planner splits at least two engines"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -625,14 +706,14 @@ func TestRunRejectsBadInput(t *testing.T) {
 }
 
 func TestUpRoutesWithTheProxysDefaults(t *testing.T) {
-	c := Config{Executable: "x"}
+	c := Config{Executable: "x", Prefill: 1, Decode: 1}
 	if err := c.setDefaults(); err != nil {
 		t.Fatal(err)
 	}
 	if c.Policy != proxy.DefaultPolicy || c.PDDecider != proxy.DefaultPDDecider {
 		t.Errorf("policy %q, decider %q; want %q and %q", c.Policy, c.PDDecider, proxy.DefaultPolicy, proxy.DefaultPDDecider)
 	}
-	c = Config{Executable: "x", Policy: "round-robin", PDDecider: "always"}
+	c = Config{Executable: "x", Prefill: 1, Decode: 1, Policy: "round-robin", PDDecider: "always"}
 	if err := c.setDefaults(); err != nil || c.Policy != "round-robin" || c.PDDecider != "always" {
 		t.Errorf("given round-robin and always: %q, %q (%v)", c.Policy, c.PDDecider, err)
 	}

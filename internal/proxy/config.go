@@ -19,7 +19,12 @@ import (
 // documented on each field.
 type Config struct {
 	// Prefill and Decode are the engines' base URLs ("http://host:port" or
-	// "host:port"). Each needs at least one.
+	// "host:port"). Each needs at least one, but for Prefill under a
+	// decider that keeps prompts local with no prefill engine (conditional
+	// or priced, KeepsLocalWithoutPrefill): none is then the colocated
+	// split, every decode prefilling its own prompts (reason colocated),
+	// and the planner, when it acts, may move engines into the prefill
+	// pool from there.
 	Prefill []string
 	Decode  []string
 	// Policy names the picking pipeline for both pools; see Policies.
@@ -294,6 +299,12 @@ const (
 	DefaultPolicy    = factory.PolicyPrefix
 	DefaultPDDecider = priced.Name
 )
+
+// KeepsLocalWithoutPrefill says whether the disaggregation decider named
+// prefills every prompt on its decode when no prefill engine is free: the
+// conditional and priced deciders do, always does not. Only under such a
+// decider may Config.Prefill be empty.
+func KeepsLocalWithoutPrefill(decider string) bool { return keepsLocalWithoutPrefill(decider) }
 
 // defaultScrapeTimeout is Config.ScrapeTimeout's default.
 const defaultScrapeTimeout = 2 * time.Second

@@ -115,6 +115,11 @@ func (p *Proxy) generate(w http.ResponseWriter, r *http.Request, id string) stri
 		// on a batch, so its decode prefills every prompt itself.
 		turn.drop(id)
 		decision = router.Decision{Reason: reasonBatchPrompt}
+	case ok && p.colocated() && len(p.prefill.list()) == 0:
+		// A history only a prefill leg could pull, and no prefill engine:
+		// the history's decode prefills the turn itself.
+		turn.drop(id)
+		decision = router.Decision{Reason: reasonColocated}
 	case !ok:
 		decision = p.decide(preq, d)
 	}
@@ -242,6 +247,10 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) 
 
 // decide runs the disaggregation decider for a request whose decode is d.
 func (p *Proxy) decide(preq *router.Request, d *backend) router.Decision {
+	if p.colocated() && len(p.prefill.list()) == 0 {
+		// The colocated split: no prefill engine to weigh.
+		return router.Decision{Reason: reasonColocated}
+	}
 	if _, ok := p.decider.(always.Decider); ok {
 		// It looks at nothing: skip the snapshot of the prefill pool.
 		return p.decider.Decide(router.DecideInput{Req: preq})

@@ -148,10 +148,12 @@ func keepsLocalWithoutPrefill(decider string) bool {
 	return decider == conditional.Name || decider == priced.Name
 }
 
-// colocated says the planner may have emptied the prefill pool: every
-// request is then served on a decode, and the proxy is ready without a
-// prefill engine.
-func (p *Proxy) colocated() bool { return p.plan != nil && p.plan.minPrefill == 0 }
+// colocated says the prefill pool may be empty by design (the proxy was
+// started with none, or the planner may have emptied it): every request is
+// then served on a decode, and the proxy is ready without a prefill engine.
+func (p *Proxy) colocated() bool {
+	return p.startedColocated || (p.plan != nil && p.plan.minPrefill == 0)
+}
 
 func cmpOr(v, def int) int {
 	if v > 0 {

@@ -75,6 +75,9 @@ type Proxy struct {
 	prefix  *prefix.Approx // the router's own record of where prefixes went
 	// observePrefix says whether answered requests are recorded in prefix.
 	observePrefix bool
+	// startedColocated says the proxy was started with no prefill engine
+	// (Config.Prefill): every decode prefills its own prompts.
+	startedColocated bool
 	// matchHistories says whether conversation mode matches requests
 	// naming no conversation by prompt prefix (it needs the tokenizer).
 	matchHistories bool
@@ -113,7 +116,10 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	dynamic := cfg.BackendsFile != "" || cfg.DynamicBackends
 	legs := newLegBook()
-	pre, err := newPool(rolePrefill, cfg.Prefill, pp, m, legs, dynamic)
+	// No prefill engine listed, with static pools, is the colocated split
+	// where the decider can keep every prompt local.
+	colocated := len(cfg.Prefill) == 0 && !dynamic && keepsLocalWithoutPrefill(cfg.PDDecider)
+	pre, err := newPool(rolePrefill, cfg.Prefill, pp, m, legs, dynamic || colocated)
 	if err != nil {
 		return nil, err
 	}
@@ -136,6 +142,7 @@ func New(cfg Config) (*Proxy, error) {
 		client:     &http.Client{Transport: newLegTransport(cfg.ConnectTimeout)},
 		now:        time.Now,
 	}
+	p.startedColocated = colocated
 	if cfg.Conversations {
 		p.initConversations()
 	}

@@ -29,10 +29,11 @@ func (p *Proxy) CheckHealth(ctx context.Context) {
 }
 
 // Ready reports whether the proxy can serve: a decode backend is healthy,
-// and so is a prefill backend, unless it lists none and Fallback is on or
-// the planner may have chosen none (decodes only: every request is served
-// on a decode, as a colocated engine, and was served while /health said
-// 503). With prefills listed but none healthy it is not ready.
+// and so is a prefill backend, unless it lists none and Fallback is on,
+// it was started with none, or the planner may have chosen none (decodes
+// only, the colocated split: every request is served on a decode, as a
+// colocated engine, and was served while /health said 503). With
+// prefills listed but none healthy it is not ready.
 func (p *Proxy) Ready() bool {
 	if !p.decode.anyHealthy() {
 		return false
