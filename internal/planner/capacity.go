@@ -37,9 +37,6 @@ type capacity struct {
 	prefillTooLong float64
 	// stalls is what the local prefills cost the decodes' streams.
 	stalls *stalls
-	// burst values the TTFTs of a burst of the window's size, nil when
-	// the arrivals were not seen in bursts (burstqueue.go).
-	burst *burstQueue
 	// splits are the splits valued so far (P, D → their valuation), and
 	// tpotCap a decode's capacity within the TPOT objective (nil until
 	// found).
@@ -88,18 +85,15 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 	reqs := sample(pl.win, maxModelRequests)
 	step := f.stepSeconds()
 	chunk := float64(max(f.MaxBatchedTokens, 1))
-	kinds, times, tokens := make([]burstKind, len(reqs)), make([]float64, len(reqs)), make([]float64, len(reqs))
-	for i, r := range reqs {
+	for _, r := range reqs {
 		n := float64(r.UncachedTokens)
 		switch {
 		case r.UncachedTokens >= threshold:
 			m.services = append(m.services, cv.Seconds(n))
-			kinds[i], times[i] = burstRemote, cv.Seconds(n)
 		case r.UncachedTokens > 0:
 			chunks := math.Ceil(n / chunk)
 			sv := cv.Seconds(n) + (chunks-1)*cv.A
 			m.local = append(m.local, sv+chunks*step)
-			kinds[i], tokens[i] = burstLocal, n
 			// The running streams' tokens ride in the chunks' steps:
 			// they wait through what the chunks add to the steps they
 			// would have run anyway.
@@ -116,7 +110,6 @@ func (pl *Planner) model(f Fit, threshold int) *capacity {
 	for i, r := range reqs {
 		outputs[i] = float64(r.OutputTokens)
 	}
-	m.burst = newBurstQueue(f.BurstRequests, kinds, times, tokens, cv, chunk)
 	m.spread = lifeSpread(outputs)
 	m.held = burstHeld(outputs)
 	m.spreadMean = Mean(m.spread)
@@ -251,13 +244,6 @@ func (m *capacity) valueSplit(p, d int) valued {
 	if math.IsInf(hi, 1) {
 		hi = float64(d) * float64(m.cfg.MaxSeqs) / (max(m.f.MeanOutput-1, 1) * m.f.stepMs(1) / 1000)
 	}
-	if m.burst != nil {
-		// A burst is over before the queues reach their sustained
-		// state: it may arrive faster than the engines' sustained
-		// capacity and still meet the objectives.
-		hi *= burstRateBound
-		preCap = math.Inf(1)
-	}
 	hi *= 1 - 1e-9
 	at := func(lambda float64) attained { return m.attainment(p, d, lambda) }
 	lo := 0.0
@@ -365,14 +351,6 @@ func (m *capacity) attainment(p, d int, lambda float64) attained {
 	perDecode := lambda / float64(d)
 	var a attained
 	a.batch, a.step, a.rho = m.decodeAt(perDecode, m.burstShare(d))
-	if m.burst != nil {
-		leg := m.legAt(a.batch, a.step, a.rho)
-		var ttftMet float64
-		ttftMet, a.remoteMiss, a.localMiss = m.burst.met(p, d, lambda, a.batch, m.ttft, m.over, leg)
-		a.tpotMiss = m.tpotMiss(perDecode, m.burstShare(d), a)
-		a.met = ttftMet * (1 - a.tpotMiss)
-		return a
-	}
 	var remoteMet, localMet float64
 	if len(m.services) > 0 && p > 0 {
 		rho := lambda * m.remoteFraction * m.s / float64(p)
@@ -486,10 +464,7 @@ func (m *capacity) tpotMiss(perDecode, most float64, a attained) float64 {
 	noise := m.stepMiss(a.batch, most, slo)
 	local, step := math.Inf(1), a.step // the local prefills a stream may meet, its steps
 	if !math.IsInf(most, 1) {
-		// Of its share of a burst, a stream waits through the local
-		// prompts that come after it: with the burst's order at random,
-		// half the others on average.
-		local = max(most-1, 0) / 2 * m.localFraction
+		local = most * m.localFraction
 		if len(m.held) > 0 && a.batch > 1 && a.batch >= most*(1-1e-9) {
 			// Held by a burst, the batch falls as its streams finish
 			// (stepMiss): a stream's slack is at the mean step it sees.

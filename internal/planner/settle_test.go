@@ -74,7 +74,7 @@ func chatLevels(t *testing.T, pl *Planner, seed uint64, rates []float64, noise f
 func TestMovesInsideALevelWaitForTheNewSplit(t *testing.T) {
 	shown := 0 // seeds whose run moved twice and held a move while settling
 	for _, seed := range []uint64{1, 2, 3, 4, 5, 6} {
-		pl := newPlanner(t, Config{TTFT: 500 * time.Millisecond, TPOT: 12500 * time.Microsecond, Engines: 4, Prefill: 2,
+		pl := newPlanner(t, Config{TTFT: 500 * time.Millisecond, TPOT: 12500 * time.Microsecond, Engines: 4, Prefill: 0,
 			MaxBatchedTokens: 512, Window: 3 * time.Second, MinDwell: 1500 * time.Millisecond})
 		ds, arrivals := chatLevels(t, pl, seed, []float64{10, 20, 40, 80}, float64(seed%4))
 		var changes, settling int

@@ -105,11 +105,7 @@ func newStalls(local []float64, reqs []Request, chunk float64) *stalls {
 // arriving that is longer than the slack), and enough stalls of the mean
 // size to fill it (a Poisson count, its mean the arrivals and ρ for the
 // work found). At most most local prefills arrive over a stream's life
-// (+Inf: no bound; a burst's local prompts on the decode that come after
-// the stream's own). Held by a burst, a stream finds no prefill work
-// under way: the burst's prompts ahead of it are prefilled before its
-// first token (their wait is its TTFT's, the local queue's), so only those
-// after it stall its steps.
+// (+Inf: no bound; a burst's local prompts on the decode).
 func (st *stalls) missed(rate, rho, step, slo, most float64) float64 {
 	if st == nil || len(st.prefill) == 0 || rate <= 0 || st.n == 0 {
 		return 0
@@ -128,22 +124,14 @@ func (st *stalls) missed(rate, rho, step, slo, most float64) float64 {
 			continue // a chunk in every one of its steps still meets it
 		}
 		arrivals := min(rate*s.steps*step/(1-rho), most)
-		burst := !math.IsInf(most, 1)
 		n := float64(len(st.prefill))
 		var p float64
 		if i := atMost(st.prefill, slack); i < len(st.prefill) {
-			var found float64
-			if !burst {
-				found = min(rate*(st.above[i]-float64(len(st.prefill)-i)*slack)/n, 1)
-			}
+			found := min(rate*(st.above[i]-float64(len(st.prefill)-i)*slack)/n, 1)
 			p = 1 - (1-found)*math.Exp(-arrivals*float64(len(st.prefill)-i)/n)
 		}
 		if s.mean > 0 {
-			found := rho
-			if burst {
-				found = 0
-			}
-			p = max(p, poissonAtLeast(arrivals+found, math.Floor(slack/s.mean)+1))
+			p = max(p, poissonAtLeast(arrivals+rho, math.Floor(slack/s.mean)+1))
 		}
 		missed += s.weight * p
 	}
