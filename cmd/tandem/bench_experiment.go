@@ -82,6 +82,7 @@ func runBenchExperiment(args []string) error {
 		planDwell  = fs.Duration("plan-min-dwell", 0, "with --engines: the adaptive planner's --plan-min-dwell (default: half the window)")
 	)
 	fs.IntVar(&cfg.Engines, "engines", 0, "engines in every configuration, run one configuration after the other (see above; 0: the 1P+1D comparison, configurations alternating)")
+	fs.IntVar(&cfg.AdaptiveStart, "adaptive-start-prefill", 0, "with --engines: the prefill engines the adaptive configuration starts with (0: colocated, its planner adding a prefill pool when it pays; negative: half)")
 	fs.IntVar(&cfg.Warmup, "warmup", 0, "with --engines: requests sent to every configuration at the lowest rate before its measured ones, not counted (0: one level's; negative: none)")
 	fs.IntVar(&cfg.Requests, "requests", 24, "requests per rate and round")
 	fs.IntVar(&cfg.Rounds, "rounds", 2, "rounds per rate; the configurations alternate order")
@@ -126,8 +127,8 @@ func runBenchExperiment(args []string) error {
 			return fmt.Errorf("--adaptive-tpot-scales: %w", err)
 		}
 		cfg.PlanWindow, cfg.PlanMinDwell = *planWindow, *planDwell
-	} else if *splits != "" || *adaptTTFT != "1" || *adaptTPOT != "1" || *planWindow != 0 || *planDwell != 0 || cfg.Warmup != 0 {
-		return errors.New("--splits, --adaptive-ttft-scales, --adaptive-tpot-scales, --plan-window, --plan-min-dwell and --warmup need --engines N")
+	} else if *splits != "" || *adaptTTFT != "1" || *adaptTPOT != "1" || *planWindow != 0 || *planDwell != 0 || cfg.Warmup != 0 || cfg.AdaptiveStart != 0 {
+		return errors.New("--splits, --adaptive-ttft-scales, --adaptive-tpot-scales, --adaptive-start-prefill, --plan-window, --plan-min-dwell and --warmup need --engines N")
 	}
 	for c := range strings.SplitSeq(*configs, ",") {
 		cfg.Configs = append(cfg.Configs, strings.TrimSpace(c))

@@ -49,6 +49,14 @@ type PD struct {
 	// Splits are the pd and conditional configurations' P:D splits with
 	// Engines (ParseSplits; every P+D is Engines).
 	Splits []Split
+	// AdaptiveStart is how many of the Engines the adaptive configuration
+	// starts as prefill engines; negative: half of them. 0, the colocated
+	// split (every engine a decode prefilling its own prompts), from which
+	// the planner adds a prefill pool when it pays: on the long mix's
+	// balanced cell it met 9.3–9.8 req/s from there against 7.8–8.5 from
+	// 2P:2D, whose first moves, made before the bursts were seen, went
+	// toward 3P:1D (docs/performance.md).
+	AdaptiveStart int
 	// AdaptiveTTFTScales and AdaptiveTPOTScales are the cells the
 	// adaptive configuration runs in with Engines: one run per pair, its
 	// planner given the workload's objectives scaled by the pair (default

@@ -102,13 +102,17 @@ func (r *pdRun) staticPhases(wl Workload, t tuned) []phase {
 
 // adaptivePhases are the adaptive configuration's runs for workload wl,
 // one per cell of AdaptiveTTFTScales × AdaptiveTPOTScales: Engines
-// engines, --role both, started half prefill and half decode, with chunk
+// engines, --role both, started with PD.AdaptiveStart prefill engines (colocated by default), with chunk
 // budget t.mnbt, behind a proxy whose planner acts on the cell's
 // objectives with the plan window and dwell timing gives.
 func (r *pdRun) adaptivePhases(wl Workload, t tuned, timing planTiming) []phase {
 	cfg, n := r.cfg, r.cfg.Engines
 	if !slices.Contains(cfg.Configs, Adaptive) {
 		return nil
+	}
+	start := min(cfg.AdaptiveStart, n-1)
+	if cfg.AdaptiveStart < 0 {
+		start = n / 2
 	}
 	var out []phase
 	for _, ft := range cfg.AdaptiveTTFTScales {
@@ -121,7 +125,7 @@ func (r *pdRun) adaptivePhases(wl Workload, t tuned, timing planTiming) []phase 
 			// The user's extra flags last again: they win over the timing.
 			args = append(args, cfg.AdaptiveArgs...)
 			out = append(out, phase{name: name, adaptive: true, ttft: ft, tpot: fp, opts: clusterOpts{name: wl.Name + "-" + name,
-				prefill: n / 2, decode: n - n/2, role: launch.RoleBoth, engineArgs: mnbtFlags(t.mnbt), proxyArgs: args}})
+				prefill: start, decode: n - start, role: launch.RoleBoth, engineArgs: mnbtFlags(t.mnbt), proxyArgs: args}})
 		}
 	}
 	return out

@@ -85,7 +85,7 @@ func TestPhases(t *testing.T) {
 	for _, p := range ad {
 		names = append(names, p.name)
 		a := p.opts.proxyArgs
-		if p.opts.role != launch.RoleBoth || p.opts.prefill != 2 || p.opts.decode != 2 || !slices.Contains(p.opts.engineArgs, "512") || !p.adaptive ||
+		if p.opts.role != launch.RoleBoth || p.opts.prefill != 0 || p.opts.decode != 4 || !slices.Contains(p.opts.engineArgs, "512") || !p.adaptive ||
 			arg(a, "--slo-ttft") != (time.Duration(p.ttft*float64(time.Second))).String() || arg(a, "--slo-tpot") != (time.Duration(p.tpot*float64(100*time.Millisecond))).String() ||
 			arg(a, "--plan-window") != "7.5s" || arg(a, "--plan-min-dwell") != "3.8s" || arg(a, "--plan-interval") != "1.9s" || a[len(a)-1] != "0.2" || !slices.Contains(a, "--planner-act") {
 			t.Errorf("%s: %+v", p.name, p.opts)
@@ -93,6 +93,11 @@ func TestPhases(t *testing.T) {
 	}
 	if want := []string{"adaptive-ttft0.5-tpot1", "adaptive-ttft0.5-tpot2", "adaptive", "adaptive-ttft1-tpot2"}; !slices.Equal(names, want) {
 		t.Errorf("adaptive phases %q, want %q", names, want)
+	}
+	// Started at half the engines in the prefill pool when asked.
+	r.cfg.AdaptiveStart = -1
+	if p := r.adaptivePhases(wl, tn, timing)[0].opts; p.prefill != 2 || p.decode != 2 {
+		t.Errorf("AdaptiveStart -1: %dP:%dD, want 2P:2D", p.prefill, p.decode)
 	}
 	// Given explicitly, the window and dwell are the user's.
 	r.cfg.PlanWindow, r.cfg.PlanMinDwell, r.cfg.Warmup = 30*time.Second, 10*time.Second, -1

@@ -155,8 +155,9 @@ type clusterOpts struct {
 	// name, when set, prefixes the processes' names and log files.
 	name string
 	// prefill and decode are the pools' sizes. With no prefill engine the
-	// proxy is given the decodes in a backends file (its --prefill flag
-	// wants at least one URL): colocated engines behind a router.
+	// proxy is given only --decode: colocated engines behind a router (its
+	// decider must keep prompts local: conditional or priced), from which
+	// an acting planner may move engines into a prefill pool.
 	prefill, decode int
 	// role, unless "", is every engine's --role instead of its pool's:
 	// launch.RoleBoth for a proxy whose planner moves engines between the
@@ -221,17 +222,9 @@ func (x *procs) startClusterWith(ctx context.Context, model, servedName string, 
 		}
 	}
 	proxy := launch.EngineSpec{Name: prefix + "proxy", Host: "127.0.0.1", Port: ports[2*n], CPUs: x.cpus}
-	backends := []string{"--prefill", strings.Join(prefillURLs, ","), "--decode", strings.Join(decodeURLs, ",")}
-	if len(prefillURLs) == 0 {
-		file := filepath.Join(x.logDir(), proxy.Name+"-backends.txt")
-		var lines strings.Builder
-		for _, u := range decodeURLs {
-			fmt.Fprintf(&lines, "decode %s\n", u)
-		}
-		if err := os.WriteFile(file, []byte(lines.String()), 0o644); err != nil {
-			return nil, fmt.Errorf("writing the proxy's backends file: %w", err)
-		}
-		backends = []string{"--backends-file", file}
+	backends := []string{"--decode", strings.Join(decodeURLs, ",")}
+	if len(prefillURLs) > 0 {
+		backends = append([]string{"--prefill", strings.Join(prefillURLs, ",")}, backends...)
 	}
 	// Round-robin and always unless proxyArgs say otherwise (a later flag
 	// wins): the experiments' baseline P/D and the ratio model's dispatch,
