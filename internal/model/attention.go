@@ -324,12 +324,16 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 			for kvh := kh0; kvh < kh1; kvh++ {
 				r0 := (kvh-kh0)*perHead + tokLo*group
 				out := w.s[r0*C+(j-c0):]
-				if decode && w.pf.keyStep(kvh, kh0) {
-					w.pf.step(kv)
+				step, pf := decode && w.pf.keyStep(kvh, kh0), 0
+				if step {
+					pf = w.pf.before(kv)
 				}
 				if kv.u16 != nil {
 					q := w.qb.Rows(r0, live)
-					tensor.AttnKeyScoresBF16(out, C, &q, kv.u16[base+kvh*hd:], kvd, je-j)
+					covered := tensor.AttnKeyScoresBF16Prefetch(out, C, &q, kv.u16[base+kvh*hd:], kvd, je-j, pf)
+					if step {
+						w.pf.after(kv, covered)
+					}
 					continue
 				}
 				for r := range live {
@@ -374,11 +378,13 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 				for j := ks; j < ke; {
 					blk, slot := j/bs, j%bs
 					je := min(ke, (blk+1)*bs)
-					if decode {
-						w.pf.step(kv)
-					}
 					base := layout.Offset(int(tbl[blk]), ls, 1, slot) + kvh*hd
-					kv.axpyGroup(group, hd, w.acc[r0*hd:], w.s[r0*C+(j-c0):], C, je-j, base, kvd)
+					if decode {
+						pf := w.pf.before(kv)
+						w.pf.after(kv, kv.decodeValues(group, hd, w.acc[r0*hd:], w.s[r0*C+(j-c0):], C, je-j, base, kvd, pf))
+					} else {
+						kv.axpyGroup(group, hd, w.acc[r0*hd:], w.s[r0*C+(j-c0):], C, je-j, base, kvd)
+					}
 					j = je
 				}
 			}
@@ -466,6 +472,17 @@ func (kv kvView) axpyGroup(g, n int, y, alpha []float32, lda, rows, off, ldv int
 		return
 	}
 	tensor.AxpyRowsBF16Group(g, n, y, n, alpha, lda, rows, kv.u16[off:], ldv)
+}
+
+// decodeValues is axpyGroup for a decode token's value rows, prefetching
+// the rows pf bytes on where the kernels do (tensor.AttnValuesBF16); it
+// returns how many of them they covered (0 over an f32 pool).
+func (kv kvView) decodeValues(g, n int, y, alpha []float32, lda, rows, off, ldv, pf int) int {
+	if kv.f32 != nil {
+		tensor.AxpyRowsGroup(g, n, y, n, alpha, lda, rows, kv.f32[off:], ldv)
+		return 0
+	}
+	return tensor.AttnValuesBF16(g, n, y, n, alpha, lda, rows, kv.u16[off:], ldv, pf)
 }
 
 // prefetchRows asks for rows rows of n elements from element off, ld

@@ -1,6 +1,9 @@
 package model
 
-import "github.com/tandem-serve/tandem/internal/kvlayout"
+import (
+	"github.com/tandem-serve/tandem/internal/kvlayout"
+	"github.com/tandem-serve/tandem/internal/tensor"
+)
 
 // Prefetching a decode token's KV rows.
 //
@@ -26,6 +29,23 @@ import "github.com/tandem-serve/tandem/internal/kvlayout"
 // head by head. On two threads (an item per KV head) the schedule gained
 // nothing and llama-1b's attention was 5–24% slower (at most 0.8% of its
 // token). Prefetches are hints: they change no result.
+//
+// Inside the kernels. Where the decode kernels prefetch for their caller
+// (tensor.AttnDecodePrefetch: the avx2 set, over a bf16 pool) and the key
+// segments are head by head, the schedule does not burst at all after the
+// first segments: the call that reads segment cur hands its kernel the
+// distance in bytes to segment cur+ahead (ahead segments of the largest
+// size make kvPrefetchBytes), and the kernel prefetches that segment's
+// rows one line at a time among its FMAs (pool rows are all the same
+// distance apart, so the target's rows are the call's shifted by one
+// distance). The first ahead segments go out in a burst before the first
+// call, and rows of a target the kernel did not cover (a longer segment
+// than the call's, a key tail DotRowsBF16 scores, a value call the
+// kernels do not take) in a burst after the call. The burst schedule
+// measured the prefetch instructions themselves at ~1.3 ms of a 16 ms
+// SmolLM2 token at context 2,048 (docs/performance.md "One-thread decode
+// attention's arithmetic"): a segment's 32 prefetches waited on the L1
+// miss buffers before the kernels could start.
 
 // kvPrefetchBytes is how far ahead of the kernels, in bytes of KV rows, a
 // decode token's prefetches run (4 of SmolLM2's 16 × 64 bf16 segments):
@@ -43,12 +63,14 @@ type kvSegment struct{ off, rows, n, pos int }
 
 // kvPrefetch is the prefetch schedule of one decode item (see above).
 type kvPrefetch struct {
-	segs  []kvSegment
-	next  int  // the first segment not yet prefetched
-	cur   int  // the segment the kernels read next
-	whole bool // key segments span the item's KV heads (wholeKeyRows)
-	ld    int
-	esize int
+	segs     []kvSegment
+	next     int  // the first segment not yet prefetched
+	cur      int  // the segment the kernels read next
+	whole    bool // key segments span the item's KV heads (wholeKeyRows)
+	inKernel bool // the kernels prefetch segment cur+ahead (see above)
+	ahead    int
+	ld       int
+	esize    int
 }
 
 // add appends the segment of rows rows of n elements from element off.
@@ -95,12 +117,63 @@ func (p *kvPrefetch) plan(layout kvlayout.Layout, tbl []int32, ls, ws, end, kh0,
 	}
 	p.next, p.cur = 0, 0
 	p.ld = layout.TokenElems()
+	p.inKernel = layout.DType == kvlayout.BF16 && !p.whole && tensor.AttnDecodePrefetch()
+	if p.inKernel {
+		largest := 1
+		for _, sg := range p.segs {
+			largest = max(largest, sg.rows*sg.n*p.esize)
+		}
+		p.ahead = max(1, kvPrefetchBytes/largest)
+	}
 }
 
 // keyStep reports whether the kernels' key scores for KV head kvh of a
 // block segment read a segment of the schedule of its own: every KV head
 // does, unless the segments span the item's heads (then the first one).
 func (p *kvPrefetch) keyStep(kvh, kh0 int) bool { return !p.whole || kvh == kh0 }
+
+// before is called before the kernels read segment cur, and returns the
+// prefetch distance in bytes to hand them (0: none). Bursting, it
+// prefetches the segments that start less than kvPrefetchBytes past cur's
+// end and are not yet asked for and moves cur on (step); with the kernels
+// prefetching, it prefetches the first ahead segments before the first
+// call and returns the distance from cur to segment cur+ahead, if any.
+func (p *kvPrefetch) before(kv kvView) int {
+	if !p.inKernel {
+		p.step(kv)
+		return 0
+	}
+	if p.cur == 0 {
+		for ; p.next < min(p.ahead, len(p.segs)); p.next++ {
+			s := p.segs[p.next]
+			kv.prefetchRows(s.off, p.ld, s.rows, s.n)
+		}
+	}
+	t := p.cur + p.ahead
+	if p.cur >= len(p.segs) || t >= len(p.segs) {
+		return 0
+	}
+	return (p.segs[t].off - p.segs[p.cur].off) * p.esize
+}
+
+// after is called after the kernels read segment cur with before's
+// distance, covered being the rows of the target they report having
+// prefetched: with the kernels prefetching, it prefetches the target's
+// other rows and moves cur on (bursting, step has).
+func (p *kvPrefetch) after(kv kvView, covered int) {
+	if !p.inKernel {
+		return
+	}
+	if t := p.cur + p.ahead; p.cur < len(p.segs) && t < len(p.segs) {
+		if s := p.segs[t]; covered < s.rows {
+			kv.prefetchRows(s.off+covered*p.ld, p.ld, s.rows-covered, s.n)
+		}
+		p.next = t + 1
+	} else {
+		p.next = len(p.segs)
+	}
+	p.cur++
+}
 
 // step is called before the kernels read segment cur: it prefetches the
 // segments that start less than kvPrefetchBytes past cur's end and are not

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/tandem-serve/tandem/internal/kvlayout"
+	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
 // TestDecodePrefetchFollowsTheKernels checks a decode token's prefetch
@@ -16,16 +17,26 @@ import (
 // and every chunk before the next. Shuffled blocks, block sizes that do and
 // do not divide the key chunk, full and sliding-window attention, one item
 // for all KV heads and one per KV head, rows short enough to be prefetched
-// head by head and long enough to be prefetched whole.
+// head by head and long enough to be prefetched whole, under every ISA
+// (the avx2 set's kernels prefetch the segments a fixed number ahead: see
+// checkInKernelPrefetch).
 func TestDecodePrefetchFollowsTheKernels(t *testing.T) {
-	// Rows of 3·16 and 8·128 bf16 elements: key segments head by head, and
-	// for all 8 heads (2 KiB rows) whole.
-	for _, sh := range []attnShape{{6, 3, 16}, {16, 8, 128}} {
-		for _, bs := range []int{16, 5} {
-			for _, win := range []int{0, 40, 100} {
-				for _, p := range []int{0, 15, 63, 64, 130, 199} {
-					for _, heads := range [][2]int{{0, sh.kvHeads}, {1, 2}} {
-						testDecodePrefetch(t, sh, bs, win, p, heads)
+	def := tensor.ISA()
+	t.Cleanup(func() { _ = tensor.SetISA(def) })
+	for _, isa := range tensor.ISAs() {
+		if err := tensor.SetISA(isa); err != nil {
+			t.Fatal(err)
+		}
+		// Rows of 3·16, 3·64 and 8·128 bf16 elements: key segments head
+		// by head (values the kernels do not take, and do), and for all 8
+		// heads (2 KiB rows) whole.
+		for _, sh := range []attnShape{{6, 3, 16}, {9, 3, 64}, {16, 8, 128}} {
+			for _, bs := range []int{16, 5} {
+				for _, win := range []int{0, 40, 100} {
+					for _, p := range []int{0, 15, 63, 64, 130, 199} {
+						for _, heads := range [][2]int{{0, sh.kvHeads}, {1, 2}} {
+							testDecodePrefetch(t, isa, sh, bs, win, p, heads)
+						}
 					}
 				}
 			}
@@ -33,9 +44,9 @@ func TestDecodePrefetchFollowsTheKernels(t *testing.T) {
 	}
 }
 
-func testDecodePrefetch(t *testing.T, sh attnShape, bs, win, p int, heads [2]int) {
+func testDecodePrefetch(t *testing.T, isa string, sh attnShape, bs, win, p int, heads [2]int) {
 	const C = attnKeyChunk
-	name := fmt.Sprintf("%v/bs=%d/win=%d/p=%d/kvh=%d-%d", sh, bs, win, p, heads[0], heads[1])
+	name := fmt.Sprintf("%s/%v/bs=%d/win=%d/p=%d/kvh=%d-%d", isa, sh, bs, win, p, heads[0], heads[1])
 	t.Run(name, func(t *testing.T) {
 		m := newAttnModel(t, sh, 1)
 		m.layers[0].window = win
@@ -112,7 +123,49 @@ func testDecodePrefetch(t *testing.T, sh attnShape, bs, win, p int, heads [2]int
 		if want := countRows(heads, ws, p); len(seen) != want {
 			t.Fatalf("%d rows prefetched, want %d", len(seen), want)
 		}
+		whole := heads[1]-heads[0] > 1 && sh.kvHeads*hd*2 > wholeKeyRows
+		if want := tensor.AttnDecodePrefetch() && !whole; pf.inKernel != want {
+			t.Fatalf("prefetches inside the kernels: %v, want %v", pf.inKernel, want)
+		}
+		if pf.inKernel {
+			checkInKernelPrefetch(t, pf, viewKV(f.pool, f.layout))
+		}
 	})
+}
+
+// checkInKernelPrefetch replays a planned schedule whose kernels prefetch:
+// the first ahead segments go out before the first call, the call reading
+// segment i is handed the distance in bytes from its rows to segment
+// i+ahead's (0 past the end), every segment is asked for, and the ahead
+// segments ahead of the kernels are at most kvPrefetchBytes and the next
+// segment would pass it.
+func checkInKernelPrefetch(t *testing.T, pf *kvPrefetch, kv kvView) {
+	t.Helper()
+	largest := 0
+	for _, sg := range pf.segs {
+		largest = max(largest, sg.rows*sg.n*pf.esize)
+	}
+	if pf.ahead < 1 || (pf.ahead > 1 && pf.ahead*largest > kvPrefetchBytes) || (pf.ahead+1)*largest <= kvPrefetchBytes {
+		t.Fatalf("%d segments of up to %d bytes ahead for %d bytes", pf.ahead, largest, kvPrefetchBytes)
+	}
+	pf.cur, pf.next = 0, 0
+	for i := range pf.segs {
+		d := pf.before(kv)
+		if i == 0 && pf.next != min(pf.ahead, len(pf.segs)) {
+			t.Fatalf("%d segments prefetched before the first call, want %d", pf.next, min(pf.ahead, len(pf.segs)))
+		}
+		want := 0
+		if j := i + pf.ahead; j < len(pf.segs) {
+			want = (pf.segs[j].off - pf.segs[i].off) * pf.esize
+		}
+		if d != want {
+			t.Fatalf("segment %d: distance %d, want %d", i, d, want)
+		}
+		pf.after(kv, 0)
+	}
+	if pf.cur != len(pf.segs) || pf.next != len(pf.segs) {
+		t.Fatalf("after the replay: cur %d, next %d of %d segments", pf.cur, pf.next, len(pf.segs))
+	}
 }
 
 // countRows is the number of key and value rows a decode token at position

@@ -26,11 +26,25 @@ func AttnKeyScores() bool { return active.Load().attnKeys[0] != nil }
 // all of them otherwise) through DotRowsBF16. It panics if a slice is too
 // short.
 func AttnKeyScoresBF16(out []float32, ldo int, q *BF16Query, k []uint16, ldk, n int) {
+	AttnKeyScoresBF16Prefetch(out, ldo, q, k, ldk, n, 0)
+}
+
+// AttnKeyScoresBF16Prefetch is AttnKeyScoresBF16 that also asks for the
+// key rows a later call will read, pf bytes past the rows it reads (pool
+// rows ldk elements apart, as these are): where the 8-keys-a-vector
+// kernels run, they prefetch those rows' lines one at a time among their
+// arithmetic (every line of a row's hd elements when the head dimension is
+// a multiple of 32 and the rows are 64-byte aligned), and it returns how
+// many of the rows, from the first, they covered: n rounded down to a
+// multiple of 8, or 0 where DotRowsBF16 runs them all. The caller
+// prefetches the rest of what it wants. Prefetches are hints: addresses
+// need not be valid, and no result changes (the same bits as without).
+func AttnKeyScoresBF16Prefetch(out []float32, ldo int, q *BF16Query, k []uint16, ldk, n, pf int) int {
 	rows, hd := q.rows, q.k
 	ks := active.Load()
 	if ks.attnKeys[0] == nil || q.rounded || hd%8 != 0 || hd == 0 || n < 8 || rows == 0 {
 		DotRowsBF16(out, ldo, q, k, ldk, n)
-		return
+		return 0
 	}
 	if len(out) < (rows-1)*ldo+n || (rows > 1 && ldo < n) || ldk < hd || len(k) < (n-1)*ldk+hd {
 		panic(fmt.Sprintf("tensor: AttnKeyScoresBF16 with short operands (rows=%d n=%d hd=%d; len out=%d k=%d; ldo=%d ldk=%d)",
@@ -39,9 +53,10 @@ func AttnKeyScoresBF16(out []float32, ldo int, q *BF16Query, k []uint16, ldk, n 
 	groups := n / 8
 	for r0 := 0; r0 < rows; r0 += attnF32Rows {
 		r := min(attnF32Rows, rows-r0)
-		ks.attnKeys[r-1](&q.x[r0*hd], hd, &k[0], ldk, groups, hd, &out[r0*ldo], ldo)
+		ks.attnKeys[r-1](&q.x[r0*hd], hd, &k[0], ldk, groups, hd, &out[r0*ldo], ldo, pf)
 	}
 	if n8 := groups * 8; n8 < n {
 		DotRowsBF16(out[n8:], ldo, q, k[n8*ldk:], ldk, n-n8)
 	}
+	return groups * 8
 }

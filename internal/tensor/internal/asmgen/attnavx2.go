@@ -230,14 +230,28 @@ func attnScoresAVX2(rows int) {
 // accumulators, the query vectors and one key vector in 16 registers), the
 // first pass's level-2 vectors waiting in a stack slot; one row takes all 8
 // keys in one pass.
+//
+// Prefetching: pf is a distance in bytes, and the kernels prefetch the rows
+// they read shifted by pf (the key rows a later call will read, pool rows
+// the same ldk apart), one line at a time among the arithmetic: the step
+// loop runs 4 steps (64 bytes of each of a pass's 4 keys) a trip, and step i
+// of a trip prefetches the line of the pass's key i (of each half, with one
+// row) at pf past its read. So every 64-byte-aligned line of the 8 rows'
+// hd·2 bytes is prefetched once, none with more than one PREFETCHT0 beside
+// 4·rows FMAs. Steps beyond a multiple of 4 (hd%32 ≠ 0) run one at a time
+// and prefetch nothing. The prefetches change no operation of the
+// arithmetic, nor its order.
 func attnKeysAVX2(rows int) {
 	name := fmt.Sprintf("attnKeysAVX2R%d", rows)
-	TEXT(name, NOSPLIT, "func(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int)")
-	Doc(fmt.Sprintf("%s computes the scores of %d f32 query rows against groups of 8 bf16 key rows (see asmgen).", name, rows))
+	TEXT(name, NOSPLIT, "func(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)")
+	Doc(fmt.Sprintf("%s computes the scores of %d f32 query rows against groups of 8 bf16 key rows, prefetching the rows pf bytes on (see asmgen).", name, rows))
 	spill := AllocLocal(32 * rows)
 	q := Load(Param("q"), GP64())
-	ldq := Load(Param("ldq"), GP64())
-	SHLQ(U8(2), ldq)
+	var ldq, ldo Register // one row needs neither
+	if rows > 1 {
+		ldq = Load(Param("ldq"), GP64())
+		SHLQ(U8(2), ldq)
+	}
 	kp := Load(Param("k"), GP64())
 	ldk := Load(Param("ldk"), GP64())
 	SHLQ(U8(1), ldk)
@@ -245,8 +259,15 @@ func attnKeysAVX2(rows int) {
 	steps := Load(Param("hd"), GP64())
 	SHRQ(U8(3), steps)
 	out := Load(Param("out"), GP64())
-	ldo := Load(Param("ldo"), GP64())
-	SHLQ(U8(2), ldo)
+	if rows > 1 {
+		ldo = Load(Param("ldo"), GP64())
+		SHLQ(U8(2), ldo)
+	}
+	// The prefetch distance, and it plus ldk: the index registers of a
+	// key's prefetch in place of keyMem's none and ldk.
+	pd := Load(Param("pf"), GP64())
+	pd1 := GP64()
+	LEAQ(Mem{Base: pd, Index: ldk, Scale: 1}, pd1)
 	p0, p4, qp, cnt := GP64(), GP64(), GP64(), GP64()
 	// The bf16 → f32 widening's byte shuffle: with 3 rows the registers
 	// are all taken and it is read from memory.
@@ -327,40 +348,73 @@ func attnKeysAVX2(rows int) {
 			LEAQ(Mem{Base: p0, Index: ldk, Scale: 2}, p2)
 			LEAQ(Mem{Base: p4, Index: ldk, Scale: 2}, p6)
 		}
-		MOVQ(q, qp)
-		MOVQ(steps, cnt)
-		Label(lbl)
-		qv := make([]VecVirtual, rows)
-		for r := range rows {
-			qv[r] = YMM()
-			VMOVUPS(qMem(r), qv[r])
-		}
-		for h, hf := range hs {
-			for kk, off := range hf.keys {
-				m := keyMem(off, hf.base)
-				if h == 1 {
-					m.Base = p2
-					if off >= 4 {
-						m.Base = p6
+		// step emits step i of a trip (i·16 bytes into the keys, i·32
+		// into the queries), prefetching with it the line of key i of
+		// each half unless pre is false.
+		step := func(i int, pre bool) {
+			qv := make([]VecVirtual, rows)
+			for r := range rows {
+				qv[r] = YMM()
+				m := qMem(r)
+				m.Disp = 32 * i
+				VMOVUPS(m, qv[r])
+			}
+			for h, hf := range hs {
+				for kk, off := range hf.keys {
+					m := keyMem(off, hf.base)
+					if h == 1 {
+						m.Base = p2
+						if off >= 4 {
+							m.Base = p6
+						}
 					}
-				}
-				kv := YMM()
-				VBROADCASTI128(m, kv)
-				VPSHUFB(widen, kv, kv)
-				for r := range rows {
-					VFMADD231PS(kv, qv[r], acc[h][r][kk])
+					m.Disp = 16 * i
+					if pre && kk == i {
+						pm := Mem{Base: m.Base, Index: pd, Scale: 1, Disp: m.Disp}
+						if m.Index != nil {
+							pm.Index = pd1
+						}
+						PREFETCHT0(pm)
+					}
+					kv := YMM()
+					VBROADCASTI128(m, kv)
+					VPSHUFB(widen, kv, kv)
+					for r := range rows {
+						VFMADD231PS(kv, qv[r], acc[h][r][kk])
+					}
 				}
 			}
 		}
-		ADDQ(U32(16), p0)
-		ADDQ(U32(16), p4)
-		if len(hs) == 2 {
-			ADDQ(U32(16), p2)
-			ADDQ(U32(16), p6)
+		advance := func(i int) {
+			ADDQ(U32(16*i), p0)
+			ADDQ(U32(16*i), p4)
+			if len(hs) == 2 {
+				ADDQ(U32(16*i), p2)
+				ADDQ(U32(16*i), p6)
+			}
+			ADDQ(U32(32*i), qp)
 		}
-		ADDQ(U32(32), qp)
+		MOVQ(q, qp)
+		MOVQ(steps, cnt)
+		SHRQ(U8(2), cnt)
+		JE(LabelRef(lbl + "one"))
+		Label(lbl)
+		for i := range 4 {
+			step(i, true)
+		}
+		advance(4)
 		DECQ(cnt)
 		JNE(LabelRef(lbl))
+		Label(lbl + "one")
+		MOVQ(steps, cnt)
+		ANDQ(U8(3), cnt)
+		JE(LabelRef(lbl + "end"))
+		Label(lbl + "1")
+		step(0, false)
+		advance(1)
+		DECQ(cnt)
+		JNE(LabelRef(lbl + "1"))
+		Label(lbl + "end")
 		return acc
 	}
 	// final combines the level-2 vectors of keys {0, 1, 4, 5} (w0) and

@@ -69,6 +69,9 @@ func main() {
 			for g := 1; g <= 4; g++ {
 				axpyRowsAVX2(dtF32, g)
 			}
+			for g := 2; g <= 4; g++ {
+				attnValuesAVX2(g)
+			}
 			argMaxAVX2(iotaTable())
 			for _, st := range readScanStreams {
 				readScanAVX2(st)
