@@ -104,7 +104,7 @@ type kernelSet struct {
 	// attnValues[g-2], if set, is axpyRowsBF16G[g-2] prefetching the value
 	// rows pf bytes on (AttnValuesBF16).
 	attnValues [maxTileRows - 1]func(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n, pf int)
-	avail    bool
+	avail      bool
 }
 
 // kernelSets lists the implementations in order of preference: the
