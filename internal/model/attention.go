@@ -326,7 +326,7 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 				out := w.s[r0*C+(j-c0):]
 				step, pf := decode && w.pf.keyStep(kvh, kh0), 0
 				if step {
-					pf = w.pf.before(kv)
+					pf = w.pf.before(kv, base+kvh*hd)
 				}
 				if kv.u16 != nil {
 					q := w.qb.Rows(r0, live)
@@ -380,7 +380,7 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 					je := min(ke, (blk+1)*bs)
 					base := layout.Offset(int(tbl[blk]), ls, 1, slot) + kvh*hd
 					if decode {
-						pf := w.pf.before(kv)
+						pf := w.pf.before(kv, base)
 						w.pf.after(kv, kv.decodeValues(group, hd, w.acc[r0*hd:], w.s[r0*C+(j-c0):], C, je-j, base, kvd, pf))
 					} else {
 						kv.axpyGroup(group, hd, w.acc[r0*hd:], w.s[r0*C+(j-c0):], C, je-j, base, kvd)

@@ -31,21 +31,31 @@ import (
 // token). Prefetches are hints: they change no result.
 //
 // Inside the kernels. Where the decode kernels prefetch for their caller
-// (tensor.AttnDecodePrefetch: the avx2 set, over a bf16 pool) and the key
-// segments are head by head, the schedule does not burst at all after the
-// first segments: the call that reads segment cur hands its kernel the
-// distance in bytes to segment cur+ahead (ahead segments of the largest
-// size make kvPrefetchBytes), and the kernel prefetches that segment's
-// rows one line at a time among its FMAs (pool rows are all the same
-// distance apart, so the target's rows are the call's shifted by one
-// distance). The first ahead segments go out in a burst before the first
-// call, and rows of a target the kernel did not cover (a longer segment
-// than the call's, a key tail DotRowsBF16 scores, a value call the
-// kernels do not take) in a burst after the call. The burst schedule
-// measured the prefetch instructions themselves at ~1.3 ms of a 16 ms
-// SmolLM2 token at context 2,048 (docs/performance.md "One-thread decode
-// attention's arithmetic"): a segment's 32 prefetches waited on the L1
-// miss buffers before the kernels could start.
+// (tensor.AttnDecodePrefetch: the avx2 set, over a bf16 pool) and the item
+// is the token's every KV head (one thread, or a batch of decode tokens),
+// there is no burst after the first kvStreamBytes: the item's KV is a
+// stream of contiguous regions (per key chunk, a block's key rows inside
+// the chunk for every KV head, block by block, then the value rows the
+// same way: the bytes the kernels read, in the order of the blocks they
+// read them in), the stream runs kvStreamBytes ahead of the kernels, and
+// every kernel call hands its kernel the offset from its rows to the
+// stream's position; the kernel prefetches, one line among each step of
+// its FMAs, as many consecutive bytes from there as it reads, and the
+// stream moves on by as many. Bytes the kernel did not cover (a key tail
+// DotRowsBF16 scores, a value call the kernels do not take, lines it ran
+// past a region's end into the next block's) go out in a burst after the
+// call. The burst schedule measured its prefetch instructions at ~1.3 ms
+// of a 16 ms SmolLM2 token at context 2,048 (docs/performance.md
+// "One-thread decode attention's arithmetic"): a segment's 32 prefetches
+// waited on the L1 miss buffers before the kernels could start. Handed the
+// same lines in the kernels' reading order (each head's slice of the rows
+// a fixed distance ahead) instead of as one run of consecutive lines, the
+// token was ~4% slower.
+
+// kvStreamBytes is how far ahead of the kernels the stream of an item's
+// KV bytes runs where the kernels prefetch (see above): 8 KiB was no
+// faster on the AMD Zen 2 it was measured on, 4 KiB slower.
+const kvStreamBytes = 16 << 10
 
 // kvPrefetchBytes is how far ahead of the kernels, in bytes of KV rows, a
 // decode token's prefetches run (4 of SmolLM2's 16 × 64 bf16 segments):
@@ -67,11 +77,16 @@ type kvPrefetch struct {
 	next     int  // the first segment not yet prefetched
 	cur      int  // the segment the kernels read next
 	whole    bool // key segments span the item's KV heads (wholeKeyRows)
-	inKernel bool // the kernels prefetch segment cur+ahead (see above)
-	ahead    int
+	inKernel bool // the kernels prefetch the stream of regs (see above)
+	regs     []kvRegion
+	ri, rb   int // the stream's position: byte rb of region ri
 	ld       int
 	esize    int
 }
+
+// kvRegion is a contiguous piece of a decode item's KV: bytes bytes from
+// element off.
+type kvRegion struct{ off, bytes int }
 
 // add appends the segment of rows rows of n elements from element off.
 func (p *kvPrefetch) add(off, rows, n int) {
@@ -88,14 +103,22 @@ func (p *kvPrefetch) add(off, rows, n int) {
 func (p *kvPrefetch) plan(layout kvlayout.Layout, tbl []int32, ls, ws, end, kh0, kh1 int) {
 	const C = attnKeyChunk
 	hd, bs := layout.HeadDim, layout.BlockSize
-	p.segs = p.segs[:0]
+	p.segs, p.regs = p.segs[:0], p.regs[:0]
 	p.esize = layout.ElemBytes()
-	p.whole = (kh1-kh0)*hd*p.esize > wholeKeyRows
+	p.ld = layout.TokenElems()
+	p.inKernel = layout.DType == kvlayout.BF16 && kh1-kh0 == layout.KVHeads && tensor.AttnDecodePrefetch()
+	p.whole = !p.inKernel && (kh1-kh0)*hd*p.esize > wholeKeyRows
+	region := func(blk, kv, slot, rows int) {
+		if p.inKernel {
+			p.regs = append(p.regs, kvRegion{layout.Offset(blk, ls, kv, slot), rows * p.ld * p.esize})
+		}
+	}
 	for c0 := ws / C * C; c0 < end; c0 += C {
 		c1 := min(c0+C, end)
 		for j := c0; j < c1; {
 			blk, slot := j/bs, j%bs
 			je := min(c1, (blk+1)*bs)
+			region(int(tbl[blk]), 0, slot, je-j)
 			if p.whole {
 				p.add(layout.Offset(int(tbl[blk]), ls, 0, slot)+kh0*hd, je-j, (kh1-kh0)*hd)
 			} else {
@@ -106,6 +129,12 @@ func (p *kvPrefetch) plan(layout kvlayout.Layout, tbl []int32, ls, ws, end, kh0,
 			j = je
 		}
 		ks := max(c0, ws)
+		for j := ks; j < c1; {
+			blk, slot := j/bs, j%bs
+			je := min(c1, (blk+1)*bs)
+			region(int(tbl[blk]), 1, slot, je-j)
+			j = je
+		}
 		for kvh := kh0; kvh < kh1; kvh++ {
 			for j := ks; j < c1; {
 				blk, slot := j/bs, j%bs
@@ -116,15 +145,7 @@ func (p *kvPrefetch) plan(layout kvlayout.Layout, tbl []int32, ls, ws, end, kh0,
 		}
 	}
 	p.next, p.cur = 0, 0
-	p.ld = layout.TokenElems()
-	p.inKernel = layout.DType == kvlayout.BF16 && !p.whole && tensor.AttnDecodePrefetch()
-	if p.inKernel {
-		largest := 1
-		for _, sg := range p.segs {
-			largest = max(largest, sg.rows*sg.n*p.esize)
-		}
-		p.ahead = max(1, kvPrefetchBytes/largest)
-	}
+	p.ri, p.rb = 0, 0
 }
 
 // keyStep reports whether the kernels' key scores for KV head kvh of a
@@ -132,47 +153,63 @@ func (p *kvPrefetch) plan(layout kvlayout.Layout, tbl []int32, ls, ws, end, kh0,
 // does, unless the segments span the item's heads (then the first one).
 func (p *kvPrefetch) keyStep(kvh, kh0 int) bool { return !p.whole || kvh == kh0 }
 
-// before is called before the kernels read segment cur, and returns the
-// prefetch distance in bytes to hand them (0: none). Bursting, it
-// prefetches the segments that start less than kvPrefetchBytes past cur's
-// end and are not yet asked for and moves cur on (step); with the kernels
-// prefetching, it prefetches the first ahead segments before the first
-// call and returns the distance from cur to segment cur+ahead, if any.
-func (p *kvPrefetch) before(kv kvView) int {
+// before is called before a kernel call reads segment cur, whose first
+// row is at element off, and returns the prefetch offset in bytes to hand
+// the kernel (0, its own rows, when there is nothing left to ask for).
+// Bursting, it prefetches the segments that start less than
+// kvPrefetchBytes past cur's end and are not yet asked for and moves cur
+// on (step); with the kernels prefetching, it prefetches the first
+// kvStreamBytes of the stream before the first call and returns the offset
+// from off to the stream's position, if any is left.
+func (p *kvPrefetch) before(kv kvView, off int) int {
 	if !p.inKernel {
 		p.step(kv)
 		return 0
 	}
 	if p.cur == 0 {
-		for ; p.next < min(p.ahead, len(p.segs)); p.next++ {
-			s := p.segs[p.next]
-			kv.prefetchRows(s.off, p.ld, s.rows, s.n)
-		}
+		p.advance(kv, kvStreamBytes, true)
 	}
-	t := p.cur + p.ahead
-	if p.cur >= len(p.segs) || t >= len(p.segs) {
+	if p.ri >= len(p.regs) {
 		return 0
 	}
-	return (p.segs[t].off - p.segs[p.cur].off) * p.esize
+	return (p.regs[p.ri].off-off)*p.esize + p.rb
 }
 
-// after is called after the kernels read segment cur with before's
-// distance, covered being the rows of the target they report having
-// prefetched: with the kernels prefetching, it prefetches the target's
-// other rows and moves cur on (bursting, step has).
+// after is called after the kernel call that read segment cur with
+// before's offset, covered being the bytes the kernel reports it
+// prefetched from there: with the kernels prefetching, it moves the stream
+// on by the segment's bytes, prefetching those the kernel did not cover,
+// and moves cur on (bursting, step has).
 func (p *kvPrefetch) after(kv kvView, covered int) {
 	if !p.inKernel {
 		return
 	}
-	if t := p.cur + p.ahead; p.cur < len(p.segs) && t < len(p.segs) {
-		if s := p.segs[t]; covered < s.rows {
-			kv.prefetchRows(s.off+covered*p.ld, p.ld, s.rows-covered, s.n)
-		}
-		p.next = t + 1
-	} else {
+	s := p.segs[p.cur]
+	n := s.rows * s.n * p.esize
+	p.advance(kv, min(covered, n), false)
+	p.advance(kv, n-min(covered, n), true)
+	p.cur++
+	if p.ri >= len(p.regs) {
 		p.next = len(p.segs)
 	}
-	p.cur++
+}
+
+// advance moves the stream's position on by n bytes, prefetching them if
+// burst, and in any case those past the end of a region: a kernel's
+// consecutive lines ran past it into bytes no call reads.
+func (p *kvPrefetch) advance(kv kvView, n int, burst bool) {
+	for n > 0 && p.ri < len(p.regs) {
+		r := p.regs[p.ri]
+		k := min(n, r.bytes-p.rb)
+		if burst {
+			kv.prefetchRows(r.off+p.rb/p.esize, p.ld, 1, k/p.esize)
+		}
+		n -= k
+		if p.rb += k; p.rb == r.bytes {
+			p.ri, p.rb = p.ri+1, 0
+			burst = true
+		}
+	}
 }
 
 // step is called before the kernels read segment cur: it prefetches the

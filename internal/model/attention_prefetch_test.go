@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/tandem-serve/tandem/internal/kvlayout"
@@ -18,8 +19,8 @@ import (
 // do not divide the key chunk, full and sliding-window attention, one item
 // for all KV heads and one per KV head, rows short enough to be prefetched
 // head by head and long enough to be prefetched whole, under every ISA
-// (the avx2 set's kernels prefetch the segments a fixed number ahead: see
-// checkInKernelPrefetch).
+// (where the avx2 set's kernels prefetch, the stream they are handed holds
+// the segments' pool rows in their order: see checkInKernelPrefetch).
 func TestDecodePrefetchFollowsTheKernels(t *testing.T) {
 	def := tensor.ISA()
 	t.Cleanup(func() { _ = tensor.SetISA(def) })
@@ -97,7 +98,7 @@ func testDecodePrefetch(t *testing.T, isa string, sh attnShape, bs, win, p int, 
 			if sg.n%hd != 0 || (first.kv == 1 && sg.n != hd) {
 				t.Fatalf("segment %+v of %d elements a row", first, sg.n)
 			}
-			if whole := first.kv == 0 && heads[1]-heads[0] > 1 && sh.kvHeads*hd*2 > wholeKeyRows; whole != (sg.n > hd) {
+			if whole := first.kv == 0 && !pf.inKernel && heads[1]-heads[0] > 1 && sh.kvHeads*hd*2 > wholeKeyRows; whole != (sg.n > hd) {
 				t.Fatalf("key segment %+v of %d elements a row", first, sg.n)
 			}
 			for i := range sg.rows {
@@ -123,48 +124,84 @@ func testDecodePrefetch(t *testing.T, isa string, sh attnShape, bs, win, p int, 
 		if want := countRows(heads, ws, p); len(seen) != want {
 			t.Fatalf("%d rows prefetched, want %d", len(seen), want)
 		}
-		whole := heads[1]-heads[0] > 1 && sh.kvHeads*hd*2 > wholeKeyRows
-		if want := tensor.AttnDecodePrefetch() && !whole; pf.inKernel != want {
+		if want := tensor.AttnDecodePrefetch() && heads[1]-heads[0] == sh.kvHeads; pf.inKernel != want {
 			t.Fatalf("prefetches inside the kernels: %v, want %v", pf.inKernel, want)
 		}
-		if pf.inKernel {
-			checkInKernelPrefetch(t, pf, viewKV(f.pool, f.layout))
+		if !pf.inKernel {
+			return
 		}
+		// The stream: contiguous regions of whole pool rows that hold
+		// the rows of the segments, in the segments' order of blocks.
+		ld := f.layout.TokenElems()
+		var stream []int // the stream's element offsets, one per pool row
+		for _, rg := range pf.regs {
+			first, ok := where[rg.off]
+			if !ok || first.kvh != 0 || rg.bytes%(ld*2) != 0 {
+				t.Fatalf("region %+v at %d is no run of whole pool rows of the sequence", rg, rg.off)
+			}
+			for i := range rg.bytes / (ld * 2) {
+				stream = append(stream, rg.off+i*ld)
+			}
+		}
+		var order []int // the segments' pool rows, in order, once
+		inOrder := map[int]bool{}
+		for _, sg := range pf.segs {
+			for i := range sg.rows {
+				o := sg.off + i*ld
+				o -= o % ld // the row's start (pool rows start at multiples of ld)
+				if !inOrder[o] {
+					inOrder[o] = true
+					order = append(order, o)
+				}
+			}
+		}
+		if !slices.Equal(stream, order) {
+			t.Fatalf("the stream's rows %v, the segments' %v", stream, order)
+		}
+		checkInKernelPrefetch(t, pf, viewKV(f.pool, f.layout))
 	})
 }
 
-// checkInKernelPrefetch replays a planned schedule whose kernels prefetch:
-// the first ahead segments go out before the first call, the call reading
-// segment i is handed the distance in bytes from its rows to segment
-// i+ahead's (0 past the end), every segment is asked for, and the ahead
-// segments ahead of the kernels are at most kvPrefetchBytes and the next
-// segment would pass it.
+// checkInKernelPrefetch replays a planned schedule whose kernels prefetch
+// all they are handed: the call reading segment i is handed the offset in
+// bytes from its first row to the stream's position kvStreamBytes past the
+// bytes of the segments before it (0 past the stream's end), and the
+// stream ends with the last call.
 func checkInKernelPrefetch(t *testing.T, pf *kvPrefetch, kv kvView) {
 	t.Helper()
-	largest := 0
-	for _, sg := range pf.segs {
-		largest = max(largest, sg.rows*sg.n*pf.esize)
+	total := 0
+	for _, rg := range pf.regs {
+		total += rg.bytes
 	}
-	if pf.ahead < 1 || (pf.ahead > 1 && pf.ahead*largest > kvPrefetchBytes) || (pf.ahead+1)*largest <= kvPrefetchBytes {
-		t.Fatalf("%d segments of up to %d bytes ahead for %d bytes", pf.ahead, largest, kvPrefetchBytes)
-	}
-	pf.cur, pf.next = 0, 0
-	for i := range pf.segs {
-		d := pf.before(kv)
-		if i == 0 && pf.next != min(pf.ahead, len(pf.segs)) {
-			t.Fatalf("%d segments prefetched before the first call, want %d", pf.next, min(pf.ahead, len(pf.segs)))
+	// at returns the byte address (relative to element 0) of stream
+	// position pos.
+	at := func(pos int) int {
+		for _, rg := range pf.regs {
+			if pos < rg.bytes {
+				return rg.off*pf.esize + pos
+			}
+			pos -= rg.bytes
 		}
+		t.Fatalf("stream position past its end")
+		return 0
+	}
+	pf.cur, pf.next, pf.ri, pf.rb = 0, 0, 0, 0
+	read := 0
+	for i, sg := range pf.segs {
+		d := pf.before(kv, sg.off)
 		want := 0
-		if j := i + pf.ahead; j < len(pf.segs) {
-			want = (pf.segs[j].off - pf.segs[i].off) * pf.esize
+		if pos := read + kvStreamBytes; pos < total {
+			want = at(pos) - sg.off*pf.esize
 		}
 		if d != want {
-			t.Fatalf("segment %d: distance %d, want %d", i, d, want)
+			t.Fatalf("segment %d: offset %d, want %d", i, d, want)
 		}
-		pf.after(kv, 0)
+		n := sg.rows * sg.n * pf.esize
+		pf.after(kv, n)
+		read += n
 	}
-	if pf.cur != len(pf.segs) || pf.next != len(pf.segs) {
-		t.Fatalf("after the replay: cur %d, next %d of %d segments", pf.cur, pf.next, len(pf.segs))
+	if read != total || pf.cur != len(pf.segs) || pf.ri != len(pf.regs) || pf.next != len(pf.segs) {
+		t.Fatalf("after the replay: %d of %d bytes read, cur %d of %d segments, region %d of %d", read, total, pf.cur, len(pf.segs), pf.ri, len(pf.regs))
 	}
 }
 

@@ -30,15 +30,14 @@ func AttnKeyScoresBF16(out []float32, ldo int, q *BF16Query, k []uint16, ldk, n 
 }
 
 // AttnKeyScoresBF16Prefetch is AttnKeyScoresBF16 that also asks for the
-// key rows a later call will read, pf bytes past the rows it reads (pool
-// rows ldk elements apart, as these are): where the 8-keys-a-vector
-// kernels run, they prefetch those rows' lines one at a time among their
-// arithmetic (every line of a row's hd elements when the head dimension is
-// a multiple of 32 and the rows are 64-byte aligned), and it returns how
-// many of the rows, from the first, they covered: n rounded down to a
-// multiple of 8, or 0 where DotRowsBF16 runs them all. The caller
-// prefetches the rest of what it wants. Prefetches are hints: addresses
-// need not be valid, and no result changes (the same bits as without).
+// bytes a later call will read, consecutive from pf bytes past k's first
+// element: where the 8-keys-a-vector kernels run, they prefetch cache lines
+// from there on, one at a time among their arithmetic, and it returns how
+// many bytes they covered: 64·8·⌊hd/32⌋ a group of 8 keys (as many as the
+// group's rows hold when hd is a multiple of 32), or 0 where DotRowsBF16
+// scores them all. The caller prefetches the rest of what it wants.
+// Prefetches are hints: the addresses need not be valid, and no result
+// changes (the same bits as without).
 func AttnKeyScoresBF16Prefetch(out []float32, ldo int, q *BF16Query, k []uint16, ldk, n, pf int) int {
 	rows, hd := q.rows, q.k
 	ks := active.Load()
@@ -58,5 +57,5 @@ func AttnKeyScoresBF16Prefetch(out []float32, ldo int, q *BF16Query, k []uint16,
 	if n8 := groups * 8; n8 < n {
 		DotRowsBF16(out[n8:], ldo, q, k[n8*ldk:], ldk, n-n8)
 	}
-	return groups * 8
+	return groups * 8 * (hd / 32) * 64
 }

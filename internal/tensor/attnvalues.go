@@ -11,22 +11,24 @@ import "fmt"
 // kernels' row loops, one cache line beside each step of the arithmetic,
 // rather than in a burst of prefetches before the call that waits on the
 // core's miss buffers (AttnKeyScoresBF16Prefetch does the same for the
-// scores).
+// scores). The kernels walk the bytes to prefetch as one run of
+// consecutive lines (measured faster than the same lines in the kernels'
+// reading order, a head's slice of every row), so the caller hands on
+// contiguous KV: a block's rows for every KV head.
 
 // AttnDecodePrefetch reports whether the active ISA's decode attention
 // kernels issue the prefetches that AttnKeyScoresBF16Prefetch and
 // AttnValuesBF16 are given (the avx2 set); elsewhere both prefetch nothing
-// and report 0 rows.
+// and report 0 bytes.
 func AttnDecodePrefetch() bool { return active.Load().attnValues[0] != nil }
 
 // AttnValuesBF16 is AxpyRowsBF16Group (the same results, bit for bit) that
-// also asks for the value rows a later call will read, pf bytes past the
-// rows it reads (rows ldv elements apart, as these are). Where
-// AttnDecodePrefetch holds, 2 ≤ g ≤ 4 and n is a multiple of 32, the
-// kernel prefetches those rows' lines one at a time among its arithmetic
-// (every line of a row's n elements when the rows are 64-byte aligned) and
-// it returns rows; otherwise it prefetches nothing and returns 0. The
-// caller prefetches the rest of what it wants. Prefetches are hints:
+// also asks for the bytes a later call will read, consecutive from pf bytes
+// past v's first element. Where AttnDecodePrefetch holds, 2 ≤ g ≤ 4 and n
+// is a multiple of 32, the kernel prefetches rows·n·2 bytes from there (as
+// many as it reads), a cache line at a time among its arithmetic, and it
+// returns that count; otherwise it prefetches nothing and returns 0. The
+// caller prefetches the rest of what it wants. Prefetches are hints: the
 // addresses need not be valid. It panics if a slice is too short.
 func AttnValuesBF16(g, n int, y []float32, ldy int, alpha []float32, lda, rows int, v []uint16, ldv, pf int) int {
 	ks := active.Load()
@@ -40,5 +42,5 @@ func AttnValuesBF16(g, n int, y []float32, ldy int, alpha []float32, lda, rows i
 			g, n, rows, len(y), len(alpha), len(v), ldy, lda, ldv))
 	}
 	ks.attnValues[g-2](&alpha[0], lda, &v[0], ldv, rows, &y[0], ldy, n, pf)
-	return rows
+	return rows * n * 2
 }

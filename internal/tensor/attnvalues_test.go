@@ -16,8 +16,8 @@ var attnPrefetchDistances = []int{0, 64, 8 << 10, 1 << 20, -4096, 1 << 40}
 // give the same bits with any prefetch distance as DotRowsBF16, for row
 // counts 1–4 and head dimensions whose step loop runs whole 4-step trips
 // (the prefetching ones), trips and single steps, and single steps only,
-// and that they report the rows they prefetched: whole groups of 8 keys
-// where the kernels run, none where DotRowsBF16 does.
+// and that they report the bytes they prefetched: 64·8·⌊hd/32⌋ a whole
+// group of 8 keys where the kernels run, none where DotRowsBF16 does.
 func TestAttnKeyScoresPrefetchChangesNothing(t *testing.T) {
 	keyScoresISA(t)
 	r := rand.New(rand.NewPCG(9, 10))
@@ -32,15 +32,15 @@ func TestAttnKeyScoresPrefetchChangesNothing(t *testing.T) {
 					bq.Set(q, n, hd)
 					want := make([]float32, n*nk)
 					DotRowsBF16(want, nk, &bq, keys, ldk, nk)
-					wantRows := nk / 8 * 8
+					wantBytes := nk / 8 * 8 * (hd / 32) * 64
 					if hd%8 != 0 || nk < 8 {
-						wantRows = 0
+						wantBytes = 0
 					}
 					for _, pf := range attnPrefetchDistances {
 						got := make([]float32, n*nk)
 						covered := AttnKeyScoresBF16Prefetch(got, nk, &bq, keys, ldk, nk, pf)
-						if covered != wantRows {
-							t.Fatalf("%d rows, pf %d: reported %d rows prefetched, want %d", n, pf, covered, wantRows)
+						if covered != wantBytes {
+							t.Fatalf("%d rows, pf %d: reported %d bytes prefetched, want %d", n, pf, covered, wantBytes)
 						}
 						for i := range want {
 							if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
@@ -58,8 +58,9 @@ func TestAttnKeyScoresPrefetchChangesNothing(t *testing.T) {
 // AxpyRowsBF16Group's bits with any prefetch distance, for every group
 // size the kernels take (2–4) and those they do not (1, 5), lengths that
 // are multiples of 32 and not, and row counts of one, a block and more,
-// and that it reports the rows it prefetched: all of them where a kernel
-// runs (AttnDecodePrefetch, 2 ≤ g ≤ 4, n a multiple of 32), else none.
+// and that it reports the bytes it prefetched: as many as it reads where
+// a kernel runs (AttnDecodePrefetch, 2 ≤ g ≤ 4, n a multiple of 32), else
+// none.
 func TestAttnValuesMatchAxpyRowsBF16Group(t *testing.T) {
 	forEachISA(t, func(t *testing.T) {
 		rng := rand.New(rand.NewPCG(12, 12))
@@ -76,14 +77,14 @@ func TestAttnValuesMatchAxpyRowsBF16Group(t *testing.T) {
 					y0 := randVec(rng, g*ldy)
 					want := append([]float32(nil), y0...)
 					AxpyRowsBF16Group(g, n, want, ldy, alpha, lda, rows, v, ldv)
-					wantRows := 0
+					wantBytes := 0
 					if AttnDecodePrefetch() && g >= 2 && g <= 4 && n%32 == 0 {
-						wantRows = rows
+						wantBytes = rows * n * 2
 					}
 					for _, pf := range attnPrefetchDistances {
 						got := append([]float32(nil), y0...)
-						if covered := AttnValuesBF16(g, n, got, ldy, alpha, lda, rows, v, ldv, pf); covered != wantRows {
-							t.Fatalf("g=%d n=%d rows=%d pf=%d: reported %d rows prefetched, want %d", g, n, rows, pf, covered, wantRows)
+						if covered := AttnValuesBF16(g, n, got, ldy, alpha, lda, rows, v, ldv, pf); covered != wantBytes {
+							t.Fatalf("g=%d n=%d rows=%d pf=%d: reported %d bytes prefetched, want %d", g, n, rows, pf, covered, wantBytes)
 						}
 						for i := range want {
 							if math.Float32bits(got[i]) != math.Float32bits(want[i]) {

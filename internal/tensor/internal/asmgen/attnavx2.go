@@ -231,20 +231,20 @@ func attnScoresAVX2(rows int) {
 // first pass's level-2 vectors waiting in a stack slot; one row takes all 8
 // keys in one pass.
 //
-// Prefetching: pf is a distance in bytes, and the kernels prefetch the rows
-// they read shifted by pf (the key rows a later call will read, pool rows
-// the same ldk apart), one line at a time among the arithmetic: the step
-// loop runs 4 steps (64 bytes of each of a pass's 4 keys) a trip, and step i
-// of a trip prefetches the line of the pass's key i (of each half, with one
-// row) at pf past its read. So every 64-byte-aligned line of the 8 rows'
-// hd·2 bytes is prefetched once, none with more than one PREFETCHT0 beside
-// 4·rows FMAs. Steps beyond a multiple of 4 (hd%32 ≠ 0) run one at a time
-// and prefetch nothing. The prefetches change no operation of the
-// arithmetic, nor its order.
+// Prefetching: the kernels prefetch consecutive cache lines from k + pf
+// bytes on (the KV bytes a later call will read, handed on by the caller),
+// one line at a time among the arithmetic: the step loop runs 4 steps (64
+// bytes of each of a pass's 4 keys) a trip, and each step of a trip
+// prefetches the next line (two with one row, whose pass takes both halves'
+// 8 keys). So a group of 8 keys prefetches 8·⌊hd/32⌋ lines, as many bytes
+// as it reads when hd is a multiple of 32, each PREFETCHT0 beside 4·rows
+// FMAs. Steps beyond a multiple of 4 (hd%32 ≠ 0) run one at a time and
+// prefetch nothing. The prefetches change no operation of the arithmetic,
+// nor its order.
 func attnKeysAVX2(rows int) {
 	name := fmt.Sprintf("attnKeysAVX2R%d", rows)
 	TEXT(name, NOSPLIT, "func(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)")
-	Doc(fmt.Sprintf("%s computes the scores of %d f32 query rows against groups of 8 bf16 key rows, prefetching the rows pf bytes on (see asmgen).", name, rows))
+	Doc(fmt.Sprintf("%s computes the scores of %d f32 query rows against groups of 8 bf16 key rows, prefetching lines from k+pf bytes on (see asmgen).", name, rows))
 	spill := AllocLocal(32 * rows)
 	q := Load(Param("q"), GP64())
 	var ldq, ldo Register // one row needs neither
@@ -263,11 +263,9 @@ func attnKeysAVX2(rows int) {
 		ldo = Load(Param("ldo"), GP64())
 		SHLQ(U8(2), ldo)
 	}
-	// The prefetch distance, and it plus ldk: the index registers of a
-	// key's prefetch in place of keyMem's none and ldk.
-	pd := Load(Param("pf"), GP64())
-	pd1 := GP64()
-	LEAQ(Mem{Base: pd, Index: ldk, Scale: 1}, pd1)
+	// The next line to prefetch.
+	pw := Load(Param("pf"), GP64())
+	ADDQ(kp, pw)
 	p0, p4, qp, cnt := GP64(), GP64(), GP64(), GP64()
 	// The bf16 → f32 widening's byte shuffle: with 3 rows the registers
 	// are all taken and it is read from memory.
@@ -349,8 +347,8 @@ func attnKeysAVX2(rows int) {
 			LEAQ(Mem{Base: p4, Index: ldk, Scale: 2}, p6)
 		}
 		// step emits step i of a trip (i·16 bytes into the keys, i·32
-		// into the queries), prefetching with it the line of key i of
-		// each half unless pre is false.
+		// into the queries), prefetching with it the trip's line i (lines
+		// 2i and 2i+1 with two halves) unless pre is false.
 		step := func(i int, pre bool) {
 			qv := make([]VecVirtual, rows)
 			for r := range rows {
@@ -370,11 +368,7 @@ func attnKeysAVX2(rows int) {
 					}
 					m.Disp = 16 * i
 					if pre && kk == i {
-						pm := Mem{Base: m.Base, Index: pd, Scale: 1, Disp: m.Disp}
-						if m.Index != nil {
-							pm.Index = pd1
-						}
-						PREFETCHT0(pm)
+						PREFETCHT0(Mem{Base: pw, Disp: 64 * (i*len(hs) + h)})
 					}
 					kv := YMM()
 					VBROADCASTI128(m, kv)
@@ -403,6 +397,7 @@ func attnKeysAVX2(rows int) {
 			step(i, true)
 		}
 		advance(4)
+		ADDQ(U32(256*len(hs)), pw)
 		DECQ(cnt)
 		JNE(LabelRef(lbl))
 		Label(lbl + "one")

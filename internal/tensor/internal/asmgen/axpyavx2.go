@@ -24,14 +24,15 @@ import (
 func axpyRowsAVX2(dt dtype, g int) { emitAxpyRowsAVX2(dt, g, false) }
 
 // attnValuesAVX2 emits attnValuesBF16G<g>AVX2 (g = 2..4): decode
-// attention's value sums, axpyRowsBF16G<g>AVX2 with a prefetch distance pf
+// attention's value sums, axpyRowsBF16G<g>AVX2 with a prefetch offset pf
 // in bytes as a last argument. Each trip of the wide loop (one value row's
 // 8·wide elements: 64 bytes for g ≤ 3, 32 for g = 4) first prefetches the
-// line pf bytes past the start of what it reads (the value rows a later
-// call will read, the same ldv apart), so with rows aligned to 64 bytes
-// and n a multiple of 32 every line of the rows' n elements is prefetched
-// (g = 4: each twice), one PREFETCHT0 beside 4·g FMAs or more. Nothing
-// else differs: the results are axpyRowsBF16G<g>AVX2's bit for bit.
+// next of consecutive addresses from v + pf on (the KV bytes a later call
+// will read, handed on by the caller), as many bytes on as the trip reads:
+// with n a multiple of 32 the call prefetches rows·n·2 bytes, as many as
+// it reads, one PREFETCHT0 beside 4·g FMAs or more (g = 4: each line
+// twice). Nothing else differs: the results are axpyRowsBF16G<g>AVX2's bit
+// for bit.
 func attnValuesAVX2(g int) { emitAxpyRowsAVX2(dtBF16, g, true) }
 
 // emitAxpyRowsAVX2 emits axpyRowsAVX2's kernel, or with pf attnValuesAVX2's.
@@ -42,7 +43,7 @@ func emitAxpyRowsAVX2(dt dtype, g int, pf bool) {
 	if pf {
 		name = fmt.Sprintf("attnValues%sG%dAVX2", dt.name, g)
 		TEXT(name, NOSPLIT, fmt.Sprintf("func(alpha *float32, lda int, v %s, ldv int, rows int, y *float32, ldy int, n int, pf int)", dt.goType))
-		Doc(fmt.Sprintf("%s computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < %d, r < rows in order, t < n, prefetching the rows pf bytes on.", name, g))
+		Doc(fmt.Sprintf("%s computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < %d, r < rows in order, t < n, prefetching from v+pf bytes on.", name, g))
 		a = Load(Param("alpha"), GP64())
 		lda = Load(Param("lda"), GP64())
 		SHLQ(U8(2), lda)
@@ -54,6 +55,7 @@ func emitAxpyRowsAVX2(dt dtype, g int, pf bool) {
 		SHLQ(U8(2), ldy)
 		n = Load(Param("n"), GP64())
 		pd = Load(Param("pf"), GP64())
+		ADDQ(v, pd)
 	} else if g == 1 {
 		name = "axpyRows" + dt.name + "AVX2"
 		TEXT(name, NOSPLIT, fmt.Sprintf("func(alpha *float32, v %s, ldv int, rows int, y *float32, n int)", dt.goType))
@@ -137,7 +139,8 @@ func emitAxpyRowsAVX2(dt dtype, g int, pf bool) {
 			VBROADCASTSS(Mem{Base: ah}, b[h])
 		}
 		if pf && lbl == "w" {
-			PREFETCHT0(Mem{Base: vr, Index: pd, Scale: 1})
+			PREFETCHT0(Mem{Base: pd})
+			ADDQ(U8(8*esize*vecs), pd)
 		}
 		for i := range vecs {
 			if scalar {
