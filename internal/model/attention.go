@@ -475,8 +475,9 @@ func (kv kvView) axpyGroup(g, n int, y, alpha []float32, lda, rows, off, ldv int
 }
 
 // decodeValues is axpyGroup for a decode token's value rows, prefetching
-// the rows pf bytes on where the kernels do (tensor.AttnValuesBF16); it
-// returns how many of them they covered (0 over an f32 pool).
+// from pf bytes past its first row on where the kernels do
+// (tensor.AttnValuesBF16); it returns how many bytes they covered (0 over
+// an f32 pool).
 func (kv kvView) decodeValues(g, n int, y, alpha []float32, lda, rows, off, ldv, pf int) int {
 	if kv.f32 != nil {
 		tensor.AxpyRowsGroup(g, n, y, n, alpha, lda, rows, kv.f32[off:], ldv)

@@ -21,9 +21,10 @@ import (
 // its misses drain and leaves the value rows to demand misses (the scheme
 // before, docs/performance.md "Decode attention's KV reads").
 //
-// Where the item's part of a pool row is long (more than wholeKeyRows:
-// qwen3-0.6b's 8 KV heads of 128 in bf16, 2 KiB), a block's key rows are
-// one segment for all the item's KV heads, prefetched whole: head by head,
+// Bursting, where the item's part of a pool row is long (more than
+// wholeKeyRows: qwen3-0.6b's 8 KV heads of 128 in bf16, 2 KiB), a block's
+// key rows are one segment for all the item's KV heads, prefetched whole:
+// head by head,
 // 256-byte pieces of 2 KiB rows, qwen3's decode attention was 3–12% slower
 // than with whole rows, where SmolLM2's (384-byte rows) was ~10% faster
 // head by head. On two threads (an item per KV head) the schedule gained
