@@ -324,15 +324,18 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 			for kvh := kh0; kvh < kh1; kvh++ {
 				r0 := (kvh-kh0)*perHead + tokLo*group
 				out := w.s[r0*C+(j-c0):]
-				step, pf := decode && w.pf.keyStep(kvh, kh0), 0
-				if step {
-					pf = w.pf.before(kv, base+kvh*hd)
+				step := decode && w.pf.keyStep(kvh, kh0)
+				if step && !w.pf.inKernel {
+					w.pf.step(kv)
 				}
 				if kv.u16 != nil {
 					q := w.qb.Rows(r0, live)
-					covered := tensor.AttnKeyScoresBF16Prefetch(out, C, &q, kv.u16[base+kvh*hd:], kvd, je-j, pf)
-					if step {
-						w.pf.after(kv, covered)
+					k := kv.u16[base+kvh*hd:]
+					if step && w.pf.inKernel {
+						pf := w.pf.before(kv, base+kvh*hd)
+						w.pf.after(kv, tensor.AttnKeyScoresBF16Prefetch(out, C, &q, k, kvd, je-j, pf))
+					} else {
+						tensor.AttnKeyScoresBF16(out, C, &q, k, kvd, je-j)
 					}
 					continue
 				}
@@ -379,10 +382,13 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 					blk, slot := j/bs, j%bs
 					je := min(ke, (blk+1)*bs)
 					base := layout.Offset(int(tbl[blk]), ls, 1, slot) + kvh*hd
-					if decode {
+					if decode && w.pf.inKernel {
 						pf := w.pf.before(kv, base)
-						w.pf.after(kv, kv.decodeValues(group, hd, w.acc[r0*hd:], w.s[r0*C+(j-c0):], C, je-j, base, kvd, pf))
+						w.pf.after(kv, tensor.AttnValuesBF16(group, hd, w.acc[r0*hd:], hd, w.s[r0*C+(j-c0):], C, je-j, kv.u16[base:], kvd, pf))
 					} else {
+						if decode {
+							w.pf.step(kv)
+						}
 						kv.axpyGroup(group, hd, w.acc[r0*hd:], w.s[r0*C+(j-c0):], C, je-j, base, kvd)
 					}
 					j = je
@@ -472,18 +478,6 @@ func (kv kvView) axpyGroup(g, n int, y, alpha []float32, lda, rows, off, ldv int
 		return
 	}
 	tensor.AxpyRowsBF16Group(g, n, y, n, alpha, lda, rows, kv.u16[off:], ldv)
-}
-
-// decodeValues is axpyGroup for a decode token's value rows, prefetching
-// from pf bytes past its first row on where the kernels do
-// (tensor.AttnValuesBF16); it returns how many bytes they covered (0 over
-// an f32 pool).
-func (kv kvView) decodeValues(g, n int, y, alpha []float32, lda, rows, off, ldv, pf int) int {
-	if kv.f32 != nil {
-		tensor.AxpyRowsGroup(g, n, y, n, alpha, lda, rows, kv.f32[off:], ldv)
-		return 0
-	}
-	return tensor.AttnValuesBF16(g, n, y, n, alpha, lda, rows, kv.u16[off:], ldv, pf)
 }
 
 // prefetchRows asks for rows rows of n elements from element off, ld

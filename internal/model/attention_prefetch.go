@@ -154,19 +154,13 @@ func (p *kvPrefetch) plan(layout kvlayout.Layout, tbl []int32, ls, ws, end, kh0,
 // does, unless the segments span the item's heads (then the first one).
 func (p *kvPrefetch) keyStep(kvh, kh0 int) bool { return !p.whole || kvh == kh0 }
 
-// before is called before a kernel call reads segment cur, whose first
-// row is at element off, and returns the prefetch offset in bytes to hand
-// the kernel (0, its own rows, when there is nothing left to ask for).
-// Bursting, it prefetches the segments that start less than
-// kvPrefetchBytes past cur's end and are not yet asked for and moves cur
-// on (step); with the kernels prefetching, it prefetches the first
-// kvStreamBytes of the stream before the first call and returns the offset
-// from off to the stream's position, if any is left.
+// before is called, with the kernels prefetching, before a kernel call
+// reads segment cur, whose first row is at element off, and returns the
+// prefetch offset in bytes to hand the kernel (0, its own rows, when there
+// is nothing left to ask for): before the first call it prefetches the
+// first kvStreamBytes of the stream, and it returns the offset from off to
+// the stream's position. (Bursting, step is called instead.)
 func (p *kvPrefetch) before(kv kvView, off int) int {
-	if !p.inKernel {
-		p.step(kv)
-		return 0
-	}
 	if p.cur == 0 {
 		p.advance(kv, kvStreamBytes, true)
 	}
@@ -178,13 +172,9 @@ func (p *kvPrefetch) before(kv kvView, off int) int {
 
 // after is called after the kernel call that read segment cur with
 // before's offset, covered being the bytes the kernel reports it
-// prefetched from there: with the kernels prefetching, it moves the stream
-// on by the segment's bytes, prefetching those the kernel did not cover,
-// and moves cur on (bursting, step has).
+// prefetched from there: it moves the stream on by the segment's bytes,
+// prefetching those the kernel did not cover, and moves cur on.
 func (p *kvPrefetch) after(kv kvView, covered int) {
-	if !p.inKernel {
-		return
-	}
 	s := p.segs[p.cur]
 	n := s.rows * s.n * p.esize
 	p.advance(kv, min(covered, n), false)

@@ -20,7 +20,7 @@ import "fmt"
 // kernels issue the prefetches that AttnKeyScoresBF16Prefetch and
 // AttnValuesBF16 are given (the avx2 set); elsewhere both prefetch nothing
 // and report 0 bytes.
-func AttnDecodePrefetch() bool { return active.Load().attnValues[0] != nil }
+func AttnDecodePrefetch() bool { return active.Load().attnKeysPf[0] != nil }
 
 // AttnValuesBF16 is AxpyRowsBF16Group (the same results, bit for bit) that
 // also asks for the bytes a later call will read, consecutive from pf bytes

@@ -60698,9 +60698,451 @@ done:
 	VZEROUPPER
 	RET
 
-// func attnKeysAVX2R1(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)
+// func attnKeysAVX2R1(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·attnKeysAVX2R1(SB), NOSPLIT, $32-64
+	MOVQ    q+0(FP), AX
+	MOVQ    ldq+8(FP), CX
+	SHLQ    $0x02, CX
+	MOVQ    k+16(FP), CX
+	MOVQ    ldk+24(FP), DX
+	SHLQ    $0x01, DX
+	MOVQ    groups+32(FP), BX
+	MOVQ    hd+40(FP), SI
+	SHRQ    $0x03, SI
+	MOVQ    out+48(FP), DI
+	MOVQ    ldo+56(FP), R8
+	SHLQ    $0x02, R8
+	VMOVDQU attnwiden<>+0(SB), Y0
+	TESTQ   BX, BX
+	JE      done
+
+group:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	MOVQ   CX, R8
+	LEAQ   (R8)(DX*4), R9
+	LEAQ   (R8)(DX*2), R12
+	LEAQ   (R9)(DX*2), R13
+	MOVQ   AX, R10
+	MOVQ   SI, R11
+
+both:
+	VMOVUPS        (R10), Y9
+	VBROADCASTI128 (R8), Y10
+	VPSHUFB        Y0, Y10, Y10
+	VFMADD231PS    Y10, Y9, Y1
+	VBROADCASTI128 (R8)(DX*1), Y10
+	VPSHUFB        Y0, Y10, Y10
+	VFMADD231PS    Y10, Y9, Y2
+	VBROADCASTI128 (R9), Y10
+	VPSHUFB        Y0, Y10, Y10
+	VFMADD231PS    Y10, Y9, Y3
+	VBROADCASTI128 (R9)(DX*1), Y10
+	VPSHUFB        Y0, Y10, Y10
+	VFMADD231PS    Y10, Y9, Y4
+	VBROADCASTI128 (R12), Y10
+	VPSHUFB        Y0, Y10, Y10
+	VFMADD231PS    Y10, Y9, Y5
+	VBROADCASTI128 (R12)(DX*1), Y10
+	VPSHUFB        Y0, Y10, Y10
+	VFMADD231PS    Y10, Y9, Y6
+	VBROADCASTI128 (R13), Y10
+	VPSHUFB        Y0, Y10, Y10
+	VFMADD231PS    Y10, Y9, Y7
+	VBROADCASTI128 (R13)(DX*1), Y10
+	VPSHUFB        Y0, Y10, Y10
+	VFMADD231PS    Y10, Y9, Y8
+	ADDQ           $0x00000010, R8
+	ADDQ           $0x00000010, R9
+	ADDQ           $0x00000010, R12
+	ADDQ           $0x00000010, R13
+	ADDQ           $0x00000020, R10
+	DECQ           R11
+	JNE            both
+	VPERM2F128     $0x20, Y3, Y1, Y9
+	VPERM2F128     $0x31, Y3, Y1, Y1
+	VADDPS         Y1, Y9, Y9
+	VPERM2F128     $0x20, Y4, Y2, Y1
+	VPERM2F128     $0x31, Y4, Y2, Y2
+	VADDPS         Y2, Y1, Y1
+	VSHUFPS        $0x44, Y1, Y9, Y2
+	VSHUFPS        $0xee, Y1, Y9, Y1
+	VADDPS         Y1, Y2, Y2
+	VPERM2F128     $0x20, Y7, Y5, Y1
+	VPERM2F128     $0x31, Y7, Y5, Y3
+	VADDPS         Y3, Y1, Y1
+	VPERM2F128     $0x20, Y8, Y6, Y3
+	VPERM2F128     $0x31, Y8, Y6, Y4
+	VADDPS         Y4, Y3, Y3
+	VSHUFPS        $0x44, Y3, Y1, Y4
+	VSHUFPS        $0xee, Y3, Y1, Y1
+	VADDPS         Y1, Y4, Y4
+	VSHUFPS        $0x88, Y4, Y2, Y1
+	VSHUFPS        $0xdd, Y4, Y2, Y2
+	VADDPS         Y2, Y1, Y1
+	VMOVUPS        Y1, (DI)
+	LEAQ           (CX)(DX*8), CX
+	ADDQ           $0x00000020, DI
+	DECQ           BX
+	JNE            group
+
+done:
+	VZEROUPPER
+	RET
+
+// func attnKeysAVX2R2(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·attnKeysAVX2R2(SB), NOSPLIT, $64-64
+	MOVQ    q+0(FP), AX
+	MOVQ    ldq+8(FP), CX
+	SHLQ    $0x02, CX
+	MOVQ    k+16(FP), DX
+	MOVQ    ldk+24(FP), BX
+	SHLQ    $0x01, BX
+	MOVQ    groups+32(FP), SI
+	MOVQ    hd+40(FP), DI
+	SHRQ    $0x03, DI
+	MOVQ    out+48(FP), R8
+	MOVQ    ldo+56(FP), R9
+	SHLQ    $0x02, R9
+	VMOVDQU attnwiden<>+0(SB), Y0
+	TESTQ   SI, SI
+	JE      done
+
+group:
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	MOVQ   DX, R10
+	LEAQ   (R10)(BX*4), R11
+	MOVQ   AX, R12
+	MOVQ   DI, R13
+
+first:
+	VMOVUPS        (R12), Y9
+	VMOVUPS        (R12)(CX*1), Y10
+	VBROADCASTI128 (R10), Y11
+	VPSHUFB        Y0, Y11, Y11
+	VFMADD231PS    Y11, Y9, Y1
+	VFMADD231PS    Y11, Y10, Y5
+	VBROADCASTI128 (R10)(BX*1), Y11
+	VPSHUFB        Y0, Y11, Y11
+	VFMADD231PS    Y11, Y9, Y2
+	VFMADD231PS    Y11, Y10, Y6
+	VBROADCASTI128 (R11), Y11
+	VPSHUFB        Y0, Y11, Y11
+	VFMADD231PS    Y11, Y9, Y3
+	VFMADD231PS    Y11, Y10, Y7
+	VBROADCASTI128 (R11)(BX*1), Y11
+	VPSHUFB        Y0, Y11, Y11
+	VFMADD231PS    Y11, Y9, Y4
+	VFMADD231PS    Y11, Y10, Y8
+	ADDQ           $0x00000010, R10
+	ADDQ           $0x00000010, R11
+	ADDQ           $0x00000020, R12
+	DECQ           R13
+	JNE            first
+	VPERM2F128     $0x20, Y3, Y1, Y9
+	VPERM2F128     $0x31, Y3, Y1, Y1
+	VADDPS         Y1, Y9, Y9
+	VPERM2F128     $0x20, Y4, Y2, Y1
+	VPERM2F128     $0x31, Y4, Y2, Y2
+	VADDPS         Y2, Y1, Y1
+	VSHUFPS        $0x44, Y1, Y9, Y2
+	VSHUFPS        $0xee, Y1, Y9, Y1
+	VADDPS         Y1, Y2, Y2
+	VMOVUPS        Y2, (SP)
+	VPERM2F128     $0x20, Y7, Y5, Y1
+	VPERM2F128     $0x31, Y7, Y5, Y2
+	VADDPS         Y2, Y1, Y1
+	VPERM2F128     $0x20, Y8, Y6, Y2
+	VPERM2F128     $0x31, Y8, Y6, Y3
+	VADDPS         Y3, Y2, Y2
+	VSHUFPS        $0x44, Y2, Y1, Y3
+	VSHUFPS        $0xee, Y2, Y1, Y1
+	VADDPS         Y1, Y3, Y3
+	VMOVUPS        Y3, 32(SP)
+	VXORPS         Y1, Y1, Y1
+	VXORPS         Y2, Y2, Y2
+	VXORPS         Y3, Y3, Y3
+	VXORPS         Y4, Y4, Y4
+	VXORPS         Y5, Y5, Y5
+	VXORPS         Y6, Y6, Y6
+	VXORPS         Y7, Y7, Y7
+	VXORPS         Y8, Y8, Y8
+	LEAQ           (DX)(BX*2), R10
+	LEAQ           (R10)(BX*4), R11
+	MOVQ           AX, R12
+	MOVQ           DI, R13
+
+second:
+	VMOVUPS        (R12), Y9
+	VMOVUPS        (R12)(CX*1), Y10
+	VBROADCASTI128 (R10), Y11
+	VPSHUFB        Y0, Y11, Y11
+	VFMADD231PS    Y11, Y9, Y1
+	VFMADD231PS    Y11, Y10, Y5
+	VBROADCASTI128 (R10)(BX*1), Y11
+	VPSHUFB        Y0, Y11, Y11
+	VFMADD231PS    Y11, Y9, Y2
+	VFMADD231PS    Y11, Y10, Y6
+	VBROADCASTI128 (R11), Y11
+	VPSHUFB        Y0, Y11, Y11
+	VFMADD231PS    Y11, Y9, Y3
+	VFMADD231PS    Y11, Y10, Y7
+	VBROADCASTI128 (R11)(BX*1), Y11
+	VPSHUFB        Y0, Y11, Y11
+	VFMADD231PS    Y11, Y9, Y4
+	VFMADD231PS    Y11, Y10, Y8
+	ADDQ           $0x00000010, R10
+	ADDQ           $0x00000010, R11
+	ADDQ           $0x00000020, R12
+	DECQ           R13
+	JNE            second
+	VPERM2F128     $0x20, Y3, Y1, Y9
+	VPERM2F128     $0x31, Y3, Y1, Y1
+	VADDPS         Y1, Y9, Y9
+	VPERM2F128     $0x20, Y4, Y2, Y1
+	VPERM2F128     $0x31, Y4, Y2, Y2
+	VADDPS         Y2, Y1, Y1
+	VSHUFPS        $0x44, Y1, Y9, Y2
+	VSHUFPS        $0xee, Y1, Y9, Y1
+	VADDPS         Y1, Y2, Y2
+	VMOVUPS        (SP), Y1
+	VSHUFPS        $0x88, Y2, Y1, Y3
+	VSHUFPS        $0xdd, Y2, Y1, Y1
+	VADDPS         Y1, Y3, Y3
+	VMOVUPS        Y3, (R8)
+	VPERM2F128     $0x20, Y7, Y5, Y1
+	VPERM2F128     $0x31, Y7, Y5, Y2
+	VADDPS         Y2, Y1, Y1
+	VPERM2F128     $0x20, Y8, Y6, Y2
+	VPERM2F128     $0x31, Y8, Y6, Y3
+	VADDPS         Y3, Y2, Y2
+	VSHUFPS        $0x44, Y2, Y1, Y3
+	VSHUFPS        $0xee, Y2, Y1, Y1
+	VADDPS         Y1, Y3, Y3
+	VMOVUPS        32(SP), Y1
+	VSHUFPS        $0x88, Y3, Y1, Y2
+	VSHUFPS        $0xdd, Y3, Y1, Y1
+	VADDPS         Y1, Y2, Y2
+	VMOVUPS        Y2, (R8)(R9*1)
+	LEAQ           (DX)(BX*8), DX
+	ADDQ           $0x00000020, R8
+	DECQ           SI
+	JNE            group
+
+done:
+	VZEROUPPER
+	RET
+
+// func attnKeysAVX2R3(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·attnKeysAVX2R3(SB), NOSPLIT, $96-64
+	MOVQ  q+0(FP), AX
+	MOVQ  ldq+8(FP), CX
+	SHLQ  $0x02, CX
+	MOVQ  k+16(FP), DX
+	MOVQ  ldk+24(FP), BX
+	SHLQ  $0x01, BX
+	MOVQ  groups+32(FP), SI
+	MOVQ  hd+40(FP), DI
+	SHRQ  $0x03, DI
+	MOVQ  out+48(FP), R8
+	MOVQ  ldo+56(FP), R9
+	SHLQ  $0x02, R9
+	TESTQ SI, SI
+	JE    done
+
+group:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	VXORPS Y9, Y9, Y9
+	VXORPS Y10, Y10, Y10
+	VXORPS Y11, Y11, Y11
+	MOVQ   DX, R10
+	LEAQ   (R10)(BX*4), R11
+	MOVQ   AX, R12
+	MOVQ   DI, R13
+
+first:
+	VMOVUPS        (R12), Y12
+	VMOVUPS        (R12)(CX*1), Y13
+	VMOVUPS        (R12)(CX*2), Y14
+	VBROADCASTI128 (R10), Y15
+	VPSHUFB        attnwiden<>+0(SB), Y15, Y15
+	VFMADD231PS    Y15, Y12, Y0
+	VFMADD231PS    Y15, Y13, Y4
+	VFMADD231PS    Y15, Y14, Y8
+	VBROADCASTI128 (R10)(BX*1), Y15
+	VPSHUFB        attnwiden<>+0(SB), Y15, Y15
+	VFMADD231PS    Y15, Y12, Y1
+	VFMADD231PS    Y15, Y13, Y5
+	VFMADD231PS    Y15, Y14, Y9
+	VBROADCASTI128 (R11), Y15
+	VPSHUFB        attnwiden<>+0(SB), Y15, Y15
+	VFMADD231PS    Y15, Y12, Y2
+	VFMADD231PS    Y15, Y13, Y6
+	VFMADD231PS    Y15, Y14, Y10
+	VBROADCASTI128 (R11)(BX*1), Y15
+	VPSHUFB        attnwiden<>+0(SB), Y15, Y15
+	VFMADD231PS    Y15, Y12, Y3
+	VFMADD231PS    Y15, Y13, Y7
+	VFMADD231PS    Y15, Y14, Y11
+	ADDQ           $0x00000010, R10
+	ADDQ           $0x00000010, R11
+	ADDQ           $0x00000020, R12
+	DECQ           R13
+	JNE            first
+	VPERM2F128     $0x20, Y2, Y0, Y12
+	VPERM2F128     $0x31, Y2, Y0, Y0
+	VADDPS         Y0, Y12, Y12
+	VPERM2F128     $0x20, Y3, Y1, Y0
+	VPERM2F128     $0x31, Y3, Y1, Y1
+	VADDPS         Y1, Y0, Y0
+	VSHUFPS        $0x44, Y0, Y12, Y1
+	VSHUFPS        $0xee, Y0, Y12, Y0
+	VADDPS         Y0, Y1, Y1
+	VMOVUPS        Y1, (SP)
+	VPERM2F128     $0x20, Y6, Y4, Y0
+	VPERM2F128     $0x31, Y6, Y4, Y1
+	VADDPS         Y1, Y0, Y0
+	VPERM2F128     $0x20, Y7, Y5, Y1
+	VPERM2F128     $0x31, Y7, Y5, Y2
+	VADDPS         Y2, Y1, Y1
+	VSHUFPS        $0x44, Y1, Y0, Y2
+	VSHUFPS        $0xee, Y1, Y0, Y0
+	VADDPS         Y0, Y2, Y2
+	VMOVUPS        Y2, 32(SP)
+	VPERM2F128     $0x20, Y10, Y8, Y0
+	VPERM2F128     $0x31, Y10, Y8, Y1
+	VADDPS         Y1, Y0, Y0
+	VPERM2F128     $0x20, Y11, Y9, Y1
+	VPERM2F128     $0x31, Y11, Y9, Y2
+	VADDPS         Y2, Y1, Y1
+	VSHUFPS        $0x44, Y1, Y0, Y2
+	VSHUFPS        $0xee, Y1, Y0, Y0
+	VADDPS         Y0, Y2, Y2
+	VMOVUPS        Y2, 64(SP)
+	VXORPS         Y0, Y0, Y0
+	VXORPS         Y1, Y1, Y1
+	VXORPS         Y2, Y2, Y2
+	VXORPS         Y3, Y3, Y3
+	VXORPS         Y4, Y4, Y4
+	VXORPS         Y5, Y5, Y5
+	VXORPS         Y6, Y6, Y6
+	VXORPS         Y7, Y7, Y7
+	VXORPS         Y8, Y8, Y8
+	VXORPS         Y9, Y9, Y9
+	VXORPS         Y10, Y10, Y10
+	VXORPS         Y11, Y11, Y11
+	LEAQ           (DX)(BX*2), R10
+	LEAQ           (R10)(BX*4), R11
+	MOVQ           AX, R12
+	MOVQ           DI, R13
+
+second:
+	VMOVUPS        (R12), Y12
+	VMOVUPS        (R12)(CX*1), Y13
+	VMOVUPS        (R12)(CX*2), Y14
+	VBROADCASTI128 (R10), Y15
+	VPSHUFB        attnwiden<>+0(SB), Y15, Y15
+	VFMADD231PS    Y15, Y12, Y0
+	VFMADD231PS    Y15, Y13, Y4
+	VFMADD231PS    Y15, Y14, Y8
+	VBROADCASTI128 (R10)(BX*1), Y15
+	VPSHUFB        attnwiden<>+0(SB), Y15, Y15
+	VFMADD231PS    Y15, Y12, Y1
+	VFMADD231PS    Y15, Y13, Y5
+	VFMADD231PS    Y15, Y14, Y9
+	VBROADCASTI128 (R11), Y15
+	VPSHUFB        attnwiden<>+0(SB), Y15, Y15
+	VFMADD231PS    Y15, Y12, Y2
+	VFMADD231PS    Y15, Y13, Y6
+	VFMADD231PS    Y15, Y14, Y10
+	VBROADCASTI128 (R11)(BX*1), Y15
+	VPSHUFB        attnwiden<>+0(SB), Y15, Y15
+	VFMADD231PS    Y15, Y12, Y3
+	VFMADD231PS    Y15, Y13, Y7
+	VFMADD231PS    Y15, Y14, Y11
+	ADDQ           $0x00000010, R10
+	ADDQ           $0x00000010, R11
+	ADDQ           $0x00000020, R12
+	DECQ           R13
+	JNE            second
+	VPERM2F128     $0x20, Y2, Y0, Y12
+	VPERM2F128     $0x31, Y2, Y0, Y0
+	VADDPS         Y0, Y12, Y12
+	VPERM2F128     $0x20, Y3, Y1, Y0
+	VPERM2F128     $0x31, Y3, Y1, Y1
+	VADDPS         Y1, Y0, Y0
+	VSHUFPS        $0x44, Y0, Y12, Y1
+	VSHUFPS        $0xee, Y0, Y12, Y0
+	VADDPS         Y0, Y1, Y1
+	VMOVUPS        (SP), Y0
+	VSHUFPS        $0x88, Y1, Y0, Y2
+	VSHUFPS        $0xdd, Y1, Y0, Y0
+	VADDPS         Y0, Y2, Y2
+	VMOVUPS        Y2, (R8)
+	VPERM2F128     $0x20, Y6, Y4, Y0
+	VPERM2F128     $0x31, Y6, Y4, Y1
+	VADDPS         Y1, Y0, Y0
+	VPERM2F128     $0x20, Y7, Y5, Y1
+	VPERM2F128     $0x31, Y7, Y5, Y2
+	VADDPS         Y2, Y1, Y1
+	VSHUFPS        $0x44, Y1, Y0, Y2
+	VSHUFPS        $0xee, Y1, Y0, Y0
+	VADDPS         Y0, Y2, Y2
+	VMOVUPS        32(SP), Y0
+	VSHUFPS        $0x88, Y2, Y0, Y1
+	VSHUFPS        $0xdd, Y2, Y0, Y0
+	VADDPS         Y0, Y1, Y1
+	VMOVUPS        Y1, (R8)(R9*1)
+	VPERM2F128     $0x20, Y10, Y8, Y0
+	VPERM2F128     $0x31, Y10, Y8, Y1
+	VADDPS         Y1, Y0, Y0
+	VPERM2F128     $0x20, Y11, Y9, Y1
+	VPERM2F128     $0x31, Y11, Y9, Y2
+	VADDPS         Y2, Y1, Y1
+	VSHUFPS        $0x44, Y1, Y0, Y2
+	VSHUFPS        $0xee, Y1, Y0, Y0
+	VADDPS         Y0, Y2, Y2
+	VMOVUPS        64(SP), Y0
+	VSHUFPS        $0x88, Y2, Y0, Y1
+	VSHUFPS        $0xdd, Y2, Y0, Y0
+	VADDPS         Y0, Y1, Y1
+	VMOVUPS        Y1, (R8)(R9*2)
+	LEAQ           (DX)(BX*8), DX
+	ADDQ           $0x00000020, R8
+	DECQ           SI
+	JNE            group
+
+done:
+	VZEROUPPER
+	RET
+
+// func attnKeysPfAVX2R1(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)
 // Requires: AVX, AVX2, FMA3, MMX+
-TEXT ·attnKeysAVX2R1(SB), NOSPLIT, $32-72
+TEXT ·attnKeysPfAVX2R1(SB), NOSPLIT, $32-72
 	MOVQ    q+0(FP), AX
 	MOVQ    k+16(FP), CX
 	MOVQ    ldk+24(FP), DX
@@ -60922,9 +61364,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func attnKeysAVX2R2(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)
+// func attnKeysPfAVX2R2(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)
 // Requires: AVX, AVX2, FMA3, MMX+
-TEXT ·attnKeysAVX2R2(SB), NOSPLIT, $64-72
+TEXT ·attnKeysPfAVX2R2(SB), NOSPLIT, $64-72
 	MOVQ    q+0(FP), AX
 	MOVQ    ldq+8(FP), CX
 	SHLQ    $0x02, CX
@@ -61261,9 +61703,9 @@ done:
 	VZEROUPPER
 	RET
 
-// func attnKeysAVX2R3(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)
+// func attnKeysPfAVX2R3(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)
 // Requires: AVX, AVX2, FMA3, MMX+
-TEXT ·attnKeysAVX2R3(SB), NOSPLIT, $96-72
+TEXT ·attnKeysPfAVX2R3(SB), NOSPLIT, $96-72
 	MOVQ  q+0(FP), AX
 	MOVQ  ldq+8(FP), CX
 	SHLQ  $0x02, CX

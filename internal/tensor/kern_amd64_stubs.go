@@ -469,11 +469,20 @@ func attnScoresAVX2R2(q *float32, ldq int, k *float32, pairs int, hd int, out *f
 // attnScoresAVX2R3 computes the scores of 3 f32 query rows against groups of 8 transposed keys, 16 keys per pair (see asmgen).
 func attnScoresAVX2R3(q *float32, ldq int, k *float32, pairs int, hd int, out *float32, ldo int)
 
-// attnKeysAVX2R1 computes the scores of 1 f32 query rows against groups of 8 bf16 key rows, prefetching lines from k+pf bytes on (see asmgen).
-func attnKeysAVX2R1(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)
+// attnKeysAVX2R1 computes the scores of 1 f32 query rows against groups of 8 bf16 key rows (see asmgen).
+func attnKeysAVX2R1(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int)
 
-// attnKeysAVX2R2 computes the scores of 2 f32 query rows against groups of 8 bf16 key rows, prefetching lines from k+pf bytes on (see asmgen).
-func attnKeysAVX2R2(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)
+// attnKeysAVX2R2 computes the scores of 2 f32 query rows against groups of 8 bf16 key rows (see asmgen).
+func attnKeysAVX2R2(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int)
 
-// attnKeysAVX2R3 computes the scores of 3 f32 query rows against groups of 8 bf16 key rows, prefetching lines from k+pf bytes on (see asmgen).
-func attnKeysAVX2R3(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)
+// attnKeysAVX2R3 computes the scores of 3 f32 query rows against groups of 8 bf16 key rows (see asmgen).
+func attnKeysAVX2R3(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int)
+
+// attnKeysPfAVX2R1 computes the scores of 1 f32 query rows against groups of 8 bf16 key rows, prefetching lines from k+pf bytes on (see asmgen).
+func attnKeysPfAVX2R1(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)
+
+// attnKeysPfAVX2R2 computes the scores of 2 f32 query rows against groups of 8 bf16 key rows, prefetching lines from k+pf bytes on (see asmgen).
+func attnKeysPfAVX2R2(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)
+
+// attnKeysPfAVX2R3 computes the scores of 3 f32 query rows against groups of 8 bf16 key rows, prefetching lines from k+pf bytes on (see asmgen).
+func attnKeysPfAVX2R3(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)

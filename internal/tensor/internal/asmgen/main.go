@@ -82,6 +82,9 @@ func main() {
 			for r := 1; r <= 3; r++ {
 				attnKeysAVX2(r)
 			}
+			for r := 1; r <= 3; r++ {
+				attnKeysPfAVX2(r)
+			}
 		}
 		if s.lanes == 16 {
 			gemmDPR1()
