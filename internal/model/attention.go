@@ -324,12 +324,19 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 			for kvh := kh0; kvh < kh1; kvh++ {
 				r0 := (kvh-kh0)*perHead + tokLo*group
 				out := w.s[r0*C+(j-c0):]
-				if decode && w.pf.keyStep(kvh, kh0) {
+				step := decode && w.pf.keyStep(kvh, kh0)
+				if step && !w.pf.inKernel {
 					w.pf.step(kv)
 				}
 				if kv.u16 != nil {
 					q := w.qb.Rows(r0, live)
-					tensor.AttnKeyScoresBF16(out, C, &q, kv.u16[base+kvh*hd:], kvd, je-j)
+					k := kv.u16[base+kvh*hd:]
+					if step && w.pf.inKernel {
+						pf := w.pf.before(kv, base+kvh*hd)
+						w.pf.after(kv, tensor.AttnKeyScoresBF16Prefetch(out, C, &q, k, kvd, je-j, pf))
+					} else {
+						tensor.AttnKeyScoresBF16(out, C, &q, k, kvd, je-j)
+					}
 					continue
 				}
 				for r := range live {
@@ -374,11 +381,16 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 				for j := ks; j < ke; {
 					blk, slot := j/bs, j%bs
 					je := min(ke, (blk+1)*bs)
-					if decode {
-						w.pf.step(kv)
-					}
 					base := layout.Offset(int(tbl[blk]), ls, 1, slot) + kvh*hd
-					kv.axpyGroup(group, hd, w.acc[r0*hd:], w.s[r0*C+(j-c0):], C, je-j, base, kvd)
+					if decode && w.pf.inKernel {
+						pf := w.pf.before(kv, base)
+						w.pf.after(kv, tensor.AttnValuesBF16(group, hd, w.acc[r0*hd:], hd, w.s[r0*C+(j-c0):], C, je-j, kv.u16[base:], kvd, pf))
+					} else {
+						if decode {
+							w.pf.step(kv)
+						}
+						kv.axpyGroup(group, hd, w.acc[r0*hd:], w.s[r0*C+(j-c0):], C, je-j, base, kvd)
+					}
 					j = je
 				}
 			}

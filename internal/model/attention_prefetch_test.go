@@ -3,9 +3,11 @@ package model
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/tandem-serve/tandem/internal/kvlayout"
+	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
 // TestDecodePrefetchFollowsTheKernels checks a decode token's prefetch
@@ -16,16 +18,26 @@ import (
 // and every chunk before the next. Shuffled blocks, block sizes that do and
 // do not divide the key chunk, full and sliding-window attention, one item
 // for all KV heads and one per KV head, rows short enough to be prefetched
-// head by head and long enough to be prefetched whole.
+// head by head and long enough to be prefetched whole, under every ISA
+// (where the avx2 set's kernels prefetch, the stream they are handed holds
+// the segments' pool rows in their order: see checkInKernelPrefetch).
 func TestDecodePrefetchFollowsTheKernels(t *testing.T) {
-	// Rows of 3·16 and 8·128 bf16 elements: key segments head by head, and
-	// for all 8 heads (2 KiB rows) whole.
-	for _, sh := range []attnShape{{6, 3, 16}, {16, 8, 128}} {
-		for _, bs := range []int{16, 5} {
-			for _, win := range []int{0, 40, 100} {
-				for _, p := range []int{0, 15, 63, 64, 130, 199} {
-					for _, heads := range [][2]int{{0, sh.kvHeads}, {1, 2}} {
-						testDecodePrefetch(t, sh, bs, win, p, heads)
+	def := tensor.ISA()
+	t.Cleanup(func() { _ = tensor.SetISA(def) })
+	for _, isa := range tensor.ISAs() {
+		if err := tensor.SetISA(isa); err != nil {
+			t.Fatal(err)
+		}
+		// Rows of 3·16, 3·64 and 8·128 bf16 elements: key segments head
+		// by head (values the kernels do not take, and do), and for all 8
+		// heads (2 KiB rows) whole.
+		for _, sh := range []attnShape{{6, 3, 16}, {9, 3, 64}, {16, 8, 128}} {
+			for _, bs := range []int{16, 5} {
+				for _, win := range []int{0, 40, 100} {
+					for _, p := range []int{0, 15, 63, 64, 130, 199} {
+						for _, heads := range [][2]int{{0, sh.kvHeads}, {1, 2}} {
+							testDecodePrefetch(t, isa, sh, bs, win, p, heads)
+						}
 					}
 				}
 			}
@@ -33,9 +45,9 @@ func TestDecodePrefetchFollowsTheKernels(t *testing.T) {
 	}
 }
 
-func testDecodePrefetch(t *testing.T, sh attnShape, bs, win, p int, heads [2]int) {
+func testDecodePrefetch(t *testing.T, isa string, sh attnShape, bs, win, p int, heads [2]int) {
 	const C = attnKeyChunk
-	name := fmt.Sprintf("%v/bs=%d/win=%d/p=%d/kvh=%d-%d", sh, bs, win, p, heads[0], heads[1])
+	name := fmt.Sprintf("%s/%v/bs=%d/win=%d/p=%d/kvh=%d-%d", isa, sh, bs, win, p, heads[0], heads[1])
 	t.Run(name, func(t *testing.T) {
 		m := newAttnModel(t, sh, 1)
 		m.layers[0].window = win
@@ -86,7 +98,7 @@ func testDecodePrefetch(t *testing.T, sh attnShape, bs, win, p int, heads [2]int
 			if sg.n%hd != 0 || (first.kv == 1 && sg.n != hd) {
 				t.Fatalf("segment %+v of %d elements a row", first, sg.n)
 			}
-			if whole := first.kv == 0 && heads[1]-heads[0] > 1 && sh.kvHeads*hd*2 > wholeKeyRows; whole != (sg.n > hd) {
+			if whole := first.kv == 0 && !pf.inKernel && heads[1]-heads[0] > 1 && sh.kvHeads*hd*2 > wholeKeyRows; whole != (sg.n > hd) {
 				t.Fatalf("key segment %+v of %d elements a row", first, sg.n)
 			}
 			for i := range sg.rows {
@@ -112,7 +124,85 @@ func testDecodePrefetch(t *testing.T, sh attnShape, bs, win, p int, heads [2]int
 		if want := countRows(heads, ws, p); len(seen) != want {
 			t.Fatalf("%d rows prefetched, want %d", len(seen), want)
 		}
+		if want := tensor.AttnDecodePrefetch() && heads[1]-heads[0] == sh.kvHeads; pf.inKernel != want {
+			t.Fatalf("prefetches inside the kernels: %v, want %v", pf.inKernel, want)
+		}
+		if !pf.inKernel {
+			return
+		}
+		// The stream: contiguous regions of whole pool rows that hold
+		// the rows of the segments, in the segments' order of blocks.
+		ld := f.layout.TokenElems()
+		var stream []int // the stream's element offsets, one per pool row
+		for _, rg := range pf.regs {
+			first, ok := where[rg.off]
+			if !ok || first.kvh != 0 || rg.bytes%(ld*2) != 0 {
+				t.Fatalf("region %+v at %d is no run of whole pool rows of the sequence", rg, rg.off)
+			}
+			for i := range rg.bytes / (ld * 2) {
+				stream = append(stream, rg.off+i*ld)
+			}
+		}
+		var order []int // the segments' pool rows, in order, once
+		inOrder := map[int]bool{}
+		for _, sg := range pf.segs {
+			for i := range sg.rows {
+				o := sg.off + i*ld
+				o -= o % ld // the row's start (pool rows start at multiples of ld)
+				if !inOrder[o] {
+					inOrder[o] = true
+					order = append(order, o)
+				}
+			}
+		}
+		if !slices.Equal(stream, order) {
+			t.Fatalf("the stream's rows %v, the segments' %v", stream, order)
+		}
+		checkInKernelPrefetch(t, pf, viewKV(f.pool, f.layout))
 	})
+}
+
+// checkInKernelPrefetch replays a planned schedule whose kernels prefetch
+// all they are handed: the call reading segment i is handed the offset in
+// bytes from its first row to the stream's position kvStreamBytes past the
+// bytes of the segments before it (0 past the stream's end), and the
+// stream ends with the last call.
+func checkInKernelPrefetch(t *testing.T, pf *kvPrefetch, kv kvView) {
+	t.Helper()
+	total := 0
+	for _, rg := range pf.regs {
+		total += rg.bytes
+	}
+	// at returns the byte address (relative to element 0) of stream
+	// position pos.
+	at := func(pos int) int {
+		for _, rg := range pf.regs {
+			if pos < rg.bytes {
+				return rg.off*pf.esize + pos
+			}
+			pos -= rg.bytes
+		}
+		t.Fatalf("stream position past its end")
+		return 0
+	}
+	pf.cur, pf.next, pf.ri, pf.rb = 0, 0, 0, 0
+	read := 0
+	for i, sg := range pf.segs {
+		d := pf.before(kv, sg.off)
+		want := 0
+		if pos := read + kvStreamBytes; pos < total {
+			want = at(pos) - sg.off*pf.esize
+		}
+		if d != want {
+			t.Fatalf("segment %d: offset %d, want %d", i, d, want)
+		}
+		n := sg.rows * sg.n * pf.esize
+		pf.after(kv, n)
+		read += n
+	}
+	if read != total || pf.cur != len(pf.segs) || pf.ri != len(pf.regs) || pf.next != len(pf.segs) {
+		t.Fatalf("after the replay: %d of %d bytes read, cur %d of %d segments, region %d of %d", read, total, pf.cur, len(pf.segs), pf.ri, len(pf.regs))
+	}
 }
 
 // countRows is the number of key and value rows a decode token at position

@@ -436,6 +436,15 @@ func axpyRowsF32G3AVX2(alpha *float32, lda int, v *float32, ldv int, rows int, y
 // axpyRowsF32G4AVX2 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 4, r < rows in order, t < n.
 func axpyRowsF32G4AVX2(alpha *float32, lda int, v *float32, ldv int, rows int, y *float32, ldy int, n int)
 
+// attnValuesBF16G2AVX2 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 2, r < rows in order, t < n, prefetching from v+pf bytes on.
+func attnValuesBF16G2AVX2(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int, pf int)
+
+// attnValuesBF16G3AVX2 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 3, r < rows in order, t < n, prefetching from v+pf bytes on.
+func attnValuesBF16G3AVX2(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int, pf int)
+
+// attnValuesBF16G4AVX2 computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < 4, r < rows in order, t < n, prefetching from v+pf bytes on.
+func attnValuesBF16G4AVX2(alpha *float32, lda int, v *uint16, ldv int, rows int, y *float32, ldy int, n int, pf int)
+
 // argMaxAVX2 returns the index of the largest entry of x[:n], the lowest on ties; NaN never wins; 0 if nothing is above -Inf.
 func argMaxAVX2(x *float32, n int) int
 
@@ -468,3 +477,12 @@ func attnKeysAVX2R2(q *float32, ldq int, k *uint16, ldk int, groups int, hd int,
 
 // attnKeysAVX2R3 computes the scores of 3 f32 query rows against groups of 8 bf16 key rows (see asmgen).
 func attnKeysAVX2R3(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int)
+
+// attnKeysPfAVX2R1 computes the scores of 1 f32 query rows against groups of 8 bf16 key rows, prefetching lines from k+pf bytes on (see asmgen).
+func attnKeysPfAVX2R1(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)
+
+// attnKeysPfAVX2R2 computes the scores of 2 f32 query rows against groups of 8 bf16 key rows, prefetching lines from k+pf bytes on (see asmgen).
+func attnKeysPfAVX2R2(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)
+
+// attnKeysPfAVX2R3 computes the scores of 3 f32 query rows against groups of 8 bf16 key rows, prefetching lines from k+pf bytes on (see asmgen).
+func attnKeysPfAVX2R3(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)

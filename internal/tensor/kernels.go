@@ -99,9 +99,14 @@ type kernelSet struct {
 	attnScoresF32 [attnF32Rows]func(q *float32, ldq int, k *float32, pairs, hd int, out *float32, ldo int)
 	// attnKeys[r-1], if set, scores r f32 query rows against groups of 8
 	// bf16 key rows in place (AttnKeyScoresBF16), bit-identical to this
-	// set's DotRowsBF16.
-	attnKeys [attnF32Rows]func(q *float32, ldq int, k *uint16, ldk, groups, hd int, out *float32, ldo int)
-	avail    bool
+	// set's DotRowsBF16; attnKeysPf[r-1] likewise, prefetching lines from
+	// k + pf bytes on (AttnKeyScoresBF16Prefetch).
+	attnKeys   [attnF32Rows]func(q *float32, ldq int, k *uint16, ldk, groups, hd int, out *float32, ldo int)
+	attnKeysPf [attnF32Rows]func(q *float32, ldq int, k *uint16, ldk, groups, hd int, out *float32, ldo, pf int)
+	// attnValues[g-2], if set, is axpyRowsBF16G[g-2] prefetching lines
+	// from v + pf bytes on (AttnValuesBF16).
+	attnValues [maxTileRows - 1]func(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n, pf int)
+	avail      bool
 }
 
 // kernelSets lists the implementations in order of preference: the

@@ -93,6 +93,12 @@ func archKernelSets() []*kernelSet {
 			// vector.
 			attnKeys: [attnF32Rows]func(q *float32, ldq int, k *uint16, ldk, groups, hd int, out *float32, ldo int){
 				attnKeysAVX2R1, attnKeysAVX2R2, attnKeysAVX2R3},
+			// The same prefetching a later call's KV, and the value sums
+			// likewise.
+			attnKeysPf: [attnF32Rows]func(q *float32, ldq int, k *uint16, ldk, groups, hd int, out *float32, ldo, pf int){
+				attnKeysPfAVX2R1, attnKeysPfAVX2R2, attnKeysPfAVX2R3},
+			attnValues: [maxTileRows - 1]func(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n, pf int){
+				attnValuesBF16G2AVX2, attnValuesBF16G3AVX2, attnValuesBF16G4AVX2},
 		},
 	}
 }

@@ -21,11 +21,42 @@ import (
 // g = 1 is axpyRows<dt>AVX2 (bf16: the signature of axpyRowsBF16AVX512;
 // f32: that of axpyRowsAVX512); g ≥ 2 is axpyRows<dt>G<g>AVX2 (bf16: the
 // signature of axpyRowsBF16G<g>AVX512).
-func axpyRowsAVX2(dt dtype, g int) {
+func axpyRowsAVX2(dt dtype, g int) { emitAxpyRowsAVX2(dt, g, false) }
+
+// attnValuesAVX2 emits attnValuesBF16G<g>AVX2 (g = 2..4): decode
+// attention's value sums, axpyRowsBF16G<g>AVX2 with a prefetch offset pf
+// in bytes as a last argument. Each trip of the wide loop (one value row's
+// 8·wide elements: 64 bytes for g ≤ 3, 32 for g = 4) first prefetches the
+// next of consecutive addresses from v + pf on (the KV bytes a later call
+// will read, handed on by the caller), as many bytes on as the trip reads:
+// with n a multiple of 32 the call prefetches rows·n·2 bytes, as many as
+// it reads, one PREFETCHT0 beside 4·g FMAs or more (g = 4: each line
+// twice). Nothing else differs: the results are axpyRowsBF16G<g>AVX2's bit
+// for bit.
+func attnValuesAVX2(g int) { emitAxpyRowsAVX2(dtBF16, g, true) }
+
+// emitAxpyRowsAVX2 emits axpyRowsAVX2's kernel, or with pf attnValuesAVX2's.
+func emitAxpyRowsAVX2(dt dtype, g int, pf bool) {
 	var name string
-	var a, lda, v, ldv, rows, y, ldy, n Register
+	var a, lda, v, ldv, rows, y, ldy, n, pd Register
 	esize := 1 << dt.shift
-	if g == 1 {
+	if pf {
+		name = fmt.Sprintf("attnValues%sG%dAVX2", dt.name, g)
+		TEXT(name, NOSPLIT, fmt.Sprintf("func(alpha *float32, lda int, v %s, ldv int, rows int, y *float32, ldy int, n int, pf int)", dt.goType))
+		Doc(fmt.Sprintf("%s computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < %d, r < rows in order, t < n, prefetching from v+pf bytes on.", name, g))
+		a = Load(Param("alpha"), GP64())
+		lda = Load(Param("lda"), GP64())
+		SHLQ(U8(2), lda)
+		v = Load(Param("v"), GP64())
+		ldv = Load(Param("ldv"), GP64())
+		rows = Load(Param("rows"), GP64())
+		y = Load(Param("y"), GP64())
+		ldy = Load(Param("ldy"), GP64())
+		SHLQ(U8(2), ldy)
+		n = Load(Param("n"), GP64())
+		pd = Load(Param("pf"), GP64())
+		ADDQ(v, pd)
+	} else if g == 1 {
 		name = "axpyRows" + dt.name + "AVX2"
 		TEXT(name, NOSPLIT, fmt.Sprintf("func(alpha *float32, v %s, ldv int, rows int, y *float32, n int)", dt.goType))
 		Doc(name + " computes y[t] = fma(alpha[r], v[r*ldv+t], y[t]) for r < rows in order, t < n.")
@@ -106,6 +137,10 @@ func axpyRowsAVX2(dt dtype, g int) {
 			}
 			ADDQ(lda, ah)
 			VBROADCASTSS(Mem{Base: ah}, b[h])
+		}
+		if pf && lbl == "w" {
+			PREFETCHT0(Mem{Base: pd})
+			ADDQ(U8(8*esize*vecs), pd)
 		}
 		for i := range vecs {
 			if scalar {

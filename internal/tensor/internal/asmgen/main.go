@@ -69,6 +69,9 @@ func main() {
 			for g := 1; g <= 4; g++ {
 				axpyRowsAVX2(dtF32, g)
 			}
+			for g := 2; g <= 4; g++ {
+				attnValuesAVX2(g)
+			}
 			argMaxAVX2(iotaTable())
 			for _, st := range readScanStreams {
 				readScanAVX2(st)
@@ -78,6 +81,9 @@ func main() {
 			}
 			for r := 1; r <= 3; r++ {
 				attnKeysAVX2(r)
+			}
+			for r := 1; r <= 3; r++ {
+				attnKeysPfAVX2(r)
 			}
 		}
 		if s.lanes == 16 {
