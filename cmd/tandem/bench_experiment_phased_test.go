@@ -76,19 +76,21 @@ func TestBenchExperimentPhased(t *testing.T) {
 			t.Errorf("compared cell %d is %g×%g, want the run's %g×1", i, c.TTFTScale, c.TPOTScale, run.TTFTScale)
 		}
 	}
-	// The colocated configuration: three engines behind a proxy given
-	// them as decodes only.
-	backends, err := os.ReadFile(filepath.Join(out, "logs", "chat-colocated-proxy-backends.txt"))
-	if err != nil || strings.Count(string(backends), "decode http://") != 3 || strings.Contains(string(backends), "prefill") {
-		t.Errorf("colocated backends file: %q, %v; want three decodes", backends, err)
+	// The colocated configuration and each adaptive run's start: three
+	// engines behind a proxy given them as decodes only (--decode alone),
+	// no prefill engine.
+	for _, name := range []string{"colocated", "adaptive", "adaptive-ttft2-tpot1"} {
+		for _, e := range []string{"decode-0", "decode-1", "decode-2"} {
+			if _, err := os.Stat(filepath.Join(out, "logs", "chat-"+name+"-"+e+".log")); err != nil {
+				t.Errorf("no log of %s's %s: %v", name, e, err)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(out, "logs", "chat-"+name+"-prefill-0.log")); err == nil {
+			t.Errorf("%s started a prefill engine, want the colocated split", name)
+		}
 	}
 	// The planner of each adaptive run has its cell's objectives.
 	for _, c := range []struct{ name, ttft string }{{"adaptive", "2s"}, {"adaptive-ttft2-tpot1", "4s"}} {
-		for _, e := range []string{"prefill-0", "decode-0", "decode-1"} {
-			if _, err := os.Stat(filepath.Join(out, "logs", "chat-"+c.name+"-"+e+".log")); err != nil {
-				t.Errorf("no log of %s's %s: %v", c.name, e, err)
-			}
-		}
 		plan := readPlanObjectives(t, filepath.Join(out, "results-chat-"+c.name+".json"))
 		if plan != c.ttft {
 			t.Errorf("%s scored against TTFT %s, want %s", c.name, plan, c.ttft)
