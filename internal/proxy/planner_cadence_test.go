@@ -210,8 +210,11 @@ func TestPlannerCadenceFollowsRealTraffic(t *testing.T) {
 		cfg := servertest.SimConfig(t, sim.Knobs{TTFT: time.Millisecond, ITL: 5 * time.Millisecond, PrefillPerToken: 20 * time.Microsecond})
 		engines = append(engines, "http://"+servertest.Start(t, cfg).Addr())
 	}
+	// The short prompts below are prefilled on the decode engine; the
+	// prefill engine stays (MinPrefill), since at the colocated split the
+	// planner chooses no cadence.
 	plan := &planner.Config{TTFT: 2 * time.Second, TPOT: 5 * time.Millisecond, MinRequests: 10, MaxAge: 5 * time.Second,
-		MinThreshold: 256, MaxThreshold: 256} // the short prompts below are prefilled on the decode engine
+		MinThreshold: 256, MaxThreshold: 256, MinPrefill: 1}
 	p, err := New(Config{Prefill: engines[:1], Decode: engines[1:], PDDecider: "conditional", Planner: plan, PlannerAct: true,
 		PlanInterval: 200 * time.Millisecond, ScrapeInterval: 100 * time.Millisecond, Timeout: 10 * time.Second,
 		Logger: slog.New(slog.DiscardHandler)})
