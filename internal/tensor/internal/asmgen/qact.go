@@ -138,59 +138,8 @@ func qact8_0() {
 func qact8K() {
 	TEXT("qactQ8KAVX512", NOSPLIT, "func(x *float32, nb int, q *int8, meta *uint32)")
 	Doc("qactQ8KAVX512 quantizes nb blocks of 256 activations to q8_K levels, scale and sums (see quantizeActQ8K).")
-	x := Load(Param("x"), GP64())
-	nb := Load(Param("nb"), GP64())
-	q := Load(Param("q"), GP64())
-	meta := Load(Param("meta"), GP64())
-	absMask := splat(0x7fffffff)
-	TESTQ(nb, nb)
-	JE(LabelRef("done"))
-	Label("block")
-	m := ZMM()
-	VXORPS(m, m, m)
-	for v := range 16 {
-		a := ZMM()
-		VANDPS(Mem{Base: x, Disp: 64 * v}, absMask, a)
-		VMAXPS(m, a, m) // a NaN lane keeps m
-	}
-	amax := hmaxPS(m)
-	z := XMM()
-	VXORPS(z, z, z)
-	zero := ZMM()
-	VXORPS(zero, zero, zero)
-	VUCOMISS(z, amax)
-	JNE(LabelRef("nonzero"))
-	for i := range 4 {
-		VMOVDQU64(zero, Mem{Base: q, Disp: 64 * i})
-	}
-	VMOVDQU64(zero, Mem{Base: meta})
-	JMP(LabelRef("next"))
-	Label("nonzero")
-	// The first value of largest magnitude gives the scale its sign.
-	amaxV := ZMM()
-	VBROADCASTSS(amax, amaxV)
-	i, bits := GP64(), GP32()
-	XORQ(i, i)
-	Label("find")
-	a := ZMM()
-	VANDPS(Mem{Base: x, Index: i, Scale: 4}, absMask, a)
-	k := K()
-	VCMPPS(U8(0), amaxV, a, k) // equal
-	KMOVW(k, bits)
-	TESTL(bits, bits)
-	JNE(LabelRef("found"))
-	ADDQ(U8(16), i)
-	JMP(LabelRef("find"))
-	Label("found")
-	at := GP32()
-	BSFL(bits, at)
-	ADDL(i.As32(), at)
-	mx := XMM()
-	VMOVSS(Mem{Base: x, Index: at.As64(), Scale: 4}, mx)
-	is := XMM()
-	VDIVSS(mx, splatF(-127).AsX(), is)
-	isb := ZMM()
-	VBROADCASTSS(is, isb)
+	blk := qact8KScale(avx512)
+	x, q, meta, zero, is, isb := blk.x, blk.q, blk.meta, blk.zero, blk.is, blk.isb
 	c127 := splat(127)
 	for v := range 16 {
 		p := ZMM()
@@ -204,7 +153,7 @@ func qact8K() {
 	}
 	d := XMM()
 	VDIVSS(is, splatF(1).AsX(), d)
-	VMOVDQU64(zero, Mem{Base: meta})
+	blk.clearMeta()
 	VMOVSS(d, Mem{Base: meta})
 	// Sums per 16: VPSADBW of the levels + 128 sums 8 of them per qword.
 	c80 := splat(0x80808080)
@@ -234,15 +183,7 @@ func qact8K() {
 	s32 := XMM()
 	VPMOVDW(ws, s32)
 	VMOVDQU(s32, Mem{Base: meta, Disp: metaSums32})
-	Label("next")
-	ADDQ(U32(1024), x)
-	ADDQ(U32(256), q)
-	ADDQ(U32(metaKBytes), meta)
-	DECQ(nb)
-	JNE(LabelRef("block"))
-	Label("done")
-	VZEROUPPER()
-	RET()
+	blk.next()
 }
 
 // sumsOrderMem is the word permutation table of qact8K, once emitted.
