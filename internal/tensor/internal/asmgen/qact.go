@@ -15,40 +15,22 @@ import (
 )
 
 // hmaxPS returns an XMM whose low lane is the largest of the 16 lanes of
-// v (no NaNs among them).
+// v (no NaNs among them): the lane-wise larger of its two halves, then
+// hmaxPS8.
 func hmaxPS(v VecVirtual) VecVirtual {
 	y := YMM()
 	VEXTRACTF32X8(U8(1), v, y)
 	VMAXPS(y, v.AsY(), y)
-	x := XMM()
-	VEXTRACTF128(U8(1), y, x)
-	VMAXPS(x, y.AsX(), x)
-	x2 := XMM()
-	VMOVHLPS(x, x, x2)
-	VMAXPS(x2, x, x2)
-	x3 := XMM()
-	VMOVSHDUP(x2, x3)
-	VMAXSS(x3, x2, x3)
-	return x3
+	return hmaxPS8(y)
 }
 
-// hsumD returns a GP register holding the sum of the 16 int32 lanes of v.
+// hsumD returns a GP register holding the sum of the 16 int32 lanes of v:
+// the lane-wise sum of its two halves, then hsumD8.
 func hsumD(v VecVirtual) GPVirtual {
 	y := YMM()
 	VEXTRACTI64X4(U8(1), v, y)
 	VPADDD(y, v.AsY(), y)
-	x := XMM()
-	VEXTRACTI128(U8(1), y, x)
-	VPADDD(x, y.AsX(), x)
-	x2 := XMM()
-	VPSHUFD(U8(0x4e), x, x2)
-	VPADDD(x2, x, x2)
-	x3 := XMM()
-	VPSHUFD(U8(0xb1), x2, x3)
-	VPADDD(x3, x2, x3)
-	g := GP32()
-	VMOVD(x3, g)
-	return g
+	return hsumD8(y)
 }
 
 // splatF returns a ZMM holding f in every lane.
@@ -61,15 +43,8 @@ func splatF(f float32) VecVirtual { return splat(math.Float32bits(f)) }
 func qact8_0() {
 	TEXT("qactQ8_0AVX512", NOSPLIT, "func(x *float32, nb int, q *int8, meta *uint32, corrMul int)")
 	Doc("qactQ8_0AVX512 quantizes nb blocks of 32 activations to q8_0 levels and their scale and correction (see quantizeActQ8_0).")
-	x := Load(Param("x"), GP64())
-	nb := Load(Param("nb"), GP64())
-	q := Load(Param("q"), GP64())
-	meta := Load(Param("meta"), GP64())
-	cm := Load(Param("corrMul"), GP64())
-	absMask := splat(0x7fffffff)
-	signMask := splat(0x80000000)
-	one := splatF(1)
-	half := splatF(0.5)
+	args := loadQact8_0(avx512)
+	x, nb, q, absMask, signMask, one, half := args.x, args.nb, args.q, args.absMask, args.signMask, args.one, args.half
 	c127 := splatF(127)
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
@@ -82,21 +57,7 @@ func qact8_0() {
 	VANDPS(absMask, v[1], a1)
 	VMAXPS(a1, a0, a0)
 	amax := hmaxPS(a0)
-	d := XMM()
-	VDIVSS(c127.AsX(), amax, d)
-	id := XMM()
-	VDIVSS(d, one.AsX(), id)
-	z := XMM()
-	VXORPS(z, z, z)
-	isZero := XMM()
-	VCMPSS(U8(0), z, d, isZero) // d == 0
-	VANDNPS(id, isZero, id)
-	h := XMM()
-	VCVTPS2PH(U8(0), d, h)
-	VCVTPH2PS(h, d)
-	VMOVSS(d, Mem{Base: meta})
-	ib := ZMM()
-	VBROADCASTSS(id, ib)
+	ib := args.scale(amax, c127.AsX())
 	var iv [2]VecVirtual
 	for i := range 2 {
 		p := ZMM()
@@ -120,16 +81,7 @@ func qact8_0() {
 	}
 	VPADDD(iv[1], iv[0], iv[0])
 	sum := hsumD(iv[0])
-	IMULL(cm.(GPVirtual).As32(), sum)
-	MOVL(sum, Mem{Base: meta, Disp: 4})
-	ADDQ(U32(128), x)
-	ADDQ(U32(32), q)
-	ADDQ(U32(8), meta)
-	DECQ(nb)
-	JNE(LabelRef("block"))
-	Label("done")
-	VZEROUPPER()
-	RET()
+	args.next(sum)
 }
 
 // qact8K emits the AVX-512 activation quantizer for the K-quants: ggml's

@@ -1,9 +1,10 @@
 package main
 
-// The AVX2 activation quantizers (qact.go has the AVX-512 ones): rows of
-// f32 activations to q8_0 blocks or q8_K super-blocks with the metadata the
-// dot kernels need, bit-identical to package tensor's quantizeActQ8_0 and
-// quantizeActQ8K for finite inputs.
+// The AVX2 activation quantizers (qact.go has the AVX-512 ones, and
+// qactshared.go what both do alike): rows of f32 activations to q8_0 blocks
+// or q8_K super-blocks with the metadata the dot kernels need,
+// bit-identical to package tensor's quantizeActQ8_0 and quantizeActQ8K for
+// finite inputs.
 
 import (
 	"math"
@@ -26,6 +27,22 @@ func hmaxPS8(v VecVirtual) VecVirtual {
 	VMOVSHDUP(x2, x3)
 	VMAXSS(x3, x2, x3)
 	return x3
+}
+
+// hsumD8 returns a GP register holding the sum of the 8 int32 lanes of v.
+func hsumD8(v VecVirtual) GPVirtual {
+	x := XMM()
+	VEXTRACTI128(U8(1), v, x)
+	VPADDD(x, v.AsX(), x)
+	x2 := XMM()
+	VPSHUFD(U8(0x4e), x, x2)
+	VPADDD(x2, x, x2)
+	x3 := XMM()
+	VPSHUFD(U8(0xb1), x2, x3)
+	VPADDD(x3, x2, x3)
+	g := GP32()
+	VMOVD(x3, g)
+	return g
 }
 
 // qact8KAVX2 emits the AVX2 activation quantizer for the K-quants: ggml's
@@ -108,15 +125,8 @@ func packLevels32(iv [4]VecVirtual, order VecVirtual) VecVirtual {
 func qact8_0AVX2() {
 	TEXT("qactQ8_0AVX2", NOSPLIT, "func(x *float32, nb int, q *int8, meta *uint32, corrMul int)")
 	Doc("qactQ8_0AVX2 quantizes nb blocks of 32 activations to q8_0 levels and their scale and correction (see quantizeActQ8_0).")
-	x := Load(Param("x"), GP64())
-	nb := Load(Param("nb"), GP64())
-	q := Load(Param("q"), GP64())
-	meta := Load(Param("meta"), GP64())
-	cm := Load(Param("corrMul"), GP64())
-	absMask := splat8(0x7fffffff)
-	signMask := splat8(0x80000000)
-	one := splatF8(1)
-	half := splatF8(0.5)
+	args := loadQact8_0(avx2)
+	x, nb, q, absMask, signMask, one, half := args.x, args.nb, args.q, args.absMask, args.signMask, args.one, args.half
 	order := YMM()
 	VMOVDQU(packOrder(), order)
 	TESTQ(nb, nb)
@@ -130,21 +140,7 @@ func qact8_0AVX2() {
 		VMAXPS(a, m, m)
 	}
 	amax := hmaxPS8(m)
-	d := XMM()
-	VDIVSS(splatF8(127).AsX(), amax, d)
-	id := XMM()
-	VDIVSS(d, one.AsX(), id)
-	z := XMM()
-	VXORPS(z, z, z)
-	isZero := XMM()
-	VCMPSS(U8(0), z, d, isZero) // d == 0
-	VANDNPS(id, isZero, id)
-	h := XMM()
-	VCVTPS2PH(U8(0), d, h)
-	VCVTPH2PS(h, d)
-	VMOVSS(d, Mem{Base: meta})
-	ib := YMM()
-	VBROADCASTSS(id, ib)
+	ib := args.scale(amax, splatF8(127).AsX())
 	var iv [4]VecVirtual
 	for i := range 4 {
 		p := YMM()
@@ -167,27 +163,7 @@ func qact8_0AVX2() {
 	VPADDD(iv[1], iv[0], iv[0])
 	VPADDD(iv[3], iv[2], iv[2])
 	VPADDD(iv[2], iv[0], iv[0])
-	x1 := XMM()
-	VEXTRACTI128(U8(1), iv[0], x1)
-	VPADDD(x1, iv[0].AsX(), x1)
-	x2 := XMM()
-	VPSHUFD(U8(0x4e), x1, x2)
-	VPADDD(x2, x1, x2)
-	x3 := XMM()
-	VPSHUFD(U8(0xb1), x2, x3)
-	VPADDD(x3, x2, x3)
-	sum := GP32()
-	VMOVD(x3, sum)
-	IMULL(cm.(GPVirtual).As32(), sum)
-	MOVL(sum, Mem{Base: meta, Disp: 4})
-	ADDQ(U32(128), x)
-	ADDQ(U32(32), q)
-	ADDQ(U32(8), meta)
-	DECQ(nb)
-	JNE(LabelRef("block"))
-	Label("done")
-	VZEROUPPER()
-	RET()
+	args.next(hsumD8(iv[0]))
 }
 
 // splatF8 returns a YMM holding f in every lane.

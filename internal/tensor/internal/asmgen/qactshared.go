@@ -1,10 +1,10 @@
 package main
 
-// What the q8_K activation quantizer does the same way on AVX-512
-// (qact8K, qact.go) and AVX2 (qact8KAVX2, qactavx2.go): the loads of its
-// arguments, each block's scale, the shortcut for a block of zeros, and the
-// advance to the next block. Only the vector width and the way a compare
-// becomes a bit mask differ.
+// What the activation quantizers do the same way on AVX-512 (qact.go) and
+// AVX2 (qactavx2.go): the loads of their arguments, each block's scale and
+// the advance to the next block; for q8_K also the shortcut for a block of
+// zeros. Only the vector width and the way a compare becomes a bit mask
+// differ.
 
 import (
 	"math"
@@ -122,6 +122,70 @@ func (b qact8KBlock) next() {
 	ADDQ(U32(256), b.q)
 	ADDQ(U32(metaKBytes), b.meta)
 	DECQ(b.nb)
+	JNE(LabelRef("block"))
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
+// qact8_0Args holds a q8_0 quantizer's arguments and constants.
+type qact8_0Args struct {
+	s                            isa
+	x, nb, q, meta, cm           Register
+	absMask, signMask, one, half VecVirtual
+}
+
+// loadQact8_0 emits the loads of a q8_0 quantizer's arguments (x *float32,
+// nb int, q *int8, meta *uint32, corrMul int) and of its constants on s.
+func loadQact8_0(s isa) qact8_0Args {
+	splatS := splat8
+	if s.lanes == 16 {
+		splatS = splat
+	}
+	a := qact8_0Args{s: s}
+	a.x = Load(Param("x"), GP64())
+	a.nb = Load(Param("nb"), GP64())
+	a.q = Load(Param("q"), GP64())
+	a.meta = Load(Param("meta"), GP64())
+	a.cm = Load(Param("corrMul"), GP64())
+	a.absMask = splatS(0x7fffffff)
+	a.signMask = splatS(0x80000000)
+	a.one = splatS(math.Float32bits(1))
+	a.half = splatS(math.Float32bits(0.5))
+	return a
+}
+
+// scale emits a q8_0 block's scale from its largest magnitude amax (XMM):
+// d = amax/127 rounded to f16, stored at meta, and returns 1/d (0 where d
+// is 0) in every lane. c127 holds 127 in its low lane.
+func (a qact8_0Args) scale(amax, c127 Op) VecVirtual {
+	d := XMM()
+	VDIVSS(c127, amax, d)
+	id := XMM()
+	VDIVSS(d, a.one.AsX(), id)
+	z := XMM()
+	VXORPS(z, z, z)
+	isZero := XMM()
+	VCMPSS(U8(0), z, d, isZero) // d == 0
+	VANDNPS(id, isZero, id)
+	h := XMM()
+	VCVTPS2PH(U8(0), d, h)
+	VCVTPH2PS(h, d)
+	VMOVSS(d, Mem{Base: a.meta})
+	ib := a.s.vec()
+	VBROADCASTSS(id, ib)
+	return ib
+}
+
+// next emits the store of a q8_0 block's correction, sum (the sum of its
+// levels) times corrMul, the advance to the next block and the return.
+func (a qact8_0Args) next(sum GPVirtual) {
+	IMULL(a.cm.(GPVirtual).As32(), sum)
+	MOVL(sum, Mem{Base: a.meta, Disp: 4})
+	ADDQ(U32(128), a.x)
+	ADDQ(U32(32), a.q)
+	ADDQ(U32(8), a.meta)
+	DECQ(a.nb)
 	JNE(LabelRef("block"))
 	Label("done")
 	VZEROUPPER()
