@@ -188,7 +188,6 @@ func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op,
 // row still has one accumulator marching over K in steps of 32, then the
 // masked tail, then the fixed tree, bit-identical to the multi-row tiles.
 func gemmDPR1() {
-	const cols = wideCols
 	TEXT("gemmDPBF16R1", NOSPLIT, dpSignature)
 	Doc("gemmDPBF16R1 computes 1 row of bf16 x times n rows of bf16 weights (see asmgen).")
 	k := Load(Param("k"), GP64())
@@ -198,89 +197,15 @@ func gemmDPR1() {
 	ocur := Load(Param("out"), GP64())
 	nrem := Load(Param("n"), GP64())
 
-	Label("wide")
-	CMPQ(nrem, U32(cols))
-	JL(LabelRef("quad"))
-	{
-		L := Load(Param("ldw"), GP64())
-		SHLQ(U8(1), L)
-		bases, rowMem, pf := wideRows(wcur, L)
-		xp := GP64()
-		MOVQ(xr[0], xp)
-		cnt := GP64()
-		MOVQ(k, cnt)
-		SHRQ(U8(6), cnt)
-
-		acc := make([]VecVirtual, cols)
-		for c := range acc {
-			acc[c] = ZMM()
-			VXORPS(acc[c], acc[c], acc[c])
-		}
-		step := func(disp int, m Op) {
-			ws := make([]VecVirtual, cols)
-			for c := range ws {
-				ws[c] = ZMM()
-				loadWords(rowMem(c, 2*disp), ws[c], m)
-			}
-			xv := ZMM()
-			loadWords(Mem{Base: xp, Disp: 2 * disp}, xv, m)
-			for c := range cols {
-				vdpbf16ps(ws[c], xv, acc[c])
-			}
-		}
-		advance := func(elems int) {
-			for _, b := range bases {
-				ADDQ(U32(2*elems), b)
-			}
-			ADDQ(U32(2*elems), xp)
-		}
-		TESTQ(cnt, cnt)
-		JE(LabelRef("wodd"))
-		Label("wloop")
-		const bytesPerIter = cols * 64 * 2
-		for off := 0; off < bytesPerIter; off += 64 {
-			PREFETCHT0(Mem{Base: pf, Disp: off})
-		}
-		step(0, nil)
-		step(32, nil)
-		advance(64)
-		ADDQ(U32(bytesPerIter), pf)
-		DECQ(cnt)
-		JNE(LabelRef("wloop"))
-		Label("wodd")
-		TESTQ(U32(32), k)
-		JE(LabelRef("wtail"))
-		step(0, nil)
-		advance(32)
-		Label("wtail")
-		TESTQ(U32(31), k)
-		JE(LabelRef("wreduce"))
-		step(0, mask)
-		Label("wreduce")
-		for g := 0; g < cols; g += 4 {
-			reduceQuads512At([][]VecVirtual{acc[g : g+4]}, ocur, 4*g)
-		}
-		ADDQ(U32(4*cols), ocur)
-		LEAQ(Mem{Base: wcur, Index: L, Scale: 8}, wcur)
-		SUBQ(U32(cols), nrem)
-		JMP(LabelRef("wide"))
-	}
-
-	Label("quad")
-	kv := GP64()
-	MOVQ(k, kv)
-	ANDQ(I32(-32), kv)
-	CMPQ(nrem, U32(4))
-	JL(LabelRef("single"))
-	dpPass(1, 4, xr, wcur, ocur, k, kv, mask, nil, "q")
-	SUBQ(U32(4), nrem)
-	Label("single")
-	TESTQ(nrem, nrem)
-	JE(LabelRef("done"))
-	dpPass(1, 1, xr, wcur, ocur, k, kv, mask, nil, "s")
-	DECQ(nrem)
-	JMP(LabelRef("single"))
-	Label("done")
-	VZEROUPPER()
-	RET()
+	wideKernel{
+		elems:  32,
+		wshift: 1,
+		xsize:  2,
+		loadW:  loadWords,
+		loadX:  loadWords,
+		madd:   vdpbf16ps,
+		pass: func(cols int, kv Register, p string) {
+			dpPass(1, cols, xr, wcur, ocur, k, kv, mask, nil, p)
+		},
+	}.emitWide(k, wcur, ocur, nrem, xr[0], mask)
 }
