@@ -78,17 +78,7 @@ func transpose16x8(r rows16, disp int) [8]VecVirtual {
 	}
 	var t [8]VecVirtual
 	for h := range 2 {
-		q := z[4*h : 4*h+4]
-		a := [4]VecVirtual{ZMM(), ZMM(), ZMM(), ZMM()}
-		VPUNPCKLDQ(q[1], q[0], a[0])
-		VPUNPCKHDQ(q[1], q[0], a[1])
-		VPUNPCKLDQ(q[3], q[2], a[2])
-		VPUNPCKHDQ(q[3], q[2], a[3])
-		b := [4]VecVirtual{ZMM(), ZMM(), ZMM(), ZMM()}
-		VPUNPCKLQDQ(a[2], a[0], b[0])
-		VPUNPCKHQDQ(a[2], a[0], b[1])
-		VPUNPCKLQDQ(a[3], a[1], b[2])
-		VPUNPCKHQDQ(a[3], a[1], b[3])
+		b := transpose4x4(avx512, [4]VecVirtual(z[4*h:4*h+4]))
 		// b[i] 128-bit lanes: rows 4h·2+0..3 dword i, dword 4+i, then
 		// rows +4.. dword i, dword 4+i.
 		for i := range 4 {
@@ -117,15 +107,18 @@ func transpose16x4(r rows16, disp int) [4]VecVirtual {
 			VINSERTI32X4(U8(k), r.at(4*k+g, disp), z[g], z[g])
 		}
 	}
-	a := [4]VecVirtual{ZMM(), ZMM(), ZMM(), ZMM()}
+	return transpose4x4(avx512, z)
+}
+
+// transpose4x4 transposes the dwords of 4 vectors of s within each 128-bit
+// lane: dword j of lane m of t[i] is dword i of lane m of z[j].
+func transpose4x4(s isa, z [4]VecVirtual) [4]VecVirtual {
+	a := [4]VecVirtual{s.vec(), s.vec(), s.vec(), s.vec()}
 	VPUNPCKLDQ(z[1], z[0], a[0])
 	VPUNPCKHDQ(z[1], z[0], a[1])
 	VPUNPCKLDQ(z[3], z[2], a[2])
 	VPUNPCKHDQ(z[3], z[2], a[3])
-	var t [4]VecVirtual
-	for i := range t {
-		t[i] = ZMM()
-	}
+	t := [4]VecVirtual{s.vec(), s.vec(), s.vec(), s.vec()}
 	VPUNPCKLQDQ(a[2], a[0], t[0])
 	VPUNPCKHQDQ(a[2], a[0], t[1])
 	VPUNPCKLQDQ(a[3], a[1], t[2])

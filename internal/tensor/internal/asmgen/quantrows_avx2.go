@@ -57,20 +57,7 @@ func transpose8x4(r rows8, disp int) [4]VecVirtual {
 		VBROADCASTI128(r.at(g, disp), z[g])
 		VINSERTI128(U8(1), r.at(4+g, disp), z[g], z[g])
 	}
-	a := [4]VecVirtual{YMM(), YMM(), YMM(), YMM()}
-	VPUNPCKLDQ(z[1], z[0], a[0])
-	VPUNPCKHDQ(z[1], z[0], a[1])
-	VPUNPCKLDQ(z[3], z[2], a[2])
-	VPUNPCKHDQ(z[3], z[2], a[3])
-	var t [4]VecVirtual
-	for i := range t {
-		t[i] = YMM()
-	}
-	VPUNPCKLQDQ(a[2], a[0], t[0])
-	VPUNPCKHQDQ(a[2], a[0], t[1])
-	VPUNPCKLQDQ(a[3], a[1], t[2])
-	VPUNPCKHQDQ(a[3], a[1], t[3])
-	return t
+	return transpose4x4(avx2, z)
 }
 
 // halvesToF32 converts the f16 in the low halves of the dwords of v (the
