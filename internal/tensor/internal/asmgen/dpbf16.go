@@ -64,7 +64,7 @@ func gemmDP(rows int) {
 	MOVQ(k, kv)
 	ANDQ(I32(-32), kv)
 	mask := wordTailMask(k)
-	xr := dpRows(rows)
+	xr := xRows(rows, 1)
 	wcur := Load(Param("w"), GP64())
 	ocur := Load(Param("out"), GP64())
 	nrem := Load(Param("n"), GP64())
@@ -86,39 +86,13 @@ func gemmDP(rows int) {
 	RET()
 }
 
-// dpRows loads the addresses of the kernel's x rows.
-func dpRows(rows int) []GPVirtual {
-	xr := make([]GPVirtual, rows)
-	xr[0] = Load(Param("x"), GP64()).(GPVirtual)
-	if rows > 1 {
-		ldx := Load(Param("ldx"), GP64())
-		SHLQ(U8(1), ldx)
-		for r := 1; r < rows; r++ {
-			xr[r] = GP64()
-			LEAQ(Mem{Base: xr[r-1], Index: ldx, Scale: 1}, xr[r])
-		}
-	}
-	return xr
-}
-
 // dpPass emits one rows×cols register tile over the whole K and advances
 // wcur by cols weight rows and ocur by cols outputs. With pf set, every full
 // K step prefetches two lines at pf (the region the driver wants warm) and
 // advances it by 128 bytes: the same bytes per tile as the f32-activation
 // kernels, which step half as far.
 func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op, pf GPVirtual, p string) {
-	ldw := Load(Param("ldw"), GP64())
-	SHLQ(U8(1), ldw)
-	wr := make([]GPVirtual, cols)
-	for c := range wr {
-		wr[c] = GP64()
-		if c == 0 {
-			MOVQ(wcur, wr[c])
-		} else {
-			LEAQ(Mem{Base: wr[c-1], Index: ldw, Scale: 1}, wr[c])
-		}
-	}
-	LEAQ(Mem{Base: wr[cols-1], Index: ldw, Scale: 1}, wcur)
+	wr := weightRows(wcur, 1, cols)
 
 	acc := make([][]VecVirtual, rows)
 	for r := range acc {
@@ -192,7 +166,7 @@ func gemmDPR1() {
 	Doc("gemmDPBF16R1 computes 1 row of bf16 x times n rows of bf16 weights (see asmgen).")
 	k := Load(Param("k"), GP64())
 	mask := wordTailMask(k)
-	xr := dpRows(1)
+	xr := xRows(1, 1)
 	wcur := Load(Param("w"), GP64())
 	ocur := Load(Param("out"), GP64())
 	nrem := Load(Param("n"), GP64())
