@@ -230,199 +230,36 @@ func attnScoresAVX2(rows int) {
 // accumulators, the query vectors and one key vector in 16 registers), the
 // first pass's level-2 vectors waiting in a stack slot; one row takes all 8
 // keys in one pass.
-func attnKeysAVX2(rows int) {
-	name := fmt.Sprintf("attnKeysAVX2R%d", rows)
-	TEXT(name, NOSPLIT, "func(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int)")
-	Doc(fmt.Sprintf("%s computes the scores of %d f32 query rows against groups of 8 bf16 key rows (see asmgen).", name, rows))
-	spill := AllocLocal(32 * rows)
-	q := Load(Param("q"), GP64())
-	ldq := Load(Param("ldq"), GP64())
-	SHLQ(U8(2), ldq)
-	kp := Load(Param("k"), GP64())
-	ldk := Load(Param("ldk"), GP64())
-	SHLQ(U8(1), ldk)
-	groups := Load(Param("groups"), GP64())
-	steps := Load(Param("hd"), GP64())
-	SHRQ(U8(3), steps)
-	out := Load(Param("out"), GP64())
-	ldo := Load(Param("ldo"), GP64())
-	SHLQ(U8(2), ldo)
-	p0, p4, qp, cnt := GP64(), GP64(), GP64(), GP64()
-	// The bf16 → f32 widening's byte shuffle: with 3 rows the registers
-	// are all taken and it is read from memory.
-	var widen Op = attnWidenTable()
-	if rows < 3 {
-		w := YMM()
-		VMOVDQU(attnWidenTable(), w)
-		widen = w
-	}
-
-	qMem := func(r int) Mem {
-		m := Mem{Base: qp}
-		if r > 0 {
-			m.Index, m.Scale = ldq, uint8(r)
-		}
-		return m
-	}
-	// Key off (0..7) of the group: p0 + (off%4 − base)·ldk for off < 4,
-	// p4 likewise for off ≥ 4, where p0 and p4 point at keys base and
-	// base+4 (base 0 or 2) plus the current step.
-	keyMem := func(off, base int) Mem {
-		m := Mem{Base: p0}
-		if off >= 4 {
-			m.Base = p4
-		}
-		if (off%4)-base == 1 {
-			m.Index, m.Scale = ldk, 1
-		}
-		return m
-	}
-	type half struct {
-		base int    // 0: keys {0, 1, 4, 5}; 2: keys {2, 3, 6, 7}
-		keys [4]int // a, b, e, f: level 1 pairs (a, e) and (b, f)
-	}
-	halves := []half{{0, [4]int{0, 1, 4, 5}}, {2, [4]int{2, 3, 6, 7}}}
-	// level12 reduces the accumulators of keys a, b, e, f (one row) into
-	// the level-2 vector [a.y0, a.y1, b.y0, b.y1 | e.y0, e.y1, f.y0, f.y1].
-	level12 := func(acc [4]VecVirtual) VecVirtual {
-		v := make([]VecVirtual, 2)
-		for i := range 2 {
-			lo, hi := YMM(), YMM()
-			VPERM2F128(U8(0x20), acc[2+i], acc[i], lo)
-			VPERM2F128(U8(0x31), acc[2+i], acc[i], hi)
-			VADDPS(hi, lo, lo)
-			v[i] = lo
-		}
-		s0, s1 := YMM(), YMM()
-		VSHUFPS(U8(0x44), v[1], v[0], s0)
-		VSHUFPS(U8(0xEE), v[1], v[0], s1)
-		VADDPS(s1, s0, s0)
-		return s0
-	}
-	// pass runs the K loop for the given halves and returns, per half and
-	// row, the accumulators of the half's keys a, b, e, f.
-	pass := func(lbl string, hs []half) [][][4]VecVirtual {
-		acc := make([][][4]VecVirtual, len(hs))
-		for h := range hs {
-			acc[h] = make([][4]VecVirtual, rows)
-			for r := range rows {
-				for kk := range 4 {
-					acc[h][r][kk] = YMM()
-					VXORPS(acc[h][r][kk], acc[h][r][kk], acc[h][r][kk])
-				}
-			}
-		}
-		// With two halves in one pass (one row) the key pointers are the
-		// group's keys 0 and 4, and keys 2, 3, 6, 7 are 2·ldk on: keep
-		// the second half's pointers apart.
-		var p2, p6 GPVirtual
-		if hs[0].base == 0 {
-			MOVQ(kp, p0)
-		} else {
-			LEAQ(Mem{Base: kp, Index: ldk, Scale: uint8(hs[0].base)}, p0)
-		}
-		LEAQ(Mem{Base: p0, Index: ldk, Scale: 4}, p4)
-		if len(hs) == 2 {
-			p2, p6 = GP64(), GP64()
-			LEAQ(Mem{Base: p0, Index: ldk, Scale: 2}, p2)
-			LEAQ(Mem{Base: p4, Index: ldk, Scale: 2}, p6)
-		}
-		MOVQ(q, qp)
-		MOVQ(steps, cnt)
-		Label(lbl)
-		qv := make([]VecVirtual, rows)
-		for r := range rows {
-			qv[r] = YMM()
-			VMOVUPS(qMem(r), qv[r])
-		}
-		for h, hf := range hs {
-			for kk, off := range hf.keys {
-				m := keyMem(off, hf.base)
-				if h == 1 {
-					m.Base = p2
-					if off >= 4 {
-						m.Base = p6
-					}
-				}
-				kv := YMM()
-				VBROADCASTI128(m, kv)
-				VPSHUFB(widen, kv, kv)
-				for r := range rows {
-					VFMADD231PS(kv, qv[r], acc[h][r][kk])
-				}
-			}
-		}
-		ADDQ(U32(16), p0)
-		ADDQ(U32(16), p4)
-		if len(hs) == 2 {
-			ADDQ(U32(16), p2)
-			ADDQ(U32(16), p6)
-		}
-		ADDQ(U32(32), qp)
-		DECQ(cnt)
-		JNE(LabelRef(lbl))
-		return acc
-	}
-	// final combines the level-2 vectors of keys {0, 1, 4, 5} (w0) and
-	// {2, 3, 6, 7} (w1) into the 8 scores and stores them for row r.
-	final := func(w0, w1 VecVirtual, r int) {
-		t0, t1 := YMM(), YMM()
-		VSHUFPS(U8(0x88), w1, w0, t0)
-		VSHUFPS(U8(0xDD), w1, w0, t1)
-		VADDPS(t1, t0, t0)
-		m := Mem{Base: out}
-		if r > 0 {
-			m.Index, m.Scale = ldo, uint8(r)
-		}
-		VMOVUPS(t0, m)
-	}
-
-	TESTQ(groups, groups)
-	JE(LabelRef("done"))
-	Label("group")
-	if rows == 1 {
-		acc := pass("both", halves)
-		final(level12(acc[0][0]), level12(acc[1][0]), 0)
+//
+// With prefetch it emits attnKeysPfAVX2R1..3 instead: the same operations
+// in the same order (so the same bits), and it also prefetches consecutive
+// cache lines from k + pf bytes on (the KV bytes a later call will read,
+// handed on by the caller), one line at a time among the arithmetic: the
+// step loop runs 4 steps (64 bytes of each of a pass's 4 keys) a trip, and
+// each step of a trip prefetches the next line (two with one row, whose
+// pass takes both halves' 8 keys). So a group of 8 keys prefetches
+// 8·⌊hd/32⌋ lines, as many bytes as it reads when hd is a multiple of 32,
+// each PREFETCHT0 beside 4·rows FMAs. Steps beyond a multiple of 4
+// (hd%32 ≠ 0) run one at a time and prefetch nothing; without prefetch
+// every step runs that way.
+func attnKeysAVX2(rows int, prefetch bool) {
+	if prefetch {
+		name := fmt.Sprintf("attnKeysPfAVX2R%d", rows)
+		TEXT(name, NOSPLIT, "func(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)")
+		Doc(fmt.Sprintf("%s computes the scores of %d f32 query rows against groups of 8 bf16 key rows, prefetching lines from k+pf bytes on (see asmgen).", name, rows))
 	} else {
-		acc := pass("first", halves[:1])
-		for r := range rows {
-			VMOVUPS(level12(acc[0][r]), spill.Offset(32*r))
-		}
-		acc = pass("second", halves[1:])
-		for r := range rows {
-			w1 := level12(acc[0][r])
-			w0 := YMM()
-			VMOVUPS(spill.Offset(32*r), w0)
-			final(w0, w1, r)
-		}
+		name := fmt.Sprintf("attnKeysAVX2R%d", rows)
+		TEXT(name, NOSPLIT, "func(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int)")
+		Doc(fmt.Sprintf("%s computes the scores of %d f32 query rows against groups of 8 bf16 key rows (see asmgen).", name, rows))
 	}
-	LEAQ(Mem{Base: kp, Index: ldk, Scale: 8}, kp)
-	ADDQ(U32(32), out)
-	DECQ(groups)
-	JNE(LabelRef("group"))
-	Label("done")
-	VZEROUPPER()
-	RET()
-}
-
-// attnKeysPfAVX2R1..3 are attnKeysAVX2R1..3 (decode's scores; the same
-// operations in the same order, so the same bits) that also prefetch
-// consecutive cache lines from k + pf bytes on (the KV bytes a later call
-// will read, handed on by the caller), one line at a time among the
-// arithmetic: the step loop runs 4 steps (64 bytes of each of a pass's 4
-// keys) a trip, and each step of a trip prefetches the next line (two with
-// one row, whose pass takes both halves' 8 keys). So a group of 8 keys
-// prefetches 8·⌊hd/32⌋ lines, as many bytes as it reads when hd is a
-// multiple of 32, each PREFETCHT0 beside 4·rows FMAs. Steps beyond a
-// multiple of 4 (hd%32 ≠ 0) run one at a time and prefetch nothing.
-func attnKeysPfAVX2(rows int) {
-	name := fmt.Sprintf("attnKeysPfAVX2R%d", rows)
-	TEXT(name, NOSPLIT, "func(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)")
-	Doc(fmt.Sprintf("%s computes the scores of %d f32 query rows against groups of 8 bf16 key rows, prefetching lines from k+pf bytes on (see asmgen).", name, rows))
 	spill := AllocLocal(32 * rows)
+	// One row needs neither ldq nor ldo; the kernels without prefetch
+	// load them all the same (two dead loads kept so that their code
+	// stays as it was generated).
+	loadStrides := rows > 1 || !prefetch
 	q := Load(Param("q"), GP64())
-	var ldq, ldo Register // one row needs neither
-	if rows > 1 {
+	var ldq, ldo Register
+	if loadStrides {
 		ldq = Load(Param("ldq"), GP64())
 		SHLQ(U8(2), ldq)
 	}
@@ -433,13 +270,16 @@ func attnKeysPfAVX2(rows int) {
 	steps := Load(Param("hd"), GP64())
 	SHRQ(U8(3), steps)
 	out := Load(Param("out"), GP64())
-	if rows > 1 {
+	if loadStrides {
 		ldo = Load(Param("ldo"), GP64())
 		SHLQ(U8(2), ldo)
 	}
 	// The next line to prefetch.
-	pw := Load(Param("pf"), GP64())
-	ADDQ(kp, pw)
+	var pw Register
+	if prefetch {
+		pw = Load(Param("pf"), GP64())
+		ADDQ(kp, pw)
+	}
 	p0, p4, qp, cnt := GP64(), GP64(), GP64(), GP64()
 	// The bf16 → f32 widening's byte shuffle: with 3 rows the registers
 	// are all taken and it is read from memory.
@@ -562,8 +402,20 @@ func attnKeysPfAVX2(rows int) {
 			}
 			ADDQ(U32(32*i), qp)
 		}
+		// single emits the loop of one step a trip, over cnt (≥ 1) steps.
+		single := func(loop string) {
+			Label(loop)
+			step(0, false)
+			advance(1)
+			DECQ(cnt)
+			JNE(LabelRef(loop))
+		}
 		MOVQ(q, qp)
 		MOVQ(steps, cnt)
+		if !prefetch {
+			single(lbl)
+			return acc
+		}
 		SHRQ(U8(2), cnt)
 		JE(LabelRef(lbl + "one"))
 		Label(lbl)
@@ -578,11 +430,7 @@ func attnKeysPfAVX2(rows int) {
 		MOVQ(steps, cnt)
 		ANDQ(U8(3), cnt)
 		JE(LabelRef(lbl + "end"))
-		Label(lbl + "1")
-		step(0, false)
-		advance(1)
-		DECQ(cnt)
-		JNE(LabelRef(lbl + "1"))
+		single(lbl + "1")
 		Label(lbl + "end")
 		return acc
 	}

@@ -40,23 +40,7 @@ func emitAxpyRowsAVX2(dt dtype, g int, pf bool) {
 	var name string
 	var a, lda, v, ldv, rows, y, ldy, n, pd Register
 	esize := 1 << dt.shift
-	if pf {
-		name = fmt.Sprintf("attnValues%sG%dAVX2", dt.name, g)
-		TEXT(name, NOSPLIT, fmt.Sprintf("func(alpha *float32, lda int, v %s, ldv int, rows int, y *float32, ldy int, n int, pf int)", dt.goType))
-		Doc(fmt.Sprintf("%s computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < %d, r < rows in order, t < n, prefetching from v+pf bytes on.", name, g))
-		a = Load(Param("alpha"), GP64())
-		lda = Load(Param("lda"), GP64())
-		SHLQ(U8(2), lda)
-		v = Load(Param("v"), GP64())
-		ldv = Load(Param("ldv"), GP64())
-		rows = Load(Param("rows"), GP64())
-		y = Load(Param("y"), GP64())
-		ldy = Load(Param("ldy"), GP64())
-		SHLQ(U8(2), ldy)
-		n = Load(Param("n"), GP64())
-		pd = Load(Param("pf"), GP64())
-		ADDQ(v, pd)
-	} else if g == 1 {
+	if g == 1 && !pf {
 		name = "axpyRows" + dt.name + "AVX2"
 		TEXT(name, NOSPLIT, fmt.Sprintf("func(alpha *float32, v %s, ldv int, rows int, y *float32, n int)", dt.goType))
 		Doc(name + " computes y[t] = fma(alpha[r], v[r*ldv+t], y[t]) for r < rows in order, t < n.")
@@ -67,9 +51,15 @@ func emitAxpyRowsAVX2(dt dtype, g int, pf bool) {
 		y = Load(Param("y"), GP64())
 		n = Load(Param("n"), GP64())
 	} else {
-		name = fmt.Sprintf("axpyRows%sG%dAVX2", dt.name, g)
-		TEXT(name, NOSPLIT, fmt.Sprintf("func(alpha *float32, lda int, v %s, ldv int, rows int, y *float32, ldy int, n int)", dt.goType))
-		Doc(fmt.Sprintf("%s computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < %d, r < rows in order, t < n.", name, g))
+		// The grouped kernel; with pf, the same one named attnValues and
+		// with the prefetch offset as a last argument.
+		prefix, pfParam, pfDoc := "axpyRows", "", ""
+		if pf {
+			prefix, pfParam, pfDoc = "attnValues", ", pf int", ", prefetching from v+pf bytes on"
+		}
+		name = fmt.Sprintf("%s%sG%dAVX2", prefix, dt.name, g)
+		TEXT(name, NOSPLIT, fmt.Sprintf("func(alpha *float32, lda int, v %s, ldv int, rows int, y *float32, ldy int, n int%s)", dt.goType, pfParam))
+		Doc(fmt.Sprintf("%s computes y[h*ldy+t] = fma(alpha[h*lda+r], v[r*ldv+t], y[h*ldy+t]) for h < %d, r < rows in order, t < n%s.", name, g, pfDoc))
 		a = Load(Param("alpha"), GP64())
 		lda = Load(Param("lda"), GP64())
 		SHLQ(U8(2), lda)
@@ -80,6 +70,10 @@ func emitAxpyRowsAVX2(dt dtype, g int, pf bool) {
 		ldy = Load(Param("ldy"), GP64())
 		SHLQ(U8(2), ldy)
 		n = Load(Param("n"), GP64())
+		if pf {
+			pd = Load(Param("pf"), GP64())
+			ADDQ(v, pd)
+		}
 	}
 	SHLQ(U8(dt.shift), ldv)
 	left := GP64()
@@ -88,22 +82,7 @@ func emitAxpyRowsAVX2(dt dtype, g int, pf bool) {
 	// scalar, over one element): g·vecs accumulators, g broadcast weights
 	// and one widened value vector live at a time (at most 16 registers).
 	block := func(lbl string, vecs int, scalar bool) {
-		var y2 GPVirtual
-		if g > 2 {
-			y2 = GP64()
-			LEAQ(Mem{Base: y, Index: ldy, Scale: 2}, y2)
-		}
-		// Output h's row is at y + h·ldy: y or y2 = y + 2·ldy, plus ldy for odd h.
-		ym := func(h, disp int) Mem {
-			m := Mem{Base: y, Disp: disp}
-			if h >= 2 {
-				m.Base = y2
-			}
-			if h%2 == 1 {
-				m.Index, m.Scale = ldy, 1
-			}
-			return m
-		}
+		ym := groupRows(y, ldy, g)
 		acc := make([][]VecVirtual, g)
 		for h := range g {
 			acc[h] = make([]VecVirtual, vecs)
@@ -116,58 +95,48 @@ func emitAxpyRowsAVX2(dt dtype, g int, pf bool) {
 				}
 			}
 		}
-		vr, ar, cnt := GP64(), GP64(), GP64()
-		MOVQ(v, vr)
-		MOVQ(a, ar)
-		MOVQ(rows, cnt)
-		TESTQ(cnt, cnt)
-		JE(LabelRef(lbl + "store"))
-		Label(lbl + "row")
-		b := make([]VecVirtual, g)
-		var ah GPVirtual
-		if g > 1 {
-			ah = GP64()
-			MOVQ(ar, ah)
-		}
-		for h := range g {
-			b[h] = YMM()
-			if h == 0 {
-				VBROADCASTSS(Mem{Base: ar}, b[h])
-				continue
-			}
-			ADDQ(lda, ah)
-			VBROADCASTSS(Mem{Base: ah}, b[h])
-		}
-		if pf && lbl == "w" {
-			PREFETCHT0(Mem{Base: pd})
-			ADDQ(U8(8*esize*vecs), pd)
-		}
-		for i := range vecs {
-			if scalar {
-				val := XMM()
-				loadScalarW(dt, Mem{Base: vr}, val)
-				for h := range g {
-					VFMADD231SS(val, b[h].AsX(), acc[h][i].AsX())
-				}
-				continue
-			}
-			val := YMM()
-			if dt == dtBF16 {
-				// Widened by one byte shuffle (attnWidenTable).
-				VBROADCASTI128(Mem{Base: vr, Disp: 8 * esize * i}, val)
-				VPSHUFB(attnWidenTable(), val, val)
-			} else {
-				loadW(avx2, dt, Mem{Base: vr, Disp: 8 * esize * i}, val, nil)
+		valueRows(lbl, v, a, rows, ldv, func(vr, ar GPVirtual) {
+			b := make([]VecVirtual, g)
+			var ah GPVirtual
+			if g > 1 {
+				ah = GP64()
+				MOVQ(ar, ah)
 			}
 			for h := range g {
-				VFMADD231PS(val, b[h], acc[h][i])
+				b[h] = YMM()
+				if h == 0 {
+					VBROADCASTSS(Mem{Base: ar}, b[h])
+					continue
+				}
+				ADDQ(lda, ah)
+				VBROADCASTSS(Mem{Base: ah}, b[h])
 			}
-		}
-		ADDQ(ldv, vr)
-		ADDQ(U8(4), ar)
-		DECQ(cnt)
-		JNE(LabelRef(lbl + "row"))
-		Label(lbl + "store")
+			if pf && lbl == "w" {
+				PREFETCHT0(Mem{Base: pd})
+				ADDQ(U8(8*esize*vecs), pd)
+			}
+			for i := range vecs {
+				if scalar {
+					val := XMM()
+					loadScalarW(dt, Mem{Base: vr}, val)
+					for h := range g {
+						VFMADD231SS(val, b[h].AsX(), acc[h][i].AsX())
+					}
+					continue
+				}
+				val := YMM()
+				if dt == dtBF16 {
+					// Widened by one byte shuffle (attnWidenTable).
+					VBROADCASTI128(Mem{Base: vr, Disp: 8 * esize * i}, val)
+					VPSHUFB(attnWidenTable(), val, val)
+				} else {
+					loadW(avx2, dt, Mem{Base: vr, Disp: 8 * esize * i}, val, nil)
+				}
+				for h := range g {
+					VFMADD231PS(val, b[h], acc[h][i])
+				}
+			}
+		})
 		for h := range g {
 			for i := range vecs {
 				if scalar {
@@ -186,22 +155,10 @@ func emitAxpyRowsAVX2(dt dtype, g int, pf bool) {
 		SUBQ(U32(step), left)
 	}
 	wide := map[int]int{1: 8, 2: 4, 3: 4, 4: 2}[g]
-	Label("cw")
-	CMPQ(left, U32(8*wide))
-	JL(LabelRef("c8"))
-	block("w", wide, false)
-	JMP(LabelRef("cw"))
-	Label("c8")
-	CMPQ(left, U32(8))
-	JL(LabelRef("ctail"))
-	block("n", 1, false)
-	JMP(LabelRef("c8"))
-	Label("ctail")
-	TESTQ(left, left)
-	JE(LabelRef("done"))
-	block("t", 1, true)
-	JMP(LabelRef("ctail"))
-	Label("done")
-	VZEROUPPER()
-	RET()
+	vectorBlocks(left, 8, wide,
+		func(lbl string, vecs int) { block(lbl, vecs, false) },
+		func() {
+			block("t", 1, true)
+			JMP(LabelRef("ctail"))
+		})
 }

@@ -34,23 +34,8 @@ func axpyRowsGroup(g int) {
 	n := Load(Param("n"), GP64())
 	left := GP64()
 	MOVQ(n, left)
-	// Output h's row is at y + h·ldy: y or y2 = y + 2·ldy, plus ldy for odd h.
 	block := func(lbl string, vecs int, mask Op) {
-		var y2 GPVirtual
-		if g > 2 {
-			y2 = GP64()
-			LEAQ(Mem{Base: y, Index: ldy, Scale: 2}, y2)
-		}
-		ym := func(h, disp int) Mem {
-			m := Mem{Base: y, Disp: disp}
-			if h >= 2 {
-				m.Base = y2
-			}
-			if h%2 == 1 {
-				m.Index, m.Scale = ldy, 1
-			}
-			return m
-		}
+		ym := groupRows(y, ldy, g)
 		acc := make([][]VecVirtual, g)
 		for h := range g {
 			acc[h] = make([]VecVirtual, vecs)
@@ -63,35 +48,25 @@ func axpyRowsGroup(g int) {
 				}
 			}
 		}
-		vr, ar, cnt := GP64(), GP64(), GP64()
-		MOVQ(v, vr)
-		MOVQ(a, ar)
-		MOVQ(rows, cnt)
-		TESTQ(cnt, cnt)
-		JE(LabelRef(lbl + "store"))
-		Label(lbl + "row")
-		vals := make([]VecVirtual, vecs)
-		for i := range vecs {
-			vals[i] = ZMM()
-			loadW(avx512, dtBF16, Mem{Base: vr, Disp: 32 * i}, vals[i], mask)
-		}
-		ah := GP64()
-		MOVQ(ar, ah)
-		for h := range g {
-			b := ZMM()
-			VBROADCASTSS(Mem{Base: ah}, b)
+		valueRows(lbl, v, a, rows, ldv, func(vr, ar GPVirtual) {
+			vals := make([]VecVirtual, vecs)
 			for i := range vecs {
-				VFMADD231PS(vals[i], b, acc[h][i])
+				vals[i] = ZMM()
+				loadW(avx512, dtBF16, Mem{Base: vr, Disp: 32 * i}, vals[i], mask)
 			}
-			if h+1 < g {
-				ADDQ(lda, ah)
+			ah := GP64()
+			MOVQ(ar, ah)
+			for h := range g {
+				b := ZMM()
+				VBROADCASTSS(Mem{Base: ah}, b)
+				for i := range vecs {
+					VFMADD231PS(vals[i], b, acc[h][i])
+				}
+				if h+1 < g {
+					ADDQ(lda, ah)
+				}
 			}
-		}
-		ADDQ(ldv, vr)
-		ADDQ(U8(4), ar)
-		DECQ(cnt)
-		JNE(LabelRef(lbl + "row"))
-		Label(lbl + "store")
+		})
 		for h := range g {
 			for i := range vecs {
 				if mask == nil {
@@ -109,5 +84,7 @@ func axpyRowsGroup(g int) {
 	if g > 3 {
 		wide = 3 // g·wide accumulators + wide values + a broadcast fit 32 registers
 	}
-	vectorBlocks(left, wide, block)
+	vectorBlocks(left, 16, wide,
+		func(lbl string, vecs int) { block(lbl, vecs, nil) },
+		func() { block("t", 1, tailMask(left)) })
 }

@@ -64,7 +64,7 @@ func gemmDP(rows int) {
 	MOVQ(k, kv)
 	ANDQ(I32(-32), kv)
 	mask := wordTailMask(k)
-	xr := dpRows(rows)
+	xr := xRows(rows, 1)
 	wcur := Load(Param("w"), GP64())
 	ocur := Load(Param("out"), GP64())
 	nrem := Load(Param("n"), GP64())
@@ -86,39 +86,13 @@ func gemmDP(rows int) {
 	RET()
 }
 
-// dpRows loads the addresses of the kernel's x rows.
-func dpRows(rows int) []GPVirtual {
-	xr := make([]GPVirtual, rows)
-	xr[0] = Load(Param("x"), GP64()).(GPVirtual)
-	if rows > 1 {
-		ldx := Load(Param("ldx"), GP64())
-		SHLQ(U8(1), ldx)
-		for r := 1; r < rows; r++ {
-			xr[r] = GP64()
-			LEAQ(Mem{Base: xr[r-1], Index: ldx, Scale: 1}, xr[r])
-		}
-	}
-	return xr
-}
-
 // dpPass emits one rows×cols register tile over the whole K and advances
 // wcur by cols weight rows and ocur by cols outputs. With pf set, every full
 // K step prefetches two lines at pf (the region the driver wants warm) and
 // advances it by 128 bytes: the same bytes per tile as the f32-activation
 // kernels, which step half as far.
 func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op, pf GPVirtual, p string) {
-	ldw := Load(Param("ldw"), GP64())
-	SHLQ(U8(1), ldw)
-	wr := make([]GPVirtual, cols)
-	for c := range wr {
-		wr[c] = GP64()
-		if c == 0 {
-			MOVQ(wcur, wr[c])
-		} else {
-			LEAQ(Mem{Base: wr[c-1], Index: ldw, Scale: 1}, wr[c])
-		}
-	}
-	LEAQ(Mem{Base: wr[cols-1], Index: ldw, Scale: 1}, wcur)
+	wr := weightRows(wcur, 1, cols)
 
 	acc := make([][]VecVirtual, rows)
 	for r := range acc {
@@ -188,99 +162,24 @@ func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op,
 // row still has one accumulator marching over K in steps of 32, then the
 // masked tail, then the fixed tree, bit-identical to the multi-row tiles.
 func gemmDPR1() {
-	const cols = wideCols
 	TEXT("gemmDPBF16R1", NOSPLIT, dpSignature)
 	Doc("gemmDPBF16R1 computes 1 row of bf16 x times n rows of bf16 weights (see asmgen).")
 	k := Load(Param("k"), GP64())
 	mask := wordTailMask(k)
-	xr := dpRows(1)
+	xr := xRows(1, 1)
 	wcur := Load(Param("w"), GP64())
 	ocur := Load(Param("out"), GP64())
 	nrem := Load(Param("n"), GP64())
 
-	Label("wide")
-	CMPQ(nrem, U32(cols))
-	JL(LabelRef("quad"))
-	{
-		L := Load(Param("ldw"), GP64())
-		SHLQ(U8(1), L)
-		bases, rowMem, pf := wideRows(wcur, L)
-		xp := GP64()
-		MOVQ(xr[0], xp)
-		cnt := GP64()
-		MOVQ(k, cnt)
-		SHRQ(U8(6), cnt)
-
-		acc := make([]VecVirtual, cols)
-		for c := range acc {
-			acc[c] = ZMM()
-			VXORPS(acc[c], acc[c], acc[c])
-		}
-		step := func(disp int, m Op) {
-			ws := make([]VecVirtual, cols)
-			for c := range ws {
-				ws[c] = ZMM()
-				loadWords(rowMem(c, 2*disp), ws[c], m)
-			}
-			xv := ZMM()
-			loadWords(Mem{Base: xp, Disp: 2 * disp}, xv, m)
-			for c := range cols {
-				vdpbf16ps(ws[c], xv, acc[c])
-			}
-		}
-		advance := func(elems int) {
-			for _, b := range bases {
-				ADDQ(U32(2*elems), b)
-			}
-			ADDQ(U32(2*elems), xp)
-		}
-		TESTQ(cnt, cnt)
-		JE(LabelRef("wodd"))
-		Label("wloop")
-		const bytesPerIter = cols * 64 * 2
-		for off := 0; off < bytesPerIter; off += 64 {
-			PREFETCHT0(Mem{Base: pf, Disp: off})
-		}
-		step(0, nil)
-		step(32, nil)
-		advance(64)
-		ADDQ(U32(bytesPerIter), pf)
-		DECQ(cnt)
-		JNE(LabelRef("wloop"))
-		Label("wodd")
-		TESTQ(U32(32), k)
-		JE(LabelRef("wtail"))
-		step(0, nil)
-		advance(32)
-		Label("wtail")
-		TESTQ(U32(31), k)
-		JE(LabelRef("wreduce"))
-		step(0, mask)
-		Label("wreduce")
-		for g := 0; g < cols; g += 4 {
-			reduceQuads512At([][]VecVirtual{acc[g : g+4]}, ocur, 4*g)
-		}
-		ADDQ(U32(4*cols), ocur)
-		LEAQ(Mem{Base: wcur, Index: L, Scale: 8}, wcur)
-		SUBQ(U32(cols), nrem)
-		JMP(LabelRef("wide"))
-	}
-
-	Label("quad")
-	kv := GP64()
-	MOVQ(k, kv)
-	ANDQ(I32(-32), kv)
-	CMPQ(nrem, U32(4))
-	JL(LabelRef("single"))
-	dpPass(1, 4, xr, wcur, ocur, k, kv, mask, nil, "q")
-	SUBQ(U32(4), nrem)
-	Label("single")
-	TESTQ(nrem, nrem)
-	JE(LabelRef("done"))
-	dpPass(1, 1, xr, wcur, ocur, k, kv, mask, nil, "s")
-	DECQ(nrem)
-	JMP(LabelRef("single"))
-	Label("done")
-	VZEROUPPER()
-	RET()
+	wideKernel{
+		elems:  32,
+		wshift: 1,
+		xsize:  2,
+		loadW:  loadWords,
+		loadX:  loadWords,
+		madd:   vdpbf16ps,
+		pass: func(cols int, kv Register, p string) {
+			dpPass(1, cols, xr, wcur, ocur, k, kv, mask, nil, p)
+		},
+	}.emitWide(k, wcur, ocur, nrem, xr[0], mask)
 }

@@ -2,8 +2,10 @@ package main
 
 // The f32/bf16/f16 matrix-product kernels gemm<ISA><dtype>R2..4 (and AVX2's
 // f16 R1): the rows×cols register tiles over the whole K (gemmPass, with the
-// multi-row kernels' prefetch cursor pfcur) and the AVX-512 reduction of four
-// columns at a time that stores them (reduceQuads512). The AVX-512 one-row
+// multi-row kernels' prefetch cursor pfcur), the AVX-512 reduction of four
+// columns at a time that stores them (reduceQuads512), and what the other
+// tiles share with them: the x and weight row addresses (xRows, weightRows)
+// and AVX2's tree and scalar K tail (reduceScalarTail). The AVX-512 one-row
 // kernel is in gemmwide.go; AVX2's one-row and K-blocked kernels in
 // gemvavx2.go and gemmkb.go; the bf16-by-bf16 ones in dpbf16.go.
 
@@ -32,16 +34,7 @@ func gemm(s isa, dt dtype, rows int) {
 		mask = tailMask(k)
 	}
 
-	xr := make([]GPVirtual, rows)
-	xr[0] = Load(Param("x"), GP64()).(GPVirtual)
-	if rows > 1 {
-		ldx := Load(Param("ldx"), GP64())
-		SHLQ(U8(2), ldx)
-		for r := 1; r < rows; r++ {
-			xr[r] = GP64()
-			LEAQ(Mem{Base: xr[r-1], Index: ldx, Scale: 1}, xr[r])
-		}
-	}
+	xr := xRows(rows, 2)
 	wcur := Load(Param("w"), GP64())
 	ocur := Load(Param("out"), GP64())
 	nrem := Load(Param("n"), GP64())
@@ -82,18 +75,7 @@ func gemm(s isa, dt dtype, rows int) {
 // gemmPass emits one rows×cols register tile over the whole K and advances
 // wcur by cols weight rows and ocur by cols outputs.
 func gemmPass(s isa, dt dtype, rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op, p string) {
-	ldw := Load(Param("ldw"), GP64())
-	SHLQ(U8(dt.shift), ldw)
-	wr := make([]GPVirtual, cols)
-	for c := range wr {
-		wr[c] = GP64()
-		if c == 0 {
-			MOVQ(wcur, wr[c])
-		} else {
-			LEAQ(Mem{Base: wr[c-1], Index: ldw, Scale: 1}, wr[c])
-		}
-	}
-	LEAQ(Mem{Base: wr[cols-1], Index: ldw, Scale: 1}, wcur)
+	wr := weightRows(wcur, dt.shift, cols)
 
 	acc := make([][]VecVirtual, rows)
 	for r := range acc {
@@ -156,30 +138,7 @@ func gemmPass(s isa, dt dtype, rows, cols int, xr []GPVirtual, wcur, ocur, k, kv
 			}
 		}
 	} else {
-		for r := range rows {
-			sums[r] = make([]VecVirtual, cols)
-			for c := range cols {
-				sums[r][c] = reduce(s, acc[r][c])
-			}
-		}
-		Label(p + "scalar")
-		CMPQ(idx, k)
-		JE(LabelRef(p + "store"))
-		ws := make([]VecVirtual, cols)
-		for c := range ws {
-			ws[c] = XMM()
-			loadScalarW(dt, Mem{Base: wr[c], Index: idx, Scale: 1 << dt.shift}, ws[c])
-		}
-		for r := range rows {
-			xv := XMM()
-			VMOVSS(Mem{Base: xr[r], Index: idx, Scale: 4}, xv)
-			for c := range cols {
-				VFMADD231SS(ws[c], xv, sums[r][c])
-			}
-		}
-		INCQ(idx)
-		JMP(LabelRef(p + "scalar"))
-		Label(p + "store")
+		sums = reduceScalarTail(dt, acc, xr, wr, k, p)
 	}
 
 	orow := GP64()
@@ -198,6 +157,75 @@ func gemmPass(s isa, dt dtype, rows, cols int, xr []GPVirtual, wcur, ocur, k, kv
 		}
 	}
 	ADDQ(U32(4*cols), ocur)
+}
+
+// xRows loads the addresses of a kernel's rows x rows, ldx elements of
+// 1<<shift bytes apart.
+func xRows(rows int, shift uint8) []GPVirtual {
+	xr := make([]GPVirtual, rows)
+	xr[0] = Load(Param("x"), GP64()).(GPVirtual)
+	if rows > 1 {
+		ldx := Load(Param("ldx"), GP64())
+		SHLQ(U8(shift), ldx)
+		for r := 1; r < rows; r++ {
+			xr[r] = GP64()
+			LEAQ(Mem{Base: xr[r-1], Index: ldx, Scale: 1}, xr[r])
+		}
+	}
+	return xr
+}
+
+// weightRows returns the addresses of cols weight rows from wcur, ldw
+// elements of 1<<shift bytes apart, and advances wcur past them.
+func weightRows(wcur Register, shift uint8, cols int) []GPVirtual {
+	ldw := Load(Param("ldw"), GP64())
+	SHLQ(U8(shift), ldw)
+	wr := make([]GPVirtual, cols)
+	for c := range wr {
+		wr[c] = GP64()
+		if c == 0 {
+			MOVQ(wcur, wr[c])
+		} else {
+			LEAQ(Mem{Base: wr[c-1], Index: ldw, Scale: 1}, wr[c])
+		}
+	}
+	LEAQ(Mem{Base: wr[cols-1], Index: ldw, Scale: 1}, wcur)
+	return wr
+}
+
+// reduceScalarTail ends an AVX2 tile (labels prefixed p): it reduces each
+// accumulator acc[r][c] with the fixed tree, then adds the K%8 tail from
+// element idx up to k one element at a time with scalar FMAs, in order
+// (x row r at xr[r], weight row c at wr[c]), and returns the sums, which
+// label p+"store" follows.
+func reduceScalarTail(dt dtype, acc [][]VecVirtual, xr, wr []GPVirtual, k Op, p string) [][]VecVirtual {
+	rows, cols := len(acc), len(wr)
+	sums := make([][]VecVirtual, rows)
+	for r := range rows {
+		sums[r] = make([]VecVirtual, cols)
+		for c := range cols {
+			sums[r][c] = reduce(avx2, acc[r][c])
+		}
+	}
+	Label(p + "scalar")
+	CMPQ(idx, k)
+	JE(LabelRef(p + "store"))
+	ws := make([]VecVirtual, cols)
+	for c := range ws {
+		ws[c] = XMM()
+		loadScalarW(dt, Mem{Base: wr[c], Index: idx, Scale: 1 << dt.shift}, ws[c])
+	}
+	for r := range rows {
+		xv := XMM()
+		VMOVSS(Mem{Base: xr[r], Index: idx, Scale: 4}, xv)
+		for c := range cols {
+			VFMADD231SS(ws[c], xv, sums[r][c])
+		}
+	}
+	INCQ(idx)
+	JMP(LabelRef(p + "scalar"))
+	Label(p + "store")
+	return sums
 }
 
 // pfcur, when set, is the register of the multi-row kernels' prefetch

@@ -26,14 +26,7 @@ func gemmKB(dt dtype, rows int) {
 	TEXT(name, NOSPLIT, fmt.Sprintf("func(x *float32, ldx int, w %s, ldw int, k0 int, k1 int, k int, n int, out *float32, ldo int, acc *float32)", dt.goType))
 	Doc(fmt.Sprintf("%s is gemmAVX2%sR%d over elements [k0,k1) of K, its accumulators kept in acc between blocks (see asmgen).", name, dt.name, rows))
 
-	xr := make([]GPVirtual, rows)
-	xr[0] = Load(Param("x"), GP64()).(GPVirtual)
-	ldx := Load(Param("ldx"), GP64())
-	SHLQ(U8(2), ldx)
-	for r := 1; r < rows; r++ {
-		xr[r] = GP64()
-		LEAQ(Mem{Base: xr[r-1], Index: ldx, Scale: 1}, xr[r])
-	}
+	xr := xRows(rows, 2)
 	wcur := Load(Param("w"), GP64())
 	ocur := Load(Param("out"), GP64())
 	acur := Load(Param("acc"), GP64())
@@ -69,18 +62,7 @@ func gemmKB(dt dtype, rows int) {
 // cols weight rows, ocur by cols outputs and acur by their accumulators.
 func gemmKBPass(dt dtype, rows, cols int, xr []GPVirtual, wcur, ocur, acur Register, p string) {
 	s := avx2
-	ldw := Load(Param("ldw"), GP64())
-	SHLQ(U8(dt.shift), ldw)
-	wr := make([]GPVirtual, cols)
-	for c := range wr {
-		wr[c] = GP64()
-		if c == 0 {
-			MOVQ(wcur, wr[c])
-		} else {
-			LEAQ(Mem{Base: wr[c-1], Index: ldw, Scale: 1}, wr[c])
-		}
-	}
-	LEAQ(Mem{Base: wr[cols-1], Index: ldw, Scale: 1}, wcur)
+	wr := weightRows(wcur, dt.shift, cols)
 
 	// Output (c, r) keeps its accumulator at acur + (c·rows + r)·32.
 	accAt := func(r, c int) Mem { return Mem{Base: acur, Disp: 32 * (c*rows + r)} }
@@ -137,31 +119,7 @@ func gemmKBPass(dt dtype, rows, cols int, xr []GPVirtual, wcur, ocur, acur Regis
 
 	// The last block: gemm's tree, scalar tail and stores.
 	Label(p + "last")
-	sums := make([][]VecVirtual, rows)
-	for r := range rows {
-		sums[r] = make([]VecVirtual, cols)
-		for c := range cols {
-			sums[r][c] = reduce(s, acc[r][c])
-		}
-	}
-	Label(p + "scalar")
-	CMPQ(idx, paramMem("k"))
-	JE(LabelRef(p + "store"))
-	wt := make([]VecVirtual, cols)
-	for c := range wt {
-		wt[c] = XMM()
-		loadScalarW(dt, Mem{Base: wr[c], Index: idx, Scale: 1 << dt.shift}, wt[c])
-	}
-	for r := range rows {
-		xv := XMM()
-		VMOVSS(Mem{Base: xr[r], Index: idx, Scale: 4}, xv)
-		for c := range cols {
-			VFMADD231SS(wt[c], xv, sums[r][c])
-		}
-	}
-	INCQ(idx)
-	JMP(LabelRef(p + "scalar"))
-	Label(p + "store")
+	sums := reduceScalarTail(dt, acc, xr, wr, paramMem("k"), p)
 	orow := GP64()
 	MOVQ(ocur, orow)
 	ldo := Load(Param("ldo"), GP64())

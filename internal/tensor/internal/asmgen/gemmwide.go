@@ -1,12 +1,14 @@
 package main
 
 // The AVX-512 one-row (decode) kernels gemmAVX512<dtype>R1: wideCols weight
-// rows a pass from three base registers (wideRows, which dpbf16.go's one-row
-// kernel shares), the K loop unrolled twice and prefetched prefetchPasses
-// passes ahead; the leftover rows go through gemm.go's passes.
+// rows a pass from three base registers (wideRows), the K loop unrolled
+// twice and prefetched prefetchPasses passes ahead; the leftover rows go
+// through gemm.go's passes. dpbf16.go's one-row kernel shares the body
+// (wideKernel.emitWide) with its own loads and products.
 
 import (
 	"fmt"
+	"math/bits"
 
 	. "github.com/mmcloughlin/avo/build"
 	. "github.com/mmcloughlin/avo/operand"
@@ -48,42 +50,43 @@ func wideRows(wcur, L Register) ([]GPVirtual, func(c, disp int) Mem, GPVirtual) 
 	return bases, rowMem, pf
 }
 
-// gemmWideR1 emits the AVX-512 one-row (decode) kernel. It is memory
-// bound, so it reads wideCols weight rows per pass (more independent
-// accumulators and memory streams), unrolls the K loop twice and
-// prefetches the rows prefetchPasses passes ahead (the rows are
-// contiguous when ldw == k, as MatMul passes them; otherwise the
-// prefetches are merely useless). Each weight row still has exactly one
-// accumulator marching over K in steps of 16, then the masked tail, then
-// the fixed reduction tree, so every output is bit-identical to the one
-// the multi-row tiles compute. Leftover rows (n % wideCols) go through a
-// 4-wide and a 1-wide pass of the ordinary kernel.
-func gemmWideR1(s isa, dt dtype) {
-	name := fmt.Sprintf("gemm%s%sR1", s.name, dt.name)
-	TEXT(name, NOSPLIT, fmt.Sprintf("func(x *float32, ldx int, w %s, ldw int, k int, n int, out *float32, ldo int, pf uintptr)", dt.goType))
-	Doc(fmt.Sprintf("%s computes 1 row of x times n rows of %s weights (see asmgen).", name, dt.name))
+// wideKernel is what tells the AVX-512 one-row kernels apart (gemmWideR1:
+// f32 x by f32, bf16 or f16 weights with FMAs; gemmDPR1: bf16 by bf16 with
+// VDPBF16PS); emitWide emits the body they share.
+type wideKernel struct {
+	elems  int   // elements per vector step: 16 f32 lanes, or 32 bf16
+	wshift uint8 // log2 of the bytes per weight element
+	xsize  int   // bytes per x element
+	// loadW and loadX load one step's weights or x at m into dst; with a
+	// mask the masked-off elements are zero and not read.
+	loadW, loadX func(m Mem, dst VecVirtual, mask Op)
+	madd         func(w, x, acc VecVirtual) // acc += the products of w and x
+	// pass emits the ordinary kernel's pass over cols weight rows (labels
+	// prefixed p), for the rows left over; kv is k rounded down to a step.
+	pass func(cols int, kv Register, p string)
+}
+
+// emitWide emits a one-row kernel's body from label wide on: while nrem ≥
+// wideCols, a pass over wideCols weight rows from wcur (one accumulator a
+// row, the K loop unrolled twice and prefetched, an odd step, the masked
+// tail step with mask, the fixed tree into ocur); then the leftover rows
+// four and one at a time through pass; then the return. x is the x row's
+// register and k its length.
+func (w wideKernel) emitWide(k, wcur, ocur, nrem Register, x GPVirtual, mask Op) {
 	const cols = wideCols
-	esz := 1 << dt.shift
-
-	k := Load(Param("k"), GP64())
-	mask := tailMask(k)
-	xr := []GPVirtual{Load(Param("x"), GP64()).(GPVirtual)}
-	wcur := Load(Param("w"), GP64())
-	ocur := Load(Param("out"), GP64())
-	nrem := Load(Param("n"), GP64())
-
+	wsize := 1 << w.wshift
 	Label("wide")
 	CMPQ(nrem, U32(cols))
 	JL(LabelRef("quad"))
 	{
 		L := Load(Param("ldw"), GP64())
-		SHLQ(U8(dt.shift), L)
+		SHLQ(U8(w.wshift), L)
 		bases, rowMem, pf := wideRows(wcur, L)
 		xp := GP64()
-		MOVQ(xr[0], xp)
-		cnt := GP64()
+		MOVQ(x, xp)
+		cnt := GP64() // trips of two steps
 		MOVQ(k, cnt)
-		SHRQ(U8(5), cnt)
+		SHRQ(U8(bits.TrailingZeros(uint(2*w.elems))), cnt)
 
 		acc := make([]VecVirtual, cols)
 		for c := range acc {
@@ -94,44 +97,40 @@ func gemmWideR1(s isa, dt dtype) {
 			ws := make([]VecVirtual, cols)
 			for c := range ws {
 				ws[c] = ZMM()
-				loadW(s, dt, rowMem(c, disp*esz), ws[c], m)
+				w.loadW(rowMem(c, wsize*disp), ws[c], m)
 			}
 			xv := ZMM()
-			if m == nil {
-				VMOVUPS(Mem{Base: xp, Disp: 4 * disp}, xv)
-			} else {
-				VMOVUPS_Z(Mem{Base: xp, Disp: 4 * disp}, m, xv)
-			}
+			w.loadX(Mem{Base: xp, Disp: w.xsize * disp}, xv, m)
 			for c := range cols {
-				VFMADD231PS(ws[c], xv, acc[c])
+				w.madd(ws[c], xv, acc[c])
 			}
 		}
 		advance := func(elems int) {
 			for _, b := range bases {
-				ADDQ(U32(elems*esz), b)
+				ADDQ(U32(wsize*elems), b)
 			}
-			ADDQ(U32(4*elems), xp)
+			ADDQ(U32(w.xsize*elems), xp)
 		}
 		TESTQ(cnt, cnt)
 		JE(LabelRef("wodd"))
 		Label("wloop")
-		bytesPerIter := cols * 32 * esz
+		bytesPerIter := cols * 2 * w.elems * wsize
 		for off := 0; off < bytesPerIter; off += 64 {
 			PREFETCHT0(Mem{Base: pf, Disp: off})
 		}
 		step(0, nil)
-		step(16, nil)
-		advance(32)
+		step(w.elems, nil)
+		advance(2 * w.elems)
 		ADDQ(U32(bytesPerIter), pf)
 		DECQ(cnt)
 		JNE(LabelRef("wloop"))
 		Label("wodd")
-		TESTQ(U32(16), k)
+		TESTQ(U32(w.elems), k)
 		JE(LabelRef("wtail"))
 		step(0, nil)
-		advance(16)
+		advance(w.elems)
 		Label("wtail")
-		TESTQ(U32(15), k)
+		TESTQ(U32(w.elems-1), k)
 		JE(LabelRef("wreduce"))
 		step(0, mask)
 		Label("wreduce")
@@ -147,18 +146,53 @@ func gemmWideR1(s isa, dt dtype) {
 	Label("quad")
 	kv := GP64()
 	MOVQ(k, kv)
-	ANDQ(I32(-s.lanes), kv)
+	ANDQ(I32(-w.elems), kv)
 	CMPQ(nrem, U32(4))
 	JL(LabelRef("single"))
-	gemmPass(s, dt, 1, 4, xr, wcur, ocur, k, kv, mask, "q")
+	w.pass(4, kv, "q")
 	SUBQ(U32(4), nrem)
 	Label("single")
 	TESTQ(nrem, nrem)
 	JE(LabelRef("done"))
-	gemmPass(s, dt, 1, 1, xr, wcur, ocur, k, kv, mask, "s")
+	w.pass(1, kv, "s")
 	DECQ(nrem)
 	JMP(LabelRef("single"))
 	Label("done")
 	VZEROUPPER()
 	RET()
+}
+
+// gemmWideR1 emits the AVX-512 one-row (decode) kernel. It is memory
+// bound, so it reads wideCols weight rows per pass (more independent
+// accumulators and memory streams), unrolls the K loop twice and
+// prefetches the rows prefetchPasses passes ahead (the rows are
+// contiguous when ldw == k, as MatMul passes them; otherwise the
+// prefetches are merely useless). Each weight row still has exactly one
+// accumulator marching over K in steps of 16, then the masked tail, then
+// the fixed reduction tree, so every output is bit-identical to the one
+// the multi-row tiles compute. Leftover rows (n % wideCols) go through a
+// 4-wide and a 1-wide pass of the ordinary kernel.
+func gemmWideR1(s isa, dt dtype) {
+	name := fmt.Sprintf("gemm%s%sR1", s.name, dt.name)
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(x *float32, ldx int, w %s, ldw int, k int, n int, out *float32, ldo int, pf uintptr)", dt.goType))
+	Doc(fmt.Sprintf("%s computes 1 row of x times n rows of %s weights (see asmgen).", name, dt.name))
+
+	k := Load(Param("k"), GP64())
+	mask := tailMask(k)
+	xr := []GPVirtual{Load(Param("x"), GP64()).(GPVirtual)}
+	wcur := Load(Param("w"), GP64())
+	ocur := Load(Param("out"), GP64())
+	nrem := Load(Param("n"), GP64())
+
+	wideKernel{
+		elems:  s.lanes,
+		wshift: dt.shift,
+		xsize:  4,
+		loadW:  func(m Mem, dst VecVirtual, mask Op) { loadW(s, dt, m, dst, mask) },
+		loadX:  func(m Mem, dst VecVirtual, mask Op) { loadW(s, dtF32, m, dst, mask) },
+		madd:   func(w, x, acc VecVirtual) { VFMADD231PS(w, x, acc) },
+		pass: func(cols int, kv Register, p string) {
+			gemmPass(s, dt, 1, cols, xr, wcur, ocur, k, kv, mask, p)
+		},
+	}.emitWide(k, wcur, ocur, nrem, xr[0], mask)
 }

@@ -79,11 +79,10 @@ func main() {
 			for r := 1; r <= 3; r++ {
 				attnScoresAVX2(r)
 			}
-			for r := 1; r <= 3; r++ {
-				attnKeysAVX2(r)
-			}
-			for r := 1; r <= 3; r++ {
-				attnKeysPfAVX2(r)
+			for _, prefetch := range []bool{false, true} {
+				for r := 1; r <= 3; r++ {
+					attnKeysAVX2(r, prefetch)
+				}
 			}
 		}
 		if s.lanes == 16 {

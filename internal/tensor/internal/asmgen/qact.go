@@ -15,40 +15,22 @@ import (
 )
 
 // hmaxPS returns an XMM whose low lane is the largest of the 16 lanes of
-// v (no NaNs among them).
+// v (no NaNs among them): the lane-wise larger of its two halves, then
+// hmaxPS8.
 func hmaxPS(v VecVirtual) VecVirtual {
 	y := YMM()
 	VEXTRACTF32X8(U8(1), v, y)
 	VMAXPS(y, v.AsY(), y)
-	x := XMM()
-	VEXTRACTF128(U8(1), y, x)
-	VMAXPS(x, y.AsX(), x)
-	x2 := XMM()
-	VMOVHLPS(x, x, x2)
-	VMAXPS(x2, x, x2)
-	x3 := XMM()
-	VMOVSHDUP(x2, x3)
-	VMAXSS(x3, x2, x3)
-	return x3
+	return hmaxPS8(y)
 }
 
-// hsumD returns a GP register holding the sum of the 16 int32 lanes of v.
+// hsumD returns a GP register holding the sum of the 16 int32 lanes of v:
+// the lane-wise sum of its two halves, then hsumD8.
 func hsumD(v VecVirtual) GPVirtual {
 	y := YMM()
 	VEXTRACTI64X4(U8(1), v, y)
 	VPADDD(y, v.AsY(), y)
-	x := XMM()
-	VEXTRACTI128(U8(1), y, x)
-	VPADDD(x, y.AsX(), x)
-	x2 := XMM()
-	VPSHUFD(U8(0x4e), x, x2)
-	VPADDD(x2, x, x2)
-	x3 := XMM()
-	VPSHUFD(U8(0xb1), x2, x3)
-	VPADDD(x3, x2, x3)
-	g := GP32()
-	VMOVD(x3, g)
-	return g
+	return hsumD8(y)
 }
 
 // splatF returns a ZMM holding f in every lane.
@@ -61,15 +43,8 @@ func splatF(f float32) VecVirtual { return splat(math.Float32bits(f)) }
 func qact8_0() {
 	TEXT("qactQ8_0AVX512", NOSPLIT, "func(x *float32, nb int, q *int8, meta *uint32, corrMul int)")
 	Doc("qactQ8_0AVX512 quantizes nb blocks of 32 activations to q8_0 levels and their scale and correction (see quantizeActQ8_0).")
-	x := Load(Param("x"), GP64())
-	nb := Load(Param("nb"), GP64())
-	q := Load(Param("q"), GP64())
-	meta := Load(Param("meta"), GP64())
-	cm := Load(Param("corrMul"), GP64())
-	absMask := splat(0x7fffffff)
-	signMask := splat(0x80000000)
-	one := splatF(1)
-	half := splatF(0.5)
+	args := loadQact8_0(avx512)
+	x, nb, q, absMask, signMask, one, half := args.x, args.nb, args.q, args.absMask, args.signMask, args.one, args.half
 	c127 := splatF(127)
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
@@ -82,21 +57,7 @@ func qact8_0() {
 	VANDPS(absMask, v[1], a1)
 	VMAXPS(a1, a0, a0)
 	amax := hmaxPS(a0)
-	d := XMM()
-	VDIVSS(c127.AsX(), amax, d)
-	id := XMM()
-	VDIVSS(d, one.AsX(), id)
-	z := XMM()
-	VXORPS(z, z, z)
-	isZero := XMM()
-	VCMPSS(U8(0), z, d, isZero) // d == 0
-	VANDNPS(id, isZero, id)
-	h := XMM()
-	VCVTPS2PH(U8(0), d, h)
-	VCVTPH2PS(h, d)
-	VMOVSS(d, Mem{Base: meta})
-	ib := ZMM()
-	VBROADCASTSS(id, ib)
+	ib := args.scale(amax, c127.AsX())
 	var iv [2]VecVirtual
 	for i := range 2 {
 		p := ZMM()
@@ -120,16 +81,7 @@ func qact8_0() {
 	}
 	VPADDD(iv[1], iv[0], iv[0])
 	sum := hsumD(iv[0])
-	IMULL(cm.(GPVirtual).As32(), sum)
-	MOVL(sum, Mem{Base: meta, Disp: 4})
-	ADDQ(U32(128), x)
-	ADDQ(U32(32), q)
-	ADDQ(U32(8), meta)
-	DECQ(nb)
-	JNE(LabelRef("block"))
-	Label("done")
-	VZEROUPPER()
-	RET()
+	args.next(sum)
 }
 
 // qact8K emits the AVX-512 activation quantizer for the K-quants: ggml's
@@ -138,59 +90,8 @@ func qact8_0() {
 func qact8K() {
 	TEXT("qactQ8KAVX512", NOSPLIT, "func(x *float32, nb int, q *int8, meta *uint32)")
 	Doc("qactQ8KAVX512 quantizes nb blocks of 256 activations to q8_K levels, scale and sums (see quantizeActQ8K).")
-	x := Load(Param("x"), GP64())
-	nb := Load(Param("nb"), GP64())
-	q := Load(Param("q"), GP64())
-	meta := Load(Param("meta"), GP64())
-	absMask := splat(0x7fffffff)
-	TESTQ(nb, nb)
-	JE(LabelRef("done"))
-	Label("block")
-	m := ZMM()
-	VXORPS(m, m, m)
-	for v := range 16 {
-		a := ZMM()
-		VANDPS(Mem{Base: x, Disp: 64 * v}, absMask, a)
-		VMAXPS(m, a, m) // a NaN lane keeps m
-	}
-	amax := hmaxPS(m)
-	z := XMM()
-	VXORPS(z, z, z)
-	zero := ZMM()
-	VXORPS(zero, zero, zero)
-	VUCOMISS(z, amax)
-	JNE(LabelRef("nonzero"))
-	for i := range 4 {
-		VMOVDQU64(zero, Mem{Base: q, Disp: 64 * i})
-	}
-	VMOVDQU64(zero, Mem{Base: meta})
-	JMP(LabelRef("next"))
-	Label("nonzero")
-	// The first value of largest magnitude gives the scale its sign.
-	amaxV := ZMM()
-	VBROADCASTSS(amax, amaxV)
-	i, bits := GP64(), GP32()
-	XORQ(i, i)
-	Label("find")
-	a := ZMM()
-	VANDPS(Mem{Base: x, Index: i, Scale: 4}, absMask, a)
-	k := K()
-	VCMPPS(U8(0), amaxV, a, k) // equal
-	KMOVW(k, bits)
-	TESTL(bits, bits)
-	JNE(LabelRef("found"))
-	ADDQ(U8(16), i)
-	JMP(LabelRef("find"))
-	Label("found")
-	at := GP32()
-	BSFL(bits, at)
-	ADDL(i.As32(), at)
-	mx := XMM()
-	VMOVSS(Mem{Base: x, Index: at.As64(), Scale: 4}, mx)
-	is := XMM()
-	VDIVSS(mx, splatF(-127).AsX(), is)
-	isb := ZMM()
-	VBROADCASTSS(is, isb)
+	blk := qact8KScale(avx512)
+	x, q, meta, zero, is, isb := blk.x, blk.q, blk.meta, blk.zero, blk.is, blk.isb
 	c127 := splat(127)
 	for v := range 16 {
 		p := ZMM()
@@ -204,7 +105,7 @@ func qact8K() {
 	}
 	d := XMM()
 	VDIVSS(is, splatF(1).AsX(), d)
-	VMOVDQU64(zero, Mem{Base: meta})
+	blk.clearMeta()
 	VMOVSS(d, Mem{Base: meta})
 	// Sums per 16: VPSADBW of the levels + 128 sums 8 of them per qword.
 	c80 := splat(0x80808080)
@@ -234,15 +135,7 @@ func qact8K() {
 	s32 := XMM()
 	VPMOVDW(ws, s32)
 	VMOVDQU(s32, Mem{Base: meta, Disp: metaSums32})
-	Label("next")
-	ADDQ(U32(1024), x)
-	ADDQ(U32(256), q)
-	ADDQ(U32(metaKBytes), meta)
-	DECQ(nb)
-	JNE(LabelRef("block"))
-	Label("done")
-	VZEROUPPER()
-	RET()
+	blk.next()
 }
 
 // sumsOrderMem is the word permutation table of qact8K, once emitted.

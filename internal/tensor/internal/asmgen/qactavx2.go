@@ -1,9 +1,10 @@
 package main
 
-// The AVX2 activation quantizers (qact.go has the AVX-512 ones): rows of
-// f32 activations to q8_0 blocks or q8_K super-blocks with the metadata the
-// dot kernels need, bit-identical to package tensor's quantizeActQ8_0 and
-// quantizeActQ8K for finite inputs.
+// The AVX2 activation quantizers (qact.go has the AVX-512 ones, and
+// qactshared.go what both do alike): rows of f32 activations to q8_0 blocks
+// or q8_K super-blocks with the metadata the dot kernels need,
+// bit-identical to package tensor's quantizeActQ8_0 and quantizeActQ8K for
+// finite inputs.
 
 import (
 	"math"
@@ -28,65 +29,30 @@ func hmaxPS8(v VecVirtual) VecVirtual {
 	return x3
 }
 
+// hsumD8 returns a GP register holding the sum of the 8 int32 lanes of v.
+func hsumD8(v VecVirtual) GPVirtual {
+	x := XMM()
+	VEXTRACTI128(U8(1), v, x)
+	VPADDD(x, v.AsX(), x)
+	x2 := XMM()
+	VPSHUFD(U8(0x4e), x, x2)
+	VPADDD(x2, x, x2)
+	x3 := XMM()
+	VPSHUFD(U8(0xb1), x2, x3)
+	VPADDD(x3, x2, x3)
+	g := GP32()
+	VMOVD(x3, g)
+	return g
+}
+
 // qact8KAVX2 emits the AVX2 activation quantizer for the K-quants: ggml's
 // q8_K per 256 values, exactly as quantizeActQ8K does it for finite inputs
 // (what qact8K does with AVX-512).
 func qact8KAVX2() {
 	TEXT("qactQ8KAVX2", NOSPLIT, "func(x *float32, nb int, q *int8, meta *uint32)")
 	Doc("qactQ8KAVX2 quantizes nb blocks of 256 activations to q8_K levels, scale and sums (see quantizeActQ8K).")
-	x := Load(Param("x"), GP64())
-	nb := Load(Param("nb"), GP64())
-	q := Load(Param("q"), GP64())
-	meta := Load(Param("meta"), GP64())
-	absMask := splat8(0x7fffffff)
-	TESTQ(nb, nb)
-	JE(LabelRef("done"))
-	Label("block")
-	m := YMM()
-	VXORPS(m, m, m)
-	for v := range 32 {
-		a := YMM()
-		VANDPS(Mem{Base: x, Disp: 32 * v}, absMask, a)
-		VMAXPS(m, a, m) // a NaN lane keeps m
-	}
-	amax := hmaxPS8(m)
-	z := XMM()
-	VXORPS(z, z, z)
-	zero := YMM()
-	VXORPS(zero, zero, zero)
-	VUCOMISS(z, amax)
-	JNE(LabelRef("nonzero"))
-	for i := range 8 {
-		VMOVDQU(zero, Mem{Base: q, Disp: 32 * i})
-	}
-	VMOVDQU(zero, Mem{Base: meta})
-	VMOVDQU(zero, Mem{Base: meta, Disp: 32})
-	JMP(LabelRef("next"))
-	Label("nonzero")
-	// The first value of largest magnitude gives the scale its sign.
-	amaxV := YMM()
-	VBROADCASTSS(amax, amaxV)
-	i, bits := GP64(), GP32()
-	XORQ(i, i)
-	Label("find")
-	a := YMM()
-	VANDPS(Mem{Base: x, Index: i, Scale: 4}, absMask, a)
-	VCMPPS(U8(0), amaxV, a, a) // equal
-	VMOVMSKPS(a, bits)
-	TESTL(bits, bits)
-	JNE(LabelRef("found"))
-	ADDQ(U8(8), i)
-	JMP(LabelRef("find"))
-	Label("found")
-	at := GP32()
-	BSFL(bits, at)
-	ADDL(i.As32(), at)
-	mx := XMM()
-	VMOVSS(Mem{Base: x, Index: at.As64(), Scale: 4}, mx)
-	is := XMM()
-	VDIVSS(mx, splatF8(-127).AsX(), is)
-	isb := YMM()
-	VBROADCASTSS(is, isb)
+	blk := qact8KScale(avx2)
+	x, q, meta, is, isb := blk.x, blk.q, blk.meta, blk.is, blk.isb
 	c127 := splat8(127)
 	order := YMM()
 	VMOVDQU(packOrder(), order)
@@ -122,8 +88,7 @@ func qact8KAVX2() {
 	}
 	d := XMM()
 	VDIVSS(is, splatF8(1).AsX(), d)
-	VMOVDQU(zero, Mem{Base: meta})
-	VMOVDQU(zero, Mem{Base: meta, Disp: 32})
+	blk.clearMeta()
 	VMOVSS(d, Mem{Base: meta})
 	h3 := YMM()
 	VPHADDW(h2[1], h2[0], h3)
@@ -137,15 +102,7 @@ func qact8KAVX2() {
 	s32 := XMM()
 	VPHADDW(hi, lo, s32)
 	VMOVDQU(s32, Mem{Base: meta, Disp: metaSums32})
-	Label("next")
-	ADDQ(U32(1024), x)
-	ADDQ(U32(256), q)
-	ADDQ(U32(metaKBytes), meta)
-	DECQ(nb)
-	JNE(LabelRef("block"))
-	Label("done")
-	VZEROUPPER()
-	RET()
+	blk.next()
 }
 
 // packLevels32 packs four vectors of 8 int32 levels in [−127, 127] (32
@@ -168,15 +125,8 @@ func packLevels32(iv [4]VecVirtual, order VecVirtual) VecVirtual {
 func qact8_0AVX2() {
 	TEXT("qactQ8_0AVX2", NOSPLIT, "func(x *float32, nb int, q *int8, meta *uint32, corrMul int)")
 	Doc("qactQ8_0AVX2 quantizes nb blocks of 32 activations to q8_0 levels and their scale and correction (see quantizeActQ8_0).")
-	x := Load(Param("x"), GP64())
-	nb := Load(Param("nb"), GP64())
-	q := Load(Param("q"), GP64())
-	meta := Load(Param("meta"), GP64())
-	cm := Load(Param("corrMul"), GP64())
-	absMask := splat8(0x7fffffff)
-	signMask := splat8(0x80000000)
-	one := splatF8(1)
-	half := splatF8(0.5)
+	args := loadQact8_0(avx2)
+	x, nb, q, absMask, signMask, one, half := args.x, args.nb, args.q, args.absMask, args.signMask, args.one, args.half
 	order := YMM()
 	VMOVDQU(packOrder(), order)
 	TESTQ(nb, nb)
@@ -190,21 +140,7 @@ func qact8_0AVX2() {
 		VMAXPS(a, m, m)
 	}
 	amax := hmaxPS8(m)
-	d := XMM()
-	VDIVSS(splatF8(127).AsX(), amax, d)
-	id := XMM()
-	VDIVSS(d, one.AsX(), id)
-	z := XMM()
-	VXORPS(z, z, z)
-	isZero := XMM()
-	VCMPSS(U8(0), z, d, isZero) // d == 0
-	VANDNPS(id, isZero, id)
-	h := XMM()
-	VCVTPS2PH(U8(0), d, h)
-	VCVTPH2PS(h, d)
-	VMOVSS(d, Mem{Base: meta})
-	ib := YMM()
-	VBROADCASTSS(id, ib)
+	ib := args.scale(amax, splatF8(127).AsX())
 	var iv [4]VecVirtual
 	for i := range 4 {
 		p := YMM()
@@ -227,27 +163,7 @@ func qact8_0AVX2() {
 	VPADDD(iv[1], iv[0], iv[0])
 	VPADDD(iv[3], iv[2], iv[2])
 	VPADDD(iv[2], iv[0], iv[0])
-	x1 := XMM()
-	VEXTRACTI128(U8(1), iv[0], x1)
-	VPADDD(x1, iv[0].AsX(), x1)
-	x2 := XMM()
-	VPSHUFD(U8(0x4e), x1, x2)
-	VPADDD(x2, x1, x2)
-	x3 := XMM()
-	VPSHUFD(U8(0xb1), x2, x3)
-	VPADDD(x3, x2, x3)
-	sum := GP32()
-	VMOVD(x3, sum)
-	IMULL(cm.(GPVirtual).As32(), sum)
-	MOVL(sum, Mem{Base: meta, Disp: 4})
-	ADDQ(U32(128), x)
-	ADDQ(U32(32), q)
-	ADDQ(U32(8), meta)
-	DECQ(nb)
-	JNE(LabelRef("block"))
-	Label("done")
-	VZEROUPPER()
-	RET()
+	args.next(hsumD8(iv[0]))
 }
 
 // splatF8 returns a YMM holding f in every lane.

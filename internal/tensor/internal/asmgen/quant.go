@@ -101,6 +101,18 @@ func prefetchNext(pf GPVirtual, step int) {
 // dotSig is the Go signature of the dot kernels.
 const dotSig = "func(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)"
 
+// dotArgs loads the arguments of a dot kernel (dotSig) for rows activation
+// rows: the rows of x and of their metadata, the panel, the block count and
+// the accumulators' address.
+func dotArgs(rows int) (x, m rowSet, panel, nb, accp Register) {
+	x = newRowSet(Load(Param("x"), GP64()).(GPVirtual), Load(Param("ldx"), GP64()).(GPVirtual), rows)
+	m = newRowSet(Load(Param("meta"), GP64()).(GPVirtual), Load(Param("ldm"), GP64()).(GPVirtual), rows)
+	panel = Load(Param("panel"), GP64())
+	nb = Load(Param("nb"), GP64())
+	accp = Load(Param("acc"), GP64())
+	return x, m, panel, nb, accp
+}
+
 // quantKernels emits the quantized matrix kernels.
 func quantKernels() {
 	pack32(quant32{"Q8_0", 34})

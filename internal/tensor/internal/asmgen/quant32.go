@@ -122,11 +122,7 @@ func dot32(rows int) {
 	name := fmt.Sprintf("qdot32AVX512R%d", rows)
 	TEXT(name, NOSPLIT, dotSig)
 	Doc(fmt.Sprintf("%s continues the 16-lane f32 chains of %d activation rows over nb blocks of a Q8_0/Q4_0 panel (see asmgen).", name, rows))
-	x := newActRows(Load(Param("x"), GP64()).(GPVirtual), Load(Param("ldx"), GP64()).(GPVirtual), rows)
-	m := newActRows(Load(Param("meta"), GP64()).(GPVirtual), Load(Param("ldm"), GP64()).(GPVirtual), rows)
-	panel := Load(Param("panel"), GP64())
-	nb := Load(Param("nb"), GP64())
-	accp := Load(Param("acc"), GP64())
+	x, m, panel, nb, accp := dotArgs(rows)
 	acc := make([]VecVirtual, rows)
 	for r := range acc {
 		acc[r] = ZMM()

@@ -102,11 +102,7 @@ func dot32AVX2(rows, maxLevel int) {
 	}
 	TEXT(name, NOSPLIT, dotSig)
 	Doc(fmt.Sprintf("%s continues the 8-lane f32 chains of %d activation rows over nb blocks of a panel (see asmgen).", name, rows))
-	x := newActRows(Load(Param("x"), GP64()).(GPVirtual), Load(Param("ldx"), GP64()).(GPVirtual), rows)
-	m := newActRows(Load(Param("meta"), GP64()).(GPVirtual), Load(Param("ldm"), GP64()).(GPVirtual), rows)
-	panel := Load(Param("panel"), GP64())
-	nb := Load(Param("nb"), GP64())
-	accp := Load(Param("acc"), GP64())
+	x, m, panel, nb, accp := dotArgs(rows)
 	ones16 := splat8(0x00010001)
 	acc := make([]VecVirtual, rows)
 	for r := range acc {

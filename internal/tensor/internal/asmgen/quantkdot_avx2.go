@@ -48,11 +48,7 @@ func dotKAVX2(kd kDotAVX2, rows int) {
 	}
 	TEXT(name, NOSPLIT, dotSig)
 	Doc(fmt.Sprintf("%s continues the 8-lane f32 chains of %d activation rows over nb super-blocks of a panel (see asmgen).", name, rows))
-	x := newActRows(Load(Param("x"), GP64()).(GPVirtual), Load(Param("ldx"), GP64()).(GPVirtual), rows)
-	m := newActRows(Load(Param("meta"), GP64()).(GPVirtual), Load(Param("ldm"), GP64()).(GPVirtual), rows)
-	panel := Load(Param("panel"), GP64())
-	nb := Load(Param("nb"), GP64())
-	accp := Load(Param("acc"), GP64())
+	x, m, panel, nb, accp := dotArgs(rows)
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
 	Label("block")

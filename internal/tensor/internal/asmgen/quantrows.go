@@ -1,9 +1,9 @@
 package main
 
-// Addressing the rows of the AVX-512 panel kernels (quant.go): the 16
-// weight rows a pack kernel reads and the activation rows (or their
-// metadata) a dot kernel reads, and loading across the weight rows by
-// transposes and gathers.
+// Addressing the rows of the panel kernels (rowSet: the weight rows a pack
+// kernel reads, AVX-512 or AVX2, and the activation rows or their metadata
+// a dot kernel reads), and loading across the 16 weight rows of the
+// AVX-512 ones (quant.go) by transposes and gathers.
 
 import (
 	. "github.com/mmcloughlin/avo/build"
@@ -11,28 +11,32 @@ import (
 	. "github.com/mmcloughlin/avo/reg"
 )
 
-// rows16 addresses 16 rows L bytes apart from base: row l at
-// bases[l/4] + (l%4)·L, with 3L in a register.
-type rows16 struct {
-	bases [4]GPVirtual
+// rowSet addresses n rows L bytes apart from base: row l at bases[l/4] +
+// (l%4)·L, with 3L in a register (L3) once there are more than 3 rows.
+type rowSet struct {
+	bases []GPVirtual
 	L, L3 GPVirtual
 }
 
-func newRows16(base, L GPVirtual) rows16 {
-	var r rows16
-	r.L = L
-	r.L3 = GP64()
-	LEAQ(Mem{Base: L, Index: L, Scale: 2}, r.L3)
-	r.bases[0] = base
-	for g := 1; g < 4; g++ {
-		r.bases[g] = GP64()
-		LEAQ(Mem{Base: r.bases[g-1], Index: L, Scale: 4}, r.bases[g])
+// newRowSet emits the registers of n rows L bytes apart from base: 3L
+// (n > 3), then the base of each further group of 4 rows, 4L after the
+// one before.
+func newRowSet(base, L GPVirtual, n int) rowSet {
+	r := rowSet{bases: []GPVirtual{base}, L: L}
+	if n > 3 {
+		r.L3 = GP64()
+		LEAQ(Mem{Base: L, Index: L, Scale: 2}, r.L3)
+	}
+	for g := 1; g < (n+3)/4; g++ {
+		b := GP64()
+		LEAQ(Mem{Base: r.bases[g-1], Index: L, Scale: 4}, b)
+		r.bases = append(r.bases, b)
 	}
 	return r
 }
 
 // at returns the address of row l at displacement disp.
-func (r rows16) at(l, disp int) Mem {
+func (r rowSet) at(l, disp int) Mem {
 	m := Mem{Base: r.bases[l/4], Disp: disp}
 	switch l % 4 {
 	case 1:
@@ -45,11 +49,18 @@ func (r rows16) at(l, disp int) Mem {
 	return m
 }
 
-func (r rows16) advance(bytes int) {
+// advance moves every row on by bytes.
+func (r rowSet) advance(bytes int) {
 	for _, b := range r.bases {
 		ADDQ(U32(bytes), b)
 	}
 }
+
+// rows16 addresses the 16 weight rows of an AVX-512 pack kernel.
+type rows16 struct{ rowSet }
+
+// newRows16 emits the registers of 16 rows L bytes apart from base.
+func newRows16(base, L GPVirtual) rows16 { return rows16{newRowSet(base, L, 16)} }
 
 // transpose16x8 loads 8 dwords at disp of each of the 16 rows and returns
 // t[i], whose lane l is dword i of row l.
@@ -67,17 +78,7 @@ func transpose16x8(r rows16, disp int) [8]VecVirtual {
 	}
 	var t [8]VecVirtual
 	for h := range 2 {
-		q := z[4*h : 4*h+4]
-		a := [4]VecVirtual{ZMM(), ZMM(), ZMM(), ZMM()}
-		VPUNPCKLDQ(q[1], q[0], a[0])
-		VPUNPCKHDQ(q[1], q[0], a[1])
-		VPUNPCKLDQ(q[3], q[2], a[2])
-		VPUNPCKHDQ(q[3], q[2], a[3])
-		b := [4]VecVirtual{ZMM(), ZMM(), ZMM(), ZMM()}
-		VPUNPCKLQDQ(a[2], a[0], b[0])
-		VPUNPCKHQDQ(a[2], a[0], b[1])
-		VPUNPCKLQDQ(a[3], a[1], b[2])
-		VPUNPCKHQDQ(a[3], a[1], b[3])
+		b := transpose4x4(avx512, [4]VecVirtual(z[4*h:4*h+4]))
 		// b[i] 128-bit lanes: rows 4h·2+0..3 dword i, dword 4+i, then
 		// rows +4.. dword i, dword 4+i.
 		for i := range 4 {
@@ -106,15 +107,18 @@ func transpose16x4(r rows16, disp int) [4]VecVirtual {
 			VINSERTI32X4(U8(k), r.at(4*k+g, disp), z[g], z[g])
 		}
 	}
-	a := [4]VecVirtual{ZMM(), ZMM(), ZMM(), ZMM()}
+	return transpose4x4(avx512, z)
+}
+
+// transpose4x4 transposes the dwords of 4 vectors of s within each 128-bit
+// lane: dword j of lane m of t[i] is dword i of lane m of z[j].
+func transpose4x4(s isa, z [4]VecVirtual) [4]VecVirtual {
+	a := [4]VecVirtual{s.vec(), s.vec(), s.vec(), s.vec()}
 	VPUNPCKLDQ(z[1], z[0], a[0])
 	VPUNPCKHDQ(z[1], z[0], a[1])
 	VPUNPCKLDQ(z[3], z[2], a[2])
 	VPUNPCKHDQ(z[3], z[2], a[3])
-	var t [4]VecVirtual
-	for i := range t {
-		t[i] = ZMM()
-	}
+	t := [4]VecVirtual{s.vec(), s.vec(), s.vec(), s.vec()}
 	VPUNPCKLQDQ(a[2], a[0], t[0])
 	VPUNPCKHQDQ(a[2], a[0], t[1])
 	VPUNPCKLQDQ(a[3], a[1], t[2])
@@ -156,44 +160,4 @@ func rowIndex(L GPVirtual) VecVirtual {
 	idx := ZMM()
 	VPMULLD(iotaTable(), b, idx)
 	return idx
-}
-
-// actRows addresses up to 8 activation rows (or their metadata) L bytes
-// apart: row r at base[r/4] + (r%4)·L.
-type actRows struct {
-	bases []GPVirtual
-	L, L3 GPVirtual
-}
-
-func newActRows(base, L GPVirtual, rows int) actRows {
-	a := actRows{bases: []GPVirtual{base}, L: L}
-	if rows > 3 {
-		a.L3 = GP64()
-		LEAQ(Mem{Base: L, Index: L, Scale: 2}, a.L3)
-	}
-	if rows > 4 {
-		b := GP64()
-		LEAQ(Mem{Base: base, Index: L, Scale: 4}, b)
-		a.bases = append(a.bases, b)
-	}
-	return a
-}
-
-func (a actRows) at(r, disp int) Mem {
-	m := Mem{Base: a.bases[r/4], Disp: disp}
-	switch r % 4 {
-	case 1:
-		m.Index, m.Scale = a.L, 1
-	case 2:
-		m.Index, m.Scale = a.L, 2
-	case 3:
-		m.Index, m.Scale = a.L3, 1
-	}
-	return m
-}
-
-func (a actRows) advance(bytes int) {
-	for _, b := range a.bases {
-		ADDQ(U32(bytes), b)
-	}
 }

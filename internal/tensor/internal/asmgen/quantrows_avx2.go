@@ -1,8 +1,8 @@
 package main
 
 // Addressing and loading the 8 weight rows of the AVX2 pack kernels
-// (quant_avx2.go): row addresses, transposes, and the f16 scales gathered
-// and widened.
+// (quant_avx2.go): row addresses (a rowSet, quantrows.go), transposes, and
+// the f16 scales gathered and widened.
 
 import (
 	. "github.com/mmcloughlin/avo/build"
@@ -10,39 +10,11 @@ import (
 	. "github.com/mmcloughlin/avo/reg"
 )
 
-// rows8 addresses 8 rows L bytes apart: row l at bases[l/4] + (l%4)·L.
-type rows8 struct {
-	bases [2]GPVirtual
-	L, L3 GPVirtual
-}
+// rows8 addresses the 8 weight rows of an AVX2 pack or row kernel.
+type rows8 struct{ rowSet }
 
-func newRows8(base, L GPVirtual) rows8 {
-	r := rows8{L: L, L3: GP64()}
-	LEAQ(Mem{Base: L, Index: L, Scale: 2}, r.L3)
-	r.bases[0] = base
-	r.bases[1] = GP64()
-	LEAQ(Mem{Base: base, Index: L, Scale: 4}, r.bases[1])
-	return r
-}
-
-func (r rows8) at(l, disp int) Mem {
-	m := Mem{Base: r.bases[l/4], Disp: disp}
-	switch l % 4 {
-	case 1:
-		m.Index, m.Scale = r.L, 1
-	case 2:
-		m.Index, m.Scale = r.L, 2
-	case 3:
-		m.Index, m.Scale = r.L3, 1
-	}
-	return m
-}
-
-func (r rows8) advance(bytes int) {
-	for _, b := range r.bases {
-		ADDQ(U32(bytes), b)
-	}
-}
+// newRows8 emits the registers of 8 rows L bytes apart from base.
+func newRows8(base, L GPVirtual) rows8 { return rows8{newRowSet(base, L, 8)} }
 
 // transpose8x8 loads 8 dwords at disp of each of the 8 rows and returns
 // t[i], whose lane l is dword i of row l.
@@ -85,20 +57,7 @@ func transpose8x4(r rows8, disp int) [4]VecVirtual {
 		VBROADCASTI128(r.at(g, disp), z[g])
 		VINSERTI128(U8(1), r.at(4+g, disp), z[g], z[g])
 	}
-	a := [4]VecVirtual{YMM(), YMM(), YMM(), YMM()}
-	VPUNPCKLDQ(z[1], z[0], a[0])
-	VPUNPCKHDQ(z[1], z[0], a[1])
-	VPUNPCKLDQ(z[3], z[2], a[2])
-	VPUNPCKHDQ(z[3], z[2], a[3])
-	var t [4]VecVirtual
-	for i := range t {
-		t[i] = YMM()
-	}
-	VPUNPCKLQDQ(a[2], a[0], t[0])
-	VPUNPCKHQDQ(a[2], a[0], t[1])
-	VPUNPCKLQDQ(a[3], a[1], t[2])
-	VPUNPCKHQDQ(a[3], a[1], t[3])
-	return t
+	return transpose4x4(avx2, z)
 }
 
 // halvesToF32 converts the f16 in the low halves of the dwords of v (the

@@ -2,8 +2,7 @@ package main
 
 // The f32 vector kernels: dot and axpy of each instruction set, and the
 // AVX-512 row-accumulating axpyRows (f32 or bf16 value rows: attention's
-// weighted value sum) with the block loop it shares with axpybf16g.go
-// (vectorBlocks).
+// weighted value sum) on the block loop of axpyloop.go (vectorBlocks).
 
 import (
 	"fmt"
@@ -149,34 +148,24 @@ func axpyRows512(dt dtype) {
 				VMOVUPS_Z(Mem{Base: y}, mask, acc[i])
 			}
 		}
-		vr, ar, cnt := GP64(), GP64(), GP64()
-		MOVQ(v, vr)
-		MOVQ(a, ar)
-		MOVQ(rows, cnt)
-		TESTQ(cnt, cnt)
-		JE(LabelRef(lbl + "store"))
-		Label(lbl + "row")
-		b := ZMM()
-		VBROADCASTSS(Mem{Base: ar}, b)
-		for i := range acc {
-			switch {
-			case dt == dtF32 && mask == nil:
-				VFMADD231PS(Mem{Base: vr, Disp: 64 * i}, b, acc[i])
-			case dt == dtF32:
-				t := ZMM()
-				VMOVUPS_Z(Mem{Base: vr}, mask, t)
-				VFMADD231PS(t, b, acc[i])
-			default:
-				t := ZMM()
-				loadW(avx512, dt, Mem{Base: vr, Disp: 16 * esz * i}, t, mask)
-				VFMADD231PS(t, b, acc[i])
+		valueRows(lbl, v, a, rows, ldv, func(vr, ar GPVirtual) {
+			b := ZMM()
+			VBROADCASTSS(Mem{Base: ar}, b)
+			for i := range acc {
+				switch {
+				case dt == dtF32 && mask == nil:
+					VFMADD231PS(Mem{Base: vr, Disp: 64 * i}, b, acc[i])
+				case dt == dtF32:
+					t := ZMM()
+					VMOVUPS_Z(Mem{Base: vr}, mask, t)
+					VFMADD231PS(t, b, acc[i])
+				default:
+					t := ZMM()
+					loadW(avx512, dt, Mem{Base: vr, Disp: 16 * esz * i}, t, mask)
+					VFMADD231PS(t, b, acc[i])
+				}
 			}
-		}
-		ADDQ(ldv, vr)
-		ADDQ(U8(4), ar)
-		DECQ(cnt)
-		JNE(LabelRef(lbl + "row"))
-		Label(lbl + "store")
+		})
 		for i := range acc {
 			if mask == nil {
 				VMOVUPS(acc[i], Mem{Base: y, Disp: 64 * i})
@@ -188,30 +177,7 @@ func axpyRows512(dt dtype) {
 		ADDQ(U32(16*esz*vecs), v)
 		SUBQ(U32(16*vecs), left)
 	}
-	vectorBlocks(left, 4, block)
-}
-
-// vectorBlocks emits the loop structure of the row-accumulating kernels
-// over left elements: blocks of wide vectors while they fit, then single
-// vectors, then one masked vector for the tail, then the return. block
-// emits one block (labels prefixed lbl) of vecs vectors, loading with mask
-// when it is set, and counts the elements off left.
-func vectorBlocks(left GPVirtual, wide int, block func(lbl string, vecs int, mask Op)) {
-	Label("cw")
-	CMPQ(left, U32(16*wide))
-	JL(LabelRef("c16"))
-	block("w", wide, nil)
-	JMP(LabelRef("cw"))
-	Label("c16")
-	CMPQ(left, U32(16))
-	JL(LabelRef("ctail"))
-	block("n", 1, nil)
-	JMP(LabelRef("c16"))
-	Label("ctail")
-	TESTQ(left, left)
-	JE(LabelRef("done"))
-	block("t", 1, tailMask(left))
-	Label("done")
-	VZEROUPPER()
-	RET()
+	vectorBlocks(left, 16, 4,
+		func(lbl string, vecs int) { block(lbl, vecs, nil) },
+		func() { block("t", 1, tailMask(left)) })
 }
