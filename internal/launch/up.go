@@ -89,8 +89,10 @@ type Config struct {
 	// Planner, when set, runs the proxy's pool planner (proxy.Config's
 	// Planner) and lets it act: every engine serves both roles (tandem
 	// serve --role both) and the proxy moves engines between the prefill
-	// and decode pools as the planner decides, each drained first; Prefill
-	// and Decode are the split at start. PlanInterval is the period of its
+	// and decode pools as the planner decides (an engine joins its new
+	// pool at once while its old role's work finishes, and is not moved
+	// again before that work has ended); Prefill and Decode are the split
+	// at start. PlanInterval is the period of its
 	// decisions (zero: the proxy's default).
 	Planner      *planner.Config
 	PlanInterval time.Duration
