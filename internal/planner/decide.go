@@ -176,6 +176,10 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	if noise == "" && target.P != pl.prefill && target.Goodput >= cur*(1+pl.cfg.Hysteresis) {
 		uncertain = pl.uncertainFit(f, d.Fit.Current, curTh, target, bestTh)
 	}
+	var unmeasured string // why the split moved to runs its decodes past the measured batches
+	if noise == "" && uncertain == "" && target.P != pl.prefill && target.Goodput >= cur*(1+pl.cfg.Hysteresis) {
+		unmeasured = pl.unmeasuredBatch(f, running, d.Fit.Current, splitModel(d.Splits, next, colo, ths), split(d.Splits, next))
+	}
 	d.Settling = pl.settling(now, f, d.Fit.Current, target)
 	switch {
 	case target.P == pl.prefill:
@@ -186,6 +190,8 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 		d.Held = noise
 	case uncertain != "":
 		d.Held = uncertain
+	case unmeasured != "":
+		d.Held = unmeasured
 	case d.Settling != "":
 		d.Held = d.Settling
 	case !pl.lastChange.IsZero() && now.Sub(pl.lastChange) < pl.dwell(next):
