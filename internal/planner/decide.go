@@ -41,8 +41,9 @@ type Decision struct {
 	Crossed bool `json:"crossed,omitempty"`
 	// Held says why the split did not move to Best ("" when it is Best
 	// or moved toward it): too few or stale samples, the dwell, the
-	// hysteresis, the window's noise, or an uncertain decode fit (the
+	// hysteresis, the window's noise, an uncertain decode fit (the
 	// lead the decode step's residual makes, not its curve: uncertainFit),
+	// decodes at a batch the step was not measured near (unmeasuredBatch),
 	// or the last change not yet measured (settling).
 	Held string `json:"held,omitempty"`
 	// Settling says why the last change of the split is not yet measured
