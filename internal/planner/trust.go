@@ -24,24 +24,28 @@ const trustBatches = 2
 // curM) to the split next (modelled by nm) rests on decode batches the fit
 // has not measured, "" when it does not: at the load cur is valued to
 // carry (its goodput), next's decodes run at more than trustBatches times
-// the largest batch the decode points span, and at more than cur's do. The
-// load is the same for both, so the batches differ by the split alone (a
-// decode-starved split's few decodes each carrying many streams), not by
-// the higher rate next is predicted to carry: in the chat mix, where one
-// engine more in the prefill pool raises a decode's batch by a third, the
-// batch at next's own goodput held every step toward it. A move toward
-// more decodes (smaller batches) is never held, nor one away from a split
-// that meets the objectives at no rate.
+// both the largest batch the decode points span and the batch cur's
+// decodes run at there (cur's own valuation rests on the curve out to
+// that batch). The load is the same for both, so the batches differ by the
+// split alone (a decode-starved split's few decodes each carrying many
+// streams), not by the higher rate next is predicted to carry; and a step
+// of one engine (a batch a third or a half larger) is not held where the
+// current split is itself valued past the batches measured (the chat mix's
+// bursts of 60 hold four decodes at 15 streams each, measured at 6–9:
+// held against the measured batch alone, every step from 0P:4D to 1P:3D
+// waited through the level). A move toward more decodes (smaller batches)
+// is never held, nor one away from a split that meets the objectives at
+// no rate.
 func (pl *Planner) unmeasuredBatch(f Fit, curM *capacity, cur Split, nm *capacity, next Split) string {
 	if f.StepBatchMax <= 0 || cur.Goodput <= 0 || nm == nil || curM == nil || next.D <= 0 {
 		return ""
 	}
 	nb := nm.attainment(next.P, next.D, cur.Goodput).batch
 	cb := curM.attainment(cur.P, cur.D, cur.Goodput).batch
-	if nb <= trustBatches*f.StepBatchMax || nb <= cb {
+	if nb <= trustBatches*max(f.StepBatchMax, cb) {
 		return ""
 	}
-	return fmt.Sprintf("unmeasured batch: %dP:%dD is predicted %.2f req/s against %.2f now, its decodes at batch %.1f at the current split's %.2f req/s (%.1f now), past %d× the largest the decode step was measured at (%.1f): the step there is the curve's extrapolation",
+	return fmt.Sprintf("unmeasured batch: %dP:%dD is predicted %.2f req/s against %.2f now, its decodes at batch %.1f at the current split's %.2f req/s (%.1f now), past %d× that and the largest the decode step was measured at (%.1f): the step there is the curve's extrapolation",
 		next.P, next.D, next.Goodput, cur.Goodput, nb, cur.Goodput, cb, trustBatches, f.StepBatchMax)
 }
 
