@@ -41,8 +41,9 @@ type Decision struct {
 	Crossed bool `json:"crossed,omitempty"`
 	// Held says why the split did not move to Best ("" when it is Best
 	// or moved toward it): too few or stale samples, the dwell, the
-	// hysteresis, the window's noise, or an uncertain decode fit (the
+	// hysteresis, the window's noise, an uncertain decode fit (the
 	// lead the decode step's residual makes, not its curve: uncertainFit),
+	// decodes at a batch the step was not measured near (unmeasuredBatch),
 	// or the last change not yet measured (settling).
 	Held string `json:"held,omitempty"`
 	// Settling says why the last change of the split is not yet measured
@@ -176,6 +177,10 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	if noise == "" && target.P != pl.prefill && target.Goodput >= cur*(1+pl.cfg.Hysteresis) {
 		uncertain = pl.uncertainFit(f, d.Fit.Current, curTh, target, bestTh)
 	}
+	var unmeasured string // why the split moved to runs its decodes past the measured batches
+	if noise == "" && uncertain == "" && target.P != pl.prefill && target.Goodput >= cur*(1+pl.cfg.Hysteresis) {
+		unmeasured = pl.unmeasuredBatch(f, running, d.Fit.Current, splitModel(d.Splits, next, colo, ths), split(d.Splits, next))
+	}
 	d.Settling = pl.settling(now, f, d.Fit.Current, target)
 	switch {
 	case target.P == pl.prefill:
@@ -186,6 +191,8 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 		d.Held = noise
 	case uncertain != "":
 		d.Held = uncertain
+	case unmeasured != "":
+		d.Held = unmeasured
 	case d.Settling != "":
 		d.Held = d.Settling
 	case !pl.lastChange.IsZero() && now.Sub(pl.lastChange) < pl.dwell(next):

@@ -48,7 +48,10 @@
 // must also lead where the decode fit's residual is taken as the scrapes'
 // noise rather than the steps' spread, and with the fit's slope turned
 // within its standard error (uncertain.go): a noisy early fit does not
-// send the split toward the most decodes.
+// send the split toward the most decodes. Nor may it run the decodes at
+// more than twice the largest batch their step was measured at
+// (trust.go): an early fit from small batches does not send the split
+// to one decode at many times them.
 // The threshold is chosen for the split that runs after the decision (a
 // threshold fitted to the best split would not suit the one running) and
 // has a hysteresis and dwell of its own (threshold.go). Engine samples
