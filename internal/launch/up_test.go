@@ -3,7 +3,6 @@ package launch
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -23,6 +22,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/defaultmodel"
 	"github.com/tandem-serve/tandem/internal/planner"
 	"github.com/tandem-serve/tandem/internal/proxy"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 func TestSplitCores(t *testing.T) {
@@ -370,17 +370,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 		if !strings.Contains(stdout.String(), "tandem plan --url") {
 			t.Errorf("stdout does not say how to see the plan:\n%s", stdout.String())
 		}
-		resp, err := http.Get(url + proxy.PlanPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var plan struct {
-			Acting  bool     `json:"acting"`
-			Prefill []string `json:"prefill"`
-			Decode  []string `json:"decode"`
-		}
-		err = json.NewDecoder(resp.Body).Decode(&plan)
-		resp.Body.Close()
+		_, plan, err := testutil.GetPlan(t, url+proxy.PlanPath)
 		if err != nil || !plan.Acting || len(plan.Prefill) != 1 || len(plan.Decode) != 2 {
 			t.Fatalf("GET %s: %+v, %v; want the planner acting on 1 prefill + 2 decode", proxy.PlanPath, plan, err)
 		}
@@ -436,20 +426,10 @@ func TestRunWithFakeEngines(t *testing.T) {
 			if withPlanner && !strings.Contains(m, `tandem:planner_desired_replicas{role="prefill"} 0`) {
 				t.Errorf("/metrics does not say the planner wants 0 prefill engines:\n%s", m)
 			}
-			resp, err := http.Get(url + proxy.PlanPath)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var plan struct {
-				Acting  bool     `json:"acting"`
-				Prefill []string `json:"prefill"`
-				Decode  []string `json:"decode"`
-			}
-			err = json.NewDecoder(resp.Body).Decode(&plan)
-			resp.Body.Close()
+			status, plan, err := testutil.GetPlan(t, url+proxy.PlanPath)
 			switch {
-			case !withPlanner && resp.StatusCode != http.StatusNotFound:
-				t.Errorf("GET %s without the planner: %s, want 404", proxy.PlanPath, resp.Status)
+			case !withPlanner && status != http.StatusNotFound:
+				t.Errorf("GET %s without the planner: %d, want 404", proxy.PlanPath, status)
 			case withPlanner && (err != nil || !plan.Acting || len(plan.Prefill) != 0 || len(plan.Decode) != 2):
 				t.Errorf("GET %s: %+v, %v; want the planner acting on 0 prefill + 2 decode", proxy.PlanPath, plan, err)
 			}
