@@ -60,11 +60,13 @@ func (e *fakeEngine) got(id string) bool {
 	return slices.Contains(e.ids, id)
 }
 
-// TestKVEventsSteerTheRouter: decode d1 publishes that it cached a prompt's
-// blocks; the router, following d1's events, sends that prompt to d1 and,
-// with the conditional decider, prefills it there (cached), while a new
-// prompt of the same length goes remote.
-func TestKVEventsSteerTheRouter(t *testing.T) {
+// quiet is the tests' logger: it drops everything.
+var quiet = slog.New(slog.DiscardHandler)
+
+// fixtureTokenizer returns the tokenizer of a generated fixture with a
+// vocabulary of 1024 tokens.
+func fixtureTokenizer(t *testing.T) *tokenizer.Tokenizer {
+	t.Helper()
 	dir := t.TempDir()
 	if _, err := tokenizer.WriteFixture(dir, tokenizer.FixtureOptions{VocabSize: 1024}); err != nil {
 		t.Fatal(err)
@@ -73,13 +75,30 @@ func TestKVEventsSteerTheRouter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	quiet := slog.New(slog.DiscardHandler)
+	return tok
+}
+
+// startPublisher starts a KV-event publisher, in blocks of 16 tokens, on
+// free loopback ports (its PUB socket and its replay socket), closed when
+// the test ends.
+func startPublisher(t *testing.T) *kvevents.Publisher {
+	t.Helper()
 	pub, err := kvevents.NewPublisher(kvevents.Config{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 100, HWM: 1000, MaxQueueSize: 1000},
 		kvevents.PublisherOptions{BlockSize: 16, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pub.Close(0) })
+	return pub
+}
+
+// TestKVEventsSteerTheRouter: decode d1 publishes that it cached a prompt's
+// blocks; the router, following d1's events, sends that prompt to d1 and,
+// with the conditional decider, prefills it there (cached), while a new
+// prompt of the same length goes remote.
+func TestKVEventsSteerTheRouter(t *testing.T) {
+	tok := fixtureTokenizer(t)
+	pub := startPublisher(t)
 
 	pre := newEngine(t, true)
 	d0, d1 := newEngine(t, false), newEngine(t, false)
@@ -219,21 +238,8 @@ func listenNear(t *testing.T, port int) (net.Listener, int) {
 // events then steer its cached prompt to it; removed, it is unfollowed and
 // the index forgets it.
 func TestFollowerFollowsDecodesAddedAtRunTime(t *testing.T) {
-	dir := t.TempDir()
-	if _, err := tokenizer.WriteFixture(dir, tokenizer.FixtureOptions{VocabSize: 1024}); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	quiet := slog.New(slog.DiscardHandler)
-	pub, err := kvevents.NewPublisher(kvevents.Config{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 100, HWM: 1000, MaxQueueSize: 1000},
-		kvevents.PublisherOptions{BlockSize: 16, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pub.Close(0) })
+	tok := fixtureTokenizer(t)
+	pub := startPublisher(t)
 	pubPort := pub.Addr().(*net.TCPAddr).Port
 	replayPort := pub.ReplayAddr().(*net.TCPAddr).Port
 
