@@ -17,19 +17,11 @@ import (
 // plannerLists is the proxy's pools as GET /tandem/plan lists them.
 func plannerLists(t *testing.T, url string) (prefill, decode []string) {
 	t.Helper()
-	resp, err := http.Get(url + proxy.PlanPath)
+	_, plan, err := testutil.GetPlan(t, url+proxy.PlanPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	var body struct {
-		Prefill []string `json:"prefill"`
-		Decode  []string `json:"decode"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		t.Fatal(err)
-	}
-	return body.Prefill, body.Decode
+	return plan.Prefill, plan.Decode
 }
 
 // TestPlannerRoleSwitchUnderLoadOnRealEngines moves a real engine from the

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -101,20 +100,10 @@ func TestUpColocated(t *testing.T) {
 			if a.status != http.StatusOK || a.pd != "local; reason=colocated" || a.text == "" {
 				t.Fatalf("a chat completion: %d, x-tandem-pd %q, text %q %s; want it served on a decode (reason colocated)", a.status, a.pd, a.text, a.body)
 			}
-			resp, err := http.Get(url + proxy.PlanPath)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var plan struct {
-				Acting  bool     `json:"acting"`
-				Prefill []string `json:"prefill"`
-				Decode  []string `json:"decode"`
-			}
-			err = json.NewDecoder(resp.Body).Decode(&plan)
-			resp.Body.Close()
+			status, plan, err := testutil.GetPlan(t, url+proxy.PlanPath)
 			switch {
-			case !planner && resp.StatusCode != http.StatusNotFound:
-				t.Errorf("GET %s without the planner: %s, want 404", proxy.PlanPath, resp.Status)
+			case !planner && status != http.StatusNotFound:
+				t.Errorf("GET %s without the planner: %d, want 404", proxy.PlanPath, status)
 			case planner && (err != nil || !plan.Acting || len(plan.Prefill) != 0 || len(plan.Decode) != 2):
 				t.Errorf("GET %s: %+v (%v), want the planner acting on 0 prefill + 2 decode", proxy.PlanPath, plan, err)
 			}

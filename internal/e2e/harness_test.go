@@ -324,8 +324,22 @@ func (e *engine) restart(t *testing.T) *engine {
 
 // startProxy starts `tandem proxy` in front of the given engines, with a
 // short health interval so that the fault tests see a dead or restarted
-// prefill quickly.
+// prefill quickly, and returns its URL.
 func startProxy(t *testing.T, name string, prefill, decode []*engine, args ...string) string {
+	t.Helper()
+	return startStoppableProxy(t, name, prefill, decode, args...).url
+}
+
+// stoppableProxy is a `tandem proxy` process, which the test can stop
+// itself, and its URL.
+type stoppableProxy struct {
+	*proc
+	url string
+}
+
+// startStoppableProxy is startProxy, keeping the process so that the test can
+// stop it gracefully.
+func startStoppableProxy(t *testing.T, name string, prefill, decode []*engine, args ...string) *stoppableProxy {
 	t.Helper()
 	urls := func(es []*engine) string {
 		var s []string
@@ -342,7 +356,7 @@ func startProxy(t *testing.T, name string, prefill, decode []*engine, args ...st
 		url := "http://127.0.0.1:" + strconv.Itoa(port)
 		err := waitHealthy(p, url)
 		if err == nil {
-			return url
+			return &stoppableProxy{proc: p, url: url}
 		}
 		if errors.Is(err, errPortClash) && attempt < 3 {
 			continue

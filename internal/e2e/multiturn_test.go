@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"path/filepath"
 	"runtime"
@@ -57,14 +56,14 @@ func TestMultiTurnThroughTheProxy(t *testing.T) {
 	// Holds shorter than the prefill's 5 s expiry margin.
 	short := startEngine(t, engineSpec{name: "decode (3s holds)", model: model, role: "decode", env: withSecret,
 		args: slices.Concat(bidir, []string{"--kv-decode-hold-ttl", "3s"})})
-	proxy := startConvProxy(t, "proxy", []*engine{p}, []*engine{d},
+	proxy := startStoppableProxy(t, "proxy", []*engine{p}, []*engine{d},
 		"--conversations", "--model", model, "--conversation-min-prefix-tokens", strconv.Itoa(mtThreshold))
-	proxyShort := startConvProxy(t, "proxy (3s holds)", []*engine{p}, []*engine{short}, "--conversations")
+	proxyShort := startStoppableProxy(t, "proxy (3s holds)", []*engine{p}, []*engine{short}, "--conversations")
 
 	// turn sends body through px and to the colocated engine, checks the
 	// answers are the same, and returns the proxy's and what the prefill
 	// did during the turn.
-	turn := func(t *testing.T, px *convProxy, path string, body map[string]any) (generation, prefillDelta) {
+	turn := func(t *testing.T, px *stoppableProxy, path string, body map[string]any) (generation, prefillDelta) {
 		t.Helper()
 		want, _ := generate(t, ref.url, path, body)
 		before := scrape(t, p.url)
@@ -276,7 +275,7 @@ func TestMultiTurnThroughTheProxy(t *testing.T) {
 
 	// A stopping proxy gives back the holds it remembers; the prefill's
 	// leases all ended with their decode legs' DONE.
-	for _, px := range []*convProxy{proxy, proxyShort} {
+	for _, px := range []*stoppableProxy{proxy, proxyShort} {
 		terminateProc(t, px.proc, 15*time.Second)
 	}
 	waitPoolsIdle(t, p, d, short)
@@ -343,40 +342,6 @@ func probeStatus(url string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
-}
-
-// convProxy is a `tandem proxy` process the test stops itself.
-type convProxy struct {
-	*proc
-	url string
-}
-
-// startConvProxy is startProxy, keeping the process so that the test can
-// stop it gracefully.
-func startConvProxy(t *testing.T, name string, prefill, decode []*engine, args ...string) *convProxy {
-	t.Helper()
-	urls := func(es []*engine) string {
-		var s []string
-		for _, e := range es {
-			s = append(s, e.url)
-		}
-		return strings.Join(s, ",")
-	}
-	for attempt := 1; ; attempt++ {
-		port := testutil.FreePort(t)
-		p := startProc(t, name, append([]string{"proxy", "--prefill", urls(prefill), "--decode", urls(decode),
-			"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--health-interval", "200ms", "--timeout", "30s",
-			"--policy", "round-robin", "--pd-decider", "always"}, args...)...) // the P/D path these tests check; args may override
-		url := "http://127.0.0.1:" + strconv.Itoa(port)
-		err := waitHealthy(p, url)
-		if err == nil {
-			return &convProxy{proc: p, url: url}
-		}
-		if errors.Is(err, errPortClash) && attempt < 3 {
-			continue
-		}
-		t.Fatalf("start %s: %v\n%s", name, err, tail(p.out.String(), 4000))
-	}
 }
 
 // terminateProc sends SIGTERM to p and waits for it to exit cleanly.

@@ -579,6 +579,36 @@ func dialAbuse(addr string) (net.Conn, error) {
 	return d.Dial("tcp", addr)
 }
 
+// dialAbusive dials addr as dialAbuse does, closes the connection when the
+// test ends, and returns it with the time it was open from.
+func dialAbusive(t *testing.T, addr string) (net.Conn, time.Time) {
+	t.Helper()
+	c, err := dialAbuse(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, time.Now()
+}
+
+// sendHello sends a HELLO frame on c (correlation id corr) with a fresh
+// nonce, and fails the test unless the producer answers with a CHALLENGE.
+// It returns the nonce sent and the CHALLENGE's payload: the producer's
+// nonce, then its proof.
+func sendHello(t *testing.T, c net.Conn, corr uint64) (nonce, challenge []byte) {
+	t.Helper()
+	nonce = make([]byte, nonceBytes)
+	rand.Read(nonce)
+	if _, err := c.Write(kvFrame(msgHello, corr, nonce)); err != nil {
+		t.Fatal(err)
+	}
+	typ, p, err := readKVFrame(c)
+	if err != nil || typ != msgChallenge || len(p) != nonceBytes+sha256.Size {
+		t.Fatalf("answer to HELLO: type %d, %d bytes, err %v; want a CHALLENGE", typ, len(p), err)
+	}
+	return nonce, p
+}
+
 // closeLimit is how long after its dial the producer must have closed an
 // unauthenticated connection: the 3s authentication deadline plus slack
 // for a busy machine.
@@ -600,6 +630,17 @@ func waitServerClose(c net.Conn, start time.Time) (time.Duration, error) {
 	default:
 		return d, err
 	}
+}
+
+// wantClosedInTime fails the test unless the producer closes c within
+// closeLimit of start, and returns how long it took.
+func wantClosedInTime(t *testing.T, c net.Conn, start time.Time) time.Duration {
+	t.Helper()
+	d, err := waitServerClose(c, start)
+	if err != nil || d > closeLimit {
+		t.Errorf("connection closed after %v (err %v), want closed by the producer within %v", d.Round(time.Millisecond), err, closeLimit)
+	}
+	return d
 }
 
 // TestSideChannelAbuse attacks a real prefill engine's side channel from
@@ -698,56 +739,27 @@ func TestSideChannelAbuse(t *testing.T) {
 	t.Run("abusive connections", func(t *testing.T) {
 		t.Run("an unauthenticated HELLO, then silence, is dropped", func(t *testing.T) {
 			t.Parallel()
-			c, err := dialAbuse(side)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			start := time.Now()
-			nd := make([]byte, nonceBytes)
-			rand.Read(nd)
-			if _, err := c.Write(kvFrame(msgHello, 1, nd)); err != nil {
-				t.Fatal(err)
-			}
-			typ, p, err := readKVFrame(c)
-			if err != nil || typ != msgChallenge || len(p) != nonceBytes+sha256.Size {
-				t.Fatalf("answer to HELLO: type %d, %d bytes, err %v; want a CHALLENGE", typ, len(p), err)
-			}
+			c, start := dialAbusive(t, side)
+			nd, p := sendHello(t, c, 1)
 			// The hand-built frames are right: the producer's proof checks
 			// out with the cluster's key, so the refusals below are about
 			// authentication, not framing.
 			if !hmac.Equal(p[nonceBytes:], handshakeMAC(channelKey(clusterSecret), "producer", nd, p[:nonceBytes])) {
 				t.Errorf("the CHALLENGE's proof does not match the cluster's key: this test builds the handshake wrong")
 			}
-			d, err := waitServerClose(c, start)
-			if err != nil || d > closeLimit {
-				t.Errorf("connection closed after %v (err %v), want closed by the producer within %v", d.Round(time.Millisecond), err, closeLimit)
-			}
+			d := wantClosedInTime(t, c, start)
 			t.Logf("closed after %v", d.Round(time.Millisecond))
 		})
 		t.Run("garbage bytes are dropped", func(t *testing.T) {
 			t.Parallel()
-			c, err := dialAbuse(side)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			start := time.Now()
+			c, start := dialAbusive(t, side)
 			c.Write([]byte("GET / HTTP/1.1\r\nHost: prefill\r\n\r\n" + strings.Repeat("\x00\xff", 64)))
-			d, err := waitServerClose(c, start)
-			if err != nil || d > closeLimit {
-				t.Errorf("connection closed after %v (err %v), want closed by the producer within %v", d.Round(time.Millisecond), err, closeLimit)
-			}
+			d := wantClosedInTime(t, c, start)
 			t.Logf("closed after %v", d.Round(time.Millisecond))
 		})
 		t.Run("a slow loris sending one byte a second is dropped at the deadline", func(t *testing.T) {
 			t.Parallel()
-			c, err := dialAbuse(side)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			start := time.Now()
+			c, start := dialAbusive(t, side)
 			nd := make([]byte, nonceBytes)
 			rand.Read(nd)
 			hello := kvFrame(msgHello, 1, nd)
@@ -764,11 +776,8 @@ func TestSideChannelAbuse(t *testing.T) {
 					}
 				}
 			}()
-			d, err := waitServerClose(c, start)
+			d := wantClosedInTime(t, c, start)
 			close(done)
-			if err != nil || d > closeLimit {
-				t.Errorf("connection closed after %v (err %v), want closed by the producer within %v", d.Round(time.Millisecond), err, closeLimit)
-			}
 			if d < kvxfer.DefaultHelloTimeout/2 {
 				t.Errorf("closed after %v, before the slow loris did anything wrong (its HELLO is due within %v)", d.Round(time.Millisecond), kvxfer.DefaultHelloTimeout)
 			}
@@ -776,21 +785,8 @@ func TestSideChannelAbuse(t *testing.T) {
 		})
 		t.Run("a wrong secret is refused and dropped", func(t *testing.T) {
 			t.Parallel()
-			c, err := dialAbuse(side)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			start := time.Now()
-			nd := make([]byte, nonceBytes)
-			rand.Read(nd)
-			if _, err := c.Write(kvFrame(msgHello, 7, nd)); err != nil {
-				t.Fatal(err)
-			}
-			typ, p, err := readKVFrame(c)
-			if err != nil || typ != msgChallenge || len(p) != nonceBytes+sha256.Size {
-				t.Fatalf("answer to HELLO: type %d, %d bytes, err %v; want a CHALLENGE", typ, len(p), err)
-			}
+			c, start := dialAbusive(t, side)
+			nd, p := sendHello(t, c, 7)
 			np := p[:nonceBytes]
 			wrong := channelKey("not-the-cluster-secret-0123456789")
 			if hmac.Equal(p[nonceBytes:], handshakeMAC(wrong, "producer", nd, np)) {
@@ -800,7 +796,7 @@ func TestSideChannelAbuse(t *testing.T) {
 			if _, err := c.Write(kvFrame(msgAuth, 7, auth)); err != nil {
 				t.Fatal(err)
 			}
-			typ, p, err = readKVFrame(c)
+			typ, p, err := readKVFrame(c)
 			if err != nil || typ != msgError || len(p) < 2 {
 				t.Errorf("answer to a wrong AUTH: type %d, err %v; want an ERROR", typ, err)
 			} else if code := binary.LittleEndian.Uint16(p); code != uint16(kvxfer.CodeUnauthenticated) {
@@ -808,10 +804,7 @@ func TestSideChannelAbuse(t *testing.T) {
 			} else if id := engineID(t, prefill); bytes.Contains(p, []byte(id)) {
 				t.Errorf("the refusal names the engine (%s): %q", id, p[2:])
 			}
-			d, err := waitServerClose(c, start)
-			if err != nil || d > closeLimit {
-				t.Errorf("connection closed after %v (err %v), want closed by the producer within %v", d.Round(time.Millisecond), err, closeLimit)
-			}
+			d := wantClosedInTime(t, c, start)
 			t.Logf("refused and closed after %v", d.Round(time.Millisecond))
 		})
 	})

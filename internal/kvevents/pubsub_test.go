@@ -200,8 +200,14 @@ func TestOneStepsBlocksAreOneEvent(t *testing.T) {
 	}
 }
 
-func TestLostMessageIsRecoveredThroughReplay(t *testing.T) {
-	pub := startPublisher(t, true)
+// publishLosingOne caches three prompts of one block each, a batch per
+// prompt, on a publisher (with a replay socket or not) that loses batch 1
+// on the wire, and returns, once a subscriber following it as e1 has
+// applied the last batch, the subscriber's index, the subscriber and the
+// prompts.
+func publishLosingOne(t *testing.T, replay bool) (*Index, *Subscriber, [][]int32) {
+	t.Helper()
+	pub := startPublisher(t, replay)
 	pub.skipForTest = func(seq uint64) bool { return seq == 1 }
 	blocks, err := kvcache.NewBlocks(kvcache.BlocksConfig{BlockSize: 4, NumBlocks: 8, ExtraKey: testFingerprint, Observer: pub})
 	if err != nil {
@@ -215,10 +221,15 @@ func TestLostMessageIsRecoveredThroughReplay(t *testing.T) {
 		cacheTokens(t, blocks, p)
 		pub.Flush()
 	}
-	testutil.WaitFor(t, "all three batches are applied", 10*time.Second, func() bool {
+	testutil.WaitFor(t, "the last batch applied", 10*time.Second, func() bool {
 		st, _ := sub.Stats("e1")
 		return st.Next == 3
 	})
+	return idx, sub, prompts
+}
+
+func TestLostMessageIsRecoveredThroughReplay(t *testing.T) {
+	idx, sub, prompts := publishLosingOne(t, true)
 	for i, p := range prompts {
 		if got := matched(idx, "e1", p); got != 1 {
 			t.Errorf("prompt %d matches %d blocks, want 1", i, got)
@@ -231,24 +242,7 @@ func TestLostMessageIsRecoveredThroughReplay(t *testing.T) {
 }
 
 func TestLostMessageWithoutReplayClearsTheEngine(t *testing.T) {
-	pub := startPublisher(t, false)
-	pub.skipForTest = func(seq uint64) bool { return seq == 1 }
-	blocks, err := kvcache.NewBlocks(kvcache.BlocksConfig{BlockSize: 4, NumBlocks: 8, ExtraKey: testFingerprint, Observer: pub})
-	if err != nil {
-		t.Fatal(err)
-	}
-	idx, sub := startSubscriber(t, engineOf("e1", pub))
-	waitSubscribed(t, pub)
-	waitConnected(t, sub, "e1")
-	prompts := [][]int32{seqTokens(0, 4), seqTokens(100, 4), seqTokens(200, 4)}
-	for _, p := range prompts {
-		cacheTokens(t, blocks, p)
-		pub.Flush()
-	}
-	testutil.WaitFor(t, "the last batch is applied", 10*time.Second, func() bool {
-		st, _ := sub.Stats("e1")
-		return st.Next == 3
-	})
+	idx, sub, prompts := publishLosingOne(t, false)
 	// Batch 1 may have removed what batch 0 stored: the engine's entries
 	// are cleared and only what came after the loss is known.
 	if got := []int{matched(idx, "e1", prompts[0]), matched(idx, "e1", prompts[1]), matched(idx, "e1", prompts[2])}; got[0] != 0 || got[1] != 0 || got[2] != 1 {

@@ -22,66 +22,47 @@ func fastSet(p *Params, key string, raw []byte) bool {
 	case "do_remote_prefill":
 		return fastBool(raw, &p.DoRemotePrefill)
 	case "remote_engine_id":
-		return fastNonEmpty(raw, &p.RemoteEngineID)
+		return fastString(raw, &p.RemoteEngineID, 1, math.MaxInt)
 	case "remote_request_id":
-		return fastNonEmpty(raw, &p.RemoteRequestID)
+		return fastString(raw, &p.RemoteRequestID, 1, math.MaxInt)
 	case "remote_host":
-		return fastNonEmpty(raw, &p.RemoteHost)
+		return fastString(raw, &p.RemoteHost, 1, math.MaxInt)
 	case "tandem_prompt_digest":
-		return fastNonEmpty(raw, &p.PromptDigest)
+		return fastString(raw, &p.PromptDigest, 1, math.MaxInt)
 	case "tandem_signature":
-		s, ok := plainString(raw)
-		if !ok || s == "" || len(s) > 256 {
-			return false
-		}
-		p.Signature = s
-		return true
+		return fastString(raw, &p.Signature, 1, 256)
 	case "transfer_mode":
-		s, ok := plainString(raw)
-		if ok {
-			p.TransferMode = s
-		}
-		return ok
+		return fastString(raw, &p.TransferMode, 0, math.MaxInt)
 	case "remote_port":
-		n, ok := digits(raw)
-		if !ok || n < 1 || n > 65535 {
-			return false
-		}
-		p.RemotePort = int(n)
-		return true
+		return fastInt(raw, &p.RemotePort, 1, 65535)
 	case "remote_num_tokens":
-		return fastPositive(raw, &p.RemoteNumTokens)
+		return fastInt(raw, &p.RemoteNumTokens, 1, math.MaxInt32)
 	case "tp_size":
-		return fastPositive(raw, &p.TPSize)
+		return fastInt(raw, &p.TPSize, 1, math.MaxInt32)
 	case "dcp_size":
-		return fastPositive(raw, &p.DCPSize)
+		return fastInt(raw, &p.DCPSize, 1, math.MaxInt32)
 	case "pp_size":
-		return fastPositive(raw, &p.PPSize)
+		return fastInt(raw, &p.PPSize, 1, math.MaxInt32)
 	case "remote_registration_generation":
-		s, ok := plainString(raw)
-		if !ok {
-			return false
-		}
-		g, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return false
-		}
-		p.RemoteRegistrationGeneration = g
-		return true
+		g, ok := decimalString(raw)
+		return store(&p.RemoteRegistrationGeneration, g, ok)
 	case "remote_block_ids":
 		ids, ok := fastBlockIDs(raw)
-		if ok {
-			p.RemoteBlockIDs = ids
-		}
-		return ok
+		return store(&p.RemoteBlockIDs, ids, ok)
 	case "tandem_history":
 		h, ok := fastStrings(raw)
-		if ok {
-			p.History = h
-		}
-		return ok
+		return store(&p.History, h, ok)
 	}
 	return false
+}
+
+// store sets *dst to v when ok, and reports ok: a field keeps its zero
+// value when its text is left to the general path.
+func store[T any](dst *T, v T, ok bool) bool {
+	if ok {
+		*dst = v
+	}
+	return ok
 }
 
 func fastBool(raw []byte, dst *bool) bool {
@@ -96,22 +77,30 @@ func fastBool(raw []byte, dst *bool) bool {
 	return true
 }
 
-func fastNonEmpty(raw []byte, dst *string) bool {
+// fastString reads a plain string of minLen to maxLen bytes.
+func fastString(raw []byte, dst *string, minLen, maxLen int) bool {
 	s, ok := plainString(raw)
-	if !ok || s == "" {
-		return false
-	}
-	*dst = s
-	return true
+	return store(dst, s, ok && len(s) >= minLen && len(s) <= maxLen)
 }
 
-func fastPositive(raw []byte, dst *int) bool {
+// fastInt reads a digit-only integer from lo to hi.
+func fastInt(raw []byte, dst *int, lo, hi int64) bool {
 	n, ok := digits(raw)
-	if !ok || n < 1 || n > math.MaxInt32 {
+	if !ok || n < lo || n > hi {
 		return false
 	}
 	*dst = int(n)
 	return true
+}
+
+// decimalString is a uint64 written as a plain string of decimal digits.
+func decimalString(raw []byte) (uint64, bool) {
+	s, ok := plainString(raw)
+	if !ok {
+		return 0, false
+	}
+	g, err := strconv.ParseUint(s, 10, 64)
+	return g, err == nil
 }
 
 // plainString is a JSON string without escapes and in valid UTF-8 (what

@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -36,7 +35,7 @@ func TestTandemUpDefaultModel(t *testing.T) {
 	hf := testmodels.Stories260K(t)
 	examples := readmeExamples(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel) // after startUp's shutdown
 	exe := buildTandem(ctx, t)
 
 	cache := t.TempDir()
@@ -44,48 +43,26 @@ func TestTandemUpDefaultModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stdout, stderr syncBuffer
 	// --pd-decider always: the answers below are checked through the P/D
 	// path, which the default decider skips for prompts this short.
 	cmd := exec.CommandContext(ctx, exe, "up", "--port", strconv.Itoa(ports[0]), "--pd-decider", "always")
 	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+cache)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		close(done)
-	}()
-	defer func() {
-		cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("tandem up stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
-		}
-	}()
-	url := waitEndpoint(t, &stdout, done)
+	up := startUp(t, cmd)
+	url := waitEndpoint(t, &up.stdout, up.done)
 
 	t.Run("the default model is written to the cache and described with its license", func(t *testing.T) {
 		dir := filepath.Join(cache, "tandem", "models", defaultmodel.Name)
 		if err := defaultmodel.Verify(dir); err != nil {
 			t.Error(err)
 		}
-		if !strings.Contains(stdout.String(), defaultmodel.Describe(dir)+"\n") {
+		if !strings.Contains(up.stdout.String(), defaultmodel.Describe(dir)+"\n") {
 			t.Errorf("stdout lacks the line %q", defaultmodel.Describe(dir))
 		}
 		notice, err := os.ReadFile(filepath.Join(dir, defaultmodel.NoticeFile))
 		if err != nil || !bytes.Contains(notice, []byte("MIT License")) {
 			t.Errorf("the printed NOTICE.md does not hold the MIT license (%v)", err)
 		}
-		if !strings.Contains(stdout.String(), `model "stories260K"`) {
+		if !strings.Contains(up.stdout.String(), `model "stories260K"`) {
 			t.Error("the endpoint line does not name the model stories260K")
 		}
 	})

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,53 +34,24 @@ func TestSimulatedClusterOf200(t *testing.T) {
 			t.Fatalf("TANDEM_SIM_ENGINES=%q: want a number ≥ 2", s)
 		}
 	}
-	exe := filepath.Join(t.TempDir(), "tandem")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", exe, "github.com/tandem-serve/tandem/cmd/tandem").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	t.Cleanup(cancel) // after startUp's shutdown
+	exe := buildTandem(ctx, t)
 	ports, err := FreePorts("127.0.0.1", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stdout, stderr syncBuffer
 	started := time.Now()
 	cmd := exec.CommandContext(ctx, exe, "up", "--simulate", "--prefill", strconv.Itoa(engines/2), "--decode", strconv.Itoa(engines-engines/2),
 		"--port", strconv.Itoa(ports[0]), "--served-model-name", "sim", "--pd-decider", "always",
 		"--", "--log-level", "warn", "--sim-ttft", "20ms", "--sim-prefill-per-token", "100us", "--sim-itl", "10ms", "--max-num-seqs", "16")
 	cmd.Env = append(os.Environ(), "TANDEM_KV_SECRET=")
 	cmd.Dir = t.TempDir()
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		close(done)
-	}()
-	defer func() {
-		select {
-		case <-done:
-		default:
-			cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			logs := stderr.String()
-			if len(logs) > 20000 {
-				logs = "…" + logs[len(logs)-20000:]
-			}
-			t.Logf("tandem up stdout:\n%s\nstderr:\n%s", stdout.String(), logs)
-		}
-	}()
+	up := startUp(t, cmd)
 
-	url := waitEndpoint(t, &stdout, done)
+	url := waitEndpoint(t, &up.stdout, up.done)
 	t.Logf("%d simulated engines and the proxy ready in %v", engines, time.Since(started).Round(time.Millisecond))
-	pids := childPIDs(stderr.String())
+	pids := childPIDs(up.stderr.String())
 	if len(pids) != engines {
 		t.Fatalf("%d engine pids in the logs, want %d", len(pids), engines)
 	}
@@ -128,13 +98,13 @@ func TestSimulatedClusterOf200(t *testing.T) {
 	stopping := time.Now()
 	cmd.Process.Signal(syscall.SIGINT)
 	select {
-	case <-done:
+	case <-up.done:
 	case <-time.After(60 * time.Second):
 		t.Fatal("tandem up did not exit within 60s of SIGINT")
 	}
 	t.Logf("stopped in %v", time.Since(stopping).Round(time.Millisecond))
-	if waitErr != nil {
-		t.Errorf("tandem up exited with %v after SIGINT, want 0", waitErr)
+	if up.err != nil {
+		t.Errorf("tandem up exited with %v after SIGINT, want 0", up.err)
 	}
 	checkGone(t, pids)
 }

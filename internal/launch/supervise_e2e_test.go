@@ -39,48 +39,20 @@ func TestTandemUpRestartsAKilledEngine(t *testing.T) {
 	}
 	model := testmodels.Stories260K(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel) // after startUp's shutdown
 	exe := buildTandem(ctx, t)
 
 	ports, err := FreePorts("127.0.0.1", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stdout, stderr syncBuffer
 	cmd := exec.CommandContext(ctx, exe, "up", "--model", model, "--port", strconv.Itoa(ports[0]), "--served-model-name", "stories",
 		"--restart-backoff", "300ms", "--restart-limit", "2", "--restart-window", "1m",
 		"--pd-decider", "always") // every request takes the P/D path whose recovery the test checks
 	cmd.Env = append(os.Environ(), "TANDEM_API_KEY=", "TANDEM_KV_SECRET=")
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		close(done)
-	}()
-	defer func() {
-		select {
-		case <-done:
-		default:
-			cmd.Process.Signal(syscall.SIGINT)
-			select {
-			case <-done:
-			case <-time.After(30 * time.Second):
-				cmd.Process.Kill()
-				<-done
-			}
-		}
-		checkGone(t, childPIDs(stderr.String()))
-		if t.Failed() {
-			t.Logf("tandem up stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
-		}
-	}()
-	url := waitEndpoint(t, &stdout, done)
-	urls, pids := engineURLs(stderr.String()), childPIDs(stderr.String())
+	up := startUp(t, cmd)
+	url := waitEndpoint(t, &up.stdout, up.done)
+	urls, pids := engineURLs(up.stderr.String()), childPIDs(up.stderr.String())
 	prefill, decode := urls["prefill-0"], urls["decode-0"]
 
 	// KV that prefill-0 holds for a decode, to be pulled after it died.
@@ -90,7 +62,7 @@ func TestTandemUpRestartsAKilledEngine(t *testing.T) {
 	}
 
 	load := startLoad(url)
-	waitFor(t, 30*time.Second, done, "5 answers before the kill", func() bool { return load.count().ok >= 5 })
+	waitFor(t, 30*time.Second, up.done, "5 answers before the kill", func() bool { return load.count().ok >= 5 })
 	if err := syscall.Kill(pids["prefill-0"], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -107,15 +79,15 @@ func TestTandemUpRestartsAKilledEngine(t *testing.T) {
 	})
 
 	t.Run("prefill-0 comes back on its port and P/D resumes", func(t *testing.T) {
-		waitFor(t, 30*time.Second, done, "prefill-0 healthy again", func() bool {
-			return strings.Contains(stderr.String(), `msg="engine healthy again" engine=prefill-0`) && healthOK(prefill)
+		waitFor(t, 30*time.Second, up.done, "prefill-0 healthy again", func() bool {
+			return strings.Contains(up.stderr.String(), `msg="engine healthy again" engine=prefill-0`) && healthOK(prefill)
 		})
 		back := time.Since(killed)
 		want := `msg="engine exited; restarting" engine=prefill-0 role=prefill pid=` + strconv.Itoa(pids["prefill-0"]) + ` exit="was killed by signal killed" restart=1`
-		if !strings.Contains(stderr.String(), want) {
+		if !strings.Contains(up.stderr.String(), want) {
 			t.Errorf("no log line %s", want)
 		}
-		waitFor(t, 10*time.Second, done, "a request through P/D after the restart", func() bool {
+		waitFor(t, 10*time.Second, up.done, "a request through P/D after the restart", func() bool {
 			a := post(t, url+"/v1/completions", `{"model":"stories","prompt":"`+superviseePrompt+`","max_tokens":4}`)
 			return a.pd == "remote" && a.complete
 		})
@@ -129,27 +101,27 @@ func TestTandemUpRestartsAKilledEngine(t *testing.T) {
 	}
 
 	t.Run("an engine that keeps exiting stops tandem up with exit status 1, named", func(t *testing.T) {
-		pid := childPIDs(stderr.String())["prefill-0"]
+		pid := childPIDs(up.stderr.String())["prefill-0"]
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
 		var ln net.Listener
-		waitFor(t, 10*time.Second, done, "prefill-0's port free", func() bool {
+		waitFor(t, 10*time.Second, up.done, "prefill-0's port free", func() bool {
 			var err error
 			ln, err = net.Listen("tcp", strings.TrimPrefix(prefill, "http://"))
 			return err == nil
 		})
 		defer ln.Close()
 		select {
-		case <-done:
+		case <-up.done:
 		case <-time.After(60 * time.Second):
 			t.Fatal("tandem up still runs 60s after prefill-0 began to exit at once")
 		}
 		var ee *exec.ExitError
-		if !errors.As(waitErr, &ee) || ee.ExitCode() != 1 {
-			t.Errorf("tandem up ended with %v, want exit status 1", waitErr)
+		if !errors.As(up.err, &ee) || ee.ExitCode() != 1 {
+			t.Errorf("tandem up ended with %v, want exit status 1", up.err)
 		}
-		if want := "tandem up: prefill-0 keeps exiting: it exited with status 1 after 2 restarts within 1m0s"; !strings.Contains(stderr.String(), want) {
+		if want := "tandem up: prefill-0 keeps exiting: it exited with status 1 after 2 restarts within 1m0s"; !strings.Contains(up.stderr.String(), want) {
 			t.Errorf("stderr lacks %q", want)
 		}
 	})

@@ -3,7 +3,6 @@ package launch
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -23,6 +22,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/defaultmodel"
 	"github.com/tandem-serve/tandem/internal/planner"
 	"github.com/tandem-serve/tandem/internal/proxy"
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 func TestSplitCores(t *testing.T) {
@@ -208,6 +208,48 @@ func waitEndpoint(t *testing.T, out interface{ String() string }, done <-chan st
 	}
 }
 
+// upRun is a Run of tandem up in the background, on the fake engines.
+type upRun struct {
+	stdout, stderr syncBuffer
+	cancel         context.CancelFunc
+	done           chan struct{} // closed when Run has returned
+	err            error         // Run's error, once done is closed
+}
+
+// startRun starts Run(cfg) in the background, writing to the run's
+// buffers, and stops it when the test ends.
+func startRun(t *testing.T, cfg Config) *upRun {
+	t.Helper()
+	r := &upRun{done: make(chan struct{})}
+	cfg.Stdout, cfg.Stderr = &r.stdout, &r.stderr
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() {
+		defer close(r.done)
+		r.err = Run(ctx, cfg)
+	}()
+	t.Cleanup(func() { r.stop() })
+	return r
+}
+
+// stop cancels the run and returns Run's error once it has returned.
+func (r *upRun) stop() error {
+	r.cancel()
+	<-r.done
+	return r.err
+}
+
+// fakeModel returns a model directory that up accepts (it has a
+// config.json); the fake engines read nothing in it.
+func fakeModel(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(`{}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // childPIDs returns the engines' pids from the "started" lines in logs,
 // or, for an engine restarted since, its last restart's.
 func childPIDs(logs string) map[string]int {
@@ -299,17 +341,9 @@ func TestRunWithFakeEngines(t *testing.T) {
 	t.Setenv("TANDEM_UP_FAKE", "tandem")
 
 	t.Run("serves through P/D, writes the default model and stops every engine", func(t *testing.T) {
-		var stdout, stderr syncBuffer
 		dir := filepath.Join(t.TempDir(), "models", "default")
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		done := make(chan struct{})
-		var runErr error
-		go func() {
-			defer close(done)
-			runErr = Run(ctx, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", DefaultModelDir: dir, Port: 0, Prefill: 1, Decode: 2, ExtraArgs: []string{"--extra"}, Stdout: &stdout, Stderr: &stderr})
-		}()
-		url := waitEndpoint(t, &stdout, done)
+		r := startRun(t, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", DefaultModelDir: dir, Port: 0, Prefill: 1, Decode: 2, ExtraArgs: []string{"--extra"}})
+		url := waitEndpoint(t, &r.stdout, r.done)
 		for range 2 {
 			pd, body := completion(t, url, defaultmodel.Name)
 			if pd != "remote" || !strings.Contains(body, `"got_kv":true`) {
@@ -317,70 +351,51 @@ func TestRunWithFakeEngines(t *testing.T) {
 			}
 		}
 		for _, want := range []string{defaultmodel.Describe(dir), "/v1/chat/completions", `model "stories260K"`} {
-			if !strings.Contains(stdout.String(), want) {
-				t.Errorf("stdout lacks %q:\n%s", want, stdout.String())
+			if !strings.Contains(r.stdout.String(), want) {
+				t.Errorf("stdout lacks %q:\n%s", want, r.stdout.String())
 			}
 		}
-		if !strings.Contains(stderr.String(), "[decode-1] fake decode engine starting, GOMAXPROCS=") {
-			t.Errorf("engine logs not relayed with a prefix:\n%s", stderr.String())
+		if !strings.Contains(r.stderr.String(), "[decode-1] fake decode engine starting, GOMAXPROCS=") {
+			t.Errorf("engine logs not relayed with a prefix:\n%s", r.stderr.String())
 		}
 		if err := defaultmodel.Verify(dir); err != nil {
 			t.Errorf("default model not written: %v", err)
 		}
-		if !strings.Contains(stderr.String(), ", model "+dir+"\n") {
-			t.Errorf("engines not started on %s:\n%s", dir, stderr.String())
+		if !strings.Contains(r.stderr.String(), ", model "+dir+"\n") {
+			t.Errorf("engines not started on %s:\n%s", dir, r.stderr.String())
 		}
-		pids := childPIDs(stderr.String())
+		pids := childPIDs(r.stderr.String())
 		if len(pids) != 3 {
 			t.Fatalf("started pids %v, want 3 engines", pids)
 		}
-		cancel()
+		r.cancel()
 		select {
-		case <-done:
+		case <-r.done:
 		case <-time.After(30 * time.Second):
 			t.Fatal("Run did not return after cancel")
 		}
-		if runErr != nil {
-			t.Errorf("Run: %v", runErr)
+		if r.err != nil {
+			t.Errorf("Run: %v", r.err)
 		}
-		if strings.Contains(stderr.String(), `msg="engine exited`) {
-			t.Errorf("the engines' exits on the shutdown's SIGTERM were taken for crashes:\n%s", stderr.String())
+		if strings.Contains(r.stderr.String(), `msg="engine exited`) {
+			t.Errorf("the engines' exits on the shutdown's SIGTERM were taken for crashes:\n%s", r.stderr.String())
 		}
 		checkGone(t, pids)
 	})
 
 	t.Run("with the planner every engine serves both roles and the proxy moves them", func(t *testing.T) {
-		var stdout, stderr syncBuffer
-		model := t.TempDir()
-		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			Run(ctx, Config{Executable: exe, ModelDir: model, Port: 0, Prefill: 1, Decode: 2, Stdout: &stdout, Stderr: &stderr,
-				Planner: &planner.Config{TTFT: time.Second, TPOT: 50 * time.Millisecond}, PlanInterval: 50 * time.Millisecond})
-		}()
-		defer func() { cancel(); <-done }()
-		url := waitEndpoint(t, &stdout, done)
+		r := startRun(t, Config{Executable: exe, ModelDir: fakeModel(t), Port: 0, Prefill: 1, Decode: 2,
+			Planner: &planner.Config{TTFT: time.Second, TPOT: 50 * time.Millisecond}, PlanInterval: 50 * time.Millisecond})
+		url := waitEndpoint(t, &r.stdout, r.done)
 		for _, name := range []string{"prefill-0", "decode-0", "decode-1"} {
-			if !strings.Contains(stderr.String(), "["+name+"] fake both engine starting") {
-				t.Errorf("%s not started with --role both:\n%s", name, stderr.String())
+			if !strings.Contains(r.stderr.String(), "["+name+"] fake both engine starting") {
+				t.Errorf("%s not started with --role both:\n%s", name, r.stderr.String())
 			}
 		}
-		if !strings.Contains(stdout.String(), "tandem plan --url") {
-			t.Errorf("stdout does not say how to see the plan:\n%s", stdout.String())
+		if !strings.Contains(r.stdout.String(), "tandem plan --url") {
+			t.Errorf("stdout does not say how to see the plan:\n%s", r.stdout.String())
 		}
-		resp, err := http.Get(url + proxy.PlanPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var plan struct {
-			Acting  bool     `json:"acting"`
-			Prefill []string `json:"prefill"`
-			Decode  []string `json:"decode"`
-		}
-		err = json.NewDecoder(resp.Body).Decode(&plan)
-		resp.Body.Close()
+		_, plan, err := testutil.GetPlan(t, url+proxy.PlanPath)
 		if err != nil || !plan.Acting || len(plan.Prefill) != 1 || len(plan.Decode) != 2 {
 			t.Fatalf("GET %s: %+v, %v; want the planner acting on 1 prefill + 2 decode", proxy.PlanPath, plan, err)
 		}
@@ -391,33 +406,24 @@ func TestRunWithFakeEngines(t *testing.T) {
 	// both roles).
 	for _, withPlanner := range []bool{false, true} {
 		t.Run(fmt.Sprintf("no prefill engine is the colocated split (planner %t)", withPlanner), func(t *testing.T) {
-			var stdout, stderr syncBuffer
-			model := t.TempDir()
-			os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
-			cfg := Config{Executable: exe, ModelDir: model, Port: 0, Prefill: 0, Decode: 2, Stdout: &stdout, Stderr: &stderr}
+			cfg := Config{Executable: exe, ModelDir: fakeModel(t), Port: 0, Prefill: 0, Decode: 2}
 			role := RoleDecode
 			if withPlanner {
 				cfg.Planner, cfg.PlanInterval, role = &planner.Config{TTFT: time.Second, TPOT: 50 * time.Millisecond}, 50*time.Millisecond, RoleBoth
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			var runErr error
-			go func() {
-				defer close(done)
-				runErr = Run(ctx, cfg)
-			}()
-			url := waitEndpoint(t, &stdout, done)
-			pids := childPIDs(stderr.String())
+			r := startRun(t, cfg)
+			url := waitEndpoint(t, &r.stdout, r.done)
+			pids := childPIDs(r.stderr.String())
 			if len(pids) != 2 || pids["decode-0"] == 0 || pids["decode-1"] == 0 {
 				t.Errorf("started %v, want decode-0 and decode-1 only", pids)
 			}
 			for _, name := range []string{"decode-0", "decode-1"} {
-				if !strings.Contains(stderr.String(), "["+name+"] fake "+role+" engine starting") {
-					t.Errorf("%s not started with --role %s:\n%s", name, role, stderr.String())
+				if !strings.Contains(r.stderr.String(), "["+name+"] fake "+role+" engine starting") {
+					t.Errorf("%s not started with --role %s:\n%s", name, role, r.stderr.String())
 				}
 			}
-			if !strings.Contains(stdout.String(), "(2 decode, colocated: each prefills its own prompts, model") {
-				t.Errorf("the endpoint line does not say the split is colocated:\n%s", stdout.String())
+			if !strings.Contains(r.stdout.String(), "(2 decode, colocated: each prefills its own prompts, model") {
+				t.Errorf("the endpoint line does not say the split is colocated:\n%s", r.stdout.String())
 			}
 			for range 3 {
 				if pd, body := completion(t, url, "m"); pd != "local; reason=colocated" || !strings.Contains(body, `"got_kv":false`) {
@@ -436,44 +442,23 @@ func TestRunWithFakeEngines(t *testing.T) {
 			if withPlanner && !strings.Contains(m, `tandem:planner_desired_replicas{role="prefill"} 0`) {
 				t.Errorf("/metrics does not say the planner wants 0 prefill engines:\n%s", m)
 			}
-			resp, err := http.Get(url + proxy.PlanPath)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var plan struct {
-				Acting  bool     `json:"acting"`
-				Prefill []string `json:"prefill"`
-				Decode  []string `json:"decode"`
-			}
-			err = json.NewDecoder(resp.Body).Decode(&plan)
-			resp.Body.Close()
+			status, plan, err := testutil.GetPlan(t, url+proxy.PlanPath)
 			switch {
-			case !withPlanner && resp.StatusCode != http.StatusNotFound:
-				t.Errorf("GET %s without the planner: %s, want 404", proxy.PlanPath, resp.Status)
+			case !withPlanner && status != http.StatusNotFound:
+				t.Errorf("GET %s without the planner: %d, want 404", proxy.PlanPath, status)
 			case withPlanner && (err != nil || !plan.Acting || len(plan.Prefill) != 0 || len(plan.Decode) != 2):
 				t.Errorf("GET %s: %+v, %v; want the planner acting on 0 prefill + 2 decode", proxy.PlanPath, plan, err)
 			}
-			cancel()
-			<-done
-			if runErr != nil {
-				t.Errorf("Run: %v", runErr)
+			if err := r.stop(); err != nil {
+				t.Errorf("Run: %v", err)
 			}
 			checkGone(t, pids)
 		})
 	}
 
 	t.Run("--kv-bidirectional reaches every engine and the proxy remembers conversations", func(t *testing.T) {
-		var stdout, stderr syncBuffer
-		model := t.TempDir()
-		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			Run(ctx, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Port: 0, Prefill: 1, Decode: 1, KVBidirectional: true, Stdout: &stdout, Stderr: &stderr})
-		}()
-		defer func() { cancel(); <-done }()
-		url := waitEndpoint(t, &stdout, done)
+		r := startRun(t, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: fakeModel(t), Port: 0, Prefill: 1, Decode: 1, KVBidirectional: true})
+		url := waitEndpoint(t, &r.stdout, r.done)
 		var answers []string
 		for range 2 {
 			resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x","conversation_id":"c"}`))
@@ -497,9 +482,7 @@ func TestRunWithFakeEngines(t *testing.T) {
 	t.Run("an engine failing at startup stops the rest and is named with its logs", func(t *testing.T) {
 		t.Setenv("TANDEM_UP_FAKE_DIE", RoleDecode)
 		var stdout, stderr syncBuffer
-		model := t.TempDir()
-		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
-		err := Run(context.Background(), Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Prefill: 1, Decode: 1})
+		err := Run(context.Background(), Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: fakeModel(t), Stdout: &stdout, Stderr: &stderr, Port: 0, Prefill: 1, Decode: 1})
 		if err == nil {
 			t.Fatal("Run succeeded with a failing decode engine")
 		}
@@ -512,45 +495,28 @@ func TestRunWithFakeEngines(t *testing.T) {
 	})
 
 	t.Run("with restarts off an engine dying while serving stops the rest and is named", func(t *testing.T) {
-		var stdout, stderr syncBuffer
-		model := t.TempDir()
-		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
-		done := make(chan struct{})
-		var runErr error
-		go func() {
-			defer close(done)
-			runErr = Run(context.Background(), Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Prefill: 1, Decode: 1,
-				Restart: RestartPolicy{Limit: -1}})
-		}()
-		waitEndpoint(t, &stdout, done)
-		pids := childPIDs(stderr.String())
+		r := startRun(t, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: fakeModel(t), Port: 0, Prefill: 1, Decode: 1,
+			Restart: RestartPolicy{Limit: -1}})
+		waitEndpoint(t, &r.stdout, r.done)
+		pids := childPIDs(r.stderr.String())
 		syscall.Kill(pids["prefill-0"], syscall.SIGKILL)
 		select {
-		case <-done:
+		case <-r.done:
 		case <-time.After(30 * time.Second):
 			t.Fatal("Run did not return after an engine died")
 		}
-		if runErr == nil || !strings.Contains(runErr.Error(), "prefill-0 was killed by signal killed while serving") {
-			t.Errorf("Run: %v, want it to name prefill-0 and its signal", runErr)
+		if r.err == nil || !strings.Contains(r.err.Error(), "prefill-0 was killed by signal killed while serving") {
+			t.Errorf("Run: %v, want it to name prefill-0 and its signal", r.err)
 		}
 		checkGone(t, pids)
 	})
 
 	t.Run("engines killed while serving are restarted on their ports and the proxy routes around them meanwhile", func(t *testing.T) {
-		var stdout, stderr syncBuffer
-		model, hold := t.TempDir(), t.TempDir()
-		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
+		hold := t.TempDir()
 		t.Setenv("TANDEM_UP_FAKE_HOLD", hold)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		done := make(chan struct{})
-		var runErr error
-		go func() {
-			defer close(done)
-			runErr = Run(ctx, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Prefill: 1, Decode: 2})
-		}()
-		url := waitEndpoint(t, &stdout, done)
-		old, urls := childPIDs(stderr.String()), engineURLs(stderr.String())
+		r := startRun(t, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: fakeModel(t), Port: 0, Prefill: 1, Decode: 2})
+		url := waitEndpoint(t, &r.stdout, r.done)
+		old, urls := childPIDs(r.stderr.String()), engineURLs(r.stderr.String())
 		// Their restarts are held back from their ports until the requests
 		// below were served while they were down, whatever the backoff.
 		gates := map[string]string{}
@@ -559,8 +525,8 @@ func TestRunWithFakeEngines(t *testing.T) {
 		}
 		for _, e := range []string{"prefill-0", "decode-0"} {
 			syscall.Kill(old[e], syscall.SIGKILL)
-			waitFor(t, 10*time.Second, done, "log line of "+e+"'s exit", func() bool {
-				return strings.Contains(stderr.String(), `msg="engine exited; restarting" engine=`+e+` role=`+strings.TrimSuffix(e, "-0")+` pid=`+strconv.Itoa(old[e])+` exit="was killed by signal killed" restart=1 recent_restarts=1 limit=5`)
+			waitFor(t, 10*time.Second, r.done, "log line of "+e+"'s exit", func() bool {
+				return strings.Contains(r.stderr.String(), `msg="engine exited; restarting" engine=`+e+` role=`+strings.TrimSuffix(e, "-0")+` pid=`+strconv.Itoa(old[e])+` exit="was killed by signal killed" restart=1 recent_restarts=1 limit=5`)
 			})
 		}
 		for range 3 {
@@ -570,10 +536,10 @@ func TestRunWithFakeEngines(t *testing.T) {
 		}
 		for _, e := range []string{"prefill-0", "decode-0"} {
 			os.Remove(gates[e])
-			waitFor(t, 10*time.Second, done, e+" restarted and healthy", func() bool {
-				return strings.Contains(stderr.String(), `msg="engine healthy again" engine=`+e) && healthOK(urls[e])
+			waitFor(t, 10*time.Second, r.done, e+" restarted and healthy", func() bool {
+				return strings.Contains(r.stderr.String(), `msg="engine healthy again" engine=`+e) && healthOK(urls[e])
 			})
-			if pid := childPIDs(stderr.String())[e]; pid == old[e] {
+			if pid := childPIDs(r.stderr.String())[e]; pid == old[e] {
 				t.Errorf("%s still has its old pid %d", e, pid)
 			}
 		}
@@ -586,37 +552,28 @@ func TestRunWithFakeEngines(t *testing.T) {
 				t.Errorf("/metrics lacks %s", want)
 			}
 		}
-		pids := childPIDs(stderr.String())
-		cancel()
-		<-done
-		if runErr != nil {
-			t.Errorf("Run: %v after a restart and cancel, want nil", runErr)
+		pids := childPIDs(r.stderr.String())
+		if err := r.stop(); err != nil {
+			t.Errorf("Run: %v after a restart and cancel, want nil", err)
 		}
 		checkGone(t, pids)
 	})
 
 	t.Run("an engine that keeps exiting stops everything, named", func(t *testing.T) {
-		var stdout, stderr syncBuffer
-		model, hold := t.TempDir(), t.TempDir()
-		os.WriteFile(filepath.Join(model, "config.json"), []byte(`{}`), 0o644)
+		hold := t.TempDir()
 		t.Setenv("TANDEM_UP_FAKE_HOLD", hold)
-		done := make(chan struct{})
-		var runErr error
-		go func() {
-			defer close(done)
-			runErr = Run(context.Background(), Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: model, Stdout: &stdout, Stderr: &stderr, Port: 0, Prefill: 1, Decode: 2,
-				Restart: RestartPolicy{Limit: 2, Window: time.Minute, Backoff: time.Second}})
-		}()
-		waitEndpoint(t, &stdout, done)
-		pids := childPIDs(stderr.String())
+		r := startRun(t, Config{Executable: exe, Policy: "round-robin", PDDecider: "always", ModelDir: fakeModel(t), Port: 0, Prefill: 1, Decode: 2,
+			Restart: RestartPolicy{Limit: 2, Window: time.Minute, Backoff: time.Second}})
+		waitEndpoint(t, &r.stdout, r.done)
+		pids := childPIDs(r.stderr.String())
 		// Its port taken, every restart of decode-1 exits at once. Its first
 		// restart is held back from the port until the test has it, however
 		// long the test takes to get there.
-		url := engineURLs(stderr.String())["decode-1"]
+		url := engineURLs(r.stderr.String())["decode-1"]
 		gate := holdPort(t, hold, url)
 		syscall.Kill(pids["decode-1"], syscall.SIGKILL)
 		var ln net.Listener
-		waitFor(t, 10*time.Second, done, "decode-1's port free", func() bool {
+		waitFor(t, 10*time.Second, r.done, "decode-1's port free", func() bool {
 			var err error
 			ln, err = net.Listen("tcp", strings.TrimPrefix(url, "http://"))
 			return err == nil
@@ -629,21 +586,21 @@ func TestRunWithFakeEngines(t *testing.T) {
 		// enough with the cores busy (it failed once beside two other test
 		// packages); the limit is for a Run that never returns.
 		select {
-		case <-done:
+		case <-r.done:
 		case <-time.After(2 * time.Minute):
 			t.Fatal("Run did not return for an engine that keeps exiting")
 		}
 		want := "decode-1 keeps exiting: it exited with status 1 after 2 restarts within 1m0s, at most 2 restarts within 1m0s (--restart-limit, --restart-window); stopping the others"
-		if runErr == nil || !strings.Contains(runErr.Error(), want) || !strings.Contains(runErr.Error(), "address already in use") {
-			t.Errorf("Run: %v\nwant it to contain %q and decode-1's last log line", runErr, want)
+		if r.err == nil || !strings.Contains(r.err.Error(), want) || !strings.Contains(r.err.Error(), "address already in use") {
+			t.Errorf("Run: %v\nwant it to contain %q and decode-1's last log line", r.err, want)
 		}
-		if n := strings.Count(stderr.String(), `msg="engine restarted" engine=decode-1`); n != 2 {
+		if n := strings.Count(r.stderr.String(), `msg="engine restarted" engine=decode-1`); n != 2 {
 			t.Errorf("decode-1 restarted %d times, want 2", n)
 		}
-		if !strings.Contains(stderr.String(), `level=ERROR msg="engine exited; giving up" engine=decode-1`) {
+		if !strings.Contains(r.stderr.String(), `level=ERROR msg="engine exited; giving up" engine=decode-1`) {
 			t.Error("no log line says that up gave up on decode-1")
 		}
-		checkGone(t, childPIDs(stderr.String()))
+		checkGone(t, childPIDs(r.stderr.String()))
 		checkGone(t, pids)
 	})
 }

@@ -1,11 +1,8 @@
 package proxy
 
 import (
-	"context"
-	"encoding/json"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -51,23 +48,10 @@ func TestStartsWithNoPrefillEngine(t *testing.T) {
 // prefills remotely.
 func TestPlannerStartsColocated(t *testing.T) {
 	engines := []*fakeEngine{newFake(t, bothRoles), newFake(t, bothRoles), newFake(t, bothRoles)}
-	cfg := plannerConfig()
-	cfg.TPOT, cfg.MinDwell, cfg.Window, cfg.Hysteresis = 40*time.Millisecond, time.Nanosecond, 10*time.Second, 0.01
-	// The plan ticker never fires: the test decides at its own times.
-	p, url := startProxy(t, Config{PDDecider: "conditional", Planner: cfg, PlannerAct: true, PlanInterval: time.Hour}, nil, engines)
-	scrapeAll(p)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { p.moveEngines(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	p, url := startActingPlanner(t, nil, engines)
+	startMover(t, p)
 
-	resp, err := http.Get(url + PlanPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var plan planBody
-	err = json.NewDecoder(resp.Body).Decode(&plan)
-	resp.Body.Close()
+	_, plan, err := getPlan(t, url)
 	if err != nil || !plan.Acting || len(plan.Prefill) != 0 || len(plan.Decode) != 3 {
 		t.Fatalf("GET %s at start: %+v (%v), want the planner acting on 0 prefill + 3 decode", PlanPath, plan, err)
 	}

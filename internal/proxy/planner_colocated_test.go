@@ -64,6 +64,28 @@ func observeWindow(p *Proxy, now time.Time, prompt, output int) {
 	}
 }
 
+// startActingPlanner starts a proxy on the engines whose planner acts,
+// under a tight TPOT (40 ms) and with no dwell, and scrapes the engines
+// once so that it knows their roles. Its plan ticker never fires: the test
+// decides at its own times (planOnce).
+func startActingPlanner(t *testing.T, prefill, decode []*fakeEngine) (*Proxy, string) {
+	t.Helper()
+	cfg := plannerConfig()
+	cfg.TPOT, cfg.MinDwell, cfg.Window, cfg.Hysteresis = 40*time.Millisecond, time.Nanosecond, 10*time.Second, 0.01
+	p, url := startProxy(t, Config{PDDecider: "conditional", Planner: cfg, PlannerAct: true, PlanInterval: time.Hour}, prefill, decode)
+	scrapeAll(p)
+	return p, url
+}
+
+// startMover runs p's engine mover, which carries out the planner's
+// decisions, until the test ends.
+func startMover(t *testing.T, p *Proxy) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { p.moveEngines(ctx) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+}
+
 // TestPlannerColocatedSplit: short prompts and long answers make the
 // planner choose no prefill engine at all; the mover empties the prefill
 // pool, the proxy stays ready and serves every request on a decode (reason
@@ -72,15 +94,8 @@ func observeWindow(p *Proxy, now time.Time, prompt, output int) {
 // again.
 func TestPlannerColocatedSplit(t *testing.T) {
 	engines := []*fakeEngine{newFake(t, bothRoles), newFake(t, bothRoles), newFake(t, bothRoles)}
-	cfg := plannerConfig()
-	cfg.TPOT, cfg.MinDwell, cfg.Window, cfg.Hysteresis = 40*time.Millisecond, time.Nanosecond, 10*time.Second, 0.01
-	// The plan ticker never fires: the test decides at its own times.
-	p, url := startProxy(t, Config{PDDecider: "conditional", Planner: cfg, PlannerAct: true, PlanInterval: time.Hour}, engines[:1], engines[1:])
-	scrapeAll(p)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { p.moveEngines(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	p, url := startActingPlanner(t, engines[:1], engines[1:])
+	startMover(t, p)
 
 	// On the proxy's clock: the mover says when the engines switched
 	// (planApplied), and the planner counts the requests since then.
@@ -111,13 +126,7 @@ func TestPlannerColocatedSplit(t *testing.T) {
 			t.Fatalf("a request with no prefill engine: %d, x-tandem-pd %q: %s", r.StatusCode, r.Header.Get(HeaderPD), body)
 		}
 	}
-	for _, e := range engines {
-		for _, got := range e.requests() {
-			if got.Path != "/metrics" && strings.Contains(got.Body, "do_remote") {
-				t.Fatalf("engine %s got a P/D leg with no prefill pool: %s", e.URL(), got.Body)
-			}
-		}
-	}
+	noRemoteLegs(t, engines)
 
 	now = now.Add(time.Minute)
 	observeWindow(p, now, 3000, 8)
@@ -155,14 +164,8 @@ func TestDecodeStepLeavesOutTheEnginesOwnPrefills(t *testing.T) {
 func TestPlannerMovesOnlyBothRoleEngines(t *testing.T) {
 	pre := []*fakeEngine{newFake(t, engineOfRole("prefill")), newFake(t, bothRoles)}
 	dec := []*fakeEngine{newFake(t, bothRoles)}
-	cfg := plannerConfig()
-	cfg.TPOT, cfg.MinDwell, cfg.Window, cfg.Hysteresis = 40*time.Millisecond, time.Nanosecond, 10*time.Second, 0.01
-	p, url := startProxy(t, Config{PDDecider: "conditional", Planner: cfg, PlannerAct: true, PlanInterval: time.Hour}, pre, dec)
-	scrapeAll(p)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { p.moveEngines(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	p, url := startActingPlanner(t, pre, dec)
+	startMover(t, p)
 
 	now := time.Date(2026, 12, 5, 7, 0, 0, 0, time.UTC)
 	observeWindow(p, now, 64, 256) // short prompts: the fewer prefill engines the better
@@ -175,13 +178,7 @@ func TestPlannerMovesOnlyBothRoleEngines(t *testing.T) {
 	if got := urlsOf(p.prefill); got[0] != pre[0].URL() {
 		t.Fatalf("prefill pool %v: the --role prefill engine %s was moved", got, pre[0].URL())
 	}
-	resp, err := http.Get(url + PlanPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var body planBody
-	err = json.NewDecoder(resp.Body).Decode(&body)
-	resp.Body.Close()
+	_, body, err := getPlan(t, url)
 	if why := body.Pinned[pre[0].URL()]; err != nil || !strings.Contains(why, "--role prefill") || len(body.Pinned) != 1 {
 		t.Fatalf("GET %s pinned %v (%v), want the prefill-only engine named with its role", PlanPath, body.Pinned, err)
 	}

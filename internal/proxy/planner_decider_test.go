@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -65,13 +64,7 @@ func TestPricedDeciderTakesThePlannersView(t *testing.T) {
 			t.Fatalf("prompt of %d bytes: %d, x-tandem-pd %q, want %q: %s", len(c.prompt), r.StatusCode, r.Header.Get(HeaderPD), c.pd, body)
 		}
 	}
-	resp, err := http.Get(url + PlanPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var body planBody
-	err = json.NewDecoder(resp.Body).Decode(&body)
-	resp.Body.Close()
+	_, body, err := getPlan(t, url)
 	if err != nil {
 		t.Fatal(err)
 	}

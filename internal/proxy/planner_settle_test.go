@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,12 +14,8 @@ import (
 // most of its window; /tandem/plan's decision says which.
 func TestPlannerWaitsForTheMoveToTakeEffect(t *testing.T) {
 	engines := []*fakeEngine{newFake(t, bothRoles), newFake(t, bothRoles), newFake(t, bothRoles)}
-	cfg := plannerConfig()
-	cfg.TPOT, cfg.MinDwell, cfg.Window, cfg.Hysteresis = 40*time.Millisecond, time.Nanosecond, 10*time.Second, 0.01
-	// The plan ticker never fires and the mover starts late: the test
-	// decides at its own times.
-	p, _ := startProxy(t, Config{PDDecider: "conditional", Planner: cfg, PlannerAct: true, PlanInterval: time.Hour}, engines[:1], engines[1:])
-	scrapeAll(p)
+	// The mover starts late: the test decides when the engines switch.
+	p, _ := startActingPlanner(t, engines[:1], engines[1:])
 
 	now := p.now()
 	observeWindow(p, now, 64, 256)
@@ -37,10 +31,7 @@ func TestPlannerWaitsForTheMoveToTakeEffect(t *testing.T) {
 		t.Fatalf("before the engines switched: decision %dP:%dD (best %+v, held %q), want 0P:3D held until they have", d.Prefill, d.Decode, d.Best, d.Held)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { p.moveEngines(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	startMover(t, p)
 	testutil.WaitFor(t, "the prefill pool emptied", 5*time.Second, func() bool {
 		return len(p.prefill.list()) == 0 && p.plan.moving.Load() == nil
 	})

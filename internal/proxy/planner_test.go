@@ -19,6 +19,20 @@ func plannerConfig() *planner.Config {
 	return &planner.Config{TTFT: 2 * time.Second, TPOT: 100 * time.Millisecond, MinRequests: 5}
 }
 
+// getPlan reads the proxy's plan answer at url: its HTTP status, and the
+// body decoded, with the decode error.
+func getPlan(t *testing.T, url string) (int, planBody, error) {
+	t.Helper()
+	resp, err := http.Get(url + PlanPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body planBody
+	err = json.NewDecoder(resp.Body).Decode(&body)
+	return resp.StatusCode, body, err
+}
+
 // TestRoleSwitchJoinsAtOnceAndFinishesHeldKV moves a prefill engine that
 // holds a request's KV to the decode pool: it takes no new prefill and
 // joins the decode pool at once, takes new decode legs while the KV it
@@ -204,15 +218,9 @@ func TestPlanEndpointAndMetricsPublishTheDecision(t *testing.T) {
 		t.Fatalf("without PlannerAct the pools changed: %v %v", urlsOf(p.prefill), urlsOf(p.decode))
 	}
 
-	resp, err := http.Get(url + PlanPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var body planBody
-	err = json.NewDecoder(resp.Body).Decode(&body)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %d, %v", PlanPath, resp.StatusCode, err)
+	status, body, err := getPlan(t, url)
+	if err != nil || status != http.StatusOK {
+		t.Fatalf("GET %s: %d, %v", PlanPath, status, err)
 	}
 	if body.Decision == nil || body.Decision.Prefill != 2 || body.Acting || body.Objectives.TTFT != "2s" {
 		t.Fatalf("GET %s: %+v", PlanPath, body)

@@ -4,7 +4,8 @@
 // stories260K test model), PyZMQ (a Python with the real libzmq), Missing
 // (skip, or fail under TANDEM_REQUIRE_TESTDATA=1), FreePort, FreePorts,
 // StartLogged and WaitStarted for the real servers tests run, Metric (one
-// sample of a /metrics page), SyncBuffer (a log destination several
+// sample of a /metrics page), GetPlan (a proxy's pools as its plan route
+// lists them), SyncBuffer (a log destination several
 // goroutines write) and MemNet (an in-memory network for synctest bubbles).
 //
 // It imports only the standard library and package testmodels, so that the

@@ -27,6 +27,15 @@ func BenchmarkEncode(b *testing.B) {
 		}
 		benchEncode(b, tok)
 	})
+	// The SentencePiece model (spm.go): stories260K's tok512 as a GGUF
+	// vocabulary.
+	b.Run("stories260K-gguf", func(b *testing.B) {
+		tok, err := LoadGGUF(writeGGUF(b, tok512KV(b)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		benchEncode(b, tok)
+	})
 }
 
 func benchEncode(b *testing.B, tok *Tokenizer) {

@@ -126,14 +126,9 @@ type symbol struct {
 	dead       bool
 }
 
-// candidate is a possible merge of the symbol at pos with its successor.
-type candidate struct {
-	rank, pos, id int32
-}
-
-func (c candidate) less(d candidate) bool {
-	return c.rank < d.rank || (c.rank == d.rank && c.pos < d.pos)
-}
+// candidate is a possible merge of the symbol at pos with its successor,
+// keyed by the merge's rank; val is the merged token's id.
+type candidate = queuedMerge[int32, int32, int32]
 
 func (b *bpe) mergeWord(word string, dst []int32) []int32 {
 	var symBuf [32]symbol
@@ -150,22 +145,22 @@ func (b *bpe) mergeWord(word string, dst []int32) []int32 {
 	h := heapBuf[:0]
 	for i := 0; i+1 < len(syms); i++ {
 		if m, ok := b.merges[pairKey(syms[i].id, syms[i+1].id)]; ok {
-			h = pushCandidate(h, candidate{rank: m.rank, pos: int32(i), id: m.id})
+			h = pushMerge(h, candidate{key: m.rank, pos: int32(i), val: m.id})
 		}
 	}
 	for len(h) > 0 {
 		var top candidate
-		top, h = popCandidate(h)
+		top, h = popMerge(h)
 		s := &syms[top.pos]
 		if s.dead || s.next < 0 {
 			continue
 		}
 		right := &syms[s.next]
 		// Entries go stale when a neighbour merged since they were pushed.
-		if m, ok := b.merges[pairKey(s.id, right.id)]; !ok || m.id != top.id {
+		if m, ok := b.merges[pairKey(s.id, right.id)]; !ok || m.id != top.val {
 			continue
 		}
-		s.id = top.id
+		s.id = top.val
 		right.dead = true
 		s.next = right.next
 		if s.next >= 0 {
@@ -173,12 +168,12 @@ func (b *bpe) mergeWord(word string, dst []int32) []int32 {
 		}
 		if s.prev >= 0 {
 			if m, ok := b.merges[pairKey(syms[s.prev].id, s.id)]; ok {
-				h = pushCandidate(h, candidate{rank: m.rank, pos: s.prev, id: m.id})
+				h = pushMerge(h, candidate{key: m.rank, pos: s.prev, val: m.id})
 			}
 		}
 		if s.next >= 0 {
 			if m, ok := b.merges[pairKey(s.id, syms[s.next].id)]; ok {
-				h = pushCandidate(h, candidate{rank: m.rank, pos: top.pos, id: m.id})
+				h = pushMerge(h, candidate{key: m.rank, pos: top.pos, val: m.id})
 			}
 		}
 	}
@@ -240,45 +235,6 @@ func (b *bpe) hasByteTokens(s string) bool {
 		}
 	}
 	return true
-}
-
-// pushCandidate and popCandidate keep a binary min-heap of merge
-// candidates in a slice. They are plain functions taking and returning the
-// slice, rather than container/heap or methods on a pointer, so that the
-// heap's small backing array can stay on mergeWord's stack.
-func pushCandidate(h []candidate, c candidate) []candidate {
-	h = append(h, c)
-	for i := len(h) - 1; i > 0; {
-		p := (i - 1) / 2
-		if !h[i].less(h[p]) {
-			break
-		}
-		h[i], h[p] = h[p], h[i]
-		i = p
-	}
-	return h
-}
-
-func popCandidate(h []candidate) (candidate, []candidate) {
-	top := h[0]
-	last := len(h) - 1
-	h[0] = h[last]
-	h = h[:last]
-	for i := 0; ; {
-		l, r, m := 2*i+1, 2*i+2, i
-		if l < len(h) && h[l].less(h[m]) {
-			m = l
-		}
-		if r < len(h) && h[r].less(h[m]) {
-			m = r
-		}
-		if m == i {
-			break
-		}
-		h[i], h[m] = h[m], h[i]
-		i = m
-	}
-	return top, h
 }
 
 // wordCache remembers the ids of recently seen words. Words repeat a lot in

@@ -14,7 +14,7 @@ import (
 )
 
 // writeGGUF writes a GGUF file with metadata kv and no tensors.
-func writeGGUF(t *testing.T, kv []gguf.KV) string {
+func writeGGUF(t testing.TB, kv []gguf.KV) string {
 	t.Helper()
 	var buf bytes.Buffer
 	w, err := gguf.NewWriter(&buf, append([]gguf.KV{{Key: "general.architecture", Value: gguf.StringValue("llama")}}, kv...), nil)
@@ -35,7 +35,7 @@ func writeGGUF(t *testing.T, kv []gguf.KV) string {
 // tokenizer built from the original llama2.c tok512.bin (its scores are the
 // SentencePiece model's): tokens with spaces as "▁", <unk>, <s>, </s> as
 // unknown and control tokens, <0xXX> as byte tokens.
-func tok512KV(t *testing.T) []gguf.KV {
+func tok512KV(t testing.TB) []gguf.KV {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(testmodels.Stories260K(t), "..", "tok512.bin"))
 	if err != nil {

@@ -34,15 +34,16 @@ type spmSymbol struct {
 	prev, next int
 }
 
-type spmBigram struct {
-	left, right int
-	score       float32
-	size        int
-}
+// spmBigram is a possible merge of the symbol at pos (the left one) with
+// the symbol val.right, keyed by the merged piece's score negated: the
+// highest score merges first, then the leftmost.
+type spmBigram = queuedMerge[float32, int, spmRight]
 
-// before orders the merge queue: higher score first, then leftmost.
-func (a spmBigram) before(b spmBigram) bool {
-	return a.score > b.score || a.score == b.score && a.left < b.left
+// spmRight is the rest of a queued SentencePiece merge: the right symbol,
+// and the merged piece's length in bytes, which tells a stale entry (one
+// of the two symbols merged since) from a live one.
+type spmRight struct {
+	right, size int
 }
 
 func (s *spm) encode(text string, dst []int32) []int32 {
@@ -67,26 +68,26 @@ func (s *spm) encode(text string, dst []int32) []int32 {
 		if !ok || int(id) >= len(s.scores) {
 			return
 		}
-		queue = pushBigram(queue, spmBigram{left: l, right: r, score: s.scores[id], size: len(piece)})
+		queue = pushMerge(queue, spmBigram{key: -s.scores[id], pos: l, val: spmRight{right: r, size: len(piece)}})
 	}
 	for i := 1; i < len(syms); i++ {
 		try(i-1, i)
 	}
 	for len(queue) > 0 {
 		var b spmBigram
-		b, queue = popBigram(queue)
-		l, r := &syms[b.left], &syms[b.right]
-		if l.n == 0 || r.n == 0 || l.n+r.n != b.size {
+		b, queue = popMerge(queue)
+		l, r := &syms[b.pos], &syms[b.val.right]
+		if l.n == 0 || r.n == 0 || l.n+r.n != b.val.size {
 			continue
 		}
 		l.n += r.n
 		r.n = 0
 		l.next = r.next
 		if r.next >= 0 {
-			syms[r.next].prev = b.left
+			syms[r.next].prev = b.pos
 		}
-		try(l.prev, b.left)
-		try(b.left, l.next)
+		try(l.prev, b.pos)
+		try(b.pos, l.next)
 	}
 	for i := 0; i != -1; i = syms[i].next {
 		piece := text[syms[i].start : syms[i].start+syms[i].n]
@@ -116,44 +117,4 @@ func utf8SeqLen(b byte) int {
 		return 4
 	}
 	return 1
-}
-
-// pushBigram and popBigram are bpe.go's pushCandidate and popCandidate for
-// the SentencePiece queue. The two pairs stay copies: each inlines into its
-// merge loop, where one generic pair (its less called through the
-// instantiation's dictionary) did not inline and made BPE merges slower
-// (BenchmarkBPEWordCache/uncached, 2026-12-05).
-func pushBigram(h []spmBigram, b spmBigram) []spmBigram {
-	h = append(h, b)
-	for i := len(h) - 1; i > 0; {
-		p := (i - 1) / 2
-		if !h[i].before(h[p]) {
-			break
-		}
-		h[i], h[p] = h[p], h[i]
-		i = p
-	}
-	return h
-}
-
-func popBigram(h []spmBigram) (spmBigram, []spmBigram) {
-	top := h[0]
-	last := len(h) - 1
-	h[0] = h[last]
-	h = h[:last]
-	for i := 0; ; {
-		l, r, m := 2*i+1, 2*i+2, i
-		if l < len(h) && h[l].before(h[m]) {
-			m = l
-		}
-		if r < len(h) && h[r].before(h[m]) {
-			m = r
-		}
-		if m == i {
-			break
-		}
-		h[i], h[m] = h[m], h[i]
-		i = m
-	}
-	return top, h
 }

@@ -60,11 +60,13 @@ func (e *fakeEngine) got(id string) bool {
 	return slices.Contains(e.ids, id)
 }
 
-// TestKVEventsSteerTheRouter: decode d1 publishes that it cached a prompt's
-// blocks; the router, following d1's events, sends that prompt to d1 and,
-// with the conditional decider, prefills it there (cached), while a new
-// prompt of the same length goes remote.
-func TestKVEventsSteerTheRouter(t *testing.T) {
+// quiet is the tests' logger: it drops everything.
+var quiet = slog.New(slog.DiscardHandler)
+
+// fixtureTokenizer returns the tokenizer of a generated fixture with a
+// vocabulary of 1024 tokens.
+func fixtureTokenizer(t *testing.T) *tokenizer.Tokenizer {
+	t.Helper()
 	dir := t.TempDir()
 	if _, err := tokenizer.WriteFixture(dir, tokenizer.FixtureOptions{VocabSize: 1024}); err != nil {
 		t.Fatal(err)
@@ -73,13 +75,100 @@ func TestKVEventsSteerTheRouter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	quiet := slog.New(slog.DiscardHandler)
+	return tok
+}
+
+// startPublisher starts a KV-event publisher, in blocks of 16 tokens, on
+// free loopback ports (its PUB socket and its replay socket), closed when
+// the test ends.
+func startPublisher(t *testing.T) *kvevents.Publisher {
+	t.Helper()
 	pub, err := kvevents.NewPublisher(kvevents.Config{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 100, HWM: 1000, MaxQueueSize: 1000},
 		kvevents.PublisherOptions{BlockSize: 16, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pub.Close(0) })
+	return pub
+}
+
+// cacheOnEngine stores text's blocks in a KV cache of 16-token blocks
+// whose events pub publishes, as a decode engine caching the prompt would,
+// and returns text's token ids. The caller flushes pub.
+func cacheOnEngine(t *testing.T, pub *kvevents.Publisher, tok *tokenizer.Tokenizer, text string) []int32 {
+	t.Helper()
+	blocks, err := kvcache.NewBlocks(kvcache.BlocksConfig{BlockSize: 16, NumBlocks: 256, ExtraKey: fingerprint, Observer: pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := tok.Encode(text, true)
+	hashes := blocks.ExtendHashes(nil, ids)
+	bids, ok := blocks.Allocate(len(hashes))
+	if !ok {
+		t.Fatal("no room")
+	}
+	for i, id := range bids {
+		blocks.Cache(id, hashes[i])
+	}
+	return ids
+}
+
+// heldBy is how many of the blocks of ids the index says engine holds.
+func heldBy(idx *kvindex.Precise, ids []int32, engine string) int {
+	n := 0
+	idx.Match(idx.Hash(ids), func(e string, b int) {
+		if e == engine {
+			n = b
+		}
+	})
+	return n
+}
+
+// startPrefixProxy serves a proxy routing by prefix over pre and the
+// decodes, with the conditional decider, the index's view of the decodes'
+// KV and, when it is not nil, changed told of every change to the pools
+// (Config.BackendsChanged).
+// It returns the proxy and its URL.
+func startPrefixProxy(t *testing.T, tok *tokenizer.Tokenizer, idx *kvindex.Precise, pre *fakeEngine, decodes []*fakeEngine, changed func(role string, added, removed []string)) (*proxy.Proxy, string) {
+	t.Helper()
+	var urls []string
+	for _, d := range decodes {
+		urls = append(urls, d.srv.URL)
+	}
+	p, err := proxy.New(proxy.Config{Prefill: []string{pre.srv.URL}, Decode: urls, Fallback: true,
+		Policy: factory.PolicyPrefix, PDDecider: "conditional", Router: factory.Options{Threshold: 64}, ScrapeInterval: -1,
+		Tokenizer: tok, PrefixIndex: idx, BlockHasher: idx.Hash, BlockSize: 16, Logger: quiet, BackendsChanged: changed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.CheckHealth(context.Background())
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	return p, srv.URL
+}
+
+// send posts a completion of prompt with request id id to url and returns
+// the proxy's x-tandem-pd header.
+func send(t *testing.T, url, id, prompt string) string {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/completions", strings.NewReader(fmt.Sprintf(`{"prompt":%q,"max_tokens":4}`, prompt)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", id)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.Header.Get(proxy.HeaderPD)
+}
+
+// TestKVEventsSteerTheRouter: decode d1 publishes that it cached a prompt's
+// blocks; the router, following d1's events, sends that prompt to d1 and,
+// with the conditional decider, prefills it there (cached), while a new
+// prompt of the same length goes remote.
+func TestKVEventsSteerTheRouter(t *testing.T) {
+	tok := fixtureTokenizer(t)
+	pub := startPublisher(t)
 
 	pre := newEngine(t, true)
 	d0, d1 := newEngine(t, false), newEngine(t, false)
@@ -100,65 +189,25 @@ func TestKVEventsSteerTheRouter(t *testing.T) {
 	cached := strings.Repeat("once upon a time there was a little girl who liked to play. ", 12)
 	fresh := strings.Repeat("the quick brown fox jumps over the lazy dog near the river. ", 12)
 	// d1's KV cache stores the cached prompt's blocks, as its engine would.
-	blocks, err := kvcache.NewBlocks(kvcache.BlocksConfig{BlockSize: 16, NumBlocks: 256, ExtraKey: fingerprint, Observer: pub})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := tok.Encode(cached, true)
-	hashes := blocks.ExtendHashes(nil, ids)
-	bids, ok := blocks.Allocate(len(hashes))
-	if !ok {
-		t.Fatal("no room")
-	}
-	for i, id := range bids {
-		blocks.Cache(id, hashes[i])
-	}
+	ids := cacheOnEngine(t, pub, tok, cached)
 	pub.Flush()
 	want := len(ids) / 16
 	deadline := time.Now().Add(5 * time.Second)
-	for {
-		n := 0
-		idx.Match(idx.Hash(ids), func(e string, b int) {
-			if e == d1URL {
-				n = b
-			}
-		})
-		if n == want {
-			break
-		}
+	for n := heldBy(idx, ids, d1URL); n != want; n = heldBy(idx, ids, d1URL) {
 		if time.Now().After(deadline) {
 			t.Fatalf("d1 holds %d of %d blocks in the index after 5s", n, want)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 
-	p, err := proxy.New(proxy.Config{Prefill: []string{pre.srv.URL}, Decode: []string{d0.srv.URL, d1.srv.URL}, Fallback: true,
-		Policy: factory.PolicyPrefix, PDDecider: "conditional", Router: factory.Options{Threshold: 64}, ScrapeInterval: -1,
-		Tokenizer: tok, PrefixIndex: idx, BlockHasher: idx.Hash, BlockSize: 16, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.CheckHealth(context.Background())
-	srv := httptest.NewServer(p)
-	t.Cleanup(srv.Close)
-	send := func(id, prompt string) string {
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(fmt.Sprintf(`{"prompt":%q,"max_tokens":4}`, prompt)))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Request-Id", id)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.Header.Get(proxy.HeaderPD)
-	}
+	_, url := startPrefixProxy(t, tok, idx, pre, []*fakeEngine{d0, d1}, nil)
 	for i := range 4 {
 		id := fmt.Sprintf("cached-%d", i)
-		if pd := send(id, cached); pd != "local; reason=short_uncached" || !d1.got(id) {
+		if pd := send(t, url, id, cached); pd != "local; reason=short_uncached" || !d1.got(id) {
 			t.Errorf("cached prompt %d: x-tandem-pd %q, on d1 %v; want local on d1", i, pd, d1.got(id))
 		}
 	}
-	if pd := send("fresh", fresh); pd != "remote" {
+	if pd := send(t, url, "fresh", fresh); pd != "remote" {
 		t.Errorf("fresh prompt: x-tandem-pd %q, want remote", pd)
 	}
 }
@@ -219,21 +268,8 @@ func listenNear(t *testing.T, port int) (net.Listener, int) {
 // events then steer its cached prompt to it; removed, it is unfollowed and
 // the index forgets it.
 func TestFollowerFollowsDecodesAddedAtRunTime(t *testing.T) {
-	dir := t.TempDir()
-	if _, err := tokenizer.WriteFixture(dir, tokenizer.FixtureOptions{VocabSize: 1024}); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokenizer.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	quiet := slog.New(slog.DiscardHandler)
-	pub, err := kvevents.NewPublisher(kvevents.Config{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 100, HWM: 1000, MaxQueueSize: 1000},
-		kvevents.PublisherOptions{BlockSize: 16, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pub.Close(0) })
+	tok := fixtureTokenizer(t)
+	pub := startPublisher(t)
 	pubPort := pub.Addr().(*net.TCPAddr).Port
 	replayPort := pub.ReplayAddr().(*net.TCPAddr).Port
 
@@ -253,56 +289,17 @@ func TestFollowerFollowsDecodesAddedAtRunTime(t *testing.T) {
 	}
 
 	cached := strings.Repeat("once upon a time there was a little girl who liked to play. ", 12)
-	blocks, err := kvcache.NewBlocks(kvcache.BlocksConfig{BlockSize: 16, NumBlocks: 256, ExtraKey: fingerprint, Observer: pub})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := tok.Encode(cached, true)
-	hashes := blocks.ExtendHashes(nil, ids)
-	bids, ok := blocks.Allocate(len(hashes))
-	if !ok {
-		t.Fatal("no room")
-	}
-	for i, id := range bids {
-		blocks.Cache(id, hashes[i])
-	}
+	ids := cacheOnEngine(t, pub, tok, cached)
 	pub.Flush() // published before anyone follows d1: the replay brings it
 
 	idx := kvindex.New(fingerprint, 16, quiet)
 	t.Cleanup(idx.Close)
 	fol := kvindex.NewFollower(idx, nil, pattern, quiet)
-	held := func() int {
-		n := 0
-		idx.Match(idx.Hash(ids), func(e string, b int) {
-			if e == d1URL {
-				n = b
-			}
-		})
-		return n
-	}
+	held := func() int { return heldBy(idx, ids, d1URL) }
 
 	pre, d0 := newEngine(t, true), newEngine(t, false)
-	p, err := proxy.New(proxy.Config{Prefill: []string{pre.srv.URL}, Decode: []string{d0.srv.URL}, Fallback: true,
-		Policy: factory.PolicyPrefix, PDDecider: "conditional", Router: factory.Options{Threshold: 64}, ScrapeInterval: -1,
-		Tokenizer: tok, PrefixIndex: idx, BlockHasher: idx.Hash, BlockSize: 16, Logger: quiet, BackendsChanged: fol.BackendsChanged})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.CheckHealth(context.Background())
-	srv := httptest.NewServer(p)
-	t.Cleanup(srv.Close)
-	send := func(id string) string {
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(fmt.Sprintf(`{"prompt":%q,"max_tokens":4}`, cached)))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Request-Id", id)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.Header.Get(proxy.HeaderPD)
-	}
-	if pd := send("before"); pd != "remote" {
+	p, url := startPrefixProxy(t, tok, idx, pre, []*fakeEngine{d0}, fol.BackendsChanged)
+	if pd := send(t, url, "before", cached); pd != "remote" {
 		t.Fatalf("before d1 joins: x-tandem-pd %q, want remote (no decode holds the prompt)", pd)
 	}
 
@@ -318,7 +315,7 @@ func TestFollowerFollowsDecodesAddedAtRunTime(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if pd := send("after"); pd != "local; reason=short_uncached" || !d1.got("after") {
+	if pd := send(t, url, "after", cached); pd != "local; reason=short_uncached" || !d1.got("after") {
 		t.Errorf("after d1 joined: x-tandem-pd %q, on d1 %v; want local on d1", pd, d1.got("after"))
 	}
 

@@ -1,7 +1,6 @@
 package kvindex_test
 
 import (
-	"log/slog"
 	"testing"
 	"time"
 
@@ -9,7 +8,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tandem-serve/tandem/internal/kvcache"
-	"github.com/tandem-serve/tandem/internal/kvevents"
 	"github.com/tandem-serve/tandem/internal/router/kvindex"
 	"github.com/tandem-serve/tandem/internal/testutil"
 )
@@ -19,13 +17,7 @@ import (
 // the next sequence expected equal to the engine's published count (no
 // lag once caught up).
 func TestCollectorExportsTheSubscribersView(t *testing.T) {
-	quiet := slog.New(slog.DiscardHandler)
-	pub, err := kvevents.NewPublisher(kvevents.Config{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 100, HWM: 1000, MaxQueueSize: 1000},
-		kvevents.PublisherOptions{BlockSize: 16, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pub.Close(0) })
+	pub := startPublisher(t)
 	idx := kvindex.New(fingerprint, 16, quiet)
 	t.Cleanup(idx.Close)
 	reg := prometheus.NewRegistry()
