@@ -62,7 +62,7 @@ func testDecodePrefetch(t *testing.T, isa string, sh attnShape, bs, win, p int, 
 		m.planTokens(seqs, 1)
 		s.slots = kvlayout.LayerSlots(m.KVGroups(false), 1)
 		w := new(attnScratch)
-		m.attendTile(w, viewKV(f.pool, f.layout), f.layout, 0, &seqs[0], nil, 0, 1, p, heads[0], heads[1])
+		m.attendTile(w, viewKV(f.pool, f.layout), f.layout, 0, &seqs[0], nil, 0, 1, p, heads[0], heads[1], attnPart{})
 
 		pf := &w.pf
 		if pf.cur != len(pf.segs) {
