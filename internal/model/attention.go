@@ -53,6 +53,13 @@ import (
 //     chain).
 //  3. out[t] = acc[t]·(1/l).
 //
+// Above the chunks, the keys are cut into key segments at multiples of
+// attnSegKeys positions (512): step 2 runs from a fresh state (m = −Inf,
+// l = 0, acc = 0) in every segment, each segment's (m, l, acc) is folded
+// into the query's running state at its end in position order, and step 3
+// normalises the running state (attention_segments.go). A query whose keys
+// lie in one segment is computed exactly as above.
+//
 // Skipping the rescale when the maximum does not grow is exact (the factor
 // would be e^0 = 1), so it is not a choice a tile could make differently.
 // Keys beyond p are never read for that query (its last chunk is cut at
@@ -85,6 +92,9 @@ import (
 //     block size either.
 //  3. out[t] = acc[t]·(1/l).
 //
+// The key segments are the same as on the f32 path, and folded the same
+// way.
+//
 // The weights are rounded to bf16 before they multiply the values, as
 // FlashAttention does on GPUs (its second GEMM takes P in the input dtype);
 // every other activation on this ISA is rounded to bf16 before a product
@@ -108,9 +118,15 @@ import (
 // is computed, nor before a window). A single new token
 // (decode) is one item for all KV heads, so one sweep reads a block's key
 // rows for every head, its KV rows prefetched a fixed distance ahead of
-// the kernels (attention_prefetch.go); when the batch has
-// fewer items than the pool has threads (a single sequence's decode), it is
-// one item per KV head instead, so the threads share it. Items are claimed
+// the kernels (attention_prefetch.go). When the batch has fewer items than
+// the pool has threads (a single sequence's decode), the threads share a
+// token: if its keys span more than one key segment, it is one item per
+// segment (as many as full attention has; a window's fewer segments are
+// dealt out among them), each for every KV head, so that each reads whole
+// pool rows as one stream, and the segments' states are folded into its
+// outputs once the items are done (attention_segments.go: the same folds,
+// in the same order, as one thread's); a shorter token is one item per KV
+// head, whose rows are a head's slices of the pool rows. Items are claimed
 // dynamically by whichever pool thread is free, the costliest first within
 // each KV head. On the bf16 path, and on the f32 one where
 // tensor.AttnPackedF32 holds, a first parallel pass packs, per sequence
