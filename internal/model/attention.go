@@ -172,6 +172,7 @@ type attnScratch struct {
 	// (attention_segments.go): maximum, sum [R] and unnormalised outputs
 	// [R, hd].
 	rm, rl, racc []float32
+	runEmpty     bool // no segment folded into the running state yet
 	// The bf16 path's buffers: padded bf16 queries [R, 2·AttnKeyPairs],
 	// bf16 weights of the current chunk [R, attnKeyChunk], and where the
 	// chunk's value rows are in the pool.

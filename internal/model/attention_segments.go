@@ -18,9 +18,10 @@ import (
 //
 //   - a segment without keys for the query (m = −Inf) changes nothing;
 //   - the first segment with keys becomes the running state as it is;
-//   - if m > M: f = e^(M−m) (tensor.ExpSum of one element), A[t] = A[t]·f +
-//     acc[t], L = L·f + l, M = m;
-//   - else: f = e^(m−M), A[t] = A[t] + acc[t]·f, L = L + l·f;
+//   - if m > M: f = e^(M−m) (tensor.ExpSum of one element), A[t] = acc[t] +
+//     f·A[t] (tensor.Axpy, whose rounding, fused or not, is the ISA's),
+//     L = L·f + l, M = m;
+//   - else: f = e^(m−M), A[t] = A[t] + f·acc[t] (tensor.Axpy), L = L + l·f;
 //
 // and out[t] = A[t]·(1/L) at the end. A query whose keys lie in one segment
 // (every one at positions below S) gets the bits it got before segments
@@ -84,19 +85,28 @@ func (w *attnScratch) resetRunning(R int) {
 	for r := range R {
 		w.rm[r], w.rl[r] = negInf, 0
 	}
+	w.runEmpty = true
 }
 
 // closeSegment ends segment g for the R rows of the scratch: their
 // segment states are folded into the running states (pt.n = 0) or stored
 // in the token's buffer (a split token, R = its query heads), and
-// restarted.
+// restarted. While every running state is empty (the item's first
+// segment), folding is taking each segment state as it is, a row without
+// keys staying empty: the buffers change places instead.
 func (w *attnScratch) closeSegment(R, hd, g int, pt attnPart) {
-	if pt.n > 0 {
+	switch {
+	case pt.n > 0:
 		b := pt.buf[g*segStride(R, hd):][:segStride(R, hd)]
 		copy(b, w.acc[:R*hd])
 		copy(b[R*hd:], w.mx[:R])
 		copy(b[R*hd+R:], w.l[:R])
-	} else {
+	case w.runEmpty:
+		w.acc, w.racc = w.racc, w.acc
+		w.mx, w.rm = w.rm, w.mx
+		w.l, w.rl = w.rl, w.l
+		w.runEmpty = false
+	default:
 		for r := range R {
 			mergeSegment(&w.rm[r], &w.rl[r], w.racc[r*hd:][:hd], w.mx[r], w.l[r], w.acc[r*hd:][:hd], &w.factor)
 		}
@@ -105,8 +115,9 @@ func (w *attnScratch) closeSegment(R, hd, g int, pt attnPart) {
 }
 
 // mergeSegment folds a segment's state (maximum m, sum l, unnormalised
-// outputs acc) into a query's running state (M, L, A), in the one order
-// described above; f is a scratch element for the exponential.
+// outputs acc, which it may overwrite) into a query's running state (M, L,
+// A), in the one order described above; f is a scratch element for the
+// exponential.
 func mergeSegment(M, L *float32, A []float32, m, l float32, acc []float32, f *[1]float32) {
 	switch {
 	case math.IsInf(float64(m), -1):
@@ -116,17 +127,14 @@ func mergeSegment(M, L *float32, A []float32, m, l float32, acc []float32, f *[1
 	case m > *M:
 		f[0] = *M
 		e := tensor.ExpSum(f[:], m)
-		for i, v := range acc {
-			A[i] = A[i]*e + v
-		}
+		tensor.Axpy(e, A, acc)
+		copy(A, acc)
 		*L = *L*e + l
 		*M = m
 	default:
 		f[0] = m
 		e := tensor.ExpSum(f[:], *M)
-		for i, v := range acc {
-			A[i] += v * e
-		}
+		tensor.Axpy(e, acc, A)
 		*L += l * e
 	}
 }
