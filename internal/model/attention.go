@@ -53,6 +53,13 @@ import (
 //     chain).
 //  3. out[t] = acc[t]·(1/l).
 //
+// Above the chunks, the keys are cut into key segments at multiples of
+// attnSegKeys positions (512): step 2 runs from a fresh state (m = −Inf,
+// l = 0, acc = 0) in every segment, each segment's (m, l, acc) is folded
+// into the query's running state at its end in position order, and step 3
+// normalises the running state (attention_segments.go). A query whose keys
+// lie in one segment is computed exactly as above.
+//
 // Skipping the rescale when the maximum does not grow is exact (the factor
 // would be e^0 = 1), so it is not a choice a tile could make differently.
 // Keys beyond p are never read for that query (its last chunk is cut at
@@ -85,6 +92,9 @@ import (
 //     block size either.
 //  3. out[t] = acc[t]·(1/l).
 //
+// The key segments are the same as on the f32 path, and folded the same
+// way.
+//
 // The weights are rounded to bf16 before they multiply the values, as
 // FlashAttention does on GPUs (its second GEMM takes P in the input dtype);
 // every other activation on this ISA is rounded to bf16 before a product
@@ -108,9 +118,15 @@ import (
 // is computed, nor before a window). A single new token
 // (decode) is one item for all KV heads, so one sweep reads a block's key
 // rows for every head, its KV rows prefetched a fixed distance ahead of
-// the kernels (attention_prefetch.go); when the batch has
-// fewer items than the pool has threads (a single sequence's decode), it is
-// one item per KV head instead, so the threads share it. Items are claimed
+// the kernels (attention_prefetch.go). When the batch has fewer items than
+// the pool has threads (a single sequence's decode), the threads share a
+// token: if its keys span more than one key segment, it is one item per
+// segment (as many as full attention has; a window's fewer segments are
+// dealt out among them), each for every KV head, so that each reads whole
+// pool rows as one stream, and the segments' states are folded into its
+// outputs once the items are done (attention_segments.go: the same folds,
+// in the same order, as one thread's); a shorter token is one item per KV
+// head, whose rows are a head's slices of the pool rows. Items are claimed
 // dynamically by whichever pool thread is free, the costliest first within
 // each KV head. On the bf16 path, and on the f32 one where
 // tensor.AttnPackedF32 holds, a first parallel pass packs, per sequence
@@ -136,10 +152,12 @@ type attnTile struct {
 
 // attnItem is one unit of attention work: a tile for one KV head, or for
 // all of them (kvh < 0: a single decode token, which may also be split into
-// one item per KV head).
+// one item per KV head, or into parts of its key segments).
 type attnItem struct {
-	tile, kvh int32
-	cost      int64 // query rows × keys, for ordering
+	tile, kvh   int32
+	part, parts int32 // a split token's part of its key segments (parts 0: all keys)
+	buf         int   // a split token's partial states in s.segBuf
+	cost        int64 // query rows × keys, for ordering
 }
 
 // attnScratch is one worker's attention buffers, for R query rows.
@@ -150,6 +168,11 @@ type attnScratch struct {
 	acc    []float32 // unnormalised outputs [R, hd]
 	mx, l  []float32 // running maximum and sum [R]
 	factor [1]float32
+	// The running state the key segments' states are folded into
+	// (attention_segments.go): maximum, sum [R] and unnormalised outputs
+	// [R, hd].
+	rm, rl, racc []float32
+	runEmpty     bool // no segment folded into the running state yet
 	// The bf16 path's buffers: padded bf16 queries [R, 2·AttnKeyPairs],
 	// bf16 weights of the current chunk [R, attnKeyChunk], and where the
 	// chunk's value rows are in the pool.
@@ -165,6 +188,9 @@ func (w *attnScratch) grow(rows, hd int) {
 	w.acc = grow(w.acc, rows*hd)
 	w.mx = grow(w.mx, rows)
 	w.l = grow(w.l, rows)
+	w.rm = grow(w.rm, rows)
+	w.rl = grow(w.rl, rows)
+	w.racc = grow(w.racc, rows*hd)
 }
 
 // planTokens records every new token's sequence and position, cuts the
@@ -214,23 +240,40 @@ func (m *Model) planAttention() {
 			decode++
 		}
 	}
-	// Fewer items than threads (a single sequence's decode): one item per
-	// KV head, so the threads share the token's attention rather than one
-	// of them doing it while the others wait.
-	split := c.KVHeads > 1 && start+decode < m.pool.Threads()
+	// Fewer items than threads (a single sequence's decode): the threads
+	// share a token's attention rather than one of them doing it while the
+	// others wait. A token whose keys span several key segments is one
+	// item per segment (of full attention), for every KV head, so that
+	// each reads whole pool rows (attention_segments.go); a shorter one is
+	// one item per KV head.
+	split := start+decode < m.pool.Threads()
+	S := m.segKeys()
+	stride := segStride(c.Heads, c.HeadDim)
+	s.segToks = s.segToks[:0]
+	nbuf := 0
 	for i, tile := range s.tiles {
 		if tile.n != 1 {
 			continue
 		}
-		keys := int64(s.tokPos[tile.t0]) + 1
-		if !split {
+		p := int(s.tokPos[tile.t0])
+		keys := int64(p) + 1
+		switch nseg := p/S + 1; {
+		case split && nseg > 1:
+			s.segToks = append(s.segToks, segToken{tile: int32(i), buf: nbuf})
+			for k := range nseg {
+				n := int64(min(S, p+1-k*S))
+				s.items = append(s.items, attnItem{tile: int32(i), kvh: -1, part: int32(k), parts: int32(nseg), buf: nbuf, cost: n * int64(c.Heads)})
+			}
+			nbuf += nseg * stride
+		case split && c.KVHeads > 1:
+			for kvh := range c.KVHeads {
+				s.items = append(s.items, attnItem{tile: int32(i), kvh: int32(kvh), cost: keys * group})
+			}
+		default:
 			s.items = append(s.items, attnItem{tile: int32(i), kvh: -1, cost: keys * int64(c.Heads)})
-			continue
-		}
-		for kvh := range c.KVHeads {
-			s.items = append(s.items, attnItem{tile: int32(i), kvh: int32(kvh), cost: keys * group})
 		}
 	}
+	s.segBuf = grow(s.segBuf, nbuf)
 	slices.SortStableFunc(s.items[start:], func(a, b attnItem) int { return cmp.Compare(b.cost, a.cost) })
 }
 
@@ -260,36 +303,51 @@ func (m *Model) attention(li int, seqs []Seq, kv kvView, layout kvlayout.Layout)
 			if it.kvh < 0 {
 				kh0, kh1 = 0, c.KVHeads
 			}
+			var part attnPart
+			if it.parts > 0 {
+				part = attnPart{k: int(it.part), n: int(it.parts), buf: s.segBuf[it.buf:]}
+			}
 			if bf16 {
 				var keys []uint32
 				if tile.n > 1 {
 					keys = s.packed[int(s.tokSeq[tile.t0])*c.KVHeads+int(it.kvh)]
 				}
-				m.attendTileBF16(w, kv, layout, li, sq, keys, tile.t0, tile.n, first, kh0, kh1)
+				m.attendTileBF16(w, kv, layout, li, sq, keys, tile.t0, tile.n, first, kh0, kh1, part)
 				continue
 			}
 			var keys []float32
 			if packed && tile.n > 1 {
 				keys = s.packedF32[int(s.tokSeq[tile.t0])*c.KVHeads+int(it.kvh)]
 			}
-			m.attendTile(w, kv, layout, li, sq, keys, tile.t0, tile.n, first, kh0, kh1)
+			m.attendTile(w, kv, layout, li, sq, keys, tile.t0, tile.n, first, kh0, kh1, part)
 		}
 		s.attnScratch.Put(w)
 	})
+	if len(s.segToks) > 0 {
+		m.mergeParts(li)
+	}
 }
 
 // attendTile computes the attention outputs of tokens [t0, t0+ntok) of the
 // batch (consecutive positions first, first+1, ... of sq) for the query
 // heads of KV heads [kh0, kh1), in the reduction order described at the
-// top of this file. Query row r of the item is head kvh·group+gi of token
-// tok, r = ((kvh−kh0)·ntok + tok)·group + gi: the rows of one KV head are
-// contiguous, and so are the group's rows of one token.
-func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li int, sq *Seq, keys []float32, t0, ntok, first, kh0, kh1 int) {
+// top of this file and in attention_segments.go, or a split decode token's
+// part of it (pt.n > 0: its segments' states left in pt.buf). Query row r
+// of the item is head kvh·group+gi of token tok, r = ((kvh−kh0)·ntok +
+// tok)·group + gi: the rows of one KV head are contiguous, and so are the
+// group's rows of one token.
+func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li int, sq *Seq, keys []float32, t0, ntok, first, kh0, kh1 int, pt attnPart) {
 	tbl, ls := m.kvTable(sq, li)
 	c := &m.cfg
-	s := &m.s
 	hd, kvd, group, bs := c.HeadDim, c.KVDim(), c.Heads/c.KVHeads, layout.BlockSize
 	const C = attnKeyChunk
+	S := m.segKeys()
+	win := m.layers[li].window
+	// The keys walked: [lo, end), end past the tile's last token's.
+	lo, end := pt.keyRange(S, windowStart(first, win), first+ntok)
+	if lo >= end {
+		return
+	}
 	perHead := ntok * group // rows per KV head
 	R := (kh1 - kh0) * perHead
 	w.grow(R, hd)
@@ -298,14 +356,18 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 		w.qb.Set(w.q, R, hd)
 	}
 	w.reset(R, hd)
+	w.resetRunning(R)
 
-	win := m.layers[li].window
-	end := first + ntok // keys of the tile's last token
 	decode := ntok == 1 && keys == nil
 	if decode {
-		w.pf.plan(layout, tbl, ls, windowStart(first, win), end, kh0, kh1)
+		w.pf.plan(layout, tbl, ls, lo, end, kh0, kh1)
 	}
-	for c0 := windowStart(first, win) / C * C; c0 < end; c0 += C {
+	segEnd := (lo/S + 1) * S
+	for c0 := lo / C * C; c0 < end; c0 += C {
+		if c0 == segEnd {
+			w.closeSegment(R, hd, c0/S-1, pt)
+			segEnd += S
+		}
 		c1 := min(c0+C, end)
 		tokLo, tokHi := chunkTokens(c0, c1, first, ntok, win)
 		live := (tokHi - tokLo) * group
@@ -396,18 +458,9 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 			}
 		}
 	}
-	for kvh := kh0; kvh < kh1; kvh++ {
-		for tok := range ntok {
-			for gi := range group {
-				r := (kvh-kh0)*perHead + tok*group + gi
-				h := kvh*group + gi
-				inv := 1 / w.l[r]
-				out := s.attn[(t0+tok)*c.QDim()+h*hd:][:hd]
-				for i, v := range w.acc[r*hd : (r+1)*hd] {
-					out[i] = v * inv
-				}
-			}
-		}
+	w.closeSegment(R, hd, (end-1)/S, pt)
+	if pt.n == 0 {
+		m.writeOutputs(w, t0, ntok, kh0, kh1)
 	}
 }
 

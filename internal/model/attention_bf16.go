@@ -31,14 +31,19 @@ func (m *Model) packKeys(li int, seqs []Seq, kv kvView, layout kvlayout.Layout) 
 
 // attendTileBF16 is attendTile on the bf16 path: keys nil for a decode
 // token (KV heads [kh0, kh1), scores by tensor.DotRowsBF16 straight from
-// the pool), else the packed keys of KV head kh0 of the tile's sequence
-// (kh1 = kh0+1).
-func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout, li int, sq *Seq, keys []uint32, t0, ntok, first, kh0, kh1 int) {
+// the pool; a split one's part pt of its key segments), else the packed
+// keys of KV head kh0 of the tile's sequence (kh1 = kh0+1).
+func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout, li int, sq *Seq, keys []uint32, t0, ntok, first, kh0, kh1 int, pt attnPart) {
 	tbl, ls := m.kvTable(sq, li)
 	c := &m.cfg
-	s := &m.s
 	hd, kvd, group, bs := c.HeadDim, c.KVDim(), c.Heads/c.KVHeads, layout.BlockSize
 	const C = attnKeyChunk
+	S := m.segKeys()
+	win := m.layers[li].window
+	lo, end := pt.keyRange(S, windowStart(first, win), first+ntok)
+	if lo >= end {
+		return
+	}
 	perHead := ntok * group
 	R := (kh1 - kh0) * perHead
 	w.grow(R, hd)
@@ -63,10 +68,14 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout
 		w.qb.Set(w.q, R, hd)
 	}
 	w.reset(R, hd)
+	w.resetRunning(R)
 
-	win := m.layers[li].window
-	end := first + ntok // keys of the tile's last token
-	for c0 := windowStart(first, win) / C * C; c0 < end; c0 += C {
+	segEnd := (lo/S + 1) * S
+	for c0 := lo / C * C; c0 < end; c0 += C {
+		if c0 == segEnd {
+			w.closeSegment(R, hd, c0/S-1, pt)
+			segEnd += S
+		}
 		c1 := min(c0+C, end)
 		tokLo, tokHi := chunkTokens(c0, c1, first, ntok, win)
 		if keys != nil {
@@ -104,7 +113,7 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout
 		if ntok == 1 {
 			// A decode token: every KV head's rows see the same keys
 			// [ks, c1) of the chunk.
-			ks := max(c0, windowStart(first, win)) - c0
+			ks := max(c0, lo) - c0
 			attnSoftmax(w, 0, R, ks, c1-c0-ks, hd)
 			for kvh := kh0; kvh < kh1; kvh++ {
 				attnValues(w, kv, (kvh-kh0)*perHead, perHead, ks, c1-c0-ks, (kvh-kh0)*hd, hd)
@@ -135,18 +144,9 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout
 			attnValues(w, kv, r0, group, ks-c0, ke-ks, 0, hd)
 		}
 	}
-	for kvh := kh0; kvh < kh1; kvh++ {
-		for tok := range ntok {
-			for gi := range group {
-				r := (kvh-kh0)*perHead + tok*group + gi
-				h := kvh*group + gi
-				inv := 1 / w.l[r]
-				out := s.attn[(t0+tok)*c.QDim()+h*hd:][:hd]
-				for i, v := range w.acc[r*hd : (r+1)*hd] {
-					out[i] = v * inv
-				}
-			}
-		}
+	w.closeSegment(R, hd, (end-1)/S, pt)
+	if pt.n == 0 {
+		m.writeOutputs(w, t0, ntok, kh0, kh1)
 	}
 }
 

@@ -33,7 +33,8 @@ import (
 //
 // Inside the kernels. Where the decode kernels prefetch for their caller
 // (tensor.AttnDecodePrefetch: the avx2 set, over a bf16 pool) and the item
-// is the token's every KV head (one thread, or a batch of decode tokens),
+// is the token's every KV head (one thread, a batch of decode tokens, or a
+// long token's part of its key segments on several threads),
 // there is no burst after the first kvStreamBytes: the item's KV is a
 // stream of contiguous regions (per key chunk, a block's key rows inside
 // the chunk for every KV head, block by block, then the value rows the

@@ -20,7 +20,8 @@ import (
 // for all KV heads and one per KV head, rows short enough to be prefetched
 // head by head and long enough to be prefetched whole, under every ISA
 // (where the avx2 set's kernels prefetch, the stream they are handed holds
-// the segments' pool rows in their order: see checkInKernelPrefetch).
+// the segments' pool rows in their order: see checkInKernelPrefetch), and
+// the parts of a token split by key segments (of 128 keys here).
 func TestDecodePrefetchFollowsTheKernels(t *testing.T) {
 	def := tensor.ISA()
 	t.Cleanup(func() { _ = tensor.SetISA(def) })
@@ -36,7 +37,12 @@ func TestDecodePrefetchFollowsTheKernels(t *testing.T) {
 				for _, win := range []int{0, 40, 100} {
 					for _, p := range []int{0, 15, 63, 64, 130, 199} {
 						for _, heads := range [][2]int{{0, sh.kvHeads}, {1, 2}} {
-							testDecodePrefetch(t, isa, sh, bs, win, p, heads)
+							testDecodePrefetch(t, isa, sh, bs, win, p, heads, attnPart{})
+						}
+					}
+					for _, p := range []int{130, 199, 300} {
+						for k := range p/128 + 1 {
+							testDecodePrefetch(t, isa, sh, bs, win, p, [2]int{0, sh.kvHeads}, attnPart{k: k, n: p/128 + 1})
 						}
 					}
 				}
@@ -45,12 +51,19 @@ func TestDecodePrefetchFollowsTheKernels(t *testing.T) {
 	}
 }
 
-func testDecodePrefetch(t *testing.T, isa string, sh attnShape, bs, win, p int, heads [2]int) {
+func testDecodePrefetch(t *testing.T, isa string, sh attnShape, bs, win, p int, heads [2]int, part attnPart) {
 	const C = attnKeyChunk
 	name := fmt.Sprintf("%s/%v/bs=%d/win=%d/p=%d/kvh=%d-%d", isa, sh, bs, win, p, heads[0], heads[1])
+	if part.n > 0 {
+		name += fmt.Sprintf("/part %d of %d", part.k, part.n)
+	}
 	t.Run(name, func(t *testing.T) {
 		m := newAttnModel(t, sh, 1)
 		m.layers[0].window = win
+		if part.n > 0 {
+			m.attnSeg = 128
+			part.buf = make([]float32, part.n*segStride(sh.heads, sh.headDim))
+		}
 		r := rand.New(rand.NewPCG(uint64(bs), uint64(p)))
 		f := newAttnFixture(r, m, bs, p+1, kvlayout.BF16)
 		g := &m.layers[0].qkv
@@ -62,8 +75,13 @@ func testDecodePrefetch(t *testing.T, isa string, sh attnShape, bs, win, p int, 
 		m.planTokens(seqs, 1)
 		s.slots = kvlayout.LayerSlots(m.KVGroups(false), 1)
 		w := new(attnScratch)
-		m.attendTile(w, viewKV(f.pool, f.layout), f.layout, 0, &seqs[0], nil, 0, 1, p, heads[0], heads[1])
+		m.attendTile(w, viewKV(f.pool, f.layout), f.layout, 0, &seqs[0], nil, 0, 1, p, heads[0], heads[1], part)
 
+		// The keys the item reads: [ws, p] or its part of them.
+		ws, end := part.keyRange(m.segKeys(), windowStart(p, win), p+1)
+		if ws >= end {
+			return
+		}
 		pf := &w.pf
 		if pf.cur != len(pf.segs) {
 			t.Fatalf("the kernels stepped %d times over %d segments", pf.cur, len(pf.segs))
@@ -74,7 +92,7 @@ func testDecodePrefetch(t *testing.T, isa string, sh attnShape, bs, win, p int, 
 		// Every row the schedule names, as (kv, key, KV head), in order.
 		type row struct{ kv, key, kvh int }
 		where := map[int]row{}
-		hd, ws := sh.headDim, windowStart(p, win)
+		hd := sh.headDim
 		for kvi := range 2 {
 			for j := 0; j <= p; j++ {
 				for kvh := range sh.kvHeads {
@@ -104,7 +122,7 @@ func testDecodePrefetch(t *testing.T, isa string, sh attnShape, bs, win, p int, 
 			for i := range sg.rows {
 				for h := range sg.n / hd {
 					rw := row{first.kv, first.key + i, first.kvh + h}
-					if rw.key/C != c || rw.key > p || rw.kvh >= heads[1] || seen[rw] {
+					if rw.key/C != c || rw.key >= end || rw.kvh >= heads[1] || seen[rw] {
 						t.Fatalf("segment %+v row %d: %+v outside its chunk or twice", first, i, rw)
 					}
 					seen[rw] = true
@@ -112,7 +130,7 @@ func testDecodePrefetch(t *testing.T, isa string, sh attnShape, bs, win, p int, 
 			}
 		}
 		for kvh := heads[0]; kvh < heads[1]; kvh++ {
-			for j := ws / C * C; j <= p; j++ {
+			for j := ws / C * C; j < end; j++ {
 				if !seen[row{0, j, kvh}] {
 					t.Fatalf("key %d of KV head %d not prefetched", j, kvh)
 				}
@@ -121,7 +139,7 @@ func testDecodePrefetch(t *testing.T, isa string, sh attnShape, bs, win, p int, 
 				}
 			}
 		}
-		if want := countRows(heads, ws, p); len(seen) != want {
+		if want := countRows(heads, ws, end-1); len(seen) != want {
 			t.Fatalf("%d rows prefetched, want %d", len(seen), want)
 		}
 		if want := tensor.AttnDecodePrefetch() && heads[1]-heads[0] == sh.kvHeads; pf.inKernel != want {

@@ -459,8 +459,10 @@ func BenchmarkAttention(b *testing.B) {
 
 // TestPlanAttentionSplitsALoneDecodeToken checks the decode work items: a
 // single sequence's decode token is one item per KV head when the pool has
-// more threads than the batch has items, and one item for all KV heads
-// otherwise (one thread, several decode tokens, or prefill tiles beside it).
+// more threads than the batch has items, one item per key segment for all
+// KV heads when its keys span several segments, and one item for all KV
+// heads otherwise (one thread, several decode tokens, or prefill tiles
+// beside it).
 func TestPlanAttentionSplitsALoneDecodeToken(t *testing.T) {
 	sh := attnShape{9, 3, 64}
 	cases := []struct {
@@ -468,11 +470,14 @@ func TestPlanAttentionSplitsALoneDecodeToken(t *testing.T) {
 		threads int
 		spans   [][2]int // (position, tokens) per sequence
 		want    []int32  // the items' KV heads, in order
+		parts   int32    // the items' parts of their token's key segments
 	}{
-		{"one token, 2 threads", 2, [][2]int{{100, 1}}, []int32{0, 1, 2}},
-		{"one token, 1 thread", 1, [][2]int{{100, 1}}, []int32{-1}},
-		{"two tokens, 2 threads", 2, [][2]int{{100, 1}, {40, 1}}, []int32{-1, -1}},
-		{"a prefill tile beside", 2, [][2]int{{0, 16}, {100, 1}}, []int32{0, 1, 2, -1}},
+		{"one token, 2 threads", 2, [][2]int{{100, 1}}, []int32{0, 1, 2}, 0},
+		{"one token past two segments, 2 threads", 2, [][2]int{{2*attnSegKeys + 5, 1}}, []int32{-1, -1, -1}, 3},
+		{"one token past two segments, 1 thread", 1, [][2]int{{2*attnSegKeys + 5, 1}}, []int32{-1}, 0},
+		{"one token, 1 thread", 1, [][2]int{{100, 1}}, []int32{-1}, 0},
+		{"two tokens, 2 threads", 2, [][2]int{{100, 1}, {40, 1}}, []int32{-1, -1}, 0},
+		{"a prefill tile beside", 2, [][2]int{{0, 16}, {100, 1}}, []int32{0, 1, 2, -1}, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -487,6 +492,9 @@ func TestPlanAttentionSplitsALoneDecodeToken(t *testing.T) {
 			var got []int32
 			for _, it := range m.s.items {
 				got = append(got, it.kvh)
+				if it.tile == int32(len(m.s.tiles)-1) && it.parts != c.parts {
+					t.Fatalf("item %+v: %d parts, want %d", it, it.parts, c.parts)
+				}
 			}
 			if fmt.Sprint(got) != fmt.Sprint(c.want) {
 				t.Fatalf("items' KV heads %v, want %v", got, c.want)

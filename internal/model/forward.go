@@ -97,6 +97,8 @@ type scratch struct {
 	packed           [][]uint32  // bf16 attention: packed keys per (sequence, KV head)
 	packedF32        [][]float32 // f32-activation attention: packed keys per (sequence, KV head)
 	packItems        []packItem
+	segToks          []segToken           // decode tokens split by key segments
+	segBuf, segRun   []float32            // their segments' partial states; a merge's running outputs
 	slots            []kvlayout.LayerSlot // per layer: its KV-cache group and slot
 	attnScratch      sync.Pool            // *attnScratch, one per busy worker
 	moe              moeScratch

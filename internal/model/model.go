@@ -67,6 +67,9 @@ type Model struct {
 	dtype       tensor.DType
 	fingerprint string
 	closed      bool
+	// attnSeg is the attention's key segment length when a test sets one
+	// shorter than attnSegKeys (see segKeys); 0 otherwise.
+	attnSeg int
 
 	s scratch
 }
