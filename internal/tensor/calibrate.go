@@ -449,8 +449,12 @@ func wallClock(_ string, _ Workload, run func()) time.Duration {
 
 // calibrationReps and calibrationBudget bound wallClock: the fastest of a
 // few runs, a few milliseconds per workload on the assembly kernels (the
-// pure-Go set, far slower, stops after two).
+// pure-Go set, far slower, stops after two). Ten rather than five: on a
+// 2-core Zen 4 shared with other jobs, the fastest of five Q8_0 decode
+// products sometimes still carried a neighbour's interference (314 µs
+// against 200–207 in the other runs), enough to flip decode's choice of
+// quantized kernels; five more runs cost ~20 ms.
 const (
-	calibrationReps   = 5
+	calibrationReps   = 10
 	calibrationBudget = 5 * time.Millisecond
 )
