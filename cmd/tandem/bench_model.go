@@ -78,7 +78,7 @@ func benchModel(w io.Writer, f benchModelFlags, dts []tensor.DType, cal tensor.C
 		defer func() { benchClock = wallClock }()
 		clock = "this thread's CPU time (one thread: the kernels' speed on a shared machine)"
 	}
-	fmt.Fprintf(w, "CPU: %s\nkernels: %s, quantized %s (%s); %s; timed by %s\n", machine(), cal.Set, cal.Quant, cal.Source, tensor.DetectAMX(), clock)
+	fmt.Fprintf(w, "CPU: %s\nkernels: %s, quantized %s (%s); %s; timed by %s\n", machine(), cal.Set, cal.QuantText(), cal.Source, tensor.DetectAMX(), clock)
 	read := streamRead(p, f.readMiB, f.reps)
 	peak := fmaPeak(p, f.reps)
 	fmt.Fprintf(w, "read limit (stream read of %d MiB, %d threads): %s\nf32 FMA peak (in cache, %d threads): %.0f GFLOP/s\n",

@@ -17,7 +17,7 @@ func calibrateKernels(log *slog.Logger) (tensor.Calibration, error) {
 	if err != nil {
 		return c, fmt.Errorf("choosing the CPU kernels: %w", err)
 	}
-	log.Info("CPU kernels chosen", "kernels", c.Set, "quantized", c.Quant, "cpuid_default", c.Default, "source", c.Source, "why", c.Summary())
+	log.Info("CPU kernels chosen", "kernels", c.Set, "quantized", c.QuantText(), "cpuid_default", c.Default, "source", c.Source, "why", c.Summary())
 	if amx := tensor.DetectAMX(); amx.Tile {
 		log.Info("this CPU has AMX, which Tandem does not use yet", "amx", amx.String())
 	}

@@ -80,7 +80,9 @@ func reportRates(b *testing.B, tokens int, cpu time.Duration) {
 
 // runBench runs f as the sub-benchmark threads=N, or threads=N/isa=X for
 // every kernel ISA listed in TANDEM_BENCH_ISAS (comma-separated, e.g.
-// "avx512bf16,avx512"), which compares kernel sets within one run.
+// "avx512bf16,avx512"), which compares kernel sets within one run. An
+// entry may name the quantized kernels too, as TANDEM_KERNELS does
+// ("avx512bf16/avx2").
 func runBench(b *testing.B, threads int, f func(b *testing.B)) {
 	name := fmt.Sprintf("threads=%d", threads)
 	isas := os.Getenv("TANDEM_BENCH_ISAS")
@@ -92,7 +94,7 @@ func runBench(b *testing.B, threads int, f func(b *testing.B)) {
 	defer func() { _ = tensor.SetISA(def) }()
 	for isa := range strings.SplitSeq(isas, ",") {
 		b.Run(name+"/isa="+isa, func(b *testing.B) {
-			if err := tensor.SetISA(isa); err != nil {
+			if _, err := tensor.Calibrate(tensor.CalibrateConfig{Override: isa}); err != nil {
 				b.Fatal(err)
 			}
 			f(b)

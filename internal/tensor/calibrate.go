@@ -26,6 +26,12 @@ import (
 //     only when it is clearly faster (setMargin).
 //   - the quantized kernels (QuantKernels): their results are the same bit
 //     for bit, so the fastest wins outright and nothing else depends on it.
+//     Products with one activation row (a lone sequence's decode token:
+//     the weights streamed once) and those with several (prefill, batched
+//     decode: arithmetic on panels) are chosen apart (DecodeQuantKernels),
+//     each by its own workloads: on a Zen 4 the AVX2 row kernels, reading
+//     eight rows side by side, streamed Q8_0 weights 18% faster than the
+//     AVX512-VNNI ones, which prefilled 2.3 times as fast as AVX2's.
 
 // setMargin is how much faster (geometric mean of the time ratios) a kernel
 // set must be than CPUID's choice to replace it: timing noise between two
@@ -55,7 +61,8 @@ var setWorkloads = []Workload{
 	{Name: "f32 decode", DType: F32, M: 1, N: 1024, K: 2048},
 }
 
-// quantWorkloads time the quantized kernels.
+// quantWorkloads time the quantized kernels: those with one activation
+// row choose DecodeQuantKernels, the others QuantKernels.
 var quantWorkloads = []Workload{
 	{Name: "q8_0 prefill", DType: Q8_0, M: 32, N: 256, K: 2048},
 	{Name: "q8_0 decode", DType: Q8_0, M: 1, N: 4096, K: 2048},
@@ -72,8 +79,9 @@ type Timing struct {
 // Calibration is what Calibrate chose and why.
 type Calibration struct {
 	// Set is the kernel set chosen (ISA's value afterwards), Default the
-	// one CPUID picks, Quant the quantized kernels chosen.
-	Set, Default, Quant string
+	// one CPUID picks, Quant the quantized kernels chosen for products
+	// with several activation rows and QuantDecode those for one row.
+	Set, Default, Quant, QuantDecode string
 	// Source is "measured", "cache" (an earlier measurement on this CPU
 	// model and build) or "override" (TANDEM_KERNELS).
 	Source string
@@ -94,9 +102,10 @@ type Measure func(cand string, w Workload, run func()) time.Duration
 // CalibrateConfig configures Calibrate.
 type CalibrateConfig struct {
 	// Override is TANDEM_KERNELS: "" to calibrate, "cpuid" for CPUID's
-	// choice without measuring, or "SET" or "SET/QUANT" (e.g.
-	// "avx512/avx2") to force a kernel set and optionally the quantized
-	// kernels.
+	// choice without measuring, or "SET", "SET/QUANT" (e.g.
+	// "avx512/avx2") or "SET/QUANT/DECODEQUANT" to force a kernel set and
+	// optionally the quantized kernels, for every product or apart for
+	// products with one activation row.
 	Override string
 	// CacheDir, if set, holds the result per CPU model and build, so
 	// that later starts reuse it (see cacheKey).
@@ -122,7 +131,7 @@ func Calibrate(cfg CalibrateConfig) (Calibration, error) {
 	if cfg.CacheDir != "" {
 		defer lockCalibration(cfg.CacheDir)()
 		if cached, ok := loadCalibration(cfg.CacheDir, key); ok {
-			if err := apply(cached.Set, cached.Quant); err == nil {
+			if err := apply(cached.Set, cached.Quant, cached.QuantDecode); err == nil {
 				cached.Source = "cache"
 				return cached, nil
 			}
@@ -134,7 +143,7 @@ func Calibrate(cfg CalibrateConfig) (Calibration, error) {
 	}
 	// A family with one candidate needs no measurement (the pure-Go
 	// kernels where there is no assembly).
-	c.Set, c.Quant = def.name, def.qmmName
+	c.Set, c.Quant, c.QuantDecode = def.name, def.qmmName, def.qmmName
 	setWhy := fmt.Sprintf("kernel set %s (the only one)", def.name)
 	quantWhy := fmt.Sprintf("quantized kernels %s (the only ones)", def.qmmName)
 	if len(ISAs()) > 1 {
@@ -143,11 +152,11 @@ func Calibrate(cfg CalibrateConfig) (Calibration, error) {
 	}
 	if len(availQuantNames()) > 1 {
 		c.QuantTimes = timeQuants(measure)
-		c.Quant, quantWhy = chooseQuant(c.QuantTimes)
+		c.Quant, c.QuantDecode, quantWhy = chooseQuant(quantWorkloads, c.QuantTimes)
 	}
 	c.Source = "measured"
 	c.Reason = setWhy + "; " + quantWhy
-	if err := apply(c.Set, c.Quant); err != nil {
+	if err := apply(c.Set, c.Quant, c.QuantDecode); err != nil {
 		return c, err
 	}
 	if cfg.CacheDir != "" {
@@ -160,6 +169,7 @@ func Calibrate(cfg CalibrateConfig) (Calibration, error) {
 func applyOverride(c *Calibration, def *kernelSet, v string) error {
 	c.Source = "override"
 	set, quant, hasQuant := strings.Cut(v, "/")
+	quant, row, hasRow := strings.Cut(quant, "/")
 	if set == "cpuid" {
 		set = def.name
 	}
@@ -170,10 +180,13 @@ func applyOverride(c *Calibration, def *kernelSet, v string) error {
 		}
 		quant = ks.qmmName
 	}
-	if err := apply(set, quant); err != nil {
+	if !hasRow {
+		row = quant
+	}
+	if err := apply(set, quant, row); err != nil {
 		return fmt.Errorf("TANDEM_KERNELS=%q: %w; unset it to calibrate, or set it to \"cpuid\"", v, err)
 	}
-	c.Set, c.Quant = set, quant
+	c.Set, c.Quant, c.QuantDecode = set, quant, row
 	c.Reason = fmt.Sprintf("TANDEM_KERNELS=%s", v)
 	return nil
 }
@@ -201,14 +214,17 @@ func findSet(name string) (*kernelSet, error) {
 	return nil, fmt.Errorf("tensor: unknown ISA %q (supported: %v)", name, ISAs())
 }
 
-// apply makes the set named set with the quantized kernels named quant
-// active.
-func apply(set, quant string) error {
+// apply makes the set named set active with the quantized kernels named
+// quant, and row for products with one activation row ("" means quant).
+func apply(set, quant, row string) error {
 	ks, err := findSet(set)
 	if err != nil {
 		return err
 	}
-	if ks, err = withQuant(ks, quant); err != nil {
+	if row == "" {
+		row = quant
+	}
+	if ks, err = withQuants(ks, quant, row); err != nil {
 		return err
 	}
 	active.Store(ks)
@@ -256,20 +272,54 @@ func ratioScore(ts, base []time.Duration) float64 {
 	return math.Exp(sum / float64(len(ts)))
 }
 
-// chooseQuant returns the quantized kernels with the least total time (the
-// first listed, the preferred, on a tie) and says why.
-func chooseQuant(times []Timing) (string, string) {
+// chooseQuant returns the quantized kernels with the least total time on
+// the workloads ws with several activation rows and those with the least
+// on the workloads with one (the first listed, the preferred, on a tie;
+// the first choice for both where ws has workloads of one kind only), and
+// says why.
+func chooseQuant(ws []Workload, times []Timing) (quant, row, why string) {
+	quant = fastestQuant(ws, times, func(w Workload) bool { return w.M > 1 })
+	row = fastestQuant(ws, times, func(w Workload) bool { return w.M == 1 })
+	switch {
+	case quant == "":
+		quant = row
+	case row == "":
+		row = quant
+	}
+	if row == quant {
+		return quant, row, fmt.Sprintf("quantized kernels %s (fastest of %d, same results as the others)", quant, len(times))
+	}
+	return quant, row, fmt.Sprintf("quantized kernels %s, %s for decode's single rows (fastest of %d on each, same results as the others)", quant, row, len(times))
+}
+
+// fastestQuant returns the candidate with the least total time on the
+// workloads of ws that pick selects, among those timed on all of them
+// (the first on a tie); "" if pick selects none.
+func fastestQuant(ws []Workload, times []Timing, pick func(Workload) bool) string {
+	var idx []int
+	for i, w := range ws {
+		if pick(w) {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return ""
+	}
 	best, bestTotal := "", time.Duration(math.MaxInt64)
 	for _, t := range times {
 		var total time.Duration
-		for _, d := range t.Times {
-			total += d
+		for _, i := range idx {
+			if i >= len(t.Times) || t.Times[i] <= 0 {
+				total = math.MaxInt64 // pruned: not timed here
+				break
+			}
+			total += t.Times[i]
 		}
 		if total < bestTotal {
 			best, bestTotal = t.Name, total
 		}
 	}
-	return best, fmt.Sprintf("quantized kernels %s (fastest of %d, same results as the others)", best, len(times))
+	return best
 }
 
 // timeSets times every available kernel set on setWorkloads.
@@ -399,8 +449,12 @@ func wallClock(_ string, _ Workload, run func()) time.Duration {
 
 // calibrationReps and calibrationBudget bound wallClock: the fastest of a
 // few runs, a few milliseconds per workload on the assembly kernels (the
-// pure-Go set, far slower, stops after two).
+// pure-Go set, far slower, stops after two). Ten rather than five: on a
+// 2-core Zen 4 shared with other jobs, the fastest of five Q8_0 decode
+// products sometimes still carried a neighbour's interference (314 µs
+// against 200–207 in the other runs), enough to flip decode's choice of
+// quantized kernels; five more runs cost ~20 ms.
 const (
-	calibrationReps   = 5
+	calibrationReps   = 10
 	calibrationBudget = 5 * time.Millisecond
 )

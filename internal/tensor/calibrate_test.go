@@ -63,11 +63,63 @@ func TestChooseSetKeepsCPUIDChoiceWithinMargin(t *testing.T) {
 
 func TestChooseQuantTakesFastestAndPrefersFirstOnTie(t *testing.T) {
 	d := time.Millisecond
-	if got, _ := chooseQuant([]Timing{{"x", []time.Duration{2 * d, d}}, {"y", []time.Duration{d, d}}}); got != "y" {
-		t.Fatalf("chooseQuant = %s, want y", got)
+	ws := []Workload{{Name: "prefill", M: 32}, {Name: "decode", M: 1}}
+	for _, tc := range []struct {
+		name       string
+		times      []Timing
+		quant, row string
+	}{
+		{"one faster on both", []Timing{{"x", []time.Duration{2 * d, 2 * d}}, {"y", []time.Duration{d, d}}}, "y", "y"},
+		{"a tie keeps the first", []Timing{{"x", []time.Duration{d, d}}, {"y", []time.Duration{d, d}}}, "x", "x"},
+		{"each faster on its own rows", []Timing{{"x", []time.Duration{d, 2 * d}}, {"y", []time.Duration{3 * d, d}}}, "x", "y"},
+		{"a pruned candidate is not chosen", []Timing{{"x", []time.Duration{d, 2 * d}}, {"y", []time.Duration{5 * d}}}, "x", "x"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			quant, row, why := chooseQuant(ws, tc.times)
+			if quant != tc.quant || row != tc.row {
+				t.Fatalf("chooseQuant = %s, %s (%s), want %s, %s", quant, row, why, tc.quant, tc.row)
+			}
+		})
 	}
-	if got, _ := chooseQuant([]Timing{{"x", []time.Duration{d}}, {"y", []time.Duration{d}}}); got != "x" {
-		t.Fatalf("chooseQuant on a tie = %s, want x", got)
+	// Workloads of one kind only choose for both.
+	if quant, row, _ := chooseQuant(ws[:1], []Timing{{"x", []time.Duration{2 * d}}, {"y", []time.Duration{d}}}); quant != "y" || row != "y" {
+		t.Fatalf("prefill workloads only: chose %s, %s; want y for both", quant, row)
+	}
+}
+
+// TestDecodeRowsRunTheirOwnQuantKernels: with the quantized kernels chosen
+// apart, a product with one activation row runs the decode choice and one
+// with several the other.
+func TestDecodeRowsRunTheirOwnQuantKernels(t *testing.T) {
+	restoreKernels(t)
+	quants := quantKernels
+	t.Cleanup(func() { quantKernels = quants })
+	calls := map[string][]int{}
+	counting := func(name string) quantKernel {
+		return quantKernel{name: name, avail: true, fn: func(a *qAct, w *Mat, lo, hi int, out []float32) {
+			calls[name] = append(calls[name], a.m)
+			qmmGo(a, w, lo, hi, out)
+		}}
+	}
+	quantKernels = []quantKernel{counting("panels"), counting("rows"), {name: "go", avail: true}}
+	if _, err := Calibrate(CalibrateConfig{Override: ISAs()[0] + "/panels/rows"}); err != nil {
+		t.Fatal(err)
+	}
+	if QuantKernels() != "panels" || DecodeQuantKernels() != "rows" {
+		t.Fatalf("quantized kernels %s, decode %s; want panels, rows", QuantKernels(), DecodeQuantKernels())
+	}
+	p := NewPool(1)
+	defer p.Close()
+	for _, m := range []int{1, 3} {
+		d := newWorkloadData([]Workload{{DType: Q8_0, M: m, N: 8, K: 64}})[0]
+		p.MatMul(d.out, d.x, m, d.w)
+	}
+	if !slices.Equal(calls["rows"], []int{1}) || !slices.Equal(calls["panels"], []int{3}) {
+		t.Fatalf("calls by activation rows %v, want rows [1] and panels [3]", calls)
+	}
+	// One name for both runs it everywhere.
+	if _, err := Calibrate(CalibrateConfig{Override: ISAs()[0] + "/rows"}); err != nil || QuantKernels() != "rows" || DecodeQuantKernels() != "rows" {
+		t.Fatalf("override %s/rows: %v, quantized %s, decode %s", ISAs()[0], err, QuantKernels(), DecodeQuantKernels())
 	}
 }
 
@@ -109,8 +161,25 @@ func TestCalibrateFollowsTheTimer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Quant != last || QuantKernels() != last {
-		t.Fatalf("quantized kernels %s (active %s), want %s", c.Quant, QuantKernels(), last)
+	if c.Quant != last || QuantKernels() != last || c.QuantDecode != last || DecodeQuantKernels() != last {
+		t.Fatalf("quantized kernels %s, decode %s (active %s, %s), want %s", c.Quant, c.QuantDecode, QuantKernels(), DecodeQuantKernels(), last)
+	}
+	// One faster on decode's single rows only is chosen for them alone.
+	if len(qs) > 1 {
+		first := qs[0]
+		rowsFaster := func(cand string, w Workload, _ func()) time.Duration {
+			if cand == last && w.M == 1 {
+				return time.Millisecond / 2
+			}
+			return time.Millisecond
+		}
+		c, err := Calibrate(CalibrateConfig{Measure: rowsFaster})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Quant != first || c.QuantDecode != last || QuantKernels() != first || DecodeQuantKernels() != last {
+			t.Fatalf("quantized kernels %s, decode %s (active %s, %s), want %s, %s", c.Quant, c.QuantDecode, QuantKernels(), DecodeQuantKernels(), first, last)
+		}
 	}
 }
 
@@ -168,10 +237,15 @@ func TestCalibrateOverride(t *testing.T) {
 	if _, err := Calibrate(CalibrateConfig{Override: "cpuid", Measure: never}); err != nil || ISA() != ISAs()[0] {
 		t.Fatalf("override cpuid: %v, ISA %s, want %s", err, ISA(), ISAs()[0])
 	}
-	if _, err := Calibrate(CalibrateConfig{Override: ISAs()[0] + "/go", Measure: never}); err != nil || QuantKernels() != "go" {
-		t.Fatalf("override %s/go: %v, quantized %s", ISAs()[0], err, QuantKernels())
+	if _, err := Calibrate(CalibrateConfig{Override: ISAs()[0] + "/go", Measure: never}); err != nil || QuantKernels() != "go" || DecodeQuantKernels() != "go" {
+		t.Fatalf("override %s/go: %v, quantized %s, decode %s", ISAs()[0], err, QuantKernels(), DecodeQuantKernels())
 	}
-	for _, bad := range []string{"sse9", ISAs()[0] + "/sse9"} {
+	qs := availQuantNames()
+	c, err = Calibrate(CalibrateConfig{Override: ISAs()[0] + "/" + qs[0] + "/go", Measure: never})
+	if err != nil || c.Quant != qs[0] || c.QuantDecode != "go" || QuantKernels() != qs[0] || DecodeQuantKernels() != "go" {
+		t.Fatalf("override %s/%s/go: %+v, %v, quantized %s, decode %s", ISAs()[0], qs[0], c, err, QuantKernels(), DecodeQuantKernels())
+	}
+	for _, bad := range []string{"sse9", ISAs()[0] + "/sse9", ISAs()[0] + "/go/sse9"} {
 		_, err := Calibrate(CalibrateConfig{Override: bad, Measure: never})
 		if err == nil || !strings.Contains(err.Error(), "TANDEM_KERNELS") {
 			t.Fatalf("override %q: error %v, want one naming TANDEM_KERNELS", bad, err)

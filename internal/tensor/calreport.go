@@ -8,7 +8,7 @@ import (
 // Summary is the calibration in one line for the log: the choice, its
 // source and reason, and the times behind it.
 func (c Calibration) Summary() string {
-	s := fmt.Sprintf("kernels %s, quantized %s (%s: %s)", c.Set, c.Quant, c.Source, c.Reason)
+	s := fmt.Sprintf("kernels %s, quantized %s (%s: %s)", c.Set, c.QuantText(), c.Source, c.Reason)
 	for _, t := range c.SetTimes {
 		s += fmt.Sprintf("; %s %s", t.Name, timesText(c.SetWorkloads, t.Times))
 	}
@@ -16,6 +16,16 @@ func (c Calibration) Summary() string {
 		s += fmt.Sprintf("; quantized %s %s", t.Name, timesText(c.QuantWorkloads, t.Times))
 	}
 	return s
+}
+
+// QuantText names the quantized kernels chosen: Quant, followed by
+// QuantDecode where decode's single rows run others ("avx512vnni, avx2 for
+// decode").
+func (c Calibration) QuantText() string {
+	if c.QuantDecode == "" || c.QuantDecode == c.Quant {
+		return c.Quant
+	}
+	return c.Quant + ", " + c.QuantDecode + " for decode"
 }
 
 // timesText lists a candidate's times per workload.
