@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"testing"
+	"time"
 )
 
 // Plan is what tests check of a proxy's plan answer (GET proxy.PlanPath):
@@ -19,10 +20,10 @@ type Plan struct {
 // proxy.PlanPath (testutil does not import the proxy). It returns the
 // answer's HTTP status and the plan decoded from its body, with the decode
 // error; a proxy without a planner answers 404, and no plan. It fails the
-// test when the request cannot be sent.
+// test when the request cannot be sent or is not answered within 10 s.
 func GetPlan(t testing.TB, url string) (status int, plan Plan, err error) {
 	t.Helper()
-	resp, err := http.Get(url)
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
