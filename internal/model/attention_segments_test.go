@@ -65,16 +65,7 @@ func testAttentionSegments(t *testing.T, dt kvlayout.ElemType, sh attnShape, seg
 	want := f.run(models[2], [][2]int{{0, n}})
 	check := func(name string, m *Model, spans [][2]int) {
 		t.Helper()
-		got := f.run(m, spans)
-		i := 0
-		for _, sp := range spans {
-			for p := sp[0]; p < sp[0]+sp[1]; p++ {
-				if !sameBits(got[i], want[p]) {
-					t.Fatalf("%s: position %d differs from the one-call prefill", name, p)
-				}
-				i++
-			}
-		}
+		f.checkSpans(t, name, m, spans, want)
 	}
 	for p := 0; p < n; p += 17 {
 		check("chunks of 17", models[2], [][2]int{{p, min(17, n-p)}})

@@ -122,6 +122,22 @@ func (f *attnFixture) run(m *Model, spans [][2]int) [][]float32 {
 // With exact false the weights are rounded to bf16 as the bf16 attention
 // path rounds them (when it is the path taken); the second result is then
 // refSoftmaxValuesBF16's slack (zero elsewhere).
+// checkSpans runs spans on m (run) and fails the test where a position's
+// output differs in a bit from want's, the one-call prefill's outputs.
+func (f *attnFixture) checkSpans(t *testing.T, name string, m *Model, spans [][2]int, want [][]float32) {
+	t.Helper()
+	got := f.run(m, spans)
+	i := 0
+	for _, sp := range spans {
+		for p := sp[0]; p < sp[0]+sp[1]; p++ {
+			if !sameBits(got[i], want[p]) {
+				t.Fatalf("%s: position %d differs from the one-call prefill", name, p)
+			}
+			i++
+		}
+	}
+}
+
 func (f *attnFixture) reference(m *Model, p int, exact bool) (out, slack []float64) {
 	c := &m.cfg
 	hd, group := c.HeadDim, c.Heads/c.KVHeads
@@ -350,17 +366,8 @@ func TestAttentionTilingIsInvariant(t *testing.T) {
 				f := newAttnFixture(r, m, 16, n, dt)
 				want := f.run(m, [][2]int{{0, n}})
 				check := func(name string, spans [][2]int) {
-					got := f.run(m, spans)
 					t.Helper()
-					i := 0
-					for _, sp := range spans {
-						for p := sp[0]; p < sp[0]+sp[1]; p++ {
-							if !sameBits(got[i], want[p]) {
-								t.Fatalf("%s: position %d differs from the one-call prefill", name, p)
-							}
-							i++
-						}
-					}
+					f.checkSpans(t, name, m, spans, want)
 				}
 				for _, chunk := range []int{1, 16, 17, 64} {
 					for p := 0; p < n; p += chunk {
