@@ -154,10 +154,8 @@ func (pl *Planner) Decide(now time.Time) (d Decision) {
 	// are: the threshold it would run with may be held near the running
 	// one by the threshold's hysteresis, and that dip is no valley.
 	stepG := -1.0
-	for _, s := range d.Splits {
-		if s.P == next {
-			stepG = s.Goodput
-		}
+	if s := split(d.Splits, next); s.D > 0 {
+		stepG = s.Goodput
 	}
 	if stepG < 0 {
 		sm := colo
