@@ -261,8 +261,8 @@ done:
 	RET
 
 // func gemmAVX512F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
-// Requires: AVX, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
-TEXT ·gemmAVX512F32R1(SB), NOSPLIT, $0-72
+// Requires: AVX, AVX512DQ, AVX512F, AVX512VL, BMI2
+TEXT ·gemmAVX512F32R1(SB), NOSPLIT, $24-72
 	MOVQ  k+32(FP), AX
 	MOVL  AX, CX
 	ANDL  $0x0000000f, CX
@@ -273,21 +273,28 @@ TEXT ·gemmAVX512F32R1(SB), NOSPLIT, $0-72
 	MOVQ  w+16(FP), DX
 	MOVQ  out+48(FP), BX
 	MOVQ  n+40(FP), SI
+	MOVQ  SI, DI
+	SHRQ  $0x03, DI
+	MOVQ  DI, (SP)
+	MOVQ  ldw+24(FP), R8
+	SHLQ  $0x02, R8
+	IMULQ DI, R8
+	MOVQ  R8, 8(SP)
+	SHLQ  $0x02, DI
+	MOVQ  DI, 16(SP)
 
 wide:
-	CMPQ   SI, $0x00000008
-	JL     quad
-	MOVQ   ldw+24(FP), DI
-	SHLQ   $0x02, DI
+	CMPQ   (SP), $0x00
+	JE     wdone
+	MOVQ   8(SP), DI
 	MOVQ   DX, R8
 	LEAQ   (R8)(DI*2), R9
 	ADDQ   DI, R9
 	LEAQ   (R9)(DI*2), R10
 	ADDQ   DI, R10
-	LEAQ   (DX)(DI*8), R11
-	MOVQ   CX, R12
-	MOVQ   AX, R13
-	SHRQ   $0x05, R13
+	MOVQ   CX, R11
+	MOVQ   AX, R12
+	SHRQ   $0x05, R12
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -296,26 +303,10 @@ wide:
 	VXORPS Z5, Z5, Z5
 	VXORPS Z6, Z6, Z6
 	VXORPS Z7, Z7, Z7
-	TESTQ  R13, R13
+	TESTQ  R12, R12
 	JE     wodd
 
 wloop:
-	PREFETCHT0  (R11)
-	PREFETCHT0  64(R11)
-	PREFETCHT0  128(R11)
-	PREFETCHT0  192(R11)
-	PREFETCHT0  256(R11)
-	PREFETCHT0  320(R11)
-	PREFETCHT0  384(R11)
-	PREFETCHT0  448(R11)
-	PREFETCHT0  512(R11)
-	PREFETCHT0  576(R11)
-	PREFETCHT0  640(R11)
-	PREFETCHT0  704(R11)
-	PREFETCHT0  768(R11)
-	PREFETCHT0  832(R11)
-	PREFETCHT0  896(R11)
-	PREFETCHT0  960(R11)
 	VMOVUPS     (R8), Z8
 	VMOVUPS     (R8)(DI*1), Z9
 	VMOVUPS     (R8)(DI*2), Z10
@@ -324,7 +315,7 @@ wloop:
 	VMOVUPS     (R9)(DI*2), Z13
 	VMOVUPS     (R10), Z14
 	VMOVUPS     (R10)(DI*1), Z15
-	VMOVUPS     (R12), Z16
+	VMOVUPS     (R11), Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -341,7 +332,7 @@ wloop:
 	VMOVUPS     64(R9)(DI*2), Z13
 	VMOVUPS     64(R10), Z14
 	VMOVUPS     64(R10)(DI*1), Z15
-	VMOVUPS     64(R12), Z16
+	VMOVUPS     64(R11), Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -353,9 +344,8 @@ wloop:
 	ADDQ        $0x00000080, R8
 	ADDQ        $0x00000080, R9
 	ADDQ        $0x00000080, R10
-	ADDQ        $0x00000080, R12
-	ADDQ        $0x00000400, R11
-	DECQ        R13
+	ADDQ        $0x00000080, R11
+	DECQ        R12
 	JNE         wloop
 
 wodd:
@@ -369,7 +359,7 @@ wodd:
 	VMOVUPS     (R9)(DI*2), Z13
 	VMOVUPS     (R10), Z14
 	VMOVUPS     (R10)(DI*1), Z15
-	VMOVUPS     (R12), Z16
+	VMOVUPS     (R11), Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -381,7 +371,7 @@ wodd:
 	ADDQ        $0x00000040, R8
 	ADDQ        $0x00000040, R9
 	ADDQ        $0x00000040, R10
-	ADDQ        $0x00000040, R12
+	ADDQ        $0x00000040, R11
 
 wtail:
 	TESTQ       $0x0000000f, AX
@@ -394,7 +384,7 @@ wtail:
 	VMOVUPS.Z   (R9)(DI*2), K1, Z13
 	VMOVUPS.Z   (R10), K1, Z14
 	VMOVUPS.Z   (R10)(DI*1), K1, Z15
-	VMOVUPS.Z   (R12), K1, Z16
+	VMOVUPS.Z   (R11), K1, Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -405,6 +395,12 @@ wtail:
 	VFMADD231PS Z15, Z16, Z7
 
 wreduce:
+	MOVQ          16(SP), DI
+	MOVQ          BX, R8
+	LEAQ          (R8)(DI*2), R9
+	ADDQ          DI, R9
+	LEAQ          (R9)(DI*2), R10
+	ADDQ          DI, R10
 	VSHUFF32X4    $0x44, Z1, Z0, Z8
 	VSHUFF32X4    $0xee, Z1, Z0, Z0
 	VADDPS        Z0, Z8, Z8
@@ -420,11 +416,13 @@ wreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          BX, R8
-	MOVL          $0x00001111, R9
-	KMOVW         R9, K2
+	MOVL          $0x00001111, R11
+	KMOVW         R11, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R8)
+	VMOVSS        X0, (R8)
+	VEXTRACTPS    $0x01, X0, (R8)(DI*1)
+	VEXTRACTPS    $0x02, X0, (R8)(DI*2)
+	VEXTRACTPS    $0x03, X0, (R9)
 	VSHUFF32X4    $0x44, Z5, Z4, Z0
 	VSHUFF32X4    $0xee, Z5, Z4, Z1
 	VADDPS        Z1, Z0, Z0
@@ -440,17 +438,28 @@ wreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          BX, R8
-	MOVL          $0x00001111, R9
-	KMOVW         R9, K2
+	MOVL          $0x00001111, R8
+	KMOVW         R8, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, 16(R8)
-	ADDQ          $0x00000020, BX
-	LEAQ          (DX)(DI*8), DX
-	SUBQ          $0x00000008, SI
+	VMOVSS        X0, (R9)(DI*1)
+	VEXTRACTPS    $0x01, X0, (R9)(DI*2)
+	VEXTRACTPS    $0x02, X0, (R10)
+	VEXTRACTPS    $0x03, X0, (R10)(DI*1)
+	ADDQ          $0x00000004, BX
+	MOVQ          ldw+24(FP), DI
+	SHLQ          $0x02, DI
+	ADDQ          DI, DX
+	DECQ          (SP)
 	JMP           wide
 
-quad:
+wdone:
+	MOVQ   8(SP), DI
+	IMUL3Q $0x07, DI, DI
+	ADDQ   DI, DX
+	MOVQ   16(SP), DI
+	IMUL3Q $0x07, DI, DI
+	ADDQ   DI, BX
+	ANDQ   $0x07, SI
 	MOVQ   AX, DI
 	ANDQ   $-16, DI
 	CMPQ   SI, $0x00000004
@@ -513,10 +522,10 @@ qreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          BX, R8
-	MOVL          $0x00001111, R9
-	KMOVW         R9, K2
+	MOVL          $0x00001111, R8
+	KMOVW         R8, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
+	MOVQ          BX, R8
 	VMOVUPS       X0, (R8)
 	ADDQ          $0x00000010, BX
 	SUBQ          $0x00000004, SI
@@ -673,18 +682,18 @@ greduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
+	MOVL          $0x00001111, R10
+	KMOVW         R10, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	MOVL          $0x00002222, R10
+	KMOVW         R10, K2
+	VCOMPRESSPS.Z Z1, K2, Z1
 	MOVQ          DI, R10
 	MOVQ          ldo+56(FP), R11
 	SHLQ          $0x02, R11
-	MOVL          $0x00001111, R12
-	KMOVW         R12, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
 	VMOVUPS       X0, (R10)
 	ADDQ          R11, R10
-	MOVL          $0x00002222, R11
-	KMOVW         R11, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R10)
+	VMOVUPS       X1, (R10)
 	ADDQ          $0x00000010, DI
 	SUBQ          $0x00000004, R8
 	JMP           group
@@ -887,23 +896,23 @@ greduce:
 	VSHUFPS       $0x88, Z2, Z0, Z1
 	VSHUFPS       $0xdd, Z2, Z0, Z0
 	VADDPS        Z0, Z1, Z1
+	MOVL          $0x00001111, R11
+	KMOVW         R11, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	MOVL          $0x00002222, R11
+	KMOVW         R11, K2
+	VCOMPRESSPS.Z Z1, K2, Z2
+	MOVL          $0x00004444, R11
+	KMOVW         R11, K2
+	VCOMPRESSPS.Z Z1, K2, Z1
 	MOVQ          R8, R11
 	MOVQ          ldo+56(FP), R12
 	SHLQ          $0x02, R12
-	MOVL          $0x00001111, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
 	VMOVUPS       X0, (R11)
 	ADDQ          R12, R11
-	MOVL          $0x00002222, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R11)
+	VMOVUPS       X2, (R11)
 	ADDQ          R12, R11
-	MOVL          $0x00004444, R12
-	KMOVW         R12, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R11)
+	VMOVUPS       X1, (R11)
 	ADDQ          $0x00000010, R8
 	SUBQ          $0x00000004, R9
 	JMP           group
@@ -1145,28 +1154,28 @@ greduce:
 	VSHUFPS       $0x88, Z1, Z0, Z2
 	VSHUFPS       $0xdd, Z1, Z0, Z0
 	VADDPS        Z0, Z2, Z2
+	MOVL          $0x00001111, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z2, K2, Z0
+	MOVL          $0x00002222, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z2, K2, Z1
+	MOVL          $0x00004444, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z2, K2, Z3
+	MOVL          $0x00008888, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z2, K2, Z2
 	MOVQ          R9, R12
 	MOVQ          ldo+56(FP), R13
 	SHLQ          $0x02, R13
-	MOVL          $0x00001111, R14
-	KMOVW         R14, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
 	VMOVUPS       X0, (R12)
 	ADDQ          R13, R12
-	MOVL          $0x00002222, R14
-	KMOVW         R14, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R12)
+	VMOVUPS       X1, (R12)
 	ADDQ          R13, R12
-	MOVL          $0x00004444, R14
-	KMOVW         R14, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R12)
+	VMOVUPS       X3, (R12)
 	ADDQ          R13, R12
-	MOVL          $0x00008888, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R12)
+	VMOVUPS       X2, (R12)
 	ADDQ          $0x00000010, R9
 	SUBQ          $0x00000004, R10
 	JMP           group
@@ -1268,7 +1277,7 @@ done:
 
 // func gemmAVX512BF16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 // Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
-TEXT ·gemmAVX512BF16R1(SB), NOSPLIT, $0-72
+TEXT ·gemmAVX512BF16R1(SB), NOSPLIT, $24-72
 	MOVQ  k+32(FP), CX
 	MOVL  CX, DX
 	ANDL  $0x0000000f, DX
@@ -1279,21 +1288,28 @@ TEXT ·gemmAVX512BF16R1(SB), NOSPLIT, $0-72
 	MOVQ  w+16(FP), BX
 	MOVQ  out+48(FP), SI
 	MOVQ  n+40(FP), DI
+	MOVQ  DI, R8
+	SHRQ  $0x03, R8
+	MOVQ  R8, (SP)
+	MOVQ  ldw+24(FP), R9
+	SHLQ  $0x01, R9
+	IMULQ R8, R9
+	MOVQ  R9, 8(SP)
+	SHLQ  $0x02, R8
+	MOVQ  R8, 16(SP)
 
 wide:
-	CMPQ   DI, $0x00000008
-	JL     quad
-	MOVQ   ldw+24(FP), R8
-	SHLQ   $0x01, R8
+	CMPQ   (SP), $0x00
+	JE     wdone
+	MOVQ   8(SP), R8
 	MOVQ   BX, R9
 	LEAQ   (R9)(R8*2), R10
 	ADDQ   R8, R10
 	LEAQ   (R10)(R8*2), R11
 	ADDQ   R8, R11
-	LEAQ   (BX)(R8*8), R12
-	MOVQ   DX, R13
-	MOVQ   CX, R14
-	SHRQ   $0x05, R14
+	MOVQ   DX, R12
+	MOVQ   CX, R13
+	SHRQ   $0x05, R13
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -1302,18 +1318,10 @@ wide:
 	VXORPS Z5, Z5, Z5
 	VXORPS Z6, Z6, Z6
 	VXORPS Z7, Z7, Z7
-	TESTQ  R14, R14
+	TESTQ  R13, R13
 	JE     wodd
 
 wloop:
-	PREFETCHT0  (R12)
-	PREFETCHT0  64(R12)
-	PREFETCHT0  128(R12)
-	PREFETCHT0  192(R12)
-	PREFETCHT0  256(R12)
-	PREFETCHT0  320(R12)
-	PREFETCHT0  384(R12)
-	PREFETCHT0  448(R12)
 	VPMOVZXWD   (R9), Z8
 	VPSLLD      $0x10, Z8, Z8
 	VPMOVZXWD   (R9)(R8*1), Z9
@@ -1330,7 +1338,7 @@ wloop:
 	VPSLLD      $0x10, Z14, Z14
 	VPMOVZXWD   (R11)(R8*1), Z15
 	VPSLLD      $0x10, Z15, Z15
-	VMOVUPS     (R13), Z16
+	VMOVUPS     (R12), Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -1355,7 +1363,7 @@ wloop:
 	VPSLLD      $0x10, Z14, Z14
 	VPMOVZXWD   32(R11)(R8*1), Z15
 	VPSLLD      $0x10, Z15, Z15
-	VMOVUPS     64(R13), Z16
+	VMOVUPS     64(R12), Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -1367,9 +1375,8 @@ wloop:
 	ADDQ        $0x00000040, R9
 	ADDQ        $0x00000040, R10
 	ADDQ        $0x00000040, R11
-	ADDQ        $0x00000080, R13
-	ADDQ        $0x00000200, R12
-	DECQ        R14
+	ADDQ        $0x00000080, R12
+	DECQ        R13
 	JNE         wloop
 
 wodd:
@@ -1391,7 +1398,7 @@ wodd:
 	VPSLLD      $0x10, Z14, Z14
 	VPMOVZXWD   (R11)(R8*1), Z15
 	VPSLLD      $0x10, Z15, Z15
-	VMOVUPS     (R13), Z16
+	VMOVUPS     (R12), Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -1403,7 +1410,7 @@ wodd:
 	ADDQ        $0x00000020, R9
 	ADDQ        $0x00000020, R10
 	ADDQ        $0x00000020, R11
-	ADDQ        $0x00000040, R13
+	ADDQ        $0x00000040, R12
 
 wtail:
 	TESTQ       $0x0000000f, CX
@@ -1432,7 +1439,7 @@ wtail:
 	VMOVDQU16.Z (R11)(R8*1), K1, Y15
 	VPMOVZXWD   Y15, Z15
 	VPSLLD      $0x10, Z15, Z15
-	VMOVUPS.Z   (R13), K1, Z16
+	VMOVUPS.Z   (R12), K1, Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -1443,6 +1450,12 @@ wtail:
 	VFMADD231PS Z15, Z16, Z7
 
 wreduce:
+	MOVQ          16(SP), R8
+	MOVQ          SI, R9
+	LEAQ          (R9)(R8*2), R10
+	ADDQ          R8, R10
+	LEAQ          (R10)(R8*2), R11
+	ADDQ          R8, R11
 	VSHUFF32X4    $0x44, Z1, Z0, Z8
 	VSHUFF32X4    $0xee, Z1, Z0, Z0
 	VADDPS        Z0, Z8, Z8
@@ -1458,11 +1471,13 @@ wreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          SI, R9
-	MOVL          $0x00001111, R10
-	KMOVW         R10, K2
+	MOVL          $0x00001111, R12
+	KMOVW         R12, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R9)
+	VMOVSS        X0, (R9)
+	VEXTRACTPS    $0x01, X0, (R9)(R8*1)
+	VEXTRACTPS    $0x02, X0, (R9)(R8*2)
+	VEXTRACTPS    $0x03, X0, (R10)
 	VSHUFF32X4    $0x44, Z5, Z4, Z0
 	VSHUFF32X4    $0xee, Z5, Z4, Z1
 	VADDPS        Z1, Z0, Z0
@@ -1478,17 +1493,28 @@ wreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          SI, R9
-	MOVL          $0x00001111, R10
-	KMOVW         R10, K2
+	MOVL          $0x00001111, R9
+	KMOVW         R9, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, 16(R9)
-	ADDQ          $0x00000020, SI
-	LEAQ          (BX)(R8*8), BX
-	SUBQ          $0x00000008, DI
+	VMOVSS        X0, (R10)(R8*1)
+	VEXTRACTPS    $0x01, X0, (R10)(R8*2)
+	VEXTRACTPS    $0x02, X0, (R11)
+	VEXTRACTPS    $0x03, X0, (R11)(R8*1)
+	ADDQ          $0x00000004, SI
+	MOVQ          ldw+24(FP), R8
+	SHLQ          $0x01, R8
+	ADDQ          R8, BX
+	DECQ          (SP)
 	JMP           wide
 
-quad:
+wdone:
+	MOVQ   8(SP), R8
+	IMUL3Q $0x07, R8, R8
+	ADDQ   R8, BX
+	MOVQ   16(SP), R8
+	IMUL3Q $0x07, R8, R8
+	ADDQ   R8, SI
+	ANDQ   $0x07, DI
 	MOVQ   CX, R8
 	ANDQ   $-16, R8
 	CMPQ   DI, $0x00000004
@@ -1565,10 +1591,10 @@ qreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          SI, R9
-	MOVL          $0x00001111, R10
-	KMOVW         R10, K2
+	MOVL          $0x00001111, R9
+	KMOVW         R9, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
+	MOVQ          SI, R9
 	VMOVUPS       X0, (R9)
 	ADDQ          $0x00000010, SI
 	SUBQ          $0x00000004, DI
@@ -1742,18 +1768,18 @@ greduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
+	MOVL          $0x00001111, R10
+	KMOVW         R10, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	MOVL          $0x00002222, R10
+	KMOVW         R10, K2
+	VCOMPRESSPS.Z Z1, K2, Z1
 	MOVQ          DI, R10
 	MOVQ          ldo+56(FP), R11
 	SHLQ          $0x02, R11
-	MOVL          $0x00001111, R12
-	KMOVW         R12, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
 	VMOVUPS       X0, (R10)
 	ADDQ          R11, R10
-	MOVL          $0x00002222, R11
-	KMOVW         R11, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R10)
+	VMOVUPS       X1, (R10)
 	ADDQ          $0x00000010, DI
 	SUBQ          $0x00000004, R8
 	JMP           group
@@ -1971,23 +1997,23 @@ greduce:
 	VSHUFPS       $0x88, Z2, Z0, Z1
 	VSHUFPS       $0xdd, Z2, Z0, Z0
 	VADDPS        Z0, Z1, Z1
+	MOVL          $0x00001111, R11
+	KMOVW         R11, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	MOVL          $0x00002222, R11
+	KMOVW         R11, K2
+	VCOMPRESSPS.Z Z1, K2, Z2
+	MOVL          $0x00004444, R11
+	KMOVW         R11, K2
+	VCOMPRESSPS.Z Z1, K2, Z1
 	MOVQ          R8, R11
 	MOVQ          ldo+56(FP), R12
 	SHLQ          $0x02, R12
-	MOVL          $0x00001111, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
 	VMOVUPS       X0, (R11)
 	ADDQ          R12, R11
-	MOVL          $0x00002222, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R11)
+	VMOVUPS       X2, (R11)
 	ADDQ          R12, R11
-	MOVL          $0x00004444, R12
-	KMOVW         R12, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R11)
+	VMOVUPS       X1, (R11)
 	ADDQ          $0x00000010, R8
 	SUBQ          $0x00000004, R9
 	JMP           group
@@ -2244,28 +2270,28 @@ greduce:
 	VSHUFPS       $0x88, Z1, Z0, Z2
 	VSHUFPS       $0xdd, Z1, Z0, Z0
 	VADDPS        Z0, Z2, Z2
+	MOVL          $0x00001111, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z2, K2, Z0
+	MOVL          $0x00002222, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z2, K2, Z1
+	MOVL          $0x00004444, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z2, K2, Z3
+	MOVL          $0x00008888, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z2, K2, Z2
 	MOVQ          R9, R12
 	MOVQ          ldo+56(FP), R13
 	SHLQ          $0x02, R13
-	MOVL          $0x00001111, R14
-	KMOVW         R14, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
 	VMOVUPS       X0, (R12)
 	ADDQ          R13, R12
-	MOVL          $0x00002222, R14
-	KMOVW         R14, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R12)
+	VMOVUPS       X1, (R12)
 	ADDQ          R13, R12
-	MOVL          $0x00004444, R14
-	KMOVW         R14, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R12)
+	VMOVUPS       X3, (R12)
 	ADDQ          R13, R12
-	MOVL          $0x00008888, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R12)
+	VMOVUPS       X2, (R12)
 	ADDQ          $0x00000010, R9
 	SUBQ          $0x00000004, R10
 	JMP           group
@@ -2370,7 +2396,7 @@ done:
 
 // func gemmAVX512F16R1(x *float32, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 // Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
-TEXT ·gemmAVX512F16R1(SB), NOSPLIT, $0-72
+TEXT ·gemmAVX512F16R1(SB), NOSPLIT, $24-72
 	MOVQ  k+32(FP), CX
 	MOVL  CX, DX
 	ANDL  $0x0000000f, DX
@@ -2381,21 +2407,28 @@ TEXT ·gemmAVX512F16R1(SB), NOSPLIT, $0-72
 	MOVQ  w+16(FP), BX
 	MOVQ  out+48(FP), SI
 	MOVQ  n+40(FP), DI
+	MOVQ  DI, R8
+	SHRQ  $0x03, R8
+	MOVQ  R8, (SP)
+	MOVQ  ldw+24(FP), R9
+	SHLQ  $0x01, R9
+	IMULQ R8, R9
+	MOVQ  R9, 8(SP)
+	SHLQ  $0x02, R8
+	MOVQ  R8, 16(SP)
 
 wide:
-	CMPQ   DI, $0x00000008
-	JL     quad
-	MOVQ   ldw+24(FP), R8
-	SHLQ   $0x01, R8
+	CMPQ   (SP), $0x00
+	JE     wdone
+	MOVQ   8(SP), R8
 	MOVQ   BX, R9
 	LEAQ   (R9)(R8*2), R10
 	ADDQ   R8, R10
 	LEAQ   (R10)(R8*2), R11
 	ADDQ   R8, R11
-	LEAQ   (BX)(R8*8), R12
-	MOVQ   DX, R13
-	MOVQ   CX, R14
-	SHRQ   $0x05, R14
+	MOVQ   DX, R12
+	MOVQ   CX, R13
+	SHRQ   $0x05, R13
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -2404,18 +2437,10 @@ wide:
 	VXORPS Z5, Z5, Z5
 	VXORPS Z6, Z6, Z6
 	VXORPS Z7, Z7, Z7
-	TESTQ  R14, R14
+	TESTQ  R13, R13
 	JE     wodd
 
 wloop:
-	PREFETCHT0  (R12)
-	PREFETCHT0  64(R12)
-	PREFETCHT0  128(R12)
-	PREFETCHT0  192(R12)
-	PREFETCHT0  256(R12)
-	PREFETCHT0  320(R12)
-	PREFETCHT0  384(R12)
-	PREFETCHT0  448(R12)
 	VCVTPH2PS   (R9), Z8
 	VCVTPH2PS   (R9)(R8*1), Z9
 	VCVTPH2PS   (R9)(R8*2), Z10
@@ -2424,7 +2449,7 @@ wloop:
 	VCVTPH2PS   (R10)(R8*2), Z13
 	VCVTPH2PS   (R11), Z14
 	VCVTPH2PS   (R11)(R8*1), Z15
-	VMOVUPS     (R13), Z16
+	VMOVUPS     (R12), Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -2441,7 +2466,7 @@ wloop:
 	VCVTPH2PS   32(R10)(R8*2), Z13
 	VCVTPH2PS   32(R11), Z14
 	VCVTPH2PS   32(R11)(R8*1), Z15
-	VMOVUPS     64(R13), Z16
+	VMOVUPS     64(R12), Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -2453,9 +2478,8 @@ wloop:
 	ADDQ        $0x00000040, R9
 	ADDQ        $0x00000040, R10
 	ADDQ        $0x00000040, R11
-	ADDQ        $0x00000080, R13
-	ADDQ        $0x00000200, R12
-	DECQ        R14
+	ADDQ        $0x00000080, R12
+	DECQ        R13
 	JNE         wloop
 
 wodd:
@@ -2469,7 +2493,7 @@ wodd:
 	VCVTPH2PS   (R10)(R8*2), Z13
 	VCVTPH2PS   (R11), Z14
 	VCVTPH2PS   (R11)(R8*1), Z15
-	VMOVUPS     (R13), Z16
+	VMOVUPS     (R12), Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -2481,7 +2505,7 @@ wodd:
 	ADDQ        $0x00000020, R9
 	ADDQ        $0x00000020, R10
 	ADDQ        $0x00000020, R11
-	ADDQ        $0x00000040, R13
+	ADDQ        $0x00000040, R12
 
 wtail:
 	TESTQ       $0x0000000f, CX
@@ -2502,7 +2526,7 @@ wtail:
 	VCVTPH2PS   Y14, Z14
 	VMOVDQU16.Z (R11)(R8*1), K1, Y15
 	VCVTPH2PS   Y15, Z15
-	VMOVUPS.Z   (R13), K1, Z16
+	VMOVUPS.Z   (R12), K1, Z16
 	VFMADD231PS Z8, Z16, Z0
 	VFMADD231PS Z9, Z16, Z1
 	VFMADD231PS Z10, Z16, Z2
@@ -2513,6 +2537,12 @@ wtail:
 	VFMADD231PS Z15, Z16, Z7
 
 wreduce:
+	MOVQ          16(SP), R8
+	MOVQ          SI, R9
+	LEAQ          (R9)(R8*2), R10
+	ADDQ          R8, R10
+	LEAQ          (R10)(R8*2), R11
+	ADDQ          R8, R11
 	VSHUFF32X4    $0x44, Z1, Z0, Z8
 	VSHUFF32X4    $0xee, Z1, Z0, Z0
 	VADDPS        Z0, Z8, Z8
@@ -2528,11 +2558,13 @@ wreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          SI, R9
-	MOVL          $0x00001111, R10
-	KMOVW         R10, K2
+	MOVL          $0x00001111, R12
+	KMOVW         R12, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R9)
+	VMOVSS        X0, (R9)
+	VEXTRACTPS    $0x01, X0, (R9)(R8*1)
+	VEXTRACTPS    $0x02, X0, (R9)(R8*2)
+	VEXTRACTPS    $0x03, X0, (R10)
 	VSHUFF32X4    $0x44, Z5, Z4, Z0
 	VSHUFF32X4    $0xee, Z5, Z4, Z1
 	VADDPS        Z1, Z0, Z0
@@ -2548,17 +2580,28 @@ wreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          SI, R9
-	MOVL          $0x00001111, R10
-	KMOVW         R10, K2
+	MOVL          $0x00001111, R9
+	KMOVW         R9, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, 16(R9)
-	ADDQ          $0x00000020, SI
-	LEAQ          (BX)(R8*8), BX
-	SUBQ          $0x00000008, DI
+	VMOVSS        X0, (R10)(R8*1)
+	VEXTRACTPS    $0x01, X0, (R10)(R8*2)
+	VEXTRACTPS    $0x02, X0, (R11)
+	VEXTRACTPS    $0x03, X0, (R11)(R8*1)
+	ADDQ          $0x00000004, SI
+	MOVQ          ldw+24(FP), R8
+	SHLQ          $0x01, R8
+	ADDQ          R8, BX
+	DECQ          (SP)
 	JMP           wide
 
-quad:
+wdone:
+	MOVQ   8(SP), R8
+	IMUL3Q $0x07, R8, R8
+	ADDQ   R8, BX
+	MOVQ   16(SP), R8
+	IMUL3Q $0x07, R8, R8
+	ADDQ   R8, SI
+	ANDQ   $0x07, DI
 	MOVQ   CX, R8
 	ANDQ   $-16, R8
 	CMPQ   DI, $0x00000004
@@ -2627,10 +2670,10 @@ qreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          SI, R9
-	MOVL          $0x00001111, R10
-	KMOVW         R10, K2
+	MOVL          $0x00001111, R9
+	KMOVW         R9, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
+	MOVQ          SI, R9
 	VMOVUPS       X0, (R9)
 	ADDQ          $0x00000010, SI
 	SUBQ          $0x00000004, DI
@@ -2794,18 +2837,18 @@ greduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
+	MOVL          $0x00001111, R10
+	KMOVW         R10, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	MOVL          $0x00002222, R10
+	KMOVW         R10, K2
+	VCOMPRESSPS.Z Z1, K2, Z1
 	MOVQ          DI, R10
 	MOVQ          ldo+56(FP), R11
 	SHLQ          $0x02, R11
-	MOVL          $0x00001111, R12
-	KMOVW         R12, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
 	VMOVUPS       X0, (R10)
 	ADDQ          R11, R10
-	MOVL          $0x00002222, R11
-	KMOVW         R11, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R10)
+	VMOVUPS       X1, (R10)
 	ADDQ          $0x00000010, DI
 	SUBQ          $0x00000004, R8
 	JMP           group
@@ -3013,23 +3056,23 @@ greduce:
 	VSHUFPS       $0x88, Z2, Z0, Z1
 	VSHUFPS       $0xdd, Z2, Z0, Z0
 	VADDPS        Z0, Z1, Z1
+	MOVL          $0x00001111, R11
+	KMOVW         R11, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	MOVL          $0x00002222, R11
+	KMOVW         R11, K2
+	VCOMPRESSPS.Z Z1, K2, Z2
+	MOVL          $0x00004444, R11
+	KMOVW         R11, K2
+	VCOMPRESSPS.Z Z1, K2, Z1
 	MOVQ          R8, R11
 	MOVQ          ldo+56(FP), R12
 	SHLQ          $0x02, R12
-	MOVL          $0x00001111, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
 	VMOVUPS       X0, (R11)
 	ADDQ          R12, R11
-	MOVL          $0x00002222, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R11)
+	VMOVUPS       X2, (R11)
 	ADDQ          R12, R11
-	MOVL          $0x00004444, R12
-	KMOVW         R12, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R11)
+	VMOVUPS       X1, (R11)
 	ADDQ          $0x00000010, R8
 	SUBQ          $0x00000004, R9
 	JMP           group
@@ -3276,28 +3319,28 @@ greduce:
 	VSHUFPS       $0x88, Z1, Z0, Z2
 	VSHUFPS       $0xdd, Z1, Z0, Z0
 	VADDPS        Z0, Z2, Z2
+	MOVL          $0x00001111, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z2, K2, Z0
+	MOVL          $0x00002222, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z2, K2, Z1
+	MOVL          $0x00004444, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z2, K2, Z3
+	MOVL          $0x00008888, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z2, K2, Z2
 	MOVQ          R9, R12
 	MOVQ          ldo+56(FP), R13
 	SHLQ          $0x02, R13
-	MOVL          $0x00001111, R14
-	KMOVW         R14, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
 	VMOVUPS       X0, (R12)
 	ADDQ          R13, R12
-	MOVL          $0x00002222, R14
-	KMOVW         R14, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R12)
+	VMOVUPS       X1, (R12)
 	ADDQ          R13, R12
-	MOVL          $0x00004444, R14
-	KMOVW         R14, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R12)
+	VMOVUPS       X3, (R12)
 	ADDQ          R13, R12
-	MOVL          $0x00008888, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R12)
+	VMOVUPS       X2, (R12)
 	ADDQ          $0x00000010, R9
 	SUBQ          $0x00000004, R10
 	JMP           group
@@ -3900,8 +3943,8 @@ done:
 	RET
 
 // func gemmDPBF16R1(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
-// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
-TEXT ·gemmDPBF16R1(SB), NOSPLIT, $0-72
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2
+TEXT ·gemmDPBF16R1(SB), NOSPLIT, $24-72
 	MOVQ  k+32(FP), AX
 	MOVL  AX, CX
 	ANDL  $0x0000001f, CX
@@ -3912,21 +3955,28 @@ TEXT ·gemmDPBF16R1(SB), NOSPLIT, $0-72
 	MOVQ  w+16(FP), DX
 	MOVQ  out+48(FP), BX
 	MOVQ  n+40(FP), SI
+	MOVQ  SI, DI
+	SHRQ  $0x03, DI
+	MOVQ  DI, (SP)
+	MOVQ  ldw+24(FP), R8
+	SHLQ  $0x01, R8
+	IMULQ DI, R8
+	MOVQ  R8, 8(SP)
+	SHLQ  $0x02, DI
+	MOVQ  DI, 16(SP)
 
 wide:
-	CMPQ   SI, $0x00000008
-	JL     quad
-	MOVQ   ldw+24(FP), DI
-	SHLQ   $0x01, DI
+	CMPQ   (SP), $0x00
+	JE     wdone
+	MOVQ   8(SP), DI
 	MOVQ   DX, R8
 	LEAQ   (R8)(DI*2), R9
 	ADDQ   DI, R9
 	LEAQ   (R9)(DI*2), R10
 	ADDQ   DI, R10
-	LEAQ   (DX)(DI*8), R11
-	MOVQ   CX, R12
-	MOVQ   AX, R13
-	SHRQ   $0x06, R13
+	MOVQ   CX, R11
+	MOVQ   AX, R12
+	SHRQ   $0x06, R12
 	VXORPS Z0, Z0, Z0
 	VXORPS Z1, Z1, Z1
 	VXORPS Z2, Z2, Z2
@@ -3935,35 +3985,19 @@ wide:
 	VXORPS Z5, Z5, Z5
 	VXORPS Z6, Z6, Z6
 	VXORPS Z7, Z7, Z7
-	TESTQ  R13, R13
+	TESTQ  R12, R12
 	JE     wodd
 
 wloop:
-	PREFETCHT0 (R11)
-	PREFETCHT0 64(R11)
-	PREFETCHT0 128(R11)
-	PREFETCHT0 192(R11)
-	PREFETCHT0 256(R11)
-	PREFETCHT0 320(R11)
-	PREFETCHT0 384(R11)
-	PREFETCHT0 448(R11)
-	PREFETCHT0 512(R11)
-	PREFETCHT0 576(R11)
-	PREFETCHT0 640(R11)
-	PREFETCHT0 704(R11)
-	PREFETCHT0 768(R11)
-	PREFETCHT0 832(R11)
-	PREFETCHT0 896(R11)
-	PREFETCHT0 960(R11)
-	VMOVDQU16  (R8), Z8
-	VMOVDQU16  (R8)(DI*1), Z9
-	VMOVDQU16  (R8)(DI*2), Z10
-	VMOVDQU16  (R9), Z11
-	VMOVDQU16  (R9)(DI*1), Z12
-	VMOVDQU16  (R9)(DI*2), Z13
-	VMOVDQU16  (R10), Z14
-	VMOVDQU16  (R10)(DI*1), Z15
-	VMOVDQU16  (R12), Z16
+	VMOVDQU16 (R8), Z8
+	VMOVDQU16 (R8)(DI*1), Z9
+	VMOVDQU16 (R8)(DI*2), Z10
+	VMOVDQU16 (R9), Z11
+	VMOVDQU16 (R9)(DI*1), Z12
+	VMOVDQU16 (R9)(DI*2), Z13
+	VMOVDQU16 (R10), Z14
+	VMOVDQU16 (R10)(DI*1), Z15
+	VMOVDQU16 (R11), Z16
 	// VDPBF16PS Z8, Z16, Z0
 	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xc0
 	// VDPBF16PS Z9, Z16, Z1
@@ -3980,15 +4014,15 @@ wloop:
 	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xf6
 	// VDPBF16PS Z15, Z16, Z7
 	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xff
-	VMOVDQU16  64(R8), Z8
-	VMOVDQU16  64(R8)(DI*1), Z9
-	VMOVDQU16  64(R8)(DI*2), Z10
-	VMOVDQU16  64(R9), Z11
-	VMOVDQU16  64(R9)(DI*1), Z12
-	VMOVDQU16  64(R9)(DI*2), Z13
-	VMOVDQU16  64(R10), Z14
-	VMOVDQU16  64(R10)(DI*1), Z15
-	VMOVDQU16  64(R12), Z16
+	VMOVDQU16 64(R8), Z8
+	VMOVDQU16 64(R8)(DI*1), Z9
+	VMOVDQU16 64(R8)(DI*2), Z10
+	VMOVDQU16 64(R9), Z11
+	VMOVDQU16 64(R9)(DI*1), Z12
+	VMOVDQU16 64(R9)(DI*2), Z13
+	VMOVDQU16 64(R10), Z14
+	VMOVDQU16 64(R10)(DI*1), Z15
+	VMOVDQU16 64(R11), Z16
 	// VDPBF16PS Z8, Z16, Z0
 	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xc0
 	// VDPBF16PS Z9, Z16, Z1
@@ -4005,13 +4039,12 @@ wloop:
 	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xf6
 	// VDPBF16PS Z15, Z16, Z7
 	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xff
-	ADDQ       $0x00000080, R8
-	ADDQ       $0x00000080, R9
-	ADDQ       $0x00000080, R10
-	ADDQ       $0x00000080, R12
-	ADDQ       $0x00000400, R11
-	DECQ       R13
-	JNE        wloop
+	ADDQ      $0x00000080, R8
+	ADDQ      $0x00000080, R9
+	ADDQ      $0x00000080, R10
+	ADDQ      $0x00000080, R11
+	DECQ      R12
+	JNE       wloop
 
 wodd:
 	TESTQ     $0x00000020, AX
@@ -4024,7 +4057,7 @@ wodd:
 	VMOVDQU16 (R9)(DI*2), Z13
 	VMOVDQU16 (R10), Z14
 	VMOVDQU16 (R10)(DI*1), Z15
-	VMOVDQU16 (R12), Z16
+	VMOVDQU16 (R11), Z16
 	// VDPBF16PS Z8, Z16, Z0
 	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xc0
 	// VDPBF16PS Z9, Z16, Z1
@@ -4044,7 +4077,7 @@ wodd:
 	ADDQ      $0x00000040, R8
 	ADDQ      $0x00000040, R9
 	ADDQ      $0x00000040, R10
-	ADDQ      $0x00000040, R12
+	ADDQ      $0x00000040, R11
 
 wtail:
 	TESTQ       $0x0000001f, AX
@@ -4057,7 +4090,7 @@ wtail:
 	VMOVDQU16.Z (R9)(DI*2), K1, Z13
 	VMOVDQU16.Z (R10), K1, Z14
 	VMOVDQU16.Z (R10)(DI*1), K1, Z15
-	VMOVDQU16.Z (R12), K1, Z16
+	VMOVDQU16.Z (R11), K1, Z16
 	// VDPBF16PS Z8, Z16, Z0
 	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xc0
 	// VDPBF16PS Z9, Z16, Z1
@@ -4076,6 +4109,12 @@ wtail:
 	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xff
 
 wreduce:
+	MOVQ          16(SP), DI
+	MOVQ          BX, R8
+	LEAQ          (R8)(DI*2), R9
+	ADDQ          DI, R9
+	LEAQ          (R9)(DI*2), R10
+	ADDQ          DI, R10
 	VSHUFF32X4    $0x44, Z1, Z0, Z8
 	VSHUFF32X4    $0xee, Z1, Z0, Z0
 	VADDPS        Z0, Z8, Z8
@@ -4091,11 +4130,13 @@ wreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          BX, R8
-	MOVL          $0x00001111, R9
-	KMOVW         R9, K2
+	MOVL          $0x00001111, R11
+	KMOVW         R11, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R8)
+	VMOVSS        X0, (R8)
+	VEXTRACTPS    $0x01, X0, (R8)(DI*1)
+	VEXTRACTPS    $0x02, X0, (R8)(DI*2)
+	VEXTRACTPS    $0x03, X0, (R9)
 	VSHUFF32X4    $0x44, Z5, Z4, Z0
 	VSHUFF32X4    $0xee, Z5, Z4, Z1
 	VADDPS        Z1, Z0, Z0
@@ -4111,17 +4152,28 @@ wreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          BX, R8
-	MOVL          $0x00001111, R9
-	KMOVW         R9, K2
+	MOVL          $0x00001111, R8
+	KMOVW         R8, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, 16(R8)
-	ADDQ          $0x00000020, BX
-	LEAQ          (DX)(DI*8), DX
-	SUBQ          $0x00000008, SI
+	VMOVSS        X0, (R9)(DI*1)
+	VEXTRACTPS    $0x01, X0, (R9)(DI*2)
+	VEXTRACTPS    $0x02, X0, (R10)
+	VEXTRACTPS    $0x03, X0, (R10)(DI*1)
+	ADDQ          $0x00000004, BX
+	MOVQ          ldw+24(FP), DI
+	SHLQ          $0x01, DI
+	ADDQ          DI, DX
+	DECQ          (SP)
 	JMP           wide
 
-quad:
+wdone:
+	MOVQ   8(SP), DI
+	IMUL3Q $0x07, DI, DI
+	ADDQ   DI, DX
+	MOVQ   16(SP), DI
+	IMUL3Q $0x07, DI, DI
+	ADDQ   DI, BX
+	ANDQ   $0x07, SI
 	MOVQ   AX, DI
 	ANDQ   $-32, DI
 	CMPQ   SI, $0x00000004
@@ -4192,10 +4244,10 @@ qreduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
-	MOVQ          BX, R8
-	MOVL          $0x00001111, R9
-	KMOVW         R9, K2
+	MOVL          $0x00001111, R8
+	KMOVW         R8, K2
 	VCOMPRESSPS.Z Z1, K2, Z0
+	MOVQ          BX, R8
 	VMOVUPS       X0, (R8)
 	ADDQ          $0x00000010, BX
 	SUBQ          $0x00000004, SI
@@ -4371,18 +4423,18 @@ greduce:
 	VSHUFPS       $0x88, Z0, Z0, Z1
 	VSHUFPS       $0xdd, Z0, Z0, Z0
 	VADDPS        Z0, Z1, Z1
+	MOVL          $0x00001111, R10
+	KMOVW         R10, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	MOVL          $0x00002222, R10
+	KMOVW         R10, K2
+	VCOMPRESSPS.Z Z1, K2, Z1
 	MOVQ          DI, R10
 	MOVQ          ldo+56(FP), R11
 	SHLQ          $0x02, R11
-	MOVL          $0x00001111, R12
-	KMOVW         R12, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
 	VMOVUPS       X0, (R10)
 	ADDQ          R11, R10
-	MOVL          $0x00002222, R11
-	KMOVW         R11, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R10)
+	VMOVUPS       X1, (R10)
 	ADDQ          $0x00000010, DI
 	SUBQ          $0x00000004, R8
 	JMP           group
@@ -4615,23 +4667,23 @@ greduce:
 	VSHUFPS       $0x88, Z2, Z0, Z1
 	VSHUFPS       $0xdd, Z2, Z0, Z0
 	VADDPS        Z0, Z1, Z1
+	MOVL          $0x00001111, R11
+	KMOVW         R11, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	MOVL          $0x00002222, R11
+	KMOVW         R11, K2
+	VCOMPRESSPS.Z Z1, K2, Z2
+	MOVL          $0x00004444, R11
+	KMOVW         R11, K2
+	VCOMPRESSPS.Z Z1, K2, Z1
 	MOVQ          R8, R11
 	MOVQ          ldo+56(FP), R12
 	SHLQ          $0x02, R12
-	MOVL          $0x00001111, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
 	VMOVUPS       X0, (R11)
 	ADDQ          R12, R11
-	MOVL          $0x00002222, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R11)
+	VMOVUPS       X2, (R11)
 	ADDQ          R12, R11
-	MOVL          $0x00004444, R12
-	KMOVW         R12, K2
-	VCOMPRESSPS.Z Z1, K2, Z0
-	VMOVUPS       X0, (R11)
+	VMOVUPS       X1, (R11)
 	ADDQ          $0x00000010, R8
 	SUBQ          $0x00000004, R9
 	JMP           group
@@ -4913,28 +4965,28 @@ greduce:
 	VSHUFPS       $0x88, Z1, Z0, Z2
 	VSHUFPS       $0xdd, Z1, Z0, Z0
 	VADDPS        Z0, Z2, Z2
+	MOVL          $0x00001111, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z2, K2, Z0
+	MOVL          $0x00002222, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z2, K2, Z1
+	MOVL          $0x00004444, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z2, K2, Z3
+	MOVL          $0x00008888, R12
+	KMOVW         R12, K2
+	VCOMPRESSPS.Z Z2, K2, Z2
 	MOVQ          R9, R12
 	MOVQ          ldo+56(FP), R13
 	SHLQ          $0x02, R13
-	MOVL          $0x00001111, R14
-	KMOVW         R14, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
 	VMOVUPS       X0, (R12)
 	ADDQ          R13, R12
-	MOVL          $0x00002222, R14
-	KMOVW         R14, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R12)
+	VMOVUPS       X1, (R12)
 	ADDQ          R13, R12
-	MOVL          $0x00004444, R14
-	KMOVW         R14, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R12)
+	VMOVUPS       X3, (R12)
 	ADDQ          R13, R12
-	MOVL          $0x00008888, R13
-	KMOVW         R13, K2
-	VCOMPRESSPS.Z Z2, K2, Z0
-	VMOVUPS       X0, (R12)
+	VMOVUPS       X2, (R12)
 	ADDQ          $0x00000010, R9
 	SUBQ          $0x00000004, R10
 	JMP           group

@@ -243,6 +243,27 @@ func reduceQuads512(acc [][]VecVirtual, ocur Register) { reduceQuads512At(acc, o
 // reduceQuads512At is reduceQuads512 storing at out+disp bytes.
 func reduceQuads512At(acc [][]VecVirtual, ocur Register, disp int) {
 	rows := len(acc)
+	sums := quadSums512(acc)
+	orow := GP64()
+	MOVQ(ocur, orow)
+	var ldo Register
+	if rows > 1 {
+		ldo = Load(Param("ldo"), GP64())
+		SHLQ(U8(2), ldo)
+	}
+	for r := range rows {
+		VMOVUPS(sums[r], Mem{Base: orow, Disp: disp})
+		if r+1 < rows {
+			ADDQ(ldo, orow)
+		}
+	}
+}
+
+// quadSums512 reduces the rows×4 accumulators of an AVX-512 pass by
+// reduceQuads512's tree and returns, for row r, an XMM register holding
+// its four sums in order.
+func quadSums512(acc [][]VecVirtual) []Register {
+	rows := len(acc)
 	shuf := func(imm uint8, a, b VecVirtual) VecVirtual { // 128-bit lanes a[i0] a[i1] b[i2] b[i3]
 		t := ZMM()
 		VSHUFF32X4(U8(imm), b, a, t)
@@ -276,13 +297,7 @@ func reduceQuads512At(acc [][]VecVirtual, ocur Register, disp int) {
 		r23 = add(shufps(0x44, q[2], q[3]), shufps(0xEE, q[2], q[3]))
 	}
 	f := add(shufps(0x88, r01, r23), shufps(0xDD, r01, r23))
-	orow := GP64()
-	MOVQ(ocur, orow)
-	var ldo Register
-	if rows > 1 {
-		ldo = Load(Param("ldo"), GP64())
-		SHLQ(U8(2), ldo)
-	}
+	sums := make([]Register, rows)
 	for r := range rows {
 		g := GP32()
 		MOVL(U32(0x1111<<r), g)
@@ -290,9 +305,7 @@ func reduceQuads512At(acc [][]VecVirtual, ocur Register, disp int) {
 		KMOVW(g, km)
 		t := ZMM()
 		VCOMPRESSPS_Z(f, km, t)
-		VMOVUPS(t.AsX(), Mem{Base: orow, Disp: disp})
-		if r+1 < rows {
-			ADDQ(ldo, orow)
-		}
+		sums[r] = t.AsX()
 	}
+	return sums
 }

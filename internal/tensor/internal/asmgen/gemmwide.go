@@ -16,39 +16,8 @@ import (
 )
 
 // wideCols is the number of weight rows the AVX-512 one-row kernel reads
-// per pass, and prefetchPasses how many passes ahead it prefetches.
-const (
-	wideCols       = 8
-	prefetchPasses = 1
-)
-
-// wideRows sets up the addresses of the wideCols weight rows starting at
-// wcur, L bytes apart (row c is at base[c/3] + (c%3)·L, three base
-// registers instead of eight), and the prefetch cursor prefetchPasses
-// passes ahead. It returns the bases, to advance, the address of row c at
-// byte displacement disp, and the cursor.
-func wideRows(wcur, L Register) ([]GPVirtual, func(c, disp int) Mem, GPVirtual) {
-	p0, p3, p6 := GP64(), GP64(), GP64()
-	MOVQ(wcur, p0)
-	LEAQ(Mem{Base: p0, Index: L, Scale: 2}, p3)
-	ADDQ(L, p3)
-	LEAQ(Mem{Base: p3, Index: L, Scale: 2}, p6)
-	ADDQ(L, p6)
-	bases := []GPVirtual{p0, p3, p6}
-	rowMem := func(c, disp int) Mem {
-		m := Mem{Base: bases[c/3], Disp: disp}
-		if c%3 != 0 {
-			m.Index, m.Scale = L, uint8(c%3)
-		}
-		return m
-	}
-	pf := GP64()
-	LEAQ(Mem{Base: wcur, Index: L, Scale: 8}, pf)
-	for range prefetchPasses - 1 {
-		LEAQ(Mem{Base: pf, Index: L, Scale: 8}, pf)
-	}
-	return bases, rowMem, pf
-}
+// per pass: one from each of wideCols streams.
+const wideCols = 8
 
 // wideKernel is what tells the AVX-512 one-row kernels apart (gemmWideR1:
 // f32 x by f32, bf16 or f16 weights with FMAs; gemmDPR1: bf16 by bf16 with
@@ -66,22 +35,59 @@ type wideKernel struct {
 	pass func(cols int, kv Register, p string)
 }
 
-// emitWide emits a one-row kernel's body from label wide on: while nrem ≥
-// wideCols, a pass over wideCols weight rows from wcur (one accumulator a
-// row, the K loop unrolled twice and prefetched, an odd step, the masked
-// tail step with mask, the fixed tree into ocur); then the leftover rows
-// four and one at a time through pass; then the return. x is the x row's
-// register and k its length.
+// emitWide emits a one-row kernel's body from label wide on. A call's n
+// rows are split into wideCols streams, as gemvAVX2 splits them: with
+// q = n/wideCols, stream c is rows c·q … c·q+q-1, and pass j reads row j
+// of every stream (one accumulator a row, the K loop unrolled twice, an
+// odd step, the masked tail step with mask, the fixed tree), so each
+// stream runs through q·ldw contiguous elements. Eight adjacent rows read
+// as one region, prefetched a pass ahead, streamed SmolLM2's short rows
+// (1,152 bytes) from DRAM at two thirds of the rate eight long streams
+// reach on a Zen 4 (docs/performance.md). Rows 8q … n-1 follow four and
+// one at a time through pass; then the return. x is the x row's register
+// and k its length. Each output is the same sum in the same order as
+// before: only the order of the rows changes.
 func (w wideKernel) emitWide(k, wcur, ocur, nrem Register, x GPVirtual, mask Op) {
 	const cols = wideCols
 	wsize := 1 << w.wshift
-	Label("wide")
-	CMPQ(nrem, U32(cols))
-	JL(LabelRef("quad"))
+	// The passes left, the streams' stride in weight bytes (q rows) and in
+	// output bytes (q outputs) live on the stack: the K loop needs the
+	// registers.
+	passM, wstrM, ostrM := AllocLocal(8), AllocLocal(8), AllocLocal(8)
 	{
-		L := Load(Param("ldw"), GP64())
-		SHLQ(U8(w.wshift), L)
-		bases, rowMem, pf := wideRows(wcur, L)
+		q := GP64()
+		MOVQ(nrem, q)
+		SHRQ(U8(3), q)
+		MOVQ(q, passM)
+		wstr := Load(Param("ldw"), GP64())
+		SHLQ(U8(w.wshift), wstr)
+		IMULQ(q, wstr)
+		MOVQ(wstr, wstrM)
+		SHLQ(U8(2), q)
+		MOVQ(q, ostrM)
+	}
+	Label("wide")
+	CMPQ(passM, U8(0))
+	JE(LabelRef("wdone"))
+	{
+		// Row c of the pass is at base[c/3] + (c%3)·stride: three base
+		// registers instead of eight.
+		S := GP64()
+		MOVQ(wstrM, S)
+		p0, p3, p6 := GP64(), GP64(), GP64()
+		MOVQ(wcur, p0)
+		LEAQ(Mem{Base: p0, Index: S, Scale: 2}, p3)
+		ADDQ(S, p3)
+		LEAQ(Mem{Base: p3, Index: S, Scale: 2}, p6)
+		ADDQ(S, p6)
+		bases := []GPVirtual{p0, p3, p6}
+		rowMem := func(c, disp int) Mem {
+			m := Mem{Base: bases[c/3], Disp: disp}
+			if c%3 != 0 {
+				m.Index, m.Scale = S, uint8(c%3)
+			}
+			return m
+		}
 		xp := GP64()
 		MOVQ(x, xp)
 		cnt := GP64() // trips of two steps
@@ -114,14 +120,9 @@ func (w wideKernel) emitWide(k, wcur, ocur, nrem Register, x GPVirtual, mask Op)
 		TESTQ(cnt, cnt)
 		JE(LabelRef("wodd"))
 		Label("wloop")
-		bytesPerIter := cols * 2 * w.elems * wsize
-		for off := 0; off < bytesPerIter; off += 64 {
-			PREFETCHT0(Mem{Base: pf, Disp: off})
-		}
 		step(0, nil)
 		step(w.elems, nil)
 		advance(2 * w.elems)
-		ADDQ(U32(bytesPerIter), pf)
 		DECQ(cnt)
 		JNE(LabelRef("wloop"))
 		Label("wodd")
@@ -134,13 +135,49 @@ func (w wideKernel) emitWide(k, wcur, ocur, nrem Register, x GPVirtual, mask Op)
 		JE(LabelRef("wreduce"))
 		step(0, mask)
 		Label("wreduce")
+		// Stream c's output is at ocur + c·ostr.
+		ostr := GP64()
+		MOVQ(ostrM, ostr)
+		o0, o3, o6 := GP64(), GP64(), GP64()
+		MOVQ(ocur, o0)
+		LEAQ(Mem{Base: o0, Index: ostr, Scale: 2}, o3)
+		ADDQ(ostr, o3)
+		LEAQ(Mem{Base: o3, Index: ostr, Scale: 2}, o6)
+		ADDQ(ostr, o6)
+		obases := []GPVirtual{o0, o3, o6}
 		for g := 0; g < cols; g += 4 {
-			reduceQuads512At([][]VecVirtual{acc[g : g+4]}, ocur, 4*g)
+			sums := quadSums512([][]VecVirtual{acc[g : g+4]})[0]
+			for i := range 4 {
+				c := g + i
+				m := Mem{Base: obases[c/3]}
+				if c%3 != 0 {
+					m.Index, m.Scale = ostr, uint8(c%3)
+				}
+				if i == 0 {
+					VMOVSS(sums, m)
+				} else {
+					VEXTRACTPS(U8(i), sums, m)
+				}
+			}
 		}
-		ADDQ(U32(4*cols), ocur)
-		LEAQ(Mem{Base: wcur, Index: L, Scale: 8}, wcur)
-		SUBQ(U32(cols), nrem)
-		JMP(LabelRef("wide"))
+		ADDQ(U32(4), ocur)
+		L := Load(Param("ldw"), GP64())
+		SHLQ(U8(w.wshift), L)
+		ADDQ(L, wcur)
+	}
+	DECQ(passM)
+	JMP(LabelRef("wide"))
+	Label("wdone")
+	// The rows left start 7 strides past where stream 0 ended.
+	{
+		t := GP64()
+		MOVQ(wstrM, t)
+		IMUL3Q(U8(7), t, t)
+		ADDQ(t, wcur)
+		MOVQ(ostrM, t)
+		IMUL3Q(U8(7), t, t)
+		ADDQ(t, ocur)
+		ANDQ(U8(cols-1), nrem)
 	}
 
 	Label("quad")
