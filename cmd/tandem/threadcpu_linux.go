@@ -1,17 +1,21 @@
 package main
 
 import (
-	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // threadCPU returns the CPU time the calling OS thread has used (the
-// caller locks its goroutine to the thread).
+// caller locks its goroutine to the thread), from
+// CLOCK_THREAD_CPUTIME_ID: to the nanosecond, where getrusage's
+// RUSAGE_THREAD counts in scheduler ticks on some kernels (4 ms on the
+// AMD EPYC VM of docs/performance.md, which made a 1-thread `tandem bench
+// model` report rates on a grid of ticks and an infinite FMA peak).
 func threadCPU() (time.Duration, bool) {
-	var ru syscall.Rusage
-	const rusageThread = 1
-	if err := syscall.Getrusage(rusageThread, &ru); err != nil {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
 		return 0, false
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
+	return time.Duration(ts.Nano()), true
 }

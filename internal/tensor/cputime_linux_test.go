@@ -1,19 +1,20 @@
 package tensor
 
 import (
-	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // threadCPU returns the CPU time the calling OS thread has used (lock the
 // goroutine to its thread first). On a machine shared with other work,
 // single-threaded benchmarks divided by it measure the kernel, not the
-// scheduler.
+// scheduler. CLOCK_THREAD_CPUTIME_ID counts nanoseconds, where getrusage's
+// RUSAGE_THREAD counts scheduler ticks on some kernels.
 func threadCPU() (time.Duration, bool) {
-	var ru syscall.Rusage
-	const rusageThread = 1
-	if err := syscall.Getrusage(rusageThread, &ru); err != nil {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
 		return 0, false
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
+	return time.Duration(ts.Nano()), true
 }
