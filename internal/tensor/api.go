@@ -59,6 +59,9 @@ const (
 	Q5_0
 )
 
+// numDTypes is the number of dtypes: tables indexed by DType have it.
+const numDTypes = Q5_0 + 1
+
 // dtypeNames are the short names String returns and ParseDType accepts.
 var dtypeNames = [...]string{F32: "f32", BF16: "bf16", F16: "f16", Q8_0: "q8_0", Q4_0: "q4_0", Q4_K: "q4_k", Q6_K: "q6_k", Q5_K: "q5_k", Q5_0: "q5_0"}
 

@@ -17,7 +17,7 @@ import (
 
 // calibrationVersion changes when the workloads or the decision change, so
 // that older results are measured again.
-const calibrationVersion = 2
+const calibrationVersion = 3
 
 // cachedCalibration is a cache file's content.
 type cachedCalibration struct {

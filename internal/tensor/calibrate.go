@@ -62,10 +62,18 @@ var setWorkloads = []Workload{
 }
 
 // quantWorkloads time the quantized kernels: those with one activation
-// row choose DecodeQuantKernels, the others QuantKernels.
+// row choose DecodeQuantKernels, each its format's, the others
+// QuantKernels. Each format decodes apart because the kernels' order of
+// the work differs by format: on a Zen 4 the AVX2 row kernels streamed
+// Q8_0 and Q4_K faster than the AVX512-VNNI ones, and Q6_K ~35% slower.
 var quantWorkloads = []Workload{
 	{Name: "q8_0 prefill", DType: Q8_0, M: 32, N: 256, K: 2048},
 	{Name: "q8_0 decode", DType: Q8_0, M: 1, N: 4096, K: 2048},
+	{Name: "q4_0 decode", DType: Q4_0, M: 1, N: 4096, K: 2048},
+	{Name: "q5_0 decode", DType: Q5_0, M: 1, N: 4096, K: 2048},
+	{Name: "q4_k decode", DType: Q4_K, M: 1, N: 4096, K: 2048},
+	{Name: "q5_k decode", DType: Q5_K, M: 1, N: 4096, K: 2048},
+	{Name: "q6_k decode", DType: Q6_K, M: 1, N: 4096, K: 2048},
 }
 
 // Timing is one candidate's best time on each workload of its family, in
@@ -80,7 +88,8 @@ type Timing struct {
 type Calibration struct {
 	// Set is the kernel set chosen (ISA's value afterwards), Default the
 	// one CPUID picks, Quant the quantized kernels chosen for products
-	// with several activation rows and QuantDecode those for one row.
+	// with several activation rows and QuantDecode those for one row, per
+	// format in DecodeQuantKernels' form ("avx2,q6_k=avx512vnni").
 	Set, Default, Quant, QuantDecode string
 	// Source is "measured", "cache" (an earlier measurement on this CPU
 	// model and build) or "override" (TANDEM_KERNELS).
@@ -105,7 +114,8 @@ type CalibrateConfig struct {
 	// choice without measuring, or "SET", "SET/QUANT" (e.g.
 	// "avx512/avx2") or "SET/QUANT/DECODEQUANT" to force a kernel set and
 	// optionally the quantized kernels, for every product or apart for
-	// products with one activation row.
+	// products with one activation row; DECODEQUANT may name kernels per
+	// format as DecodeQuantKernels does ("avx2,q6_k=avx512vnni").
 	Override string
 	// CacheDir, if set, holds the result per CPU model and build, so
 	// that later starts reuse it (see cacheKey).
@@ -273,19 +283,28 @@ func ratioScore(ts, base []time.Duration) float64 {
 }
 
 // chooseQuant returns the quantized kernels with the least total time on
-// the workloads ws with several activation rows and those with the least
-// on the workloads with one (the first listed, the preferred, on a tie;
-// the first choice for both where ws has workloads of one kind only), and
-// says why.
+// the workloads ws with several activation rows, and for each format
+// those with the least on its workloads with one (the first listed, the
+// preferred, on a tie; the several rows' choice for a format with no such
+// workload, the first single-row choice if ws has no workload with
+// several) in DecodeQuantKernels' form, and says why.
 func chooseQuant(ws []Workload, times []Timing) (quant, row, why string) {
 	quant = fastestQuant(ws, times, func(w Workload) bool { return w.M > 1 })
-	row = fastestQuant(ws, times, func(w Workload) bool { return w.M == 1 })
-	switch {
-	case quant == "":
-		quant = row
-	case row == "":
-		row = quant
+	var names [numDTypes]string
+	for d := range numDTypes {
+		if d.Quantized() {
+			names[d] = fastestQuant(ws, times, func(w Workload) bool { return w.M == 1 && w.DType == d })
+			if quant == "" {
+				quant = names[d]
+			}
+		}
 	}
+	for d := range names {
+		if DType(d).Quantized() && names[d] == "" {
+			names[d] = quant
+		}
+	}
+	row = formatRowQuants(names)
 	if row == quant {
 		return quant, row, fmt.Sprintf("quantized kernels %s (fastest of %d, same results as the others)", quant, len(times))
 	}
@@ -407,7 +426,13 @@ func newWorkloadData(ws []Workload) []workloadData {
 // randomMat returns an n×k matrix of dtype d with values in [-0.1, 0.1).
 func randomMat(rng *rand.Rand, d DType, n, k int) *Mat {
 	m := &Mat{DType: d, Rows: n, Cols: k}
-	src := make([]float32, n*k)
+	rows := n
+	if d.Quantized() {
+		// A few rows quantized and repeated: a K-quant's quantizer takes
+		// far longer than the products timed.
+		rows = min(n, 64)
+	}
+	src := make([]float32, rows*k)
 	for i := range src {
 		src[i] = (rng.Float32()*2 - 1) / 10
 	}
@@ -424,11 +449,14 @@ func randomMat(rng *rand.Rand, d DType, n, k int) *Mat {
 			m.U16[i] = conv(v)
 		}
 	default:
-		q, err := QuantizeRows(d, src, n, k)
+		q, err := QuantizeRows(d, src, rows, k)
 		if err != nil {
 			panic(fmt.Sprintf("tensor: calibration matrix: %v", err)) // shapes are ours and valid
 		}
-		m.Q = q
+		m.Q = make([]byte, 0, len(q)/rows*n)
+		for len(m.Q) < cap(m.Q) {
+			m.Q = append(m.Q, q[:min(len(q), cap(m.Q)-len(m.Q))]...)
+		}
 	}
 	return m
 }

@@ -63,16 +63,19 @@ func TestChooseSetKeepsCPUIDChoiceWithinMargin(t *testing.T) {
 
 func TestChooseQuantTakesFastestAndPrefersFirstOnTie(t *testing.T) {
 	d := time.Millisecond
-	ws := []Workload{{Name: "prefill", M: 32}, {Name: "decode", M: 1}}
+	ws := []Workload{{Name: "prefill", DType: Q8_0, M: 32}, {Name: "decode", DType: Q8_0, M: 1}, {Name: "q6_k decode", DType: Q6_K, M: 1}}
 	for _, tc := range []struct {
 		name       string
 		times      []Timing
 		quant, row string
 	}{
-		{"one faster on both", []Timing{{"x", []time.Duration{2 * d, 2 * d}}, {"y", []time.Duration{d, d}}}, "y", "y"},
-		{"a tie keeps the first", []Timing{{"x", []time.Duration{d, d}}, {"y", []time.Duration{d, d}}}, "x", "x"},
-		{"each faster on its own rows", []Timing{{"x", []time.Duration{d, 2 * d}}, {"y", []time.Duration{3 * d, d}}}, "x", "y"},
-		{"a pruned candidate is not chosen", []Timing{{"x", []time.Duration{d, 2 * d}}, {"y", []time.Duration{5 * d}}}, "x", "x"},
+		{"one faster on all", []Timing{{"x", []time.Duration{2 * d, 2 * d, 2 * d}}, {"y", []time.Duration{d, d, d}}}, "y", "y"},
+		{"a tie keeps the first", []Timing{{"x", []time.Duration{d, d, d}}, {"y", []time.Duration{d, d, d}}}, "x", "x"},
+		// Formats without a workload of their own take the prefill's
+		// choice.
+		{"each faster on its own rows", []Timing{{"x", []time.Duration{d, 2 * d, 2 * d}}, {"y", []time.Duration{3 * d, d, d}}}, "x", "x,q8_0=y,q6_k=y"},
+		{"one format's rows apart", []Timing{{"x", []time.Duration{d, d, 2 * d}}, {"y", []time.Duration{3 * d, 2 * d, d}}}, "x", "x,q6_k=y"},
+		{"a pruned candidate is not chosen", []Timing{{"x", []time.Duration{d, 2 * d, 2 * d}}, {"y", []time.Duration{5 * d}}}, "x", "x"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			quant, row, why := chooseQuant(ws, tc.times)
@@ -84,6 +87,67 @@ func TestChooseQuantTakesFastestAndPrefersFirstOnTie(t *testing.T) {
 	// Workloads of one kind only choose for both.
 	if quant, row, _ := chooseQuant(ws[:1], []Timing{{"x", []time.Duration{2 * d}}, {"y", []time.Duration{d}}}); quant != "y" || row != "y" {
 		t.Fatalf("prefill workloads only: chose %s, %s; want y for both", quant, row)
+	}
+	if quant, row, _ := chooseQuant(ws[1:2], []Timing{{"x", []time.Duration{2 * d}}, {"y", []time.Duration{d}}}); quant != "y" || row != "y" {
+		t.Fatalf("decode workloads only: chose %s, %s; want y for both", quant, row)
+	}
+}
+
+// TestRowQuantsRoundTrip: DecodeQuantKernels' form names the kernels of
+// most formats alone and the others by format, and reads back the same.
+func TestRowQuantsRoundTrip(t *testing.T) {
+	for _, tc := range []struct{ spec, def, want string }{
+		{"a", "a", "a"},
+		{"b", "a", "b"},
+		{"q6_k=b", "a", "a,q6_k=b"},
+		{"b,q6_k=a", "a", "b,q6_k=a"},
+		{"q6_k=a,b", "a", "b,q6_k=a"}, // a bare name covers the formats not named, wherever it stands
+		{"q8_0=b,q4_0=b,q5_0=b,q4_k=b", "a", "b,q6_k=a,q5_k=a"},
+	} {
+		names, err := parseRowQuants(tc.spec, tc.def)
+		if err != nil {
+			t.Fatalf("parseRowQuants(%q): %v", tc.spec, err)
+		}
+		if got := formatRowQuants(names); got != tc.want {
+			t.Fatalf("parseRowQuants(%q, %q) written back = %q, want %q", tc.spec, tc.def, got, tc.want)
+		}
+	}
+	for _, bad := range []string{"f32=a", "q9=a"} {
+		if _, err := parseRowQuants(bad, "a"); err == nil {
+			t.Fatalf("parseRowQuants(%q) accepted it", bad)
+		}
+	}
+}
+
+// TestDecodeRowsRunTheirFormatsKernels: with one format's decode kernels
+// chosen apart, a one-row product of that format runs them and another
+// format's runs the rest's.
+func TestDecodeRowsRunTheirFormatsKernels(t *testing.T) {
+	restoreKernels(t)
+	quants := quantKernels
+	t.Cleanup(func() { quantKernels = quants })
+	calls := map[string][]DType{}
+	counting := func(name string) quantKernel {
+		return quantKernel{name: name, avail: true, fn: func(a *qAct, w *Mat, lo, hi int, out []float32) {
+			calls[name] = append(calls[name], w.DType)
+			qmmGo(a, w, lo, hi, out)
+		}}
+	}
+	quantKernels = []quantKernel{counting("panels"), counting("rows"), {name: "go", avail: true}}
+	if _, err := Calibrate(CalibrateConfig{Override: ISAs()[0] + "/panels/rows,q6_k=panels"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := DecodeQuantKernels(); got != "rows,q6_k=panels" {
+		t.Fatalf("DecodeQuantKernels = %q, want rows,q6_k=panels", got)
+	}
+	p := NewPool(1)
+	defer p.Close()
+	for _, dt := range []DType{Q8_0, Q6_K, Q4_K} {
+		d := newWorkloadData([]Workload{{DType: dt, M: 1, N: 8, K: 256}})[0]
+		p.MatMul(d.out, d.x, 1, d.w)
+	}
+	if !slices.Equal(calls["rows"], []DType{Q8_0, Q4_K}) || !slices.Equal(calls["panels"], []DType{Q6_K}) {
+		t.Fatalf("one-row calls by format %v, want rows [q8_0 q4_k] and panels [q6_k]", calls)
 	}
 }
 

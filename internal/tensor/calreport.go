@@ -20,7 +20,7 @@ func (c Calibration) Summary() string {
 
 // QuantText names the quantized kernels chosen: Quant, followed by
 // QuantDecode where decode's single rows run others ("avx512vnni, avx2 for
-// decode").
+// decode", "avx512vnni, avx2,q6_k=avx512vnni for decode").
 func (c Calibration) QuantText() string {
 	if c.QuantDecode == "" || c.QuantDecode == c.Quant {
 		return c.Quant

@@ -83,12 +83,13 @@ type kernelSet struct {
 	qmm func(a *qAct, w *Mat, lo, hi int, out []float32)
 	// qmmName names qmm among quantKernels ("go" when qmm is nil).
 	qmmName string
-	// qmmRow, if set, replaces qmm for products with one activation row
-	// (a lone sequence's decode token), where other kernels may stream
-	// the weights faster than those that are fastest with many rows;
-	// qmmRowName names it. Nil means qmm (see withQuants).
-	qmmRow     func(a *qAct, w *Mat, lo, hi int, out []float32)
-	qmmRowName string
+	// qmmRow[d], if set, replaces qmm for products of weights of dtype d
+	// with one activation row (a lone sequence's decode token), where
+	// other kernels may stream the weights faster than those that are
+	// fastest with many rows, and faster for one format than another;
+	// qmmRowName[d] names it. Nil means qmm (see withQuants).
+	qmmRow     [numDTypes]func(a *qAct, w *Mat, lo, hi int, out []float32)
+	qmmRowName [numDTypes]string
 	// qactQ8_0 and qactQ8K, if set, quantize nb blocks of activations
 	// exactly as quantizeActQ8_0 and quantizeActQ8K do (for finite
 	// values); nil means the Go loops.

@@ -251,8 +251,8 @@ func (p *Pool) matmulQuant(ks *kernelSet, out, x []float32, m int, w *Mat) {
 		chunk = (chunk + chunkAlign - 1) / chunkAlign * chunkAlign
 	}
 	qmm := ks.qmm
-	if m == 1 && ks.qmmRow != nil {
-		qmm = ks.qmmRow
+	if f := ks.qmmRow[w.DType]; m == 1 && f != nil {
+		qmm = f
 	}
 	if qmm == nil {
 		qmm = qmmGo
