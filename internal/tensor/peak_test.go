@@ -1,0 +1,122 @@
+package tensor
+
+import (
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+	"time"
+)
+
+// TestPeakKernelsDoTheArithmeticTheirRatesCount runs each peak kernel this
+// CPU has a few passes with operands of 1: its accumulators then hold the
+// multiply-adds it really did, which must be the count PeakOps reports.
+func TestPeakKernelsDoTheArithmeticTheirRatesCount(t *testing.T) {
+	measured := 0
+	for _, p := range Peaks {
+		t.Run(p.String(), func(t *testing.T) {
+			if !p.Available() {
+				if PeakOps(p, 10) != 0 {
+					t.Errorf("PeakOps of an unavailable peak: want 0")
+				}
+				if _, ok := PeakRate(p); ok {
+					t.Errorf("PeakRate of an unavailable peak: ok")
+				}
+				t.Skip("not on this CPU")
+			}
+			measured++
+			for _, iters := range []int{0, 1, 7, 1000} {
+				got := peakKernels[p].run(iters)
+				want := PeakOps(p, iters) / 2
+				if got != want {
+					t.Errorf("%d passes: the accumulators sum to %v multiply-adds, PeakOps counts %v", iters, got, want)
+				}
+			}
+			rate, ok := PeakRate(p)
+			if !ok || math.IsInf(rate, 0) || math.IsNaN(rate) || rate <= 0 {
+				t.Errorf("PeakRate = %v, %v: want a finite positive rate", rate, ok)
+			}
+			t.Logf("%.1f G operations/s on one thread", rate/1e9)
+		})
+	}
+	if runtime.GOARCH == "amd64" && ISA() != "go" && measured == 0 {
+		t.Error("an amd64 kernel set runs here but no peak kernel does")
+	}
+}
+
+// TestFMAPeakBoundsTheInCacheMatMul compares the f32 FMA peak of the
+// active kernel set with the rate of its MatMul on operands that stay in
+// cache, on this thread: the product cannot beat the instruction's rate
+// (its FLOP count would be wrong) and on every core tuned for gets well
+// over a third of it. The bounds are loose: CI machines are noisy.
+func TestFMAPeakBoundsTheInCacheMatMul(t *testing.T) {
+	p, ok := PrefillPeak(ISA(), QuantKernels(), F32)
+	if !ok || !p.Available() {
+		t.Skipf("no f32 peak kernel for the %s kernels", ISA())
+	}
+	if testing.Short() {
+		t.Skip("timing test")
+	}
+	peak, _ := PeakRate(p)
+	mm := inCacheMatMulRate()
+	t.Logf("%s: %.1f GFLOP/s; in-cache f32 MatMul (%s): %.1f GFLOP/s (%.0f%%)", p, peak/1e9, ISA(), mm/1e9, 100*mm/peak)
+	if mm > 1.25*peak {
+		t.Errorf("the MatMul (%.1f GFLOP/s) beats the %s peak (%.1f): the peak kernel does more arithmetic than PeakOps counts", mm/1e9, p, peak/1e9)
+	}
+	if 3*mm < peak {
+		t.Errorf("the MatMul (%.1f GFLOP/s) is under a third of the %s peak (%.1f): the peak kernel does less arithmetic than PeakOps counts", mm/1e9, p, peak/1e9)
+	}
+}
+
+// inCacheMatMulRate is the f32 MatMul's FLOP rate on this thread for 32
+// activation rows times 128×256 weights (128 KiB), the best of three runs
+// of about 20 ms.
+func inCacheMatMulRate() float64 {
+	const m, n, k, iters = 32, 128, 256, 200
+	rng := rand.New(rand.NewPCG(1, 2))
+	w := &Mat{DType: F32, Rows: n, Cols: k, F32: make([]float32, n*k)}
+	x, out := make([]float32, m*k), make([]float32, m*n)
+	for i := range w.F32 {
+		w.F32[i] = rng.Float32() - 0.5
+	}
+	for i := range x {
+		x[i] = rng.Float32() - 0.5
+	}
+	p := NewPool(1)
+	defer p.Close()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	best := 0.0
+	for range 4 {
+		t := time.Now()
+		for range iters {
+			p.MatMul(out, x, m, w)
+		}
+		best = max(best, 2*m*n*k*iters/time.Since(t).Seconds())
+	}
+	return best
+}
+
+func TestPrefillPeakIsTheInstructionTheKernelsUse(t *testing.T) {
+	for _, c := range []struct {
+		set, quant string
+		dt         DType
+		want       Peak
+		ok         bool
+	}{
+		{"avx512bf16", "avx512vnni", BF16, PeakBF16Dot, true},
+		{"avx512bf16", "avx512vnni", F32, PeakFMA512, true},
+		{"avx512bf16", "avx512vnni", F16, PeakFMA512, true},
+		{"avx512bf16", "avx512vnni", Q4_K, PeakVNNI, true},
+		{"avx512", "avx2", BF16, PeakFMA512, true},
+		{"avx512", "avx2", Q8_0, PeakInt8AVX2, true},
+		{"avx2", "avx2", BF16, PeakFMA256, true},
+		{"go", "go", F32, 0, false},
+		{"go", "go", Q6_K, 0, false},
+	} {
+		got, ok := PrefillPeak(c.set, c.quant, c.dt)
+		if got != c.want || ok != c.ok {
+			t.Errorf("PrefillPeak(%s, %s, %s) = %s, %v; want %s, %v", c.set, c.quant, c.dt, got, ok, c.want, c.ok)
+		}
+	}
+}
