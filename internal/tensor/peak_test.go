@@ -120,3 +120,20 @@ func TestPrefillPeakIsTheInstructionTheKernelsUse(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkPeak reports each peak this CPU has on one thread, as
+// G operations a second (2 a multiply-add).
+func BenchmarkPeak(b *testing.B) {
+	for _, p := range Peaks {
+		b.Run(p.String(), func(b *testing.B) {
+			if !p.Available() {
+				b.Skip("not on this CPU")
+			}
+			ops := 0.0
+			for b.Loop() {
+				ops += PeakOps(p, 1<<16)
+			}
+			b.ReportMetric(ops/b.Elapsed().Seconds()/1e9, "Gop/s")
+		})
+	}
+}
