@@ -43,8 +43,11 @@ func runBenchModel(args []string) error {
 			"of a decoder (llama-1b's by default, random weights): decode (one token; its weights\n"+
 			"streamed from memory) as GB/s and %% of the read limit (the fastest stream read of\n"+
 			"several stream counts and prefetch distances; the plain Go scans shown beside it), and\n"+
-			"prefill (--tokens rows) as GFLOP/s and %% of the f32 FMA peak measured in cache, with\n"+
-			"the token rates they give a whole model of that shape. The kernels are chosen as\n"+
+			"prefill (--tokens rows) as GFLOP/s and %% of the arithmetic peak of the instruction its\n"+
+			"kernels multiply with (f32 FMA, bf16 dot VDPBF16PS, or the int8 dot of the quantized\n"+
+			"kernels; each measured by a register-only loop on every thread at once, a multiply-add\n"+
+			"counted as 2 operations), with the token rates they give a whole model of that shape.\n"+
+			"The f32 MatMul's rate in cache is shown beside the peaks. The kernels are chosen as\n"+
 			"`tandem serve` chooses them (calibration; %s overrides).\n\n", tensor.KernelsEnv)
 		fs.PrintDefaults()
 	}
@@ -80,20 +83,25 @@ func benchModel(w io.Writer, f benchModelFlags, dts []tensor.DType, cal tensor.C
 	}
 	fmt.Fprintf(w, "CPU: %s\nkernels: %s, quantized %s (%s); %s; timed by %s\n", machine(), cal.Set, cal.QuantText(), cal.Source, tensor.DetectAMX(), clock)
 	read := streamRead(p, f.readMiB, f.reps)
-	peak := fmaPeak(p, f.reps)
-	fmt.Fprintf(w, "read limit (stream read of %d MiB, %d threads): %s\nf32 FMA peak (in cache, %d threads): %.0f GFLOP/s\n",
-		f.readMiB, f.threads, read, f.threads, peak/1e9)
+	fmt.Fprintf(w, "read limit (stream read of %d MiB, %d threads): %s\n", f.readMiB, f.threads, read)
+	peaks := arithPeaks(p, f.reps)
+	printPeaks(w, peaks, f.threads)
+	fmt.Fprintf(w, "f32 MatMul in cache (%s kernels, 32×128×256 per thread, %d threads): %.0f GFLOP/s\n", tensor.ISA(), f.threads, inCacheMatMul(p, f.reps)/1e9)
 	fmt.Fprintf(w, "shape: hidden %d, kv %d, ffn %d; decode over %d layers' weights, prefill %d tokens over one layer; median of %d\n\n",
 		f.hidden, f.kv, f.ffn, f.layers, f.tokens, f.reps)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "format\tdecode GB/s\t% of read limit\tdecode tok/s (model)\tprefill GFLOP/s\t% of FMA peak\tprefill tok/s (model)\t")
+	fmt.Fprintln(tw, "format\tdecode GB/s\t% of read limit\tdecode tok/s (model)\tprefill GFLOP/s\tprefill kernels' peak\t% of that peak\tprefill tok/s (model)\t")
 	for _, dt := range dts {
 		r, err := benchFormat(p, f, dt)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%.0f%%\t%.1f\t%.0f\t%.0f%%\t%.0f\t\n", dt, r.decodeBps/1e9, 100*r.decodeBps/read.bps,
-			r.decodeBps/r.modelBytes, r.prefillFlops/1e9, 100*r.prefillFlops/peak, r.prefillFlops/r.modelFlopsPerToken)
+		label, pct := "-", "-"
+		if pk, ok := tensor.PrefillPeak(cal.Set, cal.Quant, dt); ok && peaks[pk] > 0 {
+			label, pct = peakLabels[pk], fmt.Sprintf("%.0f%%", 100*r.prefillFlops/peaks[pk])
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%.0f%%\t%.1f\t%.0f\t%s\t%s\t%.0f\t\n", dt, r.decodeBps/1e9, 100*r.decodeBps/read.bps,
+			r.decodeBps/r.modelBytes, r.prefillFlops/1e9, label, pct, r.prefillFlops/r.modelFlopsPerToken)
 	}
 	fmt.Fprintf(tw, "(model: %d layers of this shape plus a %d-entry tied embedding read whole by the logits; attention not counted)\n", benchModelLayers, f.vocab)
 	return tw.Flush()
@@ -304,11 +312,11 @@ func (r readLimit) String() string {
 	return fmt.Sprintf("%.1f GB/s (%s; plain Go scans: words %.1f, dot %.1f GB/s)", r.bps/1e9, how, r.words/1e9, r.dot/1e9)
 }
 
-// fmaPeak measures the f32 multiply-add rate of the matrix kernels on
-// operands that stay in the core's caches (32 activation rows times 128×256
-// weights, 128 KiB), on every thread at once: the arithmetic ceiling
-// prefill works under. FLOP per second, median of reps.
-func fmaPeak(p *tensor.Pool, reps int) float64 {
+// inCacheMatMul measures the f32 MatMul's rate on operands that stay in
+// the core's caches (32 activation rows times 128×256 weights, 128 KiB),
+// on every thread at once: how near the product's tiles get to the FMA
+// peak with their loads. FLOP per second, median of reps.
+func inCacheMatMul(p *tensor.Pool, reps int) float64 {
 	const m, n, k, iters = 32, 128, 256, 100
 	rng := rand.New(rand.NewPCG(9, 9))
 	threads := p.Threads()

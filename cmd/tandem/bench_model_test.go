@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"math"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -9,7 +11,9 @@ import (
 )
 
 // TestBenchModelPrintsEveryFormatBesideTheLimits runs `tandem bench model`
-// on a tiny shape: a row per format, and the two limits.
+// on a tiny shape: the read limit, the arithmetic peaks this CPU has, and a
+// row per format whose prefill is a finite positive % of the peak of the
+// instruction its kernels use (where there are assembly kernels).
 func TestBenchModelPrintsEveryFormatBesideTheLimits(t *testing.T) {
 	f := benchModelFlags{threads: 1, layers: 1, hidden: 256, kv: 256, ffn: 512, vocab: 1000, tokens: 4, reps: 1, readMiB: 1}
 	dts := []tensor.DType{tensor.BF16, tensor.F32, tensor.Q8_0, tensor.Q4_K}
@@ -19,20 +23,46 @@ func TestBenchModelPrintsEveryFormatBesideTheLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := out.String()
-	for _, want := range []string{"read limit (stream read of 1 MiB, 1 threads):", "plain Go scans: words", "f32 FMA peak", "% of read limit", "% of FMA peak"} {
-		if !strings.Contains(s, want) {
-			t.Errorf("output lacks %q:\n%s", want, s)
+	want := []string{"read limit (stream read of 1 MiB, 1 threads):", "plain Go scans: words", "f32 MatMul in cache",
+		"% of read limit", "prefill kernels' peak", "% of that peak"}
+	for _, pk := range tensor.Peaks {
+		if pk.Available() {
+			want = append(want, pk.String()+": ")
 		}
 	}
-	rows := map[string]bool{}
+	if !tensor.PeakFMA256.Available() {
+		want = append(want, "arithmetic peaks: not measured")
+	}
+	for _, w := range want {
+		if !strings.Contains(s, w) {
+			t.Errorf("output lacks %q:\n%s", w, s)
+		}
+	}
+	rows := map[string][]string{}
 	for line := range strings.SplitSeq(s, "\n") {
-		if fields := strings.Fields(line); len(fields) == 7 {
-			rows[fields[0]] = true
+		if fields := strings.Fields(line); len(fields) == 8 {
+			rows[fields[0]] = fields
 		}
 	}
 	for _, dt := range dts {
-		if !rows[dt.String()] {
-			t.Errorf("no row of seven columns for %s:\n%s", dt, s)
+		row := rows[dt.String()]
+		if row == nil {
+			t.Errorf("no row of eight columns for %s:\n%s", dt, s)
+			continue
+		}
+		pk, ok := tensor.PrefillPeak(cal.Set, cal.Quant, dt)
+		if !ok || !pk.Available() {
+			if row[5] != "-" || row[6] != "-" {
+				t.Errorf("%s: no peak measured for its kernels, yet the row shows %s %s", dt, row[5], row[6])
+			}
+			continue
+		}
+		if row[5] != peakLabels[pk] {
+			t.Errorf("%s: peak %s, want %s (the %s kernels')", dt, row[5], peakLabels[pk], pk)
+		}
+		pct, err := strconv.ParseFloat(strings.TrimSuffix(row[6], "%"), 64)
+		if err != nil || math.IsInf(pct, 0) || math.IsNaN(pct) || pct <= 0 {
+			t.Errorf("%s: %% of peak %q, want a finite positive percentage", dt, row[6])
 		}
 	}
 }

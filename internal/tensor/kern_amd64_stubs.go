@@ -486,3 +486,18 @@ func attnKeysPfAVX2R2(q *float32, ldq int, k *uint16, ldk int, groups int, hd in
 
 // attnKeysPfAVX2R3 computes the scores of 3 f32 query rows against groups of 8 bf16 key rows, prefetching lines from k+pf bytes on (see asmgen).
 func attnKeysPfAVX2R3(q *float32, ldq int, k *uint16, ldk int, groups int, hd int, out *float32, ldo int, pf int)
+
+// peakFMAAVX2 runs iters passes of VFMADD231PS ymm over 12 independent accumulators and stores their lane sums at out (operands of 1: each lane ends as iters·12 times the products one instruction does per lane).
+func peakFMAAVX2(iters int, out *float32)
+
+// peakFMAAVX512 runs iters passes of VFMADD231PS zmm over 12 independent accumulators and stores their lane sums at out (operands of 1: each lane ends as iters·12 times the products one instruction does per lane).
+func peakFMAAVX512(iters int, out *float32)
+
+// peakDPBF16 runs iters passes of VDPBF16PS zmm over 12 independent accumulators and stores their lane sums at out (operands of 1: each lane ends as iters·12 times the products one instruction does per lane).
+func peakDPBF16(iters int, out *float32)
+
+// peakVNNI runs iters passes of VPDPBUSD zmm over 12 independent accumulators and stores their lane sums at out (operands of 1: each lane ends as iters·12 times the products one instruction does per lane).
+func peakVNNI(iters int, out *int32)
+
+// peakInt8AVX2 runs iters passes of VPMADDUBSW+VPMADDWD+VPADDD ymm over 8 independent accumulators and stores their lane sums at out (operands of 1: each lane ends as iters·8 times the products one instruction does per lane).
+func peakInt8AVX2(iters int, out *int32)

@@ -107,6 +107,7 @@ func main() {
 			rowKernels(true)
 		}
 	}
+	peakKernels()
 	Generate()
 	out := flag.Lookup("out").Value.String()
 	if err := rawEncode(out); err != nil {
