@@ -90,7 +90,12 @@ func gemmDP(rows int) {
 // wcur by cols weight rows and ocur by cols outputs. With pf set, every full
 // K step prefetches two lines at pf (the region the driver wants warm) and
 // advances it by 128 bytes: the same bytes per tile as the f32-activation
-// kernels, which step half as far.
+// kernels, which step half as far. The prefetches go to the L2
+// (PREFETCHT1), not the L1: on a Zen 4 the next panel's lines brought into
+// the 48 KiB L1 beside the tiles' x rows and current panel evicted what the
+// tiles were reading, and a 16-row bf16 product from DRAM ran at 101–126
+// GFLOP/s a thread against 182–185 into the L2 (batched decode −17 to −24%,
+// docs/performance.md).
 func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op, pf GPVirtual, p string) {
 	wr := weightRows(wcur, 1, cols)
 
@@ -122,8 +127,8 @@ func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op,
 	JE(LabelRef(p + "tail"))
 	Label(p + "loop")
 	if pf != nil {
-		PREFETCHT0(Mem{Base: pf})
-		PREFETCHT0(Mem{Base: pf, Disp: 64})
+		PREFETCHT1(Mem{Base: pf})
+		PREFETCHT1(Mem{Base: pf, Disp: 64})
 		ADDQ(U32(128), pf)
 	}
 	step(nil)

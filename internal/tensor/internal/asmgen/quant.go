@@ -91,9 +91,16 @@ const packSig = "func(w *byte, ldw int, nb int, dst *byte, pf uintptr)"
 // corresponds to this call's blocks, so that the matrix is fetched from
 // DRAM as one sequential stream a group ahead: reading 8–16 rows side by
 // side, as the transposes do, gets a fraction of one stream's bandwidth.
-func prefetchNext(pf GPVirtual, step int) {
+// The AVX-512 kernels (toL2) prefetch into the L2 only, as the other
+// AVX-512 multi-row kernels do (see dpbf16.go's dpPass); the AVX2 ones,
+// tuned on a Zen 2, into the L1 as before.
+func prefetchNext(pf GPVirtual, step int, toL2 bool) {
 	for off := 0; off < step+63; off += 64 {
-		PREFETCHT0(Mem{Base: pf, Disp: off})
+		if toL2 {
+			PREFETCHT1(Mem{Base: pf, Disp: off})
+		} else {
+			PREFETCHT0(Mem{Base: pf, Disp: off})
+		}
 	}
 	ADDQ(U32(step), pf)
 }

@@ -61,7 +61,7 @@ func pack32(q quant32) {
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
 	Label("block")
-	prefetchNext(pf, 16*q.bytes)
+	prefetchNext(pf, 16*q.bytes, true)
 	switch q.bytes {
 	case 34:
 		t := transpose16x8(r, 2)

@@ -30,7 +30,7 @@ func pack32AVX2(q quant32) {
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
 	Label("block")
-	prefetchNext(pf, 8*q.bytes)
+	prefetchNext(pf, 8*q.bytes, false)
 	switch q.bytes {
 	case 34:
 		for i, v := range transpose8x8(r, 2) {

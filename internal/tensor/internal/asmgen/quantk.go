@@ -166,7 +166,7 @@ func packQ4K(five bool) {
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
 	Label("block")
-	prefetchNext(pf, 16*bytes)
+	prefetchNext(pf, 16*bytes, true)
 	packHeaderK(r, dst, c63, 0)
 	var qh []Mem
 	var c10 VecVirtual
@@ -225,7 +225,7 @@ func packQ6K() {
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
 	Label("block")
-	prefetchNext(pf, 16*bytes)
+	prefetchNext(pf, 16*bytes, true)
 	// Scales: sign-extended int32 and int16 pairs; d from the top half
 	// of the dword at 206 (scales 14, 15, then d).
 	sc := transpose16x4(r, 192)

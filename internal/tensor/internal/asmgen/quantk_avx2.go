@@ -53,7 +53,7 @@ func packQ4KAVX2(five bool) {
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
 	Label("block")
-	prefetchNext(pf, 8*bytes)
+	prefetchNext(pf, 8*bytes, false)
 	// Header: d|dmin and the three dwords of scales per row.
 	h := transpose8x4(r, 0)
 	hs := stash8(stash, h[:])
@@ -153,7 +153,7 @@ func packQ6KAVX2() {
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
 	Label("block")
-	prefetchNext(pf, 8*bytes)
+	prefetchNext(pf, 8*bytes, false)
 	sc := transpose8x4(r, 192)
 	scs := stash8(stash, sc[:])
 	var pairLo VecVirtual
