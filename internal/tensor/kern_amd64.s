@@ -27442,6 +27442,4246 @@ DATA q6qhshift1<>+62(SB)/1, $0x02
 DATA q6qhshift1<>+63(SB)/1, $0x00
 GLOBL q6qhshift1<>(SB), RODATA|NOPTR, $64
 
+// func attnKeysDPR1(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr, pfEnd uintptr, pfNext uintptr)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·attnKeysDPR1(SB), NOSPLIT, $0-88
+	MOVQ  k+32(FP), AX
+	MOVQ  AX, CX
+	ANDQ  $-32, CX
+	MOVL  AX, DX
+	ANDL  $0x0000001f, DX
+	MOVL  $0xffffffff, BX
+	BZHIL DX, BX, DX
+	KMOVD DX, K1
+	MOVQ  x+0(FP), DX
+	MOVQ  w+16(FP), BX
+	MOVQ  out+48(FP), SI
+	MOVQ  n+40(FP), DI
+
+group:
+	CMPQ   DI, $0x00000004
+	JL     single
+	MOVQ   ldw+24(FP), R8
+	SHLQ   $0x01, R8
+	MOVQ   BX, R9
+	LEAQ   (R9)(R8*1), R10
+	LEAQ   (R10)(R8*1), R11
+	LEAQ   (R11)(R8*1), R12
+	LEAQ   (R12)(R8*1), BX
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	XORQ   R8, R8
+	TESTQ  CX, CX
+	JE     gtail
+
+gloop:
+	MOVQ       pf+64(FP), R13
+	PREFETCHT0 (R13)
+	ADDQ       $0x00000040, R13
+	MOVQ       R13, pf+64(FP)
+	CMPQ       R13, pfEnd+72(FP)
+	JB         pfs0
+	MOVQ       pfNext+80(FP), R13
+	VMOVDQU64  (R13), X4
+	ADDQ       $0x00000010, R13
+	MOVQ       R13, pfNext+80(FP)
+	VMOVQ      X4, R13
+	MOVQ       R13, pf+64(FP)
+	VPEXTRQ    $0x01, X4, R13
+	MOVQ       R13, pfEnd+72(FP)
+
+pfs0:
+	MOVQ       pf+64(FP), R13
+	PREFETCHT0 (R13)
+	ADDQ       $0x00000040, R13
+	MOVQ       R13, pf+64(FP)
+	CMPQ       R13, pfEnd+72(FP)
+	JB         pfs1
+	MOVQ       pfNext+80(FP), R13
+	VMOVDQU64  (R13), X4
+	ADDQ       $0x00000010, R13
+	MOVQ       R13, pfNext+80(FP)
+	VMOVQ      X4, R13
+	MOVQ       R13, pf+64(FP)
+	VPEXTRQ    $0x01, X4, R13
+	MOVQ       R13, pfEnd+72(FP)
+
+pfs1:
+	MOVQ       pf+64(FP), R13
+	PREFETCHT0 (R13)
+	ADDQ       $0x00000040, R13
+	MOVQ       R13, pf+64(FP)
+	CMPQ       R13, pfEnd+72(FP)
+	JB         pfs2
+	MOVQ       pfNext+80(FP), R13
+	VMOVDQU64  (R13), X4
+	ADDQ       $0x00000010, R13
+	MOVQ       R13, pfNext+80(FP)
+	VMOVQ      X4, R13
+	MOVQ       R13, pf+64(FP)
+	VPEXTRQ    $0x01, X4, R13
+	MOVQ       R13, pfEnd+72(FP)
+
+pfs2:
+	MOVQ       pf+64(FP), R13
+	PREFETCHT0 (R13)
+	ADDQ       $0x00000040, R13
+	MOVQ       R13, pf+64(FP)
+	CMPQ       R13, pfEnd+72(FP)
+	JB         pfs3
+	MOVQ       pfNext+80(FP), R13
+	VMOVDQU64  (R13), X4
+	ADDQ       $0x00000010, R13
+	MOVQ       R13, pfNext+80(FP)
+	VMOVQ      X4, R13
+	MOVQ       R13, pf+64(FP)
+	VPEXTRQ    $0x01, X4, R13
+	MOVQ       R13, pfEnd+72(FP)
+
+pfs3:
+	VMOVDQU16 (R9)(R8*2), Z4
+	VMOVDQU16 (R10)(R8*2), Z5
+	VMOVDQU16 (R11)(R8*2), Z6
+	VMOVDQU16 (R12)(R8*2), Z7
+	VMOVDQU16 (DX)(R8*2), Z8
+	// VDPBF16PS Z4, Z8, Z0
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xc4
+	// VDPBF16PS Z5, Z8, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xcd
+	// VDPBF16PS Z6, Z8, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xd6
+	// VDPBF16PS Z7, Z8, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xdf
+	ADDQ      $0x00000020, R8
+	CMPQ      R8, CX
+	JL        gloop
+
+gtail:
+	CMPQ        R8, AX
+	JE          greduce
+	VMOVDQU16.Z (R9)(R8*2), K1, Z4
+	VMOVDQU16.Z (R10)(R8*2), K1, Z5
+	VMOVDQU16.Z (R11)(R8*2), K1, Z6
+	VMOVDQU16.Z (R12)(R8*2), K1, Z7
+	VMOVDQU16.Z (DX)(R8*2), K1, Z8
+	// VDPBF16PS Z4, Z8, Z0
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xc4
+	// VDPBF16PS Z5, Z8, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xcd
+	// VDPBF16PS Z6, Z8, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xd6
+	// VDPBF16PS Z7, Z8, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xdf
+
+greduce:
+	VSHUFF32X4    $0x44, Z1, Z0, Z4
+	VSHUFF32X4    $0xee, Z1, Z0, Z0
+	VADDPS        Z0, Z4, Z4
+	VSHUFF32X4    $0x44, Z3, Z2, Z0
+	VSHUFF32X4    $0xee, Z3, Z2, Z1
+	VADDPS        Z1, Z0, Z0
+	VSHUFF32X4    $0x88, Z0, Z4, Z1
+	VSHUFF32X4    $0xdd, Z0, Z4, Z0
+	VADDPS        Z0, Z1, Z1
+	VSHUFPS       $0x44, Z1, Z1, Z0
+	VSHUFPS       $0xee, Z1, Z1, Z1
+	VADDPS        Z1, Z0, Z0
+	VSHUFPS       $0x88, Z0, Z0, Z1
+	VSHUFPS       $0xdd, Z0, Z0, Z0
+	VADDPS        Z0, Z1, Z1
+	MOVL          $0x00001111, R8
+	KMOVW         R8, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	MOVQ          SI, R8
+	VMOVUPS       X0, (R8)
+	ADDQ          $0x00000010, SI
+	SUBQ          $0x00000004, DI
+	JMP           group
+
+single:
+	TESTQ  DI, DI
+	JE     done
+	MOVQ   ldw+24(FP), R8
+	SHLQ   $0x01, R8
+	MOVQ   BX, R9
+	LEAQ   (R9)(R8*1), BX
+	VXORPS Z0, Z0, Z0
+	XORQ   R8, R8
+	TESTQ  CX, CX
+	JE     stail
+
+sloop:
+	MOVQ       pf+64(FP), R10
+	PREFETCHT0 (R10)
+	ADDQ       $0x00000040, R10
+	MOVQ       R10, pf+64(FP)
+	CMPQ       R10, pfEnd+72(FP)
+	JB         pfs4
+	MOVQ       pfNext+80(FP), R10
+	VMOVDQU64  (R10), X1
+	ADDQ       $0x00000010, R10
+	MOVQ       R10, pfNext+80(FP)
+	VMOVQ      X1, R10
+	MOVQ       R10, pf+64(FP)
+	VPEXTRQ    $0x01, X1, R10
+	MOVQ       R10, pfEnd+72(FP)
+
+pfs4:
+	VMOVDQU16 (R9)(R8*2), Z1
+	VMOVDQU16 (DX)(R8*2), Z2
+	// VDPBF16PS Z1, Z2, Z0
+	BYTE $0x62; BYTE $0xf2; BYTE $0x6e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+	ADDQ      $0x00000020, R8
+	CMPQ      R8, CX
+	JL        sloop
+
+stail:
+	CMPQ        R8, AX
+	JE          sreduce
+	VMOVDQU16.Z (R9)(R8*2), K1, Z1
+	VMOVDQU16.Z (DX)(R8*2), K1, Z2
+	// VDPBF16PS Z1, Z2, Z0
+	BYTE $0x62; BYTE $0xf2; BYTE $0x6e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+
+sreduce:
+	MOVQ          SI, R8
+	VEXTRACTF32X8 $0x01, Z0, Y1
+	VADDPS        Y1, Y0, Y1
+	VEXTRACTF32X4 $0x01, Y1, X0
+	VADDPS        X0, X1, X0
+	VMOVHLPS      X0, X0, X1
+	VADDPS        X1, X0, X1
+	VMOVSHDUP     X1, X0
+	VADDSS        X0, X1, X0
+	VMOVSS        X0, (R8)
+	ADDQ          $0x00000004, SI
+	DECQ          DI
+	JMP           single
+
+done:
+	VZEROUPPER
+	RET
+
+// func attnKeysDPR2(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr, pfEnd uintptr, pfNext uintptr)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·attnKeysDPR2(SB), NOSPLIT, $0-88
+	MOVQ  k+32(FP), AX
+	MOVQ  AX, CX
+	ANDQ  $-32, CX
+	MOVL  AX, DX
+	ANDL  $0x0000001f, DX
+	MOVL  $0xffffffff, BX
+	BZHIL DX, BX, DX
+	KMOVD DX, K1
+	MOVQ  x+0(FP), DX
+	MOVQ  ldx+8(FP), BX
+	SHLQ  $0x01, BX
+	LEAQ  (DX)(BX*1), BX
+	MOVQ  w+16(FP), SI
+	MOVQ  out+48(FP), DI
+	MOVQ  n+40(FP), R8
+
+group:
+	CMPQ   R8, $0x00000004
+	JL     single
+	MOVQ   ldw+24(FP), R9
+	SHLQ   $0x01, R9
+	MOVQ   SI, R10
+	LEAQ   (R10)(R9*1), R11
+	LEAQ   (R11)(R9*1), R12
+	LEAQ   (R12)(R9*1), R13
+	LEAQ   (R13)(R9*1), SI
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	XORQ   R9, R9
+	TESTQ  CX, CX
+	JE     gtail
+
+gloop:
+	MOVQ       pf+64(FP), R14
+	PREFETCHT0 (R14)
+	ADDQ       $0x00000040, R14
+	MOVQ       R14, pf+64(FP)
+	CMPQ       R14, pfEnd+72(FP)
+	JB         pfs5
+	MOVQ       pfNext+80(FP), R14
+	VMOVDQU64  (R14), X8
+	ADDQ       $0x00000010, R14
+	MOVQ       R14, pfNext+80(FP)
+	VMOVQ      X8, R14
+	MOVQ       R14, pf+64(FP)
+	VPEXTRQ    $0x01, X8, R14
+	MOVQ       R14, pfEnd+72(FP)
+
+pfs5:
+	MOVQ       pf+64(FP), R14
+	PREFETCHT0 (R14)
+	ADDQ       $0x00000040, R14
+	MOVQ       R14, pf+64(FP)
+	CMPQ       R14, pfEnd+72(FP)
+	JB         pfs6
+	MOVQ       pfNext+80(FP), R14
+	VMOVDQU64  (R14), X8
+	ADDQ       $0x00000010, R14
+	MOVQ       R14, pfNext+80(FP)
+	VMOVQ      X8, R14
+	MOVQ       R14, pf+64(FP)
+	VPEXTRQ    $0x01, X8, R14
+	MOVQ       R14, pfEnd+72(FP)
+
+pfs6:
+	MOVQ       pf+64(FP), R14
+	PREFETCHT0 (R14)
+	ADDQ       $0x00000040, R14
+	MOVQ       R14, pf+64(FP)
+	CMPQ       R14, pfEnd+72(FP)
+	JB         pfs7
+	MOVQ       pfNext+80(FP), R14
+	VMOVDQU64  (R14), X8
+	ADDQ       $0x00000010, R14
+	MOVQ       R14, pfNext+80(FP)
+	VMOVQ      X8, R14
+	MOVQ       R14, pf+64(FP)
+	VPEXTRQ    $0x01, X8, R14
+	MOVQ       R14, pfEnd+72(FP)
+
+pfs7:
+	MOVQ       pf+64(FP), R14
+	PREFETCHT0 (R14)
+	ADDQ       $0x00000040, R14
+	MOVQ       R14, pf+64(FP)
+	CMPQ       R14, pfEnd+72(FP)
+	JB         pfs8
+	MOVQ       pfNext+80(FP), R14
+	VMOVDQU64  (R14), X8
+	ADDQ       $0x00000010, R14
+	MOVQ       R14, pfNext+80(FP)
+	VMOVQ      X8, R14
+	MOVQ       R14, pf+64(FP)
+	VPEXTRQ    $0x01, X8, R14
+	MOVQ       R14, pfEnd+72(FP)
+
+pfs8:
+	VMOVDQU16 (R10)(R9*2), Z8
+	VMOVDQU16 (R11)(R9*2), Z9
+	VMOVDQU16 (R12)(R9*2), Z10
+	VMOVDQU16 (R13)(R9*2), Z11
+	VMOVDQU16 (DX)(R9*2), Z12
+	// VDPBF16PS Z8, Z12, Z0
+	BYTE $0x62; BYTE $0xd2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xc0
+	// VDPBF16PS Z9, Z12, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xc9
+	// VDPBF16PS Z10, Z12, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z11, Z12, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xdb
+	VMOVDQU16 (BX)(R9*2), Z12
+	// VDPBF16PS Z8, Z12, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xe0
+	// VDPBF16PS Z9, Z12, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xe9
+	// VDPBF16PS Z10, Z12, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z11, Z12, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xfb
+	ADDQ      $0x00000020, R9
+	CMPQ      R9, CX
+	JL        gloop
+
+gtail:
+	CMPQ        R9, AX
+	JE          greduce
+	VMOVDQU16.Z (R10)(R9*2), K1, Z8
+	VMOVDQU16.Z (R11)(R9*2), K1, Z9
+	VMOVDQU16.Z (R12)(R9*2), K1, Z10
+	VMOVDQU16.Z (R13)(R9*2), K1, Z11
+	VMOVDQU16.Z (DX)(R9*2), K1, Z12
+	// VDPBF16PS Z8, Z12, Z0
+	BYTE $0x62; BYTE $0xd2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xc0
+	// VDPBF16PS Z9, Z12, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xc9
+	// VDPBF16PS Z10, Z12, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z11, Z12, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xdb
+	VMOVDQU16.Z (BX)(R9*2), K1, Z12
+	// VDPBF16PS Z8, Z12, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xe0
+	// VDPBF16PS Z9, Z12, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xe9
+	// VDPBF16PS Z10, Z12, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z11, Z12, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x1e; BYTE $0x48; BYTE $0x52; BYTE $0xfb
+
+greduce:
+	VSHUFF32X4    $0x44, Z1, Z0, Z8
+	VSHUFF32X4    $0xee, Z1, Z0, Z0
+	VADDPS        Z0, Z8, Z8
+	VSHUFF32X4    $0x44, Z3, Z2, Z0
+	VSHUFF32X4    $0xee, Z3, Z2, Z1
+	VADDPS        Z1, Z0, Z0
+	VSHUFF32X4    $0x88, Z0, Z8, Z1
+	VSHUFF32X4    $0xdd, Z0, Z8, Z0
+	VADDPS        Z0, Z1, Z1
+	VSHUFF32X4    $0x44, Z5, Z4, Z0
+	VSHUFF32X4    $0xee, Z5, Z4, Z2
+	VADDPS        Z2, Z0, Z0
+	VSHUFF32X4    $0x44, Z7, Z6, Z2
+	VSHUFF32X4    $0xee, Z7, Z6, Z3
+	VADDPS        Z3, Z2, Z2
+	VSHUFF32X4    $0x88, Z2, Z0, Z3
+	VSHUFF32X4    $0xdd, Z2, Z0, Z0
+	VADDPS        Z0, Z3, Z3
+	VSHUFPS       $0x44, Z3, Z1, Z0
+	VSHUFPS       $0xee, Z3, Z1, Z1
+	VADDPS        Z1, Z0, Z0
+	VSHUFPS       $0x88, Z0, Z0, Z1
+	VSHUFPS       $0xdd, Z0, Z0, Z0
+	VADDPS        Z0, Z1, Z1
+	MOVL          $0x00001111, R9
+	KMOVW         R9, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	MOVL          $0x00002222, R9
+	KMOVW         R9, K2
+	VCOMPRESSPS.Z Z1, K2, Z1
+	MOVQ          DI, R9
+	MOVQ          ldo+56(FP), R10
+	SHLQ          $0x02, R10
+	VMOVUPS       X0, (R9)
+	ADDQ          R10, R9
+	VMOVUPS       X1, (R9)
+	ADDQ          $0x00000010, DI
+	SUBQ          $0x00000004, R8
+	JMP           group
+
+single:
+	TESTQ  R8, R8
+	JE     done
+	MOVQ   ldw+24(FP), R9
+	SHLQ   $0x01, R9
+	MOVQ   SI, R10
+	LEAQ   (R10)(R9*1), SI
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	XORQ   R9, R9
+	TESTQ  CX, CX
+	JE     stail
+
+sloop:
+	MOVQ       pf+64(FP), R11
+	PREFETCHT0 (R11)
+	ADDQ       $0x00000040, R11
+	MOVQ       R11, pf+64(FP)
+	CMPQ       R11, pfEnd+72(FP)
+	JB         pfs9
+	MOVQ       pfNext+80(FP), R11
+	VMOVDQU64  (R11), X2
+	ADDQ       $0x00000010, R11
+	MOVQ       R11, pfNext+80(FP)
+	VMOVQ      X2, R11
+	MOVQ       R11, pf+64(FP)
+	VPEXTRQ    $0x01, X2, R11
+	MOVQ       R11, pfEnd+72(FP)
+
+pfs9:
+	VMOVDQU16 (R10)(R9*2), Z2
+	VMOVDQU16 (DX)(R9*2), Z3
+	// VDPBF16PS Z2, Z3, Z0
+	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xc2
+	VMOVDQU16 (BX)(R9*2), Z3
+	// VDPBF16PS Z2, Z3, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xca
+	ADDQ      $0x00000020, R9
+	CMPQ      R9, CX
+	JL        sloop
+
+stail:
+	CMPQ        R9, AX
+	JE          sreduce
+	VMOVDQU16.Z (R10)(R9*2), K1, Z2
+	VMOVDQU16.Z (DX)(R9*2), K1, Z3
+	// VDPBF16PS Z2, Z3, Z0
+	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xc2
+	VMOVDQU16.Z (BX)(R9*2), K1, Z3
+	// VDPBF16PS Z2, Z3, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xca
+
+sreduce:
+	MOVQ          DI, R9
+	MOVQ          ldo+56(FP), R10
+	SHLQ          $0x02, R10
+	VEXTRACTF32X8 $0x01, Z0, Y2
+	VADDPS        Y2, Y0, Y2
+	VEXTRACTF32X4 $0x01, Y2, X0
+	VADDPS        X0, X2, X0
+	VMOVHLPS      X0, X0, X2
+	VADDPS        X2, X0, X2
+	VMOVSHDUP     X2, X0
+	VADDSS        X0, X2, X0
+	VMOVSS        X0, (R9)
+	ADDQ          R10, R9
+	VEXTRACTF32X8 $0x01, Z1, Y0
+	VADDPS        Y0, Y1, Y0
+	VEXTRACTF32X4 $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VMOVHLPS      X1, X1, X0
+	VADDPS        X0, X1, X0
+	VMOVSHDUP     X0, X1
+	VADDSS        X1, X0, X1
+	VMOVSS        X1, (R9)
+	ADDQ          $0x00000004, DI
+	DECQ          R8
+	JMP           single
+
+done:
+	VZEROUPPER
+	RET
+
+// func attnKeysDPR3(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr, pfEnd uintptr, pfNext uintptr)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·attnKeysDPR3(SB), NOSPLIT, $0-88
+	MOVQ  k+32(FP), AX
+	MOVQ  AX, CX
+	ANDQ  $-32, CX
+	MOVL  AX, DX
+	ANDL  $0x0000001f, DX
+	MOVL  $0xffffffff, BX
+	BZHIL DX, BX, DX
+	KMOVD DX, K1
+	MOVQ  x+0(FP), DX
+	MOVQ  ldx+8(FP), BX
+	SHLQ  $0x01, BX
+	LEAQ  (DX)(BX*1), SI
+	LEAQ  (SI)(BX*1), BX
+	MOVQ  w+16(FP), DI
+	MOVQ  out+48(FP), R8
+	MOVQ  n+40(FP), R9
+
+group:
+	CMPQ   R9, $0x00000004
+	JL     single
+	MOVQ   ldw+24(FP), R10
+	SHLQ   $0x01, R10
+	MOVQ   DI, R11
+	LEAQ   (R11)(R10*1), R12
+	LEAQ   (R12)(R10*1), R13
+	LEAQ   (R13)(R10*1), R14
+	LEAQ   (R14)(R10*1), DI
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	XORQ   R10, R10
+	TESTQ  CX, CX
+	JE     gtail
+
+gloop:
+	MOVQ       pf+64(FP), R15
+	PREFETCHT0 (R15)
+	ADDQ       $0x00000040, R15
+	MOVQ       R15, pf+64(FP)
+	CMPQ       R15, pfEnd+72(FP)
+	JB         pfs10
+	MOVQ       pfNext+80(FP), R15
+	VMOVDQU64  (R15), X12
+	ADDQ       $0x00000010, R15
+	MOVQ       R15, pfNext+80(FP)
+	VMOVQ      X12, R15
+	MOVQ       R15, pf+64(FP)
+	VPEXTRQ    $0x01, X12, R15
+	MOVQ       R15, pfEnd+72(FP)
+
+pfs10:
+	MOVQ       pf+64(FP), R15
+	PREFETCHT0 (R15)
+	ADDQ       $0x00000040, R15
+	MOVQ       R15, pf+64(FP)
+	CMPQ       R15, pfEnd+72(FP)
+	JB         pfs11
+	MOVQ       pfNext+80(FP), R15
+	VMOVDQU64  (R15), X12
+	ADDQ       $0x00000010, R15
+	MOVQ       R15, pfNext+80(FP)
+	VMOVQ      X12, R15
+	MOVQ       R15, pf+64(FP)
+	VPEXTRQ    $0x01, X12, R15
+	MOVQ       R15, pfEnd+72(FP)
+
+pfs11:
+	MOVQ       pf+64(FP), R15
+	PREFETCHT0 (R15)
+	ADDQ       $0x00000040, R15
+	MOVQ       R15, pf+64(FP)
+	CMPQ       R15, pfEnd+72(FP)
+	JB         pfs12
+	MOVQ       pfNext+80(FP), R15
+	VMOVDQU64  (R15), X12
+	ADDQ       $0x00000010, R15
+	MOVQ       R15, pfNext+80(FP)
+	VMOVQ      X12, R15
+	MOVQ       R15, pf+64(FP)
+	VPEXTRQ    $0x01, X12, R15
+	MOVQ       R15, pfEnd+72(FP)
+
+pfs12:
+	MOVQ       pf+64(FP), R15
+	PREFETCHT0 (R15)
+	ADDQ       $0x00000040, R15
+	MOVQ       R15, pf+64(FP)
+	CMPQ       R15, pfEnd+72(FP)
+	JB         pfs13
+	MOVQ       pfNext+80(FP), R15
+	VMOVDQU64  (R15), X12
+	ADDQ       $0x00000010, R15
+	MOVQ       R15, pfNext+80(FP)
+	VMOVQ      X12, R15
+	MOVQ       R15, pf+64(FP)
+	VPEXTRQ    $0x01, X12, R15
+	MOVQ       R15, pfEnd+72(FP)
+
+pfs13:
+	VMOVDQU16 (R11)(R10*2), Z12
+	VMOVDQU16 (R12)(R10*2), Z13
+	VMOVDQU16 (R13)(R10*2), Z14
+	VMOVDQU16 (R14)(R10*2), Z15
+	VMOVDQU16 (DX)(R10*2), Z16
+	// VDPBF16PS Z12, Z16, Z0
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xc4
+	// VDPBF16PS Z13, Z16, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xcd
+	// VDPBF16PS Z14, Z16, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xd6
+	// VDPBF16PS Z15, Z16, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xdf
+	VMOVDQU16 (SI)(R10*2), Z16
+	// VDPBF16PS Z12, Z16, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xe4
+	// VDPBF16PS Z13, Z16, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xed
+	// VDPBF16PS Z14, Z16, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xf6
+	// VDPBF16PS Z15, Z16, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xff
+	VMOVDQU16 (BX)(R10*2), Z16
+	// VDPBF16PS Z12, Z16, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xc4
+	// VDPBF16PS Z13, Z16, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xcd
+	// VDPBF16PS Z14, Z16, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xd6
+	// VDPBF16PS Z15, Z16, Z11
+	BYTE $0x62; BYTE $0x52; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xdf
+	ADDQ      $0x00000020, R10
+	CMPQ      R10, CX
+	JL        gloop
+
+gtail:
+	CMPQ        R10, AX
+	JE          greduce
+	VMOVDQU16.Z (R11)(R10*2), K1, Z12
+	VMOVDQU16.Z (R12)(R10*2), K1, Z13
+	VMOVDQU16.Z (R13)(R10*2), K1, Z14
+	VMOVDQU16.Z (R14)(R10*2), K1, Z15
+	VMOVDQU16.Z (DX)(R10*2), K1, Z16
+	// VDPBF16PS Z12, Z16, Z0
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xc4
+	// VDPBF16PS Z13, Z16, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xcd
+	// VDPBF16PS Z14, Z16, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xd6
+	// VDPBF16PS Z15, Z16, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xdf
+	VMOVDQU16.Z (SI)(R10*2), K1, Z16
+	// VDPBF16PS Z12, Z16, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xe4
+	// VDPBF16PS Z13, Z16, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xed
+	// VDPBF16PS Z14, Z16, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xf6
+	// VDPBF16PS Z15, Z16, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xff
+	VMOVDQU16.Z (BX)(R10*2), K1, Z16
+	// VDPBF16PS Z12, Z16, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xc4
+	// VDPBF16PS Z13, Z16, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xcd
+	// VDPBF16PS Z14, Z16, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xd6
+	// VDPBF16PS Z15, Z16, Z11
+	BYTE $0x62; BYTE $0x52; BYTE $0x7e; BYTE $0x40; BYTE $0x52; BYTE $0xdf
+
+greduce:
+	VSHUFF32X4    $0x44, Z1, Z0, Z12
+	VSHUFF32X4    $0xee, Z1, Z0, Z0
+	VADDPS        Z0, Z12, Z12
+	VSHUFF32X4    $0x44, Z3, Z2, Z0
+	VSHUFF32X4    $0xee, Z3, Z2, Z1
+	VADDPS        Z1, Z0, Z0
+	VSHUFF32X4    $0x88, Z0, Z12, Z1
+	VSHUFF32X4    $0xdd, Z0, Z12, Z0
+	VADDPS        Z0, Z1, Z1
+	VSHUFF32X4    $0x44, Z5, Z4, Z0
+	VSHUFF32X4    $0xee, Z5, Z4, Z2
+	VADDPS        Z2, Z0, Z0
+	VSHUFF32X4    $0x44, Z7, Z6, Z2
+	VSHUFF32X4    $0xee, Z7, Z6, Z3
+	VADDPS        Z3, Z2, Z2
+	VSHUFF32X4    $0x88, Z2, Z0, Z3
+	VSHUFF32X4    $0xdd, Z2, Z0, Z0
+	VADDPS        Z0, Z3, Z3
+	VSHUFF32X4    $0x44, Z9, Z8, Z0
+	VSHUFF32X4    $0xee, Z9, Z8, Z2
+	VADDPS        Z2, Z0, Z0
+	VSHUFF32X4    $0x44, Z11, Z10, Z2
+	VSHUFF32X4    $0xee, Z11, Z10, Z4
+	VADDPS        Z4, Z2, Z2
+	VSHUFF32X4    $0x88, Z2, Z0, Z4
+	VSHUFF32X4    $0xdd, Z2, Z0, Z0
+	VADDPS        Z0, Z4, Z4
+	VSHUFPS       $0x44, Z3, Z1, Z0
+	VSHUFPS       $0xee, Z3, Z1, Z2
+	VADDPS        Z2, Z0, Z0
+	VSHUFPS       $0x44, Z1, Z4, Z2
+	VSHUFPS       $0xee, Z1, Z4, Z1
+	VADDPS        Z1, Z2, Z2
+	VSHUFPS       $0x88, Z2, Z0, Z1
+	VSHUFPS       $0xdd, Z2, Z0, Z0
+	VADDPS        Z0, Z1, Z1
+	MOVL          $0x00001111, R10
+	KMOVW         R10, K2
+	VCOMPRESSPS.Z Z1, K2, Z0
+	MOVL          $0x00002222, R10
+	KMOVW         R10, K2
+	VCOMPRESSPS.Z Z1, K2, Z2
+	MOVL          $0x00004444, R10
+	KMOVW         R10, K2
+	VCOMPRESSPS.Z Z1, K2, Z1
+	MOVQ          R8, R10
+	MOVQ          ldo+56(FP), R11
+	SHLQ          $0x02, R11
+	VMOVUPS       X0, (R10)
+	ADDQ          R11, R10
+	VMOVUPS       X2, (R10)
+	ADDQ          R11, R10
+	VMOVUPS       X1, (R10)
+	ADDQ          $0x00000010, R8
+	SUBQ          $0x00000004, R9
+	JMP           group
+
+single:
+	TESTQ  R9, R9
+	JE     done
+	MOVQ   ldw+24(FP), R10
+	SHLQ   $0x01, R10
+	MOVQ   DI, R11
+	LEAQ   (R11)(R10*1), DI
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	XORQ   R10, R10
+	TESTQ  CX, CX
+	JE     stail
+
+sloop:
+	MOVQ       pf+64(FP), R12
+	PREFETCHT0 (R12)
+	ADDQ       $0x00000040, R12
+	MOVQ       R12, pf+64(FP)
+	CMPQ       R12, pfEnd+72(FP)
+	JB         pfs14
+	MOVQ       pfNext+80(FP), R12
+	VMOVDQU64  (R12), X3
+	ADDQ       $0x00000010, R12
+	MOVQ       R12, pfNext+80(FP)
+	VMOVQ      X3, R12
+	MOVQ       R12, pf+64(FP)
+	VPEXTRQ    $0x01, X3, R12
+	MOVQ       R12, pfEnd+72(FP)
+
+pfs14:
+	VMOVDQU16 (R11)(R10*2), Z3
+	VMOVDQU16 (DX)(R10*2), Z4
+	// VDPBF16PS Z3, Z4, Z0
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xc3
+	VMOVDQU16 (SI)(R10*2), Z4
+	// VDPBF16PS Z3, Z4, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xcb
+	VMOVDQU16 (BX)(R10*2), Z4
+	// VDPBF16PS Z3, Z4, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+	ADDQ      $0x00000020, R10
+	CMPQ      R10, CX
+	JL        sloop
+
+stail:
+	CMPQ        R10, AX
+	JE          sreduce
+	VMOVDQU16.Z (R11)(R10*2), K1, Z3
+	VMOVDQU16.Z (DX)(R10*2), K1, Z4
+	// VDPBF16PS Z3, Z4, Z0
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xc3
+	VMOVDQU16.Z (SI)(R10*2), K1, Z4
+	// VDPBF16PS Z3, Z4, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xcb
+	VMOVDQU16.Z (BX)(R10*2), K1, Z4
+	// VDPBF16PS Z3, Z4, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+
+sreduce:
+	MOVQ          R8, R10
+	MOVQ          ldo+56(FP), R11
+	SHLQ          $0x02, R11
+	VEXTRACTF32X8 $0x01, Z0, Y3
+	VADDPS        Y3, Y0, Y3
+	VEXTRACTF32X4 $0x01, Y3, X0
+	VADDPS        X0, X3, X0
+	VMOVHLPS      X0, X0, X3
+	VADDPS        X3, X0, X3
+	VMOVSHDUP     X3, X0
+	VADDSS        X0, X3, X0
+	VMOVSS        X0, (R10)
+	ADDQ          R11, R10
+	VEXTRACTF32X8 $0x01, Z1, Y0
+	VADDPS        Y0, Y1, Y0
+	VEXTRACTF32X4 $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VMOVHLPS      X1, X1, X0
+	VADDPS        X0, X1, X0
+	VMOVSHDUP     X0, X1
+	VADDSS        X1, X0, X1
+	VMOVSS        X1, (R10)
+	ADDQ          R11, R10
+	VEXTRACTF32X8 $0x01, Z2, Y0
+	VADDPS        Y0, Y2, Y0
+	VEXTRACTF32X4 $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VMOVHLPS      X1, X1, X0
+	VADDPS        X0, X1, X0
+	VMOVSHDUP     X0, X1
+	VADDSS        X1, X0, X1
+	VMOVSS        X1, (R10)
+	ADDQ          $0x00000004, R8
+	DECQ          R9
+	JMP           single
+
+done:
+	VZEROUPPER
+	RET
+
+// func attnKeysDPR4(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr, pfEnd uintptr, pfNext uintptr)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·attnKeysDPR4(SB), NOSPLIT, $8-88
+	MOVQ  k+32(FP), AX
+	MOVQ  AX, CX
+	ANDQ  $-32, CX
+	MOVL  AX, DX
+	ANDL  $0x0000001f, DX
+	MOVL  $0xffffffff, BX
+	BZHIL DX, BX, DX
+	KMOVD DX, K1
+	MOVQ  x+0(FP), DX
+	MOVQ  ldx+8(FP), BX
+	SHLQ  $0x01, BX
+	LEAQ  (DX)(BX*1), SI
+	LEAQ  (SI)(BX*1), DI
+	LEAQ  (DI)(BX*1), BX
+	MOVQ  w+16(FP), R8
+	MOVQ  out+48(FP), R9
+	MOVQ  n+40(FP), R10
+
+group:
+	CMPQ   R10, $0x00000004
+	JL     single
+	MOVQ   ldw+24(FP), R11
+	SHLQ   $0x01, R11
+	MOVQ   R8, R12
+	LEAQ   (R12)(R11*1), R13
+	LEAQ   (R13)(R11*1), R14
+	LEAQ   (R14)(R11*1), R15
+	LEAQ   (R15)(R11*1), R8
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	VXORPS Z4, Z4, Z4
+	VXORPS Z5, Z5, Z5
+	VXORPS Z6, Z6, Z6
+	VXORPS Z7, Z7, Z7
+	VXORPS Z8, Z8, Z8
+	VXORPS Z9, Z9, Z9
+	VXORPS Z10, Z10, Z10
+	VXORPS Z11, Z11, Z11
+	VXORPS Z12, Z12, Z12
+	VXORPS Z13, Z13, Z13
+	VXORPS Z14, Z14, Z14
+	VXORPS Z15, Z15, Z15
+	XORQ   R11, R11
+	TESTQ  CX, CX
+	JE     gtail
+
+gloop:
+	MOVQ       pf+64(FP), BP
+	PREFETCHT0 (BP)
+	ADDQ       $0x00000040, BP
+	MOVQ       BP, pf+64(FP)
+	CMPQ       BP, pfEnd+72(FP)
+	JB         pfs15
+	MOVQ       pfNext+80(FP), BP
+	VMOVDQU64  (BP), X16
+	ADDQ       $0x00000010, BP
+	MOVQ       BP, pfNext+80(FP)
+	VMOVQ      X16, BP
+	MOVQ       BP, pf+64(FP)
+	VPEXTRQ    $0x01, X16, BP
+	MOVQ       BP, pfEnd+72(FP)
+
+pfs15:
+	MOVQ       pf+64(FP), BP
+	PREFETCHT0 (BP)
+	ADDQ       $0x00000040, BP
+	MOVQ       BP, pf+64(FP)
+	CMPQ       BP, pfEnd+72(FP)
+	JB         pfs16
+	MOVQ       pfNext+80(FP), BP
+	VMOVDQU64  (BP), X16
+	ADDQ       $0x00000010, BP
+	MOVQ       BP, pfNext+80(FP)
+	VMOVQ      X16, BP
+	MOVQ       BP, pf+64(FP)
+	VPEXTRQ    $0x01, X16, BP
+	MOVQ       BP, pfEnd+72(FP)
+
+pfs16:
+	MOVQ       pf+64(FP), BP
+	PREFETCHT0 (BP)
+	ADDQ       $0x00000040, BP
+	MOVQ       BP, pf+64(FP)
+	CMPQ       BP, pfEnd+72(FP)
+	JB         pfs17
+	MOVQ       pfNext+80(FP), BP
+	VMOVDQU64  (BP), X16
+	ADDQ       $0x00000010, BP
+	MOVQ       BP, pfNext+80(FP)
+	VMOVQ      X16, BP
+	MOVQ       BP, pf+64(FP)
+	VPEXTRQ    $0x01, X16, BP
+	MOVQ       BP, pfEnd+72(FP)
+
+pfs17:
+	MOVQ       pf+64(FP), BP
+	PREFETCHT0 (BP)
+	ADDQ       $0x00000040, BP
+	MOVQ       BP, pf+64(FP)
+	CMPQ       BP, pfEnd+72(FP)
+	JB         pfs18
+	MOVQ       pfNext+80(FP), BP
+	VMOVDQU64  (BP), X16
+	ADDQ       $0x00000010, BP
+	MOVQ       BP, pfNext+80(FP)
+	VMOVQ      X16, BP
+	MOVQ       BP, pf+64(FP)
+	VPEXTRQ    $0x01, X16, BP
+	MOVQ       BP, pfEnd+72(FP)
+
+pfs18:
+	VMOVDQU16 (R12)(R11*2), Z16
+	VMOVDQU16 (R13)(R11*2), Z17
+	VMOVDQU16 (R14)(R11*2), Z18
+	VMOVDQU16 (R15)(R11*2), Z19
+	VMOVDQU16 (DX)(R11*2), Z20
+	// VDPBF16PS Z16, Z20, Z0
+	BYTE $0x62; BYTE $0xb2; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xc0
+	// VDPBF16PS Z17, Z20, Z1
+	BYTE $0x62; BYTE $0xb2; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xc9
+	// VDPBF16PS Z18, Z20, Z2
+	BYTE $0x62; BYTE $0xb2; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z19, Z20, Z3
+	BYTE $0x62; BYTE $0xb2; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xdb
+	VMOVDQU16 (SI)(R11*2), Z20
+	// VDPBF16PS Z16, Z20, Z4
+	BYTE $0x62; BYTE $0xb2; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xe0
+	// VDPBF16PS Z17, Z20, Z5
+	BYTE $0x62; BYTE $0xb2; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xe9
+	// VDPBF16PS Z18, Z20, Z6
+	BYTE $0x62; BYTE $0xb2; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z19, Z20, Z7
+	BYTE $0x62; BYTE $0xb2; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xfb
+	VMOVDQU16 (DI)(R11*2), Z20
+	// VDPBF16PS Z16, Z20, Z8
+	BYTE $0x62; BYTE $0x32; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xc0
+	// VDPBF16PS Z17, Z20, Z9
+	BYTE $0x62; BYTE $0x32; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xc9
+	// VDPBF16PS Z18, Z20, Z10
+	BYTE $0x62; BYTE $0x32; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z19, Z20, Z11
+	BYTE $0x62; BYTE $0x32; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xdb
+	VMOVDQU16 (BX)(R11*2), Z20
+	// VDPBF16PS Z16, Z20, Z12
+	BYTE $0x62; BYTE $0x32; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xe0
+	// VDPBF16PS Z17, Z20, Z13
+	BYTE $0x62; BYTE $0x32; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xe9
+	// VDPBF16PS Z18, Z20, Z14
+	BYTE $0x62; BYTE $0x32; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z19, Z20, Z15
+	BYTE $0x62; BYTE $0x32; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xfb
+	ADDQ      $0x00000020, R11
+	CMPQ      R11, CX
+	JL        gloop
+
+gtail:
+	CMPQ        R11, AX
+	JE          greduce
+	VMOVDQU16.Z (R12)(R11*2), K1, Z16
+	VMOVDQU16.Z (R13)(R11*2), K1, Z17
+	VMOVDQU16.Z (R14)(R11*2), K1, Z18
+	VMOVDQU16.Z (R15)(R11*2), K1, Z19
+	VMOVDQU16.Z (DX)(R11*2), K1, Z20
+	// VDPBF16PS Z16, Z20, Z0
+	BYTE $0x62; BYTE $0xb2; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xc0
+	// VDPBF16PS Z17, Z20, Z1
+	BYTE $0x62; BYTE $0xb2; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xc9
+	// VDPBF16PS Z18, Z20, Z2
+	BYTE $0x62; BYTE $0xb2; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z19, Z20, Z3
+	BYTE $0x62; BYTE $0xb2; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xdb
+	VMOVDQU16.Z (SI)(R11*2), K1, Z20
+	// VDPBF16PS Z16, Z20, Z4
+	BYTE $0x62; BYTE $0xb2; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xe0
+	// VDPBF16PS Z17, Z20, Z5
+	BYTE $0x62; BYTE $0xb2; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xe9
+	// VDPBF16PS Z18, Z20, Z6
+	BYTE $0x62; BYTE $0xb2; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z19, Z20, Z7
+	BYTE $0x62; BYTE $0xb2; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xfb
+	VMOVDQU16.Z (DI)(R11*2), K1, Z20
+	// VDPBF16PS Z16, Z20, Z8
+	BYTE $0x62; BYTE $0x32; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xc0
+	// VDPBF16PS Z17, Z20, Z9
+	BYTE $0x62; BYTE $0x32; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xc9
+	// VDPBF16PS Z18, Z20, Z10
+	BYTE $0x62; BYTE $0x32; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z19, Z20, Z11
+	BYTE $0x62; BYTE $0x32; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xdb
+	VMOVDQU16.Z (BX)(R11*2), K1, Z20
+	// VDPBF16PS Z16, Z20, Z12
+	BYTE $0x62; BYTE $0x32; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xe0
+	// VDPBF16PS Z17, Z20, Z13
+	BYTE $0x62; BYTE $0x32; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xe9
+	// VDPBF16PS Z18, Z20, Z14
+	BYTE $0x62; BYTE $0x32; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z19, Z20, Z15
+	BYTE $0x62; BYTE $0x32; BYTE $0x5e; BYTE $0x40; BYTE $0x52; BYTE $0xfb
+
+greduce:
+	VSHUFF32X4    $0x44, Z1, Z0, Z16
+	VSHUFF32X4    $0xee, Z1, Z0, Z0
+	VADDPS        Z0, Z16, Z16
+	VSHUFF32X4    $0x44, Z3, Z2, Z0
+	VSHUFF32X4    $0xee, Z3, Z2, Z1
+	VADDPS        Z1, Z0, Z0
+	VSHUFF32X4    $0x88, Z0, Z16, Z1
+	VSHUFF32X4    $0xdd, Z0, Z16, Z0
+	VADDPS        Z0, Z1, Z1
+	VSHUFF32X4    $0x44, Z5, Z4, Z0
+	VSHUFF32X4    $0xee, Z5, Z4, Z2
+	VADDPS        Z2, Z0, Z0
+	VSHUFF32X4    $0x44, Z7, Z6, Z2
+	VSHUFF32X4    $0xee, Z7, Z6, Z3
+	VADDPS        Z3, Z2, Z2
+	VSHUFF32X4    $0x88, Z2, Z0, Z3
+	VSHUFF32X4    $0xdd, Z2, Z0, Z0
+	VADDPS        Z0, Z3, Z3
+	VSHUFF32X4    $0x44, Z9, Z8, Z0
+	VSHUFF32X4    $0xee, Z9, Z8, Z2
+	VADDPS        Z2, Z0, Z0
+	VSHUFF32X4    $0x44, Z11, Z10, Z2
+	VSHUFF32X4    $0xee, Z11, Z10, Z4
+	VADDPS        Z4, Z2, Z2
+	VSHUFF32X4    $0x88, Z2, Z0, Z4
+	VSHUFF32X4    $0xdd, Z2, Z0, Z0
+	VADDPS        Z0, Z4, Z4
+	VSHUFF32X4    $0x44, Z13, Z12, Z0
+	VSHUFF32X4    $0xee, Z13, Z12, Z2
+	VADDPS        Z2, Z0, Z0
+	VSHUFF32X4    $0x44, Z15, Z14, Z2
+	VSHUFF32X4    $0xee, Z15, Z14, Z5
+	VADDPS        Z5, Z2, Z2
+	VSHUFF32X4    $0x88, Z2, Z0, Z5
+	VSHUFF32X4    $0xdd, Z2, Z0, Z0
+	VADDPS        Z0, Z5, Z5
+	VSHUFPS       $0x44, Z3, Z1, Z0
+	VSHUFPS       $0xee, Z3, Z1, Z1
+	VADDPS        Z1, Z0, Z0
+	VSHUFPS       $0x44, Z5, Z4, Z1
+	VSHUFPS       $0xee, Z5, Z4, Z2
+	VADDPS        Z2, Z1, Z1
+	VSHUFPS       $0x88, Z1, Z0, Z2
+	VSHUFPS       $0xdd, Z1, Z0, Z0
+	VADDPS        Z0, Z2, Z2
+	MOVL          $0x00001111, R11
+	KMOVW         R11, K2
+	VCOMPRESSPS.Z Z2, K2, Z0
+	MOVL          $0x00002222, R11
+	KMOVW         R11, K2
+	VCOMPRESSPS.Z Z2, K2, Z1
+	MOVL          $0x00004444, R11
+	KMOVW         R11, K2
+	VCOMPRESSPS.Z Z2, K2, Z3
+	MOVL          $0x00008888, R11
+	KMOVW         R11, K2
+	VCOMPRESSPS.Z Z2, K2, Z2
+	MOVQ          R9, R11
+	MOVQ          ldo+56(FP), R12
+	SHLQ          $0x02, R12
+	VMOVUPS       X0, (R11)
+	ADDQ          R12, R11
+	VMOVUPS       X1, (R11)
+	ADDQ          R12, R11
+	VMOVUPS       X3, (R11)
+	ADDQ          R12, R11
+	VMOVUPS       X2, (R11)
+	ADDQ          $0x00000010, R9
+	SUBQ          $0x00000004, R10
+	JMP           group
+
+single:
+	TESTQ  R10, R10
+	JE     done
+	MOVQ   ldw+24(FP), R11
+	SHLQ   $0x01, R11
+	MOVQ   R8, R12
+	LEAQ   (R12)(R11*1), R8
+	VXORPS Z0, Z0, Z0
+	VXORPS Z1, Z1, Z1
+	VXORPS Z2, Z2, Z2
+	VXORPS Z3, Z3, Z3
+	XORQ   R11, R11
+	TESTQ  CX, CX
+	JE     stail
+
+sloop:
+	MOVQ       pf+64(FP), R13
+	PREFETCHT0 (R13)
+	ADDQ       $0x00000040, R13
+	MOVQ       R13, pf+64(FP)
+	CMPQ       R13, pfEnd+72(FP)
+	JB         pfs19
+	MOVQ       pfNext+80(FP), R13
+	VMOVDQU64  (R13), X4
+	ADDQ       $0x00000010, R13
+	MOVQ       R13, pfNext+80(FP)
+	VMOVQ      X4, R13
+	MOVQ       R13, pf+64(FP)
+	VPEXTRQ    $0x01, X4, R13
+	MOVQ       R13, pfEnd+72(FP)
+
+pfs19:
+	VMOVDQU16 (R12)(R11*2), Z4
+	VMOVDQU16 (DX)(R11*2), Z5
+	// VDPBF16PS Z4, Z5, Z0
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xc4
+	VMOVDQU16 (SI)(R11*2), Z5
+	// VDPBF16PS Z4, Z5, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VMOVDQU16 (DI)(R11*2), Z5
+	// VDPBF16PS Z4, Z5, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VMOVDQU16 (BX)(R11*2), Z5
+	// VDPBF16PS Z4, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ      $0x00000020, R11
+	CMPQ      R11, CX
+	JL        sloop
+
+stail:
+	CMPQ        R11, AX
+	JE          sreduce
+	VMOVDQU16.Z (R12)(R11*2), K1, Z4
+	VMOVDQU16.Z (DX)(R11*2), K1, Z5
+	// VDPBF16PS Z4, Z5, Z0
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xc4
+	VMOVDQU16.Z (SI)(R11*2), K1, Z5
+	// VDPBF16PS Z4, Z5, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VMOVDQU16.Z (DI)(R11*2), K1, Z5
+	// VDPBF16PS Z4, Z5, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VMOVDQU16.Z (BX)(R11*2), K1, Z5
+	// VDPBF16PS Z4, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+
+sreduce:
+	MOVQ          R9, R11
+	MOVQ          ldo+56(FP), R12
+	SHLQ          $0x02, R12
+	VEXTRACTF32X8 $0x01, Z0, Y4
+	VADDPS        Y4, Y0, Y4
+	VEXTRACTF32X4 $0x01, Y4, X0
+	VADDPS        X0, X4, X0
+	VMOVHLPS      X0, X0, X4
+	VADDPS        X4, X0, X4
+	VMOVSHDUP     X4, X0
+	VADDSS        X0, X4, X0
+	VMOVSS        X0, (R11)
+	ADDQ          R12, R11
+	VEXTRACTF32X8 $0x01, Z1, Y0
+	VADDPS        Y0, Y1, Y0
+	VEXTRACTF32X4 $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VMOVHLPS      X1, X1, X0
+	VADDPS        X0, X1, X0
+	VMOVSHDUP     X0, X1
+	VADDSS        X1, X0, X1
+	VMOVSS        X1, (R11)
+	ADDQ          R12, R11
+	VEXTRACTF32X8 $0x01, Z2, Y0
+	VADDPS        Y0, Y2, Y0
+	VEXTRACTF32X4 $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VMOVHLPS      X1, X1, X0
+	VADDPS        X0, X1, X0
+	VMOVSHDUP     X0, X1
+	VADDSS        X1, X0, X1
+	VMOVSS        X1, (R11)
+	ADDQ          R12, R11
+	VEXTRACTF32X8 $0x01, Z3, Y0
+	VADDPS        Y0, Y3, Y0
+	VEXTRACTF32X4 $0x01, Y0, X1
+	VADDPS        X1, X0, X1
+	VMOVHLPS      X1, X1, X0
+	VADDPS        X0, X1, X0
+	VMOVSHDUP     X0, X1
+	VADDSS        X1, X0, X1
+	VMOVSS        X1, (R11)
+	ADDQ          $0x00000004, R9
+	DECQ          R10
+	JMP           single
+
+done:
+	VZEROUPPER
+	RET
+
+// func attnPVDPStream(acc *float32, lda int, w *uint16, ldw int, rows int, v *uint16, offs *int, n int, hd int, pf uintptr, pfEnd uintptr, pfNext uintptr)
+// Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
+TEXT ·attnPVDPStream(SB), NOSPLIT, $0-96
+	VMOVDQU16 pvindex<>+0(SB), Z0
+	VMOVDQU16 pvindex<>+64(SB), Z1
+	XORQ      AX, AX
+
+d32:
+	MOVQ hd+64(FP), CX
+	SUBQ AX, CX
+	CMPQ CX, $0x00000020
+	JL   d16
+	MOVQ acc+0(FP), CX
+	LEAQ (CX)(AX*4), CX
+	MOVQ w+16(FP), DX
+	MOVQ rows+32(FP), BX
+
+wr8:
+	CMPQ    BX, $0x00000008
+	JL      wrest
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS (DI), Z2
+	VMOVUPS 64(DI), Z3
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z4
+	VMOVUPS 64(DI), Z5
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z6
+	VMOVUPS 64(DI), Z7
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z8
+	VMOVUPS 64(DI), Z9
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z10
+	VMOVUPS 64(DI), Z11
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z12
+	VMOVUPS 64(DI), Z13
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z14
+	VMOVUPS 64(DI), Z15
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z16
+	VMOVUPS 64(DI), Z17
+	MOVQ    ldw+24(FP), SI
+	SHLQ    $0x01, SI
+	MOVQ    DX, DI
+	LEAQ    (DI)(SI*2), R8
+	ADDQ    SI, R8
+	LEAQ    (R8)(SI*2), R9
+	ADDQ    SI, R9
+	MOVQ    v+40(FP), R10
+	LEAQ    (R10)(AX*2), R10
+	MOVQ    offs+48(FP), R11
+	MOVQ    n+56(FP), R12
+	SHRQ    $0x01, R12
+	TESTQ   R12, R12
+	JE      wb8odd
+
+wb8pair:
+	MOVQ       pf+72(FP), R13
+	PREFETCHT0 (R13)
+	ADDQ       $0x00000040, R13
+	MOVQ       R13, pf+72(FP)
+	CMPQ       R13, pfEnd+80(FP)
+	JB         pfs20
+	MOVQ       pfNext+88(FP), R13
+	VMOVDQU64  (R13), X18
+	ADDQ       $0x00000010, R13
+	MOVQ       R13, pfNext+88(FP)
+	VMOVQ      X18, R13
+	MOVQ       R13, pf+72(FP)
+	VPEXTRQ    $0x01, X18, R13
+	MOVQ       R13, pfEnd+80(FP)
+
+pfs20:
+	MOVQ       pf+72(FP), R13
+	PREFETCHT0 (R13)
+	ADDQ       $0x00000040, R13
+	MOVQ       R13, pf+72(FP)
+	CMPQ       R13, pfEnd+80(FP)
+	JB         pfs21
+	MOVQ       pfNext+88(FP), R13
+	VMOVDQU64  (R13), X18
+	ADDQ       $0x00000010, R13
+	MOVQ       R13, pfNext+88(FP)
+	VMOVQ      X18, R13
+	MOVQ       R13, pf+72(FP)
+	VPEXTRQ    $0x01, X18, R13
+	MOVQ       R13, pfEnd+80(FP)
+
+pfs21:
+	MOVQ         (R11), R13
+	VMOVDQU16    (R10)(R13*2), Z18
+	MOVQ         8(R11), R13
+	VMOVDQU16    (R10)(R13*2), Z19
+	VMOVDQA64    Z18, Z20
+	VPERMT2W     Z19, Z1, Z20
+	VPERMT2W     Z19, Z0, Z18
+	VPBROADCASTD (DI), Z19
+	// VDPBF16PS Z18, Z19, Z2
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z20, Z19, Z3
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xdc
+	VPBROADCASTD (DI)(SI*1), Z19
+	// VDPBF16PS Z18, Z19, Z4
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xe2
+	// VDPBF16PS Z20, Z19, Z5
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xec
+	VPBROADCASTD (DI)(SI*2), Z19
+	// VDPBF16PS Z18, Z19, Z6
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z20, Z19, Z7
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xfc
+	VPBROADCASTD (R8), Z19
+	// VDPBF16PS Z18, Z19, Z8
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xc2
+	// VDPBF16PS Z20, Z19, Z9
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (R8)(SI*1), Z19
+	// VDPBF16PS Z18, Z19, Z10
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z20, Z19, Z11
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xdc
+	VPBROADCASTD (R8)(SI*2), Z19
+	// VDPBF16PS Z18, Z19, Z12
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xe2
+	// VDPBF16PS Z20, Z19, Z13
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xec
+	VPBROADCASTD (R9), Z19
+	// VDPBF16PS Z18, Z19, Z14
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z20, Z19, Z15
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xfc
+	VPBROADCASTD (R9)(SI*1), Z19
+	// VDPBF16PS Z18, Z19, Z16
+	BYTE $0x62; BYTE $0xa2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xc2
+	// VDPBF16PS Z20, Z19, Z17
+	BYTE $0x62; BYTE $0xa2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xcc
+	ADDQ         $0x00000010, R11
+	ADDQ         $0x00000004, DI
+	ADDQ         $0x00000004, R8
+	ADDQ         $0x00000004, R9
+	DECQ         R12
+	JNE          wb8pair
+
+wb8odd:
+	MOVQ         n+56(FP), R12
+	TESTQ        $0x00000001, R12
+	JE           wb8store
+	MOVQ         (R11), R11
+	VMOVDQU16    (R10)(R11*2), Z18
+	VXORPS       Z19, Z19, Z19
+	VMOVDQA64    Z18, Z20
+	VPERMT2W     Z19, Z1, Z20
+	VPERMT2W     Z19, Z0, Z18
+	VPBROADCASTD (DI), Z19
+	// VDPBF16PS Z18, Z19, Z2
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z20, Z19, Z3
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xdc
+	VPBROADCASTD (DI)(SI*1), Z19
+	// VDPBF16PS Z18, Z19, Z4
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xe2
+	// VDPBF16PS Z20, Z19, Z5
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xec
+	VPBROADCASTD (DI)(SI*2), Z19
+	// VDPBF16PS Z18, Z19, Z6
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z20, Z19, Z7
+	BYTE $0x62; BYTE $0xb2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xfc
+	VPBROADCASTD (R8), Z19
+	// VDPBF16PS Z18, Z19, Z8
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xc2
+	// VDPBF16PS Z20, Z19, Z9
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (R8)(SI*1), Z19
+	// VDPBF16PS Z18, Z19, Z10
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z20, Z19, Z11
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xdc
+	VPBROADCASTD (R8)(SI*2), Z19
+	// VDPBF16PS Z18, Z19, Z12
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xe2
+	// VDPBF16PS Z20, Z19, Z13
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xec
+	VPBROADCASTD (R9), Z19
+	// VDPBF16PS Z18, Z19, Z14
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z20, Z19, Z15
+	BYTE $0x62; BYTE $0x32; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xfc
+	VPBROADCASTD (R9)(SI*1), Z19
+	// VDPBF16PS Z18, Z19, Z16
+	BYTE $0x62; BYTE $0xa2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xc2
+	// VDPBF16PS Z20, Z19, Z17
+	BYTE $0x62; BYTE $0xa2; BYTE $0x66; BYTE $0x40; BYTE $0x52; BYTE $0xcc
+
+wb8store:
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS Z2, (DI)
+	VMOVUPS Z3, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z4, (DI)
+	VMOVUPS Z5, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z6, (DI)
+	VMOVUPS Z7, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z8, (DI)
+	VMOVUPS Z9, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z10, (DI)
+	VMOVUPS Z11, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z12, (DI)
+	VMOVUPS Z13, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z14, (DI)
+	VMOVUPS Z15, 64(DI)
+	ADDQ    SI, DI
+	VMOVUPS Z16, (DI)
+	VMOVUPS Z17, 64(DI)
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    ldw+24(FP), DI
+	SHLQ    $0x01, DI
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	SUBQ    $0x00000008, BX
+	JMP     wr8
+
+wrest:
+	CMPQ BX, $0x00000001
+	JE   wb1
+	CMPQ BX, $0x00000002
+	JE   wb2
+	CMPQ BX, $0x00000003
+	JE   wb3
+	CMPQ BX, $0x00000004
+	JE   wb4
+	CMPQ BX, $0x00000005
+	JE   wb5
+	CMPQ BX, $0x00000006
+	JE   wb6
+	CMPQ BX, $0x00000007
+	JE   wb7
+	JMP  wr0
+
+wb1:
+	MOVQ    lda+8(FP), BX
+	SHLQ    $0x02, BX
+	MOVQ    CX, BX
+	VMOVUPS (BX), Z2
+	VMOVUPS 64(BX), Z3
+	MOVQ    ldw+24(FP), BX
+	SHLQ    $0x01, BX
+	MOVQ    v+40(FP), BX
+	LEAQ    (BX)(AX*2), BX
+	MOVQ    offs+48(FP), SI
+	MOVQ    n+56(FP), DI
+	SHRQ    $0x01, DI
+	TESTQ   DI, DI
+	JE      wb1odd
+
+wb1pair:
+	MOVQ       pf+72(FP), R8
+	PREFETCHT0 (R8)
+	ADDQ       $0x00000040, R8
+	MOVQ       R8, pf+72(FP)
+	CMPQ       R8, pfEnd+80(FP)
+	JB         pfs22
+	MOVQ       pfNext+88(FP), R8
+	VMOVDQU64  (R8), X4
+	ADDQ       $0x00000010, R8
+	MOVQ       R8, pfNext+88(FP)
+	VMOVQ      X4, R8
+	MOVQ       R8, pf+72(FP)
+	VPEXTRQ    $0x01, X4, R8
+	MOVQ       R8, pfEnd+80(FP)
+
+pfs22:
+	MOVQ       pf+72(FP), R8
+	PREFETCHT0 (R8)
+	ADDQ       $0x00000040, R8
+	MOVQ       R8, pf+72(FP)
+	CMPQ       R8, pfEnd+80(FP)
+	JB         pfs23
+	MOVQ       pfNext+88(FP), R8
+	VMOVDQU64  (R8), X4
+	ADDQ       $0x00000010, R8
+	MOVQ       R8, pfNext+88(FP)
+	VMOVQ      X4, R8
+	MOVQ       R8, pf+72(FP)
+	VPEXTRQ    $0x01, X4, R8
+	MOVQ       R8, pfEnd+80(FP)
+
+pfs23:
+	MOVQ         (SI), R8
+	VMOVDQU16    (BX)(R8*2), Z4
+	MOVQ         8(SI), R8
+	VMOVDQU16    (BX)(R8*2), Z5
+	VMOVDQA64    Z4, Z6
+	VPERMT2W     Z5, Z1, Z6
+	VPERMT2W     Z5, Z0, Z4
+	VPBROADCASTD (DX), Z5
+	// VDPBF16PS Z4, Z5, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	// VDPBF16PS Z6, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xde
+	ADDQ         $0x00000010, SI
+	ADDQ         $0x00000004, DX
+	DECQ         DI
+	JNE          wb1pair
+
+wb1odd:
+	MOVQ         n+56(FP), DI
+	TESTQ        $0x00000001, DI
+	JE           wb1store
+	MOVQ         (SI), SI
+	VMOVDQU16    (BX)(SI*2), Z4
+	VXORPS       Z5, Z5, Z5
+	VMOVDQA64    Z4, Z6
+	VPERMT2W     Z5, Z1, Z6
+	VPERMT2W     Z5, Z0, Z4
+	VPBROADCASTD (DX), Z5
+	// VDPBF16PS Z4, Z5, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	// VDPBF16PS Z6, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xde
+
+wb1store:
+	MOVQ    lda+8(FP), DX
+	SHLQ    $0x02, DX
+	MOVQ    CX, BX
+	VMOVUPS Z2, (BX)
+	VMOVUPS Z3, 64(BX)
+	JMP     wr0
+
+wb2:
+	MOVQ    lda+8(FP), BX
+	SHLQ    $0x02, BX
+	MOVQ    CX, SI
+	VMOVUPS (SI), Z2
+	VMOVUPS 64(SI), Z3
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z4
+	VMOVUPS 64(SI), Z5
+	MOVQ    ldw+24(FP), BX
+	SHLQ    $0x01, BX
+	MOVQ    v+40(FP), SI
+	LEAQ    (SI)(AX*2), SI
+	MOVQ    offs+48(FP), DI
+	MOVQ    n+56(FP), R8
+	SHRQ    $0x01, R8
+	TESTQ   R8, R8
+	JE      wb2odd
+
+wb2pair:
+	MOVQ       pf+72(FP), R9
+	PREFETCHT0 (R9)
+	ADDQ       $0x00000040, R9
+	MOVQ       R9, pf+72(FP)
+	CMPQ       R9, pfEnd+80(FP)
+	JB         pfs24
+	MOVQ       pfNext+88(FP), R9
+	VMOVDQU64  (R9), X6
+	ADDQ       $0x00000010, R9
+	MOVQ       R9, pfNext+88(FP)
+	VMOVQ      X6, R9
+	MOVQ       R9, pf+72(FP)
+	VPEXTRQ    $0x01, X6, R9
+	MOVQ       R9, pfEnd+80(FP)
+
+pfs24:
+	MOVQ       pf+72(FP), R9
+	PREFETCHT0 (R9)
+	ADDQ       $0x00000040, R9
+	MOVQ       R9, pf+72(FP)
+	CMPQ       R9, pfEnd+80(FP)
+	JB         pfs25
+	MOVQ       pfNext+88(FP), R9
+	VMOVDQU64  (R9), X6
+	ADDQ       $0x00000010, R9
+	MOVQ       R9, pfNext+88(FP)
+	VMOVQ      X6, R9
+	MOVQ       R9, pf+72(FP)
+	VPEXTRQ    $0x01, X6, R9
+	MOVQ       R9, pfEnd+80(FP)
+
+pfs25:
+	MOVQ         (DI), R9
+	VMOVDQU16    (SI)(R9*2), Z6
+	MOVQ         8(DI), R9
+	VMOVDQU16    (SI)(R9*2), Z7
+	VMOVDQA64    Z6, Z8
+	VPERMT2W     Z7, Z1, Z8
+	VPERMT2W     Z7, Z0, Z6
+	VPBROADCASTD (DX), Z7
+	// VDPBF16PS Z6, Z7, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xd6
+	// VDPBF16PS Z8, Z7, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xd8
+	VPBROADCASTD (DX)(BX*1), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	// VDPBF16PS Z8, Z7, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe8
+	ADDQ         $0x00000010, DI
+	ADDQ         $0x00000004, DX
+	DECQ         R8
+	JNE          wb2pair
+
+wb2odd:
+	MOVQ         n+56(FP), R8
+	TESTQ        $0x00000001, R8
+	JE           wb2store
+	MOVQ         (DI), DI
+	VMOVDQU16    (SI)(DI*2), Z6
+	VXORPS       Z7, Z7, Z7
+	VMOVDQA64    Z6, Z8
+	VPERMT2W     Z7, Z1, Z8
+	VPERMT2W     Z7, Z0, Z6
+	VPBROADCASTD (DX), Z7
+	// VDPBF16PS Z6, Z7, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xd6
+	// VDPBF16PS Z8, Z7, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xd8
+	VPBROADCASTD (DX)(BX*1), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	// VDPBF16PS Z8, Z7, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe8
+
+wb2store:
+	MOVQ    lda+8(FP), DX
+	SHLQ    $0x02, DX
+	MOVQ    CX, SI
+	VMOVUPS Z2, (SI)
+	VMOVUPS Z3, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z4, (SI)
+	VMOVUPS Z5, 64(SI)
+	JMP     wr0
+
+wb3:
+	MOVQ    lda+8(FP), BX
+	SHLQ    $0x02, BX
+	MOVQ    CX, SI
+	VMOVUPS (SI), Z2
+	VMOVUPS 64(SI), Z3
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z4
+	VMOVUPS 64(SI), Z5
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z6
+	VMOVUPS 64(SI), Z7
+	MOVQ    ldw+24(FP), BX
+	SHLQ    $0x01, BX
+	MOVQ    v+40(FP), SI
+	LEAQ    (SI)(AX*2), SI
+	MOVQ    offs+48(FP), DI
+	MOVQ    n+56(FP), R8
+	SHRQ    $0x01, R8
+	TESTQ   R8, R8
+	JE      wb3odd
+
+wb3pair:
+	MOVQ       pf+72(FP), R9
+	PREFETCHT0 (R9)
+	ADDQ       $0x00000040, R9
+	MOVQ       R9, pf+72(FP)
+	CMPQ       R9, pfEnd+80(FP)
+	JB         pfs26
+	MOVQ       pfNext+88(FP), R9
+	VMOVDQU64  (R9), X8
+	ADDQ       $0x00000010, R9
+	MOVQ       R9, pfNext+88(FP)
+	VMOVQ      X8, R9
+	MOVQ       R9, pf+72(FP)
+	VPEXTRQ    $0x01, X8, R9
+	MOVQ       R9, pfEnd+80(FP)
+
+pfs26:
+	MOVQ       pf+72(FP), R9
+	PREFETCHT0 (R9)
+	ADDQ       $0x00000040, R9
+	MOVQ       R9, pf+72(FP)
+	CMPQ       R9, pfEnd+80(FP)
+	JB         pfs27
+	MOVQ       pfNext+88(FP), R9
+	VMOVDQU64  (R9), X8
+	ADDQ       $0x00000010, R9
+	MOVQ       R9, pfNext+88(FP)
+	VMOVQ      X8, R9
+	MOVQ       R9, pf+72(FP)
+	VPEXTRQ    $0x01, X8, R9
+	MOVQ       R9, pfEnd+80(FP)
+
+pfs27:
+	MOVQ         (DI), R9
+	VMOVDQU16    (SI)(R9*2), Z8
+	MOVQ         8(DI), R9
+	VMOVDQU16    (SI)(R9*2), Z9
+	VMOVDQA64    Z8, Z10
+	VPERMT2W     Z9, Z1, Z10
+	VPERMT2W     Z9, Z0, Z8
+	VPBROADCASTD (DX), Z9
+	// VDPBF16PS Z8, Z9, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xd0
+	// VDPBF16PS Z10, Z9, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xda
+	VPBROADCASTD (DX)(BX*1), Z9
+	// VDPBF16PS Z8, Z9, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xe0
+	// VDPBF16PS Z10, Z9, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xea
+	VPBROADCASTD (DX)(BX*2), Z9
+	// VDPBF16PS Z8, Z9, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf0
+	// VDPBF16PS Z10, Z9, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xfa
+	ADDQ         $0x00000010, DI
+	ADDQ         $0x00000004, DX
+	DECQ         R8
+	JNE          wb3pair
+
+wb3odd:
+	MOVQ         n+56(FP), R8
+	TESTQ        $0x00000001, R8
+	JE           wb3store
+	MOVQ         (DI), DI
+	VMOVDQU16    (SI)(DI*2), Z8
+	VXORPS       Z9, Z9, Z9
+	VMOVDQA64    Z8, Z10
+	VPERMT2W     Z9, Z1, Z10
+	VPERMT2W     Z9, Z0, Z8
+	VPBROADCASTD (DX), Z9
+	// VDPBF16PS Z8, Z9, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xd0
+	// VDPBF16PS Z10, Z9, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xda
+	VPBROADCASTD (DX)(BX*1), Z9
+	// VDPBF16PS Z8, Z9, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xe0
+	// VDPBF16PS Z10, Z9, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xea
+	VPBROADCASTD (DX)(BX*2), Z9
+	// VDPBF16PS Z8, Z9, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf0
+	// VDPBF16PS Z10, Z9, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xfa
+
+wb3store:
+	MOVQ    lda+8(FP), DX
+	SHLQ    $0x02, DX
+	MOVQ    CX, SI
+	VMOVUPS Z2, (SI)
+	VMOVUPS Z3, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z4, (SI)
+	VMOVUPS Z5, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z6, (SI)
+	VMOVUPS Z7, 64(SI)
+	JMP     wr0
+
+wb4:
+	MOVQ    lda+8(FP), BX
+	SHLQ    $0x02, BX
+	MOVQ    CX, SI
+	VMOVUPS (SI), Z2
+	VMOVUPS 64(SI), Z3
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z4
+	VMOVUPS 64(SI), Z5
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z6
+	VMOVUPS 64(SI), Z7
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z8
+	VMOVUPS 64(SI), Z9
+	MOVQ    ldw+24(FP), BX
+	SHLQ    $0x01, BX
+	LEAQ    (DX)(BX*2), SI
+	ADDQ    BX, SI
+	MOVQ    v+40(FP), DI
+	LEAQ    (DI)(AX*2), DI
+	MOVQ    offs+48(FP), R8
+	MOVQ    n+56(FP), R9
+	SHRQ    $0x01, R9
+	TESTQ   R9, R9
+	JE      wb4odd
+
+wb4pair:
+	MOVQ       pf+72(FP), R10
+	PREFETCHT0 (R10)
+	ADDQ       $0x00000040, R10
+	MOVQ       R10, pf+72(FP)
+	CMPQ       R10, pfEnd+80(FP)
+	JB         pfs28
+	MOVQ       pfNext+88(FP), R10
+	VMOVDQU64  (R10), X10
+	ADDQ       $0x00000010, R10
+	MOVQ       R10, pfNext+88(FP)
+	VMOVQ      X10, R10
+	MOVQ       R10, pf+72(FP)
+	VPEXTRQ    $0x01, X10, R10
+	MOVQ       R10, pfEnd+80(FP)
+
+pfs28:
+	MOVQ       pf+72(FP), R10
+	PREFETCHT0 (R10)
+	ADDQ       $0x00000040, R10
+	MOVQ       R10, pf+72(FP)
+	CMPQ       R10, pfEnd+80(FP)
+	JB         pfs29
+	MOVQ       pfNext+88(FP), R10
+	VMOVDQU64  (R10), X10
+	ADDQ       $0x00000010, R10
+	MOVQ       R10, pfNext+88(FP)
+	VMOVQ      X10, R10
+	MOVQ       R10, pf+72(FP)
+	VPEXTRQ    $0x01, X10, R10
+	MOVQ       R10, pfEnd+80(FP)
+
+pfs29:
+	MOVQ         (R8), R10
+	VMOVDQU16    (DI)(R10*2), Z10
+	MOVQ         8(R8), R10
+	VMOVDQU16    (DI)(R10*2), Z11
+	VMOVDQA64    Z10, Z12
+	VPERMT2W     Z11, Z1, Z12
+	VPERMT2W     Z11, Z0, Z10
+	VPBROADCASTD (DX), Z11
+	// VDPBF16PS Z10, Z11, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z12, Z11, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	VPBROADCASTD (DX)(BX*1), Z11
+	// VDPBF16PS Z10, Z11, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xe2
+	// VDPBF16PS Z12, Z11, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xec
+	VPBROADCASTD (DX)(BX*2), Z11
+	// VDPBF16PS Z10, Z11, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z12, Z11, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xfc
+	VPBROADCASTD (SI), Z11
+	// VDPBF16PS Z10, Z11, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xc2
+	// VDPBF16PS Z12, Z11, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	ADDQ         $0x00000010, R8
+	ADDQ         $0x00000004, DX
+	ADDQ         $0x00000004, SI
+	DECQ         R9
+	JNE          wb4pair
+
+wb4odd:
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
+	JE           wb4store
+	MOVQ         (R8), R8
+	VMOVDQU16    (DI)(R8*2), Z10
+	VXORPS       Z11, Z11, Z11
+	VMOVDQA64    Z10, Z12
+	VPERMT2W     Z11, Z1, Z12
+	VPERMT2W     Z11, Z0, Z10
+	VPBROADCASTD (DX), Z11
+	// VDPBF16PS Z10, Z11, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xd2
+	// VDPBF16PS Z12, Z11, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	VPBROADCASTD (DX)(BX*1), Z11
+	// VDPBF16PS Z10, Z11, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xe2
+	// VDPBF16PS Z12, Z11, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xec
+	VPBROADCASTD (DX)(BX*2), Z11
+	// VDPBF16PS Z10, Z11, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xf2
+	// VDPBF16PS Z12, Z11, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xfc
+	VPBROADCASTD (SI), Z11
+	// VDPBF16PS Z10, Z11, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xc2
+	// VDPBF16PS Z12, Z11, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x26; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+
+wb4store:
+	MOVQ    lda+8(FP), DX
+	SHLQ    $0x02, DX
+	MOVQ    CX, SI
+	VMOVUPS Z2, (SI)
+	VMOVUPS Z3, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z4, (SI)
+	VMOVUPS Z5, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z6, (SI)
+	VMOVUPS Z7, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z8, (SI)
+	VMOVUPS Z9, 64(SI)
+	JMP     wr0
+
+wb5:
+	MOVQ    lda+8(FP), BX
+	SHLQ    $0x02, BX
+	MOVQ    CX, SI
+	VMOVUPS (SI), Z2
+	VMOVUPS 64(SI), Z3
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z4
+	VMOVUPS 64(SI), Z5
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z6
+	VMOVUPS 64(SI), Z7
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z8
+	VMOVUPS 64(SI), Z9
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z10
+	VMOVUPS 64(SI), Z11
+	MOVQ    ldw+24(FP), BX
+	SHLQ    $0x01, BX
+	LEAQ    (DX)(BX*2), SI
+	ADDQ    BX, SI
+	MOVQ    v+40(FP), DI
+	LEAQ    (DI)(AX*2), DI
+	MOVQ    offs+48(FP), R8
+	MOVQ    n+56(FP), R9
+	SHRQ    $0x01, R9
+	TESTQ   R9, R9
+	JE      wb5odd
+
+wb5pair:
+	MOVQ       pf+72(FP), R10
+	PREFETCHT0 (R10)
+	ADDQ       $0x00000040, R10
+	MOVQ       R10, pf+72(FP)
+	CMPQ       R10, pfEnd+80(FP)
+	JB         pfs30
+	MOVQ       pfNext+88(FP), R10
+	VMOVDQU64  (R10), X12
+	ADDQ       $0x00000010, R10
+	MOVQ       R10, pfNext+88(FP)
+	VMOVQ      X12, R10
+	MOVQ       R10, pf+72(FP)
+	VPEXTRQ    $0x01, X12, R10
+	MOVQ       R10, pfEnd+80(FP)
+
+pfs30:
+	MOVQ       pf+72(FP), R10
+	PREFETCHT0 (R10)
+	ADDQ       $0x00000040, R10
+	MOVQ       R10, pf+72(FP)
+	CMPQ       R10, pfEnd+80(FP)
+	JB         pfs31
+	MOVQ       pfNext+88(FP), R10
+	VMOVDQU64  (R10), X12
+	ADDQ       $0x00000010, R10
+	MOVQ       R10, pfNext+88(FP)
+	VMOVQ      X12, R10
+	MOVQ       R10, pf+72(FP)
+	VPEXTRQ    $0x01, X12, R10
+	MOVQ       R10, pfEnd+80(FP)
+
+pfs31:
+	MOVQ         (R8), R10
+	VMOVDQU16    (DI)(R10*2), Z12
+	MOVQ         8(R8), R10
+	VMOVDQU16    (DI)(R10*2), Z13
+	VMOVDQA64    Z12, Z14
+	VPERMT2W     Z13, Z1, Z14
+	VPERMT2W     Z13, Z0, Z12
+	VPBROADCASTD (DX), Z13
+	// VDPBF16PS Z12, Z13, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	// VDPBF16PS Z14, Z13, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xde
+	VPBROADCASTD (DX)(BX*1), Z13
+	// VDPBF16PS Z12, Z13, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xe4
+	// VDPBF16PS Z14, Z13, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xee
+	VPBROADCASTD (DX)(BX*2), Z13
+	// VDPBF16PS Z12, Z13, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xf4
+	// VDPBF16PS Z14, Z13, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xfe
+	VPBROADCASTD (SI), Z13
+	// VDPBF16PS Z12, Z13, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xc4
+	// VDPBF16PS Z14, Z13, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xce
+	VPBROADCASTD (SI)(BX*1), Z13
+	// VDPBF16PS Z12, Z13, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	// VDPBF16PS Z14, Z13, Z11
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xde
+	ADDQ         $0x00000010, R8
+	ADDQ         $0x00000004, DX
+	ADDQ         $0x00000004, SI
+	DECQ         R9
+	JNE          wb5pair
+
+wb5odd:
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
+	JE           wb5store
+	MOVQ         (R8), R8
+	VMOVDQU16    (DI)(R8*2), Z12
+	VXORPS       Z13, Z13, Z13
+	VMOVDQA64    Z12, Z14
+	VPERMT2W     Z13, Z1, Z14
+	VPERMT2W     Z13, Z0, Z12
+	VPBROADCASTD (DX), Z13
+	// VDPBF16PS Z12, Z13, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	// VDPBF16PS Z14, Z13, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xde
+	VPBROADCASTD (DX)(BX*1), Z13
+	// VDPBF16PS Z12, Z13, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xe4
+	// VDPBF16PS Z14, Z13, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xee
+	VPBROADCASTD (DX)(BX*2), Z13
+	// VDPBF16PS Z12, Z13, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xf4
+	// VDPBF16PS Z14, Z13, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xfe
+	VPBROADCASTD (SI), Z13
+	// VDPBF16PS Z12, Z13, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xc4
+	// VDPBF16PS Z14, Z13, Z9
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xce
+	VPBROADCASTD (SI)(BX*1), Z13
+	// VDPBF16PS Z12, Z13, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	// VDPBF16PS Z14, Z13, Z11
+	BYTE $0x62; BYTE $0x52; BYTE $0x16; BYTE $0x48; BYTE $0x52; BYTE $0xde
+
+wb5store:
+	MOVQ    lda+8(FP), DX
+	SHLQ    $0x02, DX
+	MOVQ    CX, SI
+	VMOVUPS Z2, (SI)
+	VMOVUPS Z3, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z4, (SI)
+	VMOVUPS Z5, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z6, (SI)
+	VMOVUPS Z7, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z8, (SI)
+	VMOVUPS Z9, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z10, (SI)
+	VMOVUPS Z11, 64(SI)
+	JMP     wr0
+
+wb6:
+	MOVQ    lda+8(FP), BX
+	SHLQ    $0x02, BX
+	MOVQ    CX, SI
+	VMOVUPS (SI), Z2
+	VMOVUPS 64(SI), Z3
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z4
+	VMOVUPS 64(SI), Z5
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z6
+	VMOVUPS 64(SI), Z7
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z8
+	VMOVUPS 64(SI), Z9
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z10
+	VMOVUPS 64(SI), Z11
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z12
+	VMOVUPS 64(SI), Z13
+	MOVQ    ldw+24(FP), BX
+	SHLQ    $0x01, BX
+	LEAQ    (DX)(BX*2), SI
+	ADDQ    BX, SI
+	MOVQ    v+40(FP), DI
+	LEAQ    (DI)(AX*2), DI
+	MOVQ    offs+48(FP), R8
+	MOVQ    n+56(FP), R9
+	SHRQ    $0x01, R9
+	TESTQ   R9, R9
+	JE      wb6odd
+
+wb6pair:
+	MOVQ       pf+72(FP), R10
+	PREFETCHT0 (R10)
+	ADDQ       $0x00000040, R10
+	MOVQ       R10, pf+72(FP)
+	CMPQ       R10, pfEnd+80(FP)
+	JB         pfs32
+	MOVQ       pfNext+88(FP), R10
+	VMOVDQU64  (R10), X14
+	ADDQ       $0x00000010, R10
+	MOVQ       R10, pfNext+88(FP)
+	VMOVQ      X14, R10
+	MOVQ       R10, pf+72(FP)
+	VPEXTRQ    $0x01, X14, R10
+	MOVQ       R10, pfEnd+80(FP)
+
+pfs32:
+	MOVQ       pf+72(FP), R10
+	PREFETCHT0 (R10)
+	ADDQ       $0x00000040, R10
+	MOVQ       R10, pf+72(FP)
+	CMPQ       R10, pfEnd+80(FP)
+	JB         pfs33
+	MOVQ       pfNext+88(FP), R10
+	VMOVDQU64  (R10), X14
+	ADDQ       $0x00000010, R10
+	MOVQ       R10, pfNext+88(FP)
+	VMOVQ      X14, R10
+	MOVQ       R10, pf+72(FP)
+	VPEXTRQ    $0x01, X14, R10
+	MOVQ       R10, pfEnd+80(FP)
+
+pfs33:
+	MOVQ         (R8), R10
+	VMOVDQU16    (DI)(R10*2), Z14
+	MOVQ         8(R8), R10
+	VMOVDQU16    (DI)(R10*2), Z15
+	VMOVDQA64    Z14, Z16
+	VPERMT2W     Z15, Z1, Z16
+	VPERMT2W     Z15, Z0, Z14
+	VPBROADCASTD (DX), Z15
+	// VDPBF16PS Z14, Z15, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xd6
+	// VDPBF16PS Z16, Z15, Z3
+	BYTE $0x62; BYTE $0xb2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xd8
+	VPBROADCASTD (DX)(BX*1), Z15
+	// VDPBF16PS Z14, Z15, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	// VDPBF16PS Z16, Z15, Z5
+	BYTE $0x62; BYTE $0xb2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xe8
+	VPBROADCASTD (DX)(BX*2), Z15
+	// VDPBF16PS Z14, Z15, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xf6
+	// VDPBF16PS Z16, Z15, Z7
+	BYTE $0x62; BYTE $0xb2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xf8
+	VPBROADCASTD (SI), Z15
+	// VDPBF16PS Z14, Z15, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xc6
+	// VDPBF16PS Z16, Z15, Z9
+	BYTE $0x62; BYTE $0x32; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xc8
+	VPBROADCASTD (SI)(BX*1), Z15
+	// VDPBF16PS Z14, Z15, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xd6
+	// VDPBF16PS Z16, Z15, Z11
+	BYTE $0x62; BYTE $0x32; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xd8
+	VPBROADCASTD (SI)(BX*2), Z15
+	// VDPBF16PS Z14, Z15, Z12
+	BYTE $0x62; BYTE $0x52; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	// VDPBF16PS Z16, Z15, Z13
+	BYTE $0x62; BYTE $0x32; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xe8
+	ADDQ         $0x00000010, R8
+	ADDQ         $0x00000004, DX
+	ADDQ         $0x00000004, SI
+	DECQ         R9
+	JNE          wb6pair
+
+wb6odd:
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
+	JE           wb6store
+	MOVQ         (R8), R8
+	VMOVDQU16    (DI)(R8*2), Z14
+	VXORPS       Z15, Z15, Z15
+	VMOVDQA64    Z14, Z16
+	VPERMT2W     Z15, Z1, Z16
+	VPERMT2W     Z15, Z0, Z14
+	VPBROADCASTD (DX), Z15
+	// VDPBF16PS Z14, Z15, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xd6
+	// VDPBF16PS Z16, Z15, Z3
+	BYTE $0x62; BYTE $0xb2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xd8
+	VPBROADCASTD (DX)(BX*1), Z15
+	// VDPBF16PS Z14, Z15, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	// VDPBF16PS Z16, Z15, Z5
+	BYTE $0x62; BYTE $0xb2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xe8
+	VPBROADCASTD (DX)(BX*2), Z15
+	// VDPBF16PS Z14, Z15, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xf6
+	// VDPBF16PS Z16, Z15, Z7
+	BYTE $0x62; BYTE $0xb2; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xf8
+	VPBROADCASTD (SI), Z15
+	// VDPBF16PS Z14, Z15, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xc6
+	// VDPBF16PS Z16, Z15, Z9
+	BYTE $0x62; BYTE $0x32; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xc8
+	VPBROADCASTD (SI)(BX*1), Z15
+	// VDPBF16PS Z14, Z15, Z10
+	BYTE $0x62; BYTE $0x52; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xd6
+	// VDPBF16PS Z16, Z15, Z11
+	BYTE $0x62; BYTE $0x32; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xd8
+	VPBROADCASTD (SI)(BX*2), Z15
+	// VDPBF16PS Z14, Z15, Z12
+	BYTE $0x62; BYTE $0x52; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	// VDPBF16PS Z16, Z15, Z13
+	BYTE $0x62; BYTE $0x32; BYTE $0x06; BYTE $0x48; BYTE $0x52; BYTE $0xe8
+
+wb6store:
+	MOVQ    lda+8(FP), DX
+	SHLQ    $0x02, DX
+	MOVQ    CX, SI
+	VMOVUPS Z2, (SI)
+	VMOVUPS Z3, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z4, (SI)
+	VMOVUPS Z5, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z6, (SI)
+	VMOVUPS Z7, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z8, (SI)
+	VMOVUPS Z9, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z10, (SI)
+	VMOVUPS Z11, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z12, (SI)
+	VMOVUPS Z13, 64(SI)
+	JMP     wr0
+
+wb7:
+	MOVQ    lda+8(FP), BX
+	SHLQ    $0x02, BX
+	MOVQ    CX, SI
+	VMOVUPS (SI), Z2
+	VMOVUPS 64(SI), Z3
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z4
+	VMOVUPS 64(SI), Z5
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z6
+	VMOVUPS 64(SI), Z7
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z8
+	VMOVUPS 64(SI), Z9
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z10
+	VMOVUPS 64(SI), Z11
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z12
+	VMOVUPS 64(SI), Z13
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z14
+	VMOVUPS 64(SI), Z15
+	MOVQ    ldw+24(FP), BX
+	SHLQ    $0x01, BX
+	LEAQ    (DX)(BX*2), SI
+	ADDQ    BX, SI
+	LEAQ    (SI)(BX*2), DI
+	ADDQ    BX, DI
+	MOVQ    v+40(FP), R8
+	LEAQ    (R8)(AX*2), R8
+	MOVQ    offs+48(FP), R9
+	MOVQ    n+56(FP), R10
+	SHRQ    $0x01, R10
+	TESTQ   R10, R10
+	JE      wb7odd
+
+wb7pair:
+	MOVQ       pf+72(FP), R11
+	PREFETCHT0 (R11)
+	ADDQ       $0x00000040, R11
+	MOVQ       R11, pf+72(FP)
+	CMPQ       R11, pfEnd+80(FP)
+	JB         pfs34
+	MOVQ       pfNext+88(FP), R11
+	VMOVDQU64  (R11), X16
+	ADDQ       $0x00000010, R11
+	MOVQ       R11, pfNext+88(FP)
+	VMOVQ      X16, R11
+	MOVQ       R11, pf+72(FP)
+	VPEXTRQ    $0x01, X16, R11
+	MOVQ       R11, pfEnd+80(FP)
+
+pfs34:
+	MOVQ       pf+72(FP), R11
+	PREFETCHT0 (R11)
+	ADDQ       $0x00000040, R11
+	MOVQ       R11, pf+72(FP)
+	CMPQ       R11, pfEnd+80(FP)
+	JB         pfs35
+	MOVQ       pfNext+88(FP), R11
+	VMOVDQU64  (R11), X16
+	ADDQ       $0x00000010, R11
+	MOVQ       R11, pfNext+88(FP)
+	VMOVQ      X16, R11
+	MOVQ       R11, pf+72(FP)
+	VPEXTRQ    $0x01, X16, R11
+	MOVQ       R11, pfEnd+80(FP)
+
+pfs35:
+	MOVQ         (R9), R11
+	VMOVDQU16    (R8)(R11*2), Z16
+	MOVQ         8(R9), R11
+	VMOVDQU16    (R8)(R11*2), Z17
+	VMOVDQA64    Z16, Z18
+	VPERMT2W     Z17, Z1, Z18
+	VPERMT2W     Z17, Z0, Z16
+	VPBROADCASTD (DX), Z17
+	// VDPBF16PS Z16, Z17, Z2
+	BYTE $0x62; BYTE $0xb2; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xd0
+	// VDPBF16PS Z18, Z17, Z3
+	BYTE $0x62; BYTE $0xb2; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xda
+	VPBROADCASTD (DX)(BX*1), Z17
+	// VDPBF16PS Z16, Z17, Z4
+	BYTE $0x62; BYTE $0xb2; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xe0
+	// VDPBF16PS Z18, Z17, Z5
+	BYTE $0x62; BYTE $0xb2; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xea
+	VPBROADCASTD (DX)(BX*2), Z17
+	// VDPBF16PS Z16, Z17, Z6
+	BYTE $0x62; BYTE $0xb2; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xf0
+	// VDPBF16PS Z18, Z17, Z7
+	BYTE $0x62; BYTE $0xb2; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xfa
+	VPBROADCASTD (SI), Z17
+	// VDPBF16PS Z16, Z17, Z8
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xc0
+	// VDPBF16PS Z18, Z17, Z9
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xca
+	VPBROADCASTD (SI)(BX*1), Z17
+	// VDPBF16PS Z16, Z17, Z10
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xd0
+	// VDPBF16PS Z18, Z17, Z11
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xda
+	VPBROADCASTD (SI)(BX*2), Z17
+	// VDPBF16PS Z16, Z17, Z12
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xe0
+	// VDPBF16PS Z18, Z17, Z13
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xea
+	VPBROADCASTD (DI), Z17
+	// VDPBF16PS Z16, Z17, Z14
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xf0
+	// VDPBF16PS Z18, Z17, Z15
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xfa
+	ADDQ         $0x00000010, R9
+	ADDQ         $0x00000004, DX
+	ADDQ         $0x00000004, SI
+	ADDQ         $0x00000004, DI
+	DECQ         R10
+	JNE          wb7pair
+
+wb7odd:
+	MOVQ         n+56(FP), R10
+	TESTQ        $0x00000001, R10
+	JE           wb7store
+	MOVQ         (R9), R9
+	VMOVDQU16    (R8)(R9*2), Z16
+	VXORPS       Z17, Z17, Z17
+	VMOVDQA64    Z16, Z18
+	VPERMT2W     Z17, Z1, Z18
+	VPERMT2W     Z17, Z0, Z16
+	VPBROADCASTD (DX), Z17
+	// VDPBF16PS Z16, Z17, Z2
+	BYTE $0x62; BYTE $0xb2; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xd0
+	// VDPBF16PS Z18, Z17, Z3
+	BYTE $0x62; BYTE $0xb2; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xda
+	VPBROADCASTD (DX)(BX*1), Z17
+	// VDPBF16PS Z16, Z17, Z4
+	BYTE $0x62; BYTE $0xb2; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xe0
+	// VDPBF16PS Z18, Z17, Z5
+	BYTE $0x62; BYTE $0xb2; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xea
+	VPBROADCASTD (DX)(BX*2), Z17
+	// VDPBF16PS Z16, Z17, Z6
+	BYTE $0x62; BYTE $0xb2; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xf0
+	// VDPBF16PS Z18, Z17, Z7
+	BYTE $0x62; BYTE $0xb2; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xfa
+	VPBROADCASTD (SI), Z17
+	// VDPBF16PS Z16, Z17, Z8
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xc0
+	// VDPBF16PS Z18, Z17, Z9
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xca
+	VPBROADCASTD (SI)(BX*1), Z17
+	// VDPBF16PS Z16, Z17, Z10
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xd0
+	// VDPBF16PS Z18, Z17, Z11
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xda
+	VPBROADCASTD (SI)(BX*2), Z17
+	// VDPBF16PS Z16, Z17, Z12
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xe0
+	// VDPBF16PS Z18, Z17, Z13
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xea
+	VPBROADCASTD (DI), Z17
+	// VDPBF16PS Z16, Z17, Z14
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xf0
+	// VDPBF16PS Z18, Z17, Z15
+	BYTE $0x62; BYTE $0x32; BYTE $0x76; BYTE $0x40; BYTE $0x52; BYTE $0xfa
+
+wb7store:
+	MOVQ    lda+8(FP), DX
+	SHLQ    $0x02, DX
+	MOVQ    CX, SI
+	VMOVUPS Z2, (SI)
+	VMOVUPS Z3, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z4, (SI)
+	VMOVUPS Z5, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z6, (SI)
+	VMOVUPS Z7, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z8, (SI)
+	VMOVUPS Z9, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z10, (SI)
+	VMOVUPS Z11, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z12, (SI)
+	VMOVUPS Z13, 64(SI)
+	ADDQ    DX, SI
+	VMOVUPS Z14, (SI)
+	VMOVUPS Z15, 64(SI)
+
+wr0:
+	ADDQ $0x00000020, AX
+	JMP  d32
+
+d16:
+	MOVQ hd+64(FP), CX
+	SUBQ AX, CX
+	CMPQ CX, $0x00000010
+	JL   dtail
+	MOVQ acc+0(FP), CX
+	LEAQ (CX)(AX*4), CX
+	MOVQ w+16(FP), DX
+	MOVQ rows+32(FP), BX
+
+hr8:
+	CMPQ    BX, $0x00000008
+	JL      hrest
+	MOVL    $0x0000ffff, SI
+	KMOVW   SI, K1
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS (DI), Z1
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z2
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z3
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z4
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z5
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z6
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z7
+	ADDQ    SI, DI
+	VMOVUPS (DI), Z8
+	MOVQ    ldw+24(FP), SI
+	SHLQ    $0x01, SI
+	MOVQ    DX, DI
+	LEAQ    (DI)(SI*2), R8
+	ADDQ    SI, R8
+	LEAQ    (R8)(SI*2), R9
+	ADDQ    SI, R9
+	MOVQ    v+40(FP), R10
+	LEAQ    (R10)(AX*2), R10
+	MOVQ    offs+48(FP), R11
+	MOVQ    n+56(FP), R12
+	SHRQ    $0x01, R12
+	TESTQ   R12, R12
+	JE      hb8odd
+
+hb8pair:
+	MOVQ       pf+72(FP), R13
+	PREFETCHT0 (R13)
+	ADDQ       $0x00000040, R13
+	MOVQ       R13, pf+72(FP)
+	CMPQ       R13, pfEnd+80(FP)
+	JB         pfs36
+	MOVQ       pfNext+88(FP), R13
+	VMOVDQU64  (R13), X9
+	ADDQ       $0x00000010, R13
+	MOVQ       R13, pfNext+88(FP)
+	VMOVQ      X9, R13
+	MOVQ       R13, pf+72(FP)
+	VPEXTRQ    $0x01, X9, R13
+	MOVQ       R13, pfEnd+80(FP)
+
+pfs36:
+	MOVQ         (R11), R13
+	VMOVDQU16.Z  (R10)(R13*2), K1, Z9
+	MOVQ         8(R11), R13
+	VMOVDQU16.Z  (R10)(R13*2), K1, Z10
+	VPERMT2W     Z10, Z0, Z9
+	VPBROADCASTD (DI), Z10
+	// VDPBF16PS Z9, Z10, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc9
+	VPBROADCASTD (DI)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xd1
+	VPBROADCASTD (DI)(SI*2), Z10
+	// VDPBF16PS Z9, Z10, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xd9
+	VPBROADCASTD (R8), Z10
+	// VDPBF16PS Z9, Z10, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xe1
+	VPBROADCASTD (R8)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xe9
+	VPBROADCASTD (R8)(SI*2), Z10
+	// VDPBF16PS Z9, Z10, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf1
+	VPBROADCASTD (R9), Z10
+	// VDPBF16PS Z9, Z10, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf9
+	VPBROADCASTD (R9)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+	ADDQ         $0x00000010, R11
+	ADDQ         $0x00000004, DI
+	ADDQ         $0x00000004, R8
+	ADDQ         $0x00000004, R9
+	DECQ         R12
+	JNE          hb8pair
+
+hb8odd:
+	MOVQ         n+56(FP), R12
+	TESTQ        $0x00000001, R12
+	JE           hb8store
+	MOVQ         (R11), R11
+	VMOVDQU16.Z  (R10)(R11*2), K1, Z9
+	VXORPS       Z10, Z10, Z10
+	VPERMT2W     Z10, Z0, Z9
+	VPBROADCASTD (DI), Z10
+	// VDPBF16PS Z9, Z10, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc9
+	VPBROADCASTD (DI)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xd1
+	VPBROADCASTD (DI)(SI*2), Z10
+	// VDPBF16PS Z9, Z10, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xd9
+	VPBROADCASTD (R8), Z10
+	// VDPBF16PS Z9, Z10, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xe1
+	VPBROADCASTD (R8)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xe9
+	VPBROADCASTD (R8)(SI*2), Z10
+	// VDPBF16PS Z9, Z10, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf1
+	VPBROADCASTD (R9), Z10
+	// VDPBF16PS Z9, Z10, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf9
+	VPBROADCASTD (R9)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+
+hb8store:
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS Z1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z2, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z3, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z4, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z5, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z6, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z7, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z8, (DI)
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    ldw+24(FP), DI
+	SHLQ    $0x01, DI
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	SUBQ    $0x00000008, BX
+	JMP     hr8
+
+hrest:
+	CMPQ BX, $0x00000001
+	JE   hb1
+	CMPQ BX, $0x00000002
+	JE   hb2
+	CMPQ BX, $0x00000003
+	JE   hb3
+	CMPQ BX, $0x00000004
+	JE   hb4
+	CMPQ BX, $0x00000005
+	JE   hb5
+	CMPQ BX, $0x00000006
+	JE   hb6
+	CMPQ BX, $0x00000007
+	JE   hb7
+	JMP  hr0
+
+hb1:
+	MOVL    $0x0000ffff, BX
+	KMOVW   BX, K1
+	MOVQ    lda+8(FP), BX
+	SHLQ    $0x02, BX
+	MOVQ    CX, BX
+	VMOVUPS (BX), Z1
+	MOVQ    ldw+24(FP), BX
+	SHLQ    $0x01, BX
+	MOVQ    v+40(FP), BX
+	LEAQ    (BX)(AX*2), BX
+	MOVQ    offs+48(FP), SI
+	MOVQ    n+56(FP), DI
+	SHRQ    $0x01, DI
+	TESTQ   DI, DI
+	JE      hb1odd
+
+hb1pair:
+	MOVQ       pf+72(FP), R8
+	PREFETCHT0 (R8)
+	ADDQ       $0x00000040, R8
+	MOVQ       R8, pf+72(FP)
+	CMPQ       R8, pfEnd+80(FP)
+	JB         pfs37
+	MOVQ       pfNext+88(FP), R8
+	VMOVDQU64  (R8), X2
+	ADDQ       $0x00000010, R8
+	MOVQ       R8, pfNext+88(FP)
+	VMOVQ      X2, R8
+	MOVQ       R8, pf+72(FP)
+	VPEXTRQ    $0x01, X2, R8
+	MOVQ       R8, pfEnd+80(FP)
+
+pfs37:
+	MOVQ         (SI), R8
+	VMOVDQU16.Z  (BX)(R8*2), K1, Z2
+	MOVQ         8(SI), R8
+	VMOVDQU16.Z  (BX)(R8*2), K1, Z3
+	VPERMT2W     Z3, Z0, Z2
+	VPBROADCASTD (DX), Z3
+	// VDPBF16PS Z2, Z3, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xca
+	ADDQ         $0x00000010, SI
+	ADDQ         $0x00000004, DX
+	DECQ         DI
+	JNE          hb1pair
+
+hb1odd:
+	MOVQ         n+56(FP), DI
+	TESTQ        $0x00000001, DI
+	JE           hb1store
+	MOVQ         (SI), SI
+	VMOVDQU16.Z  (BX)(SI*2), K1, Z2
+	VXORPS       Z3, Z3, Z3
+	VPERMT2W     Z3, Z0, Z2
+	VPBROADCASTD (DX), Z3
+	// VDPBF16PS Z2, Z3, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xca
+
+hb1store:
+	MOVQ    lda+8(FP), DX
+	SHLQ    $0x02, DX
+	MOVQ    CX, BX
+	VMOVUPS Z1, (BX)
+	JMP     hr0
+
+hb2:
+	MOVL    $0x0000ffff, BX
+	KMOVW   BX, K1
+	MOVQ    lda+8(FP), BX
+	SHLQ    $0x02, BX
+	MOVQ    CX, SI
+	VMOVUPS (SI), Z1
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z2
+	MOVQ    ldw+24(FP), BX
+	SHLQ    $0x01, BX
+	MOVQ    v+40(FP), SI
+	LEAQ    (SI)(AX*2), SI
+	MOVQ    offs+48(FP), DI
+	MOVQ    n+56(FP), R8
+	SHRQ    $0x01, R8
+	TESTQ   R8, R8
+	JE      hb2odd
+
+hb2pair:
+	MOVQ       pf+72(FP), R9
+	PREFETCHT0 (R9)
+	ADDQ       $0x00000040, R9
+	MOVQ       R9, pf+72(FP)
+	CMPQ       R9, pfEnd+80(FP)
+	JB         pfs38
+	MOVQ       pfNext+88(FP), R9
+	VMOVDQU64  (R9), X3
+	ADDQ       $0x00000010, R9
+	MOVQ       R9, pfNext+88(FP)
+	VMOVQ      X3, R9
+	MOVQ       R9, pf+72(FP)
+	VPEXTRQ    $0x01, X3, R9
+	MOVQ       R9, pfEnd+80(FP)
+
+pfs38:
+	MOVQ         (DI), R9
+	VMOVDQU16.Z  (SI)(R9*2), K1, Z3
+	MOVQ         8(DI), R9
+	VMOVDQU16.Z  (SI)(R9*2), K1, Z4
+	VPERMT2W     Z4, Z0, Z3
+	VPBROADCASTD (DX), Z4
+	// VDPBF16PS Z3, Z4, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xcb
+	VPBROADCASTD (DX)(BX*1), Z4
+	// VDPBF16PS Z3, Z4, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+	ADDQ         $0x00000010, DI
+	ADDQ         $0x00000004, DX
+	DECQ         R8
+	JNE          hb2pair
+
+hb2odd:
+	MOVQ         n+56(FP), R8
+	TESTQ        $0x00000001, R8
+	JE           hb2store
+	MOVQ         (DI), DI
+	VMOVDQU16.Z  (SI)(DI*2), K1, Z3
+	VXORPS       Z4, Z4, Z4
+	VPERMT2W     Z4, Z0, Z3
+	VPBROADCASTD (DX), Z4
+	// VDPBF16PS Z3, Z4, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xcb
+	VPBROADCASTD (DX)(BX*1), Z4
+	// VDPBF16PS Z3, Z4, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+
+hb2store:
+	MOVQ    lda+8(FP), DX
+	SHLQ    $0x02, DX
+	MOVQ    CX, SI
+	VMOVUPS Z1, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z2, (SI)
+	JMP     hr0
+
+hb3:
+	MOVL    $0x0000ffff, BX
+	KMOVW   BX, K1
+	MOVQ    lda+8(FP), BX
+	SHLQ    $0x02, BX
+	MOVQ    CX, SI
+	VMOVUPS (SI), Z1
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z2
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z3
+	MOVQ    ldw+24(FP), BX
+	SHLQ    $0x01, BX
+	MOVQ    v+40(FP), SI
+	LEAQ    (SI)(AX*2), SI
+	MOVQ    offs+48(FP), DI
+	MOVQ    n+56(FP), R8
+	SHRQ    $0x01, R8
+	TESTQ   R8, R8
+	JE      hb3odd
+
+hb3pair:
+	MOVQ       pf+72(FP), R9
+	PREFETCHT0 (R9)
+	ADDQ       $0x00000040, R9
+	MOVQ       R9, pf+72(FP)
+	CMPQ       R9, pfEnd+80(FP)
+	JB         pfs39
+	MOVQ       pfNext+88(FP), R9
+	VMOVDQU64  (R9), X4
+	ADDQ       $0x00000010, R9
+	MOVQ       R9, pfNext+88(FP)
+	VMOVQ      X4, R9
+	MOVQ       R9, pf+72(FP)
+	VPEXTRQ    $0x01, X4, R9
+	MOVQ       R9, pfEnd+80(FP)
+
+pfs39:
+	MOVQ         (DI), R9
+	VMOVDQU16.Z  (SI)(R9*2), K1, Z4
+	MOVQ         8(DI), R9
+	VMOVDQU16.Z  (SI)(R9*2), K1, Z5
+	VPERMT2W     Z5, Z0, Z4
+	VPBROADCASTD (DX), Z5
+	// VDPBF16PS Z4, Z5, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (DX)(BX*1), Z5
+	// VDPBF16PS Z4, Z5, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (DX)(BX*2), Z5
+	// VDPBF16PS Z4, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000010, DI
+	ADDQ         $0x00000004, DX
+	DECQ         R8
+	JNE          hb3pair
+
+hb3odd:
+	MOVQ         n+56(FP), R8
+	TESTQ        $0x00000001, R8
+	JE           hb3store
+	MOVQ         (DI), DI
+	VMOVDQU16.Z  (SI)(DI*2), K1, Z4
+	VXORPS       Z5, Z5, Z5
+	VPERMT2W     Z5, Z0, Z4
+	VPBROADCASTD (DX), Z5
+	// VDPBF16PS Z4, Z5, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (DX)(BX*1), Z5
+	// VDPBF16PS Z4, Z5, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (DX)(BX*2), Z5
+	// VDPBF16PS Z4, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+
+hb3store:
+	MOVQ    lda+8(FP), DX
+	SHLQ    $0x02, DX
+	MOVQ    CX, SI
+	VMOVUPS Z1, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z2, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z3, (SI)
+	JMP     hr0
+
+hb4:
+	MOVL    $0x0000ffff, BX
+	KMOVW   BX, K1
+	MOVQ    lda+8(FP), BX
+	SHLQ    $0x02, BX
+	MOVQ    CX, SI
+	VMOVUPS (SI), Z1
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z2
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z3
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z4
+	MOVQ    ldw+24(FP), BX
+	SHLQ    $0x01, BX
+	LEAQ    (DX)(BX*2), SI
+	ADDQ    BX, SI
+	MOVQ    v+40(FP), DI
+	LEAQ    (DI)(AX*2), DI
+	MOVQ    offs+48(FP), R8
+	MOVQ    n+56(FP), R9
+	SHRQ    $0x01, R9
+	TESTQ   R9, R9
+	JE      hb4odd
+
+hb4pair:
+	MOVQ       pf+72(FP), R10
+	PREFETCHT0 (R10)
+	ADDQ       $0x00000040, R10
+	MOVQ       R10, pf+72(FP)
+	CMPQ       R10, pfEnd+80(FP)
+	JB         pfs40
+	MOVQ       pfNext+88(FP), R10
+	VMOVDQU64  (R10), X5
+	ADDQ       $0x00000010, R10
+	MOVQ       R10, pfNext+88(FP)
+	VMOVQ      X5, R10
+	MOVQ       R10, pf+72(FP)
+	VPEXTRQ    $0x01, X5, R10
+	MOVQ       R10, pfEnd+80(FP)
+
+pfs40:
+	MOVQ         (R8), R10
+	VMOVDQU16.Z  (DI)(R10*2), K1, Z5
+	MOVQ         8(R8), R10
+	VMOVDQU16.Z  (DI)(R10*2), K1, Z6
+	VPERMT2W     Z6, Z0, Z5
+	VPBROADCASTD (DX), Z6
+	// VDPBF16PS Z5, Z6, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xcd
+	VPBROADCASTD (DX)(BX*1), Z6
+	// VDPBF16PS Z5, Z6, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xd5
+	VPBROADCASTD (DX)(BX*2), Z6
+	// VDPBF16PS Z5, Z6, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xdd
+	VPBROADCASTD (SI), Z6
+	// VDPBF16PS Z5, Z6, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xe5
+	ADDQ         $0x00000010, R8
+	ADDQ         $0x00000004, DX
+	ADDQ         $0x00000004, SI
+	DECQ         R9
+	JNE          hb4pair
+
+hb4odd:
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
+	JE           hb4store
+	MOVQ         (R8), R8
+	VMOVDQU16.Z  (DI)(R8*2), K1, Z5
+	VXORPS       Z6, Z6, Z6
+	VPERMT2W     Z6, Z0, Z5
+	VPBROADCASTD (DX), Z6
+	// VDPBF16PS Z5, Z6, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xcd
+	VPBROADCASTD (DX)(BX*1), Z6
+	// VDPBF16PS Z5, Z6, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xd5
+	VPBROADCASTD (DX)(BX*2), Z6
+	// VDPBF16PS Z5, Z6, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xdd
+	VPBROADCASTD (SI), Z6
+	// VDPBF16PS Z5, Z6, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xe5
+
+hb4store:
+	MOVQ    lda+8(FP), DX
+	SHLQ    $0x02, DX
+	MOVQ    CX, SI
+	VMOVUPS Z1, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z2, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z3, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z4, (SI)
+	JMP     hr0
+
+hb5:
+	MOVL    $0x0000ffff, BX
+	KMOVW   BX, K1
+	MOVQ    lda+8(FP), BX
+	SHLQ    $0x02, BX
+	MOVQ    CX, SI
+	VMOVUPS (SI), Z1
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z2
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z3
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z4
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z5
+	MOVQ    ldw+24(FP), BX
+	SHLQ    $0x01, BX
+	LEAQ    (DX)(BX*2), SI
+	ADDQ    BX, SI
+	MOVQ    v+40(FP), DI
+	LEAQ    (DI)(AX*2), DI
+	MOVQ    offs+48(FP), R8
+	MOVQ    n+56(FP), R9
+	SHRQ    $0x01, R9
+	TESTQ   R9, R9
+	JE      hb5odd
+
+hb5pair:
+	MOVQ       pf+72(FP), R10
+	PREFETCHT0 (R10)
+	ADDQ       $0x00000040, R10
+	MOVQ       R10, pf+72(FP)
+	CMPQ       R10, pfEnd+80(FP)
+	JB         pfs41
+	MOVQ       pfNext+88(FP), R10
+	VMOVDQU64  (R10), X6
+	ADDQ       $0x00000010, R10
+	MOVQ       R10, pfNext+88(FP)
+	VMOVQ      X6, R10
+	MOVQ       R10, pf+72(FP)
+	VPEXTRQ    $0x01, X6, R10
+	MOVQ       R10, pfEnd+80(FP)
+
+pfs41:
+	MOVQ         (R8), R10
+	VMOVDQU16.Z  (DI)(R10*2), K1, Z6
+	MOVQ         8(R8), R10
+	VMOVDQU16.Z  (DI)(R10*2), K1, Z7
+	VPERMT2W     Z7, Z0, Z6
+	VPBROADCASTD (DX), Z7
+	// VDPBF16PS Z6, Z7, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xce
+	VPBROADCASTD (DX)(BX*1), Z7
+	// VDPBF16PS Z6, Z7, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xd6
+	VPBROADCASTD (DX)(BX*2), Z7
+	// VDPBF16PS Z6, Z7, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xde
+	VPBROADCASTD (SI), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	VPBROADCASTD (SI)(BX*1), Z7
+	// VDPBF16PS Z6, Z7, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xee
+	ADDQ         $0x00000010, R8
+	ADDQ         $0x00000004, DX
+	ADDQ         $0x00000004, SI
+	DECQ         R9
+	JNE          hb5pair
+
+hb5odd:
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
+	JE           hb5store
+	MOVQ         (R8), R8
+	VMOVDQU16.Z  (DI)(R8*2), K1, Z6
+	VXORPS       Z7, Z7, Z7
+	VPERMT2W     Z7, Z0, Z6
+	VPBROADCASTD (DX), Z7
+	// VDPBF16PS Z6, Z7, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xce
+	VPBROADCASTD (DX)(BX*1), Z7
+	// VDPBF16PS Z6, Z7, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xd6
+	VPBROADCASTD (DX)(BX*2), Z7
+	// VDPBF16PS Z6, Z7, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xde
+	VPBROADCASTD (SI), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	VPBROADCASTD (SI)(BX*1), Z7
+	// VDPBF16PS Z6, Z7, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xee
+
+hb5store:
+	MOVQ    lda+8(FP), DX
+	SHLQ    $0x02, DX
+	MOVQ    CX, SI
+	VMOVUPS Z1, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z2, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z3, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z4, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z5, (SI)
+	JMP     hr0
+
+hb6:
+	MOVL    $0x0000ffff, BX
+	KMOVW   BX, K1
+	MOVQ    lda+8(FP), BX
+	SHLQ    $0x02, BX
+	MOVQ    CX, SI
+	VMOVUPS (SI), Z1
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z2
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z3
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z4
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z5
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z6
+	MOVQ    ldw+24(FP), BX
+	SHLQ    $0x01, BX
+	LEAQ    (DX)(BX*2), SI
+	ADDQ    BX, SI
+	MOVQ    v+40(FP), DI
+	LEAQ    (DI)(AX*2), DI
+	MOVQ    offs+48(FP), R8
+	MOVQ    n+56(FP), R9
+	SHRQ    $0x01, R9
+	TESTQ   R9, R9
+	JE      hb6odd
+
+hb6pair:
+	MOVQ       pf+72(FP), R10
+	PREFETCHT0 (R10)
+	ADDQ       $0x00000040, R10
+	MOVQ       R10, pf+72(FP)
+	CMPQ       R10, pfEnd+80(FP)
+	JB         pfs42
+	MOVQ       pfNext+88(FP), R10
+	VMOVDQU64  (R10), X7
+	ADDQ       $0x00000010, R10
+	MOVQ       R10, pfNext+88(FP)
+	VMOVQ      X7, R10
+	MOVQ       R10, pf+72(FP)
+	VPEXTRQ    $0x01, X7, R10
+	MOVQ       R10, pfEnd+80(FP)
+
+pfs42:
+	MOVQ         (R8), R10
+	VMOVDQU16.Z  (DI)(R10*2), K1, Z7
+	MOVQ         8(R8), R10
+	VMOVDQU16.Z  (DI)(R10*2), K1, Z8
+	VPERMT2W     Z8, Z0, Z7
+	VPBROADCASTD (DX), Z8
+	// VDPBF16PS Z7, Z8, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xcf
+	VPBROADCASTD (DX)(BX*1), Z8
+	// VDPBF16PS Z7, Z8, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xd7
+	VPBROADCASTD (DX)(BX*2), Z8
+	// VDPBF16PS Z7, Z8, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xdf
+	VPBROADCASTD (SI), Z8
+	// VDPBF16PS Z7, Z8, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xe7
+	VPBROADCASTD (SI)(BX*1), Z8
+	// VDPBF16PS Z7, Z8, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xef
+	VPBROADCASTD (SI)(BX*2), Z8
+	// VDPBF16PS Z7, Z8, Z6
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xf7
+	ADDQ         $0x00000010, R8
+	ADDQ         $0x00000004, DX
+	ADDQ         $0x00000004, SI
+	DECQ         R9
+	JNE          hb6pair
+
+hb6odd:
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
+	JE           hb6store
+	MOVQ         (R8), R8
+	VMOVDQU16.Z  (DI)(R8*2), K1, Z7
+	VXORPS       Z8, Z8, Z8
+	VPERMT2W     Z8, Z0, Z7
+	VPBROADCASTD (DX), Z8
+	// VDPBF16PS Z7, Z8, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xcf
+	VPBROADCASTD (DX)(BX*1), Z8
+	// VDPBF16PS Z7, Z8, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xd7
+	VPBROADCASTD (DX)(BX*2), Z8
+	// VDPBF16PS Z7, Z8, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xdf
+	VPBROADCASTD (SI), Z8
+	// VDPBF16PS Z7, Z8, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xe7
+	VPBROADCASTD (SI)(BX*1), Z8
+	// VDPBF16PS Z7, Z8, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xef
+	VPBROADCASTD (SI)(BX*2), Z8
+	// VDPBF16PS Z7, Z8, Z6
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xf7
+
+hb6store:
+	MOVQ    lda+8(FP), DX
+	SHLQ    $0x02, DX
+	MOVQ    CX, SI
+	VMOVUPS Z1, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z2, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z3, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z4, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z5, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z6, (SI)
+	JMP     hr0
+
+hb7:
+	MOVL    $0x0000ffff, BX
+	KMOVW   BX, K1
+	MOVQ    lda+8(FP), BX
+	SHLQ    $0x02, BX
+	MOVQ    CX, SI
+	VMOVUPS (SI), Z1
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z2
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z3
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z4
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z5
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z6
+	ADDQ    BX, SI
+	VMOVUPS (SI), Z7
+	MOVQ    ldw+24(FP), BX
+	SHLQ    $0x01, BX
+	LEAQ    (DX)(BX*2), SI
+	ADDQ    BX, SI
+	LEAQ    (SI)(BX*2), DI
+	ADDQ    BX, DI
+	MOVQ    v+40(FP), R8
+	LEAQ    (R8)(AX*2), R8
+	MOVQ    offs+48(FP), R9
+	MOVQ    n+56(FP), R10
+	SHRQ    $0x01, R10
+	TESTQ   R10, R10
+	JE      hb7odd
+
+hb7pair:
+	MOVQ       pf+72(FP), R11
+	PREFETCHT0 (R11)
+	ADDQ       $0x00000040, R11
+	MOVQ       R11, pf+72(FP)
+	CMPQ       R11, pfEnd+80(FP)
+	JB         pfs43
+	MOVQ       pfNext+88(FP), R11
+	VMOVDQU64  (R11), X8
+	ADDQ       $0x00000010, R11
+	MOVQ       R11, pfNext+88(FP)
+	VMOVQ      X8, R11
+	MOVQ       R11, pf+72(FP)
+	VPEXTRQ    $0x01, X8, R11
+	MOVQ       R11, pfEnd+80(FP)
+
+pfs43:
+	MOVQ         (R9), R11
+	VMOVDQU16.Z  (R8)(R11*2), K1, Z8
+	MOVQ         8(R9), R11
+	VMOVDQU16.Z  (R8)(R11*2), K1, Z9
+	VPERMT2W     Z9, Z0, Z8
+	VPBROADCASTD (DX), Z9
+	// VDPBF16PS Z8, Z9, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xc8
+	VPBROADCASTD (DX)(BX*1), Z9
+	// VDPBF16PS Z8, Z9, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xd0
+	VPBROADCASTD (DX)(BX*2), Z9
+	// VDPBF16PS Z8, Z9, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xd8
+	VPBROADCASTD (SI), Z9
+	// VDPBF16PS Z8, Z9, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xe0
+	VPBROADCASTD (SI)(BX*1), Z9
+	// VDPBF16PS Z8, Z9, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xe8
+	VPBROADCASTD (SI)(BX*2), Z9
+	// VDPBF16PS Z8, Z9, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf0
+	VPBROADCASTD (DI), Z9
+	// VDPBF16PS Z8, Z9, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf8
+	ADDQ         $0x00000010, R9
+	ADDQ         $0x00000004, DX
+	ADDQ         $0x00000004, SI
+	ADDQ         $0x00000004, DI
+	DECQ         R10
+	JNE          hb7pair
+
+hb7odd:
+	MOVQ         n+56(FP), R10
+	TESTQ        $0x00000001, R10
+	JE           hb7store
+	MOVQ         (R9), R9
+	VMOVDQU16.Z  (R8)(R9*2), K1, Z8
+	VXORPS       Z9, Z9, Z9
+	VPERMT2W     Z9, Z0, Z8
+	VPBROADCASTD (DX), Z9
+	// VDPBF16PS Z8, Z9, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xc8
+	VPBROADCASTD (DX)(BX*1), Z9
+	// VDPBF16PS Z8, Z9, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xd0
+	VPBROADCASTD (DX)(BX*2), Z9
+	// VDPBF16PS Z8, Z9, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xd8
+	VPBROADCASTD (SI), Z9
+	// VDPBF16PS Z8, Z9, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xe0
+	VPBROADCASTD (SI)(BX*1), Z9
+	// VDPBF16PS Z8, Z9, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xe8
+	VPBROADCASTD (SI)(BX*2), Z9
+	// VDPBF16PS Z8, Z9, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf0
+	VPBROADCASTD (DI), Z9
+	// VDPBF16PS Z8, Z9, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf8
+
+hb7store:
+	MOVQ    lda+8(FP), DX
+	SHLQ    $0x02, DX
+	MOVQ    CX, SI
+	VMOVUPS Z1, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z2, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z3, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z4, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z5, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z6, (SI)
+	ADDQ    DX, SI
+	VMOVUPS Z7, (SI)
+
+hr0:
+	ADDQ $0x00000010, AX
+
+dtail:
+	MOVQ  hd+64(FP), CX
+	SUBQ  AX, CX
+	TESTQ CX, CX
+	JE    done
+	ANDL  $0x0000000f, CX
+	MOVL  $0x0000ffff, DX
+	BZHIL CX, DX, CX
+	KMOVW CX, K1
+	MOVQ  acc+0(FP), CX
+	LEAQ  (CX)(AX*4), CX
+	MOVQ  w+16(FP), DX
+	MOVQ  rows+32(FP), BX
+
+tr8:
+	CMPQ      BX, $0x00000008
+	JL        trest
+	MOVQ      lda+8(FP), SI
+	SHLQ      $0x02, SI
+	MOVQ      CX, DI
+	VMOVUPS.Z (DI), K1, Z1
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z2
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z3
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z4
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z5
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z6
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z7
+	ADDQ      SI, DI
+	VMOVUPS.Z (DI), K1, Z8
+	MOVQ      ldw+24(FP), SI
+	SHLQ      $0x01, SI
+	MOVQ      DX, DI
+	LEAQ      (DI)(SI*2), R8
+	ADDQ      SI, R8
+	LEAQ      (R8)(SI*2), R9
+	ADDQ      SI, R9
+	MOVQ      v+40(FP), R10
+	LEAQ      (R10)(AX*2), R10
+	MOVQ      offs+48(FP), R11
+	MOVQ      n+56(FP), R12
+	SHRQ      $0x01, R12
+	TESTQ     R12, R12
+	JE        tb8odd
+
+tb8pair:
+	MOVQ       pf+72(FP), R13
+	PREFETCHT0 (R13)
+	ADDQ       $0x00000040, R13
+	MOVQ       R13, pf+72(FP)
+	CMPQ       R13, pfEnd+80(FP)
+	JB         pfs44
+	MOVQ       pfNext+88(FP), R13
+	VMOVDQU64  (R13), X9
+	ADDQ       $0x00000010, R13
+	MOVQ       R13, pfNext+88(FP)
+	VMOVQ      X9, R13
+	MOVQ       R13, pf+72(FP)
+	VPEXTRQ    $0x01, X9, R13
+	MOVQ       R13, pfEnd+80(FP)
+
+pfs44:
+	MOVQ         (R11), R13
+	VMOVDQU16.Z  (R10)(R13*2), K1, Z9
+	MOVQ         8(R11), R13
+	VMOVDQU16.Z  (R10)(R13*2), K1, Z10
+	VPERMT2W     Z10, Z0, Z9
+	VPBROADCASTD (DI), Z10
+	// VDPBF16PS Z9, Z10, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc9
+	VPBROADCASTD (DI)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xd1
+	VPBROADCASTD (DI)(SI*2), Z10
+	// VDPBF16PS Z9, Z10, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xd9
+	VPBROADCASTD (R8), Z10
+	// VDPBF16PS Z9, Z10, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xe1
+	VPBROADCASTD (R8)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xe9
+	VPBROADCASTD (R8)(SI*2), Z10
+	// VDPBF16PS Z9, Z10, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf1
+	VPBROADCASTD (R9), Z10
+	// VDPBF16PS Z9, Z10, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf9
+	VPBROADCASTD (R9)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+	ADDQ         $0x00000010, R11
+	ADDQ         $0x00000004, DI
+	ADDQ         $0x00000004, R8
+	ADDQ         $0x00000004, R9
+	DECQ         R12
+	JNE          tb8pair
+
+tb8odd:
+	MOVQ         n+56(FP), R12
+	TESTQ        $0x00000001, R12
+	JE           tb8store
+	MOVQ         (R11), R11
+	VMOVDQU16.Z  (R10)(R11*2), K1, Z9
+	VXORPS       Z10, Z10, Z10
+	VPERMT2W     Z10, Z0, Z9
+	VPBROADCASTD (DI), Z10
+	// VDPBF16PS Z9, Z10, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc9
+	VPBROADCASTD (DI)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xd1
+	VPBROADCASTD (DI)(SI*2), Z10
+	// VDPBF16PS Z9, Z10, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xd9
+	VPBROADCASTD (R8), Z10
+	// VDPBF16PS Z9, Z10, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xe1
+	VPBROADCASTD (R8)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xe9
+	VPBROADCASTD (R8)(SI*2), Z10
+	// VDPBF16PS Z9, Z10, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf1
+	VPBROADCASTD (R9), Z10
+	// VDPBF16PS Z9, Z10, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xf9
+	VPBROADCASTD (R9)(SI*1), Z10
+	// VDPBF16PS Z9, Z10, Z8
+	BYTE $0x62; BYTE $0x52; BYTE $0x2e; BYTE $0x48; BYTE $0x52; BYTE $0xc1
+
+tb8store:
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    CX, DI
+	VMOVUPS Z1, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z2, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z3, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z4, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z5, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z6, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z7, K1, (DI)
+	ADDQ    SI, DI
+	VMOVUPS Z8, K1, (DI)
+	MOVQ    lda+8(FP), SI
+	SHLQ    $0x02, SI
+	MOVQ    ldw+24(FP), DI
+	SHLQ    $0x01, DI
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	ADDQ    SI, CX
+	ADDQ    DI, DX
+	SUBQ    $0x00000008, BX
+	JMP     tr8
+
+trest:
+	CMPQ BX, $0x00000001
+	JE   tb1
+	CMPQ BX, $0x00000002
+	JE   tb2
+	CMPQ BX, $0x00000003
+	JE   tb3
+	CMPQ BX, $0x00000004
+	JE   tb4
+	CMPQ BX, $0x00000005
+	JE   tb5
+	CMPQ BX, $0x00000006
+	JE   tb6
+	CMPQ BX, $0x00000007
+	JE   tb7
+	JMP  tr0
+
+tb1:
+	MOVQ      lda+8(FP), BX
+	SHLQ      $0x02, BX
+	MOVQ      CX, BX
+	VMOVUPS.Z (BX), K1, Z1
+	MOVQ      ldw+24(FP), BX
+	SHLQ      $0x01, BX
+	MOVQ      v+40(FP), BX
+	LEAQ      (BX)(AX*2), BX
+	MOVQ      offs+48(FP), AX
+	MOVQ      n+56(FP), SI
+	SHRQ      $0x01, SI
+	TESTQ     SI, SI
+	JE        tb1odd
+
+tb1pair:
+	MOVQ       pf+72(FP), DI
+	PREFETCHT0 (DI)
+	ADDQ       $0x00000040, DI
+	MOVQ       DI, pf+72(FP)
+	CMPQ       DI, pfEnd+80(FP)
+	JB         pfs45
+	MOVQ       pfNext+88(FP), DI
+	VMOVDQU64  (DI), X2
+	ADDQ       $0x00000010, DI
+	MOVQ       DI, pfNext+88(FP)
+	VMOVQ      X2, DI
+	MOVQ       DI, pf+72(FP)
+	VPEXTRQ    $0x01, X2, DI
+	MOVQ       DI, pfEnd+80(FP)
+
+pfs45:
+	MOVQ         (AX), DI
+	VMOVDQU16.Z  (BX)(DI*2), K1, Z2
+	MOVQ         8(AX), DI
+	VMOVDQU16.Z  (BX)(DI*2), K1, Z3
+	VPERMT2W     Z3, Z0, Z2
+	VPBROADCASTD (DX), Z3
+	// VDPBF16PS Z2, Z3, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x66; BYTE $0x48; BYTE $0x52; BYTE $0xca
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000004, DX
+	DECQ         SI
+	JNE          tb1pair
+
+tb1odd:
+	MOVQ         n+56(FP), SI
+	TESTQ        $0x00000001, SI
+	JE           tb1store
+	MOVQ         (AX), AX
+	VMOVDQU16.Z  (BX)(AX*2), K1, Z2
+	VXORPS       Z3, Z3, Z3
+	VPERMT2W     Z3, Z0, Z2
+	VPBROADCASTD (DX), Z0
+	// VDPBF16PS Z2, Z0, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xca
+
+tb1store:
+	MOVQ    lda+8(FP), AX
+	SHLQ    $0x02, AX
+	MOVQ    CX, BX
+	VMOVUPS Z1, K1, (BX)
+	JMP     tr0
+
+tb2:
+	MOVQ      lda+8(FP), BX
+	SHLQ      $0x02, BX
+	MOVQ      CX, SI
+	VMOVUPS.Z (SI), K1, Z1
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z2
+	MOVQ      ldw+24(FP), BX
+	SHLQ      $0x01, BX
+	MOVQ      v+40(FP), SI
+	LEAQ      (SI)(AX*2), SI
+	MOVQ      offs+48(FP), AX
+	MOVQ      n+56(FP), DI
+	SHRQ      $0x01, DI
+	TESTQ     DI, DI
+	JE        tb2odd
+
+tb2pair:
+	MOVQ       pf+72(FP), R8
+	PREFETCHT0 (R8)
+	ADDQ       $0x00000040, R8
+	MOVQ       R8, pf+72(FP)
+	CMPQ       R8, pfEnd+80(FP)
+	JB         pfs46
+	MOVQ       pfNext+88(FP), R8
+	VMOVDQU64  (R8), X3
+	ADDQ       $0x00000010, R8
+	MOVQ       R8, pfNext+88(FP)
+	VMOVQ      X3, R8
+	MOVQ       R8, pf+72(FP)
+	VPEXTRQ    $0x01, X3, R8
+	MOVQ       R8, pfEnd+80(FP)
+
+pfs46:
+	MOVQ         (AX), R8
+	VMOVDQU16.Z  (SI)(R8*2), K1, Z3
+	MOVQ         8(AX), R8
+	VMOVDQU16.Z  (SI)(R8*2), K1, Z4
+	VPERMT2W     Z4, Z0, Z3
+	VPBROADCASTD (DX), Z4
+	// VDPBF16PS Z3, Z4, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xcb
+	VPBROADCASTD (DX)(BX*1), Z4
+	// VDPBF16PS Z3, Z4, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x5e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000004, DX
+	DECQ         DI
+	JNE          tb2pair
+
+tb2odd:
+	MOVQ         n+56(FP), DI
+	TESTQ        $0x00000001, DI
+	JE           tb2store
+	MOVQ         (AX), AX
+	VMOVDQU16.Z  (SI)(AX*2), K1, Z3
+	VXORPS       Z4, Z4, Z4
+	VPERMT2W     Z4, Z0, Z3
+	VPBROADCASTD (DX), Z0
+	// VDPBF16PS Z3, Z0, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xcb
+	VPBROADCASTD (DX)(BX*1), Z0
+	// VDPBF16PS Z3, Z0, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xd3
+
+tb2store:
+	MOVQ    lda+8(FP), AX
+	SHLQ    $0x02, AX
+	MOVQ    CX, SI
+	VMOVUPS Z1, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z2, K1, (SI)
+	JMP     tr0
+
+tb3:
+	MOVQ      lda+8(FP), BX
+	SHLQ      $0x02, BX
+	MOVQ      CX, SI
+	VMOVUPS.Z (SI), K1, Z1
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z2
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z3
+	MOVQ      ldw+24(FP), BX
+	SHLQ      $0x01, BX
+	MOVQ      v+40(FP), SI
+	LEAQ      (SI)(AX*2), SI
+	MOVQ      offs+48(FP), AX
+	MOVQ      n+56(FP), DI
+	SHRQ      $0x01, DI
+	TESTQ     DI, DI
+	JE        tb3odd
+
+tb3pair:
+	MOVQ       pf+72(FP), R8
+	PREFETCHT0 (R8)
+	ADDQ       $0x00000040, R8
+	MOVQ       R8, pf+72(FP)
+	CMPQ       R8, pfEnd+80(FP)
+	JB         pfs47
+	MOVQ       pfNext+88(FP), R8
+	VMOVDQU64  (R8), X4
+	ADDQ       $0x00000010, R8
+	MOVQ       R8, pfNext+88(FP)
+	VMOVQ      X4, R8
+	MOVQ       R8, pf+72(FP)
+	VPEXTRQ    $0x01, X4, R8
+	MOVQ       R8, pfEnd+80(FP)
+
+pfs47:
+	MOVQ         (AX), R8
+	VMOVDQU16.Z  (SI)(R8*2), K1, Z4
+	MOVQ         8(AX), R8
+	VMOVDQU16.Z  (SI)(R8*2), K1, Z5
+	VPERMT2W     Z5, Z0, Z4
+	VPBROADCASTD (DX), Z5
+	// VDPBF16PS Z4, Z5, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (DX)(BX*1), Z5
+	// VDPBF16PS Z4, Z5, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (DX)(BX*2), Z5
+	// VDPBF16PS Z4, Z5, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x56; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000004, DX
+	DECQ         DI
+	JNE          tb3pair
+
+tb3odd:
+	MOVQ         n+56(FP), DI
+	TESTQ        $0x00000001, DI
+	JE           tb3store
+	MOVQ         (AX), AX
+	VMOVDQU16.Z  (SI)(AX*2), K1, Z4
+	VXORPS       Z5, Z5, Z5
+	VPERMT2W     Z5, Z0, Z4
+	VPBROADCASTD (DX), Z0
+	// VDPBF16PS Z4, Z0, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xcc
+	VPBROADCASTD (DX)(BX*1), Z0
+	// VDPBF16PS Z4, Z0, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xd4
+	VPBROADCASTD (DX)(BX*2), Z0
+	// VDPBF16PS Z4, Z0, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xdc
+
+tb3store:
+	MOVQ    lda+8(FP), AX
+	SHLQ    $0x02, AX
+	MOVQ    CX, SI
+	VMOVUPS Z1, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z2, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z3, K1, (SI)
+	JMP     tr0
+
+tb4:
+	MOVQ      lda+8(FP), BX
+	SHLQ      $0x02, BX
+	MOVQ      CX, SI
+	VMOVUPS.Z (SI), K1, Z1
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z2
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z3
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z4
+	MOVQ      ldw+24(FP), BX
+	SHLQ      $0x01, BX
+	LEAQ      (DX)(BX*2), SI
+	ADDQ      BX, SI
+	MOVQ      v+40(FP), DI
+	LEAQ      (DI)(AX*2), DI
+	MOVQ      offs+48(FP), AX
+	MOVQ      n+56(FP), R8
+	SHRQ      $0x01, R8
+	TESTQ     R8, R8
+	JE        tb4odd
+
+tb4pair:
+	MOVQ       pf+72(FP), R9
+	PREFETCHT0 (R9)
+	ADDQ       $0x00000040, R9
+	MOVQ       R9, pf+72(FP)
+	CMPQ       R9, pfEnd+80(FP)
+	JB         pfs48
+	MOVQ       pfNext+88(FP), R9
+	VMOVDQU64  (R9), X5
+	ADDQ       $0x00000010, R9
+	MOVQ       R9, pfNext+88(FP)
+	VMOVQ      X5, R9
+	MOVQ       R9, pf+72(FP)
+	VPEXTRQ    $0x01, X5, R9
+	MOVQ       R9, pfEnd+80(FP)
+
+pfs48:
+	MOVQ         (AX), R9
+	VMOVDQU16.Z  (DI)(R9*2), K1, Z5
+	MOVQ         8(AX), R9
+	VMOVDQU16.Z  (DI)(R9*2), K1, Z6
+	VPERMT2W     Z6, Z0, Z5
+	VPBROADCASTD (DX), Z6
+	// VDPBF16PS Z5, Z6, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xcd
+	VPBROADCASTD (DX)(BX*1), Z6
+	// VDPBF16PS Z5, Z6, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xd5
+	VPBROADCASTD (DX)(BX*2), Z6
+	// VDPBF16PS Z5, Z6, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xdd
+	VPBROADCASTD (SI), Z6
+	// VDPBF16PS Z5, Z6, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x4e; BYTE $0x48; BYTE $0x52; BYTE $0xe5
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000004, DX
+	ADDQ         $0x00000004, SI
+	DECQ         R8
+	JNE          tb4pair
+
+tb4odd:
+	MOVQ         n+56(FP), R8
+	TESTQ        $0x00000001, R8
+	JE           tb4store
+	MOVQ         (AX), AX
+	VMOVDQU16.Z  (DI)(AX*2), K1, Z5
+	VXORPS       Z6, Z6, Z6
+	VPERMT2W     Z6, Z0, Z5
+	VPBROADCASTD (DX), Z0
+	// VDPBF16PS Z5, Z0, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xcd
+	VPBROADCASTD (DX)(BX*1), Z0
+	// VDPBF16PS Z5, Z0, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xd5
+	VPBROADCASTD (DX)(BX*2), Z0
+	// VDPBF16PS Z5, Z0, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xdd
+	VPBROADCASTD (SI), Z0
+	// VDPBF16PS Z5, Z0, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xe5
+
+tb4store:
+	MOVQ    lda+8(FP), AX
+	SHLQ    $0x02, AX
+	MOVQ    CX, SI
+	VMOVUPS Z1, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z2, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z3, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z4, K1, (SI)
+	JMP     tr0
+
+tb5:
+	MOVQ      lda+8(FP), BX
+	SHLQ      $0x02, BX
+	MOVQ      CX, SI
+	VMOVUPS.Z (SI), K1, Z1
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z2
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z3
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z4
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z5
+	MOVQ      ldw+24(FP), BX
+	SHLQ      $0x01, BX
+	LEAQ      (DX)(BX*2), SI
+	ADDQ      BX, SI
+	MOVQ      v+40(FP), DI
+	LEAQ      (DI)(AX*2), DI
+	MOVQ      offs+48(FP), AX
+	MOVQ      n+56(FP), R8
+	SHRQ      $0x01, R8
+	TESTQ     R8, R8
+	JE        tb5odd
+
+tb5pair:
+	MOVQ       pf+72(FP), R9
+	PREFETCHT0 (R9)
+	ADDQ       $0x00000040, R9
+	MOVQ       R9, pf+72(FP)
+	CMPQ       R9, pfEnd+80(FP)
+	JB         pfs49
+	MOVQ       pfNext+88(FP), R9
+	VMOVDQU64  (R9), X6
+	ADDQ       $0x00000010, R9
+	MOVQ       R9, pfNext+88(FP)
+	VMOVQ      X6, R9
+	MOVQ       R9, pf+72(FP)
+	VPEXTRQ    $0x01, X6, R9
+	MOVQ       R9, pfEnd+80(FP)
+
+pfs49:
+	MOVQ         (AX), R9
+	VMOVDQU16.Z  (DI)(R9*2), K1, Z6
+	MOVQ         8(AX), R9
+	VMOVDQU16.Z  (DI)(R9*2), K1, Z7
+	VPERMT2W     Z7, Z0, Z6
+	VPBROADCASTD (DX), Z7
+	// VDPBF16PS Z6, Z7, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xce
+	VPBROADCASTD (DX)(BX*1), Z7
+	// VDPBF16PS Z6, Z7, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xd6
+	VPBROADCASTD (DX)(BX*2), Z7
+	// VDPBF16PS Z6, Z7, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xde
+	VPBROADCASTD (SI), Z7
+	// VDPBF16PS Z6, Z7, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	VPBROADCASTD (SI)(BX*1), Z7
+	// VDPBF16PS Z6, Z7, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x46; BYTE $0x48; BYTE $0x52; BYTE $0xee
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000004, DX
+	ADDQ         $0x00000004, SI
+	DECQ         R8
+	JNE          tb5pair
+
+tb5odd:
+	MOVQ         n+56(FP), R8
+	TESTQ        $0x00000001, R8
+	JE           tb5store
+	MOVQ         (AX), AX
+	VMOVDQU16.Z  (DI)(AX*2), K1, Z6
+	VXORPS       Z7, Z7, Z7
+	VPERMT2W     Z7, Z0, Z6
+	VPBROADCASTD (DX), Z0
+	// VDPBF16PS Z6, Z0, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xce
+	VPBROADCASTD (DX)(BX*1), Z0
+	// VDPBF16PS Z6, Z0, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xd6
+	VPBROADCASTD (DX)(BX*2), Z0
+	// VDPBF16PS Z6, Z0, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xde
+	VPBROADCASTD (SI), Z0
+	// VDPBF16PS Z6, Z0, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xe6
+	VPBROADCASTD (SI)(BX*1), Z0
+	// VDPBF16PS Z6, Z0, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xee
+
+tb5store:
+	MOVQ    lda+8(FP), AX
+	SHLQ    $0x02, AX
+	MOVQ    CX, SI
+	VMOVUPS Z1, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z2, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z3, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z4, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z5, K1, (SI)
+	JMP     tr0
+
+tb6:
+	MOVQ      lda+8(FP), BX
+	SHLQ      $0x02, BX
+	MOVQ      CX, SI
+	VMOVUPS.Z (SI), K1, Z1
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z2
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z3
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z4
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z5
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z6
+	MOVQ      ldw+24(FP), BX
+	SHLQ      $0x01, BX
+	LEAQ      (DX)(BX*2), SI
+	ADDQ      BX, SI
+	MOVQ      v+40(FP), DI
+	LEAQ      (DI)(AX*2), DI
+	MOVQ      offs+48(FP), AX
+	MOVQ      n+56(FP), R8
+	SHRQ      $0x01, R8
+	TESTQ     R8, R8
+	JE        tb6odd
+
+tb6pair:
+	MOVQ       pf+72(FP), R9
+	PREFETCHT0 (R9)
+	ADDQ       $0x00000040, R9
+	MOVQ       R9, pf+72(FP)
+	CMPQ       R9, pfEnd+80(FP)
+	JB         pfs50
+	MOVQ       pfNext+88(FP), R9
+	VMOVDQU64  (R9), X7
+	ADDQ       $0x00000010, R9
+	MOVQ       R9, pfNext+88(FP)
+	VMOVQ      X7, R9
+	MOVQ       R9, pf+72(FP)
+	VPEXTRQ    $0x01, X7, R9
+	MOVQ       R9, pfEnd+80(FP)
+
+pfs50:
+	MOVQ         (AX), R9
+	VMOVDQU16.Z  (DI)(R9*2), K1, Z7
+	MOVQ         8(AX), R9
+	VMOVDQU16.Z  (DI)(R9*2), K1, Z8
+	VPERMT2W     Z8, Z0, Z7
+	VPBROADCASTD (DX), Z8
+	// VDPBF16PS Z7, Z8, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xcf
+	VPBROADCASTD (DX)(BX*1), Z8
+	// VDPBF16PS Z7, Z8, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xd7
+	VPBROADCASTD (DX)(BX*2), Z8
+	// VDPBF16PS Z7, Z8, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xdf
+	VPBROADCASTD (SI), Z8
+	// VDPBF16PS Z7, Z8, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xe7
+	VPBROADCASTD (SI)(BX*1), Z8
+	// VDPBF16PS Z7, Z8, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xef
+	VPBROADCASTD (SI)(BX*2), Z8
+	// VDPBF16PS Z7, Z8, Z6
+	BYTE $0x62; BYTE $0xf2; BYTE $0x3e; BYTE $0x48; BYTE $0x52; BYTE $0xf7
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000004, DX
+	ADDQ         $0x00000004, SI
+	DECQ         R8
+	JNE          tb6pair
+
+tb6odd:
+	MOVQ         n+56(FP), R8
+	TESTQ        $0x00000001, R8
+	JE           tb6store
+	MOVQ         (AX), AX
+	VMOVDQU16.Z  (DI)(AX*2), K1, Z7
+	VXORPS       Z8, Z8, Z8
+	VPERMT2W     Z8, Z0, Z7
+	VPBROADCASTD (DX), Z0
+	// VDPBF16PS Z7, Z0, Z1
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xcf
+	VPBROADCASTD (DX)(BX*1), Z0
+	// VDPBF16PS Z7, Z0, Z2
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xd7
+	VPBROADCASTD (DX)(BX*2), Z0
+	// VDPBF16PS Z7, Z0, Z3
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xdf
+	VPBROADCASTD (SI), Z0
+	// VDPBF16PS Z7, Z0, Z4
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xe7
+	VPBROADCASTD (SI)(BX*1), Z0
+	// VDPBF16PS Z7, Z0, Z5
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xef
+	VPBROADCASTD (SI)(BX*2), Z0
+	// VDPBF16PS Z7, Z0, Z6
+	BYTE $0x62; BYTE $0xf2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xf7
+
+tb6store:
+	MOVQ    lda+8(FP), AX
+	SHLQ    $0x02, AX
+	MOVQ    CX, SI
+	VMOVUPS Z1, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z2, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z3, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z4, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z5, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z6, K1, (SI)
+	JMP     tr0
+
+tb7:
+	MOVQ      lda+8(FP), BX
+	SHLQ      $0x02, BX
+	MOVQ      CX, SI
+	VMOVUPS.Z (SI), K1, Z1
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z2
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z3
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z4
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z5
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z6
+	ADDQ      BX, SI
+	VMOVUPS.Z (SI), K1, Z7
+	MOVQ      ldw+24(FP), BX
+	SHLQ      $0x01, BX
+	LEAQ      (DX)(BX*2), SI
+	ADDQ      BX, SI
+	LEAQ      (SI)(BX*2), DI
+	ADDQ      BX, DI
+	MOVQ      v+40(FP), R8
+	LEAQ      (R8)(AX*2), R8
+	MOVQ      offs+48(FP), AX
+	MOVQ      n+56(FP), R9
+	SHRQ      $0x01, R9
+	TESTQ     R9, R9
+	JE        tb7odd
+
+tb7pair:
+	MOVQ       pf+72(FP), R10
+	PREFETCHT0 (R10)
+	ADDQ       $0x00000040, R10
+	MOVQ       R10, pf+72(FP)
+	CMPQ       R10, pfEnd+80(FP)
+	JB         pfs51
+	MOVQ       pfNext+88(FP), R10
+	VMOVDQU64  (R10), X8
+	ADDQ       $0x00000010, R10
+	MOVQ       R10, pfNext+88(FP)
+	VMOVQ      X8, R10
+	MOVQ       R10, pf+72(FP)
+	VPEXTRQ    $0x01, X8, R10
+	MOVQ       R10, pfEnd+80(FP)
+
+pfs51:
+	MOVQ         (AX), R10
+	VMOVDQU16.Z  (R8)(R10*2), K1, Z8
+	MOVQ         8(AX), R10
+	VMOVDQU16.Z  (R8)(R10*2), K1, Z9
+	VPERMT2W     Z9, Z0, Z8
+	VPBROADCASTD (DX), Z9
+	// VDPBF16PS Z8, Z9, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xc8
+	VPBROADCASTD (DX)(BX*1), Z9
+	// VDPBF16PS Z8, Z9, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xd0
+	VPBROADCASTD (DX)(BX*2), Z9
+	// VDPBF16PS Z8, Z9, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xd8
+	VPBROADCASTD (SI), Z9
+	// VDPBF16PS Z8, Z9, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xe0
+	VPBROADCASTD (SI)(BX*1), Z9
+	// VDPBF16PS Z8, Z9, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xe8
+	VPBROADCASTD (SI)(BX*2), Z9
+	// VDPBF16PS Z8, Z9, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf0
+	VPBROADCASTD (DI), Z9
+	// VDPBF16PS Z8, Z9, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x36; BYTE $0x48; BYTE $0x52; BYTE $0xf8
+	ADDQ         $0x00000010, AX
+	ADDQ         $0x00000004, DX
+	ADDQ         $0x00000004, SI
+	ADDQ         $0x00000004, DI
+	DECQ         R9
+	JNE          tb7pair
+
+tb7odd:
+	MOVQ         n+56(FP), R9
+	TESTQ        $0x00000001, R9
+	JE           tb7store
+	MOVQ         (AX), AX
+	VMOVDQU16.Z  (R8)(AX*2), K1, Z8
+	VXORPS       Z9, Z9, Z9
+	VPERMT2W     Z9, Z0, Z8
+	VPBROADCASTD (DX), Z0
+	// VDPBF16PS Z8, Z0, Z1
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xc8
+	VPBROADCASTD (DX)(BX*1), Z0
+	// VDPBF16PS Z8, Z0, Z2
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xd0
+	VPBROADCASTD (DX)(BX*2), Z0
+	// VDPBF16PS Z8, Z0, Z3
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xd8
+	VPBROADCASTD (SI), Z0
+	// VDPBF16PS Z8, Z0, Z4
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xe0
+	VPBROADCASTD (SI)(BX*1), Z0
+	// VDPBF16PS Z8, Z0, Z5
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xe8
+	VPBROADCASTD (SI)(BX*2), Z0
+	// VDPBF16PS Z8, Z0, Z6
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xf0
+	VPBROADCASTD (DI), Z0
+	// VDPBF16PS Z8, Z0, Z7
+	BYTE $0x62; BYTE $0xd2; BYTE $0x7e; BYTE $0x48; BYTE $0x52; BYTE $0xf8
+
+tb7store:
+	MOVQ    lda+8(FP), AX
+	SHLQ    $0x02, AX
+	MOVQ    CX, SI
+	VMOVUPS Z1, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z2, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z3, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z4, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z5, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z6, K1, (SI)
+	ADDQ    AX, SI
+	VMOVUPS Z7, K1, (SI)
+
+tr0:
+done:
+	VZEROUPPER
+	RET
+
 // func gemmAVX2F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 // Requires: AVX, FMA3
 TEXT ·gemmAVX2F32R1(SB), NOSPLIT, $56-72

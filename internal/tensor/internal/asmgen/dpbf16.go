@@ -59,6 +59,24 @@ func gemmDP(rows int) {
 	name := fmt.Sprintf("gemmDPBF16R%d", rows)
 	TEXT(name, NOSPLIT, dpSignature)
 	Doc(fmt.Sprintf("%s computes %d rows of bf16 x times n rows of bf16 weights (see asmgen).", name, rows))
+	dpBody(rows, false)
+}
+
+// attnKeysDP emits gemmDP's kernel for rows x rows (1..4) that prefetches
+// the KV stream at pf (streamLine) instead: one line per weight row per
+// full K step, as many bytes as it reads where k is a multiple of 32. Its
+// arithmetic is gemmDP's, instruction for instruction, so its scores have
+// the bits of gemmDPBF16R1..4 (gemmDPR1's wide passes included: every
+// weight row has one accumulator marching over K and the same tree).
+func attnKeysDP(rows int) {
+	name := fmt.Sprintf("attnKeysDPR%d", rows)
+	TEXT(name, NOSPLIT, "func(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, "+streamParams+")")
+	Doc(fmt.Sprintf("%s is gemmDPBF16R%d prefetching the KV stream at pf, a line per weight row per K step (see asmgen).", name, rows))
+	dpBody(rows, true)
+}
+
+// dpBody is the body of gemmDP and attnKeysDP (stream).
+func dpBody(rows int, stream bool) {
 	k := Load(Param("k"), GP64())
 	kv := GP64()
 	MOVQ(k, kv)
@@ -68,17 +86,20 @@ func gemmDP(rows int) {
 	wcur := Load(Param("w"), GP64())
 	ocur := Load(Param("out"), GP64())
 	nrem := Load(Param("n"), GP64())
-	pf := Load(Param("pf"), GP64()).(GPVirtual)
+	var pf GPVirtual
+	if !stream {
+		pf = Load(Param("pf"), GP64()).(GPVirtual)
+	}
 	Label("group")
 	CMPQ(nrem, U32(4))
 	JL(LabelRef("single"))
-	dpPass(rows, 4, xr, wcur, ocur, k, kv, mask, pf, "g")
+	dpPass(rows, 4, xr, wcur, ocur, k, kv, mask, pf, stream, "g")
 	SUBQ(U32(4), nrem)
 	JMP(LabelRef("group"))
 	Label("single")
 	TESTQ(nrem, nrem)
 	JE(LabelRef("done"))
-	dpPass(rows, 1, xr, wcur, ocur, k, kv, mask, pf, "s")
+	dpPass(rows, 1, xr, wcur, ocur, k, kv, mask, pf, stream, "s")
 	DECQ(nrem)
 	JMP(LabelRef("single"))
 	Label("done")
@@ -90,8 +111,9 @@ func gemmDP(rows int) {
 // wcur by cols weight rows and ocur by cols outputs. With pf set, every full
 // K step prefetches two lines at pf (the region the driver wants warm) and
 // advances it by 128 bytes: the same bytes per tile as the f32-activation
-// kernels, which step half as far.
-func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op, pf GPVirtual, p string) {
+// kernels, which step half as far. With stream, every full K step
+// prefetches cols lines of the KV stream (streamLine) instead.
+func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op, pf GPVirtual, stream bool, p string) {
 	wr := weightRows(wcur, 1, cols)
 
 	acc := make([][]VecVirtual, rows)
@@ -125,6 +147,11 @@ func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op,
 		PREFETCHT0(Mem{Base: pf})
 		PREFETCHT0(Mem{Base: pf, Disp: 64})
 		ADDQ(U32(128), pf)
+	}
+	if stream {
+		for range cols {
+			streamLine()
+		}
 	}
 	step(nil)
 	ADDQ(U32(32), ix)
@@ -179,7 +206,7 @@ func gemmDPR1() {
 		loadX:  loadWords,
 		madd:   vdpbf16ps,
 		pass: func(cols int, kv Register, p string) {
-			dpPass(1, cols, xr, wcur, ocur, k, kv, mask, nil, p)
+			dpPass(1, cols, xr, wcur, ocur, k, kv, mask, nil, false, p)
 		},
 	}.emitWide(k, wcur, ocur, nrem, xr[0], mask)
 }
