@@ -117,7 +117,7 @@ type kernelSet struct {
 	// attnPV that also prefetch a KVStream (attnstream.go), bit-identical.
 	attnKeysStream [maxTileRows]func(x *uint16, ldx int, w *uint16, ldw, k, n int, out *float32, ldo int, pf, pfEnd, pfNext uintptr)
 	attnPVStream   func(acc *float32, lda int, w *uint16, ldw, rows int, v *uint16, offs *int, n, hd int, pf, pfEnd, pfNext uintptr)
-	avail      bool
+	avail          bool
 }
 
 // kernelSets lists the implementations in order of preference: the
