@@ -15,8 +15,8 @@ import (
 // before the calls that wait on the core's miss buffers. The bf16 path's
 // value sum reads a whole key chunk, several blocks, in one call, so a
 // call's share of the stream is rarely one run of consecutive bytes: the
-// kernels take a KVStream, a list of runs, and walk it line by line,
-// moving to the next run at each run's end.
+// kernels take a KVStream, a list of runs, and walk it a few lines at a
+// time (a step's worth), moving to the next run at each run's end.
 
 // KVStream is a list of runs of consecutive bytes for a decode attention
 // kernel to prefetch (DotRowsBF16Stream, AttnPVBF16Stream). The zero value
@@ -89,10 +89,9 @@ func DotRowsBF16Stream(out []float32, ldo int, q *BF16Query, w []uint16, ldw, n 
 // prefetches the runs of s. Where AttnStreamBF16 holds, the kernel
 // prefetches per pair of keys as many cache lines as the pair's two value
 // rows span (two per 32 elements of hd, one per 16 or fewer left), for
-// every block of query rows (of 4 over hd's blocks of 64 elements, of 8
-// over the rest), from s's runs on and then from the first value row's
-// own bytes, and it returns that count in bytes; otherwise it prefetches
-// nothing and returns 0.
+// every block of 8 query rows, from s's runs on and then from the first
+// value row's own bytes, and it returns that count in bytes; otherwise it
+// prefetches nothing and returns 0.
 func AttnPVBF16Stream(acc []float32, lda int, w []uint16, ldw, rows int, v []uint16, offs []int, n, hd int, s *KVStream) int {
 	if rows <= 0 || n <= 0 || hd <= 0 {
 		return 0
@@ -105,19 +104,12 @@ func AttnPVBF16Stream(acc []float32, lda int, w []uint16, ldw, rows int, v []uin
 	checkPV(acc, lda, w, ldw, rows, v, offs, n, hd)
 	pf, end, next := s.start(unsafe.Pointer(&v[offs[0]]))
 	ks.attnPVStream(&acc[0], lda, &w[0], ldw, rows, &v[0], &offs[0], n, hd, pf, end, next)
-	return (n / 2) * pvLines(rows, hd) * 64
-}
-
-// pvLines is the number of lines attnPVDPStream prefetches a pair of keys:
-// 4 a block of 64 dimensions for every block of 4 rows; 2 a block of 32, 1
-// one of 16 and 1 a masked tail for every block of 8.
-func pvLines(rows, hd int) int {
-	lines := 2 * (hd % 64 / 32)
+	lines := 2 * (hd / 32)
 	if hd%32 >= 16 {
 		lines++
 	}
 	if hd%16 != 0 {
 		lines++
 	}
-	return (rows+3)/4*4*(hd/64) + (rows+7)/8*lines
+	return (rows + 7) / 8 * (n / 2) * lines * 64
 }

@@ -97,17 +97,14 @@ func TestAttnPVBF16StreamMatchesAttnPVBF16(t *testing.T) {
 				}
 				want := append([]float32(nil), acc0...)
 				AttnPVBF16(want, lda, w, ldw, rows, v, offs, n, hd)
-				// 4 lines a pair per 64 dimensions for each block of 4
-				// rows, 2 per 32, 1 per 16 and 1 for a masked tail for
-				// each block of 8.
-				lines := (rows+3)/4*4*(hd/64) + (rows+7)/8*(2*(hd%64/32)+(hd%32)/16)
+				lines := 2*(hd/32) + (hd%32)/16
 				if hd%16 != 0 {
-					lines += (rows + 7) / 8
+					lines++
 				}
 				for name, s := range testStreams(v) {
 					got := append([]float32(nil), acc0...)
 					covered := AttnPVBF16Stream(got, lda, w, ldw, rows, v, offs, n, hd, s)
-					if wb := (n / 2) * lines * 64; covered != wb {
+					if wb := (rows + 7) / 8 * (n / 2) * lines * 64; covered != wb {
 						t.Fatalf("hd %d n %d rows %d, %s: reported %d bytes prefetched, want %d", hd, n, rows, name, covered, wb)
 					}
 					for i := range want {

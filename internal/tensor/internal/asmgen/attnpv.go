@@ -36,13 +36,10 @@ func pvIndex() Mem {
 //
 // as one VDPBF16PS lane (weights and values bf16). With n odd the last
 // pair's second value is zero and its row is not read (w[r·ldw+n] must be
-// zero). Dimensions are walked in blocks of 64 (rows in blocks of 4: 4
-// accumulators a row), then 32, then 16, then a masked block (rows in
-// blocks of 8), and one block of the rest, with the accumulators in
+// zero). Dimensions are walked in blocks of 32, then 16, then a masked
+// block; rows in blocks of 8 and one of the rest, with the accumulators in
 // registers across all pairs, so each pair of value rows is loaded and
-// interleaved (VPERMT2W) once per block of rows. A 64-dimension block
-// broadcasts each pair's weights once, not twice; every lane's chain of
-// VDPBF16PS steps is the same whatever the blocks.
+// interleaved (VPERMT2W) once per block of rows.
 func attnPV(idx Mem) {
 	TEXT("attnPVDP", NOSPLIT, "func(acc *float32, lda int, w *uint16, ldw int, rows int, v *uint16, offs *int, n int, hd int)")
 	Doc("attnPVDP adds to rows accumulator rows the n value rows v[offs[j]:] weighted by bf16 weights, over key pairs with VDPBF16PS (see asmgen).")
@@ -50,9 +47,8 @@ func attnPV(idx Mem) {
 }
 
 // attnPVStream emits attnPV's kernel that also prefetches the KV stream at
-// pf (streamLine): every pair step of a block of 64 dimensions four lines,
-// of 32 two, of 16 (or fewer) one, the bytes the step reads (its odd last
-// pair none).
+// pf (streamLines): every pair step of a block of 32 dimensions two lines,
+// of 16 (or fewer) one, the bytes the step reads (its odd last pair none).
 // The arithmetic is attnPV's, instruction for instruction.
 func attnPVStream(idx Mem) {
 	TEXT("attnPVDPStream", NOSPLIT, "func(acc *float32, lda int, w *uint16, ldw int, rows int, v *uint16, offs *int, n int, hd int, "+streamParams+")")
@@ -128,9 +124,7 @@ func attnPVBody(idx Mem, stream bool) {
 		SHRQ(U8(1), cnt)
 		pair := func(odd bool) {
 			if stream && !odd {
-				for range dims / 16 {
-					streamLine()
-				}
+				streamLines(dims / 16)
 			}
 			a1, b := ZMM(), ZMM()
 			load := func(m Mem, dst VecVirtual) {
@@ -138,7 +132,7 @@ func attnPVBody(idx Mem, stream bool) {
 				// word mask (whole-register writes keep avo's liveness
 				// analysis exact; ymm writes would extend the zmm's).
 				switch {
-				case dims >= 32:
+				case dims == 32:
 					VMOVDQU16(m, dst)
 				case mask == nil:
 					VMOVDQU16_Z(m, half, dst)
@@ -149,46 +143,26 @@ func attnPVBody(idx Mem, stream bool) {
 			o0 := GP64()
 			MOVQ(Mem{Base: op}, o0)
 			load(Mem{Base: vb, Index: o0, Scale: 2}, a1)
-			// A 64-dimension block is two 32-dimension halves, each
-			// loaded and interleaved as a 32-dimension block is.
-			var a1h, bh VecVirtual
-			if dims == 64 {
-				a1h, bh = ZMM(), ZMM()
-				VMOVDQU16(Mem{Base: vb, Index: o0, Scale: 2, Disp: 64}, a1h)
-			}
 			if odd {
 				VXORPS(b, b, b)
-				if dims == 64 {
-					VXORPS(bh, bh, bh)
-				}
 			} else {
 				o1 := GP64()
 				MOVQ(Mem{Base: op, Disp: 8}, o1)
 				load(Mem{Base: vb, Index: o1, Scale: 2}, b)
-				if dims == 64 {
-					VMOVDQU16(Mem{Base: vb, Index: o1, Scale: 2, Disp: 64}, bh)
-				}
 			}
-			vs := []VecVirtual{a1}
-			if nv >= 2 {
-				a2 := ZMM()
+			var a2 VecVirtual
+			if nv == 2 {
+				a2 = ZMM()
 				VMOVDQA64(a1, a2)
 				VPERMT2W(b, idxHi, a2)
-				vs = append(vs, a2)
 			}
 			VPERMT2W(b, idxLo, a1)
-			if dims == 64 {
-				a4 := ZMM()
-				VMOVDQA64(a1h, a4)
-				VPERMT2W(bh, idxHi, a4)
-				VPERMT2W(bh, idxLo, a1h)
-				vs = append(vs, a1h, a4)
-			}
 			for r := range rb {
 				bc := ZMM()
 				VPBROADCASTD(wmem(r), bc)
-				for c, a := range vs {
-					vdpbf16ps(a, bc, acc[r][c])
+				vdpbf16ps(a1, bc, acc[r][0])
+				if nv == 2 {
+					vdpbf16ps(a2, bc, acc[r][1])
 				}
 			}
 		}
@@ -225,14 +199,8 @@ func attnPVBody(idx Mem, stream bool) {
 		}
 	}
 
-	// rowsLoop runs block over all rows for the current dimension block,
-	// in blocks of big rows (8, or 4 for a 64-dimension block: its 4
-	// accumulators a row) and one of the rest.
+	// rowsLoop runs block over all rows for the current dimension block.
 	rowsLoop := func(p string, dims int, mask Op) {
-		big := 8
-		if dims == 64 {
-			big = 4
-		}
 		ar := Load(Param("acc"), GP64())
 		LEAQ(Mem{Base: ar, Index: doff, Scale: 4}, ar)
 		wr := Load(Param("w"), GP64())
@@ -248,21 +216,21 @@ func attnPVBody(idx Mem, stream bool) {
 			}
 			SUBQ(U32(rb), rl)
 		}
-		Label(fmt.Sprintf("%sr%d", p, big))
-		CMPQ(rl, U32(big))
+		Label(p + "r8")
+		CMPQ(rl, U32(8))
 		JL(LabelRef(p + "rest"))
-		block(fmt.Sprintf("%sb%d", p, big), dims, big, mask, ar, wr)
-		advance(big)
-		JMP(LabelRef(fmt.Sprintf("%sr%d", p, big)))
-		// The remaining rows in one block (a GQA group of 3 heads is
-		// one block).
+		block(p+"b8", dims, 8, mask, ar, wr)
+		advance(8)
+		JMP(LabelRef(p + "r8"))
+		// The remaining 0..7 rows in one block (a GQA group of 3 heads
+		// is one block).
 		Label(p + "rest")
-		for rb := 1; rb < big; rb++ {
+		for rb := 1; rb < 8; rb++ {
 			CMPQ(rl, U32(rb))
 			JE(LabelRef(fmt.Sprintf("%sb%d", p, rb)))
 		}
 		JMP(LabelRef(p + "r0"))
-		for rb := 1; rb < big; rb++ {
+		for rb := 1; rb < 8; rb++ {
 			Label(fmt.Sprintf("%sb%d", p, rb))
 			block(fmt.Sprintf("%sb%d", p, rb), dims, rb, mask, ar, wr)
 			JMP(LabelRef(p + "r0"))
@@ -270,12 +238,6 @@ func attnPVBody(idx Mem, stream bool) {
 		Label(p + "r0")
 	}
 
-	Label("d64")
-	CMPQ(left(), U32(64))
-	JL(LabelRef("d32"))
-	rowsLoop("q", 64, nil)
-	ADDQ(U32(64), doff)
-	JMP(LabelRef("d64"))
 	Label("d32")
 	CMPQ(left(), U32(32))
 	JL(LabelRef("d16"))

@@ -63,7 +63,7 @@ func gemmDP(rows int) {
 }
 
 // attnKeysDP emits gemmDP's kernel for rows x rows (1..4) that prefetches
-// the KV stream at pf (streamLine) instead: one line per weight row per
+// the KV stream at pf (streamLines) instead: one line per weight row per
 // full K step, as many bytes as it reads where k is a multiple of 32. Its
 // arithmetic is gemmDP's, instruction for instruction, so its scores have
 // the bits of gemmDPBF16R1..4 (gemmDPR1's wide passes included: every
@@ -112,7 +112,7 @@ func dpBody(rows int, stream bool) {
 // K step prefetches two lines at pf (the region the driver wants warm) and
 // advances it by 128 bytes: the same bytes per tile as the f32-activation
 // kernels, which step half as far. With stream, every full K step
-// prefetches cols lines of the KV stream (streamLine) instead.
+// prefetches cols lines of the KV stream (streamLines) instead.
 func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op, pf GPVirtual, stream bool, p string) {
 	wr := weightRows(wcur, 1, cols)
 
@@ -149,9 +149,7 @@ func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op,
 		ADDQ(U32(128), pf)
 	}
 	if stream {
-		for range cols {
-			streamLine()
-		}
+		streamLines(cols)
 	}
 	step(nil)
 	ADDQ(U32(32), ix)

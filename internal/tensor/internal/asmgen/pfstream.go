@@ -12,7 +12,7 @@ import (
 	. "github.com/mmcloughlin/avo/operand"
 )
 
-// streamLabels numbers streamLine's labels.
+// streamLabels numbers streamLines' labels.
 var streamLabels int
 
 // streamParams is the stream's part of the kernels' signatures: the
@@ -22,15 +22,20 @@ var streamLabels int
 // next run (two words, start and end).
 const streamParams = "pf uintptr, pfEnd uintptr, pfNext uintptr"
 
-// streamLine emits one prefetch of the stream (streamParams): it
-// prefetches the line, moves the position on by 64 bytes and, at the run's
-// end, to the next run. The last run's end is never reached (the caller
-// ends the list with one that has no end).
-func streamLine() {
+// streamLines emits k prefetches of the stream (streamParams): it
+// prefetches k consecutive lines from the position, moves the position on
+// by as many bytes and, at or past its run's end, to the next run (the
+// lines past a run's end, fewer than k, are of the bytes after it). The
+// last run's end is never reached (the caller ends the list with one that
+// has no end). One position update and check for k lines keeps the
+// prefetches' own cost near that of a fixed pointer's.
+func streamLines(k int) {
 	t := GP64()
 	MOVQ(paramMem("pf"), t)
-	PREFETCHT0(Mem{Base: t})
-	ADDQ(U32(64), t)
+	for i := range k {
+		PREFETCHT0(Mem{Base: t, Disp: 64 * i})
+	}
+	ADDQ(U32(64*k), t)
 	MOVQ(t, paramMem("pf"))
 	CMPQ(t, paramMem("pfEnd"))
 	lbl := fmt.Sprintf("pfs%d", streamLabels)
