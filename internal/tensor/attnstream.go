@@ -16,7 +16,7 @@ import (
 // value sum reads a whole key chunk, several blocks, in one call, so a
 // call's share of the stream is rarely one run of consecutive bytes: the
 // kernels take a KVStream, a list of runs, and walk it a few lines at a
-// time (a step's worth), moving to the next run at each run's end.
+// time (a step's worth, into L2), moving to the next run at each run's end.
 
 // KVStream is a list of runs of consecutive bytes for a decode attention
 // kernel to prefetch (DotRowsBF16Stream, AttnPVBF16Stream). The zero value

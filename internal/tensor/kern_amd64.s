@@ -27478,10 +27478,10 @@ group:
 
 gloop:
 	MOVQ       pf+64(FP), R13
-	PREFETCHT0 (R13)
-	PREFETCHT0 64(R13)
-	PREFETCHT0 128(R13)
-	PREFETCHT0 192(R13)
+	PREFETCHT1 (R13)
+	PREFETCHT1 64(R13)
+	PREFETCHT1 128(R13)
+	PREFETCHT1 192(R13)
 	ADDQ       $0x00000100, R13
 	MOVQ       R13, pf+64(FP)
 	CMPQ       R13, pfEnd+72(FP)
@@ -27569,7 +27569,7 @@ single:
 
 sloop:
 	MOVQ       pf+64(FP), R10
-	PREFETCHT0 (R10)
+	PREFETCHT1 (R10)
 	ADDQ       $0x00000040, R10
 	MOVQ       R10, pf+64(FP)
 	CMPQ       R10, pfEnd+72(FP)
@@ -27662,10 +27662,10 @@ group:
 
 gloop:
 	MOVQ       pf+64(FP), R14
-	PREFETCHT0 (R14)
-	PREFETCHT0 64(R14)
-	PREFETCHT0 128(R14)
-	PREFETCHT0 192(R14)
+	PREFETCHT1 (R14)
+	PREFETCHT1 64(R14)
+	PREFETCHT1 128(R14)
+	PREFETCHT1 192(R14)
 	ADDQ       $0x00000100, R14
 	MOVQ       R14, pf+64(FP)
 	CMPQ       R14, pfEnd+72(FP)
@@ -27788,7 +27788,7 @@ single:
 
 sloop:
 	MOVQ       pf+64(FP), R11
-	PREFETCHT0 (R11)
+	PREFETCHT1 (R11)
 	ADDQ       $0x00000040, R11
 	MOVQ       R11, pf+64(FP)
 	CMPQ       R11, pfEnd+72(FP)
@@ -27904,10 +27904,10 @@ group:
 
 gloop:
 	MOVQ       pf+64(FP), R15
-	PREFETCHT0 (R15)
-	PREFETCHT0 64(R15)
-	PREFETCHT0 128(R15)
-	PREFETCHT0 192(R15)
+	PREFETCHT1 (R15)
+	PREFETCHT1 64(R15)
+	PREFETCHT1 128(R15)
+	PREFETCHT1 192(R15)
 	ADDQ       $0x00000100, R15
 	MOVQ       R15, pf+64(FP)
 	CMPQ       R15, pfEnd+72(FP)
@@ -28066,7 +28066,7 @@ single:
 
 sloop:
 	MOVQ       pf+64(FP), R12
-	PREFETCHT0 (R12)
+	PREFETCHT1 (R12)
 	ADDQ       $0x00000040, R12
 	MOVQ       R12, pf+64(FP)
 	CMPQ       R12, pfEnd+72(FP)
@@ -28203,10 +28203,10 @@ group:
 
 gloop:
 	MOVQ       pf+64(FP), BP
-	PREFETCHT0 (BP)
-	PREFETCHT0 64(BP)
-	PREFETCHT0 128(BP)
-	PREFETCHT0 192(BP)
+	PREFETCHT1 (BP)
+	PREFETCHT1 64(BP)
+	PREFETCHT1 128(BP)
+	PREFETCHT1 192(BP)
 	ADDQ       $0x00000100, BP
 	MOVQ       BP, pf+64(FP)
 	CMPQ       BP, pfEnd+72(FP)
@@ -28398,7 +28398,7 @@ single:
 
 sloop:
 	MOVQ       pf+64(FP), R13
-	PREFETCHT0 (R13)
+	PREFETCHT1 (R13)
 	ADDQ       $0x00000040, R13
 	MOVQ       R13, pf+64(FP)
 	CMPQ       R13, pfEnd+72(FP)
@@ -28561,8 +28561,8 @@ wr8:
 
 wb8pair:
 	MOVQ       pf+72(FP), R13
-	PREFETCHT0 (R13)
-	PREFETCHT0 64(R13)
+	PREFETCHT1 (R13)
+	PREFETCHT1 64(R13)
 	ADDQ       $0x00000080, R13
 	MOVQ       R13, pf+72(FP)
 	CMPQ       R13, pfEnd+80(FP)
@@ -28767,8 +28767,8 @@ wb1:
 
 wb1pair:
 	MOVQ       pf+72(FP), R8
-	PREFETCHT0 (R8)
-	PREFETCHT0 64(R8)
+	PREFETCHT1 (R8)
+	PREFETCHT1 64(R8)
 	ADDQ       $0x00000080, R8
 	MOVQ       R8, pf+72(FP)
 	CMPQ       R8, pfEnd+80(FP)
@@ -28845,8 +28845,8 @@ wb2:
 
 wb2pair:
 	MOVQ       pf+72(FP), R9
-	PREFETCHT0 (R9)
-	PREFETCHT0 64(R9)
+	PREFETCHT1 (R9)
+	PREFETCHT1 64(R9)
 	ADDQ       $0x00000080, R9
 	MOVQ       R9, pf+72(FP)
 	CMPQ       R9, pfEnd+80(FP)
@@ -28939,8 +28939,8 @@ wb3:
 
 wb3pair:
 	MOVQ       pf+72(FP), R9
-	PREFETCHT0 (R9)
-	PREFETCHT0 64(R9)
+	PREFETCHT1 (R9)
+	PREFETCHT1 64(R9)
 	ADDQ       $0x00000080, R9
 	MOVQ       R9, pf+72(FP)
 	CMPQ       R9, pfEnd+80(FP)
@@ -29051,8 +29051,8 @@ wb4:
 
 wb4pair:
 	MOVQ       pf+72(FP), R10
-	PREFETCHT0 (R10)
-	PREFETCHT0 64(R10)
+	PREFETCHT1 (R10)
+	PREFETCHT1 64(R10)
 	ADDQ       $0x00000080, R10
 	MOVQ       R10, pf+72(FP)
 	CMPQ       R10, pfEnd+80(FP)
@@ -29180,8 +29180,8 @@ wb5:
 
 wb5pair:
 	MOVQ       pf+72(FP), R10
-	PREFETCHT0 (R10)
-	PREFETCHT0 64(R10)
+	PREFETCHT1 (R10)
+	PREFETCHT1 64(R10)
 	ADDQ       $0x00000080, R10
 	MOVQ       R10, pf+72(FP)
 	CMPQ       R10, pfEnd+80(FP)
@@ -29325,8 +29325,8 @@ wb6:
 
 wb6pair:
 	MOVQ       pf+72(FP), R10
-	PREFETCHT0 (R10)
-	PREFETCHT0 64(R10)
+	PREFETCHT1 (R10)
+	PREFETCHT1 64(R10)
 	ADDQ       $0x00000080, R10
 	MOVQ       R10, pf+72(FP)
 	CMPQ       R10, pfEnd+80(FP)
@@ -29488,8 +29488,8 @@ wb7:
 
 wb7pair:
 	MOVQ       pf+72(FP), R11
-	PREFETCHT0 (R11)
-	PREFETCHT0 64(R11)
+	PREFETCHT1 (R11)
+	PREFETCHT1 64(R11)
 	ADDQ       $0x00000080, R11
 	MOVQ       R11, pf+72(FP)
 	CMPQ       R11, pfEnd+80(FP)
@@ -29678,7 +29678,7 @@ hr8:
 
 hb8pair:
 	MOVQ       pf+72(FP), R13
-	PREFETCHT0 (R13)
+	PREFETCHT1 (R13)
 	ADDQ       $0x00000040, R13
 	MOVQ       R13, pf+72(FP)
 	CMPQ       R13, pfEnd+80(FP)
@@ -29840,7 +29840,7 @@ hb1:
 
 hb1pair:
 	MOVQ       pf+72(FP), R8
-	PREFETCHT0 (R8)
+	PREFETCHT1 (R8)
 	ADDQ       $0x00000040, R8
 	MOVQ       R8, pf+72(FP)
 	CMPQ       R8, pfEnd+80(FP)
@@ -29908,7 +29908,7 @@ hb2:
 
 hb2pair:
 	MOVQ       pf+72(FP), R9
-	PREFETCHT0 (R9)
+	PREFETCHT1 (R9)
 	ADDQ       $0x00000040, R9
 	MOVQ       R9, pf+72(FP)
 	CMPQ       R9, pfEnd+80(FP)
@@ -29986,7 +29986,7 @@ hb3:
 
 hb3pair:
 	MOVQ       pf+72(FP), R9
-	PREFETCHT0 (R9)
+	PREFETCHT1 (R9)
 	ADDQ       $0x00000040, R9
 	MOVQ       R9, pf+72(FP)
 	CMPQ       R9, pfEnd+80(FP)
@@ -30076,7 +30076,7 @@ hb4:
 
 hb4pair:
 	MOVQ       pf+72(FP), R10
-	PREFETCHT0 (R10)
+	PREFETCHT1 (R10)
 	ADDQ       $0x00000040, R10
 	MOVQ       R10, pf+72(FP)
 	CMPQ       R10, pfEnd+80(FP)
@@ -30177,7 +30177,7 @@ hb5:
 
 hb5pair:
 	MOVQ       pf+72(FP), R10
-	PREFETCHT0 (R10)
+	PREFETCHT1 (R10)
 	ADDQ       $0x00000040, R10
 	MOVQ       R10, pf+72(FP)
 	CMPQ       R10, pfEnd+80(FP)
@@ -30288,7 +30288,7 @@ hb6:
 
 hb6pair:
 	MOVQ       pf+72(FP), R10
-	PREFETCHT0 (R10)
+	PREFETCHT1 (R10)
 	ADDQ       $0x00000040, R10
 	MOVQ       R10, pf+72(FP)
 	CMPQ       R10, pfEnd+80(FP)
@@ -30411,7 +30411,7 @@ hb7:
 
 hb7pair:
 	MOVQ       pf+72(FP), R11
-	PREFETCHT0 (R11)
+	PREFETCHT1 (R11)
 	ADDQ       $0x00000040, R11
 	MOVQ       R11, pf+72(FP)
 	CMPQ       R11, pfEnd+80(FP)
@@ -30562,7 +30562,7 @@ tr8:
 
 tb8pair:
 	MOVQ       pf+72(FP), R13
-	PREFETCHT0 (R13)
+	PREFETCHT1 (R13)
 	ADDQ       $0x00000040, R13
 	MOVQ       R13, pf+72(FP)
 	CMPQ       R13, pfEnd+80(FP)
@@ -30722,7 +30722,7 @@ tb1:
 
 tb1pair:
 	MOVQ       pf+72(FP), DI
-	PREFETCHT0 (DI)
+	PREFETCHT1 (DI)
 	ADDQ       $0x00000040, DI
 	MOVQ       DI, pf+72(FP)
 	CMPQ       DI, pfEnd+80(FP)
@@ -30788,7 +30788,7 @@ tb2:
 
 tb2pair:
 	MOVQ       pf+72(FP), R8
-	PREFETCHT0 (R8)
+	PREFETCHT1 (R8)
 	ADDQ       $0x00000040, R8
 	MOVQ       R8, pf+72(FP)
 	CMPQ       R8, pfEnd+80(FP)
@@ -30864,7 +30864,7 @@ tb3:
 
 tb3pair:
 	MOVQ       pf+72(FP), R8
-	PREFETCHT0 (R8)
+	PREFETCHT1 (R8)
 	ADDQ       $0x00000040, R8
 	MOVQ       R8, pf+72(FP)
 	CMPQ       R8, pfEnd+80(FP)
@@ -30952,7 +30952,7 @@ tb4:
 
 tb4pair:
 	MOVQ       pf+72(FP), R9
-	PREFETCHT0 (R9)
+	PREFETCHT1 (R9)
 	ADDQ       $0x00000040, R9
 	MOVQ       R9, pf+72(FP)
 	CMPQ       R9, pfEnd+80(FP)
@@ -31051,7 +31051,7 @@ tb5:
 
 tb5pair:
 	MOVQ       pf+72(FP), R9
-	PREFETCHT0 (R9)
+	PREFETCHT1 (R9)
 	ADDQ       $0x00000040, R9
 	MOVQ       R9, pf+72(FP)
 	CMPQ       R9, pfEnd+80(FP)
@@ -31160,7 +31160,7 @@ tb6:
 
 tb6pair:
 	MOVQ       pf+72(FP), R9
-	PREFETCHT0 (R9)
+	PREFETCHT1 (R9)
 	ADDQ       $0x00000040, R9
 	MOVQ       R9, pf+72(FP)
 	CMPQ       R9, pfEnd+80(FP)
@@ -31281,7 +31281,7 @@ tb7:
 
 tb7pair:
 	MOVQ       pf+72(FP), R10
-	PREFETCHT0 (R10)
+	PREFETCHT1 (R10)
 	ADDQ       $0x00000040, R10
 	MOVQ       R10, pf+72(FP)
 	CMPQ       R10, pfEnd+80(FP)
