@@ -63,9 +63,10 @@ import (
 // that no call runs past a region's end: a value call reads several
 // blocks' rows. With every step of their arithmetic (a key row's 32
 // elements, a pair of value rows' 32) the kernels prefetch as many lines
-// from the runs as the step reads; streamed moves the stream on. On the
-// AMD Zen 4 this was measured on, SmolLM2's one-thread token at context
-// 2,048 took 8–15% less time (docs/performance.md "Issue 28").
+// from the runs as the step reads, into L2; streamed moves the stream on.
+// On the AMD Zen 4 it was measured on, SmolLM2's token at context 2,048
+// took 11–20% less time (docs/performance.md "The avx512bf16 decode
+// attention streams its KV like the avx2 path").
 
 // kvStreamBytes is how far ahead of the kernels the stream of an item's
 // KV bytes runs where the kernels prefetch (see above): 8 KiB was no
