@@ -360,7 +360,7 @@ func (m *Model) attendTile(w *attnScratch, kv kvView, layout kvlayout.Layout, li
 
 	decode := ntok == 1 && keys == nil
 	if decode {
-		w.pf.plan(layout, tbl, ls, lo, end, kh0, kh1)
+		w.pf.plan(layout, tbl, ls, lo, end, kh0, kh1, tensor.AttnDecodePrefetch())
 	}
 	segEnd := (lo/S + 1) * S
 	for c0 := lo / C * C; c0 < end; c0 += C {

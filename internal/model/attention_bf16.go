@@ -69,6 +69,15 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout
 	}
 	w.reset(R, hd)
 	w.resetRunning(R)
+	// A decode token's KV, where the item is its every KV head, is a
+	// stream that the kernels prefetch ahead of their reads
+	// (attention_prefetch.go); elsewhere a block's key rows are
+	// prefetched while the block before is scored.
+	stream := false
+	if keys == nil && kh1-kh0 == c.KVHeads && tensor.AttnStreamBF16() {
+		w.pf.plan(layout, tbl, ls, lo, end, kh0, kh1, true)
+		stream = w.pf.inKernel
+	}
 
 	segEnd := (lo/S + 1) * S
 	for c0 := lo / C * C; c0 < end; c0 += C {
@@ -86,7 +95,7 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout
 				blk, slot := j/bs, j%bs
 				je := min(c1, (blk+1)*bs)
 				base := layout.Offset(int(tbl[blk]), ls, 0, slot)
-				if je < end {
+				if je < end && !stream {
 					nb, ns := je/bs, je%bs
 					next := layout.Offset(int(tbl[nb]), ls, 0, ns) + kh0*hd
 					kv.prefetchRows(next, kvd, min(bs-ns, end-je), (kh1-kh0)*hd)
@@ -94,7 +103,14 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout
 				for kvh := kh0; kvh < kh1; kvh++ {
 					r0 := (kvh - kh0) * perHead
 					q := w.qb.Rows(r0, perHead)
-					tensor.DotRowsBF16(w.s[r0*C+(j-c0):], C, &q, kv.u16[base+kvh*hd:], kvd, je-j)
+					out, k := w.s[r0*C+(j-c0):], kv.u16[base+kvh*hd:]
+					if stream {
+						nb := (je - j) * hd * 2
+						s := w.pf.runs(kv, nb)
+						w.pf.streamed(kv, nb, tensor.DotRowsBF16Stream(out, C, &q, k, kvd, je-j, s))
+					} else {
+						tensor.DotRowsBF16(out, C, &q, k, kvd, je-j)
+					}
 				}
 				j = je
 			}
@@ -116,7 +132,14 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout
 			ks := max(c0, lo) - c0
 			attnSoftmax(w, 0, R, ks, c1-c0-ks, hd)
 			for kvh := kh0; kvh < kh1; kvh++ {
-				attnValues(w, kv, (kvh-kh0)*perHead, perHead, ks, c1-c0-ks, (kvh-kh0)*hd, hd)
+				r0, voff := (kvh-kh0)*perHead, (kvh-kh0)*hd
+				if !stream {
+					attnValues(w, kv, r0, perHead, ks, c1-c0-ks, voff, hd, nil)
+					continue
+				}
+				nb := (c1 - c0 - ks) * hd * 2
+				s := w.pf.runs(kv, nb)
+				w.pf.streamed(kv, nb, attnValues(w, kv, r0, perHead, ks, c1-c0-ks, voff, hd, s))
 			}
 			continue
 		}
@@ -131,7 +154,7 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout
 		if tokFull < fullHi {
 			r0, rows := tokFull*group, (fullHi-tokFull)*group
 			attnSoftmax(w, r0, rows, 0, c1-c0, hd)
-			attnValues(w, kv, r0, rows, 0, c1-c0, 0, hd)
+			attnValues(w, kv, r0, rows, 0, c1-c0, 0, hd, nil)
 		}
 		for tok := tokLo; tok < tokHi; tok++ {
 			if tok >= tokFull && tok < fullHi {
@@ -141,7 +164,7 @@ func (m *Model) attendTileBF16(w *attnScratch, kv kvView, layout kvlayout.Layout
 			ks, ke := max(c0, windowStart(p, win)), min(c1, p+1)
 			r0 := tok * group
 			attnSoftmax(w, r0, group, ks-c0, ke-ks, hd)
-			attnValues(w, kv, r0, group, ks-c0, ke-ks, 0, hd)
+			attnValues(w, kv, r0, group, ks-c0, ke-ks, 0, hd, nil)
 		}
 	}
 	w.closeSegment(R, hd, (end-1)/S, pt)
@@ -163,10 +186,16 @@ func attnSoftmax(w *attnScratch, r0, rows, off, n, hd int) {
 // w.p to the accumulators of query rows [r0, r0+rows). One call covers the
 // keys wherever their blocks are, so the key pairs, and so every
 // accumulator's VDPBF16PS steps, are the same whatever the block size.
-func attnValues(w *attnScratch, kv kvView, r0, rows, off, n, voff, hd int) {
+// With s set its kernel also prefetches s (tensor.AttnPVBF16Stream), and
+// it returns the bytes prefetched.
+func attnValues(w *attnScratch, kv kvView, r0, rows, off, n, voff, hd int, s *tensor.KVStream) int {
 	const C = attnKeyChunk
 	u16 := kv.u16[voff:]
+	if s != nil {
+		return tensor.AttnPVBF16Stream(w.acc[r0*hd:], hd, w.p[r0*C+off:], C, rows, u16, w.voffs[off:off+n], n, hd, s)
+	}
 	tensor.AttnPVBF16(w.acc[r0*hd:], hd, w.p[r0*C+off:], C, rows, u16, w.voffs[off:off+n], n, hd)
+	return 0
 }
 
 func growU16(b []uint16, n int) []uint16 {

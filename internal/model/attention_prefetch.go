@@ -53,6 +53,20 @@ import (
 // same lines in the kernels' reading order (each head's slice of the rows
 // a fixed distance ahead) instead of as one run of consecutive lines, the
 // token was ~4% slower.
+//
+// The bf16 path (attendTileBF16, over the avx512bf16 set:
+// tensor.AttnStreamBF16) streams the same regions in the same order: its
+// key calls are attendTile's, a block's rows of one KV head, and its value
+// calls read a whole key chunk of one KV head, the chunk's blocks in
+// order. Its calls hand the kernels not an offset but the stream's next
+// bytes as a list of runs (runs), the bytes of each region they span, so
+// that no call runs past a region's end: a value call reads several
+// blocks' rows. With every step of their arithmetic (a key row's 32
+// elements, a pair of value rows' 32) the kernels prefetch as many lines
+// from the runs as the step reads, into L2; streamed moves the stream on.
+// On the AMD Zen 4 it was measured on, SmolLM2's token at context 2,048
+// took 11–20% less time (docs/performance.md "The avx512bf16 decode
+// attention streams its KV like the avx2 path").
 
 // kvStreamBytes is how far ahead of the kernels the stream of an item's
 // KV bytes runs where the kernels prefetch (see above): 8 KiB was no
@@ -84,6 +98,7 @@ type kvPrefetch struct {
 	ri, rb   int // the stream's position: byte rb of region ri
 	ld       int
 	esize    int
+	kvs      tensor.KVStream // runs' list
 }
 
 // kvRegion is a contiguous piece of a decode item's KV: bytes bytes from
@@ -101,14 +116,17 @@ func (p *kvPrefetch) add(off, rows, n int) {
 }
 
 // plan lists the key and value segments of keys [ws, end) of layer slot ls
-// for KV heads [kh0, kh1), in the order attendTile's decode path reads them.
-func (p *kvPrefetch) plan(layout kvlayout.Layout, tbl []int32, ls, ws, end, kh0, kh1 int) {
+// for KV heads [kh0, kh1), in the order attendTile's decode path reads them
+// (attendTileBF16's reads the same keys and values in the same order of
+// blocks, a chunk's values KV head by KV head in one call each); kernels
+// says whether the decode kernels prefetch the stream (see above).
+func (p *kvPrefetch) plan(layout kvlayout.Layout, tbl []int32, ls, ws, end, kh0, kh1 int, kernels bool) {
 	const C = attnKeyChunk
 	hd, bs := layout.HeadDim, layout.BlockSize
 	p.segs, p.regs = p.segs[:0], p.regs[:0]
 	p.esize = layout.ElemBytes()
 	p.ld = layout.TokenElems()
-	p.inKernel = layout.DType == kvlayout.BF16 && kh1-kh0 == layout.KVHeads && tensor.AttnDecodePrefetch()
+	p.inKernel = kernels && layout.DType == kvlayout.BF16 && kh1-kh0 == layout.KVHeads
 	p.whole = !p.inKernel && (kh1-kh0)*hd*p.esize > wholeKeyRows
 	region := func(blk, kv, slot, rows int) {
 		if p.inKernel {
@@ -202,6 +220,43 @@ func (p *kvPrefetch) advance(kv kvView, n int, burst bool) {
 			burst = true
 		}
 	}
+}
+
+// runs is called, on the bf16 path with its kernels prefetching
+// (tensor.AttnStreamBF16), before a kernel call that reads nb bytes: it
+// returns the next nb bytes of the stream as runs of consecutive bytes
+// (from a call's stream position on there is a new block every few KiB,
+// and one value call reads a whole key chunk), before the first call
+// prefetching the first kvStreamBytes of the stream.
+func (p *kvPrefetch) runs(kv kvView, nb int) *tensor.KVStream {
+	if p.cur == 0 {
+		p.advance(kv, kvStreamBytes, true)
+	}
+	p.kvs.Reset()
+	for ri, rb := p.ri, p.rb; nb > 0 && ri < len(p.regs); ri, rb = ri+1, 0 {
+		r := p.regs[ri]
+		k := min(nb, r.bytes-rb)
+		p.kvs.Add(kv.u16[r.off+rb/p.esize:], k)
+		nb -= k
+	}
+	return &p.kvs
+}
+
+// streamed is called after the call that was handed runs' nb bytes,
+// covered being the bytes its kernel reports it prefetched from there: it
+// moves the stream on by nb bytes, prefetching those the kernel did not
+// cover.
+func (p *kvPrefetch) streamed(kv kvView, nb, covered int) {
+	c := min(covered, nb)
+	for n := c; n > 0 && p.ri < len(p.regs); {
+		k := min(n, p.regs[p.ri].bytes-p.rb)
+		n -= k
+		if p.rb += k; p.rb == p.regs[p.ri].bytes {
+			p.ri, p.rb = p.ri+1, 0
+		}
+	}
+	p.advance(kv, nb-c, true)
+	p.cur++
 }
 
 // step is called before the kernels read segment cur: it prefetches the

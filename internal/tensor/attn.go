@@ -130,6 +130,13 @@ func AttnPVBF16(acc []float32, lda int, w []uint16, ldw, rows int, v []uint16, o
 	if rows <= 0 || n <= 0 || hd <= 0 {
 		return
 	}
+	checkPV(acc, lda, w, ldw, rows, v, offs, n, hd)
+	active.Load().attnPV(&acc[0], lda, &w[0], ldw, rows, &v[0], &offs[0], n, hd)
+}
+
+// checkPV panics where AttnPVBF16's operands are too short or an offset
+// is out of range (rows, n and hd positive).
+func checkPV(acc []float32, lda int, w []uint16, ldw, rows int, v []uint16, offs []int, n, hd int) {
 	if len(acc) < (rows-1)*lda+hd || len(w) < (rows-1)*ldw+(n+1)/2*2 || len(offs) < n ||
 		(rows > 1 && (lda < hd || ldw < n)) {
 		panic(fmt.Sprintf("tensor: AttnPVBF16 with short operands (rows=%d n=%d hd=%d; len acc=%d w=%d offs=%d; lda=%d ldw=%d)",
@@ -140,5 +147,4 @@ func AttnPVBF16(acc []float32, lda int, w []uint16, ldw, rows int, v []uint16, o
 			panic(fmt.Sprintf("tensor: AttnPVBF16 with value row offset %d for rows of %d in %d elements", o, hd, len(v)))
 		}
 	}
-	active.Load().attnPV(&acc[0], lda, &w[0], ldw, rows, &v[0], &offs[0], n, hd)
 }

@@ -214,6 +214,21 @@ func qrowQ5_KAVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, a
 // qrowQ6_KAVX512 computes up to 8 Q6_K weight rows times one activation row (see asmgen's rowquant.go).
 func qrowQ6_KAVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 
+// attnKeysDPR1 is gemmDPBF16R1 prefetching the KV stream at pf, a line per weight row per K step (see asmgen).
+func attnKeysDPR1(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr, pfEnd uintptr, pfNext uintptr)
+
+// attnKeysDPR2 is gemmDPBF16R2 prefetching the KV stream at pf, a line per weight row per K step (see asmgen).
+func attnKeysDPR2(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr, pfEnd uintptr, pfNext uintptr)
+
+// attnKeysDPR3 is gemmDPBF16R3 prefetching the KV stream at pf, a line per weight row per K step (see asmgen).
+func attnKeysDPR3(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr, pfEnd uintptr, pfNext uintptr)
+
+// attnKeysDPR4 is gemmDPBF16R4 prefetching the KV stream at pf, a line per weight row per K step (see asmgen).
+func attnKeysDPR4(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr, pfEnd uintptr, pfNext uintptr)
+
+// attnPVDPStream is attnPVDP prefetching the KV stream at pf, as many lines a pair step as it reads (see asmgen).
+func attnPVDPStream(acc *float32, lda int, w *uint16, ldw int, rows int, v *uint16, offs *int, n int, hd int, pf uintptr, pfEnd uintptr, pfNext uintptr)
+
 // gemmAVX2F32R1 computes 1 rows of x times n rows of F32 weights (see asmgen).
 func gemmAVX2F32R1(x *float32, ldx int, w *float32, ldw int, k int, n int, out *float32, ldo int, pf uintptr)
 

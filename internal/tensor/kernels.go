@@ -113,7 +113,11 @@ type kernelSet struct {
 	// attnValues[g-2], if set, is axpyRowsBF16G[g-2] prefetching lines
 	// from v + pf bytes on (AttnValuesBF16).
 	attnValues [maxTileRows - 1]func(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n, pf int)
-	avail      bool
+	// attnKeysStream[r-1] and attnPVStream, if set, are bf16x[r-1] and
+	// attnPV that also prefetch a KVStream (attnstream.go), bit-identical.
+	attnKeysStream [maxTileRows]func(x *uint16, ldx int, w *uint16, ldw, k, n int, out *float32, ldo int, pf, pfEnd, pfNext uintptr)
+	attnPVStream   func(acc *float32, lda int, w *uint16, ldw, rows int, v *uint16, offs *int, n, hd int, pf, pfEnd, pfNext uintptr)
+	avail          bool
 }
 
 // kernelSets lists the implementations in order of preference: the

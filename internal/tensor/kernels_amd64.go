@@ -47,6 +47,9 @@ func archKernelSets() []*kernelSet {
 		attnScoresDPR1, attnScoresDPR2, attnScoresDPR3, attnScoresDPR4}
 	bf16.attnSoftmax = attnSoftmaxAVX512
 	bf16.attnPV = attnPVDP
+	bf16.attnKeysStream = [maxTileRows]func(x *uint16, ldx int, w *uint16, ldw, k, n int, out *float32, ldo int, pf, pfEnd, pfNext uintptr){
+		attnKeysDPR1, attnKeysDPR2, attnKeysDPR3, attnKeysDPR4}
+	bf16.attnPVStream = attnPVDPStream
 	bf16.avail = avx512 && x.HasAVX512BF16
 	return []*kernelSet{
 		&bf16,

@@ -43,6 +43,21 @@ func pvIndex() Mem {
 func attnPV(idx Mem) {
 	TEXT("attnPVDP", NOSPLIT, "func(acc *float32, lda int, w *uint16, ldw int, rows int, v *uint16, offs *int, n int, hd int)")
 	Doc("attnPVDP adds to rows accumulator rows the n value rows v[offs[j]:] weighted by bf16 weights, over key pairs with VDPBF16PS (see asmgen).")
+	attnPVBody(idx, false)
+}
+
+// attnPVStream emits attnPV's kernel that also prefetches the KV stream at
+// pf (streamLines): every pair step of a block of 32 dimensions two lines,
+// of 16 (or fewer) one, the bytes the step reads (its odd last pair none).
+// The arithmetic is attnPV's, instruction for instruction.
+func attnPVStream(idx Mem) {
+	TEXT("attnPVDPStream", NOSPLIT, "func(acc *float32, lda int, w *uint16, ldw int, rows int, v *uint16, offs *int, n int, hd int, "+streamParams+")")
+	Doc("attnPVDPStream is attnPVDP prefetching the KV stream at pf, as many lines a pair step as it reads (see asmgen).")
+	attnPVBody(idx, true)
+}
+
+// attnPVBody is the body of attnPV and attnPVStream (stream).
+func attnPVBody(idx Mem, stream bool) {
 	idxLo, idxHi := ZMM(), ZMM()
 	VMOVDQU16(idx, idxLo)
 	VMOVDQU16(idx.Offset(64), idxHi)
@@ -108,6 +123,9 @@ func attnPV(idx Mem) {
 		cnt := Load(Param("n"), GP64())
 		SHRQ(U8(1), cnt)
 		pair := func(odd bool) {
+			if stream && !odd {
+				streamLines(dims / 16)
+			}
 			a1, b := ZMM(), ZMM()
 			load := func(m Mem, dst VecVirtual) {
 				// A 16-dimension block loads 16 words into a zmm with a

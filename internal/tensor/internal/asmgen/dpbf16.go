@@ -59,6 +59,24 @@ func gemmDP(rows int) {
 	name := fmt.Sprintf("gemmDPBF16R%d", rows)
 	TEXT(name, NOSPLIT, dpSignature)
 	Doc(fmt.Sprintf("%s computes %d rows of bf16 x times n rows of bf16 weights (see asmgen).", name, rows))
+	dpBody(rows, false)
+}
+
+// attnKeysDP emits gemmDP's kernel for rows x rows (1..4) that prefetches
+// the KV stream at pf (streamLines) instead: one line per weight row per
+// full K step, as many bytes as it reads where k is a multiple of 32. Its
+// arithmetic is gemmDP's, instruction for instruction, so its scores have
+// the bits of gemmDPBF16R1..4 (gemmDPR1's wide passes included: every
+// weight row has one accumulator marching over K and the same tree).
+func attnKeysDP(rows int) {
+	name := fmt.Sprintf("attnKeysDPR%d", rows)
+	TEXT(name, NOSPLIT, "func(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, "+streamParams+")")
+	Doc(fmt.Sprintf("%s is gemmDPBF16R%d prefetching the KV stream at pf, a line per weight row per K step (see asmgen).", name, rows))
+	dpBody(rows, true)
+}
+
+// dpBody is the body of gemmDP and attnKeysDP (stream).
+func dpBody(rows int, stream bool) {
 	k := Load(Param("k"), GP64())
 	kv := GP64()
 	MOVQ(k, kv)
@@ -68,17 +86,20 @@ func gemmDP(rows int) {
 	wcur := Load(Param("w"), GP64())
 	ocur := Load(Param("out"), GP64())
 	nrem := Load(Param("n"), GP64())
-	pf := Load(Param("pf"), GP64()).(GPVirtual)
+	var pf GPVirtual
+	if !stream {
+		pf = Load(Param("pf"), GP64()).(GPVirtual)
+	}
 	Label("group")
 	CMPQ(nrem, U32(4))
 	JL(LabelRef("single"))
-	dpPass(rows, 4, xr, wcur, ocur, k, kv, mask, pf, "g")
+	dpPass(rows, 4, xr, wcur, ocur, k, kv, mask, pf, stream, "g")
 	SUBQ(U32(4), nrem)
 	JMP(LabelRef("group"))
 	Label("single")
 	TESTQ(nrem, nrem)
 	JE(LabelRef("done"))
-	dpPass(rows, 1, xr, wcur, ocur, k, kv, mask, pf, "s")
+	dpPass(rows, 1, xr, wcur, ocur, k, kv, mask, pf, stream, "s")
 	DECQ(nrem)
 	JMP(LabelRef("single"))
 	Label("done")
@@ -95,8 +116,9 @@ func gemmDP(rows int) {
 // the 48 KiB L1 beside the tiles' x rows and current panel evicted what the
 // tiles were reading, and a 16-row bf16 product from DRAM ran at 101–126
 // GFLOP/s a thread against 182–185 into the L2 (batched decode −17 to −24%,
-// docs/performance.md).
-func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op, pf GPVirtual, p string) {
+// docs/performance.md). With stream, every full K step prefetches cols
+// lines of the KV stream (streamLines) instead.
+func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op, pf GPVirtual, stream bool, p string) {
 	wr := weightRows(wcur, 1, cols)
 
 	acc := make([][]VecVirtual, rows)
@@ -130,6 +152,9 @@ func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op,
 		PREFETCHT1(Mem{Base: pf})
 		PREFETCHT1(Mem{Base: pf, Disp: 64})
 		ADDQ(U32(128), pf)
+	}
+	if stream {
+		streamLines(cols)
 	}
 	step(nil)
 	ADDQ(U32(32), ix)
@@ -184,7 +209,7 @@ func gemmDPR1() {
 		loadX:  loadWords,
 		madd:   vdpbf16ps,
 		pass: func(cols int, kv Register, p string) {
-			dpPass(1, cols, xr, wcur, ocur, k, kv, mask, nil, p)
+			dpPass(1, cols, xr, wcur, ocur, k, kv, mask, nil, false, p)
 		},
 	}.emitWide(k, wcur, ocur, nrem, xr[0], mask)
 }

@@ -102,9 +102,14 @@ func main() {
 				attnScores(r)
 			}
 			attnSoftmax()
-			attnPV(pvIndex())
+			pvIdx := pvIndex()
+			attnPV(pvIdx)
 			quantKernels()
 			rowKernels(true)
+			for r := 1; r <= 4; r++ {
+				attnKeysDP(r)
+			}
+			attnPVStream(pvIdx)
 		}
 	}
 	peakKernels()
