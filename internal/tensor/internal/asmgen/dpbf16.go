@@ -170,19 +170,7 @@ func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op,
 		ADDQ(U32(16), ocur)
 		return
 	}
-	orow := GP64()
-	MOVQ(ocur, orow)
-	var ldo Register
-	if rows > 1 {
-		ldo = Load(Param("ldo"), GP64())
-		SHLQ(U8(2), ldo)
-	}
-	for r := range rows {
-		VMOVSS(reduce(avx512, acc[r][0]), Mem{Base: orow})
-		if r+1 < rows {
-			ADDQ(ldo, orow)
-		}
-	}
+	outRows(ocur, rows, func(r int, orow GPVirtual) { VMOVSS(reduce(avx512, acc[r][0]), Mem{Base: orow}) })
 	ADDQ(U32(4), ocur)
 }
 

@@ -147,6 +147,17 @@ func gemmPass(s isa, dt dtype, rows, cols int, xr []GPVirtual, wcur, ocur, k, kv
 		sums = reduceScalarTail(dt, acc, xr, wr, k, p)
 	}
 
+	outRows(ocur, rows, func(r int, orow GPVirtual) {
+		for c := range cols {
+			VMOVSS(sums[r][c], Mem{Base: orow, Disp: 4 * c})
+		}
+	})
+	ADDQ(U32(4*cols), ocur)
+}
+
+// outRows emits store(r, orow) for each output row r < rows, orow holding
+// the row's address: ocur, then ldo f32 elements further per row.
+func outRows(ocur Register, rows int, store func(r int, orow GPVirtual)) {
 	orow := GP64()
 	MOVQ(ocur, orow)
 	var ldo Register
@@ -155,14 +166,32 @@ func gemmPass(s isa, dt dtype, rows, cols int, xr []GPVirtual, wcur, ocur, k, kv
 		SHLQ(U8(2), ldo)
 	}
 	for r := range rows {
-		for c := range cols {
-			VMOVSS(sums[r][c], Mem{Base: orow, Disp: 4 * c})
-		}
+		store(r, orow)
 		if r+1 < rows {
 			ADDQ(ldo, orow)
 		}
 	}
-	ADDQ(U32(4*cols), ocur)
+}
+
+// strided8 sets up the addresses of wideCols places stride bytes apart
+// from base with three registers instead of eight: place c is at
+// bases[c/3] + (c%3)·stride. It returns the bases (to advance them) and
+// the address of place c at byte displacement disp.
+func strided8(base, stride Register) ([]GPVirtual, func(c, disp int) Mem) {
+	p0, p3, p6 := GP64(), GP64(), GP64()
+	MOVQ(base, p0)
+	LEAQ(Mem{Base: p0, Index: stride, Scale: 2}, p3)
+	ADDQ(stride, p3)
+	LEAQ(Mem{Base: p3, Index: stride, Scale: 2}, p6)
+	ADDQ(stride, p6)
+	bases := []GPVirtual{p0, p3, p6}
+	return bases, func(c, disp int) Mem {
+		m := Mem{Base: bases[c/3], Disp: disp}
+		if c%3 != 0 {
+			m.Index, m.Scale = stride, uint8(c%3)
+		}
+		return m
+	}
 }
 
 // xRows loads the addresses of a kernel's rows x rows, ldx elements of
@@ -248,21 +277,8 @@ func reduceQuads512(acc [][]VecVirtual, ocur Register) { reduceQuads512At(acc, o
 
 // reduceQuads512At is reduceQuads512 storing at out+disp bytes.
 func reduceQuads512At(acc [][]VecVirtual, ocur Register, disp int) {
-	rows := len(acc)
 	sums := quadSums512(acc)
-	orow := GP64()
-	MOVQ(ocur, orow)
-	var ldo Register
-	if rows > 1 {
-		ldo = Load(Param("ldo"), GP64())
-		SHLQ(U8(2), ldo)
-	}
-	for r := range rows {
-		VMOVUPS(sums[r], Mem{Base: orow, Disp: disp})
-		if r+1 < rows {
-			ADDQ(ldo, orow)
-		}
-	}
+	outRows(ocur, len(acc), func(r int, orow GPVirtual) { VMOVUPS(sums[r], Mem{Base: orow, Disp: disp}) })
 }
 
 // quadSums512 reduces the rows×4 accumulators of an AVX-512 pass by

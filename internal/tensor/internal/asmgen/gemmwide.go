@@ -70,24 +70,10 @@ func (w wideKernel) emitWide(k, wcur, ocur, nrem Register, x GPVirtual, mask Op)
 	CMPQ(passM, U8(0))
 	JE(LabelRef("wdone"))
 	{
-		// Row c of the pass is at base[c/3] + (c%3)·stride: three base
-		// registers instead of eight.
+		// Row c of the pass: stream c's, its stride apart.
 		S := GP64()
 		MOVQ(wstrM, S)
-		p0, p3, p6 := GP64(), GP64(), GP64()
-		MOVQ(wcur, p0)
-		LEAQ(Mem{Base: p0, Index: S, Scale: 2}, p3)
-		ADDQ(S, p3)
-		LEAQ(Mem{Base: p3, Index: S, Scale: 2}, p6)
-		ADDQ(S, p6)
-		bases := []GPVirtual{p0, p3, p6}
-		rowMem := func(c, disp int) Mem {
-			m := Mem{Base: bases[c/3], Disp: disp}
-			if c%3 != 0 {
-				m.Index, m.Scale = S, uint8(c%3)
-			}
-			return m
-		}
+		bases, rowMem := strided8(wcur, S)
 		xp := GP64()
 		MOVQ(x, xp)
 		cnt := GP64() // trips of two steps
@@ -138,21 +124,11 @@ func (w wideKernel) emitWide(k, wcur, ocur, nrem Register, x GPVirtual, mask Op)
 		// Stream c's output is at ocur + c·ostr.
 		ostr := GP64()
 		MOVQ(ostrM, ostr)
-		o0, o3, o6 := GP64(), GP64(), GP64()
-		MOVQ(ocur, o0)
-		LEAQ(Mem{Base: o0, Index: ostr, Scale: 2}, o3)
-		ADDQ(ostr, o3)
-		LEAQ(Mem{Base: o3, Index: ostr, Scale: 2}, o6)
-		ADDQ(ostr, o6)
-		obases := []GPVirtual{o0, o3, o6}
+		_, outMem := strided8(ocur, ostr)
 		for g := 0; g < cols; g += 4 {
 			sums := quadSums512([][]VecVirtual{acc[g : g+4]})[0]
 			for i := range 4 {
-				c := g + i
-				m := Mem{Base: obases[c/3]}
-				if c%3 != 0 {
-					m.Index, m.Scale = ostr, uint8(c%3)
-				}
+				m := outMem(g+i, 0)
 				if i == 0 {
 					VMOVSS(sums, m)
 				} else {
