@@ -175,8 +175,8 @@ func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op,
 }
 
 // gemmDPR1 emits the one-row (decode) AVX512-BF16 kernel. Like gemmWideR1
-// it is memory bound, so it reads wideCols weight rows per pass, unrolls
-// the K loop twice and prefetches the rows of the next pass; every weight
+// it is memory bound, so it reads wideCols weight rows per pass, one from
+// each of wideCols streams, and unrolls the K loop twice; every weight
 // row still has one accumulator marching over K in steps of 32, then the
 // masked tail, then the fixed tree, bit-identical to the multi-row tiles.
 func gemmDPR1() {

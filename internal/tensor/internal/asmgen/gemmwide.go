@@ -1,9 +1,9 @@
 package main
 
 // The AVX-512 one-row (decode) kernels gemmAVX512<dtype>R1: wideCols weight
-// rows a pass from three base registers (wideRows), the K loop unrolled
-// twice and prefetched prefetchPasses passes ahead; the leftover rows go
-// through gemm.go's passes. dpbf16.go's one-row kernel shares the body
+// rows a pass, one from each of wideCols streams (three base registers:
+// gemm.go's strided8), the K loop unrolled twice, no software prefetch;
+// the leftover rows go through gemm.go's passes. dpbf16.go's one-row kernel shares the body
 // (wideKernel.emitWide) with its own loads and products.
 
 import (
@@ -176,11 +176,9 @@ func (w wideKernel) emitWide(k, wcur, ocur, nrem Register, x GPVirtual, mask Op)
 }
 
 // gemmWideR1 emits the AVX-512 one-row (decode) kernel. It is memory
-// bound, so it reads wideCols weight rows per pass (more independent
-// accumulators and memory streams), unrolls the K loop twice and
-// prefetches the rows prefetchPasses passes ahead (the rows are
-// contiguous when ldw == k, as MatMul passes them; otherwise the
-// prefetches are merely useless). Each weight row still has exactly one
+// bound, so it reads wideCols weight rows per pass, one from each of
+// wideCols long streams the hardware prefetchers follow (emitWide), and
+// unrolls the K loop twice. Each weight row still has exactly one
 // accumulator marching over K in steps of 16, then the masked tail, then
 // the fixed reduction tree, so every output is bit-identical to the one
 // the multi-row tiles compute. Leftover rows (n % wideCols) go through a
