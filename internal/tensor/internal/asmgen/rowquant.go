@@ -9,8 +9,10 @@ package main
 // prefetching recovers only part of that. So a row kernel reads its weight
 // rows one after the other, each from start to end (the AVX2 kernels, tuned
 // on a Zen 2 where one stream is the slower, read rows from two or four
-// distant regions of the matrix side by side: see rowstreams.go), and
-// works in two phases:
+// distant regions of the matrix side by side: see rowstreams.go; a later
+// VM of the same Zen 4 model read 8 streams faster than one, 25–29 against
+// 17–20 GB/s, and there the AVX2 kernels decode Q8_0, Q4_0 and Q4_K as fast
+// or faster: the calibration chooses per format), and works in two phases:
 //
 //   - phase 1, per weight row and group of blocks (8 blocks of 32, or 4
 //     super-blocks): the exact integer dot product of every block with the
