@@ -82,7 +82,8 @@ func reportRates(b *testing.B, tokens int, cpu time.Duration) {
 // every kernel ISA listed in TANDEM_BENCH_ISAS (comma-separated, e.g.
 // "avx512bf16,avx512"), which compares kernel sets within one run. An
 // entry may name the quantized kernels too, as TANDEM_KERNELS does
-// ("avx512bf16/avx2").
+// ("avx512bf16/avx2", "avx512bf16/avx512vnni/avx2,q6_k=avx512vnni": a
+// format=kernels part after a comma belongs to the entry before it).
 func runBench(b *testing.B, threads int, f func(b *testing.B)) {
 	name := fmt.Sprintf("threads=%d", threads)
 	isas := os.Getenv("TANDEM_BENCH_ISAS")
@@ -92,7 +93,7 @@ func runBench(b *testing.B, threads int, f func(b *testing.B)) {
 	}
 	def := tensor.ISA()
 	defer func() { _ = tensor.SetISA(def) }()
-	for isa := range strings.SplitSeq(isas, ",") {
+	for _, isa := range benchISAs(isas) {
 		b.Run(name+"/isa="+isa, func(b *testing.B) {
 			if _, err := tensor.Calibrate(tensor.CalibrateConfig{Override: isa}); err != nil {
 				b.Fatal(err)
@@ -100,6 +101,21 @@ func runBench(b *testing.B, threads int, f func(b *testing.B)) {
 			f(b)
 		})
 	}
+}
+
+// benchISAs splits TANDEM_BENCH_ISAS into its entries: at the commas,
+// except before a format=kernels part (no "/"), which continues the entry
+// before it.
+func benchISAs(v string) []string {
+	var out []string
+	for e := range strings.SplitSeq(v, ",") {
+		if len(out) > 0 && strings.Contains(e, "=") && !strings.Contains(e, "/") {
+			out[len(out)-1] += "," + e
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
 // benchLayout is m's KV layout for the benchmarks, 16 slots a block: the
