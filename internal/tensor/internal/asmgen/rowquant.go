@@ -157,10 +157,11 @@ func (k *rowKern) phase1(elems, bytes int, body func(wq, xq, b, slot GPVirtual))
 	ADDQ(paramMem("x"), xq)
 	// Into the L2 on AVX-512 (on a Zen 4, PREFETCHT0 here held the VNNI
 	// row kernels' cold decode at 13–16 GB/s, PREFETCHT1 18–22: the lines
-	// a group ahead crowded the L1 the group's loads hit).
+	// a group ahead crowded the L1 the group's loads hit), rowPfDistL2
+	// ahead.
 	for off := 0; off < k.group*bytes+63; off += 64 {
 		if k.avx512 {
-			PREFETCHT1(Mem{Base: wq, Disp: rowPfDist + off})
+			PREFETCHT1(Mem{Base: wq, Disp: rowPfDistL2 + off})
 		} else {
 			PREFETCHT0(Mem{Base: wq, Disp: rowPfDist + off})
 		}
@@ -190,6 +191,12 @@ func (k *rowKern) phase1(elems, bytes int, body func(wq, xq, b, slot GPVirtual))
 // KiB half of it, 16 KiB the same; docs/performance.md). Prefetches past
 // the end of the weights are harmless (they never fault).
 const rowPfDist = 8192
+
+// rowPfDistL2 is rowPfDist for the AVX-512 row kernels, which prefetch into
+// the L2: on a Zen 4, 16 KiB decoded Q8_0, Q4_K, Q5_K and Q6_K 2–24% faster
+// than 8 KiB on one thread (three rounds), 32 KiB between the two
+// (docs/performance.md).
+const rowPfDistL2 = 16 << 10
 
 // param loads the kernel parameter name into a fresh register.
 func (k *rowKern) param(name string) GPVirtual {
