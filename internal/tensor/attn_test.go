@@ -223,24 +223,7 @@ func TestAttnPVSplitsAndBatches(t *testing.T) {
 	for _, hd := range []int{64, 128, 80, 40, 16, 8, 7, 33, 1} {
 		for _, n := range []int{1, 2, 3, 16, 17, 63, 64} {
 			for _, rows := range []int{1, 2, 3, 4, 5, 6, 7, 8, 13, 27} {
-				ldv, lda, ldw := hd+5, hd+2, AttnChunk+2
-				v := make([]uint16, (n+1)*ldv)
-				for i := range v {
-					v[i] = F32ToBF16(float32(r.NormFloat64()))
-				}
-				for i := range hd {
-					v[n*ldv+i] = 0x7fc0 // NaN in the slot past the last key
-				}
-				w := make([]uint16, rows*ldw)
-				for i := range rows {
-					for j := range n {
-						w[i*ldw+j] = F32ToBF16(r.Float32())
-					}
-				}
-				acc0 := make([]float32, rows*lda)
-				for i := range acc0 {
-					acc0[i] = float32(r.NormFloat64())
-				}
+				v, w, acc0, ldv, lda, ldw := pvOperands(r, hd, n, rows)
 				// Rows ldv apart, but in shuffled order: row j at slot perm[j].
 				perm := r.Perm(n + 1)
 				vs := make([]uint16, len(v))
@@ -366,4 +349,30 @@ func TestAssemblySetsHaveAttentionScanKernels(t *testing.T) {
 			t.Errorf("%s: no axpyRows kernel (f32 value rows)", ks.name)
 		}
 	}
+}
+
+// pvOperands makes random operands for AttnPVBF16 over n keys of hd
+// dimensions and rows query rows: n+1 value rows ldv apart (the last one
+// NaN, a slot past the keys that must not be read), weights ldw apart
+// (zero past the n keys) and accumulators lda apart.
+func pvOperands(r *rand.Rand, hd, n, rows int) (v, w []uint16, acc0 []float32, ldv, lda, ldw int) {
+	ldv, lda, ldw = hd+5, hd+2, AttnChunk+2
+	v = make([]uint16, (n+1)*ldv)
+	for i := range v {
+		v[i] = F32ToBF16(float32(r.NormFloat64()))
+	}
+	for i := range hd {
+		v[n*ldv+i] = 0x7fc0 // NaN in the slot past the last key
+	}
+	w = make([]uint16, rows*ldw)
+	for i := range rows {
+		for j := range n {
+			w[i*ldw+j] = F32ToBF16(r.Float32())
+		}
+	}
+	acc0 = make([]float32, rows*lda)
+	for i := range acc0 {
+		acc0[i] = float32(r.NormFloat64())
+	}
+	return v, w, acc0, ldv, lda, ldw
 }

@@ -76,21 +76,7 @@ func TestAttnPVBF16StreamMatchesAttnPVBF16(t *testing.T) {
 	for _, hd := range []int{64, 128, 80, 40, 16, 7} {
 		for _, n := range []int{1, 2, 17, 64} {
 			for _, rows := range []int{1, 3, 8, 13} {
-				ldv, lda, ldw := hd+5, hd+2, AttnChunk+2
-				v := make([]uint16, (n+1)*ldv)
-				for i := range v {
-					v[i] = F32ToBF16(float32(r.NormFloat64()))
-				}
-				w := make([]uint16, rows*ldw)
-				for i := range rows {
-					for j := range n {
-						w[i*ldw+j] = F32ToBF16(r.Float32())
-					}
-				}
-				acc0 := make([]float32, rows*lda)
-				for i := range acc0 {
-					acc0[i] = float32(r.NormFloat64())
-				}
+				v, w, acc0, ldv, lda, ldw := pvOperands(r, hd, n, rows)
 				offs := make([]int, n)
 				for j, p := range r.Perm(n) {
 					offs[j] = p * ldv

@@ -119,21 +119,28 @@ func TestRowQuantsRoundTrip(t *testing.T) {
 	}
 }
 
+// installCountingQuants makes the quantized kernels "panels" and "rows"
+// (the Go definition, each call reported to seen with its name) and "go",
+// until t ends.
+func installCountingQuants(t *testing.T, seen func(name string, a *qAct, w *Mat)) {
+	quants := quantKernels
+	t.Cleanup(func() { quantKernels = quants })
+	counting := func(name string) quantKernel {
+		return quantKernel{name: name, avail: true, fn: func(a *qAct, w *Mat, lo, hi int, out []float32) {
+			seen(name, a, w)
+			qmmGo(a, w, lo, hi, out)
+		}}
+	}
+	quantKernels = []quantKernel{counting("panels"), counting("rows"), {name: "go", avail: true}}
+}
+
 // TestDecodeRowsRunTheirFormatsKernels: with one format's decode kernels
 // chosen apart, a one-row product of that format runs them and another
 // format's runs the rest's.
 func TestDecodeRowsRunTheirFormatsKernels(t *testing.T) {
 	restoreKernels(t)
-	quants := quantKernels
-	t.Cleanup(func() { quantKernels = quants })
 	calls := map[string][]DType{}
-	counting := func(name string) quantKernel {
-		return quantKernel{name: name, avail: true, fn: func(a *qAct, w *Mat, lo, hi int, out []float32) {
-			calls[name] = append(calls[name], w.DType)
-			qmmGo(a, w, lo, hi, out)
-		}}
-	}
-	quantKernels = []quantKernel{counting("panels"), counting("rows"), {name: "go", avail: true}}
+	installCountingQuants(t, func(name string, _ *qAct, w *Mat) { calls[name] = append(calls[name], w.DType) })
 	if _, err := Calibrate(CalibrateConfig{Override: ISAs()[0] + "/panels/rows,q6_k=panels"}); err != nil {
 		t.Fatal(err)
 	}
@@ -156,16 +163,8 @@ func TestDecodeRowsRunTheirFormatsKernels(t *testing.T) {
 // with several the other.
 func TestDecodeRowsRunTheirOwnQuantKernels(t *testing.T) {
 	restoreKernels(t)
-	quants := quantKernels
-	t.Cleanup(func() { quantKernels = quants })
 	calls := map[string][]int{}
-	counting := func(name string) quantKernel {
-		return quantKernel{name: name, avail: true, fn: func(a *qAct, w *Mat, lo, hi int, out []float32) {
-			calls[name] = append(calls[name], a.m)
-			qmmGo(a, w, lo, hi, out)
-		}}
-	}
-	quantKernels = []quantKernel{counting("panels"), counting("rows"), {name: "go", avail: true}}
+	installCountingQuants(t, func(name string, a *qAct, _ *Mat) { calls[name] = append(calls[name], a.m) })
 	if _, err := Calibrate(CalibrateConfig{Override: ISAs()[0] + "/panels/rows"}); err != nil {
 		t.Fatal(err)
 	}

@@ -18,38 +18,26 @@ var peakKernels = func() [numPeaks]peakKernel {
 	ks[PeakVNNI].macs = 12 * 16 * 4
 	ks[PeakInt8AVX2].macs = 8 * 8 * 4
 	if avx2 {
-		ks[PeakFMA256].run = peakF32(peakFMAAVX2)
-		ks[PeakInt8AVX2].run = peakI32(peakInt8AVX2)
+		ks[PeakFMA256].run = peakSum(peakFMAAVX2)
+		ks[PeakInt8AVX2].run = peakSum(peakInt8AVX2)
 	}
 	if avx512 {
-		ks[PeakFMA512].run = peakF32(peakFMAAVX512)
+		ks[PeakFMA512].run = peakSum(peakFMAAVX512)
 	}
 	if avx512 && x.HasAVX512BF16 {
-		ks[PeakBF16Dot].run = peakF32(peakDPBF16)
+		ks[PeakBF16Dot].run = peakSum(peakDPBF16)
 	}
 	if avx512 && x.HasAVX512VNNI {
-		ks[PeakVNNI].run = peakI32(peakVNNI)
+		ks[PeakVNNI].run = peakSum(peakVNNI)
 	}
 	return ks
 }()
 
-// peakF32 wraps a peak kernel storing f32 lane sums: the lanes' total.
-func peakF32(k func(iters int, out *float32)) func(int) float64 {
+// peakSum wraps a peak kernel storing its 16 lanes' sums (f32 or int32):
+// the lanes' total.
+func peakSum[T float32 | int32](k func(iters int, out *T)) func(int) float64 {
 	return func(iters int) float64 {
-		var out [16]float32
-		k(iters, &out[0])
-		s := 0.0
-		for _, v := range out {
-			s += float64(v)
-		}
-		return s
-	}
-}
-
-// peakI32 wraps a peak kernel storing int32 lane sums: the lanes' total.
-func peakI32(k func(iters int, out *int32)) func(int) float64 {
-	return func(iters int) float64 {
-		var out [16]int32
+		var out [16]T
 		k(iters, &out[0])
 		s := 0.0
 		for _, v := range out {
