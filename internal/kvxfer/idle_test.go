@@ -50,7 +50,7 @@ func TestPooledConnectionsTheProducerClosedAreNotReused(t *testing.T) {
 			if n := idleConns(r); n != 4 {
 				t.Fatalf("%d idle connections, want 4", n)
 			}
-			time.Sleep(400 * time.Millisecond) // the producer closes all four
+			waitProducerConns(t, r.prod, 0) // the producer closes all four
 			r.hold(t, "req-a", 2, 3)
 			dst := newLocalBlocks(2, tiny.BlockBytes)
 			if err := r.cons.Pull(ctxT(t), r.params("req-a", 2, 3), dst); err != nil {

@@ -191,6 +191,7 @@ func (p *Producer) serveConn(c net.Conn) {
 	host := remoteIP(c)
 	peer := "" // the consumer engine id once it holds an authenticated slot
 	defer func() {
+		c.Close() // before it leaves conns: a connection not counted is closed
 		p.mu.Lock()
 		delete(p.conns, c)
 		if peer != "" {
@@ -199,7 +200,6 @@ func (p *Producer) serveConn(c net.Conn) {
 			p.unpendLocked(c) // a no-op when it was displaced
 		}
 		p.mu.Unlock()
-		c.Close()
 		select {
 		case p.connGone <- struct{}{}:
 		default:

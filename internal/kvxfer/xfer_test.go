@@ -429,7 +429,11 @@ func TestReadOfBlockOutsideTheRequestIsRefused(t *testing.T) {
 }
 
 func TestConnectionLimit(t *testing.T) {
-	r := newRig(t, rigOpts{prodMut: func(pc *ProducerConfig) { pc.MaxConns = 1 }, consMut: func(cc *ConsumerConfig) { cc.DialTimeout = 300 * time.Millisecond }})
+	// The consumer retries a busy producer until DialTimeout ends, then
+	// reports the refusal. The timeout is long enough that a loaded CI
+	// machine still completes the first dial and hears "busy" within it
+	// (at 300 ms one run timed out in the TCP connect and reported that).
+	r := newRig(t, rigOpts{prodMut: func(pc *ProducerConfig) { pc.MaxConns = 1 }, consMut: func(cc *ConsumerConfig) { cc.DialTimeout = 2 * time.Second }})
 	c1, err := net.Dial("tcp", r.ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
