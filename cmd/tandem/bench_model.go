@@ -42,7 +42,9 @@ func runBenchModel(args []string) error {
 			"Times Tandem's CPU kernels on this machine for each weight format, on the linear layers\n"+
 			"of a decoder (llama-1b's by default, random weights): decode (one token; its weights\n"+
 			"streamed from memory) as GB/s and %% of the read limit (the fastest stream read of\n"+
-			"several stream counts and prefetch distances; the plain Go scans shown beside it), and\n"+
+			"several stream counts and prefetch distances; the plain Go scans shown beside it),\n"+
+			"that read timed again alternately with each format's decode, pass by pass, so that a\n"+
+			"machine shared with other work moves both alike, and\n"+
 			"prefill (--tokens rows) as GFLOP/s and %% of the arithmetic peak of the instruction its\n"+
 			"kernels multiply with (f32 FMA, bf16 dot VDPBF16PS, or the int8 dot of the quantized\n"+
 			"kernels; each measured by a register-only loop on every thread at once, a multiply-add\n"+
@@ -90,9 +92,9 @@ func benchModel(w io.Writer, f benchModelFlags, dts []tensor.DType, cal tensor.C
 	fmt.Fprintf(w, "shape: hidden %d, kv %d, ffn %d; decode over %d layers' weights, prefill %d tokens over one layer; median of %d\n\n",
 		f.hidden, f.kv, f.ffn, f.layers, f.tokens, f.reps)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "format\tdecode GB/s\t% of read limit\tdecode tok/s (model)\tprefill GFLOP/s\tprefill kernels' peak\t% of that peak\tprefill tok/s (model)\t")
+	fmt.Fprintln(tw, "format\tdecode GB/s\tread beside GB/s\t% of read limit\tdecode tok/s (model)\tprefill GFLOP/s\tprefill kernels' peak\t% of that peak\tprefill tok/s (model)\t")
 	for _, dt := range dts {
-		r, err := benchFormat(p, f, dt)
+		r, err := benchFormat(p, f, dt, read)
 		if err != nil {
 			return err
 		}
@@ -100,9 +102,10 @@ func benchModel(w io.Writer, f benchModelFlags, dts []tensor.DType, cal tensor.C
 		if pk, ok := tensor.PrefillPeak(cal.Set, cal.Quant, dt); ok && peaks[pk] > 0 {
 			label, pct = peakLabels[pk], fmt.Sprintf("%.0f%%", 100*r.prefillFlops/peaks[pk])
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%.0f%%\t%.1f\t%.0f\t%s\t%s\t%.0f\t\n", dt, r.decodeBps/1e9, 100*r.decodeBps/read.bps,
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.0f%%\t%.1f\t%.0f\t%s\t%s\t%.0f\t\n", dt, r.decodeBps/1e9, r.readBps/1e9, 100*r.ofRead,
 			r.decodeBps/r.modelBytes, r.prefillFlops/1e9, label, pct, r.prefillFlops/r.modelFlopsPerToken)
 	}
+	fmt.Fprintf(tw, "(decode: median of %d passes, each after a pass of the read limit's scan; read beside: those scans' median; %% of read limit: the median of each pass's ratio to the scan before it)\n", f.reps)
 	fmt.Fprintf(tw, "(model: %d layers of this shape plus a %d-entry tied embedding read whole by the logits; attention not counted)\n", benchModelLayers, f.vocab)
 	return tw.Flush()
 }
@@ -114,6 +117,9 @@ const benchModelLayers = 16
 // formatResult is one format's measurements.
 type formatResult struct {
 	decodeBps, prefillFlops float64
+	// readBps is the read limit's scan timed alternately with decode, and
+	// ofRead the median of each decode pass's rate over the scan's before it.
+	readBps, ofRead float64
 	// modelBytes and modelFlopsPerToken are what a token of the whole
 	// model reads and computes in this format.
 	modelBytes, modelFlopsPerToken float64
@@ -128,8 +134,8 @@ func layerShapes(f benchModelFlags) [][2]int {
 
 // benchFormat builds f.layers layers of dt weights (one layer quantized,
 // copied into the others) and times decode over all of them and prefill
-// over the first.
-func benchFormat(p *tensor.Pool, f benchModelFlags, dt tensor.DType) (formatResult, error) {
+// over the first, the decode passes alternated with read's scan.
+func benchFormat(p *tensor.Pool, f benchModelFlags, dt tensor.DType, read readLimit) (formatResult, error) {
 	rng := rand.New(rand.NewPCG(7, uint64(dt)))
 	shapes := layerShapes(f)
 	proto := make([]*tensor.Mat, len(shapes))
@@ -169,8 +175,11 @@ func benchFormat(p *tensor.Pool, f benchModelFlags, dt tensor.DType) (formatResu
 		}
 	}
 	decodeBytes := bytesPerParam * layerParams * float64(f.layers)
+	dec, scan, ratio := pairedMedians(f.reps, decode, read.pass)
 	r := formatResult{
-		decodeBps:    decodeBytes / median(f.reps, decode).Seconds(),
+		decodeBps:    decodeBytes / dec.Seconds(),
+		readBps:      read.bytes / scan.Seconds(),
+		ofRead:       ratio * decodeBytes / read.bytes,
 		prefillFlops: 2 * layerParams * float64(f.tokens) / median(f.reps, prefill).Seconds(),
 	}
 	modelParams := layerParams*benchModelLayers + float64(f.vocab)*float64(f.hidden)
@@ -239,6 +248,35 @@ func median(reps int, fn func()) time.Duration {
 	return ds[reps/2]
 }
 
+// pairedMedians runs b once to warm up, then b and fn alternately, reps
+// times each (fn right after b, which leaves nothing of fn's data in the
+// caches when b is the read scan), and returns the median durations of fn
+// and of b and the median of the ratios t_b / t_fn pass by pass, on
+// median's clock. On a machine shared with other work the memory
+// bandwidth left to this process moves over seconds; a pair of passes
+// sees the same share, so the ratio's median is steadier than that of the
+// two medians.
+func pairedMedians(reps int, fn, b func()) (tfn, tb time.Duration, ratio float64) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	clock := benchClock
+	b()
+	fns, bs := make([]time.Duration, reps), make([]time.Duration, reps)
+	ratios := make([]float64, reps)
+	for i := range reps {
+		t := clock()
+		b()
+		u := clock()
+		fn()
+		bs[i], fns[i] = u-t, clock()-u
+		ratios[i] = float64(bs[i]) / float64(max(fns[i], 1))
+	}
+	slices.Sort(fns)
+	slices.Sort(bs)
+	slices.Sort(ratios)
+	return fns[reps/2], bs[reps/2], ratios[reps/2]
+}
+
 // benchClock is median's clock (see useThreadCPU).
 var benchClock = wallClock
 
@@ -266,6 +304,10 @@ type readLimit struct {
 	// words and dot are the plain Go scans' rates (tensor.SumWords, and
 	// Dot of the data with itself), the limit before ReadScan.
 	words, dot float64
+	// pass runs the fastest scan once more over its bytes (for
+	// pairedMedians).
+	pass  func()
+	bytes float64
 }
 
 // streamRead measures the read limit: a scan of mib MiB split over the
@@ -292,6 +334,10 @@ func streamRead(p *tensor.Pool, mib, reps int) readLimit {
 				r.bps, r.streams, r.pf = bps, st, pf
 			}
 		}
+	}
+	r.bytes = float64(per * n * 4)
+	r.pass = func() {
+		p.Parallel(n, func(lo, hi int) { tensor.ReadScan(big[lo*per:hi*per], r.streams, r.pf) })
 	}
 	r.words = rate(func(x []float32) { tensor.SumWords(x) })
 	r.dot = rate(func(x []float32) { tensor.Dot(x, x) })

@@ -40,29 +40,34 @@ func TestBenchModelPrintsEveryFormatBesideTheLimits(t *testing.T) {
 	}
 	rows := map[string][]string{}
 	for line := range strings.SplitSeq(s, "\n") {
-		if fields := strings.Fields(line); len(fields) == 8 {
+		if fields := strings.Fields(line); len(fields) == 9 {
 			rows[fields[0]] = fields
 		}
 	}
 	for _, dt := range dts {
 		row := rows[dt.String()]
 		if row == nil {
-			t.Errorf("no row of eight columns for %s:\n%s", dt, s)
+			t.Errorf("no row of nine columns for %s:\n%s", dt, s)
 			continue
+		}
+		for _, c := range []int{1, 2, 3} { // decode, the read beside it, their ratio
+			if v, err := strconv.ParseFloat(strings.TrimSuffix(row[c], "%"), 64); err != nil || math.IsInf(v, 0) || math.IsNaN(v) || v <= 0 {
+				t.Errorf("%s: column %d is %q, want a finite positive number", dt, c+1, row[c])
+			}
 		}
 		pk, ok := tensor.PrefillPeak(cal.Set, cal.Quant, dt)
 		if !ok || !pk.Available() {
-			if row[5] != "-" || row[6] != "-" {
-				t.Errorf("%s: no peak measured for its kernels, yet the row shows %s %s", dt, row[5], row[6])
+			if row[6] != "-" || row[7] != "-" {
+				t.Errorf("%s: no peak measured for its kernels, yet the row shows %s %s", dt, row[6], row[7])
 			}
 			continue
 		}
-		if row[5] != peakLabels[pk] {
-			t.Errorf("%s: peak %s, want %s (the %s kernels')", dt, row[5], peakLabels[pk], pk)
+		if row[6] != peakLabels[pk] {
+			t.Errorf("%s: peak %s, want %s (the %s kernels')", dt, row[6], peakLabels[pk], pk)
 		}
-		pct, err := strconv.ParseFloat(strings.TrimSuffix(row[6], "%"), 64)
+		pct, err := strconv.ParseFloat(strings.TrimSuffix(row[7], "%"), 64)
 		if err != nil || math.IsInf(pct, 0) || math.IsNaN(pct) || pct <= 0 {
-			t.Errorf("%s: %% of peak %q, want a finite positive percentage", dt, row[6])
+			t.Errorf("%s: %% of peak %q, want a finite positive percentage", dt, row[7])
 		}
 	}
 }
