@@ -27442,6 +27442,1471 @@ DATA q6qhshift1<>+62(SB)/1, $0x02
 DATA q6qhshift1<>+63(SB)/1, $0x00
 GLOBL q6qhshift1<>(SB), RODATA|NOPTR, $64
 
+// func qrowQ4_0VBMI(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+// Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VBMI, AVX512VL, CMOV, F16C, FMA3, MMX+
+TEXT ·qrowQ4_0VBMI(SB), NOSPLIT, $8-72
+	MOVL         $0x0f0f0f0f, AX
+	VPBROADCASTD AX, Z0
+	VMOVDQU64    q18vbmi0<>+0(SB), Z1
+	VMOVDQU64    q18vbmi1<>+0(SB), Z2
+	VMOVDQU64    q18vbmisc<>+0(SB), Z3
+	VMOVDQU64    q32vbmigather<>+0(SB), Z4
+	MOVQ         w+0(FP), AX
+	MOVQ         nb+24(FP), CX
+	MOVQ         rows+16(FP), DX
+	MOVQ         DX, (SP)
+	MOVQ         scratch+56(FP), DX
+	MOVQ         DX, BX
+
+row:
+	MOVQ BX, DX
+	XORQ SI, SI
+
+group:
+	MOVQ        CX, DI
+	SUBQ        $0x00000008, DI
+	CMPQ        SI, DI
+	CMOVQLT     SI, DI
+	IMUL3Q      $0x00000012, DI, R8
+	ADDQ        AX, R8
+	MOVQ        DI, R9
+	SHLQ        $0x05, R9
+	ADDQ        x+32(FP), R9
+	PREFETCHT1  16384(R8)
+	PREFETCHT1  16448(R8)
+	PREFETCHT1  16512(R8)
+	PREFETCHT1  16576(R8)
+	VMOVDQU64   (R8), Z5
+	VMOVDQU64   64(R8), Z6
+	VMOVDQA64   Z3, Z7
+	VPERMI2W    Z6, Z5, Z7
+	VMOVDQA64   Z1, Z8
+	VPERMI2B    Z6, Z5, Z8
+	VPANDD      Z0, Z8, Z5
+	VPSRLW      $0x04, Z8, Z8
+	VPANDD      Z0, Z8, Z8
+	VXORPS      Z9, Z9, Z9
+	VPDPBUSD    (R9), Z5, Z9
+	VPDPBUSD    64(R9), Z8, Z9
+	VPERMT2B    80(R8), Z2, Z6
+	VPANDD      Z0, Z6, Z5
+	VPSRLW      $0x04, Z6, Z6
+	VPANDD      Z0, Z6, Z6
+	VXORPS      Z8, Z8, Z8
+	VPDPBUSD    128(R9), Z5, Z8
+	VPDPBUSD    192(R9), Z6, Z8
+	VPUNPCKLQDQ Z8, Z9, Z5
+	VPUNPCKHQDQ Z8, Z9, Z6
+	VPADDD      Z6, Z5, Z5
+	VPSHUFD     $0xb1, Z5, Z6
+	VPADDD      Z6, Z5, Z5
+	VPERMD      Z5, Z4, Z5
+	MOVQ        aux+48(FP), R8
+	LEAQ        (R8)(CX*4), R8
+	VPADDD      (R8)(DI*4), Y5, Y5
+	VCVTDQ2PS   Y5, Y5
+	VMOVUPS     Y5, (DX)
+	VCVTPH2PS   X7, Y5
+	MOVQ        aux+48(FP), R8
+	VMULPS      (R8)(DI*4), Y5, Y5
+	VMOVUPS     Y5, 32(DX)
+	ADDQ        $0x00000200, DX
+	ADDQ        $0x00000008, SI
+	CMPQ        SI, CX
+	JB          group
+	ADDQ        ldw+8(FP), AX
+	ADDQ        $0x00000040, BX
+	DECQ        (SP)
+	JNE         row
+	MOVQ        scratch+56(FP), AX
+	MOVQ        CX, DX
+	ADDQ        $0x00000007, DX
+	SHRQ        $0x03, DX
+	VXORPS      Y0, Y0, Y0
+	DECQ        DX
+	JE          lastgroup
+
+chain:
+	VMOVUPS     (AX), Y1
+	VMOVUPS     64(AX), Y2
+	VMOVUPS     128(AX), Y3
+	VMOVUPS     192(AX), Y4
+	VMOVUPS     256(AX), Y5
+	VMOVUPS     320(AX), Y6
+	VMOVUPS     384(AX), Y7
+	VMOVUPS     448(AX), Y8
+	VPUNPCKLDQ  Y2, Y1, Y9
+	VPUNPCKHDQ  Y2, Y1, Y1
+	VPUNPCKLDQ  Y4, Y3, Y2
+	VPUNPCKHDQ  Y4, Y3, Y3
+	VPUNPCKLDQ  Y6, Y5, Y4
+	VPUNPCKHDQ  Y6, Y5, Y5
+	VPUNPCKLDQ  Y8, Y7, Y6
+	VPUNPCKHDQ  Y8, Y7, Y7
+	VPUNPCKLQDQ Y2, Y9, Y8
+	VPUNPCKHQDQ Y2, Y9, Y2
+	VPUNPCKLQDQ Y3, Y1, Y9
+	VPUNPCKHQDQ Y3, Y1, Y1
+	VPUNPCKLQDQ Y6, Y4, Y3
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VPUNPCKLQDQ Y7, Y5, Y6
+	VPUNPCKHQDQ Y7, Y5, Y5
+	VSHUFI32X4  $0x00, Y3, Y8, Y7
+	VSHUFI32X4  $0x03, Y3, Y8, Y3
+	VSHUFI32X4  $0x00, Y4, Y2, Y8
+	VSHUFI32X4  $0x03, Y4, Y2, Y2
+	VSHUFI32X4  $0x00, Y6, Y9, Y4
+	VSHUFI32X4  $0x03, Y6, Y9, Y6
+	VSHUFI32X4  $0x00, Y5, Y1, Y9
+	VSHUFI32X4  $0x03, Y5, Y1, Y1
+	VMOVUPS     Y7, (AX)
+	VMOVUPS     Y8, 64(AX)
+	VMOVUPS     Y4, 128(AX)
+	VMOVUPS     Y9, 192(AX)
+	VMOVUPS     Y3, 256(AX)
+	VMOVUPS     Y2, 320(AX)
+	VMOVUPS     Y6, 384(AX)
+	VMOVUPS     Y1, 448(AX)
+	VMOVUPS     32(AX), Y1
+	VMOVUPS     96(AX), Y2
+	VMOVUPS     160(AX), Y3
+	VMOVUPS     224(AX), Y4
+	VMOVUPS     288(AX), Y5
+	VMOVUPS     352(AX), Y6
+	VMOVUPS     416(AX), Y7
+	VMOVUPS     480(AX), Y8
+	VPUNPCKLDQ  Y2, Y1, Y9
+	VPUNPCKHDQ  Y2, Y1, Y1
+	VPUNPCKLDQ  Y4, Y3, Y2
+	VPUNPCKHDQ  Y4, Y3, Y3
+	VPUNPCKLDQ  Y6, Y5, Y4
+	VPUNPCKHDQ  Y6, Y5, Y5
+	VPUNPCKLDQ  Y8, Y7, Y6
+	VPUNPCKHDQ  Y8, Y7, Y7
+	VPUNPCKLQDQ Y2, Y9, Y8
+	VPUNPCKHQDQ Y2, Y9, Y2
+	VPUNPCKLQDQ Y3, Y1, Y9
+	VPUNPCKHQDQ Y3, Y1, Y1
+	VPUNPCKLQDQ Y6, Y4, Y3
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VPUNPCKLQDQ Y7, Y5, Y6
+	VPUNPCKHQDQ Y7, Y5, Y5
+	VSHUFI32X4  $0x00, Y3, Y8, Y7
+	VSHUFI32X4  $0x03, Y3, Y8, Y3
+	VSHUFI32X4  $0x00, Y4, Y2, Y8
+	VSHUFI32X4  $0x03, Y4, Y2, Y2
+	VSHUFI32X4  $0x00, Y6, Y9, Y4
+	VSHUFI32X4  $0x03, Y6, Y9, Y6
+	VSHUFI32X4  $0x00, Y5, Y1, Y9
+	VSHUFI32X4  $0x03, Y5, Y1, Y1
+	VFMADD231PS (AX), Y7, Y0
+	VFMADD231PS 64(AX), Y8, Y0
+	VFMADD231PS 128(AX), Y4, Y0
+	VFMADD231PS 192(AX), Y9, Y0
+	VFMADD231PS 256(AX), Y3, Y0
+	VFMADD231PS 320(AX), Y2, Y0
+	VFMADD231PS 384(AX), Y6, Y0
+	VFMADD231PS 448(AX), Y1, Y0
+	ADDQ        $0x00000200, AX
+	DECQ        DX
+	JNE         chain
+
+lastgroup:
+	NEGQ        CX
+	ANDQ        $0x07, CX
+	VMOVUPS     (AX), Y1
+	VMOVUPS     64(AX), Y2
+	VMOVUPS     128(AX), Y3
+	VMOVUPS     192(AX), Y4
+	VMOVUPS     256(AX), Y5
+	VMOVUPS     320(AX), Y6
+	VMOVUPS     384(AX), Y7
+	VMOVUPS     448(AX), Y8
+	VPUNPCKLDQ  Y2, Y1, Y9
+	VPUNPCKHDQ  Y2, Y1, Y1
+	VPUNPCKLDQ  Y4, Y3, Y2
+	VPUNPCKHDQ  Y4, Y3, Y3
+	VPUNPCKLDQ  Y6, Y5, Y4
+	VPUNPCKHDQ  Y6, Y5, Y5
+	VPUNPCKLDQ  Y8, Y7, Y6
+	VPUNPCKHDQ  Y8, Y7, Y7
+	VPUNPCKLQDQ Y2, Y9, Y8
+	VPUNPCKHQDQ Y2, Y9, Y2
+	VPUNPCKLQDQ Y3, Y1, Y9
+	VPUNPCKHQDQ Y3, Y1, Y1
+	VPUNPCKLQDQ Y6, Y4, Y3
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VPUNPCKLQDQ Y7, Y5, Y6
+	VPUNPCKHQDQ Y7, Y5, Y5
+	VSHUFI32X4  $0x00, Y3, Y8, Y7
+	VSHUFI32X4  $0x03, Y3, Y8, Y3
+	VSHUFI32X4  $0x00, Y4, Y2, Y8
+	VSHUFI32X4  $0x03, Y4, Y2, Y2
+	VSHUFI32X4  $0x00, Y6, Y9, Y4
+	VSHUFI32X4  $0x03, Y6, Y9, Y6
+	VSHUFI32X4  $0x00, Y5, Y1, Y9
+	VSHUFI32X4  $0x03, Y5, Y1, Y1
+	VMOVUPS     Y7, (AX)
+	VMOVUPS     Y8, 64(AX)
+	VMOVUPS     Y4, 128(AX)
+	VMOVUPS     Y9, 192(AX)
+	VMOVUPS     Y3, 256(AX)
+	VMOVUPS     Y2, 320(AX)
+	VMOVUPS     Y6, 384(AX)
+	VMOVUPS     Y1, 448(AX)
+	VMOVUPS     32(AX), Y1
+	VMOVUPS     96(AX), Y2
+	VMOVUPS     160(AX), Y3
+	VMOVUPS     224(AX), Y4
+	VMOVUPS     288(AX), Y5
+	VMOVUPS     352(AX), Y6
+	VMOVUPS     416(AX), Y7
+	VMOVUPS     480(AX), Y8
+	VPUNPCKLDQ  Y2, Y1, Y9
+	VPUNPCKHDQ  Y2, Y1, Y1
+	VPUNPCKLDQ  Y4, Y3, Y2
+	VPUNPCKHDQ  Y4, Y3, Y3
+	VPUNPCKLDQ  Y6, Y5, Y4
+	VPUNPCKHDQ  Y6, Y5, Y5
+	VPUNPCKLDQ  Y8, Y7, Y6
+	VPUNPCKHDQ  Y8, Y7, Y7
+	VPUNPCKLQDQ Y2, Y9, Y8
+	VPUNPCKHQDQ Y2, Y9, Y2
+	VPUNPCKLQDQ Y3, Y1, Y9
+	VPUNPCKHQDQ Y3, Y1, Y1
+	VPUNPCKLQDQ Y6, Y4, Y3
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VPUNPCKLQDQ Y7, Y5, Y6
+	VPUNPCKHQDQ Y7, Y5, Y5
+	VSHUFI32X4  $0x00, Y3, Y8, Y7
+	VSHUFI32X4  $0x03, Y3, Y8, Y3
+	VSHUFI32X4  $0x00, Y4, Y2, Y8
+	VSHUFI32X4  $0x03, Y4, Y2, Y2
+	VSHUFI32X4  $0x00, Y6, Y9, Y4
+	VSHUFI32X4  $0x03, Y6, Y9, Y6
+	VSHUFI32X4  $0x00, Y5, Y1, Y9
+	VSHUFI32X4  $0x03, Y5, Y1, Y1
+	CMPQ        CX, $0x00
+	JA          skip0
+	VFMADD231PS (AX), Y7, Y0
+
+skip0:
+	CMPQ        CX, $0x01
+	JA          skip1
+	VFMADD231PS 64(AX), Y8, Y0
+
+skip1:
+	CMPQ        CX, $0x02
+	JA          skip2
+	VFMADD231PS 128(AX), Y4, Y0
+
+skip2:
+	CMPQ        CX, $0x03
+	JA          skip3
+	VFMADD231PS 192(AX), Y9, Y0
+
+skip3:
+	CMPQ        CX, $0x04
+	JA          skip4
+	VFMADD231PS 256(AX), Y3, Y0
+
+skip4:
+	CMPQ        CX, $0x05
+	JA          skip5
+	VFMADD231PS 320(AX), Y2, Y0
+
+skip5:
+	CMPQ        CX, $0x06
+	JA          skip6
+	VFMADD231PS 384(AX), Y6, Y0
+
+skip6:
+	CMPQ        CX, $0x07
+	JA          skip7
+	VFMADD231PS 448(AX), Y1, Y0
+
+skip7:
+	MOVQ    out+64(FP), AX
+	VMOVUPS Y0, (AX)
+	VZEROUPPER
+	RET
+
+DATA q18vbmi0<>+0(SB)/1, $0x02
+DATA q18vbmi0<>+1(SB)/1, $0x03
+DATA q18vbmi0<>+2(SB)/1, $0x04
+DATA q18vbmi0<>+3(SB)/1, $0x05
+DATA q18vbmi0<>+4(SB)/1, $0x06
+DATA q18vbmi0<>+5(SB)/1, $0x07
+DATA q18vbmi0<>+6(SB)/1, $0x08
+DATA q18vbmi0<>+7(SB)/1, $0x09
+DATA q18vbmi0<>+8(SB)/1, $0x0a
+DATA q18vbmi0<>+9(SB)/1, $0x0b
+DATA q18vbmi0<>+10(SB)/1, $0x0c
+DATA q18vbmi0<>+11(SB)/1, $0x0d
+DATA q18vbmi0<>+12(SB)/1, $0x0e
+DATA q18vbmi0<>+13(SB)/1, $0x0f
+DATA q18vbmi0<>+14(SB)/1, $0x10
+DATA q18vbmi0<>+15(SB)/1, $0x11
+DATA q18vbmi0<>+16(SB)/1, $0x14
+DATA q18vbmi0<>+17(SB)/1, $0x15
+DATA q18vbmi0<>+18(SB)/1, $0x16
+DATA q18vbmi0<>+19(SB)/1, $0x17
+DATA q18vbmi0<>+20(SB)/1, $0x18
+DATA q18vbmi0<>+21(SB)/1, $0x19
+DATA q18vbmi0<>+22(SB)/1, $0x1a
+DATA q18vbmi0<>+23(SB)/1, $0x1b
+DATA q18vbmi0<>+24(SB)/1, $0x1c
+DATA q18vbmi0<>+25(SB)/1, $0x1d
+DATA q18vbmi0<>+26(SB)/1, $0x1e
+DATA q18vbmi0<>+27(SB)/1, $0x1f
+DATA q18vbmi0<>+28(SB)/1, $0x20
+DATA q18vbmi0<>+29(SB)/1, $0x21
+DATA q18vbmi0<>+30(SB)/1, $0x22
+DATA q18vbmi0<>+31(SB)/1, $0x23
+DATA q18vbmi0<>+32(SB)/1, $0x26
+DATA q18vbmi0<>+33(SB)/1, $0x27
+DATA q18vbmi0<>+34(SB)/1, $0x28
+DATA q18vbmi0<>+35(SB)/1, $0x29
+DATA q18vbmi0<>+36(SB)/1, $0x2a
+DATA q18vbmi0<>+37(SB)/1, $0x2b
+DATA q18vbmi0<>+38(SB)/1, $0x2c
+DATA q18vbmi0<>+39(SB)/1, $0x2d
+DATA q18vbmi0<>+40(SB)/1, $0x2e
+DATA q18vbmi0<>+41(SB)/1, $0x2f
+DATA q18vbmi0<>+42(SB)/1, $0x30
+DATA q18vbmi0<>+43(SB)/1, $0x31
+DATA q18vbmi0<>+44(SB)/1, $0x32
+DATA q18vbmi0<>+45(SB)/1, $0x33
+DATA q18vbmi0<>+46(SB)/1, $0x34
+DATA q18vbmi0<>+47(SB)/1, $0x35
+DATA q18vbmi0<>+48(SB)/1, $0x38
+DATA q18vbmi0<>+49(SB)/1, $0x39
+DATA q18vbmi0<>+50(SB)/1, $0x3a
+DATA q18vbmi0<>+51(SB)/1, $0x3b
+DATA q18vbmi0<>+52(SB)/1, $0x3c
+DATA q18vbmi0<>+53(SB)/1, $0x3d
+DATA q18vbmi0<>+54(SB)/1, $0x3e
+DATA q18vbmi0<>+55(SB)/1, $0x3f
+DATA q18vbmi0<>+56(SB)/1, $0x40
+DATA q18vbmi0<>+57(SB)/1, $0x41
+DATA q18vbmi0<>+58(SB)/1, $0x42
+DATA q18vbmi0<>+59(SB)/1, $0x43
+DATA q18vbmi0<>+60(SB)/1, $0x44
+DATA q18vbmi0<>+61(SB)/1, $0x45
+DATA q18vbmi0<>+62(SB)/1, $0x46
+DATA q18vbmi0<>+63(SB)/1, $0x47
+GLOBL q18vbmi0<>(SB), RODATA|NOPTR, $64
+
+DATA q18vbmi1<>+0(SB)/1, $0x0a
+DATA q18vbmi1<>+1(SB)/1, $0x0b
+DATA q18vbmi1<>+2(SB)/1, $0x0c
+DATA q18vbmi1<>+3(SB)/1, $0x0d
+DATA q18vbmi1<>+4(SB)/1, $0x0e
+DATA q18vbmi1<>+5(SB)/1, $0x0f
+DATA q18vbmi1<>+6(SB)/1, $0x10
+DATA q18vbmi1<>+7(SB)/1, $0x11
+DATA q18vbmi1<>+8(SB)/1, $0x12
+DATA q18vbmi1<>+9(SB)/1, $0x13
+DATA q18vbmi1<>+10(SB)/1, $0x14
+DATA q18vbmi1<>+11(SB)/1, $0x15
+DATA q18vbmi1<>+12(SB)/1, $0x16
+DATA q18vbmi1<>+13(SB)/1, $0x17
+DATA q18vbmi1<>+14(SB)/1, $0x18
+DATA q18vbmi1<>+15(SB)/1, $0x19
+DATA q18vbmi1<>+16(SB)/1, $0x1c
+DATA q18vbmi1<>+17(SB)/1, $0x1d
+DATA q18vbmi1<>+18(SB)/1, $0x1e
+DATA q18vbmi1<>+19(SB)/1, $0x1f
+DATA q18vbmi1<>+20(SB)/1, $0x20
+DATA q18vbmi1<>+21(SB)/1, $0x21
+DATA q18vbmi1<>+22(SB)/1, $0x22
+DATA q18vbmi1<>+23(SB)/1, $0x23
+DATA q18vbmi1<>+24(SB)/1, $0x24
+DATA q18vbmi1<>+25(SB)/1, $0x25
+DATA q18vbmi1<>+26(SB)/1, $0x26
+DATA q18vbmi1<>+27(SB)/1, $0x27
+DATA q18vbmi1<>+28(SB)/1, $0x28
+DATA q18vbmi1<>+29(SB)/1, $0x29
+DATA q18vbmi1<>+30(SB)/1, $0x2a
+DATA q18vbmi1<>+31(SB)/1, $0x2b
+DATA q18vbmi1<>+32(SB)/1, $0x2e
+DATA q18vbmi1<>+33(SB)/1, $0x2f
+DATA q18vbmi1<>+34(SB)/1, $0x30
+DATA q18vbmi1<>+35(SB)/1, $0x31
+DATA q18vbmi1<>+36(SB)/1, $0x32
+DATA q18vbmi1<>+37(SB)/1, $0x33
+DATA q18vbmi1<>+38(SB)/1, $0x34
+DATA q18vbmi1<>+39(SB)/1, $0x35
+DATA q18vbmi1<>+40(SB)/1, $0x36
+DATA q18vbmi1<>+41(SB)/1, $0x37
+DATA q18vbmi1<>+42(SB)/1, $0x38
+DATA q18vbmi1<>+43(SB)/1, $0x39
+DATA q18vbmi1<>+44(SB)/1, $0x3a
+DATA q18vbmi1<>+45(SB)/1, $0x3b
+DATA q18vbmi1<>+46(SB)/1, $0x3c
+DATA q18vbmi1<>+47(SB)/1, $0x3d
+DATA q18vbmi1<>+48(SB)/1, $0x70
+DATA q18vbmi1<>+49(SB)/1, $0x71
+DATA q18vbmi1<>+50(SB)/1, $0x72
+DATA q18vbmi1<>+51(SB)/1, $0x73
+DATA q18vbmi1<>+52(SB)/1, $0x74
+DATA q18vbmi1<>+53(SB)/1, $0x75
+DATA q18vbmi1<>+54(SB)/1, $0x76
+DATA q18vbmi1<>+55(SB)/1, $0x77
+DATA q18vbmi1<>+56(SB)/1, $0x78
+DATA q18vbmi1<>+57(SB)/1, $0x79
+DATA q18vbmi1<>+58(SB)/1, $0x7a
+DATA q18vbmi1<>+59(SB)/1, $0x7b
+DATA q18vbmi1<>+60(SB)/1, $0x7c
+DATA q18vbmi1<>+61(SB)/1, $0x7d
+DATA q18vbmi1<>+62(SB)/1, $0x7e
+DATA q18vbmi1<>+63(SB)/1, $0x7f
+GLOBL q18vbmi1<>(SB), RODATA|NOPTR, $64
+
+DATA q18vbmisc<>+0(SB)/1, $0x00
+DATA q18vbmisc<>+1(SB)/1, $0x00
+DATA q18vbmisc<>+2(SB)/1, $0x09
+DATA q18vbmisc<>+3(SB)/1, $0x00
+DATA q18vbmisc<>+4(SB)/1, $0x12
+DATA q18vbmisc<>+5(SB)/1, $0x00
+DATA q18vbmisc<>+6(SB)/1, $0x1b
+DATA q18vbmisc<>+7(SB)/1, $0x00
+DATA q18vbmisc<>+8(SB)/1, $0x24
+DATA q18vbmisc<>+9(SB)/1, $0x00
+DATA q18vbmisc<>+10(SB)/1, $0x2d
+DATA q18vbmisc<>+11(SB)/1, $0x00
+DATA q18vbmisc<>+12(SB)/1, $0x36
+DATA q18vbmisc<>+13(SB)/1, $0x00
+DATA q18vbmisc<>+14(SB)/1, $0x3f
+DATA q18vbmisc<>+15(SB)/1, $0x00
+DATA q18vbmisc<>+16(SB)/1, $0x3f
+DATA q18vbmisc<>+17(SB)/1, $0x00
+DATA q18vbmisc<>+18(SB)/1, $0x3f
+DATA q18vbmisc<>+19(SB)/1, $0x00
+DATA q18vbmisc<>+20(SB)/1, $0x3f
+DATA q18vbmisc<>+21(SB)/1, $0x00
+DATA q18vbmisc<>+22(SB)/1, $0x3f
+DATA q18vbmisc<>+23(SB)/1, $0x00
+DATA q18vbmisc<>+24(SB)/1, $0x3f
+DATA q18vbmisc<>+25(SB)/1, $0x00
+DATA q18vbmisc<>+26(SB)/1, $0x3f
+DATA q18vbmisc<>+27(SB)/1, $0x00
+DATA q18vbmisc<>+28(SB)/1, $0x3f
+DATA q18vbmisc<>+29(SB)/1, $0x00
+DATA q18vbmisc<>+30(SB)/1, $0x3f
+DATA q18vbmisc<>+31(SB)/1, $0x00
+DATA q18vbmisc<>+32(SB)/1, $0x3f
+DATA q18vbmisc<>+33(SB)/1, $0x00
+DATA q18vbmisc<>+34(SB)/1, $0x3f
+DATA q18vbmisc<>+35(SB)/1, $0x00
+DATA q18vbmisc<>+36(SB)/1, $0x3f
+DATA q18vbmisc<>+37(SB)/1, $0x00
+DATA q18vbmisc<>+38(SB)/1, $0x3f
+DATA q18vbmisc<>+39(SB)/1, $0x00
+DATA q18vbmisc<>+40(SB)/1, $0x3f
+DATA q18vbmisc<>+41(SB)/1, $0x00
+DATA q18vbmisc<>+42(SB)/1, $0x3f
+DATA q18vbmisc<>+43(SB)/1, $0x00
+DATA q18vbmisc<>+44(SB)/1, $0x3f
+DATA q18vbmisc<>+45(SB)/1, $0x00
+DATA q18vbmisc<>+46(SB)/1, $0x3f
+DATA q18vbmisc<>+47(SB)/1, $0x00
+DATA q18vbmisc<>+48(SB)/1, $0x3f
+DATA q18vbmisc<>+49(SB)/1, $0x00
+DATA q18vbmisc<>+50(SB)/1, $0x3f
+DATA q18vbmisc<>+51(SB)/1, $0x00
+DATA q18vbmisc<>+52(SB)/1, $0x3f
+DATA q18vbmisc<>+53(SB)/1, $0x00
+DATA q18vbmisc<>+54(SB)/1, $0x3f
+DATA q18vbmisc<>+55(SB)/1, $0x00
+DATA q18vbmisc<>+56(SB)/1, $0x3f
+DATA q18vbmisc<>+57(SB)/1, $0x00
+DATA q18vbmisc<>+58(SB)/1, $0x3f
+DATA q18vbmisc<>+59(SB)/1, $0x00
+DATA q18vbmisc<>+60(SB)/1, $0x3f
+DATA q18vbmisc<>+61(SB)/1, $0x00
+DATA q18vbmisc<>+62(SB)/1, $0x3f
+DATA q18vbmisc<>+63(SB)/1, $0x00
+GLOBL q18vbmisc<>(SB), RODATA|NOPTR, $64
+
+DATA q32vbmigather<>+0(SB)/1, $0x00
+DATA q32vbmigather<>+1(SB)/1, $0x00
+DATA q32vbmigather<>+2(SB)/1, $0x00
+DATA q32vbmigather<>+3(SB)/1, $0x00
+DATA q32vbmigather<>+4(SB)/1, $0x04
+DATA q32vbmigather<>+5(SB)/1, $0x00
+DATA q32vbmigather<>+6(SB)/1, $0x00
+DATA q32vbmigather<>+7(SB)/1, $0x00
+DATA q32vbmigather<>+8(SB)/1, $0x08
+DATA q32vbmigather<>+9(SB)/1, $0x00
+DATA q32vbmigather<>+10(SB)/1, $0x00
+DATA q32vbmigather<>+11(SB)/1, $0x00
+DATA q32vbmigather<>+12(SB)/1, $0x0c
+DATA q32vbmigather<>+13(SB)/1, $0x00
+DATA q32vbmigather<>+14(SB)/1, $0x00
+DATA q32vbmigather<>+15(SB)/1, $0x00
+DATA q32vbmigather<>+16(SB)/1, $0x02
+DATA q32vbmigather<>+17(SB)/1, $0x00
+DATA q32vbmigather<>+18(SB)/1, $0x00
+DATA q32vbmigather<>+19(SB)/1, $0x00
+DATA q32vbmigather<>+20(SB)/1, $0x06
+DATA q32vbmigather<>+21(SB)/1, $0x00
+DATA q32vbmigather<>+22(SB)/1, $0x00
+DATA q32vbmigather<>+23(SB)/1, $0x00
+DATA q32vbmigather<>+24(SB)/1, $0x0a
+DATA q32vbmigather<>+25(SB)/1, $0x00
+DATA q32vbmigather<>+26(SB)/1, $0x00
+DATA q32vbmigather<>+27(SB)/1, $0x00
+DATA q32vbmigather<>+28(SB)/1, $0x0e
+DATA q32vbmigather<>+29(SB)/1, $0x00
+DATA q32vbmigather<>+30(SB)/1, $0x00
+DATA q32vbmigather<>+31(SB)/1, $0x00
+DATA q32vbmigather<>+32(SB)/1, $0x00
+DATA q32vbmigather<>+33(SB)/1, $0x00
+DATA q32vbmigather<>+34(SB)/1, $0x00
+DATA q32vbmigather<>+35(SB)/1, $0x00
+DATA q32vbmigather<>+36(SB)/1, $0x00
+DATA q32vbmigather<>+37(SB)/1, $0x00
+DATA q32vbmigather<>+38(SB)/1, $0x00
+DATA q32vbmigather<>+39(SB)/1, $0x00
+DATA q32vbmigather<>+40(SB)/1, $0x00
+DATA q32vbmigather<>+41(SB)/1, $0x00
+DATA q32vbmigather<>+42(SB)/1, $0x00
+DATA q32vbmigather<>+43(SB)/1, $0x00
+DATA q32vbmigather<>+44(SB)/1, $0x00
+DATA q32vbmigather<>+45(SB)/1, $0x00
+DATA q32vbmigather<>+46(SB)/1, $0x00
+DATA q32vbmigather<>+47(SB)/1, $0x00
+DATA q32vbmigather<>+48(SB)/1, $0x00
+DATA q32vbmigather<>+49(SB)/1, $0x00
+DATA q32vbmigather<>+50(SB)/1, $0x00
+DATA q32vbmigather<>+51(SB)/1, $0x00
+DATA q32vbmigather<>+52(SB)/1, $0x00
+DATA q32vbmigather<>+53(SB)/1, $0x00
+DATA q32vbmigather<>+54(SB)/1, $0x00
+DATA q32vbmigather<>+55(SB)/1, $0x00
+DATA q32vbmigather<>+56(SB)/1, $0x00
+DATA q32vbmigather<>+57(SB)/1, $0x00
+DATA q32vbmigather<>+58(SB)/1, $0x00
+DATA q32vbmigather<>+59(SB)/1, $0x00
+DATA q32vbmigather<>+60(SB)/1, $0x00
+DATA q32vbmigather<>+61(SB)/1, $0x00
+DATA q32vbmigather<>+62(SB)/1, $0x00
+DATA q32vbmigather<>+63(SB)/1, $0x00
+GLOBL q32vbmigather<>(SB), RODATA|NOPTR, $64
+
+// func qrowQ5_0VBMI(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+// Requires: AVX, AVX2, AVX512BW, AVX512DQ, AVX512F, AVX512VBMI, AVX512VL, CMOV, F16C, FMA3, MMX+
+TEXT ·qrowQ5_0VBMI(SB), NOSPLIT, $8-72
+	MOVL         $0x0f0f0f0f, AX
+	VPBROADCASTD AX, Z0
+	VMOVDQU64    q22vbmi0<>+0(SB), Z1
+	VMOVDQU64    q5vbmiqh00<>+0(SB), Z2
+	VMOVDQU64    q5vbmiqh01<>+0(SB), Z3
+	VMOVDQU64    q22vbmi1<>+0(SB), Z4
+	VMOVDQU64    q5vbmiqh10<>+0(SB), Z5
+	VMOVDQU64    q5vbmiqh11<>+0(SB), Z6
+	VMOVDQU64    q5vbmibits<>+0(SB), Z7
+	MOVL         $0x10101010, AX
+	VPBROADCASTD AX, Z8
+	VMOVDQU64    q22vbmisc<>+0(SB), Z9
+	VMOVDQU64    q5vbmisc2<>+0(SB), Z10
+	MOVL         $0x000000c0, AX
+	KMOVD        AX, K1
+	VMOVDQU64    q32vbmigather<>+0(SB), Z11
+	MOVQ         w+0(FP), AX
+	MOVQ         nb+24(FP), CX
+	MOVQ         rows+16(FP), DX
+	MOVQ         DX, (SP)
+	MOVQ         scratch+56(FP), DX
+	MOVQ         DX, BX
+
+row:
+	MOVQ BX, DX
+	XORQ SI, SI
+
+group:
+	MOVQ        CX, DI
+	SUBQ        $0x00000008, DI
+	CMPQ        SI, DI
+	CMOVQLT     SI, DI
+	IMUL3Q      $0x00000016, DI, R8
+	ADDQ        AX, R8
+	MOVQ        DI, R9
+	SHLQ        $0x05, R9
+	ADDQ        x+32(FP), R9
+	PREFETCHT1  16384(R8)
+	PREFETCHT1  16448(R8)
+	PREFETCHT1  16512(R8)
+	PREFETCHT1  16576(R8)
+	VMOVDQU64   (R8), Z12
+	VMOVDQU64   64(R8), Z13
+	VMOVDQA64   Z9, Z14
+	VPERMI2W    Z13, Z12, Z14
+	VMOVDQA64   Z10, Z15
+	VPERMI2W    112(R8), Z13, Z15
+	VMOVDQU16   Z15, K1, Z14
+	VMOVDQA64   Z2, Z15
+	VPERMI2B    Z13, Z12, Z15
+	VPTESTMB    Z7, Z15, K2
+	VMOVDQA64   Z3, Z15
+	VPERMI2B    Z13, Z12, Z15
+	VPTESTMB    Z7, Z15, K3
+	VMOVDQA64   Z1, Z15
+	VPERMI2B    Z13, Z12, Z15
+	VPANDD      Z0, Z15, Z12
+	VPSRLW      $0x04, Z15, Z15
+	VPANDD      Z0, Z15, Z15
+	VXORPS      Z16, Z16, Z16
+	VPADDB      Z8, Z12, K2, Z12
+	VPDPBUSD    (R9), Z12, Z16
+	VPADDB      Z8, Z15, K3, Z15
+	VPDPBUSD    64(R9), Z15, Z16
+	VMOVDQA64   Z5, Z12
+	VPERMI2B    112(R8), Z13, Z12
+	VPTESTMB    Z7, Z12, K2
+	VMOVDQA64   Z6, Z12
+	VPERMI2B    112(R8), Z13, Z12
+	VPTESTMB    Z7, Z12, K3
+	VPERMT2B    112(R8), Z4, Z13
+	VPANDD      Z0, Z13, Z12
+	VPSRLW      $0x04, Z13, Z13
+	VPANDD      Z0, Z13, Z13
+	VXORPS      Z15, Z15, Z15
+	VPADDB      Z8, Z12, K2, Z12
+	VPDPBUSD    128(R9), Z12, Z15
+	VPADDB      Z8, Z13, K3, Z13
+	VPDPBUSD    192(R9), Z13, Z15
+	VPUNPCKLQDQ Z15, Z16, Z12
+	VPUNPCKHQDQ Z15, Z16, Z13
+	VPADDD      Z13, Z12, Z12
+	VPSHUFD     $0xb1, Z12, Z13
+	VPADDD      Z13, Z12, Z12
+	VPERMD      Z12, Z11, Z12
+	MOVQ        aux+48(FP), R8
+	LEAQ        (R8)(CX*4), R8
+	VPADDD      (R8)(DI*4), Y12, Y12
+	VCVTDQ2PS   Y12, Y12
+	VMOVUPS     Y12, (DX)
+	VCVTPH2PS   X14, Y12
+	MOVQ        aux+48(FP), R8
+	VMULPS      (R8)(DI*4), Y12, Y12
+	VMOVUPS     Y12, 32(DX)
+	ADDQ        $0x00000200, DX
+	ADDQ        $0x00000008, SI
+	CMPQ        SI, CX
+	JB          group
+	ADDQ        ldw+8(FP), AX
+	ADDQ        $0x00000040, BX
+	DECQ        (SP)
+	JNE         row
+	MOVQ        scratch+56(FP), AX
+	MOVQ        CX, DX
+	ADDQ        $0x00000007, DX
+	SHRQ        $0x03, DX
+	VXORPS      Y0, Y0, Y0
+	DECQ        DX
+	JE          lastgroup
+
+chain:
+	VMOVUPS     (AX), Y1
+	VMOVUPS     64(AX), Y2
+	VMOVUPS     128(AX), Y3
+	VMOVUPS     192(AX), Y4
+	VMOVUPS     256(AX), Y5
+	VMOVUPS     320(AX), Y6
+	VMOVUPS     384(AX), Y7
+	VMOVUPS     448(AX), Y8
+	VPUNPCKLDQ  Y2, Y1, Y9
+	VPUNPCKHDQ  Y2, Y1, Y1
+	VPUNPCKLDQ  Y4, Y3, Y2
+	VPUNPCKHDQ  Y4, Y3, Y3
+	VPUNPCKLDQ  Y6, Y5, Y4
+	VPUNPCKHDQ  Y6, Y5, Y5
+	VPUNPCKLDQ  Y8, Y7, Y6
+	VPUNPCKHDQ  Y8, Y7, Y7
+	VPUNPCKLQDQ Y2, Y9, Y8
+	VPUNPCKHQDQ Y2, Y9, Y2
+	VPUNPCKLQDQ Y3, Y1, Y9
+	VPUNPCKHQDQ Y3, Y1, Y1
+	VPUNPCKLQDQ Y6, Y4, Y3
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VPUNPCKLQDQ Y7, Y5, Y6
+	VPUNPCKHQDQ Y7, Y5, Y5
+	VSHUFI32X4  $0x00, Y3, Y8, Y7
+	VSHUFI32X4  $0x03, Y3, Y8, Y3
+	VSHUFI32X4  $0x00, Y4, Y2, Y8
+	VSHUFI32X4  $0x03, Y4, Y2, Y2
+	VSHUFI32X4  $0x00, Y6, Y9, Y4
+	VSHUFI32X4  $0x03, Y6, Y9, Y6
+	VSHUFI32X4  $0x00, Y5, Y1, Y9
+	VSHUFI32X4  $0x03, Y5, Y1, Y1
+	VMOVUPS     Y7, (AX)
+	VMOVUPS     Y8, 64(AX)
+	VMOVUPS     Y4, 128(AX)
+	VMOVUPS     Y9, 192(AX)
+	VMOVUPS     Y3, 256(AX)
+	VMOVUPS     Y2, 320(AX)
+	VMOVUPS     Y6, 384(AX)
+	VMOVUPS     Y1, 448(AX)
+	VMOVUPS     32(AX), Y1
+	VMOVUPS     96(AX), Y2
+	VMOVUPS     160(AX), Y3
+	VMOVUPS     224(AX), Y4
+	VMOVUPS     288(AX), Y5
+	VMOVUPS     352(AX), Y6
+	VMOVUPS     416(AX), Y7
+	VMOVUPS     480(AX), Y8
+	VPUNPCKLDQ  Y2, Y1, Y9
+	VPUNPCKHDQ  Y2, Y1, Y1
+	VPUNPCKLDQ  Y4, Y3, Y2
+	VPUNPCKHDQ  Y4, Y3, Y3
+	VPUNPCKLDQ  Y6, Y5, Y4
+	VPUNPCKHDQ  Y6, Y5, Y5
+	VPUNPCKLDQ  Y8, Y7, Y6
+	VPUNPCKHDQ  Y8, Y7, Y7
+	VPUNPCKLQDQ Y2, Y9, Y8
+	VPUNPCKHQDQ Y2, Y9, Y2
+	VPUNPCKLQDQ Y3, Y1, Y9
+	VPUNPCKHQDQ Y3, Y1, Y1
+	VPUNPCKLQDQ Y6, Y4, Y3
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VPUNPCKLQDQ Y7, Y5, Y6
+	VPUNPCKHQDQ Y7, Y5, Y5
+	VSHUFI32X4  $0x00, Y3, Y8, Y7
+	VSHUFI32X4  $0x03, Y3, Y8, Y3
+	VSHUFI32X4  $0x00, Y4, Y2, Y8
+	VSHUFI32X4  $0x03, Y4, Y2, Y2
+	VSHUFI32X4  $0x00, Y6, Y9, Y4
+	VSHUFI32X4  $0x03, Y6, Y9, Y6
+	VSHUFI32X4  $0x00, Y5, Y1, Y9
+	VSHUFI32X4  $0x03, Y5, Y1, Y1
+	VFMADD231PS (AX), Y7, Y0
+	VFMADD231PS 64(AX), Y8, Y0
+	VFMADD231PS 128(AX), Y4, Y0
+	VFMADD231PS 192(AX), Y9, Y0
+	VFMADD231PS 256(AX), Y3, Y0
+	VFMADD231PS 320(AX), Y2, Y0
+	VFMADD231PS 384(AX), Y6, Y0
+	VFMADD231PS 448(AX), Y1, Y0
+	ADDQ        $0x00000200, AX
+	DECQ        DX
+	JNE         chain
+
+lastgroup:
+	NEGQ        CX
+	ANDQ        $0x07, CX
+	VMOVUPS     (AX), Y1
+	VMOVUPS     64(AX), Y2
+	VMOVUPS     128(AX), Y3
+	VMOVUPS     192(AX), Y4
+	VMOVUPS     256(AX), Y5
+	VMOVUPS     320(AX), Y6
+	VMOVUPS     384(AX), Y7
+	VMOVUPS     448(AX), Y8
+	VPUNPCKLDQ  Y2, Y1, Y9
+	VPUNPCKHDQ  Y2, Y1, Y1
+	VPUNPCKLDQ  Y4, Y3, Y2
+	VPUNPCKHDQ  Y4, Y3, Y3
+	VPUNPCKLDQ  Y6, Y5, Y4
+	VPUNPCKHDQ  Y6, Y5, Y5
+	VPUNPCKLDQ  Y8, Y7, Y6
+	VPUNPCKHDQ  Y8, Y7, Y7
+	VPUNPCKLQDQ Y2, Y9, Y8
+	VPUNPCKHQDQ Y2, Y9, Y2
+	VPUNPCKLQDQ Y3, Y1, Y9
+	VPUNPCKHQDQ Y3, Y1, Y1
+	VPUNPCKLQDQ Y6, Y4, Y3
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VPUNPCKLQDQ Y7, Y5, Y6
+	VPUNPCKHQDQ Y7, Y5, Y5
+	VSHUFI32X4  $0x00, Y3, Y8, Y7
+	VSHUFI32X4  $0x03, Y3, Y8, Y3
+	VSHUFI32X4  $0x00, Y4, Y2, Y8
+	VSHUFI32X4  $0x03, Y4, Y2, Y2
+	VSHUFI32X4  $0x00, Y6, Y9, Y4
+	VSHUFI32X4  $0x03, Y6, Y9, Y6
+	VSHUFI32X4  $0x00, Y5, Y1, Y9
+	VSHUFI32X4  $0x03, Y5, Y1, Y1
+	VMOVUPS     Y7, (AX)
+	VMOVUPS     Y8, 64(AX)
+	VMOVUPS     Y4, 128(AX)
+	VMOVUPS     Y9, 192(AX)
+	VMOVUPS     Y3, 256(AX)
+	VMOVUPS     Y2, 320(AX)
+	VMOVUPS     Y6, 384(AX)
+	VMOVUPS     Y1, 448(AX)
+	VMOVUPS     32(AX), Y1
+	VMOVUPS     96(AX), Y2
+	VMOVUPS     160(AX), Y3
+	VMOVUPS     224(AX), Y4
+	VMOVUPS     288(AX), Y5
+	VMOVUPS     352(AX), Y6
+	VMOVUPS     416(AX), Y7
+	VMOVUPS     480(AX), Y8
+	VPUNPCKLDQ  Y2, Y1, Y9
+	VPUNPCKHDQ  Y2, Y1, Y1
+	VPUNPCKLDQ  Y4, Y3, Y2
+	VPUNPCKHDQ  Y4, Y3, Y3
+	VPUNPCKLDQ  Y6, Y5, Y4
+	VPUNPCKHDQ  Y6, Y5, Y5
+	VPUNPCKLDQ  Y8, Y7, Y6
+	VPUNPCKHDQ  Y8, Y7, Y7
+	VPUNPCKLQDQ Y2, Y9, Y8
+	VPUNPCKHQDQ Y2, Y9, Y2
+	VPUNPCKLQDQ Y3, Y1, Y9
+	VPUNPCKHQDQ Y3, Y1, Y1
+	VPUNPCKLQDQ Y6, Y4, Y3
+	VPUNPCKHQDQ Y6, Y4, Y4
+	VPUNPCKLQDQ Y7, Y5, Y6
+	VPUNPCKHQDQ Y7, Y5, Y5
+	VSHUFI32X4  $0x00, Y3, Y8, Y7
+	VSHUFI32X4  $0x03, Y3, Y8, Y3
+	VSHUFI32X4  $0x00, Y4, Y2, Y8
+	VSHUFI32X4  $0x03, Y4, Y2, Y2
+	VSHUFI32X4  $0x00, Y6, Y9, Y4
+	VSHUFI32X4  $0x03, Y6, Y9, Y6
+	VSHUFI32X4  $0x00, Y5, Y1, Y9
+	VSHUFI32X4  $0x03, Y5, Y1, Y1
+	CMPQ        CX, $0x00
+	JA          skip0
+	VFMADD231PS (AX), Y7, Y0
+
+skip0:
+	CMPQ        CX, $0x01
+	JA          skip1
+	VFMADD231PS 64(AX), Y8, Y0
+
+skip1:
+	CMPQ        CX, $0x02
+	JA          skip2
+	VFMADD231PS 128(AX), Y4, Y0
+
+skip2:
+	CMPQ        CX, $0x03
+	JA          skip3
+	VFMADD231PS 192(AX), Y9, Y0
+
+skip3:
+	CMPQ        CX, $0x04
+	JA          skip4
+	VFMADD231PS 256(AX), Y3, Y0
+
+skip4:
+	CMPQ        CX, $0x05
+	JA          skip5
+	VFMADD231PS 320(AX), Y2, Y0
+
+skip5:
+	CMPQ        CX, $0x06
+	JA          skip6
+	VFMADD231PS 384(AX), Y6, Y0
+
+skip6:
+	CMPQ        CX, $0x07
+	JA          skip7
+	VFMADD231PS 448(AX), Y1, Y0
+
+skip7:
+	MOVQ    out+64(FP), AX
+	VMOVUPS Y0, (AX)
+	VZEROUPPER
+	RET
+
+DATA q22vbmi0<>+0(SB)/1, $0x06
+DATA q22vbmi0<>+1(SB)/1, $0x07
+DATA q22vbmi0<>+2(SB)/1, $0x08
+DATA q22vbmi0<>+3(SB)/1, $0x09
+DATA q22vbmi0<>+4(SB)/1, $0x0a
+DATA q22vbmi0<>+5(SB)/1, $0x0b
+DATA q22vbmi0<>+6(SB)/1, $0x0c
+DATA q22vbmi0<>+7(SB)/1, $0x0d
+DATA q22vbmi0<>+8(SB)/1, $0x0e
+DATA q22vbmi0<>+9(SB)/1, $0x0f
+DATA q22vbmi0<>+10(SB)/1, $0x10
+DATA q22vbmi0<>+11(SB)/1, $0x11
+DATA q22vbmi0<>+12(SB)/1, $0x12
+DATA q22vbmi0<>+13(SB)/1, $0x13
+DATA q22vbmi0<>+14(SB)/1, $0x14
+DATA q22vbmi0<>+15(SB)/1, $0x15
+DATA q22vbmi0<>+16(SB)/1, $0x1c
+DATA q22vbmi0<>+17(SB)/1, $0x1d
+DATA q22vbmi0<>+18(SB)/1, $0x1e
+DATA q22vbmi0<>+19(SB)/1, $0x1f
+DATA q22vbmi0<>+20(SB)/1, $0x20
+DATA q22vbmi0<>+21(SB)/1, $0x21
+DATA q22vbmi0<>+22(SB)/1, $0x22
+DATA q22vbmi0<>+23(SB)/1, $0x23
+DATA q22vbmi0<>+24(SB)/1, $0x24
+DATA q22vbmi0<>+25(SB)/1, $0x25
+DATA q22vbmi0<>+26(SB)/1, $0x26
+DATA q22vbmi0<>+27(SB)/1, $0x27
+DATA q22vbmi0<>+28(SB)/1, $0x28
+DATA q22vbmi0<>+29(SB)/1, $0x29
+DATA q22vbmi0<>+30(SB)/1, $0x2a
+DATA q22vbmi0<>+31(SB)/1, $0x2b
+DATA q22vbmi0<>+32(SB)/1, $0x32
+DATA q22vbmi0<>+33(SB)/1, $0x33
+DATA q22vbmi0<>+34(SB)/1, $0x34
+DATA q22vbmi0<>+35(SB)/1, $0x35
+DATA q22vbmi0<>+36(SB)/1, $0x36
+DATA q22vbmi0<>+37(SB)/1, $0x37
+DATA q22vbmi0<>+38(SB)/1, $0x38
+DATA q22vbmi0<>+39(SB)/1, $0x39
+DATA q22vbmi0<>+40(SB)/1, $0x3a
+DATA q22vbmi0<>+41(SB)/1, $0x3b
+DATA q22vbmi0<>+42(SB)/1, $0x3c
+DATA q22vbmi0<>+43(SB)/1, $0x3d
+DATA q22vbmi0<>+44(SB)/1, $0x3e
+DATA q22vbmi0<>+45(SB)/1, $0x3f
+DATA q22vbmi0<>+46(SB)/1, $0x40
+DATA q22vbmi0<>+47(SB)/1, $0x41
+DATA q22vbmi0<>+48(SB)/1, $0x48
+DATA q22vbmi0<>+49(SB)/1, $0x49
+DATA q22vbmi0<>+50(SB)/1, $0x4a
+DATA q22vbmi0<>+51(SB)/1, $0x4b
+DATA q22vbmi0<>+52(SB)/1, $0x4c
+DATA q22vbmi0<>+53(SB)/1, $0x4d
+DATA q22vbmi0<>+54(SB)/1, $0x4e
+DATA q22vbmi0<>+55(SB)/1, $0x4f
+DATA q22vbmi0<>+56(SB)/1, $0x50
+DATA q22vbmi0<>+57(SB)/1, $0x51
+DATA q22vbmi0<>+58(SB)/1, $0x52
+DATA q22vbmi0<>+59(SB)/1, $0x53
+DATA q22vbmi0<>+60(SB)/1, $0x54
+DATA q22vbmi0<>+61(SB)/1, $0x55
+DATA q22vbmi0<>+62(SB)/1, $0x56
+DATA q22vbmi0<>+63(SB)/1, $0x57
+GLOBL q22vbmi0<>(SB), RODATA|NOPTR, $64
+
+DATA q5vbmiqh00<>+0(SB)/1, $0x02
+DATA q5vbmiqh00<>+1(SB)/1, $0x02
+DATA q5vbmiqh00<>+2(SB)/1, $0x02
+DATA q5vbmiqh00<>+3(SB)/1, $0x02
+DATA q5vbmiqh00<>+4(SB)/1, $0x02
+DATA q5vbmiqh00<>+5(SB)/1, $0x02
+DATA q5vbmiqh00<>+6(SB)/1, $0x02
+DATA q5vbmiqh00<>+7(SB)/1, $0x02
+DATA q5vbmiqh00<>+8(SB)/1, $0x03
+DATA q5vbmiqh00<>+9(SB)/1, $0x03
+DATA q5vbmiqh00<>+10(SB)/1, $0x03
+DATA q5vbmiqh00<>+11(SB)/1, $0x03
+DATA q5vbmiqh00<>+12(SB)/1, $0x03
+DATA q5vbmiqh00<>+13(SB)/1, $0x03
+DATA q5vbmiqh00<>+14(SB)/1, $0x03
+DATA q5vbmiqh00<>+15(SB)/1, $0x03
+DATA q5vbmiqh00<>+16(SB)/1, $0x18
+DATA q5vbmiqh00<>+17(SB)/1, $0x18
+DATA q5vbmiqh00<>+18(SB)/1, $0x18
+DATA q5vbmiqh00<>+19(SB)/1, $0x18
+DATA q5vbmiqh00<>+20(SB)/1, $0x18
+DATA q5vbmiqh00<>+21(SB)/1, $0x18
+DATA q5vbmiqh00<>+22(SB)/1, $0x18
+DATA q5vbmiqh00<>+23(SB)/1, $0x18
+DATA q5vbmiqh00<>+24(SB)/1, $0x19
+DATA q5vbmiqh00<>+25(SB)/1, $0x19
+DATA q5vbmiqh00<>+26(SB)/1, $0x19
+DATA q5vbmiqh00<>+27(SB)/1, $0x19
+DATA q5vbmiqh00<>+28(SB)/1, $0x19
+DATA q5vbmiqh00<>+29(SB)/1, $0x19
+DATA q5vbmiqh00<>+30(SB)/1, $0x19
+DATA q5vbmiqh00<>+31(SB)/1, $0x19
+DATA q5vbmiqh00<>+32(SB)/1, $0x2e
+DATA q5vbmiqh00<>+33(SB)/1, $0x2e
+DATA q5vbmiqh00<>+34(SB)/1, $0x2e
+DATA q5vbmiqh00<>+35(SB)/1, $0x2e
+DATA q5vbmiqh00<>+36(SB)/1, $0x2e
+DATA q5vbmiqh00<>+37(SB)/1, $0x2e
+DATA q5vbmiqh00<>+38(SB)/1, $0x2e
+DATA q5vbmiqh00<>+39(SB)/1, $0x2e
+DATA q5vbmiqh00<>+40(SB)/1, $0x2f
+DATA q5vbmiqh00<>+41(SB)/1, $0x2f
+DATA q5vbmiqh00<>+42(SB)/1, $0x2f
+DATA q5vbmiqh00<>+43(SB)/1, $0x2f
+DATA q5vbmiqh00<>+44(SB)/1, $0x2f
+DATA q5vbmiqh00<>+45(SB)/1, $0x2f
+DATA q5vbmiqh00<>+46(SB)/1, $0x2f
+DATA q5vbmiqh00<>+47(SB)/1, $0x2f
+DATA q5vbmiqh00<>+48(SB)/1, $0x44
+DATA q5vbmiqh00<>+49(SB)/1, $0x44
+DATA q5vbmiqh00<>+50(SB)/1, $0x44
+DATA q5vbmiqh00<>+51(SB)/1, $0x44
+DATA q5vbmiqh00<>+52(SB)/1, $0x44
+DATA q5vbmiqh00<>+53(SB)/1, $0x44
+DATA q5vbmiqh00<>+54(SB)/1, $0x44
+DATA q5vbmiqh00<>+55(SB)/1, $0x44
+DATA q5vbmiqh00<>+56(SB)/1, $0x45
+DATA q5vbmiqh00<>+57(SB)/1, $0x45
+DATA q5vbmiqh00<>+58(SB)/1, $0x45
+DATA q5vbmiqh00<>+59(SB)/1, $0x45
+DATA q5vbmiqh00<>+60(SB)/1, $0x45
+DATA q5vbmiqh00<>+61(SB)/1, $0x45
+DATA q5vbmiqh00<>+62(SB)/1, $0x45
+DATA q5vbmiqh00<>+63(SB)/1, $0x45
+GLOBL q5vbmiqh00<>(SB), RODATA|NOPTR, $64
+
+DATA q5vbmiqh01<>+0(SB)/1, $0x04
+DATA q5vbmiqh01<>+1(SB)/1, $0x04
+DATA q5vbmiqh01<>+2(SB)/1, $0x04
+DATA q5vbmiqh01<>+3(SB)/1, $0x04
+DATA q5vbmiqh01<>+4(SB)/1, $0x04
+DATA q5vbmiqh01<>+5(SB)/1, $0x04
+DATA q5vbmiqh01<>+6(SB)/1, $0x04
+DATA q5vbmiqh01<>+7(SB)/1, $0x04
+DATA q5vbmiqh01<>+8(SB)/1, $0x05
+DATA q5vbmiqh01<>+9(SB)/1, $0x05
+DATA q5vbmiqh01<>+10(SB)/1, $0x05
+DATA q5vbmiqh01<>+11(SB)/1, $0x05
+DATA q5vbmiqh01<>+12(SB)/1, $0x05
+DATA q5vbmiqh01<>+13(SB)/1, $0x05
+DATA q5vbmiqh01<>+14(SB)/1, $0x05
+DATA q5vbmiqh01<>+15(SB)/1, $0x05
+DATA q5vbmiqh01<>+16(SB)/1, $0x1a
+DATA q5vbmiqh01<>+17(SB)/1, $0x1a
+DATA q5vbmiqh01<>+18(SB)/1, $0x1a
+DATA q5vbmiqh01<>+19(SB)/1, $0x1a
+DATA q5vbmiqh01<>+20(SB)/1, $0x1a
+DATA q5vbmiqh01<>+21(SB)/1, $0x1a
+DATA q5vbmiqh01<>+22(SB)/1, $0x1a
+DATA q5vbmiqh01<>+23(SB)/1, $0x1a
+DATA q5vbmiqh01<>+24(SB)/1, $0x1b
+DATA q5vbmiqh01<>+25(SB)/1, $0x1b
+DATA q5vbmiqh01<>+26(SB)/1, $0x1b
+DATA q5vbmiqh01<>+27(SB)/1, $0x1b
+DATA q5vbmiqh01<>+28(SB)/1, $0x1b
+DATA q5vbmiqh01<>+29(SB)/1, $0x1b
+DATA q5vbmiqh01<>+30(SB)/1, $0x1b
+DATA q5vbmiqh01<>+31(SB)/1, $0x1b
+DATA q5vbmiqh01<>+32(SB)/1, $0x30
+DATA q5vbmiqh01<>+33(SB)/1, $0x30
+DATA q5vbmiqh01<>+34(SB)/1, $0x30
+DATA q5vbmiqh01<>+35(SB)/1, $0x30
+DATA q5vbmiqh01<>+36(SB)/1, $0x30
+DATA q5vbmiqh01<>+37(SB)/1, $0x30
+DATA q5vbmiqh01<>+38(SB)/1, $0x30
+DATA q5vbmiqh01<>+39(SB)/1, $0x30
+DATA q5vbmiqh01<>+40(SB)/1, $0x31
+DATA q5vbmiqh01<>+41(SB)/1, $0x31
+DATA q5vbmiqh01<>+42(SB)/1, $0x31
+DATA q5vbmiqh01<>+43(SB)/1, $0x31
+DATA q5vbmiqh01<>+44(SB)/1, $0x31
+DATA q5vbmiqh01<>+45(SB)/1, $0x31
+DATA q5vbmiqh01<>+46(SB)/1, $0x31
+DATA q5vbmiqh01<>+47(SB)/1, $0x31
+DATA q5vbmiqh01<>+48(SB)/1, $0x46
+DATA q5vbmiqh01<>+49(SB)/1, $0x46
+DATA q5vbmiqh01<>+50(SB)/1, $0x46
+DATA q5vbmiqh01<>+51(SB)/1, $0x46
+DATA q5vbmiqh01<>+52(SB)/1, $0x46
+DATA q5vbmiqh01<>+53(SB)/1, $0x46
+DATA q5vbmiqh01<>+54(SB)/1, $0x46
+DATA q5vbmiqh01<>+55(SB)/1, $0x46
+DATA q5vbmiqh01<>+56(SB)/1, $0x47
+DATA q5vbmiqh01<>+57(SB)/1, $0x47
+DATA q5vbmiqh01<>+58(SB)/1, $0x47
+DATA q5vbmiqh01<>+59(SB)/1, $0x47
+DATA q5vbmiqh01<>+60(SB)/1, $0x47
+DATA q5vbmiqh01<>+61(SB)/1, $0x47
+DATA q5vbmiqh01<>+62(SB)/1, $0x47
+DATA q5vbmiqh01<>+63(SB)/1, $0x47
+GLOBL q5vbmiqh01<>(SB), RODATA|NOPTR, $64
+
+DATA q22vbmi1<>+0(SB)/1, $0x1e
+DATA q22vbmi1<>+1(SB)/1, $0x1f
+DATA q22vbmi1<>+2(SB)/1, $0x20
+DATA q22vbmi1<>+3(SB)/1, $0x21
+DATA q22vbmi1<>+4(SB)/1, $0x22
+DATA q22vbmi1<>+5(SB)/1, $0x23
+DATA q22vbmi1<>+6(SB)/1, $0x24
+DATA q22vbmi1<>+7(SB)/1, $0x25
+DATA q22vbmi1<>+8(SB)/1, $0x26
+DATA q22vbmi1<>+9(SB)/1, $0x27
+DATA q22vbmi1<>+10(SB)/1, $0x28
+DATA q22vbmi1<>+11(SB)/1, $0x29
+DATA q22vbmi1<>+12(SB)/1, $0x2a
+DATA q22vbmi1<>+13(SB)/1, $0x2b
+DATA q22vbmi1<>+14(SB)/1, $0x2c
+DATA q22vbmi1<>+15(SB)/1, $0x2d
+DATA q22vbmi1<>+16(SB)/1, $0x34
+DATA q22vbmi1<>+17(SB)/1, $0x35
+DATA q22vbmi1<>+18(SB)/1, $0x36
+DATA q22vbmi1<>+19(SB)/1, $0x37
+DATA q22vbmi1<>+20(SB)/1, $0x38
+DATA q22vbmi1<>+21(SB)/1, $0x39
+DATA q22vbmi1<>+22(SB)/1, $0x3a
+DATA q22vbmi1<>+23(SB)/1, $0x3b
+DATA q22vbmi1<>+24(SB)/1, $0x3c
+DATA q22vbmi1<>+25(SB)/1, $0x3d
+DATA q22vbmi1<>+26(SB)/1, $0x3e
+DATA q22vbmi1<>+27(SB)/1, $0x3f
+DATA q22vbmi1<>+28(SB)/1, $0x50
+DATA q22vbmi1<>+29(SB)/1, $0x51
+DATA q22vbmi1<>+30(SB)/1, $0x52
+DATA q22vbmi1<>+31(SB)/1, $0x53
+DATA q22vbmi1<>+32(SB)/1, $0x5a
+DATA q22vbmi1<>+33(SB)/1, $0x5b
+DATA q22vbmi1<>+34(SB)/1, $0x5c
+DATA q22vbmi1<>+35(SB)/1, $0x5d
+DATA q22vbmi1<>+36(SB)/1, $0x5e
+DATA q22vbmi1<>+37(SB)/1, $0x5f
+DATA q22vbmi1<>+38(SB)/1, $0x60
+DATA q22vbmi1<>+39(SB)/1, $0x61
+DATA q22vbmi1<>+40(SB)/1, $0x62
+DATA q22vbmi1<>+41(SB)/1, $0x63
+DATA q22vbmi1<>+42(SB)/1, $0x64
+DATA q22vbmi1<>+43(SB)/1, $0x65
+DATA q22vbmi1<>+44(SB)/1, $0x66
+DATA q22vbmi1<>+45(SB)/1, $0x67
+DATA q22vbmi1<>+46(SB)/1, $0x68
+DATA q22vbmi1<>+47(SB)/1, $0x69
+DATA q22vbmi1<>+48(SB)/1, $0x70
+DATA q22vbmi1<>+49(SB)/1, $0x71
+DATA q22vbmi1<>+50(SB)/1, $0x72
+DATA q22vbmi1<>+51(SB)/1, $0x73
+DATA q22vbmi1<>+52(SB)/1, $0x74
+DATA q22vbmi1<>+53(SB)/1, $0x75
+DATA q22vbmi1<>+54(SB)/1, $0x76
+DATA q22vbmi1<>+55(SB)/1, $0x77
+DATA q22vbmi1<>+56(SB)/1, $0x78
+DATA q22vbmi1<>+57(SB)/1, $0x79
+DATA q22vbmi1<>+58(SB)/1, $0x7a
+DATA q22vbmi1<>+59(SB)/1, $0x7b
+DATA q22vbmi1<>+60(SB)/1, $0x7c
+DATA q22vbmi1<>+61(SB)/1, $0x7d
+DATA q22vbmi1<>+62(SB)/1, $0x7e
+DATA q22vbmi1<>+63(SB)/1, $0x7f
+GLOBL q22vbmi1<>(SB), RODATA|NOPTR, $64
+
+DATA q5vbmiqh10<>+0(SB)/1, $0x1a
+DATA q5vbmiqh10<>+1(SB)/1, $0x1a
+DATA q5vbmiqh10<>+2(SB)/1, $0x1a
+DATA q5vbmiqh10<>+3(SB)/1, $0x1a
+DATA q5vbmiqh10<>+4(SB)/1, $0x1a
+DATA q5vbmiqh10<>+5(SB)/1, $0x1a
+DATA q5vbmiqh10<>+6(SB)/1, $0x1a
+DATA q5vbmiqh10<>+7(SB)/1, $0x1a
+DATA q5vbmiqh10<>+8(SB)/1, $0x1b
+DATA q5vbmiqh10<>+9(SB)/1, $0x1b
+DATA q5vbmiqh10<>+10(SB)/1, $0x1b
+DATA q5vbmiqh10<>+11(SB)/1, $0x1b
+DATA q5vbmiqh10<>+12(SB)/1, $0x1b
+DATA q5vbmiqh10<>+13(SB)/1, $0x1b
+DATA q5vbmiqh10<>+14(SB)/1, $0x1b
+DATA q5vbmiqh10<>+15(SB)/1, $0x1b
+DATA q5vbmiqh10<>+16(SB)/1, $0x30
+DATA q5vbmiqh10<>+17(SB)/1, $0x30
+DATA q5vbmiqh10<>+18(SB)/1, $0x30
+DATA q5vbmiqh10<>+19(SB)/1, $0x30
+DATA q5vbmiqh10<>+20(SB)/1, $0x30
+DATA q5vbmiqh10<>+21(SB)/1, $0x30
+DATA q5vbmiqh10<>+22(SB)/1, $0x30
+DATA q5vbmiqh10<>+23(SB)/1, $0x30
+DATA q5vbmiqh10<>+24(SB)/1, $0x31
+DATA q5vbmiqh10<>+25(SB)/1, $0x31
+DATA q5vbmiqh10<>+26(SB)/1, $0x31
+DATA q5vbmiqh10<>+27(SB)/1, $0x31
+DATA q5vbmiqh10<>+28(SB)/1, $0x31
+DATA q5vbmiqh10<>+29(SB)/1, $0x31
+DATA q5vbmiqh10<>+30(SB)/1, $0x31
+DATA q5vbmiqh10<>+31(SB)/1, $0x31
+DATA q5vbmiqh10<>+32(SB)/1, $0x56
+DATA q5vbmiqh10<>+33(SB)/1, $0x56
+DATA q5vbmiqh10<>+34(SB)/1, $0x56
+DATA q5vbmiqh10<>+35(SB)/1, $0x56
+DATA q5vbmiqh10<>+36(SB)/1, $0x56
+DATA q5vbmiqh10<>+37(SB)/1, $0x56
+DATA q5vbmiqh10<>+38(SB)/1, $0x56
+DATA q5vbmiqh10<>+39(SB)/1, $0x56
+DATA q5vbmiqh10<>+40(SB)/1, $0x57
+DATA q5vbmiqh10<>+41(SB)/1, $0x57
+DATA q5vbmiqh10<>+42(SB)/1, $0x57
+DATA q5vbmiqh10<>+43(SB)/1, $0x57
+DATA q5vbmiqh10<>+44(SB)/1, $0x57
+DATA q5vbmiqh10<>+45(SB)/1, $0x57
+DATA q5vbmiqh10<>+46(SB)/1, $0x57
+DATA q5vbmiqh10<>+47(SB)/1, $0x57
+DATA q5vbmiqh10<>+48(SB)/1, $0x6c
+DATA q5vbmiqh10<>+49(SB)/1, $0x6c
+DATA q5vbmiqh10<>+50(SB)/1, $0x6c
+DATA q5vbmiqh10<>+51(SB)/1, $0x6c
+DATA q5vbmiqh10<>+52(SB)/1, $0x6c
+DATA q5vbmiqh10<>+53(SB)/1, $0x6c
+DATA q5vbmiqh10<>+54(SB)/1, $0x6c
+DATA q5vbmiqh10<>+55(SB)/1, $0x6c
+DATA q5vbmiqh10<>+56(SB)/1, $0x6d
+DATA q5vbmiqh10<>+57(SB)/1, $0x6d
+DATA q5vbmiqh10<>+58(SB)/1, $0x6d
+DATA q5vbmiqh10<>+59(SB)/1, $0x6d
+DATA q5vbmiqh10<>+60(SB)/1, $0x6d
+DATA q5vbmiqh10<>+61(SB)/1, $0x6d
+DATA q5vbmiqh10<>+62(SB)/1, $0x6d
+DATA q5vbmiqh10<>+63(SB)/1, $0x6d
+GLOBL q5vbmiqh10<>(SB), RODATA|NOPTR, $64
+
+DATA q5vbmiqh11<>+0(SB)/1, $0x1c
+DATA q5vbmiqh11<>+1(SB)/1, $0x1c
+DATA q5vbmiqh11<>+2(SB)/1, $0x1c
+DATA q5vbmiqh11<>+3(SB)/1, $0x1c
+DATA q5vbmiqh11<>+4(SB)/1, $0x1c
+DATA q5vbmiqh11<>+5(SB)/1, $0x1c
+DATA q5vbmiqh11<>+6(SB)/1, $0x1c
+DATA q5vbmiqh11<>+7(SB)/1, $0x1c
+DATA q5vbmiqh11<>+8(SB)/1, $0x1d
+DATA q5vbmiqh11<>+9(SB)/1, $0x1d
+DATA q5vbmiqh11<>+10(SB)/1, $0x1d
+DATA q5vbmiqh11<>+11(SB)/1, $0x1d
+DATA q5vbmiqh11<>+12(SB)/1, $0x1d
+DATA q5vbmiqh11<>+13(SB)/1, $0x1d
+DATA q5vbmiqh11<>+14(SB)/1, $0x1d
+DATA q5vbmiqh11<>+15(SB)/1, $0x1d
+DATA q5vbmiqh11<>+16(SB)/1, $0x32
+DATA q5vbmiqh11<>+17(SB)/1, $0x32
+DATA q5vbmiqh11<>+18(SB)/1, $0x32
+DATA q5vbmiqh11<>+19(SB)/1, $0x32
+DATA q5vbmiqh11<>+20(SB)/1, $0x32
+DATA q5vbmiqh11<>+21(SB)/1, $0x32
+DATA q5vbmiqh11<>+22(SB)/1, $0x32
+DATA q5vbmiqh11<>+23(SB)/1, $0x32
+DATA q5vbmiqh11<>+24(SB)/1, $0x33
+DATA q5vbmiqh11<>+25(SB)/1, $0x33
+DATA q5vbmiqh11<>+26(SB)/1, $0x33
+DATA q5vbmiqh11<>+27(SB)/1, $0x33
+DATA q5vbmiqh11<>+28(SB)/1, $0x33
+DATA q5vbmiqh11<>+29(SB)/1, $0x33
+DATA q5vbmiqh11<>+30(SB)/1, $0x33
+DATA q5vbmiqh11<>+31(SB)/1, $0x33
+DATA q5vbmiqh11<>+32(SB)/1, $0x58
+DATA q5vbmiqh11<>+33(SB)/1, $0x58
+DATA q5vbmiqh11<>+34(SB)/1, $0x58
+DATA q5vbmiqh11<>+35(SB)/1, $0x58
+DATA q5vbmiqh11<>+36(SB)/1, $0x58
+DATA q5vbmiqh11<>+37(SB)/1, $0x58
+DATA q5vbmiqh11<>+38(SB)/1, $0x58
+DATA q5vbmiqh11<>+39(SB)/1, $0x58
+DATA q5vbmiqh11<>+40(SB)/1, $0x59
+DATA q5vbmiqh11<>+41(SB)/1, $0x59
+DATA q5vbmiqh11<>+42(SB)/1, $0x59
+DATA q5vbmiqh11<>+43(SB)/1, $0x59
+DATA q5vbmiqh11<>+44(SB)/1, $0x59
+DATA q5vbmiqh11<>+45(SB)/1, $0x59
+DATA q5vbmiqh11<>+46(SB)/1, $0x59
+DATA q5vbmiqh11<>+47(SB)/1, $0x59
+DATA q5vbmiqh11<>+48(SB)/1, $0x6e
+DATA q5vbmiqh11<>+49(SB)/1, $0x6e
+DATA q5vbmiqh11<>+50(SB)/1, $0x6e
+DATA q5vbmiqh11<>+51(SB)/1, $0x6e
+DATA q5vbmiqh11<>+52(SB)/1, $0x6e
+DATA q5vbmiqh11<>+53(SB)/1, $0x6e
+DATA q5vbmiqh11<>+54(SB)/1, $0x6e
+DATA q5vbmiqh11<>+55(SB)/1, $0x6e
+DATA q5vbmiqh11<>+56(SB)/1, $0x6f
+DATA q5vbmiqh11<>+57(SB)/1, $0x6f
+DATA q5vbmiqh11<>+58(SB)/1, $0x6f
+DATA q5vbmiqh11<>+59(SB)/1, $0x6f
+DATA q5vbmiqh11<>+60(SB)/1, $0x6f
+DATA q5vbmiqh11<>+61(SB)/1, $0x6f
+DATA q5vbmiqh11<>+62(SB)/1, $0x6f
+DATA q5vbmiqh11<>+63(SB)/1, $0x6f
+GLOBL q5vbmiqh11<>(SB), RODATA|NOPTR, $64
+
+DATA q5vbmibits<>+0(SB)/1, $0x01
+DATA q5vbmibits<>+1(SB)/1, $0x02
+DATA q5vbmibits<>+2(SB)/1, $0x04
+DATA q5vbmibits<>+3(SB)/1, $0x08
+DATA q5vbmibits<>+4(SB)/1, $0x10
+DATA q5vbmibits<>+5(SB)/1, $0x20
+DATA q5vbmibits<>+6(SB)/1, $0x40
+DATA q5vbmibits<>+7(SB)/1, $0x80
+DATA q5vbmibits<>+8(SB)/1, $0x01
+DATA q5vbmibits<>+9(SB)/1, $0x02
+DATA q5vbmibits<>+10(SB)/1, $0x04
+DATA q5vbmibits<>+11(SB)/1, $0x08
+DATA q5vbmibits<>+12(SB)/1, $0x10
+DATA q5vbmibits<>+13(SB)/1, $0x20
+DATA q5vbmibits<>+14(SB)/1, $0x40
+DATA q5vbmibits<>+15(SB)/1, $0x80
+DATA q5vbmibits<>+16(SB)/1, $0x01
+DATA q5vbmibits<>+17(SB)/1, $0x02
+DATA q5vbmibits<>+18(SB)/1, $0x04
+DATA q5vbmibits<>+19(SB)/1, $0x08
+DATA q5vbmibits<>+20(SB)/1, $0x10
+DATA q5vbmibits<>+21(SB)/1, $0x20
+DATA q5vbmibits<>+22(SB)/1, $0x40
+DATA q5vbmibits<>+23(SB)/1, $0x80
+DATA q5vbmibits<>+24(SB)/1, $0x01
+DATA q5vbmibits<>+25(SB)/1, $0x02
+DATA q5vbmibits<>+26(SB)/1, $0x04
+DATA q5vbmibits<>+27(SB)/1, $0x08
+DATA q5vbmibits<>+28(SB)/1, $0x10
+DATA q5vbmibits<>+29(SB)/1, $0x20
+DATA q5vbmibits<>+30(SB)/1, $0x40
+DATA q5vbmibits<>+31(SB)/1, $0x80
+DATA q5vbmibits<>+32(SB)/1, $0x01
+DATA q5vbmibits<>+33(SB)/1, $0x02
+DATA q5vbmibits<>+34(SB)/1, $0x04
+DATA q5vbmibits<>+35(SB)/1, $0x08
+DATA q5vbmibits<>+36(SB)/1, $0x10
+DATA q5vbmibits<>+37(SB)/1, $0x20
+DATA q5vbmibits<>+38(SB)/1, $0x40
+DATA q5vbmibits<>+39(SB)/1, $0x80
+DATA q5vbmibits<>+40(SB)/1, $0x01
+DATA q5vbmibits<>+41(SB)/1, $0x02
+DATA q5vbmibits<>+42(SB)/1, $0x04
+DATA q5vbmibits<>+43(SB)/1, $0x08
+DATA q5vbmibits<>+44(SB)/1, $0x10
+DATA q5vbmibits<>+45(SB)/1, $0x20
+DATA q5vbmibits<>+46(SB)/1, $0x40
+DATA q5vbmibits<>+47(SB)/1, $0x80
+DATA q5vbmibits<>+48(SB)/1, $0x01
+DATA q5vbmibits<>+49(SB)/1, $0x02
+DATA q5vbmibits<>+50(SB)/1, $0x04
+DATA q5vbmibits<>+51(SB)/1, $0x08
+DATA q5vbmibits<>+52(SB)/1, $0x10
+DATA q5vbmibits<>+53(SB)/1, $0x20
+DATA q5vbmibits<>+54(SB)/1, $0x40
+DATA q5vbmibits<>+55(SB)/1, $0x80
+DATA q5vbmibits<>+56(SB)/1, $0x01
+DATA q5vbmibits<>+57(SB)/1, $0x02
+DATA q5vbmibits<>+58(SB)/1, $0x04
+DATA q5vbmibits<>+59(SB)/1, $0x08
+DATA q5vbmibits<>+60(SB)/1, $0x10
+DATA q5vbmibits<>+61(SB)/1, $0x20
+DATA q5vbmibits<>+62(SB)/1, $0x40
+DATA q5vbmibits<>+63(SB)/1, $0x80
+GLOBL q5vbmibits<>(SB), RODATA|NOPTR, $64
+
+DATA q22vbmisc<>+0(SB)/1, $0x00
+DATA q22vbmisc<>+1(SB)/1, $0x00
+DATA q22vbmisc<>+2(SB)/1, $0x0b
+DATA q22vbmisc<>+3(SB)/1, $0x00
+DATA q22vbmisc<>+4(SB)/1, $0x16
+DATA q22vbmisc<>+5(SB)/1, $0x00
+DATA q22vbmisc<>+6(SB)/1, $0x21
+DATA q22vbmisc<>+7(SB)/1, $0x00
+DATA q22vbmisc<>+8(SB)/1, $0x2c
+DATA q22vbmisc<>+9(SB)/1, $0x00
+DATA q22vbmisc<>+10(SB)/1, $0x37
+DATA q22vbmisc<>+11(SB)/1, $0x00
+DATA q22vbmisc<>+12(SB)/1, $0x00
+DATA q22vbmisc<>+13(SB)/1, $0x00
+DATA q22vbmisc<>+14(SB)/1, $0x00
+DATA q22vbmisc<>+15(SB)/1, $0x00
+DATA q22vbmisc<>+16(SB)/1, $0x00
+DATA q22vbmisc<>+17(SB)/1, $0x00
+DATA q22vbmisc<>+18(SB)/1, $0x00
+DATA q22vbmisc<>+19(SB)/1, $0x00
+DATA q22vbmisc<>+20(SB)/1, $0x00
+DATA q22vbmisc<>+21(SB)/1, $0x00
+DATA q22vbmisc<>+22(SB)/1, $0x00
+DATA q22vbmisc<>+23(SB)/1, $0x00
+DATA q22vbmisc<>+24(SB)/1, $0x00
+DATA q22vbmisc<>+25(SB)/1, $0x00
+DATA q22vbmisc<>+26(SB)/1, $0x00
+DATA q22vbmisc<>+27(SB)/1, $0x00
+DATA q22vbmisc<>+28(SB)/1, $0x00
+DATA q22vbmisc<>+29(SB)/1, $0x00
+DATA q22vbmisc<>+30(SB)/1, $0x00
+DATA q22vbmisc<>+31(SB)/1, $0x00
+DATA q22vbmisc<>+32(SB)/1, $0x00
+DATA q22vbmisc<>+33(SB)/1, $0x00
+DATA q22vbmisc<>+34(SB)/1, $0x00
+DATA q22vbmisc<>+35(SB)/1, $0x00
+DATA q22vbmisc<>+36(SB)/1, $0x00
+DATA q22vbmisc<>+37(SB)/1, $0x00
+DATA q22vbmisc<>+38(SB)/1, $0x00
+DATA q22vbmisc<>+39(SB)/1, $0x00
+DATA q22vbmisc<>+40(SB)/1, $0x00
+DATA q22vbmisc<>+41(SB)/1, $0x00
+DATA q22vbmisc<>+42(SB)/1, $0x00
+DATA q22vbmisc<>+43(SB)/1, $0x00
+DATA q22vbmisc<>+44(SB)/1, $0x00
+DATA q22vbmisc<>+45(SB)/1, $0x00
+DATA q22vbmisc<>+46(SB)/1, $0x00
+DATA q22vbmisc<>+47(SB)/1, $0x00
+DATA q22vbmisc<>+48(SB)/1, $0x00
+DATA q22vbmisc<>+49(SB)/1, $0x00
+DATA q22vbmisc<>+50(SB)/1, $0x00
+DATA q22vbmisc<>+51(SB)/1, $0x00
+DATA q22vbmisc<>+52(SB)/1, $0x00
+DATA q22vbmisc<>+53(SB)/1, $0x00
+DATA q22vbmisc<>+54(SB)/1, $0x00
+DATA q22vbmisc<>+55(SB)/1, $0x00
+DATA q22vbmisc<>+56(SB)/1, $0x00
+DATA q22vbmisc<>+57(SB)/1, $0x00
+DATA q22vbmisc<>+58(SB)/1, $0x00
+DATA q22vbmisc<>+59(SB)/1, $0x00
+DATA q22vbmisc<>+60(SB)/1, $0x00
+DATA q22vbmisc<>+61(SB)/1, $0x00
+DATA q22vbmisc<>+62(SB)/1, $0x00
+DATA q22vbmisc<>+63(SB)/1, $0x00
+GLOBL q22vbmisc<>(SB), RODATA|NOPTR, $64
+
+DATA q5vbmisc2<>+0(SB)/1, $0x00
+DATA q5vbmisc2<>+1(SB)/1, $0x00
+DATA q5vbmisc2<>+2(SB)/1, $0x00
+DATA q5vbmisc2<>+3(SB)/1, $0x00
+DATA q5vbmisc2<>+4(SB)/1, $0x00
+DATA q5vbmisc2<>+5(SB)/1, $0x00
+DATA q5vbmisc2<>+6(SB)/1, $0x01
+DATA q5vbmisc2<>+7(SB)/1, $0x00
+DATA q5vbmisc2<>+8(SB)/1, $0x0c
+DATA q5vbmisc2<>+9(SB)/1, $0x00
+DATA q5vbmisc2<>+10(SB)/1, $0x17
+DATA q5vbmisc2<>+11(SB)/1, $0x00
+DATA q5vbmisc2<>+12(SB)/1, $0x2a
+DATA q5vbmisc2<>+13(SB)/1, $0x00
+DATA q5vbmisc2<>+14(SB)/1, $0x35
+DATA q5vbmisc2<>+15(SB)/1, $0x00
+DATA q5vbmisc2<>+16(SB)/1, $0x35
+DATA q5vbmisc2<>+17(SB)/1, $0x00
+DATA q5vbmisc2<>+18(SB)/1, $0x35
+DATA q5vbmisc2<>+19(SB)/1, $0x00
+DATA q5vbmisc2<>+20(SB)/1, $0x35
+DATA q5vbmisc2<>+21(SB)/1, $0x00
+DATA q5vbmisc2<>+22(SB)/1, $0x35
+DATA q5vbmisc2<>+23(SB)/1, $0x00
+DATA q5vbmisc2<>+24(SB)/1, $0x35
+DATA q5vbmisc2<>+25(SB)/1, $0x00
+DATA q5vbmisc2<>+26(SB)/1, $0x35
+DATA q5vbmisc2<>+27(SB)/1, $0x00
+DATA q5vbmisc2<>+28(SB)/1, $0x35
+DATA q5vbmisc2<>+29(SB)/1, $0x00
+DATA q5vbmisc2<>+30(SB)/1, $0x35
+DATA q5vbmisc2<>+31(SB)/1, $0x00
+DATA q5vbmisc2<>+32(SB)/1, $0x35
+DATA q5vbmisc2<>+33(SB)/1, $0x00
+DATA q5vbmisc2<>+34(SB)/1, $0x35
+DATA q5vbmisc2<>+35(SB)/1, $0x00
+DATA q5vbmisc2<>+36(SB)/1, $0x35
+DATA q5vbmisc2<>+37(SB)/1, $0x00
+DATA q5vbmisc2<>+38(SB)/1, $0x35
+DATA q5vbmisc2<>+39(SB)/1, $0x00
+DATA q5vbmisc2<>+40(SB)/1, $0x35
+DATA q5vbmisc2<>+41(SB)/1, $0x00
+DATA q5vbmisc2<>+42(SB)/1, $0x35
+DATA q5vbmisc2<>+43(SB)/1, $0x00
+DATA q5vbmisc2<>+44(SB)/1, $0x35
+DATA q5vbmisc2<>+45(SB)/1, $0x00
+DATA q5vbmisc2<>+46(SB)/1, $0x35
+DATA q5vbmisc2<>+47(SB)/1, $0x00
+DATA q5vbmisc2<>+48(SB)/1, $0x35
+DATA q5vbmisc2<>+49(SB)/1, $0x00
+DATA q5vbmisc2<>+50(SB)/1, $0x35
+DATA q5vbmisc2<>+51(SB)/1, $0x00
+DATA q5vbmisc2<>+52(SB)/1, $0x35
+DATA q5vbmisc2<>+53(SB)/1, $0x00
+DATA q5vbmisc2<>+54(SB)/1, $0x35
+DATA q5vbmisc2<>+55(SB)/1, $0x00
+DATA q5vbmisc2<>+56(SB)/1, $0x35
+DATA q5vbmisc2<>+57(SB)/1, $0x00
+DATA q5vbmisc2<>+58(SB)/1, $0x35
+DATA q5vbmisc2<>+59(SB)/1, $0x00
+DATA q5vbmisc2<>+60(SB)/1, $0x35
+DATA q5vbmisc2<>+61(SB)/1, $0x00
+DATA q5vbmisc2<>+62(SB)/1, $0x35
+DATA q5vbmisc2<>+63(SB)/1, $0x00
+GLOBL q5vbmisc2<>(SB), RODATA|NOPTR, $64
+
 // func attnKeysDPR1(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr, pfEnd uintptr, pfNext uintptr)
 // Requires: AVX, AVX512BW, AVX512DQ, AVX512F, AVX512VL, BMI2, MMX+
 TEXT ·attnKeysDPR1(SB), NOSPLIT, $0-88

@@ -214,6 +214,12 @@ func qrowQ5_KAVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, a
 // qrowQ6_KAVX512 computes up to 8 Q6_K weight rows times one activation row (see asmgen's rowquant.go).
 func qrowQ6_KAVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 
+// qrowQ4_0VBMI computes up to 8 Q4_0 weight rows times one activation row (activations in qAct.rowX's order, blocks a multiple of 4; see asmgen's rowq32vbmi.go).
+func qrowQ4_0VBMI(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+
+// qrowQ5_0VBMI computes up to 8 Q5_0 weight rows times one activation row (activations in qAct.rowX's order, blocks a multiple of 4; see asmgen's rowq32vbmi.go).
+func qrowQ5_0VBMI(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
+
 // attnKeysDPR1 is gemmDPBF16R1 prefetching the KV stream at pf, a line per weight row per K step (see asmgen).
 func attnKeysDPR1(x *uint16, ldx int, w *uint16, ldw int, k int, n int, out *float32, ldo int, pf uintptr, pfEnd uintptr, pfNext uintptr)
 

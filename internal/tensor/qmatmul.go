@@ -58,7 +58,11 @@ type qAct struct {
 	// rowX holds, for one activation row of Q4_K/Q5_K weights, the
 	// levels with the 32-byte sub-blocks of each super-block in the order
 	// 0, 2, 1, 3, 4, 6, 5, 7 (asmgen's q4kPerm: a 512-bit vector of the
-	// AVX-512 row kernel holds two sub-blocks' nibbles).
+	// AVX-512 row kernel holds two sub-blocks' nibbles); for Q4_0 and
+	// Q5_0 weights whose row has a multiple of 4 blocks, per 4 blocks
+	// the first 16 levels of each block, then the last 16 of each (a
+	// 512-bit vector of the VBMI row kernels holds 4 blocks' nibble
+	// bytes: their low nibbles are weights 0..15, the high ones 16..31).
 	rowX []int8
 }
 
@@ -91,17 +95,31 @@ func (a *qAct) setRowAux() {
 			s[4], s[5], s[6], s[7] = 0, 0, m[2], m[3]
 		}
 	}
-	if a.dt == Q4_K || a.dt == Q5_K {
-		if cap(a.rowX) < a.k {
-			a.rowX = make([]int8, a.k)
-		}
-		a.rowX = a.rowX[:a.k]
+	switch {
+	case a.dt == Q4_K || a.dt == Q5_K:
+		a.growRowX()
 		for b := range nb {
 			for i, j := range [8]int{0, 2, 1, 3, 4, 6, 5, 7} {
 				copy(a.rowX[qk*b+32*i:qk*b+32*i+32], a.xq[qk*b+32*j:qk*b+32*j+32])
 			}
 		}
+	case (a.dt == Q4_0 || a.dt == Q5_0) && nb%4 == 0:
+		a.growRowX()
+		for c := 0; c < a.k; c += 128 {
+			for q := range 4 {
+				copy(a.rowX[c+16*q:c+16*q+16], a.xq[c+32*q:c+32*q+16])
+				copy(a.rowX[c+64+16*q:c+64+16*q+16], a.xq[c+32*q+16:c+32*q+32])
+			}
+		}
 	}
+}
+
+// growRowX sizes a.rowX to a.k levels.
+func (a *qAct) growRowX() {
+	if cap(a.rowX) < a.k {
+		a.rowX = make([]int8, a.k)
+	}
+	a.rowX = a.rowX[:a.k]
 }
 
 // metaWords returns the number of meta words per block of activations for

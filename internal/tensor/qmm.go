@@ -69,9 +69,12 @@ type qRowKernel struct {
 	fn8         qrow8
 	fn8K        qrow8K
 	group, slot int
-	// perm: the kernel takes the activations of Q4_K/Q5_K super-blocks
-	// with their 32-byte sub-blocks in qAct.rowX's order.
+	// perm: the kernel takes the activations in qAct.rowX's order.
 	perm bool
+	// quad, where set, replaces this kernel for rows of a multiple of 4
+	// blocks (the 32-block kernels of AVX512-VBMI, which need qAct.rowX's
+	// order for them).
+	quad *qRowKernel
 }
 
 // scratchBytes is the scratch a call with nb blocks per row needs.
@@ -145,6 +148,9 @@ func (s *qKernelSet) runRows(rk qRowKernel, sc *qScratch, a *qAct, w *Mat, lo, h
 	rb, _ := w.DType.RowBytes(a.k)
 	elems, _ := w.DType.BlockSize()
 	nb := a.k / elems
+	if rk.quad != nil && nb%4 == 0 {
+		rk = *rk.quad
+	}
 	scratch := aligned64(&sc.scratch, rk.scratchBytes(nb))
 	x := &a.xq[0]
 	if rk.perm {

@@ -1,5 +1,7 @@
 package tensor
 
+import "golang.org/x/sys/cpu"
+
 // The assembly quantized kernels of amd64 (see asmgen's quant.go,
 // quant_avx2.go and rowquant.go), driven by qKernelSet.run.
 
@@ -43,6 +45,21 @@ var qKernelsAVX2 = &qKernelSet{lanes: 8, types: map[DType]qTypeKernels{
 	Q5_K: {fn8K: qrow8Q5_KAVX2, fnStreams: qrowQ5_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 64},
 	Q6_K: {fn8K: qrow8Q6_KAVX2, fnStreams: qrowQ6_KAVX2, streams: qRowStreamsKAVX2, group: 4, slot: 32},
 }}
+
+// The VBMI row kernels of Q4_0 and Q5_0 where the CPU has AVX512-VBMI
+// (Ice Lake, Zen 4 and later; not Skylake-SP or Cascade Lake): about 40
+// instructions per group of 8 blocks where row32's take 100 (asmgen's
+// rowq32vbmi.go), for rows of a multiple of 4 blocks.
+func init() {
+	if !cpu.X86.HasAVX512VBMI {
+		return
+	}
+	for dt, fn := range map[DType]qrow{Q4_0: qrowQ4_0VBMI, Q5_0: qrowQ5_0VBMI} {
+		rk := qKernelsAVX512.row[dt]
+		rk.quad = &qRowKernel{fn: fn, group: 8, slot: 64, perm: true}
+		qKernelsAVX512.row[dt] = rk
+	}
+}
 
 func qmmAVX512(a *qAct, w *Mat, lo, hi int, out []float32) { qKernelsAVX512.run(a, w, lo, hi, out) }
 

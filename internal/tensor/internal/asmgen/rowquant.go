@@ -54,7 +54,8 @@ package main
 //
 // This file holds what every row kernel shares: the signatures, rowKern,
 // phase 1 and phase 2, and the list of kernels (rowKernels). The kernels
-// are in rowq32.go (Q8_0, Q4_0, Q5_0), rowq4k.go (Q4_K, Q5_K), rowq6k.go
+// are in rowq32.go (Q8_0, Q4_0, Q5_0), rowq32vbmi.go (Q4_0, Q5_0 with
+// AVX512-VBMI's byte permutes), rowq4k.go (Q4_K, Q5_K), rowq6k.go
 // (Q6_K), rowk512.go (the AVX-512 K-quant variants), row8.go and
 // row8q4k.go (the AVX2 8-region kernels; their streams are explained in
 // rowstreams.go); their small emitters are in rowemit.go.
@@ -391,6 +392,8 @@ func rowKernels(avx512 bool) {
 		rowQ4K512(false)
 		rowQ4K512(true)
 		rowQ6K512()
+		row32VBMI(false)
+		row32VBMI(true)
 		return
 	}
 	rowQ4K(false, false)
