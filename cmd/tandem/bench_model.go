@@ -313,7 +313,7 @@ type readLimit struct {
 // streamRead measures the read limit: a scan of mib MiB split over the
 // pool's threads by tensor.ReadScan at each of its stream counts and
 // prefetch distances, the fastest kept, and the plain scans beside it;
-// bytes per second, median of reps passes each. (docs/performance.md's
+// bytes per second, median of reps passes each. (docs/performance-log.md's
 // first numbers scanned with ArgMax, which without AVX-512 is bound by its
 // arithmetic; the next with SumWords and Dot, below what the prefetching
 // matrix kernels read.)

@@ -46,7 +46,7 @@ import (
 // engine grows with P (PrefillRateAt); a split of N engines is scored
 // with its own P. (Checked on simulated engines at N = 8–32 before this
 // correction: the Poisson rate was 2.4–3.3× below what each engine
-// sustained; docs/performance.md.)
+// sustained; docs/performance-log.md.)
 //
 // Decode. The decode engine's step time grows with its batch: for every
 // request, its TPOT and the mean number of requests decoding beside it

@@ -19,7 +19,7 @@ import (
 // go out a call's worth at a time beside the calls, the value rows included,
 // rather than a block's key rows in one burst that stalls the core until
 // its misses drain and leaves the value rows to demand misses (the scheme
-// before, docs/performance.md "Decode attention's KV reads").
+// before, docs/performance-log.md "Decode attention's KV reads").
 //
 // Bursting, where the item's part of a pool row is long (more than
 // wholeKeyRows: qwen3-0.6b's 8 KV heads of 128 in bf16, 2 KiB), a block's
@@ -47,7 +47,7 @@ import (
 // DotRowsBF16 scores, a value call the kernels do not take, lines it ran
 // past a region's end into the next block's) go out in a burst after the
 // call. The burst schedule measured its prefetch instructions at ~1.3 ms
-// of a 16 ms SmolLM2 token at context 2,048 (docs/performance.md
+// of a 16 ms SmolLM2 token at context 2,048 (docs/performance-log.md
 // "One-thread decode attention's arithmetic"): a segment's 32 prefetches
 // waited on the L1 miss buffers before the kernels could start. Handed the
 // same lines in the kernels' reading order (each head's slice of the rows
@@ -65,7 +65,7 @@ import (
 // elements, a pair of value rows' 32) the kernels prefetch as many lines
 // from the runs as the step reads, into L2; streamed moves the stream on.
 // On the AMD Zen 4 it was measured on, SmolLM2's token at context 2,048
-// took 11–20% less time (docs/performance.md "The avx512bf16 decode
+// took 11–20% less time (docs/performance-log.md "The avx512bf16 decode
 // attention streams its KV like the avx2 path").
 
 // kvStreamBytes is how far ahead of the kernels the stream of an item's

@@ -34,7 +34,7 @@ const (
 	// every group of x rows reads them, with the next panel prefetched
 	// meanwhile. 9 KiB is 8 rows of a 576-wide bf16 matrix; it measured
 	// faster than 64, 18 and 14 KiB (model DecodeBatch16 and Prefill, see
-	// docs/performance.md).
+	// docs/performance-log.md).
 	panelBytes = 9 << 10
 	// panelBytesF32 is panelBytes for the f32-activation kernels, whose x
 	// rows take twice the cache: 64 KiB (in L2) measured 3–13% faster

@@ -285,7 +285,7 @@ func storeAcc(out []float32, ldo int, acc []float32, lanes, rows, m int) {
 // map to the same set of the level-1 data cache, which then holds one
 // line of each and no more; with the 8-row kernels on the Zen 2 this held
 // the cold rates at 53–78% of the read limit, and spreading the streams
-// raised them by 9–49% (docs/performance.md, "K-quant decode cold rates:
+// raised them by 9–49% (docs/performance-log.md, "K-quant decode cold rates:
 // the 8-row kernels' streams spread over the cache sets").
 func row8Regions(r, rb int) int {
 	if streamsApart(r*rb) >= 256 {

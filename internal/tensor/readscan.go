@@ -55,7 +55,7 @@ func ReadScanIsAssembly() bool { return readScanAsm != nil }
 // comparison. ArgMax, the scan used before that, is a Go loop without
 // AVX-512 and bound by its arithmetic (~5.8 GB/s on a Zen 2). Like any
 // scan without software prefetch it reads less than the prefetching matrix
-// kernels reach on some cores (see docs/performance.md).
+// kernels reach on some cores (see docs/performance-log.md).
 func SumWords(x []float32) uint64 {
 	w := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(x))), len(x)/2)
 	// Eight scalars, not an array: Go keeps only scalars in registers.

@@ -55,7 +55,7 @@ type PD struct {
 	// the planner adds a prefill pool when it pays: on the long mix's
 	// balanced cell it met 9.3–9.8 req/s from there against 7.8–8.5 from
 	// 2P:2D, whose first moves, made before the bursts were seen, went
-	// toward 3P:1D (docs/performance.md).
+	// toward 3P:1D (docs/performance-log.md).
 	AdaptiveStart int
 	// AdaptiveTTFTScales and AdaptiveTPOTScales are the cells the
 	// adaptive configuration runs in with Engines: one run per pair, its

@@ -116,7 +116,7 @@ func dpBody(rows int, stream bool) {
 // the 48 KiB L1 beside the tiles' x rows and current panel evicted what the
 // tiles were reading, and a 16-row bf16 product from DRAM ran at 101–126
 // GFLOP/s a thread against 182–185 into the L2 (batched decode −17 to −24%,
-// docs/performance.md). With stream, every full K step prefetches cols
+// docs/performance-log.md). With stream, every full K step prefetches cols
 // lines of the KV stream (streamLines) instead.
 func dpPass(rows, cols int, xr []GPVirtual, wcur, ocur, k, kv Register, mask Op, pf GPVirtual, stream bool, p string) {
 	wr := weightRows(wcur, 1, cols)

@@ -43,7 +43,7 @@ type wideKernel struct {
 // stream runs through q·ldw contiguous elements. Eight adjacent rows read
 // as one region, prefetched a pass ahead, streamed SmolLM2's short rows
 // (1,152 bytes) from DRAM at two thirds of the rate eight long streams
-// reach on a Zen 4 (docs/performance.md). Rows 8q … n-1 follow four and
+// reach on a Zen 4 (docs/performance-log.md). Rows 8q … n-1 follow four and
 // one at a time through pass; then the return. x is the x row's register
 // and k its length. Each output is the same sum in the same order as
 // before: only the order of the rows changes.

@@ -14,7 +14,7 @@ import (
 // by side faster than fewer (tensor.ReadScan), and gemm's bf16 widening
 // (VPMOVZXWD and VPSLLD per 8 elements) bounded it at ~35 GB/s in L2
 // whether it read 4 rows or 8; with 8 rows in the pairs below it does
-// 37–42 and cold decode gained 15–25% (docs/performance.md). f16 keeps
+// 37–42 and cold decode gained 15–25% (docs/performance-log.md). f16 keeps
 // gemm's kernel: with 8 rows (VCVTPH2PS per row) it fell from ~37 to ~31
 // GB/s in L2.
 const gemvRowsAVX2 = 8

@@ -29,7 +29,7 @@ import (
 // 16–18 GB/s on one thread (two threads: 28–32 of a 32 GB/s limit); a software prefetch of each row 1, 4 or 8 KiB
 // ahead made it slower (4 and 8 KiB: 11–12 GB/s), so it has none: the 8
 // sequential streams are what the L2's prefetchers follow best
-// (docs/performance.md).
+// (docs/performance-log.md).
 func row8AVX2(q quant32) {
 	k := &rowKern{group: 8}
 	name := "qrow8" + q.name + "AVX2"

@@ -38,7 +38,7 @@ import (
 // each row's super-block 512 bytes, 1 KiB or 2 KiB ahead made Q4_K, Q5_K
 // and Q6_K 0–10%, 10–20% and 15–30% slower cold on one thread, and 4
 // regions read two adjacent rows abreast (rows 4–7 the rows after 0–3)
-// halved the rate (docs/performance.md, "K-quant single-stream decode:
+// halved the rate (docs/performance-log.md, "K-quant single-stream decode:
 // stream count and prefetch re-measured"). On the Zen 2, with the weights
 // in L1, it runs at 22–24 GB/s against the two-phase kernel's 16 (Q4_K:
 // 22 cycles a row's super-block, of which the dot products' 12 multiplies
@@ -146,7 +146,7 @@ func row8Q4KAVX2(five bool) {
 	// high (an unpack each way and a VPADDW), then one VPMADDWD by
 	// (sc₂c, sc₂c₊₁) for both: 12 multiplies a row instead of 16, for 8
 	// more shuffles; Q5_K, with 7 more shifts a row for its fifth bits,
-	// ran 3% slower so, Q4_K 11% faster (docs/performance.md).
+	// ran 3% slower so, Q4_K 11% faster (docs/performance-log.md).
 	dot := func(r int) VecVirtual {
 		blk := func(d int) Mem { return rows.at(r, d) }
 		var qh VecVirtual

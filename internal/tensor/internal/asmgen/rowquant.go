@@ -196,7 +196,7 @@ const rowPfDist = 8192
 // rowPfDistL2 is rowPfDist for the AVX-512 row kernels, which prefetch into
 // the L2: on a Zen 4, 16 KiB decoded Q8_0, Q4_K, Q5_K and Q6_K 2–24% faster
 // than 8 KiB on one thread (three rounds), 32 KiB between the two
-// (docs/performance.md).
+// (docs/performance-log.md).
 const rowPfDistL2 = 16 << 10
 
 // param loads the kernel parameter name into a fresh register.

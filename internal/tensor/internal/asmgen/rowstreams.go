@@ -33,7 +33,7 @@ import (
 // on one thread from 12.3–12.6 to 14.7–17.2 GB/s (two: 14.5–15.8, eight:
 // 12.3–12.6), and two the K-quants' from 10.2–11.8 to 11.9–12.7 (one
 // region of rows at a time before; four and eight were slower:
-// docs/performance.md). Every dtype now reads most rows with row8AVX2,
+// docs/performance-log.md). Every dtype now reads most rows with row8AVX2,
 // row8Q6KAVX2 or row8Q4KAVX2 (8 regions; row8.go, row8q4k.go), whose loops
 // have none of phase 2's work; these kernels take the rows left over
 // (fewer than 8 per thread's share).
