@@ -67,7 +67,7 @@ var q4kPerm = [8]int{0, 2, 1, 3, 4, 6, 5, 7}
 // groups waited on the chain from the scale unpacking through the
 // VPERMWs, and the next groups' work could not enter the scheduler.
 func rowQ4K512(five bool) {
-	k := &rowKern{avx512: true, group: 4, pairs: 2}
+	k := &rowKern{avx512: true, group: 4, pairs: 2, pfL1: true}
 	k.pos = q4kLane
 	nm, bytes, qs := "Q4_K", 144, 16
 	if five {

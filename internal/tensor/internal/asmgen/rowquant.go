@@ -107,6 +107,8 @@ type rowKern struct {
 	// streams is the number of rows phase 1 reads side by side (see
 	// rowStreamsAVX2); 0 or 1: one after the other.
 	streams int
+	// pfL1: phase 1 also prefetches into the L1 (rowPfDistL1; AVX-512).
+	pfL1 bool
 }
 
 // slotBytes is the scratch size of one group of one row: pairs f32
@@ -159,10 +161,13 @@ func (k *rowKern) phase1(elems, bytes int, body func(wq, xq, b, slot GPVirtual))
 	// Into the L2 on AVX-512 (on a Zen 4, PREFETCHT0 here held the VNNI
 	// row kernels' cold decode at 13–16 GB/s, PREFETCHT1 18–22: the lines
 	// a group ahead crowded the L1 the group's loads hit), rowPfDistL2
-	// ahead.
+	// ahead, and with pfL1 from there into the L1 rowPfDistL1 ahead.
 	for off := 0; off < k.group*bytes+63; off += 64 {
 		if k.avx512 {
 			PREFETCHT1(Mem{Base: wq, Disp: rowPfDistL2 + off})
+			if k.pfL1 {
+				PREFETCHT0(Mem{Base: wq, Disp: rowPfDistL1 + off})
+			}
 		} else {
 			PREFETCHT0(Mem{Base: wq, Disp: rowPfDist + off})
 		}
@@ -198,6 +203,14 @@ const rowPfDist = 8192
 // than 8 KiB on one thread (three rounds), 32 KiB between the two
 // (docs/performance-log.md).
 const rowPfDistL2 = 16 << 10
+
+// rowPfDistL1 is how far ahead the AVX-512 Q4_K/Q5_K row kernel (pfL1)
+// also prefetches into the L1 the lines its L2 prefetches brought in: on a
+// Zen 4, one thread, Q4_K decoded 20.5 → 22.2 GB/s from DRAM (five
+// rounds; 0.5 and 1 KiB about the same); the other kernels gained nothing
+// from DRAM and lost 2–5% on L2-resident weights to the extra
+// instructions (docs/performance-log.md).
+const rowPfDistL1 = 2 << 10
 
 // param loads the kernel parameter name into a fresh register.
 func (k *rowKern) param(name string) GPVirtual {
