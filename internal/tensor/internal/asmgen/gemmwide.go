@@ -2,8 +2,9 @@ package main
 
 // The AVX-512 one-row (decode) kernels gemmAVX512<dtype>R1: wideCols weight
 // rows a pass, one from each of wideCols streams (three base registers:
-// gemm.go's strided8), the K loop unrolled twice, no software prefetch;
-// the leftover rows go through gemm.go's passes. dpbf16.go's one-row kernel shares the body
+// gemm.go's strided8), the K loop unrolled twice, each stream prefetched
+// into the L2 wideDist ahead; the leftover rows go through gemm.go's
+// passes. dpbf16.go's one-row kernel shares the body
 // (wideKernel.emitWide) with its own loads and products.
 
 import (
@@ -18,6 +19,16 @@ import (
 // wideCols is the number of weight rows the AVX-512 one-row kernel reads
 // per pass: one from each of wideCols streams.
 const wideCols = 8
+
+// wideDist is how far ahead in each stream the AVX-512 one-row kernels
+// prefetch into the L2 (PREFETCHT1, the lines of the next unrolled trip's
+// distance), as the VNNI row kernels do: on a Zen 4, one thread, bf16
+// decode from DRAM went from 71–90% to 89–101% of the read beside it and
+// f32 from 81–85% to 87–101% (tandem bench model, llama-1b layers);
+// qwen3-0.6b bf16 decoded 12% faster on one thread. 4, 8 and 16 KiB were
+// alike there; 4 KiB ran SmolLM2's short matrices fastest on two threads
+// (docs/performance-log.md).
+const wideDist = 4 << 10
 
 // wideKernel is what tells the AVX-512 one-row kernels apart (gemmWideR1:
 // f32 x by f32, bf16 or f16 weights with FMAs; gemmDPR1: bf16 by bf16 with
@@ -106,6 +117,11 @@ func (w wideKernel) emitWide(k, wcur, ocur, nrem Register, x GPVirtual, mask Op)
 		TESTQ(cnt, cnt)
 		JE(LabelRef("wodd"))
 		Label("wloop")
+		for c := range cols {
+			for l := 0; l < 2*w.elems<<w.wshift; l += 64 {
+				PREFETCHT1(rowMem(c, wideDist+l))
+			}
+		}
 		step(0, nil)
 		step(w.elems, nil)
 		advance(2 * w.elems)
