@@ -47,7 +47,7 @@ var qKernelsAVX2 = &qKernelSet{lanes: 8, types: map[DType]qTypeKernels{
 }}
 
 // The VBMI row kernels of Q4_0 and Q5_0 where the CPU has AVX512-VBMI
-// (Ice Lake, Zen 4 and later; not Skylake-SP or Cascade Lake): about 40
+// (Ice Lake, Zen 4 and later; not Skylake-SP or Cascade Lake): about 45
 // instructions per group of 8 blocks where row32's take 100 (asmgen's
 // rowq32vbmi.go), for rows of a multiple of 4 blocks.
 func init() {
