@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
@@ -77,5 +78,28 @@ func TestBenchModelRejectsBadShapes(t *testing.T) {
 		if err := runBenchModel(args); err == nil {
 			t.Errorf("bench model %v: no error", args)
 		}
+	}
+}
+
+// TestPairedMediansRatioIsPassByPass: pairedMedians times fn right after b
+// each round and takes the median of each round's ratio, not the ratio of
+// the two medians, which come from different rounds.
+func TestPairedMediansRatioIsPassByPass(t *testing.T) {
+	var now time.Duration
+	defer func(c func() time.Duration) { benchClock = c }(benchClock)
+	benchClock = func() time.Duration { return now }
+	bs := []time.Duration{10, 30, 20, 50, 40}
+	fns := []time.Duration{40, 30, 80, 50, 40} // ratios b/fn: 1/4, 1, 1/4, 1, 1
+	round := -1                                // the warm-up b pass comes first
+	b := func() {
+		if round++; round > 0 {
+			now += bs[round-1]
+		}
+	}
+	fn := func() { now += fns[round-1] }
+	tfn, tb, ratio := pairedMedians(len(bs), fn, b)
+	// The ratio of the medians would be 30/40.
+	if tfn != 40 || tb != 30 || ratio != 1 {
+		t.Fatalf("pairedMedians = %v, %v, %v; want the medians 40 and 30 and the median ratio 1", tfn, tb, ratio)
 	}
 }
