@@ -211,24 +211,6 @@ func checkNoLeak(t *testing.T, baseline int) {
 	}
 }
 
-// waitProducerConns waits (up to 10 s) until p holds n connections.
-func waitProducerConns(t *testing.T, p *Producer, n int) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		p.mu.Lock()
-		got := len(p.conns)
-		p.mu.Unlock()
-		if got == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the producer holds %d connections after 10 s, want %d", got, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func wantErr(t *testing.T, err error, target error, substrs ...string) {
 	t.Helper()
 	if err == nil {

@@ -3,6 +3,8 @@ package kvxfer
 import (
 	"testing"
 	"time"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // fillPool checks out n connections to r's producer at once and returns
@@ -50,7 +52,11 @@ func TestPooledConnectionsTheProducerClosedAreNotReused(t *testing.T) {
 			if n := idleConns(r); n != 4 {
 				t.Fatalf("%d idle connections, want 4", n)
 			}
-			waitProducerConns(t, r.prod, 0) // the producer closes all four
+			testutil.WaitFor(t, "the producer to close all four", 10*time.Second, func() bool {
+				r.prod.mu.Lock()
+				defer r.prod.mu.Unlock()
+				return len(r.prod.conns) == 0
+			})
 			r.hold(t, "req-a", 2, 3)
 			dst := newLocalBlocks(2, tiny.BlockBytes)
 			if err := r.cons.Pull(ctxT(t), r.params("req-a", 2, 3), dst); err != nil {
