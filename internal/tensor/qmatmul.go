@@ -103,7 +103,7 @@ func (a *qAct) setRowAux() {
 				copy(a.rowX[qk*b+32*i:qk*b+32*i+32], a.xq[qk*b+32*j:qk*b+32*j+32])
 			}
 		}
-	case (a.dt == Q4_0 || a.dt == Q5_0) && nb%4 == 0:
+	case (a.dt == Q4_0 || a.dt == Q5_0) && nb%4 == 0 && quadRows:
 		a.growRowX()
 		for c := 0; c < a.k; c += 128 {
 			for q := range 4 {
@@ -113,6 +113,11 @@ func (a *qAct) setRowAux() {
 		}
 	}
 }
+
+// quadRows reports that a row kernel of this CPU takes Q4_0/Q5_0
+// activations in qAct.rowX's order (qRowKernel.quad), so setRowAux lays
+// them out only where one will read them.
+var quadRows bool
 
 // growRowX sizes a.rowX to a.k levels.
 func (a *qAct) growRowX() {

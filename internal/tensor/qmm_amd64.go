@@ -59,6 +59,7 @@ func init() {
 		rk.quad = &qRowKernel{fn: fn, group: 8, slot: 64, perm: true}
 		qKernelsAVX512.row[dt] = rk
 	}
+	quadRows = true
 }
 
 func qmmAVX512(a *qAct, w *Mat, lo, hi int, out []float32) { qKernelsAVX512.run(a, w, lo, hi, out) }
