@@ -49,7 +49,7 @@ var allowed = map[string][]string{
 	"internal/httpleg":                    {},
 	"internal/kvlayout":                   {},
 	"internal/logid":                      {},
-	"internal/model/safetensors":          {"golang.org/x/sys/unix"},
+	"internal/hugemem":                    {"golang.org/x/sys/unix"}, // weights' memory in transparent huge pages
 	"internal/router":                     {},
 	"internal/bench/workload":             {},
 	"internal/planner":                    {}, // the P:D model and the pool planner: pure, std only
@@ -87,8 +87,9 @@ var allowed = map[string][]string{
 
 	// Floor 1: the model computes over a KV pool it is handed; it never
 	// allocates blocks or schedules (no kvcache, no sched).
-	"internal/model":  {"internal/gguf", "internal/kvlayout", "internal/model/safetensors", "internal/tensor", "golang.org/x/sys/unix"},
-	"internal/sample": {"internal/tensor"},
+	"internal/model":             {"internal/gguf", "internal/hugemem", "internal/kvlayout", "internal/model/safetensors", "internal/tensor"},
+	"internal/model/safetensors": {"internal/hugemem"},
+	"internal/sample":            {"internal/tensor"},
 
 	// Floor 2: the KV pool (pure accounting in blocks.go, checked by its
 	// own test, plus the memfd bytes) and the tokenizer.
@@ -151,7 +152,7 @@ var allowed = map[string][]string{
 	// Floor 8: the command, wiring only.
 	"cmd/tandem": {
 		"internal/bench", "internal/bench/experiment", "internal/bench/plot", "internal/bench/soak", "internal/bench/workload",
-		"internal/defaultmodel", "internal/engine", "internal/gguf", "internal/hoststat", "internal/kubediscovery",
+		"internal/defaultmodel", "internal/engine", "internal/gguf", "internal/hoststat", "internal/hugemem", "internal/kubediscovery",
 		"internal/kvconnector", "internal/kvevents", "internal/kvlayout", "internal/kvxfer", "internal/launch",
 		"internal/metrics", "internal/model", "internal/modelinit", "internal/openai", "internal/planner", "internal/proxy",
 		"internal/progress", "internal/router/factory", "internal/router/kvindex", "internal/sched", "internal/server", "internal/sim",

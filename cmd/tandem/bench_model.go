@@ -11,7 +11,9 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unsafe"
 
+	"github.com/tandem-serve/tandem/internal/hugemem"
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
@@ -84,7 +86,11 @@ func benchModel(w io.Writer, f benchModelFlags, dts []tensor.DType, cal tensor.C
 		clock = "this thread's CPU time (one thread: the kernels' speed on a shared machine)"
 	}
 	fmt.Fprintf(w, "CPU: %s\nkernels: %s, quantized %s (%s); %s; timed by %s\n", machine(), cal.Set, cal.QuantText(), cal.Source, tensor.DetectAMX(), clock)
-	read := streamRead(p, f.readMiB, f.reps)
+	read, err := streamRead(p, f.readMiB, f.reps)
+	if err != nil {
+		return err
+	}
+	defer hugemem.Unmap(read.mem)
 	fmt.Fprintf(w, "read limit (stream read of %d MiB, %d threads): %s\n", f.readMiB, f.threads, read)
 	peaks := arithPeaks(p, f.reps)
 	printPeaks(w, peaks, f.threads)
@@ -148,13 +154,24 @@ func benchFormat(p *tensor.Pool, f benchModelFlags, dt tensor.DType, read readLi
 		proto[i] = m
 		layerParams += float64(s[0]) * float64(s[1])
 	}
-	layers := [][]*tensor.Mat{proto}
-	for range f.layers - 1 {
+	// Every layer a copy of proto's weights, laid out as the model loaders
+	// lay them out: back to back in one mapping of huge pages.
+	per := 0
+	for _, m := range proto {
+		per += (matBytes(m) + 63) &^ 63
+	}
+	mem, err := hugemem.Map(per * f.layers)
+	if err != nil {
+		return formatResult{}, err
+	}
+	defer hugemem.Unmap(mem)
+	var layers [][]*tensor.Mat
+	for range f.layers {
 		l := make([]*tensor.Mat, len(proto))
 		for i, m := range proto {
-			c := *m
-			c.F32, c.U16, c.Q = slices.Clone(m.F32), slices.Clone(m.U16), slices.Clone(m.Q)
-			l[i] = &c
+			n := matBytes(m)
+			l[i] = copyMat(m, mem[:n:n])
+			mem = mem[(n+63)&^63:]
 		}
 		layers = append(layers, l)
 	}
@@ -190,6 +207,25 @@ func benchFormat(p *tensor.Pool, f benchModelFlags, dt tensor.DType, read readLi
 
 // matBytes is the bytes m's weights occupy.
 func matBytes(m *tensor.Mat) int { return 4*len(m.F32) + 2*len(m.U16) + len(m.Q) }
+
+// copyMat returns m with its weights copied into dst (matBytes(m) bytes,
+// aligned for m's element type).
+func copyMat(m *tensor.Mat, dst []byte) *tensor.Mat {
+	c := *m
+	p := unsafe.Pointer(unsafe.SliceData(dst))
+	switch {
+	case m.F32 != nil:
+		c.F32 = unsafe.Slice((*float32)(p), len(m.F32))
+		copy(c.F32, m.F32)
+	case m.U16 != nil:
+		c.U16 = unsafe.Slice((*uint16)(p), len(m.U16))
+		copy(c.U16, m.U16)
+	default:
+		c.Q = dst
+		copy(c.Q, m.Q)
+	}
+	return &c
+}
 
 // randomWeights returns an n×k matrix of dtype dt with values in ±0.1.
 func randomWeights(rng *rand.Rand, dt tensor.DType, n, k int) (*tensor.Mat, error) {
@@ -308,6 +344,9 @@ type readLimit struct {
 	// pairedMedians).
 	pass  func()
 	bytes float64
+	// mem is the scanned memory's mapping (hugemem's), for the caller to
+	// release when done with pass.
+	mem []byte
 }
 
 // streamRead measures the read limit: a scan of mib MiB split over the
@@ -317,8 +356,18 @@ type readLimit struct {
 // first numbers scanned with ArgMax, which without AVX-512 is bound by its
 // arithmetic; the next with SumWords and Dot, below what the prefetching
 // matrix kernels read.)
-func streamRead(p *tensor.Pool, mib, reps int) readLimit {
-	big := randomActs(rand.New(rand.NewPCG(5, 5)), mib<<20/4)
+func streamRead(p *tensor.Pool, mib, reps int) (readLimit, error) {
+	// In huge pages, as the loaded weights are (a scan of 4 KiB pages
+	// read 5–15% less on a Zen 4: docs/performance-log.md).
+	mem, err := hugemem.Map(mib << 20)
+	if err != nil {
+		return readLimit{}, err
+	}
+	big := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(mem))), mib<<20/4)
+	rng := rand.New(rand.NewPCG(5, 5))
+	for i := range big {
+		big[i] = rng.Float32()*2 - 1
+	}
 	n := p.Threads()
 	per := len(big) / n
 	rate := func(scan func([]float32)) float64 {
@@ -335,13 +384,13 @@ func streamRead(p *tensor.Pool, mib, reps int) readLimit {
 			}
 		}
 	}
-	r.bytes = float64(per * n * 4)
+	r.mem, r.bytes = mem, float64(per*n*4)
 	r.pass = func() {
 		p.Parallel(n, func(lo, hi int) { tensor.ReadScan(big[lo*per:hi*per], r.streams, r.pf) })
 	}
 	r.words = rate(func(x []float32) { tensor.SumWords(x) })
 	r.dot = rate(func(x []float32) { tensor.Dot(x, x) })
-	return r
+	return r, nil
 }
 
 // String describes how the limit was measured.

@@ -8,9 +8,8 @@ import (
 	"sort"
 	"sync"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/tandem-serve/tandem/internal/gguf"
+	"github.com/tandem-serve/tandem/internal/hugemem"
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
@@ -132,10 +131,10 @@ func (s *ggufSource) close() error {
 	if s.mem == nil {
 		return nil
 	}
-	err := unix.Munmap(s.mem)
+	err := hugemem.Unmap(s.mem)
 	s.mem, s.tensors = nil, nil
 	if err != nil {
-		return fmt.Errorf("model: munmap %s: %w", s.path, err)
+		return fmt.Errorf("model: %s: %w", s.path, err)
 	}
 	return nil
 }
@@ -271,18 +270,17 @@ func loadGGUFTensors(f *gguf.File, c *Config, progress func(read, total int64)) 
 			size += t.Size
 		}
 	}
-	mem, err := unix.Mmap(-1, 0, int(max(size, 1)), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
+	// In huge pages where the kernel offers them (see package hugemem):
+	// decode streams every weight once a token.
+	mem, err := hugemem.Map(int(size))
 	if err != nil {
 		return nil, fmt.Errorf("model: allocate %d bytes for %s: %w", size, f.Path, err)
 	}
 	src := &ggufSource{path: f.Path, modelType: c.ModelType, mem: mem, tensors: make(map[string]weight, len(place))}
 	fail := func(err error) (*ggufSource, error) {
-		_ = unix.Munmap(mem)
+		_ = hugemem.Unmap(mem)
 		return nil, err
 	}
-	// No MADV_HUGEPAGE (unlike safetensors' loadAnonymous): on this VM
-	// faulting in transparent huge pages made a 1.3–2.4 GB load take 3–11
-	// s of kernel time instead of 0.6–1.9 s (docs/performance.md).
 
 	type job struct {
 		dst []byte
@@ -350,8 +348,8 @@ func loadGGUFTensors(f *gguf.File, c *Config, progress func(read, total int64)) 
 			return fail(err)
 		}
 	}
-	if err := unix.Mprotect(mem, unix.PROT_READ); err != nil {
-		return fail(fmt.Errorf("model: protect %s: %w", f.Path, err))
+	if err := hugemem.Protect(mem); err != nil {
+		return fail(fmt.Errorf("model: %s: %w", f.Path, err))
 	}
 	return src, nil
 }

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"golang.org/x/sys/unix"
+	"github.com/tandem-serve/tandem/internal/hugemem"
 )
 
 // Tensor is one tensor of an open file. Data aliases the read-only memory
@@ -78,7 +78,7 @@ func open(path string, c *readCounter) (*File, error) {
 	}
 	h, err := ParseHeader(mapped, size)
 	if err != nil {
-		_ = unix.Munmap(mapped)
+		_ = hugemem.Unmap(mapped)
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	file := &File{path: path, mapped: mapped, header: h, byName: make(map[string]int, len(h.Tensors))}
@@ -112,10 +112,10 @@ func (f *File) Close() error {
 	if f.mapped == nil {
 		return nil
 	}
-	err := unix.Munmap(f.mapped)
+	err := hugemem.Unmap(f.mapped)
 	f.mapped = nil
 	if err != nil {
-		return fmt.Errorf("safetensors: munmap %s: %w", f.path, err)
+		return fmt.Errorf("safetensors: %s: %w", f.path, err)
 	}
 	return nil
 }
@@ -254,30 +254,27 @@ func (s *Set) Close() error {
 // flight keeps the page-fault work of fresh memory spread over threads.
 const readChunk = 32 << 20
 
-// loadAnonymous reads the whole file into a fresh anonymous mapping and makes
-// it read-only, so tensors alias memory nothing can write.
+// loadAnonymous reads the whole file into a fresh anonymous mapping (in
+// huge pages where the kernel offers them: package hugemem) and makes it
+// read-only, so tensors alias memory nothing can write.
 //
 // Nearly all of a load's time is the kernel faulting in fresh pages, so
-// the file is read by up to four threads in readChunk pieces, and without
-// MADV_HUGEPAGE: on the VMs Tandem is measured on, faulting in transparent
-// huge pages made a 2.47 GB load take 0.8–25 s instead of 1.2–1.6 s, with
-// no decode-speed gain outside the noise (docs/performance.md, "Model
-// load").
+// the file is read by up to four threads in readChunk pieces.
 func loadAnonymous(f *os.File, path string, size int64, c *readCounter) ([]byte, error) {
 	if size == 0 {
 		return nil, fmt.Errorf("safetensors: %s is empty", path)
 	}
-	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
+	mem, err := hugemem.Map(int(size))
 	if err != nil {
 		return nil, fmt.Errorf("safetensors: allocate %d bytes for %s: %w", size, path, err)
 	}
 	if err := readParallel(f, mem, min(4, max(2, runtime.GOMAXPROCS(0))), c); err != nil {
-		_ = unix.Munmap(mem)
+		_ = hugemem.Unmap(mem)
 		return nil, fmt.Errorf("safetensors: read %s: %w", path, err)
 	}
-	if err := unix.Mprotect(mem, unix.PROT_READ); err != nil {
-		_ = unix.Munmap(mem)
-		return nil, fmt.Errorf("safetensors: protect %s: %w", path, err)
+	if err := hugemem.Protect(mem); err != nil {
+		_ = hugemem.Unmap(mem)
+		return nil, fmt.Errorf("safetensors: %s: %w", path, err)
 	}
 	return mem, nil
 }

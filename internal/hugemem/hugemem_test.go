@@ -1,0 +1,138 @@
+package hugemem
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"unsafe"
+)
+
+func TestMapIsAlignedZeroedAndWritable(t *testing.T) {
+	for _, size := range []int{0, 1, 4096, Align - 1, Align, Align + 1, 5*Align + 123} {
+		b, err := Map(size)
+		if err != nil {
+			t.Fatalf("Map(%d): %v", size, err)
+		}
+		if len(b) != size {
+			t.Errorf("Map(%d): len %d", size, len(b))
+		}
+		if c := cap(b); c%Align != 0 || c < max(size, 1) || c >= max(size, 1)+Align {
+			t.Errorf("Map(%d): cap %d, want the next multiple of %d", size, c, Align)
+		}
+		if p := uintptr(unsafe.Pointer(unsafe.SliceData(b))); p%Align != 0 {
+			t.Errorf("Map(%d): starts at %#x, not %d-aligned", size, p, Align)
+		}
+		if lo, hi, ok := mappingOf(b); ok && (lo != uintptr(unsafe.Pointer(unsafe.SliceData(b))) || hi-lo != uintptr(cap(b))) {
+			t.Errorf("Map(%d): the mapping is %#x-%#x, want exactly the %d bytes from %p", size, lo, hi, cap(b), unsafe.SliceData(b))
+		}
+		full := b[:cap(b)]
+		for i := 0; i < len(full); i += 4096 {
+			if full[i] != 0 {
+				t.Fatalf("Map(%d): byte %d is %d, not zero", size, i, full[i])
+			}
+			full[i] = 1
+		}
+		if err := Unmap(b); err != nil {
+			t.Errorf("Unmap after Map(%d): %v", size, err)
+		}
+	}
+	if _, err := Map(-1); err == nil {
+		t.Error("Map(-1) succeeded")
+	}
+}
+
+// Unmapping one mapping leaves one made after it whole.
+func TestUnmapReleasesOnlyItsOwnPages(t *testing.T) {
+	a, err := Map(3 * Align)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Map(Align)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Unmap(a); err != nil {
+		t.Fatal(err)
+	}
+	for i := range b {
+		b[i] = byte(i)
+	}
+	if err := Unmap(b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// On Linux with transparent huge pages enabled ("always" or "madvise"),
+// touched mapped memory is in huge pages.
+func TestMapGetsHugePagesWhereTheKernelOffersThem(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("MADV_HUGEPAGE is Linux's")
+	}
+	mode, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
+	if err != nil || strings.Contains(string(mode), "[never]") {
+		t.Skipf("transparent huge pages are off here (%q, %v)", mode, err)
+	}
+	const size = 8 * Align
+	b, err := Map(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Unmap(b)
+	for i := 0; i < size; i += 4096 {
+		b[i] = 1
+	}
+	if kb := anonHugeKB(t, b); kb == 0 {
+		// No huge page could be had (memory fragmented and compaction
+		// failing): the mapping works, with small pages.
+		t.Logf("no huge pages were allocated to %d MiB of touched memory", size>>20)
+	} else if kb < size>>10/2 {
+		t.Errorf("%d KiB of %d KiB in huge pages", kb, size>>10)
+	}
+}
+
+// mappingOf returns the bounds of the /proc/self/smaps entry holding b
+// (Linux only: ok is false elsewhere). Map's mapping is its own entry as
+// long as its neighbours differ in protection or advice, which holds for
+// the trimmed ends of the over-map being gone.
+func mappingOf(b []byte) (lo, hi uintptr, ok bool) {
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		return 0, 0, false
+	}
+	p := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
+	for _, line := range strings.Split(string(smaps), "\n") {
+		var l, h uint64
+		if n, _ := fmt.Sscanf(line, "%x-%x", &l, &h); n == 2 && l <= p && p < h {
+			return uintptr(l), uintptr(h), true
+		}
+	}
+	return 0, 0, false
+}
+
+// anonHugeKB returns the AnonHugePages of the mapping holding b, from
+// /proc/self/smaps.
+func anonHugeKB(t *testing.T, b []byte) int {
+	t.Helper()
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		t.Skip(err)
+	}
+	p := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
+	in := false
+	for _, line := range strings.Split(string(smaps), "\n") {
+		var lo, hi uint64
+		if n, _ := fmt.Sscanf(line, "%x-%x", &lo, &hi); n == 2 && strings.Contains(line, " ") {
+			in = lo <= p && p < hi
+			continue
+		}
+		var kb int
+		if in && strings.HasPrefix(line, "AnonHugePages:") {
+			fmt.Sscanf(strings.TrimPrefix(line, "AnonHugePages:"), "%d", &kb)
+			return kb
+		}
+	}
+	t.Fatalf("no smaps entry holds %#x", p)
+	return 0
+}
