@@ -55,7 +55,7 @@ var allowed = map[string][]string{
 	"internal/planner":                    {}, // the P:D model and the pool planner: pure, std only
 	"internal/metrics":                    {"github.com/prometheus/client_golang/..."},
 	"internal/tracing":                    {"go.opentelemetry.io/otel/..."}, // OpenTelemetry setup, propagation, span names
-	"internal/tensor":                     {"golang.org/x/sys/cpu"},
+	"internal/tensor":                     {"internal/hugemem", "golang.org/x/sys/cpu"},
 	"internal/kubediscovery":              {"github.com/go-logr/logr", "github.com/prometheus/client_golang/...", "k8s.io/..."},
 	"internal/kvparams":                   {}, // vLLM's kv_transfer_params, typed: std only
 	"internal/hoststat":                   {}, // procfs CPU, load and RSS: std only

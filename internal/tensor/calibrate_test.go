@@ -1,7 +1,9 @@
 package tensor
 
 import (
+	"bytes"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -28,6 +30,20 @@ func fakeTimer(factors map[string]float64, calls *int) Measure {
 		}
 		return time.Duration(f * float64(time.Millisecond) * (1 + float64(w.M)/32))
 	}
+}
+
+// quantTurns is how many times each quantized candidate is timed: once a
+// workload, decodeRounds times on those with one activation row.
+func quantTurns() int {
+	n := 0
+	for _, w := range quantWorkloads {
+		if w.M == 1 {
+			n += decodeRounds
+		} else {
+			n++
+		}
+	}
+	return n
 }
 
 func TestChooseSetKeepsCPUIDChoiceWithinMargin(t *testing.T) {
@@ -201,8 +217,8 @@ func TestCalibrateFollowsTheTimer(t *testing.T) {
 		if c.Set != want || ISA() != want || c.Source != "measured" {
 			t.Fatalf("timer favouring %s: Calibrate chose %s (%s), ISA %s", want, c.Set, c.Source, ISA())
 		}
-		if wantCalls := len(sets)*len(setWorkloads) + len(availQuantNames())*len(quantWorkloads); calls != wantCalls {
-			t.Fatalf("the timer was called %d times, want %d (every available candidate on every workload)", calls, wantCalls)
+		if wantCalls := len(sets)*len(setWorkloads) + len(availQuantNames())*quantTurns(); calls != wantCalls {
+			t.Fatalf("the timer was called %d times, want %d (every available candidate on every workload, decodeRounds turns on decode's)", calls, wantCalls)
 		}
 	}
 	// A set only a little faster does not displace CPUID's choice.
@@ -471,5 +487,73 @@ func TestCalibratePrunesFarSlowerCandidates(t *testing.T) {
 	}
 	if c.Set != ISAs()[0] || perCand[slow] != 1 || perCand[ISAs()[0]] != len(setWorkloads) {
 		t.Fatalf("chose %s; timed %v; want %s chosen, %s timed once", c.Set, perCand, ISAs()[0], slow)
+	}
+}
+
+// TestDecodeWorkloadsTakeTurnsOverARingPastTheCache: the quantized
+// candidates are timed on a decode workload alternately, decodeRounds turns
+// each, each keeping its fastest, over more bytes of weights than the
+// last-level cache holds.
+func TestDecodeWorkloadsTakeTurnsOverARingPastTheCache(t *testing.T) {
+	restoreKernels(t)
+	qs := availQuantNames()
+	if len(qs) < 2 {
+		t.Skip("one quantized kernel family on this CPU")
+	}
+	var order []string
+	turn := map[string]int{}
+	measure := func(cand string, w Workload, run func()) time.Duration {
+		if !w.DType.Quantized() {
+			return time.Millisecond
+		}
+		if w.Name == "q4_k decode" {
+			order = append(order, cand)
+			if turn[cand]++; turn[cand] == 1 && cand == qs[1] {
+				// Its first turn was disturbed: its fastest decides.
+				return 10 * time.Millisecond
+			}
+		}
+		if cand == qs[1] && w.M == 1 {
+			return time.Millisecond / 2
+		}
+		return time.Millisecond
+	}
+	c, err := Calibrate(CalibrateConfig{Measure: measure})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for range decodeRounds {
+		want = append(want, qs...)
+	}
+	if !slices.Equal(order, want) {
+		t.Errorf("q4_k decode timed in the order %v, want %v (turns in alternation)", order, want)
+	}
+	if got := DecodeQuantKernels(); got != qs[1] {
+		t.Errorf("decode's kernels %s (%s), want %s, the fastest of its turns", got, c.Reason, qs[1])
+	}
+	// The ring: copies of the workload's matrix filling more than the
+	// last-level cache.
+	var r decodeRing
+	defer r.release()
+	m := randomMat(rand.New(rand.NewPCG(1, 1)), Q8_0, 64, 2048)
+	mats := r.fill(m)
+	total := 0
+	for _, c := range mats {
+		if !bytes.Equal(c.Q, m.Q) || c.Rows != m.Rows || c.Cols != m.Cols {
+			t.Fatal("a ring copy differs from the matrix")
+		}
+		total += len(c.Q)
+	}
+	if llc := lastLevelCache(); total < min(2*llc, 256<<20)-len(m.Q) || total < 64<<20-len(m.Q) {
+		t.Errorf("the ring holds %d bytes; the last-level cache is %d", total, llc)
+	}
+}
+
+func TestParseCacheSize(t *testing.T) {
+	for in, want := range map[string]int{"32768K": 32 << 20, "1M": 1 << 20, "512": 512, "": 0, "12X": 0, "-1K": 0} {
+		if got := parseCacheSize(in); got != want {
+			t.Errorf("parseCacheSize(%q) = %d, want %d", in, got, want)
+		}
 	}
 }
