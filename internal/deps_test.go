@@ -134,7 +134,7 @@ var allowed = map[string][]string{
 	// Floor 6: the engine process assembled (serve, drain, RAM sizing, the
 	// kv-events sink; another branch moves it out of cmd/tandem).
 	"internal/server": {
-		"internal/apierror", "internal/engine", "internal/httpguard", "internal/kvconnector", "internal/kvevents", "internal/kvlayout", "internal/kvxfer",
+		"internal/apierror", "internal/engine", "internal/httpguard", "internal/hugemem", "internal/kvconnector", "internal/kvevents", "internal/kvlayout", "internal/kvxfer",
 		"internal/metrics", "internal/model", "internal/openai", "internal/sched", "internal/sim", "internal/tensor",
 		"internal/tokenizer",
 		"github.com/google/uuid",

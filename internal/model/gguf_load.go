@@ -127,6 +127,8 @@ func (s *ggufSource) each(fn func(string, weight)) {
 
 func (s *ggufSource) format() string { return "gguf" }
 
+func (s *ggufSource) memory() [][]byte { return [][]byte{s.mem} }
+
 func (s *ggufSource) close() error {
 	if s.mem == nil {
 		return nil

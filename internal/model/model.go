@@ -11,6 +11,7 @@ import (
 	"slices"
 
 	"github.com/tandem-serve/tandem/internal/gguf"
+	"github.com/tandem-serve/tandem/internal/hugemem"
 	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/model/safetensors"
 	"github.com/tandem-serve/tandem/internal/tensor"
@@ -426,6 +427,24 @@ func hashSample(h hash.Hash, d []byte) {
 	h.Write(d[:fingerprintSample])
 	h.Write(d[mid : mid+fingerprintSample])
 	h.Write(d[len(d)-fingerprintSample:])
+}
+
+// WeightPages returns the bytes of memory the weights were loaded into and
+// how many of them the kernel holds in transparent huge pages (see package
+// hugemem); ok is false where the second cannot be read (not Linux) or
+// the model is closed.
+func (m *Model) WeightPages() (bytes, huge int64, ok bool) {
+	if m.src == nil || m.closed {
+		return 0, 0, false
+	}
+	ok = true
+	for _, mem := range m.src.memory() {
+		bytes += int64(cap(mem))
+		n, got := hugemem.HugeBytes(mem)
+		huge += n
+		ok = ok && got && cap(mem) > 0
+	}
+	return bytes, huge, ok
 }
 
 // Close unmaps the weights. The model must not be used afterwards; Forward

@@ -45,6 +45,8 @@ type weightSource interface {
 	// format is "" for safetensors, else the format's name (it is hashed
 	// into the fingerprint).
 	format() string
+	// memory returns the mappings the weights live in (hugemem's).
+	memory() [][]byte
 	close() error
 }
 
@@ -86,6 +88,14 @@ func (s safetensorsSource) each(fn func(string, weight)) {
 func (s safetensorsSource) format() string { return "" }
 
 func (s safetensorsSource) close() error { return s.set.Close() }
+
+func (s safetensorsSource) memory() [][]byte {
+	var m [][]byte
+	for _, f := range s.set.Files() {
+		m = append(m, f.Memory())
+	}
+	return m
+}
 
 // binder resolves tensors by name from a checkpoint and checks their shapes,
 // accumulating parameter and byte counts of what it hands out.

@@ -6,9 +6,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"testing"
 
+	"github.com/tandem-serve/tandem/internal/hugemem"
 	"github.com/tandem-serve/tandem/internal/kvlayout"
 	"github.com/tandem-serve/tandem/internal/model/safetensors"
 	"github.com/tandem-serve/tandem/internal/modelinit"
@@ -105,5 +107,35 @@ func TestViewsCopyWhenMisaligned(t *testing.T) {
 				t.Errorf("offset %d: u16View[%d] = %#x, want %#x", off, i, v, want)
 			}
 		}
+	}
+}
+
+// TestWeightsLiveInHugemem: both loaders put the weights in hugemem's
+// mappings, which WeightPages measures (in huge pages where the kernel
+// gives them), and a closed model reports nothing.
+func TestWeightsLiveInHugemem(t *testing.T) {
+	dir := writeTestModel(t, testSpec(func(s *modelinit.Spec) { s.DType = "bf16" }))
+	for name, path := range map[string]string{"safetensors": dir, "gguf": convertGGUF(t, dir, "q8_0")} {
+		t.Run(name, func(t *testing.T) {
+			m := loadTestModel(t, path, 1)
+			bytes, huge, ok := m.WeightPages()
+			if runtime.GOOS == "linux" && !ok {
+				t.Fatal("WeightPages cannot say on Linux")
+			}
+			if bytes < m.WeightBytes() || bytes%hugemem.Align != 0 {
+				t.Errorf("weights in %d bytes of mappings; want whole %d-byte pages holding the %d bytes of weights", bytes, hugemem.Align, m.WeightBytes())
+			}
+			if huge > bytes {
+				t.Errorf("%d bytes in huge pages of %d mapped", huge, bytes)
+			}
+			if mode := hugemem.Mode(); huge == 0 && (mode == "always" || mode == "madvise") {
+				// A fragmented host may have no huge page to give.
+				t.Logf("THP %s, yet none of the %d bytes is in huge pages", mode, bytes)
+			}
+			m.Close()
+			if _, _, ok := m.WeightPages(); ok {
+				t.Error("a closed model reports its weights' pages")
+			}
+		})
 	}
 }

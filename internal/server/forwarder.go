@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tandem-serve/tandem/internal/engine"
+	"github.com/tandem-serve/tandem/internal/hugemem"
 	"github.com/tandem-serve/tandem/internal/model"
 	"github.com/tandem-serve/tandem/internal/sim"
 	"github.com/tandem-serve/tandem/internal/tensor"
@@ -26,6 +27,7 @@ func loadForwarder(cfg *Config, tok *tokenizer.Tokenizer, log *slog.Logger) (eng
 			pool.Close()
 			return nil, nil, err
 		}
+		logWeightPages(log, m)
 		return m, func() { m.Close(); pool.Close() }, nil
 	}
 	c := cfg.Simulate
@@ -66,6 +68,28 @@ func loadForwarder(cfg *Config, tok *tokenizer.Tokenizer, log *slog.Logger) (eng
 		c.OnModel(m)
 	}
 	return m, func() { m.Close() }, nil
+}
+
+// logWeightPages logs how much of the weights' memory is in transparent
+// huge pages and, when little is, why and what the operator can do: decode
+// streams every weight once a token, and 4 KiB pages cost one-thread
+// decode 8–12% on a Zen 4 (docs/performance.md, "Model load").
+func logWeightPages(log *slog.Logger, m *model.Model) {
+	total, huge, ok := m.WeightPages()
+	if !ok {
+		return
+	}
+	mode := hugemem.Mode()
+	log.Info("model weights in memory", "bytes", total, "in_huge_pages", huge, "thp", mode)
+	if huge >= total/2 {
+		return
+	}
+	switch mode {
+	case "never":
+		log.Info("transparent huge pages are off (/sys/kernel/mm/transparent_hugepage/enabled is never): decode reads the weights faster in huge pages; set it to madvise to let Tandem use them")
+	case "madvise", "always":
+		log.Info("the kernel gave the weights few huge pages (memory fragmented?): decode reads them faster in huge pages; /sys/kernel/mm/transparent_hugepage/defrag decides whether a fault compacts memory for one")
+	}
 }
 
 // timeModel is the simulation's time model: its knobs, the built-in

@@ -106,6 +106,10 @@ func (f *File) Tensor(name string) (Tensor, bool) {
 	return Tensor{Info: info, File: f.path, Data: f.mapped[start:end:end]}, true
 }
 
+// Memory returns the mapping the file was read into (hugemem's; nil once
+// closed).
+func (f *File) Memory() []byte { return f.mapped }
+
 // Close unmaps the file. Tensors obtained from it must not be used
 // afterwards.
 func (f *File) Close() error {
