@@ -3,7 +3,6 @@ package hugemem
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"strings"
 	"testing"
 	"unsafe"
@@ -61,38 +60,6 @@ func TestUnmapReleasesOnlyItsOwnPages(t *testing.T) {
 	}
 	if err := Unmap(b); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// On Linux with transparent huge pages enabled ("always" or "madvise"),
-// touched mapped memory is in huge pages.
-func TestMapGetsHugePagesWhereTheKernelOffersThem(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("MADV_HUGEPAGE is Linux's")
-	}
-	mode, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
-	if err != nil || strings.Contains(string(mode), "[never]") {
-		t.Skipf("transparent huge pages are off here (%q, %v)", mode, err)
-	}
-	const size = 8 * Align
-	b, err := Map(size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer Unmap(b)
-	for i := 0; i < size; i += 4096 {
-		b[i] = 1
-	}
-	n, ok := HugeBytes(b)
-	if !ok {
-		t.Skip("/proc/self/smaps cannot be read")
-	}
-	if kb := int(n >> 10); kb == 0 {
-		// No huge page could be had (memory fragmented and compaction
-		// failing): the mapping works, with small pages.
-		t.Logf("no huge pages were allocated to %d MiB of touched memory", size>>20)
-	} else if kb < size>>10/2 {
-		t.Errorf("%d KiB of %d KiB in huge pages", kb, size>>10)
 	}
 }
 

@@ -1,6 +1,63 @@
 package hugemem
 
-import "testing"
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"unsafe"
+)
+
+// TestMapAdvisesHugePages: the mapping carries the huge-page advice (its
+// smaps VmFlags has "hg"), whatever the kernel could give it; what it gave
+// is logged (none where THP is "never", or memory is too fragmented for a
+// 2 MiB page), and never more than was mapped.
+func TestMapAdvisesHugePages(t *testing.T) {
+	if Mode() == "" {
+		t.Skip("this kernel has no transparent huge pages")
+	}
+	const size = 8 * Align
+	b, err := Map(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Unmap(b)
+	for i := 0; i < size; i += 4096 {
+		b[i] = 1
+	}
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		t.Skipf("no /proc/self/smaps: %v", err)
+	}
+	flags, ok := vmFlags(smaps, uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))))
+	if !ok {
+		t.Fatal("no smaps entry holds the mapping")
+	}
+	if !strings.Contains(" "+flags+" ", " hg ") {
+		t.Errorf("the mapping's VmFlags %q lack hg (MADV_HUGEPAGE)", flags)
+	}
+	n, ok := HugeBytes(b)
+	if !ok || n < 0 || n > size {
+		t.Fatalf("HugeBytes = %d, %t for %d bytes mapped", n, ok, size)
+	}
+	t.Logf("THP %q: %d of %d bytes in huge pages", Mode(), n, size)
+}
+
+// vmFlags returns the VmFlags of the smaps entry holding address p.
+func vmFlags(smaps []byte, p uint64) (string, bool) {
+	in := false
+	for _, line := range strings.Split(string(smaps), "\n") {
+		var lo, hi uint64
+		if c, _ := fmt.Sscanf(line, "%x-%x ", &lo, &hi); c == 2 {
+			in = lo <= p && p < hi
+			continue
+		}
+		if rest, ok := strings.CutPrefix(line, "VmFlags:"); ok && in {
+			return strings.TrimSpace(rest), true
+		}
+	}
+	return "", false
+}
 
 func TestHugeInSumsTheEntriesInsideTheRange(t *testing.T) {
 	smaps := []byte(`7f0000000000-7f0000400000 rw-p 00000000 00:00 0
