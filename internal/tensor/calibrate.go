@@ -74,7 +74,7 @@ var setWorkloads = []Workload{
 // QuantKernels. Each format decodes apart because the kernels' order of
 // the work differs by format: on a Zen 4 the AVX2 row kernels streamed
 // Q8_0 and Q4_K faster than the AVX512-VNNI ones, and Q6_K ~35% slower.
-// The decode workloads' matrices (8–9 MB) are copied into a ring past the
+// The decode workloads' matrices (4–9 MB) are copied into a ring past the
 // last-level cache (decodeRing).
 var quantWorkloads = []Workload{
 	{Name: "q8_0 prefill", DType: Q8_0, M: 32, N: 256, K: 2048},
@@ -375,7 +375,7 @@ func timeSets(measure Measure) []Timing {
 // (see decodeRing), the candidates taking turns decodeRounds times, each
 // keeping its fastest: timed in the cache, as they were before, the
 // kernels' order on a Zen 4 was the opposite of a model's decode from
-// memory (docs/performance-log.md, 2026-12-06 08:20).
+// memory (docs/performance-log.md, 2026-12-06 08:00).
 func timeQuants(measure Measure) []Timing {
 	p := NewPool(1)
 	defer p.Close()
@@ -450,7 +450,7 @@ type decodeRing struct {
 }
 
 // fill returns copies of m filling the ring, m itself where the ring's
-// memory cannot be had.
+// memory cannot be had or cannot hold a copy.
 func (r *decodeRing) fill(m *Mat) []*Mat {
 	if r.mem == nil {
 		mem, err := hugemem.Map(ringBytes())
@@ -467,6 +467,9 @@ func (r *decodeRing) fill(m *Mat) []*Mat {
 		c.Q = r.mem[off : off+n : off+n]
 		copy(c.Q, m.Q)
 		r.mats = append(r.mats, &c)
+	}
+	if len(r.mats) == 0 {
+		return []*Mat{m}
 	}
 	return r.mats
 }
