@@ -92,6 +92,7 @@ func benchModel(w io.Writer, f benchModelFlags, dts []tensor.DType, cal tensor.C
 	}
 	defer hugemem.Unmap(read.mem)
 	fmt.Fprintf(w, "read limit (stream read of %d MiB, %d threads): %s\n", f.readMiB, f.threads, read)
+	fmt.Fprintf(w, "memory: %s\n", pagesText(read.mem))
 	peaks := arithPeaks(p, f.reps)
 	printPeaks(w, peaks, f.threads)
 	fmt.Fprintf(w, "f32 MatMul in cache (%s kernels, 32×128×256 per thread, %d threads): %.0f GFLOP/s\n", tensor.ISA(), f.threads, inCacheMatMul(p, f.reps)/1e9)
@@ -207,6 +208,21 @@ func benchFormat(p *tensor.Pool, f benchModelFlags, dt tensor.DType, read readLi
 
 // matBytes is the bytes m's weights occupy.
 func matBytes(m *tensor.Mat) int { return 4*len(m.F32) + 2*len(m.U16) + len(m.Q) }
+
+// pagesText says how much of mem (hugemem's) is in transparent huge pages
+// and the system's THP policy: the weights are mapped alike, and decode
+// reads 4 KiB pages slower.
+func pagesText(mem []byte) string {
+	huge, ok := hugemem.HugeBytes(mem)
+	if !ok {
+		return "page sizes unknown on this OS"
+	}
+	mode := hugemem.Mode()
+	if mode == "" {
+		mode = "unknown"
+	}
+	return fmt.Sprintf("%d of %d MiB scanned in 2 MiB pages (transparent huge pages: %s; the weights are mapped alike)", huge>>20, cap(mem)>>20, mode)
+}
 
 // copyMat returns m with its weights copied into dst (matBytes(m) bytes,
 // aligned for m's element type).
