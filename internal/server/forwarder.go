@@ -71,9 +71,8 @@ func loadForwarder(cfg *Config, tok *tokenizer.Tokenizer, log *slog.Logger) (eng
 }
 
 // logWeightPages logs how much of the weights' memory is in transparent
-// huge pages and, when little is, why and what the operator can do: decode
-// streams every weight once a token, and 4 KiB pages cost one-thread
-// decode 8–12% on a Zen 4 (docs/performance.md, "Model load").
+// huge pages and, when little is, why and what the operator can do (see
+// pagesAdvice).
 func logWeightPages(log *slog.Logger, m *model.Model) {
 	total, huge, ok := m.WeightPages()
 	if !ok {
@@ -81,15 +80,26 @@ func logWeightPages(log *slog.Logger, m *model.Model) {
 	}
 	mode := hugemem.Mode()
 	log.Info("model weights in memory", "bytes", total, "in_huge_pages", huge, "thp", mode)
+	if advice := pagesAdvice(total, huge, mode); advice != "" {
+		log.Info(advice)
+	}
+}
+
+// pagesAdvice says, when under half of total bytes of weights are in huge
+// pages, why and which setting decides it under THP mode mode; "" otherwise.
+// Decode streams every weight once a token, and 4 KiB pages cost one-thread
+// decode 8–12% on a Zen 4 (docs/performance.md, "Model load").
+func pagesAdvice(total, huge int64, mode string) string {
 	if huge >= total/2 {
-		return
+		return ""
 	}
 	switch mode {
 	case "never":
-		log.Info("transparent huge pages are off (/sys/kernel/mm/transparent_hugepage/enabled is never): decode reads the weights faster in huge pages; set it to madvise to let Tandem use them")
+		return "transparent huge pages are off (/sys/kernel/mm/transparent_hugepage/enabled is never): decode reads the weights faster in huge pages; set it to madvise to let Tandem use them"
 	case "madvise", "always":
-		log.Info("the kernel gave the weights few huge pages (memory fragmented?): decode reads them faster in huge pages; /sys/kernel/mm/transparent_hugepage/defrag decides whether a fault compacts memory for one")
+		return "the kernel gave the weights few huge pages (memory fragmented?): decode reads them faster in huge pages; /sys/kernel/mm/transparent_hugepage/defrag decides whether a fault compacts memory for one"
 	}
+	return ""
 }
 
 // timeModel is the simulation's time model: its knobs, the built-in
