@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sync"
 	"syscall"
@@ -364,9 +365,11 @@ func (c *Consumer) dialHello(ctx context.Context, p *peerState) (*pconn, Info, e
 	var busy error // the last refusal: the real reason if time runs out
 	for {
 		cn, info, err := c.dialHelloOnce(ctx, p)
-		if err != nil && busy != nil && ctx.Err() != nil {
+		if err != nil && busy != nil && (ctx.Err() != nil || deadlineHit(err)) {
 			// The deadline cut a retry short: the producer's refusal, not
-			// the timeout it caused, is what the caller must hear.
+			// the timeout it caused, is what the caller must hear. (The
+			// connection's deadline is ctx's, and its read can return
+			// before ctx's own timer has marked ctx done.)
 			return nil, Info{}, busy
 		}
 		if err == nil || !refusedBusy(err) || ctx.Err() != nil {
@@ -382,6 +385,12 @@ func (c *Consumer) dialHello(ctx context.Context, p *peerState) (*pconn, Info, e
 		}
 		backoff = min(2*backoff, 200*time.Millisecond)
 	}
+}
+
+// deadlineHit reports an error of an I/O deadline or a context's
+// deadline.
+func deadlineHit(err error) bool {
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // refusedBusy reports a connection the producer refused for lack of

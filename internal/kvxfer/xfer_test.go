@@ -7,6 +7,7 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -448,6 +449,62 @@ func TestConnectionLimit(t *testing.T) {
 	wantErr(t, err, nil, "prefill engine prefill-1 has 1 side-channel connections, its limit")
 	if FailureReason(err) != "busy" {
 		t.Fatalf("reason %q for %v", FailureReason(err), err)
+	}
+}
+
+// A retry that the dial window's deadline cuts short reports the busy
+// refusal heard before it, not the timeout: here the first dial reaches the
+// full producer and hears busy, every later one a listener that never
+// answers, so the window always ends inside a handshake.
+func TestBusyRefusalOutlivesTheDeadlineThatCutsItsRetry(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	var dials atomic.Int32
+	r := newRig(t, rigOpts{prodMut: func(pc *ProducerConfig) { pc.MaxConns = 1 }, consMut: func(cc *ConsumerConfig) {
+		cc.DialTimeout = 500 * time.Millisecond
+		var d net.Dialer
+		cc.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if dials.Add(1) > 1 {
+				addr = silent.Addr().String()
+			}
+			return d.DialContext(ctx, network, addr)
+		}
+	}})
+	c1, err := net.Dial("tcp", r.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c1.Close()
+	if _, err := rawClientHandshake(t, c1, testSecret); err != nil {
+		t.Fatal(err)
+	}
+	r.hold(t, "req-a", 1)
+	err = r.cons.Pull(ctxT(t), r.params("req-a", 1), newLocalBlocks(1, tiny.BlockBytes))
+	if FailureReason(err) != "busy" || dials.Load() < 2 {
+		t.Fatalf("after %d dials: reason %q for %v; want the busy refusal", dials.Load(), FailureReason(err), err)
 	}
 }
 
