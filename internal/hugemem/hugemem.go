@@ -5,11 +5,11 @@
 // Decode streams every weight once per token, so the weights' pages decide
 // how often the core walks the page tables and where its hardware
 // prefetchers start over. On an AMD EPYC Zen 4 (2 vCPUs, THP "madvise",
-// defrag "madvise"), one thread decoded llama-1b Q4_K_M 17% faster
-// (36–37 → 30.7 ms a token) and qwen3-0.6b Q8_0 15% faster with its
-// weights in 2 MiB pages, and a GGUF load of 803 MB took 0.12–0.15 s
-// instead of 0.32 s (a fault per 2 MiB instead of per 4 KiB;
-// docs/performance.md, "Model load"). Where the kernel offers no huge
+// defrag "madvise"), one thread decoded llama-1b Q4_K_M and qwen3-0.6b
+// Q4_K_M and Q8_0 8–12% faster with their weights in 2 MiB pages (in one
+// window 15–17%), and a GGUF load of 803 MB took 0.14–0.22 s instead of
+// 0.28–0.50 s (a fault per 2 MiB instead of per 4 KiB; docs/performance.md,
+// "Model load"). Where the kernel offers no huge
 // pages (THP "never", none free and compaction failing) the mapping is
 // plain 4 KiB pages and works the same.
 package hugemem
