@@ -143,6 +143,9 @@ type Mat struct {
 	F32        []float32
 	U16        []uint16
 	Q          []byte
+	// Panels: Q holds Q8_0 weights as the AVX-512 kernels' panels (see
+	// PackPanels), not ggml's rows.
+	Panels bool
 }
 
 // Row returns row r widened (or dequantized, see DequantizeRow) to f32 into
@@ -170,6 +173,10 @@ func (m *Mat) Row(r int, dst []float32) []float32 {
 		}
 		if r < 0 || r >= m.Rows {
 			panic(fmt.Sprintf("tensor: Mat.Row(%d) of %d rows", r, m.Rows))
+		}
+		if m.Panels {
+			DequantizeRow(m.DType, panelRow(m, r, make([]byte, rb)), dst)
+			break
 		}
 		DequantizeRow(m.DType, m.Q[r*rb:(r+1)*rb], dst)
 	}

@@ -280,6 +280,11 @@ func (p *Pool) matmulQuant(ks *kernelSet, out, x []float32, m int, w *Mat) {
 	if qmm == nil {
 		qmm = qmmGo
 	}
+	if w.Panels {
+		// Stored as panels only where the panel kernels run; their bits
+		// are every quantized kernel's.
+		qmm = qmmPanels
+	}
 	p.run(n, chunk, func(_, lo, hi int) { qmm(a, w, lo, hi, out) })
 }
 

@@ -1,0 +1,59 @@
+package tensor
+
+import "unsafe"
+
+// panelKernels reports whether this CPU runs the AVX512-VNNI kernels that
+// read Q8_0 panels.
+func panelKernels() bool {
+	for _, q := range archQuantKernels() {
+		if q.name == "avx512vnni" {
+			return q.avail
+		}
+	}
+	return false
+}
+
+// packQ8Panels packs m's 16-row groups into dst with the AVX-512 pack
+// kernel, each call prefetching the next group.
+func packQ8Panels(m *Mat, dst []byte) {
+	ks := qKernelsAVX512.types[Q8_0]
+	nb := m.Cols / 32
+	rb := nb * 34
+	for g := range m.Rows / 16 {
+		next := uintptr(unsafe.Pointer(&m.Q[min((g+1)*16*rb, len(m.Q)-1)]))
+		ks.pack(&m.Q[g*16*rb], rb, nb, &dst[g*nb*panelQ8Block], next)
+	}
+}
+
+// qmmPanels is qmm for a panel-stored w: rows [lo, hi), multiples of 16,
+// by the AVX-512 dot kernels straight over the stored panels (no pack), a
+// chunk of blocks at a time so that the panel stays in cache while the
+// activation rows pass over it.
+func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) {
+	ks := qKernelsAVX512.types[Q8_0]
+	k, m := a.k, a.m
+	nb := k / 32
+	words, _ := metaWords(Q8_0)
+	chunk := max(1, qPanelTarget/panelQ8Block)
+	if m == 1 {
+		chunk = nb // one pass over the panel: nothing to keep in cache
+	}
+	sc := qScratches.Get().(*qScratch)
+	defer qScratches.Put(sc)
+	if cap(sc.acc) < m*16 {
+		sc.acc = make([]float32, m*16)
+	}
+	acc := sc.acc[:m*16]
+	for g := lo / 16; g < hi/16; g++ {
+		clear(acc)
+		panel := w.Q[g*nb*panelQ8Block:]
+		for b0 := 0; b0 < nb; b0 += chunk {
+			c := min(chunk, nb-b0)
+			for i := 0; i < m; i += len(ks.dot) {
+				r := min(len(ks.dot), m-i)
+				ks.dot[r-1](&a.xq[i*k+b0*32], k, &a.meta[(i*nb+b0)*words], nb*words*4, &panel[b0*panelQ8Block], c, &acc[i*16])
+			}
+		}
+		storeAcc(out[g*16:], w.Rows, acc, 16, 16, m)
+	}
+}

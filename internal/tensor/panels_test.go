@@ -1,0 +1,70 @@
+package tensor
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// A Q8_0 matrix stored as panels gives MatMul's bits and Row's values of
+// the same matrix in ggml's rows, for one and several activation rows and
+// threads, and its rows read back byte for byte.
+func TestPanelsAreTheSameMatrix(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, shape := range [][2]int{{64, 2048}, {48, 256}, {16, 8192}} {
+		n, k := shape[0], shape[1]
+		src := make([]float32, n*k)
+		for i := range src {
+			src[i] = rng.Float32()*0.2 - 0.1
+		}
+		q, err := QuantizeRows(Q8_0, src, n, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &Mat{DType: Q8_0, Rows: n, Cols: k, Q: q}
+		size := PanelBytes(m)
+		if !panelKernels() {
+			if size != 0 {
+				t.Fatalf("PanelBytes %d where no kernel reads panels", size)
+			}
+			t.Skip("this CPU has no AVX512-VNNI kernels to read panels")
+		}
+		pm, err := PackPanels(m, make([]byte, size))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rb := k / 32 * 34
+		for r := range n {
+			if got := panelRow(pm, r, make([]byte, rb)); !bytes.Equal(got, q[r*rb:(r+1)*rb]) {
+				t.Fatalf("%d×%d: row %d read back from the panels differs", n, k, r)
+			}
+			if a, b := m.Row(r, make([]float32, k)), pm.Row(r, make([]float32, k)); !slices.Equal(a, b) {
+				t.Fatalf("%d×%d: Row(%d) differs", n, k, r)
+			}
+		}
+		for _, threads := range []int{1, 2} {
+			p := NewPool(threads)
+			for _, rows := range []int{1, 2, 3, 9, 17} {
+				x := make([]float32, rows*k)
+				for i := range x {
+					x[i] = rng.Float32()*2 - 1
+				}
+				want, got := make([]float32, rows*n), make([]float32, rows*n)
+				p.MatMul(want, x, rows, m)
+				p.MatMul(got, x, rows, pm)
+				if !slices.Equal(want, got) {
+					t.Errorf("%d×%d, %d activation rows, %d threads: the panels' product differs", n, k, rows, threads)
+				}
+			}
+			p.Close()
+		}
+	}
+	odd := &Mat{DType: Q8_0, Rows: 24, Cols: 256, Q: make([]byte, 24*8*34)}
+	if PanelBytes(odd) != 0 {
+		t.Error("24 rows (not a multiple of 16) reported packable")
+	}
+	if _, err := PackPanels(&Mat{DType: Q4_K, Rows: 16, Cols: 256, Q: make([]byte, 16*144)}, make([]byte, 1<<20)); err == nil {
+		t.Error("a Q4_K matrix packed as Q8_0 panels")
+	}
+}
