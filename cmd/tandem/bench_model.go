@@ -159,7 +159,7 @@ func benchFormat(p *tensor.Pool, f benchModelFlags, dt tensor.DType, read readLi
 	// lay them out: back to back in one mapping of huge pages.
 	per := 0
 	for _, m := range proto {
-		per += (matBytes(m) + 63) &^ 63
+		per += (max(matBytes(m), tensor.PanelBytes(m)) + 63) &^ 63
 	}
 	mem, err := hugemem.Map(per * f.layers)
 	if err != nil {
@@ -170,6 +170,15 @@ func benchFormat(p *tensor.Pool, f benchModelFlags, dt tensor.DType, read readLi
 	for range f.layers {
 		l := make([]*tensor.Mat, len(proto))
 		for i, m := range proto {
+			if n := tensor.PanelBytes(m); n > 0 && os.Getenv("TANDEM_PANELS") != "0" {
+				pm, err := tensor.PackPanels(m, mem[:n:n])
+				if err != nil {
+					return formatResult{}, err
+				}
+				l[i] = pm
+				mem = mem[(n+63)&^63:]
+				continue
+			}
 			n := matBytes(m)
 			l[i] = copyMat(m, mem[:n:n])
 			mem = mem[(n+63)&^63:]
