@@ -222,7 +222,7 @@ func matBytes(m *tensor.Mat) int { return 4*len(m.F32) + 2*len(m.U16) + len(m.Q)
 // and the system's THP policy: the weights are mapped alike, and decode
 // reads 4 KiB pages slower.
 func pagesText(mem []byte) string {
-	huge, ok := hugemem.HugeBytes(mem)
+	_, huge, ok := hugemem.Resident(mem)
 	if !ok {
 		return "page sizes unknown on this OS"
 	}

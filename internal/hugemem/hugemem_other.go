@@ -25,3 +25,6 @@ func Unmap([]byte) error { return nil }
 
 // Protect does nothing here: the Go heap cannot be made read-only.
 func Protect([]byte) error { return nil }
+
+// Discard does nothing here: the Go heap's pages cannot be released.
+func Discard([]byte) error { return nil }

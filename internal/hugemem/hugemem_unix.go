@@ -67,3 +67,19 @@ func Protect(b []byte) error {
 	}
 	return nil
 }
+
+// Discard releases the whole pages within b (memory Map returned, or part
+// of it) to the kernel: reading them afterwards gives zeros. For memory
+// whose contents moved elsewhere.
+func Discard(b []byte) error {
+	const page = 4096
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	lo, hi := (start+page-1)&^(page-1), (start+uintptr(len(b)))&^(page-1)
+	if hi <= lo {
+		return nil
+	}
+	if err := unix.Madvise(b[lo-start:hi-start], unix.MADV_DONTNEED); err != nil {
+		return fmt.Errorf("hugemem: discard: %w", err)
+	}
+	return nil
+}

@@ -9,26 +9,27 @@ import (
 	"unsafe"
 )
 
-// HugeBytes returns how many bytes of the memory Map returned as b (its
-// whole capacity) the kernel holds in transparent huge pages now, from
-// /proc/self/smaps; ok is false where that cannot be read.
-func HugeBytes(b []byte) (n int64, ok bool) {
+// Resident returns how many bytes of the memory Map returned as b (its
+// whole capacity) are resident now and how many of those the kernel holds
+// in transparent huge pages, from /proc/self/smaps; ok is false where that
+// cannot be read.
+func Resident(b []byte) (rss, huge int64, ok bool) {
 	if cap(b) == 0 {
-		return 0, true
+		return 0, 0, true
 	}
 	smaps, err := os.ReadFile("/proc/self/smaps")
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
 	lo := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
 	hi := lo + uint64(cap(b))
-	return hugeIn(smaps, lo, hi), true
+	rss, huge = pagesIn(smaps, lo, hi)
+	return rss, huge, true
 }
 
-// hugeIn sums the AnonHugePages of the smaps entries that lie within
-// [lo, hi).
-func hugeIn(smaps []byte, lo, hi uint64) int64 {
-	var n int64
+// pagesIn sums the Rss and AnonHugePages of the smaps entries that lie
+// within [lo, hi).
+func pagesIn(smaps []byte, lo, hi uint64) (rss, huge int64) {
 	in := false
 	sc := bufio.NewScanner(bytes.NewReader(smaps))
 	for sc.Scan() {
@@ -38,14 +39,22 @@ func hugeIn(smaps []byte, lo, hi uint64) int64 {
 			in = start >= lo && end <= hi
 			continue
 		}
-		if rest, found := strings.CutPrefix(line, "AnonHugePages:"); found && in {
-			var kb int64
-			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kb); err == nil {
-				n += kb << 10
+		if !in {
+			continue
+		}
+		for _, f := range []struct {
+			key string
+			sum *int64
+		}{{"Rss:", &rss}, {"AnonHugePages:", &huge}} {
+			if rest, found := strings.CutPrefix(line, f.key); found {
+				var kb int64
+				if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kb); err == nil {
+					*f.sum += kb << 10
+				}
 			}
 		}
 	}
-	return n
+	return rss, huge
 }
 
 // Mode returns the system's transparent huge page policy for anonymous

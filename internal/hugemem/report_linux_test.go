@@ -36,11 +36,17 @@ func TestMapAdvisesHugePages(t *testing.T) {
 	if !strings.Contains(" "+flags+" ", " hg ") {
 		t.Errorf("the mapping's VmFlags %q lack hg (MADV_HUGEPAGE)", flags)
 	}
-	n, ok := HugeBytes(b)
-	if !ok || n < 0 || n > size {
-		t.Fatalf("HugeBytes = %d, %t for %d bytes mapped", n, ok, size)
+	rss, n, ok := Resident(b)
+	if !ok || n < 0 || n > rss || rss != size {
+		t.Fatalf("Resident = %d, %d, %t for %d bytes mapped and touched", rss, n, ok, size)
 	}
 	t.Logf("THP %q: %d of %d bytes in huge pages", Mode(), n, size)
+	if err := Discard(b[4096 : size-4096]); err != nil {
+		t.Fatal(err)
+	}
+	if rss, _, _ := Resident(b); rss != 2*4096 {
+		t.Errorf("after discarding all but a page at each end: %d bytes resident, want %d", rss, 2*4096)
+	}
 }
 
 // vmFlags returns the VmFlags of the smaps entry holding address p.
@@ -59,20 +65,23 @@ func vmFlags(smaps []byte, p uint64) (string, bool) {
 	return "", false
 }
 
-func TestHugeInSumsTheEntriesInsideTheRange(t *testing.T) {
+func TestPagesInSumsTheEntriesInsideTheRange(t *testing.T) {
 	smaps := []byte(`7f0000000000-7f0000400000 rw-p 00000000 00:00 0
 Size:               4096 kB
+Rss:                4096 kB
 AnonHugePages:      4096 kB
 7f0000400000-7f0000600000 rw-p 00000000 00:00 0
+Rss:                2048 kB
 AnonHugePages:      2048 kB
 7f0000600000-7f0000800000 rw-p 00000000 00:00 0
-AnonHugePages:      2048 kB
+Rss:                 100 kB
+AnonHugePages:         0 kB
 `)
-	if got := hugeIn(smaps, 0x7f0000000000, 0x7f0000600000); got != 6<<20 {
-		t.Errorf("hugeIn = %d, want %d (the two entries inside, not the third)", got, 6<<20)
+	if rss, huge := pagesIn(smaps, 0x7f0000000000, 0x7f0000600000); rss != 6<<20 || huge != 6<<20 {
+		t.Errorf("pagesIn = %d, %d, want %d, %d (the two entries inside, not the third)", rss, huge, 6<<20, 6<<20)
 	}
-	if got := hugeIn(smaps, 0x7f0000100000, 0x7f0000600000); got != 2<<20 {
-		t.Errorf("hugeIn = %d, want %d (an entry reaching out of the range is not counted)", got, 2<<20)
+	if rss, huge := pagesIn(smaps, 0x7f0000100000, 0x7f0000800000); rss != 2148<<10 || huge != 2<<20 {
+		t.Errorf("pagesIn = %d, %d, want %d, %d (an entry reaching out of the range is not counted)", rss, huge, 2148<<10, 2<<20)
 	}
 }
 

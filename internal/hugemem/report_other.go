@@ -2,9 +2,8 @@
 
 package hugemem
 
-// HugeBytes reports nothing here: ok is false (transparent huge pages are
-// Linux's).
-func HugeBytes([]byte) (int64, bool) { return 0, false }
+// Resident reports nothing here: ok is false (smaps is Linux's).
+func Resident([]byte) (rss, huge int64, ok bool) { return 0, 0, false }
 
 // Mode returns "": transparent huge pages are Linux's.
 func Mode() string { return "" }

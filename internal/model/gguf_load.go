@@ -65,6 +65,10 @@ func loadGGUF(path string, pool *tensor.Pool, progress func(read, total int64)) 
 		}
 	}
 	m.fingerprint = m.computeFingerprint()
+	if err := m.packPanels(); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("model: %s: %w", path, err)
+	}
 	return m, nil
 }
 

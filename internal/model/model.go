@@ -67,7 +67,10 @@ type Model struct {
 	weightBytes int64
 	dtype       tensor.DType
 	fingerprint string
-	closed      bool
+	// panelMem holds the Q8_0 matrices stored as panels (packPanels),
+	// nil if none.
+	panelMem []byte
+	closed   bool
 	// attnSeg is the attention's key segment length when a test sets one
 	// shorter than attnSegKeys (see segKeys); 0 otherwise.
 	attnSeg int
@@ -429,19 +432,23 @@ func hashSample(h hash.Hash, d []byte) {
 	h.Write(d[len(d)-fingerprintSample:])
 }
 
-// WeightPages returns the bytes of memory the weights were loaded into and
-// how many of them the kernel holds in transparent huge pages (see package
-// hugemem); ok is false where the second cannot be read (not Linux) or
-// the model is closed.
+// WeightPages returns the bytes of memory resident for the weights (the
+// loaded file, less what packPanels moved out, and the panels) and how many
+// of them the kernel holds in transparent huge pages (see package
+// hugemem); ok is false where they cannot be read (not Linux) or the model
+// is closed.
 func (m *Model) WeightPages() (bytes, huge int64, ok bool) {
 	if m.src == nil || m.closed {
 		return 0, 0, false
 	}
 	ok = true
-	for _, mem := range m.src.memory() {
-		bytes += int64(cap(mem))
-		n, got := hugemem.HugeBytes(mem)
-		huge += n
+	mems := m.src.memory()
+	if m.panelMem != nil {
+		mems = append(mems, m.panelMem)
+	}
+	for _, mem := range mems {
+		r, h, got := hugemem.Resident(mem)
+		bytes, huge = bytes+r, huge+h
 		ok = ok && got && cap(mem) > 0
 	}
 	return bytes, huge, ok
@@ -456,7 +463,12 @@ func (m *Model) Close() error {
 	m.closed = true
 	m.layers = nil
 	m.embed, m.lmHead = tensor.Mat{}, tensor.Mat{}
-	if err := m.src.close(); err != nil {
+	err := m.src.close()
+	if m.panelMem != nil {
+		err = errors.Join(err, hugemem.Unmap(m.panelMem))
+		m.panelMem = nil
+	}
+	if err != nil {
 		return fmt.Errorf("model: %w", err)
 	}
 	return nil

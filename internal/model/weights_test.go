@@ -122,11 +122,13 @@ func TestWeightsLiveInHugemem(t *testing.T) {
 			if runtime.GOOS == "linux" && !ok {
 				t.Fatal("WeightPages cannot say on Linux")
 			}
-			if bytes < m.WeightBytes() || bytes%hugemem.Align != 0 {
-				t.Errorf("weights in %d bytes of mappings; want whole %d-byte pages holding the %d bytes of weights", bytes, hugemem.Align, m.WeightBytes())
+			// Resident: the weights (the file's pages once read, less what
+			// packPanels moved into its panels, and the panels).
+			if runtime.GOOS == "linux" && (bytes < m.WeightBytes()/2 || bytes > 2*m.WeightBytes()+4*hugemem.Align) {
+				t.Errorf("%d bytes resident for %d bytes of weights", bytes, m.WeightBytes())
 			}
 			if huge > bytes {
-				t.Errorf("%d bytes in huge pages of %d mapped", huge, bytes)
+				t.Errorf("%d bytes in huge pages of %d resident", huge, bytes)
 			}
 			if mode := hugemem.Mode(); huge == 0 && (mode == "always" || mode == "madvise") {
 				// A fragmented host may have no huge page to give.
