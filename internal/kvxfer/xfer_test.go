@@ -435,17 +435,7 @@ func TestConnectionLimit(t *testing.T) {
 	// machine still completes the first dial and hears "busy" within it
 	// (at 300 ms one run timed out in the TCP connect and reported that).
 	r := newRig(t, rigOpts{prodMut: func(pc *ProducerConfig) { pc.MaxConns = 1 }, consMut: func(cc *ConsumerConfig) { cc.DialTimeout = 2 * time.Second }})
-	c1, err := net.Dial("tcp", r.ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c1.Close()
-	// Only authenticated connections take the slots.
-	if _, err := rawClientHandshake(t, c1, testSecret); err != nil {
-		t.Fatal(err)
-	}
-	r.hold(t, "req-a", 1)
-	err = r.cons.Pull(ctxT(t), r.params("req-a", 1), newLocalBlocks(1, tiny.BlockBytes))
+	err := pullFromFullProducer(t, r)
 	wantErr(t, err, nil, "prefill engine prefill-1 has 1 side-channel connections, its limit")
 	if FailureReason(err) != "busy" {
 		t.Fatalf("reason %q for %v", FailureReason(err), err)
@@ -493,19 +483,27 @@ func TestBusyRefusalOutlivesTheDeadlineThatCutsItsRetry(t *testing.T) {
 			return d.DialContext(ctx, network, addr)
 		}
 	}})
+	err = pullFromFullProducer(t, r)
+	if FailureReason(err) != "busy" || dials.Load() < 2 {
+		t.Fatalf("after %d dials: reason %q for %v; want the busy refusal", dials.Load(), FailureReason(err), err)
+	}
+}
+
+// pullFromFullProducer takes r's producer's one connection slot with an
+// authenticated raw connection (only those take slots), held until the
+// test ends, and returns what the consumer's pull of a held block gets.
+func pullFromFullProducer(t *testing.T, r *rig) error {
+	t.Helper()
 	c1, err := net.Dial("tcp", r.ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c1.Close()
+	t.Cleanup(func() { c1.Close() })
 	if _, err := rawClientHandshake(t, c1, testSecret); err != nil {
 		t.Fatal(err)
 	}
 	r.hold(t, "req-a", 1)
-	err = r.cons.Pull(ctxT(t), r.params("req-a", 1), newLocalBlocks(1, tiny.BlockBytes))
-	if FailureReason(err) != "busy" || dials.Load() < 2 {
-		t.Fatalf("after %d dials: reason %q for %v; want the busy refusal", dials.Load(), FailureReason(err), err)
-	}
+	return r.cons.Pull(ctxT(t), r.params("req-a", 1), newLocalBlocks(1, tiny.BlockBytes))
 }
 
 func TestProducerCloseEndsAllGoroutines(t *testing.T) {
