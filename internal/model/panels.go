@@ -50,13 +50,13 @@ func (m *Model) packPanels() error {
 	if err != nil {
 		return err
 	}
+	m.panelMem = mem // Close unmaps it, whatever happens below
 	off := 0
 	for _, s := range order {
 		orig := s.mats[0].Q
 		pm, err := tensor.PackPanels(s.mats[0], mem[off:off+s.size:off+s.size])
 		if err != nil {
-			_ = hugemem.Unmap(mem)
-			return err
+			return err // the caller closes the model
 		}
 		for _, w := range s.mats {
 			*w = *pm
@@ -64,11 +64,7 @@ func (m *Model) packPanels() error {
 		_ = hugemem.Discard(orig) // the panels hold them now
 		off += (s.size + 63) &^ 63
 	}
-	if err := hugemem.Protect(mem); err != nil {
-		return err
-	}
-	m.panelMem = mem
-	return nil
+	return hugemem.Protect(mem)
 }
 
 // keepRows turns packPanels off, for tests that compare a model's outputs

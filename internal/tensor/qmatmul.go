@@ -261,8 +261,8 @@ func (p *Pool) matmulQuant(ks *kernelSet, out, x []float32, m int, w *Mat) {
 	a := qActs.Get().(*qAct)
 	defer qActs.Put(a)
 	p.quantizeActs(ks, a, w.DType, x, m, k)
-	if m == 1 {
-		a.setRowAux()
+	if m == 1 && !w.Panels {
+		a.setRowAux() // for the row kernels
 	}
 	chunk := n
 	if p.threads > 1 && m*n*k >= serialFMAs {
