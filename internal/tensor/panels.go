@@ -24,8 +24,8 @@ import (
 const panelQ8Block = 9 * 64
 
 // PanelBytes returns the bytes m takes as panels, or 0 when m cannot be
-// stored so (not Q8_0, rows not a multiple of 16, or the active kernels do
-// not read panels).
+// stored so (not Q8_0, rows not a multiple of 16, or this CPU has no
+// kernels that read panels: AVX512-VNNI).
 func PanelBytes(m *Mat) int {
 	if m.DType != Q8_0 || m.Panels || m.Rows%16 != 0 || m.Cols%32 != 0 || !panelKernels() {
 		return 0
