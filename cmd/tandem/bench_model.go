@@ -168,11 +168,12 @@ func benchFormat(p *tensor.Pool, f benchModelFlags, dt tensor.DType, read readLi
 		return formatResult{}, err
 	}
 	defer hugemem.Unmap(mem)
+	panels := os.Getenv("TANDEM_PANELS") != "0"
 	var layers [][]*tensor.Mat
 	for range f.layers {
 		l := make([]*tensor.Mat, len(proto))
 		for i, m := range proto {
-			if n := tensor.PanelBytes(m); n > 0 && os.Getenv("TANDEM_PANELS") != "0" {
+			if n := tensor.PanelBytes(m); n > 0 && panels {
 				pm, err := tensor.PackPanels(m, mem[:n:n])
 				if err != nil {
 					return formatResult{}, err

@@ -175,7 +175,7 @@ func (m *Mat) Row(r int, dst []float32) []float32 {
 			panic(fmt.Sprintf("tensor: Mat.Row(%d) of %d rows", r, m.Rows))
 		}
 		if m.Panels {
-			DequantizeRow(m.DType, panelRow(m, r, make([]byte, rb)), dst)
+			dequantizePanelRow(m, r, dst)
 			break
 		}
 		DequantizeRow(m.DType, m.Q[r*rb:(r+1)*rb], dst)

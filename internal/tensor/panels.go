@@ -50,22 +50,21 @@ func PackPanels(m *Mat, dst []byte) (*Mat, error) {
 	return &c, nil
 }
 
-// panelRow writes row r of a panel-stored m in ggml's Q8_0 layout into dst
-// (its row bytes) and returns it.
-func panelRow(m *Mat, r int, dst []byte) []byte {
+// dequantizePanelRow writes row r of a panel-stored m, dequantized, into
+// dst (Cols values): DequantizeRow's q·d, d the panel's f32 scale, which
+// holds the block's f16 scale exactly.
+func dequantizePanelRow(m *Mat, r int, dst []float32) {
 	nb := m.Cols / 32
 	group := m.Q[r/16*nb*panelQ8Block:]
 	lane := r % 16
 	for b := range nb {
 		blk := group[b*panelQ8Block:]
-		out := dst[b*34:]
-		scale := math.Float32frombits(binary.LittleEndian.Uint32(blk[512+4*lane:]))
-		binary.LittleEndian.PutUint16(out, F32ToF16(scale))
+		s := math.Float32frombits(binary.LittleEndian.Uint32(blk[512+4*lane:]))
+		y := dst[b*32 : (b+1)*32]
 		for i := range 8 {
 			for j := range 4 {
-				out[2+4*i+j] = blk[64*i+4*lane+j] ^ 0x80
+				y[4*i+j] = float32(int8(blk[64*i+4*lane+j]^0x80)) * s
 			}
 		}
 	}
-	return dst
 }

@@ -4,14 +4,17 @@ import "unsafe"
 
 // panelKernels reports whether this CPU runs the AVX512-VNNI kernels that
 // read Q8_0 panels.
-func panelKernels() bool {
+func panelKernels() bool { return hasPanelKernels }
+
+// hasPanelKernels is panelKernels' answer, asked of CPUID once.
+var hasPanelKernels = func() bool {
 	for _, q := range archQuantKernels() {
 		if q.name == "avx512vnni" {
 			return q.avail
 		}
 	}
 	return false
-}
+}()
 
 // packQ8Panels packs m's 16-row groups into dst with the AVX-512 pack
 // kernel, each call prefetching the next group.

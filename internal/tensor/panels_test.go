@@ -2,6 +2,8 @@ package tensor
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -67,4 +69,24 @@ func TestPanelsAreTheSameMatrix(t *testing.T) {
 	if _, err := PackPanels(&Mat{DType: Q4_K, Rows: 16, Cols: 256, Q: make([]byte, 16*144)}, make([]byte, 1<<20)); err == nil {
 		t.Error("a Q4_K matrix packed as Q8_0 panels")
 	}
+}
+
+// panelRow writes row r of a panel-stored m in ggml's Q8_0 layout into dst
+// (its row bytes) and returns it: the panel layout of panels.go, read back.
+func panelRow(m *Mat, r int, dst []byte) []byte {
+	nb := m.Cols / 32
+	group := m.Q[r/16*nb*panelQ8Block:]
+	lane := r % 16
+	for b := range nb {
+		blk := group[b*panelQ8Block:]
+		out := dst[b*34:]
+		scale := math.Float32frombits(binary.LittleEndian.Uint32(blk[512+4*lane:]))
+		binary.LittleEndian.PutUint16(out, F32ToF16(scale))
+		for i := range 8 {
+			for j := range 4 {
+				out[2+4*i+j] = blk[64*i+4*lane+j] ^ 0x80
+			}
+		}
+	}
+	return dst
 }
