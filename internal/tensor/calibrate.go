@@ -98,7 +98,7 @@ var quantWorkloads = []Workload{
 
 // Timing is one candidate's best time on each workload of its family, in
 // the family's workload order; fewer times than workloads when it was
-// pruned as far slower than the preferred candidate (see timeCandidate).
+// pruned as far slower than the preferred candidate (see timeTurns).
 type Timing struct {
 	Name  string
 	Times []time.Duration
@@ -366,16 +366,17 @@ func timeSets(measure Measure) []Timing {
 	p := NewPool(1)
 	defer p.Close()
 	data := newWorkloadData(setWorkloads)
-	var out []Timing
+	var sets []*kernelSet
+	var names []string
 	for _, ks := range kernelSets {
 		if ks.avail {
-			out = timeCandidate(out, measure, ks.name, setWorkloads, func(i int) {
-				d := data[i]
-				p.matMul(ks, d.out, d.x, setWorkloads[i].M, d.w)
-			})
+			sets, names = append(sets, ks), append(names, ks.name)
 		}
 	}
-	return out
+	return timeTurns(measure, names, setWorkloads, func(i int) (func(c int), int) {
+		d := data[i]
+		return func(c int) { p.matMul(sets[c], d.out, d.x, setWorkloads[i].M, d.w) }, 1
+	})
 }
 
 // timeQuants times every available quantized kernel on quantWorkloads,
@@ -390,51 +391,61 @@ func timeQuants(measure Measure) []Timing {
 	p := NewPool(1)
 	defer p.Close()
 	data := newWorkloadData(quantWorkloads)
-	type cand struct {
-		name string
-		ks   *kernelSet
-	}
-	var cands []cand
+	var sets []*kernelSet
+	var names []string
 	for _, q := range quantKernels {
 		if !q.avail {
 			continue
 		}
 		if ks, err := withQuant(defaultSet(), q.name); err == nil {
-			cands = append(cands, cand{q.name, ks})
+			sets, names = append(sets, ks), append(names, q.name)
 		}
-	}
-	out := make([]Timing, len(cands))
-	for c := range cands {
-		out[c].Name = cands[c].name
 	}
 	ring := &decodeRing{}
 	defer ring.release()
-	pruned := make([]bool, len(cands))
-	for i, w := range quantWorkloads {
-		d := data[i]
-		mats, rounds := []*Mat{d.w}, 1
+	return timeTurns(measure, names, quantWorkloads, func(i int) (func(c int), int) {
+		w, d := quantWorkloads[i], data[i]
+		mats, turns := []*Mat{d.w}, 1
 		if w.M == 1 {
-			mats, rounds = ring.fill(d.w), decodeRounds
+			mats, turns = ring.fill(d.w), decodeRounds
 		}
-		best := make([]time.Duration, len(cands))
-		for r := range rounds {
-			for c, cd := range cands {
+		return func(c int) {
+			for _, m := range mats {
+				p.matMul(sets[c], d.out, d.x, w.M, m)
+			}
+		}, turns
+	})
+}
+
+// timeTurns times the candidates names (the preferred first) on the
+// workloads ws, workload by workload: setup(i) returns the run of workload
+// i with candidate c and how many turns each candidate takes there, the
+// candidates alternating and each keeping its fastest. The preferred
+// candidate is the yardstick: one more than pruneFactor times slower on a
+// workload keeps that time and is timed on nothing more (its Times stay
+// short, so it cannot be chosen), which keeps the pure-Go kernels from
+// taking most of the calibration.
+func timeTurns(measure Measure, names []string, ws []Workload, setup func(i int) (run func(c int), turns int)) []Timing {
+	out := make([]Timing, len(names))
+	for c := range names {
+		out[c].Name = names[c]
+	}
+	pruned := make([]bool, len(names))
+	for i, w := range ws {
+		run, turns := setup(i)
+		best := make([]time.Duration, len(names))
+		for t := range turns {
+			for c, name := range names {
 				if pruned[c] {
 					continue
 				}
-				t := measure(cd.name, w, func() {
-					for _, m := range mats {
-						p.matMul(cd.ks, d.out, d.x, w.M, m)
-					}
-				})
-				if r == 0 || t < best[c] {
-					best[c] = t
+				d := measure(name, w, func() { run(c) })
+				if t == 0 || d < best[c] {
+					best[c] = d
 				}
 			}
 		}
-		// As timeCandidate: one far slower than the preferred candidate
-		// keeps this time and is timed on nothing more.
-		for c := range cands {
+		for c := range names {
 			if !pruned[c] {
 				out[c].Times = append(out[c].Times, best[c])
 				pruned[c] = c > 0 && best[c] > pruneFactor*best[0]
@@ -538,24 +549,6 @@ func parseCacheSize(s string) int {
 		return 0
 	}
 	return n * mult
-}
-
-// timeCandidate times candidate name on each workload (run(i) computes
-// workload i) and appends its Timing to out. The first candidate, the
-// preferred one, is the yardstick: a later one more than pruneFactor times
-// slower on a workload is not timed on the rest (its Times stay short, so
-// it cannot be chosen), which keeps the pure-Go kernels from taking most
-// of the calibration.
-func timeCandidate(out []Timing, measure Measure, name string, ws []Workload, run func(i int)) []Timing {
-	t := Timing{Name: name}
-	for i, w := range ws {
-		d := measure(name, w, func() { run(i) })
-		t.Times = append(t.Times, d)
-		if len(out) > 0 && i < len(out[0].Times) && d > pruneFactor*out[0].Times[i] {
-			break
-		}
-	}
-	return append(out, t)
 }
 
 // pruneFactor is how much slower than the preferred candidate on one
