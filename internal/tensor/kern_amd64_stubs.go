@@ -160,11 +160,17 @@ func qdotKAVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int,
 // qdot6KAVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb super-blocks of a Q6_K panel (see asmgen).
 func qdot6KAVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qdotK4NAVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb super-blocks of a Q4_K panel with its nibbles kept (see asmgen).
+func qdotK4NAVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qdotKAVX512R2 continues the 16-lane f32 chains of 2 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
 func qdotKAVX512R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdot6KAVX512R2 continues the 16-lane f32 chains of 2 activation rows over nb super-blocks of a Q6_K panel (see asmgen).
 func qdot6KAVX512R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotK4NAVX512R2 continues the 16-lane f32 chains of 2 activation rows over nb super-blocks of a Q4_K panel with its nibbles kept (see asmgen).
+func qdotK4NAVX512R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdotKAVX512R3 continues the 16-lane f32 chains of 3 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
 func qdotKAVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
@@ -172,11 +178,17 @@ func qdotKAVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int,
 // qdot6KAVX512R3 continues the 16-lane f32 chains of 3 activation rows over nb super-blocks of a Q6_K panel (see asmgen).
 func qdot6KAVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qdotK4NAVX512R3 continues the 16-lane f32 chains of 3 activation rows over nb super-blocks of a Q4_K panel with its nibbles kept (see asmgen).
+func qdotK4NAVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qdotKAVX512R4 continues the 16-lane f32 chains of 4 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
 func qdotKAVX512R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdot6KAVX512R4 continues the 16-lane f32 chains of 4 activation rows over nb super-blocks of a Q6_K panel (see asmgen).
 func qdot6KAVX512R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotK4NAVX512R4 continues the 16-lane f32 chains of 4 activation rows over nb super-blocks of a Q4_K panel with its nibbles kept (see asmgen).
+func qdotK4NAVX512R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdotKAVX512R5 continues the 16-lane f32 chains of 5 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
 func qdotKAVX512R5(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
@@ -184,11 +196,17 @@ func qdotKAVX512R5(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int,
 // qdot6KAVX512R5 continues the 16-lane f32 chains of 5 activation rows over nb super-blocks of a Q6_K panel (see asmgen).
 func qdot6KAVX512R5(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qdotK4NAVX512R5 continues the 16-lane f32 chains of 5 activation rows over nb super-blocks of a Q4_K panel with its nibbles kept (see asmgen).
+func qdotK4NAVX512R5(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qdotKAVX512R6 continues the 16-lane f32 chains of 6 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
 func qdotKAVX512R6(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdot6KAVX512R6 continues the 16-lane f32 chains of 6 activation rows over nb super-blocks of a Q6_K panel (see asmgen).
 func qdot6KAVX512R6(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotK4NAVX512R6 continues the 16-lane f32 chains of 6 activation rows over nb super-blocks of a Q4_K panel with its nibbles kept (see asmgen).
+func qdotK4NAVX512R6(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qactQ8_0AVX512 quantizes nb blocks of 32 activations to q8_0 levels and their scale and correction (see quantizeActQ8_0).
 func qactQ8_0AVX512(x *float32, nb int, q *int8, meta *uint32, corrMul int)

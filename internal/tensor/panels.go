@@ -23,14 +23,44 @@ import (
 // panelQ8Block is the bytes of one panel block of Q8_0.
 const panelQ8Block = 9 * 64
 
+// Q4_K weights stored as panels keep their nibbles: the unpacked panels of
+// the pack kernel take 2.2 times the blocks' bytes, these 2.8% more (a
+// block of 16 rows and 256 weights, panelQ4KBlock bytes, laid out as
+// asmgen's quantkdot.go describes): 32 vectors of levels, vector 8p+t
+// holding ggml's bytes qs[32p+4t..32p+4t+3] of each row r at bytes
+// 4r..4r+3 (low nibbles sub-block 2p's levels, high ones 2p+1's); the 8
+// sub-blocks' 6-bit scales as bytes, 16 a sub-block; the mins as bytes, 32
+// a pair of sub-blocks (min 2i of row r at byte 2r, min 2i+1 at 2r+1);
+// then the rows' d and dmin as f16.
+const (
+	panelQ4KScales = 32 * 64
+	panelQ4KMins   = panelQ4KScales + 8*16
+	panelQ4KD      = panelQ4KMins + 4*32
+	panelQ4KDmin   = panelQ4KD + 32
+	panelQ4KBlock  = panelQ4KDmin + 32
+)
+
+// panelBlock returns the bytes of one panel block of dtype dt and the
+// weights of a row it covers, or 0, 0 for a dtype never stored as panels.
+func panelBlock(dt DType) (bytes, elems int) {
+	switch dt {
+	case Q8_0:
+		return panelQ8Block, 32
+	case Q4_K:
+		return panelQ4KBlock, qk
+	}
+	return 0, 0
+}
+
 // PanelBytes returns the bytes m takes as panels, or 0 when m cannot be
-// stored so (not Q8_0, rows not a multiple of 16, or this CPU has no
-// kernels that read panels: AVX512-VNNI).
+// stored so (not Q8_0 or Q4_K, rows not a multiple of 16, or this CPU has
+// no kernels that read panels: AVX512-VNNI).
 func PanelBytes(m *Mat) int {
-	if m.DType != Q8_0 || m.Panels || m.Rows%16 != 0 || m.Cols%32 != 0 || !panelKernels() {
+	bytes, elems := panelBlock(m.DType)
+	if bytes == 0 || m.Panels || m.Rows%16 != 0 || m.Cols%elems != 0 || !panelKernels() {
 		return 0
 	}
-	return m.Rows / 16 * (m.Cols / 32) * panelQ8Block
+	return m.Rows / 16 * (m.Cols / elems) * bytes
 }
 
 // PackPanels returns m with its weights packed as panels into dst
@@ -44,16 +74,72 @@ func PackPanels(m *Mat, dst []byte) (*Mat, error) {
 		return nil, fmt.Errorf("tensor: PackPanels needs %d bytes, got %d", n, len(dst))
 	}
 	checkQuant(m)
-	packQ8Panels(m, dst[:n])
+	if m.DType == Q8_0 {
+		packQ8Panels(m, dst[:n])
+	} else {
+		packQ4KPanels(m, dst[:n])
+	}
 	c := *m
 	c.Q, c.Panels = dst[:n:n], true
 	return &c, nil
 }
 
+// packQ4KPanels packs m's Q4_K rows into dst as panels: the levels' bytes
+// moved 4 at a time, the scales and mins unpacked to a byte each, d and
+// dmin copied.
+func packQ4KPanels(m *Mat, dst []byte) {
+	nb := m.Cols / qk
+	rb := nb * 144
+	for g := range m.Rows / 16 {
+		for b := range nb {
+			blk := dst[(g*nb+b)*panelQ4KBlock:][:panelQ4KBlock]
+			for r := range 16 {
+				src := m.Q[(16*g+r)*rb+b*144:][:144]
+				for v := range 32 {
+					copy(blk[64*v+4*r:64*v+4*r+4], src[16+4*v:20+4*v])
+				}
+				for j := range 8 {
+					sc, mn := scaleMinK4(src[4:16], j)
+					blk[panelQ4KScales+16*j+r] = sc
+					blk[panelQ4KMins+32*(j/2)+2*r+j%2] = mn
+				}
+				copy(blk[panelQ4KD+2*r:], src[0:2])
+				copy(blk[panelQ4KDmin+2*r:], src[2:4])
+			}
+		}
+	}
+}
+
+// q4KPanelBlock writes super-block b of row r of a Q4_K panel-stored m
+// into dst (144 bytes) in ggml's layout: the panel read back.
+func q4KPanelBlock(m *Mat, r, b int, dst []byte) {
+	nb := m.Cols / qk
+	blk := m.Q[(r/16*nb+b)*panelQ4KBlock:][:panelQ4KBlock]
+	lane := r % 16
+	copy(dst[0:2], blk[panelQ4KD+2*lane:])
+	copy(dst[2:4], blk[panelQ4KDmin+2*lane:])
+	clear(dst[4:16])
+	for j := range 8 {
+		putScaleMinK4(dst[4:16], j, blk[panelQ4KScales+16*j+lane], blk[panelQ4KMins+32*(j/2)+2*lane+j%2])
+	}
+	for v := range 32 {
+		copy(dst[16+4*v:20+4*v], blk[64*v+4*lane:])
+	}
+}
+
 // dequantizePanelRow writes row r of a panel-stored m, dequantized, into
-// dst (Cols values): DequantizeRow's q·d, d the panel's f32 scale, which
-// holds the block's f16 scale exactly.
+// dst (Cols values), as DequantizeRow: for Q8_0 q·d, d the panel's f32
+// scale, which holds the block's f16 scale exactly; for Q4_K from each
+// super-block read back.
 func dequantizePanelRow(m *Mat, r int, dst []float32) {
+	if m.DType == Q4_K {
+		var blk [144]byte
+		for b := range m.Cols / qk {
+			q4KPanelBlock(m, r, b, blk[:])
+			dequantizeQ4K(false, blk[:], dst[b*qk:(b+1)*qk])
+		}
+		return
+	}
 	nb := m.Cols / 32
 	group := m.Q[r/16*nb*panelQ8Block:]
 	lane := r % 16

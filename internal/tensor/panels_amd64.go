@@ -28,16 +28,23 @@ func packQ8Panels(m *Mat, dst []byte) {
 	}
 }
 
+// dotK4NAVX512 are the dot kernels of Q4_K panels with their nibbles kept.
+var dotK4NAVX512 = []qdot{qdotK4NAVX512R1, qdotK4NAVX512R2, qdotK4NAVX512R3, qdotK4NAVX512R4, qdotK4NAVX512R5, qdotK4NAVX512R6}
+
 // qmmPanels is qmm for a panel-stored w: rows [lo, hi), multiples of 16,
 // by the AVX-512 dot kernels straight over the stored panels (no pack), a
 // chunk of blocks at a time so that the panel stays in cache while the
 // activation rows pass over it.
 func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) {
-	ks := qKernelsAVX512.types[Q8_0]
+	dot := qKernelsAVX512.types[Q8_0].dot
+	if w.DType == Q4_K {
+		dot = dotK4NAVX512
+	}
+	block, elems := panelBlock(w.DType)
 	k, m := a.k, a.m
-	nb := k / 32
-	words, _ := metaWords(Q8_0)
-	chunk := max(1, qPanelTarget/panelQ8Block)
+	nb := k / elems
+	words, _ := metaWords(w.DType)
+	chunk := max(1, qPanelTarget/block)
 	if m == 1 {
 		chunk = nb // one pass over the panel: nothing to keep in cache
 	}
@@ -49,12 +56,12 @@ func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) {
 	acc := sc.acc[:m*16]
 	for g := lo / 16; g < hi/16; g++ {
 		clear(acc)
-		panel := w.Q[g*nb*panelQ8Block:]
+		panel := w.Q[g*nb*block:]
 		for b0 := 0; b0 < nb; b0 += chunk {
 			c := min(chunk, nb-b0)
-			for i := 0; i < m; i += len(ks.dot) {
-				r := min(len(ks.dot), m-i)
-				ks.dot[r-1](&a.xq[i*k+b0*32], k, &a.meta[(i*nb+b0)*words], nb*words*4, &panel[b0*panelQ8Block], c, &acc[i*16])
+			for i := 0; i < m; i += len(dot) {
+				r := min(len(dot), m-i)
+				dot[r-1](&a.xq[i*k+b0*elems], k, &a.meta[(i*nb+b0)*words], nb*words*4, &panel[b0*block], c, &acc[i*16])
 			}
 		}
 		storeAcc(out[g*16:], w.Rows, acc, 16, 16, m)

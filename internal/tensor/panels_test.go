@@ -9,22 +9,25 @@ import (
 	"testing"
 )
 
-// A Q8_0 matrix stored as panels gives MatMul's bits and Row's values of
-// the same matrix in ggml's rows, for one and several activation rows and
-// threads, and its rows read back byte for byte.
+// A Q8_0 or Q4_K matrix stored as panels gives MatMul's bits and Row's
+// values of the same matrix in ggml's rows, for one and several activation
+// rows and threads, and its rows read back byte for byte.
 func TestPanelsAreTheSameMatrix(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	for _, shape := range [][2]int{{64, 2048}, {48, 256}, {16, 8192}} {
-		n, k := shape[0], shape[1]
+	for _, c := range []struct {
+		dt   DType
+		n, k int
+	}{{Q8_0, 64, 2048}, {Q8_0, 48, 256}, {Q8_0, 16, 8192}, {Q4_K, 64, 2048}, {Q4_K, 48, 256}, {Q4_K, 16, 8192}} {
+		n, k := c.n, c.k
 		src := make([]float32, n*k)
 		for i := range src {
 			src[i] = rng.Float32()*0.2 - 0.1
 		}
-		q, err := QuantizeRows(Q8_0, src, n, k)
+		q, err := QuantizeRows(c.dt, src, n, k)
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := &Mat{DType: Q8_0, Rows: n, Cols: k, Q: q}
+		m := &Mat{DType: c.dt, Rows: n, Cols: k, Q: q}
 		size := PanelBytes(m)
 		if !panelKernels() {
 			if size != 0 {
@@ -36,13 +39,13 @@ func TestPanelsAreTheSameMatrix(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rb := k / 32 * 34
+		rb, _ := c.dt.RowBytes(k)
 		for r := range n {
 			if got := panelRow(pm, r, make([]byte, rb)); !bytes.Equal(got, q[r*rb:(r+1)*rb]) {
-				t.Fatalf("%d×%d: row %d read back from the panels differs", n, k, r)
+				t.Fatalf("%s %d×%d: row %d read back from the panels differs", c.dt, n, k, r)
 			}
 			if a, b := m.Row(r, make([]float32, k)), pm.Row(r, make([]float32, k)); !slices.Equal(a, b) {
-				t.Fatalf("%d×%d: Row(%d) differs", n, k, r)
+				t.Fatalf("%s %d×%d: Row(%d) differs", c.dt, n, k, r)
 			}
 		}
 		for _, threads := range []int{1, 2} {
@@ -56,7 +59,7 @@ func TestPanelsAreTheSameMatrix(t *testing.T) {
 				p.MatMul(want, x, rows, m)
 				p.MatMul(got, x, rows, pm)
 				if !slices.Equal(want, got) {
-					t.Errorf("%d×%d, %d activation rows, %d threads: the panels' product differs", n, k, rows, threads)
+					t.Errorf("%s %d×%d, %d activation rows, %d threads: the panels' product differs", c.dt, n, k, rows, threads)
 				}
 			}
 			p.Close()
@@ -66,14 +69,20 @@ func TestPanelsAreTheSameMatrix(t *testing.T) {
 	if PanelBytes(odd) != 0 {
 		t.Error("24 rows (not a multiple of 16) reported packable")
 	}
-	if _, err := PackPanels(&Mat{DType: Q4_K, Rows: 16, Cols: 256, Q: make([]byte, 16*144)}, make([]byte, 1<<20)); err == nil {
-		t.Error("a Q4_K matrix packed as Q8_0 panels")
+	if _, err := PackPanels(&Mat{DType: Q6_K, Rows: 16, Cols: 256, Q: make([]byte, 16*210)}, make([]byte, 1<<20)); err == nil {
+		t.Error("a Q6_K matrix packed as panels")
 	}
 }
 
-// panelRow writes row r of a panel-stored m in ggml's Q8_0 layout into dst
+// panelRow writes row r of a panel-stored m in ggml's layout into dst
 // (its row bytes) and returns it: the panel layout of panels.go, read back.
 func panelRow(m *Mat, r int, dst []byte) []byte {
+	if m.DType == Q4_K {
+		for b := range m.Cols / qk {
+			q4KPanelBlock(m, r, b, dst[144*b:144*(b+1)])
+		}
+		return dst
+	}
 	nb := m.Cols / 32
 	group := m.Q[r/16*nb*panelQ8Block:]
 	lane := r % 16

@@ -132,8 +132,9 @@ func quantKernels() {
 	packQ4K(true)
 	packQ6K()
 	for r := 1; r <= maxDotKRows; r++ {
-		dotK(r, false)
-		dotK(r, true)
+		dotK(r, panelQ4K)
+		dotK(r, panelQ6K)
+		dotK(r, panelQ4KN)
 	}
 	qact8_0()
 	qact8K()

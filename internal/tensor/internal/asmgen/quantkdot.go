@@ -23,87 +23,184 @@ const (
 	metaSums16 = 32
 )
 
-// dotK emits the dot kernel for rows activation rows and panels of
-// Q4_K/Q5_K super-blocks (or Q6_K ones with six): per super-block and row,
-// the exact I (Σ scale·Σ q·x) and M (Σ min·Σ x, or for Q6_K the offset
-// term), then acc = fma(float(I), d·dy, acc) and acc = fma(−float(M),
-// dmin·dy, acc).
-func dotK(rows int, six bool) {
+// kPanel is one of the K-quant panel layouts a dot kernel reads.
+type kPanel int
+
+const (
+	panelQ4K  kPanel = iota // Q4_K/Q5_K levels unpacked to bytes (quantk.go)
+	panelQ6K                // Q6_K levels unpacked to bytes (quantk.go)
+	panelQ4KN               // Q4_K with its nibbles kept (below)
+)
+
+// Panel layout of a Q4_K super-block of 16 rows with its nibbles kept, as
+// a model stores its Q4_K matrices (package tensor's PackPanels), 2% more
+// than ggml's blocks: 32 vectors of levels (vector 8p+t: byte 4r+i holds
+// ggml's qs[32p+4t+i] of row r, whose low nibble is level 4t+i of
+// sub-block 2p and high nibble that of sub-block 2p+1), the 8 sub-block
+// scales as bytes (16 per sub-block, one a row), the mins as bytes in
+// pairs (32 per pair i: min 2i and 2i+1 of row r at bytes 2r and 2r+1),
+// then d and dmin as f16 (16 each).
+const (
+	pnLevels = 0
+	pnScales = 32 * 64
+	pnMins   = pnScales + 8*16
+	pnD      = pnMins + 4*32
+	pnDmin   = pnD + 32
+	pnBytes  = pnDmin + 32
+)
+
+// dotK emits the dot kernel for rows activation rows and panels of kind
+// pk: per super-block and row, the exact I (Σ scale·Σ q·x) and M (Σ
+// min·Σ x, or for Q6_K the offset term), then acc = fma(float(I), d·dy,
+// acc) and acc = fma(−float(M), dmin·dy, acc).
+func dotK(rows int, pk kPanel) {
+	six := pk == panelQ6K
 	name := fmt.Sprintf("qdotKAVX512R%d", rows)
-	what := "Q4_K/Q5_K"
+	what := "Q4_K/Q5_K panel"
 	sub, subs, pb := 32, 8, pkBytes
-	if six {
+	switch pk {
+	case panelQ6K:
 		name = fmt.Sprintf("qdot6KAVX512R%d", rows)
-		what = "Q6_K"
+		what = "Q6_K panel"
 		sub, subs, pb = 16, 16, p6Bytes
+	case panelQ4KN:
+		name = fmt.Sprintf("qdotK4NAVX512R%d", rows)
+		what = "Q4_K panel with its nibbles kept"
+		pb = pnBytes
 	}
 	TEXT(name, NOSPLIT, dotSig)
-	Doc(fmt.Sprintf("%s continues the 16-lane f32 chains of %d activation rows over nb super-blocks of a %s panel (see asmgen).", name, rows, what))
+	Doc(fmt.Sprintf("%s continues the 16-lane f32 chains of %d activation rows over nb super-blocks of a %s (see asmgen).", name, rows, what))
 	x, m, panel, nb, accp := dotArgs(rows)
 	acc := make([]VecVirtual, rows)
 	for r := range acc {
 		acc[r] = ZMM()
 		VMOVUPS(Mem{Base: accp, Disp: 64 * r}, acc[r])
 	}
+	var c0f VecVirtual
+	if pk == panelQ4KN {
+		c0f = splat(0x0f0f0f0f)
+	}
 	TESTQ(nb, nb)
 	JE(LabelRef("store"))
 	Label("block")
 	is := make([]VecVirtual, rows)
-	for j := range subs {
+	// scaled adds sub-block j's dot products ds, times its scales, to is.
+	scaled := func(j int, ds []VecVirtual) {
+		var sc Op
+		switch pk {
+		case panelQ4K:
+			sc = Mem{Base: panel, Disp: pkScales + 64*j}
+		case panelQ6K:
+			sc = Mem{Base: panel, Disp: p6Scales + 64*j}
+		default:
+			z := ZMM()
+			VPMOVZXBD(Mem{Base: panel, Disp: pnScales + 16*j}, z)
+			sc = z
+		}
+		for r := range rows {
+			if j == 0 {
+				is[r] = ZMM()
+				VPMULLD(sc, ds[r], is[r])
+				continue
+			}
+			VPMULLD(sc, ds[r], ds[r])
+			VPADDD(ds[r], is[r], is[r])
+		}
+	}
+	zeroed := func() []VecVirtual {
 		ds := make([]VecVirtual, rows)
 		for r := range rows {
 			ds[r] = ZMM()
 			VXORPS(ds[r], ds[r], ds[r]) // avo knows this zeroing idiom
 		}
-		for t := range sub / 4 {
-			v := ZMM()
-			VMOVDQU64(Mem{Base: panel, Disp: 64 * (sub/4*j + t)}, v)
+		return ds
+	}
+	if pk == panelQ4KN {
+		// A vector of nibbles holds 4 levels of two sub-blocks: the low
+		// nibbles sub-block 2p's, the high ones 2p+1's.
+		finish := func(p int, lo, hi []VecVirtual) {
 			for r := range rows {
-				vpdpbusd(x.at(r, sub*j+4*t), v, ds[r], true)
+				VPSRAD(U8(4), hi[r], hi[r]) // exact: a multiple of 16
 			}
+			scaled(2*p, lo)
+			scaled(2*p+1, hi)
 		}
-		scOff := pkScales
-		if six {
-			scOff = p6Scales
-		}
-		for r := range rows {
-			if j == 0 {
-				is[r] = ZMM()
-				VPMULLD(Mem{Base: panel, Disp: scOff + 64*j}, ds[r], is[r])
+		// One activation row (decode) reads the super-block's lines in
+		// order, the scales after all the levels: reading them between
+		// the levels costs a tenth of the read (the hardware prefetchers
+		// follow ascending lines). More rows have no registers for that.
+		var pending [][2][]VecVirtual
+		for p := range 4 {
+			lo, hi := zeroed(), zeroed()
+			for t := range 8 {
+				// Each half by one instruction loading the vector (a
+				// separate load costs more than the second read of the
+				// line in L1), the high half as 16 times its nibbles.
+				v := Mem{Base: panel, Disp: pnLevels + 64*(8*p+t)}
+				l, h := ZMM(), ZMM()
+				VPANDD(v, c0f, l)
+				VPANDND(v, c0f, h)
+				for r := range rows {
+					vpdpbusd(x.at(r, 64*p+4*t), l, lo[r], true)
+					vpdpbusd(x.at(r, 64*p+32+4*t), h, hi[r], true)
+				}
+			}
+			if rows == 1 {
+				pending = append(pending, [2][]VecVirtual{lo, hi})
 				continue
 			}
-			VPMULLD(Mem{Base: panel, Disp: scOff + 64*j}, ds[r], ds[r])
-			VPADDD(ds[r], is[r], is[r])
+			finish(p, lo, hi)
+		}
+		for p, lh := range pending {
+			finish(p, lh[0], lh[1])
+		}
+	} else {
+		for j := range subs {
+			ds := zeroed()
+			for t := range sub / 4 {
+				v := ZMM()
+				VMOVDQU64(Mem{Base: panel, Disp: 64 * (sub/4*j + t)}, v)
+				for r := range rows {
+					vpdpbusd(x.at(r, sub*j+4*t), v, ds[r], true)
+				}
+			}
+			scaled(j, ds)
 		}
 	}
 	// The second integer: Σ min·(Σ x per 32) from int16 pairs, or for
 	// Q6_K Σ scale·(Σ x per 16), whose 32-fold is subtracted from I.
-	ms := make([]VecVirtual, rows)
-	for r := range rows {
-		ms[r] = ZMM()
-		VXORPS(ms[r], ms[r], ms[r])
-	}
-	pairs, pairOff, sumOff := 4, pkMins, metaSums32
+	ms := zeroed()
+	pairs, sumOff := 4, metaSums32
 	if six {
-		pairs, pairOff, sumOff = 8, p6Pairs, metaSums16
+		pairs, sumOff = 8, metaSums16
 	}
 	for i := range pairs {
 		v := ZMM()
-		VMOVDQU64(Mem{Base: panel, Disp: pairOff + 64*i}, v)
+		switch pk {
+		case panelQ4K:
+			VMOVDQU64(Mem{Base: panel, Disp: pkMins + 64*i}, v)
+		case panelQ6K:
+			VMOVDQU64(Mem{Base: panel, Disp: p6Pairs + 64*i}, v)
+		default:
+			VPMOVZXBW(Mem{Base: panel, Disp: pnMins + 32*i}, v)
+		}
 		for r := range rows {
 			vpdpwssd(m.at(r, sumOff+4*i), v, ms[r], true)
 		}
 	}
-	dOff := pkD
-	if six {
-		dOff = p6D
-	}
 	d := ZMM()
-	VMOVUPS(Mem{Base: panel, Disp: dOff}, d)
 	var dmin VecVirtual
-	if !six {
+	switch pk {
+	case panelQ4K:
 		dmin = ZMM()
+		VMOVUPS(Mem{Base: panel, Disp: pkD}, d)
 		VMOVUPS(Mem{Base: panel, Disp: pkDmin}, dmin)
+	case panelQ6K:
+		VMOVUPS(Mem{Base: panel, Disp: p6D}, d)
+	default:
+		dmin = ZMM()
+		VCVTPH2PS(Mem{Base: panel, Disp: pnD}, d)
+		VCVTPH2PS(Mem{Base: panel, Disp: pnDmin}, dmin)
 	}
 	for r := range rows {
 		if six {
