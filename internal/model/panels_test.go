@@ -8,50 +8,66 @@ import (
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
-// A Q8_0 model whose matrices are stored as panels computes the bits of the
-// same model with ggml's rows, prefill and decode, and keeps its
-// fingerprint.
-func TestQ8PanelsKeepTheModelsBits(t *testing.T) {
-	// Every width a multiple of 32 (Q8_0's block) and of 16 rows, so that
-	// every matrix, the tied embedding too, is Q8_0.
-	dir := writeTestModel(t, testSpec(func(s *modelinit.Spec) {
-		s.DType, s.Tied, s.Hidden, s.Intermediate, s.Heads, s.HeadDim = "bf16", true, 64, 96, 4, 16
-	}))
-	path := convertGGUF(t, dir, "q8_0")
-	keepRows = true
-	rows := loadTestModel(t, path, 2)
-	keepRows = false
-	panels := loadTestModel(t, path, 2)
-	packed := 0
-	panels.eachMat(func(w *tensor.Mat) {
-		if w.Panels {
-			packed++
-		}
-	})
+// A Q8_0 or Q4_K_M model whose matrices are stored as panels computes the
+// bits of the same model with ggml's rows, prefill and decode, and keeps
+// its fingerprint.
+func TestPanelsKeepTheModelsBits(t *testing.T) {
 	probe := &tensor.Mat{DType: tensor.Q8_0, Rows: 16, Cols: 32, Q: make([]byte, 16*34)}
-	if tensor.PanelBytes(probe) == 0 {
-		if packed != 0 {
-			t.Fatalf("%d matrices stored as panels where no kernel reads them", packed)
-		}
-		t.Skip("this CPU's kernels do not read panels")
-	}
-	if packed == 0 {
-		t.Fatal("no matrix was stored as panels")
-	}
-	if e := panels.embed; e.DType != tensor.Q8_0 || !e.Panels || !panels.lmHead.Panels || &e.Q[0] != &panels.lmHead.Q[0] {
-		t.Error("the tied embedding and lm_head are not one panel-stored matrix")
-	}
-	if rows.Fingerprint() != panels.Fingerprint() {
-		t.Errorf("fingerprints differ: %s with rows, %s with panels", rows.Fingerprint(), panels.Fingerprint())
-	}
-	prompt := []int32{1, 5, 9, 23, 40, 7, 3, 60, 12, 2}
-	if a, b := logitsOf(t, rows, prompt), logitsOf(t, panels, prompt); !slices.EqualFunc(a, b, slices.Equal) {
-		t.Error("prefill logits differ between rows and panels")
-	}
-	if g, w := greedy(t, panels, prompt, 12), greedy(t, rows, prompt, 12); !slices.Equal(g, w) {
-		t.Errorf("greedy decode with panels %v, with rows %v", g, w)
-	}
-	if total, _, ok := panels.WeightPages(); ok && total == 0 {
-		t.Error("WeightPages counts no memory")
+	for _, c := range []struct {
+		enc    string
+		dt     tensor.DType
+		hidden int
+		inter  int
+	}{
+		// Every width a multiple of the blocks and of 16 rows, so that
+		// every Q8_0 matrix, the tied embedding too, is stored as panels
+		// (Q4_K_M keeps some in Q6_K, which are not).
+		{"q8_0", tensor.Q8_0, 64, 96},
+		{"q4_k_m", tensor.Q4_K, 256, 512},
+	} {
+		t.Run(c.enc, func(t *testing.T) {
+			dir := writeTestModel(t, testSpec(func(s *modelinit.Spec) {
+				s.DType, s.Tied, s.Hidden, s.Intermediate, s.Heads, s.HeadDim = "bf16", true, c.hidden, c.inter, 4, c.hidden/4
+			}))
+			path := convertGGUF(t, dir, c.enc)
+			keepRows = true
+			rows := loadTestModel(t, path, 2)
+			keepRows = false
+			panels := loadTestModel(t, path, 2)
+			packed := 0
+			panels.eachMat(func(w *tensor.Mat) {
+				if w.Panels {
+					if w.DType != c.dt {
+						t.Errorf("a %s matrix stored as panels", w.DType)
+					}
+					packed++
+				}
+			})
+			if tensor.PanelBytes(probe) == 0 {
+				if packed != 0 {
+					t.Fatalf("%d matrices stored as panels where no kernel reads them", packed)
+				}
+				t.Skip("this CPU's kernels do not read panels")
+			}
+			if packed == 0 {
+				t.Fatal("no matrix was stored as panels")
+			}
+			if e := panels.embed; c.dt == tensor.Q8_0 && (e.DType != tensor.Q8_0 || !e.Panels || !panels.lmHead.Panels || &e.Q[0] != &panels.lmHead.Q[0]) {
+				t.Error("the tied embedding and lm_head are not one panel-stored matrix")
+			}
+			if rows.Fingerprint() != panels.Fingerprint() {
+				t.Errorf("fingerprints differ: %s with rows, %s with panels", rows.Fingerprint(), panels.Fingerprint())
+			}
+			prompt := []int32{1, 5, 9, 23, 40, 7, 3, 60, 12, 2}
+			if a, b := logitsOf(t, rows, prompt), logitsOf(t, panels, prompt); !slices.EqualFunc(a, b, slices.Equal) {
+				t.Error("prefill logits differ between rows and panels")
+			}
+			if g, w := greedy(t, panels, prompt, 12), greedy(t, rows, prompt, 12); !slices.Equal(g, w) {
+				t.Errorf("greedy decode with panels %v, with rows %v", g, w)
+			}
+			if total, _, ok := panels.WeightPages(); ok && total == 0 {
+				t.Error("WeightPages counts no memory")
+			}
+		})
 	}
 }

@@ -3,7 +3,7 @@ package tensor
 import "unsafe"
 
 // panelKernels reports whether this CPU runs the AVX512-VNNI kernels that
-// read Q8_0 panels.
+// read the panels.
 func panelKernels() bool { return hasPanelKernels }
 
 // hasPanelKernels is panelKernels' answer, asked of CPUID once.
