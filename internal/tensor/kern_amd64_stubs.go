@@ -151,6 +151,9 @@ func qpackQ4_KAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 // qpackQ5_KAVX512 packs nb Q5_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ5_KAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
+// qpackQ4_KNAVX512 packs nb Q4_K super-blocks of 16 weight rows ldw bytes apart into a panel that keeps their nibbles at dst and prefetches as many bytes from pf (see asmgen).
+func qpackQ4_KNAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
+
 // qpackQ6_KAVX512 packs nb Q6_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ6_KAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 

@@ -84,32 +84,6 @@ func PackPanels(m *Mat, dst []byte) (*Mat, error) {
 	return &c, nil
 }
 
-// packQ4KPanels packs m's Q4_K rows into dst as panels: the levels' bytes
-// moved 4 at a time, the scales and mins unpacked to a byte each, d and
-// dmin copied.
-func packQ4KPanels(m *Mat, dst []byte) {
-	nb := m.Cols / qk
-	rb := nb * 144
-	for g := range m.Rows / 16 {
-		for b := range nb {
-			blk := dst[(g*nb+b)*panelQ4KBlock:][:panelQ4KBlock]
-			for r := range 16 {
-				src := m.Q[(16*g+r)*rb+b*144:][:144]
-				for v := range 32 {
-					copy(blk[64*v+4*r:64*v+4*r+4], src[16+4*v:20+4*v])
-				}
-				for j := range 8 {
-					sc, mn := scaleMinK4(src[4:16], j)
-					blk[panelQ4KScales+16*j+r] = sc
-					blk[panelQ4KMins+32*(j/2)+2*r+j%2] = mn
-				}
-				copy(blk[panelQ4KD+2*r:], src[0:2])
-				copy(blk[panelQ4KDmin+2*r:], src[2:4])
-			}
-		}
-	}
-}
-
 // q4KPanelBlock writes super-block b of row r of a Q4_K panel-stored m
 // into dst (144 bytes) in ggml's layout: the panel read back.
 func q4KPanelBlock(m *Mat, r, b int, dst []byte) {

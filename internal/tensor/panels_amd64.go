@@ -31,6 +31,17 @@ func packQ8Panels(m *Mat, dst []byte) {
 // dotK4NAVX512 are the dot kernels of Q4_K panels with their nibbles kept.
 var dotK4NAVX512 = []qdot{qdotK4NAVX512R1, qdotK4NAVX512R2, qdotK4NAVX512R3, qdotK4NAVX512R4, qdotK4NAVX512R5, qdotK4NAVX512R6}
 
+// packQ4KPanels packs m's 16-row groups of Q4_K into dst with the AVX-512
+// pack kernel that keeps the nibbles, each call prefetching the next group.
+func packQ4KPanels(m *Mat, dst []byte) {
+	nb := m.Cols / qk
+	rb := nb * 144
+	for g := range m.Rows / 16 {
+		next := uintptr(unsafe.Pointer(&m.Q[min((g+1)*16*rb, len(m.Q)-1)]))
+		qpackQ4_KNAVX512(&m.Q[g*16*rb], rb, nb, &dst[g*nb*panelQ4KBlock], next)
+	}
+}
+
 // qmmPanels is qmm for a panel-stored w: rows [lo, hi), multiples of 16,
 // by the AVX-512 dot kernels straight over the stored panels (no pack), a
 // chunk of blocks at a time so that the panel stays in cache while the

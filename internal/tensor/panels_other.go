@@ -8,6 +8,9 @@ func panelKernels() bool { return false }
 // packQ8Panels is never called here (PanelBytes is 0).
 func packQ8Panels(*Mat, []byte) { panic("tensor: no panel kernels on this architecture") }
 
+// packQ4KPanels is never called here (PanelBytes is 0).
+func packQ4KPanels(*Mat, []byte) { panic("tensor: no panel kernels on this architecture") }
+
 // qmmPanels is never called here (no Mat is panel-stored).
 func qmmPanels(*qAct, *Mat, int, int, []float32) {
 	panic("tensor: no panel kernels on this architecture")

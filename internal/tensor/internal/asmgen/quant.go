@@ -128,8 +128,9 @@ func quantKernels() {
 	for r := 1; r <= maxDot32Rows; r++ {
 		dot32(r)
 	}
-	packQ4K(false)
-	packQ4K(true)
+	packQ4K(false, false)
+	packQ4K(true, false)
+	packQ4K(false, true)
 	packQ6K()
 	for r := 1; r <= maxDotKRows; r++ {
 		dotK(r, panelQ4K)

@@ -81,19 +81,25 @@ func stashed(base Mem, vs []VecVirtual) []Mem {
 }
 
 // packHeaderK unpacks d, dmin and the 6-bit scales and mins of a Q4_K or
-// Q5_K super-block of 16 rows into the panel at dst.
-func packHeaderK(r rows16, dst GPVirtual, c63 VecVirtual, bias int) {
+// Q5_K super-block of 16 rows into the panel at dst, or with nib into the
+// header of a panel that keeps the nibbles (quantkdot.go's pn layout).
+func packHeaderK(r rows16, dst GPVirtual, c63 VecVirtual, bias int, nib bool) {
 	h := transpose16x4(r, 0) // d|dmin, scales 0-3, 4-7, 8-11
-	lo := YMM()
-	VPMOVDW(h[0], lo)
-	d := ZMM()
-	VCVTPH2PS(lo, d)
-	VMOVUPS(d, Mem{Base: dst, Disp: bias + pkD})
 	hi := ZMM()
 	VPSRLD(U8(16), h[0], hi)
-	VPMOVDW(hi, lo)
-	VCVTPH2PS(lo, d)
-	VMOVUPS(d, Mem{Base: dst, Disp: bias + pkDmin})
+	if nib {
+		VPMOVDW(h[0], Mem{Base: dst, Disp: pnD})
+		VPMOVDW(hi, Mem{Base: dst, Disp: pnDmin})
+	} else {
+		lo := YMM()
+		VPMOVDW(h[0], lo)
+		d := ZMM()
+		VCVTPH2PS(lo, d)
+		VMOVUPS(d, Mem{Base: dst, Disp: bias + pkD})
+		VPMOVDW(hi, lo)
+		VCVTPH2PS(lo, d)
+		VMOVUPS(d, Mem{Base: dst, Disp: bias + pkDmin})
+	}
 	c0f := splat(0x0f)
 	c30 := splat(0x30)
 	six := func(j int, mins bool) VecVirtual {
@@ -132,25 +138,45 @@ func packHeaderK(r rows16, dst GPVirtual, c63 VecVirtual, bias int) {
 	}
 	var mins [8]VecVirtual
 	for j := range 8 {
-		VMOVDQU64(six(j, false), Mem{Base: dst, Disp: bias + pkScales + 64*j})
+		if nib {
+			VPMOVDB(six(j, false), Mem{Base: dst, Disp: pnScales + 16*j})
+		} else {
+			VMOVDQU64(six(j, false), Mem{Base: dst, Disp: bias + pkScales + 64*j})
+		}
 		mins[j] = six(j, true)
 	}
 	for i := range 4 {
+		if nib {
+			// Bytes 2r and 2r+1: min 2i and 2i+1 of row r.
+			VPSLLD(U8(8), mins[2*i+1], mins[2*i+1])
+			VPORD(mins[2*i+1], mins[2*i], mins[2*i])
+			VPMOVDW(mins[2*i], Mem{Base: dst, Disp: pnMins + 32*i})
+			continue
+		}
 		VPSLLD(U8(16), mins[2*i+1], mins[2*i+1])
 		VPORD(mins[2*i+1], mins[2*i], mins[2*i])
 		VMOVDQU64(mins[2*i], Mem{Base: dst, Disp: bias + pkMins + 64*i})
 	}
 }
 
-// packQ4K emits the pack kernel of Q4_K (or Q5_K with five).
-func packQ4K(five bool) {
-	name, bytes, qs := "Q4_K", 144, 16
-	if five {
+// packQ4K emits the pack kernel of Q4_K (or Q5_K with five), or with nib
+// the one that packs Q4_K into panels that keep its nibbles (the layout a
+// model stores, quantkdot.go).
+func packQ4K(five, nib bool) {
+	name, bytes, qs, pb := "Q4_K", 144, 16, pkBytes
+	switch {
+	case five:
 		name, bytes, qs = "Q5_K", 176, 48
+	case nib:
+		name, pb = "Q4_KN", pnBytes
 	}
 	fn := "qpack" + name + "AVX512"
 	TEXT(fn, NOSPLIT, packSig)
-	Doc(fmt.Sprintf("%s packs nb %s super-blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).", fn, name))
+	what := name + " super-blocks of 16 weight rows ldw bytes apart into a panel"
+	if nib {
+		what = "Q4_K super-blocks of 16 weight rows ldw bytes apart into a panel that keeps their nibbles"
+	}
+	Doc(fmt.Sprintf("%s packs nb %s at dst and prefetches as many bytes from pf (see asmgen).", fn, what))
 	w := Load(Param("w"), GP64()).(GPVirtual)
 	L := Load(Param("ldw"), GP64()).(GPVirtual)
 	nb := Load(Param("nb"), GP64())
@@ -167,7 +193,7 @@ func packQ4K(five bool) {
 	JE(LabelRef("done"))
 	Label("block")
 	prefetchNext(pf, 16*bytes, true)
-	packHeaderK(r, dst, c63, 0)
+	packHeaderK(r, dst, c63, 0, nib)
 	var qh []Mem
 	var c10 VecVirtual
 	if five {
@@ -178,6 +204,10 @@ func packQ4K(five bool) {
 	for c := range 4 {
 		lv := transpose16x8(r, qs+32*c)
 		for t, v := range lv {
+			if nib {
+				VMOVDQU64(v, Mem{Base: dst, Disp: pnLevels + 64*(8*c+t)})
+				continue
+			}
 			hi := ZMM()
 			VPSRLD(U8(4), v, hi)
 			if !five {
@@ -198,7 +228,7 @@ func packQ4K(five bool) {
 		}
 	}
 	r.advance(bytes)
-	ADDQ(U32(pkBytes), dst)
+	ADDQ(U32(pb), dst)
 	DECQ(nb)
 	JNE(LabelRef("block"))
 	Label("done")
