@@ -67,7 +67,7 @@ type Model struct {
 	weightBytes int64
 	dtype       tensor.DType
 	fingerprint string
-	// panelMem holds the Q8_0 and Q4_K matrices stored as panels (packPanels),
+	// panelMem holds the Q8_0, Q4_0 and Q4_K matrices stored as panels (packPanels),
 	// nil if none.
 	panelMem []byte
 	closed   bool

@@ -143,7 +143,7 @@ type Mat struct {
 	F32        []float32
 	U16        []uint16
 	Q          []byte
-	// Panels: Q holds Q8_0 or Q4_K weights as the AVX-512 kernels'
+	// Panels: Q holds Q8_0, Q4_0 or Q4_K weights as the AVX-512 kernels'
 	// panels (see PackPanels), not ggml's rows.
 	Panels bool
 }

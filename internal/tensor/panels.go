@@ -23,6 +23,16 @@ import (
 // panelQ8Block is the bytes of one panel block of Q8_0.
 const panelQ8Block = 9 * 64
 
+// Q4_0 weights stored as panels keep their nibbles in the bytes of ggml's
+// blocks: per pair of blocks of 16 rows (panelQ40Block bytes), 4 vectors
+// of each block's nibbles, vector 4h+t holding ggml's bytes qs[4t..4t+3]
+// of block h of each row r at bytes 4r..4r+3 (low nibbles levels 4t..4t+3,
+// high ones 16+4t..16+4t+3), then the two blocks' scales as f16, 16 each.
+const (
+	panelQ40D     = 8 * 64
+	panelQ40Block = panelQ40D + 64
+)
+
 // Q4_K weights stored as panels keep their nibbles: the unpacked panels of
 // the pack kernel take 2.2 times the blocks' bytes, these 2.8% more (a
 // block of 16 rows and 256 weights, panelQ4KBlock bytes, laid out as
@@ -46,6 +56,8 @@ func panelBlock(dt DType) (bytes, elems int) {
 	switch dt {
 	case Q8_0:
 		return panelQ8Block, 32
+	case Q4_0:
+		return panelQ40Block, 64
 	case Q4_K:
 		return panelQ4KBlock, qk
 	}
@@ -53,7 +65,7 @@ func panelBlock(dt DType) (bytes, elems int) {
 }
 
 // PanelBytes returns the bytes m takes as panels, or 0 when m cannot be
-// stored so (not Q8_0 or Q4_K, rows not a multiple of 16, or this CPU has
+// stored so (not Q8_0, Q4_0 or Q4_K, rows not a multiple of 16, or this CPU has
 // no kernels that read panels: AVX512-VNNI).
 func PanelBytes(m *Mat) int {
 	bytes, elems := panelBlock(m.DType)
@@ -74,14 +86,29 @@ func PackPanels(m *Mat, dst []byte) (*Mat, error) {
 		return nil, fmt.Errorf("tensor: PackPanels needs %d bytes, got %d", n, len(dst))
 	}
 	checkQuant(m)
-	if m.DType == Q8_0 {
+	switch m.DType {
+	case Q8_0:
 		packQ8Panels(m, dst[:n])
-	} else {
+	case Q4_0:
+		packQ40Panels(m, dst[:n])
+	default:
 		packQ4KPanels(m, dst[:n])
 	}
 	c := *m
 	c.Q, c.Panels = dst[:n:n], true
 	return &c, nil
+}
+
+// q40PanelBlock writes block b of row r of a Q4_0 panel-stored m into dst
+// (18 bytes) in ggml's layout: the panel read back.
+func q40PanelBlock(m *Mat, r, b int, dst []byte) {
+	np := m.Cols / 64
+	blk := m.Q[(r/16*np+b/2)*panelQ40Block:][:panelQ40Block]
+	lane, h := r%16, b%2
+	copy(dst[0:2], blk[panelQ40D+32*h+2*lane:])
+	for t := range 4 {
+		copy(dst[2+4*t:6+4*t], blk[64*(4*h+t)+4*lane:])
+	}
 }
 
 // q4KPanelBlock writes super-block b of row r of a Q4_K panel-stored m
@@ -103,10 +130,18 @@ func q4KPanelBlock(m *Mat, r, b int, dst []byte) {
 
 // dequantizePanelRow writes row r of a panel-stored m, dequantized, into
 // dst (Cols values), as DequantizeRow: for Q8_0 q·d, d the panel's f32
-// scale, which holds the block's f16 scale exactly; for Q4_K from each
-// super-block read back.
+// scale, which holds the block's f16 scale exactly; for Q4_0 and Q4_K from
+// each block read back.
 func dequantizePanelRow(m *Mat, r int, dst []float32) {
-	if m.DType == Q4_K {
+	switch m.DType {
+	case Q4_0:
+		var blk [18]byte
+		for b := range m.Cols / 32 {
+			q40PanelBlock(m, r, b, blk[:])
+			DequantizeRow(Q4_0, blk[:], dst[b*32:(b+1)*32])
+		}
+		return
+	case Q4_K:
 		var blk [144]byte
 		for b := range m.Cols / qk {
 			q4KPanelBlock(m, r, b, blk[:])

@@ -28,8 +28,22 @@ func packQ8Panels(m *Mat, dst []byte) {
 	}
 }
 
+// dot40NAVX512 are the dot kernels of Q4_0 panels.
+var dot40NAVX512 = []qdot{qdot40NAVX512R1, qdot40NAVX512R2, qdot40NAVX512R3, qdot40NAVX512R4, qdot40NAVX512R5, qdot40NAVX512R6}
+
 // dotK4NAVX512 are the dot kernels of Q4_K panels with their nibbles kept.
 var dotK4NAVX512 = []qdot{qdotK4NAVX512R1, qdotK4NAVX512R2, qdotK4NAVX512R3, qdotK4NAVX512R4, qdotK4NAVX512R5, qdotK4NAVX512R6}
+
+// packQ40Panels packs m's 16-row groups of Q4_0 into dst with the AVX-512
+// pack kernel that keeps the nibbles, each call prefetching the next group.
+func packQ40Panels(m *Mat, dst []byte) {
+	nb := m.Cols / 32
+	rb := nb * 18
+	for g := range m.Rows / 16 {
+		next := uintptr(unsafe.Pointer(&m.Q[min((g+1)*16*rb, len(m.Q)-1)]))
+		qpackQ4_0NAVX512(&m.Q[g*16*rb], rb, nb, &dst[g*nb/2*panelQ40Block], next)
+	}
+}
 
 // packQ4KPanels packs m's 16-row groups of Q4_K into dst with the AVX-512
 // pack kernel that keeps the nibbles, each call prefetching the next group.
@@ -48,13 +62,17 @@ func packQ4KPanels(m *Mat, dst []byte) {
 // activation rows pass over it.
 func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) {
 	dot := qKernelsAVX512.types[Q8_0].dot
-	if w.DType == Q4_K {
+	switch w.DType {
+	case Q4_0:
+		dot = dot40NAVX512
+	case Q4_K:
 		dot = dotK4NAVX512
 	}
 	block, elems := panelBlock(w.DType)
 	k, m := a.k, a.m
 	nb := k / elems
-	words, _ := metaWords(w.DType)
+	words, metaElems := metaWords(w.DType)
+	words *= elems / metaElems // the activation's meta words per panel block
 	chunk := max(1, qPanelTarget/block)
 	if m == 1 {
 		chunk = nb // one pass over the panel: nothing to keep in cache

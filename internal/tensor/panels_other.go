@@ -8,6 +8,9 @@ func panelKernels() bool { return false }
 // packQ8Panels is never called here (PanelBytes is 0).
 func packQ8Panels(*Mat, []byte) { panic("tensor: no panel kernels on this architecture") }
 
+// packQ40Panels is never called here (PanelBytes is 0).
+func packQ40Panels(*Mat, []byte) { panic("tensor: no panel kernels on this architecture") }
+
 // packQ4KPanels is never called here (PanelBytes is 0).
 func packQ4KPanels(*Mat, []byte) { panic("tensor: no panel kernels on this architecture") }
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// A Q8_0 or Q4_K matrix stored as panels gives MatMul's bits and Row's
+// A Q8_0, Q4_0 or Q4_K matrix stored as panels gives MatMul's bits and Row's
 // values of the same matrix in ggml's rows, for one and several activation
 // rows and threads, and its rows read back byte for byte.
 func TestPanelsAreTheSameMatrix(t *testing.T) {
@@ -17,7 +17,8 @@ func TestPanelsAreTheSameMatrix(t *testing.T) {
 	for _, c := range []struct {
 		dt   DType
 		n, k int
-	}{{Q8_0, 64, 2048}, {Q8_0, 48, 256}, {Q8_0, 16, 8192}, {Q4_K, 64, 2048}, {Q4_K, 48, 256}, {Q4_K, 16, 8192}} {
+	}{{Q8_0, 64, 2048}, {Q8_0, 48, 256}, {Q8_0, 16, 8192}, {Q4_K, 64, 2048}, {Q4_K, 48, 256}, {Q4_K, 16, 8192},
+		{Q4_0, 64, 2048}, {Q4_0, 48, 64}, {Q4_0, 16, 8192}} {
 		n, k := c.n, c.k
 		src := make([]float32, n*k)
 		for i := range src {
@@ -77,7 +78,13 @@ func TestPanelsAreTheSameMatrix(t *testing.T) {
 // panelRow writes row r of a panel-stored m in ggml's layout into dst
 // (its row bytes) and returns it: the panel layout of panels.go, read back.
 func panelRow(m *Mat, r int, dst []byte) []byte {
-	if m.DType == Q4_K {
+	switch m.DType {
+	case Q4_0:
+		for b := range m.Cols / 32 {
+			q40PanelBlock(m, r, b, dst[18*b:18*(b+1)])
+		}
+		return dst
+	case Q4_K:
 		for b := range m.Cols / qk {
 			q4KPanelBlock(m, r, b, dst[144*b:144*(b+1)])
 		}

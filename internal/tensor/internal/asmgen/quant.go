@@ -128,6 +128,10 @@ func quantKernels() {
 	for r := 1; r <= maxDot32Rows; r++ {
 		dot32(r)
 	}
+	pack40N()
+	for r := 1; r <= maxDot40NRows; r++ {
+		dot40N(r)
+	}
 	packQ4K(false, false)
 	packQ4K(true, false)
 	packQ4K(false, true)

@@ -164,3 +164,122 @@ func dot32(rows int) {
 	VZEROUPPER()
 	RET()
 }
+
+// Panel layout of Q4_0 as a model stores it (package tensor's PackPanels),
+// the bytes of ggml's blocks: per pair of blocks of 16 rows, 4 vectors of
+// nibbles of each block (vector 4h+t: byte 4r+i holds ggml's qs[4t+i] of
+// block h of row r, whose low nibble is level 4t+i and high nibble level
+// 16+4t+i), then the two blocks' scales as f16 (16 each).
+const (
+	p40nD     = 8 * 64
+	p40nBytes = p40nD + 64
+)
+
+// maxDot40NRows is the largest number of activation rows one dot kernel of
+// the Q4_0 panels takes.
+const maxDot40NRows = 6
+
+// pack40N emits the pack kernel of Q4_0 into the panels of p40n: nb blocks
+// (nb even) of 16 rows ldw bytes apart into dst.
+func pack40N() {
+	name := "qpackQ4_0NAVX512"
+	TEXT(name, NOSPLIT, packSig)
+	Doc(fmt.Sprintf("%s packs nb (even) Q4_0 blocks of 16 weight rows ldw bytes apart into a panel that keeps their nibbles at dst and prefetches as many bytes from pf (see asmgen).", name))
+	w := Load(Param("w"), GP64()).(GPVirtual)
+	L := Load(Param("ldw"), GP64()).(GPVirtual)
+	nb := Load(Param("nb"), GP64())
+	dst := Load(Param("dst"), GP64())
+	pf := Load(Param("pf"), GP64()).(GPVirtual)
+	r := newRows16(w, L)
+	idx := rowIndex(L)
+	SHRQ(U8(1), nb)
+	JE(LabelRef("done"))
+	Label("pair")
+	prefetchNext(pf, 2*16*18, true)
+	for h := range 2 {
+		for t, v := range transpose16x4(r, 2) {
+			VMOVDQU64(v, Mem{Base: dst, Disp: 64 * (4*h + t)})
+		}
+		k := K()
+		KXNORW(k, k, k)
+		g := ZMM()
+		VPGATHERDD(Mem{Base: r.bases[0], Index: idx, Scale: 1}, k, g)
+		VPMOVDW(g, Mem{Base: dst, Disp: p40nD + 32*h})
+		r.advance(18)
+	}
+	ADDQ(U32(p40nBytes), dst)
+	DECQ(nb)
+	JNE(LabelRef("pair"))
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
+// dot40N emits the dot kernel of rows activation rows and Q4_0 panels of
+// p40n, nb pairs of blocks: per block and row the exact Σ (q−8)·x (from
+// the activation's correction −8·Σx), both blocks' integers before their
+// scales so that the pair's lines are read in order (the hardware
+// prefetchers follow ascending lines), then per block in order acc =
+// fma(float(I), dw·dx, acc).
+func dot40N(rows int) {
+	name := fmt.Sprintf("qdot40NAVX512R%d", rows)
+	TEXT(name, NOSPLIT, dotSig)
+	Doc(fmt.Sprintf("%s continues the 16-lane f32 chains of %d activation rows over nb pairs of blocks of a Q4_0 panel that keeps the nibbles (see asmgen).", name, rows))
+	x, m, panel, nb, accp := dotArgs(rows)
+	acc := make([]VecVirtual, rows)
+	for r := range acc {
+		acc[r] = ZMM()
+		VMOVUPS(Mem{Base: accp, Disp: 64 * r}, acc[r])
+	}
+	c0f := splat(0x0f0f0f0f)
+	TESTQ(nb, nb)
+	JE(LabelRef("store"))
+	Label("pair")
+	var is [2][]VecVirtual
+	for h := range 2 {
+		is[h] = make([]VecVirtual, rows)
+		hs := make([]VecVirtual, rows)
+		for r := range rows {
+			is[h][r] = ZMM()
+			VPBROADCASTD(m.at(r, 8*h+4), is[h][r])
+			hs[r] = ZMM()
+			VXORPS(hs[r], hs[r], hs[r])
+		}
+		for t := range 4 {
+			v := Mem{Base: panel, Disp: 64 * (4*h + t)}
+			l, hi := ZMM(), ZMM()
+			VPANDD(v, c0f, l)
+			VPANDND(v, c0f, hi) // 16 times the high nibbles
+			for r := range rows {
+				vpdpbusd(x.at(r, 32*h+4*t), l, is[h][r], true)
+				vpdpbusd(x.at(r, 32*h+16+4*t), hi, hs[r], true)
+			}
+		}
+		for r := range rows {
+			VPSRAD(U8(4), hs[r], hs[r]) // exact: a multiple of 16
+			VPADDD(hs[r], is[h][r], is[h][r])
+		}
+	}
+	for h := range 2 {
+		dw := ZMM()
+		VCVTPH2PS(Mem{Base: panel, Disp: p40nD + 32*h}, dw)
+		for r := range rows {
+			s := ZMM()
+			VMULPS_BCST(m.at(r, 8*h), dw, s)
+			f := ZMM()
+			VCVTDQ2PS(is[h][r], f)
+			VFMADD231PS(s, f, acc[r])
+		}
+	}
+	x.advance(64)
+	m.advance(16)
+	ADDQ(U32(p40nBytes), panel)
+	DECQ(nb)
+	JNE(LabelRef("pair"))
+	Label("store")
+	for r := range acc {
+		VMOVUPS(acc[r], Mem{Base: accp, Disp: 64 * r})
+	}
+	VZEROUPPER()
+	RET()
+}
