@@ -86,14 +86,7 @@ func PackPanels(m *Mat, dst []byte) (*Mat, error) {
 		return nil, fmt.Errorf("tensor: PackPanels needs %d bytes, got %d", n, len(dst))
 	}
 	checkQuant(m)
-	switch m.DType {
-	case Q8_0:
-		packQ8Panels(m, dst[:n])
-	case Q4_0:
-		packQ40Panels(m, dst[:n])
-	default:
-		packQ4KPanels(m, dst[:n])
-	}
+	packPanels(m, dst[:n])
 	c := *m
 	c.Q, c.Panels = dst[:n:n], true
 	return &c, nil

@@ -16,43 +16,32 @@ var hasPanelKernels = func() bool {
 	return false
 }()
 
-// packQ8Panels packs m's 16-row groups into dst with the AVX-512 pack
-// kernel, each call prefetching the next group.
-func packQ8Panels(m *Mat, dst []byte) {
-	ks := qKernelsAVX512.types[Q8_0]
-	nb := m.Cols / 32
-	rb := nb * 34
-	for g := range m.Rows / 16 {
-		next := uintptr(unsafe.Pointer(&m.Q[min((g+1)*16*rb, len(m.Q)-1)]))
-		ks.pack(&m.Q[g*16*rb], rb, nb, &dst[g*nb*panelQ8Block], next)
-	}
+// panelSets are the kernels of each dtype stored as panels: the pack kernel
+// from ggml's rows (16 weight rows a call) and the dot kernels over the
+// panels (dot[r-1] takes r activation rows). Q8_0's are the AVX-512
+// kernels' own; Q4_0's and Q4_K's keep the nibbles (asmgen's quant32.go,
+// quantk.go, quantkdot.go).
+var panelSets = map[DType]struct {
+	pack qpack
+	dot  []qdot
+}{
+	Q8_0: {qpackQ8_0AVX512, dot32AVX512},
+	Q4_0: {qpackQ4_0NAVX512, []qdot{qdot40NAVX512R1, qdot40NAVX512R2, qdot40NAVX512R3, qdot40NAVX512R4, qdot40NAVX512R5, qdot40NAVX512R6}},
+	Q4_K: {qpackQ4_KNAVX512, []qdot{qdotK4NAVX512R1, qdotK4NAVX512R2, qdotK4NAVX512R3, qdotK4NAVX512R4, qdotK4NAVX512R5, qdotK4NAVX512R6}},
 }
 
-// dot40NAVX512 are the dot kernels of Q4_0 panels.
-var dot40NAVX512 = []qdot{qdot40NAVX512R1, qdot40NAVX512R2, qdot40NAVX512R3, qdot40NAVX512R4, qdot40NAVX512R5, qdot40NAVX512R6}
-
-// dotK4NAVX512 are the dot kernels of Q4_K panels with their nibbles kept.
-var dotK4NAVX512 = []qdot{qdotK4NAVX512R1, qdotK4NAVX512R2, qdotK4NAVX512R3, qdotK4NAVX512R4, qdotK4NAVX512R5, qdotK4NAVX512R6}
-
-// packQ40Panels packs m's 16-row groups of Q4_0 into dst with the AVX-512
-// pack kernel that keeps the nibbles, each call prefetching the next group.
-func packQ40Panels(m *Mat, dst []byte) {
-	nb := m.Cols / 32
-	rb := nb * 18
+// packPanels packs m's 16-row groups into dst with its dtype's pack
+// kernel, each call prefetching the next group's rows.
+func packPanels(m *Mat, dst []byte) {
+	block, elems := panelBlock(m.DType)
+	rb, _ := m.DType.RowBytes(m.Cols)
+	nb, _ := m.DType.BlockSize()
+	nb = m.Cols / nb // ggml's blocks a row
+	group := m.Cols / elems * block
+	pack := panelSets[m.DType].pack
 	for g := range m.Rows / 16 {
 		next := uintptr(unsafe.Pointer(&m.Q[min((g+1)*16*rb, len(m.Q)-1)]))
-		qpackQ4_0NAVX512(&m.Q[g*16*rb], rb, nb, &dst[g*nb/2*panelQ40Block], next)
-	}
-}
-
-// packQ4KPanels packs m's 16-row groups of Q4_K into dst with the AVX-512
-// pack kernel that keeps the nibbles, each call prefetching the next group.
-func packQ4KPanels(m *Mat, dst []byte) {
-	nb := m.Cols / qk
-	rb := nb * 144
-	for g := range m.Rows / 16 {
-		next := uintptr(unsafe.Pointer(&m.Q[min((g+1)*16*rb, len(m.Q)-1)]))
-		qpackQ4_KNAVX512(&m.Q[g*16*rb], rb, nb, &dst[g*nb*panelQ4KBlock], next)
+		pack(&m.Q[g*16*rb], rb, nb, &dst[g*group], next)
 	}
 }
 
@@ -61,13 +50,7 @@ func packQ4KPanels(m *Mat, dst []byte) {
 // chunk of blocks at a time so that the panel stays in cache while the
 // activation rows pass over it.
 func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) {
-	dot := qKernelsAVX512.types[Q8_0].dot
-	switch w.DType {
-	case Q4_0:
-		dot = dot40NAVX512
-	case Q4_K:
-		dot = dotK4NAVX512
-	}
+	dot := panelSets[w.DType].dot
 	block, elems := panelBlock(w.DType)
 	k, m := a.k, a.m
 	nb := k / elems

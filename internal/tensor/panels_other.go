@@ -5,14 +5,8 @@ package tensor
 // panelKernels reports false: only the amd64 AVX-512 kernels read panels.
 func panelKernels() bool { return false }
 
-// packQ8Panels is never called here (PanelBytes is 0).
-func packQ8Panels(*Mat, []byte) { panic("tensor: no panel kernels on this architecture") }
-
-// packQ40Panels is never called here (PanelBytes is 0).
-func packQ40Panels(*Mat, []byte) { panic("tensor: no panel kernels on this architecture") }
-
-// packQ4KPanels is never called here (PanelBytes is 0).
-func packQ4KPanels(*Mat, []byte) { panic("tensor: no panel kernels on this architecture") }
+// packPanels is never called here (PanelBytes is 0).
+func packPanels(*Mat, []byte) { panic("tensor: no panel kernels on this architecture") }
 
 // qmmPanels is never called here (no Mat is panel-stored).
 func qmmPanels(*qAct, *Mat, int, int, []float32) {
