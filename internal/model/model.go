@@ -454,6 +454,11 @@ func (m *Model) WeightPages() (bytes, huge int64, ok bool) {
 	return bytes, huge, ok
 }
 
+// PanelMemory returns the bytes of the matrices stored as the quantized
+// kernels' panels at load (Q8_0, Q4_0 and Q4_K on CPUs with AVX512-VNNI;
+// see packPanels), 0 if none.
+func (m *Model) PanelMemory() int64 { return int64(len(m.panelMem)) }
+
 // Close unmaps the weights. The model must not be used afterwards; Forward
 // returns an error.
 func (m *Model) Close() error {

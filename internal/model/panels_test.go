@@ -53,6 +53,9 @@ func TestPanelsKeepTheModelsBits(t *testing.T) {
 			if ofType == 0 {
 				t.Fatalf("no %s matrix was stored as panels", c.dt)
 			}
+			if rows.PanelMemory() != 0 || panels.PanelMemory() == 0 {
+				t.Errorf("PanelMemory %d with rows, %d with panels", rows.PanelMemory(), panels.PanelMemory())
+			}
 			if e := panels.embed; c.dt == tensor.Q8_0 && (e.DType != tensor.Q8_0 || !e.Panels || !panels.lmHead.Panels || &e.Q[0] != &panels.lmHead.Q[0]) {
 				t.Error("the tied embedding and lm_head are not one panel-stored matrix")
 			}

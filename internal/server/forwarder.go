@@ -79,7 +79,7 @@ func logWeightPages(log *slog.Logger, m *model.Model) {
 		return
 	}
 	mode := hugemem.Mode()
-	log.Info("model weights in memory", "bytes", total, "in_huge_pages", huge, "thp", mode)
+	log.Info("model weights in memory", "bytes", total, "in_huge_pages", huge, "thp", mode, "as_panels", m.PanelMemory())
 	if advice := pagesAdvice(total, huge, mode); advice != "" {
 		log.Info(advice)
 	}
