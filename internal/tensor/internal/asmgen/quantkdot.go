@@ -33,7 +33,7 @@ const (
 )
 
 // Panel layout of a Q4_K super-block of 16 rows with its nibbles kept, as
-// a model stores its Q4_K matrices (package tensor's PackPanels), 2% more
+// a model stores its Q4_K matrices (package tensor's PackPanels), 2.8% more
 // than ggml's blocks: 32 vectors of levels (vector 8p+t: byte 4r+i holds
 // ggml's qs[32p+4t+i] of row r, whose low nibble is level 4t+i of
 // sub-block 2p and high nibble that of sub-block 2p+1), the 8 sub-block
