@@ -124,6 +124,40 @@ func dotArgs(rows int) (x, m rowSet, panel, nb, accp Register) {
 	return x, m, panel, nb, accp
 }
 
+// loadAccs loads the rows 16-lane f32 chains a dot kernel continues from
+// accp.
+func loadAccs(accp Register, rows int) []VecVirtual {
+	acc := make([]VecVirtual, rows)
+	for r := range acc {
+		acc[r] = ZMM()
+		VMOVUPS(Mem{Base: accp, Disp: 64 * r}, acc[r])
+	}
+	return acc
+}
+
+// blockFMA continues each row's chain with one block's integers is: acc =
+// fma(float(is), dw·dx, acc), dx the f32 at disp in the row's metadata.
+func blockFMA(m rowSet, disp int, dw VecVirtual, is, acc []VecVirtual) {
+	for r := range acc {
+		s := ZMM()
+		VMULPS_BCST(m.at(r, disp), dw, s)
+		f := ZMM()
+		VCVTDQ2PS(is[r], f)
+		VFMADD231PS(s, f, acc[r])
+	}
+}
+
+// storeAccs emits a dot kernel's end from label store on: the chains
+// stored back to accp, then the return.
+func storeAccs(accp Register, acc []VecVirtual) {
+	Label("store")
+	for r := range acc {
+		VMOVUPS(acc[r], Mem{Base: accp, Disp: 64 * r})
+	}
+	VZEROUPPER()
+	RET()
+}
+
 // quantKernels emits the quantized matrix kernels.
 func quantKernels() {
 	pack32(quant32{"Q8_0", 34})

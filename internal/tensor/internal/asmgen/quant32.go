@@ -123,11 +123,7 @@ func dot32(rows int) {
 	TEXT(name, NOSPLIT, dotSig)
 	Doc(fmt.Sprintf("%s continues the 16-lane f32 chains of %d activation rows over nb blocks of a Q8_0/Q4_0 panel (see asmgen).", name, rows))
 	x, m, panel, nb, accp := dotArgs(rows)
-	acc := make([]VecVirtual, rows)
-	for r := range acc {
-		acc[r] = ZMM()
-		VMOVUPS(Mem{Base: accp, Disp: 64 * r}, acc[r])
-	}
+	acc := loadAccs(accp, rows)
 	TESTQ(nb, nb)
 	JE(LabelRef("store"))
 	Label("block")
@@ -145,24 +141,13 @@ func dot32(rows int) {
 	}
 	dw := ZMM()
 	VMOVUPS(Mem{Base: panel, Disp: 512}, dw)
-	for r := range rows {
-		s := ZMM()
-		VMULPS_BCST(m.at(r, 0), dw, s)
-		f := ZMM()
-		VCVTDQ2PS(is[r], f)
-		VFMADD231PS(s, f, acc[r])
-	}
+	blockFMA(m, 0, dw, is, acc)
 	x.advance(32)
 	m.advance(8)
 	ADDQ(U32(panel32Bytes), panel)
 	DECQ(nb)
 	JNE(LabelRef("block"))
-	Label("store")
-	for r := range acc {
-		VMOVUPS(acc[r], Mem{Base: accp, Disp: 64 * r})
-	}
-	VZEROUPPER()
-	RET()
+	storeAccs(accp, acc)
 }
 
 // Panel layout of Q4_0 as a model stores it (package tensor's PackPanels),
@@ -226,11 +211,7 @@ func dot40N(rows int) {
 	TEXT(name, NOSPLIT, dotSig)
 	Doc(fmt.Sprintf("%s continues the 16-lane f32 chains of %d activation rows over nb pairs of blocks of a Q4_0 panel that keeps the nibbles (see asmgen).", name, rows))
 	x, m, panel, nb, accp := dotArgs(rows)
-	acc := make([]VecVirtual, rows)
-	for r := range acc {
-		acc[r] = ZMM()
-		VMOVUPS(Mem{Base: accp, Disp: 64 * r}, acc[r])
-	}
+	acc := loadAccs(accp, rows)
 	c0f := splat(0x0f0f0f0f)
 	TESTQ(nb, nb)
 	JE(LabelRef("store"))
@@ -263,23 +244,12 @@ func dot40N(rows int) {
 	for h := range 2 {
 		dw := ZMM()
 		VCVTPH2PS(Mem{Base: panel, Disp: p40nD + 32*h}, dw)
-		for r := range rows {
-			s := ZMM()
-			VMULPS_BCST(m.at(r, 8*h), dw, s)
-			f := ZMM()
-			VCVTDQ2PS(is[h][r], f)
-			VFMADD231PS(s, f, acc[r])
-		}
+		blockFMA(m, 8*h, dw, is[h], acc)
 	}
 	x.advance(64)
 	m.advance(16)
 	ADDQ(U32(p40nBytes), panel)
 	DECQ(nb)
 	JNE(LabelRef("pair"))
-	Label("store")
-	for r := range acc {
-		VMOVUPS(acc[r], Mem{Base: accp, Disp: 64 * r})
-	}
-	VZEROUPPER()
-	RET()
+	storeAccs(accp, acc)
 }

@@ -71,11 +71,7 @@ func dotK(rows int, pk kPanel) {
 	TEXT(name, NOSPLIT, dotSig)
 	Doc(fmt.Sprintf("%s continues the 16-lane f32 chains of %d activation rows over nb super-blocks of a %s (see asmgen).", name, rows, what))
 	x, m, panel, nb, accp := dotArgs(rows)
-	acc := make([]VecVirtual, rows)
-	for r := range acc {
-		acc[r] = ZMM()
-		VMOVUPS(Mem{Base: accp, Disp: 64 * r}, acc[r])
-	}
+	acc := loadAccs(accp, rows)
 	var c0f VecVirtual
 	if pk == panelQ4KN {
 		c0f = splat(0x0f0f0f0f)
@@ -223,10 +219,5 @@ func dotK(rows int, pk kPanel) {
 	ADDQ(U32(pb), panel)
 	DECQ(nb)
 	JNE(LabelRef("block"))
-	Label("store")
-	for r := range acc {
-		VMOVUPS(acc[r], Mem{Base: accp, Disp: 64 * r})
-	}
-	VZEROUPPER()
-	RET()
+	storeAccs(accp, acc)
 }
