@@ -124,6 +124,18 @@ func dotArgs(rows int) (x, m rowSet, panel, nb, accp Register) {
 	return x, m, panel, nb, accp
 }
 
+// packArgs loads a pack kernel's arguments (packSig): the first of 16
+// weight rows and their stride, the blocks, the panel and the address to
+// prefetch from.
+func packArgs() (w, ldw GPVirtual, nb Register, dst, pf GPVirtual) {
+	w = Load(Param("w"), GP64()).(GPVirtual)
+	ldw = Load(Param("ldw"), GP64()).(GPVirtual)
+	nb = Load(Param("nb"), GP64())
+	dst = Load(Param("dst"), GP64()).(GPVirtual)
+	pf = Load(Param("pf"), GP64()).(GPVirtual)
+	return w, ldw, nb, dst, pf
+}
+
 // loadAccs loads the rows 16-lane f32 chains a dot kernel continues from
 // accp.
 func loadAccs(accp Register, rows int) []VecVirtual {

@@ -45,11 +45,7 @@ func pack32(q quant32) {
 	name := "qpack" + q.name + "AVX512"
 	TEXT(name, NOSPLIT, packSig)
 	Doc(fmt.Sprintf("%s packs nb %s blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).", name, q.name))
-	w := Load(Param("w"), GP64()).(GPVirtual)
-	L := Load(Param("ldw"), GP64()).(GPVirtual)
-	nb := Load(Param("nb"), GP64())
-	dst := Load(Param("dst"), GP64())
-	pf := Load(Param("pf"), GP64()).(GPVirtual)
+	w, L, nb, dst, pf := packArgs()
 	r := newRows16(w, L)
 	idx := rowIndex(L)
 	var c VecVirtual
@@ -170,11 +166,7 @@ func pack40N() {
 	name := "qpackQ4_0NAVX512"
 	TEXT(name, NOSPLIT, packSig)
 	Doc(fmt.Sprintf("%s packs nb (even) Q4_0 blocks of 16 weight rows ldw bytes apart into a panel that keeps their nibbles at dst and prefetches as many bytes from pf (see asmgen).", name))
-	w := Load(Param("w"), GP64()).(GPVirtual)
-	L := Load(Param("ldw"), GP64()).(GPVirtual)
-	nb := Load(Param("nb"), GP64())
-	dst := Load(Param("dst"), GP64())
-	pf := Load(Param("pf"), GP64()).(GPVirtual)
+	w, L, nb, dst, pf := packArgs()
 	r := newRows16(w, L)
 	idx := rowIndex(L)
 	SHRQ(U8(1), nb)

@@ -17,11 +17,7 @@ func pack32AVX2(q quant32) {
 	name := "qpack" + q.name + "AVX2"
 	TEXT(name, NOSPLIT, packSig)
 	Doc(fmt.Sprintf("%s packs nb %s blocks of 8 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).", name, q.name))
-	w := Load(Param("w"), GP64()).(GPVirtual)
-	L := Load(Param("ldw"), GP64()).(GPVirtual)
-	nb := Load(Param("nb"), GP64())
-	dst := Load(Param("dst"), GP64())
-	pf := Load(Param("pf"), GP64()).(GPVirtual)
+	w, L, nb, dst, pf := packArgs()
 	r := newRows8(w, L)
 	idx := rowIndex8(L)
 	ones := splat8(0xffffffff)

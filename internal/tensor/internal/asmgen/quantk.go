@@ -177,11 +177,7 @@ func packQ4K(five, nib bool) {
 		what = "Q4_K super-blocks of 16 weight rows ldw bytes apart into a panel that keeps their nibbles"
 	}
 	Doc(fmt.Sprintf("%s packs nb %s at dst and prefetches as many bytes from pf (see asmgen).", fn, what))
-	w := Load(Param("w"), GP64()).(GPVirtual)
-	L := Load(Param("ldw"), GP64()).(GPVirtual)
-	nb := Load(Param("nb"), GP64())
-	dst := Load(Param("dst"), GP64()).(GPVirtual)
-	pf := Load(Param("pf"), GP64()).(GPVirtual)
+	w, L, nb, dst, pf := packArgs()
 	r := newRows16(w, L)
 	c0f := splat(0x0f0f0f0f)
 	c63 := splat(63)
@@ -241,11 +237,7 @@ func packQ6K() {
 	const bytes = 210
 	TEXT("qpackQ6_KAVX512", NOSPLIT, packSig)
 	Doc("qpackQ6_KAVX512 packs nb Q6_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).")
-	w := Load(Param("w"), GP64()).(GPVirtual)
-	L := Load(Param("ldw"), GP64()).(GPVirtual)
-	nb := Load(Param("nb"), GP64())
-	dst := Load(Param("dst"), GP64()).(GPVirtual)
-	pf := Load(Param("pf"), GP64()).(GPVirtual)
+	w, L, nb, dst, pf := packArgs()
 	r := newRows16(w, L)
 	idx := rowIndex(L)
 	c0f := splat(0x0f0f0f0f)
