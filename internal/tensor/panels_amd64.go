@@ -57,7 +57,7 @@ func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) {
 	words, metaElems := metaWords(w.DType)
 	words *= elems / metaElems // the activation's meta words per panel block
 	chunk := max(1, qPanelTarget/block)
-	if m == 1 {
+	if m <= len(dot) {
 		chunk = nb // one pass over the panel: nothing to keep in cache
 	}
 	sc := qScratches.Get().(*qScratch)

@@ -49,6 +49,10 @@ const (
 	pnBytes  = pnDmin + 32
 )
 
+// pendingRows is the most activation rows for which the Q4_K panel's dot
+// kernel holds all 8 sub-blocks' sums until the super-block's scales.
+const pendingRows = 2
+
 // dotK emits the dot kernel for rows activation rows and panels of kind
 // pk: per super-block and row, the exact I (Σ scale·Σ q·x) and M (Σ
 // min·Σ x, or for Q6_K the offset term), then acc = fma(float(I), d·dy,
@@ -121,10 +125,11 @@ func dotK(rows int, pk kPanel) {
 			scaled(2*p, lo)
 			scaled(2*p+1, hi)
 		}
-		// One activation row (decode) reads the super-block's lines in
-		// order, the scales after all the levels: reading them between
-		// the levels costs a tenth of the read (the hardware prefetchers
-		// follow ascending lines). More rows have no registers for that.
+		// One or two activation rows (decode) read the super-block's
+		// lines in order, the scales after all the levels: reading them
+		// between the levels costs a tenth of the read (the hardware
+		// prefetchers follow ascending lines). More rows have no
+		// registers for that.
 		var pending [][2][]VecVirtual
 		for p := range 4 {
 			lo, hi := zeroed(), zeroed()
@@ -141,7 +146,7 @@ func dotK(rows int, pk kPanel) {
 					vpdpbusd(x.at(r, 64*p+32+4*t), h, hi[r], true)
 				}
 			}
-			if rows == 1 {
+			if rows <= pendingRows {
 				pending = append(pending, [2][]VecVirtual{lo, hi})
 				continue
 			}
