@@ -166,6 +166,12 @@ func qdot40NAVX512R5(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb in
 // qdot40NAVX512R6 continues the 16-lane f32 chains of 6 activation rows over nb pairs of blocks of a Q4_0 panel that keeps the nibbles (see asmgen).
 func qdot40NAVX512R6(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qdot40NAVX512R7 continues the 16-lane f32 chains of 7 activation rows over nb pairs of blocks of a Q4_0 panel that keeps the nibbles (see asmgen).
+func qdot40NAVX512R7(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot40NAVX512R8 continues the 16-lane f32 chains of 8 activation rows over nb pairs of blocks of a Q4_0 panel that keeps the nibbles (see asmgen).
+func qdot40NAVX512R8(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qpackQ4_KAVX512 packs nb Q4_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ4_KAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 

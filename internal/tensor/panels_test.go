@@ -51,7 +51,7 @@ func TestPanelsAreTheSameMatrix(t *testing.T) {
 		}
 		for _, threads := range []int{1, 2} {
 			p := NewPool(threads)
-			for _, rows := range []int{1, 2, 3, 9, 17} {
+			for _, rows := range []int{1, 2, 3, 7, 9, 17} {
 				x := make([]float32, rows*k)
 				for i := range x {
 					x[i] = rng.Float32()*2 - 1

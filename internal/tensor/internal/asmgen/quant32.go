@@ -157,8 +157,14 @@ const (
 )
 
 // maxDot40NRows is the largest number of activation rows one dot kernel of
-// the Q4_0 panels takes.
-const maxDot40NRows = 6
+// the Q4_0 panels takes; above inOrder40NRows a kernel continues the chains
+// with a block's integers before the next block's (no registers to hold
+// both), its lines no longer first read in order: with that many rows it
+// computes more than it reads.
+const (
+	maxDot40NRows  = 8
+	inOrder40NRows = 6
+)
 
 // pack40N emits the pack kernel of Q4_0 into the panels of p40n: nb blocks
 // (nb even) of 16 rows ldw bytes apart into dst.
@@ -190,6 +196,14 @@ func pack40N() {
 	Label("done")
 	VZEROUPPER()
 	RET()
+}
+
+// fma40N continues the chains acc with block h of the pair at panel, its
+// integers is.
+func fma40N(m rowSet, panel Register, h int, is, acc []VecVirtual) {
+	dw := ZMM()
+	VCVTPH2PS(Mem{Base: panel, Disp: p40nD + 32*h}, dw)
+	blockFMA(m, 8*h, dw, is, acc)
 }
 
 // dot40N emits the dot kernel of rows activation rows and Q4_0 panels of
@@ -232,11 +246,14 @@ func dot40N(rows int) {
 			VPSRAD(U8(4), hs[r], hs[r]) // exact: a multiple of 16
 			VPADDD(hs[r], is[h][r], is[h][r])
 		}
+		if rows > inOrder40NRows {
+			fma40N(m, panel, h, is[h], acc)
+		}
 	}
-	for h := range 2 {
-		dw := ZMM()
-		VCVTPH2PS(Mem{Base: panel, Disp: p40nD + 32*h}, dw)
-		blockFMA(m, 8*h, dw, is[h], acc)
+	if rows <= inOrder40NRows {
+		for h := range 2 {
+			fma40N(m, panel, h, is[h], acc)
+		}
 	}
 	x.advance(64)
 	m.advance(16)
