@@ -240,8 +240,12 @@ func TestPeerDeathMidTransferFailsPromptly(t *testing.T) {
 	const ioTimeout = 300 * time.Millisecond
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			// synctest.Test fails the test if a goroutine of its bubble
+			// outlives it (blocked: "deadlock"), so no goroutine count here:
+			// runtime.NumGoroutine counts the whole process, and a count
+			// polled against the bubble's fake clock gave up at once on a
+			// goroutine outside it (a flake under the race detector).
 			synctest.Test(t, func(t *testing.T) {
-				base := runtime.NumGoroutine()
 				mem := testutil.NewMemNet()
 				f, peer := serveFakeProducer(t, mem.Listen(), info, func(c net.Conn, h header, _ []byte) bool {
 					if h.Type == msgRead {
@@ -265,7 +269,6 @@ func TestPeerDeathMidTransferFailsPromptly(t *testing.T) {
 				}
 				c.Close()
 				f.close()
-				checkNoLeak(t, base)
 			})
 		})
 	}
