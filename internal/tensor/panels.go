@@ -6,13 +6,14 @@ import (
 	"math"
 )
 
-// Q8_0 weights stored as panels. Decode streams every weight once a token;
-// the one-row kernels (rowquant.go) read ggml's rows at ~75% of the read
-// limit on a Zen 4, while the AVX-512 dot kernel for one activation row
-// reads the pack kernel's panels at 90–93% of it (docs/performance-log.md,
-// 2026-12-06 09:00). A model can therefore keep its Q8_0 matrices as
-// panels, packed once at load: decode and prefill then read them without
-// packing, with the same bits.
+// Weights stored as panels: 16 rows interleaved so that one vector holds
+// the same levels of 16 rows. Decode streams every weight once a token;
+// the one-row kernels (rowquant.go) read ggml's rows at 70–79% of the read
+// limit on a Zen 4, while the AVX-512 dot kernels for one activation row
+// read the panels at ~90% of it (docs/performance-log.md, 2026-12-06 09:00
+// and 10:30). A model can therefore keep its Q8_0, Q4_0 and Q4_K matrices
+// as panels, packed once at load: decode and prefill then read them
+// without packing, with the same bits.
 //
 // A panel block (panelQ8Block bytes) holds one 32-weight block of 16 rows:
 // 8 vectors of 64 bytes, vector i holding levels 4i..4i+3 of each row r at
