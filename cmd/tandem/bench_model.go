@@ -173,17 +173,16 @@ func benchFormat(p *tensor.Pool, f benchModelFlags, dt tensor.DType, read readLi
 	for range f.layers {
 		l := make([]*tensor.Mat, len(proto))
 		for i, m := range proto {
-			if n := tensor.PanelBytes(m); n > 0 && panels {
-				pm, err := tensor.PackPanels(m, mem[:n:n])
+			n := matBytes(m)
+			if pn := tensor.PanelBytes(m); pn > 0 && panels {
+				pm, err := tensor.PackPanels(m, mem[:pn:pn])
 				if err != nil {
 					return formatResult{}, err
 				}
-				l[i] = pm
-				mem = mem[(n+63)&^63:]
-				continue
+				l[i], n = pm, pn
+			} else {
+				l[i] = copyMat(m, mem[:n:n])
 			}
-			n := matBytes(m)
-			l[i] = copyMat(m, mem[:n:n])
 			mem = mem[(n+63)&^63:]
 		}
 		layers = append(layers, l)
