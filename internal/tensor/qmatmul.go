@@ -274,16 +274,15 @@ func (p *Pool) matmulQuant(ks *kernelSet, out, x []float32, m int, w *Mat) {
 		chunk = (chunk + chunkAlign - 1) / chunkAlign * chunkAlign
 	}
 	qmm := ks.qmm
-	if f := ks.qmmRow[w.DType]; m == 1 && f != nil {
-		qmm = f
-	}
-	if qmm == nil {
-		qmm = qmmGo
-	}
-	if w.Panels {
+	switch f := ks.qmmRow[w.DType]; {
+	case w.Panels:
 		// Stored as panels only where the panel kernels run; their bits
 		// are every quantized kernel's.
 		qmm = qmmPanels
+	case m == 1 && f != nil:
+		qmm = f
+	case qmm == nil:
+		qmm = qmmGo
 	}
 	p.run(n, chunk, func(_, lo, hi int) { qmm(a, w, lo, hi, out) })
 }
