@@ -181,6 +181,12 @@ func qpackQ5_KAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 // qpackQ4_KNAVX512 packs nb Q4_K super-blocks of 16 weight rows ldw bytes apart into a panel that keeps their nibbles at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ4_KNAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
+// qpackQ5_KNAVX512 packs nb Q5_K super-blocks of 16 weight rows ldw bytes apart into a panel that keeps their nibbles at dst and prefetches as many bytes from pf (see asmgen).
+func qpackQ5_KNAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
+
+// qwidenQ5_KNAVX512 widens nb super-blocks of a Q5_K panel that keeps its nibbles at src into a Q5_K panel of the pack kernel's layout at dst and prefetches as many bytes from pf (see asmgen).
+func qwidenQ5_KNAVX512(src *byte, nb int, dst *byte, pf uintptr)
+
 // qpackQ6_KAVX512 packs nb Q6_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ6_KAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
@@ -193,6 +199,9 @@ func qdot6KAVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int
 // qdotK4NAVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb super-blocks of a Q4_K panel with its nibbles kept (see asmgen).
 func qdotK4NAVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qdotK5NAVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb super-blocks of a Q5_K panel with its nibbles kept (see asmgen).
+func qdotK5NAVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qdotKAVX512R2 continues the 16-lane f32 chains of 2 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
 func qdotKAVX512R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
@@ -201,6 +210,9 @@ func qdot6KAVX512R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int
 
 // qdotK4NAVX512R2 continues the 16-lane f32 chains of 2 activation rows over nb super-blocks of a Q4_K panel with its nibbles kept (see asmgen).
 func qdotK4NAVX512R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotK5NAVX512R2 continues the 16-lane f32 chains of 2 activation rows over nb super-blocks of a Q5_K panel with its nibbles kept (see asmgen).
+func qdotK5NAVX512R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdotKAVX512R3 continues the 16-lane f32 chains of 3 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
 func qdotKAVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
@@ -211,6 +223,9 @@ func qdot6KAVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int
 // qdotK4NAVX512R3 continues the 16-lane f32 chains of 3 activation rows over nb super-blocks of a Q4_K panel with its nibbles kept (see asmgen).
 func qdotK4NAVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qdotK5NAVX512R3 continues the 16-lane f32 chains of 3 activation rows over nb super-blocks of a Q5_K panel with its nibbles kept (see asmgen).
+func qdotK5NAVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qdotKAVX512R4 continues the 16-lane f32 chains of 4 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
 func qdotKAVX512R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
@@ -219,6 +234,9 @@ func qdot6KAVX512R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int
 
 // qdotK4NAVX512R4 continues the 16-lane f32 chains of 4 activation rows over nb super-blocks of a Q4_K panel with its nibbles kept (see asmgen).
 func qdotK4NAVX512R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdotK5NAVX512R4 continues the 16-lane f32 chains of 4 activation rows over nb super-blocks of a Q5_K panel with its nibbles kept (see asmgen).
+func qdotK5NAVX512R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdotKAVX512R5 continues the 16-lane f32 chains of 5 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
 func qdotKAVX512R5(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)

@@ -11,8 +11,8 @@ import (
 // the one-row kernels (rowquant.go) read ggml's rows at 70–79% of the read
 // limit on a Zen 4, while the AVX-512 dot kernels for one activation row
 // read the panels at ~90% of it (docs/performance-log.md, 2026-12-06 09:00
-// and 10:30). A model can therefore keep its Q8_0, Q4_0 and Q4_K matrices
-// as panels, packed once at load: decode and prefill then read them
+// and 10:30). A model can therefore keep its Q8_0, Q4_0, Q4_K and Q5_K
+// matrices as panels, packed once at load: decode and prefill then read them
 // without packing, with the same bits.
 //
 // A panel block (panelQ8Block bytes) holds one 32-weight block of 16 rows:
@@ -51,6 +51,26 @@ const (
 	panelQ4KBlock  = panelQ4KDmin + 32
 )
 
+// Q5_K weights stored as panels are a Q4_K panel of the super-block
+// panelQ5KBias bytes on, and 8 vectors of fifth bits, vector t holding
+// ggml's bytes qh[4t..4t+3] of each row r at bytes 4r..4r+3 (bit j the
+// fifth bit of sub-block j's levels), each before the first nibble vector
+// read with it, so that a kernel touches the lines in order: fifth-bit
+// vector t at 128t, the first 8 nibble vectors v at 128v+64 (q5KLevel).
+// 2.3% over ggml's blocks.
+const (
+	panelQ5KBias  = 8 * 64
+	panelQ5KBlock = panelQ5KBias + panelQ4KBlock
+)
+
+// q5KLevel returns the offset of nibble vector v in a Q5_K panel block.
+func q5KLevel(v int) int {
+	if v < 8 {
+		return 128*v + 64
+	}
+	return panelQ5KBias + 64*v
+}
+
 // panelBlock returns the bytes of one panel block of dtype dt and the
 // weights of a row it covers, or 0, 0 for a dtype never stored as panels.
 func panelBlock(dt DType) (bytes, elems int) {
@@ -61,12 +81,14 @@ func panelBlock(dt DType) (bytes, elems int) {
 		return panelQ40Block, 64
 	case Q4_K:
 		return panelQ4KBlock, qk
+	case Q5_K:
+		return panelQ5KBlock, qk
 	}
 	return 0, 0
 }
 
 // PanelBytes returns the bytes m takes as panels, or 0 when m cannot be
-// stored so (not Q8_0, Q4_0 or Q4_K, rows not a multiple of 16, or this CPU has
+// stored so (not Q8_0, Q4_0, Q4_K or Q5_K, rows not a multiple of 16, or this CPU has
 // no kernels that read panels: AVX512-VNNI).
 func PanelBytes(m *Mat) int {
 	bytes, elems := panelBlock(m.DType)
@@ -109,13 +131,38 @@ func q40PanelBlock(m *Mat, r, b int, dst []byte) {
 // into dst (144 bytes) in ggml's layout: the panel read back.
 func q4KPanelBlock(m *Mat, r, b int, dst []byte) {
 	nb := m.Cols / qk
-	blk := m.Q[(r/16*nb+b)*panelQ4KBlock:][:panelQ4KBlock]
+	q4KPanel(m.Q[(r/16*nb+b)*panelQ4KBlock:][:panelQ4KBlock], r%16, dst)
+}
+
+// q5KPanelBlock writes super-block b of row r of a Q5_K panel-stored m
+// into dst (176 bytes) in ggml's layout: the panel read back.
+func q5KPanelBlock(m *Mat, r, b int, dst []byte) {
+	nb := m.Cols / qk
+	blk := m.Q[(r/16*nb+b)*panelQ5KBlock:][:panelQ5KBlock]
 	lane := r % 16
+	// ggml's Q5_K block is a Q4_K block with qh[32] between the scales
+	// and the nibbles.
+	q4KPanel(blk[panelQ5KBias:], lane, dst[:16])
+	for t := range 8 {
+		copy(dst[16+4*t:20+4*t], blk[128*t+4*lane:])
+	}
+	for v := range 32 {
+		copy(dst[48+4*v:52+4*v], blk[q5KLevel(v)+4*lane:])
+	}
+}
+
+// q4KPanel writes lane's header (d, dmin, scales and mins) of the Q4_K
+// panel block blk into dst[:16] in ggml's layout, and when dst holds the
+// whole block (144 bytes) the nibbles too.
+func q4KPanel(blk []byte, lane int, dst []byte) {
 	copy(dst[0:2], blk[panelQ4KD+2*lane:])
 	copy(dst[2:4], blk[panelQ4KDmin+2*lane:])
 	clear(dst[4:16])
 	for j := range 8 {
 		putScaleMinK4(dst[4:16], j, blk[panelQ4KScales+16*j+lane], blk[panelQ4KMins+32*(j/2)+2*lane+j%2])
+	}
+	if len(dst) < 144 {
+		return
 	}
 	for v := range 32 {
 		copy(dst[16+4*v:20+4*v], blk[64*v+4*lane:])
@@ -124,8 +171,8 @@ func q4KPanelBlock(m *Mat, r, b int, dst []byte) {
 
 // dequantizePanelRow writes row r of a panel-stored m, dequantized, into
 // dst (Cols values), as DequantizeRow: for Q8_0 q·d, d the panel's f32
-// scale, which holds the block's f16 scale exactly; for Q4_0 and Q4_K from
-// each block read back.
+// scale, which holds the block's f16 scale exactly; for Q4_0, Q4_K and
+// Q5_K from each block read back.
 func dequantizePanelRow(m *Mat, r int, dst []float32) {
 	switch m.DType {
 	case Q4_0:
@@ -140,6 +187,13 @@ func dequantizePanelRow(m *Mat, r int, dst []float32) {
 		for b := range m.Cols / qk {
 			q4KPanelBlock(m, r, b, blk[:])
 			dequantizeQ4K(false, blk[:], dst[b*qk:(b+1)*qk])
+		}
+		return
+	case Q5_K:
+		var blk [176]byte
+		for b := range m.Cols / qk {
+			q5KPanelBlock(m, r, b, blk[:])
+			dequantizeQ4K(true, blk[:], dst[b*qk:(b+1)*qk])
 		}
 		return
 	}

@@ -16,19 +16,33 @@ var hasPanelKernels = func() bool {
 	return false
 }()
 
-// panelSets are the kernels of each dtype stored as panels: the pack kernel
+// panelSet is the kernels of a dtype stored as panels: the pack kernel
 // from ggml's rows (16 weight rows a call) and the dot kernels over the
-// panels (dot[r-1] takes r activation rows). Q8_0's are the AVX-512
-// kernels' own; Q4_0's and Q4_K's keep the nibbles (asmgen's quant32.go,
-// quantk.go, quantkdot.go).
-var panelSets = map[DType]struct {
-	pack qpack
-	dot  []qdot
-}{
-	Q8_0: {qpackQ8_0AVX512, dot32AVX512},
-	Q4_0: {qpackQ4_0NAVX512, []qdot{qdot40NAVX512R1, qdot40NAVX512R2, qdot40NAVX512R3, qdot40NAVX512R4,
+// panels (dot[r-1] takes r activation rows); for products of more rows
+// than a dot kernel takes, optionally a kernel that widens a chunk of the
+// panel into the pack kernels' layout that the qmm kernels read (wide).
+type panelSet struct {
+	pack  qpack
+	dot   []qdot
+	widen func(src *byte, nb int, dst *byte, pf uintptr)
+	wide  qTypeKernels
+}
+
+// panelSets are the kernels of each dtype stored as panels. Q8_0's are the
+// AVX-512 kernels' own; Q4_0's, Q4_K's and Q5_K's keep the nibbles
+// (asmgen's quant32.go, quantk.go, quantkdot.go). Q5_K's dot kernels
+// multiply its fifth bits apart from the nibbles, twice the products of
+// a level byte, so that more rows than they take go through the widened
+// panels (one llama-1b layer, one Zen 4 thread: 5 rows 128–133 GFLOP/s
+// where passes of the 4-row kernel made 117–123, 8 rows 167–172 against
+// 140–143; 3 and 4 rows are faster unwidened; docs/performance-log.md).
+var panelSets = map[DType]panelSet{
+	Q8_0: {pack: qpackQ8_0AVX512, dot: dot32AVX512},
+	Q4_0: {pack: qpackQ4_0NAVX512, dot: []qdot{qdot40NAVX512R1, qdot40NAVX512R2, qdot40NAVX512R3, qdot40NAVX512R4,
 		qdot40NAVX512R5, qdot40NAVX512R6, qdot40NAVX512R7, qdot40NAVX512R8}},
-	Q4_K: {qpackQ4_KNAVX512, []qdot{qdotK4NAVX512R1, qdotK4NAVX512R2, qdotK4NAVX512R3, qdotK4NAVX512R4, qdotK4NAVX512R5, qdotK4NAVX512R6}},
+	Q4_K: {pack: qpackQ4_KNAVX512, dot: []qdot{qdotK4NAVX512R1, qdotK4NAVX512R2, qdotK4NAVX512R3, qdotK4NAVX512R4, qdotK4NAVX512R5, qdotK4NAVX512R6}},
+	Q5_K: {pack: qpackQ5_KNAVX512, dot: []qdot{qdotK5NAVX512R1, qdotK5NAVX512R2, qdotK5NAVX512R3, qdotK5NAVX512R4},
+		widen: qwidenQ5_KNAVX512, wide: qKernelsAVX512.types[Q5_K]},
 }
 
 // packPanels packs m's 16-row groups into dst with its dtype's pack
@@ -49,9 +63,12 @@ func packPanels(m *Mat, dst []byte) {
 // qmmPanels is qmm for a panel-stored w: rows [lo, hi), multiples of 16,
 // by the AVX-512 dot kernels straight over the stored panels (no pack), a
 // chunk of blocks at a time so that the panel stays in cache while the
-// activation rows pass over it.
+// activation rows pass over it; or, where the dtype has a widen kernel and
+// m is more rows than a dot kernel takes, by the qmm kernels over each
+// chunk widened into scratch.
 func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) {
-	dot := panelSets[w.DType].dot
+	set := panelSets[w.DType]
+	dot := set.dot
 	block, elems := panelBlock(w.DType)
 	k, m := a.k, a.m
 	nb := k / elems
@@ -67,14 +84,28 @@ func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) {
 		sc.acc = make([]float32, m*16)
 	}
 	acc := sc.acc[:m*16]
+	var wide []byte
+	if set.widen != nil && m > len(dot) {
+		dot = set.wide.dot
+		chunk = max(1, qPanelTarget/set.wide.panelBytes)
+		wide = aligned64(&sc.panel, min(chunk, nb)*set.wide.panelBytes)
+	}
 	for g := lo / 16; g < hi/16; g++ {
 		clear(acc)
 		panel := w.Q[g*nb*block:]
 		for b0 := 0; b0 < nb; b0 += chunk {
 			c := min(chunk, nb-b0)
+			p := &panel[b0*block]
+			if wide != nil {
+				// Prefetch the next chunk, of this group or the next,
+				// while this one is computed on.
+				next := min((g*nb+b0+c)*block, len(w.Q)-1)
+				set.widen(p, c, &wide[0], uintptr(unsafe.Pointer(&w.Q[next])))
+				p = &wide[0]
+			}
 			for i := 0; i < m; i += len(dot) {
 				r := min(len(dot), m-i)
-				dot[r-1](&a.xq[i*k+b0*elems], k, &a.meta[(i*nb+b0)*words], nb*words*4, &panel[b0*block], c, &acc[i*16])
+				dot[r-1](&a.xq[i*k+b0*elems], k, &a.meta[(i*nb+b0)*words], nb*words*4, p, c, &acc[i*16])
 			}
 		}
 		storeAcc(out[g*16:], w.Rows, acc, 16, 16, m)

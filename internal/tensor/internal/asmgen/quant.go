@@ -185,11 +185,16 @@ func quantKernels() {
 	packQ4K(false, false)
 	packQ4K(true, false)
 	packQ4K(false, true)
+	packQ4K(true, true)
+	widenQ5KN()
 	packQ6K()
 	for r := 1; r <= maxDotKRows; r++ {
 		dotK(r, panelQ4K)
 		dotK(r, panelQ6K)
 		dotK(r, panelQ4KN)
+		if r <= maxDotK5Rows {
+			dotK(r, panelQ5KN)
+		}
 	}
 	qact8_0()
 	qact8K()

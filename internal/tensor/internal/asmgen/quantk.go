@@ -82,14 +82,15 @@ func stashed(base Mem, vs []VecVirtual) []Mem {
 
 // packHeaderK unpacks d, dmin and the 6-bit scales and mins of a Q4_K or
 // Q5_K super-block of 16 rows into the panel at dst, or with nib into the
-// header of a panel that keeps the nibbles (quantkdot.go's pn layout).
+// header of a panel that keeps the nibbles (quantkdot.go's pn layout),
+// bias bytes on.
 func packHeaderK(r rows16, dst GPVirtual, c63 VecVirtual, bias int, nib bool) {
 	h := transpose16x4(r, 0) // d|dmin, scales 0-3, 4-7, 8-11
 	hi := ZMM()
 	VPSRLD(U8(16), h[0], hi)
 	if nib {
-		VPMOVDW(h[0], Mem{Base: dst, Disp: pnD})
-		VPMOVDW(hi, Mem{Base: dst, Disp: pnDmin})
+		VPMOVDW(h[0], Mem{Base: dst, Disp: bias + pnD})
+		VPMOVDW(hi, Mem{Base: dst, Disp: bias + pnDmin})
 	} else {
 		lo := YMM()
 		VPMOVDW(h[0], lo)
@@ -139,7 +140,7 @@ func packHeaderK(r rows16, dst GPVirtual, c63 VecVirtual, bias int, nib bool) {
 	var mins [8]VecVirtual
 	for j := range 8 {
 		if nib {
-			VPMOVDB(six(j, false), Mem{Base: dst, Disp: pnScales + 16*j})
+			VPMOVDB(six(j, false), Mem{Base: dst, Disp: bias + pnScales + 16*j})
 		} else {
 			VMOVDQU64(six(j, false), Mem{Base: dst, Disp: bias + pkScales + 64*j})
 		}
@@ -150,7 +151,7 @@ func packHeaderK(r rows16, dst GPVirtual, c63 VecVirtual, bias int, nib bool) {
 			// Bytes 2r and 2r+1: min 2i and 2i+1 of row r.
 			VPSLLD(U8(8), mins[2*i+1], mins[2*i+1])
 			VPORD(mins[2*i+1], mins[2*i], mins[2*i])
-			VPMOVDW(mins[2*i], Mem{Base: dst, Disp: pnMins + 32*i})
+			VPMOVDW(mins[2*i], Mem{Base: dst, Disp: bias + pnMins + 32*i})
 			continue
 		}
 		VPSLLD(U8(16), mins[2*i+1], mins[2*i+1])
@@ -160,13 +161,17 @@ func packHeaderK(r rows16, dst GPVirtual, c63 VecVirtual, bias int, nib bool) {
 }
 
 // packQ4K emits the pack kernel of Q4_K (or Q5_K with five), or with nib
-// the one that packs Q4_K into panels that keep its nibbles (the layout a
-// model stores, quantkdot.go).
+// the one that packs them into panels that keep their nibbles (the layouts
+// a model stores, quantkdot.go).
 func packQ4K(five, nib bool) {
 	name, bytes, qs, pb := "Q4_K", 144, 16, pkBytes
-	switch {
-	case five:
+	if five {
 		name, bytes, qs = "Q5_K", 176, 48
+	}
+	bias := 0 // where the Q4_K panel with its nibbles kept starts
+	switch {
+	case five && nib:
+		name, pb, bias = "Q5_KN", p5Bytes, p5Bias
 	case nib:
 		name, pb = "Q4_KN", pnBytes
 	}
@@ -174,7 +179,7 @@ func packQ4K(five, nib bool) {
 	TEXT(fn, NOSPLIT, packSig)
 	what := name + " super-blocks of 16 weight rows ldw bytes apart into a panel"
 	if nib {
-		what = "Q4_K super-blocks of 16 weight rows ldw bytes apart into a panel that keeps their nibbles"
+		what = name[:4] + " super-blocks of 16 weight rows ldw bytes apart into a panel that keeps their nibbles"
 	}
 	Doc(fmt.Sprintf("%s packs nb %s at dst and prefetches as many bytes from pf (see asmgen).", fn, what))
 	w, L, nb, dst, pf := packArgs()
@@ -182,17 +187,22 @@ func packQ4K(five, nib bool) {
 	c0f := splat(0x0f0f0f0f)
 	c63 := splat(63)
 	var stash Mem
-	if five {
+	if five && !nib {
 		stash = AllocLocal(8 * 64)
 	}
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
 	Label("block")
 	prefetchNext(pf, 16*bytes, true)
-	packHeaderK(r, dst, c63, 0, nib)
+	packHeaderK(r, dst, c63, bias, nib)
 	var qh []Mem
 	var c10 VecVirtual
-	if five {
+	switch {
+	case five && nib:
+		for t, v := range transpose16x8(r, 16) {
+			VMOVDQU64(v, Mem{Base: dst, Disp: p5Qh(t)})
+		}
+	case five:
 		t := transpose16x8(r, 16)
 		qh = stashed(stash, t[:])
 		c10 = splat(0x10101010)
@@ -201,23 +211,21 @@ func packQ4K(five, nib bool) {
 		lv := transpose16x8(r, qs+32*c)
 		for t, v := range lv {
 			if nib {
-				VMOVDQU64(v, Mem{Base: dst, Disp: pnLevels + 64*(8*c+t)})
+				off := pnLevels + 64*(8*c+t)
+				if five {
+					off = p5Level(8*c + t)
+				}
+				VMOVDQU64(v, Mem{Base: dst, Disp: off})
 				continue
 			}
-			hi := ZMM()
-			VPSRLD(U8(4), v, hi)
+			var hi VecVirtual
 			if !five {
+				hi = ZMM()
+				VPSRLD(U8(4), v, hi)
 				VPANDD(c0f, v, v)
 				VPANDD(c0f, hi, hi)
 			} else {
-				// Fifth bits: bit 2c of each qh byte for the low
-				// nibbles, bit 2c+1 for the high ones, moved to bit 4.
-				b := shiftedMem(qh[t], 4-2*c)
-				VPANDD(c10, b, b)
-				VPTERNLOGD(U8(ternAorB), c0f, b, v)
-				b2 := shiftedMem(qh[t], 3-2*c)
-				VPANDD(c10, b2, b2)
-				VPTERNLOGD(U8(ternAorB), c0f, b2, hi)
+				hi = fifthLevels(v, qh[t], c, c0f, c10)
 			}
 			VMOVDQU64(v, Mem{Base: dst, Disp: pkLevels + 64*(8*(2*c)+t)})
 			VMOVDQU64(hi, Mem{Base: dst, Disp: pkLevels + 64*(8*(2*c+1)+t)})
@@ -225,6 +233,75 @@ func packQ4K(five, nib bool) {
 	}
 	r.advance(bytes)
 	ADDQ(U32(pb), dst)
+	DECQ(nb)
+	JNE(LabelRef("block"))
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
+// fifthLevels turns v, a vector of Q5_K nibbles (the low ones sub-block
+// 2c's levels, the high ones 2c+1's), into the low sub-block's 5-bit
+// levels and returns the high one's, the fifth bits from the qh vector at
+// qh: bit 2c of each byte for the low nibbles, bit 2c+1 for the high
+// ones, moved to bit 4.
+func fifthLevels(v VecVirtual, qh Mem, c int, c0f, c10 VecVirtual) VecVirtual {
+	hi := ZMM()
+	VPSRLD(U8(4), v, hi)
+	b := shiftedMem(qh, 4-2*c)
+	VPANDD(c10, b, b)
+	VPTERNLOGD(U8(ternAorB), c0f, b, v)
+	b2 := shiftedMem(qh, 3-2*c)
+	VPANDD(c10, b2, b2)
+	VPTERNLOGD(U8(ternAorB), c0f, b2, hi)
+	return hi
+}
+
+// widenQ5KN emits the kernel that widens Q5_K panels that keep their
+// nibbles (quantkdot.go's p5 layout, as a model stores them) into the
+// pack kernel's panels (pk layout): for products of more activation rows
+// than a dot kernel of the stored panels takes, where a level byte each
+// makes the dot kernels do half the products per weight.
+func widenQ5KN() {
+	TEXT("qwidenQ5_KNAVX512", NOSPLIT, "func(src *byte, nb int, dst *byte, pf uintptr)")
+	Doc("qwidenQ5_KNAVX512 widens nb super-blocks of a Q5_K panel that keeps its nibbles at src into a Q5_K panel of the pack kernel's layout at dst and prefetches as many bytes from pf (see asmgen).")
+	src := Load(Param("src"), GP64())
+	nb := Load(Param("nb"), GP64())
+	dst := Load(Param("dst"), GP64())
+	pf := Load(Param("pf"), GP64()).(GPVirtual)
+	c0f := splat(0x0f0f0f0f)
+	c10 := splat(0x10101010)
+	TESTQ(nb, nb)
+	JE(LabelRef("done"))
+	Label("block")
+	prefetchNext(pf, p5Bytes, true)
+	for p := range 4 {
+		for t := range 8 {
+			v := ZMM()
+			VMOVDQU64(Mem{Base: src, Disp: p5Level(8*p + t)}, v)
+			hi := fifthLevels(v, Mem{Base: src, Disp: p5Qh(t)}, p, c0f, c10)
+			VMOVDQU64(v, Mem{Base: dst, Disp: pkLevels + 64*(8*(2*p)+t)})
+			VMOVDQU64(hi, Mem{Base: dst, Disp: pkLevels + 64*(8*(2*p+1)+t)})
+		}
+	}
+	for j := range 8 {
+		v := ZMM()
+		VPMOVZXBD(Mem{Base: src, Disp: p5Bias + pnScales + 16*j}, v)
+		VMOVDQU64(v, Mem{Base: dst, Disp: pkScales + 64*j})
+	}
+	for i := range 4 {
+		// Bytes 2r, 2r+1 (min 2i and 2i+1 of row r) to an int16 pair.
+		v := ZMM()
+		VPMOVZXBW(Mem{Base: src, Disp: p5Bias + pnMins + 32*i}, v)
+		VMOVDQU64(v, Mem{Base: dst, Disp: pkMins + 64*i})
+	}
+	for _, o := range [][2]int{{pnD, pkD}, {pnDmin, pkDmin}} {
+		v := ZMM()
+		VCVTPH2PS(Mem{Base: src, Disp: p5Bias + o[0]}, v)
+		VMOVUPS(v, Mem{Base: dst, Disp: o[1]})
+	}
+	ADDQ(U32(p5Bytes), src)
+	ADDQ(U32(pkBytes), dst)
 	DECQ(nb)
 	JNE(LabelRef("block"))
 	Label("done")
