@@ -50,7 +50,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.ServedModelName, "served-model-name", "", "model name clients send (default: the base name of --model)")
 
 	fs.IntVar(&c.BlockSize, "block-size", 16, "tokens per KV-cache block")
-	fs.StringVar(&c.KVCacheDType, "kv-cache-dtype", "auto", "KV-cache element type: auto (bfloat16 for a bf16 model, else float32), bfloat16 or float32; prefill and decode engines must agree")
+	fs.StringVar(&c.KVCacheDType, "kv-cache-dtype", "auto", "KV-cache element type: auto (float32 for an f32 model, else bfloat16), bfloat16 or float32; prefill and decode engines must agree")
 	fs.BoolVar(&c.DisableHybridKVCache, "disable-hybrid-kv-cache-manager", false, "keep every layer's KV for every token even for a model with sliding-window layers (by default those layers keep only their window's blocks); prefill and decode engines must agree")
 	fs.IntVar(&c.NumBlocks, "num-blocks", 0, "KV-cache blocks (overrides --kv-cache-memory)")
 	fs.Var((*byteSize)(&c.KVCacheMemory), "kv-cache-memory", "KV-cache size, e.g. 512MiB or 2GiB (default: room for max-num-seqs full-length sequences, capped at 20% of RAM)")

@@ -141,3 +141,30 @@ func TestWeightsLiveInHugemem(t *testing.T) {
 		})
 	}
 }
+
+// The default KV-cache element type follows the weights as vLLM's auto
+// does on a CPU: f32 for an f32 model, bf16 for a bf16, f16 (vLLM's CPU
+// backend runs float16 in bfloat16) or quantized one.
+func TestKVDTypeFollowsTheWeights(t *testing.T) {
+	for _, c := range []struct {
+		dtype string
+		gguf  string // an encoding to convert the model to, or ""
+		want  kvlayout.ElemType
+	}{{"f32", "", kvlayout.F32}, {"bf16", "", kvlayout.BF16}, {"f16", "", kvlayout.BF16}, {"bf16", "q8_0", kvlayout.BF16}} {
+		dir := writeTestModel(t, testSpec(func(s *modelinit.Spec) {
+			// Widths of whole Q8_0 blocks, so that no matrix falls back to f16.
+			s.DType, s.Hidden, s.Intermediate, s.Heads, s.HeadDim = c.dtype, 64, 96, 4, 16
+		}))
+		path, stored := dir, c.dtype
+		if c.gguf != "" {
+			path, stored = convertGGUF(t, dir, c.gguf), c.gguf
+		}
+		m := loadTestModel(t, path, 1)
+		if m.DType().String() != stored {
+			t.Fatalf("%s model %q loaded as %s", c.dtype, c.gguf, m.DType())
+		}
+		if m.KVDType() != c.want {
+			t.Errorf("%s model %q: KV %s, want %s", c.dtype, c.gguf, m.KVDType(), c.want)
+		}
+	}
+}
