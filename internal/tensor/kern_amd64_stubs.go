@@ -148,29 +148,56 @@ func qdot32AVX512R8(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int
 // qpackQ4_0NAVX512 packs nb (even) Q4_0 blocks of 16 weight rows ldw bytes apart into a panel that keeps their nibbles at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ4_0NAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
+// qpackQ5_0NAVX512 packs nb (even) Q5_0 blocks of 16 weight rows ldw bytes apart into a panel that keeps their nibbles at dst and prefetches as many bytes from pf (see asmgen).
+func qpackQ5_0NAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
+
 // qdot40NAVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb pairs of blocks of a Q4_0 panel that keeps the nibbles (see asmgen).
 func qdot40NAVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot50NAVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb pairs of blocks of a Q5_0 panel that keeps the nibbles (see asmgen).
+func qdot50NAVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdot40NAVX512R2 continues the 16-lane f32 chains of 2 activation rows over nb pairs of blocks of a Q4_0 panel that keeps the nibbles (see asmgen).
 func qdot40NAVX512R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qdot50NAVX512R2 continues the 16-lane f32 chains of 2 activation rows over nb pairs of blocks of a Q5_0 panel that keeps the nibbles (see asmgen).
+func qdot50NAVX512R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qdot40NAVX512R3 continues the 16-lane f32 chains of 3 activation rows over nb pairs of blocks of a Q4_0 panel that keeps the nibbles (see asmgen).
 func qdot40NAVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot50NAVX512R3 continues the 16-lane f32 chains of 3 activation rows over nb pairs of blocks of a Q5_0 panel that keeps the nibbles (see asmgen).
+func qdot50NAVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdot40NAVX512R4 continues the 16-lane f32 chains of 4 activation rows over nb pairs of blocks of a Q4_0 panel that keeps the nibbles (see asmgen).
 func qdot40NAVX512R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qdot50NAVX512R4 continues the 16-lane f32 chains of 4 activation rows over nb pairs of blocks of a Q5_0 panel that keeps the nibbles (see asmgen).
+func qdot50NAVX512R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qdot40NAVX512R5 continues the 16-lane f32 chains of 5 activation rows over nb pairs of blocks of a Q4_0 panel that keeps the nibbles (see asmgen).
 func qdot40NAVX512R5(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot50NAVX512R5 continues the 16-lane f32 chains of 5 activation rows over nb pairs of blocks of a Q5_0 panel that keeps the nibbles (see asmgen).
+func qdot50NAVX512R5(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdot40NAVX512R6 continues the 16-lane f32 chains of 6 activation rows over nb pairs of blocks of a Q4_0 panel that keeps the nibbles (see asmgen).
 func qdot40NAVX512R6(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qdot50NAVX512R6 continues the 16-lane f32 chains of 6 activation rows over nb pairs of blocks of a Q5_0 panel that keeps the nibbles (see asmgen).
+func qdot50NAVX512R6(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qdot40NAVX512R7 continues the 16-lane f32 chains of 7 activation rows over nb pairs of blocks of a Q4_0 panel that keeps the nibbles (see asmgen).
 func qdot40NAVX512R7(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
+// qdot50NAVX512R7 continues the 16-lane f32 chains of 7 activation rows over nb pairs of blocks of a Q5_0 panel that keeps the nibbles (see asmgen).
+func qdot50NAVX512R7(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qdot40NAVX512R8 continues the 16-lane f32 chains of 8 activation rows over nb pairs of blocks of a Q4_0 panel that keeps the nibbles (see asmgen).
 func qdot40NAVX512R8(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot50NAVX512R8 continues the 16-lane f32 chains of 8 activation rows over nb pairs of blocks of a Q5_0 panel that keeps the nibbles (see asmgen).
+func qdot50NAVX512R8(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qpackQ4_KAVX512 packs nb Q4_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ4_KAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)

@@ -11,8 +11,8 @@ import (
 // the one-row kernels (rowquant.go) read ggml's rows at 70–79% of the read
 // limit on a Zen 4, while the AVX-512 dot kernels for one activation row
 // read the panels at ~90% of it (docs/performance-log.md, 2026-12-06 09:00
-// and 10:30). A model can therefore keep its Q8_0, Q4_0, Q4_K and Q5_K
-// matrices as panels, packed once at load: decode and prefill then read them
+// and 10:30). A model can therefore keep its Q8_0, Q4_0, Q5_0, Q4_K and
+// Q5_K matrices as panels, packed once at load: decode and prefill then read them
 // without packing, with the same bits.
 //
 // A panel block (panelQ8Block bytes) holds one 32-weight block of 16 rows:
@@ -33,6 +33,25 @@ const (
 	panelQ40D     = 8 * 64
 	panelQ40Block = panelQ40D + 64
 )
+
+// Q5_0 weights stored as panels are Q4_0's with each block's fifth bits
+// before its nibbles, in the bytes of ggml's blocks (panelQ50Block bytes a
+// pair of blocks of 16 rows): for block h a vector of fifth bits at 320h
+// (bytes 4r..4r+3: row r's qh with its bits reordered by q50Bit, so that a
+// byte holds the fifth bits of the levels a nibble byte holds) and its 4
+// vectors of nibbles at 320h+64+64t, then the scales as f16 at panelQ50D.
+const (
+	panelQ50D     = 10 * 64
+	panelQ50Block = panelQ50D + 64
+)
+
+// q50Bit returns the bit of a Q5_0 panel's reordered qh that holds bit j
+// of ggml's qh (the fifth bit of level j): bit t of byte i for level 4t+i,
+// bit 4+t for level 16+4t+i.
+func q50Bit(j int) int {
+	hh, t, i := j/16, j%16/4, j%4
+	return 8*i + 4*hh + t
+}
 
 // Q4_K weights stored as panels keep their nibbles: the unpacked panels of
 // the pack kernel take 2.2 times the blocks' bytes, these 2.8% more (a
@@ -79,6 +98,8 @@ func panelBlock(dt DType) (bytes, elems int) {
 		return panelQ8Block, 32
 	case Q4_0:
 		return panelQ40Block, 64
+	case Q5_0:
+		return panelQ50Block, 64
 	case Q4_K:
 		return panelQ4KBlock, qk
 	case Q5_K:
@@ -88,7 +109,7 @@ func panelBlock(dt DType) (bytes, elems int) {
 }
 
 // PanelBytes returns the bytes m takes as panels, or 0 when m cannot be
-// stored so (not Q8_0, Q4_0, Q4_K or Q5_K, rows not a multiple of 16, or this CPU has
+// stored so (not Q8_0, Q4_0, Q5_0, Q4_K or Q5_K, rows not a multiple of 16, or this CPU has
 // no kernels that read panels: AVX512-VNNI).
 func PanelBytes(m *Mat) int {
 	bytes, elems := panelBlock(m.DType)
@@ -124,6 +145,24 @@ func q40PanelBlock(m *Mat, r, b int, dst []byte) {
 	copy(dst[0:2], blk[panelQ40D+32*h+2*lane:])
 	for t := range 4 {
 		copy(dst[2+4*t:6+4*t], blk[64*(4*h+t)+4*lane:])
+	}
+}
+
+// q50PanelBlock writes block b of row r of a Q5_0 panel-stored m into dst
+// (22 bytes) in ggml's layout: the panel read back.
+func q50PanelBlock(m *Mat, r, b int, dst []byte) {
+	np := m.Cols / 64
+	blk := m.Q[(r/16*np+b/2)*panelQ50Block:][:panelQ50Block]
+	lane, h := r%16, b%2
+	copy(dst[0:2], blk[panelQ50D+32*h+2*lane:])
+	q := binary.LittleEndian.Uint32(blk[320*h+4*lane:])
+	var qh uint32
+	for j := range 32 {
+		qh |= (q >> q50Bit(j) & 1) << j
+	}
+	binary.LittleEndian.PutUint32(dst[2:6], qh)
+	for t := range 4 {
+		copy(dst[6+4*t:10+4*t], blk[320*h+64+64*t+4*lane:])
 	}
 }
 
@@ -171,8 +210,8 @@ func q4KPanel(blk []byte, lane int, dst []byte) {
 
 // dequantizePanelRow writes row r of a panel-stored m, dequantized, into
 // dst (Cols values), as DequantizeRow: for Q8_0 q·d, d the panel's f32
-// scale, which holds the block's f16 scale exactly; for Q4_0, Q4_K and
-// Q5_K from each block read back.
+// scale, which holds the block's f16 scale exactly; for the others from
+// each block read back.
 func dequantizePanelRow(m *Mat, r int, dst []float32) {
 	switch m.DType {
 	case Q4_0:
@@ -180,6 +219,13 @@ func dequantizePanelRow(m *Mat, r int, dst []float32) {
 		for b := range m.Cols / 32 {
 			q40PanelBlock(m, r, b, blk[:])
 			DequantizeRow(Q4_0, blk[:], dst[b*32:(b+1)*32])
+		}
+		return
+	case Q5_0:
+		var blk [22]byte
+		for b := range m.Cols / 32 {
+			q50PanelBlock(m, r, b, blk[:])
+			DequantizeRow(Q5_0, blk[:], dst[b*32:(b+1)*32])
 		}
 		return
 	case Q4_K:

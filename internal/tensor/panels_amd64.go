@@ -29,7 +29,7 @@ type panelSet struct {
 }
 
 // panelSets are the kernels of each dtype stored as panels. Q8_0's are the
-// AVX-512 kernels' own; Q4_0's, Q4_K's and Q5_K's keep the nibbles
+// AVX-512 kernels' own; Q4_0's, Q5_0's, Q4_K's and Q5_K's keep the nibbles
 // (asmgen's quant32.go, quantk.go, quantkdot.go). Q5_K's dot kernels
 // multiply its fifth bits apart from the nibbles, twice the products of
 // a level byte, so that more rows than they take go through the widened
@@ -40,6 +40,8 @@ var panelSets = map[DType]panelSet{
 	Q8_0: {pack: qpackQ8_0AVX512, dot: dot32AVX512},
 	Q4_0: {pack: qpackQ4_0NAVX512, dot: []qdot{qdot40NAVX512R1, qdot40NAVX512R2, qdot40NAVX512R3, qdot40NAVX512R4,
 		qdot40NAVX512R5, qdot40NAVX512R6, qdot40NAVX512R7, qdot40NAVX512R8}},
+	Q5_0: {pack: qpackQ5_0NAVX512, dot: []qdot{qdot50NAVX512R1, qdot50NAVX512R2, qdot50NAVX512R3, qdot50NAVX512R4,
+		qdot50NAVX512R5, qdot50NAVX512R6, qdot50NAVX512R7, qdot50NAVX512R8}},
 	Q4_K: {pack: qpackQ4_KNAVX512, dot: []qdot{qdotK4NAVX512R1, qdotK4NAVX512R2, qdotK4NAVX512R3, qdotK4NAVX512R4, qdotK4NAVX512R5, qdotK4NAVX512R6}},
 	Q5_K: {pack: qpackQ5_KNAVX512, dot: []qdot{qdotK5NAVX512R1, qdotK5NAVX512R2, qdotK5NAVX512R3, qdotK5NAVX512R4},
 		widen: qwidenQ5_KNAVX512, wide: qKernelsAVX512.types[Q5_K]},

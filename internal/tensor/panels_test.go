@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// A Q8_0, Q4_0, Q4_K or Q5_K matrix stored as panels gives MatMul's bits and Row's
+// A Q8_0, Q4_0, Q5_0, Q4_K or Q5_K matrix stored as panels gives MatMul's bits and Row's
 // values of the same matrix in ggml's rows, for one and several activation
 // rows and threads, and its rows read back byte for byte.
 func TestPanelsAreTheSameMatrix(t *testing.T) {
@@ -18,7 +18,8 @@ func TestPanelsAreTheSameMatrix(t *testing.T) {
 		dt   DType
 		n, k int
 	}{{Q8_0, 64, 2048}, {Q8_0, 48, 256}, {Q8_0, 16, 8192}, {Q4_K, 64, 2048}, {Q4_K, 48, 256}, {Q4_K, 16, 8192},
-		{Q4_0, 64, 2048}, {Q4_0, 48, 64}, {Q4_0, 16, 8192}, {Q5_K, 64, 2048}, {Q5_K, 48, 256}, {Q5_K, 16, 8192}} {
+		{Q4_0, 64, 2048}, {Q4_0, 48, 64}, {Q4_0, 16, 8192}, {Q5_K, 64, 2048}, {Q5_K, 48, 256}, {Q5_K, 16, 8192},
+		{Q5_0, 64, 2048}, {Q5_0, 48, 64}, {Q5_0, 16, 8192}} {
 		n, k := c.n, c.k
 		src := make([]float32, n*k)
 		for i := range src {
@@ -92,6 +93,11 @@ func panelRow(m *Mat, r int, dst []byte) []byte {
 	case Q5_K:
 		for b := range m.Cols / qk {
 			q5KPanelBlock(m, r, b, dst[176*b:176*(b+1)])
+		}
+		return dst
+	case Q5_0:
+		for b := range m.Cols / 32 {
+			q50PanelBlock(m, r, b, dst[22*b:22*(b+1)])
 		}
 		return dst
 	}

@@ -178,9 +178,11 @@ func quantKernels() {
 	for r := 1; r <= maxDot32Rows; r++ {
 		dot32(r)
 	}
-	pack40N()
+	pack40N(false)
+	pack40N(true)
 	for r := 1; r <= maxDot40NRows; r++ {
-		dot40N(r)
+		dot40N(r, false)
+		dot40N(r, true)
 	}
 	packQ4K(false, false)
 	packQ4K(true, false)

@@ -166,31 +166,93 @@ const (
 	inOrder40NRows = 6
 )
 
-// pack40N emits the pack kernel of Q4_0 into the panels of p40n: nb blocks
-// (nb even) of 16 rows ldw bytes apart into dst.
-func pack40N() {
-	name := "qpackQ4_0NAVX512"
+// Panel layout of Q5_0 as a model stores it, the bytes of ggml's blocks
+// with each block's fifth bits reordered: per pair of blocks of 16 rows,
+// for block h a vector of fifth bits at p50nQh(h) (bytes 4r..4r+3: row r's
+// qh reordered so that bit t of byte i is the fifth bit of level 4t+i and
+// bit 4+t that of level 16+4t+i: q50Order) then its 4 vectors of nibbles
+// as p40n's at p50nLevels(h, t), then the two blocks' scales as f16 (16
+// each) at p50nD. Each fifth-bit vector comes before the nibbles read
+// with it, so that a kernel touches the lines first in ascending order.
+const (
+	p50nD     = 10 * 64
+	p50nBytes = p50nD + 64
+)
+
+// p50nQh returns the offset of block h's fifth-bit vector in a Q5_0 panel.
+func p50nQh(h int) int { return 320 * h }
+
+// p50nLevels returns the offset of block h's nibble vector t.
+func p50nLevels(h, t int) int { return 320*h + 64 + 64*t }
+
+// q50Order reorders the 16 dwords of qh (one a row, bit j the fifth bit of
+// level j) into a Q5_0 panel's order: bit 8i+4hh+t from bit 16hh+4t+i, a
+// permutation of the bit index's five bits (i, t, hh) done as four swaps
+// of two index bits (delta swaps: x ^= u ^ u<<δ, u = (x ^ x>>δ) & mask).
+func q50Order(qh VecVirtual) {
+	for _, sw := range []struct {
+		delta uint8
+		mask  uint32
+	}{
+		{3, 0x0A0A0A0A},  // index bits 0 and 2
+		{6, 0x00CC00CC},  // 1 and 3
+		{12, 0x0000F0F0}, // 2 and 4
+		{8, 0x0000FF00},  // 3 and 4
+	} {
+		u := ZMM()
+		VPSRLD(U8(sw.delta), qh, u)
+		VPXORD(qh, u, u)
+		VPANDD(splat(sw.mask), u, u)
+		v := ZMM()
+		VPSLLD(U8(sw.delta), u, v)
+		VPTERNLOGD(U8(0x96), u, v, qh) // qh ^ u ^ v
+	}
+}
+
+// pack40N emits the pack kernel of Q4_0 into the panels of p40n, or with
+// five of Q5_0 into those of p50n: nb blocks (nb even) of 16 rows ldw
+// bytes apart into dst.
+func pack40N(five bool) {
+	name, what, bytes, qs, pb := "qpackQ4_0NAVX512", "Q4_0", 18, 2, p40nBytes
+	if five {
+		name, what, bytes, qs, pb = "qpackQ5_0NAVX512", "Q5_0", 22, 6, p50nBytes
+	}
 	TEXT(name, NOSPLIT, packSig)
-	Doc(fmt.Sprintf("%s packs nb (even) Q4_0 blocks of 16 weight rows ldw bytes apart into a panel that keeps their nibbles at dst and prefetches as many bytes from pf (see asmgen).", name))
+	Doc(fmt.Sprintf("%s packs nb (even) %s blocks of 16 weight rows ldw bytes apart into a panel that keeps their nibbles at dst and prefetches as many bytes from pf (see asmgen).", name, what))
 	w, L, nb, dst, pf := packArgs()
 	r := newRows16(w, L)
 	idx := rowIndex(L)
 	SHRQ(U8(1), nb)
 	JE(LabelRef("done"))
 	Label("pair")
-	prefetchNext(pf, 2*16*18, true)
+	prefetchNext(pf, 2*16*bytes, true)
 	for h := range 2 {
-		for t, v := range transpose16x4(r, 2) {
-			VMOVDQU64(v, Mem{Base: dst, Disp: 64 * (4*h + t)})
+		for t, v := range transpose16x4(r, qs) {
+			off := 64 * (4*h + t)
+			if five {
+				off = p50nLevels(h, t)
+			}
+			VMOVDQU64(v, Mem{Base: dst, Disp: off})
 		}
 		k := K()
 		KXNORW(k, k, k)
 		g := ZMM()
 		VPGATHERDD(Mem{Base: r.bases[0], Index: idx, Scale: 1}, k, g)
-		VPMOVDW(g, Mem{Base: dst, Disp: p40nD + 32*h})
-		r.advance(18)
+		if !five {
+			VPMOVDW(g, Mem{Base: dst, Disp: p40nD + 32*h})
+			r.advance(bytes)
+			continue
+		}
+		VPMOVDW(g, Mem{Base: dst, Disp: p50nD + 32*h})
+		k2 := K()
+		KXNORW(k2, k2, k2)
+		qh := ZMM()
+		VPGATHERDD(Mem{Base: r.bases[0], Index: idx, Scale: 1, Disp: 2}, k2, qh)
+		q50Order(qh)
+		VMOVDQU64(qh, Mem{Base: dst, Disp: p50nQh(h)})
+		r.advance(bytes)
 	}
-	ADDQ(U32(p40nBytes), dst)
+	ADDQ(U32(pb), dst)
 	DECQ(nb)
 	JNE(LabelRef("pair"))
 	Label("done")
@@ -199,11 +261,30 @@ func pack40N() {
 }
 
 // fma40N continues the chains acc with block h of the pair at panel, its
-// integers is.
-func fma40N(m rowSet, panel Register, h int, is, acc []VecVirtual) {
+// integers is, the scales at d.
+func fma40N(m rowSet, panel Register, d, h int, is, acc []VecVirtual) {
 	dw := ZMM()
-	VCVTPH2PS(Mem{Base: panel, Disp: p40nD + 32*h}, dw)
+	VCVTPH2PS(Mem{Base: panel, Disp: d + 32*h}, dw)
 	blockFMA(m, 8*h, dw, is, acc)
+}
+
+// fifth50 returns the levels of nibble vector t of block h of the Q5_0
+// panel at panel: the low nibbles' and the high ones', each with its fifth
+// bit (bit t, and 4+t, of each byte of the block's fifth-bit vector) at
+// bit 4.
+func fifth50(panel Register, h, t int, c0f, c10 VecVirtual) (lo, hi VecVirtual) {
+	q := Mem{Base: panel, Disp: p50nQh(h)}
+	lo = ZMM()
+	VMOVDQU64(Mem{Base: panel, Disp: p50nLevels(h, t)}, lo)
+	hi = ZMM()
+	VPSRLD(U8(4), lo, hi)
+	b := shiftedMem(q, 4-t)
+	VPANDD(c10, b, b)
+	VPTERNLOGD(U8(ternAorB), c0f, b, lo)
+	b2 := shiftedMem(q, -t)
+	VPANDD(c10, b2, b2)
+	VPTERNLOGD(U8(ternAorB), c0f, b2, hi)
+	return lo, hi
 }
 
 // dot40N emits the dot kernel of rows activation rows and Q4_0 panels of
@@ -212,13 +293,25 @@ func fma40N(m rowSet, panel Register, h int, is, acc []VecVirtual) {
 // scales so that the pair's lines are read in order (the hardware
 // prefetchers follow ascending lines), then per block in order acc =
 // fma(float(I), dw·dx, acc).
-func dot40N(rows int) {
-	name := fmt.Sprintf("qdot40NAVX512R%d", rows)
+//
+// With five, the kernel of Q5_0 panels (p50n): each vector's levels made
+// whole with their fifth bits, moved to bit 4 from the block's fifth-bit
+// vector (the correction is then −16·Σx), 8 instructions a vector where
+// Q4_0 takes 2, but one product a level as for Q4_0.
+func dot40N(rows int, five bool) {
+	name, what, d, pb := fmt.Sprintf("qdot40NAVX512R%d", rows), "Q4_0", p40nD, p40nBytes
+	if five {
+		name, what, d, pb = fmt.Sprintf("qdot50NAVX512R%d", rows), "Q5_0", p50nD, p50nBytes
+	}
 	TEXT(name, NOSPLIT, dotSig)
-	Doc(fmt.Sprintf("%s continues the 16-lane f32 chains of %d activation rows over nb pairs of blocks of a Q4_0 panel that keeps the nibbles (see asmgen).", name, rows))
+	Doc(fmt.Sprintf("%s continues the 16-lane f32 chains of %d activation rows over nb pairs of blocks of a %s panel that keeps the nibbles (see asmgen).", name, rows, what))
 	x, m, panel, nb, accp := dotArgs(rows)
 	acc := loadAccs(accp, rows)
 	c0f := splat(0x0f0f0f0f)
+	var c10 VecVirtual
+	if five {
+		c10 = splat(0x10101010)
+	}
 	TESTQ(nb, nb)
 	JE(LabelRef("store"))
 	Label("pair")
@@ -229,10 +322,20 @@ func dot40N(rows int) {
 		for r := range rows {
 			is[h][r] = ZMM()
 			VPBROADCASTD(m.at(r, 8*h+4), is[h][r])
-			hs[r] = ZMM()
-			VXORPS(hs[r], hs[r], hs[r])
+			if !five {
+				hs[r] = ZMM()
+				VXORPS(hs[r], hs[r], hs[r])
+			}
 		}
 		for t := range 4 {
+			if five {
+				lo, hi := fifth50(panel, h, t, c0f, c10)
+				for r := range rows {
+					vpdpbusd(x.at(r, 32*h+4*t), lo, is[h][r], true)
+					vpdpbusd(x.at(r, 32*h+16+4*t), hi, is[h][r], true)
+				}
+				continue
+			}
 			v := Mem{Base: panel, Disp: 64 * (4*h + t)}
 			l, hi := ZMM(), ZMM()
 			VPANDD(v, c0f, l)
@@ -242,22 +345,24 @@ func dot40N(rows int) {
 				vpdpbusd(x.at(r, 32*h+16+4*t), hi, hs[r], true)
 			}
 		}
-		for r := range rows {
-			VPSRAD(U8(4), hs[r], hs[r]) // exact: a multiple of 16
-			VPADDD(hs[r], is[h][r], is[h][r])
+		if !five {
+			for r := range rows {
+				VPSRAD(U8(4), hs[r], hs[r]) // exact: a multiple of 16
+				VPADDD(hs[r], is[h][r], is[h][r])
+			}
 		}
 		if rows > inOrder40NRows {
-			fma40N(m, panel, h, is[h], acc)
+			fma40N(m, panel, d, h, is[h], acc)
 		}
 	}
 	if rows <= inOrder40NRows {
 		for h := range 2 {
-			fma40N(m, panel, h, is[h], acc)
+			fma40N(m, panel, d, h, is[h], acc)
 		}
 	}
 	x.advance(64)
 	m.advance(16)
-	ADDQ(U32(p40nBytes), panel)
+	ADDQ(U32(pb), panel)
 	DECQ(nb)
 	JNE(LabelRef("pair"))
 	storeAccs(accp, acc)
