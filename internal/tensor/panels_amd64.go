@@ -18,14 +18,15 @@ var hasPanelKernels = func() bool {
 
 // panelSet is the kernels of a dtype stored as panels: the pack kernel
 // from ggml's rows (16 weight rows a call) and the dot kernels over the
-// panels (dot[r-1] takes r activation rows); for products of more rows
-// than a dot kernel takes, optionally a kernel that widens a chunk of the
-// panel into the pack kernels' layout that the qmm kernels read (wide).
+// panels (dot[r-1] takes r activation rows); for products of more than
+// widenAbove rows, optionally a kernel that widens a chunk of the panel
+// into the pack kernels' layout that the qmm kernels read (wide).
 type panelSet struct {
-	pack  qpack
-	dot   []qdot
-	widen func(src *byte, nb int, dst *byte, pf uintptr)
-	wide  qTypeKernels
+	pack       qpack
+	dot        []qdot
+	widen      func(src *byte, nb int, dst *byte, pf uintptr)
+	wide       qTypeKernels
+	widenAbove int
 }
 
 // panelSets are the kernels of each dtype stored as panels. Q8_0's are the
@@ -36,15 +37,20 @@ type panelSet struct {
 // panels (one llama-1b layer, one Zen 4 thread: 5 rows 128–133 GFLOP/s
 // where passes of the 4-row kernel made 117–123, 8 rows 167–172 against
 // 140–143; 3 and 4 rows are faster unwidened; docs/performance-log.md).
+// Q5_0's make each level whole once for all the rows of a pass, which
+// pays for itself up to about 16 rows (12 rows: 209–215 GFLOP/s unwidened
+// against 202–205 widened, 16 rows alike, 32 rows 261–265 against
+// 268–277, 128 rows 299–301 against 321–325).
 var panelSets = map[DType]panelSet{
 	Q8_0: {pack: qpackQ8_0AVX512, dot: dot32AVX512},
 	Q4_0: {pack: qpackQ4_0NAVX512, dot: []qdot{qdot40NAVX512R1, qdot40NAVX512R2, qdot40NAVX512R3, qdot40NAVX512R4,
 		qdot40NAVX512R5, qdot40NAVX512R6, qdot40NAVX512R7, qdot40NAVX512R8}},
 	Q5_0: {pack: qpackQ5_0NAVX512, dot: []qdot{qdot50NAVX512R1, qdot50NAVX512R2, qdot50NAVX512R3, qdot50NAVX512R4,
-		qdot50NAVX512R5, qdot50NAVX512R6, qdot50NAVX512R7, qdot50NAVX512R8}},
+		qdot50NAVX512R5, qdot50NAVX512R6, qdot50NAVX512R7, qdot50NAVX512R8},
+		widen: qwidenQ5_0NAVX512, wide: qKernelsAVX512.types[Q5_0], widenAbove: 16},
 	Q4_K: {pack: qpackQ4_KNAVX512, dot: []qdot{qdotK4NAVX512R1, qdotK4NAVX512R2, qdotK4NAVX512R3, qdotK4NAVX512R4, qdotK4NAVX512R5, qdotK4NAVX512R6}},
 	Q5_K: {pack: qpackQ5_KNAVX512, dot: []qdot{qdotK5NAVX512R1, qdotK5NAVX512R2, qdotK5NAVX512R3, qdotK5NAVX512R4},
-		widen: qwidenQ5_KNAVX512, wide: qKernelsAVX512.types[Q5_K]},
+		widen: qwidenQ5_KNAVX512, wide: qKernelsAVX512.types[Q5_K], widenAbove: 4},
 }
 
 // packPanels packs m's 16-row groups into dst with its dtype's pack
@@ -87,10 +93,13 @@ func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) {
 	}
 	acc := sc.acc[:m*16]
 	var wide []byte
-	if set.widen != nil && m > len(dot) {
+	per := 1 // ggml's blocks in a panel block, widened
+	if set.widen != nil && m > set.widenAbove {
+		bs, _ := w.DType.BlockSize()
+		per = elems / bs
 		dot = set.wide.dot
-		chunk = max(1, qPanelTarget/set.wide.panelBytes)
-		wide = aligned64(&sc.panel, min(chunk, nb)*set.wide.panelBytes)
+		chunk = max(1, qPanelTarget/(per*set.wide.panelBytes))
+		wide = aligned64(&sc.panel, min(chunk, nb)*per*set.wide.panelBytes)
 	}
 	for g := lo / 16; g < hi/16; g++ {
 		clear(acc)
@@ -107,7 +116,7 @@ func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) {
 			}
 			for i := 0; i < m; i += len(dot) {
 				r := min(len(dot), m-i)
-				dot[r-1](&a.xq[i*k+b0*elems], k, &a.meta[(i*nb+b0)*words], nb*words*4, p, c, &acc[i*16])
+				dot[r-1](&a.xq[i*k+b0*elems], k, &a.meta[(i*nb+b0)*words], nb*words*4, p, c*per, &acc[i*16])
 			}
 		}
 		storeAcc(out[g*16:], w.Rows, acc, 16, 16, m)

@@ -180,6 +180,7 @@ func quantKernels() {
 	}
 	pack40N(false)
 	pack40N(true)
+	widen50N()
 	for r := 1; r <= maxDot40NRows; r++ {
 		dot40N(r, false)
 		dot40N(r, true)

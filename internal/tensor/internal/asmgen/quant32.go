@@ -234,25 +234,56 @@ func pack40N(five bool) {
 			}
 			VMOVDQU64(v, Mem{Base: dst, Disp: off})
 		}
-		k := K()
-		KXNORW(k, k, k)
-		g := ZMM()
-		VPGATHERDD(Mem{Base: r.bases[0], Index: idx, Scale: 1}, k, g)
+		g := gatherD(r, idx, 0)
 		if !five {
 			VPMOVDW(g, Mem{Base: dst, Disp: p40nD + 32*h})
 			r.advance(bytes)
 			continue
 		}
 		VPMOVDW(g, Mem{Base: dst, Disp: p50nD + 32*h})
-		k2 := K()
-		KXNORW(k2, k2, k2)
-		qh := ZMM()
-		VPGATHERDD(Mem{Base: r.bases[0], Index: idx, Scale: 1, Disp: 2}, k2, qh)
+		qh := gatherD(r, idx, 2)
 		q50Order(qh)
 		VMOVDQU64(qh, Mem{Base: dst, Disp: p50nQh(h)})
 		r.advance(bytes)
 	}
 	ADDQ(U32(pb), dst)
+	DECQ(nb)
+	JNE(LabelRef("pair"))
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
+// widen50N emits the kernel that widens Q5_0 panels that keep their
+// nibbles (p50n, as a model stores them) into the pack kernel's panels of
+// 32-weight blocks (a level byte each, scales as f32): for products of
+// more activation rows than make up for making the levels whole in every
+// pass. nb is the number of pairs of blocks.
+func widen50N() {
+	TEXT("qwidenQ5_0NAVX512", NOSPLIT, "func(src *byte, nb int, dst *byte, pf uintptr)")
+	Doc("qwidenQ5_0NAVX512 widens nb pairs of blocks of a Q5_0 panel that keeps its nibbles at src into the pack kernel's Q5_0 panel at dst and prefetches as many bytes from pf (see asmgen).")
+	src := Load(Param("src"), GP64())
+	nb := Load(Param("nb"), GP64())
+	dst := Load(Param("dst"), GP64())
+	pf := Load(Param("pf"), GP64()).(GPVirtual)
+	c0f := splat(0x0f0f0f0f)
+	c10 := splat(0x10101010)
+	TESTQ(nb, nb)
+	JE(LabelRef("done"))
+	Label("pair")
+	prefetchNext(pf, p50nBytes, true)
+	for h := range 2 {
+		for t := range 4 {
+			lo, hi := fifth50(src, h, t, c0f, c10)
+			VMOVDQU64(lo, Mem{Base: dst, Disp: panel32Bytes*h + 64*t})
+			VMOVDQU64(hi, Mem{Base: dst, Disp: panel32Bytes*h + 64*(4+t)})
+		}
+		d := ZMM()
+		VCVTPH2PS(Mem{Base: src, Disp: p50nD + 32*h}, d)
+		VMOVUPS(d, Mem{Base: dst, Disp: panel32Bytes*h + 512})
+	}
+	ADDQ(U32(p50nBytes), src)
+	ADDQ(U32(2*panel32Bytes), dst)
 	DECQ(nb)
 	JNE(LabelRef("pair"))
 	Label("done")
