@@ -19,7 +19,7 @@
 // overlap. A file that fails any check gets an error saying what and where;
 // Read never panics on any input (FuzzRead checks that).
 //
-// Tensor types F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K are
+// Tensor types F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K are
 // supported; their blocks are ggml's, which internal/tensor's dtypes of the
 // same names share, so tensor data is used as it is, without conversion. A
 // tensor of any other ggml type is an error naming the tensor and its type.

@@ -166,7 +166,7 @@ func mustGet(t *testing.T, f *File, key string) Value {
 // TestTypesAreTensorDTypes checks that every supported type has the
 // blocks of the tensor dtype of the same name.
 func TestTypesAreTensorDTypes(t *testing.T) {
-	for _, g := range []Type{F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K} {
+	for _, g := range []Type{F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K} {
 		d, err := tensor.ParseDType(g.String())
 		if err != nil {
 			t.Fatal(err)

@@ -11,6 +11,7 @@ const (
 	F32  Type = 0
 	F16  Type = 1
 	Q4_0 Type = 2
+	Q5_0 Type = 6
 	Q8_0 Type = 8
 	Q4_K Type = 12
 	Q5_K Type = 13
@@ -33,7 +34,7 @@ var typeNames = map[Type]string{
 // per block (ggml's blck_size and type_size).
 var blockSizes = map[Type][2]int{
 	F32: {1, 4}, F16: {1, 2}, BF16: {1, 2}, Q8_0: {32, 34},
-	Q4_0: {32, 18}, Q4_K: {256, 144}, Q5_K: {256, 176}, Q6_K: {256, 210},
+	Q4_0: {32, 18}, Q5_0: {32, 22}, Q4_K: {256, 144}, Q5_K: {256, 176}, Q6_K: {256, 210},
 }
 
 // String returns ggml's name of the type ("F32", "Q4_K", ...), or "type N"
@@ -68,7 +69,7 @@ func (t Type) Quantized() bool {
 }
 
 // SupportedTypes lists the supported types, for messages.
-const SupportedTypes = "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K"
+const SupportedTypes = "F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K"
 
 // unsupportedType is the error for a tensor of a type this package cannot
 // use.

@@ -15,7 +15,7 @@
 // The package computes; it never allocates KV blocks or schedules requests.
 //
 // Load also takes a GGUF file (LoadGGUF, package gguf): the llama, qwen2,
-// qwen3, qwen3moe, gemma3, smollm3 and phi3 architectures with F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K or Q6_K tensors,
+// qwen3, qwen3moe, gemma3, smollm3 and phi3 architectures with F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K or Q6_K tensors,
 // quantized matrices kept as their blocks (tensor.Mat.Q). ConvertToGGUF
 // writes a checkpoint as a GGUF file in any of GGUFEncodings.
 //

@@ -20,23 +20,22 @@ import (
 // GGUFEncodings are the weight encodings ConvertToGGUF writes, by name.
 //
 //   - f32, f16, bf16: every matrix in that type.
-//   - q8_0, q4_0, q6_k: every matrix in that type, except that q4_0 puts the
-//     output matrix (the embeddings when they are tied) in Q6_K, as
-//     llama.cpp's quantizer does.
+//   - q8_0, q4_0, q5_0, q6_k: every matrix in that type, except that q4_0
+//     and q5_0 put the output matrix (the embeddings when they are tied) in
+//     Q6_K, as llama.cpp's quantizer does.
 //   - q4_k_m, q5_k_m (llama.cpp's Q4_K_M and Q5_K_M mixes): Q4_K (Q5_K), with
 //     Q6_K for the output matrix (or the tied embeddings) and for attn_v and
 //     ffn_down in the layers i of n where i < n/8, i ≥ 7n/8 or (i − n/8) mod
 //     3 = 2 (llama.cpp's use_more_bits), which is about half of them.
 //
 // Norm weights, biases and rope_freqs are always F32. A matrix whose rows
-// cannot be cut into the chosen type's blocks falls back: a K-quant to Q8_0
-// (rows of a multiple of 32 weights; llama.cpp picks Q5_0, Q5_1 or Q8_0,
-// which Tandem does not all have), and Q8_0 or Q4_0 to F16, as llama.cpp
-// falls back to F16.
-var GGUFEncodings = []string{"f32", "f16", "bf16", "q8_0", "q4_0", "q6_k", "q4_k_m", "q5_k_m"}
+// cannot be cut into the chosen type's blocks falls back as llama.cpp's
+// quantizer does: Q4_K to Q5_0, Q6_K to Q8_0, Q5_K to Q8_0 (llama.cpp picks
+// Q5_1, which Tandem does not have), and a 32-weight type to F16.
+var GGUFEncodings = []string{"f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q6_k", "q4_k_m", "q5_k_m"}
 
 // ggufFileTypes are llama.cpp's general.file_type values (llama_ftype).
-var ggufFileTypes = map[string]uint32{"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18, "bf16": 32}
+var ggufFileTypes = map[string]uint32{"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q5_0": 8, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18, "bf16": 32}
 
 // GGUFOptions configures ConvertToGGUF.
 type GGUFOptions struct {

@@ -13,7 +13,7 @@ import (
 // the same block layout.
 var ggufDTypes = map[gguf.Type]tensor.DType{
 	gguf.F32: tensor.F32, gguf.F16: tensor.F16, gguf.BF16: tensor.BF16, gguf.Q8_0: tensor.Q8_0,
-	gguf.Q4_0: tensor.Q4_0, gguf.Q4_K: tensor.Q4_K, gguf.Q5_K: tensor.Q5_K, gguf.Q6_K: tensor.Q6_K,
+	gguf.Q4_0: tensor.Q4_0, gguf.Q5_0: tensor.Q5_0, gguf.Q4_K: tensor.Q4_K, gguf.Q5_K: tensor.Q5_K, gguf.Q6_K: tensor.Q6_K,
 }
 
 // ggufDType returns the dtype of a GGUF tensor type.

@@ -157,9 +157,12 @@ func ggufWeightType(enc, part string, layer, layers int, output bool) gguf.Type 
 		return gguf.Q8_0
 	case "q6_k":
 		return gguf.Q6_K
-	case "q4_0":
+	case "q4_0", "q5_0":
 		if output {
 			return gguf.Q6_K
+		}
+		if enc == "q5_0" {
+			return gguf.Q5_0
 		}
 		return gguf.Q4_0
 	}
@@ -183,7 +186,10 @@ func ggufFallback(t gguf.Type, cols int) gguf.Type {
 	if elems, _ := t.BlockSize(); cols%elems == 0 {
 		return t
 	}
-	if t == gguf.Q4_K || t == gguf.Q5_K || t == gguf.Q6_K {
+	switch t {
+	case gguf.Q4_K:
+		return ggufFallback(gguf.Q5_0, cols)
+	case gguf.Q5_K, gguf.Q6_K:
 		return ggufFallback(gguf.Q8_0, cols)
 	}
 	return gguf.F16

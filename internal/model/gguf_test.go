@@ -445,7 +445,8 @@ func TestGGUFTypeFallback(t *testing.T) {
 		cols int
 		want gguf.Type
 	}{
-		{gguf.Q4_K, 512, gguf.Q4_K}, {gguf.Q4_K, 64, gguf.Q8_0}, {gguf.Q6_K, 172, gguf.F16},
+		{gguf.Q4_K, 512, gguf.Q4_K}, {gguf.Q4_K, 64, gguf.Q5_0}, {gguf.Q5_K, 64, gguf.Q8_0}, {gguf.Q6_K, 64, gguf.Q8_0},
+		{gguf.Q4_K, 172, gguf.F16}, {gguf.Q6_K, 172, gguf.F16}, {gguf.Q5_0, 96, gguf.Q5_0},
 		{gguf.Q8_0, 172, gguf.F16}, {gguf.Q4_0, 96, gguf.Q4_0}, {gguf.F32, 3, gguf.F32},
 	} {
 		if got := ggufFallback(c.in, c.cols); got != c.want {
