@@ -53,7 +53,7 @@ func runBenchModel(args []string) error {
 			"counted as 2 operations), with the token rates they give a whole model of that shape.\n"+
 			"The f32 MatMul's rate in cache is shown beside the peaks. The kernels are chosen as\n"+
 			"`tandem serve` chooses them (calibration; %s overrides), and the weights are laid out as\n"+
-			"a loaded model's: in huge pages, Q8_0, Q4_0, Q5_0, Q4_K and Q5_K as the kernels' panels where they read them\n"+
+			"a loaded model's: in huge pages, the quantized formats as the kernels' panels where they read them\n"+
 			"(TANDEM_PANELS=0 keeps ggml's rows, to compare).\n\n", tensor.KernelsEnv)
 		fs.PrintDefaults()
 	}

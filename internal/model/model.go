@@ -67,7 +67,7 @@ type Model struct {
 	weightBytes int64
 	dtype       tensor.DType
 	fingerprint string
-	// panelMem holds the Q8_0, Q4_0, Q5_0, Q4_K and Q5_K matrices stored as panels (packPanels),
+	// panelMem holds the quantized matrices stored as panels (packPanels),
 	// nil if none.
 	panelMem []byte
 	closed   bool
@@ -458,7 +458,7 @@ func (m *Model) WeightPages() (bytes, huge int64, ok bool) {
 }
 
 // PanelMemory returns the bytes of the matrices stored as the quantized
-// kernels' panels at load (Q8_0, Q4_0, Q5_0, Q4_K and Q5_K on CPUs with AVX512-VNNI;
+// kernels' panels at load (every quantized type, on CPUs with AVX512-VNNI;
 // see packPanels), 0 if none.
 func (m *Model) PanelMemory() int64 { return int64(len(m.panelMem)) }
 

@@ -8,7 +8,7 @@ import (
 	"github.com/tandem-serve/tandem/internal/tensor"
 )
 
-// A Q8_0, Q4_0, Q5_0, Q4_K_M or Q5_K_M model whose matrices are stored as panels computes the
+// A Q8_0, Q4_0, Q5_0, Q6_K, Q4_K_M or Q5_K_M model whose matrices are stored as panels computes the
 // bits of the same model with ggml's rows, prefill and decode, and keeps
 // its fingerprint.
 func TestPanelsKeepTheModelsBits(t *testing.T) {
@@ -20,11 +20,12 @@ func TestPanelsKeepTheModelsBits(t *testing.T) {
 		inter  int
 	}{
 		// Every width a multiple of the blocks and of 16 rows, so that
-		// every Q8_0 matrix, the tied embedding too, is stored as panels
-		// (Q4_K_M keeps some in Q6_K, which are not).
+		// every quantized matrix, the tied embedding too, is stored as
+		// panels.
 		{"q8_0", tensor.Q8_0, 64, 96},
 		{"q4_0", tensor.Q4_0, 128, 256},
 		{"q5_0", tensor.Q5_0, 128, 256},
+		{"q6_k", tensor.Q6_K, 256, 512},
 		{"q4_k_m", tensor.Q4_K, 256, 512},
 		{"q5_k_m", tensor.Q5_K, 256, 512},
 	} {

@@ -220,6 +220,24 @@ func qwidenQ5_KNAVX512(src *byte, nb int, dst *byte, pf uintptr)
 // qpackQ6_KAVX512 packs nb Q6_K super-blocks of 16 weight rows ldw bytes apart into a panel at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ6_KAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
+// qpackQ6_KNAVX512 packs nb Q6_K super-blocks of 16 weight rows ldw bytes apart into a panel that keeps their bytes at dst and prefetches as many bytes from pf (see asmgen).
+func qpackQ6_KNAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
+
+// qwidenQ6_KNAVX512 widens nb super-blocks of a Q6_K panel that keeps ggml's bytes at src into the pack kernel's Q6_K panel at dst and prefetches as many bytes from pf (see asmgen).
+func qwidenQ6_KNAVX512(src *byte, nb int, dst *byte, pf uintptr)
+
+// qdot6NAVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb super-blocks of a Q6_K panel that keeps ggml's bytes (see asmgen).
+func qdot6NAVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6NAVX512R2 continues the 16-lane f32 chains of 2 activation rows over nb super-blocks of a Q6_K panel that keeps ggml's bytes (see asmgen).
+func qdot6NAVX512R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6NAVX512R3 continues the 16-lane f32 chains of 3 activation rows over nb super-blocks of a Q6_K panel that keeps ggml's bytes (see asmgen).
+func qdot6NAVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
+// qdot6NAVX512R4 continues the 16-lane f32 chains of 4 activation rows over nb super-blocks of a Q6_K panel that keeps ggml's bytes (see asmgen).
+func qdot6NAVX512R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
+
 // qdotKAVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
 func qdotKAVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 

@@ -11,8 +11,8 @@ import (
 // the one-row kernels (rowquant.go) read ggml's rows at 70–79% of the read
 // limit on a Zen 4, while the AVX-512 dot kernels for one activation row
 // read the panels at ~90% of it (docs/performance-log.md, 2026-12-06 09:00
-// and 10:30). A model can therefore keep its Q8_0, Q4_0, Q5_0, Q4_K and
-// Q5_K matrices as panels, packed once at load: decode and prefill then read them
+// and 10:30). A model can therefore keep its Q8_0, Q4_0, Q5_0, Q4_K, Q5_K
+// and Q6_K matrices as panels, packed once at load: decode and prefill then read them
 // without packing, with the same bits.
 //
 // A panel block (panelQ8Block bytes) holds one 32-weight block of 16 rows:
@@ -90,6 +90,32 @@ func q5KLevel(v int) int {
 	return panelQ5KBias + 64*v
 }
 
+// Q6_K weights stored as panels keep ggml's bytes (a super-block of 16 rows
+// in panelQ6KBlock bytes, 1% over the blocks, laid out as asmgen's
+// quantk6n.go describes): ql vector v (ggml's ql[4v..4v+3] of each row r at
+// bytes 4r..4r+3) at q6KQl(v), qh vector u likewise at q6KQh(u), in groups
+// of four qh vectors each followed by the two ql vectors whose top bits it
+// holds, each group followed by a line of the 4 sub-block scales it
+// completes (q6KScales: 16 bytes a sub-block, one a row), then d as f32.
+const (
+	panelQ6KGroup = 13 * 64
+	panelQ6KD     = 4 * panelQ6KGroup
+	panelQ6KBlock = panelQ6KD + 64
+)
+
+// q6KQh returns the offset of qh vector u in a Q6_K panel block.
+func q6KQh(u int) int {
+	n, q := u/8, u%8
+	return panelQ6KGroup*(2*n+q/4) + 192*(q%4)
+}
+
+// q6KQl returns the offset of ql vector v in a Q6_K panel block.
+func q6KQl(v int) int { return q6KQh(v/16*8+v%8) + 64 + 64*(v%16/8) }
+
+// q6KScales returns the offset of sub-block s's scales in a Q6_K panel
+// block: in the line of group (s/8, s%2), slot (s%8)/2.
+func q6KScales(s int) int { return panelQ6KGroup*(2*(s/8)+s%2) + 12*64 + 16*(s%8/2) }
+
 // panelBlock returns the bytes of one panel block of dtype dt and the
 // weights of a row it covers, or 0, 0 for a dtype never stored as panels.
 func panelBlock(dt DType) (bytes, elems int) {
@@ -104,12 +130,14 @@ func panelBlock(dt DType) (bytes, elems int) {
 		return panelQ4KBlock, qk
 	case Q5_K:
 		return panelQ5KBlock, qk
+	case Q6_K:
+		return panelQ6KBlock, qk
 	}
 	return 0, 0
 }
 
 // PanelBytes returns the bytes m takes as panels, or 0 when m cannot be
-// stored so (not Q8_0, Q4_0, Q5_0, Q4_K or Q5_K, rows not a multiple of 16, or this CPU has
+// stored so (not Q8_0, Q4_0, Q5_0, Q4_K, Q5_K or Q6_K, rows not a multiple of 16, or this CPU has
 // no kernels that read panels: AVX512-VNNI).
 func PanelBytes(m *Mat) int {
 	bytes, elems := panelBlock(m.DType)
@@ -164,6 +192,25 @@ func q50PanelBlock(m *Mat, r, b int, dst []byte) {
 	for t := range 4 {
 		copy(dst[6+4*t:10+4*t], blk[320*h+64+64*t+4*lane:])
 	}
+}
+
+// q6KPanelBlock writes super-block b of row r of a Q6_K panel-stored m
+// into dst (210 bytes) in ggml's layout: the panel read back.
+func q6KPanelBlock(m *Mat, r, b int, dst []byte) {
+	nb := m.Cols / qk
+	blk := m.Q[(r/16*nb+b)*panelQ6KBlock:][:panelQ6KBlock]
+	lane := r % 16
+	for v := range 32 {
+		copy(dst[4*v:4*v+4], blk[q6KQl(v)+4*lane:])
+	}
+	for u := range 16 {
+		copy(dst[128+4*u:132+4*u], blk[q6KQh(u)+4*lane:])
+	}
+	for s := range 16 {
+		dst[192+s] = blk[q6KScales(s)+lane]
+	}
+	d := math.Float32frombits(binary.LittleEndian.Uint32(blk[panelQ6KD+4*lane:]))
+	binary.LittleEndian.PutUint16(dst[208:], F32ToF16(d))
 }
 
 // q4KPanelBlock writes super-block b of row r of a Q4_K panel-stored m
@@ -240,6 +287,13 @@ func dequantizePanelRow(m *Mat, r int, dst []float32) {
 		for b := range m.Cols / qk {
 			q5KPanelBlock(m, r, b, blk[:])
 			dequantizeQ4K(true, blk[:], dst[b*qk:(b+1)*qk])
+		}
+		return
+	case Q6_K:
+		var blk [210]byte
+		for b := range m.Cols / qk {
+			q6KPanelBlock(m, r, b, blk[:])
+			DequantizeRow(Q6_K, blk[:], dst[b*qk:(b+1)*qk])
 		}
 		return
 	}

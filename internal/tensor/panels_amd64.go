@@ -30,7 +30,7 @@ type panelSet struct {
 }
 
 // panelSets are the kernels of each dtype stored as panels. Q8_0's are the
-// AVX-512 kernels' own; Q4_0's, Q5_0's, Q4_K's and Q5_K's keep the nibbles
+// AVX-512 kernels' own; the others keep ggml's nibbles
 // (asmgen's quant32.go, quantk.go, quantkdot.go). Q5_K's dot kernels
 // multiply its fifth bits apart from the nibbles, twice the products of
 // a level byte, so that more rows than they take go through the widened
@@ -40,7 +40,9 @@ type panelSet struct {
 // Q5_0's make each level whole once for all the rows of a pass, which
 // pays for itself up to about 16 rows (12 rows: 209–215 GFLOP/s unwidened
 // against 202–205 widened, 16 rows alike, 32 rows 261–265 against
-// 268–277, 128 rows 299–301 against 321–325).
+// 268–277, 128 rows 299–301 against 321–325); Q6_K's up to about 32 (24
+// rows 249–253 against 231–234, 48 rows 258–260 against 264–267, 128 rows
+// 268–271 against 291–292).
 var panelSets = map[DType]panelSet{
 	Q8_0: {pack: qpackQ8_0AVX512, dot: dot32AVX512},
 	Q4_0: {pack: qpackQ4_0NAVX512, dot: []qdot{qdot40NAVX512R1, qdot40NAVX512R2, qdot40NAVX512R3, qdot40NAVX512R4,
@@ -49,6 +51,8 @@ var panelSets = map[DType]panelSet{
 		qdot50NAVX512R5, qdot50NAVX512R6, qdot50NAVX512R7, qdot50NAVX512R8},
 		widen: qwidenQ5_0NAVX512, wide: qKernelsAVX512.types[Q5_0], widenAbove: 16},
 	Q4_K: {pack: qpackQ4_KNAVX512, dot: []qdot{qdotK4NAVX512R1, qdotK4NAVX512R2, qdotK4NAVX512R3, qdotK4NAVX512R4, qdotK4NAVX512R5, qdotK4NAVX512R6}},
+	Q6_K: {pack: qpackQ6_KNAVX512, dot: []qdot{qdot6NAVX512R1, qdot6NAVX512R2, qdot6NAVX512R3, qdot6NAVX512R4},
+		widen: qwidenQ6_KNAVX512, wide: qKernelsAVX512.types[Q6_K], widenAbove: 32},
 	Q5_K: {pack: qpackQ5_KNAVX512, dot: []qdot{qdotK5NAVX512R1, qdotK5NAVX512R2, qdotK5NAVX512R3, qdotK5NAVX512R4},
 		widen: qwidenQ5_KNAVX512, wide: qKernelsAVX512.types[Q5_K], widenAbove: 4},
 }

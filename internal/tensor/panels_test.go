@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// A Q8_0, Q4_0, Q5_0, Q4_K or Q5_K matrix stored as panels gives MatMul's bits and Row's
+// A Q8_0, Q4_0, Q5_0, Q4_K, Q5_K or Q6_K matrix stored as panels gives MatMul's bits and Row's
 // values of the same matrix in ggml's rows, for one and several activation
 // rows and threads, and its rows read back byte for byte.
 func TestPanelsAreTheSameMatrix(t *testing.T) {
@@ -19,7 +19,7 @@ func TestPanelsAreTheSameMatrix(t *testing.T) {
 		n, k int
 	}{{Q8_0, 64, 2048}, {Q8_0, 48, 256}, {Q8_0, 16, 8192}, {Q4_K, 64, 2048}, {Q4_K, 48, 256}, {Q4_K, 16, 8192},
 		{Q4_0, 64, 2048}, {Q4_0, 48, 64}, {Q4_0, 16, 8192}, {Q5_K, 64, 2048}, {Q5_K, 48, 256}, {Q5_K, 16, 8192},
-		{Q5_0, 64, 2048}, {Q5_0, 48, 64}, {Q5_0, 16, 8192}} {
+		{Q5_0, 64, 2048}, {Q5_0, 48, 64}, {Q5_0, 16, 8192}, {Q6_K, 64, 2048}, {Q6_K, 48, 256}, {Q6_K, 16, 8192}} {
 		n, k := c.n, c.k
 		src := make([]float32, n*k)
 		for i := range src {
@@ -71,8 +71,8 @@ func TestPanelsAreTheSameMatrix(t *testing.T) {
 	if PanelBytes(odd) != 0 {
 		t.Error("24 rows (not a multiple of 16) reported packable")
 	}
-	if _, err := PackPanels(&Mat{DType: Q6_K, Rows: 16, Cols: 256, Q: make([]byte, 16*210)}, make([]byte, 1<<20)); err == nil {
-		t.Error("a Q6_K matrix packed as panels")
+	if _, err := PackPanels(&Mat{DType: F16, Rows: 16, Cols: 256, U16: make([]uint16, 16*256)}, make([]byte, 1<<20)); err == nil {
+		t.Error("an f16 matrix packed as panels")
 	}
 }
 
@@ -98,6 +98,11 @@ func panelRow(m *Mat, r int, dst []byte) []byte {
 	case Q5_0:
 		for b := range m.Cols / 32 {
 			q50PanelBlock(m, r, b, dst[22*b:22*(b+1)])
+		}
+		return dst
+	case Q6_K:
+		for b := range m.Cols / qk {
+			q6KPanelBlock(m, r, b, dst[210*b:210*(b+1)])
 		}
 		return dst
 	}

@@ -191,6 +191,11 @@ func quantKernels() {
 	packQ4K(true, true)
 	widenQ5KN()
 	packQ6K()
+	pack6N()
+	widen6N()
+	for r := 1; r <= maxDot6NRows; r++ {
+		dot6N(r)
+	}
 	for r := 1; r <= maxDotKRows; r++ {
 		dotK(r, panelQ4K)
 		dotK(r, panelQ6K)
