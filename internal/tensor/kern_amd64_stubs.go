@@ -247,7 +247,7 @@ func qdot6KAVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int
 // qdotK4NAVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb super-blocks of a Q4_K panel with its nibbles kept (see asmgen).
 func qdotK4NAVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
-// qdotK5NAVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb super-blocks of a Q5_K panel with its nibbles kept (see asmgen).
+// qdotK5NAVX512R1 continues the 16-lane f32 chains of 1 activation rows over nb super-blocks of a Q5_K panel that keeps the nibbles (see asmgen).
 func qdotK5NAVX512R1(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdotKAVX512R2 continues the 16-lane f32 chains of 2 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
@@ -259,7 +259,7 @@ func qdot6KAVX512R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int
 // qdotK4NAVX512R2 continues the 16-lane f32 chains of 2 activation rows over nb super-blocks of a Q4_K panel with its nibbles kept (see asmgen).
 func qdotK4NAVX512R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
-// qdotK5NAVX512R2 continues the 16-lane f32 chains of 2 activation rows over nb super-blocks of a Q5_K panel with its nibbles kept (see asmgen).
+// qdotK5NAVX512R2 continues the 16-lane f32 chains of 2 activation rows over nb super-blocks of a Q5_K panel that keeps the nibbles (see asmgen).
 func qdotK5NAVX512R2(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdotKAVX512R3 continues the 16-lane f32 chains of 3 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
@@ -271,7 +271,7 @@ func qdot6KAVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int
 // qdotK4NAVX512R3 continues the 16-lane f32 chains of 3 activation rows over nb super-blocks of a Q4_K panel with its nibbles kept (see asmgen).
 func qdotK4NAVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
-// qdotK5NAVX512R3 continues the 16-lane f32 chains of 3 activation rows over nb super-blocks of a Q5_K panel with its nibbles kept (see asmgen).
+// qdotK5NAVX512R3 continues the 16-lane f32 chains of 3 activation rows over nb super-blocks of a Q5_K panel that keeps the nibbles (see asmgen).
 func qdotK5NAVX512R3(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdotKAVX512R4 continues the 16-lane f32 chains of 4 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).
@@ -283,7 +283,7 @@ func qdot6KAVX512R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int
 // qdotK4NAVX512R4 continues the 16-lane f32 chains of 4 activation rows over nb super-blocks of a Q4_K panel with its nibbles kept (see asmgen).
 func qdotK4NAVX512R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
-// qdotK5NAVX512R4 continues the 16-lane f32 chains of 4 activation rows over nb super-blocks of a Q5_K panel with its nibbles kept (see asmgen).
+// qdotK5NAVX512R4 continues the 16-lane f32 chains of 4 activation rows over nb super-blocks of a Q5_K panel that keeps the nibbles (see asmgen).
 func qdotK5NAVX512R4(x *int8, ldx int, meta *uint32, ldm int, panel *byte, nb int, acc *float32)
 
 // qdotKAVX512R5 continues the 16-lane f32 chains of 5 activation rows over nb super-blocks of a Q4_K/Q5_K panel (see asmgen).

@@ -70,25 +70,41 @@ const (
 	panelQ4KBlock  = panelQ4KDmin + 32
 )
 
-// Q5_K weights stored as panels are a Q4_K panel of the super-block
-// panelQ5KBias bytes on, and 8 vectors of fifth bits, vector t holding
-// ggml's bytes qh[4t..4t+3] of each row r at bytes 4r..4r+3 (bit j the
-// fifth bit of sub-block j's levels), each before the first nibble vector
-// read with it, so that a kernel touches the lines in order: fifth-bit
-// vector t at 128t, the first 8 nibble vectors v at 128v+64 (q5KLevel).
-// 2.3% over ggml's blocks.
+// Q5_K weights stored as panels (2.3% over ggml's blocks, laid out as
+// asmgen's quantk5n.go describes) start with a header of the mins, d,
+// dmin and scales as Q4_K's panels hold them (q5KHeader); then 8 vectors of
+// fifth bits, vector t holding ggml's bytes qh[4t..4t+3] of each row r at
+// bytes 4r..4r+3 (bit j the fifth bit of sub-block j's levels), at q5KQh(t),
+// each before the first nibble vector read with it, and the 32 nibble
+// vectors as Q4_K's at q5KLevel(v): a kernel touches every line first in
+// ascending order.
 const (
-	panelQ5KBias  = 8 * 64
-	panelQ5KBlock = panelQ5KBias + panelQ4KBlock
+	panelQ5KBody  = 5 * 64
+	panelQ5KBlock = panelQ5KBody + 40*64
 )
+
+// q5KHeader is where a Q5_K panel block keeps its mins, d, dmin and scales.
+var q5KHeader = kHeader{mins: 0, d: 128, dmin: 160, scales: 192}
+
+// q5KQh returns the offset of fifth-bit vector t in a Q5_K panel block.
+func q5KQh(t int) int { return panelQ5KBody + 128*t }
 
 // q5KLevel returns the offset of nibble vector v in a Q5_K panel block.
 func q5KLevel(v int) int {
 	if v < 8 {
-		return 128*v + 64
+		return q5KQh(v) + 64
 	}
-	return panelQ5KBias + 64*v
+	return panelQ5KBody + 512 + 64*v
 }
+
+// kHeader is where a K-quant panel block that keeps the nibbles holds the
+// rows' 6-bit scales as bytes (16 a sub-block), the mins as bytes in pairs
+// (32 a pair of sub-blocks: min 2i of row r at byte 2r, 2i+1 at 2r+1), and
+// d and dmin as f16.
+type kHeader struct{ scales, mins, d, dmin int }
+
+// q4KHeader is where a Q4_K panel block keeps them.
+var q4KHeader = kHeader{scales: panelQ4KScales, mins: panelQ4KMins, d: panelQ4KD, dmin: panelQ4KDmin}
 
 // Q6_K weights stored as panels keep ggml's bytes (a super-block of 16 rows
 // in panelQ6KBlock bytes, 1% over the blocks, laid out as asmgen's
@@ -217,7 +233,7 @@ func q6KPanelBlock(m *Mat, r, b int, dst []byte) {
 // into dst (144 bytes) in ggml's layout: the panel read back.
 func q4KPanelBlock(m *Mat, r, b int, dst []byte) {
 	nb := m.Cols / qk
-	q4KPanel(m.Q[(r/16*nb+b)*panelQ4KBlock:][:panelQ4KBlock], r%16, dst)
+	q4KPanel(m.Q[(r/16*nb+b)*panelQ4KBlock:][:panelQ4KBlock], q4KHeader, r%16, dst)
 }
 
 // q5KPanelBlock writes super-block b of row r of a Q5_K panel-stored m
@@ -228,24 +244,24 @@ func q5KPanelBlock(m *Mat, r, b int, dst []byte) {
 	lane := r % 16
 	// ggml's Q5_K block is a Q4_K block with qh[32] between the scales
 	// and the nibbles.
-	q4KPanel(blk[panelQ5KBias:], lane, dst[:16])
+	q4KPanel(blk, q5KHeader, lane, dst[:16])
 	for t := range 8 {
-		copy(dst[16+4*t:20+4*t], blk[128*t+4*lane:])
+		copy(dst[16+4*t:20+4*t], blk[q5KQh(t)+4*lane:])
 	}
 	for v := range 32 {
 		copy(dst[48+4*v:52+4*v], blk[q5KLevel(v)+4*lane:])
 	}
 }
 
-// q4KPanel writes lane's header (d, dmin, scales and mins) of the Q4_K
-// panel block blk into dst[:16] in ggml's layout, and when dst holds the
-// whole block (144 bytes) the nibbles too.
-func q4KPanel(blk []byte, lane int, dst []byte) {
-	copy(dst[0:2], blk[panelQ4KD+2*lane:])
-	copy(dst[2:4], blk[panelQ4KDmin+2*lane:])
+// q4KPanel writes lane's header (d, dmin, scales and mins, where h says)
+// of the panel block blk into dst[:16] in ggml's layout, and when dst holds
+// a whole Q4_K block (144 bytes) its nibbles too.
+func q4KPanel(blk []byte, h kHeader, lane int, dst []byte) {
+	copy(dst[0:2], blk[h.d+2*lane:])
+	copy(dst[2:4], blk[h.dmin+2*lane:])
 	clear(dst[4:16])
 	for j := range 8 {
-		putScaleMinK4(dst[4:16], j, blk[panelQ4KScales+16*j+lane], blk[panelQ4KMins+32*(j/2)+2*lane+j%2])
+		putScaleMinK4(dst[4:16], j, blk[h.scales+16*j+lane], blk[h.mins+32*(j/2)+2*lane+j%2])
 	}
 	if len(dst) < 144 {
 		return

@@ -201,7 +201,7 @@ func quantKernels() {
 		dotK(r, panelQ6K)
 		dotK(r, panelQ4KN)
 		if r <= maxDotK5Rows {
-			dotK(r, panelQ5KN)
+			dotK5N(r)
 		}
 	}
 	qact8_0()

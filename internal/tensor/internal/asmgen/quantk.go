@@ -80,26 +80,33 @@ func stashed(base Mem, vs []VecVirtual) []Mem {
 	return ms
 }
 
+// kHeader is where a K-quant panel that keeps the nibbles holds its
+// super-block's scales and mins as bytes and d and dmin as f16.
+type kHeader struct{ scales, mins, d, dmin int }
+
+// pnHeader is where a Q4_K panel that keeps the nibbles holds them.
+var pnHeader = kHeader{scales: pnScales, mins: pnMins, d: pnD, dmin: pnDmin}
+
 // packHeaderK unpacks d, dmin and the 6-bit scales and mins of a Q4_K or
-// Q5_K super-block of 16 rows into the panel at dst, or with nib into the
-// header of a panel that keeps the nibbles (quantkdot.go's pn layout),
-// bias bytes on.
-func packHeaderK(r rows16, dst GPVirtual, c63 VecVirtual, bias int, nib bool) {
+// Q5_K super-block of 16 rows into the panel at dst, or with hdr into the
+// header of a panel that keeps the nibbles.
+func packHeaderK(r rows16, dst GPVirtual, c63 VecVirtual, hdr *kHeader) {
+	nib := hdr != nil
 	h := transpose16x4(r, 0) // d|dmin, scales 0-3, 4-7, 8-11
 	hi := ZMM()
 	VPSRLD(U8(16), h[0], hi)
 	if nib {
-		VPMOVDW(h[0], Mem{Base: dst, Disp: bias + pnD})
-		VPMOVDW(hi, Mem{Base: dst, Disp: bias + pnDmin})
+		VPMOVDW(h[0], Mem{Base: dst, Disp: hdr.d})
+		VPMOVDW(hi, Mem{Base: dst, Disp: hdr.dmin})
 	} else {
 		lo := YMM()
 		VPMOVDW(h[0], lo)
 		d := ZMM()
 		VCVTPH2PS(lo, d)
-		VMOVUPS(d, Mem{Base: dst, Disp: bias + pkD})
+		VMOVUPS(d, Mem{Base: dst, Disp: pkD})
 		VPMOVDW(hi, lo)
 		VCVTPH2PS(lo, d)
-		VMOVUPS(d, Mem{Base: dst, Disp: bias + pkDmin})
+		VMOVUPS(d, Mem{Base: dst, Disp: pkDmin})
 	}
 	c0f := splat(0x0f)
 	c30 := splat(0x30)
@@ -140,9 +147,9 @@ func packHeaderK(r rows16, dst GPVirtual, c63 VecVirtual, bias int, nib bool) {
 	var mins [8]VecVirtual
 	for j := range 8 {
 		if nib {
-			VPMOVDB(six(j, false), Mem{Base: dst, Disp: bias + pnScales + 16*j})
+			VPMOVDB(six(j, false), Mem{Base: dst, Disp: hdr.scales + 16*j})
 		} else {
-			VMOVDQU64(six(j, false), Mem{Base: dst, Disp: bias + pkScales + 64*j})
+			VMOVDQU64(six(j, false), Mem{Base: dst, Disp: pkScales + 64*j})
 		}
 		mins[j] = six(j, true)
 	}
@@ -151,12 +158,12 @@ func packHeaderK(r rows16, dst GPVirtual, c63 VecVirtual, bias int, nib bool) {
 			// Bytes 2r and 2r+1: min 2i and 2i+1 of row r.
 			VPSLLD(U8(8), mins[2*i+1], mins[2*i+1])
 			VPORD(mins[2*i+1], mins[2*i], mins[2*i])
-			VPMOVDW(mins[2*i], Mem{Base: dst, Disp: bias + pnMins + 32*i})
+			VPMOVDW(mins[2*i], Mem{Base: dst, Disp: hdr.mins + 32*i})
 			continue
 		}
 		VPSLLD(U8(16), mins[2*i+1], mins[2*i+1])
 		VPORD(mins[2*i+1], mins[2*i], mins[2*i])
-		VMOVDQU64(mins[2*i], Mem{Base: dst, Disp: bias + pkMins + 64*i})
+		VMOVDQU64(mins[2*i], Mem{Base: dst, Disp: pkMins + 64*i})
 	}
 }
 
@@ -168,12 +175,12 @@ func packQ4K(five, nib bool) {
 	if five {
 		name, bytes, qs = "Q5_K", 176, 48
 	}
-	bias := 0 // where the Q4_K panel with its nibbles kept starts
+	var hdr *kHeader
 	switch {
 	case five && nib:
-		name, pb, bias = "Q5_KN", p5Bytes, p5Bias
+		name, pb, hdr = "Q5_KN", p5Bytes, &p5Header
 	case nib:
-		name, pb = "Q4_KN", pnBytes
+		name, pb, hdr = "Q4_KN", pnBytes, &pnHeader
 	}
 	fn := "qpack" + name + "AVX512"
 	TEXT(fn, NOSPLIT, packSig)
@@ -194,7 +201,7 @@ func packQ4K(five, nib bool) {
 	JE(LabelRef("done"))
 	Label("block")
 	prefetchNext(pf, 16*bytes, true)
-	packHeaderK(r, dst, c63, bias, nib)
+	packHeaderK(r, dst, c63, hdr)
 	var qh []Mem
 	var c10 VecVirtual
 	switch {
@@ -257,6 +264,23 @@ func fifthLevels(v VecVirtual, qh Mem, c int, c0f, c10 VecVirtual) VecVirtual {
 	return hi
 }
 
+// fifthLevelsMem is fifthLevels for the nibble vector at v: it returns the
+// low and the high sub-block's 5-bit levels, reading the qh vector first
+// (a panel places it before the nibbles, and a kernel that first touches
+// its lines out of order reads less).
+func fifthLevelsMem(v, qh Mem, c int, c0f, c10 VecVirtual) (lo, hi VecVirtual) {
+	b := shiftedMem(qh, 4-2*c)
+	VPANDD(c10, b, b)
+	b2 := shiftedMem(qh, 3-2*c)
+	VPANDD(c10, b2, b2)
+	lo, hi = ZMM(), ZMM()
+	VMOVDQU64(v, lo)
+	VPSRLD(U8(4), v, hi)
+	VPTERNLOGD(U8(ternAorB), c0f, b, lo)
+	VPTERNLOGD(U8(ternAorB), c0f, b2, hi)
+	return lo, hi
+}
+
 // widenQ5KN emits the kernel that widens Q5_K panels that keep their
 // nibbles (quantkdot.go's p5 layout, as a model stores them) into the
 // pack kernel's panels (pk layout): for products of more activation rows
@@ -286,18 +310,18 @@ func widenQ5KN() {
 	}
 	for j := range 8 {
 		v := ZMM()
-		VPMOVZXBD(Mem{Base: src, Disp: p5Bias + pnScales + 16*j}, v)
+		VPMOVZXBD(Mem{Base: src, Disp: p5Scales + 16*j}, v)
 		VMOVDQU64(v, Mem{Base: dst, Disp: pkScales + 64*j})
 	}
 	for i := range 4 {
 		// Bytes 2r, 2r+1 (min 2i and 2i+1 of row r) to an int16 pair.
 		v := ZMM()
-		VPMOVZXBW(Mem{Base: src, Disp: p5Bias + pnMins + 32*i}, v)
+		VPMOVZXBW(Mem{Base: src, Disp: p5Mins + 32*i}, v)
 		VMOVDQU64(v, Mem{Base: dst, Disp: pkMins + 64*i})
 	}
-	for _, o := range [][2]int{{pnD, pkD}, {pnDmin, pkDmin}} {
+	for _, o := range [][2]int{{p5D, pkD}, {p5Dmin, pkDmin}} {
 		v := ZMM()
-		VCVTPH2PS(Mem{Base: src, Disp: p5Bias + o[0]}, v)
+		VCVTPH2PS(Mem{Base: src, Disp: o[0]}, v)
 		VMOVUPS(v, Mem{Base: dst, Disp: o[1]})
 	}
 	ADDQ(U32(p5Bytes), src)

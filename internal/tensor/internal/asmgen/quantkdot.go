@@ -30,7 +30,6 @@ const (
 	panelQ4K  kPanel = iota // Q4_K/Q5_K levels unpacked to bytes (quantk.go)
 	panelQ6K                // Q6_K levels unpacked to bytes (quantk.go)
 	panelQ4KN               // Q4_K with its nibbles kept (below)
-	panelQ5KN               // Q5_K: its fifth bits, then a panelQ4KN
 )
 
 // Panel layout of a Q4_K super-block of 16 rows with its nibbles kept, as
@@ -50,35 +49,6 @@ const (
 	pnBytes  = pnDmin + 32
 )
 
-// Panel layout of a Q5_K super-block of 16 rows with its nibbles kept,
-// 2.3% more than ggml's blocks: a Q4_K panel with its nibbles kept
-// p5Bias bytes on, and 8 vectors of fifth bits (vector t: byte 4r+i holds
-// ggml's qh[4t+i] of row r, whose bit j is the fifth bit of level 4t+i of
-// sub-block j) in the first p5Bias bytes, each before the nibble vector
-// read with it the first time: fifth-bit vector t at p5Qh(t), nibble
-// vector v at p5Level(v). A kernel thus touches every line first in
-// ascending order; with all 8 fifth-bit vectors first, the one-row kernel
-// read 35% of the read limit, interleaved 76–83%.
-const (
-	p5Bias  = 8 * 64
-	p5Bytes = p5Bias + pnBytes
-)
-
-// p5Qh returns the offset of fifth-bit vector t in a Q5_K panel.
-func p5Qh(t int) int { return 128 * t }
-
-// p5Level returns the offset of nibble vector v in a Q5_K panel.
-func p5Level(v int) int {
-	if v < 8 {
-		return 128*v + 64
-	}
-	return p5Bias + pnLevels + 64*v
-}
-
-// maxDotK5Rows is the largest number of activation rows one Q5_K dot
-// kernel takes: each row has four accumulators a sub-block pair.
-const maxDotK5Rows = 4
-
 // pendingRows is the most activation rows for which the Q4_K panel's dot
 // kernel holds all 8 sub-blocks' sums until the super-block's scales.
 const pendingRows = 2
@@ -89,12 +59,6 @@ const pendingRows = 2
 // acc) and acc = fma(−float(M), dmin·dy, acc).
 func dotK(rows int, pk kPanel) {
 	six := pk == panelQ6K
-	five := pk == panelQ5KN
-	nib := pk == panelQ4KN || five
-	bias := 0 // where a Q4_K panel with its nibbles kept starts
-	if five {
-		bias = p5Bias
-	}
 	name := fmt.Sprintf("qdotKAVX512R%d", rows)
 	what := "Q4_K/Q5_K panel"
 	sub, subs, pb := 32, 8, pkBytes
@@ -107,17 +71,13 @@ func dotK(rows int, pk kPanel) {
 		name = fmt.Sprintf("qdotK4NAVX512R%d", rows)
 		what = "Q4_K panel with its nibbles kept"
 		pb = pnBytes
-	case panelQ5KN:
-		name = fmt.Sprintf("qdotK5NAVX512R%d", rows)
-		what = "Q5_K panel with its nibbles kept"
-		pb = p5Bytes
 	}
 	TEXT(name, NOSPLIT, dotSig)
 	Doc(fmt.Sprintf("%s continues the 16-lane f32 chains of %d activation rows over nb super-blocks of a %s (see asmgen).", name, rows, what))
 	x, m, panel, nb, accp := dotArgs(rows)
 	acc := loadAccs(accp, rows)
 	var c0f VecVirtual
-	if nib {
+	if pk == panelQ4KN {
 		c0f = splat(0x0f0f0f0f)
 	}
 	TESTQ(nb, nb)
@@ -134,7 +94,7 @@ func dotK(rows int, pk kPanel) {
 			sc = Mem{Base: panel, Disp: p6Scales + 64*j}
 		default:
 			z := ZMM()
-			VPMOVZXBD(Mem{Base: panel, Disp: bias + pnScales + 16*j}, z)
+			VPMOVZXBD(Mem{Base: panel, Disp: pnScales + 16*j}, z)
 			sc = z
 		}
 		for r := range rows {
@@ -155,7 +115,7 @@ func dotK(rows int, pk kPanel) {
 		}
 		return ds
 	}
-	if nib {
+	if pk == panelQ4KN {
 		// A vector of nibbles holds 4 levels of two sub-blocks: the low
 		// nibbles sub-block 2p's, the high ones 2p+1's.
 		finish := func(p int, lo, hi []VecVirtual) {
@@ -173,58 +133,18 @@ func dotK(rows int, pk kPanel) {
 		var pending [][2][]VecVirtual
 		for p := range 4 {
 			lo, hi := zeroed(), zeroed()
-			// Q5_K's fifth bits, bit 2p and 2p+1 of each qh byte, in
-			// place: their own products, shifted into lo and hi after
-			// the sub-block pair (exact: no shift or mask joins a bit
-			// to its nibble in fewer instructions).
-			var blo, bhi []VecVirtual
-			var mlo, mhi VecVirtual
-			if five {
-				blo, bhi = zeroed(), zeroed()
-				mlo, mhi = splat(0x01010101<<(2*p)), splat(0x01010101<<(2*p+1))
-			}
 			for t := range 8 {
-				var bl, bh VecVirtual
-				if five {
-					q := Mem{Base: panel, Disp: p5Qh(t)}
-					bl, bh = ZMM(), ZMM()
-					VPANDD(q, mlo, bl)
-					VPANDD(q, mhi, bh)
-				}
 				// Each half by one instruction that loads the vector
 				// (the line's second read hits L1), the high half as 16
 				// times its nibbles: fewer instructions than a load, a
 				// shift and two masks, though it measured alike.
-				v := Mem{Base: panel, Disp: bias + pnLevels + 64*(8*p+t)}
-				if five {
-					v.Disp = p5Level(8*p + t)
-				}
+				v := Mem{Base: panel, Disp: pnLevels + 64*(8*p+t)}
 				l, h := ZMM(), ZMM()
 				VPANDD(v, c0f, l)
 				VPANDND(v, c0f, h)
 				for r := range rows {
 					vpdpbusd(x.at(r, 64*p+4*t), l, lo[r], true)
 					vpdpbusd(x.at(r, 64*p+32+4*t), h, hi[r], true)
-					if five {
-						vpdpbusd(x.at(r, 64*p+4*t), bl, blo[r], true)
-						vpdpbusd(x.at(r, 64*p+32+4*t), bh, bhi[r], true)
-					}
-				}
-			}
-			if five {
-				// blo is 2^2p·Σ b·x and lo wants 16·Σ b·x; hi is 16
-				// times its nibbles' sum and wants 256·Σ b·x, from bhi
-				// = 2^(2p+1)·Σ b·x.
-				for r := range rows {
-					switch sh := 4 - 2*p; {
-					case sh > 0:
-						VPSLLD(U8(sh), blo[r], blo[r])
-					case sh < 0:
-						VPSRAD(U8(-sh), blo[r], blo[r]) // exact: a multiple of 4
-					}
-					VPADDD(blo[r], lo[r], lo[r])
-					VPSLLD(U8(7-2*p), bhi[r], bhi[r])
-					VPADDD(bhi[r], hi[r], hi[r])
 				}
 			}
 			if rows <= pendingRows {
@@ -264,7 +184,7 @@ func dotK(rows int, pk kPanel) {
 		case panelQ6K:
 			VMOVDQU64(Mem{Base: panel, Disp: p6Pairs + 64*i}, v)
 		default:
-			VPMOVZXBW(Mem{Base: panel, Disp: bias + pnMins + 32*i}, v)
+			VPMOVZXBW(Mem{Base: panel, Disp: pnMins + 32*i}, v)
 		}
 		for r := range rows {
 			vpdpwssd(m.at(r, sumOff+4*i), v, ms[r], true)
@@ -281,8 +201,8 @@ func dotK(rows int, pk kPanel) {
 		VMOVUPS(Mem{Base: panel, Disp: p6D}, d)
 	default:
 		dmin = ZMM()
-		VCVTPH2PS(Mem{Base: panel, Disp: bias + pnD}, d)
-		VCVTPH2PS(Mem{Base: panel, Disp: bias + pnDmin}, dmin)
+		VCVTPH2PS(Mem{Base: panel, Disp: pnD}, d)
+		VCVTPH2PS(Mem{Base: panel, Disp: pnDmin}, dmin)
 	}
 	for r := range rows {
 		if six {

@@ -1,0 +1,142 @@
+package main
+
+// Q5_K panels that keep ggml's nibbles (the layout a model stores, package
+// tensor's PackPanels) and their dot kernels; quantk.go has their pack
+// kernel and the kernel that widens them into the pack kernel's panels.
+
+import (
+	"fmt"
+
+	. "github.com/mmcloughlin/avo/build"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// Panel layout of a Q5_K super-block of 16 rows with its nibbles kept,
+// 2.3% more than ggml's blocks (2,880 bytes, 45 lines): a header of 5
+// lines, the mins as bytes in pairs (32 per pair i: min 2i and 2i+1 of
+// row r at bytes 2r and 2r+1), d and dmin as f16 (16 each), the 8
+// sub-block scales as bytes (16 per sub-block, one a row); then 8 vectors
+// of fifth bits (vector t: byte 4r+i holds ggml's qh[4t+i] of row r, whose
+// bit j is the fifth bit of level 4t+i of sub-block j) at p5Qh(t), each
+// before the nibble vector read with it the first time, and the 32
+// vectors of nibbles as a Q4_K panel's (vector 8p+t: ggml's qs[32p+4t+i]
+// of row r at byte 4r+i) at p5Level(8p+t). A kernel reads the header
+// first and every line first in ascending order, and adds each sub-block
+// pair's scaled sums as it completes: with the scales after the levels
+// and the sums held for them (as Q4_K's kernel does) the one-row kernel
+// read 82–86% of the read, with the fifth bits all before the nibbles 35%.
+const (
+	p5Mins   = 0
+	p5D      = p5Mins + 4*32
+	p5Dmin   = p5D + 32
+	p5Scales = p5Dmin + 32
+	p5Body   = p5Scales + 8*16
+	p5Bytes  = p5Body + 40*64
+)
+
+// p5Header is where a Q5_K panel keeps its header (packHeaderK).
+var p5Header = kHeader{scales: p5Scales, mins: p5Mins, d: p5D, dmin: p5Dmin}
+
+// p5Qh returns the offset of fifth-bit vector t in a Q5_K panel.
+func p5Qh(t int) int { return p5Body + 128*t }
+
+// p5Level returns the offset of nibble vector v in a Q5_K panel.
+func p5Level(v int) int {
+	if v < 8 {
+		return p5Qh(v) + 64
+	}
+	return p5Body + 512 + 64*v
+}
+
+// maxDotK5Rows is the largest number of activation rows one Q5_K dot
+// kernel takes.
+const maxDotK5Rows = 4
+
+// dotK5N emits the dot kernel of rows activation rows and Q5_K panels of
+// p5: per super-block and row the exact M = Σ min·Σ x (from the header,
+// first) and I = Σ scale·Σ q·x (each sub-block pair's as it completes, its
+// levels made whole with their fifth bits: 8 instructions a vector of
+// nibbles, one VPDPBUSD a level), then acc = fma(float(I), d·dy, acc) and
+// acc = fma(−float(M), dmin·dy, acc), as dotK's Q4_K/Q5_K panels.
+func dotK5N(rows int) {
+	name := fmt.Sprintf("qdotK5NAVX512R%d", rows)
+	TEXT(name, NOSPLIT, dotSig)
+	Doc(fmt.Sprintf("%s continues the 16-lane f32 chains of %d activation rows over nb super-blocks of a Q5_K panel that keeps the nibbles (see asmgen).", name, rows))
+	x, m, panel, nb, accp := dotArgs(rows)
+	acc := loadAccs(accp, rows)
+	c0f := splat(0x0f0f0f0f)
+	c10 := splat(0x10101010)
+	TESTQ(nb, nb)
+	JE(LabelRef("store"))
+	Label("block")
+	zeroed := func() []VecVirtual {
+		vs := make([]VecVirtual, rows)
+		for r := range rows {
+			vs[r] = ZMM()
+			VXORPS(vs[r], vs[r], vs[r])
+		}
+		return vs
+	}
+	// The header's lines in order: the mins, d and dmin, then the first
+	// scale of each of the scales' two lines (the rest hit the L1 later).
+	ms := zeroed()
+	for i := range 4 {
+		v := ZMM()
+		VPMOVZXBW(Mem{Base: panel, Disp: p5Mins + 32*i}, v)
+		for r := range rows {
+			vpdpwssd(m.at(r, metaSums32+4*i), v, ms[r], true)
+		}
+	}
+	d, dmin := ZMM(), ZMM()
+	VCVTPH2PS(Mem{Base: panel, Disp: p5D}, d)
+	VCVTPH2PS(Mem{Base: panel, Disp: p5Dmin}, dmin)
+	var sc [8]VecVirtual
+	for _, j := range []int{0, 4} {
+		sc[j] = ZMM()
+		VPMOVZXBD(Mem{Base: panel, Disp: p5Scales + 16*j}, sc[j])
+	}
+	is := make([]VecVirtual, rows)
+	for p := range 4 {
+		lo, hi := zeroed(), zeroed()
+		for t := range 8 {
+			l, h := fifthLevelsMem(Mem{Base: panel, Disp: p5Level(8*p + t)}, Mem{Base: panel, Disp: p5Qh(t)}, p, c0f, c10)
+			for r := range rows {
+				vpdpbusd(x.at(r, 64*p+4*t), l, lo[r], true)
+				vpdpbusd(x.at(r, 64*p+32+4*t), h, hi[r], true)
+			}
+		}
+		for k, ds := range [][]VecVirtual{lo, hi} {
+			j := 2*p + k
+			if sc[j] == nil {
+				sc[j] = ZMM()
+				VPMOVZXBD(Mem{Base: panel, Disp: p5Scales + 16*j}, sc[j])
+			}
+			for r := range rows {
+				if j == 0 {
+					is[r] = ZMM()
+					VPMULLD(sc[j], ds[r], is[r])
+					continue
+				}
+				VPMULLD(sc[j], ds[r], ds[r])
+				VPADDD(ds[r], is[r], is[r])
+			}
+		}
+	}
+	for r := range rows {
+		s := ZMM()
+		VMULPS_BCST(m.at(r, 0), d, s)
+		f := ZMM()
+		VCVTDQ2PS(is[r], f)
+		VFMADD231PS(s, f, acc[r])
+		VMULPS_BCST(m.at(r, 0), dmin, s)
+		VCVTDQ2PS(ms[r], f)
+		VFNMADD231PS(s, f, acc[r])
+	}
+	x.advance(256)
+	m.advance(metaKBytes)
+	ADDQ(U32(p5Bytes), panel)
+	DECQ(nb)
+	JNE(LabelRef("block"))
+	storeAccs(accp, acc)
+}
