@@ -16091,7 +16091,7 @@ TEXT ·qwidenQ5_0NAVX512(SB), NOSPLIT, $0-32
 	TESTQ        CX, CX
 	JE           done
 
-pair:
+block:
 	PREFETCHT1 (BX)
 	PREFETCHT1 64(BX)
 	PREFETCHT1 128(BX)
@@ -16192,7 +16192,7 @@ pair:
 	ADDQ       $0x000002c0, AX
 	ADDQ       $0x00000480, DX
 	DECQ       CX
-	JNE        pair
+	JNE        block
 
 done:
 	VZEROUPPER

@@ -136,6 +136,33 @@ func packArgs() (w, ldw GPVirtual, nb Register, dst, pf GPVirtual) {
 	return w, ldw, nb, dst, pf
 }
 
+// widenKernel emits a kernel that widens nb blocks of a panel as a model
+// stores it (srcBytes each, at src) into the pack kernel's layout
+// (dstBytes each, at dst), prefetching as many bytes from pf: setup emits
+// what every block needs (constants) and returns body, which emits one
+// block.
+func widenKernel(name, doc string, srcBytes, dstBytes int, setup func() func(src, dst Register)) {
+	TEXT(name, NOSPLIT, "func(src *byte, nb int, dst *byte, pf uintptr)")
+	Doc(doc)
+	src := Load(Param("src"), GP64())
+	nb := Load(Param("nb"), GP64())
+	dst := Load(Param("dst"), GP64())
+	pf := Load(Param("pf"), GP64()).(GPVirtual)
+	body := setup()
+	TESTQ(nb, nb)
+	JE(LabelRef("done"))
+	Label("block")
+	prefetchNext(pf, srcBytes, true)
+	body(src, dst)
+	ADDQ(U32(srcBytes), src)
+	ADDQ(U32(dstBytes), dst)
+	DECQ(nb)
+	JNE(LabelRef("block"))
+	Label("done")
+	VZEROUPPER()
+	RET()
+}
+
 // loadAccs loads the rows 16-lane f32 chains a dot kernel continues from
 // accp.
 func loadAccs(accp Register, rows int) []VecVirtual {

@@ -260,35 +260,23 @@ func pack40N(five bool) {
 // more activation rows than make up for making the levels whole in every
 // pass. nb is the number of pairs of blocks.
 func widen50N() {
-	TEXT("qwidenQ5_0NAVX512", NOSPLIT, "func(src *byte, nb int, dst *byte, pf uintptr)")
-	Doc("qwidenQ5_0NAVX512 widens nb pairs of blocks of a Q5_0 panel that keeps its nibbles at src into the pack kernel's Q5_0 panel at dst and prefetches as many bytes from pf (see asmgen).")
-	src := Load(Param("src"), GP64())
-	nb := Load(Param("nb"), GP64())
-	dst := Load(Param("dst"), GP64())
-	pf := Load(Param("pf"), GP64()).(GPVirtual)
-	c0f := splat(0x0f0f0f0f)
-	c10 := splat(0x10101010)
-	TESTQ(nb, nb)
-	JE(LabelRef("done"))
-	Label("pair")
-	prefetchNext(pf, p50nBytes, true)
-	for h := range 2 {
-		for t := range 4 {
-			lo, hi := fifth50(src, h, t, c0f, c10)
-			VMOVDQU64(lo, Mem{Base: dst, Disp: panel32Bytes*h + 64*t})
-			VMOVDQU64(hi, Mem{Base: dst, Disp: panel32Bytes*h + 64*(4+t)})
-		}
-		d := ZMM()
-		VCVTPH2PS(Mem{Base: src, Disp: p50nD + 32*h}, d)
-		VMOVUPS(d, Mem{Base: dst, Disp: panel32Bytes*h + 512})
-	}
-	ADDQ(U32(p50nBytes), src)
-	ADDQ(U32(2*panel32Bytes), dst)
-	DECQ(nb)
-	JNE(LabelRef("pair"))
-	Label("done")
-	VZEROUPPER()
-	RET()
+	widenKernel("qwidenQ5_0NAVX512", "qwidenQ5_0NAVX512 widens nb pairs of blocks of a Q5_0 panel that keeps its nibbles at src into the pack kernel's Q5_0 panel at dst and prefetches as many bytes from pf (see asmgen).",
+		p50nBytes, 2*panel32Bytes, func() func(src, dst Register) {
+			c0f := splat(0x0f0f0f0f)
+			c10 := splat(0x10101010)
+			return func(src, dst Register) {
+				for h := range 2 {
+					for t := range 4 {
+						lo, hi := fifth50(src, h, t, c0f, c10)
+						VMOVDQU64(lo, Mem{Base: dst, Disp: panel32Bytes*h + 64*t})
+						VMOVDQU64(hi, Mem{Base: dst, Disp: panel32Bytes*h + 64*(4+t)})
+					}
+					d := ZMM()
+					VCVTPH2PS(Mem{Base: src, Disp: p50nD + 32*h}, d)
+					VMOVUPS(d, Mem{Base: dst, Disp: panel32Bytes*h + 512})
+				}
+			}
+		})
 }
 
 // fma40N continues the chains acc with block h of the pair at panel, its

@@ -281,58 +281,6 @@ func fifthLevelsMem(v, qh Mem, c int, c0f, c10 VecVirtual) (lo, hi VecVirtual) {
 	return lo, hi
 }
 
-// widenQ5KN emits the kernel that widens Q5_K panels that keep their
-// nibbles (quantkdot.go's p5 layout, as a model stores them) into the
-// pack kernel's panels (pk layout): for products of more activation rows
-// than a dot kernel of the stored panels takes, where a level byte each
-// makes the dot kernels do half the products per weight.
-func widenQ5KN() {
-	TEXT("qwidenQ5_KNAVX512", NOSPLIT, "func(src *byte, nb int, dst *byte, pf uintptr)")
-	Doc("qwidenQ5_KNAVX512 widens nb super-blocks of a Q5_K panel that keeps its nibbles at src into a Q5_K panel of the pack kernel's layout at dst and prefetches as many bytes from pf (see asmgen).")
-	src := Load(Param("src"), GP64())
-	nb := Load(Param("nb"), GP64())
-	dst := Load(Param("dst"), GP64())
-	pf := Load(Param("pf"), GP64()).(GPVirtual)
-	c0f := splat(0x0f0f0f0f)
-	c10 := splat(0x10101010)
-	TESTQ(nb, nb)
-	JE(LabelRef("done"))
-	Label("block")
-	prefetchNext(pf, p5Bytes, true)
-	for p := range 4 {
-		for t := range 8 {
-			v := ZMM()
-			VMOVDQU64(Mem{Base: src, Disp: p5Level(8*p + t)}, v)
-			hi := fifthLevels(v, Mem{Base: src, Disp: p5Qh(t)}, p, c0f, c10)
-			VMOVDQU64(v, Mem{Base: dst, Disp: pkLevels + 64*(8*(2*p)+t)})
-			VMOVDQU64(hi, Mem{Base: dst, Disp: pkLevels + 64*(8*(2*p+1)+t)})
-		}
-	}
-	for j := range 8 {
-		v := ZMM()
-		VPMOVZXBD(Mem{Base: src, Disp: p5Scales + 16*j}, v)
-		VMOVDQU64(v, Mem{Base: dst, Disp: pkScales + 64*j})
-	}
-	for i := range 4 {
-		// Bytes 2r, 2r+1 (min 2i and 2i+1 of row r) to an int16 pair.
-		v := ZMM()
-		VPMOVZXBW(Mem{Base: src, Disp: p5Mins + 32*i}, v)
-		VMOVDQU64(v, Mem{Base: dst, Disp: pkMins + 64*i})
-	}
-	for _, o := range [][2]int{{p5D, pkD}, {p5Dmin, pkDmin}} {
-		v := ZMM()
-		VCVTPH2PS(Mem{Base: src, Disp: o[0]}, v)
-		VMOVUPS(v, Mem{Base: dst, Disp: o[1]})
-	}
-	ADDQ(U32(p5Bytes), src)
-	ADDQ(U32(pkBytes), dst)
-	DECQ(nb)
-	JNE(LabelRef("block"))
-	Label("done")
-	VZEROUPPER()
-	RET()
-}
-
 // packQ6K emits the pack kernel of Q6_K.
 func packQ6K() {
 	const bytes = 210

@@ -1,8 +1,8 @@
 package main
 
 // Q5_K panels that keep ggml's nibbles (the layout a model stores, package
-// tensor's PackPanels) and their dot kernels; quantk.go has their pack
-// kernel and the kernel that widens them into the pack kernel's panels.
+// tensor's PackPanels): their dot kernels and the kernel that widens them
+// into the pack kernel's panels; quantk.go has their pack kernel.
 
 import (
 	"fmt"
@@ -139,4 +139,44 @@ func dotK5N(rows int) {
 	DECQ(nb)
 	JNE(LabelRef("block"))
 	storeAccs(accp, acc)
+}
+
+// widenQ5KN emits the kernel that widens Q5_K panels of p5 into the pack
+// kernel's (quantk.go's pk layout: a level byte each, the scales as int32,
+// the mins as int16 pairs, d and dmin as f32), for products of more rows
+// than make up for making the levels whole in every pass.
+func widenQ5KN() {
+	widenKernel("qwidenQ5_KNAVX512", "qwidenQ5_KNAVX512 widens nb super-blocks of a Q5_K panel that keeps its nibbles at src into a Q5_K panel of the pack kernel's layout at dst and prefetches as many bytes from pf (see asmgen).",
+		p5Bytes, pkBytes, func() func(src, dst Register) {
+			c0f := splat(0x0f0f0f0f)
+			c10 := splat(0x10101010)
+			return func(src, dst Register) {
+				for p := range 4 {
+					for t := range 8 {
+						v := ZMM()
+						VMOVDQU64(Mem{Base: src, Disp: p5Level(8*p + t)}, v)
+						hi := fifthLevels(v, Mem{Base: src, Disp: p5Qh(t)}, p, c0f, c10)
+						VMOVDQU64(v, Mem{Base: dst, Disp: pkLevels + 64*(8*(2*p)+t)})
+						VMOVDQU64(hi, Mem{Base: dst, Disp: pkLevels + 64*(8*(2*p+1)+t)})
+					}
+				}
+				for j := range 8 {
+					v := ZMM()
+					VPMOVZXBD(Mem{Base: src, Disp: p5Scales + 16*j}, v)
+					VMOVDQU64(v, Mem{Base: dst, Disp: pkScales + 64*j})
+				}
+				for i := range 4 {
+					// Bytes 2r, 2r+1 (min 2i and 2i+1 of row r) to an
+					// int16 pair.
+					v := ZMM()
+					VPMOVZXBW(Mem{Base: src, Disp: p5Mins + 32*i}, v)
+					VMOVDQU64(v, Mem{Base: dst, Disp: pkMins + 64*i})
+				}
+				for _, o := range [][2]int{{p5D, pkD}, {p5Dmin, pkDmin}} {
+					v := ZMM()
+					VCVTPH2PS(Mem{Base: src, Disp: o[0]}, v)
+					VMOVUPS(v, Mem{Base: dst, Disp: o[1]})
+				}
+			}
+		})
 }

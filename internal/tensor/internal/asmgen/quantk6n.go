@@ -245,45 +245,33 @@ func pack6N() {
 // for products of more rows than make up for making the levels whole in
 // every pass.
 func widen6N() {
-	TEXT("qwidenQ6_KNAVX512", NOSPLIT, "func(src *byte, nb int, dst *byte, pf uintptr)")
-	Doc("qwidenQ6_KNAVX512 widens nb super-blocks of a Q6_K panel that keeps ggml's bytes at src into the pack kernel's Q6_K panel at dst and prefetches as many bytes from pf (see asmgen).")
-	src := Load(Param("src"), GP64())
-	nb := Load(Param("nb"), GP64())
-	dst := Load(Param("dst"), GP64())
-	pf := Load(Param("pf"), GP64()).(GPVirtual)
-	c0f := splat(0x0f0f0f0f)
-	c30 := splat(0x30303030)
-	cLo := splat(0xffff)
-	TESTQ(nb, nb)
-	JE(LabelRef("done"))
-	Label("block")
-	prefetchNext(pf, p6nBytes, true)
-	for n := range 2 {
-		for g := range 2 {
-			for j := range 4 {
-				for k, l := range levels6N(src, n, 4*g+j, c0f, c30) {
-					s := 8*n + 2*k + g
-					VMOVDQU64(l, Mem{Base: dst, Disp: p6Levels + 64*(4*s+j)})
+	widenKernel("qwidenQ6_KNAVX512", "qwidenQ6_KNAVX512 widens nb super-blocks of a Q6_K panel that keeps ggml's bytes at src into the pack kernel's Q6_K panel at dst and prefetches as many bytes from pf (see asmgen).",
+		p6nBytes, p6Bytes, func() func(src, dst Register) {
+			c0f := splat(0x0f0f0f0f)
+			c30 := splat(0x30303030)
+			cLo := splat(0xffff)
+			return func(src, dst Register) {
+				for n := range 2 {
+					for g := range 2 {
+						for j := range 4 {
+							for k, l := range levels6N(src, n, 4*g+j, c0f, c30) {
+								s := 8*n + 2*k + g
+								VMOVDQU64(l, Mem{Base: dst, Disp: p6Levels + 64*(4*s+j)})
+							}
+						}
+						for k := range 4 {
+							sc := ZMM()
+							VPMOVSXBD(Mem{Base: src, Disp: p6nScales(n, g) + 16*k}, sc)
+							VMOVDQU64(sc, Mem{Base: dst, Disp: p6Scales + 64*(8*n+2*k+g)})
+						}
+					}
 				}
+				for i := range 8 {
+					VMOVDQU64(scalePair6N(src, i, cLo), Mem{Base: dst, Disp: p6Pairs + 64*i})
+				}
+				d := ZMM()
+				VMOVUPS(Mem{Base: src, Disp: p6nD}, d)
+				VMOVUPS(d, Mem{Base: dst, Disp: p6D})
 			}
-			for k := range 4 {
-				sc := ZMM()
-				VPMOVSXBD(Mem{Base: src, Disp: p6nScales(n, g) + 16*k}, sc)
-				VMOVDQU64(sc, Mem{Base: dst, Disp: p6Scales + 64*(8*n+2*k+g)})
-			}
-		}
-	}
-	for i := range 8 {
-		VMOVDQU64(scalePair6N(src, i, cLo), Mem{Base: dst, Disp: p6Pairs + 64*i})
-	}
-	d := ZMM()
-	VMOVUPS(Mem{Base: src, Disp: p6nD}, d)
-	VMOVUPS(d, Mem{Base: dst, Disp: p6D})
-	ADDQ(U32(p6nBytes), src)
-	ADDQ(U32(p6Bytes), dst)
-	DECQ(nb)
-	JNE(LabelRef("block"))
-	Label("done")
-	VZEROUPPER()
-	RET()
+		})
 }
