@@ -8,12 +8,14 @@ import (
 
 // Weights stored as panels: 16 rows interleaved so that one vector holds
 // the same levels of 16 rows. Decode streams every weight once a token;
-// the one-row kernels (rowquant.go) read ggml's rows at 70–79% of the read
+// the one-row kernels (rowquant.go) read ggml's rows at 56–83% of the read
 // limit on a Zen 4, while the AVX-512 dot kernels for one activation row
-// read the panels at ~90% of it (docs/performance-log.md, 2026-12-06 09:00
-// and 10:30). A model can therefore keep its Q8_0, Q4_0, Q5_0, Q4_K, Q5_K
-// and Q6_K matrices as panels, packed once at load: decode and prefill then read them
-// without packing, with the same bits.
+// read the panels at ~90% of it (Q5_K ~80%; docs/performance-log.md,
+// 2026-12-06). A model can therefore keep its quantized matrices (Q8_0,
+// Q4_0, Q5_0, Q4_K, Q5_K, Q6_K) as panels, packed once at load: decode and
+// prefill then read them without packing, with the same bits. Every layout
+// puts what a kernel reads first earlier in memory: a kernel that first
+// touches a panel's lines out of order reads a tenth to two thirds less.
 //
 // A panel block (panelQ8Block bytes) holds one 32-weight block of 16 rows:
 // 8 vectors of 64 bytes, vector i holding levels 4i..4i+3 of each row r at
@@ -153,8 +155,8 @@ func panelBlock(dt DType) (bytes, elems int) {
 }
 
 // PanelBytes returns the bytes m takes as panels, or 0 when m cannot be
-// stored so (not Q8_0, Q4_0, Q5_0, Q4_K, Q5_K or Q6_K, rows not a multiple of 16, or this CPU has
-// no kernels that read panels: AVX512-VNNI).
+// stored so (not quantized, rows not a multiple of 16, or this CPU has no
+// kernels that read panels: AVX512-VNNI).
 func PanelBytes(m *Mat) int {
 	bytes, elems := panelBlock(m.DType)
 	if bytes == 0 || m.Panels || m.Rows%16 != 0 || m.Cols%elems != 0 || !panelKernels() {
