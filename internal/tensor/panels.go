@@ -74,12 +74,11 @@ const (
 
 // Q5_K weights stored as panels (2.3% over ggml's blocks, laid out as
 // asmgen's quantk5n.go describes) start with a header of the mins, d,
-// dmin and scales as Q4_K's panels hold them (q5KHeader); then 8 vectors of
-// fifth bits, vector t holding ggml's bytes qh[4t..4t+3] of each row r at
-// bytes 4r..4r+3 (bit j the fifth bit of sub-block j's levels), at q5KQh(t),
-// each before the first nibble vector read with it, and the 32 nibble
-// vectors as Q4_K's at q5KLevel(v): a kernel touches every line first in
-// ascending order.
+// dmin and scales as Q4_K's panels hold them (q5KHeader); then for t < 8
+// the vector of fifth bits t, holding ggml's bytes qh[4t..4t+3] of each row
+// r at bytes 4r..4r+3 (bit j the fifth bit of sub-block j's levels), at
+// q5KQh(t), and the 4 nibble vectors 8p+t (as Q4_K's) that need it at
+// q5KLevel(8p+t): a one-row kernel reads every line once, in order.
 const (
 	panelQ5KBody  = 5 * 64
 	panelQ5KBlock = panelQ5KBody + 40*64
@@ -89,15 +88,11 @@ const (
 var q5KHeader = kHeader{mins: 0, d: 128, dmin: 160, scales: 192}
 
 // q5KQh returns the offset of fifth-bit vector t in a Q5_K panel block.
-func q5KQh(t int) int { return panelQ5KBody + 128*t }
+func q5KQh(t int) int { return panelQ5KBody + 320*t }
 
-// q5KLevel returns the offset of nibble vector v in a Q5_K panel block.
-func q5KLevel(v int) int {
-	if v < 8 {
-		return q5KQh(v) + 64
-	}
-	return panelQ5KBody + 512 + 64*v
-}
+// q5KLevel returns the offset of nibble vector v = 8p+t in a Q5_K panel
+// block.
+func q5KLevel(v int) int { return q5KQh(v%8) + 64 + 64*(v/8) }
 
 // kHeader is where a K-quant panel block that keeps the nibbles holds the
 // rows' 6-bit scales as bytes (16 a sub-block), the mins as bytes in pairs

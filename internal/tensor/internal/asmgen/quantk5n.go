@@ -16,16 +16,16 @@ import (
 // 2.3% more than ggml's blocks (2,880 bytes, 45 lines): a header of 5
 // lines, the mins as bytes in pairs (32 per pair i: min 2i and 2i+1 of
 // row r at bytes 2r and 2r+1), d and dmin as f16 (16 each), the 8
-// sub-block scales as bytes (16 per sub-block, one a row); then 8 vectors
-// of fifth bits (vector t: byte 4r+i holds ggml's qh[4t+i] of row r, whose
-// bit j is the fifth bit of level 4t+i of sub-block j) at p5Qh(t), each
-// before the nibble vector read with it the first time, and the 32
-// vectors of nibbles as a Q4_K panel's (vector 8p+t: ggml's qs[32p+4t+i]
-// of row r at byte 4r+i) at p5Level(8p+t). A kernel reads the header
-// first and every line first in ascending order, and adds each sub-block
-// pair's scaled sums as it completes: with the scales after the levels
-// and the sums held for them (as Q4_K's kernel does) the one-row kernel
-// read 82–86% of the read, with the fifth bits all before the nibbles 35%.
+// sub-block scales as bytes (16 per sub-block, one a row); then for t < 8
+// the vector of fifth bits t (byte 4r+i holds ggml's qh[4t+i] of row r,
+// whose bit j is the fifth bit of level 4t+i of sub-block j) at p5Qh(t)
+// and the 4 nibble vectors that need it (vector 8p+t, as a Q4_K panel's:
+// ggml's qs[32p+4t+i] of row r at byte 4r+i) at p5Level(8p+t). A one-row
+// kernel reads the header first and then every line once, in order. Laid
+// out by sub-block pair instead (a pair's 8 nibble vectors together), the
+// one-row kernel re-read each fifth-bit vector up to 30 lines back and
+// read 82–86% of the read limit (Q4_K's, without fifth bits, 93–97%); in
+// this order 94–99%. With the 8 fifth-bit vectors first it read 35%.
 const (
 	p5Mins   = 0
 	p5D      = p5Mins + 4*32
@@ -39,19 +39,21 @@ const (
 var p5Header = kHeader{scales: p5Scales, mins: p5Mins, d: p5D, dmin: p5Dmin}
 
 // p5Qh returns the offset of fifth-bit vector t in a Q5_K panel.
-func p5Qh(t int) int { return p5Body + 128*t }
+func p5Qh(t int) int { return p5Body + 320*t }
 
-// p5Level returns the offset of nibble vector v in a Q5_K panel.
-func p5Level(v int) int {
-	if v < 8 {
-		return p5Qh(v) + 64
-	}
-	return p5Body + 512 + 64*v
-}
+// p5Level returns the offset of nibble vector v = 8p+t in a Q5_K panel.
+func p5Level(v int) int { return p5Qh(v%8) + 64 + 64*(v/8) }
 
 // maxDotK5Rows is the largest number of activation rows one Q5_K dot
-// kernel takes.
-const maxDotK5Rows = 4
+// kernel takes; up to inOrderK5Rows the kernel reads the panel's lines in
+// order, the levels of all four sub-block pairs (8 sums a row) at once.
+// More rows have no registers for that and take the pairs one after the
+// other, re-reading each fifth-bit vector (3 and 4 rows: 112–137 GFLOP/s,
+// where the sub-block-pair layout gave 140–155).
+const (
+	maxDotK5Rows  = 4
+	inOrderK5Rows = 2
+)
 
 // dotK5N emits the dot kernel of rows activation rows and Q5_K panels of
 // p5: per super-block and row the exact M = Σ min·Σ x (from the header,
@@ -97,16 +99,32 @@ func dotK5N(rows int) {
 		VPMOVZXBD(Mem{Base: panel, Disp: p5Scales + 16*j}, sc[j])
 	}
 	is := make([]VecVirtual, rows)
-	for p := range 4 {
-		lo, hi := zeroed(), zeroed()
+	var lo, hi [4][]VecVirtual
+	levels := func(p, t int) {
+		l, h := fifthLevelsMem(Mem{Base: panel, Disp: p5Level(8*p + t)}, Mem{Base: panel, Disp: p5Qh(t)}, p, c0f, c10)
+		for r := range rows {
+			vpdpbusd(x.at(r, 64*p+4*t), l, lo[p][r], true)
+			vpdpbusd(x.at(r, 64*p+32+4*t), h, hi[p][r], true)
+		}
+	}
+	if rows <= inOrderK5Rows {
+		for p := range 4 {
+			lo[p], hi[p] = zeroed(), zeroed()
+		}
 		for t := range 8 {
-			l, h := fifthLevelsMem(Mem{Base: panel, Disp: p5Level(8*p + t)}, Mem{Base: panel, Disp: p5Qh(t)}, p, c0f, c10)
-			for r := range rows {
-				vpdpbusd(x.at(r, 64*p+4*t), l, lo[r], true)
-				vpdpbusd(x.at(r, 64*p+32+4*t), h, hi[r], true)
+			for p := range 4 {
+				levels(p, t)
 			}
 		}
-		for k, ds := range [][]VecVirtual{lo, hi} {
+	}
+	for p := range 4 {
+		if rows > inOrderK5Rows {
+			lo[p], hi[p] = zeroed(), zeroed()
+			for t := range 8 {
+				levels(p, t)
+			}
+		}
+		for k, ds := range [][]VecVirtual{lo[p], hi[p]} {
 			j := 2*p + k
 			if sc[j] == nil {
 				sc[j] = ZMM()
