@@ -10,7 +10,7 @@ import (
 // packPanels stores the model's quantized matrices (Q8_0, Q4_0, Q5_0, Q4_K,
 // Q5_K, Q6_K) as the quantized kernels' panels where this CPU's kernels
 // read them (tensor.PackPanels): decode then streams them at ~90% of the
-// read limit (Q5_K ~78%) where the one-row kernels over ggml's rows read
+// read limit where the one-row kernels over ggml's rows read
 // 56–83% (Zen 4; docs/performance-log.md, 2026-12-06), and prefill skips
 // its pack, with the same bits. The panels take one hugemem mapping (Q8_0
 // 6% more than the blocks, Q4_K 2.8%, Q5_K 2.3%, Q6_K 1%, Q4_0 and Q5_0

@@ -10,7 +10,7 @@ import (
 // the same levels of 16 rows. Decode streams every weight once a token;
 // the one-row kernels (rowquant.go) read ggml's rows at 56–83% of the read
 // limit on a Zen 4, while the AVX-512 dot kernels for one activation row
-// read the panels at ~90% of it (Q5_K ~80%; docs/performance-log.md,
+// read the panels at ~90% of it (docs/performance-log.md,
 // 2026-12-06). A model can therefore keep its quantized matrices (Q8_0,
 // Q4_0, Q5_0, Q4_K, Q5_K, Q6_K) as panels, packed once at load: decode and
 // prefill then read them without packing, with the same bits. Every layout
