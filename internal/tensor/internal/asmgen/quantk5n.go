@@ -47,9 +47,10 @@ func p5Level(v int) int { return p5Qh(v%8) + 64 + 64*(v/8) }
 // maxDotK5Rows is the largest number of activation rows one Q5_K dot
 // kernel takes; up to inOrderK5Rows the kernel reads the panel's lines in
 // order, the levels of all four sub-block pairs (8 sums a row) at once.
-// More rows have no registers for that and take the pairs one after the
-// other, re-reading each fifth-bit vector (3 and 4 rows: 112–137 GFLOP/s,
-// where the sub-block-pair layout gave 140–155).
+// More rows have no registers for that: they take two pairs a pass over
+// the fifth-bit vectors, and the header after the levels (one llama-1b
+// layer, one Zen 4 thread: 3 rows 158–177 GFLOP/s, 4 rows 154–161, where
+// one pair a pass made 106–113 and 126–132).
 const (
 	maxDotK5Rows  = 4
 	inOrderK5Rows = 2
@@ -80,23 +81,33 @@ func dotK5N(rows int) {
 		}
 		return vs
 	}
-	// The header's lines in order: the mins, d and dmin, then the first
-	// scale of each of the scales' two lines (the rest hit the L1 later).
-	ms := zeroed()
-	for i := range 4 {
-		v := ZMM()
-		VPMOVZXBW(Mem{Base: panel, Disp: p5Mins + 32*i}, v)
-		for r := range rows {
-			vpdpwssd(m.at(r, metaSums32+4*i), v, ms[r], true)
+	// One or two rows read the header's lines first and in order: the
+	// mins, d and dmin, then the first scale of each of the scales' two
+	// lines (the rest hit the L1 later). More rows have no registers to
+	// hold them through the levels and read them where they need them.
+	inOrder := rows <= inOrderK5Rows
+	var ms []VecVirtual
+	var d, dmin VecVirtual
+	header := func() {
+		ms = zeroed()
+		for i := range 4 {
+			v := ZMM()
+			VPMOVZXBW(Mem{Base: panel, Disp: p5Mins + 32*i}, v)
+			for r := range rows {
+				vpdpwssd(m.at(r, metaSums32+4*i), v, ms[r], true)
+			}
 		}
+		d, dmin = ZMM(), ZMM()
+		VCVTPH2PS(Mem{Base: panel, Disp: p5D}, d)
+		VCVTPH2PS(Mem{Base: panel, Disp: p5Dmin}, dmin)
 	}
-	d, dmin := ZMM(), ZMM()
-	VCVTPH2PS(Mem{Base: panel, Disp: p5D}, d)
-	VCVTPH2PS(Mem{Base: panel, Disp: p5Dmin}, dmin)
 	var sc [8]VecVirtual
-	for _, j := range []int{0, 4} {
-		sc[j] = ZMM()
-		VPMOVZXBD(Mem{Base: panel, Disp: p5Scales + 16*j}, sc[j])
+	if inOrder {
+		header()
+		for _, j := range []int{0, 4} {
+			sc[j] = ZMM()
+			VPMOVZXBD(Mem{Base: panel, Disp: p5Scales + 16*j}, sc[j])
+		}
 	}
 	is := make([]VecVirtual, rows)
 	var lo, hi [4][]VecVirtual
@@ -107,21 +118,21 @@ func dotK5N(rows int) {
 			vpdpbusd(x.at(r, 64*p+32+4*t), h, hi[p][r], true)
 		}
 	}
-	if rows <= inOrderK5Rows {
-		for p := range 4 {
-			lo[p], hi[p] = zeroed(), zeroed()
-		}
-		for t := range 8 {
-			for p := range 4 {
-				levels(p, t)
-			}
-		}
+	// The sub-block pairs one pass over the fifth-bit vectors takes: all
+	// four (each line read once, in order), or with more rows two.
+	span := 4
+	if !inOrder {
+		span = 2
 	}
 	for p := range 4 {
-		if rows > inOrderK5Rows {
-			lo[p], hi[p] = zeroed(), zeroed()
+		if p%span == 0 {
+			for q := p; q < p+span; q++ {
+				lo[q], hi[q] = zeroed(), zeroed()
+			}
 			for t := range 8 {
-				levels(p, t)
+				for q := p; q < p+span; q++ {
+					levels(q, t)
+				}
 			}
 		}
 		for k, ds := range [][]VecVirtual{lo[p], hi[p]} {
@@ -140,6 +151,9 @@ func dotK5N(rows int) {
 				VPADDD(ds[r], is[r], is[r])
 			}
 		}
+	}
+	if !inOrder {
+		header()
 	}
 	for r := range rows {
 		s := ZMM()
