@@ -335,7 +335,7 @@ func (m *Model) GroupedKVLayout(blockSize int, dt kvlayout.ElemType) kvlayout.La
 // --kv-cache-dtype auto picks it on a CPU: bf16 for a bf16 model (half the
 // memory and bandwidth of f32), for an f16 one (vLLM's CPU backend runs
 // float16 models in bfloat16; Tandem has bf16 attention kernels and no f16
-// ones, and f32 K and V made qwen3-0.6b's prefill of 2,048 tokens 0.95×
+// ones, and f32 K and V made qwen3-0.6b's prefill of 2,048 tokens 0.90×
 // llama.cpp's where bf16 makes it 1.44×) and for a quantized one (whose
 // weights were rounded far more than bf16 rounds K and V); f32 for an f32
 // model.

@@ -30,19 +30,17 @@ type panelSet struct {
 }
 
 // panelSets are the kernels of each dtype stored as panels. Q8_0's are the
-// AVX-512 kernels' own; the others keep ggml's nibbles
-// (asmgen's quant32.go, quantk.go, quantkdot.go). Q5_K's dot kernels
-// multiply its fifth bits apart from the nibbles, twice the products of
-// a level byte, so that more rows than they take go through the widened
-// panels (one llama-1b layer, one Zen 4 thread: 5 rows 128–133 GFLOP/s
-// where passes of the 4-row kernel made 117–123, 8 rows 167–172 against
-// 140–143; 3 and 4 rows are faster unwidened; docs/performance-log.md).
-// Q5_0's make each level whole once for all the rows of a pass, which
-// pays for itself up to about 16 rows (12 rows: 209–215 GFLOP/s unwidened
-// against 202–205 widened, 16 rows alike, 32 rows 261–265 against
-// 268–277, 128 rows 299–301 against 321–325); Q6_K's up to about 32 (24
-// rows 249–253 against 231–234, 48 rows 258–260 against 264–267, 128 rows
-// 268–271 against 291–292).
+// AVX-512 kernels' own; the others keep ggml's bytes (asmgen's quant32.go,
+// quantk.go, quantkdot.go, quantk5n.go, quantk6n.go). The 5- and 6-bit
+// kernels make each level whole once for all the rows of a pass, which
+// pays for itself up to widenAbove rows (one llama-1b layer, one Zen 4
+// thread, GFLOP/s unwidened against widened; docs/performance-log.md):
+// Q5_0 12 rows 209–215 against 202–205, 16 alike, 32 rows 261–265
+// against 268–277, 128 rows 299–301 against 321–325; Q6_K 24 rows 249–253
+// against 231–234, 48 rows 258–260 against 264–267, 128 rows 268–271
+// against 291–292; Q5_K (passes of its 4-row kernel) 12 rows 213–218
+// against 162–180, 16 rows 234–238 against 205–208, 32 rows alike, 128
+// rows 302–303 against 317–321.
 var panelSets = map[DType]panelSet{
 	Q8_0: {pack: qpackQ8_0AVX512, dot: dot32AVX512},
 	Q4_0: {pack: qpackQ4_0NAVX512, dot: []qdot{qdot40NAVX512R1, qdot40NAVX512R2, qdot40NAVX512R3, qdot40NAVX512R4,
@@ -54,7 +52,7 @@ var panelSets = map[DType]panelSet{
 	Q6_K: {pack: qpackQ6_KNAVX512, dot: []qdot{qdot6NAVX512R1, qdot6NAVX512R2, qdot6NAVX512R3, qdot6NAVX512R4},
 		widen: qwidenQ6_KNAVX512, wide: qKernelsAVX512.types[Q6_K], widenAbove: 32},
 	Q5_K: {pack: qpackQ5_KNAVX512, dot: []qdot{qdotK5NAVX512R1, qdotK5NAVX512R2, qdotK5NAVX512R3, qdotK5NAVX512R4},
-		widen: qwidenQ5_KNAVX512, wide: qKernelsAVX512.types[Q5_K], widenAbove: 4},
+		widen: qwidenQ5_KNAVX512, wide: qKernelsAVX512.types[Q5_K], widenAbove: 32},
 }
 
 // packPanels packs m's 16-row groups into dst with its dtype's pack
@@ -76,8 +74,8 @@ func packPanels(m *Mat, dst []byte) {
 // by the AVX-512 dot kernels straight over the stored panels (no pack), a
 // chunk of blocks at a time so that the panel stays in cache while the
 // activation rows pass over it; or, where the dtype has a widen kernel and
-// m is more rows than a dot kernel takes, by the qmm kernels over each
-// chunk widened into scratch.
+// m is more than its widenAbove rows, by the qmm kernels over each chunk
+// widened into scratch.
 func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) {
 	set := panelSets[w.DType]
 	dot := set.dot
