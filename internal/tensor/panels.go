@@ -38,14 +38,22 @@ const (
 
 // Q5_0 weights stored as panels are Q4_0's with each block's fifth bits
 // before its nibbles, in the bytes of ggml's blocks (panelQ50Block bytes a
-// pair of blocks of 16 rows): for block h a vector of fifth bits at 320h
-// (bytes 4r..4r+3: row r's qh with its bits reordered by q50Bit, so that a
-// byte holds the fifth bits of the levels a nibble byte holds) and its 4
-// vectors of nibbles at 320h+64+64t, then the scales as f16 at panelQ50D.
+// pair of blocks of 16 rows): for block h a vector of fifth bits at
+// q50Qh(h) (bytes 4r..4r+3: row r's qh with its bits reordered by q50Bit,
+// so that a byte holds the fifth bits of the levels a nibble byte holds)
+// and its 4 vectors of nibbles at q50Level(h, t), then the scales as f16
+// at panelQ50D.
 const (
 	panelQ50D     = 10 * 64
 	panelQ50Block = panelQ50D + 64
 )
+
+// q50Qh returns the offset of block h's fifth-bit vector in a Q5_0 panel
+// block.
+func q50Qh(h int) int { return 320 * h }
+
+// q50Level returns the offset of block h's nibble vector t.
+func q50Level(h, t int) int { return q50Qh(h) + 64 + 64*t }
 
 // q50Bit returns the bit of a Q5_0 panel's reordered qh that holds bit j
 // of ggml's qh (the fifth bit of level j): bit t of byte i for level 4t+i,
@@ -196,14 +204,14 @@ func q50PanelBlock(m *Mat, r, b int, dst []byte) {
 	blk := m.Q[(r/16*np+b/2)*panelQ50Block:][:panelQ50Block]
 	lane, h := r%16, b%2
 	copy(dst[0:2], blk[panelQ50D+32*h+2*lane:])
-	q := binary.LittleEndian.Uint32(blk[320*h+4*lane:])
+	q := binary.LittleEndian.Uint32(blk[q50Qh(h)+4*lane:])
 	var qh uint32
 	for j := range 32 {
 		qh |= (q >> q50Bit(j) & 1) << j
 	}
 	binary.LittleEndian.PutUint32(dst[2:6], qh)
 	for t := range 4 {
-		copy(dst[6+4*t:10+4*t], blk[320*h+64+64*t+4*lane:])
+		copy(dst[6+4*t:10+4*t], blk[q50Level(h, t)+4*lane:])
 	}
 }
 
