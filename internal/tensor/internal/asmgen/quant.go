@@ -26,9 +26,10 @@ package main
 // quantizers. A single activation row (decode) goes to the row kernels of
 // rowquant.go instead, which read the weights row after row, unless the
 // model stores the matrix as panels at load (package tensor's PackPanels):
-// Q8_0 as the pack kernel writes them, Q4_0 and Q4_K in layouts that keep
-// the nibbles (quant32.go's p40n, quantkdot.go's pn) with their own pack
-// and dot kernels; one activation row then runs the dot kernel.
+// Q8_0 as the pack kernel writes them, the others in layouts that keep
+// ggml's bytes (quant32.go's p40n and p50n, quantkdot.go's pn, quantk5n.go's
+// p5, quantk6n.go's p6n) with their own pack and dot kernels; one
+// activation row then runs the dot kernel.
 //
 // Measured on the Emerald Rapids this was first tuned on: VPDPBUSD zmm
 // issues once per cycle, VPMULLD costs two uops, 512-bit shuffles go to
