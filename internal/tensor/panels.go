@@ -276,59 +276,38 @@ func q4KPanel(blk []byte, h kHeader, lane int, dst []byte) {
 	}
 }
 
-// dequantizePanelRow writes row r of a panel-stored m, dequantized, into
-// dst (Cols values), as DequantizeRow: for Q8_0 q·d, d the panel's f32
-// scale, which holds the block's f16 scale exactly; for the others from
-// each block read back.
-func dequantizePanelRow(m *Mat, r int, dst []float32) {
-	switch m.DType {
-	case Q4_0:
-		var blk [18]byte
-		for b := range m.Cols / 32 {
-			q40PanelBlock(m, r, b, blk[:])
-			DequantizeRow(Q4_0, blk[:], dst[b*32:(b+1)*32])
-		}
-		return
-	case Q5_0:
-		var blk [22]byte
-		for b := range m.Cols / 32 {
-			q50PanelBlock(m, r, b, blk[:])
-			DequantizeRow(Q5_0, blk[:], dst[b*32:(b+1)*32])
-		}
-		return
-	case Q4_K:
-		var blk [144]byte
-		for b := range m.Cols / qk {
-			q4KPanelBlock(m, r, b, blk[:])
-			dequantizeQ4K(false, blk[:], dst[b*qk:(b+1)*qk])
-		}
-		return
-	case Q5_K:
-		var blk [176]byte
-		for b := range m.Cols / qk {
-			q5KPanelBlock(m, r, b, blk[:])
-			dequantizeQ4K(true, blk[:], dst[b*qk:(b+1)*qk])
-		}
-		return
-	case Q6_K:
-		var blk [210]byte
-		for b := range m.Cols / qk {
-			q6KPanelBlock(m, r, b, blk[:])
-			DequantizeRow(Q6_K, blk[:], dst[b*qk:(b+1)*qk])
-		}
-		return
-	}
+// panelBlockReaders write block b (ggml's) of row r of a panel-stored m of
+// their dtype into dst in ggml's layout: the panel read back.
+var panelBlockReaders = map[DType]func(m *Mat, r, b int, dst []byte){
+	Q8_0: q80PanelBlock, Q4_0: q40PanelBlock, Q5_0: q50PanelBlock,
+	Q4_K: q4KPanelBlock, Q5_K: q5KPanelBlock, Q6_K: q6KPanelBlock,
+}
+
+// q80PanelBlock writes block b of row r of a Q8_0 panel-stored m into dst
+// (34 bytes) in ggml's layout: the panel's f32 scale holds the block's f16
+// scale exactly.
+func q80PanelBlock(m *Mat, r, b int, dst []byte) {
 	nb := m.Cols / 32
-	group := m.Q[r/16*nb*panelQ8Block:]
+	blk := m.Q[(r/16*nb+b)*panelQ8Block:][:panelQ8Block]
 	lane := r % 16
-	for b := range nb {
-		blk := group[b*panelQ8Block:]
-		s := math.Float32frombits(binary.LittleEndian.Uint32(blk[512+4*lane:]))
-		y := dst[b*32 : (b+1)*32]
-		for i := range 8 {
-			for j := range 4 {
-				y[4*i+j] = float32(int8(blk[64*i+4*lane+j]^0x80)) * s
-			}
+	scale := math.Float32frombits(binary.LittleEndian.Uint32(blk[512+4*lane:]))
+	binary.LittleEndian.PutUint16(dst, F32ToF16(scale))
+	for i := range 8 {
+		for j := range 4 {
+			dst[2+4*i+j] = blk[64*i+4*lane+j] ^ 0x80
 		}
+	}
+}
+
+// dequantizePanelRow writes row r of a panel-stored m, dequantized, into
+// dst (Cols values), as DequantizeRow does from the blocks read back.
+func dequantizePanelRow(m *Mat, r int, dst []float32) {
+	read := panelBlockReaders[m.DType]
+	elems, bytes := m.DType.BlockSize()
+	var buf [210]byte // the largest block (Q6_K)
+	blk := buf[:bytes]
+	for b := range m.Cols / elems {
+		read(m, r, b, blk)
+		DequantizeRow(m.DType, blk, dst[b*elems:(b+1)*elems])
 	}
 }

@@ -2,8 +2,6 @@ package tensor
 
 import (
 	"bytes"
-	"encoding/binary"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -81,46 +79,9 @@ func TestPanelsAreTheSameMatrix(t *testing.T) {
 // panelRow writes row r of a panel-stored m in ggml's layout into dst
 // (its row bytes) and returns it: the panel layout of panels.go, read back.
 func panelRow(m *Mat, r int, dst []byte) []byte {
-	switch m.DType {
-	case Q4_0:
-		for b := range m.Cols / 32 {
-			q40PanelBlock(m, r, b, dst[18*b:18*(b+1)])
-		}
-		return dst
-	case Q4_K:
-		for b := range m.Cols / qk {
-			q4KPanelBlock(m, r, b, dst[144*b:144*(b+1)])
-		}
-		return dst
-	case Q5_K:
-		for b := range m.Cols / qk {
-			q5KPanelBlock(m, r, b, dst[176*b:176*(b+1)])
-		}
-		return dst
-	case Q5_0:
-		for b := range m.Cols / 32 {
-			q50PanelBlock(m, r, b, dst[22*b:22*(b+1)])
-		}
-		return dst
-	case Q6_K:
-		for b := range m.Cols / qk {
-			q6KPanelBlock(m, r, b, dst[210*b:210*(b+1)])
-		}
-		return dst
-	}
-	nb := m.Cols / 32
-	group := m.Q[r/16*nb*panelQ8Block:]
-	lane := r % 16
-	for b := range nb {
-		blk := group[b*panelQ8Block:]
-		out := dst[b*34:]
-		scale := math.Float32frombits(binary.LittleEndian.Uint32(blk[512+4*lane:]))
-		binary.LittleEndian.PutUint16(out, F32ToF16(scale))
-		for i := range 8 {
-			for j := range 4 {
-				out[2+4*i+j] = blk[64*i+4*lane+j] ^ 0x80
-			}
-		}
+	elems, bytes := m.DType.BlockSize()
+	for b := range m.Cols / elems {
+		panelBlockReaders[m.DType](m, r, b, dst[bytes*b:bytes*(b+1)])
 	}
 	return dst
 }
