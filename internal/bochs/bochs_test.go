@@ -28,7 +28,7 @@ import (
 //	  tdpbssd tmm0, tmm1, tmm2; tilestored [r8+rdx*1], tmm0; tilerelease; ret
 //	amxSU: amx with tdpbsud (A's bytes signed, B's unsigned) for tdpbssd
 const (
-	addCode = "488b7c2408488b742410488b542418488b4c2420488b064803024889074883c6084883c2084883c70848ffc975e6c3"
+	addCode   = "488b7c2408488b742410488b542418488b4c2420488b064803024889074883c6084883c2084883c70848ffc975e6c3"
 	amxCode   = "488b442408c4e2784900488b742410488b7c24184c8b44242048c7c240000000c4e27b49c0c4e27b4b0c16c4e27b4b1417c4e26b5ec1c4c27a4b0410c4e27849c0c3"
 	amxSUCode = "488b442408c4e2784900488b742410488b7c24184c8b44242048c7c240000000c4e27b49c0c4e27b4b0c16c4e27b4b1417c4e26a5ec1c4c27a4b0410c4e27849c0c3"
 )
@@ -115,7 +115,7 @@ func testAMXProduct(t *testing.T, fnCode string, signedB bool) {
 	cfg[0] = 1 // palette 1
 	for _, tile := range []int{0, 1, 2} {
 		binary.LittleEndian.PutUint16(cfg[16+2*tile:], 64) // bytes a row
-		cfg[48+tile] = 16                                   // rows
+		cfg[48+tile] = 16                                  // rows
 	}
 	p := NewProgram()
 	fn := p.Put(code(t, fnCode), 16)
