@@ -19,7 +19,12 @@ func calibrateKernels(log *slog.Logger) (tensor.Calibration, error) {
 	}
 	log.Info("CPU kernels chosen", "kernels", c.Set, "quantized", c.QuantText(), "cpuid_default", c.Default, "source", c.Source, "why", c.Summary())
 	if amx := tensor.DetectAMX(); amx.Tile {
-		log.Info("this CPU has AMX, which Tandem does not use yet", "amx", amx.String())
+		log.Info("this CPU has AMX", "amx", amx.String(), "quantized_prefill_on_amx", c.Quant == "amx")
+		if amx.Int8 && amx.Permitted {
+			if err := tensor.AMXSelfCheck(); err != nil {
+				log.Warn("the AMX kernels are not used: their results differ from the other kernels' here", "err", err)
+			}
+		}
 	}
 	if h := c.FormatHint(); h != "" {
 		log.Info(h)

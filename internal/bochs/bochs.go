@@ -31,7 +31,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"unsafe"
 )
 
 //go:embed boot.bin
@@ -126,6 +128,23 @@ func (p *Program) image() ([]byte, error) {
 		return nil, fmt.Errorf("bochs: the program's %d bytes pass the %#x the boot code loads", len(mem), limit)
 	}
 	return mem, nil
+}
+
+// FuncCode returns a copy of the machine code of the function whose first
+// instruction is at entry (an assembly function's address, as LEAQ of its
+// symbol gives it): the bytes up to where the runtime's function table
+// says the next function starts.
+func FuncCode(entry *byte) ([]byte, error) {
+	pc := uintptr(unsafe.Pointer(entry))
+	f := runtime.FuncForPC(pc)
+	if f == nil || f.Entry() != pc {
+		return nil, fmt.Errorf("bochs: %#x is not a function's entry", pc)
+	}
+	n := 1
+	for n < 1<<20 && runtime.FuncForPC(pc+uintptr(n)) == f {
+		n++
+	}
+	return bytes.Clone(unsafe.Slice(entry, n)), nil
 }
 
 // Dir returns the directory holding the bochs binary and bios.bin

@@ -170,11 +170,16 @@ long64:
 	movabs $0x58424d45444e4154, %rax /* "TANDEMBX" */
 	cmp %rax, (%rbx)
 	jne badmagic
-	mov 8(%rbx), %r12   /* ncalls */
-	mov 16(%rbx), %r13  /* calls */
+	mov 8(%rbx), %rax
+	mov %rax, ncalls(%rip)
+	mov 16(%rbx), %rax
+	mov %rax, nextcall(%rip)
+	/* A called function may change every register but the stack
+	 * pointer (ABI0): the loop's state lives in memory. */
 calls:
-	test %r12, %r12
-	jz dumps
+	cmpq $0, ncalls(%rip)
+	je dumps
+	mov nextcall(%rip), %r13
 	mov 16(%r13), %rcx  /* argslen */
 	mov $STACKTOP, %rsp
 	sub %rcx, %rsp
@@ -182,13 +187,15 @@ calls:
 	mov %rsp, %rdi
 	mov 8(%r13), %rsi
 	shr $3, %rcx
+	cld
 	rep movsq
 	call *(%r13)
-	add $24, %r13
-	dec %r12
+	addq $24, nextcall(%rip)
+	decq ncalls(%rip)
 	jmp calls
 dumps:
 	mov $STACKTOP, %rsp
+	mov $PAYLOAD, %rbx
 	mov 24(%rbx), %r12  /* ndumps */
 	mov 32(%rbx), %r13  /* dumps */
 4:	test %r12, %r12
@@ -286,6 +293,10 @@ hexdigits:
 shutdownstr:
 	.asciz "Shutdown"
 	.p2align 3
+ncalls:
+	.quad 0
+nextcall:
+	.quad 0
 idtr:
 	.word 32 * 16 - 1
 	.quad idt

@@ -310,18 +310,30 @@ func ratioScore(ts, base []time.Duration) float64 {
 // several) in DecodeQuantKernels' form, and says why.
 func chooseQuant(ws []Workload, times []Timing) (quant, row, why string) {
 	quant = fastestQuant(ws, times, func(w Workload) bool { return w.M > 1 })
+	// The AMX kernels run one activation row as the AVX512-VNNI ones do:
+	// not a choice for decode.
+	var rowTimes []Timing
+	for _, t := range times {
+		if t.Name != "amx" {
+			rowTimes = append(rowTimes, t)
+		}
+	}
 	var names [numDTypes]string
 	for d := range numDTypes {
 		if d.Quantized() {
-			names[d] = fastestQuant(ws, times, func(w Workload) bool { return w.M == 1 && w.DType == d })
+			names[d] = fastestQuant(ws, rowTimes, func(w Workload) bool { return w.M == 1 && w.DType == d })
 			if quant == "" {
 				quant = names[d]
 			}
 		}
 	}
+	rowDefault := quant
+	if quant == "amx" {
+		rowDefault = fastestQuant(ws, rowTimes, func(w Workload) bool { return w.M > 1 })
+	}
 	for d := range names {
 		if DType(d).Quantized() && names[d] == "" {
-			names[d] = quant
+			names[d] = rowDefault
 		}
 	}
 	row = formatRowQuants(names)

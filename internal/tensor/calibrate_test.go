@@ -92,6 +92,9 @@ func TestChooseQuantTakesFastestAndPrefersFirstOnTie(t *testing.T) {
 		{"each faster on its own rows", []Timing{{"x", []time.Duration{d, 2 * d, 2 * d}}, {"y", []time.Duration{3 * d, d, d}}}, "x", "x,q8_0=y,q6_k=y"},
 		{"one format's rows apart", []Timing{{"x", []time.Duration{d, d, 2 * d}}, {"y", []time.Duration{3 * d, 2 * d, d}}}, "x", "x,q6_k=y"},
 		{"a pruned candidate is not chosen", []Timing{{"x", []time.Duration{d, 2 * d, 2 * d}}, {"y", []time.Duration{5 * d}}}, "x", "x"},
+		// The AMX kernels run one row as the VNNI ones: never a decode
+		// choice, however its times fall.
+		{"amx prefills only", []Timing{{"x", []time.Duration{2 * d, 2 * d, 2 * d}}, {"amx", []time.Duration{d, d, d}}}, "amx", "x"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			quant, row, why := chooseQuant(ws, tc.times)

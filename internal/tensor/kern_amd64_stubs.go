@@ -310,6 +310,12 @@ func qactQ8_0AVX512(x *float32, nb int, q *int8, meta *uint32, corrMul int)
 // qactQ8KAVX512 quantizes nb blocks of 256 activations to q8_K levels, scale and sums (see quantizeActQ8K).
 func qactQ8KAVX512(x *float32, nb int, q *int8, meta *uint32)
 
+// qamx32R16 continues the 16-lane f32 chains of 16 activation rows over nb blocks of a Q8_0/Q4_0/Q5_0 panel with AMX (see asmgen).
+func qamx32R16(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)
+
+// qamx32R16Entry returns the address of qamx32R16's code (for tests that run it in an emulator).
+func qamx32R16Entry() *byte
+
 // qrowQ8_0AVX512 computes up to 8 Q8_0 weight rows times one activation row (see asmgen's rowquant.go).
 func qrowQ8_0AVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 

@@ -83,6 +83,9 @@ type kernelSet struct {
 	qmm func(a *qAct, w *Mat, lo, hi int, out []float32)
 	// qmmName names qmm among quantKernels ("go" when qmm is nil).
 	qmmName string
+	// amx says that qmm is the "amx" kernels, so that panel-stored
+	// matrices run qmmPanelsAMX too.
+	amx bool
 	// qmmRow[d], if set, replaces qmm for products of weights of dtype d
 	// with one activation row (a lone sequence's decode token), where
 	// other kernels may stream the weights faster than those that are

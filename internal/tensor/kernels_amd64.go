@@ -120,6 +120,9 @@ func archQuantKernels() []quantKernel {
 	avx512 := avx2 && x.HasAVX512F && x.HasAVX512BW && x.HasAVX512DQ && x.HasAVX512VL && x.HasBMI2
 	return []quantKernel{
 		{name: "avx512vnni", fn: qmmAVX512, avail: avx512 && x.HasAVX512VNNI},
+		// AMX-INT8 for groups of 16 activation rows (prefill), the VNNI
+		// kernels for the rest; chosen by the calibration, never by CPUID.
+		{name: "amx", fn: qmmAMX, avail: avx512 && x.HasAVX512VNNI && amxAvailable()},
 		{name: "avx2", fn: qmmAVX2, avail: avx2},
 	}
 }

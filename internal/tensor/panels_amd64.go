@@ -76,7 +76,14 @@ func packPanels(m *Mat, dst []byte) {
 // activation rows pass over it; or, where the dtype has a widen kernel and
 // m is more than its widenAbove rows, by the qmm kernels over each chunk
 // widened into scratch.
-func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) {
+func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) { qmmPanelsWith(a, w, lo, hi, out, false) }
+
+// qmmPanelsAMX is qmmPanels with the AMX kernel for each group of 16
+// activation rows where the dot kernels read 32-weight blocks (Q8_0; Q5_0
+// widened).
+func qmmPanelsAMX(a *qAct, w *Mat, lo, hi int, out []float32) { qmmPanelsWith(a, w, lo, hi, out, true) }
+
+func qmmPanelsWith(a *qAct, w *Mat, lo, hi int, out []float32, amx bool) {
 	set := panelSets[w.DType]
 	dot := set.dot
 	block, elems := panelBlock(w.DType)
@@ -103,6 +110,10 @@ func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) {
 		chunk = max(1, qPanelTarget/(per*set.wide.panelBytes))
 		wide = aligned64(&sc.panel, min(chunk, nb)*per*set.wide.panelBytes)
 	}
+	amxRows := 0
+	if amx && isDot32(dot) {
+		amxRows = amxPrepare(sc, a)
+	}
 	for g := lo / 16; g < hi/16; g++ {
 		clear(acc)
 		panel := w.Q[g*nb*block:]
@@ -116,7 +127,10 @@ func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) {
 				set.widen(p, c, &wide[0], uintptr(unsafe.Pointer(&w.Q[next])))
 				p = &wide[0]
 			}
-			for i := 0; i < m; i += len(dot) {
+			if amxRows > 0 {
+				amxDots(sc, a, amxRows, b0*elems/32, c*elems/32, p, acc)
+			}
+			for i := amxRows; i < m; i += len(dot) {
 				r := min(len(dot), m-i)
 				dot[r-1](&a.xq[i*k+b0*elems], k, &a.meta[(i*nb+b0)*words], nb*words*4, p, c*per, &acc[i*16])
 			}

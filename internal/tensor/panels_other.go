@@ -8,7 +8,12 @@ func panelKernels() bool { return false }
 // packPanels is never called here (PanelBytes is 0).
 func packPanels(*Mat, []byte) { panic("tensor: no panel kernels on this architecture") }
 
-// qmmPanels is never called here (no Mat is panel-stored).
+// qmmPanels and qmmPanelsAMX are never called here (no Mat is
+// panel-stored).
 func qmmPanels(*qAct, *Mat, int, int, []float32) {
+	panic("tensor: no panel kernels on this architecture")
+}
+
+func qmmPanelsAMX(*qAct, *Mat, int, int, []float32) {
 	panic("tensor: no panel kernels on this architecture")
 }

@@ -279,6 +279,9 @@ func (p *Pool) matmulQuant(ks *kernelSet, out, x []float32, m int, w *Mat) {
 		// Stored as panels only where the panel kernels run; their bits
 		// are every quantized kernel's.
 		qmm = qmmPanels
+		if ks.amx {
+			qmm = qmmPanelsAMX
+		}
 	case m == 1 && f != nil:
 		qmm = f
 	case qmm == nil:

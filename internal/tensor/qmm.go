@@ -98,6 +98,9 @@ type qKernelSet struct {
 	// row, where set, replaces pack and dot for one activation row
 	// (decode) when the weight rows have at least its group of blocks.
 	row map[DType]qRowKernel
+	// amx runs each group of 16 activation rows of the products whose
+	// dot kernels read 32-weight blocks with AMX (amxqmm_amd64.go).
+	amx bool
 }
 
 // qPanelTarget bounds the panel of one chunk of blocks (it stays in L1 or
@@ -110,6 +113,10 @@ type qScratch struct {
 	acc            []float32
 	rowOut         [qRowMax]float32
 	pad            []byte
+	// amxMeta and amxTile are the AMX kernel's activation records and
+	// the tile it stores (amxPrepare, amxDots).
+	amxMeta []uint32
+	amxTile [amxGroup * 16]int32
 }
 
 var qScratches = sync.Pool{New: func() any { return new(qScratch) }}
@@ -217,6 +224,10 @@ func (s *qKernelSet) runPanels(ks qTypeKernels, sc *qScratch, a *qAct, w *Mat, l
 		sc.acc = make([]float32, m*lanes)
 	}
 	acc := sc.acc[:m*lanes]
+	amxRows := 0
+	if s.amx && isDot32(ks.dot) {
+		amxRows = amxPrepare(sc, a)
+	}
 	// Each pack call prefetches the part of the next group of rows (the
 	// groups are contiguous) that matches its blocks, so the weights
 	// stream from DRAM in order, a group ahead; the last group re-touches
@@ -241,7 +252,10 @@ func (s *qKernelSet) runPanels(ks qTypeKernels, sc *qScratch, a *qAct, w *Mat, l
 		for b0 := 0; b0 < nb; b0 += chunk {
 			c := min(chunk, nb-b0)
 			ks.pack(&wq[b0*bytes], rb, c, &panel[0], next+uintptr(b0*lanes*bytes))
-			for i := 0; i < m; i += len(ks.dot) {
+			if amxRows > 0 {
+				amxDots(sc, a, amxRows, b0, c, &panel[0], acc)
+			}
+			for i := amxRows; i < m; i += len(ks.dot) {
 				r := min(len(ks.dot), m-i)
 				ks.dot[r-1](&a.xq[i*k+b0*elems], k, &a.meta[(i*nb+b0)*words], nb*words*4, &panel[0], c, &acc[i*lanes])
 			}

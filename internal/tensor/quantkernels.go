@@ -127,8 +127,14 @@ func withQuants(ks *kernelSet, name, rows string) (*kernelSet, error) {
 	if err != nil {
 		return nil, err
 	}
+	if q.name == "amx" {
+		// Chosen only where it gives the other kernels' bits.
+		if err := amxSelfCheck(); err != nil {
+			return nil, err
+		}
+	}
 	c := *ks
-	c.qmm, c.qmmName = q.fn, q.name
+	c.qmm, c.qmmName, c.amx = q.fn, q.name, q.name == "amx"
 	c.qmmRow, c.qmmRowName = [numDTypes]func(a *qAct, w *Mat, lo, hi int, out []float32){}, [numDTypes]string{}
 	for d, row := range names {
 		if !DType(d).Quantized() || row == q.name {

@@ -13,6 +13,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 
 	. "github.com/mmcloughlin/avo/build"
 	"github.com/mmcloughlin/avo/ir"
@@ -68,6 +69,19 @@ func encodeCVTNEPS2BF16(src, dst int) []byte { return evex(2, 0x72, dst, 0, src,
 var rawLine = regexp.MustCompile(`^(\s*)(VDPBF16PS|VCVTNEPS2BF16)\s+(.*)$`)
 var rawReg = regexp.MustCompile(`^[XYZ](\d+)$`)
 
+// writeRaw writes an instruction's encoding enc as BYTE directives after
+// indent, with text (its mnemonic and operands) as a comment above.
+func writeRaw(out *bytes.Buffer, indent, text string, enc []byte) {
+	fmt.Fprintf(out, "%s// %s\n%s", indent, strings.TrimSpace(text), indent)
+	for i, b := range enc {
+		if i > 0 {
+			out.WriteString("; ")
+		}
+		fmt.Fprintf(out, "BYTE $0x%02x", b)
+	}
+	out.WriteString("\n")
+}
+
 // rawEncode rewrites the pseudo-instructions in the generated assembly at
 // path into BYTE directives, keeping the mnemonic as a comment.
 func rawEncode(path string) error {
@@ -77,6 +91,14 @@ func rawEncode(path string) error {
 	}
 	var out bytes.Buffer
 	for n, line := range bytes.SplitAfter(src, []byte("\n")) {
+		if a := amxLine.FindSubmatch(bytes.TrimRight(line, "\n")); a != nil {
+			enc, err := encodeAMX(string(a[2]), string(a[3]))
+			if err != nil {
+				return fmt.Errorf("%s:%d: %w", path, n+1, err)
+			}
+			writeRaw(&out, string(a[1]), string(a[2])+" "+string(a[3]), enc)
+			continue
+		}
 		m := rawLine.FindSubmatch(bytes.TrimRight(line, "\n"))
 		if m == nil {
 			out.Write(line)
@@ -100,14 +122,7 @@ func rawEncode(path string) error {
 		default:
 			return fmt.Errorf("%s:%d: %s: want 3 or 2 register operands", path, n+1, m[2])
 		}
-		fmt.Fprintf(&out, "%s// %s %s\n%s", m[1], m[2], m[3], m[1])
-		for i, b := range enc {
-			if i > 0 {
-				out.WriteString("; ")
-			}
-			fmt.Fprintf(&out, "BYTE $0x%02x", b)
-		}
-		out.WriteString("\n")
+		writeRaw(&out, string(m[1]), string(m[2])+" "+string(m[3]), enc)
 	}
 	return os.WriteFile(path, out.Bytes(), 0o644)
 }

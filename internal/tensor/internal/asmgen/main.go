@@ -105,6 +105,7 @@ func main() {
 			pvIdx := pvIndex()
 			attnPV(pvIdx)
 			quantKernels()
+			amxKernels()
 			rowKernels(true)
 			for r := 1; r <= 4; r++ {
 				attnKeysDP(r)

@@ -1,0 +1,227 @@
+package main
+
+// The AMX kernels. Neither Go's assembler nor avo knows AMX, so, as with
+// VDPBF16PS (evexraw.go), the generator emits pseudo-instructions whose
+// general-register operands avo allocates, and encodeAMX replaces each by
+// its VEX encoding (rawEncode). Tiles are named by number ($0..$7).
+//
+// qamx32R16 multiplies 16 activation rows by a 16-row panel of 32-weight
+// blocks in the pack kernel's layout (panel32: 8 vectors of unsigned
+// levels, vector i holding levels 4i..4i+3 of row r at bytes 4r..4r+3 —
+// which is AMX's layout of a K×N tile B, 4 consecutive k of a column side
+// by side — then the 16 scales as f32). Per block, TDPBSUD sums the signed
+// activation bytes (tile A: 16 rows × 32 bytes) times the unsigned levels
+// (tile B: 8 rows × 64 bytes) exactly into a 16×16 int32 tile, stored to
+// scratch; then each row r continues its 16 chains as the VNNI dot kernels
+// do (dot32): I = corr + Σ, acc = fma(float(I), scales·dx, acc). The
+// integers are exact and the chain's operations are the definition's, so
+// the results are the bits of every other quantized kernel. Tested on an
+// emulated Sapphire Rapids (package tensor's TestAMXKernelsUnderBochs).
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	. "github.com/mmcloughlin/avo/build"
+	"github.com/mmcloughlin/avo/ir"
+	. "github.com/mmcloughlin/avo/operand"
+	. "github.com/mmcloughlin/avo/reg"
+)
+
+// The tiles of qamx32R16, as its configuration (palette 1, loaded from
+// its cfg argument: package tensor's amxConfig32) shapes them: C the 16×16
+// int32 sums (16 rows of 64 bytes), A 16 activation rows of 32 bytes, B 8
+// rows of 64 bytes of levels.
+const (
+	amxTileC = 0
+	amxTileA = 1
+	amxTileB = 2
+)
+
+func amxInstruction(opcode string, operands ...Op) {
+	var in []Op
+	for _, op := range operands {
+		if _, ok := op.(Register); ok {
+			in = append(in, op)
+		}
+	}
+	Instruction(&ir.Instruction{Opcode: opcode, Operands: operands, Inputs: in})
+}
+
+// ldtilecfg loads the tile configuration (64 bytes) at the address in cfg.
+func ldtilecfg(cfg Register) { amxInstruction("LDTILECFG", cfg) }
+
+// tilerelease returns the tiles to their initial state.
+func tilerelease() { amxInstruction("TILERELEASE") }
+
+// tilezero zeroes tile t.
+func tilezero(t int) { amxInstruction("TILEZERO", U8(t)) }
+
+// tileloadd loads tile t's rows from base, stride bytes apart.
+func tileloadd(t int, base, stride Register) { amxInstruction("TILELOADD", base, stride, U8(t)) }
+
+// tilestored stores tile t's rows to base, stride bytes apart.
+func tilestored(t int, base, stride Register) { amxInstruction("TILESTORED", base, stride, U8(t)) }
+
+// tdpbsud emits C += A·B over signed bytes of A and unsigned bytes of B.
+func tdpbsud(c, a, b int) { amxInstruction("TDPBSUD", U8(c), U8(a), U8(b)) }
+
+// qamx32R16 emits the kernel (see the top of the file). Its meta is the
+// activation rows' per-block records arranged for it (package tensor's
+// amxMeta): per block the 16 rows' scales dx (f32), then their
+// corrections (int32).
+func qamx32R16() {
+	const rows = 16
+	TEXT("qamx32R16", NOSPLIT, "func(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)")
+	Doc("qamx32R16 continues the 16-lane f32 chains of 16 activation rows over nb blocks of a Q8_0/Q4_0/Q5_0 panel with AMX (see asmgen).")
+	x := Load(Param("x"), GP64())
+	ldx := Load(Param("ldx"), GP64())
+	meta := Load(Param("meta"), GP64())
+	panel := Load(Param("panel"), GP64())
+	nb := Load(Param("nb"), GP64())
+	accp := Load(Param("acc"), GP64())
+	cfg := Load(Param("cfg"), GP64())
+	scratch := Load(Param("scratch"), GP64())
+	ldtilecfg(cfg)
+	line := GP64()
+	MOVQ(U32(64), line)
+	acc := loadAccs(accp, rows)
+	TESTQ(nb, nb)
+	JE(LabelRef("store"))
+	Label("block")
+	tilezero(amxTileC)
+	tileloadd(amxTileA, x, ldx)
+	tileloadd(amxTileB, panel, line)
+	tdpbsud(amxTileC, amxTileA, amxTileB)
+	tilestored(amxTileC, scratch, line)
+	dw := ZMM()
+	VMOVUPS(Mem{Base: panel, Disp: 512}, dw)
+	for r := range rows {
+		is := ZMM()
+		VMOVDQU32(Mem{Base: scratch, Disp: 64 * r}, is)
+		VPADDD_BCST(Mem{Base: meta, Disp: 64 + 4*r}, is, is)
+		s := ZMM()
+		VMULPS_BCST(Mem{Base: meta, Disp: 4 * r}, dw, s)
+		f := ZMM()
+		VCVTDQ2PS(is, f)
+		VFMADD231PS(s, f, acc[r])
+	}
+	ADDQ(U32(32), x)
+	ADDQ(U32(128), meta)
+	ADDQ(U32(panel32Bytes), panel)
+	DECQ(nb)
+	JNE(LabelRef("block"))
+	Label("store")
+	for r := range acc {
+		VMOVUPS(acc[r], Mem{Base: accp, Disp: 64 * r})
+	}
+	tilerelease()
+	VZEROUPPER()
+	RET()
+}
+
+// amxKernels emits the AMX kernels.
+func amxKernels() {
+	qamx32R16()
+	// The kernel's entry, for the tests that run its code in an emulator.
+	TEXT("qamx32R16Entry", NOSPLIT, "func() *byte")
+	Doc("qamx32R16Entry returns the address of qamx32R16's code (for tests that run it in an emulator).")
+	r := GP64()
+	LEAQ(NewDataAddr(Symbol{Name: "·qamx32R16"}, 0), r)
+	Store(r, ReturnIndex(0))
+	RET()
+}
+
+var (
+	amxLine = regexp.MustCompile(`^(\s*)(LDTILECFG|TILERELEASE|TILEZERO|TILELOADD|TILESTORED|TDPBSUD)\b\s*(.*)$`)
+	gpRegs  = map[string]int{"AX": 0, "CX": 1, "DX": 2, "BX": 3, "SP": 4, "BP": 5, "SI": 6, "DI": 7,
+		"R8": 8, "R9": 9, "R10": 10, "R11": 11, "R12": 12, "R13": 13, "R14": 14, "R15": 15}
+)
+
+// encodeAMX returns the encoding of an AMX pseudo-instruction as the
+// generated assembly prints it (mnemonic, operands: general registers by
+// name, tiles as immediates), or an error.
+func encodeAMX(mnemonic, operands string) ([]byte, error) {
+	var regs, tiles []int
+	for _, op := range strings.Split(operands, ",") {
+		op = strings.TrimSpace(op)
+		if op == "" {
+			continue
+		}
+		if strings.HasPrefix(op, "$") {
+			v, err := strconv.ParseInt(op[1:], 0, 8)
+			if err != nil || v < 0 || v > 7 {
+				return nil, fmt.Errorf("%s: tile operand %q", mnemonic, op)
+			}
+			tiles = append(tiles, int(v))
+			continue
+		}
+		r, ok := gpRegs[op]
+		if !ok {
+			return nil, fmt.Errorf("%s: operand %q is not a general register", mnemonic, op)
+		}
+		regs = append(regs, r)
+	}
+	want := map[string][2]int{"LDTILECFG": {1, 0}, "TILERELEASE": {0, 0}, "TILEZERO": {0, 1},
+		"TILELOADD": {2, 1}, "TILESTORED": {2, 1}, "TDPBSUD": {0, 3}}[mnemonic]
+	if len(regs) != want[0] || len(tiles) != want[1] {
+		return nil, fmt.Errorf("%s: want %d registers and %d tiles, got %q", mnemonic, want[0], want[1], operands)
+	}
+	switch mnemonic {
+	case "LDTILECFG": // VEX.128.NP.0F38.W0 49 !(11):000:bbb
+		return vex3(0, 0, 0, regs[0], 0, 0x49, memOperand(0, regs[0], -1)), nil
+	case "TILERELEASE": // VEX.128.NP.0F38.W0 49 C0
+		return vex3(0, 0, 0, 0, 0, 0x49, []byte{0xc0}), nil
+	case "TILEZERO": // VEX.128.F2.0F38.W0 49 11:rrr:000
+		return vex3(3, 0, 0, 0, 0, 0x49, []byte{0xc0 | byte(tiles[0])<<3}), nil
+	case "TILELOADD", "TILESTORED": // VEX.128.F2 (load) or F3 (store).0F38.W0 4B !(11):rrr:100, base + index·1
+		pp := byte(3)
+		if mnemonic == "TILESTORED" {
+			pp = 2
+		}
+		if regs[1] == 4 {
+			return nil, fmt.Errorf("%s: SP cannot be an index", mnemonic)
+		}
+		return vex3(pp, 0, regs[1], regs[0], 0, 0x4b, memOperand(tiles[0], regs[0], regs[1])), nil
+	case "TDPBSUD": // VEX.128.F3.0F38.W0 5E 11:rrr(C):bbb(A), vvvv B
+		return vex3(2, 0, 0, 0, tiles[2], 0x5e, []byte{0xc0 | byte(tiles[0])<<3 | byte(tiles[1])}), nil
+	}
+	return nil, fmt.Errorf("%s: unknown", mnemonic)
+}
+
+// vex3 returns a three-byte VEX prefix (map 0F38, W0, 128-bit) with
+// mandatory prefix pp (0 none, 1 66, 2 F3, 3 F2), the high bits of ModRM.reg
+// (r), SIB.index (x) and ModRM.rm or SIB.base (b), the second source vvvv,
+// then the opcode and rest (ModRM and what follows).
+func vex3(pp byte, r, x, b, vvvv int, opcode byte, rest []byte) []byte {
+	bit := func(v int) byte { return byte(v>>3) & 1 }
+	p1 := (1-bit(r))<<7 | (1-bit(x))<<6 | (1-bit(b))<<5 | 0b00010
+	p2 := (^byte(vvvv)&0b1111)<<3 | pp
+	return append([]byte{0xc4, p1, p2, opcode}, rest...)
+}
+
+// memOperand returns ModRM (reg field reg) and what follows for the memory
+// operand [base] (index < 0) or [base + index·1]: a SIB byte where needed,
+// and a zero 8-bit displacement where the base is BP or R13 (which mod 00
+// does not allow).
+func memOperand(reg, base, index int) []byte {
+	mod := byte(0)
+	if base&7 == 5 {
+		mod = 1
+	}
+	var out []byte
+	switch {
+	case index >= 0:
+		out = []byte{mod<<6 | byte(reg&7)<<3 | 4, byte(index&7)<<3 | byte(base&7)}
+	case base&7 == 4:
+		out = []byte{mod<<6 | byte(reg&7)<<3 | 4, 0x24}
+	default:
+		out = []byte{mod<<6 | byte(reg&7)<<3 | byte(base&7)}
+	}
+	if mod == 1 {
+		out = append(out, 0)
+	}
+	return out
+}
