@@ -23,3 +23,14 @@ func amxSelfCheck() error { return errors.New("tensor: AMX is an amd64 extension
 
 // AMXSelfCheck reports that AMX is amd64's.
 func AMXSelfCheck() error { return amxSelfCheck() }
+
+// amxBF16SelfCheck reports that AMX is amd64's.
+func amxBF16SelfCheck() error { return errors.New("tensor: AMX is an amd64 extension") }
+
+// amxBF16Fits reports false: the AMX kernels are amd64's.
+func amxBF16Fits(*Mat) bool { return false }
+
+// matmulAMXBF16 is never called here (no kernel set has amxBF16).
+func (p *Pool) matmulAMXBF16([]float32, []uint16, int, *Mat, int) {
+	panic("tensor: no AMX kernels on this architecture")
+}

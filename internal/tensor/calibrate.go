@@ -238,6 +238,11 @@ func findSet(name string) (*kernelSet, error) {
 			if !ks.avail {
 				return nil, fmt.Errorf("tensor: ISA %q is not supported by this CPU (supported: %v)", name, ISAs())
 			}
+			if ks.amxBF16 {
+				if err := amxBF16SelfCheck(); err != nil {
+					return nil, err
+				}
+			}
 			return ks, nil
 		}
 	}
@@ -381,7 +386,7 @@ func timeSets(measure Measure) []Timing {
 	var sets []*kernelSet
 	var names []string
 	for _, ks := range kernelSets {
-		if ks.avail {
+		if ks.avail && (!ks.amxBF16 || amxBF16SelfCheck() == nil) {
 			sets, names = append(sets, ks), append(names, ks.name)
 		}
 	}

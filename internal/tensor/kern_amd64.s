@@ -37324,6 +37324,77 @@ DATA sums16order<>+28(SB)/2, $0x000d
 DATA sums16order<>+30(SB)/2, $0x000f
 GLOBL sums16order<>(SB), RODATA|NOPTR, $32
 
+// func gemmAMXBF16(w *uint16, ldw int, xp *uint16, k int, rows int, r int, out *float32, ldo int, cfg *byte, scratch *float32, idx *int32)
+// Requires: AVX, AVX512F
+TEXT ·gemmAMXBF16(SB), NOSPLIT, $0-88
+	MOVQ      w+0(FP), AX
+	MOVQ      ldw+8(FP), CX
+	SHLQ      $0x01, CX
+	MOVQ      xp+16(FP), DX
+	MOVQ      k+24(FP), BX
+	SHRQ      $0x05, BX
+	MOVQ      rows+32(FP), SI
+	MOVQ      r+40(FP), DI
+	MOVQ      out+48(FP), R8
+	MOVQ      ldo+56(FP), R9
+	SHLQ      $0x02, R9
+	MOVQ      cfg+64(FP), R10
+	MOVQ      scratch+72(FP), R11
+	MOVQ      idx+80(FP), R12
+	// LDTILECFG R10
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x78; BYTE $0x49; BYTE $0x02
+	VMOVDQU32 (R12), Z0
+	MOVQ      $0x00000040, R10
+
+group:
+	// TILEZERO $0x00
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0
+	MOVQ     AX, R12
+	MOVQ     DX, R13
+	MOVQ     BX, R14
+
+kstep:
+	// TILELOADD R12, CX, $0x01
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x7b; BYTE $0x4b; BYTE $0x0c; BYTE $0x0c
+	// TILELOADD R13, R10, $0x02
+	BYTE $0xc4; BYTE $0x82; BYTE $0x7b; BYTE $0x4b; BYTE $0x54; BYTE $0x15; BYTE $0x00
+	// TDPBF16PS $0x00, $0x01, $0x02
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x6a; BYTE $0x5c; BYTE $0xc1
+	ADDQ       $0x00000040, R12
+	ADDQ       $0x00000400, R13
+	DECQ       R14
+	JNE        kstep
+	// TILESTORED R11, R10, $0x00
+	BYTE $0xc4; BYTE $0x82; BYTE $0x7a; BYTE $0x4b; BYTE $0x04; BYTE $0x13
+	MOVQ       R11, R12
+	MOVQ       R8, R13
+	MOVQ       DI, R14
+
+column:
+	KXNORW     K1, K1, K1
+	VGATHERDPS (R12)(Z0*4), K1, Z1
+	VMOVUPS    Z1, (R13)
+	ADDQ       $0x00000004, R12
+	ADDQ       R9, R13
+	DECQ       R14
+	JNE        column
+	MOVQ       CX, R12
+	SHLQ       $0x04, R12
+	ADDQ       R12, AX
+	ADDQ       $0x00000040, R8
+	SUBQ       $0x00000010, SI
+	JNE        group
+	// TILERELEASE
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x78; BYTE $0x49; BYTE $0xc0
+	VZEROUPPER
+	RET
+
+// func gemmAMXBF16Entry() *byte
+TEXT ·gemmAMXBF16Entry(SB), NOSPLIT, $0-8
+	LEAQ ·gemmAMXBF16+0(SB), AX
+	MOVQ AX, ret+0(FP)
+	RET
+
 // func qamx32R16(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)
 // Requires: AVX, AVX512F
 TEXT ·qamx32R16(SB), NOSPLIT, $0-64

@@ -310,6 +310,12 @@ func qactQ8_0AVX512(x *float32, nb int, q *int8, meta *uint32, corrMul int)
 // qactQ8KAVX512 quantizes nb blocks of 256 activations to q8_K levels, scale and sums (see quantizeActQ8K).
 func qactQ8KAVX512(x *float32, nb int, q *int8, meta *uint32)
 
+// gemmAMXBF16 multiplies rows bf16 weight rows by r packed bf16 activation rows with AMX (see asmgen).
+func gemmAMXBF16(w *uint16, ldw int, xp *uint16, k int, rows int, r int, out *float32, ldo int, cfg *byte, scratch *float32, idx *int32)
+
+// gemmAMXBF16Entry returns the address of gemmAMXBF16's code (for tests that run it in an emulator).
+func gemmAMXBF16Entry() *byte
+
 // qamx32R16 continues the 16-lane f32 chains of 16 activation rows over nb blocks of a Q8_0/Q4_0/Q5_0 panel with AMX (see asmgen).
 func qamx32R16(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)
 

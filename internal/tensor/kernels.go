@@ -86,6 +86,9 @@ type kernelSet struct {
 	// amx says that qmm is the "amx" kernels, so that panel-stored
 	// matrices run qmmPanelsAMX too.
 	amx bool
+	// amxBF16 says that bf16 weights whose shape fits (amxBF16Fits) are
+	// multiplied with AMX-BF16 for every batch (the amxbf16 set).
+	amxBF16 bool
 	// qmmRow[d], if set, replaces qmm for products of weights of dtype d
 	// with one activation row (a lone sequence's decode token), where
 	// other kernels may stream the weights faster than those that are

@@ -51,8 +51,14 @@ func archKernelSets() []*kernelSet {
 		attnKeysDPR1, attnKeysDPR2, attnKeysDPR3, attnKeysDPR4}
 	bf16.attnPVStream = attnPVDPStream
 	bf16.avail = avx512 && x.HasAVX512BF16
+	// amxbf16 is avx512bf16 with AMX-BF16 for the bf16 weights
+	// (amxbf16_amd64.go); chosen by the calibration, never by CPUID.
+	amx := bf16
+	amx.name, amx.amxBF16 = "amxbf16", true
+	amx.avail = bf16.avail && amxBF16Available()
 	return []*kernelSet{
 		&bf16,
+		&amx,
 		avx512Set,
 		{
 			name: "avx2",

@@ -97,6 +97,10 @@ func (p *Pool) matMul(ks *kernelSet, out, x []float32, m int, w *Mat) {
 		}
 		xb = (*buf)[:m*k]
 		ks.toBF16(&x[0], &xb[0], m*k)
+		if ks.amxBF16 && amxBF16Fits(w) {
+			p.matmulAMXBF16(out, xb, m, w, chunk)
+			return
+		}
 	}
 	p.run(n, chunk, func(_, lo, hi int) { matmulRange(ks, out, x, xb, m, w, lo, hi) })
 }

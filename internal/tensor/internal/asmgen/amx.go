@@ -68,6 +68,9 @@ func tilestored(t int, base, stride Register) { amxInstruction("TILESTORED", bas
 // tdpbsud emits C += A·B over signed bytes of A and unsigned bytes of B.
 func tdpbsud(c, a, b int) { amxInstruction("TDPBSUD", U8(c), U8(a), U8(b)) }
 
+// tdpbf16ps emits C += A·B over bf16 pairs, accumulating in f32.
+func tdpbf16ps(c, a, b int) { amxInstruction("TDPBF16PS", U8(c), U8(a), U8(b)) }
+
 // qamx32R16 emits the kernel (see the top of the file). Its meta is the
 // activation rows' per-block records arranged for it (package tensor's
 // amxMeta): per block the 16 rows' scales dx (f32), then their
@@ -122,8 +125,92 @@ func qamx32R16() {
 	RET()
 }
 
+// gemmAMXBF16 emits the bf16 kernel of the amxbf16 kernel set: rows
+// (a multiple of 16) weight rows of k (a multiple of 32) bf16 by r ≤ 16
+// bf16 activation rows, out[j·ldo + i] for j < r. The weights are tile A
+// as they are stored (16 rows of 32 weights, ldw apart): no repacking;
+// the activations, packed by the caller as tile B wants them (per pair of
+// k, the pairs of the 16 activation rows side by side: 64 bytes, 1 KiB a
+// step of 32 k), are tile B, its columns r (the configuration at cfg, one
+// per r: package tensor's amxBF16Config). Each 16 weight rows accumulate
+// over the whole of k in tile C (TDPBF16PS in k order), which is stored
+// and written out column by column (a gather with the offsets at idx,
+// 16·i) transposed: every output takes the same instructions whatever r
+// is, so the set is batch invariant by construction.
+func gemmAMXBF16() {
+	const tC, tA, tB = 0, 1, 2
+	TEXT("gemmAMXBF16", NOSPLIT, "func(w *uint16, ldw int, xp *uint16, k int, rows int, r int, out *float32, ldo int, cfg *byte, scratch *float32, idx *int32)")
+	Doc("gemmAMXBF16 multiplies rows bf16 weight rows by r packed bf16 activation rows with AMX (see asmgen).")
+	w := Load(Param("w"), GP64())
+	ldw := Load(Param("ldw"), GP64())
+	SHLQ(U8(1), ldw)
+	xp := Load(Param("xp"), GP64())
+	k := Load(Param("k"), GP64())
+	SHRQ(U8(5), k) // steps of 32
+	rows := Load(Param("rows"), GP64())
+	r := Load(Param("r"), GP64())
+	out := Load(Param("out"), GP64())
+	ldo := Load(Param("ldo"), GP64())
+	SHLQ(U8(2), ldo)
+	cfg := Load(Param("cfg"), GP64())
+	scratch := Load(Param("scratch"), GP64())
+	idx := Load(Param("idx"), GP64())
+	ldtilecfg(cfg)
+	zidx := ZMM()
+	VMOVDQU32(Mem{Base: idx}, zidx)
+	line := GP64()
+	MOVQ(U32(64), line)
+	Label("group")
+	tilezero(tC)
+	wp, bp, cnt := GP64(), GP64(), GP64()
+	MOVQ(w, wp)
+	MOVQ(xp, bp)
+	MOVQ(k, cnt)
+	Label("kstep")
+	tileloadd(tA, wp, ldw)
+	tileloadd(tB, bp, line)
+	tdpbf16ps(tC, tA, tB)
+	ADDQ(U32(64), wp)
+	ADDQ(U32(1024), bp)
+	DECQ(cnt)
+	JNE(LabelRef("kstep"))
+	tilestored(tC, scratch, line)
+	// Column j of C (weight rows i, activation row j) to out + j·ldo.
+	sj, oj, j := GP64(), GP64(), GP64()
+	MOVQ(scratch, sj)
+	MOVQ(out, oj)
+	MOVQ(r, j)
+	Label("column")
+	v := ZMM()
+	KXNORW(K1, K1, K1)
+	VGATHERDPS(Mem{Base: sj, Index: zidx, Scale: 4}, K1, v)
+	VMOVUPS(v, Mem{Base: oj})
+	ADDQ(U32(4), sj)
+	ADDQ(ldo, oj)
+	DECQ(j)
+	JNE(LabelRef("column"))
+	// The next 16 weight rows.
+	t := GP64()
+	MOVQ(ldw, t)
+	SHLQ(U8(4), t)
+	ADDQ(t, w)
+	ADDQ(U32(64), out)
+	SUBQ(U32(16), rows)
+	JNE(LabelRef("group"))
+	tilerelease()
+	VZEROUPPER()
+	RET()
+	TEXT("gemmAMXBF16Entry", NOSPLIT, "func() *byte")
+	Doc("gemmAMXBF16Entry returns the address of gemmAMXBF16's code (for tests that run it in an emulator).")
+	e := GP64()
+	LEAQ(NewDataAddr(Symbol{Name: "·gemmAMXBF16"}, 0), e)
+	Store(e, ReturnIndex(0))
+	RET()
+}
+
 // amxKernels emits the AMX kernels.
 func amxKernels() {
+	gemmAMXBF16()
 	qamx32R16()
 	// The kernel's entry, for the tests that run its code in an emulator.
 	TEXT("qamx32R16Entry", NOSPLIT, "func() *byte")
@@ -135,7 +222,7 @@ func amxKernels() {
 }
 
 var (
-	amxLine = regexp.MustCompile(`^(\s*)(LDTILECFG|TILERELEASE|TILEZERO|TILELOADD|TILESTORED|TDPBSUD)\b\s*(.*)$`)
+	amxLine = regexp.MustCompile(`^(\s*)(LDTILECFG|TILERELEASE|TILEZERO|TILELOADD|TILESTORED|TDPBSUD|TDPBF16PS)\b\s*(.*)$`)
 	gpRegs  = map[string]int{"AX": 0, "CX": 1, "DX": 2, "BX": 3, "SP": 4, "BP": 5, "SI": 6, "DI": 7,
 		"R8": 8, "R9": 9, "R10": 10, "R11": 11, "R12": 12, "R13": 13, "R14": 14, "R15": 15}
 )
@@ -165,7 +252,7 @@ func encodeAMX(mnemonic, operands string) ([]byte, error) {
 		regs = append(regs, r)
 	}
 	want := map[string][2]int{"LDTILECFG": {1, 0}, "TILERELEASE": {0, 0}, "TILEZERO": {0, 1},
-		"TILELOADD": {2, 1}, "TILESTORED": {2, 1}, "TDPBSUD": {0, 3}}[mnemonic]
+		"TILELOADD": {2, 1}, "TILESTORED": {2, 1}, "TDPBSUD": {0, 3}, "TDPBF16PS": {0, 3}}[mnemonic]
 	if len(regs) != want[0] || len(tiles) != want[1] {
 		return nil, fmt.Errorf("%s: want %d registers and %d tiles, got %q", mnemonic, want[0], want[1], operands)
 	}
@@ -185,8 +272,12 @@ func encodeAMX(mnemonic, operands string) ([]byte, error) {
 			return nil, fmt.Errorf("%s: SP cannot be an index", mnemonic)
 		}
 		return vex3(pp, 0, regs[1], regs[0], 0, 0x4b, memOperand(tiles[0], regs[0], regs[1])), nil
-	case "TDPBSUD": // VEX.128.F3.0F38.W0 5E 11:rrr(C):bbb(A), vvvv B
-		return vex3(2, 0, 0, 0, tiles[2], 0x5e, []byte{0xc0 | byte(tiles[0])<<3 | byte(tiles[1])}), nil
+	case "TDPBSUD", "TDPBF16PS": // VEX.128.F3.0F38.W0 5E (5C) 11:rrr(C):bbb(A), vvvv B
+		op := byte(0x5e)
+		if mnemonic == "TDPBF16PS" {
+			op = 0x5c
+		}
+		return vex3(2, 0, 0, 0, tiles[2], op, []byte{0xc0 | byte(tiles[0])<<3 | byte(tiles[1])}), nil
 	}
 	return nil, fmt.Errorf("%s: unknown", mnemonic)
 }

@@ -1,0 +1,173 @@
+package tensor
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+)
+
+// The amxbf16 kernel set: avx512bf16's, with bf16 weights multiplied by
+// AMX-BF16 (asmgen's amx.go, gemmAMXBF16) wherever a matrix's rows are a
+// multiple of 16 and its columns of 32, for every number of activation
+// rows (decode too), so that each output takes the same instructions
+// whatever the batch: TDPBF16PS over K in order, in one tile. Its rounding
+// is AMX's (pairs accumulated as the instruction does; denormals flushed),
+// not VDPBF16PS's, so it is a kernel set of its own, chosen by the
+// calibration only where it is measured faster, and only after
+// amxBF16SelfCheck.
+
+// amxBF16Config holds gemmAMXBF16's tile configuration for r = 1..16
+// activation rows (palette 1): tile 0 the sums (16 rows of r f32), tile 1
+// 16 weight rows of 32 bf16, tile 2 16 pairs of k of r activation rows.
+var amxBF16Config = func() (c [amxGroup + 1][64]byte) {
+	for r := 1; r <= amxGroup; r++ {
+		c[r][0] = 1
+		for _, t := range []struct{ tile, rows, colsb int }{{0, 16, 4 * r}, {1, 16, 64}, {2, 16, 4 * r}} {
+			c[r][16+2*t.tile] = byte(t.colsb)
+			c[r][48+t.tile] = byte(t.rows)
+		}
+	}
+	return c
+}()
+
+// amxGatherIdx is gemmAMXBF16's gather offsets: element 16·i, row i of
+// the stored tile.
+var amxGatherIdx = [16]int32{0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240}
+
+// amxBF16Kernel is the kernel; a test runs the driver with a Go function
+// of the same contract where the CPU has no AMX.
+var amxBF16Kernel = gemmAMXBF16
+
+// amxBF16Available reports whether this CPU and OS run AMX-BF16.
+func amxBF16Available() bool {
+	s := DetectAMX()
+	return s.Tile && s.BF16 && s.Permitted
+}
+
+// amxBF16Fits reports whether the amxbf16 set multiplies w with AMX: bf16
+// rows in groups of 16 and columns in steps of 32. Any other matrix takes
+// avx512bf16's kernels, for every batch alike.
+func amxBF16Fits(w *Mat) bool {
+	return w.DType == BF16 && w.Rows%16 == 0 && w.Cols%32 == 0 && w.Cols > 0
+}
+
+// amxBF16Scratch holds, per MatMul, the packed activations.
+var amxBF16Scratch = sync.Pool{New: func() any { return new([]uint16) }}
+
+// amxTileScratch holds a worker's stored tile.
+var amxTileScratch = sync.Pool{New: func() any { return new([amxGroup * 16]float32) }}
+
+// packAMXBF16 lays out m activation rows of k bf16 (xb) as gemmAMXBF16's
+// tile B wants them: per group of 16 rows, per pair p of k, the 16 rows'
+// pairs (x[j][2p], x[j][2p+1]) side by side (64 bytes; the rows past m of
+// the last group zero).
+func packAMXBF16(xb []uint16, m, k int, dst []uint16) {
+	groups := (m + amxGroup - 1) / amxGroup
+	per := k / 2 * 32 // uint16 per group
+	clear(dst[:groups*per])
+	for i := range m {
+		g, j := i/amxGroup, i%amxGroup
+		row := xb[i*k : (i+1)*k]
+		d := dst[g*per:]
+		for p := range k / 2 {
+			d[32*p+2*j], d[32*p+2*j+1] = row[2*p], row[2*p+1]
+		}
+	}
+}
+
+// matmulAMXBF16 is matMul for the amxbf16 set and a matrix that fits: the
+// activations xb (rounded to bf16) packed once, then each chunk of weight
+// rows (a multiple of 16) by every group of 16 activation rows.
+func (p *Pool) matmulAMXBF16(out []float32, xb []uint16, m int, w *Mat, chunk int) {
+	n, k := w.Rows, w.Cols
+	groups := (m + amxGroup - 1) / amxGroup
+	buf := amxBF16Scratch.Get().(*[]uint16)
+	defer amxBF16Scratch.Put(buf)
+	if cap(*buf) < groups*k*16 {
+		*buf = make([]uint16, groups*k*16)
+	}
+	xp := (*buf)[:groups*k*16]
+	packAMXBF16(xb, m, k, xp)
+	p.run(n, chunk, func(_, lo, hi int) {
+		tile := amxTileScratch.Get().(*[amxGroup * 16]float32)
+		defer amxTileScratch.Put(tile)
+		// 16 weight rows at a time, so that they stay in cache while
+		// every group of activation rows passes over them; one call
+		// over the whole range for a single group (decode).
+		step := 16
+		if groups == 1 {
+			step = hi - lo
+		}
+		for r0 := lo; r0 < hi; r0 += step {
+			rows := min(step, hi-r0)
+			for g := range groups {
+				r := min(amxGroup, m-g*amxGroup)
+				amxBF16Kernel(&w.U16[r0*k], k, &xp[g*k*16], k, rows, r, &out[g*amxGroup*n+r0], n,
+					&amxBF16Config[r][0], &tile[0], &amxGatherIdx[0])
+			}
+		}
+	})
+}
+
+var amxBF16Check struct {
+	once sync.Once
+	err  error
+}
+
+// amxBF16SelfCheck multiplies a random bf16 matrix by 1, 5, 16 and 21
+// activation rows with the amxbf16 set and returns an error unless every
+// output is the same bits at every batch size and within bf16's rounding
+// of the avx512bf16 set's: a CPU where it fails keeps the other sets. It
+// runs once.
+func amxBF16SelfCheck() error {
+	amxBF16Check.once.Do(func() {
+		var amx, ref *kernelSet
+		for _, ks := range kernelSets {
+			switch ks.name {
+			case "amxbf16":
+				amx = ks
+			case "avx512bf16":
+				ref = ks
+			}
+		}
+		if amx == nil || !amx.avail || ref == nil || !ref.avail {
+			amxBF16Check.err = errors.New("tensor: AMX-BF16 and AVX512-BF16 are not both available here: " + DetectAMX().String())
+			return
+		}
+		amxBF16Check.err = amxBF16Compare(amx, ref)
+	})
+	return amxBF16Check.err
+}
+
+// amxBF16Compare checks the amx set against ref as amxBF16SelfCheck says.
+func amxBF16Compare(amx, ref *kernelSet) error {
+	const n, k, mMax = 48, 256, 21
+	rng := rand.New(rand.NewPCG(9, 10))
+	w := randomMat(rng, BF16, n, k)
+	x := make([]float32, mMax*k)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	p := &Pool{threads: 1}
+	full := make([]float32, mMax*n)
+	p.matMul(amx, full, x, mMax, w)
+	want := make([]float32, mMax*n)
+	p.matMul(ref, want, x, mMax, w)
+	for i, v := range full {
+		if d := math.Abs(float64(v - want[i])); d > 1e-2*(1+math.Abs(float64(want[i]))) || v != v {
+			return fmt.Errorf("tensor: the amxbf16 set's product differs from avx512bf16's at row %d, column %d: %g, want %g", i/n, i%n, v, want[i])
+		}
+	}
+	for _, m := range []int{1, 5, 16} {
+		got := make([]float32, m*n)
+		p.matMul(amx, got, x, m, w)
+		for i, v := range got {
+			if math.Float32bits(v) != math.Float32bits(full[i]) {
+				return fmt.Errorf("tensor: the amxbf16 set is not batch invariant: row %d, column %d is %g in a batch of %d, %g in one of %d", i/n, i%n, v, m, full[i], mMax)
+			}
+		}
+	}
+	return nil
+}
