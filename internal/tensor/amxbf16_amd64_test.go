@@ -240,3 +240,56 @@ func TestAMXBF16SelfCheck(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestAMXPeakKernelsUnderBochs runs the AMX peak loops (`tandem bench
+// model`'s tile-dot peaks) in the Bochs emulator's Sapphire Rapids, 3
+// passes, and checks that their lane sums count the multiply-adds the
+// rates assume (peakKernels' macs).
+func TestAMXPeakKernelsUnderBochs(t *testing.T) {
+	dir, err := bochs.Dir()
+	if err != nil {
+		testutil.Missing(t, err.Error())
+	}
+	const iters = 3
+	p := bochs.NewProgram()
+	cfg := p.Put(amxPeakConfig[:], 64)
+	scratch := p.Alloc(4096, 64)
+	kernels := []struct {
+		peak  Peak
+		entry *byte
+		one   uint16
+	}{{PeakAMXBF16, peakAMXBF16Entry(), 0x3f80}, {PeakAMXInt8, peakAMXInt8Entry(), 0x0101}}
+	for _, k := range kernels {
+		code, err := bochs.FuncCode(k.entry)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ones := make([]byte, 1024)
+		for i := 0; i < len(ones); i += 2 {
+			binary.LittleEndian.PutUint16(ones[i:], k.one)
+		}
+		fn, po, out := p.Put(code, 64), p.Put(ones, 64), p.Alloc(64, 64)
+		p.Call(fn, iters, out, cfg, po, scratch)
+		p.Dump(out, 64)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dumps, err := bochs.Run(ctx, dir, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range kernels {
+		var sum float64
+		for l := range 16 {
+			v := binary.LittleEndian.Uint32(dumps[i][4*l:])
+			if k.peak == PeakAMXBF16 {
+				sum += float64(math.Float32frombits(v))
+			} else {
+				sum += float64(int32(v))
+			}
+		}
+		if want := float64(peakKernels[k.peak].macs * iters); sum != want {
+			t.Fatalf("%v: the lanes sum to %g, want %g", k.peak, sum, want)
+		}
+	}
+}

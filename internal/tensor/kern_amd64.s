@@ -37389,12 +37389,6 @@ column:
 	VZEROUPPER
 	RET
 
-// func gemmAMXBF16Entry() *byte
-TEXT ·gemmAMXBF16Entry(SB), NOSPLIT, $0-8
-	LEAQ ·gemmAMXBF16+0(SB), AX
-	MOVQ AX, ret+0(FP)
-	RET
-
 // func qamx32R16(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)
 // Requires: AVX, AVX512F
 TEXT ·qamx32R16(SB), NOSPLIT, $0-64
@@ -37548,9 +37542,273 @@ store:
 	VZEROUPPER
 	RET
 
+// func peakAMXBF16(iters int, out *float32, cfg *byte, ones *byte, scratch *byte)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·peakAMXBF16(SB), NOSPLIT, $0-40
+	MOVQ      iters+0(FP), AX
+	MOVQ      out+8(FP), CX
+	MOVQ      cfg+16(FP), DX
+	MOVQ      ones+24(FP), BX
+	MOVQ      scratch+32(FP), SI
+	// LDTILECFG DX
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x78; BYTE $0x49; BYTE $0x02
+	MOVQ      $0x00000040, DX
+	// TILEZERO $0x00
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0
+	// TILEZERO $0x01
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8
+	// TILEZERO $0x02
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xd0
+	// TILEZERO $0x03
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xd8
+	// TILELOADD BX, DX, $0x04
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x24; BYTE $0x13
+	// TILELOADD BX, DX, $0x05
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x2c; BYTE $0x13
+	TESTQ     AX, AX
+	JLE       peakAMXBF16_done
+
+peakAMXBF16_loop:
+	// TDPBF16PS $0x00, $0x04, $0x05
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x52; BYTE $0x5c; BYTE $0xc4
+	// TDPBF16PS $0x01, $0x04, $0x05
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x52; BYTE $0x5c; BYTE $0xcc
+	// TDPBF16PS $0x02, $0x04, $0x05
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x52; BYTE $0x5c; BYTE $0xd4
+	// TDPBF16PS $0x03, $0x04, $0x05
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x52; BYTE $0x5c; BYTE $0xdc
+	DECQ      AX
+	JNZ       peakAMXBF16_loop
+
+peakAMXBF16_done:
+	MOVQ       SI, AX
+	// TILESTORED AX, DX, $0x00
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7a; BYTE $0x4b; BYTE $0x04; BYTE $0x10
+	ADDQ       $0x00000400, AX
+	// TILESTORED AX, DX, $0x01
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7a; BYTE $0x4b; BYTE $0x0c; BYTE $0x10
+	ADDQ       $0x00000400, AX
+	// TILESTORED AX, DX, $0x02
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7a; BYTE $0x4b; BYTE $0x14; BYTE $0x10
+	ADDQ       $0x00000400, AX
+	// TILESTORED AX, DX, $0x03
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7a; BYTE $0x4b; BYTE $0x1c; BYTE $0x10
+	ADDQ       $0x00000400, AX
+	VXORPS     Z0, Z0, Z0
+	VADDPS     (SI), Z0, Z0
+	VADDPS     64(SI), Z0, Z0
+	VADDPS     128(SI), Z0, Z0
+	VADDPS     192(SI), Z0, Z0
+	VADDPS     256(SI), Z0, Z0
+	VADDPS     320(SI), Z0, Z0
+	VADDPS     384(SI), Z0, Z0
+	VADDPS     448(SI), Z0, Z0
+	VADDPS     512(SI), Z0, Z0
+	VADDPS     576(SI), Z0, Z0
+	VADDPS     640(SI), Z0, Z0
+	VADDPS     704(SI), Z0, Z0
+	VADDPS     768(SI), Z0, Z0
+	VADDPS     832(SI), Z0, Z0
+	VADDPS     896(SI), Z0, Z0
+	VADDPS     960(SI), Z0, Z0
+	VADDPS     1024(SI), Z0, Z0
+	VADDPS     1088(SI), Z0, Z0
+	VADDPS     1152(SI), Z0, Z0
+	VADDPS     1216(SI), Z0, Z0
+	VADDPS     1280(SI), Z0, Z0
+	VADDPS     1344(SI), Z0, Z0
+	VADDPS     1408(SI), Z0, Z0
+	VADDPS     1472(SI), Z0, Z0
+	VADDPS     1536(SI), Z0, Z0
+	VADDPS     1600(SI), Z0, Z0
+	VADDPS     1664(SI), Z0, Z0
+	VADDPS     1728(SI), Z0, Z0
+	VADDPS     1792(SI), Z0, Z0
+	VADDPS     1856(SI), Z0, Z0
+	VADDPS     1920(SI), Z0, Z0
+	VADDPS     1984(SI), Z0, Z0
+	VADDPS     2048(SI), Z0, Z0
+	VADDPS     2112(SI), Z0, Z0
+	VADDPS     2176(SI), Z0, Z0
+	VADDPS     2240(SI), Z0, Z0
+	VADDPS     2304(SI), Z0, Z0
+	VADDPS     2368(SI), Z0, Z0
+	VADDPS     2432(SI), Z0, Z0
+	VADDPS     2496(SI), Z0, Z0
+	VADDPS     2560(SI), Z0, Z0
+	VADDPS     2624(SI), Z0, Z0
+	VADDPS     2688(SI), Z0, Z0
+	VADDPS     2752(SI), Z0, Z0
+	VADDPS     2816(SI), Z0, Z0
+	VADDPS     2880(SI), Z0, Z0
+	VADDPS     2944(SI), Z0, Z0
+	VADDPS     3008(SI), Z0, Z0
+	VADDPS     3072(SI), Z0, Z0
+	VADDPS     3136(SI), Z0, Z0
+	VADDPS     3200(SI), Z0, Z0
+	VADDPS     3264(SI), Z0, Z0
+	VADDPS     3328(SI), Z0, Z0
+	VADDPS     3392(SI), Z0, Z0
+	VADDPS     3456(SI), Z0, Z0
+	VADDPS     3520(SI), Z0, Z0
+	VADDPS     3584(SI), Z0, Z0
+	VADDPS     3648(SI), Z0, Z0
+	VADDPS     3712(SI), Z0, Z0
+	VADDPS     3776(SI), Z0, Z0
+	VADDPS     3840(SI), Z0, Z0
+	VADDPS     3904(SI), Z0, Z0
+	VADDPS     3968(SI), Z0, Z0
+	VADDPS     4032(SI), Z0, Z0
+	VMOVUPS    Z0, (CX)
+	// TILERELEASE
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x78; BYTE $0x49; BYTE $0xc0
+	VZEROUPPER
+	RET
+
+// func peakAMXInt8(iters int, out *int32, cfg *byte, ones *byte, scratch *byte)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·peakAMXInt8(SB), NOSPLIT, $0-40
+	MOVQ      iters+0(FP), AX
+	MOVQ      out+8(FP), CX
+	MOVQ      cfg+16(FP), DX
+	MOVQ      ones+24(FP), BX
+	MOVQ      scratch+32(FP), SI
+	// LDTILECFG DX
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x78; BYTE $0x49; BYTE $0x02
+	MOVQ      $0x00000040, DX
+	// TILEZERO $0x00
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0
+	// TILEZERO $0x01
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8
+	// TILEZERO $0x02
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xd0
+	// TILEZERO $0x03
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xd8
+	// TILELOADD BX, DX, $0x04
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x24; BYTE $0x13
+	// TILELOADD BX, DX, $0x05
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x4b; BYTE $0x2c; BYTE $0x13
+	TESTQ     AX, AX
+	JLE       peakAMXInt8_done
+
+peakAMXInt8_loop:
+	// TDPBSUD $0x00, $0x04, $0x05
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x52; BYTE $0x5e; BYTE $0xc4
+	// TDPBSUD $0x01, $0x04, $0x05
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x52; BYTE $0x5e; BYTE $0xcc
+	// TDPBSUD $0x02, $0x04, $0x05
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x52; BYTE $0x5e; BYTE $0xd4
+	// TDPBSUD $0x03, $0x04, $0x05
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x52; BYTE $0x5e; BYTE $0xdc
+	DECQ    AX
+	JNZ     peakAMXInt8_loop
+
+peakAMXInt8_done:
+	MOVQ       SI, AX
+	// TILESTORED AX, DX, $0x00
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7a; BYTE $0x4b; BYTE $0x04; BYTE $0x10
+	ADDQ       $0x00000400, AX
+	// TILESTORED AX, DX, $0x01
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7a; BYTE $0x4b; BYTE $0x0c; BYTE $0x10
+	ADDQ       $0x00000400, AX
+	// TILESTORED AX, DX, $0x02
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7a; BYTE $0x4b; BYTE $0x14; BYTE $0x10
+	ADDQ       $0x00000400, AX
+	// TILESTORED AX, DX, $0x03
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7a; BYTE $0x4b; BYTE $0x1c; BYTE $0x10
+	ADDQ       $0x00000400, AX
+	VXORPS     Z0, Z0, Z0
+	VPADDD     (SI), Z0, Z0
+	VPADDD     64(SI), Z0, Z0
+	VPADDD     128(SI), Z0, Z0
+	VPADDD     192(SI), Z0, Z0
+	VPADDD     256(SI), Z0, Z0
+	VPADDD     320(SI), Z0, Z0
+	VPADDD     384(SI), Z0, Z0
+	VPADDD     448(SI), Z0, Z0
+	VPADDD     512(SI), Z0, Z0
+	VPADDD     576(SI), Z0, Z0
+	VPADDD     640(SI), Z0, Z0
+	VPADDD     704(SI), Z0, Z0
+	VPADDD     768(SI), Z0, Z0
+	VPADDD     832(SI), Z0, Z0
+	VPADDD     896(SI), Z0, Z0
+	VPADDD     960(SI), Z0, Z0
+	VPADDD     1024(SI), Z0, Z0
+	VPADDD     1088(SI), Z0, Z0
+	VPADDD     1152(SI), Z0, Z0
+	VPADDD     1216(SI), Z0, Z0
+	VPADDD     1280(SI), Z0, Z0
+	VPADDD     1344(SI), Z0, Z0
+	VPADDD     1408(SI), Z0, Z0
+	VPADDD     1472(SI), Z0, Z0
+	VPADDD     1536(SI), Z0, Z0
+	VPADDD     1600(SI), Z0, Z0
+	VPADDD     1664(SI), Z0, Z0
+	VPADDD     1728(SI), Z0, Z0
+	VPADDD     1792(SI), Z0, Z0
+	VPADDD     1856(SI), Z0, Z0
+	VPADDD     1920(SI), Z0, Z0
+	VPADDD     1984(SI), Z0, Z0
+	VPADDD     2048(SI), Z0, Z0
+	VPADDD     2112(SI), Z0, Z0
+	VPADDD     2176(SI), Z0, Z0
+	VPADDD     2240(SI), Z0, Z0
+	VPADDD     2304(SI), Z0, Z0
+	VPADDD     2368(SI), Z0, Z0
+	VPADDD     2432(SI), Z0, Z0
+	VPADDD     2496(SI), Z0, Z0
+	VPADDD     2560(SI), Z0, Z0
+	VPADDD     2624(SI), Z0, Z0
+	VPADDD     2688(SI), Z0, Z0
+	VPADDD     2752(SI), Z0, Z0
+	VPADDD     2816(SI), Z0, Z0
+	VPADDD     2880(SI), Z0, Z0
+	VPADDD     2944(SI), Z0, Z0
+	VPADDD     3008(SI), Z0, Z0
+	VPADDD     3072(SI), Z0, Z0
+	VPADDD     3136(SI), Z0, Z0
+	VPADDD     3200(SI), Z0, Z0
+	VPADDD     3264(SI), Z0, Z0
+	VPADDD     3328(SI), Z0, Z0
+	VPADDD     3392(SI), Z0, Z0
+	VPADDD     3456(SI), Z0, Z0
+	VPADDD     3520(SI), Z0, Z0
+	VPADDD     3584(SI), Z0, Z0
+	VPADDD     3648(SI), Z0, Z0
+	VPADDD     3712(SI), Z0, Z0
+	VPADDD     3776(SI), Z0, Z0
+	VPADDD     3840(SI), Z0, Z0
+	VPADDD     3904(SI), Z0, Z0
+	VPADDD     3968(SI), Z0, Z0
+	VPADDD     4032(SI), Z0, Z0
+	VMOVUPS    Z0, (CX)
+	// TILERELEASE
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x78; BYTE $0x49; BYTE $0xc0
+	VZEROUPPER
+	RET
+
+// func gemmAMXBF16Entry() *byte
+TEXT ·gemmAMXBF16Entry(SB), NOSPLIT, $0-8
+	LEAQ ·gemmAMXBF16+0(SB), AX
+	MOVQ AX, ret+0(FP)
+	RET
+
 // func qamx32R16Entry() *byte
 TEXT ·qamx32R16Entry(SB), NOSPLIT, $0-8
 	LEAQ ·qamx32R16+0(SB), AX
+	MOVQ AX, ret+0(FP)
+	RET
+
+// func peakAMXBF16Entry() *byte
+TEXT ·peakAMXBF16Entry(SB), NOSPLIT, $0-8
+	LEAQ ·peakAMXBF16+0(SB), AX
+	MOVQ AX, ret+0(FP)
+	RET
+
+// func peakAMXInt8Entry() *byte
+TEXT ·peakAMXInt8Entry(SB), NOSPLIT, $0-8
+	LEAQ ·peakAMXInt8+0(SB), AX
 	MOVQ AX, ret+0(FP)
 	RET
 

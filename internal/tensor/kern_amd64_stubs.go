@@ -313,14 +313,26 @@ func qactQ8KAVX512(x *float32, nb int, q *int8, meta *uint32)
 // gemmAMXBF16 multiplies rows bf16 weight rows by r packed bf16 activation rows with AMX (see asmgen).
 func gemmAMXBF16(w *uint16, ldw int, xp *uint16, k int, rows int, r int, out *float32, ldo int, cfg *byte, scratch *float32, idx *int32)
 
-// gemmAMXBF16Entry returns the address of gemmAMXBF16's code (for tests that run it in an emulator).
-func gemmAMXBF16Entry() *byte
-
 // qamx32R16 continues the 16-lane f32 chains of 16 activation rows over nb blocks of a Q8_0/Q4_0/Q5_0 panel with AMX (see asmgen).
 func qamx32R16(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)
 
+// peakAMXBF16 runs iters passes of TDPBF16PS over 4 independent tiles of ones and stores the sums of their rows at out (see asmgen).
+func peakAMXBF16(iters int, out *float32, cfg *byte, ones *byte, scratch *byte)
+
+// peakAMXInt8 runs iters passes of TDPBSUD over 4 independent tiles of ones and stores the sums of their rows at out (see asmgen).
+func peakAMXInt8(iters int, out *int32, cfg *byte, ones *byte, scratch *byte)
+
+// gemmAMXBF16Entry returns the address of gemmAMXBF16's code (for tests that run it in an emulator).
+func gemmAMXBF16Entry() *byte
+
 // qamx32R16Entry returns the address of qamx32R16's code (for tests that run it in an emulator).
 func qamx32R16Entry() *byte
+
+// peakAMXBF16Entry returns the address of peakAMXBF16's code (for tests that run it in an emulator).
+func peakAMXBF16Entry() *byte
+
+// peakAMXInt8Entry returns the address of peakAMXInt8's code (for tests that run it in an emulator).
+func peakAMXInt8Entry() *byte
 
 // qrowQ8_0AVX512 computes up to 8 Q8_0 weight rows times one activation row (see asmgen's rowquant.go).
 func qrowQ8_0AVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)

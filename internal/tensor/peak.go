@@ -34,11 +34,19 @@ const (
 	// it (summing up to 8 VPMADDUBSW results before one VPMADDWD, a
 	// little less work per product than this sequence).
 	PeakInt8AVX2
+	// PeakAMXBF16 is TDPBF16PS on full tiles (AMX-BF16): 16×16 outputs
+	// of 32 bf16 multiply-adds into f32. The amxbf16 set's bf16 products
+	// use it.
+	PeakAMXBF16
+	// PeakAMXInt8 is TDPBSUD on full tiles (AMX-INT8): 16×16 outputs of
+	// 64 s8·u8 multiply-adds into int32. The amx quantized kernels use it
+	// for groups of 16 activation rows.
+	PeakAMXInt8
 	numPeaks
 )
 
 // Peaks lists every Peak, f32 first.
-var Peaks = []Peak{PeakFMA256, PeakFMA512, PeakBF16Dot, PeakVNNI, PeakInt8AVX2}
+var Peaks = []Peak{PeakFMA256, PeakFMA512, PeakBF16Dot, PeakVNNI, PeakInt8AVX2, PeakAMXBF16, PeakAMXInt8}
 
 // String names the arithmetic and its instruction, e.g. "f32 FMA zmm
 // (VFMADD231PS)".
@@ -54,6 +62,10 @@ func (p Peak) String() string {
 		return "int8 dot zmm (VPDPBUSD)"
 	case PeakInt8AVX2:
 		return "int8 dot ymm (VPMADDUBSW+VPMADDWD)"
+	case PeakAMXBF16:
+		return "bf16 tile dot (TDPBF16PS)"
+	case PeakAMXInt8:
+		return "int8 tile dot (TDPBSUD)"
 	}
 	return "unknown peak"
 }
@@ -118,6 +130,11 @@ func PeakRate(p Peak) (opsPerSec float64, ok bool) {
 func PrefillPeak(set, quant string, dt DType) (p Peak, ok bool) {
 	if dt.Quantized() {
 		switch quant {
+		case "amx":
+			if dt == Q8_0 || dt == Q4_0 || dt == Q5_0 {
+				return PeakAMXInt8, true
+			}
+			return PeakVNNI, true
 		case "avx512vnni":
 			return PeakVNNI, true
 		case "avx2":
@@ -126,6 +143,11 @@ func PrefillPeak(set, quant string, dt DType) (p Peak, ok bool) {
 		return 0, false
 	}
 	switch set {
+	case "amxbf16":
+		if dt == BF16 {
+			return PeakAMXBF16, true
+		}
+		return PeakFMA512, true
 	case "avx512bf16":
 		if dt == BF16 {
 			return PeakBF16Dot, true

@@ -30,8 +30,46 @@ var peakKernels = func() [numPeaks]peakKernel {
 	if avx512 && x.HasAVX512VNNI {
 		ks[PeakVNNI].run = peakSum(peakVNNI)
 	}
+	// Four tiles of 16×16 outputs: 32 bf16 or 64 int8 multiply-adds each.
+	ks[PeakAMXBF16].macs = 4 * 256 * 32
+	ks[PeakAMXInt8].macs = 4 * 256 * 64
+	if avx512 && amxBF16Available() {
+		ks[PeakAMXBF16].run = peakAMXSum(peakAMXBF16, 0x3f80)
+	}
+	if avx512 && amxAvailable() {
+		ks[PeakAMXInt8].run = peakAMXSum(peakAMXInt8, 0x0101)
+	}
 	return ks
 }()
+
+// amxPeakConfig is the AMX peak kernels' tile configuration (palette 1):
+// tiles 0–5 of 16 rows of 64 bytes.
+var amxPeakConfig = func() (c [64]byte) {
+	c[0] = 1
+	for t := range 6 {
+		c[16+2*t], c[48+t] = 64, 16
+	}
+	return c
+}()
+
+// peakAMXSum wraps an AMX peak kernel: its tiles of ones filled with the
+// 16-bit pattern one (bf16 1.0, or two int8 1s), the lanes' total.
+func peakAMXSum[T float32 | int32](k func(iters int, out *T, cfg, ones, scratch *byte), one uint16) func(int) float64 {
+	return func(iters int) float64 {
+		var ones [1024]byte
+		for i := 0; i < len(ones); i += 2 {
+			ones[i], ones[i+1] = byte(one), byte(one>>8)
+		}
+		scratch := make([]byte, 4096)
+		var out [16]T
+		k(iters, &out[0], &amxPeakConfig[0], &ones[0], &scratch[0])
+		s := 0.0
+		for _, v := range out {
+			s += float64(v)
+		}
+		return s
+	}
+}
 
 // peakSum wraps a peak kernel storing its 16 lanes' sums (f32 or int32):
 // the lanes' total.

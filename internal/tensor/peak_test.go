@@ -56,6 +56,11 @@ func TestPrefillPeakIsTheInstructionTheKernelsUse(t *testing.T) {
 		{"avx512", "avx2", BF16, PeakFMA512, true},
 		{"avx512", "avx2", Q8_0, PeakInt8AVX2, true},
 		{"avx2", "avx2", BF16, PeakFMA256, true},
+		{"amxbf16", "amx", BF16, PeakAMXBF16, true},
+		{"amxbf16", "amx", F32, PeakFMA512, true},
+		{"amxbf16", "amx", Q8_0, PeakAMXInt8, true},
+		{"amxbf16", "amx", Q5_0, PeakAMXInt8, true},
+		{"amxbf16", "amx", Q4_K, PeakVNNI, true},
 		{"go", "go", F32, 0, false},
 		{"go", "go", Q6_K, 0, false},
 	} {

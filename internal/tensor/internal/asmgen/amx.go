@@ -200,23 +200,83 @@ func gemmAMXBF16() {
 	tilerelease()
 	VZEROUPPER()
 	RET()
-	TEXT("gemmAMXBF16Entry", NOSPLIT, "func() *byte")
-	Doc("gemmAMXBF16Entry returns the address of gemmAMXBF16's code (for tests that run it in an emulator).")
-	e := GP64()
-	LEAQ(NewDataAddr(Symbol{Name: "·gemmAMXBF16"}, 0), e)
-	Store(e, ReturnIndex(0))
+}
+
+// peakAMX emits the AMX peak kernel name (peak.go's kind of loop): iters
+// passes of op over 4 independent accumulator tiles (0–3), with tiles 4
+// and 5 loaded from ones (16 rows of 64 bytes of 1s), full 16×64 tiles
+// (the configuration at cfg, package tensor's amxPeakConfig); then the
+// tiles stored to scratch (4 KiB) and their 64 rows summed into the 16
+// lanes stored at out (each lane iters·64·(products a lane of a row)).
+func peakAMX(name, what string, ints bool, op func(c, a, b int)) {
+	elem := "float32"
+	if ints {
+		elem = "int32"
+	}
+	TEXT(name, NOSPLIT, fmt.Sprintf("func(iters int, out *%s, cfg *byte, ones *byte, scratch *byte)", elem))
+	Doc(fmt.Sprintf("%s runs iters passes of %s over 4 independent tiles of ones and stores the sums of their rows at out (see asmgen).", name, what))
+	n := Load(Param("iters"), GP64())
+	out := Load(Param("out"), GP64())
+	cfg := Load(Param("cfg"), GP64())
+	ones := Load(Param("ones"), GP64())
+	scratch := Load(Param("scratch"), GP64())
+	ldtilecfg(cfg)
+	line := GP64()
+	MOVQ(U32(64), line)
+	for t := range 4 {
+		tilezero(t)
+	}
+	tileloadd(4, ones, line)
+	tileloadd(5, ones, line)
+	TESTQ(n, n)
+	JLE(LabelRef(name + "_done"))
+	Label(name + "_loop")
+	for t := range 4 {
+		op(t, 4, 5)
+	}
+	DECQ(n)
+	JNZ(LabelRef(name + "_loop"))
+	Label(name + "_done")
+	p := GP64()
+	MOVQ(scratch, p)
+	for t := range 4 {
+		tilestored(t, p, line)
+		ADDQ(U32(1024), p)
+	}
+	sum := ZMM()
+	VXORPS(sum, sum, sum)
+	for row := range 64 {
+		if ints {
+			VPADDD(Mem{Base: scratch, Disp: 64 * row}, sum, sum)
+		} else {
+			VADDPS(Mem{Base: scratch, Disp: 64 * row}, sum, sum)
+		}
+	}
+	VMOVUPS(sum, Mem{Base: out})
+	tilerelease()
+	VZEROUPPER()
 	RET()
 }
 
-// amxKernels emits the AMX kernels.
+// amxKernels emits the AMX kernels, each with a function returning its
+// entry (amxEntry).
 func amxKernels() {
 	gemmAMXBF16()
 	qamx32R16()
-	// The kernel's entry, for the tests that run its code in an emulator.
-	TEXT("qamx32R16Entry", NOSPLIT, "func() *byte")
-	Doc("qamx32R16Entry returns the address of qamx32R16's code (for tests that run it in an emulator).")
+	peakAMX("peakAMXBF16", "TDPBF16PS", false, tdpbf16ps)
+	peakAMX("peakAMXInt8", "TDPBSUD", true, tdpbsud)
+	for _, name := range []string{"gemmAMXBF16", "qamx32R16", "peakAMXBF16", "peakAMXInt8"} {
+		amxEntry(name)
+	}
+}
+
+// amxEntry emits nameEntry, which returns the address of name's code: the
+// tests run AMX kernels in an emulator on CPUs without AMX.
+func amxEntry(name string) {
+	TEXT(name+"Entry", NOSPLIT, "func() *byte")
+	Doc(fmt.Sprintf("%sEntry returns the address of %s's code (for tests that run it in an emulator).", name, name))
 	r := GP64()
-	LEAQ(NewDataAddr(Symbol{Name: "·qamx32R16"}, 0), r)
+	LEAQ(NewDataAddr(Symbol{Name: "·" + name}, 0), r)
 	Store(r, ReturnIndex(0))
 	RET()
 }
