@@ -1,6 +1,9 @@
 package tensor
 
-import "fmt"
+import (
+	"fmt"
+	"sync"
+)
 
 // AMXSupport is what this CPU and OS offer of Intel's Advanced Matrix
 // Extensions (Sapphire Rapids and later). The quantized kernels named
@@ -20,15 +23,17 @@ type AMXSupport struct {
 }
 
 // DetectAMX returns this CPU's AMX support, asking Linux for the tile data
-// permission when the CPU has AMX-TILE.
-func DetectAMX() AMXSupport {
+// permission (once, for the process) when the CPU has AMX-TILE.
+func DetectAMX() AMXSupport { return detectAMX() }
+
+var detectAMX = sync.OnceValue(func() AMXSupport {
 	s := amxCPUID()
 	if s.Tile {
 		s.PermErr = requestAMXPermission()
 		s.Permitted = s.PermErr == nil
 	}
 	return s
-}
+})
 
 // String describes the support for the log.
 func (s AMXSupport) String() string {
