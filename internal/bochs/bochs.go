@@ -33,7 +33,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"testing"
+	"time"
 	"unsafe"
+
+	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 //go:embed boot.bin
@@ -235,6 +239,25 @@ debug: action=ignore
 		}
 	}
 	return dumps, nil
+}
+
+// RunTest runs p as Run does, in the emulator $TANDEM_BOCHS names, within
+// a few minutes, and returns its dumps; without an emulator it skips the
+// test, or fails it under TANDEM_REQUIRE_TESTDATA=1 (testutil.Missing), and
+// any other error fails it.
+func RunTest(t testing.TB, p *Program) [][]byte {
+	t.Helper()
+	dir, err := Dir()
+	if err != nil {
+		testutil.Missing(t, err.Error())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out, err := Run(ctx, dir, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // emptyOptionROM returns a 512-byte option ROM whose initialization

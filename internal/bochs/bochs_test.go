@@ -51,17 +51,6 @@ func code(t *testing.T, s string) []byte {
 	return b
 }
 
-func run(t *testing.T, p *Program) [][]byte {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	out, err := Run(ctx, dir(t), p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 // TestRunCallsWithABI0Arguments runs a function twice, the second call on
 // the first's output, and reads both results back.
 func TestRunCallsWithABI0Arguments(t *testing.T) {
@@ -79,7 +68,7 @@ func TestRunCallsWithABI0Arguments(t *testing.T) {
 	p.Call(fn, d2, d1, pb, n)
 	p.Dump(d1, 8*n)
 	p.Dump(d2, 8*n)
-	out := run(t, p)
+	out := RunTest(t, p)
 	for i := range n {
 		want1 := uint64(i)*1_000_003 + uint64(n-i)<<40
 		if got := binary.LittleEndian.Uint64(out[0][8*i:]); got != want1 {
@@ -123,7 +112,7 @@ func testAMXProduct(t *testing.T, fnCode string, signedB bool) {
 	c := p.Alloc(16*64, 64)
 	p.Call(fn, pc, pa, pb, c)
 	p.Dump(c, 16*64)
-	out := run(t, p)[0]
+	out := RunTest(t, p)[0]
 	for m := range 16 {
 		for n := range 16 {
 			var want int32

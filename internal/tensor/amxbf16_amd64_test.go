@@ -1,16 +1,13 @@
 package tensor
 
 import (
-	"context"
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/tandem-serve/tandem/internal/bochs"
-	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // ftz flushes a denormal to a zero of its sign, as AMX-BF16 does with its
@@ -72,10 +69,6 @@ func randomBF16Rows(rng *rand.Rand, m, k int) []uint16 {
 // compared bit for bit with the definition (amxBF16Dot) and across the
 // groups (batch invariance).
 func TestAMXBF16KernelUnderBochs(t *testing.T) {
-	dir, err := bochs.Dir()
-	if err != nil {
-		testutil.Missing(t, err.Error())
-	}
 	code, err := bochs.FuncCode(gemmAMXBF16Entry())
 	if err != nil {
 		t.Fatal(err)
@@ -117,12 +110,7 @@ func TestAMXBF16KernelUnderBochs(t *testing.T) {
 		}
 		p.Dump(out, 4*r*n)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	dumps, err := bochs.Run(ctx, dir, p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dumps := bochs.RunTest(t, p)
 	xp := make([]uint16, k*16)
 	packAMXBF16(x, amxGroup, k, xp)
 	for c, r := range rs {
@@ -246,10 +234,6 @@ func TestAMXBF16SelfCheck(t *testing.T) {
 // passes, and checks that their lane sums count the multiply-adds the
 // rates assume (peakKernels' macs).
 func TestAMXPeakKernelsUnderBochs(t *testing.T) {
-	dir, err := bochs.Dir()
-	if err != nil {
-		testutil.Missing(t, err.Error())
-	}
 	const iters = 3
 	p := bochs.NewProgram()
 	cfg := p.Put(amxPeakConfig[:], 64)
@@ -272,12 +256,7 @@ func TestAMXPeakKernelsUnderBochs(t *testing.T) {
 		p.Call(fn, iters, out, cfg, po, scratch)
 		p.Dump(out, 64)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	dumps, err := bochs.Run(ctx, dir, p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dumps := bochs.RunTest(t, p)
 	for i, k := range kernels {
 		var sum float64
 		for l := range 16 {

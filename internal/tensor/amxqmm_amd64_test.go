@@ -2,16 +2,13 @@ package tensor
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/tandem-serve/tandem/internal/bochs"
-	"github.com/tandem-serve/tandem/internal/testutil"
 )
 
 // panel32Go writes the panel32 layout (the AVX-512 pack kernels' and
@@ -96,10 +93,6 @@ func TestPanel32GoIsThePackKernels(t *testing.T) {
 // and compares every output bit with the definition (qmmGo): two groups of
 // 16 activation rows, the blocks in two calls that continue the chains.
 func TestAMXKernelUnderBochs(t *testing.T) {
-	dir, err := bochs.Dir()
-	if err != nil {
-		testutil.Missing(t, err.Error())
-	}
 	code, err := bochs.FuncCode(qamx32R16Entry())
 	if err != nil {
 		t.Fatal(err)
@@ -149,12 +142,7 @@ func TestAMXKernelUnderBochs(t *testing.T) {
 		p.Dump(acc, 4*m*16)
 		runs = append(runs, &run{dt: dt, want: want})
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	out, err := bochs.Run(ctx, dir, p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	out := bochs.RunTest(t, p)
 	for i, r := range runs {
 		for row := range m {
 			for col := range n {
