@@ -37812,6 +37812,18 @@ TEXT ·peakAMXInt8Entry(SB), NOSPLIT, $0-8
 	MOVQ AX, ret+0(FP)
 	RET
 
+// func gemmDPBF16R1Entry() *byte
+TEXT ·gemmDPBF16R1Entry(SB), NOSPLIT, $0-8
+	LEAQ ·gemmDPBF16R1+0(SB), AX
+	MOVQ AX, ret+0(FP)
+	RET
+
+// func gemmDPBF16R4Entry() *byte
+TEXT ·gemmDPBF16R4Entry(SB), NOSPLIT, $0-8
+	LEAQ ·gemmDPBF16R4+0(SB), AX
+	MOVQ AX, ret+0(FP)
+	RET
+
 // func qrowQ8_0AVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 // Requires: AVX, AVX2, AVX512F, AVX512VL, CMOV, F16C, FMA3, MMX+
 TEXT ·qrowQ8_0AVX512(SB), NOSPLIT, $8-72

@@ -334,6 +334,12 @@ func peakAMXBF16Entry() *byte
 // peakAMXInt8Entry returns the address of peakAMXInt8's code (for tests that run it in an emulator).
 func peakAMXInt8Entry() *byte
 
+// gemmDPBF16R1Entry returns the address of gemmDPBF16R1's code (for tests that run it in an emulator).
+func gemmDPBF16R1Entry() *byte
+
+// gemmDPBF16R4Entry returns the address of gemmDPBF16R4's code (for tests that run it in an emulator).
+func gemmDPBF16R4Entry() *byte
+
 // qrowQ8_0AVX512 computes up to 8 Q8_0 weight rows times one activation row (see asmgen's rowquant.go).
 func qrowQ8_0AVX512(w *byte, ldw int, rows int, nb int, x *int8, meta *uint32, aux *uint32, scratch *byte, out *float32)
 

@@ -258,21 +258,22 @@ func peakAMX(name, what string, ints bool, op func(c, a, b int)) {
 	RET()
 }
 
-// amxKernels emits the AMX kernels, each with a function returning its
-// entry (amxEntry).
+// amxKernels emits the AMX kernels, and a function returning the entry of
+// each (kernelEntry) and of the VDPBF16PS kernels, whose results a test
+// compares with the emulator's (Intel's definition).
 func amxKernels() {
 	gemmAMXBF16()
 	qamx32R16()
 	peakAMX("peakAMXBF16", "TDPBF16PS", false, tdpbf16ps)
 	peakAMX("peakAMXInt8", "TDPBSUD", true, tdpbsud)
-	for _, name := range []string{"gemmAMXBF16", "qamx32R16", "peakAMXBF16", "peakAMXInt8"} {
-		amxEntry(name)
+	for _, name := range []string{"gemmAMXBF16", "qamx32R16", "peakAMXBF16", "peakAMXInt8", "gemmDPBF16R1", "gemmDPBF16R4"} {
+		kernelEntry(name)
 	}
 }
 
-// amxEntry emits nameEntry, which returns the address of name's code: the
-// tests run AMX kernels in an emulator on CPUs without AMX.
-func amxEntry(name string) {
+// kernelEntry emits nameEntry, which returns the address of name's code:
+// tests run kernels in an emulator (AMX on CPUs without it).
+func kernelEntry(name string) {
 	TEXT(name+"Entry", NOSPLIT, "func() *byte")
 	Doc(fmt.Sprintf("%sEntry returns the address of %s's code (for tests that run it in an emulator).", name, name))
 	r := GP64()
