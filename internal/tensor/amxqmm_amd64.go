@@ -95,7 +95,7 @@ var amxCheck struct {
 func AMXSelfCheck() error { return amxSelfCheck() }
 
 // amxSelfCheck runs one product of each format the AMX kernel takes
-// (Q8_0 and Q5_0 as panels and as rows, Q4_0 as rows; 33 activation rows,
+// (Q8_0, Q4_0 and Q5_0 as panels and as rows; 33 activation rows,
 // so that two groups and a remainder run) with the AMX kernels and the
 // AVX512-VNNI ones and returns an error unless every output is
 // bit-identical: a CPU where they differ keeps the VNNI kernels. It runs
@@ -113,9 +113,9 @@ func amxSelfCheck() error {
 
 // amxCompare multiplies random Q8_0, Q4_0 and Q5_0 matrices (K = 2,048:
 // more blocks than one chunk of the drivers) by 33 random activation rows
-// with amx and vnni (and Q8_0 and Q5_0 stored as panels, Q5_0's widened,
-// with amxPanels and vnniPanels) and returns an error naming the first
-// output that differs.
+// with amx and vnni (and stored as panels, Q4_0's and Q5_0's widened for
+// the AMX kernel, with amxPanels and vnniPanels) and returns an error
+// naming the first output that differs.
 func amxCompare(amx, vnni, amxPanels, vnniPanels func(a *qAct, w *Mat, lo, hi int, out []float32)) error {
 	const m, n, k = 33, 32, 2048
 	rng := rand.New(rand.NewPCG(7, 11))
@@ -132,7 +132,7 @@ func amxCompare(amx, vnni, amxPanels, vnniPanels func(a *qAct, w *Mat, lo, hi in
 			amx, vnni func(a *qAct, w *Mat, lo, hi int, out []float32)
 		}
 		runs := []pair{{dt.String(), w, amx, vnni}}
-		if PanelBytes(w) > 0 && dt != Q4_0 {
+		if PanelBytes(w) > 0 {
 			pw, err := PackPanels(w, make([]byte, PanelBytes(w)))
 			if err != nil {
 				return err

@@ -151,6 +151,9 @@ func qpackQ4_0NAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 // qpackQ5_0NAVX512 packs nb (even) Q5_0 blocks of 16 weight rows ldw bytes apart into a panel that keeps their nibbles at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ5_0NAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
+// qwidenQ4_0NAVX512 widens nb pairs of blocks of a Q4_0 panel that keeps its nibbles at src into the pack kernel's Q4_0 panel at dst and prefetches as many bytes from pf (see asmgen).
+func qwidenQ4_0NAVX512(src *byte, nb int, dst *byte, pf uintptr)
+
 // qwidenQ5_0NAVX512 widens nb pairs of blocks of a Q5_0 panel that keeps its nibbles at src into the pack kernel's Q5_0 panel at dst and prefetches as many bytes from pf (see asmgen).
 func qwidenQ5_0NAVX512(src *byte, nb int, dst *byte, pf uintptr)
 

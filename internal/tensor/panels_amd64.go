@@ -1,6 +1,9 @@
 package tensor
 
-import "unsafe"
+import (
+	"math"
+	"unsafe"
+)
 
 // panelKernels reports whether this CPU runs the AVX512-VNNI kernels that
 // read the panels.
@@ -40,11 +43,15 @@ type panelSet struct {
 // against 231–234, 48 rows 258–260 against 264–267, 128 rows 268–271
 // against 291–292; Q5_K (passes of its 4-row kernel) 12 rows 213–218
 // against 162–180, 16 rows 234–238 against 205–208, 32 rows alike, 128
-// rows 302–303 against 317–321.
+// rows 302–303 against 317–321. Q4_0's nibbles are unpacked faster than
+// widened at every size (8 rows 220–252 against 174–184, 16 rows 266–275
+// against 236–240, 32 rows 303–315 against 281–291, 128 rows alike): it
+// widens only for the AMX kernel, which reads the pack kernel's layout.
 var panelSets = map[DType]panelSet{
 	Q8_0: {pack: qpackQ8_0AVX512, dot: dot32AVX512},
 	Q4_0: {pack: qpackQ4_0NAVX512, dot: []qdot{qdot40NAVX512R1, qdot40NAVX512R2, qdot40NAVX512R3, qdot40NAVX512R4,
-		qdot40NAVX512R5, qdot40NAVX512R6, qdot40NAVX512R7, qdot40NAVX512R8}},
+		qdot40NAVX512R5, qdot40NAVX512R6, qdot40NAVX512R7, qdot40NAVX512R8},
+		widen: qwidenQ4_0NAVX512, wide: qKernelsAVX512.types[Q4_0], widenAbove: math.MaxInt},
 	Q5_0: {pack: qpackQ5_0NAVX512, dot: []qdot{qdot50NAVX512R1, qdot50NAVX512R2, qdot50NAVX512R3, qdot50NAVX512R4,
 		qdot50NAVX512R5, qdot50NAVX512R6, qdot50NAVX512R7, qdot50NAVX512R8},
 		widen: qwidenQ5_0NAVX512, wide: qKernelsAVX512.types[Q5_0], widenAbove: 16},
@@ -79,8 +86,8 @@ func packPanels(m *Mat, dst []byte) {
 func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) { qmmPanelsWith(a, w, lo, hi, out, false) }
 
 // qmmPanelsAMX is qmmPanels with the AMX kernel for each group of 16
-// activation rows where the dot kernels read 32-weight blocks (Q8_0; Q5_0
-// widened).
+// activation rows where the dot kernels read 32-weight blocks (Q8_0; Q4_0
+// and Q5_0 widened).
 func qmmPanelsAMX(a *qAct, w *Mat, lo, hi int, out []float32) { qmmPanelsWith(a, w, lo, hi, out, true) }
 
 func qmmPanelsWith(a *qAct, w *Mat, lo, hi int, out []float32, amx bool) {
@@ -103,7 +110,9 @@ func qmmPanelsWith(a *qAct, w *Mat, lo, hi int, out []float32, amx bool) {
 	acc := sc.acc[:m*16]
 	var wide []byte
 	per := 1 // ggml's blocks in a panel block, widened
-	if set.widen != nil && m > set.widenAbove {
+	// The AMX kernel reads the pack kernels' layout: with it, a dtype
+	// that can be widened is, from one group of 16 activation rows.
+	if set.widen != nil && (m > set.widenAbove || amx && m >= amxGroup) {
 		bs, _ := w.DType.BlockSize()
 		per = elems / bs
 		dot = set.wide.dot

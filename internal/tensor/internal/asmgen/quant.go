@@ -208,6 +208,7 @@ func quantKernels() {
 	}
 	pack40N(false)
 	pack40N(true)
+	widen40N()
 	widen50N()
 	for r := 1; r <= maxDot40NRows; r++ {
 		dot40N(r, false)

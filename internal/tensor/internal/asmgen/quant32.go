@@ -279,6 +279,35 @@ func widen50N() {
 		})
 }
 
+// widen40N emits the kernel that widens a Q4_0 panel that keeps its
+// nibbles (pairs of blocks, p40nBytes) into the pack kernel's Q4_0 panel
+// (panel32, levels 0..15 a byte): per block, nibble vector t's low nibbles
+// are levels 4t..4t+3 of each row (panel32 vector t), its high ones levels
+// 16+4t..16+4t+3 (vector 4+t); the scales widened to f32.
+func widen40N() {
+	widenKernel("qwidenQ4_0NAVX512", "qwidenQ4_0NAVX512 widens nb pairs of blocks of a Q4_0 panel that keeps its nibbles at src into the pack kernel's Q4_0 panel at dst and prefetches as many bytes from pf (see asmgen).",
+		p40nBytes, 2*panel32Bytes, func() func(src, dst Register) {
+			c0f := splat(0x0f0f0f0f)
+			return func(src, dst Register) {
+				for h := range 2 {
+					for t := range 4 {
+						v := ZMM()
+						VMOVDQU64(Mem{Base: src, Disp: 64 * (4*h + t)}, v)
+						hi := ZMM()
+						VPSRLD(U8(4), v, hi)
+						VPANDD(c0f, v, v)
+						VPANDD(c0f, hi, hi)
+						VMOVDQU64(v, Mem{Base: dst, Disp: panel32Bytes*h + 64*t})
+						VMOVDQU64(hi, Mem{Base: dst, Disp: panel32Bytes*h + 64*(4+t)})
+					}
+					d := ZMM()
+					VCVTPH2PS(Mem{Base: src, Disp: p40nD + 32*h}, d)
+					VMOVUPS(d, Mem{Base: dst, Disp: panel32Bytes*h + 512})
+				}
+			}
+		})
+}
+
 // fma40N continues the chains acc with block h of the pair at panel, its
 // integers is, the scales at d.
 func fma40N(m rowSet, panel Register, d, h int, is, acc []VecVirtual) {
