@@ -16,20 +16,70 @@ import (
 // calibration chooses them only where they are measured faster, and only
 // after amxSelfCheck found them bit-identical on this CPU.
 
-// amxGroup is the activation rows one qamx32R16 call takes.
+// amxGroup is the activation rows one AMX kernel call takes.
 const amxGroup = 16
 
-// amxConfig32 is qamx32R16's tile configuration (palette 1; asmgen's
-// amxConfig32): tile 0 the 16×16 int32 sums (16 rows of 64 bytes), tile 1
-// 16 activation rows of 32 bytes, tile 2 8 rows of 64 bytes of levels.
-var amxConfig32 = [64]byte{0: 1, 16: 64, 18: 32, 20: 64, 48: 16, 49: 16, 50: 8}
+// amxConfig32 is qamx32R16's and qamxKR16's tile configuration (palette
+// 1; asmgen's amx.go): tile 0 the 16×16 int32 sums (16 rows of 64 bytes),
+// tile 1 16 activation rows of 32 bytes, tile 2 8 rows of 64 bytes of
+// levels. amxConfig16 is qamx6KR16's: Q6_K's sub-blocks of 16, tile 1 16
+// rows of 16 bytes, tile 2 4 rows of 64.
+var (
+	amxConfig32 = [64]byte{0: 1, 16: 64, 18: 32, 20: 64, 48: 16, 49: 16, 50: 8}
+	amxConfig16 = [64]byte{0: 1, 16: 64, 18: 16, 20: 64, 48: 16, 49: 16, 50: 4}
+)
 
-// amxDot32 is the AMX dot kernel; a test runs the drivers with a Go
-// function of the same contract where the CPU has no AMX.
-var amxDot32 = qamx32R16
+// amxKernel is an AMX dot kernel's signature: 16 activation rows over nb
+// blocks of a panel, continuing the chains in acc.
+type amxKernel = func(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)
 
-// qKernelsAMX are qKernelsAVX512 with the AMX dot kernel for groups of 16
-// activation rows.
+// amxDot is an AMX dot kernel and what its driver needs to know: the VNNI
+// dot kernels whose panel layout it reads (and whose bits it gives), the
+// weights of a block, the meta words of a block of one activation row,
+// whether its meta is transposed (the 16 rows' first words, then their
+// second: the 32-blocks' dx and corrections) or the rows' records side by
+// side (the K-quants' 64 bytes), its configuration and the int32s of the
+// tiles it stores.
+type amxDot struct {
+	dot        []qdot
+	kernel     *amxKernel
+	elems      int
+	words      int
+	transposed bool
+	cfg        *[64]byte
+	tileInts   int
+}
+
+// The kernels; tests run the drivers with Go functions of the same
+// contract where the CPU has no AMX.
+var (
+	amxDot32 amxKernel = qamx32R16
+	amxDotK  amxKernel = qamxKR16
+	amxDot6K amxKernel = qamx6KR16
+)
+
+// amxDots are the AMX dot kernels: Q8_0, Q4_0 and Q5_0 blocks of 32
+// (qamx32R16), the Q4_K/Q5_K and the Q6_K super-blocks (qamxKR16,
+// qamx6KR16).
+var amxDots = []amxDot{
+	{dot: dot32AVX512, kernel: &amxDot32, elems: 32, words: 2, transposed: true, cfg: &amxConfig32, tileInts: 256},
+	{dot: dotKAVX512, kernel: &amxDotK, elems: qk, words: 16, cfg: &amxConfig32, tileInts: 8 * 256},
+	{dot: dot6KAVX512, kernel: &amxDot6K, elems: qk, words: 16, cfg: &amxConfig16, tileInts: 16 * 256},
+}
+
+// amxFor returns the AMX dot kernel that stands in for the VNNI dot
+// kernels dot, or nil.
+func amxFor(dot []qdot) *amxDot {
+	for i, d := range amxDots {
+		if len(dot) > 0 && &dot[0] == &d.dot[0] {
+			return &amxDots[i]
+		}
+	}
+	return nil
+}
+
+// qKernelsAMX are qKernelsAVX512 with the AMX dot kernels for groups of
+// 16 activation rows.
 var qKernelsAMX = func() *qKernelSet {
 	s := *qKernelsAVX512
 	s.amx = true
@@ -38,44 +88,50 @@ var qKernelsAMX = func() *qKernelSet {
 
 func qmmAMX(a *qAct, w *Mat, lo, hi int, out []float32) { qKernelsAMX.run(a, w, lo, hi, out) }
 
-// isDot32 reports whether dot is the AVX512-VNNI dot kernels of 32-weight
-// blocks (the panel32 layout qamx32R16 reads).
-func isDot32(dot []qdot) bool { return len(dot) > 0 && &dot[0] == &dot32AVX512[0] }
-
-// amxPrepare arranges the per-block records of a's first a.m/16·16 rows
-// (a Q8_0, Q4_0 or Q5_0 product's: dx and the correction per 32-block) as
-// qamx32R16 reads them, per group of 16 rows and block the 16 scales then
-// the 16 corrections, into sc.amxMeta, and returns those rows' count (0
-// under 16).
-func amxPrepare(sc *qScratch, a *qAct) int {
+// amxPrepare arranges the per-block records of a's first a.m/16·16 rows as
+// d's kernel reads them, per group of 16 rows and block, into sc.amxMeta,
+// makes room for its tiles, and returns those rows' count (0 under 16 rows
+// or without d).
+func amxPrepare(sc *qScratch, a *qAct, d *amxDot) int {
 	rows := a.m / amxGroup * amxGroup
-	if rows == 0 {
+	if rows == 0 || d == nil {
 		return 0
 	}
-	nb := a.k / 32
-	n := rows * nb * 2
+	nb := a.k / d.elems
+	n := rows * nb * d.words
 	if cap(sc.amxMeta) < n {
 		sc.amxMeta = make([]uint32, n)
 	}
 	meta := sc.amxMeta[:n]
 	for i := range rows {
 		g, r := i/amxGroup, i%amxGroup
-		src := a.meta[i*nb*2 : (i+1)*nb*2]
+		src := a.meta[i*nb*d.words : (i+1)*nb*d.words]
 		for b := range nb {
-			dst := meta[(g*nb+b)*32:]
-			dst[r], dst[amxGroup+r] = src[2*b], src[2*b+1]
+			dst := meta[(g*nb+b)*amxGroup*d.words:]
+			rec := src[b*d.words : (b+1)*d.words]
+			if d.transposed {
+				for w, v := range rec {
+					dst[w*amxGroup+r] = v
+				}
+			} else {
+				copy(dst[r*d.words:], rec)
+			}
 		}
+	}
+	if cap(sc.amxTile) < d.tileInts {
+		sc.amxTile = make([]int32, d.tileInts)
 	}
 	return rows
 }
 
-// amxDots continues the chains in acc (16 a row) of the first rows
-// activation rows (amxPrepare's) over the 32-blocks [b0, b0+c), whose
-// panel32 panel is at panel.
-func amxDots(sc *qScratch, a *qAct, rows, b0, c int, panel *byte, acc []float32) {
-	nb := a.k / 32
+// amxRun continues the chains in acc (16 a row) of the first rows
+// activation rows (amxPrepare's) over d's blocks [b0, b0+c), whose panel
+// (the layout of d.dot) is at panel.
+func amxRun(sc *qScratch, a *qAct, d *amxDot, rows, b0, c int, panel *byte, acc []float32) {
+	nb := a.k / d.elems
 	for i := 0; i < rows; i += amxGroup {
-		amxDot32(&a.xq[i*a.k+b0*32], a.k, &sc.amxMeta[(i/amxGroup*nb+b0)*32], panel, c, &acc[i*16], &amxConfig32[0], &sc.amxTile[0])
+		(*d.kernel)(&a.xq[i*a.k+b0*d.elems], a.k, &sc.amxMeta[(i/amxGroup*nb+b0)*amxGroup*d.words], panel, c,
+			&acc[i*16], &d.cfg[0], &sc.amxTile[0])
 	}
 }
 
@@ -94,8 +150,8 @@ var amxCheck struct {
 // runs amxSelfCheck (once).
 func AMXSelfCheck() error { return amxSelfCheck() }
 
-// amxSelfCheck runs one product of each format the AMX kernel takes
-// (Q8_0, Q4_0 and Q5_0 as panels and as rows; 33 activation rows,
+// amxSelfCheck runs one product of each format the AMX kernels take
+// (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K, as panels and as rows; 33 activation rows,
 // so that two groups and a remainder run) with the AMX kernels and the
 // AVX512-VNNI ones and returns an error unless every output is
 // bit-identical: a CPU where they differ keeps the VNNI kernels. It runs
@@ -111,11 +167,11 @@ func amxSelfCheck() error {
 	return amxCheck.err
 }
 
-// amxCompare multiplies random Q8_0, Q4_0 and Q5_0 matrices (K = 2,048:
-// more blocks than one chunk of the drivers) by 33 random activation rows
-// with amx and vnni (and stored as panels, Q4_0's and Q5_0's widened for
-// the AMX kernel, with amxPanels and vnniPanels) and returns an error
-// naming the first output that differs.
+// amxCompare multiplies random matrices of every format with an AMX
+// kernel (K = 2,048: more blocks than one chunk of the drivers) by 33
+// random activation rows with amx and vnni (and stored as panels, widened
+// for the AMX kernels but Q8_0's, with amxPanels and vnniPanels) and
+// returns an error naming the first output that differs.
 func amxCompare(amx, vnni, amxPanels, vnniPanels func(a *qAct, w *Mat, lo, hi int, out []float32)) error {
 	const m, n, k = 33, 32, 2048
 	rng := rand.New(rand.NewPCG(7, 11))
@@ -124,7 +180,7 @@ func amxCompare(amx, vnni, amxPanels, vnniPanels func(a *qAct, w *Mat, lo, hi in
 		x[i] = float32(rng.NormFloat64())
 	}
 	ks := defaultSet()
-	for _, dt := range []DType{Q8_0, Q4_0, Q5_0} {
+	for _, dt := range []DType{Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K} {
 		w := randomMat(rng, dt, n, k)
 		type pair struct {
 			name      string

@@ -120,7 +120,7 @@ func TestAMXKernelUnderBochs(t *testing.T) {
 		want := make([]float32, m*n)
 		qmmGo(a, w, 0, n, want)
 		var sc qScratch
-		if amxPrepare(&sc, a) != m {
+		if amxPrepare(&sc, a, &amxDots[0]) != m {
 			t.Fatal("amxPrepare took fewer rows")
 		}
 		panel := make([]byte, nb*panel32Bytes)
@@ -165,11 +165,9 @@ func TestAMXDriversMatchVNNI(t *testing.T) {
 		t.Skip("no AVX512-VNNI kernels here")
 	}
 	if !amxAvailable() {
-		defer func(f func(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)) {
-			amxDot32 = f
-		}(amxDot32)
-		amxDot32 = qamx32Go
-		t.Log("no AMX here: the drivers run the kernel's contract in Go")
+		defer func(d32, dK, d6K amxKernel) { amxDot32, amxDotK, amxDot6K = d32, dK, d6K }(amxDot32, amxDotK, amxDot6K)
+		amxDot32, amxDotK, amxDot6K = qamx32Go, qamxKByRows(qdotKAVX512R1, pkBytesGo), qamxKByRows(qdot6KAVX512R1, p6BytesGo)
+		t.Log("no AMX here: the drivers run the kernels' contracts (in Go, or by the VNNI kernels row by row)")
 	}
 	if err := amxCompare(qmmAMX, qmmAVX512, qmmPanelsAMX, qmmPanels); err != nil {
 		t.Fatal(err)
@@ -194,4 +192,110 @@ func TestAMXSelfCheck(t *testing.T) {
 		t.Fatal(`withQuant "amx" succeeded without AMX`)
 	}
 	t.Log(err)
+}
+
+// The widened K-quant panels' bytes a super-block of 16 rows (asmgen's
+// quantk.go: pkBytes for Q4_K/Q5_K, p6Bytes for Q6_K).
+const (
+	pkBytesGo = 78 * 64
+	p6BytesGo = 89 * 64
+)
+
+// qamxKByRows returns qamxKR16's (or qamx6KR16's) contract carried out by
+// the VNNI dot kernel for one activation row (dot1), block by block and
+// row by row over the AMX kernel's meta (each row's 64-byte record, the 16
+// rows side by side per super-block): the drivers' test where the CPU has
+// no AMX.
+func qamxKByRows(dot1 qdot, panelBytes int) amxKernel {
+	return func(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, _ *byte, _ *int32) {
+		if nb == 0 {
+			return
+		}
+		xs := unsafe.Slice(x, 15*ldx+256*nb)
+		ms := unsafe.Slice(meta, nb*amxGroup*16)
+		ps := unsafe.Slice(panel, nb*panelBytes)
+		as := unsafe.Slice(acc, 16*16)
+		for b := range nb {
+			for r := range amxGroup {
+				dot1(&xs[r*ldx+256*b], ldx, &ms[(b*amxGroup+r)*16], 64, &ps[b*panelBytes], 1, &as[16*r])
+			}
+		}
+	}
+}
+
+// TestAMXKKernelsUnderBochs runs qamxKR16 and qamx6KR16 themselves, in the
+// Bochs emulator's Sapphire Rapids, on random Q4_K, Q5_K and Q6_K weights
+// (widened by the pack kernels) and activations, and compares every output
+// bit with the definition (qmmGo): two groups of 16 activation rows, the
+// super-blocks in two calls that continue the chains.
+func TestAMXKKernelsUnderBochs(t *testing.T) {
+	if !hasPanelKernels {
+		t.Skip("the widened K-quant panels come from the AVX-512 pack kernels, which this CPU lacks")
+	}
+	const m, n, k = 32, 16, 3 * 256
+	const nb, split = k / 256, 1
+	rng := rand.New(rand.NewPCG(17, 18))
+	x := make([]float32, m*k)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	p := bochs.NewProgram()
+	tile := p.Alloc(16*1024, 64)
+	type run struct {
+		dt   DType
+		want []float32
+	}
+	var runs []run
+	for _, dt := range []DType{Q4_K, Q5_K, Q6_K} {
+		d := amxFor(qKernelsAVX512.types[dt].dot)
+		entry, cfg := qamxKR16Entry(), amxConfig32
+		if dt == Q6_K {
+			entry, cfg = qamx6KR16Entry(), amxConfig16
+		}
+		code, err := bochs.FuncCode(entry)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := randomMat(rng, dt, n, k)
+		a := &qAct{}
+		(&Pool{threads: 1}).quantizeActs(defaultSet(), a, dt, x, m, k)
+		want := make([]float32, m*n)
+		qmmGo(a, w, 0, n, want)
+		var sc qScratch
+		if amxPrepare(&sc, a, d) != m {
+			t.Fatal("amxPrepare took fewer rows")
+		}
+		ks := qKernelsAVX512.types[dt]
+		rb, _ := dt.RowBytes(k)
+		panel := make([]byte, nb*ks.panelBytes)
+		ks.pack(&w.Q[0], rb, nb, &panel[0], uintptr(unsafe.Pointer(&w.Q[0])))
+		xq := unsafe.Slice((*byte)(unsafe.Pointer(&a.xq[0])), len(a.xq))
+		metaBytes := make([]byte, 4*len(sc.amxMeta))
+		for i, v := range sc.amxMeta {
+			binary.LittleEndian.PutUint32(metaBytes[4*i:], v)
+		}
+		fn, pc := p.Put(code, 64), p.Put(cfg[:], 64)
+		px, pm, pp := p.Put(xq, 64), p.Put(metaBytes, 64), p.Put(panel, 64)
+		acc := p.Alloc(4*m*16, 64)
+		for g := range m / amxGroup {
+			for _, part := range [][2]int{{0, split}, {split, nb}} {
+				b0, b1 := part[0], part[1]
+				p.Call(fn, px+uint64(g*amxGroup*k+256*b0), k, pm+uint64(4*(g*nb+b0)*amxGroup*16),
+					pp+uint64(b0*ks.panelBytes), uint64(b1-b0), acc+uint64(4*g*amxGroup*16), pc, tile)
+			}
+		}
+		p.Dump(acc, 4*m*16)
+		runs = append(runs, run{dt, want})
+	}
+	out := bochs.RunTest(t, p)
+	for i, r := range runs {
+		for row := range m {
+			for col := range n {
+				got := math.Float32frombits(binary.LittleEndian.Uint32(out[i][4*(16*row+col):]))
+				if want := r.want[row*n+col]; math.Float32bits(got) != math.Float32bits(want) {
+					t.Fatalf("%s: activation row %d, weight row %d: %g (%#x), want %g (%#x)", r.dt, row, col, got, math.Float32bits(got), want, math.Float32bits(want))
+				}
+			}
+		}
+	}
 }

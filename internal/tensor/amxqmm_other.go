@@ -7,14 +7,17 @@ import "errors"
 // amxGroup is the activation rows one AMX kernel call takes (amd64 only).
 const amxGroup = 16
 
-// isDot32 reports false: the AMX kernel is amd64's.
-func isDot32([]qdot) bool { return false }
+// amxDot is amd64's AMX dot kernel (none here).
+type amxDot struct{}
 
-// amxPrepare reports no rows for the AMX kernel.
-func amxPrepare(*qScratch, *qAct) int { return 0 }
+// amxFor reports no AMX kernel: they are amd64's.
+func amxFor([]qdot) *amxDot { return nil }
 
-// amxDots is never called here (amxPrepare reports no rows).
-func amxDots(*qScratch, *qAct, int, int, int, *byte, []float32) {
+// amxPrepare reports no rows for an AMX kernel.
+func amxPrepare(*qScratch, *qAct, *amxDot) int { return 0 }
+
+// amxRun is never called here (amxPrepare reports no rows).
+func amxRun(*qScratch, *qAct, *amxDot, int, int, int, *byte, []float32) {
 	panic("tensor: no AMX kernels on this architecture")
 }
 

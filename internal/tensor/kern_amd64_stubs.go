@@ -217,6 +217,9 @@ func qpackQ4_KNAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 // qpackQ5_KNAVX512 packs nb Q5_K super-blocks of 16 weight rows ldw bytes apart into a panel that keeps their nibbles at dst and prefetches as many bytes from pf (see asmgen).
 func qpackQ5_KNAVX512(w *byte, ldw int, nb int, dst *byte, pf uintptr)
 
+// qwidenQ4_KNAVX512 widens nb super-blocks of a Q4_K panel that keeps its nibbles at src into a Q4_K panel of the pack kernel's layout at dst and prefetches as many bytes from pf (see asmgen).
+func qwidenQ4_KNAVX512(src *byte, nb int, dst *byte, pf uintptr)
+
 // qwidenQ5_KNAVX512 widens nb super-blocks of a Q5_K panel that keeps its nibbles at src into a Q5_K panel of the pack kernel's layout at dst and prefetches as many bytes from pf (see asmgen).
 func qwidenQ5_KNAVX512(src *byte, nb int, dst *byte, pf uintptr)
 
@@ -319,6 +322,12 @@ func gemmAMXBF16(w *uint16, ldw int, xp *uint16, k int, rows int, r int, out *fl
 // qamx32R16 continues the 16-lane f32 chains of 16 activation rows over nb blocks of a Q8_0/Q4_0/Q5_0 panel with AMX (see asmgen).
 func qamx32R16(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)
 
+// qamxKR16 continues the 16-lane f32 chains of 16 activation rows over nb super-blocks of a widened Q4_K/Q5_K panel with AMX (see asmgen).
+func qamxKR16(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)
+
+// qamx6KR16 continues the 16-lane f32 chains of 16 activation rows over nb super-blocks of a widened Q6_K panel with AMX (see asmgen).
+func qamx6KR16(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)
+
 // peakAMXBF16 runs iters passes of TDPBF16PS over 4 independent tiles of ones and stores the sums of their rows at out (see asmgen).
 func peakAMXBF16(iters int, out *float32, cfg *byte, ones *byte, scratch *byte)
 
@@ -330,6 +339,12 @@ func gemmAMXBF16Entry() *byte
 
 // qamx32R16Entry returns the address of qamx32R16's code (for tests that run it in an emulator).
 func qamx32R16Entry() *byte
+
+// qamxKR16Entry returns the address of qamxKR16's code (for tests that run it in an emulator).
+func qamxKR16Entry() *byte
+
+// qamx6KR16Entry returns the address of qamx6KR16's code (for tests that run it in an emulator).
+func qamx6KR16Entry() *byte
 
 // peakAMXBF16Entry returns the address of peakAMXBF16's code (for tests that run it in an emulator).
 func peakAMXBF16Entry() *byte

@@ -43,10 +43,13 @@ type panelSet struct {
 // against 231–234, 48 rows 258–260 against 264–267, 128 rows 268–271
 // against 291–292; Q5_K (passes of its 4-row kernel) 12 rows 213–218
 // against 162–180, 16 rows 234–238 against 205–208, 32 rows alike, 128
-// rows 302–303 against 317–321. Q4_0's nibbles are unpacked faster than
-// widened at every size (8 rows 220–252 against 174–184, 16 rows 266–275
-// against 236–240, 32 rows 303–315 against 281–291, 128 rows alike): it
-// widens only for the AMX kernel, which reads the pack kernel's layout.
+// rows 302–303 against 317–321. Q4_0's and Q4_K's nibbles are unpacked
+// faster than widened at every size (Q4_0: 8 rows 220–252 against 174–184,
+// 16 rows 266–275 against 236–240, 32 rows 303–315 against 281–291, 128
+// rows alike; Q4_K: 8 rows 205–221 against 181–186, 16 rows 252–267
+// against 229–240, 32 rows 289–298 against 283–289, 128 rows 329–333
+// against 317–332): they widen only for the AMX kernels, which read the
+// pack kernels' layouts.
 var panelSets = map[DType]panelSet{
 	Q8_0: {pack: qpackQ8_0AVX512, dot: dot32AVX512},
 	Q4_0: {pack: qpackQ4_0NAVX512, dot: []qdot{qdot40NAVX512R1, qdot40NAVX512R2, qdot40NAVX512R3, qdot40NAVX512R4,
@@ -55,7 +58,8 @@ var panelSets = map[DType]panelSet{
 	Q5_0: {pack: qpackQ5_0NAVX512, dot: []qdot{qdot50NAVX512R1, qdot50NAVX512R2, qdot50NAVX512R3, qdot50NAVX512R4,
 		qdot50NAVX512R5, qdot50NAVX512R6, qdot50NAVX512R7, qdot50NAVX512R8},
 		widen: qwidenQ5_0NAVX512, wide: qKernelsAVX512.types[Q5_0], widenAbove: 16},
-	Q4_K: {pack: qpackQ4_KNAVX512, dot: []qdot{qdotK4NAVX512R1, qdotK4NAVX512R2, qdotK4NAVX512R3, qdotK4NAVX512R4, qdotK4NAVX512R5, qdotK4NAVX512R6}},
+	Q4_K: {pack: qpackQ4_KNAVX512, dot: []qdot{qdotK4NAVX512R1, qdotK4NAVX512R2, qdotK4NAVX512R3, qdotK4NAVX512R4, qdotK4NAVX512R5, qdotK4NAVX512R6},
+		widen: qwidenQ4_KNAVX512, wide: qKernelsAVX512.types[Q4_K], widenAbove: math.MaxInt},
 	Q6_K: {pack: qpackQ6_KNAVX512, dot: []qdot{qdot6NAVX512R1, qdot6NAVX512R2, qdot6NAVX512R3, qdot6NAVX512R4},
 		widen: qwidenQ6_KNAVX512, wide: qKernelsAVX512.types[Q6_K], widenAbove: 32},
 	Q5_K: {pack: qpackQ5_KNAVX512, dot: []qdot{qdotK5NAVX512R1, qdotK5NAVX512R2, qdotK5NAVX512R3, qdotK5NAVX512R4},
@@ -85,9 +89,8 @@ func packPanels(m *Mat, dst []byte) {
 // widened into scratch.
 func qmmPanels(a *qAct, w *Mat, lo, hi int, out []float32) { qmmPanelsWith(a, w, lo, hi, out, false) }
 
-// qmmPanelsAMX is qmmPanels with the AMX kernel for each group of 16
-// activation rows where the dot kernels read 32-weight blocks (Q8_0; Q4_0
-// and Q5_0 widened).
+// qmmPanelsAMX is qmmPanels with an AMX kernel for each group of 16
+// activation rows (Q8_0 as stored; the other formats widened).
 func qmmPanelsAMX(a *qAct, w *Mat, lo, hi int, out []float32) { qmmPanelsWith(a, w, lo, hi, out, true) }
 
 func qmmPanelsWith(a *qAct, w *Mat, lo, hi int, out []float32, amx bool) {
@@ -119,10 +122,11 @@ func qmmPanelsWith(a *qAct, w *Mat, lo, hi int, out []float32, amx bool) {
 		chunk = max(1, qPanelTarget/(per*set.wide.panelBytes))
 		wide = aligned64(&sc.panel, min(chunk, nb)*per*set.wide.panelBytes)
 	}
-	amxRows := 0
-	if amx && isDot32(dot) {
-		amxRows = amxPrepare(sc, a)
+	var ad *amxDot
+	if amx {
+		ad = amxFor(dot)
 	}
+	amxRows := amxPrepare(sc, a, ad)
 	for g := lo / 16; g < hi/16; g++ {
 		clear(acc)
 		panel := w.Q[g*nb*block:]
@@ -137,7 +141,7 @@ func qmmPanelsWith(a *qAct, w *Mat, lo, hi int, out []float32, amx bool) {
 				p = &wide[0]
 			}
 			if amxRows > 0 {
-				amxDots(sc, a, amxRows, b0*elems/32, c*elems/32, p, acc)
+				amxRun(sc, a, ad, amxRows, b0*elems/ad.elems, c*elems/ad.elems, p, acc)
 			}
 			for i := amxRows; i < m; i += len(dot) {
 				r := min(len(dot), m-i)

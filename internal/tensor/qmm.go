@@ -113,10 +113,10 @@ type qScratch struct {
 	acc            []float32
 	rowOut         [qRowMax]float32
 	pad            []byte
-	// amxMeta and amxTile are the AMX kernel's activation records and
-	// the tile it stores (amxPrepare, amxDots).
+	// amxMeta and amxTile are the AMX kernels' activation records and
+	// the tiles they store (amxPrepare, amxRun).
 	amxMeta []uint32
-	amxTile [amxGroup * 16]int32
+	amxTile []int32
 }
 
 var qScratches = sync.Pool{New: func() any { return new(qScratch) }}
@@ -224,10 +224,11 @@ func (s *qKernelSet) runPanels(ks qTypeKernels, sc *qScratch, a *qAct, w *Mat, l
 		sc.acc = make([]float32, m*lanes)
 	}
 	acc := sc.acc[:m*lanes]
-	amxRows := 0
-	if s.amx && isDot32(ks.dot) {
-		amxRows = amxPrepare(sc, a)
+	var ad *amxDot
+	if s.amx {
+		ad = amxFor(ks.dot)
 	}
+	amxRows := amxPrepare(sc, a, ad)
 	// Each pack call prefetches the part of the next group of rows (the
 	// groups are contiguous) that matches its blocks, so the weights
 	// stream from DRAM in order, a group ahead; the last group re-touches
@@ -253,7 +254,7 @@ func (s *qKernelSet) runPanels(ks qTypeKernels, sc *qScratch, a *qAct, w *Mat, l
 			c := min(chunk, nb-b0)
 			ks.pack(&wq[b0*bytes], rb, c, &panel[0], next+uintptr(b0*lanes*bytes))
 			if amxRows > 0 {
-				amxDots(sc, a, amxRows, b0, c, &panel[0], acc)
+				amxRun(sc, a, ad, amxRows, b0, c, &panel[0], acc)
 			}
 			for i := amxRows; i < m; i += len(ks.dot) {
 				r := min(len(ks.dot), m-i)

@@ -258,15 +258,127 @@ func peakAMX(name, what string, ints bool, op func(c, a, b int)) {
 	RET()
 }
 
+// qamxKR16 emits the AMX dot kernel of the K-quants' widened panels (the
+// pack kernels' layouts: quantk.go's pk for Q4_K/Q5_K, qamxKR16, and p6
+// for Q6_K, qamx6KR16) for 16 activation rows: per super-block, one
+// TDPBSUD per sub-block (32 levels, or Q6_K's 16) of the signed activation
+// bytes by the unsigned levels, each 16×16 int32 tile stored to scratch
+// (8 or 16 KiB); then per activation row the exact integers of dotK (I =
+// Σ scale·S, M = Σ min·Σx by VPDPWSSD, or for Q6_K I −= 32·Σ scale·Σx)
+// and its FMAs, so every output is the other quantized kernels' bits. Its
+// meta is the 16 rows' 64-byte records per super-block side by side
+// (package tensor's amxPrepare); its configuration amxConfig32's (or for
+// Q6_K amxConfig16's: tile A 16 bytes a row, tile B 4 rows).
+func qamxKR16(six bool) {
+	const rows = 16
+	name, what := "qamxKR16", "Q4_K/Q5_K"
+	sub, subs, pb := 32, 8, pkBytes
+	if six {
+		name, what = "qamx6KR16", "Q6_K"
+		sub, subs, pb = 16, 16, p6Bytes
+	}
+	TEXT(name, NOSPLIT, "func(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)")
+	Doc(fmt.Sprintf("%s continues the 16-lane f32 chains of 16 activation rows over nb super-blocks of a widened %s panel with AMX (see asmgen).", name, what))
+	x := Load(Param("x"), GP64())
+	ldx := Load(Param("ldx"), GP64())
+	meta := Load(Param("meta"), GP64())
+	panel := Load(Param("panel"), GP64())
+	nb := Load(Param("nb"), GP64())
+	accp := Load(Param("acc"), GP64())
+	cfg := Load(Param("cfg"), GP64())
+	scratch := Load(Param("scratch"), GP64())
+	ldtilecfg(cfg)
+	line := GP64()
+	MOVQ(U32(64), line)
+	TESTQ(nb, nb)
+	JE(LabelRef("done"))
+	Label("block")
+	xj, pj, sj := GP64(), GP64(), GP64()
+	MOVQ(x, xj)
+	MOVQ(panel, pj)
+	MOVQ(scratch, sj)
+	for range subs {
+		tilezero(amxTileC)
+		tileloadd(amxTileA, xj, ldx)
+		tileloadd(amxTileB, pj, line)
+		tdpbsud(amxTileC, amxTileA, amxTileB)
+		tilestored(amxTileC, sj, line)
+		ADDQ(U32(sub), xj)
+		ADDQ(U32(16*sub), pj)
+		ADDQ(U32(1024), sj)
+	}
+	scOff, pairOff, pairs, sumOff, dOff := pkScales, pkMins, 4, metaSums32, pkD
+	if six {
+		scOff, pairOff, pairs, sumOff, dOff = p6Scales, p6Pairs, 8, metaSums16, p6D
+	}
+	pv := make([]VecVirtual, pairs)
+	for i := range pv {
+		pv[i] = ZMM()
+		VMOVDQU64(Mem{Base: panel, Disp: pairOff + 64*i}, pv[i])
+	}
+	d := ZMM()
+	VMOVUPS(Mem{Base: panel, Disp: dOff}, d)
+	var dmin VecVirtual
+	if !six {
+		dmin = ZMM()
+		VMOVUPS(Mem{Base: panel, Disp: pkDmin}, dmin)
+	}
+	for r := range rows {
+		is, t := ZMM(), ZMM()
+		for j := range subs {
+			sc := ZMM()
+			VMOVDQU32(Mem{Base: panel, Disp: scOff + 64*j}, sc)
+			if j == 0 {
+				VPMULLD(Mem{Base: scratch, Disp: 64 * r}, sc, is)
+				continue
+			}
+			VPMULLD(Mem{Base: scratch, Disp: 1024*j + 64*r}, sc, t)
+			VPADDD(t, is, is)
+		}
+		ms := ZMM()
+		VXORPS(ms, ms, ms)
+		for i := range pairs {
+			vpdpwssd(Mem{Base: meta, Disp: 64*r + sumOff + 4*i}, pv[i], ms, true)
+		}
+		a := ZMM()
+		VMOVUPS(Mem{Base: accp, Disp: 64 * r}, a)
+		s, f := ZMM(), ZMM()
+		if six {
+			VPSLLD(U8(5), ms, ms)
+			VPSUBD(ms, is, is)
+		}
+		VMULPS_BCST(Mem{Base: meta, Disp: 64 * r}, d, s)
+		VCVTDQ2PS(is, f)
+		VFMADD231PS(s, f, a)
+		if !six {
+			VMULPS_BCST(Mem{Base: meta, Disp: 64 * r}, dmin, s)
+			VCVTDQ2PS(ms, f)
+			VFNMADD231PS(s, f, a)
+		}
+		VMOVUPS(a, Mem{Base: accp, Disp: 64 * r})
+	}
+	ADDQ(U32(256), x)
+	ADDQ(U32(64*rows), meta)
+	ADDQ(U32(pb), panel)
+	DECQ(nb)
+	JNE(LabelRef("block"))
+	Label("done")
+	tilerelease()
+	VZEROUPPER()
+	RET()
+}
+
 // amxKernels emits the AMX kernels, and a function returning the entry of
 // each (kernelEntry) and of the VDPBF16PS kernels, whose results a test
 // compares with the emulator's (Intel's definition).
 func amxKernels() {
 	gemmAMXBF16()
 	qamx32R16()
+	qamxKR16(false)
+	qamxKR16(true)
 	peakAMX("peakAMXBF16", "TDPBF16PS", false, tdpbf16ps)
 	peakAMX("peakAMXInt8", "TDPBSUD", true, tdpbsud)
-	for _, name := range []string{"gemmAMXBF16", "qamx32R16", "peakAMXBF16", "peakAMXInt8", "gemmDPBF16R1", "gemmDPBF16R4"} {
+	for _, name := range []string{"gemmAMXBF16", "qamx32R16", "qamxKR16", "qamx6KR16", "peakAMXBF16", "peakAMXInt8", "gemmDPBF16R1", "gemmDPBF16R4"} {
 		kernelEntry(name)
 	}
 }

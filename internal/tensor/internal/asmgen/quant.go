@@ -218,6 +218,7 @@ func quantKernels() {
 	packQ4K(true, false)
 	packQ4K(false, true)
 	packQ4K(true, true)
+	widenQ4KN()
 	widenQ5KN()
 	packQ6K()
 	pack6N()

@@ -227,3 +227,43 @@ func dotK(rows int, pk kPanel) {
 	JNE(LabelRef("block"))
 	storeAccs(accp, acc)
 }
+
+// widenQ4KN emits the kernel that widens Q4_K panels that keep their
+// nibbles (pn) into the pack kernel's layout (pk: a level byte each, the
+// scales as int32, the mins as int16 pairs, d and dmin as f32), for the
+// AMX kernel (qamxKR16), which multiplies level bytes.
+func widenQ4KN() {
+	widenKernel("qwidenQ4_KNAVX512", "qwidenQ4_KNAVX512 widens nb super-blocks of a Q4_K panel that keeps its nibbles at src into a Q4_K panel of the pack kernel's layout at dst and prefetches as many bytes from pf (see asmgen).",
+		pnBytes, pkBytes, func() func(src, dst Register) {
+			c0f := splat(0x0f0f0f0f)
+			return func(src, dst Register) {
+				for p := range 4 {
+					for t := range 8 {
+						v := ZMM()
+						VMOVDQU64(Mem{Base: src, Disp: pnLevels + 64*(8*p+t)}, v)
+						hi := ZMM()
+						VPSRLD(U8(4), v, hi)
+						VPANDD(c0f, v, v)
+						VPANDD(c0f, hi, hi)
+						VMOVDQU64(v, Mem{Base: dst, Disp: pkLevels + 64*(8*(2*p)+t)})
+						VMOVDQU64(hi, Mem{Base: dst, Disp: pkLevels + 64*(8*(2*p+1)+t)})
+					}
+				}
+				for j := range 8 {
+					v := ZMM()
+					VPMOVZXBD(Mem{Base: src, Disp: pnScales + 16*j}, v)
+					VMOVDQU64(v, Mem{Base: dst, Disp: pkScales + 64*j})
+				}
+				for i := range 4 {
+					v := ZMM()
+					VPMOVZXBW(Mem{Base: src, Disp: pnMins + 32*i}, v)
+					VMOVDQU64(v, Mem{Base: dst, Disp: pkMins + 64*i})
+				}
+				for _, o := range [][2]int{{pnD, pkD}, {pnDmin, pkDmin}} {
+					v := ZMM()
+					VCVTPH2PS(Mem{Base: src, Disp: o[0]}, v)
+					VMOVUPS(v, Mem{Base: dst, Disp: o[1]})
+				}
+			}
+		})
+}
