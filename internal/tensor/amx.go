@@ -7,10 +7,10 @@ import (
 
 // AMXSupport is what this CPU and OS offer of Intel's Advanced Matrix
 // Extensions (Sapphire Rapids and later). The quantized kernels named
-// "amx" multiply each group of 16 activation rows of a Q8_0, Q4_0 or Q5_0
-// product with AMX-INT8 (amxqmm_amd64.go), where the calibration measures
-// them faster and their self-check finds them bit-identical; there are no
-// bf16 AMX kernels.
+// "amx" multiply each group of 16 activation rows of a quantized product
+// with AMX-INT8 (amxqmm_amd64.go), and the kernel set "amxbf16" bf16
+// weights with AMX-BF16 (amxbf16_amd64.go), each where the calibration
+// measures it faster and its self-check passes.
 type AMXSupport struct {
 	// Tile, BF16 and Int8 are CPUID leaf 7's AMX-TILE, AMX-BF16 and
 	// AMX-INT8 bits.

@@ -40,7 +40,7 @@ const (
 	PeakAMXBF16
 	// PeakAMXInt8 is TDPBSUD on full tiles (AMX-INT8): 16×16 outputs of
 	// 64 s8·u8 multiply-adds into int32. The amx quantized kernels use it
-	// for groups of 16 activation rows.
+	// for groups of 16 activation rows (blocks of 32 or 16 a product).
 	PeakAMXInt8
 	numPeaks
 )
@@ -131,10 +131,7 @@ func PrefillPeak(set, quant string, dt DType) (p Peak, ok bool) {
 	if dt.Quantized() {
 		switch quant {
 		case "amx":
-			if dt == Q8_0 || dt == Q4_0 || dt == Q5_0 {
-				return PeakAMXInt8, true
-			}
-			return PeakVNNI, true
+			return PeakAMXInt8, true
 		case "avx512vnni":
 			return PeakVNNI, true
 		case "avx2":

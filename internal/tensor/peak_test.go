@@ -60,7 +60,8 @@ func TestPrefillPeakIsTheInstructionTheKernelsUse(t *testing.T) {
 		{"amxbf16", "amx", F32, PeakFMA512, true},
 		{"amxbf16", "amx", Q8_0, PeakAMXInt8, true},
 		{"amxbf16", "amx", Q5_0, PeakAMXInt8, true},
-		{"amxbf16", "amx", Q4_K, PeakVNNI, true},
+		{"amxbf16", "amx", Q4_K, PeakAMXInt8, true},
+		{"amxbf16", "amx", Q6_K, PeakAMXInt8, true},
 		{"go", "go", F32, 0, false},
 		{"go", "go", Q6_K, 0, false},
 	} {
