@@ -10,11 +10,12 @@ import (
 
 // The quantized products with AMX (the "amx" quantized kernels: the
 // AVX512-VNNI ones, with each group of 16 activation rows multiplied by
-// AMX-INT8's TDPBSUD instead: asmgen's amx.go, qamx32R16 for the blocks of
-// 32, qamxKR16 and qamx6KR16 for the K-quants). The integers are exact and the f32 chains the
-// definition's, so the results are every quantized kernel's bits; the
-// calibration chooses them only where they are measured faster, and only
-// after amxSelfCheck found them bit-identical on this CPU.
+// AMX-INT8's TDPBSUD instead: asmgen's amx.go, qamx32R16 for the blocks
+// of 32, qamxKR16 and qamx6KR16 for the K-quants). The integers are exact
+// and the f32 chains the definition's, so the results are every quantized
+// kernel's bits; the calibration chooses them only where they are
+// measured faster, and only after amxSelfCheck found them bit-identical
+// on this CPU.
 
 // amxGroup is the activation rows one AMX kernel call takes.
 const amxGroup = 16
