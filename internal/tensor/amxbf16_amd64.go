@@ -32,13 +32,26 @@ var amxBF16Config = func() (c [amxGroup + 1][64]byte) {
 	return c
 }()
 
+// amxBF16Config4 is gemmAMXBF16x4's tile configuration: all eight tiles
+// 16 rows of 64 bytes (four of sums, two of weights, two of activations).
+var amxBF16Config4 = func() (c [64]byte) {
+	c[0] = 1
+	for t := range 8 {
+		c[16+2*t], c[48+t] = 64, 16
+	}
+	return c
+}()
+
 // amxGatherIdx is gemmAMXBF16's gather offsets: element 16·i, row i of
 // the stored tile.
 var amxGatherIdx = [16]int32{0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240}
 
-// amxBF16Kernel is the kernel; a test runs the driver with a Go function
-// of the same contract where the CPU has no AMX.
-var amxBF16Kernel = gemmAMXBF16
+// amxBF16Kernel and amxBF16Kernel4 are the kernels; a test runs the
+// driver with Go functions of the same contracts where the CPU has no AMX.
+var (
+	amxBF16Kernel  = gemmAMXBF16
+	amxBF16Kernel4 = gemmAMXBF16x4
+)
 
 // amxBF16Available reports whether this CPU and OS run AMX-BF16.
 func amxBF16Available() bool {
@@ -56,8 +69,8 @@ func amxBF16Fits(w *Mat) bool {
 // amxBF16Scratch holds, per MatMul, the packed activations.
 var amxBF16Scratch = sync.Pool{New: func() any { return new([]uint16) }}
 
-// amxTileScratch holds a worker's stored tile.
-var amxTileScratch = sync.Pool{New: func() any { return new([amxGroup * 16]float32) }}
+// amxTileScratch holds a worker's stored tiles (four for gemmAMXBF16x4).
+var amxTileScratch = sync.Pool{New: func() any { return new([4 * amxGroup * 16]float32) }}
 
 // packAMXBF16 lays out m activation rows of k bf16 (xb) as gemmAMXBF16's
 // tile B wants them: per group of 16 rows, per pair p of k, the 16 rows'
@@ -78,8 +91,10 @@ func packAMXBF16(xb []uint16, m, k int, dst []uint16) {
 }
 
 // matmulAMXBF16 is matMul for the amxbf16 set and a matrix that fits: the
-// activations xb (rounded to bf16) packed once, then each chunk of weight
-// rows (a multiple of 16) by every group of 16 activation rows.
+// activations xb (rounded to bf16) packed once, then each 32 weight rows
+// of a chunk (a multiple of 16) by every group of 16 activation rows, two
+// full groups a call where there are (gemmAMXBF16x4), the rest one a call;
+// a single group (decode) in one call over the chunk.
 func (p *Pool) matmulAMXBF16(out []float32, xb []uint16, m int, w *Mat, chunk int) {
 	n, k := w.Rows, w.Cols
 	groups := (m + amxGroup - 1) / amxGroup
@@ -90,19 +105,24 @@ func (p *Pool) matmulAMXBF16(out []float32, xb []uint16, m int, w *Mat, chunk in
 	}
 	xp := (*buf)[:groups*k*16]
 	packAMXBF16(xb, m, k, xp)
+	full := m / amxGroup
 	p.run(n, chunk, func(_, lo, hi int) {
-		tile := amxTileScratch.Get().(*[amxGroup * 16]float32)
+		tile := amxTileScratch.Get().(*[4 * amxGroup * 16]float32)
 		defer amxTileScratch.Put(tile)
-		// 16 weight rows at a time, so that they stay in cache while
-		// every group of activation rows passes over them; one call
-		// over the whole range for a single group (decode).
-		step := 16
 		if groups == 1 {
-			step = hi - lo
+			amxBF16Kernel(&w.U16[lo*k], k, &xp[0], k, hi-lo, m, &out[lo], n, &amxBF16Config[m][0], &tile[0], &amxGatherIdx[0])
+			return
 		}
-		for r0 := lo; r0 < hi; r0 += step {
-			rows := min(step, hi-r0)
-			for g := range groups {
+		// 32 weight rows at a time, so that they stay in cache while
+		// every group of activation rows passes over them.
+		for r0 := lo; r0 < hi; r0 += 32 {
+			rows := min(32, hi-r0)
+			g := 0
+			for ; rows == 32 && g+1 < full; g += 2 {
+				amxBF16Kernel4(&w.U16[r0*k], k, &xp[g*k*16], 2*k*16, k, 32, &out[g*amxGroup*n+r0], n,
+					&amxBF16Config4[0], &tile[0], &amxGatherIdx[0])
+			}
+			for ; g < groups; g++ {
 				r := min(amxGroup, m-g*amxGroup)
 				amxBF16Kernel(&w.U16[r0*k], k, &xp[g*k*16], k, rows, r, &out[g*amxGroup*n+r0], n,
 					&amxBF16Config[r][0], &tile[0], &amxGatherIdx[0])
@@ -116,7 +136,7 @@ var amxBF16Check struct {
 	err  error
 }
 
-// amxBF16SelfCheck multiplies a random bf16 matrix by 1, 5, 16 and 21
+// amxBF16SelfCheck multiplies a random bf16 matrix by 1, 5, 16, 32 and 37
 // activation rows with the amxbf16 set and returns an error unless every
 // output is the same bits at every batch size and within bf16's rounding
 // of the avx512bf16 set's: a CPU where it fails keeps the other sets. It
@@ -143,7 +163,7 @@ func amxBF16SelfCheck() error {
 
 // amxBF16Compare checks the amx set against ref as amxBF16SelfCheck says.
 func amxBF16Compare(amx, ref *kernelSet) error {
-	const n, k, mMax = 48, 256, 21
+	const n, k, mMax = 48, 256, 37
 	rng := rand.New(rand.NewPCG(9, 10))
 	w := randomMat(rng, BF16, n, k)
 	x := make([]float32, mMax*k)
@@ -160,7 +180,7 @@ func amxBF16Compare(amx, ref *kernelSet) error {
 			return fmt.Errorf("tensor: the amxbf16 set's product differs from avx512bf16's at row %d, column %d: %g, want %g", i/n, i%n, v, want[i])
 		}
 	}
-	for _, m := range []int{1, 5, 16} {
+	for _, m := range []int{1, 5, 16, 32} {
 		got := make([]float32, m*n)
 		p.matMul(amx, got, x, m, w)
 		for i, v := range got {

@@ -53,6 +53,16 @@ func gemmAMXBF16Go(w *uint16, ldw int, xp *uint16, k, rows, r int, out *float32,
 	}
 }
 
+// gemmAMXBF16x4Go is gemmAMXBF16x4's contract in Go: gemmAMXBF16Go for
+// each of the two activation groups, 32 weight rows at a time.
+func gemmAMXBF16x4Go(w *uint16, ldw int, xp *uint16, xstride, k, rows int, out *float32, ldo int, cfg *byte, scratch *float32, idx *int32) {
+	xs := unsafe.Slice(xp, xstride/2+k*16)
+	os := unsafe.Slice(out, 31*ldo+rows)
+	for g := range 2 {
+		gemmAMXBF16Go(w, ldw, &xs[g*xstride/2], k, rows, 16, &os[16*g*ldo], ldo, cfg, scratch, idx)
+	}
+}
+
 // randomBF16Rows returns m×k random values and their bf16 rounding (what
 // the avx512bf16 sets multiply).
 func randomBF16Rows(rng *rand.Rand, m, k int) []uint16 {
@@ -63,11 +73,12 @@ func randomBF16Rows(rng *rand.Rand, m, k int) []uint16 {
 	return xb
 }
 
-// TestAMXBF16KernelUnderBochs runs gemmAMXBF16 itself, in the Bochs
-// emulator's Sapphire Rapids: 32 weight rows of 96 by groups of 1, 5 and
-// 16 activation rows (one call, and 16 weight rows a call), every output
-// compared bit for bit with the definition (amxBF16Dot) and across the
-// groups (batch invariance).
+// TestAMXBF16KernelUnderBochs runs gemmAMXBF16 and gemmAMXBF16x4
+// themselves, in the Bochs emulator's Sapphire Rapids: 32 weight rows of
+// 96 by groups of 1, 5 and 16 activation rows (one call, and 16 weight
+// rows a call), and by two full groups with the 2×2 kernel, every output
+// compared bit for bit with the definition (amxBF16Dot), so the same in
+// every batch.
 func TestAMXBF16KernelUnderBochs(t *testing.T) {
 	code, err := bochs.FuncCode(gemmAMXBF16Entry())
 	if err != nil {
@@ -110,7 +121,29 @@ func TestAMXBF16KernelUnderBochs(t *testing.T) {
 		}
 		p.Dump(out, 4*r*n)
 	}
+	// Two full groups by the 2×2 kernel.
+	x2 := randomBF16Rows(rng, 2*amxGroup, k)
+	xp2 := make([]uint16, 2*k*16)
+	packAMXBF16(x2, 2*amxGroup, k, xp2)
+	code4, err := bochs.FuncCode(gemmAMXBF16x4Entry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn4, px2, cfg4 := p.Put(code4, 64), p.Put(u16(xp2), 64), p.Put(amxBF16Config4[:], 64)
+	tile4 := p.Alloc(4096, 64)
+	out4 := p.Alloc(4*2*amxGroup*n, 64)
+	p.Call(fn4, pw, k, px2, 2*k*16, k, n, out4, n, cfg4, tile4, pidx)
+	p.Dump(out4, 4*2*amxGroup*n)
 	dumps := bochs.RunTest(t, p)
+	for j := range 2 * amxGroup {
+		for i := range n {
+			got := math.Float32frombits(binary.LittleEndian.Uint32(dumps[len(rs)][4*(j*n+i):]))
+			want := amxBF16Dot(w[i*k:(i+1)*k], xp2[j/amxGroup*k*16:], j%amxGroup)
+			if math.Float32bits(got) != math.Float32bits(want) {
+				t.Fatalf("2×2 kernel: activation row %d, weight row %d: %g, want %g", j, i, got, want)
+			}
+		}
+	}
 	xp := make([]uint16, k*16)
 	packAMXBF16(x, amxGroup, k, xp)
 	for c, r := range rs {
@@ -139,7 +172,7 @@ func amxBF16Set(t *testing.T) *kernelSet {
 
 // TestAMXBF16SetIsBatchInvariant runs MatMul with the amxbf16 set (with
 // the kernel's contract in Go where the CPU has no AMX, gemmAMXBF16 where
-// it has) on 1–40 activation rows, one and two threads: every output must
+// it has) on 1–64 activation rows, one and two threads: every output must
 // be the definition's bits (amxBF16Dot), so the same in every batch, and
 // within bf16's rounding of avx512bf16's products; a matrix that does not
 // fit (rows not a multiple of 16) takes avx512bf16's kernels.
@@ -149,14 +182,13 @@ func TestAMXBF16SetIsBatchInvariant(t *testing.T) {
 		t.Skip("no AVX512-BF16 here")
 	}
 	if !amxBF16Available() {
-		defer func(f func(w *uint16, ldw int, xp *uint16, k, rows, r int, out *float32, ldo int, cfg *byte, scratch *float32, idx *int32)) {
-			amxBF16Kernel = f
-		}(amxBF16Kernel)
-		amxBF16Kernel = gemmAMXBF16Go
+		k1, k4 := amxBF16Kernel, amxBF16Kernel4
+		defer func() { amxBF16Kernel, amxBF16Kernel4 = k1, k4 }()
+		amxBF16Kernel, amxBF16Kernel4 = gemmAMXBF16Go, gemmAMXBF16x4Go
 		t.Log("no AMX here: the driver runs the kernel's contract in Go")
 	}
 	rng := rand.New(rand.NewPCG(14, 15))
-	const n, k, mMax = 64, 128, 40
+	const n, k, mMax = 64, 128, 64
 	w := randomMat(rng, BF16, n, k)
 	x := make([]float32, mMax*k)
 	for i := range x {
@@ -168,7 +200,7 @@ func TestAMXBF16SetIsBatchInvariant(t *testing.T) {
 	}
 	for _, threads := range []int{1, 2} {
 		p := NewPool(threads)
-		for _, m := range []int{1, 3, 16, 17, 40} {
+		for _, m := range []int{1, 3, 16, 17, 40, 64} {
 			out := make([]float32, m*n)
 			p.matMul(ks, out, x, m, w)
 			for j := range m {

@@ -37755,6 +37755,153 @@ column:
 	VZEROUPPER
 	RET
 
+// func gemmAMXBF16x4(w *uint16, ldw int, xp *uint16, xstride int, k int, rows int, out *float32, ldo int, cfg *byte, scratch *float32, idx *int32)
+// Requires: AVX, AVX512F
+TEXT ·gemmAMXBF16x4(SB), NOSPLIT, $8-88
+	MOVQ      w+0(FP), AX
+	MOVQ      ldw+8(FP), CX
+	SHLQ      $0x01, CX
+	MOVQ      xp+16(FP), DX
+	MOVQ      xstride+24(FP), BX
+	MOVQ      k+32(FP), SI
+	SHRQ      $0x05, SI
+	MOVQ      rows+40(FP), DI
+	MOVQ      out+48(FP), R8
+	MOVQ      ldo+56(FP), R9
+	SHLQ      $0x02, R9
+	MOVQ      cfg+64(FP), R10
+	MOVQ      scratch+72(FP), R11
+	MOVQ      idx+80(FP), R12
+	// LDTILECFG R10
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x78; BYTE $0x49; BYTE $0x02
+	VMOVDQU32 (R12), Z0
+	MOVQ      $0x00000040, R10
+
+group:
+	// TILEZERO $0x00
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc0
+	// TILEZERO $0x01
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xc8
+	// TILEZERO $0x02
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xd0
+	// TILEZERO $0x03
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x7b; BYTE $0x49; BYTE $0xd8
+	MOVQ     AX, R12
+	MOVQ     CX, R13
+	SHLQ     $0x04, R13
+	ADDQ     AX, R13
+	MOVQ     DX, R14
+	MOVQ     DX, R15
+	ADDQ     BX, R15
+	MOVQ     SI, BP
+
+kstep:
+	// TILELOADD R12, CX, $0x04
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x7b; BYTE $0x4b; BYTE $0x24; BYTE $0x0c
+	// TILELOADD R13, CX, $0x05
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x7b; BYTE $0x4b; BYTE $0x6c; BYTE $0x0d; BYTE $0x00
+	// TILELOADD R14, R10, $0x06
+	BYTE $0xc4; BYTE $0x82; BYTE $0x7b; BYTE $0x4b; BYTE $0x34; BYTE $0x16
+	// TILELOADD R15, R10, $0x07
+	BYTE $0xc4; BYTE $0x82; BYTE $0x7b; BYTE $0x4b; BYTE $0x3c; BYTE $0x17
+	// TDPBF16PS $0x00, $0x04, $0x06
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4a; BYTE $0x5c; BYTE $0xc4
+	// TDPBF16PS $0x01, $0x04, $0x07
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x42; BYTE $0x5c; BYTE $0xcc
+	// TDPBF16PS $0x02, $0x05, $0x06
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4a; BYTE $0x5c; BYTE $0xd5
+	// TDPBF16PS $0x03, $0x05, $0x07
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x42; BYTE $0x5c; BYTE $0xdd
+	ADDQ       $0x00000040, R12
+	ADDQ       $0x00000040, R13
+	ADDQ       $0x00000400, R14
+	ADDQ       $0x00000400, R15
+	DECQ       BP
+	JNE        kstep
+	MOVQ       R11, R12
+	// TILESTORED R12, R10, $0x00
+	BYTE $0xc4; BYTE $0x82; BYTE $0x7a; BYTE $0x4b; BYTE $0x04; BYTE $0x14
+	ADDQ       $0x00000400, R12
+	// TILESTORED R12, R10, $0x01
+	BYTE $0xc4; BYTE $0x82; BYTE $0x7a; BYTE $0x4b; BYTE $0x0c; BYTE $0x14
+	ADDQ       $0x00000400, R12
+	// TILESTORED R12, R10, $0x02
+	BYTE $0xc4; BYTE $0x82; BYTE $0x7a; BYTE $0x4b; BYTE $0x14; BYTE $0x14
+	ADDQ       $0x00000400, R12
+	// TILESTORED R12, R10, $0x03
+	BYTE $0xc4; BYTE $0x82; BYTE $0x7a; BYTE $0x4b; BYTE $0x1c; BYTE $0x14
+	ADDQ       $0x00000400, R12
+	MOVQ       R8, R12
+	MOVQ       R11, R13
+	ADDQ       $0x00000000, R13
+	MOVQ       $0x00000010, R14
+
+column0:
+	KXNORW     K1, K1, K1
+	VGATHERDPS (R13)(Z0*4), K1, Z1
+	VMOVUPS    Z1, (R12)
+	ADDQ       $0x00000004, R13
+	ADDQ       R9, R12
+	DECQ       R14
+	JNE        column0
+	MOVQ       R8, R12
+	MOVQ       R9, R13
+	SHLQ       $0x04, R13
+	ADDQ       R13, R12
+	MOVQ       R11, R13
+	ADDQ       $0x00000400, R13
+	MOVQ       $0x00000010, R14
+
+column1:
+	KXNORW     K1, K1, K1
+	VGATHERDPS (R13)(Z0*4), K1, Z2
+	VMOVUPS    Z2, (R12)
+	ADDQ       $0x00000004, R13
+	ADDQ       R9, R12
+	DECQ       R14
+	JNE        column1
+	MOVQ       R8, R12
+	ADDQ       $0x00000040, R12
+	MOVQ       R11, R13
+	ADDQ       $0x00000800, R13
+	MOVQ       $0x00000010, R14
+
+column2:
+	KXNORW     K1, K1, K1
+	VGATHERDPS (R13)(Z0*4), K1, Z3
+	VMOVUPS    Z3, (R12)
+	ADDQ       $0x00000004, R13
+	ADDQ       R9, R12
+	DECQ       R14
+	JNE        column2
+	MOVQ       R8, R12
+	ADDQ       $0x00000040, R12
+	MOVQ       R9, R13
+	SHLQ       $0x04, R13
+	ADDQ       R13, R12
+	MOVQ       R11, R13
+	ADDQ       $0x00000c00, R13
+	MOVQ       $0x00000010, R14
+
+column3:
+	KXNORW     K1, K1, K1
+	VGATHERDPS (R13)(Z0*4), K1, Z4
+	VMOVUPS    Z4, (R12)
+	ADDQ       $0x00000004, R13
+	ADDQ       R9, R12
+	DECQ       R14
+	JNE        column3
+	MOVQ       CX, R12
+	SHLQ       $0x05, R12
+	ADDQ       R12, AX
+	ADDQ       $0x00000080, R8
+	SUBQ       $0x00000020, DI
+	JNE        group
+	// TILERELEASE
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x78; BYTE $0x49; BYTE $0xc0
+	VZEROUPPER
+	RET
+
 // func qamx32R16(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)
 // Requires: AVX, AVX512F
 TEXT ·qamx32R16(SB), NOSPLIT, $0-64
@@ -40134,6 +40281,12 @@ peakAMXInt8_done:
 // func gemmAMXBF16Entry() *byte
 TEXT ·gemmAMXBF16Entry(SB), NOSPLIT, $0-8
 	LEAQ ·gemmAMXBF16+0(SB), AX
+	MOVQ AX, ret+0(FP)
+	RET
+
+// func gemmAMXBF16x4Entry() *byte
+TEXT ·gemmAMXBF16x4Entry(SB), NOSPLIT, $0-8
+	LEAQ ·gemmAMXBF16x4+0(SB), AX
 	MOVQ AX, ret+0(FP)
 	RET
 

@@ -319,6 +319,9 @@ func qactQ8KAVX512(x *float32, nb int, q *int8, meta *uint32)
 // gemmAMXBF16 multiplies rows bf16 weight rows by r packed bf16 activation rows with AMX (see asmgen).
 func gemmAMXBF16(w *uint16, ldw int, xp *uint16, k int, rows int, r int, out *float32, ldo int, cfg *byte, scratch *float32, idx *int32)
 
+// gemmAMXBF16x4 multiplies rows (a multiple of 32) bf16 weight rows by two full groups of 16 packed bf16 activation rows with AMX, 2×2 tiles of sums (see asmgen).
+func gemmAMXBF16x4(w *uint16, ldw int, xp *uint16, xstride int, k int, rows int, out *float32, ldo int, cfg *byte, scratch *float32, idx *int32)
+
 // qamx32R16 continues the 16-lane f32 chains of 16 activation rows over nb blocks of a Q8_0/Q4_0/Q5_0 panel with AMX (see asmgen).
 func qamx32R16(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)
 
@@ -336,6 +339,9 @@ func peakAMXInt8(iters int, out *int32, cfg *byte, ones *byte, scratch *byte)
 
 // gemmAMXBF16Entry returns the address of gemmAMXBF16's code (for tests that run it in an emulator).
 func gemmAMXBF16Entry() *byte
+
+// gemmAMXBF16x4Entry returns the address of gemmAMXBF16x4's code (for tests that run it in an emulator).
+func gemmAMXBF16x4Entry() *byte
 
 // qamx32R16Entry returns the address of qamx32R16's code (for tests that run it in an emulator).
 func qamx32R16Entry() *byte

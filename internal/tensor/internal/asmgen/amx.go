@@ -258,6 +258,111 @@ func peakAMX(name, what string, ints bool, op func(c, a, b int)) {
 	RET()
 }
 
+// gemmAMXBF16x4 emits gemmAMXBF16 for prefill: 32 weight rows by two full
+// groups of 16 activation rows at a time, four tiles of sums (weight
+// group i by activation group j) from two tiles of weights and two of
+// activations, so each tile loaded serves two TDPBF16PS (Intel's 2×2
+// blocking); rows is a multiple of 32, the groups' packs xstride bytes
+// apart, the configuration package tensor's amxBF16Config4 (every tile 16
+// rows of 64 bytes). Each output takes the instructions gemmAMXBF16 gives
+// it, in the same order: the same bits.
+func gemmAMXBF16x4() {
+	TEXT("gemmAMXBF16x4", NOSPLIT, "func(w *uint16, ldw int, xp *uint16, xstride int, k int, rows int, out *float32, ldo int, cfg *byte, scratch *float32, idx *int32)")
+	Doc("gemmAMXBF16x4 multiplies rows (a multiple of 32) bf16 weight rows by two full groups of 16 packed bf16 activation rows with AMX, 2×2 tiles of sums (see asmgen).")
+	w := Load(Param("w"), GP64())
+	ldw := Load(Param("ldw"), GP64())
+	SHLQ(U8(1), ldw)
+	xp := Load(Param("xp"), GP64())
+	xstride := Load(Param("xstride"), GP64())
+	k := Load(Param("k"), GP64())
+	SHRQ(U8(5), k)
+	rows := Load(Param("rows"), GP64())
+	out := Load(Param("out"), GP64())
+	ldo := Load(Param("ldo"), GP64())
+	SHLQ(U8(2), ldo)
+	cfg := Load(Param("cfg"), GP64())
+	scratch := Load(Param("scratch"), GP64())
+	idx := Load(Param("idx"), GP64())
+	ldtilecfg(cfg)
+	zidx := ZMM()
+	VMOVDQU32(Mem{Base: idx}, zidx)
+	line := GP64()
+	MOVQ(U32(64), line)
+	Label("group")
+	for t := range 4 {
+		tilezero(t)
+	}
+	w0, w1, b0, b1, cnt := GP64(), GP64(), GP64(), GP64(), GP64()
+	MOVQ(w, w0)
+	MOVQ(ldw, w1)
+	SHLQ(U8(4), w1)
+	ADDQ(w, w1)
+	MOVQ(xp, b0)
+	MOVQ(xp, b1)
+	ADDQ(xstride, b1)
+	MOVQ(k, cnt)
+	Label("kstep")
+	tileloadd(4, w0, ldw)
+	tileloadd(5, w1, ldw)
+	tileloadd(6, b0, line)
+	tileloadd(7, b1, line)
+	tdpbf16ps(0, 4, 6)
+	tdpbf16ps(1, 4, 7)
+	tdpbf16ps(2, 5, 6)
+	tdpbf16ps(3, 5, 7)
+	ADDQ(U32(64), w0)
+	ADDQ(U32(64), w1)
+	ADDQ(U32(1024), b0)
+	ADDQ(U32(1024), b1)
+	DECQ(cnt)
+	JNE(LabelRef("kstep"))
+	sp := GP64()
+	MOVQ(scratch, sp)
+	for t := range 4 {
+		tilestored(t, sp, line)
+		ADDQ(U32(1024), sp)
+	}
+	// Tile 2i+j (weight group i, activation group j) to out + 64·i +
+	// 16·ldo·j, a column (activation row) at a time.
+	o, sj, j := GP64(), GP64(), GP64()
+	for t := range 4 {
+		i, g := t/2, t%2
+		MOVQ(out, o)
+		if i == 1 {
+			ADDQ(U32(64), o)
+		}
+		if g == 1 {
+			tt := GP64()
+			MOVQ(ldo, tt)
+			SHLQ(U8(4), tt)
+			ADDQ(tt, o)
+		}
+		MOVQ(scratch, sj)
+		ADDQ(U32(1024*t), sj)
+		MOVQ(U32(16), j)
+		lbl := fmt.Sprintf("column%d", t)
+		Label(lbl)
+		v := ZMM()
+		KXNORW(K1, K1, K1)
+		VGATHERDPS(Mem{Base: sj, Index: zidx, Scale: 4}, K1, v)
+		VMOVUPS(v, Mem{Base: o})
+		ADDQ(U32(4), sj)
+		ADDQ(ldo, o)
+		DECQ(j)
+		JNE(LabelRef(lbl))
+	}
+	t := GP64()
+	MOVQ(ldw, t)
+	SHLQ(U8(5), t)
+	ADDQ(t, w)
+	ADDQ(U32(128), out)
+	SUBQ(U32(32), rows)
+	JNE(LabelRef("group"))
+	tilerelease()
+	VZEROUPPER()
+	RET()
+}
+
 // qamxKR16 emits the AMX dot kernel of the K-quants' widened panels (the
 // pack kernels' layouts: quantk.go's pk for Q4_K/Q5_K, qamxKR16, and p6
 // for Q6_K, qamx6KR16) for 16 activation rows: per super-block, one
@@ -373,12 +478,13 @@ func qamxKR16(six bool) {
 // compares with the emulator's (Intel's definition).
 func amxKernels() {
 	gemmAMXBF16()
+	gemmAMXBF16x4()
 	qamx32R16()
 	qamxKR16(false)
 	qamxKR16(true)
 	peakAMX("peakAMXBF16", "TDPBF16PS", false, tdpbf16ps)
 	peakAMX("peakAMXInt8", "TDPBSUD", true, tdpbsud)
-	for _, name := range []string{"gemmAMXBF16", "qamx32R16", "qamxKR16", "qamx6KR16", "peakAMXBF16", "peakAMXInt8", "gemmDPBF16R1", "gemmDPBF16R4"} {
+	for _, name := range []string{"gemmAMXBF16", "gemmAMXBF16x4", "qamx32R16", "qamxKR16", "qamx6KR16", "peakAMXBF16", "peakAMXInt8", "gemmDPBF16R1", "gemmDPBF16R4"} {
 		kernelEntry(name)
 	}
 }
