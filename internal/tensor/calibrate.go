@@ -71,7 +71,8 @@ var setWorkloads = []Workload{
 
 // quantWorkloads time the quantized kernels: those with one activation
 // row choose DecodeQuantKernels, each its format's, the others
-// QuantKernels. Each format decodes apart because the kernels' order of
+// QuantKernels (a Q8_0 and a Q4_K product, the blocks of 32 and the
+// K-quants, whose kernels differ: the AMX ones most). Each format decodes apart because the kernels' order of
 // the work differs by format: on a Zen 4 the AVX2 row kernels streamed
 // Q8_0 and Q4_K faster than the AVX512-VNNI ones, and Q6_K ~35% slower.
 // Each format decodes two shapes of equal bytes, a projection from the
@@ -82,6 +83,7 @@ var setWorkloads = []Workload{
 // cache (decodeRing).
 var quantWorkloads = []Workload{
 	{Name: "q8_0 prefill", DType: Q8_0, M: 32, N: 256, K: 2048},
+	{Name: "q4_k prefill", DType: Q4_K, M: 32, N: 256, K: 2048},
 	{Name: "q8_0 decode", DType: Q8_0, M: 1, N: 4096, K: 2048},
 	{Name: "q4_0 decode", DType: Q4_0, M: 1, N: 4096, K: 2048},
 	{Name: "q5_0 decode", DType: Q5_0, M: 1, N: 4096, K: 2048},
