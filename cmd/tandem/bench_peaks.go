@@ -14,6 +14,8 @@ var peakLabels = map[tensor.Peak]string{
 	tensor.PeakBF16Dot:  "bf16-dot",
 	tensor.PeakVNNI:     "vnni",
 	tensor.PeakInt8AVX2: "int8-avx2",
+	tensor.PeakAMXBF16:  "amx-bf16",
+	tensor.PeakAMXInt8:  "amx-int8",
 }
 
 // peakIters is the passes of a peak kernel one timed run makes on each
@@ -54,7 +56,7 @@ func printPeaks(w io.Writer, rates map[tensor.Peak]float64, threads int) {
 	for _, pk := range tensor.Peaks {
 		if r, ok := rates[pk]; ok {
 			unit := "GFLOP/s"
-			if pk == tensor.PeakVNNI || pk == tensor.PeakInt8AVX2 {
+			if pk == tensor.PeakVNNI || pk == tensor.PeakInt8AVX2 || pk == tensor.PeakAMXInt8 {
 				unit = "G int8 op/s"
 			}
 			fmt.Fprintf(w, "  %-9s %s: %.0f %s\n", peakLabels[pk], pk, r/1e9, unit)
