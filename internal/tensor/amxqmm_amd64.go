@@ -21,14 +21,27 @@ import (
 const amxGroup = 16
 
 // amxConfig32 is qamx32R16's and qamxKR16's tile configuration (palette
-// 1; asmgen's amx.go): tile 0 the 16×16 int32 sums (16 rows of 64 bytes),
-// tile 1 16 activation rows of 32 bytes, tile 2 8 rows of 64 bytes of
-// levels. amxConfig16 is qamx6KR16's: Q6_K's sub-blocks of 16, tile 1 16
-// rows of 16 bytes, tile 2 4 rows of 64.
+// 1; asmgen's amx.go), two sets alike: tiles 0 and 3 the 16×16 int32 sums
+// (16 rows of 64 bytes), 1 and 4 16 activation rows of 32 bytes, 2 and 5
+// 8 rows of 64 bytes of levels. amxConfig16 is qamx6KR16's: Q6_K's
+// sub-blocks of 16, tiles 1 and 4 16 rows of 16 bytes, 2 and 5 4 rows of
+// 64.
 var (
-	amxConfig32 = [64]byte{0: 1, 16: 64, 18: 32, 20: 64, 48: 16, 49: 16, 50: 8}
-	amxConfig16 = [64]byte{0: 1, 16: 64, 18: 16, 20: 64, 48: 16, 49: 16, 50: 4}
+	amxConfig32 = amxInt8Config(32)
+	amxConfig16 = amxInt8Config(16)
 )
+
+// amxInt8Config returns the int8 kernels' configuration for blocks of
+// block bytes (see amxConfig32).
+func amxInt8Config(block int) (c [64]byte) {
+	c[0] = 1
+	for set := range 2 {
+		for i, t := range []struct{ rows, colsb int }{{16, 64}, {16, block}, {block / 4, 64}} {
+			c[16+2*(3*set+i)], c[48+3*set+i] = byte(t.colsb), byte(t.rows)
+		}
+	}
+	return c
+}
 
 // amxKernel is an AMX dot kernel's signature: 16 activation rows over nb
 // blocks of a panel, continuing the chains in acc.
@@ -63,7 +76,7 @@ var (
 // (qamx32R16), the Q4_K/Q5_K and the Q6_K super-blocks (qamxKR16,
 // qamx6KR16).
 var amxDots = []amxDot{
-	{dot: dot32AVX512, kernel: &amxDot32, elems: 32, words: 2, transposed: true, cfg: &amxConfig32, tileInts: 256},
+	{dot: dot32AVX512, kernel: &amxDot32, elems: 32, words: 2, transposed: true, cfg: &amxConfig32, tileInts: 2 * 256},
 	{dot: dotKAVX512, kernel: &amxDotK, elems: qk, words: 16, cfg: &amxConfig32, tileInts: 8 * 256},
 	{dot: dot6KAVX512, kernel: &amxDot6K, elems: qk, words: 16, cfg: &amxConfig16, tileInts: 16 * 256},
 }

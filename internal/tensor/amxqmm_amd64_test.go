@@ -97,7 +97,7 @@ func TestAMXKernelUnderBochs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const m, n, k = 32, 16, 384
+	const m, n, k = 32, 16, 13 * 32 // 13 blocks: calls of 5 and 8, odd and even
 	const nb, split = k / 32, 5
 	rng := rand.New(rand.NewPCG(5, 6))
 	x := make([]float32, m*k)
@@ -111,7 +111,7 @@ func TestAMXKernelUnderBochs(t *testing.T) {
 	p := bochs.NewProgram()
 	fn := p.Put(code, 64)
 	cfg := p.Put(amxConfig32[:], 64)
-	tile := p.Alloc(1024, 64)
+	tile := p.Alloc(2048, 64)
 	var runs []*run
 	for _, dt := range []DType{Q8_0, Q4_0, Q5_0} {
 		w := randomMat(rng, dt, n, k)

@@ -30,15 +30,25 @@ import (
 	. "github.com/mmcloughlin/avo/reg"
 )
 
-// The tiles of qamx32R16, as its configuration (palette 1, loaded from
-// its cfg argument: package tensor's amxConfig32) shapes them: C the 16×16
-// int32 sums (16 rows of 64 bytes), A 16 activation rows of 32 bytes, B 8
-// rows of 64 bytes of levels.
-const (
-	amxTileC = 0
-	amxTileA = 1
-	amxTileB = 2
-)
+// The tiles of the int8 AMX kernels, as their configuration (palette 1,
+// loaded from their cfg argument: package tensor's amxConfig32 and
+// amxConfig16) shapes them: C the 16×16 int32 sums (16 rows of 64 bytes),
+// A 16 activation rows of a block's bytes, B the block's levels (rows of
+// 64 bytes); two sets, so that one block's TDPBSUD need not wait for the
+// previous block's tiles to be stored.
+var amxSets = [2][3]int{{0, 1, 2}, {3, 4, 5}}
+
+// amxBlock emits one block's product with tile set t: C zeroed, A from
+// x (stride ldx), B from panel (stride line), C += A·B, C stored to
+// scratch (stride line).
+func amxBlock(t int, x, ldx, panel, line, scratch Register) {
+	c, a, b := amxSets[t][0], amxSets[t][1], amxSets[t][2]
+	tilezero(c)
+	tileloadd(a, x, ldx)
+	tileloadd(b, panel, line)
+	tdpbsud(c, a, b)
+	tilestored(c, scratch, line)
+}
 
 func amxInstruction(opcode string, operands ...Op) {
 	var in []Op
@@ -91,31 +101,49 @@ func qamx32R16() {
 	line := GP64()
 	MOVQ(U32(64), line)
 	acc := loadAccs(accp, rows)
+	// The chains of the block whose sums are at sums, its panel at p and
+	// its records at m.
+	chains := func(sums, p, m Register, pdisp, mdisp int) {
+		dw := ZMM()
+		VMOVUPS(Mem{Base: p, Disp: pdisp + 512}, dw)
+		for r := range rows {
+			is := ZMM()
+			VMOVDQU32(Mem{Base: sums, Disp: 64 * r}, is)
+			VPADDD_BCST(Mem{Base: m, Disp: mdisp + 64 + 4*r}, is, is)
+			s := ZMM()
+			VMULPS_BCST(Mem{Base: m, Disp: mdisp + 4*r}, dw, s)
+			f := ZMM()
+			VCVTDQ2PS(is, f)
+			VFMADD231PS(s, f, acc[r])
+		}
+	}
+	// Two blocks a trip, one per tile set, both products issued before
+	// either's chains; then a block alone if nb is odd.
+	x1, p1, s1 := GP64(), GP64(), GP64()
+	MOVQ(scratch, s1)
+	ADDQ(U32(1024), s1)
+	CMPQ(nb, U8(2))
+	JL(LabelRef("last"))
+	Label("pair")
+	amxBlock(0, x, ldx, panel, line, scratch)
+	MOVQ(x, x1)
+	ADDQ(U32(32), x1)
+	MOVQ(panel, p1)
+	ADDQ(U32(panel32Bytes), p1)
+	amxBlock(1, x1, ldx, p1, line, s1)
+	chains(scratch, panel, meta, 0, 0)
+	chains(s1, panel, meta, panel32Bytes, 128)
+	ADDQ(U32(64), x)
+	ADDQ(U32(256), meta)
+	ADDQ(U32(2*panel32Bytes), panel)
+	SUBQ(U8(2), nb)
+	CMPQ(nb, U8(2))
+	JGE(LabelRef("pair"))
+	Label("last")
 	TESTQ(nb, nb)
 	JE(LabelRef("store"))
-	Label("block")
-	tilezero(amxTileC)
-	tileloadd(amxTileA, x, ldx)
-	tileloadd(amxTileB, panel, line)
-	tdpbsud(amxTileC, amxTileA, amxTileB)
-	tilestored(amxTileC, scratch, line)
-	dw := ZMM()
-	VMOVUPS(Mem{Base: panel, Disp: 512}, dw)
-	for r := range rows {
-		is := ZMM()
-		VMOVDQU32(Mem{Base: scratch, Disp: 64 * r}, is)
-		VPADDD_BCST(Mem{Base: meta, Disp: 64 + 4*r}, is, is)
-		s := ZMM()
-		VMULPS_BCST(Mem{Base: meta, Disp: 4 * r}, dw, s)
-		f := ZMM()
-		VCVTDQ2PS(is, f)
-		VFMADD231PS(s, f, acc[r])
-	}
-	ADDQ(U32(32), x)
-	ADDQ(U32(128), meta)
-	ADDQ(U32(panel32Bytes), panel)
-	DECQ(nb)
-	JNE(LabelRef("block"))
+	amxBlock(0, x, ldx, panel, line, scratch)
+	chains(scratch, panel, meta, 0, 0)
 	Label("store")
 	for r := range acc {
 		VMOVUPS(acc[r], Mem{Base: accp, Disp: 64 * r})
@@ -402,12 +430,8 @@ func qamxKR16(six bool) {
 	MOVQ(x, xj)
 	MOVQ(panel, pj)
 	MOVQ(scratch, sj)
-	for range subs {
-		tilezero(amxTileC)
-		tileloadd(amxTileA, xj, ldx)
-		tileloadd(amxTileB, pj, line)
-		tdpbsud(amxTileC, amxTileA, amxTileB)
-		tilestored(amxTileC, sj, line)
+	for j := range subs {
+		amxBlock(j%2, xj, ldx, pj, line, sj)
 		ADDQ(U32(sub), xj)
 		ADDQ(U32(16*sub), pj)
 		ADDQ(U32(1024), sj)
