@@ -37700,17 +37700,17 @@ TEXT ·gemmAMXBF16(SB), NOSPLIT, $0-88
 	MOVQ      k+24(FP), BX
 	SHRQ      $0x05, BX
 	MOVQ      rows+32(FP), SI
-	MOVQ      r+40(FP), DI
-	MOVQ      out+48(FP), R8
-	MOVQ      ldo+56(FP), R9
-	SHLQ      $0x02, R9
-	MOVQ      cfg+64(FP), R10
-	MOVQ      scratch+72(FP), R11
-	MOVQ      idx+80(FP), R12
-	// LDTILECFG R10
-	BYTE $0xc4; BYTE $0xc2; BYTE $0x78; BYTE $0x49; BYTE $0x02
-	VMOVDQU32 (R12), Z0
+	MOVQ      out+48(FP), DI
+	MOVQ      ldo+56(FP), R8
+	SHLQ      $0x02, R8
+	MOVQ      cfg+64(FP), R9
+	// LDTILECFG R9
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x78; BYTE $0x49; BYTE $0x01
+	MOVQ      scratch+72(FP), R9
+	MOVQ      idx+80(FP), R10
+	VMOVDQU32 (R10), Z0
 	MOVQ      $0x00000040, R10
+	MOVQ      r+40(FP), R11
 
 group:
 	// TILEZERO $0x00
@@ -37730,24 +37730,24 @@ kstep:
 	ADDQ       $0x00000400, R13
 	DECQ       R14
 	JNE        kstep
-	// TILESTORED R11, R10, $0x00
-	BYTE $0xc4; BYTE $0x82; BYTE $0x7a; BYTE $0x4b; BYTE $0x04; BYTE $0x13
-	MOVQ       R11, R12
-	MOVQ       R8, R13
-	MOVQ       DI, R14
+	// TILESTORED R9, R10, $0x00
+	BYTE $0xc4; BYTE $0x82; BYTE $0x7a; BYTE $0x4b; BYTE $0x04; BYTE $0x11
+	MOVQ       R9, R12
+	MOVQ       DI, R13
+	MOVQ       R11, R14
 
 column:
 	KXNORW     K1, K1, K1
 	VGATHERDPS (R12)(Z0*4), K1, Z1
 	VMOVUPS    Z1, (R13)
 	ADDQ       $0x00000004, R12
-	ADDQ       R9, R13
+	ADDQ       R8, R13
 	DECQ       R14
 	JNE        column
 	MOVQ       CX, R12
 	SHLQ       $0x04, R12
 	ADDQ       R12, AX
-	ADDQ       $0x00000040, R8
+	ADDQ       $0x00000040, DI
 	SUBQ       $0x00000010, SI
 	JNE        group
 	// TILERELEASE
@@ -37762,20 +37762,20 @@ TEXT ·gemmAMXBF16x4(SB), NOSPLIT, $8-88
 	MOVQ      ldw+8(FP), CX
 	SHLQ      $0x01, CX
 	MOVQ      xp+16(FP), DX
-	MOVQ      xstride+24(FP), BX
-	MOVQ      k+32(FP), SI
-	SHRQ      $0x05, SI
-	MOVQ      rows+40(FP), DI
-	MOVQ      out+48(FP), R8
-	MOVQ      ldo+56(FP), R9
-	SHLQ      $0x02, R9
-	MOVQ      cfg+64(FP), R10
-	MOVQ      scratch+72(FP), R11
-	MOVQ      idx+80(FP), R12
-	// LDTILECFG R10
-	BYTE $0xc4; BYTE $0xc2; BYTE $0x78; BYTE $0x49; BYTE $0x02
-	VMOVDQU32 (R12), Z0
+	MOVQ      k+32(FP), BX
+	SHRQ      $0x05, BX
+	MOVQ      rows+40(FP), SI
+	MOVQ      out+48(FP), DI
+	MOVQ      ldo+56(FP), R8
+	SHLQ      $0x02, R8
+	MOVQ      cfg+64(FP), R9
+	// LDTILECFG R9
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x78; BYTE $0x49; BYTE $0x01
+	MOVQ      scratch+72(FP), R9
+	MOVQ      idx+80(FP), R10
+	VMOVDQU32 (R10), Z0
 	MOVQ      $0x00000040, R10
+	MOVQ      xstride+24(FP), R11
 
 group:
 	// TILEZERO $0x00
@@ -37792,8 +37792,8 @@ group:
 	ADDQ     AX, R13
 	MOVQ     DX, R14
 	MOVQ     DX, R15
-	ADDQ     BX, R15
-	MOVQ     SI, BP
+	ADDQ     R11, R15
+	MOVQ     BX, BP
 
 kstep:
 	// TILELOADD R12, CX, $0x04
@@ -37818,7 +37818,7 @@ kstep:
 	ADDQ       $0x00000400, R15
 	DECQ       BP
 	JNE        kstep
-	MOVQ       R11, R12
+	MOVQ       R9, R12
 	// TILESTORED R12, R10, $0x00
 	BYTE $0xc4; BYTE $0x82; BYTE $0x7a; BYTE $0x4b; BYTE $0x04; BYTE $0x14
 	ADDQ       $0x00000400, R12
@@ -37831,9 +37831,10 @@ kstep:
 	// TILESTORED R12, R10, $0x03
 	BYTE $0xc4; BYTE $0x82; BYTE $0x7a; BYTE $0x4b; BYTE $0x1c; BYTE $0x14
 	ADDQ       $0x00000400, R12
-	MOVQ       R8, R12
-	MOVQ       R11, R13
+	MOVQ       DI, R12
+	MOVQ       R9, R13
 	ADDQ       $0x00000000, R13
+	MOVQ       R12, R12
 	MOVQ       $0x00000010, R14
 
 column0:
@@ -37841,15 +37842,16 @@ column0:
 	VGATHERDPS (R13)(Z0*4), K1, Z1
 	VMOVUPS    Z1, (R12)
 	ADDQ       $0x00000004, R13
-	ADDQ       R9, R12
+	ADDQ       R8, R12
 	DECQ       R14
 	JNE        column0
-	MOVQ       R8, R12
-	MOVQ       R9, R13
+	MOVQ       DI, R12
+	MOVQ       R8, R13
 	SHLQ       $0x04, R13
 	ADDQ       R13, R12
-	MOVQ       R11, R13
+	MOVQ       R9, R13
 	ADDQ       $0x00000400, R13
+	MOVQ       R12, R12
 	MOVQ       $0x00000010, R14
 
 column1:
@@ -37857,13 +37859,14 @@ column1:
 	VGATHERDPS (R13)(Z0*4), K1, Z2
 	VMOVUPS    Z2, (R12)
 	ADDQ       $0x00000004, R13
-	ADDQ       R9, R12
+	ADDQ       R8, R12
 	DECQ       R14
 	JNE        column1
-	MOVQ       R8, R12
+	MOVQ       DI, R12
 	ADDQ       $0x00000040, R12
-	MOVQ       R11, R13
+	MOVQ       R9, R13
 	ADDQ       $0x00000800, R13
+	MOVQ       R12, R12
 	MOVQ       $0x00000010, R14
 
 column2:
@@ -37871,16 +37874,17 @@ column2:
 	VGATHERDPS (R13)(Z0*4), K1, Z3
 	VMOVUPS    Z3, (R12)
 	ADDQ       $0x00000004, R13
-	ADDQ       R9, R12
+	ADDQ       R8, R12
 	DECQ       R14
 	JNE        column2
-	MOVQ       R8, R12
+	MOVQ       DI, R12
 	ADDQ       $0x00000040, R12
-	MOVQ       R9, R13
+	MOVQ       R8, R13
 	SHLQ       $0x04, R13
 	ADDQ       R13, R12
-	MOVQ       R11, R13
+	MOVQ       R9, R13
 	ADDQ       $0x00000c00, R13
+	MOVQ       R12, R12
 	MOVQ       $0x00000010, R14
 
 column3:
@@ -37888,14 +37892,14 @@ column3:
 	VGATHERDPS (R13)(Z0*4), K1, Z4
 	VMOVUPS    Z4, (R12)
 	ADDQ       $0x00000004, R13
-	ADDQ       R9, R12
+	ADDQ       R8, R12
 	DECQ       R14
 	JNE        column3
 	MOVQ       CX, R12
 	SHLQ       $0x05, R12
 	ADDQ       R12, AX
-	ADDQ       $0x00000080, R8
-	SUBQ       $0x00000020, DI
+	ADDQ       $0x00000080, DI
+	SUBQ       $0x00000020, SI
 	JNE        group
 	// TILERELEASE
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x78; BYTE $0x49; BYTE $0xc0

@@ -153,6 +153,56 @@ func qamx32R16() {
 	RET()
 }
 
+// bf16AMXArgs are the arguments the bf16 AMX kernels share, loaded and
+// scaled: ldw and ldo in bytes, k in steps of 32; the tiles configured
+// from cfg, the gather offsets (idx) in zidx, and line 64.
+type bf16AMXArgs struct {
+	w, ldw, xp, k, rows, out, ldo, scratch, line Register
+	zidx                                       VecVirtual
+}
+
+// loadBF16AMX loads bf16AMXArgs and configures the tiles.
+func loadBF16AMX() bf16AMXArgs {
+	var a bf16AMXArgs
+	a.w = Load(Param("w"), GP64())
+	a.ldw = Load(Param("ldw"), GP64())
+	SHLQ(U8(1), a.ldw)
+	a.xp = Load(Param("xp"), GP64())
+	a.k = Load(Param("k"), GP64())
+	SHRQ(U8(5), a.k)
+	a.rows = Load(Param("rows"), GP64())
+	a.out = Load(Param("out"), GP64())
+	a.ldo = Load(Param("ldo"), GP64())
+	SHLQ(U8(2), a.ldo)
+	ldtilecfg(Load(Param("cfg"), GP64()))
+	a.scratch = Load(Param("scratch"), GP64())
+	a.zidx = ZMM()
+	VMOVDQU32(Mem{Base: Load(Param("idx"), GP64())}, a.zidx)
+	a.line = GP64()
+	MOVQ(U32(64), a.line)
+	return a
+}
+
+// storeColumns writes n columns (an immediate or a register) of the tile
+// of sums stored at sums (16 rows of 64 bytes) to out, ldo bytes apart: a
+// column (16 weight rows' outputs for one activation row) by a gather with
+// the offsets in zidx. label names the loop.
+func storeColumns(label string, sums, out, ldo Register, zidx VecVirtual, n Op) {
+	sj, oj, j := GP64(), GP64(), GP64()
+	MOVQ(sums, sj)
+	MOVQ(out, oj)
+	MOVQ(n, j)
+	Label(label)
+	v := ZMM()
+	KXNORW(K1, K1, K1)
+	VGATHERDPS(Mem{Base: sj, Index: zidx, Scale: 4}, K1, v)
+	VMOVUPS(v, Mem{Base: oj})
+	ADDQ(U32(4), sj)
+	ADDQ(ldo, oj)
+	DECQ(j)
+	JNE(LabelRef(label))
+}
+
 // gemmAMXBF16 emits the bf16 kernel of the amxbf16 kernel set: rows
 // (a multiple of 16) weight rows of k (a multiple of 32) bf16 by r ≤ 16
 // bf16 activation rows, out[j·ldo + i] for j < r. The weights are tile A
@@ -169,25 +219,9 @@ func gemmAMXBF16() {
 	const tC, tA, tB = 0, 1, 2
 	TEXT("gemmAMXBF16", NOSPLIT, "func(w *uint16, ldw int, xp *uint16, k int, rows int, r int, out *float32, ldo int, cfg *byte, scratch *float32, idx *int32)")
 	Doc("gemmAMXBF16 multiplies rows bf16 weight rows by r packed bf16 activation rows with AMX (see asmgen).")
-	w := Load(Param("w"), GP64())
-	ldw := Load(Param("ldw"), GP64())
-	SHLQ(U8(1), ldw)
-	xp := Load(Param("xp"), GP64())
-	k := Load(Param("k"), GP64())
-	SHRQ(U8(5), k) // steps of 32
-	rows := Load(Param("rows"), GP64())
+	a := loadBF16AMX()
+	w, ldw, xp, k, rows, out, ldo, scratch, line := a.w, a.ldw, a.xp, a.k, a.rows, a.out, a.ldo, a.scratch, a.line
 	r := Load(Param("r"), GP64())
-	out := Load(Param("out"), GP64())
-	ldo := Load(Param("ldo"), GP64())
-	SHLQ(U8(2), ldo)
-	cfg := Load(Param("cfg"), GP64())
-	scratch := Load(Param("scratch"), GP64())
-	idx := Load(Param("idx"), GP64())
-	ldtilecfg(cfg)
-	zidx := ZMM()
-	VMOVDQU32(Mem{Base: idx}, zidx)
-	line := GP64()
-	MOVQ(U32(64), line)
 	Label("group")
 	tilezero(tC)
 	wp, bp, cnt := GP64(), GP64(), GP64()
@@ -204,19 +238,7 @@ func gemmAMXBF16() {
 	JNE(LabelRef("kstep"))
 	tilestored(tC, scratch, line)
 	// Column j of C (weight rows i, activation row j) to out + j·ldo.
-	sj, oj, j := GP64(), GP64(), GP64()
-	MOVQ(scratch, sj)
-	MOVQ(out, oj)
-	MOVQ(r, j)
-	Label("column")
-	v := ZMM()
-	KXNORW(K1, K1, K1)
-	VGATHERDPS(Mem{Base: sj, Index: zidx, Scale: 4}, K1, v)
-	VMOVUPS(v, Mem{Base: oj})
-	ADDQ(U32(4), sj)
-	ADDQ(ldo, oj)
-	DECQ(j)
-	JNE(LabelRef("column"))
+	storeColumns("column", scratch, out, ldo, a.zidx, r)
 	// The next 16 weight rows.
 	t := GP64()
 	MOVQ(ldw, t)
@@ -297,25 +319,9 @@ func peakAMX(name, what string, ints bool, op func(c, a, b int)) {
 func gemmAMXBF16x4() {
 	TEXT("gemmAMXBF16x4", NOSPLIT, "func(w *uint16, ldw int, xp *uint16, xstride int, k int, rows int, out *float32, ldo int, cfg *byte, scratch *float32, idx *int32)")
 	Doc("gemmAMXBF16x4 multiplies rows (a multiple of 32) bf16 weight rows by two full groups of 16 packed bf16 activation rows with AMX, 2×2 tiles of sums (see asmgen).")
-	w := Load(Param("w"), GP64())
-	ldw := Load(Param("ldw"), GP64())
-	SHLQ(U8(1), ldw)
-	xp := Load(Param("xp"), GP64())
+	a := loadBF16AMX()
+	w, ldw, xp, k, rows, out, ldo, scratch, line := a.w, a.ldw, a.xp, a.k, a.rows, a.out, a.ldo, a.scratch, a.line
 	xstride := Load(Param("xstride"), GP64())
-	k := Load(Param("k"), GP64())
-	SHRQ(U8(5), k)
-	rows := Load(Param("rows"), GP64())
-	out := Load(Param("out"), GP64())
-	ldo := Load(Param("ldo"), GP64())
-	SHLQ(U8(2), ldo)
-	cfg := Load(Param("cfg"), GP64())
-	scratch := Load(Param("scratch"), GP64())
-	idx := Load(Param("idx"), GP64())
-	ldtilecfg(cfg)
-	zidx := ZMM()
-	VMOVDQU32(Mem{Base: idx}, zidx)
-	line := GP64()
-	MOVQ(U32(64), line)
 	Label("group")
 	for t := range 4 {
 		tilezero(t)
@@ -352,7 +358,7 @@ func gemmAMXBF16x4() {
 	}
 	// Tile 2i+j (weight group i, activation group j) to out + 64·i +
 	// 16·ldo·j, a column (activation row) at a time.
-	o, sj, j := GP64(), GP64(), GP64()
+	o, sums := GP64(), GP64()
 	for t := range 4 {
 		i, g := t/2, t%2
 		MOVQ(out, o)
@@ -365,19 +371,9 @@ func gemmAMXBF16x4() {
 			SHLQ(U8(4), tt)
 			ADDQ(tt, o)
 		}
-		MOVQ(scratch, sj)
-		ADDQ(U32(1024*t), sj)
-		MOVQ(U32(16), j)
-		lbl := fmt.Sprintf("column%d", t)
-		Label(lbl)
-		v := ZMM()
-		KXNORW(K1, K1, K1)
-		VGATHERDPS(Mem{Base: sj, Index: zidx, Scale: 4}, K1, v)
-		VMOVUPS(v, Mem{Base: o})
-		ADDQ(U32(4), sj)
-		ADDQ(ldo, o)
-		DECQ(j)
-		JNE(LabelRef(lbl))
+		MOVQ(scratch, sums)
+		ADDQ(U32(1024*t), sums)
+		storeColumns(fmt.Sprintf("column%d", t), sums, o, ldo, a.zidx, U32(16))
 	}
 	t := GP64()
 	MOVQ(ldw, t)
