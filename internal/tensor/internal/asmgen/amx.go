@@ -158,7 +158,7 @@ func qamx32R16() {
 // from cfg, the gather offsets (idx) in zidx, and line 64.
 type bf16AMXArgs struct {
 	w, ldw, xp, k, rows, out, ldo, scratch, line Register
-	zidx                                       VecVirtual
+	zidx                                         VecVirtual
 }
 
 // loadBF16AMX loads bf16AMXArgs and configures the tiles.
