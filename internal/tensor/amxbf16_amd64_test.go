@@ -107,7 +107,7 @@ func TestAMXBF16KernelUnderBochs(t *testing.T) {
 	rs := []int{1, 5, 16}
 	for _, r := range rs {
 		xp := make([]uint16, k*16)
-		packAMXBF16(x[:r*k], r, k, xp)
+		packAMXBF16(x[:r*k], 0, r, r, k, xp)
 		px := p.Put(u16(xp), 64)
 		cfg := p.Put(amxBF16Config[r][:], 64)
 		out := p.Alloc(4*r*n, 64)
@@ -124,7 +124,7 @@ func TestAMXBF16KernelUnderBochs(t *testing.T) {
 	// Two full groups by the 2×2 kernel.
 	x2 := randomBF16Rows(rng, 2*amxGroup, k)
 	xp2 := make([]uint16, 2*k*16)
-	packAMXBF16(x2, 2*amxGroup, k, xp2)
+	packAMXBF16(x2, 0, 2*amxGroup, 2*amxGroup, k, xp2)
 	code4, err := bochs.FuncCode(gemmAMXBF16x4Entry())
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +145,7 @@ func TestAMXBF16KernelUnderBochs(t *testing.T) {
 		}
 	}
 	xp := make([]uint16, k*16)
-	packAMXBF16(x, amxGroup, k, xp)
+	packAMXBF16(x, 0, amxGroup, amxGroup, k, xp)
 	for c, r := range rs {
 		for j := range r {
 			for i := range n {
@@ -205,7 +205,7 @@ func TestAMXBF16SetIsBatchInvariant(t *testing.T) {
 			p.matMul(ks, out, x, m, w)
 			for j := range m {
 				xp := make([]uint16, k*16)
-				packAMXBF16(xb[j*k:(j+1)*k], 1, k, xp)
+				packAMXBF16(xb[j*k:(j+1)*k], 0, 1, 1, k, xp)
 				for i := range n {
 					want := amxBF16Dot(w.U16[i*k:(i+1)*k], xp, 0)
 					if got := out[j*n+i]; math.Float32bits(got) != math.Float32bits(want) {
