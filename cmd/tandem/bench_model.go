@@ -87,7 +87,7 @@ func benchModel(w io.Writer, f benchModelFlags, dts []tensor.DType, cal tensor.C
 		defer func() { benchClock = wallClock }()
 		clock = "this thread's CPU time (one thread: the kernels' speed on a shared machine)"
 	}
-	fmt.Fprintf(w, "CPU: %s\nkernels: %s, quantized %s (%s); %s; timed by %s\n", machine(), cal.Set, cal.QuantText(), cal.Source, tensor.DetectAMX(), clock)
+	fmt.Fprintf(w, "CPU: %s\nkernels: %s, quantized %s (%s); %s; timed by %s\n", machine(), cal.Set, cal.QuantText(), cal.Source, amxText(), clock)
 	read, err := streamRead(p, f.readMiB, f.reps)
 	if err != nil {
 		return err
@@ -461,4 +461,22 @@ func inCacheMatMul(p *tensor.Pool, reps int) float64 {
 		})
 	})
 	return 2 * float64(m*n*k) * iters * float64(threads) / d.Seconds()
+}
+
+// amxText describes this CPU's AMX and, where the OS permits it, what the
+// AMX kernels' self-checks found (they decide whether the calibration may
+// choose them).
+func amxText() string {
+	amx := tensor.DetectAMX()
+	if !amx.Tile || !amx.Permitted {
+		return amx.String()
+	}
+	quant, bf16 := "passed", "passed"
+	if err := tensor.AMXSelfCheck(); err != nil {
+		quant = "failed: " + err.Error()
+	}
+	if err := tensor.AMXBF16SelfCheck(); err != nil {
+		bf16 = "failed: " + err.Error()
+	}
+	return fmt.Sprintf("%s (self-checks: amx %s; amxbf16 %s)", amx, quant, bf16)
 }

@@ -22,7 +22,12 @@ func calibrateKernels(log *slog.Logger) (tensor.Calibration, error) {
 		log.Info("this CPU has AMX", "amx", amx.String(), "quantized_prefill_on_amx", c.Quant == "amx")
 		if amx.Int8 && amx.Permitted {
 			if err := tensor.AMXSelfCheck(); err != nil {
-				log.Warn("the AMX kernels are not used: their results differ from the other kernels' here", "err", err)
+				log.Warn("the amx quantized kernels are not used: their results differ from the other kernels' here", "err", err)
+			}
+		}
+		if amx.BF16 && amx.Permitted {
+			if err := tensor.AMXBF16SelfCheck(); err != nil {
+				log.Warn("the amxbf16 kernel set is not used: its self-check failed here", "err", err)
 			}
 		}
 	}

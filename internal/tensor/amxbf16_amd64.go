@@ -136,6 +136,10 @@ func (p *Pool) matmulAMXBF16(out []float32, xb []uint16, m int, w *Mat, chunk in
 	})
 }
 
+// AMXBF16SelfCheck reports why the amxbf16 kernel set is not used here,
+// or nil: it runs amxBF16SelfCheck (once).
+func AMXBF16SelfCheck() error { return amxBF16SelfCheck() }
+
 var amxBF16Check struct {
 	once sync.Once
 	err  error

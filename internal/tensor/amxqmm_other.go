@@ -37,3 +37,6 @@ func amxBF16Fits(*Mat) bool { return false }
 func (p *Pool) matmulAMXBF16([]float32, []uint16, int, *Mat, int) {
 	panic("tensor: no AMX kernels on this architecture")
 }
+
+// AMXBF16SelfCheck reports that AMX is amd64's.
+func AMXBF16SelfCheck() error { return amxBF16SelfCheck() }
