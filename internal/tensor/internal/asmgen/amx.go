@@ -15,8 +15,12 @@ package main
 // scratch; then each row r continues its 16 chains as the VNNI dot kernels
 // do (dot32): I = corr + Σ, acc = fma(float(I), scales·dx, acc). The
 // integers are exact and the chain's operations are the definition's, so
-// the results are the bits of every other quantized kernel. Tested on an
-// emulated Sapphire Rapids (package tensor's TestAMXKernelsUnderBochs).
+// the results are the bits of every other quantized kernel. qamxKR16 and
+// qamx6KR16 do the same for the K-quants' widened panels, a sub-block a
+// TDPBSUD. gemmAMXBF16 and gemmAMXBF16x4 are the amxbf16 kernel set's bf16
+// products (TDPBF16PS), the weights read as stored. Each is tested on an
+// emulated Sapphire Rapids (package tensor's Test…UnderBochs), its code
+// found through its …Entry function.
 
 import (
 	"fmt"
