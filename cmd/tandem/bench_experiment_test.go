@@ -287,7 +287,7 @@ func TestBenchExperimentFailsWhenRequestsFail(t *testing.T) {
 	t.Setenv(actAsTandem, "1")
 	out := t.TempDir()
 	err := runBenchExperiment([]string{"pd", "--model", dir, "--out", out, "--configs", "colocated", "--workloads", "chat",
-		"--chat-rates", "8", "--requests", "2", "--rounds", "1", "--mnbt-sweep", "256", "--max-context", "256", "--timeout", "1ms"})
+		"--chat-rates", "8", "--requests", "2", "--rounds", "1", "--mnbt-sweep", "256", "--max-context", "256", "--timeout", "1ns"})
 	if err == nil || !strings.Contains(err.Error(), "requests failed: 2 of colocated's requests at rate 8 (chat)") {
 		t.Errorf("err = %v, want the failed requests named", err)
 	}
