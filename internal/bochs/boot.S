@@ -97,7 +97,7 @@ fail16:
 	hlt
 	jmp fail16
 
-	.p2align 3
+	.p2align 3, 0
 gdt:
 	.quad 0
 	.quad 0x00af9a000000ffff /* 0x08: 64-bit code */
@@ -280,10 +280,10 @@ exception:
 	out %al, $0xe9
 	jmp shutdown
 
-	.p2align 3
+	.p2align 3, 0x90
 vectors:
 	.irp v, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
-	.p2align 3
+	.p2align 3, 0x90
 	push $\v
 	jmp exception
 	.endr
@@ -292,7 +292,7 @@ hexdigits:
 	.ascii "0123456789abcdef"
 shutdownstr:
 	.asciz "Shutdown"
-	.p2align 3
+	.p2align 3, 0
 ncalls:
 	.quad 0
 nextcall:
@@ -300,7 +300,7 @@ nextcall:
 idtr:
 	.word 32 * 16 - 1
 	.quad idt
-	.p2align 4
+	.p2align 4, 0
 idt:
 	.fill 32 * 16, 1, 0
 	.org 8192
