@@ -49,19 +49,14 @@ type amxKernel = func(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *
 
 // amxDot is an AMX dot kernel and what its driver needs to know: the VNNI
 // dot kernels whose panel layout it reads (and whose bits it gives), the
-// weights of a block, the meta words of a block of one activation row,
-// whether its meta is transposed (the 16 rows' first words, then their
-// second: the 32-blocks' dx and corrections) or the rows' records side by
-// side (the K-quants' 64 bytes), its configuration and the int32s of the
-// tiles it stores.
+// weights of a block, its configuration and the int32s of the tiles it
+// stores.
 type amxDot struct {
-	dot        []qdot
-	kernel     *amxKernel
-	elems      int
-	words      int
-	transposed bool
-	cfg        *[64]byte
-	tileInts   int
+	dot      []qdot
+	kernel   *amxKernel
+	elems    int
+	cfg      *[64]byte
+	tileInts int
 }
 
 // The kernels; tests run the drivers with Go functions of the same
@@ -76,20 +71,24 @@ var (
 // (qamx32R16), the Q4_K/Q5_K and the Q6_K super-blocks (qamxKR16,
 // qamx6KR16).
 var amxDots = []amxDot{
-	{dot: dot32AVX512, kernel: &amxDot32, elems: 32, words: 2, transposed: true, cfg: &amxConfig32, tileInts: 2 * 256},
-	{dot: dotKAVX512, kernel: &amxDotK, elems: qk, words: 16, cfg: &amxConfig32, tileInts: 8 * 256},
-	{dot: dot6KAVX512, kernel: &amxDot6K, elems: qk, words: 16, cfg: &amxConfig16, tileInts: 16 * 256},
+	{dot: dot32AVX512, kernel: &amxDot32, elems: 32, cfg: &amxConfig32, tileInts: 2 * 256},
+	{dot: dotKAVX512, kernel: &amxDotK, elems: qk, cfg: &amxConfig32, tileInts: 8 * 256},
+	{dot: dot6KAVX512, kernel: &amxDot6K, elems: qk, cfg: &amxConfig16, tileInts: 16 * 256},
 }
 
 // amxFor returns the AMX dot kernel that stands in for the VNNI dot
-// kernels dot, or nil.
-func amxFor(dot []qdot) *amxDot {
+// kernels dot and the activation rows it takes (a.amxRows, prepareAMX's),
+// or nil and 0.
+func amxFor(dot []qdot, a *qAct) (*amxDot, int) {
+	if a.amxRows == 0 || len(dot) == 0 {
+		return nil, 0
+	}
 	for i, d := range amxDots {
-		if len(dot) > 0 && &dot[0] == &d.dot[0] {
-			return &amxDots[i]
+		if &dot[0] == &d.dot[0] {
+			return &amxDots[i], a.amxRows
 		}
 	}
-	return nil
+	return nil, 0
 }
 
 // qKernelsAMX are qKernelsAVX512 with the AMX dot kernels for groups of
@@ -102,49 +101,53 @@ var qKernelsAMX = func() *qKernelSet {
 
 func qmmAMX(a *qAct, w *Mat, lo, hi int, out []float32) { qKernelsAMX.run(a, w, lo, hi, out) }
 
-// amxPrepare arranges the per-block records of a's first a.m/16·16 rows as
-// d's kernel reads them, per group of 16 rows and block, into sc.amxMeta,
-// makes room for its tiles, and returns those rows' count (0 under 16 rows
-// or without d).
-func amxPrepare(sc *qScratch, a *qAct, d *amxDot) int {
+// prepareAMX arranges the per-block records of a's first a.m/16·16 rows
+// as the AMX kernels read them, per group of 16 rows and block, into
+// a.amxMeta and sets a.amxRows (0 under 16 rows): for the 32-blocks'
+// (qamx32R16) transposed, the 16 rows' scales then their corrections; for
+// the K-quants' the rows' 64-byte records side by side. A product does it
+// once, before its workers share a.
+func (a *qAct) prepareAMX() {
 	rows := a.m / amxGroup * amxGroup
-	if rows == 0 || d == nil {
-		return 0
+	a.amxRows = rows
+	if rows == 0 {
+		return
 	}
-	nb := a.k / d.elems
-	n := rows * nb * d.words
-	if cap(sc.amxMeta) < n {
-		sc.amxMeta = make([]uint32, n)
+	words, elems := metaWords(a.dt)
+	nb := a.k / elems
+	n := rows * nb * words
+	if cap(a.amxMeta) < n {
+		a.amxMeta = make([]uint32, n)
 	}
-	meta := sc.amxMeta[:n]
+	meta := a.amxMeta[:n]
 	for i := range rows {
 		g, r := i/amxGroup, i%amxGroup
-		src := a.meta[i*nb*d.words : (i+1)*nb*d.words]
+		src := a.meta[i*nb*words : (i+1)*nb*words]
 		for b := range nb {
-			dst := meta[(g*nb+b)*amxGroup*d.words:]
-			rec := src[b*d.words : (b+1)*d.words]
-			if d.transposed {
+			dst := meta[(g*nb+b)*amxGroup*words:]
+			rec := src[b*words : (b+1)*words]
+			if elems == 32 {
 				for w, v := range rec {
 					dst[w*amxGroup+r] = v
 				}
 			} else {
-				copy(dst[r*d.words:], rec)
+				copy(dst[r*words:], rec)
 			}
 		}
 	}
-	if cap(sc.amxTile) < d.tileInts {
-		sc.amxTile = make([]int32, d.tileInts)
-	}
-	return rows
 }
 
 // amxRun continues the chains in acc (16 a row) of the first rows
-// activation rows (amxPrepare's) over d's blocks [b0, b0+c), whose panel
+// activation rows (prepareAMX's) over d's blocks [b0, b0+c), whose panel
 // (the layout of d.dot) is at panel.
 func amxRun(sc *qScratch, a *qAct, d *amxDot, rows, b0, c int, panel *byte, acc []float32) {
+	if cap(sc.amxTile) < d.tileInts {
+		sc.amxTile = make([]int32, d.tileInts)
+	}
+	words, _ := metaWords(a.dt)
 	nb := a.k / d.elems
 	for i := 0; i < rows; i += amxGroup {
-		(*d.kernel)(&a.xq[i*a.k+b0*d.elems], a.k, &sc.amxMeta[(i/amxGroup*nb+b0)*amxGroup*d.words], panel, c,
+		(*d.kernel)(&a.xq[i*a.k+b0*d.elems], a.k, &a.amxMeta[(i/amxGroup*nb+b0)*amxGroup*words], panel, c,
 			&acc[i*16], &d.cfg[0], &sc.amxTile[0])
 	}
 }
@@ -212,6 +215,7 @@ func amxCompare(amx, vnni, amxPanels, vnniPanels func(a *qAct, w *Mat, lo, hi in
 		for _, r := range runs {
 			a := &qAct{}
 			(&Pool{threads: 1}).quantizeActs(ks, a, dt, x, m, k)
+			a.prepareAMX()
 			got, want := make([]float32, m*n), make([]float32, m*n)
 			r.amx(a, r.w, 0, n, got)
 			r.vnni(a, r.w, 0, n, want)

@@ -93,62 +93,86 @@ func TestPanel32GoIsThePackKernels(t *testing.T) {
 // and compares every output bit with the definition (qmmGo): two groups of
 // 16 activation rows, the blocks in two calls that continue the chains.
 func TestAMXKernelUnderBochs(t *testing.T) {
-	code, err := bochs.FuncCode(qamx32R16Entry())
-	if err != nil {
-		t.Fatal(err)
+	var cases []amxBochsCase
+	for _, dt := range []DType{Q8_0, Q4_0, Q5_0} {
+		cases = append(cases, amxBochsCase{dt, qamx32R16Entry(), amxConfig32, 32, panel32Bytes, func(w *Mat, nb int) []byte {
+			panel := make([]byte, nb*panel32Bytes)
+			panel32Go(w, 0, 0, nb, panel)
+			return panel
+		}})
 	}
-	const m, n, k = 32, 16, 13 * 32 // 13 blocks: calls of 5 and 8, odd and even
-	const nb, split = k / 32, 5
-	rng := rand.New(rand.NewPCG(5, 6))
+	// 13 blocks: calls of 5 and 8, odd and even (the kernel takes them in
+	// pairs).
+	checkAMXInt8UnderBochs(t, cases, 13*32, 5, 5)
+}
+
+// amxBochsCase is one format for checkAMXInt8UnderBochs: its AMX kernel's
+// entry and configuration, the weights of a block, the bytes of a block of
+// its panel and the panel of a matrix's first 16 rows (nb blocks).
+type amxBochsCase struct {
+	dt         DType
+	entry      *byte
+	cfg        [64]byte
+	elems      int
+	blockBytes int
+	panel      func(w *Mat, nb int) []byte
+}
+
+// checkAMXInt8UnderBochs runs each case's AMX kernel in the Bochs
+// emulator's Sapphire Rapids on a random 16-row matrix of k weights and 32
+// random activation rows (two groups of 16), the blocks in two calls (the
+// first split blocks, then the rest) that continue the chains, and
+// compares every output bit with the definition (qmmGo).
+func checkAMXInt8UnderBochs(t *testing.T, cases []amxBochsCase, k, split int, seed uint64) {
+	const m, n = 32, 16
+	rng := rand.New(rand.NewPCG(seed, seed+1))
 	x := make([]float32, m*k)
 	for i := range x {
 		x[i] = float32(rng.NormFloat64())
 	}
-	type run struct {
-		dt   DType
-		want []float32
-	}
 	p := bochs.NewProgram()
-	fn := p.Put(code, 64)
-	cfg := p.Put(amxConfig32[:], 64)
-	tile := p.Alloc(2048, 64)
-	var runs []*run
-	for _, dt := range []DType{Q8_0, Q4_0, Q5_0} {
-		w := randomMat(rng, dt, n, k)
+	tile := p.Alloc(16*1024, 64)
+	var wants [][]float32
+	for _, c := range cases {
+		code, err := bochs.FuncCode(c.entry)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nb := k / c.elems
+		w := randomMat(rng, c.dt, n, k)
 		a := &qAct{}
-		(&Pool{threads: 1}).quantizeActs(defaultSet(), a, dt, x, m, k)
+		(&Pool{threads: 1}).quantizeActs(defaultSet(), a, c.dt, x, m, k)
 		want := make([]float32, m*n)
 		qmmGo(a, w, 0, n, want)
-		var sc qScratch
-		if amxPrepare(&sc, a, &amxDots[0]) != m {
-			t.Fatal("amxPrepare took fewer rows")
+		if a.prepareAMX(); a.amxRows != m {
+			t.Fatal("prepareAMX took fewer rows")
 		}
-		panel := make([]byte, nb*panel32Bytes)
-		panel32Go(w, 0, 0, nb, panel)
+		words, _ := metaWords(c.dt)
 		xq := unsafe.Slice((*byte)(unsafe.Pointer(&a.xq[0])), len(a.xq))
-		metaBytes := make([]byte, 4*len(sc.amxMeta))
-		for i, v := range sc.amxMeta {
+		metaBytes := make([]byte, 4*len(a.amxMeta))
+		for i, v := range a.amxMeta {
 			binary.LittleEndian.PutUint32(metaBytes[4*i:], v)
 		}
-		px, pm, pp := p.Put(xq, 64), p.Put(metaBytes, 64), p.Put(panel, 64)
+		fn, pc := p.Put(code, 64), p.Put(c.cfg[:], 64)
+		px, pm, pp := p.Put(xq, 64), p.Put(metaBytes, 64), p.Put(c.panel(w, nb), 64)
 		acc := p.Alloc(4*m*16, 64)
 		for g := range m / amxGroup {
 			for _, part := range [][2]int{{0, split}, {split, nb}} {
 				b0, b1 := part[0], part[1]
-				p.Call(fn, px+uint64(g*amxGroup*k+32*b0), k, pm+uint64(4*(g*nb+b0)*32),
-					pp+uint64(b0*panel32Bytes), uint64(b1-b0), acc+uint64(4*g*amxGroup*16), cfg, tile)
+				p.Call(fn, px+uint64(g*amxGroup*k+c.elems*b0), uint64(k), pm+uint64(4*(g*nb+b0)*amxGroup*words),
+					pp+uint64(b0*c.blockBytes), uint64(b1-b0), acc+uint64(4*g*amxGroup*16), pc, tile)
 			}
 		}
 		p.Dump(acc, 4*m*16)
-		runs = append(runs, &run{dt: dt, want: want})
+		wants = append(wants, want)
 	}
 	out := bochs.RunTest(t, p)
-	for i, r := range runs {
+	for i, c := range cases {
 		for row := range m {
 			for col := range n {
 				got := math.Float32frombits(binary.LittleEndian.Uint32(out[i][4*(16*row+col):]))
-				if want := r.want[row*n+col]; math.Float32bits(got) != math.Float32bits(want) {
-					t.Fatalf("%s: activation row %d, weight row %d: %g (%#x), want %g (%#x)", r.dt, row, col, got, math.Float32bits(got), want, math.Float32bits(want))
+				if want := wants[i][row*n+col]; math.Float32bits(got) != math.Float32bits(want) {
+					t.Fatalf("%s: activation row %d, weight row %d: %g (%#x), want %g (%#x)", c.dt, row, col, got, math.Float32bits(got), want, math.Float32bits(want))
 				}
 			}
 		}
@@ -232,70 +256,19 @@ func TestAMXKKernelsUnderBochs(t *testing.T) {
 	if !hasPanelKernels {
 		t.Skip("the widened K-quant panels come from the AVX-512 pack kernels, which this CPU lacks")
 	}
-	const m, n, k = 32, 16, 3 * 256
-	const nb, split = k / 256, 1
-	rng := rand.New(rand.NewPCG(17, 18))
-	x := make([]float32, m*k)
-	for i := range x {
-		x[i] = float32(rng.NormFloat64())
-	}
-	p := bochs.NewProgram()
-	tile := p.Alloc(16*1024, 64)
-	type run struct {
-		dt   DType
-		want []float32
-	}
-	var runs []run
+	var cases []amxBochsCase
 	for _, dt := range []DType{Q4_K, Q5_K, Q6_K} {
-		d := amxFor(qKernelsAVX512.types[dt].dot)
 		entry, cfg := qamxKR16Entry(), amxConfig32
 		if dt == Q6_K {
 			entry, cfg = qamx6KR16Entry(), amxConfig16
 		}
-		code, err := bochs.FuncCode(entry)
-		if err != nil {
-			t.Fatal(err)
-		}
-		w := randomMat(rng, dt, n, k)
-		a := &qAct{}
-		(&Pool{threads: 1}).quantizeActs(defaultSet(), a, dt, x, m, k)
-		want := make([]float32, m*n)
-		qmmGo(a, w, 0, n, want)
-		var sc qScratch
-		if amxPrepare(&sc, a, d) != m {
-			t.Fatal("amxPrepare took fewer rows")
-		}
 		ks := qKernelsAVX512.types[dt]
-		rb, _ := dt.RowBytes(k)
-		panel := make([]byte, nb*ks.panelBytes)
-		ks.pack(&w.Q[0], rb, nb, &panel[0], uintptr(unsafe.Pointer(&w.Q[0])))
-		xq := unsafe.Slice((*byte)(unsafe.Pointer(&a.xq[0])), len(a.xq))
-		metaBytes := make([]byte, 4*len(sc.amxMeta))
-		for i, v := range sc.amxMeta {
-			binary.LittleEndian.PutUint32(metaBytes[4*i:], v)
-		}
-		fn, pc := p.Put(code, 64), p.Put(cfg[:], 64)
-		px, pm, pp := p.Put(xq, 64), p.Put(metaBytes, 64), p.Put(panel, 64)
-		acc := p.Alloc(4*m*16, 64)
-		for g := range m / amxGroup {
-			for _, part := range [][2]int{{0, split}, {split, nb}} {
-				b0, b1 := part[0], part[1]
-				p.Call(fn, px+uint64(g*amxGroup*k+256*b0), k, pm+uint64(4*(g*nb+b0)*amxGroup*16),
-					pp+uint64(b0*ks.panelBytes), uint64(b1-b0), acc+uint64(4*g*amxGroup*16), pc, tile)
-			}
-		}
-		p.Dump(acc, 4*m*16)
-		runs = append(runs, run{dt, want})
+		cases = append(cases, amxBochsCase{dt, entry, cfg, qk, ks.panelBytes, func(w *Mat, nb int) []byte {
+			rb, _ := w.DType.RowBytes(w.Cols)
+			panel := make([]byte, nb*ks.panelBytes)
+			ks.pack(&w.Q[0], rb, nb, &panel[0], uintptr(unsafe.Pointer(&w.Q[0])))
+			return panel
+		}})
 	}
-	out := bochs.RunTest(t, p)
-	for i, r := range runs {
-		for row := range m {
-			for col := range n {
-				got := math.Float32frombits(binary.LittleEndian.Uint32(out[i][4*(16*row+col):]))
-				if want := r.want[row*n+col]; math.Float32bits(got) != math.Float32bits(want) {
-					t.Fatalf("%s: activation row %d, weight row %d: %g (%#x), want %g (%#x)", r.dt, row, col, got, math.Float32bits(got), want, math.Float32bits(want))
-				}
-			}
-		}
-	}
+	checkAMXInt8UnderBochs(t, cases, 3*qk, 1, 17)
 }

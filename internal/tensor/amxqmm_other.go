@@ -11,12 +11,13 @@ const amxGroup = 16
 type amxDot struct{}
 
 // amxFor reports no AMX kernel: they are amd64's.
-func amxFor([]qdot) *amxDot { return nil }
+func amxFor([]qdot, *qAct) (*amxDot, int) { return nil, 0 }
 
-// amxPrepare reports no rows for an AMX kernel.
-func amxPrepare(*qScratch, *qAct, *amxDot) int { return 0 }
+// prepareAMX leaves no rows for an AMX kernel (no kernel set has amx
+// here).
+func (a *qAct) prepareAMX() { a.amxRows = 0 }
 
-// amxRun is never called here (amxPrepare reports no rows).
+// amxRun is never called here (amxFor reports no kernel).
 func amxRun(*qScratch, *qAct, *amxDot, int, int, int, *byte, []float32) {
 	panic("tensor: no AMX kernels on this architecture")
 }

@@ -123,10 +123,10 @@ func qmmPanelsWith(a *qAct, w *Mat, lo, hi int, out []float32, amx bool) {
 		wide = aligned64(&sc.panel, min(chunk, nb)*per*set.wide.panelBytes)
 	}
 	var ad *amxDot
+	amxRows := 0
 	if amx {
-		ad = amxFor(dot)
+		ad, amxRows = amxFor(dot, a)
 	}
-	amxRows := amxPrepare(sc, a, ad)
 	for g := lo / 16; g < hi/16; g++ {
 		clear(acc)
 		panel := w.Q[g*nb*block:]

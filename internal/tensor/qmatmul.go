@@ -55,6 +55,11 @@ type qAct struct {
 	// 4..7 and 12..15 the sums of sub-blocks 0..3 and 4..7, the rest
 	// zero).
 	rowAux []uint32
+	// amxRows and amxMeta are, for a product the AMX kernels run, the
+	// first m/16·16 rows and their records arranged for those kernels
+	// (prepareAMX); amxRows is 0 otherwise.
+	amxRows int
+	amxMeta []uint32
 	// rowX holds, for one activation row of Q4_K/Q5_K weights, the
 	// levels with the 32-byte sub-blocks of each super-block in the order
 	// 0, 2, 1, 3, 4, 6, 5, 7 (asmgen's q4kPerm: a 512-bit vector of the
@@ -261,6 +266,10 @@ func (p *Pool) matmulQuant(ks *kernelSet, out, x []float32, m int, w *Mat) {
 	a := qActs.Get().(*qAct)
 	defer qActs.Put(a)
 	p.quantizeActs(ks, a, w.DType, x, m, k)
+	a.amxRows = 0
+	if ks.amx {
+		a.prepareAMX()
+	}
 	if m == 1 && !w.Panels {
 		a.setRowAux() // for the row kernels
 	}

@@ -113,9 +113,7 @@ type qScratch struct {
 	acc            []float32
 	rowOut         [qRowMax]float32
 	pad            []byte
-	// amxMeta and amxTile are the AMX kernels' activation records and
-	// the tiles they store (amxPrepare, amxRun).
-	amxMeta []uint32
+	// amxTile is the tiles the AMX kernels store (amxRun).
 	amxTile []int32
 }
 
@@ -225,10 +223,10 @@ func (s *qKernelSet) runPanels(ks qTypeKernels, sc *qScratch, a *qAct, w *Mat, l
 	}
 	acc := sc.acc[:m*lanes]
 	var ad *amxDot
+	amxRows := 0
 	if s.amx {
-		ad = amxFor(ks.dot)
+		ad, amxRows = amxFor(ks.dot, a)
 	}
-	amxRows := amxPrepare(sc, a, ad)
 	// Each pack call prefetches the part of the next group of rows (the
 	// groups are contiguous) that matches its blocks, so the weights
 	// stream from DRAM in order, a group ahead; the last group re-touches
