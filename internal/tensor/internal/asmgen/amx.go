@@ -400,7 +400,7 @@ func gemmAMXBF16x4() {
 // Σ scale·S, M = Σ min·Σx by VPDPWSSD, or for Q6_K I −= 32·Σ scale·Σx)
 // and its FMAs, so every output is the other quantized kernels' bits. Its
 // meta is the 16 rows' 64-byte records per super-block side by side
-// (package tensor's amxPrepare); its configuration amxConfig32's (or for
+// (package tensor's qAct.prepareAMX); its configuration amxConfig32's (or for
 // Q6_K amxConfig16's: tile A 16 bytes a row, tile B 4 rows).
 func qamxKR16(six bool) {
 	const rows = 16
