@@ -33,9 +33,10 @@ var amxBF16Config = func() (c [amxGroup + 1][64]byte) {
 	return c
 }()
 
-// amxBF16Config4 is gemmAMXBF16x4's tile configuration: all eight tiles
-// 16 rows of 64 bytes (four of sums, two of weights, two of activations).
-var amxBF16Config4 = func() (c [64]byte) {
+// amxFullConfig configures all eight tiles as 16 rows of 64 bytes:
+// gemmAMXBF16x4's (four of sums, two of weights, two of activations) and
+// the AMX peak kernels' (four of sums, two of ones).
+var amxFullConfig = func() (c [64]byte) {
 	c[0] = 1
 	for t := range 8 {
 		c[16+2*t], c[48+t] = 64, 16
@@ -125,7 +126,7 @@ func (p *Pool) matmulAMXBF16(out []float32, xb []uint16, m int, w *Mat, chunk in
 			g := 0
 			for ; rows == 32 && g+1 < full; g += 2 {
 				amxBF16Kernel4(&w.U16[r0*k], k, &xp[g*k*16], 2*k*16, k, 32, &out[g*amxGroup*n+r0], n,
-					&amxBF16Config4[0], &tile[0], &amxGatherIdx[0])
+					&amxFullConfig[0], &tile[0], &amxGatherIdx[0])
 			}
 			for ; g < groups; g++ {
 				r := min(amxGroup, m-g*amxGroup)

@@ -129,7 +129,7 @@ func TestAMXBF16KernelUnderBochs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fn4, px2, cfg4 := p.Put(code4, 64), p.Put(u16(xp2), 64), p.Put(amxBF16Config4[:], 64)
+	fn4, px2, cfg4 := p.Put(code4, 64), p.Put(u16(xp2), 64), p.Put(amxFullConfig[:], 64)
 	tile4 := p.Alloc(4096, 64)
 	out4 := p.Alloc(4*2*amxGroup*n, 64)
 	p.Call(fn4, pw, k, px2, 2*k*16, k, n, out4, n, cfg4, tile4, pidx)
@@ -268,7 +268,7 @@ func TestAMXBF16SelfCheck(t *testing.T) {
 func TestAMXPeakKernelsUnderBochs(t *testing.T) {
 	const iters = 3
 	p := bochs.NewProgram()
-	cfg := p.Put(amxPeakConfig[:], 64)
+	cfg := p.Put(amxFullConfig[:], 64)
 	scratch := p.Alloc(4096, 64)
 	kernels := []struct {
 		peak  Peak

@@ -42,16 +42,6 @@ var peakKernels = func() [numPeaks]peakKernel {
 	return ks
 }()
 
-// amxPeakConfig is the AMX peak kernels' tile configuration (palette 1):
-// tiles 0–5 of 16 rows of 64 bytes.
-var amxPeakConfig = func() (c [64]byte) {
-	c[0] = 1
-	for t := range 6 {
-		c[16+2*t], c[48+t] = 64, 16
-	}
-	return c
-}()
-
 // peakAMXSum wraps an AMX peak kernel: its tiles of ones filled with the
 // 16-bit pattern one (bf16 1.0, or two int8 1s), the lanes' total.
 func peakAMXSum[T float32 | int32](k func(iters int, out *T, cfg, ones, scratch *byte), one uint16) func(int) float64 {
@@ -62,7 +52,7 @@ func peakAMXSum[T float32 | int32](k func(iters int, out *T, cfg, ones, scratch 
 		}
 		scratch := make([]byte, 4096)
 		var out [16]T
-		k(iters, &out[0], &amxPeakConfig[0], &ones[0], &scratch[0])
+		k(iters, &out[0], &amxFullConfig[0], &ones[0], &scratch[0])
 		s := 0.0
 		for _, v := range out {
 			s += float64(v)

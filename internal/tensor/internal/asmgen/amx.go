@@ -259,7 +259,7 @@ func gemmAMXBF16() {
 // peakAMX emits the AMX peak kernel name (peak.go's kind of loop): iters
 // passes of op over 4 independent accumulator tiles (0–3), with tiles 4
 // and 5 loaded from ones (16 rows of 64 bytes of 1s), full 16×64 tiles
-// (the configuration at cfg, package tensor's amxPeakConfig); then the
+// (the configuration at cfg, package tensor's amxFullConfig); then the
 // tiles stored to scratch (4 KiB) and their 64 rows summed into the 16
 // lanes stored at out (each lane iters·64·(products a lane of a row)).
 func peakAMX(name, what string, ints bool, op func(c, a, b int)) {
@@ -317,7 +317,7 @@ func peakAMX(name, what string, ints bool, op func(c, a, b int)) {
 // group i by activation group j) from two tiles of weights and two of
 // activations, so each tile loaded serves two TDPBF16PS (Intel's 2×2
 // blocking); rows is a multiple of 32, the groups' packs xstride bytes
-// apart, the configuration package tensor's amxBF16Config4 (every tile 16
+// apart, the configuration package tensor's amxFullConfig (every tile 16
 // rows of 64 bytes). Each output takes the instructions gemmAMXBF16 gives
 // it, in the same order: the same bits.
 func gemmAMXBF16x4() {
