@@ -42,23 +42,17 @@ var peakKernels = func() [numPeaks]peakKernel {
 	return ks
 }()
 
-// peakAMXSum wraps an AMX peak kernel: its tiles of ones filled with the
-// 16-bit pattern one (bf16 1.0, or two int8 1s), the lanes' total.
+// peakAMXSum wraps an AMX peak kernel as peakSum does, its tiles of ones
+// filled with the 16-bit pattern one (bf16 1.0, or two int8 1s).
 func peakAMXSum[T float32 | int32](k func(iters int, out *T, cfg, ones, scratch *byte), one uint16) func(int) float64 {
-	return func(iters int) float64 {
+	return peakSum(func(iters int, out *T) {
 		var ones [1024]byte
 		for i := 0; i < len(ones); i += 2 {
 			ones[i], ones[i+1] = byte(one), byte(one>>8)
 		}
 		scratch := make([]byte, 4096)
-		var out [16]T
-		k(iters, &out[0], &amxFullConfig[0], &ones[0], &scratch[0])
-		s := 0.0
-		for _, v := range out {
-			s += float64(v)
-		}
-		return s
-	}
+		k(iters, out, &amxFullConfig[0], &ones[0], &scratch[0])
+	})
 }
 
 // peakSum wraps a peak kernel storing its 16 lanes' sums (f32 or int32):
