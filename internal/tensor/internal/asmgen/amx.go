@@ -24,6 +24,7 @@ package main
 
 import (
 	"fmt"
+	"math/bits"
 	"regexp"
 	"strconv"
 	"strings"
@@ -85,25 +86,35 @@ func tdpbsud(c, a, b int) { amxInstruction("TDPBSUD", U8(c), U8(a), U8(b)) }
 // tdpbf16ps emits C += A·B over bf16 pairs, accumulating in f32.
 func tdpbf16ps(c, a, b int) { amxInstruction("TDPBF16PS", U8(c), U8(a), U8(b)) }
 
+// int8AMXSig is the int8 AMX dot kernels' signature (package tensor's
+// amxKernel).
+const int8AMXSig = "func(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)"
+
+// loadInt8AMX loads the int8 AMX dot kernels' arguments, configures the
+// tiles from cfg, and returns the registers with line holding 64.
+func loadInt8AMX() (x, ldx, meta, panel, nb, accp, scratch, line Register) {
+	x = Load(Param("x"), GP64())
+	ldx = Load(Param("ldx"), GP64())
+	meta = Load(Param("meta"), GP64())
+	panel = Load(Param("panel"), GP64())
+	nb = Load(Param("nb"), GP64())
+	accp = Load(Param("acc"), GP64())
+	ldtilecfg(Load(Param("cfg"), GP64()))
+	scratch = Load(Param("scratch"), GP64())
+	line = GP64()
+	MOVQ(U32(64), line)
+	return
+}
+
 // qamx32R16 emits the kernel (see the top of the file). Its meta is the
 // activation rows' per-block records arranged for it (package tensor's
 // amxMeta): per block the 16 rows' scales dx (f32), then their
 // corrections (int32).
 func qamx32R16() {
 	const rows = 16
-	TEXT("qamx32R16", NOSPLIT, "func(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)")
+	TEXT("qamx32R16", NOSPLIT, int8AMXSig)
 	Doc("qamx32R16 continues the 16-lane f32 chains of 16 activation rows over nb blocks of a Q8_0/Q4_0/Q5_0 panel with AMX (see asmgen).")
-	x := Load(Param("x"), GP64())
-	ldx := Load(Param("ldx"), GP64())
-	meta := Load(Param("meta"), GP64())
-	panel := Load(Param("panel"), GP64())
-	nb := Load(Param("nb"), GP64())
-	accp := Load(Param("acc"), GP64())
-	cfg := Load(Param("cfg"), GP64())
-	scratch := Load(Param("scratch"), GP64())
-	ldtilecfg(cfg)
-	line := GP64()
-	MOVQ(U32(64), line)
+	x, ldx, meta, panel, nb, accp, scratch, line := loadInt8AMX()
 	acc := loadAccs(accp, rows)
 	// The chains of the block whose sums are at sums, its panel at p and
 	// its records at m.
@@ -187,6 +198,22 @@ func loadBF16AMX() bf16AMXArgs {
 	return a
 }
 
+// nextWeightRows ends a bf16 AMX kernel's pass over n (16 or 32) weight
+// rows: the weights and the outputs advanced past them, back to label
+// group while rows are left, else the return.
+func nextWeightRows(a bf16AMXArgs, n int) {
+	t := GP64()
+	MOVQ(a.ldw, t)
+	SHLQ(U8(bits.TrailingZeros(uint(n))), t)
+	ADDQ(t, a.w)
+	ADDQ(U32(4*n), a.out)
+	SUBQ(U32(n), a.rows)
+	JNE(LabelRef("group"))
+	tilerelease()
+	VZEROUPPER()
+	RET()
+}
+
 // storeColumns writes n columns (an immediate or a register) of the tile
 // of sums stored at sums (16 rows of 64 bytes) to out, ldo bytes apart: a
 // column (16 weight rows' outputs for one activation row) by a gather with
@@ -224,7 +251,7 @@ func gemmAMXBF16() {
 	TEXT("gemmAMXBF16", NOSPLIT, "func(w *uint16, ldw int, xp *uint16, k int, rows int, r int, out *float32, ldo int, cfg *byte, scratch *float32, idx *int32)")
 	Doc("gemmAMXBF16 multiplies rows bf16 weight rows by r packed bf16 activation rows with AMX (see asmgen).")
 	a := loadBF16AMX()
-	w, ldw, xp, k, rows, out, ldo, scratch, line := a.w, a.ldw, a.xp, a.k, a.rows, a.out, a.ldo, a.scratch, a.line
+	w, ldw, xp, k, out, ldo, scratch, line := a.w, a.ldw, a.xp, a.k, a.out, a.ldo, a.scratch, a.line
 	r := Load(Param("r"), GP64())
 	Label("group")
 	tilezero(tC)
@@ -243,17 +270,7 @@ func gemmAMXBF16() {
 	tilestored(tC, scratch, line)
 	// Column j of C (weight rows i, activation row j) to out + j·ldo.
 	storeColumns("column", scratch, out, ldo, a.zidx, r)
-	// The next 16 weight rows.
-	t := GP64()
-	MOVQ(ldw, t)
-	SHLQ(U8(4), t)
-	ADDQ(t, w)
-	ADDQ(U32(64), out)
-	SUBQ(U32(16), rows)
-	JNE(LabelRef("group"))
-	tilerelease()
-	VZEROUPPER()
-	RET()
+	nextWeightRows(a, 16)
 }
 
 // peakAMX emits the AMX peak kernel name (peak.go's kind of loop): iters
@@ -324,7 +341,7 @@ func gemmAMXBF16x4() {
 	TEXT("gemmAMXBF16x4", NOSPLIT, "func(w *uint16, ldw int, xp *uint16, xstride int, k int, rows int, out *float32, ldo int, cfg *byte, scratch *float32, idx *int32)")
 	Doc("gemmAMXBF16x4 multiplies rows (a multiple of 32) bf16 weight rows by two full groups of 16 packed bf16 activation rows with AMX, 2×2 tiles of sums (see asmgen).")
 	a := loadBF16AMX()
-	w, ldw, xp, k, rows, out, ldo, scratch, line := a.w, a.ldw, a.xp, a.k, a.rows, a.out, a.ldo, a.scratch, a.line
+	w, ldw, xp, k, out, ldo, scratch, line := a.w, a.ldw, a.xp, a.k, a.out, a.ldo, a.scratch, a.line
 	xstride := Load(Param("xstride"), GP64())
 	Label("group")
 	for t := range 4 {
@@ -379,16 +396,7 @@ func gemmAMXBF16x4() {
 		ADDQ(U32(1024*t), sums)
 		storeColumns(fmt.Sprintf("column%d", t), sums, o, ldo, a.zidx, U32(16))
 	}
-	t := GP64()
-	MOVQ(ldw, t)
-	SHLQ(U8(5), t)
-	ADDQ(t, w)
-	ADDQ(U32(128), out)
-	SUBQ(U32(32), rows)
-	JNE(LabelRef("group"))
-	tilerelease()
-	VZEROUPPER()
-	RET()
+	nextWeightRows(a, 32)
 }
 
 // qamxKR16 emits the AMX dot kernel of the K-quants' widened panels (the
@@ -410,19 +418,9 @@ func qamxKR16(six bool) {
 		name, what = "qamx6KR16", "Q6_K"
 		sub, subs, pb = 16, 16, p6Bytes
 	}
-	TEXT(name, NOSPLIT, "func(x *int8, ldx int, meta *uint32, panel *byte, nb int, acc *float32, cfg *byte, scratch *int32)")
+	TEXT(name, NOSPLIT, int8AMXSig)
 	Doc(fmt.Sprintf("%s continues the 16-lane f32 chains of 16 activation rows over nb super-blocks of a widened %s panel with AMX (see asmgen).", name, what))
-	x := Load(Param("x"), GP64())
-	ldx := Load(Param("ldx"), GP64())
-	meta := Load(Param("meta"), GP64())
-	panel := Load(Param("panel"), GP64())
-	nb := Load(Param("nb"), GP64())
-	accp := Load(Param("acc"), GP64())
-	cfg := Load(Param("cfg"), GP64())
-	scratch := Load(Param("scratch"), GP64())
-	ldtilecfg(cfg)
-	line := GP64()
-	MOVQ(U32(64), line)
+	x, ldx, meta, panel, nb, accp, scratch, line := loadInt8AMX()
 	TESTQ(nb, nb)
 	JE(LabelRef("done"))
 	Label("block")
