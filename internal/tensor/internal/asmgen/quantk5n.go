@@ -192,23 +192,7 @@ func widenQ5KN() {
 						VMOVDQU64(hi, Mem{Base: dst, Disp: pkLevels + 64*(8*(2*p+1)+t)})
 					}
 				}
-				for j := range 8 {
-					v := ZMM()
-					VPMOVZXBD(Mem{Base: src, Disp: p5Scales + 16*j}, v)
-					VMOVDQU64(v, Mem{Base: dst, Disp: pkScales + 64*j})
-				}
-				for i := range 4 {
-					// Bytes 2r, 2r+1 (min 2i and 2i+1 of row r) to an
-					// int16 pair.
-					v := ZMM()
-					VPMOVZXBW(Mem{Base: src, Disp: p5Mins + 32*i}, v)
-					VMOVDQU64(v, Mem{Base: dst, Disp: pkMins + 64*i})
-				}
-				for _, o := range [][2]int{{p5D, pkD}, {p5Dmin, pkDmin}} {
-					v := ZMM()
-					VCVTPH2PS(Mem{Base: src, Disp: o[0]}, v)
-					VMOVUPS(v, Mem{Base: dst, Disp: o[1]})
-				}
+				widenHeaderK(src, dst, p5Header)
 			}
 		})
 }

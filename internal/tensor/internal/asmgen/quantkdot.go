@@ -249,21 +249,30 @@ func widenQ4KN() {
 						VMOVDQU64(hi, Mem{Base: dst, Disp: pkLevels + 64*(8*(2*p+1)+t)})
 					}
 				}
-				for j := range 8 {
-					v := ZMM()
-					VPMOVZXBD(Mem{Base: src, Disp: pnScales + 16*j}, v)
-					VMOVDQU64(v, Mem{Base: dst, Disp: pkScales + 64*j})
-				}
-				for i := range 4 {
-					v := ZMM()
-					VPMOVZXBW(Mem{Base: src, Disp: pnMins + 32*i}, v)
-					VMOVDQU64(v, Mem{Base: dst, Disp: pkMins + 64*i})
-				}
-				for _, o := range [][2]int{{pnD, pkD}, {pnDmin, pkDmin}} {
-					v := ZMM()
-					VCVTPH2PS(Mem{Base: src, Disp: o[0]}, v)
-					VMOVUPS(v, Mem{Base: dst, Disp: o[1]})
-				}
+				widenHeaderK(src, dst, pnHeader)
 			}
 		})
+}
+
+// widenHeaderK writes the header of a K-quant panel that keeps its nibbles
+// (at src, where h says: scales as bytes, mins as byte pairs, d and dmin as
+// f16) as the pack kernel's pk layout holds it at dst: the scales as
+// int32, the mins as int16 pairs (bytes 2r, 2r+1, min 2i and 2i+1 of row
+// r, to a pair), d and dmin as f32.
+func widenHeaderK(src, dst Register, h kHeader) {
+	for j := range 8 {
+		v := ZMM()
+		VPMOVZXBD(Mem{Base: src, Disp: h.scales + 16*j}, v)
+		VMOVDQU64(v, Mem{Base: dst, Disp: pkScales + 64*j})
+	}
+	for i := range 4 {
+		v := ZMM()
+		VPMOVZXBW(Mem{Base: src, Disp: h.mins + 32*i}, v)
+		VMOVDQU64(v, Mem{Base: dst, Disp: pkMins + 64*i})
+	}
+	for _, o := range [][2]int{{h.d, pkD}, {h.dmin, pkDmin}} {
+		v := ZMM()
+		VCVTPH2PS(Mem{Base: src, Disp: o[0]}, v)
+		VMOVUPS(v, Mem{Base: dst, Disp: o[1]})
+	}
 }
