@@ -63,6 +63,16 @@ func gemmAMXBF16x4Go(w *uint16, ldw int, xp *uint16, xstride, k, rows int, out *
 	}
 }
 
+// u16Bytes returns v's little-endian bytes (to place in an emulator's
+// memory).
+func u16Bytes(v []uint16) []byte {
+	b := make([]byte, 2*len(v))
+	for i, h := range v {
+		binary.LittleEndian.PutUint16(b[2*i:], h)
+	}
+	return b
+}
+
 // randomBF16Rows returns m×k random values and their bf16 rounding (what
 // the avx512bf16 sets multiply).
 func randomBF16Rows(rng *rand.Rand, m, k int) []uint16 {
@@ -88,16 +98,9 @@ func TestAMXBF16KernelUnderBochs(t *testing.T) {
 	rng := rand.New(rand.NewPCG(12, 13))
 	w := randomBF16Rows(rng, n, k)
 	x := randomBF16Rows(rng, amxGroup, k)
-	u16 := func(v []uint16) []byte {
-		b := make([]byte, 2*len(v))
-		for i, h := range v {
-			binary.LittleEndian.PutUint16(b[2*i:], h)
-		}
-		return b
-	}
 	p := bochs.NewProgram()
 	fn := p.Put(code, 64)
-	pw := p.Put(u16(w), 64)
+	pw := p.Put(u16Bytes(w), 64)
 	idx := make([]byte, 64)
 	for i, v := range amxGatherIdx {
 		binary.LittleEndian.PutUint32(idx[4*i:], uint32(v))
@@ -108,7 +111,7 @@ func TestAMXBF16KernelUnderBochs(t *testing.T) {
 	for _, r := range rs {
 		xp := make([]uint16, k*16)
 		packAMXBF16(x[:r*k], 0, r, r, k, xp)
-		px := p.Put(u16(xp), 64)
+		px := p.Put(u16Bytes(xp), 64)
 		cfg := p.Put(amxBF16Config[r][:], 64)
 		out := p.Alloc(4*r*n, 64)
 		if r == 5 {
@@ -129,7 +132,7 @@ func TestAMXBF16KernelUnderBochs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fn4, px2, cfg4 := p.Put(code4, 64), p.Put(u16(xp2), 64), p.Put(amxFullConfig[:], 64)
+	fn4, px2, cfg4 := p.Put(code4, 64), p.Put(u16Bytes(xp2), 64), p.Put(amxFullConfig[:], 64)
 	tile4 := p.Alloc(4096, 64)
 	out4 := p.Alloc(4*2*amxGroup*n, 64)
 	p.Call(fn4, pw, k, px2, 2*k*16, k, n, out4, n, cfg4, tile4, pidx)

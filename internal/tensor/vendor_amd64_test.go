@@ -37,13 +37,6 @@ func TestBF16DotKernelsAreIntelsUnderBochs(t *testing.T) {
 	r1, r4 := make([]float32, n), make([]float32, 4*n)
 	gemmDPBF16R1(&x[0], k, &w[0], k, k, n, &r1[0], n, 0)
 	gemmDPBF16R4(&x[0], k, &w[0], k, k, n, &r4[0], n, 0)
-	u16 := func(v []uint16) []byte {
-		b := make([]byte, 2*len(v))
-		for i, h := range v {
-			binary.LittleEndian.PutUint16(b[2*i:], h)
-		}
-		return b
-	}
 	p := bochs.NewProgram()
 	var fns []uint64
 	for _, e := range []*byte{gemmDPBF16R1Entry(), gemmDPBF16R4Entry()} {
@@ -53,7 +46,7 @@ func TestBF16DotKernelsAreIntelsUnderBochs(t *testing.T) {
 		}
 		fns = append(fns, p.Put(code, 64))
 	}
-	px, pw := p.Put(u16(x), 64), p.Put(u16(w), 64)
+	px, pw := p.Put(u16Bytes(x), 64), p.Put(u16Bytes(w), 64)
 	o1, o4 := p.Alloc(4*n, 64), p.Alloc(4*4*n, 64)
 	p.Call(fns[0], px, k, pw, k, k, n, o1, n, 0)
 	p.Call(fns[1], px, k, pw, k, k, n, o4, n, 0)
