@@ -141,35 +141,26 @@ func (p *Pool) matmulAMXBF16(out []float32, xb []uint16, m int, w *Mat, chunk in
 // or nil: it runs amxBF16SelfCheck (once).
 func AMXBF16SelfCheck() error { return amxBF16SelfCheck() }
 
-var amxBF16Check struct {
-	once sync.Once
-	err  error
-}
-
 // amxBF16SelfCheck multiplies a random bf16 matrix by 1, 5, 16, 32 and 37
 // activation rows with the amxbf16 set and returns an error unless every
 // output is the same bits at every batch size and within bf16's rounding
 // of the avx512bf16 set's: a CPU where it fails keeps the other sets. It
 // runs once.
-func amxBF16SelfCheck() error {
-	amxBF16Check.once.Do(func() {
-		var amx, ref *kernelSet
-		for _, ks := range kernelSets {
-			switch ks.name {
-			case "amxbf16":
-				amx = ks
-			case "avx512bf16":
-				ref = ks
-			}
+var amxBF16SelfCheck = sync.OnceValue(func() error {
+	var amx, ref *kernelSet
+	for _, ks := range kernelSets {
+		switch ks.name {
+		case "amxbf16":
+			amx = ks
+		case "avx512bf16":
+			ref = ks
 		}
-		if amx == nil || !amx.avail || ref == nil || !ref.avail {
-			amxBF16Check.err = errors.New("tensor: AMX-BF16 and AVX512-BF16 are not both available here: " + DetectAMX().String())
-			return
-		}
-		amxBF16Check.err = amxBF16Compare(amx, ref)
-	})
-	return amxBF16Check.err
-}
+	}
+	if amx == nil || !amx.avail || ref == nil || !ref.avail {
+		return errors.New("tensor: AMX-BF16 and AVX512-BF16 are not both available here: " + DetectAMX().String())
+	}
+	return amxBF16Compare(amx, ref)
+})
 
 // amxBF16Compare checks the amx set against ref as amxBF16SelfCheck says.
 func amxBF16Compare(amx, ref *kernelSet) error {

@@ -158,11 +158,6 @@ func amxAvailable() bool {
 	return s.Tile && s.Int8 && s.Permitted
 }
 
-var amxCheck struct {
-	once sync.Once
-	err  error
-}
-
 // AMXSelfCheck reports why the AMX kernels are not used here, or nil: it
 // runs amxSelfCheck (once).
 func AMXSelfCheck() error { return amxSelfCheck() }
@@ -173,16 +168,12 @@ func AMXSelfCheck() error { return amxSelfCheck() }
 // AVX512-VNNI ones and returns an error unless every output is
 // bit-identical: a CPU where they differ keeps the VNNI kernels. It runs
 // once.
-func amxSelfCheck() error {
-	amxCheck.once.Do(func() {
-		if !amxAvailable() || !hasPanelKernels {
-			amxCheck.err = errors.New("tensor: AMX-INT8 and AVX512-VNNI are not both available here: " + DetectAMX().String())
-			return
-		}
-		amxCheck.err = amxCompare(qmmAMX, qmmAVX512, qmmPanelsAMX, qmmPanels)
-	})
-	return amxCheck.err
-}
+var amxSelfCheck = sync.OnceValue(func() error {
+	if !amxAvailable() || !hasPanelKernels {
+		return errors.New("tensor: AMX-INT8 and AVX512-VNNI are not both available here: " + DetectAMX().String())
+	}
+	return amxCompare(qmmAMX, qmmAVX512, qmmPanelsAMX, qmmPanels)
+})
 
 // amxCompare multiplies random matrices of every format with an AMX
 // kernel (K = 2,048: more blocks than one chunk of the drivers) by 33
