@@ -30,6 +30,14 @@ const wideCols = 8
 // (docs/performance-log.md).
 const wideDist = 4 << 10
 
+// wideTrip is how many bytes of each stream one trip of the AVX-512 one-row
+// kernels' K loop reads: two lines. f32 and bf16-by-bf16 took two vector
+// steps a trip from the first; the widened 16-bit weights (f16, and bf16 in
+// the avx512 set) took two steps, one line, until a Zen 4 measured four
+// steps faster: f16 decode on one thread read 24.1–26.3 GB/s with two,
+// 25.9–27.4 with four (tandem bench model, alternated; eight: no better).
+const wideTrip = 128
+
 // wideKernel is what tells the AVX-512 one-row kernels apart (gemmWideR1:
 // f32 x by f32, bf16 or f16 weights with FMAs; gemmDPR1: bf16 by bf16 with
 // VDPBF16PS); emitWide emits the body they share.
@@ -49,8 +57,10 @@ type wideKernel struct {
 // emitWide emits a one-row kernel's body from label wide on. A call's n
 // rows are split into wideCols streams, as gemvAVX2 splits them: with
 // q = n/wideCols, stream c is rows c·q … c·q+q-1, and pass j reads row j
-// of every stream (one accumulator a row, the K loop unrolled twice, an
-// odd step, the masked tail step with mask, the fixed tree), so each
+// of every stream (one accumulator a row, the K loop unrolled to read
+// wideTrip bytes of each stream a trip,
+// the steps left by halves, the masked tail step with mask, the fixed
+// tree), so each
 // stream runs through q·ldw contiguous elements. Eight adjacent rows read
 // as one region, prefetched a pass ahead, streamed SmolLM2's short rows
 // (1,152 bytes) from DRAM at two thirds of the rate eight long streams
@@ -64,6 +74,7 @@ func (w wideKernel) emitWide(k, wcur, ocur, nrem Register, x GPVirtual, mask Op)
 	// The passes left, the streams' stride in weight bytes (q rows) and in
 	// output bytes (q outputs) live on the stack: the K loop needs the
 	// registers.
+	nsteps := wideTrip / (w.elems << w.wshift) // vector steps a trip
 	passM, wstrM, ostrM := AllocLocal(8), AllocLocal(8), AllocLocal(8)
 	{
 		q := GP64()
@@ -89,7 +100,7 @@ func (w wideKernel) emitWide(k, wcur, ocur, nrem Register, x GPVirtual, mask Op)
 		MOVQ(x, xp)
 		cnt := GP64() // trips of two steps
 		MOVQ(k, cnt)
-		SHRQ(U8(bits.TrailingZeros(uint(2*w.elems))), cnt)
+		SHRQ(U8(bits.TrailingZeros(uint(nsteps*w.elems))), cnt)
 
 		acc := make([]VecVirtual, cols)
 		for c := range acc {
@@ -114,24 +125,34 @@ func (w wideKernel) emitWide(k, wcur, ocur, nrem Register, x GPVirtual, mask Op)
 			}
 			ADDQ(U32(w.xsize*elems), xp)
 		}
+		steps := func(n int) {
+			for j := range n {
+				step(j*w.elems, nil)
+			}
+			advance(n * w.elems)
+		}
 		TESTQ(cnt, cnt)
-		JE(LabelRef("wodd"))
+		JE(LabelRef(fmt.Sprintf("wleft%d", nsteps/2)))
 		Label("wloop")
 		for c := range cols {
-			for l := 0; l < 2*w.elems<<w.wshift; l += 64 {
+			for l := 0; l < nsteps*w.elems<<w.wshift; l += 64 {
 				PREFETCHT1(rowMem(c, wideDist+l))
 			}
 		}
-		step(0, nil)
-		step(w.elems, nil)
-		advance(2 * w.elems)
+		steps(nsteps)
 		DECQ(cnt)
 		JNE(LabelRef("wloop"))
-		Label("wodd")
-		TESTQ(U32(w.elems), k)
-		JE(LabelRef("wtail"))
-		step(0, nil)
-		advance(w.elems)
+		for h := nsteps / 2; h >= 1; h /= 2 {
+			// The k%(2h·elems) ≥ h·elems steps left.
+			Label(fmt.Sprintf("wleft%d", h))
+			next := "wtail"
+			if h > 1 {
+				next = fmt.Sprintf("wleft%d", h/2)
+			}
+			TESTQ(U32(h*w.elems), k)
+			JE(LabelRef(next))
+			steps(h)
+		}
 		Label("wtail")
 		TESTQ(U32(w.elems-1), k)
 		JE(LabelRef("wreduce"))
