@@ -8,16 +8,27 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
+	"time"
 )
 
 // The calibration cache: one small JSON file per CPU model and build under
 // the user cache directory, so that a restart on the same kind of machine
-// skips the measurement and, more importantly, chooses as before.
+// skips the measurement and, more importantly, chooses as before. A file
+// read is touched; storing one removes those unused for cacheMaxAge and
+// all but the cacheMaxFiles most recently used, so that upgrades do not
+// pile up files of builds that will never run again.
 
 // calibrationVersion changes when the workloads or the decision change, so
 // that older results are measured again.
 const calibrationVersion = 3
+
+// The cache's bounds: files unused this long, or beyond this many, go.
+const (
+	cacheMaxAge   = 30 * 24 * time.Hour
+	cacheMaxFiles = 32
+)
 
 // cachedCalibration is a cache file's content.
 type cachedCalibration struct {
@@ -80,6 +91,8 @@ func loadCalibration(dir, key string) (Calibration, bool) {
 	if json.Unmarshal(b, &c) != nil || c.Version != calibrationVersion || c.Key != key {
 		return Calibration{}, false
 	}
+	now := time.Now()
+	_ = os.Chtimes(cachePath(dir, key), now, now) // used: keep it
 	return c.Calibration, true
 }
 
@@ -98,5 +111,33 @@ func storeCalibration(dir, key string, c Calibration) {
 	_, werr := tmp.Write(b)
 	if cerr := tmp.Close(); werr != nil || cerr != nil || os.Rename(tmp.Name(), path) != nil {
 		_ = os.Remove(tmp.Name())
+		return
+	}
+	pruneCalibrations(dir, path, time.Now())
+}
+
+// pruneCalibrations removes the cache files under dir other than keep
+// that were last used before now-cacheMaxAge or are not among the
+// cacheMaxFiles most recently used, best effort.
+func pruneCalibrations(dir, keep string, now time.Time) {
+	paths, _ := filepath.Glob(filepath.Join(dir, "kernels-*.json"))
+	type file struct {
+		path string
+		used time.Time
+	}
+	var files []file
+	for _, p := range paths {
+		if p == keep {
+			continue
+		}
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
+			files = append(files, file{p, st.ModTime()})
+		}
+	}
+	slices.SortFunc(files, func(a, b file) int { return b.used.Compare(a.used) })
+	for i, f := range files {
+		if i+1 >= cacheMaxFiles || now.Sub(f.used) > cacheMaxAge {
+			_ = os.Remove(f.path)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"bytes"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -305,6 +306,88 @@ func TestCalibrateCachesPerBuild(t *testing.T) {
 	calls = 0
 	if c, err := Calibrate(CalibrateConfig{CacheDir: dir, BuildID: "b1", Measure: fakeTimer(nil, &calls)}); err != nil || c.Source != "measured" {
 		t.Fatalf("corrupt cache: %+v, %v; want a measurement", c, err)
+	}
+}
+
+func TestCalibrationCacheIsBounded(t *testing.T) {
+	restoreKernels(t)
+	dir := t.TempDir()
+	now := time.Now()
+	put := func(name string, unused time.Duration) {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("{}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, now.Add(-unused), now.Add(-unused)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recent := func(i int) string { return fmt.Sprintf("kernels-recent%02d.json", i) }
+	check := func(when string, want ...string) {
+		t.Helper()
+		left, _ := filepath.Glob(filepath.Join(dir, "kernels-*.json"))
+		for i, w := range want {
+			want[i] = filepath.Join(dir, w)
+		}
+		slices.Sort(left)
+		slices.Sort(want)
+		if !slices.Equal(left, want) {
+			t.Fatalf("%s, the cache holds %v, want %v", when, left, want)
+		}
+	}
+	calibrate := func(build string) Calibration {
+		t.Helper()
+		calls := 0
+		c, err := Calibrate(CalibrateConfig{CacheDir: dir, BuildID: build, Measure: fakeTimer(nil, &calls)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	b1 := filepath.Base(cachePath(dir, cacheKey("b1")))
+	b2 := filepath.Base(cachePath(dir, cacheKey("b2")))
+
+	// Other builds' files: 20 used within the last day, 3 unused for
+	// over a month, and a file that is not the cache's.
+	for i := range 20 {
+		put(recent(i), time.Duration(i+1)*time.Hour)
+	}
+	for i := range 3 {
+		put(fmt.Sprintf("kernels-old%d.json", i), cacheMaxAge+time.Duration(i+1)*time.Hour)
+	}
+	put("notes.json", 2*cacheMaxAge)
+	calibrate("b1")
+	want := []string{b1}
+	for i := range 20 {
+		want = append(want, recent(i))
+	}
+	check("after storing among 23 others", want...)
+	if _, err := os.Stat(filepath.Join(dir, "notes.json")); err != nil {
+		t.Fatalf("a file that is not the cache's went: %v", err)
+	}
+
+	// Past cacheMaxFiles, the least recently used go.
+	for i := 20; i < 40; i++ {
+		put(recent(i), time.Duration(i+1)*time.Hour)
+	}
+	calibrate("b2")
+	want = []string{b2, b1} // b1 was written this test, the most recent
+	for i := range cacheMaxFiles - 2 {
+		want = append(want, recent(i))
+	}
+	check("after storing among 41 others", want...)
+
+	// A hit marks its file used, so that it outlives others of its age.
+	mine := filepath.Join(dir, b1)
+	old := now.Add(-cacheMaxAge + time.Hour)
+	if err := os.Chtimes(mine, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if c := calibrate("b1"); c.Source != "cache" {
+		t.Fatalf("second start of b1: %+v; want the cache's answer", c)
+	}
+	if st, err := os.Stat(mine); err != nil || !st.ModTime().After(old.Add(time.Hour)) {
+		t.Fatalf("the cache file read was not marked used: %v, %v", st, err)
 	}
 }
 
