@@ -1,0 +1,162 @@
+package tensor
+
+import (
+	"math"
+	"unsafe"
+)
+
+// The arm64 kernel set "neon": the f32, bf16 and f16 matrix products as one
+// NEON dot product per output (kernels_arm64.s), each with the accumulation
+// structure dotNEONRef defines, so every output is the same sum whatever
+// the batch; attention's value sums (axpy over rows, axpyGo's rounding) and
+// the logits' arg max in NEON too. ASIMD is part of every arm64 CPU;
+// whether this set or the pure-Go one runs is the calibration's choice on
+// the machine itself. The quantized products and the other element-wise
+// kernels are the pure-Go ones.
+
+// dotF32NEON returns Σ x[t]·w[t] over t < n in the set's order.
+//
+//go:noescape
+func dotF32NEON(x, w *float32, n int) float32
+
+// dotBF16NEON is dotF32NEON with bf16 weights, widened exactly.
+//
+//go:noescape
+func dotBF16NEON(x *float32, w *uint16, n int) float32
+
+// dotF16NEON is dotF32NEON with f16 weights, widened exactly (FCVTL).
+//
+//go:noescape
+func dotF16NEON(x *float32, w *uint16, n int) float32
+
+// axpyRowsNEON and axpyRowsBF16NEON are the value sums of axpyRows and
+// axpyRowsBF16 over n columns, n a multiple of 16.
+//
+//go:noescape
+func axpyRowsNEON(alpha, v *float32, ldv, rows int, y *float32, n int)
+
+//go:noescape
+func axpyRowsBF16NEON(alpha *float32, v *uint16, ldv, rows int, y *float32, n int)
+
+// axpyRowsBF16G2NEON, G3 and G4 are axpyRowsBF16G's for 2, 3 and 4 outputs
+// over n columns, n a multiple of 8, rows at least 1.
+//
+//go:noescape
+func axpyRowsBF16G2NEON(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int)
+
+//go:noescape
+func axpyRowsBF16G3NEON(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int)
+
+//go:noescape
+func axpyRowsBF16G4NEON(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int)
+
+// firstAboveNEON returns the first of x's blocks of 16 that holds an
+// element above bv (NaN never is), or blocks if none does.
+//
+//go:noescape
+func firstAboveNEON(x *float32, blocks int, bv float32) int
+
+// archKernelSets returns the arm64 kernel set.
+func archKernelSets() []*kernelSet { return []*kernelSet{neonSet()} }
+
+// archQuantKernels returns no assembly quantized kernels: arm64 runs the
+// pure-Go ones.
+func archQuantKernels() []quantKernel { return nil }
+
+func prefetch(p uintptr, ld, rows, lines int) {}
+
+// neonSet is the "neon" kernel set.
+func neonSet() *kernelSet {
+	ks := &kernelSet{name: "neon", qmmName: "go", cols: 1, avail: true,
+		dot: dotF32NEON, axpy: axpyGoPtr, silu: siluGoPtr, expSum: expSumGoPtr}
+	ks.axpyRows = func(alpha, v *float32, ldv, rows int, y *float32, n int) {
+		n16 := n &^ 15
+		axpyRowsNEON(alpha, v, ldv, rows, y, n16)
+		axpyRowsTail(alpha, v, ldv, rows, y, n16, n, func(f float32) float32 { return f })
+	}
+	ks.axpyRowsBF16 = func(alpha *float32, v *uint16, ldv, rows int, y *float32, n int) {
+		n16 := n &^ 15
+		axpyRowsBF16NEON(alpha, v, ldv, rows, y, n16)
+		axpyRowsTail(alpha, v, ldv, rows, y, n16, n, BF16ToF32)
+	}
+	for g, kernel := range []func(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int){
+		axpyRowsBF16G2NEON, axpyRowsBF16G3NEON, axpyRowsBF16G4NEON,
+	} {
+		ks.axpyRowsBF16G[g] = func(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int) {
+			n8 := n &^ 7
+			kernel(alpha, lda, v, ldv, rows, y, ldy, n8)
+			for h := range g + 2 {
+				a := (*float32)(unsafe.Add(unsafe.Pointer(alpha), h*lda*4))
+				yh := (*float32)(unsafe.Add(unsafe.Pointer(y), h*ldy*4))
+				axpyRowsTail(a, v, ldv, rows, yh, n8, n, BF16ToF32)
+			}
+		}
+	}
+	ks.argMax = argMaxNEON
+	for r := range maxTileRows {
+		ks.f32[r] = dotGemm(r+1, dotF32NEON)
+		ks.bf16[r] = dotGemm(r+1, dotBF16NEON)
+		ks.f16[r] = dotGemm(r+1, dotF16NEON)
+	}
+	return ks
+}
+
+// dotGemm returns a matrix kernel for rows x rows that computes each output
+// with one call of dot, weight row by weight row (the rows share it while
+// it is in the L1).
+func dotGemm[W float32 | uint16](rows int, dot func(x *float32, w *W, n int) float32) func(x *float32, ldx int, w *W, ldw, k, n int, out *float32, ldo int, _ uintptr) {
+	return func(x *float32, ldx int, w *W, ldw, k, n int, out *float32, ldo int, _ uintptr) {
+		var zero W
+		wsize := int(unsafe.Sizeof(zero))
+		for j := range n {
+			wj := (*W)(unsafe.Add(unsafe.Pointer(w), j*ldw*wsize))
+			for i := range rows {
+				xi := (*float32)(unsafe.Add(unsafe.Pointer(x), i*ldx*4))
+				*(*float32)(unsafe.Add(unsafe.Pointer(out), (i*ldo+j)*4)) = dot(xi, wj, k)
+			}
+		}
+	}
+}
+
+// axpyRowsTail is the value sums of columns [t0,t1) in Go: y[t] +=
+// alpha[r]·widen(v[r·ldv+t]) for each row in order, the product rounded
+// first, as the NEON kernels and axpyGo do.
+func axpyRowsTail[W float32 | uint16](alpha *float32, v *W, ldv, rows int, y *float32, t0, t1 int, widen func(W) float32) {
+	if t0 == t1 || rows == 0 {
+		return
+	}
+	as, ys := unsafe.Slice(alpha, rows), unsafe.Slice(y, t1)
+	vs := unsafe.Slice(v, (rows-1)*ldv+t1)
+	for t := t0; t < t1; t++ {
+		s := ys[t]
+		for r, a := range as {
+			s += float32(a * widen(vs[r*ldv+t]))
+		}
+		ys[t] = s
+	}
+}
+
+// argMaxNEON is argMaxGo with NEON testing the blocks of 16: the same
+// blocks scanned, in the same order, so the same index.
+func argMaxNEON(x *float32, n int) int {
+	xs := unsafe.Slice(x, n)
+	best, bv := 0, float32(math.Inf(-1))
+	i := 0
+	for blocks := n / 16; i < 16*blocks; i += 16 {
+		i += 16 * firstAboveNEON(&xs[i], blocks-i/16, bv)
+		if i == 16*blocks {
+			break
+		}
+		for j, v := range xs[i : i+16] {
+			if v > bv {
+				best, bv = i+j, v
+			}
+		}
+	}
+	for ; i < n; i++ {
+		if xs[i] > bv {
+			best, bv = i, xs[i]
+		}
+	}
+	return best
+}

@@ -1,0 +1,490 @@
+// NEON kernels of the arm64 "neon" kernel set (kernels_arm64.go), written by
+// hand: Go's assembler takes FADD, FADDP and FCVTL on vectors only as WORDs.
+//
+// Each dot product has one accumulation structure (dotNEONRef in
+// kernels_arm64_test.go is its definition): eight accumulators of four lanes
+// over steps of 32 elements (accumulator a, lane l takes element 32i+4a+l,
+// FMLA), the groups of four left into accumulator 0, the lane-wise tree
+// ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)), the pairwise (v0+v1)+(v2+v3), then
+// the last n%4 elements one fused multiply-add each.
+
+#include "textflag.h"
+
+// FADD Vd.4S, Vn.4S, Vm.4S
+#define VFADD4S(m, n, d) WORD $(0x4E20D400 | (m<<16) | (n<<5) | d)
+// FADDP Vd.4S, Vn.4S, Vm.4S
+#define VFADDP4S(m, n, d) WORD $(0x6E20D400 | (m<<16) | (n<<5) | d)
+// FADDP Sd, Vn.2S
+#define FADDP2S(n, d) WORD $(0x7E30D800 | (n<<5) | d)
+// FCVTL Vd.4S, Vn.4H and FCVTL2 Vd.4S, Vn.8H: f16 lanes 0-3 (4-7) to f32
+#define FCVTL4H(n, d) WORD $(0x0E217800 | (n<<5) | d)
+#define FCVTL8H(n, d) WORD $(0x4E217800 | (n<<5) | d)
+
+// ZERO8 clears the eight accumulators V0-V7.
+#define ZERO8 \
+	VEOR	V0.B16, V0.B16, V0.B16; \
+	VEOR	V1.B16, V1.B16, V1.B16; \
+	VEOR	V2.B16, V2.B16, V2.B16; \
+	VEOR	V3.B16, V3.B16, V3.B16; \
+	VEOR	V4.B16, V4.B16, V4.B16; \
+	VEOR	V5.B16, V5.B16, V5.B16; \
+	VEOR	V6.B16, V6.B16, V6.B16; \
+	VEOR	V7.B16, V7.B16, V7.B16
+
+// LOADX loads the next 32 x elements (R0) into V8-V15.
+#define LOADX \
+	VLD1.P	64(R0), [V8.S4, V9.S4, V10.S4, V11.S4]; \
+	VLD1.P	64(R0), [V12.S4, V13.S4, V14.S4, V15.S4]
+
+// MADD8 adds V8-V15 times V16-V23 to V0-V7.
+#define MADD8 \
+	VFMLA	V16.S4, V8.S4, V0.S4; \
+	VFMLA	V17.S4, V9.S4, V1.S4; \
+	VFMLA	V18.S4, V10.S4, V2.S4; \
+	VFMLA	V19.S4, V11.S4, V3.S4; \
+	VFMLA	V20.S4, V12.S4, V4.S4; \
+	VFMLA	V21.S4, V13.S4, V5.S4; \
+	VFMLA	V22.S4, V14.S4, V6.S4; \
+	VFMLA	V23.S4, V15.S4, V7.S4
+
+// TREE sums V0-V7 into S0 (F0).
+#define TREE \
+	VFADD4S(1, 0, 0); \
+	VFADD4S(3, 2, 2); \
+	VFADD4S(5, 4, 4); \
+	VFADD4S(7, 6, 6); \
+	VFADD4S(2, 0, 0); \
+	VFADD4S(6, 4, 4); \
+	VFADD4S(4, 0, 0); \
+	VFADDP4S(0, 0, 0); \
+	FADDP2S(0, 0)
+
+// func dotF32NEON(x, w *float32, n int) float32
+TEXT ·dotF32NEON(SB), NOSPLIT, $0-28
+	MOVD	x+0(FP), R0
+	MOVD	w+8(FP), R1
+	MOVD	n+16(FP), R2
+	ZERO8
+	LSR	$5, R2, R3
+	CBZ	R3, f32quads
+f32loop:
+	LOADX
+	VLD1.P	64(R1), [V16.S4, V17.S4, V18.S4, V19.S4]
+	VLD1.P	64(R1), [V20.S4, V21.S4, V22.S4, V23.S4]
+	MADD8
+	SUBS	$1, R3, R3
+	BNE	f32loop
+f32quads:
+	AND	$31, R2, R3
+	LSR	$2, R3, R3
+	CBZ	R3, f32tree
+f32quad:
+	VLD1.P	16(R0), [V8.S4]
+	VLD1.P	16(R1), [V16.S4]
+	VFMLA	V16.S4, V8.S4, V0.S4
+	SUBS	$1, R3, R3
+	BNE	f32quad
+f32tree:
+	TREE
+	AND	$3, R2, R3
+	CBZ	R3, f32done
+f32tail:
+	FMOVS.P	4(R0), F8
+	FMOVS.P	4(R1), F16
+	FMADDS	F16, F0, F8, F0
+	SUBS	$1, R3, R3
+	BNE	f32tail
+f32done:
+	FMOVS	F0, ret+24(FP)
+	RET
+
+// func dotBF16NEON(x *float32, w *uint16, n int) float32
+TEXT ·dotBF16NEON(SB), NOSPLIT, $0-28
+	MOVD	x+0(FP), R0
+	MOVD	w+8(FP), R1
+	MOVD	n+16(FP), R2
+	ZERO8
+	VEOR	V31.B16, V31.B16, V31.B16
+	LSR	$5, R2, R3
+	CBZ	R3, bf16quads
+bf16loop:
+	LOADX
+	VLD1.P	64(R1), [V24.H8, V25.H8, V26.H8, V27.H8]
+	// A bf16 is the high half of its f32: interleave with zeros.
+	VZIP1	V24.H8, V31.H8, V16.H8
+	VZIP2	V24.H8, V31.H8, V17.H8
+	VZIP1	V25.H8, V31.H8, V18.H8
+	VZIP2	V25.H8, V31.H8, V19.H8
+	VZIP1	V26.H8, V31.H8, V20.H8
+	VZIP2	V26.H8, V31.H8, V21.H8
+	VZIP1	V27.H8, V31.H8, V22.H8
+	VZIP2	V27.H8, V31.H8, V23.H8
+	MADD8
+	SUBS	$1, R3, R3
+	BNE	bf16loop
+bf16quads:
+	AND	$31, R2, R3
+	LSR	$2, R3, R3
+	CBZ	R3, bf16tree
+bf16quad:
+	VLD1.P	16(R0), [V8.S4]
+	FMOVD.P	8(R1), F24
+	VZIP1	V24.H8, V31.H8, V16.H8
+	VFMLA	V16.S4, V8.S4, V0.S4
+	SUBS	$1, R3, R3
+	BNE	bf16quad
+bf16tree:
+	TREE
+	AND	$3, R2, R3
+	CBZ	R3, bf16done
+bf16tail:
+	FMOVS.P	4(R0), F8
+	MOVHU.P	2(R1), R4
+	LSLW	$16, R4, R4
+	FMOVS	R4, F16
+	FMADDS	F16, F0, F8, F0
+	SUBS	$1, R3, R3
+	BNE	bf16tail
+bf16done:
+	FMOVS	F0, ret+24(FP)
+	RET
+
+// func dotF16NEON(x *float32, w *uint16, n int) float32
+TEXT ·dotF16NEON(SB), NOSPLIT, $0-28
+	MOVD	x+0(FP), R0
+	MOVD	w+8(FP), R1
+	MOVD	n+16(FP), R2
+	ZERO8
+	LSR	$5, R2, R3
+	CBZ	R3, f16quads
+f16loop:
+	LOADX
+	VLD1.P	64(R1), [V24.H8, V25.H8, V26.H8, V27.H8]
+	FCVTL4H(24, 16)
+	FCVTL8H(24, 17)
+	FCVTL4H(25, 18)
+	FCVTL8H(25, 19)
+	FCVTL4H(26, 20)
+	FCVTL8H(26, 21)
+	FCVTL4H(27, 22)
+	FCVTL8H(27, 23)
+	MADD8
+	SUBS	$1, R3, R3
+	BNE	f16loop
+f16quads:
+	AND	$31, R2, R3
+	LSR	$2, R3, R3
+	CBZ	R3, f16tree
+f16quad:
+	VLD1.P	16(R0), [V8.S4]
+	FMOVD.P	8(R1), F24
+	FCVTL4H(24, 16)
+	VFMLA	V16.S4, V8.S4, V0.S4
+	SUBS	$1, R3, R3
+	BNE	f16quad
+f16tree:
+	TREE
+	AND	$3, R2, R3
+	CBZ	R3, f16done
+f16tail:
+	FMOVS.P	4(R0), F8
+	MOVHU.P	2(R1), R4
+	FMOVS	R4, F16
+	FCVTL4H(16, 16)
+	FMADDS	F16, F0, F8, F0
+	SUBS	$1, R3, R3
+	BNE	f16tail
+f16done:
+	FMOVS	F0, ret+24(FP)
+	RET
+
+// FMUL Vd.4S, Vn.4S, Vm.4S
+#define VFMUL4S(m, n, d) WORD $(0x6E20DC00 | (m<<16) | (n<<5) | d)
+// FCMGT Vd.4S, Vn.4S, Vm.4S: all ones where Vn > Vm
+#define VFCMGT4S(m, n, d) WORD $(0x6EA0E400 | (m<<16) | (n<<5) | d)
+
+// The value sums (axpyRows*): y[t] += alpha[r]·v[r][t] for each row r in
+// order, the product rounded before the sum as axpyGo does, so that they
+// are bit-identical to one axpy a row. They take n a multiple of their
+// chunk; the Go wrappers do the last columns.
+
+// AXPY4(a, w, y, tmp) adds a times w to y, four vectors from register
+// numbers w, y, tmp on.
+#define AXPY4(a, w0, w1, w2, w3, y0, y1, y2, y3) \
+	VFMUL4S(a, w0, w0); \
+	VFMUL4S(a, w1, w1); \
+	VFMUL4S(a, w2, w2); \
+	VFMUL4S(a, w3, w3); \
+	VFADD4S(w0, y0, y0); \
+	VFADD4S(w1, y1, y1); \
+	VFADD4S(w2, y2, y2); \
+	VFADD4S(w3, y3, y3)
+
+// func axpyRowsNEON(alpha, v *float32, ldv, rows int, y *float32, n int)
+// n is a multiple of 16.
+TEXT ·axpyRowsNEON(SB), NOSPLIT, $0-48
+	MOVD	alpha+0(FP), R0
+	MOVD	v+8(FP), R1
+	MOVD	ldv+16(FP), R2
+	LSL	$2, R2, R2
+	MOVD	rows+24(FP), R3
+	MOVD	y+32(FP), R4
+	MOVD	n+40(FP), R5
+	LSR	$4, R5, R6
+	CBZ	R6, rdone
+	CBZ	R3, rdone
+rchunk:
+	VLD1	(R4), [V0.S4, V1.S4, V2.S4, V3.S4]
+	MOVD	R0, R7
+	MOVD	R1, R8
+	MOVD	R3, R9
+rrow:
+	VLD1R.P	4(R7), [V16.S4]
+	VLD1	(R8), [V4.S4, V5.S4, V6.S4, V7.S4]
+	AXPY4(16, 4, 5, 6, 7, 0, 1, 2, 3)
+	ADD	R2, R8, R8
+	SUBS	$1, R9, R9
+	BNE	rrow
+	VST1.P	[V0.S4, V1.S4, V2.S4, V3.S4], 64(R4)
+	ADD	$64, R1, R1
+	SUBS	$1, R6, R6
+	BNE	rchunk
+rdone:
+	RET
+
+// func axpyRowsBF16NEON(alpha *float32, v *uint16, ldv, rows int, y *float32, n int)
+// n is a multiple of 16.
+TEXT ·axpyRowsBF16NEON(SB), NOSPLIT, $0-48
+	MOVD	alpha+0(FP), R0
+	MOVD	v+8(FP), R1
+	MOVD	ldv+16(FP), R2
+	LSL	$1, R2, R2
+	MOVD	rows+24(FP), R3
+	MOVD	y+32(FP), R4
+	MOVD	n+40(FP), R5
+	VEOR	V31.B16, V31.B16, V31.B16
+	LSR	$4, R5, R6
+	CBZ	R6, bdone
+	CBZ	R3, bdone
+bchunk:
+	VLD1	(R4), [V0.S4, V1.S4, V2.S4, V3.S4]
+	MOVD	R0, R7
+	MOVD	R1, R8
+	MOVD	R3, R9
+brow:
+	VLD1R.P	4(R7), [V16.S4]
+	VLD1	(R8), [V24.H8, V25.H8]
+	VZIP1	V24.H8, V31.H8, V4.H8
+	VZIP2	V24.H8, V31.H8, V5.H8
+	VZIP1	V25.H8, V31.H8, V6.H8
+	VZIP2	V25.H8, V31.H8, V7.H8
+	AXPY4(16, 4, 5, 6, 7, 0, 1, 2, 3)
+	ADD	R2, R8, R8
+	SUBS	$1, R9, R9
+	BNE	brow
+	VST1.P	[V0.S4, V1.S4, V2.S4, V3.S4], 64(R4)
+	ADD	$32, R1, R1
+	SUBS	$1, R6, R6
+	BNE	bchunk
+bdone:
+	RET
+
+// The grouped bf16 value sums: g = 2..4 outputs (the query heads of a GQA
+// group) share each value row, 8 columns at a time.
+
+// GSTEP adds alpha (from the pointer ap, which advances a row) times the
+// widened row (V16, V17) to an output's two vectors y0, y1.
+#define GSTEP(ap, y0, y1) \
+	VLD1R.P	4(ap), [V18.S4]; \
+	VFMUL4S(18, 16, 19); \
+	VFMUL4S(18, 17, 20); \
+	VFADD4S(19, y0, y0); \
+	VFADD4S(20, y1, y1)
+
+// func axpyRowsBF16G2NEON(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int)
+// n is a multiple of 8, rows at least 1; output h's y at R20+h·ldy, its
+// alphas from R10+h.
+TEXT ·axpyRowsBF16G2NEON(SB), NOSPLIT, $0-64
+	MOVD	alpha+0(FP), R0
+	MOVD	lda+8(FP), R14
+	LSL	$2, R14, R14
+	MOVD	v+16(FP), R1
+	MOVD	ldv+24(FP), R2
+	LSL	$1, R2, R2
+	MOVD	rows+32(FP), R3
+	MOVD	y+40(FP), R4
+	MOVD	ldy+48(FP), R15
+	LSL	$2, R15, R15
+	MOVD	n+56(FP), R5
+	VEOR	V31.B16, V31.B16, V31.B16
+	LSR	$3, R5, R6
+	CBZ	R6, done
+chunk:
+	MOVD	R4, R20
+	ADD	R15, R20, R21
+	ADD	R15, R21, R22
+	ADD	R15, R22, R23
+	VLD1	(R20), [V0.S4, V1.S4]
+	VLD1	(R21), [V2.S4, V3.S4]
+	MOVD	R0, R10
+	ADD	R14, R10, R11
+	ADD	R14, R11, R12
+	ADD	R14, R12, R13
+	MOVD	R1, R8
+	MOVD	R3, R9
+row:
+	VLD1	(R8), [V24.H8]
+	VZIP1	V24.H8, V31.H8, V16.H8
+	VZIP2	V24.H8, V31.H8, V17.H8
+	GSTEP(R10, 0, 1)
+	GSTEP(R11, 2, 3)
+	ADD	R2, R8, R8
+	SUBS	$1, R9, R9
+	BNE	row
+	VST1	[V0.S4, V1.S4], (R20)
+	VST1	[V2.S4, V3.S4], (R21)
+	ADD	$32, R4, R4
+	ADD	$16, R1, R1
+	SUBS	$1, R6, R6
+	BNE	chunk
+done:
+	RET
+
+
+// func axpyRowsBF16G3NEON(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int)
+// n is a multiple of 8, rows at least 1; output h's y at R20+h·ldy, its
+// alphas from R10+h.
+TEXT ·axpyRowsBF16G3NEON(SB), NOSPLIT, $0-64
+	MOVD	alpha+0(FP), R0
+	MOVD	lda+8(FP), R14
+	LSL	$2, R14, R14
+	MOVD	v+16(FP), R1
+	MOVD	ldv+24(FP), R2
+	LSL	$1, R2, R2
+	MOVD	rows+32(FP), R3
+	MOVD	y+40(FP), R4
+	MOVD	ldy+48(FP), R15
+	LSL	$2, R15, R15
+	MOVD	n+56(FP), R5
+	VEOR	V31.B16, V31.B16, V31.B16
+	LSR	$3, R5, R6
+	CBZ	R6, done
+chunk:
+	MOVD	R4, R20
+	ADD	R15, R20, R21
+	ADD	R15, R21, R22
+	ADD	R15, R22, R23
+	VLD1	(R20), [V0.S4, V1.S4]
+	VLD1	(R21), [V2.S4, V3.S4]
+	VLD1	(R22), [V4.S4, V5.S4]
+	MOVD	R0, R10
+	ADD	R14, R10, R11
+	ADD	R14, R11, R12
+	ADD	R14, R12, R13
+	MOVD	R1, R8
+	MOVD	R3, R9
+row:
+	VLD1	(R8), [V24.H8]
+	VZIP1	V24.H8, V31.H8, V16.H8
+	VZIP2	V24.H8, V31.H8, V17.H8
+	GSTEP(R10, 0, 1)
+	GSTEP(R11, 2, 3)
+	GSTEP(R12, 4, 5)
+	ADD	R2, R8, R8
+	SUBS	$1, R9, R9
+	BNE	row
+	VST1	[V0.S4, V1.S4], (R20)
+	VST1	[V2.S4, V3.S4], (R21)
+	VST1	[V4.S4, V5.S4], (R22)
+	ADD	$32, R4, R4
+	ADD	$16, R1, R1
+	SUBS	$1, R6, R6
+	BNE	chunk
+done:
+	RET
+
+
+// func axpyRowsBF16G4NEON(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int)
+// n is a multiple of 8, rows at least 1; output h's y at R20+h·ldy, its
+// alphas from R10+h.
+TEXT ·axpyRowsBF16G4NEON(SB), NOSPLIT, $0-64
+	MOVD	alpha+0(FP), R0
+	MOVD	lda+8(FP), R14
+	LSL	$2, R14, R14
+	MOVD	v+16(FP), R1
+	MOVD	ldv+24(FP), R2
+	LSL	$1, R2, R2
+	MOVD	rows+32(FP), R3
+	MOVD	y+40(FP), R4
+	MOVD	ldy+48(FP), R15
+	LSL	$2, R15, R15
+	MOVD	n+56(FP), R5
+	VEOR	V31.B16, V31.B16, V31.B16
+	LSR	$3, R5, R6
+	CBZ	R6, done
+chunk:
+	MOVD	R4, R20
+	ADD	R15, R20, R21
+	ADD	R15, R21, R22
+	ADD	R15, R22, R23
+	VLD1	(R20), [V0.S4, V1.S4]
+	VLD1	(R21), [V2.S4, V3.S4]
+	VLD1	(R22), [V4.S4, V5.S4]
+	VLD1	(R23), [V6.S4, V7.S4]
+	MOVD	R0, R10
+	ADD	R14, R10, R11
+	ADD	R14, R11, R12
+	ADD	R14, R12, R13
+	MOVD	R1, R8
+	MOVD	R3, R9
+row:
+	VLD1	(R8), [V24.H8]
+	VZIP1	V24.H8, V31.H8, V16.H8
+	VZIP2	V24.H8, V31.H8, V17.H8
+	GSTEP(R10, 0, 1)
+	GSTEP(R11, 2, 3)
+	GSTEP(R12, 4, 5)
+	GSTEP(R13, 6, 7)
+	ADD	R2, R8, R8
+	SUBS	$1, R9, R9
+	BNE	row
+	VST1	[V0.S4, V1.S4], (R20)
+	VST1	[V2.S4, V3.S4], (R21)
+	VST1	[V4.S4, V5.S4], (R22)
+	VST1	[V6.S4, V7.S4], (R23)
+	ADD	$32, R4, R4
+	ADD	$16, R1, R1
+	SUBS	$1, R6, R6
+	BNE	chunk
+done:
+	RET
+
+// func firstAboveNEON(x *float32, blocks int, bv float32) int
+// returns the first of the 16-element blocks of x holding an element
+// above bv (NaN never is), or blocks.
+TEXT ·firstAboveNEON(SB), NOSPLIT, $0-32
+	MOVD	x+0(FP), R0
+	MOVD	blocks+8(FP), R1
+	FMOVS	bv+16(FP), F16
+	VDUP	V16.S[0], V16.S4
+	MOVD	$0, R2
+	CBZ	R1, adone
+ablock:
+	VLD1.P	64(R0), [V0.S4, V1.S4, V2.S4, V3.S4]
+	VFCMGT4S(16, 0, 0)
+	VFCMGT4S(16, 1, 1)
+	VFCMGT4S(16, 2, 2)
+	VFCMGT4S(16, 3, 3)
+	VORR	V1.B16, V0.B16, V0.B16
+	VORR	V3.B16, V2.B16, V2.B16
+	VORR	V2.B16, V0.B16, V0.B16
+	VMOV	V0.D[0], R3
+	VMOV	V0.D[1], R4
+	ORR	R3, R4, R4
+	CBNZ	R4, adone
+	ADD	$1, R2, R2
+	CMP	R1, R2
+	BLT	ablock
+adone:
+	MOVD	R2, ret+24(FP)
+	RET
