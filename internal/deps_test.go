@@ -167,6 +167,7 @@ var allowed = map[string][]string{
 	"internal/promtest":        {"internal/testutil"}, // runs a real Prometheus for tests
 	"internal/jaegertest":      {"internal/testutil"}, // runs a real Jaeger for tests
 	"internal/bochs":           {"internal/testutil"}, // runs machine code in the Bochs emulator for tests
+	"internal/qemu":            {"internal/testutil"}, // runs a package's arm64 tests under QEMU for tests
 	"internal/testhosts":       {"internal/testutil"}, // network namespaces for tests
 	"internal/testmodels":      {},
 	"internal/vllmtest":        {}, // starts a real vllm serve for interop tests: std only
