@@ -56,7 +56,11 @@ func RunTests(t *testing.T, run string, want ...string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	bin := filepath.Join(t.TempDir(), "arm64.test")
-	build := exec.CommandContext(ctx, filepath.Join(runtime.GOROOT(), "bin", "go"), "test", "-c", "-o", bin, ".")
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		testutil.Missing(t, "the go command, to build the tests for arm64")
+	}
+	build := exec.CommandContext(ctx, goBin, "test", "-c", "-o", bin, ".")
 	build.Env = append(os.Environ(), "GOOS=linux", "GOARCH=arm64", "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the tests for arm64: %v\n%s", err, out)
