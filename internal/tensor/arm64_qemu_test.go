@@ -12,12 +12,14 @@ import (
 // (a Neoverse N1): the "neon" set's kernels against their definition and
 // every property the package's tests hold each set to (batch invariance,
 // the value sums' and arg max's equality to their Go loops, the
-// calibration), and the code only arm64 builds take.
+// calibration), the "neondot" quantized kernels bit for bit against the
+// others, and the code only arm64 builds take.
 func TestARM64UnderQEMU(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the package's tests in an emulator (two minutes)")
 	}
 	qemu.RunTests(t, "", "TestNEONDotKernelsMatchTheirDefinition", "TestMatMulIsBatchInvariant",
 		"TestAxpyRowsBF16GroupMatchesSeparateCalls", "TestArgMaxMatchesPlainLoop", "TestQuantizeRowsGolden",
+		"TestQuantKernelsAgreeBitForBit",
 		"TestAssemblySetsHaveAttentionScanKernels")
 }

@@ -3,6 +3,8 @@ package tensor
 import (
 	"math"
 	"unsafe"
+
+	"golang.org/x/sys/cpu"
 )
 
 // The arm64 kernel set "neon": the f32, bf16 and f16 matrix products as one
@@ -11,8 +13,10 @@ import (
 // the batch; attention's value sums (axpy over rows, axpyGo's rounding) and
 // the logits' arg max in NEON too. ASIMD is part of every arm64 CPU;
 // whether this set or the pure-Go one runs is the calibration's choice on
-// the machine itself. The quantized products and the other element-wise
-// kernels are the pure-Go ones.
+// the machine itself. Its quantized products are the "neondot" kernels
+// (Q8_0 and Q4_0 with SDOT) where the CPU has them, the pure-Go ones
+// otherwise and for the other formats, as are the other element-wise
+// kernels.
 
 // dotF32NEON returns Σ x[t]·w[t] over t < n in the set's order.
 //
@@ -59,9 +63,12 @@ func firstAboveNEON(x *float32, blocks int, bv float32) int
 // archKernelSets returns the arm64 kernel set.
 func archKernelSets() []*kernelSet { return []*kernelSet{neonSet()} }
 
-// archQuantKernels returns no assembly quantized kernels: arm64 runs the
-// pure-Go ones.
-func archQuantKernels() []quantKernel { return nil }
+// archQuantKernels returns arm64's assembly quantized kernels: "neondot"
+// where the CPU has the dot product instructions (ARMv8.2; Graviton2 and
+// later, Neoverse, Apple M).
+func archQuantKernels() []quantKernel {
+	return []quantKernel{{name: "neondot", fn: qmmNEONDot, avail: cpu.ARM64.HasASIMDDP}}
+}
 
 func prefetch(p uintptr, ld, rows, lines int) {}
 
@@ -93,6 +100,9 @@ func neonSet() *kernelSet {
 		}
 	}
 	ks.argMax = argMaxNEON
+	if cpu.ARM64.HasASIMDDP {
+		ks.qmm, ks.qmmName = qmmNEONDot, "neondot"
+	}
 	for r := range maxTileRows {
 		ks.f32[r] = dotGemm(r+1, dotF32NEON)
 		ks.bf16[r] = dotGemm(r+1, dotBF16NEON)
@@ -159,4 +169,47 @@ func argMaxNEON(x *float32, n int) int {
 		}
 	}
 	return best
+}
+
+// qdotQ8_0x4NEON and qdotQ4_0x4NEON compute, by qdotGo's definition, the
+// products of the nb blocks of int8 activation levels x (records meta)
+// with four weight rows of Q8_0 or Q4_0 blocks rb bytes apart from w, into
+// out[0..3]. They need ARMv8.2's dot product.
+//
+//go:noescape
+func qdotQ8_0x4NEON(x *int8, meta *uint32, w *byte, rb, nb int, out *float32)
+
+//go:noescape
+func qdotQ4_0x4NEON(x *int8, meta *uint32, w *byte, rb, nb int, out *float32)
+
+// qmmNEONDot is the "neondot" quantized kernel: Q8_0 and Q4_0 weight rows
+// four at a time in NEON with SDOT, the rows left and the other formats by
+// qmmGo; the same bits as every quantized kernel.
+func qmmNEONDot(a *qAct, w *Mat, lo, hi int, out []float32) {
+	var kernel func(x *int8, meta *uint32, w *byte, rb, nb int, out *float32)
+	switch a.dt {
+	case Q8_0:
+		kernel = qdotQ8_0x4NEON
+	case Q4_0:
+		kernel = qdotQ4_0x4NEON
+	}
+	words, elems := metaWords(a.dt)
+	nb := a.k / elems
+	if kernel == nil || nb == 0 {
+		qmmGo(a, w, lo, hi, out)
+		return
+	}
+	n := w.Rows
+	rb, _ := w.DType.RowBytes(w.Cols)
+	var o [4]float32
+	j := lo
+	for ; j+4 <= hi; j += 4 {
+		for i := range a.m {
+			kernel(&a.xq[i*a.k], &a.meta[i*nb*words], &w.Q[j*rb], rb, nb, &o[0])
+			for r, v := range o {
+				out[i*n+j+r] = v
+			}
+		}
+	}
+	qmmGo(a, w, j, hi, out)
 }

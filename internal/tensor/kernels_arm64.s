@@ -488,3 +488,107 @@ ablock:
 adone:
 	MOVD	R2, ret+24(FP)
 	RET
+
+// The quantized products of the "neondot" kernels (ARMv8.2's dot product,
+// SDOT): four weight rows of Q8_0 or Q4_0 blocks against one row of int8
+// activation levels, each output by qdotGo's definition, a lane a row:
+// per block the exact integer sum s (SDOT, then pairwise adds), then
+// acc = fma(float32(s), d·dx, acc) with d the block's f16 scale.
+
+// SDOT Vd.4S, Vn.16B, Vm.16B
+#define SDOT16B(m, n, d) WORD $(0x4E809400 | (m<<16) | (n<<5) | d)
+// SCVTF Vd.4S, Vn.4S
+#define SCVTF4S(n, d) WORD $(0x4E21D800 | (n<<5) | d)
+
+// Q8ROW(WP, VS, S, lane): row lane's block at WP (advanced past it): its
+// scale into V7's half-word lane, Σ levels·x (V1, V2) into VS (register
+// number S) as four partial sums.
+#define Q8ROW(WP, VS, S, lane) \
+	VEOR	VS.B16, VS.B16, VS.B16; \
+	MOVHU.P	2(WP), R10; \
+	VMOV	R10, V7.H[lane]; \
+	VLD1.P	32(WP), [V4.B16, V5.B16]; \
+	SDOT16B(1, 4, S); \
+	SDOT16B(2, 5, S)
+
+// Q4ROW is Q8ROW for a Q4_0 block: the low nibbles are elements 0-15, the
+// high ones 16-31, each less 8 (V29 holds 8s, V30 0x0f).
+#define Q4ROW(WP, VS, S, lane) \
+	VEOR	VS.B16, VS.B16, VS.B16; \
+	MOVHU.P	2(WP), R10; \
+	VMOV	R10, V7.H[lane]; \
+	VLD1.P	16(WP), [V4.B16]; \
+	VUSHR	$4, V4.B16, V5.B16; \
+	VAND	V30.B16, V4.B16, V4.B16; \
+	VSUB	V29.B16, V4.B16, V4.B16; \
+	VSUB	V29.B16, V5.B16, V5.B16; \
+	SDOT16B(1, 4, S); \
+	SDOT16B(2, 5, S)
+
+// QBLOCKEND sums each row's partials into one lane of V16 and adds its
+// product with d·dx (dx from R1) to the accumulators V0.
+#define QBLOCKEND \
+	VADDP	V17.S4, V16.S4, V16.S4; \
+	VADDP	V19.S4, V18.S4, V18.S4; \
+	VADDP	V18.S4, V16.S4, V16.S4; \
+	SCVTF4S(16, 16); \
+	FMOVS	(R1), F3; \
+	ADD	$8, R1, R1; \
+	VDUP	V3.S[0], V3.S4; \
+	FCVTL4H(7, 7); \
+	VFMUL4S(3, 7, 7); \
+	VFMLA	V7.S4, V16.S4, V0.S4
+
+// func qdotQ8_0x4NEON(x *int8, meta *uint32, w *byte, rb, nb int, out *float32)
+TEXT ·qdotQ8_0x4NEON(SB), NOSPLIT, $0-48
+	MOVD	x+0(FP), R0
+	MOVD	meta+8(FP), R1
+	MOVD	w+16(FP), R6
+	MOVD	rb+24(FP), R3
+	MOVD	nb+32(FP), R4
+	MOVD	out+40(FP), R5
+	ADD	R3, R6, R7
+	ADD	R3, R7, R8
+	ADD	R3, R8, R9
+	VEOR	V0.B16, V0.B16, V0.B16
+	CBZ	R4, q8done
+q8block:
+	VLD1.P	32(R0), [V1.B16, V2.B16]
+	Q8ROW(R6, V16, 16, 0)
+	Q8ROW(R7, V17, 17, 1)
+	Q8ROW(R8, V18, 18, 2)
+	Q8ROW(R9, V19, 19, 3)
+	QBLOCKEND
+	SUBS	$1, R4, R4
+	BNE	q8block
+q8done:
+	VST1	[V0.S4], (R5)
+	RET
+
+// func qdotQ4_0x4NEON(x *int8, meta *uint32, w *byte, rb, nb int, out *float32)
+TEXT ·qdotQ4_0x4NEON(SB), NOSPLIT, $0-48
+	MOVD	x+0(FP), R0
+	MOVD	meta+8(FP), R1
+	MOVD	w+16(FP), R6
+	MOVD	rb+24(FP), R3
+	MOVD	nb+32(FP), R4
+	MOVD	out+40(FP), R5
+	ADD	R3, R6, R7
+	ADD	R3, R7, R8
+	ADD	R3, R8, R9
+	VEOR	V0.B16, V0.B16, V0.B16
+	VMOVI	$8, V29.B16
+	VMOVI	$15, V30.B16
+	CBZ	R4, q4done
+q4block:
+	VLD1.P	32(R0), [V1.B16, V2.B16]
+	Q4ROW(R6, V16, 16, 0)
+	Q4ROW(R7, V17, 17, 1)
+	Q4ROW(R8, V18, 18, 2)
+	Q4ROW(R9, V19, 19, 3)
+	QBLOCKEND
+	SUBS	$1, R4, R4
+	BNE	q4block
+q4done:
+	VST1	[V0.S4], (R5)
+	RET
