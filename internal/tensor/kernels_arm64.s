@@ -1,5 +1,7 @@
-// NEON kernels of the arm64 "neon" kernel set (kernels_arm64.go), written by
-// hand: Go's assembler takes FADD, FADDP and FCVTL on vectors only as WORDs.
+// NEON kernels of the arm64 "neon" kernel set and "neondot" quantized
+// kernels (kernels_arm64.go), written by hand (avo emits amd64 only): Go's
+// assembler has no mnemonic for the vector FADD, FADDP, FMUL, FCMGT, FCVTL,
+// SCVTF and SDOT, so the macros below encode them as WORDs.
 //
 // Each dot product has one accumulation structure (dotNEONRef in
 // kernels_arm64_test.go is its definition): eight accumulators of four lanes
