@@ -594,3 +594,132 @@ q4block:
 q4done:
 	VST1	[V0.S4], (R5)
 	RET
+
+// The Q4_K dot product of one weight row and one row of activation levels,
+// by qdotGo's definition: per super-block each sub-block's exact integer
+// sum s_j (SDOT), is = Σ sc_j·s_j and ms = Σ mn_j·xsum_j with the 6-bit
+// scales and mins unpacked by table lookups, then
+// acc = fma(float32(is), d·dx, acc) and acc = fma(-float32(ms), dmin·dx, acc).
+
+// MUL Vd.4S, Vn.4S, Vm.4S and MLA (Vd += Vn·Vm)
+#define MUL4S(m, n, d) WORD $(0x4EA09C00 | (m<<16) | (n<<5) | d)
+#define MLA4S(m, n, d) WORD $(0x4EA09400 | (m<<16) | (n<<5) | d)
+// SMULL Vd.4S, Vn.4H, Vm.4H and SMLAL2 Vd.4S, Vn.8H, Vm.8H
+#define SMULL4H(m, n, d) WORD $(0x0E60C000 | (m<<16) | (n<<5) | d)
+#define SMLAL8H(m, n, d) WORD $(0x4E608000 | (m<<16) | (n<<5) | d)
+// USHL Vd.16B, Vn.16B, Vm.16B: each byte shifted by Vm's (negative: right)
+#define USHL16B(m, n, d) WORD $(0x6E204400 | (m<<16) | (n<<5) | d)
+
+// The lookups of the scales and mins: bytes j<4 of sc are s[j]&63, j≥4
+// s[j+4]&15 | s[j-4]>>6<<4; of mn, s[j+4]&63 and s[j+4]>>4 | s[j]>>6<<4
+// (index 255 gives 0).
+DATA q4kscales<>+0(SB)/8, $0x0b0a090803020100  // sc's low bits: s[0..3], s[8..11]
+DATA q4kscales<>+8(SB)/8, $0xffffffffffffffff
+DATA q4kscales<>+16(SB)/8, $0x03020100ffffffff // sc's high bits: s[0..3] for j≥4
+DATA q4kscales<>+24(SB)/8, $0xffffffffffffffff
+DATA q4kscales<>+32(SB)/8, $0x0b0a090807060504 // mn's low bits: s[4..11]
+DATA q4kscales<>+40(SB)/8, $0xffffffffffffffff
+DATA q4kscales<>+48(SB)/8, $0x07060504ffffffff // mn's high bits: s[4..7] for j≥4
+DATA q4kscales<>+56(SB)/8, $0xffffffffffffffff
+DATA q4kscales<>+64(SB)/8, $0x0f0f0f0f3f3f3f3f // the low bits' masks
+DATA q4kscales<>+72(SB)/8, $0x0000000000000000
+DATA q4kscales<>+80(SB)/8, $0xfcfcfcfc00000000 // mn's low bits: j≥4 shifted right 4
+DATA q4kscales<>+88(SB)/8, $0x0000000000000000
+GLOBL q4kscales<>(SB), RODATA|NOPTR, $96
+
+// Q4KCHUNK(S0, S1, s0, s1): the next two sub-blocks (32 qs bytes at R6, 64
+// levels at R0, both advanced: low nibbles the first, high the second)
+// into S0 and S1 (register numbers s0, s1) as four partial sums each.
+#define Q4KCHUNK(S0, S1, s0, s1) \
+	VLD1.P	32(R6), [V4.B16, V5.B16]; \
+	VLD1.P	64(R0), [V0.B16, V1.B16, V2.B16, V3.B16]; \
+	VAND	V30.B16, V4.B16, V6.B16; \
+	VAND	V30.B16, V5.B16, V7.B16; \
+	VUSHR	$4, V4.B16, V8.B16; \
+	VUSHR	$4, V5.B16, V9.B16; \
+	VEOR	S0.B16, S0.B16, S0.B16; \
+	VEOR	S1.B16, S1.B16, S1.B16; \
+	SDOT16B(0, 6, s0); \
+	SDOT16B(1, 7, s0); \
+	SDOT16B(2, 8, s1); \
+	SDOT16B(3, 9, s1)
+
+// func qdotQ4KNEON(x *int8, meta *uint32, w *byte, nb int) float32
+TEXT ·qdotQ4KNEON(SB), NOSPLIT, $0-36
+	MOVD	x+0(FP), R0
+	MOVD	meta+8(FP), R1
+	MOVD	w+16(FP), R2
+	MOVD	nb+24(FP), R3
+	MOVD	$q4kscales<>(SB), R4
+	VLD1.P	64(R4), [V25.B16, V26.B16, V27.B16, V28.B16]
+	VLD1.P	16(R4), [V29.B16]
+	VLD1	(R4), [V31.B16]
+	VMOVI	$15, V30.B16
+	VEOR	V15.B16, V15.B16, V15.B16
+	CBZ	R3, kdone
+kblock:
+	ADD	$16, R2, R6
+	Q4KCHUNK(V16, V17, 16, 17)
+	Q4KCHUNK(V18, V19, 18, 19)
+	Q4KCHUNK(V20, V21, 20, 21)
+	Q4KCHUNK(V22, V23, 22, 23)
+	// s_0..s_3 into V16, s_4..s_7 into V20.
+	VADDP	V17.S4, V16.S4, V16.S4
+	VADDP	V19.S4, V18.S4, V18.S4
+	VADDP	V18.S4, V16.S4, V16.S4
+	VADDP	V21.S4, V20.S4, V20.S4
+	VADDP	V23.S4, V22.S4, V22.S4
+	VADDP	V22.S4, V20.S4, V20.S4
+	// The scales sc (V10) and mins mn (V12), a byte each.
+	ADD	$4, R2, R7
+	VLD1	(R7), [V24.B16]
+	VTBL	V25.B16, [V24.B16], V10.B16
+	VAND	V29.B16, V10.B16, V10.B16
+	VTBL	V26.B16, [V24.B16], V11.B16
+	VUSHR	$6, V11.B16, V11.B16
+	VSHL	$4, V11.B16, V11.B16
+	VORR	V11.B16, V10.B16, V10.B16
+	VTBL	V27.B16, [V24.B16], V12.B16
+	USHL16B(31, 12, 12)
+	VAND	V29.B16, V12.B16, V12.B16
+	VTBL	V28.B16, [V24.B16], V13.B16
+	VUSHR	$6, V13.B16, V13.B16
+	VSHL	$4, V13.B16, V13.B16
+	VORR	V13.B16, V12.B16, V12.B16
+	// is = Σ sc_j·s_j
+	VUXTL	V10.B8, V10.H8
+	VUXTL	V10.H4, V11.S4
+	VUXTL2	V10.H8, V10.S4
+	MUL4S(11, 16, 16)
+	MLA4S(10, 20, 16)
+	VADDV	V16.S4, V16
+	// ms = Σ mn_j·xsum_j (the activations' int16 sums, words 4..7)
+	VUXTL	V12.B8, V12.H8
+	ADD	$16, R1, R7
+	VLD1	(R7), [V13.H8]
+	SMULL4H(13, 12, 14)
+	SMLAL8H(13, 12, 14)
+	VADDV	V14.S4, V14
+	// The chain: d·dx and dmin·dx, each product rounded, then two FMAs.
+	FMOVS	(R1), F13
+	MOVWU	(R2), R5
+	FMOVS	R5, F11
+	FCVTL4H(11, 11)             // lane 0 d, lane 1 dmin
+	VDUP	V13.S[0], V13.S4
+	VFMUL4S(13, 11, 11)
+	VMOV	V16.S[0], R8
+	SCVTFWS	R8, F10
+	FMADDS	F11, F15, F10, F15
+	VMOV	V11.S[1], R8
+	FMOVS	R8, F12
+	VMOV	V14.S[0], R9
+	SCVTFWS	R9, F10
+	FNEGS	F10, F10
+	FMADDS	F12, F15, F10, F15
+	ADD	$144, R2, R2
+	ADD	$64, R1, R1
+	SUBS	$1, R3, R3
+	BNE	kblock
+kdone:
+	FMOVS	F15, ret+32(FP)
+	RET
