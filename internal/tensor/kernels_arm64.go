@@ -189,16 +189,29 @@ func qdotQ4_0x4NEON(x *int8, meta *uint32, w *byte, rb, nb int, out *float32)
 //go:noescape
 func qdotQ4KNEON(x *int8, meta *uint32, w *byte, nb int) float32
 
+// qdotQ6KNEON is qdotQ4KNEON for a Q6_K weight row.
+//
+//go:noescape
+func qdotQ6KNEON(x *int8, meta *uint32, w *byte, nb int) float32
+
 // qmmNEONDot is the "neondot" quantized kernel: Q8_0 and Q4_0 weight rows
-// four at a time in NEON with SDOT, Q4_K rows one at a time, the rows left
-// and the other formats by qmmGo; the same bits as every quantized kernel.
+// four at a time in NEON with SDOT, Q4_K and Q6_K rows one at a time, the
+// rows left and the other formats by qmmGo; the same bits as every
+// quantized kernel.
 func qmmNEONDot(a *qAct, w *Mat, lo, hi int, out []float32) {
-	if a.dt == Q4_K && a.k >= qk {
+	var row func(x *int8, meta *uint32, w *byte, nb int) float32
+	switch a.dt {
+	case Q4_K:
+		row = qdotQ4KNEON
+	case Q6_K:
+		row = qdotQ6KNEON
+	}
+	if row != nil && a.k >= qk {
 		n, nb := w.Rows, a.k/qk
 		rb, _ := w.DType.RowBytes(w.Cols)
 		for j := lo; j < hi; j++ {
 			for i := range a.m {
-				out[i*n+j] = qdotQ4KNEON(&a.xq[i*a.k], &a.meta[i*nb*16], &w.Q[j*rb], nb)
+				out[i*n+j] = row(&a.xq[i*a.k], &a.meta[i*nb*16], &w.Q[j*rb], nb)
 			}
 		}
 		return

@@ -723,3 +723,206 @@ kblock:
 kdone:
 	FMOVS	F15, ret+32(FP)
 	RET
+
+// The Q6_K dot product of one weight row and one row of activation levels,
+// by qdotGo's definition: each 16-element sub-block's exact Σ (q-32)·x
+// (SDOT) times its int8 scale, summed in int32 (MLA by element), then
+// acc = fma(float32(is), d·dx, acc). A level is ql's nibble with qh's two
+// bits above it (SLI).
+
+// SSHLL (SXTL) Vd.8H, Vn.8B / SSHLL2 Vd.8H, Vn.16B, and the 4H/8H to 4S ones
+#define SXTL8B(n, d) WORD $(0x0F08A400 | (n<<5) | d)
+#define SXTL16B(n, d) WORD $(0x4F08A400 | (n<<5) | d)
+#define SXTL4H(n, d) WORD $(0x0F10A400 | (n<<5) | d)
+#define SXTL8H(n, d) WORD $(0x4F10A400 | (n<<5) | d)
+// MLA Vd.4S, Vn.4S, Vm.S[i]
+#define MLAELEM(m, i, n, d) WORD $(0x6F800000 | ((i&1)<<21) | (((m>>4)&1)<<20) | ((m&15)<<16) | ((i>>1)<<11) | (n<<5) | d)
+
+// func qdotQ6KNEON(x *int8, meta *uint32, w *byte, nb int) float32
+TEXT ·qdotQ6KNEON(SB), NOSPLIT, $0-36
+	MOVD	x+0(FP), R0
+	MOVD	meta+8(FP), R1
+	MOVD	w+16(FP), R2
+	MOVD	nb+24(FP), R3
+	VMOVI	$32, V28.B16
+	VMOVI	$3, V29.B16
+	VMOVI	$15, V30.B16
+	VEOR	V31.B16, V31.B16, V31.B16
+	CBZ	R3, sdone
+sblock:
+	// The 16 scales as int32: sub-block s's in V(20+s/4), lane s%4.
+	ADD	$192, R2, R7
+	VLD1	(R7), [V24.B16]
+	SXTL8B(24, 25)
+	SXTL16B(24, 26)
+	SXTL4H(25, 20)
+	SXTL8H(25, 21)
+	SXTL4H(26, 22)
+	SXTL8H(26, 23)
+	VEOR	V27.B16, V27.B16, V27.B16
+	MOVD	R2, R6
+	ADD	$128, R2, R7
+	// Half 0: ql bytes 0.. (A: V0, V1; B: V2, V3), qh bytes 0.. (V4, V5),
+	// levels x (quarters in V8-V9, V10-V11, V12-V13, V14-V15).
+	VLD1.P	64(R6), [V0.B16, V1.B16, V2.B16, V3.B16]
+	VLD1.P	32(R7), [V4.B16, V5.B16]
+	VLD1.P	64(R0), [V8.B16, V9.B16, V10.B16, V11.B16]
+	VLD1.P	64(R0), [V12.B16, V13.B16, V14.B16, V15.B16]
+	// sub-block 0: quarter 0, bytes 0..15
+	VAND	V30.B16, V0.B16, V16.B16
+	VAND	V29.B16, V4.B16, V17.B16
+	VSLI	$4, V17.B16, V16.B16
+	VSUB	V28.B16, V16.B16, V16.B16
+	VEOR	V18.B16, V18.B16, V18.B16
+	SDOT16B(8, 16, 18)
+	MLAELEM(20, 0, 18, 27)
+	// sub-block 1: quarter 0, bytes 16..31
+	VAND	V30.B16, V1.B16, V16.B16
+	VAND	V29.B16, V5.B16, V17.B16
+	VSLI	$4, V17.B16, V16.B16
+	VSUB	V28.B16, V16.B16, V16.B16
+	VEOR	V18.B16, V18.B16, V18.B16
+	SDOT16B(9, 16, 18)
+	MLAELEM(20, 1, 18, 27)
+	// sub-block 2: quarter 1, bytes 0..15
+	VAND	V30.B16, V2.B16, V16.B16
+	VUSHR	$2, V4.B16, V17.B16
+	VAND	V29.B16, V17.B16, V17.B16
+	VSLI	$4, V17.B16, V16.B16
+	VSUB	V28.B16, V16.B16, V16.B16
+	VEOR	V18.B16, V18.B16, V18.B16
+	SDOT16B(10, 16, 18)
+	MLAELEM(20, 2, 18, 27)
+	// sub-block 3: quarter 1, bytes 16..31
+	VAND	V30.B16, V3.B16, V16.B16
+	VUSHR	$2, V5.B16, V17.B16
+	VAND	V29.B16, V17.B16, V17.B16
+	VSLI	$4, V17.B16, V16.B16
+	VSUB	V28.B16, V16.B16, V16.B16
+	VEOR	V18.B16, V18.B16, V18.B16
+	SDOT16B(11, 16, 18)
+	MLAELEM(20, 3, 18, 27)
+	// sub-block 4: quarter 2, bytes 0..15
+	VUSHR	$4, V0.B16, V16.B16
+	VUSHR	$4, V4.B16, V17.B16
+	VAND	V29.B16, V17.B16, V17.B16
+	VSLI	$4, V17.B16, V16.B16
+	VSUB	V28.B16, V16.B16, V16.B16
+	VEOR	V18.B16, V18.B16, V18.B16
+	SDOT16B(12, 16, 18)
+	MLAELEM(21, 0, 18, 27)
+	// sub-block 5: quarter 2, bytes 16..31
+	VUSHR	$4, V1.B16, V16.B16
+	VUSHR	$4, V5.B16, V17.B16
+	VAND	V29.B16, V17.B16, V17.B16
+	VSLI	$4, V17.B16, V16.B16
+	VSUB	V28.B16, V16.B16, V16.B16
+	VEOR	V18.B16, V18.B16, V18.B16
+	SDOT16B(13, 16, 18)
+	MLAELEM(21, 1, 18, 27)
+	// sub-block 6: quarter 3, bytes 0..15
+	VUSHR	$4, V2.B16, V16.B16
+	VUSHR	$6, V4.B16, V17.B16
+	VSLI	$4, V17.B16, V16.B16
+	VSUB	V28.B16, V16.B16, V16.B16
+	VEOR	V18.B16, V18.B16, V18.B16
+	SDOT16B(14, 16, 18)
+	MLAELEM(21, 2, 18, 27)
+	// sub-block 7: quarter 3, bytes 16..31
+	VUSHR	$4, V3.B16, V16.B16
+	VUSHR	$6, V5.B16, V17.B16
+	VSLI	$4, V17.B16, V16.B16
+	VSUB	V28.B16, V16.B16, V16.B16
+	VEOR	V18.B16, V18.B16, V18.B16
+	SDOT16B(15, 16, 18)
+	MLAELEM(21, 3, 18, 27)
+	// Half 1: ql bytes 64.. (A: V0, V1; B: V2, V3), qh bytes 32.. (V4, V5),
+	// levels x (quarters in V8-V9, V10-V11, V12-V13, V14-V15).
+	VLD1.P	64(R6), [V0.B16, V1.B16, V2.B16, V3.B16]
+	VLD1.P	32(R7), [V4.B16, V5.B16]
+	VLD1.P	64(R0), [V8.B16, V9.B16, V10.B16, V11.B16]
+	VLD1.P	64(R0), [V12.B16, V13.B16, V14.B16, V15.B16]
+	// sub-block 8: quarter 0, bytes 0..15
+	VAND	V30.B16, V0.B16, V16.B16
+	VAND	V29.B16, V4.B16, V17.B16
+	VSLI	$4, V17.B16, V16.B16
+	VSUB	V28.B16, V16.B16, V16.B16
+	VEOR	V18.B16, V18.B16, V18.B16
+	SDOT16B(8, 16, 18)
+	MLAELEM(22, 0, 18, 27)
+	// sub-block 9: quarter 0, bytes 16..31
+	VAND	V30.B16, V1.B16, V16.B16
+	VAND	V29.B16, V5.B16, V17.B16
+	VSLI	$4, V17.B16, V16.B16
+	VSUB	V28.B16, V16.B16, V16.B16
+	VEOR	V18.B16, V18.B16, V18.B16
+	SDOT16B(9, 16, 18)
+	MLAELEM(22, 1, 18, 27)
+	// sub-block 10: quarter 1, bytes 0..15
+	VAND	V30.B16, V2.B16, V16.B16
+	VUSHR	$2, V4.B16, V17.B16
+	VAND	V29.B16, V17.B16, V17.B16
+	VSLI	$4, V17.B16, V16.B16
+	VSUB	V28.B16, V16.B16, V16.B16
+	VEOR	V18.B16, V18.B16, V18.B16
+	SDOT16B(10, 16, 18)
+	MLAELEM(22, 2, 18, 27)
+	// sub-block 11: quarter 1, bytes 16..31
+	VAND	V30.B16, V3.B16, V16.B16
+	VUSHR	$2, V5.B16, V17.B16
+	VAND	V29.B16, V17.B16, V17.B16
+	VSLI	$4, V17.B16, V16.B16
+	VSUB	V28.B16, V16.B16, V16.B16
+	VEOR	V18.B16, V18.B16, V18.B16
+	SDOT16B(11, 16, 18)
+	MLAELEM(22, 3, 18, 27)
+	// sub-block 12: quarter 2, bytes 0..15
+	VUSHR	$4, V0.B16, V16.B16
+	VUSHR	$4, V4.B16, V17.B16
+	VAND	V29.B16, V17.B16, V17.B16
+	VSLI	$4, V17.B16, V16.B16
+	VSUB	V28.B16, V16.B16, V16.B16
+	VEOR	V18.B16, V18.B16, V18.B16
+	SDOT16B(12, 16, 18)
+	MLAELEM(23, 0, 18, 27)
+	// sub-block 13: quarter 2, bytes 16..31
+	VUSHR	$4, V1.B16, V16.B16
+	VUSHR	$4, V5.B16, V17.B16
+	VAND	V29.B16, V17.B16, V17.B16
+	VSLI	$4, V17.B16, V16.B16
+	VSUB	V28.B16, V16.B16, V16.B16
+	VEOR	V18.B16, V18.B16, V18.B16
+	SDOT16B(13, 16, 18)
+	MLAELEM(23, 1, 18, 27)
+	// sub-block 14: quarter 3, bytes 0..15
+	VUSHR	$4, V2.B16, V16.B16
+	VUSHR	$6, V4.B16, V17.B16
+	VSLI	$4, V17.B16, V16.B16
+	VSUB	V28.B16, V16.B16, V16.B16
+	VEOR	V18.B16, V18.B16, V18.B16
+	SDOT16B(14, 16, 18)
+	MLAELEM(23, 2, 18, 27)
+	// sub-block 15: quarter 3, bytes 16..31
+	VUSHR	$4, V3.B16, V16.B16
+	VUSHR	$6, V5.B16, V17.B16
+	VSLI	$4, V17.B16, V16.B16
+	VSUB	V28.B16, V16.B16, V16.B16
+	VEOR	V18.B16, V18.B16, V18.B16
+	SDOT16B(15, 16, 18)
+	MLAELEM(23, 3, 18, 27)
+	VADDV	V27.S4, V27
+	VMOV	V27.S[0], R8
+	SCVTFWS	R8, F6
+	MOVHU	208(R2), R5
+	FMOVS	R5, F7
+	FCVTL4H(7, 7)
+	FMOVS	(R1), F5
+	FMULS	F5, F7, F7
+	FMADDS	F7, F31, F6, F31
+	ADD	$210, R2, R2
+	ADD	$64, R1, R1
+	SUBS	$1, R3, R3
+	BNE	sblock
+sdone:
+	FMOVS	F31, ret+32(FP)
+	RET
