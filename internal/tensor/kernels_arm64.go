@@ -14,9 +14,9 @@ import (
 // the logits' arg max in NEON too. ASIMD is part of every arm64 CPU;
 // whether this set or the pure-Go one runs is the calibration's choice on
 // the machine itself. Its quantized products are the "neondot" kernels
-// (Q8_0 and Q4_0 with SDOT) where the CPU has them, the pure-Go ones
-// otherwise and for the other formats, as are the other element-wise
-// kernels.
+// (Q8_0, Q4_0, Q4_K and Q6_K with SDOT) where the CPU has them, the
+// pure-Go ones otherwise and for Q5_0 and Q5_K, as are the other
+// element-wise kernels.
 
 // dotF32NEON returns Σ x[t]·w[t] over t < n in the set's order.
 //
