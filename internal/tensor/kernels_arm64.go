@@ -14,9 +14,9 @@ import (
 // the logits' arg max in NEON too. ASIMD is part of every arm64 CPU;
 // whether this set or the pure-Go one runs is the calibration's choice on
 // the machine itself. Its quantized products are the "neondot" kernels
-// (Q8_0, Q4_0, Q4_K and Q6_K with SDOT) where the CPU has them, the
-// pure-Go ones otherwise and for Q5_0 and Q5_K, as are the other
-// element-wise kernels.
+// (Q8_0, Q4_0, Q5_0, Q4_K and Q6_K with SDOT) where the CPU has them, the
+// pure-Go ones otherwise and for Q5_K, as are the other element-wise
+// kernels.
 
 // dotF32NEON returns Σ x[t]·w[t] over t < n in the set's order.
 //
@@ -171,9 +171,10 @@ func argMaxNEON(x *float32, n int) int {
 	return best
 }
 
-// qdotQ8_0x4NEON and qdotQ4_0x4NEON compute, by qdotGo's definition, the
-// products of the nb blocks of int8 activation levels x (records meta)
-// with four weight rows of Q8_0 or Q4_0 blocks rb bytes apart from w, into
+// qdotQ8_0x4NEON, qdotQ4_0x4NEON and qdotQ5_0x4NEON compute, by qdotGo's
+// definition, the products of the nb blocks of int8 activation levels x
+// (records meta) with four weight rows of Q8_0, Q4_0 or Q5_0 blocks rb
+// bytes apart from w, into
 // out[0..3]. They need ARMv8.2's dot product.
 //
 //go:noescape
@@ -181,6 +182,9 @@ func qdotQ8_0x4NEON(x *int8, meta *uint32, w *byte, rb, nb int, out *float32)
 
 //go:noescape
 func qdotQ4_0x4NEON(x *int8, meta *uint32, w *byte, rb, nb int, out *float32)
+
+//go:noescape
+func qdotQ5_0x4NEON(x *int8, meta *uint32, w *byte, rb, nb int, out *float32)
 
 // qdotQ4KNEON returns, by qdotGo's definition, the product of the nb
 // super-blocks of int8 activation levels x (records meta) with the Q4_K
@@ -194,8 +198,8 @@ func qdotQ4KNEON(x *int8, meta *uint32, w *byte, nb int) float32
 //go:noescape
 func qdotQ6KNEON(x *int8, meta *uint32, w *byte, nb int) float32
 
-// qmmNEONDot is the "neondot" quantized kernel: Q8_0 and Q4_0 weight rows
-// four at a time in NEON with SDOT, Q4_K and Q6_K rows one at a time, the
+// qmmNEONDot is the "neondot" quantized kernel: Q8_0, Q4_0 and Q5_0 weight
+// rows four at a time in NEON with SDOT, Q4_K and Q6_K rows one at a time, the
 // rows left and the other formats by qmmGo; the same bits as every
 // quantized kernel.
 func qmmNEONDot(a *qAct, w *Mat, lo, hi int, out []float32) {
@@ -222,6 +226,8 @@ func qmmNEONDot(a *qAct, w *Mat, lo, hi int, out []float32) {
 		kernel = qdotQ8_0x4NEON
 	case Q4_0:
 		kernel = qdotQ4_0x4NEON
+	case Q5_0:
+		kernel = qdotQ5_0x4NEON
 	}
 	words, elems := metaWords(a.dt)
 	nb := a.k / elems

@@ -492,7 +492,7 @@ adone:
 	RET
 
 // The quantized products of the "neondot" kernels (ARMv8.2's dot product,
-// SDOT): four weight rows of Q8_0 or Q4_0 blocks against one row of int8
+// SDOT): four weight rows of Q8_0, Q4_0 or Q5_0 blocks against one row of int8
 // activation levels, each output by qdotGo's definition, a lane a row:
 // per block the exact integer sum s (SDOT, then pairwise adds), then
 // acc = fma(float32(s), d·dx, acc) with d the block's f16 scale.
@@ -526,6 +526,32 @@ adone:
 	VSUB	V29.B16, V5.B16, V5.B16; \
 	SDOT16B(1, 4, S); \
 	SDOT16B(2, 5, S)
+
+// Q5ROW is Q8ROW for a Q5_0 block: the nibbles as Q4_0's, with bit i of
+// qh (spread to a byte per element by table lookups and CMTST against the
+// bit masks in V28) as element i's fifth bit, each level less 16 (V25
+// holds 16s, V26 and V27 the lookups' indices).
+#define Q5ROW(WP, VS, S, lane) \
+	VEOR	VS.B16, VS.B16, VS.B16; \
+	MOVHU.P	2(WP), R10; \
+	VMOV	R10, V7.H[lane]; \
+	MOVWU.P	4(WP), R11; \
+	VLD1.P	16(WP), [V4.B16]; \
+	VDUP	R11, V6.S4; \
+	VTBL	V26.B16, [V6.B16], V8.B16; \
+	VTBL	V27.B16, [V6.B16], V9.B16; \
+	VCMTST	V28.B16, V8.B16, V8.B16; \
+	VCMTST	V28.B16, V9.B16, V9.B16; \
+	VAND	V25.B16, V8.B16, V8.B16; \
+	VAND	V25.B16, V9.B16, V9.B16; \
+	VAND	V30.B16, V4.B16, V5.B16; \
+	VUSHR	$4, V4.B16, V4.B16; \
+	VORR	V8.B16, V5.B16, V5.B16; \
+	VORR	V9.B16, V4.B16, V4.B16; \
+	VSUB	V25.B16, V5.B16, V5.B16; \
+	VSUB	V25.B16, V4.B16, V4.B16; \
+	SDOT16B(1, 5, S); \
+	SDOT16B(2, 4, S)
 
 // QBLOCKEND sums each row's partials into one lane of V16 and adds its
 // product with d·dx (dx from R1) to the accumulators V0.
@@ -925,4 +951,44 @@ sblock:
 	BNE	sblock
 sdone:
 	FMOVS	F31, ret+32(FP)
+	RET
+
+// The Q5_0 lookups: qh's byte 0 for elements 0-7, 1 for 8-15 (V26), 2 and
+// 3 for 16-31 (V27); the bit of each element in its byte (V28).
+DATA q50consts<>+0(SB)/8, $0x0000000000000000
+DATA q50consts<>+8(SB)/8, $0x0101010101010101
+DATA q50consts<>+16(SB)/8, $0x0202020202020202
+DATA q50consts<>+24(SB)/8, $0x0303030303030303
+DATA q50consts<>+32(SB)/8, $0x8040201008040201
+DATA q50consts<>+40(SB)/8, $0x8040201008040201
+GLOBL q50consts<>(SB), RODATA|NOPTR, $48
+
+// func qdotQ5_0x4NEON(x *int8, meta *uint32, w *byte, rb, nb int, out *float32)
+TEXT ·qdotQ5_0x4NEON(SB), NOSPLIT, $0-48
+	MOVD	x+0(FP), R0
+	MOVD	meta+8(FP), R1
+	MOVD	w+16(FP), R6
+	MOVD	rb+24(FP), R3
+	MOVD	nb+32(FP), R4
+	MOVD	out+40(FP), R5
+	ADD	R3, R6, R7
+	ADD	R3, R7, R8
+	ADD	R3, R8, R9
+	MOVD	$q50consts<>(SB), R12
+	VLD1	(R12), [V26.B16, V27.B16, V28.B16]
+	VMOVI	$16, V25.B16
+	VMOVI	$15, V30.B16
+	VEOR	V0.B16, V0.B16, V0.B16
+	CBZ	R4, q5done
+q5block:
+	VLD1.P	32(R0), [V1.B16, V2.B16]
+	Q5ROW(R6, V16, 16, 0)
+	Q5ROW(R7, V17, 17, 1)
+	Q5ROW(R8, V18, 18, 2)
+	Q5ROW(R9, V19, 19, 3)
+	QBLOCKEND
+	SUBS	$1, R4, R4
+	BNE	q5block
+q5done:
+	VST1	[V0.S4], (R5)
 	RET
