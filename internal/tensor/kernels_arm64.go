@@ -14,9 +14,8 @@ import (
 // the logits' arg max in NEON too. ASIMD is part of every arm64 CPU;
 // whether this set or the pure-Go one runs is the calibration's choice on
 // the machine itself. Its quantized products are the "neondot" kernels
-// (Q8_0, Q4_0, Q5_0, Q4_K and Q6_K with SDOT) where the CPU has them, the
-// pure-Go ones otherwise and for Q5_K, as are the other element-wise
-// kernels.
+// (every quantized format, with SDOT) where the CPU has them, the pure-Go
+// ones otherwise, as are the other element-wise kernels.
 
 // dotF32NEON returns Σ x[t]·w[t] over t < n in the set's order.
 //
@@ -193,20 +192,26 @@ func qdotQ5_0x4NEON(x *int8, meta *uint32, w *byte, rb, nb int, out *float32)
 //go:noescape
 func qdotQ4KNEON(x *int8, meta *uint32, w *byte, nb int) float32
 
+// qdotQ5KNEON is qdotQ4KNEON for a Q5_K weight row.
+//
+//go:noescape
+func qdotQ5KNEON(x *int8, meta *uint32, w *byte, nb int) float32
+
 // qdotQ6KNEON is qdotQ4KNEON for a Q6_K weight row.
 //
 //go:noescape
 func qdotQ6KNEON(x *int8, meta *uint32, w *byte, nb int) float32
 
 // qmmNEONDot is the "neondot" quantized kernel: Q8_0, Q4_0 and Q5_0 weight
-// rows four at a time in NEON with SDOT, Q4_K and Q6_K rows one at a time, the
-// rows left and the other formats by qmmGo; the same bits as every
-// quantized kernel.
+// rows four at a time in NEON with SDOT, the K-quants' rows one at a time,
+// the rows left by qmmGo; the same bits as every quantized kernel.
 func qmmNEONDot(a *qAct, w *Mat, lo, hi int, out []float32) {
 	var row func(x *int8, meta *uint32, w *byte, nb int) float32
 	switch a.dt {
 	case Q4_K:
 		row = qdotQ4KNEON
+	case Q5_K:
+		row = qdotQ5KNEON
 	case Q6_K:
 		row = qdotQ6KNEON
 	}

@@ -670,18 +670,79 @@ GLOBL q4kscales<>(SB), RODATA|NOPTR, $96
 	SDOT16B(2, 8, s1); \
 	SDOT16B(3, 9, s1)
 
+// KSETUP loads the K-quant kernels' constants (the scale lookups, their
+// masks and shifts, V25-V31) and clears the accumulator F15.
+#define KSETUP \
+	MOVD	$q4kscales<>(SB), R4; \
+	VLD1.P	64(R4), [V25.B16, V26.B16, V27.B16, V28.B16]; \
+	VLD1.P	16(R4), [V29.B16]; \
+	VLD1	(R4), [V31.B16]; \
+	VMOVI	$15, V30.B16; \
+	VEOR	V15.B16, V15.B16, V15.B16
+
+// KTAIL ends a K-quant super-block at R2 (records at R1) whose sub-block
+// sums are in V16-V23 as four partials each: s_0..s_3 into V16 and
+// s_4..s_7 into V20 by pairwise adds; the scales sc (V10) and mins mn
+// (V12) unpacked a byte each by the lookups; is = Σ sc_j·s_j and
+// ms = Σ mn_j·xsum_j (the activations' int16 sums per 32, words 4..7);
+// then d·dx and dmin·dx (each product rounded) and the two FMAs into F15.
+#define KTAIL \
+	VADDP	V17.S4, V16.S4, V16.S4; \
+	VADDP	V19.S4, V18.S4, V18.S4; \
+	VADDP	V18.S4, V16.S4, V16.S4; \
+	VADDP	V21.S4, V20.S4, V20.S4; \
+	VADDP	V23.S4, V22.S4, V22.S4; \
+	VADDP	V22.S4, V20.S4, V20.S4; \
+	ADD	$4, R2, R7; \
+	VLD1	(R7), [V24.B16]; \
+	VTBL	V25.B16, [V24.B16], V10.B16; \
+	VAND	V29.B16, V10.B16, V10.B16; \
+	VTBL	V26.B16, [V24.B16], V11.B16; \
+	VUSHR	$6, V11.B16, V11.B16; \
+	VSHL	$4, V11.B16, V11.B16; \
+	VORR	V11.B16, V10.B16, V10.B16; \
+	VTBL	V27.B16, [V24.B16], V12.B16; \
+	USHL16B(31, 12, 12); \
+	VAND	V29.B16, V12.B16, V12.B16; \
+	VTBL	V28.B16, [V24.B16], V13.B16; \
+	VUSHR	$6, V13.B16, V13.B16; \
+	VSHL	$4, V13.B16, V13.B16; \
+	VORR	V13.B16, V12.B16, V12.B16; \
+	VUXTL	V10.B8, V10.H8; \
+	VUXTL	V10.H4, V11.S4; \
+	VUXTL2	V10.H8, V10.S4; \
+	MUL4S(11, 16, 16); \
+	MLA4S(10, 20, 16); \
+	VADDV	V16.S4, V16; \
+	VUXTL	V12.B8, V12.H8; \
+	ADD	$16, R1, R7; \
+	VLD1	(R7), [V13.H8]; \
+	SMULL4H(13, 12, 14); \
+	SMLAL8H(13, 12, 14); \
+	VADDV	V14.S4, V14; \
+	FMOVS	(R1), F13; \
+	MOVWU	(R2), R5; \
+	FMOVS	R5, F11; \
+	FCVTL4H(11, 11); \
+	VDUP	V13.S[0], V13.S4; \
+	VFMUL4S(13, 11, 11); \
+	VMOV	V16.S[0], R8; \
+	SCVTFWS	R8, F10; \
+	FMADDS	F11, F15, F10, F15; \
+	VMOV	V11.S[1], R8; \
+	FMOVS	R8, F12; \
+	VMOV	V14.S[0], R9; \
+	SCVTFWS	R9, F10; \
+	FNEGS	F10, F10; \
+	FMADDS	F12, F15, F10, F15
+
 // func qdotQ4KNEON(x *int8, meta *uint32, w *byte, nb int) float32
 TEXT ·qdotQ4KNEON(SB), NOSPLIT, $0-36
 	MOVD	x+0(FP), R0
 	MOVD	meta+8(FP), R1
 	MOVD	w+16(FP), R2
 	MOVD	nb+24(FP), R3
-	MOVD	$q4kscales<>(SB), R4
-	VLD1.P	64(R4), [V25.B16, V26.B16, V27.B16, V28.B16]
-	VLD1.P	16(R4), [V29.B16]
-	VLD1	(R4), [V31.B16]
-	VMOVI	$15, V30.B16
-	VEOR	V15.B16, V15.B16, V15.B16
+	KSETUP
 	CBZ	R3, kdone
 kblock:
 	ADD	$16, R2, R6
@@ -689,64 +750,66 @@ kblock:
 	Q4KCHUNK(V18, V19, 18, 19)
 	Q4KCHUNK(V20, V21, 20, 21)
 	Q4KCHUNK(V22, V23, 22, 23)
-	// s_0..s_3 into V16, s_4..s_7 into V20.
-	VADDP	V17.S4, V16.S4, V16.S4
-	VADDP	V19.S4, V18.S4, V18.S4
-	VADDP	V18.S4, V16.S4, V16.S4
-	VADDP	V21.S4, V20.S4, V20.S4
-	VADDP	V23.S4, V22.S4, V22.S4
-	VADDP	V22.S4, V20.S4, V20.S4
-	// The scales sc (V10) and mins mn (V12), a byte each.
-	ADD	$4, R2, R7
-	VLD1	(R7), [V24.B16]
-	VTBL	V25.B16, [V24.B16], V10.B16
-	VAND	V29.B16, V10.B16, V10.B16
-	VTBL	V26.B16, [V24.B16], V11.B16
-	VUSHR	$6, V11.B16, V11.B16
-	VSHL	$4, V11.B16, V11.B16
-	VORR	V11.B16, V10.B16, V10.B16
-	VTBL	V27.B16, [V24.B16], V12.B16
-	USHL16B(31, 12, 12)
-	VAND	V29.B16, V12.B16, V12.B16
-	VTBL	V28.B16, [V24.B16], V13.B16
-	VUSHR	$6, V13.B16, V13.B16
-	VSHL	$4, V13.B16, V13.B16
-	VORR	V13.B16, V12.B16, V12.B16
-	// is = Σ sc_j·s_j
-	VUXTL	V10.B8, V10.H8
-	VUXTL	V10.H4, V11.S4
-	VUXTL2	V10.H8, V10.S4
-	MUL4S(11, 16, 16)
-	MLA4S(10, 20, 16)
-	VADDV	V16.S4, V16
-	// ms = Σ mn_j·xsum_j (the activations' int16 sums, words 4..7)
-	VUXTL	V12.B8, V12.H8
-	ADD	$16, R1, R7
-	VLD1	(R7), [V13.H8]
-	SMULL4H(13, 12, 14)
-	SMLAL8H(13, 12, 14)
-	VADDV	V14.S4, V14
-	// The chain: d·dx and dmin·dx, each product rounded, then two FMAs.
-	FMOVS	(R1), F13
-	MOVWU	(R2), R5
-	FMOVS	R5, F11
-	FCVTL4H(11, 11)             // lane 0 d, lane 1 dmin
-	VDUP	V13.S[0], V13.S4
-	VFMUL4S(13, 11, 11)
-	VMOV	V16.S[0], R8
-	SCVTFWS	R8, F10
-	FMADDS	F11, F15, F10, F15
-	VMOV	V11.S[1], R8
-	FMOVS	R8, F12
-	VMOV	V14.S[0], R9
-	SCVTFWS	R9, F10
-	FNEGS	F10, F10
-	FMADDS	F12, F15, F10, F15
+	KTAIL
 	ADD	$144, R2, R2
 	ADD	$64, R1, R1
 	SUBS	$1, R3, R3
 	BNE	kblock
 kdone:
+	FMOVS	F15, ret+32(FP)
+	RET
+
+// Q5KCHUNK(S0, S1, s0, s1, l0, l1) is Q4KCHUNK for Q5_K: each level's fifth
+// bit is bit 7-l0 (first sub-block) or 7-l1 (second) of qh's byte for its
+// position (V12, V13), isolated by shifting it to the top (l) and back
+// down (7), then put above the nibble by SLI.
+#define Q5KCHUNK(S0, S1, s0, s1, l0, l1) \
+	VLD1.P	32(R6), [V4.B16, V5.B16]; \
+	VLD1.P	64(R0), [V0.B16, V1.B16, V2.B16, V3.B16]; \
+	VAND	V30.B16, V4.B16, V6.B16; \
+	VAND	V30.B16, V5.B16, V7.B16; \
+	VUSHR	$4, V4.B16, V8.B16; \
+	VUSHR	$4, V5.B16, V9.B16; \
+	VSHL	$l0, V12.B16, V10.B16; \
+	VSHL	$l0, V13.B16, V11.B16; \
+	VUSHR	$7, V10.B16, V10.B16; \
+	VUSHR	$7, V11.B16, V11.B16; \
+	VSLI	$4, V10.B16, V6.B16; \
+	VSLI	$4, V11.B16, V7.B16; \
+	VSHL	$l1, V12.B16, V10.B16; \
+	VSHL	$l1, V13.B16, V11.B16; \
+	VUSHR	$7, V10.B16, V10.B16; \
+	VUSHR	$7, V11.B16, V11.B16; \
+	VSLI	$4, V10.B16, V8.B16; \
+	VSLI	$4, V11.B16, V9.B16; \
+	VEOR	S0.B16, S0.B16, S0.B16; \
+	VEOR	S1.B16, S1.B16, S1.B16; \
+	SDOT16B(0, 6, s0); \
+	SDOT16B(1, 7, s0); \
+	SDOT16B(2, 8, s1); \
+	SDOT16B(3, 9, s1)
+
+// func qdotQ5KNEON(x *int8, meta *uint32, w *byte, nb int) float32
+TEXT ·qdotQ5KNEON(SB), NOSPLIT, $0-36
+	MOVD	x+0(FP), R0
+	MOVD	meta+8(FP), R1
+	MOVD	w+16(FP), R2
+	MOVD	nb+24(FP), R3
+	KSETUP
+	CBZ	R3, k5done
+k5block:
+	ADD	$16, R2, R6
+	VLD1.P	32(R6), [V12.B16, V13.B16]
+	Q5KCHUNK(V16, V17, 16, 17, 7, 6)
+	Q5KCHUNK(V18, V19, 18, 19, 5, 4)
+	Q5KCHUNK(V20, V21, 20, 21, 3, 2)
+	Q5KCHUNK(V22, V23, 22, 23, 1, 0)
+	KTAIL
+	ADD	$176, R2, R2
+	ADD	$64, R1, R1
+	SUBS	$1, R3, R3
+	BNE	k5block
+k5done:
 	FMOVS	F15, ret+32(FP)
 	RET
 
