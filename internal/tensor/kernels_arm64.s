@@ -303,9 +303,34 @@ bdone:
 	VFADD4S(19, y0, y0); \
 	VFADD4S(20, y1, y1)
 
+// GCHUNK starts a chunk of 8 columns: output h's y address in R20+h (at
+// R4 + h·ldy), the first two outputs' y in V0-V3, output h's alpha
+// pointer in R10+h, the value row pointer R8 and the rows left R9.
+#define GCHUNK \
+	MOVD	R4, R20; \
+	ADD	R15, R20, R21; \
+	ADD	R15, R21, R22; \
+	ADD	R15, R22, R23; \
+	VLD1	(R20), [V0.S4, V1.S4]; \
+	VLD1	(R21), [V2.S4, V3.S4]; \
+	MOVD	R0, R10; \
+	ADD	R14, R10, R11; \
+	ADD	R14, R11, R12; \
+	ADD	R14, R12, R13; \
+	MOVD	R1, R8; \
+	MOVD	R3, R9
+
+// GROW widens the value row's 8 columns (V16, V17) and adds them, weighted,
+// to the first two outputs.
+#define GROW \
+	VLD1	(R8), [V24.H8]; \
+	VZIP1	V24.H8, V31.H8, V16.H8; \
+	VZIP2	V24.H8, V31.H8, V17.H8; \
+	GSTEP(R10, 0, 1); \
+	GSTEP(R11, 2, 3)
+
 // func axpyRowsBF16G2NEON(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int)
-// n is a multiple of 8, rows at least 1; output h's y at R20+h·ldy, its
-// alphas from R10+h.
+// n is a multiple of 8, rows at least 1.
 TEXT ·axpyRowsBF16G2NEON(SB), NOSPLIT, $0-64
 	MOVD	alpha+0(FP), R0
 	MOVD	lda+8(FP), R14
@@ -322,24 +347,9 @@ TEXT ·axpyRowsBF16G2NEON(SB), NOSPLIT, $0-64
 	LSR	$3, R5, R6
 	CBZ	R6, done
 chunk:
-	MOVD	R4, R20
-	ADD	R15, R20, R21
-	ADD	R15, R21, R22
-	ADD	R15, R22, R23
-	VLD1	(R20), [V0.S4, V1.S4]
-	VLD1	(R21), [V2.S4, V3.S4]
-	MOVD	R0, R10
-	ADD	R14, R10, R11
-	ADD	R14, R11, R12
-	ADD	R14, R12, R13
-	MOVD	R1, R8
-	MOVD	R3, R9
+	GCHUNK
 row:
-	VLD1	(R8), [V24.H8]
-	VZIP1	V24.H8, V31.H8, V16.H8
-	VZIP2	V24.H8, V31.H8, V17.H8
-	GSTEP(R10, 0, 1)
-	GSTEP(R11, 2, 3)
+	GROW
 	ADD	R2, R8, R8
 	SUBS	$1, R9, R9
 	BNE	row
@@ -352,10 +362,8 @@ row:
 done:
 	RET
 
-
 // func axpyRowsBF16G3NEON(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int)
-// n is a multiple of 8, rows at least 1; output h's y at R20+h·ldy, its
-// alphas from R10+h.
+// n is a multiple of 8, rows at least 1.
 TEXT ·axpyRowsBF16G3NEON(SB), NOSPLIT, $0-64
 	MOVD	alpha+0(FP), R0
 	MOVD	lda+8(FP), R14
@@ -372,25 +380,10 @@ TEXT ·axpyRowsBF16G3NEON(SB), NOSPLIT, $0-64
 	LSR	$3, R5, R6
 	CBZ	R6, done
 chunk:
-	MOVD	R4, R20
-	ADD	R15, R20, R21
-	ADD	R15, R21, R22
-	ADD	R15, R22, R23
-	VLD1	(R20), [V0.S4, V1.S4]
-	VLD1	(R21), [V2.S4, V3.S4]
+	GCHUNK
 	VLD1	(R22), [V4.S4, V5.S4]
-	MOVD	R0, R10
-	ADD	R14, R10, R11
-	ADD	R14, R11, R12
-	ADD	R14, R12, R13
-	MOVD	R1, R8
-	MOVD	R3, R9
 row:
-	VLD1	(R8), [V24.H8]
-	VZIP1	V24.H8, V31.H8, V16.H8
-	VZIP2	V24.H8, V31.H8, V17.H8
-	GSTEP(R10, 0, 1)
-	GSTEP(R11, 2, 3)
+	GROW
 	GSTEP(R12, 4, 5)
 	ADD	R2, R8, R8
 	SUBS	$1, R9, R9
@@ -405,10 +398,8 @@ row:
 done:
 	RET
 
-
 // func axpyRowsBF16G4NEON(alpha *float32, lda int, v *uint16, ldv, rows int, y *float32, ldy, n int)
-// n is a multiple of 8, rows at least 1; output h's y at R20+h·ldy, its
-// alphas from R10+h.
+// n is a multiple of 8, rows at least 1.
 TEXT ·axpyRowsBF16G4NEON(SB), NOSPLIT, $0-64
 	MOVD	alpha+0(FP), R0
 	MOVD	lda+8(FP), R14
@@ -425,26 +416,11 @@ TEXT ·axpyRowsBF16G4NEON(SB), NOSPLIT, $0-64
 	LSR	$3, R5, R6
 	CBZ	R6, done
 chunk:
-	MOVD	R4, R20
-	ADD	R15, R20, R21
-	ADD	R15, R21, R22
-	ADD	R15, R22, R23
-	VLD1	(R20), [V0.S4, V1.S4]
-	VLD1	(R21), [V2.S4, V3.S4]
+	GCHUNK
 	VLD1	(R22), [V4.S4, V5.S4]
 	VLD1	(R23), [V6.S4, V7.S4]
-	MOVD	R0, R10
-	ADD	R14, R10, R11
-	ADD	R14, R11, R12
-	ADD	R14, R12, R13
-	MOVD	R1, R8
-	MOVD	R3, R9
 row:
-	VLD1	(R8), [V24.H8]
-	VZIP1	V24.H8, V31.H8, V16.H8
-	VZIP2	V24.H8, V31.H8, V17.H8
-	GSTEP(R10, 0, 1)
-	GSTEP(R11, 2, 3)
+	GROW
 	GSTEP(R12, 4, 5)
 	GSTEP(R13, 6, 7)
 	ADD	R2, R8, R8
@@ -827,6 +803,16 @@ k5done:
 // MLA Vd.4S, Vn.4S, Vm.S[i]
 #define MLAELEM(m, i, n, d) WORD $(0x6F800000 | ((i&1)<<21) | (((m>>4)&1)<<20) | ((m&15)<<16) | ((i>>1)<<11) | (n<<5) | d)
 
+// Q6LEVEL(x, sr, i) makes a sub-block's levels whole (nibble in V16, qh's two
+// bits in V17), less 32, and adds Σ level·x (x in register x) times the
+// scale in register sr's lane i to V27.
+#define Q6LEVEL(x, sr, i) \
+	VSLI	$4, V17.B16, V16.B16; \
+	VSUB	V28.B16, V16.B16, V16.B16; \
+	VEOR	V18.B16, V18.B16, V18.B16; \
+	SDOT16B(x, 16, 18); \
+	MLAELEM(sr, i, 18, 27)
+
 // func qdotQ6KNEON(x *int8, meta *uint32, w *byte, nb int) float32
 TEXT ·qdotQ6KNEON(SB), NOSPLIT, $0-36
 	MOVD	x+0(FP), R0
@@ -860,71 +846,39 @@ sblock:
 	// sub-block 0: quarter 0, bytes 0..15
 	VAND	V30.B16, V0.B16, V16.B16
 	VAND	V29.B16, V4.B16, V17.B16
-	VSLI	$4, V17.B16, V16.B16
-	VSUB	V28.B16, V16.B16, V16.B16
-	VEOR	V18.B16, V18.B16, V18.B16
-	SDOT16B(8, 16, 18)
-	MLAELEM(20, 0, 18, 27)
+	Q6LEVEL(8, 20, 0)
 	// sub-block 1: quarter 0, bytes 16..31
 	VAND	V30.B16, V1.B16, V16.B16
 	VAND	V29.B16, V5.B16, V17.B16
-	VSLI	$4, V17.B16, V16.B16
-	VSUB	V28.B16, V16.B16, V16.B16
-	VEOR	V18.B16, V18.B16, V18.B16
-	SDOT16B(9, 16, 18)
-	MLAELEM(20, 1, 18, 27)
+	Q6LEVEL(9, 20, 1)
 	// sub-block 2: quarter 1, bytes 0..15
 	VAND	V30.B16, V2.B16, V16.B16
 	VUSHR	$2, V4.B16, V17.B16
 	VAND	V29.B16, V17.B16, V17.B16
-	VSLI	$4, V17.B16, V16.B16
-	VSUB	V28.B16, V16.B16, V16.B16
-	VEOR	V18.B16, V18.B16, V18.B16
-	SDOT16B(10, 16, 18)
-	MLAELEM(20, 2, 18, 27)
+	Q6LEVEL(10, 20, 2)
 	// sub-block 3: quarter 1, bytes 16..31
 	VAND	V30.B16, V3.B16, V16.B16
 	VUSHR	$2, V5.B16, V17.B16
 	VAND	V29.B16, V17.B16, V17.B16
-	VSLI	$4, V17.B16, V16.B16
-	VSUB	V28.B16, V16.B16, V16.B16
-	VEOR	V18.B16, V18.B16, V18.B16
-	SDOT16B(11, 16, 18)
-	MLAELEM(20, 3, 18, 27)
+	Q6LEVEL(11, 20, 3)
 	// sub-block 4: quarter 2, bytes 0..15
 	VUSHR	$4, V0.B16, V16.B16
 	VUSHR	$4, V4.B16, V17.B16
 	VAND	V29.B16, V17.B16, V17.B16
-	VSLI	$4, V17.B16, V16.B16
-	VSUB	V28.B16, V16.B16, V16.B16
-	VEOR	V18.B16, V18.B16, V18.B16
-	SDOT16B(12, 16, 18)
-	MLAELEM(21, 0, 18, 27)
+	Q6LEVEL(12, 21, 0)
 	// sub-block 5: quarter 2, bytes 16..31
 	VUSHR	$4, V1.B16, V16.B16
 	VUSHR	$4, V5.B16, V17.B16
 	VAND	V29.B16, V17.B16, V17.B16
-	VSLI	$4, V17.B16, V16.B16
-	VSUB	V28.B16, V16.B16, V16.B16
-	VEOR	V18.B16, V18.B16, V18.B16
-	SDOT16B(13, 16, 18)
-	MLAELEM(21, 1, 18, 27)
+	Q6LEVEL(13, 21, 1)
 	// sub-block 6: quarter 3, bytes 0..15
 	VUSHR	$4, V2.B16, V16.B16
 	VUSHR	$6, V4.B16, V17.B16
-	VSLI	$4, V17.B16, V16.B16
-	VSUB	V28.B16, V16.B16, V16.B16
-	VEOR	V18.B16, V18.B16, V18.B16
-	SDOT16B(14, 16, 18)
-	MLAELEM(21, 2, 18, 27)
+	Q6LEVEL(14, 21, 2)
 	// sub-block 7: quarter 3, bytes 16..31
 	VUSHR	$4, V3.B16, V16.B16
 	VUSHR	$6, V5.B16, V17.B16
-	VSLI	$4, V17.B16, V16.B16
-	VSUB	V28.B16, V16.B16, V16.B16
-	VEOR	V18.B16, V18.B16, V18.B16
-	SDOT16B(15, 16, 18)
-	MLAELEM(21, 3, 18, 27)
+	Q6LEVEL(15, 21, 3)
 	// Half 1: ql bytes 64.. (A: V0, V1; B: V2, V3), qh bytes 32.. (V4, V5),
 	// levels x (quarters in V8-V9, V10-V11, V12-V13, V14-V15).
 	VLD1.P	64(R6), [V0.B16, V1.B16, V2.B16, V3.B16]
@@ -934,71 +888,39 @@ sblock:
 	// sub-block 8: quarter 0, bytes 0..15
 	VAND	V30.B16, V0.B16, V16.B16
 	VAND	V29.B16, V4.B16, V17.B16
-	VSLI	$4, V17.B16, V16.B16
-	VSUB	V28.B16, V16.B16, V16.B16
-	VEOR	V18.B16, V18.B16, V18.B16
-	SDOT16B(8, 16, 18)
-	MLAELEM(22, 0, 18, 27)
+	Q6LEVEL(8, 22, 0)
 	// sub-block 9: quarter 0, bytes 16..31
 	VAND	V30.B16, V1.B16, V16.B16
 	VAND	V29.B16, V5.B16, V17.B16
-	VSLI	$4, V17.B16, V16.B16
-	VSUB	V28.B16, V16.B16, V16.B16
-	VEOR	V18.B16, V18.B16, V18.B16
-	SDOT16B(9, 16, 18)
-	MLAELEM(22, 1, 18, 27)
+	Q6LEVEL(9, 22, 1)
 	// sub-block 10: quarter 1, bytes 0..15
 	VAND	V30.B16, V2.B16, V16.B16
 	VUSHR	$2, V4.B16, V17.B16
 	VAND	V29.B16, V17.B16, V17.B16
-	VSLI	$4, V17.B16, V16.B16
-	VSUB	V28.B16, V16.B16, V16.B16
-	VEOR	V18.B16, V18.B16, V18.B16
-	SDOT16B(10, 16, 18)
-	MLAELEM(22, 2, 18, 27)
+	Q6LEVEL(10, 22, 2)
 	// sub-block 11: quarter 1, bytes 16..31
 	VAND	V30.B16, V3.B16, V16.B16
 	VUSHR	$2, V5.B16, V17.B16
 	VAND	V29.B16, V17.B16, V17.B16
-	VSLI	$4, V17.B16, V16.B16
-	VSUB	V28.B16, V16.B16, V16.B16
-	VEOR	V18.B16, V18.B16, V18.B16
-	SDOT16B(11, 16, 18)
-	MLAELEM(22, 3, 18, 27)
+	Q6LEVEL(11, 22, 3)
 	// sub-block 12: quarter 2, bytes 0..15
 	VUSHR	$4, V0.B16, V16.B16
 	VUSHR	$4, V4.B16, V17.B16
 	VAND	V29.B16, V17.B16, V17.B16
-	VSLI	$4, V17.B16, V16.B16
-	VSUB	V28.B16, V16.B16, V16.B16
-	VEOR	V18.B16, V18.B16, V18.B16
-	SDOT16B(12, 16, 18)
-	MLAELEM(23, 0, 18, 27)
+	Q6LEVEL(12, 23, 0)
 	// sub-block 13: quarter 2, bytes 16..31
 	VUSHR	$4, V1.B16, V16.B16
 	VUSHR	$4, V5.B16, V17.B16
 	VAND	V29.B16, V17.B16, V17.B16
-	VSLI	$4, V17.B16, V16.B16
-	VSUB	V28.B16, V16.B16, V16.B16
-	VEOR	V18.B16, V18.B16, V18.B16
-	SDOT16B(13, 16, 18)
-	MLAELEM(23, 1, 18, 27)
+	Q6LEVEL(13, 23, 1)
 	// sub-block 14: quarter 3, bytes 0..15
 	VUSHR	$4, V2.B16, V16.B16
 	VUSHR	$6, V4.B16, V17.B16
-	VSLI	$4, V17.B16, V16.B16
-	VSUB	V28.B16, V16.B16, V16.B16
-	VEOR	V18.B16, V18.B16, V18.B16
-	SDOT16B(14, 16, 18)
-	MLAELEM(23, 2, 18, 27)
+	Q6LEVEL(14, 23, 2)
 	// sub-block 15: quarter 3, bytes 16..31
 	VUSHR	$4, V3.B16, V16.B16
 	VUSHR	$6, V5.B16, V17.B16
-	VSLI	$4, V17.B16, V16.B16
-	VSUB	V28.B16, V16.B16, V16.B16
-	VEOR	V18.B16, V18.B16, V18.B16
-	SDOT16B(15, 16, 18)
-	MLAELEM(23, 3, 18, 27)
+	Q6LEVEL(15, 23, 3)
 	VADDV	V27.S4, V27
 	VMOV	V27.S[0], R8
 	SCVTFWS	R8, F6
