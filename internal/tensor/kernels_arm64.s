@@ -813,6 +813,46 @@ k5done:
 	SDOT16B(x, 16, 18); \
 	MLAELEM(sr, i, 18, 27)
 
+// Q6HALF(sa, sb) runs the next half super-block (64 ql bytes at R6, 32 qh
+// bytes at R7, 128 levels at R0, all advanced; ql's first 32 bytes A in V0,
+// V1, the next B in V2, V3, qh in V4, V5, the levels' quarters in V8-V15):
+// its 8 sub-blocks, scales in registers sa (the first four) and sb. A
+// quarter's nibbles are A's low (0), B's low (1), A's high (2), B's high
+// (3), its two bits qh's bits 2q, 2q+1.
+#define Q6HALF(sa, sb) \
+	VLD1.P	64(R6), [V0.B16, V1.B16, V2.B16, V3.B16]; \
+	VLD1.P	32(R7), [V4.B16, V5.B16]; \
+	VLD1.P	64(R0), [V8.B16, V9.B16, V10.B16, V11.B16]; \
+	VLD1.P	64(R0), [V12.B16, V13.B16, V14.B16, V15.B16]; \
+	VAND	V30.B16, V0.B16, V16.B16; \
+	VAND	V29.B16, V4.B16, V17.B16; \
+	Q6LEVEL(8, sa, 0); \
+	VAND	V30.B16, V1.B16, V16.B16; \
+	VAND	V29.B16, V5.B16, V17.B16; \
+	Q6LEVEL(9, sa, 1); \
+	VAND	V30.B16, V2.B16, V16.B16; \
+	VUSHR	$2, V4.B16, V17.B16; \
+	VAND	V29.B16, V17.B16, V17.B16; \
+	Q6LEVEL(10, sa, 2); \
+	VAND	V30.B16, V3.B16, V16.B16; \
+	VUSHR	$2, V5.B16, V17.B16; \
+	VAND	V29.B16, V17.B16, V17.B16; \
+	Q6LEVEL(11, sa, 3); \
+	VUSHR	$4, V0.B16, V16.B16; \
+	VUSHR	$4, V4.B16, V17.B16; \
+	VAND	V29.B16, V17.B16, V17.B16; \
+	Q6LEVEL(12, sb, 0); \
+	VUSHR	$4, V1.B16, V16.B16; \
+	VUSHR	$4, V5.B16, V17.B16; \
+	VAND	V29.B16, V17.B16, V17.B16; \
+	Q6LEVEL(13, sb, 1); \
+	VUSHR	$4, V2.B16, V16.B16; \
+	VUSHR	$6, V4.B16, V17.B16; \
+	Q6LEVEL(14, sb, 2); \
+	VUSHR	$4, V3.B16, V16.B16; \
+	VUSHR	$6, V5.B16, V17.B16; \
+	Q6LEVEL(15, sb, 3)
+
 // func qdotQ6KNEON(x *int8, meta *uint32, w *byte, nb int) float32
 TEXT ·qdotQ6KNEON(SB), NOSPLIT, $0-36
 	MOVD	x+0(FP), R0
@@ -837,90 +877,8 @@ sblock:
 	VEOR	V27.B16, V27.B16, V27.B16
 	MOVD	R2, R6
 	ADD	$128, R2, R7
-	// Half 0: ql bytes 0.. (A: V0, V1; B: V2, V3), qh bytes 0.. (V4, V5),
-	// levels x (quarters in V8-V9, V10-V11, V12-V13, V14-V15).
-	VLD1.P	64(R6), [V0.B16, V1.B16, V2.B16, V3.B16]
-	VLD1.P	32(R7), [V4.B16, V5.B16]
-	VLD1.P	64(R0), [V8.B16, V9.B16, V10.B16, V11.B16]
-	VLD1.P	64(R0), [V12.B16, V13.B16, V14.B16, V15.B16]
-	// sub-block 0: quarter 0, bytes 0..15
-	VAND	V30.B16, V0.B16, V16.B16
-	VAND	V29.B16, V4.B16, V17.B16
-	Q6LEVEL(8, 20, 0)
-	// sub-block 1: quarter 0, bytes 16..31
-	VAND	V30.B16, V1.B16, V16.B16
-	VAND	V29.B16, V5.B16, V17.B16
-	Q6LEVEL(9, 20, 1)
-	// sub-block 2: quarter 1, bytes 0..15
-	VAND	V30.B16, V2.B16, V16.B16
-	VUSHR	$2, V4.B16, V17.B16
-	VAND	V29.B16, V17.B16, V17.B16
-	Q6LEVEL(10, 20, 2)
-	// sub-block 3: quarter 1, bytes 16..31
-	VAND	V30.B16, V3.B16, V16.B16
-	VUSHR	$2, V5.B16, V17.B16
-	VAND	V29.B16, V17.B16, V17.B16
-	Q6LEVEL(11, 20, 3)
-	// sub-block 4: quarter 2, bytes 0..15
-	VUSHR	$4, V0.B16, V16.B16
-	VUSHR	$4, V4.B16, V17.B16
-	VAND	V29.B16, V17.B16, V17.B16
-	Q6LEVEL(12, 21, 0)
-	// sub-block 5: quarter 2, bytes 16..31
-	VUSHR	$4, V1.B16, V16.B16
-	VUSHR	$4, V5.B16, V17.B16
-	VAND	V29.B16, V17.B16, V17.B16
-	Q6LEVEL(13, 21, 1)
-	// sub-block 6: quarter 3, bytes 0..15
-	VUSHR	$4, V2.B16, V16.B16
-	VUSHR	$6, V4.B16, V17.B16
-	Q6LEVEL(14, 21, 2)
-	// sub-block 7: quarter 3, bytes 16..31
-	VUSHR	$4, V3.B16, V16.B16
-	VUSHR	$6, V5.B16, V17.B16
-	Q6LEVEL(15, 21, 3)
-	// Half 1: ql bytes 64.. (A: V0, V1; B: V2, V3), qh bytes 32.. (V4, V5),
-	// levels x (quarters in V8-V9, V10-V11, V12-V13, V14-V15).
-	VLD1.P	64(R6), [V0.B16, V1.B16, V2.B16, V3.B16]
-	VLD1.P	32(R7), [V4.B16, V5.B16]
-	VLD1.P	64(R0), [V8.B16, V9.B16, V10.B16, V11.B16]
-	VLD1.P	64(R0), [V12.B16, V13.B16, V14.B16, V15.B16]
-	// sub-block 8: quarter 0, bytes 0..15
-	VAND	V30.B16, V0.B16, V16.B16
-	VAND	V29.B16, V4.B16, V17.B16
-	Q6LEVEL(8, 22, 0)
-	// sub-block 9: quarter 0, bytes 16..31
-	VAND	V30.B16, V1.B16, V16.B16
-	VAND	V29.B16, V5.B16, V17.B16
-	Q6LEVEL(9, 22, 1)
-	// sub-block 10: quarter 1, bytes 0..15
-	VAND	V30.B16, V2.B16, V16.B16
-	VUSHR	$2, V4.B16, V17.B16
-	VAND	V29.B16, V17.B16, V17.B16
-	Q6LEVEL(10, 22, 2)
-	// sub-block 11: quarter 1, bytes 16..31
-	VAND	V30.B16, V3.B16, V16.B16
-	VUSHR	$2, V5.B16, V17.B16
-	VAND	V29.B16, V17.B16, V17.B16
-	Q6LEVEL(11, 22, 3)
-	// sub-block 12: quarter 2, bytes 0..15
-	VUSHR	$4, V0.B16, V16.B16
-	VUSHR	$4, V4.B16, V17.B16
-	VAND	V29.B16, V17.B16, V17.B16
-	Q6LEVEL(12, 23, 0)
-	// sub-block 13: quarter 2, bytes 16..31
-	VUSHR	$4, V1.B16, V16.B16
-	VUSHR	$4, V5.B16, V17.B16
-	VAND	V29.B16, V17.B16, V17.B16
-	Q6LEVEL(13, 23, 1)
-	// sub-block 14: quarter 3, bytes 0..15
-	VUSHR	$4, V2.B16, V16.B16
-	VUSHR	$6, V4.B16, V17.B16
-	Q6LEVEL(14, 23, 2)
-	// sub-block 15: quarter 3, bytes 16..31
-	VUSHR	$4, V3.B16, V16.B16
-	VUSHR	$6, V5.B16, V17.B16
-	Q6LEVEL(15, 23, 3)
+	Q6HALF(20, 21)
+	Q6HALF(22, 23)
 	VADDV	V27.S4, V27
 	VMOV	V27.S[0], R8
 	SCVTFWS	R8, F6
