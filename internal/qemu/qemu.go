@@ -40,8 +40,8 @@ func Dir() (string, error) {
 }
 
 // RunTests builds the tests of the package in the current directory (the
-// calling test's) for linux/arm64, runs those matching run under the
-// emulator in that directory, and fails t unless they pass and each test
+// calling test's) for linux/arm64, runs those matching run (with -short)
+// under the emulator in that directory, and fails t unless they pass and each test
 // named in want ran and passed (a skip does not count). It returns the
 // verbose output. Without the emulator it calls testutil.Missing.
 func RunTests(t *testing.T, run string, want ...string) string {
