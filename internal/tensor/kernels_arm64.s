@@ -210,8 +210,9 @@ f16done:
 // are bit-identical to one axpy a row. They take n a multiple of their
 // chunk; the Go wrappers do the last columns.
 
-// AXPY4(a, w, y, tmp) adds a times w to y, four vectors from register
-// numbers w, y, tmp on.
+// AXPY4(a, w0, …, w3, y0, …, y3) adds the products of register a (alpha in
+// every lane) with the four vectors w (overwritten) to the four y; the
+// arguments are register numbers.
 #define AXPY4(a, w0, w1, w2, w3, y0, y1, y2, y3) \
 	VFMUL4S(a, w0, w0); \
 	VFMUL4S(a, w1, w1); \
